@@ -1,0 +1,125 @@
+from microco.api.common.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Control(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONTROL_UNSPECIFIED: _ClassVar[Control]
+    CONTROL_SUSPEND: _ClassVar[Control]
+    CONTROL_RESUME: _ClassVar[Control]
+    CONTROL_CHECKPOINT: _ClassVar[Control]
+    CONTROL_RESIZE: _ClassVar[Control]
+
+class ProcessState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROCESS_STATE_UNSPECIFIED: _ClassVar[ProcessState]
+    PROCESS_STATE_STARTING: _ClassVar[ProcessState]
+    PROCESS_STATE_RUNNING: _ClassVar[ProcessState]
+    PROCESS_STATE_EXITED: _ClassVar[ProcessState]
+CONTROL_UNSPECIFIED: Control
+CONTROL_SUSPEND: Control
+CONTROL_RESUME: Control
+CONTROL_CHECKPOINT: Control
+CONTROL_RESIZE: Control
+PROCESS_STATE_UNSPECIFIED: ProcessState
+PROCESS_STATE_STARTING: ProcessState
+PROCESS_STATE_RUNNING: ProcessState
+PROCESS_STATE_EXITED: ProcessState
+
+class Node(_message.Message):
+    __slots__ = ("name", "address", "devices", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    devices: _containers.RepeatedCompositeFieldContainer[_common_pb2.Device]
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[_common_pb2.Device, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class GetNodeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StartProcessRequest(_message.Message):
+    __slots__ = ("job_id", "command", "env", "device_ids", "workdir", "checkpoint_dir", "attempt")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    device_ids: _containers.RepeatedScalarFieldContainer[str]
+    workdir: str
+    checkpoint_dir: str
+    attempt: int
+    def __init__(self, job_id: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., device_ids: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class ControlProcessRequest(_message.Message):
+    __slots__ = ("job_id", "control", "device_ids")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    control: Control
+    device_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., control: _Optional[_Union[Control, str]] = ..., device_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StopProcessRequest(_message.Message):
+    __slots__ = ("job_id", "grace_seconds")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    grace_seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., grace_seconds: _Optional[float] = ...) -> None: ...
+
+class ProcessStatus(_message.Message):
+    __slots__ = ("job_id", "pid", "state", "exit_code", "device_ids", "attempt")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    pid: int
+    state: ProcessState
+    exit_code: int
+    device_ids: _containers.RepeatedScalarFieldContainer[str]
+    attempt: int
+    def __init__(self, job_id: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., exit_code: _Optional[int] = ..., device_ids: _Optional[_Iterable[str]] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class ListProcessesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListProcessesResponse(_message.Message):
+    __slots__ = ("processes",)
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessStatus]
+    def __init__(self, processes: _Optional[_Iterable[_Union[ProcessStatus, _Mapping]]] = ...) -> None: ...

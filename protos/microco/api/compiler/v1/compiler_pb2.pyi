@@ -1,0 +1,135 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Variable(_message.Message):
+    __slots__ = ("name", "choices", "region")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    choices: _containers.RepeatedScalarFieldContainer[str]
+    region: str
+    def __init__(self, name: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., region: _Optional[str] = ...) -> None: ...
+
+class RegisterGraphRequest(_message.Message):
+    __slots__ = ("fingerprint", "input_shapes", "hardware", "variables", "model_name", "framework")
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SHAPES_FIELD_NUMBER: _ClassVar[int]
+    HARDWARE_FIELD_NUMBER: _ClassVar[int]
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    FRAMEWORK_FIELD_NUMBER: _ClassVar[int]
+    fingerprint: str
+    input_shapes: str
+    hardware: str
+    variables: _containers.RepeatedCompositeFieldContainer[Variable]
+    model_name: str
+    framework: str
+    def __init__(self, fingerprint: _Optional[str] = ..., input_shapes: _Optional[str] = ..., hardware: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., model_name: _Optional[str] = ..., framework: _Optional[str] = ...) -> None: ...
+
+class Config(_message.Message):
+    __slots__ = ("key", "values", "committed", "trial")
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    TRIAL_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    values: _containers.ScalarMap[str, str]
+    committed: bool
+    trial: int
+    def __init__(self, key: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., committed: _Optional[bool] = ..., trial: _Optional[int] = ...) -> None: ...
+
+class NextConfigRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class RegionTiming(_message.Message):
+    __slots__ = ("region", "ms")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    MS_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    ms: float
+    def __init__(self, region: _Optional[str] = ..., ms: _Optional[float] = ...) -> None: ...
+
+class ReportTimingsRequest(_message.Message):
+    __slots__ = ("key", "trial", "step_ms", "regions", "compile_ms")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TRIAL_FIELD_NUMBER: _ClassVar[int]
+    STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_MS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    trial: int
+    step_ms: float
+    regions: _containers.RepeatedCompositeFieldContainer[RegionTiming]
+    compile_ms: float
+    def __init__(self, key: _Optional[str] = ..., trial: _Optional[int] = ..., step_ms: _Optional[float] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., compile_ms: _Optional[float] = ...) -> None: ...
+
+class Trial(_message.Message):
+    __slots__ = ("trial", "values", "step_ms", "compile_ms")
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TRIAL_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_MS_FIELD_NUMBER: _ClassVar[int]
+    trial: int
+    values: _containers.ScalarMap[str, str]
+    step_ms: float
+    compile_ms: float
+    def __init__(self, trial: _Optional[int] = ..., values: _Optional[_Mapping[str, str]] = ..., step_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ...) -> None: ...
+
+class GraphState(_message.Message):
+    __slots__ = ("key", "model_name", "framework", "variables", "trials", "best", "committed", "explore_steps")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    FRAMEWORK_FIELD_NUMBER: _ClassVar[int]
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    TRIALS_FIELD_NUMBER: _ClassVar[int]
+    BEST_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    EXPLORE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    model_name: str
+    framework: str
+    variables: _containers.RepeatedCompositeFieldContainer[Variable]
+    trials: _containers.RepeatedCompositeFieldContainer[Trial]
+    best: Config
+    committed: bool
+    explore_steps: int
+    def __init__(self, key: _Optional[str] = ..., model_name: _Optional[str] = ..., framework: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., trials: _Optional[_Iterable[_Union[Trial, _Mapping]]] = ..., best: _Optional[_Union[Config, _Mapping]] = ..., committed: _Optional[bool] = ..., explore_steps: _Optional[int] = ...) -> None: ...
+
+class GetGraphRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class ListGraphsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListGraphsResponse(_message.Message):
+    __slots__ = ("graphs",)
+    GRAPHS_FIELD_NUMBER: _ClassVar[int]
+    graphs: _containers.RepeatedCompositeFieldContainer[GraphState]
+    def __init__(self, graphs: _Optional[_Iterable[_Union[GraphState, _Mapping]]] = ...) -> None: ...

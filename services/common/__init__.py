@@ -1,0 +1,1 @@
+"""microco.services.common"""
