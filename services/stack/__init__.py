@@ -1,1 +1,21 @@
-"""microco.services.stack"""
+"""The local stack: real etcd and Redis plus every microco service on one machine
+(``microco up`` / ``microco down`` / ``microco status``), and the same servers for test fixtures."""
+
+from ._health import check_health
+from ._servers import EtcdServer, RedisServer, free_port, port_open
+from ._supervisor import ProcessSpec, Stack, StackOptions, default_home, platform_processes, read_state, stop_from_state
+
+__all__ = [
+    "EtcdServer",
+    "ProcessSpec",
+    "RedisServer",
+    "Stack",
+    "StackOptions",
+    "check_health",
+    "default_home",
+    "free_port",
+    "platform_processes",
+    "port_open",
+    "read_state",
+    "stop_from_state",
+]

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"microco/api/common/v1/common.proto\x12\x15microco.api.common.v1\"\xee\x01\n\x0bServiceInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x12\n\nstarted_at\x18\x05 \x01(\x01\x12\x17\n\x0fmetrics_address\x18\x06 \x01(\t\x12>\n\x06labels\x18\x07 \x03(\x0b\x32..microco.api.common.v1.ServiceInfo.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"d\n\x06\x44\x65vice\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\")\n\tPrincipal\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\"4\n\x0bPageRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"microco/api/common/v1/common.proto\x12\x15microco.api.common.v1\"\xee\x01\n\x0bServiceInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x12\n\nstarted_at\x18\x05 \x01(\x01\x12\x17\n\x0fmetrics_address\x18\x06 \x01(\t\x12>\n\x06labels\x18\x07 \x03(\x0b\x32..microco.api.common.v1.ServiceInfo.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"d\n\x06\x44\x65vice\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\")\n\tPrincipal\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\"4\n\x0bPageRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\x10\n\x0eGetInfoRequest2c\n\x0bInfoService\x12T\n\x07GetInfo\x12%.microco.api.common.v1.GetInfoRequest\x1a\".microco.api.common.v1.ServiceInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,4 +43,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PRINCIPAL']._serialized_end=445
   _globals['_PAGEREQUEST']._serialized_start=447
   _globals['_PAGEREQUEST']._serialized_end=499
+  _globals['_GETINFOREQUEST']._serialized_start=501
+  _globals['_GETINFOREQUEST']._serialized_end=517
+  _globals['_INFOSERVICE']._serialized_start=519
+  _globals['_INFOSERVICE']._serialized_end=618
 # @@protoc_insertion_point(module_scope)

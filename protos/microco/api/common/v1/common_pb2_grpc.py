@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from microco.api.common.v1 import common_pb2 as microco_dot_api_dot_common_dot_v1_dot_common__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -22,3 +23,78 @@ if _version_not_supported:
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
+
+
+class InfoServiceStub:
+    """Every microco service answers this (the runtime adds it): who am I, where, since when.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.GetInfo = channel.unary_unary(
+                '/microco.api.common.v1.InfoService/GetInfo',
+                request_serializer=microco_dot_api_dot_common_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_common_dot_v1_dot_common__pb2.ServiceInfo.FromString,
+                _registered_method=True)
+
+
+class InfoServiceServicer:
+    """Every microco service answers this (the runtime adds it): who am I, where, since when.
+    """
+
+    def GetInfo(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_InfoServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'GetInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetInfo,
+                    request_deserializer=microco_dot_api_dot_common_dot_v1_dot_common__pb2.GetInfoRequest.FromString,
+                    response_serializer=microco_dot_api_dot_common_dot_v1_dot_common__pb2.ServiceInfo.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'microco.api.common.v1.InfoService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('microco.api.common.v1.InfoService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class InfoService:
+    """Every microco service answers this (the runtime adds it): who am I, where, since when.
+    """
+
+    @staticmethod
+    def GetInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/microco.api.common.v1.InfoService/GetInfo',
+            microco_dot_api_dot_common_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
+            microco_dot_api_dot_common_dot_v1_dot_common__pb2.ServiceInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -1,0 +1,231 @@
+"""``microco up | down | status | bench``: the platform as a whole."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from microco.services.common.errors import FailedPrecondition, InvalidArgument
+
+BENCHMARKS = ("scheduler", "sim", "cache", "store", "compiler")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "up",
+        help="run the whole platform on this machine",
+        description=(
+            "Start a real etcd and Redis (from the pip-installed binaries unless --etcd/--redis name\n"
+            "running ones), every microco service, a node agent with virtual devices and the console;\n"
+            "wait until all are healthy, show where each listens, and keep running until Ctrl-C\n"
+            "(or `microco down` from another shell), then stop everything cleanly."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--home", type=Path, default=None, help="state, logs and data (default ~/.microco, MICROCO_HOME)")
+    p.add_argument("--etcd", default="", help="use this running etcd (host:port) instead of starting one")
+    p.add_argument("--redis", default="", help="use this running Redis (redis://...) instead of starting one")
+    p.add_argument("--etcd-port", type=int, default=0, help="port for the etcd it starts (default: free port)")
+    p.add_argument("--redis-port", type=int, default=0, help="port for the Redis it starts (default: free port)")
+    p.add_argument("--devices", type=int, default=4, help="virtual devices the node agent offers (default 4)")
+    p.add_argument("--store-nodes", type=int, default=3, help="store node processes (default 3)")
+    p.add_argument("--cache-capacity-mb", type=int, default=256, help="cache server capacity (default 256)")
+    p.add_argument("--console-port", type=int, default=8080, help="console HTTP port (default 8080)")
+    p.add_argument("--no-console", action="store_true", help="do not start the console")
+    p.add_argument("--detach", action="store_true", help="start, print, and return (stop with `microco down`)")
+    p.add_argument("--demo", action="store_true", help="once up, run the demo scenario through every system")
+    p.add_argument("--exit-after-demo", action="store_true", help="with --demo: stop the stack when it ends")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for health (default 120)")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("down", help="stop a platform started by `microco up`")
+    p.add_argument("--home", type=Path, default=None, help="as given to `microco up`")
+    p.add_argument("--grace", type=float, default=10.0, help="seconds before SIGKILL (default 10)")
+    p.set_defaults(func=cmd_down)
+
+    p = sub.add_parser(
+        "status",
+        help="show which services are alive (read from etcd) and their health",
+        description="List every service registered in etcd, with its address and gRPC/HTTP health.",
+    )
+    p.add_argument("--etcd", default="", help="etcd endpoint (default: MICROCO_ETCD or the running stack's)")
+    p.add_argument("--home", type=Path, default=None, help="as given to `microco up`")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser(
+        "bench",
+        help="run a system's benchmark (JSON on stdout)",
+        description="Run a benchmark: " + ", ".join(BENCHMARKS) + ". Extra arguments go to it (try --help).",
+    )
+    p.add_argument("system", choices=BENCHMARKS)
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark, e.g. --quick --json")
+    p.set_defaults(func=cmd_bench)
+
+
+def _home(args: argparse.Namespace) -> Path:
+    from microco.services.stack import default_home
+
+    return Path(args.home) if args.home else default_home()
+
+
+def _say(msg: str) -> None:
+    print(f"[microco] {msg}", file=sys.stderr, flush=True)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from microco.services.stack import Stack, StackOptions
+
+    if args.devices < 1:
+        raise InvalidArgument("--devices must be at least 1")
+    if args.store_nodes < 3:
+        raise InvalidArgument("--store-nodes must be at least 3 (one per replica)")
+    opts = StackOptions(
+        home=_home(args),
+        etcd=args.etcd,
+        redis=args.redis,
+        etcd_port=args.etcd_port,
+        redis_port=args.redis_port,
+        devices=args.devices,
+        store_nodes=args.store_nodes,
+        cache_capacity_mb=args.cache_capacity_mb,
+        console_port=args.console_port,
+        console=not args.no_console,
+    )
+    stack = Stack(opts, progress=_say)
+    t0 = time.monotonic()
+    stack.start(timeout=args.timeout)
+    print_table(stack_rows(stack))
+    _say(f"up in {time.monotonic() - t0:.1f}s; etcd {stack.etcd_endpoint}, redis {stack.redis_url}")
+    console = next((c for c in stack.children if c.spec.name == "console" and c.record), None)
+    if console:
+        _say(f"console: http://{console.record.address}/")
+    if args.detach:
+        _say("detached; stop with `microco down`" + (f" --home {args.home}" if args.home else ""))
+        stack.children = []  # keep them running; the state file lets `microco down` stop them
+        stack.etcd = stack.redis = None
+        return 0
+    stopping = {"now": False}
+
+    def on_term(signum: int, _frame: Any) -> None:
+        stopping["now"] = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        if args.demo:
+            from microco.examples.demo import run_demo
+
+            run_demo(etcd=stack.etcd_endpoint, redis=stack.redis_url, home=opts.home, progress=_say)
+            if args.exit_after_demo:
+                return 0
+        _say("running; Ctrl-C to stop")
+        while True:
+            for child in stack.children:
+                if child.proc is not None and child.proc.poll() is not None and child.status == "healthy":
+                    child.status = f"exited ({child.proc.returncode})"
+                    _say(f"{child.spec.name} exited with code {child.proc.returncode}; see {opts.home}/logs")
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _say("stopping")
+        stack.stop()
+        _say("stopped")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from microco.services.stack import stop_from_state
+
+    n = stop_from_state(_home(args), grace=args.grace, progress=_say)
+    _say(f"stopped {n} processes")
+    return 0
+
+
+def _etcd_for(args: argparse.Namespace) -> str:
+    from microco.services.stack import read_state
+
+    if args.etcd:
+        return args.etcd
+    if os.environ.get("MICROCO_ETCD"):
+        return os.environ["MICROCO_ETCD"]
+    state = read_state(_home(args))
+    if state:
+        return state["etcd"]
+    raise FailedPrecondition("no etcd to read from: pass --etcd, set MICROCO_ETCD, or start one with `microco up`")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from microco.services.common.kv import EtcdKV
+    from microco.services.common.registry import discover
+    from microco.services.stack import check_health
+
+    kv = EtcdKV(_etcd_for(args))
+    try:
+        rows = []
+        for rec in sorted(discover(kv), key=lambda r: (r.name, r.instance_id)):
+            rows.append(
+                {
+                    "service": rec.name,
+                    "instance": rec.instance_id,
+                    "address": rec.address,
+                    "health": check_health(rec),
+                    "node": rec.labels.get("node", ""),
+                    "role": rec.labels.get("role", ""),
+                    "metrics": rec.metrics_address,
+                    "up_s": round(time.time() - rec.started_at, 1) if rec.started_at else None,
+                }
+            )
+    finally:
+        kv.close()
+    if args.json:
+        print(json.dumps({"services": rows}, indent=2))
+    elif rows:
+        print_table(rows)
+    else:
+        print("no services registered")
+    return 0 if rows and all(r["health"] == "SERVING" for r in rows) else 1
+
+
+def stack_rows(stack: Any) -> list[dict[str, Any]]:
+    rows = []
+    if stack.etcd:
+        rows.append({"service": "etcd", "address": stack.etcd_endpoint, "status": "running", "pid": stack.etcd.pid})
+    if stack.redis:
+        rows.append({"service": "redis", "address": stack.redis_url, "status": "running", "pid": stack.redis.pid})
+    for c in stack.children:
+        rows.append(
+            {
+                "service": c.spec.name,
+                "address": c.record.address if c.record else "",
+                "status": c.status,
+                "pid": c.proc.pid if c.proc else "",
+            }
+        )
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    cols = list(rows[0])
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
+    print("  ".join(c.upper().ljust(widths[c]) for c in cols))
+    for r in rows:
+        print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols))
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    try:
+        module = importlib.import_module(f"microco.benchmarks.{args.system}")
+    except ModuleNotFoundError as exc:
+        raise FailedPrecondition(f"the {args.system} benchmark is not part of this build") from exc
+    return int(module.main(list(args.args)) or 0)

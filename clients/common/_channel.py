@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import random
+
+import grpc
+
+from microco.services.common.errors import Unavailable
+from microco.services.common.kv import KV
+from microco.services.common.registry import discover
+
+_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.enable_retries", 0),  # retries are ours, by allow-list
+]
+
+
+def dial(address: str) -> grpc.Channel:
+    """An insecure channel to ``host:port``."""
+    return grpc.insecure_channel(address, options=_OPTIONS)
+
+
+def channel_for(kv: KV, service: str, prefer_leader: bool = True) -> grpc.Channel:
+    """A channel to a live instance of ``service`` found in etcd. For services that elect a
+    leader, the instance labelled ``role=leader`` is chosen when there is one."""
+    records = discover(kv, service)
+    if not records:
+        raise Unavailable(f"no live '{service}' service is registered in etcd")
+    if prefer_leader:
+        leaders = [r for r in records if r.labels.get("role") == "leader"]
+        if leaders:
+            records = leaders
+    return dial(random.choice(records).address)

@@ -1,0 +1,436 @@
+"""A small key-value interface over etcd: get, put, compare-and-swap, transactions, watch, leases.
+
+``EtcdKV`` is the real thing (etcd v3 through ``pyetcd``, the maintained python-etcd3 fork);
+``MemoryKV`` keeps the same semantics in a dict for pure unit tests. Integration tests use a
+real etcd server. Keys are ``str``, values ``bytes``. A ``namespace`` prefixes every key so
+that tests (or tenants) can share one etcd without seeing each other.
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    kind: str  # "put" or "delete"
+    key: str
+    value: bytes | None
+
+
+class Lease(abc.ABC):
+    """A time-to-live grant; keys put under it vanish when it expires or is revoked."""
+
+    id: int
+    ttl: int
+
+    @abc.abstractmethod
+    def refresh(self) -> bool:
+        """Extend the lease by its TTL; False when it has already expired."""
+
+    @abc.abstractmethod
+    def revoke(self) -> None:
+        """End the lease now, deleting its keys."""
+
+
+class KV(abc.ABC):
+    """What microco needs from a consistent metadata store."""
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes | None: ...
+
+    @abc.abstractmethod
+    def get_prefix(self, prefix: str) -> list[tuple[str, bytes]]:
+        """Every (key, value) under ``prefix``, sorted by key."""
+
+    @abc.abstractmethod
+    def put(self, key: str, value: bytes, lease: Lease | None = None) -> None: ...
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> bool:
+        """True if the key existed."""
+
+    @abc.abstractmethod
+    def delete_prefix(self, prefix: str) -> int: ...
+
+    @abc.abstractmethod
+    def commit(
+        self,
+        checks: Sequence[tuple[str, bytes | None]] = (),
+        puts: Mapping[str, bytes] | None = None,
+        deletes: Sequence[str] = (),
+        lease: Lease | None = None,
+    ) -> bool:
+        """Atomically: if every ``(key, expected)`` holds (``None`` = key absent), apply the puts
+        and deletes and return True; otherwise change nothing and return False."""
+
+    @abc.abstractmethod
+    def watch_prefix(self, prefix: str, callback: Callable[[WatchEvent], None]) -> Callable[[], None]:
+        """Call ``callback`` for every change under ``prefix`` from now on; returns a cancel function."""
+
+    @abc.abstractmethod
+    def lease(self, ttl: int) -> Lease: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""
+
+    # Conveniences built on the primitives.
+    def compare_and_swap(
+        self, key: str, expected: bytes | None, new: bytes | None, lease: Lease | None = None
+    ) -> bool:
+        """Set ``key`` to ``new`` (delete when None) only if it currently holds ``expected``."""
+        if new is None:
+            return self.commit(checks=[(key, expected)], deletes=[key])
+        return self.commit(checks=[(key, expected)], puts={key: new}, lease=lease)
+
+    def get_json(self, key: str) -> Any:
+        raw = self.get(key)
+        return None if raw is None else json.loads(raw)
+
+    def put_json(self, key: str, value: Any, lease: Lease | None = None) -> None:
+        self.put(key, dumps(value), lease=lease)
+
+    def get_prefix_json(self, prefix: str) -> list[tuple[str, Any]]:
+        return [(k, json.loads(v)) for k, v in self.get_prefix(prefix)]
+
+
+def dumps(value: Any) -> bytes:
+    """Canonical JSON bytes (sorted keys), so equal values compare equal in compare-and-swap."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+# --------------------------------------------------------------------------- in memory
+
+
+class _MemoryLease(Lease):
+    def __init__(self, kv: MemoryKV, lease_id: int, ttl: int) -> None:
+        self.kv, self.id, self.ttl = kv, lease_id, ttl
+        self.expires_at = kv.clock() + ttl
+
+    def refresh(self) -> bool:
+        with self.kv._lock:
+            self.kv._expire()
+            if self.id not in self.kv._leases:
+                return False
+            self.expires_at = self.kv.clock() + self.ttl
+            return True
+
+    def revoke(self) -> None:
+        with self.kv._lock:
+            self.kv._drop_lease(self.id)
+
+
+class MemoryKV(KV):
+    """In-process KV with etcd's semantics, for unit tests and the simulator. ``clock`` may be
+    replaced by a virtual clock so lease expiry can be tested without sleeping."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._data: dict[str, tuple[bytes, int | None]] = {}
+        self._leases: dict[int, _MemoryLease] = {}
+        self._watchers: dict[int, tuple[str, Callable[[WatchEvent], None]]] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.RLock()
+
+    def _expire(self) -> None:
+        now = self.clock()
+        for lease in [lease for lease in self._leases.values() if lease.expires_at <= now]:
+            self._drop_lease(lease.id)
+
+    def _drop_lease(self, lease_id: int) -> None:
+        if self._leases.pop(lease_id, None) is None:
+            return
+        for key in [k for k, (_, lid) in self._data.items() if lid == lease_id]:
+            self._delete(key)
+
+    def _notify(self, event: WatchEvent) -> None:
+        for prefix, callback in list(self._watchers.values()):
+            if event.key.startswith(prefix):
+                callback(event)
+
+    def _delete(self, key: str) -> bool:
+        if self._data.pop(key, None) is None:
+            return False
+        self._notify(WatchEvent("delete", key, None))
+        return True
+
+    def get(self, key: str) -> bytes | None:
+        with self._lock:
+            self._expire()
+            item = self._data.get(key)
+            return None if item is None else item[0]
+
+    def get_prefix(self, prefix: str) -> list[tuple[str, bytes]]:
+        with self._lock:
+            self._expire()
+            return sorted((k, v) for k, (v, _) in self._data.items() if k.startswith(prefix))
+
+    def put(self, key: str, value: bytes, lease: Lease | None = None) -> None:
+        self.commit(puts={key: value}, lease=lease)
+
+    def delete(self, key: str) -> bool:
+        with self._lock:
+            self._expire()
+            return self._delete(key)
+
+    def delete_prefix(self, prefix: str) -> int:
+        with self._lock:
+            self._expire()
+            keys = [k for k in self._data if k.startswith(prefix)]
+            for k in keys:
+                self._delete(k)
+            return len(keys)
+
+    def commit(self, checks=(), puts=None, deletes=(), lease=None) -> bool:  # type: ignore[override]
+        with self._lock:
+            self._expire()
+            for key, expected in checks:
+                current = self._data.get(key)
+                if (current[0] if current else None) != expected:
+                    return False
+            if lease is not None and lease.id not in self._leases:
+                raise Unavailable(f"lease {lease.id} has expired")
+            for key, value in (puts or {}).items():
+                self._data[key] = (bytes(value), lease.id if lease else None)
+                self._notify(WatchEvent("put", key, bytes(value)))
+            for key in deletes:
+                self._delete(key)
+            return True
+
+    def watch_prefix(self, prefix: str, callback: Callable[[WatchEvent], None]) -> Callable[[], None]:
+        with self._lock:
+            wid = next(self._ids)
+            self._watchers[wid] = (prefix, callback)
+
+        def cancel() -> None:
+            with self._lock:
+                self._watchers.pop(wid, None)
+
+        return cancel
+
+    def lease(self, ttl: int) -> Lease:
+        with self._lock:
+            lease = _MemoryLease(self, next(self._ids), ttl)
+            self._leases[lease.id] = lease
+            return lease
+
+    def expire_now(self) -> None:
+        """Force expiry processing (tests with a virtual clock)."""
+        with self._lock:
+            self._expire()
+
+
+# --------------------------------------------------------------------------- etcd
+
+
+def parse_endpoints(endpoints: str | Iterable[str]) -> list[tuple[str, int]]:
+    """``"127.0.0.1:2379,host-b:2379"`` or ``["http://h:2379"]`` -> [(host, port), ...]."""
+    items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
+    out = []
+    for item in items:
+        item = item.strip()
+        if not item:
+            continue
+        for scheme in ("http://", "https://"):
+            if item.startswith(scheme):
+                item = item[len(scheme) :]
+        host, sep, port = item.rpartition(":")
+        if not sep or not port.isdigit() or not host:
+            from .errors import InvalidArgument
+
+            raise InvalidArgument(f"bad etcd endpoint {item!r}: expected host:port")
+        out.append((host, int(port)))
+    if not out:
+        from .errors import InvalidArgument
+
+        raise InvalidArgument("no etcd endpoint given")
+    return out
+
+
+class _EtcdLease(Lease):
+    def __init__(self, raw: Any, ttl: int) -> None:
+        self.raw, self.id, self.ttl = raw, raw.id, ttl
+
+    def refresh(self) -> bool:
+        try:
+            responses = list(self.raw.refresh())
+        except Exception as exc:  # pyetcd raises its own tree; all mean "not refreshed"
+            raise Unavailable(f"etcd lease refresh failed: {exc}") from exc
+        return bool(responses) and responses[0].TTL > 0
+
+    def revoke(self) -> None:
+        try:
+            self.raw.revoke()
+        except Exception as exc:  # noqa: BLE001 - a revoke of an expired lease is not an error
+            log.debug("lease revoke: %s", exc)
+
+
+class EtcdKV(KV):
+    """The KV interface on a real etcd v3 cluster."""
+
+    def __init__(
+        self, endpoints: str | Iterable[str], namespace: str = "", timeout: float = 5.0, check: bool = True
+    ) -> None:
+        import pyetcd
+
+        self.endpoints = parse_endpoints(endpoints)
+        self.namespace = namespace
+        self.timeout = timeout
+        if len(self.endpoints) == 1:
+            host, port = self.endpoints[0]
+            self._client = pyetcd.client(host=host, port=port, timeout=timeout)
+        else:
+            eps = [pyetcd.Endpoint(h, p, secure=False) for h, p in self.endpoints]
+            self._client = pyetcd.MultiEndpointEtcd3Client(endpoints=eps, timeout=timeout, failover=True)
+        self._watch_ids: set[Any] = set()
+        if check:
+            self.check()
+
+    @property
+    def address(self) -> str:
+        return ",".join(f"{h}:{p}" for h, p in self.endpoints)
+
+    def check(self) -> None:
+        """Raise ``Unavailable`` naming the address when etcd cannot be reached."""
+        try:
+            self._client.status()
+        except Exception as exc:
+            raise Unavailable(f"cannot reach etcd at {self.address}: {type(exc).__name__} {exc}".strip()) from exc
+
+    def _k(self, key: str) -> str:
+        return self.namespace + key
+
+    def _strip(self, raw_key: bytes) -> str:
+        return raw_key.decode()[len(self.namespace) :]
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Unavailable:
+            raise
+        except Exception as exc:
+            name = type(exc).__name__
+            if "Connection" in name or "Timeout" in name or "NoServer" in name or "RpcError" in name:
+                raise Unavailable(f"etcd at {self.address}: {name} {exc}".strip()) from exc
+            raise
+
+    def get(self, key: str) -> bytes | None:
+        value, _ = self._call(self._client.get, self._k(key))
+        return value
+
+    def get_prefix(self, prefix: str) -> list[tuple[str, bytes]]:
+        items = self._call(lambda: list(self._client.get_prefix(self._k(prefix), sort_order="ascend")))
+        return [(self._strip(meta.key), value) for value, meta in items]
+
+    def put(self, key: str, value: bytes, lease: Lease | None = None) -> None:
+        self._call(self._client.put, self._k(key), value, lease=lease.id if lease else None)
+
+    def delete(self, key: str) -> bool:
+        return bool(self._call(self._client.delete, self._k(key)))
+
+    def delete_prefix(self, prefix: str) -> int:
+        resp = self._call(self._client.delete_prefix, self._k(prefix))
+        return int(resp.deleted)
+
+    def commit(self, checks=(), puts=None, deletes=(), lease=None) -> bool:  # type: ignore[override]
+        t = self._client.transactions
+        compare = []
+        for key, expected in checks:
+            if expected is None:
+                compare.append(t.version(self._k(key)) == 0)
+            else:
+                compare.append(t.value(self._k(key)) == expected)
+        success = [t.put(self._k(k), v, lease=lease.id if lease else None) for k, v in (puts or {}).items()]
+        success += [t.delete(self._k(k)) for k in deletes]
+        ok, _ = self._call(self._client.transaction, compare=compare, success=success, failure=[])
+        return bool(ok)
+
+    def watch_prefix(self, prefix: str, callback: Callable[[WatchEvent], None]) -> Callable[[], None]:
+        import pyetcd.events
+
+        def on_response(response: Any) -> None:
+            if isinstance(response, Exception):
+                log.warning("etcd watch on %s ended: %s", prefix, response)
+                return
+            for event in response.events:
+                kind = "delete" if isinstance(event, pyetcd.events.DeleteEvent) else "put"
+                value = None if kind == "delete" else event.value
+                try:
+                    callback(WatchEvent(kind, self._strip(event.key), value))
+                except Exception:  # a bad callback must not kill the watch thread
+                    log.exception("watch callback failed for %s", prefix)
+
+        watch_id = self._call(self._client.add_watch_prefix_callback, self._k(prefix), on_response)
+        self._watch_ids.add(watch_id)
+
+        def cancel() -> None:
+            if watch_id in self._watch_ids:
+                self._watch_ids.discard(watch_id)
+                try:
+                    self._client.cancel_watch(watch_id)
+                except Exception as exc:  # noqa: BLE001 - cancelling on a closed client
+                    log.debug("cancel watch: %s", exc)
+
+        return cancel
+
+    def lease(self, ttl: int) -> Lease:
+        raw = self._call(self._client.lease, int(ttl))
+        return _EtcdLease(raw, int(ttl))
+
+    def close(self) -> None:
+        for wid in list(self._watch_ids):
+            try:
+                self._client.cancel_watch(wid)
+            except Exception:  # noqa: BLE001
+                pass
+        self._watch_ids.clear()
+        try:
+            self._client.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class LeaseKeeper:
+    """Keeps a lease alive from a background thread (refresh every ttl/3). When a refresh finds the
+    lease gone (etcd lost it, e.g. after a long pause), ``on_lost`` is called so the owner can
+    re-register under a new lease."""
+
+    def __init__(self, lease: Lease, on_lost: Callable[[], None] | None = None) -> None:
+        self.lease = lease
+        self.on_lost = on_lost
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{lease.id}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        interval = max(self.lease.ttl / 3.0, 0.2)
+        while not self._stop.wait(interval):
+            try:
+                alive = self.lease.refresh()
+            except Unavailable as exc:
+                log.warning("lease %s refresh failed: %s", self.lease.id, exc)
+                continue
+            if not alive:
+                log.warning("lease %s expired", self.lease.id)
+                if self.on_lost:
+                    self.on_lost()
+                return
+
+    def stop(self, revoke: bool = True) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+        if revoke:
+            self.lease.revoke()

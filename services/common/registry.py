@@ -1,0 +1,101 @@
+"""Service registration under an etcd lease, and discovery by name.
+
+A service instance writes ``/microco/services/<name>/<instance_id>`` under a lease it keeps
+alive; if the process dies the lease expires and the entry vanishes by itself. Clients need
+only the etcd address: ``discover(kv, "scheduler")`` lists the live instances.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import asdict, dataclass, field
+
+from .errors import Unavailable
+from .kv import KV, LeaseKeeper, dumps
+
+log = logging.getLogger(__name__)
+
+SERVICES_PREFIX = "/microco/services/"
+
+
+@dataclass(frozen=True)
+class ServiceRecord:
+    name: str
+    instance_id: str
+    address: str
+    version: str = ""
+    started_at: float = 0.0
+    metrics_address: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{SERVICES_PREFIX}{self.name}/{self.instance_id}"
+
+    def to_json(self) -> bytes:
+        return dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> ServiceRecord:
+        return cls(**json.loads(raw))
+
+
+class Registration:
+    """Keeps one ``ServiceRecord`` in etcd for as long as the process lives.
+
+    Re-registers under a fresh lease if etcd ever drops the old one (for example after etcd
+    itself restarted or the process was paused past its TTL)."""
+
+    def __init__(self, kv: KV, record: ServiceRecord, ttl: int = 5) -> None:
+        self.kv, self.record, self.ttl = kv, record, ttl
+        self._keeper: LeaseKeeper | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def start(self) -> Registration:
+        with self._lock:
+            lease = self.kv.lease(self.ttl)
+            self.kv.put(self.record.key, self.record.to_json(), lease=lease)
+            self._keeper = LeaseKeeper(lease, on_lost=self._renew)
+        log.info("registered", extra={"key": self.record.key, "address": self.record.address})
+        return self
+
+    def _renew(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.start()
+        except Unavailable as exc:
+            log.error("re-registration failed: %s", exc)
+
+    def update(self, record: ServiceRecord) -> None:
+        """Change what is advertised (e.g. a new label) under the same lease."""
+        with self._lock:
+            self.record = record
+            if self._keeper is not None:
+                self.kv.put(record.key, record.to_json(), lease=self._keeper.lease)
+
+    def stop(self) -> None:
+        """Revoke the lease: the entry disappears now rather than after the TTL. Idempotent."""
+        with self._lock:
+            self._closed = True
+            keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            try:
+                keeper.stop(revoke=True)
+            except Unavailable as exc:
+                log.warning("could not revoke lease (it will expire): %s", exc)
+
+
+def discover(kv: KV, name: str | None = None) -> list[ServiceRecord]:
+    """Live instances of service ``name`` (all services when None), from etcd."""
+    prefix = SERVICES_PREFIX + (f"{name}/" if name else "")
+    out = []
+    for _, raw in kv.get_prefix(prefix):
+        try:
+            out.append(ServiceRecord.from_json(raw))
+        except (ValueError, TypeError):
+            log.warning("skipping malformed service record under %s", prefix)
+    return out

@@ -1,0 +1,386 @@
+"""The lifecycle every microco gRPC service shares.
+
+``ServiceRuntime`` binds a gRPC server with health checking, reflection, the error and metrics
+interceptors and a Prometheus endpoint, registers the instance in etcd under a lease, and stops
+gracefully: health to NOT_SERVING, lease revoked (the registry entry vanishes at once), in-flight
+calls given the grace period, stop hooks run. ``run_service`` is the ``main()`` of every service
+process: flags, logging, etcd check with a clear error, SIGTERM/SIGINT handling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+import microco
+from microco.api.common.v1 import common_pb2, common_pb2_grpc
+
+from . import metrics
+from .errors import InvalidArgument, MicrocoError
+from .kv import KV, EtcdKV
+from .logs import configure_logging
+from .registry import Registration, ServiceRecord
+from .settings import ServiceSettings, add_common_flags, settings_from_args
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- interceptors
+
+
+class _Malformed:
+    """Stands in for a request that could not be parsed, so the call fails INVALID_ARGUMENT
+    instead of gRPC's generic INTERNAL."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except Exception as exc:  # protobuf's DecodeError and friends
+            return _Malformed(exc)
+
+    return parse
+
+
+def _check(request: Any) -> Any:
+    if isinstance(request, _Malformed):
+        raise InvalidArgument(f"malformed request: {request.exc}")
+    return request
+
+
+def _checked_stream(requests: Iterator[Any]) -> Iterator[Any]:
+    for request in requests:
+        yield _check(request)
+
+
+class ErrorAndMetricsInterceptor(grpc.ServerInterceptor):
+    """Maps ``MicrocoError`` to its gRPC status, any other exception to INTERNAL (logged with its
+    stack, never sent), and counts every call by method and code."""
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+
+    def intercept_service(self, continuation: Callable[..., Any], handler_call_details: Any) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        service = self.service
+
+        def finish(context: grpc.ServicerContext, start: float, exc: BaseException | None) -> None:
+            code = "OK"
+            if isinstance(exc, MicrocoError):
+                code = exc.grpc_code.name
+            elif exc is not None:
+                code = grpc.StatusCode.INTERNAL.name
+            metrics.RPC_REQUESTS.labels(service, method, code).inc()
+            metrics.RPC_LATENCY.labels(service, method).observe(time.perf_counter() - start)
+
+        def abort(context: grpc.ServicerContext, exc: BaseException) -> None:
+            if isinstance(exc, MicrocoError):
+                context.abort(exc.grpc_code, str(exc))
+            log.exception("unhandled error in %s", handler_call_details.method, exc_info=exc)
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method} (see the {service} log)")
+
+        def wrap_unary(behavior: Callable[..., Any], stream_in: bool) -> Callable[..., Any]:
+            def call(request: Any, context: grpc.ServicerContext) -> Any:
+                start = time.perf_counter()
+                metrics.RPC_IN_FLIGHT.labels(service).inc()
+                try:
+                    req = _checked_stream(request) if stream_in else _check(request)
+                    result = behavior(req, context)
+                except Exception as exc:
+                    if _is_abort(exc, context):
+                        metrics.RPC_REQUESTS.labels(service, method, context.code().name).inc()
+                        raise
+                    finish(context, start, exc)
+                    abort(context, exc)
+                else:
+                    finish(context, start, None)
+                    return result
+                finally:
+                    metrics.RPC_IN_FLIGHT.labels(service).dec()
+
+            return call
+
+        def wrap_stream(behavior: Callable[..., Any], stream_in: bool) -> Callable[..., Any]:
+            def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                start = time.perf_counter()
+                metrics.RPC_IN_FLIGHT.labels(service).inc()
+                try:
+                    req = _checked_stream(request) if stream_in else _check(request)
+                    yield from behavior(req, context)
+                except Exception as exc:
+                    if _is_abort(exc, context):
+                        metrics.RPC_REQUESTS.labels(service, method, context.code().name).inc()
+                        raise
+                    finish(context, start, exc)
+                    abort(context, exc)
+                else:
+                    finish(context, start, None)
+                finally:
+                    metrics.RPC_IN_FLIGHT.labels(service).dec()
+
+            return call
+
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                wrap_unary(handler.unary_unary, False),
+                request_deserializer=_lenient(handler.request_deserializer),
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                wrap_unary(handler.stream_unary, True),
+                request_deserializer=_lenient(handler.request_deserializer),
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                wrap_stream(handler.unary_stream, False),
+                request_deserializer=_lenient(handler.request_deserializer),
+                response_serializer=handler.response_serializer,
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            wrap_stream(handler.stream_stream, True),
+            request_deserializer=_lenient(handler.request_deserializer),
+            response_serializer=handler.response_serializer,
+        )
+
+
+def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
+    """True when the servicer itself called ``context.abort`` (gRPC raises a bare ``Exception``
+    after setting the code); such calls already carry their status."""
+    code = context.code() if hasattr(context, "code") else None
+    return type(exc) is Exception and not exc.args and code not in (None, grpc.StatusCode.OK)
+
+
+# --------------------------------------------------------------------------- runtime
+
+_INFO_SERVICE = common_pb2.DESCRIPTOR.services_by_name["InfoService"].full_name
+
+
+class _InfoServicer(common_pb2_grpc.InfoServiceServicer):
+    def __init__(self, runtime: ServiceRuntime) -> None:
+        self.runtime = runtime
+        self.started_at = time.time()
+
+    def GetInfo(self, request: common_pb2.GetInfoRequest, context: grpc.ServicerContext) -> common_pb2.ServiceInfo:
+        r = self.runtime
+        return common_pb2.ServiceInfo(
+            name=r.settings.name,
+            instance_id=r.settings.instance_id,
+            address=r.address,
+            version=r.version,
+            started_at=self.started_at,
+            metrics_address=r.metrics_address,
+            labels={"node": r.settings.node, **r.settings.labels},
+        )
+
+
+
+@dataclass
+class ServiceRuntime:
+    """One service process's gRPC server, health, metrics and registration."""
+
+    settings: ServiceSettings
+    kv: KV | None = None
+    version: str = microco.__version__
+    max_workers: int = 16
+    _services: list[tuple[Callable[[Any, grpc.Server], None], Any, str]] = field(default_factory=list)
+    _stop_hooks: list[Callable[[], None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.server: grpc.Server | None = None
+        self.health = health.HealthServicer(experimental_non_blocking=True)
+        self.port = 0
+        self.metrics_port = 0
+        self._metrics_server: Any = None
+        self.registration: Registration | None = None
+        self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
+        self._stopping = False
+
+    # -- assembly
+    def add_service(self, add_fn: Callable[[Any, grpc.Server], None], servicer: Any, full_name: str) -> None:
+        """``add_fn`` is the generated ``add_XServicer_to_server``; ``full_name`` the proto service
+        name (``microco.api.scheduler.v1.SchedulerService``) for health and reflection."""
+        self._services.append((add_fn, servicer, full_name))
+
+    def on_stop(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` during shutdown, after the service stopped taking new calls."""
+        self._stop_hooks.append(hook)
+
+    @property
+    def address(self) -> str:
+        return f"{self.settings.advertised}:{self.port}"
+
+    @property
+    def metrics_address(self) -> str:
+        return f"{self.settings.advertised}:{self.metrics_port}" if self.metrics_port else ""
+
+    def record(self, **labels: str) -> ServiceRecord:
+        return ServiceRecord(
+            name=self.settings.name,
+            instance_id=self.settings.instance_id,
+            address=self.address,
+            version=self.version,
+            started_at=time.time(),
+            metrics_address=self.metrics_address,
+            labels={"node": self.settings.node, **self.settings.labels, **labels},
+        )
+
+    # -- lifecycle
+    def start(self, register: bool = True) -> ServiceRuntime:
+        s = self.settings
+        options = [
+            ("grpc.max_receive_message_length", s.max_message_bytes),
+            ("grpc.max_send_message_length", s.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix=s.name),
+            interceptors=[ErrorAndMetricsInterceptor(s.name)],
+            options=options,
+        )
+        if not any(name == _INFO_SERVICE for _, _, name in self._services):
+            self._services.insert(0, (common_pb2_grpc.add_InfoServiceServicer_to_server, _InfoServicer(self), _INFO_SERVICE))
+        names = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
+        for add_fn, servicer, full_name in self._services:
+            add_fn(servicer, server)
+            names.append(full_name)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(names, server)
+        self.port = server.add_insecure_port(f"{s.host}:{s.port}")
+        if self.port == 0:
+            raise MicrocoError(f"{s.name}: cannot bind {s.host}:{s.port}")
+        server.start()
+        self.server = server
+        if s.metrics_port >= 0:
+            self._metrics_server, self.metrics_port = metrics.serve_metrics(s.host, s.metrics_port)
+        for _, _, full_name in self._services:
+            self.health.set(full_name, health_pb2.HealthCheckResponse.SERVING)
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        metrics.SERVICE_UP.labels(s.name, s.instance_id).set(1)
+        if register and self.kv is not None:
+            self.registration = Registration(self.kv, self.record(), ttl=s.lease_ttl_s).start()
+        log.info(
+            "serving",
+            extra={"address": self.address, "metrics": self.metrics_address, "instance": s.instance_id},
+        )
+        return self
+
+    def stop(self, grace: float | None = None) -> None:
+        """Graceful, idempotent shutdown."""
+        with self._stop_lock:
+            if self._stopping:
+                return
+            self._stopping = True
+        grace = self.settings.grace_s if grace is None else grace
+        log.info("stopping", extra={"grace_s": grace})
+        self.health.enter_graceful_shutdown()  # every service NOT_SERVING
+        metrics.SERVICE_UP.labels(self.settings.name, self.settings.instance_id).set(0)
+        if self.registration is not None:
+            self.registration.stop()
+        if self.server is not None:
+            self.server.stop(grace).wait()
+        for hook in reversed(self._stop_hooks):
+            try:
+                hook()
+            except Exception:
+                log.exception("stop hook failed")
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        self._stopped.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+
+# --------------------------------------------------------------------------- main()
+
+
+@dataclass
+class ServiceContext:
+    """What a service's ``setup`` function gets: settings, its own parsed flags, the etcd KV and
+    the runtime to add servicers and stop hooks to. Redis is connected on first use."""
+
+    settings: ServiceSettings
+    args: argparse.Namespace
+    kv: KV
+    runtime: ServiceRuntime
+    _redis: Any = None
+
+    @property
+    def redis(self) -> Any:
+        if self._redis is None:
+            from .hotstate import connect_redis
+
+            self._redis = connect_redis(self.settings.redis)
+        return self._redis
+
+
+def run_service(
+    name: str,
+    description: str,
+    setup: Callable[[ServiceContext], None],
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+    argv: list[str] | None = None,
+) -> int:
+    """Parse flags, connect to etcd (a clear error naming the address if it is down), build the
+    service with ``setup``, serve until SIGTERM/SIGINT, then shut down gracefully."""
+    parser = argparse.ArgumentParser(prog=f"microco-{name}", description=description)
+    add_common_flags(parser)
+    if add_arguments:
+        add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_from_args(name, args)
+    except MicrocoError as exc:
+        parser.error(str(exc))
+    configure_logging(name, settings.log_level, settings.log_format == "json")
+    try:
+        kv = EtcdKV(settings.etcd)
+    except MicrocoError as exc:
+        print(f"microco-{name}: error: {exc}", file=sys.stderr)
+        return 2
+    runtime = ServiceRuntime(settings, kv=kv)
+    runtime.on_stop(kv.close)
+    ctx = ServiceContext(settings=settings, args=args, kv=kv, runtime=runtime)
+    try:
+        setup(ctx)
+        runtime.start()
+    except MicrocoError as exc:
+        print(f"microco-{name}: error: {exc}", file=sys.stderr)
+        runtime.stop(grace=0)
+        return 2
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("signal received", extra={"signal": signal.Signals(signum).name})
+        threading.Thread(target=runtime.stop, name="shutdown", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not runtime.wait(timeout=1.0):
+        pass
+    return 0

@@ -1,0 +1,30 @@
+"""Health of a registered service: the gRPC health protocol, or ``/healthz`` for HTTP services
+(those registered with the label ``protocol=http``)."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from microco.services.common.registry import ServiceRecord
+
+
+def check_health(record: ServiceRecord, timeout: float = 2.0) -> str:
+    """"SERVING", "NOT_SERVING", or "UNREACHABLE"."""
+    if record.labels.get("protocol") == "http":
+        try:
+            with urllib.request.urlopen(f"http://{record.address}/healthz", timeout=timeout) as resp:
+                return "SERVING" if resp.status == 200 else "NOT_SERVING"
+        except OSError:
+            return "UNREACHABLE"
+    channel = grpc.insecure_channel(record.address)
+    try:
+        stub = health_pb2_grpc.HealthStub(channel)
+        resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    except grpc.RpcError:
+        return "UNREACHABLE"
+    finally:
+        channel.close()

