@@ -128,17 +128,23 @@ class EtcdServer(_ChildServer):
 
     name = "etcd"
 
-    def __init__(self, data_dir: Path, host: str = "127.0.0.1", port: int = 0, peer_port: int = 0) -> None:
+    def __init__(
+        self, data_dir: Path, host: str = "127.0.0.1", port: int = 0, peer_port: int = 0, advertise_host: str = ""
+    ) -> None:
         super().__init__(data_dir, host, port)
         self.peer_port = peer_port or free_port(host)
+        # In a container etcd listens on 0.0.0.0 but must advertise the name others dial.
+        self.advertise_host = advertise_host or host
 
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        client = f"http://{self.host}:{self.port}"
-        peer = f"http://{self.host}:{self.peer_port}"
+        listen_client = f"http://{self.host}:{self.port}"
+        listen_peer = f"http://{self.host}:{self.peer_port}"
+        client = f"http://{self.advertise_host}:{self.port}"
+        peer = f"http://{self.advertise_host}:{self.peer_port}"
         return [
             etcd_binary(),
             "--name",
@@ -146,11 +152,11 @@ class EtcdServer(_ChildServer):
             "--data-dir",
             str(self.data_dir / "etcd-data"),
             "--listen-client-urls",
-            client,
+            listen_client,
             "--advertise-client-urls",
             client,
             "--listen-peer-urls",
-            peer,
+            listen_peer,
             "--initial-advertise-peer-urls",
             peer,
             "--initial-cluster",

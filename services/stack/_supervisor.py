@@ -75,7 +75,7 @@ def platform_processes(opts: StackOptions) -> list[ProcessSpec]:
     specs = [
         ProcessSpec("scheduler", "scheduler", "microco.services.scheduler"),
         ProcessSpec("agent", "agent", "microco.services.agent", ("--devices", str(opts.devices))),
-        ProcessSpec("cache", "cache", "microco.services.cache", ("--capacity-mb", str(opts.cache_capacity_mb))),
+        ProcessSpec("cache", "cache", "microco.services.cache", ("--capacity", f"{opts.cache_capacity_mb}M")),
         ProcessSpec("store", "store", "microco.services.store", ("coordinator",)),
     ]
     for i in range(opts.store_nodes):

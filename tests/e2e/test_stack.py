@@ -1,0 +1,117 @@
+"""`microco up` as a user runs it: every service comes up healthy (seen through etcd and the gRPC
+health protocol), `microco status` agrees, and Ctrl-C or `microco down` leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from microco.services.stack import StackOptions, platform_processes
+
+pytestmark = pytest.mark.e2e
+
+MICROCO = [sys.executable, "-m", "microco.clients.cli"]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for_state(home: Path, proc: subprocess.Popen, timeout: float = 150) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"microco up exited early:\n{proc.stderr.read().decode()}")
+        path = home / "stack.json"
+        if path.exists():
+            state = json.loads(path.read_text())
+            statuses = [p.get("status") for p in state["processes"] if p["name"] not in ("etcd", "redis")]
+            if statuses and all(s in ("healthy", "absent") for s in statuses):
+                return state
+        time.sleep(0.3)
+    raise AssertionError("stack did not become healthy")
+
+
+def expected_services() -> list[str]:
+    return [s.name for s in platform_processes(StackOptions(console_port=0)) if s.available()]
+
+
+def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    up = subprocess.Popen(
+        [*MICROCO, "up", "--home", str(home), "--console-port", "0", "--devices", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        state = wait_for_state(home, up)
+        healthy = {p["name"] for p in state["processes"] if p.get("status") == "healthy"}
+        assert healthy == set(expected_services())
+        status = subprocess.run(
+            [*MICROCO, "status", "--home", str(home), "--json"], capture_output=True, text=True, timeout=60
+        )
+        rows = json.loads(status.stdout)["services"]
+        registered = {r["instance"] for r in rows}
+        for p in state["processes"]:
+            if p.get("status") == "healthy":
+                assert any(i.startswith(p["name"] + "-") for i in registered), p["name"]
+        assert all(r["health"] == "SERVING" for r in rows), rows
+        assert status.returncode == 0
+        pids = [p["pid"] for p in state["processes"] if p.get("pid")]
+        assert pids and all(pid_alive(pid) for pid in pids)
+        up.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        assert up.wait(60) == 0
+        deadline = time.monotonic() + 10
+        while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in pids if pid_alive(pid)]
+        assert not (home / "stack.json").exists()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, timeout=60)
+
+
+def test_detach_then_down(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    up = subprocess.run(
+        [*MICROCO, "up", "--home", str(home), "--no-console", "--detach", "--devices", "1"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert up.returncode == 0, up.stderr
+    state = json.loads((home / "stack.json").read_text())
+    pids = [p["pid"] for p in state["processes"] if p.get("pid")]
+    assert pids and all(pid_alive(pid) for pid in pids)
+    again = subprocess.run([*MICROCO, "up", "--home", str(home), "--detach"], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and "microco down" in again.stderr
+    down = subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, text=True, timeout=90)
+    assert down.returncode == 0, down.stderr
+    assert not [pid for pid in pids if pid_alive(pid)]
+    none = subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, text=True, timeout=60)
+    assert none.returncode == 1 and "no running stack" in none.stderr
+
+
+def test_status_without_etcd_is_a_clear_error(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "MICROCO_ETCD"}
+    out = subprocess.run(
+        [*MICROCO, "status", "--home", str(tmp_path)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert out.returncode == 1
+    assert "no etcd to read from" in out.stderr and "Traceback" not in out.stderr
