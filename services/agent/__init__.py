@@ -1,1 +1,14 @@
-"""microco.services.agent"""
+"""microco.services.agent: the node agent of one host.
+
+Registers the host's devices (GPUs, or virtual CPU-share devices) under an etcd lease at
+``/microco/nodes/<node>``, starts job processes with their device assignment and environment,
+relays the scheduler's control (suspend / resume / checkpoint / stop / resize) to the job's
+hook through a control directory, and reports each process's progress and exit.
+"""
+
+from ._devices import DeviceInfo, discover_devices
+from ._procs import ManagedProcess, ProcessManager
+from ._service import NODES_PREFIX, NodeAgent, NodeAgentServicer
+
+__all__ = ["NODES_PREFIX", "DeviceInfo", "ManagedProcess", "NodeAgent", "NodeAgentServicer", "ProcessManager",
+           "discover_devices"]

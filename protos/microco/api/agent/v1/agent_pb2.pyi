@@ -15,6 +15,7 @@ class Control(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CONTROL_RESUME: _ClassVar[Control]
     CONTROL_CHECKPOINT: _ClassVar[Control]
     CONTROL_RESIZE: _ClassVar[Control]
+    CONTROL_STOP: _ClassVar[Control]
 
 class ProcessState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -27,13 +28,14 @@ CONTROL_SUSPEND: Control
 CONTROL_RESUME: Control
 CONTROL_CHECKPOINT: Control
 CONTROL_RESIZE: Control
+CONTROL_STOP: Control
 PROCESS_STATE_UNSPECIFIED: ProcessState
 PROCESS_STATE_STARTING: ProcessState
 PROCESS_STATE_RUNNING: ProcessState
 PROCESS_STATE_EXITED: ProcessState
 
 class Node(_message.Message):
-    __slots__ = ("name", "address", "devices", "labels")
+    __slots__ = ("name", "address", "devices", "labels", "instance_id")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -45,11 +47,13 @@ class Node(_message.Message):
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     devices: _containers.RepeatedCompositeFieldContainer[_common_pb2.Device]
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[_common_pb2.Device, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    instance_id: str
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[_common_pb2.Device, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class GetNodeRequest(_message.Message):
     __slots__ = ()
@@ -99,20 +103,50 @@ class StopProcessRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., grace_seconds: _Optional[float] = ...) -> None: ...
 
 class ProcessStatus(_message.Message):
-    __slots__ = ("job_id", "pid", "state", "exit_code", "device_ids", "attempt")
+    __slots__ = ("job_id", "pid", "state", "exit_code", "device_ids", "attempt", "job_state", "step", "minibatch_ms", "seq_done", "control_seq", "checkpoint_step", "checkpoint_bytes", "started_at", "first_step_at", "updated_at", "suspend_ms", "resume_ms", "peak_rss_bytes", "message", "restored_from_step")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    MINIBATCH_MS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_DONE_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_SEQ_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_STEP_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    SUSPEND_MS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_MS_FIELD_NUMBER: _ClassVar[int]
+    PEAK_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     pid: int
     state: ProcessState
     exit_code: int
     device_ids: _containers.RepeatedScalarFieldContainer[str]
     attempt: int
-    def __init__(self, job_id: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., exit_code: _Optional[int] = ..., device_ids: _Optional[_Iterable[str]] = ..., attempt: _Optional[int] = ...) -> None: ...
+    job_state: str
+    step: int
+    minibatch_ms: float
+    seq_done: int
+    control_seq: int
+    checkpoint_step: int
+    checkpoint_bytes: int
+    started_at: float
+    first_step_at: float
+    updated_at: float
+    suspend_ms: float
+    resume_ms: float
+    peak_rss_bytes: int
+    message: str
+    restored_from_step: int
+    def __init__(self, job_id: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., exit_code: _Optional[int] = ..., device_ids: _Optional[_Iterable[str]] = ..., attempt: _Optional[int] = ..., job_state: _Optional[str] = ..., step: _Optional[int] = ..., minibatch_ms: _Optional[float] = ..., seq_done: _Optional[int] = ..., control_seq: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., started_at: _Optional[float] = ..., first_step_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., suspend_ms: _Optional[float] = ..., resume_ms: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., message: _Optional[str] = ..., restored_from_step: _Optional[int] = ...) -> None: ...
 
 class ListProcessesRequest(_message.Message):
     __slots__ = ()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n microco/api/cache/v1/cache.proto\x12\x14microco.api.cache.v1\"A\n\rLookupRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07\x64igests\x18\x02 \x03(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\"!\n\x0eLookupResponse\x12\x0f\n\x07present\x18\x01 \x03(\t\"4\n\x11ReadChunksRequest\x12\x0f\n\x07\x64igests\x18\x01 \x03(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"X\n\tChunkData\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x0f\n\x07\x64\x61taset\x18\x05 \x01(\t\"5\n\x11PutChunksResponse\x12\x0e\n\x06stored\x18\x01 \x03(\t\x12\x10\n\x08rejected\x18\x02 \x03(\t\"\x11\n\x0fGetStatsRequest\"f\n\nCacheStats\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x01 \x01(\x03\x12\x12\n\nused_bytes\x18\x02 \x01(\x03\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\x03\x12\x0c\n\x04hits\x18\x04 \x01(\x03\x12\x0e\n\x06misses\x18\x05 \x01(\x03\x32\xeb\x02\n\x0c\x43\x61\x63heService\x12S\n\x06Lookup\x12#.microco.api.cache.v1.LookupRequest\x1a$.microco.api.cache.v1.LookupResponse\x12X\n\nReadChunks\x12\'.microco.api.cache.v1.ReadChunksRequest\x1a\x1f.microco.api.cache.v1.ChunkData0\x01\x12W\n\tPutChunks\x12\x1f.microco.api.cache.v1.ChunkData\x1a\'.microco.api.cache.v1.PutChunksResponse(\x01\x12S\n\x08GetStats\x12%.microco.api.cache.v1.GetStatsRequest\x1a .microco.api.cache.v1.CacheStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n microco/api/cache/v1/cache.proto\x12\x14microco.api.cache.v1\"A\n\rLookupRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07\x64igests\x18\x02 \x03(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\"!\n\x0eLookupResponse\x12\x0f\n\x07present\x18\x01 \x03(\t\"K\n\nSampleRead\x12\r\n\x05\x63hunk\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0e\n\x06length\x18\x03 \x01(\x03\x12\x0e\n\x06\x64igest\x18\x04 \x01(\t\"h\n\x12ReadSamplesRequest\x12\x31\n\x07samples\x18\x01 \x03(\x0b\x32 .microco.api.cache.v1.SampleRead\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x03 \x01(\t\"=\n\nSampleData\x12\x10\n\x08position\x18\x01 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0f\n\x07missing\x18\x03 \x01(\x08\"@\n\x0bSampleBatch\x12\x31\n\x07samples\x18\x01 \x03(\x0b\x32 .microco.api.cache.v1.SampleData\"4\n\x11ReadChunksRequest\x12\x0f\n\x07\x64igests\x18\x01 \x03(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"i\n\tChunkData\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x0f\n\x07\x64\x61taset\x18\x05 \x01(\t\x12\x0f\n\x07missing\x18\x06 \x01(\x08\"?\n\rRejectedChunk\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"k\n\x11PutChunksResponse\x12\x0e\n\x06stored\x18\x01 \x03(\t\x12\x35\n\x08rejected\x18\x02 \x03(\x0b\x32#.microco.api.cache.v1.RejectedChunk\x12\x0f\n\x07present\x18\x03 \x03(\t\"4\n\x11OpenChunksRequest\x12\x0f\n\x07\x64igests\x18\x01 \x03(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"8\n\nChunkGrant\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x03\"T\n\x12OpenChunksResponse\x12\x30\n\x06grants\x18\x01 \x03(\x0b\x32 .microco.api.cache.v1.ChunkGrant\x12\x0c\n\x04node\x18\x02 \x01(\t\"&\n\x14ReportCorruptRequest\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\"(\n\x15ReportCorruptResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x08\"c\n\x0b\x42\x61tchTiming\x12\x14\n\x0chit_fraction\x18\x01 \x01(\x01\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\x0f\n\x07samples\x18\x04 \x01(\x05\x12\r\n\x05probe\x18\x05 \x01(\x08\"\xc4\x01\n\x15ReportProgressRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x0c\n\x04user\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x10\n\x08\x63onsumed\x18\x05 \x03(\t\x12\x32\n\x07timings\x18\x06 \x03(\x0b\x32!.microco.api.cache.v1.BatchTiming\x12\x15\n\rdataset_bytes\x18\x07 \x01(\x03\x12\x10\n\x08\x66inished\x18\x08 \x01(\x08\"B\n\x16ReportProgressResponse\x12\x18\n\x10\x61llocation_bytes\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x11\n\x0fGetStatsRequest\">\n\x0c\x44\x61tasetUsage\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\x03\"\x9c\x02\n\nCacheStats\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x01 \x01(\x03\x12\x12\n\nused_bytes\x18\x02 \x01(\x03\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\x03\x12\x0c\n\x04hits\x18\x04 \x01(\x03\x12\x0e\n\x06misses\x18\x05 \x01(\x03\x12\x0e\n\x06policy\x18\x06 \x01(\t\x12\x0c\n\x04node\x18\x07 \x01(\t\x12\x11\n\tevictions\x18\x08 \x01(\x03\x12\x17\n\x0f\x63orrupt_dropped\x18\t \x01(\x03\x12\x10\n\x08rejected\x18\n \x01(\x03\x12\x14\n\x0c\x62ytes_served\x18\x0b \x01(\x03\x12\x34\n\x08\x64\x61tasets\x18\x0c \x03(\x0b\x32\".microco.api.cache.v1.DatasetUsage\x12\x0c\n\x04jobs\x18\r \x03(\t\"\x17\n\x15GetAllocationsRequest\"\x8f\x01\n\nAllocation\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x15\n\rdataset_bytes\x18\x03 \x01(\x03\x12\x18\n\x10\x62\x65nefit_s_per_gb\x18\x04 \x01(\x01\x12\x0c\n\x04jobs\x18\x05 \x03(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x12\n\nused_bytes\x18\x07 \x01(\x03\"g\n\x16GetAllocationsResponse\x12\x35\n\x0b\x61llocations\x18\x01 \x03(\x0b\x32 .microco.api.cache.v1.Allocation\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x03\x32\xee\x06\n\x0c\x43\x61\x63heService\x12S\n\x06Lookup\x12#.microco.api.cache.v1.LookupRequest\x1a$.microco.api.cache.v1.LookupResponse\x12\\\n\x0bReadSamples\x12(.microco.api.cache.v1.ReadSamplesRequest\x1a!.microco.api.cache.v1.SampleBatch0\x01\x12X\n\nReadChunks\x12\'.microco.api.cache.v1.ReadChunksRequest\x1a\x1f.microco.api.cache.v1.ChunkData0\x01\x12_\n\nOpenChunks\x12\'.microco.api.cache.v1.OpenChunksRequest\x1a(.microco.api.cache.v1.OpenChunksResponse\x12W\n\tPutChunks\x12\x1f.microco.api.cache.v1.ChunkData\x1a\'.microco.api.cache.v1.PutChunksResponse(\x01\x12h\n\rReportCorrupt\x12*.microco.api.cache.v1.ReportCorruptRequest\x1a+.microco.api.cache.v1.ReportCorruptResponse\x12k\n\x0eReportProgress\x12+.microco.api.cache.v1.ReportProgressRequest\x1a,.microco.api.cache.v1.ReportProgressResponse\x12S\n\x08GetStats\x12%.microco.api.cache.v1.GetStatsRequest\x1a .microco.api.cache.v1.CacheStats\x12k\n\x0eGetAllocations\x12+.microco.api.cache.v1.GetAllocationsRequest\x1a,.microco.api.cache.v1.GetAllocationsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,16 +35,50 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOOKUPREQUEST']._serialized_end=123
   _globals['_LOOKUPRESPONSE']._serialized_start=125
   _globals['_LOOKUPRESPONSE']._serialized_end=158
-  _globals['_READCHUNKSREQUEST']._serialized_start=160
-  _globals['_READCHUNKSREQUEST']._serialized_end=212
-  _globals['_CHUNKDATA']._serialized_start=214
-  _globals['_CHUNKDATA']._serialized_end=302
-  _globals['_PUTCHUNKSRESPONSE']._serialized_start=304
-  _globals['_PUTCHUNKSRESPONSE']._serialized_end=357
-  _globals['_GETSTATSREQUEST']._serialized_start=359
-  _globals['_GETSTATSREQUEST']._serialized_end=376
-  _globals['_CACHESTATS']._serialized_start=378
-  _globals['_CACHESTATS']._serialized_end=480
-  _globals['_CACHESERVICE']._serialized_start=483
-  _globals['_CACHESERVICE']._serialized_end=846
+  _globals['_SAMPLEREAD']._serialized_start=160
+  _globals['_SAMPLEREAD']._serialized_end=235
+  _globals['_READSAMPLESREQUEST']._serialized_start=237
+  _globals['_READSAMPLESREQUEST']._serialized_end=341
+  _globals['_SAMPLEDATA']._serialized_start=343
+  _globals['_SAMPLEDATA']._serialized_end=404
+  _globals['_SAMPLEBATCH']._serialized_start=406
+  _globals['_SAMPLEBATCH']._serialized_end=470
+  _globals['_READCHUNKSREQUEST']._serialized_start=472
+  _globals['_READCHUNKSREQUEST']._serialized_end=524
+  _globals['_CHUNKDATA']._serialized_start=526
+  _globals['_CHUNKDATA']._serialized_end=631
+  _globals['_REJECTEDCHUNK']._serialized_start=633
+  _globals['_REJECTEDCHUNK']._serialized_end=696
+  _globals['_PUTCHUNKSRESPONSE']._serialized_start=698
+  _globals['_PUTCHUNKSRESPONSE']._serialized_end=805
+  _globals['_OPENCHUNKSREQUEST']._serialized_start=807
+  _globals['_OPENCHUNKSREQUEST']._serialized_end=859
+  _globals['_CHUNKGRANT']._serialized_start=861
+  _globals['_CHUNKGRANT']._serialized_end=917
+  _globals['_OPENCHUNKSRESPONSE']._serialized_start=919
+  _globals['_OPENCHUNKSRESPONSE']._serialized_end=1003
+  _globals['_REPORTCORRUPTREQUEST']._serialized_start=1005
+  _globals['_REPORTCORRUPTREQUEST']._serialized_end=1043
+  _globals['_REPORTCORRUPTRESPONSE']._serialized_start=1045
+  _globals['_REPORTCORRUPTRESPONSE']._serialized_end=1085
+  _globals['_BATCHTIMING']._serialized_start=1087
+  _globals['_BATCHTIMING']._serialized_end=1186
+  _globals['_REPORTPROGRESSREQUEST']._serialized_start=1189
+  _globals['_REPORTPROGRESSREQUEST']._serialized_end=1385
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=1387
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=1453
+  _globals['_GETSTATSREQUEST']._serialized_start=1455
+  _globals['_GETSTATSREQUEST']._serialized_end=1472
+  _globals['_DATASETUSAGE']._serialized_start=1474
+  _globals['_DATASETUSAGE']._serialized_end=1536
+  _globals['_CACHESTATS']._serialized_start=1539
+  _globals['_CACHESTATS']._serialized_end=1823
+  _globals['_GETALLOCATIONSREQUEST']._serialized_start=1825
+  _globals['_GETALLOCATIONSREQUEST']._serialized_end=1848
+  _globals['_ALLOCATION']._serialized_start=1851
+  _globals['_ALLOCATION']._serialized_end=1994
+  _globals['_GETALLOCATIONSRESPONSE']._serialized_start=1996
+  _globals['_GETALLOCATIONSRESPONSE']._serialized_end=2099
+  _globals['_CACHESERVICE']._serialized_start=2102
+  _globals['_CACHESERVICE']._serialized_end=2980
 # @@protoc_insertion_point(module_scope)

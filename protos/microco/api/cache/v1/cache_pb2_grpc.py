@@ -39,20 +39,45 @@ class CacheServiceStub:
                 request_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.LookupRequest.SerializeToString,
                 response_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.LookupResponse.FromString,
                 _registered_method=True)
+        self.ReadSamples = channel.unary_stream(
+                '/microco.api.cache.v1.CacheService/ReadSamples',
+                request_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReadSamplesRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.SampleBatch.FromString,
+                _registered_method=True)
         self.ReadChunks = channel.unary_stream(
                 '/microco.api.cache.v1.CacheService/ReadChunks',
                 request_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReadChunksRequest.SerializeToString,
                 response_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ChunkData.FromString,
+                _registered_method=True)
+        self.OpenChunks = channel.unary_unary(
+                '/microco.api.cache.v1.CacheService/OpenChunks',
+                request_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.OpenChunksRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.OpenChunksResponse.FromString,
                 _registered_method=True)
         self.PutChunks = channel.stream_unary(
                 '/microco.api.cache.v1.CacheService/PutChunks',
                 request_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ChunkData.SerializeToString,
                 response_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.PutChunksResponse.FromString,
                 _registered_method=True)
+        self.ReportCorrupt = channel.unary_unary(
+                '/microco.api.cache.v1.CacheService/ReportCorrupt',
+                request_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReportCorruptRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReportCorruptResponse.FromString,
+                _registered_method=True)
+        self.ReportProgress = channel.unary_unary(
+                '/microco.api.cache.v1.CacheService/ReportProgress',
+                request_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReportProgressRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReportProgressResponse.FromString,
+                _registered_method=True)
         self.GetStats = channel.unary_unary(
                 '/microco.api.cache.v1.CacheService/GetStats',
                 request_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.CacheStats.FromString,
+                _registered_method=True)
+        self.GetAllocations = channel.unary_unary(
+                '/microco.api.cache.v1.CacheService/GetAllocations',
+                request_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.GetAllocationsRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.GetAllocationsResponse.FromString,
                 _registered_method=True)
 
 
@@ -66,21 +91,56 @@ class CacheServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadSamples(self, request, context):
+        """Sample bytes out of cached chunks, many samples per message; each sample is verified
+        against its digest. Samples that cannot be served come back with missing = true.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReadChunks(self, request, context):
-        """Streams the bytes of chunks named by digest; a client reads only what it can name.
+        """Streams the bytes of whole chunks named by digest.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenChunks(self, request, context):
+        """Same-host fast path: the paths of the named chunks' files, for direct reads.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PutChunks(self, request_iterator, context):
-        """Inserts chunks; the server verifies each digest before keeping it.
+        """Inserts chunks; the server verifies each digest and the eviction policy admits it or says why not.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportCorrupt(self, request, context):
+        """A client found a chunk's bytes not matching: the server re-verifies it and drops it if bad.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportProgress(self, request, context):
+        """A job says which dataset it reads, its progress this epoch and its mini-batch times.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetStats(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAllocations(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -94,20 +154,45 @@ def add_CacheServiceServicer_to_server(servicer, server):
                     request_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.LookupRequest.FromString,
                     response_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.LookupResponse.SerializeToString,
             ),
+            'ReadSamples': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadSamples,
+                    request_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReadSamplesRequest.FromString,
+                    response_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.SampleBatch.SerializeToString,
+            ),
             'ReadChunks': grpc.unary_stream_rpc_method_handler(
                     servicer.ReadChunks,
                     request_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReadChunksRequest.FromString,
                     response_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ChunkData.SerializeToString,
+            ),
+            'OpenChunks': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenChunks,
+                    request_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.OpenChunksRequest.FromString,
+                    response_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.OpenChunksResponse.SerializeToString,
             ),
             'PutChunks': grpc.stream_unary_rpc_method_handler(
                     servicer.PutChunks,
                     request_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ChunkData.FromString,
                     response_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.PutChunksResponse.SerializeToString,
             ),
+            'ReportCorrupt': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportCorrupt,
+                    request_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReportCorruptRequest.FromString,
+                    response_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReportCorruptResponse.SerializeToString,
+            ),
+            'ReportProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportProgress,
+                    request_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReportProgressRequest.FromString,
+                    response_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReportProgressResponse.SerializeToString,
+            ),
             'GetStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStats,
                     request_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.GetStatsRequest.FromString,
                     response_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.CacheStats.SerializeToString,
+            ),
+            'GetAllocations': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAllocations,
+                    request_deserializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.GetAllocationsRequest.FromString,
+                    response_serializer=microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.GetAllocationsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -148,6 +233,33 @@ class CacheService:
             _registered_method=True)
 
     @staticmethod
+    def ReadSamples(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/microco.api.cache.v1.CacheService/ReadSamples',
+            microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReadSamplesRequest.SerializeToString,
+            microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.SampleBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def ReadChunks(request,
             target,
             options=(),
@@ -164,6 +276,33 @@ class CacheService:
             '/microco.api.cache.v1.CacheService/ReadChunks',
             microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReadChunksRequest.SerializeToString,
             microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ChunkData.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenChunks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/microco.api.cache.v1.CacheService/OpenChunks',
+            microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.OpenChunksRequest.SerializeToString,
+            microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.OpenChunksResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -202,6 +341,60 @@ class CacheService:
             _registered_method=True)
 
     @staticmethod
+    def ReportCorrupt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/microco.api.cache.v1.CacheService/ReportCorrupt',
+            microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReportCorruptRequest.SerializeToString,
+            microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReportCorruptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/microco.api.cache.v1.CacheService/ReportProgress',
+            microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReportProgressRequest.SerializeToString,
+            microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.ReportProgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def GetStats(request,
             target,
             options=(),
@@ -218,6 +411,33 @@ class CacheService:
             '/microco.api.cache.v1.CacheService/GetStats',
             microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.GetStatsRequest.SerializeToString,
             microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.CacheStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAllocations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/microco.api.cache.v1.CacheService/GetAllocations',
+            microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.GetAllocationsRequest.SerializeToString,
+            microco_dot_api_dot_cache_dot_v1_dot_cache__pb2.GetAllocationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

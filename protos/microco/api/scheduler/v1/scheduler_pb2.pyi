@@ -30,7 +30,7 @@ JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "command", "devices", "elastic", "priority", "owner", "env", "workdir", "total_steps")
+    __slots__ = ("name", "command", "devices", "elastic", "priority", "owner", "env", "workdir", "total_steps", "model", "max_devices")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,8 @@ class JobSpec(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     WORKDIR_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_DEVICES_FIELD_NUMBER: _ClassVar[int]
     name: str
     command: _containers.RepeatedScalarFieldContainer[str]
     devices: int
@@ -56,10 +58,12 @@ class JobSpec(_message.Message):
     env: _containers.ScalarMap[str, str]
     workdir: str
     total_steps: int
-    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., devices: _Optional[int] = ..., elastic: _Optional[bool] = ..., priority: _Optional[int] = ..., owner: _Optional[_Union[_common_pb2.Principal, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., total_steps: _Optional[int] = ...) -> None: ...
+    model: str
+    max_devices: int
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., devices: _Optional[int] = ..., elastic: _Optional[bool] = ..., priority: _Optional[int] = ..., owner: _Optional[_Union[_common_pb2.Principal, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., total_steps: _Optional[int] = ..., model: _Optional[str] = ..., max_devices: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "state", "device_ids", "node", "step", "submitted_at", "first_step_at", "finished_at", "minibatch_ms", "message", "attempt")
+    __slots__ = ("id", "spec", "state", "device_ids", "node", "step", "submitted_at", "first_step_at", "finished_at", "minibatch_ms", "message", "attempt", "checkpoint_step", "restarts", "packed_with", "attained_service_s", "minibatch_ms_alone", "last_change_at")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +76,12 @@ class Job(_message.Message):
     MINIBATCH_MS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_WITH_FIELD_NUMBER: _ClassVar[int]
+    ATTAINED_SERVICE_S_FIELD_NUMBER: _ClassVar[int]
+    MINIBATCH_MS_ALONE_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHANGE_AT_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: JobSpec
     state: JobState
@@ -84,7 +94,13 @@ class Job(_message.Message):
     minibatch_ms: float
     message: str
     attempt: int
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., device_ids: _Optional[_Iterable[str]] = ..., node: _Optional[str] = ..., step: _Optional[int] = ..., submitted_at: _Optional[float] = ..., first_step_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., minibatch_ms: _Optional[float] = ..., message: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
+    checkpoint_step: int
+    restarts: int
+    packed_with: _containers.RepeatedScalarFieldContainer[str]
+    attained_service_s: float
+    minibatch_ms_alone: float
+    last_change_at: float
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., device_ids: _Optional[_Iterable[str]] = ..., node: _Optional[str] = ..., step: _Optional[int] = ..., submitted_at: _Optional[float] = ..., first_step_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., minibatch_ms: _Optional[float] = ..., message: _Optional[str] = ..., attempt: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., restarts: _Optional[int] = ..., packed_with: _Optional[_Iterable[str]] = ..., attained_service_s: _Optional[float] = ..., minibatch_ms_alone: _Optional[float] = ..., last_change_at: _Optional[float] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
     __slots__ = ("spec",)
@@ -137,7 +153,11 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListNodesResponse(_message.Message):
-    __slots__ = ("devices",)
+    __slots__ = ("devices", "leader", "policy")
     DEVICES_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     devices: _containers.RepeatedCompositeFieldContainer[_common_pb2.Device]
-    def __init__(self, devices: _Optional[_Iterable[_Union[_common_pb2.Device, _Mapping]]] = ...) -> None: ...
+    leader: str
+    policy: str
+    def __init__(self, devices: _Optional[_Iterable[_Union[_common_pb2.Device, _Mapping]]] = ..., leader: _Optional[str] = ..., policy: _Optional[str] = ...) -> None: ...

@@ -29,18 +29,26 @@ class Partitioning(_message.Message):
     def __init__(self, column: _Optional[str] = ..., kind: _Optional[_Union[PartitionKind, str]] = ..., partitions: _Optional[int] = ..., range_bounds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Table(_message.Message):
-    __slots__ = ("name", "arrow_schema", "replicas", "rows", "bytes")
+    __slots__ = ("name", "arrow_schema", "replicas", "rows", "bytes", "super_extents", "extents", "unavailable_extents", "placement_json")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ARROW_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    SUPER_EXTENTS_FIELD_NUMBER: _ClassVar[int]
+    EXTENTS_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_EXTENTS_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_JSON_FIELD_NUMBER: _ClassVar[int]
     name: str
     arrow_schema: bytes
     replicas: _containers.RepeatedCompositeFieldContainer[Partitioning]
     rows: int
     bytes: int
-    def __init__(self, name: _Optional[str] = ..., arrow_schema: _Optional[bytes] = ..., replicas: _Optional[_Iterable[_Union[Partitioning, _Mapping]]] = ..., rows: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+    super_extents: int
+    extents: int
+    unavailable_extents: int
+    placement_json: str
+    def __init__(self, name: _Optional[str] = ..., arrow_schema: _Optional[bytes] = ..., replicas: _Optional[_Iterable[_Union[Partitioning, _Mapping]]] = ..., rows: _Optional[int] = ..., bytes: _Optional[int] = ..., super_extents: _Optional[int] = ..., extents: _Optional[int] = ..., unavailable_extents: _Optional[int] = ..., placement_json: _Optional[str] = ...) -> None: ...
 
 class CreateTableRequest(_message.Message):
     __slots__ = ("name", "arrow_schema", "replicas")
@@ -63,10 +71,12 @@ class DropTableResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class GetTableRequest(_message.Message):
-    __slots__ = ("name",)
+    __slots__ = ("name", "placement")
     NAME_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    placement: bool
+    def __init__(self, name: _Optional[str] = ..., placement: _Optional[bool] = ...) -> None: ...
 
 class ListTablesRequest(_message.Message):
     __slots__ = ()
@@ -79,18 +89,20 @@ class ListTablesResponse(_message.Message):
     def __init__(self, tables: _Optional[_Iterable[_Union[Table, _Mapping]]] = ...) -> None: ...
 
 class StoreNode(_message.Message):
-    __slots__ = ("name", "flight_address", "fault_domain", "alive", "bytes")
+    __slots__ = ("name", "flight_address", "fault_domain", "alive", "bytes", "extents")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FLIGHT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     FAULT_DOMAIN_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXTENTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     flight_address: str
     fault_domain: str
     alive: bool
     bytes: int
-    def __init__(self, name: _Optional[str] = ..., flight_address: _Optional[str] = ..., fault_domain: _Optional[str] = ..., alive: _Optional[bool] = ..., bytes: _Optional[int] = ...) -> None: ...
+    extents: int
+    def __init__(self, name: _Optional[str] = ..., flight_address: _Optional[str] = ..., fault_domain: _Optional[str] = ..., alive: _Optional[bool] = ..., bytes: _Optional[int] = ..., extents: _Optional[int] = ...) -> None: ...
 
 class ListStoreNodesRequest(_message.Message):
     __slots__ = ()
@@ -101,3 +113,93 @@ class ListStoreNodesResponse(_message.Message):
     NODES_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[StoreNode]
     def __init__(self, nodes: _Optional[_Iterable[_Union[StoreNode, _Mapping]]] = ...) -> None: ...
+
+class AppendRequest(_message.Message):
+    __slots__ = ("table", "arrow_ipc")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    arrow_ipc: bytes
+    def __init__(self, table: _Optional[str] = ..., arrow_ipc: _Optional[bytes] = ...) -> None: ...
+
+class AppendResponse(_message.Message):
+    __slots__ = ("rows", "bytes", "super_extents")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SUPER_EXTENTS_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    bytes: int
+    super_extents: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, rows: _Optional[int] = ..., bytes: _Optional[int] = ..., super_extents: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class QueryRequest(_message.Message):
+    __slots__ = ("query_json",)
+    QUERY_JSON_FIELD_NUMBER: _ClassVar[int]
+    query_json: str
+    def __init__(self, query_json: _Optional[str] = ...) -> None: ...
+
+class QueryResponse(_message.Message):
+    __slots__ = ("arrow_ipc", "plan_kind", "explain", "replicas_json")
+    ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    PLAN_KIND_FIELD_NUMBER: _ClassVar[int]
+    EXPLAIN_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_JSON_FIELD_NUMBER: _ClassVar[int]
+    arrow_ipc: bytes
+    plan_kind: str
+    explain: str
+    replicas_json: str
+    def __init__(self, arrow_ipc: _Optional[bytes] = ..., plan_kind: _Optional[str] = ..., explain: _Optional[str] = ..., replicas_json: _Optional[str] = ...) -> None: ...
+
+class ExplainResponse(_message.Message):
+    __slots__ = ("text", "plan_kind", "replicas_json")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    PLAN_KIND_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_JSON_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    plan_kind: str
+    replicas_json: str
+    def __init__(self, text: _Optional[str] = ..., plan_kind: _Optional[str] = ..., replicas_json: _Optional[str] = ...) -> None: ...
+
+class FlightEndpoint(_message.Message):
+    __slots__ = ("address", "ticket")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    ticket: bytes
+    def __init__(self, address: _Optional[str] = ..., ticket: _Optional[bytes] = ...) -> None: ...
+
+class PlanReadResponse(_message.Message):
+    __slots__ = ("endpoints", "explain", "arrow_schema")
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    EXPLAIN_FIELD_NUMBER: _ClassVar[int]
+    ARROW_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    endpoints: _containers.RepeatedCompositeFieldContainer[FlightEndpoint]
+    explain: str
+    arrow_schema: bytes
+    def __init__(self, endpoints: _Optional[_Iterable[_Union[FlightEndpoint, _Mapping]]] = ..., explain: _Optional[str] = ..., arrow_schema: _Optional[bytes] = ...) -> None: ...
+
+class GetRecoveryRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StartRecoveryRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RecoveryStatus(_message.Message):
+    __slots__ = ("json", "unavailable_extents")
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_EXTENTS_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    unavailable_extents: int
+    def __init__(self, json: _Optional[str] = ..., unavailable_extents: _Optional[int] = ...) -> None: ...
+
+class ScrubRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ScrubResponse(_message.Message):
+    __slots__ = ("corrupt",)
+    CORRUPT_FIELD_NUMBER: _ClassVar[int]
+    corrupt: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, corrupt: _Optional[_Iterable[str]] = ...) -> None: ...

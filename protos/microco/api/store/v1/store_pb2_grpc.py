@@ -59,6 +59,41 @@ class StoreCoordinatorServiceStub:
                 request_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ListStoreNodesRequest.SerializeToString,
                 response_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ListStoreNodesResponse.FromString,
                 _registered_method=True)
+        self.Append = channel.stream_unary(
+                '/microco.api.store.v1.StoreCoordinatorService/Append',
+                request_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.AppendRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.AppendResponse.FromString,
+                _registered_method=True)
+        self.Query = channel.unary_stream(
+                '/microco.api.store.v1.StoreCoordinatorService/Query',
+                request_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.QueryRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.QueryResponse.FromString,
+                _registered_method=True)
+        self.Explain = channel.unary_unary(
+                '/microco.api.store.v1.StoreCoordinatorService/Explain',
+                request_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.QueryRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ExplainResponse.FromString,
+                _registered_method=True)
+        self.PlanRead = channel.unary_unary(
+                '/microco.api.store.v1.StoreCoordinatorService/PlanRead',
+                request_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.QueryRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.PlanReadResponse.FromString,
+                _registered_method=True)
+        self.GetRecovery = channel.unary_unary(
+                '/microco.api.store.v1.StoreCoordinatorService/GetRecovery',
+                request_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.GetRecoveryRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.RecoveryStatus.FromString,
+                _registered_method=True)
+        self.StartRecovery = channel.unary_unary(
+                '/microco.api.store.v1.StoreCoordinatorService/StartRecovery',
+                request_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.StartRecoveryRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.RecoveryStatus.FromString,
+                _registered_method=True)
+        self.Scrub = channel.unary_unary(
+                '/microco.api.store.v1.StoreCoordinatorService/Scrub',
+                request_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubResponse.FromString,
+                _registered_method=True)
 
 
 class StoreCoordinatorServiceServicer:
@@ -94,6 +129,54 @@ class StoreCoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Append(self, request_iterator, context):
+        """Rows as an Arrow IPC stream, cut into chunks; the first message names the table.
+        All-or-nothing: the rows become visible in one etcd transaction at the end.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Query(self, request, context):
+        """A query (JSON, see microco.services.store.Query); the result comes back as Arrow IPC
+        stream bytes in chunks, the first message carrying the plan.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Explain(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PlanRead(self, request, context):
+        """Arrow Flight endpoints (store node address + ticket) that together return the rows of a
+        scan query: any Flight client can read them directly from the store nodes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRecovery(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartRecovery(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Scrub(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StoreCoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +204,41 @@ def add_StoreCoordinatorServiceServicer_to_server(servicer, server):
                     servicer.ListStoreNodes,
                     request_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ListStoreNodesRequest.FromString,
                     response_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ListStoreNodesResponse.SerializeToString,
+            ),
+            'Append': grpc.stream_unary_rpc_method_handler(
+                    servicer.Append,
+                    request_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.AppendRequest.FromString,
+                    response_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.AppendResponse.SerializeToString,
+            ),
+            'Query': grpc.unary_stream_rpc_method_handler(
+                    servicer.Query,
+                    request_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.QueryRequest.FromString,
+                    response_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.QueryResponse.SerializeToString,
+            ),
+            'Explain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Explain,
+                    request_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.QueryRequest.FromString,
+                    response_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ExplainResponse.SerializeToString,
+            ),
+            'PlanRead': grpc.unary_unary_rpc_method_handler(
+                    servicer.PlanRead,
+                    request_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.QueryRequest.FromString,
+                    response_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.PlanReadResponse.SerializeToString,
+            ),
+            'GetRecovery': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRecovery,
+                    request_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.GetRecoveryRequest.FromString,
+                    response_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.RecoveryStatus.SerializeToString,
+            ),
+            'StartRecovery': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartRecovery,
+                    request_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.StartRecoveryRequest.FromString,
+                    response_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.RecoveryStatus.SerializeToString,
+            ),
+            'Scrub': grpc.unary_unary_rpc_method_handler(
+                    servicer.Scrub,
+                    request_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubRequest.FromString,
+                    response_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +376,195 @@ class StoreCoordinatorService:
             '/microco.api.store.v1.StoreCoordinatorService/ListStoreNodes',
             microco_dot_api_dot_store_dot_v1_dot_store__pb2.ListStoreNodesRequest.SerializeToString,
             microco_dot_api_dot_store_dot_v1_dot_store__pb2.ListStoreNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Append(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/microco.api.store.v1.StoreCoordinatorService/Append',
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.AppendRequest.SerializeToString,
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.AppendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Query(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/microco.api.store.v1.StoreCoordinatorService/Query',
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.QueryRequest.SerializeToString,
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.QueryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Explain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/microco.api.store.v1.StoreCoordinatorService/Explain',
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.QueryRequest.SerializeToString,
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.ExplainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PlanRead(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/microco.api.store.v1.StoreCoordinatorService/PlanRead',
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.QueryRequest.SerializeToString,
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.PlanReadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRecovery(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/microco.api.store.v1.StoreCoordinatorService/GetRecovery',
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.GetRecoveryRequest.SerializeToString,
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.RecoveryStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartRecovery(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/microco.api.store.v1.StoreCoordinatorService/StartRecovery',
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.StartRecoveryRequest.SerializeToString,
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.RecoveryStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Scrub(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/microco.api.store.v1.StoreCoordinatorService/Scrub',
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubRequest.SerializeToString,
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubResponse.FromString,
             options,
             channel_credentials,
             insecure,
