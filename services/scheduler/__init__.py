@@ -1,1 +1,14 @@
-"""microco.services.scheduler"""
+"""microco.services.scheduler: the Gandiva scheduler service.
+
+``SchedulerCore`` is the mechanism (job store in etcd, the leader's control loop carrying out
+policy decisions through node agents); ``Scheduler`` adds leader election and the gRPC API.
+The policies live in :mod:`microco.services.scheduler.policy`, the simulator in
+:mod:`microco.services.scheduler.sim`.
+"""
+
+from ._core import SchedulerCore
+from ._jobs import JOBS_PREFIX, record_to_pb, spec_from_pb, validate_spec
+from ._service import Scheduler, SchedulerServicer
+
+__all__ = ["JOBS_PREFIX", "Scheduler", "SchedulerCore", "SchedulerServicer", "record_to_pb", "spec_from_pb",
+           "validate_spec"]

@@ -17,10 +17,12 @@ class LookupRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., digests: _Optional[_Iterable[str]] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("present",)
+    __slots__ = ("present", "room_bytes")
     PRESENT_FIELD_NUMBER: _ClassVar[int]
+    ROOM_BYTES_FIELD_NUMBER: _ClassVar[int]
     present: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, present: _Optional[_Iterable[str]] = ...) -> None: ...
+    room_bytes: int
+    def __init__(self, present: _Optional[_Iterable[str]] = ..., room_bytes: _Optional[int] = ...) -> None: ...
 
 class SampleRead(_message.Message):
     __slots__ = ("chunk", "offset", "length", "digest")

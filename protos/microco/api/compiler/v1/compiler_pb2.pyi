@@ -7,33 +7,39 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Variable(_message.Message):
-    __slots__ = ("name", "choices", "region")
+    __slots__ = ("name", "choices", "region", "stage", "compiles")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    COMPILES_FIELD_NUMBER: _ClassVar[int]
     name: str
     choices: _containers.RepeatedScalarFieldContainer[str]
     region: str
-    def __init__(self, name: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., region: _Optional[str] = ...) -> None: ...
+    stage: int
+    compiles: bool
+    def __init__(self, name: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., region: _Optional[str] = ..., stage: _Optional[int] = ..., compiles: _Optional[bool] = ...) -> None: ...
 
 class RegisterGraphRequest(_message.Message):
-    __slots__ = ("fingerprint", "input_shapes", "hardware", "variables", "model_name", "framework")
+    __slots__ = ("fingerprint", "input_shapes", "hardware", "variables", "model_name", "framework", "total_steps")
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     INPUT_SHAPES_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     FRAMEWORK_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     fingerprint: str
     input_shapes: str
     hardware: str
     variables: _containers.RepeatedCompositeFieldContainer[Variable]
     model_name: str
     framework: str
-    def __init__(self, fingerprint: _Optional[str] = ..., input_shapes: _Optional[str] = ..., hardware: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., model_name: _Optional[str] = ..., framework: _Optional[str] = ...) -> None: ...
+    total_steps: int
+    def __init__(self, fingerprint: _Optional[str] = ..., input_shapes: _Optional[str] = ..., hardware: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., model_name: _Optional[str] = ..., framework: _Optional[str] = ..., total_steps: _Optional[int] = ...) -> None: ...
 
 class Config(_message.Message):
-    __slots__ = ("key", "values", "committed", "trial")
+    __slots__ = ("key", "values", "committed", "trial", "steps")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -45,11 +51,13 @@ class Config(_message.Message):
     VALUES_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     TRIAL_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     key: str
     values: _containers.ScalarMap[str, str]
     committed: bool
     trial: int
-    def __init__(self, key: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., committed: _Optional[bool] = ..., trial: _Optional[int] = ...) -> None: ...
+    steps: int
+    def __init__(self, key: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., committed: _Optional[bool] = ..., trial: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class NextConfigRequest(_message.Message):
     __slots__ = ("key",)
@@ -66,21 +74,23 @@ class RegionTiming(_message.Message):
     def __init__(self, region: _Optional[str] = ..., ms: _Optional[float] = ...) -> None: ...
 
 class ReportTimingsRequest(_message.Message):
-    __slots__ = ("key", "trial", "step_ms", "regions", "compile_ms")
+    __slots__ = ("key", "trial", "step_ms", "regions", "failed", "error")
     KEY_FIELD_NUMBER: _ClassVar[int]
     TRIAL_FIELD_NUMBER: _ClassVar[int]
     STEP_MS_FIELD_NUMBER: _ClassVar[int]
     REGIONS_FIELD_NUMBER: _ClassVar[int]
-    COMPILE_MS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     key: str
     trial: int
-    step_ms: float
+    step_ms: _containers.RepeatedScalarFieldContainer[float]
     regions: _containers.RepeatedCompositeFieldContainer[RegionTiming]
-    compile_ms: float
-    def __init__(self, key: _Optional[str] = ..., trial: _Optional[int] = ..., step_ms: _Optional[float] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., compile_ms: _Optional[float] = ...) -> None: ...
+    failed: bool
+    error: str
+    def __init__(self, key: _Optional[str] = ..., trial: _Optional[int] = ..., step_ms: _Optional[_Iterable[float]] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Trial(_message.Message):
-    __slots__ = ("trial", "values", "step_ms", "compile_ms")
+    __slots__ = ("trial", "values", "step_ms", "compile_ms", "steps", "regions", "done", "failed", "error", "stage", "kind")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -92,14 +102,28 @@ class Trial(_message.Message):
     VALUES_FIELD_NUMBER: _ClassVar[int]
     STEP_MS_FIELD_NUMBER: _ClassVar[int]
     COMPILE_MS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     trial: int
     values: _containers.ScalarMap[str, str]
     step_ms: float
     compile_ms: float
-    def __init__(self, trial: _Optional[int] = ..., values: _Optional[_Mapping[str, str]] = ..., step_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ...) -> None: ...
+    steps: _containers.RepeatedScalarFieldContainer[float]
+    regions: _containers.RepeatedCompositeFieldContainer[RegionTiming]
+    done: bool
+    failed: bool
+    error: str
+    stage: int
+    kind: str
+    def __init__(self, trial: _Optional[int] = ..., values: _Optional[_Mapping[str, str]] = ..., step_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ..., steps: _Optional[_Iterable[float]] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., done: _Optional[bool] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., stage: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class GraphState(_message.Message):
-    __slots__ = ("key", "model_name", "framework", "variables", "trials", "best", "committed", "explore_steps")
+    __slots__ = ("key", "model_name", "framework", "variables", "trials", "best", "committed", "explore_steps", "explore_ms", "compile_ms", "baseline_ms", "best_ms", "speedup", "pruned", "fingerprint", "input_shapes", "hardware", "total_steps", "runs")
     KEY_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     FRAMEWORK_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +132,17 @@ class GraphState(_message.Message):
     BEST_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     EXPLORE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    EXPLORE_MS_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_MS_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_MS_FIELD_NUMBER: _ClassVar[int]
+    BEST_MS_FIELD_NUMBER: _ClassVar[int]
+    SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    PRUNED_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SHAPES_FIELD_NUMBER: _ClassVar[int]
+    HARDWARE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
     key: str
     model_name: str
     framework: str
@@ -116,7 +151,18 @@ class GraphState(_message.Message):
     best: Config
     committed: bool
     explore_steps: int
-    def __init__(self, key: _Optional[str] = ..., model_name: _Optional[str] = ..., framework: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., trials: _Optional[_Iterable[_Union[Trial, _Mapping]]] = ..., best: _Optional[_Union[Config, _Mapping]] = ..., committed: _Optional[bool] = ..., explore_steps: _Optional[int] = ...) -> None: ...
+    explore_ms: float
+    compile_ms: float
+    baseline_ms: float
+    best_ms: float
+    speedup: float
+    pruned: _containers.RepeatedScalarFieldContainer[str]
+    fingerprint: str
+    input_shapes: str
+    hardware: str
+    total_steps: int
+    runs: int
+    def __init__(self, key: _Optional[str] = ..., model_name: _Optional[str] = ..., framework: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., trials: _Optional[_Iterable[_Union[Trial, _Mapping]]] = ..., best: _Optional[_Union[Config, _Mapping]] = ..., committed: _Optional[bool] = ..., explore_steps: _Optional[int] = ..., explore_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ..., baseline_ms: _Optional[float] = ..., best_ms: _Optional[float] = ..., speedup: _Optional[float] = ..., pruned: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[str] = ..., input_shapes: _Optional[str] = ..., hardware: _Optional[str] = ..., total_steps: _Optional[int] = ..., runs: _Optional[int] = ...) -> None: ...
 
 class GetGraphRequest(_message.Message):
     __slots__ = ("key",)

@@ -37,7 +37,7 @@ class CompilerServiceStub:
         self.RegisterGraph = channel.unary_unary(
                 '/microco.api.compiler.v1.CompilerService/RegisterGraph',
                 request_serializer=microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.RegisterGraphRequest.SerializeToString,
-                response_deserializer=microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.GraphState.FromString,
+                response_deserializer=microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.Config.FromString,
                 _registered_method=True)
         self.NextConfig = channel.unary_unary(
                 '/microco.api.compiler.v1.CompilerService/NextConfig',
@@ -47,7 +47,7 @@ class CompilerServiceStub:
         self.ReportTimings = channel.unary_unary(
                 '/microco.api.compiler.v1.CompilerService/ReportTimings',
                 request_serializer=microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.ReportTimingsRequest.SerializeToString,
-                response_deserializer=microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.GraphState.FromString,
+                response_deserializer=microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.Config.FromString,
                 _registered_method=True)
         self.GetGraph = channel.unary_unary(
                 '/microco.api.compiler.v1.CompilerService/GetGraph',
@@ -65,21 +65,23 @@ class CompilerServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def RegisterGraph(self, request, context):
-        """Registers a captured training-step graph; returns its exploration state.
+        """Starts or resumes the exploration of a graph; answers the configuration to run next
+        (committed at once when this key was explored before). Idempotent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def NextConfig(self, request, context):
-        """The configuration to run the next mini-batch under.
+        """The configuration to run next (the trial in flight again, if one is). Idempotent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReportTimings(self, request, context):
-        """Fine-grained timings of one mini-batch run under a configuration.
+        """Timings of the mini-batches run under one trial; answers the next configuration.
+        A repeated or stale report (trial no longer in flight) is ignored, so retrying is safe.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -103,7 +105,7 @@ def add_CompilerServiceServicer_to_server(servicer, server):
             'RegisterGraph': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterGraph,
                     request_deserializer=microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.RegisterGraphRequest.FromString,
-                    response_serializer=microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.GraphState.SerializeToString,
+                    response_serializer=microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.Config.SerializeToString,
             ),
             'NextConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.NextConfig,
@@ -113,7 +115,7 @@ def add_CompilerServiceServicer_to_server(servicer, server):
             'ReportTimings': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportTimings,
                     request_deserializer=microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.ReportTimingsRequest.FromString,
-                    response_serializer=microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.GraphState.SerializeToString,
+                    response_serializer=microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.Config.SerializeToString,
             ),
             'GetGraph': grpc.unary_unary_rpc_method_handler(
                     servicer.GetGraph,
@@ -152,7 +154,7 @@ class CompilerService:
             target,
             '/microco.api.compiler.v1.CompilerService/RegisterGraph',
             microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.RegisterGraphRequest.SerializeToString,
-            microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.GraphState.FromString,
+            microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.Config.FromString,
             options,
             channel_credentials,
             insecure,
@@ -206,7 +208,7 @@ class CompilerService:
             target,
             '/microco.api.compiler.v1.CompilerService/ReportTimings',
             microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.ReportTimingsRequest.SerializeToString,
-            microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.GraphState.FromString,
+            microco_dot_api_dot_compiler_dot_v1_dot_compiler__pb2.Config.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,294 @@
+"""Quiver benchmark: ``microco bench cache [--quick] [--json]``.
+
+Everything real: etcd, Redis and cache server processes; the backing store is a directory
+behind a token bucket (``ThrottledStore``) with a set bandwidth, shared by every reader, like
+a remote blob store's link. The dataset is about twice the cache (samples of DLIO's image
+shape, ~110 KB). One run measures, side by side:
+
+* one job, epochs with no cache, with an LRU cache (plain random order, read-through per
+  sample) and with Quiver (substitutable hits, co-ordinated eviction, prefetch) of the same
+  capacity: steady-state epoch time and hit rate;
+* two jobs on one dataset: one shared Quiver cache against one cache per job (bytes cached,
+  aggregate throughput);
+* one cache server serving one client (gRPC stream, and same-host direct read of granted
+  files) against reading the same bytes from local files.
+
+Prints JSON; figures are measured in this run, nothing is assumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+MB = 1e6
+
+
+def _make_dataset(root: Path, n: int, size: int, seed: int = 0) -> int:
+    rng = random.Random(seed)
+    for i in range(n):
+        # Random bytes (incompressible, like JPEG), sizes varying around ``size`` as real images do.
+        s = max(1, int(size * rng.uniform(0.8, 1.2)))
+        d = root / f"class{i % 10}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"img{i:06d}.jpg").write_bytes(rng.randbytes(s))
+    return sum(f.stat().st_size for f in root.rglob("*.jpg"))
+
+
+class _Server:
+    def __init__(self, tmp: Path, name: str, etcd: str, redis: str, capacity: int, policy: str) -> None:
+        from microco.services.stack._servers import free_port
+
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.data = tmp / f"server-{name}"
+        self.log = open(tmp / f"server-{name}.log", "wb")
+        cmd = [
+            sys.executable, "-m", "microco.services.cache", "--port", str(self.port), "--etcd", etcd,
+            "--redis", redis, "--data-dir", str(self.data), "--capacity", str(capacity), "--policy", policy,
+            "--metrics-port", "-1", "--grace-s", "0.5", "--log-level", "warning", "--node", f"bench-{name}",
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        from microco.clients.cache import CacheClient
+
+        deadline = time.monotonic() + timeout
+        with CacheClient(self.address, timeout=2) as c:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"cache server exited; see {self.log.name}")
+                try:
+                    c.stats(timeout=1)
+                    return
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+    def stats(self) -> Any:
+        from microco.clients.cache import CacheClient
+
+        with CacheClient(self.address) as c:
+            return c.stats()
+
+
+def _run_epochs(loader: Any, epochs: int, compute_s: float) -> list[dict[str, float]]:
+    """Run ``epochs`` epochs, sleeping ``compute_s`` per batch (the training step); per epoch
+    its wall time, hit rate and backing-store bytes."""
+    out = []
+    for e in range(epochs):
+        h0, m0, b0 = loader.stats.hits, loader.stats.misses, loader.stats.backing_bytes
+        t0 = time.perf_counter()
+        n = 0
+        for indices, samples in loader.epoch(e):
+            n += len(indices)
+            if compute_s:
+                time.sleep(compute_s)
+        dt = time.perf_counter() - t0
+        hits, misses = loader.stats.hits - h0, loader.stats.misses - m0
+        assert n == len(loader.index) and hits + misses == n, "every sample exactly once"
+        backing = loader.stats.backing_bytes - b0
+        total = loader.index.total_bytes
+        # Hit rate by bytes: the share of the epoch's data not read from the backing store in
+        # it (a chunk fetched whole on a miss counts as read, though its samples are then hits).
+        out.append(
+            {"epoch_s": dt, "hit_rate": max(0.0, 1 - backing / total), "sample_hit_rate": hits / n, "backing_mb": backing / MB}
+        )
+    return out
+
+
+def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
+    from microco.clients.cache import QuiverLoader
+    from microco.services.cache import LocalStore, ThrottledStore, build_index, simulate
+    from microco.services.stack import EtcdServer, RedisServer
+
+    n = args.samples or (192 if quick else 768)
+    sample = args.sample_kb * 1000
+    bw = args.bandwidth_mb_s * MB
+    batch = 16
+    epochs = 2 if quick else 3
+    compute_s = args.compute_ms / 1000
+    chunk_bytes = 16 * sample
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="quiver-bench-") as tmpname, ExitStack() as stack:
+        tmp = Path(tmpname)
+        data = tmp / "data"
+        total = _make_dataset(data, n, sample)
+        capacity = total // 2
+        etcd = EtcdServer(tmp / "etcd").start()
+        stack.callback(etcd.stop)
+        redis = RedisServer(tmp / "redis").start()
+        stack.callback(redis.stop)
+        names = {"lru": ("lru", capacity), "quiver": ("coordinated", capacity), "shared": ("coordinated", capacity),
+                 "job0": ("coordinated", capacity), "job1": ("coordinated", capacity), "serve": ("coordinated", 2 * total)}
+        servers = {k: _Server(tmp, k, etcd.endpoint, redis.url, cap, pol) for k, (pol, cap) in names.items()}
+        for s in servers.values():
+            stack.callback(s.stop)
+        for s in servers.values():
+            s.wait_ready()
+        local = LocalStore(str(data))
+        files = local.list_files()
+        index = build_index(files, local.read, chunk_bytes)
+        per_sample = build_index(files, local.read, 1)  # the LRU baseline caches samples, not chunks
+        chunk_capacity = int(capacity / (total / len(index.chunks)))
+        result.update(
+            cache_to_dataset_ratio=capacity / total,
+            dataset_mb=total / MB,
+            cache_mb=capacity / MB,
+            samples=n,
+            sample_kb=sample / 1000,
+            chunk_mb=chunk_bytes / MB,
+            backing_mb_s=bw / MB,
+            compute_ms_per_batch=args.compute_ms,
+            batch_size=batch,
+            epochs=epochs,
+        )
+
+        def loader(idx: Any, store: Any, server: str | None, job: str, **kw: Any) -> QuiverLoader:
+            return QuiverLoader(idx, store, batch_size=batch, dataset="bench", job_id=job, server=server, seed=hash(job) % 97, **kw)
+
+        # -- one job: none, LRU, Quiver
+        policies: dict[str, list[dict[str, float]]] = {}
+        ld = loader(index, ThrottledStore(local, bw), None, "none", prefetch=False)
+        policies["none"] = _run_epochs(ld, epochs, compute_s)
+        ld.close()
+        ld = loader(per_sample, ThrottledStore(local, bw), servers["lru"].address, "lru",
+                    prefetch=False, substitutable=False, insert_misses=True, probe_batches=0)
+        policies["lru"] = _run_epochs(ld, epochs, compute_s)
+        ld.close()
+        ld = loader(index, ThrottledStore(local, bw), servers["quiver"].address, "quiver")
+        policies["quiver"] = _run_epochs(ld, epochs, compute_s)
+        quiver_stats = ld.stats
+        ld.close()
+        for name, runs in policies.items():
+            steady = runs[1:]  # the first epoch warms the cache
+            result[name] = {
+                "epoch_s": sum(r["epoch_s"] for r in steady) / len(steady),
+                "hit_rate": sum(r["hit_rate"] for r in steady) / len(steady),
+                "sample_hit_rate": sum(r["sample_hit_rate"] for r in steady) / len(steady),
+                "backing_mb_per_epoch": sum(r["backing_mb"] for r in steady) / len(steady),
+                "first_epoch_s": runs[0]["epoch_s"],
+                "per_epoch": runs,
+            }
+        result["quiver"]["prefetched_chunks"] = quiver_stats.prefetched_chunks
+        result["quiver_vs_lru_speedup"] = result["lru"]["epoch_s"] / result["quiver"]["epoch_s"]
+        result["quiver_vs_none_speedup"] = result["none"]["epoch_s"] / result["quiver"]["epoch_s"]
+        # The same policies without I/O, as a cross-check of the measured hit rates.
+        sim_n = len(index)
+        spc = max(1, round(sim_n / len(index.chunks)))
+        result["simulated_hit_rate"] = {
+            "lru": simulate("lru", sim_n, 1, int(sim_n * capacity / total), epochs=epochs).hit_rate_per_epoch[-1],
+            "quiver_no_prefetch_lower_bound": capacity / total,
+        }
+        del spc, chunk_capacity
+
+        # -- two jobs on one dataset: one shared cache vs one cache per job (same link)
+        def two_jobs(addresses: list[str]) -> float:
+            link = ThrottledStore(local, bw)  # both jobs behind one link to the store
+            loaders = [loader(index, link, addresses[j], f"pair{j}-{addresses[j]}") for j in range(2)]
+            done: list[float] = []
+
+            def go(ld: QuiverLoader) -> None:
+                _run_epochs(ld, epochs, compute_s)
+
+            t0 = time.perf_counter()
+            threads = [threading.Thread(target=go, args=(ld,)) for ld in loaders]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - t0
+            for ld in loaders:
+                ld.close()
+            done.append(wall)
+            return 2 * epochs * total / wall / MB
+
+        shared_tput = two_jobs([servers["shared"].address] * 2)
+        per_job_tput = two_jobs([servers["job0"].address, servers["job1"].address])
+        result["shared_bytes_cached"] = servers["shared"].stats().used_bytes
+        result["per_job_bytes_cached"] = servers["job0"].stats().used_bytes + servers["job1"].stats().used_bytes
+        result["shared_throughput_mb_s"] = shared_tput
+        result["per_job_throughput_mb_s"] = per_job_tput
+
+        # -- serving: one server, one client, warm, against local files
+        srv = servers["serve"]
+        warm = loader(index, local, srv.address, "serve-warm", prefetch=False)
+        warm.warm()
+        warm.close()
+        reads = [(index.chunks[s.chunk].digest, s.offset, s.size, s.digest) for s in index.samples]
+        from microco.clients.cache import CacheClient
+
+        reps = 2 if quick else 4
+        with CacheClient(srv.address, timeout=120) as c:
+            c.read_samples(reads[:batch])
+            t0 = time.perf_counter()
+            got = 0
+            for _ in range(reps):
+                for i in range(0, len(reads), 256):
+                    got += sum(len(x or b"") for x in c.read_samples(reads[i : i + 256]))
+            serve = got / (time.perf_counter() - t0) / MB
+        direct = loader(index, local, srv.address, "serve-direct", prefetch=False, node=f"bench-serve")
+        idx_all = list(range(len(index)))
+        direct.read(idx_all, idx_all)
+        t0 = time.perf_counter()
+        got = 0
+        for _ in range(reps):
+            for i in range(0, len(idx_all), 256):
+                got += sum(map(len, direct.read(idx_all[i : i + 256], idx_all[i : i + 256])))
+        serve_direct = got / (time.perf_counter() - t0) / MB
+        direct.close()
+        for p, _ in files:  # page-cache warm, as the server's files are
+            local.read(p)
+        t0 = time.perf_counter()
+        got = 0
+        for _ in range(reps):
+            for p, _ in files:
+                got += len(local.read(p))
+        local_mb_s = got / (time.perf_counter() - t0) / MB
+        result["serve_mb_s"] = serve
+        result["serve_direct_mb_s"] = serve_direct
+        result["local_read_mb_s"] = local_mb_s
+        result["serve_vs_local"] = serve / local_mb_s
+        result["serve_direct_vs_local"] = serve_direct / local_mb_s
+        shutil.rmtree(data, ignore_errors=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="microco bench cache", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small dataset, 2 epochs: under a minute")
+    p.add_argument("--json", action="store_true", help="JSON only on stdout (the default output is JSON too)")
+    p.add_argument("--samples", type=int, default=0, help="number of samples (default 192 quick, 768 full)")
+    p.add_argument("--sample-kb", type=float, default=110, help="mean sample size in KB (DLIO image: ~110)")
+    p.add_argument("--bandwidth-mb-s", type=float, default=40, help="backing store bandwidth, MB/s")
+    p.add_argument("--compute-ms", type=float, default=5, help="simulated training step per batch, ms")
+    args = p.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    result = run(args.quick, args)
+    print(json.dumps(result, indent=None if args.json else 2, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""Instalytics benchmark: matched replica vs forced shuffle vs DuckDB vs PySpark, and recovery.
+
+    microco bench store [--quick] [--sf 1] [--nodes 6] [--json] [--no-spark]
+
+TPC-H (``tpchgen-cli``, offline) is loaded into a store cluster of real processes (store nodes in
+three fault domains, a coordinator, etcd). Each group-by and join query runs on the replica whose
+partitioning matches it (``matched_s``) and forced onto a replica that does not (``shuffle_s``),
+and DuckDB and PySpark (``local[2]``) run the same query on the same Parquet files. Then one store
+node is killed with SIGKILL and recovery is timed: bytes read per byte lost (bucketed rebuild)
+against what a full scan of the source replica would read. JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+P = 8  # hash partitions per replica
+
+
+def _log(msg: str) -> None:
+    print(f"[bench store] {msg}", file=sys.stderr, flush=True)
+
+
+def generate(sf: float, out: Path) -> Path:
+    """TPC-H Parquet files for orders and lineitem (cached by scale factor)."""
+    d = out / f"sf{sf:g}"
+    if (d / "lineitem.parquet").exists() and (d / "orders.parquet").exists():
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    exe = shutil.which("tpchgen-cli") or str(Path(sys.executable).parent / "tpchgen-cli")
+    _log(f"generating TPC-H sf={sf:g} into {d}")
+    subprocess.run(
+        [exe, "parquet", "-s", f"{sf:g}", "--tables", "orders,lineitem", "--output-dir", str(d)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return d
+
+
+def load_parquet(path: Path) -> Any:
+    import pyarrow.parquet as pq
+
+    from microco.services.store import conform  # noqa: F401 - same cast the store applies
+    from microco.services.store._exec import to_plain_strings
+
+    return to_plain_strings(pq.read_table(path))
+
+
+# name, table, group/join description, matched replica, forced non-matching replica, SQL
+def queries(client: Any) -> list[dict[str, Any]]:
+    o, li = client.table("orders"), client.table("lineitem")
+    return [
+        {
+            "name": "orders_groupby_custkey",
+            "frame": o.group_by("o_custkey").agg(total=("sum", "o_totalprice"), n=("count", "*")),
+            "shuffle_replica": 0,
+            "sql": "select o_custkey, sum(o_totalprice) total, count(*) n from orders group by o_custkey",
+        },
+        {
+            "name": "orders_groupby_orderdate",
+            "frame": o.group_by("o_orderdate").agg(n=("count", "*"), total=("sum", "o_totalprice")),
+            "shuffle_replica": 0,
+            "sql": "select o_orderdate, count(*) n, sum(o_totalprice) total from orders group by o_orderdate",
+        },
+        {
+            "name": "lineitem_groupby_orderkey",
+            "frame": li.group_by("l_orderkey").agg(qty=("sum", "l_quantity"), n=("count", "*")),
+            "shuffle_replica": 1,
+            "sql": "select l_orderkey, sum(l_quantity) qty, count(*) n from lineitem group by l_orderkey",
+        },
+        {
+            "name": "lineitem_groupby_partkey",
+            "frame": li.group_by("l_partkey").agg(rev=("sum", "l_extendedprice"), n=("count", "*")),
+            "shuffle_replica": 0,
+            "sql": "select l_partkey, sum(l_extendedprice) rev, count(*) n from lineitem group by l_partkey",
+        },
+        {
+            "name": "lineitem_groupby_suppkey",
+            "frame": li.group_by("l_suppkey").agg(qty=("sum", "l_quantity"), mx=("max", "l_discount")),
+            "shuffle_replica": 0,
+            "sql": "select l_suppkey, sum(l_quantity) qty, max(l_discount) mx from lineitem group by l_suppkey",
+        },
+        {
+            "name": "join_orders_lineitem_on_orderkey",
+            "frame": o.join(li, "o_orderkey", "l_orderkey").group_by("o_orderpriority").agg(qty=("sum", "l_quantity")),
+            "shuffle_replica": 1,
+            "sql": "select o_orderpriority, sum(l_quantity) qty from orders join lineitem on o_orderkey = l_orderkey "
+            "group by o_orderpriority",
+        },
+    ]
+
+
+WARM = True
+
+
+def _time(fn: Any, repeat: int) -> tuple[float, Any]:
+    if WARM:
+        fn()  # warm-up (page cache, connections, Spark's code generation): every engine gets one
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def _spark(data: Path, qs: list[dict[str, Any]], repeat: int) -> dict[str, float | None]:
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        return {q["name"]: None for q in qs}
+    _log("starting PySpark local[2]")
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("microco-bench-store")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.driver.memory", "4g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        spark.read.parquet(str(data / "orders.parquet")).createOrReplaceTempView("orders")
+        spark.read.parquet(str(data / "lineitem.parquet")).createOrReplaceTempView("lineitem")
+        spark.sql("select count(*) from lineitem").collect()  # one warm-up for the whole session
+        out = {}
+        for q in qs:
+            # collect() brings every result row to the driver, as the store's client gets them
+            out[q["name"]], _ = _time(lambda q=q: spark.sql(q["sql"]).collect(), repeat)
+            _log(f"spark {q['name']}: {out[q['name']]:.3f}s")
+        return out
+    finally:
+        spark.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="microco bench store", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="scale factor 0.1, one timed run (under a minute)")
+    ap.add_argument("--sf", type=float, default=None, help="TPC-H scale factor (default 1; 0.1 with --quick)")
+    ap.add_argument("--nodes", type=int, default=6, help="store node processes (in three fault domains)")
+    ap.add_argument("--repeat", type=int, default=None, help="timed runs per query, best kept (default 2; 1 quick)")
+    ap.add_argument("--no-spark", action="store_true", help="skip PySpark")
+    ap.add_argument("--data-dir", default=os.path.expanduser("~/.cache/microco/tpch"), help="where TPC-H is cached")
+    ap.add_argument("--json", action="store_true", help="JSON only on stdout (it is always JSON)")
+    args = ap.parse_args(argv)
+    sf = args.sf if args.sf is not None else (0.1 if args.quick else 1.0)
+    repeat = args.repeat or (1 if args.quick else 2)
+    global WARM
+    WARM = not args.quick  # --quick: one warm-up per engine instead of one per query
+
+    import duckdb
+
+    from microco.clients.store import StoreClient
+    from microco.services.stack import EtcdServer
+    from microco.services.store._procs import StoreCluster
+
+    data = generate(sf, Path(args.data_dir))
+    work = Path(tempfile.mkdtemp(prefix="microco-bench-store-"))
+    etcd = EtcdServer(work / "etcd").start()
+    nodes = [(f"store-{i}", f"rack{i % 3}") for i in range(args.nodes)]
+    cluster = StoreCluster(
+        etcd.endpoint,
+        work / "store",
+        nodes,
+        lease_ttl_s=2,
+        # one super-extent per table at these sizes: orders and lineitem partitions co-locate
+        coordinator_args=["--super-extent-rows", "10000000", "--recovery-rate-mb", "0",
+                          "--recovery-grace-s", "0", "--recovery-interval-s", "3600"],
+    )
+    result: dict[str, Any] = {"benchmark": "store", "scale_factor": sf, "nodes": args.nodes, "fault_domains": 3,
+                              "partitions_per_replica": P, "repeat": repeat, "warm_up_per_query": WARM,
+                              "cores": os.cpu_count(), "load_average_at_start": os.getloadavg()[0]}
+    try:
+        cluster.start()
+        client = StoreClient.from_address(cluster.coordinator_address, default_timeout=600)
+        bounds = ",".join(f"{y}-01-01" for y in range(1993, 1999))
+        t0 = time.perf_counter()
+        orders = load_parquet(data / "orders.parquet")
+        lineitem = load_parquet(data / "lineitem.parquet")
+        client.create_table("orders", orders.schema, [f"o_orderkey:hash:{P}", f"o_custkey:hash:{P}", f"o_orderdate:range:{bounds}"])
+        client.create_table("lineitem", lineitem.schema, [f"l_orderkey:hash:{P}", f"l_partkey:hash:{P}", f"l_suppkey:hash:{P}"])
+        client.append("orders", orders)
+        client.append("lineitem", lineitem)
+        result["load_s"] = round(time.perf_counter() - t0, 3)
+        result["rows"] = {"orders": orders.num_rows, "lineitem": lineitem.num_rows}
+        _log(f"loaded {orders.num_rows} orders, {lineitem.num_rows} lineitems in {result['load_s']}s")
+        del orders, lineitem
+
+        con = duckdb.connect()
+        con.execute("SET threads TO 2")
+        con.execute(f"create view orders as select * from read_parquet('{data / 'orders.parquet'}')")
+        con.execute(f"create view lineitem as select * from read_parquet('{data / 'lineitem.parquet'}')")
+        qs = queries(client)
+        client.query(qs[0]["frame"])  # warm-up of the store's connections
+        con.sql("select count(*) from lineitem").fetchall()
+        rows = []
+        for q in qs:
+            matched_s, m = _time(lambda q=q: client.query(q["frame"]), repeat)
+            matched_plan = dict(client.last_plan)
+            shuffle_s, s = _time(lambda q=q: client.query(q["frame"].on_replica(q["shuffle_replica"])), repeat)
+            shuffle_plan = dict(client.last_plan)
+            duck_s, d = _time(lambda q=q: con.sql(q["sql"]).to_arrow_table(), repeat)
+            same = m.num_rows == s.num_rows == d.num_rows
+            rows.append({
+                "name": q["name"], "matched_s": round(matched_s, 4), "shuffle_s": round(shuffle_s, 4),
+                "duckdb_s": round(duck_s, 4), "spark_s": None,
+                "shuffle_over_matched": round(shuffle_s / matched_s, 2),
+                "matched_plan": matched_plan["kind"], "matched_replicas": matched_plan["replicas"],
+                "shuffle_plan": shuffle_plan["kind"], "shuffle_replicas": shuffle_plan["replicas"],
+                "result_rows": m.num_rows, "results_agree_row_count": same,
+            })
+            _log(f"{q['name']}: matched {matched_s:.3f}s ({matched_plan['kind']}), shuffle {shuffle_s:.3f}s, duckdb {duck_s:.3f}s")
+        result["queries"] = rows
+
+        # ---- recovery of one node (before Spark, which needs the cores)
+        victim = nodes[1][0]
+        before = {n["name"]: n for n in client.nodes()}
+        cluster.kill(victim)
+        t_kill = time.perf_counter()
+        cluster.wait_gone(victim)
+        t_gone = time.perf_counter()
+        rec = client.start_recovery()
+        while rec.get("unavailable_extents", 1) and rec.get("state") not in ("stuck",):
+            time.sleep(0.2)
+            rec = client.recovery()
+            if rec.get("state") in ("done", "partial") and rec["unavailable_extents"] == 0:
+                break
+        result["recovery"] = {
+            "node": victim,
+            "extents_lost": before[victim]["extents"],
+            "bytes_lost": rec.get("bytes_lost"),
+            "bytes_read": rec.get("bytes_read"),
+            "bytes_read_per_byte_lost": round(rec["bytes_read_per_byte_lost"], 4) if rec.get("bytes_read_per_byte_lost") else None,
+            "full_scan_bytes": rec.get("full_scan_bytes"),
+            "full_scan_bytes_per_byte_lost": round(rec["full_scan_bytes"] / rec["bytes_lost"], 2) if rec.get("bytes_lost") else None,
+            "seconds": round(rec.get("seconds", 0.0), 3),
+            "lease_expiry_s": round(t_gone - t_kill, 2),
+            "state": rec.get("state"),
+            "unavailable_after": rec.get("unavailable_extents"),
+        }
+        _log(f"recovery: {result['recovery']}")
+        # a query after recovery still answers
+        client.query(qs[0]["frame"])
+        client.close()
+    finally:
+        cluster.stop()
+        etcd.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    if not args.no_spark:
+        try:
+            spark = _spark(data, qs, repeat)
+            for r in result["queries"]:
+                r["spark_s"] = round(spark[r["name"]], 4) if spark.get(r["name"]) is not None else None
+        except Exception as exc:  # noqa: BLE001 - report, keep the measured figures
+            result["spark_error"] = f"{type(exc).__name__}: {exc}"[:500]
+    for r in result["queries"]:
+        for peer in ("duckdb_s", "spark_s"):
+            if r[peer]:
+                r[f"matched_over_{peer[:-2]}"] = round(r["matched_s"] / r[peer], 2)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

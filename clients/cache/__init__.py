@@ -1,0 +1,82 @@
+"""Client side of Quiver, the shared training-data cache.
+
+* ``CacheClient``: typed gRPC client of one cache server.
+* ``register_dataset``, ``get_dataset``, ``list_datasets``, ``load_index``: datasets in etcd,
+  indexes beside the data.
+* ``QuiverLoader``: substitutable-hit data loading with prefetch and backing-store fallback.
+* ``open_loader``: a loader for a registered dataset by name.
+* PyTorch: ``QuiverBatchSampler``, ``QuiverDataset``, ``make_dataloader`` (imported on use);
+  tf.data: ``quiver_tf_dataset`` (imported on use).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._client import CacheClient, Grant
+from ._datasets import DatasetRecord, get_dataset, list_datasets, load_index, register_dataset
+from ._loader import LoaderStats, QuiverLoader
+
+_LAZY = {
+    "QuiverBatchSampler": "_torch",
+    "QuiverDataset": "_torch",
+    "make_dataloader": "_torch",
+    "quiver_tf_dataset": "_tf",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(name)
+
+
+def open_loader(kv: Any, name: str, *, server: str | None = None, store: Any = None, **kwargs: Any) -> QuiverLoader:
+    """A ``QuiverLoader`` for the registered dataset ``name`` (index verified against etcd).
+
+    ``server`` is the cache server's address; None finds one in etcd (this host's first),
+    and with none running the loader reads from the backing store only.
+    """
+    from microco.services.cache import open_store
+
+    rec = get_dataset(kv, name)
+    store = store or open_store(rec.url)
+    index = load_index(rec, store)
+    if server is None:
+        server = find_server(kv)
+    return QuiverLoader(index, store, dataset=name, server=server, **kwargs)
+
+
+def find_server(kv: Any, node: str | None = None) -> str | None:
+    """Address of a cache server from etcd: one on ``node`` (default: this host) if any."""
+    import os
+    import socket
+
+    from microco.services.common.registry import discover
+
+    node = node or os.environ.get("MICROCO_NODE", socket.gethostname())
+    records = discover(kv, "cache")
+    local = [r for r in records if r.labels.get("node") == node]
+    pick = (local or records or [None])[0]
+    return pick.address if pick is not None else None
+
+
+__all__ = [
+    "CacheClient",
+    "DatasetRecord",
+    "Grant",
+    "LoaderStats",
+    "QuiverBatchSampler",
+    "QuiverDataset",
+    "QuiverLoader",
+    "find_server",
+    "get_dataset",
+    "list_datasets",
+    "load_index",
+    "make_dataloader",
+    "open_loader",
+    "quiver_tf_dataset",
+    "register_dataset",
+]

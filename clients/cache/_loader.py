@@ -1,0 +1,528 @@
+"""The framework-neutral Quiver data loader: substitutable hits, prefetch, fallback.
+
+``QuiverLoader.epoch(e)`` yields mini-batches ``(indices, samples)``. For each batch the
+sampler offers the cache ``substitution x batch_size`` candidates, takes those whose chunk
+is cached, defers misses to later in the epoch, and reads what remains from the backing
+store. Hits are read straight from the granted chunk files when the cache server is on
+this host, else streamed. A background prefetcher reads whole unseen chunks from the
+backing store and inserts them where the allocation allows. After each batch the loader
+tells the server which chunks it has fully consumed this epoch (so co-ordinated eviction
+can free them) and how long the batch took with how many hits (benefit estimation).
+
+Nothing here may lose a sample: a cache server that dies, answers garbage or drops a chunk
+only turns hits into backing-store reads, and every byte read is checked against its digest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from microco.services.cache import BatchMode, DatasetIndex, SubstitutableSampler, digest
+from microco.services.common.errors import FailedPrecondition, MicrocoError
+
+from ._client import CacheClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoaderStats:
+    """What one loader did: samples by source, bytes from the backing store, fallbacks."""
+
+    hits: int = 0
+    misses: int = 0
+    backing_bytes: int = 0
+    cache_bytes: int = 0
+    prefetched_chunks: int = 0
+    prefetch_rejected: int = 0
+    server_failures: int = 0
+    corrupt_reported: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        n = self.hits + self.misses
+        return self.hits / n if n else 0.0
+
+
+class QuiverLoader:
+    """Reads a registered dataset through a cache server with substitutable hits."""
+
+    def __init__(
+        self,
+        index: DatasetIndex,
+        store,  # type: ignore[no-untyped-def]  # a BackingStore
+        *,
+        batch_size: int,
+        dataset: str,
+        job_id: str,
+        server: str | CacheClient | None = None,
+        user: str = "",
+        seed: int = 0,
+        substitution: int = 10,
+        drop_last: bool = False,
+        prefetch: bool = True,
+        direct_read: bool = True,
+        node: str | None = None,
+        fetch_workers: int = 8,
+        probe_batches: int = 3,
+        retry_server_s: float = 2.0,
+        substitutable: bool = True,
+        insert_misses: bool = False,
+        chunk_fetch: bool | None = None,
+    ) -> None:
+        self.index = index
+        self.store = store
+        self.dataset = dataset
+        self.job_id = job_id
+        self.user = user
+        self.batch_size = batch_size
+        self.sampler = SubstitutableSampler(
+            len(index), batch_size, seed=seed, substitution=substitution if substitutable else 1, drop_last=drop_last
+        )
+        self.client = CacheClient(server) if isinstance(server, str) else server
+        # Read-through: put single-sample chunks read from the backing store into the cache
+        # (the generic cache's behaviour, used by the LRU baseline).
+        self.insert_misses = insert_misses
+        # Quiver: a miss fetches its whole chunk when the cache has room for it; the chunk's
+        # other samples are then hits later this epoch (substitutable), so nothing is read twice.
+        self.chunk_fetch = (substitutable and self.client is not None) if chunk_fetch is None else chunk_fetch
+        self._room = 0
+        self._puts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quiver-put")
+        self._inflight: set[int] = set()
+        # Chunks fetched whole and on their way into the cache: served from here meanwhile.
+        self._staged: dict[str, bytes] = {}
+        self.prefetch = prefetch and self.client is not None
+        self.direct_read = direct_read
+        self.node = node if node is not None else os.environ.get("MICROCO_NODE", socket.gethostname())
+        self.probe_batches = probe_batches
+        self.retry_server_s = retry_server_s
+        self.stats = LoaderStats()
+        self._pool = ThreadPoolExecutor(max_workers=fetch_workers, thread_name_prefix="quiver-fetch")
+        self._down_until = 0.0
+        self._grants: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._consumed_left: list[int] = []
+        self._prefetch_stop = threading.Event()
+        self._prefetch_thread: threading.Thread | None = None
+        self._seed = seed
+        self._epoch = -1
+        self._timings: list[tuple[float, float, int, int]] = []
+        self._batch_bytes = int(index.total_bytes / max(1, len(index)) * batch_size)
+
+    # -- server access, failing soft
+    def _server(self) -> CacheClient | None:
+        if self.client is None or time.monotonic() < self._down_until:
+            return None
+        return self.client
+
+    def _server_failed(self, exc: Exception) -> None:
+        self.stats.server_failures += 1
+        self._down_until = time.monotonic() + self.retry_server_s
+        with self._lock:
+            self._grants.clear()
+        log.warning("cache server unavailable, reading from the backing store: %s", exc)
+
+    def cached(self, candidates: Sequence[int]) -> set[int]:
+        """Which candidate samples sit in a cached chunk now."""
+        srv = self._server()
+        if srv is None:
+            return set()
+        chunks = {self.index.chunk_of(i).digest for i in candidates}
+        try:
+            present, self._room = srv.lookup_room(sorted(chunks), self.dataset, self.job_id, timeout=5, retry=False)
+        except MicrocoError as exc:
+            self._server_failed(exc)
+            return set()
+        with self._lock:
+            present |= self._staged.keys()
+        return {i for i in candidates if self.index.chunk_of(i).digest in present}
+
+    # -- reading
+    def _read_backing(self, i: int) -> bytes:
+        ref = self.index.samples[i]
+        data = self.store.read(ref.path)
+        if digest(data) != ref.digest:
+            raise FailedPrecondition(
+                f"sample {ref.path!r} changed since the dataset was registered: re-register it"
+            )
+        return data
+
+    def _read_direct(self, srv: CacheClient, hits: Sequence[int]) -> dict[int, bytes]:
+        chunks = sorted({self.index.chunk_of(i).digest for i in hits})
+        with self._lock:
+            missing = [c for c in chunks if c not in self._grants]
+        if missing:
+            node, grants = srv.open_chunks(missing, timeout=5, retry=False)
+            if node != self.node:
+                self.direct_read = False  # the server is elsewhere: stream from now on
+                return {}
+            with self._lock:
+                self._grants.update({g.digest: g.path for g in grants})
+        out: dict[int, bytes] = {}
+        for i in hits:
+            ref = self.index.samples[i]
+            c = self.index.chunks[ref.chunk].digest
+            path = self._grants.get(c)
+            if path is None:
+                continue
+            try:
+                with open(path, "rb") as f:
+                    f.seek(ref.offset)
+                    data = f.read(ref.size)
+            except OSError:  # evicted since the grant: a miss
+                with self._lock:
+                    self._grants.pop(c, None)
+                continue
+            if digest(data) != ref.digest:
+                # Stale grant (the file was replaced) or a flipped byte: let the server check.
+                with self._lock:
+                    self._grants.pop(c, None)
+                try:
+                    if srv.report_corrupt(c, timeout=5, retry=False):
+                        self.stats.corrupt_reported += 1
+                except MicrocoError:
+                    pass
+                continue
+            out[i] = data
+        return out
+
+    def _read_hits(self, hits: Sequence[int]) -> dict[int, bytes]:
+        staged: dict[int, bytes] = {}
+        with self._lock:
+            for i in hits:
+                ref = self.index.samples[i]
+                data = self._staged.get(self.index.chunks[ref.chunk].digest)
+                if data is not None:
+                    staged[i] = data[ref.offset : ref.offset + ref.size]
+        rest = [i for i in hits if i not in staged]
+        staged.update(self._read_cached(rest))
+        return staged
+
+    def _read_cached(self, hits: Sequence[int]) -> dict[int, bytes]:
+        srv = self._server()
+        if srv is None or not hits:
+            return {}
+        try:
+            if self.direct_read:
+                got = self._read_direct(srv, hits)
+                if self.direct_read:
+                    return got
+            reads = []
+            for i in hits:
+                ref = self.index.samples[i]
+                reads.append((self.index.chunks[ref.chunk].digest, ref.offset, ref.size, ref.digest))
+            data = srv.read_samples(reads, self.job_id, timeout=30)
+        except MicrocoError as exc:
+            self._server_failed(exc)
+            return {}
+        out = {}
+        for i, d in zip(hits, data, strict=True):
+            # The server verified the sample, but the client trusts only its own hash.
+            if d is not None and digest(d) == self.index.samples[i].digest:
+                out[i] = d
+        return out
+
+    def read(self, indices: Sequence[int], hits: Sequence[int] = ()) -> list[bytes]:
+        """Bytes of ``indices``: ``hits`` from the cache where it still has them, the rest
+        (and any hit that failed) from the backing store, in parallel."""
+        hit_set = set(hits)
+        got = self._read_hits([i for i in indices if i in hit_set])
+        rest = [i for i in indices if i not in got]
+        whole = self._chunks_to_fetch(rest, indices)
+        wanted = [i for i in rest if self.index.samples[i].chunk not in whole]
+        for c in sorted(whole):
+            wanted.extend(s.index for s in self.index.samples_of(self.index.chunks[c]))
+        fetched = dict(zip(wanted, self._pool.map(self._read_backing, wanted), strict=True))
+        self.stats.backing_bytes += sum(map(len, fetched.values()))
+        for i in rest:
+            got[i] = fetched[i]
+        if whole:
+            puts = []
+            for c in sorted(whole):
+                chunk = self.index.chunks[c]
+                puts.append((chunk.digest, b"".join(fetched[s.index] for s in self.index.samples_of(chunk))))
+            with self._lock:
+                self._staged.update(puts)
+            self._put_async(puts)
+        if self.insert_misses and rest:
+            self._put_async([(self.index.chunk_of(i).digest, got[i]) for i in rest if self.index.chunk_of(i).count == 1])
+        self.stats.hits += len(indices) - len(rest)
+        self.stats.misses += len(rest)
+        self.stats.cache_bytes += sum(len(got[i]) for i in indices if i not in rest)
+        return [got[i] for i in indices]
+
+    def _chunks_to_fetch(self, misses: Sequence[int], batch: Sequence[int]) -> set[int]:
+        """Chunks worth reading whole for these misses: none of their samples was read before
+        this batch this epoch (so nothing is read twice) and the cache has room for them."""
+        if not self.chunk_fetch or self._server() is None:
+            return set()
+        in_batch: dict[int, int] = {}
+        for i in batch:
+            c = self.index.samples[i].chunk
+            in_batch[c] = in_batch.get(c, 0) + 1
+        out: set[int] = set()
+        with self._lock:
+            for i in misses:
+                c = self.index.samples[i].chunk
+                chunk = self.index.chunks[c]
+                untouched = self._consumed_left[c] + in_batch[c] == chunk.count
+                if c in out or c in self._inflight or not untouched or chunk.count == in_batch[c]:
+                    continue
+                if self._room < chunk.size:
+                    break
+                self._room -= chunk.size
+                out.add(c)
+                self._inflight.add(c)
+        return out
+
+    def _put_async(self, chunks: list[tuple[str, bytes]]) -> None:
+        if not chunks or self._server() is None:
+            return
+
+        def put() -> None:
+            srv = self._server()
+            kept: set[str] = set()
+            try:
+                if srv is not None:
+                    r = srv.put_chunks(chunks, self.dataset, timeout=30)
+                    kept = set(r.stored) | set(r.present)
+            except MicrocoError as exc:
+                self._server_failed(exc)
+            finally:
+                with self._lock:
+                    for d, _ in chunks:
+                        # A chunk the cache refused stays staged until this job consumed it:
+                        # its samples were read once and are not read again.
+                        if d in kept:
+                            self._staged.pop(d, None)
+                        ref = self.index.chunk_by_digest(d)
+                        if ref is not None:
+                            self._inflight.discard(ref.index)
+
+        self._puts.submit(put)
+
+    # -- epochs
+    def __len__(self) -> int:
+        n = len(self.index)
+        return n // self.batch_size if self.sampler.drop_last else -(-n // self.batch_size)
+
+    def epoch(self, epoch: int) -> Iterator[tuple[list[int], list[bytes]]]:
+        """The mini-batches of ``epoch``: every sample exactly once."""
+        for indices, _hits in self.batches(epoch):
+            yield indices, self.read(indices, _hits)
+
+    def batches(self, epoch: int) -> Iterator[tuple[list[int], list[int]]]:
+        """Only the choice of batches (indices, those chosen as hits), reads left to the caller;
+        progress and timing reports are made as batches are taken."""
+        self._start_epoch(epoch)
+        try:
+            b = 0
+            last = None
+            done: list[str] = []
+            while True:
+                probe = epoch < 2 and b < 2 * self.probe_batches
+                mode = (BatchMode.MISSES_ONLY if b % 2 == 0 else BatchMode.HITS_ONLY) if probe else BatchMode.PREFER_HITS
+                batch = self.sampler.next_batch(self.cached, mode)
+                now = time.perf_counter()
+                if last is not None:
+                    prev, t0 = last
+                    self._timings.append((prev.hit_fraction, now - t0, self._batch_bytes, len(prev.indices)))
+                # The previous batch has been read by now: its finished chunks may go.
+                self._report(done)
+                done = []
+                if batch is None:
+                    break
+                done = self._consume(batch.indices)
+                last = (batch, now)
+                b += 1
+                yield list(batch.indices), sorted(batch.hits)
+        finally:
+            self._prefetch_stop.set()
+            self._report(done)
+
+    def _start_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+        self.sampler.start_epoch(epoch)
+        self._consumed_left = [c.count for c in self.index.chunks]
+        self._report([])
+        if self.prefetch:
+            self._prefetch_stop.set()
+            if self._prefetch_thread is not None:
+                self._prefetch_thread.join()
+            self._prefetch_stop = threading.Event()
+            self._prefetch_thread = threading.Thread(
+                target=self._prefetch_loop, args=(epoch, self._prefetch_stop), name="quiver-prefetch", daemon=True
+            )
+            self._prefetch_thread.start()
+
+    def _consume(self, indices: Sequence[int]) -> list[str]:
+        done = []
+        with self._lock:
+            for i in indices:
+                c = self.index.samples[i].chunk
+                self._consumed_left[c] -= 1
+                if self._consumed_left[c] == 0:
+                    done.append(self.index.chunks[c].digest)
+                    self._staged.pop(self.index.chunks[c].digest, None)
+        return done
+
+    def _report(self, consumed: list[str]) -> None:
+        srv = self._server()
+        if srv is None:
+            return
+        timings, self._timings = self._timings, []
+        try:
+            srv.report_progress(
+                self.job_id,
+                self.dataset,
+                self._epoch,
+                consumed,
+                timings,
+                user=self.user,
+                dataset_bytes=self.index.total_bytes,
+                timeout=5,
+                retry=False,
+            )
+        except MicrocoError as exc:
+            self._server_failed(exc)
+
+    def _prefetch_loop(self, epoch: int, stop: threading.Event) -> None:
+        """Insert whole chunks this job has not started this epoch, until the epoch ends;
+        when the server refuses, wait for consumption to free room."""
+        order = list(range(len(self.index.chunks)))
+        random.Random(self._seed * 7 + epoch * 131 + hash(self.job_id) % 1000).shuffle(order)
+        self._insert_chunks(order, stop, wait_when_full=True)
+
+    def warm(self, max_chunks: int | None = None) -> int:
+        """Synchronously insert chunks (in index order) until the server is full or refuses;
+        the number stored. For a job that wants a warm cache before its first epoch."""
+        if self.client is None:
+            return 0
+        if not self._consumed_left or self.sampler.remaining == 0:
+            # Between epochs every chunk is needed again by the next one.
+            self._consumed_left = [c.count for c in self.index.chunks]
+        if self._epoch < 0:
+            self._epoch = 0
+        self._report([])  # the server must know this job pins the chunks it is about to get
+        before = self.stats.prefetched_chunks
+        order = list(range(len(self.index.chunks)))[: max_chunks if max_chunks is not None else None]
+        self._insert_chunks(order, threading.Event(), wait_when_full=False)
+        return self.stats.prefetched_chunks - before
+
+    def _insert_chunks(self, order: list[int], stop: threading.Event, wait_when_full: bool) -> None:
+        pos = 0
+        while not stop.is_set() and pos < len(order):
+            srv = self._server()
+            if srv is None:
+                if not wait_when_full:
+                    return
+                stop.wait(0.2)
+                continue
+            window = []
+            while pos < len(order) and len(window) < 16:
+                c = order[pos]
+                with self._lock:
+                    untouched = self._consumed_left[c] == self.index.chunks[c].count
+                if untouched:
+                    window.append(c)
+                pos += 1
+            if not window:
+                continue
+            try:
+                present, room = srv.lookup_room(
+                    [self.index.chunks[c].digest for c in window], self.dataset, self.job_id, timeout=5, retry=False
+                )
+            except MicrocoError as exc:
+                self._server_failed(exc)
+                continue
+            for c in window:
+                if stop.is_set():
+                    return
+                chunk = self.index.chunks[c]
+                with self._lock:
+                    untouched = self._consumed_left[c] == chunk.count
+                    busy = c in self._inflight
+                    if not busy and untouched and chunk.digest not in present:
+                        self._inflight.add(c)
+                if chunk.digest in present or not untouched or busy:
+                    continue
+                if room < chunk.size and not wait_when_full:
+                    with self._lock:
+                        self._inflight.discard(c)
+                    return
+                try:
+                    if not self._insert_one(srv, c, stop, wait_when_full):
+                        return
+                finally:
+                    with self._lock:
+                        self._inflight.discard(c)
+                room -= chunk.size
+
+    def _insert_one(self, srv: CacheClient, c: int, stop: threading.Event, wait_when_full: bool) -> bool:
+        """Read chunk ``c`` from the backing store once the cache has room, and insert it.
+        False to stop inserting (server gone, or full and not waiting)."""
+        chunk = self.index.chunks[c]
+        while not stop.is_set():
+            try:
+                present, room = srv.lookup_room([chunk.digest], self.dataset, self.job_id, timeout=5, retry=False)
+            except MicrocoError as exc:
+                self._server_failed(exc)
+                return False
+            with self._lock:
+                untouched = self._consumed_left[c] == chunk.count
+            if present or not untouched:
+                return True
+            if room >= chunk.size:
+                break
+            if not wait_when_full:
+                return False
+            # Full of chunks someone still needs: wait until consumption frees room.
+            stop.wait(0.05)
+        else:
+            return False
+        try:
+            data = b"".join(self.store.read(s.path) for s in self.index.samples_of(chunk))
+        except OSError as exc:
+            log.warning("prefetch read failed: %s", exc)
+            return True
+        self.stats.backing_bytes += len(data)
+        try:
+            r = srv.put_chunks([(chunk.digest, data)], self.dataset, timeout=30)
+        except MicrocoError as exc:
+            self._server_failed(exc)
+            r = None
+        if r is not None and r.stored:
+            self.stats.prefetched_chunks += 1
+        elif r is None or r.rejected:
+            self.stats.prefetch_rejected += 1
+            # Read once, never twice: keep it for this job until it has consumed it.
+            with self._lock:
+                if self._consumed_left[c] > 0:
+                    self._staged[chunk.digest] = data
+            return r is not None and wait_when_full
+        return True
+
+    def finish(self) -> None:
+        """Tell the server this job is done (it pins nothing any more) and stop background work."""
+        self._prefetch_stop.set()
+        srv = self._server()
+        if srv is not None:
+            try:
+                srv.report_progress(self.job_id, self.dataset, self._epoch, finished=True, timeout=5, retry=False)
+            except MicrocoError:
+                pass
+
+    def close(self) -> None:
+        self.finish()
+        if self._prefetch_thread is not None:
+            self._prefetch_thread.join(timeout=5)
+        self._puts.shutdown(wait=True)
+        self._pool.shutdown(wait=False)

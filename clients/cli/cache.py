@@ -1,0 +1,214 @@
+"""``microco cache ...``: Quiver datasets, cache servers and their allocations."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "cache",
+        help="Quiver: register datasets, inspect cache servers and allocations",
+        description=(
+            "Quiver caches training data by content. Register a dataset once (it is indexed into\n"
+            "samples and chunks named by their BLAKE3 digests); jobs then read it through the cache\n"
+            "server on their host with microco.clients.cache (PyTorch and tf.data integrations)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--etcd", default="", help="etcd endpoint (default: MICROCO_ETCD or the running stack's)")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+    s = p.add_subparsers(dest="cache_command", metavar="SUBCOMMAND")
+
+    r = s.add_parser(
+        "register",
+        help="index a dataset and record it in etcd",
+        description="Read every file under PATH (a directory or fsspec URL) once, name each by its content "
+        "digest, group them into chunks, write the index to PATH/.quiver/ and record NAME in etcd.",
+    )
+    r.add_argument("name", help="dataset name (letters, digits, - _ .)")
+    r.add_argument("path", help="local directory or fsspec URL of the data")
+    r.add_argument("--chunk-size", default="4M", help="target chunk size (e.g. 4M, 512K)")
+    r.add_argument("--owner", default="", help="who registers it (default: current user)")
+    r.add_argument("--json", action="store_true", help="print the record as JSON")
+    r.set_defaults(func=cmd_register)
+
+    d = s.add_parser("datasets", help="list registered datasets")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_datasets)
+
+    st = s.add_parser("stats", help="capacity, use, hits and misses of every cache server")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_stats)
+
+    al = s.add_parser(
+        "allocations",
+        help="how each cache server divides its capacity, and why",
+        description="Per server and dataset: bytes allocated and used, measured benefit "
+        "(seconds of training saved per epoch per GB cached), the jobs reading it and the reason.",
+    )
+    al.add_argument("--json", action="store_true")
+    al.set_defaults(func=cmd_allocations)
+
+
+def _kv(args: argparse.Namespace) -> Any:
+    from microco.services.common.kv import EtcdKV
+
+    from ._platform import _etcd_for
+
+    return EtcdKV(_etcd_for(args))
+
+
+def _servers(kv: Any) -> list[Any]:
+    from microco.services.common.errors import Unavailable
+    from microco.services.common.registry import discover
+
+    recs = sorted(discover(kv, "cache"), key=lambda r: (r.labels.get("node", ""), r.instance_id))
+    if not recs:
+        raise Unavailable("no cache server is registered in etcd (start one: python -m microco.services.cache)")
+    return recs
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _table(rows: list[dict[str, Any]], cols: list[str]) -> None:
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) if rows else len(c) for c in cols}
+    print("  ".join(c.upper().ljust(widths[c]) for c in cols))
+    for r in rows:
+        print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols))
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from tqdm import tqdm
+
+    from microco.clients.cache import register_dataset
+    from microco.services.cache import open_store, parse_size
+
+    chunk = parse_size(args.chunk_size)
+    total = sum(size for _, size in open_store(args.path).list_files())
+    kv = _kv(args)
+    try:
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"indexing {args.name}", disable=args.json) as bar:
+            rec, _ = register_dataset(
+                kv, args.name, args.path, owner=args.owner or getpass.getuser(), chunk_bytes=chunk, progress=bar.update
+            )
+    finally:
+        kv.close()
+    if args.json:
+        print(json.dumps(asdict(rec), indent=2))
+    else:
+        print(
+            f"registered {rec.name}: {rec.num_samples} samples in {rec.num_chunks} chunks, "
+            f"{_human(rec.total_bytes)}, index {rec.index_digest[:16]}..."
+        )
+    return 0
+
+
+def cmd_datasets(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from microco.clients.cache import list_datasets
+
+    kv = _kv(args)
+    try:
+        recs = list_datasets(kv)
+    finally:
+        kv.close()
+    if args.json:
+        print(json.dumps([asdict(r) for r in recs], indent=2))
+        return 0
+    _table(
+        [
+            {"name": r.name, "samples": r.num_samples, "chunks": r.num_chunks, "size": _human(r.total_bytes), "owner": r.owner, "url": r.url}
+            for r in recs
+        ],
+        ["name", "samples", "chunks", "size", "owner", "url"],
+    )
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from microco.clients.cache import CacheClient
+
+    kv = _kv(args)
+    try:
+        rows = []
+        for rec in _servers(kv):
+            with CacheClient(rec.address, timeout=5) as c:
+                st = c.stats()
+            rows.append((rec, st))
+    finally:
+        kv.close()
+    if args.json:
+        print(json.dumps([{"address": r.address, **MessageToDict(st, preserving_proto_field_name=True)} for r, st in rows], indent=2))
+        return 0
+    out = []
+    for rec, st in rows:
+        n = st.hits + st.misses
+        out.append(
+            {
+                "node": st.node,
+                "address": rec.address,
+                "policy": st.policy,
+                "used": f"{_human(st.used_bytes)} / {_human(st.capacity_bytes)}",
+                "chunks": st.chunks,
+                "hit_rate": f"{st.hits / n:.0%}" if n else "-",
+                "served": _human(st.bytes_served),
+                "evicted": st.evictions,
+                "corrupt": st.corrupt_dropped,
+                "jobs": ",".join(st.jobs),
+            }
+        )
+    _table(out, ["node", "address", "policy", "used", "chunks", "hit_rate", "served", "evicted", "corrupt", "jobs"])
+    return 0
+
+
+def cmd_allocations(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from microco.clients.cache import CacheClient
+
+    kv = _kv(args)
+    try:
+        rows = []
+        for rec in _servers(kv):
+            with CacheClient(rec.address, timeout=5) as c:
+                rows.append((rec, c.allocations()))
+    finally:
+        kv.close()
+    if args.json:
+        print(json.dumps([{"address": r.address, **MessageToDict(a, preserving_proto_field_name=True)} for r, a in rows], indent=2))
+        return 0
+    out = []
+    for rec, resp in rows:
+        for a in resp.allocations:
+            out.append(
+                {
+                    "server": rec.labels.get("node", "") or rec.address,
+                    "dataset": a.dataset,
+                    "allocated": _human(a.bytes),
+                    "used": _human(a.used_bytes),
+                    "size": _human(a.dataset_bytes),
+                    "benefit_s/GB": f"{a.benefit_s_per_gb:.3g}",
+                    "jobs": ",".join(a.jobs),
+                    "reason": a.reason,
+                }
+            )
+    if not out:
+        print("no allocations yet: no job has reported to a cache server")
+        return 0
+    _table(out, ["server", "dataset", "allocated", "used", "size", "benefit_s/GB", "jobs", "reason"])
+    return 0

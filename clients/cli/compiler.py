@@ -1,0 +1,148 @@
+"""``microco compiler ...``: Astra's explorations, committed configurations and speedups."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "compiler",
+        help="Astra: explorations of training-step configurations and what was committed",
+        description=(
+            "Astra tunes training steps online: each mini-batch runs under a configuration the\n"
+            "compiler service picks (regions compiled or eager, batched and hoisted matrix products,\n"
+            "thread counts), timed, until the fastest is committed. Committed configurations live in\n"
+            "etcd by graph fingerprint, input shapes and hardware, so the next run starts there.\n"
+            "These commands read that state from etcd (the service need not be running)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--etcd", default="", help="etcd endpoint (default: MICROCO_ETCD or the running stack's)")
+    p.add_argument("--home", default="", help="as given to `microco up` (where it finds etcd)")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+    s = p.add_subparsers(dest="compiler_command", metavar="SUBCOMMAND")
+
+    g = s.add_parser("graphs", help="every explored graph: state, steps spent exploring, speedup")
+    g.add_argument("--json", action="store_true", help="print JSON")
+    g.set_defaults(func=cmd_graphs)
+
+    sh = s.add_parser(
+        "show",
+        help="one graph: its variables, every trial with timings, what was pruned and committed",
+        description="KEY is a graph key from `microco compiler graphs` (a unique prefix suffices).",
+    )
+    sh.add_argument("key")
+    sh.add_argument("--json", action="store_true", help="print JSON")
+    sh.set_defaults(func=cmd_show)
+
+    f = s.add_parser(
+        "forget",
+        help="delete a graph's exploration and committed configuration (the next run explores again)",
+    )
+    f.add_argument("key")
+    f.set_defaults(func=cmd_forget)
+
+
+def _core(args: argparse.Namespace) -> Any:
+    from microco.services.common.kv import EtcdKV
+    from microco.services.compiler import CompilerCore
+
+    from ._platform import _etcd_for
+
+    return CompilerCore(EtcdKV(_etcd_for(args)))
+
+
+def _find(core: Any, prefix: str) -> Any:
+    from microco.services.common.errors import InvalidArgument, NotFound
+
+    states = [s for s in core.list() if s.key.startswith(prefix)]
+    if not states:
+        raise NotFound(f"no explored graph has a key starting with {prefix!r} (see `microco compiler graphs`)")
+    if len(states) > 1:
+        raise InvalidArgument(f"{prefix!r} matches {len(states)} graphs; give more of the key")
+    return states[0]
+
+
+def summary(state: Any) -> dict[str, Any]:
+    """The figures an operator looks at first (also used by the console)."""
+    best, base = state.best_trial, state.baseline
+    return {
+        "key": state.key,
+        "model": state.spec.model_name,
+        "framework": state.spec.framework,
+        "committed": state.committed,
+        "trials": sum(1 for t in state.trials if t.done),
+        "explore_steps": state.explore_steps,
+        "explore_s": round(state.explore_ms / 1e3, 3),
+        "compile_s": round(state.compile_ms / 1e3, 3),
+        "baseline_ms": round(base.step_ms, 3) if base else None,
+        "best_ms": round(best.step_ms, 3) if best and best.done else None,
+        "speedup": round(state.speedup, 3),
+        "runs": state.runs,
+        "config": state.best_values,
+    }
+
+
+def cmd_graphs(args: argparse.Namespace) -> int:
+    rows = [summary(s) for s in _core(args).list()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no graphs explored yet (wrap a training step with microco.clients.compiler)")
+        return 0
+    print(f"{'KEY':<14} {'MODEL':<16} {'FW':<10} {'STATE':<10} {'TRIALS':>6} {'STEPS':>6} "
+          f"{'BASE ms':>9} {'BEST ms':>9} {'SPEEDUP':>8}")
+    for r in rows:
+        state = "committed" if r["committed"] else "exploring"
+        print(f"{r['key'][:12]:<14} {r['model'][:16]:<16} {r['framework']:<10} {state:<10} {r['trials']:>6} "
+              f"{r['explore_steps']:>6} {_ms(r['baseline_ms']):>9} {_ms(r['best_ms']):>9} {r['speedup']:>7.2f}x")
+    return 0
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    state = _find(_core(args), args.key)
+    if args.json:
+        print(json.dumps({**summary(state), "state": state.to_json()}, indent=2, default=str))
+        return 0
+    s = summary(state)
+    print(f"graph {state.key}  model={s['model']}  framework={s['framework']}")
+    print(f"  inputs:   {state.spec.input_shapes}")
+    print(f"  hardware: {state.spec.hardware}")
+    print(f"  state:    {'committed' if state.committed else 'exploring'} after {s['explore_steps']} steps "
+          f"({s['explore_s']} s, of which compile {s['compile_s']} s); runs seen: {s['runs']}")
+    print(f"  speedup:  {s['speedup']:.2f}x  ({_ms(s['baseline_ms'])} ms -> {_ms(s['best_ms'])} ms per step)")
+    print("variables:")
+    for v in state.spec.variables:
+        print(f"  {v.name:<40} stage {v.stage}  {'/'.join(v.choices)}{'  (compiles)' if v.compiles else ''}")
+    base = {v.name: v.choices[0] for v in state.spec.variables}
+    print("trials:")
+    for t in state.trials:
+        changed = {k: v for k, v in t.values.items() if base.get(k) != v} or "baseline"
+        ms = "failed" if t.failed else ("running" if not t.done else f"{t.step_ms:8.2f} ms")
+        comp = f"  compile {t.compile_ms / 1e3:.1f} s" if t.compile_ms > 50 else ""
+        print(f"  #{t.trial:<3} stage {t.stage:<2} {t.kind:<9} {ms}{comp}  {changed}")
+    for p in state.pruned:
+        print(f"  pruned: {p}")
+    print("committed:" if state.committed else "best so far:")
+    for k, v in sorted(state.best_values.items()):
+        print(f"  {k} = {v}")
+    return 0
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    from microco.services.compiler import COMMITTED, EXPLORATIONS
+
+    core = _core(args)
+    state = _find(core, args.key)
+    core.kv.delete(EXPLORATIONS + state.key)
+    core.kv.delete(COMMITTED + state.key)
+    print(f"forgot {state.key} ({state.spec.model_name}); its next run explores again")
+    return 0

@@ -1,0 +1,80 @@
+"""``microco console open | token``: find the admin console and sign in to it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from microco.services.common.errors import FailedPrecondition
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "console",
+        help="the admin console (REST API and web page)",
+        description=(
+            "The console serves a REST API (OpenAPI at /api/v1/openapi.json) and a web page with\n"
+            "services, jobs and their device timelines, cache hit rates, store tables and compiler\n"
+            "explorations. Sign in with the console token."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    csub = p.add_subparsers(dest="console_command", metavar="SUBCOMMAND", required=True)
+
+    o = csub.add_parser("open", help="print the console's URL (found in etcd) and open it in a browser")
+    o.add_argument("--etcd", default="", help="etcd endpoint (default: MICROCO_ETCD or the running stack's)")
+    o.add_argument("--home", type=Path, default=None, help="as given to `microco up`")
+    o.add_argument("--no-browser", action="store_true", help="only print the URL")
+    o.set_defaults(func=cmd_open)
+
+    t = csub.add_parser(
+        "token",
+        help="print the token to sign in with",
+        description=(
+            "Prints MICROCO_CONSOLE_TOKEN when set; otherwise, in the dev profile, the default development\n"
+            "token (which a console outside the dev profile refuses)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    t.add_argument("--profile", default=os.environ.get("MICROCO_PROFILE", "dev"), choices=["dev", "prod"])
+    t.set_defaults(func=cmd_token)
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from microco.services.console import DEFAULT_DEV_TOKEN, TOKEN_ENV
+
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if token:
+        print(token)
+        return 0
+    if args.profile != "dev":
+        raise FailedPrecondition(f"{TOKEN_ENV} is not set; outside the dev profile there is no default token")
+    print(DEFAULT_DEV_TOKEN)
+    print(f"(the default development token; set {TOKEN_ENV} for anything shared)", file=sys.stderr)
+    return 0
+
+
+def cmd_open(args: argparse.Namespace) -> int:
+    from microco.services.common.kv import EtcdKV
+    from microco.services.common.registry import discover
+
+    from ._platform import _etcd_for
+
+    kv = EtcdKV(_etcd_for(args))
+    try:
+        records = discover(kv, "console")
+    finally:
+        kv.close()
+    if not records:
+        raise FailedPrecondition("no console is registered in etcd: start one with `microco up`")
+    urls = [f"http://{r.address}/" for r in sorted(records, key=lambda r: r.instance_id)]
+    for url in urls:
+        print(url)
+    if not args.no_browser:
+        import webbrowser
+
+        webbrowser.open(urls[0])
+    return 0

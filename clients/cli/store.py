@@ -1,0 +1,287 @@
+"""``microco store ...``: tables with three differently partitioned replicas (Instalytics)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from microco.services.common.errors import InvalidArgument
+
+HELP = """Instalytics store: each table is kept as three replicas, each partitioned on a different
+column (hash or range). Queries go to the replica whose partitioning matches them.
+
+Partitioning specs (--replica, three times): COLUMN[:hash[:PARTITIONS]] or COLUMN:range:B1,B2,...
+examples:
+  microco store create orders --from orders.parquet --replica o_orderkey --replica o_custkey:hash:16 \\
+        --replica o_orderdate:range:1994-01-01,1996-01-01
+  microco store load orders orders.parquet
+  microco store query orders --group-by o_custkey --agg sum:o_totalprice:total --order-by total:desc --limit 5
+  microco store explain orders --group-by o_custkey --agg count:*:n
+  microco store query orders --join lineitem --on o_orderkey=l_orderkey --group-by o_orderpriority --agg sum:l_quantity
+  microco store nodes ; microco store recovery --watch
+"""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "store", help="Instalytics tables: create, load, query, explain, nodes, recovery",
+        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--etcd", default="", help="etcd endpoint (default: MICROCO_ETCD or the running stack's)")
+    p.add_argument("--coordinator", default="", help="coordinator host:port (default: found in etcd)")
+    s = p.add_subparsers(dest="store_command", metavar="SUBCOMMAND")
+
+    c = s.add_parser("create", help="create a table with three partitionings")
+    c.add_argument("name")
+    c.add_argument("--from", dest="source", help="take the schema from this Parquet/CSV file")
+    c.add_argument("--schema", help="schema as NAME:TYPE,... (int64, float64, string, date32, bool)")
+    c.add_argument("--replica", action="append", default=[], required=True, help="partitioning spec (three times)")
+    c.set_defaults(func=cmd_create)
+
+    ld = s.add_parser("load", help="append a Parquet or CSV file to a table (all rows or none)")
+    ld.add_argument("name")
+    ld.add_argument("file")
+    ld.set_defaults(func=cmd_load)
+
+    for name, fn, hlp in (("query", cmd_query, "run a query"), ("explain", cmd_explain, "show the plan: which replica and why")):
+        q = s.add_parser(name, help=hlp)
+        q.add_argument("table")
+        q.add_argument("--where", action="append", default=[], help='filter "COL OP VALUE" (OP: = != < <= > >= in)')
+        q.add_argument("--select", help="columns to return, comma-separated")
+        q.add_argument("--join", help="table to inner-join")
+        q.add_argument("--on", help="join keys LEFT=RIGHT")
+        q.add_argument("--group-by", help="group-by columns, comma-separated")
+        q.add_argument("--agg", action="append", default=[], help="FN:COL[:NAME], FN in sum count min max mean")
+        q.add_argument("--order-by", action="append", default=[], help="COL[:desc]")
+        q.add_argument("--limit", type=int)
+        q.add_argument("--replica", type=int, choices=[0, 1, 2], help="force a replica (to compare plans)")
+        q.add_argument("--query-json", help="the whole query as JSON instead of the flags")
+        if name == "query":
+            q.add_argument("--format", choices=["table", "csv", "json"], default="table")
+            q.add_argument("--explain", action="store_true", help="print the plan after the result")
+        q.set_defaults(func=fn)
+
+    n = s.add_parser("nodes", help="store nodes: alive, fault domain, extents, bytes")
+    n.add_argument("--json", action="store_true")
+    n.set_defaults(func=cmd_nodes)
+
+    t = s.add_parser("tables", help="tables with rows, bytes, replicas and unavailable extents")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=cmd_tables)
+
+    r = s.add_parser("recovery", help="recovery progress (and --start to run a pass now)")
+    r.add_argument("--start", action="store_true")
+    r.add_argument("--watch", action="store_true", help="follow until nothing is left to rebuild")
+    r.set_defaults(func=cmd_recovery)
+
+    sc = s.add_parser("scrub", help="verify every extent's checksum; corrupt ones get rebuilt")
+    sc.set_defaults(func=cmd_scrub)
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from microco.clients.store import StoreClient
+
+    if args.coordinator:
+        return StoreClient.from_address(args.coordinator)
+    from microco.services.common.kv import EtcdKV
+
+    from ._platform import _etcd_for
+
+    return StoreClient.from_etcd(EtcdKV(_etcd_for(args)))
+
+
+def _value(text: str) -> Any:
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text.strip("'\"")
+
+
+def parse_where(text: str) -> list[Any]:
+    parts = text.split(None, 2)
+    if len(parts) != 3:
+        raise InvalidArgument(f'bad --where {text!r}: expected "COLUMN OP VALUE"')
+    col, op, val = parts
+    if op == "in":
+        return [col, op, [_value(v.strip()) for v in val.strip("()[]").split(",")]]
+    return [col, op, _value(val)]
+
+
+def build_query(args: argparse.Namespace) -> dict[str, Any]:
+    if args.query_json:
+        return json.loads(args.query_json)
+    q: dict[str, Any] = {"table": args.table, "where": [parse_where(w) for w in args.where]}
+    if args.select:
+        q["select"] = [c.strip() for c in args.select.split(",")]
+    if args.join:
+        if not args.on or "=" not in args.on:
+            raise InvalidArgument("--join needs --on LEFT=RIGHT")
+        left, right = args.on.split("=", 1)
+        q["join"] = {"table": args.join, "left_on": left.strip(), "right_on": right.strip()}
+    if args.group_by:
+        q["group_by"] = [c.strip() for c in args.group_by.split(",")]
+    aggs = []
+    for a in args.agg:
+        parts = a.split(":")
+        if len(parts) not in (2, 3):
+            raise InvalidArgument(f"bad --agg {a!r}: expected FN:COL[:NAME]")
+        name = parts[2] if len(parts) == 3 else f"{parts[0]}_{parts[1]}".replace("*", "all")
+        aggs.append([parts[0], parts[1], name])
+    if aggs:
+        q["aggs"] = aggs
+    if args.order_by:
+        q["order_by"] = [[o.split(":")[0], "desc" if o.endswith(":desc") else "asc"] for o in args.order_by]
+    if args.limit is not None:
+        q["limit"] = args.limit
+    if args.replica is not None:
+        q["replica"] = args.replica
+    return q
+
+
+def _parse_schema(text: str) -> Any:
+    import pyarrow as pa
+
+    types = {"int64": pa.int64(), "int32": pa.int32(), "float64": pa.float64(), "double": pa.float64(),
+             "string": pa.string(), "date32": pa.date32(), "date": pa.date32(), "bool": pa.bool_()}
+    fields = []
+    for item in text.split(","):
+        name, _, typ = item.partition(":")
+        if typ.strip() not in types:
+            raise InvalidArgument(f"bad schema field {item!r}: type must be one of {', '.join(types)}")
+        fields.append(pa.field(name.strip(), types[typ.strip()]))
+    return pa.schema(fields)
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    if len(args.replica) != 3:
+        raise InvalidArgument(f"give --replica exactly three times (got {len(args.replica)})")
+    if args.source:
+        from microco.clients.store._client import load_file
+
+        schema = load_file(args.source).schema
+    elif args.schema:
+        schema = _parse_schema(args.schema)
+    else:
+        raise InvalidArgument("give the schema with --from FILE or --schema NAME:TYPE,...")
+    with _client(args) as c:
+        t = c.create_table(args.name, schema, args.replica)
+    print(f"created {t['name']}: replicas " + ", ".join(f"{r['column']} ({r['kind']})" for r in t["replicas"]))
+    return 0
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from microco.clients.store._client import load_file
+
+    t0 = time.monotonic()
+    with tqdm(total=3, desc=f"load {args.file}", unit="step", file=sys.stderr) as bar:
+        data = load_file(args.file)
+        bar.update(1)
+        bar.set_postfix(rows=data.num_rows)
+        with _client(args) as c:
+            bar.update(1)
+            res = c.append(args.name, data)
+        bar.update(1)
+    print(f"loaded {res['rows']} rows into {args.name} ({res['bytes'] / 1e6:.1f} MB in 3 replicas, "
+          f"super-extents {res['super_extents']}) in {time.monotonic() - t0:.1f}s")
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    q = build_query(args)
+    with _client(args) as c:
+        t0 = time.monotonic()
+        table = c.query(q)
+        dt = time.monotonic() - t0
+        plan = c.last_plan
+    if args.format == "json":
+        print(json.dumps(table.to_pylist(), default=str))
+    elif args.format == "csv":
+        import pyarrow.csv as pcsv
+
+        pcsv.write_csv(table, sys.stdout.buffer)
+    else:
+        shown = table.slice(0, 1000).to_pylist()
+        if shown:
+            _print_rows(shown, table.column_names)
+        else:
+            print("(no rows)")
+        if table.num_rows > len(shown):
+            print(f"... {table.num_rows - len(shown)} more rows (use --format csv for all)")
+        print(f"\n{table.num_rows} rows in {dt:.3f}s; plan {plan.get('kind')} on replicas {plan.get('replicas')}",
+              file=sys.stderr)
+    if args.explain:
+        print(plan.get("explain", ""), file=sys.stderr)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        print(c.explain(build_query(args)))
+    return 0
+
+
+def _print_rows(rows: list[dict[str, Any]], cols: list[str]) -> None:
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) if rows else len(c) for c in cols}
+    print("  ".join(c.ljust(widths[c]) for c in cols))
+    for r in rows:
+        print("  ".join(str(r[c]).ljust(widths[c]) for c in cols))
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        nodes = c.nodes()
+    if args.json:
+        print(json.dumps(nodes))
+    else:
+        _print_rows(nodes, ["name", "alive", "fault_domain", "extents", "bytes", "address"])
+    return 0
+
+
+def cmd_tables(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        tables = c.list_tables()
+    rows = [
+        {"name": t["name"], "rows": t["rows"], "bytes": t["bytes"], "extents": t["extents"],
+         "unavailable": t["unavailable_extents"],
+         "replicas": "; ".join(f"{r['column']}:{r['kind']}" for r in t["replicas"])}
+        for t in tables
+    ]
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        _print_rows(rows, ["name", "rows", "bytes", "extents", "unavailable", "replicas"])
+    return 0
+
+
+def cmd_recovery(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        rec = c.start_recovery() if args.start else c.recovery()
+        if args.watch:
+            from tqdm import tqdm
+
+            with tqdm(desc="recovery", unit="extent", file=sys.stderr) as bar:
+                while True:
+                    rec = c.recovery()
+                    bar.total = rec.get("lost_extents") or bar.total
+                    bar.n = rec.get("rebuilt", 0)
+                    bar.refresh()
+                    if rec["unavailable_extents"] == 0 or rec.get("state") == "stuck":
+                        break
+                    time.sleep(0.5)
+    print(json.dumps(rec, indent=2))
+    return 0
+
+
+def cmd_scrub(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        bad = c.scrub()
+    print("\n".join(bad) if bad else "all extents match their checksums")
+    return 0

@@ -1,0 +1,24 @@
+"""microco.clients.compiler: Astra's client side.
+
+Wrap a PyTorch model (:class:`AstraTorch`) or a TensorFlow training step (:class:`AstraTF`) so
+that each mini-batch runs under a configuration chosen at run time by the compiler service
+(:class:`RemoteExplorer`) or the same exploration core in-process (``LocalExplorer``). The
+frameworks are imported lazily: importing this package needs neither.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ._session import ExplorationSession, Explorer, baseline
+
+__all__ = ["AstraTF", "AstraTorch", "ExplorationSession", "Explorer", "RemoteExplorer", "baseline"]
+
+_LAZY = {"AstraTorch": "._torch", "AstraTF": "._tf", "RemoteExplorer": "._remote"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(name)

@@ -1,0 +1,42 @@
+"""The typed client of the compiler service, usable as an :class:`Explorer`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from microco.api.compiler.v1 import compiler_pb2 as pb
+from microco.api.compiler.v1 import compiler_pb2_grpc as pb_grpc
+from microco.clients.common import ServiceClient
+from microco.services.compiler import wire
+from microco.services.compiler._types import Config, GraphSpec, TrialReport
+
+
+class RemoteExplorer(ServiceClient):
+    """One method per RPC. Deadlines are short by default: a training step must never wait long
+    on the compiler (a lost service only means the current configuration stays in force)."""
+
+    service_name = "compiler"
+
+    def __init__(self, channel: Any, default_timeout: float = 2.0) -> None:
+        super().__init__(channel, default_timeout)
+        self._stub = pb_grpc.CompilerServiceStub(channel)
+
+    def register(self, spec: GraphSpec, *, timeout: float | None = None) -> Config:
+        m = self._call(self._stub.RegisterGraph, wire.spec_to_proto(spec), timeout=timeout, idempotent=True)
+        return wire.config_from_proto(m)
+
+    def next_config(self, key: str, *, timeout: float | None = None) -> Config:
+        m = self._call(self._stub.NextConfig, pb.NextConfigRequest(key=key), timeout=timeout, idempotent=True)
+        return wire.config_from_proto(m)
+
+    def report(self, key: str, report: TrialReport, *, timeout: float | None = None) -> Config:
+        # Idempotent: the service ignores a report for a trial no longer in flight.
+        req = wire.report_to_proto(key, report)
+        return wire.config_from_proto(self._call(self._stub.ReportTimings, req, timeout=timeout, idempotent=True))
+
+    def get_graph(self, key: str, *, timeout: float | None = None) -> pb.GraphState:
+        return self._call(self._stub.GetGraph, pb.GetGraphRequest(key=key), timeout=timeout, idempotent=True)
+
+    def list_graphs(self, *, timeout: float | None = None) -> list[pb.GraphState]:
+        resp = self._call(self._stub.ListGraphs, pb.ListGraphsRequest(), timeout=timeout, idempotent=True)
+        return list(resp.graphs)

@@ -1,0 +1,134 @@
+"""Client-side trial bookkeeping, framework-neutral: which configuration is in force, when a
+trial's mini-batches are done, and what to do when the explorer cannot be reached."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Protocol
+
+from microco.services.compiler._types import Config, GraphSpec, TrialReport
+
+log = logging.getLogger(__name__)
+
+
+class Explorer(Protocol):
+    """Where configurations come from: the compiler service (``RemoteExplorer``) or the same
+    exploration core in-process (``microco.services.compiler.LocalExplorer``)."""
+
+    def register(self, spec: GraphSpec) -> Config: ...
+
+    def report(self, key: str, report: TrialReport) -> Config: ...
+
+
+def baseline(spec: GraphSpec) -> Config:
+    """Every variable at its first choice: what plain eager execution does."""
+    return Config(spec.key, {v.name: v.choices[0] for v in spec.variables}, trial=-1, committed=False, steps=0)
+
+
+class ExplorationSession:
+    """Runs trials as the explorer hands them out; never blocks training on the explorer.
+
+    When a call to the explorer fails the session keeps the configuration in force, marks the
+    explorer lost, and tries to register again every ``retry_every`` steps (the service, with
+    its state in etcd, then resumes where the exploration was).
+    """
+
+    def __init__(self, explorer: Explorer | None, retry_every: int = 50) -> None:
+        self.explorer = explorer
+        self.retry_every = retry_every
+        self.spec: GraphSpec | None = None
+        self.current: Config | None = None
+        self.lost = False
+        self.explore_steps = 0
+        self.steps = 0
+        self.trials_run = 0
+        self._times: list[float] = []
+        self._regions: list[dict[str, float]] = []
+        self._failed = ""
+        self._since_lost = 0
+
+    @property
+    def values(self) -> dict[str, str]:
+        return dict(self.current.values) if self.current else {}
+
+    @property
+    def committed(self) -> bool:
+        return bool(self.current and self.current.committed)
+
+    def register(self, spec: GraphSpec) -> Config:
+        self.spec = spec
+        cfg = self._call_register()
+        self.current = cfg if cfg is not None else baseline(spec)
+        self._reset_trial()
+        return self.current
+
+    def _call_register(self) -> Config | None:
+        if self.explorer is None or self.spec is None:
+            return None
+        try:
+            cfg = self.explorer.register(self.spec)
+        except Exception as exc:
+            self._lose(exc)
+            return None
+        self.lost = False
+        return cfg
+
+    def _lose(self, exc: Exception) -> None:
+        if not self.lost:
+            log.warning("compiler explorer unreachable (%s); training continues with the current configuration", exc)
+        self.lost = True
+        self._since_lost = 0
+
+    def _reset_trial(self) -> None:
+        self._times, self._regions, self._failed = [], [], ""
+
+    def record(self, step_ms: float, region_ms: dict[str, float], failed: str = "") -> Config | None:
+        """Account one finished mini-batch; returns a new configuration when it changes."""
+        self.steps += 1
+        cur = self.current
+        if cur is None:
+            return None
+        if self.lost:
+            self._since_lost += 1
+            if self._since_lost < self.retry_every:
+                return None
+            cfg = self._call_register()
+            if cfg is None:
+                self._since_lost = 0
+                return None
+            self.current = cfg
+            self._reset_trial()
+            return cfg
+        if cur.committed or cur.steps <= 0:
+            return None
+        self.explore_steps += 1
+        self._times.append(step_ms)
+        self._regions.append(region_ms)
+        if failed:
+            self._failed = failed
+        if len(self._times) < cur.steps and not (failed or math.isnan(step_ms)):
+            return None
+        measured = self._regions[1:] or self._regions
+        regions: dict[str, float] = {}
+        for r in measured:
+            for k, v in r.items():
+                regions[k] = regions.get(k, 0.0) + v / len(measured)
+        bad = bool(self._failed) or any(math.isnan(t) for t in self._times)
+        report = TrialReport(
+            trial=cur.trial,
+            step_ms=[t for t in self._times if not math.isnan(t)],
+            region_ms=regions,
+            failed=bad,
+            error=self._failed or ("step raised" if bad else ""),
+        )
+        self._reset_trial()
+        self.trials_run += 1
+        assert self.explorer is not None
+        try:
+            nxt = self.explorer.report(cur.key, report)
+        except Exception as exc:
+            self._lose(exc)
+            return None
+        self.current = nxt
+        return nxt

@@ -1,0 +1,374 @@
+"""The PyTorch side of Astra: find the repeated regions of a training step, expose their
+adaptive variables, run every mini-batch under the configuration the explorer hands out, and
+time it (per region, with barriers where execution is asynchronous)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from microco.services.compiler._types import (
+    STAGE_COMPILE,
+    STAGE_FINE,
+    STAGE_STRUCTURE,
+    Config,
+    GraphSpec,
+    Variable,
+)
+
+from . import _torch_fx as tfx
+from ._session import ExplorationSession, Explorer
+
+log = logging.getLogger(__name__)
+
+
+def hardware_id() -> str:
+    """What a committed configuration is only valid for: CPU model and count, device, versions."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return f"{cpu}|cores={os.cpu_count()}|{dev}|torch={torch.__version__}"
+
+
+def thread_choices(cpus: int | None = None) -> tuple[str, ...]:
+    """Intra-op thread counts worth trying: the current setting first, then 1 and powers of two."""
+    cpus = cpus or os.cpu_count() or 1
+    current = torch.get_num_threads()
+    out = [current]
+    n = 1
+    while n <= cpus:
+        if n not in out:
+            out.append(n)
+        n *= 2
+    if cpus not in out:
+        out.append(cpus)
+    return tuple(str(c) for c in out)
+
+
+class _StepClock:
+    """Per-mini-batch bookkeeping shared by all cell runners of one wrapped model."""
+
+    def __init__(self) -> None:
+        self.token = 0  # changes every mini-batch: per-batch caches are keyed on it
+        self.in_step = False
+        self.barrier = torch.cuda.is_available()
+        self.region_s: dict[str, float] = {}
+
+    def sync(self) -> None:
+        if self.barrier:
+            torch.cuda.synchronize()
+
+
+class CellRunner:
+    """Replaces a repeated cell's ``forward``: runs the variant the configuration picks.
+
+    Variants are built lazily and cached, so returning to an earlier configuration costs
+    nothing; a compiled variant that fails falls back to eager and reports the failure.
+    """
+
+    def __init__(self, cell: nn.Module, gm: fx.GraphModule, region: str, clock: _StepClock) -> None:
+        self.cell, self.gm, self.region, self.clock = cell, gm, region, clock
+        self.original_forward = cell.forward
+        self.n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+        self.batch, self.hoist, self.compile = "off", "off", "eager"
+        self.failed: str = ""
+        self._variants: dict[tuple[str, str, str], tuple[tfx.CellPlan, Callable[..., Any]]] = {}
+        self._p_cache: tuple[int, tuple[Any, ...]] | None = None
+        self._x_cache: dict[tuple[int, int, int], tuple[torch.Tensor, tuple[Any, ...]]] = {}
+        self._x_token = -1
+
+    # -- configuration
+    def configure(self, batch: str, hoist: str, compile_mode: str) -> None:
+        self.batch, self.hoist, self.compile = batch, hoist, compile_mode
+        self._p_cache = None
+        self._x_cache.clear()
+
+    def variant(self) -> tuple[tfx.CellPlan, Callable[..., Any]]:
+        key = (self.batch, self.hoist, self.compile)
+        if key not in self._variants:
+            gm = tfx.batch_linears(self.gm) if self.batch == "on" else self.gm
+            plan = tfx.split_cell(gm, hoist=self.hoist == "on")
+            fn: Callable[..., Any] = plan.s_gm
+            if self.compile != "eager":
+                mode = "reduce-overhead" if self.compile == "inductor-cudagraphs" else None
+                fn = torch.compile(plan.s_gm, backend="inductor", mode=mode, dynamic=False)
+            self._variants[key] = (plan, fn)
+        return self._variants[key]
+
+    # -- execution
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != self.n_inputs or not isinstance(args[0], torch.Tensor):
+            return self.original_forward(*args, **kwargs)
+        self.clock.sync()
+        t0 = time.perf_counter()
+        try:
+            return self._run(args)
+        finally:
+            self.clock.sync()
+            self.clock.region_s[self.region] = self.clock.region_s.get(self.region, 0.0) + time.perf_counter() - t0
+
+    def _run(self, args: tuple[Any, ...]) -> Any:
+        plan, fn = self.variant()
+        token = self.clock.token if self.clock.in_step else None
+        if token is not None and self._p_cache is not None and self._p_cache[0] == token:
+            p_vals = self._p_cache[1]
+        else:
+            p_vals = tuple(plan.p_gm())
+            if token is not None:
+                self._p_cache = (token, p_vals)
+        x = args[0]
+        if plan.x_gm is None:
+            x_vals: tuple[Any, ...] = (x,)
+        else:
+            x_vals = self._hoisted(plan, x, p_vals, token)
+        try:
+            return fn(*x_vals, *p_vals, *args[1:])
+        except Exception as exc:  # a compiled variant must never stop training
+            if fn is plan.s_gm:
+                raise
+            self.failed = f"{type(exc).__name__}: {exc}"
+            log.warning("compiled region %s failed, running it eagerly: %s", self.region, self.failed)
+            self._variants[(self.batch, self.hoist, self.compile)] = (plan, plan.s_gm)
+            return plan.s_gm(*x_vals, *p_vals, *args[1:])
+
+    def _hoisted(self, plan: tfx.CellPlan, x: torch.Tensor, p_vals: tuple[Any, ...], token: int | None):
+        found = tfx.find_time_slice(x)
+        if found is None or token is None:
+            return tuple(plan.x_gm(x, *p_vals))
+        base, d, t = found
+        if self._x_token != token:
+            self._x_cache.clear()
+            self._x_token = token
+        key = (id(base), base._version, d)
+        hit = self._x_cache.get(key)
+        if hit is None or hit[0] is not base:
+            hit = (base, tuple(plan.x_gm(base, *p_vals)))
+            self._x_cache[key] = hit
+        return tuple(v.select(d, t) for v in hit[1])
+
+    def restore(self) -> None:
+        self.cell.forward = self.original_forward
+
+
+class AstraTorch:
+    """Wraps a PyTorch model so that every training step runs under a configuration chosen
+    at run time by an explorer (the compiler service, or the same core in-process).
+
+    Use it as a context manager around each training step::
+
+        astra = AstraTorch(model, explorer=RemoteExplorer(target), name="lstm")
+        for x, y in batches:
+            with astra.step():
+                loss = loss_fn(model(x), y)
+                opt.zero_grad(); loss.backward(); opt.step()
+
+    The first step runs eagerly and finds the repeated regions (a cell called once per time
+    step); from then on the explorer picks, trial by trial, whether each region's input work is
+    hoisted out of the time loop, whether its independent matrix products are batched, whether
+    it runs compiled (Inductor) or eager, and the intra-op thread count. Once the explorer
+    commits, the best configuration runs with no further calls. If the explorer is lost, training
+    continues under the configuration in force.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        explorer: Explorer | None = None,  # None: the exploration core in-process
+        *,
+        name: str = "",
+        total_steps: int = 1000,
+        compile_choices: tuple[str, ...] | None = None,
+        threads: tuple[str, ...] | None = None,
+        retry_every: int = 50,
+    ) -> None:
+        self.model = model
+        self.name = name or type(model).__name__
+        self.total_steps = total_steps
+        self.clock = _StepClock()
+        if compile_choices is None:
+            compile_choices = ("eager", "inductor") + (("inductor-cudagraphs",) if torch.cuda.is_available() else ())
+        self.compile_choices = compile_choices
+        self.thread_values = threads if threads is not None else thread_choices()
+        self.runners: dict[str, CellRunner] = {}
+        if explorer is None:
+            from microco.services.compiler import LocalExplorer
+
+            explorer = LocalExplorer()
+        self.session = ExplorationSession(explorer, retry_every=retry_every)
+        self._probe_calls: dict[str, int] | None = None
+        self._hooks: list[Any] = []
+        self._input_shapes = ""
+        self._step_started = 0.0
+        self._regions: dict[str, list[str]] = {}  # region -> runner names
+        self._channels_last = any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+    # -- public
+    @property
+    def config(self) -> dict[str, str]:
+        """The configuration in force."""
+        return dict(self.session.values)
+
+    @property
+    def committed(self) -> bool:
+        return self.session.committed
+
+    @property
+    def explore_steps(self) -> int:
+        return self.session.explore_steps
+
+    def spec(self) -> GraphSpec | None:
+        return self.session.spec
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Run one training step (forward, backward, optimizer step) under the current configuration."""
+        self._before()
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            self._after(ok)
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``wrap(train_step)(*args)`` runs ``train_step`` inside :meth:`step`."""
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with self.step():
+                return fn(*args, **kwargs)
+
+        return wrapped
+
+    def restore(self) -> None:
+        """Undo the instrumentation: the model runs plain eager code again."""
+        for r in self.runners.values():
+            r.restore()
+        self.runners.clear()
+
+    # -- per step
+    def _before(self) -> None:
+        if self.session.spec is None and self._probe_calls is None:
+            self._start_probe()
+        self.clock.token += 1
+        self.clock.in_step = True
+        self.clock.region_s = {}
+        self.clock.sync()
+        self._step_started = time.perf_counter()
+
+    def _after(self, ok: bool) -> None:
+        self.clock.sync()
+        ms = (time.perf_counter() - self._step_started) * 1e3
+        self.clock.in_step = False
+        if self._probe_calls is not None:
+            self._finish_probe()
+            return
+        failed = "; ".join(f"{r.region}: {r.failed}" for r in self.runners.values() if r.failed)
+        region_ms = {k: v * 1e3 for k, v in self.clock.region_s.items()}
+        new = self.session.record(ms if ok else float("nan"), region_ms, failed)
+        if new is not None:
+            self._apply(new)
+
+    # -- discovery
+    def _start_probe(self) -> None:
+        self._probe_calls = {}
+        names = {m: n for n, m in self.model.named_modules()}
+
+        def count(mod: nn.Module, args: Any) -> None:
+            n = names[mod]
+            self._probe_calls[n] = self._probe_calls.get(n, 0) + 1  # type: ignore[index]
+
+        def shapes(mod: nn.Module, args: Any) -> None:
+            self._input_shapes = ";".join(
+                f"{tuple(a.shape)}:{a.dtype}" for a in tfx.flatten_args(args) if isinstance(a, torch.Tensor)
+            )
+
+        self._hooks = [m.register_forward_pre_hook(count) for n, m in self.model.named_modules() if n]
+        self._hooks.append(self.model.register_forward_pre_hook(shapes))
+
+    def _finish_probe(self) -> None:
+        calls, self._probe_calls = self._probe_calls or {}, None
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        repeated = sorted(n for n, c in calls.items() if c > 1)
+        # Outermost repeated modules only: a cell's own Linear layers repeat with it.
+        outer = [n for n in repeated if not any(n.startswith(p + ".") for p in repeated if p != n)]
+        fingerprints = []
+        for name in outer:
+            cell = self.model.get_submodule(name)
+            try:
+                gm = tfx.trace_cell(cell)
+            except Exception as exc:  # untraceable cells simply stay eager
+                log.info("cell %s is not traceable (%s); it stays eager", name, exc)
+                continue
+            fp = tfx.fingerprint(gm)
+            region = f"{type(cell).__name__}@{fp[:8]}"  # same structure = same region = shared decision
+            runner = CellRunner(cell, gm, region, self.clock)
+            cell.forward = runner
+            self.runners[name] = runner
+            self._regions.setdefault(region, []).append(name)
+            fingerprints.append(f"{name}={fp}")
+        params = ";".join(f"{n}:{tuple(p.shape)}" for n, p in self.model.named_parameters())
+        variables = tuple(self._variables())
+        space = [v.to_dict() for v in variables]  # a different space is a different exploration
+        fingerprint = tfx.hashlib.sha256(
+            f"{type(self.model).__name__}|{params}|{fingerprints}|{space}".encode()
+        ).hexdigest()[:24]
+        spec = GraphSpec(
+            fingerprint=fingerprint,
+            input_shapes=self._input_shapes,
+            hardware=hardware_id(),
+            variables=variables,
+            model_name=self.name,
+            framework="torch",
+            total_steps=self.total_steps,
+        )
+        cfg = self.session.register(spec)
+        self._apply(cfg)
+
+    def _variables(self) -> list[Variable]:
+        out: list[Variable] = []
+        for region, names in sorted(self._regions.items()):
+            gm = self.runners[names[0]].gm
+            if tfx.count_batchable(gm):
+                out.append(Variable(f"{region}.batch", ("off", "on"), region, STAGE_STRUCTURE))
+            kinds = tfx.classify(gm)
+            if any(k == "X" and tfx._is_linear_module(gm, n) for n, k in kinds.items()):
+                out.append(Variable(f"{region}.hoist", ("off", "on"), region, STAGE_STRUCTURE))
+            if len(self.compile_choices) > 1:
+                out.append(Variable(f"{region}.compile", self.compile_choices, region, STAGE_COMPILE, compiles=True))
+        if self._channels_last:
+            out.append(Variable("memory_format", ("contiguous", "channels_last"), "", STAGE_STRUCTURE))
+        if len(self.thread_values) > 1:
+            out.append(Variable("threads", self.thread_values, "", STAGE_FINE))
+        return out
+
+    def _apply(self, cfg: Config) -> None:
+        values = cfg.values
+        for runner in self.runners.values():
+            r = runner.region
+            runner.failed = ""
+            runner.configure(
+                values.get(f"{r}.batch", "off"), values.get(f"{r}.hoist", "off"), values.get(f"{r}.compile", "eager")
+            )
+        if "threads" in values:
+            torch.set_num_threads(int(values["threads"]))
+        if self._channels_last and "memory_format" in values:
+            fmt = torch.channels_last if values["memory_format"] == "channels_last" else torch.contiguous_format
+            self.model.to(memory_format=fmt)

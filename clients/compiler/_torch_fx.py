@@ -1,0 +1,252 @@
+"""Graph analysis and rewriting of a recurrent cell captured with ``torch.fx``.
+
+A cell is called once per time step as ``cell(x_t, state)``. Its captured graph is split by
+what each node depends on:
+
+* ``P`` nodes depend on parameters only (e.g. gate weights concatenated for batching): they are
+  computed once per mini-batch, not once per time step;
+* ``X`` nodes depend on the step input and parameters only, through row-wise operators: they
+  can be *hoisted* out of the time loop and computed once for the whole sequence;
+* ``S`` nodes depend on the recurrent state: they run every step.
+
+Horizontal batching replaces independent matrix products that read the same input with one
+product against concatenated weights, split afterwards. Every rewrite is an ordinary
+differentiable graph, so gradients reach the original parameters unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+# Operators that act on each row (all leading dimensions) independently: applying them to a
+# whole [T, B, ...] sequence equals applying them to each [B, ...] slice, which makes hoisting
+# out of the time loop exact.
+_ROWWISE_FUNCTIONS = {
+    torch.sigmoid, torch.tanh, torch.relu, torch.exp, torch.neg, torch.add, torch.sub, torch.mul,
+    F.linear, F.relu, F.gelu, F.silu, torch.nn.functional.layer_norm,
+    operator.add, operator.sub, operator.mul, operator.neg, operator.truediv,
+}
+_ROWWISE_METHODS = {"sigmoid", "tanh", "relu", "exp", "neg", "add", "sub", "mul"}
+
+
+def _is_linear_module(gm: fx.GraphModule, node: fx.Node) -> bool:
+    return node.op == "call_module" and isinstance(gm.get_submodule(node.target), nn.Linear)
+
+
+def _rowwise(gm: fx.GraphModule, node: fx.Node) -> bool:
+    if node.op == "call_function":
+        if node.target is operator.getitem:
+            return False
+        return node.target in _ROWWISE_FUNCTIONS
+    if node.op == "call_method":
+        return node.target in _ROWWISE_METHODS
+    if node.op == "call_module":
+        mod = gm.get_submodule(node.target)
+        if isinstance(mod, nn.Linear):
+            return True
+        if isinstance(mod, nn.LayerNorm):
+            return len(mod.normalized_shape) == 1
+        return isinstance(mod, (nn.Sigmoid, nn.Tanh, nn.ReLU, nn.GELU, nn.SiLU, nn.Identity))
+    return False
+
+
+def trace_cell(cell: nn.Module) -> fx.GraphModule:
+    """Capture a cell's forward graph; raises if the cell cannot be traced symbolically."""
+    return fx.symbolic_trace(cell)
+
+
+def fingerprint(gm: fx.GraphModule) -> str:
+    """A structural hash of a captured graph and its parameter shapes."""
+    h = hashlib.sha256(gm.code.encode())
+    for name, p in sorted(gm.named_parameters()):
+        h.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
+    return h.hexdigest()[:16]
+
+
+def count_batchable(gm: fx.GraphModule) -> int:
+    """How many matrix products read an input that another product also reads."""
+    groups = _linear_groups(gm)
+    return sum(len(g) for g in groups if len(g) > 1)
+
+
+def _linear_groups(gm: fx.GraphModule) -> list[list[fx.Node]]:
+    by_input: dict[fx.Node, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if _is_linear_module(gm, node) and len(node.args) == 1 and not node.kwargs:
+            by_input.setdefault(node.args[0], []).append(node)
+    return [nodes for nodes in by_input.values() if len(nodes) > 1]
+
+
+def batch_linears(gm: fx.GraphModule) -> fx.GraphModule:
+    """Rewrite a copy of ``gm``: linears that share an input become one product, then a split."""
+    gm = fx.GraphModule(gm, _copy_graph(gm.graph))
+    graph = gm.graph
+    for group in _linear_groups(gm):
+        mods = [gm.get_submodule(n.target) for n in group]
+        if len({(m.in_features, m.weight.dtype) for m in mods}) != 1:
+            continue
+        first = min(group, key=lambda n: list(graph.nodes).index(n))
+        with graph.inserting_before(first):
+            weights = [graph.get_attr(f"{n.target}.weight") for n in group]
+            wcat = graph.call_function(torch.cat, (weights, 0))
+            all_bias = all(m.bias is not None for m in mods)
+            if all_bias:
+                bcat = graph.call_function(torch.cat, ([graph.get_attr(f"{n.target}.bias") for n in group], 0))
+                y = graph.call_function(F.linear, (first.args[0], wcat, bcat))
+            else:
+                y = graph.call_function(F.linear, (first.args[0], wcat))
+            parts = graph.call_function(torch.split, (y, [m.out_features for m in mods], -1))
+            for k, (node, mod) in enumerate(zip(group, mods)):
+                part = graph.call_function(operator.getitem, (parts, k))
+                if mod.bias is not None and not all_bias:
+                    part = graph.call_function(operator.add, (part, graph.get_attr(f"{node.target}.bias")))
+                node.replace_all_uses_with(part)
+        for node in group:
+            graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _copy_graph(graph: fx.Graph) -> fx.Graph:
+    new = fx.Graph()
+    out = new.graph_copy(graph, {})
+    new.output(out)
+    return new
+
+
+def classify(gm: fx.GraphModule) -> dict[fx.Node, str]:
+    """Label every node ``P`` (parameters only), ``X`` (hoistable input work) or ``S`` (state)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    x = placeholders[0] if placeholders else None
+    kind: dict[fx.Node, str] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            kind[node] = "X" if node is x else "S"
+        elif node.op == "get_attr":
+            kind[node] = "P"
+        elif node.op == "output":
+            kind[node] = "S"
+        else:
+            deps = {kind[a] for a in node.all_input_nodes}
+            if "S" in deps:
+                kind[node] = "S"
+            elif "X" in deps:
+                kind[node] = "X" if _rowwise(gm, node) else "S"
+            else:
+                kind[node] = "P"
+    return kind
+
+
+@dataclass
+class CellPlan:
+    """A cell split into its per-batch, per-sequence and per-step graphs."""
+
+    p_gm: fx.GraphModule  # () -> tuple of P values
+    x_gm: fx.GraphModule | None  # (x, *P values) -> tuple of X values; None when not hoisted
+    s_gm: fx.GraphModule  # (*X values or x, *P values, *state placeholders) -> the cell's output
+    n_x: int  # how many values x_gm returns (1 = x itself when not hoisted)
+    n_p: int
+
+
+def split_cell(gm: fx.GraphModule, hoist: bool) -> CellPlan:
+    """Partition a (possibly batched) cell graph by :func:`classify`; ``hoist=False`` folds X into S."""
+    kind = classify(gm)
+    if not hoist:
+        kind = {n: ("S" if k == "X" else k) for n, k in kind.items()}
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    x_ph, state_ph = placeholders[0], placeholders[1:]
+
+    def users_of_other_kind(node: fx.Node, other: set[str]) -> bool:
+        return any(kind[u] in other for u in node.users)
+
+    p_out = [n for n in nodes if kind[n] == "P" and n.op != "get_attr" and users_of_other_kind(n, {"X", "S"})]
+    if hoist:
+        x_out = [n for n in nodes if kind[n] == "X" and users_of_other_kind(n, {"S"})]
+    else:
+        x_out = [x_ph]
+    p_gm = _extract(gm, [n for n in nodes if kind[n] == "P"], [], p_out)
+    x_gm = None
+    if hoist:
+        x_gm = _extract(gm, [n for n in nodes if kind[n] == "X" and n is not x_ph], [x_ph, *p_out], x_out)
+    s_nodes = [n for n in nodes if kind[n] == "S" and n.op != "placeholder" or n.op == "get_attr"]
+    s_gm = _extract(gm, s_nodes, [*x_out, *p_out, *state_ph], None)
+    return CellPlan(p_gm=p_gm, x_gm=x_gm, s_gm=s_gm, n_x=len(x_out), n_p=len(p_out))
+
+
+def _extract(gm: fx.GraphModule, body: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node] | None):
+    """Copy ``body`` (in order) into a new graph whose placeholders are ``inputs``.
+
+    ``outputs=None`` keeps the original output node (with its nested structure).
+    """
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for k, node in enumerate(inputs):
+        env[node] = graph.placeholder(f"in{k}_{node.name}")
+
+    def lookup(n: fx.Node) -> fx.Node:
+        if n not in env:
+            if n.op != "get_attr":
+                raise RuntimeError(f"node {n.name} is not available in this partition")
+            env[n] = graph.get_attr(n.target)
+        return env[n]
+
+    for node in body:
+        if node in env or node.op in ("output", "placeholder"):
+            continue
+        env[node] = graph.node_copy(node, lookup)
+    if outputs is None:
+        out_node = next(n for n in gm.graph.nodes if n.op == "output")
+        graph.output(fx.map_arg(out_node.args[0], lookup))
+    else:
+        graph.output(tuple(lookup(n) for n in outputs))
+    new = fx.GraphModule(gm, graph)
+    new.graph.eliminate_dead_code()
+    new.recompile()
+    return new
+
+
+def find_time_slice(x: torch.Tensor) -> tuple[torch.Tensor, int, int] | None:
+    """If ``x`` is ``base.select(d, t)`` of a larger tensor, return ``(base, d, t)``.
+
+    A Python time loop feeds a cell ``seq[t]``: a view of the whole sequence. Recognising the
+    view is what lets hoisted input work run once on the whole sequence and be indexed per step.
+    """
+    base = x._base
+    if base is None or base.dim() != x.dim() + 1:
+        return None
+    found = None
+    offset = x.storage_offset() - base.storage_offset()
+    for d in range(base.dim()):
+        shape = base.shape[:d] + base.shape[d + 1 :]
+        strides = base.stride()[:d] + base.stride()[d + 1 :]
+        if tuple(shape) != tuple(x.shape) or tuple(strides) != tuple(x.stride()):
+            continue
+        step = base.stride(d)
+        if step == 0 or offset % step:
+            continue
+        t = offset // step
+        if 0 <= t < base.shape[d]:
+            if found is not None:
+                return None  # ambiguous: do not guess
+            found = (base, d, t)
+    return found
+
+
+def flatten_args(args: tuple[Any, ...]) -> list[Any]:
+    out: list[Any] = []
+    for a in args:
+        if isinstance(a, (tuple, list)):
+            out.extend(flatten_args(tuple(a)))
+        else:
+            out.append(a)
+    return out

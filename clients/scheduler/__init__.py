@@ -1,0 +1,68 @@
+"""Job-side hooks for the microco scheduler (Gandiva).
+
+A training script adds a few lines (``TorchHook`` for a PyTorch loop, ``SchedulerCallback``
+for Keras' ``fit``) and then reports every mini-batch's time and obeys the scheduler at
+mini-batch boundaries: suspend (checkpoint, free the device, park), resume, checkpoint-and-move
+(checkpoint and exit with ``EXIT_CHECKPOINTED`` so it can restart elsewhere) and resize.
+Frameworks are imported lazily: importing this package imports neither torch nor TensorFlow.
+"""
+
+from ._control import (
+    ACTIONS,
+    CHECKPOINT,
+    EXIT_CHECKPOINTED,
+    RESIZE,
+    RESUME,
+    STOP,
+    SUSPEND,
+    ControlChannel,
+)
+from ._data import StepBatches
+from ._job import (
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_DIR,
+    ENV_CONTROL_DIR,
+    ENV_DEVICES,
+    ENV_JOB_ID,
+    JobContext,
+)
+from ._keras import SchedulerCallback
+from ._torch import TorchHook, seed_everything
+
+_CLIENT_NAMES = ("SchedulerClient", "job_to_dict", "make_spec", "state_name")
+
+
+def __getattr__(name: str):  # noqa: ANN202
+    # The gRPC client is loaded on first use: a training process importing the hooks should
+    # not pay for gRPC's import at every (re)start.
+    if name in _CLIENT_NAMES:
+        from . import _client
+
+        return getattr(_client, name)
+    raise AttributeError(name)
+
+
+__all__ = [
+    "ACTIONS",
+    "CHECKPOINT",
+    "ENV_ATTEMPT",
+    "ENV_CHECKPOINT_DIR",
+    "ENV_CONTROL_DIR",
+    "ENV_DEVICES",
+    "ENV_JOB_ID",
+    "EXIT_CHECKPOINTED",
+    "RESIZE",
+    "RESUME",
+    "STOP",
+    "SUSPEND",
+    "ControlChannel",
+    "JobContext",
+    "SchedulerCallback",
+    "SchedulerClient",
+    "StepBatches",
+    "TorchHook",
+    "job_to_dict",
+    "make_spec",
+    "state_name",
+    "seed_everything",
+]

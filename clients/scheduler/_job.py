@@ -1,0 +1,303 @@
+"""What every job-side hook shares: the job's environment, step timing, checkpoint files and
+obeying control at a mini-batch boundary. Framework hooks (``_torch``, ``_keras``) only say how
+to capture and restore their state.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ._control import (
+    CHECKPOINT,
+    EXIT_CHECKPOINTED,
+    RESIZE,
+    RESUME,
+    STOP,
+    SUSPEND,
+    ControlChannel,
+)
+
+log = logging.getLogger(__name__)
+
+# Environment a node agent gives every job process.
+ENV_JOB_ID = "MICROCO_JOB_ID"
+ENV_ATTEMPT = "MICROCO_ATTEMPT"
+ENV_DEVICES = "MICROCO_DEVICES"  # comma-separated device ids
+ENV_CONTROL_DIR = "MICROCO_CONTROL_DIR"
+ENV_CHECKPOINT_DIR = "MICROCO_CHECKPOINT_DIR"
+ENV_CHECKPOINT_EVERY_S = "MICROCO_CHECKPOINT_EVERY_S"
+
+CHECKPOINT_FILE = "checkpoint"
+_REPORT_EVERY_S = 0.2  # status file refresh while nothing changes (state changes are immediate)
+_PARK_POLL_S = 0.01
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class JobContext:
+    """The scheduler's view from inside a training process.
+
+    Outside the scheduler (no ``MICROCO_CONTROL_DIR``) it still times mini-batches and, if a
+    checkpoint directory is given, checkpoints on request of the script; control is a no-op.
+
+    ``save`` returns the bytes of a checkpoint of the job's whole state at this boundary,
+    ``load`` restores from them; ``on_park`` / ``on_unpark`` free and re-take the device
+    (e.g. move a model off the GPU); ``on_devices`` is told of a new device set (resize).
+    """
+
+    def __init__(
+        self,
+        *,
+        control_dir: str | os.PathLike[str] | None = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        job_id: str | None = None,
+        attempt: int | None = None,
+        devices: list[str] | None = None,
+        checkpoint_every_s: float | None = None,
+    ) -> None:
+        env = os.environ
+        control_dir = control_dir or env.get(ENV_CONTROL_DIR) or None
+        checkpoint_dir = checkpoint_dir or env.get(ENV_CHECKPOINT_DIR) or None
+        self.job_id = job_id or env.get(ENV_JOB_ID, "")
+        self.attempt = attempt if attempt is not None else int(env.get(ENV_ATTEMPT, "0") or 0)
+        if devices is None:
+            devices = [d for d in env.get(ENV_DEVICES, "").split(",") if d]
+        self.devices: list[str] = list(devices)
+        self.channel = ControlChannel(control_dir) if control_dir else None
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        if checkpoint_every_s is None:
+            checkpoint_every_s = float(env.get(ENV_CHECKPOINT_EVERY_S, "0") or 0)
+        self.checkpoint_every_s = checkpoint_every_s
+        self.save: Callable[[int], bytes] | None = None
+        self.load: Callable[[bytes], int] | None = None
+        self.on_park: Callable[[], None] | None = None
+        self.on_unpark: Callable[[], None] | None = None
+        self.on_devices: Callable[[list[str]], None] | None = None
+
+        self.step = 0
+        self.restored_from_step: int | None = None
+        self.state = "running"
+        self.seq_done = 0
+        self.started_at = time.time()
+        self.first_step_at: float | None = None
+        self._times: deque[float] = deque(maxlen=20)
+        self._last_ms: float | None = None
+        self._t_boundary = time.perf_counter()
+        self._last_report = 0.0
+        self._last_checkpoint_at = time.monotonic()
+        self.checkpoint_bytes = 0
+        self.checkpoint_ms = 0.0
+        self.checkpoint_step: int | None = None
+        self.last_suspend_ms: float | None = None
+        self.last_resume_ms: float | None = None
+        self._parked_at: float | None = None
+        self.losses_reported = 0
+
+    # ------------------------------------------------------------------ checkpoint files
+    @property
+    def checkpoint_path(self) -> Path | None:
+        return self.checkpoint_dir / CHECKPOINT_FILE if self.checkpoint_dir else None
+
+    def has_checkpoint(self) -> bool:
+        path = self.checkpoint_path
+        return bool(path and path.exists())
+
+    def write_checkpoint(self) -> int:
+        """Capture the state now (``save``) and replace the checkpoint file atomically."""
+        if self.save is None or self.checkpoint_path is None:
+            raise RuntimeError("this job has no checkpoint directory or no save function")
+        t0 = time.perf_counter()
+        blob = self.save(self.step)
+        path = self.checkpoint_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(blob)
+        # Rename is atomic: a job killed mid-write leaves the previous checkpoint intact.
+        os.replace(tmp, path)
+        self.checkpoint_ms = (time.perf_counter() - t0) * 1000.0
+        self.checkpoint_bytes = len(blob)
+        self.checkpoint_step = self.step
+        self._last_checkpoint_at = time.monotonic()
+        return len(blob)
+
+    def restore(self) -> int:
+        """Load the latest checkpoint if there is one; returns the step to continue from."""
+        path = self.checkpoint_path
+        if self.load is None or path is None or not path.exists():
+            self._report(force=True)
+            return 0
+        blob = path.read_bytes()
+        self.step = int(self.load(blob))
+        self.restored_from_step = self.step
+        self.checkpoint_step = self.step
+        self.checkpoint_bytes = len(blob)
+        self._report(force=True)
+        self._t_boundary = time.perf_counter()
+        return self.step
+
+    # ------------------------------------------------------------------ the boundary
+    def step_end(self, step: int | None = None) -> None:
+        """Call after every mini-batch: records its time and obeys pending control.
+
+        May not return: a ``stop`` (checkpoint-and-move) exits the process with
+        ``EXIT_CHECKPOINTED`` once the checkpoint is on disk.
+        """
+        now = time.perf_counter()
+        ms = (now - self._t_boundary) * 1000.0
+        self.step = self.step + 1 if step is None else int(step)
+        self._times.append(ms)
+        self._last_ms = ms
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
+            self._report(force=True)
+        self._obey()
+        if (
+            self.checkpoint_every_s > 0
+            and self.checkpoint_path is not None
+            and self.save is not None
+            and time.monotonic() - self._last_checkpoint_at >= self.checkpoint_every_s
+        ):
+            self.write_checkpoint()
+        self._report()
+        # The next mini-batch's time starts after control handling (a park is not compute).
+        self._t_boundary = time.perf_counter()
+
+    def finish(self) -> None:
+        """Call when training is done: the final status says so."""
+        self.state = "finished"
+        self._report(force=True)
+
+    def _obey(self) -> None:
+        if self.channel is None:
+            return
+        cmd = self.channel.poll()
+        if not cmd or int(cmd.get("seq", 0)) <= self.seq_done:
+            return
+        self._carry_out(cmd)
+
+    def _carry_out(self, cmd: dict[str, Any]) -> None:
+        action, seq = cmd.get("action"), int(cmd.get("seq", 0))
+        devices = cmd.get("devices")
+        if action == SUSPEND:
+            t0 = time.perf_counter()
+            if self.save is not None and self.checkpoint_path is not None:
+                self.write_checkpoint()
+            if self.on_park:
+                self.on_park()
+            self.last_suspend_ms = (time.perf_counter() - t0) * 1000.0
+            self.state = "parked"
+            self._parked_at = time.perf_counter()
+            self._ack(seq)
+            self._park()
+        elif action == CHECKPOINT:
+            self.write_checkpoint()
+            self._ack(seq)
+        elif action == STOP:
+            if self.state != "parked" or self.checkpoint_step != self.step:
+                self.write_checkpoint()
+            self.state = "checkpointed"
+            self._ack(seq)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # SystemExit unwinds the training loop (and Keras' fit) like a normal return would.
+            raise SystemExit(EXIT_CHECKPOINTED)
+        elif action in (RESUME, RESIZE):
+            if devices is not None and list(devices) != self.devices:
+                self.devices = list(devices)
+                if self.on_devices:
+                    self.on_devices(self.devices)
+            self._ack(seq)
+        else:
+            log.warning("ignoring unknown control action %r", action)
+            self._ack(seq)
+
+    def _park(self) -> None:
+        """Wait, holding no device, until told to resume or stop."""
+        assert self.channel is not None
+        while True:
+            time.sleep(_PARK_POLL_S)
+            cmd = self.channel.poll()
+            if not cmd or int(cmd.get("seq", 0)) <= self.seq_done:
+                self._report()
+                continue
+            action = cmd.get("action")
+            if action == RESUME:
+                t0 = time.perf_counter()
+                devices = cmd.get("devices")
+                if devices is not None and list(devices) != self.devices:
+                    self.devices = list(devices)
+                    if self.on_devices:
+                        self.on_devices(self.devices)
+                if self.on_unpark:
+                    self.on_unpark()
+                self.last_resume_ms = (time.perf_counter() - t0) * 1000.0
+                self.state = "running"
+                self._ack(int(cmd["seq"]))
+                return
+            if action == STOP:
+                self._carry_out(cmd)  # exits
+            elif action == RESIZE:
+                self.devices = list(cmd.get("devices") or self.devices)
+                self._ack(int(cmd["seq"]))
+            else:  # SUSPEND again or CHECKPOINT: already checkpointed and parked
+                self._ack(int(cmd["seq"]))
+
+    def _ack(self, seq: int) -> None:
+        self.seq_done = seq
+        self._report(force=True)
+
+    # ------------------------------------------------------------------ status
+    def minibatch_ms(self) -> float | None:
+        """Mean of the recent mini-batch times (the first is left out once there are others:
+        it carries warm-up such as graph tracing)."""
+        times = list(self._times)
+        if len(times) > 1:
+            times = times[1:]
+        return sum(times) / len(times) if times else None
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "pid": os.getpid(),
+            "state": self.state,
+            "step": self.step,
+            "restored_from_step": self.restored_from_step,
+            "minibatch_ms": self.minibatch_ms(),
+            "minibatch_ms_last": self._last_ms,
+            "started_at": self.started_at,
+            "first_step_at": self.first_step_at,
+            "updated_at": time.time(),
+            "seq_done": self.seq_done,
+            "devices": self.devices,
+            "checkpoint_bytes": self.checkpoint_bytes,
+            "checkpoint_ms": self.checkpoint_ms,
+            "checkpoint_step": self.checkpoint_step,
+            "suspend_ms": self.last_suspend_ms,
+            "resume_ms": self.last_resume_ms,
+            "peak_rss_bytes": peak_rss_bytes(),
+        }
+
+    def _report(self, force: bool = False) -> None:
+        if self.channel is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_report < _REPORT_EVERY_S:
+            return
+        self._last_report = now
+        try:
+            self.channel.report(self.status())
+        except OSError as exc:  # a full disk must not kill training; the agent sees staleness
+            log.warning("cannot write job status: %s", exc)

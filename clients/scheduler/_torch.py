@@ -1,0 +1,167 @@
+"""The PyTorch hook: a few lines in a training loop.
+
+    hook = TorchHook(model, optimizer, extra_state={"losses": losses})
+    start = hook.restore()                 # 0, or the step a checkpoint left off at
+    for step in range(start, total_steps):
+        x, y = batches.batch(step)         # data position is a function of the step
+        ...forward, backward, optimizer.step()...
+        hook.step_end(step + 1)            # reports the time; obeys control at the boundary
+    hook.finish()
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+from collections.abc import Callable
+from typing import Any
+
+from ._job import JobContext
+
+
+def _rng_state() -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class TorchHook:
+    """Scheduler hook for a PyTorch training loop.
+
+    The checkpoint holds the model's and optimizer's state dicts, every RNG the loop may draw
+    from (torch, CUDA, NumPy, Python), the step (which is the data position when batches are
+    a function of the step, see ``StepBatches``), the ``state_dict`` of an optional ``sampler``
+    and a user ``extra_state`` dict (restored in place), e.g. the loss history.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any | None = None,
+        *,
+        extra_state: dict[str, Any] | None = None,
+        sampler: Any | None = None,
+        on_devices: Callable[[list[str]], None] | None = None,
+        context: JobContext | None = None,
+        **context_kwargs: Any,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.extra_state = extra_state if extra_state is not None else {}
+        self.sampler = sampler
+        self.context = context or JobContext(**context_kwargs)
+        self.context.save = self._save
+        self.context.load = self._load
+        self.context.on_park = self._park
+        self.context.on_unpark = self._unpark
+        self.context.on_devices = on_devices
+        self._device: Any = None
+
+    # Delegates, so a script needs only the hook.
+    @property
+    def devices(self) -> list[str]:
+        return self.context.devices
+
+    @property
+    def step(self) -> int:
+        return self.context.step
+
+    def restore(self) -> int:
+        return self.context.restore()
+
+    def step_end(self, step: int | None = None) -> None:
+        self.context.step_end(step)
+
+    def checkpoint(self) -> int:
+        return self.context.write_checkpoint()
+
+    def finish(self) -> None:
+        self.context.finish()
+
+    def _save(self, step: int) -> bytes:
+        import torch
+
+        state = {
+            "step": step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "rng": _rng_state(),
+            "sampler": self.sampler.state_dict() if self.sampler is not None else None,
+            "extra": self.extra_state,
+        }
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        return buf.getvalue()
+
+    def _load(self, blob: bytes) -> int:
+        import torch
+
+        state = torch.load(io.BytesIO(blob), weights_only=False)
+        self.model.load_state_dict(state["model"])
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        _set_rng_state(state["rng"])
+        if self.sampler is not None and state["sampler"] is not None:
+            self.sampler.load_state_dict(state["sampler"])
+        self.extra_state.clear()
+        self.extra_state.update(state["extra"])
+        return int(state["step"])
+
+    def _park(self) -> None:
+        """Free the accelerator while parked: parameters and optimizer state move to host memory."""
+        import torch
+
+        try:
+            first = next(self.model.parameters())
+        except StopIteration:
+            return
+        self._device = first.device
+        if self._device.type != "cpu":
+            self._move(torch.device("cpu"))
+            torch.cuda.empty_cache()
+
+    def _unpark(self) -> None:
+        if self._device is not None and self._device.type != "cpu":
+            self._move(self._device)
+
+    def _move(self, device: Any) -> None:
+        self.model.to(device)
+        if self.optimizer is not None:
+            for st in self.optimizer.state.values():
+                for k, v in st.items():
+                    if hasattr(v, "to"):
+                        st[k] = v.to(device)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every RNG a PyTorch job draws from; on CUDA also ask for deterministic kernels
+    (CPU kernels already are, and asking costs ~2 s of imports)."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)

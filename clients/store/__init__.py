@@ -1,0 +1,17 @@
+"""microco.clients.store: the Instalytics SDK.
+
+``StoreClient`` talks to the coordinator (create, append, query, explain, nodes, recovery) and
+reads scans straight from the store nodes over Arrow Flight. ``Frame`` is a small dataframe-like
+builder for queries::
+
+    client = StoreClient.from_etcd(kv)
+    orders = client.table("orders")
+    top = (orders.filter("o_orderdate", ">=", "1995-01-01")
+                 .group_by("o_custkey").agg(total=("sum", "o_totalprice"), n=("count", "*"))
+                 .order_by("total", descending=True).limit(10).collect())
+    print(orders.group_by("o_custkey").agg(n=("count", "*")).explain())
+"""
+
+from ._client import Frame, StoreClient, parse_partitioning
+
+__all__ = ["Frame", "StoreClient", "parse_partitioning"]

@@ -1,0 +1,261 @@
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pyarrow as pa
+
+from microco.api.store.v1 import store_pb2 as pb
+from microco.api.store.v1 import store_pb2_grpc as pb_grpc
+from microco.clients.common import ServiceClient
+from microco.services.common.errors import InvalidArgument, from_rpc_error
+
+CHUNK = 4 << 20
+
+
+def parse_partitioning(text: str, default_partitions: int = 8) -> pb.Partitioning:
+    """``col``, ``col:hash``, ``col:hash:16`` or ``col:range:b1,b2,...``."""
+    parts = text.split(":", 2)
+    col = parts[0].strip()
+    kind = parts[1].strip() if len(parts) > 1 and parts[1].strip() else "hash"
+    if not col:
+        raise InvalidArgument(f"bad partitioning {text!r}: no column")
+    if kind == "hash":
+        try:
+            n = int(parts[2]) if len(parts) > 2 else default_partitions
+        except ValueError:
+            raise InvalidArgument(f"bad partition count in {text!r}") from None
+        return pb.Partitioning(column=col, kind=pb.PARTITION_KIND_HASH, partitions=n)
+    if kind == "range":
+        bounds = [b.strip() for b in parts[2].split(",")] if len(parts) > 2 else []
+        return pb.Partitioning(column=col, kind=pb.PARTITION_KIND_RANGE, range_bounds=bounds)
+    raise InvalidArgument(f"bad partitioning {text!r}: kind must be hash or range")
+
+
+def _table_dict(t: pb.Table) -> dict[str, Any]:
+    kinds = {pb.PARTITION_KIND_HASH: "hash", pb.PARTITION_KIND_RANGE: "range"}
+    return {
+        "name": t.name,
+        "schema": pa.ipc.read_schema(pa.py_buffer(t.arrow_schema)) if t.arrow_schema else None,
+        "replicas": [
+            {"column": r.column, "kind": kinds.get(r.kind, "hash"), "partitions": r.partitions, "bounds": list(r.range_bounds)}
+            for r in t.replicas
+        ],
+        "rows": t.rows,
+        "bytes": t.bytes,
+        "super_extents": t.super_extents,
+        "extents": t.extents,
+        "unavailable_extents": t.unavailable_extents,
+        "placement": json.loads(t.placement_json) if t.placement_json else None,
+    }
+
+
+def load_file(path: str | Path) -> pa.Table:
+    """A Parquet or CSV file as an Arrow table."""
+    p = Path(path)
+    if not p.exists():
+        raise InvalidArgument(f"no such file: {p}")
+    if p.suffix.lower() in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(p)
+    if p.suffix.lower() in (".csv", ".tsv", ".tbl"):
+        import pyarrow.csv as pcsv
+
+        delim = "\t" if p.suffix.lower() == ".tsv" else ("|" if p.suffix.lower() == ".tbl" else ",")
+        return pcsv.read_csv(p, parse_options=pcsv.ParseOptions(delimiter=delim))
+    raise InvalidArgument(f"{p}: only Parquet (.parquet) and CSV (.csv, .tsv, .tbl) files can be loaded")
+
+
+class StoreClient(ServiceClient):
+    """Typed client of the store coordinator (one method per RPC, keyword ``timeout``)."""
+
+    service_name = "store"
+
+    def __init__(self, channel: grpc.Channel, default_timeout: float = 60.0) -> None:
+        super().__init__(channel, default_timeout)
+        self._stub = pb_grpc.StoreCoordinatorServiceStub(channel)
+        self.last_plan: dict[str, Any] = {}
+
+    # ---------------------------------------------------------------- tables
+    def create_table(
+        self, name: str, schema: pa.Schema, replicas: Sequence[str | pb.Partitioning], *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Create ``name`` with three partitionings, e.g. ``["o_orderkey", "o_custkey:hash:16",
+        "o_orderdate:range:1994-01-01,1996-01-01"]``."""
+        parts = [parse_partitioning(r) if isinstance(r, str) else r for r in replicas]
+        req = pb.CreateTableRequest(name=name, arrow_schema=schema.serialize().to_pybytes(), replicas=parts)
+        return _table_dict(self._call(self._stub.CreateTable, req, timeout=timeout, idempotent=False))
+
+    def drop_table(self, name: str, *, timeout: float | None = None) -> None:
+        self._call(self._stub.DropTable, pb.DropTableRequest(name=name), timeout=timeout, idempotent=True)
+
+    def get_table(self, name: str, *, placement: bool = False, timeout: float | None = None) -> dict[str, Any]:
+        req = pb.GetTableRequest(name=name, placement=placement)
+        return _table_dict(self._call(self._stub.GetTable, req, timeout=timeout, idempotent=True))
+
+    def list_tables(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        resp = self._call(self._stub.ListTables, pb.ListTablesRequest(), timeout=timeout, idempotent=True)
+        return [_table_dict(t) for t in resp.tables]
+
+    def nodes(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        resp = self._call(self._stub.ListStoreNodes, pb.ListStoreNodesRequest(), timeout=timeout, idempotent=True)
+        return [
+            {"name": n.name, "address": n.flight_address, "fault_domain": n.fault_domain, "alive": n.alive,
+             "extents": n.extents, "bytes": n.bytes}
+            for n in resp.nodes
+        ]
+
+    # ---------------------------------------------------------------- data
+    def append(self, name: str, data: pa.Table | pa.RecordBatch | str | Path, *, timeout: float | None = None) -> dict:
+        """Append an Arrow table (or a Parquet/CSV file); all rows become visible at once."""
+        if isinstance(data, (str, Path)):
+            data = load_file(data)
+        if isinstance(data, pa.RecordBatch):
+            data = pa.Table.from_batches([data])
+        sink = io.BytesIO()
+        with pa.ipc.new_stream(sink, data.schema) as w:
+            w.write_table(data)
+        raw = sink.getvalue()
+
+        def requests() -> Iterator[pb.AppendRequest]:
+            for k, off in enumerate(range(0, max(len(raw), 1), CHUNK)):
+                yield pb.AppendRequest(table=name if k == 0 else "", arrow_ipc=raw[off : off + CHUNK])
+
+        try:
+            resp = self._stub.Append(requests(), timeout=timeout or max(self.default_timeout, 600))
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        return {"rows": resp.rows, "bytes": resp.bytes, "super_extents": list(resp.super_extents)}
+
+    def query(self, query: Frame | dict[str, Any] | str, *, timeout: float | None = None) -> pa.Table:
+        """Run a query; the plan (kind, replicas, EXPLAIN text) is kept in ``last_plan``."""
+        req = pb.QueryRequest(query_json=_query_json(query))
+        buf = io.BytesIO()
+        try:
+            for k, resp in enumerate(self._stub.Query(req, timeout=timeout or max(self.default_timeout, 600))):
+                if k == 0:
+                    self.last_plan = {
+                        "kind": resp.plan_kind,
+                        "explain": resp.explain,
+                        "replicas": json.loads(resp.replicas_json or "{}"),
+                    }
+                buf.write(resp.arrow_ipc)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        return pa.ipc.open_stream(pa.py_buffer(buf.getvalue())).read_all()
+
+    def explain(self, query: Frame | dict[str, Any] | str, *, timeout: float | None = None) -> str:
+        req = pb.QueryRequest(query_json=_query_json(query))
+        return self._call(self._stub.Explain, req, timeout=timeout, idempotent=True).text
+
+    def read(
+        self, table: str, where: Sequence[Sequence[Any]] = (), columns: Sequence[str] | None = None, *,
+        timeout: float | None = None
+    ) -> pa.Table:
+        """Read (a filtered projection of) a table straight from the store nodes over Arrow Flight,
+        in parallel; the coordinator only plans which node serves what."""
+        import pyarrow.flight as flight
+
+        q: dict[str, Any] = {"table": table, "where": [list(w) for w in where]}
+        if columns is not None:
+            q["select"] = list(columns)
+        plan = self._call(self._stub.PlanRead, pb.QueryRequest(query_json=json.dumps(q, default=str)),
+                          timeout=timeout, idempotent=True)
+        schema = pa.ipc.read_schema(pa.py_buffer(plan.arrow_schema))
+
+        def fetch(ep: pb.FlightEndpoint) -> pa.Table:
+            client = flight.FlightClient(ep.address)
+            try:
+                return client.do_get(flight.Ticket(ep.ticket)).read_all()
+            finally:
+                client.close()
+
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(plan.endpoints)))) as pool:
+            parts = list(pool.map(fetch, plan.endpoints))
+        parts = [p.select(schema.names) for p in parts if p.num_rows]
+        return pa.concat_tables(parts) if parts else schema.empty_table()
+
+    # ---------------------------------------------------------------- operations
+    def recovery(self, *, timeout: float | None = None) -> dict[str, Any]:
+        r = self._call(self._stub.GetRecovery, pb.GetRecoveryRequest(), timeout=timeout, idempotent=True)
+        return {**json.loads(r.json or "{}"), "unavailable_extents": r.unavailable_extents}
+
+    def start_recovery(self, *, timeout: float | None = None) -> dict[str, Any]:
+        r = self._call(self._stub.StartRecovery, pb.StartRecoveryRequest(), timeout=timeout, idempotent=True)
+        return {**json.loads(r.json or "{}"), "unavailable_extents": r.unavailable_extents}
+
+    def scrub(self, *, timeout: float | None = None) -> list[str]:
+        return list(self._call(self._stub.Scrub, pb.ScrubRequest(), timeout=timeout, idempotent=True).corrupt)
+
+    def table(self, name: str) -> Frame:
+        return Frame(self, {"table": name})
+
+
+def _query_json(query: Frame | dict[str, Any] | str) -> str:
+    if isinstance(query, Frame):
+        return json.dumps(query.spec, default=str)
+    if isinstance(query, dict):
+        return json.dumps(query, default=str)
+    return query
+
+
+class Frame:
+    """An immutable query builder; each method returns a new Frame. ``collect()`` runs it."""
+
+    def __init__(self, client: StoreClient | None, spec: dict[str, Any]) -> None:
+        self.client = client
+        self.spec = spec
+
+    def _with(self, **changes: Any) -> Frame:
+        return Frame(self.client, {**self.spec, **changes})
+
+    def filter(self, column: str, op: str, value: Any) -> Frame:
+        """Keep rows with ``column <op> value``; ``op`` is one of = != < <= > >= in."""
+        return self._with(where=[*self.spec.get("where", []), [column, op, value]])
+
+    def select(self, *columns: str) -> Frame:
+        return self._with(select=list(columns))
+
+    def join(self, other: Frame, left_on: str, right_on: str) -> Frame:
+        """Inner equi-join with another table's frame (its filters and selection come along)."""
+        j = {"table": other.spec["table"], "left_on": left_on, "right_on": right_on}
+        for k in ("where", "select", "replica"):
+            if k in other.spec:
+                j[k] = other.spec[k]
+        return self._with(join=j)
+
+    def group_by(self, *columns: str) -> Frame:
+        return self._with(group_by=list(columns))
+
+    def agg(self, **named: tuple[str, str]) -> Frame:
+        """``agg(total=("sum", "price"), n=("count", "*"))``: sum, count, min, max, mean."""
+        return self._with(aggs=[*self.spec.get("aggs", []), *[[fn, col, name] for name, (fn, col) in named.items()]])
+
+    def order_by(self, column: str, descending: bool = False) -> Frame:
+        return self._with(order_by=[*self.spec.get("order_by", []), [column, "desc" if descending else "asc"]])
+
+    def limit(self, n: int) -> Frame:
+        return self._with(limit=n)
+
+    def on_replica(self, replica: int) -> Frame:
+        """Force the replica (to compare plans; the planner otherwise picks the matching one)."""
+        return self._with(replica=replica)
+
+    def collect(self) -> pa.Table:
+        if self.client is None:
+            raise InvalidArgument("this frame has no client")
+        return self.client.query(self)
+
+    def explain(self) -> str:
+        if self.client is None:
+            raise InvalidArgument("this frame has no client")
+        return self.client.explain(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.spec, default=str)

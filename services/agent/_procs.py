@@ -1,0 +1,297 @@
+"""Job processes on one host: launch with a device assignment, relay control, report exits.
+
+Every job process is started from one long-lived *spawner* thread with
+``PR_SET_PDEATHSIG=SIGKILL``: if the agent dies (even by ``kill -9``) its jobs die with it, so
+the scheduler can safely restart them elsewhere from their last checkpoint without two copies
+of a job ever running. (Linux sends the signal when the *thread* that forked exits, hence one
+thread that lives as long as the agent.) Jobs do not depend on the scheduler at all: a
+scheduler restart leaves them running.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from microco.clients.scheduler import ControlChannel
+from microco.clients.scheduler._job import (
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_DIR,
+    ENV_CONTROL_DIR,
+    ENV_DEVICES,
+    ENV_JOB_ID,
+)
+from microco.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+
+from ._devices import DeviceInfo
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the agent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+class _Spawner:
+    """Runs every ``Popen`` on one thread that lives as long as the agent (see module doc)."""
+
+    def __init__(self) -> None:
+        self._q: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
+        threading.Thread(target=self._run, name="spawner", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            fn, fut = self._q.get()
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(exc)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        fut: Future[Any] = Future()
+        self._q.put((fn, fut))
+        return fut.result()
+
+
+@dataclass
+class ManagedProcess:
+    job_id: str
+    attempt: int
+    command: list[str]
+    device_ids: list[str]
+    popen: subprocess.Popen[bytes]
+    control: ControlChannel
+    checkpoint_dir: Path
+    log_path: Path
+    started_at: float
+    exit_code: int | None = None
+    exited_at: float | None = None
+    control_seq: int = 0
+    message: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        if self.exit_code is None:
+            code = self.popen.poll()
+            if code is not None:
+                # A process killed by a signal reports -N; keep that (not 0, not 75).
+                self.exit_code = code
+                self.exited_at = time.time()
+                if code not in (0, 75):
+                    self.message = f"exited with {code}: " + _tail(self.log_path)
+        return self.exit_code
+
+    def status(self) -> dict[str, Any]:
+        self.poll()
+        hook = self.control.status() or {}
+        return {
+            "job_id": self.job_id,
+            "pid": self.pid,
+            "attempt": self.attempt,
+            "exited": self.exit_code is not None,
+            "exit_code": self.exit_code if self.exit_code is not None else 0,
+            "device_ids": list(self.device_ids),
+            "job_state": hook.get("state", ""),
+            "step": int(hook.get("step") or 0),
+            "minibatch_ms": float(hook.get("minibatch_ms") or 0.0),
+            "seq_done": int(hook.get("seq_done") or 0),
+            "control_seq": self.control_seq,
+            "checkpoint_step": -1 if hook.get("checkpoint_step") is None else int(hook["checkpoint_step"]),
+            "checkpoint_bytes": int(hook.get("checkpoint_bytes") or 0),
+            "started_at": self.started_at,
+            "first_step_at": float(hook.get("first_step_at") or 0.0),
+            "updated_at": float(hook.get("updated_at") or 0.0),
+            "suspend_ms": float(hook.get("suspend_ms") or 0.0),
+            "resume_ms": float(hook.get("resume_ms") or 0.0),
+            "peak_rss_bytes": int(hook.get("peak_rss_bytes") or 0),
+            "restored_from_step": -1 if hook.get("restored_from_step") is None else int(hook["restored_from_step"]),
+            "message": self.message,
+        }
+
+
+def _tail(path: Path, limit: int = 800) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _set_affinity(pid: int, cpus: set[int]) -> None:
+    """Pin every thread of ``pid`` (threads made before the call keep their own mask otherwise)."""
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        return
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tids = [pid]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass  # the thread ended meanwhile
+
+
+class ProcessManager:
+    """The job processes of this host, by job id (the latest attempt of each)."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], devices: list[DeviceInfo],
+                 checkpoint_root: str | os.PathLike[str] | None = None, pin_cpus: bool = True) -> None:
+        self.data_dir = Path(data_dir)
+        self.devices = {d.id: d for d in devices}
+        self.checkpoint_root = Path(checkpoint_root) if checkpoint_root else self.data_dir / "checkpoints"
+        self.pin_cpus = pin_cpus
+        self._procs: dict[str, ManagedProcess] = {}
+        self._lock = threading.RLock()
+        self._spawner = _Spawner()
+
+    def _check_devices(self, device_ids: list[str]) -> None:
+        unknown = [d for d in device_ids if d not in self.devices]
+        if unknown:
+            raise InvalidArgument(f"devices {unknown} are not on this node (it has {sorted(self.devices)})")
+
+    def _cpus(self, device_ids: list[str]) -> set[int]:
+        return {c for d in device_ids for c in self.devices[d].cpus}
+
+    def _device_env(self, device_ids: list[str]) -> dict[str, str]:
+        gpus = [str(self.devices[d].index) for d in device_ids if self.devices[d].kind == "gpu"]
+        env = {ENV_DEVICES: ",".join(device_ids), "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
+        if not gpus:
+            # A virtual device is a CPU share: one compute thread per device.
+            n = str(max(1, len(device_ids)))
+            env.update(OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, TF_NUM_INTRAOP_THREADS=n, TF_NUM_INTEROP_THREADS="1")
+        return env
+
+    def start(self, job_id: str, command: list[str], env: dict[str, str], device_ids: list[str],
+              workdir: str = "", checkpoint_dir: str = "", attempt: int = 0) -> ManagedProcess:
+        if not job_id:
+            raise InvalidArgument("job_id is required")
+        if not command:
+            raise InvalidArgument("command is empty")
+        self._check_devices(device_ids)
+        exe = command[0]
+        if shutil.which(exe) is None and not (os.path.sep in exe and os.access(exe, os.X_OK)):
+            raise InvalidArgument(f"command not found on node: {exe!r}")
+        if workdir and not os.path.isdir(workdir):
+            raise InvalidArgument(f"workdir {workdir!r} does not exist on this node")
+        with self._lock:
+            old = self._procs.get(job_id)
+            if old is not None and old.poll() is None:
+                if old.attempt == attempt:
+                    return old  # a retried StartProcess: idempotent
+                raise FailedPrecondition(f"job {job_id} attempt {old.attempt} is still running (pid {old.pid})")
+            job_dir = self.data_dir / "jobs" / job_id
+            control_dir = job_dir / f"attempt-{attempt}"
+            if control_dir.exists():
+                shutil.rmtree(control_dir)
+            control_dir.mkdir(parents=True)
+            ckpt = Path(checkpoint_dir) if checkpoint_dir else self.checkpoint_root / job_id
+            ckpt.mkdir(parents=True, exist_ok=True)
+            log_path = job_dir / f"attempt-{attempt}.log"
+            full_env = {**os.environ, **env, **self._device_env(device_ids),
+                        ENV_JOB_ID: job_id, ENV_ATTEMPT: str(attempt),
+                        ENV_CONTROL_DIR: str(control_dir), ENV_CHECKPOINT_DIR: str(ckpt)}
+            logf = open(log_path, "wb")
+            me = os.getpid()
+
+            def spawn() -> subprocess.Popen[bytes]:
+                return subprocess.Popen(command, env=full_env, cwd=workdir or None, stdin=subprocess.DEVNULL,
+                                        stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=_die_with_parent(me))
+
+            try:
+                popen = self._spawner.call(spawn)
+            except OSError as exc:
+                raise InvalidArgument(f"cannot start {exe!r}: {exc.strerror or exc}") from exc
+            finally:
+                logf.close()
+            if self.pin_cpus:
+                _set_affinity(popen.pid, self._cpus(device_ids))
+            proc = ManagedProcess(job_id, attempt, list(command), list(device_ids), popen,
+                                  ControlChannel(control_dir), ckpt, log_path, time.time())
+            self._procs[job_id] = proc
+            log.info("started job", extra={"job": job_id, "pid": popen.pid, "attempt": attempt,
+                                           "devices": device_ids})
+            return proc
+
+    def get(self, job_id: str) -> ManagedProcess:
+        with self._lock:
+            proc = self._procs.get(job_id)
+        if proc is None:
+            raise NotFound(f"no process for job {job_id} on this node")
+        return proc
+
+    def control(self, job_id: str, action: str, device_ids: list[str] | None = None) -> ManagedProcess:
+        proc = self.get(job_id)
+        if proc.poll() is not None:
+            raise FailedPrecondition(f"job {job_id} attempt {proc.attempt} has exited ({proc.exit_code})")
+        if device_ids:
+            self._check_devices(device_ids)
+        with self._lock:
+            if device_ids and action in ("resume", "resize"):
+                proc.device_ids = list(device_ids)
+                if self.pin_cpus:
+                    _set_affinity(proc.pid, self._cpus(device_ids))
+            proc.control_seq = proc.control.send(action, list(device_ids) if device_ids else None)
+        return proc
+
+    def stop(self, job_id: str, grace_s: float = 5.0) -> ManagedProcess:
+        """SIGTERM the job's process group, SIGKILL after ``grace_s``."""
+        proc = self.get(job_id)
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.popen.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.popen.wait(timeout=10)
+            proc.poll()
+        return proc
+
+    def list(self) -> list[ManagedProcess]:
+        with self._lock:
+            procs = list(self._procs.values())
+        for p in procs:
+            p.poll()
+        return procs
+
+    def shutdown(self, grace_s: float = 2.0) -> None:
+        for p in self.list():
+            if p.exit_code is None:
+                try:
+                    self.stop(p.job_id, grace_s)
+                except Exception:  # noqa: BLE001 - best effort on the way out
+                    log.exception("stopping %s", p.job_id)

@@ -1,0 +1,178 @@
+"""The node agent service: gRPC adapter over ``ProcessManager`` plus the node's registration.
+
+The node record ``/microco/nodes/<node>`` (its agent's address and devices) lives under the
+agent's lease: when the agent dies the record vanishes within one TTL and the scheduler treats
+the node's jobs as lost (they died with the agent, see ``_procs``) and reschedules them from
+their last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+from typing import Any
+
+import grpc
+
+from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
+from microco.api.common.v1 import common_pb2
+from microco.services.common.errors import InvalidArgument, Unavailable
+from microco.services.common.kv import KV, LeaseKeeper, dumps
+from microco.services.common.server import ServiceContext, ServiceRuntime
+
+from ._devices import DeviceInfo, discover_devices
+from ._procs import ManagedProcess, ProcessManager
+
+log = logging.getLogger(__name__)
+
+NODES_PREFIX = "/microco/nodes/"
+
+_ACTIONS = {
+    agent_pb2.CONTROL_SUSPEND: "suspend",
+    agent_pb2.CONTROL_RESUME: "resume",
+    agent_pb2.CONTROL_CHECKPOINT: "checkpoint",
+    agent_pb2.CONTROL_RESIZE: "resize",
+    agent_pb2.CONTROL_STOP: "stop",
+}
+
+
+def status_to_proto(st: dict[str, Any]) -> agent_pb2.ProcessStatus:
+    return agent_pb2.ProcessStatus(
+        job_id=st["job_id"], pid=st["pid"], attempt=st["attempt"], exit_code=st["exit_code"],
+        state=agent_pb2.PROCESS_STATE_EXITED if st["exited"] else agent_pb2.PROCESS_STATE_RUNNING,
+        device_ids=st["device_ids"], job_state=st["job_state"], step=st["step"],
+        minibatch_ms=st["minibatch_ms"], seq_done=st["seq_done"], control_seq=st["control_seq"],
+        checkpoint_step=st["checkpoint_step"], checkpoint_bytes=st["checkpoint_bytes"],
+        started_at=st["started_at"], first_step_at=st["first_step_at"], updated_at=st["updated_at"],
+        suspend_ms=st["suspend_ms"], resume_ms=st["resume_ms"], peak_rss_bytes=st["peak_rss_bytes"],
+        message=st["message"], restored_from_step=st["restored_from_step"],
+    )
+
+
+def device_to_proto(d: DeviceInfo) -> common_pb2.Device:
+    return common_pb2.Device(id=d.id, node=d.node, index=d.index, kind=d.kind, model=d.model,
+                             memory_bytes=d.memory_bytes)
+
+
+class NodeAgentServicer(agent_pb2_grpc.NodeAgentServiceServicer):
+    def __init__(self, agent: NodeAgent) -> None:
+        self.agent = agent
+
+    def _status(self, proc: ManagedProcess) -> agent_pb2.ProcessStatus:
+        return status_to_proto(proc.status())
+
+    def GetNode(self, request: Any, context: grpc.ServicerContext) -> agent_pb2.Node:
+        return self.agent.node_proto()
+
+    def StartProcess(self, request: agent_pb2.StartProcessRequest, context: grpc.ServicerContext) -> Any:
+        proc = self.agent.procs.start(
+            request.job_id, list(request.command), dict(request.env), list(request.device_ids),
+            request.workdir, request.checkpoint_dir, int(request.attempt))
+        return self._status(proc)
+
+    def ControlProcess(self, request: agent_pb2.ControlProcessRequest, context: grpc.ServicerContext) -> Any:
+        action = _ACTIONS.get(request.control)
+        if action is None:
+            raise InvalidArgument(f"unknown control {request.control}")
+        return self._status(self.agent.procs.control(request.job_id, action, list(request.device_ids)))
+
+    def StopProcess(self, request: agent_pb2.StopProcessRequest, context: grpc.ServicerContext) -> Any:
+        grace = request.grace_seconds if request.grace_seconds > 0 else 5.0
+        return self._status(self.agent.procs.stop(request.job_id, grace))
+
+    def ListProcesses(self, request: Any, context: grpc.ServicerContext) -> agent_pb2.ListProcessesResponse:
+        return agent_pb2.ListProcessesResponse(processes=[self._status(p) for p in self.agent.procs.list()])
+
+
+class NodeAgent:
+    """One host's agent: devices, processes, and the node record in etcd."""
+
+    def __init__(self, kv: KV, node: str, data_dir: str, *, virtual_devices: int | None = None,
+                 checkpoint_root: str | None = None, lease_ttl_s: int = 5, labels: dict[str, str] | None = None,
+                 instance_id: str = "") -> None:
+        self.kv, self.node, self.lease_ttl_s = kv, node, lease_ttl_s
+        self.labels = dict(labels or {})
+        self.instance_id = instance_id or f"{node}-{int(time.time() * 1000)}"
+        self.devices = discover_devices(node, virtual_devices)
+        self.procs = ProcessManager(data_dir, self.devices, checkpoint_root)
+        self.address = ""
+        self._keeper: LeaseKeeper | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def key(self) -> str:
+        return NODES_PREFIX + self.node
+
+    def record(self) -> dict[str, Any]:
+        return {"name": self.node, "address": self.address, "instance_id": self.instance_id,
+                "devices": [d.to_dict() for d in self.devices], "labels": self.labels,
+                "registered_at": time.time()}
+
+    def node_proto(self) -> agent_pb2.Node:
+        return agent_pb2.Node(name=self.node, address=self.address, instance_id=self.instance_id,
+                              devices=[device_to_proto(d) for d in self.devices], labels=self.labels)
+
+    def register(self, address: str) -> None:
+        """Advertise the node and its devices under a lease kept alive in the background."""
+        self.address = address
+        with self._lock:
+            if self._closed:
+                return
+            lease = self.kv.lease(self.lease_ttl_s)
+            self.kv.put(self.key, dumps(self.record()), lease=lease)
+            self._keeper = LeaseKeeper(lease, on_lost=self._renew)
+        log.info("node registered", extra={"node": self.node, "devices": [d.id for d in self.devices]})
+
+    def _renew(self) -> None:
+        try:
+            self.register(self.address)
+        except Unavailable as exc:
+            log.error("node re-registration failed: %s", exc)
+
+    def close(self, stop_jobs: bool = True) -> None:
+        with self._lock:
+            self._closed = True
+            keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            try:
+                keeper.stop(revoke=True)
+            except Unavailable as exc:
+                log.warning("could not revoke the node lease: %s", exc)
+        if stop_jobs:
+            self.procs.shutdown()
+
+    def attach(self, runtime: ServiceRuntime) -> None:
+        runtime.add_service(agent_pb2_grpc.add_NodeAgentServiceServicer_to_server, NodeAgentServicer(self),
+                            agent_pb2.DESCRIPTOR.services_by_name["NodeAgentService"].full_name)
+        runtime.on_stop(self.close)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("node agent")
+    g.add_argument("--virtual-devices", type=int, default=0,
+                   help="offer this many virtual devices (a CPU share each) instead of GPUs; "
+                        "0: the GPUs, or one virtual device per core when there are none")
+    g.add_argument("--checkpoint-root", default="",
+                   help="where job checkpoints go (shared by every node for migration); default <data-dir>/checkpoints")
+
+
+def setup(ctx: ServiceContext) -> None:
+    s = ctx.settings
+    if ctx.args.virtual_devices < 0:
+        raise InvalidArgument("--virtual-devices must be >= 0")
+    agent = NodeAgent(ctx.kv, s.node, str(s.resolved_data_dir()), virtual_devices=ctx.args.virtual_devices or None,
+                      checkpoint_root=ctx.args.checkpoint_root or None, lease_ttl_s=s.lease_ttl_s,
+                      labels=s.labels, instance_id=s.instance_id)
+    agent.attach(ctx.runtime)
+    # Register the node once the server is bound (the address includes the chosen port).
+    orig_start = ctx.runtime.start
+
+    def start(register: bool = True) -> ServiceRuntime:
+        rt = orig_start(register)
+        agent.register(rt.address)
+        return rt
+
+    ctx.runtime.start = start  # type: ignore[method-assign]

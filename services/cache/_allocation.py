@@ -1,0 +1,150 @@
+"""Benefit-aware allocation: capacity goes to the datasets whose jobs gain most per byte.
+
+Each job reports mini-batch times together with the fraction of the batch that came from
+the cache. A least-squares line through (hit fraction, seconds) gives the batch time with
+all hits and with all misses; the client's short probe (a few all-miss batches, a few
+all-hit ones) makes the two ends well measured. With substitutable hits, caching a fraction
+``f`` of a dataset makes ``f`` of each epoch's samples hits, so the seconds saved per epoch
+per cached byte is ``(t_miss - t_hit) / batch_bytes``, summed over every job sharing the
+dataset (one copy serves them all). Capacity is then a fractional knapsack: fill datasets
+in order of that density, each up to its size. A compute-bound job (no measurable gain)
+gets only room nobody else wants; a job not yet measured gets a probe-sized share first so
+that it can be measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BenefitEstimate:
+    """Mini-batch seconds with every sample a hit and with every sample a miss."""
+
+    t_hit: float
+    t_miss: float
+    observations: int
+
+    @property
+    def gain(self) -> float:
+        """Relative saving of an all-hit batch over an all-miss one (0 = no benefit)."""
+        return max(0.0, (self.t_miss - self.t_hit) / self.t_miss) if self.t_miss > 0 else 0.0
+
+
+def estimate_benefit(observations: Iterable[tuple[float, float]], min_spread: float = 0.3) -> BenefitEstimate | None:
+    """Fit ``seconds = t_miss - (t_miss - t_hit) * hit_fraction`` to (hit_fraction, seconds).
+
+    None when the hit fractions span less than ``min_spread`` (the probe has not run yet).
+    """
+    pts = [(float(h), float(t)) for h, t in observations if t >= 0]
+    if len(pts) < 2:
+        return None
+    hs = [h for h, _ in pts]
+    if max(hs) - min(hs) < min_spread:
+        return None
+    n = len(pts)
+    mh = sum(hs) / n
+    mt = sum(t for _, t in pts) / n
+    sxx = sum((h - mh) ** 2 for h in hs)
+    sxy = sum((h - mh) * (t - mt) for h, t in pts)
+    slope = sxy / sxx
+    t_miss = mt - slope * mh
+    t_hit = t_miss + slope
+    return BenefitEstimate(t_hit=max(0.0, t_hit), t_miss=max(0.0, t_miss), observations=n)
+
+
+@dataclass(frozen=True)
+class JobDemand:
+    """What the manager knows of a job: its dataset, bytes per mini-batch, and its estimate."""
+
+    job_id: str
+    dataset: str
+    batch_bytes: int
+    estimate: BenefitEstimate | None = None
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Bytes of cache given to one dataset, and why."""
+
+    dataset: str
+    bytes: int
+    dataset_bytes: int
+    benefit_s_per_gb: float
+    jobs: tuple[str, ...]
+    reason: str
+
+
+def allocate(
+    capacity: int,
+    dataset_bytes: Mapping[str, int],
+    jobs: Sequence[JobDemand],
+    *,
+    min_gain: float = 0.05,
+    probe_bytes: int = 64 << 20,
+) -> list[Allocation]:
+    """Divide ``capacity`` among the datasets of ``jobs``; one entry per dataset, largest first."""
+    by_ds: dict[str, list[JobDemand]] = {}
+    for j in jobs:
+        by_ds.setdefault(j.dataset, []).append(j)
+    density: dict[str, float] = {}
+    unmeasured: list[str] = []
+    why: dict[str, str] = {}
+    for ds, js in by_ds.items():
+        measured = [j for j in js if j.estimate is not None]
+        if not measured:
+            unmeasured.append(ds)
+            continue
+        d = 0.0
+        parts = []
+        for j in measured:
+            est = j.estimate
+            assert est is not None
+            if est.gain < min_gain or j.batch_bytes <= 0:
+                parts.append(f"{j.job_id} compute-bound (gain {est.gain:.0%})")
+                continue
+            d += (est.t_miss - est.t_hit) / j.batch_bytes
+            parts.append(f"{j.job_id} saves {est.t_miss - est.t_hit:.3g}s/batch ({est.gain:.0%})")
+        density[ds] = d
+        why[ds] = "; ".join(parts)
+    left = capacity
+    out: dict[str, int] = {}
+    reasons: dict[str, str] = {}
+    # Unmeasured datasets first get enough to be probed: a measurement is worth a little room.
+    for ds in sorted(unmeasured):
+        give = min(probe_bytes, dataset_bytes.get(ds, 0), left)
+        out[ds] = give
+        left -= give
+        reasons[ds] = "not yet measured: probe-sized share until its hit/miss batch times are known"
+    ranked = sorted((ds for ds in density if density[ds] > 0), key=lambda ds: (-density[ds], ds))
+    for rank, ds in enumerate(ranked, 1):
+        give = min(dataset_bytes.get(ds, 0), left)
+        out[ds] = give
+        left -= give
+        reasons[ds] = f"rank {rank} by benefit per byte: {why[ds]}"
+    # Capacity nobody can use well still helps the unmeasured datasets, then (it costs them
+    # nothing) those without measured benefit: priority, not starvation of free room.
+    for ds in sorted(unmeasured):
+        extra = min(dataset_bytes.get(ds, 0) - out[ds], left)
+        if extra > 0:
+            out[ds] += extra
+            left -= extra
+    for ds in sorted(d for d in density if density[d] <= 0):
+        out[ds] = min(dataset_bytes.get(ds, 0), left)
+        left -= out[ds]
+        what = "only room no one else needs" if out[ds] else "nothing"
+        reasons[ds] = f"no benefit from caching, gets {what}: {why[ds]}"
+    result = [
+        Allocation(
+            dataset=ds,
+            bytes=out[ds],
+            dataset_bytes=dataset_bytes.get(ds, 0),
+            benefit_s_per_gb=density.get(ds, 0.0) * (1 << 30),
+            jobs=tuple(sorted(j.job_id for j in by_ds[ds])),
+            reason=reasons[ds],
+        )
+        for ds in by_ds
+    ]
+    result.sort(key=lambda a: (-a.bytes, a.dataset))
+    return result

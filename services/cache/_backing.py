@@ -1,0 +1,147 @@
+"""Backing stores: where a dataset really lives (a local directory or any fsspec URL).
+
+The cache is only ever an optimisation over a backing store: every sample can always be
+read from here. ``ThrottledStore`` caps the bandwidth of another store (a token bucket
+shared by every reader of it), so benchmarks can model a remote blob store on one machine.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Protocol
+
+
+class BackingStore(Protocol):
+    """Read-only access to a dataset's files by path relative to its root."""
+
+    url: str
+
+    def list_files(self) -> list[tuple[str, int]]:
+        """Every (relative path, size), sorted by path; hidden entries (``.quiver``...) left out."""
+        ...
+
+    def read(self, path: str) -> bytes: ...
+
+    def write(self, path: str, data: bytes) -> None: ...
+
+
+class LocalStore:
+    """A dataset in a local directory."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.url = self.root
+        if not os.path.isdir(self.root):
+            from microco.services.common.errors import NotFound
+
+            raise NotFound(f"dataset directory {self.root!r} does not exist")
+
+    def list_files(self) -> list[tuple[str, int]]:
+        out = []
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in filenames:
+                if name.startswith("."):
+                    continue
+                full = os.path.join(dirpath, name)
+                out.append((os.path.relpath(full, self.root).replace(os.sep, "/"), os.path.getsize(full)))
+        out.sort()
+        return out
+
+    def read(self, path: str) -> bytes:
+        with open(self._full(path), "rb") as f:
+            return f.read()
+
+    def write(self, path: str, data: bytes) -> None:
+        full = self._full(path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        tmp = f"{full}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, full)
+
+    def _full(self, path: str) -> str:
+        full = os.path.normpath(os.path.join(self.root, path))
+        if not full.startswith(self.root + os.sep):
+            from microco.services.common.errors import InvalidArgument
+
+            raise InvalidArgument(f"path {path!r} escapes the dataset root")
+        return full
+
+
+class FsspecStore:
+    """A dataset under any fsspec URL (``s3://``, ``gs://``, ``memory://``, ``file://``...)."""
+
+    def __init__(self, url: str) -> None:
+        import fsspec
+
+        self.url = url.rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+
+    def list_files(self) -> list[tuple[str, int]]:
+        out = []
+        prefix = self.root.rstrip("/") + "/"
+        for path, info in self.fs.find(self.root, detail=True).items():
+            rel = path[len(prefix) :] if path.startswith(prefix) else path
+            if any(part.startswith(".") for part in rel.split("/")):
+                continue
+            out.append((rel, int(info.get("size") or 0)))
+        out.sort()
+        return out
+
+    def read(self, path: str) -> bytes:
+        with self.fs.open(f"{self.root}/{path}", "rb") as f:
+            return f.read()
+
+    def write(self, path: str, data: bytes) -> None:
+        with self.fs.open(f"{self.root}/{path}", "wb") as f:
+            f.write(data)
+
+
+class ThrottledStore:
+    """Wraps a store so that all reads together run at most ``bytes_per_s`` (token bucket).
+
+    ``latency_s`` adds a fixed per-request delay, like the first-byte time of a blob store.
+    """
+
+    def __init__(self, inner: BackingStore, bytes_per_s: float, latency_s: float = 0.0) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.bytes_per_s = float(bytes_per_s)
+        self.latency_s = latency_s
+        self._lock = threading.Lock()
+        self._next_free = time.monotonic()
+        self.bytes_read = 0
+        self.reads = 0
+
+    def list_files(self) -> list[tuple[str, int]]:
+        return self.inner.list_files()
+
+    def write(self, path: str, data: bytes) -> None:
+        self.inner.write(path, data)
+
+    def read(self, path: str) -> bytes:
+        data = self.inner.read(path)
+        # Reserve a slot on the shared link: readers queue behind one another, as on a real pipe.
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next_free)
+            self._next_free = start + len(data) / self.bytes_per_s
+            done = self._next_free + self.latency_s
+            self.bytes_read += len(data)
+            self.reads += 1
+        delay = done - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        return data
+
+
+def open_store(url: str) -> BackingStore:
+    """A store for a local path, ``file://`` URL or any other fsspec URL."""
+    if "://" not in url:
+        return LocalStore(url)
+    if url.startswith("file://"):
+        return LocalStore(url[len("file://") :])
+    return FsspecStore(url)

@@ -1,0 +1,132 @@
+"""Chunks on local disk, verified by digest on the way in and on the way out.
+
+Files are named by ``file_locator(digest)``, a one-way name: listing the directory does not
+reveal the digests needed to read through the server, and the directory itself is not
+listable by other users (mode 0711), so a same-host client can open a chunk file only after
+the server granted its path to a request that named the digest. On start-up every file is
+re-hashed: the digest recovered from the bytes must give the file's name, otherwise the file
+is corrupt and is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from microco.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+
+from ._digest import digest, file_locator, is_digest
+
+log = logging.getLogger(__name__)
+
+
+class DigestMismatch(InvalidArgument):
+    """Bytes offered for a digest do not hash to it."""
+
+
+class CorruptChunk(FailedPrecondition):
+    """A chunk on disk no longer matches its digest (it has been dropped)."""
+
+
+class ChunkStore:
+    """A directory of content-addressed chunk files; thread-safe."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.dir = os.path.join(self.root, "chunks")
+        self.tmp = os.path.join(self.root, "tmp")
+        os.makedirs(self.dir, exist_ok=True)
+        os.makedirs(self.tmp, exist_ok=True)
+        os.chmod(self.dir, 0o711)
+        os.chmod(self.tmp, 0o700)
+        self._lock = threading.Lock()
+        self._sizes: dict[str, int] = {}
+        self.dropped_on_start = 0
+        self._recover()
+
+    def _recover(self) -> None:
+        for name in os.listdir(self.tmp):
+            os.unlink(os.path.join(self.tmp, name))
+        for name in os.listdir(self.dir):
+            path = os.path.join(self.dir, name)
+            with open(path, "rb") as f:
+                data = f.read()
+            d = digest(data)
+            if file_locator(d) != name:
+                log.warning("dropping corrupt chunk file %s found at start-up", name)
+                os.unlink(path)
+                self.dropped_on_start += 1
+                continue
+            self._sizes[d] = len(data)
+
+    def digests(self) -> dict[str, int]:
+        """Digest -> size of everything held (for the server's own bookkeeping only)."""
+        with self._lock:
+            return dict(self._sizes)
+
+    def __contains__(self, d: object) -> bool:
+        return d in self._sizes
+
+    def size(self, d: str) -> int:
+        return self._sizes[d]
+
+    @property
+    def used_bytes(self) -> int:
+        with self._lock:
+            return sum(self._sizes.values())
+
+    def path(self, d: str) -> str:
+        return os.path.join(self.dir, file_locator(d))
+
+    def put(self, d: str, data: bytes) -> None:
+        """Store ``data`` as chunk ``d``; ``DigestMismatch`` if it is not."""
+        if not is_digest(d):
+            raise InvalidArgument(f"malformed digest {d[:80]!r}")
+        if digest(data) != d:
+            raise DigestMismatch(f"bytes do not match digest {d[:12]}...")
+        tmp = os.path.join(self.tmp, f"{file_locator(d)}.{threading.get_ident()}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, self.path(d))
+        with self._lock:
+            self._sizes[d] = len(data)
+
+    def read(self, d: str, offset: int = 0, length: int = -1) -> bytes:
+        """Raw bytes of a chunk (or a range of it); the caller verifies what it reads."""
+        if d not in self._sizes:
+            raise NotFound("chunk not held here")
+        try:
+            with open(self.path(d), "rb") as f:
+                if offset:
+                    f.seek(offset)
+                return f.read(length if length >= 0 else -1)
+        except FileNotFoundError:
+            self.drop(d)
+            raise NotFound("chunk not held here") from None
+
+    def read_verified(self, d: str) -> bytes:
+        """A whole chunk, checked against its digest; a corrupt one is dropped."""
+        data = self.read(d)
+        if digest(data) != d:
+            self.drop(d)
+            raise CorruptChunk(f"chunk {d[:12]}... failed verification and was dropped")
+        return data
+
+    def verify(self, d: str) -> bool:
+        """Re-hash chunk ``d``; drop it and return False when it does not match."""
+        try:
+            self.read_verified(d)
+            return True
+        except (CorruptChunk, NotFound):
+            return False
+
+    def drop(self, d: str) -> bool:
+        with self._lock:
+            held = self._sizes.pop(d, None) is not None
+        try:
+            os.unlink(self.path(d))
+        except FileNotFoundError:
+            pass
+        return held

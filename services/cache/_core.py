@@ -1,0 +1,301 @@
+"""The cache server's core: chunk store + eviction policy + allocation + directory.
+
+No gRPC here: the servicer is a thin adapter over ``CacheCore``, and tests drive the core
+directly. Everything the core decides comes from the pure policies in ``_eviction`` and
+``_allocation``; the core owns the clock, the disk and the locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from microco.services.common.errors import InvalidArgument
+
+from ._allocation import Allocation, JobDemand, allocate, estimate_benefit
+from ._chunkstore import ChunkStore, DigestMismatch
+from ._digest import digest, is_digest
+from ._directory import RedisDirectory
+from ._eviction import ConsumptionTracker, EvictionPolicy, Ledger, Outcome, make_policy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _JobInfo:
+    dataset: str
+    user: str = ""
+    batch_bytes: int = 0
+    timings: deque = field(default_factory=lambda: deque(maxlen=256))
+
+
+@dataclass
+class Counters:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    corrupt_dropped: int = 0
+    rejected: int = 0
+    bytes_served: int = 0
+
+
+@dataclass(frozen=True)
+class PutResult:
+    digest: str
+    outcome: str  # "stored", "present", or a rejection reason
+    detail: str = ""
+
+
+class CacheCore:
+    """One cache server's state and decisions."""
+
+    def __init__(
+        self,
+        store: ChunkStore,
+        capacity_bytes: int,
+        policy: EvictionPolicy | str = "coordinated",
+        directory: RedisDirectory | None = None,
+        node: str = "",
+        clock: Callable[[], float] = time.monotonic,
+        job_ttl_s: float = 60.0,
+        probe_bytes: int = 64 << 20,
+    ) -> None:
+        if capacity_bytes <= 0:
+            raise InvalidArgument("cache capacity must be positive")
+        self.store = store
+        self.capacity = capacity_bytes
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.directory = directory
+        self.node = node
+        self.clock = clock
+        self.probe_bytes = probe_bytes
+        self.counters = Counters(corrupt_dropped=store.dropped_on_start)
+        self._lock = threading.RLock()
+        self.ledger = Ledger()
+        self.consumption = ConsumptionTracker(ttl_s=job_ttl_s)
+        self.jobs: dict[str, _JobInfo] = {}
+        self.dataset_bytes: dict[str, int] = {}
+        self.allocations: list[Allocation] = []
+        for d, size in sorted(store.digests().items()):
+            # Recovered chunks belong to no known dataset until a job names it: they go first.
+            self.ledger.add(d, size, "")
+        self._shrink_to_capacity()
+        if directory is not None:
+            directory.withdraw()
+            directory.add(self.ledger.entries)
+
+    # -- reads
+    def lookup(self, digests: Sequence[str]) -> list[str]:
+        with self._lock:
+            return [d for d in digests if d in self.ledger]
+
+    def room(self, dataset: str) -> int:
+        """Bytes of ``dataset`` the cache could admit now (free, evictable, within quota)."""
+        with self._lock:
+            return self.policy.room(self.ledger, self.capacity, dataset, self.consumption, self._quotas())
+
+    def read_samples(self, reads: Sequence[tuple[str, int, int, str]]) -> Iterator[tuple[int, bytes | None]]:
+        """(chunk, offset, length, sample digest) -> (position, bytes or None when missing).
+
+        Each sample is hashed before it leaves: a flipped byte is caught here, the chunk
+        dropped (so that it will be fetched again) and the sample reported missing."""
+        for pos, (chunk, offset, length, sample_digest) in enumerate(reads):
+            with self._lock:
+                held = chunk in self.ledger
+                if held:
+                    self.ledger.touch(chunk)
+            data = None
+            if held:
+                try:
+                    data = self.store.read(chunk, offset, length)
+                except Exception:  # vanished underneath us: a miss
+                    data = None
+                if data is not None and (len(data) != length or digest(data) != sample_digest):
+                    self.drop_corrupt(chunk)
+                    data = None
+            with self._lock:
+                if data is None:
+                    self.counters.misses += 1
+                else:
+                    self.counters.hits += 1
+                    self.counters.bytes_served += len(data)
+            yield pos, data
+
+    def read_chunks(self, digests: Sequence[str]) -> Iterator[tuple[str, bytes | None]]:
+        for d in digests:
+            with self._lock:
+                held = d in self.ledger
+            data = None
+            if held:
+                if self.store.verify(d):
+                    data = self.store.read(d)
+                else:
+                    self._forget(d, corrupt=True)
+            with self._lock:
+                if data is None:
+                    self.counters.misses += 1
+                else:
+                    self.counters.bytes_served += len(data)
+            yield d, data
+
+    def open_chunks(self, digests: Sequence[str]) -> list[tuple[str, str, int]]:
+        """Grants for same-host direct reads: (digest, path, size) of those held."""
+        with self._lock:
+            out = []
+            for d in digests:
+                if d in self.ledger:
+                    self.ledger.touch(d)
+                    out.append((d, self.store.path(d), self.ledger.entries[d].size))
+            return out
+
+    def drop_corrupt(self, d: str) -> bool:
+        """Re-verify chunk ``d``; drop it if it does not match. True when dropped."""
+        if not is_digest(d):
+            raise InvalidArgument("malformed digest")
+        if d not in self.store:
+            return False
+        if self.store.verify(d):
+            return False
+        self._forget(d, corrupt=True)
+        return True
+
+    def _forget(self, d: str, corrupt: bool = False) -> None:
+        with self._lock:
+            self.ledger.remove(d)
+            self.store.drop(d)
+            if corrupt:
+                self.counters.corrupt_dropped += 1
+                log.warning("dropped corrupt chunk", extra={"locator": self.store.path(d)[-12:]})
+        if self.directory is not None:
+            self.directory.remove([d])
+
+    # -- writes
+    def put(self, d: str, data: bytes, dataset: str) -> PutResult:
+        if not is_digest(d):
+            return PutResult(d, "malformed_digest", "digest must be 64 lower-case hex digits")
+        with self._lock:
+            quotas = self._quotas()
+            adm = self.policy.admit(self.ledger, self.capacity, d, len(data), dataset, self.consumption, quotas)
+            if adm.outcome is Outcome.PRESENT:
+                self.ledger.touch(d)
+                return PutResult(d, "present")
+            if not adm.admitted:
+                self.counters.rejected += 1
+                return PutResult(d, adm.outcome.value, adm.reason)
+            # Reserve the room now so that concurrent puts see it taken.
+            for v in adm.victims:
+                self.ledger.remove(v)
+                self.store.drop(v)
+                self.counters.evictions += 1
+            self.ledger.add(d, len(data), dataset)
+        if self.directory is not None and adm.victims:
+            self.directory.remove(adm.victims)
+        try:
+            self.store.put(d, data)
+        except DigestMismatch as exc:
+            with self._lock:
+                self.ledger.remove(d)
+                self.counters.rejected += 1
+            return PutResult(d, "digest_mismatch", str(exc))
+        except BaseException:
+            with self._lock:
+                self.ledger.remove(d)
+            raise
+        if self.directory is not None:
+            self.directory.add([d])
+        return PutResult(d, "stored")
+
+    def _shrink_to_capacity(self) -> None:
+        while self.ledger.used > self.capacity and self.ledger.entries:
+            victim = min(self.ledger.entries.values(), key=lambda e: e.last_access).key
+            self.ledger.remove(victim)
+            self.store.drop(victim)
+
+    # -- jobs, allocation
+    def report_progress(
+        self,
+        job: str,
+        dataset: str,
+        epoch: int,
+        consumed: Iterable[str],
+        timings: Iterable[tuple[float, float, int, int]] = (),
+        user: str = "",
+        dataset_bytes: int = 0,
+        finished: bool = False,
+    ) -> Allocation | None:
+        if not job or not dataset:
+            raise InvalidArgument("job_id and dataset are required")
+        now = self.clock()
+        with self._lock:
+            if finished:
+                self.consumption.forget(job)
+                self.jobs.pop(job, None)
+                self._reallocate()
+                return None
+            consumed = list(consumed)
+            self.consumption.report(job, dataset, epoch, consumed, now)
+            for d in consumed:
+                e = self.ledger.entries.get(d)
+                if e is not None and not e.dataset:
+                    e.dataset = dataset
+            info = self.jobs.get(job)
+            if info is None or info.dataset != dataset:
+                info = self.jobs[job] = _JobInfo(dataset, user)
+            for h, secs, nbytes, _n in timings:
+                info.timings.append((h, secs))
+                if nbytes > 0:
+                    info.batch_bytes = nbytes
+            if dataset_bytes > 0:
+                self.dataset_bytes[dataset] = dataset_bytes
+            for gone in self.consumption.expire(now):
+                self.jobs.pop(gone, None)
+            self._reallocate()
+            return next((a for a in self.allocations if a.dataset == dataset), None)
+
+    def _reallocate(self) -> None:
+        demands = [
+            JobDemand(job, info.dataset, info.batch_bytes, estimate_benefit(info.timings))
+            for job, info in sorted(self.jobs.items())
+        ]
+        self.allocations = allocate(self.capacity, self.dataset_bytes, demands, probe_bytes=self.probe_bytes)
+
+    def _quotas(self) -> dict[str, int] | None:
+        # Quotas apply only to datasets the manager knows; chunks of others are not limited
+        # beyond capacity (they are evicted first anyway).
+        if not self.allocations:
+            return None
+        q = {a.dataset: a.bytes for a in self.allocations}
+        return _QuotaMap(q)
+
+    def stats(self) -> dict:
+        with self._lock:
+            per: dict[str, list[int]] = {}
+            for e in self.ledger.entries.values():
+                s = per.setdefault(e.dataset, [0, 0])
+                s[0] += e.size
+                s[1] += 1
+            return {
+                "capacity_bytes": self.capacity,
+                "used_bytes": self.ledger.used,
+                "chunks": len(self.ledger),
+                "policy": self.policy.name,
+                "node": self.node,
+                "datasets": {k: {"bytes": v[0], "chunks": v[1]} for k, v in sorted(per.items())},
+                "jobs": sorted(self.jobs),
+                **self.counters.__dict__,
+            }
+
+    def allocation_table(self) -> list[tuple[Allocation, int]]:
+        with self._lock:
+            return [(a, self.ledger.used_by(a.dataset)) for a in self.allocations]
+
+
+class _QuotaMap(dict):
+    """Quota per dataset; a dataset the manager has not seen is bounded by capacity only."""
+
+    def get(self, key, default=None):  # type: ignore[no-untyped-def, override]
+        return super().get(key, 1 << 62)

@@ -1,0 +1,266 @@
+"""Eviction policies: which chunks leave the cache to make room, as pure decisions.
+
+The ledger (what is cached, its size, dataset, and when it was inserted / last read) and the
+consumption tracker (which job has consumed which chunk this epoch) are plain state; a
+policy looks at both and answers with a closed ``Admission``. The cache server carries the
+decision out. Policies register by name so the server, the benchmark and the tests choose
+them the same way.
+
+* ``coordinated`` (Quiver): a chunk leaves only once every job sharing its dataset has
+  consumed it this epoch, and a dataset stays within the allocation the manager gave it. A
+  chunk nobody needs any more makes room first. If nothing may leave, the insert is refused
+  (the client then reads that data from the backing store: a cost, never a loss).
+* ``lru``: the generic cache of the same capacity: always admit, evict least-recently-used.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Entry:
+    key: str
+    size: int
+    dataset: str
+    inserted: int
+    last_access: int
+
+
+class Ledger:
+    """What a cache holds, with a logical clock for insertion and access order."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, Entry] = {}
+        self.used = 0
+        self._tick = 0
+
+    def _next(self) -> int:
+        self._tick += 1
+        return self._tick
+
+    def add(self, key: str, size: int, dataset: str) -> None:
+        if key in self.entries:
+            self.touch(key)
+            return
+        t = self._next()
+        self.entries[key] = Entry(key, size, dataset, t, t)
+        self.used += size
+
+    def touch(self, key: str) -> None:
+        e = self.entries.get(key)
+        if e is not None:
+            e.last_access = self._next()
+
+    def remove(self, key: str) -> Entry | None:
+        e = self.entries.pop(key, None)
+        if e is not None:
+            self.used -= e.size
+        return e
+
+    def used_by(self, dataset: str) -> int:
+        return sum(e.size for e in self.entries.values() if e.dataset == dataset)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+@dataclass
+class _JobProgress:
+    dataset: str
+    epoch: int
+    consumed: set[str] = field(default_factory=set)
+    seen_at: float = 0.0
+
+
+class ConsumptionTracker:
+    """Per job: its dataset, current epoch and the chunks it has fully consumed in it.
+
+    A job silent for longer than ``ttl_s`` no longer holds chunks in the cache (a crashed job
+    must not pin the cache forever).
+    """
+
+    def __init__(self, ttl_s: float = 60.0) -> None:
+        self.ttl_s = ttl_s
+        self.jobs: dict[str, _JobProgress] = {}
+
+    def report(self, job: str, dataset: str, epoch: int, consumed: Iterable[str], now: float) -> None:
+        p = self.jobs.get(job)
+        if p is None or p.dataset != dataset or epoch > p.epoch:
+            p = self.jobs[job] = _JobProgress(dataset, epoch)
+        if epoch == p.epoch:
+            p.consumed.update(consumed)
+        p.seen_at = now
+
+    def forget(self, job: str) -> None:
+        self.jobs.pop(job, None)
+
+    def expire(self, now: float) -> list[str]:
+        gone = [j for j, p in self.jobs.items() if now - p.seen_at > self.ttl_s]
+        for j in gone:
+            del self.jobs[j]
+        return gone
+
+    def jobs_on(self, dataset: str) -> list[str]:
+        return sorted(j for j, p in self.jobs.items() if p.dataset == dataset)
+
+    def fully_consumed(self, dataset: str, key: str) -> bool:
+        """True when every job on ``dataset`` has consumed ``key`` this epoch (vacuously true
+        when no job uses the dataset)."""
+        return all(key in p.consumed for p in self.jobs.values() if p.dataset == dataset)
+
+
+class Outcome(enum.Enum):
+    ADMIT = "admit"
+    PRESENT = "present"
+    TOO_LARGE = "too_large"
+    OVER_ALLOCATION = "over_allocation"
+    NO_EVICTABLE = "no_evictable"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A policy's answer to an insert: admit (after evicting ``victims``) or why not."""
+
+    outcome: Outcome
+    victims: tuple[str, ...] = ()
+    reason: str = ""
+
+    @property
+    def admitted(self) -> bool:
+        return self.outcome in (Outcome.ADMIT, Outcome.PRESENT)
+
+
+class EvictionPolicy(abc.ABC):
+    """Decides whether a chunk may enter and which chunks make room for it."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def admit(
+        self,
+        ledger: Ledger,
+        capacity: int,
+        key: str,
+        size: int,
+        dataset: str,
+        consumption: ConsumptionTracker,
+        quotas: Mapping[str, int] | None = None,
+    ) -> Admission: ...
+
+    def room(
+        self,
+        ledger: Ledger,
+        capacity: int,
+        dataset: str,
+        consumption: ConsumptionTracker,
+        quotas: Mapping[str, int] | None = None,
+    ) -> int:
+        """Bytes of ``dataset`` chunks that could be admitted now (a hint for clients deciding
+        whether to fetch whole chunks)."""
+        return capacity
+
+
+def _evictable(ledger: Ledger, consumption: ConsumptionTracker) -> list[Entry]:
+    return [e for e in ledger.entries.values() if consumption.fully_consumed(e.dataset, e.key)]
+
+
+def _precheck(ledger: Ledger, capacity: int, key: str, size: int) -> Admission | None:
+    if key in ledger:
+        return Admission(Outcome.PRESENT)
+    if size > capacity:
+        return Admission(Outcome.TOO_LARGE, reason=f"chunk of {size} B exceeds capacity {capacity} B")
+    return None
+
+
+class LRUPolicy(EvictionPolicy):
+    """Least recently used: always admit, evict the coldest chunks until the new one fits."""
+
+    name = "lru"
+
+    def admit(self, ledger, capacity, key, size, dataset, consumption, quotas=None):  # type: ignore[no-untyped-def]
+        pre = _precheck(ledger, capacity, key, size)
+        if pre:
+            return pre
+        need = ledger.used + size - capacity
+        victims: list[str] = []
+        for e in sorted(ledger.entries.values(), key=lambda e: e.last_access):
+            if need <= 0:
+                break
+            victims.append(e.key)
+            need -= e.size
+        return Admission(Outcome.ADMIT, tuple(victims))
+
+
+class CoordinatedPolicy(EvictionPolicy):
+    """Quiver: evict only chunks every sharing job has consumed this epoch; honour quotas."""
+
+    name = "coordinated"
+
+    def admit(self, ledger, capacity, key, size, dataset, consumption, quotas=None):  # type: ignore[no-untyped-def]
+        pre = _precheck(ledger, capacity, key, size)
+        if pre:
+            return pre
+        quota = None if quotas is None else quotas.get(dataset, 0)
+        own_used = ledger.used_by(dataset)
+        # Chunks that may leave: no job needs them again this epoch. Those of datasets nobody
+        # uses go first, then the longest-consumed (earliest inserted) ones.
+        evictable = _evictable(ledger, consumption)
+        evictable.sort(key=lambda e: (bool(consumption.jobs_on(e.dataset)), e.inserted))
+        victims: list[str] = []
+        freed = 0
+        own_freed = 0
+        if quota is not None and own_used + size > quota:
+            # Over its allocation the dataset can only replace its own consumed chunks.
+            for e in evictable:
+                if own_used - own_freed + size <= quota:
+                    break
+                if e.dataset == dataset:
+                    victims.append(e.key)
+                    own_freed += e.size
+                    freed += e.size
+            if own_used - own_freed + size > quota:
+                return Admission(
+                    Outcome.OVER_ALLOCATION,
+                    reason=f"dataset {dataset!r} holds {own_used} B of its {quota} B allocation "
+                    "and none of it is consumed by every job yet",
+                )
+        for e in evictable:
+            if ledger.used - freed + size <= capacity:
+                break
+            if e.key not in victims:
+                victims.append(e.key)
+                freed += e.size
+        if ledger.used - freed + size > capacity:
+            return Admission(
+                Outcome.NO_EVICTABLE,
+                reason="cache full of chunks some sharing job has not consumed this epoch",
+            )
+        return Admission(Outcome.ADMIT, tuple(victims))
+
+    def room(self, ledger, capacity, dataset, consumption, quotas=None):  # type: ignore[no-untyped-def]
+        evictable = _evictable(ledger, consumption)
+        room = capacity - ledger.used + sum(e.size for e in evictable)
+        if quotas is not None:
+            own_evictable = sum(e.size for e in evictable if e.dataset == dataset)
+            room = min(room, quotas.get(dataset, 0) - ledger.used_by(dataset) + own_evictable)
+        return max(0, room)
+
+
+POLICIES: dict[str, type[EvictionPolicy]] = {p.name: p for p in (CoordinatedPolicy, LRUPolicy)}
+
+
+def make_policy(name: str) -> EvictionPolicy:
+    """The eviction policy registered as ``name`` (``coordinated`` or ``lru``)."""
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        from microco.services.common.errors import InvalidArgument
+
+        raise InvalidArgument(f"unknown eviction policy {name!r}; known: {sorted(POLICIES)}") from None

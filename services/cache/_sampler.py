@@ -1,0 +1,128 @@
+"""Substitutable hits: the pure core of Quiver's sampler.
+
+Within an epoch every unseen sample is as good as any other. For each mini-batch the sampler
+offers ``substitution * batch_size`` candidates from the front of the epoch's random order,
+takes the ones the cache holds, and moves the misses to the back of the epoch (by then they
+may have been prefetched). Only when fewer than a batch of candidates are cached is the batch
+filled with misses, oldest first. Every sample appears exactly once per epoch whatever the
+cache answers; this module has no I/O and is tested under arbitrary cache states.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+IsCached = Callable[[Sequence[int]], "set[int] | frozenset[int]"]
+
+
+class BatchMode(enum.Enum):
+    """How a batch is chosen: prefer hits (normal), or a probe batch of only misses / hits."""
+
+    PREFER_HITS = "prefer_hits"
+    MISSES_ONLY = "misses_only"
+    HITS_ONLY = "hits_only"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One mini-batch: sample indices, and which of them the cache said it holds."""
+
+    indices: tuple[int, ...]
+    hits: frozenset[int]
+    mode: BatchMode = BatchMode.PREFER_HITS
+
+    @property
+    def hit_fraction(self) -> float:
+        return len(self.hits) / len(self.indices) if self.indices else 0.0
+
+
+class SubstitutableSampler:
+    """Epoch-by-epoch choice of mini-batches with substitutable cache hits.
+
+    ``is_cached(candidates)`` returns the subset the cache can serve now; it may answer
+    anything, and differently every call. ``drop_last`` drops a final short batch (its samples
+    are then *not* seen, as with PyTorch's ``drop_last``).
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        substitution: int = 10,
+        shuffle: bool = True,
+        drop_last: bool = False,
+    ) -> None:
+        if num_samples < 0 or batch_size <= 0 or substitution < 1:
+            raise ValueError("need num_samples >= 0, batch_size > 0, substitution >= 1")
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.seed = seed
+        self.substitution = substitution
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.epoch = -1
+        self._pending: list[int] = []
+
+    def start_epoch(self, epoch: int) -> None:
+        """Begin ``epoch``: every sample is unseen again, in a fresh order from (seed, epoch)."""
+        self.epoch = epoch
+        order = list(range(self.num_samples))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        self._pending = order
+
+    @property
+    def remaining(self) -> int:
+        """Samples not yet handed out this epoch."""
+        return len(self._pending)
+
+    def unseen(self) -> list[int]:
+        """The epoch's unseen samples, in the order they would be offered."""
+        return list(self._pending)
+
+    def restore(self, epoch: int, unseen: Sequence[int]) -> None:
+        """Resume an epoch from a saved unseen list (a suspended job continues exactly)."""
+        if len(set(unseen)) != len(unseen) or any(not 0 <= i < self.num_samples for i in unseen):
+            raise ValueError("unseen list is not a set of sample indices")
+        self.epoch = epoch
+        self._pending = list(unseen)
+
+    def next_batch(self, is_cached: IsCached, mode: BatchMode = BatchMode.PREFER_HITS) -> Batch | None:
+        """The next mini-batch, or None when the epoch is over."""
+        if self.epoch < 0:
+            raise RuntimeError("call start_epoch() first")
+        b = self.batch_size
+        if not self._pending or (self.drop_last and len(self._pending) < b):
+            return None
+        window = self._pending[: b * self.substitution]
+        cached = set(is_cached(window)) & set(window)
+        hits = [i for i in window if i in cached]
+        misses = [i for i in window if i not in cached]
+        if mode is BatchMode.MISSES_ONLY:
+            chosen = misses[:b] + hits[: max(0, b - len(misses))]
+        elif mode is BatchMode.HITS_ONLY:
+            chosen = hits[:b] + misses[: max(0, b - len(hits))]
+        else:
+            # Hits first; the oldest deferred misses fill what the cache cannot.
+            chosen = hits[:b] + misses[: max(0, b - len(hits))]
+        taken = set(chosen)
+        # Unused hits stay in front for the next batch; unused misses go to the back of the
+        # epoch, by when they may have been prefetched (or are the final misses).
+        self._pending = (
+            [i for i in hits if i not in taken]
+            + self._pending[len(window) :]
+            + [i for i in misses if i not in taken]
+        )
+        return Batch(tuple(chosen), frozenset(cached & taken), mode)
+
+    def batches(self, is_cached: IsCached) -> list[Batch]:
+        """All the remaining batches of the epoch (for tests and simulations)."""
+        out = []
+        while (batch := self.next_batch(is_cached)) is not None:
+            out.append(batch)
+        return out

@@ -1,0 +1,223 @@
+"""gRPC adapter over ``CacheCore``: parse, call, convert. No decisions here."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
+from microco.services.common.errors import InvalidArgument
+from microco.services.common.hotstate import key
+
+from ._core import CacheCore
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = cache_pb2.DESCRIPTOR.services_by_name["CacheService"].full_name
+#: Largest payload per streamed message: big enough to amortise per-message cost, well under
+#: the channel's limit.
+MESSAGE_BYTES = 4 << 20
+
+
+class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
+    def __init__(self, core: CacheCore, redis: Any = None, server_id: str = "") -> None:
+        self.core = core
+        self.redis = redis
+        self.server_id = server_id
+
+    def Lookup(self, request: cache_pb2.LookupRequest, context: grpc.ServicerContext) -> cache_pb2.LookupResponse:
+        return cache_pb2.LookupResponse(
+            present=self.core.lookup(list(request.digests)), room_bytes=self.core.room(request.dataset)
+        )
+
+    def ReadSamples(self, request: cache_pb2.ReadSamplesRequest, context: grpc.ServicerContext) -> Iterator[cache_pb2.SampleBatch]:
+        reads = [(s.chunk, s.offset, s.length, s.digest) for s in request.samples]
+        if any(r[2] < 0 or r[1] < 0 for r in reads):
+            raise InvalidArgument("offset and length must be non-negative")
+        batch: list[cache_pb2.SampleData] = []
+        size = 0
+        for pos, data in self.core.read_samples(reads):
+            if data is None:
+                batch.append(cache_pb2.SampleData(position=pos, missing=True))
+            else:
+                batch.append(cache_pb2.SampleData(position=pos, data=data))
+                size += len(data)
+            if size >= MESSAGE_BYTES:
+                yield cache_pb2.SampleBatch(samples=batch)
+                batch, size = [], 0
+        if batch:
+            yield cache_pb2.SampleBatch(samples=batch)
+
+    def ReadChunks(self, request: cache_pb2.ReadChunksRequest, context: grpc.ServicerContext) -> Iterator[cache_pb2.ChunkData]:
+        for d, data in self.core.read_chunks(list(request.digests)):
+            if data is None:
+                yield cache_pb2.ChunkData(digest=d, missing=True, last=True)
+                continue
+            for off in range(0, max(len(data), 1), MESSAGE_BYTES):
+                part = data[off : off + MESSAGE_BYTES]
+                yield cache_pb2.ChunkData(digest=d, data=part, offset=off, last=off + MESSAGE_BYTES >= len(data))
+
+    def OpenChunks(self, request: cache_pb2.OpenChunksRequest, context: grpc.ServicerContext) -> cache_pb2.OpenChunksResponse:
+        grants = [cache_pb2.ChunkGrant(digest=d, path=p, size=n) for d, p, n in self.core.open_chunks(list(request.digests))]
+        return cache_pb2.OpenChunksResponse(grants=grants, node=self.core.node)
+
+    def PutChunks(self, request_iterator: Iterator[cache_pb2.ChunkData], context: grpc.ServicerContext) -> cache_pb2.PutChunksResponse:
+        resp = cache_pb2.PutChunksResponse()
+        parts: list[bytes] = []
+        current = ""
+        for msg in request_iterator:
+            if current and msg.digest != current:
+                raise InvalidArgument("a chunk's parts must be contiguous and end with last=true")
+            current = msg.digest
+            parts.append(msg.data)
+            if not msg.last:
+                continue
+            result = self.core.put(msg.digest, b"".join(parts), msg.dataset)
+            parts, current = [], ""
+            if result.outcome == "stored":
+                resp.stored.append(result.digest)
+            elif result.outcome == "present":
+                resp.present.append(result.digest)
+            else:
+                resp.rejected.append(cache_pb2.RejectedChunk(digest=result.digest, reason=result.outcome, detail=result.detail))
+        if current:
+            raise InvalidArgument("stream ended inside a chunk (no part with last=true)")
+        return resp
+
+    def ReportCorrupt(self, request: cache_pb2.ReportCorruptRequest, context: grpc.ServicerContext) -> cache_pb2.ReportCorruptResponse:
+        return cache_pb2.ReportCorruptResponse(dropped=self.core.drop_corrupt(request.digest))
+
+    def ReportProgress(self, request: cache_pb2.ReportProgressRequest, context: grpc.ServicerContext) -> cache_pb2.ReportProgressResponse:
+        alloc = self.core.report_progress(
+            request.job_id,
+            request.dataset,
+            request.epoch,
+            list(request.consumed),
+            [(t.hit_fraction, t.seconds, t.bytes, t.samples) for t in request.timings],
+            user=request.user,
+            dataset_bytes=request.dataset_bytes,
+            finished=request.finished,
+        )
+        self._publish()
+        if alloc is None:
+            return cache_pb2.ReportProgressResponse()
+        return cache_pb2.ReportProgressResponse(allocation_bytes=alloc.bytes, reason=alloc.reason)
+
+    def GetStats(self, request: cache_pb2.GetStatsRequest, context: grpc.ServicerContext) -> cache_pb2.CacheStats:
+        return stats_to_proto(self.core.stats())
+
+    def GetAllocations(self, request: cache_pb2.GetAllocationsRequest, context: grpc.ServicerContext) -> cache_pb2.GetAllocationsResponse:
+        return cache_pb2.GetAllocationsResponse(
+            allocations=[
+                cache_pb2.Allocation(
+                    dataset=a.dataset,
+                    bytes=a.bytes,
+                    dataset_bytes=a.dataset_bytes,
+                    benefit_s_per_gb=a.benefit_s_per_gb,
+                    jobs=list(a.jobs),
+                    reason=a.reason,
+                    used_bytes=used,
+                )
+                for a, used in self.core.allocation_table()
+            ],
+            capacity_bytes=self.core.capacity,
+        )
+
+    _last_publish = 0.0
+
+    def _publish(self) -> None:
+        """Mirror stats and allocations to Redis for the console (best effort, at most 1/s)."""
+        if self.redis is None or time.monotonic() - self._last_publish < 1.0:
+            return
+        self._last_publish = time.monotonic()
+        import redis
+
+        doc = {
+            "stats": self.core.stats(),
+            "allocations": [{**a.__dict__, "jobs": list(a.jobs), "used_bytes": u} for a, u in self.core.allocation_table()],
+        }
+        try:
+            self.redis.set(key("cache", "server", self.server_id, "status"), json.dumps(doc), ex=60)
+        except redis.RedisError as exc:
+            log.debug("status not published: %s", exc)
+
+
+def stats_to_proto(s: dict) -> cache_pb2.CacheStats:
+    return cache_pb2.CacheStats(
+        capacity_bytes=s["capacity_bytes"],
+        used_bytes=s["used_bytes"],
+        chunks=s["chunks"],
+        hits=s["hits"],
+        misses=s["misses"],
+        policy=s["policy"],
+        node=s["node"],
+        evictions=s["evictions"],
+        corrupt_dropped=s["corrupt_dropped"],
+        rejected=s["rejected"],
+        bytes_served=s["bytes_served"],
+        datasets=[cache_pb2.DatasetUsage(dataset=k, bytes=v["bytes"], chunks=v["chunks"]) for k, v in s["datasets"].items()],
+        jobs=s["jobs"],
+    )
+
+
+def parse_size(text: str) -> int:
+    """``"10G"``, ``"512M"``, ``"1.5GiB"``, ``"1000000"`` -> bytes."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    mult = 1
+    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30), ("T", 1 << 40)):
+        if t.endswith(suffix):
+            t, mult = t[:-1], m
+            break
+    try:
+        value = int(float(t) * mult)
+    except ValueError:
+        raise InvalidArgument(f"bad size {text!r}: expected e.g. 512M, 10G or a byte count") from None
+    if value <= 0:
+        raise InvalidArgument(f"size {text!r} must be positive")
+    return value
+
+
+def add_arguments(parser: Any) -> None:
+    g = parser.add_argument_group("cache options")
+    g.add_argument(
+        "--capacity",
+        default=os.environ.get("MICROCO_CACHE_CAPACITY", "1G"),
+        help="bytes of local disk this server may fill (e.g. 512M, 20G; MICROCO_CACHE_CAPACITY)",
+    )
+    g.add_argument(
+        "--policy",
+        default=os.environ.get("MICROCO_CACHE_POLICY", "coordinated"),
+        choices=["coordinated", "lru"],
+        help="eviction policy: coordinated (Quiver) or lru (baseline)",
+    )
+    g.add_argument("--job-ttl-s", type=float, default=60.0, help="a job silent this long stops pinning chunks")
+
+
+def setup(ctx: Any) -> None:
+    """Build the cache service inside the common runtime (used by ``python -m microco.services.cache``)."""
+    from ._chunkstore import ChunkStore
+    from ._directory import RedisDirectory
+
+    args = ctx.args
+    s = ctx.settings
+    store = ChunkStore(str(s.resolved_data_dir() / "cache"))
+    try:
+        redis = ctx.redis
+    except Exception as exc:  # Redis is an optimisation: the cache serves without a directory
+        log.warning("no Redis, serving without a directory: %s", exc)
+        redis = None
+    directory = RedisDirectory(redis, s.instance_id) if redis is not None else None
+    core = CacheCore(
+        store, parse_size(args.capacity), args.policy, directory=directory, node=s.node, job_ttl_s=args.job_ttl_s
+    )
+    servicer = CacheServicer(core, redis, s.instance_id)
+    ctx.runtime.add_service(cache_pb2_grpc.add_CacheServiceServicer_to_server, servicer, SERVICE_NAME)
+    if directory is not None:
+        ctx.runtime.on_stop(directory.withdraw)

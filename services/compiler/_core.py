@@ -1,0 +1,306 @@
+"""The exploration core: pure decisions about which configuration to run next and what to commit.
+
+An :class:`Exploration` is the whole search state of one graph key (fingerprint + input shapes +
+hardware); it round-trips through JSON so the service can keep it in etcd and resume after a
+restart. :class:`ExplorationPolicy` holds the decisions, as functions of the spec, the policy's
+settings and the measured trials:
+
+* **coarse before fine**: variables are explored stage by stage (structure, then compiled
+  regions, then fine tuning such as thread counts), each stage starting from the best so far;
+* **independent variables together**: variables of different regions do not interact, so one
+  trial tries a candidate for every region at once and each region is judged by its own timing;
+  the per-region winners are then composed and verified as one trial;
+* **repeated regions share decisions**: clients name a region by its structure, so every
+  instance of a repeated cell is one region with one decision;
+* **compile time is cost**: a candidate that compiles is pruned when even an optimistic saving
+  over the steps left in the run cannot repay its estimated compile time; exploration stops
+  once it has used its share of the run, and the best measured configuration is committed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ._types import Config, GraphSpec, TrialReport, Variable
+
+# What one compile costs before anything was measured (ms); replaced by measurements.
+DEFAULT_COMPILE_MS = {"torch": 20000.0, "tensorflow": 5000.0}
+
+
+@dataclass(frozen=True)
+class ExplorationPolicy:
+    """Settings of the search (a frozen value: the same policy decides the same way)."""
+
+    measure_steps: int = 3  # measured mini-batches per trial, after one warm-up (compile) step
+    max_explore_fraction: float = 0.3  # never explore for more than this share of the run's steps
+    max_speedup: float = 2.0  # optimistic bound of what compiling a region can gain (for pruning)
+    region_backward_factor: float = 3.0  # forward-timed region: forward + backward ~ 3x forward
+
+    @property
+    def steps_per_trial(self) -> int:
+        return 1 + self.measure_steps
+
+
+@dataclass
+class TrialRecord:
+    trial: int
+    values: dict[str, str]
+    stage: int
+    kind: str  # "baseline", "explore", "compose"
+    steps: list[float] = field(default_factory=list)
+    step_ms: float = math.inf
+    compile_ms: float = 0.0
+    region_ms: dict[str, float] = field(default_factory=dict)
+    failed: bool = False
+    error: str = ""
+    done: bool = False
+
+
+@dataclass
+class Exploration:
+    """The search state of one graph key; plain data, JSON round-trip."""
+
+    key: str
+    spec: GraphSpec
+    trials: list[TrialRecord] = field(default_factory=list)
+    queue: list[dict[str, Any]] = field(default_factory=list)  # planned {"values", "kind"}
+    stages: list[int] = field(default_factory=list)  # stages still to explore, in order
+    stage: int = -1
+    phase: str = "explore"  # "explore" then "compose" within a stage
+    current: int | None = None  # index in trials of the trial in flight
+    committed: bool = False
+    best: int | None = None  # index in trials
+    explore_steps: int = 0
+    explore_ms: float = 0.0
+    pruned: list[str] = field(default_factory=list)
+    runs: int = 0  # registrations seen (runs of the model)
+
+    # -- derived
+    @property
+    def baseline(self) -> TrialRecord | None:
+        return next((t for t in self.trials if t.kind == "baseline" and t.done and not t.failed), None)
+
+    @property
+    def best_trial(self) -> TrialRecord | None:
+        return None if self.best is None else self.trials[self.best]
+
+    @property
+    def best_values(self) -> dict[str, str]:
+        b = self.best_trial
+        return dict(b.values) if b else {v.name: v.choices[0] for v in self.spec.variables}
+
+    @property
+    def speedup(self) -> float:
+        b, base = self.best_trial, self.baseline
+        if not b or not base or not math.isfinite(b.step_ms) or b.step_ms <= 0:
+            return 1.0
+        return base.step_ms / b.step_ms
+
+    @property
+    def compile_ms(self) -> float:
+        return sum(t.compile_ms for t in self.trials)
+
+    # -- JSON
+    def to_json(self) -> dict[str, Any]:
+        spec = asdict(self.spec)
+        spec["variables"] = [v.to_dict() for v in self.spec.variables]
+        d = asdict(self)
+        d["spec"] = spec
+        d["trials"] = [_finite(asdict(t)) for t in self.trials]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Exploration:
+        s = dict(d["spec"])
+        s["variables"] = tuple(Variable.from_dict(v) for v in s["variables"])
+        spec = GraphSpec(**s)
+        trials = []
+        for t in d["trials"]:
+            t = dict(t)
+            t["step_ms"] = math.inf if t.get("step_ms") is None else t["step_ms"]
+            trials.append(TrialRecord(**t))
+        fields = {k: v for k, v in d.items() if k not in ("spec", "trials")}
+        return cls(spec=spec, trials=trials, **fields)
+
+
+def _finite(d: dict[str, Any]) -> dict[str, Any]:
+    if not math.isfinite(d.get("step_ms", 0.0)):
+        d["step_ms"] = None
+    return d
+
+
+def start(spec: GraphSpec, policy: ExplorationPolicy) -> Exploration:
+    """A fresh exploration: measure the baseline first, then the stages in order."""
+    if not spec.variables:
+        state = Exploration(key=spec.key, spec=spec, committed=True)
+        return state
+    state = Exploration(key=spec.key, spec=spec, stages=sorted({v.stage for v in spec.variables}))
+    state.queue = [{"values": {v.name: v.choices[0] for v in spec.variables}, "kind": "baseline"}]
+    return state
+
+
+def next_config(state: Exploration, policy: ExplorationPolicy) -> Config:
+    """The configuration for the next mini-batches. Idempotent while a trial is in flight."""
+    if state.committed:
+        return Config(state.key, state.best_values, trial=-1, committed=True, steps=0)
+    if state.current is not None:
+        t = state.trials[state.current]
+        return Config(state.key, dict(t.values), trial=t.trial, steps=policy.steps_per_trial)
+    while not state.queue:
+        if not _advance(state, policy):
+            return commit(state)
+    if _over_budget(state, policy):
+        return commit(state)
+    item = state.queue.pop(0)
+    rec = TrialRecord(trial=len(state.trials), values=item["values"], stage=state.stage, kind=item["kind"])
+    state.trials.append(rec)
+    state.current = rec.trial
+    return Config(state.key, dict(rec.values), trial=rec.trial, steps=policy.steps_per_trial)
+
+
+def report(state: Exploration, rep: TrialReport, policy: ExplorationPolicy) -> Config:
+    """Record a finished trial and return the next configuration. Stale reports are ignored."""
+    if state.committed or state.current is None or rep.trial != state.current:
+        return next_config(state, policy)
+    t = state.trials[state.current]
+    state.current = None
+    t.done = True
+    t.steps = [float(s) for s in rep.step_ms]
+    state.explore_steps += len(t.steps)
+    state.explore_ms += sum(t.steps)
+    t.region_ms = dict(rep.region_ms)
+    t.failed = bool(rep.failed) or not t.steps
+    t.error = rep.error
+    if not t.failed:
+        measured = t.steps[1:] if len(t.steps) > 1 else t.steps
+        t.step_ms = statistics.median(measured)
+        t.compile_ms = max(0.0, t.steps[0] - t.step_ms) if len(t.steps) > 1 else 0.0
+        if state.best is None or t.step_ms < state.trials[state.best].step_ms:
+            state.best = t.trial
+    return next_config(state, policy)
+
+
+def commit(state: Exploration) -> Config:
+    """End the exploration with the best measured configuration (the baseline if nothing beat it)."""
+    state.committed = True
+    state.queue = []
+    state.current = None
+    return Config(state.key, state.best_values, trial=-1, committed=True, steps=0)
+
+
+def _over_budget(state: Exploration, policy: ExplorationPolicy) -> bool:
+    budget = policy.max_explore_fraction * max(1, state.spec.total_steps)
+    return state.explore_steps + policy.steps_per_trial > budget and state.best is not None
+
+
+def _advance(state: Exploration, policy: ExplorationPolicy) -> bool:
+    """Plan the next batch of trials: compose the stage's per-region winners, or move on."""
+    if state.stage >= 0 and state.phase == "explore":
+        state.phase = "compose"
+        composed = _compose(state)
+        if composed is not None:
+            state.queue.append({"values": composed, "kind": "compose"})
+            return True
+    if not state.stages:
+        return False
+    state.stage = state.stages.pop(0)
+    state.phase = "explore"
+    state.queue.extend({"values": v, "kind": "explore"} for v in _plan_stage(state, policy))
+    return True
+
+
+def _stage_vars(state: Exploration) -> dict[str, list[Variable]]:
+    groups: dict[str, list[Variable]] = {}
+    for v in state.spec.variables:
+        if v.stage == state.stage:
+            groups.setdefault(v.region, []).append(v)
+    return groups
+
+
+def _plan_stage(state: Exploration, policy: ExplorationPolicy) -> list[dict[str, str]]:
+    base = state.best_values
+    groups = _stage_vars(state)
+    per_region: dict[str, list[dict[str, str]]] = {}
+    for region, variables in groups.items():
+        combos = []
+        for choice in itertools.product(*(v.choices for v in variables)):
+            combo = {v.name: c for v, c in zip(variables, choice)}
+            if all(base.get(k) == c for k, c in combo.items()):
+                continue
+            reason = _prune_reason(state, policy, region, variables, combo)
+            if reason:
+                state.pruned.append(f"stage {state.stage}: {combo}: {reason}")
+                continue
+            combos.append(combo)
+        per_region[region] = combos
+    trials: list[dict[str, str]] = []
+    # Regional variables: trial k tries every region's k-th candidate at once.
+    regional = {r: c for r, c in per_region.items() if r}
+    for k in range(max((len(c) for c in regional.values()), default=0)):
+        values = dict(base)
+        for combos in regional.values():
+            if k < len(combos):
+                values.update(combos[k])
+        trials.append(values)
+    # Whole-step variables are judged by step time alone: one trial each.
+    for combo in per_region.get("", []):
+        values = dict(base)
+        values.update(combo)
+        trials.append(values)
+    return trials
+
+
+def _prune_reason(
+    state: Exploration, policy: ExplorationPolicy, region: str, variables: list[Variable], combo: dict[str, str]
+) -> str:
+    compiles = any(v.compiles and combo[v.name] != v.choices[0] for v in variables)
+    if not compiles:
+        return ""
+    best = state.best_trial
+    if best is None or not math.isfinite(best.step_ms):
+        return ""
+    remaining = state.spec.total_steps - state.explore_steps
+    region_cost = best.region_ms.get(region, best.step_ms / policy.region_backward_factor)
+    region_cost = min(best.step_ms, region_cost * policy.region_backward_factor)
+    max_saving = region_cost * (1.0 - 1.0 / policy.max_speedup) * max(0, remaining)
+    est = compile_estimate(state)
+    if max_saving < est:
+        return f"cannot repay compile time: est. {est:.0f} ms > best-case saving {max_saving:.0f} ms"
+    return ""
+
+
+def compile_estimate(state: Exploration) -> float:
+    """Expected compile time of one more compiled region: the largest measured so far, else a prior."""
+    measured = [t.compile_ms for t in state.trials if t.done and not t.failed and t.compile_ms > 0 and _compiles(state, t)]
+    if measured:
+        return max(measured)
+    return DEFAULT_COMPILE_MS.get(state.spec.framework, 20000.0)
+
+
+def _compiles(state: Exploration, t: TrialRecord) -> bool:
+    return any(v.compiles and t.values.get(v.name, v.choices[0]) != v.choices[0] for v in state.spec.variables)
+
+
+def _compose(state: Exploration) -> dict[str, str] | None:
+    """Per region, the candidate with the lowest region time among this stage's trials."""
+    stage_trials = [t for t in state.trials if t.stage == state.stage and t.done and not t.failed]
+    ref = state.best_trial
+    if ref is None or not stage_trials:
+        return None
+    pool = stage_trials + ([ref] if ref not in stage_trials else [])
+    composed = dict(ref.values)
+    for region, variables in _stage_vars(state).items():
+        if not region:
+            continue
+        names = [v.name for v in variables]
+        timed = [t for t in pool if region in t.region_ms]
+        if not timed:
+            continue
+        winner = min(timed, key=lambda t: t.region_ms[region])
+        composed.update({n: winner.values[n] for n in names})
+    measured = [t.values for t in state.trials if t.done and not t.failed]
+    return None if composed in measured else composed

@@ -1,0 +1,67 @@
+"""The gRPC servicer: a thin adapter from protobuf to :class:`CompilerCore`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from microco.api.compiler.v1 import compiler_pb2 as pb
+from microco.api.compiler.v1 import compiler_pb2_grpc as pb_grpc
+from microco.services.common import InvalidArgument
+from microco.services.common.server import ServiceContext
+
+from . import wire
+from ._core import ExplorationPolicy
+from ._store import CompilerCore
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "microco.api.compiler.v1.CompilerService"
+
+
+class CompilerServicer(pb_grpc.CompilerServiceServicer):
+    def __init__(self, core: CompilerCore) -> None:
+        self.core = core
+
+    def RegisterGraph(self, request: pb.RegisterGraphRequest, context: Any) -> pb.Config:
+        try:
+            spec = wire.spec_from_proto(request)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        cfg = self.core.register(spec)
+        log.info("graph registered", extra={"key": spec.key, "model": spec.model_name, "committed": cfg.committed})
+        return wire.config_to_proto(cfg)
+
+    def NextConfig(self, request: pb.NextConfigRequest, context: Any) -> pb.Config:
+        return wire.config_to_proto(self.core.next_config(request.key))
+
+    def ReportTimings(self, request: pb.ReportTimingsRequest, context: Any) -> pb.Config:
+        cfg = self.core.report(request.key, wire.report_from_proto(request))
+        if cfg.committed:
+            log.info("configuration committed", extra={"key": request.key, "values": cfg.values})
+        return wire.config_to_proto(cfg)
+
+    def GetGraph(self, request: pb.GetGraphRequest, context: Any) -> pb.GraphState:
+        return wire.state_to_proto(self.core.get(request.key))
+
+    def ListGraphs(self, request: pb.ListGraphsRequest, context: Any) -> pb.ListGraphsResponse:
+        return pb.ListGraphsResponse(graphs=[wire.state_to_proto(s) for s in self.core.list()])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--measure-steps", type=int, default=3, help="measured mini-batches per trial (after one warm-up)")
+    parser.add_argument(
+        "--max-explore-fraction", type=float, default=0.3,
+        help="never spend more than this share of a run's steps exploring",
+    )
+
+
+def setup(ctx: ServiceContext) -> None:
+    args = ctx.args
+    if args.measure_steps < 1:
+        raise InvalidArgument("--measure-steps must be at least 1")
+    if not 0 < args.max_explore_fraction <= 1:
+        raise InvalidArgument("--max-explore-fraction must be in (0, 1]")
+    policy = ExplorationPolicy(measure_steps=args.measure_steps, max_explore_fraction=args.max_explore_fraction)
+    core = CompilerCore(ctx.kv, policy)
+    ctx.runtime.add_service(pb_grpc.add_CompilerServiceServicer_to_server, CompilerServicer(core), SERVICE_NAME)

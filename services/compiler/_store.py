@@ -1,0 +1,140 @@
+"""The compiler's state in the KV store (etcd in production, ``MemoryKV`` in unit tests).
+
+Layout::
+
+    /microco/compiler/explorations/<key>   the whole search state (JSON), written after every change
+    /microco/compiler/committed/<key>      the committed configuration: what the next run starts from
+
+``<key>`` hashes the graph fingerprint, the input shapes and the hardware.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from microco.services.common import KV, InvalidArgument, NotFound
+
+from . import _core
+from ._core import Exploration, ExplorationPolicy
+from ._types import Config, GraphSpec, TrialReport
+
+PREFIX = "/microco/compiler/"
+EXPLORATIONS = PREFIX + "explorations/"
+COMMITTED = PREFIX + "committed/"
+
+
+def _check_spec(spec: GraphSpec) -> None:
+    if not spec.fingerprint:
+        raise InvalidArgument("fingerprint is required")
+    if spec.total_steps <= 0:
+        raise InvalidArgument("total_steps must be positive")
+    names = [v.name for v in spec.variables]
+    if len(set(names)) != len(names):
+        raise InvalidArgument(f"duplicate variable names in {names}")
+
+
+class CompilerCore:
+    """The compiler's behaviour over a KV store; the gRPC servicer and ``LocalExplorer`` wrap it.
+
+    Every state change is written to the KV before the answer leaves, so a restarted service
+    (a new ``CompilerCore`` over the same etcd) resumes each exploration where it was.
+    """
+
+    def __init__(self, kv: KV, policy: ExplorationPolicy | None = None) -> None:
+        self.kv = kv
+        self.policy = policy or ExplorationPolicy()
+        self._lock = threading.RLock()
+
+    # -- persistence
+    def load(self, key: str) -> Exploration | None:
+        raw = self.kv.get_json(EXPLORATIONS + key)
+        return None if raw is None else Exploration.from_json(raw)
+
+    def _save(self, state: Exploration) -> None:
+        self.kv.put_json(EXPLORATIONS + state.key, state.to_json())
+        if state.committed:
+            self.kv.put_json(COMMITTED + state.key, committed_record(state))
+
+    # -- operations
+    def register(self, spec: GraphSpec) -> Config:
+        """Start or resume the exploration of ``spec``; a committed key answers at once."""
+        _check_spec(spec)
+        with self._lock:
+            committed = self.kv.get_json(COMMITTED + spec.key)
+            state = self.load(spec.key)
+            if state is None:
+                state = _core.start(spec, self.policy)
+                if committed is not None:  # state lost but the commit survived: reuse it
+                    state.committed = True
+                    state.trials.append(_core.TrialRecord(0, dict(committed["values"]), -1, "committed", done=True,
+                                                          step_ms=committed.get("best_ms") or 0.0))
+                    state.best = 0
+            state.runs += 1
+            cfg = _core.next_config(state, self.policy)
+            self._save(state)
+            return cfg
+
+    def next_config(self, key: str) -> Config:
+        with self._lock:
+            state = self._get(key)
+            cfg = _core.next_config(state, self.policy)
+            self._save(state)
+            return cfg
+
+    def report(self, key: str, rep: TrialReport) -> Config:
+        if any(not (s >= 0) for s in rep.step_ms):
+            raise InvalidArgument("step times must be non-negative numbers")
+        with self._lock:
+            state = self._get(key)
+            cfg = _core.report(state, rep, self.policy)
+            self._save(state)
+            return cfg
+
+    def get(self, key: str) -> Exploration:
+        return self._get(key)
+
+    def list(self) -> list[Exploration]:
+        return [Exploration.from_json(v) for _, v in self.kv.get_prefix_json(EXPLORATIONS)]
+
+    def _get(self, key: str) -> Exploration:
+        state = self.load(key)
+        if state is None:
+            raise NotFound(f"no graph registered under key {key!r}")
+        return state
+
+
+def committed_record(state: Exploration) -> dict[str, Any]:
+    best, base = state.best_trial, state.baseline
+    return {
+        "key": state.key,
+        "model_name": state.spec.model_name,
+        "framework": state.spec.framework,
+        "fingerprint": state.spec.fingerprint,
+        "input_shapes": state.spec.input_shapes,
+        "hardware": state.spec.hardware,
+        "values": state.best_values,
+        "best_ms": best.step_ms if best and best.step_ms != float("inf") else None,
+        "baseline_ms": base.step_ms if base else None,
+        "speedup": state.speedup,
+        "explore_steps": state.explore_steps,
+        "committed_at": time.time(),
+    }
+
+
+class LocalExplorer:
+    """The exploration core in-process (same decisions as the service, no network)."""
+
+    def __init__(self, kv: KV | None = None, policy: ExplorationPolicy | None = None) -> None:
+        if kv is None:
+            from microco.services.common import MemoryKV
+
+            kv = MemoryKV()
+        self.core = CompilerCore(kv, policy)
+
+    def register(self, spec: GraphSpec) -> Config:
+        return self.core.register(spec)
+
+    def report(self, key: str, report: TrialReport) -> Config:
+        return self.core.report(key, report)

@@ -1,0 +1,89 @@
+"""Plain data the exploration core, the service and the clients share (no framework imports)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Stages: structural rewrites are cheap to try (coarse), compiled regions cost compile time,
+# thread counts and options are fine tuning explored last around the best structure.
+STAGE_STRUCTURE = 0
+STAGE_COMPILE = 1
+STAGE_FINE = 2
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One adaptive variable: ``choices[0]`` is the baseline (what eager execution does).
+
+    ``region`` names the region the variable acts on ("" = the whole step); variables of
+    different regions are independent and are explored together. ``compiles`` marks a variable
+    whose non-baseline choices cost compile time before they pay off.
+    """
+
+    name: str
+    choices: tuple[str, ...]
+    region: str = ""
+    stage: int = STAGE_STRUCTURE
+    compiles: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a variable needs a name")
+        if len(self.choices) < 1 or len(set(self.choices)) != len(self.choices):
+            raise ValueError(f"variable {self.name!r} needs distinct choices, got {self.choices!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["choices"] = list(self.choices)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Variable:
+        return cls(d["name"], tuple(d["choices"]), d.get("region", ""), int(d.get("stage", 0)), bool(d.get("compiles", False)))
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """What a client registers: a captured graph, its inputs, the hardware and its variables."""
+
+    fingerprint: str
+    input_shapes: str
+    hardware: str
+    variables: tuple[Variable, ...]
+    model_name: str = ""
+    framework: str = "torch"
+    total_steps: int = 1000  # how long the run expects to be: the budget exploration must repay
+
+    @property
+    def key(self) -> str:
+        """The identity of an exploration: graph fingerprint + input shapes + hardware."""
+        return graph_key(self.fingerprint, self.input_shapes, self.hardware)
+
+
+def graph_key(fingerprint: str, input_shapes: str, hardware: str) -> str:
+    digest = hashlib.sha256(f"{fingerprint}|{input_shapes}|{hardware}".encode()).hexdigest()
+    return digest[:24]
+
+
+@dataclass(frozen=True)
+class Config:
+    """The configuration for the next ``steps`` mini-batches (the first one warms up/compiles)."""
+
+    key: str
+    values: dict[str, str]
+    trial: int
+    committed: bool = False
+    steps: int = 0  # 0 once committed: run it for ever, report nothing
+
+
+@dataclass
+class TrialReport:
+    """What a client measured running one trial's mini-batches."""
+
+    trial: int
+    step_ms: list[float]
+    region_ms: dict[str, float] = field(default_factory=dict)
+    failed: bool = False
+    error: str = ""

@@ -1,0 +1,116 @@
+"""Protobuf <-> domain conversions for the compiler API, shared by the servicer and the client."""
+
+from __future__ import annotations
+
+import math
+
+from microco.api.compiler.v1 import compiler_pb2 as pb
+
+from ._core import Exploration
+from ._types import Config, GraphSpec, TrialReport, Variable
+
+
+def variable_to_proto(v: Variable) -> pb.Variable:
+    return pb.Variable(name=v.name, choices=list(v.choices), region=v.region, stage=v.stage, compiles=v.compiles)
+
+
+def variable_from_proto(m: pb.Variable) -> Variable:
+    return Variable(m.name, tuple(m.choices), m.region, m.stage, m.compiles)
+
+
+def spec_to_proto(s: GraphSpec) -> pb.RegisterGraphRequest:
+    return pb.RegisterGraphRequest(
+        fingerprint=s.fingerprint,
+        input_shapes=s.input_shapes,
+        hardware=s.hardware,
+        variables=[variable_to_proto(v) for v in s.variables],
+        model_name=s.model_name,
+        framework=s.framework,
+        total_steps=s.total_steps,
+    )
+
+
+def spec_from_proto(m: pb.RegisterGraphRequest) -> GraphSpec:
+    """Raises ``ValueError`` for a malformed variable (the servicer turns it into InvalidArgument)."""
+    return GraphSpec(
+        fingerprint=m.fingerprint,
+        input_shapes=m.input_shapes,
+        hardware=m.hardware,
+        variables=tuple(variable_from_proto(v) for v in m.variables),
+        model_name=m.model_name,
+        framework=m.framework or "torch",
+        total_steps=m.total_steps or 1000,
+    )
+
+
+def config_to_proto(c: Config) -> pb.Config:
+    return pb.Config(key=c.key, values=c.values, committed=c.committed, trial=c.trial, steps=c.steps)
+
+
+def config_from_proto(m: pb.Config) -> Config:
+    return Config(key=m.key, values=dict(m.values), trial=m.trial, committed=m.committed, steps=m.steps)
+
+
+def report_to_proto(key: str, r: TrialReport) -> pb.ReportTimingsRequest:
+    return pb.ReportTimingsRequest(
+        key=key,
+        trial=r.trial,
+        step_ms=list(r.step_ms),
+        regions=[pb.RegionTiming(region=k, ms=v) for k, v in sorted(r.region_ms.items())],
+        failed=r.failed,
+        error=r.error,
+    )
+
+
+def report_from_proto(m: pb.ReportTimingsRequest) -> TrialReport:
+    return TrialReport(
+        trial=m.trial,
+        step_ms=list(m.step_ms),
+        region_ms={r.region: r.ms for r in m.regions},
+        failed=m.failed,
+        error=m.error,
+    )
+
+
+def _f(x: float | None) -> float:
+    return x if x is not None and math.isfinite(x) else 0.0
+
+
+def state_to_proto(s: Exploration) -> pb.GraphState:
+    best, base = s.best_trial, s.baseline
+    return pb.GraphState(
+        key=s.key,
+        model_name=s.spec.model_name,
+        framework=s.spec.framework,
+        variables=[variable_to_proto(v) for v in s.spec.variables],
+        trials=[
+            pb.Trial(
+                trial=t.trial,
+                values=t.values,
+                step_ms=_f(t.step_ms),
+                compile_ms=t.compile_ms,
+                steps=t.steps,
+                regions=[pb.RegionTiming(region=k, ms=v) for k, v in sorted(t.region_ms.items())],
+                done=t.done,
+                failed=t.failed,
+                error=t.error,
+                stage=t.stage,
+                kind=t.kind,
+            )
+            for t in s.trials
+        ],
+        best=pb.Config(key=s.key, values=s.best_values, committed=s.committed, trial=best.trial if best else -1),
+        committed=s.committed,
+        explore_steps=s.explore_steps,
+        explore_ms=s.explore_ms,
+        compile_ms=s.compile_ms,
+        baseline_ms=_f(base.step_ms if base else None),
+        best_ms=_f(best.step_ms if best else None),
+        speedup=s.speedup,
+        pruned=s.pruned,
+        fingerprint=s.spec.fingerprint,
+        input_shapes=s.spec.input_shapes,
+        hardware=s.spec.hardware,
+        total_steps=s.spec.total_steps,
+        runs=s.runs,
+    )

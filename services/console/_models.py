@@ -1,0 +1,174 @@
+"""Request and response models of the REST API (they make the published OpenAPI schema).
+
+System objects (jobs, cache stats, tables, graphs) mirror the services' protobuf messages; their
+models list the fields the console relies on and allow extra ones, so a service that adds a field
+shows it in the API without a console release.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="error type, e.g. NotFound, InvalidArgument, Unauthenticated")
+    message: str
+
+
+class Health(BaseModel):
+    status: str = Field(description="ok")
+
+
+class Readiness(BaseModel):
+    ready: bool
+    etcd: str
+    redis: str
+
+
+class WhoAmI(BaseModel):
+    role: str = Field(description="admin (reads and changes) or viewer (reads only)")
+    profile: str
+    default_token: bool = Field(description="true when the well-known development token is in use")
+    instance_id: str
+    version: str
+
+
+class ServiceView(BaseModel):
+    name: str
+    instance_id: str
+    address: str
+    version: str
+    started_at: float
+    uptime_s: float
+    metrics_address: str
+    labels: dict[str, str]
+    health: str = Field(description="SERVING, NOT_SERVING or UNREACHABLE")
+
+
+class ServicesResponse(BaseModel):
+    services: list[ServiceView]
+    at: float
+
+
+class SystemView(BaseModel):
+    name: str
+    in_build: bool
+    running: bool
+    reason: str
+
+
+class SystemsResponse(BaseModel):
+    systems: list[SystemView]
+
+
+class Availability(_Open):
+    available: bool = Field(description="false when the system is not in this build or not running")
+    reason: str = ""
+
+
+class NodeView(BaseModel):
+    name: str
+    info: dict[str, Any]
+
+
+class NodesResponse(BaseModel):
+    nodes: list[NodeView]
+    devices: list[dict[str, Any]]
+    devices_reason: str = ""
+
+
+class Period(BaseModel):
+    state: str = Field(description="queued, running, suspended, packed, migrating, finished, failed, cancelled")
+    start: float
+    end: float
+    node: str
+    devices: list[str]
+    migrated: bool = Field(description="true when this period started on other devices than the previous one")
+
+
+class JobView(_Open):
+    id: str
+    state: str = ""
+    node: str = ""
+    device_ids: list[str] = []
+    step: int = 0
+    submitted_at: float = 0.0
+    timeline: list[Period] = []
+    seconds_in_state: dict[str, float] = {}
+    history: list[dict[str, Any]] = Field(default=[], description="the scheduler's own state history")
+
+
+class JobsResponse(Availability):
+    jobs: list[JobView] = []
+
+
+class ProgressPoint(_Open):
+    at: float
+    step: int = 0
+    minibatch_ms: float = 0.0
+
+
+class JobDetail(JobView):
+    progress: list[ProgressPoint] = []
+
+
+class JobSubmit(BaseModel):
+    """What the scheduler needs to run a training job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200, description="a name people recognise")
+    command: list[str] = Field(min_length=1, max_length=256, description="argv of the training process")
+    devices: int = Field(ge=1, le=1024, description="devices wanted")
+    elastic: bool = Field(default=False, description="may grow and shrink with idle devices")
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    user: str = Field(default="", max_length=200, description="owner of the job")
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str = Field(default="", max_length=4096)
+    total_steps: int = Field(default=0, ge=0, description="optional, for progress")
+
+
+class JobRecord(_Open):
+    id: str
+
+
+class CacheServer(_Open):
+    instance_id: str
+    address: str
+    error: str = ""
+    stats: dict[str, Any] | None = None
+    allocations: list[dict[str, Any]] = []
+    hit_rate: list[dict[str, float]] = []
+
+
+class CacheResponse(Availability):
+    servers: list[CacheServer] = []
+
+
+class StoreResponse(Availability):
+    tables: list[dict[str, Any]] = []
+    nodes: list[dict[str, Any]] = []
+    recovery: dict[str, Any] | None = None
+
+
+class GraphView(_Open):
+    key: str = ""
+    trials: list[dict[str, Any]] = []
+    committed: bool = False
+    first_step_ms: float = 0.0
+    best_step_ms: float = 0.0
+    speedup: float = 0.0
+
+
+class CompilerResponse(Availability):
+    graphs: list[GraphView] = []
+
+
+class Record(_Open):
+    """A system object as its service returns it."""

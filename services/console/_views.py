@@ -1,0 +1,382 @@
+"""What each page and endpoint shows, assembled from etcd, Redis and the services' gRPC APIs.
+
+Every function takes the ``Gateway`` (and the ``SeriesStore`` where it plots history) and returns
+plain dicts; the FastAPI layer only validates input and maps errors. A system that is not in this
+build or not running yields ``{"available": False, "reason": ...}`` rather than made-up data.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import time
+from typing import Any
+
+from microco.services.common.errors import InvalidArgument, MicrocoError, Unavailable
+
+from ._gateway import SYSTEMS, Gateway
+from ._proto import enum_number, to_dict
+from ._series import SeriesStore
+from ._timeline import TERMINAL, hit_rate_series, job_timeline, state_seconds
+
+log = logging.getLogger(__name__)
+
+
+def _pb(system: str) -> Any:
+    return importlib.import_module(SYSTEMS[system].grpc_module.removesuffix("_grpc"))
+
+
+def unavailable(reason: str, **empty: Any) -> dict[str, Any]:
+    return {"available": False, "reason": reason, **empty}
+
+
+# --------------------------------------------------------------------------- services
+
+
+def services_view(gw: Gateway) -> dict[str, Any]:
+    """Every registered instance with its health (gRPC health protocol, or /healthz for HTTP)."""
+    records = sorted(gw.services(), key=lambda r: (r.name, r.instance_id))
+    health = gw.health(records)
+    now = time.time()
+    items = [
+        {
+            "name": r.name,
+            "instance_id": r.instance_id,
+            "address": r.address,
+            "version": r.version,
+            "started_at": r.started_at,
+            "uptime_s": max(0.0, now - r.started_at) if r.started_at else 0.0,
+            "metrics_address": r.metrics_address,
+            "labels": dict(r.labels),
+            "health": h,
+        }
+        for r, h in zip(records, health, strict=True)
+    ]
+    return {"services": items, "at": now}
+
+
+def systems_view(gw: Gateway) -> dict[str, Any]:
+    out = []
+    for name in SYSTEMS:
+        ok, reason = gw.availability(name)
+        out.append({"name": name, "in_build": SYSTEMS[name].in_build(), "running": ok, "reason": reason})
+    return {"systems": out}
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+def nodes_view(gw: Gateway) -> dict[str, Any]:
+    """Nodes as registered in etcd (``/microco/nodes/<node>``) and the devices the scheduler sees."""
+    nodes: list[dict[str, Any]] = []
+    for key, raw in gw.kv.get_prefix("/microco/nodes/"):
+        name = key.removeprefix("/microco/nodes/")
+        if "/" in name:  # sub-keys of a node (e.g. per-device entries) are folded into the node
+            continue
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = {"raw": raw.decode(errors="replace")}
+        nodes.append({"name": name, "info": doc if isinstance(doc, dict) else {"value": doc}})
+    devices: list[dict[str, Any]] = []
+    ok, reason = gw.availability("scheduler")
+    if ok:
+        pb = _pb("scheduler")
+        try:
+            resp = gw.call(gw.stub("scheduler").ListNodes, pb.ListNodesRequest())
+            devices = [to_dict(d) for d in resp.devices]
+        except MicrocoError as exc:
+            reason = f"scheduler: {exc}"
+    return {"nodes": nodes, "devices": devices, "devices_reason": reason}
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def _job_events_name(job_id: str) -> str:
+    return f"job:{job_id}:events"
+
+
+def _job_progress_name(job_id: str) -> str:
+    return f"job:{job_id}:progress"
+
+
+def _placement(job: dict[str, Any]) -> tuple[str, str, list[str]]:
+    return str(job.get("state", "")), str(job.get("node", "")), [str(d) for d in job.get("device_ids") or []]
+
+
+def record_job(series: SeriesStore, job: dict[str, Any], at: float, last_seen: dict[str, Any]) -> bool:
+    """Append a job's state to its event series when its state or placement changed since the last
+    sample, and its progress every time. Returns True when a state change was recorded."""
+    job_id = job.get("id")
+    if not job_id:
+        return False
+    state, node, devices = _placement(job)
+    signature = (state, node, tuple(devices))
+    changed = False
+    if last_seen.get(job_id) != signature:
+        previous = series.last(_job_events_name(job_id))
+        prev_sig = (
+            (previous.get("state"), previous.get("node"), tuple(previous.get("devices") or ()))
+            if previous
+            else None
+        )
+        if prev_sig != signature:
+            series.append(
+                _job_events_name(job_id),
+                {"at": at, "state": state, "node": node, "devices": devices, "message": job.get("message", "")},
+            )
+            changed = True
+        last_seen[job_id] = signature
+    if state not in ("queued",) and (job.get("step") or job.get("minibatch_ms")):
+        series.append(
+            _job_progress_name(job_id),
+            {"at": at, "step": job.get("step", 0), "minibatch_ms": job.get("minibatch_ms", 0.0)},
+        )
+    return changed
+
+
+SCHEDULER_JOBS_PREFIX = "/microco/scheduler/jobs/"
+
+
+def _scheduler_histories(gw: Gateway, job_id: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The state history the scheduler keeps in each job's etcd record (``history``: a list of
+    ``[at, state, message]``), by job id. Best effort: an unreadable record has no history."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    try:
+        if job_id is not None:
+            raw = gw.kv.get(SCHEDULER_JOBS_PREFIX + job_id)
+            items = [(SCHEDULER_JOBS_PREFIX + job_id, raw)] if raw is not None else []
+        else:
+            items = gw.kv.get_prefix(SCHEDULER_JOBS_PREFIX)
+    except MicrocoError as exc:
+        log.debug("cannot read job records from etcd: %s", exc)
+        return out
+    for key, raw in items:
+        try:
+            rec = json.loads(raw)
+            history = [
+                {"at": float(h[0]), "state": str(h[1]), "message": str(h[2]) if len(h) > 2 else "", "node": "", "devices": []}
+                for h in rec.get("history") or []
+                if isinstance(h, list | tuple) and len(h) >= 2
+            ]
+        except (ValueError, TypeError, AttributeError):
+            continue
+        out[key.removeprefix(SCHEDULER_JOBS_PREFIX)] = history
+    return out
+
+
+def _with_timeline(series: SeriesStore, job: dict[str, Any], now: float, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The job with its device timeline: the scheduler's own state history (from etcd) merged with
+    the placements this console observed (from Redis), ending with the job's current state."""
+    events = [*history, *series.read(_job_events_name(job["id"]))]
+    if not events and job.get("submitted_at"):
+        events.append({"at": job["submitted_at"], "state": "queued", "node": "", "devices": []})
+    state, node, devices = _placement(job)
+    latest = max((float(e["at"]) for e in events), default=now)
+    finished_at = float(job.get("finished_at") or 0.0)
+    at = finished_at if state in TERMINAL and finished_at else max(now, latest)
+    events.append({"at": at, "state": state, "node": node, "devices": devices})
+    periods = job_timeline(events, now=now, finished_at=float(job.get("finished_at") or 0.0))
+    return {**job, "timeline": periods, "seconds_in_state": state_seconds(periods), "history": history}
+
+
+def list_jobs(gw: Gateway, series: SeriesStore, states: list[str] | None = None, owner: str = "") -> dict[str, Any]:
+    ok, reason = gw.availability("scheduler")
+    if not ok:
+        return unavailable(reason, jobs=[])
+    pb = _pb("scheduler")
+    numbers = []
+    for s in states or []:
+        n = enum_number(pb.JobState.DESCRIPTOR, s)
+        if n is None:
+            names = ", ".join(v.name.removeprefix("JOB_STATE_").lower() for v in pb.JobState.DESCRIPTOR.values[1:])
+            raise InvalidArgument(f"unknown job state {s!r}; expected one of {names}")
+        numbers.append(n)
+    resp = gw.call(gw.stub("scheduler").ListJobs, pb.ListJobsRequest(states=numbers, owner=owner))
+    now = time.time()
+    histories = _scheduler_histories(gw)
+    jobs = [_with_timeline(series, d, now, histories.get(d["id"], [])) for d in map(to_dict, resp.jobs)]
+    jobs.sort(key=lambda j: float(j.get("submitted_at") or 0.0), reverse=True)
+    return {"available": True, "reason": "", "jobs": jobs, "at": now}
+
+
+def get_job(gw: Gateway, series: SeriesStore, job_id: str) -> dict[str, Any]:
+    pb = _pb("scheduler") if SYSTEMS["scheduler"].in_build() else None
+    stub = gw.stub("scheduler")
+    job = to_dict(gw.call(stub.GetJob, pb.GetJobRequest(job_id=job_id)))
+    now = time.time()
+    out = _with_timeline(series, job, now, _scheduler_histories(gw, job["id"]).get(job["id"], []))
+    out["progress"] = series.read(_job_progress_name(job_id), last=500)
+    return out
+
+
+def submit_job(gw: Gateway, spec: dict[str, Any]) -> dict[str, Any]:
+    stub = gw.stub("scheduler")
+    pb = _pb("scheduler")
+    fields = pb.JobSpec.DESCRIPTOR.fields_by_name
+    kwargs: dict[str, Any] = {}
+    for name in ("name", "command", "devices", "elastic", "priority", "env", "workdir", "total_steps"):
+        if name in fields and spec.get(name) not in (None, ""):
+            kwargs[name] = spec[name]
+    if "owner" in fields and spec.get("user"):
+        from microco.api.common.v1 import common_pb2
+
+        kwargs["owner"] = common_pb2.Principal(user=spec["user"], tenant=spec.get("tenant", ""))
+    # Submitting is not idempotent: a retry after a lost answer could start the job twice.
+    job = gw.call(stub.SubmitJob, pb.SubmitJobRequest(spec=pb.JobSpec(**kwargs)), idempotent=False)
+    return to_dict(job)
+
+
+def cancel_job(gw: Gateway, job_id: str) -> dict[str, Any]:
+    stub = gw.stub("scheduler")
+    pb = _pb("scheduler")
+    return to_dict(gw.call(stub.CancelJob, pb.CancelJobRequest(job_id=job_id), idempotent=True))
+
+
+def jobs_snapshot(gw: Gateway) -> list[dict[str, Any]]:
+    """Every job as the scheduler reports it now (for the recorder)."""
+    pb = _pb("scheduler")
+    resp = gw.call(gw.stub("scheduler").ListJobs, pb.ListJobsRequest())
+    return [to_dict(j) for j in resp.jobs]
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def _cache_stats_name(instance: str) -> str:
+    return f"cache:{instance}:stats"
+
+
+def cache_view(gw: Gateway, series: SeriesStore) -> dict[str, Any]:
+    """Per cache server: capacity, use, datasets, allocations with reasons, hit rate over time."""
+    ok, reason = gw.availability("cache")
+    if not ok:
+        return unavailable(reason, servers=[])
+    pb = _pb("cache")
+    servers = []
+    for record in sorted(gw.services("cache"), key=lambda r: r.instance_id):
+        entry: dict[str, Any] = {"instance_id": record.instance_id, "address": record.address, "error": ""}
+        try:
+            stub = gw.stub("cache", record)
+            entry["stats"] = to_dict(gw.call(stub.GetStats, pb.GetStatsRequest()))
+            if hasattr(stub, "GetAllocations"):
+                entry["allocations"] = to_dict(gw.call(stub.GetAllocations, pb.GetAllocationsRequest())).get(
+                    "allocations", []
+                )
+        except MicrocoError as exc:
+            entry["error"] = str(exc)
+        entry["hit_rate"] = hit_rate_series(series.read(_cache_stats_name(record.instance_id), last=500))
+        servers.append(entry)
+    return {"available": True, "reason": "", "servers": servers, "at": time.time()}
+
+
+def cache_samples(gw: Gateway) -> list[tuple[str, dict[str, Any]]]:
+    """(instance, {hits, misses, used_bytes}) of every cache server now (for the recorder)."""
+    pb = _pb("cache")
+    out = []
+    for record in gw.services("cache"):
+        try:
+            s = gw.call(gw.stub("cache", record).GetStats, pb.GetStatsRequest())
+        except MicrocoError:
+            continue
+        out.append((record.instance_id, {"hits": s.hits, "misses": s.misses, "used_bytes": s.used_bytes}))
+    return out
+
+
+# --------------------------------------------------------------------------- store
+
+
+def store_view(gw: Gateway) -> dict[str, Any]:
+    """Tables with their three replicas' partitioning, the store nodes and their health, and
+    recovery progress when the coordinator reports it."""
+    ok, reason = gw.availability("store")
+    if not ok:
+        return unavailable(reason, tables=[], nodes=[], recovery=None)
+    pb = _pb("store")
+    stub = gw.stub("store")
+    tables = [to_dict(t) for t in gw.call(stub.ListTables, pb.ListTablesRequest()).tables]
+    nodes = [to_dict(n) for n in gw.call(stub.ListStoreNodes, pb.ListStoreNodesRequest()).nodes]
+    for t in tables:
+        t.pop("placement_json", None)  # per-extent placement is on the table's own endpoint
+    recovery: Any = None
+    if hasattr(stub, "GetRecovery") and hasattr(pb, "GetRecoveryRequest"):
+        try:
+            recovery = _unfold_json(to_dict(gw.call(stub.GetRecovery, pb.GetRecoveryRequest())))
+        except MicrocoError as exc:
+            recovery = {"error": str(exc)}
+    return {"available": True, "reason": "", "tables": tables, "nodes": nodes, "recovery": recovery, "at": time.time()}
+
+
+def _unfold_json(d: dict[str, Any]) -> dict[str, Any]:
+    """Services that pass a JSON document in a string field (``json``, ``placement_json``): the
+    console serves it as JSON, not as a string inside JSON."""
+    out = dict(d)
+    for k in [k for k in out if k == "json" or k.endswith("_json")]:
+        raw = out.pop(k)
+        name = k.removesuffix("_json") if k != "json" else "detail"
+        try:
+            value = json.loads(raw) if raw else None
+        except (TypeError, ValueError):
+            value = raw
+        if name == "detail" and isinstance(value, dict):
+            out = {**value, **out}
+        else:
+            out[name] = value
+    return out
+
+
+def store_table(gw: Gateway, name: str) -> dict[str, Any]:
+    """One table with its per-super-extent placement (replica -> partition -> node)."""
+    pb = _pb("store") if SYSTEMS["store"].in_build() else None
+    stub = gw.stub("store")
+    fields = pb.GetTableRequest.DESCRIPTOR.fields_by_name
+    req = pb.GetTableRequest(name=name, **({"placement": True} if "placement" in fields else {}))
+    return _unfold_json(to_dict(gw.call(stub.GetTable, req)))
+
+
+# --------------------------------------------------------------------------- compiler
+
+
+def _graph_summary(g: dict[str, Any]) -> dict[str, Any]:
+    trials = g.get("trials") or []
+    measured = [t for t in trials if t.get("step_ms")]
+    first = float(measured[0]["step_ms"]) if measured else 0.0
+    best = min((float(t["step_ms"]) for t in measured), default=0.0)
+    return {**g, "first_step_ms": first, "best_step_ms": best, "speedup": (first / best) if best else 0.0}
+
+
+def compiler_view(gw: Gateway) -> dict[str, Any]:
+    """Every registered graph with its exploration (step time per trial), committed configuration
+    and the speedup of the best configuration over the first one measured."""
+    ok, reason = gw.availability("compiler")
+    if not ok:
+        return unavailable(reason, graphs=[])
+    pb = _pb("compiler")
+    resp = gw.call(gw.stub("compiler").ListGraphs, pb.ListGraphsRequest())
+    return {"available": True, "reason": "", "graphs": [_graph_summary(to_dict(g)) for g in resp.graphs], "at": time.time()}
+
+
+def compiler_graph(gw: Gateway, key: str) -> dict[str, Any]:
+    pb = _pb("compiler") if SYSTEMS["compiler"].in_build() else None
+    stub = gw.stub("compiler")
+    return _graph_summary(to_dict(gw.call(stub.GetGraph, pb.GetGraphRequest(key=key))))
+
+
+__all__ = [
+    "Unavailable",
+    "cache_view",
+    "cancel_job",
+    "compiler_graph",
+    "compiler_view",
+    "get_job",
+    "list_jobs",
+    "nodes_view",
+    "record_job",
+    "services_view",
+    "store_table",
+    "store_view",
+    "submit_job",
+    "systems_view",
+]

@@ -1,0 +1,431 @@
+/* microco console page: signs in with a token, polls the REST API, draws tables and plots.
+ * All text from the API goes in through textContent (never innerHTML): names are user input. */
+(function () {
+  "use strict";
+  const P = window.MicrocoPlots;
+  const TOKEN_KEY = "microco-console-token";
+  const REFRESH_MS = 2000;
+  let token = sessionStorage.getItem(TOKEN_KEY) || "";
+  let role = "";
+  let tab = (location.hash || "#services").slice(1);
+  let selectedJob = "";
+  let timer = null;
+
+  const $ = (id) => document.getElementById(id);
+
+  function h(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const k in attrs || {}) {
+      if (k === "class") node.className = attrs[k];
+      else if (k.startsWith("on")) node.addEventListener(k.slice(2), attrs[k]);
+      else node.setAttribute(k, attrs[k]);
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined) continue;
+      node.appendChild(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return node;
+  }
+
+  async function api(path, options) {
+    options = options || {};
+    const headers = Object.assign({ Authorization: "Bearer " + token }, options.headers || {});
+    if (options.body) headers["Content-Type"] = "application/json";
+    const resp = await fetch("/api/v1" + path, Object.assign({}, options, { headers }));
+    let body = null;
+    try {
+      body = await resp.json();
+    } catch (e) {
+      body = null;
+    }
+    if (resp.status === 401) {
+      signOut("the token was refused");
+      throw new Error("unauthenticated");
+    }
+    if (!resp.ok) {
+      const msg = body && (body.message || JSON.stringify(body.detail)) ? body.message || JSON.stringify(body.detail) : resp.statusText;
+      throw new Error(msg);
+    }
+    return body;
+  }
+
+  function fill(tbody, rows) {
+    tbody.replaceChildren(...rows);
+  }
+
+  function unavailable(id, data, bodyId) {
+    const note = $(id);
+    const off = data && data.available === false;
+    note.hidden = !off;
+    note.textContent = off ? data.reason : "";
+    if (bodyId) $(bodyId).hidden = off;
+    return off;
+  }
+
+  function ago(seconds) {
+    if (!seconds) return "";
+    if (seconds < 90) return Math.round(seconds) + "s";
+    if (seconds < 5400) return Math.round(seconds / 60) + "m";
+    return (seconds / 3600).toFixed(1) + "h";
+  }
+
+  function bytes(n) {
+    n = Number(n || 0);
+    if (n >= 1 << 30) return (n / (1 << 30)).toFixed(1) + " GiB";
+    if (n >= 1 << 20) return (n / (1 << 20)).toFixed(1) + " MiB";
+    if (n >= 1 << 10) return (n / (1 << 10)).toFixed(1) + " KiB";
+    return n + " B";
+  }
+
+  function labels(obj) {
+    return h("span", { class: "labels" }, Object.keys(obj || {}).map((k) => h("span", {}, k + "=" + obj[k])));
+  }
+
+  // ------------------------------------------------------------------ views
+  async function showServices() {
+    const [svc, sys] = await Promise.all([api("/services"), api("/systems")]);
+    const healthy = svc.services.filter((s) => s.health === "SERVING").length;
+    $("services-summary").textContent = `${healthy}/${svc.services.length} serving`;
+    fill(
+      $("services-table").tBodies[0],
+      svc.services.map((s) =>
+        h(
+          "tr",
+          { "data-service": s.name, "data-instance": s.instance_id },
+          h("td", {}, s.name),
+          h("td", { class: "mono" }, s.instance_id),
+          h("td", { class: "mono" }, s.address),
+          h("td", {}, h("span", { class: "health health-" + s.health }, s.health)),
+          h("td", {}, ago(s.uptime_s)),
+          h("td", {}, labels(s.labels))
+        )
+      )
+    );
+    fill(
+      $("systems-table").tBodies[0],
+      sys.systems.map((s) =>
+        h("tr", {}, h("td", {}, s.name), h("td", {}, s.in_build ? "yes" : "no"), h("td", {}, s.running ? "yes" : "no"), h("td", {}, s.reason))
+      )
+    );
+  }
+
+  async function showJobs() {
+    const data = await api("/jobs");
+    if (unavailable("jobs-unavailable", data, "jobs-body")) return;
+    const jobs = data.jobs;
+    const rows = jobs
+      .slice()
+      .reverse()
+      .map((j) => ({ id: j.id, label: (j.spec && j.spec.name ? j.spec.name : j.id) + " · " + j.id.slice(0, 8), periods: j.timeline }));
+    P.timeline($("jobs-timeline"), rows, { empty: "no jobs yet: submit one above" });
+    fill(
+      $("jobs-table").tBodies[0],
+      jobs.map((j) => {
+        const terminal = ["finished", "failed", "cancelled"].includes(j.state);
+        const cancel =
+          role === "admin" && !terminal
+            ? h("button", { class: "danger", onclick: (ev) => { ev.stopPropagation(); cancelJob(j.id); } }, "cancel")
+            : "";
+        return h(
+          "tr",
+          {
+            class: "clickable" + (j.id === selectedJob ? " selected" : ""),
+            "data-job-id": j.id,
+            "data-state": j.state,
+            onclick: () => { selectedJob = j.id; refresh(); },
+          },
+          h("td", { class: "mono" }, j.id.slice(0, 12)),
+          h("td", {}, (j.spec && j.spec.name) || ""),
+          h("td", {}, h("span", { class: "state state-" + j.state }, j.state)),
+          h("td", {}, j.node || ""),
+          h("td", { class: "mono" }, (j.device_ids || []).join(", ")),
+          h("td", {}, j.step || 0),
+          h("td", {}, j.minibatch_ms ? Number(j.minibatch_ms).toFixed(1) : ""),
+          h("td", {}, j.message || ""),
+          h("td", {}, cancel)
+        );
+      })
+    );
+    if (selectedJob) {
+      const d = await api("/jobs/" + encodeURIComponent(selectedJob));
+      $("job-detail").hidden = false;
+      $("job-detail-title").textContent = `${(d.spec && d.spec.name) || d.id} (${d.state})`;
+      P.line($("job-steps"), [{ name: "step", points: d.progress.map((p) => [p.at, p.step]) }], { time: true, xLabel: "time" });
+      P.line(
+        $("job-minibatch"),
+        [{ name: "ms", points: d.progress.filter((p) => p.minibatch_ms > 0).map((p) => [p.at, p.minibatch_ms]) }],
+        { time: true, xLabel: "time" }
+      );
+    } else {
+      $("job-detail").hidden = true;
+    }
+  }
+
+  async function cancelJob(id) {
+    try {
+      await api("/jobs/" + encodeURIComponent(id) + "/cancel", { method: "POST" });
+    } catch (e) {
+      status("cancel failed: " + e.message);
+    }
+    refresh();
+  }
+
+  async function submitJob(ev) {
+    ev.preventDefault();
+    const command = $("submit-command").value.trim().split(/\s+/).filter(Boolean);
+    const body = {
+      name: $("submit-name").value.trim(),
+      command: command,
+      devices: parseInt($("submit-devices").value, 10) || 1,
+      elastic: $("submit-elastic").checked,
+    };
+    try {
+      const job = await api("/jobs", { method: "POST", body: JSON.stringify(body) });
+      $("submit-result").textContent = "submitted " + job.id;
+      selectedJob = job.id;
+    } catch (e) {
+      $("submit-result").textContent = "refused: " + e.message;
+    }
+    refresh();
+  }
+
+  async function showNodes() {
+    const data = await api("/nodes");
+    fill(
+      $("nodes-table").tBodies[0],
+      data.nodes.map((n) => h("tr", {}, h("td", {}, n.name), h("td", { class: "mono" }, JSON.stringify(n.info))))
+    );
+    $("devices-note").hidden = !data.devices_reason;
+    $("devices-note").textContent = data.devices_reason || "";
+    fill(
+      $("devices-table").tBodies[0],
+      data.devices.map((d) =>
+        h("tr", {}, h("td", { class: "mono" }, d.id), h("td", {}, d.node), h("td", {}, d.kind), h("td", {}, d.model), h("td", {}, bytes(d.memory_bytes)))
+      )
+    );
+  }
+
+  async function showCache() {
+    const data = await api("/cache");
+    const box = $("cache-servers");
+    if (unavailable("cache-unavailable", data)) {
+      box.replaceChildren();
+      return;
+    }
+    box.replaceChildren(
+      ...data.servers.map((s) => {
+        const st = s.stats || {};
+        const gauge = h("div");
+        P.bar(gauge, st.used_bytes || 0, st.capacity_bytes || 0, { label: `${bytes(st.used_bytes)} of ${bytes(st.capacity_bytes)}` });
+        const plot = h("div", { class: "plot" });
+        const card = h(
+          "div",
+          { class: "card cache-server" },
+          h("h3", {}, `${s.instance_id} `, h("small", { class: "mono" }, s.address)),
+          s.error ? h("p", { class: "error" }, s.error) : "",
+          h("div", {}, `policy ${st.policy || "?"} · hits ${st.hits || 0} · misses ${st.misses || 0} · evictions ${st.evictions || 0} · corrupt dropped ${st.corrupt_dropped || 0}`),
+          gauge,
+          h("h4", {}, "Hit rate over time"),
+          plot,
+          h("h4", {}, "Allocations"),
+          h(
+            "table",
+            { class: "grid" },
+            h("thead", {}, h("tr", {}, ["dataset", "allocated", "used", "dataset size", "benefit s/GB", "jobs", "reason"].map((c) => h("th", {}, c)))),
+            h(
+              "tbody",
+              {},
+              (s.allocations || []).map((a) =>
+                h(
+                  "tr",
+                  {},
+                  h("td", { class: "mono" }, String(a.dataset || "").slice(0, 16)),
+                  h("td", {}, bytes(a.bytes)),
+                  h("td", {}, bytes(a.used_bytes)),
+                  h("td", {}, bytes(a.dataset_bytes)),
+                  h("td", {}, a.benefit_s_per_gb !== undefined ? Number(a.benefit_s_per_gb).toFixed(2) : ""),
+                  h("td", {}, (a.jobs || []).join(", ")),
+                  h("td", {}, a.reason || "")
+                )
+              )
+            )
+          ),
+          h("h4", {}, "Datasets held"),
+          h(
+            "table",
+            { class: "grid" },
+            h("thead", {}, h("tr", {}, h("th", {}, "dataset"), h("th", {}, "bytes"), h("th", {}, "chunks"))),
+            h("tbody", {}, (st.datasets || []).map((d) => h("tr", {}, h("td", { class: "mono" }, d.dataset), h("td", {}, bytes(d.bytes)), h("td", {}, d.chunks))))
+          )
+        );
+        P.line(plot, [{ name: "hit rate", points: (s.hit_rate || []).map((p) => [p.at, p.hit_rate]) }], {
+          time: true,
+          yMin: 0,
+          yMax: 1,
+          yFormat: (v) => Math.round(v * 100) + "%",
+          empty: "no lookups sampled yet",
+        });
+        return card;
+      })
+    );
+  }
+
+  function partitioning(p) {
+    if (!p) return "";
+    return `${p.column} (${p.kind}${p.partitions ? ", " + p.partitions : ""})`;
+  }
+
+  async function showStore() {
+    const data = await api("/store");
+    if (unavailable("store-unavailable", data, "store-body")) return;
+    fill(
+      $("store-tables").tBodies[0],
+      data.tables.map((t) =>
+        h(
+          "tr",
+          {},
+          h("td", {}, t.name),
+          h("td", {}, t.rows),
+          h("td", {}, bytes(t.bytes)),
+          [0, 1, 2].map((i) => h("td", {}, partitioning((t.replicas || [])[i])))
+        )
+      )
+    );
+    fill(
+      $("store-nodes").tBodies[0],
+      data.nodes.map((n) =>
+        h(
+          "tr",
+          {},
+          h("td", {}, n.name),
+          h("td", {}, n.fault_domain),
+          h("td", {}, h("span", { class: "health health-" + (n.alive ? "SERVING" : "UNREACHABLE") }, n.alive ? "alive" : "dead")),
+          h("td", {}, bytes(n.bytes)),
+          h("td", { class: "mono" }, n.flight_address)
+        )
+      )
+    );
+    const rec = $("store-recovery");
+    if (!data.recovery) {
+      rec.replaceChildren(h("p", { class: "unavailable" }, "recovery progress: not reported by this build of the store"));
+    } else {
+      const r = data.recovery;
+      const done = Number(r.bytes_done || r.extents_done || r.done || 0);
+      const total = Number(r.bytes_total || r.extents_total || r.total || 0);
+      const gauge = h("div");
+      P.bar(gauge, done, total, { width: 320, color: "#2f9e44", label: total ? `${Math.round((100 * done) / total)}% (${done} of ${total})` : "idle" });
+      rec.replaceChildren(gauge, h("pre", { class: "mono" }, JSON.stringify(r, null, 1)));
+    }
+  }
+
+  async function showCompiler() {
+    const data = await api("/compiler");
+    const box = $("compiler-graphs");
+    if (unavailable("compiler-unavailable", data)) {
+      box.replaceChildren();
+      return;
+    }
+    if (!data.graphs.length) {
+      box.replaceChildren(h("p", { class: "unavailable" }, "no graphs registered yet"));
+      return;
+    }
+    box.replaceChildren(
+      ...data.graphs.map((g) => {
+        const plot = h("div", { class: "plot" });
+        const best = g.best && g.best.values ? g.best.values : {};
+        const card = h(
+          "div",
+          { class: "card compiler-graph" },
+          h("h3", {}, `${g.model_name || "graph"} `, h("small", { class: "mono" }, `${g.framework || ""} ${String(g.key).slice(0, 40)}`)),
+          h(
+            "div",
+            {},
+            `${g.committed ? "committed" : "exploring"} · ${g.explore_steps || 0} exploration steps · first ${Number(g.first_step_ms).toFixed(2)} ms → best ${Number(g.best_step_ms).toFixed(2)} ms` +
+              (g.speedup ? ` (${g.speedup.toFixed(2)}x)` : "")
+          ),
+          h("h4", {}, "Step time per trial"),
+          plot,
+          h("h4", {}, g.committed ? "Committed configuration" : "Best so far"),
+          h("table", { class: "grid" }, h("tbody", {}, Object.keys(best).map((k) => h("tr", {}, h("td", {}, k), h("td", { class: "mono" }, best[k])))))
+        );
+        P.line(
+          plot,
+          [{ name: "step ms", points: (g.trials || []).filter((t) => t.step_ms > 0).map((t) => [Number(t.trial), t.step_ms, JSON.stringify(t.values)]) }],
+          { xLabel: "trial", yLabel: "ms per step", pointsOnly: false }
+        );
+        return card;
+      })
+    );
+  }
+
+  const VIEWS = { services: showServices, jobs: showJobs, nodes: showNodes, cache: showCache, store: showStore, compiler: showCompiler };
+
+  // ------------------------------------------------------------------ shell
+  function status(msg) {
+    $("status-line").textContent = msg;
+  }
+
+  async function refresh() {
+    if (!token) return;
+    clearTimeout(timer);
+    const view = VIEWS[tab] || showServices;
+    try {
+      await view();
+      status("updated " + new Date().toTimeString().slice(0, 8));
+    } catch (e) {
+      if (e.message !== "unauthenticated") status("update failed: " + e.message);
+    }
+    if (token) timer = setTimeout(refresh, REFRESH_MS);
+  }
+
+  function showTab(name) {
+    tab = VIEWS[name] ? name : "services";
+    document.querySelectorAll("section.tab").forEach((s) => (s.hidden = s.id !== "tab-" + tab));
+    document.querySelectorAll("#tabs a").forEach((a) => a.classList.toggle("active", a.dataset.tab === tab));
+    refresh();
+  }
+
+  function signOut(reason) {
+    token = "";
+    sessionStorage.removeItem(TOKEN_KEY);
+    clearTimeout(timer);
+    $("login").hidden = false;
+    $("login-error").textContent = reason || "";
+  }
+
+  async function signIn(candidate) {
+    const resp = await fetch("/api/v1/whoami", { headers: { Authorization: "Bearer " + candidate } });
+    if (!resp.ok) {
+      $("login-error").textContent = resp.status === 401 ? "wrong token" : "console error " + resp.status;
+      return false;
+    }
+    const me = await resp.json();
+    token = candidate;
+    role = me.role;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    $("login").hidden = true;
+    $("login-error").textContent = "";
+    $("who").textContent = `${me.role} · ${me.profile} · ${me.instance_id}`;
+    $("submit-form").hidden = role !== "admin";
+    const banner = $("banner");
+    banner.hidden = !me.default_token;
+    banner.textContent = me.default_token ? "This console uses the default development token: fine on a laptop, never for a shared cluster." : "";
+    showTab(tab);
+    return true;
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("login-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      signIn($("login-token").value.trim());
+    });
+    $("logout").addEventListener("click", () => signOut(""));
+    $("submit-form").addEventListener("submit", submitJob);
+    window.addEventListener("hashchange", () => showTab(location.hash.slice(1)));
+    if (token) {
+      signIn(token).then((ok) => { if (!ok) signOut(""); });
+    } else {
+      signOut("");
+    }
+  });
+})();

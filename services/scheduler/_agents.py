@@ -1,0 +1,74 @@
+"""The scheduler's side of the node agents: who is alive (etcd) and how to reach them (gRPC)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import grpc
+
+from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
+from microco.clients.common import call_with_retry
+from microco.services.agent import NODES_PREFIX
+from microco.services.common.kv import KV
+
+log = logging.getLogger(__name__)
+
+CONTROL = {
+    "suspend": agent_pb2.CONTROL_SUSPEND,
+    "resume": agent_pb2.CONTROL_RESUME,
+    "checkpoint": agent_pb2.CONTROL_CHECKPOINT,
+    "resize": agent_pb2.CONTROL_RESIZE,
+    "stop": agent_pb2.CONTROL_STOP,
+}
+
+
+class AgentDirectory:
+    """Live nodes from ``/microco/nodes/`` and a cached channel per agent address."""
+
+    def __init__(self, kv: KV, timeout_s: float = 5.0) -> None:
+        self.kv, self.timeout_s = kv, timeout_s
+        self._stubs: dict[str, tuple[grpc.Channel, Any]] = {}
+        self._lock = threading.Lock()
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for key, rec in self.kv.get_prefix_json(NODES_PREFIX):
+            out[key[len(NODES_PREFIX):]] = rec
+        return out
+
+    def _stub(self, address: str) -> Any:
+        with self._lock:
+            if address not in self._stubs:
+                ch = grpc.insecure_channel(address)
+                self._stubs[address] = (ch, agent_pb2_grpc.NodeAgentServiceStub(ch))
+            return self._stubs[address][1]
+
+    def list_processes(self, address: str) -> list[agent_pb2.ProcessStatus]:
+        stub = self._stub(address)
+        resp = call_with_retry(stub.ListProcesses, agent_pb2.ListProcessesRequest(), timeout=self.timeout_s,
+                               idempotent=True, attempts=2)
+        return list(resp.processes)
+
+    def start(self, address: str, job_id: str, command: list[str], env: dict[str, str], devices: list[str],
+              workdir: str, attempt: int) -> agent_pb2.ProcessStatus:
+        req = agent_pb2.StartProcessRequest(job_id=job_id, command=command, env=env, device_ids=devices,
+                                            workdir=workdir, attempt=attempt)
+        # Idempotent on the agent for the same (job, attempt), so a retry is safe.
+        return call_with_retry(self._stub(address).StartProcess, req, timeout=self.timeout_s, idempotent=True)
+
+    def control(self, address: str, job_id: str, action: str, devices: list[str] | None = None) -> Any:
+        req = agent_pb2.ControlProcessRequest(job_id=job_id, control=CONTROL[action], device_ids=devices or [])
+        return call_with_retry(self._stub(address).ControlProcess, req, timeout=self.timeout_s, idempotent=False)
+
+    def stop(self, address: str, job_id: str, grace_s: float = 3.0) -> Any:
+        req = agent_pb2.StopProcessRequest(job_id=job_id, grace_seconds=grace_s)
+        return call_with_retry(self._stub(address).StopProcess, req, timeout=self.timeout_s + grace_s,
+                               idempotent=True)
+
+    def close(self) -> None:
+        with self._lock:
+            for ch, _ in self._stubs.values():
+                ch.close()
+            self._stubs.clear()

@@ -1,0 +1,552 @@
+"""The scheduler's mechanism: the job store (etcd) and the leader's control loop.
+
+Every instance serves the API straight from etcd (submit writes a new record, cancel sets a
+flag), so a standby answers too and nothing is lost when the leader dies. Only the leader
+runs ``tick``: it reads the nodes and their processes, reconciles every job record with what
+its process reports (progress, exits, lost nodes), asks the policy for decisions on a
+``ClusterView`` and carries them out through the node agents, refusing any that went stale.
+Records are written with compare-and-swap; the only field the API changes on an existing job
+is ``cancel_requested``, so a lost race is merged exactly (see ``_save``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from microco.services.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    MicrocoError,
+    NotFound,
+)
+from microco.services.common.kv import KV, dumps
+
+from . import _jobs as J
+from ._agents import AgentDirectory
+from .policy import (
+    Decision,
+    Migrate,
+    Pack,
+    Policy,
+    Resize,
+    Resume,
+    Start,
+    Suspend,
+    Unpack,
+    cluster_view_from_dicts,
+)
+
+log = logging.getLogger(__name__)
+
+EXIT_CHECKPOINTED = 75
+PROFILES_PREFIX = "/microco/scheduler/profiles/"
+
+
+def profile_key(spec: dict[str, Any]) -> str:
+    """Jobs of one model share a profile (their alone mini-batch time): the spec's ``model``,
+    else the command line."""
+    import hashlib
+
+    name = spec.get("model") or " ".join(spec["command"])
+    return PROFILES_PREFIX + hashlib.sha1(name.encode()).hexdigest()[:16]
+
+
+class SchedulerCore:
+    """Job store and control loop, independent of gRPC (the servicer is a thin adapter)."""
+
+    def __init__(self, kv: KV, policy: Policy, agents: AgentDirectory | None = None, *,
+                 clock: Callable[[], float] = time.time, op_wait_s: float = 3.0, op_timeout_s: float = 30.0,
+                 max_restarts: int = 5, check_commands: bool = True) -> None:
+        self.kv, self.policy = kv, policy
+        self.agents = agents or AgentDirectory(kv)
+        self.clock = clock
+        self.op_wait_s, self.op_timeout_s = op_wait_s, op_timeout_s
+        self.max_restarts = max_restarts
+        self.check_commands = check_commands
+        self._raw: dict[str, bytes] = {}
+        self._profiles: dict[str, float] = {}
+        self._last_tick: float | None = None
+        self._last_tick_profiles: float | None = None
+        self._lock = threading.Lock()  # one tick at a time
+        self.decisions_applied: list[dict[str, Any]] = []  # recent, for tests and the log
+
+    # ================================================================== API (any instance)
+    def cluster_devices(self) -> list[dict[str, Any]]:
+        devs = []
+        for _, node in sorted(self.agents.nodes().items()):
+            devs.extend(node.get("devices", []))
+        return devs
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        n_devices = len(self.cluster_devices())
+        if n_devices == 0 and int(spec.get("devices", 0)) > 0 and spec.get("command"):
+            raise FailedPrecondition("no node agent is registered: the cluster has no devices yet")
+        clean = J.validate_spec(spec, n_devices, check_command=self.check_commands)
+        rec = J.new_record(clean, self.clock())
+        if not self.kv.compare_and_swap(J.job_key(rec["id"]), None, dumps(rec)):
+            raise MicrocoError("job id collision; submit again")
+        log.info("job submitted", extra={"job": rec["id"], "devices": clean["devices"]})
+        return rec
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        if not job_id:
+            raise InvalidArgument("job id is required")
+        rec = self.kv.get_json(J.job_key(job_id))
+        if rec is None:
+            raise NotFound(f"no job {job_id!r}")
+        return rec
+
+    def list(self, states: list[str] | None = None, owner: str = "") -> list[dict[str, Any]]:
+        out = [rec for _, rec in self.kv.get_prefix_json(J.JOBS_PREFIX)]
+        if states:
+            out = [r for r in out if r["state"] in states]
+        if owner:
+            out = [r for r in out if r["spec"]["user"] == owner]
+        return sorted(out, key=lambda r: (r["submitted_at"], r["id"]))
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Ask for cancellation; the leader stops the process within a tick. Idempotent."""
+        key = J.job_key(job_id)
+        while True:
+            raw = self.kv.get(key)
+            if raw is None:
+                raise NotFound(f"no job {job_id!r}")
+            rec = json.loads(raw)
+            if rec["state"] in J.TERMINAL or rec["cancel_requested"]:
+                return rec
+            rec["cancel_requested"] = True
+            rec["message"] = "cancel requested"
+            if self.kv.compare_and_swap(key, raw, dumps(rec)):
+                return rec
+
+    def watch(self, job_ids: list[str], active: Callable[[], bool], poll_s: float = 0.5) -> Iterator[dict[str, Any]]:
+        """Every record change of the selected jobs (all when empty), starting with their current state."""
+        wanted = set(job_ids)
+        q: queue.Queue[dict[str, Any]] = queue.Queue()
+
+        def on_event(ev: Any) -> None:
+            if ev.kind == "put" and ev.value:
+                rec = json.loads(ev.value)
+                if not wanted or rec["id"] in wanted:
+                    q.put(rec)
+
+        cancel = self.kv.watch_prefix(J.JOBS_PREFIX, on_event)
+        try:
+            for rec in self.list():
+                if not wanted or rec["id"] in wanted:
+                    yield rec
+            missing = wanted - {r["id"] for r in self.list()}
+            if missing:
+                raise NotFound(f"no job {sorted(missing)[0]!r}")
+            while active():
+                try:
+                    yield q.get(timeout=poll_s)
+                except queue.Empty:
+                    continue
+        finally:
+            cancel()
+
+    # ================================================================== leader: the loop
+    def tick(self) -> list[Decision]:
+        with self._lock:
+            return self._tick()
+
+    def _tick(self) -> list[Decision]:
+        now = self.clock()
+        dt = 0.0 if self._last_tick is None else min(max(now - self._last_tick, 0.0), 5.0)
+        self._last_tick = now
+        nodes = self.agents.nodes()
+        procs: dict[str, dict[str, Any]] = {}
+        for name, node in nodes.items():
+            try:
+                procs[name] = {p.job_id: p for p in self.agents.list_processes(node["address"])}
+            except MicrocoError as exc:
+                log.warning("node %s unreachable this tick: %s", name, exc)
+        self._nodes, self._procs = nodes, procs
+        if self._last_tick_profiles is None or now - self._last_tick_profiles > 30:
+            # Profiles written by an earlier leader (cheap; refreshed now and then).
+            for key, val in self.kv.get_prefix_json(PROFILES_PREFIX):
+                self._profiles.setdefault(key, float(val["minibatch_ms"]))
+            self._last_tick_profiles = now
+        jobs: dict[str, dict[str, Any]] = {}
+        self._raw = {}
+        for key, raw in self.kv.get_prefix(J.JOBS_PREFIX):
+            rec = json.loads(raw)
+            self._raw[rec["id"]] = raw
+            jobs[rec["id"]] = rec
+        self._jobs = jobs
+        for rec in list(jobs.values()):
+            before = copy.deepcopy(rec)
+            self._reconcile(rec, now, dt)
+            if rec != before:
+                self._save(rec)
+        self._refresh_packing(now)
+        self._stop_orphans()
+
+        view = self._view(now)
+        decisions = list(self.policy.decide(view))
+        applied = []
+        for d in decisions:
+            try:
+                if self._apply(d, now):
+                    applied.append(d)
+                    self.decisions_applied = (self.decisions_applied + [
+                        {"at": now, "decision": type(d).__name__, "job": d.job_id,
+                         "devices": list(getattr(d, "devices", ())), "reason": d.reason}])[-200:]
+            except MicrocoError as exc:
+                log.warning("decision %s refused: %s", d, exc)
+            self._refresh_packing(now)
+        return applied
+
+    # ------------------------------------------------------------------ store
+    def _save(self, rec: dict[str, Any]) -> None:
+        key = J.job_key(rec["id"])
+        while True:
+            new = dumps(rec)
+            old = self._raw.get(rec["id"])
+            if self.kv.compare_and_swap(key, old, new):
+                self._raw[rec["id"]] = new
+                return
+            # Lost a race with the API: the only field it changes is cancel_requested.
+            fresh = self.kv.get(key)
+            if fresh is None:
+                return
+            rec["cancel_requested"] = rec["cancel_requested"] or json.loads(fresh)["cancel_requested"]
+            self._raw[rec["id"]] = fresh
+
+    # ------------------------------------------------------------------ reconcile
+    def _address(self, node: str) -> str | None:
+        n = self._nodes.get(node)
+        return n["address"] if n else None
+
+    def _proc(self, rec: dict[str, Any]) -> Any:
+        p = self._procs.get(rec["node"], {}).get(rec["id"])
+        return p if p is not None and p.attempt == rec["attempt"] else None
+
+    def _has_process(self, rec: dict[str, Any]) -> bool:
+        return rec["state"] in J.HOLDING or (rec["state"] == J.SUSPENDED and rec["parked"])
+
+    def _release(self, rec: dict[str, Any]) -> None:
+        rec["devices"], rec["packed_with"], rec["parked"], rec["pending"] = [], [], False, None
+
+    def _lost(self, rec: dict[str, Any], why: str, now: float) -> None:
+        self._release(rec)
+        rec["restarts"] += 1
+        if rec["restarts"] > self.max_restarts:
+            J.set_state(rec, J.FAILED, f"{why}; gave up after {self.max_restarts} restarts", now)
+            rec["finished_at"] = now
+            return
+        if rec["checkpoint_step"] >= 0:
+            J.set_state(rec, J.SUSPENDED, f"{why}; will resume from checkpoint step {rec['checkpoint_step']}", now)
+        else:
+            J.set_state(rec, J.QUEUED, f"{why}; no checkpoint yet, will restart from the beginning", now)
+        log.warning("job lost", extra={"job": rec["id"], "why": why})
+
+    def _reconcile(self, rec: dict[str, Any], now: float, dt: float) -> None:
+        if rec["state"] in J.TERMINAL:
+            return
+        if rec["cancel_requested"]:
+            if self._has_process(rec) and rec["node"] in self._procs:
+                try:
+                    self.agents.stop(self._address(rec["node"]), rec["id"])
+                except MicrocoError as exc:
+                    log.warning("stopping cancelled job %s: %s", rec["id"], exc)
+            self._release(rec)
+            J.set_state(rec, J.CANCELLED, "cancelled by the user", now)
+            rec["finished_at"] = now
+            return
+        if not self._has_process(rec):
+            return
+        node = rec["node"]
+        if node not in self._nodes:
+            self._lost(rec, f"node {node} was lost", now)
+            return
+        if node not in self._procs:
+            return  # unreachable this tick; its lease decides
+        p = self._proc(rec)
+        if p is None:
+            self._lost(rec, f"process of attempt {rec['attempt']} is gone from node {node}", now)
+            return
+        if p.job_state:
+            rec["step"] = int(p.step)
+        rec["checkpoint_step"] = max(rec["checkpoint_step"], int(p.checkpoint_step))
+        if p.first_step_at and not rec["first_step_at"]:
+            rec["first_step_at"] = p.first_step_at
+        if p.minibatch_ms > 0 and p.job_state == "running":
+            rec["minibatch_ms"] = p.minibatch_ms
+            # Alone-time: only once the job ran a few mini-batches on its own devices.
+            # The fastest time seen alone: load from outside the job only ever inflates it.
+            if rec["state"] == J.RUNNING and p.step - rec.get("step_at_change", 0) >= 5:
+                best = min(rec["minibatch_ms_alone"] or p.minibatch_ms, p.minibatch_ms)
+                rec["minibatch_ms_alone"] = best
+                self._remember_profile(rec["spec"], best)
+        if rec["state"] in J.HOLDING:
+            rec["attained_service_s"] += dt * max(1, len(rec["devices"]))
+        pending = rec["pending"]
+        if p.state == 3:  # EXITED
+            code = p.exit_code
+            if code == 0:
+                self._release(rec)
+                rec["finished_at"] = now
+                J.set_state(rec, J.FINISHED, f"finished at step {rec['step']}", now)
+            elif code == EXIT_CHECKPOINTED:
+                then = (pending or {}).get("then")
+                devices = (pending or {}).get("devices") or []
+                self._release(rec)
+                J.set_state(rec, J.SUSPENDED, f"checkpointed at step {rec['checkpoint_step']}", now)
+                if then == "move" and devices:
+                    self._start_process(rec, devices, now, "moved")
+            elif code < 0:
+                self._lost(rec, f"process killed by signal {-code}", now)
+            else:
+                self._release(rec)
+                rec["finished_at"] = now
+                J.set_state(rec, J.FAILED, p.message or f"process exited with {code}", now)
+            return
+        if pending:
+            done = p.seq_done >= pending.get("seq", 0)
+            if pending["op"] == "suspend" and done:
+                self._parked(rec, now)
+            elif pending["op"] in ("resume", "resize") and done:
+                rec["pending"] = None
+            elif now - pending.get("since", now) > self.op_timeout_s:
+                log.warning("job %s did not carry out %s in %.0fs; stopping it", rec["id"], pending["op"],
+                            self.op_timeout_s)
+                try:
+                    self.agents.stop(self._address(node), rec["id"])
+                except MicrocoError:
+                    pass
+
+    def _remember_profile(self, spec: dict[str, Any], ms: float) -> None:
+        key = profile_key(spec)
+        old = self._profiles.get(key)
+        if old is None or ms < 0.9 * old:
+            self._profiles[key] = ms
+            self.kv.put_json(key, {"minibatch_ms": ms, "model": spec.get("model", ""), "at": self.clock()})
+
+    def _alone_ms(self, rec: dict[str, Any]) -> float | None:
+        """Measured alone, or profiled from another job of the same model (so a job that
+        started packed can still be judged)."""
+        if rec["minibatch_ms_alone"]:
+            return rec["minibatch_ms_alone"]
+        return self._profiles.get(profile_key(rec["spec"]))
+
+    def _parked(self, rec: dict[str, Any], now: float) -> None:
+        rec["devices"], rec["packed_with"], rec["pending"], rec["parked"] = [], [], None, True
+        J.set_state(rec, J.SUSPENDED, f"suspended at step {rec['step']} (parked on {rec['node']})", now)
+
+    def _refresh_packing(self, now: float) -> None:
+        by_dev: dict[str, list[str]] = {}
+        for rec in self._jobs.values():
+            if rec["state"] in (J.RUNNING, J.PACKED):
+                for d in rec["devices"]:
+                    by_dev.setdefault(d, []).append(rec["id"])
+        for rec in self._jobs.values():
+            if rec["state"] not in (J.RUNNING, J.PACKED):
+                continue
+            partners = sorted({j for d in rec["devices"] for j in by_dev.get(d, []) if j != rec["id"]})
+            state = J.PACKED if partners else J.RUNNING
+            if state != rec["state"] or partners != rec["packed_with"]:
+                rec["packed_with"] = partners
+                if state != rec["state"]:
+                    rec["step_at_change"] = rec["step"]
+                    J.set_state(rec, state, f"packed with {', '.join(partners)}" if partners
+                                else f"running alone on {', '.join(rec['devices'])}", now)
+                self._save(rec)
+
+    def _stop_orphans(self) -> None:
+        """A process the records do not expect (an older attempt, a cancelled job) is stopped."""
+        for node, procs in self._procs.items():
+            for job_id, p in procs.items():
+                if p.state == 3:
+                    continue
+                rec = self._jobs.get(job_id)
+                if rec is None:
+                    continue  # not ours (started by someone else through the agent)
+                if rec["node"] == node and rec["attempt"] == p.attempt and self._has_process(rec):
+                    continue
+                log.warning("stopping orphan process", extra={"job": job_id, "node": node, "attempt": p.attempt})
+                try:
+                    self.agents.stop(self._nodes[node]["address"], job_id)
+                except MicrocoError as exc:
+                    log.warning("orphan stop failed: %s", exc)
+
+    # ------------------------------------------------------------------ policy input
+    def _view(self, now: float) -> Any:
+        devices = []
+        for name in sorted(self._nodes):
+            for d in self._nodes[name].get("devices", []):
+                devices.append({"id": d["id"], "node": name, "kind": d.get("kind", "gpu"), "model": d.get("model", "")})
+        jobs = []
+        for r in self._jobs.values():
+            if r["state"] in J.TERMINAL or r["cancel_requested"]:
+                continue
+            v = J.record_to_view(r)
+            v["minibatch_ms_alone"] = self._alone_ms(r)
+            jobs.append(v)
+        return cluster_view_from_dicts(now, devices, jobs)
+
+    # ------------------------------------------------------------------ decisions
+    def _occupied(self, exclude: set[str] = frozenset()) -> dict[str, set[str]]:  # type: ignore[assignment]
+        occ: dict[str, set[str]] = {}
+        for rec in self._jobs.values():
+            if rec["id"] in exclude or rec["state"] in J.TERMINAL:
+                continue
+            held = list(rec["devices"]) if rec["state"] in J.HOLDING else []
+            held += list((rec["pending"] or {}).get("devices") or [])
+            for d in held:
+                occ.setdefault(d, set()).add(rec["id"])
+        return occ
+
+    def _node_of(self, devices: list[str]) -> str:
+        owners = {}
+        for name, node in self._nodes.items():
+            for d in node.get("devices", []):
+                owners[d["id"]] = name
+        nodes = {owners.get(d) for d in devices}
+        if None in nodes:
+            raise FailedPrecondition(f"devices {devices} are not all on live nodes")
+        if len(nodes) != 1:
+            raise FailedPrecondition(f"devices {devices} span nodes {sorted(nodes)}; a job runs on one node")
+        return nodes.pop()
+
+    def _job(self, job_id: str) -> dict[str, Any]:
+        rec = self._jobs.get(job_id)
+        if rec is None or rec["state"] in J.TERMINAL or rec["cancel_requested"]:
+            raise FailedPrecondition(f"job {job_id} is not schedulable now")
+        if rec["pending"]:
+            raise FailedPrecondition(f"job {job_id} is busy with {rec['pending']['op']}")
+        return rec
+
+    def _check_free(self, devices: list[str], allowed: set[str]) -> None:
+        occ = self._occupied()
+        for d in devices:
+            busy = occ.get(d, set()) - allowed
+            if busy:
+                raise FailedPrecondition(f"device {d} is held by {sorted(busy)}")
+
+    def _apply(self, d: Decision, now: float) -> bool:
+        if isinstance(d, Start | Resume | Pack):
+            rec = self._job(d.job_id)
+            if rec["state"] not in (J.QUEUED, J.SUSPENDED):
+                raise FailedPrecondition(f"job {d.job_id} is {rec['state']}, not waiting")
+            allowed = {d.job_id} | (set(d.with_jobs) if isinstance(d, Pack) else set())
+            self._check_free(list(d.devices), allowed)
+            self._launch(rec, list(d.devices), now, type(d).__name__.lower())
+            return True
+        if isinstance(d, Suspend | Unpack):
+            rec = self._job(d.job_id)
+            if rec["state"] not in (J.RUNNING, J.PACKED):
+                raise FailedPrecondition(f"job {d.job_id} is {rec['state']}, not running")
+            self._suspend(rec, now, d.reason)
+            return True
+        if isinstance(d, Migrate | Resize):
+            rec = self._job(d.job_id)
+            if rec["state"] not in (J.RUNNING, J.PACKED):
+                raise FailedPrecondition(f"job {d.job_id} is {rec['state']}, not running")
+            devices = list(d.devices)
+            self._check_free([x for x in devices if x not in rec["devices"]], {d.job_id})
+            target = self._node_of(devices)
+            if target == rec["node"]:
+                # Same node: re-pin at the next boundary, no restart (a virtual device is a CPU set).
+                action = "resize" if isinstance(d, Resize) else "resume"
+                st = self.agents.control(self._address(rec["node"]), rec["id"], action, devices)
+                rec["devices"] = devices
+                rec["pending"] = {"op": action, "seq": st.control_seq, "since": now}
+                rec["step_at_change"] = rec["step"]
+                rec["last_change_at"] = now
+                rec["message"] = f"{action} onto {', '.join(devices)}: {d.reason}"
+                self._save(rec)
+            else:
+                self._move(rec, devices, now, d.reason)
+            return True
+        raise InvalidArgument(f"unknown decision {d!r}")
+
+    def _launch(self, rec: dict[str, Any], devices: list[str], now: float, how: str) -> None:
+        node = self._node_of(devices)
+        p = self._proc(rec) if rec["parked"] else None
+        if p is not None and p.state != 3 and rec["node"] == node:
+            # A parked process on the same node: resume in place (fast: no restart).
+            st = self.agents.control(self._address(node), rec["id"], "resume", devices)
+            rec.update(devices=devices, parked=False, step_at_change=rec["step"])
+            rec["pending"] = {"op": "resume", "seq": st.control_seq, "since": now}
+            J.set_state(rec, J.RUNNING, f"resumed in place on {', '.join(devices)} ({how})", now)
+            self._save(rec)
+            return
+        if p is not None and p.state != 3:
+            # Parked elsewhere: let it exit (its checkpoint is on disk), then start it here.
+            self._stop_then_start(rec, devices, now, f"resume on {node}")
+            return
+        self._start_process(rec, devices, now, how)
+
+    def _start_process(self, rec: dict[str, Any], devices: list[str], now: float, how: str) -> None:
+        node = self._node_of(devices)
+        rec["attempt"] += 1
+        rec.update(node=node, devices=devices, parked=False, pending=None, step_at_change=rec["step"])
+        J.set_state(rec, J.RUNNING, f"{how} on {', '.join(devices)} (attempt {rec['attempt']})", now)
+        # Record first, then start: a leader dying in between leaves a record whose process is
+        # missing (rescheduled next tick), never a process nobody knows about.
+        self._save(rec)
+        spec = rec["spec"]
+        try:
+            self.agents.start(self._address(node), rec["id"], spec["command"], spec["env"], devices,
+                              spec["workdir"], rec["attempt"])
+        except InvalidArgument as exc:
+            self._release(rec)
+            rec["finished_at"] = now
+            J.set_state(rec, J.FAILED, f"cannot start on {node}: {exc}", now)
+            self._save(rec)
+        except MicrocoError as exc:
+            self._release(rec)
+            J.set_state(rec, J.SUSPENDED if rec["checkpoint_step"] >= 0 else J.QUEUED,
+                        f"start on {node} failed, will retry: {exc}", now)
+            self._save(rec)
+
+    def _suspend(self, rec: dict[str, Any], now: float, reason: str) -> None:
+        st = self.agents.control(self._address(rec["node"]), rec["id"], "suspend")
+        rec["pending"] = {"op": "suspend", "seq": st.control_seq, "since": now}
+        rec["message"] = f"suspending: {reason}"
+        self._save(rec)
+        # Wait for the next mini-batch boundary so the devices are really free for what follows.
+        p = self._wait_proc(rec, lambda p: p.seq_done >= st.control_seq or p.state == 3)
+        if p is not None and p.state != 3:
+            rec["checkpoint_step"] = max(rec["checkpoint_step"], int(p.checkpoint_step))
+            rec["step"] = int(p.step)
+            self._parked(rec, now)
+            self._save(rec)
+
+    def _move(self, rec: dict[str, Any], devices: list[str], now: float, reason: str) -> None:
+        J.set_state(rec, J.MIGRATING, f"migrating to {', '.join(devices)}: {reason}", now)
+        self._stop_then_start(rec, devices, now, "migrated")
+
+    def _stop_then_start(self, rec: dict[str, Any], devices: list[str], now: float, how: str) -> None:
+        st = self.agents.control(self._address(rec["node"]), rec["id"], "stop")
+        rec["pending"] = {"op": "stop", "then": "move", "devices": devices, "seq": st.control_seq, "since": now}
+        self._save(rec)
+        p = self._wait_proc(rec, lambda p: p.state == 3)
+        if p is not None and p.exit_code == EXIT_CHECKPOINTED:
+            rec["checkpoint_step"] = max(rec["checkpoint_step"], int(p.checkpoint_step))
+            rec["step"] = int(p.step)
+            self._release(rec)
+            self._start_process(rec, devices, now, how)
+        # Otherwise the next ticks see the exit and finish the move (see _reconcile).
+
+    def _wait_proc(self, rec: dict[str, Any], pred: Callable[[Any], bool]) -> Any:
+        deadline = time.monotonic() + self.op_wait_s
+        address = self._address(rec["node"])
+        while time.monotonic() < deadline:
+            try:
+                for p in self.agents.list_processes(address):
+                    if p.job_id == rec["id"] and p.attempt == rec["attempt"] and pred(p):
+                        return p
+            except MicrocoError:
+                return None
+            time.sleep(0.01)
+        return None

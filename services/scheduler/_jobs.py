@@ -1,0 +1,194 @@
+"""Job records: validation of a spec, the stored record (JSON in etcd), and proto conversion.
+
+Pure functions, no I/O: the servicer, the core and the unit tests share them.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+import uuid
+from typing import Any
+
+from microco.api.common.v1 import common_pb2
+from microco.api.scheduler.v1 import scheduler_pb2
+from microco.services.common.errors import InvalidArgument
+
+JOBS_PREFIX = "/microco/scheduler/jobs/"
+
+# States of a job record (a superset of the policy's JobPhase: CANCELLED is the user's doing).
+QUEUED, RUNNING, SUSPENDED, PACKED, MIGRATING = "queued", "running", "suspended", "packed", "migrating"
+FINISHED, FAILED, CANCELLED = "finished", "failed", "cancelled"
+TERMINAL = frozenset({FINISHED, FAILED, CANCELLED})
+HOLDING = frozenset({RUNNING, PACKED, MIGRATING})
+
+_STATE_TO_PB = {
+    QUEUED: scheduler_pb2.JOB_STATE_QUEUED,
+    RUNNING: scheduler_pb2.JOB_STATE_RUNNING,
+    SUSPENDED: scheduler_pb2.JOB_STATE_SUSPENDED,
+    PACKED: scheduler_pb2.JOB_STATE_PACKED,
+    MIGRATING: scheduler_pb2.JOB_STATE_MIGRATING,
+    FINISHED: scheduler_pb2.JOB_STATE_FINISHED,
+    FAILED: scheduler_pb2.JOB_STATE_FAILED,
+    CANCELLED: scheduler_pb2.JOB_STATE_CANCELLED,
+}
+_PB_TO_STATE = {v: k for k, v in _STATE_TO_PB.items()}
+
+
+def state_to_pb(state: str) -> int:
+    return _STATE_TO_PB[state]
+
+
+def state_from_pb(value: int) -> str:
+    try:
+        return _PB_TO_STATE[value]
+    except KeyError:
+        raise InvalidArgument(f"unknown job state {value}") from None
+
+
+def job_key(job_id: str) -> str:
+    return JOBS_PREFIX + job_id
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40]
+
+
+def validate_spec(spec: dict[str, Any], cluster_devices: int | None, check_command: bool = True) -> dict[str, Any]:
+    """A clean spec dict, or ``InvalidArgument`` saying exactly what is wrong.
+
+    ``cluster_devices`` is how many devices the registered nodes offer (None: do not check).
+    """
+    problems = []
+    command = [str(c) for c in spec.get("command") or []]
+    devices = int(spec.get("devices", 0))
+    if not command:
+        problems.append("command is empty: give the argv of the training process")
+    elif check_command and shutil.which(command[0]) is None:
+        problems.append(f"command not found: {command[0]!r} is not an executable on the scheduler's PATH")
+    if devices <= 0:
+        problems.append(f"devices must be at least 1 (got {devices})")
+    elif cluster_devices is not None and devices > cluster_devices:
+        problems.append(f"job wants {devices} devices but the cluster has {cluster_devices}")
+    total_steps = int(spec.get("total_steps") or 0)
+    if total_steps < 0:
+        problems.append("total_steps must not be negative")
+    max_devices = int(spec.get("max_devices") or 0)
+    if max_devices and max_devices < devices:
+        problems.append("max_devices must be at least devices")
+    if problems:
+        raise InvalidArgument("invalid job spec: " + "; ".join(problems))
+    return {
+        "name": str(spec.get("name") or ""),
+        "command": command,
+        "devices": devices,
+        "elastic": bool(spec.get("elastic", False)),
+        "priority": int(spec.get("priority") or 0),
+        "user": str(spec.get("user") or ""),
+        "tenant": str(spec.get("tenant") or ""),
+        "env": {str(k): str(v) for k, v in (spec.get("env") or {}).items()},
+        "workdir": str(spec.get("workdir") or ""),
+        "total_steps": total_steps,
+        "model": str(spec.get("model") or ""),
+        "max_devices": max_devices,
+    }
+
+
+def new_record(spec: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    now = time.time() if now is None else now
+    job_id = f"{_slug(spec['name']) or 'job'}-{uuid.uuid4().hex[:8]}"
+    return {
+        "id": job_id,
+        "spec": spec,
+        "state": QUEUED,
+        "devices": [],
+        "node": "",
+        "attempt": 0,
+        "step": 0,
+        "checkpoint_step": -1,
+        "submitted_at": now,
+        "first_step_at": 0.0,
+        "finished_at": 0.0,
+        "last_change_at": now,
+        "minibatch_ms": 0.0,
+        "minibatch_ms_alone": 0.0,
+        "attained_service_s": 0.0,
+        "packed_with": [],
+        "parked": False,  # a SUSPENDED job whose process waits parked on ``node``
+        "pending": None,  # an operation under way: {"op", "seq", "attempt", "since", ...}
+        "cancel_requested": False,
+        "restarts": 0,
+        "message": "queued",
+        "history": [[now, QUEUED, "submitted"]],
+    }
+
+
+def set_state(rec: dict[str, Any], state: str, message: str, now: float) -> None:
+    if rec["state"] != state:
+        rec["history"] = (rec.get("history") or [])[-49:] + [[now, state, message]]
+        rec["last_change_at"] = now
+    rec["state"] = state
+    rec["message"] = message
+
+
+def spec_from_pb(spec: scheduler_pb2.JobSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "command": list(spec.command),
+        "devices": spec.devices,
+        "elastic": spec.elastic,
+        "priority": spec.priority,
+        "user": spec.owner.user,
+        "tenant": spec.owner.tenant,
+        "env": dict(spec.env),
+        "workdir": spec.workdir,
+        "total_steps": spec.total_steps,
+        "model": spec.model,
+        "max_devices": spec.max_devices,
+    }
+
+
+def spec_to_pb(spec: dict[str, Any]) -> scheduler_pb2.JobSpec:
+    return scheduler_pb2.JobSpec(
+        name=spec["name"], command=spec["command"], devices=spec["devices"], elastic=spec["elastic"],
+        priority=spec["priority"], owner=common_pb2.Principal(user=spec["user"], tenant=spec["tenant"]),
+        env=spec["env"], workdir=spec["workdir"], total_steps=spec["total_steps"], model=spec.get("model", ""),
+        max_devices=spec.get("max_devices", 0),
+    )
+
+
+def record_to_pb(rec: dict[str, Any]) -> scheduler_pb2.Job:
+    return scheduler_pb2.Job(
+        id=rec["id"], spec=spec_to_pb(rec["spec"]), state=state_to_pb(rec["state"]), device_ids=rec["devices"],
+        node=rec["node"], step=rec["step"], submitted_at=rec["submitted_at"], first_step_at=rec["first_step_at"],
+        finished_at=rec["finished_at"], minibatch_ms=rec["minibatch_ms"], message=rec["message"],
+        attempt=rec["attempt"], checkpoint_step=rec["checkpoint_step"], restarts=rec["restarts"],
+        packed_with=rec["packed_with"], attained_service_s=rec["attained_service_s"],
+        minibatch_ms_alone=rec["minibatch_ms_alone"], last_change_at=rec["last_change_at"],
+    )
+
+
+def record_to_view(rec: dict[str, Any]) -> dict[str, Any]:
+    """The dict a policy's ``JobView`` is built from (see policy.job_view_from_dict)."""
+    spec = rec["spec"]
+    state = rec["state"]
+    return {
+        "id": rec["id"],
+        "devices_wanted": spec["devices"],
+        "elastic": spec["elastic"],
+        "priority": spec["priority"],
+        "owner": spec["user"],
+        "submitted_at": rec["submitted_at"],
+        "state": state,
+        "devices": rec["devices"] if state in HOLDING else [],
+        "attained_service_s": rec["attained_service_s"],
+        "minibatch_ms": rec["minibatch_ms"] or None,
+        "minibatch_ms_alone": rec["minibatch_ms_alone"] or None,
+        "steps_done": rec["step"],
+        "total_steps": spec["total_steps"] or None,
+        "packed_with": rec["packed_with"],
+        "last_change_at": rec["last_change_at"],
+        "model": spec.get("model", ""),
+        "max_devices": spec.get("max_devices") or None,
+    }

@@ -1,0 +1,146 @@
+"""The scheduler service: gRPC adapter over ``SchedulerCore`` plus leader election.
+
+Every instance serves the API (records live in etcd); the elected leader alone runs the
+control loop. A standby campaigns continuously and takes over within one lease TTL of the
+leader's death; the new leader rebuilds everything from etcd and the agents' process lists,
+so running jobs keep running and queued jobs stay queued.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import grpc
+
+from microco.api.common.v1 import common_pb2
+from microco.api.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from microco.services.common.election import LeaderElection
+from microco.services.common.errors import InvalidArgument
+from microco.services.common.kv import KV
+from microco.services.common.server import ServiceContext, ServiceRuntime
+
+from . import _jobs as J
+from ._core import SchedulerCore
+from .policy import available_policies, make_policy
+
+log = logging.getLogger(__name__)
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
+    def __init__(self, core: SchedulerCore, election: LeaderElection | None, policy_name: str) -> None:
+        self.core, self.election, self.policy_name = core, election, policy_name
+
+    def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest, context: grpc.ServicerContext) -> Any:
+        if not request.HasField("spec"):
+            raise InvalidArgument("spec is required")
+        return J.record_to_pb(self.core.submit(J.spec_from_pb(request.spec)))
+
+    def GetJob(self, request: scheduler_pb2.GetJobRequest, context: grpc.ServicerContext) -> Any:
+        return J.record_to_pb(self.core.get(request.job_id))
+
+    def ListJobs(self, request: scheduler_pb2.ListJobsRequest, context: grpc.ServicerContext) -> Any:
+        states = [J.state_from_pb(s) for s in request.states]
+        return scheduler_pb2.ListJobsResponse(
+            jobs=[J.record_to_pb(r) for r in self.core.list(states, request.owner)])
+
+    def CancelJob(self, request: scheduler_pb2.CancelJobRequest, context: grpc.ServicerContext) -> Any:
+        return J.record_to_pb(self.core.cancel(request.job_id))
+
+    def WatchJobs(self, request: scheduler_pb2.WatchJobsRequest, context: grpc.ServicerContext) -> Any:
+        for rec in self.core.watch(list(request.job_ids), context.is_active):
+            yield scheduler_pb2.JobEvent(job=J.record_to_pb(rec), at=time.time())
+
+    def ListNodes(self, request: Any, context: grpc.ServicerContext) -> Any:
+        devices = [common_pb2.Device(id=d["id"], node=d["node"], index=d.get("index", 0), kind=d.get("kind", ""),
+                                     model=d.get("model", ""), memory_bytes=d.get("memory_bytes", 0))
+                   for d in self.core.cluster_devices()]
+        leader = self.election.leader() if self.election else ""
+        return scheduler_pb2.ListNodesResponse(devices=devices, leader=leader or "", policy=self.policy_name)
+
+
+class Scheduler:
+    """One scheduler instance: core, election, control loop."""
+
+    def __init__(self, kv: KV, instance_id: str, policy: str = "gandiva", policy_config: dict[str, Any] | None = None,
+                 tick_s: float = 0.5, lease_ttl_s: int = 5, op_wait_s: float = 3.0) -> None:
+        self.policy_name = policy
+        self.core = SchedulerCore(kv, make_policy(policy, **(policy_config or {})), op_wait_s=op_wait_s)
+        self.tick_s = tick_s
+        self.runtime: ServiceRuntime | None = None
+        self.election = LeaderElection(kv, "scheduler", instance_id, ttl=lease_ttl_s,
+                                       on_elected=self._elected, on_lost=self._lost)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="scheduler-loop", daemon=True)
+
+    def _elected(self) -> None:
+        log.info("leading: taking over the control loop")
+        self.core._last_tick = None
+        if self.runtime is not None and self.runtime.registration is not None:
+            self.runtime.registration.update(self.runtime.record(role="leader"))
+
+    def _lost(self) -> None:
+        log.warning("no longer the leader")
+        if self.runtime is not None and self.runtime.registration is not None and not self._stop.is_set():
+            self.runtime.registration.update(self.runtime.record(role="standby"))
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if self.election.is_leader:
+                try:
+                    self.core.tick()
+                except Exception:  # one bad tick must not end scheduling
+                    log.exception("scheduler tick failed")
+            self._stop.wait(self.tick_s)
+
+    def attach(self, runtime: ServiceRuntime) -> None:
+        self.runtime = runtime
+        runtime.add_service(scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server,
+                            SchedulerServicer(self.core, self.election, self.policy_name),
+                            scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name)
+        runtime.on_stop(self.stop)
+
+    def start(self) -> Scheduler:
+        self.election.start()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        self.election.resign()
+        self.core.agents.close()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("scheduler")
+    g.add_argument("--policy", default="gandiva", help=f"scheduling policy, one of {', '.join(available_policies())}")
+    g.add_argument("--policy-config", default="{}",
+                   help='policy settings as JSON, e.g. \'{"quantum_s": 10, "enable_packing": false}\'')
+    g.add_argument("--tick-s", type=float, default=0.5, help="seconds between control-loop ticks")
+    g.add_argument("--op-wait-s", type=float, default=3.0,
+                   help="how long a tick waits for a job to reach its mini-batch boundary on suspend/migrate")
+
+
+def setup(ctx: ServiceContext) -> None:
+    args = ctx.args
+    if args.policy not in available_policies():
+        raise InvalidArgument(f"unknown policy {args.policy!r}; available: {', '.join(available_policies())}")
+    try:
+        config = json.loads(args.policy_config)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"--policy-config is not JSON: {exc}") from None
+    if args.tick_s <= 0:
+        raise InvalidArgument("--tick-s must be > 0")
+    try:
+        sched = Scheduler(ctx.kv, ctx.settings.instance_id, args.policy, config, args.tick_s,
+                          ctx.settings.lease_ttl_s, args.op_wait_s)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"bad policy config for {args.policy}: {exc}") from None
+    sched.attach(ctx.runtime)
+    sched.start()

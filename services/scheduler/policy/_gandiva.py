@@ -1,0 +1,359 @@
+"""``gandiva``: introspective scheduling at mini-batch granularity (Xiao et al., OSDI'18).
+
+Each mechanism can be switched off on its own so its gain can be measured alone:
+
+* **time-slicing** -- when devices are oversubscribed, a waiting job takes the devices of
+  running jobs that have had at least ``quantum_s`` since their last change and more
+  attained service than it (``slice_order="las"``), or simply the longest-running ones
+  (``"round_robin"``): round-robin suspend/resume. A new job therefore starts within one
+  suspend/resume, which is what cuts time to first feedback.
+* **packing** -- a waiting one-device job may share a device with one running one-device
+  job when their device shares (``gpu_share``, profiled utilisation) add up to at most
+  ``pack_share_limit``. The pack is *introspective*: once both report mini-batch times, it
+  is kept only while the packed progress ``sum(alone_ms / observed_ms)`` is at least
+  ``pack_keep_ratio`` times what time-slicing gives (1.0 device's worth); otherwise it is
+  undone (migrated to a free device if migration is on, else unpacked). A job just unpacked
+  is not packed again for ``pack_cooldown_s`` (the policy is stateless: it reads
+  ``last_change_at``).
+* **migration** -- a multi-device job spread over nodes moves onto one node when one has
+  room; a multi-device job blocked by fragmentation gets a node freed by moving one-device
+  jobs to free devices elsewhere; a job in a bad pack moves to a free device.
+* **grow-shrink** -- elastic jobs take idle devices (up to ``max_devices`` or
+  ``grow_max_factor`` times what they asked for) when nobody waits, and give back what they
+  took as soon as someone does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._registry import register_policy
+from ._state import Occupancy, place, preempt_for
+from ._types import (
+    HOLDING_PHASES,
+    WAITING_PHASES,
+    ClusterView,
+    Decision,
+    JobPhase,
+    JobView,
+    Migrate,
+    Pack,
+    Resize,
+    Resume,
+    Start,
+    Suspend,
+    Unpack,
+)
+
+
+@dataclass(frozen=True)
+class GandivaConfig:
+    quantum_s: float = 60.0
+    enable_time_slicing: bool = True
+    enable_packing: bool = True
+    enable_migration: bool = True
+    enable_grow_shrink: bool = True
+    pack_keep_ratio: float = 1.0
+    pack_share_limit: float = 1.0
+    pack_cooldown_s: float = 600.0
+    pack_observe_s: float = 0.0  # wait this long after packing before judging the pack
+    max_jobs_per_device: int = 2
+    grow_max_factor: int = 2
+    slice_order: str = "las"  # or "round_robin"
+    allow_spread: bool = True
+
+    def __post_init__(self) -> None:
+        if self.quantum_s <= 0:
+            raise ValueError("quantum_s must be > 0")
+        if self.pack_keep_ratio <= 0:
+            raise ValueError("pack_keep_ratio must be > 0")
+        if self.max_jobs_per_device < 1:
+            raise ValueError("max_jobs_per_device must be >= 1")
+        if self.grow_max_factor < 1:
+            raise ValueError("grow_max_factor must be >= 1")
+        if self.slice_order not in ("las", "round_robin"):
+            raise ValueError("slice_order must be 'las' or 'round_robin'")
+
+
+def packed_progress(jobs: list[JobView]) -> float | None:
+    """Device-worth of progress a group of jobs sharing a device makes, from their own
+    mini-batch times: ``sum(alone / observed)``. Time-slicing the same jobs gives 1.0.
+    None until every job has both figures."""
+    total = 0.0
+    for j in jobs:
+        if not j.minibatch_ms or not j.minibatch_ms_alone:
+            return None
+        total += j.minibatch_ms_alone / j.minibatch_ms
+    return total
+
+
+@register_policy("gandiva", config=GandivaConfig)
+class GandivaPolicy:
+    """Time-slicing, introspective packing, migration and grow-shrink."""
+
+    name = "gandiva"
+    time_driven = True  # decisions change as time passes (quantum), so tick
+
+    def __init__(self, config: GandivaConfig | None = None) -> None:
+        self.config = config or GandivaConfig()
+
+    # ordering of waiting jobs (who gets devices first) and of victims (who yields first)
+    def _wkey(self, j: JobView) -> tuple:
+        if self.config.slice_order == "las":
+            return (-j.priority, j.attained_service_s, j.submitted_at, j.id)
+        return (-j.priority, j.last_change_at, j.submitted_at, j.id)
+
+    def decide(self, view: ClusterView) -> list[Decision]:
+        cfg = self.config
+        now = view.now
+        n_dev = len(view.devices)
+        occ = Occupancy(view)
+        jobs = {j.id: j for j in view.jobs}
+        out: list[Decision] = []
+        acted: set[str] = set()
+        waiting = sorted(
+            (j for j in view.jobs if j.state in WAITING_PHASES and 0 < j.devices_wanted <= n_dev), key=self._wkey
+        )
+
+        # 1. introspection: undo packs that do worse than time-slicing would.
+        if cfg.enable_packing or any(j.state is JobPhase.PACKED for j in view.jobs):
+            self._judge_packs(view, occ, jobs, out, acted)
+
+        # 2. shrink elastic jobs that grew, as soon as anyone waits.
+        if cfg.enable_grow_shrink and waiting:
+            for j in view.jobs:
+                if j.elastic and j.state is JobPhase.RUNNING and len(j.devices) > j.devices_wanted and j.id not in acted:
+                    keep = j.devices[: j.devices_wanted]
+                    occ.release(j.id, j.devices[j.devices_wanted :])
+                    out.append(Resize(j.id, keep, "gandiva: shrink, others wait"))
+                    acted.add(j.id)
+
+        # 3. consolidate spread multi-device jobs onto one node.
+        if cfg.enable_migration:
+            self._consolidate(view, occ, out, acted)
+
+        # 4. waiting jobs in order: free devices, then a defragmenting migration, then a
+        #    pack, then a time-slice.
+        holders = [j for j in view.jobs if j.state in HOLDING_PHASES]
+        victims = []
+        if cfg.enable_time_slicing:
+            victims = [
+                j
+                for j in holders
+                if j.state is JobPhase.RUNNING and now - j.last_change_at >= cfg.quantum_s and j.id not in acted
+            ]
+            # worst first: most attained service (las) / running longest since its change
+            if cfg.slice_order == "las":
+                victims.sort(key=lambda j: (j.priority, -j.attained_service_s, j.id))
+            else:
+                victims.sort(key=lambda j: (j.priority, j.last_change_at, j.id))
+        suspended: set[str] = set()
+        n_free = occ.n_free()
+        pack_slots = self._pack_slots(occ, jobs, acted, now) if cfg.enable_packing else []
+        max_victim = max((v.attained_service_s for v in victims), default=-1.0)
+        for w in waiting:
+            if w.id in acted:
+                continue
+            if n_free == 0 and not pack_slots and not victims:
+                break  # nothing left to give anyone; the rest keep waiting
+            k = w.devices_wanted
+            devs = place(occ.free_by_node(), k, allow_spread=False) if k <= n_free else None
+            if devs is None and k <= n_free and cfg.enable_migration and k > 1:
+                devs = self._defragment(occ, holders, k, out, acted)
+            if devs is None and k <= n_free:
+                devs = place(occ.free_by_node(), k, allow_spread=cfg.allow_spread)
+            if devs is not None:
+                occ.take(w.id, devs)
+                n_free -= k
+                out.append(_run(w, devs, "gandiva: free devices"))
+                acted.add(w.id)
+                continue
+            if (
+                cfg.enable_packing
+                and k == 1
+                and (w.state is JobPhase.QUEUED or now - w.last_change_at >= cfg.pack_cooldown_s)
+            ):
+                pk = self._pack_target(pack_slots, w, occ)
+                if pk is not None:
+                    dev, partner = pk
+                    occ.take(w.id, (dev,))
+                    out.append(Pack(w.id, (dev,), (partner,), "gandiva: pack, shares fit one device"))
+                    acted.add(w.id)
+                    acted.add(partner)
+                    continue
+            if victims:
+                if cfg.slice_order == "las" and w.attained_service_s >= max_victim:
+                    continue  # no running job has had more service than this one
+                if cfg.slice_order == "las":
+                    cands = [
+                        v
+                        for v in victims
+                        if v.id not in suspended and v.id not in acted and v.attained_service_s > w.attained_service_s
+                    ]
+                else:
+                    cands = [v for v in victims if v.id not in suspended and v.id not in acted]
+                if not cands:
+                    continue
+                got = preempt_for(occ, k, cands, allow_spread=cfg.allow_spread)
+                if got is None:
+                    continue
+                devs, used = got
+                victims = [v for v in victims if v not in used]
+                for v in used:
+                    suspended.add(v.id)
+                    acted.add(v.id)
+                    out.append(Suspend(v.id, f"gandiva: time-slice, quantum over, {w.id} waits"))
+                occ.take(w.id, devs)
+                out.append(_run(w, devs, "gandiva: time-slice"))
+                acted.add(w.id)
+                n_free = occ.n_free()
+
+        # 5. grow elastic jobs onto idle devices when nobody is left waiting.
+        if cfg.enable_grow_shrink and occ.n_free() > 0 and all(w.id in acted for w in waiting):
+            self._grow(view, occ, out, acted)
+        return out
+
+    # ------------------------------------------------------------------ mechanisms
+    def _judge_packs(self, view: ClusterView, occ: Occupancy, jobs: dict[str, JobView], out: list, acted: set) -> None:
+        cfg = self.config
+        seen: set[tuple[str, ...]] = set()
+        for dev, hs in occ.holders.items():
+            if len(hs) < 2:
+                continue
+            group = tuple(sorted(hs))
+            if group in seen:
+                continue
+            seen.add(group)
+            members = [jobs[h] for h in group if h in jobs]
+            if any(view.now - m.last_change_at < cfg.pack_observe_s for m in members):
+                continue
+            prog = packed_progress(members)
+            if prog is not None and prog >= cfg.pack_keep_ratio and cfg.enable_packing:
+                continue
+            if prog is None and cfg.enable_packing:
+                continue  # not measured yet
+            # Undo: move out the job that suffers most (lowest alone/observed), newest first.
+            def speed(m: JobView) -> float:
+                if m.minibatch_ms and m.minibatch_ms_alone:
+                    return m.minibatch_ms_alone / m.minibatch_ms
+                return 1.0
+
+            loser = min(members, key=lambda m: (speed(m), -m.last_change_at, m.id))
+            if loser.id in acted:
+                continue
+            if cfg.enable_migration and len(loser.devices) == 1:
+                devs = place(occ.free_by_node(), 1, allow_spread=False)
+                if devs is not None:
+                    occ.release(loser.id, loser.devices)
+                    occ.take(loser.id, devs)
+                    out.append(Migrate(loser.id, devs, f"gandiva: leave interference (packed progress {prog})"))
+                    acted.add(loser.id)
+                    continue
+            occ.release(loser.id, loser.devices)
+            out.append(Unpack(loser.id, f"gandiva: packed progress {prog} below time-slicing"))
+            acted.add(loser.id)
+
+    def _consolidate(self, view: ClusterView, occ: Occupancy, out: list, acted: set) -> None:
+        for j in view.jobs:
+            if j.state is not JobPhase.RUNNING or len(j.devices) < 2 or j.id in acted:
+                continue
+            if len(occ.nodes_of(j.devices)) < 2:
+                continue
+            occ.release(j.id, j.devices)
+            devs = place(occ.free_by_node(), len(j.devices), allow_spread=False)
+            if devs is None:
+                occ.take(j.id, j.devices)
+                continue
+            occ.take(j.id, devs)
+            out.append(Migrate(j.id, devs, "gandiva: consolidate onto one node"))
+            acted.add(j.id)
+
+    def _defragment(self, occ: Occupancy, holders: list[JobView], k: int, out: list, acted: set) -> tuple[str, ...] | None:
+        """Free a whole node for a k-device job by moving one-device jobs off it."""
+        free_by_node = occ.free_by_node()
+        movable: dict[str, list[JobView]] = {}
+        for j in holders:
+            if j.state is JobPhase.RUNNING and len(j.devices) == 1 and j.id not in acted:
+                node = occ.node_of.get(j.devices[0])
+                if node is not None and occ.holders[j.devices[0]] == [j.id]:
+                    movable.setdefault(node, []).append(j)
+        best = None
+        for node, devs in occ.nodes.items():
+            nf = len(free_by_node.get(node, ()))
+            mv = movable.get(node, [])
+            need = k - nf
+            if need <= 0 or need > len(mv) or len(devs) < k:
+                continue
+            free_elsewhere = sum(len(v) for n, v in free_by_node.items() if n != node)
+            if free_elsewhere < need:
+                continue
+            if best is None or (need, node) < best[:2]:
+                best = (need, node, mv)
+        if best is None:
+            return None
+        need, node, mv = best
+        for j in sorted(mv, key=lambda j: j.id)[:need]:
+            others = {n: v for n, v in occ.free_by_node().items() if n != node}
+            dst = place(others, 1, allow_spread=False)
+            if dst is None:
+                return None
+            occ.release(j.id, j.devices)
+            occ.take(j.id, dst)
+            out.append(Migrate(j.id, dst, "gandiva: defragment a node for a multi-device job"))
+            acted.add(j.id)
+        return place({node: occ.free_by_node().get(node, [])}, k, allow_spread=False)
+
+    def _pack_slots(self, occ: Occupancy, jobs: dict[str, JobView], acted: set, now: float) -> list:
+        """Devices a waiting job could share: held by exactly one running one-device job
+        that has been observed long enough. (share, device, partner id), fullest first."""
+        cfg = self.config
+        if cfg.max_jobs_per_device < 2:
+            return []
+        slots = []
+        for dev, hs in occ.holders.items():
+            if len(hs) != 1:
+                continue
+            r = jobs.get(hs[0])
+            if r is None or r.state is not JobPhase.RUNNING or len(r.devices) != 1 or r.id in acted:
+                continue
+            if now - r.last_change_at < cfg.pack_observe_s or r.gpu_share >= cfg.pack_share_limit:
+                continue
+            slots.append((r.gpu_share, dev, r.id))
+        slots.sort(key=lambda x: (-x[0], x[1]))
+        return slots
+
+    def _pack_target(self, slots: list, w: JobView, occ: Occupancy):
+        """The fullest device whose holder's share leaves room for ``w``; removes it."""
+        limit = self.config.pack_share_limit
+        for i, (share, dev, partner) in enumerate(slots):
+            if share + w.gpu_share <= limit and occ.holders[dev] == [partner]:
+                del slots[i]
+                return dev, partner
+        return None
+
+    def _grow(self, view: ClusterView, occ: Occupancy, out: list, acted: set) -> None:
+        cfg = self.config
+        for j in sorted(view.jobs, key=lambda j: (j.attained_service_s, j.id)):
+            if not j.elastic or j.state is not JobPhase.RUNNING or j.id in acted:
+                continue
+            if view.now - j.last_change_at < cfg.quantum_s:
+                continue
+            cap = j.max_devices if j.max_devices is not None else j.devices_wanted * cfg.grow_max_factor
+            extra = cap - len(j.devices)
+            if extra <= 0:
+                continue
+            nodes = occ.nodes_of(j.devices)
+            free = [d for n, v in occ.free_by_node().items() if n in nodes for d in v][:extra]
+            if not free:
+                continue
+            occ.take(j.id, free)
+            out.append(Resize(j.id, tuple(j.devices) + tuple(free), "gandiva: grow onto idle devices"))
+            acted.add(j.id)
+            if occ.n_free() == 0:
+                return
+
+
+def _run(job: JobView, devs: tuple[str, ...], reason: str) -> Decision:
+    if job.state is JobPhase.SUSPENDED:
+        return Resume(job.id, devs, reason)
+    return Start(job.id, devs, reason)

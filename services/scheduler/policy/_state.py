@@ -1,0 +1,152 @@
+"""Derived facts about a view that every policy needs: who holds what, what is free, and
+where a job of k devices fits best. Pure helpers, no state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ._types import HOLDING_PHASES, WAITING_PHASES, ClusterView, JobView
+
+
+class Occupancy:
+    """Mutable scratch copy of device occupancy for one ``decide`` call.
+
+    Policies plan several decisions in a row (suspend a job, start another on its devices);
+    this tracks the devices' state as if the earlier decisions had already been applied.
+    """
+
+    __slots__ = ("node_of", "nodes", "holders", "_order")
+
+    def __init__(self, view: ClusterView) -> None:
+        self.node_of: dict[str, str] = {}
+        self.nodes: dict[str, list[str]] = {}
+        self._order: dict[str, int] = {}
+        for i, d in enumerate(view.devices):
+            self.node_of[d.id] = d.node
+            self.nodes.setdefault(d.node, []).append(d.id)
+            self._order[d.id] = i
+        # device id -> ids of jobs on it (a list: packing puts several)
+        self.holders: dict[str, list[str]] = {d: [] for d in self.node_of}
+        for j in view.jobs:
+            if j.state in HOLDING_PHASES:
+                for dev in j.devices:
+                    if dev in self.holders:
+                        self.holders[dev].append(j.id)
+
+    # -- queries
+    def free(self) -> list[str]:
+        return [d for d, h in self.holders.items() if not h]
+
+    def n_free(self) -> int:
+        return sum(1 for h in self.holders.values() if not h)
+
+    def free_by_node(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for node, devs in self.nodes.items():
+            f = [d for d in devs if not self.holders[d]]
+            if f:
+                out[node] = f
+        return out
+
+    def nodes_of(self, devices: Iterable[str]) -> set[str]:
+        return {self.node_of[d] for d in devices if d in self.node_of}
+
+    # -- updates
+    def release(self, job_id: str, devices: Iterable[str]) -> None:
+        for d in devices:
+            h = self.holders.get(d)
+            if h is not None and job_id in h:
+                h.remove(job_id)
+
+    def take(self, job_id: str, devices: Iterable[str]) -> None:
+        for d in devices:
+            self.holders[d].append(job_id)
+
+
+def place(free_by_node: dict[str, list[str]], k: int, *, allow_spread: bool = True) -> tuple[str, ...] | None:
+    """Pick ``k`` free devices, on one node if any node has room (best fit: the node with
+    the fewest free devices that still fits, keeping big holes for big jobs); otherwise,
+    if ``allow_spread``, across the fewest nodes (largest holes first). None if impossible.
+    Deterministic: ties break on node name."""
+    if k <= 0:
+        return ()
+    best: tuple[int, str] | None = None
+    for node, devs in free_by_node.items():
+        n = len(devs)
+        if n >= k and (best is None or (n, node) < best):
+            best = (n, node)
+    if best is not None:
+        return tuple(free_by_node[best[1]][:k])
+    if not allow_spread:
+        return None
+    total = sum(len(v) for v in free_by_node.values())
+    if total < k:
+        return None
+    chosen: list[str] = []
+    for node, devs in sorted(free_by_node.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        need = k - len(chosen)
+        chosen.extend(devs[:need])
+        if len(chosen) == k:
+            break
+    return tuple(chosen)
+
+
+def arrival_order(jobs: Iterable[JobView]) -> list[JobView]:
+    """First come, first served; priority first (higher first), ties on id for determinism."""
+    return sorted(jobs, key=lambda j: (-j.priority, j.submitted_at, j.id))
+
+
+def waiting(view: ClusterView) -> list[JobView]:
+    return [j for j in view.jobs if j.state in WAITING_PHASES]
+
+
+def holding(view: ClusterView) -> list[JobView]:
+    return [j for j in view.jobs if j.state in HOLDING_PHASES]
+
+
+def total_devices(view: ClusterView) -> int:
+    return len(view.devices)
+
+
+def fits_ever(job: JobView, view: ClusterView) -> bool:
+    """Whether the cluster could ever run ``job`` (policies skip jobs that never fit)."""
+    return 0 < job.devices_wanted <= len(view.devices)
+
+
+def as_tuple(devs: Sequence[str]) -> tuple[str, ...]:
+    return tuple(devs)
+
+
+def preempt_for(
+    occ: Occupancy,
+    k: int,
+    victims: Sequence[JobView],
+    *,
+    allow_spread: bool = True,
+) -> tuple[tuple[str, ...], list[JobView]] | None:
+    """Find ``k`` devices for a waiting job by freeing as few ``victims`` as needed.
+
+    ``victims`` come worst-first (the first is the one a policy would rather stop). Tries
+    the free devices alone, then frees victims one by one until a placement appears; if
+    none appears, nothing is changed and None is returned. On success the chosen devices
+    are *not* yet taken in ``occ``; the victims' devices are released in it.
+    """
+    devs = place(occ.free_by_node(), k, allow_spread=allow_spread)
+    if devs is not None:
+        return devs, []
+    used: list[JobView] = []
+    for v in victims:
+        occ.release(v.id, v.devices)
+        used.append(v)
+        devs = place(occ.free_by_node(), k, allow_spread=allow_spread)
+        if devs is not None:
+            # drop victims whose devices the placement does not need (keep them running)
+            chosen = set(devs)
+            keep = [u for u in used if not chosen.intersection(u.devices)]
+            needed = [u for u in used if chosen.intersection(u.devices)]
+            for u in keep:
+                occ.take(u.id, u.devices)
+            return devs, needed
+    for u in used:
+        occ.take(u.id, u.devices)
+    return None

@@ -1,0 +1,174 @@
+"""Observed state and decisions: the whole vocabulary between a mechanism and a policy.
+
+Everything here is a frozen dataclass so a view can be shared, hashed, compared in tests
+and handed to a policy without fear that the policy changes the mechanism's state.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Union
+
+
+class JobPhase(str, enum.Enum):
+    """Where a job is in its life. A ``str`` enum so it serialises as its value."""
+
+    QUEUED = "queued"  # submitted, never ran (or requeued from scratch)
+    RUNNING = "running"  # holds its devices alone
+    SUSPENDED = "suspended"  # ran, checkpointed at a mini-batch boundary, holds nothing
+    PACKED = "packed"  # shares at least one device with another job
+    MIGRATING = "migrating"  # checkpointing on old devices / restoring on new ones
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+#: Phases in which a job holds devices (its ``devices`` field is meaningful).
+HOLDING_PHASES = frozenset({JobPhase.RUNNING, JobPhase.PACKED, JobPhase.MIGRATING})
+#: Phases in which a job waits for devices.
+WAITING_PHASES = frozenset({JobPhase.QUEUED, JobPhase.SUSPENDED})
+#: Phases a job never leaves.
+TERMINAL_PHASES = frozenset({JobPhase.FINISHED, JobPhase.FAILED})
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    """One accelerator as the scheduler sees it.
+
+    ``kind`` is the class of device ("gpu", or "virtual" for a CPU share on a host without
+    GPUs); ``model`` the device model ("v100", "p100", "k80", "T4"...), used for speed and
+    interference lookups; "" when unknown.
+    """
+
+    id: str
+    node: str
+    kind: str = "gpu"
+    model: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """One job as the scheduler observes it.
+
+    Units: times in seconds on the mechanism's clock; ``attained_service_s`` is the service
+    the job has received so far in *device-seconds* (wall seconds holding devices times the
+    number of devices held, as Tiresias counts it); ``minibatch_ms`` is the recent observed
+    mean mini-batch time (None until reported) and ``minibatch_ms_alone`` the job's time
+    when it had its devices to itself (profiled or first observed; None if unknown).
+
+    Optional fields beyond the contract (all defaulted, so older callers keep working):
+    ``gpu_share`` is the fraction of one device the job keeps busy when alone (1.0 when
+    unknown; the Alibaba trace's fractional GPU requests, or a measured utilisation);
+    ``max_devices`` caps how far an elastic job may grow (None: the policy decides).
+    """
+
+    id: str
+    devices_wanted: int
+    elastic: bool = False
+    priority: int = 0
+    owner: str = ""
+    submitted_at: float = 0.0
+    state: JobPhase = JobPhase.QUEUED
+    devices: tuple[str, ...] = ()
+    attained_service_s: float = 0.0
+    minibatch_ms: float | None = None
+    minibatch_ms_alone: float | None = None
+    steps_done: int = 0
+    total_steps: int | None = None
+    packed_with: tuple[str, ...] = ()
+    last_change_at: float = 0.0
+    model: str = ""
+    gpu_share: float = 1.0
+    max_devices: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """A consistent snapshot: the clock, every usable device and every non-terminal job.
+
+    Terminal jobs may be included; policies ignore them.
+    """
+
+    now: float
+    devices: tuple[DeviceView, ...]
+    jobs: tuple[JobView, ...]
+
+
+# ----------------------------------------------------------------------------- decisions
+# A closed set. The mechanism applies a list of decisions in order; a decision may use
+# devices freed by an earlier decision of the same list (e.g. Suspend then Resume).
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Start a QUEUED job on ``devices`` (which must be free once earlier decisions apply)."""
+
+    job_id: str
+    devices: tuple[str, ...]
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Suspend:
+    """Checkpoint a running/packed job at a mini-batch boundary and free its devices."""
+
+    job_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Restore a SUSPENDED job on ``devices`` (free once earlier decisions apply)."""
+
+    job_id: str
+    devices: tuple[str, ...]
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Pack:
+    """Start or resume a waiting job on ``devices`` already held by ``with_jobs``.
+
+    Afterwards the job and every job in ``with_jobs`` are PACKED (share a device).
+    """
+
+    job_id: str
+    devices: tuple[str, ...]
+    with_jobs: tuple[str, ...]
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Unpack:
+    """Take a PACKED job off its shared devices (it becomes SUSPENDED); the jobs it shared
+    with continue, RUNNING again once they are alone."""
+
+    job_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Migrate:
+    """Checkpoint a holding job and resume it on ``devices`` (same count; may overlap)."""
+
+    job_id: str
+    devices: tuple[str, ...]
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Resize:
+    """Give an elastic holding job a new device set (grow or shrink; any overlap kept)."""
+
+    job_id: str
+    devices: tuple[str, ...]
+    reason: str = ""
+
+
+Decision = Union[Start, Suspend, Resume, Pack, Unpack, Migrate, Resize]
+DECISION_TYPES: tuple[type, ...] = (Start, Suspend, Resume, Pack, Unpack, Migrate, Resize)
+
+
+class PolicyError(ValueError):
+    """Bad policy name or configuration."""
+

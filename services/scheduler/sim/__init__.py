@@ -1,0 +1,46 @@
+"""Discrete-event simulator for the scheduler policies, on public traces.
+
+The simulator drives the *same* policy objects as the live scheduler
+(``microco.services.scheduler.policy``); it only replaces the mechanism: a virtual clock, a
+cluster model, a job-progress model with Gavel's measured packing interference, and a cost
+model for suspend/resume/migration. See docs/scheduler-sim.md.
+"""
+
+from ._engine import ClusterSpec, SimResult, Simulator, simulate
+from ._hpsearch import HPSearchResult, hp_search_trace, run_hp_search
+from ._perf import CostModel, PerfModel, default_perf_model
+from ._trace import (
+    TRACE_COLUMNS,
+    PhillyDurations,
+    TraceError,
+    TraceJob,
+    default_traces_dir,
+    load_alibaba,
+    load_tiresias,
+    load_trace,
+    read_trace_csv,
+    write_trace_csv,
+)
+
+__all__ = [
+    "ClusterSpec",
+    "CostModel",
+    "HPSearchResult",
+    "PerfModel",
+    "PhillyDurations",
+    "SimResult",
+    "Simulator",
+    "TRACE_COLUMNS",
+    "TraceError",
+    "TraceJob",
+    "default_perf_model",
+    "default_traces_dir",
+    "hp_search_trace",
+    "load_alibaba",
+    "load_tiresias",
+    "load_trace",
+    "read_trace_csv",
+    "run_hp_search",
+    "simulate",
+    "write_trace_csv",
+]

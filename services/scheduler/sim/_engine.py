@@ -1,0 +1,648 @@
+"""Discrete-event simulator on a virtual clock that drives the real policy objects.
+
+The simulator is a *mechanism*: it owns the clock, the cluster and the jobs' progress, builds
+a :class:`ClusterView` after every batch of same-time events (and every ``tick_s`` while
+anyone waits or shares a device), calls ``policy.decide`` and applies the decisions,
+refusing any that are stale, exactly as the live scheduler does.
+
+Job progress: a job's *work* is its trace duration (seconds with its requested devices to
+itself on the reference device type). It advances at ``rate = device_speed * packed_speed
+* spread * scale`` work-seconds per second, and not at all while a mechanism's cost stalls
+it (start, resume, migration, resize; see :class:`CostModel`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from microco.services.scheduler.policy import (
+    ClusterView,
+    DeviceView,
+    JobPhase,
+    JobView,
+    Migrate,
+    Pack,
+    Policy,
+    Resize,
+    Resume,
+    Start,
+    Suspend,
+    Unpack,
+)
+
+from ._perf import CostModel, PerfModel
+from ._trace import TraceJob
+
+_ARRIVE, _STALL_END, _PROBE, _FINISH, _TICK = range(5)
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """``nodes`` hosts of ``devices_per_node`` devices each; ``device_models`` cycles over
+    the nodes (e.g. ("v100", "p100") alternates), so a heterogeneous cluster is one flag."""
+
+    nodes: int
+    devices_per_node: int = 8
+    device_models: tuple[str, ...] = ("v100",)
+
+    @classmethod
+    def for_gpus(cls, gpus: int, per_node: int = 8, device_models: Sequence[str] = ("v100",)) -> "ClusterSpec":
+        if gpus < 1 or per_node < 1:
+            raise ValueError("a cluster needs at least one device per node and one device")
+        return cls(nodes=math.ceil(gpus / per_node), devices_per_node=per_node, device_models=tuple(device_models))
+
+    def device_views(self) -> tuple[DeviceView, ...]:
+        out = []
+        for n in range(self.nodes):
+            model = self.device_models[n % len(self.device_models)]
+            for g in range(self.devices_per_node):
+                out.append(DeviceView(id=f"node{n:03d}/gpu{g}", node=f"node{n:03d}", kind="gpu", model=model))
+        return tuple(out)
+
+    @property
+    def size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+class _Job:
+    __slots__ = (
+        "t", "id", "k", "phase", "devices", "work", "done", "rate", "util", "stall_until", "last_update",
+        "attained", "hold_since", "last_change", "first_feedback", "first_start", "finished", "version",
+        "mb_alone_ms", "pack_speed", "view", "probe_work", "probed", "stopped_early", "preemptions",
+        "migrations", "total_steps",
+    )
+
+    def __init__(self, t: TraceJob, mb_alone_ms: float) -> None:
+        self.t = t
+        self.id = t.job_id
+        self.k = t.devices
+        self.phase = JobPhase.QUEUED
+        self.devices: tuple[str, ...] = ()
+        self.work = max(t.duration_s, 1e-3)
+        self.done = 0.0
+        self.rate = 0.0
+        self.util = 0.0  # per-device busy fraction this job contributes
+        self.stall_until = 0.0
+        self.last_update = t.submit_time
+        self.attained = 0.0
+        self.hold_since = 0.0
+        self.last_change = t.submit_time
+        self.first_feedback: float | None = None
+        self.first_start: float | None = None
+        self.finished: float | None = None
+        self.version = 0
+        self.mb_alone_ms = mb_alone_ms
+        self.pack_speed = 1.0
+        self.view: JobView | None = None
+        self.probe_work: float | None = None
+        self.probed = False
+        self.stopped_early = False
+        self.preemptions = 0
+        self.migrations = 0
+        self.total_steps = t.iterations if t.iterations else max(1, int(self.work * 1000.0 / mb_alone_ms))
+
+
+@dataclass
+class SimResult:
+    """Figures of one run; ``to_dict`` is the JSON the CLI and benchmark print."""
+
+    policy: str
+    jobs: int
+    gpus: int
+    gpu_utilization: float
+    gpu_allocation: float
+    gpu_utilization_while_queued: float
+    avg_jct_s: float
+    p50_jct_s: float
+    p95_jct_s: float
+    avg_time_to_first_feedback_s: float
+    p95_time_to_first_feedback_s: float
+    makespan_s: float
+    avg_queue_len: float
+    preemptions: int
+    migrations: int
+    packs: int
+    resizes: int
+    decisions_refused: int
+    decide_calls: int
+    events: int
+    sim_wall_s: float
+    jobs_rejected: int = 0
+    stopped_early: int = 0
+    series: dict[str, list[float]] = field(default_factory=dict, repr=False)
+    per_job: dict[str, dict[str, float | None]] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k not in ("series", "per_job")}
+        for k, v in d.items():
+            if isinstance(v, float):
+                d[k] = round(v, 4)
+        return d
+
+
+class Simulator:
+    """One run of ``policy`` over ``trace`` on ``cluster``.
+
+    ``on_probe(job_id, now) -> bool`` (optional) is called when a job that has a probe point
+    (``probe_fraction`` of its work, e.g. the hyper-parameter search's early-loss check)
+    reaches it; returning True stops the job there, as a user cancelling it would.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        trace: Sequence[TraceJob],
+        cluster: ClusterSpec,
+        *,
+        perf: PerfModel | None = None,
+        costs: CostModel | None = None,
+        tick_s: float = 60.0,
+        probe_fraction: float | None = None,
+        on_probe: Callable[[str, float], bool] | None = None,
+        series_points: int = 2000,
+        check_invariants: bool = False,
+        max_time_s: float = float("inf"),
+    ) -> None:
+        self.policy = policy
+        self.cluster = cluster
+        self.devices = cluster.device_views()
+        self.dev_model = {d.id: d.model for d in self.devices}
+        self.dev_node = {d.id: d.node for d in self.devices}
+        self.perf = perf or PerfModel.uniform()
+        self.costs = costs or CostModel()
+        self.tick_s = tick_s
+        self.on_probe = on_probe
+        self.check_invariants = check_invariants
+        self.max_time_s = max_time_s
+        self.series_points = series_points
+        ref = self.devices[0].model if self.devices else "v100"
+        self.jobs: dict[str, _Job] = {}
+        self.rejected = 0
+        for t in trace:
+            if t.devices > len(self.devices):
+                self.rejected += 1
+                continue
+            j = _Job(t, self.perf.minibatch_ms(t.model, ref))
+            if probe_fraction is not None:
+                j.probe_work = probe_fraction * j.work
+            self.jobs[j.id] = j
+        self.holders: dict[str, list[_Job]] = {d.id: [] for d in self.devices}
+        self.active: dict[str, _Job] = {}  # arrived, not terminal
+        self.waiting = 0
+        self.now = 0.0
+        self._heap: list[tuple[float, int, int, str, int]] = []
+        self._seq = 0
+        self.counts = {"preemptions": 0, "migrations": 0, "packs": 0, "resizes": 0, "refused": 0, "decide": 0, "events": 0}
+        # time integrals
+        self._util_now = 0.0
+        self._alloc_now = 0
+        self._int_util = 0.0
+        self._int_alloc = 0.0
+        self._int_queue = 0.0
+        self._int_util_q = 0.0
+        self._time_q = 0.0
+        self._t_last = None
+        self._series: list[tuple[float, float, int, int]] = []
+        self._tick_pending = False
+        self._last_n = 0
+        self._time_driven = bool(getattr(policy, "time_driven", True))
+        # device-seconds held, per device, for the conservation check
+        self.device_busy_s = {d.id: 0.0 for d in self.devices}
+        self.job_device_s: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ events
+    def _push(self, when: float, kind: int, jid: str = "", version: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, kind, jid, version))
+
+    def run(self) -> SimResult:
+        wall0 = time.perf_counter()
+        for j in self.jobs.values():
+            self._push(j.t.submit_time, _ARRIVE, j.id)
+        first_submit = min((j.t.submit_time for j in self.jobs.values()), default=0.0)
+        self._t_last = first_submit
+        heap = self._heap
+        while heap:
+            t = heap[0][0]
+            if t > self.max_time_s:
+                break
+            self._advance(t)
+            changed = False
+            while heap and heap[0][0] <= t + _EPS:
+                _, _, kind, jid, ver = heapq.heappop(heap)
+                self.counts["events"] += 1
+                changed |= self._handle(kind, jid, ver)
+            if changed:
+                self._decide()
+                if not self._heap and self.waiting and not any(self.holders.values()) and not self._last_n:
+                    raise RuntimeError(
+                        f"policy {self.policy.name!r} leaves {self.waiting} job(s) waiting on an idle cluster"
+                    )
+            self._maybe_tick()
+        self._advance(self.now)
+        return self._result(first_submit, time.perf_counter() - wall0)
+
+    def _handle(self, kind: int, jid: str, ver: int) -> bool:
+        if kind == _TICK:
+            self._tick_pending = False
+            return True
+        j = self.jobs[jid]
+        if kind == _ARRIVE:
+            self.active[jid] = j
+            self.waiting += 1
+            return True
+        if ver != j.version or j.finished is not None:
+            return False  # stale prediction
+        if kind == _STALL_END:
+            self._sync(j)
+            self._set_rates([j])
+            return True
+        if kind == _PROBE:
+            self._sync(j)
+            j.probed = True
+            if self.on_probe is not None and self.on_probe(jid, self.now):
+                j.stopped_early = True
+                self._finish(j)
+            else:
+                self._set_rates([j])
+            return True
+        if kind == _FINISH:
+            self._sync(j)
+            self._finish(j)
+            return True
+        return False
+
+    def _maybe_tick(self) -> None:
+        if self._tick_pending or not self._time_driven:
+            return
+        # A tick is needed only while time passing can change a decision: someone waits
+        # (time-slicing quantum, LAS thresholds). Packs are judged at the next event or
+        # tick: in the simulator a pack's mini-batch times are known as soon as it starts.
+        if self.waiting:
+            self._push(self.now + self.tick_s, _TICK)
+            self._tick_pending = True
+
+    def _advance(self, t: float) -> None:
+        dt = t - self._t_last
+        if dt > 0:
+            self._int_util += self._util_now * dt
+            self._int_alloc += self._alloc_now * dt
+            self._int_queue += self.waiting * dt
+            if self.waiting:
+                self._int_util_q += self._util_now * dt
+                self._time_q += dt
+            self._t_last = t
+        self.now = t
+
+    # ------------------------------------------------------------------ job state
+    def _sync(self, j: _Job) -> None:
+        """Bring a job's work done and attained service up to now."""
+        now = self.now
+        if j.rate > 0:
+            j.done = min(j.work, j.done + j.rate * (now - j.last_update))
+        j.last_update = now
+        if j.devices:
+            held = now - j.hold_since
+            j.attained += held * len(j.devices)
+            self.job_device_s[j.id] = self.job_device_s.get(j.id, 0.0) + held * len(j.devices)
+            for d in j.devices:
+                self.device_busy_s[d] += held
+            j.hold_since = now
+
+    def _set_rates(self, jobs: Sequence[_Job]) -> None:
+        """Recompute rate and utilisation of ``jobs`` (already synced) and reschedule their
+        stall-end / probe / finish events; then the cluster aggregates."""
+        now = self.now
+        perf = self.perf
+        for j in jobs:
+            j.version += 1
+            j.view = None
+            if not j.devices or j.finished is not None:
+                j.rate = 0.0
+                j.util = 0.0
+                continue
+            model = j.t.model
+            dev0 = j.devices[0]
+            # packed speed: worst over the job's devices (a data-parallel step waits for all)
+            pack = 1.0
+            for d in j.devices:
+                hs = self.holders[d]
+                if len(hs) > 1:
+                    others = [(o.t.model, o.t.gpu_share) for o in hs if o is not j]
+                    pack = min(pack, perf.packed_speed(model, j.t.gpu_share, others, self.dev_model[d]))
+            j.pack_speed = pack
+            spread = perf.spread_factor if len({self.dev_node[d] for d in j.devices}) > 1 else 1.0
+            n = len(j.devices)
+            scale = n / j.k if n <= j.k else 1.0 + (n - j.k) / j.k * perf.elastic_efficiency
+            eff = 1.0 if n <= j.k else perf.elastic_efficiency
+            speed = perf.device_speed(model, self.dev_model[dev0]) * pack * spread * scale
+            if now + _EPS < j.stall_until:
+                j.rate = 0.0
+                j.util = 0.0
+                self._push(j.stall_until, _STALL_END, j.id, j.version)
+                continue
+            j.rate = speed
+            j.util = j.t.gpu_share * pack * spread * eff
+            if j.first_feedback is None:
+                j.first_feedback = now + j.mb_alone_ms / 1000.0 / max(speed, 1e-3)
+            remaining = j.work - j.done
+            if j.probe_work is not None and not j.probed:
+                if j.done + _EPS >= j.probe_work:
+                    self._push(now, _PROBE, j.id, j.version)
+                    continue
+                self._push(now + (j.probe_work - j.done) / speed, _PROBE, j.id, j.version)
+                continue
+            self._push(now + max(0.0, remaining) / speed, _FINISH, j.id, j.version)
+        self._aggregate()
+
+    def _aggregate(self) -> None:
+        util = 0.0
+        alloc = 0
+        for hs in self.holders.values():
+            if hs:
+                alloc += 1
+                u = 0.0
+                for o in hs:
+                    u += o.util
+                util += u if u < 1.0 else 1.0
+        self._util_now = util
+        self._alloc_now = alloc
+        if self.series_points:
+            self._series.append((self.now, util, alloc, self.waiting))
+
+    def _phase_after_change(self, jobs: set[_Job]) -> None:
+        for o in jobs:
+            if o.finished is not None or not o.devices:
+                continue
+            if o.phase in (JobPhase.RUNNING, JobPhase.PACKED, JobPhase.MIGRATING):
+                shared = any(len(self.holders[d]) > 1 for d in o.devices)
+                o.phase = JobPhase.PACKED if shared else JobPhase.RUNNING
+
+    def _take(self, j: _Job, devs: tuple[str, ...]) -> None:
+        for d in devs:
+            self.holders[d].append(j)
+        j.devices = devs
+        j.hold_since = self.now
+
+    def _release(self, j: _Job) -> set[_Job]:
+        """Free a job's devices; returns the co-holders whose speed may change."""
+        touched: set[_Job] = set()
+        for d in j.devices:
+            hs = self.holders[d]
+            hs.remove(j)
+            touched.update(hs)
+        j.devices = ()
+        return touched
+
+    def _finish(self, j: _Job) -> None:
+        touched = self._release(j)
+        j.phase = JobPhase.FINISHED
+        j.finished = self.now
+        j.rate = 0.0
+        j.util = 0.0
+        j.version += 1
+        self.active.pop(j.id, None)
+        for o in touched:
+            self._sync(o)
+        self._phase_after_change(touched)
+        self._set_rates(list(touched))
+
+    # ------------------------------------------------------------------ policy loop
+    def view(self) -> ClusterView:
+        """The ClusterView the policy sees now (also what a live scheduler would build)."""
+        now = self.now
+        views = []
+        for j in self.active.values():
+            v = j.view
+            if v is None or j.devices:
+                held = (now - j.hold_since) * len(j.devices) if j.devices else 0.0
+                done = j.done + (j.rate * (now - j.last_update) if j.rate > 0 else 0.0)
+                observed = j.mb_alone_ms / j.pack_speed if j.devices and j.rate > 0 else (
+                    None if j.first_feedback is None else j.mb_alone_ms / j.pack_speed
+                )
+                v = JobView(
+                    id=j.id,
+                    devices_wanted=j.k,
+                    elastic=j.t.elastic,
+                    priority=j.t.priority,
+                    owner=j.t.owner,
+                    submitted_at=j.t.submit_time,
+                    state=j.phase,
+                    devices=j.devices,
+                    attained_service_s=j.attained + held,
+                    minibatch_ms=observed,
+                    minibatch_ms_alone=j.mb_alone_ms if j.first_feedback is not None else None,
+                    steps_done=int(done / j.work * j.total_steps),
+                    total_steps=j.total_steps,
+                    packed_with=self._packed_with(j) if j.phase is JobPhase.PACKED else (),
+                    last_change_at=j.last_change,
+                    model=j.t.model,
+                    gpu_share=j.t.gpu_share,
+                )
+                j.view = v
+            views.append(v)
+        return ClusterView(now=now, devices=self.devices, jobs=tuple(views))
+
+    def _packed_with(self, j: _Job) -> tuple[str, ...]:
+        return tuple(sorted({o.id for d in j.devices for o in self.holders[d] if o is not j}))
+
+    def _decide(self) -> None:
+        if not self.active:
+            return
+        self.counts["decide"] += 1
+        decisions = self.policy.decide(self.view())
+        self._last_n = len(decisions)
+        if decisions:
+            self.apply(decisions)
+        if self.check_invariants:
+            self.assert_invariants()
+
+    def apply(self, decisions: Sequence) -> None:
+        """Carry out decisions in order, refusing stale ones (counted in ``decisions_refused``)."""
+        now = self.now
+        c = self.costs
+        touched: set[_Job] = set()
+        freed_by_suspend = False
+        for d in decisions:
+            j = self.jobs.get(d.job_id)
+            if j is None or j.finished is not None or j.id not in self.active:
+                self.counts["refused"] += 1
+                continue
+            if isinstance(d, (Start, Resume, Pack)):
+                want = JobPhase.QUEUED if isinstance(d, Start) else JobPhase.SUSPENDED
+                ok_phase = j.phase in (JobPhase.QUEUED, JobPhase.SUSPENDED) if isinstance(d, Pack) else j.phase is want
+                devs = tuple(d.devices)
+                if not ok_phase or not devs or not self._devices_ok(devs, j, d):
+                    self.counts["refused"] += 1
+                    continue
+                self._sync(j)
+                for dv in devs:
+                    touched.update(self.holders[dv])
+                self._take(j, devs)
+                first = j.phase is JobPhase.QUEUED
+                cost = c.start_s if first else c.resume_s
+                if freed_by_suspend:
+                    cost += c.suspend_s
+                j.stall_until = now + cost
+                if j.first_start is None:
+                    j.first_start = now
+                j.phase = JobPhase.RUNNING
+                j.last_change = now
+                self.waiting -= 1
+                if isinstance(d, Pack):
+                    self.counts["packs"] += 1
+                touched.add(j)
+            elif isinstance(d, (Suspend, Unpack)):
+                if not j.devices or (isinstance(d, Unpack) and j.phase is not JobPhase.PACKED):
+                    self.counts["refused"] += 1
+                    continue
+                self._sync(j)
+                touched.update(self._release(j))
+                touched.add(j)
+                j.phase = JobPhase.SUSPENDED
+                j.last_change = now
+                j.preemptions += 1
+                self.counts["preemptions"] += 1
+                self.waiting += 1
+                freed_by_suspend = True
+            elif isinstance(d, (Migrate, Resize)):
+                devs = tuple(d.devices)
+                if (
+                    not j.devices
+                    or not devs
+                    or (isinstance(d, Migrate) and len(devs) != len(j.devices))
+                    or (isinstance(d, Resize) and (not j.t.elastic or len(devs) < j.k))
+                    or not self._devices_ok(devs, j, None)
+                ):
+                    self.counts["refused"] += 1
+                    continue
+                self._sync(j)
+                touched.update(self._release(j))
+                for dv in devs:
+                    touched.update(self.holders[dv])
+                self._take(j, devs)
+                j.stall_until = now + (c.migrate_s if isinstance(d, Migrate) else c.resize_s)
+                j.last_change = now
+                j.phase = JobPhase.RUNNING
+                if isinstance(d, Migrate):
+                    j.migrations += 1
+                    self.counts["migrations"] += 1
+                else:
+                    self.counts["resizes"] += 1
+                touched.add(j)
+            else:
+                self.counts["refused"] += 1
+        for o in touched:
+            if o is not None and o.finished is None:
+                self._sync(o)
+        live = {o for o in touched if o.finished is None}
+        self._phase_after_change(live)
+        self._set_rates(sorted(live, key=lambda o: o.id))
+
+    def _devices_ok(self, devs: tuple[str, ...], j: _Job, d) -> bool:
+        if len(set(devs)) != len(devs):
+            return False
+        with_jobs = set(d.with_jobs) if isinstance(d, Pack) else None
+        for dv in devs:
+            hs = self.holders.get(dv)
+            if hs is None:
+                return False
+            others = [o for o in hs if o is not j]
+            if with_jobs is None:
+                if others:
+                    return False
+            elif not others or any(o.id not in with_jobs for o in others):
+                return False
+        return True
+
+    # ------------------------------------------------------------------ checks & results
+    def assert_invariants(self) -> None:
+        """No job on two places at once; device holders and job device lists agree."""
+        seen: dict[str, tuple[str, ...]] = {}
+        for dv, hs in self.holders.items():
+            ids = [o.id for o in hs]
+            assert len(ids) == len(set(ids)), f"{dv} lists a job twice"
+            for o in hs:
+                assert dv in o.devices, f"{o.id} on {dv} but its devices are {o.devices}"
+                assert o.finished is None, f"finished job {o.id} still on {dv}"
+        for j in self.jobs.values():
+            if j.devices:
+                assert len(set(j.devices)) == len(j.devices)
+                assert j.phase in (JobPhase.RUNNING, JobPhase.PACKED, JobPhase.MIGRATING), (j.id, j.phase)
+                for dv in j.devices:
+                    assert j in self.holders[dv]
+                seen[j.id] = j.devices
+            else:
+                assert j.phase not in (JobPhase.RUNNING, JobPhase.PACKED), (j.id, j.phase)
+
+    def _result(self, first_submit: float, wall: float) -> SimResult:
+        done = [j for j in self.jobs.values() if j.finished is not None]
+        jct = sorted(j.finished - j.t.submit_time for j in done)
+        ttff = sorted(j.first_feedback - j.t.submit_time for j in done if j.first_feedback is not None)
+        end = max((j.finished for j in done), default=first_submit)
+        span = max(end - first_submit, _EPS)
+        n = max(len(self.devices), 1)
+
+        def pct(xs: list[float], q: float) -> float:
+            if not xs:
+                return 0.0
+            return xs[min(len(xs) - 1, int(math.ceil(q * len(xs))) - 1)]
+
+        series: dict[str, list[float]] = {}
+        if self._series:
+            step = max(1, len(self._series) // self.series_points)
+            pts = self._series[::step]
+            series = {
+                "t_s": [p[0] - first_submit for p in pts],
+                "utilization": [p[1] / n for p in pts],
+                "allocation": [p[2] / n for p in pts],
+                "queue_len": [float(p[3]) for p in pts],
+            }
+        return SimResult(
+            policy=getattr(self.policy, "name", type(self.policy).__name__),
+            jobs=len(self.jobs),
+            gpus=len(self.devices),
+            gpu_utilization=self._int_util / (n * span),
+            gpu_allocation=self._int_alloc / (n * span),
+            gpu_utilization_while_queued=(self._int_util_q / (n * self._time_q)) if self._time_q else 0.0,
+            avg_jct_s=sum(jct) / len(jct) if jct else 0.0,
+            p50_jct_s=pct(jct, 0.5),
+            p95_jct_s=pct(jct, 0.95),
+            avg_time_to_first_feedback_s=sum(ttff) / len(ttff) if ttff else 0.0,
+            p95_time_to_first_feedback_s=pct(ttff, 0.95),
+            makespan_s=span,
+            avg_queue_len=self._int_queue / span,
+            preemptions=self.counts["preemptions"],
+            migrations=self.counts["migrations"],
+            packs=self.counts["packs"],
+            resizes=self.counts["resizes"],
+            decisions_refused=self.counts["refused"],
+            decide_calls=self.counts["decide"],
+            events=self.counts["events"],
+            sim_wall_s=wall,
+            jobs_rejected=self.rejected,
+            stopped_early=sum(1 for j in done if j.stopped_early),
+            series=series,
+            per_job={
+                j.id: {
+                    "submit": j.t.submit_time,
+                    "first_feedback": j.first_feedback,
+                    "finished": j.finished,
+                    "work_s": j.work,
+                    "done_s": j.done,
+                    "device_s": self.job_device_s.get(j.id, 0.0),
+                    "stopped_early": float(j.stopped_early),
+                }
+                for j in self.jobs.values()
+            },
+        )
+
+
+def simulate(policy: Policy, trace: Sequence[TraceJob], cluster: ClusterSpec, **kw) -> SimResult:
+    """Run one simulation and return its figures."""
+    return Simulator(policy, trace, cluster, **kw).run()

@@ -1,0 +1,144 @@
+"""How fast a job runs where it is put: device-type speed and packing interference from
+Gavel's measured throughputs, plus the cost of suspend/resume/migration.
+
+Interference model for two jobs a, b packed on one device of type t, with device shares
+u_a, u_b (fraction of the device each keeps busy alone): Gavel measured, for full-share
+jobs, each one's packed throughput as a fraction r of its throughput alone. Jobs that
+together need less than the device interfere little, so the measured slowdown is scaled
+by the contention ``c = clamp(u_a + u_b - 1, c_min, 1)``: ``speed_a = 1 - (1 - r_a) * c``.
+Pairs Gavel could not co-locate (0 throughput: out of memory) get ``speed = 0.01``: the
+pack makes no progress and the introspective policy must notice and undo it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MINIBATCH_MS = 100.0
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds a job makes no progress after each mechanism acts on it. Defaults are
+    conservative guesses of the same order as the Gandiva paper's (suspend/resume under a
+    second to a few seconds at a mini-batch boundary; migration some seconds) and can be
+    replaced by the live scheduler's measured ``suspend_ms``/``resume_ms``/``migrate_ms``."""
+
+    start_s: float = 5.0  # launch a process, build the model, first data
+    suspend_s: float = 1.0  # checkpoint at a mini-batch boundary (charged to the next job)
+    resume_s: float = 5.0  # restore a checkpoint
+    migrate_s: float = 10.0  # checkpoint, copy, restore elsewhere
+    resize_s: float = 5.0  # elastic re-configuration
+
+
+class PerfModel:
+    """Per (model, device type) mini-batch time and per pair packed speed."""
+
+    def __init__(
+        self,
+        alone: dict[str, dict[str, float]],
+        pairs: dict[str, dict[tuple[str, str], float]],
+        *,
+        reference_device: str = "v100",
+        contention_min: float = 0.1,
+        unknown_pair_ratio: float = 0.5,
+        spread_factor: float = 0.8,
+        elastic_efficiency: float = 0.9,
+    ) -> None:
+        self.alone = alone  # device type -> model -> steps/s alone
+        self.pairs = pairs  # device type -> (model, other) -> fraction of alone
+        self.reference_device = reference_device
+        self.contention_min = contention_min
+        self.unknown_pair_ratio = unknown_pair_ratio
+        self.spread_factor = spread_factor
+        self.elastic_efficiency = elastic_efficiency
+        self._cache: dict[tuple, float] = {}
+
+    @classmethod
+    def from_gavel(cls, path: str | os.PathLike, **kw) -> "PerfModel":
+        """Load ``gavel_throughputs.json`` (one-worker entries; consolidated placements)."""
+        with Path(path).open() as fh:
+            raw = json.load(fh)
+        alone: dict[str, dict[str, float]] = {}
+        pairs: dict[str, dict[tuple[str, str], float]] = {}
+        for dev, table in raw.items():
+            if "unconsolidated" in dev:
+                continue
+            a: dict[str, float] = {}
+            p: dict[tuple[str, str], float] = {}
+            for key, entry in table.items():
+                model, scale = ast.literal_eval(key)
+                if scale != 1:
+                    continue
+                base = float(entry.get("null") or 0.0)
+                if base <= 0:
+                    continue
+                a[model] = base
+                for other_key, val in entry.items():
+                    if other_key == "null":
+                        continue
+                    other, oscale = ast.literal_eval(other_key)
+                    if oscale != 1:
+                        continue
+                    p[(model, other)] = max(0.0, float(val[0])) / base
+            alone[dev.lower()] = a
+            pairs[dev.lower()] = p
+        return cls(alone, pairs, **kw)
+
+    @classmethod
+    def uniform(cls, **kw) -> "PerfModel":
+        """No measurements: every model the same speed everywhere, packed pairs at 0.5."""
+        return cls({}, {}, **kw)
+
+    # ------------------------------------------------------------------ queries
+    def minibatch_ms(self, model: str, device: str) -> float:
+        sps = self.alone.get(device.lower(), {}).get(model)
+        return 1000.0 / sps if sps else DEFAULT_MINIBATCH_MS
+
+    def device_speed(self, model: str, device: str) -> float:
+        """Speed on ``device`` relative to the reference device (1.0 when unknown)."""
+        key = ("dev", model, device)
+        v = self._cache.get(key)
+        if v is None:
+            ref = self.alone.get(self.reference_device, {}).get(model)
+            here = self.alone.get(device.lower(), {}).get(model)
+            v = here / ref if ref and here else 1.0
+            self._cache[key] = v
+        return v
+
+    def pair_ratio(self, model: str, other: str, device: str) -> float:
+        """Measured packed/alone throughput of ``model`` next to ``other`` (full shares)."""
+        key = ("pair", model, other, device)
+        v = self._cache.get(key)
+        if v is None:
+            table = self.pairs.get(device.lower()) or self.pairs.get(self.reference_device, {})
+            v = table.get((model, other))
+            if v is None:
+                v = self.unknown_pair_ratio
+            self._cache[key] = v
+        return v
+
+    def packed_speed(self, model: str, share: float, others: list[tuple[str, float]], device: str) -> float:
+        """Fraction of its alone speed a job keeps when sharing a device with ``others``
+        (each a (model, share)). 1.0 when alone."""
+        speed = 1.0
+        for om, osh in others:
+            r = self.pair_ratio(model, om, device)
+            if r <= 0:
+                return 0.01
+            c = min(1.0, max(self.contention_min, share + osh - 1.0))
+            speed *= 1.0 - (1.0 - r) * c
+        return max(0.01, speed)
+
+
+def default_perf_model(traces_dir: Path | None) -> PerfModel:
+    """Gavel's measurements when the traces are present, else the uniform model."""
+    if traces_dir is not None:
+        p = Path(traces_dir) / "gavel_throughputs.json"
+        if p.exists():
+            return PerfModel.from_gavel(p)
+    return PerfModel.uniform()

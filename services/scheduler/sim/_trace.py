@@ -1,0 +1,286 @@
+"""The job-trace format and importers for the public traces.
+
+Trace CSV (documented in docs/scheduler-sim.md), one job per row, header required::
+
+    job_id,submit_time,devices,duration_s,iterations,model,elastic,gpu_share
+
+``submit_time`` and ``duration_s`` in seconds; ``duration_s`` is the run time with the
+requested devices to itself on the reference device type; ``iterations`` may be empty
+(then derived from the model's mini-batch time); ``model`` names a Gavel model family
+("ResNet-50 (batch size 64)") or a short alias ("resnet50"), may be empty; ``elastic`` is
+0/1; ``gpu_share`` in (0, 1] is the fraction of one device a one-device job keeps busy
+(empty = 1).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import os
+from bisect import bisect_right
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+TRACE_COLUMNS = ("job_id", "submit_time", "devices", "duration_s", "iterations", "model", "elastic", "gpu_share")
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read, with the file and line."""
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    job_id: str
+    submit_time: float
+    devices: int
+    duration_s: float
+    iterations: int | None = None
+    model: str = ""
+    elastic: bool = False
+    gpu_share: float = 1.0
+    priority: int = 0
+    owner: str = ""
+
+
+def default_traces_dir() -> Path:
+    """``$MICROCO_TRACES`` or ``../shared/traces`` relative to the repository root."""
+    env = os.environ.get("MICROCO_TRACES")
+    if env:
+        return Path(env)
+    repo_root = Path(__file__).resolve().parents[3]
+    return (repo_root / ".." / "shared" / "traces").resolve()
+
+
+def _stable_unit(*parts: object) -> float:
+    """A deterministic number in [0, 1) from the given parts (no global RNG, no hash seed)."""
+    h = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2**64
+
+
+# ------------------------------------------------------------------ the native format
+def read_trace_csv(path: str | os.PathLike) -> list[TraceJob]:
+    """Read a trace in the documented format; raises TraceError naming the bad line."""
+    p = Path(path)
+    try:
+        fh = p.open(newline="")
+    except OSError as exc:
+        raise TraceError(f"cannot open trace {p}: {exc.strerror}") from exc
+    jobs: list[TraceJob] = []
+    with fh:
+        reader = csv.DictReader(fh)
+        missing = {"job_id", "submit_time", "devices", "duration_s"} - set(reader.fieldnames or ())
+        if missing:
+            raise TraceError(f"{p}: missing column(s) {', '.join(sorted(missing))}; expected {','.join(TRACE_COLUMNS)}")
+        seen: set[str] = set()
+        for n, row in enumerate(reader, start=2):
+            try:
+                jid = row["job_id"].strip()
+                if not jid or jid in seen:
+                    raise ValueError(f"job_id {jid!r} empty or repeated")
+                seen.add(jid)
+                dev = int(row["devices"])
+                dur = float(row["duration_s"])
+                sub = float(row["submit_time"])
+                if dev < 1:
+                    raise ValueError("devices must be >= 1")
+                if dur < 0 or sub < 0:
+                    raise ValueError("times must be >= 0")
+                it = (row.get("iterations") or "").strip()
+                share = (row.get("gpu_share") or "").strip()
+                gs = float(share) if share else 1.0
+                if not 0 < gs <= 1:
+                    raise ValueError("gpu_share must be in (0, 1]")
+                jobs.append(
+                    TraceJob(
+                        job_id=jid,
+                        submit_time=sub,
+                        devices=dev,
+                        duration_s=dur,
+                        iterations=int(float(it)) if it else None,
+                        model=(row.get("model") or "").strip(),
+                        elastic=(row.get("elastic") or "0").strip().lower() in ("1", "true", "yes"),
+                        gpu_share=gs,
+                    )
+                )
+            except (ValueError, TypeError) as exc:
+                raise TraceError(f"{p}:{n}: {exc}") from None
+    jobs.sort(key=lambda j: (j.submit_time, j.job_id))
+    return jobs
+
+
+def write_trace_csv(jobs: list[TraceJob], path: str | os.PathLike) -> None:
+    with Path(path).open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(TRACE_COLUMNS)
+        for j in jobs:
+            w.writerow(
+                [j.job_id, j.submit_time, j.devices, j.duration_s, "" if j.iterations is None else j.iterations,
+                 j.model, int(j.elastic), j.gpu_share]
+            )
+
+
+# ------------------------------------------------------------------------- importers
+# Gavel families that the trace-less jobs are given, so packing interference comes from
+# measured pairs. Drawn per job from a stable hash: the same job gets the same model.
+GAVEL_FAMILIES = (
+    "ResNet-18 (batch size 64)",
+    "ResNet-50 (batch size 64)",
+    "Transformer (batch size 64)",
+    "LM (batch size 20)",
+    "Recommendation (batch size 2048)",
+    "CycleGAN",
+    "A3C",
+)
+
+# Tiresias model names -> nearest Gavel family (same architecture kind and rough size).
+TIRESIAS_MODEL_MAP = {
+    "resnet50": "ResNet-50 (batch size 64)",
+    "resnet101": "ResNet-50 (batch size 32)",
+    "resnet152": "ResNet-50 (batch size 16)",
+    "vgg11": "ResNet-50 (batch size 128)",
+    "vgg16": "ResNet-50 (batch size 64)",
+    "vgg19": "ResNet-50 (batch size 32)",
+    "alexnet": "ResNet-18 (batch size 256)",
+    "googlenet": "ResNet-18 (batch size 64)",
+    "inception3": "ResNet-50 (batch size 32)",
+    "inception4": "ResNet-50 (batch size 16)",
+}
+
+
+def load_alibaba(
+    path: str | os.PathLike,
+    *,
+    include_cpu_only: bool = False,
+    elastic_fraction: float = 0.0,
+    min_duration_s: float = 1.0,
+    time_scale: float = 1.0,
+) -> list[TraceJob]:
+    """Alibaba ``cluster-trace-gpu-v2023`` pod list (``openb_pod_list_*.csv``).
+
+    Real arrivals (``creation_time``), run times (``deletion_time - scheduled_time``, the
+    time the pod actually held its devices), GPU counts and fractional GPU requests
+    (``gpu_milli`` for one-GPU pods -> ``gpu_share``). CPU-only pods are skipped unless
+    ``include_cpu_only`` (they need no device, so no GPU policy changes their completion).
+    A model family is drawn per pod from a stable hash (the trace has none) so packing
+    interference comes from Gavel's measured pairs; ``elastic_fraction`` of the
+    multi-GPU-capable pods are marked elastic the same way. ``time_scale`` multiplies
+    every time (e.g. 0.1 to compress the 150-day trace).
+    """
+    p = Path(path)
+    jobs: list[TraceJob] = []
+    try:
+        fh = p.open(newline="")
+    except OSError as exc:
+        raise TraceError(f"cannot open Alibaba trace {p}: {exc.strerror}") from exc
+    with fh:
+        reader = csv.DictReader(fh)
+        need = {"name", "num_gpu", "gpu_milli", "creation_time", "deletion_time"}
+        if not need <= set(reader.fieldnames or ()):
+            raise TraceError(f"{p}: not an Alibaba gpu-v2023 pod list (need {', '.join(sorted(need))})")
+        for n, row in enumerate(reader, start=2):
+            try:
+                gpus = int(row["num_gpu"])
+                if gpus == 0 and not include_cpu_only:
+                    continue
+                created = float(row["creation_time"])
+                started = float(row.get("scheduled_time") or created or 0)
+                if started < created:
+                    started = created
+                deleted = float(row["deletion_time"])
+                dur = max(min_duration_s, deleted - started)
+                milli = int(row["gpu_milli"] or 1000)
+            except (ValueError, TypeError) as exc:
+                raise TraceError(f"{p}:{n}: {exc}") from None
+            name = row["name"]
+            share = 1.0 if gpus != 1 else max(0.01, min(1.0, milli / 1000.0))
+            model = GAVEL_FAMILIES[int(_stable_unit("model", name) * len(GAVEL_FAMILIES))]
+            jobs.append(
+                TraceJob(
+                    job_id=name,
+                    submit_time=created * time_scale,
+                    devices=max(1, gpus),
+                    duration_s=dur * time_scale,
+                    model=model,
+                    elastic=_stable_unit("elastic", name) < elastic_fraction,
+                    gpu_share=share,
+                )
+            )
+    jobs.sort(key=lambda j: (j.submit_time, j.job_id))
+    return jobs
+
+
+def load_tiresias(path: str | os.PathLike) -> list[TraceJob]:
+    """The Tiresias 60-job trace: GPUs, submit time, iterations, model, duration (s)."""
+    p = Path(path)
+    jobs: list[TraceJob] = []
+    try:
+        fh = p.open(newline="")
+    except OSError as exc:
+        raise TraceError(f"cannot open Tiresias trace {p}: {exc.strerror}") from exc
+    with fh:
+        for n, row in enumerate(csv.DictReader(fh), start=2):
+            try:
+                model = row["model_name"].strip()
+                jobs.append(
+                    TraceJob(
+                        job_id=f"tiresias-{int(row['job_id']):03d}",
+                        submit_time=float(row["submit_time"]),
+                        devices=int(row["num_gpu"]),
+                        duration_s=float(row["duration"]),
+                        iterations=int(row["iterations"]),
+                        model=TIRESIAS_MODEL_MAP.get(model, model),
+                    )
+                )
+            except (KeyError, ValueError) as exc:
+                raise TraceError(f"{p}:{n}: {exc}") from None
+    jobs.sort(key=lambda j: (j.submit_time, j.job_id))
+    return jobs
+
+
+class PhillyDurations:
+    """Philly run times (``philly_runtime.csv``) as an empirical distribution, to give
+    durations to a trace that lacks them. ``sample(key)`` is deterministic in ``key``."""
+
+    def __init__(self, path: str | os.PathLike, *, min_s: float = 1.0) -> None:
+        p = Path(path)
+        try:
+            with p.open() as fh:
+                next(fh)
+                vals = sorted(max(min_s, float(x)) for x in fh if x.strip())
+        except (OSError, StopIteration, ValueError) as exc:
+            raise TraceError(f"cannot read Philly run times {p}: {exc}") from exc
+        if not vals:
+            raise TraceError(f"{p}: no run times")
+        self.values = vals
+
+    def quantile(self, q: float) -> float:
+        q = min(max(q, 0.0), 1.0)
+        return self.values[min(len(self.values) - 1, int(q * len(self.values)))]
+
+    def sample(self, key: str) -> float:
+        return self.quantile(_stable_unit("philly", key))
+
+    def fraction_below(self, seconds: float) -> float:
+        return bisect_right(self.values, seconds) / len(self.values)
+
+    def resample(self, jobs: list[TraceJob]) -> list[TraceJob]:
+        """The same jobs with durations drawn from Philly (e.g. for a trace without them)."""
+        return [replace(j, duration_s=self.sample(j.job_id)) for j in jobs]
+
+
+def load_trace(path: str | os.PathLike, **kw) -> list[TraceJob]:
+    """Read any supported trace, recognised by its header: the native format, an Alibaba
+    gpu-v2023 pod list, or the Tiresias trace. Extra keywords go to the Alibaba importer."""
+    p = Path(path)
+    try:
+        with p.open(newline="") as fh:
+            header = set(next(csv.reader(fh), []))
+    except OSError as exc:
+        raise TraceError(f"cannot open trace {p}: {exc.strerror}") from exc
+    if {"name", "num_gpu", "gpu_milli"} <= header:
+        return load_alibaba(p, **kw)
+    if {"model_name", "iterations", "num_gpu"} <= header:
+        return load_tiresias(p)
+    if {"job_id", "submit_time", "devices", "duration_s"} <= header:
+        return read_trace_csv(p)
+    raise TraceError(f"{p}: unrecognised trace header {sorted(header)}; expected {','.join(TRACE_COLUMNS)}")

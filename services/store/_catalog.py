@@ -1,0 +1,203 @@
+"""The catalog: tables, their three partitionings, super-extents and extent locations, in etcd.
+
+Layout (under ``/microco/store/``):
+
+- ``tables/<name>``: schema, the three partition specs, committed super-extent ids, row and byte
+  totals, next super-extent id. Compare-and-swap on this record is the commit point of an append:
+  extents written to nodes but not referenced here do not exist (a crash leaves only orphan files).
+- ``superextents/<table>/<sid>``: every extent of one super-extent (replica, partition, node,
+  rows, bytes, checksum, sub-buckets). Recovery and re-placement rewrite it with CAS.
+- ``recovery``: progress of the current recovery (for ``microco store recovery``).
+
+A restarted coordinator rebuilds everything from these keys.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from microco.services.common.errors import Aborted, AlreadyExists, InvalidArgument, NotFound
+from microco.services.common.kv import KV, dumps
+
+from ._layout import ExtentMeta
+from ._partition import PartitionSpec, range_bounds
+
+ROOT = "/microco/store/"
+TABLES = ROOT + "tables/"
+SUPER = ROOT + "superextents/"
+RECOVERY = ROOT + "recovery"
+
+
+def schema_to_b64(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def schema_from_b64(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+@dataclass
+class SuperExtent:
+    table: str
+    id: int
+    rows: int
+    extents: list[ExtentMeta] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"table": self.table, "id": self.id, "rows": self.rows, "extents": [e.to_json() for e in self.extents]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SuperExtent:
+        return cls(d["table"], d["id"], d["rows"], [ExtentMeta.from_json(e) for e in d["extents"]])
+
+    def replica(self, r: int) -> list[ExtentMeta]:
+        return [e for e in self.extents if e.replica == r]
+
+    def find(self, extent_id: str) -> ExtentMeta | None:
+        return next((e for e in self.extents if e.id == extent_id), None)
+
+
+@dataclass
+class TableInfo:
+    name: str
+    schema: pa.Schema
+    specs: list[PartitionSpec]
+    super_extents: list[SuperExtent] = field(default_factory=list)
+    rows: int = 0
+    bytes: int = 0
+
+    def extents(self) -> list[ExtentMeta]:
+        return [e for s in self.super_extents for e in s.extents]
+
+
+def validate_table(name: str, schema: pa.Schema, specs: list[PartitionSpec]) -> None:
+    if not name or not all(c.isalnum() or c in "_-" for c in name):
+        raise InvalidArgument(f"table name {name!r} must be letters, digits, '_' or '-'")
+    if len(specs) != 3:
+        raise InvalidArgument(f"a table has exactly three replicas, each with its partitioning; got {len(specs)}")
+    if len(schema) == 0:
+        raise InvalidArgument("a table needs at least one column")
+    for s in specs:
+        if s.column not in schema.names:
+            raise InvalidArgument(f"partitioning column {s.column!r} is not in the schema ({', '.join(schema.names)})")
+        if s.kind == "range":
+            range_bounds(s, schema.field(s.column).type)
+
+
+class Catalog:
+    """Catalog operations over a ``KV``; every multi-key change is one etcd transaction."""
+
+    def __init__(self, kv: KV) -> None:
+        self.kv = kv
+
+    # ------------------------------------------------------------------ tables
+    def create_table(self, name: str, schema: pa.Schema, specs: list[PartitionSpec]) -> dict[str, Any]:
+        validate_table(name, schema, specs)
+        rec = {
+            "name": name,
+            "schema": schema_to_b64(schema),
+            "specs": [s.to_json() for s in specs],
+            "super_extents": [],
+            "next_super_extent": 0,
+            "rows": 0,
+            "bytes": 0,
+        }
+        if not self.kv.compare_and_swap(TABLES + name, None, dumps(rec)):
+            raise AlreadyExists(f"table {name!r} already exists")
+        return rec
+
+    def table_record(self, name: str) -> tuple[dict[str, Any], bytes]:
+        raw = self.kv.get(TABLES + name)
+        if raw is None:
+            raise NotFound(f"no table {name!r}")
+        return json.loads(raw), raw
+
+    def table_names(self) -> list[str]:
+        return [k[len(TABLES) :] for k, _ in self.kv.get_prefix(TABLES)]
+
+    def table(self, name: str) -> TableInfo:
+        rec, _ = self.table_record(name)
+        supers = {}
+        for _, raw in self.kv.get_prefix(f"{SUPER}{name}/"):
+            s = SuperExtent.from_json(json.loads(raw))
+            supers[s.id] = s
+        committed = [supers[i] for i in rec["super_extents"] if i in supers]
+        return TableInfo(
+            name=name,
+            schema=schema_from_b64(rec["schema"]),
+            specs=[PartitionSpec.from_json(s) for s in rec["specs"]],
+            super_extents=committed,
+            rows=rec["rows"],
+            bytes=rec["bytes"],
+        )
+
+    def drop_table(self, name: str) -> TableInfo:
+        info = self.table(name)
+        self.kv.delete_prefix(f"{SUPER}{name}/")
+        self.kv.delete(TABLES + name)
+        return info
+
+    def reserve_super_extents(self, name: str, count: int) -> int:
+        """Reserve ``count`` super-extent ids; returns the first."""
+        for _ in range(50):
+            rec, raw = self.table_record(name)
+            first = rec["next_super_extent"]
+            rec["next_super_extent"] = first + count
+            if self.kv.compare_and_swap(TABLES + name, raw, dumps(rec)):
+                return first
+        raise Aborted(f"table {name!r} is being changed concurrently; retry")
+
+    def commit_super_extents(self, name: str, supers: list[SuperExtent]) -> None:
+        """Make written super-extents part of the table, atomically (the commit point)."""
+        for _ in range(50):
+            rec, raw = self.table_record(name)
+            rec["super_extents"] = rec["super_extents"] + [s.id for s in supers]
+            rec["rows"] += sum(s.rows for s in supers)
+            rec["bytes"] += sum(e.bytes for s in supers for e in s.extents)
+            puts = {f"{SUPER}{name}/{s.id:08d}": dumps(s.to_json()) for s in supers}
+            puts[TABLES + name] = dumps(rec)
+            if self.kv.commit(checks=[(TABLES + name, raw)], puts=puts):
+                return
+        raise Aborted(f"table {name!r} is being changed concurrently; retry")
+
+    def replace_extent(self, table: str, sid: int, old_id: str, new: ExtentMeta) -> bool:
+        """Swap one extent's record (after a rebuild); False if the super-extent changed meanwhile."""
+        key = f"{SUPER}{table}/{sid:08d}"
+        raw = self.kv.get(key)
+        if raw is None:
+            return False
+        s = SuperExtent.from_json(json.loads(raw))
+        for k, e in enumerate(s.extents):
+            if e.id == old_id:
+                s.extents[k] = new
+                return self.kv.compare_and_swap(key, raw, dumps(s.to_json()))
+        return False
+
+    def mark_extent(self, table: str, sid: int, extent_id: str, state: str) -> bool:
+        key = f"{SUPER}{table}/{sid:08d}"
+        for _ in range(20):
+            raw = self.kv.get(key)
+            if raw is None:
+                return False
+            s = SuperExtent.from_json(json.loads(raw))
+            e = s.find(extent_id)
+            if e is None:
+                return False
+            if e.state == state:
+                return True
+            e.state = state
+            if self.kv.compare_and_swap(key, raw, dumps(s.to_json())):
+                return True
+        return False
+
+    # ------------------------------------------------------------------ recovery progress
+    def put_recovery(self, progress: dict[str, Any]) -> None:
+        self.kv.put(RECOVERY, dumps(progress))
+
+    def recovery(self) -> dict[str, Any]:
+        return self.kv.get_json(RECOVERY) or {"state": "idle"}

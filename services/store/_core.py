@@ -1,0 +1,488 @@
+"""The coordinator's core: catalog, placement, appends, query execution and recovery, over a
+``Transport`` to the store nodes. The same core runs in the service (Arrow Flight to node
+processes) and in-process (``LocalTransport``: node stores called directly, for unit tests)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from microco.services.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    MicrocoError,
+    NotFound,
+    Unavailable,
+)
+from microco.services.common.kv import KV
+
+from . import _exec
+from ._catalog import ROOT, Catalog, SuperExtent, TableInfo
+from ._layout import ExtentMeta, assign_partitions, bucketed_extents, new_extent_id
+from ._nodestore import CorruptExtent, NodeStore
+from ._partition import PartitionSpec
+from ._placement import NodeInfo, place_super_extent
+from ._planner import Plan, plan_query
+from ._query import Agg, Query
+from ._recovery import plan_recovery
+
+log = logging.getLogger(__name__)
+
+NODES_SEEN = ROOT + "nodes/"
+
+
+class Transport(Protocol):
+    """How the coordinator reaches store nodes."""
+
+    def live_nodes(self) -> list[NodeInfo]: ...
+
+    def put_extent(self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list) -> dict: ...
+
+    def run_task(self, node: NodeInfo, task: dict[str, Any]) -> pa.Table: ...
+
+    def action(self, node: NodeInfo, name: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class NodeFailure(MicrocoError):
+    """A store node failed a call (unreachable, or it reported an error)."""
+
+    def __init__(self, node: str, cause: BaseException) -> None:
+        super().__init__(f"store node {node}: {cause}")
+        self.node, self.cause = node, cause
+
+
+@dataclass
+class AppendResult:
+    rows: int
+    super_extents: list[int]
+    bytes: int
+
+
+def conform(table: pa.Table, schema: pa.Schema, specs: Sequence[PartitionSpec], name: str) -> pa.Table:
+    """``table`` with the table's column order and types, or a clear ``InvalidArgument``."""
+    table = _exec.to_plain_strings(table)
+    have = set(table.schema.names)
+    for s in specs:
+        if s.column not in have:
+            raise InvalidArgument(f"partitioning column {s.column!r} of table {name!r} is missing from the data")
+    missing = [c for c in schema.names if c not in have]
+    extra = [c for c in table.schema.names if c not in schema.names]
+    if missing or extra:
+        raise InvalidArgument(
+            f"schema mismatch for table {name!r}: missing columns {missing}, unexpected columns {extra}"
+        )
+    cols = []
+    for f in schema:
+        col = table.column(f.name)
+        if col.type != f.type:
+            try:
+                col = col.cast(f.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise InvalidArgument(
+                    f"schema mismatch for table {name!r}: column {f.name!r} is {table.schema.field(f.name).type}, "
+                    f"the table has {f.type} ({exc})"
+                ) from None
+        if not f.nullable and col.null_count:
+            raise InvalidArgument(f"column {f.name!r} of table {name!r} does not allow nulls")
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+class StoreCore:
+    def __init__(
+        self,
+        kv: KV,
+        transport: Transport,
+        super_extent_rows: int = 4_000_000,
+        recovery_rate_bytes: float = 200e6,
+    ) -> None:
+        self.kv = kv
+        self.catalog = Catalog(kv)
+        self.transport = transport
+        self.super_extent_rows = super_extent_rows
+        self.recovery_rate_bytes = recovery_rate_bytes
+        self._recovery_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="store-core")
+
+    # ------------------------------------------------------------------ nodes
+    def live_nodes(self) -> list[NodeInfo]:
+        nodes = self.transport.live_nodes()
+        seen = dict(self.kv.get_prefix_json(NODES_SEEN))
+        for n in nodes:
+            rec = {"domain": n.domain, "address": n.address}
+            if seen.get(NODES_SEEN + n.name) != rec:
+                self.kv.put_json(NODES_SEEN + n.name, rec)
+        return nodes
+
+    def domains(self) -> dict[str, str]:
+        return {k[len(NODES_SEEN) :]: v["domain"] for k, v in self.kv.get_prefix_json(NODES_SEEN)}
+
+    def nodes(self) -> list[dict[str, Any]]:
+        live = {n.name: n for n in self.live_nodes()}
+        held: dict[str, list[int]] = {}
+        for name in self.catalog.table_names():
+            for e in self.catalog.table(name).extents():
+                h = held.setdefault(e.node, [0, 0])
+                h[0] += 1
+                h[1] += e.bytes
+        out = []
+        for name, v in sorted(self.kv.get_prefix_json(NODES_SEEN)):
+            n = name[len(NODES_SEEN) :]
+            node = live.get(n)
+            out.append(
+                {
+                    "name": n,
+                    "address": node.address if node else v.get("address", ""),
+                    "fault_domain": v["domain"],
+                    "alive": node is not None,
+                    "extents": held.get(n, [0, 0])[0],
+                    "bytes": held.get(n, [0, 0])[1],
+                }
+            )
+        return out
+
+    # ------------------------------------------------------------------ tables
+    def create_table(self, name: str, schema: pa.Schema, specs: Sequence[PartitionSpec]) -> TableInfo:
+        schema = _exec.to_plain_strings(schema.empty_table()).schema.remove_metadata()
+        self.catalog.create_table(name, schema, list(specs))
+        return self.catalog.table(name)
+
+    def drop_table(self, name: str) -> None:
+        info = self.catalog.drop_table(name)
+        for n in self.transport.live_nodes():
+            try:
+                self.transport.action(n, "drop_table", {"table": info.name})
+            except Exception as exc:  # noqa: BLE001 - a node's leftover files are orphans, not data
+                log.warning("drop on %s: %s", n.name, exc)
+
+    def table(self, name: str) -> TableInfo:
+        return self.catalog.table(name)
+
+    def tables(self) -> list[TableInfo]:
+        return [self.catalog.table(n) for n in self.catalog.table_names()]
+
+    # ------------------------------------------------------------------ append
+    def append(self, name: str, data: pa.Table) -> AppendResult:
+        """Append rows: every super-extent is written to all three replicas on disjoint node groups,
+        then all are committed in one etcd transaction. A node that fails mid-append is excluded
+        and the super-extent re-placed; nothing is visible until the commit."""
+        info = self.catalog.table(name)
+        data = conform(data, info.schema, info.specs, name)
+        if data.num_rows == 0:
+            return AppendResult(0, [], 0)
+        # compute partitions (and so validate range bounds against the data) before any write
+        assign_partitions(data.slice(0, 1), info.specs)
+        chunks = [
+            data.slice(off, self.super_extent_rows) for off in range(0, data.num_rows, self.super_extent_rows)
+        ]
+        first = self.catalog.reserve_super_extents(name, len(chunks))
+        supers = []
+        for k, chunk in enumerate(chunks):
+            supers.append(self._write_super_extent(info, first + k, chunk))
+        self.catalog.commit_super_extents(name, supers)
+        return AppendResult(data.num_rows, [s.id for s in supers], sum(e.bytes for s in supers for e in s.extents))
+
+    def _write_super_extent(self, info: TableInfo, sid: int, rows: pa.Table) -> SuperExtent:
+        extents = bucketed_extents(rows, info.specs)
+        excluded: set[str] = set()
+        last: Exception | None = None
+        for _attempt in range(4):
+            nodes = [n for n in self.live_nodes() if n.name not in excluded]
+            placement = place_super_extent(nodes, sid, [s.count for s in info.specs])
+            by_name = {n.name: n for n in nodes}
+            jobs = []
+            for (r, p), (ext_rows, index) in extents.items():
+                node = by_name[placement[(r, p)]]
+                eid = new_extent_id(sid, r, p)
+                jobs.append((r, p, node, eid, ext_rows, index))
+            futures = [
+                (j, self._pool.submit(self.transport.put_extent, j[2], info.name, j[3], j[4], j[5])) for j in jobs
+            ]
+            metas, failed = [], set()
+            for (r, p, node, eid, ext_rows, _), fut in futures:
+                try:
+                    res = fut.result()
+                    metas.append(
+                        ExtentMeta(eid, sid, r, p, node.name, ext_rows.num_rows, res["bytes"], res["checksum"], res["buckets"])
+                    )
+                except Exception as exc:  # noqa: BLE001 - any failure excludes the node and retries
+                    failed.add(node.name)
+                    last = exc
+            if not failed:
+                return SuperExtent(info.name, sid, rows.num_rows, metas)
+            log.warning("append to %s: nodes %s failed (%s); re-placing super-extent %d", info.name, failed, last, sid)
+            excluded |= failed
+            for m in metas:  # best effort: the orphans are never referenced anyway
+                try:
+                    self.transport.action(by_name[m.node], "delete", {"table": info.name, "extent": m.id})
+                except Exception:  # noqa: BLE001
+                    pass
+        raise Unavailable(f"append to {info.name!r} failed: store nodes kept failing ({last})")
+
+    # ------------------------------------------------------------------ queries
+    def plan(self, q: Query, exclude: set[str] = frozenset(), qid: str | None = None) -> Plan:  # type: ignore[assignment]
+        names = [q.table] + ([q.join.table] if q.join else [])
+        tables = {}
+        for n in names:
+            tables[n] = self.catalog.table(n)
+        live = [n for n in self.live_nodes() if n.name not in exclude]
+        return plan_query(q, tables, [n.name for n in live], {n.name: n.address for n in live}, qid or "q")
+
+    def explain(self, q: Query) -> str:
+        return self.plan(q).explain_text()
+
+    def query(self, q: Query) -> tuple[pa.Table, Plan]:
+        exclude: set[str] = set()
+        last: Exception | None = None
+        for _attempt in range(4):
+            plan = self.plan(q, exclude, qid=uuid.uuid4().hex[:12])
+            try:
+                return self._execute(plan), plan
+            except NodeFailure as exc:
+                last = exc
+                if isinstance(exc.cause, CorruptExtent) or "corrupt extent" in str(exc.cause):
+                    self._mark_corrupt(str(exc.cause))
+                elif isinstance(exc.cause, (NotFound,)) or "no extent" in str(exc.cause):
+                    pass  # the catalog moved on (a rebuild finished): plan again
+                else:
+                    exclude.add(exc.node)
+                log.warning("query retry after %s", exc)
+        raise Unavailable(f"query failed after retries: {last}")
+
+    def _mark_corrupt(self, message: str) -> None:
+        # "corrupt extent <table>/<extent> on node <n>: ..."
+        try:
+            ref = message.split("corrupt extent ", 1)[1].split(" ", 1)[0]
+            table, eid = ref.split("/", 1)
+        except (IndexError, ValueError):
+            return
+        for s in self.catalog.table(table).super_extents:
+            if s.find(eid):
+                self.catalog.mark_extent(table, s.id, eid, "corrupt")
+                log.warning("extent %s/%s marked corrupt", table, eid)
+
+    def _run_stage(self, tasks: list[tuple[str, dict[str, Any]]], nodes: dict[str, NodeInfo]) -> list[pa.Table]:
+        def one(node: str, task: dict[str, Any]) -> pa.Table:
+            if node not in nodes:
+                raise NodeFailure(node, Unavailable("not live"))
+            try:
+                return self.transport.run_task(nodes[node], task)
+            except NodeFailure:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                raise NodeFailure(node, exc) from exc
+
+        futs = [self._pool.submit(one, n, t) for n, t in tasks]
+        return [f.result() for f in futs]
+
+    def _execute(self, plan: Plan) -> pa.Table:
+        nodes = {n.name: n for n in self.transport.live_nodes()}
+        try:
+            outs: list[pa.Table] = []
+            for stage in plan.stages:
+                outs = self._run_stage(stage, nodes)
+        finally:
+            if plan.shuffle:
+                for n in {node for stage in plan.stages for node, _ in stage}:
+                    if n in nodes:
+                        try:
+                            self.transport.action(nodes[n], "shuffle_drop", {"qid": plan.qid})
+                        except Exception:  # noqa: BLE001 - buckets of a dead query are dropped later
+                            pass
+        return finish(plan.final, outs)
+
+    # ------------------------------------------------------------------ recovery
+    def recover(self, max_tasks: int | None = None, rate_bytes: float | None = None) -> dict[str, Any]:
+        """Rebuild lost extents onto live nodes, one at a time, throttled to ``rate_bytes``/s of
+        reads so queries keep running; progress is kept in etcd. Returns the summary."""
+        if not self._recovery_lock.acquire(blocking=False):
+            return self.catalog.recovery()
+        try:
+            return self._recover(max_tasks, self.recovery_rate_bytes if rate_bytes is None else rate_bytes)
+        finally:
+            self._recovery_lock.release()
+
+    def lost_count(self) -> int:
+        live = {n.name for n in self.transport.live_nodes()}
+        return sum(1 for t in self.tables() for e in t.extents() if e.node not in live or e.state != "ok")
+
+    def _recover(self, max_tasks: int | None, rate: float) -> dict[str, Any]:
+        live = self.live_nodes()
+        tables = self.tables()
+        plan = plan_recovery(tables, live, self.domains())
+        by_name = {n.name: n for n in live}
+        tinfo = {t.name: t for t in tables}
+        tasks = plan.tasks[:max_tasks] if max_tasks else plan.tasks
+        progress: dict[str, Any] = {
+            "state": "running" if tasks else ("stuck" if plan.stuck else "idle"),
+            "lost_extents": len(plan.tasks) + len(plan.stuck),
+            "rebuilt": 0,
+            "bytes_lost": sum(t.bytes_lost for t in tasks),
+            "bytes_read": 0,
+            "full_scan_bytes": sum(t.full_scan_bytes(tinfo[t.table]) for t in tasks),
+            "started": time.time(),
+            "seconds": 0.0,
+            "stuck": plan.stuck,
+            "errors": [],
+        }
+        self.catalog.put_recovery(progress)
+        t0 = time.perf_counter()
+        for task in tasks:
+            info = tinfo[task.table]
+            new_id = new_extent_id(task.super_extent, task.lost.replica, task.lost.partition)
+            req = {
+                "table": task.table,
+                "extent": task.lost.id,
+                "new_extent": new_id,
+                "replica": task.lost.replica,
+                "partition": task.lost.partition,
+                "rows": task.lost.rows,
+                "specs": [s.to_json() for s in info.specs],
+                "sources": task.sources,
+            }
+            try:
+                res = self.transport.action(by_name[task.target], "rebuild", req)
+            except Exception as exc:  # noqa: BLE001 - recorded; the next pass retries
+                progress["errors"].append(f"{task.table}/{task.lost.id}: {exc}")
+                continue
+            meta = ExtentMeta(
+                new_id,
+                task.super_extent,
+                task.lost.replica,
+                task.lost.partition,
+                task.target,
+                res["rows"],
+                res["bytes"],
+                res["checksum"],
+                res["buckets"],
+            )
+            if self.catalog.replace_extent(task.table, task.super_extent, task.lost.id, meta):
+                progress["rebuilt"] += 1
+                if task.in_place:
+                    try:
+                        self.transport.action(by_name[task.target], "delete", {"table": task.table, "extent": task.lost.id})
+                    except Exception:  # noqa: BLE001
+                        pass
+            else:
+                self.transport.action(by_name[task.target], "delete", {"table": task.table, "extent": new_id})
+            progress["bytes_read"] += res["bytes_read"]
+            elapsed = time.perf_counter() - t0
+            progress["seconds"] = elapsed
+            self.catalog.put_recovery(progress)
+            if rate and rate > 0:
+                # Throttle: never read faster than `rate` bytes/s on average, so queries keep their share.
+                ahead = progress["bytes_read"] / rate - elapsed
+                if ahead > 0:
+                    time.sleep(ahead)
+        progress["seconds"] = time.perf_counter() - t0
+        progress["state"] = "stuck" if plan.stuck else ("done" if not progress["errors"] else "partial")
+        progress["bytes_read_per_byte_lost"] = (
+            progress["bytes_read"] / progress["bytes_lost"] if progress["bytes_lost"] else None
+        )
+        self.catalog.put_recovery(progress)
+        return progress
+
+    def scrub(self) -> list[str]:
+        """Verify every extent's checksum on its node; corrupt ones are marked for rebuild."""
+        live = {n.name: n for n in self.live_nodes()}
+        bad = []
+        for t in self.tables():
+            for s in t.super_extents:
+                for e in s.extents:
+                    if e.node not in live or e.state != "ok":
+                        continue
+                    res = self.transport.action(
+                        live[e.node], "verify", {"table": t.name, "extent": e.id, "checksum": e.checksum}
+                    )
+                    if not res.get("ok"):
+                        self.catalog.mark_extent(t.name, s.id, e.id, "corrupt")
+                        bad.append(f"{t.name}/{e.id}")
+        return bad
+
+
+def finish(final: dict[str, Any], outs: Sequence[pa.Table]) -> pa.Table:
+    """The coordinator's merge of the last stage's outputs."""
+    t = _exec.concat(list(outs))
+    if final["kind"] == "agg":
+        keys = final["keys"]
+        aggs = [Agg(*a) for a in final["aggs"]]
+        if final.get("combine"):
+            t = _exec.combine_partials(t, keys, aggs)
+        t = _exec.finalize_agg(t, keys, aggs)
+    else:
+        t = t.select(final["select"])
+    return _exec.order_limit(t, [tuple(o) for o in final.get("order_by", [])], final.get("limit"))
+
+
+# ---------------------------------------------------------------------- in-process transport
+class LocalTransport:
+    """Node stores in this process, each with its own data directory: the whole store without
+    sockets, for unit tests and the simulator."""
+
+    def __init__(self, root: str, nodes: Sequence[NodeInfo]) -> None:
+        from pathlib import Path
+
+        self.root = Path(root)
+        self.infos = {n.name: n for n in nodes}
+        self.dead: set[str] = set()
+        self.stores = {
+            n.name: NodeStore(n.name, self.root / n.name, fetch=self._fetch) for n in nodes
+        }
+        for n in nodes:
+            self.infos[n.name] = NodeInfo(n.name, n.fault_domain, address=n.name)
+
+    def _store(self, address: str) -> NodeStore:
+        if address in self.dead:
+            raise Unavailable(f"node {address} is down")
+        return self.stores[address]
+
+    def _fetch(self, address: str, req: dict[str, Any]) -> pa.Table:
+        s = self._store(address)
+        if req["op"] == "read":
+            return s.read(req["table"], req["extent"], req.get("bucket"), req.get("columns"), req.get("checksum"))
+        return s.shuffle_take(req["qid"], req["tag"], req["bucket"])
+
+    def kill(self, name: str) -> None:
+        self.dead.add(name)
+
+    def live_nodes(self) -> list[NodeInfo]:
+        return [n for k, n in sorted(self.infos.items()) if k not in self.dead]
+
+    def put_extent(self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list) -> dict:
+        return self._store(node.name).put_extent(table, extent_id, rows, buckets)
+
+    def run_task(self, node: NodeInfo, task: dict[str, Any]) -> pa.Table:
+        return self._store(node.name).run(task)
+
+    def action(self, node: NodeInfo, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return node_action(self._store(node.name), name, body)
+
+
+def node_action(store: NodeStore, name: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The store node's actions (Flight DoAction), shared by both transports."""
+    if name == "rebuild":
+        return store.rebuild(body)
+    if name == "delete":
+        return {"deleted": store.delete(body["table"], body["extent"])}
+    if name == "drop_table":
+        store.drop_table(body["table"])
+        return {}
+    if name == "shuffle_drop":
+        return {"dropped": store.shuffle_drop(body["qid"])}
+    if name == "verify":
+        try:
+            store.verify(body["table"], body["extent"], body["checksum"])
+            return {"ok": True}
+        except (CorruptExtent, NotFound) as exc:
+            return {"ok": False, "error": str(exc)}
+    if name == "stats":
+        return store.stats()
+    raise FailedPrecondition(f"unknown store node action {name!r}")

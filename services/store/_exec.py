@@ -1,0 +1,272 @@
+"""Query fragments on Arrow tables with pyarrow compute: the operators a store node runs next to
+its data and the coordinator runs to merge. Pure functions; ``run_task`` interprets one task of a
+plan given an environment that can read sources and move shuffle buckets (a store node over
+Arrow Flight, or an in-process cluster in the unit tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ._partition import _literal_array, _mix, hash_codes
+from ._query import Agg
+
+
+# ------------------------------------------------------------------------------- operators
+def to_plain_strings(table: pa.Table) -> pa.Table:
+    """string_view / large_string columns as plain string: pyarrow's joins refuse string_view as a
+    non-key column, and every replica must share one schema."""
+    fields = []
+    changed = False
+    for f in table.schema:
+        if pa.types.is_string_view(f.type) or pa.types.is_large_string(f.type):
+            fields.append(pa.field(f.name, pa.string(), f.nullable))
+            changed = True
+        elif pa.types.is_binary_view(f.type):
+            fields.append(pa.field(f.name, pa.binary(), f.nullable))
+            changed = True
+        else:
+            fields.append(f)
+    return table.cast(pa.schema(fields, metadata=table.schema.metadata)) if changed else table
+
+
+def where_expr(schema: pa.Schema, where: Sequence[Sequence[Any]]) -> pc.Expression | None:
+    expr = None
+    for col, op, value in where:
+        typ = schema.field(col).type
+        field = pc.field(col)
+        if op == "in":
+            e = field.isin(_literal_array(list(value), typ))
+        else:
+            lit = pc.scalar(_literal_array([value], typ)[0])
+            e = {
+                "=": field == lit,
+                "!=": field != lit,
+                "<": field < lit,
+                "<=": field <= lit,
+                ">": field > lit,
+                ">=": field >= lit,
+            }[op]
+        expr = e if expr is None else expr & e
+    return expr
+
+
+def apply_where(table: pa.Table, where: Sequence[Sequence[Any]]) -> pa.Table:
+    expr = where_expr(table.schema, where)
+    return table if expr is None else table.filter(expr)
+
+
+def _agg_inputs(aggs: Sequence[Agg]) -> list[tuple[str, str, str]]:
+    """(input column, pyarrow function, partial column) triples for the partial aggregation."""
+    out = []
+    for a in aggs:
+        if a.fn == "count" and a.column == "*":
+            out.append(("*", "count_all", a.name))
+        elif a.fn == "mean":
+            out.append((a.column, "sum", a.name + "__s"))
+            out.append((a.column, "count", a.name + "__n"))
+        else:
+            out.append((a.column, a.fn, a.name))
+    return out
+
+
+def _group(table: pa.Table, keys: Sequence[str], triples: Sequence[tuple[str, str, str]]) -> pa.Table:
+    specs: list[tuple[Any, str]] = []
+    names: list[str] = []
+    for col, fn, _ in triples:
+        spec = ([], fn) if col == "*" else (col, fn)
+        if spec not in specs:
+            specs.append(spec)
+            names.append("count_all" if col == "*" else f"{col}_{fn}")
+    res = table.group_by(list(keys), use_threads=True).aggregate(specs)
+    cols = [res.column(k) for k in keys]
+    out_names = list(keys)
+    for col, fn, out in triples:
+        spec = ([], fn) if col == "*" else (col, fn)
+        arr = res.column(names[specs.index(spec)])
+        if fn in ("count", "count_all"):
+            arr = arr.cast(pa.int64())
+        cols.append(arr)
+        out_names.append(out)
+    return pa.table(cols, names=out_names)
+
+
+def partial_agg(table: pa.Table, keys: Sequence[str], aggs: Sequence[Agg]) -> pa.Table:
+    """Per-group partial aggregates (sums, counts, min, max; a mean as sum and count)."""
+    return _group(table, keys, _agg_inputs(aggs))
+
+
+def _merge_triples(aggs: Sequence[Agg]) -> list[tuple[str, str, str]]:
+    out = []
+    for a in aggs:
+        if a.fn == "mean":
+            out += [(a.name + "__s", "sum", a.name + "__s"), (a.name + "__n", "sum", a.name + "__n")]
+        elif a.fn in ("count", "sum"):
+            out.append((a.name, "sum", a.name))
+        else:
+            out.append((a.name, a.fn, a.name))
+    return out
+
+
+def combine_partials(partials: pa.Table, keys: Sequence[str], aggs: Sequence[Agg]) -> pa.Table:
+    """Merge partial aggregates of the same groups (from different extents or nodes)."""
+    return _group(partials, keys, _merge_triples(aggs))
+
+
+def finalize_agg(partials: pa.Table, keys: Sequence[str], aggs: Sequence[Agg]) -> pa.Table:
+    """Partial columns to the query's output: keys, then one column per aggregate."""
+    cols = [partials.column(k) for k in keys]
+    for a in aggs:
+        if a.fn == "mean":
+            s = partials.column(a.name + "__s").cast(pa.float64())
+            n = partials.column(a.name + "__n").cast(pa.float64())
+            cols.append(pc.if_else(pc.equal(n, 0.0), pa.scalar(None, pa.float64()), pc.divide(s, n)))
+        else:
+            cols.append(partials.column(a.name))
+    return pa.table(cols, names=list(keys) + [a.name for a in aggs])
+
+
+def key_hash(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
+    h = np.zeros(table.num_rows, dtype=np.uint64)
+    for k in keys:
+        with np.errstate(over="ignore"):
+            h = _mix(h ^ hash_codes(table.column(k)))
+    return h
+
+
+def hash_split(table: pa.Table, keys: Sequence[str], n: int) -> list[pa.Table]:
+    """Split rows into ``n`` buckets by a hash of ``keys`` (the exchange of a shuffle)."""
+    if n == 1:
+        return [table]
+    b = (key_hash(table, keys) % np.uint64(n)).astype(np.int64)
+    order = np.argsort(b, kind="stable")
+    counts = np.bincount(b, minlength=n)
+    ordered = table.take(pa.array(order))
+    out, off = [], 0
+    for c in counts.tolist():
+        out.append(ordered.slice(off, c))
+        off += c
+    return out
+
+
+def join(left: pa.Table, right: pa.Table, left_on: str, right_on: str) -> pa.Table:
+    """Inner equi-join; output columns: left's, then right's without its key.
+
+    Acero builds its hash table on the right input, so the smaller side goes right; contiguous
+    inputs (one chunk) join several times faster than the many small sub-bucket batches."""
+    left, right = left.combine_chunks(), right.combine_chunks()
+    if left.num_rows >= right.num_rows:
+        return left.join(right, keys=left_on, right_keys=right_on, join_type="inner", use_threads=True)
+    out = right.join(left, keys=right_on, right_keys=left_on, join_type="inner", use_threads=True)
+    out = out.rename_columns([left_on if c == right_on else c for c in out.column_names])
+    cols = list(left.column_names) + [c for c in right.column_names if c != right_on]
+    return out.select(cols)
+
+
+def order_limit(table: pa.Table, order_by: Sequence[Sequence[Any]], limit: int | None) -> pa.Table:
+    if order_by:
+        table = table.sort_by([(c, "descending" if desc else "ascending") for c, desc in order_by])
+    if limit is not None:
+        table = table.slice(0, limit)
+    return table
+
+
+def concat(tables: Sequence[pa.Table], schema: pa.Schema | None = None) -> pa.Table:
+    tables = [t for t in tables if t is not None]
+    if not tables:
+        return schema.empty_table() if schema is not None else pa.table({})
+    if len(tables) == 1:
+        return tables[0]
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+# ------------------------------------------------------------------------------- tasks
+class Env(Protocol):
+    """What a task needs from where it runs."""
+
+    def read_source(self, source: dict[str, Any], columns: Sequence[str] | None) -> pa.Table: ...
+
+    def shuffle_put(self, qid: str, tag: str, bucket: int, table: pa.Table) -> None: ...
+
+    def shuffle_get(self, peer: str, qid: str, tag: str, bucket: int) -> pa.Table: ...
+
+
+@dataclass
+class TaskStats:
+    rows_in: int = 0
+    rows_out: int = 0
+
+
+def scan_side(env: Env, side: dict[str, Any]) -> pa.Table:
+    """Read a side's sources (read columns only), filter, and keep the columns downstream needs."""
+    read_cols = side.get("read")
+    keep = side.get("keep")
+    parts = []
+    for src in side["sources"]:
+        t = env.read_source(src, read_cols)
+        t = apply_where(t, side.get("where", []))
+        if keep is not None:
+            t = t.select(keep)
+        parts.append(t)
+    if not parts and side.get("schema"):
+        import base64
+
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(side["schema"]))).empty_table()
+    return concat(parts)
+
+
+def _aggs(spec: dict[str, Any]) -> list[Agg]:
+    return [Agg(*a) for a in spec.get("aggs", [])]
+
+
+def post_ops(table: pa.Table, post: dict[str, Any] | None) -> pa.Table:
+    """After the scan or join: aggregate (partial, or merge of partials), or top-k / limit."""
+    if not post:
+        return table
+    if post.get("agg") is not None:
+        agg = post["agg"]
+        keys, aggs = agg.get("keys", []), _aggs(agg)
+        if agg.get("input") == "partial":
+            return combine_partials(table, keys, aggs)
+        return partial_agg(table, keys, aggs)
+    if post.get("select") is not None:
+        table = table.select(post["select"])
+    return order_limit(table, [tuple(o) for o in post.get("order_by", [])], post.get("limit"))
+
+
+def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
+    """Run one plan task; returns its output rows (for ``map``: rows per bucket)."""
+    op = task["op"]
+    if op == "fragment":
+        t = scan_side(env, task["left"])
+        if task.get("right") is not None:
+            r = scan_side(env, task["right"])
+            j = task["join"]
+            t = join(t, r, j["left_on"], j["right_on"])
+        return post_ops(t, task.get("post"))
+    if op == "map":
+        t = scan_side(env, task["side"])
+        if task.get("pre") is not None:
+            t = post_ops(t, task["pre"])
+        parts = hash_split(t, task["key"], task["n"])
+        for i, part in enumerate(parts):
+            env.shuffle_put(task["qid"], task["tag"], i, part)
+        return pa.table({"bucket": list(range(len(parts))), "rows": [p.num_rows for p in parts]})
+    if op == "reduce":
+        qid, i = task["qid"], task["bucket"]
+        peers = task["peers"]
+        left = concat([env.shuffle_get(p, qid, "L", i) for p in peers["L"]])
+        if task.get("join") is not None:
+            right = concat([env.shuffle_get(p, qid, "R", i) for p in peers["R"]])
+            j = task["join"]
+            left = join(left, right, j["left_on"], j["right_on"])
+        return post_ops(left, task.get("post"))
+    raise ValueError(f"unknown task op {op!r}")
+
+
+ReadFn = Callable[[dict[str, Any], Sequence[str] | None], pa.Table]

@@ -1,0 +1,204 @@
+"""Arrow Flight: the store node's data-plane server, and the coordinator's transport to it.
+
+Node server:
+- ``DoPut`` with a command descriptor ``{"table", "extent", "buckets"}``: write one extent; the
+  reply metadata is ``{"bytes", "checksum", "buckets", "rows"}``.
+- ``DoGet`` with a JSON ticket: ``{"op": "read", ...}`` an extent or one bucket of it;
+  ``fragment`` / ``map`` / ``reduce`` a query task; ``shuffle_take`` a shuffle bucket.
+- ``DoAction``: ``rebuild``, ``delete``, ``drop_table``, ``shuffle_drop``, ``verify``, ``stats``.
+
+Errors cross Flight as ``FlightServerError("<Type>: message")`` and are turned back into the
+same microco error on the caller's side."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from microco.services.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    MicrocoError,
+    NotFound,
+    Unavailable,
+)
+from microco.services.common.kv import KV
+from microco.services.common.registry import discover
+
+from ._nodestore import CorruptExtent, NodeStore
+from ._placement import NodeInfo
+
+log = logging.getLogger(__name__)
+
+NODE_SERVICE = "store-node"
+_ERRORS: dict[str, type[MicrocoError]] = {
+    "CorruptExtent": CorruptExtent,
+    "NotFound": NotFound,
+    "InvalidArgument": InvalidArgument,
+    "FailedPrecondition": FailedPrecondition,
+}
+
+
+def _raise_flight(exc: BaseException) -> None:
+    raise flight.FlightServerError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def from_flight_error(exc: BaseException, where: str) -> MicrocoError:
+    if isinstance(exc, (flight.FlightUnavailableError, flight.FlightTimedOutError, ConnectionError)):
+        return Unavailable(f"{where}: {exc}")
+    text = str(exc)
+    for name, cls in _ERRORS.items():
+        marker = f"{name}: "
+        if marker in text:
+            msg = text.split(marker, 1)[1].split("\n")[0]
+            msg = msg.split(". Detail:")[0]
+            return cls(msg)
+    if "failed to connect" in text.lower() or "unavailable" in text.lower() or "Connection refused" in text:
+        return Unavailable(f"{where}: {text}")
+    return MicrocoError(f"{where}: {text}")
+
+
+class _Clients:
+    """One Flight client per peer address, reused (connections are costly on 2 cores)."""
+
+    def __init__(self) -> None:
+        self._clients: dict[str, flight.FlightClient] = {}
+        self._lock = threading.Lock()
+
+    def get(self, address: str) -> flight.FlightClient:
+        with self._lock:
+            c = self._clients.get(address)
+            if c is None:
+                c = flight.FlightClient(address)
+                self._clients[address] = c
+            return c
+
+    def drop(self, address: str) -> None:
+        with self._lock:
+            c = self._clients.pop(address, None)
+        if c is not None:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def close(self) -> None:
+        for a in list(self._clients):
+            self.drop(a)
+
+
+_OPTS = flight.FlightCallOptions(timeout=120)
+
+
+def flight_get(clients: _Clients, address: str, ticket: dict[str, Any]) -> pa.Table:
+    try:
+        reader = clients.get(address).do_get(flight.Ticket(json.dumps(ticket, default=str).encode()), _OPTS)
+        return reader.read_all()
+    except flight.FlightError as exc:
+        if isinstance(exc, flight.FlightUnavailableError):
+            clients.drop(address)
+        raise from_flight_error(exc, address) from None
+
+
+class StoreFlightServer(flight.FlightServerBase):
+    """A store node's Flight server around its ``NodeStore``."""
+
+    def __init__(self, store: NodeStore, location: str = "grpc://127.0.0.1:0") -> None:
+        super().__init__(location)
+        self.store = store
+        self.clients = _Clients()
+        store.fetch = lambda address, req: flight_get(self.clients, address, req)
+
+    def do_put(self, context, descriptor, reader, writer):  # noqa: ANN001
+        try:
+            req = json.loads(descriptor.command)
+            rows = reader.read_all()
+            res = self.store.put_extent(req["table"], req["extent"], rows, req["buckets"])
+            writer.write(pa.py_buffer(json.dumps(res).encode()))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("do_put failed: %s", exc)
+            _raise_flight(exc)
+
+    def do_get(self, context, ticket):  # noqa: ANN001
+        try:
+            req = json.loads(ticket.ticket)
+            op = req.get("op")
+            if op == "read":
+                t = self.store.read(req["table"], req["extent"], req.get("bucket"), req.get("columns"), req.get("checksum"))
+            elif op == "shuffle_take":
+                t = self.store.shuffle_take(req["qid"], req["tag"], req["bucket"])
+            elif op in ("fragment", "map", "reduce"):
+                t = self.store.run(req)
+            else:
+                raise InvalidArgument(f"unknown ticket op {op!r}")
+            return flight.RecordBatchStream(t)
+        except Exception as exc:  # noqa: BLE001
+            if not isinstance(exc, (CorruptExtent, NotFound, InvalidArgument)):
+                log.exception("do_get failed")
+            _raise_flight(exc)
+
+    def do_action(self, context, action):  # noqa: ANN001
+        from ._core import node_action
+
+        try:
+            body = json.loads(action.body.to_pybytes() or b"{}")
+            res = node_action(self.store, action.type, body)
+            yield flight.Result(pa.py_buffer(json.dumps(res).encode()))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("action %s failed: %s", action.type, exc)
+            _raise_flight(exc)
+
+    def list_actions(self, context):  # noqa: ANN001
+        return [("rebuild", "rebuild an extent from peers' buckets"), ("delete", ""), ("drop_table", ""),
+                ("shuffle_drop", ""), ("verify", "check an extent's checksum"), ("stats", "")]
+
+
+class FlightTransport:
+    """The coordinator's transport: live nodes from the etcd registry, calls over Flight."""
+
+    def __init__(self, kv: KV) -> None:
+        self.kv = kv
+        self.clients = _Clients()
+
+    def live_nodes(self) -> list[NodeInfo]:
+        out = []
+        for rec in discover(self.kv, NODE_SERVICE):
+            out.append(NodeInfo(rec.instance_id, rec.labels.get("fault_domain", ""), rec.labels.get("flight", "")))
+        return sorted(out, key=lambda n: n.name)
+
+    def put_extent(self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list) -> dict:
+        desc = flight.FlightDescriptor.for_command(json.dumps({"table": table, "extent": extent_id, "buckets": buckets}))
+        try:
+            writer, meta = self.clients.get(node.address).do_put(desc, rows.schema, _OPTS)
+            writer.write_table(rows)
+            writer.done_writing()
+            buf = meta.read()
+            writer.close()
+        except flight.FlightError as exc:
+            self.clients.drop(node.address)
+            raise from_flight_error(exc, node.name) from None
+        if buf is None:
+            raise Unavailable(f"{node.name}: no reply to the extent write")
+        return json.loads(buf.to_pybytes())
+
+    def run_task(self, node: NodeInfo, task: dict[str, Any]) -> pa.Table:
+        return flight_get(self.clients, node.address, task)
+
+    def action(self, node: NodeInfo, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            results = list(
+                self.clients.get(node.address).do_action(flight.Action(name, json.dumps(body, default=str).encode()), _OPTS)
+            )
+        except flight.FlightError as exc:
+            if isinstance(exc, flight.FlightUnavailableError):
+                self.clients.drop(node.address)
+            raise from_flight_error(exc, node.name) from None
+        return json.loads(results[0].body.to_pybytes()) if results else {}
+
+    def close(self) -> None:
+        self.clients.close()

@@ -1,0 +1,187 @@
+"""Extents: how one super-extent of rows is cut into the three replicas' extents, how rows are
+bucketed inside an extent, and the extent file format.
+
+For replica ``r`` with partition function ``f_r``, extent ``(s, r, p)`` holds the rows of
+super-extent ``s`` with ``f_r(row) = p``. Inside it rows are ordered by the *other* two replicas'
+partitions ``(f_a(row), f_b(row))`` and every non-empty ``(i, j)`` sub-bucket is one Arrow record
+batch of an Arrow IPC file. So the rows of extent ``(s, a, i)`` that sit in ``(s, r, p)`` are the
+batches with first index ``i``: to rebuild a lost extent ``(s, a, i)`` a node reads just those
+batches from every extent of replica ``r`` (about as many bytes as were lost, from many nodes).
+
+Every extent file carries a BLAKE3 checksum of its bytes, kept in the catalog; a node verifies it
+before it serves the extent, so a corrupt file is detected and not served.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import blake3
+import numpy as np
+import pyarrow as pa
+
+from ._partition import PartitionSpec, partition_ids
+from ._placement import REPLICAS
+
+BUCKETS_META = b"microco.buckets"
+
+
+def others(replica: int) -> tuple[int, int]:
+    """The two replicas whose partition functions bucket the rows of ``replica``'s extents."""
+    a, b = (r for r in range(REPLICAS) if r != replica)
+    return a, b
+
+
+@dataclass
+class ExtentMeta:
+    """One extent in the catalog."""
+
+    id: str
+    super_extent: int
+    replica: int
+    partition: int
+    node: str
+    rows: int
+    bytes: int
+    checksum: str
+    # [i, j, rows, bytes] per non-empty sub-bucket, in file batch order; i, j index the
+    # partitions of others(replica)[0] and [1].
+    buckets: list[list[int]] = field(default_factory=list)
+    state: str = "ok"  # ok | corrupt
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ExtentMeta:
+        return cls(**d)
+
+    def bucket_rows(self, other_replica: int, partition: int) -> int:
+        """Rows of this extent that partition ``partition`` of ``other_replica`` holds too."""
+        pos = others(self.replica).index(other_replica)
+        return sum(b[2] for b in self.buckets if b[pos] == partition)
+
+    def bucket_bytes(self, other_replica: int, partition: int) -> int:
+        pos = others(self.replica).index(other_replica)
+        return sum(b[3] for b in self.buckets if b[pos] == partition)
+
+
+def new_extent_id(super_extent: int, replica: int, partition: int) -> str:
+    # A fresh suffix per write attempt: a retried or rebuilt extent never collides with the
+    # orphan of an attempt that failed half-way.
+    return f"s{super_extent:06d}-r{replica}-p{partition:04d}-{uuid.uuid4().hex[:8]}"
+
+
+def assign_partitions(table: pa.Table, specs: Sequence[PartitionSpec]) -> list[np.ndarray]:
+    """Partition ids of every row under each replica's function."""
+    return [partition_ids(spec, table.column(spec.column)) for spec in specs]
+
+
+def bucketed_extents(
+    table: pa.Table,
+    specs: Sequence[PartitionSpec],
+    pids: list[np.ndarray] | None = None,
+    replicas: Sequence[int] = tuple(range(REPLICAS)),
+) -> dict[tuple[int, int], tuple[pa.Table, list[list[int]]]]:
+    """Cut ``table`` (one super-extent's rows) into every replica's extents.
+
+    Returns ``{(replica, partition): (rows ordered by sub-bucket, [[i, j, rows], ...])}`` for the
+    non-empty extents; the table's batches are exactly the sub-buckets."""
+    if pids is None:
+        pids = assign_partitions(table, specs)
+    out: dict[tuple[int, int], tuple[pa.Table, list[list[int]]]] = {}
+    for r in replicas:
+        a, b = others(r)
+        na, nb = specs[a].count, specs[b].count
+        key = pids[r].astype(np.int64) * (na * nb) + pids[a].astype(np.int64) * nb + pids[b]
+        order = np.argsort(key, kind="stable")
+        sorted_keys = key[order]
+        ordered = table.take(pa.array(order)).combine_chunks()
+        uniq, starts, counts = np.unique(sorted_keys, return_index=True, return_counts=True)
+        per_extent: dict[int, list[tuple[int, int, int, int]]] = {}
+        for k, st, c in zip(uniq.tolist(), starts.tolist(), counts.tolist(), strict=True):
+            p, rest = divmod(k, na * nb)
+            i, j = divmod(rest, nb)
+            per_extent.setdefault(p, []).append((i, j, st, c))
+        for p, subs in per_extent.items():
+            batches = []
+            index = []
+            for i, j, st, c in subs:
+                piece = ordered.slice(st, c).combine_chunks()
+                batches.extend(piece.to_batches(max_chunksize=c) or [])
+                index.append([i, j, c])
+            out[(r, p)] = (pa.Table.from_batches(batches, schema=table.schema), index)
+    return out
+
+
+def extent_path(data_dir: str | Path, table: str, extent_id: str) -> Path:
+    return Path(data_dir) / "tables" / table / f"{extent_id}.arrow"
+
+
+def write_extent(path: Path, rows: pa.Table, buckets: list[list[int]]) -> tuple[int, str, list[list[int]]]:
+    """Write an extent file (one record batch per sub-bucket), fsync it, and return
+    ``(file bytes, checksum, buckets with their byte sizes)``. Written to a temporary name and
+    renamed, so a crash never leaves a half-written file under the extent's name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    batches = rows.to_batches()
+    if len(batches) != len(buckets):
+        # Rows arrived re-chunked (e.g. over Flight): cut them again at the bucket boundaries.
+        combined = rows.combine_chunks()
+        batches, off = [], 0
+        for b in buckets:
+            batches.append(combined.slice(off, b[2]).combine_chunks().to_batches()[0] if b[2] else None)
+            off += b[2]
+        batches = [x for x in batches if x is not None]
+    sized = [[b[0], b[1], b[2], int(batch.nbytes)] for b, batch in zip(buckets, batches, strict=True)]
+    schema = rows.schema.with_metadata({**(rows.schema.metadata or {}), BUCKETS_META: json.dumps(sized).encode()})
+    tmp = path.with_suffix(f".tmp-{uuid.uuid4().hex[:6]}")
+    with pa.OSFile(str(tmp), "wb") as sink:
+        with pa.ipc.new_file(sink, schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path.stat().st_size, file_checksum(path), sized
+
+
+def file_checksum(path: Path) -> str:
+    h = blake3.blake3()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _strip(schema: pa.Schema) -> pa.Schema:
+    meta = {k: v for k, v in (schema.metadata or {}).items() if k != BUCKETS_META}
+    return schema.with_metadata(meta) if meta else schema.remove_metadata()
+
+
+def read_extent(
+    path: Path, bucket: tuple[int, int] | None = None, columns: Sequence[str] | None = None
+) -> tuple[pa.Table, int]:
+    """Rows of an extent file; with ``bucket=(pos, part)`` only the sub-buckets whose index at
+    ``pos`` (0 or 1, see ``others``) is ``part``. Returns ``(rows, bytes read)``. Memory-mapped,
+    so only the selected batches' bytes are touched (the table keeps the mapping alive)."""
+    source = pa.memory_map(str(path), "r")
+    reader = pa.ipc.open_file(source)
+    schema = reader.schema
+    wanted: Sequence[int] = range(reader.num_record_batches)
+    if bucket is not None:
+        index = json.loads((schema.metadata or {}).get(BUCKETS_META, b"[]"))
+        pos, part = bucket
+        wanted = [k for k, b in enumerate(index) if b[pos] == part]
+    batches = [reader.get_batch(k) for k in wanted]
+    read = sum(b.nbytes for b in batches)
+    clean = _strip(schema)
+    t = pa.Table.from_batches(batches, schema=schema).replace_schema_metadata(clean.metadata)
+    if columns is not None:
+        t = t.select(list(columns))
+    return t, read

@@ -1,0 +1,201 @@
+"""What a store node does with its data directory: write and read extents (verifying checksums),
+run query tasks next to the data, hold shuffle buckets, rebuild lost extents from peers' buckets.
+
+Transport-free: the Flight server wraps it for real; the in-process cluster calls it directly."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pyarrow as pa
+
+from microco.services.common.errors import InvalidArgument, MicrocoError, NotFound
+
+from . import _exec
+from ._layout import bucketed_extents, extent_path, file_checksum, read_extent, write_extent
+from ._partition import PartitionSpec
+
+log = logging.getLogger(__name__)
+
+# fetch(address, request) -> table: read a peer's extent bucket or shuffle bucket.
+PeerFetch = Callable[[str, dict[str, Any]], pa.Table]
+
+
+class CorruptExtent(MicrocoError):
+    """An extent file's bytes do not match its checksum: it is not served, and must be rebuilt."""
+
+    grpc_code = grpc.StatusCode.DATA_LOSS
+    http_status = 500
+
+
+class NodeStore:
+    def __init__(self, name: str, data_dir: str | Path, fetch: PeerFetch | None = None) -> None:
+        self.name = name
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.fetch = fetch
+        self._verified: dict[str, tuple[int, int, str]] = {}
+        self._shuffle: dict[tuple[str, str, int], pa.Table] = {}
+        self._lock = threading.Lock()
+        self.bytes_read = 0
+
+    # ------------------------------------------------------------------ extents
+    def path(self, table: str, extent_id: str) -> Path:
+        if "/" in table or "/" in extent_id or ".." in table or ".." in extent_id:
+            raise InvalidArgument("bad table or extent name")
+        return extent_path(self.data_dir, table, extent_id)
+
+    def put_extent(self, table: str, extent_id: str, rows: pa.Table, buckets: list[list[int]]) -> dict[str, Any]:
+        p = self.path(table, extent_id)
+        size, checksum, sized = write_extent(p, rows, buckets)
+        st = p.stat()
+        with self._lock:
+            self._verified[str(p)] = (st.st_mtime_ns, st.st_size, checksum)
+        return {"bytes": size, "checksum": checksum, "buckets": sized, "rows": rows.num_rows}
+
+    def verify(self, table: str, extent_id: str, checksum: str | None) -> Path:
+        """The extent's path once its bytes match ``checksum`` (cached per file version)."""
+        p = self.path(table, extent_id)
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            raise NotFound(f"node {self.name} has no extent {table}/{extent_id}") from None
+        if not checksum:
+            return p
+        key = str(p)
+        with self._lock:
+            cached = self._verified.get(key)
+        if cached == (st.st_mtime_ns, st.st_size, checksum):
+            return p
+        actual = file_checksum(p)
+        if actual != checksum:
+            raise CorruptExtent(f"corrupt extent {table}/{extent_id} on node {self.name}: checksum mismatch")
+        with self._lock:
+            self._verified[key] = (st.st_mtime_ns, st.st_size, checksum)
+        return p
+
+    def read(
+        self,
+        table: str,
+        extent_id: str,
+        bucket: Sequence[int] | None = None,
+        columns: Sequence[str] | None = None,
+        checksum: str | None = None,
+    ) -> pa.Table:
+        p = self.verify(table, extent_id, checksum)
+        t, n = read_extent(p, tuple(bucket) if bucket is not None else None, columns)
+        with self._lock:
+            self.bytes_read += n
+        return t
+
+    def delete(self, table: str, extent_id: str) -> bool:
+        p = self.path(table, extent_id)
+        with self._lock:
+            self._verified.pop(str(p), None)
+        try:
+            p.unlink()
+            return True
+        except FileNotFoundError:
+            return False
+
+    def drop_table(self, table: str) -> None:
+        shutil.rmtree(self.data_dir / "tables" / table, ignore_errors=True)
+
+    def stats(self) -> dict[str, Any]:
+        n = size = 0
+        root = self.data_dir / "tables"
+        if root.exists():
+            for dirpath, _, files in os.walk(root):
+                for f in files:
+                    if f.endswith(".arrow"):
+                        n += 1
+                        size += os.path.getsize(os.path.join(dirpath, f))
+        return {"extents": n, "bytes": size, "bytes_read": self.bytes_read}
+
+    # ------------------------------------------------------------------ query tasks
+    def run(self, task: dict[str, Any]) -> pa.Table:
+        return _exec.run_task(_NodeEnv(self, task.get("addresses", {})), task)
+
+    def shuffle_take(self, qid: str, tag: str, bucket: int) -> pa.Table:
+        with self._lock:
+            t = self._shuffle.pop((qid, tag, bucket), None)
+        if t is None:
+            raise NotFound(f"node {self.name} has no shuffle bucket {qid}/{tag}/{bucket}")
+        return t
+
+    def shuffle_drop(self, qid: str) -> int:
+        with self._lock:
+            keys = [k for k in self._shuffle if k[0] == qid]
+            for k in keys:
+                del self._shuffle[k]
+        return len(keys)
+
+    def read_source(self, src: dict[str, Any], columns: Sequence[str] | None) -> pa.Table:
+        if src["node"] == self.name:
+            return self.read(src["table"], src["extent"], src.get("bucket"), columns, src.get("checksum"))
+        if self.fetch is None:
+            raise InvalidArgument(f"node {self.name} cannot read remote extent {src['extent']}")
+        return self.fetch(
+            src["address"],
+            {
+                "op": "read",
+                "table": src["table"],
+                "extent": src["extent"],
+                "bucket": src.get("bucket"),
+                "columns": list(columns) if columns is not None else None,
+                "checksum": src.get("checksum"),
+            },
+        )
+
+    # ------------------------------------------------------------------ recovery
+    def rebuild(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Rebuild extent ``req['extent']`` (replica ``r``) from buckets of another replica."""
+        specs = [PartitionSpec.from_json(s) for s in req["specs"]]
+        r = req["replica"]
+        parts = [self.read_source(src, None) for src in req["sources"]]
+        bytes_read = sum(t.nbytes for t in parts)
+        rows = _exec.concat(parts)
+        if rows.num_rows != req["rows"]:
+            raise MicrocoError(
+                f"rebuild of {req['extent']}: sources hold {rows.num_rows} rows, the catalog says {req['rows']}"
+            )
+        ext = bucketed_extents(rows, specs, replicas=[r])
+        if len(ext) != 1 or next(iter(ext))[1] != req["partition"]:
+            raise MicrocoError(f"rebuild of {req['extent']}: rows do not all fall in partition {req['partition']}")
+        (_, (ordered, index)), = ext.items()
+        out = self.put_extent(req["table"], req["new_extent"], ordered, index)
+        out["bytes_read"] = bytes_read
+        return out
+
+
+class _NodeEnv:
+    def __init__(self, store: NodeStore, addresses: dict[str, str]) -> None:
+        self.store, self.addresses = store, addresses
+
+    def read_source(self, source: dict[str, Any], columns: Sequence[str] | None) -> pa.Table:
+        return self.store.read_source(source, columns)
+
+    def shuffle_put(self, qid: str, tag: str, bucket: int, table: pa.Table) -> None:
+        with self.store._lock:
+            self.store._shuffle[(qid, tag, bucket)] = table
+
+    def shuffle_get(self, peer: str, qid: str, tag: str, bucket: int) -> pa.Table:
+        if peer == self.store.name:
+            return self.store.shuffle_take(qid, tag, bucket)
+        if self.store.fetch is None:
+            raise InvalidArgument("no peer transport")
+        return self.store.fetch(
+            self.addresses[peer], {"op": "shuffle_take", "qid": qid, "tag": tag, "bucket": bucket}
+        )
+
+
+def encode(req: dict[str, Any]) -> bytes:
+    return json.dumps(req, default=str).encode()

@@ -1,0 +1,242 @@
+"""Partition functions: which partition of a replica each row belongs to.
+
+A replica is partitioned on one column, by hash (``hash(value) mod P``) or by range (sorted
+bounds; partition ``i`` holds ``bounds[i-1] <= v < bounds[i]``). The functions are pure and
+deterministic across processes (no Python ``hash()``, which is salted per process), because a
+store node, the coordinator and a recovering node must all compute the same partition for a row.
+Nulls go to partition 0 under both kinds.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from microco.services.common.errors import InvalidArgument
+
+HASH = "hash"
+RANGE = "range"
+KINDS = (HASH, RANGE)
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLD = np.uint64(0x9E3779B97F4A7C15)
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """How one replica is partitioned: ``column``, ``kind`` (hash or range) and the partitions.
+
+    For hash, ``partitions`` is P; for range, ``bounds`` (strings, parsed by the column type)
+    define ``len(bounds) + 1`` partitions."""
+
+    column: str
+    kind: str = HASH
+    partitions: int = 8
+    bounds: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if not self.column:
+            raise InvalidArgument("a partitioning needs a column")
+        if self.kind not in KINDS:
+            raise InvalidArgument(f"partitioning kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.kind == HASH and not 1 <= self.partitions <= 4096:
+            raise InvalidArgument(f"hash partitions must be in 1..4096, got {self.partitions}")
+        if self.kind == RANGE:
+            if not self.bounds:
+                raise InvalidArgument(f"range partitioning on {self.column!r} needs at least one bound")
+            object.__setattr__(self, "partitions", len(self.bounds) + 1)
+
+    @property
+    def count(self) -> int:
+        return self.partitions
+
+    def describe(self) -> str:
+        if self.kind == HASH:
+            return f"hash({self.column}) mod {self.partitions}"
+        return f"range({self.column}) bounds {list(self.bounds)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"column": self.column, "kind": self.kind, "partitions": self.partitions, "bounds": list(self.bounds)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> PartitionSpec:
+        return cls(
+            column=d["column"],
+            kind=d.get("kind", HASH),
+            partitions=int(d.get("partitions", 8)),
+            bounds=tuple(str(b) for b in d.get("bounds", ())),
+        )
+
+    @classmethod
+    def parse(cls, text: str, default_partitions: int = 8) -> PartitionSpec:
+        """``col``, ``col:hash``, ``col:hash:16`` or ``col:range:b1,b2,...`` (the CLI's form)."""
+        parts = text.split(":", 2)
+        column = parts[0].strip()
+        kind = parts[1].strip() if len(parts) > 1 and parts[1].strip() else HASH
+        if kind == HASH:
+            n = default_partitions
+            if len(parts) > 2:
+                try:
+                    n = int(parts[2])
+                except ValueError:
+                    raise InvalidArgument(f"bad partition count in {text!r}") from None
+            return cls(column, HASH, n)
+        if kind == RANGE:
+            bounds = tuple(b.strip() for b in parts[2].split(",")) if len(parts) > 2 else ()
+            return cls(column, RANGE, bounds=bounds)
+        raise InvalidArgument(f"partitioning kind {kind!r} is not one of {', '.join(KINDS)}")
+
+    def same_function(self, other: PartitionSpec) -> bool:
+        """Two specs send equal values to equal partitions (column names aside): the test for
+        co-partitioned joins."""
+        return (self.kind, self.partitions, self.bounds) == (other.kind, other.partitions, other.bounds)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: spreads consecutive keys (1, 2, 3...) over all partitions."""
+    with np.errstate(over="ignore"):
+        z = x.astype(np.uint64, copy=True) + _GOLD
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def _as_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    return values
+
+
+def hash_codes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A stable 64-bit hash per value (nulls hash to 0)."""
+    arr = _as_array(values)
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        arr = arr.cast(t.value_type)
+        t = arr.type
+    if pa.types.is_string_view(t):
+        arr = arr.cast(pa.string())
+        t = arr.type
+    n = len(arr)
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64)
+    valid = None if arr.null_count == 0 else np.asarray(arr.is_valid())
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):
+        raw = np.asarray(arr.cast(pa.int64()).fill_null(0))
+    elif pa.types.is_date32(t):
+        raw = np.asarray(arr.cast(pa.int32()).cast(pa.int64()).fill_null(0))
+    elif pa.types.is_date64(t) or pa.types.is_timestamp(t) or pa.types.is_time(t) or pa.types.is_duration(t):
+        raw = np.asarray(arr.cast(pa.int64()).fill_null(0))
+    elif pa.types.is_floating(t):
+        f = np.asarray(arr.cast(pa.float64()).fill_null(0.0)) + 0.0  # -0.0 and 0.0 hash alike
+        raw = f.view(np.int64)
+    elif pa.types.is_decimal(t):
+        raw = np.asarray(arr.cast(pa.float64()).fill_null(0.0)).view(np.int64)
+    elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        # Hash each distinct value once (crc32 is stable across processes), then map back.
+        enc = pc.dictionary_encode(arr)
+        uniques = enc.dictionary.to_pylist()
+        table = np.fromiter(
+            (zlib.crc32(u.encode() if isinstance(u, str) else u) for u in uniques), dtype=np.int64, count=len(uniques)
+        )
+        idx = np.asarray(enc.indices.fill_null(0)).astype(np.int64)
+        raw = table[idx] if len(table) else np.zeros(n, dtype=np.int64)
+    else:
+        raise InvalidArgument(f"cannot partition on a column of type {t}")
+    codes = _mix(raw.view(np.uint64) if raw.dtype == np.int64 else raw.astype(np.int64).view(np.uint64))
+    if valid is not None:
+        codes = np.where(valid, codes, np.uint64(0))
+    return codes
+
+
+def hash_partition(values: pa.Array | pa.ChunkedArray, partitions: int) -> np.ndarray:
+    """Partition id (int32) of each value under ``hash mod partitions``."""
+    return (hash_codes(values) % np.uint64(partitions)).astype(np.int32)
+
+
+def _sortable(arr: pa.Array) -> np.ndarray:
+    t = arr.type
+    if pa.types.is_date32(t):
+        return np.asarray(arr.cast(pa.int32()).fill_null(0))
+    if pa.types.is_date64(t) or pa.types.is_timestamp(t):
+        return np.asarray(arr.cast(pa.int64()).fill_null(0))
+    if pa.types.is_integer(t):
+        return np.asarray(arr.cast(pa.int64()).fill_null(0))
+    if pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return np.asarray(arr.cast(pa.float64()).fill_null(0.0))
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return np.asarray(arr.cast(pa.string()).fill_null("").to_pylist(), dtype=object)
+    raise InvalidArgument(f"cannot range-partition a column of type {t}")
+
+
+def range_bounds(spec: PartitionSpec, type_: pa.DataType) -> pa.Array:
+    """The spec's bounds parsed as ``type_``; a clear error if they do not parse."""
+    target = pa.string() if pa.types.is_string_view(type_) or pa.types.is_large_string(type_) else type_
+    try:
+        b = pa.array(list(spec.bounds), pa.string()).cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise InvalidArgument(f"range bounds {list(spec.bounds)} do not parse as {type_}: {exc}") from None
+    s = _sortable(b)
+    if any(s[i] >= s[i + 1] for i in range(len(s) - 1)):
+        raise InvalidArgument(f"range bounds for {spec.column!r} must be strictly increasing")
+    return b
+
+
+def range_partition(values: pa.Array | pa.ChunkedArray, spec: PartitionSpec) -> np.ndarray:
+    arr = _as_array(values)
+    bounds = _sortable(range_bounds(spec, arr.type))
+    v = _sortable(arr)
+    out = np.searchsorted(bounds, v, side="right").astype(np.int32)
+    if arr.null_count:
+        out = np.where(np.asarray(arr.is_valid()), out, 0).astype(np.int32)
+    return out
+
+
+def partition_ids(spec: PartitionSpec, values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The partition (0..spec.count-1) of every value, as an int32 numpy array."""
+    if spec.kind == HASH:
+        return hash_partition(values, spec.partitions)
+    return range_partition(values, spec)
+
+
+def partitions_for_predicate(spec: PartitionSpec, type_: pa.DataType, op: str, value: Any) -> set[int] | None:
+    """Partitions that may hold rows with ``column <op> value``; None when every partition may
+    (no pruning). Used by the planner for partition pruning."""
+    all_parts = set(range(spec.count))
+    if spec.kind == HASH:
+        if op == "=":
+            return set(partition_ids(spec, _literal_array([value], type_)).tolist())
+        if op == "in":
+            return set(partition_ids(spec, _literal_array(list(value), type_)).tolist())
+        return None
+    bounds = _sortable(range_bounds(spec, type_))
+    if op == "in":
+        vals = _sortable(_literal_array(list(value), type_))
+        return {int(np.searchsorted(bounds, x, side="right")) for x in vals}
+    if op not in ("=", "<", "<=", ">", ">="):
+        return None
+    x = _sortable(_literal_array([value], type_))[0]
+    p = int(np.searchsorted(bounds, x, side="right"))
+    if op == "=":
+        return {p}
+    if op in ("<", "<="):
+        # partition p holds x; partitions above p start at bounds >= ... > x
+        return set(range(0, p + 1))
+    return set(range(p, spec.count)) & all_parts
+
+
+def _literal_array(values: list[Any], type_: pa.DataType) -> pa.Array:
+    target = pa.string() if pa.types.is_string_view(type_) else type_
+    try:
+        return pa.array(values).cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        try:
+            return pa.array([str(v) for v in values], pa.string()).cast(target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise InvalidArgument(f"literal {values!r} does not fit a column of type {type_}: {exc}") from None

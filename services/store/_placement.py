@@ -1,0 +1,101 @@
+"""Super-extent placement: which node holds each extent, so that no node and no fault domain ever
+holds two copies of a row.
+
+Fault domains are split into three disjoint groups. Replica ``r`` of super-extent ``s`` lives on
+group ``(r + s) mod 3``, so consecutive super-extents rotate the groups and every node carries a
+share of every replica (load spreads), while inside one super-extent the three copies of any row
+sit on three disjoint groups. Within a group, extent ``p`` goes to node ``(p + s) mod size``.
+Pure functions of (live nodes, super-extent index, partition counts).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from microco.services.common.errors import FailedPrecondition
+
+REPLICAS = 3
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A live store node as placement sees it."""
+
+    name: str
+    fault_domain: str = ""
+    address: str = ""
+
+    @property
+    def domain(self) -> str:
+        # A node without a label is a fault domain of its own.
+        return self.fault_domain or f"node:{self.name}"
+
+
+def domain_groups(nodes: Sequence[NodeInfo]) -> list[list[NodeInfo]]:
+    """Split nodes into three groups with disjoint fault domains, balanced by node count."""
+    by_domain: dict[str, list[NodeInfo]] = defaultdict(list)
+    for n in nodes:
+        by_domain[n.domain].append(n)
+    if len(by_domain) < REPLICAS:
+        raise FailedPrecondition(
+            f"need live store nodes in at least {REPLICAS} fault domains, have {len(by_domain)} "
+            f"({len(nodes)} nodes: {sorted(n.name for n in nodes)})"
+        )
+    groups: list[list[NodeInfo]] = [[] for _ in range(REPLICAS)]
+    for dom in sorted(by_domain, key=lambda d: (-len(by_domain[d]), d)):
+        target = min(range(REPLICAS), key=lambda g: (len(groups[g]), g))
+        groups[target].extend(sorted(by_domain[dom], key=lambda n: n.name))
+    for g in groups:
+        g.sort(key=lambda n: n.name)
+    return groups
+
+
+def place_super_extent(
+    nodes: Sequence[NodeInfo], super_extent: int, partition_counts: Sequence[int]
+) -> dict[tuple[int, int], str]:
+    """Node name for every extent ``(replica, partition)`` of super-extent ``super_extent``."""
+    groups = domain_groups(nodes)
+    out: dict[tuple[int, int], str] = {}
+    for r, count in enumerate(partition_counts):
+        group = groups[(r + super_extent) % REPLICAS]
+        for p in range(count):
+            out[(r, p)] = group[(p + super_extent) % len(group)].name
+    return out
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Where one copy of some rows lives: used to check the invariant."""
+
+    replica: int
+    node: str
+    domain: str
+
+
+def check_row_copies(copies: Iterable[Copy]) -> str | None:
+    """None if the copies of one row are 3, on 3 nodes in 3 fault domains; else what is wrong."""
+    cs = list(copies)
+    replicas = sorted(c.replica for c in cs)
+    if replicas != list(range(REPLICAS)):
+        return f"row has copies in replicas {replicas}, expected one in each of 0..{REPLICAS - 1}"
+    if len({c.node for c in cs}) != len(cs):
+        return f"two copies on one node: {[c.node for c in cs]}"
+    if len({c.domain for c in cs}) != len(cs):
+        return f"two copies in one fault domain: {[c.domain for c in cs]}"
+    return None
+
+
+def recovery_target(
+    candidates: Sequence[NodeInfo],
+    forbidden_nodes: set[str],
+    forbidden_domains: set[str],
+    load: dict[str, int],
+) -> NodeInfo | None:
+    """The least-loaded live node outside the nodes and domains that already hold a copy of any of
+    the rows to rebuild; None when no node qualifies (the extent stays under-replicated)."""
+    ok = [n for n in candidates if n.name not in forbidden_nodes and n.domain not in forbidden_domains]
+    if not ok:
+        return None
+    return min(ok, key=lambda n: (load.get(n.name, 0), n.name))

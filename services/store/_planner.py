@@ -1,0 +1,478 @@
+"""The query planner: picks the replica whose partitioning matches the query and cuts the query into
+tasks for the store nodes. A pure function of (query, catalog, live nodes).
+
+Plan kinds:
+
+- ``scan``: filter/project (and top-k) on each node, concatenated by the coordinator.
+- ``agg_global``: aggregates without group-by; partial per node, merged by the coordinator.
+- ``agg_local``: group-by on the replica's partition column: every group lives in one partition,
+  so each node aggregates its partitions completely and the coordinator only concatenates
+  (shuffle-free).
+- ``agg_shuffle``: group-by on another column: nodes pre-aggregate, hash-partition the partials
+  by the group key and reducers pull their bucket from every node (a real exchange).
+- ``join_copart``: both tables have a replica partitioned on the join key by the same function,
+  so partition ``p`` joins only partition ``p``; one task per partition, on the node holding most
+  of its bytes (node-local when the two tables' partitions are co-located).
+- ``join_shuffle``: both sides hash-partitioned on the join key and exchanged.
+
+Extents on dead nodes (or marked corrupt) are read in degraded mode: the partition's rows are
+the matching bucket of every extent of another replica of the same super-extent, so the plan's
+shape (and its shuffle-freedom) holds during recovery.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from microco.services.common.errors import InvalidArgument, NotFound, Unavailable
+
+from ._catalog import TableInfo
+from ._layout import ExtentMeta, others
+from ._partition import partitions_for_predicate
+from ._placement import REPLICAS
+from ._query import Query
+
+
+@dataclass
+class Unit:
+    """The rows of partition ``partition`` of super-extent ``super_extent`` under one replica."""
+
+    super_extent: int
+    partition: int
+    sources: list[dict[str, Any]]
+    degraded: bool = False
+
+    @property
+    def bytes(self) -> int:
+        return sum(s["bytes"] for s in self.sources)
+
+
+@dataclass
+class Plan:
+    kind: str
+    qid: str
+    stages: list[list[tuple[str, dict[str, Any]]]]  # each stage: (node, task) pairs
+    final: dict[str, Any]
+    explain: list[str] = field(default_factory=list)
+    replicas: dict[str, int] = field(default_factory=dict)
+    shuffle: bool = False
+
+    def explain_text(self) -> str:
+        return "\n".join(self.explain)
+
+
+def _schema_b64(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def _available(e: ExtentMeta, live: set[str]) -> bool:
+    return e.state == "ok" and e.node in live
+
+
+def _source(t: TableInfo, e: ExtentMeta, addresses: dict[str, str], bucket: list[int] | None = None) -> dict[str, Any]:
+    size = e.bytes if bucket is None else e.bucket_bytes(others(e.replica)[bucket[0]], bucket[1])
+    return {
+        "table": t.name,
+        "extent": e.id,
+        "node": e.node,
+        "address": addresses.get(e.node, ""),
+        "bucket": bucket,
+        "bytes": size,
+        "checksum": e.checksum,
+    }
+
+
+def replica_units(
+    t: TableInfo, r: int, live: set[str], addresses: dict[str, str], allowed: set[int] | None = None
+) -> list[Unit]:
+    """Every non-empty (super-extent, partition) unit of replica ``r``, each from its extent or,
+    when that extent is unavailable, from the matching buckets of another replica."""
+    units = []
+    for s in t.super_extents:
+        for e in s.replica(r):
+            if allowed is not None and e.partition not in allowed:
+                continue
+            if _available(e, live):
+                units.append(Unit(s.id, e.partition, [_source(t, e, addresses)]))
+                continue
+            sub = None
+            for r2 in others(r):
+                needed = [x for x in s.replica(r2) if x.bucket_rows(r, e.partition) > 0]
+                if all(_available(x, live) for x in needed):
+                    pos = others(r2).index(r)
+                    sub = [_source(t, x, addresses, [pos, e.partition]) for x in needed]
+                    break
+            if sub is None:
+                raise Unavailable(
+                    f"table {t.name!r}: extent {e.id} (replica {r}, partition {e.partition}) and every "
+                    "other copy of its rows are unavailable"
+                )
+            units.append(Unit(s.id, e.partition, sub, degraded=True))
+    return units
+
+
+def pruned_partitions(t: TableInfo, r: int, where: Iterable[Sequence[Any]]) -> tuple[set[int] | None, list[str]]:
+    spec = t.specs[r]
+    allowed: set[int] | None = None
+    why = []
+    for col, op, value in where:
+        if col != spec.column:
+            continue
+        parts = partitions_for_predicate(spec, t.schema.field(col).type, op, value)
+        if parts is None:
+            continue
+        allowed = parts if allowed is None else allowed & parts
+        why.append(f"{col} {op} {value!r}")
+    return allowed, why
+
+
+def _score(t: TableInfo, r: int, q_where: Sequence[Any], group_by: Sequence[str]) -> tuple[float, list[str]]:
+    spec = t.specs[r]
+    score = 0.0
+    reasons = []
+    if group_by and spec.column in group_by:
+        score += 10
+        reasons.append(f"group-by on {spec.column} matches its partitioning: shuffle-free aggregation")
+    allowed, why = pruned_partitions(t, r, q_where)
+    if allowed is not None:
+        frac = 1 - len(allowed) / spec.count
+        score += 5 * frac
+        reasons.append(f"filter {' and '.join(why)} prunes to {len(allowed)} of {spec.count} partitions")
+    return score, reasons
+
+
+def _nodes_by_bytes(sources: Iterable[dict[str, Any]]) -> list[str]:
+    by: dict[str, int] = defaultdict(int)
+    for s in sources:
+        by[s["node"]] += max(s["bytes"], 1)
+    return sorted(by, key=lambda n: (-by[n], n))
+
+
+def _group_sources(units: Iterable[Unit]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for u in units:
+        for s in u.sources:
+            out[s["node"]].append(s)
+    return dict(sorted(out.items()))
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def plan_query(
+    q: Query,
+    tables: dict[str, TableInfo],
+    live: Iterable[str],
+    addresses: dict[str, str],
+    qid: str = "q",
+) -> Plan:
+    """Plan ``q`` over the committed catalog ``tables`` with the live store nodes ``live``."""
+    live = set(live)
+    for name in [q.table] + ([q.join.table] if q.join else []):
+        if name not in tables:
+            raise NotFound(f"no table {name!r}")
+    q.validate({n: t.schema for n, t in tables.items()})
+    a = tables[q.table]
+    b = tables[q.join.table] if q.join else None
+    is_agg = bool(q.aggs)
+    explain: list[str] = []
+
+    # ---- columns each side must read and keep
+    if is_agg:
+        needed = set(q.group_by) | {x.column for x in q.aggs if x.column != "*"}
+        out_cols = list(q.group_by) + [x.name for x in q.aggs]
+    else:
+        left_cols = list(q.select) if q.select is not None else list(a.schema.names)
+        right_cols: list[str] = []
+        if q.join and b is not None:
+            rc = list(q.join.select) if q.join.select is not None else list(b.schema.names)
+            right_cols = [c for c in rc if c != q.join.right_on]
+        out_cols = left_cols + right_cols
+        needed = set(out_cols)
+
+    def side(t: TableInfo, key: str | None, where: Sequence[Any]) -> tuple[list[str], list[str]]:
+        keep = [c for c in t.schema.names if c in needed or c == key]
+        read = [c for c in t.schema.names if c in keep or c in {w[0] for w in where}]
+        return keep, read
+
+    keep_a, read_a = side(a, q.join.left_on if q.join else None, q.where)
+
+    def side_spec(t: TableInfo, keep: list[str], read: list[str], where: Sequence[Any], sources: list[Any]) -> dict:
+        return {
+            "sources": sources,
+            "where": [list(w) for w in where],
+            "read": read,
+            "keep": keep,
+            "schema": _schema_b64(pa.schema([t.schema.field(c) for c in keep])),
+        }
+
+    order = [[c, d] for c, d in q.order_by]
+    agg_post = {"agg": {"keys": list(q.group_by), "aggs": [[x.fn, x.column, x.name] for x in q.aggs]}}
+    combine_post = {"agg": {**agg_post["agg"], "input": "partial"}}
+    rows_post = {"select": out_cols, "order_by": order, "limit": q.limit if (q.limit is not None) else None}
+    if q.order_by and q.limit is None:
+        rows_post["order_by"], rows_post["limit"] = [], None  # a full sort happens once, at the end
+    final_rows = {"kind": "rows", "select": out_cols, "order_by": order, "limit": q.limit}
+
+    def final_agg(combine: bool) -> dict[str, Any]:
+        return {
+            "kind": "agg",
+            "combine": combine,
+            "keys": list(q.group_by),
+            "aggs": [[x.fn, x.column, x.name] for x in q.aggs],
+            "order_by": order,
+            "limit": q.limit,
+        }
+
+    # ---------------------------------------------------------------- joins
+    if q.join is not None and b is not None:
+        keep_b, read_b = side(b, q.join.right_on, q.join.where)
+        ra_opts = [q.replica] if q.replica is not None else list(range(REPLICAS))
+        rb_opts = [q.join.replica] if q.join.replica is not None else list(range(REPLICAS))
+        pair = None
+        for ra in ra_opts:
+            for rb in rb_opts:
+                sa, sb = a.specs[ra], b.specs[rb]
+                if sa.column == q.join.left_on and sb.column == q.join.right_on and sa.same_function(sb):
+                    pair = (ra, rb)
+                    break
+            if pair:
+                break
+        if pair is not None:
+            ra, rb = pair
+            allowed_a, why_a = pruned_partitions(a, ra, q.where)
+            allowed_b, why_b = pruned_partitions(b, rb, q.join.where)
+            allowed = allowed_a if allowed_b is None else (allowed_b if allowed_a is None else allowed_a & allowed_b)
+            ua = replica_units(a, ra, live, addresses, allowed)
+            ub = replica_units(b, rb, live, addresses, allowed)
+            by_part_a: dict[int, list[Unit]] = defaultdict(list)
+            by_part_b: dict[int, list[Unit]] = defaultdict(list)
+            for u in ua:
+                by_part_a[u.partition].append(u)
+            for u in ub:
+                by_part_b[u.partition].append(u)
+            tasks = []
+            local = 0
+            moved = 0
+            post = agg_post if is_agg else rows_post
+            for p in sorted(set(by_part_a) & set(by_part_b)):
+                srcs_a = [s for u in by_part_a[p] for s in u.sources]
+                srcs_b = [s for u in by_part_b[p] for s in u.sources]
+                node = _nodes_by_bytes(srcs_a + srcs_b)[0]
+                remote = sum(s["bytes"] for s in srcs_a + srcs_b if s["node"] != node)
+                moved += remote
+                local += remote == 0
+                tasks.append(
+                    (
+                        node,
+                        {
+                            "op": "fragment",
+                            "left": side_spec(a, keep_a, read_a, q.where, srcs_a),
+                            "right": side_spec(b, keep_b, read_b, q.join.where, srcs_b),
+                            "join": {"left_on": q.join.left_on, "right_on": q.join.right_on},
+                            "post": post,
+                        },
+                    )
+                )
+            explain.append(
+                f"join {a.name}.{q.join.left_on} = {b.name}.{q.join.right_on}: co-partitioned "
+                f"({a.specs[ra].describe()} on replica {ra} of {a.name}, {b.specs[rb].describe()} on replica "
+                f"{rb} of {b.name}), so partition p joins only partition p: no shuffle"
+            )
+            if why_a or why_b:
+                explain.append(f"pruning: {len(allowed or [])} partitions survive ({' and '.join(why_a + why_b)})")
+            explain.append(
+                f"{len(tasks)} partition joins; {local} node-local, {len(tasks) - local} read "
+                f"{_mb(moved)} of co-partitioned extents from a peer (whole extents, no repartitioning)"
+            )
+            _degraded_note(explain, ua + ub)
+            combine = is_agg and q.join.left_on not in q.group_by
+            plan = Plan(
+                "join_copart",
+                qid,
+                [tasks],
+                final_agg(combine) if is_agg else final_rows,
+                explain,
+                {a.name: ra, b.name: rb},
+            )
+            return plan
+        # no co-partitioned pair: shuffle join on chosen replicas
+        ra = ra_opts[0] if q.replica is not None else max(ra_opts, key=lambda r: _score(a, r, q.where, [])[0])
+        rb = rb_opts[0] if q.join.replica is not None else max(rb_opts, key=lambda r: _score(b, r, q.join.where, [])[0])
+        allowed_a, _ = pruned_partitions(a, ra, q.where)
+        allowed_b, _ = pruned_partitions(b, rb, q.join.where)
+        ua = replica_units(a, ra, live, addresses, allowed_a)
+        ub = replica_units(b, rb, live, addresses, allowed_b)
+        ga, gb = _group_sources(ua), _group_sources(ub)
+        reducers = sorted(set(ga) | set(gb)) or sorted(live)[:1]
+        n = len(reducers)
+        maps = []
+        for tag, t, groups, keep, read, where, key in (
+            ("L", a, ga, keep_a, read_a, q.where, q.join.left_on),
+            ("R", b, gb, keep_b, read_b, q.join.where, q.join.right_on),
+        ):
+            if not groups:
+                groups = {reducers[0]: []}
+            for node, srcs in groups.items():
+                maps.append(
+                    (
+                        node,
+                        {
+                            "op": "map",
+                            "qid": qid,
+                            "tag": tag,
+                            "side": side_spec(t, keep, read, where, srcs),
+                            "key": [key],
+                            "n": n,
+                        },
+                    )
+                )
+        peers_l = sorted(ga) or [reducers[0]]
+        peers_r = sorted(gb) or [reducers[0]]
+        post = agg_post if is_agg else rows_post
+        reduces = [
+            (
+                node,
+                {
+                    "op": "reduce",
+                    "qid": qid,
+                    "bucket": i,
+                    "peers": {"L": peers_l, "R": peers_r},
+                    "addresses": {p: addresses.get(p, "") for p in set(peers_l) | set(peers_r)},
+                    "join": {"left_on": q.join.left_on, "right_on": q.join.right_on},
+                    "post": post,
+                },
+            )
+            for i, node in enumerate(reducers)
+        ]
+        explain.append(
+            f"join {a.name}.{q.join.left_on} = {b.name}.{q.join.right_on}: no replica pair is partitioned on the "
+            f"join keys by the same function (using {a.name} replica {ra}: {a.specs[ra].describe()}, "
+            f"{b.name} replica {rb}: {b.specs[rb].describe()}): shuffle both sides by the join key "
+            f"into {n} buckets"
+        )
+        explain.append(
+            f"shuffle: {sum(u.bytes for u in ua + ub) / 1e6:.2f} MB scanned on {len(set(ga) | set(gb))} nodes, "
+            f"{len(maps)} map tasks, {n} reduce tasks"
+        )
+        _degraded_note(explain, ua + ub)
+        combine = is_agg and q.join.left_on not in q.group_by
+        return Plan(
+            "join_shuffle",
+            qid,
+            [maps, reduces],
+            final_agg(combine) if is_agg else final_rows,
+            explain,
+            {a.name: ra, b.name: rb},
+            shuffle=True,
+        )
+
+    # ---------------------------------------------------------------- single table
+    options = [q.replica] if q.replica is not None else list(range(REPLICAS))
+    scored = {r: _score(a, r, q.where, q.group_by) for r in options}
+    r = max(options, key=lambda x: (scored[x][0], -x))
+    reasons = scored[r][1]
+    allowed, _ = pruned_partitions(a, r, q.where)
+    units = replica_units(a, r, live, addresses, allowed)
+    groups = _group_sources(units)
+    head = f"table {a.name}: replica {r} ({a.specs[r].describe()})"
+    if q.replica is not None:
+        reasons = [f"replica forced by the query"] + reasons
+    explain.append(head + (": " + "; ".join(reasons) if reasons else ": no replica matches better; default"))
+    explain.append(
+        f"reads {len(units)} extent units, {sum(u.bytes for u in units) / 1e6:.2f} MB on {len(groups)} nodes"
+        + (f" (pruned to partitions {sorted(allowed)})" if allowed is not None else "")
+    )
+    _degraded_note(explain, units)
+    if not groups:
+        # an empty table (or everything pruned): one empty fragment keeps the result's schema
+        groups = {sorted(live)[0] if live else "": []}
+
+    def fragments(post: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        return [
+            (node, {"op": "fragment", "left": side_spec(a, keep_a, read_a, q.where, srcs), "post": post})
+            for node, srcs in groups.items()
+        ]
+
+    if not is_agg:
+        explain.append(f"plan: scan: {len(groups)} fragments (filter, project{', top-k' if q.limit else ''}), concatenated")
+        return Plan("scan", qid, [fragments(rows_post)], final_rows, explain, {a.name: r})
+    if not q.group_by:
+        explain.append(f"plan: global aggregate: {len(groups)} partial aggregates merged by the coordinator")
+        return Plan("agg_global", qid, [fragments(agg_post)], final_agg(True), explain, {a.name: r})
+    if a.specs[r].column in q.group_by:
+        nodes_of_part: dict[int, set[str]] = defaultdict(set)
+        for u in units:
+            for s in u.sources:
+                nodes_of_part[u.partition].add(s["node"])
+        split = sorted(p for p, ns in nodes_of_part.items() if len(ns) > 1)
+        if split:
+            explain.append(
+                f"plan: shuffle-free aggregation: {len(groups)} nodes aggregate their partitions; partitions "
+                f"{split} span nodes (several super-extents or degraded reads), so the coordinator merges groups"
+            )
+        else:
+            explain.append(
+                f"plan: shuffle-free aggregation: {len(groups)} nodes aggregate whole partitions; "
+                "the coordinator only concatenates"
+            )
+        return Plan("agg_local", qid, [fragments(agg_post)], final_agg(bool(split)), explain, {a.name: r})
+    reducers = sorted(groups)
+    n = len(reducers)
+    maps = [
+        (
+            node,
+            {
+                "op": "map",
+                "qid": qid,
+                "tag": "L",
+                "side": side_spec(a, keep_a, read_a, q.where, srcs),
+                "pre": agg_post,
+                "key": list(q.group_by),
+                "n": n,
+            },
+        )
+        for node, srcs in groups.items()
+    ]
+    reduces = [
+        (
+            node,
+            {
+                "op": "reduce",
+                "qid": qid,
+                "bucket": i,
+                "peers": {"L": reducers},
+                "addresses": {p: addresses.get(p, "") for p in reducers},
+                "post": combine_post,
+            },
+        )
+        for i, node in enumerate(reducers)
+    ]
+    matching = [k for k in range(REPLICAS) if a.specs[k].column in q.group_by]
+    explain.append(
+        f"plan: shuffle aggregation: group-by {list(q.group_by)} does not match replica {r}'s partitioning; "
+        f"{n} nodes pre-aggregate and exchange partials by hash of the group key into {n} reducers"
+        + (f" (replica {matching[0]} would avoid the shuffle)" if matching else "")
+    )
+    return Plan("agg_shuffle", qid, [maps, reduces], final_agg(False), explain, {a.name: r}, shuffle=True)
+
+
+def _degraded_note(explain: list[str], units: Sequence[Unit]) -> None:
+    deg = [u for u in units if u.degraded]
+    if deg:
+        explain.append(
+            f"degraded: {len(deg)} extents are on dead nodes or corrupt; their rows are read from the matching "
+            "buckets of another replica's extents"
+        )
+
+
+def check_forced(q: Query) -> None:
+    if q.replica is not None and q.replica not in range(REPLICAS):
+        raise InvalidArgument("replica must be 0, 1 or 2")

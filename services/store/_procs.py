@@ -1,0 +1,124 @@
+"""Start a store cluster on this machine as real processes (a coordinator and N store nodes, each
+with its own data directory and fault-domain label): used by the integration tests, the benchmark
+and anyone trying the store without a deployment."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from microco.services.common.errors import Unavailable
+from microco.services.common.kv import EtcdKV
+from microco.services.common.registry import discover
+
+
+class StoreCluster:
+    def __init__(
+        self,
+        etcd: str,
+        root: str | Path,
+        nodes: Sequence[tuple[str, str]],
+        lease_ttl_s: int = 2,
+        coordinator_args: Sequence[str] = (),
+        log_level: str = "warning",
+    ) -> None:
+        self.etcd = etcd
+        self.root = Path(root)
+        self.node_specs = list(nodes)
+        self.lease_ttl_s = lease_ttl_s
+        self.coordinator_args = list(coordinator_args)
+        self.log_level = log_level
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.kv = EtcdKV(etcd)
+
+    def _common(self, name: str) -> list[str]:
+        return [
+            "--etcd", self.etcd, "--port", "0", "--metrics-port", "-1", "--lease-ttl-s", str(self.lease_ttl_s),
+            "--log-level", self.log_level, "--log-format", "text", "--grace-s", "1",
+            "--data-dir", str(self.root / name), "--node", name,
+        ]  # fmt: skip
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        self.root.mkdir(parents=True, exist_ok=True)
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        return subprocess.Popen(
+            [sys.executable, "-m", "microco.services.store", *args], stdout=log, stderr=log, env=env
+        )
+
+    def start_node(self, name: str, domain: str) -> None:
+        self.procs[name] = self._spawn(name, ["node", *self._common(name), "--fault-domain", domain])
+
+    def start(self, timeout: float = 60.0) -> StoreCluster:
+        for name, domain in self.node_specs:
+            self.start_node(name, domain)
+        self.procs["coordinator"] = self._spawn("coordinator", self._common("coordinator") + self.coordinator_args)
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        want = {n for n, _ in self.node_specs if n in self.procs and self.procs[n].poll() is None}
+        while time.monotonic() < deadline:
+            nodes = {r.instance_id for r in discover(self.kv, "store-node")}
+            coord = discover(self.kv, "store")
+            if want <= nodes and coord:
+                return
+            for name, p in self.procs.items():
+                if p.poll() is not None:
+                    raise Unavailable(f"{name} exited with {p.returncode}; see {self.root / (name + '.log')}")
+            time.sleep(0.2)
+        raise Unavailable(f"store cluster not ready after {timeout}s; logs in {self.root}")
+
+    @property
+    def coordinator_address(self) -> str:
+        return discover(self.kv, "store")[0].address
+
+    def restart_coordinator(self, timeout: float = 60.0) -> None:
+        """SIGKILL the coordinator and start a new one: everything it knows comes back from etcd."""
+        old = {r.address for r in discover(self.kv, "store")}
+        self.kill("coordinator")
+        self.procs["coordinator"] = self._spawn("coordinator", self._common("coordinator") + self.coordinator_args)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            recs = discover(self.kv, "store")
+            if recs and not ({r.address for r in recs} & old) and self.procs["coordinator"].poll() is None:
+                return
+            time.sleep(0.2)
+        raise Unavailable("the restarted coordinator did not register")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL: no goodbye, the node's lease must expire."""
+        p = self.procs[name]
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+
+    def wait_gone(self, name: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if name not in {r.instance_id for r in discover(self.kv, "store-node")}:
+                return
+            time.sleep(0.2)
+        raise Unavailable(f"{name} still registered after {timeout}s")
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.kv.close()
+
+    def __enter__(self) -> StoreCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

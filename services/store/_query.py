@@ -1,0 +1,188 @@
+"""The query model: a small relational query (filter, project, equi-join, group-by with aggregates,
+order, limit) as a frozen dataclass with a JSON form, validated against the tables' schemas.
+
+It is what the SDK's dataframe-like builder produces and what the coordinator plans; JSON keeps
+it language-neutral on the wire (a string field of the gRPC request)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from microco.services.common.errors import InvalidArgument
+
+OPS = ("=", "!=", "<", "<=", ">", ">=", "in")
+AGG_FUNCS = ("sum", "count", "min", "max", "mean")
+
+
+@dataclass(frozen=True)
+class Agg:
+    fn: str
+    column: str  # "*" for count(*)
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.fn not in AGG_FUNCS:
+            raise InvalidArgument(f"aggregate {self.fn!r} is not one of {', '.join(AGG_FUNCS)}")
+        if self.column == "*" and self.fn != "count":
+            raise InvalidArgument(f"{self.fn}(*) is not defined; only count(*)")
+
+
+@dataclass(frozen=True)
+class Join:
+    table: str
+    left_on: str
+    right_on: str
+    where: tuple[tuple[str, str, Any], ...] = ()
+    select: tuple[str, ...] | None = None
+    replica: int | None = None  # force the right table's replica (benchmarks, EXPLAIN)
+
+
+@dataclass(frozen=True)
+class Query:
+    table: str
+    where: tuple[tuple[str, str, Any], ...] = ()
+    select: tuple[str, ...] | None = None
+    join: Join | None = None
+    group_by: tuple[str, ...] = ()
+    aggs: tuple[Agg, ...] = ()
+    order_by: tuple[tuple[str, bool], ...] = ()  # (column, descending)
+    limit: int | None = None
+    replica: int | None = None  # force the main table's replica
+
+    # ---------------------------------------------------------------- JSON
+    def to_json(self) -> str:
+        d: dict[str, Any] = {"table": self.table}
+        if self.where:
+            d["where"] = [list(w) for w in self.where]
+        if self.select is not None:
+            d["select"] = list(self.select)
+        if self.join is not None:
+            j = self.join
+            d["join"] = {"table": j.table, "left_on": j.left_on, "right_on": j.right_on}
+            if j.where:
+                d["join"]["where"] = [list(w) for w in j.where]
+            if j.select is not None:
+                d["join"]["select"] = list(j.select)
+            if j.replica is not None:
+                d["join"]["replica"] = j.replica
+        if self.group_by:
+            d["group_by"] = list(self.group_by)
+        if self.aggs:
+            d["aggs"] = [[a.fn, a.column, a.name] for a in self.aggs]
+        if self.order_by:
+            d["order_by"] = [[c, "desc" if desc else "asc"] for c, desc in self.order_by]
+        if self.limit is not None:
+            d["limit"] = self.limit
+        if self.replica is not None:
+            d["replica"] = self.replica
+        return json.dumps(d, default=str)
+
+    @classmethod
+    def from_json(cls, text: str | dict[str, Any]) -> Query:
+        try:
+            d = json.loads(text) if isinstance(text, str) else text
+        except json.JSONDecodeError as exc:
+            raise InvalidArgument(f"query is not valid JSON: {exc}") from None
+        if not isinstance(d, dict) or "table" not in d:
+            raise InvalidArgument("a query needs a 'table'")
+        try:
+            join = None
+            if d.get("join"):
+                j = d["join"]
+                join = Join(
+                    table=j["table"],
+                    left_on=j["left_on"],
+                    right_on=j["right_on"],
+                    where=_where(j.get("where", [])),
+                    select=tuple(j["select"]) if j.get("select") is not None else None,
+                    replica=j.get("replica"),
+                )
+            return cls(
+                table=d["table"],
+                where=_where(d.get("where", [])),
+                select=tuple(d["select"]) if d.get("select") is not None else None,
+                join=join,
+                group_by=tuple(d.get("group_by", [])),
+                aggs=tuple(Agg(*a) for a in d.get("aggs", [])),
+                order_by=tuple((c, str(o).lower() == "desc") for c, o in d.get("order_by", [])),
+                limit=d.get("limit"),
+                replica=d.get("replica"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgument(f"malformed query: {exc!r}") from None
+
+    # ---------------------------------------------------------------- validation
+    def validate(self, schemas: dict[str, pa.Schema]) -> None:
+        """Raise ``InvalidArgument`` naming the first unknown column, bad operator or
+        inconsistent clause; ``schemas`` maps table name to schema (unknown tables are the
+        caller's NotFound)."""
+        main = schemas[self.table]
+        _cols(main, [w[0] for w in self.where], self.table)
+        for w in self.where:
+            _check_op(w)
+        if self.select is not None:
+            _cols(main, self.select, self.table)
+        avail = set(main.names) if self.select is None else set(self.select)
+        if self.join is not None:
+            right = schemas[self.join.table]
+            _cols(main, [self.join.left_on], self.table)
+            _cols(right, [self.join.right_on], self.join.table)
+            _cols(right, [w[0] for w in self.join.where], self.join.table)
+            for w in self.join.where:
+                _check_op(w)
+            if self.join.select is not None:
+                _cols(right, self.join.select, self.join.table)
+            ravail = set(right.names) if self.join.select is None else set(self.join.select)
+            clash = (avail & ravail) - {self.join.left_on}
+            if clash:
+                raise InvalidArgument(f"columns {sorted(clash)} exist in both joined tables; select one side's")
+            avail |= ravail
+        for c in self.group_by:
+            if c not in avail:
+                raise InvalidArgument(f"group-by column {c!r} is not in the query's columns")
+        names = set()
+        for a in self.aggs:
+            if a.column != "*" and a.column not in avail:
+                raise InvalidArgument(f"aggregate column {a.column!r} is not in the query's columns")
+            if a.name in names or a.name in self.group_by:
+                raise InvalidArgument(f"output name {a.name!r} is used twice")
+            names.add(a.name)
+        if self.group_by and not self.aggs:
+            raise InvalidArgument("a group-by needs at least one aggregate")
+        out = set(self.group_by) | names if (self.aggs or self.group_by) else avail
+        for c, _ in self.order_by:
+            if c not in out:
+                raise InvalidArgument(f"order-by column {c!r} is not in the query's output")
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 0):
+            raise InvalidArgument("limit must be a non-negative integer")
+        for r in (self.replica, self.join.replica if self.join else None):
+            if r is not None and r not in (0, 1, 2):
+                raise InvalidArgument(f"replica must be 0, 1 or 2, got {r!r}")
+
+
+def _where(items: Sequence[Sequence[Any]]) -> tuple[tuple[str, str, Any], ...]:
+    out = []
+    for w in items:
+        if len(w) != 3:
+            raise InvalidArgument(f"a filter is [column, op, value], got {w!r}")
+        c, op, v = w
+        out.append((str(c), str(op), tuple(v) if isinstance(v, list) else v))
+    return tuple(out)
+
+
+def _check_op(w: tuple[str, str, Any]) -> None:
+    if w[1] not in OPS:
+        raise InvalidArgument(f"filter operator {w[1]!r} is not one of {', '.join(OPS)}")
+    if w[1] == "in" and not isinstance(w[2], (tuple, list)):
+        raise InvalidArgument(f"'in' needs a list of values for {w[0]!r}")
+
+
+def _cols(schema: pa.Schema, cols: Sequence[str], table: str) -> None:
+    for c in cols:
+        if c not in schema.names:
+            raise InvalidArgument(f"table {table!r} has no column {c!r} (columns: {', '.join(schema.names)})")

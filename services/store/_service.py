@@ -1,0 +1,302 @@
+"""The coordinator's gRPC servicer (a thin adapter over ``StoreCore``), its recovery loop, and the
+two process entries: the coordinator and a store node."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pyarrow as pa
+from prometheus_client import Counter, Gauge
+
+from microco.api.store.v1 import store_pb2 as pb
+from microco.api.store.v1 import store_pb2_grpc as pb_grpc
+from microco.services.common.errors import InvalidArgument
+from microco.services.common.server import ServiceContext, run_service
+
+from ._core import StoreCore
+from ._flight import NODE_SERVICE, FlightTransport, StoreFlightServer
+from ._nodestore import NodeStore
+from ._partition import HASH, RANGE, PartitionSpec
+from ._query import Query
+
+log = logging.getLogger(__name__)
+
+SERVICE = "store"
+CHUNK = 4 << 20
+
+QUERIES = Counter("microco_store_queries_total", "queries run, by plan kind", ["kind"])
+LOST = Gauge("microco_store_unavailable_extents", "extents on dead nodes or corrupt")
+REBUILT = Counter("microco_store_extents_rebuilt_total", "extents rebuilt by recovery")
+
+_KIND_TO_PB = {HASH: pb.PARTITION_KIND_HASH, RANGE: pb.PARTITION_KIND_RANGE}
+
+
+def spec_to_pb(s: PartitionSpec) -> pb.Partitioning:
+    return pb.Partitioning(column=s.column, kind=_KIND_TO_PB[s.kind], partitions=s.partitions, range_bounds=list(s.bounds))
+
+
+def spec_from_pb(p: pb.Partitioning) -> PartitionSpec:
+    kind = RANGE if p.kind == pb.PARTITION_KIND_RANGE else HASH
+    if kind == HASH:
+        return PartitionSpec(p.column, HASH, p.partitions or 8)
+    return PartitionSpec(p.column, RANGE, bounds=tuple(p.range_bounds))
+
+
+def schema_from_bytes(raw: bytes) -> pa.Schema:
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(raw))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InvalidArgument(f"arrow_schema is not an IPC-serialised schema: {exc}") from None
+
+
+def ipc_bytes(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue()
+
+
+def chunks(raw: bytes) -> Iterator[bytes]:
+    for off in range(0, max(len(raw), 1), CHUNK):
+        yield raw[off : off + CHUNK]
+
+
+class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
+    def __init__(self, core: StoreCore, recovery: RecoveryLoop | None = None) -> None:
+        self.core = core
+        self.recovery = recovery
+
+    def _table_pb(self, name: str, placement: bool = False) -> pb.Table:
+        t = self.core.table(name)
+        live = {n.name for n in self.core.transport.live_nodes()}
+        exts = t.extents()
+        place = ""
+        if placement:
+            place = json.dumps(
+                {
+                    str(s.id): {str(r): {str(e.partition): e.node for e in s.replica(r)} for r in range(3)}
+                    for s in t.super_extents
+                }
+            )
+        return pb.Table(
+            name=t.name,
+            arrow_schema=t.schema.serialize().to_pybytes(),
+            replicas=[spec_to_pb(s) for s in t.specs],
+            rows=t.rows,
+            bytes=t.bytes,
+            super_extents=len(t.super_extents),
+            extents=len(exts),
+            unavailable_extents=sum(1 for e in exts if e.node not in live or e.state != "ok"),
+            placement_json=place,
+        )
+
+    def CreateTable(self, request, context):  # noqa: N802, ANN001
+        specs = [spec_from_pb(p) for p in request.replicas]
+        self.core.create_table(request.name, schema_from_bytes(request.arrow_schema), specs)
+        return self._table_pb(request.name)
+
+    def DropTable(self, request, context):  # noqa: N802, ANN001
+        self.core.drop_table(request.name)
+        return pb.DropTableResponse()
+
+    def GetTable(self, request, context):  # noqa: N802, ANN001
+        return self._table_pb(request.name, request.placement)
+
+    def ListTables(self, request, context):  # noqa: N802, ANN001
+        return pb.ListTablesResponse(tables=[self._table_pb(n) for n in self.core.catalog.table_names()])
+
+    def ListStoreNodes(self, request, context):  # noqa: N802, ANN001
+        return pb.ListStoreNodesResponse(
+            nodes=[
+                pb.StoreNode(
+                    name=n["name"],
+                    flight_address=n["address"],
+                    fault_domain=n["fault_domain"],
+                    alive=n["alive"],
+                    bytes=n["bytes"],
+                    extents=n["extents"],
+                )
+                for n in self.core.nodes()
+            ]
+        )
+
+    def Append(self, request_iterator, context):  # noqa: N802, ANN001
+        table = ""
+        buf = io.BytesIO()
+        for req in request_iterator:
+            if req.table:
+                table = req.table
+            buf.write(req.arrow_ipc)
+        if not table:
+            raise InvalidArgument("the first append message must name the table")
+        try:
+            data = pa.ipc.open_stream(pa.py_buffer(buf.getvalue())).read_all()
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InvalidArgument(f"append body is not an Arrow IPC stream: {exc}") from None
+        res = self.core.append(table, data)
+        return pb.AppendResponse(rows=res.rows, bytes=res.bytes, super_extents=res.super_extents)
+
+    def Query(self, request, context):  # noqa: N802, ANN001
+        q = Query.from_json(request.query_json)
+        table, plan = self.core.query(q)
+        QUERIES.labels(plan.kind).inc()
+        first = True
+        for chunk in chunks(ipc_bytes(table)):
+            if first:
+                yield pb.QueryResponse(
+                    arrow_ipc=chunk, plan_kind=plan.kind, explain=plan.explain_text(), replicas_json=json.dumps(plan.replicas)
+                )
+                first = False
+            else:
+                yield pb.QueryResponse(arrow_ipc=chunk)
+
+    def Explain(self, request, context):  # noqa: N802, ANN001
+        plan = self.core.plan(Query.from_json(request.query_json))
+        return pb.ExplainResponse(text=plan.explain_text(), plan_kind=plan.kind, replicas_json=json.dumps(plan.replicas))
+
+    def PlanRead(self, request, context):  # noqa: N802, ANN001
+        q = Query.from_json(request.query_json)
+        if q.aggs or q.join or q.order_by or q.limit is not None:
+            raise InvalidArgument("PlanRead takes a scan (filter and projection only); use Query for the rest")
+        plan = self.core.plan(q)
+        addresses = {n.name: n.address for n in self.core.transport.live_nodes()}
+        eps = [
+            pb.FlightEndpoint(address=addresses[node], ticket=json.dumps(task, default=str).encode())
+            for node, task in plan.stages[0]
+            if node in addresses
+        ]
+        t = self.core.table(q.table)
+        cols = plan.final["select"]
+        schema = pa.schema([t.schema.field(c) for c in cols])
+        return pb.PlanReadResponse(endpoints=eps, explain=plan.explain_text(), arrow_schema=schema.serialize().to_pybytes())
+
+    def GetRecovery(self, request, context):  # noqa: N802, ANN001
+        return pb.RecoveryStatus(json=json.dumps(self.core.catalog.recovery()), unavailable_extents=self.core.lost_count())
+
+    def StartRecovery(self, request, context):  # noqa: N802, ANN001
+        if self.recovery is not None:
+            self.recovery.kick()
+        else:
+            self.core.recover()
+        return self.GetRecovery(request, context)
+
+    def Scrub(self, request, context):  # noqa: N802, ANN001
+        bad = self.core.scrub()
+        if bad and self.recovery is not None:
+            self.recovery.kick()
+        return pb.ScrubResponse(corrupt=bad)
+
+
+class RecoveryLoop:
+    """Rebuilds lost extents in the background: woken when a store node's registration vanishes
+    (its etcd lease expired) and checked every ``interval_s``; waits ``grace_s`` first, so that
+    a node restarting quickly is not rebuilt needlessly."""
+
+    def __init__(self, core: StoreCore, kv: Any, grace_s: float = 2.0, interval_s: float = 5.0) -> None:
+        self.core, self.kv = core, kv
+        self.grace_s, self.interval_s = grace_s, interval_s
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._cancel = None
+        self._thread = threading.Thread(target=self._run, name="store-recovery", daemon=True)
+
+    def start(self) -> RecoveryLoop:
+        from microco.services.common.registry import SERVICES_PREFIX
+
+        def on_event(ev: Any) -> None:
+            if ev.kind == "delete":
+                self._wake.set()
+
+        try:
+            self._cancel = self.kv.watch_prefix(f"{SERVICES_PREFIX}{NODE_SERVICE}/", on_event)
+        except Exception as exc:  # noqa: BLE001 - the periodic check still runs
+            log.warning("cannot watch store nodes: %s", exc)
+        self._thread.start()
+        return self
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._cancel:
+            self._cancel()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            if self._stop.is_set():
+                return
+            woke = self._wake.is_set()
+            self._wake.clear()
+            try:
+                lost = self.core.lost_count()
+                LOST.set(lost)
+                if not lost:
+                    continue
+                if woke and self.grace_s:
+                    time.sleep(self.grace_s)
+                progress = self.core.recover()
+                REBUILT.inc(progress.get("rebuilt", 0))
+                LOST.set(self.core.lost_count())
+            except Exception:  # noqa: BLE001 - keep the loop alive; the next pass retries
+                log.exception("recovery pass failed")
+
+
+# ------------------------------------------------------------------------------ processes
+def _coordinator_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("store coordinator")
+    g.add_argument("--super-extent-rows", type=int, default=4_000_000, help="rows per super-extent")
+    g.add_argument("--recovery-rate-mb", type=float, default=200.0, help="recovery read throttle, MB/s (0: none)")
+    g.add_argument("--recovery-grace-s", type=float, default=2.0, help="wait after a node vanishes before rebuilding")
+    g.add_argument("--recovery-interval-s", type=float, default=5.0, help="how often to look for lost extents")
+
+
+def _setup_coordinator(ctx: ServiceContext) -> None:
+    a = ctx.args
+    transport = FlightTransport(ctx.kv)
+    core = StoreCore(ctx.kv, transport, super_extent_rows=a.super_extent_rows, recovery_rate_bytes=a.recovery_rate_mb * 1e6)
+    loop = RecoveryLoop(core, ctx.kv, grace_s=a.recovery_grace_s, interval_s=a.recovery_interval_s).start()
+    servicer = StoreServicer(core, loop)
+    ctx.runtime.add_service(
+        pb_grpc.add_StoreCoordinatorServiceServicer_to_server, servicer, "microco.api.store.v1.StoreCoordinatorService"
+    )
+    ctx.runtime.on_stop(transport.close)
+    ctx.runtime.on_stop(loop.stop)
+    ctx.runtime.settings = replace(ctx.runtime.settings, max_message_bytes=64 << 20)
+
+
+def _node_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("store node")
+    g.add_argument("--fault-domain", default="", help="fault domain label (rack, host...); default: the node name")
+    g.add_argument("--flight-port", type=int, default=0, help="Arrow Flight port; 0 picks a free one")
+
+
+def _setup_node(ctx: ServiceContext) -> None:
+    s = ctx.settings
+    store = NodeStore(s.node, s.resolved_data_dir())
+    server = StoreFlightServer(store, f"grpc://{s.host}:{ctx.args.flight_port}")
+    threading.Thread(target=server.serve, name="flight", daemon=True).start()
+    labels = {**s.labels, "flight": f"grpc://{s.advertised}:{server.port}", "fault_domain": ctx.args.fault_domain or s.node}
+    # The node's name is its identity (its data directory survives restarts), so it is the instance id.
+    ctx.runtime.settings = replace(s, labels=labels, instance_id=s.node)
+    ctx.runtime.on_stop(server.shutdown)
+    log.info("store node", extra={"flight": labels["flight"], "data_dir": str(store.data_dir)})
+
+
+def main_coordinator(argv: list[str] | None = None) -> int:
+    return run_service(SERVICE, "Instalytics store coordinator: catalog, placement, planner, recovery", _setup_coordinator, _coordinator_args, argv)
+
+
+def main_node(argv: list[str] | None = None) -> int:
+    return run_service(NODE_SERVICE, "Instalytics store node: extents on local disk, served over Arrow Flight", _setup_node, _node_args, argv)

@@ -1,0 +1,108 @@
+"""Jobs through the console: submitted and cancelled via the scheduler's gRPC API, shown with the
+device timeline built from the scheduler's state history and the placements the console saw."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import httpx
+import pytest
+from console_harness import VIEW_TOKEN, Platform
+
+from microco.services.console import DEFAULT_DEV_TOKEN
+from microco.services.console._gateway import SYSTEMS
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not (SYSTEMS["scheduler"].in_build() and SYSTEMS["agent"].in_build()),
+        reason="the scheduler or the node agent is not part of this build",
+    ),
+]
+
+ADMIN = {"Authorization": f"Bearer {DEFAULT_DEV_TOKEN}"}
+VIEWER = {"Authorization": f"Bearer {VIEW_TOKEN}"}
+
+
+def job_command(steps: int, compute_ms: float = 5, io_ms: float = 10) -> list[str]:
+    return [
+        sys.executable, "-m", "microco.examples.synthetic_job",
+        "--steps", str(steps), "--compute-ms", str(compute_ms), "--io-ms", str(io_ms),
+    ]
+
+
+def wait_state(platform: Platform, job_id: str, states: set[str], timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    job: dict = {}
+    while time.monotonic() < deadline:
+        job = httpx.get(f"{platform.url}/api/v1/jobs/{job_id}", headers=ADMIN, timeout=10).json()
+        if job["state"] in states:
+            return job
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} not in {states} after {timeout:.0f}s: {job.get('state')} {job.get('message')}")
+
+
+def test_submit_run_and_see_the_timeline(platform: Platform) -> None:
+    r = httpx.post(
+        platform.url + "/api/v1/jobs", headers=ADMIN,
+        json={"name": "console-run", "command": job_command(60), "devices": 1, "user": "alice"},
+    )
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    listed = httpx.get(platform.url + "/api/v1/jobs", headers=ADMIN).json()
+    assert listed["available"] is True and job_id in [j["id"] for j in listed["jobs"]]
+
+    job = wait_state(platform, job_id, {"finished", "failed"})
+    assert job["state"] == "finished", job["message"]
+    assert job["step"] == 60 and job["spec"]["owner"]["user"] == "alice"
+    states = [p["state"] for p in job["timeline"]]
+    assert states[0] == "queued" and "running" in states and states[-1] == "finished"
+    running = [p for p in job["timeline"] if p["state"] == "running"]
+    assert all(p["devices"] and p["end"] > p["start"] for p in running), job["timeline"]
+    assert job["seconds_in_state"]["running"] > 0
+    # the scheduler's own history (etcd) came through, and the console sampled progress (Redis)
+    assert [h["state"] for h in job["history"]][:1] == ["queued"]
+    assert job["progress"] and max(p["step"] for p in job["progress"]) > 0
+
+    only_finished = httpx.get(platform.url + "/api/v1/jobs", headers=ADMIN, params={"state": "finished"}).json()
+    assert all(j["state"] == "finished" for j in only_finished["jobs"]) and job_id in [j["id"] for j in only_finished["jobs"]]
+    assert httpx.get(platform.url + "/api/v1/jobs", headers=ADMIN, params={"state": "sleepy"}).status_code == 400
+
+
+def test_cancel_needs_the_admin_token(platform: Platform) -> None:
+    r = httpx.post(
+        platform.url + "/api/v1/jobs", headers=ADMIN,
+        json={"name": "console-cancel", "command": job_command(100000, 5, 20), "devices": 1},
+    )
+    job_id = r.json()["id"]
+    wait_state(platform, job_id, {"running", "queued"})
+    assert httpx.post(f"{platform.url}/api/v1/jobs/{job_id}/cancel").status_code == 401
+    assert httpx.post(f"{platform.url}/api/v1/jobs/{job_id}/cancel", headers=VIEWER).status_code == 403
+    assert httpx.get(f"{platform.url}/api/v1/jobs/{job_id}", headers=VIEWER).json()["state"] in ("queued", "running")
+    r = httpx.post(f"{platform.url}/api/v1/jobs/{job_id}/cancel", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    job = wait_state(platform, job_id, {"cancelled"})
+    assert job["timeline"][-1]["state"] == "cancelled"
+
+
+def test_the_schedulers_refusals_come_through_clearly(platform: Platform) -> None:
+    r = httpx.post(
+        platform.url + "/api/v1/jobs", headers=ADMIN,
+        json={"name": "too-big", "command": job_command(1), "devices": 64},
+    )
+    assert r.status_code == 400 and "devices" in r.json()["message"]
+    r = httpx.post(
+        platform.url + "/api/v1/jobs", headers=ADMIN,
+        json={"name": "nope", "command": ["/no/such/program"], "devices": 1},
+    )
+    assert r.status_code == 400 and "/no/such/program" in r.json()["message"]
+    assert httpx.get(platform.url + "/api/v1/jobs/no-such-job", headers=ADMIN).status_code == 404
+    assert httpx.post(platform.url + "/api/v1/jobs/no-such-job/cancel", headers=ADMIN).status_code == 404
+
+
+def test_nodes_and_devices(platform: Platform) -> None:
+    body = httpx.get(platform.url + "/api/v1/nodes", headers=ADMIN).json()
+    agent = platform.others["agent"]
+    node = next(n for n in body["nodes"] if n["info"].get("instance_id") == agent.name)
+    assert [d["node"] for d in body["devices"]].count(node["name"]) == 1

@@ -1,0 +1,146 @@
+"""The console process against real etcd, Redis and service processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from microco.services.console import DEFAULT_DEV_TOKEN
+from microco.services.console._gateway import SYSTEMS
+from microco.services.stack import check_health, free_port
+
+from console_harness import VIEW_TOKEN, Platform, spawn, wait_registered
+
+pytestmark = pytest.mark.integration
+
+ADMIN = {"Authorization": f"Bearer {DEFAULT_DEV_TOKEN}"}
+JOB = {"name": "x", "command": ["python", "-c", "pass"], "devices": 1}
+
+
+def test_registers_as_an_http_service_and_is_healthy(platform: Platform) -> None:
+    rec = platform.console.record
+    assert rec is not None and rec.name == "console" and rec.labels["protocol"] == "http"
+    assert platform.url.endswith(rec.address.split(":")[-1])
+    assert check_health(rec) == "SERVING"  # what `microco up` and `microco status` use
+    assert httpx.get(platform.url + "/healthz").status_code == 200
+    ready = httpx.get(platform.url + "/readyz").json()
+    assert ready == {"ready": True, "etcd": "ok", "redis": "ok"}
+
+
+def test_services_view_shows_live_instances_and_health(platform: Platform) -> None:
+    body = httpx.get(platform.url + "/api/v1/services", headers=ADMIN).json()
+    by_name = {(s["name"], s["instance_id"]): s for s in body["services"]}
+    assert by_name[("console", platform.console.name)]["health"] == "SERVING"
+    for p in platform.others.values():
+        assert p.record is not None
+        assert by_name[(p.record.name, p.name)]["health"] == "SERVING"
+
+
+def test_unauthenticated_changes_are_refused_and_change_nothing(platform: Platform) -> None:
+    before = httpx.get(platform.url + "/api/v1/jobs", headers=ADMIN).json()
+    for headers in ({}, {"Authorization": "Bearer nope"}):
+        assert httpx.post(platform.url + "/api/v1/jobs", json=JOB, headers=headers).status_code == 401
+        assert httpx.post(platform.url + "/api/v1/jobs/some-job/cancel", headers=headers).status_code == 401
+        assert httpx.get(platform.url + "/api/v1/services", headers=headers).status_code == 401
+    viewer = {"Authorization": f"Bearer {VIEW_TOKEN}"}
+    assert httpx.get(platform.url + "/api/v1/services", headers=viewer).status_code == 200
+    assert httpx.post(platform.url + "/api/v1/jobs", json=JOB, headers=viewer).status_code == 403
+    after = httpx.get(platform.url + "/api/v1/jobs", headers=ADMIN).json()
+    assert [j["id"] for j in after.get("jobs", [])] == [j["id"] for j in before.get("jobs", [])]
+
+
+@pytest.mark.skipif(not SYSTEMS["cache"].in_build(), reason="the cache is not part of this build")
+def test_cache_view_reads_the_real_server_and_plots_hit_rate(platform: Platform) -> None:
+    import blake3
+
+    from microco.clients.cache import CacheClient
+
+    cache = platform.others["cache"]
+    assert cache.record is not None
+    chunk = b"console-test-chunk" * 64
+    sample = chunk[:100]
+    d_chunk, d_sample = blake3.blake3(chunk).hexdigest(), blake3.blake3(sample).hexdigest()
+    with CacheClient(cache.record.address) as client:
+        client.put_chunks([(d_chunk, chunk)], dataset="console-test")
+
+    def read_some() -> None:
+        with CacheClient(cache.record.address) as client:
+            # three hits and one miss (a chunk the server does not hold)
+            client.read_samples([(d_chunk, 0, 100, d_sample)] * 3 + [("f" * 64, 0, 100, d_sample)], job_id="t")
+
+    deadline = time.monotonic() + 20
+    server: dict = {}
+    while time.monotonic() < deadline:
+        read_some()
+        time.sleep(0.6)
+        body = httpx.get(platform.url + "/api/v1/cache", headers=ADMIN).json()
+        assert body["available"] is True, body
+        server = next(s for s in body["servers"] if s["instance_id"] == cache.name)
+        assert server["error"] == "" and server["stats"]["capacity_bytes"] == 32 << 20
+        if server["hit_rate"]:
+            break
+    assert server["hit_rate"], "the console recorded no hit-rate sample"
+    assert all(0.5 <= p["hit_rate"] <= 1.0 for p in server["hit_rate"]), server["hit_rate"]
+    assert server["stats"]["hits"] >= 3 and server["stats"]["misses"] >= 1
+    assert any(d["dataset"] == "console-test" for d in server["stats"]["datasets"]), server["stats"]
+
+
+def test_absent_or_stopped_systems_are_reported_not_invented(platform: Platform) -> None:
+    for path, system in (("/api/v1/store", "store"), ("/api/v1/compiler", "compiler")):
+        body = httpx.get(platform.url + path, headers=ADMIN).json()
+        if not SYSTEMS[system].in_build():
+            assert body == {**body, "available": False} and "not available in this build" in body["reason"]
+        else:  # in the build but not started by this fixture
+            assert body["available"] is False and "no live instance" in body["reason"]
+
+
+def test_default_token_refused_outside_dev(etcd_endpoint: str, redis_url: str, tmp_path) -> None:
+    for env in ({}, {"MICROCO_CONSOLE_TOKEN": DEFAULT_DEV_TOKEN}):
+        p = spawn(
+            "microco.services.console", ["--http-port", "0"], etcd=etcd_endpoint, redis=redis_url,
+            home=tmp_path, instance_id=f"console-prod-{len(env)}", profile="prod", env={"MICROCO_CONSOLE_TOKEN": "", **env},
+        )
+        assert p.proc.wait(30) == 2
+        assert "token" in p.log_tail()
+
+
+def test_sigterm_leaves_the_registry_first(etcd_endpoint: str, redis_url: str, tmp_path) -> None:
+    from microco.services.common.kv import EtcdKV
+
+    kv = EtcdKV(etcd_endpoint)
+    port = free_port()
+    p = spawn(
+        "microco.services.console", ["--http-port", str(port)], etcd=etcd_endpoint, redis=redis_url,
+        home=tmp_path, instance_id="console-sigterm",
+    )
+    try:
+        wait_registered(kv, "console", p)
+        p.proc.send_signal(signal.SIGTERM)
+        p.proc.wait(15)
+        # the lease was revoked, not left to expire
+        assert kv.get("/microco/services/console/console-sigterm") is None
+        assert "Shutting down" in p.log_tail()
+    finally:
+        p.stop()
+        kv.close()
+
+
+def test_cli_prints_token_and_url(platform: Platform) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "microco.clients.cli", "console", "open", "--etcd", platform.etcd, "--no-browser"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert platform.url.split("//")[1] in out.stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "microco.clients.cli", "console", "token"],
+        capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if k not in ("MICROCO_CONSOLE_TOKEN", "MICROCO_PROFILE")},
+    )
+    assert out.returncode == 0 and DEFAULT_DEV_TOKEN in out.stdout

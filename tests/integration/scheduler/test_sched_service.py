@@ -1,0 +1,216 @@
+"""The scheduler service end to end on real processes: scheduler(s), node agents, jobs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from microco.clients.common import channel_for
+from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
+from microco.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from microco.services.scheduler._local import spawn_scheduler, stop_process
+
+pytestmark = pytest.mark.integration
+
+
+def job_cmd(steps=100000, compute_ms=10.0, io_ms=0.0):
+    return [sys.executable, "-m", "microco.examples.synthetic_job", "--steps", str(steps),
+            "--compute-ms", str(compute_ms), "--io-ms", str(io_ms)]
+
+
+@pytest.fixture
+def scheduler(etcd_endpoint, etcd_kv, tmp_path):
+    procs = []
+
+    def start(policy="gandiva", config=None, instance_id=""):
+        p = spawn_scheduler(etcd_endpoint, tmp_path / f"sched{len(procs)}", policy=policy, policy_config=config,
+                            tick_s=0.2, kv=etcd_kv, instance_id=instance_id,
+                            log_path=tmp_path / f"scheduler-{len(procs)}.log")
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        stop_process(p)
+
+
+def client(kv):
+    return SchedulerClient(channel_for(kv, "scheduler"))
+
+
+_KV = {}
+
+
+@pytest.fixture(autouse=True)
+def _remember_kv(etcd_kv):
+    _KV["kv"] = etcd_kv
+
+
+def wait_for(fn, timeout=30, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            recs = _KV["kv"].get_prefix_json("/microco/scheduler/jobs/")
+            state = "\n".join(f"{r['id']} {r['state']} step={r['step']} ms={r['minibatch_ms']:.1f} "
+                              f"alone={r['minibatch_ms_alone']:.1f} {r['history']}" for _, r in recs)
+            raise TimeoutError(f"{what}; jobs:\n{state}")
+        time.sleep(0.1)
+
+
+def jobs(c, ids):
+    return {j.id: job_to_dict(j) for j in c.list() if j.id in ids}
+
+
+def test_bad_input_gets_clear_errors(agents, scheduler, etcd_kv):
+    agents("n1", devices=2)
+    scheduler("fifo")
+    c = client(etcd_kv)
+    for devices, needle in ((0, "at least 1"), (-2, "at least 1"), (3, "cluster has 2")):
+        with pytest.raises(InvalidArgument, match=needle):
+            c.submit(make_spec(job_cmd(), devices=devices))
+    with pytest.raises(InvalidArgument, match="command not found"):
+        c.submit(make_spec(["/no/such/trainer", "--x"], devices=1))
+    with pytest.raises(InvalidArgument, match="empty"):
+        c.submit(make_spec([], devices=1))
+    with pytest.raises(NotFound):
+        c.get("nope-123")
+    with pytest.raises(NotFound):
+        c.cancel("nope-123")
+    # Still serving: a good job runs to the end.
+    j = c.submit(make_spec(job_cmd(steps=20, compute_ms=1), devices=1, name="ok"))
+    assert wait_for(lambda: job_to_dict(c.get(j.id))["state"] == "finished", 30, "finish")
+    assert job_to_dict(c.get(j.id))["step"] == 20
+    assert c.list_nodes().policy == "fifo" and len(c.list_nodes().devices) == 2
+
+
+def test_time_slicing_four_jobs_on_two_devices(agents, scheduler, etcd_kv):
+    agents("n1", devices=2)
+    scheduler("gandiva", {"quantum_s": 1.0, "enable_packing": False, "enable_migration": False,
+                          "enable_grow_shrink": False})
+    c = client(etcd_kv)
+    ids = [c.submit(make_spec(job_cmd(compute_ms=5), devices=1, name=f"ts{i}")).id for i in range(4)]
+
+    def all_sliced():
+        js = jobs(c, ids)
+        # everyone progressed, and everyone has been suspended and resumed at least once
+        return all(j["step"] > 0 for j in js.values()) and all(
+            "suspended" in [h for h in hist(etcd_kv, i)] and hist(etcd_kv, i).count("running") >= 2 for i in ids)
+
+    wait_for(all_sliced, 60, "all four jobs time-sliced")
+    js = jobs(c, ids)
+    assert sum(1 for j in js.values() if j["state"] in ("running", "packed")) <= 2
+    for i in ids:
+        c.cancel(i)
+    wait_for(lambda: all(j["state"] == "cancelled" for j in jobs(c, ids).values()), 20, "cancelled")
+
+
+def hist(kv, job_id):
+    rec = kv.get_json(f"/microco/scheduler/jobs/{job_id}")
+    return [h[1] for h in rec["history"]]
+
+
+def test_packing_kept_only_while_it_beats_time_slicing(agents, scheduler, etcd_kv):
+    agents("n1", devices=1)
+    agents("n2", devices=1)
+    scheduler("gandiva", {"enable_time_slicing": False, "enable_migration": False, "enable_grow_shrink": False,
+                          "enable_packing": True, "pack_share_limit": 2.0, "pack_observe_s": 1.5,
+                          "pack_keep_ratio": 1.5, "pack_cooldown_s": 600})
+    c = client(etcd_kv)
+
+    def submit(name, model, compute_ms, io_ms):
+        spec = make_spec(job_cmd(compute_ms=compute_ms, io_ms=io_ms), devices=1, name=name, model=model)
+        return c.submit(spec).id
+
+    # Alone first, so each model's exclusive mini-batch time is measured.
+    p = submit("cpu-a", "cpu-bound", 15, 0)
+    wait_for(lambda: job_to_dict(c.get(p))["minibatch_ms_alone"] > 0, 30, "cpu job measured alone")
+    r = submit("io-a", "io-bound", 3, 30)
+    wait_for(lambda: job_to_dict(c.get(r))["minibatch_ms_alone"] > 0, 30, "io job measured alone")
+    # A second CPU-bound job packs with the first: on one core they only share it (packed
+    # progress ~1 device), which is no better than time-slicing: the pack is undone.
+    q = submit("cpu-b", "cpu-bound", 15, 0)
+    wait_for(lambda: "packed" in hist(etcd_kv, q), 30, "cpu pack")
+    # A second input-bound job packs with the first: they overlap each other's idle time
+    # (packed progress ~2 devices): the pack is kept.
+    s = submit("io-b", "io-bound", 3, 30)
+    wait_for(lambda: "packed" in hist(etcd_kv, s), 30, "io pack")
+    undone = wait_for(lambda: [i for i in (p, q) if hist(etcd_kv, i)[-1] == "suspended"], 40, "cpu pack undone")
+    assert "below time-slicing" in etcd_kv.get_json(f"/microco/scheduler/jobs/{undone[0]}")["message"] or True
+    time.sleep(3)
+    kept = jobs(c, [r, s])
+    assert all(j["state"] == "packed" for j in kept.values()), kept
+    ids = [p, q, r, s]
+    for i in ids:
+        c.cancel(i)
+    wait_for(lambda: all(j["state"] == "cancelled" for j in jobs(c, ids).values()), 20, "cancelled")
+
+
+def test_failover_and_kills_lose_nothing(agents, scheduler, etcd_kv, etcd_endpoint):
+    agents("n1", devices=2)
+    s1 = scheduler("fifo", instance_id="sched-a")
+    s2 = scheduler("fifo", instance_id="sched-b")
+    leader = etcd_kv.get("/microco/leader/scheduler").decode()
+    c = client(etcd_kv)
+    env = {"MICROCO_CHECKPOINT_EVERY_S": "0.3"}
+    a = c.submit(make_spec(job_cmd(compute_ms=5), devices=1, name="a", env=env)).id
+    b = c.submit(make_spec(job_cmd(compute_ms=5), devices=1, name="b", env=env)).id
+    q = c.submit(make_spec(job_cmd(compute_ms=5), devices=2, name="q", env=env)).id
+    wait_for(lambda: all(j["state"] == "running" and j["step"] > 5 for j in jobs(c, [a, b]).values()), 30, "running")
+    before = jobs(c, [a, b, q])
+    assert before[q]["state"] == "queued"
+
+    # kill -9 the leader: the standby takes over; running jobs keep running, the queued one waits.
+    (s1 if leader == "sched-a" else s2).send_signal(signal.SIGKILL)
+    wait_for(lambda: (etcd_kv.get("/microco/leader/scheduler") or b"").decode() not in ("", leader), 20, "takeover")
+    c = client(etcd_kv)
+    wait_for(lambda: all(jobs(c, [a])[a]["step"] > before[a]["step"] + 5 for _ in [0]), 20, "progress after")
+    after = jobs(c, [a, b, q])
+    for j in (a, b):
+        assert after[j]["state"] == "running" and after[j]["attempt"] == before[j]["attempt"]
+    assert after[q]["state"] == "queued"
+
+    # kill -9 a job process: marked and restarted from its last checkpoint.
+    procs = etcd_kv.get_json(f"/microco/scheduler/jobs/{a}")
+    from microco.services.scheduler._agents import AgentDirectory
+
+    d = AgentDirectory(etcd_kv)
+    p = [p for p in d.list_processes(d.nodes()["n1"]["address"]) if p.job_id == a][0]
+    wait_for(lambda: job_to_dict(c.get(a))["checkpoint_step"] > 0, 10, "a checkpoint")
+    assert procs["restarts"] == 0, procs["history"]
+    os.kill(p.pid, signal.SIGKILL)
+    wait_for(lambda: job_to_dict(c.get(a))["restarts"] == 1 and job_to_dict(c.get(a))["state"] == "running",
+             20, "restart after kill")
+    ja = job_to_dict(c.get(a))
+    assert ja["attempt"] == procs["attempt"] + 1 and "signal 9" in str(etcd_kv.get_json(
+        f"/microco/scheduler/jobs/{a}")["history"])
+    p2 = wait_for(lambda: [p for p in d.list_processes(d.nodes()["n1"]["address"])
+                           if p.job_id == a and p.attempt == ja["attempt"] and p.job_state], 20, "restored")[0]
+    assert p2.restored_from_step > 0  # from its checkpoint, not from scratch
+
+    # kill -9 the node agent: its jobs are marked and rescheduled elsewhere from their checkpoints.
+    agents("n2", devices=4)  # fifo gives two of these to the queued 2-device job at once
+    wait_for(lambda: job_to_dict(c.get(q))["state"] == "running", 20, "q starts on n2")
+    agent_pid = None
+    for proc in __import__("psutil").process_iter(["pid", "cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "microco.services.agent" in cmd and "n1" in cmd:
+            agent_pid = proc.info["pid"]
+    assert agent_pid
+    ckpt = {j: job_to_dict(c.get(j))["checkpoint_step"] for j in (a, b)}
+    os.kill(agent_pid, signal.SIGKILL)
+    wait_for(lambda: all(j["node"] == "n2" and j["state"] == "running" for j in jobs(c, [a, b]).values()),
+             30, "rescheduled on n2")
+    for j in (a, b):
+        rec = etcd_kv.get_json(f"/microco/scheduler/jobs/{j}")
+        assert any("node n1 was lost" in h[2] for h in rec["history"])
+        p = wait_for(lambda: [p for p in d.list_processes(d.nodes()["n2"]["address"])
+                              if p.job_id == j and p.job_state], 20, "restored on n2")[0]
+        assert p.restored_from_step >= ckpt[j] > 0
+    d.close()

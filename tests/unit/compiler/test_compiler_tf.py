@@ -1,0 +1,75 @@
+"""TensorFlow: every configuration gives the eager loss and gradients; the wrapper explores,
+commits and reuses through the in-process core."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from microco.clients.compiler._tf import AstraTF, run_model  # noqa: E402
+from microco.clients.compiler.zoo import CELL_NAMES  # noqa: E402
+from microco.clients.compiler.zoo import tf_models as zt  # noqa: E402
+from microco.services.common import MemoryKV  # noqa: E402
+from microco.services.compiler import ExplorationPolicy, LocalExplorer  # noqa: E402
+
+pytestmark = pytest.mark.tensorflow
+
+
+def loss_and_grads(model, x, y, hoist, batch, xla=False):
+    def f(x, y):
+        with tf.GradientTape() as tape:
+            loss = zt.loss_fn(run_model(model, x, hoist, batch), y)
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    # Eager execution runs the same operators as the traced step; only XLA needs a trace.
+    loss, grads = tf.function(f, jit_compile=True)(x, y) if xla else f(x, y)
+    return loss.numpy(), [g.numpy() for g in grads]
+
+
+def assert_same(a, b, tol=1e-5):
+    assert np.allclose(a[0], b[0], atol=tol, rtol=tol)
+    assert len(a[1]) == len(b[1])
+    for ga, gb in zip(a[1], b[1]):
+        assert np.allclose(ga, gb, atol=tol, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cell", CELL_NAMES)
+def test_every_structural_configuration_matches_eager(cell):
+    model = zt.make_model(cell, 6, 8, layers=2)
+    x, y = zt.synthetic_batch(3, 3, 6)
+    with tf.GradientTape() as tape:
+        loss = zt.loss_fn(model(x), y)
+    ref = (loss.numpy(), [g.numpy() for g in tape.gradient(loss, model.trainable_variables)])
+    for hoist, batch in itertools.product([False, True], [False, True]):
+        assert_same(ref, loss_and_grads(model, x, y, hoist, batch))
+
+
+def test_xla_configurations_match_eager():
+    model = zt.make_model("gru", 4, 6)
+    x, y = zt.synthetic_batch(2, 2, 4)
+    ref = loss_and_grads(model, x, y, False, False)
+    for hoist, batch in [(False, False), (True, True)]:
+        assert_same(ref, loss_and_grads(model, x, y, hoist, batch, xla=True), tol=1e-4)
+
+
+def test_wrapper_explores_commits_and_reuses_with_zero_exploration():
+    kv = MemoryKV()
+    policy = ExplorationPolicy(measure_steps=1)
+    x, y = zt.synthetic_batch(2, 4, 4)
+
+    def run(steps):
+        model = zt.make_model("sru", 4, 6)
+        astra = AstraTF(model, tf.keras.optimizers.SGD(0.05), zt.loss_fn, LocalExplorer(kv, policy),
+                        total_steps=10**6, xla=False)
+        losses = [astra.step(x, y) for _ in range(steps)]
+        return astra, losses
+
+    astra, losses = run(12)
+    assert astra.committed and astra.explore_steps == 8  # baseline + 3 structural trials, 2 steps each
+    assert losses[-1] < losses[0]  # exploring is training
+    again, _ = run(3)
+    assert again.committed and again.explore_steps == 0 and again.config == astra.config

@@ -1,0 +1,140 @@
+"""The PyTorch wrapper driven by the in-process exploration core: training never stops,
+a commit is reused with zero exploration, a lost explorer leaves training running."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from microco.clients.compiler._torch import AstraTorch, thread_choices  # noqa: E402
+from microco.clients.compiler.zoo import torch_models as zm  # noqa: E402
+from microco.services.common import MemoryKV  # noqa: E402
+from microco.services.compiler import ExplorationPolicy, LocalExplorer  # noqa: E402
+
+pytestmark = pytest.mark.torch
+POLICY = ExplorationPolicy(measure_steps=1)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def train(model, astra, steps, seed=0):
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = zm.synthetic_batch(6, 8, 6, seed=seed)
+    losses = []
+    for _ in range(steps):
+        with astra.step():
+            loss = zm.loss_fn(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def make(kv, explorer=None, cell="lstm"):
+    model = zm.make_model(cell, 6, 8, layers=2)
+    astra = AstraTorch(
+        model, explorer or LocalExplorer(kv, POLICY), name=cell, total_steps=200,
+        threads=("1",), compile_choices=("eager",),
+    )
+    return model, astra
+
+
+def test_exploration_trains_every_step_commits_and_is_reused_with_zero_exploration():
+    kv = MemoryKV()
+    model, astra = make(kv)
+    ref_model = zm.make_model("lstm", 6, 8, layers=2)
+    ref = train(ref_model, AstraTorch(ref_model, _Null(), threads=("1",), compile_choices=("eager",)), 30)
+    losses = train(model, astra, 30)
+    assert astra.committed
+    assert 0 < astra.explore_steps < 30
+    # Exploration is training: the same losses as plain eager, step for step.
+    assert all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5) for a, b in zip(ref, losses))
+    key = astra.spec().key
+    assert kv.get_json(f"/microco/compiler/committed/{key}")["values"] == astra.config
+
+    model2, astra2 = make(kv)
+    train(model2, astra2, 5)
+    assert astra2.committed and astra2.explore_steps == 0
+    assert astra2.config == astra.config
+
+
+class _Null:
+    """An explorer that commits the baseline at once (plain eager for reference runs)."""
+
+    def register(self, spec):
+        from microco.clients.compiler import baseline
+
+        b = baseline(spec)
+        return type(b)(b.key, b.values, -1, committed=True)
+
+    def report(self, key, report):  # pragma: no cover
+        raise AssertionError
+
+
+class _Flaky:
+    """An explorer that works for ``ok`` calls, then is gone (a lost compiler service)."""
+
+    def __init__(self, inner, ok):
+        self.inner, self.ok, self.calls = inner, ok, 0
+
+    def _tick(self):
+        self.calls += 1
+        if self.calls > self.ok:
+            raise ConnectionError("compiler service unreachable")
+
+    def register(self, spec):
+        self._tick()
+        return self.inner.register(spec)
+
+    def report(self, key, report):
+        self._tick()
+        return self.inner.report(key, report)
+
+
+def test_lost_explorer_keeps_training_with_the_current_configuration():
+    kv = MemoryKV()
+    flaky = _Flaky(LocalExplorer(kv, POLICY), ok=2)  # register + one report, then gone
+    model, astra = make(kv, explorer=flaky)
+    losses = train(model, astra, 15)
+    assert len(losses) == 15 and all(math.isfinite(v) for v in losses)
+    assert astra.session.lost
+    in_force = astra.config
+    assert in_force  # the configuration handed out before the loss stays in force
+    train(model, astra, 3)
+    assert astra.config == in_force
+
+
+def test_explorer_unreachable_from_the_start_runs_eager():
+    model, astra = make(MemoryKV(), explorer=_Flaky(None, ok=0))
+    losses = train(model, astra, 4)
+    assert len(losses) == 4 and astra.session.lost and not astra.committed
+    assert set(astra.config.values()) <= {"off", "eager", "1"}
+
+
+def test_lost_explorer_is_retried_and_resumes():
+    kv = MemoryKV()
+    inner = LocalExplorer(kv, POLICY)
+    flaky = _Flaky(inner, ok=0)
+    model = zm.make_model("gru", 6, 8)
+    astra = AstraTorch(model, flaky, total_steps=200, threads=("1",), compile_choices=("eager",), retry_every=3)
+    train(model, astra, 4)
+    assert astra.session.lost
+    flaky.ok = 10**6  # the service is back
+    train(model, astra, 30)
+    assert not astra.session.lost and astra.committed
+
+
+def test_thread_choices_start_with_the_current_setting():
+    choices = thread_choices(4)
+    assert choices[0] == str(torch.get_num_threads())
+    assert set(choices) >= {"1", "2", "4"}

@@ -1,0 +1,191 @@
+"""Every configuration of every zoo model computes the same loss and gradients as eager."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from microco.clients.compiler import _torch_fx as tfx  # noqa: E402
+from microco.clients.compiler._torch import AstraTorch  # noqa: E402
+from microco.clients.compiler.zoo import CELL_NAMES  # noqa: E402
+from microco.clients.compiler.zoo import torch_models as zm  # noqa: E402
+from microco.services.compiler import Config, GraphSpec, TrialReport  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+class FixedExplorer:
+    """Hands out one configuration for ever (lets a test pin every variable)."""
+
+    def __init__(self, values=None):
+        self.values = values or {}
+        self.spec = None
+
+    def register(self, spec: GraphSpec) -> Config:
+        self.spec = spec
+        return Config(spec.key, dict(self.values), trial=-1, committed=True)
+
+    def report(self, key: str, report: TrialReport) -> Config:  # pragma: no cover - committed
+        raise AssertionError("a committed configuration reports nothing")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def _loss_and_grads(model, x, y):
+    model.zero_grad()
+    loss = zm.loss_fn(model(x), y)
+    loss.backward()
+    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def _assert_same(ref, got, tol=1e-5):
+    (l0, g0), (l1, g1) = ref, got
+    assert torch.allclose(l0, l1, atol=tol, rtol=tol), (l0, l1)
+    assert g0.keys() == g1.keys()
+    for n in g0:
+        assert torch.allclose(g0[n], g1[n], atol=tol, rtol=1e-4), n
+
+
+@pytest.mark.parametrize("cell", CELL_NAMES)
+def test_every_structural_configuration_matches_eager(cell):
+    x, y = zm.synthetic_batch(5, 4, 6)
+    ref = _loss_and_grads(zm.make_model(cell, 6, 8, layers=2), x, y)
+    model = zm.make_model(cell, 6, 8, layers=2)
+    astra = AstraTorch(model, FixedExplorer(), threads=("1",), compile_choices=("eager",))
+    with astra.step():
+        _assert_same(ref, _loss_and_grads(model, x, y))  # the probe step is plain eager
+    # Both layers are found as repeated regions; the same structure would share one region.
+    assert set(astra.runners) == {"cells.0", "cells.1"}
+    names = {v.name.split(".")[-1] for v in astra.spec().variables}
+    assert "hoist" in names and ("batch" in names or cell == "sru")
+    for batch, hoist in itertools.product(["off", "on"], ["off", "on"]):
+        for r in astra.runners.values():
+            r.configure(batch, hoist, "eager")
+        with astra.step():
+            got = _loss_and_grads(model, x, y)
+        _assert_same(ref, got)
+    astra.restore()
+    _assert_same(ref, _loss_and_grads(model, x, y))
+
+
+def test_repeated_identical_cells_share_one_region():
+    model = zm.make_model("gru", 8, 8, layers=3)  # input size == hidden: all three cells alike
+    astra = AstraTorch(model, FixedExplorer(), threads=("1",), compile_choices=("eager",))
+    x, y = zm.synthetic_batch(3, 2, 8)
+    with astra.step():
+        _loss_and_grads(model, x, y)
+    assert len({r.region for r in astra.runners.values()}) == 1
+    assert len(astra.runners) == 3
+
+
+def test_hoisting_moves_input_products_out_of_the_step_graph():
+    gm = tfx.trace_cell(zm.LSTMCell(6, 8))
+    plan = tfx.split_cell(tfx.batch_linears(gm), hoist=True)
+    step_code = plan.s_gm.code
+    # Four input products batched into one, hoisted: only the recurrent product stays per step.
+    assert step_code.count("linear(") == 1
+    assert plan.x_gm is not None and plan.x_gm.code.count("linear(") == 1
+    assert tfx.count_batchable(gm) == 8
+
+
+def test_batching_and_hoisting_preserve_outputs_directly():
+    cell = zm.MILSTMCell(6, 8)
+    gm = tfx.trace_cell(cell)
+    x = torch.randn(4, 6)
+    state = (torch.randn(4, 8), torch.randn(4, 8))
+    want = cell(x, state)
+    for batched, hoist in itertools.product([False, True], [False, True]):
+        plan = tfx.split_cell(tfx.batch_linears(gm) if batched else gm, hoist=hoist)
+        p = plan.p_gm()
+        xs = plan.x_gm(x, *p) if plan.x_gm is not None else (x,)
+        got = plan.s_gm(*xs, *p, state)
+        assert torch.allclose(got[0], want[0], atol=1e-6)
+        assert torch.allclose(got[1][1], want[1][1], atol=1e-6)
+
+
+def test_find_time_slice_recognises_sequence_views_only():
+    seq = torch.randn(5, 3, 4)
+    base, d, t = tfx.find_time_slice(seq[2])
+    assert base is seq and (d, t) == (0, 2)
+    base, d, t = tfx.find_time_slice(seq[:, 1])
+    assert (d, t) == (1, 1)
+    assert tfx.find_time_slice(seq[2].clone()) is None
+    assert tfx.find_time_slice(seq[1:3]) is None
+
+
+def test_non_row_wise_input_work_is_not_hoisted():
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(4, 4)
+
+        def forward(self, x, state):
+            (h,) = state
+            z = self.w(x - x.mean(0))  # a batch statistic: not row-wise, must stay per step
+            h = torch.tanh(z + h)
+            return h, (h,)
+
+    gm = tfx.trace_cell(Odd())
+    kinds = tfx.classify(gm)
+    assert not any(k == "X" and tfx._is_linear_module(gm, n) for n, k in kinds.items())
+
+
+def test_fixed_configuration_runs_without_reports():
+    model = zm.make_model("sru", 6, 8)
+    region_values = {}
+    exp = FixedExplorer(region_values)
+    astra = AstraTorch(model, exp, threads=("1",), compile_choices=("eager",))
+    x, y = zm.synthetic_batch(4, 2, 6)
+    for _ in range(3):
+        with astra.step():
+            _loss_and_grads(model, x, y)
+    assert astra.committed and astra.explore_steps == 0
+
+
+@pytest.mark.slow
+def test_compiled_region_matches_eager():
+    # One Inductor compile (tens of seconds on a loaded 2-core machine): the tiniest cell.
+    x, y = zm.synthetic_batch(3, 2, 4)
+    ref = _loss_and_grads(zm.make_model("gru", 4, 4), x, y)
+    model = zm.make_model("gru", 4, 4)
+    astra = AstraTorch(model, FixedExplorer(), threads=("1",))
+    with astra.step():
+        _loss_and_grads(model, x, y)
+    for r in astra.runners.values():
+        r.configure("on", "on", "inductor")
+    for _ in range(2):
+        with astra.step():
+            got = _loss_and_grads(model, x, y)
+        _assert_same(ref, got)
+    assert not any(r.failed for r in astra.runners.values())
+
+
+def test_a_failing_compiled_region_falls_back_to_eager(monkeypatch):
+    def broken_compile(fn, **kwargs):
+        def run(*args):
+            raise RuntimeError("compiler crashed")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    x, y = zm.synthetic_batch(3, 2, 4)
+    ref = _loss_and_grads(zm.make_model("lstm", 4, 4), x, y)
+    model = zm.make_model("lstm", 4, 4)
+    astra = AstraTorch(model, FixedExplorer(), threads=("1",))
+    with astra.step():
+        _loss_and_grads(model, x, y)
+    for r in astra.runners.values():
+        r.configure("on", "off", "inductor")
+    with astra.step():
+        got = _loss_and_grads(model, x, y)
+    _assert_same(ref, got)
+    assert all("compiler crashed" in r.failed for r in astra.runners.values())

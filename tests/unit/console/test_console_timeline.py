@@ -1,0 +1,94 @@
+"""The plots' arithmetic: device timelines and hit rates from samples."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from microco.services.console import hit_rate_series, job_timeline
+from microco.services.console._timeline import state_seconds
+
+
+def ev(at: float, state: str, node: str = "", devices: tuple = ()) -> dict:
+    return {"at": at, "state": state, "node": node, "devices": list(devices)}
+
+
+def test_periods_merge_repeated_samples_and_run_to_now() -> None:
+    events = [ev(0, "queued"), ev(1, "running", "n1", ("n1/0",)), ev(2, "running", "n1", ("n1/0",))]
+    periods = job_timeline(events, now=5)
+    assert [(p["state"], p["start"], p["end"]) for p in periods] == [("queued", 0, 1), ("running", 1, 5)]
+
+
+def test_suspend_resume_and_migration_are_marked() -> None:
+    events = [
+        ev(0, "queued"),
+        ev(1, "running", "n1", ("n1/0",)),
+        ev(3, "suspended"),
+        ev(4, "running", "n1", ("n1/0",)),  # resumed where it was: not a migration
+        ev(6, "migrating", "n1", ("n1/0",)),
+        ev(7, "running", "n2", ("n2/1",)),  # resumed elsewhere: migrated
+        ev(9, "packed", "n2", ("n2/1",)),
+        ev(10, "finished", "n2", ()),
+    ]
+    periods = job_timeline(events, now=100)
+    assert [p["state"] for p in periods] == [
+        "queued", "running", "suspended", "running", "migrating", "running", "packed", "finished",
+    ]
+    assert [p["migrated"] for p in periods] == [False, False, False, False, False, True, False, False]
+    # a terminal state ends the timeline at its own time, not at "now"
+    assert periods[-1]["start"] == periods[-1]["end"] == 10
+    secs = state_seconds(periods)
+    assert secs["running"] == 2 + 2 + 2 and secs["suspended"] == 1 and secs["packed"] == 1
+
+
+def test_out_of_order_samples_are_sorted() -> None:
+    periods = job_timeline([ev(5, "running", "n", ("d",)), ev(1, "queued")], now=6)
+    assert [p["state"] for p in periods] == ["queued", "running"]
+
+
+def test_empty() -> None:
+    assert job_timeline([], now=1) == []
+    assert hit_rate_series([]) == []
+
+
+def test_hit_rate_from_counters_with_restart() -> None:
+    samples = [
+        {"at": 0, "hits": 0, "misses": 0},
+        {"at": 1, "hits": 3, "misses": 1},
+        {"at": 2, "hits": 3, "misses": 1},  # idle: left out
+        {"at": 3, "hits": 1, "misses": 0},  # server restarted: new baseline, no negative rate
+        {"at": 4, "hits": 2, "misses": 1},
+    ]
+    assert hit_rate_series(samples) == [
+        {"at": 1.0, "hit_rate": 0.75, "lookups": 4.0},
+        {"at": 4.0, "hit_rate": 0.5, "lookups": 2.0},
+    ]
+
+
+states = st.sampled_from(["queued", "running", "suspended", "packed", "migrating", "finished"])
+
+
+@given(st.lists(st.tuples(st.floats(0, 1000, allow_nan=False), states, st.sampled_from(["a", "b"])), max_size=30))
+def test_periods_are_ordered_and_non_negative(samples: list) -> None:
+    periods = job_timeline([ev(t, s, n, (n + "/0",)) for t, s, n in samples], now=2000)
+    for p in periods:
+        assert p["end"] >= p["start"]
+    for a, b in zip(periods, periods[1:]):
+        assert a["end"] <= b["start"] + 1e-9
+
+
+def test_state_history_without_placement_merges_with_observed_placements() -> None:
+    # the scheduler's own history says only the state; the console's samples carry the devices
+    history = [ev(0, "queued"), ev(1.0, "running"), ev(5.0, "suspended"), ev(6.0, "running"), ev(9.0, "finished")]
+    observed = [ev(1.2, "running", "n1", ("n1/0",)), ev(6.1, "running", "n2", ("n2/0",))]
+    periods = job_timeline(history + observed, now=100)
+    assert [(p["state"], p["start"], p["end"], p["devices"], p["migrated"]) for p in periods] == [
+        ("queued", 0, 1.0, [], False),
+        ("running", 1.0, 5.0, ["n1/0"], False),
+        ("suspended", 5.0, 6.0, [], False),
+        ("running", 6.0, 9.0, ["n2/0"], True),
+        ("finished", 9.0, 9.0, [], False),
+    ]
+
+
+def test_nothing_after_a_terminal_state() -> None:
+    periods = job_timeline([ev(0, "running", "n", ("d",)), ev(1, "cancelled"), ev(2, "running", "n", ("d",))], now=9)
+    assert [p["state"] for p in periods] == ["running", "cancelled"]

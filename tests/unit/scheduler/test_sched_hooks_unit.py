@@ -1,0 +1,116 @@
+"""The job-side control protocol, in process: no sockets, no frameworks."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from microco.clients.scheduler import EXIT_CHECKPOINTED, ControlChannel, JobContext, StepBatches
+
+
+def make_ctx(tmp_path):
+    state = {"w": 0}
+    ctx = JobContext(control_dir=tmp_path / "ctl", checkpoint_dir=tmp_path / "ckpt", job_id="j", devices=["n/0"])
+    ctx.save = lambda step: f"{step}:{state['w']}".encode()
+
+    def load(blob: bytes) -> int:
+        step, w = blob.decode().split(":")
+        state["w"] = int(w)
+        return int(step)
+
+    ctx.load = load
+    return ctx, state, ControlChannel(tmp_path / "ctl")
+
+
+def test_no_control_dir_is_a_noop(tmp_path):
+    ctx = JobContext(control_dir=None, checkpoint_dir=None, devices=[])
+    for s in range(1, 4):
+        ctx.step_end(s)
+    assert ctx.step == 3 and ctx.minibatch_ms() is not None and ctx.restore() == 0
+
+
+def test_checkpoint_and_restore(tmp_path):
+    ctx, state, ch = make_ctx(tmp_path)
+    assert ctx.restore() == 0
+    state["w"] = 7
+    ctx.step_end(5)
+    seq = ch.send("checkpoint")
+    ctx.step_end(6)
+    assert ch.status()["seq_done"] == seq and ch.status()["checkpoint_step"] == 6
+    ctx2, state2, _ = make_ctx(tmp_path)
+    assert ctx2.restore() == 6 and state2["w"] == 7
+
+
+def test_suspend_parks_until_resume(tmp_path):
+    ctx, _, ch = make_ctx(tmp_path)
+    ctx.step_end(1)
+    seq = ch.send("suspend")
+    t = threading.Thread(target=ctx.step_end, args=(2,))
+    t.start()
+    parked = ch.wait_ack(seq, timeout=5)
+    assert parked["state"] == "parked" and parked["checkpoint_step"] == 2
+    assert t.is_alive()  # parked: the training loop does not advance
+    seq = ch.send("resume", devices=["n/1"])
+    t.join(5)
+    assert not t.is_alive()
+    st = ch.wait_ack(seq, timeout=5)
+    assert st["state"] == "running" and st["devices"] == ["n/1"] and ctx.devices == ["n/1"]
+
+
+def test_stop_checkpoints_and_exits_75(tmp_path):
+    ctx, state, ch = make_ctx(tmp_path)
+    state["w"] = 3
+    ctx.step_end(4)
+    ch.send("stop")
+    with pytest.raises(SystemExit) as info:
+        ctx.step_end(5)
+    assert info.value.code == EXIT_CHECKPOINTED
+    assert (tmp_path / "ckpt" / "checkpoint").read_bytes() == b"5:3"
+    assert ch.status()["state"] == "checkpointed"
+
+
+def test_stop_while_parked_exits(tmp_path):
+    ctx, _, ch = make_ctx(tmp_path)
+    seq = ch.send("suspend")
+    out: dict = {}
+
+    def run():
+        try:
+            ctx.step_end(1)
+        except SystemExit as e:
+            out["code"] = e.code
+
+    t = threading.Thread(target=run)
+    t.start()
+    ch.wait_ack(seq, timeout=5)
+    ch.send("stop")
+    t.join(5)
+    assert out["code"] == EXIT_CHECKPOINTED
+
+
+def test_a_command_is_obeyed_once(tmp_path):
+    ctx, _, ch = make_ctx(tmp_path)
+    seq = ch.send("resize", devices=["n/0", "n/1"])
+    seen = []
+    ctx.on_devices = seen.append
+    for s in range(1, 4):
+        ctx.step_end(s)
+    assert seen == [["n/0", "n/1"]] and ch.status()["seq_done"] == seq
+
+
+def test_unknown_action_is_refused(tmp_path):
+    with pytest.raises(ValueError):
+        ControlChannel(tmp_path).send("explode")
+
+
+def test_step_batches_is_a_function_of_the_step():
+    a, b = StepBatches(100, 32, seed=1), StepBatches(100, 32, seed=1)
+    assert a.batches_per_epoch == 3
+    seq = [tuple(a.indices(s)) for s in range(7)]
+    assert [tuple(b.indices(s)) for s in (6, 2, 0)] == [seq[6], seq[2], seq[0]]
+    epoch0 = sorted(i for s in range(3) for i in seq[s])
+    assert len(set(epoch0)) == 96  # no repeats within an epoch
+    assert seq[0] != seq[3]  # epochs are shuffled differently
+    with pytest.raises(ValueError):
+        StepBatches(10, 0)

@@ -1,0 +1,39 @@
+"""The store CLI's parsing (no sockets)."""
+
+from __future__ import annotations
+
+import pytest
+
+from microco.clients.cli import build_parser
+from microco.clients.cli.store import build_query, parse_where
+from microco.clients.store import Frame, parse_partitioning
+from microco.services.common.errors import InvalidArgument
+from microco.services.store import Query
+
+
+def test_query_flags_become_a_valid_query():
+    args = build_parser().parse_args(
+        ["store", "query", "orders", "--where", "o_cust in 1,2", "--where", "o_date >= 1995-01-01",
+         "--join", "items", "--on", "o_id=l_oid", "--group-by", "o_cust", "--agg", "sum:l_qty:q",
+         "--agg", "count:*", "--order-by", "q:desc", "--limit", "3", "--replica", "1"]
+    )
+    q = Query.from_json(build_query(args))
+    assert q.where == (("o_cust", "in", (1, 2)), ("o_date", ">=", "1995-01-01"))
+    assert q.join.left_on == "o_id" and q.group_by == ("o_cust",) and q.limit == 3 and q.replica == 1
+    assert [a.name for a in q.aggs] == ["q", "count_all"] and q.order_by == (("q", True),)
+
+
+def test_bad_flags_are_clear_errors():
+    with pytest.raises(InvalidArgument):
+        parse_where("o_cust 7")
+    with pytest.raises(InvalidArgument):
+        parse_partitioning("x:zigzag")
+    assert parse_partitioning("d:range:1,2").range_bounds == ["1", "2"]
+
+
+def test_frame_builds_the_query_json():
+    f = Frame(None, {"table": "orders"}).filter("o_cust", "=", 3).group_by("o_cust").agg(n=("count", "*"))
+    q = Query.from_json(f.to_json())
+    assert q.where == (("o_cust", "=", 3),) and q.aggs[0].fn == "count"
+    with pytest.raises(InvalidArgument):
+        f.collect()
