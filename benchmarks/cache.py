@@ -53,11 +53,29 @@ class _Server:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.data = tmp / f"server-{name}"
-        self.log = open(tmp / f"server-{name}.log", "wb")
+        self.log = open(tmp / f"server-{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
         cmd = [
-            sys.executable, "-m", "microco.services.cache", "--port", str(self.port), "--etcd", etcd,
-            "--redis", redis, "--data-dir", str(self.data), "--capacity", str(capacity), "--policy", policy,
-            "--metrics-port", "-1", "--grace-s", "0.5", "--log-level", "warning", "--node", f"bench-{name}",
+            sys.executable,
+            "-m",
+            "microco.services.cache",
+            "--port",
+            str(self.port),
+            "--etcd",
+            etcd,
+            "--redis",
+            redis,
+            "--data-dir",
+            str(self.data),
+            "--capacity",
+            str(capacity),
+            "--policy",
+            policy,
+            "--metrics-port",
+            "-1",
+            "--grace-s",
+            "0.5",
+            "--log-level",
+            os.environ.get("QB_LOG", "warning"),
         ]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
 
@@ -113,7 +131,12 @@ def _run_epochs(loader: Any, epochs: int, compute_s: float) -> list[dict[str, fl
         # Hit rate by bytes: the share of the epoch's data not read from the backing store in
         # it (a chunk fetched whole on a miss counts as read, though its samples are then hits).
         out.append(
-            {"epoch_s": dt, "hit_rate": max(0.0, 1 - backing / total), "sample_hit_rate": hits / n, "backing_mb": backing / MB}
+            {
+                "epoch_s": dt,
+                "hit_rate": max(0.0, 1 - backing / total),
+                "sample_hit_rate": hits / n,
+                "backing_mb": backing / MB,
+            }
         )
     return out
 
@@ -131,6 +154,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
     compute_s = args.compute_ms / 1000
     chunk_bytes = 16 * sample
     result: dict[str, Any] = {}
+    t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="quiver-bench-") as tmpname, ExitStack() as stack:
         tmp = Path(tmpname)
         data = tmp / "data"
@@ -140,18 +164,26 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         stack.callback(etcd.stop)
         redis = RedisServer(tmp / "redis").start()
         stack.callback(redis.stop)
-        names = {"lru": ("lru", capacity), "quiver": ("coordinated", capacity), "shared": ("coordinated", capacity),
-                 "job0": ("coordinated", capacity), "job1": ("coordinated", capacity), "serve": ("coordinated", 2 * total)}
+        names = {
+            "lru": ("lru", capacity),
+            "quiver": ("coordinated", capacity),
+            "shared": ("coordinated", capacity),
+            "job0": ("coordinated", capacity),
+            "job1": ("coordinated", capacity),
+            "half0": ("coordinated", capacity // 2),
+            "half1": ("coordinated", capacity // 2),
+            "serve": ("coordinated", 2 * total),
+        }
         servers = {k: _Server(tmp, k, etcd.endpoint, redis.url, cap, pol) for k, (pol, cap) in names.items()}
         for s in servers.values():
             stack.callback(s.stop)
         for s in servers.values():
             s.wait_ready()
+        phases = {"setup": time.perf_counter() - t_start}
         local = LocalStore(str(data))
         files = local.list_files()
         index = build_index(files, local.read, chunk_bytes)
         per_sample = build_index(files, local.read, 1)  # the LRU baseline caches samples, not chunks
-        chunk_capacity = int(capacity / (total / len(index.chunks)))
         result.update(
             cache_to_dataset_ratio=capacity / total,
             dataset_mb=total / MB,
@@ -166,15 +198,33 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         )
 
         def loader(idx: Any, store: Any, server: str | None, job: str, **kw: Any) -> QuiverLoader:
-            return QuiverLoader(idx, store, batch_size=batch, dataset="bench", job_id=job, server=server, seed=hash(job) % 97, **kw)
+            return QuiverLoader(
+                idx,
+                store,
+                batch_size=batch,
+                dataset="bench",
+                job_id=job,
+                server=server,
+                seed=hash(job) % 97,
+                **kw,
+            )
 
+        t_phase = time.perf_counter()
         # -- one job: none, LRU, Quiver
         policies: dict[str, list[dict[str, float]]] = {}
         ld = loader(index, ThrottledStore(local, bw), None, "none", prefetch=False)
         policies["none"] = _run_epochs(ld, epochs, compute_s)
         ld.close()
-        ld = loader(per_sample, ThrottledStore(local, bw), servers["lru"].address, "lru",
-                    prefetch=False, substitutable=False, insert_misses=True, probe_batches=0)
+        ld = loader(
+            per_sample,
+            ThrottledStore(local, bw),
+            servers["lru"].address,
+            "lru",
+            prefetch=False,
+            substitutable=False,
+            insert_misses=True,
+            probe_batches=0,
+        )
         policies["lru"] = _run_epochs(ld, epochs, compute_s)
         ld.close()
         ld = loader(index, ThrottledStore(local, bw), servers["quiver"].address, "quiver")
@@ -194,20 +244,17 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         result["quiver"]["prefetched_chunks"] = quiver_stats.prefetched_chunks
         result["quiver_vs_lru_speedup"] = result["lru"]["epoch_s"] / result["quiver"]["epoch_s"]
         result["quiver_vs_none_speedup"] = result["none"]["epoch_s"] / result["quiver"]["epoch_s"]
-        # The same policies without I/O, as a cross-check of the measured hit rates.
-        sim_n = len(index)
-        spc = max(1, round(sim_n / len(index.chunks)))
-        result["simulated_hit_rate"] = {
-            "lru": simulate("lru", sim_n, 1, int(sim_n * capacity / total), epochs=epochs).hit_rate_per_epoch[-1],
-            "quiver_no_prefetch_lower_bound": capacity / total,
-        }
-        del spc, chunk_capacity
+        # LRU's hit rate under random order without I/O (the same policy code), as a cross-check.
+        result["simulated_lru_hit_rate"] = simulate(
+            "lru", len(per_sample), 1, int(len(per_sample) * capacity / total), epochs=epochs
+        ).hit_rate_per_epoch[-1]
 
+        phases["one_job"] = time.perf_counter() - t_phase
+        t_phase = time.perf_counter()
         # -- two jobs on one dataset: one shared cache vs one cache per job (same link)
         def two_jobs(addresses: list[str]) -> float:
             link = ThrottledStore(local, bw)  # both jobs behind one link to the store
             loaders = [loader(index, link, addresses[j], f"pair{j}-{addresses[j]}") for j in range(2)]
-            done: list[float] = []
 
             def go(ld: QuiverLoader) -> None:
                 _run_epochs(ld, epochs, compute_s)
@@ -221,16 +268,28 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             wall = time.perf_counter() - t0
             for ld in loaders:
                 ld.close()
-            done.append(wall)
             return 2 * epochs * total / wall / MB
 
         shared_tput = two_jobs([servers["shared"].address] * 2)
         per_job_tput = two_jobs([servers["job0"].address, servers["job1"].address])
+        half_tput = two_jobs([servers["half0"].address, servers["half1"].address])
+        # Shared: one cache of capacity C for both jobs. Per job: a cache of C each (what two
+        # users with separate caches hold: the same data twice). Per job, half: C/2 each, the
+        # same total budget as the shared cache.
         result["shared_bytes_cached"] = servers["shared"].stats().used_bytes
-        result["per_job_bytes_cached"] = servers["job0"].stats().used_bytes + servers["job1"].stats().used_bytes
+        result["per_job_bytes_cached"] = (
+            servers["job0"].stats().used_bytes + servers["job1"].stats().used_bytes
+        )
         result["shared_throughput_mb_s"] = shared_tput
         result["per_job_throughput_mb_s"] = per_job_tput
+        result["per_job_half_capacity_bytes_cached"] = (
+            servers["half0"].stats().used_bytes + servers["half1"].stats().used_bytes
+        )
+        result["per_job_half_capacity_throughput_mb_s"] = half_tput
+        result["shared_vs_per_job_half_capacity_speedup"] = shared_tput / half_tput
 
+        phases["two_jobs"] = time.perf_counter() - t_phase
+        t_phase = time.perf_counter()
         # -- serving: one server, one client, warm, against local files
         srv = servers["serve"]
         warm = loader(index, local, srv.address, "serve-warm", prefetch=False)
@@ -248,7 +307,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
                 for i in range(0, len(reads), 256):
                     got += sum(len(x or b"") for x in c.read_samples(reads[i : i + 256]))
             serve = got / (time.perf_counter() - t0) / MB
-        direct = loader(index, local, srv.address, "serve-direct", prefetch=False, node=f"bench-serve")
+        direct = loader(index, local, srv.address, "serve-direct", prefetch=False)
         idx_all = list(range(len(index)))
         direct.read(idx_all, idx_all)
         t0 = time.perf_counter()
@@ -271,17 +330,21 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         result["local_read_mb_s"] = local_mb_s
         result["serve_vs_local"] = serve / local_mb_s
         result["serve_direct_vs_local"] = serve_direct / local_mb_s
+        phases["serving"] = time.perf_counter() - t_phase
+        result["phase_s"] = phases
         shutil.rmtree(data, ignore_errors=True)
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="microco bench cache", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="microco bench cache", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="small dataset, 2 epochs: under a minute")
     p.add_argument("--json", action="store_true", help="JSON only on stdout (the default output is JSON too)")
     p.add_argument("--samples", type=int, default=0, help="number of samples (default 192 quick, 768 full)")
     p.add_argument("--sample-kb", type=float, default=110, help="mean sample size in KB (DLIO image: ~110)")
-    p.add_argument("--bandwidth-mb-s", type=float, default=40, help="backing store bandwidth, MB/s")
+    p.add_argument("--bandwidth-mb-s", type=float, default=20, help="backing store bandwidth, MB/s")
     p.add_argument("--compute-ms", type=float, default=5, help="simulated training step per batch, ms")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -49,7 +49,6 @@ def generate(sf: float, out: Path) -> Path:
 def load_parquet(path: Path) -> Any:
     import pyarrow.parquet as pq
 
-    from microco.services.store import conform  # noqa: F401 - same cast the store applies
     from microco.services.store._exec import to_plain_strings
 
     return to_plain_strings(pq.read_table(path))
@@ -216,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                 "name": q["name"], "matched_s": round(matched_s, 4), "shuffle_s": round(shuffle_s, 4),
                 "duckdb_s": round(duck_s, 4), "spark_s": None,
                 "shuffle_over_matched": round(shuffle_s / matched_s, 2),
+                "matched_moved_bytes": matched_plan.get("moved_bytes", 0),
+                "shuffle_moved_bytes": shuffle_plan.get("moved_bytes", 0),
                 "matched_plan": matched_plan["kind"], "matched_replicas": matched_plan["replicas"],
                 "shuffle_plan": shuffle_plan["kind"], "shuffle_replicas": shuffle_plan["replicas"],
                 "result_rows": m.num_rows, "results_agree_row_count": same,
@@ -231,11 +232,12 @@ def main(argv: list[str] | None = None) -> int:
         cluster.wait_gone(victim)
         t_gone = time.perf_counter()
         rec = client.start_recovery()
-        while rec.get("unavailable_extents", 1) and rec.get("state") not in ("stuck",):
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if rec.get("state") == "stuck" or (rec.get("state") in ("done", "partial") and rec["unavailable_extents"] == 0):
+                break
             time.sleep(0.2)
             rec = client.recovery()
-            if rec.get("state") in ("done", "partial") and rec["unavailable_extents"] == 0:
-                break
         result["recovery"] = {
             "node": victim,
             "extents_lost": before[victim]["extents"],

@@ -3,7 +3,8 @@
 * ``CacheClient``: typed gRPC client of one cache server.
 * ``register_dataset``, ``get_dataset``, ``list_datasets``, ``load_index``: datasets in etcd,
   indexes beside the data.
-* ``QuiverLoader``: substitutable-hit data loading with prefetch and backing-store fallback.
+* ``QuiverLoader``: substitutable-hit data loading with prefetch and backing-store fallback;
+  ``Peers``: other hosts' cache servers through the Redis directory (remote streaming).
 * ``open_loader``: a loader for a registered dataset by name.
 * PyTorch: ``QuiverBatchSampler``, ``QuiverDataset``, ``make_dataloader`` (imported on use);
   tf.data: ``quiver_tf_dataset`` (imported on use).
@@ -16,6 +17,7 @@ from typing import Any
 from ._client import CacheClient, Grant
 from ._datasets import DatasetRecord, get_dataset, list_datasets, load_index, register_dataset
 from ._loader import LoaderStats, QuiverLoader
+from ._peers import Peers
 
 _LAZY = {
     "QuiverBatchSampler": "_torch",
@@ -33,11 +35,20 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def open_loader(kv: Any, name: str, *, server: str | None = None, store: Any = None, **kwargs: Any) -> QuiverLoader:
+def open_loader(
+    kv: Any,
+    name: str,
+    *,
+    server: str | None = None,
+    store: Any = None,
+    redis_url: str | None = None,
+    **kwargs: Any,
+) -> QuiverLoader:
     """A ``QuiverLoader`` for the registered dataset ``name`` (index verified against etcd).
 
     ``server`` is the cache server's address; None finds one in etcd (this host's first),
-    and with none running the loader reads from the backing store only.
+    and with none running the loader reads from the backing store only. With ``redis_url``
+    the loader also reads chunks that other hosts' cache servers hold (the Redis directory).
     """
     from microco.services.cache import open_store
 
@@ -46,6 +57,10 @@ def open_loader(kv: Any, name: str, *, server: str | None = None, store: Any = N
     index = load_index(rec, store)
     if server is None:
         server = find_server(kv)
+    if redis_url and "peers" not in kwargs:
+        from microco.services.common.hotstate import connect_redis
+
+        kwargs["peers"] = Peers(connect_redis(redis_url, check=False), kv, exclude=server)
     return QuiverLoader(index, store, dataset=name, server=server, **kwargs)
 
 
@@ -68,6 +83,7 @@ __all__ = [
     "DatasetRecord",
     "Grant",
     "LoaderStats",
+    "Peers",
     "QuiverBatchSampler",
     "QuiverDataset",
     "QuiverLoader",

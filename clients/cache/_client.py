@@ -11,7 +11,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import grpc
-
 from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
 from microco.clients.common import ServiceClient, dial
 from microco.services.common.errors import from_rpc_error
@@ -43,14 +42,26 @@ class CacheClient(ServiceClient):
         return self.default_timeout if timeout is None else timeout
 
     def lookup(
-        self, digests: Sequence[str], dataset: str = "", job_id: str = "", *, timeout: float | None = None, retry: bool = True
+        self,
+        digests: Sequence[str],
+        dataset: str = "",
+        job_id: str = "",
+        *,
+        timeout: float | None = None,
+        retry: bool = True,
     ) -> set[str]:
         """The subset of ``digests`` (chunks) this server holds."""
         req = cache_pb2.LookupRequest(dataset=dataset, digests=list(digests), job_id=job_id)
         return set(self._call(self._stub.Lookup, req, timeout=timeout, idempotent=True, retry=retry).present)
 
     def lookup_room(
-        self, digests: Sequence[str], dataset: str = "", job_id: str = "", *, timeout: float | None = None, retry: bool = True
+        self,
+        digests: Sequence[str],
+        dataset: str = "",
+        job_id: str = "",
+        *,
+        timeout: float | None = None,
+        retry: bool = True,
     ) -> tuple[set[str], int]:
         """Like ``lookup``, plus the bytes of ``dataset`` the server could admit now."""
         req = cache_pb2.LookupRequest(dataset=dataset, digests=list(digests), job_id=job_id)
@@ -62,7 +73,8 @@ class CacheClient(ServiceClient):
     ) -> list[bytes | None]:
         """Bytes per (chunk, offset, length, sample digest); None where the server had none."""
         req = cache_pb2.ReadSamplesRequest(
-            samples=[cache_pb2.SampleRead(chunk=c, offset=o, length=n, digest=d) for c, o, n, d in reads], job_id=job_id
+            samples=[cache_pb2.SampleRead(chunk=c, offset=o, length=n, digest=d) for c, o, n, d in reads],
+            job_id=job_id,
         )
         out: list[bytes | None] = [None] * len(reads)
         try:
@@ -79,7 +91,9 @@ class CacheClient(ServiceClient):
         parts: dict[str, list[bytes]] = {}
         out: dict[str, bytes] = {}
         try:
-            for m in self._stub.ReadChunks(cache_pb2.ReadChunksRequest(digests=list(digests)), timeout=self._t(timeout)):
+            for m in self._stub.ReadChunks(
+                cache_pb2.ReadChunksRequest(digests=list(digests)), timeout=self._t(timeout)
+            ):
                 if m.missing:
                     continue
                 parts.setdefault(m.digest, []).append(m.data)
@@ -94,7 +108,11 @@ class CacheClient(ServiceClient):
     ) -> tuple[str, list[Grant]]:
         """(node, grants): paths of held chunks, valid on ``node`` only."""
         r = self._call(
-            self._stub.OpenChunks, cache_pb2.OpenChunksRequest(digests=list(digests)), timeout=timeout, idempotent=True, retry=retry
+            self._stub.OpenChunks,
+            cache_pb2.OpenChunksRequest(digests=list(digests)),
+            timeout=timeout,
+            idempotent=True,
+            retry=retry,
         )
         return r.node, [Grant(g.digest, g.path, g.size) for g in r.grants]
 
@@ -108,7 +126,11 @@ class CacheClient(ServiceClient):
                 n = len(data)
                 for off in range(0, max(n, 1), _PART):
                     yield cache_pb2.ChunkData(
-                        digest=d, data=data[off : off + _PART], offset=off, last=off + _PART >= n, dataset=dataset
+                        digest=d,
+                        data=data[off : off + _PART],
+                        offset=off,
+                        last=off + _PART >= n,
+                        dataset=dataset,
                     )
 
         try:
@@ -119,7 +141,9 @@ class CacheClient(ServiceClient):
     def report_corrupt(self, digest: str, *, timeout: float | None = None, retry: bool = True) -> bool:
         """Ask the server to re-verify a chunk; True when it was corrupt and is now dropped."""
         req = cache_pb2.ReportCorruptRequest(digest=digest)
-        return self._call(self._stub.ReportCorrupt, req, timeout=timeout, idempotent=True, retry=retry).dropped
+        return self._call(
+            self._stub.ReportCorrupt, req, timeout=timeout, idempotent=True, retry=retry
+        ).dropped
 
     def report_progress(
         self,
@@ -143,7 +167,9 @@ class CacheClient(ServiceClient):
             user=user,
             epoch=epoch,
             consumed=list(consumed),
-            timings=[cache_pb2.BatchTiming(hit_fraction=h, seconds=s, bytes=b, samples=n) for h, s, b, n in timings],
+            timings=[
+                cache_pb2.BatchTiming(hit_fraction=h, seconds=s, bytes=b, samples=n) for h, s, b, n in timings
+            ],
             dataset_bytes=dataset_bytes,
             finished=finished,
         )
@@ -154,4 +180,6 @@ class CacheClient(ServiceClient):
         return self._call(self._stub.GetStats, cache_pb2.GetStatsRequest(), timeout=timeout, idempotent=True)
 
     def allocations(self, *, timeout: float | None = None) -> cache_pb2.GetAllocationsResponse:
-        return self._call(self._stub.GetAllocations, cache_pb2.GetAllocationsRequest(), timeout=timeout, idempotent=True)
+        return self._call(
+            self._stub.GetAllocations, cache_pb2.GetAllocationsRequest(), timeout=timeout, idempotent=True
+        )

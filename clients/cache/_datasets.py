@@ -72,7 +72,9 @@ def register_dataset(
             return DatasetRecord(**existing), index
         from microco.services.common.errors import AlreadyExists
 
-        raise AlreadyExists(f"dataset {name!r} is already registered with other contents ({existing.get('url')})")
+        raise AlreadyExists(
+            f"dataset {name!r} is already registered with other contents ({existing.get('url')})"
+        )
     kv.put_json(key, asdict(rec))
     return rec, index
 
@@ -94,5 +96,7 @@ def load_index(record: DatasetRecord, store=None) -> DatasetIndex:  # type: igno
     try:
         raw = store.read(index_path(record.index_digest))
     except FileNotFoundError:
-        raise NotFound(f"index of {record.name!r} missing at {record.url}/{index_path(record.index_digest)}") from None
+        raise NotFound(
+            f"index of {record.name!r} missing at {record.url}/{index_path(record.index_digest)}"
+        ) from None
     return DatasetIndex.from_bytes(raw, record.index_digest)

@@ -29,6 +29,7 @@ from microco.services.cache import BatchMode, DatasetIndex, SubstitutableSampler
 from microco.services.common.errors import FailedPrecondition, MicrocoError
 
 from ._client import CacheClient
+from ._peers import Peers
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ class LoaderStats:
     prefetch_rejected: int = 0
     server_failures: int = 0
     corrupt_reported: int = 0
+    hit_fallbacks: int = 0  # chosen as hits, but had to be read from the backing store
+    remote_hits: int = 0  # served by another host's cache server
+    staged_served: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -77,6 +81,7 @@ class QuiverLoader:
         substitutable: bool = True,
         insert_misses: bool = False,
         chunk_fetch: bool | None = None,
+        peers: Peers | None = None,
     ) -> None:
         self.index = index
         self.store = store
@@ -85,7 +90,11 @@ class QuiverLoader:
         self.user = user
         self.batch_size = batch_size
         self.sampler = SubstitutableSampler(
-            len(index), batch_size, seed=seed, substitution=substitution if substitutable else 1, drop_last=drop_last
+            len(index),
+            batch_size,
+            seed=seed,
+            substitution=substitution if substitutable else 1,
+            drop_last=drop_last,
         )
         self.client = CacheClient(server) if isinstance(server, str) else server
         # Read-through: put single-sample chunks read from the backing store into the cache
@@ -99,6 +108,9 @@ class QuiverLoader:
         self._inflight: set[int] = set()
         # Chunks fetched whole and on their way into the cache: served from here meanwhile.
         self._staged: dict[str, bytes] = {}
+        # Other hosts' servers (through the Redis directory), and where remote chunks were seen.
+        self.peers = peers
+        self._remote: dict[str, CacheClient] = {}
         self.prefetch = prefetch and self.client is not None
         self.direct_read = direct_read
         self.node = node if node is not None else os.environ.get("MICROCO_NODE", socket.gethostname())
@@ -131,16 +143,25 @@ class QuiverLoader:
         log.warning("cache server unavailable, reading from the backing store: %s", exc)
 
     def cached(self, candidates: Sequence[int]) -> set[int]:
-        """Which candidate samples sit in a cached chunk now."""
+        """Which candidate samples sit in a cached chunk now (this host's server, a peer's,
+        or a chunk this loader holds while it is being inserted)."""
+        chunks = sorted({self.index.chunk_of(i).digest for i in candidates})
+        present: set[str] = set()
         srv = self._server()
-        if srv is None:
-            return set()
-        chunks = {self.index.chunk_of(i).digest for i in candidates}
-        try:
-            present, self._room = srv.lookup_room(sorted(chunks), self.dataset, self.job_id, timeout=5, retry=False)
-        except MicrocoError as exc:
-            self._server_failed(exc)
-            return set()
+        if srv is not None:
+            try:
+                present, self._room = srv.lookup_room(
+                    chunks, self.dataset, self.job_id, timeout=5, retry=False
+                )
+            except MicrocoError as exc:
+                self._server_failed(exc)
+        if self.peers is not None:
+            remote = self.peers.holders([c for c in chunks if c not in present])
+            with self._lock:
+                if len(self._remote) > 65536:
+                    self._remote.clear()
+                self._remote.update(remote)
+            present |= remote.keys()
         with self._lock:
             present |= self._staged.keys()
         return {i for i in candidates if self.index.chunk_of(i).digest in present}
@@ -167,32 +188,39 @@ class QuiverLoader:
             with self._lock:
                 self._grants.update({g.digest: g.path for g in grants})
         out: dict[int, bytes] = {}
+        by_chunk: dict[str, list[int]] = {}
         for i in hits:
-            ref = self.index.samples[i]
-            c = self.index.chunks[ref.chunk].digest
+            by_chunk.setdefault(self.index.chunk_of(i).digest, []).append(i)
+        for c, members in by_chunk.items():
             path = self._grants.get(c)
             if path is None:
                 continue
             try:
-                with open(path, "rb") as f:
-                    f.seek(ref.offset)
-                    data = f.read(ref.size)
-            except OSError:  # evicted since the grant: a miss
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:  # evicted since the grant: misses
                 with self._lock:
                     self._grants.pop(c, None)
                 continue
-            if digest(data) != ref.digest:
-                # Stale grant (the file was replaced) or a flipped byte: let the server check.
-                with self._lock:
-                    self._grants.pop(c, None)
-                try:
-                    if srv.report_corrupt(c, timeout=5, retry=False):
-                        self.stats.corrupt_reported += 1
-                except MicrocoError:
-                    pass
-                continue
-            out[i] = data
+            try:
+                for i in members:
+                    ref = self.index.samples[i]
+                    self._check_direct(srv, c, i, os.pread(fd, ref.size, ref.offset), out)
+            finally:
+                os.close(fd)
         return out
+
+    def _check_direct(self, srv: CacheClient, c: str, i: int, data: bytes, out: dict[int, bytes]) -> None:
+        if digest(data) == self.index.samples[i].digest:
+            out[i] = data
+            return
+        # Stale grant (the file was replaced) or a flipped byte: let the server check.
+        with self._lock:
+            self._grants.pop(c, None)
+        try:
+            if srv.report_corrupt(c, timeout=5, retry=False):
+                self.stats.corrupt_reported += 1
+        except MicrocoError:
+            pass
 
     def _read_hits(self, hits: Sequence[int]) -> dict[int, bytes]:
         staged: dict[int, bytes] = {}
@@ -203,10 +231,43 @@ class QuiverLoader:
                 if data is not None:
                     staged[i] = data[ref.offset : ref.offset + ref.size]
         rest = [i for i in hits if i not in staged]
+        self.stats.staged_served += len(staged)
         staged.update(self._read_cached(rest))
         return staged
 
     def _read_cached(self, hits: Sequence[int]) -> dict[int, bytes]:
+        out = self._read_local(hits)
+        if self.peers is None:
+            return out
+        by_peer: dict[int, tuple[CacheClient, list[int]]] = {}
+        with self._lock:
+            for i in hits:
+                peer = self._remote.get(self.index.chunk_of(i).digest)
+                if i not in out and peer is not None:
+                    by_peer.setdefault(id(peer), (peer, []))[1].append(i)
+        for peer, idxs in by_peer.values():
+            reads = [
+                (
+                    self.index.chunk_of(i).digest,
+                    self.index.samples[i].offset,
+                    self.index.samples[i].size,
+                    self.index.samples[i].digest,
+                )
+                for i in idxs
+            ]
+            try:
+                data = peer.read_samples(reads, self.job_id, timeout=30)
+            except MicrocoError as exc:
+                log.warning("peer cache server failed, reading from the backing store: %s", exc)
+                self.peers.failed(peer)
+                continue
+            for i, d in zip(idxs, data, strict=True):
+                if d is not None and digest(d) == self.index.samples[i].digest:
+                    out[i] = d
+                    self.stats.remote_hits += 1
+        return out
+
+    def _read_local(self, hits: Sequence[int]) -> dict[int, bytes]:
         srv = self._server()
         if srv is None or not hits:
             return {}
@@ -236,6 +297,7 @@ class QuiverLoader:
         hit_set = set(hits)
         got = self._read_hits([i for i in indices if i in hit_set])
         rest = [i for i in indices if i not in got]
+        self.stats.hit_fallbacks += sum(1 for i in rest if i in hit_set)
         whole = self._chunks_to_fetch(rest, indices)
         wanted = [i for i in rest if self.index.samples[i].chunk not in whole]
         for c in sorted(whole):
@@ -253,7 +315,9 @@ class QuiverLoader:
                 self._staged.update(puts)
             self._put_async(puts)
         if self.insert_misses and rest:
-            self._put_async([(self.index.chunk_of(i).digest, got[i]) for i in rest if self.index.chunk_of(i).count == 1])
+            self._put_async(
+                [(self.index.chunk_of(i).digest, got[i]) for i in rest if self.index.chunk_of(i).count == 1]
+            )
         self.stats.hits += len(indices) - len(rest)
         self.stats.misses += len(rest)
         self.stats.cache_bytes += sum(len(got[i]) for i in indices if i not in rest)
@@ -329,7 +393,11 @@ class QuiverLoader:
             done: list[str] = []
             while True:
                 probe = epoch < 2 and b < 2 * self.probe_batches
-                mode = (BatchMode.MISSES_ONLY if b % 2 == 0 else BatchMode.HITS_ONLY) if probe else BatchMode.PREFER_HITS
+                mode = (
+                    (BatchMode.MISSES_ONLY if b % 2 == 0 else BatchMode.HITS_ONLY)
+                    if probe
+                    else BatchMode.PREFER_HITS
+                )
                 batch = self.sampler.next_batch(self.cached, mode)
                 now = time.perf_counter()
                 if last is not None:
@@ -359,7 +427,10 @@ class QuiverLoader:
                 self._prefetch_thread.join()
             self._prefetch_stop = threading.Event()
             self._prefetch_thread = threading.Thread(
-                target=self._prefetch_loop, args=(epoch, self._prefetch_stop), name="quiver-prefetch", daemon=True
+                target=self._prefetch_loop,
+                args=(epoch, self._prefetch_stop),
+                name="quiver-prefetch",
+                daemon=True,
             )
             self._prefetch_thread.start()
 
@@ -371,10 +442,12 @@ class QuiverLoader:
                 self._consumed_left[c] -= 1
                 if self._consumed_left[c] == 0:
                     done.append(self.index.chunks[c].digest)
-                    self._staged.pop(self.index.chunks[c].digest, None)
         return done
 
     def _report(self, consumed: list[str]) -> None:
+        with self._lock:  # read by now: a chunk kept for this job is not needed any more
+            for d in consumed:
+                self._staged.pop(d, None)
         srv = self._server()
         if srv is None:
             return
@@ -409,8 +482,7 @@ class QuiverLoader:
         if not self._consumed_left or self.sampler.remaining == 0:
             # Between epochs every chunk is needed again by the next one.
             self._consumed_left = [c.count for c in self.index.chunks]
-        if self._epoch < 0:
-            self._epoch = 0
+        self._epoch = max(self._epoch, 0)
         self._report([])  # the server must know this job pins the chunks it is about to get
         before = self.stats.prefetched_chunks
         order = list(range(len(self.index.chunks)))[: max_chunks if max_chunks is not None else None]
@@ -426,7 +498,7 @@ class QuiverLoader:
                     return
                 stop.wait(0.2)
                 continue
-            window = []
+            window: list[int] = []
             while pos < len(order) and len(window) < 16:
                 c = order[pos]
                 with self._lock:
@@ -438,7 +510,11 @@ class QuiverLoader:
                 continue
             try:
                 present, room = srv.lookup_room(
-                    [self.index.chunks[c].digest for c in window], self.dataset, self.job_id, timeout=5, retry=False
+                    [self.index.chunks[c].digest for c in window],
+                    self.dataset,
+                    self.job_id,
+                    timeout=5,
+                    retry=False,
                 )
             except MicrocoError as exc:
                 self._server_failed(exc)
@@ -472,7 +548,9 @@ class QuiverLoader:
         chunk = self.index.chunks[c]
         while not stop.is_set():
             try:
-                present, room = srv.lookup_room([chunk.digest], self.dataset, self.job_id, timeout=5, retry=False)
+                present, room = srv.lookup_room(
+                    [chunk.digest], self.dataset, self.job_id, timeout=5, retry=False
+                )
             except MicrocoError as exc:
                 self._server_failed(exc)
                 return False
@@ -516,7 +594,9 @@ class QuiverLoader:
         srv = self._server()
         if srv is not None:
             try:
-                srv.report_progress(self.job_id, self.dataset, self._epoch, finished=True, timeout=5, retry=False)
+                srv.report_progress(
+                    self.job_id, self.dataset, self._epoch, finished=True, timeout=5, retry=False
+                )
             except MicrocoError:
                 pass
 
@@ -525,4 +605,6 @@ class QuiverLoader:
         if self._prefetch_thread is not None:
             self._prefetch_thread.join(timeout=5)
         self._puts.shutdown(wait=True)
+        if self.peers is not None:
+            self.peers.close()
         self._pool.shutdown(wait=False)

@@ -17,8 +17,7 @@ def quiver_tf_dataset(loader: QuiverLoader, epoch: int = 0) -> Any:
     import tensorflow as tf
 
     def gen() -> Any:
-        for indices, samples in loader.epoch(epoch):
-            yield indices, samples
+        yield from loader.epoch(epoch)
 
     return tf.data.Dataset.from_generator(
         gen,

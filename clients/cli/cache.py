@@ -68,7 +68,9 @@ def _servers(kv: Any) -> list[Any]:
 
     recs = sorted(discover(kv, "cache"), key=lambda r: (r.labels.get("node", ""), r.instance_id))
     if not recs:
-        raise Unavailable("no cache server is registered in etcd (start one: python -m microco.services.cache)")
+        raise Unavailable(
+            "no cache server is registered in etcd (start one: python -m microco.services.cache)"
+        )
     return recs
 
 
@@ -90,18 +92,24 @@ def _table(rows: list[dict[str, Any]], cols: list[str]) -> None:
 def cmd_register(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from tqdm import tqdm
-
     from microco.clients.cache import register_dataset
     from microco.services.cache import open_store, parse_size
+    from tqdm import tqdm
 
     chunk = parse_size(args.chunk_size)
     total = sum(size for _, size in open_store(args.path).list_files())
     kv = _kv(args)
     try:
-        with tqdm(total=total, unit="B", unit_scale=True, desc=f"indexing {args.name}", disable=args.json) as bar:
+        with tqdm(
+            total=total, unit="B", unit_scale=True, desc=f"indexing {args.name}", disable=args.json
+        ) as bar:
             rec, _ = register_dataset(
-                kv, args.name, args.path, owner=args.owner or getpass.getuser(), chunk_bytes=chunk, progress=bar.update
+                kv,
+                args.name,
+                args.path,
+                owner=args.owner or getpass.getuser(),
+                chunk_bytes=chunk,
+                progress=bar.update,
             )
     finally:
         kv.close()
@@ -130,7 +138,14 @@ def cmd_datasets(args: argparse.Namespace) -> int:
         return 0
     _table(
         [
-            {"name": r.name, "samples": r.num_samples, "chunks": r.num_chunks, "size": _human(r.total_bytes), "owner": r.owner, "url": r.url}
+            {
+                "name": r.name,
+                "samples": r.num_samples,
+                "chunks": r.num_chunks,
+                "size": _human(r.total_bytes),
+                "owner": r.owner,
+                "url": r.url,
+            }
             for r in recs
         ],
         ["name", "samples", "chunks", "size", "owner", "url"],
@@ -140,7 +155,6 @@ def cmd_datasets(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     from google.protobuf.json_format import MessageToDict
-
     from microco.clients.cache import CacheClient
 
     kv = _kv(args)
@@ -153,7 +167,15 @@ def cmd_stats(args: argparse.Namespace) -> int:
     finally:
         kv.close()
     if args.json:
-        print(json.dumps([{"address": r.address, **MessageToDict(st, preserving_proto_field_name=True)} for r, st in rows], indent=2))
+        print(
+            json.dumps(
+                [
+                    {"address": r.address, **MessageToDict(st, preserving_proto_field_name=True)}
+                    for r, st in rows
+                ],
+                indent=2,
+            )
+        )
         return 0
     out = []
     for rec, st in rows:
@@ -172,13 +194,15 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 "jobs": ",".join(st.jobs),
             }
         )
-    _table(out, ["node", "address", "policy", "used", "chunks", "hit_rate", "served", "evicted", "corrupt", "jobs"])
+    _table(
+        out,
+        ["node", "address", "policy", "used", "chunks", "hit_rate", "served", "evicted", "corrupt", "jobs"],
+    )
     return 0
 
 
 def cmd_allocations(args: argparse.Namespace) -> int:
     from google.protobuf.json_format import MessageToDict
-
     from microco.clients.cache import CacheClient
 
     kv = _kv(args)
@@ -190,7 +214,15 @@ def cmd_allocations(args: argparse.Namespace) -> int:
     finally:
         kv.close()
     if args.json:
-        print(json.dumps([{"address": r.address, **MessageToDict(a, preserving_proto_field_name=True)} for r, a in rows], indent=2))
+        print(
+            json.dumps(
+                [
+                    {"address": r.address, **MessageToDict(a, preserving_proto_field_name=True)}
+                    for r, a in rows
+                ],
+                indent=2,
+            )
+        )
         return 0
     out = []
     for rec, resp in rows:

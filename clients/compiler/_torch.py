@@ -158,9 +158,11 @@ class CellRunner:
         key = (id(base), base._version, d)
         hit = self._x_cache.get(key)
         if hit is None or hit[0] is not base:
-            hit = (base, tuple(plan.x_gm(base, *p_vals)))
+            # unbind, not select: the backward of T selects would materialise T zero-filled
+            # copies of the whole sequence; one unbind's backward stacks the T gradients once.
+            hit = (base, tuple(v.unbind(d) for v in plan.x_gm(base, *p_vals)))
             self._x_cache[key] = hit
-        return tuple(v.select(d, t) for v in hit[1])
+        return tuple(v[t] for v in hit[1])
 
     def restore(self) -> None:
         self.cell.forward = self.original_forward

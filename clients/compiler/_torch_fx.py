@@ -41,10 +41,18 @@ def _is_linear_module(gm: fx.GraphModule, node: fx.Node) -> bool:
     return node.op == "call_module" and isinstance(gm.get_submodule(node.target), nn.Linear)
 
 
+def _splits_last_dim(node: fx.Node) -> bool:
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+    return dim == -1
+
+
 def _rowwise(gm: fx.GraphModule, node: fx.Node) -> bool:
     if node.op == "call_function":
+        if node.target is torch.split:
+            return _splits_last_dim(node)  # splitting features keeps rows independent
         if node.target is operator.getitem:
-            return False
+            src = node.args[0]
+            return isinstance(src, fx.Node) and src.target is torch.split and _splits_last_dim(src)
         return node.target in _ROWWISE_FUNCTIONS
     if node.op == "call_method":
         return node.target in _ROWWISE_METHODS

@@ -37,6 +37,7 @@ def job_to_dict(job: scheduler_pb2.Job) -> dict[str, Any]:
         "attained_service_s": job.attained_service_s, "message": job.message,
         "command": list(job.spec.command), "devices_wanted": job.spec.devices, "elastic": job.spec.elastic,
         "priority": job.spec.priority, "user": job.spec.owner.user,
+        "history": [[h.at, state_name(h.state), h.message] for h in job.history],
     }
 
 

@@ -146,6 +146,7 @@ class StoreClient(ServiceClient):
                         "replicas": json.loads(resp.replicas_json or "{}"),
                     }
                 buf.write(resp.arrow_ipc)
+                self.last_plan["moved_bytes"] = resp.moved_bytes
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
         return pa.ipc.open_stream(pa.py_buffer(buf.getvalue())).read_all()

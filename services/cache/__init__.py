@@ -18,7 +18,15 @@ from ._core import CacheCore, PutResult
 from ._digest import digest, directory_locator, file_locator, is_digest
 from ._directory import RedisDirectory
 from ._eviction import POLICIES, Admission, ConsumptionTracker, EvictionPolicy, Ledger, Outcome, make_policy
-from ._index import DEFAULT_CHUNK_BYTES, ChunkRef, DatasetIndex, SampleRef, build_index, index_path, index_store
+from ._index import (
+    DEFAULT_CHUNK_BYTES,
+    ChunkRef,
+    DatasetIndex,
+    SampleRef,
+    build_index,
+    index_path,
+    index_store,
+)
 from ._sampler import Batch, BatchMode, SubstitutableSampler
 from ._servicer import SERVICE_NAME, CacheServicer, parse_size
 from ._simulate import SimResult, simulate
@@ -64,5 +72,6 @@ __all__ = [
     "is_digest",
     "make_policy",
     "open_store",
+    "parse_size",
     "simulate",
 ]

@@ -32,7 +32,9 @@ class BenefitEstimate:
         return max(0.0, (self.t_miss - self.t_hit) / self.t_miss) if self.t_miss > 0 else 0.0
 
 
-def estimate_benefit(observations: Iterable[tuple[float, float]], min_spread: float = 0.3) -> BenefitEstimate | None:
+def estimate_benefit(
+    observations: Iterable[tuple[float, float]], min_spread: float = 0.3
+) -> BenefitEstimate | None:
     """Fit ``seconds = t_miss - (t_miss - t_hit) * hit_fraction`` to (hit_fraction, seconds).
 
     None when the hit fractions span less than ``min_spread`` (the probe has not run yet).

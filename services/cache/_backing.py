@@ -84,7 +84,7 @@ class FsspecStore:
         out = []
         prefix = self.root.rstrip("/") + "/"
         for path, info in self.fs.find(self.root, detail=True).items():
-            rel = path[len(prefix) :] if path.startswith(prefix) else path
+            rel = path.removeprefix(prefix)
             if any(part.startswith(".") for part in rel.split("/")):
                 continue
             out.append((rel, int(info.get("size") or 0)))

@@ -32,6 +32,8 @@ class CorruptChunk(FailedPrecondition):
 class ChunkStore:
     """A directory of content-addressed chunk files; thread-safe."""
 
+    MAX_OPEN = 256
+
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
         self.dir = os.path.join(self.root, "chunks")
@@ -42,6 +44,7 @@ class ChunkStore:
         os.chmod(self.tmp, 0o700)
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}
+        self._fds: dict[str, int] = {}
         self.dropped_on_start = 0
         self._recover()
 
@@ -89,22 +92,44 @@ class ChunkStore:
         with open(tmp, "wb") as f:
             f.write(data)
         os.chmod(tmp, 0o644)
+        self._close_fd(d)
         os.replace(tmp, self.path(d))
         with self._lock:
             self._sizes[d] = len(data)
 
+    def _fd(self, d: str) -> int:
+        with self._lock:
+            fd = self._fds.get(d)
+            if fd is None:
+                fd = os.open(self.path(d), os.O_RDONLY)
+                if len(self._fds) >= self.MAX_OPEN:
+                    os.close(self._fds.pop(next(iter(self._fds))))
+                self._fds[d] = fd
+            return fd
+
+    def _close_fd(self, d: str) -> None:
+        with self._lock:
+            fd = self._fds.pop(d, None)
+        if fd is not None:
+            os.close(fd)
+
     def read(self, d: str, offset: int = 0, length: int = -1) -> bytes:
         """Raw bytes of a chunk (or a range of it); the caller verifies what it reads."""
-        if d not in self._sizes:
+        size = self._sizes.get(d)
+        if size is None:
             raise NotFound("chunk not held here")
-        try:
-            with open(self.path(d), "rb") as f:
-                if offset:
-                    f.seek(offset)
-                return f.read(length if length >= 0 else -1)
-        except FileNotFoundError:
-            self.drop(d)
-            raise NotFound("chunk not held here") from None
+        if length < 0:
+            length = size - offset
+        for _ in range(2):
+            try:
+                # Open files are kept: a mini-batch reads many samples of the same chunks.
+                return os.pread(self._fd(d), length, offset)
+            except FileNotFoundError:
+                self.drop(d)
+                raise NotFound("chunk not held here") from None
+            except OSError:  # closed by a concurrent eviction: reopen once
+                self._close_fd(d)
+        raise NotFound("chunk not held here")
 
     def read_verified(self, d: str) -> bytes:
         """A whole chunk, checked against its digest; a corrupt one is dropped."""
@@ -113,6 +138,12 @@ class ChunkStore:
             self.drop(d)
             raise CorruptChunk(f"chunk {d[:12]}... failed verification and was dropped")
         return data
+
+    def close(self) -> None:
+        with self._lock:
+            fds, self._fds = list(self._fds.values()), {}
+        for fd in fds:
+            os.close(fd)
 
     def verify(self, d: str) -> bool:
         """Re-hash chunk ``d``; drop it and return False when it does not match."""
@@ -123,6 +154,7 @@ class ChunkStore:
             return False
 
     def drop(self, d: str) -> bool:
+        self._close_fd(d)
         with self._lock:
             held = self._sizes.pop(d, None) is not None
         try:

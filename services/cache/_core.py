@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from microco.services.common.errors import InvalidArgument
+from microco.services.common.errors import InvalidArgument, NotFound
 
 from ._allocation import Allocation, JobDemand, allocate, estimate_benefit
 from ._chunkstore import ChunkStore, DigestMismatch
@@ -112,7 +112,7 @@ class CacheCore:
             if held:
                 try:
                     data = self.store.read(chunk, offset, length)
-                except Exception:  # vanished underneath us: a miss
+                except (NotFound, OSError):  # vanished underneath us: a miss
                     data = None
                 if data is not None and (len(data) != length or digest(data) != sample_digest):
                     self.drop_corrupt(chunk)
@@ -179,7 +179,9 @@ class CacheCore:
             return PutResult(d, "malformed_digest", "digest must be 64 lower-case hex digits")
         with self._lock:
             quotas = self._quotas()
-            adm = self.policy.admit(self.ledger, self.capacity, d, len(data), dataset, self.consumption, quotas)
+            adm = self.policy.admit(
+                self.ledger, self.capacity, d, len(data), dataset, self.consumption, quotas
+            )
             if adm.outcome is Outcome.PRESENT:
                 self.ledger.touch(d)
                 return PutResult(d, "present")
@@ -188,6 +190,7 @@ class CacheCore:
                 return PutResult(d, adm.outcome.value, adm.reason)
             # Reserve the room now so that concurrent puts see it taken.
             for v in adm.victims:
+                log.debug("evict %s for %s", v[:8], d[:8])
                 self.ledger.remove(v)
                 self.store.drop(v)
                 self.counters.evictions += 1

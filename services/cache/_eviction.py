@@ -92,7 +92,7 @@ class ConsumptionTracker:
 
     def report(self, job: str, dataset: str, epoch: int, consumed: Iterable[str], now: float) -> None:
         p = self.jobs.get(job)
-        if p is None or p.dataset != dataset or epoch > p.epoch:
+        if p is None or p.dataset != dataset or epoch != p.epoch:
             p = self.jobs[job] = _JobProgress(dataset, epoch)
         if epoch == p.epoch:
             p.consumed.update(consumed)

@@ -127,7 +127,10 @@ def plan_chunks(sizes: Sequence[int], chunk_bytes: int) -> list[int]:
 
 
 def _assemble(
-    rows: Sequence[tuple[str, int, str]], counts: Sequence[int], chunk_digests: Sequence[str], chunk_bytes: int
+    rows: Sequence[tuple[str, int, str]],
+    counts: Sequence[int],
+    chunk_digests: Sequence[str],
+    chunk_bytes: int,
 ) -> DatasetIndex:
     from microco.services.common.errors import InvalidArgument
 

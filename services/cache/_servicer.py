@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
-
 from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
-from microco.services.common.errors import InvalidArgument
+from microco.services.common.errors import InvalidArgument, MicrocoError
 from microco.services.common.hotstate import key
 
 from ._core import CacheCore
@@ -32,12 +30,16 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
         self.redis = redis
         self.server_id = server_id
 
-    def Lookup(self, request: cache_pb2.LookupRequest, context: grpc.ServicerContext) -> cache_pb2.LookupResponse:
+    def Lookup(
+        self, request: cache_pb2.LookupRequest, context: grpc.ServicerContext
+    ) -> cache_pb2.LookupResponse:
         return cache_pb2.LookupResponse(
             present=self.core.lookup(list(request.digests)), room_bytes=self.core.room(request.dataset)
         )
 
-    def ReadSamples(self, request: cache_pb2.ReadSamplesRequest, context: grpc.ServicerContext) -> Iterator[cache_pb2.SampleBatch]:
+    def ReadSamples(
+        self, request: cache_pb2.ReadSamplesRequest, context: grpc.ServicerContext
+    ) -> Iterator[cache_pb2.SampleBatch]:
         reads = [(s.chunk, s.offset, s.length, s.digest) for s in request.samples]
         if any(r[2] < 0 or r[1] < 0 for r in reads):
             raise InvalidArgument("offset and length must be non-negative")
@@ -55,20 +57,31 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
         if batch:
             yield cache_pb2.SampleBatch(samples=batch)
 
-    def ReadChunks(self, request: cache_pb2.ReadChunksRequest, context: grpc.ServicerContext) -> Iterator[cache_pb2.ChunkData]:
+    def ReadChunks(
+        self, request: cache_pb2.ReadChunksRequest, context: grpc.ServicerContext
+    ) -> Iterator[cache_pb2.ChunkData]:
         for d, data in self.core.read_chunks(list(request.digests)):
             if data is None:
                 yield cache_pb2.ChunkData(digest=d, missing=True, last=True)
                 continue
             for off in range(0, max(len(data), 1), MESSAGE_BYTES):
                 part = data[off : off + MESSAGE_BYTES]
-                yield cache_pb2.ChunkData(digest=d, data=part, offset=off, last=off + MESSAGE_BYTES >= len(data))
+                yield cache_pb2.ChunkData(
+                    digest=d, data=part, offset=off, last=off + MESSAGE_BYTES >= len(data)
+                )
 
-    def OpenChunks(self, request: cache_pb2.OpenChunksRequest, context: grpc.ServicerContext) -> cache_pb2.OpenChunksResponse:
-        grants = [cache_pb2.ChunkGrant(digest=d, path=p, size=n) for d, p, n in self.core.open_chunks(list(request.digests))]
+    def OpenChunks(
+        self, request: cache_pb2.OpenChunksRequest, context: grpc.ServicerContext
+    ) -> cache_pb2.OpenChunksResponse:
+        grants = [
+            cache_pb2.ChunkGrant(digest=d, path=p, size=n)
+            for d, p, n in self.core.open_chunks(list(request.digests))
+        ]
         return cache_pb2.OpenChunksResponse(grants=grants, node=self.core.node)
 
-    def PutChunks(self, request_iterator: Iterator[cache_pb2.ChunkData], context: grpc.ServicerContext) -> cache_pb2.PutChunksResponse:
+    def PutChunks(
+        self, request_iterator: Iterator[cache_pb2.ChunkData], context: grpc.ServicerContext
+    ) -> cache_pb2.PutChunksResponse:
         resp = cache_pb2.PutChunksResponse()
         parts: list[bytes] = []
         current = ""
@@ -86,15 +99,21 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
             elif result.outcome == "present":
                 resp.present.append(result.digest)
             else:
-                resp.rejected.append(cache_pb2.RejectedChunk(digest=result.digest, reason=result.outcome, detail=result.detail))
+                resp.rejected.append(
+                    cache_pb2.RejectedChunk(digest=result.digest, reason=result.outcome, detail=result.detail)
+                )
         if current:
             raise InvalidArgument("stream ended inside a chunk (no part with last=true)")
         return resp
 
-    def ReportCorrupt(self, request: cache_pb2.ReportCorruptRequest, context: grpc.ServicerContext) -> cache_pb2.ReportCorruptResponse:
+    def ReportCorrupt(
+        self, request: cache_pb2.ReportCorruptRequest, context: grpc.ServicerContext
+    ) -> cache_pb2.ReportCorruptResponse:
         return cache_pb2.ReportCorruptResponse(dropped=self.core.drop_corrupt(request.digest))
 
-    def ReportProgress(self, request: cache_pb2.ReportProgressRequest, context: grpc.ServicerContext) -> cache_pb2.ReportProgressResponse:
+    def ReportProgress(
+        self, request: cache_pb2.ReportProgressRequest, context: grpc.ServicerContext
+    ) -> cache_pb2.ReportProgressResponse:
         alloc = self.core.report_progress(
             request.job_id,
             request.dataset,
@@ -110,10 +129,14 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
             return cache_pb2.ReportProgressResponse()
         return cache_pb2.ReportProgressResponse(allocation_bytes=alloc.bytes, reason=alloc.reason)
 
-    def GetStats(self, request: cache_pb2.GetStatsRequest, context: grpc.ServicerContext) -> cache_pb2.CacheStats:
+    def GetStats(
+        self, request: cache_pb2.GetStatsRequest, context: grpc.ServicerContext
+    ) -> cache_pb2.CacheStats:
         return stats_to_proto(self.core.stats())
 
-    def GetAllocations(self, request: cache_pb2.GetAllocationsRequest, context: grpc.ServicerContext) -> cache_pb2.GetAllocationsResponse:
+    def GetAllocations(
+        self, request: cache_pb2.GetAllocationsRequest, context: grpc.ServicerContext
+    ) -> cache_pb2.GetAllocationsResponse:
         return cache_pb2.GetAllocationsResponse(
             allocations=[
                 cache_pb2.Allocation(
@@ -141,7 +164,9 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
 
         doc = {
             "stats": self.core.stats(),
-            "allocations": [{**a.__dict__, "jobs": list(a.jobs), "used_bytes": u} for a, u in self.core.allocation_table()],
+            "allocations": [
+                {**a.__dict__, "jobs": list(a.jobs), "used_bytes": u} for a, u in self.core.allocation_table()
+            ],
         }
         try:
             self.redis.set(key("cache", "server", self.server_id, "status"), json.dumps(doc), ex=60)
@@ -162,7 +187,10 @@ def stats_to_proto(s: dict) -> cache_pb2.CacheStats:
         corrupt_dropped=s["corrupt_dropped"],
         rejected=s["rejected"],
         bytes_served=s["bytes_served"],
-        datasets=[cache_pb2.DatasetUsage(dataset=k, bytes=v["bytes"], chunks=v["chunks"]) for k, v in s["datasets"].items()],
+        datasets=[
+            cache_pb2.DatasetUsage(dataset=k, bytes=v["bytes"], chunks=v["chunks"])
+            for k, v in s["datasets"].items()
+        ],
         jobs=s["jobs"],
     )
 
@@ -197,7 +225,9 @@ def add_arguments(parser: Any) -> None:
         choices=["coordinated", "lru"],
         help="eviction policy: coordinated (Quiver) or lru (baseline)",
     )
-    g.add_argument("--job-ttl-s", type=float, default=60.0, help="a job silent this long stops pinning chunks")
+    g.add_argument(
+        "--job-ttl-s", type=float, default=60.0, help="a job silent this long stops pinning chunks"
+    )
 
 
 def setup(ctx: Any) -> None:
@@ -210,12 +240,17 @@ def setup(ctx: Any) -> None:
     store = ChunkStore(str(s.resolved_data_dir() / "cache"))
     try:
         redis = ctx.redis
-    except Exception as exc:  # Redis is an optimisation: the cache serves without a directory
+    except MicrocoError as exc:  # Redis is an optimisation: the cache serves without a directory
         log.warning("no Redis, serving without a directory: %s", exc)
         redis = None
     directory = RedisDirectory(redis, s.instance_id) if redis is not None else None
     core = CacheCore(
-        store, parse_size(args.capacity), args.policy, directory=directory, node=s.node, job_ttl_s=args.job_ttl_s
+        store,
+        parse_size(args.capacity),
+        args.policy,
+        directory=directory,
+        node=s.node,
+        job_ttl_s=args.job_ttl_s,
     )
     servicer = CacheServicer(core, redis, s.instance_id)
     ctx.runtime.add_service(cache_pb2_grpc.add_CacheServiceServicer_to_server, servicer, SERVICE_NAME)

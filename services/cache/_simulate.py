@@ -38,7 +38,10 @@ def simulate(
 
     n_chunks = -(-num_samples // samples_per_chunk)
     chunk_of = [i // samples_per_chunk for i in range(num_samples)]
-    members = [list(range(c * samples_per_chunk, min(num_samples, (c + 1) * samples_per_chunk))) for c in range(n_chunks)]
+    members = [
+        list(range(c * samples_per_chunk, min(num_samples, (c + 1) * samples_per_chunk)))
+        for c in range(n_chunks)
+    ]
     ledger, cons = Ledger(), ConsumptionTracker(ttl_s=1e18)
     pol = make_policy("lru" if policy == "lru" else "coordinated")
     rates = []
@@ -62,7 +65,7 @@ def simulate(
                         ledger.add(key, 1, "ds")
         elif policy == "quiver":
             samplers = [SubstitutableSampler(num_samples, batch_size, seed=seed + j) for j in range(jobs)]
-            seen = [set() for _ in range(jobs)]
+            seen: list[set[int]] = [set() for _ in range(jobs)]
             left = [[len(m) for m in members] for _ in range(jobs)]
             for s in samplers:
                 s.start_epoch(epoch)

@@ -39,6 +39,9 @@ class ExplorationPolicy:
     max_explore_fraction: float = 0.3  # never explore for more than this share of the run's steps
     max_speedup: float = 2.0  # optimistic bound of what compiling a region can gain (for pruning)
     region_backward_factor: float = 3.0  # forward-timed region: forward + backward ~ 3x forward
+    # A change must beat the best by this fraction to replace it: on a shared, noisy machine a
+    # configuration that only ties is not worth the risk (or the compile) of changing.
+    min_gain: float = 0.03
 
     @property
     def steps_per_trial(self) -> int:
@@ -179,7 +182,7 @@ def report(state: Exploration, rep: TrialReport, policy: ExplorationPolicy) -> C
         measured = t.steps[1:] if len(t.steps) > 1 else t.steps
         t.step_ms = statistics.median(measured)
         t.compile_ms = max(0.0, t.steps[0] - t.step_ms) if len(t.steps) > 1 else 0.0
-        if state.best is None or t.step_ms < state.trials[state.best].step_ms:
+        if state.best is None or t.step_ms < state.trials[state.best].step_ms * (1.0 - policy.min_gain):
             state.best = t.trial
     return next_config(state, policy)
 

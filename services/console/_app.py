@@ -14,12 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Path as PathParam, Query, Request, status
+import microco
+from fastapi import Depends, FastAPI, Query, Request, status
+from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
-
-import microco
 from microco.services.common.errors import MicrocoError, PermissionDenied, Unauthenticated
 from microco.services.common.kv import KV
 
@@ -120,7 +120,9 @@ Reader = Annotated[str, Depends(require_reader)]
 Admin = Annotated[str, Depends(require_admin)]
 JobId = Annotated[str, PathParam(min_length=1, max_length=200, description="job id")]
 TableName = Annotated[str, PathParam(min_length=1, max_length=200, description="table name")]
-GraphKey = Annotated[str, PathParam(min_length=1, max_length=1000, description="graph key (fingerprint|shapes|hardware)")]
+GraphKey = Annotated[
+    str, PathParam(min_length=1, max_length=1000, description="graph key (fingerprint|shapes|hardware)")
+]
 StateFilter = Annotated[list[str] | None, Query(max_length=16, description="only jobs in these states")]
 OwnerFilter = Annotated[str, Query(max_length=200, description="only this user's jobs")]
 
@@ -189,7 +191,9 @@ def create_app(
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse(status_code=500, content={"error": "Internal", "message": "internal error (see the console log)"})
+        return JSONResponse(
+            status_code=500, content={"error": "Internal", "message": "internal error (see the console log)"}
+        )
 
     # -- health: no token
     @app.get("/healthz", response_model=Health, tags=["health"], summary="liveness (no token)")
@@ -216,7 +220,7 @@ def create_app(
                 redis_state = "not configured"
             else:
                 r.ping()
-        except Exception as exc:  # Redis is optional: reported, not required
+        except Exception as exc:  # noqa: BLE001 - Redis is optional: reported, not required
             redis_state = f"unreachable: {exc}"
         body = {"ready": etcd == "ok", "etcd": etcd, "redis": redis_state}
         return JSONResponse(body, status_code=200 if etcd == "ok" else 503)
@@ -256,7 +260,12 @@ def create_app(
         """Nodes registered in etcd and the devices the scheduler schedules."""
         return views.nodes_view(gateway)
 
-    @app.get(f"{api}/jobs", response_model=JobsResponse, tags=["jobs"], responses={**_ERRORS, 400: {"model": ErrorBody}})
+    @app.get(
+        f"{api}/jobs",
+        response_model=JobsResponse,
+        tags=["jobs"],
+        responses={**_ERRORS, 400: {"model": ErrorBody}},
+    )
     def jobs(
         role: Reader,
         state: StateFilter = None,
@@ -283,7 +292,9 @@ def create_app(
         """One job: its state, timeline and recent progress (steps and mini-batch time)."""
         return views.get_job(gateway, series, job_id)
 
-    @app.post(f"{api}/jobs/{{job_id}}/cancel", response_model=JobRecord, tags=["jobs"], responses=_CHANGE_ERRORS)
+    @app.post(
+        f"{api}/jobs/{{job_id}}/cancel", response_model=JobRecord, tags=["jobs"], responses=_CHANGE_ERRORS
+    )
     def cancel(job_id: JobId, role: Admin) -> dict[str, Any]:
         """Cancel a job (admin token)."""
         job = views.cancel_job(gateway, job_id)
@@ -298,11 +309,9 @@ def create_app(
     @app.get(f"{api}/store", response_model=StoreResponse, tags=["store"], responses=_ERRORS)
     def store(role: Reader) -> dict[str, Any]:
         """Tables with their replicas' partitioning, store nodes, recovery progress."""
-        return views.store_view(gateway)
+        return views.store_view(gateway, series)
 
-    @app.get(
-        f"{api}/store/tables/{{name}}", response_model=Record, tags=["store"], responses=_CHANGE_ERRORS
-    )
+    @app.get(f"{api}/store/tables/{{name}}", response_model=Record, tags=["store"], responses=_CHANGE_ERRORS)
     def store_table(name: TableName, role: Reader) -> dict[str, Any]:
         """One table as the store coordinator describes it."""
         return views.store_table(gateway, name)
@@ -313,7 +322,10 @@ def create_app(
         return views.compiler_view(gateway)
 
     @app.get(
-        f"{api}/compiler/graphs/{{key}}", response_model=GraphView, tags=["compiler"], responses=_CHANGE_ERRORS
+        f"{api}/compiler/graphs/{{key}}",
+        response_model=GraphView,
+        tags=["compiler"],
+        responses=_CHANGE_ERRORS,
     )
     def compiler_graph(key: GraphKey, role: Reader) -> dict[str, Any]:
         """One graph's exploration and its committed configuration."""

@@ -112,7 +112,10 @@ def add_console_flags(parser: argparse.ArgumentParser) -> None:
         help=f"file holding the admin token (else {TOKEN_ENV}; in the dev profile the default dev token)",
     )
     g.add_argument(
-        "--view-token-file", type=Path, default=None, help=f"file holding a read-only token (else {VIEW_TOKEN_ENV})"
+        "--view-token-file",
+        type=Path,
+        default=None,
+        help=f"file holding a read-only token (else {VIEW_TOKEN_ENV})",
     )
     g.add_argument(
         "--sample-every-s",

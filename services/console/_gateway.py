@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
-
 from microco.clients.common import call_with_retry, dial
 from microco.services.common.errors import Unavailable, Unimplemented
 from microco.services.common.hotstate import connect_redis
@@ -49,7 +48,7 @@ class System:
                 importlib.util.find_spec(self.grpc_module) is not None
                 and importlib.util.find_spec(self.service_module + ".__main__") is not None
             )
-        except Exception:  # a half-installed or broken package is not part of this build
+        except Exception:  # noqa: BLE001 - a half-installed or broken package is not in this build
             return False
 
 
@@ -63,8 +62,20 @@ SYSTEMS: dict[str, System] = {
             "SchedulerServiceStub",
             "microco.services.scheduler",
         ),
-        System("agent", "agent", "microco.api.agent.v1.agent_pb2_grpc", "NodeAgentServiceStub", "microco.services.agent"),
-        System("cache", "cache", "microco.api.cache.v1.cache_pb2_grpc", "CacheServiceStub", "microco.services.cache"),
+        System(
+            "agent",
+            "agent",
+            "microco.api.agent.v1.agent_pb2_grpc",
+            "NodeAgentServiceStub",
+            "microco.services.agent",
+        ),
+        System(
+            "cache",
+            "cache",
+            "microco.api.cache.v1.cache_pb2_grpc",
+            "CacheServiceStub",
+            "microco.services.cache",
+        ),
         System(
             "store",
             "store",
@@ -104,7 +115,7 @@ class Gateway:
                 self._redis_tried = True
                 try:
                     self._redis = connect_redis(self.config.redis, check=False, timeout=1.0)
-                except Exception as exc:  # a malformed URL was already refused by the config
+                except Exception as exc:  # noqa: BLE001 - hot state is optional
                     log.warning("redis unavailable: %s", exc)
             return self._redis
 
@@ -152,7 +163,9 @@ class Gateway:
 
     def call(self, method: Callable[..., T], request: Any, *, idempotent: bool = True) -> T:
         """One unary call with the console's deadline; UNAVAILABLE retried only when idempotent."""
-        return call_with_retry(method, request, timeout=self.config.rpc_timeout_s, idempotent=idempotent, attempts=2)
+        return call_with_retry(
+            method, request, timeout=self.config.rpc_timeout_s, idempotent=idempotent, attempts=2
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -84,7 +84,9 @@ class NodesResponse(BaseModel):
 
 
 class Period(BaseModel):
-    state: str = Field(description="queued, running, suspended, packed, migrating, finished, failed, cancelled")
+    state: str = Field(
+        description="queued, running, suspended, packed, migrating, finished, failed, cancelled"
+    )
     start: float
     end: float
     node: str
@@ -144,7 +146,12 @@ class CacheServer(_Open):
     error: str = ""
     stats: dict[str, Any] | None = None
     allocations: list[dict[str, Any]] = []
-    hit_rate: list[dict[str, float]] = []
+    hit_rate: list[dict[str, float]] = Field(
+        default=[], description="the server's hit rate per sampling interval"
+    )
+    job_hit_rate: dict[str, list[dict[str, float]]] = Field(
+        default={}, description="hit rate per interval of each job, when the server reports per-job counters"
+    )
 
 
 class CacheResponse(Availability):
@@ -155,6 +162,10 @@ class StoreResponse(Availability):
     tables: list[dict[str, Any]] = []
     nodes: list[dict[str, Any]] = []
     recovery: dict[str, Any] | None = None
+    recovery_history: list[dict[str, Any]] = Field(
+        default=[],
+        description="recovery figures sampled over time (unavailable extents, rebuilt, bytes read)",
+    )
 
 
 class GraphView(_Open):

@@ -9,6 +9,7 @@ change to show it in the API.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -28,8 +29,7 @@ def enum_name(enum: EnumDescriptor, number: int) -> str:
         return str(number)
     name = value.name
     prefix = _enum_prefix(enum)
-    if name.startswith(prefix):
-        name = name[len(prefix) :]
+    name = name.removeprefix(prefix)
     return name.lower()
 
 
@@ -49,7 +49,7 @@ def _scalar(field: FieldDescriptor, value: Any) -> Any:
         return to_dict(value)
     if field.type == FieldDescriptor.TYPE_BYTES:
         return None
-    if isinstance(value, float) and value != value:  # NaN is not JSON
+    if isinstance(value, float) and math.isnan(value):  # NaN is not JSON
         return None
     return value
 

@@ -19,7 +19,14 @@ from microco.services.common.errors import MicrocoError
 from ._gateway import Gateway
 from ._proto import to_dict
 from ._series import SeriesStore
-from ._views import _cache_stats_name, _pb, cache_samples, jobs_snapshot, record_job
+from ._views import (
+    STORE_RECOVERY_SERIES,
+    _pb,
+    cache_samples,
+    jobs_snapshot,
+    record_job,
+    store_recovery_sample,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +68,16 @@ class Recorder:
                     for job in jobs:
                         record_job(self.series, job, now, self._last_seen)
         if self.gw.availability("cache")[0]:
-            for instance, sample in cache_samples(self.gw):
-                self.series.append(_cache_stats_name(instance), {"at": now, **sample})
+            for name, sample in cache_samples(self.gw):
+                self.series.append(name, {"at": now, **sample})
+        if self.gw.availability("store")[0]:
+            try:
+                recovery = store_recovery_sample(self.gw)
+            except MicrocoError as exc:
+                log.debug("store recovery sample failed: %s", exc)
+            else:
+                if recovery is not None:
+                    self.series.append(STORE_RECOVERY_SERIES, {"at": now, **recovery})
 
     def _sample_loop(self) -> None:
         while not self._stop.is_set():
@@ -90,7 +105,7 @@ class Recorder:
                     with self._seen_lock:
                         record_job(self.series, job, at, self._last_seen)
                     backoff = 1.0
-            except Exception as exc:  # stream ended or scheduler failover: reconnect
+            except Exception as exc:  # noqa: BLE001 - stream ended or scheduler failover: reconnect
                 if self._stop.is_set():
                     return
                 log.debug("job watch ended: %s", exc)

@@ -154,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = ConsoleServer(config, kv)
     except OSError as exc:
-        print(f"microco-console: error: cannot listen on {config.host}:{config.http_port}: {exc}", file=sys.stderr)
+        print(
+            f"microco-console: error: cannot listen on {config.host}:{config.http_port}: {exc}",
+            file=sys.stderr,
+        )
         kv.close()
         return 2
     if config.uses_default_token:

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from microco.services.common.errors import InvalidArgument, MicrocoError, Unavailable
+from microco.services.common.errors import InvalidArgument, MicrocoError
 
 from ._gateway import SYSTEMS, Gateway
 from ._proto import enum_number, to_dict
@@ -125,7 +125,13 @@ def record_job(series: SeriesStore, job: dict[str, Any], at: float, last_seen: d
         if prev_sig != signature:
             series.append(
                 _job_events_name(job_id),
-                {"at": at, "state": state, "node": node, "devices": devices, "message": job.get("message", "")},
+                {
+                    "at": at,
+                    "state": state,
+                    "node": node,
+                    "devices": devices,
+                    "message": job.get("message", ""),
+                },
             )
             changed = True
         last_seen[job_id] = signature
@@ -157,7 +163,13 @@ def _scheduler_histories(gw: Gateway, job_id: str | None = None) -> dict[str, li
         try:
             rec = json.loads(raw)
             history = [
-                {"at": float(h[0]), "state": str(h[1]), "message": str(h[2]) if len(h) > 2 else "", "node": "", "devices": []}
+                {
+                    "at": float(h[0]),
+                    "state": str(h[1]),
+                    "message": str(h[2]) if len(h) > 2 else "",
+                    "node": "",
+                    "devices": [],
+                }
                 for h in rec.get("history") or []
                 if isinstance(h, list | tuple) and len(h) >= 2
             ]
@@ -167,10 +179,33 @@ def _scheduler_histories(gw: Gateway, job_id: str | None = None) -> dict[str, li
     return out
 
 
-def _with_timeline(series: SeriesStore, job: dict[str, Any], now: float, history: list[dict[str, Any]]) -> dict[str, Any]:
+def _state_at(history: list[dict[str, Any]], at: float) -> str | None:
+    state = None
+    for h in history:  # sorted by time
+        if float(h["at"]) > at:
+            break
+        state = h["state"]
+    return state
+
+
+def _with_timeline(
+    series: SeriesStore, job: dict[str, Any], now: float, history: list[dict[str, Any]]
+) -> dict[str, Any]:
     """The job with its device timeline: the scheduler's own state history (from etcd) merged with
-    the placements this console observed (from Redis), ending with the job's current state."""
-    events = [*history, *series.read(_job_events_name(job["id"]))]
+    the placements this console observed (from Redis), ending with the job's current state.
+
+    When the scheduler keeps a history it decides the states and their times; the console's
+    samples only say on which devices a state ran (a sample whose state disagrees with the history
+    at its time was taken across a transition and is dropped)."""
+    recorded = series.read(_job_events_name(job["id"]))
+    history = sorted(history, key=lambda h: float(h["at"]))
+    if history:
+        placements = [
+            e for e in recorded if e.get("devices") and _state_at(history, float(e["at"])) == e.get("state")
+        ]
+        events = [*history, *placements]
+    else:
+        events = list(recorded)
     if not events and job.get("submitted_at"):
         events.append({"at": job["submitted_at"], "state": "queued", "node": "", "devices": []})
     state, node, devices = _placement(job)
@@ -182,7 +217,9 @@ def _with_timeline(series: SeriesStore, job: dict[str, Any], now: float, history
     return {**job, "timeline": periods, "seconds_in_state": state_seconds(periods), "history": history}
 
 
-def list_jobs(gw: Gateway, series: SeriesStore, states: list[str] | None = None, owner: str = "") -> dict[str, Any]:
+def list_jobs(
+    gw: Gateway, series: SeriesStore, states: list[str] | None = None, owner: str = ""
+) -> dict[str, Any]:
     ok, reason = gw.availability("scheduler")
     if not ok:
         return unavailable(reason, jobs=[])
@@ -191,7 +228,9 @@ def list_jobs(gw: Gateway, series: SeriesStore, states: list[str] | None = None,
     for s in states or []:
         n = enum_number(pb.JobState.DESCRIPTOR, s)
         if n is None:
-            names = ", ".join(v.name.removeprefix("JOB_STATE_").lower() for v in pb.JobState.DESCRIPTOR.values[1:])
+            names = ", ".join(
+                v.name.removeprefix("JOB_STATE_").lower() for v in pb.JobState.DESCRIPTOR.values[1:]
+            )
             raise InvalidArgument(f"unknown job state {s!r}; expected one of {names}")
         numbers.append(n)
     resp = gw.call(gw.stub("scheduler").ListJobs, pb.ListJobsRequest(states=numbers, owner=owner))
@@ -203,8 +242,8 @@ def list_jobs(gw: Gateway, series: SeriesStore, states: list[str] | None = None,
 
 
 def get_job(gw: Gateway, series: SeriesStore, job_id: str) -> dict[str, Any]:
-    pb = _pb("scheduler") if SYSTEMS["scheduler"].in_build() else None
-    stub = gw.stub("scheduler")
+    stub = gw.stub("scheduler")  # Unimplemented when not in this build
+    pb = _pb("scheduler")
     job = to_dict(gw.call(stub.GetJob, pb.GetJobRequest(job_id=job_id)))
     now = time.time()
     out = _with_timeline(series, job, now, _scheduler_histories(gw, job["id"]).get(job["id"], []))
@@ -268,27 +307,72 @@ def cache_view(gw: Gateway, series: SeriesStore) -> dict[str, Any]:
         except MicrocoError as exc:
             entry["error"] = str(exc)
         entry["hit_rate"] = hit_rate_series(series.read(_cache_stats_name(record.instance_id), last=500))
+        jobs = set(per_job_counters(entry.get("stats") or {})) | set(
+            (entry.get("stats") or {}).get("jobs") or []
+        )
+        entry["job_hit_rate"] = {
+            job: points
+            for job in sorted(jobs)
+            if (
+                points := hit_rate_series(
+                    series.read(_cache_job_stats_name(record.instance_id, job), last=500)
+                )
+            )
+        }
         servers.append(entry)
     return {"available": True, "reason": "", "servers": servers, "at": time.time()}
 
 
+def _cache_job_stats_name(instance: str, job: str) -> str:
+    return f"cache:{instance}:job:{job}:stats"
+
+
+def per_job_counters(stats: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per-job hit and miss counters in a cache server's stats, when the server reports them: any
+    list of entries carrying a job id with ``hits`` and ``misses`` (none in today's CacheStats, so
+    the per-job plot stays empty and the page says so until the cache reports them)."""
+    out: dict[str, dict[str, int]] = {}
+    for value in stats.values():
+        if not isinstance(value, list):
+            continue
+        for item in value:
+            if not isinstance(item, dict) or "hits" not in item or "misses" not in item:
+                continue
+            job = item.get("job_id") or item.get("job")
+            if job:
+                out[str(job)] = {"hits": int(item["hits"]), "misses": int(item["misses"])}
+    return out
+
+
 def cache_samples(gw: Gateway) -> list[tuple[str, dict[str, Any]]]:
-    """(instance, {hits, misses, used_bytes}) of every cache server now (for the recorder)."""
+    """(series name, {hits, misses, ...}) for every cache server, and every job a server reports
+    counters for, now (for the recorder)."""
     pb = _pb("cache")
-    out = []
+    out: list[tuple[str, dict[str, Any]]] = []
     for record in gw.services("cache"):
         try:
-            s = gw.call(gw.stub("cache", record).GetStats, pb.GetStatsRequest())
+            stats = to_dict(gw.call(gw.stub("cache", record).GetStats, pb.GetStatsRequest()))
         except MicrocoError:
             continue
-        out.append((record.instance_id, {"hits": s.hits, "misses": s.misses, "used_bytes": s.used_bytes}))
+        out.append(
+            (
+                _cache_stats_name(record.instance_id),
+                {
+                    "hits": stats.get("hits", 0),
+                    "misses": stats.get("misses", 0),
+                    "used_bytes": stats.get("used_bytes", 0),
+                },
+            )
+        )
+        for job, counters in per_job_counters(stats).items():
+            out.append((_cache_job_stats_name(record.instance_id, job), counters))
     return out
 
 
 # --------------------------------------------------------------------------- store
 
 
-def store_view(gw: Gateway) -> dict[str, Any]:
+def store_view(gw: Gateway, series: SeriesStore) -> dict[str, Any]:
     """Tables with their three replicas' partitioning, the store nodes and their health, and
     recovery progress when the coordinator reports it."""
     ok, reason = gw.availability("store")
@@ -306,7 +390,32 @@ def store_view(gw: Gateway) -> dict[str, Any]:
             recovery = _unfold_json(to_dict(gw.call(stub.GetRecovery, pb.GetRecoveryRequest())))
         except MicrocoError as exc:
             recovery = {"error": str(exc)}
-    return {"available": True, "reason": "", "tables": tables, "nodes": nodes, "recovery": recovery, "at": time.time()}
+    return {
+        "available": True,
+        "reason": "",
+        "tables": tables,
+        "nodes": nodes,
+        "recovery": recovery,
+        "recovery_history": series.read(STORE_RECOVERY_SERIES, last=500),
+        "at": time.time(),
+    }
+
+
+STORE_RECOVERY_SERIES = "store:recovery"
+_RECOVERY_FIGURES = ("unavailable_extents", "lost_extents", "rebuilt", "bytes_lost", "bytes_read")
+
+
+def store_recovery_sample(gw: Gateway) -> dict[str, Any] | None:
+    """The coordinator's recovery figures now (for the recorder), or None when it has none."""
+    stub = gw.stub("store")
+    pb = _pb("store")
+    if not hasattr(stub, "GetRecovery"):
+        return None
+    rec = _unfold_json(to_dict(gw.call(stub.GetRecovery, pb.GetRecoveryRequest())))
+    out = {k: rec[k] for k in _RECOVERY_FIGURES if isinstance(rec.get(k), int | float)}
+    if "state" in rec:
+        out["state"] = str(rec["state"])
+    return out or None
 
 
 def _unfold_json(d: dict[str, Any]) -> dict[str, Any]:
@@ -329,8 +438,8 @@ def _unfold_json(d: dict[str, Any]) -> dict[str, Any]:
 
 def store_table(gw: Gateway, name: str) -> dict[str, Any]:
     """One table with its per-super-extent placement (replica -> partition -> node)."""
-    pb = _pb("store") if SYSTEMS["store"].in_build() else None
-    stub = gw.stub("store")
+    stub = gw.stub("store")  # Unimplemented when not in this build
+    pb = _pb("store")
     fields = pb.GetTableRequest.DESCRIPTOR.fields_by_name
     req = pb.GetTableRequest(name=name, **({"placement": True} if "placement" in fields else {}))
     return _unfold_json(to_dict(gw.call(stub.GetTable, req)))
@@ -340,11 +449,14 @@ def store_table(gw: Gateway, name: str) -> dict[str, Any]:
 
 
 def _graph_summary(g: dict[str, Any]) -> dict[str, Any]:
+    """The compiler's own figures (baseline, best, speedup) when it reports them; otherwise the
+    first and the best measured trial."""
     trials = g.get("trials") or []
-    measured = [t for t in trials if t.get("step_ms")]
-    first = float(measured[0]["step_ms"]) if measured else 0.0
-    best = min((float(t["step_ms"]) for t in measured), default=0.0)
-    return {**g, "first_step_ms": first, "best_step_ms": best, "speedup": (first / best) if best else 0.0}
+    measured = [t for t in trials if t.get("step_ms") and not t.get("failed")]
+    first = float(g.get("baseline_ms") or (measured[0]["step_ms"] if measured else 0.0))
+    best = float(g.get("best_ms") or min((float(t["step_ms"]) for t in measured), default=0.0))
+    speedup = float(g.get("speedup") or ((first / best) if best else 0.0))
+    return {**g, "first_step_ms": first, "best_step_ms": best, "speedup": speedup}
 
 
 def compiler_view(gw: Gateway) -> dict[str, Any]:
@@ -355,28 +467,15 @@ def compiler_view(gw: Gateway) -> dict[str, Any]:
         return unavailable(reason, graphs=[])
     pb = _pb("compiler")
     resp = gw.call(gw.stub("compiler").ListGraphs, pb.ListGraphsRequest())
-    return {"available": True, "reason": "", "graphs": [_graph_summary(to_dict(g)) for g in resp.graphs], "at": time.time()}
+    return {
+        "available": True,
+        "reason": "",
+        "graphs": [_graph_summary(to_dict(g)) for g in resp.graphs],
+        "at": time.time(),
+    }
 
 
 def compiler_graph(gw: Gateway, key: str) -> dict[str, Any]:
-    pb = _pb("compiler") if SYSTEMS["compiler"].in_build() else None
-    stub = gw.stub("compiler")
+    stub = gw.stub("compiler")  # Unimplemented when not in this build
+    pb = _pb("compiler")
     return _graph_summary(to_dict(gw.call(stub.GetGraph, pb.GetGraphRequest(key=key))))
-
-
-__all__ = [
-    "Unavailable",
-    "cache_view",
-    "cancel_job",
-    "compiler_graph",
-    "compiler_view",
-    "get_job",
-    "list_jobs",
-    "nodes_view",
-    "record_job",
-    "services_view",
-    "store_table",
-    "store_view",
-    "submit_job",
-    "systems_view",
-]

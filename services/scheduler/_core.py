@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from microco.services.common.errors import (
+    Aborted,
     FailedPrecondition,
     InvalidArgument,
     MicrocoError,
@@ -63,13 +64,15 @@ class SchedulerCore:
 
     def __init__(self, kv: KV, policy: Policy, agents: AgentDirectory | None = None, *,
                  clock: Callable[[], float] = time.time, op_wait_s: float = 3.0, op_timeout_s: float = 30.0,
-                 max_restarts: int = 5, check_commands: bool = True) -> None:
+                 max_restarts: int = 5, check_commands: bool = True,
+                 is_leader: Callable[[], bool] = lambda: True) -> None:
         self.kv, self.policy = kv, policy
         self.agents = agents or AgentDirectory(kv)
         self.clock = clock
         self.op_wait_s, self.op_timeout_s = op_wait_s, op_timeout_s
         self.max_restarts = max_restarts
         self.check_commands = check_commands
+        self.is_leader = is_leader
         self._raw: dict[str, bytes] = {}
         self._profiles: dict[str, float] = {}
         self._last_tick: float | None = None
@@ -194,12 +197,17 @@ class SchedulerCore:
         decisions = list(self.policy.decide(view))
         applied = []
         for d in decisions:
+            if not self.is_leader():
+                log.warning("lost leadership mid-tick; leaving the remaining decisions")
+                break
             try:
                 if self._apply(d, now):
                     applied.append(d)
                     self.decisions_applied = (self.decisions_applied + [
                         {"at": now, "decision": type(d).__name__, "job": d.job_id,
                          "devices": list(getattr(d, "devices", ())), "reason": d.reason}])[-200:]
+            except Aborted:
+                raise
             except MicrocoError as exc:
                 log.warning("decision %s refused: %s", d, exc)
             self._refresh_packing(now)
@@ -214,11 +222,17 @@ class SchedulerCore:
             if self.kv.compare_and_swap(key, old, new):
                 self._raw[rec["id"]] = new
                 return
-            # Lost a race with the API: the only field it changes is cancel_requested.
+            # Lost a race. The API changes only cancel_requested: merge that exactly. Anything
+            # else means another leader wrote (we lost leadership mid-tick): give up the tick.
             fresh = self.kv.get(key)
             if fresh is None:
                 return
-            rec["cancel_requested"] = rec["cancel_requested"] or json.loads(fresh)["cancel_requested"]
+            theirs = json.loads(fresh)
+            mine_before = json.loads(old) if old else None
+            if mine_before is None or {**theirs, "cancel_requested": False, "message": ""} != {
+                **mine_before, "cancel_requested": False, "message": ""}:
+                raise Aborted(f"job {rec['id']} was changed by another scheduler; abandoning this tick")
+            rec["cancel_requested"] = rec["cancel_requested"] or theirs["cancel_requested"]
             self._raw[rec["id"]] = fresh
 
     # ------------------------------------------------------------------ reconcile

@@ -166,6 +166,8 @@ def record_to_pb(rec: dict[str, Any]) -> scheduler_pb2.Job:
         attempt=rec["attempt"], checkpoint_step=rec["checkpoint_step"], restarts=rec["restarts"],
         packed_with=rec["packed_with"], attained_service_s=rec["attained_service_s"],
         minibatch_ms_alone=rec["minibatch_ms_alone"], last_change_at=rec["last_change_at"],
+        history=[scheduler_pb2.StateChange(at=at, state=state_to_pb(state), message=msg)
+                 for at, state, msg in rec.get("history") or []],
     )
 
 

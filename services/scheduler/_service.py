@@ -9,6 +9,7 @@ so running jobs keep running and queued jobs stay queued.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import threading
@@ -26,7 +27,7 @@ from microco.services.common.server import ServiceContext, ServiceRuntime
 
 from . import _jobs as J
 from ._core import SchedulerCore
-from .policy import available_policies, make_policy
+from .policy import available_policies, make_policy, policy_config_type
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +70,17 @@ class Scheduler:
     def __init__(self, kv: KV, instance_id: str, policy: str = "gandiva", policy_config: dict[str, Any] | None = None,
                  tick_s: float = 0.5, lease_ttl_s: int = 5, op_wait_s: float = 3.0) -> None:
         self.policy_name = policy
-        self.core = SchedulerCore(kv, make_policy(policy, **(policy_config or {})), op_wait_s=op_wait_s)
-        self.tick_s = tick_s
-        self.runtime: ServiceRuntime | None = None
         self.election = LeaderElection(kv, "scheduler", instance_id, ttl=lease_ttl_s,
                                        on_elected=self._elected, on_lost=self._lost)
+        config = dict(policy_config or {})
+        fields = {f.name for f in dataclasses.fields(policy_config_type(policy))}
+        if "allow_spread" in fields:
+            # A job's process runs on one node: placements across nodes would only be refused.
+            config.setdefault("allow_spread", False)
+        self.core = SchedulerCore(kv, make_policy(policy, **config), op_wait_s=op_wait_s,
+                                  is_leader=lambda: self.election.is_leader)
+        self.tick_s = tick_s
+        self.runtime: ServiceRuntime | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="scheduler-loop", daemon=True)
 

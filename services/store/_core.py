@@ -249,18 +249,21 @@ class StoreCore:
             except NodeFailure as exc:
                 last = exc
                 if isinstance(exc.cause, CorruptExtent) or "corrupt extent" in str(exc.cause):
-                    self._mark_corrupt(str(exc.cause))
-                elif isinstance(exc.cause, (NotFound,)) or "no extent" in str(exc.cause):
-                    pass  # the catalog moved on (a rebuild finished): plan again
+                    self._mark_corrupt(str(exc.cause), "corrupt extent ")
+                elif isinstance(exc.cause, (NotFound,)) or "has no extent" in str(exc.cause):
+                    # A node lost a file the catalog still lists (e.g. restarted on an empty disk):
+                    # read it degraded and rebuild it. If instead the catalog moved on (a rebuild
+                    # replaced the extent), the old id is gone from it and this changes nothing.
+                    self._mark_corrupt(str(exc.cause), "has no extent ")
                 else:
                     exclude.add(exc.node)
                 log.warning("query retry after %s", exc)
         raise Unavailable(f"query failed after retries: {last}")
 
-    def _mark_corrupt(self, message: str) -> None:
-        # "corrupt extent <table>/<extent> on node <n>: ..."
+    def _mark_corrupt(self, message: str, marker: str) -> None:
+        # "corrupt extent <table>/<extent> on node <n>: ..." or "node <n> has no extent <table>/<extent>"
         try:
-            ref = message.split("corrupt extent ", 1)[1].split(" ", 1)[0]
+            ref = message.split(marker, 1)[1].split(" ", 1)[0].rstrip(":.")
             table, eid = ref.split("/", 1)
         except (IndexError, ValueError):
             return
@@ -287,8 +290,15 @@ class StoreCore:
         nodes = {n.name: n for n in self.transport.live_nodes()}
         try:
             outs: list[pa.Table] = []
-            for stage in plan.stages:
+            for k, stage in enumerate(plan.stages):
                 outs = self._run_stage(stage, nodes)
+                if plan.shuffle and k == 0 and len(plan.stages) > 1:
+                    # map outputs: bytes per bucket; bucket i goes to the i-th reducer
+                    reducers = [node for node, _ in plan.stages[1]]
+                    for (mapper, _), out in zip(stage, outs, strict=True):
+                        for i, b in zip(out.column("bucket").to_pylist(), out.column("bytes").to_pylist(), strict=True):
+                            if reducers[i] != mapper:
+                                plan.moved_bytes += b
         finally:
             if plan.shuffle:
                 for n in {node for stage in plan.stages for node, _ in stage}:
@@ -321,6 +331,8 @@ class StoreCore:
         by_name = {n.name: n for n in live}
         tinfo = {t.name: t for t in tables}
         tasks = plan.tasks[:max_tasks] if max_tasks else plan.tasks
+        if not tasks and not plan.stuck:
+            return self.catalog.recovery()  # nothing lost: keep the last recovery's summary
         progress: dict[str, Any] = {
             "state": "running" if tasks else ("stuck" if plan.stuck else "idle"),
             "lost_extents": len(plan.tasks) + len(plan.stuck),

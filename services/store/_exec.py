@@ -6,7 +6,6 @@ Arrow Flight, or an in-process cluster in the unit tests)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -196,12 +195,6 @@ class Env(Protocol):
     def shuffle_get(self, peer: str, qid: str, tag: str, bucket: int) -> pa.Table: ...
 
 
-@dataclass
-class TaskStats:
-    rows_in: int = 0
-    rows_out: int = 0
-
-
 def scan_side(env: Env, side: dict[str, Any]) -> pa.Table:
     """Read a side's sources (read columns only), filter, and keep the columns downstream needs."""
     read_cols = side.get("read")
@@ -256,7 +249,13 @@ def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
         parts = hash_split(t, task["key"], task["n"])
         for i, part in enumerate(parts):
             env.shuffle_put(task["qid"], task["tag"], i, part)
-        return pa.table({"bucket": list(range(len(parts))), "rows": [p.num_rows for p in parts]})
+        return pa.table(
+            {
+                "bucket": list(range(len(parts))),
+                "rows": [p.num_rows for p in parts],
+                "bytes": pa.array([p.nbytes for p in parts], pa.int64()),
+            }
+        )
     if op == "reduce":
         qid, i = task["qid"], task["bucket"]
         peers = task["peers"]

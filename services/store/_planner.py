@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from microco.services.common.errors import InvalidArgument, NotFound, Unavailable
+from microco.services.common.errors import NotFound, Unavailable
 
 from ._catalog import TableInfo
 from ._layout import ExtentMeta, others
@@ -62,6 +62,9 @@ class Plan:
     explain: list[str] = field(default_factory=list)
     replicas: dict[str, int] = field(default_factory=dict)
     shuffle: bool = False
+    # bytes the plan moves between nodes: whole co-partitioned extents read from a peer (known
+    # when planning); the shuffle's exchanged buckets are added when it runs
+    moved_bytes: int = 0
 
     def explain_text(self) -> str:
         return "\n".join(self.explain)
@@ -301,6 +304,7 @@ def plan_query(
                 final_agg(combine) if is_agg else final_rows,
                 explain,
                 {a.name: ra, b.name: rb},
+                moved_bytes=moved,
             )
             return plan
         # no co-partitioned pair: shuffle join on chosen replicas
@@ -472,7 +476,3 @@ def _degraded_note(explain: list[str], units: Sequence[Unit]) -> None:
             "buckets of another replica's extents"
         )
 
-
-def check_forced(q: Query) -> None:
-    if q.replica is not None and q.replica not in range(REPLICAS):
-        raise InvalidArgument("replica must be 0, 1 or 2")

@@ -148,15 +148,14 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
         q = Query.from_json(request.query_json)
         table, plan = self.core.query(q)
         QUERIES.labels(plan.kind).inc()
-        first = True
-        for chunk in chunks(ipc_bytes(table)):
-            if first:
-                yield pb.QueryResponse(
-                    arrow_ipc=chunk, plan_kind=plan.kind, explain=plan.explain_text(), replicas_json=json.dumps(plan.replicas)
-                )
-                first = False
-            else:
-                yield pb.QueryResponse(arrow_ipc=chunk)
+        pieces = list(chunks(ipc_bytes(table)))
+        for k, chunk in enumerate(pieces):
+            msg = pb.QueryResponse(arrow_ipc=chunk)
+            if k == 0:
+                msg.plan_kind, msg.explain, msg.replicas_json = plan.kind, plan.explain_text(), json.dumps(plan.replicas)
+            if k == len(pieces) - 1:
+                msg.moved_bytes = plan.moved_bytes
+            yield msg
 
     def Explain(self, request, context):  # noqa: N802, ANN001
         plan = self.core.plan(Query.from_json(request.query_json))

@@ -77,6 +77,11 @@
     return n + " B";
   }
 
+  // Plots drawn before their card is in the page cannot measure themselves: size them from the tab.
+  function plotWidth(container) {
+    return Math.max(420, Math.min(1400, (container.clientWidth || 900) - 50));
+  }
+
   function labels(obj) {
     return h("span", { class: "labels" }, Object.keys(obj || {}).map((k) => h("span", {}, k + "=" + obj[k])));
   }
@@ -258,13 +263,23 @@
             h("tbody", {}, (st.datasets || []).map((d) => h("tr", {}, h("td", { class: "mono" }, d.dataset), h("td", {}, bytes(d.bytes)), h("td", {}, d.chunks))))
           )
         );
-        P.line(plot, [{ name: "hit rate", points: (s.hit_rate || []).map((p) => [p.at, p.hit_rate]) }], {
+        const perJob = Object.keys(s.job_hit_rate || {}).map((job) => ({
+          name: job,
+          points: s.job_hit_rate[job].map((p) => [p.at, p.hit_rate]),
+        }));
+        const hitSeries = [{ name: "server", points: (s.hit_rate || []).map((p) => [p.at, p.hit_rate]) }, ...perJob];
+        P.line(plot, hitSeries, {
+          width: plotWidth(box),
+          legend: perJob.length > 0,
           time: true,
           yMin: 0,
           yMax: 1,
           yFormat: (v) => Math.round(v * 100) + "%",
           empty: "no lookups sampled yet",
         });
+        if (!perJob.length) {
+          plot.after(h("p", { class: "note" }, "Per-job hit rates appear when the cache server reports per-job counters."));
+        }
         return card;
       })
     );
@@ -310,11 +325,32 @@
       rec.replaceChildren(h("p", { class: "unavailable" }, "recovery progress: not reported by this build of the store"));
     } else {
       const r = data.recovery;
-      const done = Number(r.bytes_done || r.extents_done || r.done || 0);
-      const total = Number(r.bytes_total || r.extents_total || r.total || 0);
+      const lost = Number(r.lost_extents || 0);
+      const rebuilt = Number(r.rebuilt || 0);
       const gauge = h("div");
-      P.bar(gauge, done, total, { width: 320, color: "#2f9e44", label: total ? `${Math.round((100 * done) / total)}% (${done} of ${total})` : "idle" });
-      rec.replaceChildren(gauge, h("pre", { class: "mono" }, JSON.stringify(r, null, 1)));
+      P.bar(gauge, rebuilt, lost, {
+        width: 320,
+        color: "#2f9e44",
+        label: lost ? `${rebuilt} of ${lost} lost extents rebuilt` : "nothing lost",
+      });
+      const facts = [
+        `state ${r.state || "idle"}`,
+        `${r.unavailable_extents || 0} extents unavailable now`,
+        r.bytes_lost ? `${bytes(r.bytes_read)} read for ${bytes(r.bytes_lost)} lost` : "",
+        r.bytes_read_per_byte_lost ? `${Number(r.bytes_read_per_byte_lost).toFixed(2)} bytes read per byte lost` : "",
+        r.seconds ? `${Number(r.seconds).toFixed(1)} s` : "",
+      ].filter(Boolean);
+      const plot = h("div", { class: "plot" });
+      rec.replaceChildren(gauge, h("div", {}, facts.join(" · ")), plot);
+      const hist = data.recovery_history || [];
+      P.line(
+        plot,
+        [
+          { name: "unavailable extents", points: hist.map((p) => [p.at, p.unavailable_extents || 0]) },
+          { name: "rebuilt", points: hist.map((p) => [p.at, p.rebuilt || 0]) },
+        ],
+        { time: true, height: 160, legend: true, empty: "no recovery samples yet" }
+      );
     }
   }
 
@@ -348,11 +384,26 @@
           h("h4", {}, g.committed ? "Committed configuration" : "Best so far"),
           h("table", { class: "grid" }, h("tbody", {}, Object.keys(best).map((k) => h("tr", {}, h("td", {}, k), h("td", { class: "mono" }, best[k])))))
         );
-        P.line(
-          plot,
-          [{ name: "step ms", points: (g.trials || []).filter((t) => t.step_ms > 0).map((t) => [Number(t.trial), t.step_ms, JSON.stringify(t.values)]) }],
-          { xLabel: "trial", yLabel: "ms per step", pointsOnly: false }
-        );
+        // one series per kind of trial (baseline, explore, compose, committed): the exploration curve
+        const kinds = {};
+        (g.trials || [])
+          .filter((t) => t.step_ms > 0 && !t.failed)
+          .forEach((t) => {
+            const k = t.kind || "trial";
+            (kinds[k] = kinds[k] || []).push([Number(t.trial), t.step_ms, JSON.stringify(t.values)]);
+          });
+        const all = Object.values(kinds).flat().sort((a, b) => a[0] - b[0]);
+        let low = Infinity;
+        const bestSoFar = all.map((p) => [p[0], (low = Math.min(low, p[1]))]);
+        const series = Object.keys(kinds).map((k) => ({ name: k, points: kinds[k], pointsOnly: true }));
+        if (bestSoFar.length) series.push({ name: "best so far", points: bestSoFar, color: "#212529", pointsOnly: false });
+        P.line(plot, series, {
+          width: plotWidth(box),
+          xLabel: "trial",
+          yLabel: "ms per step",
+          legend: true,
+          empty: "no trial measured yet",
+        });
         return card;
       })
     );

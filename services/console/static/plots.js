@@ -43,7 +43,7 @@
     const step0 = span / Math.max(1, count);
     const mag = Math.pow(10, Math.floor(Math.log10(step0)));
     const norm = step0 / mag;
-    const step = (norm >= 5 ? 10 : norm >= 2 ? 5 : norm >= 1 ? 2 : 1) * mag;
+    const step = (norm > 5 ? 10 : norm > 2 ? 5 : norm > 1 ? 2 : 1) * mag;
     const ticks = [];
     for (let v = Math.ceil(min / step) * step; v <= max + 1e-9; v += step) ticks.push(v);
     return ticks;
@@ -178,10 +178,13 @@
     el("line", { x1: m.l, x2: width - m.r, y1: height - m.b, y2: height - m.b, stroke: "#adb5bd" }, svg);
     if (opts.xLabel) text(svg, width / 2 - 20, height - 4, opts.xLabel, { "font-size": 10 });
     if (opts.yLabel) text(svg, m.l + 4, m.t - 6, opts.yLabel, { "font-size": 10 });
+    const legendWidth = series.reduce((w, s) => w + 22 + s.name.slice(0, 24).length * 6, 0);
+    let legendX = Math.max(m.l + 90, width - m.r - legendWidth);
     series.forEach((s, i) => {
       const color = s.color || PALETTE[i % PALETTE.length];
       const sorted = s.points.slice().sort((a, b) => a[0] - b[0]);
-      if (sorted.length > 1 && !opts.pointsOnly) {
+      const pointsOnly = s.pointsOnly !== undefined ? s.pointsOnly : opts.pointsOnly;
+      if (sorted.length > 1 && !pointsOnly) {
         el(
           "polyline",
           {
@@ -199,8 +202,12 @@
         t.textContent = `${s.name}: ${fmtNum(p[1])}` + (p[2] ? ` (${p[2]})` : "");
       });
       if (series.length > 1 || opts.legend) {
-        el("rect", { x: m.l + 8 + i * 120, y: 4, width: 10, height: 4, fill: color }, svg);
-        text(svg, m.l + 22 + i * 120, 10, s.name.slice(0, 16), { "font-size": 10 });
+        // legend along the top, right-aligned so it never covers the y label
+        const label = s.name.slice(0, 24);
+        const lx = legendX;
+        legendX += 22 + label.length * 6;
+        el("rect", { x: lx, y: 4, width: 10, height: 4, fill: color }, svg);
+        text(svg, lx + 14, 10, label, { "font-size": 10 });
       }
     });
     return svg;

@@ -213,6 +213,40 @@ class GandivaPolicy:
             self._grow(view, occ, out, acted)
         return out
 
+    def wakeup_at(self, view: ClusterView) -> float | None:
+        """Earliest time at which, with no event in between, ``decide`` could answer
+        differently (a quantum expiring, a running job overtaking a waiting one in attained
+        service, a pack cooldown or observation window ending, an elastic job becoming
+        growable). A mechanism may sleep until then instead of polling; None: nothing is
+        pending on the clock."""
+        cfg = self.config
+        now = view.now
+        waiting = [j for j in view.jobs if j.state in WAITING_PHASES]
+        best = float("inf")
+        holders = [j for j in view.jobs if j.state in HOLDING_PHASES]
+        if waiting and cfg.enable_time_slicing:
+            w_min = min(j.attained_service_s for j in waiting)
+            for r in holders:
+                if r.state is not JobPhase.RUNNING or not r.devices:
+                    continue
+                t = r.last_change_at + cfg.quantum_s
+                if cfg.slice_order == "las" and r.attained_service_s <= w_min:
+                    t = max(t, now + (w_min - r.attained_service_s) / len(r.devices) + 1e-6)
+                best = min(best, t)
+        if waiting and cfg.enable_packing:
+            for w in waiting:
+                if w.state is JobPhase.SUSPENDED and w.devices_wanted == 1:
+                    best = min(best, w.last_change_at + cfg.pack_cooldown_s)
+        if cfg.enable_packing and cfg.pack_observe_s > 0:
+            for r in holders:
+                best = min(best, r.last_change_at + cfg.pack_observe_s)
+        if cfg.enable_grow_shrink and not waiting:
+            for r in holders:
+                if r.elastic and r.state is JobPhase.RUNNING:
+                    best = min(best, r.last_change_at + cfg.quantum_s)
+        best = max(best, now) if best != float("inf") else best
+        return None if best == float("inf") or best <= now and not waiting else best
+
     # ------------------------------------------------------------------ mechanisms
     def _judge_packs(self, view: ClusterView, occ: Occupancy, jobs: dict[str, JobView], out: list, acted: set) -> None:
         cfg = self.config
@@ -357,3 +391,4 @@ def _run(job: JobView, devs: tuple[str, ...], reason: str) -> Decision:
     if job.state is JobPhase.SUSPENDED:
         return Resume(job.id, devs, reason)
     return Start(job.id, devs, reason)
+

@@ -110,9 +110,29 @@ class LasPolicy:
             out.append(_run(w, devs, "las: backfill on idle devices"))
         return out
 
+    def wakeup_at(self, view: ClusterView) -> float | None:
+        """Earliest time at which, with no event in between, ``decide`` could answer
+        differently: a running job's ``min_run_s`` ending or its attained service crossing a
+        queue threshold, while someone waits. None: nothing pending on the clock."""
+        if not any(j.state in WAITING_PHASES for j in view.jobs):
+            return None
+        cfg = self.config
+        best = float("inf")
+        for r in view.jobs:
+            if r.state not in HOLDING_PHASES or not r.devices:
+                continue
+            t = r.last_change_at + cfg.min_run_s
+            if t > view.now:
+                best = min(best, t)
+            i = bisect.bisect_right(cfg.thresholds_s, r.attained_service_s)
+            if i < len(cfg.thresholds_s):
+                best = min(best, view.now + (cfg.thresholds_s[i] - r.attained_service_s) / len(r.devices) + 1e-6)
+        return None if best == float("inf") else best
+
 
 def _run(job: JobView, devs: tuple[str, ...], reason: str) -> Decision:
     if job.state is JobPhase.SUSPENDED:
         return Resume(job.id, devs, reason)
     return Start(job.id, devs, reason)
+
 

@@ -46,7 +46,7 @@ class DeviceView:
     model: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: frozen+slots construction is ~2.5x slower
 class JobView:
     """One job as the scheduler observes it.
 

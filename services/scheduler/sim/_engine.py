@@ -69,6 +69,15 @@ class ClusterSpec:
         return self.nodes * self.devices_per_node
 
 
+def _job_view(**fields) -> JobView:
+    # The simulator builds tens of thousands of views a run; a frozen dataclass's __init__
+    # sets each field through object.__setattr__, several times slower than filling the
+    # instance dict at once. Same object as JobView(**fields) (a unit test checks it).
+    v = object.__new__(JobView)
+    v.__dict__.update(fields)
+    return v
+
+
 class _Job:
     __slots__ = (
         "t", "id", "k", "phase", "devices", "work", "done", "rate", "util", "stall_until", "last_update",
@@ -211,6 +220,10 @@ class Simulator:
         self._tick_pending = False
         self._last_n = 0
         self._time_driven = bool(getattr(policy, "time_driven", True))
+        self._wakeup = getattr(policy, "wakeup_at", None)
+        self._tick_version = 0
+        self._last_view: ClusterView | None = None
+        self.min_tick_s = 1.0
         # device-seconds held, per device, for the conservation check
         self.device_busy_s = {d.id: 0.0 for d in self.devices}
         self.job_device_s: dict[str, float] = {}
@@ -249,6 +262,8 @@ class Simulator:
 
     def _handle(self, kind: int, jid: str, ver: int) -> bool:
         if kind == _TICK:
+            if self._wakeup is not None and ver != self._tick_version:
+                return False  # superseded by a later wake-up
             self._tick_pending = False
             return True
         j = self.jobs[jid]
@@ -278,7 +293,18 @@ class Simulator:
         return False
 
     def _maybe_tick(self) -> None:
-        if self._tick_pending or not self._time_driven:
+        if not self._time_driven:
+            return
+        if self._wakeup is not None:
+            # The policy says when the clock alone could change its answer: sleep till then.
+            view = self._last_view if self._last_view is not None and self._last_view.now == self.now else self.view()
+            wake = self._wakeup(view)
+            self._tick_version += 1
+            self._tick_pending = wake is not None
+            if wake is not None:
+                self._push(max(wake, self.now + self.min_tick_s), _TICK, "", self._tick_version)
+            return
+        if self._tick_pending:
             return
         # A tick is needed only while time passing can change a decision: someone waits
         # (time-slicing quantum, LAS thresholds). Packs are judged at the next event or
@@ -425,7 +451,7 @@ class Simulator:
                 observed = j.mb_alone_ms / j.pack_speed if j.devices and j.rate > 0 else (
                     None if j.first_feedback is None else j.mb_alone_ms / j.pack_speed
                 )
-                v = JobView(
+                v = _job_view(
                     id=j.id,
                     devices_wanted=j.k,
                     elastic=j.t.elastic,
@@ -443,6 +469,7 @@ class Simulator:
                     last_change_at=j.last_change,
                     model=j.t.model,
                     gpu_share=j.t.gpu_share,
+                    max_devices=None,
                 )
                 j.view = v
             views.append(v)
@@ -455,9 +482,12 @@ class Simulator:
         if not self.active:
             return
         self.counts["decide"] += 1
-        decisions = self.policy.decide(self.view())
+        view = self.view()
+        decisions = self.policy.decide(view)
         self._last_n = len(decisions)
+        self._last_view = view
         if decisions:
+            self._last_view = None
             self.apply(decisions)
         if self.check_invariants:
             self.assert_invariants()

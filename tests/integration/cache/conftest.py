@@ -53,20 +53,40 @@ class ServerProc:
 def cache_server(tmp_path: Path, etcd_endpoint: str, redis_url: str) -> Iterator[Callable[..., ServerProc]]:
     started: list[ServerProc] = []
 
-    def start(capacity: str = "64M", policy: str = "coordinated", node: str = "", name: str = "s0") -> ServerProc:
+    def start(
+        capacity: str = "64M", policy: str = "coordinated", node: str = "", name: str = "s0"
+    ) -> ServerProc:
         port = _free_port()
         data = tmp_path / f"server-{name}"
         log = tmp_path / f"server-{name}.log"
         cmd = [
-            sys.executable, "-m", "microco.services.cache",
-            "--port", str(port), "--etcd", etcd_endpoint, "--redis", redis_url,
-            "--data-dir", str(data), "--capacity", capacity, "--policy", policy,
-            "--metrics-port", "-1", "--grace-s", "0.5", "--log-format", "text",
+            sys.executable,
+            "-m",
+            "microco.services.cache",
+            "--port",
+            str(port),
+            "--etcd",
+            etcd_endpoint,
+            "--redis",
+            redis_url,
+            "--data-dir",
+            str(data),
+            "--capacity",
+            capacity,
+            "--policy",
+            policy,
+            "--metrics-port",
+            "-1",
+            "--grace-s",
+            "0.5",
+            "--log-format",
+            "text",
         ]
         if node:
             cmd += ["--node", node]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
+        with open(log, "wb") as out:  # the child keeps its own descriptor
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         address = f"127.0.0.1:{port}"
         server = ServerProc(proc, address, data, log)
         started.append(server)

@@ -5,24 +5,30 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from microco.clients.cache import CacheClient
 from microco.clients.cli import main
 
 pytestmark = pytest.mark.integration
 
 
-def test_cli_register_list_stats_allocations(make_dataset, tmp_path, etcd_endpoint, etcd_kv, cache_server, capsys):
+def test_cli_register_list_stats_allocations(
+    make_dataset, tmp_path, etcd_endpoint, etcd_kv, cache_server, capsys
+):
     make_dataset(tmp_path / "d", n=12, size=1000)
     server = cache_server(capacity="1M")
     e = ["cache", "--etcd", etcd_endpoint]
-    assert main([*e, "register", "mnist", str(tmp_path / "d"), "--chunk-size", "4K", "--owner", "ann", "--json"]) == 0
+    assert (
+        main([*e, "register", "mnist", str(tmp_path / "d"), "--chunk-size", "4K", "--owner", "ann", "--json"])
+        == 0
+    )
     rec = json.loads(capsys.readouterr().out)
     assert rec["num_samples"] == 12 and rec["num_chunks"] == 3 and rec["owner"] == "ann"
     assert main([*e, "datasets"]) == 0
     assert "mnist" in capsys.readouterr().out
     with CacheClient(server.address) as c:
-        c.report_progress("job-1", "mnist", 0, timings=[(0.0, 0.5, 4000, 4), (1.0, 0.1, 4000, 4)], dataset_bytes=12000)
+        c.report_progress(
+            "job-1", "mnist", 0, timings=[(0.0, 0.5, 4000, 4), (1.0, 0.1, 4000, 4)], dataset_bytes=12000
+        )
     assert main([*e, "stats", "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats[0]["policy"] == "coordinated" and stats[0]["jobs"] == ["job-1"]

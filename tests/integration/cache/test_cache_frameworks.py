@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from microco.clients.cache import open_loader, register_dataset
 
 pytestmark = pytest.mark.integration
@@ -18,12 +17,17 @@ def test_torch_dataloader_substitutable_hits(make_dataset, tmp_path, etcd_kv, ca
     files = make_dataset(tmp_path / "d", n=64, size=512)
     server = cache_server(capacity="16K")  # half the dataset
     _, idx = register_dataset(etcd_kv, "t", str(tmp_path / "d"), chunk_bytes=2048)
-    loader = open_loader(etcd_kv, "t", server=server.address, batch_size=8, job_id="torch-job", prefetch=False)
+    loader = open_loader(
+        etcd_kv, "t", server=server.address, batch_size=8, job_id="torch-job", prefetch=False
+    )
     assert loader.warm() == len(idx.chunks) // 2
     labels = {p: int(p[5]) for p in files}  # class<k>/...
     dl = make_dataloader(
         loader,
-        transform=lambda data, path: (torch.frombuffer(bytearray(data), dtype=torch.uint8).float().mean(), labels[path]),
+        transform=lambda data, path: (
+            torch.frombuffer(bytearray(data), dtype=torch.uint8).float().mean(),
+            labels[path],
+        ),
         collate_fn=lambda items: (torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])),
     )
     model = torch.nn.Linear(1, 3)
@@ -59,7 +63,9 @@ def test_tf_data_reads_every_sample_once(make_dataset, tmp_path, etcd_kv, cache_
     files = make_dataset(tmp_path / "d", n=40, size=256)
     server = cache_server(capacity="1M")
     register_dataset(etcd_kv, "tfds", str(tmp_path / "d"), chunk_bytes=1024)
-    loader = open_loader(etcd_kv, "tfds", server=server.address, batch_size=6, job_id="tf-job", prefetch=False)
+    loader = open_loader(
+        etcd_kv, "tfds", server=server.address, batch_size=6, job_id="tf-job", prefetch=False
+    )
     loader.warm()
     ds = quiver_tf_dataset(loader, epoch=0).map(lambda i, s: (i, tf.strings.length(s)))
     seen = []

@@ -3,6 +3,7 @@ exploration, a client that loses the service keeps training, a commit is reused 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -93,9 +94,11 @@ def _one_thread():
     torch.set_num_threads(old)
 
 
-def _train(astra, model, steps, x, y, opt):
+def _train(astra, model, steps, x, y, opt, until_committed=False):
     losses = []
     for _ in range(steps):
+        if until_committed and astra.committed:
+            break
         with astra.step():
             loss = zm.loss_fn(model(x), y)
             opt.zero_grad()
@@ -106,14 +109,14 @@ def _train(astra, model, steps, x, y, opt):
 
 
 def _job(explorer, retry_every=2):
-    model = zm.make_model("lstm", 6, 8, layers=2)
+    model = zm.make_model("lstm", 6, 8)
     astra = AstraTorch(model, explorer, name="lstm-it", total_steps=400, threads=("1",),
                        compile_choices=("eager",), retry_every=retry_every)
     return model, astra, torch.optim.SGD(model.parameters(), lr=0.05)
 
 
 def test_restart_resumes_lost_service_keeps_training_and_commit_is_reused(service, etcd_kv):
-    x, y = zm.synthetic_batch(5, 4, 6)
+    x, y = zm.synthetic_batch(4, 4, 6)
     explorer = RemoteExplorer.from_etcd(etcd_kv, default_timeout=1.0)  # discovery through etcd
     model, astra, opt = _job(explorer)
     _train(astra, model, 5, x, y, opt)  # probe + two trials
@@ -129,7 +132,7 @@ def test_restart_resumes_lost_service_keeps_training_and_commit_is_reused(servic
     resumed = explorer.get_graph(key)
     assert resumed.explore_steps == before.explore_steps  # nothing lost, nothing restarted
     assert [t.values for t in resumed.trials][: len(before.trials)] == [t.values for t in before.trials]
-    _train(astra, model, 40, x, y, opt)
+    _train(astra, model, 40, x, y, opt, until_committed=True)
     assert not astra.session.lost and astra.committed
     final = explorer.get_graph(key)
     assert final.committed and final.runs >= 2 and final.speedup > 0
@@ -141,6 +144,28 @@ def test_restart_resumes_lost_service_keeps_training_and_commit_is_reused(servic
     assert astra2.committed and astra2.explore_steps == 0 and astra2.config == astra.config
     assert etcd_kv.get_json(f"/microco/compiler/committed/{key}")["values"] == astra.config
     assert key in [g.key for g in explorer.list_graphs()]
+
+
+def test_cli_shows_graphs_trials_and_speedups(service, etcd_kv, etcd_endpoint, capsys):
+    from microco.clients.cli import main as cli
+
+    x, y = zm.synthetic_batch(4, 4, 6)
+    model, astra, opt = _job(RemoteExplorer.from_address(service.address))
+    _train(astra, model, 30, x, y, opt, until_committed=True)
+    assert astra.committed
+    key = astra.spec().key
+    assert cli(["compiler", "--etcd", etcd_endpoint, "graphs", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    (row,) = [r for r in rows if r["key"] == key]
+    assert row["committed"] and row["model"] == "lstm-it" and row["speedup"] > 0
+    assert row["explore_steps"] == astra.explore_steps and row["config"] == astra.config
+    assert cli(["compiler", "--etcd", etcd_endpoint, "show", key[:10]]) == 0
+    out = capsys.readouterr().out
+    assert "committed" in out and "baseline" in out and "speedup" in out
+    assert cli(["compiler", "--etcd", etcd_endpoint, "show", "zzzz"]) == 1
+    assert "no explored graph" in capsys.readouterr().err
+    assert cli(["compiler", "--etcd", etcd_endpoint, "forget", key]) == 0
+    assert etcd_kv.get(f"/microco/compiler/committed/{key}") is None
 
 
 def test_bad_requests_get_clear_errors(service):

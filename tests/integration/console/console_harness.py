@@ -53,13 +53,29 @@ def spawn(
     home.mkdir(parents=True, exist_ok=True)
     log = home / f"{instance_id}.log"
     cmd = [
-        sys.executable, "-m", module, *args,
-        "--etcd", etcd, "--redis", redis, "--instance-id", instance_id,
-        "--data-dir", str(home / instance_id), "--profile", profile, "--log-format", "text",
+        sys.executable,
+        "-m",
+        module,
+        *args,
+        "--etcd",
+        etcd,
+        "--redis",
+        redis,
+        "--instance-id",
+        instance_id,
+        "--data-dir",
+        str(home / instance_id),
+        "--profile",
+        profile,
+        "--log-format",
+        "text",
     ]
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
     return Proc(instance_id, proc, log)
@@ -87,14 +103,25 @@ class Platform:
     redis: str
     home: Path
     others: dict[str, Proc]
+    stopped: bool = False
 
     def stop(self) -> None:
-        for p in [self.console, *self.others.values()]:
+        """Idempotent: SIGTERM to every process (graceful), then close the etcd client."""
+        if self.stopped:
+            return
+        self.stopped = True
+        procs = [self.console, *self.others.values()]
+        for p in procs:
+            if p.proc.poll() is None:
+                p.proc.terminate()
+        for p in procs:
             p.stop()
         self.kv.close()
 
 
-def start_platform(etcd: str, redis: str, home: Path, *, cache: bool = True, scheduler: bool = True) -> Platform:
+def start_platform(
+    etcd: str, redis: str, home: Path, *, cache: bool = True, scheduler: bool = True
+) -> Platform:
     """The console as ``microco up`` starts it, plus the real services it shows: a cache server,
     a scheduler and a node agent with one virtual device (each when part of this build). Every
     process is started before any is waited for, so they boot in parallel."""
@@ -105,20 +132,29 @@ def start_platform(etcd: str, redis: str, home: Path, *, cache: bool = True, sch
     port = free_port()
     common = {"etcd": etcd, "redis": redis, "home": home}
     console = spawn(
-        "microco.services.console", ["--http-port", str(port), "--sample-every-s", "0.5"],
-        instance_id=f"console-{port}", env={"MICROCO_CONSOLE_VIEW_TOKEN": VIEW_TOKEN}, **common,
+        "microco.services.console",
+        ["--http-port", str(port), "--sample-every-s", "0.5"],
+        instance_id=f"console-{port}",
+        env={"MICROCO_CONSOLE_VIEW_TOKEN": VIEW_TOKEN},
+        **common,
     )
     others: dict[str, Proc] = {}
     if cache and SYSTEMS["cache"].in_build():
-        others["cache"] = spawn("microco.services.cache", ["--capacity", "32M"], instance_id=f"cache-{port}", **common)
+        others["cache"] = spawn(
+            "microco.services.cache", ["--capacity", "32M"], instance_id=f"cache-{port}", **common
+        )
     if scheduler and SYSTEMS["scheduler"].in_build() and SYSTEMS["agent"].in_build():
         others["scheduler"] = spawn(
-            "microco.services.scheduler", ["--tick-s", "0.2", "--metrics-port", "-1"],
-            instance_id=f"scheduler-{port}", **common,
+            "microco.services.scheduler",
+            ["--tick-s", "0.2", "--metrics-port", "-1"],
+            instance_id=f"scheduler-{port}",
+            **common,
         )
         others["agent"] = spawn(
-            "microco.services.agent", ["--virtual-devices", "1", "--node", f"node-{port}", "--metrics-port", "-1"],
-            instance_id=f"agent-{port}", **common,
+            "microco.services.agent",
+            ["--virtual-devices", "1", "--node", f"node-{port}", "--metrics-port", "-1"],
+            instance_id=f"agent-{port}",
+            **common,
         )
     platform = Platform(kv, f"http://127.0.0.1:{port}", console, etcd, redis, home, others)
     try:

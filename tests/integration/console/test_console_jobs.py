@@ -9,7 +9,6 @@ import time
 import httpx
 import pytest
 from console_harness import VIEW_TOKEN, Platform
-
 from microco.services.console import DEFAULT_DEV_TOKEN
 from microco.services.console._gateway import SYSTEMS
 
@@ -27,8 +26,15 @@ VIEWER = {"Authorization": f"Bearer {VIEW_TOKEN}"}
 
 def job_command(steps: int, compute_ms: float = 5, io_ms: float = 10) -> list[str]:
     return [
-        sys.executable, "-m", "microco.examples.synthetic_job",
-        "--steps", str(steps), "--compute-ms", str(compute_ms), "--io-ms", str(io_ms),
+        sys.executable,
+        "-m",
+        "microco.examples.synthetic_job",
+        "--steps",
+        str(steps),
+        "--compute-ms",
+        str(compute_ms),
+        "--io-ms",
+        str(io_ms),
     ]
 
 
@@ -40,12 +46,15 @@ def wait_state(platform: Platform, job_id: str, states: set[str], timeout: float
         if job["state"] in states:
             return job
         time.sleep(0.3)
-    raise AssertionError(f"job {job_id} not in {states} after {timeout:.0f}s: {job.get('state')} {job.get('message')}")
+    raise AssertionError(
+        f"job {job_id} not in {states} after {timeout:.0f}s: {job.get('state')} {job.get('message')}"
+    )
 
 
 def test_submit_run_and_see_the_timeline(platform: Platform) -> None:
     r = httpx.post(
-        platform.url + "/api/v1/jobs", headers=ADMIN,
+        platform.url + "/api/v1/jobs",
+        headers=ADMIN,
         json={"name": "console-run", "command": job_command(60), "devices": 1, "user": "alice"},
     )
     assert r.status_code == 201, r.text
@@ -65,21 +74,31 @@ def test_submit_run_and_see_the_timeline(platform: Platform) -> None:
     assert [h["state"] for h in job["history"]][:1] == ["queued"]
     assert job["progress"] and max(p["step"] for p in job["progress"]) > 0
 
-    only_finished = httpx.get(platform.url + "/api/v1/jobs", headers=ADMIN, params={"state": "finished"}).json()
-    assert all(j["state"] == "finished" for j in only_finished["jobs"]) and job_id in [j["id"] for j in only_finished["jobs"]]
-    assert httpx.get(platform.url + "/api/v1/jobs", headers=ADMIN, params={"state": "sleepy"}).status_code == 400
+    only_finished = httpx.get(
+        platform.url + "/api/v1/jobs", headers=ADMIN, params={"state": "finished"}
+    ).json()
+    assert all(j["state"] == "finished" for j in only_finished["jobs"]) and job_id in [
+        j["id"] for j in only_finished["jobs"]
+    ]
+    assert (
+        httpx.get(platform.url + "/api/v1/jobs", headers=ADMIN, params={"state": "sleepy"}).status_code == 400
+    )
 
 
 def test_cancel_needs_the_admin_token(platform: Platform) -> None:
     r = httpx.post(
-        platform.url + "/api/v1/jobs", headers=ADMIN,
+        platform.url + "/api/v1/jobs",
+        headers=ADMIN,
         json={"name": "console-cancel", "command": job_command(100000, 5, 20), "devices": 1},
     )
     job_id = r.json()["id"]
     wait_state(platform, job_id, {"running", "queued"})
     assert httpx.post(f"{platform.url}/api/v1/jobs/{job_id}/cancel").status_code == 401
     assert httpx.post(f"{platform.url}/api/v1/jobs/{job_id}/cancel", headers=VIEWER).status_code == 403
-    assert httpx.get(f"{platform.url}/api/v1/jobs/{job_id}", headers=VIEWER).json()["state"] in ("queued", "running")
+    assert httpx.get(f"{platform.url}/api/v1/jobs/{job_id}", headers=VIEWER).json()["state"] in (
+        "queued",
+        "running",
+    )
     r = httpx.post(f"{platform.url}/api/v1/jobs/{job_id}/cancel", headers=ADMIN)
     assert r.status_code == 200, r.text
     job = wait_state(platform, job_id, {"cancelled"})
@@ -88,12 +107,14 @@ def test_cancel_needs_the_admin_token(platform: Platform) -> None:
 
 def test_the_schedulers_refusals_come_through_clearly(platform: Platform) -> None:
     r = httpx.post(
-        platform.url + "/api/v1/jobs", headers=ADMIN,
+        platform.url + "/api/v1/jobs",
+        headers=ADMIN,
         json={"name": "too-big", "command": job_command(1), "devices": 64},
     )
     assert r.status_code == 400 and "devices" in r.json()["message"]
     r = httpx.post(
-        platform.url + "/api/v1/jobs", headers=ADMIN,
+        platform.url + "/api/v1/jobs",
+        headers=ADMIN,
         json={"name": "nope", "command": ["/no/such/program"], "devices": 1},
     )
     assert r.status_code == 400 and "/no/such/program" in r.json()["message"]

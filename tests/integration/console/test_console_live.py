@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
-
+from console_harness import VIEW_TOKEN, Platform, spawn, wait_registered
 from microco.services.console import DEFAULT_DEV_TOKEN
 from microco.services.console._gateway import SYSTEMS
 from microco.services.stack import check_health, free_port
-
-from console_harness import VIEW_TOKEN, Platform, spawn, wait_registered
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +53,6 @@ def test_unauthenticated_changes_are_refused_and_change_nothing(platform: Platfo
 @pytest.mark.skipif(not SYSTEMS["cache"].in_build(), reason="the cache is not part of this build")
 def test_cache_view_reads_the_real_server_and_plots_hit_rate(platform: Platform) -> None:
     import blake3
-
     from microco.clients.cache import CacheClient
 
     cache = platform.others["cache"]
@@ -72,7 +66,9 @@ def test_cache_view_reads_the_real_server_and_plots_hit_rate(platform: Platform)
     def read_some() -> None:
         with CacheClient(cache.record.address) as client:
             # three hits and one miss (a chunk the server does not hold)
-            client.read_samples([(d_chunk, 0, 100, d_sample)] * 3 + [("f" * 64, 0, 100, d_sample)], job_id="t")
+            client.read_samples(
+                [(d_chunk, 0, 100, d_sample)] * 3 + [("f" * 64, 0, 100, d_sample)], job_id="t"
+            )
 
     deadline = time.monotonic() + 20
     server: dict = {}
@@ -101,13 +97,24 @@ def test_absent_or_stopped_systems_are_reported_not_invented(platform: Platform)
 
 
 def test_default_token_refused_outside_dev(etcd_endpoint: str, redis_url: str, tmp_path) -> None:
-    for env in ({}, {"MICROCO_CONSOLE_TOKEN": DEFAULT_DEV_TOKEN}):
-        p = spawn(
-            "microco.services.console", ["--http-port", "0"], etcd=etcd_endpoint, redis=redis_url,
-            home=tmp_path, instance_id=f"console-prod-{len(env)}", profile="prod", env={"MICROCO_CONSOLE_TOKEN": "", **env},
+    procs = [
+        spawn(
+            "microco.services.console",
+            ["--http-port", "0"],
+            etcd=etcd_endpoint,
+            redis=redis_url,
+            home=tmp_path,
+            instance_id=f"console-prod-{i}",
+            profile="prod",
+            env={"MICROCO_CONSOLE_TOKEN": token},
         )
+        for i, token in enumerate(("", DEFAULT_DEV_TOKEN))
+    ]
+    for p, message in zip(
+        procs, ("admin token is required", "default development token is refused"), strict=True
+    ):
         assert p.proc.wait(30) == 2
-        assert "token" in p.log_tail()
+        assert message in p.log_tail()
 
 
 def test_sigterm_leaves_the_registry_first(etcd_endpoint: str, redis_url: str, tmp_path) -> None:
@@ -116,8 +123,12 @@ def test_sigterm_leaves_the_registry_first(etcd_endpoint: str, redis_url: str, t
     kv = EtcdKV(etcd_endpoint)
     port = free_port()
     p = spawn(
-        "microco.services.console", ["--http-port", str(port)], etcd=etcd_endpoint, redis=redis_url,
-        home=tmp_path, instance_id="console-sigterm",
+        "microco.services.console",
+        ["--http-port", str(port)],
+        etcd=etcd_endpoint,
+        redis=redis_url,
+        home=tmp_path,
+        instance_id="console-sigterm",
     )
     try:
         wait_registered(kv, "console", p)
@@ -131,16 +142,17 @@ def test_sigterm_leaves_the_registry_first(etcd_endpoint: str, redis_url: str, t
         kv.close()
 
 
-def test_cli_prints_token_and_url(platform: Platform) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "microco.clients.cli", "console", "open", "--etcd", platform.etcd, "--no-browser"],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    assert platform.url.split("//")[1] in out.stdout
-    out = subprocess.run(
-        [sys.executable, "-m", "microco.clients.cli", "console", "token"],
-        capture_output=True, text=True, timeout=60,
-        env={k: v for k, v in os.environ.items() if k not in ("MICROCO_CONSOLE_TOKEN", "MICROCO_PROFILE")},
-    )
-    assert out.returncode == 0 and DEFAULT_DEV_TOKEN in out.stdout
+def test_cli_prints_token_and_url(
+    platform: Platform, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from microco.clients.cli import main
+
+    assert main(["console", "open", "--etcd", platform.etcd, "--no-browser"]) == 0
+    assert platform.url.split("//")[1] in capsys.readouterr().out
+    monkeypatch.delenv("MICROCO_CONSOLE_TOKEN", raising=False)
+    assert main(["console", "token", "--profile", "dev"]) == 0
+    assert capsys.readouterr().out.strip() == DEFAULT_DEV_TOKEN
+    assert main(["console", "token", "--profile", "prod"]) == 1  # no default outside dev
+    monkeypatch.setenv("MICROCO_CONSOLE_TOKEN", "s3cret-token-for-prod")
+    assert main(["console", "token", "--profile", "prod"]) == 0
+    assert capsys.readouterr().out.strip() == "s3cret-token-for-prod"

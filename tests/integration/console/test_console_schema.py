@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import pytest
 
-schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not installed (pip install schemathesis)")
+schemathesis = pytest.importorskip(
+    "schemathesis", reason="schemathesis is not installed (pip install schemathesis)"
+)
 
-from console_harness import Platform  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from schemathesis.checks import ignored_auth, response_schema_conformance  # noqa: E402
-
-from microco.services.console import DEFAULT_DEV_TOKEN  # noqa: E402
+from console_harness import Platform
+from hypothesis import HealthCheck, given, settings
+from microco.services.console import DEFAULT_DEV_TOKEN
+from schemathesis.checks import ignored_auth, response_schema_conformance
 
 pytestmark = pytest.mark.integration
 
 
-def no_internal_error(ctx, response, case):  # noqa: ANN001, ANN201 - schemathesis check signature
+def no_internal_error(ctx, response, case):
     """500 is a console bug. 502/503 name a service that failed or is down: an answer, not a crash."""
     CALLS.append((case.method, case.path, response.status_code))
     assert response.status_code != 500, f"500 from {case.method} {case.path}: {response.text[:300]}"

@@ -85,7 +85,15 @@ def test_bad_input_gets_clear_errors(agents, scheduler, etcd_kv):
         c.cancel("nope-123")
     # Still serving: a good job runs to the end.
     j = c.submit(make_spec(job_cmd(steps=20, compute_ms=1), devices=1, name="ok"))
-    assert wait_for(lambda: job_to_dict(c.get(j.id))["state"] == "finished", 30, "finish")
+    # WatchJobs streams the job's changes from the current state on, until it finishes.
+    states = []
+    for ev in c.watch([j.id], timeout=30):
+        states.append(job_to_dict(ev.job)["state"])
+        if states[-1] == "finished":
+            break
+    assert states[0] in ("queued", "running") and states[-1] == "finished"
+    with pytest.raises(NotFound):
+        list(c.watch(["nope-123"], timeout=5))
     assert job_to_dict(c.get(j.id))["step"] == 20
     assert c.list_nodes().policy == "fifo" and len(c.list_nodes().devices) == 2
 

@@ -4,6 +4,7 @@ nodes' data directories, kill -9 during queries and appends, recovery, corruptio
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import defaultdict
@@ -185,6 +186,35 @@ def test_bad_input_changes_nothing(cluster):
     after = client.get_table("orders")
     assert (before["rows"], before["extents"]) == (after["rows"], after["extents"])
     assert [t["name"] for t in client.list_tables()] == ["items", "orders"]
+
+
+def test_cli_create_load_query_explain_nodes_recovery(cluster, tmp_path, capsys):
+    import pyarrow.csv as pcsv
+
+    from microco.clients.cli import main
+
+    c, client = cluster
+    csv = tmp_path / "cust.csv"
+    cust = pa.table({"c_id": np.arange(500), "c_nation": np.arange(500) % 25, "c_bal": np.arange(500) * 1.5})
+    pcsv.write_csv(cust, csv)
+    base = ["store", "--coordinator", c.coordinator_address]
+    assert main([*base, "create", "cust", "--from", str(csv), "--replica", "c_id",
+                 "--replica", "c_nation:hash:4", "--replica", "c_bal:range:100,400"]) == 0
+    assert main([*base, "load", "cust", str(csv)]) == 0
+    assert "loaded 500 rows" in capsys.readouterr().out
+    assert main([*base, "query", "cust", "--group-by", "c_nation", "--agg", "sum:c_bal:b",
+                 "--order-by", "b:desc", "--limit", "2", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["c_nation"] for r in out] == [24, 23]
+    assert main([*base, "explain", "cust", "--group-by", "c_nation", "--agg", "count:*"]) == 0
+    assert "shuffle-free" in capsys.readouterr().out
+    assert main([*base, "nodes", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 6
+    assert main([*base, "recovery"]) == 0
+    assert json.loads(capsys.readouterr().out)["unavailable_extents"] == 0
+    assert main([*base, "query", "cust", "--where", "zz = 1"]) == 1
+    assert "no column 'zz'" in capsys.readouterr().err
+    client.drop_table("cust")
 
 
 def test_corrupt_extent_detected_and_rebuilt(cluster):

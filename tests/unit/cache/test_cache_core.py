@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from microco.services.cache import _digest as d
 from microco.services.cache._allocation import BenefitEstimate, JobDemand, allocate, estimate_benefit
 from microco.services.cache._eviction import (
@@ -124,7 +123,9 @@ def test_allocate_prefers_benefit_per_byte_and_starves_compute_bound():
     ]
     sizes = {"imagenet": 800, "text": 500, "audio": 300}
     allocs = {a.dataset: a for a in allocate(1000, sizes, jobs, probe_bytes=100)}
-    assert allocs["audio"].bytes == 200 and "not yet measured" in allocs["audio"].reason  # 100 probe + leftover
+    assert (
+        allocs["audio"].bytes == 200 and "not yet measured" in allocs["audio"].reason
+    )  # 100 probe + leftover
     assert allocs["imagenet"].bytes == 800 and allocs["imagenet"].jobs == ("io1", "io2")
     assert allocs["text"].bytes == 0 and "compute-bound" in allocs["text"].reason
     assert sum(a.bytes for a in allocs.values()) <= 1000

@@ -7,7 +7,6 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from microco.services.cache._sampler import BatchMode, SubstitutableSampler
 
 

@@ -63,7 +63,7 @@ def test_core_coordinated_eviction_and_allocation(tmp_path):
         assert core.put(d, data, "ds").outcome == "stored"
     assert core.put(*chunks[3], "ds").outcome == "over_allocation"  # full share, nothing consumed
     core.report_progress("j1", "ds", 0, [chunks[0][0]])
-    assert not core.put(*chunks[3], "ds").outcome == "stored"  # j2 still needs it
+    assert core.put(*chunks[3], "ds").outcome != "stored"  # j2 still needs it
     core.report_progress("j2", "ds", 0, [chunks[0][0]])
     assert core.put(*chunks[3], "ds").outcome == "stored"
     assert core.lookup([c[0] for c in chunks]) == [c[0] for c in chunks[1:4]]
@@ -73,7 +73,9 @@ def test_core_coordinated_eviction_and_allocation(tmp_path):
     table = core.allocation_table()
     assert table[0][0].dataset == "ds" and table[0][1] == 300
     grants = core.open_chunks([chunks[1][0], chunks[4][0]])
-    assert [g[0] for g in grants] == [chunks[1][0]] and open(grants[0][1], "rb").read() == chunks[1][1]
+    assert [g[0] for g in grants] == [chunks[1][0]]
+    with open(grants[0][1], "rb") as f:
+        assert f.read() == chunks[1][1]
     core.report_progress("j1", "ds", 0, [], finished=True)
     assert core.stats()["jobs"] == ["j2"]
 

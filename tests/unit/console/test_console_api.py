@@ -7,7 +7,6 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
-
 from microco.services.common.kv import MemoryKV
 from microco.services.console import DEFAULT_DEV_TOKEN, ConsoleConfig, create_app
 from microco.services.console._gateway import SYSTEMS
@@ -73,7 +72,12 @@ def test_services_from_the_registry(client: TestClient) -> None:
 
 
 def test_absent_systems_say_so(client: TestClient) -> None:
-    for path, system in (("/api/v1/jobs", "scheduler"), ("/api/v1/cache", "cache"), ("/api/v1/store", "store"), ("/api/v1/compiler", "compiler")):
+    for path, system in (
+        ("/api/v1/jobs", "scheduler"),
+        ("/api/v1/cache", "cache"),
+        ("/api/v1/store", "store"),
+        ("/api/v1/compiler", "compiler"),
+    ):
         body = client.get(path, headers=ADMIN).json()
         assert body["available"] is False
         if SYSTEMS[system].in_build():

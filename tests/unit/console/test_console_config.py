@@ -1,7 +1,6 @@
 """The console refuses unsafe settings at start-up."""
 
 import pytest
-
 from microco.services.common.errors import InvalidArgument
 from microco.services.console import DEFAULT_DEV_TOKEN, ConsoleConfig
 
@@ -60,7 +59,9 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Non
     add_console_flags(parser)
     token_file = tmp_path / "token"
     token_file.write_text("t" * 20 + "\n")
-    args = parser.parse_args(["--profile", "prod", "--token-file", str(token_file), "--http-port", "0", "--instance-id", "c1"])
+    args = parser.parse_args(
+        ["--profile", "prod", "--token-file", str(token_file), "--http-port", "0", "--instance-id", "c1"]
+    )
     cfg = config_from_args(args)
     assert cfg.token == "t" * 20 and cfg.instance_id == "c1" and cfg.http_port == 0
 

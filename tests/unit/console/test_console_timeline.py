@@ -1,8 +1,9 @@
 """The plots' arithmetic: device timelines and hit rates from samples."""
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
-
 from microco.services.console import hit_rate_series, job_timeline
 from microco.services.console._timeline import state_seconds
 
@@ -30,7 +31,14 @@ def test_suspend_resume_and_migration_are_marked() -> None:
     ]
     periods = job_timeline(events, now=100)
     assert [p["state"] for p in periods] == [
-        "queued", "running", "suspended", "running", "migrating", "running", "packed", "finished",
+        "queued",
+        "running",
+        "suspended",
+        "running",
+        "migrating",
+        "running",
+        "packed",
+        "finished",
     ]
     assert [p["migrated"] for p in periods] == [False, False, False, False, False, True, False, False]
     # a terminal state ends the timeline at its own time, not at "now"
@@ -66,18 +74,26 @@ def test_hit_rate_from_counters_with_restart() -> None:
 states = st.sampled_from(["queued", "running", "suspended", "packed", "migrating", "finished"])
 
 
-@given(st.lists(st.tuples(st.floats(0, 1000, allow_nan=False), states, st.sampled_from(["a", "b"])), max_size=30))
+@given(
+    st.lists(st.tuples(st.floats(0, 1000, allow_nan=False), states, st.sampled_from(["a", "b"])), max_size=30)
+)
 def test_periods_are_ordered_and_non_negative(samples: list) -> None:
     periods = job_timeline([ev(t, s, n, (n + "/0",)) for t, s, n in samples], now=2000)
     for p in periods:
         assert p["end"] >= p["start"]
-    for a, b in zip(periods, periods[1:]):
+    for a, b in itertools.pairwise(periods):
         assert a["end"] <= b["start"] + 1e-9
 
 
 def test_state_history_without_placement_merges_with_observed_placements() -> None:
     # the scheduler's own history says only the state; the console's samples carry the devices
-    history = [ev(0, "queued"), ev(1.0, "running"), ev(5.0, "suspended"), ev(6.0, "running"), ev(9.0, "finished")]
+    history = [
+        ev(0, "queued"),
+        ev(1.0, "running"),
+        ev(5.0, "suspended"),
+        ev(6.0, "running"),
+        ev(9.0, "finished"),
+    ]
     observed = [ev(1.2, "running", "n1", ("n1/0",)), ev(6.1, "running", "n2", ("n2/0",))]
     periods = job_timeline(history + observed, now=100)
     assert [(p["state"], p["start"], p["end"], p["devices"], p["migrated"]) for p in periods] == [
@@ -90,5 +106,53 @@ def test_state_history_without_placement_merges_with_observed_placements() -> No
 
 
 def test_nothing_after_a_terminal_state() -> None:
-    periods = job_timeline([ev(0, "running", "n", ("d",)), ev(1, "cancelled"), ev(2, "running", "n", ("d",))], now=9)
+    periods = job_timeline(
+        [ev(0, "running", "n", ("d",)), ev(1, "cancelled"), ev(2, "running", "n", ("d",))], now=9
+    )
     assert [p["state"] for p in periods] == ["running", "cancelled"]
+
+
+def test_console_samples_taken_across_a_transition_do_not_invent_states() -> None:
+    from microco.services.console._series import SeriesStore
+    from microco.services.console._views import _job_events_name, _with_timeline
+
+    series = SeriesStore(None)
+    # the scheduler's history: a restart after a crash at 0.44
+    history = [
+        ev(0, "queued"),
+        ev(0.18, "running"),
+        ev(0.44, "queued"),
+        ev(0.44, "running"),
+        ev(5.27, "finished"),
+    ]
+    for e in (ev(0.2, "running", "n", ("n/0",)), ev(0.45, "queued", "n"), ev(0.45, "running", "n", ("n/0",))):
+        series.append(_job_events_name("j"), e)
+    job = {
+        "id": "j",
+        "state": "finished",
+        "node": "n",
+        "device_ids": [],
+        "finished_at": 5.27,
+        "submitted_at": 0,
+    }
+    out = _with_timeline(series, job, now=10, history=history)
+    assert [(p["state"], p["start"], p["end"], p["devices"]) for p in out["timeline"]] == [
+        ("queued", 0, 0.18, []),
+        ("running", 0.18, 0.44, ["n/0"]),
+        ("queued", 0.44, 0.44, []),
+        ("running", 0.44, 5.27, ["n/0"]),
+        ("finished", 5.27, 5.27, []),
+    ]
+
+
+def test_per_job_cache_counters_are_found_wherever_the_server_reports_them() -> None:
+    from microco.services.console._views import per_job_counters
+
+    stats = {
+        "hits": 10,
+        "jobs": ["a", "b"],  # names only: no counters
+        "datasets": [{"dataset": "d", "bytes": 1, "chunks": 1}],
+        "job_stats": [{"job_id": "a", "hits": 7, "misses": 3}, {"job": "b", "hits": 0, "misses": 2}],
+    }
+    assert per_job_counters(stats) == {"a": {"hits": 7, "misses": 3}, "b": {"hits": 0, "misses": 2}}
+    assert per_job_counters({"hits": 1, "jobs": ["a"]}) == {}

@@ -139,16 +139,18 @@ class QueryRequest(_message.Message):
     def __init__(self, query_json: _Optional[str] = ...) -> None: ...
 
 class QueryResponse(_message.Message):
-    __slots__ = ("arrow_ipc", "plan_kind", "explain", "replicas_json")
+    __slots__ = ("arrow_ipc", "plan_kind", "explain", "replicas_json", "moved_bytes")
     ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
     PLAN_KIND_FIELD_NUMBER: _ClassVar[int]
     EXPLAIN_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_JSON_FIELD_NUMBER: _ClassVar[int]
+    MOVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     arrow_ipc: bytes
     plan_kind: str
     explain: str
     replicas_json: str
-    def __init__(self, arrow_ipc: _Optional[bytes] = ..., plan_kind: _Optional[str] = ..., explain: _Optional[str] = ..., replicas_json: _Optional[str] = ...) -> None: ...
+    moved_bytes: int
+    def __init__(self, arrow_ipc: _Optional[bytes] = ..., plan_kind: _Optional[str] = ..., explain: _Optional[str] = ..., replicas_json: _Optional[str] = ..., moved_bytes: _Optional[int] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
     __slots__ = ("text", "plan_kind", "replicas_json")

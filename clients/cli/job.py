@@ -1,0 +1,202 @@
+"""``microco job ...``: submit, list, show and cancel training jobs on the Gandiva scheduler."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+import time
+from typing import Any
+
+_STATES = ("queued", "running", "suspended", "packed", "migrating", "finished", "failed", "cancelled")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "job",
+        help="Gandiva: submit, list, show and cancel training jobs",
+        description=(
+            "Training jobs run on node agents under the Gandiva scheduler, which may time-slice,\n"
+            "pack, migrate or resize them at mini-batch boundaries. A job's script reports to the\n"
+            "scheduler with a few lines (microco.clients.scheduler: TorchHook or SchedulerCallback).\n\n"
+            "example:\n"
+            "  microco job submit --name digits --devices 1 -- python -m microco.examples.torch_digits --steps 500"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--etcd", default="", help="etcd endpoint (default: MICROCO_ETCD or the running stack's)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per call to the scheduler")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+    s = p.add_subparsers(dest="job_command", metavar="SUBCOMMAND")
+
+    sb = s.add_parser("submit", help="submit a job: everything after -- is its command",
+                      description="Submit a training job. The command (after --) runs on a node agent with "
+                      "MICROCO_DEVICES, MICROCO_CONTROL_DIR and MICROCO_CHECKPOINT_DIR set.")
+    sb.add_argument("--name", default="", help="a name for people (the id gets a suffix)")
+    sb.add_argument("--devices", type=int, default=1, help="devices the job wants (>= 1)")
+    sb.add_argument("--elastic", action="store_true", help="the job may grow onto idle devices and shrink back")
+    sb.add_argument("--max-devices", type=int, default=0, help="elastic jobs: grow at most to this many")
+    sb.add_argument("--priority", type=int, default=0, help="higher runs first")
+    sb.add_argument("--user", default="", help="owner (default: current user)")
+    sb.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment for the job")
+    sb.add_argument("--workdir", default="", help="working directory on the node")
+    sb.add_argument("--total-steps", type=int, default=0, help="mini-batches the job will run (for progress)")
+    sb.add_argument("--model", default="", help="model name: jobs of one model share a speed profile")
+    sb.add_argument("--wait", action="store_true", help="follow the job until it ends (progress bar)")
+    sb.add_argument("--json", action="store_true", help="print the job as JSON")
+    sb.add_argument("cmd", nargs=argparse.REMAINDER, help="the training command, after --")
+    sb.set_defaults(func=cmd_submit)
+
+    ls = s.add_parser("list", help="list jobs", description="List jobs, oldest first.")
+    ls.add_argument("--state", action="append", default=[], choices=_STATES, help="only jobs in this state")
+    ls.add_argument("--user", default="", help="only this owner's jobs")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_list)
+
+    sh = s.add_parser("show", help="show one job and its history")
+    sh.add_argument("job_id")
+    sh.add_argument("--json", action="store_true")
+    sh.set_defaults(func=cmd_show)
+
+    cn = s.add_parser("cancel", help="cancel a job (its process is stopped)")
+    cn.add_argument("job_id", nargs="+")
+    cn.add_argument("--json", action="store_true")
+    cn.set_defaults(func=cmd_cancel)
+
+    nd = s.add_parser("nodes", help="devices the scheduler can use, its leader and policy")
+    nd.add_argument("--json", action="store_true")
+    nd.set_defaults(func=cmd_nodes)
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from microco.clients.common import channel_for
+    from microco.clients.scheduler import SchedulerClient
+    from microco.services.common.kv import EtcdKV
+
+    from ._platform import _etcd_for
+
+    kv = EtcdKV(_etcd_for(args))
+    return SchedulerClient(channel_for(kv, "scheduler"), default_timeout=args.timeout)
+
+
+def _row(j: dict[str, Any]) -> str:
+    steps = f"{j['step']}/{j['total_steps']}" if j["total_steps"] else str(j["step"])
+    ms = f"{j['minibatch_ms']:.1f}" if j["minibatch_ms"] else "-"
+    return f"{j['id']:<28} {j['state']:<10} {','.join(j['devices']) or '-':<16} {steps:>10} {ms:>8}  {j['message'][:60]}"
+
+
+_HEADER = f"{'ID':<28} {'STATE':<10} {'DEVICES':<16} {'STEP':>10} {'MB_MS':>8}  MESSAGE"
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from microco.clients.scheduler import job_to_dict, make_spec
+    from microco.services.common.errors import InvalidArgument
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise InvalidArgument("give the job's command after --, e.g. microco job submit -- python train.py")
+    env = {}
+    for item in args.env:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise InvalidArgument(f"bad --env {item!r}: expected KEY=VALUE")
+        env[k] = v
+    spec = make_spec(cmd, devices=args.devices, name=args.name, elastic=args.elastic, priority=args.priority,
+                     user=args.user or getpass.getuser(), env=env, workdir=args.workdir,
+                     total_steps=args.total_steps, model=args.model, max_devices=args.max_devices)
+    c = _client(args)
+    job = job_to_dict(c.submit(spec))
+    if args.json and not args.wait:
+        print(json.dumps(job, indent=2))
+        return 0
+    print(f"submitted {job['id']} ({job['state']})", file=sys.stderr if args.json else sys.stdout)
+    if args.wait:
+        job = _follow(c, job["id"], job["total_steps"])
+        if args.json:
+            print(json.dumps(job, indent=2))
+        return 0 if job["state"] == "finished" else 1
+    return 0
+
+
+def _follow(c: Any, job_id: str, total: int) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from microco.clients.scheduler import job_to_dict
+
+    bar = tqdm(total=total or None, desc=job_id, unit="step", file=sys.stderr)
+    job = job_to_dict(c.get(job_id))
+    while True:
+        for ev in c.watch([job_id], timeout=30):
+            job = job_to_dict(ev.job)
+            bar.n = job["step"]
+            bar.set_postfix_str(job["state"])
+            bar.refresh()
+            if job["state"] in ("finished", "failed", "cancelled"):
+                bar.close()
+                print(f"{job_id}: {job['state']}: {job['message']}", file=sys.stderr)
+                return job
+        time.sleep(0.1)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from microco.clients.scheduler import job_to_dict
+
+    jobs = [job_to_dict(j) for j in _client(args).list(args.state, args.user)]
+    if args.json:
+        print(json.dumps(jobs, indent=2))
+        return 0
+    print(_HEADER)
+    for j in jobs:
+        print(_row(j))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from microco.clients.scheduler import job_to_dict
+
+    j = job_to_dict(_client(args).get(args.job_id))
+    if args.json:
+        print(json.dumps(j, indent=2))
+        return 0
+    for k in ("id", "name", "state", "message", "devices", "node", "step", "total_steps", "checkpoint_step",
+              "attempt", "restarts", "minibatch_ms", "minibatch_ms_alone", "packed_with", "attained_service_s",
+              "devices_wanted", "elastic", "priority", "user", "command"):
+        v = j[k]
+        if k in ("submitted_at", "first_step_at", "finished_at"):
+            continue
+        print(f"{k:>20}: {' '.join(v) if k == 'command' else v}")
+    for k in ("submitted_at", "first_step_at", "finished_at"):
+        if j[k]:
+            print(f"{k:>20}: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(j[k]))}")
+    print("history:")
+    for at, state, msg in j["history"]:
+        print(f"  {time.strftime('%H:%M:%S', time.localtime(at))}  {state:<10} {msg}")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from microco.clients.scheduler import job_to_dict
+
+    c = _client(args)
+    out = [job_to_dict(c.cancel(job_id)) for job_id in args.job_id]
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for j in out:
+            print(f"{j['id']}: {j['state']}{' (cancel requested)' if j['state'] not in _STATES[5:] else ''}")
+    return 0
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    resp = _client(args).list_nodes()
+    devices = [{"id": d.id, "node": d.node, "kind": d.kind, "model": d.model} for d in resp.devices]
+    if args.json:
+        print(json.dumps({"leader": resp.leader, "policy": resp.policy, "devices": devices}, indent=2))
+        return 0
+    print(f"leader: {resp.leader or '-'}   policy: {resp.policy}")
+    for d in devices:
+        print(f"  {d['id']:<20} {d['kind']:<8} {d['model']}")
+    return 0

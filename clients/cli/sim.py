@@ -1,0 +1,180 @@
+"""``microco sim``: run a scheduling policy over a job trace in the discrete-event simulator.
+
+    microco sim --trace ../shared/traces/tiresias_60_job.csv --policy gandiva --gpus 16 --json
+    microco sim --trace alibaba --policy las --gpus 64 --opt min_run_s=120
+    microco sim --hp-search --policy gandiva --gpus 8 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+TRACE_ALIASES = {
+    "alibaba": "alibaba-gpu-v2023/openb_pod_list_default.csv",
+    "alibaba-multigpu": "alibaba-gpu-v2023/openb_pod_list_multigpu50.csv",
+    "alibaba-gpushare": "alibaba-gpu-v2023/openb_pod_list_gpushare100.csv",
+    "tiresias": "tiresias_60_job.csv",
+}
+
+
+def _parse_opt(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"--opt wants KEY=VALUE, got {text!r}")
+    key, raw = text.split("=", 1)
+    low = raw.strip().lower()
+    if low in ("true", "false"):
+        return key.strip(), low == "true"
+    try:
+        return key.strip(), ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return key.strip(), raw
+
+
+def add_sim_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags shared by ``microco sim`` and the sim benchmark."""
+    p.add_argument(
+        "--trace",
+        default="alibaba",
+        help="trace file (native CSV, an Alibaba gpu-v2023 pod list or the Tiresias trace) or an alias: "
+        + ", ".join(TRACE_ALIASES)
+        + " (default: alibaba)",
+    )
+    p.add_argument(
+        "--traces-dir",
+        default=None,
+        help="where the public traces live (default: $MICROCO_TRACES or ../shared/traces from the repo root)",
+    )
+    p.add_argument("--gpus", type=int, default=None, help="devices in the simulated cluster (default: per trace)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="devices per node (default 8)")
+    p.add_argument(
+        "--device-models",
+        default="v100",
+        help="comma-separated device models cycled over nodes, e.g. v100,p100,k80 (default v100)",
+    )
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiply the Alibaba trace's times by this")
+    p.add_argument("--elastic-fraction", type=float, default=0.0, help="fraction of Alibaba jobs marked elastic")
+    p.add_argument("--limit", type=int, default=None, help="simulate only the first N jobs of the trace")
+    p.add_argument("--tick", type=float, default=60.0, help="fallback decision period in seconds (default 60)")
+    p.add_argument("--quantum", type=float, default=None, help="gandiva time-slice quantum in seconds")
+    p.add_argument(
+        "--opt",
+        action="append",
+        type=_parse_opt,
+        default=[],
+        metavar="KEY=VALUE",
+        help="policy option, repeatable (e.g. --opt enable_packing=false)",
+    )
+
+
+def resolve_trace(trace: str, traces_dir: str | None) -> Path:
+    from microco.services.scheduler.sim import default_traces_dir
+
+    base = Path(traces_dir) if traces_dir else default_traces_dir()
+    if trace in TRACE_ALIASES:
+        return base / TRACE_ALIASES[trace]
+    return Path(trace)
+
+
+def default_gpus(trace: str) -> int:
+    return 16 if trace == "tiresias" or "tiresias" in trace else 32
+
+
+def load_jobs(args: argparse.Namespace):
+    from microco.services.scheduler.sim import load_trace
+
+    path = resolve_trace(args.trace, args.traces_dir)
+    if not path.exists():
+        raise SystemExit(f"microco sim: trace {path} not found (set --traces-dir or MICROCO_TRACES)")
+    jobs = load_trace(path, time_scale=args.time_scale, elastic_fraction=args.elastic_fraction)
+    if args.limit is not None:
+        jobs = jobs[: args.limit]
+    return path, jobs
+
+
+def policy_options(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    opts = dict(args.opt)
+    if args.quantum is not None and name == "gandiva":
+        opts.setdefault("quantum_s", args.quantum)
+    return opts
+
+
+def run(args: argparse.Namespace) -> int:
+    from microco.services.scheduler.policy import PolicyError, make_policy
+    from microco.services.scheduler.sim import (
+        ClusterSpec,
+        TraceError,
+        default_perf_model,
+        default_traces_dir,
+        run_hp_search,
+        simulate,
+    )
+
+    traces_dir = Path(args.traces_dir) if args.traces_dir else default_traces_dir()
+    perf = default_perf_model(traces_dir if traces_dir.exists() else None)
+    try:
+        policy = make_policy(args.policy, **policy_options(args.policy, args))
+    except PolicyError as exc:
+        print(f"microco sim: {exc}", file=sys.stderr)
+        return 2
+    models = tuple(m.strip() for m in args.device_models.split(",") if m.strip())
+    if args.hp_search:
+        res = run_hp_search(policy, gpus=args.gpus or 8, per_node=args.gpus_per_node, perf=perf)
+        out = res.to_dict()
+    else:
+        try:
+            path, jobs = load_jobs(args)
+        except TraceError as exc:
+            print(f"microco sim: {exc}", file=sys.stderr)
+            return 2
+        gpus = args.gpus or default_gpus(args.trace)
+        if gpus < 1:
+            print("microco sim: --gpus must be >= 1", file=sys.stderr)
+            return 2
+        cluster = ClusterSpec.for_gpus(gpus, args.gpus_per_node, models)
+        res = simulate(policy, jobs, cluster, perf=perf, tick_s=args.tick)
+        out = res.to_dict()
+        out["trace"] = str(path)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for k, v in out.items():
+            print(f"{k:34s} {v}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``microco sim`` to the CLI."""
+    p = subparsers.add_parser(
+        "sim",
+        help="simulate a scheduling policy on a job trace",
+        description=(
+            "Run one scheduling policy (the same plugin the live scheduler uses) over a job trace in the "
+            "discrete-event simulator and print utilisation, job completion times, time to first feedback "
+            "and makespan. Trace format: docs/scheduler-sim.md."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from microco.services.scheduler.policy import available_policies
+
+    p.add_argument("--policy", default="gandiva", choices=available_policies(), help="policy plugin (default gandiva)")
+    p.add_argument("--hp-search", action="store_true", help="run the hyper-parameter search scenario instead of a trace")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    add_sim_arguments(p)
+    p.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="microco")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

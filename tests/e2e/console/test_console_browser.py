@@ -1,0 +1,114 @@
+"""The console in a real headless browser (Debian's chromium driven by Playwright): sign in, see
+the services, submit a job from the page and watch it appear and change state on its device
+timeline. Screenshots are kept under test-artifacts/."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+CHROMIUM = os.environ.get("MICROCO_CHROMIUM", "/usr/bin/chromium")
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        not (Path(CHROMIUM).exists() or shutil.which("chromium")),
+        reason="chromium is not installed (apt-get install chromium)",
+    ),
+]
+
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
+)
+
+from console_harness import Platform
+from microco.services.console import DEFAULT_DEV_TOKEN
+from microco.services.console._gateway import SYSTEMS
+
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def page(platform: Platform):
+    executable = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=executable, args=ARGS)
+        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        pg = context.new_page()
+        pg.set_default_timeout(20_000)
+        pg.requested_hosts = set()  # type: ignore[attr-defined]
+        pg.on("request", lambda req: pg.requested_hosts.add(urlparse(req.url).netloc))  # type: ignore[attr-defined]
+        yield pg
+        browser.close()
+
+
+def test_sign_in_submit_and_watch_a_job(platform: Platform, page, artifacts_dir: Path) -> None:
+    expect = sync_api.expect
+    page.goto(platform.url + "/")
+
+    # a wrong token is refused, the right one signs in
+    expect(page.locator("#login")).to_be_visible()
+    page.fill("#login-token", "not-the-token")
+    page.click("#login-button")
+    expect(page.locator("#login-error")).to_have_text("wrong token")
+    page.fill("#login-token", DEFAULT_DEV_TOKEN)
+    page.click("#login-button")
+    expect(page.locator("#login")).to_be_hidden()
+    expect(page.locator("#banner")).to_contain_text("default development token")
+
+    # the services view: the console itself and the services behind it, healthy
+    console_row = page.locator(f'#services-table tr[data-instance="{platform.console.name}"]')
+    expect(console_row).to_contain_text("SERVING")
+    for proc in platform.others.values():
+        expect(page.locator(f'#services-table tr[data-instance="{proc.name}"]')).to_contain_text("SERVING")
+    page.screenshot(path=str(artifacts_dir / "console-services.png"), full_page=True)
+
+    if not SYSTEMS["scheduler"].in_build():
+        pytest.skip("the scheduler is not part of this build: only the services view was checked")
+
+    # submit a job from the page
+    page.click('#tabs a[data-tab="jobs"]')
+    expect(page.locator("#submit-form")).to_be_visible()
+    page.fill("#submit-name", "browser-job")
+    command = f"{sys.executable} -m microco.examples.synthetic_job --steps 120 --compute-ms 5 --io-ms 20"
+    page.fill("#submit-command", command)
+    page.fill("#submit-devices", "1")
+    page.click("#submit-button")
+    expect(page.locator("#submit-result")).to_contain_text("submitted browser-job")
+    job_id = page.locator("#submit-result").inner_text().split()[-1]
+    row = page.locator(f'#jobs-table tr[data-job-id="{job_id}"]')
+    expect(row).to_be_visible()
+
+    # ... and watch it change state: running on a device, then finished
+    expect(row).to_have_attribute("data-state", "running", timeout=60_000)
+    expect(page.locator(f'svg.timeline g[data-job-id="{job_id}"] rect.period-running')).to_have_count(1)
+    page.screenshot(path=str(artifacts_dir / "console-job-running.png"), full_page=True)
+    expect(row).to_have_attribute("data-state", "finished", timeout=90_000)
+    timeline = page.locator(f'svg.timeline g[data-job-id="{job_id}"] rect.period')
+    states = [timeline.nth(i).get_attribute("data-state") for i in range(timeline.count())]
+    assert states[0] == "queued" and "running" in states and states[-1] == "finished", states
+    expect(page.locator("#job-detail")).to_be_visible()  # the submitted job is selected
+    expect(page.locator("#job-steps svg polyline")).to_have_count(1)  # its steps-over-time plot
+    page.screenshot(path=str(artifacts_dir / "console-job-finished.png"), full_page=True)
+
+    # other views render without errors
+    for tab in ("nodes", "cache", "store", "compiler"):
+        page.click(f'#tabs a[data-tab="{tab}"]')
+        expect(page.locator(f"#tab-{tab}")).to_be_visible()
+        expect(page.locator("#status-line")).to_contain_text("updated")
+    page.screenshot(path=str(artifacts_dir / "console-compiler.png"), full_page=True)
+
+    # everything the page loaded came from the console itself: it works offline
+    assert page.requested_hosts <= {urlparse(platform.url).netloc}, page.requested_hosts

@@ -1,0 +1,113 @@
+"""Job records, spec validation, conversions and the store side of SchedulerCore (MemoryKV)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+
+from microco.clients.scheduler import job_to_dict, make_spec
+from microco.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from microco.services.common.kv import MemoryKV
+from microco.services.scheduler import SchedulerCore, record_to_pb, spec_from_pb, validate_spec
+from microco.services.scheduler import _jobs as J
+from microco.services.scheduler.policy import JobPhase, job_view_from_dict, make_policy
+
+PY = [sys.executable, "-c", "pass"]
+
+
+def core_with_nodes(n_devices=2):
+    kv = MemoryKV()
+    if n_devices:
+        kv.put_json("/microco/nodes/n1", {"name": "n1", "address": "127.0.0.1:1", "devices": [
+            {"id": f"n1/{i}", "node": "n1", "index": i, "kind": "virtual", "model": "virtual-cpu"}
+            for i in range(n_devices)]})
+    return kv, SchedulerCore(kv, make_policy("fifo"))
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ({"command": PY, "devices": 0}, "at least 1"),
+    ({"command": PY, "devices": -1}, "at least 1"),
+    ({"command": PY, "devices": 3}, "cluster has 2"),
+    ({"command": [], "devices": 1}, "command is empty"),
+    ({"command": ["/definitely/not/here"], "devices": 1}, "command not found"),
+    ({"command": PY, "devices": 1, "total_steps": -5}, "negative"),
+    ({"command": PY, "devices": 2, "max_devices": 1}, "max_devices"),
+])
+def test_bad_specs_are_refused_with_a_reason(spec, needle):
+    with pytest.raises(InvalidArgument, match=needle):
+        validate_spec(spec, 2)
+
+
+def test_spec_round_trip_through_proto():
+    pb = make_spec(PY, devices=2, name="A b", elastic=True, priority=3, user="u", env={"K": "V"},
+                   total_steps=10, model="m", max_devices=4)
+    spec = validate_spec(spec_from_pb(pb), 4)
+    rec = J.new_record(spec, now=5.0)
+    assert rec["id"].startswith("a-b-") and rec["state"] == "queued"
+    d = job_to_dict(record_to_pb(rec))
+    assert d["state"] == "queued" and d["devices_wanted"] == 2 and d["elastic"] and d["user"] == "u"
+    assert d["history"] == [[5.0, "queued", "submitted"]]
+    view = job_view_from_dict(J.record_to_view(rec))
+    assert view.state is JobPhase.QUEUED and view.devices_wanted == 2 and view.total_steps == 10
+    assert view.max_devices == 4 and view.minibatch_ms is None
+
+
+def test_state_names_cover_every_state():
+    for s in ("queued", "running", "suspended", "packed", "migrating", "finished", "failed", "cancelled"):
+        assert J.state_from_pb(J.state_to_pb(s)) == s
+    with pytest.raises(InvalidArgument):
+        J.state_from_pb(999)
+
+
+def test_set_state_keeps_a_bounded_history():
+    rec = J.new_record(validate_spec({"command": PY, "devices": 1}, 1), now=0)
+    for i in range(120):
+        J.set_state(rec, "running" if i % 2 else "suspended", f"m{i}", float(i))
+    assert len(rec["history"]) == 50 and rec["history"][-1][2] == "m119" and rec["last_change_at"] == 119
+
+
+def test_core_submit_get_list_cancel():
+    kv, core = core_with_nodes()
+    a = core.submit({"command": PY, "devices": 1, "name": "a", "user": "ann"})
+    b = core.submit({"command": PY, "devices": 2, "name": "b", "user": "bob"})
+    assert core.get(a["id"])["spec"]["user"] == "ann"
+    assert [r["id"] for r in core.list()] == [a["id"], b["id"]]
+    assert [r["id"] for r in core.list(owner="bob")] == [b["id"]]
+    assert core.list(states=["running"]) == []
+    r = core.cancel(a["id"])
+    assert r["cancel_requested"] and core.cancel(a["id"])["cancel_requested"]  # idempotent
+    with pytest.raises(NotFound):
+        core.get("nope")
+    with pytest.raises(NotFound):
+        core.cancel("nope")
+    with pytest.raises(InvalidArgument):
+        core.get("")
+
+
+def test_submit_without_nodes_says_so():
+    _, core = core_with_nodes(0)
+    with pytest.raises(FailedPrecondition, match="no node agent"):
+        core.submit({"command": PY, "devices": 1})
+
+
+def test_watch_streams_current_state_then_changes():
+    kv, core = core_with_nodes()
+    a = core.submit({"command": PY, "devices": 1})
+    stop = threading.Event()
+    seen = []
+
+    def run():
+        for rec in core.watch([a["id"]], lambda: not stop.is_set(), poll_s=0.05):
+            seen.append(rec["cancel_requested"])
+            if rec["cancel_requested"]:
+                stop.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    core.cancel(a["id"])
+    t.join(5)
+    assert seen[0] is False and seen[-1] is True
+    with pytest.raises(NotFound):
+        list(core.watch(["missing"], lambda: False))
