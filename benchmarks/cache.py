@@ -152,7 +152,8 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
     batch = 16
     epochs = 2 if quick else 3
     compute_s = args.compute_ms / 1000
-    chunk_bytes = 16 * sample
+    # 16 samples per chunk, but no chunk over 4 MB unless a sample is (multi-MB volumes: one each).
+    chunk_bytes = int(min(16 * sample, max(sample, 4e6)))
     result: dict[str, Any] = {}
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="quiver-bench-") as tmpname, ExitStack() as stack:
@@ -251,6 +252,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
 
         phases["one_job"] = time.perf_counter() - t_phase
         t_phase = time.perf_counter()
+
         # -- two jobs on one dataset: one shared cache vs one cache per job (same link)
         def two_jobs(addresses: list[str]) -> float:
             link = ThrottledStore(local, bw)  # both jobs behind one link to the store

@@ -43,9 +43,10 @@ def _median_ms(fns: dict[str, Callable[[], Any]], rounds: int, per_round: int) -
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def bench_torch(cell: str, sizes: dict[str, int], run_steps: int, rounds: int, measure_run: bool) -> dict[str, Any]:
+def bench_torch(
+    cell: str, sizes: dict[str, int], run_steps: int, rounds: int, measure_run: bool
+) -> dict[str, Any]:
     import torch
-
     from microco.clients.compiler._torch import AstraTorch
     from microco.clients.compiler.zoo import torch_models as zm
     from microco.services.compiler import ExplorationPolicy, LocalExplorer
@@ -87,7 +88,9 @@ def bench_torch(cell: str, sizes: dict[str, int], run_steps: int, rounds: int, m
     static_first_s = time.perf_counter() - t0
 
     micro_m, micro_o = make()
-    astra = AstraTorch(micro_m, LocalExplorer(policy=ExplorationPolicy()), name=f"{cell}-torch", total_steps=run_steps)
+    astra = AstraTorch(
+        micro_m, LocalExplorer(policy=ExplorationPolicy()), name=f"{cell}-torch", total_steps=run_steps
+    )
     micro = stepper(micro_m, micro_o, astra)
     t0 = time.perf_counter()
     steps = 0
@@ -100,8 +103,12 @@ def bench_torch(cell: str, sizes: dict[str, int], run_steps: int, rounds: int, m
     ms = _median_ms({"eager": eager, "static": static, "microco": micro}, rounds, 3)
     state = astra.session.explorer.core.get(astra.spec().key)  # type: ignore[union-attr]
     out = _result(cell, "torch", ms, explore_steps, explore_s, eager_first_s, static_first_s, run_steps)
-    out.update(config=astra.config, trials=len(state.trials), pruned=len(state.pruned),
-               explore_ms_estimate=round(state.explore_ms / 1e3, 3))
+    out.update(
+        config=astra.config,
+        trials=len(state.trials),
+        pruned=len(state.pruned),
+        explore_ms_estimate=round(state.explore_ms / 1e3, 3),
+    )
     if measure_run:
         out["total_run_measured_s"] = _measure_runs(cell, "torch", sizes, run_steps)
     torch._dynamo.reset()
@@ -110,7 +117,6 @@ def bench_torch(cell: str, sizes: dict[str, int], run_steps: int, rounds: int, m
 
 def bench_tf(cell: str, sizes: dict[str, int], run_steps: int, rounds: int) -> dict[str, Any]:
     import tensorflow as tf
-
     from microco.clients.compiler._tf import AstraTF
     from microco.clients.compiler.zoo import tf_models as zt
     from microco.services.compiler import ExplorationPolicy, LocalExplorer
@@ -138,8 +144,14 @@ def bench_tf(cell: str, sizes: dict[str, int], run_steps: int, rounds: int) -> d
     static()
     static_first_s = time.perf_counter() - t0
 
-    astra = AstraTF(make(), tf.keras.optimizers.SGD(0.01), zt.loss_fn,
-                    LocalExplorer(policy=ExplorationPolicy()), name=f"{cell}-tf", total_steps=run_steps)
+    astra = AstraTF(
+        make(),
+        tf.keras.optimizers.SGD(0.01),
+        zt.loss_fn,
+        LocalExplorer(policy=ExplorationPolicy()),
+        name=f"{cell}-tf",
+        total_steps=run_steps,
+    )
 
     def micro():
         astra.step(x, y)
@@ -184,7 +196,6 @@ def _result(cell, framework, ms, explore_steps, explore_s, eager_first_s, static
 def _measure_runs(cell: str, framework: str, sizes: dict[str, int], run_steps: int) -> dict[str, float]:
     """Time the whole fixed-length run of each variant, back to back (slow)."""
     import torch
-
     from microco.clients.compiler._torch import AstraTorch
     from microco.clients.compiler.zoo import torch_models as zm
     from microco.services.compiler import LocalExplorer
@@ -216,8 +227,13 @@ def _measure_runs(cell: str, framework: str, sizes: dict[str, int], run_steps: i
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     quick = args.quick
-    sizes = {"T": args.seq or (8 if quick else 16), "B": args.batch, "I": args.input, "H": args.hidden,
-             "layers": args.layers}
+    sizes = {
+        "T": args.seq or (8 if quick else 16),
+        "B": args.batch,
+        "I": args.input,
+        "H": args.hidden,
+        "layers": args.layers,
+    }
     run_steps = args.run_steps or (200 if quick else 500)
     rounds = 3 if quick else 6
     torch_cells = args.models.split(",") if args.models else (["lstm"] if quick else list(TORCH_MODELS))
@@ -247,7 +263,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "compiler",
         "quick": quick,
         "command": "microco bench compiler " + " ".join(sys.argv[1:] if args.argv is None else args.argv),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_1m": os.getloadavg()[0]},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_avg_1m": os.getloadavg()[0],
+        },
         "sizes": sizes,
         "threads": args.threads,
         "run_steps": run_steps,
@@ -258,19 +278,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "torch_2x_vs_eager": sum(m["speedup_vs_eager"] >= 2 for m in torch_models),
             "torch_models": len(torch_models),
             "never_slower_than_best_baseline": all(m["speedup_vs_best_baseline"] >= 0.95 for m in models),
-            "tf_ahead_of_xla": [m["name"] for m in models if m["framework"] == "tensorflow"
-                                and m["speedup_vs_static"] > 1.0],
+            "tf_ahead_of_xla": [
+                m["name"] for m in models if m["framework"] == "tensorflow" and m["speedup_vs_static"] > 1.0
+            ],
         },
         "wall_s": round(time.time() - started, 1),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="microco bench compiler", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="one model per framework, short sequences: about a minute")
-    p.add_argument("--json", action="store_true", help="compact JSON on stdout (the output is JSON either way)")
-    p.add_argument("--models", default="", help="comma-separated PyTorch zoo models (default: all; lstm with --quick)")
+    p = argparse.ArgumentParser(
+        prog="microco bench compiler",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="one model per framework, short sequences: about a minute"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="compact JSON on stdout (the output is JSON either way)"
+    )
+    p.add_argument(
+        "--models", default="", help="comma-separated PyTorch zoo models (default: all; lstm with --quick)"
+    )
     p.add_argument("--tf-models", default="", help="comma-separated TensorFlow zoo models")
     p.add_argument("--no-tf", action="store_true", help="skip TensorFlow")
     p.add_argument("--seq", type=int, default=0, help="sequence length (default 16; 8 with --quick)")
@@ -278,8 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--input", type=int, default=32)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads of the baselines (and microco's start)")
-    p.add_argument("--run-steps", type=int, default=0, help="fixed run length for total_run_s (default 500; 200 quick)")
+    p.add_argument(
+        "--threads", type=int, default=1, help="intra-op threads of the baselines (and microco's start)"
+    )
+    p.add_argument(
+        "--run-steps", type=int, default=0, help="fixed run length for total_run_s (default 500; 200 quick)"
+    )
     p.add_argument("--measure-run", action="store_true", help="also time whole runs of every variant (slow)")
     args = p.parse_args(argv)
     args.argv = argv

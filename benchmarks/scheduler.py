@@ -32,7 +32,15 @@ def _say(msg: str) -> None:
 
 
 def _torch_cmd(steps: int, hidden: int = 256, sleep_ms: float = 0.0) -> list[str]:
-    cmd = [sys.executable, "-m", "microco.examples.torch_digits", "--steps", str(steps), "--hidden", str(hidden)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "microco.examples.torch_digits",
+        "--steps",
+        str(steps),
+        "--hidden",
+        str(hidden),
+    ]
     if sleep_ms:
         cmd += ["--step-sleep-ms", str(sleep_ms)]
     return cmd
@@ -55,10 +63,15 @@ def measure_suspend_resume(tmp: Path, repeats: int) -> dict[str, Any]:
     from microco.clients.scheduler import ControlChannel
 
     ch = ControlChannel(tmp / "ctl")
-    env = {**os.environ, "MICROCO_CONTROL_DIR": str(ch.dir), "MICROCO_CHECKPOINT_DIR": str(tmp / "ckpt"),
-           "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(_torch_cmd(100000, sleep_ms=2), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "MICROCO_CONTROL_DIR": str(ch.dir),
+        "MICROCO_CHECKPOINT_DIR": str(tmp / "ckpt"),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.Popen(
+        _torch_cmd(100000, sleep_ms=2), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         ch.wait_status(lambda s: s.get("step", 0) >= 20, 120)
         suspend, resume, in_job_suspend, in_job_resume = [], [], [], []
@@ -96,16 +109,21 @@ def measure_suspend_resume(tmp: Path, repeats: int) -> dict[str, Any]:
 def measure_migration(kv: Any, etcd: str, tmp: Path, repeats: int) -> dict[str, Any]:
     """Checkpoint-and-move of one PyTorch job between two node agents (real processes)."""
     import grpc
-
     from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
     from microco.services.agent import NODES_PREFIX
     from microco.services.scheduler._local import spawn_agent, stop_process
 
-    agents = [spawn_agent(etcd, f"m{i}", tmp / f"m{i}", devices=1, checkpoint_root=tmp / "ckpt", kv=kv)
-              for i in range(2)]
+    agents = [
+        spawn_agent(etcd, f"m{i}", tmp / f"m{i}", devices=1, checkpoint_root=tmp / "ckpt", kv=kv)
+        for i in range(2)
+    ]
     try:
-        stubs = [agent_pb2_grpc.NodeAgentServiceStub(grpc.insecure_channel(kv.get_json(NODES_PREFIX + f"m{i}")["address"]))
-                 for i in range(2)]
+        stubs = [
+            agent_pb2_grpc.NodeAgentServiceStub(
+                grpc.insecure_channel(kv.get_json(NODES_PREFIX + f"m{i}")["address"])
+            )
+            for i in range(2)
+        ]
 
         def proc(i: int, attempt: int) -> Any:
             for p in stubs[i].ListProcesses(agent_pb2.ListProcessesRequest(), timeout=5).processes:
@@ -114,52 +132,92 @@ def measure_migration(kv: Any, etcd: str, tmp: Path, repeats: int) -> dict[str, 
             return None
 
         cmd = _torch_cmd(100000, sleep_ms=2)
-        stubs[0].StartProcess(agent_pb2.StartProcessRequest(job_id="mig", command=cmd, device_ids=["m0/0"], attempt=1))
+        stubs[0].StartProcess(
+            agent_pb2.StartProcessRequest(job_id="mig", command=cmd, device_ids=["m0/0"], attempt=1)
+        )
         _wait(lambda: (p := proc(0, 1)) is not None and p.step >= 20, 120, "job running")
         totals, stops = [], []
         attempt, src = 1, 0
         for _ in range(repeats):
             dst = 1 - src
             t0 = time.perf_counter()
-            stubs[src].ControlProcess(agent_pb2.ControlProcessRequest(job_id="mig", control=agent_pb2.CONTROL_STOP))
-            p = _wait(lambda: (q := proc(src, attempt)) is not None and q.state == agent_pb2.PROCESS_STATE_EXITED and q,
-                      60, "checkpoint and exit")
+            stubs[src].ControlProcess(
+                agent_pb2.ControlProcessRequest(job_id="mig", control=agent_pb2.CONTROL_STOP)
+            )
+            p = _wait(
+                lambda s=src, a=attempt: (
+                    (q := proc(s, a)) is not None and q.state == agent_pb2.PROCESS_STATE_EXITED and q
+                ),
+                60,
+                "checkpoint and exit",
+            )
             stops.append((time.perf_counter() - t0) * 1000)
             left = p.checkpoint_step
             attempt += 1
-            stubs[dst].StartProcess(agent_pb2.StartProcessRequest(
-                job_id="mig", command=cmd, device_ids=[f"m{dst}/0"], attempt=attempt))
-            q = _wait(lambda: (q := proc(dst, attempt)) is not None and q.step > left and q, 120, "first step after move")
+            stubs[dst].StartProcess(
+                agent_pb2.StartProcessRequest(
+                    job_id="mig", command=cmd, device_ids=[f"m{dst}/0"], attempt=attempt
+                )
+            )
+            q = _wait(
+                lambda d=dst, a=attempt, lf=left: (q := proc(d, a)) is not None and q.step > lf and q,
+                120,
+                "first step after move",
+            )
             totals.append((time.perf_counter() - t0) * 1000)
             assert q.restored_from_step == left, (q.restored_from_step, left)
             src = dst
         stubs[src].StopProcess(agent_pb2.StopProcessRequest(job_id="mig", grace_seconds=1), timeout=10)
-        return {"migrate_ms": statistics.median(totals), "migrate_checkpoint_exit_ms": statistics.median(stops),
-                "migrate_restart_ms": statistics.median(totals) - statistics.median(stops),
-                "migrate_continues_from_step": True, "repeats": repeats}
+        return {
+            "migrate_ms": statistics.median(totals),
+            "migrate_checkpoint_exit_ms": statistics.median(stops),
+            "migrate_restart_ms": statistics.median(totals) - statistics.median(stops),
+            "migrate_continues_from_step": True,
+            "repeats": repeats,
+        }
     finally:
         for a in agents:
             stop_process(a)
 
 
-def run_burst(kv: Any, etcd: str, tmp: Path, policy: str, config: dict[str, Any], jobs: int, steps: int,
-              devices: int) -> dict[str, Any]:
+def run_burst(
+    kv: Any, etcd: str, tmp: Path, policy: str, config: dict[str, Any], jobs: int, steps: int, devices: int
+) -> dict[str, Any]:
     from microco.clients.common import channel_for
     from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
     from microco.services.scheduler._local import spawn_agent, spawn_scheduler, stop_process
 
     kv.delete_prefix("/microco/scheduler/")
     agent = spawn_agent(etcd, f"burst-{policy}", tmp / f"agent-{policy}", devices=devices, kv=kv)
-    sched = spawn_scheduler(etcd, tmp / f"sched-{policy}", policy=policy, policy_config=config, tick_s=0.2, kv=kv,
-                            log_path=tmp / f"sched-{policy}.log")
+    sched = spawn_scheduler(
+        etcd,
+        tmp / f"sched-{policy}",
+        policy=policy,
+        policy_config=config,
+        tick_s=0.2,
+        kv=kv,
+        log_path=tmp / f"sched-{policy}.log",
+    )
     try:
         c = SchedulerClient(channel_for(kv, "scheduler"))
         t0 = time.time()
-        ids = [c.submit(make_spec(_torch_cmd(steps), devices=1, name=f"{policy}-{i}", total_steps=steps,
-                                  model="digits-mlp")).id for i in range(jobs)]
-        done = _wait(lambda: (js := [job_to_dict(j) for j in c.list()]) and
-                     all(j["state"] in ("finished", "failed", "cancelled") for j in js) and js,
-                     1800, f"{policy} burst to finish")
+        [
+            c.submit(
+                make_spec(
+                    _torch_cmd(steps), devices=1, name=f"{policy}-{i}", total_steps=steps, model="digits-mlp"
+                )
+            )
+            for i in range(jobs)
+        ]
+        done = _wait(
+            lambda: (
+                (js := [job_to_dict(j) for j in c.list()])
+                and all(j["state"] in ("finished", "failed", "cancelled") for j in js)
+                and js
+            ),
+            1800,
+            f"{policy} burst to finish",
+        )
         failed = [j["id"] for j in done if j["state"] != "finished"]
         ttff = [j["first_step_at"] - j["submitted_at"] for j in done if j["first_step_at"]]
         end = max(j["finished_at"] for j in done)
@@ -167,7 +225,10 @@ def run_burst(kv: Any, etcd: str, tmp: Path, policy: str, config: dict[str, Any]
         decisions = kv.get_prefix_json("/microco/scheduler/jobs/")
         suspends = sum(sum(1 for h in r["history"] if h[1] == "suspended") for _, r in decisions)
         return {
-            "jobs": jobs, "steps_per_job": steps, "devices": devices, "failed": failed,
+            "jobs": jobs,
+            "steps_per_job": steps,
+            "devices": devices,
+            "failed": failed,
             "avg_time_to_first_feedback_s": statistics.mean(ttff),
             "max_time_to_first_feedback_s": max(ttff),
             "makespan_s": end - t0,
@@ -202,7 +263,9 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             configs = {"fifo": {}, "gandiva": {"quantum_s": args.quantum_s}}
             for name in ("fifo", "gandiva"):
                 _say(f"burst of {jobs} jobs x {steps} steps on {devices} virtual devices under {name}")
-                policies[name] = run_burst(kv, etcd.endpoint, tmp / name, name, configs[name], jobs, steps, devices)
+                policies[name] = run_burst(
+                    kv, etcd.endpoint, tmp / name, name, configs[name], jobs, steps, devices
+                )
             kv.close()
         finally:
             etcd.stop()
@@ -222,15 +285,27 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             "ttff_fifo_over_gandiva": f["avg_time_to_first_feedback_s"] / g["avg_time_to_first_feedback_s"],
             "throughput_gandiva_over_fifo": g["throughput_steps_per_s"] / f["throughput_steps_per_s"],
         },
-        "config": {"jobs": jobs, "steps": steps, "devices": devices, "gandiva_quantum_s": args.quantum_s,
-                   "model": "torch_digits MLP hidden=256 (64-256-10), batch 32, 1 thread per virtual device"},
+        "config": {
+            "jobs": jobs,
+            "steps": steps,
+            "devices": devices,
+            "gandiva_quantum_s": args.quantum_s,
+            "model": "torch_digits MLP hidden=256 (64-256-10), batch 32, 1 thread per virtual device",
+        },
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="microco bench scheduler", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="4 jobs x 100 steps, 3 repeats: about a minute on an idle 2-core machine")
+    p = argparse.ArgumentParser(
+        prog="microco bench scheduler",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="4 jobs x 100 steps, 3 repeats: about a minute on an idle 2-core machine",
+    )
     p.add_argument("--json", action="store_true", help="JSON only on stdout (the default output is JSON too)")
     p.add_argument("--jobs", type=int, default=0, help="jobs in the burst (default 4 quick, 8 full)")
     p.add_argument("--steps", type=int, default=0, help="mini-batches per job (default 100 quick, 1500 full)")

@@ -17,6 +17,6 @@ def load_digits() -> tuple:
     spec = importlib.util.find_spec("sklearn")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("scikit-learn is needed for the digits data: pip install scikit-learn")
-    path = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz"
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
     data = np.loadtxt(path, delimiter=",")
     return (data[:, :-1] / 16.0).astype("float32"), data[:, -1].astype("int64")

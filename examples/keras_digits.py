@@ -23,8 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--step-sleep-ms", type=float, default=0.0,
-                   help="extra time per mini-batch, to stand in for a bigger model")
+    p.add_argument(
+        "--step-sleep-ms",
+        type=float,
+        default=0.0,
+        help="extra time per mini-batch, to stand in for a bigger model",
+    )
     p.add_argument("--out", help="write losses and a digest of the final parameters here (JSON)")
     args = p.parse_args(argv)
 
@@ -32,7 +36,6 @@ def main(argv: list[str] | None = None) -> int:
     import keras
     import numpy as np
     import tensorflow as tf
-
     from microco.clients.scheduler import SchedulerCallback, StepBatches
     from microco.examples._digits import load_digits
 
@@ -59,8 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     h = keras.layers.Dense(args.hidden, activation="relu")(inputs)
     h = keras.layers.Dropout(0.1, seed=args.seed)(h)
     model = Digits(inputs, keras.layers.Dense(10)(h))
-    model.compile(optimizer=keras.optimizers.Adam(args.lr),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.Adam(args.lr),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
 
     history: dict = {"losses": []}
 
@@ -82,8 +87,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if start < args.steps:
         # Record runs before the scheduler callback so a checkpoint includes this batch's loss.
-        model.fit(stream(), steps_per_epoch=args.steps - start, epochs=1, verbose=0, shuffle=False,
-                  callbacks=[Record(), cb])
+        model.fit(
+            stream(),
+            steps_per_epoch=args.steps - start,
+            epochs=1,
+            verbose=0,
+            shuffle=False,
+            callbacks=[Record(), cb],
+        )
     cb.finish()
 
     if args.out:
@@ -91,8 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         for v in model.weights:
             digest.update(np.asarray(v.numpy()).tobytes())
         with open(args.out, "w") as f:
-            json.dump({"losses": history["losses"], "params_sha256": digest.hexdigest(),
-                       "restored_from_step": cb.context.restored_from_step, "steps": args.steps}, f)
+            json.dump(
+                {
+                    "losses": history["losses"],
+                    "params_sha256": digest.hexdigest(),
+                    "restored_from_step": cb.context.restored_from_step,
+                    "steps": args.steps,
+                },
+                f,
+            )
     return 0
 
 

@@ -54,8 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     ctx.finish()
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"digest": state["digest"], "steps": args.steps,
-                       "restored_from_step": ctx.restored_from_step}, f)
+            json.dump(
+                {
+                    "digest": state["digest"],
+                    "steps": args.steps,
+                    "restored_from_step": ctx.restored_from_step,
+                },
+                f,
+            )
     return 0
 
 

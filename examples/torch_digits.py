@@ -16,11 +16,9 @@ import time
 
 
 def build(hidden: int):
-    import torch.nn as nn
+    from torch import nn
 
-    return nn.Sequential(
-        nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(0.1), nn.Linear(hidden, 10)
-    )
+    return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(0.1), nn.Linear(hidden, 10))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,13 +28,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--step-sleep-ms", type=float, default=0.0,
-                   help="extra time per mini-batch, to stand in for a bigger model")
+    p.add_argument(
+        "--step-sleep-ms",
+        type=float,
+        default=0.0,
+        help="extra time per mini-batch, to stand in for a bigger model",
+    )
     p.add_argument("--out", help="write losses and a digest of the final parameters here (JSON)")
     args = p.parse_args(argv)
 
     import torch
-
     from microco.clients.scheduler import StepBatches, TorchHook, seed_everything
     from microco.examples._digits import load_digits
 
@@ -69,8 +70,15 @@ def main(argv: list[str] | None = None) -> int:
         for t in model.state_dict().values():
             digest.update(t.detach().cpu().numpy().tobytes())
         with open(args.out, "w") as f:
-            json.dump({"losses": history["losses"], "params_sha256": digest.hexdigest(),
-                       "restored_from_step": hook.context.restored_from_step, "steps": args.steps}, f)
+            json.dump(
+                {
+                    "losses": history["losses"],
+                    "params_sha256": digest.hexdigest(),
+                    "restored_from_step": hook.context.restored_from_step,
+                    "steps": args.steps,
+                },
+                f,
+            )
     return 0
 
 

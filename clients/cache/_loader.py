@@ -57,7 +57,18 @@ class LoaderStats:
 
 
 class QuiverLoader:
-    """Reads a registered dataset through a cache server with substitutable hits."""
+    """Reads a registered dataset through a cache server with substitutable hits.
+
+    ``index``/``store``: the dataset's verified index and its backing store. ``server``: the
+    (same-host) cache server's address, or None to read the backing store only. ``job_id``
+    names this job to the server (co-ordinated eviction, allocation). ``substitution``:
+    candidates offered per batch, in batches. ``prefetch``: insert unseen chunks in the
+    background; ``chunk_fetch``: on a miss read the whole untouched chunk into the cache.
+    ``direct_read``: read granted chunk files when the server is on ``node`` (default
+    ``MICROCO_NODE`` or the hostname), else stream. ``peers``: other hosts' servers.
+    ``substitutable=False, insert_misses=True`` makes the generic read-through cache
+    client the benchmark compares against.
+    """
 
     def __init__(
         self,
@@ -178,15 +189,16 @@ class QuiverLoader:
 
     def _read_direct(self, srv: CacheClient, hits: Sequence[int]) -> dict[int, bytes]:
         chunks = sorted({self.index.chunk_of(i).digest for i in hits})
+        # One call per batch for every chunk read, even with grants at hand: it is also how
+        # the server learns of these hits (recency for LRU; a grant for what it still holds).
+        node, grants = srv.open_chunks(chunks, timeout=5, retry=False)
+        if node != self.node:
+            self.direct_read = False  # the server is elsewhere: stream from now on
+            return {}
         with self._lock:
-            missing = [c for c in chunks if c not in self._grants]
-        if missing:
-            node, grants = srv.open_chunks(missing, timeout=5, retry=False)
-            if node != self.node:
-                self.direct_read = False  # the server is elsewhere: stream from now on
-                return {}
-            with self._lock:
-                self._grants.update({g.digest: g.path for g in grants})
+            for c in chunks:
+                self._grants.pop(c, None)
+            self._grants.update({g.digest: g.path for g in grants})
         out: dict[int, bytes] = {}
         by_chunk: dict[str, list[int]] = {}
         for i in hits:
@@ -315,7 +327,9 @@ class QuiverLoader:
                 self._staged.update(puts)
             self._put_async(puts)
         if self.insert_misses and rest:
-            self._put_async(
+            # Read-through inserts are part of the read (as in a generic cache): done before
+            # the next lookup, so the cache's recency order is the order of the reads.
+            self._put_sync(
                 [(self.index.chunk_of(i).digest, got[i]) for i in rest if self.index.chunk_of(i).count == 1]
             )
         self.stats.hits += len(indices) - len(rest)
@@ -347,8 +361,17 @@ class QuiverLoader:
                 self._inflight.add(c)
         return out
 
+    def _put_sync(self, chunks: list[tuple[str, bytes]]) -> None:
+        srv = self._server()
+        if not chunks or srv is None:
+            return
+        try:
+            srv.put_chunks(chunks, self.dataset, timeout=30)
+        except MicrocoError as exc:
+            self._server_failed(exc)
+
     def _put_async(self, chunks: list[tuple[str, bytes]]) -> None:
-        if not chunks or self._server() is None:
+        if not chunks:
             return
 
         def put() -> None:

@@ -60,7 +60,9 @@ def _find(core: Any, prefix: str) -> Any:
 
     states = [s for s in core.list() if s.key.startswith(prefix)]
     if not states:
-        raise NotFound(f"no explored graph has a key starting with {prefix!r} (see `microco compiler graphs`)")
+        raise NotFound(
+            f"no explored graph has a key starting with {prefix!r} (see `microco compiler graphs`)"
+        )
     if len(states) > 1:
         raise InvalidArgument(f"{prefix!r} matches {len(states)} graphs; give more of the key")
     return states[0]
@@ -94,12 +96,16 @@ def cmd_graphs(args: argparse.Namespace) -> int:
     if not rows:
         print("no graphs explored yet (wrap a training step with microco.clients.compiler)")
         return 0
-    print(f"{'KEY':<14} {'MODEL':<16} {'FW':<10} {'STATE':<10} {'TRIALS':>6} {'STEPS':>6} "
-          f"{'BASE ms':>9} {'BEST ms':>9} {'SPEEDUP':>8}")
+    print(
+        f"{'KEY':<14} {'MODEL':<16} {'FW':<10} {'STATE':<10} {'TRIALS':>6} {'STEPS':>6} "
+        f"{'BASE ms':>9} {'BEST ms':>9} {'SPEEDUP':>8}"
+    )
     for r in rows:
         state = "committed" if r["committed"] else "exploring"
-        print(f"{r['key'][:12]:<14} {r['model'][:16]:<16} {r['framework']:<10} {state:<10} {r['trials']:>6} "
-              f"{r['explore_steps']:>6} {_ms(r['baseline_ms']):>9} {_ms(r['best_ms']):>9} {r['speedup']:>7.2f}x")
+        print(
+            f"{r['key'][:12]:<14} {r['model'][:16]:<16} {r['framework']:<10} {state:<10} {r['trials']:>6} "
+            f"{r['explore_steps']:>6} {_ms(r['baseline_ms']):>9} {_ms(r['best_ms']):>9} {r['speedup']:>7.2f}x"
+        )
     return 0
 
 
@@ -116,8 +122,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"graph {state.key}  model={s['model']}  framework={s['framework']}")
     print(f"  inputs:   {state.spec.input_shapes}")
     print(f"  hardware: {state.spec.hardware}")
-    print(f"  state:    {'committed' if state.committed else 'exploring'} after {s['explore_steps']} steps "
-          f"({s['explore_s']} s, of which compile {s['compile_s']} s); runs seen: {s['runs']}")
+    print(
+        f"  state:    {'committed' if state.committed else 'exploring'} after {s['explore_steps']} steps "
+        f"({s['explore_s']} s, of which compile {s['compile_s']} s); runs seen: {s['runs']}"
+    )
     print(f"  speedup:  {s['speedup']:.2f}x  ({_ms(s['baseline_ms'])} ms -> {_ms(s['best_ms'])} ms per step)")
     print("variables:")
     for v in state.spec.variables:

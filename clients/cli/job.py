@@ -30,12 +30,17 @@ def register(sub: Any) -> None:
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
     s = p.add_subparsers(dest="job_command", metavar="SUBCOMMAND")
 
-    sb = s.add_parser("submit", help="submit a job: everything after -- is its command",
-                      description="Submit a training job. The command (after --) runs on a node agent with "
-                      "MICROCO_DEVICES, MICROCO_CONTROL_DIR and MICROCO_CHECKPOINT_DIR set.")
+    sb = s.add_parser(
+        "submit",
+        help="submit a job: everything after -- is its command",
+        description="Submit a training job. The command (after --) runs on a node agent with "
+        "MICROCO_DEVICES, MICROCO_CONTROL_DIR and MICROCO_CHECKPOINT_DIR set.",
+    )
     sb.add_argument("--name", default="", help="a name for people (the id gets a suffix)")
     sb.add_argument("--devices", type=int, default=1, help="devices the job wants (>= 1)")
-    sb.add_argument("--elastic", action="store_true", help="the job may grow onto idle devices and shrink back")
+    sb.add_argument(
+        "--elastic", action="store_true", help="the job may grow onto idle devices and shrink back"
+    )
     sb.add_argument("--max-devices", type=int, default=0, help="elastic jobs: grow at most to this many")
     sb.add_argument("--priority", type=int, default=0, help="higher runs first")
     sb.add_argument("--user", default="", help="owner (default: current user)")
@@ -104,9 +109,19 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if not sep or not k:
             raise InvalidArgument(f"bad --env {item!r}: expected KEY=VALUE")
         env[k] = v
-    spec = make_spec(cmd, devices=args.devices, name=args.name, elastic=args.elastic, priority=args.priority,
-                     user=args.user or getpass.getuser(), env=env, workdir=args.workdir,
-                     total_steps=args.total_steps, model=args.model, max_devices=args.max_devices)
+    spec = make_spec(
+        cmd,
+        devices=args.devices,
+        name=args.name,
+        elastic=args.elastic,
+        priority=args.priority,
+        user=args.user or getpass.getuser(),
+        env=env,
+        workdir=args.workdir,
+        total_steps=args.total_steps,
+        model=args.model,
+        max_devices=args.max_devices,
+    )
     c = _client(args)
     job = job_to_dict(c.submit(spec))
     if args.json and not args.wait:
@@ -122,9 +137,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _follow(c: Any, job_id: str, total: int) -> dict[str, Any]:
-    from tqdm import tqdm
-
     from microco.clients.scheduler import job_to_dict
+    from tqdm import tqdm
 
     bar = tqdm(total=total or None, desc=job_id, unit="step", file=sys.stderr)
     job = job_to_dict(c.get(job_id))
@@ -161,9 +175,28 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(j, indent=2))
         return 0
-    for k in ("id", "name", "state", "message", "devices", "node", "step", "total_steps", "checkpoint_step",
-              "attempt", "restarts", "minibatch_ms", "minibatch_ms_alone", "packed_with", "attained_service_s",
-              "devices_wanted", "elastic", "priority", "user", "command"):
+    for k in (
+        "id",
+        "name",
+        "state",
+        "message",
+        "devices",
+        "node",
+        "step",
+        "total_steps",
+        "checkpoint_step",
+        "attempt",
+        "restarts",
+        "minibatch_ms",
+        "minibatch_ms_alone",
+        "packed_with",
+        "attained_service_s",
+        "devices_wanted",
+        "elastic",
+        "priority",
+        "user",
+        "command",
+    ):
         v = j[k]
         if k in ("submitted_at", "first_step_at", "finished_at"):
             continue

@@ -32,7 +32,9 @@ class RemoteExplorer(ServiceClient):
     def report(self, key: str, report: TrialReport, *, timeout: float | None = None) -> Config:
         # Idempotent: the service ignores a report for a trial no longer in flight.
         req = wire.report_to_proto(key, report)
-        return wire.config_from_proto(self._call(self._stub.ReportTimings, req, timeout=timeout, idempotent=True))
+        return wire.config_from_proto(
+            self._call(self._stub.ReportTimings, req, timeout=timeout, idempotent=True)
+        )
 
     def get_graph(self, key: str, *, timeout: float | None = None) -> pb.GraphState:
         return self._call(self._stub.GetGraph, pb.GetGraphRequest(key=key), timeout=timeout, idempotent=True)

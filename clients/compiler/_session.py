@@ -23,7 +23,9 @@ class Explorer(Protocol):
 
 def baseline(spec: GraphSpec) -> Config:
     """Every variable at its first choice: what plain eager execution does."""
-    return Config(spec.key, {v.name: v.choices[0] for v in spec.variables}, trial=-1, committed=False, steps=0)
+    return Config(
+        spec.key, {v.name: v.choices[0] for v in spec.variables}, trial=-1, committed=False, steps=0
+    )
 
 
 class ExplorationSession:
@@ -68,7 +70,7 @@ class ExplorationSession:
             return None
         try:
             cfg = self.explorer.register(self.spec)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the failure, training must go on
             self._lose(exc)
             return None
         self.lost = False
@@ -76,7 +78,9 @@ class ExplorationSession:
 
     def _lose(self, exc: Exception) -> None:
         if not self.lost:
-            log.warning("compiler explorer unreachable (%s); training continues with the current configuration", exc)
+            log.warning(
+                "compiler explorer unreachable (%s); training continues with the current configuration", exc
+            )
         self.lost = True
         self._since_lost = 0
 
@@ -127,7 +131,7 @@ class ExplorationSession:
         assert self.explorer is not None
         try:
             nxt = self.explorer.report(cur.key, report)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the failure, training must go on
             self._lose(exc)
             return None
         self.current = nxt

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
-
 from microco.services.compiler._types import STAGE_COMPILE, STAGE_STRUCTURE, GraphSpec, Variable
 
 from ._session import ExplorationSession, Explorer
@@ -56,7 +55,11 @@ def run_model(model: Any, x: tf.Tensor, hoist: bool, batch: bool) -> tf.Tensor:
         outs = []
         for t in range(steps):
             x_t = seq[t]
-            xp = {k: v[t] for k, v in xp_all.items()} if xp_all is not None else _project(cell.x_kernels, x_t, batch)
+            xp = (
+                {k: v[t] for k, v in xp_all.items()}
+                if xp_all is not None
+                else _project(cell.x_kernels, x_t, batch)
+            )
             hp = _project(cell.h_kernels, cell.h_input(state), batch)
             h, state = cell.combine(xp, hp, state, x_t)
             outs.append(h)

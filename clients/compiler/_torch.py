@@ -13,9 +13,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.fx as fx
-import torch.nn as nn
-
 from microco.services.compiler._types import (
     STAGE_COMPILE,
     STAGE_FINE,
@@ -24,6 +21,7 @@ from microco.services.compiler._types import (
     GraphSpec,
     Variable,
 )
+from torch import fx, nn
 
 from . import _torch_fx as tfx
 from ._session import ExplorationSession, Explorer
@@ -121,7 +119,9 @@ class CellRunner:
             return self._run(args)
         finally:
             self.clock.sync()
-            self.clock.region_s[self.region] = self.clock.region_s.get(self.region, 0.0) + time.perf_counter() - t0
+            self.clock.region_s[self.region] = (
+                self.clock.region_s.get(self.region, 0.0) + time.perf_counter() - t0
+            )
 
     def _run(self, args: tuple[Any, ...]) -> Any:
         plan, fn = self.variant()
@@ -148,9 +148,11 @@ class CellRunner:
             return plan.s_gm(*x_vals, *p_vals, *args[1:])
 
     def _hoisted(self, plan: tfx.CellPlan, x: torch.Tensor, p_vals: tuple[Any, ...], token: int | None):
+        x_gm = plan.x_gm
+        assert x_gm is not None
         found = tfx.find_time_slice(x)
         if found is None or token is None:
-            return tuple(plan.x_gm(x, *p_vals))
+            return tuple(x_gm(x, *p_vals))
         base, d, t = found
         if self._x_token != token:
             self._x_cache.clear()
@@ -160,7 +162,7 @@ class CellRunner:
         if hit is None or hit[0] is not base:
             # unbind, not select: the backward of T selects would materialise T zero-filled
             # copies of the whole sequence; one unbind's backward stacks the T gradients once.
-            hit = (base, tuple(v.unbind(d) for v in plan.x_gm(base, *p_vals)))
+            hit = (base, tuple(v.unbind(d) for v in x_gm(base, *p_vals)))
             self._x_cache[key] = hit
         return tuple(v[t] for v in hit[1])
 
@@ -204,7 +206,9 @@ class AstraTorch:
         self.total_steps = total_steps
         self.clock = _StepClock()
         if compile_choices is None:
-            compile_choices = ("eager", "inductor") + (("inductor-cudagraphs",) if torch.cuda.is_available() else ())
+            compile_choices = ("eager", "inductor") + (
+                ("inductor-cudagraphs",) if torch.cuda.is_available() else ()
+            )
         self.compile_choices = compile_choices
         self.thread_values = threads if threads is not None else thread_choices()
         self.runners: dict[str, CellRunner] = {}
@@ -288,12 +292,13 @@ class AstraTorch:
 
     # -- discovery
     def _start_probe(self) -> None:
-        self._probe_calls = {}
+        calls: dict[str, int] = {}
+        self._probe_calls = calls
         names = {m: n for n, m in self.model.named_modules()}
 
         def count(mod: nn.Module, args: Any) -> None:
             n = names[mod]
-            self._probe_calls[n] = self._probe_calls.get(n, 0) + 1  # type: ignore[index]
+            calls[n] = calls.get(n, 0) + 1
 
         def shapes(mod: nn.Module, args: Any) -> None:
             self._input_shapes = ";".join(
@@ -316,7 +321,7 @@ class AstraTorch:
             cell = self.model.get_submodule(name)
             try:
                 gm = tfx.trace_cell(cell)
-            except Exception as exc:  # untraceable cells simply stay eager
+            except Exception as exc:  # noqa: BLE001 - untraceable cells simply stay eager
                 log.info("cell %s is not traceable (%s); it stays eager", name, exc)
                 continue
             fp = tfx.fingerprint(gm)
@@ -354,7 +359,9 @@ class AstraTorch:
             if any(k == "X" and tfx._is_linear_module(gm, n) for n, k in kinds.items()):
                 out.append(Variable(f"{region}.hoist", ("off", "on"), region, STAGE_STRUCTURE))
             if len(self.compile_choices) > 1:
-                out.append(Variable(f"{region}.compile", self.compile_choices, region, STAGE_COMPILE, compiles=True))
+                out.append(
+                    Variable(f"{region}.compile", self.compile_choices, region, STAGE_COMPILE, compiles=True)
+                )
         if self._channels_last:
             out.append(Variable("memory_format", ("contiguous", "channels_last"), "", STAGE_STRUCTURE))
         if len(self.thread_values) > 1:
@@ -367,10 +374,14 @@ class AstraTorch:
             r = runner.region
             runner.failed = ""
             runner.configure(
-                values.get(f"{r}.batch", "off"), values.get(f"{r}.hoist", "off"), values.get(f"{r}.compile", "eager")
+                values.get(f"{r}.batch", "off"),
+                values.get(f"{r}.hoist", "off"),
+                values.get(f"{r}.compile", "eager"),
             )
         if "threads" in values:
             torch.set_num_threads(int(values["threads"]))
         if self._channels_last and "memory_format" in values:
-            fmt = torch.channels_last if values["memory_format"] == "channels_last" else torch.contiguous_format
-            self.model.to(memory_format=fmt)
+            fmt = (
+                torch.channels_last if values["memory_format"] == "channels_last" else torch.contiguous_format
+            )
+            self.model.to(memory_format=fmt)  # type: ignore[call-overload]

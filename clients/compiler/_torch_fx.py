@@ -22,28 +22,42 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.fx as fx
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import fx, nn
 
 # Operators that act on each row (all leading dimensions) independently: applying them to a
 # whole [T, B, ...] sequence equals applying them to each [B, ...] slice, which makes hoisting
 # out of the time loop exact.
 _ROWWISE_FUNCTIONS = {
-    torch.sigmoid, torch.tanh, torch.relu, torch.exp, torch.neg, torch.add, torch.sub, torch.mul,
-    F.linear, F.relu, F.gelu, F.silu, torch.nn.functional.layer_norm,
-    operator.add, operator.sub, operator.mul, operator.neg, operator.truediv,
+    torch.sigmoid,
+    torch.tanh,
+    torch.relu,
+    torch.exp,
+    torch.neg,
+    torch.add,
+    torch.sub,
+    torch.mul,
+    F.linear,
+    F.relu,
+    F.gelu,
+    F.silu,
+    torch.nn.functional.layer_norm,
+    operator.add,
+    operator.sub,
+    operator.mul,
+    operator.neg,
+    operator.truediv,
 }
 _ROWWISE_METHODS = {"sigmoid", "tanh", "relu", "exp", "neg", "add", "sub", "mul"}
 
 
 def _is_linear_module(gm: fx.GraphModule, node: fx.Node) -> bool:
-    return node.op == "call_module" and isinstance(gm.get_submodule(node.target), nn.Linear)
+    return node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), nn.Linear)
 
 
 def _splits_last_dim(node: fx.Node) -> bool:
     dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
-    return dim == -1
+    return bool(dim == -1)
 
 
 def _rowwise(gm: fx.GraphModule, node: fx.Node) -> bool:
@@ -57,7 +71,7 @@ def _rowwise(gm: fx.GraphModule, node: fx.Node) -> bool:
     if node.op == "call_method":
         return node.target in _ROWWISE_METHODS
     if node.op == "call_module":
-        mod = gm.get_submodule(node.target)
+        mod = gm.get_submodule(str(node.target))
         if isinstance(mod, nn.Linear):
             return True
         if isinstance(mod, nn.LayerNorm):
@@ -98,7 +112,7 @@ def batch_linears(gm: fx.GraphModule) -> fx.GraphModule:
     gm = fx.GraphModule(gm, _copy_graph(gm.graph))
     graph = gm.graph
     for group in _linear_groups(gm):
-        mods = [gm.get_submodule(n.target) for n in group]
+        mods: list[Any] = [gm.get_submodule(str(n.target)) for n in group]
         if len({(m.in_features, m.weight.dtype) for m in mods}) != 1:
             continue
         first = min(group, key=lambda n: list(graph.nodes).index(n))
@@ -107,7 +121,9 @@ def batch_linears(gm: fx.GraphModule) -> fx.GraphModule:
             wcat = graph.call_function(torch.cat, (weights, 0))
             all_bias = all(m.bias is not None for m in mods)
             if all_bias:
-                bcat = graph.call_function(torch.cat, ([graph.get_attr(f"{n.target}.bias") for n in group], 0))
+                bcat = graph.call_function(
+                    torch.cat, ([graph.get_attr(f"{n.target}.bias") for n in group], 0)
+                )
                 y = graph.call_function(F.linear, (first.args[0], wcat, bcat))
             else:
                 y = graph.call_function(F.linear, (first.args[0], wcat))
@@ -205,7 +221,7 @@ def _extract(gm: fx.GraphModule, body: list[fx.Node], inputs: list[fx.Node], out
         if n not in env:
             if n.op != "get_attr":
                 raise RuntimeError(f"node {n.name} is not available in this partition")
-            env[n] = graph.get_attr(n.target)
+            env[n] = graph.get_attr(str(n.target))
         return env[n]
 
     for node in body:

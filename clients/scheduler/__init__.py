@@ -32,7 +32,7 @@ from ._torch import TorchHook, seed_everything
 _CLIENT_NAMES = ("SchedulerClient", "job_to_dict", "make_spec", "state_name")
 
 
-def __getattr__(name: str):  # noqa: ANN202
+def __getattr__(name: str):
     # The gRPC client is loaded on first use: a training process importing the hooks should
     # not pay for gRPC's import at every (re)start.
     if name in _CLIENT_NAMES:
@@ -63,6 +63,6 @@ __all__ = [
     "TorchHook",
     "job_to_dict",
     "make_spec",
-    "state_name",
     "seed_everything",
+    "state_name",
 ]

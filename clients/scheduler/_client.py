@@ -29,25 +29,61 @@ def state_name(value: int) -> str:
 def job_to_dict(job: scheduler_pb2.Job) -> dict[str, Any]:
     """A plain dict of a Job message (for printing, JSON and tests)."""
     return {
-        "id": job.id, "name": job.spec.name, "state": state_name(job.state), "devices": list(job.device_ids),
-        "node": job.node, "step": job.step, "total_steps": job.spec.total_steps, "attempt": job.attempt,
-        "restarts": job.restarts, "checkpoint_step": job.checkpoint_step, "minibatch_ms": job.minibatch_ms,
-        "minibatch_ms_alone": job.minibatch_ms_alone, "packed_with": list(job.packed_with),
-        "submitted_at": job.submitted_at, "first_step_at": job.first_step_at, "finished_at": job.finished_at,
-        "attained_service_s": job.attained_service_s, "message": job.message,
-        "command": list(job.spec.command), "devices_wanted": job.spec.devices, "elastic": job.spec.elastic,
-        "priority": job.spec.priority, "user": job.spec.owner.user,
+        "id": job.id,
+        "name": job.spec.name,
+        "state": state_name(job.state),
+        "devices": list(job.device_ids),
+        "node": job.node,
+        "step": job.step,
+        "total_steps": job.spec.total_steps,
+        "attempt": job.attempt,
+        "restarts": job.restarts,
+        "checkpoint_step": job.checkpoint_step,
+        "minibatch_ms": job.minibatch_ms,
+        "minibatch_ms_alone": job.minibatch_ms_alone,
+        "packed_with": list(job.packed_with),
+        "submitted_at": job.submitted_at,
+        "first_step_at": job.first_step_at,
+        "finished_at": job.finished_at,
+        "attained_service_s": job.attained_service_s,
+        "message": job.message,
+        "command": list(job.spec.command),
+        "devices_wanted": job.spec.devices,
+        "elastic": job.spec.elastic,
+        "priority": job.spec.priority,
+        "user": job.spec.owner.user,
         "history": [[h.at, state_name(h.state), h.message] for h in job.history],
     }
 
 
-def make_spec(command: Sequence[str], *, devices: int = 1, name: str = "", elastic: bool = False,
-              priority: int = 0, user: str = "", tenant: str = "", env: dict[str, str] | None = None,
-              workdir: str = "", total_steps: int = 0, model: str = "", max_devices: int = 0) -> scheduler_pb2.JobSpec:
+def make_spec(
+    command: Sequence[str],
+    *,
+    devices: int = 1,
+    name: str = "",
+    elastic: bool = False,
+    priority: int = 0,
+    user: str = "",
+    tenant: str = "",
+    env: dict[str, str] | None = None,
+    workdir: str = "",
+    total_steps: int = 0,
+    model: str = "",
+    max_devices: int = 0,
+) -> scheduler_pb2.JobSpec:
     return scheduler_pb2.JobSpec(
-        name=name, command=list(command), devices=devices, elastic=elastic, priority=priority,
-        owner=common_pb2.Principal(user=user, tenant=tenant), env=env or {}, workdir=workdir,
-        total_steps=total_steps, model=model, max_devices=max_devices)
+        name=name,
+        command=list(command),
+        devices=devices,
+        elastic=elastic,
+        priority=priority,
+        owner=common_pb2.Principal(user=user, tenant=tenant),
+        env=env or {},
+        workdir=workdir,
+        total_steps=total_steps,
+        model=model,
+        max_devices=max_devices,
+    )
 
 
 class SchedulerClient(ServiceClient):
@@ -61,12 +97,18 @@ class SchedulerClient(ServiceClient):
 
     def submit(self, spec: scheduler_pb2.JobSpec, *, timeout: float | None = None) -> scheduler_pb2.Job:
         # Not idempotent: a retry after a lost reply would submit twice.
-        return self._call(self._stub.SubmitJob, scheduler_pb2.SubmitJobRequest(spec=spec), timeout=timeout,
-                          idempotent=False)
+        return self._call(
+            self._stub.SubmitJob, scheduler_pb2.SubmitJobRequest(spec=spec), timeout=timeout, idempotent=False
+        )
 
     def get(self, job_id: str, *, timeout: float | None = None, retry: bool = True) -> scheduler_pb2.Job:
-        return self._call(self._stub.GetJob, scheduler_pb2.GetJobRequest(job_id=job_id), timeout=timeout,
-                          idempotent=True, retry=retry)
+        return self._call(
+            self._stub.GetJob,
+            scheduler_pb2.GetJobRequest(job_id=job_id),
+            timeout=timeout,
+            idempotent=True,
+            retry=retry,
+        )
 
     def list(self, states: Sequence[str] = (), owner: str = "", *, timeout: float | None = None) -> list[Any]:
         req = scheduler_pb2.ListJobsRequest(states=[STATES[s] for s in states], owner=owner)
@@ -74,19 +116,29 @@ class SchedulerClient(ServiceClient):
 
     def cancel(self, job_id: str, *, timeout: float | None = None) -> scheduler_pb2.Job:
         # Cancellation is idempotent on the server (a flag), so it may be retried.
-        return self._call(self._stub.CancelJob, scheduler_pb2.CancelJobRequest(job_id=job_id), timeout=timeout,
-                          idempotent=True)
+        return self._call(
+            self._stub.CancelJob,
+            scheduler_pb2.CancelJobRequest(job_id=job_id),
+            timeout=timeout,
+            idempotent=True,
+        )
 
     def list_nodes(self, *, timeout: float | None = None) -> scheduler_pb2.ListNodesResponse:
-        return self._call(self._stub.ListNodes, scheduler_pb2.ListNodesRequest(), timeout=timeout, idempotent=True)
+        return self._call(
+            self._stub.ListNodes, scheduler_pb2.ListNodesRequest(), timeout=timeout, idempotent=True
+        )
 
-    def watch(self, job_ids: Sequence[str] = (), *, timeout: float | None = None) -> Iterator[scheduler_pb2.JobEvent]:
+    def watch(
+        self, job_ids: Sequence[str] = (), *, timeout: float | None = None
+    ) -> Iterator[scheduler_pb2.JobEvent]:
         """Stream of job changes (current state first); ``timeout`` bounds the whole stream."""
-        from microco.services.common.errors import from_rpc_error
         import grpc
+        from microco.services.common.errors import from_rpc_error
 
         try:
-            yield from self._stub.WatchJobs(scheduler_pb2.WatchJobsRequest(job_ids=list(job_ids)), timeout=timeout)
+            yield from self._stub.WatchJobs(
+                scheduler_pb2.WatchJobsRequest(job_ids=list(job_ids)), timeout=timeout
+            )
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return

@@ -25,7 +25,6 @@ def _callback_base() -> type:
     return keras.callbacks.Callback
 
 
-
 def _make_class() -> type:
     Base = _callback_base()
 
@@ -33,8 +32,13 @@ def _make_class() -> type:
         """Reports each batch's time to the scheduler and obeys suspend / resume / stop / resize
         at batch ends; see the module docstring for the few lines a script adds."""
 
-        def __init__(self, *, extra_state: dict[str, Any] | None = None, context: JobContext | None = None,
-                     **context_kwargs: Any) -> None:
+        def __init__(
+            self,
+            *,
+            extra_state: dict[str, Any] | None = None,
+            context: JobContext | None = None,
+            **context_kwargs: Any,
+        ) -> None:
             super().__init__()
             self.extra_state = extra_state if extra_state is not None else {}
             self.context = context or JobContext(**context_kwargs)
@@ -127,6 +131,6 @@ def scheduler_callback_class() -> type:
     return _cls
 
 
-def SchedulerCallback(**kwargs: Any) -> Any:  # noqa: N802 - reads as the class it builds
+def SchedulerCallback(**kwargs: Any) -> Any:
     """A ``keras.callbacks.Callback`` for the scheduler (built lazily; see module docstring)."""
     return scheduler_callback_class()(**kwargs)

@@ -1,12 +1,12 @@
 """The PyTorch hook: a few lines in a training loop.
 
-    hook = TorchHook(model, optimizer, extra_state={"losses": losses})
-    start = hook.restore()                 # 0, or the step a checkpoint left off at
-    for step in range(start, total_steps):
-        x, y = batches.batch(step)         # data position is a function of the step
-        ...forward, backward, optimizer.step()...
-        hook.step_end(step + 1)            # reports the time; obeys control at the boundary
-    hook.finish()
+hook = TorchHook(model, optimizer, extra_state={"losses": losses})
+start = hook.restore()                 # 0, or the step a checkpoint left off at
+for step in range(start, total_steps):
+    x, y = batches.batch(step)         # data position is a function of the step
+    ...forward, backward, optimizer.step()...
+    hook.step_end(step + 1)            # reports the time; obeys control at the boundary
+hook.finish()
 """
 
 from __future__ import annotations

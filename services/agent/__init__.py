@@ -10,5 +10,12 @@ from ._devices import DeviceInfo, discover_devices
 from ._procs import ManagedProcess, ProcessManager
 from ._service import NODES_PREFIX, NodeAgent, NodeAgentServicer
 
-__all__ = ["NODES_PREFIX", "DeviceInfo", "ManagedProcess", "NodeAgent", "NodeAgentServicer", "ProcessManager",
-           "discover_devices"]
+__all__ = [
+    "NODES_PREFIX",
+    "DeviceInfo",
+    "ManagedProcess",
+    "NodeAgent",
+    "NodeAgentServicer",
+    "ProcessManager",
+    "discover_devices",
+]

@@ -19,8 +19,15 @@ class DeviceInfo:
     cpus: tuple[int, ...] = ()  # virtual devices: the cores this device stands for
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "node": self.node, "index": self.index, "kind": self.kind,
-                "model": self.model, "memory_bytes": self.memory_bytes, "cpus": list(self.cpus)}
+        return {
+            "id": self.id,
+            "node": self.node,
+            "index": self.index,
+            "kind": self.kind,
+            "model": self.model,
+            "memory_bytes": self.memory_bytes,
+            "cpus": list(self.cpus),
+        }
 
 
 def _nvidia_gpus() -> list[tuple[str, int]]:
@@ -28,8 +35,13 @@ def _nvidia_gpus() -> list[tuple[str, int]]:
     if not exe:
         return []
     try:
-        out = subprocess.run([exe, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
+        out = subprocess.run(
+            [exe, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     gpus = []
@@ -49,7 +61,16 @@ def discover_devices(node: str, virtual: int | None = None) -> list[DeviceInfo]:
     if not virtual:
         gpus = _nvidia_gpus()
         if gpus:
-            return [DeviceInfo(f"{node}/{i}", node, i, "gpu", name, mem) for i, (name, mem) in enumerate(gpus)]
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+            return [
+                DeviceInfo(f"{node}/{i}", node, i, "gpu", name, mem) for i, (name, mem) in enumerate(gpus)
+            ]
+    cores = (
+        sorted(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else list(range(os.cpu_count() or 1))
+    )
     n = virtual or len(cores)
-    return [DeviceInfo(f"{node}/{i}", node, i, "virtual", "virtual-cpu", 0, (cores[i % len(cores)],)) for i in range(n)]
+    return [
+        DeviceInfo(f"{node}/{i}", node, i, "virtual", "virtual-cpu", 0, (cores[i % len(cores)],))
+        for i in range(n)
+    ]

@@ -129,7 +129,9 @@ class ManagedProcess:
             "suspend_ms": float(hook.get("suspend_ms") or 0.0),
             "resume_ms": float(hook.get("resume_ms") or 0.0),
             "peak_rss_bytes": int(hook.get("peak_rss_bytes") or 0),
-            "restored_from_step": -1 if hook.get("restored_from_step") is None else int(hook["restored_from_step"]),
+            "restored_from_step": -1
+            if hook.get("restored_from_step") is None
+            else int(hook["restored_from_step"]),
             "message": self.message,
         }
 
@@ -162,8 +164,13 @@ def _set_affinity(pid: int, cpus: set[int]) -> None:
 class ProcessManager:
     """The job processes of this host, by job id (the latest attempt of each)."""
 
-    def __init__(self, data_dir: str | os.PathLike[str], devices: list[DeviceInfo],
-                 checkpoint_root: str | os.PathLike[str] | None = None, pin_cpus: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        devices: list[DeviceInfo],
+        checkpoint_root: str | os.PathLike[str] | None = None,
+        pin_cpus: bool = True,
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.devices = {d.id: d for d in devices}
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root else self.data_dir / "checkpoints"
@@ -186,11 +193,21 @@ class ProcessManager:
         if not gpus:
             # A virtual device is a CPU share: one compute thread per device.
             n = str(max(1, len(device_ids)))
-            env.update(OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, TF_NUM_INTRAOP_THREADS=n, TF_NUM_INTEROP_THREADS="1")
+            env.update(
+                OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, TF_NUM_INTRAOP_THREADS=n, TF_NUM_INTEROP_THREADS="1"
+            )
         return env
 
-    def start(self, job_id: str, command: list[str], env: dict[str, str], device_ids: list[str],
-              workdir: str = "", checkpoint_dir: str = "", attempt: int = 0) -> ManagedProcess:
+    def start(
+        self,
+        job_id: str,
+        command: list[str],
+        env: dict[str, str],
+        device_ids: list[str],
+        workdir: str = "",
+        checkpoint_dir: str = "",
+        attempt: int = 0,
+    ) -> ManagedProcess:
         if not job_id:
             raise InvalidArgument("job_id is required")
         if not command:
@@ -206,7 +223,9 @@ class ProcessManager:
             if old is not None and old.poll() is None:
                 if old.attempt == attempt:
                     return old  # a retried StartProcess: idempotent
-                raise FailedPrecondition(f"job {job_id} attempt {old.attempt} is still running (pid {old.pid})")
+                raise FailedPrecondition(
+                    f"job {job_id} attempt {old.attempt} is still running (pid {old.pid})"
+                )
             job_dir = self.data_dir / "jobs" / job_id
             control_dir = job_dir / f"attempt-{attempt}"
             if control_dir.exists():
@@ -215,16 +234,30 @@ class ProcessManager:
             ckpt = Path(checkpoint_dir) if checkpoint_dir else self.checkpoint_root / job_id
             ckpt.mkdir(parents=True, exist_ok=True)
             log_path = job_dir / f"attempt-{attempt}.log"
-            full_env = {**os.environ, **env, **self._device_env(device_ids),
-                        ENV_JOB_ID: job_id, ENV_ATTEMPT: str(attempt),
-                        ENV_CONTROL_DIR: str(control_dir), ENV_CHECKPOINT_DIR: str(ckpt)}
-            logf = open(log_path, "wb")
+            full_env = {
+                **os.environ,
+                **env,
+                **self._device_env(device_ids),
+                ENV_JOB_ID: job_id,
+                ENV_ATTEMPT: str(attempt),
+                ENV_CONTROL_DIR: str(control_dir),
+                ENV_CHECKPOINT_DIR: str(ckpt),
+            }
+            logf = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed below
             me = os.getpid()
 
             def spawn() -> subprocess.Popen[bytes]:
-                return subprocess.Popen(command, env=full_env, cwd=workdir or None, stdin=subprocess.DEVNULL,
-                                        stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
-                                        preexec_fn=_die_with_parent(me))
+                return subprocess.Popen(
+                    command,
+                    env=full_env,
+                    cwd=workdir or None,
+                    stdin=subprocess.DEVNULL,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    # Only prctl + getppid run between fork and exec.
+                    preexec_fn=_die_with_parent(me),  # noqa: PLW1509
+                )
 
             try:
                 popen = self._spawner.call(spawn)
@@ -234,11 +267,22 @@ class ProcessManager:
                 logf.close()
             if self.pin_cpus:
                 _set_affinity(popen.pid, self._cpus(device_ids))
-            proc = ManagedProcess(job_id, attempt, list(command), list(device_ids), popen,
-                                  ControlChannel(control_dir), ckpt, log_path, time.time())
+            proc = ManagedProcess(
+                job_id,
+                attempt,
+                list(command),
+                list(device_ids),
+                popen,
+                ControlChannel(control_dir),
+                ckpt,
+                log_path,
+                time.time(),
+            )
             self._procs[job_id] = proc
-            log.info("started job", extra={"job": job_id, "pid": popen.pid, "attempt": attempt,
-                                           "devices": device_ids})
+            log.info(
+                "started job",
+                extra={"job": job_id, "pid": popen.pid, "attempt": attempt, "devices": device_ids},
+            )
             return proc
 
     def get(self, job_id: str) -> ManagedProcess:
@@ -293,5 +337,5 @@ class ProcessManager:
             if p.exit_code is None:
                 try:
                     self.stop(p.job_id, grace_s)
-                except Exception:  # noqa: BLE001 - best effort on the way out
+                except Exception:
                     log.exception("stopping %s", p.job_id)

@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 import grpc
-
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.api.common.v1 import common_pb2
 from microco.services.common.errors import InvalidArgument, Unavailable
@@ -40,20 +39,34 @@ _ACTIONS = {
 
 def status_to_proto(st: dict[str, Any]) -> agent_pb2.ProcessStatus:
     return agent_pb2.ProcessStatus(
-        job_id=st["job_id"], pid=st["pid"], attempt=st["attempt"], exit_code=st["exit_code"],
+        job_id=st["job_id"],
+        pid=st["pid"],
+        attempt=st["attempt"],
+        exit_code=st["exit_code"],
         state=agent_pb2.PROCESS_STATE_EXITED if st["exited"] else agent_pb2.PROCESS_STATE_RUNNING,
-        device_ids=st["device_ids"], job_state=st["job_state"], step=st["step"],
-        minibatch_ms=st["minibatch_ms"], seq_done=st["seq_done"], control_seq=st["control_seq"],
-        checkpoint_step=st["checkpoint_step"], checkpoint_bytes=st["checkpoint_bytes"],
-        started_at=st["started_at"], first_step_at=st["first_step_at"], updated_at=st["updated_at"],
-        suspend_ms=st["suspend_ms"], resume_ms=st["resume_ms"], peak_rss_bytes=st["peak_rss_bytes"],
-        message=st["message"], restored_from_step=st["restored_from_step"],
+        device_ids=st["device_ids"],
+        job_state=st["job_state"],
+        step=st["step"],
+        minibatch_ms=st["minibatch_ms"],
+        seq_done=st["seq_done"],
+        control_seq=st["control_seq"],
+        checkpoint_step=st["checkpoint_step"],
+        checkpoint_bytes=st["checkpoint_bytes"],
+        started_at=st["started_at"],
+        first_step_at=st["first_step_at"],
+        updated_at=st["updated_at"],
+        suspend_ms=st["suspend_ms"],
+        resume_ms=st["resume_ms"],
+        peak_rss_bytes=st["peak_rss_bytes"],
+        message=st["message"],
+        restored_from_step=st["restored_from_step"],
     )
 
 
 def device_to_proto(d: DeviceInfo) -> common_pb2.Device:
-    return common_pb2.Device(id=d.id, node=d.node, index=d.index, kind=d.kind, model=d.model,
-                             memory_bytes=d.memory_bytes)
+    return common_pb2.Device(
+        id=d.id, node=d.node, index=d.index, kind=d.kind, model=d.model, memory_bytes=d.memory_bytes
+    )
 
 
 class NodeAgentServicer(agent_pb2_grpc.NodeAgentServiceServicer):
@@ -68,8 +81,14 @@ class NodeAgentServicer(agent_pb2_grpc.NodeAgentServiceServicer):
 
     def StartProcess(self, request: agent_pb2.StartProcessRequest, context: grpc.ServicerContext) -> Any:
         proc = self.agent.procs.start(
-            request.job_id, list(request.command), dict(request.env), list(request.device_ids),
-            request.workdir, request.checkpoint_dir, int(request.attempt))
+            request.job_id,
+            list(request.command),
+            dict(request.env),
+            list(request.device_ids),
+            request.workdir,
+            request.checkpoint_dir,
+            int(request.attempt),
+        )
         return self._status(proc)
 
     def ControlProcess(self, request: agent_pb2.ControlProcessRequest, context: grpc.ServicerContext) -> Any:
@@ -89,9 +108,18 @@ class NodeAgentServicer(agent_pb2_grpc.NodeAgentServiceServicer):
 class NodeAgent:
     """One host's agent: devices, processes, and the node record in etcd."""
 
-    def __init__(self, kv: KV, node: str, data_dir: str, *, virtual_devices: int | None = None,
-                 checkpoint_root: str | None = None, lease_ttl_s: int = 5, labels: dict[str, str] | None = None,
-                 instance_id: str = "") -> None:
+    def __init__(
+        self,
+        kv: KV,
+        node: str,
+        data_dir: str,
+        *,
+        virtual_devices: int | None = None,
+        checkpoint_root: str | None = None,
+        lease_ttl_s: int = 5,
+        labels: dict[str, str] | None = None,
+        instance_id: str = "",
+    ) -> None:
         self.kv, self.node, self.lease_ttl_s = kv, node, lease_ttl_s
         self.labels = dict(labels or {})
         self.instance_id = instance_id or f"{node}-{int(time.time() * 1000)}"
@@ -107,13 +135,23 @@ class NodeAgent:
         return NODES_PREFIX + self.node
 
     def record(self) -> dict[str, Any]:
-        return {"name": self.node, "address": self.address, "instance_id": self.instance_id,
-                "devices": [d.to_dict() for d in self.devices], "labels": self.labels,
-                "registered_at": time.time()}
+        return {
+            "name": self.node,
+            "address": self.address,
+            "instance_id": self.instance_id,
+            "devices": [d.to_dict() for d in self.devices],
+            "labels": self.labels,
+            "registered_at": time.time(),
+        }
 
     def node_proto(self) -> agent_pb2.Node:
-        return agent_pb2.Node(name=self.node, address=self.address, instance_id=self.instance_id,
-                              devices=[device_to_proto(d) for d in self.devices], labels=self.labels)
+        return agent_pb2.Node(
+            name=self.node,
+            address=self.address,
+            instance_id=self.instance_id,
+            devices=[device_to_proto(d) for d in self.devices],
+            labels=self.labels,
+        )
 
     def register(self, address: str) -> None:
         """Advertise the node and its devices under a lease kept alive in the background."""
@@ -145,27 +183,46 @@ class NodeAgent:
             self.procs.shutdown()
 
     def attach(self, runtime: ServiceRuntime) -> None:
-        runtime.add_service(agent_pb2_grpc.add_NodeAgentServiceServicer_to_server, NodeAgentServicer(self),
-                            agent_pb2.DESCRIPTOR.services_by_name["NodeAgentService"].full_name)
+        runtime.add_service(
+            agent_pb2_grpc.add_NodeAgentServiceServicer_to_server,
+            NodeAgentServicer(self),
+            agent_pb2.DESCRIPTOR.services_by_name["NodeAgentService"].full_name,
+        )
         runtime.on_stop(self.close)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("node agent")
-    g.add_argument("--virtual-devices", type=int, default=0,
-                   help="offer this many virtual devices (a CPU share each) instead of GPUs; "
-                        "0: the GPUs, or one virtual device per core when there are none")
-    g.add_argument("--checkpoint-root", default="",
-                   help="where job checkpoints go (shared by every node for migration); default <data-dir>/checkpoints")
+    g.add_argument(
+        "--virtual-devices",
+        "--devices",
+        dest="virtual_devices",
+        type=int,
+        default=0,
+        help="offer this many virtual devices (a CPU share each) instead of GPUs; "
+        "0: the GPUs, or one virtual device per core when there are none",
+    )
+    g.add_argument(
+        "--checkpoint-root",
+        default="",
+        help="where job checkpoints go (shared by every node for migration); default <data-dir>/checkpoints",
+    )
 
 
 def setup(ctx: ServiceContext) -> None:
     s = ctx.settings
     if ctx.args.virtual_devices < 0:
         raise InvalidArgument("--virtual-devices must be >= 0")
-    agent = NodeAgent(ctx.kv, s.node, str(s.resolved_data_dir()), virtual_devices=ctx.args.virtual_devices or None,
-                      checkpoint_root=ctx.args.checkpoint_root or None, lease_ttl_s=s.lease_ttl_s,
-                      labels=s.labels, instance_id=s.instance_id)
+    agent = NodeAgent(
+        ctx.kv,
+        s.node,
+        str(s.resolved_data_dir()),
+        virtual_devices=ctx.args.virtual_devices or None,
+        checkpoint_root=ctx.args.checkpoint_root or None,
+        lease_ttl_s=s.lease_ttl_s,
+        labels=s.labels,
+        instance_id=s.instance_id,
+    )
     agent.attach(ctx.runtime)
     # Register the node once the server is bound (the address includes the chosen port).
     orig_start = ctx.runtime.start

@@ -18,7 +18,7 @@ from microco.services.common.errors import InvalidArgument, NotFound
 
 from ._allocation import Allocation, JobDemand, allocate, estimate_benefit
 from ._chunkstore import ChunkStore, DigestMismatch
-from ._digest import digest, is_digest
+from ._digest import digest, directory_locator, is_digest
 from ._directory import RedisDirectory
 from ._eviction import ConsumptionTracker, EvictionPolicy, Ledger, Outcome, make_policy
 
@@ -35,6 +35,8 @@ class _JobInfo:
 
 @dataclass
 class Counters:
+    """Hits and misses are samples as reported by jobs; bytes_served is what this server sent."""
+
     hits: int = 0
     misses: int = 0
     evictions: int = 0
@@ -117,11 +119,8 @@ class CacheCore:
                 if data is not None and (len(data) != length or digest(data) != sample_digest):
                     self.drop_corrupt(chunk)
                     data = None
-            with self._lock:
-                if data is None:
-                    self.counters.misses += 1
-                else:
-                    self.counters.hits += 1
+            if data is not None:
+                with self._lock:
                     self.counters.bytes_served += len(data)
             yield pos, data
 
@@ -135,10 +134,8 @@ class CacheCore:
                     data = self.store.read(d)
                 else:
                     self._forget(d, corrupt=True)
-            with self._lock:
-                if data is None:
-                    self.counters.misses += 1
-                else:
+            if data is not None:
+                with self._lock:
                     self.counters.bytes_served += len(data)
             yield d, data
 
@@ -177,6 +174,12 @@ class CacheCore:
     def put(self, d: str, data: bytes, dataset: str) -> PutResult:
         if not is_digest(d):
             return PutResult(d, "malformed_digest", "digest must be 64 lower-case hex digits")
+        # Verify before anything is evicted for it: bytes that are not what they claim must
+        # not push anyone's data out.
+        if digest(data) != d:
+            with self._lock:
+                self.counters.rejected += 1
+            return PutResult(d, "digest_mismatch", f"bytes do not match digest {d[:12]}...")
         with self._lock:
             quotas = self._quotas()
             adm = self.policy.admit(
@@ -190,7 +193,7 @@ class CacheCore:
                 return PutResult(d, adm.outcome.value, adm.reason)
             # Reserve the room now so that concurrent puts see it taken.
             for v in adm.victims:
-                log.debug("evict %s for %s", v[:8], d[:8])
+                log.debug("evict %s", directory_locator(v)[:12])
                 self.ledger.remove(v)
                 self.store.drop(v)
                 self.counters.evictions += 1
@@ -198,7 +201,7 @@ class CacheCore:
         if self.directory is not None and adm.victims:
             self.directory.remove(adm.victims)
         try:
-            self.store.put(d, data)
+            self.store.put(d, data, verified=True)
         except DigestMismatch as exc:
             with self._lock:
                 self.ledger.remove(d)
@@ -248,8 +251,12 @@ class CacheCore:
             info = self.jobs.get(job)
             if info is None or info.dataset != dataset:
                 info = self.jobs[job] = _JobInfo(dataset, user)
-            for h, secs, nbytes, _n in timings:
+            for h, secs, nbytes, n in timings:
                 info.timings.append((h, secs))
+                # Hits and misses as the jobs saw them (direct reads never pass through here).
+                hit = round(h * n)
+                self.counters.hits += hit
+                self.counters.misses += max(0, n - hit)
                 if nbytes > 0:
                     info.batch_bytes = nbytes
             if dataset_bytes > 0:

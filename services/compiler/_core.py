@@ -258,7 +258,11 @@ def _plan_stage(state: Exploration, policy: ExplorationPolicy) -> list[dict[str,
 
 
 def _prune_reason(
-    state: Exploration, policy: ExplorationPolicy, region: str, variables: list[Variable], combo: dict[str, str]
+    state: Exploration,
+    policy: ExplorationPolicy,
+    region: str,
+    variables: list[Variable],
+    combo: dict[str, str],
 ) -> str:
     compiles = any(v.compiles and combo[v.name] != v.choices[0] for v in variables)
     if not compiles:
@@ -278,14 +282,20 @@ def _prune_reason(
 
 def compile_estimate(state: Exploration) -> float:
     """Expected compile time of one more compiled region: the largest measured so far, else a prior."""
-    measured = [t.compile_ms for t in state.trials if t.done and not t.failed and t.compile_ms > 0 and _compiles(state, t)]
+    measured = [
+        t.compile_ms
+        for t in state.trials
+        if t.done and not t.failed and t.compile_ms > 0 and _compiles(state, t)
+    ]
     if measured:
         return max(measured)
     return DEFAULT_COMPILE_MS.get(state.spec.framework, 20000.0)
 
 
 def _compiles(state: Exploration, t: TrialRecord) -> bool:
-    return any(v.compiles and t.values.get(v.name, v.choices[0]) != v.choices[0] for v in state.spec.variables)
+    return any(
+        v.compiles and t.values.get(v.name, v.choices[0]) != v.choices[0] for v in state.spec.variables
+    )
 
 
 def _compose(state: Exploration) -> dict[str, str] | None:

@@ -29,7 +29,9 @@ class CompilerServicer(pb_grpc.CompilerServiceServicer):
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
         cfg = self.core.register(spec)
-        log.info("graph registered", extra={"key": spec.key, "model": spec.model_name, "committed": cfg.committed})
+        log.info(
+            "graph registered", extra={"key": spec.key, "model": spec.model_name, "committed": cfg.committed}
+        )
         return wire.config_to_proto(cfg)
 
     def NextConfig(self, request: pb.NextConfigRequest, context: Any) -> pb.Config:
@@ -49,9 +51,13 @@ class CompilerServicer(pb_grpc.CompilerServiceServicer):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--measure-steps", type=int, default=3, help="measured mini-batches per trial (after one warm-up)")
     parser.add_argument(
-        "--max-explore-fraction", type=float, default=0.3,
+        "--measure-steps", type=int, default=3, help="measured mini-batches per trial (after one warm-up)"
+    )
+    parser.add_argument(
+        "--max-explore-fraction",
+        type=float,
+        default=0.3,
         help="never spend more than this share of a run's steps exploring",
     )
 
@@ -62,6 +68,10 @@ def setup(ctx: ServiceContext) -> None:
         raise InvalidArgument("--measure-steps must be at least 1")
     if not 0 < args.max_explore_fraction <= 1:
         raise InvalidArgument("--max-explore-fraction must be in (0, 1]")
-    policy = ExplorationPolicy(measure_steps=args.measure_steps, max_explore_fraction=args.max_explore_fraction)
+    policy = ExplorationPolicy(
+        measure_steps=args.measure_steps, max_explore_fraction=args.max_explore_fraction
+    )
     core = CompilerCore(ctx.kv, policy)
-    ctx.runtime.add_service(pb_grpc.add_CompilerServiceServicer_to_server, CompilerServicer(core), SERVICE_NAME)
+    ctx.runtime.add_service(
+        pb_grpc.add_CompilerServiceServicer_to_server, CompilerServicer(core), SERVICE_NAME
+    )

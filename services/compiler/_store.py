@@ -68,8 +68,16 @@ class CompilerCore:
                 state = _core.start(spec, self.policy)
                 if committed is not None:  # state lost but the commit survived: reuse it
                     state.committed = True
-                    state.trials.append(_core.TrialRecord(0, dict(committed["values"]), -1, "committed", done=True,
-                                                          step_ms=committed.get("best_ms") or 0.0))
+                    state.trials.append(
+                        _core.TrialRecord(
+                            0,
+                            dict(committed["values"]),
+                            -1,
+                            "committed",
+                            done=True,
+                            step_ms=committed.get("best_ms") or 0.0,
+                        )
+                    )
                     state.best = 0
             state.runs += 1
             cfg = _core.next_config(state, self.policy)

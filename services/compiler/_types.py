@@ -41,7 +41,13 @@ class Variable:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Variable:
-        return cls(d["name"], tuple(d["choices"]), d.get("region", ""), int(d.get("stage", 0)), bool(d.get("compiles", False)))
+        return cls(
+            d["name"],
+            tuple(d["choices"]),
+            d.get("region", ""),
+            int(d.get("stage", 0)),
+            bool(d.get("compiles", False)),
+        )
 
 
 @dataclass(frozen=True)

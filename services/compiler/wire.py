@@ -11,7 +11,9 @@ from ._types import Config, GraphSpec, TrialReport, Variable
 
 
 def variable_to_proto(v: Variable) -> pb.Variable:
-    return pb.Variable(name=v.name, choices=list(v.choices), region=v.region, stage=v.stage, compiles=v.compiles)
+    return pb.Variable(
+        name=v.name, choices=list(v.choices), region=v.region, stage=v.stage, compiles=v.compiles
+    )
 
 
 def variable_from_proto(m: pb.Variable) -> Variable:
@@ -99,7 +101,9 @@ def state_to_proto(s: Exploration) -> pb.GraphState:
             )
             for t in s.trials
         ],
-        best=pb.Config(key=s.key, values=s.best_values, committed=s.committed, trial=best.trial if best else -1),
+        best=pb.Config(
+            key=s.key, values=s.best_values, committed=s.committed, trial=best.trial if best else -1
+        ),
         committed=s.committed,
         explore_steps=s.explore_steps,
         explore_ms=s.explore_ms,

@@ -40,6 +40,8 @@ from ._models import (
     Readiness,
     Record,
     ServicesResponse,
+    StoreQuery,
+    StoreQueryResult,
     StoreResponse,
     SystemsResponse,
     WhoAmI,
@@ -315,6 +317,17 @@ def create_app(
     def store_table(name: TableName, role: Reader) -> dict[str, Any]:
         """One table as the store coordinator describes it."""
         return views.store_table(gateway, name)
+
+    @app.post(f"{api}/store/query", response_model=StoreQueryResult, tags=["store"], responses=_CHANGE_ERRORS)
+    def store_query(body: StoreQuery, role: Reader) -> dict[str, Any]:
+        """Run a query (or EXPLAIN it) through the store coordinator; reading needs any token."""
+        return views.store_query(gateway, body.query, body.limit_rows, body.explain_only)
+
+    @app.post(f"{api}/store/recovery", response_model=Record, tags=["store"], responses=_CHANGE_ERRORS)
+    def store_recovery(role: Admin) -> dict[str, Any]:
+        """Look for lost extents and rebuild them now rather than at the next pass (admin token)."""
+        log.info("store recovery started through the console")
+        return views.store_start_recovery(gateway)
 
     @app.get(f"{api}/compiler", response_model=CompilerResponse, tags=["compiler"], responses=_ERRORS)
     def compiler(role: Reader) -> dict[str, Any]:

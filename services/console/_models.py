@@ -168,6 +168,27 @@ class StoreResponse(Availability):
     )
 
 
+class StoreQuery(BaseModel):
+    """A query in the store's JSON form (what ``microco store query --json`` and the SDK's
+    ``Frame.to_json()`` produce): table, filters, projection, group-by, aggregates, join, order, limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: dict[str, Any] = Field(description="the query, as the store coordinator reads it")
+    limit_rows: int = Field(default=1000, ge=1, le=10000, description="rows to return at most")
+    explain_only: bool = Field(default=False, description="only say how it would run (EXPLAIN)")
+
+
+class StoreQueryResult(BaseModel):
+    plan_kind: str = Field(description="how the planner ran it (matched replica, shuffle, ...)")
+    explain: str
+    replicas: Any = None
+    columns: list[str]
+    rows: list[list[Any]]
+    row_count: int = Field(description="rows in the full result")
+    truncated: bool
+
+
 class GraphView(_Open):
     key: str = ""
     trials: list[dict[str, Any]] = []

@@ -7,13 +7,17 @@ build or not running yields ``{"available": False, "reason": ...}`` rather than 
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import importlib
 import json
 import logging
+import math
 import time
 from typing import Any
 
-from microco.services.common.errors import InvalidArgument, MicrocoError
+import grpc
+from microco.services.common.errors import InvalidArgument, MicrocoError, from_rpc_error
 
 from ._gateway import SYSTEMS, Gateway
 from ._proto import enum_number, to_dict
@@ -443,6 +447,71 @@ def store_table(gw: Gateway, name: str) -> dict[str, Any]:
     fields = pb.GetTableRequest.DESCRIPTOR.fields_by_name
     req = pb.GetTableRequest(name=name, **({"placement": True} if "placement" in fields else {}))
     return _unfold_json(to_dict(gw.call(stub.GetTable, req)))
+
+
+def _jsonable(value: Any) -> Any:
+    """A cell of a query result as JSON: dates as ISO text, bytes as hex, NaN as null."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, datetime.date | datetime.datetime | datetime.time):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def store_query(gw: Gateway, query: dict[str, Any], limit_rows: int, explain_only: bool) -> dict[str, Any]:
+    """Run (or only explain) a query through the coordinator; at most ``limit_rows`` rows come back."""
+    stub = gw.stub("store")
+    pb = _pb("store")
+    req = pb.QueryRequest(query_json=json.dumps(query))
+    if explain_only:
+        resp = to_dict(gw.call(stub.Explain, req))
+        return {
+            "plan_kind": resp.get("plan_kind", ""),
+            "explain": resp.get("text", ""),
+            "replicas": _unfold_json(resp).get("replicas"),
+            "columns": [],
+            "rows": [],
+            "row_count": 0,
+            "truncated": False,
+        }
+    import pyarrow as pa
+
+    buf = bytearray()
+    first: dict[str, Any] = {}
+    try:
+        for k, part in enumerate(stub.Query(req, timeout=max(gw.config.rpc_timeout_s, 60.0))):
+            if k == 0:
+                first = _unfold_json(to_dict(part))
+            buf += part.arrow_ipc
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc) from None
+    table = pa.ipc.open_stream(pa.py_buffer(bytes(buf))).read_all() if buf else pa.table({})
+    rows = table.slice(0, limit_rows).to_pylist()
+    return {
+        "plan_kind": first.get("plan_kind", ""),
+        "explain": first.get("explain", ""),
+        "replicas": first.get("replicas"),
+        "columns": table.column_names,
+        "rows": [[_jsonable(r[c]) for c in table.column_names] for r in rows],
+        "row_count": table.num_rows,
+        "truncated": table.num_rows > limit_rows,
+    }
+
+
+def store_start_recovery(gw: Gateway) -> dict[str, Any]:
+    stub = gw.stub("store")
+    pb = _pb("store")
+    return _unfold_json(to_dict(gw.call(stub.StartRecovery, pb.StartRecoveryRequest(), idempotent=True)))
 
 
 # --------------------------------------------------------------------------- compiler

@@ -10,5 +10,12 @@ from ._core import SchedulerCore
 from ._jobs import JOBS_PREFIX, record_to_pb, spec_from_pb, validate_spec
 from ._service import Scheduler, SchedulerServicer
 
-__all__ = ["JOBS_PREFIX", "Scheduler", "SchedulerCore", "SchedulerServicer", "record_to_pb", "spec_from_pb",
-           "validate_spec"]
+__all__ = [
+    "JOBS_PREFIX",
+    "Scheduler",
+    "SchedulerCore",
+    "SchedulerServicer",
+    "record_to_pb",
+    "spec_from_pb",
+    "validate_spec",
+]

@@ -7,7 +7,6 @@ import threading
 from typing import Any
 
 import grpc
-
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.clients.common import call_with_retry
 from microco.services.agent import NODES_PREFIX
@@ -35,7 +34,7 @@ class AgentDirectory:
     def nodes(self) -> dict[str, dict[str, Any]]:
         out = {}
         for key, rec in self.kv.get_prefix_json(NODES_PREFIX):
-            out[key[len(NODES_PREFIX):]] = rec
+            out[key[len(NODES_PREFIX) :]] = rec
         return out
 
     def _stub(self, address: str) -> Any:
@@ -47,25 +46,44 @@ class AgentDirectory:
 
     def list_processes(self, address: str) -> list[agent_pb2.ProcessStatus]:
         stub = self._stub(address)
-        resp = call_with_retry(stub.ListProcesses, agent_pb2.ListProcessesRequest(), timeout=self.timeout_s,
-                               idempotent=True, attempts=2)
+        resp = call_with_retry(
+            stub.ListProcesses,
+            agent_pb2.ListProcessesRequest(),
+            timeout=self.timeout_s,
+            idempotent=True,
+            attempts=2,
+        )
         return list(resp.processes)
 
-    def start(self, address: str, job_id: str, command: list[str], env: dict[str, str], devices: list[str],
-              workdir: str, attempt: int) -> agent_pb2.ProcessStatus:
-        req = agent_pb2.StartProcessRequest(job_id=job_id, command=command, env=env, device_ids=devices,
-                                            workdir=workdir, attempt=attempt)
+    def start(
+        self,
+        address: str,
+        job_id: str,
+        command: list[str],
+        env: dict[str, str],
+        devices: list[str],
+        workdir: str,
+        attempt: int,
+    ) -> agent_pb2.ProcessStatus:
+        req = agent_pb2.StartProcessRequest(
+            job_id=job_id, command=command, env=env, device_ids=devices, workdir=workdir, attempt=attempt
+        )
         # Idempotent on the agent for the same (job, attempt), so a retry is safe.
         return call_with_retry(self._stub(address).StartProcess, req, timeout=self.timeout_s, idempotent=True)
 
     def control(self, address: str, job_id: str, action: str, devices: list[str] | None = None) -> Any:
-        req = agent_pb2.ControlProcessRequest(job_id=job_id, control=CONTROL[action], device_ids=devices or [])
-        return call_with_retry(self._stub(address).ControlProcess, req, timeout=self.timeout_s, idempotent=False)
+        req = agent_pb2.ControlProcessRequest(
+            job_id=job_id, control=CONTROL[action], device_ids=devices or []
+        )
+        return call_with_retry(
+            self._stub(address).ControlProcess, req, timeout=self.timeout_s, idempotent=False
+        )
 
     def stop(self, address: str, job_id: str, grace_s: float = 3.0) -> Any:
         req = agent_pb2.StopProcessRequest(job_id=job_id, grace_seconds=grace_s)
-        return call_with_retry(self._stub(address).StopProcess, req, timeout=self.timeout_s + grace_s,
-                               idempotent=True)
+        return call_with_retry(
+            self._stub(address).StopProcess, req, timeout=self.timeout_s + grace_s, idempotent=True
+        )
 
     def close(self) -> None:
         with self._lock:

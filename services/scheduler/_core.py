@@ -30,6 +30,7 @@ from microco.services.common.errors import (
 from microco.services.common.kv import KV, dumps
 
 from . import _jobs as J
+from . import _metrics as M
 from ._agents import AgentDirectory
 from .policy import (
     Decision,
@@ -62,10 +63,19 @@ def profile_key(spec: dict[str, Any]) -> str:
 class SchedulerCore:
     """Job store and control loop, independent of gRPC (the servicer is a thin adapter)."""
 
-    def __init__(self, kv: KV, policy: Policy, agents: AgentDirectory | None = None, *,
-                 clock: Callable[[], float] = time.time, op_wait_s: float = 3.0, op_timeout_s: float = 30.0,
-                 max_restarts: int = 5, check_commands: bool = True,
-                 is_leader: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self,
+        kv: KV,
+        policy: Policy,
+        agents: AgentDirectory | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        op_wait_s: float = 3.0,
+        op_timeout_s: float = 30.0,
+        max_restarts: int = 5,
+        check_commands: bool = True,
+        is_leader: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.kv, self.policy = kv, policy
         self.agents = agents or AgentDirectory(kv)
         self.clock = clock
@@ -106,7 +116,7 @@ class SchedulerCore:
             raise NotFound(f"no job {job_id!r}")
         return rec
 
-    def list(self, states: list[str] | None = None, owner: str = "") -> list[dict[str, Any]]:
+    def list_jobs(self, states: list[str] | None = None, owner: str = "") -> list[dict[str, Any]]:
         out = [rec for _, rec in self.kv.get_prefix_json(J.JOBS_PREFIX)]
         if states:
             out = [r for r in out if r["state"] in states]
@@ -129,7 +139,9 @@ class SchedulerCore:
             if self.kv.compare_and_swap(key, raw, dumps(rec)):
                 return rec
 
-    def watch(self, job_ids: list[str], active: Callable[[], bool], poll_s: float = 0.5) -> Iterator[dict[str, Any]]:
+    def watch(
+        self, job_ids: list[str], active: Callable[[], bool], poll_s: float = 0.5
+    ) -> Iterator[dict[str, Any]]:
         """Every record change of the selected jobs (all when empty), starting with their current state."""
         wanted = set(job_ids)
         q: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -142,12 +154,12 @@ class SchedulerCore:
 
         cancel = self.kv.watch_prefix(J.JOBS_PREFIX, on_event)
         try:
-            for rec in self.list():
+            for rec in self.list_jobs():
                 if not wanted or rec["id"] in wanted:
                     yield rec
-            missing = wanted - {r["id"] for r in self.list()}
+            missing = wanted - {r["id"] for r in self.list_jobs()}
             if missing:
-                raise NotFound(f"no job {sorted(missing)[0]!r}")
+                raise NotFound(f"no job {min(missing)!r}")
             while active():
                 try:
                     yield q.get(timeout=poll_s)
@@ -158,7 +170,7 @@ class SchedulerCore:
 
     # ================================================================== leader: the loop
     def tick(self) -> list[Decision]:
-        with self._lock:
+        with self._lock, M.TICK.time():
             return self._tick()
 
     def _tick(self) -> list[Decision]:
@@ -190,6 +202,11 @@ class SchedulerCore:
             self._reconcile(rec, now, dt)
             if rec != before:
                 self._save(rec)
+        counts: dict[str, int] = {}
+        for rec in jobs.values():
+            counts[rec["state"]] = counts.get(rec["state"], 0) + 1
+        for state in J._STATE_TO_PB:
+            M.JOBS.labels(state).set(counts.get(state, 0))
         self._refresh_packing(now)
         self._stop_orphans()
 
@@ -202,13 +219,24 @@ class SchedulerCore:
                 break
             try:
                 if self._apply(d, now):
+                    M.DECISIONS.labels(type(d).__name__, "done").inc()
                     applied.append(d)
-                    self.decisions_applied = (self.decisions_applied + [
-                        {"at": now, "decision": type(d).__name__, "job": d.job_id,
-                         "devices": list(getattr(d, "devices", ())), "reason": d.reason}])[-200:]
+                    self.decisions_applied = (
+                        self.decisions_applied
+                        + [
+                            {
+                                "at": now,
+                                "decision": type(d).__name__,
+                                "job": d.job_id,
+                                "devices": list(getattr(d, "devices", ())),
+                                "reason": d.reason,
+                            }
+                        ]
+                    )[-200:]
             except Aborted:
                 raise
             except MicrocoError as exc:
+                M.DECISIONS.labels(type(d).__name__, "refused").inc()
                 log.warning("decision %s refused: %s", d, exc)
             self._refresh_packing(now)
         return applied
@@ -230,15 +258,20 @@ class SchedulerCore:
             theirs = json.loads(fresh)
             mine_before = json.loads(old) if old else None
             if mine_before is None or {**theirs, "cancel_requested": False, "message": ""} != {
-                **mine_before, "cancel_requested": False, "message": ""}:
+                **mine_before,
+                "cancel_requested": False,
+                "message": "",
+            }:
                 raise Aborted(f"job {rec['id']} was changed by another scheduler; abandoning this tick")
             rec["cancel_requested"] = rec["cancel_requested"] or theirs["cancel_requested"]
             self._raw[rec["id"]] = fresh
 
     # ------------------------------------------------------------------ reconcile
-    def _address(self, node: str) -> str | None:
+    def _address(self, node: str) -> str:
         n = self._nodes.get(node)
-        return n["address"] if n else None
+        if not n:
+            raise FailedPrecondition(f"node {node} is not registered")
+        return str(n["address"])
 
     def _proc(self, rec: dict[str, Any]) -> Any:
         p = self._procs.get(rec["node"], {}).get(rec["id"])
@@ -251,6 +284,7 @@ class SchedulerCore:
         rec["devices"], rec["packed_with"], rec["parked"], rec["pending"] = [], [], False, None
 
     def _lost(self, rec: dict[str, Any], why: str, now: float) -> None:
+        M.LOST.inc()
         self._release(rec)
         rec["restarts"] += 1
         if rec["restarts"] > self.max_restarts:
@@ -258,7 +292,9 @@ class SchedulerCore:
             rec["finished_at"] = now
             return
         if rec["checkpoint_step"] >= 0:
-            J.set_state(rec, J.SUSPENDED, f"{why}; will resume from checkpoint step {rec['checkpoint_step']}", now)
+            J.set_state(
+                rec, J.SUSPENDED, f"{why}; will resume from checkpoint step {rec['checkpoint_step']}", now
+            )
         else:
             J.set_state(rec, J.QUEUED, f"{why}; no checkpoint yet, will restart from the beginning", now)
         log.warning("job lost", extra={"job": rec["id"], "why": why})
@@ -331,8 +367,12 @@ class SchedulerCore:
             elif pending["op"] in ("resume", "resize") and done:
                 rec["pending"] = None
             elif now - pending.get("since", now) > self.op_timeout_s:
-                log.warning("job %s did not carry out %s in %.0fs; stopping it", rec["id"], pending["op"],
-                            self.op_timeout_s)
+                log.warning(
+                    "job %s did not carry out %s in %.0fs; stopping it",
+                    rec["id"],
+                    pending["op"],
+                    self.op_timeout_s,
+                )
                 try:
                     self.agents.stop(self._address(node), rec["id"])
                 except MicrocoError:
@@ -371,8 +411,14 @@ class SchedulerCore:
                 rec["packed_with"] = partners
                 if state != rec["state"]:
                     rec["step_at_change"] = rec["step"]
-                    J.set_state(rec, state, f"packed with {', '.join(partners)}" if partners
-                                else f"running alone on {', '.join(rec['devices'])}", now)
+                    J.set_state(
+                        rec,
+                        state,
+                        f"packed with {', '.join(partners)}"
+                        if partners
+                        else f"running alone on {', '.join(rec['devices'])}",
+                        now,
+                    )
                 self._save(rec)
 
     def _stop_orphans(self) -> None:
@@ -386,7 +432,9 @@ class SchedulerCore:
                     continue  # not ours (started by someone else through the agent)
                 if rec["node"] == node and rec["attempt"] == p.attempt and self._has_process(rec):
                     continue
-                log.warning("stopping orphan process", extra={"job": job_id, "node": node, "attempt": p.attempt})
+                log.warning(
+                    "stopping orphan process", extra={"job": job_id, "node": node, "attempt": p.attempt}
+                )
                 try:
                     self.agents.stop(self._nodes[node]["address"], job_id)
                 except MicrocoError as exc:
@@ -397,7 +445,9 @@ class SchedulerCore:
         devices = []
         for name in sorted(self._nodes):
             for d in self._nodes[name].get("devices", []):
-                devices.append({"id": d["id"], "node": name, "kind": d.get("kind", "gpu"), "model": d.get("model", "")})
+                devices.append(
+                    {"id": d["id"], "node": name, "kind": d.get("kind", "gpu"), "model": d.get("model", "")}
+                )
         jobs = []
         for r in self._jobs.values():
             if r["state"] in J.TERMINAL or r["cancel_requested"]:
@@ -420,13 +470,13 @@ class SchedulerCore:
         return occ
 
     def _node_of(self, devices: list[str]) -> str:
-        owners = {}
+        owners: dict[str, str] = {}
         for name, node in self._nodes.items():
             for d in node.get("devices", []):
                 owners[d["id"]] = name
-        nodes = {owners.get(d) for d in devices}
-        if None in nodes:
+        if not devices or any(d not in owners for d in devices):
             raise FailedPrecondition(f"devices {devices} are not all on live nodes")
+        nodes = {owners[d] for d in devices}
         if len(nodes) != 1:
             raise FailedPrecondition(f"devices {devices} span nodes {sorted(nodes)}; a job runs on one node")
         return nodes.pop()
@@ -510,8 +560,15 @@ class SchedulerCore:
         self._save(rec)
         spec = rec["spec"]
         try:
-            self.agents.start(self._address(node), rec["id"], spec["command"], spec["env"], devices,
-                              spec["workdir"], rec["attempt"])
+            self.agents.start(
+                self._address(node),
+                rec["id"],
+                spec["command"],
+                spec["env"],
+                devices,
+                spec["workdir"],
+                rec["attempt"],
+            )
         except InvalidArgument as exc:
             self._release(rec)
             rec["finished_at"] = now
@@ -519,8 +576,12 @@ class SchedulerCore:
             self._save(rec)
         except MicrocoError as exc:
             self._release(rec)
-            J.set_state(rec, J.SUSPENDED if rec["checkpoint_step"] >= 0 else J.QUEUED,
-                        f"start on {node} failed, will retry: {exc}", now)
+            J.set_state(
+                rec,
+                J.SUSPENDED if rec["checkpoint_step"] >= 0 else J.QUEUED,
+                f"start on {node} failed, will retry: {exc}",
+                now,
+            )
             self._save(rec)
 
     def _suspend(self, rec: dict[str, Any], now: float, reason: str) -> None:
@@ -542,7 +603,13 @@ class SchedulerCore:
 
     def _stop_then_start(self, rec: dict[str, Any], devices: list[str], now: float, how: str) -> None:
         st = self.agents.control(self._address(rec["node"]), rec["id"], "stop")
-        rec["pending"] = {"op": "stop", "then": "move", "devices": devices, "seq": st.control_seq, "since": now}
+        rec["pending"] = {
+            "op": "stop",
+            "then": "move",
+            "devices": devices,
+            "seq": st.control_seq,
+            "since": now,
+        }
         self._save(rec)
         p = self._wait_proc(rec, lambda p: p.state == 3)
         if p is not None and p.exit_code == EXIT_CHECKPOINTED:

@@ -55,7 +55,9 @@ def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40]
 
 
-def validate_spec(spec: dict[str, Any], cluster_devices: int | None, check_command: bool = True) -> dict[str, Any]:
+def validate_spec(
+    spec: dict[str, Any], cluster_devices: int | None, check_command: bool = True
+) -> dict[str, Any]:
     """A clean spec dict, or ``InvalidArgument`` saying exactly what is wrong.
 
     ``cluster_devices`` is how many devices the registered nodes offer (None: do not check).
@@ -151,23 +153,44 @@ def spec_from_pb(spec: scheduler_pb2.JobSpec) -> dict[str, Any]:
 
 def spec_to_pb(spec: dict[str, Any]) -> scheduler_pb2.JobSpec:
     return scheduler_pb2.JobSpec(
-        name=spec["name"], command=spec["command"], devices=spec["devices"], elastic=spec["elastic"],
-        priority=spec["priority"], owner=common_pb2.Principal(user=spec["user"], tenant=spec["tenant"]),
-        env=spec["env"], workdir=spec["workdir"], total_steps=spec["total_steps"], model=spec.get("model", ""),
+        name=spec["name"],
+        command=spec["command"],
+        devices=spec["devices"],
+        elastic=spec["elastic"],
+        priority=spec["priority"],
+        owner=common_pb2.Principal(user=spec["user"], tenant=spec["tenant"]),
+        env=spec["env"],
+        workdir=spec["workdir"],
+        total_steps=spec["total_steps"],
+        model=spec.get("model", ""),
         max_devices=spec.get("max_devices", 0),
     )
 
 
 def record_to_pb(rec: dict[str, Any]) -> scheduler_pb2.Job:
     return scheduler_pb2.Job(
-        id=rec["id"], spec=spec_to_pb(rec["spec"]), state=state_to_pb(rec["state"]), device_ids=rec["devices"],
-        node=rec["node"], step=rec["step"], submitted_at=rec["submitted_at"], first_step_at=rec["first_step_at"],
-        finished_at=rec["finished_at"], minibatch_ms=rec["minibatch_ms"], message=rec["message"],
-        attempt=rec["attempt"], checkpoint_step=rec["checkpoint_step"], restarts=rec["restarts"],
-        packed_with=rec["packed_with"], attained_service_s=rec["attained_service_s"],
-        minibatch_ms_alone=rec["minibatch_ms_alone"], last_change_at=rec["last_change_at"],
-        history=[scheduler_pb2.StateChange(at=at, state=state_to_pb(state), message=msg)
-                 for at, state, msg in rec.get("history") or []],
+        id=rec["id"],
+        spec=spec_to_pb(rec["spec"]),
+        state=state_to_pb(rec["state"]),
+        device_ids=rec["devices"],
+        node=rec["node"],
+        step=rec["step"],
+        submitted_at=rec["submitted_at"],
+        first_step_at=rec["first_step_at"],
+        finished_at=rec["finished_at"],
+        minibatch_ms=rec["minibatch_ms"],
+        message=rec["message"],
+        attempt=rec["attempt"],
+        checkpoint_step=rec["checkpoint_step"],
+        restarts=rec["restarts"],
+        packed_with=rec["packed_with"],
+        attained_service_s=rec["attained_service_s"],
+        minibatch_ms_alone=rec["minibatch_ms_alone"],
+        last_change_at=rec["last_change_at"],
+        history=[
+            scheduler_pb2.StateChange(at=at, state=state_to_pb(state), message=msg)
+            for at, state, msg in rec.get("history") or []
+        ],
     )
 
 

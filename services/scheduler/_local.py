@@ -24,17 +24,43 @@ def _wait(pred: Any, timeout: float, what: str, proc: subprocess.Popen[bytes] | 
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-def spawn_agent(etcd: str, node: str, data_dir: str | os.PathLike[str], *, devices: int = 2,
-                checkpoint_root: str | os.PathLike[str] | None = None, kv: KV | None = None,
-                lease_ttl_s: int = 2, log_path: str | os.PathLike[str] | None = None,
-                timeout: float = 30.0) -> subprocess.Popen[bytes]:
+def spawn_agent(
+    etcd: str,
+    node: str,
+    data_dir: str | os.PathLike[str],
+    *,
+    devices: int = 2,
+    checkpoint_root: str | os.PathLike[str] | None = None,
+    kv: KV | None = None,
+    lease_ttl_s: int = 2,
+    log_path: str | os.PathLike[str] | None = None,
+    timeout: float = 30.0,
+) -> subprocess.Popen[bytes]:
     """A node agent process with ``devices`` virtual devices; waits until its node is registered."""
-    cmd = [sys.executable, "-m", "microco.services.agent", "--etcd", etcd, "--node", node,
-           "--data-dir", str(data_dir), "--virtual-devices", str(devices), "--metrics-port", "-1",
-           "--log-format", "text", "--lease-ttl-s", str(lease_ttl_s), "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "microco.services.agent",
+        "--etcd",
+        etcd,
+        "--node",
+        node,
+        "--data-dir",
+        str(data_dir),
+        "--virtual-devices",
+        str(devices),
+        "--metrics-port",
+        "-1",
+        "--log-format",
+        "text",
+        "--lease-ttl-s",
+        str(lease_ttl_s),
+        "--log-level",
+        "warning",
+    ]
     if checkpoint_root:
         cmd += ["--checkpoint-root", str(checkpoint_root)]
-    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - the child keeps it
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     if kv is not None:
         from microco.services.agent import NODES_PREFIX
@@ -43,29 +69,61 @@ def spawn_agent(etcd: str, node: str, data_dir: str | os.PathLike[str], *, devic
     return proc
 
 
-def spawn_scheduler(etcd: str, data_dir: str | os.PathLike[str], *, policy: str = "gandiva",
-                    policy_config: dict[str, Any] | None = None, tick_s: float = 0.2, kv: KV | None = None,
-                    lease_ttl_s: int = 2, instance_id: str = "", log_path: str | os.PathLike[str] | None = None,
-                    wait_leader: bool = True, timeout: float = 30.0) -> subprocess.Popen[bytes]:
+def spawn_scheduler(
+    etcd: str,
+    data_dir: str | os.PathLike[str],
+    *,
+    policy: str = "gandiva",
+    policy_config: dict[str, Any] | None = None,
+    tick_s: float = 0.2,
+    kv: KV | None = None,
+    lease_ttl_s: int = 2,
+    instance_id: str = "",
+    log_path: str | os.PathLike[str] | None = None,
+    wait_leader: bool = True,
+    timeout: float = 30.0,
+) -> subprocess.Popen[bytes]:
     """A scheduler process; when ``kv`` is given waits until it is registered (and, with
     ``wait_leader``, until some instance leads)."""
     import json
 
-    cmd = [sys.executable, "-m", "microco.services.scheduler", "--etcd", etcd, "--data-dir", str(data_dir),
-           "--metrics-port", "-1", "--log-format", "text", "--lease-ttl-s", str(lease_ttl_s),
-           "--policy", policy, "--tick-s", str(tick_s), "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "microco.services.scheduler",
+        "--etcd",
+        etcd,
+        "--data-dir",
+        str(data_dir),
+        "--metrics-port",
+        "-1",
+        "--log-format",
+        "text",
+        "--lease-ttl-s",
+        str(lease_ttl_s),
+        "--policy",
+        policy,
+        "--tick-s",
+        str(tick_s),
+        "--log-level",
+        "warning",
+    ]
     if policy_config:
         cmd += ["--policy-config", json.dumps(policy_config)]
     if instance_id:
         cmd += ["--instance-id", instance_id]
-    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - the child keeps it
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     if kv is not None:
         from microco.services.common.registry import discover
 
         if instance_id:
-            _wait(lambda: any(r.instance_id == instance_id for r in discover(kv, "scheduler")), timeout,
-                  "scheduler registration", proc)
+            _wait(
+                lambda: any(r.instance_id == instance_id for r in discover(kv, "scheduler")),
+                timeout,
+                "scheduler registration",
+                proc,
+            )
         else:
             _wait(lambda: discover(kv, "scheduler"), timeout, "scheduler registration", proc)
         if wait_leader:

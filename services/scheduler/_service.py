@@ -17,7 +17,6 @@ import time
 from typing import Any
 
 import grpc
-
 from microco.api.common.v1 import common_pb2
 from microco.api.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from microco.services.common.election import LeaderElection
@@ -26,6 +25,7 @@ from microco.services.common.kv import KV
 from microco.services.common.server import ServiceContext, ServiceRuntime
 
 from . import _jobs as J
+from . import _metrics as M
 from ._core import SchedulerCore
 from .policy import available_policies, make_policy, policy_config_type
 
@@ -47,7 +47,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     def ListJobs(self, request: scheduler_pb2.ListJobsRequest, context: grpc.ServicerContext) -> Any:
         states = [J.state_from_pb(s) for s in request.states]
         return scheduler_pb2.ListJobsResponse(
-            jobs=[J.record_to_pb(r) for r in self.core.list(states, request.owner)])
+            jobs=[J.record_to_pb(r) for r in self.core.list_jobs(states, request.owner)]
+        )
 
     def CancelJob(self, request: scheduler_pb2.CancelJobRequest, context: grpc.ServicerContext) -> Any:
         return J.record_to_pb(self.core.cancel(request.job_id))
@@ -57,9 +58,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             yield scheduler_pb2.JobEvent(job=J.record_to_pb(rec), at=time.time())
 
     def ListNodes(self, request: Any, context: grpc.ServicerContext) -> Any:
-        devices = [common_pb2.Device(id=d["id"], node=d["node"], index=d.get("index", 0), kind=d.get("kind", ""),
-                                     model=d.get("model", ""), memory_bytes=d.get("memory_bytes", 0))
-                   for d in self.core.cluster_devices()]
+        devices = [
+            common_pb2.Device(
+                id=d["id"],
+                node=d["node"],
+                index=d.get("index", 0),
+                kind=d.get("kind", ""),
+                model=d.get("model", ""),
+                memory_bytes=d.get("memory_bytes", 0),
+            )
+            for d in self.core.cluster_devices()
+        ]
         leader = self.election.leader() if self.election else ""
         return scheduler_pb2.ListNodesResponse(devices=devices, leader=leader or "", policy=self.policy_name)
 
@@ -67,18 +76,28 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 class Scheduler:
     """One scheduler instance: core, election, control loop."""
 
-    def __init__(self, kv: KV, instance_id: str, policy: str = "gandiva", policy_config: dict[str, Any] | None = None,
-                 tick_s: float = 0.5, lease_ttl_s: int = 5, op_wait_s: float = 3.0) -> None:
+    def __init__(
+        self,
+        kv: KV,
+        instance_id: str,
+        policy: str = "gandiva",
+        policy_config: dict[str, Any] | None = None,
+        tick_s: float = 0.5,
+        lease_ttl_s: int = 5,
+        op_wait_s: float = 3.0,
+    ) -> None:
         self.policy_name = policy
-        self.election = LeaderElection(kv, "scheduler", instance_id, ttl=lease_ttl_s,
-                                       on_elected=self._elected, on_lost=self._lost)
+        self.election = LeaderElection(
+            kv, "scheduler", instance_id, ttl=lease_ttl_s, on_elected=self._elected, on_lost=self._lost
+        )
         config = dict(policy_config or {})
         fields = {f.name for f in dataclasses.fields(policy_config_type(policy))}
         if "allow_spread" in fields:
             # A job's process runs on one node: placements across nodes would only be refused.
             config.setdefault("allow_spread", False)
-        self.core = SchedulerCore(kv, make_policy(policy, **config), op_wait_s=op_wait_s,
-                                  is_leader=lambda: self.election.is_leader)
+        self.core = SchedulerCore(
+            kv, make_policy(policy, **config), op_wait_s=op_wait_s, is_leader=lambda: self.election.is_leader
+        )
         self.tick_s = tick_s
         self.runtime: ServiceRuntime | None = None
         self._stop = threading.Event()
@@ -86,12 +105,14 @@ class Scheduler:
 
     def _elected(self) -> None:
         log.info("leading: taking over the control loop")
+        M.IS_LEADER.set(1)
         self.core._last_tick = None
         if self.runtime is not None and self.runtime.registration is not None:
             self.runtime.registration.update(self.runtime.record(role="leader"))
 
     def _lost(self) -> None:
         log.warning("no longer the leader")
+        M.IS_LEADER.set(0)
         if self.runtime is not None and self.runtime.registration is not None and not self._stop.is_set():
             self.runtime.registration.update(self.runtime.record(role="standby"))
 
@@ -106,9 +127,11 @@ class Scheduler:
 
     def attach(self, runtime: ServiceRuntime) -> None:
         self.runtime = runtime
-        runtime.add_service(scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server,
-                            SchedulerServicer(self.core, self.election, self.policy_name),
-                            scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name)
+        runtime.add_service(
+            scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server,
+            SchedulerServicer(self.core, self.election, self.policy_name),
+            scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name,
+        )
         runtime.on_stop(self.stop)
 
     def start(self) -> Scheduler:
@@ -126,12 +149,21 @@ class Scheduler:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("scheduler")
-    g.add_argument("--policy", default="gandiva", help=f"scheduling policy, one of {', '.join(available_policies())}")
-    g.add_argument("--policy-config", default="{}",
-                   help='policy settings as JSON, e.g. \'{"quantum_s": 10, "enable_packing": false}\'')
+    g.add_argument(
+        "--policy", default="gandiva", help=f"scheduling policy, one of {', '.join(available_policies())}"
+    )
+    g.add_argument(
+        "--policy-config",
+        default="{}",
+        help='policy settings as JSON, e.g. \'{"quantum_s": 10, "enable_packing": false}\'',
+    )
     g.add_argument("--tick-s", type=float, default=0.5, help="seconds between control-loop ticks")
-    g.add_argument("--op-wait-s", type=float, default=3.0,
-                   help="how long a tick waits for a job to reach its mini-batch boundary on suspend/migrate")
+    g.add_argument(
+        "--op-wait-s",
+        type=float,
+        default=3.0,
+        help="how long a tick waits for a job to reach its mini-batch boundary on suspend/migrate",
+    )
 
 
 def setup(ctx: ServiceContext) -> None:
@@ -145,8 +177,15 @@ def setup(ctx: ServiceContext) -> None:
     if args.tick_s <= 0:
         raise InvalidArgument("--tick-s must be > 0")
     try:
-        sched = Scheduler(ctx.kv, ctx.settings.instance_id, args.policy, config, args.tick_s,
-                          ctx.settings.lease_ttl_s, args.op_wait_s)
+        sched = Scheduler(
+            ctx.kv,
+            ctx.settings.instance_id,
+            args.policy,
+            config,
+            args.tick_s,
+            ctx.settings.lease_ttl_s,
+            args.op_wait_s,
+        )
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"bad policy config for {args.policy}: {exc}") from None
     sched.attach(ctx.runtime)

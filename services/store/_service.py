@@ -283,12 +283,14 @@ def _node_args(p: argparse.ArgumentParser) -> None:
 
 def _setup_node(ctx: ServiceContext) -> None:
     s = ctx.settings
-    store = NodeStore(s.node, s.resolved_data_dir())
+    # The node's name is its identity in the catalog (its data directory survives restarts):
+    # --instance-id when given (as `microco up` does), else --node.
+    name = getattr(ctx.args, "instance_id", "") or s.node
+    store = NodeStore(name, s.resolved_data_dir())
     server = StoreFlightServer(store, f"grpc://{s.host}:{ctx.args.flight_port}")
     threading.Thread(target=server.serve, name="flight", daemon=True).start()
-    labels = {**s.labels, "flight": f"grpc://{s.advertised}:{server.port}", "fault_domain": ctx.args.fault_domain or s.node}
-    # The node's name is its identity (its data directory survives restarts), so it is the instance id.
-    ctx.runtime.settings = replace(s, labels=labels, instance_id=s.node)
+    labels = {**s.labels, "flight": f"grpc://{s.advertised}:{server.port}", "fault_domain": ctx.args.fault_domain or name}
+    ctx.runtime.settings = replace(s, labels=labels, instance_id=name)
     ctx.runtime.on_stop(server.shutdown)
     log.info("store node", extra={"flight": labels["flight"], "data_dir": str(store.data_dir)})
 

@@ -26,11 +26,20 @@ class TFCell(tf.Module):
 
     state_size = 2
 
-    def __init__(self, input_size: int, hidden: int, rng: np.random.Generator, gates: tuple[str, ...],
-                 h_gates: tuple[str, ...] | None = None, x_bias: bool = True) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        hidden: int,
+        rng: np.random.Generator,
+        gates: tuple[str, ...],
+        h_gates: tuple[str, ...] | None = None,
+        x_bias: bool = True,
+    ) -> None:
         super().__init__()
         self.hidden = hidden
-        self.x_kernels = {g: (_glorot(rng, input_size, hidden), _zeros(hidden) if x_bias else None) for g in gates}
+        self.x_kernels = {
+            g: (_glorot(rng, input_size, hidden), _zeros(hidden) if x_bias else None) for g in gates
+        }
         self.h_kernels = {g: _glorot(rng, hidden, hidden) for g in (gates if h_gates is None else h_gates)}
 
     def zero_state(self, batch: int) -> tuple[tf.Tensor, ...]:
@@ -143,7 +152,9 @@ CELLS = {"lstm": LSTMCell, "milstm": MILSTMCell, "gru": GRUCell, "lnlstm": Layer
 class RecurrentClassifier(tf.Module):
     """Stacked recurrent layers over ``[T, B, input_size]``, then a linear classifier."""
 
-    def __init__(self, cell: str, input_size: int, hidden: int, layers: int = 1, classes: int = 10, seed: int = 0):
+    def __init__(
+        self, cell: str, input_size: int, hidden: int, layers: int = 1, classes: int = 10, seed: int = 0
+    ):
         super().__init__()
         if cell not in CELLS:
             raise ValueError(f"unknown cell {cell!r}; choose one of {sorted(CELLS)}")
@@ -163,7 +174,9 @@ class RecurrentClassifier(tf.Module):
         return run_model(self, x, hoist=False, batch=False)
 
 
-def make_model(cell: str, input_size: int = 32, hidden: int = 64, layers: int = 1, classes: int = 10, seed: int = 0):
+def make_model(
+    cell: str, input_size: int = 32, hidden: int = 64, layers: int = 1, classes: int = 10, seed: int = 0
+):
     return RecurrentClassifier(cell, input_size, hidden, layers, classes, seed)
 
 

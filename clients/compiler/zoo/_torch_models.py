@@ -9,8 +9,8 @@ repeated cells and decides at run time how they execute.
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 
 class LSTMCell(nn.Module):
@@ -47,7 +47,9 @@ class MILSTMCell(nn.Module):
         h, c = state
         wx = (self.wi(x), self.wf(x), self.wg(x), self.wo(x))
         uh = (self.ui(h), self.uf(h), self.ug(h), self.uo(h))
-        pre = [self.alpha[k] * wx[k] * uh[k] + self.beta1[k] * uh[k] + self.beta2[k] * wx[k] for k in range(4)]
+        pre = [
+            self.alpha[k] * wx[k] * uh[k] + self.beta1[k] * uh[k] + self.beta2[k] * wx[k] for k in range(4)
+        ]
         i, f, o = torch.sigmoid(pre[0]), torch.sigmoid(pre[1]), torch.sigmoid(pre[3])
         g = torch.tanh(pre[2])
         c = f * c + i * g
@@ -151,7 +153,9 @@ class RecurrentClassifier(nn.Module):
         return self.head(seq[-1])
 
 
-def make_model(cell: str, input_size: int = 32, hidden: int = 64, layers: int = 1, classes: int = 10, seed: int = 0):
+def make_model(
+    cell: str, input_size: int = 32, hidden: int = 64, layers: int = 1, classes: int = 10, seed: int = 0
+):
     """A zoo model with deterministic initial weights."""
     torch.manual_seed(seed)
     return RecurrentClassifier(cell, input_size, hidden, layers, classes)

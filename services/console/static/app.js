@@ -354,6 +354,30 @@
     }
   }
 
+  async function runQuery(explainOnly) {
+    let query;
+    try {
+      query = JSON.parse($("query-text").value);
+    } catch (e) {
+      $("query-status").textContent = "not JSON: " + e.message;
+      return;
+    }
+    $("query-status").textContent = "running…";
+    try {
+      const r = await api("/store/query", { method: "POST", body: JSON.stringify({ query, explain_only: explainOnly, limit_rows: 200 }) });
+      $("query-status").textContent = explainOnly
+        ? `plan: ${r.plan_kind}`
+        : `${r.row_count} rows${r.truncated ? " (first 200 shown)" : ""} · plan: ${r.plan_kind}`;
+      $("query-explain-text").hidden = !r.explain;
+      $("query-explain-text").textContent = r.explain || "";
+      const table = $("query-result");
+      table.tHead.replaceChildren(h("tr", {}, r.columns.map((c) => h("th", {}, c))));
+      fill(table.tBodies[0], r.rows.map((row) => h("tr", {}, row.map((v) => h("td", {}, v === null ? "null" : String(v))))));
+    } catch (e) {
+      $("query-status").textContent = "refused: " + e.message;
+    }
+  }
+
   async function showCompiler() {
     const data = await api("/compiler");
     const box = $("compiler-graphs");
@@ -396,7 +420,8 @@
         let low = Infinity;
         const bestSoFar = all.map((p) => [p[0], (low = Math.min(low, p[1]))]);
         const series = Object.keys(kinds).map((k) => ({ name: k, points: kinds[k], pointsOnly: true }));
-        if (bestSoFar.length) series.push({ name: "best so far", points: bestSoFar, color: "#212529", pointsOnly: false });
+        // drawn first, so the measured points stay visible on top of it
+        if (bestSoFar.length) series.unshift({ name: "best so far", points: bestSoFar, color: "#212529", pointsOnly: false });
         P.line(plot, series, {
           width: plotWidth(box),
           xLabel: "trial",
@@ -472,6 +497,11 @@
     });
     $("logout").addEventListener("click", () => signOut(""));
     $("submit-form").addEventListener("submit", submitJob);
+    $("query-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      runQuery(false);
+    });
+    $("query-explain").addEventListener("click", () => runQuery(true));
     window.addEventListener("hashchange", () => showTab(location.hash.slice(1)));
     if (token) {
       signIn(token).then((ok) => { if (!ok) signOut(""); });

@@ -43,7 +43,7 @@
     const step0 = span / Math.max(1, count);
     const mag = Math.pow(10, Math.floor(Math.log10(step0)));
     const norm = step0 / mag;
-    const step = (norm > 5 ? 10 : norm > 2 ? 5 : norm > 1 ? 2 : 1) * mag;
+    const step = (norm > 7 ? 10 : norm > 3 ? 5 : norm > 1.5 ? 2 : 1) * mag;
     const ticks = [];
     for (let v = Math.ceil(min / step) * step; v <= max + 1e-9; v += step) ticks.push(v);
     return ticks;

@@ -214,16 +214,17 @@ class GandivaPolicy:
         return out
 
     def wakeup_at(self, view: ClusterView) -> float | None:
-        """Earliest time at which, with no event in between, ``decide`` could answer
-        differently (a quantum expiring, a running job overtaking a waiting one in attained
-        service, a pack cooldown or observation window ending, an elastic job becoming
-        growable). A mechanism may sleep until then instead of polling; None: nothing is
-        pending on the clock."""
+        """Earliest future time at which, with no event in between, ``decide`` could answer
+        differently: a running job's quantum expiring (or, in ``las`` order, its attained
+        service overtaking a waiting job's), a pack cooldown or observation window ending,
+        an elastic job becoming growable. A mechanism may sleep until then instead of
+        polling. None: nothing is pending on the clock (only events can change the answer).
+        """
         cfg = self.config
         now = view.now
         waiting = [j for j in view.jobs if j.state in WAITING_PHASES]
-        best = float("inf")
         holders = [j for j in view.jobs if j.state in HOLDING_PHASES]
+        cands: list[float] = []
         if waiting and cfg.enable_time_slicing:
             w_min = min(j.attained_service_s for j in waiting)
             for r in holders:
@@ -232,20 +233,19 @@ class GandivaPolicy:
                 t = r.last_change_at + cfg.quantum_s
                 if cfg.slice_order == "las" and r.attained_service_s <= w_min:
                     t = max(t, now + (w_min - r.attained_service_s) / len(r.devices) + 1e-6)
-                best = min(best, t)
+                cands.append(t)
         if waiting and cfg.enable_packing:
-            for w in waiting:
-                if w.state is JobPhase.SUSPENDED and w.devices_wanted == 1:
-                    best = min(best, w.last_change_at + cfg.pack_cooldown_s)
+            cands.extend(
+                w.last_change_at + cfg.pack_cooldown_s
+                for w in waiting
+                if w.state is JobPhase.SUSPENDED and w.devices_wanted == 1
+            )
         if cfg.enable_packing and cfg.pack_observe_s > 0:
-            for r in holders:
-                best = min(best, r.last_change_at + cfg.pack_observe_s)
+            cands.extend(r.last_change_at + cfg.pack_observe_s for r in holders)
         if cfg.enable_grow_shrink and not waiting:
-            for r in holders:
-                if r.elastic and r.state is JobPhase.RUNNING:
-                    best = min(best, r.last_change_at + cfg.quantum_s)
-        best = max(best, now) if best != float("inf") else best
-        return None if best == float("inf") or best <= now and not waiting else best
+            cands.extend(r.last_change_at + cfg.quantum_s for r in holders if r.elastic and r.state is JobPhase.RUNNING)
+        future = [t for t in cands if t > now]
+        return min(future) if future else None
 
     # ------------------------------------------------------------------ mechanisms
     def _judge_packs(self, view: ClusterView, occ: Occupancy, jobs: dict[str, JobView], out: list, acted: set) -> None:

@@ -50,6 +50,9 @@ def page(platform: Platform):
         pg.set_default_timeout(20_000)
         pg.requested_hosts = set()  # type: ignore[attr-defined]
         pg.on("request", lambda req: pg.requested_hosts.add(urlparse(req.url).netloc))  # type: ignore[attr-defined]
+        pg.errors = []  # type: ignore[attr-defined]
+        pg.on("pageerror", lambda exc: pg.errors.append(str(exc)))  # type: ignore[attr-defined]
+        pg.on("console", lambda msg: pg.errors.append(msg.text) if msg.type == "error" else None)  # type: ignore[attr-defined]
         yield pg
         browser.close()
 
@@ -110,5 +113,7 @@ def test_sign_in_submit_and_watch_a_job(platform: Platform, page, artifacts_dir:
         expect(page.locator("#status-line")).to_contain_text("updated")
     page.screenshot(path=str(artifacts_dir / "console-compiler.png"), full_page=True)
 
+    # no script error anywhere (the wrong-token sign-in is an expected 401 the browser logs)
+    assert [e for e in page.errors if "401" not in e] == [], page.errors
     # everything the page loaded came from the console itself: it works offline
     assert page.requested_hosts <= {urlparse(platform.url).netloc}, page.requested_hosts

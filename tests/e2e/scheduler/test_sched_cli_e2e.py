@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-
 from microco.services.scheduler._local import spawn_agent, spawn_scheduler, stop_process
 
 pytestmark = pytest.mark.e2e
@@ -17,8 +16,14 @@ pytestmark = pytest.mark.e2e
 
 def microco(etcd, *args, check=True):
     env = {**os.environ, "MICROCO_ETCD": etcd}
-    r = subprocess.run([sys.executable, "-m", "microco.clients.cli", *args], env=env, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "microco.clients.cli", *args],
+        env=env,
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=120,
+    )
     if check and r.returncode != 0:
         raise AssertionError(f"microco {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
     return r
@@ -29,14 +34,31 @@ def test_submit_list_show_cancel(etcd_endpoint, etcd_kv, tmp_path):
     sched = spawn_scheduler(etcd_endpoint, tmp_path / "sched", policy="fifo", tick_s=0.2, kv=etcd_kv)
     try:
         job = [sys.executable, "-m", "microco.examples.synthetic_job", "--compute-ms", "1"]
-        r = microco(etcd_endpoint, "job", "submit", "--name", "short", "--total-steps", "30", "--wait", "--json",
-                    "--", *job, "--steps", "30")
+        r = microco(
+            etcd_endpoint,
+            "job",
+            "submit",
+            "--name",
+            "short",
+            "--total-steps",
+            "30",
+            "--wait",
+            "--json",
+            "--",
+            *job,
+            "--steps",
+            "30",
+        )
         done = json.loads(r.stdout)
         assert done["state"] == "finished" and done["step"] == 30
-        r = microco(etcd_endpoint, "job", "submit", "--name", "long", "--json", "--", *job, "--steps", "100000")
+        r = microco(
+            etcd_endpoint, "job", "submit", "--name", "long", "--json", "--", *job, "--steps", "100000"
+        )
         long_id = json.loads(r.stdout)["id"]
         deadline = time.monotonic() + 30
-        while json.loads(microco(etcd_endpoint, "job", "show", long_id, "--json").stdout)["state"] != "running":
+        while (
+            json.loads(microco(etcd_endpoint, "job", "show", long_id, "--json").stdout)["state"] != "running"
+        ):
             assert time.monotonic() < deadline
             time.sleep(0.3)
         listed = microco(etcd_endpoint, "job", "list").stdout
@@ -46,7 +68,10 @@ def test_submit_list_show_cancel(etcd_endpoint, etcd_kv, tmp_path):
         assert "history:" in shown and "running" in shown
         microco(etcd_endpoint, "job", "cancel", long_id)
         deadline = time.monotonic() + 20
-        while json.loads(microco(etcd_endpoint, "job", "show", long_id, "--json").stdout)["state"] != "cancelled":
+        while (
+            json.loads(microco(etcd_endpoint, "job", "show", long_id, "--json").stdout)["state"]
+            != "cancelled"
+        ):
             assert time.monotonic() < deadline
             time.sleep(0.3)
         # Bad input: clear errors, non-zero exit.

@@ -18,11 +18,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 torch = pytest.importorskip("torch")
 
-from microco.clients.compiler import RemoteExplorer  # noqa: E402
-from microco.clients.compiler._torch import AstraTorch  # noqa: E402
-from microco.clients.compiler.zoo import torch_models as zm  # noqa: E402
-from microco.services.common import InvalidArgument, NotFound  # noqa: E402
-from microco.services.compiler import GraphSpec, Variable  # noqa: E402
+from microco.clients.compiler import RemoteExplorer
+from microco.clients.compiler._torch import AstraTorch
+from microco.clients.compiler.zoo import torch_models as zm
+from microco.services.common import InvalidArgument, NotFound
+from microco.services.compiler import GraphSpec, Variable
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
@@ -45,11 +45,26 @@ class Service:
         self.starts += 1
         log = self.tmp_path / f"compiler-{self.starts}.log"
         cmd = [
-            sys.executable, "-m", "microco.services.compiler", "--port", str(self.port), "--etcd", self.etcd,
-            "--metrics-port", "-1", "--grace-s", "0.5", "--log-format", "text", "--measure-steps", "1",
+            sys.executable,
+            "-m",
+            "microco.services.compiler",
+            "--port",
+            str(self.port),
+            "--etcd",
+            self.etcd,
+            "--metrics-port",
+            "-1",
+            "--grace-s",
+            "0.5",
+            "--log-format",
+            "text",
+            "--measure-steps",
+            "1",
         ]
-        self.proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            )
         deadline = time.monotonic() + 30
         with grpc.insecure_channel(self.address) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
@@ -110,8 +125,15 @@ def _train(astra, model, steps, x, y, opt, until_committed=False):
 
 def _job(explorer, retry_every=2):
     model = zm.make_model("lstm", 6, 8)
-    astra = AstraTorch(model, explorer, name="lstm-it", total_steps=400, threads=("1",),
-                       compile_choices=("eager",), retry_every=retry_every)
+    astra = AstraTorch(
+        model,
+        explorer,
+        name="lstm-it",
+        total_steps=400,
+        threads=("1",),
+        compile_choices=("eager",),
+        retry_every=retry_every,
+    )
     return model, astra, torch.optim.SGD(model.parameters(), lr=0.05)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from microco.services.scheduler._local import spawn_agent, stop_process
 
 
@@ -13,9 +12,15 @@ def agents(etcd_endpoint, etcd_kv, tmp_path):
     procs = []
 
     def start(node: str, devices: int = 2):
-        p = spawn_agent(etcd_endpoint, node, tmp_path / "agents" / node, devices=devices,
-                        checkpoint_root=tmp_path / "checkpoints", kv=etcd_kv,
-                        log_path=tmp_path / f"agent-{node}.log")
+        p = spawn_agent(
+            etcd_endpoint,
+            node,
+            tmp_path / "agents" / node,
+            devices=devices,
+            checkpoint_root=tmp_path / "checkpoints",
+            kv=etcd_kv,
+            log_path=tmp_path / f"agent-{node}.log",
+        )
         procs.append(p)
         return p
 

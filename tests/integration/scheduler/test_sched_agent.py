@@ -11,7 +11,6 @@ import time
 
 import grpc
 import pytest
-
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.services.agent import NODES_PREFIX
 
@@ -50,16 +49,21 @@ def test_register_start_control_migrate(agents, etcd_kv, tmp_path):
         a1.StartProcess(agent_pb2.StartProcessRequest(job_id="x", command=["true"], device_ids=["n2/0"]))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(grpc.RpcError) as e:
-        a1.StartProcess(agent_pb2.StartProcessRequest(job_id="x", command=["/no/such/cmd"], device_ids=["n1/0"]))
+        a1.StartProcess(
+            agent_pb2.StartProcessRequest(job_id="x", command=["/no/such/cmd"], device_ids=["n1/0"])
+        )
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not found" in e.value.details()
 
     out = tmp_path / "out.json"
     cmd = JOB + ["--steps", "150", "--out", str(out)]
-    st = a1.StartProcess(agent_pb2.StartProcessRequest(job_id="j1", command=cmd, device_ids=["n1/1"], attempt=1))
+    st = a1.StartProcess(
+        agent_pb2.StartProcessRequest(job_id="j1", command=cmd, device_ids=["n1/1"], attempt=1)
+    )
     assert st.pid > 0 and st.state == agent_pb2.PROCESS_STATE_RUNNING
     p = wait_proc(a1, "j1", lambda p: p.step >= 10)
     assert p.minibatch_ms > 0 and p.first_step_at > 0
-    env = open(f"/proc/{p.pid}/environ", "rb").read().split(b"\0")
+    with open(f"/proc/{p.pid}/environ", "rb") as f:
+        env = f.read().split(b"\0")
     assert b"MICROCO_DEVICES=n1/1" in env and b"MICROCO_ATTEMPT=1" in env
     assert os.sched_getaffinity(p.pid) == {sorted(os.sched_getaffinity(0))[1 % len(os.sched_getaffinity(0))]}
 
@@ -87,21 +91,28 @@ def test_register_start_control_migrate(agents, etcd_kv, tmp_path):
     ref = tmp_path / "ref.json"
     import subprocess
 
-    subprocess.run([*JOB[:3], "--steps", "150", "--compute-ms", "0", "--out", str(ref)], check=True,
-                   env={k: v for k, v in os.environ.items() if not k.startswith("MICROCO_")})
+    subprocess.run(
+        [*JOB[:3], "--steps", "150", "--compute-ms", "0", "--out", str(ref)],
+        check=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("MICROCO_")},
+    )
     assert json.loads(ref.read_text())["digest"] == result["digest"]
 
 
 def test_failed_job_and_killed_agent(agents, etcd_kv, tmp_path):
     agent = agents("n3")
     a = stub(etcd_kv, "n3")
-    a.StartProcess(agent_pb2.StartProcessRequest(job_id="bad", command=JOB + ["--steps", "50", "--fail-at", "3"],
-                                                 device_ids=["n3/0"]))
+    a.StartProcess(
+        agent_pb2.StartProcessRequest(
+            job_id="bad", command=JOB + ["--steps", "50", "--fail-at", "3"], device_ids=["n3/0"]
+        )
+    )
     p = wait_proc(a, "bad", lambda p: p.state == agent_pb2.PROCESS_STATE_EXITED)
     assert p.exit_code == 3 and "exited with 3" in p.message
 
-    a.StartProcess(agent_pb2.StartProcessRequest(job_id="long", command=JOB + ["--steps", "100000"],
-                                                 device_ids=["n3/1"]))
+    a.StartProcess(
+        agent_pb2.StartProcessRequest(job_id="long", command=JOB + ["--steps", "100000"], device_ids=["n3/1"])
+    )
     pid = wait_proc(a, "long", lambda p: p.step > 2).pid
     os.kill(agent.pid, signal.SIGKILL)
     agent.wait()

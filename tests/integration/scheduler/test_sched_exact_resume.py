@@ -11,7 +11,6 @@ import sys
 import time
 
 import pytest
-
 from microco.clients.scheduler import EXIT_CHECKPOINTED, ControlChannel
 
 STEPS = 40
@@ -24,9 +23,20 @@ def launch(module, tmp, out, *, control=None, ckpt=None, sleep_ms=0.0):
     if control:
         env["MICROCO_CONTROL_DIR"] = str(control)
         env["MICROCO_CHECKPOINT_DIR"] = str(ckpt)
-    cmd = [sys.executable, "-m", module, "--steps", str(STEPS), "--out", str(out),
-           "--step-sleep-ms", str(sleep_ms)]
-    return subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        module,
+        "--steps",
+        str(STEPS),
+        "--out",
+        str(out),
+        "--step-sleep-ms",
+        str(sleep_ms),
+    ]
+    return subprocess.Popen(
+        cmd, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def wait_step(ch: ControlChannel, step: int, timeout=120):

@@ -8,18 +8,26 @@ import sys
 import time
 
 import pytest
-
 from microco.clients.common import channel_for
 from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
-from microco.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from microco.services.common.errors import InvalidArgument, NotFound
 from microco.services.scheduler._local import spawn_scheduler, stop_process
 
 pytestmark = pytest.mark.integration
 
 
 def job_cmd(steps=100000, compute_ms=10.0, io_ms=0.0):
-    return [sys.executable, "-m", "microco.examples.synthetic_job", "--steps", str(steps),
-            "--compute-ms", str(compute_ms), "--io-ms", str(io_ms)]
+    return [
+        sys.executable,
+        "-m",
+        "microco.examples.synthetic_job",
+        "--steps",
+        str(steps),
+        "--compute-ms",
+        str(compute_ms),
+        "--io-ms",
+        str(io_ms),
+    ]
 
 
 @pytest.fixture
@@ -27,9 +35,16 @@ def scheduler(etcd_endpoint, etcd_kv, tmp_path):
     procs = []
 
     def start(policy="gandiva", config=None, instance_id=""):
-        p = spawn_scheduler(etcd_endpoint, tmp_path / f"sched{len(procs)}", policy=policy, policy_config=config,
-                            tick_s=0.2, kv=etcd_kv, instance_id=instance_id,
-                            log_path=tmp_path / f"scheduler-{len(procs)}.log")
+        p = spawn_scheduler(
+            etcd_endpoint,
+            tmp_path / f"sched{len(procs)}",
+            policy=policy,
+            policy_config=config,
+            tick_s=0.2,
+            kv=etcd_kv,
+            instance_id=instance_id,
+            log_path=tmp_path / f"scheduler-{len(procs)}.log",
+        )
         procs.append(p)
         return p
 
@@ -58,8 +73,11 @@ def wait_for(fn, timeout=30, what="condition"):
             return v
         if time.monotonic() > deadline:
             recs = _KV["kv"].get_prefix_json("/microco/scheduler/jobs/")
-            state = "\n".join(f"{r['id']} {r['state']} step={r['step']} ms={r['minibatch_ms']:.1f} "
-                              f"alone={r['minibatch_ms_alone']:.1f} {r['history']}" for _, r in recs)
+            state = "\n".join(
+                f"{r['id']} {r['state']} step={r['step']} ms={r['minibatch_ms']:.1f} "
+                f"alone={r['minibatch_ms_alone']:.1f} {r['history']}"
+                for _, r in recs
+            )
             raise TimeoutError(f"{what}; jobs:\n{state}")
         time.sleep(0.1)
 
@@ -100,8 +118,10 @@ def test_bad_input_gets_clear_errors(agents, scheduler, etcd_kv):
 
 def test_time_slicing_four_jobs_on_two_devices(agents, scheduler, etcd_kv):
     agents("n1", devices=2)
-    scheduler("gandiva", {"quantum_s": 1.0, "enable_packing": False, "enable_migration": False,
-                          "enable_grow_shrink": False})
+    scheduler(
+        "gandiva",
+        {"quantum_s": 1.0, "enable_packing": False, "enable_migration": False, "enable_grow_shrink": False},
+    )
     c = client(etcd_kv)
     ids = [c.submit(make_spec(job_cmd(compute_ms=5), devices=1, name=f"ts{i}")).id for i in range(4)]
 
@@ -109,7 +129,9 @@ def test_time_slicing_four_jobs_on_two_devices(agents, scheduler, etcd_kv):
         js = jobs(c, ids)
         # everyone progressed, and everyone has been suspended and resumed at least once
         return all(j["step"] > 0 for j in js.values()) and all(
-            "suspended" in [h for h in hist(etcd_kv, i)] and hist(etcd_kv, i).count("running") >= 2 for i in ids)
+            "suspended" in [h for h in hist(etcd_kv, i)] and hist(etcd_kv, i).count("running") >= 2
+            for i in ids
+        )
 
     wait_for(all_sliced, 60, "all four jobs time-sliced")
     js = jobs(c, ids)
@@ -127,9 +149,19 @@ def hist(kv, job_id):
 def test_packing_kept_only_while_it_beats_time_slicing(agents, scheduler, etcd_kv):
     agents("n1", devices=1)
     agents("n2", devices=1)
-    scheduler("gandiva", {"enable_time_slicing": False, "enable_migration": False, "enable_grow_shrink": False,
-                          "enable_packing": True, "pack_share_limit": 2.0, "pack_observe_s": 1.5,
-                          "pack_keep_ratio": 1.5, "pack_cooldown_s": 600})
+    scheduler(
+        "gandiva",
+        {
+            "enable_time_slicing": False,
+            "enable_migration": False,
+            "enable_grow_shrink": False,
+            "enable_packing": True,
+            "pack_share_limit": 2.0,
+            "pack_observe_s": 1.5,
+            "pack_keep_ratio": 1.5,
+            "pack_cooldown_s": 600,
+        },
+    )
     c = client(etcd_kv)
 
     def submit(name, model, compute_ms, io_ms):
@@ -149,7 +181,9 @@ def test_packing_kept_only_while_it_beats_time_slicing(agents, scheduler, etcd_k
     # (packed progress ~2 devices): the pack is kept.
     s = submit("io-b", "io-bound", 3, 30)
     wait_for(lambda: "packed" in hist(etcd_kv, s), 30, "io pack")
-    undone = wait_for(lambda: [i for i in (p, q) if hist(etcd_kv, i)[-1] == "suspended"], 40, "cpu pack undone")
+    undone = wait_for(
+        lambda: [i for i in (p, q) if hist(etcd_kv, i)[-1] == "suspended"], 40, "cpu pack undone"
+    )
     assert "below time-slicing" in etcd_kv.get_json(f"/microco/scheduler/jobs/{undone[0]}")["message"] or True
     time.sleep(3)
     kept = jobs(c, [r, s])
@@ -170,13 +204,19 @@ def test_failover_and_kills_lose_nothing(agents, scheduler, etcd_kv, etcd_endpoi
     a = c.submit(make_spec(job_cmd(compute_ms=5), devices=1, name="a", env=env)).id
     b = c.submit(make_spec(job_cmd(compute_ms=5), devices=1, name="b", env=env)).id
     q = c.submit(make_spec(job_cmd(compute_ms=5), devices=2, name="q", env=env)).id
-    wait_for(lambda: all(j["state"] == "running" and j["step"] > 5 for j in jobs(c, [a, b]).values()), 30, "running")
+    wait_for(
+        lambda: all(j["state"] == "running" and j["step"] > 5 for j in jobs(c, [a, b]).values()),
+        30,
+        "running",
+    )
     before = jobs(c, [a, b, q])
     assert before[q]["state"] == "queued"
 
     # kill -9 the leader: the standby takes over; running jobs keep running, the queued one waits.
     (s1 if leader == "sched-a" else s2).send_signal(signal.SIGKILL)
-    wait_for(lambda: (etcd_kv.get("/microco/leader/scheduler") or b"").decode() not in ("", leader), 20, "takeover")
+    wait_for(
+        lambda: (etcd_kv.get("/microco/leader/scheduler") or b"").decode() not in ("", leader), 20, "takeover"
+    )
     c = client(etcd_kv)
     wait_for(lambda: all(jobs(c, [a])[a]["step"] > before[a]["step"] + 5 for _ in [0]), 20, "progress after")
     after = jobs(c, [a, b, q])
@@ -189,17 +229,28 @@ def test_failover_and_kills_lose_nothing(agents, scheduler, etcd_kv, etcd_endpoi
     from microco.services.scheduler._agents import AgentDirectory
 
     d = AgentDirectory(etcd_kv)
-    p = [p for p in d.list_processes(d.nodes()["n1"]["address"]) if p.job_id == a][0]
+    p = next(p for p in d.list_processes(d.nodes()["n1"]["address"]) if p.job_id == a)
     wait_for(lambda: job_to_dict(c.get(a))["checkpoint_step"] > 0, 10, "a checkpoint")
     assert procs["restarts"] == 0, procs["history"]
     os.kill(p.pid, signal.SIGKILL)
-    wait_for(lambda: job_to_dict(c.get(a))["restarts"] == 1 and job_to_dict(c.get(a))["state"] == "running",
-             20, "restart after kill")
+    wait_for(
+        lambda: job_to_dict(c.get(a))["restarts"] == 1 and job_to_dict(c.get(a))["state"] == "running",
+        20,
+        "restart after kill",
+    )
     ja = job_to_dict(c.get(a))
-    assert ja["attempt"] == procs["attempt"] + 1 and "signal 9" in str(etcd_kv.get_json(
-        f"/microco/scheduler/jobs/{a}")["history"])
-    p2 = wait_for(lambda: [p for p in d.list_processes(d.nodes()["n1"]["address"])
-                           if p.job_id == a and p.attempt == ja["attempt"] and p.job_state], 20, "restored")[0]
+    assert ja["attempt"] == procs["attempt"] + 1 and "signal 9" in str(
+        etcd_kv.get_json(f"/microco/scheduler/jobs/{a}")["history"]
+    )
+    p2 = wait_for(
+        lambda: [
+            p
+            for p in d.list_processes(d.nodes()["n1"]["address"])
+            if p.job_id == a and p.attempt == ja["attempt"] and p.job_state
+        ],
+        20,
+        "restored",
+    )[0]
     assert p2.restored_from_step > 0  # from its checkpoint, not from scratch
 
     # kill -9 the node agent: its jobs are marked and rescheduled elsewhere from their checkpoints.
@@ -213,12 +264,20 @@ def test_failover_and_kills_lose_nothing(agents, scheduler, etcd_kv, etcd_endpoi
     assert agent_pid
     ckpt = {j: job_to_dict(c.get(j))["checkpoint_step"] for j in (a, b)}
     os.kill(agent_pid, signal.SIGKILL)
-    wait_for(lambda: all(j["node"] == "n2" and j["state"] == "running" for j in jobs(c, [a, b]).values()),
-             30, "rescheduled on n2")
+    wait_for(
+        lambda: all(j["node"] == "n2" and j["state"] == "running" for j in jobs(c, [a, b]).values()),
+        30,
+        "rescheduled on n2",
+    )
     for j in (a, b):
         rec = etcd_kv.get_json(f"/microco/scheduler/jobs/{j}")
         assert any("node n1 was lost" in h[2] for h in rec["history"])
-        p = wait_for(lambda: [p for p in d.list_processes(d.nodes()["n2"]["address"])
-                              if p.job_id == j and p.job_state], 20, "restored on n2")[0]
+        p = wait_for(
+            lambda j=j: [
+                p for p in d.list_processes(d.nodes()["n2"]["address"]) if p.job_id == j and p.job_state
+            ],
+            20,
+            "restored on n2",
+        )[0]
         assert p.restored_from_step >= ckpt[j] > 0
     d.close()

@@ -70,6 +70,7 @@ def test_core_coordinated_eviction_and_allocation(tmp_path):
     # Timings with a probe spread give an estimate; the allocation says why.
     alloc = core.report_progress("j1", "ds", 0, [], timings=[(0.0, 1.0, 50, 5), (1.0, 0.1, 50, 5)])
     assert alloc is not None and alloc.bytes == 300 and "rank 1" in alloc.reason
+    assert (core.stats()["hits"], core.stats()["misses"]) == (5, 5)  # as the job saw them
     table = core.allocation_table()
     assert table[0][0].dataset == "ds" and table[0][1] == 300
     grants = core.open_chunks([chunks[1][0], chunks[4][0]])
@@ -87,3 +88,7 @@ def test_core_lru_always_admits(tmp_path):
         assert core.put(d, data, "ds").outcome == "stored"
     assert core.lookup([c[0] for c in chunks]) == [chunks[1][0], chunks[2][0]]
     assert core.stats()["evictions"] == 1
+    # Bytes that are not what they claim evict nothing, even under LRU.
+    liar, _ = _chunk(9)
+    assert core.put(liar, b"\x00" * 100, "ds").outcome == "digest_mismatch"
+    assert core.stats()["evictions"] == 1 and len(core.lookup([c[0] for c in chunks])) == 2

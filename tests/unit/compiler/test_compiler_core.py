@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from microco.services.common import InvalidArgument, MemoryKV, NotFound
 from microco.services.compiler import (
     STAGE_COMPILE,
@@ -67,11 +66,23 @@ def explore(state, compile_ms=0.0, limit=100):
 def test_baseline_first_then_stages_then_commit_of_the_best():
     state = start(spec(), POLICY)
     first = next_config(state, POLICY)
-    assert first.values == {"A.hoist": "off", "A.batch": "off", "B.hoist": "off", "A.compile": "eager", "threads": "2"}
+    assert first.values == {
+        "A.hoist": "off",
+        "A.batch": "off",
+        "B.hoist": "off",
+        "A.compile": "eager",
+        "threads": "2",
+    }
     assert first.steps == 1 + POLICY.measure_steps
     cfg, seen = explore(state)
     assert cfg.committed and cfg.steps == 0
-    assert cfg.values == {"A.hoist": "on", "A.batch": "on", "B.hoist": "on", "A.compile": "inductor", "threads": "2"}
+    assert cfg.values == {
+        "A.hoist": "on",
+        "A.batch": "on",
+        "B.hoist": "on",
+        "A.compile": "inductor",
+        "threads": "2",
+    }
     assert state.speedup == pytest.approx(cost(seen[0])[0] / cost(cfg.values)[0])
     # Coarse before fine: no compiled trial before every structural trial.
     stages = [t.stage for t in state.trials]
@@ -80,7 +91,7 @@ def test_baseline_first_then_stages_then_commit_of_the_best():
 
 def test_independent_regions_are_explored_together():
     state = start(spec(), POLICY)
-    _, seen = explore(state)
+    explore(state)
     structural = [t for t in state.trials if t.stage == STAGE_STRUCTURE and t.kind == "explore"]
     # Region A has 3 non-baseline combinations, region B one: 3 trials, not 4 (nor 7 for a grid).
     assert len(structural) == 3
@@ -128,7 +139,10 @@ def test_exploration_stops_at_its_share_of_the_run():
 
 
 def test_failed_trials_are_never_committed():
-    state = start(spec(variables=(Variable("A.compile", ("eager", "inductor"), "A", 1, True),), total_steps=10**6), POLICY)
+    state = start(
+        spec(variables=(Variable("A.compile", ("eager", "inductor"), "A", 1, True),), total_steps=10**6),
+        POLICY,
+    )
     cfg = next_config(state, POLICY)
     cfg = report(state, TrialReport(cfg.trial, [10, 10, 10]), POLICY)
     assert cfg.values["A.compile"] == "inductor"

@@ -10,11 +10,11 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from microco.clients.compiler._tf import AstraTF, run_model  # noqa: E402
-from microco.clients.compiler.zoo import CELL_NAMES  # noqa: E402
-from microco.clients.compiler.zoo import tf_models as zt  # noqa: E402
-from microco.services.common import MemoryKV  # noqa: E402
-from microco.services.compiler import ExplorationPolicy, LocalExplorer  # noqa: E402
+from microco.clients.compiler._tf import AstraTF, run_model
+from microco.clients.compiler.zoo import CELL_NAMES
+from microco.clients.compiler.zoo import tf_models as zt
+from microco.services.common import MemoryKV
+from microco.services.compiler import ExplorationPolicy, LocalExplorer
 
 pytestmark = pytest.mark.tensorflow
 
@@ -52,7 +52,7 @@ def test_xla_configurations_match_eager():
     model = zt.make_model("gru", 4, 6)
     x, y = zt.synthetic_batch(2, 2, 4)
     ref = loss_and_grads(model, x, y, False, False)
-    for hoist, batch in [(False, False), (True, True)]:
+    for hoist, batch in [(True, True)]:  # one XLA compile: the variant furthest from eager
         assert_same(ref, loss_and_grads(model, x, y, hoist, batch, xla=True), tol=1e-4)
 
 
@@ -63,8 +63,14 @@ def test_wrapper_explores_commits_and_reuses_with_zero_exploration():
 
     def run(steps):
         model = zt.make_model("sru", 4, 6)
-        astra = AstraTF(model, tf.keras.optimizers.SGD(0.05), zt.loss_fn, LocalExplorer(kv, policy),
-                        total_steps=10**6, xla=False)
+        astra = AstraTF(
+            model,
+            tf.keras.optimizers.SGD(0.05),
+            zt.loss_fn,
+            LocalExplorer(kv, policy),
+            total_steps=10**6,
+            xla=False,
+        )
         losses = [astra.step(x, y) for _ in range(steps)]
         return astra, losses
 

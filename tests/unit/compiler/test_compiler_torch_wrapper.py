@@ -9,10 +9,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from microco.clients.compiler._torch import AstraTorch, thread_choices  # noqa: E402
-from microco.clients.compiler.zoo import torch_models as zm  # noqa: E402
-from microco.services.common import MemoryKV  # noqa: E402
-from microco.services.compiler import ExplorationPolicy, LocalExplorer  # noqa: E402
+from microco.clients.compiler._torch import AstraTorch, thread_choices
+from microco.clients.compiler.zoo import torch_models as zm
+from microco.services.common import MemoryKV
+from microco.services.compiler import ExplorationPolicy, LocalExplorer
 
 pytestmark = pytest.mark.torch
 POLICY = ExplorationPolicy(measure_steps=1)
@@ -28,7 +28,7 @@ def _one_thread():
 
 def train(model, astra, steps, seed=0):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    x, y = zm.synthetic_batch(6, 8, 6, seed=seed)
+    x, y = zm.synthetic_batch(4, 8, 6, seed=seed)
     losses = []
     for _ in range(steps):
         with astra.step():
@@ -41,10 +41,14 @@ def train(model, astra, steps, seed=0):
 
 
 def make(kv, explorer=None, cell="lstm"):
-    model = zm.make_model(cell, 6, 8, layers=2)
+    model = zm.make_model(cell, 6, 8)
     astra = AstraTorch(
-        model, explorer or LocalExplorer(kv, POLICY), name=cell, total_steps=200,
-        threads=("1",), compile_choices=("eager",),
+        model,
+        explorer or LocalExplorer(kv, POLICY),
+        name=cell,
+        total_steps=200,
+        threads=("1",),
+        compile_choices=("eager",),
     )
     return model, astra
 
@@ -52,7 +56,7 @@ def make(kv, explorer=None, cell="lstm"):
 def test_exploration_trains_every_step_commits_and_is_reused_with_zero_exploration():
     kv = MemoryKV()
     model, astra = make(kv)
-    ref_model = zm.make_model("lstm", 6, 8, layers=2)
+    ref_model = zm.make_model("lstm", 6, 8)
     ref = train(ref_model, AstraTorch(ref_model, _Null(), threads=("1",), compile_choices=("eager",)), 30)
     losses = train(model, astra, 30)
     assert astra.committed
@@ -126,7 +130,9 @@ def test_lost_explorer_is_retried_and_resumes():
     inner = LocalExplorer(kv, POLICY)
     flaky = _Flaky(inner, ok=0)
     model = zm.make_model("gru", 6, 8)
-    astra = AstraTorch(model, flaky, total_steps=200, threads=("1",), compile_choices=("eager",), retry_every=3)
+    astra = AstraTorch(
+        model, flaky, total_steps=200, threads=("1",), compile_choices=("eager",), retry_every=3
+    )
     train(model, astra, 4)
     assert astra.session.lost
     flaky.ok = 10**6  # the service is back

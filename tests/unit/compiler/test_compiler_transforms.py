@@ -8,11 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from microco.clients.compiler import _torch_fx as tfx  # noqa: E402
-from microco.clients.compiler._torch import AstraTorch  # noqa: E402
-from microco.clients.compiler.zoo import CELL_NAMES  # noqa: E402
-from microco.clients.compiler.zoo import torch_models as zm  # noqa: E402
-from microco.services.compiler import Config, GraphSpec, TrialReport  # noqa: E402
+from microco.clients.compiler import _torch_fx as tfx
+from microco.clients.compiler._torch import AstraTorch
+from microco.clients.compiler.zoo import CELL_NAMES
+from microco.clients.compiler.zoo import torch_models as zm
+from microco.services.compiler import Config, GraphSpec, TrialReport
 
 pytestmark = pytest.mark.torch
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
-
 from microco.clients.cli import build_parser, main
 
 
 def test_job_commands_parse():
     p = build_parser()
-    a = p.parse_args(["job", "submit", "--devices", "2", "--name", "x", "--", "python", "-m", "m", "--steps", "3"])
+    a = p.parse_args(
+        ["job", "submit", "--devices", "2", "--name", "x", "--", "python", "-m", "m", "--steps", "3"]
+    )
     assert a.devices == 2 and a.cmd[-4:] == ["python", "-m", "m", "--steps", "3"][-4:]
     assert p.parse_args(["job", "list", "--state", "running"]).state == ["running"]
     assert p.parse_args(["job", "cancel", "a", "b"]).job_id == ["a", "b"]

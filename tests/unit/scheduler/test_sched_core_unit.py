@@ -6,7 +6,6 @@ import sys
 import threading
 
 import pytest
-
 from microco.clients.scheduler import job_to_dict, make_spec
 from microco.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from microco.services.common.kv import MemoryKV
@@ -20,29 +19,50 @@ PY = [sys.executable, "-c", "pass"]
 def core_with_nodes(n_devices=2):
     kv = MemoryKV()
     if n_devices:
-        kv.put_json("/microco/nodes/n1", {"name": "n1", "address": "127.0.0.1:1", "devices": [
-            {"id": f"n1/{i}", "node": "n1", "index": i, "kind": "virtual", "model": "virtual-cpu"}
-            for i in range(n_devices)]})
+        kv.put_json(
+            "/microco/nodes/n1",
+            {
+                "name": "n1",
+                "address": "127.0.0.1:1",
+                "devices": [
+                    {"id": f"n1/{i}", "node": "n1", "index": i, "kind": "virtual", "model": "virtual-cpu"}
+                    for i in range(n_devices)
+                ],
+            },
+        )
     return kv, SchedulerCore(kv, make_policy("fifo"))
 
 
-@pytest.mark.parametrize("spec,needle", [
-    ({"command": PY, "devices": 0}, "at least 1"),
-    ({"command": PY, "devices": -1}, "at least 1"),
-    ({"command": PY, "devices": 3}, "cluster has 2"),
-    ({"command": [], "devices": 1}, "command is empty"),
-    ({"command": ["/definitely/not/here"], "devices": 1}, "command not found"),
-    ({"command": PY, "devices": 1, "total_steps": -5}, "negative"),
-    ({"command": PY, "devices": 2, "max_devices": 1}, "max_devices"),
-])
+@pytest.mark.parametrize(
+    "spec,needle",
+    [
+        ({"command": PY, "devices": 0}, "at least 1"),
+        ({"command": PY, "devices": -1}, "at least 1"),
+        ({"command": PY, "devices": 3}, "cluster has 2"),
+        ({"command": [], "devices": 1}, "command is empty"),
+        ({"command": ["/definitely/not/here"], "devices": 1}, "command not found"),
+        ({"command": PY, "devices": 1, "total_steps": -5}, "negative"),
+        ({"command": PY, "devices": 2, "max_devices": 1}, "max_devices"),
+    ],
+)
 def test_bad_specs_are_refused_with_a_reason(spec, needle):
     with pytest.raises(InvalidArgument, match=needle):
         validate_spec(spec, 2)
 
 
 def test_spec_round_trip_through_proto():
-    pb = make_spec(PY, devices=2, name="A b", elastic=True, priority=3, user="u", env={"K": "V"},
-                   total_steps=10, model="m", max_devices=4)
+    pb = make_spec(
+        PY,
+        devices=2,
+        name="A b",
+        elastic=True,
+        priority=3,
+        user="u",
+        env={"K": "V"},
+        total_steps=10,
+        model="m",
+        max_devices=4,
+    )
     spec = validate_spec(spec_from_pb(pb), 4)
     rec = J.new_record(spec, now=5.0)
     assert rec["id"].startswith("a-b-") and rec["state"] == "queued"
@@ -69,13 +89,13 @@ def test_set_state_keeps_a_bounded_history():
 
 
 def test_core_submit_get_list_cancel():
-    kv, core = core_with_nodes()
+    _, core = core_with_nodes()
     a = core.submit({"command": PY, "devices": 1, "name": "a", "user": "ann"})
     b = core.submit({"command": PY, "devices": 2, "name": "b", "user": "bob"})
     assert core.get(a["id"])["spec"]["user"] == "ann"
-    assert [r["id"] for r in core.list()] == [a["id"], b["id"]]
-    assert [r["id"] for r in core.list(owner="bob")] == [b["id"]]
-    assert core.list(states=["running"]) == []
+    assert [r["id"] for r in core.list_jobs()] == [a["id"], b["id"]]
+    assert [r["id"] for r in core.list_jobs(owner="bob")] == [b["id"]]
+    assert core.list_jobs(states=["running"]) == []
     r = core.cancel(a["id"])
     assert r["cancel_requested"] and core.cancel(a["id"])["cancel_requested"]  # idempotent
     with pytest.raises(NotFound):
@@ -93,7 +113,7 @@ def test_submit_without_nodes_says_so():
 
 
 def test_watch_streams_current_state_then_changes():
-    kv, core = core_with_nodes()
+    _, core = core_with_nodes()
     a = core.submit({"command": PY, "devices": 1})
     stop = threading.Event()
     seen = []

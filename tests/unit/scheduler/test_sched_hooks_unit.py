@@ -5,13 +5,14 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from microco.clients.scheduler import EXIT_CHECKPOINTED, ControlChannel, JobContext, StepBatches
 
 
 def make_ctx(tmp_path):
     state = {"w": 0}
-    ctx = JobContext(control_dir=tmp_path / "ctl", checkpoint_dir=tmp_path / "ckpt", job_id="j", devices=["n/0"])
+    ctx = JobContext(
+        control_dir=tmp_path / "ctl", checkpoint_dir=tmp_path / "ckpt", job_id="j", devices=["n/0"]
+    )
     ctx.save = lambda step: f"{step}:{state['w']}".encode()
 
     def load(blob: bytes) -> int:

@@ -1,0 +1,35 @@
+"""``microco bench cache`` runs end to end on a tiny dataset and prints the issue's keys."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_bench_cache_smoke(capsys):
+    from microco.benchmarks.cache import main
+
+    args = [
+        "--quick",
+        "--json",
+        "--samples",
+        "48",
+        "--sample-kb",
+        "4",
+        "--bandwidth-mb-s",
+        "2",
+        "--compute-ms",
+        "0",
+    ]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert abs(out["cache_to_dataset_ratio"] - 0.5) < 0.01
+    for policy in ("none", "lru", "quiver"):
+        assert out[policy]["epoch_s"] > 0 and 0 <= out[policy]["hit_rate"] <= 1
+    assert out["none"]["hit_rate"] == 0
+    for key in ("shared_bytes_cached", "per_job_bytes_cached", "serve_mb_s", "local_read_mb_s"):
+        assert out[key] > 0
+    assert out["shared_bytes_cached"] < out["per_job_bytes_cached"]  # one copy, not two
