@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from microco.services.cache import BatchMode, DatasetIndex, SubstitutableSampler, digest
@@ -116,6 +116,7 @@ class QuiverLoader:
         self.chunk_fetch = (substitutable and self.client is not None) if chunk_fetch is None else chunk_fetch
         self._room = 0
         self._puts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quiver-put")
+        self._behind: Future[None] | None = None
         self._inflight: set[int] = set()
         # Chunks fetched whole and on their way into the cache: served from here meanwhile.
         self._staged: dict[str, bytes] = {}
@@ -327,9 +328,9 @@ class QuiverLoader:
                 self._staged.update(puts)
             self._put_async(puts)
         if self.insert_misses and rest:
-            # Read-through inserts are part of the read (as in a generic cache): done before
-            # the next lookup, so the cache's recency order is the order of the reads.
-            self._put_sync(
+            # Read-through, written behind by at most one batch: the insert overlaps the next
+            # batch's reads, yet the cache's recency order stays the order of the reads.
+            self._put_behind(
                 [(self.index.chunk_of(i).digest, got[i]) for i in rest if self.index.chunk_of(i).count == 1]
             )
         self.stats.hits += len(indices) - len(rest)
@@ -369,6 +370,11 @@ class QuiverLoader:
             srv.put_chunks(chunks, self.dataset, timeout=30)
         except MicrocoError as exc:
             self._server_failed(exc)
+
+    def _put_behind(self, chunks: list[tuple[str, bytes]]) -> None:
+        if self._behind is not None:
+            self._behind.result()
+        self._behind = self._puts.submit(self._put_sync, chunks) if chunks else None
 
     def _put_async(self, chunks: list[tuple[str, bytes]]) -> None:
         if not chunks:
@@ -421,7 +427,7 @@ class QuiverLoader:
                     if probe
                     else BatchMode.PREFER_HITS
                 )
-                batch = self.sampler.next_batch(self.cached, mode)
+                batch = self.sampler.next_batch(self.cached, mode, self._hit_order)
                 now = time.perf_counter()
                 if last is not None:
                     prev, t0 = last
@@ -438,6 +444,11 @@ class QuiverLoader:
         finally:
             self._prefetch_stop.set()
             self._report(done)
+
+    def _hit_order(self, i: int) -> int:
+        # Prefer hits in chunks this job has nearly finished: a finished chunk can be evicted,
+        # which makes room for the prefetcher while the link would otherwise idle.
+        return self._consumed_left[self.index.samples[i].chunk]
 
     def _start_epoch(self, epoch: int) -> None:
         self._epoch = epoch

@@ -1,8 +1,8 @@
 """``microco sim``: run a scheduling policy over a job trace in the discrete-event simulator.
 
-    microco sim --trace ../shared/traces/tiresias_60_job.csv --policy gandiva --gpus 16 --json
-    microco sim --trace alibaba --policy las --gpus 64 --opt min_run_s=120
-    microco sim --hp-search --policy gandiva --gpus 8 --json
+microco sim --trace ../shared/traces/tiresias_60_job.csv --policy gandiva --gpus 16 --json
+microco sim --trace alibaba --policy las --gpus 64 --opt min_run_s=120
+microco sim --hp-search --policy gandiva --gpus 8 --json
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="where the public traces live (default: $MICROCO_TRACES or ../shared/traces from the repo root)",
     )
-    p.add_argument("--gpus", type=int, default=None, help="devices in the simulated cluster (default: per trace)")
+    p.add_argument(
+        "--gpus", type=int, default=None, help="devices in the simulated cluster (default: per trace)"
+    )
     p.add_argument("--gpus-per-node", type=int, default=8, help="devices per node (default 8)")
     p.add_argument(
         "--device-models",
@@ -57,9 +59,13 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated device models cycled over nodes, e.g. v100,p100,k80 (default v100)",
     )
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply the Alibaba trace's times by this")
-    p.add_argument("--elastic-fraction", type=float, default=0.0, help="fraction of Alibaba jobs marked elastic")
+    p.add_argument(
+        "--elastic-fraction", type=float, default=0.0, help="fraction of Alibaba jobs marked elastic"
+    )
     p.add_argument("--limit", type=int, default=None, help="simulate only the first N jobs of the trace")
-    p.add_argument("--tick", type=float, default=60.0, help="fallback decision period in seconds (default 60)")
+    p.add_argument(
+        "--tick", type=float, default=60.0, help="fallback decision period in seconds (default 60)"
+    )
     p.add_argument("--quantum", type=float, default=None, help="gandiva time-slice quantum in seconds")
     p.add_argument(
         "--opt",
@@ -161,8 +167,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     from microco.services.scheduler.policy import available_policies
 
-    p.add_argument("--policy", default="gandiva", choices=available_policies(), help="policy plugin (default gandiva)")
-    p.add_argument("--hp-search", action="store_true", help="run the hyper-parameter search scenario instead of a trace")
+    p.add_argument(
+        "--policy", default="gandiva", choices=available_policies(), help="policy plugin (default gandiva)"
+    )
+    p.add_argument(
+        "--hp-search", action="store_true", help="run the hyper-parameter search scenario instead of a trace"
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     add_sim_arguments(p)
     p.set_defaults(func=run)

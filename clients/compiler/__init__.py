@@ -2,8 +2,10 @@
 
 Wrap a PyTorch model (:class:`AstraTorch`) or a TensorFlow training step (:class:`AstraTF`) so
 that each mini-batch runs under a configuration chosen at run time by the compiler service
-(:class:`RemoteExplorer`) or the same exploration core in-process (``LocalExplorer``). The
-frameworks are imported lazily: importing this package needs neither.
+(:class:`RemoteExplorer`) or the same exploration core in-process (``LocalExplorer``).
+``torch.compile(model, backend=MicrocoBackend(explorer))`` (or ``backend="microco"`` after
+:func:`register_backend`) is the dynamo-backend form. The frameworks are imported lazily:
+importing this package needs neither.
 """
 
 from __future__ import annotations
@@ -13,9 +15,24 @@ from typing import Any
 
 from ._session import ExplorationSession, Explorer, baseline
 
-__all__ = ["AstraTF", "AstraTorch", "ExplorationSession", "Explorer", "RemoteExplorer", "baseline"]
+__all__ = [
+    "AstraTF",
+    "AstraTorch",
+    "ExplorationSession",
+    "Explorer",
+    "MicrocoBackend",
+    "RemoteExplorer",
+    "baseline",
+    "register_backend",
+]
 
-_LAZY = {"AstraTorch": "._torch", "AstraTF": "._tf", "RemoteExplorer": "._remote"}
+_LAZY = {
+    "AstraTorch": "._torch",
+    "AstraTF": "._tf",
+    "RemoteExplorer": "._remote",
+    "MicrocoBackend": "._backend",
+    "register_backend": "._backend",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,7 @@
 """Job processes on one host: launch with a device assignment, relay control, report exits.
 
 Every job process is started from one long-lived *spawner* thread with
-``PR_SET_PDEATHSIG=SIGKILL``: if the agent dies (even by ``kill -9``) its jobs die with it, so
+``PR_SET_PDEATHSIG=SIGKILL`` (through util-linux ``setpriv --pdeathsig``, else a ``preexec_fn``): if the agent dies (even by ``kill -9``) its jobs die with it, so
 the scheduler can safely restart them elsewhere from their last checkpoint without two copies
 of a job ever running. (Linux sends the signal when the *thread* that forked exits, hence one
 thread that lives as long as the agent.) Jobs do not depend on the scheduler at all: a
@@ -246,17 +246,25 @@ class ProcessManager:
             logf = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed below
             me = os.getpid()
 
+            setpriv = shutil.which("setpriv")
+            if setpriv:
+                # util-linux's setpriv sets the parent-death signal and execs the job: no Python
+                # runs between fork and exec (Python code there can crash or deadlock in a
+                # multi-threaded parent such as a gRPC server).
+                argv, preexec = [setpriv, "--pdeathsig", "KILL", "--", *command], None
+            else:
+                argv, preexec = list(command), _die_with_parent(me)
+
             def spawn() -> subprocess.Popen[bytes]:
                 return subprocess.Popen(
-                    command,
+                    argv,
                     env=full_env,
                     cwd=workdir or None,
                     stdin=subprocess.DEVNULL,
                     stdout=logf,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    # Only prctl + getppid run between fork and exec.
-                    preexec_fn=_die_with_parent(me),  # noqa: PLW1509
+                    preexec_fn=preexec,  # noqa: PLW1509 - only without setpriv: prctl + getppid
                 )
 
             try:

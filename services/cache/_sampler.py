@@ -92,8 +92,16 @@ class SubstitutableSampler:
         self.epoch = epoch
         self._pending = list(unseen)
 
-    def next_batch(self, is_cached: IsCached, mode: BatchMode = BatchMode.PREFER_HITS) -> Batch | None:
-        """The next mini-batch, or None when the epoch is over."""
+    def next_batch(
+        self,
+        is_cached: IsCached,
+        mode: BatchMode = BatchMode.PREFER_HITS,
+        hit_order: Callable[[int], float] | None = None,
+    ) -> Batch | None:
+        """The next mini-batch, or None when the epoch is over.
+
+        ``hit_order(i)`` ranks the window's hits (lowest first); the loader passes how many
+        samples of ``i``'s chunk are still unread, so chunks finish early and free room."""
         if self.epoch < 0:
             raise RuntimeError("call start_epoch() first")
         b = self.batch_size
@@ -103,6 +111,8 @@ class SubstitutableSampler:
         cached = set(is_cached(window)) & set(window)
         hits = [i for i in window if i in cached]
         misses = [i for i in window if i not in cached]
+        if hit_order is not None:
+            hits.sort(key=hit_order)  # stable: ties keep the epoch's random order
         if mode is BatchMode.MISSES_ONLY:
             chosen = misses[:b] + hits[: max(0, b - len(misses))]
         elif mode is BatchMode.HITS_ONLY:

@@ -22,6 +22,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from microco.services.common.errors import MicrocoError, PermissionDenied, Unauthenticated
 from microco.services.common.kv import KV
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import _views as views
 from ._config import ConsoleConfig
@@ -69,6 +70,17 @@ _CHANGE_ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": ErrorBody, "description": "the token may read but not change"},
     404: {"model": ErrorBody, "description": "no such object"},
     501: {"model": ErrorBody, "description": "the system is not part of this build"},
+}
+
+
+_HTTP_ERROR_NAMES = {
+    400: "InvalidArgument",
+    401: "Unauthenticated",
+    403: "PermissionDenied",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    413: "PayloadTooLarge",
+    415: "UnsupportedMediaType",
 }
 
 
@@ -189,6 +201,19 @@ def create_app(
     @app.exception_handler(MicrocoError)
     async def microco_error(request: Request, exc: MicrocoError) -> JSONResponse:
         return _error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own refusals (unknown path, wrong method, a body that is not JSON) in the
+        # same shape as every other error, as the schema promises.
+        return JSONResponse(
+            status_code=exc.status_code,
+            content={
+                "error": _HTTP_ERROR_NAMES.get(exc.status_code, "HTTPError"),
+                "message": str(exc.detail),
+            },
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

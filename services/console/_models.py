@@ -79,8 +79,11 @@ class NodeView(BaseModel):
 
 class NodesResponse(BaseModel):
     nodes: list[NodeView]
-    devices: list[dict[str, Any]]
+    devices: list[dict[str, Any]] = Field(
+        description="devices the scheduler schedules, each with the jobs on it"
+    )
     devices_reason: str = ""
+    scheduler: dict[str, Any] = Field(default={}, description="the scheduler's view: leader, policy")
 
 
 class Period(BaseModel):

@@ -84,15 +84,27 @@ def nodes_view(gw: Gateway) -> dict[str, Any]:
             doc = {"raw": raw.decode(errors="replace")}
         nodes.append({"name": name, "info": doc if isinstance(doc, dict) else {"value": doc}})
     devices: list[dict[str, Any]] = []
+    scheduler: dict[str, Any] = {}
     ok, reason = gw.availability("scheduler")
     if ok:
         pb = _pb("scheduler")
         try:
-            resp = gw.call(gw.stub("scheduler").ListNodes, pb.ListNodesRequest())
-            devices = [to_dict(d) for d in resp.devices]
+            stub = gw.stub("scheduler")
+            resp = to_dict(gw.call(stub.ListNodes, pb.ListNodesRequest()))
+            devices = resp.pop("devices", [])
+            scheduler = resp  # leader, policy, ... as the scheduler reports them
+            # who holds each device now (several jobs when packed)
+            holders: dict[str, list[dict[str, str]]] = {}
+            for job in (to_dict(j) for j in gw.call(stub.ListJobs, pb.ListJobsRequest()).jobs):
+                if job.get("state") in TERMINAL:
+                    continue
+                for d in job.get("device_ids") or []:
+                    holders.setdefault(d, []).append({"id": job["id"], "state": job.get("state", "")})
+            for d in devices:
+                d["jobs"] = holders.get(d.get("id", ""), [])
         except MicrocoError as exc:
             reason = f"scheduler: {exc}"
-    return {"nodes": nodes, "devices": devices, "devices_reason": reason}
+    return {"nodes": nodes, "devices": devices, "devices_reason": reason, "scheduler": scheduler}
 
 
 # --------------------------------------------------------------------------- jobs

@@ -366,7 +366,7 @@ class SchedulerCore:
                 self._parked(rec, now)
             elif pending["op"] in ("resume", "resize") and done:
                 rec["pending"] = None
-            elif now - pending.get("since", now) > self.op_timeout_s:
+            elif now - pending.get("since", now) > max(self.op_timeout_s, 10 * rec["minibatch_ms"] / 1000.0):
                 log.warning(
                     "job %s did not carry out %s in %.0fs; stopping it",
                     rec["id"],
@@ -481,6 +481,13 @@ class SchedulerCore:
             raise FailedPrecondition(f"devices {devices} span nodes {sorted(nodes)}; a job runs on one node")
         return nodes.pop()
 
+    def _at_boundary(self, rec: dict[str, Any]) -> None:
+        """Control acts at mini-batch boundaries: a process still starting (no mini-batch done
+        since its start) has none yet, so it is not suspended or moved until it reports."""
+        p = self._proc(rec)
+        if p is None or not p.first_step_at:  # the hook's first_step_at is per process
+            raise FailedPrecondition(f"job {rec['id']} has not reached a mini-batch boundary yet")
+
     def _job(self, job_id: str) -> dict[str, Any]:
         rec = self._jobs.get(job_id)
         if rec is None or rec["state"] in J.TERMINAL or rec["cancel_requested"]:
@@ -509,6 +516,7 @@ class SchedulerCore:
             rec = self._job(d.job_id)
             if rec["state"] not in (J.RUNNING, J.PACKED):
                 raise FailedPrecondition(f"job {d.job_id} is {rec['state']}, not running")
+            self._at_boundary(rec)
             self._suspend(rec, now, d.reason)
             return True
         if isinstance(d, Migrate | Resize):
@@ -529,6 +537,7 @@ class SchedulerCore:
                 rec["message"] = f"{action} onto {', '.join(devices)}: {d.reason}"
                 self._save(rec)
             else:
+                self._at_boundary(rec)
                 self._move(rec, devices, now, d.reason)
             return True
         raise InvalidArgument(f"unknown decision {d!r}")

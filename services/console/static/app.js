@@ -200,12 +200,23 @@
       $("nodes-table").tBodies[0],
       data.nodes.map((n) => h("tr", {}, h("td", {}, n.name), h("td", { class: "mono" }, JSON.stringify(n.info))))
     );
+    const sch = data.scheduler || {};
+    $("scheduler-summary").textContent = sch.leader ? `scheduler leader ${sch.leader} · policy ${sch.policy || "?"}` : "";
     $("devices-note").hidden = !data.devices_reason;
     $("devices-note").textContent = data.devices_reason || "";
     fill(
       $("devices-table").tBodies[0],
       data.devices.map((d) =>
-        h("tr", {}, h("td", { class: "mono" }, d.id), h("td", {}, d.node), h("td", {}, d.kind), h("td", {}, d.model), h("td", {}, bytes(d.memory_bytes)))
+        h(
+          "tr",
+          { "data-device": d.id },
+          h("td", { class: "mono" }, d.id),
+          h("td", {}, d.node),
+          h("td", {}, d.kind),
+          h("td", {}, d.model),
+          h("td", {}, d.memory_bytes ? bytes(d.memory_bytes) : ""),
+          h("td", {}, (d.jobs || []).map((j) => h("span", { class: "state state-" + j.state, title: j.state }, j.id)))
+        )
       )
     );
   }

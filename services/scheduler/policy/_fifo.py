@@ -40,7 +40,11 @@ class FifoPolicy:
         for job in arrival_order(waiting(view)):
             if job.devices_wanted <= 0 or job.devices_wanted > len(view.devices):
                 continue  # can never run here; the mechanism rejects such jobs at submit
-            devs = place(free, job.devices_wanted, allow_spread=self.config.allow_spread) if job.devices_wanted <= n_free else None
+            devs = (
+                place(free, job.devices_wanted, allow_spread=self.config.allow_spread)
+                if job.devices_wanted <= n_free
+                else None
+            )
             if devs is None:
                 if not self.config.backfill:
                     break

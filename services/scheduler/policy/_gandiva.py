@@ -112,7 +112,8 @@ class GandivaPolicy:
         out: list[Decision] = []
         acted: set[str] = set()
         waiting = sorted(
-            (j for j in view.jobs if j.state in WAITING_PHASES and 0 < j.devices_wanted <= n_dev), key=self._wkey
+            (j for j in view.jobs if j.state in WAITING_PHASES and 0 < j.devices_wanted <= n_dev),
+            key=self._wkey,
         )
 
         # 1. introspection: undo packs that do worse than time-slicing would.
@@ -122,7 +123,12 @@ class GandivaPolicy:
         # 2. shrink elastic jobs that grew, as soon as anyone waits.
         if cfg.enable_grow_shrink and waiting:
             for j in view.jobs:
-                if j.elastic and j.state is JobPhase.RUNNING and len(j.devices) > j.devices_wanted and j.id not in acted:
+                if (
+                    j.elastic
+                    and j.state is JobPhase.RUNNING
+                    and len(j.devices) > j.devices_wanted
+                    and j.id not in acted
+                ):
                     keep = j.devices[: j.devices_wanted]
                     occ.release(j.id, j.devices[j.devices_wanted :])
                     out.append(Resize(j.id, keep, "gandiva: shrink, others wait"))
@@ -140,7 +146,9 @@ class GandivaPolicy:
             victims = [
                 j
                 for j in holders
-                if j.state is JobPhase.RUNNING and now - j.last_change_at >= cfg.quantum_s and j.id not in acted
+                if j.state is JobPhase.RUNNING
+                and now - j.last_change_at >= cfg.quantum_s
+                and j.id not in acted
             ]
             # worst first: most attained service (las) / running longest since its change
             if cfg.slice_order == "las":
@@ -188,7 +196,9 @@ class GandivaPolicy:
                     cands = [
                         v
                         for v in victims
-                        if v.id not in suspended and v.id not in acted and v.attained_service_s > w.attained_service_s
+                        if v.id not in suspended
+                        and v.id not in acted
+                        and v.attained_service_s > w.attained_service_s
                     ]
                 else:
                     cands = [v for v in victims if v.id not in suspended and v.id not in acted]
@@ -243,15 +253,19 @@ class GandivaPolicy:
         if cfg.enable_packing and cfg.pack_observe_s > 0:
             cands.extend(r.last_change_at + cfg.pack_observe_s for r in holders)
         if cfg.enable_grow_shrink and not waiting:
-            cands.extend(r.last_change_at + cfg.quantum_s for r in holders if r.elastic and r.state is JobPhase.RUNNING)
+            cands.extend(
+                r.last_change_at + cfg.quantum_s for r in holders if r.elastic and r.state is JobPhase.RUNNING
+            )
         future = [t for t in cands if t > now]
         return min(future) if future else None
 
     # ------------------------------------------------------------------ mechanisms
-    def _judge_packs(self, view: ClusterView, occ: Occupancy, jobs: dict[str, JobView], out: list, acted: set) -> None:
+    def _judge_packs(
+        self, view: ClusterView, occ: Occupancy, jobs: dict[str, JobView], out: list, acted: set
+    ) -> None:
         cfg = self.config
         seen: set[tuple[str, ...]] = set()
-        for dev, hs in occ.holders.items():
+        for hs in occ.holders.values():
             if len(hs) < 2:
                 continue
             group = tuple(sorted(hs))
@@ -266,6 +280,7 @@ class GandivaPolicy:
                 continue
             if prog is None and cfg.enable_packing:
                 continue  # not measured yet
+
             # Undo: move out the job that suffers most (lowest alone/observed), newest first.
             def speed(m: JobView) -> float:
                 if m.minibatch_ms and m.minibatch_ms_alone:
@@ -280,7 +295,9 @@ class GandivaPolicy:
                 if devs is not None:
                     occ.release(loser.id, loser.devices)
                     occ.take(loser.id, devs)
-                    out.append(Migrate(loser.id, devs, f"gandiva: leave interference (packed progress {prog})"))
+                    out.append(
+                        Migrate(loser.id, devs, f"gandiva: leave interference (packed progress {prog})")
+                    )
                     acted.add(loser.id)
                     continue
             occ.release(loser.id, loser.devices)
@@ -302,7 +319,9 @@ class GandivaPolicy:
             out.append(Migrate(j.id, devs, "gandiva: consolidate onto one node"))
             acted.add(j.id)
 
-    def _defragment(self, occ: Occupancy, holders: list[JobView], k: int, out: list, acted: set) -> tuple[str, ...] | None:
+    def _defragment(
+        self, occ: Occupancy, holders: list[JobView], k: int, out: list, acted: set
+    ) -> tuple[str, ...] | None:
         """Free a whole node for a k-device job by moving one-device jobs off it."""
         free_by_node = occ.free_by_node()
         movable: dict[str, list[JobView]] = {}
@@ -391,4 +410,3 @@ def _run(job: JobView, devs: tuple[str, ...], reason: str) -> Decision:
     if job.state is JobPhase.SUSPENDED:
         return Resume(job.id, devs, reason)
     return Start(job.id, devs, reason)
-

@@ -14,7 +14,17 @@ from dataclasses import dataclass
 
 from ._registry import register_policy
 from ._state import Occupancy, place, preempt_for
-from ._types import HOLDING_PHASES, WAITING_PHASES, ClusterView, Decision, JobPhase, JobView, Resume, Start, Suspend
+from ._types import (
+    HOLDING_PHASES,
+    WAITING_PHASES,
+    ClusterView,
+    Decision,
+    JobPhase,
+    JobView,
+    Resume,
+    Start,
+    Suspend,
+)
 
 
 @dataclass(frozen=True)
@@ -43,7 +53,12 @@ class LasPolicy:
         self.config = config or LasConfig()
 
     def _key(self, j: JobView) -> tuple:
-        return (bisect.bisect_right(self.config.thresholds_s, j.attained_service_s), -j.priority, j.submitted_at, j.id)
+        return (
+            bisect.bisect_right(self.config.thresholds_s, j.attained_service_s),
+            -j.priority,
+            j.submitted_at,
+            j.id,
+        )
 
     def decide(self, view: ClusterView) -> list[Decision]:
         cfg = self.config
@@ -58,7 +73,9 @@ class LasPolicy:
         protected = {
             j.id
             for j in holders
-            if j.state is JobPhase.MIGRATING or j.state is JobPhase.PACKED or view.now - j.last_change_at < cfg.min_run_s
+            if j.state is JobPhase.MIGRATING
+            or j.state is JobPhase.PACKED
+            or view.now - j.last_change_at < cfg.min_run_s
         }
         cap = n_dev - sum(len(j.devices) for j in holders if j.id in protected)
         desired: set[str] = set()
@@ -126,7 +143,9 @@ class LasPolicy:
                 best = min(best, t)
             i = bisect.bisect_right(cfg.thresholds_s, r.attained_service_s)
             if i < len(cfg.thresholds_s):
-                best = min(best, view.now + (cfg.thresholds_s[i] - r.attained_service_s) / len(r.devices) + 1e-6)
+                best = min(
+                    best, view.now + (cfg.thresholds_s[i] - r.attained_service_s) / len(r.devices) + 1e-6
+                )
         return None if best == float("inf") else best
 
 
@@ -134,5 +153,3 @@ def _run(job: JobView, devs: tuple[str, ...], reason: str) -> Decision:
     if job.state is JobPhase.SUSPENDED:
         return Resume(job.id, devs, reason)
     return Start(job.id, devs, reason)
-
-

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 from ._types import ClusterView, Decision, PolicyError
 
@@ -56,9 +57,7 @@ def _lookup(name: str) -> tuple[type, type]:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise PolicyError(
-            f"unknown policy {name!r}; available: {', '.join(available_policies())}"
-        ) from None
+        raise PolicyError(f"unknown policy {name!r}; available: {', '.join(available_policies())}") from None
 
 
 def make_policy(name: str, **config: Any) -> Policy:
@@ -72,8 +71,7 @@ def make_policy(name: str, **config: Any) -> Policy:
     unknown = sorted(set(config) - known)
     if unknown:
         raise PolicyError(
-            f"policy {name!r} has no option(s) {', '.join(unknown)}; "
-            f"known: {', '.join(sorted(known))}"
+            f"policy {name!r} has no option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
         )
     try:
         cfg = cfg_type(**config)

@@ -15,7 +15,7 @@ class Occupancy:
     this tracks the devices' state as if the earlier decisions had already been applied.
     """
 
-    __slots__ = ("node_of", "nodes", "holders", "_order")
+    __slots__ = ("_order", "holders", "node_of", "nodes")
 
     def __init__(self, view: ClusterView) -> None:
         self.node_of: dict[str, str] = {}
@@ -134,6 +134,8 @@ def preempt_for(
     devs = place(occ.free_by_node(), k, allow_spread=allow_spread)
     if devs is not None:
         return devs, []
+    if occ.n_free() + sum(len(v.devices) for v in victims) < k:
+        return None  # even stopping every victim would not free enough devices
     used: list[JobView] = []
     for v in victims:
         occ.release(v.id, v.devices)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Union
 
 
 class JobPhase(str, enum.Enum):
@@ -165,10 +164,9 @@ class Resize:
     reason: str = ""
 
 
-Decision = Union[Start, Suspend, Resume, Pack, Unpack, Migrate, Resize]
+Decision = Start | Suspend | Resume | Pack | Unpack | Migrate | Resize
 DECISION_TYPES: tuple[type, ...] = (Start, Suspend, Resume, Pack, Unpack, Migrate, Resize)
 
 
 class PolicyError(ValueError):
     """Bad policy name or configuration."""
-

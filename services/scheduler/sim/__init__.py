@@ -23,6 +23,7 @@ from ._trace import (
 )
 
 __all__ = [
+    "TRACE_COLUMNS",
     "ClusterSpec",
     "CostModel",
     "HPSearchResult",
@@ -30,7 +31,6 @@ __all__ = [
     "PhillyDurations",
     "SimResult",
     "Simulator",
-    "TRACE_COLUMNS",
     "TraceError",
     "TraceJob",
     "default_perf_model",

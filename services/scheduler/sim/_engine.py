@@ -51,10 +51,12 @@ class ClusterSpec:
     device_models: tuple[str, ...] = ("v100",)
 
     @classmethod
-    def for_gpus(cls, gpus: int, per_node: int = 8, device_models: Sequence[str] = ("v100",)) -> "ClusterSpec":
+    def for_gpus(cls, gpus: int, per_node: int = 8, device_models: Sequence[str] = ("v100",)) -> ClusterSpec:
         if gpus < 1 or per_node < 1:
             raise ValueError("a cluster needs at least one device per node and one device")
-        return cls(nodes=math.ceil(gpus / per_node), devices_per_node=per_node, device_models=tuple(device_models))
+        return cls(
+            nodes=math.ceil(gpus / per_node), devices_per_node=per_node, device_models=tuple(device_models)
+        )
 
     def device_views(self) -> tuple[DeviceView, ...]:
         out = []
@@ -80,10 +82,33 @@ def _job_view(**fields) -> JobView:
 
 class _Job:
     __slots__ = (
-        "t", "id", "k", "phase", "devices", "work", "done", "rate", "util", "stall_until", "last_update",
-        "attained", "hold_since", "last_change", "first_feedback", "first_start", "finished", "version",
-        "mb_alone_ms", "pack_speed", "view", "probe_work", "probed", "stopped_early", "preemptions",
-        "migrations", "total_steps",
+        "attained",
+        "devices",
+        "done",
+        "finished",
+        "first_feedback",
+        "first_start",
+        "hold_since",
+        "id",
+        "k",
+        "last_change",
+        "last_update",
+        "mb_alone_ms",
+        "migrations",
+        "pack_speed",
+        "phase",
+        "preemptions",
+        "probe_work",
+        "probed",
+        "rate",
+        "stall_until",
+        "stopped_early",
+        "t",
+        "total_steps",
+        "util",
+        "version",
+        "view",
+        "work",
     )
 
     def __init__(self, t: TraceJob, mb_alone_ms: float) -> None:
@@ -141,6 +166,7 @@ class SimResult:
     decide_calls: int
     events: int
     sim_wall_s: float
+    sim_cpu_s: float = 0.0  # CPU time of the run: what "on one core" means on a shared machine
     jobs_rejected: int = 0
     stopped_early: int = 0
     series: dict[str, list[float]] = field(default_factory=dict, repr=False)
@@ -206,7 +232,15 @@ class Simulator:
         self.now = 0.0
         self._heap: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
-        self.counts = {"preemptions": 0, "migrations": 0, "packs": 0, "resizes": 0, "refused": 0, "decide": 0, "events": 0}
+        self.counts = {
+            "preemptions": 0,
+            "migrations": 0,
+            "packs": 0,
+            "resizes": 0,
+            "refused": 0,
+            "decide": 0,
+            "events": 0,
+        }
         # time integrals
         self._util_now = 0.0
         self._alloc_now = 0
@@ -222,6 +256,7 @@ class Simulator:
         self._time_driven = bool(getattr(policy, "time_driven", True))
         self._wakeup = getattr(policy, "wakeup_at", None)
         self._tick_version = 0
+        self._tick_at = 0.0
         self._last_view: ClusterView | None = None
         self.min_tick_s = 1.0
         # device-seconds held, per device, for the conservation check
@@ -235,6 +270,7 @@ class Simulator:
 
     def run(self) -> SimResult:
         wall0 = time.perf_counter()
+        cpu0 = time.process_time()
         for j in self.jobs.values():
             self._push(j.t.submit_time, _ARRIVE, j.id)
         first_submit = min((j.t.submit_time for j in self.jobs.values()), default=0.0)
@@ -258,7 +294,7 @@ class Simulator:
                     )
             self._maybe_tick()
         self._advance(self.now)
-        return self._result(first_submit, time.perf_counter() - wall0)
+        return self._result(first_submit, time.perf_counter() - wall0, time.process_time() - cpu0)
 
     def _handle(self, kind: int, jid: str, ver: int) -> bool:
         if kind == _TICK:
@@ -297,12 +333,23 @@ class Simulator:
             return
         if self._wakeup is not None:
             # The policy says when the clock alone could change its answer: sleep till then.
-            view = self._last_view if self._last_view is not None and self._last_view.now == self.now else self.view()
+            view = (
+                self._last_view
+                if self._last_view is not None and self._last_view.now == self.now
+                else self.view()
+            )
             wake = self._wakeup(view)
+            if wake is None:
+                self._tick_version += 1  # cancel any pending wake-up
+                self._tick_pending = False
+                return
+            wake = max(wake, self.now + self.min_tick_s)
+            if self._tick_pending and self._tick_at <= wake + _EPS:
+                return  # an earlier (or the same) wake-up is already booked; it re-asks
             self._tick_version += 1
-            self._tick_pending = wake is not None
-            if wake is not None:
-                self._push(max(wake, self.now + self.min_tick_s), _TICK, "", self._tick_version)
+            self._tick_pending = True
+            self._tick_at = wake
+            self._push(wake, _TICK, "", self._tick_version)
             return
         if self._tick_pending:
             return
@@ -395,7 +442,7 @@ class Simulator:
                 u = 0.0
                 for o in hs:
                     u += o.util
-                util += u if u < 1.0 else 1.0
+                util += min(1.0, u)
         self._util_now = util
         self._alloc_now = alloc
         if self.series_points:
@@ -448,8 +495,10 @@ class Simulator:
             if v is None or j.devices:
                 held = (now - j.hold_since) * len(j.devices) if j.devices else 0.0
                 done = j.done + (j.rate * (now - j.last_update) if j.rate > 0 else 0.0)
-                observed = j.mb_alone_ms / j.pack_speed if j.devices and j.rate > 0 else (
-                    None if j.first_feedback is None else j.mb_alone_ms / j.pack_speed
+                observed = (
+                    j.mb_alone_ms / j.pack_speed
+                    if j.devices and j.rate > 0
+                    else (None if j.first_feedback is None else j.mb_alone_ms / j.pack_speed)
                 )
                 v = _job_view(
                     id=j.id,
@@ -505,7 +554,11 @@ class Simulator:
                 continue
             if isinstance(d, (Start, Resume, Pack)):
                 want = JobPhase.QUEUED if isinstance(d, Start) else JobPhase.SUSPENDED
-                ok_phase = j.phase in (JobPhase.QUEUED, JobPhase.SUSPENDED) if isinstance(d, Pack) else j.phase is want
+                ok_phase = (
+                    j.phase in (JobPhase.QUEUED, JobPhase.SUSPENDED)
+                    if isinstance(d, Pack)
+                    else j.phase is want
+                )
                 devs = tuple(d.devices)
                 if not ok_phase or not devs or not self._devices_ok(devs, j, d):
                     self.counts["refused"] += 1
@@ -610,7 +663,7 @@ class Simulator:
             else:
                 assert j.phase not in (JobPhase.RUNNING, JobPhase.PACKED), (j.id, j.phase)
 
-    def _result(self, first_submit: float, wall: float) -> SimResult:
+    def _result(self, first_submit: float, wall: float, cpu: float) -> SimResult:
         done = [j for j in self.jobs.values() if j.finished is not None]
         jct = sorted(j.finished - j.t.submit_time for j in done)
         ttff = sorted(j.first_feedback - j.t.submit_time for j in done if j.first_feedback is not None)
@@ -621,7 +674,7 @@ class Simulator:
         def pct(xs: list[float], q: float) -> float:
             if not xs:
                 return 0.0
-            return xs[min(len(xs) - 1, int(math.ceil(q * len(xs))) - 1)]
+            return xs[min(len(xs) - 1, math.ceil(q * len(xs)) - 1)]
 
         series: dict[str, list[float]] = {}
         if self._series:
@@ -655,6 +708,7 @@ class Simulator:
             decide_calls=self.counts["decide"],
             events=self.counts["events"],
             sim_wall_s=wall,
+            sim_cpu_s=cpu,
             jobs_rejected=self.rejected,
             stopped_early=sum(1 for j in done if j.stopped_early),
             series=series,

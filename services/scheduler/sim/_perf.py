@@ -59,7 +59,7 @@ class PerfModel:
         self._cache: dict[tuple, float] = {}
 
     @classmethod
-    def from_gavel(cls, path: str | os.PathLike, **kw) -> "PerfModel":
+    def from_gavel(cls, path: str | os.PathLike, **kw) -> PerfModel:
         """Load ``gavel_throughputs.json`` (one-worker entries; consolidated placements)."""
         with Path(path).open() as fh:
             raw = json.load(fh)
@@ -90,7 +90,7 @@ class PerfModel:
         return cls(alone, pairs, **kw)
 
     @classmethod
-    def uniform(cls, **kw) -> "PerfModel":
+    def uniform(cls, **kw) -> PerfModel:
         """No measurements: every model the same speed everywhere, packed pairs at 0.5."""
         return cls({}, {}, **kw)
 

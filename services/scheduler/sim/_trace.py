@@ -21,7 +21,16 @@ from bisect import bisect_right
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-TRACE_COLUMNS = ("job_id", "submit_time", "devices", "duration_s", "iterations", "model", "elastic", "gpu_share")
+TRACE_COLUMNS = (
+    "job_id",
+    "submit_time",
+    "devices",
+    "duration_s",
+    "iterations",
+    "model",
+    "elastic",
+    "gpu_share",
+)
 
 
 class TraceError(ValueError):
@@ -70,7 +79,9 @@ def read_trace_csv(path: str | os.PathLike) -> list[TraceJob]:
         reader = csv.DictReader(fh)
         missing = {"job_id", "submit_time", "devices", "duration_s"} - set(reader.fieldnames or ())
         if missing:
-            raise TraceError(f"{p}: missing column(s) {', '.join(sorted(missing))}; expected {','.join(TRACE_COLUMNS)}")
+            raise TraceError(
+                f"{p}: missing column(s) {', '.join(sorted(missing))}; expected {','.join(TRACE_COLUMNS)}"
+            )
         seen: set[str] = set()
         for n, row in enumerate(reader, start=2):
             try:
@@ -114,8 +125,16 @@ def write_trace_csv(jobs: list[TraceJob], path: str | os.PathLike) -> None:
         w.writerow(TRACE_COLUMNS)
         for j in jobs:
             w.writerow(
-                [j.job_id, j.submit_time, j.devices, j.duration_s, "" if j.iterations is None else j.iterations,
-                 j.model, int(j.elastic), j.gpu_share]
+                [
+                    j.job_id,
+                    j.submit_time,
+                    j.devices,
+                    j.duration_s,
+                    "" if j.iterations is None else j.iterations,
+                    j.model,
+                    int(j.elastic),
+                    j.gpu_share,
+                ]
             )
 
 
@@ -184,8 +203,7 @@ def load_alibaba(
                     continue
                 created = float(row["creation_time"])
                 started = float(row.get("scheduled_time") or created or 0)
-                if started < created:
-                    started = created
+                started = max(started, created)
                 deleted = float(row["deletion_time"])
                 dur = max(min_duration_s, deleted - started)
                 milli = int(row["gpu_milli"] or 1000)

@@ -127,3 +127,22 @@ def test_nodes_and_devices(platform: Platform) -> None:
     agent = platform.others["agent"]
     node = next(n for n in body["nodes"] if n["info"].get("instance_id") == agent.name)
     assert [d["node"] for d in body["devices"]].count(node["name"]) == 1
+    assert body["scheduler"]["leader"] == platform.others["scheduler"].name
+    assert all(isinstance(d["jobs"], list) for d in body["devices"])
+
+
+def test_a_running_job_shows_on_its_device(platform: Platform) -> None:
+    r = httpx.post(
+        platform.url + "/api/v1/jobs",
+        headers=ADMIN,
+        json={"name": "console-device", "command": job_command(100000, 5, 20), "devices": 1},
+    )
+    job_id = r.json()["id"]
+    try:
+        job = wait_state(platform, job_id, {"running"})
+        body = httpx.get(platform.url + "/api/v1/nodes", headers=ADMIN).json()
+        (device,) = [d for d in body["devices"] if d["id"] == job["device_ids"][0]]
+        assert {"id": job_id, "state": "running"} in device["jobs"]
+    finally:
+        httpx.post(f"{platform.url}/api/v1/jobs/{job_id}/cancel", headers=ADMIN)
+        wait_state(platform, job_id, {"cancelled", "finished", "failed"})

@@ -58,16 +58,20 @@ def test_cache_view_reads_the_real_server_and_plots_hit_rate(platform: Platform)
     cache = platform.others["cache"]
     assert cache.record is not None
     chunk = b"console-test-chunk" * 64
-    sample = chunk[:100]
-    d_chunk, d_sample = blake3.blake3(chunk).hexdigest(), blake3.blake3(sample).hexdigest()
+    d_chunk = blake3.blake3(chunk).hexdigest()
     with CacheClient(cache.record.address) as client:
         client.put_chunks([(d_chunk, chunk)], dataset="console-test")
 
     def read_some() -> None:
+        # What a job's loader reports after each mini-batch: hit fraction, seconds, bytes, samples.
         with CacheClient(cache.record.address) as client:
-            # three hits and one miss (a chunk the server does not hold)
-            client.read_samples(
-                [(d_chunk, 0, 100, d_sample)] * 3 + [("f" * 64, 0, 100, d_sample)], job_id="t"
+            client.report_progress(
+                "console-job",
+                "console-test",
+                epoch=0,
+                consumed=[],
+                timings=[(0.75, 0.01, 4096, 4)],
+                dataset_bytes=len(chunk),
             )
 
     deadline = time.monotonic() + 20
@@ -82,8 +86,10 @@ def test_cache_view_reads_the_real_server_and_plots_hit_rate(platform: Platform)
         if server["hit_rate"]:
             break
     assert server["hit_rate"], "the console recorded no hit-rate sample"
-    assert all(0.5 <= p["hit_rate"] <= 1.0 for p in server["hit_rate"]), server["hit_rate"]
+    assert all(p["hit_rate"] == pytest.approx(0.75) for p in server["hit_rate"]), server["hit_rate"]
     assert server["stats"]["hits"] >= 3 and server["stats"]["misses"] >= 1
+    assert "console-job" in server["stats"]["jobs"]
+    assert any("console-job" in a["jobs"] for a in server["allocations"]), server["allocations"]
     assert any(d["dataset"] == "console-test" for d in server["stats"]["datasets"]), server["stats"]
 
 

@@ -149,7 +149,12 @@ def test_store_tables_replicas_nodes_and_recovery(platform: Platform, systems: d
     assert httpx.get(platform.url + "/api/v1/store/tables/no_such_table", headers=ADMIN).status_code == 404
 
     # a query through the console answers what the SDK answers, on the replica partitioned by c
-    query = {"table": "console_t", "group_by": ["c"], "aggs": [["count", "*", "n"]], "order_by": [["c", "asc"]]}
+    query = {
+        "table": "console_t",
+        "group_by": ["c"],
+        "aggs": [["count", "*", "n"]],
+        "order_by": [["c", "asc"]],
+    }
     r = httpx.post(platform.url + "/api/v1/store/query", headers=ADMIN, json={"query": query})
     assert r.status_code == 200, r.text
     result = r.json()
@@ -157,9 +162,13 @@ def test_store_tables_replicas_nodes_and_recovery(platform: Platform, systems: d
     assert result["columns"] == ["c", "n"] and result["row_count"] == 7 and not result["truncated"]
     assert result["rows"] == [[row["c"], row["n"]] for row in expected]
     assert sum(n for _, n in result["rows"]) == 100 and result["plan_kind"]
-    r = httpx.post(platform.url + "/api/v1/store/query", headers=ADMIN, json={"query": query, "explain_only": True})
+    r = httpx.post(
+        platform.url + "/api/v1/store/query", headers=ADMIN, json={"query": query, "explain_only": True}
+    )
     assert r.status_code == 200 and r.json()["explain"] and r.json()["rows"] == []
-    r = httpx.post(platform.url + "/api/v1/store/query", headers=ADMIN, json={"query": {"table": "no_such_table"}})
+    r = httpx.post(
+        platform.url + "/api/v1/store/query", headers=ADMIN, json={"query": {"table": "no_such_table"}}
+    )
     assert r.status_code in (400, 404), r.text
     # starting recovery is a change: the admin token only
     assert httpx.post(platform.url + "/api/v1/store/recovery").status_code == 401

@@ -33,7 +33,8 @@ def test_every_sample_exactly_once_under_any_cache_state(n, batch, k, seed, cach
         s.start_epoch(epoch)
         modes = list(BatchMode)
         seen = []
-        while (b := s.next_batch(is_cached, modes[rng.randrange(3)])) is not None:
+        order = (lambda i: (i * 7919) % 13) if rng.random() < 0.5 else None
+        while (b := s.next_batch(is_cached, modes[rng.randrange(3)], order)) is not None:
             assert set(b.hits) <= set(b.indices)
             seen.append(b.indices)
         flat = [i for b in seen for i in b]
@@ -82,3 +83,11 @@ def test_restore_resumes_the_epoch_exactly():
         t.restore(0, [1, 1])
     with pytest.raises(RuntimeError):
         SubstitutableSampler(3, 1).next_batch(lambda c: set())
+
+
+def test_hit_order_finishes_chunks_first():
+    s = SubstitutableSampler(40, 4, seed=2, substitution=10)
+    s.start_epoch(0)
+    chunk = {i: i // 8 for i in range(40)}
+    b = s.next_batch(lambda c: set(c), hit_order=lambda i: 0 if chunk[i] == 3 else 1)
+    assert b is not None and {chunk[i] for i in b.indices} == {3}

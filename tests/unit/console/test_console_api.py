@@ -139,3 +139,16 @@ def test_page_and_assets_are_served_locally(client: TestClient) -> None:
         text = f.read_text()
         assert not re.search(r"(src|href)=[\"']https?://", text), f.name
         assert "cdn" not in text.lower(), f.name
+
+
+def test_every_error_has_the_same_shape(client: TestClient) -> None:
+    r = client.post(
+        "/api/v1/jobs", headers={**ADMIN, "Content-Type": "application/json"}, content=b"\x0f*not json"
+    )
+    assert r.status_code in (400, 422)
+    if r.status_code == 400:
+        assert r.json()["error"] == "InvalidArgument"
+    r = client.get("/api/v1/no-such-endpoint", headers=ADMIN)
+    assert r.status_code == 404 and r.json()["error"] == "NotFound"
+    r = client.delete("/api/v1/services", headers=ADMIN)
+    assert r.status_code == 405 and r.json()["error"] == "MethodNotAllowed"

@@ -24,7 +24,7 @@ def no_internal_error(ctx, response, case):
 
 
 @schema.parametrize()
-@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 def test_api_fuzz(case: schemathesis.Case) -> None:
     case.call_and_validate(
         headers={"Authorization": f"Bearer {DEFAULT_DEV_TOKEN}"},

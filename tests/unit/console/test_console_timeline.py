@@ -2,7 +2,7 @@
 
 import itertools
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from microco.services.console import hit_rate_series, job_timeline
 from microco.services.console._timeline import state_seconds
@@ -74,6 +74,7 @@ def test_hit_rate_from_counters_with_restart() -> None:
 states = st.sampled_from(["queued", "running", "suspended", "packed", "migrating", "finished"])
 
 
+@settings(max_examples=60, database=None)
 @given(
     st.lists(st.tuples(st.floats(0, 1000, allow_nan=False), states, st.sampled_from(["a", "b"])), max_size=30)
 )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from microco.services.scheduler.policy import (
     ClusterView,
     DeviceView,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from microco.services.scheduler.policy import (
     ClusterView,
     DeviceView,
@@ -57,8 +56,10 @@ def test_las_preempts_most_attained_for_new_job() -> None:
 
 
 def test_las_respects_min_run_and_same_queue_fifo() -> None:
-    base = dict(state=R, devices=("n0g0",), attained_service_s=50_000)
-    fresh = ClusterView(now=10.0, devices=devices(1, 1), jobs=(job("old", last_change_at=0, **base), job("new", t=9)))
+    base = {"state": R, "devices": ("n0g0",), "attained_service_s": 50_000}
+    fresh = ClusterView(
+        now=10.0, devices=devices(1, 1), jobs=(job("old", last_change_at=0, **base), job("new", t=9))
+    )
     assert make_policy("las").decide(fresh) == []  # ran < min_run_s
     same_q = ClusterView(
         now=1000.0,
@@ -128,8 +129,12 @@ def test_gandiva_packs_complementary_jobs_and_judges_them() -> None:
         now=100.0,
         devices=devices(1, 1),
         jobs=(
-            job("a", state=P, devices=("n0g0",), minibatch_ms=120, minibatch_ms_alone=100, packed_with=("b",)),
-            job("b", state=P, devices=("n0g0",), minibatch_ms=110, minibatch_ms_alone=100, packed_with=("a",)),
+            job(
+                "a", state=P, devices=("n0g0",), minibatch_ms=120, minibatch_ms_alone=100, packed_with=("b",)
+            ),
+            job(
+                "b", state=P, devices=("n0g0",), minibatch_ms=110, minibatch_ms_alone=100, packed_with=("a",)
+            ),
         ),
     )
     assert packed_progress(list(good.jobs)) == pytest.approx(100 / 120 + 100 / 110)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from microco.services.scheduler.policy import (
     JobView,
     check_decisions,
@@ -85,7 +84,9 @@ def test_bookkeeping_on_random_trace(name: str) -> None:
         assert pj["done_s"] == pytest.approx(pj["work_s"], rel=1e-6, abs=1e-6)
         assert pj["first_feedback"] >= pj["submit"]
     # device-seconds conserved: what jobs held is what devices were held for
-    assert sum(pj["device_s"] for pj in res.per_job.values()) == pytest.approx(sum(sim.device_busy_s.values()))
+    assert sum(pj["device_s"] for pj in res.per_job.values()) == pytest.approx(
+        sum(sim.device_busy_s.values())
+    )
     # a device cannot be held longer than the run (packing counts once per job, so allow 2x)
     assert max(sim.device_busy_s.values()) <= 2 * res.makespan_s + 1e-6
     # the simulator drove the real policy and every decision list it applied was valid
@@ -102,6 +103,7 @@ def test_deterministic(name: str) -> None:
     da, db = a.to_dict(), b.to_dict()
     for d in (da, db):
         d.pop("sim_wall_s")
+        d.pop("sim_cpu_s")
     assert da == db
     assert a.per_job == b.per_job
 
@@ -119,7 +121,9 @@ def test_fifo_exclusive_device_seconds_match_work_plus_start_cost() -> None:
 def test_time_slicing_gives_everyone_progress_and_first_feedback() -> None:
     trace = [TraceJob(f"j{i}", 0.0, 1, 1000.0) for i in range(4)]
     f = simulate(make_policy("fifo"), trace, ClusterSpec.for_gpus(2, 2))
-    g = simulate(make_policy("gandiva", quantum_s=60, enable_packing=False), trace, ClusterSpec.for_gpus(2, 2))
+    g = simulate(
+        make_policy("gandiva", quantum_s=60, enable_packing=False), trace, ClusterSpec.for_gpus(2, 2)
+    )
     assert g.avg_time_to_first_feedback_s < f.avg_time_to_first_feedback_s / 5
     assert g.preemptions > 0
     assert all(pj["finished"] for pj in g.per_job.values())
@@ -129,7 +133,9 @@ def test_packing_helps_complementary_jobs() -> None:
     trace = [TraceJob(f"j{i}", 0.0, 1, 1000.0, model=FAMILIES[1], gpu_share=0.4) for i in range(4)]
     cl = ClusterSpec.for_gpus(2, 2)
     on = simulate(make_policy("gandiva", enable_time_slicing=False), trace, cl, perf=perf())
-    off = simulate(make_policy("gandiva", enable_time_slicing=False, enable_packing=False), trace, cl, perf=perf())
+    off = simulate(
+        make_policy("gandiva", enable_time_slicing=False, enable_packing=False), trace, cl, perf=perf()
+    )
     assert on.packs >= 2
     assert on.makespan_s < off.makespan_s
     assert on.gpu_utilization > off.gpu_utilization
@@ -138,7 +144,10 @@ def test_packing_helps_complementary_jobs() -> None:
 def test_bad_pack_is_undone_by_introspection() -> None:
     # the trace claims small shares, but Gavel measured these two slow each other down a lot
     m = "ResNet-50 (batch size 64)"
-    trace = [TraceJob("a", 0.0, 1, 2000.0, model=m, gpu_share=0.5), TraceJob("b", 1.0, 1, 2000.0, model=m, gpu_share=0.5)]
+    trace = [
+        TraceJob("a", 0.0, 1, 2000.0, model=m, gpu_share=0.5),
+        TraceJob("b", 1.0, 1, 2000.0, model=m, gpu_share=0.5),
+    ]
     pm = perf()
     pm.contention_min = 1.0  # make interference full whatever the shares: packing loses
     res = simulate(
@@ -175,7 +184,9 @@ def test_view_round_trips_through_dicts_with_same_decisions() -> None:
 def test_fast_job_view_is_a_real_job_view() -> None:
     import dataclasses
 
-    fields = {f.name: f.default for f in dataclasses.fields(JobView) if f.name not in ("id", "devices_wanted")}
+    fields = {
+        f.name: f.default for f in dataclasses.fields(JobView) if f.name not in ("id", "devices_wanted")
+    }
     v = _job_view(id="a", devices_wanted=2, **fields)
     assert v == JobView(id="a", devices_wanted=2) and hash(v) == hash(JobView(id="a", devices_wanted=2))
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from microco.services.scheduler.sim import (
     PerfModel,
     PhillyDurations,
@@ -75,7 +74,10 @@ def test_alibaba_import() -> None:
     again = load_alibaba(TRACES / "alibaba-gpu-v2023" / "openb_pod_list_default.csv", elastic_fraction=0.3)
     assert [j.model for j in again] == [j.model for j in jobs]  # deterministic
     assert 0.2 < sum(j.elastic for j in again) / len(again) < 0.4
-    assert len(load_alibaba(TRACES / "alibaba-gpu-v2023" / "openb_pod_list_default.csv", include_cpu_only=True)) == 8152
+    assert (
+        len(load_alibaba(TRACES / "alibaba-gpu-v2023" / "openb_pod_list_default.csv", include_cpu_only=True))
+        == 8152
+    )
 
 
 @needs_traces

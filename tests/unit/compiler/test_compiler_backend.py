@@ -1,0 +1,64 @@
+"""``torch.compile(model, backend="microco")``: each call is a mini-batch, explored and committed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from microco.clients.compiler import MicrocoBackend, register_backend  # noqa: E402
+from microco.clients.compiler.zoo import torch_models as zm  # noqa: E402
+from microco.services.common import MemoryKV  # noqa: E402
+from microco.services.compiler import ExplorationPolicy, LocalExplorer  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def test_backend_explores_commits_and_is_reused():
+    old = torch.get_num_threads()
+    torch._dynamo.reset()
+    try:
+        kv = MemoryKV()
+        policy = ExplorationPolicy(measure_steps=1)
+        x, y = zm.synthetic_batch(3, 4, 4)
+
+        def run(steps):
+            model = zm.make_model("gru", 4, 4)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            # Eager only (no Inductor compile in a unit test): threads are the variable explored.
+            backend = MicrocoBackend(LocalExplorer(kv, policy), compile_choices=("eager",), threads=("1", "2"),
+                                     total_steps=100)
+            fwd = torch.compile(model, backend=backend)
+            losses = []
+            for _ in range(steps):
+                loss = zm.loss_fn(fwd(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            return backend, losses
+
+        ref_model = zm.make_model("gru", 4, 4)
+        ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.05)
+        ref = []
+        for _ in range(8):
+            loss = zm.loss_fn(ref_model(x), y)
+            ref_opt.zero_grad()
+            loss.backward()
+            ref_opt.step()
+            ref.append(loss.item())
+        backend, losses = run(8)
+        assert backend.committed and backend.explore_steps == 4
+        assert all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5) for a, b in zip(ref, losses))
+        torch._dynamo.reset()
+        again, _ = run(3)
+        assert again.committed and again.explore_steps == 0 and again.config == backend.config
+        register_backend()
+        from torch._dynamo.backends.registry import lookup_backend
+
+        assert isinstance(lookup_backend("microco"), MicrocoBackend)
+    finally:
+        torch._dynamo.reset()
+        torch.set_num_threads(old)
