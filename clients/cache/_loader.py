@@ -514,9 +514,10 @@ class QuiverLoader:
         if self.client is None:
             return 0
         if not self._consumed_left or self.sampler.remaining == 0:
-            # Between epochs every chunk is needed again by the next one.
+            # Between epochs: warm for the next one, in which every chunk is needed again
+            # (reported as that epoch, so the server does not count them consumed).
             self._consumed_left = [c.count for c in self.index.chunks]
-        self._epoch = max(self._epoch, 0)
+            self._epoch += 1
         self._report([])  # the server must know this job pins the chunks it is about to get
         before = self.stats.prefetched_chunks
         order = list(range(len(self.index.chunks)))[: max_chunks if max_chunks is not None else None]

@@ -64,6 +64,11 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--limit", type=int, default=None, help="simulate only the first N jobs of the trace")
     p.add_argument(
+        "--philly-durations",
+        action="store_true",
+        help="replace the trace's durations by ones drawn from Philly's run times (for traces without them)",
+    )
+    p.add_argument(
         "--tick", type=float, default=60.0, help="fallback decision period in seconds (default 60)"
     )
     p.add_argument("--quantum", type=float, default=None, help="gandiva time-slice quantum in seconds")
@@ -99,6 +104,11 @@ def load_jobs(args: argparse.Namespace):
     jobs = load_trace(path, time_scale=args.time_scale, elastic_fraction=args.elastic_fraction)
     if args.limit is not None:
         jobs = jobs[: args.limit]
+    if args.philly_durations:
+        from microco.services.scheduler.sim import PhillyDurations, default_traces_dir
+
+        base = Path(args.traces_dir) if args.traces_dir else default_traces_dir()
+        jobs = PhillyDurations(base / "philly_runtime.csv").resample(jobs)
     return path, jobs
 
 

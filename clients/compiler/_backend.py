@@ -16,12 +16,11 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
-import torch.fx as fx
-
 from microco.services.compiler._types import STAGE_COMPILE, STAGE_FINE, GraphSpec, Variable
+from torch import fx
 
 from ._session import ExplorationSession, Explorer
 from ._torch import hardware_id, thread_choices
@@ -82,7 +81,9 @@ class MicrocoBackend:
 
 
 class _GraphRunner:
-    def __init__(self, backend: MicrocoBackend, gm: fx.GraphModule, example_inputs: list[Any], primary: bool) -> None:
+    def __init__(
+        self, backend: MicrocoBackend, gm: fx.GraphModule, example_inputs: list[Any], primary: bool
+    ) -> None:
         self.backend, self.gm, self.example_inputs = backend, gm, list(example_inputs)
         self.primary = primary
         self._compiled: Callable[..., Any] | None = None
@@ -90,7 +91,9 @@ class _GraphRunner:
             return  # the step is registered already
         variables = []
         if len(backend.compile_choices) > 1:
-            variables.append(Variable("graph.compile", backend.compile_choices, "graph", STAGE_COMPILE, compiles=True))
+            variables.append(
+                Variable("graph.compile", backend.compile_choices, "graph", STAGE_COMPILE, compiles=True)
+            )
         if len(backend.thread_values) > 1:
             variables.append(Variable("threads", backend.thread_values, "", STAGE_FINE))
         shapes = ";".join(
@@ -98,8 +101,15 @@ class _GraphRunner:
         )
         space = [v.to_dict() for v in variables]
         fp = hashlib.sha256(f"dynamo|{gm.code}|{space}".encode()).hexdigest()[:24]
-        spec = GraphSpec(fp, shapes, hardware_id(), tuple(variables), backend.name or "dynamo-graph", "torch",
-                         backend.total_steps)
+        spec = GraphSpec(
+            fp,
+            shapes,
+            hardware_id(),
+            tuple(variables),
+            backend.name or "dynamo-graph",
+            "torch",
+            backend.total_steps,
+        )
         backend.session.register(spec)
 
     def _fn(self) -> Callable[..., Any]:
@@ -111,7 +121,7 @@ class _GraphRunner:
         if self._compiled is None:
             from torch._inductor.compile_fx import compile_fx
 
-            self._compiled = compile_fx(self.gm, self.example_inputs)
+            self._compiled = cast(Callable[..., Any], compile_fx(self.gm, self.example_inputs))
         return self._compiled
 
     def __call__(self, *args: Any) -> Any:
@@ -125,7 +135,7 @@ class _GraphRunner:
         fn = self._fn()
         try:
             return fn(*args)
-        except Exception as exc:  # noqa: BLE001 - a compiled variant must never stop training
+        except Exception as exc:
             if fn is self.gm.forward:
                 raise
             b._failed = f"{type(exc).__name__}: {exc}"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from microco.api.compiler.v1 import compiler_pb2 as pb
 from microco.api.compiler.v1 import compiler_pb2_grpc as pb_grpc
 from microco.clients.common import ServiceClient
+from microco.services.common import Unavailable
 from microco.services.compiler import wire
 from microco.services.compiler._types import Config, GraphSpec, TrialReport
 
@@ -20,9 +22,42 @@ class RemoteExplorer(ServiceClient):
     def __init__(self, channel: Any, default_timeout: float = 2.0) -> None:
         super().__init__(channel, default_timeout)
         self._stub = pb_grpc.CompilerServiceStub(channel)
+        self._redial: Callable[[], Any] | None = None
+
+    @classmethod
+    def from_address(cls, address: str, default_timeout: float = 2.0) -> RemoteExplorer:
+        from microco.clients.common import dial
+
+        client = cls(dial(address), default_timeout)
+        client._redial = lambda: dial(address)
+        return client
+
+    @classmethod
+    def from_etcd(cls, kv: Any, default_timeout: float = 2.0) -> RemoteExplorer:
+        from microco.clients.common import channel_for
+
+        client = cls(channel_for(kv, cls.service_name), default_timeout)
+        client._redial = lambda: channel_for(kv, cls.service_name)  # a restarted service may move
+        return client
+
+    def _reconnect(self) -> None:
+        """A fresh channel: an old one backs off for up to minutes after its server died."""
+        if self._redial is None:
+            return
+        channel = self._redial()
+        self._channel.close()
+        self._channel, self._stub = channel, pb_grpc.CompilerServiceStub(channel)
 
     def register(self, spec: GraphSpec, *, timeout: float | None = None) -> Config:
-        m = self._call(self._stub.RegisterGraph, wire.spec_to_proto(spec), timeout=timeout, idempotent=True)
+        """Start or resume an exploration. On UNAVAILABLE, re-dials once (rediscovering the service
+        through etcd when built with :meth:`from_etcd`): this is how a client that lost the
+        service finds it again."""
+        req = wire.spec_to_proto(spec)
+        try:
+            m = self._call(self._stub.RegisterGraph, req, timeout=timeout, idempotent=True)
+        except Unavailable:
+            self._reconnect()
+            m = self._call(self._stub.RegisterGraph, req, timeout=timeout, idempotent=True)
         return wire.config_from_proto(m)
 
     def next_config(self, key: str, *, timeout: float | None = None) -> Config:

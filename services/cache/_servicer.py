@@ -253,6 +253,11 @@ def setup(ctx: Any) -> None:
         job_ttl_s=args.job_ttl_s,
     )
     servicer = CacheServicer(core, redis, s.instance_id)
+    from prometheus_client import REGISTRY
+
+    from ._metrics import CacheCollector
+
+    REGISTRY.register(CacheCollector(core))  # type: ignore[arg-type]
     ctx.runtime.add_service(cache_pb2_grpc.add_CacheServiceServicer_to_server, servicer, SERVICE_NAME)
     if directory is not None:
         ctx.runtime.on_stop(directory.withdraw)

@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from . import _views as views
 from ._config import ConsoleConfig
 from ._gateway import Gateway
+from ._metrics import count_requests
 from ._models import (
     CacheResponse,
     CompilerResponse,
@@ -193,10 +194,11 @@ def create_app(
         ),
         lifespan=lifespan,
         openapi_url="/api/v1/openapi.json",
-        docs_url="/api/docs",
+        docs_url=None,  # FastAPI's docs page loads its scripts from a CDN: the console stays offline
         redoc_url=None,
     )
     app.state.console = console
+    app.middleware("http")(count_requests)
 
     @app.exception_handler(MicrocoError)
     async def microco_error(request: Request, exc: MicrocoError) -> JSONResponse:

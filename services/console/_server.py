@@ -79,7 +79,7 @@ class ConsoleServer:
             address=self.address,
             version=microco.__version__,
             started_at=time.time(),
-            metrics_address="",
+            metrics_address=self.address,  # /metrics on the same port (bearer token required)
             labels={"node": self.config.node, "protocol": "http", "profile": self.config.profile},
         )
 

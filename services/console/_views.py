@@ -151,7 +151,9 @@ def record_job(series: SeriesStore, job: dict[str, Any], at: float, last_seen: d
             )
             changed = True
         last_seen[job_id] = signature
-    if state not in ("queued",) and (job.get("step") or job.get("minibatch_ms")):
+    # Progress while the job can make any; a finished job's last point was taken as it ended.
+    active = state not in TERMINAL and state != "queued"
+    if (active or changed) and (job.get("step") or job.get("minibatch_ms")):
         series.append(
             _job_progress_name(job_id),
             {"at": at, "step": job.get("step", 0), "minibatch_ms": job.get("minibatch_ms", 0.0)},

@@ -118,10 +118,11 @@
     const data = await api("/jobs");
     if (unavailable("jobs-unavailable", data, "jobs-body")) return;
     const jobs = data.jobs;
+    // the 30 most recent jobs (the list is newest first), drawn oldest at the top
     const rows = jobs
-      .slice()
+      .slice(0, 30)
       .reverse()
-      .map((j) => ({ id: j.id, label: (j.spec && j.spec.name ? j.spec.name : j.id) + " · " + j.id.slice(0, 8), periods: j.timeline }));
+      .map((j) => ({ id: j.id, label: j.id, periods: j.timeline }));
     P.timeline($("jobs-timeline"), rows, { empty: "no jobs yet: submit one above" });
     fill(
       $("jobs-table").tBodies[0],
@@ -198,7 +199,20 @@
     const data = await api("/nodes");
     fill(
       $("nodes-table").tBodies[0],
-      data.nodes.map((n) => h("tr", {}, h("td", {}, n.name), h("td", { class: "mono" }, JSON.stringify(n.info))))
+      data.nodes.map((n) => {
+        const i = n.info || {};
+        const since = i.registered_at ? ago(Date.now() / 1000 - i.registered_at) + " ago" : "";
+        return h(
+          "tr",
+          { "data-node": n.name },
+          h("td", {}, n.name),
+          h("td", { class: "mono" }, i.instance_id || ""),
+          h("td", { class: "mono" }, i.address || ""),
+          h("td", {}, Array.isArray(i.devices) ? i.devices.length : ""),
+          h("td", {}, since),
+          h("td", {}, labels(i.labels))
+        );
+      })
     );
     const sch = data.scheduler || {};
     $("scheduler-summary").textContent = sch.leader ? `scheduler leader ${sch.leader} · policy ${sch.policy || "?"}` : "";

@@ -100,7 +100,8 @@
     rows.forEach((r, i) => {
       const y = top + i * rowH;
       const g = el("g", { class: "timeline-row", "data-job-id": r.id || "" }, svg);
-      text(g, 4, y + 15, r.label.length > 26 ? r.label.slice(0, 25) + "…" : r.label);
+      const lbl = text(g, 4, y + 15, r.label.length > 26 ? r.label.slice(0, 25) + "…" : r.label);
+      el("title", {}, lbl).textContent = r.label;
       r.periods.forEach((p) => {
         const x0 = x(p.start);
         const w = Math.max(2, x(p.end) - x0);

@@ -15,6 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -51,11 +52,12 @@ def cache_server(tmp_path: Path, etcd_endpoint: str, redis_url: str) -> Iterator
     started: list[ServerProc] = []
 
     def start(
-        capacity: str = "64M", policy: str = "coordinated", node: str = "", name: str = "s0"
+        capacity: str = "64M", policy: str = "coordinated", node: str = "", name: str = "s0", port: int = 0
     ) -> ServerProc:
-        port = _free_port()
+        """A server; the same ``name`` reuses its data directory, ``port`` its address."""
+        port = port or _free_port()
         data = tmp_path / f"server-{name}"
-        log = tmp_path / f"server-{name}.log"
+        log = tmp_path / f"server-{name}-{len(started)}.log"
         cmd = [
             sys.executable,
             "-m",

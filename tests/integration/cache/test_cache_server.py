@@ -106,6 +106,16 @@ def test_killed_server_mid_epoch_loses_no_sample(make_dataset, tmp_path, etcd_kv
     assert loader.warm() > 0
     _check_epoch(loader, files, 1, stop_after=3, on_stop=server.kill)
     assert loader.stats.server_failures >= 1 and loader.stats.hits > 0
+    # Restarted on the same disk, the server re-verifies what it held and serves it again.
+    port = int(server.address.rsplit(":", 1)[1])
+    again = cache_server(port=port)
+    with CacheClient(again.address) as c:
+        assert c.stats().chunks > 0
+    loader.retry_server_s = 0
+    loader._down_until = 0
+    h0 = loader.stats.hits
+    _check_epoch(loader, files, 2)
+    assert loader.stats.hits > h0
     loader.close()
 
 

@@ -150,8 +150,8 @@ def test_restart_resumes_lost_service_keeps_training_and_commit_is_reused(servic
     losses = _train(astra, model, 6, x, y, opt)
     assert astra.session.lost and all(math.isfinite(v) for v in losses)  # training went on
 
-    service.start()  # same address; state comes back from etcd
-    resumed = explorer.get_graph(key)
+    service.start()  # state comes back from etcd
+    resumed = RemoteExplorer.from_address(service.address).get_graph(key)
     assert resumed.explore_steps == before.explore_steps  # nothing lost, nothing restarted
     assert [t.values for t in resumed.trials][: len(before.trials)] == [t.values for t in before.trials]
     _train(astra, model, 40, x, y, opt, until_committed=True)

@@ -92,3 +92,19 @@ def test_core_lru_always_admits(tmp_path):
     liar, _ = _chunk(9)
     assert core.put(liar, b"\x00" * 100, "ds").outcome == "digest_mismatch"
     assert core.stats()["evictions"] == 1 and len(core.lookup([c[0] for c in chunks])) == 2
+
+
+def test_metrics_collector_reads_the_core(tmp_path):
+    from microco.services.cache._metrics import CacheCollector
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    core = CacheCore(ChunkStore(str(tmp_path)), 1000, "coordinated")
+    d, data = _chunk(3)
+    core.put(d, data, "imgs")
+    core.report_progress("j", "imgs", 0, [], timings=[(1.0, 0.1, 100, 4)], dataset_bytes=500)
+    reg = CollectorRegistry()
+    reg.register(CacheCollector(core))  # type: ignore[arg-type]
+    text = generate_latest(reg).decode()
+    assert "microco_cache_used_bytes 100.0" in text and "microco_cache_hits_total 4.0" in text
+    assert 'microco_cache_dataset_bytes{dataset="imgs"} 100.0' in text
+    assert 'microco_cache_allocation_bytes{dataset="imgs"}' in text

@@ -8,10 +8,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from microco.clients.compiler import MicrocoBackend, register_backend  # noqa: E402
-from microco.clients.compiler.zoo import torch_models as zm  # noqa: E402
-from microco.services.common import MemoryKV  # noqa: E402
-from microco.services.compiler import ExplorationPolicy, LocalExplorer  # noqa: E402
+from microco.clients.compiler import MicrocoBackend, register_backend
+from microco.clients.compiler.zoo import torch_models as zm
+from microco.services.common import MemoryKV
+from microco.services.compiler import ExplorationPolicy, LocalExplorer
 
 pytestmark = pytest.mark.torch
 
@@ -28,8 +28,9 @@ def test_backend_explores_commits_and_is_reused():
             model = zm.make_model("gru", 4, 4)
             opt = torch.optim.SGD(model.parameters(), lr=0.05)
             # Eager only (no Inductor compile in a unit test): threads are the variable explored.
-            backend = MicrocoBackend(LocalExplorer(kv, policy), compile_choices=("eager",), threads=("1", "2"),
-                                     total_steps=100)
+            backend = MicrocoBackend(
+                LocalExplorer(kv, policy), compile_choices=("eager",), threads=("1", "2"), total_steps=100
+            )
             fwd = torch.compile(model, backend=backend)
             losses = []
             for _ in range(steps):

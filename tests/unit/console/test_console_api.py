@@ -128,8 +128,10 @@ def test_openapi_is_published_with_bearer_security(client: TestClient) -> None:
 def test_page_and_assets_are_served_locally(client: TestClient) -> None:
     page = client.get("/")
     assert page.status_code == 200 and "microco console" in page.text
-    for asset in ("/static/app.js", "/static/plots.js", "/static/style.css"):
+    for asset in ("/static/app.js", "/static/plots.js", "/static/style.css", "/static/favicon.svg"):
         assert client.get(asset).status_code == 200
+    # FastAPI's docs pages would pull scripts from a CDN: not served
+    assert client.get("/api/docs").status_code == 404 and client.get("/docs").status_code == 404
     # offline: nothing on the page points outside the console
     import re
 
@@ -152,3 +154,11 @@ def test_every_error_has_the_same_shape(client: TestClient) -> None:
     assert r.status_code == 404 and r.json()["error"] == "NotFound"
     r = client.delete("/api/v1/services", headers=ADMIN)
     assert r.status_code == 405 and r.json()["error"] == "MethodNotAllowed"
+
+
+def test_metrics_need_a_token_and_count_requests_by_route(client: TestClient) -> None:
+    assert client.get("/metrics").status_code == 401
+    client.get("/api/v1/jobs/some-job", headers=ADMIN)
+    text = client.get("/metrics", headers=ADMIN).text
+    assert 'microco_console_http_requests_total{method="GET",route="/api/v1/jobs/{job_id}"' in text
+    assert "some-job" not in text  # route templates, not ids: bounded series

@@ -157,3 +157,19 @@ def test_per_job_cache_counters_are_found_wherever_the_server_reports_them() -> 
     }
     assert per_job_counters(stats) == {"a": {"hits": 7, "misses": 3}, "b": {"hits": 0, "misses": 2}}
     assert per_job_counters({"hits": 1, "jobs": ["a"]}) == {}
+
+
+def test_recorder_samples_progress_only_while_a_job_can_progress() -> None:
+    from microco.services.console._series import SeriesStore
+    from microco.services.console._views import _job_events_name, _job_progress_name, record_job
+
+    series, seen = SeriesStore(None), {}
+    job = {"id": "j", "state": "running", "node": "n", "device_ids": ["n/0"], "step": 5, "minibatch_ms": 10.0}
+    assert record_job(series, job, 1.0, seen) is True
+    assert record_job(series, {**job, "step": 9}, 2.0, seen) is False  # same state: no new event
+    done = {**job, "state": "finished", "device_ids": [], "step": 12}
+    assert record_job(series, done, 3.0, seen) is True
+    record_job(series, done, 4.0, seen)
+    record_job(series, done, 5.0, seen)
+    assert [e["state"] for e in series.read(_job_events_name("j"))] == ["running", "finished"]
+    assert [p["step"] for p in series.read(_job_progress_name("j"))] == [5, 9, 12]

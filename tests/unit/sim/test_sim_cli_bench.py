@@ -76,3 +76,14 @@ def test_bench_quick_runs_every_policy_and_plots(tmp_path: Path, capsys) -> None
     assert "gandiva_vs_fifo" in out["ratios"] and "hp_search_speedup_gandiva_vs_fifo" in out["ratios"]
     assert set(out["targets_met"]) >= {"gandiva_ttff_minus_77pct_vs_fifo", "hp_search_5x_faster_than_fifo"}
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+@needs_traces
+def test_cli_philly_durations(capsys) -> None:
+    base = ["sim", "--trace", "tiresias", "--policy", "fifo", "--json"]
+    assert cli.main(base) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert cli.main(base + ["--philly-durations"]) == 0
+    philly = json.loads(capsys.readouterr().out)
+    assert philly["jobs"] == plain["jobs"] == 60
+    assert philly["avg_jct_s"] != plain["avg_jct_s"]
