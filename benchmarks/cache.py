@@ -149,7 +149,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
     n = args.samples or (192 if quick else 768)
     sample = args.sample_kb * 1000
     bw = args.bandwidth_mb_s * MB
-    batch = 16
+    batch = args.batch_size
     epochs = 2 if quick else 3
     compute_s = args.compute_ms / 1000
     # 16 samples per chunk, but no chunk over 4 MB unless a sample is (multi-MB volumes: one each).
@@ -347,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=0, help="number of samples (default 192 quick, 768 full)")
     p.add_argument("--sample-kb", type=float, default=110, help="mean sample size in KB (DLIO image: ~110)")
     p.add_argument("--bandwidth-mb-s", type=float, default=20, help="backing store bandwidth, MB/s")
+    p.add_argument("--batch-size", type=int, default=16, help="samples per mini-batch")
     p.add_argument("--compute-ms", type=float, default=5, help="simulated training step per batch, ms")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -37,7 +37,7 @@ ABLATIONS = {
 
 
 def _ratio(a: float, b: float) -> float | None:
-    return round(a / b, 4) if b else None
+    return float(f"{a / b:.4g}") if b else None
 
 
 def _plot(path: str, results: dict, title: str) -> None:
@@ -59,6 +59,7 @@ def _plot(path: str, results: dict, title: str) -> None:
     ax2.set_ylabel("jobs waiting")
     ax2.set_xlabel("hours since first submission")
     ax2.set_yscale("symlog")
+    ax2.set_ylim(bottom=0)
     ax1.legend(loc="lower right", fontsize=8)
     ax1.set_title(title)
     fig.tight_layout()

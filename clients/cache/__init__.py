@@ -6,6 +6,7 @@
 * ``QuiverLoader``: substitutable-hit data loading with prefetch and backing-store fallback;
   ``Peers``: other hosts' cache servers through the Redis directory (remote streaming).
 * ``open_loader``: a loader for a registered dataset by name.
+* ``cache_overview``: every server's stats and allocations (with reasons) as plain dicts.
 * PyTorch: ``QuiverBatchSampler``, ``QuiverDataset``, ``make_dataloader`` (imported on use);
   tf.data: ``quiver_tf_dataset`` (imported on use).
 """
@@ -17,6 +18,7 @@ from typing import Any
 from ._client import CacheClient, Grant
 from ._datasets import DatasetRecord, get_dataset, list_datasets, load_index, register_dataset
 from ._loader import LoaderStats, QuiverLoader
+from ._overview import allocation_to_dict, cache_overview, stats_to_dict
 from ._peers import Peers
 
 _LAZY = {
@@ -87,6 +89,8 @@ __all__ = [
     "QuiverBatchSampler",
     "QuiverDataset",
     "QuiverLoader",
+    "allocation_to_dict",
+    "cache_overview",
     "find_server",
     "get_dataset",
     "list_datasets",
@@ -95,4 +99,5 @@ __all__ = [
     "open_loader",
     "quiver_tf_dataset",
     "register_dataset",
+    "stats_to_dict",
 ]

@@ -353,7 +353,8 @@ class QuiverLoader:
                 c = self.index.samples[i].chunk
                 chunk = self.index.chunks[c]
                 untouched = self._consumed_left[c] + in_batch[c] == chunk.count
-                if c in out or c in self._inflight or not untouched or chunk.count == in_batch[c]:
+                # (A chunk whose samples are all in this batch costs no extra read at all.)
+                if c in out or c in self._inflight or not untouched:
                     continue
                 if self._room < chunk.size:
                     break

@@ -35,7 +35,7 @@ def register(sub: Any) -> None:
     p.add_argument("--etcd-port", type=int, default=0, help="port for the etcd it starts (default: free port)")
     p.add_argument("--redis-port", type=int, default=0, help="port for the Redis it starts (default: free port)")
     p.add_argument("--devices", type=int, default=4, help="virtual devices the node agent offers (default 4)")
-    p.add_argument("--store-nodes", type=int, default=3, help="store node processes (default 3)")
+    p.add_argument("--store-nodes", type=int, default=6, help="store nodes, one fault domain each (default 6)")
     p.add_argument("--cache-capacity-mb", type=int, default=256, help="cache server capacity (default 256)")
     p.add_argument("--console-port", type=int, default=8080, help="console HTTP port (default 8080)")
     p.add_argument("--no-console", action="store_true", help="do not start the console")

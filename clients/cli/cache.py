@@ -62,18 +62,6 @@ def _kv(args: argparse.Namespace) -> Any:
     return EtcdKV(_etcd_for(args))
 
 
-def _servers(kv: Any) -> list[Any]:
-    from microco.services.common.errors import Unavailable
-    from microco.services.common.registry import discover
-
-    recs = sorted(discover(kv, "cache"), key=lambda r: (r.labels.get("node", ""), r.instance_id))
-    if not recs:
-        raise Unavailable(
-            "no cache server is registered in etcd (start one: python -m microco.services.cache)"
-        )
-    return recs
-
-
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -153,45 +141,47 @@ def cmd_datasets(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_stats(args: argparse.Namespace) -> int:
-    from google.protobuf.json_format import MessageToDict
-    from microco.clients.cache import CacheClient
+def _overview(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from microco.clients.cache import cache_overview
+    from microco.services.common.errors import Unavailable
 
     kv = _kv(args)
     try:
-        rows = []
-        for rec in _servers(kv):
-            with CacheClient(rec.address, timeout=5) as c:
-                st = c.stats()
-            rows.append((rec, st))
+        servers = cache_overview(kv)
     finally:
         kv.close()
-    if args.json:
-        print(
-            json.dumps(
-                [
-                    {"address": r.address, **MessageToDict(st, preserving_proto_field_name=True)}
-                    for r, st in rows
-                ],
-                indent=2,
-            )
+    if not servers:
+        raise Unavailable(
+            "no cache server is registered in etcd (start one: python -m microco.services.cache)"
         )
+    return servers
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    servers = _overview(args)
+    if args.json:
+        print(json.dumps([{k: v for k, v in s.items() if k != "allocations"} for s in servers], indent=2))
         return 0
     out = []
-    for rec, st in rows:
-        n = st.hits + st.misses
+    for s in servers:
+        st = s.get("stats")
+        if st is None:
+            out.append(
+                {"node": s["node"], "address": s["address"], "policy": f"unreachable: {s.get('error', '')}"}
+            )
+            continue
         out.append(
             {
-                "node": st.node,
-                "address": rec.address,
-                "policy": st.policy,
-                "used": f"{_human(st.used_bytes)} / {_human(st.capacity_bytes)}",
-                "chunks": st.chunks,
-                "hit_rate": f"{st.hits / n:.0%}" if n else "-",
-                "served": _human(st.bytes_served),
-                "evicted": st.evictions,
-                "corrupt": st.corrupt_dropped,
-                "jobs": ",".join(st.jobs),
+                "node": st["node"],
+                "address": s["address"],
+                "policy": st["policy"],
+                "used": f"{_human(st['used_bytes'])} / {_human(st['capacity_bytes'])}",
+                "chunks": st["chunks"],
+                "hit_rate": "-" if st["hit_rate"] is None else f"{st['hit_rate']:.0%}",
+                "served": _human(st["bytes_served"]),
+                "evicted": st["evictions"],
+                "corrupt": st["corrupt_dropped"],
+                "jobs": ",".join(st["jobs"]),
             }
         )
     _table(
@@ -202,41 +192,31 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_allocations(args: argparse.Namespace) -> int:
-    from google.protobuf.json_format import MessageToDict
-    from microco.clients.cache import CacheClient
-
-    kv = _kv(args)
-    try:
-        rows = []
-        for rec in _servers(kv):
-            with CacheClient(rec.address, timeout=5) as c:
-                rows.append((rec, c.allocations()))
-    finally:
-        kv.close()
+    servers = _overview(args)
     if args.json:
         print(
             json.dumps(
                 [
-                    {"address": r.address, **MessageToDict(a, preserving_proto_field_name=True)}
-                    for r, a in rows
+                    {"address": s["address"], "node": s["node"], "allocations": s.get("allocations", [])}
+                    for s in servers
                 ],
                 indent=2,
             )
         )
         return 0
     out = []
-    for rec, resp in rows:
-        for a in resp.allocations:
+    for s in servers:
+        for a in s.get("allocations", []):
             out.append(
                 {
-                    "server": rec.labels.get("node", "") or rec.address,
-                    "dataset": a.dataset,
-                    "allocated": _human(a.bytes),
-                    "used": _human(a.used_bytes),
-                    "size": _human(a.dataset_bytes),
-                    "benefit_s/GB": f"{a.benefit_s_per_gb:.3g}",
-                    "jobs": ",".join(a.jobs),
-                    "reason": a.reason,
+                    "server": s["node"] or s["address"],
+                    "dataset": a["dataset"],
+                    "allocated": _human(a["bytes"]),
+                    "used": _human(a["used_bytes"]),
+                    "size": _human(a["dataset_bytes"]),
+                    "benefit_s/GB": f"{a['benefit_s_per_gb']:.3g}",
+                    "jobs": ",".join(a["jobs"]),
+                    "reason": a["reason"],
                 }
             )
     if not out:

@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
+import grpc
 from microco.api.compiler.v1 import compiler_pb2 as pb
 from microco.api.compiler.v1 import compiler_pb2_grpc as pb_grpc
 from microco.clients.common import ServiceClient
 from microco.services.common import Unavailable
 from microco.services.compiler import wire
 from microco.services.compiler._types import Config, GraphSpec, TrialReport
+
+
+def _dial_own(address: str) -> grpc.Channel:
+    """A channel with its own subchannels. gRPC shares subchannels between channels to the same
+    target by default, so a "fresh" channel to a restarted service would inherit the dead one's
+    reconnect backoff (up to minutes) and keep failing."""
+    return grpc.insecure_channel(
+        address,
+        options=[
+            ("grpc.use_local_subchannel_pool", 1),
+            ("grpc.enable_retries", 0),  # retries are ours, by allow-list
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ],
+    )
 
 
 class RemoteExplorer(ServiceClient):
@@ -26,26 +42,33 @@ class RemoteExplorer(ServiceClient):
 
     @classmethod
     def from_address(cls, address: str, default_timeout: float = 2.0) -> RemoteExplorer:
-        from microco.clients.common import dial
-
-        client = cls(dial(address), default_timeout)
-        client._redial = lambda: dial(address)
+        client = cls(_dial_own(address), default_timeout)
+        client._redial = lambda: _dial_own(address)
         return client
 
     @classmethod
     def from_etcd(cls, kv: Any, default_timeout: float = 2.0) -> RemoteExplorer:
-        from microco.clients.common import channel_for
+        """Find the service through etcd (and again after losing it: a restarted service may move)."""
 
-        client = cls(channel_for(kv, cls.service_name), default_timeout)
-        client._redial = lambda: channel_for(kv, cls.service_name)  # a restarted service may move
+        def dial_discovered() -> Any:
+            from microco.services.common.registry import discover
+
+            records = discover(kv, cls.service_name)
+            if not records:
+                raise Unavailable("no live 'compiler' service is registered in etcd")
+            return _dial_own(random.choice(records).address)
+
+        client = cls(dial_discovered(), default_timeout)
+        client._redial = dial_discovered
         return client
 
     def _reconnect(self) -> None:
         """A fresh channel: an old one backs off for up to minutes after its server died."""
         if self._redial is None:
             return
+        old: Any = getattr(self, "_channel")  # noqa: B009 - the base class types it loosely
         channel = self._redial()
-        self._channel.close()
+        old.close()
         self._channel, self._stub = channel, pb_grpc.CompilerServiceStub(channel)
 
     def register(self, spec: GraphSpec, *, timeout: float | None = None) -> Config:

@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import deque
 from typing import Any
 
 from microco.services.common.hotstate import key
 
 log = logging.getLogger(__name__)
+
+REDIS_RETRY_S = 10.0
 
 
 def series_key(*parts: str) -> str:
@@ -30,9 +33,12 @@ class SeriesStore:
         self.limit = limit
         self._memory: dict[str, deque[str]] = {}
         self._lock = threading.Lock()
+        # After a failure Redis is left alone for a while, so that a Redis that hangs (rather than
+        # refusing connections) does not make every sample and every page wait for its timeout.
+        self._skip_until = 0.0
 
     def _redis_ok(self, fn: Any, *args: Any) -> tuple[bool, Any]:
-        if self.redis is None:
+        if self.redis is None or time.monotonic() < self._skip_until:
             return False, None
         import redis
 
@@ -40,6 +46,7 @@ class SeriesStore:
             return True, fn(*args)
         except redis.RedisError as exc:
             log.debug("redis unavailable for console series: %s", exc)
+            self._skip_until = time.monotonic() + REDIS_RETRY_S
             return False, None
 
     def append(self, name: str, point: dict[str, Any]) -> None:

@@ -62,7 +62,7 @@ class StackOptions:
     etcd_port: int = 0
     redis_port: int = 0
     devices: int = 4  # virtual devices the node agent offers on a host without GPUs
-    store_nodes: int = 3
+    store_nodes: int = 6  # three node groups of two: any single node loss can be re-replicated
     cache_capacity_mb: int = 256
     console_port: int = 8080
     console: bool = True

@@ -54,7 +54,7 @@ def expected_services() -> list[str]:
 def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
     home = tmp_path / "home"
     up = subprocess.Popen(
-        [*MICROCO, "up", "--home", str(home), "--console-port", "0", "--devices", "2"],
+        [*MICROCO, "up", "--home", str(home), "--console-port", "0", "--devices", "2", "--store-nodes", "3"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -90,7 +90,7 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
 def test_detach_then_down(tmp_path: Path) -> None:
     home = tmp_path / "home"
     up = subprocess.run(
-        [*MICROCO, "up", "--home", str(home), "--no-console", "--detach", "--devices", "1"],
+        [*MICROCO, "up", "--home", str(home), "--no-console", "--detach", "--devices", "1", "--store-nodes", "3"],
         capture_output=True,
         text=True,
         timeout=180,

@@ -140,7 +140,7 @@
             "data-state": j.state,
             onclick: () => { selectedJob = j.id; refresh(); },
           },
-          h("td", { class: "mono" }, j.id.slice(0, 12)),
+          h("td", { class: "mono" }, j.id),
           h("td", {}, (j.spec && j.spec.name) || ""),
           h("td", {}, h("span", { class: "state state-" + j.state }, j.state)),
           h("td", {}, j.node || ""),

@@ -66,7 +66,7 @@
      resumed on other devices (migrated). */
   function timeline(container, rows, opts) {
     opts = opts || {};
-    const width = opts.width || Math.max(480, container.clientWidth || 800);
+    const width = opts.width || Math.max(480, (container.clientWidth || 814) - 14);
     const rowH = 22;
     const left = opts.labelWidth || 170;
     const top = 24;
@@ -146,7 +146,7 @@
   /* Line chart with axes; x may be unix seconds (opts.time) or plain numbers. */
   function line(container, series, opts) {
     opts = opts || {};
-    const width = opts.width || Math.max(320, container.clientWidth || 480);
+    const width = opts.width || Math.max(320, (container.clientWidth || 494) - 14);
     const height = opts.height || 200;
     const m = { l: 52, r: 12, t: 18, b: 34 };
     const svg = svgFor(container, width, height);

@@ -107,6 +107,8 @@ class GandivaPolicy:
         cfg = self.config
         now = view.now
         n_dev = len(view.devices)
+        if not self._may_act(view, n_dev):
+            return []
         occ = Occupancy(view)
         jobs = {j.id: j for j in view.jobs}
         out: list[Decision] = []
@@ -222,6 +224,25 @@ class GandivaPolicy:
         if cfg.enable_grow_shrink and occ.n_free() > 0 and all(w.id in acted for w in waiting):
             self._grow(view, occ, out, acted)
         return out
+
+    def _may_act(self, view: ClusterView, n_dev: int) -> bool:
+        """Cheap pre-check (the simulator calls decide tens of thousands of times): with
+        nobody waiting, only a pack to judge, a spread job to consolidate or an elastic
+        job to grow can lead to a decision."""
+        cfg = self.config
+        for j in view.jobs:
+            st = j.state
+            if st in WAITING_PHASES:
+                if 0 < j.devices_wanted <= n_dev:
+                    return True
+            elif st is JobPhase.PACKED:
+                return True
+            elif st is JobPhase.RUNNING:
+                if j.elastic and cfg.enable_grow_shrink:
+                    return True
+                if cfg.enable_migration and len(j.devices) > 1:
+                    return True
+        return False
 
     def wakeup_at(self, view: ClusterView) -> float | None:
         """Earliest future time at which, with no event in between, ``decide`` could answer

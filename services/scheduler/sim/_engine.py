@@ -492,7 +492,17 @@ class Simulator:
         views = []
         for j in self.active.values():
             v = j.view
-            if v is None or j.devices:
+            if v is not None and j.devices:
+                # Nothing but the clock changed since this view was built (any change of
+                # phase, devices or speed clears it): refresh the time-dependent fields only.
+                d = v.__dict__.copy()
+                d["attained_service_s"] = j.attained + (now - j.hold_since) * len(j.devices)
+                if j.rate > 0:
+                    d["steps_done"] = int((j.done + j.rate * (now - j.last_update)) / j.work * j.total_steps)
+                v = object.__new__(JobView)
+                v.__dict__.update(d)
+                j.view = v
+            elif v is None:
                 held = (now - j.hold_since) * len(j.devices) if j.devices else 0.0
                 done = j.done + (j.rate * (now - j.last_update) if j.rate > 0 else 0.0)
                 observed = (

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,14 @@ from console_harness import Platform, start_platform
 def platform(
     etcd_endpoint: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Platform]:
-    p = start_platform(etcd_endpoint, redis_url, tmp_path_factory.mktemp("console-e2e"), cache=False)
+    # A short time-slicing quantum, so that two jobs on the agent's one device take turns and the
+    # timeline shows running and suspended periods within seconds.
+    p = start_platform(
+        etcd_endpoint,
+        redis_url,
+        tmp_path_factory.mktemp("console-e2e"),
+        cache=False,
+        scheduler_args=("--policy-config", json.dumps({"quantum_s": 1.5, "enable_packing": False})),
+    )
     yield p
     p.stop()

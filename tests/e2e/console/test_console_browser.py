@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
+import httpx
 import pytest
 
 CHROMIUM = os.environ.get("MICROCO_CHROMIUM", "/usr/bin/chromium")
@@ -57,6 +58,20 @@ def page(platform: Platform):
         browser.close()
 
 
+def job_command(steps: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "microco.examples.synthetic_job",
+        "--steps",
+        str(steps),
+        "--compute-ms",
+        "5",
+        "--io-ms",
+        "15",
+    ]
+
+
 def test_sign_in_submit_and_watch_a_job(platform: Platform, page, artifacts_dir: Path) -> None:
     expect = sync_api.expect
     page.goto(platform.url + "/")
@@ -81,12 +96,20 @@ def test_sign_in_submit_and_watch_a_job(platform: Platform, page, artifacts_dir:
     if not SYSTEMS["scheduler"].in_build():
         pytest.skip("the scheduler is not part of this build: only the services view was checked")
 
+    # another job holds the only device when ours arrives, so the two must take turns
+    other = httpx.post(
+        platform.url + "/api/v1/jobs",
+        headers={"Authorization": f"Bearer {DEFAULT_DEV_TOKEN}"},
+        json={"name": "other-job", "command": job_command(200), "devices": 1},
+    )
+    assert other.status_code == 201, other.text
+    other_id = other.json()["id"]
+
     # submit a job from the page
     page.click('#tabs a[data-tab="jobs"]')
     expect(page.locator("#submit-form")).to_be_visible()
     page.fill("#submit-name", "browser-job")
-    command = f"{sys.executable} -m microco.examples.synthetic_job --steps 120 --compute-ms 5 --io-ms 20"
-    page.fill("#submit-command", command)
+    page.fill("#submit-command", " ".join(job_command(120)))
     page.fill("#submit-devices", "1")
     page.click("#submit-button")
     expect(page.locator("#submit-result")).to_contain_text("submitted browser-job")
@@ -94,7 +117,8 @@ def test_sign_in_submit_and_watch_a_job(platform: Platform, page, artifacts_dir:
     row = page.locator(f'#jobs-table tr[data-job-id="{job_id}"]')
     expect(row).to_be_visible()
 
-    # ... and watch it change state: running on a device, then finished
+    # ... and watch it change state: queued behind the other job, running on the device in turns
+    # with it (time-slicing: suspended and resumed at mini-batch boundaries), then finished
     expect(row).to_have_attribute("data-state", "running", timeout=60_000)
     expect(page.locator(f'svg.timeline g[data-job-id="{job_id}"] rect.period-running')).to_have_count(1)
     page.screenshot(path=str(artifacts_dir / "console-job-running.png"), full_page=True)
@@ -102,6 +126,10 @@ def test_sign_in_submit_and_watch_a_job(platform: Platform, page, artifacts_dir:
     timeline = page.locator(f'svg.timeline g[data-job-id="{job_id}"] rect.period')
     states = [timeline.nth(i).get_attribute("data-state") for i in range(timeline.count())]
     assert states[0] == "queued" and "running" in states and states[-1] == "finished", states
+    other_row = page.locator(f'#jobs-table tr[data-job-id="{other_id}"]')
+    expect(other_row).to_have_attribute("data-state", "finished", timeout=90_000)
+    suspended = page.locator("svg.timeline rect.period-suspended")
+    assert suspended.count() >= 1, "the two jobs never took turns on the device"
     expect(page.locator("#job-detail")).to_be_visible()  # the submitted job is selected
     expect(page.locator("#job-steps svg polyline")).to_have_count(1)  # its steps-over-time plot
     page.screenshot(path=str(artifacts_dir / "console-job-finished.png"), full_page=True)

@@ -31,7 +31,10 @@ def test_cli_register_list_stats_allocations(
         )
     assert main([*e, "stats", "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
-    assert stats[0]["policy"] == "coordinated" and stats[0]["jobs"] == ["job-1"]
+    assert stats[0]["stats"]["policy"] == "coordinated" and stats[0]["stats"]["jobs"] == ["job-1"]
+    assert stats[0]["stats"]["hits"] == 4 and stats[0]["stats"]["hit_rate"] == 0.5
+    assert main([*e, "stats"]) == 0
+    assert "coordinated" in capsys.readouterr().out
     assert main([*e, "allocations"]) == 0
     out = capsys.readouterr().out
     assert "mnist" in out and "rank 1 by benefit per byte" in out

@@ -48,8 +48,10 @@ def test_torch_dataloader_substitutable_hits(make_dataset, tmp_path, etcd_kv, ca
     for b in dl.batch_sampler:
         seen.extend(b)
     assert sorted(seen) == list(range(len(files)))
-    # Half the chunks were cached: about half the samples were hits, taken first.
-    assert 0.4 <= loader.stats.hit_rate <= 0.6
+    # Half the chunks were cached, and chunks fetched whole on a miss add hits later in
+    # the epoch: at least about half the samples came from the cache.
+    assert loader.stats.hit_rate >= 0.4
+    assert loader.stats.backing_bytes <= 3 * idx.total_bytes  # 3 epochs, nothing read twice
     loader.close()
 
 

@@ -204,3 +204,32 @@ def test_chunks_on_another_hosts_server_are_streamed_from_it(
     _check_epoch(loader, files, 1)
     assert loader.stats.backing_bytes == idx.total_bytes
     loader.close()
+
+
+def test_quiver_reads_each_byte_once_and_hits_track_capacity(make_dataset, tmp_path, etcd_kv, cache_server):
+    from collections import Counter
+
+    files = make_dataset(tmp_path / "d", n=64, size=1000)
+    _, idx = register_dataset(etcd_kv, "ds", str(tmp_path / "d"), chunk_bytes=4000)
+    server = cache_server(capacity=str(idx.total_bytes // 2))
+    reads: list[str] = []
+
+    class Counting:
+        url = str(tmp_path / "d")
+        inner = open_store(url)
+
+        def read(self, path):
+            reads.append(path)
+            return self.inner.read(path)
+
+    loader = QuiverLoader(
+        idx, Counting(), batch_size=4, dataset="ds", job_id="j", server=server.address, prefetch=False
+    )
+    for epoch in range(3):
+        reads.clear()
+        _check_epoch(loader, files, epoch)
+        assert max(Counter(reads).values()) == 1  # chunk fetches never re-read a sample
+        if epoch:
+            # Warm epochs read from the store only what the cache did not hold (half).
+            assert len(reads) <= 0.6 * len(files)
+    loader.close()

@@ -120,7 +120,13 @@ class Platform:
 
 
 def start_platform(
-    etcd: str, redis: str, home: Path, *, cache: bool = True, scheduler: bool = True
+    etcd: str,
+    redis: str,
+    home: Path,
+    *,
+    cache: bool = True,
+    scheduler: bool = True,
+    scheduler_args: tuple[str, ...] = (),
 ) -> Platform:
     """The console as ``microco up`` starts it, plus the real services it shows: a cache server,
     a scheduler and a node agent with one virtual device (each when part of this build). Every
@@ -146,7 +152,7 @@ def start_platform(
     if scheduler and SYSTEMS["scheduler"].in_build() and SYSTEMS["agent"].in_build():
         others["scheduler"] = spawn(
             "microco.services.scheduler",
-            ["--tick-s", "0.2", "--metrics-port", "-1"],
+            ["--tick-s", "0.2", "--metrics-port", "-1", *scheduler_args],
             instance_id=f"scheduler-{port}",
             **common,
         )

@@ -162,3 +162,27 @@ def test_cli_prints_token_and_url(
     monkeypatch.setenv("MICROCO_CONSOLE_TOKEN", "s3cret-token-for-prod")
     assert main(["console", "token", "--profile", "prod"]) == 0
     assert capsys.readouterr().out.strip() == "s3cret-token-for-prod"
+
+
+def test_losing_redis_costs_plots_not_the_console(etcd_endpoint: str) -> None:
+    """Redis holds only the plot series: with it unreachable the console still answers, keeps its
+    series in memory, and says so in /readyz."""
+    from fastapi.testclient import TestClient
+    from microco.services.common.kv import EtcdKV
+    from microco.services.console import ConsoleConfig, create_app
+    from microco.services.console._series import SeriesStore
+
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    kv = EtcdKV(etcd_endpoint)
+    app = create_app(ConsoleConfig(etcd=etcd_endpoint, redis=dead), kv, start_recorder=False)
+    try:
+        with TestClient(app) as client:
+            ready = client.get("/readyz").json()
+            assert ready["ready"] is True and ready["redis"].startswith("unreachable")
+            assert client.get("/api/v1/services", headers=ADMIN).status_code == 200
+            assert client.get("/api/v1/jobs", headers=ADMIN).status_code == 200
+        series: SeriesStore = app.state.console.series
+        series.append("probe", {"at": 1.0, "x": 1})
+        assert series.read("probe") == [{"at": 1.0, "x": 1}]
+    finally:
+        kv.close()

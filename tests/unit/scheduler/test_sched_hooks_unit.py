@@ -10,8 +10,16 @@ from microco.clients.scheduler import EXIT_CHECKPOINTED, ControlChannel, JobCont
 
 def make_ctx(tmp_path):
     state = {"w": 0}
+
+    def exit_fn(code):
+        raise SystemExit(code)
+
     ctx = JobContext(
-        control_dir=tmp_path / "ctl", checkpoint_dir=tmp_path / "ckpt", job_id="j", devices=["n/0"]
+        control_dir=tmp_path / "ctl",
+        checkpoint_dir=tmp_path / "ckpt",
+        job_id="j",
+        devices=["n/0"],
+        exit_fn=exit_fn,
     )
     ctx.save = lambda step: f"{step}:{state['w']}".encode()
 
