@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 EXTRAS ?= dev,torch,tensorflow,analytics
 PYTEST_ARGS ?=
 
-.PHONY: install demo up test protos check-protos clean
+.PHONY: install browser demo up test protos check-protos clean
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,13 +19,21 @@ $(VENV)/.installed-$(EXTRAS): pyproject.toml
 
 install: $(VENV)/.installed-$(EXTRAS)
 
+# The console's end-to-end test drives a real headless chromium (Debian's package; nothing is
+# downloaded by the test tools). Installed when running as root with apt, else the test says why it skips.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium not found: the browser test will be skipped (apt-get install chromium)"; fi; }
+
 demo: install
 	$(VENV)/bin/microco up --demo
 
 up: install
 	$(VENV)/bin/microco up
 
-test: install
+test: install browser
 	$(PY) protos/generate.py --check
 	$(PY) -m pytest $(PYTEST_ARGS)
 

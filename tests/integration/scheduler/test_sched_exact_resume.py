@@ -86,12 +86,14 @@ def run_interrupted(module, tmp_path):
     assert final["state"] == "finished" and final["step"] == STEPS
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_torch_job_suspended_resumed_and_moved_is_exact(tmp_path):
     pytest.importorskip("torch")
     run_interrupted("microco.examples.torch_digits", tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.tensorflow
 def test_keras_job_suspended_resumed_and_moved_is_exact(tmp_path):
     pytest.importorskip("tensorflow")
