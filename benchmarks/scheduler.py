@@ -109,6 +109,7 @@ def measure_suspend_resume(tmp: Path, repeats: int) -> dict[str, Any]:
 def measure_migration(kv: Any, etcd: str, tmp: Path, repeats: int) -> dict[str, Any]:
     """Checkpoint-and-move of one PyTorch job between two node agents (real processes)."""
     import grpc
+
     from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
     from microco.services.agent import NODES_PREFIX
     from microco.services.scheduler._local import spawn_agent, stop_process

@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     import keras
     import numpy as np
     import tensorflow as tf
+
     from microco.clients.scheduler import SchedulerCallback, StepBatches
     from microco.examples._digits import load_digits
 

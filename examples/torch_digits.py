@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
+
     from microco.clients.scheduler import StepBatches, TorchHook, seed_everything
     from microco.examples._digits import load_digits
 

@@ -137,8 +137,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _follow(c: Any, job_id: str, total: int) -> dict[str, Any]:
-    from microco.clients.scheduler import job_to_dict
     from tqdm import tqdm
+
+    from microco.clients.scheduler import job_to_dict
 
     bar = tqdm(total=total or None, desc=job_id, unit="step", file=sys.stderr)
     job = job_to_dict(c.get(job_id))

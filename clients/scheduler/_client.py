@@ -133,6 +133,7 @@ class SchedulerClient(ServiceClient):
     ) -> Iterator[scheduler_pb2.JobEvent]:
         """Stream of job changes (current state first); ``timeout`` bounds the whole stream."""
         import grpc
+
         from microco.services.common.errors import from_rpc_error
 
         try:

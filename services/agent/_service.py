@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import grpc
+
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.api.common.v1 import common_pb2
 from microco.services.common.errors import InvalidArgument, Unavailable

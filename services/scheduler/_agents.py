@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 import grpc
+
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.clients.common import call_with_retry
 from microco.services.agent import NODES_PREFIX

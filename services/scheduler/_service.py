@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import grpc
+
 from microco.api.common.v1 import common_pb2
 from microco.api.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from microco.services.common.election import LeaderElection

@@ -92,31 +92,45 @@ def bucketed_extents(
     """Cut ``table`` (one super-extent's rows) into every replica's extents.
 
     Returns ``{(replica, partition): (rows ordered by sub-bucket, [[i, j, rows], ...])}`` for the
-    non-empty extents; the table's batches are exactly the sub-buckets."""
+    non-empty extents; the table's batches are exactly the sub-buckets.
+
+    Why one sort serves all three replicas: a row's cell is ``(p0, p1, p2)``, its partition under
+    each replica's function, and the sub-bucket ``(i, j)`` of extent ``(r, p)`` is exactly the cell
+    with ``p`` at position ``r`` and ``i, j`` at the other two. So the rows are sorted once by cell
+    (one ``take``, the costly gather) and every sub-bucket of every replica is a zero-copy slice of
+    that one sorted table: three gathers and a copy per sub-bucket became one gather."""
     if pids is None:
         pids = assign_partitions(table, specs)
+    assert len(specs) == REPLICAS == 3, "extents are bucketed by the two other replicas"
+    n0, n1, n2 = (s.count for s in specs)
+    key = (pids[0].astype(np.int64) * n1 + pids[1].astype(np.int64)) * n2 + pids[2].astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    ordered = table.take(pa.array(order)).combine_chunks()
+    uniq, starts, counts = np.unique(key[order], return_index=True, return_counts=True)
+    cells: dict[tuple[int, int, int], tuple[int, int]] = {}
+    for k, st, c in zip(uniq.tolist(), starts.tolist(), counts.tolist(), strict=True):
+        rest, c2 = divmod(k, n2)
+        c0, c1 = divmod(rest, n1)
+        cells[(c0, c1, c2)] = (st, c)
+    wanted = set(replicas)
+    subs: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+    for cell, (st, c) in cells.items():
+        for r in wanted:
+            a, b = others(r)
+            subs.setdefault((r, cell[r]), []).append((cell[a], cell[b], st, c))
     out: dict[tuple[int, int], tuple[pa.Table, list[list[int]]]] = {}
-    for r in replicas:
-        a, b = others(r)
-        na, nb = specs[a].count, specs[b].count
-        key = pids[r].astype(np.int64) * (na * nb) + pids[a].astype(np.int64) * nb + pids[b]
-        order = np.argsort(key, kind="stable")
-        sorted_keys = key[order]
-        ordered = table.take(pa.array(order)).combine_chunks()
-        uniq, starts, counts = np.unique(sorted_keys, return_index=True, return_counts=True)
-        per_extent: dict[int, list[tuple[int, int, int, int]]] = {}
-        for k, st, c in zip(uniq.tolist(), starts.tolist(), counts.tolist(), strict=True):
-            p, rest = divmod(k, na * nb)
-            i, j = divmod(rest, nb)
-            per_extent.setdefault(p, []).append((i, j, st, c))
-        for p, subs in per_extent.items():
-            batches = []
-            index = []
-            for i, j, st, c in subs:
-                piece = ordered.slice(st, c).combine_chunks()
-                batches.extend(piece.to_batches(max_chunksize=c) or [])
-                index.append([i, j, c])
-            out[(r, p)] = (pa.Table.from_batches(batches, schema=table.schema), index)
+    for (r, p), pieces in sorted(subs.items()):
+        pieces.sort()
+        batches = []
+        index = []
+        for i, j, st, c in pieces:
+            piece = ordered.slice(st, c)
+            got = piece.to_batches()
+            if len(got) != 1:  # a column chunked inside this cell: one batch per sub-bucket
+                got = piece.combine_chunks().to_batches()
+            batches.extend(got)
+            index.append([i, j, c])
+        out[(r, p)] = (pa.Table.from_batches(batches, schema=table.schema), index)
     return out
 
 
@@ -140,15 +154,21 @@ def write_extent(path: Path, rows: pa.Table, buckets: list[list[int]]) -> tuple[
         batches = [x for x in batches if x is not None]
     sized = [[b[0], b[1], b[2], int(batch.nbytes)] for b, batch in zip(buckets, batches, strict=True)]
     schema = rows.schema.with_metadata({**(rows.schema.metadata or {}), BUCKETS_META: json.dumps(sized).encode()})
+    # Serialise in memory and hash those bytes, then write them once: hashing the file after
+    # writing it read every byte back (a second pass over the extent on every append).
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    buf = sink.getvalue()
+    checksum = blake3.blake3(memoryview(buf)).hexdigest()
     tmp = path.with_suffix(f".tmp-{uuid.uuid4().hex[:6]}")
-    with pa.OSFile(str(tmp), "wb") as sink:
-        with pa.ipc.new_file(sink, schema) as writer:
-            for batch in batches:
-                writer.write_batch(batch)
-    with open(tmp, "rb+") as f:
+    with open(tmp, "wb") as f:
+        f.write(memoryview(buf))
+        f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    return path.stat().st_size, file_checksum(path), sized
+    return buf.size, checksum, sized
 
 
 def file_checksum(path: Path) -> str:

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+
 from microco.services.scheduler._local import spawn_agent, spawn_scheduler, stop_process
 
 pytestmark = pytest.mark.e2e

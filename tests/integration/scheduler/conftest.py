@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from microco.services.scheduler._local import spawn_agent, stop_process
 
 

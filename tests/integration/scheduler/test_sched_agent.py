@@ -11,6 +11,7 @@ import time
 
 import grpc
 import pytest
+
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.services.agent import NODES_PREFIX
 

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+
 from microco.clients.scheduler import EXIT_CHECKPOINTED, ControlChannel
 
 STEPS = 40

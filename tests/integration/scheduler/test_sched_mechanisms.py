@@ -6,6 +6,7 @@ import sys
 import time
 
 import pytest
+
 from microco.clients.common import channel_for
 from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
 from microco.services.scheduler._agents import AgentDirectory

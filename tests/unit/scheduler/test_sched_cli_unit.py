@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from microco.clients.cli import build_parser, main
 
 

@@ -6,6 +6,7 @@ import sys
 import threading
 
 import pytest
+
 from microco.clients.scheduler import job_to_dict, make_spec
 from microco.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from microco.services.common.kv import MemoryKV

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+
 from microco.clients.scheduler import EXIT_CHECKPOINTED, ControlChannel, JobContext, StepBatches
 
 

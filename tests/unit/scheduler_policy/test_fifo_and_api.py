@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from microco.services.scheduler.policy import (
     ClusterView,
     DeviceView,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
+
 from microco.services.scheduler.policy import (
     ClusterView,
     DeviceView,
@@ -250,3 +252,21 @@ def test_random_views_give_applicable_deterministic_decisions(name: str) -> None
         assert check_decisions(view, a) == [], (trial, a)
         assert make_policy(name).decide(view) == a
         assert all(isinstance(d, (Start, Resume, Suspend, Pack, Unpack, Migrate, Resize)) for d in a)
+
+
+def test_wakeup_at_points_to_the_next_clock_driven_change() -> None:
+    jobs = (
+        job("a", state=R, devices=("n0g0",), attained_service_s=500, last_change_at=0),
+        job("b", state=S, attained_service_s=100, last_change_at=0, t=1),
+    )
+    g = make_policy("gandiva", quantum_s=60, enable_packing=False)
+    assert g.wakeup_at(ClusterView(30.0, devices(1, 1), jobs)) == 60.0  # a's quantum ends
+    assert g.wakeup_at(ClusterView(61.0, devices(1, 1), jobs)) is None  # due now: events/decide act
+    # a has had less service than b: wake when it overtakes b (100 - 20 device-seconds away)
+    behind = (dataclasses.replace(jobs[0], attained_service_s=20.0), jobs[1])
+    assert g.wakeup_at(ClusterView(70.0, devices(1, 1), behind)) == pytest.approx(150.0, abs=1e-3)
+    assert g.wakeup_at(ClusterView(30.0, devices(1, 1), jobs[:1])) is None  # nobody waits
+    las = make_policy("las", thresholds_s=(1000.0,), min_run_s=60)
+    assert las.wakeup_at(ClusterView(30.0, devices(1, 1), jobs)) == 60.0
+    assert las.wakeup_at(ClusterView(100.0, devices(1, 1), jobs)) == pytest.approx(600.0, abs=1e-3)
+    assert make_policy("fifo").time_driven is False

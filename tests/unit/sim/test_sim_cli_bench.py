@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from microco.benchmarks import sim as bench
 from microco.clients.cli import sim as cli
 from microco.services.scheduler.sim import TraceJob, default_traces_dir, write_trace_csv

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from microco.services.scheduler.policy import (
     JobView,
     check_decisions,
@@ -197,3 +198,17 @@ def test_hp_search_gandiva_identifies_best_sooner() -> None:
     assert f.found_best and g.found_best
     assert g.time_to_identify_s < f.time_to_identify_s
     assert g.stopped_early == f.stopped_early > 0
+
+
+def test_elastic_jobs_grow_on_idle_devices_and_shrink_for_newcomers() -> None:
+    trace = [
+        TraceJob("e", 0.0, 1, 2000.0, elastic=True),
+        TraceJob("late", 500.0, 1, 100.0),
+        TraceJob("late2", 520.0, 1, 100.0),
+    ]
+    cl = ClusterSpec.for_gpus(2, 2)
+    on = simulate(make_policy("gandiva"), trace, cl, check_invariants=True)
+    off = simulate(make_policy("gandiva", enable_grow_shrink=False), trace, cl, check_invariants=True)
+    assert on.resizes >= 2  # grew, then shrank when 'late' arrived
+    assert on.per_job["e"]["finished"] < off.per_job["e"]["finished"]
+    assert all(pj["finished"] for pj in on.per_job.values())
