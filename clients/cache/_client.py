@@ -86,13 +86,16 @@ class CacheClient(ServiceClient):
             raise from_rpc_error(exc) from None
         return out
 
-    def read_chunks(self, digests: Sequence[str], *, timeout: float | None = None) -> dict[str, bytes]:
-        """Whole chunks by digest (those held); streamed in parts."""
+    def read_chunks(
+        self, digests: Sequence[str], *, job_id: str = "", timeout: float | None = None
+    ) -> dict[str, bytes]:
+        """Whole chunks by digest (those held); streamed in parts. ``job_id`` names the reader in
+        the server's per-job counters."""
         parts: dict[str, list[bytes]] = {}
         out: dict[str, bytes] = {}
         try:
             for m in self._stub.ReadChunks(
-                cache_pb2.ReadChunksRequest(digests=list(digests)), timeout=self._t(timeout)
+                cache_pb2.ReadChunksRequest(digests=list(digests), job_id=job_id), timeout=self._t(timeout)
             ):
                 if m.missing:
                     continue

@@ -30,6 +30,17 @@ def stats_to_dict(st: cache_pb2.CacheStats) -> dict[str, Any]:
         "bytes_served": st.bytes_served,
         "datasets": {d.dataset: {"bytes": d.bytes, "chunks": d.chunks} for d in st.datasets},
         "jobs": list(st.jobs),
+        "job_stats": [
+            {
+                "job_id": j.job_id,
+                "dataset": j.dataset,
+                "hits": j.hits,
+                "misses": j.misses,
+                "hit_rate": j.hits / (j.hits + j.misses) if j.hits + j.misses else None,
+                "bytes_served": j.bytes_served,
+            }
+            for j in st.job_stats
+        ],
     }
 
 

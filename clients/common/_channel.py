@@ -12,6 +12,9 @@ _OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.enable_retries", 0),  # retries are ours, by allow-list
+    # A channel of its own: a new channel to a restarted service must not inherit the dead
+    # subchannel's reconnect backoff from other channels to the same address.
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -45,6 +45,21 @@ class Counters:
     bytes_served: int = 0
 
 
+@dataclass
+class JobCounters:
+    """One job's cumulative counters on this server (hits and misses as the job reported them)."""
+
+    dataset: str = ""
+    hits: int = 0
+    misses: int = 0
+    bytes_served: int = 0
+
+
+# Per-job counters kept, most recently active first out: finished jobs keep theirs (a plot of a
+# job that just ended must not lose its last points) but the map stays bounded.
+MAX_JOB_COUNTERS = 1024
+
+
 @dataclass(frozen=True)
 class PutResult:
     digest: str
@@ -76,6 +91,7 @@ class CacheCore:
         self.clock = clock
         self.probe_bytes = probe_bytes
         self.counters = Counters(corrupt_dropped=store.dropped_on_start)
+        self.job_counters: OrderedDict[str, JobCounters] = OrderedDict()
         self._lock = threading.RLock()
         self.ledger = Ledger()
         self.consumption = ConsumptionTracker(ttl_s=job_ttl_s)
@@ -100,8 +116,24 @@ class CacheCore:
         with self._lock:
             return self.policy.room(self.ledger, self.capacity, dataset, self.consumption, self._quotas())
 
-    def read_samples(self, reads: Sequence[tuple[str, int, int, str]]) -> Iterator[tuple[int, bytes | None]]:
+    def _job(self, job: str, dataset: str = "") -> JobCounters:
+        """``job``'s counters (created on first use); call with the lock held."""
+        c = self.job_counters.get(job)
+        if c is None:
+            c = self.job_counters[job] = JobCounters()
+            while len(self.job_counters) > MAX_JOB_COUNTERS:
+                self.job_counters.popitem(last=False)
+        else:
+            self.job_counters.move_to_end(job)
+        if dataset:
+            c.dataset = dataset
+        return c
+
+    def read_samples(
+        self, reads: Sequence[tuple[str, int, int, str]], job: str = ""
+    ) -> Iterator[tuple[int, bytes | None]]:
         """(chunk, offset, length, sample digest) -> (position, bytes or None when missing).
+        Bytes served are counted for the server and, when named, for ``job``.
 
         Each sample is hashed before it leaves: a flipped byte is caught here, the chunk
         dropped (so that it will be fetched again) and the sample reported missing."""
@@ -122,9 +154,11 @@ class CacheCore:
             if data is not None:
                 with self._lock:
                     self.counters.bytes_served += len(data)
+                    if job:
+                        self._job(job).bytes_served += len(data)
             yield pos, data
 
-    def read_chunks(self, digests: Sequence[str]) -> Iterator[tuple[str, bytes | None]]:
+    def read_chunks(self, digests: Sequence[str], job: str = "") -> Iterator[tuple[str, bytes | None]]:
         for d in digests:
             with self._lock:
                 held = d in self.ledger
@@ -137,6 +171,8 @@ class CacheCore:
             if data is not None:
                 with self._lock:
                     self.counters.bytes_served += len(data)
+                    if job:
+                        self._job(job).bytes_served += len(data)
             yield d, data
 
     def open_chunks(self, digests: Sequence[str]) -> list[tuple[str, str, int]]:
@@ -251,12 +287,15 @@ class CacheCore:
             info = self.jobs.get(job)
             if info is None or info.dataset != dataset:
                 info = self.jobs[job] = _JobInfo(dataset, user)
+            per_job = self._job(job, dataset)
             for h, secs, nbytes, n in timings:
                 info.timings.append((h, secs))
                 # Hits and misses as the jobs saw them (direct reads never pass through here).
                 hit = round(h * n)
                 self.counters.hits += hit
                 self.counters.misses += max(0, n - hit)
+                per_job.hits += hit
+                per_job.misses += max(0, n - hit)
                 if nbytes > 0:
                     info.batch_bytes = nbytes
             if dataset_bytes > 0:
@@ -296,6 +335,10 @@ class CacheCore:
                 "node": self.node,
                 "datasets": {k: {"bytes": v[0], "chunks": v[1]} for k, v in sorted(per.items())},
                 "jobs": sorted(self.jobs),
+                # the console's per-job hit-rate plot reads entries with job_id, hits and misses
+                "job_stats": [
+                    {"job_id": job, **c.__dict__} for job, c in sorted(self.job_counters.items())
+                ],
                 **self.counters.__dict__,
             }
 

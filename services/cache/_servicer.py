@@ -45,7 +45,7 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
             raise InvalidArgument("offset and length must be non-negative")
         batch: list[cache_pb2.SampleData] = []
         size = 0
-        for pos, data in self.core.read_samples(reads):
+        for pos, data in self.core.read_samples(reads, job=request.job_id):
             if data is None:
                 batch.append(cache_pb2.SampleData(position=pos, missing=True))
             else:
@@ -60,7 +60,7 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
     def ReadChunks(
         self, request: cache_pb2.ReadChunksRequest, context: grpc.ServicerContext
     ) -> Iterator[cache_pb2.ChunkData]:
-        for d, data in self.core.read_chunks(list(request.digests)):
+        for d, data in self.core.read_chunks(list(request.digests), job=request.job_id):
             if data is None:
                 yield cache_pb2.ChunkData(digest=d, missing=True, last=True)
                 continue
@@ -192,6 +192,13 @@ def stats_to_proto(s: dict) -> cache_pb2.CacheStats:
             for k, v in s["datasets"].items()
         ],
         jobs=s["jobs"],
+        job_stats=[
+            cache_pb2.JobStats(
+                job_id=j["job_id"], dataset=j["dataset"], hits=j["hits"], misses=j["misses"],
+                bytes_served=j["bytes_served"],
+            )
+            for j in s.get("job_stats", [])
+        ],
     )
 
 

@@ -174,6 +174,7 @@ class StoreCore:
         """Append rows: every super-extent is written to all three replicas on disjoint node groups,
         then all are committed in one etcd transaction. A node that fails mid-append is excluded
         and the super-extent re-placed; nothing is visible until the commit."""
+        t0 = time.perf_counter()
         info = self.catalog.table(name)
         data = conform(data, info.schema, info.specs, name)
         if data.num_rows == 0:
@@ -188,10 +189,14 @@ class StoreCore:
         for k, chunk in enumerate(chunks):
             supers.append(self._write_super_extent(info, first + k, chunk))
         self.catalog.commit_super_extents(name, supers)
-        return AppendResult(data.num_rows, [s.id for s in supers], sum(e.bytes for s in supers for e in s.extents))
+        nbytes = sum(e.bytes for s in supers for e in s.extents)
+        log.info("append %s: %d rows, %d extent bytes in %.2fs", name, data.num_rows, nbytes, time.perf_counter() - t0)
+        return AppendResult(data.num_rows, [s.id for s in supers], nbytes)
 
     def _write_super_extent(self, info: TableInfo, sid: int, rows: pa.Table) -> SuperExtent:
+        t0 = time.perf_counter()
         extents = bucketed_extents(rows, info.specs)
+        log.info("super-extent %s/%d: %d rows bucketed in %.2fs", info.name, sid, rows.num_rows, time.perf_counter() - t0)
         excluded: set[str] = set()
         last: Exception | None = None
         for _attempt in range(4):
@@ -217,6 +222,7 @@ class StoreCore:
                     failed.add(node.name)
                     last = exc
             if not failed:
+                log.info("super-extent %s/%d: %d extents written in %.2fs", info.name, sid, len(metas), time.perf_counter() - t0)
                 return SuperExtent(info.name, sid, rows.num_rows, metas)
             log.warning("append to %s: nodes %s failed (%s); re-placing super-extent %d", info.name, failed, last, sid)
             excluded |= failed

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -116,9 +117,13 @@ class StoreFlightServer(flight.FlightServerBase):
 
     def do_put(self, context, descriptor, reader, writer):  # noqa: ANN001
         try:
+            t0 = time.perf_counter()
             req = json.loads(descriptor.command)
             rows = reader.read_all()
+            t1 = time.perf_counter()
             res = self.store.put_extent(req["table"], req["extent"], rows, req["buckets"])
+            log.info("extent %s/%s: %d bytes received in %.2fs, written in %.2fs", req["table"], req["extent"],
+                     res["bytes"], t1 - t0, time.perf_counter() - t1)
             writer.write(pa.py_buffer(json.dumps(res).encode()))
         except Exception as exc:  # noqa: BLE001
             log.warning("do_put failed: %s", exc)

@@ -129,6 +129,7 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
         )
 
     def Append(self, request_iterator, context):  # noqa: N802, ANN001
+        t0 = time.perf_counter()
         table = ""
         buf = io.BytesIO()
         for req in request_iterator:
@@ -141,6 +142,7 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
             data = pa.ipc.open_stream(pa.py_buffer(buf.getvalue())).read_all()
         except (pa.ArrowInvalid, OSError) as exc:
             raise InvalidArgument(f"append body is not an Arrow IPC stream: {exc}") from None
+        log.info("append %s: %d bytes of Arrow IPC received in %.2fs", table, buf.tell(), time.perf_counter() - t0)
         res = self.core.append(table, data)
         return pb.AppendResponse(rows=res.rows, bytes=res.bytes, super_extents=res.super_extents)
 

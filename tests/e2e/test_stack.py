@@ -48,7 +48,7 @@ def wait_for_state(home: Path, proc: subprocess.Popen, timeout: float = 150) -> 
 
 
 def expected_services() -> list[str]:
-    return [s.name for s in platform_processes(StackOptions(console_port=0)) if s.available()]
+    return [s.name for s in platform_processes(StackOptions(console_port=0, store_nodes=3)) if s.available()]
 
 
 def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:

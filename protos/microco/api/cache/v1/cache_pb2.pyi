@@ -201,7 +201,7 @@ class DatasetUsage(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., bytes: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
 
 class CacheStats(_message.Message):
-    __slots__ = ("capacity_bytes", "used_bytes", "chunks", "hits", "misses", "policy", "node", "evictions", "corrupt_dropped", "rejected", "bytes_served", "datasets", "jobs")
+    __slots__ = ("capacity_bytes", "used_bytes", "chunks", "hits", "misses", "policy", "node", "evictions", "corrupt_dropped", "rejected", "bytes_served", "datasets", "jobs", "job_stats")
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +215,7 @@ class CacheStats(_message.Message):
     BYTES_SERVED_FIELD_NUMBER: _ClassVar[int]
     DATASETS_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATS_FIELD_NUMBER: _ClassVar[int]
     capacity_bytes: int
     used_bytes: int
     chunks: int
@@ -228,7 +229,22 @@ class CacheStats(_message.Message):
     bytes_served: int
     datasets: _containers.RepeatedCompositeFieldContainer[DatasetUsage]
     jobs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., chunks: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., policy: _Optional[str] = ..., node: _Optional[str] = ..., evictions: _Optional[int] = ..., corrupt_dropped: _Optional[int] = ..., rejected: _Optional[int] = ..., bytes_served: _Optional[int] = ..., datasets: _Optional[_Iterable[_Union[DatasetUsage, _Mapping]]] = ..., jobs: _Optional[_Iterable[str]] = ...) -> None: ...
+    job_stats: _containers.RepeatedCompositeFieldContainer[JobStats]
+    def __init__(self, capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., chunks: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., policy: _Optional[str] = ..., node: _Optional[str] = ..., evictions: _Optional[int] = ..., corrupt_dropped: _Optional[int] = ..., rejected: _Optional[int] = ..., bytes_served: _Optional[int] = ..., datasets: _Optional[_Iterable[_Union[DatasetUsage, _Mapping]]] = ..., jobs: _Optional[_Iterable[str]] = ..., job_stats: _Optional[_Iterable[_Union[JobStats, _Mapping]]] = ...) -> None: ...
+
+class JobStats(_message.Message):
+    __slots__ = ("job_id", "dataset", "hits", "misses", "bytes_served")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SERVED_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    dataset: str
+    hits: int
+    misses: int
+    bytes_served: int
+    def __init__(self, job_id: _Optional[str] = ..., dataset: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., bytes_served: _Optional[int] = ...) -> None: ...
 
 class GetAllocationsRequest(_message.Message):
     __slots__ = ()
