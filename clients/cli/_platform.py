@@ -106,7 +106,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     _say(f"up in {time.monotonic() - t0:.1f}s; etcd {stack.etcd_endpoint}, redis {stack.redis_url}")
     console = next((c for c in stack.children if c.spec.name == "console" and c.record), None)
     if console:
-        _say(f"console: http://{console.record.address}/")
+        _say(f"console: http://{console.record.address}/ (sign in with the token `microco console token` prints)")
     if args.detach:
         _say("detached; stop with `microco down`" + (f" --home {args.home}" if args.home else ""))
         stack.children = []  # keep them running; the state file lets `microco down` stop them
@@ -124,6 +124,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             from microco.examples.demo import run_demo
 
             run_demo(etcd=stack.etcd_endpoint, redis=stack.redis_url, home=opts.home, progress=_say)
+            if not args.exit_after_demo:
+                _say("the platform stays up so you can look around in the console; Ctrl-C stops it")
             if args.exit_after_demo:
                 return 0
         _say("running; Ctrl-C to stop")

@@ -77,7 +77,7 @@ def register(sub: Any) -> None:
     r.add_argument("--watch", action="store_true", help="follow until nothing is left to rebuild")
     r.set_defaults(func=cmd_recovery)
 
-    sc = s.add_parser("scrub", help="verify every extent's checksum; corrupt ones get rebuilt")
+    sc = s.add_parser("scrub", help="verify every extent's checksum (corrupt ones get rebuilt) and delete orphan extent files")
     sc.set_defaults(func=cmd_scrub)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
@@ -282,6 +282,9 @@ def cmd_recovery(args: argparse.Namespace) -> int:
 
 def cmd_scrub(args: argparse.Namespace) -> int:
     with _client(args) as c:
-        bad = c.scrub()
+        rep = c.scrub(report=True)
+    bad = rep["corrupt"]
     print("\n".join(bad) if bad else "all extents match their checksums")
+    if rep["orphans_deleted"]:
+        print(f"deleted {len(rep['orphans_deleted'])} orphan extent files ({rep['orphan_bytes']} bytes)")
     return 0

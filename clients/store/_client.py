@@ -191,8 +191,14 @@ class StoreClient(ServiceClient):
         r = self._call(self._stub.StartRecovery, pb.StartRecoveryRequest(), timeout=timeout, idempotent=True)
         return {**json.loads(r.json or "{}"), "unavailable_extents": r.unavailable_extents}
 
-    def scrub(self, *, timeout: float | None = None) -> list[str]:
-        return list(self._call(self._stub.Scrub, pb.ScrubRequest(), timeout=timeout, idempotent=True).corrupt)
+    def scrub(self, *, timeout: float | None = None, report: bool = False) -> list[str] | dict[str, Any]:
+        """Verify every extent's checksum (corrupt ones are rebuilt) and delete orphan extent files.
+        Returns the corrupt extents, or with ``report=True`` ``{"corrupt", "orphans_deleted",
+        "orphan_bytes"}``."""
+        r = self._call(self._stub.Scrub, pb.ScrubRequest(), timeout=timeout, idempotent=True)
+        if not report:
+            return list(r.corrupt)
+        return {"corrupt": list(r.corrupt), "orphans_deleted": list(r.orphans_deleted), "orphan_bytes": r.orphan_bytes}
 
     def table(self, name: str) -> Frame:
         return Frame(self, {"table": name})

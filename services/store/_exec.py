@@ -181,6 +181,9 @@ def concat(tables: Sequence[pa.Table], schema: pa.Schema | None = None) -> pa.Ta
         return schema.empty_table() if schema is not None else pa.table({})
     if len(tables) == 1:
         return tables[0]
+    if all(t.num_columns == 0 for t in tables):
+        # rows without columns (e.g. count(*) needs none): concat_tables would drop the row count
+        return pa.table({"_": pa.nulls(sum(t.num_rows for t in tables))}).select([])
     return pa.concat_tables(tables, promote_options="permissive")
 
 

@@ -160,7 +160,8 @@ class StoreFlightServer(flight.FlightServerBase):
 
     def list_actions(self, context):  # noqa: ANN001
         return [("rebuild", "rebuild an extent from peers' buckets"), ("delete", ""), ("drop_table", ""),
-                ("shuffle_drop", ""), ("verify", "check an extent's checksum"), ("stats", "")]
+                ("shuffle_drop", ""), ("verify", "check an extent's checksum"), ("stats", ""),
+                ("collect_garbage", "delete unreferenced extent files older than min_age_s")]
 
 
 class FlightTransport:

@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,51 @@ class NodeStore:
             return True
         except FileNotFoundError:
             return False
+
+    def collect_garbage(self, keep: dict[str, Sequence[str]], min_age_s: float) -> dict[str, Any]:
+        """Delete extent files the catalog does not reference here (``keep``: table -> extent ids
+        on this node), and temporary files of interrupted writes, once older than ``min_age_s``.
+
+        Orphans come from append attempts that failed half-way, rebuilds that lost their commit,
+        dropped tables whose node was down, and a node that returns after its extents were rebuilt
+        elsewhere. The age floor protects extents of an append or rebuild still in flight (written,
+        not yet committed): they are young. Returns ``{"deleted": ["table/file", ...], "bytes": n}``."""
+        root = self.data_dir / "tables"
+        deleted: list[str] = []
+        freed = 0
+        now = time.time()
+        if not root.exists():
+            return {"deleted": deleted, "bytes": 0}
+        for tdir in sorted(root.iterdir()):
+            if not tdir.is_dir():
+                continue
+            wanted = set(keep.get(tdir.name, ()))
+            for f in sorted(tdir.iterdir()):
+                is_tmp = ".tmp-" in f.name
+                if not is_tmp and (not f.name.endswith(".arrow") or f.name[: -len(".arrow")] in wanted):
+                    continue
+                try:
+                    st = f.stat()
+                except FileNotFoundError:
+                    continue
+                if now - st.st_mtime < min_age_s:
+                    continue
+                with self._lock:
+                    self._verified.pop(str(f), None)
+                try:
+                    f.unlink()
+                except FileNotFoundError:
+                    continue
+                deleted.append(f"{tdir.name}/{f.name}")
+                freed += st.st_size
+            if not any(tdir.iterdir()) and tdir.name not in keep:
+                try:
+                    tdir.rmdir()
+                except OSError:
+                    pass
+        if deleted:
+            log.info("node %s: %d orphan files (%d bytes) deleted", self.name, len(deleted), freed)
+        return {"deleted": deleted, "bytes": freed}
 
     def drop_table(self, table: str) -> None:
         shutil.rmtree(self.data_dir / "tables" / table, ignore_errors=True)

@@ -193,7 +193,8 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
         bad = self.core.scrub()
         if bad and self.recovery is not None:
             self.recovery.kick()
-        return pb.ScrubResponse(corrupt=bad)
+        gc = self.core.collect_garbage()
+        return pb.ScrubResponse(corrupt=bad, orphans_deleted=gc["deleted"], orphan_bytes=gc["bytes"])
 
 
 class RecoveryLoop:
@@ -201,9 +202,14 @@ class RecoveryLoop:
     (its etcd lease expired) and checked every ``interval_s``; waits ``grace_s`` first, so that
     a node restarting quickly is not rebuilt needlessly."""
 
-    def __init__(self, core: StoreCore, kv: Any, grace_s: float = 2.0, interval_s: float = 5.0) -> None:
+    def __init__(
+        self, core: StoreCore, kv: Any, grace_s: float = 2.0, interval_s: float = 5.0, gc_interval_s: float = 600.0
+    ) -> None:
         self.core, self.kv = core, kv
         self.grace_s, self.interval_s = grace_s, interval_s
+        # orphan extent files are collected every gc_interval_s (0: only by Scrub)
+        self.gc_interval_s = gc_interval_s
+        self._last_gc = time.monotonic()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._cancel = None
@@ -240,6 +246,12 @@ class RecoveryLoop:
                 return
             woke = self._wake.is_set()
             self._wake.clear()
+            if self.gc_interval_s and time.monotonic() - self._last_gc >= self.gc_interval_s:
+                self._last_gc = time.monotonic()
+                try:
+                    self.core.collect_garbage()
+                except Exception:  # noqa: BLE001 - the next pass retries
+                    log.exception("orphan collection failed")
             try:
                 lost = self.core.lost_count()
                 LOST.set(lost)
@@ -261,13 +273,19 @@ def _coordinator_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recovery-rate-mb", type=float, default=200.0, help="recovery read throttle, MB/s (0: none)")
     g.add_argument("--recovery-grace-s", type=float, default=2.0, help="wait after a node vanishes before rebuilding")
     g.add_argument("--recovery-interval-s", type=float, default=5.0, help="how often to look for lost extents")
+    g.add_argument("--gc-interval-s", type=float, default=600.0,
+                   help="how often to delete orphan extent files on the nodes (0: only on scrub)")
+    g.add_argument("--gc-min-age-s", type=float, default=1800.0,
+                   help="an unreferenced extent file is deleted only once this old (appends in flight keep theirs)")
 
 
 def _setup_coordinator(ctx: ServiceContext) -> None:
     a = ctx.args
     transport = FlightTransport(ctx.kv)
-    core = StoreCore(ctx.kv, transport, super_extent_rows=a.super_extent_rows, recovery_rate_bytes=a.recovery_rate_mb * 1e6)
-    loop = RecoveryLoop(core, ctx.kv, grace_s=a.recovery_grace_s, interval_s=a.recovery_interval_s).start()
+    core = StoreCore(ctx.kv, transport, super_extent_rows=a.super_extent_rows, recovery_rate_bytes=a.recovery_rate_mb * 1e6,
+                     gc_min_age_s=a.gc_min_age_s)
+    loop = RecoveryLoop(core, ctx.kv, grace_s=a.recovery_grace_s, interval_s=a.recovery_interval_s,
+                        gc_interval_s=a.gc_interval_s).start()
     servicer = StoreServicer(core, loop)
     ctx.runtime.add_service(
         pb_grpc.add_StoreCoordinatorServiceServicer_to_server, servicer, "microco.api.store.v1.StoreCoordinatorService"

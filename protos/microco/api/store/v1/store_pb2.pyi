@@ -201,7 +201,11 @@ class ScrubRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ScrubResponse(_message.Message):
-    __slots__ = ("corrupt",)
+    __slots__ = ("corrupt", "orphans_deleted", "orphan_bytes")
     CORRUPT_FIELD_NUMBER: _ClassVar[int]
+    ORPHANS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    ORPHAN_BYTES_FIELD_NUMBER: _ClassVar[int]
     corrupt: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, corrupt: _Optional[_Iterable[str]] = ...) -> None: ...
+    orphans_deleted: _containers.RepeatedScalarFieldContainer[str]
+    orphan_bytes: int
+    def __init__(self, corrupt: _Optional[_Iterable[str]] = ..., orphans_deleted: _Optional[_Iterable[str]] = ..., orphan_bytes: _Optional[int] = ...) -> None: ...
