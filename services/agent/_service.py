@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import threading
 import time
 from typing import Any
 
@@ -18,8 +17,9 @@ import grpc
 
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.api.common.v1 import common_pb2
-from microco.services.common.errors import InvalidArgument, Unavailable
-from microco.services.common.kv import KV, LeaseKeeper, dumps
+from microco.services.common.errors import InvalidArgument
+from microco.services.common.kv import KV, dumps
+from microco.services.common.registry import LeasedKey
 from microco.services.common.server import ServiceContext, ServiceRuntime
 
 from ._devices import DeviceInfo, discover_devices
@@ -127,9 +127,7 @@ class NodeAgent:
         self.devices = discover_devices(node, virtual_devices)
         self.procs = ProcessManager(data_dir, self.devices, checkpoint_root)
         self.address = ""
-        self._keeper: LeaseKeeper | None = None
-        self._lock = threading.Lock()
-        self._closed = False
+        self._leased = LeasedKey(kv, self.key, lambda: dumps(self.record()), lease_ttl_s)
 
     @property
     def key(self) -> str:
@@ -157,29 +155,11 @@ class NodeAgent:
     def register(self, address: str) -> None:
         """Advertise the node and its devices under a lease kept alive in the background."""
         self.address = address
-        with self._lock:
-            if self._closed:
-                return
-            lease = self.kv.lease(self.lease_ttl_s)
-            self.kv.put(self.key, dumps(self.record()), lease=lease)
-            self._keeper = LeaseKeeper(lease, on_lost=self._renew)
+        self._leased.start()
         log.info("node registered", extra={"node": self.node, "devices": [d.id for d in self.devices]})
 
-    def _renew(self) -> None:
-        try:
-            self.register(self.address)
-        except Unavailable as exc:
-            log.error("node re-registration failed: %s", exc)
-
     def close(self, stop_jobs: bool = True) -> None:
-        with self._lock:
-            self._closed = True
-            keeper, self._keeper = self._keeper, None
-        if keeper is not None:
-            try:
-                keeper.stop(revoke=True)
-            except Unavailable as exc:
-                log.warning("could not revoke the node lease: %s", exc)
+        self._leased.stop()
         if stop_jobs:
             self.procs.shutdown()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from .errors import Unavailable
@@ -42,43 +43,43 @@ class ServiceRecord:
         return cls(**json.loads(raw))
 
 
-class Registration:
-    """Keeps one ``ServiceRecord`` in etcd for as long as the process lives.
+class LeasedKey:
+    """Keeps one key in etcd under a lease for as long as its owner lives.
 
-    Re-registers under a fresh lease if etcd ever drops the old one (for example after etcd
-    itself restarted or the process was paused past its TTL)."""
+    The lease is refreshed from a background thread; if etcd ever drops it (etcd restarted, or
+    the process was paused past its TTL) the key is put again under a fresh lease. ``value`` is
+    called at every (re)put, so what is advertised is always current. Used for service
+    registration and for node agents' device records alike."""
 
-    def __init__(self, kv: KV, record: ServiceRecord, ttl: int = 5) -> None:
-        self.kv, self.record, self.ttl = kv, record, ttl
+    def __init__(self, kv: KV, key: str, value: Callable[[], bytes], ttl: int = 5) -> None:
+        self.kv, self.key, self.value, self.ttl = kv, key, value, ttl
         self._keeper: LeaseKeeper | None = None
         self._lock = threading.Lock()
         self._closed = False
 
-    def start(self) -> Registration:
+    def start(self) -> LeasedKey:
         with self._lock:
+            if self._closed:
+                return self
             lease = self.kv.lease(self.ttl)
-            self.kv.put(self.record.key, self.record.to_json(), lease=lease)
+            self.kv.put(self.key, self.value(), lease=lease)
             self._keeper = LeaseKeeper(lease, on_lost=self._renew)
-        log.info("registered", extra={"key": self.record.key, "address": self.record.address})
         return self
 
     def _renew(self) -> None:
-        if self._closed:
-            return
         try:
             self.start()
         except Unavailable as exc:
-            log.error("re-registration failed: %s", exc)
+            log.error("re-putting %s under a new lease failed: %s", self.key, exc)
 
-    def update(self, record: ServiceRecord) -> None:
-        """Change what is advertised (e.g. a new label) under the same lease."""
+    def refresh_value(self) -> None:
+        """Put the current ``value()`` again, under the same lease."""
         with self._lock:
-            self.record = record
             if self._keeper is not None:
-                self.kv.put(record.key, record.to_json(), lease=self._keeper.lease)
+                self.kv.put(self.key, self.value(), lease=self._keeper.lease)
 
     def stop(self) -> None:
-        """Revoke the lease: the entry disappears now rather than after the TTL. Idempotent."""
+        """Revoke the lease: the key disappears now rather than after the TTL. Idempotent."""
         with self._lock:
             self._closed = True
             keeper, self._keeper = self._keeper, None
@@ -86,7 +87,29 @@ class Registration:
             try:
                 keeper.stop(revoke=True)
             except Unavailable as exc:
-                log.warning("could not revoke lease (it will expire): %s", exc)
+                log.warning("could not revoke the lease of %s (it will expire): %s", self.key, exc)
+
+
+class Registration:
+    """Keeps one ``ServiceRecord`` in etcd for as long as the process lives."""
+
+    def __init__(self, kv: KV, record: ServiceRecord, ttl: int = 5) -> None:
+        self.record = record
+        self._key = LeasedKey(kv, record.key, lambda: self.record.to_json(), ttl)
+
+    def start(self) -> Registration:
+        self._key.start()
+        log.info("registered", extra={"key": self.record.key, "address": self.record.address})
+        return self
+
+    def update(self, record: ServiceRecord) -> None:
+        """Change what is advertised (e.g. a new label) under the same lease."""
+        self.record = record
+        self._key.refresh_value()
+
+    def stop(self) -> None:
+        """Revoke the lease: the entry disappears now rather than after the TTL. Idempotent."""
+        self._key.stop()
 
 
 def discover(kv: KV, name: str | None = None) -> list[ServiceRecord]:

@@ -102,7 +102,7 @@ def bucketed_extents(
     if pids is None:
         pids = assign_partitions(table, specs)
     assert len(specs) == REPLICAS == 3, "extents are bucketed by the two other replicas"
-    n0, n1, n2 = (s.count for s in specs)
+    _, n1, n2 = (s.count for s in specs)
     key = (pids[0].astype(np.int64) * n1 + pids[1].astype(np.int64)) * n2 + pids[2].astype(np.int64)
     order = np.argsort(key, kind="stable")
     ordered = table.take(pa.array(order)).combine_chunks()

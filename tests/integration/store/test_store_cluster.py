@@ -5,6 +5,7 @@ nodes' data directories, kill -9 during queries and appends, recovery, corruptio
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections import defaultdict
@@ -234,6 +235,18 @@ def test_corrupt_extent_detected_and_rebuilt(cluster):
     wait_recovered(client)
     assert client.scrub() == []
     invariant(c, "orders", "o_id", N)
+    # an orphan extent file (an interrupted append's, an hour old) is deleted by the scrub over
+    # Flight; a young one (an append that may still be in flight) is kept
+    tdir = Path(c.root) / e.node / "tables" / "orders"
+    old, young = tdir / "s999999-r0-p0000-0badf00d.arrow", tdir / "s999999-r1-p0000-0badf00d.arrow"
+    old.write_bytes(b"orphan")
+    young.write_bytes(b"young")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    rep = client.scrub(report=True)
+    assert rep["orphans_deleted"] == [f"{e.node}:orders/{old.name}"] and rep["orphan_bytes"] == 6
+    assert not old.exists() and young.exists()
+    young.unlink()
+    check_queries(client)
 
 
 def test_kill9_during_queries_and_append_loses_nothing(cluster):

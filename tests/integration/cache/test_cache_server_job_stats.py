@@ -4,6 +4,7 @@ reads them."""
 from __future__ import annotations
 
 import pytest
+
 from microco.clients.cache import CacheClient, open_loader, register_dataset, stats_to_dict
 from microco.services.cache import digest
 from microco.services.console._proto import to_dict
