@@ -42,6 +42,8 @@ def register(sub: Any) -> None:
     p.add_argument("--detach", action="store_true", help="start, print, and return (stop with `microco down`)")
     p.add_argument("--demo", action="store_true", help="once up, run the demo scenario through every system")
     p.add_argument("--exit-after-demo", action="store_true", help="with --demo: stop the stack when it ends")
+    p.add_argument("--demo-jobs", type=int, default=5, help="with --demo: training jobs to submit (default 5)")
+    p.add_argument("--demo-epochs", type=int, default=3, help="with --demo: epochs per job (default 3)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for health (default 120)")
     p.set_defaults(func=cmd_up)
 
@@ -85,6 +87,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     if args.devices < 1:
         raise InvalidArgument("--devices must be at least 1")
+    if args.demo_jobs < 1 or args.demo_epochs < 1:
+        raise InvalidArgument("--demo-jobs and --demo-epochs must be at least 1")
     if args.store_nodes < 3:
         raise InvalidArgument("--store-nodes must be at least 3 (one per replica)")
     opts = StackOptions(
@@ -123,7 +127,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         if args.demo:
             from microco.examples.demo import run_demo
 
-            run_demo(etcd=stack.etcd_endpoint, redis=stack.redis_url, home=opts.home, progress=_say)
+            run_demo(
+                etcd=stack.etcd_endpoint,
+                redis=stack.redis_url,
+                home=opts.home,
+                progress=_say,
+                jobs=args.demo_jobs,
+                epochs=args.demo_epochs,
+            )
             if not args.exit_after_demo:
                 _say("the platform stays up so you can look around in the console; Ctrl-C stops it")
             if args.exit_after_demo:
