@@ -8,6 +8,7 @@ the login form can appear. The admin token reads and changes; the viewer token o
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -17,6 +18,8 @@ from typing import Annotated, Any
 import microco
 from fastapi import Depends, FastAPI, Query, Request, status
 from fastapi import Path as PathParam
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
@@ -216,6 +219,13 @@ def create_app(
             },
             headers=getattr(exc, "headers", None),
         )
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        # FastAPI's default handler echoes the input back as UTF-8 and fails (500) on text that
+        # JSON may carry but UTF-8 may not (lone surrogates); ASCII JSON escapes them instead.
+        body = json.dumps({"detail": jsonable_encoder(exc.errors())}, ensure_ascii=True)
+        return Response(content=body, status_code=422, media_type="application/json")
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -7,9 +7,24 @@ shows it in the API without a console release.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+INT64_MAX = 2**63 - 1
+
+
+def _utf8(value: str) -> str:
+    # JSON may carry lone surrogates that no protobuf string (UTF-8) can hold: refuse them here,
+    # as bad input, rather than failing later in the scheduler's client.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("text must be valid Unicode (no lone surrogates)") from exc
+    return value
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
 
 
 class _Open(BaseModel):
@@ -128,15 +143,15 @@ class JobSubmit(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=200, description="a name people recognise")
-    command: list[str] = Field(min_length=1, max_length=256, description="argv of the training process")
+    name: Text = Field(min_length=1, max_length=200, description="a name people recognise")
+    command: list[Text] = Field(min_length=1, max_length=256, description="argv of the training process")
     devices: int = Field(ge=1, le=1024, description="devices wanted")
     elastic: bool = Field(default=False, description="may grow and shrink with idle devices")
     priority: int = Field(default=0, ge=-1000, le=1000)
-    user: str = Field(default="", max_length=200, description="owner of the job")
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str = Field(default="", max_length=4096)
-    total_steps: int = Field(default=0, ge=0, description="optional, for progress")
+    user: Text = Field(default="", max_length=200, description="owner of the job")
+    env: dict[Text, Text] = Field(default_factory=dict)
+    workdir: Text = Field(default="", max_length=4096)
+    total_steps: int = Field(default=0, ge=0, le=INT64_MAX, description="optional, for progress")
 
 
 class JobRecord(_Open):

@@ -11,11 +11,17 @@ schemathesis = pytest.importorskip(
 )
 
 from console_harness import Platform
+import os
+
 from hypothesis import HealthCheck, given, settings
 from microco.services.console import DEFAULT_DEV_TOKEN
 from schemathesis.checks import ignored_auth, response_schema_conformance
 
 pytestmark = pytest.mark.integration
+
+
+# Fixed examples by default (CI must not fail at random); MICROCO_FUZZ_EXAMPLES=N explores afresh.
+FUZZ_EXAMPLES = int(os.environ.get("MICROCO_FUZZ_EXAMPLES", "0"))
 
 
 def no_internal_error(ctx, response, case):
@@ -37,7 +43,8 @@ def test_live_api_fuzz(platform: Platform) -> None:
     for op in operations:
 
         @given(case=op.as_strategy())
-        @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @settings(max_examples=FUZZ_EXAMPLES or 5, derandomize=not FUZZ_EXAMPLES, deadline=None,
+          suppress_health_check=list(HealthCheck), database=None)
         def fuzz(case: schemathesis.Case) -> None:
             case.call_and_validate(
                 headers=headers,
