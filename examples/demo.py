@@ -45,7 +45,7 @@ def step_cache(kv: Any, home: Path, say: Say) -> None:
 
     root = home / "datasets" / "digits"
     n = write_digits(root)
-    rec, index = register_dataset(kv, "digits", str(root), owner="alice")
+    rec, _index = register_dataset(kv, "digits", str(root), owner="alice")
     say(f"cache: registered 'digits' ({n} samples, {rec.num_chunks} chunks, {rec.total_bytes} bytes), "
         f"index {rec.index_digest[:12]}")
     again, _ = register_dataset(kv, "digits", str(root), owner="bob")

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from microco.services.common.errors import MicrocoError, from_rpc_error
+from microco.services.common.errors import from_rpc_error
 
 log = logging.getLogger(__name__)
 
@@ -94,4 +94,4 @@ class ServiceClient:
         self.close()
 
 
-__all__ = ["RETRYABLE", "MicrocoError", "ServiceClient", "call_with_retry"]
+__all__ = ["RETRYABLE", "ServiceClient", "call_with_retry"]

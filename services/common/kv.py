@@ -83,7 +83,7 @@ class KV(abc.ABC):
     @abc.abstractmethod
     def lease(self, ttl: int) -> Lease: ...
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release connections."""
 
     # Conveniences built on the primitives.
@@ -244,8 +244,7 @@ def parse_endpoints(endpoints: str | Iterable[str]) -> list[tuple[str, int]]:
         if not item:
             continue
         for scheme in ("http://", "https://"):
-            if item.startswith(scheme):
-                item = item[len(scheme) :]
+            item = item.removeprefix(scheme)
         host, sep, port = item.rpartition(":")
         if not sep or not port.isdigit() or not host:
             from .errors import InvalidArgument

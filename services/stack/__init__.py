@@ -3,7 +3,15 @@
 
 from ._health import check_health
 from ._servers import EtcdServer, RedisServer, free_port, port_open
-from ._supervisor import ProcessSpec, Stack, StackOptions, default_home, platform_processes, read_state, stop_from_state
+from ._supervisor import (
+    ProcessSpec,
+    Stack,
+    StackOptions,
+    default_home,
+    platform_processes,
+    read_state,
+    stop_from_state,
+)
 
 __all__ = [
     "EtcdServer",

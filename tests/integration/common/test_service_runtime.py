@@ -135,7 +135,7 @@ class FailingInfo(common_pb2_grpc.InfoServiceServicer):
     def __init__(self) -> None:
         self.raise_next: Exception | None = None
 
-    def GetInfo(self, request, context):  # noqa: N802 - gRPC naming
+    def GetInfo(self, request, context):
         if self.raise_next is not None:
             raise self.raise_next
         return common_pb2.ServiceInfo(name="ok")
