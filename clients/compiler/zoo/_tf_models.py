@@ -50,7 +50,9 @@ class TFCell(tf.Module):
         return state[0]
 
     def combine(self, xp, hp, state, x):
-        raise NotImplementedError
+        """The cell's gate arithmetic from its input and hidden projections; every zoo cell
+        (LSTM, MI-LSTM, GRU, LN-LSTM, SRU) defines its own, the base class has none."""
+        raise NotImplementedError(f"{type(self).__name__} must define combine()")
 
 
 class LSTMCell(TFCell):
