@@ -12,6 +12,7 @@ import sys
 
 from microco.services.common.errors import MicrocoError
 
+from ._platform import etcd_for
 from ._platform import register as register_platform
 
 # System command groups, in the order ``--help`` lists them. A module that is not part of this

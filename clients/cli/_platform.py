@@ -163,7 +163,9 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def _etcd_for(args: argparse.Namespace) -> str:
+def etcd_for(args: argparse.Namespace) -> str:
+    """The etcd endpoint a system command talks to: `--etcd`, then `MICROCO_ETCD`, then the
+    stack started by `microco up` on this machine."""
     from microco.services.stack import read_state
 
     if args.etcd:
@@ -181,7 +183,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from microco.services.common.registry import discover
     from microco.services.stack import check_health
 
-    kv = EtcdKV(_etcd_for(args))
+    kv = EtcdKV(etcd_for(args))
     try:
         rows = []
         for rec in sorted(discover(kv), key=lambda r: (r.name, r.instance_id)):

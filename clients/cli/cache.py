@@ -57,9 +57,9 @@ def register(sub: Any) -> None:
 def _kv(args: argparse.Namespace) -> Any:
     from microco.services.common.kv import EtcdKV
 
-    from ._platform import _etcd_for
+    from . import etcd_for
 
-    return EtcdKV(_etcd_for(args))
+    return EtcdKV(etcd_for(args))
 
 
 def _human(n: float) -> str:

@@ -50,9 +50,9 @@ def _core(args: argparse.Namespace) -> Any:
     from microco.services.common.kv import EtcdKV
     from microco.services.compiler import CompilerCore
 
-    from ._platform import _etcd_for
+    from . import etcd_for
 
-    return CompilerCore(EtcdKV(_etcd_for(args)))
+    return CompilerCore(EtcdKV(etcd_for(args)))
 
 
 def _find(core: Any, prefix: str) -> Any:

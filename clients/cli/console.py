@@ -61,9 +61,9 @@ def cmd_open(args: argparse.Namespace) -> int:
     from microco.services.common.kv import EtcdKV
     from microco.services.common.registry import discover
 
-    from ._platform import _etcd_for
+    from . import etcd_for
 
-    kv = EtcdKV(_etcd_for(args))
+    kv = EtcdKV(etcd_for(args))
     try:
         records = discover(kv, "console")
     finally:

@@ -79,9 +79,9 @@ def _client(args: argparse.Namespace) -> Any:
     from microco.clients.scheduler import SchedulerClient
     from microco.services.common.kv import EtcdKV
 
-    from ._platform import _etcd_for
+    from . import etcd_for
 
-    kv = EtcdKV(_etcd_for(args))
+    kv = EtcdKV(etcd_for(args))
     return SchedulerClient(channel_for(kv, "scheduler"), default_timeout=args.timeout)
 
 

@@ -89,9 +89,9 @@ def _client(args: argparse.Namespace) -> Any:
         return StoreClient.from_address(args.coordinator)
     from microco.services.common.kv import EtcdKV
 
-    from ._platform import _etcd_for
+    from . import etcd_for
 
-    return StoreClient.from_etcd(EtcdKV(_etcd_for(args)))
+    return StoreClient.from_etcd(EtcdKV(etcd_for(args)))
 
 
 def _value(text: str) -> Any:

@@ -206,11 +206,4 @@ def setup(ctx: ServiceContext) -> None:
     )
     agent.attach(ctx.runtime)
     # Register the node once the server is bound (the address includes the chosen port).
-    orig_start = ctx.runtime.start
-
-    def start(register: bool = True) -> ServiceRuntime:
-        rt = orig_start(register)
-        agent.register(rt.address)
-        return rt
-
-    ctx.runtime.start = start  # type: ignore[method-assign]
+    ctx.runtime.on_start(lambda rt: agent.register(rt.address))

@@ -208,6 +208,7 @@ class ServiceRuntime:
     max_workers: int = 16
     _services: list[tuple[Callable[[Any, grpc.Server], None], Any, str]] = field(default_factory=list)
     _stop_hooks: list[Callable[[], None]] = field(default_factory=list)
+    _start_hooks: list[Callable[[ServiceRuntime], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.server: grpc.Server | None = None
@@ -225,6 +226,11 @@ class ServiceRuntime:
         """``add_fn`` is the generated ``add_XServicer_to_server``; ``full_name`` the proto service
         name (``microco.api.scheduler.v1.SchedulerService``) for health and reflection."""
         self._services.append((add_fn, servicer, full_name))
+
+    def on_start(self, hook: Callable[[ServiceRuntime], None]) -> None:
+        """Run ``hook(runtime)`` once the server is bound and serving (``address`` then carries
+        the chosen port), before the service registers itself in etcd."""
+        self._start_hooks.append(hook)
 
     def on_stop(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` during shutdown, after the service stopped taking new calls."""
@@ -281,6 +287,8 @@ class ServiceRuntime:
             self.health.set(full_name, health_pb2.HealthCheckResponse.SERVING)
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         metrics.SERVICE_UP.labels(s.name, s.instance_id).set(1)
+        for hook in self._start_hooks:
+            hook(self)
         if register and self.kv is not None:
             self.registration = Registration(self.kv, self.record(), ttl=s.lease_ttl_s).start()
         log.info(
