@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from _support import wait_for
 
 from microco.services.common import (
     EtcdKV,
@@ -18,15 +19,6 @@ from microco.services.common import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for(cond, timeout: float = 10.0, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(interval)
-    return False
 
 
 def test_kv_contract_on_real_etcd(namespaced_kv: EtcdKV) -> None:

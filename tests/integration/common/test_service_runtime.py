@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from _support import wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from microco.api.common.v1 import common_pb2, common_pb2_grpc
@@ -30,15 +31,6 @@ from microco.services.common.server import _INFO_SERVICE
 pytestmark = pytest.mark.integration
 
 PROBE = Path(__file__).with_name("probe_service.py")
-
-
-def wait_for(cond, timeout: float = 15.0, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(interval)
-    return False
 
 
 def start_probe(etcd_endpoint: str, tmp_path: Path, instance: str, ttl: int = 2) -> subprocess.Popen:
@@ -68,10 +60,14 @@ def health_of(address: str) -> str:
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
 
-def test_killed_service_vanishes_and_restarted_one_reregisters(etcd_kv: EtcdKV, etcd_endpoint: str, tmp_path: Path) -> None:
+def test_killed_service_vanishes_and_restarted_one_reregisters(
+    etcd_kv: EtcdKV, etcd_endpoint: str, tmp_path: Path
+) -> None:
     proc = start_probe(etcd_endpoint, tmp_path, "p1", ttl=2)
     try:
-        assert wait_for(lambda: len(discover(etcd_kv, "probe")) == 1), proc.stdout.read1().decode()
+        assert wait_for(lambda: len(discover(etcd_kv, "probe")) == 1, timeout=15), (
+            proc.stdout.read1().decode()
+        )
         rec = discover(etcd_kv, "probe")[0]
         assert rec.instance_id == "p1" and rec.metrics_address
         assert health_of(rec.address) == "SERVING"
@@ -87,7 +83,7 @@ def test_killed_service_vanishes_and_restarted_one_reregisters(etcd_kv: EtcdKV, 
         proc.kill()
     again = start_probe(etcd_endpoint, tmp_path, "p1", ttl=2)
     try:
-        assert wait_for(lambda: len(discover(etcd_kv, "probe")) == 1)
+        assert wait_for(lambda: len(discover(etcd_kv, "probe")) == 1, timeout=15)
     finally:
         again.kill()
         again.wait(5)
@@ -95,7 +91,7 @@ def test_killed_service_vanishes_and_restarted_one_reregisters(etcd_kv: EtcdKV, 
 
 def test_sigterm_is_graceful(etcd_kv: EtcdKV, etcd_endpoint: str, tmp_path: Path) -> None:
     proc = start_probe(etcd_endpoint, tmp_path, "p2", ttl=10)
-    assert wait_for(lambda: len(discover(etcd_kv, "probe")) == 1)
+    assert wait_for(lambda: len(discover(etcd_kv, "probe")) == 1, timeout=15)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0
@@ -123,7 +119,10 @@ def test_unreachable_etcd_at_start_up_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_bad_flags_are_refused(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(PROBE), "--port", "99999", "--etcd", "x:1"], capture_output=True, text=True, timeout=60
+        [sys.executable, str(PROBE), "--port", "99999", "--etcd", "x:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert "port 99999" in proc.stderr
