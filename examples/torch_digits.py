@@ -5,6 +5,9 @@
 Outside the scheduler it simply trains. Under it (the node agent sets MICROCO_* variables)
 the three hook lines make it report every mini-batch and obey suspend / resume /
 checkpoint-and-move / resize at mini-batch boundaries, continuing exactly where it stopped.
+Spread by the scheduler over several nodes (``MICROCO_WORLD_SIZE`` > 1) each rank trains on
+its share of every global batch and gradients are averaged (gloo); the checkpoint is the same
+as a single process's, so the job can be consolidated onto one node and continue.
 """
 
 from __future__ import annotations
@@ -39,10 +42,17 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from microco.clients.scheduler import StepBatches, TorchHook, seed_everything
+    from microco.clients.scheduler import (
+        StepBatches,
+        TorchHook,
+        average_gradients,
+        init_distributed,
+        seed_everything,
+    )
     from microco.examples._digits import load_digits
 
     torch.set_num_threads(1)
+    rank, world = init_distributed()
     seed_everything(args.seed)
     xs, ys = load_digits()
     x, y = torch.from_numpy(xs), torch.from_numpy(ys)
@@ -55,18 +65,25 @@ def main(argv: list[str] | None = None) -> int:
     hook = TorchHook(model, opt, extra_state=history)
     start = hook.restore()
     for step in range(start, args.steps):
-        idx = torch.from_numpy(batches.indices(step))
+        idx = torch.from_numpy(batches.indices(step))[rank::world]  # this rank's share
         opt.zero_grad()
         loss = loss_fn(model(x[idx]), y[idx])
         loss.backward()
+        average_gradients(model)
         opt.step()
+        if world > 1:
+            import torch.distributed as dist
+
+            loss = loss.detach().clone()
+            dist.all_reduce(loss)
+            loss /= world
         history["losses"].append(loss.item())
         if args.step_sleep_ms:
             time.sleep(args.step_sleep_ms / 1000.0)
         hook.step_end(step + 1)
     hook.finish()
 
-    if args.out:
+    if args.out and rank == 0:
         digest = hashlib.sha256()
         for t in model.state_dict().values():
             digest.update(t.detach().cpu().numpy().tobytes())

@@ -24,10 +24,12 @@ from ._job import (
     ENV_CONTROL_DIR,
     ENV_DEVICES,
     ENV_JOB_ID,
+    ENV_RANK,
+    ENV_WORLD_SIZE,
     JobContext,
 )
 from ._keras import SchedulerCallback
-from ._torch import TorchHook, seed_everything
+from ._torch import TorchHook, average_gradients, init_distributed, seed_everything
 
 _CLIENT_NAMES = ("SchedulerClient", "job_to_dict", "make_spec", "state_name")
 
@@ -50,6 +52,8 @@ __all__ = [
     "ENV_CONTROL_DIR",
     "ENV_DEVICES",
     "ENV_JOB_ID",
+    "ENV_RANK",
+    "ENV_WORLD_SIZE",
     "EXIT_CHECKPOINTED",
     "RESIZE",
     "RESUME",
@@ -61,6 +65,8 @@ __all__ = [
     "SchedulerClient",
     "StepBatches",
     "TorchHook",
+    "average_gradients",
+    "init_distributed",
     "job_to_dict",
     "make_spec",
     "seed_everything",

@@ -34,6 +34,13 @@ ENV_DEVICES = "MICROCO_DEVICES"  # comma-separated device ids
 ENV_CONTROL_DIR = "MICROCO_CONTROL_DIR"
 ENV_CHECKPOINT_DIR = "MICROCO_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY_S = "MICROCO_CHECKPOINT_EVERY_S"
+# A job spread over several nodes runs one process per node (rank); see ``init_distributed``.
+ENV_RANK = "MICROCO_RANK"
+ENV_WORLD_SIZE = "MICROCO_WORLD_SIZE"
+
+# Actions as small integers, for agreeing on one across ranks (0: nothing to do).
+_ACTION_CODES = {SUSPEND: 1, RESUME: 2, CHECKPOINT: 3, STOP: 4, RESIZE: 5}
+_CODE_ACTIONS = {v: k for k, v in _ACTION_CODES.items()}
 
 CHECKPOINT_FILE = "checkpoint"
 _REPORT_EVERY_S = 0.2  # status file refresh while nothing changes (state changes are immediate)
@@ -89,6 +96,13 @@ class JobContext:
         self.on_park: Callable[[], None] | None = None
         self.on_unpark: Callable[[], None] | None = None
         self.on_devices: Callable[[list[str]], None] | None = None
+        # A spread job: every rank must act on the same command at the same boundary (one
+        # rank parking or exiting while another waits in an all-reduce would hang both).
+        # ``agree(code)`` is a collective that returns rank 0's code to every rank (the torch
+        # hook sets a broadcast); rank 0 alone reads the control file and writes checkpoints.
+        self.rank = int(env.get(ENV_RANK, "0") or 0)
+        self.world_size = int(env.get(ENV_WORLD_SIZE, "1") or 1)
+        self.agree: Callable[[int], int] | None = None
 
         self.step = 0
         self.restored_from_step: int | None = None
@@ -114,14 +128,34 @@ class JobContext:
     def checkpoint_path(self) -> Path | None:
         return self.checkpoint_dir / CHECKPOINT_FILE if self.checkpoint_dir else None
 
+    def remove_partial_checkpoints(self) -> int:
+        """Delete half-written checkpoint files of other processes; returns how many."""
+        path = self.checkpoint_path
+        if path is None or not path.parent.is_dir():
+            return 0
+        mine = f".{path.name}.{os.getpid()}.tmp"
+        n = 0
+        for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+            if tmp.name != mine:
+                try:
+                    tmp.unlink()
+                    n += 1
+                except OSError:
+                    pass
+        return n
+
     def has_checkpoint(self) -> bool:
         path = self.checkpoint_path
         return bool(path and path.exists())
 
     def write_checkpoint(self) -> int:
-        """Capture the state now (``save``) and replace the checkpoint file atomically."""
+        """Capture the state now (``save``) and replace the checkpoint file atomically.
+        In a spread job only rank 0 writes (every rank holds the same state)."""
         if self.save is None or self.checkpoint_path is None:
             raise RuntimeError("this job has no checkpoint directory or no save function")
+        if self.rank != 0:
+            self.checkpoint_step = self.step
+            return 0
         t0 = time.perf_counter()
         blob = self.save(self.step)
         path = self.checkpoint_path
@@ -138,7 +172,12 @@ class JobContext:
         return len(blob)
 
     def restore(self) -> int:
-        """Load the latest checkpoint if there is one; returns the step to continue from."""
+        """Load the latest checkpoint if there is one; returns the step to continue from.
+
+        Temporary files a killed earlier process left half-written are deleted first: the
+        scheduler runs one process of a job at a time, so they can only be garbage, and only
+        the latest complete checkpoint is ever needed."""
+        self.remove_partial_checkpoints()
         path = self.checkpoint_path
         if self.load is None or path is None or not path.exists():
             self._report(force=True)
@@ -185,12 +224,41 @@ class JobContext:
         self._report(force=True)
 
     def _obey(self) -> None:
+        if self.world_size > 1 and self.agree is not None:
+            self._obey_together()
+            return
         if self.channel is None:
             return
         cmd = self.channel.poll()
         if not cmd or int(cmd.get("seq", 0)) <= self.seq_done:
             return
         self._carry_out(cmd)
+
+    def _obey_together(self) -> None:
+        """Spread job: rank 0's command, agreed by every rank at this boundary. A rank cannot
+        park alone, so suspend means checkpoint-and-exit here (the scheduler restarts the job
+        from the checkpoint); resume and resize need no action from a running rank."""
+        assert self.agree is not None
+        cmd = None
+        code = 0
+        if self.rank == 0 and self.channel is not None:
+            cmd = self.channel.poll()
+            if cmd and int(cmd.get("seq", 0)) > self.seq_done:
+                code = _ACTION_CODES.get(str(cmd.get("action")), 0)
+            else:
+                cmd = None
+        code = self.agree(code)
+        if not code:
+            return
+        action = _CODE_ACTIONS[code]
+        if action == SUSPEND:
+            action = STOP
+        if cmd is None:  # the other ranks acknowledge their own agent's latest command
+            cmd = {"seq": self.channel.last_seq() if self.channel else 0}
+        if action in (RESUME, RESIZE):
+            self._ack(int(cmd.get("seq", 0)))
+            return
+        self._carry_out({**cmd, "action": action, "devices": None})
 
     def _carry_out(self, cmd: dict[str, Any]) -> None:
         action, seq = cmd.get("action"), int(cmd.get("seq", 0))

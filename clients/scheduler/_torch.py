@@ -76,6 +76,11 @@ class TorchHook:
         self.context.on_unpark = self._unpark
         self.context.on_devices = on_devices
         self._device: Any = None
+        if self.context.world_size > 1:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                self.context.agree = _broadcast_from_rank0
 
     # Delegates, so a script needs only the hook.
     @property
@@ -151,6 +156,56 @@ class TorchHook:
                 for k, v in st.items():
                     if hasattr(v, "to"):
                         st[k] = v.to(device)
+
+
+def _broadcast_from_rank0(code: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([code], dtype=torch.int64)
+    dist.broadcast(t, src=0)
+    return int(t.item())
+
+
+def init_distributed() -> tuple[int, int]:
+    """``(rank, world_size)`` of this process; for a job the scheduler spread over several
+    nodes (``MICROCO_WORLD_SIZE`` > 1) also joins the gloo process group first.
+
+    The rendezvous is a ``torch.distributed.FileStore`` in the job's checkpoint directory,
+    per attempt: the nodes of a spread job share the checkpoint root already (a moved job
+    resumes from it), so no port has to be agreed on in advance. Call before ``TorchHook``.
+    """
+    from ._job import ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_RANK, ENV_WORLD_SIZE
+
+    world = int(os.environ.get(ENV_WORLD_SIZE, "1") or 1)
+    rank = int(os.environ.get(ENV_RANK, "0") or 0)
+    if world <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    ckpt = os.environ.get(ENV_CHECKPOINT_DIR)
+    if not ckpt:
+        raise RuntimeError("a spread job needs MICROCO_CHECKPOINT_DIR (shared by its nodes) to meet")
+    attempt = os.environ.get(ENV_ATTEMPT, "0")
+    os.makedirs(ckpt, exist_ok=True)
+    store = dist.FileStore(os.path.join(ckpt, f"rendezvous-{attempt}"), world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    return rank, world
+
+
+def average_gradients(model: Any) -> None:
+    """All-reduce and average every gradient over the ranks (a no-op in a single process):
+    with each rank computing the mean loss of an equal share of the global batch, the result
+    is the gradient of the global batch's mean loss."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    world = dist.get_world_size()
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= world
 
 
 def seed_everything(seed: int) -> None:

@@ -14,6 +14,7 @@ import ctypes
 import logging
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -36,10 +37,13 @@ from microco.clients.scheduler._job import (
 from microco.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from ._devices import DeviceInfo
+from ._warm import ForkedProcess, Zygote, python_target
 
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+# A job id names directories on this node: no separators, no "..".
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
 def _die_with_parent(parent_pid: int) -> Callable[[], None]:
@@ -80,7 +84,7 @@ class ManagedProcess:
     attempt: int
     command: list[str]
     device_ids: list[str]
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | ForkedProcess
     control: ControlChannel
     checkpoint_dir: Path
     log_path: Path
@@ -90,6 +94,7 @@ class ManagedProcess:
     control_seq: int = 0
     message: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    forked: bool = False  # started from the warm zygote rather than by exec
 
     @property
     def pid(self) -> int:
@@ -133,6 +138,7 @@ class ManagedProcess:
             if hook.get("restored_from_step") is None
             else int(hook["restored_from_step"]),
             "message": self.message,
+            "forked": self.forked,
         }
 
 
@@ -144,6 +150,29 @@ def _tail(path: Path, limit: int = 800) -> str:
             return f.read().decode(errors="replace").strip()
     except OSError:
         return ""
+
+
+def _disk_usage(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    """Signal the job's process group; the process alone if it has not made its session yet
+    (a job forked from the zygote calls ``setsid`` first thing, but a stop may come sooner)."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def _set_affinity(pid: int, cpus: set[int]) -> None:
@@ -170,6 +199,7 @@ class ProcessManager:
         devices: list[DeviceInfo],
         checkpoint_root: str | os.PathLike[str] | None = None,
         pin_cpus: bool = True,
+        preload: list[str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.devices = {d.id: d for d in devices}
@@ -178,6 +208,14 @@ class ProcessManager:
         self._procs: dict[str, ManagedProcess] = {}
         self._lock = threading.RLock()
         self._spawner = _Spawner()
+        # The warm zygote (see ``_zygote``): Python jobs fork from it instead of starting an
+        # interpreter and importing their framework; None when nothing is to be preloaded.
+        self.zygote: Zygote | None = None
+        if preload:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.zygote = Zygote(
+                preload, launch=self._spawner.call, stderr_path=self.data_dir / "zygote.log"
+            ).start()
 
     def _check_devices(self, device_ids: list[str]) -> None:
         unknown = [d for d in device_ids if d not in self.devices]
@@ -210,6 +248,10 @@ class ProcessManager:
     ) -> ManagedProcess:
         if not job_id:
             raise InvalidArgument("job_id is required")
+        if not _SAFE_ID.fullmatch(job_id):
+            raise InvalidArgument(
+                f"job_id {job_id!r} is not a safe name (letters, digits, '.', '_', '-'; no path separators)"
+            )
         if not command:
             raise InvalidArgument("command is empty")
         self._check_devices(device_ids)
@@ -228,8 +270,12 @@ class ProcessManager:
                 )
             job_dir = self.data_dir / "jobs" / job_id
             control_dir = job_dir / f"attempt-{attempt}"
-            if control_dir.exists():
-                shutil.rmtree(control_dir)
+            # Control directories of earlier attempts are dead (their process has exited): only
+            # their logs are kept, for the user.
+            if job_dir.is_dir():
+                for entry in job_dir.iterdir():
+                    if entry.is_dir() and entry.name.startswith("attempt-"):
+                        shutil.rmtree(entry, ignore_errors=True)
             control_dir.mkdir(parents=True)
             ckpt = Path(checkpoint_dir) if checkpoint_dir else self.checkpoint_root / job_id
             ckpt.mkdir(parents=True, exist_ok=True)
@@ -267,14 +313,25 @@ class ProcessManager:
                     preexec_fn=preexec,  # noqa: PLW1509 - only without setpriv: prctl + getppid
                 )
 
-            try:
-                popen = self._spawner.call(spawn)
-            except OSError as exc:
-                raise InvalidArgument(f"cannot start {exe!r}: {exc.strerror or exc}") from exc
-            finally:
+            popen: subprocess.Popen[bytes] | ForkedProcess | None = None
+            target = python_target(list(command))
+            cpus = self._cpus(device_ids) if self.pin_cpus else set()
+            if self.zygote is not None and target is not None and self.zygote.ready.is_set():
+                try:
+                    popen = self.zygote.spawn(target, full_env, workdir, log_path, cpus)
+                except RuntimeError as exc:  # a cold or dead zygote: start it the ordinary way
+                    log.warning("zygote start of %s failed (%s); starting by exec", job_id, exc)
+            if popen is None:
+                try:
+                    popen = self._spawner.call(spawn)
+                except OSError as exc:
+                    raise InvalidArgument(f"cannot start {exe!r}: {exc.strerror or exc}") from exc
+                finally:
+                    logf.close()
+            else:
                 logf.close()
             if self.pin_cpus:
-                _set_affinity(popen.pid, self._cpus(device_ids))
+                _set_affinity(popen.pid, cpus)
             proc = ManagedProcess(
                 job_id,
                 attempt,
@@ -285,6 +342,7 @@ class ProcessManager:
                 ckpt,
                 log_path,
                 time.time(),
+                forked=isinstance(popen, ForkedProcess),
             )
             self._procs[job_id] = proc
             log.info(
@@ -318,20 +376,40 @@ class ProcessManager:
         """SIGTERM the job's process group, SIGKILL after ``grace_s``."""
         proc = self.get(job_id)
         if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            _kill_group(proc.pid, signal.SIGTERM)
             try:
                 proc.popen.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _kill_group(proc.pid, signal.SIGKILL)
                 proc.popen.wait(timeout=10)
             proc.poll()
         return proc
+
+    def collect_garbage(self, keep: set[str]) -> tuple[list[str], int]:
+        """Delete the data of every job found here (checkpoint directory under the checkpoint
+        root, control directories and logs) that is not in ``keep`` and has no live process,
+        and forget its exited processes. Returns (deleted job ids, bytes freed).
+
+        ``keep`` comes from the scheduler and covers the whole cluster: with a checkpoint root
+        shared by several nodes, a job known to the scheduler keeps its checkpoint wherever it
+        runs, and one the scheduler no longer knows loses it on whichever node collects first.
+        """
+        with self._lock:
+            live = {jid for jid, p in self._procs.items() if p.poll() is None}
+            found = set(self._procs)
+            for root in (self.checkpoint_root, self.data_dir / "jobs"):
+                if root.is_dir():
+                    found |= {e.name for e in os.scandir(root) if e.is_dir() and _SAFE_ID.fullmatch(e.name)}
+            deleted, freed = [], 0
+            for jid in sorted(found - set(keep) - live):
+                for path in (self.checkpoint_root / jid, self.data_dir / "jobs" / jid):
+                    freed += _disk_usage(path)
+                    shutil.rmtree(path, ignore_errors=True)
+                self._procs.pop(jid, None)
+                deleted.append(jid)
+        if deleted:
+            log.info("collected job data", extra={"jobs": deleted, "bytes": freed})
+        return deleted, freed
 
     def list(self) -> list[ManagedProcess]:
         with self._lock:
@@ -347,3 +425,5 @@ class ProcessManager:
                     self.stop(p.job_id, grace_s)
                 except Exception:
                     log.exception("stopping %s", p.job_id)
+        if self.zygote is not None:
+            self.zygote.close()

@@ -86,6 +86,13 @@ class AgentDirectory:
             self._stub(address).StopProcess, req, timeout=self.timeout_s + grace_s, idempotent=True
         )
 
+    def collect_garbage(self, address: str, keep: list[str]) -> agent_pb2.CollectGarbageResponse:
+        req = agent_pb2.CollectGarbageRequest(keep_job_ids=keep)
+        # Idempotent: the same keep set deletes nothing more the second time.
+        return call_with_retry(
+            self._stub(address).CollectGarbage, req, timeout=self.timeout_s, idempotent=True
+        )
+
     def close(self) -> None:
         with self._lock:
             for ch, _ in self._stubs.values():

@@ -75,6 +75,9 @@ class SchedulerCore:
         max_restarts: int = 5,
         check_commands: bool = True,
         is_leader: Callable[[], bool] = lambda: True,
+        failed_retention_s: float = 86400.0,
+        gc_interval_s: float = 60.0,
+        allow_spread: bool = False,
     ) -> None:
         self.kv, self.policy = kv, policy
         self.agents = agents or AgentDirectory(kv)
@@ -83,6 +86,11 @@ class SchedulerCore:
         self.max_restarts = max_restarts
         self.check_commands = check_commands
         self.is_leader = is_leader
+        self.failed_retention_s, self.gc_interval_s = failed_retention_s, gc_interval_s
+        # May a multi-device job run as one process per node when no node has room? (Its
+        # consolidation onto one node later is the policy's Migrate.)
+        self.allow_spread = allow_spread
+        self._last_gc: float | None = None
         self._raw: dict[str, bytes] = {}
         self._profiles: dict[str, float] = {}
         self._last_tick: float | None = None
@@ -197,11 +205,13 @@ class SchedulerCore:
             self._raw[rec["id"]] = raw
             jobs[rec["id"]] = rec
         self._jobs = jobs
+        ended = False
         for rec in list(jobs.values()):
             before = copy.deepcopy(rec)
             self._reconcile(rec, now, dt)
             if rec != before:
                 self._save(rec)
+                ended = ended or (rec["state"] in J.TERMINAL and before["state"] not in J.TERMINAL)
         counts: dict[str, int] = {}
         for rec in jobs.values():
             counts[rec["state"]] = counts.get(rec["state"], 0) + 1
@@ -209,6 +219,8 @@ class SchedulerCore:
             M.JOBS.labels(state).set(counts.get(state, 0))
         self._refresh_packing(now)
         self._stop_orphans()
+        if ended or self._last_gc is None or now - self._last_gc >= self.gc_interval_s:
+            self._collect_garbage(now)
 
         view = self._view(now)
         decisions = list(self.policy.decide(view))
@@ -277,11 +289,35 @@ class SchedulerCore:
         p = self._procs.get(rec["node"], {}).get(rec["id"])
         return p if p is not None and p.attempt == rec["attempt"] else None
 
+    @staticmethod
+    def _rank_nodes(rec: dict[str, Any]) -> list[str]:
+        """The nodes of a job's processes: rank 0's (``node``) first; one unless spread."""
+        return [r["node"] for r in rec.get("ranks") or []] or ([rec["node"]] if rec["node"] else [])
+
+    def _stop_ranks(self, rec: dict[str, Any], skip: str = "") -> None:
+        """Stop the job's processes (every rank, but ``skip``'s) on the nodes still reachable."""
+        for node in self._rank_nodes(rec):
+            if node == skip or node not in self._procs:
+                continue
+            try:
+                self.agents.stop(self._address(node), rec["id"])
+            except MicrocoError as exc:
+                log.warning("stopping %s on %s: %s", rec["id"], node, exc)
+
+    def _control_ranks(self, rec: dict[str, Any], action: str) -> Any:
+        """Send ``action`` to every rank; returns rank 0's status (its seq is the one awaited)."""
+        first = None
+        for node in self._rank_nodes(rec):
+            st = self.agents.control(self._address(node), rec["id"], action)
+            first = first or st
+        return first
+
     def _has_process(self, rec: dict[str, Any]) -> bool:
         return rec["state"] in J.HOLDING or (rec["state"] == J.SUSPENDED and rec["parked"])
 
     def _release(self, rec: dict[str, Any]) -> None:
         rec["devices"], rec["packed_with"], rec["parked"], rec["pending"] = [], [], False, None
+        rec["ranks"] = []
 
     def _lost(self, rec: dict[str, Any], why: str, now: float) -> None:
         M.LOST.inc()
@@ -303,11 +339,8 @@ class SchedulerCore:
         if rec["state"] in J.TERMINAL:
             return
         if rec["cancel_requested"]:
-            if self._has_process(rec) and rec["node"] in self._procs:
-                try:
-                    self.agents.stop(self._address(rec["node"]), rec["id"])
-                except MicrocoError as exc:
-                    log.warning("stopping cancelled job %s: %s", rec["id"], exc)
+            if self._has_process(rec):
+                self._stop_ranks(rec)
             self._release(rec)
             J.set_state(rec, J.CANCELLED, "cancelled by the user", now)
             rec["finished_at"] = now
@@ -315,6 +348,8 @@ class SchedulerCore:
         if not self._has_process(rec):
             return
         node = rec["node"]
+        if rec.get("ranks") and not self._reconcile_ranks(rec, now):
+            return
         if node not in self._nodes:
             self._lost(rec, f"node {node} was lost", now)
             return
@@ -378,6 +413,33 @@ class SchedulerCore:
                 except MicrocoError:
                     pass
 
+    def _reconcile_ranks(self, rec: dict[str, Any], now: float) -> bool:
+        """A spread job's other ranks: all must live while rank 0 does (a missing rank would
+        leave the others waiting in an all-reduce). False when the job was handled here."""
+        for r in rec["ranks"][1:]:
+            node = r["node"]
+            if node not in self._nodes:
+                self._stop_ranks(rec, skip=node)
+                self._lost(rec, f"node {node} (a rank of this spread job) was lost", now)
+                return False
+            if node not in self._procs:
+                continue  # unreachable this tick; its lease decides
+            p = self._procs[node].get(rec["id"])
+            if p is None or p.attempt != rec["attempt"]:
+                self._stop_ranks(rec, skip=node)
+                self._lost(rec, f"rank process on {node} is gone", now)
+                return False
+            if p.state == 3 and p.exit_code not in (0, EXIT_CHECKPOINTED):
+                self._stop_ranks(rec, skip=node)
+                if p.exit_code < 0:
+                    self._lost(rec, f"rank process on {node} killed by signal {-p.exit_code}", now)
+                else:
+                    self._release(rec)
+                    rec["finished_at"] = now
+                    J.set_state(rec, J.FAILED, p.message or f"rank on {node} exited with {p.exit_code}", now)
+                return False
+        return True
+
     def _remember_profile(self, spec: dict[str, Any], ms: float) -> None:
         key = profile_key(spec)
         old = self._profiles.get(key)
@@ -393,8 +455,11 @@ class SchedulerCore:
         return self._profiles.get(profile_key(rec["spec"]))
 
     def _parked(self, rec: dict[str, Any], now: float) -> None:
+        # The decision's reason rides on the pending operation, so the history says why.
+        reason = (rec["pending"] or {}).get("reason", "")
         rec["devices"], rec["packed_with"], rec["pending"], rec["parked"] = [], [], None, True
-        J.set_state(rec, J.SUSPENDED, f"suspended at step {rec['step']} (parked on {rec['node']})", now)
+        msg = f"suspended at step {rec['step']} (parked on {rec['node']})"
+        J.set_state(rec, J.SUSPENDED, f"{msg}: {reason}" if reason else msg, now)
 
     def _refresh_packing(self, now: float) -> None:
         by_dev: dict[str, list[str]] = {}
@@ -430,7 +495,7 @@ class SchedulerCore:
                 rec = self._jobs.get(job_id)
                 if rec is None:
                     continue  # not ours (started by someone else through the agent)
-                if rec["node"] == node and rec["attempt"] == p.attempt and self._has_process(rec):
+                if node in self._rank_nodes(rec) and rec["attempt"] == p.attempt and self._has_process(rec):
                     continue
                 log.warning(
                     "stopping orphan process", extra={"job": job_id, "node": node, "attempt": p.attempt}
@@ -440,22 +505,58 @@ class SchedulerCore:
                 except MicrocoError as exc:
                     log.warning("orphan stop failed: %s", exc)
 
+    def _collect_garbage(self, now: float) -> None:
+        """Ask every reachable node to delete the data of jobs that need none any more
+        (finished, cancelled, failed past retention, unknown). Runs in the tick, after
+        reconciliation and before any start, so no job this leader starts can be missing from
+        the keep set; agents never delete the data of a job with a live process."""
+        self._last_gc = now
+        keep = sorted(J.retained_job_ids(list(self._jobs.values()), now, self.failed_retention_s))
+        for name in self._procs:
+            try:
+                resp = self.agents.collect_garbage(self._nodes[name]["address"], keep)
+            except MicrocoError as exc:
+                log.warning("garbage collection on %s failed: %s", name, exc)
+                continue
+            if resp.deleted_job_ids:
+                M.GC_JOBS.inc(len(resp.deleted_job_ids))
+                M.GC_BYTES.inc(resp.bytes_freed)
+                log.info(
+                    "deleted job data",
+                    extra={"node": name, "jobs": list(resp.deleted_job_ids), "bytes": resp.bytes_freed},
+                )
+
     # ------------------------------------------------------------------ policy input
-    def _view(self, now: float) -> Any:
+    def observe(self, now: float | None = None) -> Any:
+        """The ``ClusterView`` the policy would be given from the node and job records in etcd
+        as they stand (no agent is contacted, nothing is written): for tools and for checking
+        that the simulator and the live scheduler show a policy the same state."""
+        now = self.clock() if now is None else now
+        jobs = {rec["id"]: rec for _, rec in self.kv.get_prefix_json(J.JOBS_PREFIX)}
+        return self._view(now, self.agents.nodes(), jobs)
+
+    def _view(
+        self,
+        now: float,
+        nodes: dict[str, dict[str, Any]] | None = None,
+        jobs: dict[str, dict[str, Any]] | None = None,
+    ) -> Any:
+        nodes = self._nodes if nodes is None else nodes
+        jobs = self._jobs if jobs is None else jobs
         devices = []
-        for name in sorted(self._nodes):
-            for d in self._nodes[name].get("devices", []):
+        for name in sorted(nodes):
+            for d in nodes[name].get("devices", []):
                 devices.append(
                     {"id": d["id"], "node": name, "kind": d.get("kind", "gpu"), "model": d.get("model", "")}
                 )
-        jobs = []
-        for r in self._jobs.values():
+        views = []
+        for r in jobs.values():
             if r["state"] in J.TERMINAL or r["cancel_requested"]:
                 continue
             v = J.record_to_view(r)
             v["minibatch_ms_alone"] = self._alone_ms(r)
-            jobs.append(v)
-        return cluster_view_from_dicts(now, devices, jobs)
+            views.append(v)
+        return cluster_view_from_dicts(now, devices, views)
 
     # ------------------------------------------------------------------ decisions
     def _occupied(self, exclude: set[str] = frozenset()) -> dict[str, set[str]]:  # type: ignore[assignment]
@@ -468,6 +569,24 @@ class SchedulerCore:
             for d in held:
                 occ.setdefault(d, set()).add(rec["id"])
         return occ
+
+    def _placement(self, devices: list[str]) -> list[tuple[str, list[str]]]:
+        """The devices grouped by node, rank 0's node (the one with most of them) first. More
+        than one node only when spreading is allowed."""
+        owners: dict[str, str] = {}
+        for name, node in self._nodes.items():
+            for d in node.get("devices", []):
+                owners[d["id"]] = name
+        if not devices or any(d not in owners for d in devices):
+            raise FailedPrecondition(f"devices {devices} are not all on live nodes")
+        groups: dict[str, list[str]] = {}
+        for d in devices:
+            groups.setdefault(owners[d], []).append(d)
+        if len(groups) > 1 and not self.allow_spread:
+            raise FailedPrecondition(
+                f"devices {devices} span nodes {sorted(groups)}; spreading a job is off (allow_spread)"
+            )
+        return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
 
     def _node_of(self, devices: list[str]) -> str:
         owners: dict[str, str] = {}
@@ -526,7 +645,7 @@ class SchedulerCore:
             devices = list(d.devices)
             self._check_free([x for x in devices if x not in rec["devices"]], {d.job_id})
             target = self._node_of(devices)
-            if target == rec["node"]:
+            if target == rec["node"] and not rec.get("ranks"):
                 # Same node: re-pin at the next boundary, no restart (a virtual device is a CPU set).
                 action = "resize" if isinstance(d, Resize) else "resume"
                 st = self.agents.control(self._address(rec["node"]), rec["id"], action, devices)
@@ -543,9 +662,10 @@ class SchedulerCore:
         raise InvalidArgument(f"unknown decision {d!r}")
 
     def _launch(self, rec: dict[str, Any], devices: list[str], now: float, how: str) -> None:
-        node = self._node_of(devices)
+        placement = self._placement(devices)
+        node = placement[0][0]
         p = self._proc(rec) if rec["parked"] else None
-        if p is not None and p.state != 3 and rec["node"] == node:
+        if p is not None and p.state != 3 and rec["node"] == node and len(placement) == 1:
             # A parked process on the same node: resume in place (fast: no restart).
             st = self.agents.control(self._address(node), rec["id"], "resume", devices)
             rec.update(devices=devices, parked=False, step_at_change=rec["step"])
@@ -560,42 +680,64 @@ class SchedulerCore:
         self._start_process(rec, devices, now, how)
 
     def _start_process(self, rec: dict[str, Any], devices: list[str], now: float, how: str) -> None:
-        node = self._node_of(devices)
+        placement = self._placement(devices)
+        node = placement[0][0]
+        world = len(placement)
         rec["attempt"] += 1
         rec.update(node=node, devices=devices, parked=False, pending=None, step_at_change=rec["step"])
-        J.set_state(rec, J.RUNNING, f"{how} on {', '.join(devices)} (attempt {rec['attempt']})", now)
+        rec["ranks"] = [{"node": n, "devices": ds} for n, ds in placement] if world > 1 else []
+        where = ", ".join(devices) + (f" ({world} processes, one per node)" if world > 1 else "")
+        J.set_state(rec, J.RUNNING, f"{how} on {where} (attempt {rec['attempt']})", now)
         # Record first, then start: a leader dying in between leaves a record whose process is
         # missing (rescheduled next tick), never a process nobody knows about.
         self._save(rec)
         spec = rec["spec"]
+        started: list[str] = []
         try:
-            self.agents.start(
-                self._address(node),
-                rec["id"],
-                spec["command"],
-                spec["env"],
-                devices,
-                spec["workdir"],
-                rec["attempt"],
-            )
-        except InvalidArgument as exc:
-            self._release(rec)
-            rec["finished_at"] = now
-            J.set_state(rec, J.FAILED, f"cannot start on {node}: {exc}", now)
-            self._save(rec)
+            for rank, (n, ds) in enumerate(placement):
+                env = dict(spec["env"])
+                if world > 1:
+                    env.update(MICROCO_RANK=str(rank), MICROCO_WORLD_SIZE=str(world))
+                self.agents.start(
+                    self._address(n), rec["id"], spec["command"], env, ds, spec["workdir"], rec["attempt"]
+                )
+                started.append(n)
         except MicrocoError as exc:
+            for n in started:  # ranks already started would wait for the missing one forever
+                try:
+                    self.agents.stop(self._address(n), rec["id"])
+                except MicrocoError:
+                    pass
             self._release(rec)
-            J.set_state(
-                rec,
-                J.SUSPENDED if rec["checkpoint_step"] >= 0 else J.QUEUED,
-                f"start on {node} failed, will retry: {exc}",
-                now,
-            )
+            if isinstance(exc, InvalidArgument):
+                rec["finished_at"] = now
+                J.set_state(rec, J.FAILED, f"cannot start on {node}: {exc}", now)
+            else:
+                J.set_state(
+                    rec,
+                    J.SUSPENDED if rec["checkpoint_step"] >= 0 else J.QUEUED,
+                    f"start on {node} failed, will retry: {exc}",
+                    now,
+                )
             self._save(rec)
 
     def _suspend(self, rec: dict[str, Any], now: float, reason: str) -> None:
+        if rec.get("ranks"):
+            # The ranks of a spread job cannot park one by one: they checkpoint and exit
+            # together (exit 75), and the job resumes from the checkpoint.
+            st = self._control_ranks(rec, "stop")
+            rec["pending"] = {
+                "op": "stop",
+                "then": "suspend",
+                "seq": st.control_seq,
+                "since": now,
+                "reason": reason,
+            }
+            rec["message"] = f"suspending (checkpoint and exit): {reason}"
+            self._save(rec)
+            return
         st = self.agents.control(self._address(rec["node"]), rec["id"], "suspend")
-        rec["pending"] = {"op": "suspend", "seq": st.control_seq, "since": now}
+        rec["pending"] = {"op": "suspend", "seq": st.control_seq, "since": now, "reason": reason}
         rec["message"] = f"suspending: {reason}"
         self._save(rec)
         # Wait for the next mini-batch boundary so the devices are really free for what follows.
@@ -611,7 +753,7 @@ class SchedulerCore:
         self._stop_then_start(rec, devices, now, "migrated")
 
     def _stop_then_start(self, rec: dict[str, Any], devices: list[str], now: float, how: str) -> None:
-        st = self.agents.control(self._address(rec["node"]), rec["id"], "stop")
+        st = self._control_ranks(rec, "stop")
         rec["pending"] = {
             "op": "stop",
             "then": "move",

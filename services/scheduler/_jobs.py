@@ -117,6 +117,7 @@ def new_record(spec: dict[str, Any], now: float | None = None) -> dict[str, Any]
         "minibatch_ms_alone": 0.0,
         "attained_service_s": 0.0,
         "packed_with": [],
+        "ranks": [],  # a spread job: [{"node", "devices"}] per process, rank 0 first
         "parked": False,  # a SUSPENDED job whose process waits parked on ``node``
         "pending": None,  # an operation under way: {"op", "seq", "attempt", "since", ...}
         "cancel_requested": False,
@@ -132,6 +133,19 @@ def set_state(rec: dict[str, Any], state: str, message: str, now: float) -> None
         rec["last_change_at"] = now
     rec["state"] = state
     rec["message"] = message
+
+
+def retained_job_ids(records: list[dict[str, Any]], now: float, failed_retention_s: float) -> set[str]:
+    """Jobs whose data (checkpoints, logs) the nodes must keep: every job not yet terminal
+    (a resume needs its checkpoint), and failed jobs for ``failed_retention_s`` after they
+    failed, so a user can inspect them. Finished and cancelled jobs need nothing."""
+    keep = set()
+    for r in records:
+        ended_at = r.get("finished_at") or r["last_change_at"]
+        failed_recently = r["state"] == FAILED and now - ended_at < failed_retention_s
+        if r["state"] not in TERMINAL or failed_recently:
+            keep.add(r["id"])
+    return keep
 
 
 def spec_from_pb(spec: scheduler_pb2.JobSpec) -> dict[str, Any]:

@@ -35,8 +35,14 @@ def spawn_agent(
     lease_ttl_s: int = 2,
     log_path: str | os.PathLike[str] | None = None,
     timeout: float = 30.0,
+    preload: str = "none",
+    wait_warm: bool = False,
 ) -> subprocess.Popen[bytes]:
-    """A node agent process with ``devices`` virtual devices; waits until its node is registered."""
+    """A node agent process with ``devices`` virtual devices; waits until its node is registered
+    (and, with ``wait_warm``, until its zygote has imported ``preload``).
+
+    ``preload`` defaults to none here (the agent's own default is ``auto``): tests that run
+    framework-free jobs should not pay a torch import per agent on a shared CI machine."""
     cmd = [
         sys.executable,
         "-m",
@@ -57,6 +63,8 @@ def spawn_agent(
         str(lease_ttl_s),
         "--log-level",
         "warning",
+        "--preload",
+        preload,
     ]
     if checkpoint_root:
         cmd += ["--checkpoint-root", str(checkpoint_root)]
@@ -66,6 +74,13 @@ def spawn_agent(
         from microco.services.agent import NODES_PREFIX
 
         _wait(lambda: (kv.get_json(NODES_PREFIX + node) or {}).get("address"), timeout, f"agent {node}", proc)
+        if wait_warm:
+            _wait(
+                lambda: (kv.get_json(NODES_PREFIX + node) or {}).get("preloaded"),
+                max(timeout, 120.0),
+                f"agent {node}'s warm zygote",
+                proc,
+            )
     return proc
 
 
@@ -82,6 +97,7 @@ def spawn_scheduler(
     log_path: str | os.PathLike[str] | None = None,
     wait_leader: bool = True,
     timeout: float = 30.0,
+    extra_args: list[str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """A scheduler process; when ``kv`` is given waits until it is registered (and, with
     ``wait_leader``, until some instance leads)."""
@@ -112,6 +128,7 @@ def spawn_scheduler(
         cmd += ["--policy-config", json.dumps(policy_config)]
     if instance_id:
         cmd += ["--instance-id", instance_id]
+    cmd += list(extra_args or [])
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - the child keeps it
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     if kv is not None:

@@ -15,3 +15,5 @@ TICK = Histogram(
     buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
 )
 IS_LEADER = Gauge("microco_scheduler_is_leader", "1 while this instance runs the control loop")
+GC_JOBS = Counter("microco_scheduler_gc_jobs_total", "jobs whose node data (checkpoints, logs) was deleted")
+GC_BYTES = Counter("microco_scheduler_gc_bytes_total", "bytes of job data deleted on the nodes")

@@ -86,6 +86,8 @@ class Scheduler:
         tick_s: float = 0.5,
         lease_ttl_s: int = 5,
         op_wait_s: float = 3.0,
+        failed_retention_s: float = 86400.0,
+        gc_interval_s: float = 60.0,
     ) -> None:
         self.policy_name = policy
         self.election = LeaderElection(
@@ -94,10 +96,17 @@ class Scheduler:
         config = dict(policy_config or {})
         fields = {f.name for f in dataclasses.fields(policy_config_type(policy))}
         if "allow_spread" in fields:
-            # A job's process runs on one node: placements across nodes would only be refused.
+            # Off unless asked for: a spread job runs one process per node and must support it
+            # (``init_distributed`` in the torch hook); see docs/scheduler.md.
             config.setdefault("allow_spread", False)
         self.core = SchedulerCore(
-            kv, make_policy(policy, **config), op_wait_s=op_wait_s, is_leader=lambda: self.election.is_leader
+            kv,
+            make_policy(policy, **config),
+            op_wait_s=op_wait_s,
+            is_leader=lambda: self.election.is_leader,
+            failed_retention_s=failed_retention_s,
+            gc_interval_s=gc_interval_s,
+            allow_spread=bool(config.get("allow_spread", False)),
         )
         self.tick_s = tick_s
         self.runtime: ServiceRuntime | None = None
@@ -165,6 +174,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=3.0,
         help="how long a tick waits for a job to reach its mini-batch boundary on suspend/migrate",
     )
+    g.add_argument(
+        "--failed-retention-s",
+        type=float,
+        default=86400.0,
+        help="keep a failed job's checkpoints and logs on the nodes this long, for inspection "
+        "(finished and cancelled jobs' data is deleted at once)",
+    )
+    g.add_argument(
+        "--gc-interval-s",
+        type=float,
+        default=60.0,
+        help="how often the leader asks the nodes to delete data of jobs that need none "
+        "(also at once whenever a job ends)",
+    )
 
 
 def setup(ctx: ServiceContext) -> None:
@@ -177,6 +200,8 @@ def setup(ctx: ServiceContext) -> None:
         raise InvalidArgument(f"--policy-config is not JSON: {exc}") from None
     if args.tick_s <= 0:
         raise InvalidArgument("--tick-s must be > 0")
+    if args.failed_retention_s < 0 or args.gc_interval_s <= 0:
+        raise InvalidArgument("--failed-retention-s must be >= 0 and --gc-interval-s > 0")
     try:
         sched = Scheduler(
             ctx.kv,
@@ -186,6 +211,8 @@ def setup(ctx: ServiceContext) -> None:
             args.tick_s,
             ctx.settings.lease_ttl_s,
             args.op_wait_s,
+            args.failed_retention_s,
+            args.gc_interval_s,
         )
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"bad policy config for {args.policy}: {exc}") from None

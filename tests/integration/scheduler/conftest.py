@@ -28,3 +28,60 @@ def agents(etcd_endpoint, etcd_kv, tmp_path):
     yield start
     for p in procs:
         stop_process(p)
+
+
+KERAS_STEPS = 40
+
+
+class _Reference:
+    """An uninterrupted run started in the background; ``result()`` waits for it (once)."""
+
+    def __init__(self, cmd, env, out, steps):
+        import subprocess
+
+        self.out, self.steps, self._value = out, steps, None
+        self._proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    def result(self):
+        import json
+
+        if self._value is None:
+            log, _ = self._proc.communicate(timeout=300)
+            assert self._proc.returncode == 0, log
+            self._value = json.loads(self.out.read_text())
+        return self._value
+
+    def close(self):
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+
+@pytest.fixture(scope="session")
+def keras_reference(tmp_path_factory):
+    """An uninterrupted run of the Keras example (seed 0, ``KERAS_STEPS`` steps), started once
+    per session in the background (TensorFlow's start-up is the slow part, and it overlaps the
+    test's own jobs); ``.result()`` gives its losses and final-parameter digest."""
+    import importlib.util
+    import os
+    import sys
+
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("tensorflow is not installed")
+    out = tmp_path_factory.mktemp("keras-ref") / "ref.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MICROCO_")}
+    env.update(TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
+    cmd = [
+        sys.executable,
+        "-m",
+        "microco.examples.keras_digits",
+        "--steps",
+        str(KERAS_STEPS),
+        "--out",
+        str(out),
+    ]
+    ref = _Reference(cmd, env, out, KERAS_STEPS)
+    yield ref
+    ref.close()

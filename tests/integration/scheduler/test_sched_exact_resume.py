@@ -14,6 +14,16 @@ import pytest
 
 from microco.clients.scheduler import EXIT_CHECKPOINTED, ControlChannel
 
+
+def need(module: str) -> None:
+    """Skip without the framework, found without importing it (TensorFlow's import alone
+    takes 15 s: the job processes pay it, the test process need not)."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed")
+
+
 STEPS = 40
 
 
@@ -44,9 +54,10 @@ def wait_step(ch: ControlChannel, step: int, timeout=120):
     return ch.wait_status(lambda s: s.get("step", 0) >= step, timeout)
 
 
-def run_interrupted(module, tmp_path):
+def run_interrupted(module, tmp_path, reference=None):
+    """``reference``: the uninterrupted run, when the caller started one (else run here)."""
     ckpt = tmp_path / "ckpt"
-    baseline = launch(module, tmp_path, tmp_path / "a.json")
+    baseline = None if reference else launch(module, tmp_path, tmp_path / "a.json")
     ch1 = ControlChannel(tmp_path / "ctl1")
     p1 = launch(module, tmp_path, tmp_path / "b.json", control=ch1.dir, ckpt=ckpt, sleep_ms=40)
     # Suspend / resume twice in the first process...
@@ -75,9 +86,13 @@ def run_interrupted(module, tmp_path):
     ch2.wait_ack(ch2.send("resume"), 30)
     out2, _ = p2.communicate(timeout=120)
     assert p2.returncode == 0, out2
-    out0, _ = baseline.communicate(timeout=120)
-    assert baseline.returncode == 0, out0
-    a = json.loads((tmp_path / "a.json").read_text())
+    if baseline is not None:
+        out0, _ = baseline.communicate(timeout=120)
+        assert baseline.returncode == 0, out0
+        reference = json.loads((tmp_path / "a.json").read_text())
+    else:
+        reference = reference.result()
+    a = reference
     b = json.loads((tmp_path / "b.json").read_text())
     assert b["restored_from_step"] == moved_at
     assert len(a["losses"]) == len(b["losses"]) == STEPS
@@ -90,12 +105,13 @@ def run_interrupted(module, tmp_path):
 @pytest.mark.slow
 @pytest.mark.torch
 def test_torch_job_suspended_resumed_and_moved_is_exact(tmp_path):
-    pytest.importorskip("torch")
+    need("torch")
     run_interrupted("microco.examples.torch_digits", tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.tensorflow
-def test_keras_job_suspended_resumed_and_moved_is_exact(tmp_path):
-    pytest.importorskip("tensorflow")
-    run_interrupted("microco.examples.keras_digits", tmp_path)
+def test_keras_job_suspended_resumed_and_moved_is_exact(tmp_path, keras_reference):
+    need("tensorflow")
+    assert keras_reference.steps == STEPS
+    run_interrupted("microco.examples.keras_digits", tmp_path, keras_reference)

@@ -132,3 +132,56 @@ def test_watch_streams_current_state_then_changes():
     assert seen[0] is False and seen[-1] is True
     with pytest.raises(NotFound):
         list(core.watch(["missing"], lambda: False))
+
+
+def test_retained_job_ids_keep_what_a_resume_or_a_user_needs():
+    def rec(i, state, finished_at=0.0):
+        return {"id": i, "state": state, "finished_at": finished_at, "last_change_at": finished_at}
+
+    recs = [
+        rec("q", J.QUEUED),
+        rec("r", J.RUNNING),
+        rec("s", J.SUSPENDED),
+        rec("m", J.MIGRATING),
+        rec("p", J.PACKED),
+        rec("done", J.FINISHED, 100.0),
+        rec("gone", J.CANCELLED, 100.0),
+        rec("bad-new", J.FAILED, 990.0),
+        rec("bad-old", J.FAILED, 100.0),
+    ]
+    assert J.retained_job_ids(recs, 1000.0, 60.0) == {"q", "r", "s", "m", "p", "bad-new"}
+    assert J.retained_job_ids(recs, 1000.0, 0.0) == {"q", "r", "s", "m", "p"}
+
+
+def test_placement_groups_devices_by_node_rank0_first_and_spreads_only_if_allowed():
+    kv, core = core_with_nodes(2)
+    kv.put_json(
+        "/microco/nodes/n2",
+        {
+            "name": "n2",
+            "address": "127.0.0.1:2",
+            "devices": [{"id": "n2/0", "node": "n2", "index": 0, "kind": "virtual", "model": "virtual-cpu"}],
+        },
+    )
+    core._nodes = core.agents.nodes()
+    assert core._placement(["n1/0", "n1/1"]) == [("n1", ["n1/0", "n1/1"])]
+    with pytest.raises(FailedPrecondition, match="allow_spread"):
+        core._placement(["n2/0", "n1/1"])
+    core.allow_spread = True
+    # Rank 0 is the node holding most of the job's devices.
+    assert core._placement(["n2/0", "n1/1", "n1/0"]) == [("n1", ["n1/1", "n1/0"]), ("n2", ["n2/0"])]
+    with pytest.raises(FailedPrecondition, match="live nodes"):
+        core._placement(["n9/0"])
+    rec = {"node": "n1", "ranks": [{"node": "n1", "devices": ["n1/0"]}, {"node": "n2", "devices": ["n2/0"]}]}
+    assert core._rank_nodes(rec) == ["n1", "n2"]
+    assert core._rank_nodes({"node": "n1", "ranks": []}) == ["n1"]
+
+
+def test_observe_builds_the_policy_view_from_the_records_without_writing():
+    kv, core = core_with_nodes(2)
+    rec = core.submit({"command": PY, "devices": 1, "name": "a"})
+    before = dict(kv.get_prefix(J.JOBS_PREFIX))
+    view = core.observe(now=123.0)
+    assert view.now == 123.0 and [d.id for d in view.devices] == ["n1/0", "n1/1"]
+    assert [j.id for j in view.jobs] == [rec["id"]] and view.jobs[0].state is JobPhase.QUEUED
+    assert dict(kv.get_prefix(J.JOBS_PREFIX)) == before

@@ -124,3 +124,103 @@ def test_step_batches_is_a_function_of_the_step():
     assert seq[0] != seq[3]  # epochs are shuffled differently
     with pytest.raises(ValueError):
         StepBatches(10, 0)
+
+
+def test_restore_removes_partial_checkpoints_of_dead_writers(tmp_path):
+    ctx, state, _ = make_ctx(tmp_path)
+    state["w"] = 7
+    ctx.step_end(3)
+    ctx.write_checkpoint()
+    # A writer killed mid-write left a temporary file; the complete checkpoint is intact.
+    (tmp_path / "ckpt" / ".checkpoint.999999.tmp").write_bytes(b"half")
+    ctx2, state2, _ = make_ctx(tmp_path)
+    assert ctx2.restore() == 3 and state2["w"] == 7
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["checkpoint"]
+
+
+def test_zygote_takes_only_plain_python_commands_of_its_interpreter():
+    import sys
+
+    from microco.services.agent._warm import parse_preload, python_target
+
+    py = sys.executable
+    assert python_target([py, "-m", "pkg.mod", "--x", "1"]) == ("module", "pkg.mod", ["--x", "1"])
+    assert python_target([py, "train.py", "a"]) == ("path", "train.py", ["a"])
+    assert python_target([py, "-u", "-m", "pkg"]) is None  # interpreter options: exec
+    assert python_target([py, "-c", "pass"]) is None
+    assert python_target(["sh", "-c", "true"]) is None
+    assert python_target(["/usr/bin/env"]) is None
+    assert parse_preload("none") == [] and parse_preload("") == []
+    assert parse_preload("numpy, torch") == ["numpy", "torch"]
+    auto = parse_preload("auto")
+    assert "torch._dynamo" not in auto or "torch" in auto
+
+
+def test_agent_refuses_job_ids_that_are_not_safe_directory_names(tmp_path):
+    import sys
+
+    from microco.services.agent import ProcessManager, discover_devices
+    from microco.services.common.errors import InvalidArgument
+
+    pm = ProcessManager(tmp_path, discover_devices("n", 1))
+    for bad in ("../x", "a/b", ".hidden", ""):
+        with pytest.raises(InvalidArgument):
+            pm.start(bad, [sys.executable, "-c", "pass"], {}, ["n/0"])
+    assert not (tmp_path / "x").exists()
+
+
+def test_spread_ranks_act_on_rank0s_command_together(tmp_path):
+    """Rank 0 reads the control file; every rank carries out the agreed command at the same
+    boundary; only rank 0 writes the checkpoint; suspend is checkpoint-and-exit."""
+    from microco.clients.scheduler import JobContext
+
+    def exit_fn(code):
+        raise SystemExit(code)
+
+    shared = {"code": 0}
+
+    def rank0_agree(code):  # stands in for the broadcast: rank 0 publishes its code
+        shared["code"] = code
+        return code
+
+    def other_agree(code):
+        return shared["code"]
+
+    ctxs = []
+    for rank in (0, 1):
+        c = JobContext(
+            control_dir=tmp_path / f"ctl{rank}",
+            checkpoint_dir=tmp_path / "ckpt",
+            devices=[f"n{rank}/0"],
+            exit_fn=exit_fn,
+        )
+        c.rank, c.world_size = rank, 2
+        c.agree = rank0_agree if rank == 0 else other_agree
+        c.save = lambda step, rank=rank: f"{step}:rank{rank}".encode()
+        ctxs.append(c)
+    chans = [ControlChannel(tmp_path / f"ctl{r}") for r in (0, 1)]
+    for s in (1, 2):
+        for c in ctxs:
+            c.step_end(s)
+    # The scheduler sends suspend to both ranks' agents; rank 1's own file is not what decides.
+    seqs = [ch.send("suspend") for ch in chans]
+    codes = []
+    for c in ctxs:
+        with pytest.raises(SystemExit) as info:
+            c.step_end(3)
+        codes.append(info.value.code)
+    assert codes == [EXIT_CHECKPOINTED, EXIT_CHECKPOINTED]
+    assert (tmp_path / "ckpt" / "checkpoint").read_bytes() == b"3:rank0"  # rank 0's only
+    assert [ch.status()["seq_done"] for ch in chans] == seqs
+    assert all(ch.status()["state"] == "checkpointed" for ch in chans)
+
+
+def test_spread_ranks_ignore_their_own_file_without_rank0s_word(tmp_path):
+    from microco.clients.scheduler import JobContext
+
+    c = JobContext(control_dir=tmp_path / "ctl", checkpoint_dir=tmp_path / "ckpt", devices=["n/0"])
+    c.rank, c.world_size, c.agree = 1, 2, lambda code: 0
+    c.save = lambda step: b"x"
+    ControlChannel(tmp_path / "ctl").send("stop")
+    c.step_end(1)  # rank 0 said nothing: rank 1 keeps training
+    assert c.state == "running" and not (tmp_path / "ckpt" / "checkpoint").exists()

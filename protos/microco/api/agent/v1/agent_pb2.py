@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from microco.api.common.v1 import common_pb2 as microco_dot_api_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n microco/api/agent/v1/agent.proto\x12\x14microco.api.agent.v1\x1a\"microco/api/common/v1/common.proto\"\xd1\x01\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12.\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x1d.microco.api.common.v1.Device\x12\x36\n\x06labels\x18\x04 \x03(\x0b\x32&.microco.api.agent.v1.Node.LabelsEntry\x12\x13\n\x0binstance_id\x18\x05 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x10\n\x0eGetNodeRequest\"\xf1\x01\n\x13StartProcessRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12?\n\x03\x65nv\x18\x03 \x03(\x0b\x32\x32.microco.api.agent.v1.StartProcessRequest.EnvEntry\x12\x12\n\ndevice_ids\x18\x04 \x03(\t\x12\x0f\n\x07workdir\x18\x05 \x01(\t\x12\x16\n\x0e\x63heckpoint_dir\x18\x06 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\x03\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"k\n\x15\x43ontrolProcessRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12.\n\x07\x63ontrol\x18\x02 \x01(\x0e\x32\x1d.microco.api.agent.v1.Control\x12\x12\n\ndevice_ids\x18\x03 \x03(\t\";\n\x12StopProcessRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x01\"\xd3\x03\n\rProcessStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x31\n\x05state\x18\x03 \x01(\x0e\x32\".microco.api.agent.v1.ProcessState\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x12\n\ndevice_ids\x18\x05 \x03(\t\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x03\x12\x11\n\tjob_state\x18\x07 \x01(\t\x12\x0c\n\x04step\x18\x08 \x01(\x03\x12\x14\n\x0cminibatch_ms\x18\t \x01(\x01\x12\x10\n\x08seq_done\x18\n \x01(\x03\x12\x13\n\x0b\x63ontrol_seq\x18\x0b \x01(\x03\x12\x17\n\x0f\x63heckpoint_step\x18\x0c \x01(\x03\x12\x18\n\x10\x63heckpoint_bytes\x18\r \x01(\x03\x12\x12\n\nstarted_at\x18\x0e \x01(\x01\x12\x15\n\rfirst_step_at\x18\x0f \x01(\x01\x12\x12\n\nupdated_at\x18\x10 \x01(\x01\x12\x12\n\nsuspend_ms\x18\x11 \x01(\x01\x12\x11\n\tresume_ms\x18\x12 \x01(\x01\x12\x16\n\x0epeak_rss_bytes\x18\x13 \x01(\x03\x12\x0f\n\x07message\x18\x14 \x01(\t\x12\x1a\n\x12restored_from_step\x18\x15 \x01(\x03\"\x16\n\x14ListProcessesRequest\"O\n\x15ListProcessesResponse\x12\x36\n\tprocesses\x18\x01 \x03(\x0b\x32#.microco.api.agent.v1.ProcessStatus*\x89\x01\n\x07\x43ontrol\x12\x17\n\x13\x43ONTROL_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43ONTROL_SUSPEND\x10\x01\x12\x12\n\x0e\x43ONTROL_RESUME\x10\x02\x12\x16\n\x12\x43ONTROL_CHECKPOINT\x10\x03\x12\x12\n\x0e\x43ONTROL_RESIZE\x10\x04\x12\x10\n\x0c\x43ONTROL_STOP\x10\x05*~\n\x0cProcessState\x12\x1d\n\x19PROCESS_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16PROCESS_STATE_STARTING\x10\x01\x12\x19\n\x15PROCESS_STATE_RUNNING\x10\x02\x12\x18\n\x14PROCESS_STATE_EXITED\x10\x03\x32\xeb\x03\n\x10NodeAgentService\x12K\n\x07GetNode\x12$.microco.api.agent.v1.GetNodeRequest\x1a\x1a.microco.api.agent.v1.Node\x12^\n\x0cStartProcess\x12).microco.api.agent.v1.StartProcessRequest\x1a#.microco.api.agent.v1.ProcessStatus\x12\x62\n\x0e\x43ontrolProcess\x12+.microco.api.agent.v1.ControlProcessRequest\x1a#.microco.api.agent.v1.ProcessStatus\x12\\\n\x0bStopProcess\x12(.microco.api.agent.v1.StopProcessRequest\x1a#.microco.api.agent.v1.ProcessStatus\x12h\n\rListProcesses\x12*.microco.api.agent.v1.ListProcessesRequest\x1a+.microco.api.agent.v1.ListProcessesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n microco/api/agent/v1/agent.proto\x12\x14microco.api.agent.v1\x1a\"microco/api/common/v1/common.proto\"\xe4\x01\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12.\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x1d.microco.api.common.v1.Device\x12\x36\n\x06labels\x18\x04 \x03(\x0b\x32&.microco.api.agent.v1.Node.LabelsEntry\x12\x13\n\x0binstance_id\x18\x05 \x01(\t\x12\x11\n\tpreloaded\x18\x06 \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x10\n\x0eGetNodeRequest\"\xf1\x01\n\x13StartProcessRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12?\n\x03\x65nv\x18\x03 \x03(\x0b\x32\x32.microco.api.agent.v1.StartProcessRequest.EnvEntry\x12\x12\n\ndevice_ids\x18\x04 \x03(\t\x12\x0f\n\x07workdir\x18\x05 \x01(\t\x12\x16\n\x0e\x63heckpoint_dir\x18\x06 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\x03\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"k\n\x15\x43ontrolProcessRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12.\n\x07\x63ontrol\x18\x02 \x01(\x0e\x32\x1d.microco.api.agent.v1.Control\x12\x12\n\ndevice_ids\x18\x03 \x03(\t\";\n\x12StopProcessRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x01\"\xe3\x03\n\rProcessStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x31\n\x05state\x18\x03 \x01(\x0e\x32\".microco.api.agent.v1.ProcessState\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x12\n\ndevice_ids\x18\x05 \x03(\t\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x03\x12\x11\n\tjob_state\x18\x07 \x01(\t\x12\x0c\n\x04step\x18\x08 \x01(\x03\x12\x14\n\x0cminibatch_ms\x18\t \x01(\x01\x12\x10\n\x08seq_done\x18\n \x01(\x03\x12\x13\n\x0b\x63ontrol_seq\x18\x0b \x01(\x03\x12\x17\n\x0f\x63heckpoint_step\x18\x0c \x01(\x03\x12\x18\n\x10\x63heckpoint_bytes\x18\r \x01(\x03\x12\x12\n\nstarted_at\x18\x0e \x01(\x01\x12\x15\n\rfirst_step_at\x18\x0f \x01(\x01\x12\x12\n\nupdated_at\x18\x10 \x01(\x01\x12\x12\n\nsuspend_ms\x18\x11 \x01(\x01\x12\x11\n\tresume_ms\x18\x12 \x01(\x01\x12\x16\n\x0epeak_rss_bytes\x18\x13 \x01(\x03\x12\x0f\n\x07message\x18\x14 \x01(\t\x12\x1a\n\x12restored_from_step\x18\x15 \x01(\x03\x12\x0e\n\x06\x66orked\x18\x16 \x01(\x08\"\x16\n\x14ListProcessesRequest\"O\n\x15ListProcessesResponse\x12\x36\n\tprocesses\x18\x01 \x03(\x0b\x32#.microco.api.agent.v1.ProcessStatus\"-\n\x15\x43ollectGarbageRequest\x12\x14\n\x0ckeep_job_ids\x18\x01 \x03(\t\"F\n\x16\x43ollectGarbageResponse\x12\x17\n\x0f\x64\x65leted_job_ids\x18\x01 \x03(\t\x12\x13\n\x0b\x62ytes_freed\x18\x02 \x01(\x03*\x89\x01\n\x07\x43ontrol\x12\x17\n\x13\x43ONTROL_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43ONTROL_SUSPEND\x10\x01\x12\x12\n\x0e\x43ONTROL_RESUME\x10\x02\x12\x16\n\x12\x43ONTROL_CHECKPOINT\x10\x03\x12\x12\n\x0e\x43ONTROL_RESIZE\x10\x04\x12\x10\n\x0c\x43ONTROL_STOP\x10\x05*~\n\x0cProcessState\x12\x1d\n\x19PROCESS_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16PROCESS_STATE_STARTING\x10\x01\x12\x19\n\x15PROCESS_STATE_RUNNING\x10\x02\x12\x18\n\x14PROCESS_STATE_EXITED\x10\x03\x32\xd8\x04\n\x10NodeAgentService\x12K\n\x07GetNode\x12$.microco.api.agent.v1.GetNodeRequest\x1a\x1a.microco.api.agent.v1.Node\x12^\n\x0cStartProcess\x12).microco.api.agent.v1.StartProcessRequest\x1a#.microco.api.agent.v1.ProcessStatus\x12\x62\n\x0e\x43ontrolProcess\x12+.microco.api.agent.v1.ControlProcessRequest\x1a#.microco.api.agent.v1.ProcessStatus\x12\\\n\x0bStopProcess\x12(.microco.api.agent.v1.StopProcessRequest\x1a#.microco.api.agent.v1.ProcessStatus\x12h\n\rListProcesses\x12*.microco.api.agent.v1.ListProcessesRequest\x1a+.microco.api.agent.v1.ListProcessesResponse\x12k\n\x0e\x43ollectGarbage\x12+.microco.api.agent.v1.CollectGarbageRequest\x1a,.microco.api.agent.v1.CollectGarbageResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,30 +36,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NODE_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_STARTPROCESSREQUEST_ENVENTRY']._loaded_options = None
   _globals['_STARTPROCESSREQUEST_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_CONTROL']._serialized_start=1314
-  _globals['_CONTROL']._serialized_end=1451
-  _globals['_PROCESSSTATE']._serialized_start=1453
-  _globals['_PROCESSSTATE']._serialized_end=1579
+  _globals['_CONTROL']._serialized_start=1468
+  _globals['_CONTROL']._serialized_end=1605
+  _globals['_PROCESSSTATE']._serialized_start=1607
+  _globals['_PROCESSSTATE']._serialized_end=1733
   _globals['_NODE']._serialized_start=95
-  _globals['_NODE']._serialized_end=304
-  _globals['_NODE_LABELSENTRY']._serialized_start=259
-  _globals['_NODE_LABELSENTRY']._serialized_end=304
-  _globals['_GETNODEREQUEST']._serialized_start=306
-  _globals['_GETNODEREQUEST']._serialized_end=322
-  _globals['_STARTPROCESSREQUEST']._serialized_start=325
-  _globals['_STARTPROCESSREQUEST']._serialized_end=566
-  _globals['_STARTPROCESSREQUEST_ENVENTRY']._serialized_start=524
-  _globals['_STARTPROCESSREQUEST_ENVENTRY']._serialized_end=566
-  _globals['_CONTROLPROCESSREQUEST']._serialized_start=568
-  _globals['_CONTROLPROCESSREQUEST']._serialized_end=675
-  _globals['_STOPPROCESSREQUEST']._serialized_start=677
-  _globals['_STOPPROCESSREQUEST']._serialized_end=736
-  _globals['_PROCESSSTATUS']._serialized_start=739
-  _globals['_PROCESSSTATUS']._serialized_end=1206
-  _globals['_LISTPROCESSESREQUEST']._serialized_start=1208
-  _globals['_LISTPROCESSESREQUEST']._serialized_end=1230
-  _globals['_LISTPROCESSESRESPONSE']._serialized_start=1232
-  _globals['_LISTPROCESSESRESPONSE']._serialized_end=1311
-  _globals['_NODEAGENTSERVICE']._serialized_start=1582
-  _globals['_NODEAGENTSERVICE']._serialized_end=2073
+  _globals['_NODE']._serialized_end=323
+  _globals['_NODE_LABELSENTRY']._serialized_start=278
+  _globals['_NODE_LABELSENTRY']._serialized_end=323
+  _globals['_GETNODEREQUEST']._serialized_start=325
+  _globals['_GETNODEREQUEST']._serialized_end=341
+  _globals['_STARTPROCESSREQUEST']._serialized_start=344
+  _globals['_STARTPROCESSREQUEST']._serialized_end=585
+  _globals['_STARTPROCESSREQUEST_ENVENTRY']._serialized_start=543
+  _globals['_STARTPROCESSREQUEST_ENVENTRY']._serialized_end=585
+  _globals['_CONTROLPROCESSREQUEST']._serialized_start=587
+  _globals['_CONTROLPROCESSREQUEST']._serialized_end=694
+  _globals['_STOPPROCESSREQUEST']._serialized_start=696
+  _globals['_STOPPROCESSREQUEST']._serialized_end=755
+  _globals['_PROCESSSTATUS']._serialized_start=758
+  _globals['_PROCESSSTATUS']._serialized_end=1241
+  _globals['_LISTPROCESSESREQUEST']._serialized_start=1243
+  _globals['_LISTPROCESSESREQUEST']._serialized_end=1265
+  _globals['_LISTPROCESSESRESPONSE']._serialized_start=1267
+  _globals['_LISTPROCESSESRESPONSE']._serialized_end=1346
+  _globals['_COLLECTGARBAGEREQUEST']._serialized_start=1348
+  _globals['_COLLECTGARBAGEREQUEST']._serialized_end=1393
+  _globals['_COLLECTGARBAGERESPONSE']._serialized_start=1395
+  _globals['_COLLECTGARBAGERESPONSE']._serialized_end=1465
+  _globals['_NODEAGENTSERVICE']._serialized_start=1736
+  _globals['_NODEAGENTSERVICE']._serialized_end=2336
 # @@protoc_insertion_point(module_scope)

@@ -35,7 +35,7 @@ PROCESS_STATE_RUNNING: ProcessState
 PROCESS_STATE_EXITED: ProcessState
 
 class Node(_message.Message):
-    __slots__ = ("name", "address", "devices", "labels", "instance_id")
+    __slots__ = ("name", "address", "devices", "labels", "instance_id", "preloaded")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -48,12 +48,14 @@ class Node(_message.Message):
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PRELOADED_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     devices: _containers.RepeatedCompositeFieldContainer[_common_pb2.Device]
     labels: _containers.ScalarMap[str, str]
     instance_id: str
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[_common_pb2.Device, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., instance_id: _Optional[str] = ...) -> None: ...
+    preloaded: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[_common_pb2.Device, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., instance_id: _Optional[str] = ..., preloaded: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetNodeRequest(_message.Message):
     __slots__ = ()
@@ -103,7 +105,7 @@ class StopProcessRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., grace_seconds: _Optional[float] = ...) -> None: ...
 
 class ProcessStatus(_message.Message):
-    __slots__ = ("job_id", "pid", "state", "exit_code", "device_ids", "attempt", "job_state", "step", "minibatch_ms", "seq_done", "control_seq", "checkpoint_step", "checkpoint_bytes", "started_at", "first_step_at", "updated_at", "suspend_ms", "resume_ms", "peak_rss_bytes", "message", "restored_from_step")
+    __slots__ = ("job_id", "pid", "state", "exit_code", "device_ids", "attempt", "job_state", "step", "minibatch_ms", "seq_done", "control_seq", "checkpoint_step", "checkpoint_bytes", "started_at", "first_step_at", "updated_at", "suspend_ms", "resume_ms", "peak_rss_bytes", "message", "restored_from_step", "forked")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +127,7 @@ class ProcessStatus(_message.Message):
     PEAK_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    FORKED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     pid: int
     state: ProcessState
@@ -146,7 +149,8 @@ class ProcessStatus(_message.Message):
     peak_rss_bytes: int
     message: str
     restored_from_step: int
-    def __init__(self, job_id: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., exit_code: _Optional[int] = ..., device_ids: _Optional[_Iterable[str]] = ..., attempt: _Optional[int] = ..., job_state: _Optional[str] = ..., step: _Optional[int] = ..., minibatch_ms: _Optional[float] = ..., seq_done: _Optional[int] = ..., control_seq: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., started_at: _Optional[float] = ..., first_step_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., suspend_ms: _Optional[float] = ..., resume_ms: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., message: _Optional[str] = ..., restored_from_step: _Optional[int] = ...) -> None: ...
+    forked: bool
+    def __init__(self, job_id: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., exit_code: _Optional[int] = ..., device_ids: _Optional[_Iterable[str]] = ..., attempt: _Optional[int] = ..., job_state: _Optional[str] = ..., step: _Optional[int] = ..., minibatch_ms: _Optional[float] = ..., seq_done: _Optional[int] = ..., control_seq: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., started_at: _Optional[float] = ..., first_step_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., suspend_ms: _Optional[float] = ..., resume_ms: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., message: _Optional[str] = ..., restored_from_step: _Optional[int] = ..., forked: _Optional[bool] = ...) -> None: ...
 
 class ListProcessesRequest(_message.Message):
     __slots__ = ()
@@ -157,3 +161,17 @@ class ListProcessesResponse(_message.Message):
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
     processes: _containers.RepeatedCompositeFieldContainer[ProcessStatus]
     def __init__(self, processes: _Optional[_Iterable[_Union[ProcessStatus, _Mapping]]] = ...) -> None: ...
+
+class CollectGarbageRequest(_message.Message):
+    __slots__ = ("keep_job_ids",)
+    KEEP_JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    keep_job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keep_job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CollectGarbageResponse(_message.Message):
+    __slots__ = ("deleted_job_ids", "bytes_freed")
+    DELETED_JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FREED_FIELD_NUMBER: _ClassVar[int]
+    deleted_job_ids: _containers.RepeatedScalarFieldContainer[str]
+    bytes_freed: int
+    def __init__(self, deleted_job_ids: _Optional[_Iterable[str]] = ..., bytes_freed: _Optional[int] = ...) -> None: ...

@@ -59,6 +59,11 @@ class NodeAgentServiceStub:
                 request_serializer=microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.ListProcessesRequest.SerializeToString,
                 response_deserializer=microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.ListProcessesResponse.FromString,
                 _registered_method=True)
+        self.CollectGarbage = channel.unary_unary(
+                '/microco.api.agent.v1.NodeAgentService/CollectGarbage',
+                request_serializer=microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.CollectGarbageRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.CollectGarbageResponse.FromString,
+                _registered_method=True)
 
 
 class NodeAgentServiceServicer:
@@ -94,6 +99,14 @@ class NodeAgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CollectGarbage(self, request, context):
+        """Delete the data (checkpoints, control directories, logs) of every job on this node that
+        is not in keep_job_ids and has no live process; forget their exited processes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeAgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +134,11 @@ def add_NodeAgentServiceServicer_to_server(servicer, server):
                     servicer.ListProcesses,
                     request_deserializer=microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.ListProcessesRequest.FromString,
                     response_serializer=microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.ListProcessesResponse.SerializeToString,
+            ),
+            'CollectGarbage': grpc.unary_unary_rpc_method_handler(
+                    servicer.CollectGarbage,
+                    request_deserializer=microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.CollectGarbageRequest.FromString,
+                    response_serializer=microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.CollectGarbageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +276,33 @@ class NodeAgentService:
             '/microco.api.agent.v1.NodeAgentService/ListProcesses',
             microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.ListProcessesRequest.SerializeToString,
             microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.ListProcessesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CollectGarbage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/microco.api.agent.v1.NodeAgentService/CollectGarbage',
+            microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.CollectGarbageRequest.SerializeToString,
+            microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.CollectGarbageResponse.FromString,
             options,
             channel_credentials,
             insecure,

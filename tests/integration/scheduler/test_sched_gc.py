@@ -1,0 +1,97 @@
+"""Old job data is cleaned up: a finished or cancelled job's checkpoints (and control
+directories, logs) are deleted from the nodes, a failed job's are kept for inspection, data of
+jobs the scheduler does not know is collected, a running job's checkpoint is never touched."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from microco.clients.common import channel_for
+from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
+from microco.services.scheduler._local import spawn_scheduler, stop_process
+
+pytestmark = pytest.mark.integration
+
+
+def job_cmd(steps, fail_at=-1):
+    return [
+        sys.executable,
+        "-m",
+        "microco.examples.synthetic_job",
+        "--steps",
+        str(steps),
+        "--compute-ms",
+        "1",
+        "--io-ms",
+        "4",
+        "--fail-at",
+        str(fail_at),
+    ]
+
+
+def wait_for(fn, timeout=30, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_job_data_is_collected(agents, etcd_endpoint, etcd_kv, tmp_path):
+    agents("n1", devices=2)
+    ckpt_root = tmp_path / "checkpoints"
+    jobs_dir = tmp_path / "agents" / "n1" / "jobs"
+    # Data of a job no scheduler knows (e.g. left by a wiped cluster).
+    (ckpt_root / "ghost-0001").mkdir(parents=True)
+    (ckpt_root / "ghost-0001" / "checkpoint").write_bytes(b"x" * 1000)
+    (jobs_dir / "ghost-0001" / "attempt-1").mkdir(parents=True)
+    sched = spawn_scheduler(
+        etcd_endpoint,
+        tmp_path / "sched",
+        policy="fifo",
+        tick_s=0.2,
+        kv=etcd_kv,
+        log_path=tmp_path / "scheduler.log",
+        extra_args=["--gc-interval-s", "1"],
+    )
+    try:
+        c = SchedulerClient(channel_for(etcd_kv, "scheduler"))
+        env = {"MICROCO_CHECKPOINT_EVERY_S": "0.05"}
+        run = c.submit(make_spec(job_cmd(100000), devices=1, name="run", env=env)).id
+        fin = c.submit(make_spec(job_cmd(60), devices=1, name="fin", env=env)).id
+        wait_for(lambda: (ckpt_root / fin / "checkpoint").exists(), 30, "fin checkpointed")
+        wait_for(lambda: job_to_dict(c.get(fin))["state"] == "finished", 30, "fin finished")
+        wait_for(
+            lambda: not (ckpt_root / fin).exists() and not (jobs_dir / fin).exists(), 10, "fin collected"
+        )
+        wait_for(lambda: not (ckpt_root / "ghost-0001").exists(), 10, "unknown job collected")
+        assert not (jobs_dir / "ghost-0001").exists()
+
+        bad = c.submit(make_spec(job_cmd(1000, fail_at=40), devices=1, name="bad", env=env)).id
+        wait_for(lambda: job_to_dict(c.get(bad))["state"] == "failed", 30, "bad failed")
+        assert "exited with 3" in job_to_dict(c.get(bad))["message"]
+        # cancelled: gone; failed: kept (default retention a day) for the user to inspect.
+        c.cancel(run)
+        wait_for(lambda: job_to_dict(c.get(run))["state"] == "cancelled", 20, "cancelled")
+        wait_for(
+            lambda: not (ckpt_root / run).exists() and not (jobs_dir / run).exists(), 10, "run collected"
+        )
+        time.sleep(1.5)  # at least one periodic collection after the failure
+        assert (ckpt_root / bad / "checkpoint").exists()
+        assert (jobs_dir / bad / "attempt-1.log").exists()
+
+        # A live job keeps its single, latest checkpoint across collections.
+        live = c.submit(make_spec(job_cmd(100000), devices=1, name="live", env=env)).id
+        wait_for(lambda: (ckpt_root / live / "checkpoint").exists(), 30, "live checkpointed")
+        time.sleep(1.5)
+        assert [p.name for p in (ckpt_root / live).iterdir() if not p.name.endswith(".tmp")] == ["checkpoint"]
+        assert job_to_dict(c.get(live))["state"] == "running"
+        c.cancel(live)
+        wait_for(lambda: not (ckpt_root / live).exists(), 20, "live collected after cancel")
+    finally:
+        stop_process(sched)
