@@ -1,25 +1,41 @@
 """Scheduler simulator benchmark: every policy on the same trace and cluster in one run.
 
     microco bench sim --json --plot sim.png              # Alibaba default trace, 32 GPUs
+    microco bench sim --sweep-gpus 8,12,16,24,32 --json  # utilisation vs cluster size
     python -m microco.benchmarks.sim --quick --json      # Tiresias 60-job trace, seconds
 
 Prints JSON with each policy's figures, the gandiva/fifo and gandiva/las ratios, the
-paper's targets with whether each is met, the hyper-parameter search scenario and (with
-``--ablations``) gandiva with one mechanism at a time. ``--plot`` writes a PNG of GPU
-utilisation and queue length over time.
+paper's targets with whether each is met, the hyper-parameter search (ASHA) scenario with
+a sweep over its settings and (with ``--ablations``) gandiva with one mechanism at a time.
+``fifo[strict]`` is fifo without backfilling (pure first come, first served), a second
+baseline. Utilisation targets are judged on ``gpu_utilization_window``: useful busy
+device-seconds over the device-seconds of one window common to every policy (first to
+last arrival of the trace). ``--plot`` writes a PNG of GPU utilisation and queue length
+over time.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
-from microco.clients.cli.sim import add_sim_arguments, default_gpus, load_jobs, policy_options
+from microco.clients.cli.sim import (
+    add_hp_arguments,
+    add_sim_arguments,
+    default_gpus,
+    hp_options,
+    load_jobs,
+    policy_options,
+)
 
 POLICIES = ("fifo", "las", "gandiva")
+STRICT = "fifo[strict]"  # fifo without backfilling: pure first come, first served
+# ASHA settings swept (reduction factor, minimum resource as a fraction of training, configs)
+HP_SWEEP = ((3, 1 / 27, 81), (3, 1 / 81, 81), (4, 1 / 64, 81), (3, 1 / 81, 243), (4, 1 / 16, 64))
 ABLATIONS = {
     "gandiva[time-slicing only]": {
         "enable_packing": False,
@@ -67,10 +83,87 @@ def _plot(path: str, results: dict, title: str) -> None:
     plt.close(fig)
 
 
+def _hp_runs(make_policy, run_hp_search, args, perf, opts: dict) -> dict:
+    return {
+        name: run_hp_search(
+            make_policy(name, **policy_options(name, args)),
+            gpus=args.hp_gpus,
+            per_node=args.gpus_per_node,
+            perf=perf,
+            costs=args.costs,
+            **opts,
+        )
+        for name in POLICIES
+    }
+
+
+def _gpu_sweep(args, jobs, models, perf) -> list[dict]:
+    """fifo, fifo[strict] and gandiva at each cluster size: utilisation over the common
+    window, over the trace's contended window (where its demand exceeds capacity) and over
+    each run's makespan."""
+    from microco.services.scheduler.policy import make_policy
+    from microco.services.scheduler.sim import ClusterSpec, contended_window, simulate
+
+    rows = []
+    for size in [int(x) for x in args.sweep_gpus.split(",") if x.strip()]:
+        cluster = ClusterSpec.for_gpus(size, args.gpus_per_node, models)
+        cw = contended_window(jobs, cluster.size)
+        row: dict = {"gpus": cluster.size, "contended_window_s": list(cw) if cw else None}
+        res = {}
+        for label, name, extra in (
+            ("fifo", "fifo", {}),
+            (STRICT, "fifo", {"backfill": False}),
+            ("gandiva", "gandiva", {}),
+        ):
+            print(f"sweep: {label} on {cluster.size} GPUs ...", file=sys.stderr, flush=True)
+            opts = {**policy_options(name, args), **extra}
+            res[label] = simulate(
+                make_policy(name, **opts),
+                jobs,
+                cluster,
+                perf=perf,
+                costs=args.costs,
+                tick_s=args.tick,
+                series_points=0,
+                extra_windows={"contended": cw} if cw else None,
+            )
+        for label in ("fifo", STRICT, "gandiva"):
+            r = res[label]
+            row[label] = {
+                "gpu_utilization_window": round(r.gpu_utilization_window, 4),
+                "gpu_utilization_contended": (round(r.gpu_utilization_extra["contended"], 4) if cw else None),
+                "gpu_utilization": round(r.gpu_utilization, 4),
+                "gpu_utilization_while_queued": round(r.gpu_utilization_while_queued, 4),
+                "gpu_allocation": round(r.gpu_allocation, 4),
+                "makespan_s": round(r.makespan_s, 1),
+                "avg_jct_s": round(r.avg_jct_s, 1),
+                "avg_time_to_first_feedback_s": round(r.avg_time_to_first_feedback_s, 2),
+                "packs": r.packs,
+                "preemptions": r.preemptions,
+                "sim_cpu_s": round(r.sim_cpu_s, 2),
+            }
+        g = res["gandiva"]
+        for base in ("fifo", STRICT):
+            b = res[base]
+            row[f"gandiva_vs_{base}"] = {
+                "gpu_utilization_window": _ratio(g.gpu_utilization_window, b.gpu_utilization_window),
+                "gpu_utilization_contended": (
+                    _ratio(g.gpu_utilization_extra["contended"], b.gpu_utilization_extra["contended"])
+                    if cw
+                    else None
+                ),
+                "gpu_utilization": _ratio(g.gpu_utilization, b.gpu_utilization),
+                "makespan_s": _ratio(g.makespan_s, b.makespan_s),
+            }
+        rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     from microco.services.scheduler.policy import make_policy
     from microco.services.scheduler.sim import (
         ClusterSpec,
+        CostModel,
         TraceError,
         default_perf_model,
         default_traces_dir,
@@ -92,17 +185,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--ablations", action="store_true", help="also run gandiva with one mechanism switched at a time"
     )
-    p.add_argument(
-        "--hp-configs", type=int, default=32, help="configurations in the hyper-parameter search (default 32)"
-    )
+    add_hp_arguments(p)
     p.add_argument(
         "--hp-gpus", type=int, default=8, help="devices for the hyper-parameter search (default 8)"
     )
     p.add_argument("--no-hp-search", action="store_true", help="skip the hyper-parameter search scenario")
+    p.add_argument(
+        "--sweep-gpus",
+        default=None,
+        help="comma-separated cluster sizes: run fifo, fifo[strict] and gandiva at each (slow on the "
+        "full Alibaba trace: minutes per size)",
+    )
+    p.add_argument(
+        "--sweep-only", action="store_true", help="only the --sweep-gpus runs (no comparison at --gpus)"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.trace = "tiresias" if args.trace == "alibaba" else args.trace
-        args.hp_configs = min(args.hp_configs, 16)
+        args.hp_configs = min(args.hp_configs, 27)
 
     traces_dir = Path(args.traces_dir) if args.traces_dir else default_traces_dir()
     perf = default_perf_model(traces_dir if traces_dir.exists() else None)
@@ -115,7 +215,18 @@ def main(argv: list[str] | None = None) -> int:
     models = tuple(m.strip() for m in args.device_models.split(",") if m.strip())
     cluster = ClusterSpec.for_gpus(gpus, args.gpus_per_node, models)
 
+    if args.sweep_only:
+        if not args.sweep_gpus:
+            print("microco bench sim: --sweep-only needs --sweep-gpus", file=sys.stderr)
+            return 2
+        t0 = time.perf_counter()
+        out = {"trace": str(path), "jobs": len(jobs), "gpu_sweep": _gpu_sweep(args, jobs, models, perf)}
+        out["bench_wall_s"] = round(time.perf_counter() - t0, 2)
+        print(json.dumps(out, indent=2))
+        return 0
+
     runs = {name: (name, policy_options(name, args)) for name in POLICIES}
+    runs[STRICT] = ("fifo", {**policy_options("fifo", args), "backfill": False})
     if args.ablations:
         for label, extra in ABLATIONS.items():
             runs[label] = ("gandiva", {**policy_options("gandiva", args), **extra})
@@ -123,18 +234,23 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for label, (name, opts) in runs.items():
         print(f"simulating {label} on {len(jobs)} jobs, {gpus} GPUs ...", file=sys.stderr, flush=True)
-        results[label] = simulate(make_policy(name, **opts), jobs, cluster, perf=perf, tick_s=args.tick)
+        results[label] = simulate(
+            make_policy(name, **opts), jobs, cluster, perf=perf, costs=args.costs, tick_s=args.tick
+        )
 
-    f, l, g = results["fifo"], results["las"], results["gandiva"]
+    f, l, g, fs = results["fifo"], results["las"], results["gandiva"], results[STRICT]
     out: dict = {
         "trace": str(path),
         "jobs": len(jobs),
         "gpus": gpus,
         "gpus_per_node": args.gpus_per_node,
         "device_models": list(models),
+        "costs_s": dataclasses.asdict(args.costs or CostModel()),
         "results": {k: v.to_dict() for k, v in results.items()},
+        "util_window_s": list(f.util_window_s),
         "ratios": {
             "gandiva_vs_fifo": {
+                "gpu_utilization_window": _ratio(g.gpu_utilization_window, f.gpu_utilization_window),
                 "gpu_utilization": _ratio(g.gpu_utilization, f.gpu_utilization),
                 "gpu_utilization_while_queued": _ratio(
                     g.gpu_utilization_while_queued, f.gpu_utilization_while_queued
@@ -144,6 +260,14 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 "avg_jct_s": _ratio(g.avg_jct_s, f.avg_jct_s),
                 "makespan_s": _ratio(g.makespan_s, f.makespan_s),
+            },
+            "gandiva_vs_fifo_strict": {
+                "gpu_utilization_window": _ratio(g.gpu_utilization_window, fs.gpu_utilization_window),
+                "gpu_utilization": _ratio(g.gpu_utilization, fs.gpu_utilization),
+                "avg_time_to_first_feedback_s": _ratio(
+                    g.avg_time_to_first_feedback_s, fs.avg_time_to_first_feedback_s
+                ),
+                "avg_jct_s": _ratio(g.avg_jct_s, fs.avg_jct_s),
             },
             "gandiva_vs_las": {
                 "avg_jct_s": _ratio(g.avg_jct_s, l.avg_jct_s),
@@ -155,30 +279,55 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     targets = {
-        "gandiva_utilization_plus_26pct_vs_fifo": g.gpu_utilization >= 1.26 * f.gpu_utilization,
+        "gandiva_utilization_plus_26pct_vs_fifo": g.gpu_utilization_window >= 1.26 * f.gpu_utilization_window,
         "gandiva_ttff_minus_77pct_vs_fifo": g.avg_time_to_first_feedback_s
         <= 0.23 * f.avg_time_to_first_feedback_s,
         "gandiva_avg_jct_not_worse_than_las": g.avg_jct_s <= l.avg_jct_s,
         "sim_under_60s_cpu_per_policy": max(r.sim_cpu_s for r in results.values()) < 60.0,
     }
     if not args.no_hp_search:
-        hp = {}
-        for name in POLICIES:
-            print(f"hyper-parameter search with {name} ...", file=sys.stderr, flush=True)
-            hp[name] = run_hp_search(
-                make_policy(name, **policy_options(name, args)),
-                gpus=args.hp_gpus,
-                per_node=args.gpus_per_node,
-                n_configs=args.hp_configs,
-                perf=perf,
-            )
-        out["hp_search"] = {k: v.to_dict() for k, v in hp.items()}
+        print("hyper-parameter search (ASHA) ...", file=sys.stderr, flush=True)
+        hpo = hp_options(args)
+        hp = _hp_runs(make_policy, run_hp_search, args, perf, hpo)
+        out["hp_search"] = {
+            "settings": {**hpo, "gpus": args.hp_gpus},
+            **{k: v.to_dict() for k, v in hp.items()},
+        }
         speedup = hp["fifo"].time_to_identify_s / hp["gandiva"].time_to_identify_s
         out["ratios"]["hp_search_speedup_gandiva_vs_fifo"] = round(speedup, 3)
         out["ratios"]["hp_search_speedup_las_vs_fifo"] = round(
             hp["fifo"].time_to_identify_s / hp["las"].time_to_identify_s, 3
         )
+        out["ratios"]["hp_best_trained_speedup_gandiva_vs_fifo"] = round(
+            hp["fifo"].time_to_best_trained_s / hp["gandiva"].time_to_best_trained_s, 3
+        )
+        sweep = []
+        for eta, mf, n in () if args.quick else HP_SWEEP:  # the sweep is the full run's
+            opts = {**hpo, "eta": eta, "min_fraction": mf, "n_configs": n}
+            r = _hp_runs(make_policy, run_hp_search, args, perf, opts)
+            sweep.append(
+                {
+                    "eta": eta,
+                    "min_fraction": f"1/{round(1 / mf)}",
+                    "configs": n,
+                    **{f"identify_s_{k}": round(v.time_to_identify_s, 1) for k, v in r.items()},
+                    **{f"best_trained_s_{k}": round(v.time_to_best_trained_s, 1) for k, v in r.items()},
+                    "identify_speedup_gandiva_vs_fifo": round(
+                        r["fifo"].time_to_identify_s / r["gandiva"].time_to_identify_s, 3
+                    ),
+                    "best_trained_speedup_gandiva_vs_fifo": round(
+                        r["fifo"].time_to_best_trained_s / r["gandiva"].time_to_best_trained_s, 3
+                    ),
+                }
+            )
+        if sweep:
+            out["hp_search_sweep"] = sweep
         targets["hp_search_5x_faster_than_fifo"] = speedup >= 5.0
+        targets["hp_best_trained_not_worse_than_fifo"] = (
+            hp["gandiva"].time_to_best_trained_s <= hp["fifo"].time_to_best_trained_s
+        )
+    if args.sweep_gpus:
+        out["gpu_sweep"] = _gpu_sweep(args, jobs, models, perf)
     out["targets_met"] = targets
     out["bench_wall_s"] = round(time.perf_counter() - t0, 2)
     if args.plot:

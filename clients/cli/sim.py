@@ -2,7 +2,7 @@
 
 microco sim --trace ../shared/traces/tiresias_60_job.csv --policy gandiva --gpus 16 --json
 microco sim --trace alibaba --policy las --gpus 64 --opt min_run_s=120
-microco sim --hp-search --policy gandiva --gpus 8 --json
+microco sim --hp-search --policy gandiva --gpus 8 --hp-eta 3 --hp-min-fraction 1/81 --json
 """
 
 from __future__ import annotations
@@ -33,6 +33,27 @@ def _parse_opt(text: str) -> tuple[str, Any]:
         return key.strip(), ast.literal_eval(raw)
     except (ValueError, SyntaxError):
         return key.strip(), raw
+
+
+def _parse_costs(text: str):
+    from dataclasses import fields, replace
+
+    from microco.services.scheduler.sim import CostModel
+
+    names = {f.name[:-2]: f.name for f in fields(CostModel)}
+    kw = {}
+    for part in text.split(","):
+        key, _, val = part.partition("=")
+        key = key.strip()
+        if key not in names:
+            raise argparse.ArgumentTypeError(f"unknown cost {key!r}; known: {', '.join(names)}")
+        try:
+            kw[names[key]] = float(val)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--costs {key} wants seconds, got {val!r}") from None
+        if kw[names[key]] < 0:
+            raise argparse.ArgumentTypeError(f"--costs {key} must not be negative")
+    return replace(CostModel(), **kw)
 
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,6 +94,14 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--quantum", type=float, default=None, help="gandiva time-slice quantum in seconds")
     p.add_argument(
+        "--costs",
+        type=_parse_costs,
+        default=None,
+        metavar="KIND=S,...",
+        help="seconds without progress per mechanism action, e.g. suspend=0.03,resume=0.015,migrate=16 "
+        "(kinds: start, suspend, resume, migrate, resize; defaults 5, 1, 5, 10, 5)",
+    )
+    p.add_argument(
         "--opt",
         action="append",
         type=_parse_opt,
@@ -80,6 +109,49 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="policy option, repeatable (e.g. --opt enable_packing=false)",
     )
+
+
+def fraction(text: str) -> float:
+    """``0.0123`` or ``1/81``: a fraction in (0, 1)."""
+    try:
+        if "/" in text:
+            num, den = text.split("/", 1)
+            v = float(num) / float(den)
+        else:
+            v = float(text)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"not a fraction: {text!r} (e.g. 1/81 or 0.0123)") from None
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"fraction must be in (0, 1), got {text!r}")
+    return v
+
+
+def add_hp_arguments(p: argparse.ArgumentParser) -> None:
+    """The ASHA search's settings (shared by ``microco sim --hp-search`` and the benchmark)."""
+    p.add_argument("--hp-configs", type=int, default=81, help="configurations searched (default 81)")
+    p.add_argument("--hp-eta", type=int, default=3, help="ASHA reduction factor (default 3)")
+    p.add_argument(
+        "--hp-min-fraction",
+        type=fraction,
+        default=1.0 / 81.0,
+        help="ASHA minimum resource as a fraction of full training, e.g. 1/27 (default 1/81)",
+    )
+    p.add_argument(
+        "--hp-no-priority",
+        action="store_true",
+        help="do not raise the priority of configurations that pass ASHA's last rung",
+    )
+
+
+def hp_options(args: argparse.Namespace) -> dict[str, Any]:
+    if args.hp_configs < 1 or args.hp_eta < 2:
+        raise SystemExit("microco sim: --hp-configs must be >= 1 and --hp-eta >= 2")
+    return {
+        "n_configs": args.hp_configs,
+        "eta": args.hp_eta,
+        "min_fraction": args.hp_min_fraction,
+        "promote_priority": not args.hp_no_priority,
+    }
 
 
 def resolve_trace(trace: str, traces_dir: str | None) -> Path:
@@ -139,7 +211,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     models = tuple(m.strip() for m in args.device_models.split(",") if m.strip())
     if args.hp_search:
-        res = run_hp_search(policy, gpus=args.gpus or 8, per_node=args.gpus_per_node, perf=perf)
+        res = run_hp_search(
+            policy,
+            gpus=args.gpus or 8,
+            per_node=args.gpus_per_node,
+            perf=perf,
+            costs=args.costs,
+            **hp_options(args),
+        )
         out = res.to_dict()
     else:
         try:
@@ -152,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
             print("microco sim: --gpus must be >= 1", file=sys.stderr)
             return 2
         cluster = ClusterSpec.for_gpus(gpus, args.gpus_per_node, models)
-        res = simulate(policy, jobs, cluster, perf=perf, tick_s=args.tick)
+        res = simulate(policy, jobs, cluster, perf=perf, costs=args.costs, tick_s=args.tick)
         out = res.to_dict()
         out["trace"] = str(path)
     if args.json:
@@ -185,6 +264,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     add_sim_arguments(p)
+    add_hp_arguments(p)
     p.set_defaults(func=run)
 
 

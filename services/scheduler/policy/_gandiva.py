@@ -161,6 +161,7 @@ class GandivaPolicy:
         n_free = occ.n_free()
         pack_slots = self._pack_slots(occ, jobs, acted, now) if cfg.enable_packing else []
         max_victim = max((v.attained_service_s for v in victims), default=-1.0)
+        min_victim_prio = min((v.priority for v in victims), default=0)
         for w in waiting:
             if w.id in acted:
                 continue
@@ -192,18 +193,28 @@ class GandivaPolicy:
                     acted.add(partner)
                     continue
             if victims:
-                if cfg.slice_order == "las" and w.attained_service_s >= max_victim:
+                if (
+                    cfg.slice_order == "las"
+                    and w.attained_service_s >= max_victim
+                    and w.priority <= min_victim_prio
+                ):
                     continue  # no running job has had more service than this one
-                if cfg.slice_order == "las":
-                    cands = [
-                        v
-                        for v in victims
-                        if v.id not in suspended
-                        and v.id not in acted
-                        and v.attained_service_s > w.attained_service_s
-                    ]
-                else:
-                    cands = [v for v in victims if v.id not in suspended and v.id not in acted]
+                # Priorities are strict classes: a job only yields to one of higher
+                # priority, or of equal priority (and, with "las", less attained service).
+                las = cfg.slice_order == "las"
+                cands = [
+                    v
+                    for v in victims
+                    if v.id not in suspended
+                    and v.id not in acted
+                    and (
+                        v.priority < w.priority
+                        or (
+                            v.priority == w.priority
+                            and (not las or v.attained_service_s > w.attained_service_s)
+                        )
+                    )
+                ]
                 if not cands:
                     continue
                 got = preempt_for(occ, k, cands, allow_spread=cfg.allow_spread)
@@ -258,11 +269,12 @@ class GandivaPolicy:
         cands: list[float] = []
         if waiting and cfg.enable_time_slicing:
             w_min = min(j.attained_service_s for j in waiting)
+            w_prio = max(j.priority for j in waiting)
             for r in holders:
                 if r.state is not JobPhase.RUNNING or not r.devices:
                     continue
                 t = r.last_change_at + cfg.quantum_s
-                if cfg.slice_order == "las" and r.attained_service_s <= w_min:
+                if cfg.slice_order == "las" and r.attained_service_s <= w_min and r.priority >= w_prio:
                     t = max(t, now + (w_min - r.attained_service_s) / len(r.devices) + 1e-6)
                 cands.append(t)
         if waiting and cfg.enable_packing:

@@ -6,8 +6,8 @@ cluster model, a job-progress model with Gavel's measured packing interference, 
 model for suspend/resume/migration. See docs/scheduler-sim.md.
 """
 
-from ._engine import ClusterSpec, SimResult, Simulator, simulate
-from ._hpsearch import HPSearchResult, hp_search_trace, run_hp_search
+from ._engine import ClusterSpec, SimResult, Simulator, contended_window, simulate
+from ._hpsearch import AshaSearcher, HPSearchResult, asha_rungs, hp_search_trace, run_hp_search
 from ._perf import CostModel, PerfModel, default_perf_model
 from ._trace import (
     TRACE_COLUMNS,
@@ -24,6 +24,7 @@ from ._trace import (
 
 __all__ = [
     "TRACE_COLUMNS",
+    "AshaSearcher",
     "ClusterSpec",
     "CostModel",
     "HPSearchResult",
@@ -33,6 +34,8 @@ __all__ = [
     "Simulator",
     "TraceError",
     "TraceJob",
+    "asha_rungs",
+    "contended_window",
     "default_perf_model",
     "default_traces_dir",
     "hp_search_trace",

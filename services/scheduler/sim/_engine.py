@@ -54,9 +54,10 @@ class ClusterSpec:
     def for_gpus(cls, gpus: int, per_node: int = 8, device_models: Sequence[str] = ("v100",)) -> ClusterSpec:
         if gpus < 1 or per_node < 1:
             raise ValueError("a cluster needs at least one device per node and one device")
-        return cls(
-            nodes=math.ceil(gpus / per_node), devices_per_node=per_node, device_models=tuple(device_models)
-        )
+        # exactly ``gpus`` devices: nodes of the largest size <= per_node that divides gpus
+        # (12 GPUs with 8 per node -> 2 nodes of 6), never a silently bigger cluster
+        per = max(d for d in range(1, min(per_node, gpus) + 1) if gpus % d == 0)
+        return cls(nodes=gpus // per, devices_per_node=per, device_models=tuple(device_models))
 
     def device_views(self) -> tuple[DeviceView, ...]:
         out = []
@@ -98,8 +99,10 @@ class _Job:
         "pack_speed",
         "phase",
         "preemptions",
+        "priority",
         "probe_work",
         "probed",
+        "probes",
         "rate",
         "stall_until",
         "stopped_early",
@@ -133,8 +136,10 @@ class _Job:
         self.mb_alone_ms = mb_alone_ms
         self.pack_speed = 1.0
         self.view: JobView | None = None
-        self.probe_work: float | None = None
-        self.probed = False
+        self.probe_work: float | None = None  # work at the next probe point (None: no more)
+        self.probes: list[float] = []  # later probe points, in work-seconds
+        self.probed = False  # reached at least one probe point
+        self.priority = t.priority
         self.stopped_early = False
         self.preemptions = 0
         self.migrations = 0
@@ -151,6 +156,8 @@ class SimResult:
     gpu_utilization: float
     gpu_allocation: float
     gpu_utilization_while_queued: float
+    gpu_utilization_window: float  # busy device-s of useful work / device-s in util_window
+    util_window_s: tuple[float, float]
     avg_jct_s: float
     p50_jct_s: float
     p95_jct_s: float
@@ -169,6 +176,7 @@ class SimResult:
     sim_cpu_s: float = 0.0  # CPU time of the run: what "on one core" means on a shared machine
     jobs_rejected: int = 0
     stopped_early: int = 0
+    gpu_utilization_extra: dict[str, float] = field(default_factory=dict)  # per extra window
     series: dict[str, list[float]] = field(default_factory=dict, repr=False)
     per_job: dict[str, dict[str, float | None]] = field(default_factory=dict, repr=False)
 
@@ -183,9 +191,11 @@ class SimResult:
 class Simulator:
     """One run of ``policy`` over ``trace`` on ``cluster``.
 
-    ``on_probe(job_id, now) -> bool`` (optional) is called when a job that has a probe point
-    (``probe_fraction`` of its work, e.g. the hyper-parameter search's early-loss check)
-    reaches it; returning True stops the job there, as a user cancelling it would.
+    ``on_probe(job_id, now) -> bool`` (optional) is called when a job reaches a probe point
+    (``probe_fraction`` of its work, or each of several fractions in increasing order: the
+    hyper-parameter search's rungs); returning True stops the job there, as a user
+    cancelling it would. ``set_priority`` changes a job's priority as a user would (the
+    searcher raises the survivors').
     """
 
     def __init__(
@@ -197,11 +207,13 @@ class Simulator:
         perf: PerfModel | None = None,
         costs: CostModel | None = None,
         tick_s: float = 60.0,
-        probe_fraction: float | None = None,
+        probe_fraction: float | Sequence[float] | None = None,
         on_probe: Callable[[str, float], bool] | None = None,
         series_points: int = 2000,
         check_invariants: bool = False,
         max_time_s: float = float("inf"),
+        util_window: tuple[float, float] | None = None,
+        extra_windows: dict[str, tuple[float, float]] | None = None,
     ) -> None:
         self.policy = policy
         self.cluster = cluster
@@ -224,7 +236,10 @@ class Simulator:
                 continue
             j = _Job(t, self.perf.minibatch_ms(t.model, ref))
             if probe_fraction is not None:
-                j.probe_work = probe_fraction * j.work
+                fr = [probe_fraction] if isinstance(probe_fraction, (int, float)) else list(probe_fraction)
+                pts = sorted(f * j.work for f in fr if 0 < f < 1)
+                if pts:
+                    j.probe_work, j.probes = pts[0], pts[1:]
             self.jobs[j.id] = j
         self.holders: dict[str, list[_Job]] = {d.id: [] for d in self.devices}
         self.active: dict[str, _Job] = {}  # arrived, not terminal
@@ -250,6 +265,13 @@ class Simulator:
         self._int_util_q = 0.0
         self._time_q = 0.0
         self._t_last = None
+        # Utilisation over one window common to every policy (default: first to last
+        # arrival of the trace; set by run()): a policy's own makespan is no fair yardstick.
+        self.util_window = util_window
+        self._int_util_w = 0.0
+        # more named windows (e.g. the trace's contended period), same integral
+        self.extra_windows = dict(extra_windows or {})
+        self._int_extra = {k: 0.0 for k in self.extra_windows}
         self._series: list[tuple[float, float, int, int]] = []
         self._tick_pending = False
         self._last_n = 0
@@ -274,6 +296,9 @@ class Simulator:
         for j in self.jobs.values():
             self._push(j.t.submit_time, _ARRIVE, j.id)
         first_submit = min((j.t.submit_time for j in self.jobs.values()), default=0.0)
+        if self.util_window is None:
+            last_submit = max((j.t.submit_time for j in self.jobs.values()), default=0.0)
+            self.util_window = (first_submit, last_submit)
         self._t_last = first_submit
         heap = self._heap
         while heap:
@@ -316,6 +341,7 @@ class Simulator:
         if kind == _PROBE:
             self._sync(j)
             j.probed = True
+            j.probe_work = j.probes.pop(0) if j.probes else None
             if self.on_probe is not None and self.on_probe(jid, self.now):
                 j.stopped_early = True
                 self._finish(j)
@@ -369,6 +395,14 @@ class Simulator:
             if self.waiting:
                 self._int_util_q += self._util_now * dt
                 self._time_q += dt
+            w0, w1 = self.util_window
+            overlap = min(t, w1) - max(self._t_last, w0)
+            if overlap > 0:
+                self._int_util_w += self._util_now * overlap
+            for name, (e0, e1) in self.extra_windows.items():
+                ov = min(t, e1) - max(self._t_last, e0)
+                if ov > 0:
+                    self._int_extra[name] += self._util_now * ov
             self._t_last = t
         self.now = t
 
@@ -424,7 +458,7 @@ class Simulator:
             if j.first_feedback is None:
                 j.first_feedback = now + j.mb_alone_ms / 1000.0 / max(speed, 1e-3)
             remaining = j.work - j.done
-            if j.probe_work is not None and not j.probed:
+            if j.probe_work is not None:
                 if j.done + _EPS >= j.probe_work:
                     self._push(now, _PROBE, j.id, j.version)
                     continue
@@ -514,7 +548,7 @@ class Simulator:
                     id=j.id,
                     devices_wanted=j.k,
                     elastic=j.t.elastic,
-                    priority=j.t.priority,
+                    priority=j.priority,
                     owner=j.t.owner,
                     submitted_at=j.t.submit_time,
                     state=j.phase,
@@ -533,6 +567,14 @@ class Simulator:
                 j.view = v
             views.append(v)
         return ClusterView(now=now, devices=self.devices, jobs=tuple(views))
+
+    def set_priority(self, job_id: str, priority: int) -> None:
+        """Change a job's priority from now on (what a user or a searcher would do through
+        the scheduler's API); the policy sees it at its next decision."""
+        j = self.jobs[job_id]
+        if j.priority != priority:
+            j.priority = priority
+            j.view = None
 
     def _packed_with(self, j: _Job) -> tuple[str, ...]:
         return tuple(sorted({o.id for d in j.devices for o in self.holders[d] if o is not j}))
@@ -585,7 +627,10 @@ class Simulator:
                 if j.first_start is None:
                     j.first_start = now
                 j.phase = JobPhase.RUNNING
-                j.last_change = now
+                # the job's running phase begins once the cost is paid: a quantum or a
+                # minimum run counts running time (else a resume dearer than the quantum
+                # would be suspended before its first step, and no job would progress)
+                j.last_change = j.stall_until
                 self.waiting -= 1
                 if isinstance(d, Pack):
                     self.counts["packs"] += 1
@@ -620,7 +665,7 @@ class Simulator:
                     touched.update(self.holders[dv])
                 self._take(j, devs)
                 j.stall_until = now + (c.migrate_s if isinstance(d, Migrate) else c.resize_s)
-                j.last_change = now
+                j.last_change = j.stall_until
                 j.phase = JobPhase.RUNNING
                 if isinstance(d, Migrate):
                     j.migrations += 1
@@ -688,8 +733,16 @@ class Simulator:
 
         series: dict[str, list[float]] = {}
         if self._series:
-            step = max(1, len(self._series) // self.series_points)
-            pts = self._series[::step]
+            # thin by time, not by index: a sparse quiet period must keep its points
+            t_end = self._series[-1][0]
+            width = max((t_end - first_submit) / self.series_points, _EPS)
+            pts, next_t = [], -math.inf
+            for p in self._series:
+                if p[0] >= next_t:
+                    pts.append(p)
+                    next_t = p[0] + width
+                elif pts and pts[-1][0] == p[0]:
+                    pts[-1] = p  # the last state at one instant is the one that held
             series = {
                 "t_s": [p[0] - first_submit for p in pts],
                 "utilization": [p[1] / n for p in pts],
@@ -703,6 +756,16 @@ class Simulator:
             gpu_utilization=self._int_util / (n * span),
             gpu_allocation=self._int_alloc / (n * span),
             gpu_utilization_while_queued=(self._int_util_q / (n * self._time_q)) if self._time_q else 0.0,
+            gpu_utilization_window=(
+                self._int_util_w / (n * (self.util_window[1] - self.util_window[0]))
+                if self.util_window[1] > self.util_window[0]
+                else 0.0
+            ),
+            util_window_s=(float(self.util_window[0]), float(self.util_window[1])),
+            gpu_utilization_extra={
+                k: (self._int_extra[k] / (n * (e1 - e0)) if e1 > e0 else 0.0)
+                for k, (e0, e1) in self.extra_windows.items()
+            },
             avg_jct_s=sum(jct) / len(jct) if jct else 0.0,
             p50_jct_s=pct(jct, 0.5),
             p95_jct_s=pct(jct, 0.95),
@@ -740,3 +803,23 @@ class Simulator:
 def simulate(policy: Policy, trace: Sequence[TraceJob], cluster: ClusterSpec, **kw) -> SimResult:
     """Run one simulation and return its figures."""
     return Simulator(policy, trace, cluster, **kw).run()
+
+
+def contended_window(trace: Sequence[TraceJob], gpus: int) -> tuple[float, float] | None:
+    """The longest window ``[t0, last arrival]`` in which the device-seconds the trace's jobs
+    submit (devices x duration) are at least the cluster's capacity ``gpus x (last - t0)``:
+    the period where demand exceeds capacity, taken from the trace alone (so the same for
+    every policy). None if there is none."""
+    if not trace:
+        return None
+    js = sorted(trace, key=lambda j: j.submit_time)
+    last = js[-1].submit_time
+    acc = 0.0
+    best = None
+    for j in reversed(js):
+        acc += j.duration_s * j.devices
+        if acc >= gpus * (last - j.submit_time):
+            best = j.submit_time
+    if best is None or best >= last:
+        return None
+    return (best, last)

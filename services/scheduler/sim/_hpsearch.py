@@ -1,18 +1,33 @@
-"""Hyper-parameter search scenario (Gandiva's Fig. 'AutoML'): many jobs of one model with
-different settings, submitted together; each reports its early loss after
-``probe_fraction`` of its training, and the searcher (asynchronous successive halving,
-as ASHA does) stops it there unless that loss is among the best ``1/eta`` of the early
-losses seen so far; survivors train to the end.
+"""Hyper-parameter search scenario (Gandiva's 'AutoML' experiment): many jobs of one model
+with different settings, submitted together, searched with **ASHA** (asynchronous
+successive halving, Li et al., MLSys'20) in the stopping form users run (Ray Tune's
+``ASHAScheduler``), identical under every policy:
 
-The figure, ``time_to_identify_s``, is the time from submission until the best
-configuration is identified: every configuration has reported its early loss, so the
-best one is known. ``time_to_best_trained_s`` adds the time until that configuration has
-also finished training.
+* rungs at ``r_min * eta**k`` of the full training ``R`` (``r_min`` = ``R / eta**s``; with
+  the published setting ``eta=3``, ``r_min = R/27``: rungs at 1/27, 1/9 and 1/3 of R);
+* when a configuration reaches a rung it reports its loss there; it is stopped unless that
+  loss is within the best ``1/eta`` of the losses recorded at that rung so far (the first
+  to arrive at a rung always continues, as in ASHA);
+* a configuration that survives rung ``k`` gets priority ``k + 1`` (``promote_priority``):
+  the searcher asks the scheduler to run the promising ones first, as a user of a shared
+  cluster would, so that the best configuration is also *trained* early.
+
+Losses: each configuration has a final loss drawn in [0.2, 1.0]; its loss at fraction ``f``
+of training is ``final + gap * (1 - f) + noise``, noise Gaussian with deviation
+``noise * (1 - f)`` (early measurements are less reliable; deterministic in ``seed``).
+
+Figures: ``time_to_identify_s`` is when the best configuration is identified: every
+configuration has been stopped or has passed the last rung, so the finalists are known
+and the best of them (by its last-rung loss) is the search's answer;
+``time_to_best_trained_s`` is when the true best configuration has finished training
+(if ASHA cut it, when the last survivor finished); ``found_best`` says whether it survived.
 """
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from microco.services.scheduler.policy import Policy
@@ -27,9 +42,13 @@ class HPSearchResult:
     policy: str
     configs: int
     gpus: int
+    eta: int
+    rungs: tuple[float, ...]
     time_to_identify_s: float
     time_to_best_trained_s: float
+    time_to_finish_s: float
     found_best: bool
+    identified_best: bool
     stopped_early: int
     avg_time_to_first_feedback_s: float
     makespan_s: float
@@ -40,13 +59,34 @@ class HPSearchResult:
             "policy": self.policy,
             "configs": self.configs,
             "gpus": self.gpus,
+            "eta": self.eta,
+            "rungs": [round(r, 5) for r in self.rungs],
             "time_to_identify_s": round(self.time_to_identify_s, 3),
             "time_to_best_trained_s": round(self.time_to_best_trained_s, 3),
+            "time_to_finish_s": round(self.time_to_finish_s, 3),
             "found_best": self.found_best,
+            "identified_best": self.identified_best,
             "stopped_early": self.stopped_early,
             "avg_time_to_first_feedback_s": round(self.avg_time_to_first_feedback_s, 3),
             "makespan_s": round(self.makespan_s, 3),
         }
+
+
+def asha_rungs(eta: int = 3, min_fraction: float = 1.0 / 27.0) -> tuple[float, ...]:
+    """Rung positions as fractions of full training: ``min_fraction * eta**k`` below 1."""
+    if eta < 2:
+        raise ValueError("eta must be >= 2")
+    if not 0 < min_fraction < 1:
+        raise ValueError("min_fraction must be in (0, 1)")
+    s = round(math.log(1.0 / min_fraction, eta))
+    if not math.isclose(min_fraction * eta**s, 1.0, rel_tol=1e-6):
+        # not a power of eta: rungs min, min*eta, ... while below 1
+        out, f = [], min_fraction
+        while f < 1 - 1e-9:
+            out.append(f)
+            f *= eta
+        return tuple(out)
+    return tuple(min_fraction * eta**k for k in range(s))
 
 
 def hp_search_trace(
@@ -55,19 +95,78 @@ def hp_search_trace(
     model: str = "ResNet-50 (batch size 64)",
     duration_s: float = 3600.0,
     seed: int = 0,
-    noise: float = 0.02,
-) -> tuple[list[TraceJob], dict[str, float], dict[str, float]]:
-    """The jobs, their final losses and their early (probe-time) losses; deterministic in
-    ``seed``. Final losses spread over [0.2, 1.0]; early = final + Gaussian noise."""
+) -> tuple[list[TraceJob], dict[str, float]]:
+    """The jobs and their final losses (uniform in [0.2, 1.0]); deterministic in ``seed``."""
     rng = random.Random(seed)
-    jobs, final, early = [], {}, {}
+    jobs, final = [], {}
     for i in range(n_configs):
         jid = f"hp-{i:03d}"
-        f = rng.uniform(0.2, 1.0)
-        final[jid] = f
-        early[jid] = f + rng.gauss(0.0, noise)
+        final[jid] = rng.uniform(0.2, 1.0)
         jobs.append(TraceJob(job_id=jid, submit_time=0.0, devices=1, duration_s=duration_s, model=model))
-    return jobs, final, early
+    return jobs, final
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """``numpy.percentile(xs, 100 q)`` (linear interpolation) of sorted ``xs``."""
+    pos = (len(xs) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+class AshaSearcher:
+    """ASHA in stopping form over a fixed set of configurations (a pure bookkeeper: the
+    simulator calls :meth:`on_rung`; it says stop or continue and sets priorities)."""
+
+    def __init__(
+        self,
+        final: dict[str, float],
+        rungs: Sequence[float],
+        eta: int,
+        *,
+        seed: int = 0,
+        noise: float = 0.02,
+        gap: float = 0.5,
+        promote_priority: bool = True,
+    ) -> None:
+        self.final, self.rungs, self.eta = final, tuple(rungs), eta
+        self.promote_priority = promote_priority
+        rng = random.Random(seed + 1)
+        # loss at each rung, drawn up front so it is the same whatever the policy
+        self.loss = {
+            jid: [f + gap * (1 - r) + rng.gauss(0.0, noise * (1 - r)) for r in self.rungs]
+            for jid, f in sorted(final.items())
+        }
+        self.recorded: list[list[float]] = [[] for _ in self.rungs]
+        self.rung_of = {jid: 0 for jid in final}  # rungs reached so far
+        self.stopped: set[str] = set()
+        self.decided_at: dict[str, float] = {}  # stopped, or passed the last rung
+        self.set_priority = None  # bound to the simulator's once it exists
+
+    def on_rung(self, job_id: str, now: float) -> bool:
+        k = self.rung_of[job_id]
+        self.rung_of[job_id] = k + 1
+        x = self.loss[job_id][k]
+        rec = self.recorded[k]
+        stop = False
+        if rec:
+            # continue only within the best 1/eta of what this rung has recorded so far:
+            # Ray Tune's ASHA cut-off (the 1/eta quantile, linear interpolation), taken
+            # before this result is added
+            stop = x > _quantile(sorted(rec), 1.0 / self.eta)
+        rec.append(x)
+        if stop:
+            self.stopped.add(job_id)
+            self.decided_at[job_id] = now
+            return True
+        if k + 1 == len(self.rungs):
+            self.decided_at[job_id] = now
+            # a finalist: ask the scheduler to train it first (earlier rungs keep the
+            # default priority, else every early promotion would run to the end first and
+            # the search would be depth-first whatever the policy)
+            if self.promote_priority and self.set_priority is not None:
+                self.set_priority(job_id, 1)
+        return False
 
 
 def run_hp_search(
@@ -75,26 +174,21 @@ def run_hp_search(
     *,
     gpus: int = 8,
     per_node: int = 8,
-    n_configs: int = 32,
-    eta: int = 4,
-    probe_fraction: float = 0.1,
+    n_configs: int = 81,
+    eta: int = 3,
+    min_fraction: float = 1.0 / 81.0,
     duration_s: float = 3600.0,
     seed: int = 0,
+    noise: float = 0.02,
+    promote_priority: bool = True,
     perf: PerfModel | None = None,
     costs: CostModel | None = None,
     tick_s: float = 30.0,
 ) -> HPSearchResult:
-    trace, final, early = hp_search_trace(n_configs, duration_s=duration_s, seed=seed)
-    seen: list[float] = []
-    probe_times: dict[str, float] = {}
-
-    def on_probe(job_id: str, now: float) -> bool:
-        e = early[job_id]
-        seen.append(e)
-        probe_times[job_id] = now
-        keep = max(1, len(seen) // eta)
-        return e > sorted(seen)[keep - 1]  # stop unless among the best 1/eta so far
-
+    """Run the ASHA search of ``n_configs`` configurations under ``policy``."""
+    trace, final = hp_search_trace(n_configs, duration_s=duration_s, seed=seed)
+    rungs = asha_rungs(eta, min_fraction)
+    search = AshaSearcher(final, rungs, eta, seed=seed, noise=noise, promote_priority=promote_priority)
     sim = Simulator(
         policy,
         trace,
@@ -102,25 +196,30 @@ def run_hp_search(
         perf=perf,
         costs=costs,
         tick_s=tick_s,
-        probe_fraction=probe_fraction,
-        on_probe=on_probe,
+        probe_fraction=rungs,
+        on_probe=search.on_rung,
     )
+    search.set_priority = sim.set_priority
     res = sim.run()
     best = min(final, key=final.get)
     pj = res.per_job[best]
     found = not pj["stopped_early"] and pj["finished"] is not None
-    if found:
-        t_best = pj["finished"]
-    else:  # the true best was cut: the search ends when the last survivor finishes
-        t_best = max(v["finished"] for v in res.per_job.values() if v["finished"] is not None)
-    t_identify = max(probe_times.values()) if len(probe_times) == n_configs else float("inf")
+    t_end = max(v["finished"] for v in res.per_job.values() if v["finished"] is not None)
+    t_best = pj["finished"] if found else t_end
+    finalists = [j for j in final if j not in search.stopped]
+    t_identify = max(search.decided_at.values()) if len(search.decided_at) == n_configs else float("inf")
+    answer = min(finalists, key=lambda j: search.loss[j][-1]) if finalists else None
     return HPSearchResult(
         policy=res.policy,
         configs=n_configs,
         gpus=res.gpus,
+        eta=eta,
+        rungs=rungs,
         time_to_identify_s=t_identify,
         time_to_best_trained_s=t_best,
+        time_to_finish_s=t_end,
         found_best=found,
+        identified_best=answer == best,
         stopped_early=res.stopped_early,
         avg_time_to_first_feedback_s=res.avg_time_to_first_feedback_s,
         makespan_s=res.makespan_s,

@@ -270,3 +270,25 @@ def test_wakeup_at_points_to_the_next_clock_driven_change() -> None:
     assert las.wakeup_at(ClusterView(30.0, devices(1, 1), jobs)) == 60.0
     assert las.wakeup_at(ClusterView(100.0, devices(1, 1), jobs)) == pytest.approx(600.0, abs=1e-3)
     assert make_policy("fifo").time_driven is False
+
+
+def test_gandiva_priorities_are_strict_classes() -> None:
+    # 'fin' (priority 1) has had more service than 'fresh' yet takes its device once the
+    # quantum is over; a priority-0 newcomer never takes a priority-1 job's device.
+    def view(now: float, waiting: JobView, runner: JobView) -> ClusterView:
+        return ClusterView(now=now, devices=devices(1, 1), jobs=(runner, waiting))
+
+    fresh = job("fresh", state=R, devices=("n0g0",), attained_service_s=10, last_change_at=0)
+    fin = job("fin", state=S, priority=1, attained_service_s=5_000, last_change_at=0)
+    g = make_policy("gandiva")
+    assert g.decide(view(30.0, fin, fresh)) == []  # quantum (60 s) not over
+    assert g.wakeup_at(view(30.0, fin, fresh)) == pytest.approx(60.0)
+    out = g.decide(view(100.0, fin, fresh))
+    assert kinds(out) == [("Suspend", "fresh"), ("Resume", "fin")]
+    running_fin = job("fin", state=R, priority=1, devices=("n0g0",), attained_service_s=5_000)
+    newcomer = job("new", t=50.0)
+    assert g.decide(view(10_000.0, newcomer, running_fin)) == []
+    assert g.wakeup_at(view(10_000.0, newcomer, running_fin)) is None  # nothing to wait for
+    rr = make_policy("gandiva", slice_order="round_robin")
+    assert rr.decide(view(10_000.0, newcomer, running_fin)) == []
+    assert kinds(rr.decide(view(100.0, fin, fresh))) == [("Suspend", "fresh"), ("Resume", "fin")]

@@ -42,6 +42,16 @@ def test_cli_prints_required_json(tmp_path: Path, capsys, policy: str) -> None:
     assert KEYS <= set(out) and out["policy"] == policy and out["jobs"] == 12
 
 
+def test_cli_hp_search_settings(capsys) -> None:
+    args = ["sim", "--hp-search", "--policy", "gandiva", "--gpus", "2", "--hp-configs", "9", "--json"]
+    assert cli.main(args + ["--hp-eta", "3", "--hp-min-fraction", "1/27"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["configs"] == 9 and out["eta"] == 3 and len(out["rungs"]) == 3
+    assert out["time_to_identify_s"] > 0 and out["time_to_best_trained_s"] > 0
+    with pytest.raises(SystemExit):
+        cli.main(args + ["--hp-min-fraction", "2"])
+
+
 def test_cli_errors(tmp_path: Path, capsys) -> None:
     p = small_trace(tmp_path)
     assert cli.main(["sim", "--trace", str(p), "--policy", "fifo", "--opt", "nope=1"]) == 2
@@ -69,13 +79,38 @@ def test_cli_policy_options_reach_the_policy(tmp_path: Path, capsys) -> None:
 @needs_traces
 def test_bench_quick_runs_every_policy_and_plots(tmp_path: Path, capsys) -> None:
     png = tmp_path / "sim.png"
-    rc = bench.main(["--quick", "--json", "--plot", str(png), "--hp-configs", "8", "--hp-gpus", "2"])
+    rc = bench.main(
+        [
+            "--quick",
+            "--json",
+            "--plot",
+            str(png),
+            "--hp-configs",
+            "9",
+            "--hp-gpus",
+            "2",
+            "--sweep-gpus",
+            "4,64",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["results"]) == {"fifo", "las", "gandiva"}
+    assert set(out["results"]) == {"fifo", "fifo[strict]", "las", "gandiva"}
     assert out["jobs"] == 60
     assert "gandiva_vs_fifo" in out["ratios"] and "hp_search_speedup_gandiva_vs_fifo" in out["ratios"]
+    assert "gpu_utilization_window" in out["ratios"]["gandiva_vs_fifo_strict"]
     assert set(out["targets_met"]) >= {"gandiva_ttff_minus_77pct_vs_fifo", "hp_search_5x_faster_than_fifo"}
+    # one window for every policy: first to last arrival
+    windows = {tuple(r["util_window_s"]) for r in out["results"].values()}
+    assert len(windows) == 1 and out["util_window_s"][1] > out["util_window_s"][0]
+    assert out["hp_search"]["settings"]["n_configs"] == 9 and out["hp_search"]["fifo"]["eta"] == 3
+    small, big = out["gpu_sweep"]
+    assert small["gpus"] == 4 and big["gpus"] == 64  # exactly the sizes asked for
+    # 4 GPUs: the 60 jobs queue, so the trace has a contended window; 64 GPUs: none
+    assert small["contended_window_s"] is not None and big["contended_window_s"] is None
+    for row in out["gpu_sweep"]:
+        for label in ("fifo", "fifo[strict]", "gandiva"):
+            assert 0 < row[label]["gpu_utilization_window"] <= 1
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -88,3 +123,15 @@ def test_cli_philly_durations(capsys) -> None:
     philly = json.loads(capsys.readouterr().out)
     assert philly["jobs"] == plain["jobs"] == 60
     assert philly["avg_jct_s"] != plain["avg_jct_s"]
+
+
+def test_cli_costs_reach_the_simulator(tmp_path: Path, capsys) -> None:
+    p = small_trace(tmp_path)
+    args = ["sim", "--trace", str(p), "--policy", "gandiva", "--gpus", "2", "--gpus-per-node", "2", "--json"]
+    assert cli.main(args + ["--costs", "start=0,suspend=0,resume=0,migrate=0"]) == 0
+    free = json.loads(capsys.readouterr().out)
+    assert cli.main(args + ["--costs", "resume=120"]) == 0
+    dear = json.loads(capsys.readouterr().out)
+    assert dear["avg_jct_s"] > free["avg_jct_s"] and dear["preemptions"] > 0
+    with pytest.raises(SystemExit):
+        cli.main(args + ["--costs", "resume=-1"])

@@ -15,11 +15,14 @@ from microco.services.scheduler.policy import (
     make_policy,
 )
 from microco.services.scheduler.sim import (
+    AshaSearcher,
     ClusterSpec,
     CostModel,
     PerfModel,
     Simulator,
     TraceJob,
+    asha_rungs,
+    contended_window,
     default_traces_dir,
     run_hp_search,
     simulate,
@@ -193,11 +196,53 @@ def test_fast_job_view_is_a_real_job_view() -> None:
 
 
 def test_hp_search_gandiva_identifies_best_sooner() -> None:
-    f = run_hp_search(make_policy("fifo"), gpus=2, per_node=2, n_configs=12, duration_s=1200.0)
-    g = run_hp_search(make_policy("gandiva"), gpus=2, per_node=2, n_configs=12, duration_s=1200.0)
-    assert f.found_best and g.found_best
-    assert g.time_to_identify_s < f.time_to_identify_s
-    assert g.stopped_early == f.stopped_early > 0
+    kw = {"gpus": 2, "per_node": 2, "n_configs": 27, "duration_s": 1200.0}
+    f = run_hp_search(make_policy("fifo"), **kw)
+    g = run_hp_search(make_policy("gandiva"), **kw)
+    assert f.rungs == g.rungs == asha_rungs(3, 1 / 81) and len(f.rungs) == 4
+    assert f.found_best and g.found_best and f.identified_best == g.identified_best
+    assert g.time_to_identify_s < 0.75 * f.time_to_identify_s
+    assert g.time_to_best_trained_s < f.time_to_best_trained_s  # finalists get priority
+    assert 0 < g.stopped_early < 27 and 0 < f.stopped_early < 27
+
+
+def test_asha_rungs_and_cutoff() -> None:
+    assert asha_rungs(3, 1 / 27) == pytest.approx((1 / 27, 1 / 9, 1 / 3))
+    assert asha_rungs(4, 1 / 64) == pytest.approx((1 / 64, 1 / 16, 1 / 4))
+    with pytest.raises(ValueError):
+        asha_rungs(1, 0.1)
+    final = {"a": 0.5, "b": 0.9, "c": 0.3, "d": 0.4}
+    s = AshaSearcher(final, (0.5,), 2, noise=0.0, gap=0.0)
+    prios = {}
+    s.set_priority = prios.__setitem__
+    assert s.on_rung("a", 1.0) is False  # the first at a rung always continues
+    assert s.on_rung("b", 2.0) is True  # worse than the 1/2 quantile of {0.5}
+    assert s.on_rung("c", 3.0) is False
+    assert s.on_rung("d", 4.0) is False  # 0.4 <= median of {0.5, 0.9, 0.3} = 0.5
+    assert prios == {"a": 1, "c": 1, "d": 1} and s.stopped == {"b"}
+
+
+def test_several_probe_points_and_priority_changes() -> None:
+    seen = []
+    trace = [TraceJob("a", 0.0, 1, 1000.0), TraceJob("b", 0.0, 1, 1000.0)]
+    sim = Simulator(
+        make_policy("fifo"),
+        trace,
+        ClusterSpec.for_gpus(1, 1),
+        probe_fraction=(0.1, 0.5),
+        on_probe=lambda j, now: seen.append((j, round(now))) or (j == "a" and now > 200),
+        check_invariants=True,
+    )
+    res = sim.run()
+    # a: probes at 10% and 50% of its work (after a 5 s start), stopped at the second;
+    # then b runs to the end through both probes
+    assert [j for j, _ in seen] == ["a", "a", "b", "b"]
+    assert seen[0][1] == 105 and seen[1][1] == 505
+    assert res.per_job["a"]["stopped_early"] and not res.per_job["b"]["stopped_early"]
+    sim2 = Simulator(make_policy("fifo"), trace, ClusterSpec.for_gpus(1, 1))
+    sim2.set_priority("b", 5)
+    pj = sim2.run().per_job
+    assert pj["b"]["finished"] < pj["a"]["finished"]  # fifo serves higher priority first
 
 
 def test_elastic_jobs_grow_on_idle_devices_and_shrink_for_newcomers() -> None:
@@ -212,3 +257,35 @@ def test_elastic_jobs_grow_on_idle_devices_and_shrink_for_newcomers() -> None:
     assert on.resizes >= 2  # grew, then shrank when 'late' arrived
     assert on.per_job["e"]["finished"] < off.per_job["e"]["finished"]
     assert all(pj["finished"] for pj in on.per_job.values())
+
+
+def test_utilisation_over_a_common_window() -> None:
+    # one device; a runs 5..105 (5 s start cost), b arrives at 200: the default window is
+    # first to last arrival, [0, 200], in which the device did 100 s of useful work
+    trace = [TraceJob("a", 0.0, 1, 100.0), TraceJob("b", 200.0, 1, 10.0)]
+    res = simulate(
+        make_policy("fifo"), trace, ClusterSpec.for_gpus(1, 1), extra_windows={"early": (0.0, 50.0)}
+    )
+    assert res.util_window_s == (0.0, 200.0)
+    assert res.gpu_utilization_window == pytest.approx(0.5)
+    assert res.gpu_utilization_extra["early"] == pytest.approx(45.0 / 50.0)
+    # over its own makespan (0..215) the same run is 110/215: not a common yardstick
+    assert res.gpu_utilization == pytest.approx(110.0 / 215.0)
+    # a fractional request keeps only its share of the device busy
+    half = [TraceJob("a", 0.0, 1, 100.0, gpu_share=0.5), TraceJob("b", 200.0, 1, 10.0)]
+    r2 = simulate(make_policy("fifo"), half, ClusterSpec.for_gpus(1, 1))
+    assert r2.gpu_utilization_window == pytest.approx(0.25)
+
+
+def test_contended_window_is_a_property_of_the_trace() -> None:
+    trace = [TraceJob("a", 0.0, 1, 100.0), TraceJob("b", 10.0, 1, 100.0)]
+    assert contended_window(trace, 1) == (0.0, 10.0)  # 200 device-s submitted in 10 s
+    assert contended_window(trace, 100) is None
+    assert contended_window([], 4) is None
+
+
+def test_cluster_of_exactly_the_size_asked() -> None:
+    assert ClusterSpec.for_gpus(12, 8).size == 12 and ClusterSpec.for_gpus(12, 8).devices_per_node == 6
+    assert ClusterSpec.for_gpus(32, 8).nodes == 4 and ClusterSpec.for_gpus(4, 8).size == 4
+    with pytest.raises(ValueError):
+        ClusterSpec.for_gpus(0)
