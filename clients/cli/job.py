@@ -42,6 +42,12 @@ def register(sub: Any) -> None:
         "--elastic", action="store_true", help="the job may grow onto idle devices and shrink back"
     )
     sb.add_argument("--max-devices", type=int, default=0, help="elastic jobs: grow at most to this many")
+    sb.add_argument(
+        "--gpu-share",
+        type=float,
+        default=0.0,
+        help="one-device jobs: fraction of a device the job needs, in (0, 1]; below 1 it may share one",
+    )
     sb.add_argument("--priority", type=int, default=0, help="higher runs first")
     sb.add_argument("--user", default="", help="owner (default: current user)")
     sb.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment for the job")
@@ -121,6 +127,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         total_steps=args.total_steps,
         model=args.model,
         max_devices=args.max_devices,
+        gpu_share=args.gpu_share,
     )
     c = _client(args)
     job = job_to_dict(c.submit(spec))

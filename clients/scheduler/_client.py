@@ -50,6 +50,7 @@ def job_to_dict(job: scheduler_pb2.Job) -> dict[str, Any]:
         "command": list(job.spec.command),
         "devices_wanted": job.spec.devices,
         "elastic": job.spec.elastic,
+        "gpu_share": job.spec.gpu_share or 1.0,
         "priority": job.spec.priority,
         "user": job.spec.owner.user,
         "history": [[h.at, state_name(h.state), h.message] for h in job.history],
@@ -70,6 +71,7 @@ def make_spec(
     total_steps: int = 0,
     model: str = "",
     max_devices: int = 0,
+    gpu_share: float = 0.0,
 ) -> scheduler_pb2.JobSpec:
     return scheduler_pb2.JobSpec(
         name=name,
@@ -83,6 +85,7 @@ def make_spec(
         total_steps=total_steps,
         model=model,
         max_devices=max_devices,
+        gpu_share=gpu_share,
     )
 
 

@@ -152,6 +152,15 @@ class JobSubmit(BaseModel):
     env: dict[Text, Text] = Field(default_factory=dict)
     workdir: Text = Field(default="", max_length=4096)
     total_steps: int = Field(default=0, ge=0, le=INT64_MAX, description="optional, for progress")
+    model: Text = Field(
+        default="", max_length=200, description="model name: jobs of one model share a speed profile"
+    )
+    max_devices: int = Field(
+        default=0, ge=0, le=1024, description="elastic jobs: grow at most to this (0: policy decides)"
+    )
+    gpu_share: float = Field(
+        default=1.0, gt=0.0, le=1.0, description="one-device jobs: fraction of a device the job needs"
+    )
 
 
 class JobRecord(_Open):

@@ -274,7 +274,19 @@ def submit_job(gw: Gateway, spec: dict[str, Any]) -> dict[str, Any]:
     pb = _pb("scheduler")
     fields = pb.JobSpec.DESCRIPTOR.fields_by_name
     kwargs: dict[str, Any] = {}
-    for name in ("name", "command", "devices", "elastic", "priority", "env", "workdir", "total_steps"):
+    for name in (
+        "name",
+        "command",
+        "devices",
+        "elastic",
+        "priority",
+        "env",
+        "workdir",
+        "total_steps",
+        "model",
+        "max_devices",
+        "gpu_share",
+    ):
         if name in fields and spec.get(name) not in (None, ""):
             kwargs[name] = spec[name]
     if "owner" in fields and spec.get("user"):

@@ -79,6 +79,14 @@ def validate_spec(
     max_devices = int(spec.get("max_devices") or 0)
     if max_devices and max_devices < devices:
         problems.append("max_devices must be at least devices")
+    try:
+        gpu_share = float(spec.get("gpu_share") or 1.0)
+    except (TypeError, ValueError):
+        gpu_share = float("nan")
+    if not 0.0 < gpu_share <= 1.0:  # also refuses NaN
+        problems.append(f"gpu_share must be in (0, 1] (got {spec.get('gpu_share')!r})")
+    elif gpu_share < 1.0 and devices != 1:
+        problems.append("gpu_share below 1 is for one-device jobs only")
     if problems:
         raise InvalidArgument("invalid job spec: " + "; ".join(problems))
     return {
@@ -94,6 +102,7 @@ def validate_spec(
         "total_steps": total_steps,
         "model": str(spec.get("model") or ""),
         "max_devices": max_devices,
+        "gpu_share": gpu_share,
     }
 
 
@@ -162,6 +171,7 @@ def spec_from_pb(spec: scheduler_pb2.JobSpec) -> dict[str, Any]:
         "total_steps": spec.total_steps,
         "model": spec.model,
         "max_devices": spec.max_devices,
+        "gpu_share": spec.gpu_share,
     }
 
 
@@ -178,6 +188,7 @@ def spec_to_pb(spec: dict[str, Any]) -> scheduler_pb2.JobSpec:
         total_steps=spec["total_steps"],
         model=spec.get("model", ""),
         max_devices=spec.get("max_devices", 0),
+        gpu_share=spec.get("gpu_share", 1.0),
     )
 
 
@@ -230,4 +241,5 @@ def record_to_view(rec: dict[str, Any]) -> dict[str, Any]:
         "last_change_at": rec["last_change_at"],
         "model": spec.get("model", ""),
         "max_devices": spec.get("max_devices") or None,
+        "gpu_share": spec.get("gpu_share") or 1.0,
     }

@@ -44,6 +44,10 @@ def core_with_nodes(n_devices=2):
         ({"command": ["/definitely/not/here"], "devices": 1}, "command not found"),
         ({"command": PY, "devices": 1, "total_steps": -5}, "negative"),
         ({"command": PY, "devices": 2, "max_devices": 1}, "max_devices"),
+        ({"command": PY, "devices": 1, "gpu_share": 1.5}, "gpu_share must be in"),
+        ({"command": PY, "devices": 1, "gpu_share": -0.1}, "gpu_share must be in"),
+        ({"command": PY, "devices": 1, "gpu_share": float("nan")}, "gpu_share must be in"),
+        ({"command": PY, "devices": 2, "gpu_share": 0.5}, "one-device jobs only"),
     ],
 )
 def test_bad_specs_are_refused_with_a_reason(spec, needle):
@@ -73,6 +77,14 @@ def test_spec_round_trip_through_proto():
     view = job_view_from_dict(J.record_to_view(rec))
     assert view.state is JobPhase.QUEUED and view.devices_wanted == 2 and view.total_steps == 10
     assert view.max_devices == 4 and view.minibatch_ms is None
+    assert view.gpu_share == 1.0  # not given: the whole device
+
+
+def test_fractional_gpu_share_reaches_the_policy_view():
+    spec = validate_spec(spec_from_pb(make_spec(PY, devices=1, gpu_share=0.25)), 4)
+    rec = J.new_record(spec, now=1.0)
+    assert job_to_dict(record_to_pb(rec))["gpu_share"] == 0.25
+    assert job_view_from_dict(J.record_to_view(rec)).gpu_share == 0.25
 
 
 def test_state_names_cover_every_state():

@@ -30,7 +30,7 @@ JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "command", "devices", "elastic", "priority", "owner", "env", "workdir", "total_steps", "model", "max_devices")
+    __slots__ = ("name", "command", "devices", "elastic", "priority", "owner", "env", "workdir", "total_steps", "model", "max_devices", "gpu_share")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,7 @@ class JobSpec(_message.Message):
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    GPU_SHARE_FIELD_NUMBER: _ClassVar[int]
     name: str
     command: _containers.RepeatedScalarFieldContainer[str]
     devices: int
@@ -60,7 +61,8 @@ class JobSpec(_message.Message):
     total_steps: int
     model: str
     max_devices: int
-    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., devices: _Optional[int] = ..., elastic: _Optional[bool] = ..., priority: _Optional[int] = ..., owner: _Optional[_Union[_common_pb2.Principal, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., total_steps: _Optional[int] = ..., model: _Optional[str] = ..., max_devices: _Optional[int] = ...) -> None: ...
+    gpu_share: float
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., devices: _Optional[int] = ..., elastic: _Optional[bool] = ..., priority: _Optional[int] = ..., owner: _Optional[_Union[_common_pb2.Principal, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., total_steps: _Optional[int] = ..., model: _Optional[str] = ..., max_devices: _Optional[int] = ..., gpu_share: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "spec", "state", "device_ids", "node", "step", "submitted_at", "first_step_at", "finished_at", "minibatch_ms", "message", "attempt", "checkpoint_step", "restarts", "packed_with", "attained_service_s", "minibatch_ms_alone", "last_change_at", "history")
