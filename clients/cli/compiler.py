@@ -129,7 +129,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"  speedup:  {s['speedup']:.2f}x  ({_ms(s['baseline_ms'])} ms -> {_ms(s['best_ms'])} ms per step)")
     print("variables:")
     for v in state.spec.variables:
-        print(f"  {v.name:<40} stage {v.stage}  {'/'.join(v.choices)}{'  (compiles)' if v.compiles else ''}")
+        compiles = ""
+        if v.compiles:
+            prior = f", prior {v.compile_prior_ms / 1e3:.0f} s" if v.compile_prior_ms else ""
+            compiles = f"  (compiles{prior})"
+        print(f"  {v.name:<40} stage {v.stage}  {'/'.join(v.choices)}{compiles}")
     base = {v.name: v.choices[0] for v in state.spec.variables}
     print("trials:")
     for t in state.trials:

@@ -36,9 +36,16 @@ class ExplorationSession:
     its state in etcd, then resumes where the exploration was).
     """
 
+    # A trial whose steps run this many times slower than the best trial measured so far is cut
+    # short after two steps (its warm-up and one measurement), or after one when it compiles
+    # nothing: e.g. a thread count that oversubscribes a loaded machine was measured at 50-400x
+    # the best step (0.5 to 4.7 s a step).
+    abort_factor = 4.0
+
     def __init__(self, explorer: Explorer | None, retry_every: int = 50) -> None:
         self.explorer = explorer
         self.retry_every = retry_every
+        self.best_ms = math.inf  # fastest measured step of any finished trial this session ran
         self.spec: GraphSpec | None = None
         self.current: Config | None = None
         self.lost = False
@@ -87,8 +94,14 @@ class ExplorationSession:
     def _reset_trial(self) -> None:
         self._times, self._regions, self._failed = [], [], ""
 
-    def record(self, step_ms: float, region_ms: dict[str, float], failed: str = "") -> Config | None:
-        """Account one finished mini-batch; returns a new configuration when it changes."""
+    def record(
+        self, step_ms: float, region_ms: dict[str, float], failed: str = "", may_compile: bool = True
+    ) -> Config | None:
+        """Account one finished mini-batch; returns a new configuration when it changes.
+
+        ``may_compile=False`` says the configuration compiles nothing, so its first step is a
+        measurement like the others (not a warm-up) and a hopeless trial can stop after it.
+        """
         self.steps += 1
         cur = self.current
         if cur is None:
@@ -111,7 +124,9 @@ class ExplorationSession:
         self._regions.append(region_ms)
         if failed:
             self._failed = failed
-        if len(self._times) < cur.steps and not (failed or math.isnan(step_ms)):
+        judged = len(self._times) >= (1 if not may_compile else 2)
+        hopeless = judged and min(self._times) > self.abort_factor * self.best_ms
+        if len(self._times) < cur.steps and not (failed or math.isnan(step_ms) or hopeless):
             return None
         measured = self._regions[1:] or self._regions
         regions: dict[str, float] = {}
@@ -126,6 +141,8 @@ class ExplorationSession:
             failed=bad,
             error=self._failed or ("step raised" if bad else ""),
         )
+        if not bad and len(report.step_ms) > 1:
+            self.best_ms = min(self.best_ms, min(report.step_ms[1:]))
         self._reset_trial()
         self.trials_run += 1
         assert self.explorer is not None

@@ -45,13 +45,31 @@ def _project(kernels: dict[str, Any], x: tf.Tensor, batch: bool) -> dict[str, tf
     return dict(zip(names, outs))
 
 
-def run_model(model: Any, x: tf.Tensor, hoist: bool, batch: bool) -> tf.Tensor:
+def _cell_step(cell: Any, xp: dict[str, tf.Tensor], state: Any, x_t: tf.Tensor, batch: bool) -> Any:
+    hp = _project(cell.h_kernels, cell.h_input(state), batch)
+    return cell.combine(xp, hp, state, x_t)
+
+
+def _xla_cell_step(cell: Any, batch: bool) -> Callable[..., Any]:
+    """The per-step region (recurrent products + gate arithmetic) as its own XLA cluster: a
+    ``jit_compile=True`` function called from the (not XLA-compiled) training step is compiled by
+    XLA on its own, forward and gradient, while the rest of the step runs as plain graph ops."""
+    cache = cell.__dict__.setdefault("_microco_xla_steps", {})
+    if batch not in cache:
+        cache[batch] = tf.function(
+            lambda xp, state, x_t: _cell_step(cell, xp, state, x_t, batch), jit_compile=True
+        )
+    return cache[batch]
+
+
+def run_model(model: Any, x: tf.Tensor, hoist: bool, batch: bool, xla_cell: bool = False) -> tf.Tensor:
     """Forward pass of a zoo ``RecurrentClassifier`` over time-major ``x`` under the given choices."""
     seq = x
     steps = x.shape[0]
     for cell in model.cells:
         state = cell.zero_state(tf.shape(seq)[1])
         xp_all = _project(cell.x_kernels, seq, batch) if hoist else None
+        step = _xla_cell_step(cell, batch) if xla_cell else None
         outs = []
         for t in range(steps):
             x_t = seq[t]
@@ -60,8 +78,10 @@ def run_model(model: Any, x: tf.Tensor, hoist: bool, batch: bool) -> tf.Tensor:
                 if xp_all is not None
                 else _project(cell.x_kernels, x_t, batch)
             )
-            hp = _project(cell.h_kernels, cell.h_input(state), batch)
-            h, state = cell.combine(xp, hp, state, x_t)
+            if step is not None:
+                h, state = step(xp, state, x_t)
+            else:
+                h, state = _cell_step(cell, xp, state, x_t, batch)
             outs.append(h)
         seq = tf.stack(outs)
     return model.head(seq[-1])
@@ -107,7 +127,7 @@ class AstraTF:
 
             explorer = LocalExplorer()
         self.session = ExplorationSession(explorer, retry_every=retry_every)
-        self._variants: dict[tuple[bool, bool, bool], Callable[..., Any]] = {}
+        self._variants: dict[tuple[bool, bool, bool, bool], Callable[..., Any]] = {}
         if hasattr(optimizer, "build"):
             optimizer.build(model.trainable_variables)
 
@@ -123,24 +143,46 @@ class AstraTF:
     def explore_steps(self) -> int:
         return self.session.explore_steps
 
-    def variables(self) -> list[Variable]:
+    # Compile priors (ms) before anything is measured. XLA of the whole step compiles the unrolled
+    # sequence: measured 11 to 170 s for 16 time steps on the loaded 2-core machine, so ~1.5 s
+    # per cell call is the optimistic end; one cell region compiled alone took ~3.5 s.
+    XLA_PRIOR_MS_PER_CALL = 1500.0
+    XLA_CELL_PRIOR_MS = 3500.0
+
+    def variables(self, cell_calls: int = 1) -> list[Variable]:
         out = [
             Variable("hoist", ("off", "on"), "", STAGE_STRUCTURE),
             Variable("batch", ("off", "on"), "", STAGE_STRUCTURE),
         ]
         if self.xla:
-            out.append(Variable("xla", ("off", "on"), "", STAGE_COMPILE, compiles=True))
+            # XLA for the whole step, or for the per-step cell region only (the rest of the
+            # step, hoisted products included, stays in TensorFlow's own kernels).
+            whole = self.XLA_PRIOR_MS_PER_CALL * max(1, cell_calls)
+            out.append(
+                Variable("xla", ("off", "on"), "", STAGE_COMPILE, compiles=True, compile_prior_ms=whole)
+            )
+            out.append(
+                Variable(
+                    "xla_cell",
+                    ("off", "on"),
+                    "",
+                    STAGE_COMPILE,
+                    compiles=True,
+                    compile_prior_ms=self.XLA_CELL_PRIOR_MS,
+                )
+            )
         return out
 
-    def variant(self, hoist: bool, batch: bool, xla: bool) -> Callable[..., Any]:
-        key = (hoist, batch, xla)
+    def variant(self, hoist: bool, batch: bool, xla: bool, xla_cell: bool = False) -> Callable[..., Any]:
+        xla_cell = xla_cell and not xla  # inside a whole-step XLA cluster it is the same thing
+        key = (hoist, batch, xla, xla_cell)
         if key not in self._variants:
             model, opt, loss_fn = self.model, self.optimizer, self.loss_fn
 
             @tf.function(jit_compile=xla)
             def train_step(x, y):
                 with tf.GradientTape() as tape:
-                    loss = loss_fn(run_model(model, x, hoist, batch), y)
+                    loss = loss_fn(run_model(model, x, hoist, batch, xla_cell), y)
                 variables = model.trainable_variables
                 grads = tape.gradient(loss, variables)
                 opt.apply_gradients(zip(grads, variables))
@@ -150,7 +192,8 @@ class AstraTF:
         return self._variants[key]
 
     def _register(self, x: tf.Tensor, y: tf.Tensor) -> None:
-        variables = self.variables()
+        # The step unrolls one cell call per time step and layer.
+        variables = self.variables(int(x.shape[0] or 1) * len(self.model.cells))
         shapes = ";".join(f"{tuple(v.shape)}" for v in self.model.trainable_variables)
         cells = ",".join(type(c).__name__ for c in self.model.cells)
         space = [v.to_dict() for v in variables]
@@ -171,7 +214,9 @@ class AstraTF:
         if self.session.spec is None:
             self._register(x, y)
         v = self.session.values
-        fn = self.variant(v.get("hoist") == "on", v.get("batch") == "on", v.get("xla") == "on")
+        fn = self.variant(
+            v.get("hoist") == "on", v.get("batch") == "on", v.get("xla") == "on", v.get("xla_cell") == "on"
+        )
         t0 = time.perf_counter()
         failed = ""
         try:

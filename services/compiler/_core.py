@@ -21,21 +21,25 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ._types import Config, GraphSpec, TrialReport, Variable
 
-# What one compile costs before anything was measured (ms); replaced by measurements.
-DEFAULT_COMPILE_MS = {"torch": 20000.0, "tensorflow": 5000.0}
+# What one compile costs before anything was measured (ms); replaced by measurements. Torch:
+# one cell region's forward and backward through Inductor's graph compiler, measured 3-16 s on
+# the loaded 2-core development machine (cold cache); TensorFlow: one XLA-compiled step variant.
+DEFAULT_COMPILE_MS = {"torch": 8000.0, "tensorflow": 5000.0}
 
 
 @dataclass(frozen=True)
 class ExplorationPolicy:
     """Settings of the search (a frozen value: the same policy decides the same way)."""
 
-    measure_steps: int = 3  # measured mini-batches per trial, after one warm-up (compile) step
+    # Measured mini-batches per trial, after one warm-up (compile) step. Five, not three: on the
+    # shared machine the fastest of three steps still picked the wrong one of two configurations
+    # 1.5x apart (lnlstm, load ~2); steps are cheap next to a compile and they are training too.
+    measure_steps: int = 5
     max_explore_fraction: float = 0.3  # never explore for more than this share of the run's steps
     max_speedup: float = 2.0  # optimistic bound of what compiling a region can gain (for pruning)
     region_backward_factor: float = 3.0  # forward-timed region: forward + backward ~ 3x forward
@@ -180,7 +184,10 @@ def report(state: Exploration, rep: TrialReport, policy: ExplorationPolicy) -> C
     t.error = rep.error
     if not t.failed:
         measured = t.steps[1:] if len(t.steps) > 1 else t.steps
-        t.step_ms = statistics.median(measured)
+        # The fastest measured step, not the median: on a shared machine other processes only
+        # ever slow a step down, so the minimum is the estimate least disturbed by them (the
+        # median of three steps picked a 2x slower configuration under a load of 4).
+        t.step_ms = min(measured)
         t.compile_ms = max(0.0, t.steps[0] - t.step_ms) if len(t.steps) > 1 else 0.0
         if state.best is None or t.step_ms < state.trials[state.best].step_ms * (1.0 - policy.min_gain):
             state.best = t.trial
@@ -274,21 +281,24 @@ def _prune_reason(
     region_cost = best.region_ms.get(region, best.step_ms / policy.region_backward_factor)
     region_cost = min(best.step_ms, region_cost * policy.region_backward_factor)
     max_saving = region_cost * (1.0 - 1.0 / policy.max_speedup) * max(0, remaining)
-    est = compile_estimate(state)
+    est = compile_estimate(state, [v for v in variables if v.compiles and combo[v.name] != v.choices[0]])
     if max_saving < est:
         return f"cannot repay compile time: est. {est:.0f} ms > best-case saving {max_saving:.0f} ms"
     return ""
 
 
-def compile_estimate(state: Exploration) -> float:
-    """Expected compile time of one more compiled region: the largest measured so far, else a prior."""
+def compile_estimate(state: Exploration, variables: list[Variable] | None = None) -> float:
+    """Expected compile time of one more compile: the largest measured so far in this exploration,
+    or the variables' own prior if that is larger (a whole-step compile after a measured cell
+    compile), else the framework's prior."""
     measured = [
         t.compile_ms
         for t in state.trials
         if t.done and not t.failed and t.compile_ms > 0 and _compiles(state, t)
     ]
-    if measured:
-        return max(measured)
+    priors = [v.compile_prior_ms for v in variables or () if v.compile_prior_ms > 0]
+    if measured or priors:
+        return max(measured + priors)
     return DEFAULT_COMPILE_MS.get(state.spec.framework, 20000.0)
 
 

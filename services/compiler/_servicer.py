@@ -52,7 +52,7 @@ class CompilerServicer(pb_grpc.CompilerServiceServicer):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--measure-steps", type=int, default=3, help="measured mini-batches per trial (after one warm-up)"
+        "--measure-steps", type=int, default=5, help="measured mini-batches per trial (after one warm-up)"
     )
     parser.add_argument(
         "--max-explore-fraction",

@@ -27,6 +27,9 @@ class Variable:
     region: str = ""
     stage: int = STAGE_STRUCTURE
     compiles: bool = False
+    # What one compile of this variable costs before any was measured (ms; 0 = the core's
+    # default for the framework): a whole unrolled step compiles far longer than one cell.
+    compile_prior_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -47,6 +50,7 @@ class Variable:
             d.get("region", ""),
             int(d.get("stage", 0)),
             bool(d.get("compiles", False)),
+            float(d.get("compile_prior_ms", 0.0)),
         )
 
 

@@ -12,12 +12,17 @@ from ._types import Config, GraphSpec, TrialReport, Variable
 
 def variable_to_proto(v: Variable) -> pb.Variable:
     return pb.Variable(
-        name=v.name, choices=list(v.choices), region=v.region, stage=v.stage, compiles=v.compiles
+        name=v.name,
+        choices=list(v.choices),
+        region=v.region,
+        stage=v.stage,
+        compiles=v.compiles,
+        compile_prior_ms=v.compile_prior_ms,
     )
 
 
 def variable_from_proto(m: pb.Variable) -> Variable:
-    return Variable(m.name, tuple(m.choices), m.region, m.stage, m.compiles)
+    return Variable(m.name, tuple(m.choices), m.region, m.stage, m.compiles, m.compile_prior_ms)
 
 
 def spec_to_proto(s: GraphSpec) -> pb.RegisterGraphRequest:

@@ -127,6 +127,26 @@ def test_compile_that_cannot_pay_for_itself_is_pruned():
     assert any("cannot repay compile time" in p for p in state.pruned)
 
 
+def test_a_compile_with_a_large_prior_is_pruned_while_a_cheap_one_is_tried():
+    # A cell compile (core default prior) can repay itself over the run; a whole-step compile
+    # whose client-side prior is far larger cannot, and is pruned before it costs anything.
+    variables = spec().variables + (
+        Variable("model.compile", ("eager", "inductor"), "", STAGE_COMPILE, True, compile_prior_ms=3.6e6),
+    )
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+    state = start(spec(total_steps=20_000, variables=variables), policy)
+    cfg = next_config(state, policy)
+    while not cfg.committed:
+        step, regions = cost(cfg.values)
+        cfg = report(state, TrialReport(cfg.trial, [step] * 3, regions), policy)
+    assert any(t.values["A.compile"] == "inductor" for t in state.trials)
+    assert all(t.values["model.compile"] == "eager" for t in state.trials)
+    assert any("model.compile" in p and "cannot repay" in p for p in state.pruned)
+    # The prior travels with the spec (JSON state and the wire).
+    again = Exploration.from_json(json.loads(json.dumps(state.to_json())))
+    assert again.spec.variables[-1].compile_prior_ms == 3.6e6
+
+
 def test_exploration_stops_at_its_share_of_the_run():
     policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=0.1)
     state = start(spec(total_steps=100), policy)
@@ -219,3 +239,15 @@ def test_a_graph_without_variables_is_committed_at_once():
     core = CompilerCore(MemoryKV(), POLICY)
     cfg = core.register(spec(variables=()))
     assert cfg.committed and cfg.values == {}
+
+
+def test_spec_with_compile_priors_round_trips_through_the_wire():
+    from microco.services.compiler import wire
+
+    s = spec(
+        variables=spec().variables
+        + (Variable("model.compile", ("eager", "inductor"), "", STAGE_COMPILE, True, 64000.0),)
+    )
+    back = wire.spec_from_proto(wire.spec_to_proto(s))
+    assert back == s and back.key == s.key
+    assert back.variables[-1].compile_prior_ms == 64000.0

@@ -19,14 +19,17 @@ from microco.services.compiler import ExplorationPolicy, LocalExplorer
 pytestmark = pytest.mark.tensorflow
 
 
-def loss_and_grads(model, x, y, hoist, batch, xla=False):
+def loss_and_grads(model, x, y, hoist, batch, xla=False, xla_cell=False):
     def f(x, y):
         with tf.GradientTape() as tape:
-            loss = zt.loss_fn(run_model(model, x, hoist, batch), y)
+            loss = zt.loss_fn(run_model(model, x, hoist, batch, xla_cell), y)
         return loss, tape.gradient(loss, model.trainable_variables)
 
     # Eager execution runs the same operators as the traced step; only XLA needs a trace.
-    loss, grads = tf.function(f, jit_compile=True)(x, y) if xla else f(x, y)
+    if xla or xla_cell:
+        loss, grads = tf.function(f, jit_compile=xla)(x, y)
+    else:
+        loss, grads = f(x, y)
     return loss.numpy(), [g.numpy() for g in grads]
 
 
@@ -54,6 +57,8 @@ def test_xla_configurations_match_eager():
     ref = loss_and_grads(model, x, y, False, False)
     for hoist, batch in [(True, True)]:  # one XLA compile: the variant furthest from eager
         assert_same(ref, loss_and_grads(model, x, y, hoist, batch, xla=True), tol=1e-4)
+    # XLA for the per-step cell region only, inside a training step that is not XLA-compiled.
+    assert_same(ref, loss_and_grads(model, x, y, False, True, xla_cell=True), tol=1e-4)
 
 
 def test_wrapper_explores_commits_and_reuses_with_zero_exploration():

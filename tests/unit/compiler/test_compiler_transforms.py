@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 
 from microco.clients.compiler import _torch_fx as tfx
 from microco.clients.compiler._torch import AstraTorch
+from microco.clients.compiler._torch_aot import AotRegion
 from microco.clients.compiler.zoo import CELL_NAMES
 from microco.clients.compiler.zoo import torch_models as zm
 from microco.services.compiler import Config, GraphSpec, TrialReport
@@ -151,12 +152,38 @@ def test_fixed_configuration_runs_without_reports():
     assert astra.committed and astra.explore_steps == 0
 
 
+@pytest.mark.parametrize("cell", CELL_NAMES)
+def test_every_region_execution_of_every_model_matches_eager(cell):
+    # The compiled-region machinery (AOTAutograd capture with parameters lifted to inputs,
+    # min-cut partition, one autograd node per step, the strided hoisted inputs) under every
+    # structural configuration; "aot-eager" runs the partitioned graphs without Inductor so that
+    # every configuration is covered in seconds (Inductor itself: the test below).
+    x, y = zm.synthetic_batch(3, 3, 6)
+    ref = _loss_and_grads(zm.make_model(cell, 6, 8), x, y)
+    model = zm.make_model(cell, 6, 8)
+    astra = AstraTorch(model, FixedExplorer(), threads=("1",), compile_choices=("eager",))
+    with astra.step():
+        _loss_and_grads(model, x, y)
+    for batch, hoist in itertools.product(["off", "on"], ["off", "on"]):
+        for r in astra.runners.values():
+            r.configure(batch, hoist, "aot-eager")
+        for _ in range(2):  # the first call captures, the second runs the captured graphs
+            with astra.step():
+                got = _loss_and_grads(model, x, y)
+            _assert_same(ref, got)
+        assert not any(r.failed for r in astra.runners.values())
+        assert all(isinstance(r.variant()[1], AotRegion) for r in astra.runners.values())
+
+
 @pytest.mark.slow
-def test_compiled_region_matches_eager():
-    # One Inductor compile (tens of seconds on a loaded 2-core machine): the tiniest cell.
+@pytest.mark.parametrize("cell", ["gru", "sru"])
+def test_inductor_compiled_region_matches_eager(cell):
+    # Inductor compiles take seconds each on 2 cores: two models (a gated cell with recurrent
+    # products, and one whose products all read the input), tiniest sizes. The machinery around
+    # the kernels is the same for every model and every configuration (the test above).
     x, y = zm.synthetic_batch(3, 2, 4)
-    ref = _loss_and_grads(zm.make_model("gru", 4, 4), x, y)
-    model = zm.make_model("gru", 4, 4)
+    ref = _loss_and_grads(zm.make_model(cell, 4, 4), x, y)
+    model = zm.make_model(cell, 4, 4)
     astra = AstraTorch(model, FixedExplorer(), threads=("1",))
     with astra.step():
         _loss_and_grads(model, x, y)
@@ -167,16 +194,55 @@ def test_compiled_region_matches_eager():
             got = _loss_and_grads(model, x, y)
         _assert_same(ref, got)
     assert not any(r.failed for r in astra.runners.values())
+    region = next(iter(astra.runners.values())).variant()[1]
+    assert isinstance(region, AotRegion) and region.compile_s > 0
+
+
+def test_whole_model_compile_matches_eager_and_switches_back(monkeypatch):
+    # What torch.compile does, as one choice of the space: the model's forward compiled with the
+    # cells' plain code inside; two time steps keep dynamo's unrolled graph small. Dynamo and
+    # AOTAutograd without Inductor's code generation (30 s here; Inductor is covered above).
+    monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", "aot_eager")
+    x, y = zm.synthetic_batch(2, 2, 4)
+    ref = _loss_and_grads(zm.make_model("gru", 4, 4), x, y)
+    model = zm.make_model("gru", 4, 4)
+    astra = AstraTorch(model, FixedExplorer(), threads=("1",))
+    with astra.step():
+        _loss_and_grads(model, x, y)
+    whole = next(v for v in astra.spec().variables if v.name == "model.compile")
+    assert whole.compiles and whole.compile_prior_ms == 2 * astra.WHOLE_COMPILE_PRIOR_MS_PER_CALL
+    astra._set_whole_compile(True)
+    assert all("forward" not in r.cell.__dict__ for r in astra.runners.values())
+    for _ in range(2):
+        with astra.step():
+            got = _loss_and_grads(model, x, y)
+        _assert_same(ref, got)
+    assert not astra.whole_failed
+    astra._set_whole_compile(False)  # back to the per-cell regions
+    assert "forward" not in model.__dict__
+    with astra.step():
+        _assert_same(ref, _loss_and_grads(model, x, y))
+
+
+def test_a_region_called_with_other_layouts_runs_eagerly():
+    cell = zm.GRUCell(4, 4)
+    plan = tfx.split_cell(tfx.trace_cell(cell), hoist=False)
+    region = AotRegion(plan.s_gm, "aot-eager")
+    h = torch.randn(2, 4, requires_grad=True)
+    out = region(torch.randn(2, 4), *plan.p_gm(), (h,))
+    assert region.compile_s > 0
+    wide = torch.randn(3, 4)  # another batch size: the captured graph does not apply
+    got = region(wide, *plan.p_gm(), (torch.zeros(3, 4),))
+    want = plan.s_gm(wide, *plan.p_gm(), (torch.zeros(3, 4),))
+    assert torch.allclose(got[0], want[0])
+    assert out[0].shape == (2, 4)
 
 
 def test_a_failing_compiled_region_falls_back_to_eager(monkeypatch):
-    def broken_compile(fn, **kwargs):
-        def run(*args):
-            raise RuntimeError("compiler crashed")
+    def broken_compile(self, g, example):
+        raise RuntimeError("compiler crashed")
 
-        return run
-
-    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setattr(AotRegion, "_compile_graph", broken_compile)
     x, y = zm.synthetic_batch(3, 2, 4)
     ref = _loss_and_grads(zm.make_model("lstm", 4, 4), x, y)
     model = zm.make_model("lstm", 4, 4)

@@ -1,0 +1,53 @@
+"""Client-side trial bookkeeping: a hopeless trial is cut short, and what it measured is reported."""
+
+from __future__ import annotations
+
+import pytest
+
+from microco.clients.compiler import ExplorationSession
+from microco.services.common import MemoryKV
+from microco.services.compiler import (
+    STAGE_FINE,
+    STAGE_STRUCTURE,
+    ExplorationPolicy,
+    GraphSpec,
+    LocalExplorer,
+    Variable,
+)
+
+
+@pytest.mark.parametrize("may_compile, cut_after", [(True, 2), (False, 1)])
+def test_a_trial_far_slower_than_the_best_is_cut_short_and_never_committed(may_compile, cut_after):
+    policy = ExplorationPolicy(measure_steps=3)
+    explorer = LocalExplorer(MemoryKV(), policy)
+    spec = GraphSpec(
+        "fp",
+        "(2,)",
+        "cpu",
+        (
+            Variable("r.hoist", ("off", "on"), "r", STAGE_STRUCTURE),
+            Variable("threads", ("1", "2"), "", STAGE_FINE),
+        ),
+        total_steps=10_000,
+    )
+    session = ExplorationSession(explorer)
+    cfg = session.register(spec)
+    steps_per_config: dict[str, int] = {}
+    for _ in range(40):
+        if session.committed:
+            break
+        values = session.values
+        key = f"{values['r.hoist']}/{values['threads']}"
+        steps_per_config[key] = steps_per_config.get(key, 0) + 1
+        ms = 10.0 if values["r.hoist"] == "on" else 12.0
+        if values["threads"] == "2":
+            ms = 500.0  # oversubscribed cores: hopeless
+        session.record(ms, {"r": ms / 3}, may_compile=may_compile)
+    assert session.committed and cfg.key == spec.key
+    assert steps_per_config["off/1"] == 4 and steps_per_config["on/1"] >= 4  # full trials
+    # Cut short: after the warm-up and one measurement, or after one step when nothing compiles.
+    assert steps_per_config["on/2"] == cut_after
+    assert session.values == {"r.hoist": "on", "threads": "1"}
+    state = explorer.core.get(spec.key)
+    slow = [t for t in state.trials if t.values["threads"] == "2"]
+    assert slow and slow[0].steps == [500.0] * cut_after
