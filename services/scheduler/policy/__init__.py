@@ -24,7 +24,7 @@ from ._convert import (
     job_view_from_dict,
 )
 from ._fifo import FifoConfig, FifoPolicy
-from ._gandiva import GandivaConfig, GandivaPolicy, packed_progress
+from ._gandiva import GandivaConfig, GandivaPolicy, busy_fraction, packed_progress
 from ._las import LasConfig, LasPolicy
 from ._registry import Policy, available_policies, make_policy, policy_config_type, register_policy
 from ._types import (
@@ -73,6 +73,7 @@ __all__ = [
     "Suspend",
     "Unpack",
     "available_policies",
+    "busy_fraction",
     "check_decisions",
     "cluster_view_from_dicts",
     "cluster_view_to_dict",

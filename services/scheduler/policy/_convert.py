@@ -51,7 +51,7 @@ def job_view_from_dict(d: Mapping[str, Any]) -> JobView:
     for key in ("devices", "packed_with"):
         if key in kw:
             kw[key] = tuple(str(x) for x in (kw[key] or ()))
-    for key in ("submitted_at", "attained_service_s", "last_change_at", "gpu_share"):
+    for key in ("submitted_at", "attained_service_s", "last_change_at", "gpu_share", "utilization"):
         if key in kw and kw[key] is not None:
             kw[key] = float(kw[key])
     return JobView(**kw)

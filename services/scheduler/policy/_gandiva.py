@@ -8,13 +8,19 @@ Each mechanism can be switched off on its own so its gain can be measured alone:
   (``"round_robin"``): round-robin suspend/resume. A new job therefore starts within one
   suspend/resume, which is what cuts time to first feedback.
 * **packing** -- a waiting one-device job may share a device with one running one-device
-  job when their device shares (``gpu_share``, profiled utilisation) add up to at most
-  ``pack_share_limit``. The pack is *introspective*: once both report mini-batch times, it
-  is kept only while the packed progress ``sum(alone_ms / observed_ms)`` is at least
-  ``pack_keep_ratio`` times what time-slicing gives (1.0 device's worth); otherwise it is
-  undone (migrated to a free device if migration is on, else unpacked). A job just unpacked
-  is not packed again for ``pack_cooldown_s`` (the policy is stateless: it reads
-  ``last_change_at``).
+  job when their busy fractions (:func:`busy_fraction`: the observed ``utilization`` when
+  known, else the requested ``gpu_share``) add up to at most ``pack_share_limit``. This
+  covers full-device jobs too, as in Gandiva: a job that requested a whole device but was
+  observed to keep only part of it busy leaves room for another. The pack is
+  *introspective*: once both report mini-batch times, it is kept only while the packed
+  progress ``sum(alone_ms / observed_ms)`` is at least ``pack_keep_ratio`` times what
+  time-slicing gives (1.0 device's worth); otherwise it is undone (migrated to a free
+  device if migration is on, else unpacked). A job just unpacked is not packed again for
+  ``pack_cooldown_s``. The policy is stateless, so it recognises
+  such a job from what it observes: suspended less than ``pack_cooldown_s`` ago
+  (``last_change_at``) unless its last observed mini-batch time equals its time alone (it
+  was time-sliced out after running alone, not taken off an interfering pack: it may pack
+  at once).
 * **migration** -- a multi-device job spread over nodes moves onto one node when one has
   room; a multi-device job blocked by fragmentation gets a node freed by moving one-device
   jobs to free devices elsewhere; a job in a bad pack moves to a free device.
@@ -45,6 +51,11 @@ from ._types import (
     Unpack,
 )
 
+# Clock comparisons tolerate rounding: a wake-up booked at ``last_change_at + quantum_s``
+# must find the quantum over (float sums may land a hair short of it, and the mechanism
+# would then sleep until the next, unrelated, wake-up).
+_EPS = 1e-6
+
 
 @dataclass(frozen=True)
 class GandivaConfig:
@@ -73,6 +84,14 @@ class GandivaConfig:
             raise ValueError("grow_max_factor must be >= 1")
         if self.slice_order not in ("las", "round_robin"):
             raise ValueError("slice_order must be 'las' or 'round_robin'")
+
+
+def busy_fraction(j: JobView) -> float:
+    """Fraction of one device ``j`` keeps busy alone, as the scheduler can observe it: the
+    profiled ``utilization`` when known, else the requested ``gpu_share`` (1.0 for a
+    full-device job: an unprofiled job is assumed to fill its device)."""
+    u = j.utilization
+    return j.gpu_share if u is None else u
 
 
 def packed_progress(jobs: list[JobView]) -> float | None:
@@ -149,7 +168,7 @@ class GandivaPolicy:
                 j
                 for j in holders
                 if j.state is JobPhase.RUNNING
-                and now - j.last_change_at >= cfg.quantum_s
+                and now - j.last_change_at >= cfg.quantum_s - _EPS
                 and j.id not in acted
             ]
             # worst first: most attained service (las) / running longest since its change
@@ -179,11 +198,7 @@ class GandivaPolicy:
                 out.append(_run(w, devs, "gandiva: free devices"))
                 acted.add(w.id)
                 continue
-            if (
-                cfg.enable_packing
-                and k == 1
-                and (w.state is JobPhase.QUEUED or now - w.last_change_at >= cfg.pack_cooldown_s)
-            ):
+            if cfg.enable_packing and k == 1 and not self._pack_cooling(w, now):
                 pk = self._pack_target(pack_slots, w, occ)
                 if pk is not None:
                     dev, partner = pk
@@ -268,20 +283,35 @@ class GandivaPolicy:
         holders = [j for j in view.jobs if j.state in HOLDING_PHASES]
         cands: list[float] = []
         if waiting and cfg.enable_time_slicing:
-            w_min = min(j.attained_service_s for j in waiting)
             w_prio = max(j.priority for j in waiting)
+            # least attained service among the waiting jobs of each priority class
+            w_min: dict[int, float] = {}
+            for j in waiting:
+                a = w_min.get(j.priority)
+                if a is None or j.attained_service_s < a:
+                    w_min[j.priority] = j.attained_service_s
             for r in holders:
                 if r.state is not JobPhase.RUNNING or not r.devices:
                     continue
                 t = r.last_change_at + cfg.quantum_s
-                if cfg.slice_order == "las" and r.attained_service_s <= w_min and r.priority >= w_prio:
-                    t = max(t, now + (w_min - r.attained_service_s) / len(r.devices) + 1e-6)
-                cands.append(t)
+                if cfg.slice_order != "las":
+                    cands.append(t)
+                    continue
+                # a higher-priority waiter may take r's devices once its quantum is over;
+                # an equal-priority one once r has also had more service than it
+                if w_prio > r.priority:
+                    cands.append(t)
+                same = w_min.get(r.priority)
+                if same is not None:
+                    if r.attained_service_s > same:
+                        cands.append(t)
+                    else:
+                        cands.append(max(t, now + (same - r.attained_service_s) / len(r.devices) + 1e-6))
         if waiting and cfg.enable_packing:
             cands.extend(
                 w.last_change_at + cfg.pack_cooldown_s
                 for w in waiting
-                if w.state is JobPhase.SUSPENDED and w.devices_wanted == 1
+                if w.devices_wanted == 1 and self._pack_cooling(w, now)
             )
         if cfg.enable_packing and cfg.pack_observe_s > 0:
             cands.extend(r.last_change_at + cfg.pack_observe_s for r in holders)
@@ -291,6 +321,16 @@ class GandivaPolicy:
             )
         future = [t for t in cands if t > now]
         return min(future) if future else None
+
+    def _pack_cooling(self, w: JobView, now: float) -> bool:
+        """True while a waiting job that left an interfering pack may not pack again: it
+        was suspended less than ``pack_cooldown_s`` ago and its last observed mini-batch
+        time was slower than its time alone (or is unknown)."""
+        if w.state is not JobPhase.SUSPENDED or now - w.last_change_at >= self.config.pack_cooldown_s - _EPS:
+            return False
+        ms, alone = w.minibatch_ms, w.minibatch_ms_alone
+        # unknown times: cannot tell a time-slice from an unpack, so wait (as before)
+        return not (ms and alone and ms <= alone * (1.0 + 1e-6))
 
     # ------------------------------------------------------------------ mechanisms
     def _judge_packs(
@@ -306,7 +346,7 @@ class GandivaPolicy:
                 continue
             seen.add(group)
             members = [jobs[h] for h in group if h in jobs]
-            if any(view.now - m.last_change_at < cfg.pack_observe_s for m in members):
+            if any(view.now - m.last_change_at < cfg.pack_observe_s - _EPS for m in members):
                 continue
             prog = packed_progress(members)
             if prog is not None and prog >= cfg.pack_keep_ratio and cfg.enable_packing:
@@ -391,7 +431,8 @@ class GandivaPolicy:
 
     def _pack_slots(self, occ: Occupancy, jobs: dict[str, JobView], acted: set, now: float) -> list:
         """Devices a waiting job could share: held by exactly one running one-device job
-        that has been observed long enough. (share, device, partner id), fullest first."""
+        that has been observed long enough. (busy fraction, device, partner id), fullest
+        first."""
         cfg = self.config
         if cfg.max_jobs_per_device < 2:
             return []
@@ -402,9 +443,10 @@ class GandivaPolicy:
             r = jobs.get(hs[0])
             if r is None or r.state is not JobPhase.RUNNING or len(r.devices) != 1 or r.id in acted:
                 continue
-            if now - r.last_change_at < cfg.pack_observe_s or r.gpu_share >= cfg.pack_share_limit:
+            busy = busy_fraction(r)
+            if now - r.last_change_at < cfg.pack_observe_s - _EPS or busy >= cfg.pack_share_limit:
                 continue
-            slots.append((r.gpu_share, dev, r.id))
+            slots.append((busy, dev, r.id))
         slots.sort(key=lambda x: (-x[0], x[1]))
         return slots
 
@@ -412,7 +454,7 @@ class GandivaPolicy:
         """The fullest device whose holder's share leaves room for ``w``; removes it."""
         limit = self.config.pack_share_limit
         for i, (share, dev, partner) in enumerate(slots):
-            if share + w.gpu_share <= limit and occ.holders[dev] == [partner]:
+            if share + busy_fraction(w) <= limit and occ.holders[dev] == [partner]:
                 del slots[i]
                 return dev, partner
         return None
@@ -422,7 +464,7 @@ class GandivaPolicy:
         for j in sorted(view.jobs, key=lambda j: (j.attained_service_s, j.id)):
             if not j.elastic or j.state is not JobPhase.RUNNING or j.id in acted:
                 continue
-            if view.now - j.last_change_at < cfg.quantum_s:
+            if view.now - j.last_change_at < cfg.quantum_s - _EPS:
                 continue
             cap = j.max_devices if j.max_devices is not None else j.devices_wanted * cfg.grow_max_factor
             extra = cap - len(j.devices)

@@ -58,7 +58,10 @@ class JobView:
     Optional fields beyond the contract (all defaulted, so older callers keep working):
     ``gpu_share`` is the fraction of one device the job keeps busy when alone (1.0 when
     unknown; the Alibaba trace's fractional GPU requests, or a measured utilisation);
-    ``max_devices`` caps how far an elastic job may grow (None: the policy decides).
+    ``max_devices`` caps how far an elastic job may grow (None: the policy decides);
+    ``utilization`` is the observed (profiled) fraction of one device the job keeps busy
+    when it runs alone, e.g. from device telemetry or, in the simulator, from Gavel's
+    measurements (None = unknown: policies fall back to ``gpu_share``, the request).
     """
 
     id: str
@@ -79,6 +82,7 @@ class JobView:
     model: str = ""
     gpu_share: float = 1.0
     max_devices: int | None = None
+    utilization: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,6 +84,7 @@ def _job_view(**fields) -> JobView:
 class _Job:
     __slots__ = (
         "attained",
+        "busy_seen",
         "devices",
         "done",
         "finished",
@@ -124,6 +125,7 @@ class _Job:
         self.done = 0.0
         self.rate = 0.0
         self.util = 0.0  # per-device busy fraction this job contributes
+        self.busy_seen: float | None = None  # busy fraction alone, once profiled (has run)
         self.stall_until = 0.0
         self.last_update = t.submit_time
         self.attained = 0.0
@@ -214,6 +216,7 @@ class Simulator:
         max_time_s: float = float("inf"),
         util_window: tuple[float, float] | None = None,
         extra_windows: dict[str, tuple[float, float]] | None = None,
+        observe_utilization: bool = True,
     ) -> None:
         self.policy = policy
         self.cluster = cluster
@@ -227,6 +230,10 @@ class Simulator:
         self.check_invariants = check_invariants
         self.max_time_s = max_time_s
         self.series_points = series_points
+        # Fill JobView.utilization (the busy fraction alone, "profiled" once a job has run),
+        # as a live scheduler with device telemetry would. False: leave it None, as the live
+        # scheduler does until it reports telemetry (the parity test compares views).
+        self.observe_utilization = observe_utilization
         ref = self.devices[0].model if self.devices else "v100"
         self.jobs: dict[str, _Job] = {}
         self.rejected = 0
@@ -453,8 +460,12 @@ class Simulator:
                 j.util = 0.0
                 self._push(j.stall_until, _STALL_END, j.id, j.version)
                 continue
+            # busy fraction alone (request x the model's solo busy fraction, from Gavel's
+            # self pair), then how much of it the job keeps while packed / spread / grown
+            busy = j.t.gpu_share * perf.solo_busy(model, self.dev_model[dev0])
+            j.busy_seen = busy
             j.rate = speed
-            j.util = j.t.gpu_share * pack * spread * eff
+            j.util = busy * pack * spread * eff
             if j.first_feedback is None:
                 j.first_feedback = now + j.mb_alone_ms / 1000.0 / max(speed, 1e-3)
             remaining = j.work - j.done
@@ -563,6 +574,7 @@ class Simulator:
                     model=j.t.model,
                     gpu_share=j.t.gpu_share,
                     max_devices=None,
+                    utilization=j.busy_seen if self.observe_utilization else None,
                 )
                 j.view = v
             views.append(v)

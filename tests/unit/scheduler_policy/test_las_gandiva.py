@@ -292,3 +292,43 @@ def test_gandiva_priorities_are_strict_classes() -> None:
     rr = make_policy("gandiva", slice_order="round_robin")
     assert rr.decide(view(10_000.0, newcomer, running_fin)) == []
     assert kinds(rr.decide(view(100.0, fin, fresh))) == [("Suspend", "fresh"), ("Resume", "fin")]
+
+
+def test_gandiva_cooldown_spares_jobs_time_sliced_out_while_alone() -> None:
+    # b last ran alone (observed == alone): it was time-sliced, not unpacked; it may pack now
+    alone = (
+        job("a", state=R, devices=("n0g0",), gpu_share=0.4, last_change_at=0),
+        job(
+            "b",
+            state=S,
+            gpu_share=0.4,
+            last_change_at=90,
+            attained_service_s=10**6,
+            minibatch_ms=100.0,
+            minibatch_ms_alone=100.0,
+        ),
+    )
+    out = make_policy("gandiva", pack_cooldown_s=600).decide(ClusterView(100.0, devices(1, 1), alone))
+    assert kinds(out) == [("Pack", "b")]
+    # b last ran slowed down (it left an interfering pack): it waits out the cooldown
+    slowed = (alone[0], dataclasses.replace(alone[1], minibatch_ms=250.0))
+    assert make_policy("gandiva", pack_cooldown_s=600).decide(ClusterView(100.0, devices(1, 1), slowed)) == []
+    out = make_policy("gandiva", pack_cooldown_s=600).decide(ClusterView(700.0, devices(1, 1), slowed))
+    assert kinds(out) == [("Pack", "b")]
+
+
+def test_gandiva_quantum_end_survives_float_rounding() -> None:
+    # last_change_at + quantum_s lands a hair above the clock of the wake-up booked for it:
+    # the quantum must count as over, or the mechanism sleeps past it (a missed wake-up)
+    last = 2018.9999999999993
+    now = 2078.999999999999
+    assert now - last < 60.0  # the rounding this guards against
+    view = ClusterView(
+        now=now,
+        devices=devices(1, 1),
+        jobs=(
+            job("r", state=R, devices=("n0g0",), attained_service_s=135, last_change_at=last),
+            job("w", state=S, attained_service_s=130, last_change_at=1000, t=1),
+        ),
+    )
+    assert kinds(make_policy("gandiva").decide(view)) == [("Suspend", "r"), ("Resume", "w")]
