@@ -47,6 +47,7 @@ def bench_torch(
     cell: str, sizes: dict[str, int], run_steps: int, rounds: int, measure_run: bool
 ) -> dict[str, Any]:
     import torch
+
     from microco.clients.compiler._torch import AstraTorch
     from microco.clients.compiler.zoo import torch_models as zm
     from microco.services.compiler import ExplorationPolicy, LocalExplorer
@@ -100,25 +101,46 @@ def bench_torch(
     explore_s = time.perf_counter() - t0
     explore_steps = steps
 
-    ms = _median_ms({"eager": eager, "static": static, "microco": micro}, rounds, 3)
-    state = astra.session.explorer.core.get(astra.spec().key)  # type: ignore[union-attr]
-    out = _result(cell, "torch", ms, explore_steps, explore_s, eager_first_s, static_first_s, run_steps)
     # The next run of the same model: a new process would find the commit in etcd; here a new
-    # wrapper over the same explorer state. Zero exploration; compiled regions come from
-    # Inductor's on-disk cache.
+    # wrapper over the same explorer state. It starts at the commit, compiled (its compiled regions
+    # come from Inductor's on-disk cache), and reports that recompile's cost after its second step
+    # under the commit; if a candidate pruned for its compile cost now pays back at that price
+    # (a whole-step compile, typically), the explorer reopens for that one trial.
     re_m, re_o = make()
     again = AstraTorch(re_m, astra.session.explorer, name=f"{cell}-torch", total_steps=run_steps)
     rerun = stepper(re_m, re_o, again)
     t0 = time.perf_counter()
     rerun()  # probe step: finds the regions, registers, gets the committed configuration
+    started_committed = again.committed
     rerun()  # first step under it: builds (compiles) its regions
     rerun_first_s = time.perf_counter() - t0
+    rerun()  # second: measured; the two are reported as the recompile's cost
+    re_steps = 3
+    while not again.committed and re_steps < run_steps:
+        rerun()
+        re_steps += 1
+    rerun_s = time.perf_counter() - t0
+
+    ms = _median_ms(
+        {"eager": eager, "static": static, "microco": micro, "microco_rerun": rerun}, rounds, 3
+    )
+    state = astra.session.explorer.core.get(astra.spec().key)  # type: ignore[union-attr]
+    out = _result(cell, "torch", ms, explore_steps, explore_s, eager_first_s, static_first_s, run_steps)
     out["rerun"] = {
         "explore_steps": again.explore_steps,
-        "committed_at_start": again.committed,
+        "committed_at_start": started_committed,
+        "reopened": state.reopened,
         "first_two_steps_s": round(rerun_first_s, 3),
+        "until_committed_s": round(rerun_s, 3),
+        "config": again.config,
+        "microco_ms": round(ms["microco_rerun"], 3),
+        "speedup_vs_eager": round(ms["eager"] / ms["microco_rerun"], 3),
+        "speedup_vs_static": round(ms["static"] / ms["microco_rerun"], 3),
+        "compile_costs_s": {k: round(v / 1e3, 3) for k, v in state.compile_costs.items()},
     }
-    out["total_run_s"]["microco_rerun"] = round(rerun_first_s + (run_steps - 2) * ms["microco"] / 1e3, 3)
+    out["total_run_s"]["microco_rerun"] = round(
+        rerun_s + (run_steps - re_steps) * ms["microco_rerun"] / 1e3, 3
+    )
     out.update(
         config=astra.config,
         trial_log=_trial_log(state),
@@ -134,6 +156,7 @@ def bench_torch(
 
 def bench_tf(cell: str, sizes: dict[str, int], run_steps: int, rounds: int) -> dict[str, Any]:
     import tensorflow as tf
+
     from microco.clients.compiler._tf import AstraTF
     from microco.clients.compiler.zoo import tf_models as zt
     from microco.services.compiler import ExplorationPolicy, LocalExplorer
@@ -239,6 +262,7 @@ def _result(cell, framework, ms, explore_steps, explore_s, eager_first_s, static
 def _measure_runs(cell: str, framework: str, sizes: dict[str, int], run_steps: int) -> dict[str, float]:
     """Time the whole fixed-length run of each variant, back to back (slow)."""
     import torch
+
     from microco.clients.compiler._torch import AstraTorch
     from microco.clients.compiler.zoo import torch_models as zm
     from microco.services.compiler import LocalExplorer
@@ -323,6 +347,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "summary": {
             "torch_2x_vs_eager": sum(m["speedup_vs_eager"] >= 2 for m in torch_models),
             "torch_models": len(torch_models),
+            "rerun_torch_2x_vs_eager": sum(m["rerun"]["speedup_vs_eager"] >= 2 for m in torch_models),
+            "rerun_speedup_vs_static": {m["name"]: m["rerun"]["speedup_vs_static"] for m in torch_models},
             "never_slower_than_best_baseline": all(m["speedup_vs_best_baseline"] >= 0.95 for m in models),
             "total_run_never_slower": all(
                 m["total_run_s"]["microco"]

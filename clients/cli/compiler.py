@@ -84,6 +84,7 @@ def summary(state: Any) -> dict[str, Any]:
         "best_ms": round(best.step_ms, 3) if best and best.done else None,
         "speedup": round(state.speedup, 3),
         "runs": state.runs,
+        "compile_costs_s": {k: round(v / 1e3, 3) for k, v in state.compile_costs.items()},
         "config": state.best_values,
     }
 

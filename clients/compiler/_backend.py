@@ -19,8 +19,9 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import torch
-from microco.services.compiler._types import STAGE_COMPILE, STAGE_FINE, GraphSpec, Variable
 from torch import fx
+
+from microco.services.compiler._types import STAGE_COMPILE, STAGE_FINE, GraphSpec, Variable
 
 from ._session import ExplorationSession, Explorer
 from ._torch import hardware_id, thread_choices

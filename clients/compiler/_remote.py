@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+
 from microco.api.compiler.v1 import compiler_pb2 as pb
 from microco.api.compiler.v1 import compiler_pb2_grpc as pb_grpc
 from microco.clients.common import ServiceClient

@@ -21,6 +21,15 @@ class Explorer(Protocol):
     def report(self, key: str, report: TrialReport) -> Config: ...
 
 
+def compiled_choices(spec: GraphSpec, values: dict[str, str]) -> list[str]:
+    """The compiled (non-baseline) choices of a configuration."""
+    return [
+        f"{v.name}={values[v.name]}"
+        for v in spec.variables
+        if v.compiles and values.get(v.name, v.choices[0]) != v.choices[0]
+    ]
+
+
 def baseline(spec: GraphSpec) -> Config:
     """Every variable at its first choice: what plain eager execution does."""
     return Config(
@@ -56,6 +65,10 @@ class ExplorationSession:
         self._regions: list[dict[str, float]] = []
         self._failed = ""
         self._since_lost = 0
+        # A run that starts from a committed configuration with compiled choices reports its
+        # first two steps once (trial -1): what the recompile cost this time (a warm cache is
+        # far cheaper than the first compile), so the explorer prices compiles by real costs.
+        self._warm_report = False
 
     @property
     def values(self) -> dict[str, str]:
@@ -70,6 +83,7 @@ class ExplorationSession:
         cfg = self._call_register()
         self.current = cfg if cfg is not None else baseline(spec)
         self._reset_trial()
+        self._warm_report = cfg is not None and cfg.committed and bool(compiled_choices(spec, cfg.values))
         return self.current
 
     def _call_register(self) -> Config | None:
@@ -90,6 +104,28 @@ class ExplorationSession:
             )
         self.lost = True
         self._since_lost = 0
+
+    def _report_warm(self, cur: Config, step_ms: float, failed: str) -> Config | None:
+        if failed or math.isnan(step_ms):
+            self._warm_report = False
+            self._reset_trial()
+            return None
+        self._times.append(step_ms)
+        if len(self._times) < 2:
+            return None
+        self._warm_report = False
+        rep = TrialReport(trial=-1, step_ms=list(self._times))
+        self._reset_trial()
+        assert self.explorer is not None
+        try:
+            nxt = self.explorer.report(cur.key, rep)
+        except Exception as exc:  # noqa: BLE001 - training goes on with the committed configuration
+            self._lose(exc)
+            return None
+        if nxt.committed and nxt.values == cur.values:
+            return None
+        self.current = nxt  # a candidate that now pays back: one trial, then commit the best
+        return nxt
 
     def _reset_trial(self) -> None:
         self._times, self._regions, self._failed = [], [], ""
@@ -117,6 +153,8 @@ class ExplorationSession:
             self.current = cfg
             self._reset_trial()
             return cfg
+        if cur.committed and self._warm_report:
+            return self._report_warm(cur, step_ms, failed)
         if cur.committed or cur.steps <= 0:
             return None
         self.explore_steps += 1

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
+
 from microco.services.compiler._types import STAGE_COMPILE, STAGE_STRUCTURE, GraphSpec, Variable
 
 from ._session import ExplorationSession, Explorer
@@ -156,10 +157,17 @@ class AstraTF:
         ]
         if self.xla:
             # XLA for the whole step, or for the per-step cell region only (the rest of the
-            # step, hoisted products included, stays in TensorFlow's own kernels).
+            # step, hoisted products included, stays in TensorFlow's own kernels). Whole-step XLA
+            # has two choices: over the structure explored so far ("on"), and over the plain step
+            # ("plain": exactly what `jit_compile=True` on the user's step does), because XLA's own
+            # fusion may beat the rewritten structure it is handed (measured: gru and sru ran
+            # faster as plain XLA than as microco's hoisted step). Both are priced like every
+            # compile (measured costs, else the prior) and tried whenever they can pay back.
             whole = self.XLA_PRIOR_MS_PER_CALL * max(1, cell_calls)
             out.append(
-                Variable("xla", ("off", "on"), "", STAGE_COMPILE, compiles=True, compile_prior_ms=whole)
+                Variable(
+                    "xla", ("off", "on", "plain"), "", STAGE_COMPILE, compiles=True, compile_prior_ms=whole
+                )
             )
             out.append(
                 Variable(
@@ -214,9 +222,12 @@ class AstraTF:
         if self.session.spec is None:
             self._register(x, y)
         v = self.session.values
-        fn = self.variant(
-            v.get("hoist") == "on", v.get("batch") == "on", v.get("xla") == "on", v.get("xla_cell") == "on"
-        )
+        if v.get("xla") == "plain":  # XLA over the plain step: the structure's choices do not apply
+            fn = self.variant(False, False, True)
+        else:
+            fn = self.variant(
+                v.get("hoist") == "on", v.get("batch") == "on", v.get("xla") == "on", v.get("xla_cell") == "on"
+            )
         t0 = time.perf_counter()
         failed = ""
         try:

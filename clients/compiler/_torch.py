@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch import fx, nn
+
 from microco.services.compiler._types import (
     STAGE_COMPILE,
     STAGE_STRUCTURE,
@@ -20,11 +22,10 @@ from microco.services.compiler._types import (
     GraphSpec,
     Variable,
 )
-from torch import fx, nn
 
 from . import _torch_fx as tfx
-from ._torch_aot import AotRegion
 from ._session import ExplorationSession, Explorer
+from ._torch_aot import AotRegion
 
 log = logging.getLogger(__name__)
 

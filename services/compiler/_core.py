@@ -31,6 +31,19 @@ from ._types import Config, GraphSpec, TrialReport, Variable
 # the loaded 2-core development machine (cold cache); TensorFlow: one XLA-compiled step variant.
 DEFAULT_COMPILE_MS = {"torch": 8000.0, "tensorflow": 5000.0}
 
+# How far measured compiles of *other* choices may scale a choice's prior (see
+# ``compile_estimate``). A fast machine or a warm compiler cache shows in every compile of a key,
+# so a cell compile measured at a quarter of its prior makes a quarter of the whole-step prior a
+# better guess than the prior itself; but a cache hit on one graph does not promise a hit on
+# another, so evidence from other choices never cuts (or raises) a prior more than 4x. A choice's
+# own measurement (this run or an earlier one) replaces its prior outright.
+CALIBRATION_BOUNDS = (0.25, 4.0)
+
+
+def choice_key(name: str, choice: str) -> str:
+    """How a compiled choice is named in ``Exploration.compile_costs``: ``"<variable>=<choice>"``."""
+    return f"{name}={choice}"
+
 
 @dataclass(frozen=True)
 class ExplorationPolicy:
@@ -85,6 +98,17 @@ class Exploration:
     explore_ms: float = 0.0
     pruned: list[str] = field(default_factory=list)
     runs: int = 0  # registrations seen (runs of the model)
+    # Measured compile time (ms) of each compiled choice ("<variable>=<choice>"), the latest
+    # measurement first-hand: the trial that first ran the choice in an exploration, or the first
+    # steps of a later run that started from a committed configuration (a warm recompile). Seeded
+    # from earlier runs of the same key, so the explorer prices a compile by what it really costs.
+    compile_costs: dict[str, float] = field(default_factory=dict)
+    compiled_here: list[str] = field(default_factory=list)  # choices whose compile this run measured
+    # Candidates pruned because their compile could not pay back: re-priced when a later run
+    # (longer, or with measured costs) registers or reports a warm recompile; tried if they pay.
+    pruned_candidates: list[dict[str, Any]] = field(default_factory=list)
+    budget_base: int = 0  # explore_steps when this run's exploration (re)started
+    reopened: int = 0  # times a committed exploration was reopened for a candidate that now pays
 
     # -- derived
     @property
@@ -159,10 +183,22 @@ def next_config(state: Exploration, policy: ExplorationPolicy) -> Config:
         return Config(state.key, dict(t.values), trial=t.trial, steps=policy.steps_per_trial)
     while not state.queue:
         if not _advance(state, policy):
-            return commit(state)
+            # Before committing: candidates pruned before any compile was measured are priced
+            # again with what the compiles of this exploration cost (one trial at most each).
+            remaining = state.spec.total_steps - (state.explore_steps - state.budget_base)
+            values = _repriced_candidate(state, policy, remaining) if state.best is not None else None
+            if values is None:
+                return commit(state)
+            state.queue.append({"values": values, "kind": "explore"})
     if _over_budget(state, policy):
         return commit(state)
     item = state.queue.pop(0)
+    # Priced again just before it runs: a compile measured since the stage was planned (the
+    # stage's first whole-step compile, say) may show this one cannot pay back after all.
+    reason = _still_pays(state, policy, item["values"])
+    if reason:
+        state.pruned.append(f"stage {state.stage}: {item['values']}: {reason} (re-priced before running)")
+        return next_config(state, policy)
     rec = TrialRecord(trial=len(state.trials), values=item["values"], stage=state.stage, kind=item["kind"])
     state.trials.append(rec)
     state.current = rec.trial
@@ -171,6 +207,8 @@ def next_config(state: Exploration, policy: ExplorationPolicy) -> Config:
 
 def report(state: Exploration, rep: TrialReport, policy: ExplorationPolicy) -> Config:
     """Record a finished trial and return the next configuration. Stale reports are ignored."""
+    if state.committed and rep.trial < 0:
+        return _committed_run_report(state, rep, policy)
     if state.committed or state.current is None or rep.trial != state.current:
         return next_config(state, policy)
     t = state.trials[state.current]
@@ -189,6 +227,13 @@ def report(state: Exploration, rep: TrialReport, policy: ExplorationPolicy) -> C
         # median of three steps picked a 2x slower configuration under a load of 4).
         t.step_ms = min(measured)
         t.compile_ms = max(0.0, t.steps[0] - t.step_ms) if len(t.steps) > 1 else 0.0
+        if len(t.steps) > 1:
+            # The first trial that runs a compiled choice is where it compiles; later trials
+            # reuse the built code. (Choices compiled in the same trial share its compile time.)
+            for c in compiled_choices(state.spec, t.values):
+                if c not in state.compiled_here:
+                    state.compiled_here.append(c)
+                    state.compile_costs[c] = t.compile_ms
         if state.best is None or t.step_ms < state.trials[state.best].step_ms * (1.0 - policy.min_gain):
             state.best = t.trial
     return next_config(state, policy)
@@ -204,7 +249,95 @@ def commit(state: Exploration) -> Config:
 
 def _over_budget(state: Exploration, policy: ExplorationPolicy) -> bool:
     budget = policy.max_explore_fraction * max(1, state.spec.total_steps)
-    return state.explore_steps + policy.steps_per_trial > budget and state.best is not None
+    used = state.explore_steps - state.budget_base
+    return used + policy.steps_per_trial > budget and state.best is not None
+
+
+def _still_pays(state: Exploration, policy: ExplorationPolicy, values: dict[str, str]) -> str:
+    """Why a planned configuration no longer pays for its new compiles ("" if it does): each of
+    its regions' compiled choices not yet compiled in this exploration is priced again."""
+    if state.best is None:
+        return ""
+    new = set(compiled_choices(state.spec, values)) - set(state.compiled_here)
+    if not new:
+        return ""
+    groups: dict[str, list[Variable]] = {}
+    for v in state.spec.variables:
+        if choice_key(v.name, values.get(v.name, v.choices[0])) in new:
+            groups.setdefault(v.region, []).append(v)
+    for region, variables in groups.items():
+        reason = _prune_reason(state, policy, region, variables, {v.name: values[v.name] for v in variables})
+        if reason:
+            return reason
+    return ""
+
+
+def compiled_choices(spec: GraphSpec, values: dict[str, str]) -> list[str]:
+    """The compiled (non-baseline) choices of a configuration, as ``compile_costs`` keys."""
+    return [
+        choice_key(v.name, values[v.name])
+        for v in spec.variables
+        if v.compiles and values.get(v.name, v.choices[0]) != v.choices[0]
+    ]
+
+
+def _committed_run_report(state: Exploration, rep: TrialReport, policy: ExplorationPolicy) -> Config:
+    """A later run started from the committed configuration and reports its first steps (trial
+    -1): the first one's excess over the second is what recompiling the committed compiled
+    choices cost this time (typically a warm compiler cache). The measurement replaces the
+    earlier one; a pruned candidate that now pays back reopens the exploration."""
+    steps = [float(x) for x in rep.step_ms]
+    if not rep.failed and len(steps) >= 2:
+        ms = max(0.0, steps[0] - min(steps[1:]))
+        for c in compiled_choices(state.spec, state.best_values):
+            state.compile_costs[c] = ms
+    maybe_reopen(state, policy, state.spec.total_steps)
+    return next_config(state, policy)
+
+
+def maybe_reopen(state: Exploration, policy: ExplorationPolicy, total_steps: int) -> bool:
+    """Re-price the candidates pruned for their compile cost against a new run of
+    ``total_steps`` steps and the compile costs known now; if one pays back, reopen the committed
+    exploration with one trial of it on top of the committed configuration. The committed
+    configuration stays in force (it is the best) unless the trial beats it by ``min_gain``."""
+    if not state.committed or state.best is None:
+        return False
+    values = _repriced_candidate(state, policy, total_steps)
+    if values is None:
+        return False
+    state.committed = False
+    state.reopened += 1
+    state.budget_base = state.explore_steps
+    state.spec = _with_total(state.spec, total_steps)
+    state.stages, state.phase = [], "compose"  # after this trial: commit the best
+    state.queue = [{"values": values, "kind": "explore"}]
+    return True
+
+
+def _repriced_candidate(state: Exploration, policy: ExplorationPolicy, remaining: int) -> dict[str, str] | None:
+    """The first pruned compiled candidate that pays back over ``remaining`` steps at today's
+    prices (measured costs, calibrated priors), on top of the best configuration; it leaves the
+    pruned list (it is tried once)."""
+    best = state.best_values
+    by_name = {v.name: v for v in state.spec.variables}
+    for cand in list(state.pruned_candidates):
+        combo = cand["combo"]
+        values = dict(best)
+        values.update(combo)
+        if values == best or any(t.values == values for t in state.trials if t.done):
+            continue
+        variables = [by_name[n] for n in combo if n in by_name]
+        if _prune_reason(state, policy, cand["region"], variables, combo, remaining=remaining):
+            continue
+        state.pruned_candidates.remove(cand)
+        return values
+    return None
+
+
+def _with_total(spec: GraphSpec, total_steps: int) -> GraphSpec:
+    from dataclasses import replace
+
+    return replace(spec, total_steps=total_steps)
 
 
 def _advance(state: Exploration, policy: ExplorationPolicy) -> bool:
@@ -244,6 +377,8 @@ def _plan_stage(state: Exploration, policy: ExplorationPolicy) -> list[dict[str,
             reason = _prune_reason(state, policy, region, variables, combo)
             if reason:
                 state.pruned.append(f"stage {state.stage}: {combo}: {reason}")
+                if "cannot repay" in reason:
+                    state.pruned_candidates.append({"region": region, "combo": combo})
                 continue
             combos.append(combo)
         per_region[region] = combos
@@ -270,6 +405,7 @@ def _prune_reason(
     region: str,
     variables: list[Variable],
     combo: dict[str, str],
+    remaining: int | None = None,
 ) -> str:
     compiles = any(v.compiles and combo[v.name] != v.choices[0] for v in variables)
     if not compiles:
@@ -277,35 +413,60 @@ def _prune_reason(
     best = state.best_trial
     if best is None or not math.isfinite(best.step_ms):
         return ""
-    remaining = state.spec.total_steps - state.explore_steps
+    if remaining is None:
+        remaining = state.spec.total_steps - (state.explore_steps - state.budget_base)
     region_cost = best.region_ms.get(region, best.step_ms / policy.region_backward_factor)
     region_cost = min(best.step_ms, region_cost * policy.region_backward_factor)
     max_saving = region_cost * (1.0 - 1.0 / policy.max_speedup) * max(0, remaining)
-    est = compile_estimate(state, [v for v in variables if v.compiles and combo[v.name] != v.choices[0]])
+    est = compile_estimate(
+        state, [(v, combo[v.name]) for v in variables if v.compiles and combo[v.name] != v.choices[0]]
+    )
     if max_saving < est:
         return f"cannot repay compile time: est. {est:.0f} ms > best-case saving {max_saving:.0f} ms"
     return ""
 
 
-def compile_estimate(state: Exploration, variables: list[Variable] | None = None) -> float:
-    """Expected compile time of one more compile: the largest measured so far in this exploration,
-    or the variables' own prior if that is larger (a whole-step compile after a measured cell
-    compile), else the framework's prior."""
-    measured = [
-        t.compile_ms
-        for t in state.trials
-        if t.done and not t.failed and t.compile_ms > 0 and _compiles(state, t)
-    ]
-    priors = [v.compile_prior_ms for v in variables or () if v.compile_prior_ms > 0]
-    if measured or priors:
-        return max(measured + priors)
-    return DEFAULT_COMPILE_MS.get(state.spec.framework, 20000.0)
+def compile_estimate(state: Exploration, choices: list[tuple[Variable, str]]) -> float:
+    """Expected compile time (ms) of running ``choices`` (compiled choices of one region or of the
+    whole step): per choice, its own measured cost when known (this run or an earlier run of the
+    same key: ``compile_costs``), else its prior (the variable's ``compile_prior_ms``, or the
+    framework's default) scaled by how the compiles measured for this key compare with their
+    priors (bounded by ``CALIBRATION_BOUNDS``). The costliest choice counts: choices of one trial
+    compile in the same warm-up step."""
+    if not choices:
+        return 0.0
+    return max(_choice_estimate(state, v, c) for v, c in choices)
+
+
+def _prior(state: Exploration, v: Variable) -> float:
+    return v.compile_prior_ms if v.compile_prior_ms > 0 else DEFAULT_COMPILE_MS.get(state.spec.framework, 20000.0)
+
+
+def calibration(state: Exploration) -> float:
+    """Median ratio of measured compile costs to their priors for this key (1.0 if none measured)."""
+    by_name = {v.name: v for v in state.spec.variables}
+    ratios = []
+    for c, ms in state.compile_costs.items():
+        v = by_name.get(c.split("=", 1)[0])
+        if v is not None and v.compiles:
+            ratios.append(ms / _prior(state, v))
+    if not ratios:
+        return 1.0
+    ratios.sort()
+    mid = ratios[len(ratios) // 2] if len(ratios) % 2 else 0.5 * (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2])
+    lo, hi = CALIBRATION_BOUNDS
+    return min(hi, max(lo, mid))
+
+
+def _choice_estimate(state: Exploration, v: Variable, choice: str) -> float:
+    known = state.compile_costs.get(choice_key(v.name, choice))
+    if known is not None:
+        return known
+    return _prior(state, v) * calibration(state)
 
 
 def _compiles(state: Exploration, t: TrialRecord) -> bool:
-    return any(
-        v.compiles and t.values.get(v.name, v.choices[0]) != v.choices[0] for v in state.spec.variables
-    )
+    return bool(compiled_choices(state.spec, t.values))
 
 
 def _compose(state: Exploration) -> dict[str, str] | None:

@@ -4,6 +4,8 @@ Layout::
 
     /microco/compiler/explorations/<key>   the whole search state (JSON), written after every change
     /microco/compiler/committed/<key>      the committed configuration: what the next run starts from
+    /microco/compiler/compile_costs/<key>  measured compile time (ms) per compiled choice, latest
+                                           measurement: survives a forgotten or lost exploration
 
 ``<key>`` hashes the graph fingerprint, the input shapes and the hardware.
 """
@@ -23,6 +25,7 @@ from ._types import Config, GraphSpec, TrialReport
 PREFIX = "/microco/compiler/"
 EXPLORATIONS = PREFIX + "explorations/"
 COMMITTED = PREFIX + "committed/"
+COMPILE_COSTS = PREFIX + "compile_costs/"
 
 
 def _check_spec(spec: GraphSpec) -> None:
@@ -54,6 +57,8 @@ class CompilerCore:
 
     def _save(self, state: Exploration) -> None:
         self.kv.put_json(EXPLORATIONS + state.key, state.to_json())
+        if state.compile_costs and self.kv.get_json(COMPILE_COSTS + state.key) != state.compile_costs:
+            self.kv.put_json(COMPILE_COSTS + state.key, state.compile_costs)
         if state.committed:
             self.kv.put_json(COMMITTED + state.key, committed_record(state))
 
@@ -66,6 +71,9 @@ class CompilerCore:
             state = self.load(spec.key)
             if state is None:
                 state = _core.start(spec, self.policy)
+                # What compiles cost when earlier runs of this key measured them: the explorer
+                # prices them by that, not by the cold-cache prior.
+                state.compile_costs = dict(self.kv.get_json(COMPILE_COSTS + spec.key) or {})
                 if committed is not None:  # state lost but the commit survived: reuse it
                     state.committed = True
                     state.trials.append(
@@ -79,6 +87,11 @@ class CompilerCore:
                         )
                     )
                     state.best = 0
+            elif state.committed:
+                state.spec = _core._with_total(state.spec, spec.total_steps)
+                # A new run: a candidate pruned for its compile cost may pay back now (a longer
+                # run, or a compile measured cheaper since); otherwise zero exploration.
+                _core.maybe_reopen(state, self.policy, spec.total_steps)
             state.runs += 1
             cfg = _core.next_config(state, self.policy)
             self._save(state)
@@ -127,6 +140,7 @@ def committed_record(state: Exploration) -> dict[str, Any]:
         "baseline_ms": base.step_ms if base else None,
         "speedup": state.speedup,
         "explore_steps": state.explore_steps,
+        "compile_costs": dict(state.compile_costs),
         "committed_at": time.time(),
     }
 

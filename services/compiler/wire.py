@@ -122,4 +122,6 @@ def state_to_proto(s: Exploration) -> pb.GraphState:
         hardware=s.spec.hardware,
         total_steps=s.spec.total_steps,
         runs=s.runs,
+        compile_costs=s.compile_costs,
+        reopened=s.reopened,
     )

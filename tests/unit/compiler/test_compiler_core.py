@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from microco.services.common import InvalidArgument, MemoryKV, NotFound
 from microco.services.compiler import (
     STAGE_COMPILE,
@@ -16,6 +17,7 @@ from microco.services.compiler import (
     GraphSpec,
     TrialReport,
     Variable,
+    _core,
     next_config,
     report,
     start,
@@ -251,3 +253,155 @@ def test_spec_with_compile_priors_round_trips_through_the_wire():
     back = wire.spec_from_proto(wire.spec_to_proto(s))
     assert back == s and back.key == s.key
     assert back.variables[-1].compile_prior_ms == 64000.0
+
+
+# -- compile time priced by what it really costs (measured, persisted per key)
+
+WHOLE = Variable("model.compile", ("eager", "inductor"), "", STAGE_COMPILE, True, compile_prior_ms=64_000.0)
+
+
+def _whole_spec(total_steps):
+    return spec(total_steps=total_steps, variables=spec().variables + (WHOLE,))
+
+
+def _run(core, s, compile_ms):
+    """Drive one run through the core; the warm-up step of a compiling trial costs ``compile_ms``
+    (per compiled choice: {"A.compile=inductor": ms, "model.compile=inductor": ms})."""
+    cfg = core.register(s)
+    tried = []
+    while not cfg.committed:
+        tried.append(dict(cfg.values))
+        step, regions = cost(cfg.values)
+        if cfg.values.get("model.compile") == "inductor":
+            step -= 12.0  # the whole-step compile is the fastest configuration on this machine
+        warm = step + sum(ms for c, ms in compile_ms.items() if cfg.values.get(c.split("=")[0]) == c.split("=")[1])
+        cfg = core.report(s.key, TrialReport(cfg.trial, [warm] + [step] * POLICY.measure_steps, regions))
+    return cfg, tried
+
+
+def test_measured_compile_costs_are_kept_per_choice_and_persisted_with_the_key():
+    kv = MemoryKV()
+    core = CompilerCore(kv, ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0))
+    s = spec()
+    _run(core, s, {"A.compile=inductor": 1500.0})
+    state = core.get(s.key)
+    assert state.compile_costs == {"A.compile=inductor": 1500.0}
+    assert kv.get_json(f"/microco/compiler/compile_costs/{s.key}") == {"A.compile=inductor": 1500.0}
+    assert kv.get_json(f"/microco/compiler/committed/{s.key}")["compile_costs"] == state.compile_costs
+    # A forgotten exploration (explorations and commit deleted) starts with the measured costs.
+    kv.delete(f"/microco/compiler/explorations/{s.key}")
+    kv.delete(f"/microco/compiler/committed/{s.key}")
+    core.register(s)
+    assert core.get(s.key).compile_costs == {"A.compile=inductor": 1500.0}
+
+
+def test_a_whole_step_compile_priced_at_its_prior_is_pruned_but_tried_once_measured_cheap():
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+    # The best step is ~30 ms; at most half of it saved over 3000 steps is 45 s < the 64 s prior.
+    kv = MemoryKV()
+    s = _whole_spec(3000)
+    _, tried = _run(CompilerCore(kv, policy), s, {"A.compile=inductor": 8000.0})
+    assert all(t["model.compile"] == "eager" for t in tried)
+    # An earlier run of the same key measured it (e.g. a longer run paid the cold compile):
+    # 3 s, warm. The next exploration prices it at that and tries it.
+    kv2 = MemoryKV()
+    kv2.put_json(f"/microco/compiler/compile_costs/{s.key}", {"model.compile=inductor": 3000.0})
+    cfg, tried = _run(CompilerCore(kv2, policy), s, {"A.compile=inductor": 8000.0, "model.compile=inductor": 3000.0})
+    assert any(t["model.compile"] == "inductor" for t in tried)
+    assert cfg.values["model.compile"] == "inductor"
+
+
+def test_calibration_scales_unmeasured_priors_by_measured_compiles_within_bounds():
+    policy = ExplorationPolicy(measure_steps=2)
+    state = start(_whole_spec(3000), policy)
+    assert _core.compile_estimate(state, [(WHOLE, "inductor")]) == 64_000.0
+    state.compile_costs["A.compile=inductor"] = 4000.0  # half of the 8 s default prior
+    assert _core.compile_estimate(state, [(WHOLE, "inductor")]) == pytest.approx(32_000.0)
+    state.compile_costs["A.compile=inductor"] = 10.0  # a cache hit elsewhere: at most 4x cheaper
+    assert _core.compile_estimate(state, [(WHOLE, "inductor")]) == pytest.approx(16_000.0)
+    state.compile_costs["model.compile=inductor"] = 2500.0  # its own measurement wins outright
+    assert _core.compile_estimate(state, [(WHOLE, "inductor")]) == 2500.0
+
+
+def test_a_committed_run_reports_its_warm_recompile_and_a_pruned_candidate_that_now_pays_is_tried():
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+    kv = MemoryKV()
+    core = CompilerCore(kv, policy)
+    s = _whole_spec(3000)
+    first, _ = _run(core, s, {"A.compile=inductor": 8000.0})  # cold cell compile: 8 s
+    assert first.values["A.compile"] == "inductor" and first.values["model.compile"] == "eager"
+    state = core.get(s.key)
+    assert any(c["combo"] == {"model.compile": "inductor"} for c in state.pruned_candidates)
+    # Next run, same length: nothing new is known, zero exploration.
+    again = CompilerCore(kv, policy).register(s)
+    assert again.committed and again.values == first.values
+    # It started compiled; its first two steps say the recompile took 6 s: recorded; the
+    # whole-step prior re-priced at 6/8 of 64 s = 48 s still cannot pay (18 ms x 1/2 x 3000).
+    step, _ = cost(first.values)
+    nxt = core.report(s.key, TrialReport(-1, [step + 6000.0, step]))
+    assert core.get(s.key).compile_costs["A.compile=inductor"] == 6000.0
+    assert nxt.committed and nxt.values == first.values
+    # Another run finds the cache warm: the cell recompiles in 0.1 s. The whole-step compile,
+    # re-priced at 64 s / 4 = 16 s, now pays back within the run: it gets one trial.
+    again = CompilerCore(kv, policy).register(s)
+    assert again.committed
+    cfg = core.report(s.key, TrialReport(-1, [step + 100.0, step]))
+    assert core.get(s.key).compile_costs["A.compile=inductor"] == 100.0
+    assert not cfg.committed and cfg.values["model.compile"] == "inductor"
+    base = cost(cfg.values)[0] - 12.0
+    done = core.report(s.key, TrialReport(cfg.trial, [base + 16_000.0, base, base], {}))
+    assert done.committed and done.values["model.compile"] == "inductor"
+    state = core.get(s.key)
+    assert state.compile_costs["model.compile=inductor"] == pytest.approx(16_000.0)
+    assert state.reopened == 1
+    # The run after that starts at the new commit, compiled, with zero exploration.
+    last = CompilerCore(kv, policy).register(s)
+    assert last.committed and last.values == done.values and last.steps == 0
+
+
+def test_a_pruned_compile_gets_a_trial_when_a_longer_run_registers():
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+    kv = MemoryKV()
+    core = CompilerCore(kv, policy)
+    first, _ = _run(core, _whole_spec(3000), {"A.compile=inductor": 8000.0})
+    assert first.values["model.compile"] == "eager"
+    # Ten times longer: the calibrated prior (64 s x 8/8) pays back now.
+    cfg = CompilerCore(kv, policy).register(_whole_spec(30_000))
+    assert not cfg.committed and cfg.values["model.compile"] == "inductor"
+
+
+def test_a_candidate_pruned_before_any_compile_was_measured_is_repriced_before_the_commit():
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+    # Planned at the 64 s prior against ~24 ms x 1/2 x 4000 = 48 s: pruned. Then the cell
+    # compile measures 2 s (1/4 of its 8 s prior): the whole step is re-priced at 16 s against
+    # ~18 ms x 1/2 x 4000 = 36 s and gets its trial before the exploration commits.
+    cfg, tried = _run(
+        CompilerCore(MemoryKV(), policy),
+        _whole_spec(4000),
+        {"A.compile=inductor": 2000.0, "model.compile=inductor": 2000.0},
+    )
+    assert [t["model.compile"] for t in tried].count("inductor") >= 1
+    assert tried.index(next(t for t in tried if t["model.compile"] == "inductor")) > tried.index(
+        next(t for t in tried if t["A.compile"] == "inductor")
+    )
+    assert cfg.values["model.compile"] == "inductor"
+    # Shorter, the same re-pricing still finds it too dear: never tried.
+    cfg, tried = _run(CompilerCore(MemoryKV(), policy), _whole_spec(1000), {"A.compile=inductor": 2000.0})
+    assert all(t["model.compile"] == "eager" for t in tried)
+
+
+def test_a_planned_compile_is_priced_again_just_before_it_runs():
+    # Two whole-step compiled choices planned together at a 10 s prior (at most 10 ms x 1/2 x
+    # 6000 = 30 s to gain); the first one measures 200 s, so the second, priced again at the
+    # calibrated 10 s x 4 = 40 s, is skipped.
+    xla = Variable("xla", ("off", "on", "plain"), "", STAGE_COMPILE, True, compile_prior_ms=10_000.0)
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+    state = start(GraphSpec("fp", "x", "cpu", (xla,), framework="tensorflow", total_steps=6000), policy)
+    cfg = next_config(state, policy)
+    ran = []
+    while not cfg.committed:
+        ran.append(cfg.values["xla"])
+        warm = 200_000.0 if cfg.values["xla"] != "off" else 0.0
+        cfg = report(state, TrialReport(cfg.trial, [10.0 + warm, 10.0, 10.0]), policy)
+    assert ran == ["off", "on"]
+    assert any("plain" in p and "re-priced before running" in p for p in state.pruned)

@@ -51,3 +51,34 @@ def test_a_trial_far_slower_than_the_best_is_cut_short_and_never_committed(may_c
     state = explorer.core.get(spec.key)
     slow = [t for t in state.trials if t.values["threads"] == "2"]
     assert slow and slow[0].steps == [500.0] * cut_after
+
+
+def test_a_run_starting_compiled_reports_its_recompile_once_and_only_then():
+    from microco.services.compiler import STAGE_COMPILE
+
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+    kv = MemoryKV()
+    spec = GraphSpec(
+        "fp",
+        "(2,)",
+        "cpu",
+        (Variable("r.compile", ("eager", "inductor"), "r", STAGE_COMPILE, compiles=True),),
+        total_steps=100_000,
+    )
+    first = ExplorationSession(LocalExplorer(kv, policy))
+    first.register(spec)
+    while not first.committed:
+        compiled = first.values["r.compile"] == "inductor"
+        warm = not first._times  # the trial's first step compiles
+        first.record((9000.0 if compiled and warm else 0.0) + (5.0 if compiled else 10.0), {"r": 3.0})
+    assert first.values == {"r.compile": "inductor"}
+    explorer = LocalExplorer(kv, policy)
+    assert explorer.core.get(spec.key).compile_costs == {"r.compile=inductor": 9000.0}
+    # The next run starts compiled: its first step recompiles (warm cache: 0.2 s), its second
+    # measures; the two are reported once, as trial -1, and the cost is what it measured.
+    second = ExplorationSession(explorer)
+    assert second.register(spec).committed
+    for ms in (205.0, 5.0, 5.0, 5.0):
+        assert second.record(ms, {}) is None  # nothing pays back more: the commit stays in force
+    assert explorer.core.get(spec.key).compile_costs == {"r.compile=inductor": 200.0}
+    assert second.explore_steps == 0 and second.committed

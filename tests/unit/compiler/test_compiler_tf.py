@@ -57,6 +57,8 @@ def test_xla_configurations_match_eager():
     ref = loss_and_grads(model, x, y, False, False)
     for hoist, batch in [(True, True)]:  # one XLA compile: the variant furthest from eager
         assert_same(ref, loss_and_grads(model, x, y, hoist, batch, xla=True), tol=1e-4)
+    # Plain whole-step XLA (the "xla=plain" choice: jit_compile=True on the unrewritten step).
+    assert_same(ref, loss_and_grads(model, x, y, False, False, xla=True), tol=1e-4)
     # XLA for the per-step cell region only, inside a training step that is not XLA-compiled.
     assert_same(ref, loss_and_grads(model, x, y, False, True, xla_cell=True), tol=1e-4)
 
@@ -84,3 +86,42 @@ def test_wrapper_explores_commits_and_reuses_with_zero_exploration():
     assert losses[-1] < losses[0]  # exploring is training
     again, _ = run(3)
     assert again.committed and again.explore_steps == 0 and again.config == astra.config
+
+
+@pytest.mark.parametrize("total_steps, tried", [(2_000, False), (200_000, True)])
+def test_plain_whole_step_xla_is_tried_whenever_its_compile_can_pay_back(total_steps, tried):
+    """The explorer's pricing, on the TF wrapper's own variables (no compile: synthetic times).
+    A machine where plain XLA is the fastest step: it must be tried (and win) when its estimated
+    compile (16 cell calls x 1.5 s prior) can be repaid within the run, and pruned when not."""
+    from microco.services.compiler import GraphSpec, TrialReport, next_config, report, start
+
+    astra = AstraTF(zt.make_model("gru", 4, 6), tf.keras.optimizers.SGD(0.05), zt.loss_fn, _NoExplorer())
+    variables = tuple(astra.variables(16))
+    assert any(v.name == "xla" and "plain" in v.choices for v in variables)
+    policy = ExplorationPolicy(measure_steps=2)
+    state = start(GraphSpec("fp", "x", "cpu", variables, framework="tensorflow", total_steps=total_steps), policy)
+
+    def step_ms(v):
+        if v["xla"] == "plain":
+            return 4.6
+        if v["xla"] == "on" or v["xla_cell"] == "on":
+            return 7.0
+        return 6.2 - 0.3 * (v["hoist"] == "on")
+
+    cfg = next_config(state, policy)
+    seen = []
+    while not cfg.committed:
+        seen.append(dict(cfg.values))
+        ms = step_ms(cfg.values)
+        warm = ms + (4000.0 if cfg.values["xla"] != "off" or cfg.values["xla_cell"] == "on" else 0.0)
+        cfg = report(state, TrialReport(cfg.trial, [warm, ms, ms]), policy)
+    assert any(v["xla"] == "plain" for v in seen) is tried
+    assert (cfg.values["xla"] == "plain") is tried
+
+
+class _NoExplorer:
+    def register(self, spec):  # pragma: no cover - never called: no step runs
+        raise AssertionError
+
+    def report(self, key, report):  # pragma: no cover
+        raise AssertionError

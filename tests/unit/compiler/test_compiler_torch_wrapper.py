@@ -144,3 +144,44 @@ def test_thread_choices_start_with_the_current_setting():
     choices = thread_choices(4)
     assert choices[0] == str(torch.get_num_threads())
     assert set(choices) >= {"1", "2", "4"}
+
+
+class _CommittedCompiled:
+    """An explorer holding a committed configuration whose cell regions run compiled."""
+
+    def __init__(self):
+        self.reports = []
+
+    def register(self, spec):
+        from microco.clients.compiler import baseline
+
+        values = baseline(spec).values
+        for v in spec.variables:
+            if v.name.endswith(".compile"):
+                values[v.name] = "aot-eager"  # the compiled-region machinery without Inductor's compile
+        return type(baseline(spec))(spec.key, values, -1, committed=True)
+
+    def report(self, key, report):
+        self.reports.append(report)
+        return self.register_again
+
+    register_again = None
+
+
+def test_a_committed_compiled_configuration_starts_compiled_and_reports_its_recompile_once():
+    from microco.clients.compiler._torch_aot import AotRegion
+
+    model = zm.make_model("gru", 6, 8)
+    explorer = _CommittedCompiled()
+    astra = AstraTorch(model, explorer, threads=("1",), compile_choices=("eager", "aot-eager"))
+    losses = train(model, astra, 1)  # the probe step registers and applies the commit
+    spec = astra.spec()
+    explorer.register_again = explorer.register(spec)
+    losses += train(model, astra, 4)
+    assert astra.committed and astra.explore_steps == 0
+    runners = list(astra.runners.values())
+    assert runners and all(isinstance(r.variant()[1], AotRegion) for r in runners)
+    assert all(r.variant()[1]._fw is not None for r in runners)  # built at the first step
+    # The first two steps under the commit were reported once, as trial -1 (the recompile's cost).
+    assert [r.trial for r in explorer.reports] == [-1] and len(explorer.reports[0].step_ms) == 2
+    assert all(math.isfinite(v) for v in losses)

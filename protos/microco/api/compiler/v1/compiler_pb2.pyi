@@ -125,7 +125,14 @@ class Trial(_message.Message):
     def __init__(self, trial: _Optional[int] = ..., values: _Optional[_Mapping[str, str]] = ..., step_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ..., steps: _Optional[_Iterable[float]] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., done: _Optional[bool] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., stage: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class GraphState(_message.Message):
-    __slots__ = ("key", "model_name", "framework", "variables", "trials", "best", "committed", "explore_steps", "explore_ms", "compile_ms", "baseline_ms", "best_ms", "speedup", "pruned", "fingerprint", "input_shapes", "hardware", "total_steps", "runs")
+    __slots__ = ("key", "model_name", "framework", "variables", "trials", "best", "committed", "explore_steps", "explore_ms", "compile_ms", "baseline_ms", "best_ms", "speedup", "pruned", "fingerprint", "input_shapes", "hardware", "total_steps", "runs", "compile_costs", "reopened")
+    class CompileCostsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     KEY_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     FRAMEWORK_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +152,8 @@ class GraphState(_message.Message):
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_COSTS_FIELD_NUMBER: _ClassVar[int]
+    REOPENED_FIELD_NUMBER: _ClassVar[int]
     key: str
     model_name: str
     framework: str
@@ -164,7 +173,9 @@ class GraphState(_message.Message):
     hardware: str
     total_steps: int
     runs: int
-    def __init__(self, key: _Optional[str] = ..., model_name: _Optional[str] = ..., framework: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., trials: _Optional[_Iterable[_Union[Trial, _Mapping]]] = ..., best: _Optional[_Union[Config, _Mapping]] = ..., committed: _Optional[bool] = ..., explore_steps: _Optional[int] = ..., explore_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ..., baseline_ms: _Optional[float] = ..., best_ms: _Optional[float] = ..., speedup: _Optional[float] = ..., pruned: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[str] = ..., input_shapes: _Optional[str] = ..., hardware: _Optional[str] = ..., total_steps: _Optional[int] = ..., runs: _Optional[int] = ...) -> None: ...
+    compile_costs: _containers.ScalarMap[str, float]
+    reopened: int
+    def __init__(self, key: _Optional[str] = ..., model_name: _Optional[str] = ..., framework: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., trials: _Optional[_Iterable[_Union[Trial, _Mapping]]] = ..., best: _Optional[_Union[Config, _Mapping]] = ..., committed: _Optional[bool] = ..., explore_steps: _Optional[int] = ..., explore_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ..., baseline_ms: _Optional[float] = ..., best_ms: _Optional[float] = ..., speedup: _Optional[float] = ..., pruned: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[str] = ..., input_shapes: _Optional[str] = ..., hardware: _Optional[str] = ..., total_steps: _Optional[int] = ..., runs: _Optional[int] = ..., compile_costs: _Optional[_Mapping[str, float]] = ..., reopened: _Optional[int] = ...) -> None: ...
 
 class GetGraphRequest(_message.Message):
     __slots__ = ("key",)
