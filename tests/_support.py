@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -23,10 +23,29 @@ def wait_for(cond: Callable[[], T], timeout: float = 10.0, interval: float = 0.0
 
 
 def wait_until(
-    cond: Callable[[], T], timeout: float = 30.0, what: str = "condition", interval: float = 0.1
+    cond: Callable[[], T],
+    timeout: float = 30.0,
+    what: str = "condition",
+    interval: float = 0.1,
+    describe: Callable[[], str] | None = None,
 ) -> T:
-    """Like :func:`wait_for`, but fail the test with ``what`` in the message on timeout."""
+    """Like :func:`wait_for`, but fail the test on timeout, saying ``what`` was awaited and
+    (``describe``) the state that was found instead."""
     value = wait_for(cond, timeout, interval)
     if not value:
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        found = f"\n{describe()}" if describe is not None else ""
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{found}")
     return value
+
+
+def scheduler_jobs(kv: Any) -> str:
+    """Every scheduler job record in ``kv``, a line each (for timeout messages)."""
+    return "\n".join(
+        f"{r['id']} {r['state']} step={r['step']} devices={r['devices']} {r['history']}"
+        for _, r in kv.get_prefix_json("/microco/scheduler/jobs/")
+    )
+
+
+def wait_for_jobs(cond: Callable[[], T], kv: Any, timeout: float = 30.0, what: str = "condition") -> T:
+    """:func:`wait_until` that shows the scheduler's job records when it times out."""
+    return wait_until(cond, timeout, what, describe=lambda: scheduler_jobs(kv))

@@ -573,12 +573,7 @@ class SchedulerCore:
     def _placement(self, devices: list[str]) -> list[tuple[str, list[str]]]:
         """The devices grouped by node, rank 0's node (the one with most of them) first. More
         than one node only when spreading is allowed."""
-        owners: dict[str, str] = {}
-        for name, node in self._nodes.items():
-            for d in node.get("devices", []):
-                owners[d["id"]] = name
-        if not devices or any(d not in owners for d in devices):
-            raise FailedPrecondition(f"devices {devices} are not all on live nodes")
+        owners = self._owners(devices)
         groups: dict[str, list[str]] = {}
         for d in devices:
             groups.setdefault(owners[d], []).append(d)
@@ -588,13 +583,18 @@ class SchedulerCore:
             )
         return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
 
-    def _node_of(self, devices: list[str]) -> str:
+    def _owners(self, devices: list[str]) -> dict[str, str]:
+        """Device id -> node over every live node; refuses `devices` unless all are on live nodes."""
         owners: dict[str, str] = {}
         for name, node in self._nodes.items():
             for d in node.get("devices", []):
                 owners[d["id"]] = name
         if not devices or any(d not in owners for d in devices):
             raise FailedPrecondition(f"devices {devices} are not all on live nodes")
+        return owners
+
+    def _node_of(self, devices: list[str]) -> str:
+        owners = self._owners(devices)
         nodes = {owners[d] for d in devices}
         if len(nodes) != 1:
             raise FailedPrecondition(f"devices {devices} span nodes {sorted(nodes)}; a job runs on one node")

@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from _support import wait_until
 
 from microco.clients.common import channel_for
 from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
@@ -32,14 +33,7 @@ def job_cmd(steps, fail_at=-1):
     ]
 
 
-def wait_for(fn, timeout=30, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
+wait_for = wait_until
 
 
 def test_job_data_is_collected(agents, etcd_endpoint, etcd_kv, tmp_path):

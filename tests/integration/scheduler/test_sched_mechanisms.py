@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sys
-import time
 
 import pytest
+from _support import wait_for_jobs
 
 from microco.clients.common import channel_for
 from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
@@ -29,20 +29,7 @@ def job_cmd(compute_ms=3.0, io_ms=2.0):
     ]
 
 
-def wait_for(fn, kv, timeout=30, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            recs = kv.get_prefix_json("/microco/scheduler/jobs/")
-            raise TimeoutError(
-                what
-                + "\n"
-                + "\n".join(f"{r['id']} {r['state']} {r['devices']} {r['history']}" for _, r in recs)
-            )
-        time.sleep(0.1)
+wait_for = wait_for_jobs
 
 
 @pytest.fixture

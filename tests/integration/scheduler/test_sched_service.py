@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from _support import wait_for_jobs
 
 from microco.clients.common import channel_for
 from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
@@ -67,20 +68,7 @@ def _remember_kv(etcd_kv):
 
 
 def wait_for(fn, timeout=30, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            recs = _KV["kv"].get_prefix_json("/microco/scheduler/jobs/")
-            state = "\n".join(
-                f"{r['id']} {r['state']} step={r['step']} ms={r['minibatch_ms']:.1f} "
-                f"alone={r['minibatch_ms_alone']:.1f} {r['history']}"
-                for _, r in recs
-            )
-            raise TimeoutError(f"{what}; jobs:\n{state}")
-        time.sleep(0.1)
+    return wait_for_jobs(fn, _KV["kv"], timeout, what)
 
 
 def jobs(c, ids):

@@ -9,9 +9,9 @@ import json
 import os
 import signal
 import sys
-import time
 
 import pytest
+from _support import wait_for_jobs as wait_for
 
 from microco.clients.common import channel_for
 from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
@@ -28,22 +28,6 @@ def need(module: str) -> None:
 
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not installed")
-
-
-def wait_for(fn, kv, timeout=60, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            recs = kv.get_prefix_json("/microco/scheduler/jobs/")
-            raise TimeoutError(
-                what
-                + "\n"
-                + "\n".join(f"{r['id']} {r['state']} {r['devices']} {r['history']}" for _, r in recs)
-            )
-        time.sleep(0.1)
 
 
 def test_spread_job_is_consolidated_and_continues(agents, etcd_endpoint, etcd_kv, tmp_path):

@@ -5,13 +5,14 @@ shown under the full scheduler in ``test_sched_keras.py``."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import sys
-import time
 
 import pytest
+from _support import wait_until
 
 from microco.services.agent import ProcessManager, discover_devices
 
@@ -30,15 +31,7 @@ pytestmark = pytest.mark.integration
 SYN = [sys.executable, "-m", "microco.examples.synthetic_job"]
 
 
-def wait(pred, timeout=30, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.02)
+wait = functools.partial(wait_until, interval=0.02)
 
 
 def gone(pid: int) -> bool:
