@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-import microco
 from fastapi import Depends, FastAPI, Query, Request, status
 from fastapi import Path as PathParam
 from fastapi.encoders import jsonable_encoder
@@ -23,9 +22,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import microco
 from microco.services.common.errors import MicrocoError, PermissionDenied, Unauthenticated
 from microco.services.common.kv import KV
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import _views as views
 from ._config import ConsoleConfig

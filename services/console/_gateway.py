@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+
 from microco.clients.common import call_with_retry, dial
 from microco.services.common.errors import Unavailable, Unimplemented
 from microco.services.common.hotstate import connect_redis

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import grpc
+
 from microco.services.common.errors import InvalidArgument, MicrocoError, from_rpc_error
 
 from ._gateway import SYSTEMS, Gateway
