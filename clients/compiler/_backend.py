@@ -23,13 +23,13 @@ from torch import fx
 
 from microco.services.compiler._types import STAGE_COMPILE, STAGE_FINE, GraphSpec, Variable
 
-from ._session import ExplorationSession, Explorer
+from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch import hardware_id, thread_choices
 
 log = logging.getLogger(__name__)
 
 
-class MicrocoBackend:
+class MicrocoBackend(SessionBacked):
     """A dynamo backend object: ``torch.compile(model, backend=MicrocoBackend(explorer))``.
 
     The first graph dynamo captures is explored; further graphs (graph breaks) run eagerly.
@@ -57,18 +57,6 @@ class MicrocoBackend:
         self._primary_code: str | None = None
         self._last_start: float | None = None
         self._failed = ""
-
-    @property
-    def config(self) -> dict[str, str]:
-        return self.session.values
-
-    @property
-    def committed(self) -> bool:
-        return self.session.committed
-
-    @property
-    def explore_steps(self) -> int:
-        return self.session.explore_steps
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         # Dynamo may recompile the same frame (guards fail after the first optimizer step, for

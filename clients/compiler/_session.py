@@ -191,3 +191,23 @@ class ExplorationSession:
             return None
         self.current = nxt
         return nxt
+
+
+class SessionBacked:
+    """What every Astra wrapper (PyTorch module, ``torch.compile`` backend, TF step) reports
+    about its exploration; the wrapper holds its ``ExplorationSession`` as ``self.session``."""
+
+    session: ExplorationSession
+
+    @property
+    def config(self) -> dict[str, str]:
+        """The configuration in force."""
+        return dict(self.session.values)
+
+    @property
+    def committed(self) -> bool:
+        return self.session.committed
+
+    @property
+    def explore_steps(self) -> int:
+        return self.session.explore_steps

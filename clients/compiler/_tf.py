@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from microco.services.compiler._types import STAGE_COMPILE, STAGE_STRUCTURE, GraphSpec, Variable
 
-from ._session import ExplorationSession, Explorer
+from ._session import ExplorationSession, Explorer, SessionBacked
 
 
 def _project(kernels: dict[str, Any], x: tf.Tensor, batch: bool) -> dict[str, tf.Tensor]:
@@ -96,7 +96,7 @@ def tf_hardware_id() -> str:
     return f"{platform.machine()}|cores={os.cpu_count()}|{'gpu' if gpus else 'cpu'}|tf={tf.__version__}"
 
 
-class AstraTF:
+class AstraTF(SessionBacked):
     """One TensorFlow training step, run under the configuration the explorer picks::
 
         astra = AstraTF(model, tf.keras.optimizers.SGD(0.05), loss_fn, explorer=RemoteExplorer(target))
@@ -131,18 +131,6 @@ class AstraTF:
         self._variants: dict[tuple[bool, bool, bool, bool], Callable[..., Any]] = {}
         if hasattr(optimizer, "build"):
             optimizer.build(model.trainable_variables)
-
-    @property
-    def config(self) -> dict[str, str]:
-        return self.session.values
-
-    @property
-    def committed(self) -> bool:
-        return self.session.committed
-
-    @property
-    def explore_steps(self) -> int:
-        return self.session.explore_steps
 
     # Compile priors (ms) before anything is measured. XLA of the whole step compiles the unrolled
     # sequence: measured 11 to 170 s for 16 time steps on the loaded 2-core machine, so ~1.5 s
@@ -226,7 +214,10 @@ class AstraTF:
             fn = self.variant(False, False, True)
         else:
             fn = self.variant(
-                v.get("hoist") == "on", v.get("batch") == "on", v.get("xla") == "on", v.get("xla_cell") == "on"
+                v.get("hoist") == "on",
+                v.get("batch") == "on",
+                v.get("xla") == "on",
+                v.get("xla_cell") == "on",
             )
         t0 = time.perf_counter()
         failed = ""

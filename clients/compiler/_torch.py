@@ -24,7 +24,7 @@ from microco.services.compiler._types import (
 )
 
 from . import _torch_fx as tfx
-from ._session import ExplorationSession, Explorer
+from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
 
 log = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ class CellRunner:
         self.cell.forward = self
 
 
-class AstraTorch:
+class AstraTorch(SessionBacked):
     """Wraps a PyTorch model so that every training step runs under a configuration chosen
     at run time by an explorer (the compiler service, or the same core in-process).
 
@@ -246,19 +246,6 @@ class AstraTorch:
         self._whole_fresh = False
 
     # -- public
-    @property
-    def config(self) -> dict[str, str]:
-        """The configuration in force."""
-        return dict(self.session.values)
-
-    @property
-    def committed(self) -> bool:
-        return self.session.committed
-
-    @property
-    def explore_steps(self) -> int:
-        return self.session.explore_steps
-
     def spec(self) -> GraphSpec | None:
         return self.session.spec
 
@@ -413,7 +400,7 @@ class AstraTorch:
                 return plain(*args, **kwargs)
             try:
                 return compiled(*args, **kwargs)
-            except Exception as exc:  # a failing compile must never stop training
+            except Exception as exc:  # noqa: BLE001 - a failing compile must never stop training
                 self.whole_failed = f"{type(exc).__name__}: {exc}"
                 log.warning("compiled model failed, running it eagerly: %s", self.whole_failed)
                 return plain(*args, **kwargs)
