@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -49,3 +50,20 @@ def scheduler_jobs(kv: Any) -> str:
 def wait_for_jobs(cond: Callable[[], T], kv: Any, timeout: float = 30.0, what: str = "condition") -> T:
     """:func:`wait_until` that shows the scheduler's job records when it times out."""
     return wait_until(cond, timeout, what, describe=lambda: scheduler_jobs(kv))
+
+
+def synthetic_job(steps: int, compute_ms: float = 5.0, io_ms: float = 0.0, *extra: str) -> list[str]:
+    """The argv of ``examples/synthetic_job.py``: a training loop whose mini-batch is
+    ``compute_ms`` of CPU work plus ``io_ms`` waiting for input (so it leaves its device idle)."""
+    return [
+        sys.executable,
+        "-m",
+        "microco.examples.synthetic_job",
+        "--steps",
+        str(steps),
+        "--compute-ms",
+        str(compute_ms),
+        "--io-ms",
+        str(io_ms),
+        *extra,
+    ]

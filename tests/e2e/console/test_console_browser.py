@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
 import pytest
+from _support import synthetic_job
 
 CHROMIUM = os.environ.get("MICROCO_CHROMIUM", "/usr/bin/chromium")
 
@@ -28,6 +28,7 @@ sync_api = pytest.importorskip(
 )
 
 from console_harness import Platform
+
 from microco.services.console import DEFAULT_DEV_TOKEN
 from microco.services.console._gateway import SYSTEMS
 
@@ -59,17 +60,7 @@ def page(platform: Platform):
 
 
 def job_command(steps: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "microco.examples.synthetic_job",
-        "--steps",
-        str(steps),
-        "--compute-ms",
-        "5",
-        "--io-ms",
-        "15",
-    ]
+    return synthetic_job(steps, 5, 15)
 
 
 def test_sign_in_submit_and_watch_a_job(platform: Platform, page, artifacts_dir: Path) -> None:

@@ -3,12 +3,13 @@ device timeline built from the scheduler's state history and the placements the 
 
 from __future__ import annotations
 
-import sys
 import time
 
 import httpx
 import pytest
+from _support import synthetic_job
 from console_harness import VIEW_TOKEN, Platform
+
 from microco.services.console import DEFAULT_DEV_TOKEN
 from microco.services.console._gateway import SYSTEMS
 
@@ -25,17 +26,7 @@ VIEWER = {"Authorization": f"Bearer {VIEW_TOKEN}"}
 
 
 def job_command(steps: int, compute_ms: float = 5, io_ms: float = 10) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "microco.examples.synthetic_job",
-        "--steps",
-        str(steps),
-        "--compute-ms",
-        str(compute_ms),
-        "--io-ms",
-        str(io_ms),
-    ]
+    return synthetic_job(steps, compute_ms, io_ms)
 
 
 def wait_state(platform: Platform, job_id: str, states: set[str], timeout: float = 60.0) -> dict:

@@ -4,11 +4,10 @@ jobs the scheduler does not know is collected, a running job's checkpoint is nev
 
 from __future__ import annotations
 
-import sys
 import time
 
 import pytest
-from _support import wait_until
+from _support import synthetic_job, wait_until
 
 from microco.clients.common import channel_for
 from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
@@ -18,19 +17,7 @@ pytestmark = pytest.mark.integration
 
 
 def job_cmd(steps, fail_at=-1):
-    return [
-        sys.executable,
-        "-m",
-        "microco.examples.synthetic_job",
-        "--steps",
-        str(steps),
-        "--compute-ms",
-        "1",
-        "--io-ms",
-        "4",
-        "--fail-at",
-        str(fail_at),
-    ]
+    return synthetic_job(steps, 1, 4, "--fail-at", str(fail_at))
 
 
 wait_for = wait_until

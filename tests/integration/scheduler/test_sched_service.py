@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 
 import pytest
-from _support import wait_for_jobs
+from _support import synthetic_job, wait_for_jobs
 
 from microco.clients.common import channel_for
 from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
@@ -19,17 +18,7 @@ pytestmark = pytest.mark.integration
 
 
 def job_cmd(steps=100000, compute_ms=10.0, io_ms=0.0):
-    return [
-        sys.executable,
-        "-m",
-        "microco.examples.synthetic_job",
-        "--steps",
-        str(steps),
-        "--compute-ms",
-        str(compute_ms),
-        "--io-ms",
-        str(io_ms),
-    ]
+    return synthetic_job(steps, compute_ms, io_ms)
 
 
 @pytest.fixture
