@@ -84,6 +84,8 @@ def summary(state: Any) -> dict[str, Any]:
         "best_ms": round(best.step_ms, 3) if best and best.done else None,
         "speedup": round(state.speedup, 3),
         "runs": state.runs,
+        "wait_steps": state.wait_steps,
+        "deferred": len(state.deferred),
         "compile_costs_s": {k: round(v / 1e3, 3) for k, v in state.compile_costs.items()},
         "config": state.best_values,
     }
@@ -141,9 +143,21 @@ def cmd_show(args: argparse.Namespace) -> int:
         changed = {k: v for k, v in t.values.items() if base.get(k) != v} or "baseline"
         ms = "failed" if t.failed else ("running" if not t.done else f"{t.step_ms:8.2f} ms")
         comp = f"  compile {t.compile_ms / 1e3:.1f} s" if t.compile_ms > 50 else ""
+        if t.background_ms > 0:
+            comp += f" (+{t.background_ms / 1e3:.1f} s slowdown beside its background compile)"
         print(f"  #{t.trial:<3} stage {t.stage:<2} {t.kind:<9} {ms}{comp}  {changed}")
     for p in state.pruned:
         print(f"  pruned: {p}")
+    if state.wait_steps or state.deferred:
+        print(
+            f"  waited {state.wait_steps} steps ({state.wait_ms / 1e3:.1f} s) under the best while compiles ran "
+            f"in the background; {len(state.deferred)} trial(s) waiting now"
+        )
+    for r in state.retime_log:
+        print(
+            f"  re-timed interleaved: #{r['best']} {_ms(r['best_ms'])} ms vs #{r['runner_up']} "
+            f"{_ms(r['runner_up_ms'])} ms -> #{r['winner']}"
+        )
     print("committed:" if state.committed else "best so far:")
     for k, v in sorted(state.best_values.items()):
         print(f"  {k} = {v}")

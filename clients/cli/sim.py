@@ -35,8 +35,9 @@ def _parse_opt(text: str) -> tuple[str, Any]:
         return key.strip(), raw
 
 
-def _parse_costs(text: str):
-    from dataclasses import fields, replace
+def _parse_costs(text: str) -> dict[str, float]:
+    """``kind=seconds,...`` -> {CostModel field: seconds}; applied over the base profile."""
+    from dataclasses import fields
 
     from microco.services.scheduler.sim import CostModel
 
@@ -53,7 +54,25 @@ def _parse_costs(text: str):
             raise argparse.ArgumentTypeError(f"--costs {key} wants seconds, got {val!r}") from None
         if kw[names[key]] < 0:
             raise argparse.ArgumentTypeError(f"--costs {key} must not be negative")
-    return replace(CostModel(), **kw)
+    return kw
+
+
+def resolve_costs(args: argparse.Namespace):
+    """The CostModel a run uses: the measured profile from ``--costs-from`` if given, else
+    session 1's hand-set profile (``COST_PROFILES["session1"]``), with ``--costs`` applied
+    on top. Raises SystemExit with a clear message for an unusable file."""
+    from dataclasses import replace
+
+    from microco.services.scheduler.sim import COST_PROFILES, CostModel
+
+    if getattr(args, "costs_from", None):
+        try:
+            base = CostModel.from_scheduler_bench(args.costs_from)
+        except ValueError as exc:
+            raise SystemExit(f"microco sim: --costs-from {exc}") from None
+    else:
+        base = COST_PROFILES["session1"]
+    return replace(base, **(args.costs or {}))
 
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:
@@ -98,9 +117,19 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
         type=_parse_costs,
         default=None,
         metavar="KIND=S,...",
-        help="seconds without progress per mechanism action, e.g. suspend=0.03,resume=0.015,migrate=16 "
-        "(kinds: start, suspend, resume, migrate, resize; defaults 5, 1, 5, 10, 5)",
+        help="seconds without progress per mechanism action, over the base profile, e.g. "
+        "suspend=0.5,resume=0.5 (kinds: start, suspend, resume, migrate, resize; session1 profile: "
+        "5, 1, 5, 10, 5)",
     )
+    p.add_argument(
+        "--costs-from",
+        default=None,
+        metavar="FILE",
+        help="take the mechanism costs from the live scheduler's benchmark JSON "
+        "(`microco bench scheduler --json > FILE`): start = migration.migrate_restart_ms, suspend = "
+        "suspend_ms, resume = resume_ms, migrate = migrate_ms, resize = resume_ms",
+    )
+
     p.add_argument(
         "--opt",
         action="append",
@@ -216,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
             gpus=args.gpus or 8,
             per_node=args.gpus_per_node,
             perf=perf,
-            costs=args.costs,
+            costs=resolve_costs(args),
             **hp_options(args),
         )
         out = res.to_dict()
@@ -231,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
             print("microco sim: --gpus must be >= 1", file=sys.stderr)
             return 2
         cluster = ClusterSpec.for_gpus(gpus, args.gpus_per_node, models)
-        res = simulate(policy, jobs, cluster, perf=perf, costs=args.costs, tick_s=args.tick)
+        res = simulate(policy, jobs, cluster, perf=perf, costs=resolve_costs(args), tick_s=args.tick)
         out = res.to_dict()
         out["trace"] = str(path)
     if args.json:

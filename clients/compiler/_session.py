@@ -7,7 +7,7 @@ import logging
 import math
 from typing import Protocol
 
-from microco.services.compiler._types import Config, GraphSpec, TrialReport
+from microco.services.compiler._types import HOLD_TRIAL, Config, GraphSpec, TrialReport
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +19,18 @@ class Explorer(Protocol):
     def register(self, spec: GraphSpec) -> Config: ...
 
     def report(self, key: str, report: TrialReport) -> Config: ...
+
+
+class Warmer(Protocol):
+    """Compiles a configuration off the critical path (``_background.BackgroundCompiler``)."""
+
+    def ready(self, values: dict[str, str]) -> bool: ...
+
+    def start(self, values: dict[str, str]) -> None: ...
+
+    def busy(self) -> bool: ...
+
+    def cancel(self) -> None: ...
 
 
 def compiled_choices(spec: GraphSpec, values: dict[str, str]) -> list[str]:
@@ -51,8 +63,15 @@ class ExplorationSession:
     # the best step (0.5 to 4.7 s a step).
     abort_factor = 4.0
 
-    def __init__(self, explorer: Explorer | None, retry_every: int = 50) -> None:
+    def __init__(
+        self, explorer: Explorer | None, retry_every: int = 50, warmer: Warmer | None = None
+    ) -> None:
         self.explorer = explorer
+        # Compiles a trial's configuration in the background before the trial runs: the trial is
+        # reported pending (the explorer defers it and answers a hold: the best configuration)
+        # and runs once its compile is done, as a warm load. None: compiles happen in line.
+        self.warmer = warmer
+        self.wait_steps = 0  # steps run under a hold while trials waited for background compiles
         self.retry_every = retry_every
         self.best_ms = math.inf  # fastest measured step of any finished trial this session ran
         self.spec: GraphSpec | None = None
@@ -80,7 +99,7 @@ class ExplorationSession:
 
     def register(self, spec: GraphSpec) -> Config:
         self.spec = spec
-        cfg = self._call_register()
+        cfg = self._accept(self._call_register())
         self.current = cfg if cfg is not None else baseline(spec)
         self._reset_trial()
         self._warm_report = cfg is not None and cfg.committed and bool(compiled_choices(spec, cfg.values))
@@ -96,6 +115,48 @@ class ExplorationSession:
             return None
         self.lost = False
         return cfg
+
+    def _accept(self, cfg: Config | None) -> Config | None:
+        """A configuration from the explorer, before it runs: a trial whose compile is not done
+        is handed to the background compiler and reported pending (the explorer defers it and
+        answers what to run instead: another trial, or a hold on the best configuration)."""
+        for _ in range(64):  # each deferral moves the explorer on; this only bounds a bad peer
+            if cfg is None or self.warmer is None or self.explorer is None:
+                return cfg
+            if cfg.committed:
+                self.warmer.cancel()  # nothing left to compile for
+                return cfg
+            if cfg.hold or cfg.trial < 0 or self.warmer.ready(cfg.values):
+                return cfg
+            self.warmer.start(cfg.values)
+            try:
+                cfg = self.explorer.report(cfg.key, TrialReport(cfg.trial, [], pending=True))
+            except Exception as exc:  # noqa: BLE001 - training goes on under the trial's configuration
+                self._lose(exc)
+                return cfg
+        return cfg
+
+    def _record_hold(self, cur: Config, step_ms: float) -> Config | None:
+        """A step under a hold: counted as waiting, reported every ``cur.steps`` steps or as soon
+        as the background compiles are done."""
+        self.wait_steps += 1
+        if not math.isnan(step_ms):
+            self._times.append(step_ms)
+        busy = self.warmer.busy() if self.warmer is not None else False
+        if busy and len(self._times) < cur.steps:
+            return None
+        rep = TrialReport(trial=HOLD_TRIAL, step_ms=list(self._times), pending=busy)
+        self._reset_trial()
+        assert self.explorer is not None
+        try:
+            nxt = self._accept(self.explorer.report(cur.key, rep))
+        except Exception as exc:  # noqa: BLE001 - training goes on under the best configuration
+            self._lose(exc)
+            return None
+        if nxt is None:
+            return None
+        self.current = nxt
+        return nxt
 
     def _lose(self, exc: Exception) -> None:
         if not self.lost:
@@ -146,7 +207,7 @@ class ExplorationSession:
             self._since_lost += 1
             if self._since_lost < self.retry_every:
                 return None
-            cfg = self._call_register()
+            cfg = self._accept(self._call_register())
             if cfg is None:
                 self._since_lost = 0
                 return None
@@ -155,6 +216,8 @@ class ExplorationSession:
             return cfg
         if cur.committed and self._warm_report:
             return self._report_warm(cur, step_ms, failed)
+        if cur.hold:
+            return self._record_hold(cur, step_ms)
         if cur.committed or cur.steps <= 0:
             return None
         self.explore_steps += 1
@@ -185,9 +248,11 @@ class ExplorationSession:
         self.trials_run += 1
         assert self.explorer is not None
         try:
-            nxt = self.explorer.report(cur.key, report)
+            nxt = self._accept(self.explorer.report(cur.key, report))
         except Exception as exc:  # noqa: BLE001 - whatever the failure, training must go on
             self._lose(exc)
+            return None
+        if nxt is None:
             return None
         self.current = nxt
         return nxt

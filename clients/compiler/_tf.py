@@ -12,13 +12,14 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import tensorflow as tf
 
-from microco.services.compiler._types import STAGE_COMPILE, STAGE_STRUCTURE, GraphSpec, Variable
+from microco.services.compiler._types import STAGE_STRUCTURE, GraphSpec, Variable
 
 from ._session import ExplorationSession, Explorer, SessionBacked
+from ._tf_cost import XlaCostModel, default_cost_file, step_hlo_instructions, unrolled_hlo_instructions
 
 
 def _project(kernels: dict[str, Any], x: tf.Tensor, batch: bool) -> dict[str, tf.Tensor]:
@@ -63,8 +64,17 @@ def _xla_cell_step(cell: Any, batch: bool) -> Callable[..., Any]:
     return cache[batch]
 
 
-def run_model(model: Any, x: tf.Tensor, hoist: bool, batch: bool, xla_cell: bool = False) -> tf.Tensor:
-    """Forward pass of a zoo ``RecurrentClassifier`` over time-major ``x`` under the given choices."""
+def run_model(
+    model: Any, x: tf.Tensor, hoist: bool, batch: bool, xla_cell: bool = False, loop: bool = False
+) -> tf.Tensor:
+    """Forward pass of a zoo ``RecurrentClassifier`` over time-major ``x`` under the given choices.
+
+    ``loop``: the time loop is one ``tf.while_loop`` (its body traced once) instead of unrolled
+    into one copy of the cell per time step. Under XLA that is a module a fraction of the size
+    (one body, compiled once) and, measured, a faster step than the unrolled one (see
+    ``AstraTF.variables``)."""
+    if loop:
+        return _run_model_loop(model, x, hoist, batch)
     seq = x
     steps = x.shape[0]
     for cell in model.cells:
@@ -88,6 +98,33 @@ def run_model(model: Any, x: tf.Tensor, hoist: bool, batch: bool, xla_cell: bool
     return model.head(seq[-1])
 
 
+def _run_model_loop(model: Any, x: tf.Tensor, hoist: bool, batch: bool) -> tf.Tensor:
+    seq = x
+    steps = int(x.shape[0])
+    for cell in model.cells:
+        state = cell.zero_state(tf.shape(seq)[1])
+        xp_all = _project(cell.x_kernels, seq, batch) if hoist else None
+        outs = tf.TensorArray(
+            seq.dtype, size=steps, element_shape=tf.TensorShape([seq.shape[1], cell.hidden])
+        )
+
+        def body(t, state, outs, cell=cell, seq=seq, xp_all=xp_all):
+            x_t = seq[t]
+            xp = (
+                {k: v[t] for k, v in xp_all.items()}
+                if xp_all is not None
+                else _project(cell.x_kernels, x_t, batch)
+            )
+            h, state = _cell_step(cell, xp, state, x_t, batch)
+            return t + 1, state, outs.write(t, h)
+
+        _, state, outs = tf.while_loop(
+            lambda t, *_: t < steps, body, (tf.constant(0), state, outs), maximum_iterations=steps
+        )
+        seq = outs.stack()
+    return model.head(seq[-1])
+
+
 def tf_hardware_id() -> str:
     import os
     import platform
@@ -105,6 +142,9 @@ class AstraTF(SessionBacked):
 
     ``model`` is a zoo-style recurrent model whose cells state their products (``x_kernels``,
     ``h_kernels``) and element-wise remainder (``combine``).
+
+    ``cost_model`` prices XLA compiles (HLO instructions x measured ms per instruction, see
+    :mod:`._tf_cost`); by default the per-hardware rate file ``default_cost_file()``.
     """
 
     def __init__(
@@ -118,6 +158,7 @@ class AstraTF(SessionBacked):
         total_steps: int = 1000,
         xla: bool = True,
         retry_every: int = 50,
+        cost_model: XlaCostModel | None = None,
     ) -> None:
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.name = name or type(model).__name__
@@ -128,57 +169,80 @@ class AstraTF(SessionBacked):
 
             explorer = LocalExplorer()
         self.session = ExplorationSession(explorer, retry_every=retry_every)
-        self._variants: dict[tuple[bool, bool, bool, bool], Callable[..., Any]] = {}
+        self._variants: dict[tuple[bool, bool, bool, bool, bool], Callable[..., Any]] = {}
+        self.cost_model = cost_model
+        # HLO instructions of each XLA choice's module ("loop", "unrolled"), counted at
+        # registration; what a measured compile of that choice is divided by to get a rate.
+        self.hlo_instructions: dict[str, int] = {}
+        self._first_call: dict[int, tuple[str, float]] = {}  # id(variant) -> (size kind, first ms)
+        self._called: set[int] = set()
         if hasattr(optimizer, "build"):
             optimizer.build(model.trainable_variables)
 
-    # Compile priors (ms) before anything is measured. XLA of the whole step compiles the unrolled
-    # sequence: measured 11 to 170 s for 16 time steps on the loaded 2-core machine, so ~1.5 s
-    # per cell call is the optimistic end; one cell region compiled alone took ~3.5 s.
-    XLA_PRIOR_MS_PER_CALL = 1500.0
-    XLA_CELL_PRIOR_MS = 3500.0
+    # The XLA choices, each its own variable so that each is priced by the size of its own module,
+    # and in its own stage (the core plans one stage at a time from the best so far, so exactly
+    # one XLA choice is tried per trial; when several are on in a configuration, the one of the
+    # latest stage is the one that runs: see ``_mode``). Cheapest compile first: the while-loop
+    # step before the structure, so that hoisting and batching are then judged under the loop
+    # (where they pay) and priced against its step time (see ``variables``).
+    STAGES: ClassVar[dict[str, int]] = {"xla_loop": 0, "structure": 1, "xla_cell": 2, "xla": 3}
 
-    def variables(self, cell_calls: int = 1) -> list[Variable]:
+    def variables(self, hlo_instructions: dict[str, int] | None = None) -> list[Variable]:
+        """The TF variable space. ``hlo_instructions``: HLO size of the plain-structure module of
+        each XLA choice (``"loop"``, ``"unrolled"``), priced by the cost model."""
+        if not self.xla:
+            return [
+                Variable("hoist", ("off", "on"), "", STAGE_STRUCTURE),
+                Variable("batch", ("off", "on"), "", STAGE_STRUCTURE),
+            ]
+        sizes = hlo_instructions or {}
+        cost = self.cost_model or XlaCostModel(tf_hardware_id(), None)
+
+        def prior(kind: str) -> float:
+            return round(cost.estimate(sizes[kind], kind), 1) if kind in sizes else 0.0
+
+        st = self.STAGES
         out = [
-            Variable("hoist", ("off", "on"), "", STAGE_STRUCTURE),
-            Variable("batch", ("off", "on"), "", STAGE_STRUCTURE),
+            # A structural choice builds a new step variant before it runs: a trace of the unrolled
+            # step and Grappler's pass over it (3-12 s measured on the loaded machine), or under
+            # `xla_loop` a new XLA compile of the loop (3-11 s). That is compile time like any
+            # other, so it is priced (at the loop module's estimate, the same order) and a variant
+            # that cannot repay it within the run is not built.
+            Variable("hoist", ("off", "on"), "", st["structure"], True, prior("loop")),
+            Variable("batch", ("off", "on"), "", st["structure"], True, prior("loop")),
         ]
-        if self.xla:
-            # XLA for the whole step, or for the per-step cell region only (the rest of the
-            # step, hoisted products included, stays in TensorFlow's own kernels). Whole-step XLA
-            # has two choices: over the structure explored so far ("on"), and over the plain step
-            # ("plain": exactly what `jit_compile=True` on the user's step does), because XLA's own
-            # fusion may beat the rewritten structure it is handed (measured: gru and sru ran
-            # faster as plain XLA than as microco's hoisted step). Both are priced like every
-            # compile (measured costs, else the prior) and tried whenever they can pay back.
-            whole = self.XLA_PRIOR_MS_PER_CALL * max(1, cell_calls)
-            out.append(
-                Variable(
-                    "xla", ("off", "on", "plain"), "", STAGE_COMPILE, compiles=True, compile_prior_ms=whole
-                )
-            )
-            out.append(
-                Variable(
-                    "xla_cell",
-                    ("off", "on"),
-                    "",
-                    STAGE_COMPILE,
-                    compiles=True,
-                    compile_prior_ms=self.XLA_CELL_PRIOR_MS,
-                )
-            )
+        # `xla_loop`: the whole step under XLA with the time loop as one while loop (one cell
+        # body to compile, not one per time step), over the structure in force. Explored first:
+        # measured (sequence 16, load 1.4-6), the plain loop under XLA beat `tf.function` on all
+        # five cells (2.5-7.6 ms against 4.7-17.4) and compiled in 2-8 s against 4-118 s for the
+        # unrolled step; hoisted and batched, it was faster still on four of five (1.9-6.0 ms).
+        # The structure stage then judges hoisting and batching under it, where they pay.
+        out.append(Variable("xla_loop", ("off", "on"), "", st["xla_loop"], True, prior("loop")))
+        # `xla_cell`: only the per-step cell region (recurrent products and gate arithmetic)
+        # as its own XLA cluster, the rest of the step in TensorFlow's kernels. Its module is
+        # about a loop body, forward and gradient: priced at the loop module's size.
+        out.append(Variable("xla_cell", ("off", "on"), "", st["xla_cell"], True, prior("loop")))
+        # `xla`: the whole unrolled step under XLA, over the structure explored so far ("on")
+        # or over the plain step ("plain": exactly what `jit_compile=True` on the user's step
+        # does; XLA's own fusion may beat the rewritten structure it is handed).
+        out.append(Variable("xla", ("off", "on", "plain"), "", st["xla"], True, prior("unrolled")))
         return out
 
-    def variant(self, hoist: bool, batch: bool, xla: bool, xla_cell: bool = False) -> Callable[..., Any]:
+    def variant(
+        self, hoist: bool, batch: bool, xla: bool, xla_cell: bool = False, loop: bool = False
+    ) -> Callable[..., Any]:
+        """The traced training step for one set of choices (cached). ``xla``: the whole step under
+        XLA; with ``loop`` its time loop is a while loop; ``xla_cell``: the cell region only."""
         xla_cell = xla_cell and not xla  # inside a whole-step XLA cluster it is the same thing
-        key = (hoist, batch, xla, xla_cell)
+        loop = loop and not xla_cell
+        key = (hoist, batch, xla, xla_cell, loop)
         if key not in self._variants:
             model, opt, loss_fn = self.model, self.optimizer, self.loss_fn
 
             @tf.function(jit_compile=xla)
             def train_step(x, y):
                 with tf.GradientTape() as tape:
-                    loss = loss_fn(run_model(model, x, hoist, batch, xla_cell), y)
+                    loss = loss_fn(run_model(model, x, hoist, batch, xla_cell, loop), y)
                 variables = model.trainable_variables
                 grads = tape.gradient(loss, variables)
                 opt.apply_gradients(zip(grads, variables))
@@ -187,17 +251,43 @@ class AstraTF(SessionBacked):
             self._variants[key] = train_step
         return self._variants[key]
 
+    def _mode(self, v: dict[str, str]) -> tuple[Callable[..., Any], str]:
+        """The variant a configuration runs, and the size kind its compile is priced by ("" when
+        it compiles nothing). The XLA choice of the latest stage that is on wins."""
+        hoist, batch = v.get("hoist") == "on", v.get("batch") == "on"
+        if v.get("xla") == "plain":  # XLA over the plain step: the structure's choices do not apply
+            return self.variant(False, False, True), "unrolled"
+        if v.get("xla") == "on":
+            return self.variant(hoist, batch, True), "unrolled"
+        if v.get("xla_cell") == "on":
+            return self.variant(hoist, batch, False, xla_cell=True), "loop"
+        if v.get("xla_loop") == "on":
+            return self.variant(hoist, batch, True, loop=True), "loop"
+        return self.variant(hoist, batch, False), ""
+
     def _register(self, x: tf.Tensor, y: tf.Tensor) -> None:
-        # The step unrolls one cell call per time step and layer.
-        variables = self.variables(int(x.shape[0] or 1) * len(self.model.cells))
+        hardware = tf_hardware_id()
+        if self.xla:
+            if self.cost_model is None:
+                self.cost_model = XlaCostModel(hardware, default_cost_file())
+            # The size of what XLA would compile, for each XLA choice over the plain structure:
+            # traced and lowered to HLO, not compiled (the loop's trace stays with its variant;
+            # the unrolled size is extrapolated from one- and two-step traces).
+            self.hlo_instructions = {
+                "loop": step_hlo_instructions(self.variant(False, False, True, loop=True), x, y),
+                "unrolled": unrolled_hlo_instructions(self.variant(False, False, True), x, y),
+            }
+        variables = self.variables(self.hlo_instructions)
         shapes = ";".join(f"{tuple(v.shape)}" for v in self.model.trainable_variables)
         cells = ",".join(type(c).__name__ for c in self.model.cells)
-        space = [v.to_dict() for v in variables]
+        # The space without its priors: a prior moves with the measured rate, and the key (which
+        # finds the committed configuration of an earlier run) must not move with it.
+        space = [{k: d for k, d in v.to_dict().items() if k != "compile_prior_ms"} for v in variables]
         fp = hashlib.sha256(f"{type(self.model).__name__}|{cells}|{shapes}|{space}".encode()).hexdigest()[:24]
         spec = GraphSpec(
             fingerprint=fp,
             input_shapes=f"{tuple(x.shape)}:{x.dtype.name};{tuple(y.shape)}:{y.dtype.name}",
-            hardware=tf_hardware_id(),
+            hardware=hardware,
             variables=tuple(variables),
             model_name=self.name,
             framework="tensorflow",
@@ -205,20 +295,25 @@ class AstraTF(SessionBacked):
         )
         self.session.register(spec)
 
+    def _observe_compile(self, fn: Callable[..., Any], kind: str, ms: float) -> None:
+        """A variant's first call compiles (and traces); its second is a plain step: their
+        difference is one measured compile, a sample of this hardware's ms per instruction."""
+        fid = id(fn)
+        if fid not in self._called:
+            self._called.add(fid)
+            if kind and self.cost_model is not None and kind in self.hlo_instructions:
+                self._first_call[fid] = (kind, ms)
+            return
+        pending = self._first_call.pop(fid, None)
+        if pending is not None and self.cost_model is not None:
+            k, first = pending
+            self.cost_model.observe(self.hlo_instructions[k], first - ms, k)
+
     def step(self, x: tf.Tensor, y: tf.Tensor) -> float:
         """One training step (forward, backward, optimizer update); returns the loss."""
         if self.session.spec is None:
             self._register(x, y)
-        v = self.session.values
-        if v.get("xla") == "plain":  # XLA over the plain step: the structure's choices do not apply
-            fn = self.variant(False, False, True)
-        else:
-            fn = self.variant(
-                v.get("hoist") == "on",
-                v.get("batch") == "on",
-                v.get("xla") == "on",
-                v.get("xla_cell") == "on",
-            )
+        fn, kind = self._mode(self.session.values)
         t0 = time.perf_counter()
         failed = ""
         try:
@@ -229,5 +324,7 @@ class AstraTF(SessionBacked):
             failed = f"{type(exc).__name__}: {exc}"
             loss = float(self.variant(False, False, False)(x, y).numpy())
         ms = (time.perf_counter() - t0) * 1e3
+        if not failed:
+            self._observe_compile(fn, kind, ms)
         self.session.record(ms, {}, failed)
         return loss

@@ -5,6 +5,7 @@ time it (per region, with barriers where execution is asynchronous)."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import platform
@@ -24,6 +25,7 @@ from microco.services.compiler._types import (
 )
 
 from . import _torch_fx as tfx
+from ._background import BackgroundCompiler
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
 
@@ -214,6 +216,7 @@ class AstraTorch(SessionBacked):
         compile_choices: tuple[str, ...] | None = None,
         threads: tuple[str, ...] | None = None,
         retry_every: int = 50,
+        background: bool = True,
     ) -> None:
         self.model = model
         self.name = name or type(model).__name__
@@ -230,7 +233,16 @@ class AstraTorch(SessionBacked):
             from microco.services.compiler import LocalExplorer
 
             explorer = LocalExplorer()
-        self.session = ExplorationSession(explorer, retry_every=retry_every)
+        # Compiles (Inductor cell regions, the whole step) run first in a background process
+        # that fills Inductor's on-disk caches while training runs the best configuration; the
+        # trial then loads them (see _background).
+        self.background = (
+            BackgroundCompiler(self._needs_compile, self._background_payload) if background else None
+        )
+        self.session = ExplorationSession(explorer, retry_every=retry_every, warmer=self.background)
+        self._snapshot: nn.Module | None = None
+        self._example_args: tuple[Any, ...] | None = None
+        self._whole_built = False
         self._probe_calls: dict[str, int] | None = None
         self._hooks: list[Any] = []
         self._input_shapes = ""
@@ -275,6 +287,8 @@ class AstraTorch(SessionBacked):
         for r in self.runners.values():
             r.restore()
         self.runners.clear()
+        if self.background is not None:
+            self.background.close()
 
     # -- per step
     def _before(self) -> None:
@@ -302,6 +316,12 @@ class AstraTorch(SessionBacked):
         # it was a warm-up, not a measurement (a structural rewrite alone costs tens of ms).
         built = self.clock.built or self._whole_fresh
         self._whole_fresh = False
+        if (
+            ok
+            and self._compiled_forward is not None
+            and self.model.__dict__.get("forward") is self._compiled_forward
+        ):
+            self._whole_built = True
         new = self.session.record(ms if ok else float("nan"), region_ms, failed, built)
         if new is not None:
             self._apply(new)
@@ -320,6 +340,13 @@ class AstraTorch(SessionBacked):
             self._input_shapes = ";".join(
                 f"{tuple(a.shape)}:{a.dtype}" for a in tfx.flatten_args(args) if isinstance(a, torch.Tensor)
             )
+            if self.background is not None:  # inputs of these shapes for the background compiles
+                self._example_args = tuple(
+                    a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args
+                )
+
+        if self.background is not None:
+            self._snapshot = self._take_snapshot()
 
         self._hooks = [m.register_forward_pre_hook(count) for n, m in self.model.named_modules() if n]
         self._hooks.append(self.model.register_forward_pre_hook(shapes))
@@ -366,7 +393,60 @@ class AstraTorch(SessionBacked):
         cfg = self.session.register(spec)
         self._apply(cfg)
 
+    # -- background compiles
+    def _take_snapshot(self) -> nn.Module | None:
+        """A copy of the plain model (before any instrumentation) for the background worker; None
+        when another process could not rebuild it (a class defined in ``__main__``)."""
+        if any(type(m).__module__ == "__main__" for m in self.model.modules()):
+            return None
+        try:
+            return copy.deepcopy(self.model)
+        except Exception as exc:  # noqa: BLE001 - compiles then stay in line
+            log.info("model cannot be copied for background compiles (%s)", exc)
+            return None
+
+    def _background_payload(self, values: dict[str, str]) -> dict[str, Any] | None:
+        if self._snapshot is None or self._example_args is None:
+            return None
+        return {
+            "model": self._snapshot,
+            "args": self._example_args,
+            "values": dict(values),
+            "threads": int(values.get("threads", torch.get_num_threads())),
+            "compile_choices": list(self.compile_choices),
+        }
+
+    @property
+    def _off_critical_path(self) -> bool:
+        """Will compiles run in the background (the model can be rebuilt in another process)?"""
+        return self.background is not None and self.background.enabled and self._snapshot is not None
+
+    def _needs_compile(self, values: dict[str, str]) -> bool:
+        """Would running ``values`` now compile anything with Inductor in this process?"""
+        if values.get("model.compile", "eager") == "inductor":
+            return not self.whole_failed and not self._whole_built
+        for runner in self.runners.values():
+            r = runner.region
+            mode = values.get(f"{r}.compile", "eager")
+            if mode not in ("inductor", "inductor-cudagraphs"):
+                continue
+            built = runner._variants.get(
+                (values.get(f"{r}.batch", "off"), values.get(f"{r}.hoist", "off"), mode)
+            )
+            if built is None or (isinstance(built[1], AotRegion) and built[1]._fw is None):
+                return True
+        return False
+
     WHOLE_COMPILE_PRIOR_MS_PER_CALL = 4000.0
+    # With background compiles, what a compile costs the critical path before any is measured:
+    # the in-process load once Inductor's caches are filled (dynamo's trace of the unrolled step
+    # is not cached across processes: measured 2.6-4.7 s for 8 cell calls and 0.7-3.5 s for 16,
+    # loaded machine), or for a cell region its AOTAutograd capture plus the cache load (measured
+    # 0.6-2.6 s with warm caches). The slowdown of the steps run beside the background compile is
+    # charged as it accrues, and the core drops a compile once that alone exceeds what it could
+    # save, so an optimistic price here risks at most the compile's best-case saving.
+    WHOLE_WARM_PRIOR_MS_PER_CALL = 300.0
+    REGION_WARM_PRIOR_MS = 1500.0
     WHOLE_COMPILE_BACKEND = "inductor"  # torch.compile's default, i.e. what torch.compile does
 
     def _set_whole_compile(self, on: bool) -> None:
@@ -418,13 +498,25 @@ class AstraTorch(SessionBacked):
                 out.append(Variable(f"{region}.hoist", ("off", "on"), region, STAGE_STRUCTURE))
             if len(self.compile_choices) > 1:
                 out.append(
-                    Variable(f"{region}.compile", self.compile_choices, region, STAGE_COMPILE, compiles=True)
+                    Variable(
+                        f"{region}.compile",
+                        self.compile_choices,
+                        region,
+                        STAGE_COMPILE,
+                        compiles=True,
+                        compile_prior_ms=self.REGION_WARM_PRIOR_MS if self._off_critical_path else 0.0,
+                    )
                 )
         if "inductor" in self.compile_choices:
             # torch.compile unrolls the time loop: its compile grows with the cell calls per step
             # (measured 4 to 18 minutes for 16 calls, cold cache, loaded machine; seconds with a
             # warm cache). The prior keeps it from being tried in runs too short to repay it.
-            prior = self.WHOLE_COMPILE_PRIOR_MS_PER_CALL * max(1, self._region_calls)
+            per_call = (
+                self.WHOLE_WARM_PRIOR_MS_PER_CALL
+                if self._off_critical_path
+                else self.WHOLE_COMPILE_PRIOR_MS_PER_CALL
+            )
+            prior = per_call * max(1, self._region_calls)
             out.append(
                 Variable(
                     "model.compile",

@@ -17,6 +17,7 @@ captured ones runs the original graph eagerly (it computes the same thing).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -102,7 +103,7 @@ class AotRegion:
             partition_fn=min_cut_rematerialization_partition,
             decompositions=select_decomp_table(),
         )
-        with torch.enable_grad():
+        with torch.enable_grad(), _cacheable() if self.compiler == "inductor" else contextlib.nullcontext():
             out = aot(*example)
             leaves, out_spec = tree_flatten(out)
             diff = [o for o in leaves if isinstance(o, torch.Tensor) and o.requires_grad]
@@ -145,6 +146,22 @@ class AotRegion:
                 raise
             return self.gm(*args)  # not the layouts it was compiled for: same result, eagerly
         return _rebuild(self._out_spec, outs)
+
+
+def _cacheable() -> Any:
+    """A tracing context whose fake mode has a shape environment, as dynamo provides one.
+
+    Inductor's FX graph cache refuses a graph compiled without a shape environment (measured
+    with torch 2.13: every compile of a region built by a bare ``aot_function`` was an
+    ``fxgraph_cache_bypass``, reason "No shape env"), so without this a region compiled again,
+    in a later run or after a background compile, paid Inductor's whole lowering each time.
+    ``aot_function`` picks the context's fake mode up (``detect_fake_mode``); shapes stay static.
+    """
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    return tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv())))
 
 
 def _structure(spec: Any, counter: list[int]) -> Any:

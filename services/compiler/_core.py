@@ -24,7 +24,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ._types import Config, GraphSpec, TrialReport, Variable
+from ._types import HOLD_TRIAL, Config, GraphSpec, TrialReport, Variable
 
 # What one compile costs before anything was measured (ms); replaced by measurements. Torch:
 # one cell region's forward and backward through Inductor's graph compiler, measured 3-16 s on
@@ -59,6 +59,21 @@ class ExplorationPolicy:
     # A change must beat the best by this fraction to replace it: on a shared, noisy machine a
     # configuration that only ties is not worth the risk (or the compile) of changing.
     min_gain: float = 0.03
+    # While every planned trial waits for a compile running in the background, the client runs
+    # the best configuration and reports every ``hold_steps`` mini-batches (or as soon as the
+    # background compiles finish): the explorer charges the slowdown of those steps to the
+    # compile, and drops it once that alone exceeds what it could ever save.
+    hold_steps: int = 10
+    # Before committing, a runner-up within this fraction of the best is re-timed against it,
+    # interleaved (``retime_rounds`` alternations of ``retime_steps`` mini-batches each, the
+    # first of each a warm-up), and the faster one of the two is committed. A trial's minimum
+    # is measured minutes apart from another's, and on a shared machine the load moves by more
+    # than the gap between close candidates; interleaving puts the same load on both.
+    # (0.2: the trial-to-trial drift of a configuration's minimum seen on the shared 2-core
+    # machine, 6-20%; chosen a priori, not fitted to the benchmark.) 0 rounds turns it off.
+    retime_margin: float = 0.2
+    retime_rounds: int = 3
+    retime_steps: int = 3
 
     @property
     def steps_per_trial(self) -> int:
@@ -78,6 +93,10 @@ class TrialRecord:
     failed: bool = False
     error: str = ""
     done: bool = False
+    planned_steps: int = 0  # mini-batches handed out (0: the policy's steps_per_trial)
+    # Slowdown (ms) of the steps that ran beside this trial's background compile: part of what
+    # the compile cost the critical path, with the warm-up step's excess (``compile_ms``).
+    background_ms: float = 0.0
 
 
 @dataclass
@@ -109,6 +128,17 @@ class Exploration:
     pruned_candidates: list[dict[str, Any]] = field(default_factory=list)
     budget_base: int = 0  # explore_steps when this run's exploration (re)started
     reopened: int = 0  # times a committed exploration was reopened for a candidate that now pays
+    # Trials waiting for their compile, running in the background on the client: planned items
+    # ({"values", "kind", "steps", "background_ms"}), run again once the client says it is done.
+    deferred: list[dict[str, Any]] = field(default_factory=list)
+    wait_steps: int = 0  # mini-batches run under the best configuration while trials waited
+    wait_ms: float = 0.0
+    wait_base: int = 0  # wait_steps when this run's exploration (re)started
+    # Interleaved re-timing of the best and the runner-up before commit: the pair in progress
+    # ({"a", "b": trial numbers, "first": first retime trial}), pairs done, and what they measured.
+    retime: dict[str, Any] | None = None
+    retimed: list[list[str]] = field(default_factory=list)
+    retime_log: list[dict[str, Any]] = field(default_factory=list)
 
     # -- derived
     @property
@@ -180,39 +210,88 @@ def next_config(state: Exploration, policy: ExplorationPolicy) -> Config:
         return Config(state.key, state.best_values, trial=-1, committed=True, steps=0)
     if state.current is not None:
         t = state.trials[state.current]
-        return Config(state.key, dict(t.values), trial=t.trial, steps=policy.steps_per_trial)
-    while not state.queue:
-        if not _advance(state, policy):
+        return Config(state.key, dict(t.values), trial=t.trial, steps=_steps(t, policy))
+    while True:
+        if state.queue:
+            if _over_budget(state, policy) and state.queue[0].get("kind") != "retime":
+                state.queue.clear()  # the run's share of exploration is spent
+                state.deferred.clear()
+                continue
+            item = state.queue.pop(0)
+            if item.get("kind") != "retime":
+                # Priced again just before it runs: a compile measured since the stage was
+                # planned (the stage's first whole-step compile, say) may show this one cannot
+                # pay back after all.
+                reason = _still_pays(state, policy, item["values"])
+                if reason:
+                    state.pruned.append(
+                        f"stage {state.stage}: {item['values']}: {reason} (re-priced before running)"
+                    )
+                    continue
+            return _run(state, policy, item)
+        if state.deferred:
+            # Every trial left waits for a background compile: train under the best meanwhile.
+            return Config(state.key, state.best_values, trial=HOLD_TRIAL, steps=policy.hold_steps, hold=True)
+        if state.retime is not None:
+            _decide_retime(state)
+            continue
+        if not _over_budget(state, policy):
+            if _advance(state, policy):
+                continue
             # Before committing: candidates pruned before any compile was measured are priced
             # again with what the compiles of this exploration cost (one trial at most each).
-            remaining = state.spec.total_steps - (state.explore_steps - state.budget_base)
-            values = _repriced_candidate(state, policy, remaining) if state.best is not None else None
-            if values is None:
-                return commit(state)
-            state.queue.append({"values": values, "kind": "explore"})
-    if _over_budget(state, policy):
+            values = _repriced_candidate(state, policy, _remaining(state)) if state.best is not None else None
+            if values is not None:
+                state.queue.append({"values": values, "kind": "explore"})
+                continue
+        if _plan_retime(state, policy):
+            continue
         return commit(state)
-    item = state.queue.pop(0)
-    # Priced again just before it runs: a compile measured since the stage was planned (the
-    # stage's first whole-step compile, say) may show this one cannot pay back after all.
-    reason = _still_pays(state, policy, item["values"])
-    if reason:
-        state.pruned.append(f"stage {state.stage}: {item['values']}: {reason} (re-priced before running)")
-        return next_config(state, policy)
-    rec = TrialRecord(trial=len(state.trials), values=item["values"], stage=state.stage, kind=item["kind"])
+
+
+def _steps(t: TrialRecord, policy: ExplorationPolicy) -> int:
+    return t.planned_steps or policy.steps_per_trial
+
+
+def _run(state: Exploration, policy: ExplorationPolicy, item: dict[str, Any]) -> Config:
+    rec = TrialRecord(
+        trial=len(state.trials),
+        values=item["values"],
+        stage=state.stage,
+        kind=item["kind"],
+        planned_steps=int(item.get("steps", 0)),
+        background_ms=float(item.get("background_ms", 0.0)),
+    )
     state.trials.append(rec)
     state.current = rec.trial
-    return Config(state.key, dict(rec.values), trial=rec.trial, steps=policy.steps_per_trial)
+    return Config(state.key, dict(rec.values), trial=rec.trial, steps=_steps(rec, policy))
+
+
+def _remaining(state: Exploration) -> int:
+    """Steps left in this run: exploration and waiting for background compiles both used some."""
+    used = (state.explore_steps - state.budget_base) + (state.wait_steps - state.wait_base)
+    return state.spec.total_steps - used
 
 
 def report(state: Exploration, rep: TrialReport, policy: ExplorationPolicy) -> Config:
-    """Record a finished trial and return the next configuration. Stale reports are ignored."""
+    """Record a finished trial and return the next configuration. Stale reports are ignored.
+
+    A report with ``pending`` defers the trial in flight (its compile runs in the background on
+    the client); a ``HOLD_TRIAL`` report accounts the steps run under the best meanwhile and,
+    unless still ``pending``, puts the deferred trials back at the head of the queue."""
+    if rep.trial == HOLD_TRIAL:
+        if not state.committed and state.current is None and state.deferred:
+            _account_hold(state, rep, policy)
+        return next_config(state, policy)
     if state.committed and rep.trial < 0:
         return _committed_run_report(state, rep, policy)
     if state.committed or state.current is None or rep.trial != state.current:
         return next_config(state, policy)
     t = state.trials[state.current]
     state.current = None
+    if rep.pending:
+        _defer(state, t, rep)
+        return next_config(state, policy)
     t.done = True
     t.steps = [float(s) for s in rep.step_ms]
     state.explore_steps += len(t.steps)
@@ -230,13 +309,156 @@ def report(state: Exploration, rep: TrialReport, policy: ExplorationPolicy) -> C
         if len(t.steps) > 1:
             # The first trial that runs a compiled choice is where it compiles; later trials
             # reuse the built code. (Choices compiled in the same trial share its compile time.)
+            # What the critical path paid: the warm-up's excess (an in-process compile, a cache
+            # hit when the client compiled in the background) plus the slowdown of the steps
+            # that ran beside the background compile.
             for c in compiled_choices(state.spec, t.values):
                 if c not in state.compiled_here:
                     state.compiled_here.append(c)
-                    state.compile_costs[c] = t.compile_ms
-        if state.best is None or t.step_ms < state.trials[state.best].step_ms * (1.0 - policy.min_gain):
+                    state.compile_costs[c] = t.compile_ms + t.background_ms
+        if t.kind == "retime":
+            pass  # re-timing decides between two measured configurations (_decide_retime)
+        elif state.best is None or t.step_ms < state.trials[state.best].step_ms * (1.0 - policy.min_gain):
             state.best = t.trial
     return next_config(state, policy)
+
+
+def _defer(state: Exploration, t: TrialRecord, rep: TrialReport) -> None:
+    """The client compiles the trial's choices in the background: the trial leaves the record
+    (it has not run: none of its steps is exploration) and waits in ``deferred``."""
+    if state.trials and state.trials[-1] is t:
+        state.trials.pop()
+    state.deferred.append(
+        {"values": dict(t.values), "kind": t.kind, "steps": t.planned_steps, "background_ms": t.background_ms}
+    )
+    state.wait_steps += len(rep.step_ms)
+    state.wait_ms += sum(rep.step_ms)
+
+
+def _account_hold(state: Exploration, rep: TrialReport, policy: ExplorationPolicy) -> None:
+    """Steps run under the best configuration while the deferred trials' compiles ran in the
+    background: their slowdown against the best trial's typical step is charged to those
+    compiles; one whose charge alone exceeds what it could save over the rest of the run is
+    dropped (the client stops compiling it when it is no longer handed out)."""
+    steps = [float(x) for x in rep.step_ms]
+    state.wait_steps += len(steps)
+    state.wait_ms += sum(steps)
+    best = state.best_trial
+    ref = _typical_ms(best) if best is not None else math.inf
+    # The net slowdown (median against median), not the sum of positive deviations: on a shared
+    # machine steps scatter around their median with or without a compile beside them.
+    slow = max(0.0, _median(steps) - ref) * len(steps) if steps and math.isfinite(ref) else 0.0
+    share = slow / max(1, len(state.deferred))
+    keep = []
+    for item in state.deferred:
+        item["background_ms"] = float(item.get("background_ms", 0.0)) + share
+        # Charged so far plus the in-process load still to come, against what the steps left
+        # could gain: a compile that waits too long (a starved background process) runs out of
+        # steps to repay it just as one that slows training too much does.
+        cost = item["background_ms"] + _new_compiles_estimate(state, item["values"])
+        saving = _values_max_saving(state, policy, item["values"], _remaining(state))
+        if cost > saving:
+            state.pruned.append(
+                f"stage {state.stage}: {item['values']}: background compile cost {item['background_ms']:.0f} ms "
+                f"+ load {cost - item['background_ms']:.0f} ms > best-case saving {saving:.0f} ms "
+                "(dropped while compiling)"
+            )
+            continue
+        keep.append(item)
+    state.deferred = keep
+    if not rep.pending:
+        state.queue[:0] = state.deferred  # compiled: they run next, in their planned order
+        state.deferred = []
+
+
+def _new_compiles_estimate(state: Exploration, values: dict[str, str]) -> float:
+    """Estimated compile time of the compiled choices in ``values`` not compiled yet."""
+    new = set(compiled_choices(state.spec, values)) - set(state.compiled_here)
+    choices = [
+        (v, values[v.name]) for v in state.spec.variables if choice_key(v.name, values.get(v.name, "")) in new
+    ]
+    return compile_estimate(state, choices)
+
+
+def _typical_ms(t: TrialRecord) -> float:
+    """A trial's typical measured step (median): what a step beside a background compile is
+    compared with (the minimum would charge ordinary noise to the compile)."""
+    measured = t.steps[1:] if len(t.steps) > 1 else t.steps
+    if not measured:
+        return t.step_ms
+    s = sorted(measured)
+    return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+
+
+def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
+    """Before committing: when the runner-up measured within ``retime_margin`` of the best,
+    queue interleaved re-timing trials of the two (once per pair)."""
+    if policy.retime_rounds <= 0 or state.best is None:
+        return False
+    best = state.trials[state.best]
+    others = [
+        t
+        for t in state.trials
+        if t.done
+        and not t.failed
+        and t.kind != "retime"
+        and t.values != best.values
+        and math.isfinite(t.step_ms)
+    ]
+    if not others or not math.isfinite(best.step_ms):
+        return False
+    runner = min(others, key=lambda t: t.step_ms)
+    if runner.step_ms > best.step_ms * (1.0 + policy.retime_margin):
+        return False
+    pair = sorted([_values_id(best.values), _values_id(runner.values)])
+    if pair in state.retimed:
+        return False
+    budget = policy.max_explore_fraction * max(1, state.spec.total_steps)
+    if state.explore_steps - state.budget_base + 2 * policy.retime_rounds * policy.retime_steps > budget:
+        return False  # re-timing is exploration too: only within the run's share
+    state.retimed.append(pair)
+    state.retime = {"a": best.trial, "b": runner.trial, "first": len(state.trials)}
+    for _ in range(policy.retime_rounds):
+        for t in (best, runner):
+            state.queue.append({"values": dict(t.values), "kind": "retime", "steps": policy.retime_steps})
+    return True
+
+
+def _values_id(values: dict[str, str]) -> str:
+    return ";".join(f"{k}={v}" for k, v in sorted(values.items()))
+
+
+def _decide_retime(state: Exploration) -> None:
+    """The faster of the re-timed pair (median of its interleaved measured steps) is the best."""
+    r, state.retime = state.retime, None
+    assert r is not None
+    a, b = state.trials[r["a"]], state.trials[r["b"]]
+    measured: dict[int, list[float]] = {a.trial: [], b.trial: []}
+    for t in state.trials[r["first"] :]:
+        if t.kind != "retime" or not t.done or t.failed:
+            continue
+        side = a.trial if t.values == a.values else b.trial if t.values == b.values else None
+        if side is not None:
+            measured[side].extend(t.steps[1:] if len(t.steps) > 1 else t.steps)
+    med = {k: _median(v) for k, v in measured.items()}
+    winner = b.trial if med[b.trial] < med[a.trial] else a.trial
+    state.retime_log.append(
+        {
+            "best": a.trial,
+            "runner_up": b.trial,
+            "best_ms": med[a.trial],
+            "runner_up_ms": med[b.trial],
+            "winner": winner,
+        }
+    )
+    state.best = winner
+
+
+def _median(xs: list[float]) -> float:
+    if not xs:
+        return math.inf
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
 
 
 def commit(state: Exploration) -> Config:
@@ -308,13 +530,17 @@ def maybe_reopen(state: Exploration, policy: ExplorationPolicy, total_steps: int
     state.committed = False
     state.reopened += 1
     state.budget_base = state.explore_steps
+    state.wait_base = state.wait_steps
+    state.retime = None
     state.spec = _with_total(state.spec, total_steps)
     state.stages, state.phase = [], "compose"  # after this trial: commit the best
     state.queue = [{"values": values, "kind": "explore"}]
     return True
 
 
-def _repriced_candidate(state: Exploration, policy: ExplorationPolicy, remaining: int) -> dict[str, str] | None:
+def _repriced_candidate(
+    state: Exploration, policy: ExplorationPolicy, remaining: int
+) -> dict[str, str] | None:
     """The first pruned compiled candidate that pays back over ``remaining`` steps at today's
     prices (measured costs, calibrated priors), on top of the best configuration; it leaves the
     pruned list (it is tried once)."""
@@ -414,16 +640,43 @@ def _prune_reason(
     if best is None or not math.isfinite(best.step_ms):
         return ""
     if remaining is None:
-        remaining = state.spec.total_steps - (state.explore_steps - state.budget_base)
-    region_cost = best.region_ms.get(region, best.step_ms / policy.region_backward_factor)
-    region_cost = min(best.step_ms, region_cost * policy.region_backward_factor)
-    max_saving = region_cost * (1.0 - 1.0 / policy.max_speedup) * max(0, remaining)
+        remaining = _remaining(state)
+    max_saving = _max_saving(state, policy, region, remaining)
     est = compile_estimate(
         state, [(v, combo[v.name]) for v in variables if v.compiles and combo[v.name] != v.choices[0]]
     )
     if max_saving < est:
         return f"cannot repay compile time: est. {est:.0f} ms > best-case saving {max_saving:.0f} ms"
     return ""
+
+
+def _max_saving(state: Exploration, policy: ExplorationPolicy, region: str, remaining: int) -> float:
+    """The most compiling ``region`` could save over ``remaining`` steps (optimistic bound)."""
+    best = state.best_trial
+    if best is None or not math.isfinite(best.step_ms):
+        return math.inf
+    region_cost = best.region_ms.get(region, best.step_ms / policy.region_backward_factor)
+    region_cost = min(best.step_ms, region_cost * policy.region_backward_factor)
+    return region_cost * (1.0 - 1.0 / policy.max_speedup) * max(0, remaining)
+
+
+def _values_max_saving(
+    state: Exploration, policy: ExplorationPolicy, values: dict[str, str], remaining: int
+) -> float:
+    """The most a configuration's compiled regions could save together (bounded by the step)."""
+    regions = {
+        v.region
+        for v in state.spec.variables
+        if v.compiles and values.get(v.name, v.choices[0]) != v.choices[0]
+    }
+    best = state.best_trial
+    if not regions or best is None or not math.isfinite(best.step_ms):
+        return math.inf
+    per_step = min(
+        best.step_ms,
+        sum(_max_saving(state, policy, r, 1) for r in regions) / (1.0 - 1.0 / policy.max_speedup),
+    )
+    return per_step * (1.0 - 1.0 / policy.max_speedup) * max(0, remaining)
 
 
 def compile_estimate(state: Exploration, choices: list[tuple[Variable, str]]) -> float:
@@ -439,7 +692,11 @@ def compile_estimate(state: Exploration, choices: list[tuple[Variable, str]]) ->
 
 
 def _prior(state: Exploration, v: Variable) -> float:
-    return v.compile_prior_ms if v.compile_prior_ms > 0 else DEFAULT_COMPILE_MS.get(state.spec.framework, 20000.0)
+    return (
+        v.compile_prior_ms
+        if v.compile_prior_ms > 0
+        else DEFAULT_COMPILE_MS.get(state.spec.framework, 20000.0)
+    )
 
 
 def calibration(state: Exploration) -> float:
@@ -453,7 +710,11 @@ def calibration(state: Exploration) -> float:
     if not ratios:
         return 1.0
     ratios.sort()
-    mid = ratios[len(ratios) // 2] if len(ratios) % 2 else 0.5 * (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2])
+    mid = (
+        ratios[len(ratios) // 2]
+        if len(ratios) % 2
+        else 0.5 * (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2])
+    )
     lo, hi = CALIBRATION_BOUNDS
     return min(hi, max(lo, mid))
 

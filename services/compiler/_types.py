@@ -86,6 +86,14 @@ class Config:
     trial: int
     committed: bool = False
     steps: int = 0  # 0 once committed: run it for ever, report nothing
+    # No trial can run now (every planned one waits for a compile running in the background):
+    # run ``values`` (the best so far) for up to ``steps`` mini-batches, or until the background
+    # compiles finish, then report those steps as trial ``HOLD_TRIAL``. Not exploration.
+    hold: bool = False
+
+
+# The trial number of the steps a client ran under a hold configuration.
+HOLD_TRIAL = -2
 
 
 @dataclass
@@ -97,3 +105,7 @@ class TrialReport:
     region_ms: dict[str, float] = field(default_factory=dict)
     failed: bool = False
     error: str = ""
+    # The trial cannot run yet: its compiled choices are compiling in the background (the client
+    # keeps training under the best configuration meanwhile). For a HOLD_TRIAL report: the
+    # background compiles are still running (False: they are done, the deferred trials can run).
+    pending: bool = False

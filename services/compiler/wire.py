@@ -51,11 +51,15 @@ def spec_from_proto(m: pb.RegisterGraphRequest) -> GraphSpec:
 
 
 def config_to_proto(c: Config) -> pb.Config:
-    return pb.Config(key=c.key, values=c.values, committed=c.committed, trial=c.trial, steps=c.steps)
+    return pb.Config(
+        key=c.key, values=c.values, committed=c.committed, trial=c.trial, steps=c.steps, hold=c.hold
+    )
 
 
 def config_from_proto(m: pb.Config) -> Config:
-    return Config(key=m.key, values=dict(m.values), trial=m.trial, committed=m.committed, steps=m.steps)
+    return Config(
+        key=m.key, values=dict(m.values), trial=m.trial, committed=m.committed, steps=m.steps, hold=m.hold
+    )
 
 
 def report_to_proto(key: str, r: TrialReport) -> pb.ReportTimingsRequest:
@@ -66,6 +70,7 @@ def report_to_proto(key: str, r: TrialReport) -> pb.ReportTimingsRequest:
         regions=[pb.RegionTiming(region=k, ms=v) for k, v in sorted(r.region_ms.items())],
         failed=r.failed,
         error=r.error,
+        pending=r.pending,
     )
 
 
@@ -76,6 +81,7 @@ def report_from_proto(m: pb.ReportTimingsRequest) -> TrialReport:
         region_ms={r.region: r.ms for r in m.regions},
         failed=m.failed,
         error=m.error,
+        pending=m.pending,
     )
 
 
@@ -124,4 +130,12 @@ def state_to_proto(s: Exploration) -> pb.GraphState:
         runs=s.runs,
         compile_costs=s.compile_costs,
         reopened=s.reopened,
+        wait_steps=s.wait_steps,
+        wait_ms=s.wait_ms,
+        deferred=len(s.deferred),
+        retimes=[
+            f"trial {r['best']} ({_f(r['best_ms']):.2f} ms) vs trial {r['runner_up']} "
+            f"({_f(r['runner_up_ms']):.2f} ms): trial {r['winner']} kept"
+            for r in s.retime_log
+        ],
     )

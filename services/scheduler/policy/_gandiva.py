@@ -72,6 +72,12 @@ class GandivaConfig:
     grow_max_factor: int = 2
     slice_order: str = "las"  # or "round_robin"
     allow_spread: bool = True
+    # Session 3, opt-in: a one-device job never profiled (QUEUED, utilisation unknown)
+    # that finds no free device and no pack slot by the share rule is packed for a trial
+    # onto the emptiest pack slot; introspection then keeps or undoes the pack from the two
+    # jobs' mini-batch times, as for any pack (Gandiva packs, observes and unpacks, rather
+    # than assuming an unknown job fills its device).
+    pack_unprofiled: bool = False
 
     def __post_init__(self) -> None:
         if self.quantum_s <= 0:
@@ -129,16 +135,27 @@ class GandivaPolicy:
         if not self._may_act(view, n_dev):
             return []
         occ = Occupancy(view)
-        jobs = {j.id: j for j in view.jobs}
+        # one pass over the jobs (a simulator's view holds thousands of waiting ones)
+        jobs: dict[str, JobView] = {}
+        waiting_jobs: list[JobView] = []
+        holders: list[JobView] = []
+        any_packed = False
+        for j in view.jobs:
+            jobs[j.id] = j
+            st = j.state
+            if st in WAITING_PHASES:
+                if 0 < j.devices_wanted <= n_dev:
+                    waiting_jobs.append(j)
+            elif st in HOLDING_PHASES:
+                holders.append(j)
+                if st is JobPhase.PACKED:
+                    any_packed = True
         out: list[Decision] = []
         acted: set[str] = set()
-        waiting = sorted(
-            (j for j in view.jobs if j.state in WAITING_PHASES and 0 < j.devices_wanted <= n_dev),
-            key=self._wkey,
-        )
+        waiting = sorted(waiting_jobs, key=self._wkey)
 
         # 1. introspection: undo packs that do worse than time-slicing would.
-        if cfg.enable_packing or any(j.state is JobPhase.PACKED for j in view.jobs):
+        if cfg.enable_packing or any_packed:
             self._judge_packs(view, occ, jobs, out, acted)
 
         # 2. shrink elastic jobs that grew, as soon as anyone waits.
@@ -157,11 +174,10 @@ class GandivaPolicy:
 
         # 3. consolidate spread multi-device jobs onto one node.
         if cfg.enable_migration:
-            self._consolidate(view, occ, out, acted)
+            self._consolidate(holders, occ, out, acted)
 
         # 4. waiting jobs in order: free devices, then a defragmenting migration, then a
         #    pack, then a time-slice.
-        holders = [j for j in view.jobs if j.state in HOLDING_PHASES]
         victims = []
         if cfg.enable_time_slicing:
             victims = [
@@ -198,12 +214,17 @@ class GandivaPolicy:
                 out.append(_run(w, devs, "gandiva: free devices"))
                 acted.add(w.id)
                 continue
-            if cfg.enable_packing and k == 1 and not self._pack_cooling(w, now):
+            if (
+                cfg.enable_packing
+                and k == 1
+                and pack_slots
+                and (w.state is not JobPhase.SUSPENDED or not self._pack_cooling(w, now))
+            ):
                 pk = self._pack_target(pack_slots, w, occ)
                 if pk is not None:
-                    dev, partner = pk
+                    dev, partner, why = pk
                     occ.take(w.id, (dev,))
-                    out.append(Pack(w.id, (dev,), (partner,), "gandiva: pack, shares fit one device"))
+                    out.append(Pack(w.id, (dev,), (partner,), why))
                     acted.add(w.id)
                     acted.add(partner)
                     continue
@@ -213,6 +234,11 @@ class GandivaPolicy:
                     and w.attained_service_s >= max_victim
                     and w.priority <= min_victim_prio
                 ):
+                    if n_free == 0 and not pack_slots:
+                        # Every later waiting job ranks no better (sorted by priority,
+                        # then service), so none can take a victim's devices either, and
+                        # there is nothing free or packable left: the rest keep waiting.
+                        break
                     continue  # no running job has had more service than this one
                 # Priorities are strict classes: a job only yields to one of higher
                 # priority, or of equal priority (and, with "las", less attained service).
@@ -279,8 +305,14 @@ class GandivaPolicy:
         """
         cfg = self.config
         now = view.now
-        waiting = [j for j in view.jobs if j.state in WAITING_PHASES]
-        holders = [j for j in view.jobs if j.state in HOLDING_PHASES]
+        waiting: list[JobView] = []
+        holders: list[JobView] = []
+        for j in view.jobs:  # one pass: called after every batch of events
+            st = j.state
+            if st in WAITING_PHASES:
+                waiting.append(j)
+            elif st in HOLDING_PHASES:
+                holders.append(j)
         cands: list[float] = []
         if waiting and cfg.enable_time_slicing:
             w_prio = max(j.priority for j in waiting)
@@ -311,7 +343,7 @@ class GandivaPolicy:
             cands.extend(
                 w.last_change_at + cfg.pack_cooldown_s
                 for w in waiting
-                if w.devices_wanted == 1 and self._pack_cooling(w, now)
+                if w.state is JobPhase.SUSPENDED and w.devices_wanted == 1 and self._pack_cooling(w, now)
             )
         if cfg.enable_packing and cfg.pack_observe_s > 0:
             cands.extend(r.last_change_at + cfg.pack_observe_s for r in holders)
@@ -377,8 +409,8 @@ class GandivaPolicy:
             out.append(Unpack(loser.id, f"gandiva: packed progress {prog} below time-slicing"))
             acted.add(loser.id)
 
-    def _consolidate(self, view: ClusterView, occ: Occupancy, out: list, acted: set) -> None:
-        for j in view.jobs:
+    def _consolidate(self, holders: list[JobView], occ: Occupancy, out: list, acted: set) -> None:
+        for j in holders:  # in view order, as before
             if j.state is not JobPhase.RUNNING or len(j.devices) < 2 or j.id in acted:
                 continue
             if len(occ.nodes_of(j.devices)) < 2:
@@ -451,12 +483,31 @@ class GandivaPolicy:
         return slots
 
     def _pack_target(self, slots: list, w: JobView, occ: Occupancy):
-        """The fullest device whose holder's share leaves room for ``w``; removes it."""
+        """The fullest device whose holder's share leaves room for ``w`` (or, with
+        ``pack_unprofiled``, a trial slot): (device, partner, reason), removed from
+        ``slots``; None if there is none."""
         limit = self.config.pack_share_limit
+        bw = busy_fraction(w)
+        # slots are fullest first: the emptiest is last, so if even it has no room for w,
+        # none has (float addition is monotonic; the simulator asks this for every waiting
+        # job at every decision)
+        if not slots or slots[-1][0] + bw > limit:
+            return self._trial_slot(slots, w, occ)
         for i, (share, dev, partner) in enumerate(slots):
-            if share + busy_fraction(w) <= limit and occ.holders[dev] == [partner]:
+            if share + bw <= limit and occ.holders[dev] == [partner]:
                 del slots[i]
-                return dev, partner
+                return dev, partner, "gandiva: pack, shares fit one device"
+        return self._trial_slot(slots, w, occ)
+
+    def _trial_slot(self, slots: list, w: JobView, occ: Occupancy):
+        """``pack_unprofiled``: the emptiest slot for a never-profiled job, or None."""
+        if not self.config.pack_unprofiled or w.utilization is not None or w.state is not JobPhase.QUEUED:
+            return None
+        for i in range(len(slots) - 1, -1, -1):
+            _, dev, partner = slots[i]
+            if occ.holders[dev] == [partner]:
+                del slots[i]
+                return dev, partner, "gandiva: trial pack of a job never profiled (introspection judges it)"
         return None
 
     def _grow(self, view: ClusterView, occ: Occupancy, out: list, acted: set) -> None:

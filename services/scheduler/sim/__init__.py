@@ -8,7 +8,7 @@ model for suspend/resume/migration. See docs/scheduler-sim.md.
 
 from ._engine import ClusterSpec, SimResult, Simulator, contended_window, simulate
 from ._hpsearch import AshaSearcher, HPSearchResult, asha_rungs, hp_search_trace, run_hp_search
-from ._perf import CostModel, PerfModel, default_perf_model
+from ._perf import COST_PROFILES, CostModel, PerfModel, default_perf_model
 from ._trace import (
     TRACE_COLUMNS,
     PhillyDurations,
@@ -23,6 +23,7 @@ from ._trace import (
 )
 
 __all__ = [
+    "COST_PROFILES",
     "TRACE_COLUMNS",
     "AshaSearcher",
     "ClusterSpec",

@@ -112,6 +112,7 @@ class _Job:
         "util",
         "version",
         "view",
+        "view_at",
         "work",
     )
 
@@ -138,6 +139,7 @@ class _Job:
         self.mb_alone_ms = mb_alone_ms
         self.pack_speed = 1.0
         self.view: JobView | None = None
+        self.view_at = -math.inf  # the clock reading ``view`` was built or refreshed at
         self.probe_work: float | None = None  # work at the next probe point (None: no more)
         self.probes: list[float] = []  # later probe points, in work-seconds
         self.probed = False  # reached at least one probe point
@@ -538,6 +540,11 @@ class Simulator:
         for j in self.active.values():
             v = j.view
             if v is not None and j.devices:
+                if j.view_at == now:
+                    # built or refreshed at this very clock reading (the view after a
+                    # decision is rebuilt at the same time for the wake-up): still exact
+                    views.append(v)
+                    continue
                 # Nothing but the clock changed since this view was built (any change of
                 # phase, devices or speed clears it): refresh the time-dependent fields only.
                 d = v.__dict__.copy()
@@ -547,6 +554,7 @@ class Simulator:
                 v = object.__new__(JobView)
                 v.__dict__.update(d)
                 j.view = v
+                j.view_at = now
             elif v is None:
                 held = (now - j.hold_since) * len(j.devices) if j.devices else 0.0
                 done = j.done + (j.rate * (now - j.last_update) if j.rate > 0 else 0.0)
@@ -577,6 +585,7 @@ class Simulator:
                     utilization=j.busy_seen if self.observe_utilization else None,
                 )
                 j.view = v
+                j.view_at = now
             views.append(v)
         return ClusterView(now=now, devices=self.devices, jobs=tuple(views))
 

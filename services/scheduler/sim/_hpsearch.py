@@ -53,9 +53,10 @@ class HPSearchResult:
     avg_time_to_first_feedback_s: float
     makespan_s: float
     sim: SimResult
+    accounting: dict | None = None  # where the device-seconds up to identification went
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "policy": self.policy,
             "configs": self.configs,
             "gpus": self.gpus,
@@ -70,6 +71,9 @@ class HPSearchResult:
             "avg_time_to_first_feedback_s": round(self.avg_time_to_first_feedback_s, 3),
             "makespan_s": round(self.makespan_s, 3),
         }
+        if self.accounting is not None:
+            d["accounting"] = self.accounting
+        return d
 
 
 def asha_rungs(eta: int = 3, min_fraction: float = 1.0 / 27.0) -> tuple[float, ...]:
@@ -142,6 +146,7 @@ class AshaSearcher:
         self.stopped: set[str] = set()
         self.decided_at: dict[str, float] = {}  # stopped, or passed the last rung
         self.set_priority = None  # bound to the simulator's once it exists
+        self.on_identified = None  # called once (now) when every configuration is decided
 
     def on_rung(self, job_id: str, now: float) -> bool:
         k = self.rung_of[job_id]
@@ -158,6 +163,7 @@ class AshaSearcher:
         if stop:
             self.stopped.add(job_id)
             self.decided_at[job_id] = now
+            self._maybe_identified(now)
             return True
         if k + 1 == len(self.rungs):
             self.decided_at[job_id] = now
@@ -166,7 +172,13 @@ class AshaSearcher:
             # the search would be depth-first whatever the policy)
             if self.promote_priority and self.set_priority is not None:
                 self.set_priority(job_id, 1)
+            self._maybe_identified(now)
         return False
+
+    def _maybe_identified(self, now: float) -> None:
+        if len(self.decided_at) == len(self.final) and self.on_identified is not None:
+            self.on_identified(now)
+            self.on_identified = None
 
 
 def run_hp_search(
@@ -200,6 +212,20 @@ def run_hp_search(
         on_probe=search.on_rung,
     )
     search.set_priority = sim.set_priority
+    snap: dict = {}
+
+    def identified(now: float) -> None:
+        # the device-seconds up to this moment: held (allocation integral), and the work
+        # (training seconds) every configuration has done by now
+        snap["t"] = now
+        snap["held_device_s"] = sim._int_alloc
+        snap["done"] = {
+            jid: j.done + (j.rate * (now - j.last_update) if j.rate > 0 else 0.0)
+            for jid, j in sim.jobs.items()
+        }
+        snap["rung_of"] = dict(search.rung_of)
+
+    search.on_identified = identified
     res = sim.run()
     best = min(final, key=final.get)
     pj = res.per_job[best]
@@ -224,4 +250,54 @@ def run_hp_search(
         avg_time_to_first_feedback_s=res.avg_time_to_first_feedback_s,
         makespan_s=res.makespan_s,
         sim=res,
+        accounting=_accounting(snap, rungs, eta, n_configs, duration_s, res.gpus) if snap else None,
     )
+
+
+def _accounting(snap: dict, rungs: Sequence[float], eta: int, n: int, duration_s: float, gpus: int) -> dict:
+    """Where the device-seconds up to the moment of identification went, against what a
+    synchronous successive-halving search (the least work ASHA's rungs can need) would
+    take. ``work_*`` are training seconds on the reference device (one device-second each
+    for the one-device jobs of this scenario when alone)."""
+    t = snap["t"]
+    cap = gpus * t
+    held = snap["held_device_s"]
+    done = snap["done"]
+    R = duration_s
+    # synchronous SH: n, n/eta, n/eta^2, ... configurations train each rung's segment
+    counts = [n]
+    for _ in rungs[1:]:
+        counts.append(max(1, counts[-1] // eta))
+    seg = [(rungs[i] - (rungs[i - 1] if i else 0.0)) * R for i in range(len(rungs))]
+    sync_work = sum(c * s for c, s in zip(counts, seg, strict=True))
+    # fluid time of that synchronous search on `gpus` devices with free switching: a rung's
+    # segment needs its work spread over min(configs, devices) devices (a configuration
+    # trains on one device at a time, so a rung with fewer configurations than devices
+    # leaves devices idle)
+    sync_time = sum(c * s / min(c, gpus) for c, s in zip(counts, seg, strict=True))
+    reached = [0] * len(rungs)
+    up_to_rungs = beyond_last = 0.0
+    for jid, w in done.items():
+        k = snap["rung_of"][jid]
+        for i in range(k):
+            reached[i] += 1
+        last = rungs[k - 1] * R if k else 0.0
+        up_to_rungs += min(w, last) if k else w
+        beyond_last += max(0.0, w - last) if k == len(rungs) else 0.0
+        if 0 < k < len(rungs):
+            up_to_rungs += max(0.0, w - last)  # decided jobs stop at a rung: 0 here
+    work = sum(done.values())
+    return {
+        "time_to_identify_s": round(t, 1),
+        "device_s": round(cap, 1),
+        "idle_device_s": round(cap - held, 1),
+        "held_without_progress_device_s": round(held - work, 1),
+        "work_s": round(work, 1),
+        "work_sync_minimum_s": round(sync_work, 1),
+        "work_extra_promotions_s": round(up_to_rungs - sync_work, 1),
+        "work_past_last_rung_s": round(beyond_last, 1),
+        "configs_reached_rung": reached,
+        "configs_reached_rung_sync": counts,
+        "bound_work_s": round(sync_work / gpus, 1),
+        "bound_sync_rungs_s": round(sync_time, 1),
+    }

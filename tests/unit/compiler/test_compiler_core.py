@@ -403,5 +403,5 @@ def test_a_planned_compile_is_priced_again_just_before_it_runs():
         ran.append(cfg.values["xla"])
         warm = 200_000.0 if cfg.values["xla"] != "off" else 0.0
         cfg = report(state, TrialReport(cfg.trial, [10.0 + warm, 10.0, 10.0]), policy)
-    assert ran == ["off", "on"]
+    assert [t.values["xla"] for t in state.trials if t.kind != "retime"] == ["off", "on"]
     assert any("plain" in p and "re-priced before running" in p for p in state.pruned)

@@ -18,7 +18,7 @@ from microco.services.compiler import (
 
 @pytest.mark.parametrize("may_compile, cut_after", [(True, 2), (False, 1)])
 def test_a_trial_far_slower_than_the_best_is_cut_short_and_never_committed(may_compile, cut_after):
-    policy = ExplorationPolicy(measure_steps=3)
+    policy = ExplorationPolicy(measure_steps=3, retime_rounds=0)  # counts each trial's steps
     explorer = LocalExplorer(MemoryKV(), policy)
     spec = GraphSpec(
         "fp",

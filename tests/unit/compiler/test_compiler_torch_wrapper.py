@@ -185,3 +185,68 @@ def test_a_committed_compiled_configuration_starts_compiled_and_reports_its_reco
     # The first two steps under the commit were reported once, as trial -1 (the recompile's cost).
     assert [r.trial for r in explorer.reports] == [-1] and len(explorer.reports[0].step_ms) == 2
     assert all(math.isfinite(v) for v in losses)
+
+
+class _SlowWarmer:
+    """Stands in for the background compile process: a compiled configuration becomes ready
+    after ``polls`` calls of ``busy()`` (one per waiting step). The real one is tested in
+    test_compiler_background.py."""
+
+    def __init__(self, polls):
+        self.polls, self.started, self.done, self.left = polls, [], set(), 0
+
+    def ready(self, values):
+        compiled = any(v == "aot-eager" for v in values.values())
+        return not compiled or tuple(sorted(values.items())) in self.done
+
+    def start(self, values):
+        self.started.append(dict(values))
+        self.left = self.polls
+        self._pending = tuple(sorted(values.items()))
+
+    def busy(self):
+        if self.left > 0:
+            self.left -= 1
+            if self.left == 0:
+                self.done.add(self._pending)
+        return self.left > 0
+
+    def cancel(self):
+        self.left = 0
+
+
+def test_a_compile_in_the_background_defers_its_trial_and_training_runs_the_best_meanwhile():
+    kv = MemoryKV()
+    policy = ExplorationPolicy(measure_steps=1, max_explore_fraction=1.0, retime_rounds=0, hold_steps=3)
+    model = zm.make_model("gru", 6, 8)
+    ref_model = zm.make_model("gru", 6, 8)
+    astra = AstraTorch(
+        model,
+        LocalExplorer(kv, policy),
+        total_steps=10**6,
+        threads=("1",),
+        compile_choices=("eager", "aot-eager"),
+    )
+    warmer = _SlowWarmer(polls=7)
+    astra.session.warmer = warmer
+    seen = []
+    orig = astra._apply
+
+    def spy(cfg):
+        seen.append((cfg.hold, dict(cfg.values)))
+        orig(cfg)
+
+    astra._apply = spy
+    losses = train(model, astra, 40)
+    ref = train(ref_model, AstraTorch(ref_model, _Null(), threads=("1",), compile_choices=("eager",)), 40)
+    assert all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5) for a, b in zip(ref, losses))
+    assert astra.committed and warmer.started
+    state = LocalExplorer(kv, policy).core.get(astra.spec().key)
+    # While the compiled trial waited, training ran the best configuration (holds), those steps
+    # were not exploration, and the compiled trial ran once its compile was ready.
+    holds = [v for hold, v in seen if hold]
+    assert holds and all(not any(x == "aot-eager" for x in v.values()) for v in holds)
+    assert astra.session.wait_steps == state.wait_steps >= 7
+    assert astra.explore_steps == state.explore_steps == sum(len(t.steps) for t in state.trials)
+    compiled = [t for t in state.trials if any(v == "aot-eager" for v in t.values.values())]
+    assert compiled and all(len(t.steps) == 1 + policy.measure_steps for t in compiled)

@@ -98,3 +98,50 @@ def test_pack_of_full_jobs_undone_when_it_loses_to_time_slicing() -> None:
     out = make_policy("gandiva").decide(view)
     assert [(type(d), d.job_id) for d in out] == [(Unpack, "a")]
     assert check_decisions(view, out) == []
+
+
+def _arrival(state: JobPhase = Q, utilization: float | None = None) -> ClusterView:
+    """A never-profiled full-device arrival, no free device, the holder half busy and
+    mid-quantum (so no time-slice either)."""
+    return ClusterView(
+        now=1000.0,
+        devices=DEV,
+        jobs=(
+            JobView(
+                id="a", devices_wanted=1, state=R, devices=("n0g0",), utilization=0.5, last_change_at=990
+            ),
+            JobView(id="b", devices_wanted=1, state=state, utilization=utilization, submitted_at=999),
+        ),
+    )
+
+
+def test_pack_unprofiled_tries_a_never_profiled_job_for_introspection_to_judge() -> None:
+    # default: a job never profiled is taken to fill its device, so it waits
+    assert make_policy("gandiva").decide(_arrival()) == []
+    trial = make_policy("gandiva", pack_unprofiled=True)
+    out = trial.decide(_arrival())
+    assert out == [Pack("b", ("n0g0",), ("a",), out[0].reason)] and "trial" in out[0].reason
+    assert check_decisions(_arrival(), out) == []
+    # a job already profiled as filling its device, or one that has run before, is not tried
+    assert trial.decide(_arrival(utilization=1.0)) == []
+    assert trial.decide(_arrival(state=S)) == []
+    # the trial is judged like any pack: undone when packed progress is below time-slicing
+    packed = ClusterView(
+        now=1100.0,
+        devices=DEV,
+        jobs=tuple(
+            JobView(
+                id=i,
+                devices_wanted=1,
+                state=P,
+                devices=("n0g0",),
+                utilization=0.5,
+                minibatch_ms=200.0,
+                minibatch_ms_alone=100.0 if i == "a" else 90.0,
+                packed_with=("b",) if i == "a" else ("a",),
+                last_change_at=1000.0,
+            )
+            for i in ("a", "b")
+        ),
+    )
+    assert [type(d) for d in trial.decide(packed)] == [Unpack]

@@ -41,7 +41,7 @@ class RegisterGraphRequest(_message.Message):
     def __init__(self, fingerprint: _Optional[str] = ..., input_shapes: _Optional[str] = ..., hardware: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., model_name: _Optional[str] = ..., framework: _Optional[str] = ..., total_steps: _Optional[int] = ...) -> None: ...
 
 class Config(_message.Message):
-    __slots__ = ("key", "values", "committed", "trial", "steps")
+    __slots__ = ("key", "values", "committed", "trial", "steps", "hold")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -54,12 +54,14 @@ class Config(_message.Message):
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     TRIAL_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
     key: str
     values: _containers.ScalarMap[str, str]
     committed: bool
     trial: int
     steps: int
-    def __init__(self, key: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., committed: _Optional[bool] = ..., trial: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
+    hold: bool
+    def __init__(self, key: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., committed: _Optional[bool] = ..., trial: _Optional[int] = ..., steps: _Optional[int] = ..., hold: _Optional[bool] = ...) -> None: ...
 
 class NextConfigRequest(_message.Message):
     __slots__ = ("key",)
@@ -76,20 +78,22 @@ class RegionTiming(_message.Message):
     def __init__(self, region: _Optional[str] = ..., ms: _Optional[float] = ...) -> None: ...
 
 class ReportTimingsRequest(_message.Message):
-    __slots__ = ("key", "trial", "step_ms", "regions", "failed", "error")
+    __slots__ = ("key", "trial", "step_ms", "regions", "failed", "error", "pending")
     KEY_FIELD_NUMBER: _ClassVar[int]
     TRIAL_FIELD_NUMBER: _ClassVar[int]
     STEP_MS_FIELD_NUMBER: _ClassVar[int]
     REGIONS_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
     key: str
     trial: int
     step_ms: _containers.RepeatedScalarFieldContainer[float]
     regions: _containers.RepeatedCompositeFieldContainer[RegionTiming]
     failed: bool
     error: str
-    def __init__(self, key: _Optional[str] = ..., trial: _Optional[int] = ..., step_ms: _Optional[_Iterable[float]] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    pending: bool
+    def __init__(self, key: _Optional[str] = ..., trial: _Optional[int] = ..., step_ms: _Optional[_Iterable[float]] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., pending: _Optional[bool] = ...) -> None: ...
 
 class Trial(_message.Message):
     __slots__ = ("trial", "values", "step_ms", "compile_ms", "steps", "regions", "done", "failed", "error", "stage", "kind")
@@ -125,7 +129,7 @@ class Trial(_message.Message):
     def __init__(self, trial: _Optional[int] = ..., values: _Optional[_Mapping[str, str]] = ..., step_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ..., steps: _Optional[_Iterable[float]] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., done: _Optional[bool] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., stage: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class GraphState(_message.Message):
-    __slots__ = ("key", "model_name", "framework", "variables", "trials", "best", "committed", "explore_steps", "explore_ms", "compile_ms", "baseline_ms", "best_ms", "speedup", "pruned", "fingerprint", "input_shapes", "hardware", "total_steps", "runs", "compile_costs", "reopened")
+    __slots__ = ("key", "model_name", "framework", "variables", "trials", "best", "committed", "explore_steps", "explore_ms", "compile_ms", "baseline_ms", "best_ms", "speedup", "pruned", "fingerprint", "input_shapes", "hardware", "total_steps", "runs", "compile_costs", "reopened", "wait_steps", "wait_ms", "deferred", "retimes")
     class CompileCostsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +158,10 @@ class GraphState(_message.Message):
     RUNS_FIELD_NUMBER: _ClassVar[int]
     COMPILE_COSTS_FIELD_NUMBER: _ClassVar[int]
     REOPENED_FIELD_NUMBER: _ClassVar[int]
+    WAIT_STEPS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    DEFERRED_FIELD_NUMBER: _ClassVar[int]
+    RETIMES_FIELD_NUMBER: _ClassVar[int]
     key: str
     model_name: str
     framework: str
@@ -175,7 +183,11 @@ class GraphState(_message.Message):
     runs: int
     compile_costs: _containers.ScalarMap[str, float]
     reopened: int
-    def __init__(self, key: _Optional[str] = ..., model_name: _Optional[str] = ..., framework: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., trials: _Optional[_Iterable[_Union[Trial, _Mapping]]] = ..., best: _Optional[_Union[Config, _Mapping]] = ..., committed: _Optional[bool] = ..., explore_steps: _Optional[int] = ..., explore_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ..., baseline_ms: _Optional[float] = ..., best_ms: _Optional[float] = ..., speedup: _Optional[float] = ..., pruned: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[str] = ..., input_shapes: _Optional[str] = ..., hardware: _Optional[str] = ..., total_steps: _Optional[int] = ..., runs: _Optional[int] = ..., compile_costs: _Optional[_Mapping[str, float]] = ..., reopened: _Optional[int] = ...) -> None: ...
+    wait_steps: int
+    wait_ms: float
+    deferred: int
+    retimes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key: _Optional[str] = ..., model_name: _Optional[str] = ..., framework: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., trials: _Optional[_Iterable[_Union[Trial, _Mapping]]] = ..., best: _Optional[_Union[Config, _Mapping]] = ..., committed: _Optional[bool] = ..., explore_steps: _Optional[int] = ..., explore_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ..., baseline_ms: _Optional[float] = ..., best_ms: _Optional[float] = ..., speedup: _Optional[float] = ..., pruned: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[str] = ..., input_shapes: _Optional[str] = ..., hardware: _Optional[str] = ..., total_steps: _Optional[int] = ..., runs: _Optional[int] = ..., compile_costs: _Optional[_Mapping[str, float]] = ..., reopened: _Optional[int] = ..., wait_steps: _Optional[int] = ..., wait_ms: _Optional[float] = ..., deferred: _Optional[int] = ..., retimes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetGraphRequest(_message.Message):
     __slots__ = ("key",)

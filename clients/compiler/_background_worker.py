@@ -1,0 +1,95 @@
+"""The background compile worker: ``python -m microco.clients.compiler._background_worker IN OUT``.
+
+Rebuilds the model snapshot from ``IN`` (written by :class:`BackgroundCompiler`), runs one
+forward and backward under the given configuration with inputs of the captured shapes (the same
+wrapper code as the training process, so the same graphs are compiled), and writes
+``{"compile_s", "error"}`` to ``OUT``. The compiled code itself is thrown away; what matters is
+what Inductor left in its on-disk caches for the training process to load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+
+class _Fixed:
+    """An explorer that hands out one committed configuration (the candidate to compile)."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def register(self, spec: Any) -> Any:
+        from microco.services.compiler._types import Config
+
+        return Config(
+            spec.key, {**{v.name: v.choices[0] for v in spec.variables}, **self.values}, -1, committed=True
+        )
+
+    def report(self, key: str, report: Any) -> Any:
+        from microco.services.compiler._types import Config
+
+        return Config(key, dict(self.values), -1, committed=True)
+
+
+def _loss(out: Any) -> Any:
+    from torch.utils._pytree import tree_flatten
+
+    leaves = [t for t in tree_flatten(out)[0] if hasattr(t, "requires_grad") and t.requires_grad]
+    return sum(t.float().sum() for t in leaves)
+
+
+def compile_in_background(payload: dict[str, Any]) -> float:
+    import torch
+
+    from microco.clients.compiler._torch import AstraTorch
+
+    torch.set_num_threads(int(payload.get("threads", 1)))
+    model, args = payload["model"], payload["args"]
+    astra = AstraTorch(
+        model,
+        _Fixed(payload["values"]),
+        name="background-compile",
+        compile_choices=tuple(payload["compile_choices"]),
+        threads=(str(payload.get("threads", 1)),),
+        background=False,
+    )
+    t0 = time.perf_counter()
+    for _ in range(2):  # the probe step (finds the regions), then one step that compiles
+        with astra.step():
+            loss = _loss(model(*args))
+            if loss is not None and hasattr(loss, "backward"):
+                loss.backward()
+    failed = [r.failed for r in astra.runners.values() if r.failed] + (
+        [astra.whole_failed] if astra.whole_failed else []
+    )
+    if failed:
+        raise RuntimeError("; ".join(failed))
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str]) -> int:
+    nice = int(os.environ.get("MICROCO_BACKGROUND_NICE", "0") or 0)
+    if nice:
+        os.nice(nice)
+    src, dst = argv[1], argv[2]
+    result: dict[str, Any] = {"compile_s": None, "error": ""}
+    rc = 0
+    try:
+        import torch
+
+        payload = torch.load(src, weights_only=False)
+        result["compile_s"] = round(compile_in_background(payload), 3)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which compiles in line
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        rc = 1
+    with open(dst, "w") as f:
+        json.dump(result, f)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

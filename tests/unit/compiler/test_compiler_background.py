@@ -1,0 +1,89 @@
+"""A real background compile: a separate process compiles a candidate configuration while the
+training process keeps running, and the training process's own compile of it is then a hit in
+Inductor's on-disk FX graph cache (a load, not a compile)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from microco.clients.compiler._background import BackgroundCompiler
+from microco.clients.compiler._torch import AstraTorch
+from microco.clients.compiler.zoo import torch_models as zm
+from microco.services.compiler._types import Config
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]  # a cold Inductor compile in a child process
+
+
+class _Commit:
+    """An explorer that commits one configuration: every cell region compiled by Inductor."""
+
+    def register(self, spec):
+        values = {
+            v.name: ("inductor" if v.name.endswith(".compile") else v.choices[0]) for v in spec.variables
+        }
+        self.cfg = Config(spec.key, values, -1, committed=True)
+        return self.cfg
+
+    def report(self, key, report):
+        return self.cfg
+
+
+def test_a_background_process_fills_inductors_cache_while_training_runs(tmp_path, monkeypatch):
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # cold, private
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = zm.make_model("gru", 4, 4)
+        x, y = zm.synthetic_batch(2, 2, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        spec_values: dict[str, str] = {}
+
+        class _Grab(_Commit):
+            def register(self, spec):
+                cfg = super().register(spec)
+                spec_values.update(cfg.values)
+                return cfg
+
+        # The wrapper that will run the compiled configuration: its probe step (plain eager)
+        # finds the regions, takes the model snapshot and example inputs for the worker, and
+        # gets the configuration (compiled cell regions) that the next step would compile.
+        fresh = zm.make_model("gru", 4, 4)
+        astra = AstraTorch(fresh, _Grab(), threads=("1",), compile_choices=("eager", "inductor"))
+        with astra.step():
+            fresh(x)
+        assert spec_values and astra._needs_compile(spec_values)
+        payload = astra._background_payload(spec_values)
+        assert payload is not None and payload["args"][0].shape == x.shape
+        job = BackgroundCompiler(astra._needs_compile, astra._background_payload)
+        job.start(spec_values)
+        assert job.busy() and not job.ready(spec_values)
+        steps = 0
+        deadline = time.monotonic() + 300
+        while job.busy() and time.monotonic() < deadline:
+            loss = zm.loss_fn(model(x), y)  # training goes on meanwhile
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            steps += 1
+        assert not job.busy(), "background compile did not finish"
+        assert job.log and job.log[0]["rc"] == 0 and not job.log[0]["error"], job.log
+        assert job.ready(spec_values) and steps > 0
+
+        # The training process now compiles the same configuration: Inductor's FX graph cache
+        # answers for both the forward and the backward graph (no lowering, no C++ compile).
+        counters.clear()
+        with astra.step():
+            loss = zm.loss_fn(fresh(x), y)
+            loss.backward()
+        assert counters["inductor"]["fxgraph_cache_hit"] >= 2
+        assert counters["inductor"]["fxgraph_cache_miss"] == 0
+        assert math.isfinite(loss.item())
+    finally:
+        torch.set_num_threads(old)

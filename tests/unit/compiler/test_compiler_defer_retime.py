@@ -1,0 +1,164 @@
+"""The core's handling of compiles run in the background (a trial deferred while training runs
+the best configuration) and of close candidates (re-timed interleaved before commit). Pure
+core, synthetic timings: no framework, no sockets."""
+
+from __future__ import annotations
+
+import json
+
+from microco.services.compiler import (
+    STAGE_COMPILE,
+    STAGE_STRUCTURE,
+    Exploration,
+    ExplorationPolicy,
+    GraphSpec,
+    TrialReport,
+    Variable,
+    next_config,
+    report,
+    start,
+)
+from microco.services.compiler._types import HOLD_TRIAL
+
+POLICY = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+VARS = (
+    Variable("A.hoist", ("off", "on"), "A", STAGE_STRUCTURE),
+    Variable("A.compile", ("eager", "inductor"), "A", STAGE_COMPILE, compiles=True, compile_prior_ms=1000.0),
+)
+
+
+def step_ms(values):
+    ms = 10.0 - 2.0 * (values["A.hoist"] == "on")
+    return ms - 4.0 * (values["A.compile"] == "inductor")
+
+
+def test_a_trial_whose_compile_runs_in_the_background_is_deferred_and_training_runs_the_best():
+    state = start(GraphSpec("fp", "x", "cpu", VARS, total_steps=100_000), POLICY)
+    cfg = next_config(state, POLICY)
+    background_done_after = 3  # hold reports before the background compile finishes
+    holds = 0
+    ran: list[str] = []
+    while not cfg.committed:
+        if cfg.hold:
+            # Training goes on under the best configuration while the compile runs elsewhere;
+            # the steps beside the compile run 1 ms slower than the best's typical step.
+            assert cfg.trial == HOLD_TRIAL and cfg.values == {"A.hoist": "on", "A.compile": "eager"}
+            holds += 1
+            steps = [step_ms(cfg.values) + 1.0] * cfg.steps
+            cfg = report(state, TrialReport(HOLD_TRIAL, steps, pending=holds < background_done_after), POLICY)
+            continue
+        compiled = cfg.values["A.compile"] == "inductor"
+        if compiled and holds < background_done_after:
+            cfg = report(state, TrialReport(cfg.trial, [], pending=True), POLICY)  # not ready yet
+            continue
+        ran.append(cfg.values["A.compile"])
+        # In-process, after the background compile, the warm-up only loads the cached code.
+        warm = 50.0 if compiled else 0.0
+        ms = step_ms(cfg.values)
+        cfg = report(
+            state, TrialReport(cfg.trial, [ms + warm] + [ms] * POLICY.measure_steps, {"A": ms / 3}), POLICY
+        )
+    assert cfg.values == {"A.hoist": "on", "A.compile": "inductor"}
+    assert holds == background_done_after
+    # The waiting steps are training, not exploration of the compiled candidate: no trial record
+    # holds them, and the compiled trial ran its planned steps once it was ready.
+    assert state.wait_steps == background_done_after * POLICY.hold_steps
+    compiled_trials = [t for t in state.trials if t.values["A.compile"] == "inductor"]
+    assert [len(t.steps) for t in compiled_trials if t.kind != "retime"] == [1 + POLICY.measure_steps]
+    assert state.explore_steps == sum(len(t.steps) for t in state.trials)
+    # What the compile cost the critical path: the warm load plus the waiting steps' slowdown.
+    assert state.compile_costs == {
+        "A.compile=inductor": 50.0 + background_done_after * POLICY.hold_steps * 1.0
+    }
+    # The deferral survives the JSON round trip (a restarted service resumes it).
+    assert Exploration.from_json(json.loads(json.dumps(state.to_json()))).wait_steps == state.wait_steps
+
+
+def test_a_background_compile_that_costs_more_than_it_can_save_is_dropped_while_it_runs():
+    # 200 steps left to run: compiling A can save at most ~ (8 ms x 1/2) x 200 = 800 ms; every
+    # hold of 10 steps beside the background compile costs 10 x 30 ms of slowdown.
+    cheap = (VARS[0], Variable("A.compile", ("eager", "inductor"), "A", STAGE_COMPILE, True, 100.0))
+    state = start(GraphSpec("fp", "x", "cpu", cheap, total_steps=230), POLICY)  # a 100 ms prior: tried
+    cfg = next_config(state, POLICY)
+    holds = 0
+    while not cfg.committed:
+        if cfg.hold:
+            holds += 1
+            cfg = report(
+                state, TrialReport(HOLD_TRIAL, [step_ms(cfg.values) + 30.0] * cfg.steps, pending=True), POLICY
+            )
+            continue
+        if cfg.values["A.compile"] == "inductor":
+            cfg = report(state, TrialReport(cfg.trial, [], pending=True), POLICY)
+            continue
+        ms = step_ms(cfg.values)
+        cfg = report(state, TrialReport(cfg.trial, [ms] * 3, {"A": ms / 3}), POLICY)
+    assert cfg.values["A.compile"] == "eager"
+    assert holds <= 3  # dropped as soon as its charge exceeded the best-case saving
+    assert any("dropped while compiling" in p for p in state.pruned)
+    assert not any(t.values["A.compile"] == "inductor" for t in state.trials)
+
+
+class NoisyMachine:
+    """A fake clock: configuration B is truly 5% faster than A, but the load rises while B's
+    exploration trial runs, so B's trial measures slower than A's did."""
+
+    def __init__(self):
+        self.t = 0
+        self.spike = range(0)
+
+    def ms(self, values):
+        base = 9.5 if values["v"] == "b" else 10.0
+        self.t += 1
+        return base * (1.15 if self.t in self.spike else 1.0)
+
+
+def explore_noisy(policy):
+    spec = GraphSpec("fp", "x", "cpu", (Variable("v", ("a", "b"), "", STAGE_STRUCTURE),), total_steps=10_000)
+    state = start(spec, policy)
+    machine = NoisyMachine()
+    cfg = next_config(state, policy)
+    while not cfg.committed:
+        if cfg.values["v"] == "b" and machine.t < 6:
+            machine.spike = range(machine.t + 1, machine.t + 1 + cfg.steps)  # load during B's trial
+        cfg = report(
+            state, TrialReport(cfg.trial, [machine.ms(cfg.values) for _ in range(cfg.steps)]), policy
+        )
+    return state, cfg
+
+
+def test_a_close_runner_up_is_retimed_interleaved_and_the_faster_is_committed():
+    state, cfg = explore_noisy(POLICY)
+    assert cfg.values == {"v": "b"}  # the truly faster one, despite its noisy trial
+    kinds = [t.kind for t in state.trials]
+    assert kinds[:2] == ["baseline", "explore"]
+    retimes = [t.values["v"] for t in state.trials if t.kind == "retime"]
+    assert retimes == ["a", "b"] * POLICY.retime_rounds  # alternating, a few steps each
+    assert all(len(t.steps) == POLICY.retime_steps for t in state.trials if t.kind == "retime")
+    assert state.retime_log and state.retime_log[0]["runner_up_ms"] < state.retime_log[0]["best_ms"]
+    # Without re-timing, the noisy trial decides: the slower configuration is committed.
+    _, plain = explore_noisy(ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0, retime_rounds=0))
+    assert plain.values == {"v": "a"}
+
+
+def test_a_runner_up_far_behind_is_not_retimed():
+    spec = GraphSpec("fp", "x", "cpu", (Variable("v", ("a", "b"), "", STAGE_STRUCTURE),), total_steps=10_000)
+    state = start(spec, POLICY)
+    cfg = next_config(state, POLICY)
+    while not cfg.committed:
+        ms = 10.0 if cfg.values["v"] == "a" else 5.0
+        cfg = report(state, TrialReport(cfg.trial, [ms] * cfg.steps), POLICY)
+    assert cfg.values == {"v": "b"} and not any(t.kind == "retime" for t in state.trials)
+
+
+def test_hold_pending_and_retimes_cross_the_wire():
+    from microco.services.compiler import wire
+
+    cfg = next_config(start(GraphSpec("fp", "x", "cpu", VARS, total_steps=100_000), POLICY), POLICY)
+    hold = type(cfg)(cfg.key, {"A.hoist": "on"}, HOLD_TRIAL, steps=10, hold=True)
+    assert wire.config_from_proto(wire.config_to_proto(hold)) == hold
+    rep = TrialReport(HOLD_TRIAL, [1.0, 2.0], pending=True)
+    assert wire.report_from_proto(wire.report_to_proto("k", rep)) == rep
+    state, _ = explore_noisy(POLICY)
+    msg = wire.state_to_proto(state)
+    assert len(msg.retimes) == 1 and "kept" in msg.retimes[0]

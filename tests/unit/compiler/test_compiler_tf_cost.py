@@ -1,0 +1,143 @@
+"""TensorFlow: XLA compiles priced by the size of the graph XLA will compile; the while-loop step
+(the new `xla_loop` choice) computes the same loss and gradients as eager."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from microco.clients.compiler._tf import AstraTF, run_model
+from microco.clients.compiler._tf_cost import (
+    COLD_MS_PER_INSTRUCTION,
+    XlaCostModel,
+    hlo_instruction_count,
+    step_hlo_instructions,
+    unrolled_hlo_instructions,
+)
+from microco.clients.compiler.zoo import CELL_NAMES
+from microco.clients.compiler.zoo import tf_models as zt
+from microco.services.compiler import ExplorationPolicy, LocalExplorer
+
+pytestmark = pytest.mark.tensorflow
+
+
+def _grads(model, x, y, **choices):
+    jit = choices.pop("jit", False)
+
+    def f(x, y):
+        with tf.GradientTape() as tape:
+            loss = zt.loss_fn(run_model(model, x, **choices), y)
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    loss, grads = tf.function(f, jit_compile=True)(x, y) if jit else f(x, y)
+    return loss.numpy(), [g.numpy() for g in grads]
+
+
+def _same(a, b, tol=1e-5):
+    assert np.allclose(a[0], b[0], atol=tol, rtol=tol)
+    assert len(a[1]) == len(b[1])
+    for ga, gb in zip(a[1], b[1]):
+        assert np.allclose(ga, gb, atol=tol, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cell", CELL_NAMES)
+def test_while_loop_step_matches_eager(cell):
+    model = zt.make_model(cell, 5, 7, layers=2)  # two layers: the loop's stacked output feeds the next
+    x, y = zt.synthetic_batch(3, 3, 5)
+    ref = _grads(model, x, y, hoist=False, batch=False)
+    for hoist, batch in itertools.product([False, True], [False, True]):
+        _same(ref, _grads(model, x, y, hoist=hoist, batch=batch, loop=True))
+
+
+def test_xla_while_loop_step_matches_eager():
+    model = zt.make_model("lstm", 4, 6)
+    x, y = zt.synthetic_batch(3, 2, 4)
+    ref = _grads(model, x, y, hoist=False, batch=False)
+    _same(ref, _grads(model, x, y, hoist=True, batch=True, loop=True, jit=True), tol=1e-4)
+
+
+def test_hlo_size_grows_with_the_unrolled_graph_not_with_the_loop():
+    x2, y2 = zt.synthetic_batch(2, 2, 4)
+    x6, y6 = zt.synthetic_batch(6, 2, 4)
+
+    def size(x, y, loop):
+        a = AstraTF(zt.make_model("gru", 4, 6), tf.keras.optimizers.SGD(0.1), zt.loss_fn, _NoExplorer())
+        return step_hlo_instructions(a.variant(False, False, True, loop=loop), x, y)
+
+    unrolled2, unrolled6 = size(x2, y2, False), size(x6, y6, False)
+    assert 0 < unrolled2 < unrolled6  # one cell copy per time step
+    a = AstraTF(zt.make_model("gru", 4, 6), tf.keras.optimizers.SGD(0.1), zt.loss_fn, _NoExplorer())
+    assert unrolled_hlo_instructions(a.variant(False, False, True), x6, y6) == unrolled6  # linear in T
+    assert size(x2, y2, True) == size(x6, y6, True)  # one loop body, whatever the sequence length
+    assert (
+        hlo_instruction_count(
+            "HloModule m\n\nENTRY %e (p: f32[]) -> f32[] {\n  %p = f32[] parameter(0)\n"
+            "  ROOT %n = f32[] negate(f32[] %p)\n}\n"
+        )
+        == 2
+    )
+
+
+def test_cost_model_calibrates_and_persists(tmp_path):
+    path = tmp_path / "rate.json"
+    cold = XlaCostModel("cpu-a", path)
+    assert cold.rate() == COLD_MS_PER_INSTRUCTION
+    assert cold.estimate(2_000) > cold.estimate(1_000)  # a bigger graph costs more
+    assert cold.observe(1_000, 500.0)  # measured: 0.5 ms per instruction on this hardware
+    assert cold.rate() == pytest.approx(0.5)
+    assert cold.rate("unrolled") == COLD_MS_PER_INSTRUCTION  # another kind of module: its own rate
+    assert cold.observe(1_000, 9_000.0, "unrolled")
+    assert cold.rate("unrolled") == pytest.approx(9.0) and cold.rate() == pytest.approx(0.5)
+    assert not cold.observe(1_000, 10**9)  # a stalled step is not a rate
+    assert not cold.observe(0, 100.0)
+    again = XlaCostModel("cpu-a", path)  # the next job on this hardware starts from the measured rate
+    assert again.rate() == pytest.approx(0.5)
+    assert again.estimate(2_000) == pytest.approx(1_000.0)
+    assert again.estimate(2_000, "unrolled") == pytest.approx(18_000.0)
+    assert XlaCostModel("cpu-b", path).rate() == COLD_MS_PER_INSTRUCTION  # other hardware: cold
+    assert json.loads(path.read_text())["cpu-a"]["ms_per_instruction"]["loop"] == [0.5]
+    (tmp_path / "bad.json").write_text("{not json")
+    assert XlaCostModel("cpu-a", tmp_path / "bad.json").rate() == COLD_MS_PER_INSTRUCTION
+
+
+@pytest.mark.parametrize("ms_per_instruction, tried", [(0.05, True), (100.0, False)])
+def test_tiny_model_tries_xla_only_when_its_estimated_compile_pays_back(tmp_path, ms_per_instruction, tried):
+    """A real tiny model and run: its XLA modules' sizes come from their HLO; at a cheap rate the
+    XLA choices are tried (compiled, measured, and the measured compile calibrates the rate); at
+    a rate where no compile can pay back within the run, none is tried and nothing compiles."""
+    cost = XlaCostModel("hw", tmp_path / "rate.json", cold_rate=ms_per_instruction)
+    x, y = zt.synthetic_batch(2, 4, 4)
+    astra = AstraTF(
+        zt.make_model("sru", 4, 6),
+        tf.keras.optimizers.SGD(0.05),
+        zt.loss_fn,
+        LocalExplorer(policy=ExplorationPolicy(measure_steps=1)),
+        total_steps=2_000,
+        cost_model=cost,
+    )
+    losses = [astra.step(x, y)]
+    while not astra.committed and len(losses) < 60:
+        losses.append(astra.step(x, y))
+    assert astra.committed and losses[-1] < losses[0]
+    assert astra.hlo_instructions["loop"] > 0 and astra.hlo_instructions["unrolled"] > 0
+    state = astra.session.explorer.core.get(astra.session.spec.key)
+    xla_trials = [
+        t for t in state.trials if any(t.values[k] != "off" for k in ("xla", "xla_loop", "xla_cell"))
+    ]
+    assert bool(xla_trials) is tried
+    assert bool(cost.samples("loop") or cost.samples("unrolled")) is tried  # measured compiles move the rate
+    if not tried:
+        assert any("cannot repay" in p for p in state.pruned)
+
+
+class _NoExplorer:
+    def register(self, spec):  # pragma: no cover - never called: no step runs
+        raise AssertionError
+
+    def report(self, key, report):  # pragma: no cover
+        raise AssertionError
