@@ -62,6 +62,15 @@ def thread_choices(cpus: int | None = None) -> tuple[str, ...]:
     return tuple(str(c) for c in out)
 
 
+def spare_core() -> bool:
+    """Is at least one core idle on average (1-minute load average), beside this process?"""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return False
+    return (os.cpu_count() or 1) - load >= 1.0
+
+
 class _StepClock:
     """Per-mini-batch bookkeeping shared by all cell runners of one wrapped model."""
 
@@ -216,7 +225,7 @@ class AstraTorch(SessionBacked):
         compile_choices: tuple[str, ...] | None = None,
         threads: tuple[str, ...] | None = None,
         retry_every: int = 50,
-        background: bool = True,
+        background: bool | None = None,  # None: when a core is idle at the probe step
     ) -> None:
         self.model = model
         self.name = name or type(model).__name__
@@ -237,8 +246,11 @@ class AstraTorch(SessionBacked):
         # that fills Inductor's on-disk caches while training runs the best configuration; the
         # trial then loads them (see _background).
         self.background = (
-            BackgroundCompiler(self._needs_compile, self._background_payload) if background else None
+            BackgroundCompiler(self._needs_compile, self._background_payload)
+            if background is not False
+            else None
         )
+        self._background_auto = background is None
         self.session = ExplorationSession(explorer, retry_every=retry_every, warmer=self.background)
         self._snapshot: nn.Module | None = None
         self._example_args: tuple[Any, ...] | None = None
@@ -345,7 +357,12 @@ class AstraTorch(SessionBacked):
                     a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args
                 )
 
-        if self.background is not None:
+        if self.background is not None and self._background_auto and not spare_core():
+            # Measured on the oversubscribed 2-core machine: a compile worker either slows the
+            # training steps beside it 1.3-2.75x or, at a low priority, starves, and the trial
+            # waits (see docs/compiler.md); without an idle core, compiles stay in line.
+            self.background.enabled = False
+        if self.background is not None and self.background.enabled:
             self._snapshot = self._take_snapshot()
 
         self._hooks = [m.register_forward_pre_hook(count) for n, m in self.model.named_modules() if n]

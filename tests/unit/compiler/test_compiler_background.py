@@ -55,7 +55,9 @@ def test_a_background_process_fills_inductors_cache_while_training_runs(tmp_path
         # finds the regions, takes the model snapshot and example inputs for the worker, and
         # gets the configuration (compiled cell regions) that the next step would compile.
         fresh = zm.make_model("gru", 4, 4)
-        astra = AstraTorch(fresh, _Grab(), threads=("1",), compile_choices=("eager", "inductor"))
+        astra = AstraTorch(
+            fresh, _Grab(), threads=("1",), compile_choices=("eager", "inductor"), background=True
+        )
         with astra.step():
             fresh(x)
         assert spec_values and astra._needs_compile(spec_values)

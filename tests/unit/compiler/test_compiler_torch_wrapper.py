@@ -250,3 +250,20 @@ def test_a_compile_in_the_background_defers_its_trial_and_training_runs_the_best
     assert astra.explore_steps == state.explore_steps == sum(len(t.steps) for t in state.trials)
     compiled = [t for t in state.trials if any(v == "aot-eager" for v in t.values.values())]
     assert compiled and all(len(t.steps) == 1 + policy.measure_steps for t in compiled)
+
+
+@pytest.mark.parametrize("spare", [True, False])
+def test_compiles_go_to_the_background_only_with_an_idle_core(monkeypatch, spare):
+    from microco.clients.compiler import _torch
+
+    monkeypatch.setattr(_torch, "spare_core", lambda: spare)
+    model = zm.make_model("gru", 6, 8)
+    astra = AstraTorch(model, _Null(), threads=("1",))
+    train(model, astra, 1)
+    whole = next(v for v in astra.spec().variables if v.name == "model.compile")
+    assert astra._off_critical_path is spare
+    per_call = astra.WHOLE_WARM_PRIOR_MS_PER_CALL if spare else astra.WHOLE_COMPILE_PRIOR_MS_PER_CALL
+    assert whole.compile_prior_ms == per_call * 4  # the probe saw 4 cell calls
+    # Without an idle core every configuration is "ready": its compile runs in line.
+    compiled = {**astra.config, "model.compile": "inductor"}
+    assert astra.background.ready(compiled) is (not spare)

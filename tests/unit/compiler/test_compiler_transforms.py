@@ -206,7 +206,7 @@ def test_whole_model_compile_matches_eager_and_switches_back(monkeypatch):
     x, y = zm.synthetic_batch(2, 2, 4)
     ref = _loss_and_grads(zm.make_model("gru", 4, 4), x, y)
     model = zm.make_model("gru", 4, 4)
-    astra = AstraTorch(model, FixedExplorer(), threads=("1",))
+    astra = AstraTorch(model, FixedExplorer(), threads=("1",), background=True)
     with astra.step():
         _loss_and_grads(model, x, y)
     whole = next(v for v in astra.spec().variables if v.name == "model.compile")
