@@ -201,6 +201,14 @@ class AstraTF(SessionBacked):
         def prior(kind: str) -> float:
             return round(cost.estimate(sizes[kind], kind), 1) if kind in sizes else 0.0
 
+        def priced(name: str, choices: tuple[str, ...], stage: int, kind: str) -> Variable:
+            # The estimate is already calibrated (a rate measured on this hardware for this kind
+            # of module): the core must not rescale it by the key's other compiles, which are of
+            # the other kind (looped compiles measured below their estimate would otherwise pull
+            # the unrolled estimate down and get a losing unrolled compile tried).
+            ms = prior(kind)
+            return Variable(name, choices, "", stage, True, ms, prior_calibrated=ms > 0)
+
         st = self.STAGES
         out = [
             # A structural choice builds a new step variant before it runs: a trace of the unrolled
@@ -208,8 +216,8 @@ class AstraTF(SessionBacked):
             # `xla_loop` a new XLA compile of the loop (3-11 s). That is compile time like any
             # other, so it is priced (at the loop module's estimate, the same order) and a variant
             # that cannot repay it within the run is not built.
-            Variable("hoist", ("off", "on"), "", st["structure"], True, prior("loop")),
-            Variable("batch", ("off", "on"), "", st["structure"], True, prior("loop")),
+            priced("hoist", ("off", "on"), st["structure"], "loop"),
+            priced("batch", ("off", "on"), st["structure"], "loop"),
         ]
         # `xla_loop`: the whole step under XLA with the time loop as one while loop (one cell
         # body to compile, not one per time step), over the structure in force. Explored first:
@@ -217,15 +225,15 @@ class AstraTF(SessionBacked):
         # five cells (2.5-7.6 ms against 4.7-17.4) and compiled in 2-8 s against 4-118 s for the
         # unrolled step; hoisted and batched, it was faster still on four of five (1.9-6.0 ms).
         # The structure stage then judges hoisting and batching under it, where they pay.
-        out.append(Variable("xla_loop", ("off", "on"), "", st["xla_loop"], True, prior("loop")))
+        out.append(priced("xla_loop", ("off", "on"), st["xla_loop"], "loop"))
         # `xla_cell`: only the per-step cell region (recurrent products and gate arithmetic)
         # as its own XLA cluster, the rest of the step in TensorFlow's kernels. Its module is
         # about a loop body, forward and gradient: priced at the loop module's size.
-        out.append(Variable("xla_cell", ("off", "on"), "", st["xla_cell"], True, prior("loop")))
+        out.append(priced("xla_cell", ("off", "on"), st["xla_cell"], "loop"))
         # `xla`: the whole unrolled step under XLA, over the structure explored so far ("on")
         # or over the plain step ("plain": exactly what `jit_compile=True` on the user's step
         # does; XLA's own fusion may beat the rewritten structure it is handed).
-        out.append(Variable("xla", ("off", "on", "plain"), "", st["xla"], True, prior("unrolled")))
+        out.append(priced("xla", ("off", "on", "plain"), st["xla"], "unrolled"))
         return out
 
     def variant(
@@ -282,7 +290,10 @@ class AstraTF(SessionBacked):
         cells = ",".join(type(c).__name__ for c in self.model.cells)
         # The space without its priors: a prior moves with the measured rate, and the key (which
         # finds the committed configuration of an earlier run) must not move with it.
-        space = [{k: d for k, d in v.to_dict().items() if k != "compile_prior_ms"} for v in variables]
+        space = [
+            {k: d for k, d in v.to_dict().items() if k not in ("compile_prior_ms", "prior_calibrated")}
+            for v in variables
+        ]
         fp = hashlib.sha256(f"{type(self.model).__name__}|{cells}|{shapes}|{space}".encode()).hexdigest()[:24]
         spec = GraphSpec(
             fingerprint=fp,

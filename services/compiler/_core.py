@@ -684,7 +684,8 @@ def compile_estimate(state: Exploration, choices: list[tuple[Variable, str]]) ->
     whole step): per choice, its own measured cost when known (this run or an earlier run of the
     same key: ``compile_costs``), else its prior (the variable's ``compile_prior_ms``, or the
     framework's default) scaled by how the compiles measured for this key compare with their
-    priors (bounded by ``CALIBRATION_BOUNDS``). The costliest choice counts: choices of one trial
+    priors (bounded by ``CALIBRATION_BOUNDS``); a prior the client calibrated itself
+    (``Variable.prior_calibrated``) is used as given. The costliest choice counts: choices of one trial
     compile in the same warm-up step."""
     if not choices:
         return 0.0
@@ -705,7 +706,7 @@ def calibration(state: Exploration) -> float:
     ratios = []
     for c, ms in state.compile_costs.items():
         v = by_name.get(c.split("=", 1)[0])
-        if v is not None and v.compiles:
+        if v is not None and v.compiles and not v.prior_calibrated:
             ratios.append(ms / _prior(state, v))
     if not ratios:
         return 1.0
@@ -723,6 +724,8 @@ def _choice_estimate(state: Exploration, v: Variable, choice: str) -> float:
     known = state.compile_costs.get(choice_key(v.name, choice))
     if known is not None:
         return known
+    if v.prior_calibrated and v.compile_prior_ms > 0:
+        return v.compile_prior_ms
     return _prior(state, v) * calibration(state)
 
 

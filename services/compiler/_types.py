@@ -30,6 +30,11 @@ class Variable:
     # What one compile of this variable costs before any was measured (ms; 0 = the core's
     # default for the framework): a whole unrolled step compiles far longer than one cell.
     compile_prior_ms: float = 0.0
+    # True when ``compile_prior_ms`` is already calibrated by the client (e.g. TensorFlow prices
+    # XLA by the HLO size it will compile times a rate measured on this hardware): the core then
+    # uses it as given until the choice itself is measured, and neither scales it by this key's
+    # other compiles nor lets its measured cost scale theirs (two estimators, two calibrations).
+    prior_calibrated: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -40,6 +45,8 @@ class Variable:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["choices"] = list(self.choices)
+        if not self.prior_calibrated:  # absent when off: older states and fingerprints unchanged
+            d.pop("prior_calibrated")
         return d
 
     @classmethod
@@ -51,6 +58,7 @@ class Variable:
             int(d.get("stage", 0)),
             bool(d.get("compiles", False)),
             float(d.get("compile_prior_ms", 0.0)),
+            bool(d.get("prior_calibrated", False)),
         )
 
 

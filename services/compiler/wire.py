@@ -18,11 +18,14 @@ def variable_to_proto(v: Variable) -> pb.Variable:
         stage=v.stage,
         compiles=v.compiles,
         compile_prior_ms=v.compile_prior_ms,
+        prior_calibrated=v.prior_calibrated,
     )
 
 
 def variable_from_proto(m: pb.Variable) -> Variable:
-    return Variable(m.name, tuple(m.choices), m.region, m.stage, m.compiles, m.compile_prior_ms)
+    return Variable(
+        m.name, tuple(m.choices), m.region, m.stage, m.compiles, m.compile_prior_ms, m.prior_calibrated
+    )
 
 
 def spec_to_proto(s: GraphSpec) -> pb.RegisterGraphRequest:

@@ -323,6 +323,28 @@ def test_calibration_scales_unmeasured_priors_by_measured_compiles_within_bounds
     assert _core.compile_estimate(state, [(WHOLE, "inductor")]) == 2500.0
 
 
+def test_a_client_calibrated_prior_is_used_as_given_and_does_not_calibrate_the_others():
+    calibrated = Variable(
+        "xla", ("off", "on"), "", STAGE_COMPILE, True, compile_prior_ms=14_000.0, prior_calibrated=True
+    )
+    state = start(spec(total_steps=3000, variables=spec().variables + (WHOLE, calibrated)), POLICY)
+    # A cell compile measured at half its prior halves the plain whole-step prior, not the
+    # client's calibrated estimate.
+    state.compile_costs["A.compile=inductor"] = 4000.0
+    assert _core.compile_estimate(state, [(WHOLE, "inductor")]) == pytest.approx(32_000.0)
+    assert _core.compile_estimate(state, [(calibrated, "on")]) == 14_000.0
+    # Its own measurement still wins, and (far below its estimate) it does not pull the others.
+    state.compile_costs["xla=on"] = 1000.0
+    assert _core.compile_estimate(state, [(calibrated, "on")]) == 1000.0
+    assert _core.compile_estimate(state, [(WHOLE, "inductor")]) == pytest.approx(32_000.0)
+    # The flag survives the JSON the state is kept in and the wire; absent, old states load.
+    assert Variable.from_dict(calibrated.to_dict()) == calibrated
+    assert "prior_calibrated" not in WHOLE.to_dict()
+    from microco.services.compiler import wire
+
+    assert wire.variable_from_proto(wire.variable_to_proto(calibrated)) == calibrated
+
+
 def test_a_committed_run_reports_its_warm_recompile_and_a_pruned_candidate_that_now_pays_is_tried():
     policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
     kv = MemoryKV()

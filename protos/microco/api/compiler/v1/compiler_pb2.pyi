@@ -7,20 +7,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Variable(_message.Message):
-    __slots__ = ("name", "choices", "region", "stage", "compiles", "compile_prior_ms")
+    __slots__ = ("name", "choices", "region", "stage", "compiles", "compile_prior_ms", "prior_calibrated")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     COMPILES_FIELD_NUMBER: _ClassVar[int]
     COMPILE_PRIOR_MS_FIELD_NUMBER: _ClassVar[int]
+    PRIOR_CALIBRATED_FIELD_NUMBER: _ClassVar[int]
     name: str
     choices: _containers.RepeatedScalarFieldContainer[str]
     region: str
     stage: int
     compiles: bool
     compile_prior_ms: float
-    def __init__(self, name: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., region: _Optional[str] = ..., stage: _Optional[int] = ..., compiles: _Optional[bool] = ..., compile_prior_ms: _Optional[float] = ...) -> None: ...
+    prior_calibrated: bool
+    def __init__(self, name: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., region: _Optional[str] = ..., stage: _Optional[int] = ..., compiles: _Optional[bool] = ..., compile_prior_ms: _Optional[float] = ..., prior_calibrated: _Optional[bool] = ...) -> None: ...
 
 class RegisterGraphRequest(_message.Message):
     __slots__ = ("fingerprint", "input_shapes", "hardware", "variables", "model_name", "framework", "total_steps")
