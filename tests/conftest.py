@@ -19,6 +19,20 @@ os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_xla_rate_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Astra's TensorFlow side learns XLA's compile rate per machine in a file under the home
+    directory; the suite must neither read a developer's learned rate (it changes which choices
+    are tried) nor leave one behind."""
+    old = os.environ.get("MICROCO_XLA_COST_FILE")
+    os.environ["MICROCO_XLA_COST_FILE"] = str(tmp_path_factory.mktemp("xla") / "rate.json")
+    yield
+    if old is None:
+        os.environ.pop("MICROCO_XLA_COST_FILE", None)
+    else:
+        os.environ["MICROCO_XLA_COST_FILE"] = old
+
+
 @pytest.fixture(scope="session")
 def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from microco.services.stack import EtcdServer

@@ -78,6 +78,11 @@ class GandivaConfig:
     # jobs' mini-batch times, as for any pack (Gandiva packs, observes and unpacks, rather
     # than assuming an unknown job fills its device).
     pack_unprofiled: bool = False
+    # Session 3: a pack takes part in time-slicing (as in Gandiva) once the pack has had a
+    # quantum since it last changed: a waiting job swaps in for its most-served member, or
+    # the whole pack yields its device. False: packed jobs hold their device until
+    # introspection undoes the pack (the behaviour before; kept to reproduce old figures).
+    slice_packs: bool = True
 
     def __post_init__(self) -> None:
         if self.quantum_s <= 0:
@@ -192,15 +197,20 @@ class GandivaPolicy:
                 victims.sort(key=lambda j: (j.priority, -j.attained_service_s, j.id))
             else:
                 victims.sort(key=lambda j: (j.priority, j.last_change_at, j.id))
+        # packs whose quantum is over: device -> its members (one time-slice participant)
+        pack_victims: dict[str, list[JobView]] = {}
+        if cfg.enable_time_slicing and cfg.slice_packs and any_packed:
+            pack_victims = self._pack_victims(occ, jobs, acted, now)
+        packed_victims = [m for ms in pack_victims.values() for m in ms]
         suspended: set[str] = set()
         n_free = occ.n_free()
         pack_slots = self._pack_slots(occ, jobs, acted, now) if cfg.enable_packing else []
-        max_victim = max((v.attained_service_s for v in victims), default=-1.0)
-        min_victim_prio = min((v.priority for v in victims), default=0)
+        max_victim = max((v.attained_service_s for v in victims + packed_victims), default=-1.0)
+        min_victim_prio = min((v.priority for v in victims + packed_victims), default=0)
         for w in waiting:
             if w.id in acted:
                 continue
-            if n_free == 0 and not pack_slots and not victims:
+            if n_free == 0 and not pack_slots and not victims and not pack_victims:
                 break  # nothing left to give anyone; the rest keep waiting
             k = w.devices_wanted
             devs = place(occ.free_by_node(), k, allow_spread=False) if k <= n_free else None
@@ -228,7 +238,7 @@ class GandivaPolicy:
                     acted.add(w.id)
                     acted.add(partner)
                     continue
-            if victims:
+            if victims or pack_victims:
                 if (
                     cfg.slice_order == "las"
                     and w.attained_service_s >= max_victim
@@ -242,23 +252,24 @@ class GandivaPolicy:
                     continue  # no running job has had more service than this one
                 # Priorities are strict classes: a job only yields to one of higher
                 # priority, or of equal priority (and, with "las", less attained service).
-                las = cfg.slice_order == "las"
                 cands = [
-                    v
-                    for v in victims
-                    if v.id not in suspended
-                    and v.id not in acted
-                    and (
-                        v.priority < w.priority
-                        or (
-                            v.priority == w.priority
-                            and (not las or v.attained_service_s > w.attained_service_s)
-                        )
-                    )
+                    v for v in victims if v.id not in suspended and v.id not in acted and self._yields(v, w)
                 ]
-                if not cands:
-                    continue
-                got = preempt_for(occ, k, cands, allow_spread=cfg.allow_spread)
+                got = preempt_for(occ, k, cands, allow_spread=cfg.allow_spread) if cands else None
+                if got is None and pack_victims:
+                    # No running job frees room: the packs take their turn. First a swap
+                    # (w takes the place of the pack's most-served member, so the device
+                    # stays shared), else whole packs yield their device like one job.
+                    if self._swap_into_pack(w, pack_victims, occ, out, acted, now):
+                        continue
+                    whole = [
+                        m
+                        for ms in pack_victims.values()
+                        if all(self._yields(m, w) for m in ms)
+                        for m in ms
+                    ]
+                    if whole:
+                        got = preempt_for(occ, k, cands + whole, allow_spread=cfg.allow_spread)
                 if got is None:
                     continue
                 devs, used = got
@@ -266,6 +277,8 @@ class GandivaPolicy:
                 for v in used:
                     suspended.add(v.id)
                     acted.add(v.id)
+                    if v.state is JobPhase.PACKED:
+                        pack_victims.pop(v.devices[0], None)
                     out.append(Suspend(v.id, f"gandiva: time-slice, quantum over, {w.id} waits"))
                 occ.take(w.id, devs)
                 out.append(_run(w, devs, "gandiva: time-slice"))
@@ -276,6 +289,78 @@ class GandivaPolicy:
         if cfg.enable_grow_shrink and occ.n_free() > 0 and all(w.id in acted for w in waiting):
             self._grow(view, occ, out, acted)
         return out
+
+    def _yields(self, v: JobView, w: JobView) -> bool:
+        """Whether holder ``v`` (quantum over) gives way to waiting ``w``: strict priority
+        classes; inside a class, with ``las`` order, only to a job with less service."""
+        if v.priority != w.priority:
+            return v.priority < w.priority
+        return self.config.slice_order != "las" or v.attained_service_s > w.attained_service_s
+
+    def _pack_victims(
+        self, occ: Occupancy, jobs: dict[str, JobView], acted: set, now: float
+    ) -> dict[str, list[JobView]]:
+        """Devices shared by one-device packed jobs whose *pack* has had a quantum: the
+        quantum of a pack starts at its newest member's last change (when it formed)."""
+        q = self.config.quantum_s
+        out: dict[str, list[JobView]] = {}
+        for dev, hs in occ.holders.items():
+            if len(hs) < 2:
+                continue
+            ms = [jobs.get(h) for h in hs]
+            if any(
+                m is None or m.state is not JobPhase.PACKED or len(m.devices) != 1 or m.id in acted
+                for m in ms
+            ):
+                continue
+            if now - max(m.last_change_at for m in ms) < q - _EPS:
+                continue
+            ms.sort(key=lambda m: (m.priority, -m.attained_service_s, m.id))  # worst first
+            out[dev] = ms
+        return out
+
+    def _swap_into_pack(
+        self,
+        w: JobView,
+        pack_victims: dict[str, list[JobView]],
+        occ: Occupancy,
+        out: list,
+        acted: set,
+        now: float,
+    ) -> bool:
+        """Time-slice one member of a pack: suspend the pack member that yields to ``w``
+        (most served first) and pack ``w`` with the rest, if ``w`` may pack with them (share
+        rule, or a trial pack of a never-profiled job). True if done."""
+        cfg = self.config
+        if not cfg.enable_packing or w.devices_wanted != 1:
+            return False
+        if w.state is JobPhase.SUSPENDED and self._pack_cooling(w, now):
+            return False
+        bw = busy_fraction(w)
+        trial = cfg.pack_unprofiled and w.utilization is None and w.state is JobPhase.QUEUED
+        best = None
+        for dev, ms in pack_victims.items():
+            v = ms[0]  # worst first
+            if not self._yields(v, w):
+                continue
+            rest = ms[1:]
+            if not trial and sum(busy_fraction(m) for m in rest) + bw > cfg.pack_share_limit:
+                continue
+            key = (v.priority, -v.attained_service_s, dev)
+            if best is None or key < best[0]:
+                best = (key, dev, v, rest)
+        if best is None:
+            return False
+        _, dev, v, rest = best
+        del pack_victims[dev]
+        occ.release(v.id, v.devices)
+        occ.take(w.id, (dev,))
+        out.append(Suspend(v.id, f"gandiva: time-slice a packed job, pack's quantum over, {w.id} waits"))
+        out.append(Pack(w.id, (dev,), tuple(m.id for m in rest), "gandiva: time-slice into a pack"))
+        acted.add(v.id)
+        acted.add(w.id)
+        acted.update(m.id for m in rest)
+        return True
 
     def _may_act(self, view: ClusterView, n_dev: int) -> bool:
         """Cheap pre-check (the simulator calls decide tens of thousands of times): with
@@ -322,10 +407,22 @@ class GandivaPolicy:
                 a = w_min.get(j.priority)
                 if a is None or j.attained_service_s < a:
                     w_min[j.priority] = j.attained_service_s
+            # a pack's quantum starts at its newest member's last change
+            pack_start: dict[str, float] = {}
+            if cfg.slice_packs:
+                for r in holders:
+                    if r.state is JobPhase.PACKED and len(r.devices) == 1:
+                        d = r.devices[0]
+                        pack_start[d] = max(pack_start.get(d, r.last_change_at), r.last_change_at)
             for r in holders:
-                if r.state is not JobPhase.RUNNING or not r.devices:
+                if not r.devices:
                     continue
-                t = r.last_change_at + cfg.quantum_s
+                if r.state is JobPhase.RUNNING:
+                    t = r.last_change_at + cfg.quantum_s
+                elif r.state is JobPhase.PACKED and r.devices[0] in pack_start:
+                    t = r.last_change_at + cfg.quantum_s
+                else:
+                    continue
                 if cfg.slice_order != "las":
                     cands.append(t)
                     continue
@@ -360,9 +457,21 @@ class GandivaPolicy:
         time was slower than its time alone (or is unknown)."""
         if w.state is not JobPhase.SUSPENDED or now - w.last_change_at >= self.config.pack_cooldown_s - _EPS:
             return False
+        cfg = self.config
         ms, alone = w.minibatch_ms, w.minibatch_ms_alone
         # unknown times: cannot tell a time-slice from an unpack, so wait (as before)
-        return not (ms and alone and ms <= alone * (1.0 + 1e-6))
+        if not (ms and alone):
+            return True
+        if ms <= alone * (1.0 + 1e-6):
+            return False
+        # With packs time-sliced, a job also leaves a *kept* pack (suspended for a waiting
+        # job). Introspection only ever unpacks the slowest member of a pack whose progress
+        # sum(alone/observed) fell below pack_keep_ratio, so that member ran below
+        # pack_keep_ratio / max_jobs_per_device of its speed alone; a job that ran at least
+        # that fast was not taken off a bad pack and may pack again at once.
+        if cfg.slice_packs and cfg.enable_time_slicing:
+            return alone / ms < cfg.pack_keep_ratio / cfg.max_jobs_per_device
+        return True
 
     # ------------------------------------------------------------------ mechanisms
     def _judge_packs(
