@@ -200,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--sweep-only", action="store_true", help="only the --sweep-gpus runs (no comparison at --gpus)"
     )
+    p.add_argument(
+        "--cost-profiles",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated subset of the cost profiles to report (session1, measured; default: "
+        "session1, plus measured with --costs-from)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.trace = "tiresias" if args.trace == "alibaba" else args.trace
@@ -274,6 +281,15 @@ def _cost_profiles(args) -> dict:
     out = {"session1": replace(COST_PROFILES["session1"], **(args.costs or {}))}
     if args.costs_from:
         out["measured"] = resolve_costs(args)
+    only = [x.strip() for x in (getattr(args, "cost_profiles", None) or "").split(",") if x.strip()]
+    if only:
+        unknown = [x for x in only if x not in out]
+        if unknown:
+            raise SystemExit(
+                f"microco bench sim: --cost-profiles: unknown or unavailable {unknown} (have {sorted(out)}; "
+                "'measured' needs --costs-from)"
+            )
+        out = {k: v for k, v in out.items() if k in only}
     return out
 
 

@@ -147,10 +147,15 @@ class ExplorationSession:
             return None
         rep = TrialReport(trial=HOLD_TRIAL, step_ms=list(self._times), pending=busy)
         self._reset_trial()
+        return self._send(cur.key, rep)
+
+    def _send(self, key: str, report: TrialReport) -> Config | None:
+        """Report to the explorer and take the configuration it hands back; a failing explorer
+        is lost (training goes on under the configuration in force)."""
         assert self.explorer is not None
         try:
-            nxt = self._accept(self.explorer.report(cur.key, rep))
-        except Exception as exc:  # noqa: BLE001 - training goes on under the best configuration
+            nxt = self._accept(self.explorer.report(key, report))
+        except Exception as exc:  # noqa: BLE001 - whatever the failure, training must go on
             self._lose(exc)
             return None
         if nxt is None:
@@ -246,16 +251,7 @@ class ExplorationSession:
             self.best_ms = min(self.best_ms, min(report.step_ms[1:]))
         self._reset_trial()
         self.trials_run += 1
-        assert self.explorer is not None
-        try:
-            nxt = self._accept(self.explorer.report(cur.key, report))
-        except Exception as exc:  # noqa: BLE001 - whatever the failure, training must go on
-            self._lose(exc)
-            return None
-        if nxt is None:
-            return None
-        self.current = nxt
-        return nxt
+        return self._send(cur.key, report)
 
 
 class SessionBacked:

@@ -6,7 +6,10 @@ Each mechanism can be switched off on its own so its gain can be measured alone:
   running jobs that have had at least ``quantum_s`` since their last change and more
   attained service than it (``slice_order="las"``), or simply the longest-running ones
   (``"round_robin"``): round-robin suspend/resume. A new job therefore starts within one
-  suspend/resume, which is what cuts time to first feedback.
+  suspend/resume, which is what cuts time to first feedback. With ``slice_packs`` (default)
+  a device shared by packed jobs is one participant too: once the pack has had a quantum
+  (from its newest member's last change), a waiting job swaps in for the member that
+  yields to it, or, if it cannot share, the whole pack yields the device.
 * **packing** -- a waiting one-device job may share a device with one running one-device
   job when their busy fractions (:func:`busy_fraction`: the observed ``utilization`` when
   known, else the requested ``gpu_share``) add up to at most ``pack_share_limit``. This
@@ -420,7 +423,7 @@ class GandivaPolicy:
                 if r.state is JobPhase.RUNNING:
                     t = r.last_change_at + cfg.quantum_s
                 elif r.state is JobPhase.PACKED and r.devices[0] in pack_start:
-                    t = r.last_change_at + cfg.quantum_s
+                    t = pack_start[r.devices[0]] + cfg.quantum_s
                 else:
                     continue
                 if cfg.slice_order != "las":

@@ -135,3 +135,18 @@ def test_cli_costs_reach_the_simulator(tmp_path: Path, capsys) -> None:
     assert dear["avg_jct_s"] > free["avg_jct_s"] and dear["preemptions"] > 0
     with pytest.raises(SystemExit):
         cli.main(args + ["--costs", "resume=-1"])
+
+
+def test_bench_cost_profiles_subset(tmp_path: Path, capsys) -> None:
+    sched = tmp_path / "sched.json"
+    sched.write_text(
+        json.dumps({"suspend_ms": 10.0, "resume_ms": 5.0, "migrate_ms": 100.0, "migration": {"migrate_restart_ms": 80.0}})
+    )
+    p = small_trace(tmp_path)
+    base = ["--trace", str(p), "--sweep-only", "--sweep-gpus", "2", "--costs-from", str(sched)]
+    assert bench.main(base + ["--cost-profiles", "measured"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out["cost_profiles"]) == ["measured"] and out["cost_profile"] == "measured"
+    assert out["cost_profiles"]["measured"]["costs_s"]["suspend_s"] == pytest.approx(0.01)
+    with pytest.raises(SystemExit):
+        bench.main(["--trace", str(p), "--sweep-only", "--sweep-gpus", "2", "--cost-profiles", "measured"])
