@@ -384,10 +384,7 @@ def _typical_ms(t: TrialRecord) -> float:
     """A trial's typical measured step (median): what a step beside a background compile is
     compared with (the minimum would charge ordinary noise to the compile)."""
     measured = t.steps[1:] if len(t.steps) > 1 else t.steps
-    if not measured:
-        return t.step_ms
-    s = sorted(measured)
-    return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+    return _median(measured) if measured else t.step_ms
 
 
 def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
@@ -710,14 +707,8 @@ def calibration(state: Exploration) -> float:
             ratios.append(ms / _prior(state, v))
     if not ratios:
         return 1.0
-    ratios.sort()
-    mid = (
-        ratios[len(ratios) // 2]
-        if len(ratios) % 2
-        else 0.5 * (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2])
-    )
     lo, hi = CALIBRATION_BOUNDS
-    return min(hi, max(lo, mid))
+    return min(hi, max(lo, _median(ratios)))
 
 
 def _choice_estimate(state: Exploration, v: Variable, choice: str) -> float:
