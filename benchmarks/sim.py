@@ -42,7 +42,7 @@ from microco.clients.cli.sim import (
 
 POLICIES = ("fifo", "las", "gandiva")
 STRICT = "fifo[strict]"  # fifo without backfilling: pure first come, first served
-TRIAL = "gandiva[trial packs]"  # gandiva with pack_unprofiled=True (session 3, opt-in)
+TRIAL = "gandiva[no trial packs]"  # pack_unprofiled=False: the default before session 3's follow-up
 # ASHA settings swept (reduction factor, minimum resource as a fraction of training, configs)
 HP_SWEEP = ((3, 1 / 27, 81), (3, 1 / 81, 81), (4, 1 / 64, 81), (3, 1 / 81, 243), (4, 1 / 16, 64))
 HP_SEEDS = tuple(range(8))  # loss draws for the search's seed sweep (seed 0 is the headline run)
@@ -108,9 +108,9 @@ def _hp_runs(make_policy, run_hp_search, args, perf, opts: dict, costs) -> dict:
 
 
 def _gpu_sweep(args, jobs, models, perf, costs) -> list[dict]:
-    """fifo, fifo[strict], gandiva and gandiva[trial packs] at each cluster size: utilisation over the common
-    window, over the trace's contended window (where its demand exceeds capacity) and over
-    each run's makespan."""
+    """fifo, fifo[strict], gandiva and gandiva[no trial packs] at each cluster size:
+    utilisation over the common window, over the trace's contended window (where its demand
+    exceeds capacity) and over each run's makespan."""
     from microco.services.scheduler.policy import make_policy
     from microco.services.scheduler.sim import ClusterSpec, contended_window, simulate
 
@@ -124,7 +124,7 @@ def _gpu_sweep(args, jobs, models, perf, costs) -> list[dict]:
             ("fifo", "fifo", {}),
             (STRICT, "fifo", {"backfill": False}),
             ("gandiva", "gandiva", {}),
-            (TRIAL, "gandiva", {"pack_unprofiled": True}),
+            (TRIAL, "gandiva", {"pack_unprofiled": False}),
         ):
             print(f"sweep: {label} on {cluster.size} GPUs, costs {costs} ...", file=sys.stderr, flush=True)
             opts = {**policy_options(name, args), **extra}
@@ -310,12 +310,12 @@ SIDE_BY_SIDE = (
     ("gandiva preemptions", ("results", "gandiva", "preemptions")),
     ("gandiva packs", ("results", "gandiva", "packs")),
     (
-        "gpu_utilization_window gandiva[trial packs]/fifo",
-        ("ratios", "gandiva_trial_packs_vs_fifo", "gpu_utilization_window"),
+        "gpu_utilization_window gandiva[no trial packs]/fifo",
+        ("ratios", "gandiva_no_trial_packs_vs_fifo", "gpu_utilization_window"),
     ),
     (
-        "avg_time_to_first_feedback_s gandiva[trial packs]/fifo",
-        ("ratios", "gandiva_trial_packs_vs_fifo", "avg_time_to_first_feedback_s"),
+        "avg_time_to_first_feedback_s gandiva[no trial packs]/fifo",
+        ("ratios", "gandiva_no_trial_packs_vs_fifo", "avg_time_to_first_feedback_s"),
     ),
     ("hp_search identify speed-up gandiva/fifo", ("ratios", "hp_search_speedup_gandiva_vs_fifo")),
     ("hp_search best-trained speed-up gandiva/fifo", ("ratios", "hp_best_trained_speedup_gandiva_vs_fifo")),
@@ -346,7 +346,7 @@ def _run_profile(args, jobs, cluster, models, perf, costs, pname: str) -> tuple[
 
     runs = {name: (name, policy_options(name, args)) for name in POLICIES}
     runs[STRICT] = ("fifo", {**policy_options("fifo", args), "backfill": False})
-    runs[TRIAL] = ("gandiva", {**policy_options("gandiva", args), "pack_unprofiled": True})
+    runs[TRIAL] = ("gandiva", {**policy_options("gandiva", args), "pack_unprofiled": False})
     if args.ablations:
         for label, extra in ABLATIONS.items():
             runs[label] = ("gandiva", {**policy_options("gandiva", args), **extra})
@@ -387,7 +387,7 @@ def _run_profile(args, jobs, cluster, models, perf, costs, pname: str) -> tuple[
                 ),
                 "avg_jct_s": _ratio(g.avg_jct_s, fs.avg_jct_s),
             },
-            "gandiva_trial_packs_vs_fifo": {
+            "gandiva_no_trial_packs_vs_fifo": {
                 "gpu_utilization_window": _ratio(
                     results[TRIAL].gpu_utilization_window, f.gpu_utilization_window
                 ),

@@ -74,6 +74,10 @@ class ExplorationPolicy:
     retime_margin: float = 0.2
     retime_rounds: int = 3
     retime_steps: int = 3
+    # Every configuration within the margin is a challenger, not only the runner-up: the best in
+    # force meets them one pair at a time, closest first (a noisy trial can put the truly fastest
+    # third), at most this many pairs per exploration.
+    retime_pairs: int = 3
 
     @property
     def steps_per_trial(self) -> int:
@@ -388,28 +392,36 @@ def _typical_ms(t: TrialRecord) -> float:
 
 
 def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
-    """Before committing: when the runner-up measured within ``retime_margin`` of the best,
-    queue interleaved re-timing trials of the two (once per pair)."""
-    if policy.retime_rounds <= 0 or state.best is None:
+    """Before committing: when another configuration measured within ``retime_margin`` of the
+    best, queue interleaved re-timing trials of the two (once per pair; the closest challenger
+    first, then the next against the winner, up to ``retime_pairs`` pairs)."""
+    if policy.retime_rounds <= 0 or state.best is None or len(state.retimed) >= policy.retime_pairs:
         return False
     best = state.trials[state.best]
-    others = [
-        t
-        for t in state.trials
-        if t.done
-        and not t.failed
-        and t.kind != "retime"
-        and t.values != best.values
-        and math.isfinite(t.step_ms)
-    ]
-    if not others or not math.isfinite(best.step_ms):
+    if not math.isfinite(best.step_ms):
         return False
-    runner = min(others, key=lambda t: t.step_ms)
-    if runner.step_ms > best.step_ms * (1.0 + policy.retime_margin):
+    fastest: dict[str, TrialRecord] = {}  # per distinct configuration, its fastest trial
+    for t in state.trials:
+        if (
+            t.done
+            and not t.failed
+            and t.kind != "retime"
+            and t.values != best.values
+            and math.isfinite(t.step_ms)
+        ):
+            vid = _values_id(t.values)
+            if vid not in fastest or t.step_ms < fastest[vid].step_ms:
+                fastest[vid] = t
+    runner = None
+    for t in sorted(fastest.values(), key=lambda t: t.step_ms):
+        if t.step_ms > best.step_ms * (1.0 + policy.retime_margin):
+            break
+        if sorted([_values_id(best.values), _values_id(t.values)]) not in state.retimed:
+            runner = t
+            break
+    if runner is None:
         return False
     pair = sorted([_values_id(best.values), _values_id(runner.values)])
-    if pair in state.retimed:
-        return False
     budget = policy.max_explore_fraction * max(1, state.spec.total_steps)
     if state.explore_steps - state.budget_base + 2 * policy.retime_rounds * policy.retime_steps > budget:
         return False  # re-timing is exploration too: only within the run's share

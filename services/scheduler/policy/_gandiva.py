@@ -75,12 +75,14 @@ class GandivaConfig:
     grow_max_factor: int = 2
     slice_order: str = "las"  # or "round_robin"
     allow_spread: bool = True
-    # Session 3, opt-in: a one-device job never profiled (QUEUED, utilisation unknown)
-    # that finds no free device and no pack slot by the share rule is packed for a trial
-    # onto the emptiest pack slot; introspection then keeps or undoes the pack from the two
-    # jobs' mini-batch times, as for any pack (Gandiva packs, observes and unpacks, rather
-    # than assuming an unknown job fills its device).
-    pack_unprofiled: bool = False
+    # Session 3: a one-device job never profiled (QUEUED, utilisation unknown) that finds
+    # no free device and no pack slot by the share rule is packed for a trial onto the
+    # emptiest pack slot; introspection then keeps or undoes the pack from the two jobs'
+    # mini-batch times, as for any pack (Gandiva packs, observes and unpacks, rather than
+    # assuming an unknown job fills its device). On by default since packs are time-sliced
+    # (``slice_packs``): measured, it raises utilisation and keeps feedback time
+    # (docs/benchmarks/sim.md); False is the behaviour before.
+    pack_unprofiled: bool = True
     # Session 3: a pack takes part in time-slicing (as in Gandiva) once the pack has had a
     # quantum since it last changed: a waiting job swaps in for its most-served member, or
     # the whole pack yields its device. False: packed jobs hold their device until
@@ -266,10 +268,7 @@ class GandivaPolicy:
                     if self._swap_into_pack(w, pack_victims, occ, out, acted, now):
                         continue
                     whole = [
-                        m
-                        for ms in pack_victims.values()
-                        if all(self._yields(m, w) for m in ms)
-                        for m in ms
+                        m for ms in pack_victims.values() if all(self._yields(m, w) for m in ms) for m in ms
                     ]
                     if whole:
                         got = preempt_for(occ, k, cands + whole, allow_spread=cfg.allow_spread)

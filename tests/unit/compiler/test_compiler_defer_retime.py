@@ -141,6 +141,35 @@ def test_a_close_runner_up_is_retimed_interleaved_and_the_faster_is_committed():
     assert plain.values == {"v": "a"}
 
 
+def test_every_close_challenger_meets_the_best_not_only_the_runner_up():
+    # True step times: c 9.0 < a 10.0 < b 10.2 ms; c's exploration trial ran under load (x1.28),
+    # so by trial minima a is best, b the runner-up and c third, still within the margin.
+    spec = GraphSpec(
+        "fp", "x", "cpu", (Variable("v", ("a", "b", "c"), "", STAGE_STRUCTURE),), total_steps=10_000
+    )
+
+    def explore(policy):
+        state = start(spec, policy)
+        cfg = next_config(state, policy)
+        while not cfg.committed:
+            v = cfg.values["v"]
+            ms = {"a": 10.0, "b": 10.2, "c": 9.0}[v] * (1.28 if v == "c" and cfg.trial < 3 else 1.0)
+            cfg = report(state, TrialReport(cfg.trial, [ms] * cfg.steps), policy)
+        return state, cfg
+
+    state, cfg = explore(POLICY)
+    assert cfg.values == {"v": "c"}
+    # a meets b (a keeps it), then c (c wins), then the new best c meets b, which it has not met.
+    assert [(r["best"], r["runner_up"], r["winner"]) for r in state.retime_log] == [
+        (0, 1, 0),
+        (0, 2, 2),
+        (2, 1, 2),
+    ]
+    # One pair only (the runner-up): the truly fastest, third by its noisy trial, is never re-timed.
+    _, one = explore(ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0, retime_pairs=1))
+    assert one.values == {"v": "a"}
+
+
 def test_a_runner_up_far_behind_is_not_retimed():
     spec = GraphSpec("fp", "x", "cpu", (Variable("v", ("a", "b"), "", STAGE_STRUCTURE),), total_steps=10_000)
     state = start(spec, POLICY)

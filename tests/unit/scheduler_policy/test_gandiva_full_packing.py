@@ -116,9 +116,10 @@ def _arrival(state: JobPhase = Q, utilization: float | None = None) -> ClusterVi
 
 
 def test_pack_unprofiled_tries_a_never_profiled_job_for_introspection_to_judge() -> None:
-    # default: a job never profiled is taken to fill its device, so it waits
-    assert make_policy("gandiva").decide(_arrival()) == []
-    trial = make_policy("gandiva", pack_unprofiled=True)
+    # without trial packs (the default before session 3's follow-up) a job never profiled
+    # is taken to fill its device, so it waits
+    assert make_policy("gandiva", pack_unprofiled=False).decide(_arrival()) == []
+    trial = make_policy("gandiva")  # trial packs are the default
     out = trial.decide(_arrival())
     assert out == [Pack("b", ("n0g0",), ("a",), out[0].reason)] and "trial" in out[0].reason
     assert check_decisions(_arrival(), out) == []

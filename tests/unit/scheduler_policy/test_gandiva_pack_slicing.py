@@ -12,7 +12,6 @@ from microco.services.scheduler.policy import (
     JobView,
     Pack,
     Resume,
-    Start,
     Suspend,
     check_decisions,
     make_policy,
@@ -57,8 +56,14 @@ def _all_packed(now: float, waiter: JobView) -> ClusterView:
 def test_waiting_job_swaps_in_for_the_most_served_pack_member() -> None:
     # w was time-sliced out after running alone (observed = alone): no pack cooldown
     w = JobView(
-        id="w", devices_wanted=1, state=S, utilization=0.4, submitted_at=150.0, attained_service_s=10.0,
-        minibatch_ms=100.0, minibatch_ms_alone=100.0,
+        id="w",
+        devices_wanted=1,
+        state=S,
+        utilization=0.4,
+        submitted_at=150.0,
+        attained_service_s=10.0,
+        minibatch_ms=100.0,
+        minibatch_ms_alone=100.0,
     )
     view = _all_packed(200.0, w)
     out = make_policy("gandiva").decide(view)
@@ -71,7 +76,9 @@ def test_waiting_job_swaps_in_for_the_most_served_pack_member() -> None:
 def test_whole_pack_yields_to_a_job_that_cannot_share() -> None:
     # w keeps a device busy alone: no pack fits it, so the pack whose members have had
     # the most service gives up its device, like one time-sliced job
-    w = JobView(id="w", devices_wanted=1, state=S, utilization=1.0, submitted_at=150.0, attained_service_s=10.0)
+    w = JobView(
+        id="w", devices_wanted=1, state=S, utilization=1.0, submitted_at=150.0, attained_service_s=10.0
+    )
     view = _all_packed(200.0, w)
     out = make_policy("gandiva").decide(view)
     assert {(type(d), d.job_id) for d in out[:2]} == {(Suspend, "a"), (Suspend, "b")}
@@ -99,8 +106,13 @@ def test_trial_arrival_swaps_in_and_pack_quantum_counts_from_its_newest_member()
 
 def test_pack_members_yield_only_to_less_served_or_higher_priority_jobs() -> None:
     w = JobView(
-        id="w", devices_wanted=1, state=S, utilization=0.4, attained_service_s=1000.0,
-        minibatch_ms=100.0, minibatch_ms_alone=100.0,
+        id="w",
+        devices_wanted=1,
+        state=S,
+        utilization=0.4,
+        attained_service_s=1000.0,
+        minibatch_ms=100.0,
+        minibatch_ms_alone=100.0,
     )
     assert make_policy("gandiva").decide(_all_packed(200.0, w)) == []
     hi = JobView(**{**w.__dict__, "priority": 1})
@@ -112,10 +124,18 @@ def test_job_time_sliced_out_of_a_kept_pack_may_pack_again_at_once() -> None:
     # a ran at 100/110 of its speed alone in its pack: not the loser of a bad pack
     # (that one runs below half its speed), so no pack cooldown
     one = (DeviceView("n0g0", "n0"),)
-    holder = JobView(id="h", devices_wanted=1, state=R, devices=("n0g0",), utilization=0.4, last_change_at=190)
+    holder = JobView(
+        id="h", devices_wanted=1, state=R, devices=("n0g0",), utilization=0.4, last_change_at=190
+    )
     a = JobView(
-        id="a", devices_wanted=1, state=S, utilization=0.5, minibatch_ms=110.0, minibatch_ms_alone=100.0,
-        last_change_at=200.0, attained_service_s=500.0,
+        id="a",
+        devices_wanted=1,
+        state=S,
+        utilization=0.5,
+        minibatch_ms=110.0,
+        minibatch_ms_alone=100.0,
+        last_change_at=200.0,
+        attained_service_s=500.0,
     )
     out = make_policy("gandiva").decide(ClusterView(210.0, one, (holder, a)))
     assert [type(d) for d in out] == [Pack]
@@ -134,7 +154,14 @@ def test_arrival_gets_a_device_within_a_quantum_while_every_device_holds_a_pack(
     quantum plus the switch costs, where before it waited for a long job to end."""
     model = "ResNet-18 (batch size 64)"
     trace = [
-        TraceJob(job_id=f"long{i}", submit_time=float(i), devices=1, duration_s=50_000.0, model=model, gpu_share=0.5)
+        TraceJob(
+            job_id=f"long{i}",
+            submit_time=float(i),
+            devices=1,
+            duration_s=50_000.0,
+            model=model,
+            gpu_share=0.5,
+        )
         for i in range(4)
     ] + [
         TraceJob(job_id="full", submit_time=1_000.0, devices=1, duration_s=300.0, model=model, gpu_share=1.0),
@@ -146,7 +173,10 @@ def test_arrival_gets_a_device_within_a_quantum_while_every_device_holds_a_pack(
     assert res.packs >= 2
     for jid in ("full", "half"):
         rec = res.per_job[jid]
-        assert rec["first_feedback"] is not None and rec["first_feedback"] - rec["submit"] <= bound, (jid, rec)
+        assert rec["first_feedback"] is not None and rec["first_feedback"] - rec["submit"] <= bound, (
+            jid,
+            rec,
+        )
         assert rec["finished"] is not None
     old = simulate(make_policy("gandiva", slice_packs=False), trace, cluster, perf=_perf())
     assert old.per_job["full"]["first_feedback"] - 1_000.0 > bound  # what the change fixes

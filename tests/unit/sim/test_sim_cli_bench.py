@@ -95,7 +95,7 @@ def test_bench_quick_runs_every_policy_and_plots(tmp_path: Path, capsys) -> None
     )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["results"]) == {"fifo", "fifo[strict]", "las", "gandiva", "gandiva[trial packs]"}
+    assert set(out["results"]) == {"fifo", "fifo[strict]", "las", "gandiva", "gandiva[no trial packs]"}
     assert out["jobs"] == 60
     assert "gandiva_vs_fifo" in out["ratios"] and "hp_search_speedup_gandiva_vs_fifo" in out["ratios"]
     assert "gpu_utilization_window" in out["ratios"]["gandiva_vs_fifo_strict"]
@@ -109,7 +109,7 @@ def test_bench_quick_runs_every_policy_and_plots(tmp_path: Path, capsys) -> None
     # 4 GPUs: the 60 jobs queue, so the trace has a contended window; 64 GPUs: none
     assert small["contended_window_s"] is not None and big["contended_window_s"] is None
     for row in out["gpu_sweep"]:
-        for label in ("fifo", "fifo[strict]", "gandiva", "gandiva[trial packs]"):
+        for label in ("fifo", "fifo[strict]", "gandiva", "gandiva[no trial packs]"):
             assert 0 < row[label]["gpu_utilization_window"] <= 1
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
@@ -140,7 +140,14 @@ def test_cli_costs_reach_the_simulator(tmp_path: Path, capsys) -> None:
 def test_bench_cost_profiles_subset(tmp_path: Path, capsys) -> None:
     sched = tmp_path / "sched.json"
     sched.write_text(
-        json.dumps({"suspend_ms": 10.0, "resume_ms": 5.0, "migrate_ms": 100.0, "migration": {"migrate_restart_ms": 80.0}})
+        json.dumps(
+            {
+                "suspend_ms": 10.0,
+                "resume_ms": 5.0,
+                "migrate_ms": 100.0,
+                "migration": {"migrate_restart_ms": 80.0},
+            }
+        )
     )
     p = small_trace(tmp_path)
     base = ["--trace", str(p), "--sweep-only", "--sweep-gpus", "2", "--costs-from", str(sched)]
