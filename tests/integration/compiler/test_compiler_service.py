@@ -154,7 +154,7 @@ def test_restart_resumes_lost_service_keeps_training_and_commit_is_reused(servic
     resumed = RemoteExplorer.from_address(service.address).get_graph(key)
     assert resumed.explore_steps == before.explore_steps  # nothing lost, nothing restarted
     assert [t.values for t in resumed.trials][: len(before.trials)] == [t.values for t in before.trials]
-    _train(astra, model, 40, x, y, opt, until_committed=True)
+    _train(astra, model, 200, x, y, opt, until_committed=True)  # re-timing may add steps
     assert not astra.session.lost and astra.committed
     final = explorer.get_graph(key)
     assert final.committed and final.runs >= 2 and final.speedup > 0
@@ -173,7 +173,7 @@ def test_cli_shows_graphs_trials_and_speedups(service, etcd_kv, etcd_endpoint, c
 
     x, y = zm.synthetic_batch(4, 4, 6)
     model, astra, opt = _job(RemoteExplorer.from_address(service.address))
-    _train(astra, model, 30, x, y, opt, until_committed=True)
+    _train(astra, model, 200, x, y, opt, until_committed=True)
     assert astra.committed
     key = astra.spec().key
     assert cli(["compiler", "--etcd", etcd_endpoint, "graphs", "--json"]) == 0
