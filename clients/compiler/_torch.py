@@ -111,6 +111,11 @@ class CellRunner:
         self._p_cache = None
         self._x_cache.clear()
 
+    def is_compiled(self, batch: str, hoist: str, compile_mode: str) -> bool:
+        """Has the variant for these choices been built, and compiled if it compiles?"""
+        built = self._variants.get((batch, hoist, compile_mode))
+        return built is not None and (not isinstance(built[1], AotRegion) or built[1].built)
+
     def variant(self) -> tuple[tfx.CellPlan, Callable[..., Any]]:
         key = (self.batch, self.hoist, self.compile)
         if key not in self._variants:
@@ -447,10 +452,7 @@ class AstraTorch(SessionBacked):
             mode = values.get(f"{r}.compile", "eager")
             if mode not in ("inductor", "inductor-cudagraphs"):
                 continue
-            built = runner._variants.get(
-                (values.get(f"{r}.batch", "off"), values.get(f"{r}.hoist", "off"), mode)
-            )
-            if built is None or (isinstance(built[1], AotRegion) and built[1]._fw is None):
+            if not runner.is_compiled(values.get(f"{r}.batch", "off"), values.get(f"{r}.hoist", "off"), mode):
                 return True
         return False
 

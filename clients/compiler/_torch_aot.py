@@ -124,6 +124,11 @@ class AotRegion:
         self.compile_s = time.perf_counter() - t0
 
     # -- run
+    @property
+    def built(self) -> bool:
+        """Has the first call captured and compiled the region?"""
+        return self._fw is not None
+
     def __call__(self, *args: Any) -> Any:
         # A cell is called once per time step: this path is kept to a few list operations (a
         # pytree flatten and a signature check cost more than the fused kernels).
