@@ -21,7 +21,7 @@ def test_backend_explores_commits_and_is_reused():
     torch._dynamo.reset()
     try:
         kv = MemoryKV()
-        policy = ExplorationPolicy(measure_steps=1)
+        policy = ExplorationPolicy(measure_steps=1, retime_rounds=0)  # exact step count: no re-timing
         x, y = zm.synthetic_batch(3, 4, 4)
 
         def run(steps):

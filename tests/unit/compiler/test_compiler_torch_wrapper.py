@@ -57,10 +57,12 @@ def test_exploration_trains_every_step_commits_and_is_reused_with_zero_explorati
     kv = MemoryKV()
     model, astra = make(kv)
     ref_model = zm.make_model("lstm", 6, 8)
-    ref = train(ref_model, AstraTorch(ref_model, _Null(), threads=("1",), compile_choices=("eager",)), 30)
-    losses = train(model, astra, 30)
+    # Exploration, re-timing of close candidates included, ends within its budget (0.3 x 200
+    # steps); how many steps it takes depends on how close the measured candidates come.
+    ref = train(ref_model, AstraTorch(ref_model, _Null(), threads=("1",), compile_choices=("eager",)), 70)
+    losses = train(model, astra, 70)
     assert astra.committed
-    assert 0 < astra.explore_steps < 30
+    assert 0 < astra.explore_steps <= 60
     # Exploration is training: the same losses as plain eager, step for step.
     assert all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5) for a, b in zip(ref, losses))
     key = astra.spec().key
