@@ -28,6 +28,7 @@ from . import _torch_fx as tfx
 from ._background import BackgroundCompiler
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
+from ._torch_cache import WholeStepBackend
 
 log = logging.getLogger(__name__)
 
@@ -273,6 +274,12 @@ class AstraTorch(SessionBacked):
         self._region_calls = 0  # cell calls per step, seen by the probe: sizes the compile prior
         self.whole_failed = ""
         self._whole_fresh = False
+        # Did Inductor's caches hold the whole step at the probe? "hit" / "cold" / "" (not asked)
+        # and what asking cost (see _torch_cache): a hit prices the whole-step compile at that.
+        self.whole_cache = ""
+        self.whole_probe_ms = 0.0
+        self._probe_charge_ms = 0.0  # the probe's cost, charged to the first step that uses it
+        self._probe_unused = False
 
     # -- public
     def spec(self) -> GraphSpec | None:
@@ -322,8 +329,9 @@ class AstraTorch(SessionBacked):
         self.clock.sync()
         ms = (time.perf_counter() - self._step_started) * 1e3
         self.clock.in_step = False
+        ms, self._probe_charge_ms = ms + self._probe_charge_ms, 0.0
         if self._probe_calls is not None:
-            self._finish_probe()
+            self._finish_probe(ms if ok else 0.0)
             return
         failed = "; ".join(f"{r.region}: {r.failed}" for r in self.runners.values() if r.failed)
         if self.whole_failed and self.session.values.get("model.compile") == "inductor":
@@ -357,7 +365,8 @@ class AstraTorch(SessionBacked):
             self._input_shapes = ";".join(
                 f"{tuple(a.shape)}:{a.dtype}" for a in tfx.flatten_args(args) if isinstance(a, torch.Tensor)
             )
-            if self.background is not None:  # inputs of these shapes for the background compiles
+            if self.background is not None or "inductor" in self.compile_choices:
+                # inputs of these shapes: for the background compiles, and the cache probe
                 self._example_args = tuple(
                     a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args
                 )
@@ -373,7 +382,7 @@ class AstraTorch(SessionBacked):
         self._hooks = [m.register_forward_pre_hook(count) for n, m in self.model.named_modules() if n]
         self._hooks.append(self.model.register_forward_pre_hook(shapes))
 
-    def _finish_probe(self) -> None:
+    def _finish_probe(self, step_ms: float) -> None:
         calls, self._probe_calls = self._probe_calls or {}, None
         for h in self._hooks:
             h.remove()
@@ -382,6 +391,8 @@ class AstraTorch(SessionBacked):
         # Outermost repeated modules only: a cell's own Linear layers repeat with it.
         outer = [n for n in repeated if not any(n.startswith(p + ".") for p in repeated if p != n)]
         self._region_calls = sum(calls[n] for n in outer)
+        if self._worth_cache_probe(step_ms):
+            self._probe_whole_cache()  # on the plain model: before the cells are instrumented
         fingerprints = []
         for name in outer:
             cell = self.model.get_submodule(name)
@@ -399,7 +410,13 @@ class AstraTorch(SessionBacked):
             fingerprints.append(f"{name}={fp}")
         params = ";".join(f"{n}:{tuple(p.shape)}" for n, p in self.model.named_parameters())
         variables = tuple(self._variables())
-        space = [v.to_dict() for v in variables]  # a different space is a different exploration
+        # A different space is a different exploration, but not different priors: a prior moves
+        # with this host's caches and load, and the key (which finds an earlier run's commit)
+        # must not move with it.
+        space = [
+            {k: d for k, d in v.to_dict().items() if k not in ("compile_prior_ms", "prior_calibrated")}
+            for v in variables
+        ]
         fingerprint = tfx.hashlib.sha256(
             f"{type(self.model).__name__}|{params}|{fingerprints}|{space}".encode()
         ).hexdigest()[:24]
@@ -414,6 +431,53 @@ class AstraTorch(SessionBacked):
         )
         cfg = self.session.register(spec)
         self._apply(cfg)
+
+    # -- the whole-step compile: is it in Inductor's caches?
+    # What the whole-step compile may save at most, as a share of an eager step, when deciding
+    # whether asking Inductor's caches (about a second: dynamo's trace) is worth it at all.
+    CACHE_PROBE_GAIN = 0.5
+
+    def _worth_cache_probe(self, step_ms: float) -> bool:
+        if "inductor" not in self.compile_choices or self._example_args is None or self.WHOLE_COMPILE_BACKEND:
+            return False  # (another whole-step backend than Inductor: no Inductor cache to ask)
+        probe_ms = self.WHOLE_WARM_PRIOR_MS_PER_CALL * max(1, self._region_calls)
+        return self.total_steps * step_ms * self.CACHE_PROBE_GAIN > probe_ms
+
+    def _probe_whole_cache(self) -> None:
+        """Trace the whole step with dynamo and ask Inductor's caches for its graphs, without
+        compiling (see _torch_cache). A hit is the compile, done: it is kept for the trial, and
+        the whole-step compile is priced at what the probe cost. A miss leaves the cold price."""
+        backend = WholeStepBackend()
+        if not backend.available:
+            return
+        backend.cache_only = True
+        compiled = torch.compile(self._plain_forward(), backend=backend, dynamic=False)
+        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
+        started = time.perf_counter()
+        try:
+            # A forward only, under autograd (the training graph, as a trial compiles it), with
+            # the random streams and the buffers (running statistics) as they were: the probe
+            # leaves no trace in training.
+            with torch.random.fork_rng(), torch.enable_grad():
+                compiled(*(self._example_args or ()))
+        except Exception as exc:  # noqa: BLE001 - an untraceable step keeps its cold price
+            log.info("whole-step cache probe failed (%s); the whole-step compile keeps its cold price", exc)
+            backend.cold += 1
+        finally:
+            with torch.no_grad():
+                for n, b in self.model.named_buffers():
+                    b.copy_(buffers[n])
+        self.clock.sync()
+        self.whole_probe_ms = (time.perf_counter() - started) * 1e3
+        backend.cache_only = False  # from now on (a recompile for new guards), Inductor proper
+        if backend.hits and not backend.cold:
+            self.whole_cache = "hit"
+            self._compiled_forward = self._guarded(compiled)
+            self._whole_built = True
+            self._probe_unused = True
+        else:
+            self.whole_cache = "cold"
+        log.info("whole-step compile: Inductor cache %s (asked in %.0f ms)", self.whole_cache, self.whole_probe_ms)
 
     # -- background compiles
     def _take_snapshot(self) -> nn.Module | None:
@@ -466,14 +530,22 @@ class AstraTorch(SessionBacked):
     # save, so an optimistic price here risks at most the compile's best-case saving.
     WHOLE_WARM_PRIOR_MS_PER_CALL = 300.0
     REGION_WARM_PRIOR_MS = 1500.0
-    WHOLE_COMPILE_BACKEND = "inductor"  # torch.compile's default, i.e. what torch.compile does
+    # "" is Inductor, as torch.compile runs it (WholeStepBackend); tests name a cheaper backend.
+    WHOLE_COMPILE_BACKEND = ""
 
     def _set_whole_compile(self, on: bool) -> None:
         if on and not self.whole_failed:
+            if self._probe_unused:
+                # The probe's loaded compile: its first step is a warm-up carrying what the probe
+                # cost, so the compile cost measured (and kept for the key) is the real one.
+                self._probe_unused = False
+                self._whole_fresh = True
+                self._probe_charge_ms = self.whole_probe_ms
             if self._compiled_forward is None:
                 self._whole_fresh = True  # compiles on its first call, the next step
+                backend = self.WHOLE_COMPILE_BACKEND or WholeStepBackend()
                 self._compiled_forward = self._guarded(
-                    torch.compile(self._plain_forward(), backend=self.WHOLE_COMPILE_BACKEND, dynamic=False)
+                    torch.compile(self._plain_forward(), backend=backend, dynamic=False)
                 )
             for r in self.runners.values():
                 r.restore()  # dynamo traces the cells' own code
@@ -536,6 +608,7 @@ class AstraTorch(SessionBacked):
                 else self.WHOLE_COMPILE_PRIOR_MS_PER_CALL
             )
             prior = per_call * max(1, self._region_calls)
+            hit = self.whole_cache == "hit"  # the probe found it compiled: what it cost, measured
             out.append(
                 Variable(
                     "model.compile",
@@ -543,7 +616,8 @@ class AstraTorch(SessionBacked):
                     "",
                     STAGE_COMPILE,
                     compiles=True,
-                    compile_prior_ms=prior,
+                    compile_prior_ms=max(1.0, self.whole_probe_ms) if hit else prior,
+                    prior_calibrated=hit,
                 )
             )
         if self._channels_last:

@@ -575,6 +575,26 @@ def _with_total(spec: GraphSpec, total_steps: int) -> GraphSpec:
     return replace(spec, total_steps=total_steps)
 
 
+def with_run_priors(spec: GraphSpec, run: GraphSpec) -> GraphSpec:
+    """``spec`` (the stored exploration's) with the priors this run's client calibrated itself.
+
+    A client that measured on its own host what a compile will cost there (an XLA rate, an
+    Inductor cache found holding the graph) knows better than any earlier run; a prior it did not
+    calibrate stays as stored, as do variables that differ in anything but their prior."""
+    from dataclasses import replace
+
+    mine = {v.name: v for v in run.variables if v.prior_calibrated}
+    if not mine:
+        return spec
+    out = []
+    for v in spec.variables:
+        m = mine.get(v.name)
+        if m is not None and m.choices == v.choices and m.compiles == v.compiles:
+            v = replace(v, compile_prior_ms=m.compile_prior_ms, prior_calibrated=True)
+        out.append(v)
+    return replace(spec, variables=tuple(out))
+
+
 def _advance(state: Exploration, policy: ExplorationPolicy) -> bool:
     """Plan the next batch of trials: compose the stage's per-region winners, or move on."""
     if state.stage >= 0 and state.phase == "explore":

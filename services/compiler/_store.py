@@ -88,7 +88,7 @@ class CompilerCore:
                     )
                     state.best = 0
             elif state.committed:
-                state.spec = _core._with_total(state.spec, spec.total_steps)
+                state.spec = _core.with_run_priors(_core._with_total(state.spec, spec.total_steps), spec)
                 # A new run: a candidate pruned for its compile cost may pay back now (a longer
                 # run, or a compile measured cheaper since); otherwise zero exploration.
                 _core.maybe_reopen(state, self.policy, spec.total_steps)

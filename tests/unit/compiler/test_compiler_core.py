@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -379,6 +380,28 @@ def test_a_committed_run_reports_its_warm_recompile_and_a_pruned_candidate_that_
     # The run after that starts at the new commit, compiled, with zero exploration.
     last = CompilerCore(kv, policy).register(s)
     assert last.committed and last.values == done.values and last.steps == 0
+
+
+def test_a_run_whose_client_found_the_compile_cached_reopens_the_pruned_whole_step_compile():
+    """A client that measured on its host that the whole-step compile is in Inductor's caches
+    (a calibrated 1.2 s instead of the 64 s cold prior) gets one trial of it on a committed key;
+    a run that did not (the prior uncalibrated) keeps the commit with zero exploration."""
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+    kv = MemoryKV()
+    first, _ = _run(CompilerCore(kv, policy), _whole_spec(3000), {"A.compile=inductor": 8000.0})
+    assert first.values["model.compile"] == "eager"
+    again = CompilerCore(kv, policy).register(_whole_spec(3000))
+    assert again.committed and again.steps == 0
+    cached = replace(WHOLE, compile_prior_ms=1200.0, prior_calibrated=True)
+    warm = spec(total_steps=3000, variables=spec().variables + (cached,))
+    assert warm.key == _whole_spec(3000).key
+    cfg = CompilerCore(kv, policy).register(warm)
+    assert not cfg.committed and cfg.values["model.compile"] == "inductor"
+    # Only the client's calibrated priors are taken, and only for the same variable.
+    other = replace(cached, choices=("eager", "inductor", "inductor-cudagraphs"))
+    stored = _whole_spec(3000)
+    assert _core.with_run_priors(stored, spec(variables=spec().variables + (other,))) == stored
+    assert _core.with_run_priors(stored, _whole_spec(10)) == stored
 
 
 def test_a_pruned_compile_gets_a_trial_when_a_longer_run_registers():

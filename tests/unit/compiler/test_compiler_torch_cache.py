@@ -1,0 +1,115 @@
+"""The whole-step cache probe: asks Inductor's on-disk caches for the training step's graphs
+without compiling. Cold: the graph stays eager and nothing is generated; after a compile of the
+same step (as ``torch.compile`` would do it), a hit: the compiled step, loaded, and the same
+loss and gradients as eager. Against a real Inductor, in a cache directory of the test's own."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from microco.clients.compiler import AstraTorch
+from microco.clients.compiler._torch_cache import WholeStepBackend
+from microco.clients.compiler.zoo import torch_models as zm
+from microco.services.compiler import LocalExplorer
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture
+def fresh_inductor_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch._dynamo.reset()
+    yield tmp_path / "inductor"
+    torch._dynamo.reset()
+    torch.set_num_threads(old)
+
+
+def _loss_and_grads(model, forward, x, y):
+    model.zero_grad()
+    loss = zm.loss_fn(forward(x), y)
+    loss.backward()
+    return loss.item(), [p.grad.clone() for p in model.parameters()]
+
+
+def _probe(model, x):
+    backend = WholeStepBackend()
+    backend.cache_only = True
+    compiled = torch.compile(type(model).forward.__get__(model), backend=backend, dynamic=False)
+    with torch.enable_grad():
+        compiled(x)
+    backend.cache_only = False
+    return backend, compiled
+
+
+def test_probe_is_cold_until_the_step_is_compiled_then_hits_and_matches_eager(fresh_inductor_cache):
+    x, y = zm.synthetic_batch(2, 2, 4)
+    model = zm.make_model("gru", 4, 4)
+    ref = _loss_and_grads(model, model, x, y)
+
+    cold, _ = _probe(model, x)
+    assert cold.available and cold.cold == 1 and cold.hits == 0
+    # Nothing was generated: the cache directory holds no compiled graph yet.
+    assert not fresh_inductor_cache.exists() or not any(fresh_inductor_cache.iterdir())
+
+    # torch.compile's own compile of the same model fills the caches.
+    torch._dynamo.reset()
+    baseline = torch.compile(zm.make_model("gru", 4, 4))
+    zm.loss_fn(baseline(x), y).backward()
+    assert any(fresh_inductor_cache.iterdir())
+
+    torch._dynamo.reset()
+    started = time.perf_counter()
+    warm, compiled = _probe(model, x)
+    assert warm.hits == 1 and warm.cold == 0
+    assert time.perf_counter() - started < 60  # loaded, not compiled (that took the time above)
+    loss, grads = _loss_and_grads(model, compiled, x, y)
+    assert loss == pytest.approx(ref[0], rel=1e-4, abs=1e-5)
+    for g, r in zip(grads, ref[1]):
+        assert torch.allclose(g, r, rtol=1e-4, atol=1e-5)
+
+
+def test_astra_prices_the_whole_step_by_the_probe_and_keys_ignore_priors(fresh_inductor_cache):
+    """A run long enough to repay a warm compile asks the cache: cold keeps the cold prior; a hit
+    (after torch.compile filled the cache) prices the whole-step compile at what the probe
+    measured, keeps the loaded compile for the trial, and leaves the exploration key unchanged."""
+    x, y = zm.synthetic_batch(2, 2, 4)
+
+    def first_step(model):
+        astra = AstraTorch(model, LocalExplorer(), threads=("1",), total_steps=10**7, background=False)
+        with astra.step():
+            zm.loss_fn(model(x), y).backward()
+        return astra, next(v for v in astra.spec().variables if v.name == "model.compile")
+
+    cold_astra, cold_var = first_step(zm.make_model("gru", 4, 4))
+    assert cold_astra.whole_cache == "cold"
+    assert not cold_var.prior_calibrated
+    assert cold_var.compile_prior_ms == 2 * AstraTorch.WHOLE_COMPILE_PRIOR_MS_PER_CALL
+    cold_astra.restore()
+
+    torch._dynamo.reset()
+    baseline = torch.compile(zm.make_model("gru", 4, 4))
+    zm.loss_fn(baseline(x), y).backward()
+    torch._dynamo.reset()
+
+    model = zm.make_model("gru", 4, 4)
+    astra, var = first_step(model)
+    assert astra.whole_cache == "hit" and var.prior_calibrated
+    assert var.compile_prior_ms == pytest.approx(max(1.0, astra.whole_probe_ms))
+    assert var.compile_prior_ms < cold_var.compile_prior_ms
+    assert astra.spec().key == cold_astra.spec().key  # priors are not part of the key
+    astra._set_whole_compile(True)  # the trial: the probe's loaded compile, nothing rebuilt
+    assert not astra._needs_compile({"model.compile": "inductor"})
+    model2 = zm.make_model("gru", 4, 4)
+    model2.load_state_dict(model.state_dict())
+    want = _loss_and_grads(model2, model2, x, y)
+    got = _loss_and_grads(model, model, x, y)
+    assert got[0] == pytest.approx(want[0], rel=1e-4, abs=1e-5)
+    for g, w in zip(got[1], want[1]):
+        assert torch.allclose(g, w, rtol=1e-4, atol=1e-5)
+    astra.restore()
