@@ -623,6 +623,8 @@ class AstraTorch(SessionBacked):
                     compiles=True,
                     compile_prior_ms=max(1.0, self.whole_probe_ms) if hit else prior,
                     prior_calibrated=hit,
+                    # dynamo traces the cells' plain code: the region rewrites do nothing under it
+                    subsumes=tuple(v.name for v in out if v.region),
                 )
             )
         if self._channels_last:

@@ -222,6 +222,9 @@ def next_config(state: Exploration, policy: ExplorationPolicy) -> Config:
                 state.deferred.clear()
                 continue
             item = state.queue.pop(0)
+            item["values"] = canonical(state.spec, item["values"])
+            if item.get("kind") != "retime" and _measured(state, item["values"]):
+                continue  # the same code as a configuration already measured
             if item.get("kind") != "retime":
                 # Priced again just before it runs: a compile measured since the stage was
                 # planned (the stage's first whole-step compile, say) may show this one cannot
@@ -255,6 +258,22 @@ def next_config(state: Exploration, policy: ExplorationPolicy) -> Config:
 
 def _steps(t: TrialRecord, policy: ExplorationPolicy) -> int:
     return t.planned_steps or policy.steps_per_trial
+
+
+def canonical(spec: GraphSpec, values: dict[str, str]) -> dict[str, str]:
+    """``values`` with every variable subsumed by another's non-baseline choice set to its
+    baseline: configurations that run the same code compare equal (and are measured once)."""
+    out = dict(values)
+    for v in spec.variables:
+        if v.subsumes and out.get(v.name, v.choices[0]) != v.choices[0]:
+            for w in spec.variables:
+                if w.name in v.subsumes and w.name in out:
+                    out[w.name] = w.choices[0]
+    return out
+
+
+def _measured(state: Exploration, values: dict[str, str]) -> bool:
+    return any(t.values == values for t in state.trials if t.done and not t.failed)
 
 
 def _run(state: Exploration, policy: ExplorationPolicy, item: dict[str, Any]) -> Config:
@@ -559,6 +578,7 @@ def _repriced_candidate(
         combo = cand["combo"]
         values = dict(best)
         values.update(combo)
+        values = canonical(state.spec, values)
         if values == best or any(t.values == values for t in state.trials if t.done):
             continue
         variables = [by_name[n] for n in combo if n in by_name]
@@ -773,5 +793,5 @@ def _compose(state: Exploration) -> dict[str, str] | None:
             continue
         winner = min(timed, key=lambda t: t.region_ms[region])
         composed.update({n: winner.values[n] for n in names})
-    measured = [t.values for t in state.trials if t.done and not t.failed]
-    return None if composed in measured else composed
+    composed = canonical(state.spec, composed)
+    return None if _measured(state, composed) else composed

@@ -36,6 +36,10 @@ def _check_spec(spec: GraphSpec) -> None:
     names = [v.name for v in spec.variables]
     if len(set(names)) != len(names):
         raise InvalidArgument(f"duplicate variable names in {names}")
+    for v in spec.variables:
+        unknown = sorted(set(v.subsumes) - set(names))
+        if unknown or v.name in v.subsumes:
+            raise InvalidArgument(f"variable {v.name!r} subsumes unknown or itself: {unknown or [v.name]}")
 
 
 class CompilerCore:

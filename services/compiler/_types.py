@@ -35,6 +35,10 @@ class Variable:
     # uses it as given until the choice itself is measured, and neither scales it by this key's
     # other compiles nor lets its measured cost scale theirs (two estimators, two calibrations).
     prior_calibrated: bool = False
+    # Variables that have no effect while this one is off its baseline: ``model.compile``
+    # (dynamo + Inductor over the cells' plain code) makes every region rewrite inert. The core
+    # treats configurations that differ only in subsumed variables as one (their baseline).
+    subsumes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -47,6 +51,10 @@ class Variable:
         d["choices"] = list(self.choices)
         if not self.prior_calibrated:  # absent when off: older states and fingerprints unchanged
             d.pop("prior_calibrated")
+        if self.subsumes:
+            d["subsumes"] = list(self.subsumes)
+        else:
+            d.pop("subsumes")
         return d
 
     @classmethod
@@ -59,6 +67,7 @@ class Variable:
             bool(d.get("compiles", False)),
             float(d.get("compile_prior_ms", 0.0)),
             bool(d.get("prior_calibrated", False)),
+            tuple(d.get("subsumes", ())),
         )
 
 

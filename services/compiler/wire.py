@@ -19,12 +19,20 @@ def variable_to_proto(v: Variable) -> pb.Variable:
         compiles=v.compiles,
         compile_prior_ms=v.compile_prior_ms,
         prior_calibrated=v.prior_calibrated,
+        subsumes=list(v.subsumes),
     )
 
 
 def variable_from_proto(m: pb.Variable) -> Variable:
     return Variable(
-        m.name, tuple(m.choices), m.region, m.stage, m.compiles, m.compile_prior_ms, m.prior_calibrated
+        m.name,
+        tuple(m.choices),
+        m.region,
+        m.stage,
+        m.compiles,
+        m.compile_prior_ms,
+        m.prior_calibrated,
+        tuple(m.subsumes),
     )
 
 

@@ -254,6 +254,48 @@ def test_spec_with_compile_priors_round_trips_through_the_wire():
     back = wire.spec_from_proto(wire.spec_to_proto(s))
     assert back == s and back.key == s.key
     assert back.variables[-1].compile_prior_ms == 64000.0
+    subsuming = _whole_spec(3000, subsumes=("A.hoist", "A.batch"))
+    back = wire.spec_from_proto(wire.spec_to_proto(subsuming))
+    assert back == subsuming and back.variables[-1].subsumes == ("A.hoist", "A.batch")
+    assert Variable.from_dict(json.loads(json.dumps(back.variables[-1].to_dict()))) == back.variables[-1]
+
+
+def test_a_variable_subsuming_an_unknown_one_is_refused():
+    bad = replace(WHOLE, subsumes=("nope",))
+    with pytest.raises(InvalidArgument, match="subsumes"):
+        CompilerCore(MemoryKV(), POLICY).register(spec(variables=spec().variables + (bad,)))
+
+
+def test_configurations_differing_only_in_subsumed_variables_are_one():
+    """Under the whole-step compile the region rewrites do nothing (dynamo traces the cells'
+    plain code): no trial pairs it with a region choice, and the commit shows the rewrites off."""
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+    regions = ("A.hoist", "A.batch", "B.hoist", "A.compile")
+
+    def explore(s):
+        core = CompilerCore(MemoryKV(), policy)
+        cfg = core.register(s)
+        tried = []
+        while not cfg.committed:
+            tried.append(dict(cfg.values))
+            if cfg.values["model.compile"] == "inductor":  # one compiled step, rewrites or not
+                step, warm = 15.0, 3000.0
+            else:
+                step, warm = cost(cfg.values)[0], 0.0
+            cfg = core.report(s.key, TrialReport(cfg.trial, [step + warm] + [step] * policy.measure_steps))
+        return cfg, [t for t in tried if t["model.compile"] == "inductor"]
+
+    s = _whole_spec(300_000, subsumes=regions)
+    cfg, whole = explore(s)
+    assert whole
+    baseline = {v.name: v.choices[0] for v in s.variables}
+    assert all(t[n] == baseline[n] for t in whole for n in regions)
+    assert cfg.values["model.compile"] == "inductor"
+    assert all(cfg.values[n] == baseline[n] for n in regions)
+    # Without the declaration the same exploration pairs the compile with region rewrites,
+    # trials of the same code that the core cannot tell apart.
+    _, plain = explore(_whole_spec(300_000))
+    assert any(any(t[n] != baseline[n] for n in regions) for t in plain)
 
 
 # -- compile time priced by what it really costs (measured, persisted per key)
@@ -261,8 +303,8 @@ def test_spec_with_compile_priors_round_trips_through_the_wire():
 WHOLE = Variable("model.compile", ("eager", "inductor"), "", STAGE_COMPILE, True, compile_prior_ms=64_000.0)
 
 
-def _whole_spec(total_steps):
-    return spec(total_steps=total_steps, variables=spec().variables + (WHOLE,))
+def _whole_spec(total_steps, subsumes=()):
+    return spec(total_steps=total_steps, variables=spec().variables + (replace(WHOLE, subsumes=subsumes),))
 
 
 def _run(core, s, compile_ms):

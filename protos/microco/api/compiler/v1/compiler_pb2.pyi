@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Variable(_message.Message):
-    __slots__ = ("name", "choices", "region", "stage", "compiles", "compile_prior_ms", "prior_calibrated")
+    __slots__ = ("name", "choices", "region", "stage", "compiles", "compile_prior_ms", "prior_calibrated", "subsumes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class Variable(_message.Message):
     COMPILES_FIELD_NUMBER: _ClassVar[int]
     COMPILE_PRIOR_MS_FIELD_NUMBER: _ClassVar[int]
     PRIOR_CALIBRATED_FIELD_NUMBER: _ClassVar[int]
+    SUBSUMES_FIELD_NUMBER: _ClassVar[int]
     name: str
     choices: _containers.RepeatedScalarFieldContainer[str]
     region: str
@@ -22,7 +23,8 @@ class Variable(_message.Message):
     compiles: bool
     compile_prior_ms: float
     prior_calibrated: bool
-    def __init__(self, name: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., region: _Optional[str] = ..., stage: _Optional[int] = ..., compiles: _Optional[bool] = ..., compile_prior_ms: _Optional[float] = ..., prior_calibrated: _Optional[bool] = ...) -> None: ...
+    subsumes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., region: _Optional[str] = ..., stage: _Optional[int] = ..., compiles: _Optional[bool] = ..., compile_prior_ms: _Optional[float] = ..., prior_calibrated: _Optional[bool] = ..., subsumes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterGraphRequest(_message.Message):
     __slots__ = ("fingerprint", "input_shapes", "hardware", "variables", "model_name", "framework", "total_steps")
