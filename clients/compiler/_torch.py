@@ -482,7 +482,9 @@ class AstraTorch(SessionBacked):
             self._probe_unused = True
         else:
             self.whole_cache = "cold"
-        log.info("whole-step compile: Inductor cache %s (asked in %.0f ms)", self.whole_cache, self.whole_probe_ms)
+        log.info(
+            "whole-step compile: Inductor cache %s (asked in %.0f ms)", self.whole_cache, self.whole_probe_ms
+        )
 
     # -- background compiles
     def _take_snapshot(self) -> nn.Module | None:

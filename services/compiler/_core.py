@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -78,6 +79,12 @@ class ExplorationPolicy:
     # force meets them one pair at a time, closest first (a noisy trial can put the truly fastest
     # third), at most this many pairs per exploration.
     retime_pairs: int = 3
+    # A challenger that compiles something the best does not (or the other way round) is
+    # re-timed within this wider margin: its compile is paid already, its trial's steps are the
+    # first after a compile (and on a shared machine, measured: a compiled whole step's 6 trial
+    # steps came out 0.5x to 1.7x of its later interleaved median), and the wrong call between
+    # compile choices costs the whole run's gain, not a few percent.
+    retime_compiled_margin: float = 1.0
 
     @property
     def steps_per_trial(self) -> int:
@@ -412,13 +419,15 @@ def _typical_ms(t: TrialRecord) -> float:
 
 def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
     """Before committing: when another configuration measured within ``retime_margin`` of the
-    best, queue interleaved re-timing trials of the two (once per pair; the closest challenger
-    first, then the next against the winner, up to ``retime_pairs`` pairs)."""
+    best (``retime_compiled_margin`` for one that compiles other choices), queue interleaved
+    re-timing trials of the two (once per pair; the closest challenger first, then the next
+    against the winner, up to ``retime_pairs`` pairs)."""
     if policy.retime_rounds <= 0 or state.best is None or len(state.retimed) >= policy.retime_pairs:
         return False
     best = state.trials[state.best]
     if not math.isfinite(best.step_ms):
         return False
+    ms = _latest_ms(state)
     fastest: dict[str, TrialRecord] = {}  # per distinct configuration, its fastest trial
     for t in state.trials:
         if (
@@ -429,12 +438,19 @@ def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
             and math.isfinite(t.step_ms)
         ):
             vid = _values_id(t.values)
-            if vid not in fastest or t.step_ms < fastest[vid].step_ms:
+            if vid not in fastest or ms(t) < ms(fastest[vid]):
                 fastest[vid] = t
+    best_compiled = sorted(compiled_choices(state.spec, best.values))
     runner = None
-    for t in sorted(fastest.values(), key=lambda t: t.step_ms):
-        if t.step_ms > best.step_ms * (1.0 + policy.retime_margin):
-            break
+    for t in sorted(fastest.values(), key=ms):
+        other_compile = sorted(compiled_choices(state.spec, t.values)) != best_compiled
+        margin = (
+            max(policy.retime_margin, policy.retime_compiled_margin)
+            if other_compile
+            else policy.retime_margin
+        )
+        if ms(t) > ms(best) * (1.0 + margin):
+            continue
         if sorted([_values_id(best.values), _values_id(t.values)]) not in state.retimed:
             runner = t
             break
@@ -450,6 +466,16 @@ def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
         for t in (best, runner):
             state.queue.append({"values": dict(t.values), "kind": "retime", "steps": policy.retime_steps})
     return True
+
+
+def _latest_ms(state: Exploration) -> Callable[[TrialRecord], float]:
+    """A trial's step time as last measured: its re-timed median when it was re-timed since (the
+    interleaved measurement puts the same load on both sides), else its trial's."""
+    retimed: dict[int, float] = {}
+    for r in state.retime_log:
+        retimed[r["best"]] = r["best_ms"]
+        retimed[r["runner_up"]] = r["runner_up_ms"]
+    return lambda t: retimed.get(t.trial, t.step_ms)
 
 
 def _values_id(values: dict[str, str]) -> str:

@@ -317,7 +317,9 @@ def _run(core, s, compile_ms):
         step, regions = cost(cfg.values)
         if cfg.values.get("model.compile") == "inductor":
             step -= 12.0  # the whole-step compile is the fastest configuration on this machine
-        warm = step + sum(ms for c, ms in compile_ms.items() if cfg.values.get(c.split("=")[0]) == c.split("=")[1])
+        warm = step + sum(
+            ms for c, ms in compile_ms.items() if cfg.values.get(c.split("=")[0]) == c.split("=")[1]
+        )
         cfg = core.report(s.key, TrialReport(cfg.trial, [warm] + [step] * POLICY.measure_steps, regions))
     return cfg, tried
 
@@ -349,7 +351,9 @@ def test_a_whole_step_compile_priced_at_its_prior_is_pruned_but_tried_once_measu
     # 3 s, warm. The next exploration prices it at that and tries it.
     kv2 = MemoryKV()
     kv2.put_json(f"/microco/compiler/compile_costs/{s.key}", {"model.compile=inductor": 3000.0})
-    cfg, tried = _run(CompilerCore(kv2, policy), s, {"A.compile=inductor": 8000.0, "model.compile=inductor": 3000.0})
+    cfg, tried = _run(
+        CompilerCore(kv2, policy), s, {"A.compile=inductor": 8000.0, "model.compile=inductor": 3000.0}
+    )
     assert any(t["model.compile"] == "inductor" for t in tried)
     assert cfg.values["model.compile"] == "inductor"
 

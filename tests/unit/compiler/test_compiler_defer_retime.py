@@ -180,6 +180,58 @@ def test_a_runner_up_far_behind_is_not_retimed():
     assert cfg.values == {"v": "b"} and not any(t.kind == "retime" for t in state.trials)
 
 
+def test_a_compiled_challenger_far_behind_by_a_noisy_trial_is_retimed_a_plain_one_is_not():
+    """The whole step compiled is truly 6 ms against the compiled cell's 8, but its trial steps
+    ran under load (x1.6): beyond the 20% margin, within the compiled challengers' 2x. It is
+    re-timed and wins. A plain (uncompiled) configuration that far behind is not re-timed."""
+    variables = (
+        Variable("A.batch", ("off", "on"), "A", STAGE_STRUCTURE),
+        Variable(
+            "A.compile", ("eager", "inductor"), "A", STAGE_COMPILE, compiles=True, compile_prior_ms=10.0
+        ),
+        Variable(
+            "model.compile",
+            ("eager", "inductor"),
+            "",
+            STAGE_COMPILE + 1,
+            compiles=True,
+            compile_prior_ms=10.0,
+        ),
+    )
+    spec = GraphSpec("fp", "x", "cpu", variables, total_steps=100_000)
+
+    def true_ms(v):
+        if v["model.compile"] == "inductor":
+            return 6.0
+        return (8.0 if v["A.compile"] == "inductor" else 13.0) - 0.5 * (v["A.batch"] == "on")
+
+    def explore(policy):
+        state = start(spec, policy)
+        cfg = next_config(state, policy)
+        while not cfg.committed:
+            ms = true_ms(cfg.values)
+            if cfg.values["model.compile"] == "inductor" and state.trials[cfg.trial].kind != "retime":
+                ms *= 1.6  # its trial ran beside something else
+            cfg = report(state, TrialReport(cfg.trial, [ms] * cfg.steps), policy)
+        return state, cfg
+
+    state, cfg = explore(POLICY)
+    assert cfg.values["model.compile"] == "inductor"
+    assert any(t.kind == "retime" and t.values["model.compile"] == "inductor" for t in state.trials)
+    # No re-timed pair involves a plain configuration 1.5x behind the best (13 vs 8.5 ms).
+    plain = {
+        t.trial
+        for t in state.trials
+        if t.values["A.compile"] == "eager" and t.values["model.compile"] == "eager"
+    }
+    assert not any(r["runner_up"] in plain or r["best"] in plain for r in state.retime_log)
+    # At the plain 20% margin for compiled challengers too, the noisy trial decides.
+    _, narrow = explore(
+        ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0, retime_compiled_margin=0.2)
+    )
+    assert narrow.values["model.compile"] == "eager"
+
+
 def test_hold_pending_and_retimes_cross_the_wire():
     from microco.services.compiler import wire
 
