@@ -79,8 +79,8 @@ class ExplorationPolicy:
     # force meets them one pair at a time, closest first (a noisy trial can put the truly fastest
     # third), at most this many pairs per exploration.
     retime_pairs: int = 3
-    # A challenger that compiles something the best does not (or the other way round) is
-    # re-timed within this wider margin: its compile is paid already, its trial's steps are the
+    # A challenger that compiles something the best does not is re-timed within this wider
+    # margin: its compile is paid already, its trial's steps are the
     # first after a compile (and on a shared machine, measured: a compiled whole step's 6 trial
     # steps came out 0.5x to 1.7x of its later interleaved median), and the wrong call between
     # compile choices costs the whole run's gain, not a few percent.
@@ -419,7 +419,7 @@ def _typical_ms(t: TrialRecord) -> float:
 
 def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
     """Before committing: when another configuration measured within ``retime_margin`` of the
-    best (``retime_compiled_margin`` for one that compiles other choices), queue interleaved
+    best (``retime_compiled_margin`` for one that compiles a choice the best does not), queue interleaved
     re-timing trials of the two (once per pair; the closest challenger first, then the next
     against the winner, up to ``retime_pairs`` pairs)."""
     if policy.retime_rounds <= 0 or state.best is None or len(state.retimed) >= policy.retime_pairs:
@@ -440,15 +440,13 @@ def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
             vid = _values_id(t.values)
             if vid not in fastest or ms(t) < ms(fastest[vid]):
                 fastest[vid] = t
-    best_compiled = sorted(compiled_choices(state.spec, best.values))
+    best_compiled = set(compiled_choices(state.spec, best.values))
     runner = None
     for t in sorted(fastest.values(), key=ms):
-        other_compile = sorted(compiled_choices(state.spec, t.values)) != best_compiled
-        margin = (
-            max(policy.retime_margin, policy.retime_compiled_margin)
-            if other_compile
-            else policy.retime_margin
-        )
+        compiles_more = bool(set(compiled_choices(state.spec, t.values)) - best_compiled)
+        margin = policy.retime_margin
+        if compiles_more:
+            margin = max(margin, policy.retime_compiled_margin)
         if ms(t) > ms(best) * (1.0 + margin):
             continue
         if sorted([_values_id(best.values), _values_id(t.values)]) not in state.retimed:
