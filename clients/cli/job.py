@@ -197,6 +197,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         "restarts",
         "minibatch_ms",
         "minibatch_ms_alone",
+        "utilization",
         "packed_with",
         "attained_service_s",
         "devices_wanted",

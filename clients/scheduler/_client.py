@@ -41,6 +41,7 @@ def job_to_dict(job: scheduler_pb2.Job) -> dict[str, Any]:
         "checkpoint_step": job.checkpoint_step,
         "minibatch_ms": job.minibatch_ms,
         "minibatch_ms_alone": job.minibatch_ms_alone,
+        "utilization": job.utilization if job.HasField("utilization") else None,
         "packed_with": list(job.packed_with),
         "submitted_at": job.submitted_at,
         "first_step_at": job.first_step_at,

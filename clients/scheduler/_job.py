@@ -113,6 +113,12 @@ class JobContext:
         self._times: deque[float] = deque(maxlen=20)
         self._last_ms: float | None = None
         self._t_boundary = time.perf_counter()
+        # CPU time the process spent in each of those mini-batches (all its threads): on a
+        # virtual device (a CPU share, one compute thread per device) it is the device's busy
+        # time, so CPU / wall / devices is the fraction of its devices the job keeps busy.
+        self._cpu_ms: deque[float] = deque(maxlen=20)
+        self._cpu_boundary = time.process_time()
+        self.on_gpu = bool(env.get("CUDA_VISIBLE_DEVICES", ""))
         self._last_report = 0.0
         self._last_checkpoint_at = time.monotonic()
         self.checkpoint_bytes = 0
@@ -188,7 +194,7 @@ class JobContext:
         self.checkpoint_step = self.step
         self.checkpoint_bytes = len(blob)
         self._report(force=True)
-        self._t_boundary = time.perf_counter()
+        self._mark_boundary()
         return self.step
 
     # ------------------------------------------------------------------ the boundary
@@ -202,6 +208,7 @@ class JobContext:
         ms = (now - self._t_boundary) * 1000.0
         self.step = self.step + 1 if step is None else int(step)
         self._times.append(ms)
+        self._cpu_ms.append((time.process_time() - self._cpu_boundary) * 1000.0)
         self._last_ms = ms
         if self.first_step_at is None:
             self.first_step_at = time.time()
@@ -216,7 +223,7 @@ class JobContext:
             self.write_checkpoint()
         self._report()
         # The next mini-batch's time starts after control handling (a park is not compute).
-        self._t_boundary = time.perf_counter()
+        self._mark_boundary()
 
     def finish(self) -> None:
         """Call when training is done: the final status says so."""
@@ -340,6 +347,23 @@ class JobContext:
             times = times[1:]
         return sum(times) / len(times) if times else None
 
+    def _mark_boundary(self) -> None:
+        self._t_boundary = time.perf_counter()
+        self._cpu_boundary = time.process_time()
+
+    def utilization(self) -> float | None:
+        """The fraction of its devices the job kept busy over the recent mini-batches (the first
+        left out, as for ``minibatch_ms``): on virtual devices, CPU time per wall time per device,
+        at most 1. None on GPUs (their busy time is not the process's CPU time; not measured) and
+        before two mini-batches."""
+        if self.on_gpu or len(self._times) < 2:
+            return None
+        wall = sum(list(self._times)[1:])
+        cpu = sum(list(self._cpu_ms)[1:])
+        if wall <= 0:
+            return None
+        return max(0.0, min(1.0, cpu / wall / max(1, len(self.devices))))
+
     def status(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id,
@@ -350,6 +374,7 @@ class JobContext:
             "restored_from_step": self.restored_from_step,
             "minibatch_ms": self.minibatch_ms(),
             "minibatch_ms_last": self._last_ms,
+            "utilization": self.utilization(),
             "started_at": self.started_at,
             "first_step_at": self.first_step_at,
             "updated_at": time.time(),

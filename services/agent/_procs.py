@@ -124,6 +124,7 @@ class ManagedProcess:
             "job_state": hook.get("state", ""),
             "step": int(hook.get("step") or 0),
             "minibatch_ms": float(hook.get("minibatch_ms") or 0.0),
+            "utilization": None if hook.get("utilization") is None else float(hook["utilization"]),
             "seq_done": int(hook.get("seq_done") or 0),
             "control_seq": self.control_seq,
             "checkpoint_step": -1 if hook.get("checkpoint_step") is None else int(hook["checkpoint_step"]),

@@ -64,6 +64,7 @@ def status_to_proto(st: dict[str, Any]) -> agent_pb2.ProcessStatus:
         message=st["message"],
         restored_from_step=st["restored_from_step"],
         forked=st.get("forked", False),
+        utilization=st.get("utilization"),
     )
 
 

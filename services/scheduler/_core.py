@@ -372,6 +372,11 @@ class SchedulerCore:
                 best = min(rec["minibatch_ms_alone"] or p.minibatch_ms, p.minibatch_ms)
                 rec["minibatch_ms_alone"] = best
                 self._remember_profile(rec["spec"], best)
+                # How much of its devices the job keeps busy alone (the job measures it): what
+                # gandiva's packing reads (``JobView.utilization``). Measured while packed, it
+                # would be the share the partner leaves, so only alone; the latest counts.
+                if p.HasField("utilization"):
+                    rec["utilization"] = float(p.utilization)
         if rec["state"] in J.HOLDING:
             rec["attained_service_s"] += dt * max(1, len(rec["devices"]))
         pending = rec["pending"]

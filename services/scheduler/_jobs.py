@@ -124,6 +124,7 @@ def new_record(spec: dict[str, Any], now: float | None = None) -> dict[str, Any]
         "last_change_at": now,
         "minibatch_ms": 0.0,
         "minibatch_ms_alone": 0.0,
+        "utilization": None,  # busy fraction of its devices alone, as the job measured it
         "attained_service_s": 0.0,
         "packed_with": [],
         "ranks": [],  # a spread job: [{"node", "devices"}] per process, rank 0 first
@@ -211,6 +212,7 @@ def record_to_pb(rec: dict[str, Any]) -> scheduler_pb2.Job:
         packed_with=rec["packed_with"],
         attained_service_s=rec["attained_service_s"],
         minibatch_ms_alone=rec["minibatch_ms_alone"],
+        utilization=rec.get("utilization"),
         last_change_at=rec["last_change_at"],
         history=[
             scheduler_pb2.StateChange(at=at, state=state_to_pb(state), message=msg)
@@ -235,6 +237,7 @@ def record_to_view(rec: dict[str, Any]) -> dict[str, Any]:
         "attained_service_s": rec["attained_service_s"],
         "minibatch_ms": rec["minibatch_ms"] or None,
         "minibatch_ms_alone": rec["minibatch_ms_alone"] or None,
+        "utilization": rec.get("utilization"),
         "steps_done": rec["step"],
         "total_steps": spec["total_steps"] or None,
         "packed_with": rec["packed_with"],

@@ -12,7 +12,9 @@ from _support import synthetic_job, wait_for_jobs
 from microco.clients.common import channel_for
 from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
 from microco.services.common.errors import InvalidArgument, NotFound
+from microco.services.scheduler import _jobs as J
 from microco.services.scheduler._local import spawn_scheduler, stop_process
+from microco.services.scheduler.policy import job_view_from_dict
 
 pytestmark = pytest.mark.integration
 
@@ -261,3 +263,28 @@ def test_failover_and_kills_lose_nothing(agents, scheduler, etcd_kv, etcd_endpoi
         )[0]
         assert p.restored_from_step >= ckpt[j] > 0
     d.close()
+
+
+def test_each_job_reports_how_busy_it_keeps_its_device(agents, scheduler, etcd_kv):
+    """Telemetry end to end: the job measures its busy fraction, the agent relays it, the
+    scheduler keeps it (measured alone) for the policy's view and the API. A job that waits on
+    input most of each mini-batch keeps its device mostly idle: gandiva's packing reads this."""
+    agents("n1", devices=2)
+    scheduler("fifo")
+    c = client(etcd_kv)
+    busy = c.submit(make_spec(job_cmd(compute_ms=10, io_ms=0), devices=1, name="busy")).id
+    idle = c.submit(make_spec(job_cmd(compute_ms=2, io_ms=30), devices=1, name="waits-on-input")).id
+
+    def both_reported():
+        js = jobs(c, {busy, idle})
+        return all(js.get(j, {}).get("utilization") is not None for j in (busy, idle))
+
+    wait_for(both_reported, 60, "both jobs report their busy fraction")
+    js = jobs(c, {busy, idle})
+    assert js[idle]["utilization"] < 0.4
+    assert js[busy]["utilization"] > js[idle]["utilization"] + 0.2
+    # What the policy sees (the stored record, as the scheduler builds its view from it).
+    rec = etcd_kv.get_json(f"/microco/scheduler/jobs/{idle}")
+    assert 0.0 <= job_view_from_dict(J.record_to_view(rec)).utilization < 0.4
+    for j in (busy, idle):
+        c.cancel(j)

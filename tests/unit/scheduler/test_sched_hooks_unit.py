@@ -224,3 +224,56 @@ def test_spread_ranks_ignore_their_own_file_without_rank0s_word(tmp_path):
     ControlChannel(tmp_path / "ctl").send("stop")
     c.step_end(1)  # rank 0 said nothing: rank 1 keeps training
     assert c.state == "running" and not (tmp_path / "ckpt" / "checkpoint").exists()
+
+
+class _Clocks:
+    """Wall and CPU clocks the test advances (the job reads ``time.perf_counter`` and
+    ``time.process_time``)."""
+
+    def __init__(self):
+        self.wall = 100.0
+        self.cpu = 5.0
+
+    def step(self, wall_ms, cpu_ms):
+        self.wall += wall_ms / 1000.0
+        self.cpu += cpu_ms / 1000.0
+
+
+@pytest.mark.parametrize(
+    "devices, gpu, cpu_ms, want",
+    [
+        (["n/0"], "", 6.0, 0.6),  # 6 ms of CPU in a 10 ms mini-batch: 60% of its device busy
+        (["n/0", "n/1"], "", 6.0, 0.3),  # the same over two devices (one thread each)
+        (["n/0"], "", 25.0, 1.0),  # more CPU than wall (extra threads): at most the device
+        (["n/0"], "0", 6.0, None),  # a GPU's busy time is not the process's CPU time
+    ],
+)
+def test_the_job_measures_how_busy_it_keeps_its_devices(monkeypatch, devices, gpu, cpu_ms, want):
+    import microco.clients.scheduler._job as job_mod
+
+    clocks = _Clocks()
+    monkeypatch.setattr(job_mod.time, "perf_counter", lambda: clocks.wall)
+    monkeypatch.setattr(job_mod.time, "process_time", lambda: clocks.cpu)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpu)
+    ctx = JobContext(control_dir=None, checkpoint_dir=None, devices=devices)
+    clocks.step(500.0, 500.0)  # the first mini-batch (warm-up) is left out
+    ctx.step_end()
+    assert ctx.utilization() is None  # one mini-batch: nothing to say yet
+    for _ in range(5):
+        clocks.step(10.0, cpu_ms)
+        ctx.step_end()
+    got = ctx.utilization()
+    assert got == (None if want is None else pytest.approx(want))
+    assert ctx.status()["utilization"] == got
+
+
+def test_a_job_waiting_on_input_reports_its_devices_mostly_idle(monkeypatch):
+    """Real clocks: a mini-batch that sleeps (waits for data) keeps its device idle."""
+    import time
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    ctx = JobContext(control_dir=None, checkpoint_dir=None, devices=["n/0"])
+    for _ in range(4):
+        time.sleep(0.02)
+        ctx.step_end()
+    assert ctx.utilization() is not None and ctx.utilization() < 0.3

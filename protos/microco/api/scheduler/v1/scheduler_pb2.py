@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from microco.api.common.v1 import common_pb2 as microco_dot_api_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(microco/api/scheduler/v1/scheduler.proto\x12\x18microco.api.scheduler.v1\x1a\"microco/api/common/v1/common.proto\"\xcf\x02\n\x07JobSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12\x0f\n\x07\x64\x65vices\x18\x03 \x01(\x05\x12\x0f\n\x07\x65lastic\x18\x04 \x01(\x08\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12/\n\x05owner\x18\x06 \x01(\x0b\x32 .microco.api.common.v1.Principal\x12\x37\n\x03\x65nv\x18\x07 \x03(\x0b\x32*.microco.api.scheduler.v1.JobSpec.EnvEntry\x12\x0f\n\x07workdir\x18\x08 \x01(\t\x12\x13\n\x0btotal_steps\x18\t \x01(\x03\x12\r\n\x05model\x18\n \x01(\t\x12\x13\n\x0bmax_devices\x18\x0b \x01(\x05\x12\x11\n\tgpu_share\x18\x0c \x01(\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe7\x03\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12/\n\x04spec\x18\x02 \x01(\x0b\x32!.microco.api.scheduler.v1.JobSpec\x12\x31\n\x05state\x18\x03 \x01(\x0e\x32\".microco.api.scheduler.v1.JobState\x12\x12\n\ndevice_ids\x18\x04 \x03(\t\x12\x0c\n\x04node\x18\x05 \x01(\t\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x14\n\x0csubmitted_at\x18\x07 \x01(\x01\x12\x15\n\rfirst_step_at\x18\x08 \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\t \x01(\x01\x12\x14\n\x0cminibatch_ms\x18\n \x01(\x01\x12\x0f\n\x07message\x18\x0b \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x0c \x01(\x03\x12\x17\n\x0f\x63heckpoint_step\x18\r \x01(\x03\x12\x10\n\x08restarts\x18\x0e \x01(\x03\x12\x13\n\x0bpacked_with\x18\x0f \x03(\t\x12\x1a\n\x12\x61ttained_service_s\x18\x10 \x01(\x01\x12\x1a\n\x12minibatch_ms_alone\x18\x11 \x01(\x01\x12\x16\n\x0elast_change_at\x18\x12 \x01(\x01\x12\x36\n\x07history\x18\x13 \x03(\x0b\x32%.microco.api.scheduler.v1.StateChange\"]\n\x0bStateChange\x12\n\n\x02\x61t\x18\x01 \x01(\x01\x12\x31\n\x05state\x18\x02 \x01(\x0e\x32\".microco.api.scheduler.v1.JobState\x12\x0f\n\x07message\x18\x03 \x01(\t\"C\n\x10SubmitJobRequest\x12/\n\x04spec\x18\x01 \x01(\x0b\x32!.microco.api.scheduler.v1.JobSpec\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"T\n\x0fListJobsRequest\x12\x32\n\x06states\x18\x01 \x03(\x0e\x32\".microco.api.scheduler.v1.JobState\x12\r\n\x05owner\x18\x02 \x01(\t\"?\n\x10ListJobsResponse\x12+\n\x04jobs\x18\x01 \x03(\x0b\x32\x1d.microco.api.scheduler.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"#\n\x10WatchJobsRequest\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\"B\n\x08JobEvent\x12*\n\x03job\x18\x01 \x01(\x0b\x32\x1d.microco.api.scheduler.v1.Job\x12\n\n\x02\x61t\x18\x02 \x01(\x01\"\x12\n\x10ListNodesRequest\"c\n\x11ListNodesResponse\x12.\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x1d.microco.api.common.v1.Device\x12\x0e\n\x06leader\x18\x02 \x01(\t\x12\x0e\n\x06policy\x18\x03 \x01(\t*\xe1\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUSPENDED\x10\x03\x12\x14\n\x10JOB_STATE_PACKED\x10\x04\x12\x17\n\x13JOB_STATE_MIGRATING\x10\x05\x12\x16\n\x12JOB_STATE_FINISHED\x10\x06\x12\x14\n\x10JOB_STATE_FAILED\x10\x07\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x08\x32\xbc\x04\n\x10SchedulerService\x12V\n\tSubmitJob\x12*.microco.api.scheduler.v1.SubmitJobRequest\x1a\x1d.microco.api.scheduler.v1.Job\x12P\n\x06GetJob\x12\'.microco.api.scheduler.v1.GetJobRequest\x1a\x1d.microco.api.scheduler.v1.Job\x12\x61\n\x08ListJobs\x12).microco.api.scheduler.v1.ListJobsRequest\x1a*.microco.api.scheduler.v1.ListJobsResponse\x12V\n\tCancelJob\x12*.microco.api.scheduler.v1.CancelJobRequest\x1a\x1d.microco.api.scheduler.v1.Job\x12]\n\tWatchJobs\x12*.microco.api.scheduler.v1.WatchJobsRequest\x1a\".microco.api.scheduler.v1.JobEvent0\x01\x12\x64\n\tListNodes\x12*.microco.api.scheduler.v1.ListNodesRequest\x1a+.microco.api.scheduler.v1.ListNodesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(microco/api/scheduler/v1/scheduler.proto\x12\x18microco.api.scheduler.v1\x1a\"microco/api/common/v1/common.proto\"\xcf\x02\n\x07JobSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12\x0f\n\x07\x64\x65vices\x18\x03 \x01(\x05\x12\x0f\n\x07\x65lastic\x18\x04 \x01(\x08\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12/\n\x05owner\x18\x06 \x01(\x0b\x32 .microco.api.common.v1.Principal\x12\x37\n\x03\x65nv\x18\x07 \x03(\x0b\x32*.microco.api.scheduler.v1.JobSpec.EnvEntry\x12\x0f\n\x07workdir\x18\x08 \x01(\t\x12\x13\n\x0btotal_steps\x18\t \x01(\x03\x12\r\n\x05model\x18\n \x01(\t\x12\x13\n\x0bmax_devices\x18\x0b \x01(\x05\x12\x11\n\tgpu_share\x18\x0c \x01(\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x91\x04\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12/\n\x04spec\x18\x02 \x01(\x0b\x32!.microco.api.scheduler.v1.JobSpec\x12\x31\n\x05state\x18\x03 \x01(\x0e\x32\".microco.api.scheduler.v1.JobState\x12\x12\n\ndevice_ids\x18\x04 \x03(\t\x12\x0c\n\x04node\x18\x05 \x01(\t\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x14\n\x0csubmitted_at\x18\x07 \x01(\x01\x12\x15\n\rfirst_step_at\x18\x08 \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\t \x01(\x01\x12\x14\n\x0cminibatch_ms\x18\n \x01(\x01\x12\x0f\n\x07message\x18\x0b \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x0c \x01(\x03\x12\x17\n\x0f\x63heckpoint_step\x18\r \x01(\x03\x12\x10\n\x08restarts\x18\x0e \x01(\x03\x12\x13\n\x0bpacked_with\x18\x0f \x03(\t\x12\x1a\n\x12\x61ttained_service_s\x18\x10 \x01(\x01\x12\x1a\n\x12minibatch_ms_alone\x18\x11 \x01(\x01\x12\x16\n\x0elast_change_at\x18\x12 \x01(\x01\x12\x36\n\x07history\x18\x13 \x03(\x0b\x32%.microco.api.scheduler.v1.StateChange\x12\x18\n\x0butilization\x18\x14 \x01(\x01H\x00\x88\x01\x01\x42\x0e\n\x0c_utilization\"]\n\x0bStateChange\x12\n\n\x02\x61t\x18\x01 \x01(\x01\x12\x31\n\x05state\x18\x02 \x01(\x0e\x32\".microco.api.scheduler.v1.JobState\x12\x0f\n\x07message\x18\x03 \x01(\t\"C\n\x10SubmitJobRequest\x12/\n\x04spec\x18\x01 \x01(\x0b\x32!.microco.api.scheduler.v1.JobSpec\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"T\n\x0fListJobsRequest\x12\x32\n\x06states\x18\x01 \x03(\x0e\x32\".microco.api.scheduler.v1.JobState\x12\r\n\x05owner\x18\x02 \x01(\t\"?\n\x10ListJobsResponse\x12+\n\x04jobs\x18\x01 \x03(\x0b\x32\x1d.microco.api.scheduler.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"#\n\x10WatchJobsRequest\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\"B\n\x08JobEvent\x12*\n\x03job\x18\x01 \x01(\x0b\x32\x1d.microco.api.scheduler.v1.Job\x12\n\n\x02\x61t\x18\x02 \x01(\x01\"\x12\n\x10ListNodesRequest\"c\n\x11ListNodesResponse\x12.\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x1d.microco.api.common.v1.Device\x12\x0e\n\x06leader\x18\x02 \x01(\t\x12\x0e\n\x06policy\x18\x03 \x01(\t*\xe1\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUSPENDED\x10\x03\x12\x14\n\x10JOB_STATE_PACKED\x10\x04\x12\x17\n\x13JOB_STATE_MIGRATING\x10\x05\x12\x16\n\x12JOB_STATE_FINISHED\x10\x06\x12\x14\n\x10JOB_STATE_FAILED\x10\x07\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x08\x32\xbc\x04\n\x10SchedulerService\x12V\n\tSubmitJob\x12*.microco.api.scheduler.v1.SubmitJobRequest\x1a\x1d.microco.api.scheduler.v1.Job\x12P\n\x06GetJob\x12\'.microco.api.scheduler.v1.GetJobRequest\x1a\x1d.microco.api.scheduler.v1.Job\x12\x61\n\x08ListJobs\x12).microco.api.scheduler.v1.ListJobsRequest\x1a*.microco.api.scheduler.v1.ListJobsResponse\x12V\n\tCancelJob\x12*.microco.api.scheduler.v1.CancelJobRequest\x1a\x1d.microco.api.scheduler.v1.Job\x12]\n\tWatchJobs\x12*.microco.api.scheduler.v1.WatchJobsRequest\x1a\".microco.api.scheduler.v1.JobEvent0\x01\x12\x64\n\tListNodes\x12*.microco.api.scheduler.v1.ListNodesRequest\x1a+.microco.api.scheduler.v1.ListNodesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,34 +34,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOBSPEC_ENVENTRY']._loaded_options = None
   _globals['_JOBSPEC_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_JOBSTATE']._serialized_start=1545
-  _globals['_JOBSTATE']._serialized_end=1770
+  _globals['_JOBSTATE']._serialized_start=1587
+  _globals['_JOBSTATE']._serialized_end=1812
   _globals['_JOBSPEC']._serialized_start=107
   _globals['_JOBSPEC']._serialized_end=442
   _globals['_JOBSPEC_ENVENTRY']._serialized_start=400
   _globals['_JOBSPEC_ENVENTRY']._serialized_end=442
   _globals['_JOB']._serialized_start=445
-  _globals['_JOB']._serialized_end=932
-  _globals['_STATECHANGE']._serialized_start=934
-  _globals['_STATECHANGE']._serialized_end=1027
-  _globals['_SUBMITJOBREQUEST']._serialized_start=1029
-  _globals['_SUBMITJOBREQUEST']._serialized_end=1096
-  _globals['_GETJOBREQUEST']._serialized_start=1098
-  _globals['_GETJOBREQUEST']._serialized_end=1129
-  _globals['_LISTJOBSREQUEST']._serialized_start=1131
-  _globals['_LISTJOBSREQUEST']._serialized_end=1215
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1217
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1280
-  _globals['_CANCELJOBREQUEST']._serialized_start=1282
-  _globals['_CANCELJOBREQUEST']._serialized_end=1316
-  _globals['_WATCHJOBSREQUEST']._serialized_start=1318
-  _globals['_WATCHJOBSREQUEST']._serialized_end=1353
-  _globals['_JOBEVENT']._serialized_start=1355
-  _globals['_JOBEVENT']._serialized_end=1421
-  _globals['_LISTNODESREQUEST']._serialized_start=1423
-  _globals['_LISTNODESREQUEST']._serialized_end=1441
-  _globals['_LISTNODESRESPONSE']._serialized_start=1443
-  _globals['_LISTNODESRESPONSE']._serialized_end=1542
-  _globals['_SCHEDULERSERVICE']._serialized_start=1773
-  _globals['_SCHEDULERSERVICE']._serialized_end=2345
+  _globals['_JOB']._serialized_end=974
+  _globals['_STATECHANGE']._serialized_start=976
+  _globals['_STATECHANGE']._serialized_end=1069
+  _globals['_SUBMITJOBREQUEST']._serialized_start=1071
+  _globals['_SUBMITJOBREQUEST']._serialized_end=1138
+  _globals['_GETJOBREQUEST']._serialized_start=1140
+  _globals['_GETJOBREQUEST']._serialized_end=1171
+  _globals['_LISTJOBSREQUEST']._serialized_start=1173
+  _globals['_LISTJOBSREQUEST']._serialized_end=1257
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1259
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1322
+  _globals['_CANCELJOBREQUEST']._serialized_start=1324
+  _globals['_CANCELJOBREQUEST']._serialized_end=1358
+  _globals['_WATCHJOBSREQUEST']._serialized_start=1360
+  _globals['_WATCHJOBSREQUEST']._serialized_end=1395
+  _globals['_JOBEVENT']._serialized_start=1397
+  _globals['_JOBEVENT']._serialized_end=1463
+  _globals['_LISTNODESREQUEST']._serialized_start=1465
+  _globals['_LISTNODESREQUEST']._serialized_end=1483
+  _globals['_LISTNODESRESPONSE']._serialized_start=1485
+  _globals['_LISTNODESRESPONSE']._serialized_end=1584
+  _globals['_SCHEDULERSERVICE']._serialized_start=1815
+  _globals['_SCHEDULERSERVICE']._serialized_end=2387
 # @@protoc_insertion_point(module_scope)

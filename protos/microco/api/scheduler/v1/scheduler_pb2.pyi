@@ -65,7 +65,7 @@ class JobSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., devices: _Optional[int] = ..., elastic: _Optional[bool] = ..., priority: _Optional[int] = ..., owner: _Optional[_Union[_common_pb2.Principal, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., total_steps: _Optional[int] = ..., model: _Optional[str] = ..., max_devices: _Optional[int] = ..., gpu_share: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "state", "device_ids", "node", "step", "submitted_at", "first_step_at", "finished_at", "minibatch_ms", "message", "attempt", "checkpoint_step", "restarts", "packed_with", "attained_service_s", "minibatch_ms_alone", "last_change_at", "history")
+    __slots__ = ("id", "spec", "state", "device_ids", "node", "step", "submitted_at", "first_step_at", "finished_at", "minibatch_ms", "message", "attempt", "checkpoint_step", "restarts", "packed_with", "attained_service_s", "minibatch_ms_alone", "last_change_at", "history", "utilization")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class Job(_message.Message):
     MINIBATCH_MS_ALONE_FIELD_NUMBER: _ClassVar[int]
     LAST_CHANGE_AT_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: JobSpec
     state: JobState
@@ -104,7 +105,8 @@ class Job(_message.Message):
     minibatch_ms_alone: float
     last_change_at: float
     history: _containers.RepeatedCompositeFieldContainer[StateChange]
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., device_ids: _Optional[_Iterable[str]] = ..., node: _Optional[str] = ..., step: _Optional[int] = ..., submitted_at: _Optional[float] = ..., first_step_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., minibatch_ms: _Optional[float] = ..., message: _Optional[str] = ..., attempt: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., restarts: _Optional[int] = ..., packed_with: _Optional[_Iterable[str]] = ..., attained_service_s: _Optional[float] = ..., minibatch_ms_alone: _Optional[float] = ..., last_change_at: _Optional[float] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ...) -> None: ...
+    utilization: float
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., device_ids: _Optional[_Iterable[str]] = ..., node: _Optional[str] = ..., step: _Optional[int] = ..., submitted_at: _Optional[float] = ..., first_step_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., minibatch_ms: _Optional[float] = ..., message: _Optional[str] = ..., attempt: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., restarts: _Optional[int] = ..., packed_with: _Optional[_Iterable[str]] = ..., attained_service_s: _Optional[float] = ..., minibatch_ms_alone: _Optional[float] = ..., last_change_at: _Optional[float] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., utilization: _Optional[float] = ...) -> None: ...
 
 class StateChange(_message.Message):
     __slots__ = ("at", "state", "message")
