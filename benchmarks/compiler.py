@@ -115,17 +115,7 @@ def bench_torch(
     re_m, re_o = make()
     again = AstraTorch(re_m, astra.session.explorer, name=f"{cell}-torch", total_steps=run_steps)
     rerun = stepper(re_m, re_o, again)
-    t0 = time.perf_counter()
-    rerun()  # probe step: finds the regions, registers, gets the committed configuration
-    started_committed = again.committed
-    rerun()  # first step under it: builds (compiles) its regions
-    rerun_first_s = time.perf_counter() - t0
-    rerun()  # second: measured; the two are reported as the recompile's cost
-    re_steps = 3
-    while not again.committed and re_steps < run_steps:
-        rerun()
-        re_steps += 1
-    rerun_s = time.perf_counter() - t0
+    next_run = _next_run(again, rerun, run_steps, extra_step=True)
 
     contenders = {"eager": eager, "static": static, "microco": micro, "microco_rerun": rerun}
     for fn in contenders.values():  # rebuild what the resets dropped, outside the timing
@@ -133,29 +123,10 @@ def bench_torch(
     ms = _median_ms(contenders, rounds, 3)
     state = astra.session.explorer.core.get(astra.spec().key)  # type: ignore[union-attr]
     out = _result(cell, "torch", ms, explore_steps, explore_s, eager_first_s, static_first_s, run_steps)
-    out["rerun"] = {
-        "explore_steps": again.explore_steps,
-        "committed_at_start": started_committed,
-        "reopened": state.reopened,
-        "first_two_steps_s": round(rerun_first_s, 3),
-        "until_committed_s": round(rerun_s, 3),
-        "config": again.config,
-        "microco_ms": round(ms["microco_rerun"], 3),
-        "speedup_vs_eager": round(ms["eager"] / ms["microco_rerun"], 3),
-        "speedup_vs_static": round(ms["static"] / ms["microco_rerun"], 3),
-        "compile_costs_s": {k: round(v / 1e3, 3) for k, v in state.compile_costs.items()},
-    }
-    out["total_run_s"]["microco_rerun"] = round(
-        rerun_s + (run_steps - re_steps) * ms["microco_rerun"] / 1e3, 3
-    )
+    _add_next_run(out, next_run, again, state, ms, run_steps)
     bg = astra.background.log if astra.background is not None else []
     out.update(
-        config=astra.config,
-        trial_log=_trial_log(state),
-        trials=len(state.trials),
-        pruned=len(state.pruned),
-        pruned_reasons=list(state.pruned),
-        explore_ms_estimate=round(state.explore_ms / 1e3, 3),
+        _exploration_report(state, astra.config),
         # explore_steps above counts every step until the commit; of those, trial_steps ran
         # trials (exploration proper) and wait_steps ran the best configuration while a trial's
         # compile ran in the background.
@@ -164,7 +135,6 @@ def bench_torch(
         ),
         trial_steps=astra.explore_steps,
         wait_steps=astra.session.wait_steps,
-        compile_costs_s={k: round(v / 1e3, 3) for k, v in state.compile_costs.items()},
         background_compiles=[
             {
                 "choices": _short({k: v for k, v in b["values"].items() if v not in ("off", "eager", "1")}),
@@ -175,9 +145,6 @@ def bench_torch(
             }
             for b in bg
         ],
-        retimes=[
-            {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in state.retime_log
-        ],
     )
     if measure_run:
         out["total_run_measured_s"] = _measure_runs(cell, "torch", sizes, run_steps)
@@ -185,7 +152,9 @@ def bench_torch(
     return out
 
 
-def bench_tf(cell: str, sizes: dict[str, int], run_steps: int, rounds: int) -> dict[str, Any]:
+def bench_tf(
+    cell: str, sizes: dict[str, int], run_steps: int, rounds: int, next_run: bool = True
+) -> dict[str, Any]:
     import tensorflow as tf
 
     from microco.clients.compiler._tf import AstraTF
@@ -233,13 +202,92 @@ def bench_tf(cell: str, sizes: dict[str, int], run_steps: int, rounds: int) -> d
         micro()
         steps += 1
     explore_s = time.perf_counter() - t0
-    ms = _median_ms({"eager": eager, "static": static, "microco": micro}, rounds, 3)
+
+    contenders = {"eager": eager, "static": static, "microco": micro}
+    if next_run:
+        # The next run of the same model (a new wrapper over the same explorer state, as a new
+        # job would find the commit in etcd): it starts at the commit, and its first step under
+        # it builds (traces, XLA-compiles) the committed variant: no exploration.
+        again = AstraTF(
+            make(),
+            tf.keras.optimizers.SGD(0.01),
+            zt.loss_fn,
+            astra.session.explorer,
+            name=f"{cell}-tf",
+            total_steps=run_steps,
+        )
+
+        def rerun():
+            again.step(x, y)
+
+        first = _next_run(again, rerun, run_steps, extra_step=False)
+        contenders["microco_rerun"] = rerun
+    ms = _median_ms(contenders, rounds, 3)
     out = _result(cell, "tensorflow", ms, steps, explore_s, eager_first_s, static_first_s, run_steps)
     state = astra.session.explorer.core.get(astra.session.spec.key)  # type: ignore[union-attr]
-    out.update(
-        config=astra.config, trial_log=_trial_log(state), trials=len(state.trials), pruned=len(state.pruned)
-    )
+    if next_run:
+        _add_next_run(out, first, again, state, ms, run_steps)
+    out.update(_exploration_report(state, astra.config))
     return out
+
+
+def _next_run(again: Any, step: Callable[[], Any], run_steps: int, extra_step: bool) -> dict[str, Any]:
+    """Run a next run's first steps: the probe (registers, gets the commit), the first step under
+    the commit (builds it), with ``extra_step`` one more (the torch wrapper reports its recompile
+    after its second), then on until committed should a reopened trial run."""
+    t0 = time.perf_counter()
+    step()
+    committed_at_start = again.committed
+    step()
+    first_s = time.perf_counter() - t0
+    steps = 2
+    if extra_step:
+        step()
+        steps += 1
+    while not again.committed and steps < run_steps:
+        step()
+        steps += 1
+    return {
+        "committed_at_start": committed_at_start,
+        "first_two_steps_s": first_s,
+        "until_committed_s": time.perf_counter() - t0,
+        "steps": steps,
+    }
+
+
+def _add_next_run(
+    out: dict[str, Any], run: dict[str, Any], again: Any, state: Any, ms: dict[str, float], run_steps: int
+) -> None:
+    out["rerun"] = {
+        "explore_steps": again.explore_steps,
+        "committed_at_start": run["committed_at_start"],
+        "reopened": state.reopened,
+        "first_two_steps_s": round(run["first_two_steps_s"], 3),
+        "until_committed_s": round(run["until_committed_s"], 3),
+        "config": again.config,
+        "microco_ms": round(ms["microco_rerun"], 3),
+        "speedup_vs_eager": round(ms["eager"] / ms["microco_rerun"], 3),
+        "speedup_vs_static": round(ms["static"] / ms["microco_rerun"], 3),
+    }
+    out["total_run_s"]["microco_rerun"] = round(
+        run["until_committed_s"] + (run_steps - run["steps"]) * ms["microco_rerun"] / 1e3, 3
+    )
+
+
+def _exploration_report(state: Any, config: dict[str, str]) -> dict[str, Any]:
+    """What the explorer did, for both frameworks: trials, pruning, compile costs, re-timings."""
+    return {
+        "config": config,
+        "trial_log": _trial_log(state),
+        "trials": len(state.trials),
+        "pruned": len(state.pruned),
+        "pruned_reasons": list(state.pruned),
+        "explore_ms_estimate": round(state.explore_ms / 1e3, 3),
+        "compile_costs_s": {k: round(v / 1e3, 3) for k, v in state.compile_costs.items()},
+        "retimes": [
+            {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in state.retime_log
+        ],
+    }
 
 
 def _short(values: dict[str, str]) -> dict[str, str]:
@@ -361,7 +409,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             pass
         for cell in tf_cells:
             print(f"[bench compiler] tensorflow {cell}", file=sys.stderr, flush=True)
-            models.append(bench_tf(cell, sizes, run_steps, rounds))
+            # The next run is left out of --quick (it adds a build of the committed variant and a
+            # fourth contender, and --quick must stay under a minute).
+            models.append(bench_tf(cell, sizes, run_steps, rounds, next_run=not quick))
     torch_models = [m for m in models if m["framework"] == "torch"]
     return {
         "benchmark": "compiler",
