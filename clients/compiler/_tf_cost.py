@@ -33,6 +33,7 @@ COLD_MS_PER_INSTRUCTION = 5.0
 # outside means the timing was disturbed (a step stalled by another process), not a rate.
 _RATE_BOUNDS = (0.05, 200.0)
 _KEEP = 16  # latest samples kept per hardware id
+_KEEP_SIZES = 256  # models whose module sizes are remembered per hardware id
 
 
 def hlo_instruction_count(hlo_text: str) -> int:
@@ -92,6 +93,8 @@ class XlaCostModel:
         self.path = Path(path) if path is not None else None
         self.cold_rate = cold_rate
         self._samples: dict[str, list[float]] = {}
+        # HLO sizes of the XLA modules of models seen on this host (see ``module_sizes``).
+        self._sizes: dict[str, dict[str, int]] = {}
         self._load()
 
     def _read(self) -> dict[str, Any]:
@@ -113,6 +116,26 @@ class XlaCostModel:
             for k, v in kinds.items()
             if isinstance(v, list)
         }
+        sizes = mine.get("module_sizes", {}) if isinstance(mine, dict) else {}
+        self._sizes = {
+            str(k): {str(kind): int(n) for kind, n in v.items() if isinstance(n, int) and n > 0}
+            for k, v in (sizes.items() if isinstance(sizes, dict) else ())
+            if isinstance(v, dict)
+        }
+
+    def module_sizes(self, key: str) -> dict[str, int] | None:
+        """The HLO instruction counts remembered for ``key`` (a model's structure and input
+        shapes), if a run on this host counted them: the next run skips the traces (measured
+        about 3.5 s of a TF job's first step at sequence 8)."""
+        got = self._sizes.get(key)
+        return dict(got) if got else None
+
+    def remember_module_sizes(self, key: str, sizes: dict[str, int]) -> None:
+        self._sizes.pop(key, None)
+        self._sizes[key] = {k: int(n) for k, n in sizes.items()}
+        while len(self._sizes) > _KEEP_SIZES:  # oldest first out
+            self._sizes.pop(next(iter(self._sizes)))
+        self._save()
 
     def samples(self, kind: str = "loop") -> list[float]:
         return list(self._samples.get(kind, []))
@@ -145,7 +168,12 @@ class XlaCostModel:
         with self._lock:
             try:
                 data = self._read()
-                data[self.hardware] = {"ms_per_instruction": self._samples}
+                old = data.get(self.hardware)
+                old_sizes = old.get("module_sizes") if isinstance(old, dict) else None
+                sizes = {**(old_sizes if isinstance(old_sizes, dict) else {}), **self._sizes}
+                while len(sizes) > _KEEP_SIZES:
+                    sizes.pop(next(iter(sizes)))
+                data[self.hardware] = {"ms_per_instruction": self._samples, "module_sizes": sizes}
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_text(json.dumps(data, indent=1))

@@ -105,6 +105,50 @@ def test_cost_model_calibrates_and_persists(tmp_path):
     assert XlaCostModel("cpu-a", tmp_path / "bad.json").rate() == COLD_MS_PER_INSTRUCTION
 
 
+def test_module_sizes_are_counted_once_per_model_and_host(tmp_path, monkeypatch):
+    """The first run counts its XLA modules' HLO sizes (traces); the next run of the same model
+    and shapes on this host reads them back and traces nothing for pricing; another shape counts."""
+    import microco.clients.compiler._tf as tf_mod
+
+    counted = []
+    real = tf_mod.step_hlo_instructions
+
+    def counting(fn, x, y):
+        counted.append(int(x.shape[0]))
+        return real(fn, x, y)
+
+    monkeypatch.setattr(tf_mod, "step_hlo_instructions", counting)
+    monkeypatch.setattr(tf_mod, "unrolled_hlo_instructions", lambda fn, x, y: 5 * counting(fn, x, y))
+    path = tmp_path / "rate.json"
+
+    def first_step(seq):
+        x, y = zt.synthetic_batch(seq, 2, 4)
+        astra = AstraTF(
+            zt.make_model("gru", 4, 6),
+            tf.keras.optimizers.SGD(0.05),
+            zt.loss_fn,
+            LocalExplorer(policy=ExplorationPolicy(measure_steps=1)),
+            total_steps=100,
+            cost_model=XlaCostModel("hw", path),
+        )
+        astra.step(x, y)
+        return astra.hlo_instructions, astra.session.spec.variables
+
+    sizes, variables = first_step(3)
+    assert len(counted) == 2 and sizes["loop"] > 0 and sizes["unrolled"] > 0
+    again, again_vars = first_step(3)
+    assert len(counted) == 2  # nothing traced to price the second run
+    assert again == sizes and again_vars == variables  # the same prices
+    other, _ = first_step(4)
+    assert len(counted) == 4 and other != sizes
+    stored = json.loads(path.read_text())["hw"]
+    assert len(stored["module_sizes"]) == 2 and "ms_per_instruction" in stored
+    # A rate measured later keeps the sizes (and the other way round).
+    model = XlaCostModel("hw", path)
+    assert model.observe(1_000, 500.0)
+    assert len(json.loads(path.read_text())["hw"]["module_sizes"]) == 2
+
+
 @pytest.mark.parametrize("ms_per_instruction, tried", [(0.05, True), (100.0, False)])
 def test_tiny_model_tries_xla_only_when_its_estimated_compile_pays_back(tmp_path, ms_per_instruction, tried):
     """A real tiny model and run: its XLA modules' sizes come from their HLO; at a cheap rate the
