@@ -14,11 +14,8 @@ Inductor looks its graphs up, but generating code is refused, so a miss costs on
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 class _Refused(Exception):
@@ -87,7 +84,8 @@ def _no_codegen(refused: list[bool]) -> Iterator[None]:
     is asked first: its miss is refused there, before the joint graph is traced and partitioned
     (measured: a miss refused at code generation instead cost 9.5 s against 2.8 s for a hit,
     sru, 16 cell calls). Inductor's code generation refuses too, for a graph that AOTAutograd's
-    cache does not cover."""
+    cache does not cover. The two are patched process-wide for the one probe call: the training
+    thread runs it between mini-batches, when nothing else in the job compiles."""
     cfx = _codegen_hook()
     real_codegen = cfx.fx_codegen_and_compile
     aot = _aot_cache()

@@ -80,10 +80,10 @@ class ExplorationPolicy:
     # third), at most this many pairs per exploration.
     retime_pairs: int = 3
     # A challenger that compiles something the best does not is re-timed within this wider
-    # margin: its compile is paid already, its trial's steps are the
-    # first after a compile (and on a shared machine, measured: a compiled whole step's 6 trial
-    # steps came out 0.5x to 1.7x of its later interleaved median), and the wrong call between
-    # compile choices costs the whole run's gain, not a few percent.
+    # margin: its compile is paid already, its trial's steps are the first after a compile (on
+    # a shared machine, measured: a compiled whole step's 6 trial steps came out 0.5x to 1.7x
+    # of its later interleaved median), and the wrong call between compile choices costs the
+    # whole run's gain, not a few percent.
     retime_compiled_margin: float = 1.0
 
     @property
@@ -419,9 +419,9 @@ def _typical_ms(t: TrialRecord) -> float:
 
 def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
     """Before committing: when another configuration measured within ``retime_margin`` of the
-    best (``retime_compiled_margin`` for one that compiles a choice the best does not), queue interleaved
-    re-timing trials of the two (once per pair; the closest challenger first, then the next
-    against the winner, up to ``retime_pairs`` pairs)."""
+    best (``retime_compiled_margin`` for one that compiles a choice the best does not), queue
+    interleaved re-timing trials of the two (once per pair; the closest challenger first, then
+    the next against the winner, up to ``retime_pairs`` pairs)."""
     if policy.retime_rounds <= 0 or state.best is None or len(state.retimed) >= policy.retime_pairs:
         return False
     best = state.trials[state.best]
