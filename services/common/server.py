@@ -184,7 +184,9 @@ class _InfoServicer(common_pb2_grpc.InfoServiceServicer):
         self.runtime = runtime
         self.started_at = time.time()
 
-    def GetInfo(self, request: common_pb2.GetInfoRequest, context: grpc.ServicerContext) -> common_pb2.ServiceInfo:
+    def GetInfo(
+        self, request: common_pb2.GetInfoRequest, context: grpc.ServicerContext
+    ) -> common_pb2.ServiceInfo:
         r = self.runtime
         return common_pb2.ServiceInfo(
             name=r.settings.name,
@@ -195,7 +197,6 @@ class _InfoServicer(common_pb2_grpc.InfoServiceServicer):
             metrics_address=r.metrics_address,
             labels={"node": r.settings.node, **r.settings.labels},
         )
-
 
 
 @dataclass
@@ -269,7 +270,9 @@ class ServiceRuntime:
             options=options,
         )
         if not any(name == _INFO_SERVICE for _, _, name in self._services):
-            self._services.insert(0, (common_pb2_grpc.add_InfoServiceServicer_to_server, _InfoServicer(self), _INFO_SERVICE))
+            self._services.insert(
+                0, (common_pb2_grpc.add_InfoServiceServicer_to_server, _InfoServicer(self), _INFO_SERVICE)
+            )
         names = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
         for add_fn, servicer, full_name in self._services:
             add_fn(servicer, server)
@@ -348,6 +351,10 @@ class ServiceContext:
         return self._redis
 
 
+class _StopDuringStartup(BaseException):
+    """SIGTERM/SIGINT while the service was starting (see ``run_service``)."""
+
+
 def run_service(
     name: str,
     description: str,
@@ -375,20 +382,32 @@ def run_service(
     runtime = ServiceRuntime(settings, kv=kv)
     runtime.on_stop(kv.close)
     ctx = ServiceContext(settings=settings, args=args, kv=kv, runtime=runtime)
-    try:
-        setup(ctx)
-        runtime.start()
-    except MicrocoError as exc:
-        print(f"microco-{name}: error: {exc}", file=sys.stderr)
-        runtime.stop(grace=0)
-        return 2
+    # Signals are handled from before start-up: the service registers itself in etcd while it
+    # starts, and a SIGTERM arriving between that and a handler installed afterwards killed the
+    # process outright, its registration left behind until the lease expired (seen in CI). A
+    # signal during start-up interrupts it (a start-up waiting on a dependency can be stopped
+    # too) and is a graceful stop of whatever had started.
+    started = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal received", extra={"signal": signal.Signals(signum).name})
+        if not started.is_set():
+            raise _StopDuringStartup(signum)
         threading.Thread(target=runtime.stop, name="shutdown", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    try:
+        setup(ctx)
+        runtime.start()
+        started.set()
+    except _StopDuringStartup:
+        runtime.stop(grace=0)
+        return 0
+    except MicrocoError as exc:
+        print(f"microco-{name}: error: {exc}", file=sys.stderr)
+        runtime.stop(grace=0)
+        return 2
     while not runtime.wait(timeout=1.0):
         pass
     return 0

@@ -102,6 +102,28 @@ def test_sigterm_is_graceful(etcd_kv: EtcdKV, etcd_endpoint: str, tmp_path: Path
     assert '"msg": "stopping"' in out
 
 
+def test_sigterm_during_start_up_stops_it_gracefully(
+    etcd_kv: EtcdKV, etcd_endpoint: str, tmp_path: Path
+) -> None:
+    """A signal while the service is still starting (here: a setup that takes 30 s) stops it at
+    once with exit 0, and nothing is left registered."""
+    env = {**os.environ, "PROBE_SETUP_S": "30"}
+    proc = subprocess.Popen(
+        [sys.executable, str(PROBE), "--etcd", etcd_endpoint, "--data-dir", str(tmp_path), "--grace-s", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    assert proc.stdout is not None
+    t0 = time.monotonic()
+    while b"setting up" not in proc.stdout.readline():
+        assert time.monotonic() - t0 < 60, "the probe never reached its setup"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    assert time.monotonic() - t0 < 30  # interrupted, not waited out
+    assert discover(etcd_kv, "probe") == []
+
+
 def test_unreachable_etcd_at_start_up_is_a_clear_error(tmp_path: Path) -> None:
     from microco.services.stack import free_port
 

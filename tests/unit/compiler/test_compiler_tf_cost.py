@@ -105,6 +105,17 @@ def test_cost_model_calibrates_and_persists(tmp_path):
     assert XlaCostModel("cpu-a", tmp_path / "bad.json").rate() == COLD_MS_PER_INSTRUCTION
 
 
+def _tiny_astra(cell, cost, total_steps):
+    return AstraTF(
+        zt.make_model(cell, 4, 6),
+        tf.keras.optimizers.SGD(0.05),
+        zt.loss_fn,
+        LocalExplorer(policy=ExplorationPolicy(measure_steps=1)),
+        total_steps=total_steps,
+        cost_model=cost,
+    )
+
+
 def test_module_sizes_are_counted_once_per_model_and_host(tmp_path, monkeypatch):
     """The first run counts its XLA modules' HLO sizes (traces); the next run of the same model
     and shapes on this host reads them back and traces nothing for pricing; another shape counts."""
@@ -123,14 +134,7 @@ def test_module_sizes_are_counted_once_per_model_and_host(tmp_path, monkeypatch)
 
     def first_step(seq):
         x, y = zt.synthetic_batch(seq, 2, 4)
-        astra = AstraTF(
-            zt.make_model("gru", 4, 6),
-            tf.keras.optimizers.SGD(0.05),
-            zt.loss_fn,
-            LocalExplorer(policy=ExplorationPolicy(measure_steps=1)),
-            total_steps=100,
-            cost_model=XlaCostModel("hw", path),
-        )
+        astra = _tiny_astra("gru", XlaCostModel("hw", path), total_steps=100)
         astra.step(x, y)
         return astra.hlo_instructions, astra.session.spec.variables
 
@@ -156,14 +160,7 @@ def test_tiny_model_tries_xla_only_when_its_estimated_compile_pays_back(tmp_path
     a rate where no compile can pay back within the run, none is tried and nothing compiles."""
     cost = XlaCostModel("hw", tmp_path / "rate.json", cold_rate=ms_per_instruction)
     x, y = zt.synthetic_batch(2, 4, 4)
-    astra = AstraTF(
-        zt.make_model("sru", 4, 6),
-        tf.keras.optimizers.SGD(0.05),
-        zt.loss_fn,
-        LocalExplorer(policy=ExplorationPolicy(measure_steps=1)),
-        total_steps=2_000,
-        cost_model=cost,
-    )
+    astra = _tiny_astra("sru", cost, total_steps=2_000)
     losses = [astra.step(x, y)]
     while not astra.committed and len(losses) < 300:  # stops at the commit
         losses.append(astra.step(x, y))
