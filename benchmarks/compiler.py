@@ -384,7 +384,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "H": args.hidden,
         "layers": args.layers,
     }
-    run_steps = args.run_steps or (5000 if quick else 500)
+    run_steps = args.run_steps or (2000 if quick else 500)
     rounds = 3 if quick else 6
     torch_cells = args.models.split(",") if args.models else (["lstm"] if quick else list(TORCH_MODELS))
     if args.no_torch:
@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="fixed run length: the budget exploration must repay, and the length of total_run_s "
-        "(default 500; 5000 with --quick)",
+        "(default 500; 2000 with --quick)",
     )
     p.add_argument(
         "--cold-cache",
