@@ -76,6 +76,17 @@ def default_cost_file() -> Path:
     return Path(os.path.expanduser("~")) / ".cache" / "microco" / "xla_compile_rate.json"
 
 
+def _parse_sizes(raw: Any) -> dict[str, dict[str, int]]:
+    """Module sizes as stored (``{key: {kind: instructions}}``), anything malformed left out."""
+    if not isinstance(raw, dict):
+        return {}
+    return {
+        str(k): {str(kind): n for kind, n in v.items() if isinstance(n, int) and n > 0}
+        for k, v in raw.items()
+        if isinstance(v, dict)
+    }
+
+
 class XlaCostModel:
     """Compile ms per HLO instruction on one hardware id, per kind of module (``"loop"``: a step
     whose time loop is a while loop; ``"unrolled"``: one cell copy per time step): the cold prior
@@ -116,12 +127,7 @@ class XlaCostModel:
             for k, v in kinds.items()
             if isinstance(v, list)
         }
-        sizes = mine.get("module_sizes", {}) if isinstance(mine, dict) else {}
-        self._sizes = {
-            str(k): {str(kind): int(n) for kind, n in v.items() if isinstance(n, int) and n > 0}
-            for k, v in (sizes.items() if isinstance(sizes, dict) else ())
-            if isinstance(v, dict)
-        }
+        self._sizes = _parse_sizes(mine.get("module_sizes") if isinstance(mine, dict) else None)
 
     def module_sizes(self, key: str) -> dict[str, int] | None:
         """The HLO instruction counts remembered for ``key`` (a model's structure and input
@@ -131,10 +137,8 @@ class XlaCostModel:
         return dict(got) if got else None
 
     def remember_module_sizes(self, key: str, sizes: dict[str, int]) -> None:
-        self._sizes.pop(key, None)
+        self._sizes.pop(key, None)  # re-inserted last: the most recent
         self._sizes[key] = {k: int(n) for k, n in sizes.items()}
-        while len(self._sizes) > _KEEP_SIZES:  # oldest first out
-            self._sizes.pop(next(iter(self._sizes)))
         self._save()
 
     def samples(self, kind: str = "loop") -> list[float]:
@@ -169,10 +173,13 @@ class XlaCostModel:
             try:
                 data = self._read()
                 old = data.get(self.hardware)
-                old_sizes = old.get("module_sizes") if isinstance(old, dict) else None
-                sizes = {**(old_sizes if isinstance(old_sizes, dict) else {}), **self._sizes}
+                old_sizes = _parse_sizes(old.get("module_sizes") if isinstance(old, dict) else None)
+                # Other processes' entries first, then this one's (its latest last); the oldest
+                # go first beyond the bound, here and in memory.
+                sizes = {k: v for k, v in old_sizes.items() if k not in self._sizes} | self._sizes
                 while len(sizes) > _KEEP_SIZES:
                     sizes.pop(next(iter(sizes)))
+                self._sizes = sizes
                 data[self.hardware] = {"ms_per_instruction": self._samples, "module_sizes": sizes}
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = self.path.with_suffix(f".{os.getpid()}.tmp")

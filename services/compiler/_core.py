@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ._types import HOLD_TRIAL, Config, GraphSpec, TrialReport, Variable
@@ -614,8 +614,6 @@ def _repriced_candidate(
 
 
 def _with_total(spec: GraphSpec, total_steps: int) -> GraphSpec:
-    from dataclasses import replace
-
     return replace(spec, total_steps=total_steps)
 
 
@@ -625,8 +623,6 @@ def with_run_priors(spec: GraphSpec, run: GraphSpec) -> GraphSpec:
     A client that measured on its own host what a compile will cost there (an XLA rate, an
     Inductor cache found holding the graph) knows better than any earlier run; a prior it did not
     calibrate stays as stored, as do variables that differ in anything but their prior."""
-    from dataclasses import replace
-
     mine = {v.name: v for v in run.variables if v.prior_calibrated}
     if not mine:
         return spec
