@@ -385,22 +385,27 @@ def run_service(
     # Signals are handled from before start-up: the service registers itself in etcd while it
     # starts, and a SIGTERM arriving between that and a handler installed afterwards killed the
     # process outright, its registration left behind until the lease expired (seen in CI). A
-    # signal during start-up interrupts it (a start-up waiting on a dependency can be stopped
-    # too) and is a graceful stop of whatever had started.
-    started = threading.Event()
+    # signal during ``setup`` (which may wait on a dependency) interrupts it; one during
+    # ``runtime.start`` is held until start returns (interrupted half-way through registering,
+    # the registration could not be revoked: seen in CI too), then stops the service gracefully.
+    phase = ["setup"]  # "setup" -> "starting" -> "running"
+    held: list[int] = []
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal received", extra={"signal": signal.Signals(signum).name})
-        if not started.is_set():
+        if phase[0] == "setup":
             raise _StopDuringStartup(signum)
+        if phase[0] == "starting":
+            held.append(signum)
+            return
         threading.Thread(target=runtime.stop, name="shutdown", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
         setup(ctx)
+        phase[0] = "starting"
         runtime.start()
-        started.set()
     except _StopDuringStartup:
         runtime.stop(grace=0)
         return 0
@@ -408,6 +413,9 @@ def run_service(
         print(f"microco-{name}: error: {exc}", file=sys.stderr)
         runtime.stop(grace=0)
         return 2
+    phase[0] = "running"
+    if held:
+        runtime.stop()
     while not runtime.wait(timeout=1.0):
         pass
     return 0
