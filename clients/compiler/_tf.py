@@ -181,8 +181,8 @@ class AstraTF(SessionBacked):
 
     # The XLA choices, each its own variable so that each is priced by the size of its own module,
     # and in its own stage (the core plans one stage at a time from the best so far, so exactly
-    # one XLA choice is tried per trial; when several are on in a configuration, the one of the
-    # latest stage is the one that runs: see ``_mode``). Cheapest compile first: the while-loop
+    # one XLA choice is tried per trial; when several are on in a configuration, the widest
+    # scope is the one that runs: see ``_mode``). Cheapest compile first: the while-loop
     # step before the structure, so that hoisting and batching are then judged under the loop
     # (where they pay) and priced against its step time (see ``variables``).
     STAGES: ClassVar[dict[str, int]] = {"xla_loop": 0, "structure": 1, "xla_cell": 2, "xla": 3}
@@ -201,13 +201,15 @@ class AstraTF(SessionBacked):
         def prior(kind: str) -> float:
             return round(cost.estimate(sizes[kind], kind), 1) if kind in sizes else 0.0
 
-        def priced(name: str, choices: tuple[str, ...], stage: int, kind: str) -> Variable:
+        def priced(
+            name: str, choices: tuple[str, ...], stage: int, kind: str, subsumes: tuple[str, ...] = ()
+        ) -> Variable:
             # The estimate is already calibrated (a rate measured on this hardware for this kind
             # of module): the core must not rescale it by the key's other compiles, which are of
             # the other kind (looped compiles measured below their estimate would otherwise pull
             # the unrolled estimate down and get a losing unrolled compile tried).
             ms = prior(kind)
-            return Variable(name, choices, "", stage, True, ms, prior_calibrated=ms > 0)
+            return Variable(name, choices, "", stage, True, ms, prior_calibrated=ms > 0, subsumes=subsumes)
 
         st = self.STAGES
         out = [
@@ -225,15 +227,21 @@ class AstraTF(SessionBacked):
         # five cells (2.5-7.6 ms against 4.7-17.4) and compiled in 2-8 s against 4-118 s for the
         # unrolled step; hoisted and batched, it was faster still on four of five (1.9-6.0 ms).
         # The structure stage then judges hoisting and batching under it, where they pay.
-        out.append(priced("xla_loop", ("off", "on"), st["xla_loop"], "loop"))
+        # The cell is inside that loop's XLA cluster, so `xla_cell` is inert under it (the core
+        # then treats the two as one configuration: the cell-only cluster, the narrower scope,
+        # is tried only where the loop did not win; it never won a trial where it did).
+        out.append(priced("xla_loop", ("off", "on"), st["xla_loop"], "loop", subsumes=("xla_cell",)))
         # `xla_cell`: only the per-step cell region (recurrent products and gate arithmetic)
         # as its own XLA cluster, the rest of the step in TensorFlow's kernels. Its module is
         # about a loop body, forward and gradient: priced at the loop module's size.
         out.append(priced("xla_cell", ("off", "on"), st["xla_cell"], "loop"))
         # `xla`: the whole unrolled step under XLA, over the structure explored so far ("on")
         # or over the plain step ("plain": exactly what `jit_compile=True` on the user's step
-        # does; XLA's own fusion may beat the rewritten structure it is handed).
-        out.append(priced("xla", ("off", "on", "plain"), st["xla"], "unrolled"))
+        # does; XLA's own fusion may beat the rewritten structure it is handed). It replaces
+        # the loop and the cell clusters: both are inert under it.
+        out.append(
+            priced("xla", ("off", "on", "plain"), st["xla"], "unrolled", subsumes=("xla_loop", "xla_cell"))
+        )
         return out
 
     def variant(
@@ -261,16 +269,18 @@ class AstraTF(SessionBacked):
 
     def _mode(self, v: dict[str, str]) -> tuple[Callable[..., Any], str]:
         """The variant a configuration runs, and the size kind its compile is priced by ("" when
-        it compiles nothing). The XLA choice of the latest stage that is on wins."""
+        it compiles nothing). The widest XLA scope that is on wins: the unrolled step, then the
+        looped step (whose cluster holds the cell), then the cell alone (as the variables'
+        ``subsumes`` declare)."""
         hoist, batch = v.get("hoist") == "on", v.get("batch") == "on"
         if v.get("xla") == "plain":  # XLA over the plain step: the structure's choices do not apply
             return self.variant(False, False, True), "unrolled"
         if v.get("xla") == "on":
             return self.variant(hoist, batch, True), "unrolled"
-        if v.get("xla_cell") == "on":
-            return self.variant(hoist, batch, False, xla_cell=True), "loop"
         if v.get("xla_loop") == "on":
             return self.variant(hoist, batch, True, loop=True), "loop"
+        if v.get("xla_cell") == "on":
+            return self.variant(hoist, batch, False, xla_cell=True), "loop"
         return self.variant(hoist, batch, False), ""
 
     def _register(self, x: tf.Tensor, y: tf.Tensor) -> None:

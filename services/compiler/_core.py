@@ -13,7 +13,8 @@ settings and the measured trials:
 * **repeated regions share decisions**: clients name a region by its structure, so every
   instance of a repeated cell is one region with one decision;
 * **compile time is cost**: a candidate that compiles is pruned when even an optimistic saving
-  over the steps left in the run cannot repay its estimated compile time; exploration stops
+  over the steps left in the run cannot repay its estimated compile time (a region's
+  alternatives in one stage share that saving: they must repay their compiles together); exploration stops
   once it has used its share of the run, and the best measured configuration is committed.
 """
 
@@ -664,17 +665,34 @@ def _plan_stage(state: Exploration, policy: ExplorationPolicy) -> list[dict[str,
     groups = _stage_vars(state)
     per_region: dict[str, list[dict[str, str]]] = {}
     for region, variables in groups.items():
-        combos = []
+        candidates = []
         for choice in itertools.product(*(v.choices for v in variables)):
             combo = {v.name: c for v, c in zip(variables, choice)}
-            if all(base.get(k) == c for k, c in combo.items()):
-                continue
+            if not all(base.get(k) == c for k, c in combo.items()):
+                candidates.append(combo)
+        # Coarse before fine: the candidate that changes the most compiled choices first (e.g.
+        # every structural rewrite of a TF step at once, then each alone). Stable: candidates
+        # that compile nothing keep their order.
+        candidates.sort(key=lambda c: -_compiled_changes(variables, c))
+        combos: list[dict[str, str]] = []
+        planned_ms = 0.0
+        for combo in candidates:
             reason = _prune_reason(state, policy, region, variables, combo)
             if reason:
                 state.pruned.append(f"stage {state.stage}: {combo}: {reason}")
                 if "cannot repay" in reason:
                     state.pruned_candidates.append({"region": region, "combo": combo})
                 continue
+            # A region's candidates are alternatives: at most one of them is committed, so
+            # together they share one best-case saving, and exploring them must repay their
+            # compiles *together*. A candidate that would take the stage past it is dropped
+            # (and not re-priced later on its own: a sibling was measured in its place).
+            est = _combo_compile_estimate(state, variables, combo)
+            shared = _prune_reason(state, policy, region, variables, combo, planned_ms=planned_ms)
+            if shared:
+                state.pruned.append(f"stage {state.stage}: {combo}: {shared}")
+                continue
+            planned_ms += est
             combos.append(combo)
         per_region[region] = combos
     trials: list[dict[str, str]] = []
@@ -701,8 +719,12 @@ def _prune_reason(
     variables: list[Variable],
     combo: dict[str, str],
     remaining: int | None = None,
+    planned_ms: float = 0.0,
 ) -> str:
-    compiles = any(v.compiles and combo[v.name] != v.choices[0] for v in variables)
+    """Why ``combo`` (choices of ``region``'s variables) cannot repay its compile ("" if it may).
+    ``planned_ms``: compile estimates of the alternatives already planned in this stage for the
+    same region, which share its best-case saving."""
+    compiles = _compiled_changes(variables, combo) > 0
     if not compiles:
         return ""
     best = state.best_trial
@@ -711,12 +733,26 @@ def _prune_reason(
     if remaining is None:
         remaining = _remaining(state)
     max_saving = _max_saving(state, policy, region, remaining)
-    est = compile_estimate(
-        state, [(v, combo[v.name]) for v in variables if v.compiles and combo[v.name] != v.choices[0]]
-    )
+    est = _combo_compile_estimate(state, variables, combo)
+    if planned_ms > 0 and max_saving < est + planned_ms:
+        return (
+            f"cannot repay compile time with the stage's other alternatives: est. {est:.0f} ms "
+            f"+ {planned_ms:.0f} ms planned > best-case saving {max_saving:.0f} ms"
+        )
     if max_saving < est:
         return f"cannot repay compile time: est. {est:.0f} ms > best-case saving {max_saving:.0f} ms"
     return ""
+
+
+def _compiled_changes(variables: list[Variable], combo: dict[str, str]) -> int:
+    """How many of ``combo``'s choices compile (are off the baseline of a compiling variable)."""
+    return sum(1 for v in variables if v.compiles and combo.get(v.name, v.choices[0]) != v.choices[0])
+
+
+def _combo_compile_estimate(state: Exploration, variables: list[Variable], combo: dict[str, str]) -> float:
+    return compile_estimate(
+        state, [(v, combo[v.name]) for v in variables if v.compiles and combo[v.name] != v.choices[0]]
+    )
 
 
 def _max_saving(state: Exploration, policy: ExplorationPolicy, region: str, remaining: int) -> float:

@@ -496,3 +496,64 @@ def test_a_planned_compile_is_priced_again_just_before_it_runs():
         cfg = report(state, TrialReport(cfg.trial, [10.0 + warm, 10.0, 10.0]), policy)
     assert [t.values["xla"] for t in state.trials if t.kind != "retime"] == ["off", "on"]
     assert any("plain" in p and "re-priced before running" in p for p in state.pruned)
+
+
+# -- a stage's alternatives share one best-case saving
+
+
+def _two_rewrites(total_steps, prior_ms):
+    """Two whole-step rewrites that each build a new compiled step (TF's hoist and batch under
+    XLA): one region, alternatives of one another."""
+    return spec(
+        total_steps=total_steps,
+        variables=(
+            Variable("hoist", ("off", "on"), "", STAGE_STRUCTURE, True, prior_ms, prior_calibrated=True),
+            Variable("batch", ("off", "on"), "", STAGE_STRUCTURE, True, prior_ms, prior_calibrated=True),
+        ),
+    )
+
+
+def _explore_rewrites(s, policy):
+    state = start(s, policy)
+    cfg, tried = next_config(state, policy), []
+    while not cfg.committed:
+        tried.append(dict(cfg.values))
+        step = 10.0 - 2 * (cfg.values["hoist"] == "on") - 3 * (cfg.values["batch"] == "on")
+        cfg = report(state, TrialReport(cfg.trial, [step + 1000.0] + [step] * policy.measure_steps), policy)
+    return state, cfg, tried
+
+
+def test_a_stages_alternatives_must_repay_their_compiles_together_coarse_first():
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+    # Best-case saving: 10 ms x (1 - 1/2) x ~1000 steps = ~5 s. Each rewrite is priced at 2 s:
+    # each alone would pay, but the three alternatives together (6 s) cannot. The one that
+    # changes the most (both on) runs first, then one single, and the last one is dropped.
+    state, cfg, tried = _explore_rewrites(_two_rewrites(1000, 2000.0), policy)
+    assert tried[0] == {"hoist": "off", "batch": "off"}
+    assert tried[1] == {"hoist": "on", "batch": "on"}
+    assert len(tried) == 3
+    shared = [p for p in state.pruned if "with the stage's other alternatives" in p]
+    assert len(shared) == 1
+    # Dropped for the stage's shared budget, it is not re-priced on its own before the commit.
+    assert not state.pruned_candidates
+    assert cfg.values == {"hoist": "on", "batch": "on"}
+    # A run long enough to repay all three tries all three.
+    state, _, tried = _explore_rewrites(_two_rewrites(100_000, 2000.0), policy)
+    assert len(tried) == 4 and not state.pruned
+
+
+def test_candidates_that_compile_nothing_keep_their_order_and_share_no_budget():
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+    s = spec(
+        total_steps=50,
+        variables=(
+            Variable("hoist", ("off", "on"), "", STAGE_STRUCTURE),
+            Variable("batch", ("off", "on"), "", STAGE_STRUCTURE),
+        ),
+    )
+    _, _, tried = _explore_rewrites(s, policy)
+    assert tried[1:] == [
+        {"hoist": "off", "batch": "on"},
+        {"hoist": "on", "batch": "off"},
+        {"hoist": "on", "batch": "on"},
+    ]

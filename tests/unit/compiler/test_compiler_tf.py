@@ -130,6 +130,47 @@ def test_plain_whole_step_xla_is_tried_whenever_its_compile_can_pay_back(total_s
     assert (cfg.values["xla"] == "plain") is tried
 
 
+def test_the_cell_cluster_is_tried_only_where_the_xla_loop_did_not_win():
+    """The loop's XLA cluster holds the cell, so `xla_cell` is inert under `xla_loop`: a
+    configuration with both runs the loop variant, the core counts it as the loop alone, and the
+    narrower cell cluster gets a trial only where the loop lost (synthetic times, no compile)."""
+    from microco.clients.compiler._tf_cost import XlaCostModel
+    from microco.services.compiler import GraphSpec, TrialReport, next_config, report, start
+
+    astra = AstraTF(
+        zt.make_model("gru", 4, 6),
+        tf.keras.optimizers.SGD(0.05),
+        zt.loss_fn,
+        _NoExplorer(),
+        cost_model=XlaCostModel("hw", None, cold_rate=1.0),
+    )
+    both = {"hoist": "off", "batch": "off", "xla_loop": "on", "xla_cell": "on", "xla": "off"}
+    assert astra._mode(both)[0] is astra.variant(False, False, True, loop=True)
+    variables = tuple(astra.variables({"loop": 1_100, "unrolled": 2_500}))
+
+    def explore(loop_ms):
+        policy = ExplorationPolicy(measure_steps=2)
+        state = start(
+            GraphSpec("fp", "x", "cpu", variables, framework="tensorflow", total_steps=200_000), policy
+        )
+        cfg, seen = next_config(state, policy), []
+        while not cfg.committed:
+            v = cfg.values
+            seen.append(dict(v))
+            ms = 5.0 if v["xla_cell"] == "on" else loop_ms if v["xla_loop"] == "on" else 6.0
+            if v["xla"] != "off":
+                ms = 9.0
+            cfg = report(state, TrialReport(cfg.trial, [ms + 1000.0, ms, ms]), policy)
+        return cfg, seen
+
+    cfg, seen = explore(loop_ms=3.0)  # the loop wins: the cell cluster is never tried
+    assert cfg.values["xla_loop"] == "on" and cfg.values["xla_cell"] == "off"
+    assert not any(v["xla_cell"] == "on" for v in seen)
+    cfg, seen = explore(loop_ms=8.0)  # the loop loses: the cell cluster is tried, and wins
+    assert any(v["xla_cell"] == "on" and v["xla_loop"] == "off" for v in seen)
+    assert cfg.values["xla_cell"] == "on"
+
+
 class _NoExplorer:
     def register(self, spec):  # pragma: no cover - never called: no step runs
         raise AssertionError
