@@ -393,7 +393,8 @@ def test_a_client_calibrated_prior_is_used_as_given_and_does_not_calibrate_the_o
 
 
 def test_a_committed_run_reports_its_warm_recompile_and_a_pruned_candidate_that_now_pays_is_tried():
-    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+    # Priced against the best case (the arithmetic below); the expected share is tested apart.
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0, expected_gain_share=1.0)
     kv = MemoryKV()
     core = CompilerCore(kv, policy)
     s = _whole_spec(3000)
@@ -482,12 +483,12 @@ def test_a_candidate_pruned_before_any_compile_was_measured_is_repriced_before_t
 
 
 def test_a_planned_compile_is_priced_again_just_before_it_runs():
-    # Two whole-step compiled choices planned together at a 10 s prior (at most 10 ms x 1/2 x
-    # 6000 = 30 s to gain); the first one measures 200 s, so the second, priced again at the
-    # calibrated 10 s x 4 = 40 s, is skipped.
+    # Two whole-step compiled choices planned together at a 10 s prior (expected to gain 10 ms x
+    # 1/2 x 1/2 x 12000 = 30 s, enough for both); the first one measures 200 s, so the second,
+    # priced again at the calibrated 10 s x 4 = 40 s, is skipped.
     xla = Variable("xla", ("off", "on", "plain"), "", STAGE_COMPILE, True, compile_prior_ms=10_000.0)
     policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
-    state = start(GraphSpec("fp", "x", "cpu", (xla,), framework="tensorflow", total_steps=6000), policy)
+    state = start(GraphSpec("fp", "x", "cpu", (xla,), framework="tensorflow", total_steps=12_000), policy)
     cfg = next_config(state, policy)
     ran = []
     while not cfg.committed:
@@ -498,7 +499,7 @@ def test_a_planned_compile_is_priced_again_just_before_it_runs():
     assert any("plain" in p and "re-priced before running" in p for p in state.pruned)
 
 
-# -- a stage's alternatives share one best-case saving
+# -- a stage's alternatives share one expected saving
 
 
 def _two_rewrites(total_steps, prior_ms):
@@ -525,10 +526,10 @@ def _explore_rewrites(s, policy):
 
 def test_a_stages_alternatives_must_repay_their_compiles_together_coarse_first():
     policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
-    # Best-case saving: 10 ms x (1 - 1/2) x ~1000 steps = ~5 s. Each rewrite is priced at 2 s:
-    # each alone would pay, but the three alternatives together (6 s) cannot. The one that
+    # Expected saving: 10 ms x (1 - 1/2) x 1/2 x ~2000 steps = ~5 s. Each rewrite is priced at
+    # 2 s: each alone would pay, but the three alternatives together (6 s) cannot. The one that
     # changes the most (both on) runs first, then one single, and the last one is dropped.
-    state, cfg, tried = _explore_rewrites(_two_rewrites(1000, 2000.0), policy)
+    state, cfg, tried = _explore_rewrites(_two_rewrites(2000, 2000.0), policy)
     assert tried[0] == {"hoist": "off", "batch": "off"}
     assert tried[1] == {"hoist": "on", "batch": "on"}
     assert len(tried) == 3
@@ -557,3 +558,24 @@ def test_candidates_that_compile_nothing_keep_their_order_and_share_no_budget():
         {"hoist": "on", "batch": "off"},
         {"hoist": "on", "batch": "on"},
     ]
+
+
+def test_a_compile_is_planned_only_when_its_expected_saving_repays_it():
+    """Between what the best case promises and what a candidate can be expected to gain: a 4 s
+    compile against a best case of 5 s (10 ms x 1/2 x 1000 steps) and an expected 2.5 s."""
+    s = spec(
+        total_steps=1000,
+        variables=(Variable("xla", ("off", "on"), "", STAGE_COMPILE, True, 4000.0, prior_calibrated=True),),
+    )
+
+    def tried(share):
+        policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0, expected_gain_share=share)
+        state = start(s, policy)
+        cfg = next_config(state, policy)
+        while not cfg.committed:
+            cfg = report(state, TrialReport(cfg.trial, [10.0, 10.0, 10.0]), policy)
+        return [t.values["xla"] for t in state.trials if t.kind != "retime"], state.pruned
+
+    ran, pruned = tried(ExplorationPolicy().expected_gain_share)
+    assert ran == ["off"] and "est. 4000 ms > expected saving 2492 ms" in pruned[0]  # 997 steps left
+    assert tried(1.0)[0] == ["off", "on"]
