@@ -312,6 +312,7 @@ def _trial_log(state: Any) -> list[dict[str, Any]]:
                 "compile_s": round(t.compile_ms / 1e3, 2),
                 "steps": len(t.steps),
                 "failed": t.failed,
+                "runnable": round(t.runnable, 2),
             }
         )
     return out

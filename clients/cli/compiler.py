@@ -145,6 +145,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         comp = f"  compile {t.compile_ms / 1e3:.1f} s" if t.compile_ms > 50 else ""
         if t.background_ms > 0:
             comp += f" (+{t.background_ms / 1e3:.1f} s slowdown beside its background compile)"
+        if t.runnable > 0:
+            comp += f"  runnable {t.runnable:.1f}"
         print(f"  #{t.trial:<3} stage {t.stage:<2} {t.kind:<9} {ms}{comp}  {changed}")
     for p in state.pruned:
         print(f"  pruned: {p}")

@@ -42,6 +42,17 @@ def compiled_choices(spec: GraphSpec, values: dict[str, str]) -> list[str]:
     ]
 
 
+def runnable_threads() -> int:
+    """Threads runnable on this machine right now, this one included (Linux' ``/proc/loadavg``,
+    its fourth field; 0 where it cannot be read). An instant count, not the lagging load average:
+    what competes with a training step for the CPU while it runs."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def baseline(spec: GraphSpec) -> Config:
     """Every variable at its first choice: what plain eager execution does."""
     return Config(
@@ -82,6 +93,10 @@ class ExplorationSession:
         self.trials_run = 0
         self._times: list[float] = []
         self._regions: list[dict[str, float]] = []
+        # Runnable threads on the machine at the end of each trial step: a trial measured
+        # beside more runnable work than the best's ran beside other processes (the explorer
+        # re-times it rather than trust its slowdown).
+        self._runnable: list[int] = []
         self._failed = ""
         self._since_lost = 0
         # A run that starts from a committed configuration with compiled choices reports its
@@ -195,6 +210,14 @@ class ExplorationSession:
 
     def _reset_trial(self) -> None:
         self._times, self._regions, self._failed = [], [], ""
+        self._runnable = []
+
+    def _mean_runnable(self) -> float:
+        """Mean runnable threads over the trial's measured steps (0: unknown)."""
+        measured = self._runnable[1:] or self._runnable
+        if not measured or min(measured) <= 0:
+            return 0.0
+        return sum(measured) / len(measured)
 
     def record(
         self, step_ms: float, region_ms: dict[str, float], failed: str = "", may_compile: bool = True
@@ -228,6 +251,7 @@ class ExplorationSession:
         self.explore_steps += 1
         self._times.append(step_ms)
         self._regions.append(region_ms)
+        self._runnable.append(runnable_threads())
         if failed:
             self._failed = failed
         judged = len(self._times) >= (1 if not may_compile else 2)
@@ -246,6 +270,7 @@ class ExplorationSession:
             region_ms=regions,
             failed=bad,
             error=self._failed or ("step raised" if bad else ""),
+            runnable=self._mean_runnable(),
         )
         if not bad and len(report.step_ms) > 1:
             self.best_ms = min(self.best_ms, min(report.step_ms[1:]))

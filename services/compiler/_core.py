@@ -92,6 +92,14 @@ class ExplorationPolicy:
     # of its later interleaved median), and the wrong call between compile choices costs the
     # whole run's gain, not a few percent.
     retime_compiled_margin: float = 1.0
+    # A challenger whose trial was measured with at least this many more runnable threads on
+    # the machine than the best's trial (``TrialReport.runnable``) ran beside other work: it is
+    # re-timed against the best whatever its margin, since its slowdown says nothing about it
+    # (seen: a TF structural trial measured 4.3x slower than the loop it refines while another
+    # process ran; nothing re-timed it, and the slower configuration was committed). One more
+    # busy thread, a priori: measured on the 2-core machine, one busy process beside a TF step
+    # raised the average from 1.2 to 3.1 and the step from 2.9 to 4.3 ms.
+    retime_contention: float = 1.0
 
     @property
     def steps_per_trial(self) -> int:
@@ -115,6 +123,7 @@ class TrialRecord:
     # Slowdown (ms) of the steps that ran beside this trial's background compile: part of what
     # the compile cost the critical path, with the warm-up step's excess (``compile_ms``).
     background_ms: float = 0.0
+    runnable: float = 0.0  # runnable threads on the client's machine during the measured steps (0: unknown)
 
 
 @dataclass
@@ -336,6 +345,7 @@ def report(state: Exploration, rep: TrialReport, policy: ExplorationPolicy) -> C
     t.region_ms = dict(rep.region_ms)
     t.failed = bool(rep.failed) or not t.steps
     t.error = rep.error
+    t.runnable = float(rep.runnable) if math.isfinite(rep.runnable) and rep.runnable > 0 else 0.0
     if not t.failed:
         measured = t.steps[1:] if len(t.steps) > 1 else t.steps
         # The fastest measured step, not the median: on a shared machine other processes only
@@ -426,7 +436,8 @@ def _typical_ms(t: TrialRecord) -> float:
 
 def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
     """Before committing: when another configuration measured within ``retime_margin`` of the
-    best (``retime_compiled_margin`` for one that compiles a choice the best does not), queue
+    best (``retime_compiled_margin`` for one that compiles a choice the best does not), or was
+    measured beside more runnable work than the best (``retime_contention``, whatever its margin), queue
     interleaved re-timing trials of the two (once per pair; the closest challenger first, then
     the next against the winner, up to ``retime_pairs`` pairs)."""
     if policy.retime_rounds <= 0 or state.best is None or len(state.retimed) >= policy.retime_pairs:
@@ -454,7 +465,7 @@ def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
         margin = policy.retime_margin
         if compiles_more:
             margin = max(margin, policy.retime_compiled_margin)
-        if ms(t) > ms(best) * (1.0 + margin):
+        if ms(t) > ms(best) * (1.0 + margin) and not _contended(t, best, policy):
             continue
         if sorted([_values_id(best.values), _values_id(t.values)]) not in state.retimed:
             runner = t
@@ -471,6 +482,17 @@ def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
         for t in (best, runner):
             state.queue.append({"values": dict(t.values), "kind": "retime", "steps": policy.retime_steps})
     return True
+
+
+def _contended(t: TrialRecord, best: TrialRecord, policy: ExplorationPolicy) -> bool:
+    """Was trial ``t`` measured beside markedly more runnable work than the best's trial (other
+    processes competing for the CPU)? Unknown counts (0) never count, nor do re-timing trials."""
+    return (
+        t.kind != "retime"
+        and t.runnable > 0
+        and best.runnable > 0
+        and t.runnable >= best.runnable + policy.retime_contention
+    )
 
 
 def _latest_ms(state: Exploration) -> Callable[[TrialRecord], float]:

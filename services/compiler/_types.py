@@ -126,3 +126,7 @@ class TrialReport:
     # keeps training under the best configuration meanwhile). For a HOLD_TRIAL report: the
     # background compiles are still running (False: they are done, the deferred trials can run).
     pending: bool = False
+    # Runnable threads on the client's machine (its own included), sampled at the end of each
+    # measured step and averaged (0: not measured). A trial measured with more of them than the
+    # best's ran beside other work.
+    runnable: float = 0.0

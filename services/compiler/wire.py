@@ -82,6 +82,7 @@ def report_to_proto(key: str, r: TrialReport) -> pb.ReportTimingsRequest:
         failed=r.failed,
         error=r.error,
         pending=r.pending,
+        runnable=r.runnable,
     )
 
 
@@ -93,6 +94,7 @@ def report_from_proto(m: pb.ReportTimingsRequest) -> TrialReport:
         failed=m.failed,
         error=m.error,
         pending=m.pending,
+        runnable=m.runnable,
     )
 
 
@@ -120,6 +122,7 @@ def state_to_proto(s: Exploration) -> pb.GraphState:
                 error=t.error,
                 stage=t.stage,
                 kind=t.kind,
+                runnable=t.runnable,
             )
             for t in s.trials
         ],

@@ -243,3 +243,38 @@ def test_hold_pending_and_retimes_cross_the_wire():
     state, _ = explore_noisy(POLICY)
     msg = wire.state_to_proto(state)
     assert len(msg.retimes) == 1 and "kept" in msg.retimes[0]
+
+
+def test_a_challenger_measured_beside_more_runnable_work_is_retimed_whatever_its_margin():
+    """The structure under the loop is truly 2 ms against the loop's 2.6, but its trial ran
+    beside another process (4.3x slower, two more runnable threads on the machine): far outside
+    every margin. The count gets it re-timed against the best, and it wins; measured with the
+    best's count, the slow trial decides."""
+    variables = (
+        Variable("xla_loop", ("off", "on"), "", STAGE_STRUCTURE, True, 10.0, prior_calibrated=True),
+        Variable("batch", ("off", "on"), "", STAGE_COMPILE, True, 10.0, prior_calibrated=True),
+    )
+    spec = GraphSpec("fp", "x", "cpu", variables, framework="tensorflow", total_steps=100_000)
+
+    def explore(disturbed_runnable):
+        state = start(spec, POLICY)
+        cfg = next_config(state, POLICY)
+        while not cfg.committed:
+            v = cfg.values
+            ms = 5.0 if v["xla_loop"] == "off" else 2.0 if v["batch"] == "on" else 2.6
+            runnable = 1.2
+            if v["batch"] == "on" and state.trials[cfg.trial].kind != "retime":
+                ms, runnable = ms * 4.3, disturbed_runnable  # its trial ran beside another process
+            cfg = report(state, TrialReport(cfg.trial, [ms] * cfg.steps, runnable=runnable), POLICY)
+        return state, cfg
+
+    state, cfg = explore(disturbed_runnable=3.1)
+    assert cfg.values == {"xla_loop": "on", "batch": "on"}
+    assert [t.runnable for t in state.trials if t.kind == "explore" and t.values["batch"] == "on"] == [3.1]
+    assert any(t.kind == "retime" for t in state.trials)
+    state, cfg = explore(disturbed_runnable=1.2)
+    assert cfg.values == {"xla_loop": "on", "batch": "off"}
+    assert not any(t.kind == "retime" for t in state.trials)
+    # The share travels with the state (JSON) and the wire.
+    again = json.loads(json.dumps(state.to_json()))
+    assert {t["runnable"] for t in again["trials"]} == {1.2}

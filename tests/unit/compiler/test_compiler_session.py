@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from microco.clients.compiler import ExplorationSession
@@ -82,3 +84,54 @@ def test_a_run_starting_compiled_reports_its_recompile_once_and_only_then():
         assert second.record(ms, {}) is None  # nothing pays back more: the commit stays in force
     assert explorer.core.get(spec.key).compile_costs == {"r.compile=inductor": 200.0}
     assert second.explore_steps == 0 and second.committed
+
+
+def test_each_trial_reports_how_much_runnable_work_its_measured_steps_ran_beside():
+    """A trial measured while two other processes keep the CPU busy reports more runnable
+    threads than one measured alone (Linux' instant count of runnable threads)."""
+    import multiprocessing as mp
+    import sys
+
+    from microco.clients.compiler._session import runnable_threads
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the runnable-thread count is read from /proc/loadavg")
+    assert runnable_threads() >= 1
+    policy = ExplorationPolicy(measure_steps=5, retime_rounds=0)
+    explorer = LocalExplorer(MemoryKV(), policy)
+    spec = GraphSpec(
+        "fp", "(2,)", "cpu", (Variable("r.hoist", ("off", "on"), "r", STAGE_STRUCTURE),), total_steps=10_000
+    )
+    session = ExplorationSession(explorer)
+    session.register(spec)
+    ctx = mp.get_context("fork")
+    stop = ctx.Event()
+    hogs = []
+    try:
+        for _ in range(40):
+            if session.committed:
+                break
+            if session.values["r.hoist"] == "on" and not hogs:
+                spinning = [ctx.Event() for _ in range(2)]
+                hogs = [ctx.Process(target=_spin, args=(stop, up)) for up in spinning]
+                for h in hogs:
+                    h.start()
+                for up in spinning:
+                    assert up.wait(30)
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < 0.005:
+                pass
+            session.record((time.perf_counter() - t0) * 1e3, {"r": 1.0}, may_compile=False)
+    finally:
+        stop.set()
+        for h in hogs:
+            h.join(10)
+    state = explorer.core.get(spec.key)
+    runnable = {t.values["r.hoist"]: t.runnable for t in state.trials if t.kind != "retime"}
+    assert runnable["off"] >= 1 and runnable["on"] >= runnable["off"] + 1.0
+
+
+def _spin(stop, up) -> None:
+    up.set()
+    while not stop.is_set():
+        pass

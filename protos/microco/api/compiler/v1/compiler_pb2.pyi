@@ -82,7 +82,7 @@ class RegionTiming(_message.Message):
     def __init__(self, region: _Optional[str] = ..., ms: _Optional[float] = ...) -> None: ...
 
 class ReportTimingsRequest(_message.Message):
-    __slots__ = ("key", "trial", "step_ms", "regions", "failed", "error", "pending")
+    __slots__ = ("key", "trial", "step_ms", "regions", "failed", "error", "pending", "runnable")
     KEY_FIELD_NUMBER: _ClassVar[int]
     TRIAL_FIELD_NUMBER: _ClassVar[int]
     STEP_MS_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class ReportTimingsRequest(_message.Message):
     FAILED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
+    RUNNABLE_FIELD_NUMBER: _ClassVar[int]
     key: str
     trial: int
     step_ms: _containers.RepeatedScalarFieldContainer[float]
@@ -97,10 +98,11 @@ class ReportTimingsRequest(_message.Message):
     failed: bool
     error: str
     pending: bool
-    def __init__(self, key: _Optional[str] = ..., trial: _Optional[int] = ..., step_ms: _Optional[_Iterable[float]] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., pending: _Optional[bool] = ...) -> None: ...
+    runnable: float
+    def __init__(self, key: _Optional[str] = ..., trial: _Optional[int] = ..., step_ms: _Optional[_Iterable[float]] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., pending: _Optional[bool] = ..., runnable: _Optional[float] = ...) -> None: ...
 
 class Trial(_message.Message):
-    __slots__ = ("trial", "values", "step_ms", "compile_ms", "steps", "regions", "done", "failed", "error", "stage", "kind")
+    __slots__ = ("trial", "values", "step_ms", "compile_ms", "steps", "regions", "done", "failed", "error", "stage", "kind", "runnable")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +121,7 @@ class Trial(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    RUNNABLE_FIELD_NUMBER: _ClassVar[int]
     trial: int
     values: _containers.ScalarMap[str, str]
     step_ms: float
@@ -130,7 +133,8 @@ class Trial(_message.Message):
     error: str
     stage: int
     kind: str
-    def __init__(self, trial: _Optional[int] = ..., values: _Optional[_Mapping[str, str]] = ..., step_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ..., steps: _Optional[_Iterable[float]] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., done: _Optional[bool] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., stage: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
+    runnable: float
+    def __init__(self, trial: _Optional[int] = ..., values: _Optional[_Mapping[str, str]] = ..., step_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ..., steps: _Optional[_Iterable[float]] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., done: _Optional[bool] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., stage: _Optional[int] = ..., kind: _Optional[str] = ..., runnable: _Optional[float] = ...) -> None: ...
 
 class GraphState(_message.Message):
     __slots__ = ("key", "model_name", "framework", "variables", "trials", "best", "committed", "explore_steps", "explore_ms", "compile_ms", "baseline_ms", "best_ms", "speedup", "pruned", "fingerprint", "input_shapes", "hardware", "total_steps", "runs", "compile_costs", "reopened", "wait_steps", "wait_ms", "deferred", "retimes")
