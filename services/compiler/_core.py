@@ -252,7 +252,7 @@ def next_config(state: Exploration, policy: ExplorationPolicy) -> Config:
                 # Priced again just before it runs: a compile measured since the stage was
                 # planned (the stage's first whole-step compile, say) may show this one cannot
                 # pay back after all.
-                reason = _still_pays(state, policy, item["values"])
+                reason = _outrun(state, policy, item) or _still_pays(state, policy, item["values"])
                 if reason:
                     state.pruned.append(
                         f"stage {state.stage}: {item['values']}: {reason} (re-priced before running)"
@@ -676,7 +676,11 @@ def _advance(state: Exploration, policy: ExplorationPolicy) -> bool:
         return False
     state.stage = state.stages.pop(0)
     state.phase = "explore"
-    state.queue.extend({"values": v, "kind": "explore"} for v in _plan_stage(state, policy))
+    # Each candidate remembers the best it was planned on: should another trial of the stage
+    # become the best meanwhile, the candidate is priced against that one before it runs.
+    state.queue.extend(
+        {"values": v, "kind": "explore", "base": state.best} for v in _plan_stage(state, policy)
+    )
     return True
 
 
@@ -732,12 +736,22 @@ def _plan_stage(state: Exploration, policy: ExplorationPolicy) -> list[dict[str,
             if k < len(combos):
                 values.update(combos[k])
         trials.append(values)
-    # Whole-step variables are judged by step time alone: one trial each.
+    # Whole-step variables are judged by step time alone: one trial each. One that subsumes the
+    # stage's regional variables (the whole step compiled, over the cells' plain code) is the
+    # coarser choice and runs first: if it wins, a regional candidate is priced against it
+    # before it runs (``_outrun``) and skipped when even its best case cannot beat it.
+    regional_names = {v.name for r, vs in groups.items() if r for v in vs}
+    by_name = {v.name: v for v in groups.get("", [])}
+    coarse: list[dict[str, str]] = []
+    fine: list[dict[str, str]] = []
     for combo in per_region.get("", []):
         values = dict(base)
         values.update(combo)
-        trials.append(values)
-    return trials
+        wide = any(
+            set(by_name[n].subsumes) & regional_names for n, c in combo.items() if c != by_name[n].choices[0]
+        )
+        (coarse if wide else fine).append(values)
+    return coarse + trials + fine
 
 
 def _prune_reason(
@@ -788,9 +802,45 @@ def _max_saving(state: Exploration, policy: ExplorationPolicy, region: str, rema
     best = state.best_trial
     if best is None or not math.isfinite(best.step_ms):
         return math.inf
-    region_cost = best.region_ms.get(region, best.step_ms / policy.region_backward_factor)
-    region_cost = min(best.step_ms, region_cost * policy.region_backward_factor)
-    return region_cost * (1.0 - 1.0 / policy.max_speedup) * max(0, remaining)
+    return _region_cost(best, policy, region) * (1.0 - 1.0 / policy.max_speedup) * max(0, remaining)
+
+
+def _region_cost(t: TrialRecord, policy: ExplorationPolicy, region: str) -> float:
+    """What ``region`` cost of trial ``t``'s step (ms; the whole step for ``""``): its timed
+    forward x the backward factor, or a share of the step where it was not timed."""
+    if not region:
+        return t.step_ms
+    cost = t.region_ms.get(region, t.step_ms / policy.region_backward_factor)
+    return min(t.step_ms, cost * policy.region_backward_factor)
+
+
+def _outrun(state: Exploration, policy: ExplorationPolicy, item: dict[str, Any]) -> str:
+    """Why a planned candidate can no longer beat the best ("" if it may): it was planned on a
+    configuration that another trial of the stage has since beaten, and even with every region
+    it compiles running ``max_speedup`` faster than on that base it would be slower than the best
+    (e.g. a cell compile, once the whole step compiled won by more than the cell could give)."""
+    base_i, best = item.get("base"), state.best_trial
+    if base_i is None or best is None or base_i == state.best or base_i >= len(state.trials):
+        return ""
+    base = state.trials[base_i]
+    if not (math.isfinite(base.step_ms) and math.isfinite(best.step_ms)):
+        return ""
+    values = item["values"]
+    changed = [
+        v
+        for v in state.spec.variables
+        if values.get(v.name, v.choices[0]) != base.values.get(v.name, v.choices[0])
+    ]
+    if not changed or not all(v.compiles for v in changed):
+        return ""  # only compiles are bounded by max_speedup
+    gain = sum(_region_cost(base, policy, r) for r in {v.region for v in changed})
+    at_best = base.step_ms - min(base.step_ms, gain) * (1.0 - 1.0 / policy.max_speedup)
+    if at_best < best.step_ms:
+        return ""
+    return (
+        f"cannot beat the best: at best {at_best:.2f} ms (its base {base.step_ms:.2f} ms, compiled "
+        f"regions {policy.max_speedup:g}x faster) against {best.step_ms:.2f} ms"
+    )
 
 
 def _values_max_saving(

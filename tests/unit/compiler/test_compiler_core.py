@@ -519,13 +519,13 @@ def _explore_rewrites(s, policy):
     cfg, tried = next_config(state, policy), []
     while not cfg.committed:
         tried.append(dict(cfg.values))
-        step = 10.0 - 2 * (cfg.values["hoist"] == "on") - 3 * (cfg.values["batch"] == "on")
+        step = 10.0 - 1 * (cfg.values["hoist"] == "on") - 1.5 * (cfg.values["batch"] == "on")
         cfg = report(state, TrialReport(cfg.trial, [step + 1000.0] + [step] * policy.measure_steps), policy)
     return state, cfg, tried
 
 
 def test_a_stages_alternatives_must_repay_their_compiles_together_coarse_first():
-    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0, retime_rounds=0)
     # Expected saving: 10 ms x (1 - 1/2) x 1/2 x ~2000 steps = ~5 s. Each rewrite is priced at
     # 2 s: each alone would pay, but the three alternatives together (6 s) cannot. The one that
     # changes the most (both on) runs first, then one single, and the last one is dropped.
@@ -544,7 +544,7 @@ def test_a_stages_alternatives_must_repay_their_compiles_together_coarse_first()
 
 
 def test_candidates_that_compile_nothing_keep_their_order_and_share_no_budget():
-    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0, retime_rounds=0)
     s = spec(
         total_steps=50,
         variables=(
@@ -579,3 +579,35 @@ def test_a_compile_is_planned_only_when_its_expected_saving_repays_it():
     ran, pruned = tried(ExplorationPolicy().expected_gain_share)
     assert ran == ["off"] and "est. 4000 ms > expected saving 2492 ms" in pruned[0]  # 997 steps left
     assert tried(1.0)[0] == ["off", "on"]
+
+
+def test_the_whole_step_compile_runs_first_and_a_cell_compile_that_cannot_beat_it_is_skipped():
+    """The whole step compiled (subsuming the cell's rewrites) is the coarser choice: it runs
+    before the cell compile of the same stage. It wins by more than compiling the cell could
+    give (the cell is 6 of the base's 18 ms: at best 15 ms, against the whole step's 9), so the
+    cell compile is skipped before it costs its compile. Where the whole step loses, it runs."""
+    variables = (
+        Variable("A.compile", ("eager", "inductor"), "A", STAGE_COMPILE, True, 1000.0),
+        replace(WHOLE, compile_prior_ms=1000.0, subsumes=("A.compile",)),
+    )
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+
+    def explore(whole_ms):
+        state = start(spec(total_steps=100_000, variables=variables), policy)
+        cfg, tried = next_config(state, policy), []
+        while not cfg.committed:
+            v = cfg.values
+            tried.append(dict(v))
+            ms = whole_ms if v["model.compile"] == "inductor" else 18.0 - 3.0 * (v["A.compile"] == "inductor")
+            cfg = report(state, TrialReport(cfg.trial, [ms + 500.0] + [ms] * 2, {"A": 2.0}), policy)
+        return state, [t for t in tried if t != tried[0]], cfg
+
+    state, tried, cfg = explore(whole_ms=9.0)
+    assert tried[0]["model.compile"] == "inductor"
+    assert not any(t["A.compile"] == "inductor" for t in tried)
+    assert any("cannot beat the best" in p for p in state.pruned)
+    assert cfg.values["model.compile"] == "inductor"
+    state, tried, cfg = explore(whole_ms=17.0)
+    assert tried[0]["model.compile"] == "inductor"
+    assert any(t["A.compile"] == "inductor" for t in tried)
+    assert cfg.values["A.compile"] == "inductor" and cfg.values["model.compile"] == "eager"
