@@ -140,8 +140,12 @@ class AstraTF(SessionBacked):
         for x, y in batches:
             loss = astra.step(x, y)
 
-    ``model`` is a zoo-style recurrent model whose cells state their products (``x_kernels``,
-    ``h_kernels``) and element-wise remainder (``combine``).
+    ``model`` is any Keras model (or callable on a batch). A zoo-style recurrent model, whose
+    cells state their products (``x_kernels``, ``h_kernels``) and element-wise remainder
+    (``combine``), gets the whole space (the time loop under XLA, hoisting, batching, the cell
+    cluster, the unrolled step under XLA); any other model gets what applies to every step:
+    XLA over the user's own forward or not (``xla``: off / plain), priced by the HLO size of its
+    module and judged by step time like the rest.
 
     ``cost_model`` prices XLA compiles (HLO instructions x measured ms per instruction, see
     :mod:`._tf_cost`); by default the per-hardware rate file ``default_cost_file()``.
@@ -162,6 +166,12 @@ class AstraTF(SessionBacked):
     ) -> None:
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.name = name or type(model).__name__
+        # Does the model state its recurrent structure (zoo-style cells)? Else it is run as it is.
+        cells = getattr(model, "cells", None)
+        self.structured = bool(cells) and all(
+            all(hasattr(c, a) for a in ("x_kernels", "h_kernels", "combine", "h_input", "zero_state"))
+            for c in cells
+        )
         self.total_steps = total_steps
         self.xla = xla
         if explorer is None:
@@ -176,8 +186,13 @@ class AstraTF(SessionBacked):
         self.hlo_instructions: dict[str, int] = {}
         self._first_call: dict[int, tuple[str, float]] = {}  # id(variant) -> (size kind, first ms)
         self._called: set[int] = set()
-        if hasattr(optimizer, "build"):
-            optimizer.build(model.trainable_variables)
+        self._build_optimizer()
+
+    def _build_optimizer(self) -> None:
+        # The optimizer's slots are created outside any traced step, once the model has weights.
+        if hasattr(self.optimizer, "build") and self.model.trainable_variables:
+            if not getattr(self.optimizer, "built", False):
+                self.optimizer.build(self.model.trainable_variables)
 
     # The XLA choices, each its own variable so that each is priced by the size of its own module,
     # and in its own stage (the core plans one stage at a time from the best so far, so exactly
@@ -191,6 +206,8 @@ class AstraTF(SessionBacked):
         """The TF variable space. ``hlo_instructions``: HLO size of the plain-structure module of
         each XLA choice (``"loop"``, ``"unrolled"``), priced by the cost model."""
         if not self.xla:
+            if not self.structured:
+                return []  # nothing to choose: the explorer commits the plain step at once
             return [
                 Variable("hoist", ("off", "on"), "", STAGE_STRUCTURE),
                 Variable("batch", ("off", "on"), "", STAGE_STRUCTURE),
@@ -212,6 +229,9 @@ class AstraTF(SessionBacked):
             return Variable(name, choices, "", stage, True, ms, prior_calibrated=ms > 0, subsumes=subsumes)
 
         st = self.STAGES
+        if not self.structured:
+            # XLA over the user's forward, as `jit_compile=True` on their step would run it.
+            return [priced("xla", ("off", "plain"), st["xla"], "unrolled")]
         out = [
             # A structural choice builds a new step variant before it runs: a trace of the unrolled
             # step and Grappler's pass over it (3-12 s measured on the loaded machine), or under
@@ -255,10 +275,16 @@ class AstraTF(SessionBacked):
         if key not in self._variants:
             model, opt, loss_fn = self.model, self.optimizer, self.loss_fn
 
+            structured = self.structured
+
             @tf.function(jit_compile=xla)
             def train_step(x, y):
                 with tf.GradientTape() as tape:
-                    loss = loss_fn(run_model(model, x, hoist, batch, xla_cell, loop), y)
+                    if structured:
+                        out = run_model(model, x, hoist, batch, xla_cell, loop)
+                    else:
+                        out = model(x, training=True)
+                    loss = loss_fn(out, y)
                 variables = model.trainable_variables
                 grads = tape.gradient(loss, variables)
                 opt.apply_gradients(zip(grads, variables))
@@ -284,9 +310,12 @@ class AstraTF(SessionBacked):
         return self.variant(hoist, batch, False), ""
 
     def _register(self, x: tf.Tensor, y: tf.Tensor) -> None:
+        if not self.model.trainable_variables:
+            self.model(x)  # a Keras model builds its weights on its first call: outside any trace
+            self._build_optimizer()
         hardware = tf_hardware_id()
         shapes = ";".join(f"{tuple(v.shape)}" for v in self.model.trainable_variables)
-        cells = ",".join(type(c).__name__ for c in self.model.cells)
+        cells = ",".join(type(c).__name__ for c in self.model.cells) if self.structured else "-"
         input_shapes = f"{tuple(x.shape)}:{x.dtype.name};{tuple(y.shape)}:{y.dtype.name}"
         if self.xla:
             if self.cost_model is None:
@@ -298,13 +327,19 @@ class AstraTF(SessionBacked):
             structure = f"{type(self.model).__name__}|{cells}|{shapes}|{input_shapes}"
             size_key = hashlib.sha256(structure.encode()).hexdigest()[:24]
             known = self.cost_model.module_sizes(size_key)
-            if known is not None and set(known) == {"loop", "unrolled"}:
+            kinds = {"loop", "unrolled"} if self.structured else {"unrolled"}
+            if known is not None and set(known) == kinds:
                 self.hlo_instructions = known
-            else:
+            elif self.structured:
                 self.hlo_instructions = {
                     "loop": step_hlo_instructions(self.variant(False, False, True, loop=True), x, y),
                     "unrolled": unrolled_hlo_instructions(self.variant(False, False, True), x, y),
                 }
+                self.cost_model.remember_module_sizes(size_key, self.hlo_instructions)
+            else:
+                # The whole step, traced and lowered once (the trace stays with the variant the
+                # `xla=plain` trial runs); "unrolled" is the kind of a whole-step module.
+                self.hlo_instructions = {"unrolled": step_hlo_instructions(self.variant(False, False, True), x, y)}
                 self.cost_model.remember_module_sizes(size_key, self.hlo_instructions)
         variables = self.variables(self.hlo_instructions)
         # The space without its priors: a prior moves with the measured rate, and the key (which

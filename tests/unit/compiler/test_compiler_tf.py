@@ -91,6 +91,60 @@ def test_wrapper_explores_commits_and_reuses_with_zero_exploration():
     assert again.committed and again.explore_steps == 0 and again.config == astra.config
 
 
+def _mlp():
+    tf.random.set_seed(0)
+    return tf.keras.Sequential([tf.keras.layers.Dense(16, activation="tanh"), tf.keras.layers.Dense(10)])
+
+
+def test_any_keras_model_is_explored_over_xla_on_its_own_forward(tmp_path):
+    """A model that states no recurrent structure (a plain Keras MLP) gets the variable that
+    applies to every step: XLA over its own forward or not. Both give the same loss and
+    gradients; the wrapper prices the XLA compile by the step's HLO size, tries it, commits, and
+    the next run starts at the commit with zero exploration."""
+    from microco.clients.compiler._tf_cost import XlaCostModel
+
+    x = tf.random.normal([8, 12], seed=1)
+    y = tf.constant(np.arange(8) % 10)
+    kv = MemoryKV()
+
+    def astra(**kw):
+        return AstraTF(
+            _mlp(),
+            tf.keras.optimizers.SGD(0.05),
+            zt.loss_fn,
+            LocalExplorer(kv, ExplorationPolicy(measure_steps=1)),
+            total_steps=10**6,
+            cost_model=XlaCostModel("hw", tmp_path / "rate.json", cold_rate=0.01),
+            **kw,
+        )
+
+    first = astra()
+    assert not first.structured
+    losses = [first.step(x, y)]
+    assert [v.name for v in first.session.spec.variables] == ["xla"]
+    assert first.hlo_instructions["unrolled"] > 0
+    while not first.committed and len(losses) < 100:
+        losses.append(first.step(x, y))
+    assert first.committed and losses[-1] < losses[0]
+    state = first.session.explorer.core.get(first.session.spec.key)
+    assert {t.values["xla"] for t in state.trials} == {"off", "plain"}
+    again = astra()
+    again.step(x, y)
+    assert again.committed and again.explore_steps == 0 and again.config == first.config
+    # The wrapper's two variants make the same training step: same loss, same updated weights.
+    a, b = astra(), astra()
+    a.model(x), b.model(x)
+    b.model.set_weights(a.model.get_weights())
+    la = a.variant(False, False, False)(x, y).numpy()
+    lb = b.variant(False, False, True)(x, y).numpy()
+    np.testing.assert_allclose(la, lb, rtol=1e-5)
+    for wa, wb in zip(a.model.get_weights(), b.model.get_weights()):
+        np.testing.assert_allclose(wa, wb, rtol=1e-4, atol=1e-6)
+    # Without XLA there is nothing to choose: committed at once, and it trains.
+    plain = astra(xla=False)
+    assert plain.step(x, y) > 0 and plain.committed and plain.session.spec.variables == ()
+
+
 @pytest.mark.parametrize("total_steps, tried", [(2_000, False), (200_000, True)])
 def test_plain_whole_step_xla_is_tried_whenever_its_compile_can_pay_back(total_steps, tried):
     """The explorer's pricing, on the TF wrapper's own variables (no compile: synthetic times).
