@@ -190,9 +190,9 @@ class AstraTF(SessionBacked):
 
     def _build_optimizer(self) -> None:
         # The optimizer's slots are created outside any traced step, once the model has weights.
-        if hasattr(self.optimizer, "build") and self.model.trainable_variables:
-            if not getattr(self.optimizer, "built", False):
-                self.optimizer.build(self.model.trainable_variables)
+        ready = hasattr(self.optimizer, "build") and not getattr(self.optimizer, "built", False)
+        if ready and self.model.trainable_variables:
+            self.optimizer.build(self.model.trainable_variables)
 
     # The XLA choices, each its own variable so that each is priced by the size of its own module,
     # and in its own stage (the core plans one stage at a time from the best so far, so exactly
@@ -339,7 +339,9 @@ class AstraTF(SessionBacked):
             else:
                 # The whole step, traced and lowered once (the trace stays with the variant the
                 # `xla=plain` trial runs); "unrolled" is the kind of a whole-step module.
-                self.hlo_instructions = {"unrolled": step_hlo_instructions(self.variant(False, False, True), x, y)}
+                self.hlo_instructions = {
+                    "unrolled": step_hlo_instructions(self.variant(False, False, True), x, y)
+                }
                 self.cost_model.remember_module_sizes(size_key, self.hlo_instructions)
         variables = self.variables(self.hlo_instructions)
         # The space without its priors: a prior moves with the measured rate, and the key (which
