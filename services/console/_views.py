@@ -169,14 +169,18 @@ def _scheduler_histories(gw: Gateway, job_id: str | None = None) -> dict[str, li
     """The state history the scheduler keeps in each job's etcd record (``history``: a list of
     ``[at, state, message]``), by job id. Best effort: an unreadable record has no history."""
     out: dict[str, list[dict[str, Any]]] = {}
-    try:
-        if job_id is not None:
-            raw = gw.kv.get(SCHEDULER_JOBS_PREFIX + job_id)
-            items = [(SCHEDULER_JOBS_PREFIX + job_id, raw)] if raw is not None else []
-        else:
-            items = gw.kv.get_prefix(SCHEDULER_JOBS_PREFIX)
-    except MicrocoError as exc:
-        log.debug("cannot read job records from etcd: %s", exc)
+    items: list[tuple[str, Any]] = []
+    for attempt in (1, 2):  # one retry: a loaded etcd can miss a read's deadline once
+        try:
+            if job_id is not None:
+                raw = gw.kv.get(SCHEDULER_JOBS_PREFIX + job_id)
+                items = [(SCHEDULER_JOBS_PREFIX + job_id, raw)] if raw is not None else []
+            else:
+                items = list(gw.kv.get_prefix(SCHEDULER_JOBS_PREFIX))
+            break
+        except MicrocoError as exc:
+            log.warning("cannot read job records from etcd (attempt %d): %s", attempt, exc)
+    else:
         return out
     for key, raw in items:
         try:
@@ -225,8 +229,13 @@ def _with_timeline(
         events = [*history, *placements]
     else:
         events = list(recorded)
-    if not events and job.get("submitted_at"):
-        events.append({"at": job["submitted_at"], "state": "queued", "node": "", "devices": []})
+    submitted = float(job.get("submitted_at") or 0.0)
+    first = min(events, key=lambda e: float(e["at"]), default=None)
+    if submitted and (first is None or (first.get("state") != "queued" and float(first["at"]) > submitted)):
+        # Without the scheduler's history (its record unreadable just now) the console's own
+        # samples may begin after the job left the queue; every job waited there from its
+        # submission until the first state observed.
+        events.append({"at": submitted, "state": "queued", "node": "", "devices": []})
     state, node, devices = _placement(job)
     latest = max((float(e["at"]) for e in events), default=now)
     finished_at = float(job.get("finished_at") or 0.0)

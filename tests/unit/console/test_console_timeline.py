@@ -4,6 +4,7 @@ import itertools
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from microco.services.console import hit_rate_series, job_timeline
 from microco.services.console._timeline import state_seconds
 
@@ -144,6 +145,33 @@ def test_console_samples_taken_across_a_transition_do_not_invent_states() -> Non
         ("running", 0.44, 5.27, ["n/0"]),
         ("finished", 5.27, 5.27, []),
     ]
+
+
+def test_without_the_schedulers_history_the_timeline_still_starts_at_submission() -> None:
+    """The scheduler's record could not be read (best effort) and the console first sampled the
+    job already running: the job still waited in the queue from its submission until then."""
+    from microco.services.console._series import SeriesStore
+    from microco.services.console._views import _job_events_name, _with_timeline
+
+    series = SeriesStore(None)
+    series.append(_job_events_name("j"), ev(0.5, "running", "n", ("n/0",)))
+    job = {
+        "id": "j",
+        "state": "finished",
+        "node": "n",
+        "device_ids": [],
+        "finished_at": 3.0,
+        "submitted_at": 0.2,
+    }
+    out = _with_timeline(series, job, now=10, history=[])
+    assert [(p["state"], p["start"], p["end"]) for p in out["timeline"]] == [
+        ("queued", 0.2, 0.5),
+        ("running", 0.5, 3.0),
+        ("finished", 3.0, 3.0),
+    ]
+    # Nothing sampled at all: queued from submission to the current state.
+    out = _with_timeline(SeriesStore(None), {**job, "id": "k"}, now=10, history=[])
+    assert [p["state"] for p in out["timeline"]] == ["queued", "finished"]
 
 
 def test_per_job_cache_counters_are_found_wherever_the_server_reports_them() -> None:
