@@ -140,7 +140,7 @@ class AstraTF(SessionBacked):
         for x, y in batches:
             loss = astra.step(x, y)
 
-    ``model`` is any Keras model (or callable on a batch). A zoo-style recurrent model, whose
+    ``model`` is any Keras model (or ``tf.Module`` called on a batch). A zoo-style recurrent model, whose
     cells state their products (``x_kernels``, ``h_kernels``) and element-wise remainder
     (``combine``), gets the whole space (the time loop under XLA, hoisting, batching, the cell
     cluster, the unrolled step under XLA); any other model gets what applies to every step:
@@ -274,8 +274,9 @@ class AstraTF(SessionBacked):
         key = (hoist, batch, xla, xla_cell, loop)
         if key not in self._variants:
             model, opt, loss_fn = self.model, self.optimizer, self.loss_fn
-
             structured = self.structured
+            # Keras layers take the training flag (dropout, batch norm); a plain tf.Module does not.
+            kwargs = {"training": True} if isinstance(model, tf.keras.layers.Layer) else {}
 
             @tf.function(jit_compile=xla)
             def train_step(x, y):
@@ -283,7 +284,7 @@ class AstraTF(SessionBacked):
                     if structured:
                         out = run_model(model, x, hoist, batch, xla_cell, loop)
                     else:
-                        out = model(x, training=True)
+                        out = model(x, **kwargs)
                     loss = loss_fn(out, y)
                 variables = model.trainable_variables
                 grads = tape.gradient(loss, variables)

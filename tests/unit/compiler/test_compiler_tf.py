@@ -144,6 +144,17 @@ def test_any_keras_model_is_explored_over_xla_on_its_own_forward(tmp_path):
     plain = astra(xla=False)
     assert plain.step(x, y) > 0 and plain.committed and plain.session.spec.variables == ()
 
+    class Linear(tf.Module):  # not a Keras layer: called without the training flag
+        def __init__(self):
+            self.w = tf.Variable(tf.zeros([12, 10]))
+
+        def __call__(self, x):
+            return x @ self.w
+
+    module = AstraTF(Linear(), tf.keras.optimizers.SGD(0.5), zt.loss_fn, LocalExplorer(MemoryKV()), xla=False)
+    losses = [module.step(x, y) for _ in range(5)]
+    assert module.committed and losses[-1] < losses[0]
+
 
 @pytest.mark.parametrize("total_steps, tried", [(2_000, False), (200_000, True)])
 def test_plain_whole_step_xla_is_tried_whenever_its_compile_can_pay_back(total_steps, tried):
