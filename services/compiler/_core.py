@@ -719,12 +719,12 @@ def _plan_stage(state: Exploration, policy: ExplorationPolicy) -> list[dict[str,
             # together they share one expected saving, and exploring them must repay their
             # compiles *together*. A candidate that would take the stage past it is dropped
             # (and not re-priced later on its own: a sibling was measured in its place).
-            est = _combo_compile_estimate(state, variables, combo)
-            shared = _prune_reason(state, policy, region, variables, combo, planned_ms=planned_ms)
-            if shared:
-                state.pruned.append(f"stage {state.stage}: {combo}: {shared}")
-                continue
-            planned_ms += est
+            if planned_ms > 0:
+                shared = _prune_reason(state, policy, region, variables, combo, planned_ms=planned_ms)
+                if shared:
+                    state.pruned.append(f"stage {state.stage}: {combo}: {shared}")
+                    continue
+            planned_ms += _combo_compile_estimate(state, variables, combo)
             combos.append(combo)
         per_region[region] = combos
     trials: list[dict[str, str]] = []

@@ -179,9 +179,9 @@ def _scheduler_histories(gw: Gateway, job_id: str | None = None) -> dict[str, li
                 items = list(gw.kv.get_prefix(SCHEDULER_JOBS_PREFIX))
             break
         except MicrocoError as exc:
-            log.warning("cannot read job records from etcd (attempt %d): %s", attempt, exc)
-    else:
-        return out
+            if attempt == 2:
+                log.warning("cannot read job records from etcd (tried twice): %s", exc)
+                return out
     for key, raw in items:
         try:
             rec = json.loads(raw)
