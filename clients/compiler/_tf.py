@@ -10,6 +10,7 @@ TensorFlow variable is a whole-step variable judged by step time (with ``.numpy(
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -20,6 +21,9 @@ from microco.services.compiler._types import STAGE_STRUCTURE, GraphSpec, Variabl
 
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._tf_cost import XlaCostModel, default_cost_file, step_hlo_instructions, unrolled_hlo_instructions
+from ._tf_graph import CellGraph, analyse_model, require_structure
+
+log = logging.getLogger(__name__)
 
 
 def _project(kernels: dict[str, Any], x: tf.Tensor, batch: bool) -> dict[str, tf.Tensor]:
@@ -47,19 +51,23 @@ def _project(kernels: dict[str, Any], x: tf.Tensor, batch: bool) -> dict[str, tf
     return dict(zip(names, outs))
 
 
-def _cell_step(cell: Any, xp: dict[str, tf.Tensor], state: Any, x_t: tf.Tensor, batch: bool) -> Any:
-    hp = _project(cell.h_kernels, cell.h_input(state), batch)
-    return cell.combine(xp, hp, state, x_t)
+def _cell_step(cg: CellGraph, xp: dict[str, tf.Tensor], state: Any, x_t: tf.Tensor, batch: bool) -> Any:
+    """One time step of an analysed cell: its recurrent products (batched per state tensor or
+    not), then the rest of its captured graph replayed with every product's value supplied."""
+    values = dict(xp)
+    for index in cg.h_products:
+        values.update(_project(cg.h_kernels(index), state[index], batch))
+    return cg.replay(x_t, state, values)
 
 
-def _xla_cell_step(cell: Any, batch: bool) -> Callable[..., Any]:
-    """The per-step region (recurrent products + gate arithmetic) as its own XLA cluster: a
+def _xla_cell_step(cg: CellGraph, batch: bool) -> Callable[..., Any]:
+    """The per-step region (recurrent products + the rest of the cell) as its own XLA cluster: a
     ``jit_compile=True`` function called from the (not XLA-compiled) training step is compiled by
     XLA on its own, forward and gradient, while the rest of the step runs as plain graph ops."""
-    cache = cell.__dict__.setdefault("_microco_xla_steps", {})
+    cache = cg.cell.__dict__.setdefault("_microco_xla_steps", {})
     if batch not in cache:
         cache[batch] = tf.function(
-            lambda xp, state, x_t: _cell_step(cell, xp, state, x_t, batch), jit_compile=True
+            lambda xp, state, x_t: _cell_step(cg, xp, state, x_t, batch), jit_compile=True
         )
     return cache[batch]
 
@@ -67,55 +75,56 @@ def _xla_cell_step(cell: Any, batch: bool) -> Callable[..., Any]:
 def run_model(
     model: Any, x: tf.Tensor, hoist: bool, batch: bool, xla_cell: bool = False, loop: bool = False
 ) -> tf.Tensor:
-    """Forward pass of a zoo ``RecurrentClassifier`` over time-major ``x`` under the given choices.
+    """Forward pass of a recurrent model (``model.cells``, each ``cell(x_t, state)``, then
+    ``model.head``) over time-major ``x``, under the given choices, through each cell's analysed
+    graph (:mod:`._tf_graph`; analysed here if it was not yet).
 
     ``loop``: the time loop is one ``tf.while_loop`` (its body traced once) instead of unrolled
     into one copy of the cell per time step. Under XLA that is a module a fraction of the size
     (one body, compiled once) and, measured, a faster step than the unrolled one (see
     ``AstraTF.variables``)."""
+    graphs = require_structure(model, x)
     if loop:
-        return _run_model_loop(model, x, hoist, batch)
+        return _run_model_loop(model, graphs, x, hoist, batch)
     seq = x
     steps = x.shape[0]
-    for cell in model.cells:
-        state = cell.zero_state(tf.shape(seq)[1])
-        xp_all = _project(cell.x_kernels, seq, batch) if hoist else None
-        step = _xla_cell_step(cell, batch) if xla_cell else None
+    for cg in graphs:
+        state = tuple(cg.zero_state(tf.shape(seq)[1]))
+        xp_all = _project(cg.x_kernels, seq, batch) if hoist else None
+        step = _xla_cell_step(cg, batch) if xla_cell else None
         outs = []
         for t in range(steps):
             x_t = seq[t]
             xp = (
                 {k: v[t] for k, v in xp_all.items()}
                 if xp_all is not None
-                else _project(cell.x_kernels, x_t, batch)
+                else _project(cg.x_kernels, x_t, batch)
             )
             if step is not None:
                 h, state = step(xp, state, x_t)
             else:
-                h, state = _cell_step(cell, xp, state, x_t, batch)
+                h, state = _cell_step(cg, xp, state, x_t, batch)
             outs.append(h)
         seq = tf.stack(outs)
     return model.head(seq[-1])
 
 
-def _run_model_loop(model: Any, x: tf.Tensor, hoist: bool, batch: bool) -> tf.Tensor:
+def _run_model_loop(model: Any, graphs: list[CellGraph], x: tf.Tensor, hoist: bool, batch: bool) -> tf.Tensor:
     seq = x
     steps = int(x.shape[0])
-    for cell in model.cells:
-        state = cell.zero_state(tf.shape(seq)[1])
-        xp_all = _project(cell.x_kernels, seq, batch) if hoist else None
-        outs = tf.TensorArray(
-            seq.dtype, size=steps, element_shape=tf.TensorShape([seq.shape[1], cell.hidden])
-        )
+    for cg in graphs:
+        state = tuple(cg.zero_state(tf.shape(seq)[1]))
+        xp_all = _project(cg.x_kernels, seq, batch) if hoist else None
+        outs = tf.TensorArray(seq.dtype, size=steps, element_shape=cg.h_shape)
 
-        def body(t, state, outs, cell=cell, seq=seq, xp_all=xp_all):
+        def body(t, state, outs, cg=cg, seq=seq, xp_all=xp_all):
             x_t = seq[t]
             xp = (
                 {k: v[t] for k, v in xp_all.items()}
                 if xp_all is not None
-                else _project(cell.x_kernels, x_t, batch)
+                else _project(cg.x_kernels, x_t, batch)
             )
-            h, state = _cell_step(cell, xp, state, x_t, batch)
+            h, state = _cell_step(cg, xp, state, x_t, batch)
             return t + 1, state, outs.write(t, h)
 
         _, state, outs = tf.while_loop(
@@ -140,10 +149,13 @@ class AstraTF(SessionBacked):
         for x, y in batches:
             loss = astra.step(x, y)
 
-    ``model`` is any Keras model (or ``tf.Module`` called on a batch). A zoo-style recurrent model, whose
-    cells state their products (``x_kernels``, ``h_kernels``) and element-wise remainder
-    (``combine``), gets the whole space (the time loop under XLA, hoisting, batching, the cell
-    cluster, the unrolled step under XLA); any other model gets what applies to every step:
+    ``model`` is any Keras model (or ``tf.Module`` called on a batch). A recurrent model, a stack
+    of ``cells`` (each ``cell(x_t, state) -> (h, state)`` with a ``zero_state(batch)``, written
+    from TensorFlow operators) then a ``head``, gets the whole space, found by analysing each
+    cell's captured graph (:mod:`._tf_graph`: its products of the step input and of the state
+    by its variables): the time loop under XLA, hoisting, batching, the cell cluster, the
+    unrolled step under XLA. Any other model, or one whose cell graph cannot be replayed, gets
+    what applies to every step:
     XLA over the user's own forward or not (``xla``: off / plain), priced by the HLO size of its
     module and judged by step time like the rest.
 
@@ -166,12 +178,14 @@ class AstraTF(SessionBacked):
     ) -> None:
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.name = name or type(model).__name__
-        # Does the model state its recurrent structure (zoo-style cells)? Else it is run as it is.
+        # Is the model a stack of recurrent cells (``cells``, then ``head``)? Until the first step
+        # analyses each cell's graph (``_register``) that is a candidate; a cell whose graph
+        # cannot be rewritten then makes the model unstructured, run as it is.
         cells = getattr(model, "cells", None)
-        self.structured = bool(cells) and all(
-            all(hasattr(c, a) for a in ("x_kernels", "h_kernels", "combine", "h_input", "zero_state"))
-            for c in cells
+        self.structured = (
+            bool(cells) and hasattr(model, "head") and all(hasattr(c, "zero_state") for c in cells)
         )
+        self.structure = ""  # what the analysis found, or why the model is run as it is
         self.total_steps = total_steps
         self.xla = xla
         if explorer is None:
@@ -314,9 +328,15 @@ class AstraTF(SessionBacked):
         if not self.model.trainable_variables:
             self.model(x)  # a Keras model builds its weights on its first call: outside any trace
             self._build_optimizer()
+        if self.structured:
+            # The space comes from each cell's captured graph (its products of the step input
+            # and of the state by its variables); a cell the rewrite cannot replay is run as it is.
+            self.structured, self.structure = analyse_model(self.model, x)
+            if not self.structured:
+                log.info("astra-tf: %s runs as it is (XLA only): %s", self.name, self.structure)
         hardware = tf_hardware_id()
         shapes = ";".join(f"{tuple(v.shape)}" for v in self.model.trainable_variables)
-        cells = ",".join(type(c).__name__ for c in self.model.cells) if self.structured else "-"
+        cells = self.structure if self.structured else "-"
         input_shapes = f"{tuple(x.shape)}:{x.dtype.name};{tuple(y.shape)}:{y.dtype.name}"
         if self.xla:
             if self.cost_model is None:

@@ -126,13 +126,21 @@ class CellRunner:
         key = (self.batch, self.hoist, self.compile)
         if key not in self._variants:
             self.clock.built = True
-            gm = tfx.batch_linears(self.gm) if self.batch == "on" else self.gm
+            gm = self.gm
+            if self.batch == "on" or self.batch == "streams" and self.compile != "eager":
+                # Under a compiled region the products are one kernel schedule on one stream:
+                # there "streams" is the batched product (the rewrite's calls would not compile).
+                gm = tfx.batch_linears(gm)
+            elif self.batch == "streams":
+                gm = tfx.stream_linears(gm)  # GPU: the shared-input products on their own streams
             plan = tfx.split_cell(gm, hoist=self.hoist == "on")
             fn: Callable[..., Any] = plan.s_gm
-            if self.compile in ("inductor", "aot-eager"):
+            if self.compile in ("inductor", "inductor-autotune", "aot-eager"):
                 # Inductor kernels for the step's forward and backward, one autograd node per
                 # call, none of torch.compile's per-call guards (see _torch_aot). "aot-eager"
-                # runs the same captured graphs uncompiled (not offered: it checks the capture).
+                # runs the same captured graphs uncompiled (not offered: it checks the capture);
+                # "inductor-autotune" (GPU) has Inductor time alternative kernels for each
+                # product (Triton templates against the vendor library) and keep the fastest.
                 fn = AotRegion(plan.s_gm, self.compile)
             elif self.compile == "inductor-cudagraphs":
                 fn = torch.compile(plan.s_gm, backend="inductor", mode="reduce-overhead", dynamic=False)
@@ -242,11 +250,16 @@ class AstraTorch(SessionBacked):
         self.name = name or type(model).__name__
         self.total_steps = total_steps
         self.clock = _StepClock()
+        gpu = torch.cuda.is_available()
         if compile_choices is None:
+            # On a GPU also kernel variants (Inductor's autotuning) and CUDA graphs of the region.
             compile_choices = ("eager", "inductor") + (
-                ("inductor-cudagraphs",) if torch.cuda.is_available() else ()
+                ("inductor-autotune", "inductor-cudagraphs") if gpu else ()
             )
         self.compile_choices = compile_choices
+        # How independent products that share an input run: one each, batched into one product,
+        # or (GPU) one CUDA stream each.
+        self.batch_choices = ("off", "on", "streams") if gpu else ("off", "on")
         self.thread_values = threads if threads is not None else thread_choices()
         self.runners: dict[str, CellRunner] = {}
         if explorer is None:
@@ -521,7 +534,7 @@ class AstraTorch(SessionBacked):
         for runner in self.runners.values():
             r = runner.region
             mode = values.get(f"{r}.compile", "eager")
-            if mode not in ("inductor", "inductor-cudagraphs"):
+            if mode not in ("inductor", "inductor-autotune", "inductor-cudagraphs"):
                 continue
             if not runner.is_compiled(values.get(f"{r}.batch", "off"), values.get(f"{r}.hoist", "off"), mode):
                 return True
@@ -590,7 +603,7 @@ class AstraTorch(SessionBacked):
         for region, names in sorted(self._regions.items()):
             gm = self.runners[names[0]].gm
             if tfx.count_batchable(gm):
-                out.append(Variable(f"{region}.batch", ("off", "on"), region, STAGE_STRUCTURE))
+                out.append(Variable(f"{region}.batch", self.batch_choices, region, STAGE_STRUCTURE))
             kinds = tfx.classify(gm)
             if any(k == "X" and tfx._is_linear_module(gm, n) for n, k in kinds.items()):
                 out.append(Variable(f"{region}.hoist", ("off", "on"), region, STAGE_STRUCTURE))

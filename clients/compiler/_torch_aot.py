@@ -59,10 +59,15 @@ class AotRegion:
 
     # -- build
     def _compile_graph(self, g: fx.GraphModule, example: list[Any]) -> Callable[[list[Any]], Any]:
-        if self.compiler == "inductor":
+        if self.compiler in ("inductor", "inductor-autotune"):
+            from torch._inductor import config
             from torch._inductor.compile_fx import compile_fx_inner
 
-            return compile_fx_inner(g, example)
+            # Kernel variants: Inductor benchmarks alternative kernels for each product (its
+            # Triton templates against the vendor library's) and keeps the fastest. On a GPU only:
+            # on this project's CPU it generated the same code as plain Inductor.
+            with config.patch(max_autotune=self.compiler == "inductor-autotune"):
+                return compile_fx_inner(g, example)
         from functorch.compile import make_boxed_func
 
         return make_boxed_func(g.forward)  # "aot-eager": the decomposed graphs, uncompiled
@@ -103,7 +108,8 @@ class AotRegion:
             partition_fn=min_cut_rematerialization_partition,
             decompositions=select_decomp_table(),
         )
-        with torch.enable_grad(), _cacheable() if self.compiler == "inductor" else contextlib.nullcontext():
+        inductor = self.compiler in ("inductor", "inductor-autotune")
+        with torch.enable_grad(), _cacheable() if inductor else contextlib.nullcontext():
             out = aot(*example)
             leaves, out_spec = tree_flatten(out)
             diff = [o for o in leaves if isinstance(o, torch.Tensor) and o.requires_grad]

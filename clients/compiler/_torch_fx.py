@@ -66,8 +66,10 @@ def _rowwise(gm: fx.GraphModule, node: fx.Node) -> bool:
             return _splits_last_dim(node)  # splitting features keeps rows independent
         if node.target is operator.getitem:
             src = node.args[0]
+            if isinstance(src, fx.Node) and src.target is parallel_linears:
+                return True  # one of the products: as row-wise as a linear
             return isinstance(src, fx.Node) and src.target is torch.split and _splits_last_dim(src)
-        return node.target in _ROWWISE_FUNCTIONS
+        return node.target in _ROWWISE_FUNCTIONS or node.target is parallel_linears
     if node.op == "call_method":
         return node.target in _ROWWISE_METHODS
     if node.op == "call_module":
@@ -133,6 +135,68 @@ def batch_linears(gm: fx.GraphModule) -> fx.GraphModule:
                 if mod.bias is not None and not all_bias:
                     part = graph.call_function(operator.add, (part, graph.get_attr(f"{node.target}.bias")))
                 node.replace_all_uses_with(part)
+        for node in group:
+            graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+    return gm
+
+
+_SIDE_STREAMS: dict[Any, list[Any]] = {}
+
+
+def _side_streams(device: torch.device, n: int) -> list[Any]:
+    """``n`` side streams of ``device``, created once and reused by every call."""
+    pool = _SIDE_STREAMS.setdefault(device, [])
+    while len(pool) < n:
+        pool.append(torch.cuda.Stream(device=device))
+    return pool[:n]
+
+
+def parallel_linears(
+    x: torch.Tensor, weights: list[torch.Tensor], biases: list[Any]
+) -> tuple[torch.Tensor, ...]:
+    """``F.linear(x, w, b)`` for each weight, each on its own CUDA stream when ``x`` is on a GPU
+    (independent small products overlap instead of queueing on one stream); in order otherwise.
+
+    Each side stream first waits for the work that produced ``x``; the caller's stream then waits
+    for every side stream before it reads the results. ``record_stream`` tells the caching
+    allocator which streams use each block, so none is reused while a stream may still read it.
+    Autograd runs each product's backward on the stream its forward ran on and synchronises the
+    streams itself."""
+    if not x.is_cuda or len(weights) < 2:
+        return tuple(F.linear(x, w, b) for w, b in zip(weights, biases))
+    current = torch.cuda.current_stream(x.device)
+    streams = _side_streams(x.device, len(weights))
+    outs = []
+    for stream, w, b in zip(streams, weights, biases):
+        stream.wait_stream(current)
+        x.record_stream(stream)
+        with torch.cuda.stream(stream):
+            outs.append(F.linear(x, w, b))
+    for stream, y in zip(streams, outs):
+        current.wait_stream(stream)
+        y.record_stream(current)
+    return tuple(outs)
+
+
+def stream_linears(gm: fx.GraphModule) -> fx.GraphModule:
+    """Rewrite a copy of ``gm``: linears that share an input run concurrently, one CUDA stream
+    each (:func:`parallel_linears`): the GPU alternative to batching them into one product."""
+    gm = fx.GraphModule(gm, _copy_graph(gm.graph))
+    graph = gm.graph
+    for group in _linear_groups(gm):
+        mods: list[Any] = [gm.get_submodule(str(n.target)) for n in group]
+        first = min(group, key=lambda n: list(graph.nodes).index(n))
+        with graph.inserting_before(first):
+            weights = [graph.get_attr(f"{n.target}.weight") for n in group]
+            biases = [
+                graph.get_attr(f"{n.target}.bias") if m.bias is not None else None
+                for n, m in zip(group, mods)
+            ]
+            outs = graph.call_function(parallel_linears, (first.args[0], weights, biases))
+            for k, node in enumerate(group):
+                node.replace_all_uses_with(graph.call_function(operator.getitem, (outs, k)))
         for node in group:
             graph.erase_node(node)
     graph.lint()

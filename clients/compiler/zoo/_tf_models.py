@@ -1,9 +1,10 @@
 """The zoo's recurrent cells in TensorFlow, written from primitive operators.
 
-A TensorFlow cell states its matrix products (``x_kernels`` read the step input, ``h_kernels``
-read the recurrent state) and its element-wise remainder (``combine``); how the products run
-(one per gate or batched, per step or hoisted out of the time loop, under XLA or not) is
-decided by the executor in :mod:`microco.clients.compiler._tf`, per training step.
+Each cell is a plain ``cell(x_t, state) -> (h, new_state)`` over its own variables, as a user
+would write it: nothing in it states its structure. Astra finds its products (of the step input
+and of the state by the cell's variables) by analysing the cell's captured graph
+(:mod:`microco.clients.compiler._tf_graph`), and decides how they run (one per gate or batched,
+per step or hoisted out of the time loop, under XLA or not) per training step.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def _zeros(n: int, value: float = 0.0) -> tf.Variable:
 
 
 class TFCell(tf.Module):
-    """Base: ``x_kernels`` name -> (W, b or None); ``h_kernels`` name -> W; ``combine`` the rest."""
+    """Base: per gate an input kernel ``wx[g]`` (with bias ``bx[g]`` unless ``x_bias`` is
+    false) and a recurrent kernel ``wh[g]``; each cell's ``__call__`` is its step."""
 
     state_size = 2
 
@@ -37,34 +39,36 @@ class TFCell(tf.Module):
     ) -> None:
         super().__init__()
         self.hidden = hidden
-        self.x_kernels = {
-            g: (_glorot(rng, input_size, hidden), _zeros(hidden) if x_bias else None) for g in gates
-        }
-        self.h_kernels = {g: _glorot(rng, hidden, hidden) for g in (gates if h_gates is None else h_gates)}
+        self.wx, self.bx = {}, {}
+        for g in gates:
+            self.wx[g] = _glorot(rng, input_size, hidden)
+            if x_bias:
+                self.bx[g] = _zeros(hidden)
+        self.wh = {g: _glorot(rng, hidden, hidden) for g in (gates if h_gates is None else h_gates)}
 
     def zero_state(self, batch: int) -> tuple[tf.Tensor, ...]:
         z = tf.zeros((batch, self.hidden))
         return tuple(z for _ in range(self.state_size))
 
-    def h_input(self, state):
-        return state[0]
+    def xw(self, x: tf.Tensor, g: str) -> tf.Tensor:
+        """The input projection of gate ``g``: ``x @ W + b``."""
+        y = tf.matmul(x, self.wx[g])
+        return y + self.bx[g] if g in self.bx else y
 
-    def combine(self, xp, hp, state, x):
-        """The cell's gate arithmetic from its input and hidden projections; every zoo cell
-        (LSTM, MI-LSTM, GRU, LN-LSTM, SRU) defines its own, the base class has none."""
-        raise NotImplementedError(f"{type(self).__name__} must define combine()")
+    def __call__(self, x: tf.Tensor, state: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
+        raise NotImplementedError(f"{type(self).__name__} must define its step")
 
 
 class LSTMCell(TFCell):
     def __init__(self, input_size, hidden, rng):
         super().__init__(input_size, hidden, rng, ("i", "f", "g", "o"))
 
-    def combine(self, xp, hp, state, x):
-        _, c = state
-        i = tf.sigmoid(xp["i"] + hp["i"])
-        f = tf.sigmoid(xp["f"] + hp["f"])
-        g = tf.tanh(xp["g"] + hp["g"])
-        o = tf.sigmoid(xp["o"] + hp["o"])
+    def __call__(self, x, state):
+        h, c = state
+        i = tf.sigmoid(self.xw(x, "i") + tf.matmul(h, self.wh["i"]))
+        f = tf.sigmoid(self.xw(x, "f") + tf.matmul(h, self.wh["f"]))
+        g = tf.tanh(self.xw(x, "g") + tf.matmul(h, self.wh["g"]))
+        o = tf.sigmoid(self.xw(x, "o") + tf.matmul(h, self.wh["o"]))
         c = f * c + i * g
         h = o * tf.tanh(c)
         return h, (h, c)
@@ -77,12 +81,12 @@ class MILSTMCell(TFCell):
         self.beta1 = tf.Variable(np.full((4, hidden), 0.5, np.float32))
         self.beta2 = tf.Variable(np.full((4, hidden), 0.5, np.float32))
 
-    def combine(self, xp, hp, state, x):
-        _, c = state
-        pre = [
-            self.alpha[k] * xp[g] * hp[g] + self.beta1[k] * hp[g] + self.beta2[k] * xp[g]
-            for k, g in enumerate(("i", "f", "g", "o"))
-        ]
+    def __call__(self, x, state):
+        h, c = state
+        pre = []
+        for k, g in enumerate(("i", "f", "g", "o")):
+            xp, hp = self.xw(x, g), tf.matmul(h, self.wh[g])
+            pre.append(self.alpha[k] * xp * hp + self.beta1[k] * hp + self.beta2[k] * xp)
         i, f, o = tf.sigmoid(pre[0]), tf.sigmoid(pre[1]), tf.sigmoid(pre[3])
         c = f * c + i * tf.tanh(pre[2])
         h = o * tf.tanh(c)
@@ -95,11 +99,11 @@ class GRUCell(TFCell):
     def __init__(self, input_size, hidden, rng):
         super().__init__(input_size, hidden, rng, ("r", "z", "n"))
 
-    def combine(self, xp, hp, state, x):
+    def __call__(self, x, state):
         (h,) = state
-        r = tf.sigmoid(xp["r"] + hp["r"])
-        z = tf.sigmoid(xp["z"] + hp["z"])
-        n = tf.tanh(xp["n"] + r * hp["n"])
+        r = tf.sigmoid(self.xw(x, "r") + tf.matmul(h, self.wh["r"]))
+        z = tf.sigmoid(self.xw(x, "z") + tf.matmul(h, self.wh["z"]))
+        n = tf.tanh(self.xw(x, "n") + r * tf.matmul(h, self.wh["n"]))
         h = (1 - z) * n + z * h
         return h, (h,)
 
@@ -115,18 +119,15 @@ class LayerNormLSTMCell(TFCell):
         self.gamma = {k: _zeros(hidden, 1.0) for k in ("i", "f", "g", "o", "c")}
         self.beta = {k: _zeros(hidden) for k in ("i", "f", "g", "o", "c")}
 
-    def combine(self, xp, hp, state, x):
-        _, c = state
+    def __call__(self, x, state):
+        h, c = state
 
-        def ln(k, v):
-            return _layer_norm(v, self.gamma[k], self.beta[k])
+        def gate(k):
+            return _layer_norm(self.xw(x, k) + tf.matmul(h, self.wh[k]), self.gamma[k], self.beta[k])
 
-        i = tf.sigmoid(ln("i", xp["i"] + hp["i"]))
-        f = tf.sigmoid(ln("f", xp["f"] + hp["f"]))
-        g = tf.tanh(ln("g", xp["g"] + hp["g"]))
-        o = tf.sigmoid(ln("o", xp["o"] + hp["o"]))
+        i, f, g, o = tf.sigmoid(gate("i")), tf.sigmoid(gate("f")), tf.tanh(gate("g")), tf.sigmoid(gate("o"))
         c = f * c + i * g
-        h = o * tf.tanh(ln("c", c))
+        h = o * tf.tanh(_layer_norm(c, self.gamma["c"], self.beta["c"]))
         return h, (h, c)
 
 
@@ -135,16 +136,16 @@ class SRUCell(TFCell):
 
     def __init__(self, input_size, hidden, rng):
         super().__init__(input_size, hidden, rng, ("x", "f", "r", "skip"), h_gates=())
-        self.x_kernels["skip"] = (self.x_kernels["skip"][0], None)
+        del self.bx["skip"]
         self.vf = _zeros(hidden)
         self.vr = _zeros(hidden)
 
-    def combine(self, xp, hp, state, x):
+    def __call__(self, x, state):
         (c,) = state
-        f = tf.sigmoid(xp["f"] + self.vf * c)
-        r = tf.sigmoid(xp["r"] + self.vr * c)
-        c = f * c + (1 - f) * xp["x"]
-        h = r * tf.tanh(c) + (1 - r) * xp["skip"]
+        f = tf.sigmoid(self.xw(x, "f") + self.vf * c)
+        r = tf.sigmoid(self.xw(x, "r") + self.vr * c)
+        c = f * c + (1 - f) * self.xw(x, "x")
+        h = r * tf.tanh(c) + (1 - r) * self.xw(x, "skip")
         return h, (c,)
 
 
@@ -170,10 +171,16 @@ class RecurrentClassifier(tf.Module):
         return tf.matmul(h, self.head_w) + self.head_b
 
     def __call__(self, x):
-        """Plain eager semantics: one product per gate, per step."""
-        from microco.clients.compiler._tf import run_model
-
-        return run_model(self, x, hoist=False, batch=False)
+        """The user's own forward: each cell called once per time step."""
+        seq = x
+        for cell in self.cells:
+            state = cell.zero_state(tf.shape(seq)[1])
+            outs = []
+            for t in range(seq.shape[0]):
+                h, state = cell(seq[t], state)
+                outs.append(h)
+            seq = tf.stack(outs)
+        return self.head(seq[-1])
 
 
 def make_model(

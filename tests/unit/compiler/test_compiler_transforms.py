@@ -68,7 +68,9 @@ def test_every_structural_configuration_matches_eager(cell):
     assert set(astra.runners) == {"cells.0", "cells.1"}
     names = {v.name.split(".")[-1] for v in astra.spec().variables}
     assert "hoist" in names and ("batch" in names or cell == "sru")
-    for batch, hoist in itertools.product(["off", "on"], ["off", "on"]):
+    # "streams" (offered on a GPU) runs the shared-input products through parallel_linears,
+    # which on a CPU computes them in order: the rewrite itself is checked here.
+    for batch, hoist in itertools.product(["off", "on", "streams"], ["off", "on"]):
         for r in astra.runners.values():
             r.configure(batch, hoist, "eager")
         with astra.step():
@@ -111,6 +113,50 @@ def test_batching_and_hoisting_preserve_outputs_directly():
         got = plan.s_gm(*xs, *p, state)
         assert torch.allclose(got[0], want[0], atol=1e-6)
         assert torch.allclose(got[1][1], want[1][1], atol=1e-6)
+
+
+def test_stream_rewrite_runs_each_shared_input_product_in_one_parallel_call():
+    cell = zm.LSTMCell(6, 8)
+    gm = tfx.stream_linears(tfx.trace_cell(cell))
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is tfx.parallel_linears]
+    assert len(calls) == 2  # the four input products, the four recurrent products
+    assert not any(n.op == "call_module" for n in gm.graph.nodes)
+    x, state = torch.randn(4, 6), (torch.randn(4, 8), torch.randn(4, 8))
+    want = cell(x, state)
+    for hoist in (False, True):  # the parallel products of x are hoistable like the linears
+        plan = tfx.split_cell(gm, hoist=hoist)
+        p = plan.p_gm()
+        xs = plan.x_gm(x, *p) if plan.x_gm is not None else (x,)
+        got = plan.s_gm(*xs, *p, state)
+        assert torch.allclose(got[0], want[0], atol=1e-6) and torch.allclose(got[1][1], want[1][1], atol=1e-6)
+    assert "parallel_linears" in tfx.split_cell(gm, hoist=True).x_gm.code
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="streams, kernel autotuning and CUDA graphs need a GPU"
+)
+@pytest.mark.parametrize(
+    "batch, compile_mode", [("streams", "eager"), ("on", "inductor-autotune"), ("on", "inductor-cudagraphs")]
+)
+def test_gpu_variables_match_eager(batch, compile_mode):
+    assert tfx.parallel_linears is not None
+    x, y = (t.cuda() for t in zm.synthetic_batch(4, 8, 16))
+    ref = _loss_and_grads(zm.make_model("lstm", 16, 32).cuda(), x, y)
+    model = zm.make_model("lstm", 16, 32).cuda()
+    astra = AstraTorch(model, FixedExplorer(), threads=("1",))
+    assert "inductor-autotune" in astra.compile_choices and "streams" in astra.batch_choices
+    with astra.step():
+        _loss_and_grads(model, x, y)
+    for r in astra.runners.values():
+        r.configure(batch, "off", compile_mode)
+    for _ in range(3):  # capture/compile (CUDA graphs record on a later call), then run
+        with astra.step():
+            got = _loss_and_grads(model, x, y)
+        torch.cuda.synchronize()
+        _assert_same(ref, got, tol=1e-4)
+    assert not any(r.failed for r in astra.runners.values())
+    if batch == "streams":
+        assert tfx._SIDE_STREAMS.get(x.device) and len(tfx._SIDE_STREAMS[x.device]) >= 4
 
 
 def test_find_time_slice_recognises_sequence_views_only():
