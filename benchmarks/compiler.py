@@ -133,6 +133,10 @@ def bench_torch(
         whole_step_compile_tried=any(
             t.done and t.values.get("model.compile") == "inductor" for t in state.trials
         ),
+        # the whole step with the graph passes (hoisting, batching) before Inductor
+        whole_step_rewrite_tried=any(
+            t.done and t.values.get("model.rewrite") == "inductor" for t in state.trials
+        ),
         trial_steps=astra.explore_steps,
         wait_steps=astra.session.wait_steps,
         background_compiles=[

@@ -63,9 +63,7 @@ def compile_in_background(payload: dict[str, Any]) -> float:
             loss = _loss(model(*args))
             if loss is not None and hasattr(loss, "backward"):
                 loss.backward()
-    failed = [r.failed for r in astra.runners.values() if r.failed] + (
-        [astra.whole_failed] if astra.whole_failed else []
-    )
+    failed = [r.failed for r in astra.runners.values() if r.failed] + (list(astra.whole_failed.values()))
     if failed:
         raise RuntimeError("; ".join(failed))
     return time.perf_counter() - t0

@@ -48,6 +48,20 @@ def hardware_id() -> str:
     return f"{cpu}|cores={os.cpu_count()}|{dev}|torch={torch.__version__}"
 
 
+# The whole-step compiles, by kind, and the variable that turns each on.
+WHOLE = {"plain": "model.compile", "rewrite": "model.rewrite"}
+
+
+def whole_kind(values: dict[str, str]) -> str | None:
+    """The whole-step compile a configuration runs: the rewritten step (the widest scope) before
+    the plain one; None when neither is on."""
+    if values.get(WHOLE["rewrite"], "eager") == "inductor":
+        return "rewrite"
+    if values.get(WHOLE["plain"], "eager") == "inductor":
+        return "plain"
+    return None
+
+
 def thread_choices(cpus: int | None = None) -> tuple[str, ...]:
     """Intra-op thread counts worth trying: the current setting first, then 1 and powers of two."""
     cpus = cpus or os.cpu_count() or 1
@@ -278,26 +292,30 @@ class AstraTorch(SessionBacked):
         self.session = ExplorationSession(explorer, retry_every=retry_every, warmer=self.background)
         self._snapshot: nn.Module | None = None
         self._example_args: tuple[Any, ...] | None = None
-        self._whole_built = False
+        self._whole_built: set[str] = set()  # whole-step kinds compiled in this process
         self._probe_calls: dict[str, int] | None = None
         self._hooks: list[Any] = []
         self._input_shapes = ""
         self._step_started = 0.0
         self._regions: dict[str, list[str]] = {}  # region -> runner names
         self._channels_last = any(isinstance(m, nn.Conv2d) for m in model.modules())
-        # The whole-step compile (what torch.compile does) is part of the space: the model's
-        # forward compiled by dynamo + Inductor, with the cells' plain code inside it.
+        # The whole-step compiles are part of the space, by kind (``WHOLE``): "plain", the
+        # model's forward compiled by dynamo + Inductor with the cells' plain code inside it
+        # (what torch.compile does); "rewrite", the same with the whole-step graph passes
+        # (hoisting, batching) run on dynamo's graph before Inductor.
         self._own_forward = model.__dict__.get("forward")  # an instance-level forward, if any
-        self._compiled_forward: Callable[..., Any] | None = None
+        self._compiled_forward: dict[str, Callable[..., Any]] = {}
+        self._whole_kind: str | None = None  # the kind running now
         self._region_calls = 0  # cell calls per step, seen by the probe: sizes the compile prior
-        self.whole_failed = ""
+        self.whole_failed: dict[str, str] = {}  # kind -> why its compiled step failed
         self._whole_fresh = False
-        # Did Inductor's caches hold the whole step at the probe? "hit" / "cold" / "" (not asked)
-        # and what asking cost (see _torch_cache): a hit prices the whole-step compile at that.
-        self.whole_cache = ""
-        self.whole_probe_ms = 0.0
+        # Did Inductor's caches hold each kind at the probe? "hit" / "cold" (absent: not asked)
+        # and what asking cost (see _torch_cache): a hit prices that compile at what it cost.
+        self.whole_cache: dict[str, str] = {}
+        self.whole_probe_ms: dict[str, float] = {}
+        self.whole_rewrites = -1  # products the graph passes changed at the probe (-1: not asked)
         self._probe_charge_ms = 0.0  # the probe's cost, charged to the first step that uses it
-        self._probe_unused = False
+        self._probe_unused: set[str] = set()
 
     # -- public
     def spec(self) -> GraphSpec | None:
@@ -325,7 +343,7 @@ class AstraTorch(SessionBacked):
 
     def restore(self) -> None:
         """Undo the instrumentation: the model runs plain eager code again."""
-        self._set_whole_compile(False)
+        self._set_whole_compile(None)
         for r in self.runners.values():
             r.restore()
         self.runners.clear()
@@ -352,19 +370,16 @@ class AstraTorch(SessionBacked):
             self._finish_probe(ms if ok else 0.0)
             return
         failed = "; ".join(f"{r.region}: {r.failed}" for r in self.runners.values() if r.failed)
-        if self.whole_failed and self.session.values.get("model.compile") == "inductor":
-            failed = f"model: {self.whole_failed}"
+        kind = self._whole_kind
+        if kind and self.whole_failed.get(kind):
+            failed = f"model: {self.whole_failed[kind]}"
         region_ms = {k: v * 1e3 for k, v in self.clock.region_s.items()}
         # Did this step build anything (a rewritten or compiled variant, the compiled model)? Then
         # it was a warm-up, not a measurement (a structural rewrite alone costs tens of ms).
         built = self.clock.built or self._whole_fresh
         self._whole_fresh = False
-        if (
-            ok
-            and self._compiled_forward is not None
-            and self.model.__dict__.get("forward") is self._compiled_forward
-        ):
-            self._whole_built = True
+        if ok and kind and self.model.__dict__.get("forward") is self._compiled_forward.get(kind):
+            self._whole_built.add(kind)
         new = self.session.record(ms if ok else float("nan"), region_ms, failed, built)
         if new is not None:
             self._apply(new)
@@ -410,7 +425,10 @@ class AstraTorch(SessionBacked):
         outer = [n for n in repeated if not any(n.startswith(p + ".") for p in repeated if p != n)]
         self._region_calls = sum(calls[n] for n in outer)
         if self._worth_cache_probe(step_ms):
-            self._probe_whole_cache()  # on the plain model: before the cells are instrumented
+            # On the plain model, before the cells are instrumented; the rewrite only where the
+            # step repeats cells (what its passes work on).
+            for kind in WHOLE if self._region_calls > 1 else ("plain",):
+                self._probe_whole_cache(kind)
         fingerprints = []
         for name in outer:
             cell = self.model.get_submodule(name)
@@ -461,11 +479,11 @@ class AstraTorch(SessionBacked):
         probe_ms = self.WHOLE_WARM_PRIOR_MS_PER_CALL * max(1, self._region_calls)
         return self.total_steps * step_ms * self.CACHE_PROBE_GAIN > probe_ms
 
-    def _probe_whole_cache(self) -> None:
+    def _probe_whole_cache(self, kind: str) -> None:
         """Trace the whole step with dynamo and ask Inductor's caches for its graphs, without
         compiling (see _torch_cache). A hit is the compile, done: it is kept for the trial, and
-        the whole-step compile is priced at what the probe cost. A miss leaves the cold price."""
-        backend = WholeStepBackend()
+        that whole-step compile is priced at what the probe cost. A miss leaves the cold price."""
+        backend = WholeStepBackend(rewrite=kind == "rewrite")
         if not backend.available:
             return
         backend.cache_only = True
@@ -486,17 +504,22 @@ class AstraTorch(SessionBacked):
                 for n, b in self.model.named_buffers():
                     b.copy_(buffers[n])
         self.clock.sync()
-        self.whole_probe_ms = (time.perf_counter() - started) * 1e3
+        self.whole_probe_ms[kind] = (time.perf_counter() - started) * 1e3
         backend.cache_only = False  # from now on (a recompile for new guards), Inductor proper
+        if kind == "rewrite":
+            self.whole_rewrites = backend.rewrites
         if backend.hits and not backend.cold:
-            self.whole_cache = "hit"
-            self._compiled_forward = self._guarded(compiled)
-            self._whole_built = True
-            self._probe_unused = True
+            self.whole_cache[kind] = "hit"
+            self._compiled_forward[kind] = self._guarded(compiled, kind)
+            self._whole_built.add(kind)
+            self._probe_unused.add(kind)
         else:
-            self.whole_cache = "cold"
+            self.whole_cache[kind] = "cold"
         log.info(
-            "whole-step compile: Inductor cache %s (asked in %.0f ms)", self.whole_cache, self.whole_probe_ms
+            "whole-step compile (%s): Inductor cache %s (asked in %.0f ms)",
+            kind,
+            self.whole_cache[kind],
+            self.whole_probe_ms[kind],
         )
 
     # -- background compiles
@@ -529,8 +552,9 @@ class AstraTorch(SessionBacked):
 
     def _needs_compile(self, values: dict[str, str]) -> bool:
         """Would running ``values`` now compile anything with Inductor in this process?"""
-        if values.get("model.compile", "eager") == "inductor":
-            return not self.whole_failed and not self._whole_built
+        kind = whole_kind(values)
+        if kind:
+            return not self.whole_failed.get(kind) and kind not in self._whole_built
         for runner in self.runners.values():
             r = runner.region
             mode = values.get(f"{r}.compile", "eager")
@@ -553,24 +577,29 @@ class AstraTorch(SessionBacked):
     # "" is Inductor, as torch.compile runs it (WholeStepBackend); tests name a cheaper backend.
     WHOLE_COMPILE_BACKEND = ""
 
-    def _set_whole_compile(self, on: bool) -> None:
-        if on and not self.whole_failed:
-            if self._probe_unused:
+    def _set_whole_compile(self, kind: str | None) -> None:
+        """Run the whole step compiled (``kind``: "plain" or "rewrite"), or (None) the cells'
+        regions under the model's own forward."""
+        if kind and not self.whole_failed.get(kind):
+            if kind in self._probe_unused:
                 # The probe's loaded compile: its first step is a warm-up carrying what the probe
                 # cost, so the compile cost measured (and kept for the key) is the real one.
-                self._probe_unused = False
+                self._probe_unused.discard(kind)
                 self._whole_fresh = True
-                self._probe_charge_ms = self.whole_probe_ms
-            if self._compiled_forward is None:
+                self._probe_charge_ms = self.whole_probe_ms.get(kind, 0.0)
+            if kind not in self._compiled_forward:
                 self._whole_fresh = True  # compiles on its first call, the next step
-                backend = self.WHOLE_COMPILE_BACKEND or WholeStepBackend()
-                self._compiled_forward = self._guarded(
-                    torch.compile(self._plain_forward(), backend=backend, dynamic=False)
+                rewrite = kind == "rewrite"
+                backend = WholeStepBackend(rewrite, self.WHOLE_COMPILE_BACKEND or None)
+                self._compiled_forward[kind] = self._guarded(
+                    torch.compile(self._plain_forward(), backend=backend, dynamic=False), kind
                 )
             for r in self.runners.values():
                 r.restore()  # dynamo traces the cells' own code
-            self.model.forward = self._compiled_forward
+            self.model.forward = self._compiled_forward[kind]
+            self._whole_kind = kind
             return
+        self._whole_kind = None
         if self._own_forward is None:
             self.model.__dict__.pop("forward", None)
         else:
@@ -583,17 +612,19 @@ class AstraTorch(SessionBacked):
             return self._own_forward
         return type(self.model).forward.__get__(self.model)
 
-    def _guarded(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
+    def _guarded(self, compiled: Callable[..., Any], kind: str) -> Callable[..., Any]:
         plain = self._plain_forward()
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            if self.whole_failed:
+            if self.whole_failed.get(kind):
                 return plain(*args, **kwargs)
             try:
                 return compiled(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - a failing compile must never stop training
-                self.whole_failed = f"{type(exc).__name__}: {exc}"
-                log.warning("compiled model failed, running it eagerly: %s", self.whole_failed)
+                self.whole_failed[kind] = f"{type(exc).__name__}: {exc}"
+                log.warning(
+                    "compiled model (%s) failed, running it eagerly: %s", kind, self.whole_failed[kind]
+                )
                 return plain(*args, **kwargs)
 
         return forward
@@ -628,20 +659,26 @@ class AstraTorch(SessionBacked):
                 else self.WHOLE_COMPILE_PRIOR_MS_PER_CALL
             )
             prior = per_call * max(1, self._region_calls)
-            hit = self.whole_cache == "hit"  # the probe found it compiled: what it cost, measured
-            out.append(
-                Variable(
-                    "model.compile",
-                    ("eager", "inductor"),
-                    "",
-                    STAGE_COMPILE,
-                    compiles=True,
-                    compile_prior_ms=max(1.0, self.whole_probe_ms) if hit else prior,
-                    prior_calibrated=hit,
-                    # dynamo traces the cells' plain code: the region rewrites do nothing under it
-                    subsumes=tuple(v.name for v in out if v.region),
+            regional = tuple(v.name for v in out if v.region)
+            # The rewrite where the step repeats cells and (when the probe asked) its passes
+            # changed something; without, it would compile the plain step again.
+            kinds = WHOLE if self._region_calls > 1 and self.whole_rewrites != 0 else ("plain",)
+            for kind in kinds:
+                hit = self.whole_cache.get(kind) == "hit"  # found compiled: what it cost, measured
+                out.append(
+                    Variable(
+                        WHOLE[kind],
+                        ("eager", "inductor"),
+                        "",
+                        STAGE_COMPILE,
+                        compiles=True,
+                        compile_prior_ms=max(1.0, self.whole_probe_ms.get(kind, 0.0)) if hit else prior,
+                        prior_calibrated=hit,
+                        # dynamo traces the cells' plain code: the region rewrites do nothing under
+                        # it; the rewritten step replaces the plain one (the widest scope runs).
+                        subsumes=regional + (("model.compile",) if kind == "rewrite" else ()),
+                    )
                 )
-            )
         if self._channels_last:
             out.append(Variable("memory_format", ("contiguous", "channels_last"), "", STAGE_STRUCTURE))
         if len(self.thread_values) > 1:
@@ -652,7 +689,7 @@ class AstraTorch(SessionBacked):
 
     def _apply(self, cfg: Config) -> None:
         values = cfg.values
-        self._set_whole_compile(values.get("model.compile", "eager") == "inductor")
+        self._set_whole_compile(whole_kind(values))
         for runner in self.runners.values():
             r = runner.region
             runner.failed = ""

@@ -30,15 +30,28 @@ class WholeStepBackend:
     counts it. :attr:`available` is False when this torch has no such hook (then every probe
     reports cold, and the caller keeps its cold price)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rewrite: bool = False, compiler: Any = None) -> None:
         self.cache_only = False
         self.cold = 0
         self.hits = 0
         self.available = _codegen_hook() is not None
+        # ``rewrite``: the whole-step graph passes (hoisting, batching: :mod:`._torch_fx`) run on
+        # dynamo's graph first; :attr:`rewrites` counts the products they changed.
+        self.rewrite = rewrite
+        self.rewrites = 0
+        self.compiler = compiler  # another backend than Inductor (tests); no cache to ask then
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         from torch._inductor.compile_fx import compile_fx
 
+        if self.rewrite:
+            from ._torch_fx import batch_shared_inputs, hoist_time_slices
+
+            self.rewrites += hoist_time_slices(gm) + batch_shared_inputs(gm)
+        if self.compiler is not None:
+            from torch._dynamo import lookup_backend
+
+            return lookup_backend(self.compiler)(gm, example_inputs)
         if not self.cache_only:
             return compile_fx(gm, example_inputs)
         if not self.available:

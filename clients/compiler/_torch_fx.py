@@ -338,3 +338,131 @@ def flatten_args(args: tuple[Any, ...]) -> list[Any]:
         else:
             out.append(a)
     return out
+
+
+# -- the whole step, as dynamo captures it --------------------------------------------------
+# Dynamo's graph of a training step's forward has no cell boundaries: the time loop is unrolled
+# and every cell's products are ``linear(input, weight, bias)`` calls on the parameters (graph
+# inputs). Two passes over it do at the scale of the whole step what the region rewrites do per
+# cell, before Inductor compiles it: hoisting (the products of every time slice ``X[t]`` of one
+# tensor by the same weight become one product of ``X``, unbound per step) and batching (products
+# of one input by several weights become one product by the concatenated weights, split).
+
+_LINEAR_TARGETS = {torch._C._nn.linear, F.linear}
+
+
+def _linear_parts(node: fx.Node) -> tuple[fx.Node, fx.Node, Any] | None:
+    """``(input, weight, bias or None)`` of a whole-step ``linear`` call, else None."""
+    if node.op != "call_function" or node.target not in _LINEAR_TARGETS or node.kwargs:
+        return None
+    args = list(node.args) + [None] * (3 - len(node.args))
+    x, w, b = args[:3]
+    if not isinstance(x, fx.Node) or not isinstance(w, fx.Node) or not (b is None or isinstance(b, fx.Node)):
+        return None
+    return x, w, b
+
+
+def _time_slice(node: fx.Node) -> tuple[fx.Node, int] | None:
+    """``(X, t)`` when ``node`` is ``X[t]`` (an integer index on the first dimension)."""
+    if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[1], int):
+        base = node.args[0]
+        if isinstance(base, fx.Node) and node.args[1] >= 0:
+            return base, node.args[1]
+    return None
+
+
+def _leading(node: fx.Node) -> int | None:
+    value = node.meta.get("example_value", node.meta.get("val"))
+    shape = getattr(value, "shape", None)
+    return int(shape[0]) if shape is not None and len(shape) >= 2 else None
+
+
+def hoist_time_slices(gm: fx.GraphModule) -> int:
+    """In place: ``linear(X[t], W, b)`` for every ``t`` of ``X`` -> one ``linear(X, W, b)``,
+    unbound along time. Returns how many products were hoisted."""
+    graph = gm.graph
+    groups: dict[tuple[fx.Node, fx.Node, Any], dict[int, fx.Node]] = {}
+    for node in graph.nodes:
+        parts = _linear_parts(node)
+        sliced = _time_slice(parts[0]) if parts else None
+        if parts and sliced:
+            groups.setdefault((sliced[0], parts[1], parts[2]), {})[sliced[1]] = node
+    hoisted = 0
+    order = {n: k for k, n in enumerate(graph.nodes)}
+    last_input = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    for (base, w, b), by_t in groups.items():
+        steps = _leading(base)
+        if steps is None or sorted(by_t) != list(range(steps)) or steps < 2:
+            continue  # not every time step reads it: hoisting would compute unused rows
+        if w.op != "placeholder" or b is not None and b.op != "placeholder":
+            continue  # parameters enter dynamo's graph as inputs; anything else is left alone
+        anchor = max((base, last_input), key=order.__getitem__)
+        with graph.inserting_after(anchor):
+            whole = graph.call_function(torch._C._nn.linear, (base, w, b))
+        with graph.inserting_after(whole):
+            per_step = graph.call_method("unbind", (whole, 0))
+        cursor = per_step
+        for t in range(steps):
+            with graph.inserting_after(cursor):
+                cursor = graph.call_function(operator.getitem, (per_step, t))
+            by_t[t].replace_all_uses_with(cursor)
+            graph.erase_node(by_t[t])
+            hoisted += 1
+    if hoisted:
+        graph.lint()
+        gm.recompile()
+    return hoisted
+
+
+def batch_shared_inputs(gm: fx.GraphModule) -> int:
+    """In place: ``linear(x, W_k, b_k)`` for several weights of one input ``x`` -> one product
+    by the concatenated weights (concatenated once per step, where the weights enter the graph),
+    split; with the biases concatenated too when every product has one, else each added to its
+    part. Returns how many products were merged."""
+    graph = gm.graph
+    by_input: dict[fx.Node, list[fx.Node]] = {}
+    for node in graph.nodes:
+        parts = _linear_parts(node)
+        if parts:
+            by_input.setdefault(parts[0], []).append(node)
+    cats: dict[tuple[Any, ...], tuple[fx.Node, fx.Node | None]] = {}
+    last_input = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    order = {n: k for k, n in enumerate(graph.nodes)}
+    merged = 0
+    for x, nodes in by_input.items():
+        if len(nodes) < 2:
+            continue
+        weights = tuple(n.args[1] for n in nodes)
+        biases = tuple(n.args[2] if len(n.args) > 2 else None for n in nodes)
+        sizes = [_leading(w) for w in weights]
+        params = [p for p in weights + biases if p is not None]
+        if any(s is None for s in sizes) or any(p.op != "placeholder" for p in params):
+            continue  # parameters enter dynamo's graph as inputs; anything else is left alone
+        all_bias = all(b is not None for b in biases)
+        key = weights + (biases if all_bias else ())
+        if key not in cats:
+            # Once per step, where every input is defined (before any product).
+            with graph.inserting_after(last_input):
+                wcat = graph.call_function(torch.cat, (list(weights), 0))
+            bcat = None
+            if all_bias:
+                with graph.inserting_after(wcat):
+                    bcat = graph.call_function(torch.cat, (list(biases), 0))
+            cats[key] = (wcat, bcat)
+        wcat, bcat = cats[key]
+        first = min(nodes, key=order.__getitem__)
+        with graph.inserting_before(first):
+            y = graph.call_function(torch._C._nn.linear, (x, wcat, bcat))
+            split = graph.call_function(torch.split, (y, sizes, -1))
+            for k, (node, b) in enumerate(zip(nodes, biases)):
+                part = graph.call_function(operator.getitem, (split, k))
+                if b is not None and not all_bias:
+                    part = graph.call_function(operator.add, (part, b))
+                node.replace_all_uses_with(part)
+        for node in nodes:
+            graph.erase_node(node)
+        merged += len(nodes)
+    if merged:
+        graph.lint()
+        gm.recompile()
+    return merged

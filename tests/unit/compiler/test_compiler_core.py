@@ -611,3 +611,31 @@ def test_the_whole_step_compile_runs_first_and_a_cell_compile_that_cannot_beat_i
     assert tried[0]["model.compile"] == "inductor"
     assert any(t["A.compile"] == "inductor" for t in tried)
     assert cfg.values["A.compile"] == "inductor" and cfg.values["model.compile"] == "eager"
+
+
+@pytest.mark.parametrize("rewrite_ms, committed", [(12.0, "rewrite"), (20.0, "plain")])
+def test_a_whole_step_compile_nested_in_a_wider_one_is_one_configuration_under_it(rewrite_ms, committed):
+    """The rewritten whole step (graph passes, then Inductor) subsumes the plain whole-step
+    compile and every region variable: a configuration with both on runs the rewrite and is
+    counted as the rewrite alone; the faster of the two is committed (synthetic times)."""
+    regions = ("A.hoist", "A.batch", "B.hoist", "A.compile")
+    plain = replace(WHOLE, subsumes=regions)
+    rewrite = replace(WHOLE, name="model.rewrite", subsumes=regions + ("model.compile",))
+    s = spec(total_steps=300_000, variables=spec().variables + (plain, rewrite))
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
+    core = CompilerCore(MemoryKV(), policy)
+    cfg, tried = core.register(s), []
+    while not cfg.committed:
+        v = dict(cfg.values)
+        tried.append(v)
+        if v["model.rewrite"] == "inductor":
+            step, warm = rewrite_ms, 3000.0
+        elif v["model.compile"] == "inductor":
+            step, warm = 15.0, 3000.0
+        else:
+            step, warm = cost(v)[0], 0.0
+        cfg = core.report(s.key, TrialReport(cfg.trial, [step + warm] + [step] * policy.measure_steps))
+    assert not any(t["model.rewrite"] == "inductor" and t["model.compile"] == "inductor" for t in tried)
+    assert any(t["model.rewrite"] == "inductor" for t in tried)
+    on = {"rewrite": ("inductor", "eager"), "plain": ("eager", "inductor")}[committed]
+    assert (cfg.values["model.rewrite"], cfg.values["model.compile"]) == on

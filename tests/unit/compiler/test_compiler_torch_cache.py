@@ -87,7 +87,7 @@ def test_astra_prices_the_whole_step_by_the_probe_and_keys_ignore_priors(fresh_i
         return astra, next(v for v in astra.spec().variables if v.name == "model.compile")
 
     cold_astra, cold_var = first_step(zm.make_model("gru", 4, 4))
-    assert cold_astra.whole_cache == "cold"
+    assert cold_astra.whole_cache["plain"] == "cold"
     assert not cold_var.prior_calibrated
     assert cold_var.compile_prior_ms == 2 * AstraTorch.WHOLE_COMPILE_PRIOR_MS_PER_CALL
     cold_astra.restore()
@@ -99,11 +99,11 @@ def test_astra_prices_the_whole_step_by_the_probe_and_keys_ignore_priors(fresh_i
 
     model = zm.make_model("gru", 4, 4)
     astra, var = first_step(model)
-    assert astra.whole_cache == "hit" and var.prior_calibrated
-    assert var.compile_prior_ms == pytest.approx(max(1.0, astra.whole_probe_ms))
+    assert astra.whole_cache["plain"] == "hit" and var.prior_calibrated
+    assert var.compile_prior_ms == pytest.approx(max(1.0, astra.whole_probe_ms["plain"]))
     assert var.compile_prior_ms < cold_var.compile_prior_ms
     assert astra.spec().key == cold_astra.spec().key  # priors are not part of the key
-    astra._set_whole_compile(True)  # the trial: the probe's loaded compile, nothing rebuilt
+    astra._set_whole_compile("plain")  # the trial: the probe's loaded compile, nothing rebuilt
     assert not astra._needs_compile({"model.compile": "inductor"})
     model2 = zm.make_model("gru", 4, 4)
     model2.load_state_dict(model.state_dict())

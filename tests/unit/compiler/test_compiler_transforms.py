@@ -259,15 +259,71 @@ def test_whole_model_compile_matches_eager_and_switches_back(monkeypatch):
     # Compiled in the background, it costs the critical path its warm load (see _background).
     assert astra._off_critical_path
     assert whole.compiles and whole.compile_prior_ms == 2 * astra.WHOLE_WARM_PRIOR_MS_PER_CALL
-    astra._set_whole_compile(True)
+    astra._set_whole_compile("plain")
     assert all("forward" not in r.cell.__dict__ for r in astra.runners.values())
     for _ in range(2):
         with astra.step():
             got = _loss_and_grads(model, x, y)
         _assert_same(ref, got)
     assert not astra.whole_failed
-    astra._set_whole_compile(False)  # back to the per-cell regions
+    astra._set_whole_compile(None)  # back to the per-cell regions
     assert "forward" not in model.__dict__
+    with astra.step():
+        _assert_same(ref, _loss_and_grads(model, x, y))
+
+
+@pytest.mark.parametrize("cell", ["lstm", "sru"])
+def test_whole_step_graph_passes_hoist_and_batch_dynamos_graph_exactly(cell):
+    """The passes on dynamo's graph of the unrolled step (two layers, three time steps): every
+    input product of every step is hoisted (one product of the whole sequence per gate), then the
+    products of one input are batched; the step computes eager's loss and gradients."""
+    torch._dynamo.reset()
+    x, y = zm.synthetic_batch(3, 2, 4)
+    ref = _loss_and_grads(zm.make_model(cell, 4, 5, layers=2), x, y)
+    seen = {}
+
+    def backend(gm, example_inputs):
+        seen["hoisted"] = tfx.hoist_time_slices(gm)
+        seen["batched"] = tfx.batch_shared_inputs(gm)
+        seen["code"] = gm.code
+        return gm.forward
+
+    model = zm.make_model(cell, 4, 5, layers=2)
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    loss = zm.loss_fn(compiled(x), y)
+    loss.backward()
+    _assert_same(ref, (loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    assert seen["hoisted"] == 4 * 3 * 2  # four gates, every time step, both layers
+    # Per layer the four hoisted gates become one product (sru's unbiased skip too, its
+    # neighbours' biases added to their parts), and lstm's four recurrent products per step.
+    assert seen["batched"] == {"lstm": (4 + 4 * 3) * 2, "sru": 4 * 2}[cell]
+    # products left: lstm 2 x (1 + 3), sru 2 x 1; and the head
+    assert seen["code"].count("torch._C._nn.linear(") == {"lstm": 8, "sru": 2}[cell] + 1
+
+
+def test_whole_step_rewrite_is_a_choice_that_matches_eager(monkeypatch):
+    # The rewritten whole step (graph passes, then the backend) beside the plain one; the test
+    # backend is AOTAutograd without Inductor's code generation.
+    monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    x, y = zm.synthetic_batch(2, 2, 4)
+    ref = _loss_and_grads(zm.make_model("gru", 4, 4), x, y)
+    model = zm.make_model("gru", 4, 4)
+    astra = AstraTorch(model, FixedExplorer(), threads=("1",), background=False)
+    with astra.step():
+        _loss_and_grads(model, x, y)
+    variables = {v.name: v for v in astra.spec().variables}
+    rewrite = variables["model.rewrite"]
+    assert rewrite.compiles and "model.compile" in rewrite.subsumes
+    assert set(variables["model.compile"].subsumes) < set(rewrite.subsumes)
+    both = {"model.rewrite": "inductor", "model.compile": "inductor"}
+    astra._apply(Config(astra.spec().key, both, trial=-1, committed=True))
+    assert astra._whole_kind == "rewrite"  # the widest scope runs
+    for _ in range(2):
+        with astra.step():
+            _assert_same(ref, _loss_and_grads(model, x, y))
+    assert not astra.whole_failed and "rewrite" in astra._whole_built
+    astra._set_whole_compile(None)
     with astra.step():
         _assert_same(ref, _loss_and_grads(model, x, y))
 
