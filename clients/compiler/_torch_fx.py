@@ -400,7 +400,8 @@ def hoist_time_slices(gm: fx.GraphModule) -> int:
         with graph.inserting_after(anchor):
             whole = graph.call_function(torch._C._nn.linear, (base, w, b))
         with graph.inserting_after(whole):
-            per_step = graph.call_method("unbind", (whole, 0))
+            # (a function, not the method: AOTAutograd's cache refuses graphs with method calls)
+            per_step = graph.call_function(torch.unbind, (whole, 0))
         cursor = per_step
         for t in range(steps):
             with graph.inserting_after(cursor):

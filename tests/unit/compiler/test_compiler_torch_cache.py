@@ -37,8 +37,8 @@ def _loss_and_grads(model, forward, x, y):
     return loss.item(), [p.grad.clone() for p in model.parameters()]
 
 
-def _probe(model, x):
-    backend = WholeStepBackend()
+def _probe(model, x, rewrite=False):
+    backend = WholeStepBackend(rewrite)
     backend.cache_only = True
     compiled = torch.compile(type(model).forward.__get__(model), backend=backend, dynamic=False)
     with torch.enable_grad():
@@ -113,3 +113,25 @@ def test_astra_prices_the_whole_step_by_the_probe_and_keys_ignore_priors(fresh_i
     for g, w in zip(got[1], want[1]):
         assert torch.allclose(g, w, rtol=1e-4, atol=1e-5)
     astra.restore()
+
+
+def test_the_rewritten_whole_step_is_found_in_the_caches_once_compiled(fresh_inductor_cache):
+    """The graph passes' output is cacheable like dynamo's own graph (a method call in it made
+    AOTAutograd's cache refuse it, so a run that had compiled it before still priced it cold)."""
+    x, y = zm.synthetic_batch(2, 2, 4)
+    model = zm.make_model("gru", 4, 4)
+    ref = _loss_and_grads(model, model, x, y)
+    cold, _ = _probe(model, x, rewrite=True)
+    assert cold.cold == 1 and cold.hits == 0 and cold.rewrites > 0
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        type(model).forward.__get__(model), backend=WholeStepBackend(True), dynamic=False
+    )
+    zm.loss_fn(compiled(x), y).backward()
+    torch._dynamo.reset()
+    warm, compiled = _probe(model, x, rewrite=True)
+    assert warm.hits == 1 and warm.cold == 0
+    loss, grads = _loss_and_grads(model, compiled, x, y)
+    assert loss == pytest.approx(ref[0], rel=1e-4, abs=1e-5)
+    for g, r in zip(grads, ref[1]):
+        assert torch.allclose(g, r, rtol=1e-4, atol=1e-5)
