@@ -370,7 +370,7 @@ class AstraTorch(SessionBacked):
             self._finish_probe(ms if ok else 0.0)
             return
         failed = "; ".join(f"{r.region}: {r.failed}" for r in self.runners.values() if r.failed)
-        kind = self._whole_kind
+        kind = whole_kind(self.session.values)  # what the configuration asked for (ran or failed)
         if kind and self.whole_failed.get(kind):
             failed = f"model: {self.whole_failed[kind]}"
         region_ms = {k: v * 1e3 for k, v in self.clock.region_s.items()}

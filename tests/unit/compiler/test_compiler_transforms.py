@@ -328,6 +328,30 @@ def test_whole_step_rewrite_is_a_choice_that_matches_eager(monkeypatch):
         _assert_same(ref, _loss_and_grads(model, x, y))
 
 
+def test_a_failing_whole_step_rewrite_keeps_training_and_fails_its_trial(monkeypatch):
+    monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", "aot_eager")
+
+    def broken(gm):
+        raise RuntimeError("pass failed")
+
+    monkeypatch.setattr(tfx, "hoist_time_slices", broken)
+    torch._dynamo.reset()
+    x, y = zm.synthetic_batch(2, 2, 4)
+    ref = _loss_and_grads(zm.make_model("gru", 4, 4), x, y)
+    model = zm.make_model("gru", 4, 4)
+    reports = []
+    explorer = FixedExplorer({"model.rewrite": "inductor"})
+    astra = AstraTorch(model, explorer, threads=("1",), background=False)
+    astra.session.record = lambda ms, regions, failed, built=False: reports.append(failed)
+    with astra.step():
+        _loss_and_grads(model, x, y)
+    for _ in range(2):
+        with astra.step():
+            _assert_same(ref, _loss_and_grads(model, x, y))  # the plain forward ran instead
+    assert "pass failed" in astra.whole_failed["rewrite"]
+    assert all(r.startswith("model: ") and "pass failed" in r for r in reports)
+
+
 def test_a_region_called_with_other_layouts_runs_eagerly():
     cell = zm.GRUCell(4, 4)
     plan = tfx.split_cell(tfx.trace_cell(cell), hoist=False)
