@@ -378,8 +378,9 @@ class AstraTorch(SessionBacked):
         # it was a warm-up, not a measurement (a structural rewrite alone costs tens of ms).
         built = self.clock.built or self._whole_fresh
         self._whole_fresh = False
-        if ok and kind and self.model.__dict__.get("forward") is self._compiled_forward.get(kind):
-            self._whole_built.add(kind)
+        running = self._whole_kind  # what ran (a kind whose compile failed runs the plain forward)
+        if ok and running and self.model.__dict__.get("forward") is self._compiled_forward.get(running):
+            self._whole_built.add(running)
         new = self.session.record(ms if ok else float("nan"), region_ms, failed, built)
         if new is not None:
             self._apply(new)
