@@ -13,6 +13,7 @@ tf = pytest.importorskip("tensorflow")
 
 from microco.clients.compiler._tf import AstraTF, run_model
 from microco.clients.compiler._tf_graph import NotReplayable, analyse_cell, analyse_model, structure_of
+from microco.clients.compiler.zoo import tf_models as zt
 from microco.services.common import MemoryKV
 from microco.services.compiler import ExplorationPolicy, LocalExplorer
 
@@ -48,26 +49,15 @@ class MinimalGatedCell(tf.Module):
         return h, (h,)
 
 
-class Stack(tf.Module):
+class Stack(zt.RecurrentClassifier):
+    """The zoo model's own forward (each cell called once per time step, then the head) over
+    cells of the test's class."""
+
     def __init__(self, cell_cls, inp=5, hidden=7, layers=2, classes=3, seed=0):
-        super().__init__()
+        tf.Module.__init__(self)
         rng = np.random.default_rng(seed)
         self.cells = [cell_cls(inp if k == 0 else hidden, hidden, rng) for k in range(layers)]
-        self.w_head = _var(rng, hidden, classes)
-
-    def head(self, h):
-        return tf.matmul(h, self.w_head)
-
-    def __call__(self, x):
-        seq = x
-        for cell in self.cells:
-            state = cell.zero_state(tf.shape(seq)[1])
-            outs = []
-            for t in range(seq.shape[0]):
-                h, state = cell(seq[t], state)
-                outs.append(h)
-            seq = tf.stack(outs)
-        return self.head(seq[-1])
+        self.head_w, self.head_b = _var(rng, hidden, classes), _var(rng, classes)
 
 
 def _loss(logits, y):

@@ -244,17 +244,26 @@ def test_inductor_compiled_region_matches_eager(cell):
     assert isinstance(region, AotRegion) and region.compile_s > 0
 
 
+def _whole_step_run(monkeypatch, explorer=None, background=False):
+    """A gru model over two time steps (dynamo's unrolled graph stays small) whose whole-step
+    compiles use AOTAutograd without Inductor's code generation; its probe step is done.
+    Returns ``(model, astra, x, y, eager's loss and gradients)``."""
+    monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    x, y = zm.synthetic_batch(2, 2, 4)
+    ref = _loss_and_grads(zm.make_model("gru", 4, 4), x, y)
+    model = zm.make_model("gru", 4, 4)
+    astra = AstraTorch(model, explorer or FixedExplorer(), threads=("1",), background=background)
+    with astra.step():
+        _loss_and_grads(model, x, y)
+    return model, astra, x, y, ref
+
+
 def test_whole_model_compile_matches_eager_and_switches_back(monkeypatch):
     # What torch.compile does, as one choice of the space: the model's forward compiled with the
     # cells' plain code inside; two time steps keep dynamo's unrolled graph small. Dynamo and
     # AOTAutograd without Inductor's code generation (30 s here; Inductor is covered above).
-    monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", "aot_eager")
-    x, y = zm.synthetic_batch(2, 2, 4)
-    ref = _loss_and_grads(zm.make_model("gru", 4, 4), x, y)
-    model = zm.make_model("gru", 4, 4)
-    astra = AstraTorch(model, FixedExplorer(), threads=("1",), background=True)
-    with astra.step():
-        _loss_and_grads(model, x, y)
+    model, astra, x, y, ref = _whole_step_run(monkeypatch, background=True)
     whole = next(v for v in astra.spec().variables if v.name == "model.compile")
     # Compiled in the background, it costs the critical path its warm load (see _background).
     assert astra._off_critical_path
@@ -304,14 +313,7 @@ def test_whole_step_graph_passes_hoist_and_batch_dynamos_graph_exactly(cell):
 def test_whole_step_rewrite_is_a_choice_that_matches_eager(monkeypatch):
     # The rewritten whole step (graph passes, then the backend) beside the plain one; the test
     # backend is AOTAutograd without Inductor's code generation.
-    monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", "aot_eager")
-    torch._dynamo.reset()
-    x, y = zm.synthetic_batch(2, 2, 4)
-    ref = _loss_and_grads(zm.make_model("gru", 4, 4), x, y)
-    model = zm.make_model("gru", 4, 4)
-    astra = AstraTorch(model, FixedExplorer(), threads=("1",), background=False)
-    with astra.step():
-        _loss_and_grads(model, x, y)
+    model, astra, x, y, ref = _whole_step_run(monkeypatch)
     variables = {v.name: v for v in astra.spec().variables}
     rewrite = variables["model.rewrite"]
     assert rewrite.compiles and "model.compile" in rewrite.subsumes
@@ -329,22 +331,13 @@ def test_whole_step_rewrite_is_a_choice_that_matches_eager(monkeypatch):
 
 
 def test_a_failing_whole_step_rewrite_keeps_training_and_fails_its_trial(monkeypatch):
-    monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", "aot_eager")
-
     def broken(gm):
         raise RuntimeError("pass failed")
 
     monkeypatch.setattr(tfx, "hoist_time_slices", broken)
-    torch._dynamo.reset()
-    x, y = zm.synthetic_batch(2, 2, 4)
-    ref = _loss_and_grads(zm.make_model("gru", 4, 4), x, y)
-    model = zm.make_model("gru", 4, 4)
+    model, astra, x, y, ref = _whole_step_run(monkeypatch, FixedExplorer({"model.rewrite": "inductor"}))
     reports = []
-    explorer = FixedExplorer({"model.rewrite": "inductor"})
-    astra = AstraTorch(model, explorer, threads=("1",), background=False)
     astra.session.record = lambda ms, regions, failed, built=False: reports.append(failed)
-    with astra.step():
-        _loss_and_grads(model, x, y)
     for _ in range(2):
         with astra.step():
             _assert_same(ref, _loss_and_grads(model, x, y))  # the plain forward ran instead
