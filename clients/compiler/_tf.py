@@ -64,12 +64,12 @@ def _xla_cell_step(cg: CellGraph, batch: bool) -> Callable[..., Any]:
     """The per-step region (recurrent products + the rest of the cell) as its own XLA cluster: a
     ``jit_compile=True`` function called from the (not XLA-compiled) training step is compiled by
     XLA on its own, forward and gradient, while the rest of the step runs as plain graph ops."""
-    cache = cg.cell.__dict__.setdefault("_microco_xla_steps", {})
-    if batch not in cache:
-        cache[batch] = tf.function(
+    # Kept with the analysis it replays: a cell analysed again (another input shape) gets its own.
+    if batch not in cg.xla_steps:
+        cg.xla_steps[batch] = tf.function(
             lambda xp, state, x_t: _cell_step(cg, xp, state, x_t, batch), jit_compile=True
         )
-    return cache[batch]
+    return cg.xla_steps[batch]
 
 
 def run_model(

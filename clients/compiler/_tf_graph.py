@@ -72,6 +72,7 @@ class CellGraph:
     h_shape: tf.TensorShape  # the shape of the step output h
     summary: str  # what the analysis found, for fingerprints and logs
     _x_shape: list[int] = field(default_factory=list)  # the step input's shape it was traced on
+    xla_steps: dict[bool, Any] = field(repr=False, default_factory=dict)  # the executor's cell clusters
     _ops: list[tf.Operation] = field(repr=False, default_factory=list)
     _plan: list[tuple[tuple[str, ...], Any]] = field(repr=False, default_factory=list)
     _inputs: dict[str, int] = field(repr=False, default_factory=dict)  # placeholder -> position

@@ -66,7 +66,9 @@ class AotRegion:
             # Kernel variants: Inductor benchmarks alternative kernels for each product (its
             # Triton templates against the vendor library's) and keeps the fastest. On a GPU only:
             # on this project's CPU it generated the same code as plain Inductor.
-            with config.patch(max_autotune=self.compiler == "inductor-autotune"):
+            # Plain "inductor" leaves Inductor's configuration as the user set it.
+            autotune = self.compiler == "inductor-autotune"
+            with config.patch(max_autotune=True) if autotune else contextlib.nullcontext():
                 return compile_fx_inner(g, example)
         from functorch.compile import make_boxed_func
 
