@@ -10,9 +10,11 @@ Each mechanism can be switched off on its own so its gain can be measured alone:
   a device shared by packed jobs is one participant too: once the pack has had a quantum
   (from its newest member's last change), a waiting job swaps in for the member that
   yields to it, or, if it cannot share, the whole pack yields the device.
-* **packing** -- a waiting one-device job may share a device with one running one-device
-  job when their busy fractions (:func:`busy_fraction`: the observed ``utilization`` when
-  known, else the requested ``gpu_share``) add up to at most ``pack_share_limit``. This
+* **packing** -- a waiting one-device job may share a device with the one-device jobs on
+  it (one running job, or a pack introspection has measured and kept, up to
+  ``max_jobs_per_device`` jobs in all) when their busy fractions (:func:`busy_fraction`:
+  the observed ``utilization`` when known, else the requested ``gpu_share``) add up to at
+  most ``pack_share_limit``. This
   covers full-device jobs too, as in Gandiva: a job that requested a whole device but was
   observed to keep only part of it busy leaves room for another. The pack is
   *introspective*: once both report mini-batch times, it is kept only while the packed
@@ -24,6 +26,9 @@ Each mechanism can be switched off on its own so its gain can be measured alone:
   (``last_change_at``) unless its last observed mini-batch time equals its time alone (it
   was time-sliced out after running alone, not taken off an interfering pack: it may pack
   at once).
+* **placement** -- a multi-device job goes on one node: free devices, a node freed by
+  moving one-device jobs off it, or devices time-slicing frees on one node; it is spread
+  over nodes only with ``allow_spread`` (or when it is larger than every node).
 * **migration** -- a multi-device job spread over nodes moves onto one node when one has
   room; a multi-device job blocked by fragmentation gets a node freed by moving one-device
   jobs to free devices elsewhere; a job in a bad pack moves to a free device.
@@ -71,10 +76,18 @@ class GandivaConfig:
     pack_share_limit: float = 1.0
     pack_cooldown_s: float = 600.0
     pack_observe_s: float = 0.0  # wait this long after packing before judging the pack
-    max_jobs_per_device: int = 2
+    # Session 7: how many one-device jobs may share a device. The share rule (busy
+    # fractions add up to at most pack_share_limit) is what bounds a pack; this bounds the
+    # processes (and GPU memory contexts) on one device. Was 2 (pairs only) before.
+    max_jobs_per_device: int = 4
     grow_max_factor: int = 2
     slice_order: str = "las"  # or "round_robin"
-    allow_spread: bool = True
+    # Session 7: may a multi-device job span nodes when no node can be freed for it? A job
+    # spread over nodes runs slower for as long as it stays spread, so by default it waits
+    # until time-slicing or defragmentation frees one node (as the live scheduler, whose
+    # spreading is off by default too); a job larger than every node is spread anyway
+    # (it could never run otherwise). True: spread at once when no node has room (before).
+    allow_spread: bool = False
     # Session 3: a one-device job never profiled (QUEUED, utilisation unknown) that finds
     # no free device and no pack slot by the share rule is packed for a trial onto the
     # emptiest pack slot; introspection then keeps or undoes the pack from the two jobs'
@@ -221,8 +234,8 @@ class GandivaPolicy:
             devs = place(occ.free_by_node(), k, allow_spread=False) if k <= n_free else None
             if devs is None and k <= n_free and cfg.enable_migration and k > 1:
                 devs = self._defragment(occ, holders, k, out, acted)
-            if devs is None and k <= n_free:
-                devs = place(occ.free_by_node(), k, allow_spread=cfg.allow_spread)
+            if devs is None and k <= n_free and self._may_spread(occ, k):
+                devs = place(occ.free_by_node(), k, allow_spread=True)
             if devs is not None:
                 occ.take(w.id, devs)
                 n_free -= k
@@ -237,11 +250,11 @@ class GandivaPolicy:
             ):
                 pk = self._pack_target(pack_slots, w, occ)
                 if pk is not None:
-                    dev, partner, why = pk
+                    dev, members, why = pk
                     occ.take(w.id, (dev,))
-                    out.append(Pack(w.id, (dev,), (partner,), why))
+                    out.append(Pack(w.id, (dev,), members, why))
                     acted.add(w.id)
-                    acted.add(partner)
+                    acted.update(members)
                     continue
             if victims or pack_victims:
                 if (
@@ -260,7 +273,7 @@ class GandivaPolicy:
                 cands = [
                     v for v in victims if v.id not in suspended and v.id not in acted and self._yields(v, w)
                 ]
-                got = preempt_for(occ, k, cands, allow_spread=cfg.allow_spread) if cands else None
+                got = self._preempt(occ, k, cands) if cands else None
                 if got is None and pack_victims:
                     # No running job frees room: the packs take their turn. First a swap
                     # (w takes the place of the pack's most-served member, so the device
@@ -271,7 +284,7 @@ class GandivaPolicy:
                         m for ms in pack_victims.values() if all(self._yields(m, w) for m in ms) for m in ms
                     ]
                     if whole:
-                        got = preempt_for(occ, k, cands + whole, allow_spread=cfg.allow_spread)
+                        got = self._preempt(occ, k, cands + whole)
                 if got is None:
                     continue
                 devs, used = got
@@ -291,6 +304,21 @@ class GandivaPolicy:
         if cfg.enable_grow_shrink and occ.n_free() > 0 and all(w.id in acted for w in waiting):
             self._grow(view, occ, out, acted)
         return out
+
+    def _preempt(self, occ: Occupancy, k: int, cands: list[JobView]):
+        """Devices for a k-device job from free devices and the victims ``cands``
+        (worst first): on one node if time-slicing can free one (a job spread over nodes
+        runs slower for as long as it stays spread), else, if it may spread
+        (:meth:`_may_spread`), across nodes. See :func:`preempt_for`."""
+        got = preempt_for(occ, k, cands, allow_spread=False)
+        if got is None and k > 1 and self._may_spread(occ, k):
+            got = preempt_for(occ, k, cands, allow_spread=True)
+        return got
+
+    def _may_spread(self, occ: Occupancy, k: int) -> bool:
+        """Whether a k-device job may be placed across nodes: with ``allow_spread``, or
+        when no node is big enough to ever hold it."""
+        return self.config.allow_spread or all(len(devs) < k for devs in occ.nodes.values())
 
     def _yields(self, v: JobView, w: JobView) -> bool:
         """Whether holder ``v`` (quantum over) gives way to waiting ``w``: strict priority
@@ -468,11 +496,13 @@ class GandivaPolicy:
             return False
         # With packs time-sliced, a job also leaves a *kept* pack (suspended for a waiting
         # job). Introspection only ever unpacks the slowest member of a pack whose progress
-        # sum(alone/observed) fell below pack_keep_ratio, so that member ran below
-        # pack_keep_ratio / max_jobs_per_device of its speed alone; a job that ran at least
-        # that fast was not taken off a bad pack and may pack again at once.
+        # sum(alone/observed) fell below pack_keep_ratio, so that member, the slowest of n >= 2,
+        # ran below pack_keep_ratio / n <= pack_keep_ratio / 2 of its speed alone; a job
+        # that ran at least that fast was not taken off a bad pack and may pack again at
+        # once. (A member of a kept pack of three or more may have run slower too: it waits
+        # out the cooldown before packing again, but still time-slices in alone.)
         if cfg.slice_packs and cfg.enable_time_slicing:
-            return alone / ms < cfg.pack_keep_ratio / cfg.max_jobs_per_device
+            return alone / ms < cfg.pack_keep_ratio / 2
         return True
 
     # ------------------------------------------------------------------ mechanisms
@@ -573,29 +603,42 @@ class GandivaPolicy:
         return place({node: occ.free_by_node().get(node, [])}, k, allow_spread=False)
 
     def _pack_slots(self, occ: Occupancy, jobs: dict[str, JobView], acted: set, now: float) -> list:
-        """Devices a waiting job could share: held by exactly one running one-device job
-        that has been observed long enough. (busy fraction, device, partner id), fullest
+        """Devices a waiting job could join: held by one running one-device job observed
+        long enough, or by a pack of fewer than ``max_jobs_per_device`` one-device jobs that
+        introspection has measured and kept; the holders' busy fractions add up to less
+        than ``pack_share_limit``. (summed busy fraction, device, holder ids), fullest
         first."""
         cfg = self.config
         if cfg.max_jobs_per_device < 2:
             return []
         slots = []
         for dev, hs in occ.holders.items():
-            if len(hs) != 1:
+            n = len(hs)
+            if n == 0 or n >= cfg.max_jobs_per_device:
                 continue
-            r = jobs.get(hs[0])
-            if r is None or r.state is not JobPhase.RUNNING or len(r.devices) != 1 or r.id in acted:
+            members = [jobs.get(h) for h in hs]
+            if any(
+                r is None
+                or r.state is not (JobPhase.RUNNING if n == 1 else JobPhase.PACKED)
+                or len(r.devices) != 1
+                or r.id in acted
+                or now - r.last_change_at < cfg.pack_observe_s - _EPS
+                for r in members
+            ):
                 continue
-            busy = busy_fraction(r)
-            if now - r.last_change_at < cfg.pack_observe_s - _EPS or busy >= cfg.pack_share_limit:
+            # a pack grows only once introspection has judged it (measured and kept)
+            if n > 1 and packed_progress(members) is None:
                 continue
-            slots.append((busy, dev, r.id))
+            busy = sum(busy_fraction(r) for r in members)
+            if busy >= cfg.pack_share_limit:
+                continue
+            slots.append((busy, dev, tuple(hs)))
         slots.sort(key=lambda x: (-x[0], x[1]))
         return slots
 
     def _pack_target(self, slots: list, w: JobView, occ: Occupancy):
-        """The fullest device whose holder's share leaves room for ``w`` (or, with
-        ``pack_unprofiled``, a trial slot): (device, partner, reason), removed from
+        """The fullest device whose holders' busy fractions leave room for ``w`` (or, with
+        ``pack_unprofiled``, a trial slot): (device, holder ids, reason), removed from
         ``slots``; None if there is none."""
         limit = self.config.pack_share_limit
         bw = busy_fraction(w)
@@ -604,21 +647,23 @@ class GandivaPolicy:
         # job at every decision)
         if not slots or slots[-1][0] + bw > limit:
             return self._trial_slot(slots, w, occ)
-        for i, (share, dev, partner) in enumerate(slots):
-            if share + bw <= limit and occ.holders[dev] == [partner]:
+        for i, (share, dev, members) in enumerate(slots):
+            if share + bw <= limit and tuple(occ.holders[dev]) == members:
                 del slots[i]
-                return dev, partner, "gandiva: pack, shares fit one device"
+                return dev, members, "gandiva: pack, busy fractions fit one device"
         return self._trial_slot(slots, w, occ)
 
     def _trial_slot(self, slots: list, w: JobView, occ: Occupancy):
-        """``pack_unprofiled``: the emptiest slot for a never-profiled job, or None."""
+        """``pack_unprofiled``: the emptiest device held by a single job, for a
+        never-profiled job, or None. (A trial joins one job only: a job assumed to fill its
+        device is not tried against a pack already judged good.)"""
         if not self.config.pack_unprofiled or w.utilization is not None or w.state is not JobPhase.QUEUED:
             return None
         for i in range(len(slots) - 1, -1, -1):
-            _, dev, partner = slots[i]
-            if occ.holders[dev] == [partner]:
+            _, dev, members = slots[i]
+            if len(members) == 1 and tuple(occ.holders[dev]) == members:
                 del slots[i]
-                return dev, partner, "gandiva: trial pack of a job never profiled (introspection judges it)"
+                return dev, members, "gandiva: trial pack of a job never profiled (introspection judges it)"
         return None
 
     def _grow(self, view: ClusterView, occ: Occupancy, out: list, acted: set) -> None:

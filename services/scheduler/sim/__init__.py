@@ -6,7 +6,7 @@ cluster model, a job-progress model with Gavel's measured packing interference, 
 model for suspend/resume/migration. See docs/scheduler-sim.md.
 """
 
-from ._engine import ClusterSpec, SimResult, Simulator, contended_window, simulate
+from ._engine import LOAD_FRACTION, ClusterSpec, SimResult, Simulator, contended_window, load_window, simulate
 from ._hpsearch import AshaSearcher, HPSearchResult, asha_rungs, hp_search_trace, run_hp_search
 from ._perf import COST_PROFILES, CostModel, PerfModel, default_perf_model
 from ._trace import (
@@ -24,6 +24,7 @@ from ._trace import (
 
 __all__ = [
     "COST_PROFILES",
+    "LOAD_FRACTION",
     "TRACE_COLUMNS",
     "AshaSearcher",
     "ClusterSpec",
@@ -43,6 +44,7 @@ __all__ = [
     "load_alibaba",
     "load_tiresias",
     "load_trace",
+    "load_window",
     "read_trace_csv",
     "run_hp_search",
     "simulate",

@@ -209,13 +209,19 @@ class PerfModel:
 
     def packed_speed(self, model: str, share: float, others: list[tuple[str, float]], device: str) -> float:
         """Fraction of its alone speed a job keeps when sharing a device with ``others``
-        (each a (model, share)). 1.0 when alone."""
+        (each a (model, share)). 1.0 when alone.
+
+        The contention is how far the device's requests exceed it: ``c = clamp(share +
+        sum(other shares) - 1, contention_min, 1)``, and each other job slows this one by
+        its measured pair slowdown scaled by ``c``. With one other job this is the pair
+        formula of the module docstring; with more, a device whose requests add up to
+        more than one is contended for every pair on it, even when each pair alone fits."""
         speed = 1.0
-        for om, osh in others:
+        c = min(1.0, max(self.contention_min, share + sum(osh for _, osh in others) - 1.0))
+        for om, _ in others:
             r = self.pair_ratio(model, om, device)
             if r <= 0:
                 return 0.01
-            c = min(1.0, max(self.contention_min, share + osh - 1.0))
             speed *= 1.0 - (1.0 - r) * c
         return max(0.01, speed)
 

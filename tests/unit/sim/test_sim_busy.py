@@ -44,6 +44,19 @@ def test_busy_fraction_does_not_weaken_measured_interference() -> None:
     assert PERF.packed_speed("X", 1.0, [("X", 1.0)], "v100") == pytest.approx(1.0)
 
 
+def test_contention_counts_every_request_on_the_device() -> None:
+    # X next to Y alone: 0.4 + 0.4 requested, under the device: minimum contention 0.1
+    assert PERF.packed_speed("X", 0.4, [("Y", 0.4)], "v100") == pytest.approx(1 - 0.7 * 0.1)
+    # a third job (0.4 more) oversubscribes the device by 0.2: each other job slows X by
+    # its measured pair slowdown scaled by 0.2, not by the pair's own minimum
+    assert PERF.packed_speed("X", 0.4, [("Y", 0.4), ("X", 0.4)], "v100") == pytest.approx(
+        (1 - 0.7 * 0.2) * (1 - 0.0 * 0.2)
+    )
+    assert PERF.packed_speed("X", 0.4, [("Y", 0.4), ("Y", 0.4)], "v100") == pytest.approx(
+        (1 - 0.7 * 0.2) ** 2
+    )
+
+
 def test_gavel_self_pairs_give_expected_busy_fractions() -> None:
     p = default_traces_dir() / "gavel_throughputs.json"
     if not p.exists():

@@ -95,7 +95,14 @@ def test_bench_quick_runs_every_policy_and_plots(tmp_path: Path, capsys) -> None
     )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["results"]) == {"fifo", "fifo[strict]", "las", "gandiva", "gandiva[no trial packs]"}
+    assert set(out["results"]) == {
+        "fifo",
+        "fifo[strict]",
+        "las",
+        "gandiva",
+        "gandiva[no trial packs]",
+        "gandiva[pairs, spread]",
+    }
     assert out["jobs"] == 60
     assert "gandiva_vs_fifo" in out["ratios"] and "hp_search_speedup_gandiva_vs_fifo" in out["ratios"]
     assert "gpu_utilization_window" in out["ratios"]["gandiva_vs_fifo_strict"]
@@ -103,6 +110,16 @@ def test_bench_quick_runs_every_policy_and_plots(tmp_path: Path, capsys) -> None
     # one window for every policy: first to last arrival
     windows = {tuple(r["util_window_s"]) for r in out["results"].values()}
     assert len(windows) == 1 and out["util_window_s"][1] > out["util_window_s"][0]
+    # and one load window (99% of the arrivals, ending at the last), inside it
+    loads = {tuple(r["load_window_s"]) for r in out["results"].values()}
+    assert loads == {tuple(out["load_window_s"])}
+    assert (
+        out["util_window_s"][0]
+        <= out["load_window_s"][0]
+        < out["load_window_s"][1]
+        == out["util_window_s"][1]
+    )
+    assert "gpu_utilization_load" in out["ratios"]["gandiva_vs_fifo"]
     assert out["hp_search"]["settings"]["n_configs"] == 9 and out["hp_search"]["fifo"]["eta"] == 3
     small, big = out["gpu_sweep"]
     assert small["gpus"] == 4 and big["gpus"] == 64  # exactly the sizes asked for
@@ -111,6 +128,7 @@ def test_bench_quick_runs_every_policy_and_plots(tmp_path: Path, capsys) -> None
     for row in out["gpu_sweep"]:
         for label in ("fifo", "fifo[strict]", "gandiva", "gandiva[no trial packs]"):
             assert 0 < row[label]["gpu_utilization_window"] <= 1
+            assert 0 < row[label]["gpu_utilization_load"] <= 1
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 

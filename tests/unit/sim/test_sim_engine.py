@@ -24,6 +24,7 @@ from microco.services.scheduler.sim import (
     asha_rungs,
     contended_window,
     default_traces_dir,
+    load_window,
     run_hp_search,
     simulate,
 )
@@ -275,6 +276,23 @@ def test_utilisation_over_a_common_window() -> None:
     half = [TraceJob("a", 0.0, 1, 100.0, gpu_share=0.5), TraceJob("b", 200.0, 1, 10.0)]
     r2 = simulate(make_policy("fifo"), half, ClusterSpec.for_gpus(1, 1))
     assert r2.gpu_utilization_window == pytest.approx(0.25)
+
+
+def test_load_window_holds_the_bulk_of_the_arrivals() -> None:
+    # 1 early job, then 99 arriving over [1000, 1098]: 99% of the arrivals start at 1000
+    times = [0.0] + [1000.0 + i for i in range(99)]
+    assert load_window(times) == (1000.0, 1098.0)
+    assert load_window(times, 1.0) == (0.0, 1098.0)
+    assert load_window([5.0]) is None and load_window([]) is None
+    with pytest.raises(ValueError):
+        load_window(times, 0.0)
+    # the simulator reports utilisation over it: one device, a job of 10 s at 0 and one
+    # per 1 s from 1000 for 99 s (1 s each): the device is busy over the whole window
+    trace = [TraceJob("early", 0.0, 1, 10.0)] + [TraceJob(f"j{i:02d}", 1000.0 + i, 1, 1.0) for i in range(99)]
+    res = simulate(make_policy("fifo"), trace, ClusterSpec.for_gpus(1, 1), costs=CostModel(start_s=0.0))
+    assert res.load_window_s == (1000.0, 1098.0)
+    assert res.gpu_utilization_load == pytest.approx(1.0)
+    assert res.gpu_utilization_window == pytest.approx((10.0 + 98.0) / 1098.0)
 
 
 def test_contended_window_is_a_property_of_the_trace() -> None:
