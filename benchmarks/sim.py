@@ -120,9 +120,9 @@ def _hp_runs(make_policy, run_hp_search, args, perf, opts: dict, costs) -> dict:
 
 
 def _gpu_sweep(args, jobs, models, perf, costs) -> list[dict]:
-    """fifo, fifo[strict], gandiva and gandiva[no trial packs] at each cluster size:
-    utilisation over the common window, over the trace's contended window (where its demand
-    exceeds capacity) and over each run's makespan."""
+    """fifo, fifo[strict], gandiva, gandiva[no trial packs] and gandiva[pairs, spread] at each
+    cluster size: utilisation over the trace's load window, over the common window, over the
+    contended window (where its demand exceeds capacity) and over each run's makespan."""
     from microco.services.scheduler.policy import make_policy
     from microco.services.scheduler.sim import ClusterSpec, contended_window, load_window, simulate
 
@@ -142,6 +142,7 @@ def _gpu_sweep(args, jobs, models, perf, costs) -> list[dict]:
             (STRICT, "fifo", {"backfill": False}),
             ("gandiva", "gandiva", {}),
             (TRIAL, "gandiva", {"pack_unprofiled": False}),
+            (PAIRS, "gandiva", PAIRS_OPTS),
         ):
             print(f"sweep: {label} on {cluster.size} GPUs, costs {costs} ...", file=sys.stderr, flush=True)
             opts = {**policy_options(name, args), **extra}
@@ -155,7 +156,7 @@ def _gpu_sweep(args, jobs, models, perf, costs) -> list[dict]:
                 series_points=0,
                 extra_windows={"contended": cw} if cw else None,
             )
-        for label in ("fifo", STRICT, "gandiva", TRIAL):
+        for label in ("fifo", STRICT, "gandiva", TRIAL, PAIRS):
             r = res[label]
             row[label] = {
                 "gpu_utilization_load": _round(r.gpu_utilization_load),
@@ -171,7 +172,7 @@ def _gpu_sweep(args, jobs, models, perf, costs) -> list[dict]:
                 "preemptions": r.preemptions,
                 "sim_cpu_s": round(r.sim_cpu_s, 2),
             }
-        for gl, base in (("gandiva", "fifo"), ("gandiva", STRICT), (TRIAL, "fifo")):
+        for gl, base in (("gandiva", "fifo"), ("gandiva", STRICT), (TRIAL, "fifo"), (PAIRS, "fifo")):
             g, b = res[gl], res[base]
             row[f"{gl}_vs_{base}"] = {
                 "gpu_utilization_load": _ratio_opt(g.gpu_utilization_load, b.gpu_utilization_load),
@@ -497,6 +498,39 @@ def _run_profile(args, jobs, cluster, models, perf, costs, pname: str) -> tuple[
         if sweep:
             out["hp_search_sweep"] = sweep
         if not args.quick:
+            # the same search over each model family the traces' jobs are given: a model that
+            # leaves its device partly idle lets gandiva pack configurations
+            from microco.services.scheduler.sim import GAVEL_FAMILIES
+
+            by_model = []
+            for model in GAVEL_FAMILIES:
+                mo = {**hpo, "model": model}
+                r = {
+                    name: run_hp_search(
+                        make_policy(name, **policy_options(name, args)),
+                        gpus=args.hp_gpus,
+                        per_node=args.gpus_per_node,
+                        perf=perf,
+                        costs=costs,
+                        **mo,
+                    )
+                    for name in ("fifo", "gandiva")
+                }
+                by_model.append(
+                    {
+                        "model": model,
+                        "solo_busy_v100": round(perf.solo_busy(model, "v100"), 3),
+                        **{f"identify_s_{k}": round(v.time_to_identify_s, 1) for k, v in r.items()},
+                        "identify_speedup_gandiva_vs_fifo": round(
+                            r["fifo"].time_to_identify_s / r["gandiva"].time_to_identify_s, 3
+                        ),
+                        "best_trained_speedup_gandiva_vs_fifo": round(
+                            r["fifo"].time_to_best_trained_s / r["gandiva"].time_to_best_trained_s, 3
+                        ),
+                        "gandiva_packs": r["gandiva"].sim.packs,
+                    }
+                )
+            out["hp_search_by_model"] = by_model
             # the same search with other draws of the configurations' losses: how much of
             # the speed-up is the luck of one draw (fifo's order meets good configurations
             # early or late)

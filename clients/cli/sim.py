@@ -170,17 +170,31 @@ def add_hp_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not raise the priority of configurations that pass ASHA's last rung",
     )
+    p.add_argument(
+        "--hp-model",
+        default=None,
+        help="the model every configuration trains, a Gavel family (default 'ResNet-50 (batch size 64)', "
+        "which keeps its device busy alone; e.g. 'ResNet-18 (batch size 64)' keeps half of it busy, "
+        "so gandiva can pack two configurations per device)",
+    )
 
 
 def hp_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.hp_configs < 1 or args.hp_eta < 2:
         raise SystemExit("microco sim: --hp-configs must be >= 1 and --hp-eta >= 2")
-    return {
+    out: dict[str, Any] = {
         "n_configs": args.hp_configs,
         "eta": args.hp_eta,
         "min_fraction": args.hp_min_fraction,
         "promote_priority": not args.hp_no_priority,
     }
+    if args.hp_model:
+        from microco.services.scheduler.sim import GAVEL_FAMILIES
+
+        if args.hp_model not in GAVEL_FAMILIES:
+            raise SystemExit(f"microco sim: --hp-model must be one of {', '.join(GAVEL_FAMILIES)}")
+        out["model"] = args.hp_model
+    return out
 
 
 def resolve_trace(trace: str, traces_dir: str | None) -> Path:

@@ -7,9 +7,10 @@ model for suspend/resume/migration. See docs/scheduler-sim.md.
 """
 
 from ._engine import LOAD_FRACTION, ClusterSpec, SimResult, Simulator, contended_window, load_window, simulate
-from ._hpsearch import AshaSearcher, HPSearchResult, asha_rungs, hp_search_trace, run_hp_search
+from ._hpsearch import HP_MODEL, AshaSearcher, HPSearchResult, asha_rungs, hp_search_trace, run_hp_search
 from ._perf import COST_PROFILES, CostModel, PerfModel, default_perf_model
 from ._trace import (
+    GAVEL_FAMILIES,
     TRACE_COLUMNS,
     PhillyDurations,
     TraceError,
@@ -24,6 +25,8 @@ from ._trace import (
 
 __all__ = [
     "COST_PROFILES",
+    "GAVEL_FAMILIES",
+    "HP_MODEL",
     "LOAD_FRACTION",
     "TRACE_COLUMNS",
     "AshaSearcher",

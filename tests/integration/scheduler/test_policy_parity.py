@@ -161,6 +161,8 @@ CASES = {
     "gandiva": ("gandiva", {"quantum_s": 60.0}),
     # share limit 2: full-share jobs pack too, so packing and its introspection are exercised
     "gandiva-packing": ("gandiva", {"quantum_s": 60.0, "pack_share_limit": 2.0, "pack_cooldown_s": 120.0}),
+    # share limit 3: a kept pair takes a third member (packs of more than two, session 7)
+    "gandiva-packing-3": ("gandiva", {"quantum_s": 60.0, "pack_share_limit": 3.0, "pack_cooldown_s": 120.0}),
 }
 
 
@@ -180,12 +182,14 @@ def test_same_decisions_in_simulator_and_live_scheduler(case, etcd_kv) -> None:
     # every state that led to a decision, and some that did not
     picked = acting + idle[:: max(1, len(idle) // 5)][:5]
     kinds: set[str] = set()
+    widest = 0  # most partners a Pack named
     for state, decided in picked:
         live = _live_view(etcd_kv, state)
         assert cluster_view_to_dict(live) == state, f"{case}: live view differs at t={state['now']}"
         again = [decision_to_dict(d) for d in make_policy(name, **cfg).decide(live)]
         assert again == decided, f"{case}: decisions differ at t={state['now']}"
         kinds.update(d["kind"] for d in decided)
+        widest = max([widest] + [len(d["with_jobs"]) for d in decided if d["kind"] == "pack"])
     assert "start" in kinds
     if name == "gandiva":
         assert "suspend" in kinds and "resume" in kinds, kinds
@@ -193,3 +197,5 @@ def test_same_decisions_in_simulator_and_live_scheduler(case, etcd_kv) -> None:
         assert {"migrate", "resize"} <= kinds, kinds
     if case == "gandiva-packing":
         assert {"pack", "unpack"} <= kinds, kinds
+    if case == "gandiva-packing-3":
+        assert widest >= 2, f"{case}: no pack of three was decided"

@@ -50,6 +50,23 @@ def test_cli_hp_search_settings(capsys) -> None:
     assert out["time_to_identify_s"] > 0 and out["time_to_best_trained_s"] > 0
     with pytest.raises(SystemExit):
         cli.main(args + ["--hp-min-fraction", "2"])
+    with pytest.raises(SystemExit, match="--hp-model must be one of"):
+        cli.main(args + ["--hp-model", "nope"])
+
+
+@needs_traces
+def test_cli_hp_search_model(capsys) -> None:
+    # Gavel's measurements: ResNet-50 keeps a V100 busy alone, ResNet-18 half of it, so only
+    # ResNet-18's configurations are packed two to a device
+    args = ["sim", "--hp-search", "--policy", "gandiva", "--gpus", "2", "--hp-configs", "9", "--json"]
+    found = {}
+    for model in ("ResNet-50 (batch size 64)", "ResNet-18 (batch size 64)"):
+        assert cli.main(args + ["--hp-model", model]) == 0
+        found[model] = json.loads(capsys.readouterr().out)
+        assert found[model]["model"] == model
+    r50, r18 = found["ResNet-50 (batch size 64)"], found["ResNet-18 (batch size 64)"]
+    assert r50["packs"] == 0 < r18["packs"]
+    assert r18["time_to_identify_s"] < r50["time_to_identify_s"]
 
 
 def test_cli_errors(tmp_path: Path, capsys) -> None:
@@ -126,7 +143,7 @@ def test_bench_quick_runs_every_policy_and_plots(tmp_path: Path, capsys) -> None
     # 4 GPUs: the 60 jobs queue, so the trace has a contended window; 64 GPUs: none
     assert small["contended_window_s"] is not None and big["contended_window_s"] is None
     for row in out["gpu_sweep"]:
-        for label in ("fifo", "fifo[strict]", "gandiva", "gandiva[no trial packs]"):
+        for label in ("fifo", "fifo[strict]", "gandiva", "gandiva[no trial packs]", "gandiva[pairs, spread]"):
             assert 0 < row[label]["gpu_utilization_window"] <= 1
             assert 0 < row[label]["gpu_utilization_load"] <= 1
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
