@@ -74,6 +74,18 @@ def _ratio_opt(a: float | None, b: float | None) -> float | None:
     return _ratio(a, b) if a is not None and b is not None else None
 
 
+def _variant_vs(r, base) -> dict:
+    """A gandiva variant against a baseline run: the figures the targets are about."""
+    return {
+        "gpu_utilization_load": _ratio_opt(r.gpu_utilization_load, base.gpu_utilization_load),
+        "gpu_utilization_window": _ratio(r.gpu_utilization_window, base.gpu_utilization_window),
+        "avg_time_to_first_feedback_s": _ratio(
+            r.avg_time_to_first_feedback_s, base.avg_time_to_first_feedback_s
+        ),
+        "avg_jct_s": _ratio(r.avg_jct_s, base.avg_jct_s),
+    }
+
+
 def _round(x: float | None) -> float | None:
     return round(x, 4) if x is not None else None
 
@@ -416,30 +428,8 @@ def _run_profile(args, jobs, cluster, models, perf, costs, pname: str) -> tuple[
                 ),
                 "avg_jct_s": _ratio(g.avg_jct_s, fs.avg_jct_s),
             },
-            "gandiva_no_trial_packs_vs_fifo": {
-                "gpu_utilization_load": _ratio_opt(
-                    results[TRIAL].gpu_utilization_load, f.gpu_utilization_load
-                ),
-                "gpu_utilization_window": _ratio(
-                    results[TRIAL].gpu_utilization_window, f.gpu_utilization_window
-                ),
-                "avg_time_to_first_feedback_s": _ratio(
-                    results[TRIAL].avg_time_to_first_feedback_s, f.avg_time_to_first_feedback_s
-                ),
-                "avg_jct_s": _ratio(results[TRIAL].avg_jct_s, f.avg_jct_s),
-            },
-            "gandiva_pairs_spread_vs_fifo": {
-                "gpu_utilization_load": _ratio_opt(
-                    results[PAIRS].gpu_utilization_load, f.gpu_utilization_load
-                ),
-                "gpu_utilization_window": _ratio(
-                    results[PAIRS].gpu_utilization_window, f.gpu_utilization_window
-                ),
-                "avg_time_to_first_feedback_s": _ratio(
-                    results[PAIRS].avg_time_to_first_feedback_s, f.avg_time_to_first_feedback_s
-                ),
-                "avg_jct_s": _ratio(results[PAIRS].avg_jct_s, f.avg_jct_s),
-            },
+            "gandiva_no_trial_packs_vs_fifo": _variant_vs(results[TRIAL], f),
+            "gandiva_pairs_spread_vs_fifo": _variant_vs(results[PAIRS], f),
             "gandiva_vs_las": {
                 "avg_jct_s": _ratio(g.avg_jct_s, l.avg_jct_s),
                 "p95_jct_s": _ratio(g.p95_jct_s, l.p95_jct_s),
