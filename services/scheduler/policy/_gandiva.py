@@ -39,6 +39,7 @@ Each mechanism can be switched off on its own so its gain can be measured alone:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ._registry import register_policy
@@ -225,6 +226,19 @@ class GandivaPolicy:
         pack_slots = self._pack_slots(occ, jobs, acted, now) if cfg.enable_packing else []
         max_victim = max((v.attained_service_s for v in victims + packed_victims), default=-1.0)
         min_victim_prio = min((v.priority for v in victims + packed_victims), default=0)
+        # (size, priority) of waiting jobs for which the victims could make no room. A later
+        # waiting job of the same size and class ranks no better (sorted by priority, then
+        # service), so the victims that yield to it are a subset of those and cannot make
+        # room either until a decision changes the devices (then this is forgotten): only
+        # the swap into a pack, which depends on the job itself, is still tried. (The
+        # simulator asks this for thousands of waiting jobs at every decision.)
+        no_room: set[tuple[int, int]] = set()
+        no_swap: dict[tuple[int, bool], float] = {}  # the same for swaps into packs
+
+        def forget() -> None:  # a decision changed the devices
+            no_room.clear()
+            no_swap.clear()
+
         for w in waiting:
             if w.id in acted:
                 continue
@@ -241,6 +255,7 @@ class GandivaPolicy:
                 n_free -= k
                 out.append(_run(w, devs, "gandiva: free devices"))
                 acted.add(w.id)
+                forget()
                 continue
             if (
                 cfg.enable_packing
@@ -255,6 +270,7 @@ class GandivaPolicy:
                     out.append(Pack(w.id, (dev,), members, why))
                     acted.add(w.id)
                     acted.update(members)
+                    forget()
                     continue
             if victims or pack_victims:
                 if (
@@ -268,6 +284,10 @@ class GandivaPolicy:
                         # there is nothing free or packable left: the rest keep waiting.
                         break
                     continue  # no running job has had more service than this one
+                if (k, w.priority) in no_room:
+                    if pack_victims and self._swap_into_pack(w, pack_victims, occ, out, acted, now, no_swap):
+                        forget()
+                    continue
                 # Priorities are strict classes: a job only yields to one of higher
                 # priority, or of equal priority (and, with "las", less attained service).
                 cands = [
@@ -278,7 +298,8 @@ class GandivaPolicy:
                     # No running job frees room: the packs take their turn. First a swap
                     # (w takes the place of the pack's most-served member, so the device
                     # stays shared), else whole packs yield their device like one job.
-                    if self._swap_into_pack(w, pack_victims, occ, out, acted, now):
+                    if self._swap_into_pack(w, pack_victims, occ, out, acted, now, no_swap):
+                        forget()
                         continue
                     whole = [
                         m for ms in pack_victims.values() if all(self._yields(m, w) for m in ms) for m in ms
@@ -286,7 +307,9 @@ class GandivaPolicy:
                     if whole:
                         got = self._preempt(occ, k, cands + whole)
                 if got is None:
+                    no_room.add((k, w.priority))
                     continue
+                forget()
                 devs, used = got
                 victims = [v for v in victims if v not in used]
                 for v in used:
@@ -357,10 +380,17 @@ class GandivaPolicy:
         out: list,
         acted: set,
         now: float,
+        failed: dict[tuple[int, bool], float],
     ) -> bool:
         """Time-slice one member of a pack: suspend the pack member that yields to ``w``
         (most served first) and pack ``w`` with the rest, if ``w`` may pack with them (share
-        rule, or a trial pack of a never-profiled job). True if done."""
+        rule, or a trial pack of a never-profiled job). True if done.
+
+        ``failed`` remembers, per (priority, trial), the smallest busy fraction that found
+        no pack in this ``decide`` (the caller empties it whenever a decision changes the
+        devices): a later waiting job of that class has no more packs yielding to it, and
+        a larger busy fraction fits no better (a trial ignores the share rule: any later
+        trial fails too)."""
         cfg = self.config
         if not cfg.enable_packing or w.devices_wanted != 1:
             return False
@@ -368,6 +398,9 @@ class GandivaPolicy:
             return False
         bw = busy_fraction(w)
         trial = cfg.pack_unprofiled and w.utilization is None and w.state is JobPhase.QUEUED
+        key = (w.priority, trial)
+        if key in failed and bw >= failed[key]:
+            return False
         best = None
         for dev, ms in pack_victims.items():
             v = ms[0]  # worst first
@@ -380,6 +413,7 @@ class GandivaPolicy:
             if best is None or key < best[0]:
                 best = (key, dev, v, rest)
         if best is None:
+            failed[key] = -math.inf if trial else min(bw, failed.get(key, math.inf))
             return False
         _, dev, v, rest = best
         del pack_victims[dev]
