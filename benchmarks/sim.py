@@ -117,7 +117,7 @@ def _plot(path: str, results: dict, title: str) -> None:
     plt.close(fig)
 
 
-def _hp_runs(make_policy, run_hp_search, args, perf, opts: dict, costs) -> dict:
+def _hp_runs(make_policy, run_hp_search, args, perf, opts: dict, costs, names=POLICIES) -> dict:
     return {
         name: run_hp_search(
             make_policy(name, **policy_options(name, args)),
@@ -127,7 +127,7 @@ def _hp_runs(make_policy, run_hp_search, args, perf, opts: dict, costs) -> dict:
             costs=costs,
             **opts,
         )
-        for name in POLICIES
+        for name in names
     }
 
 
@@ -495,17 +495,7 @@ def _run_profile(args, jobs, cluster, models, perf, costs, pname: str) -> tuple[
             by_model = []
             for model in GAVEL_FAMILIES:
                 mo = {**hpo, "model": model}
-                r = {
-                    name: run_hp_search(
-                        make_policy(name, **policy_options(name, args)),
-                        gpus=args.hp_gpus,
-                        per_node=args.gpus_per_node,
-                        perf=perf,
-                        costs=costs,
-                        **mo,
-                    )
-                    for name in ("fifo", "gandiva")
-                }
+                r = _hp_runs(make_policy, run_hp_search, args, perf, mo, costs, names=("fifo", "gandiva"))
                 by_model.append(
                     {
                         "model": model,

@@ -192,3 +192,30 @@ def test_bench_cost_profiles_subset(tmp_path: Path, capsys) -> None:
     assert out["cost_profiles"]["measured"]["costs_s"]["suspend_s"] == pytest.approx(0.01)
     with pytest.raises(SystemExit):
         bench.main(["--trace", str(p), "--sweep-only", "--sweep-gpus", "2", "--cost-profiles", "measured"])
+
+
+@needs_traces
+def test_bench_full_run_searches_every_model_family(capsys) -> None:
+    # the full (not --quick) run adds the search per model family, the ASHA sweep and the
+    # seed sweep; small settings keep it to seconds
+    rc = bench.main(
+        [
+            "--json",
+            "--trace",
+            "tiresias",
+            "--hp-configs",
+            "9",
+            "--hp-gpus",
+            "2",
+            "--cost-profiles",
+            "session1",
+        ]
+    )
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["model"]: r for r in out["hp_search_by_model"]}
+    assert len(rows) == 7 and "hp_search_sweep" in out and "hp_search_seeds" in out
+    # only a model that leaves its device partly idle is packed
+    assert rows["ResNet-50 (batch size 64)"]["gandiva_packs"] == 0
+    assert rows["ResNet-18 (batch size 64)"]["gandiva_packs"] > 0
+    assert all(r["identify_speedup_gandiva_vs_fifo"] > 0 for r in rows.values())
