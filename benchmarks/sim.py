@@ -136,16 +136,15 @@ def _gpu_sweep(args, jobs, models, perf, costs) -> list[dict]:
     cluster size: utilisation over the trace's load window, over the common window, over the
     contended window (where its demand exceeds capacity) and over each run's makespan."""
     from microco.services.scheduler.policy import make_policy
-    from microco.services.scheduler.sim import ClusterSpec, contended_window, load_window, simulate
+    from microco.services.scheduler.sim import ClusterSpec, contended_window, simulate
 
     rows = []
     for size in [int(x) for x in args.sweep_gpus.split(",") if x.strip()]:
         cluster = ClusterSpec.for_gpus(size, args.gpus_per_node, models)
         cw = contended_window(jobs, cluster.size)
-        lw = load_window([j.submit_time for j in jobs])
         row: dict = {
             "gpus": cluster.size,
-            "load_window_s": list(lw) if lw else None,
+            "load_window_s": None,  # the trace's: filled from the runs below
             "contended_window_s": list(cw) if cw else None,
         }
         res = {}
@@ -168,6 +167,8 @@ def _gpu_sweep(args, jobs, models, perf, costs) -> list[dict]:
                 series_points=0,
                 extra_windows={"contended": cw} if cw else None,
             )
+        lw = res["fifo"].load_window_s
+        row["load_window_s"] = list(lw) if lw else None
         for label in ("fifo", STRICT, "gandiva", TRIAL, PAIRS):
             r = res[label]
             row[label] = {

@@ -42,6 +42,7 @@ _EPS = 1e-9
 # Share of a trace's arrivals its load window holds (load_window; reported as
 # gpu_utilization_load, the figure the utilisation target is judged on).
 LOAD_FRACTION = 0.99
+_LOAD = object()  # the load window's key among the named windows (no user name can equal it)
 
 
 @dataclass(frozen=True)
@@ -287,11 +288,12 @@ class Simulator:
         self._int_util_w = 0.0
         # more named windows (e.g. the trace's contended period), same integral
         self.extra_windows = dict(extra_windows or {})
-        self._int_extra = {k: 0.0 for k in self.extra_windows}
-        # and over the trace's load window (set by run(): a property of the trace)
+        # and over the trace's load window (set by run(): a property of the trace), the same
+        # integral under its own key
         self.load_fraction = load_fraction
         self.load_window: tuple[float, float] | None = None
-        self._int_util_l = 0.0
+        self._windows: dict[object, tuple[float, float]] = dict(self.extra_windows)
+        self._int_extra: dict[object, float] = {k: 0.0 for k in self._windows}
         self._series: list[tuple[float, float, int, int]] = []
         self._tick_pending = False
         self._last_n = 0
@@ -320,6 +322,9 @@ class Simulator:
             last_submit = max((j.t.submit_time for j in self.jobs.values()), default=0.0)
             self.util_window = (first_submit, last_submit)
         self.load_window = load_window([j.t.submit_time for j in self.jobs.values()], self.load_fraction)
+        if self.load_window is not None:
+            self._windows[_LOAD] = self.load_window
+            self._int_extra[_LOAD] = 0.0
         self._t_last = first_submit
         heap = self._heap
         while heap:
@@ -420,11 +425,7 @@ class Simulator:
             overlap = min(t, w1) - max(self._t_last, w0)
             if overlap > 0:
                 self._int_util_w += self._util_now * overlap
-            if self.load_window is not None:
-                ov = min(t, self.load_window[1]) - max(self._t_last, self.load_window[0])
-                if ov > 0:
-                    self._int_util_l += self._util_now * ov
-            for name, (e0, e1) in self.extra_windows.items():
+            for name, (e0, e1) in self._windows.items():
                 ov = min(t, e1) - max(self._t_last, e0)
                 if ov > 0:
                     self._int_extra[name] += self._util_now * ov
@@ -804,7 +805,7 @@ class Simulator:
                 for k, (e0, e1) in self.extra_windows.items()
             },
             gpu_utilization_load=(
-                self._int_util_l / (n * (self.load_window[1] - self.load_window[0]))
+                self._int_extra[_LOAD] / (n * (self.load_window[1] - self.load_window[0]))
                 if self.load_window is not None
                 else None
             ),
