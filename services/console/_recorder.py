@@ -64,9 +64,12 @@ class Recorder:
             except MicrocoError as exc:
                 log.debug("job sample failed: %s", exc)
             else:
+                # Stamped when the answer came: a job submitted (and placed) while the call was
+                # under way must not appear to have run before its submission.
+                at = time.time()
                 with self._seen_lock:
                     for job in jobs:
-                        record_job(self.series, job, now, self._last_seen)
+                        record_job(self.series, job, at, self._last_seen)
         if self.gw.availability("cache")[0]:
             for name, sample in cache_samples(self.gw):
                 self.series.append(name, {"at": now, **sample})

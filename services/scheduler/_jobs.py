@@ -138,7 +138,14 @@ def new_record(spec: dict[str, Any], now: float | None = None) -> dict[str, Any]
 
 
 def set_state(rec: dict[str, Any], state: str, message: str, now: float) -> None:
+    """Move the record to ``state``, appending the change to its bounded history.
+
+    ``now`` is the caller's clock reading, which may predate the record: the leader reads the
+    clock when its tick starts, and a job submitted during the tick's node calls is placed in that
+    same tick. A change never comes before the previous one, so its time is clamped to it and the
+    history stays in order (the console's timeline starts with the job's queued period)."""
     if rec["state"] != state:
+        now = max(now, float(rec.get("last_change_at") or now))
         rec["history"] = (rec.get("history") or [])[-49:] + [[now, state, message]]
         rec["last_change_at"] = now
     rec["state"] = state

@@ -101,6 +101,16 @@ def test_set_state_keeps_a_bounded_history():
     assert len(rec["history"]) == 50 and rec["history"][-1][2] == "m119" and rec["last_change_at"] == 119
 
 
+def test_a_change_never_predates_the_previous_one():
+    # The leader reads its clock as a tick starts; a job submitted during the tick's node calls is
+    # placed in that tick with the earlier reading. Its history must still begin with the queue.
+    rec = J.new_record(validate_spec({"command": PY, "devices": 1}, 1), now=100.0)
+    J.set_state(rec, "running", "started", 99.5)
+    J.set_state(rec, "finished", "done", 130.0)
+    assert [h[:2] for h in rec["history"]] == [[100.0, "queued"], [100.0, "running"], [130.0, "finished"]]
+    assert rec["last_change_at"] == 130.0
+
+
 def test_core_submit_get_list_cancel():
     _, core = core_with_nodes()
     a = core.submit({"command": PY, "devices": 1, "name": "a", "user": "ann"})
