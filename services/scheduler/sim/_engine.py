@@ -14,6 +14,7 @@ it (start, resume, migration, resize; see :class:`CostModel`).
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +37,8 @@ from microco.services.scheduler.policy import (
 
 from ._perf import CostModel, PerfModel
 from ._trace import TraceJob
+
+log = logging.getLogger(__name__)
 
 _ARRIVE, _STALL_END, _PROBE, _FINISH, _TICK = range(5)
 _EPS = 1e-9
@@ -184,6 +187,8 @@ class SimResult:
     sim_cpu_s: float = 0.0  # CPU time of the run: what "on one core" means on a shared machine
     jobs_rejected: int = 0
     stopped_early: int = 0
+    # trace model names the performance model has no measurement of (run at default speeds)
+    unknown_models: list[str] = field(default_factory=list)
     gpu_utilization_extra: dict[str, float] = field(default_factory=dict)  # per extra window
     # busy device-s / device-s over the trace's load window (:func:`load_window`; None: none)
     gpu_utilization_load: float | None = None
@@ -258,6 +263,13 @@ class Simulator:
                 if pts:
                     j.probe_work, j.probes = pts[0], pts[1:]
             self.jobs[j.id] = j
+        self.unknown_models = self.perf.unknown_models(j.t.model for j in self.jobs.values())
+        if self.unknown_models:
+            log.warning(
+                "the performance model has no measurement of %d trace model(s), run at default speeds: %s",
+                len(self.unknown_models),
+                ", ".join(self.unknown_models[:5]) + (" ..." if len(self.unknown_models) > 5 else ""),
+            )
         self.holders: dict[str, list[_Job]] = {d.id: [] for d in self.devices}
         self.active: dict[str, _Job] = {}  # arrived, not terminal
         self.waiting = 0
@@ -830,6 +842,7 @@ class Simulator:
             sim_cpu_s=cpu,
             jobs_rejected=self.rejected,
             stopped_early=sum(1 for j in done if j.stopped_early),
+            unknown_models=list(self.unknown_models),
             series=series,
             per_job={
                 j.id: {

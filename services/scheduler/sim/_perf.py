@@ -28,6 +28,7 @@ import ast
 import json
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,6 +168,15 @@ class PerfModel:
         return cls({}, {}, **kw)
 
     # ------------------------------------------------------------------ queries
+    def unknown_models(self, models: Iterable[str]) -> list[str]:
+        """The named models this model has no measurement of on any device (sorted). Such a
+        job runs at ``DEFAULT_MINIBATCH_MS``, keeps its device busy (``unknown_busy``) and packs
+        at ``unknown_pair_ratio``. Empty for the uniform model, which measures nothing on purpose."""
+        known = {m for table in self.alone.values() for m in table}
+        if not known:
+            return []
+        return sorted({m for m in models if m and m not in known})
+
     def minibatch_ms(self, model: str, device: str) -> float:
         sps = self.alone.get(device.lower(), {}).get(model)
         return 1000.0 / sps if sps else DEFAULT_MINIBATCH_MS

@@ -6,8 +6,9 @@ Trace CSV (documented in docs/scheduler-sim.md), one job per row, header require
 
 ``submit_time`` and ``duration_s`` in seconds; ``duration_s`` is the run time with the
 requested devices to itself on the reference device type; ``iterations`` may be empty
-(then derived from the model's mini-batch time); ``model`` names a Gavel model family
-("ResNet-50 (batch size 64)") or a short alias ("resnet50"), may be empty; ``elastic`` is
+(then derived from the model's mini-batch time); ``model`` is a Gavel model name as
+``gavel_throughputs.json`` spells it ("ResNet-50 (batch size 64)"), may be empty (an unknown
+name runs at default speeds, listed in the result's ``unknown_models``); ``elastic`` is
 0/1; ``gpu_share`` in (0, 1] is the fraction of one device a one-device job keeps busy
 (empty = 1).
 """

@@ -172,6 +172,21 @@ def test_jobs_too_big_are_rejected_not_hung() -> None:
     assert res.jobs_rejected == 1 and res.jobs == 1
 
 
+def test_models_the_measurements_lack_are_reported(caplog: pytest.LogCaptureFixture) -> None:
+    measured = PerfModel({"v100": {"A3C": 10.0}}, {"v100": {}})
+    trace = [
+        TraceJob("a", 0.0, 1, 10.0, model="A3C"),
+        TraceJob("b", 1.0, 1, 10.0, model="resnet50"),
+        TraceJob("c", 2.0, 1, 10.0, model=""),
+    ]
+    with caplog.at_level("WARNING"):
+        res = simulate(make_policy("fifo"), trace, ClusterSpec.for_gpus(1, 1), perf=measured)
+    assert res.unknown_models == ["resnet50"] and res.to_dict()["unknown_models"] == ["resnet50"]
+    assert "resnet50" in caplog.text and "default speeds" in caplog.text
+    # the uniform model measures nothing on purpose: nothing to report
+    assert simulate(make_policy("fifo"), trace, ClusterSpec.for_gpus(1, 1)).unknown_models == []
+
+
 def test_view_round_trips_through_dicts_with_same_decisions() -> None:
     """The simulator half of 'same decisions in simulator and live scheduler': a view
     exported as plain dicts and rebuilt with cluster_view_from_dicts (what the live
