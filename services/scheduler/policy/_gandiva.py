@@ -9,7 +9,10 @@ Each mechanism can be switched off on its own so its gain can be measured alone:
   suspend/resume, which is what cuts time to first feedback. With ``slice_packs`` (default)
   a device shared by packed jobs is one participant too: once the pack has had a quantum
   (from its newest member's last change), a waiting job swaps in for the member that
-  yields to it, or, if it cannot share, the whole pack yields the device.
+  yields to it, or, if it cannot share, the whole pack yields the device. With
+  ``finish_grace_s`` a running job that will finish within that many seconds at its
+  observed pace keeps its devices (off by default: it trades first feedback for
+  completion time).
 * **packing** -- a waiting one-device job may share a device with the one-device jobs on
   it (one running job, or a pack introspection has measured and kept, up to
   ``max_jobs_per_device`` jobs in all) when their busy fractions (:func:`busy_fraction`:
@@ -102,6 +105,11 @@ class GandivaConfig:
     # the whole pack yields its device. False: packed jobs hold their device until
     # introspection undoes the pack (the behaviour before; kept to reproduce old figures).
     slice_packs: bool = True
+    # A running job whose remaining time (its steps to go at its observed mini-batch time)
+    # is at most this is not time-sliced out: it frees its devices about as soon as a
+    # suspend/resume would, and suspending it would add the round trip to its completion.
+    # 0: off. Jobs without a known total keep no grace.
+    finish_grace_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.quantum_s <= 0:
@@ -112,6 +120,8 @@ class GandivaConfig:
             raise ValueError("max_jobs_per_device must be >= 1")
         if self.grow_max_factor < 1:
             raise ValueError("grow_max_factor must be >= 1")
+        if not self.finish_grace_s >= 0:
+            raise ValueError("finish_grace_s must be >= 0")
         if self.slice_order not in ("las", "round_robin"):
             raise ValueError("slice_order must be 'las' or 'round_robin'")
 
@@ -210,6 +220,7 @@ class GandivaPolicy:
                 if j.state is JobPhase.RUNNING
                 and now - j.last_change_at >= cfg.quantum_s - _EPS
                 and j.id not in acted
+                and not self._finishing(j)
             ]
             # worst first: most attained service (las) / running longest since its change
             if cfg.slice_order == "las":
@@ -337,6 +348,13 @@ class GandivaPolicy:
         if got is None and k > 1 and self._may_spread(occ, k):
             got = preempt_for(occ, k, cands, allow_spread=True)
         return got
+
+    def _finishing(self, j: JobView) -> bool:
+        """Whether ``j`` will finish within ``finish_grace_s`` at its observed pace."""
+        g = self.config.finish_grace_s
+        if g <= 0 or not j.total_steps or not j.minibatch_ms:
+            return False
+        return (j.total_steps - j.steps_done) * j.minibatch_ms / 1000.0 <= g
 
     def _may_spread(self, occ: Occupancy, k: int) -> bool:
         """Whether a k-device job may be placed across nodes: with ``allow_spread``, or

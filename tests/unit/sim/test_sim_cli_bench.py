@@ -150,6 +150,22 @@ def test_bench_quick_runs_every_policy_and_plots(tmp_path: Path, capsys) -> None
 
 
 @needs_traces
+def test_bench_ablations_run_each_variant_with_its_ratios(capsys) -> None:
+    rc = bench.main(["--quick", "--json", "--ablations", "--no-hp-search", "--sweep-gpus", "4"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(bench.ABLATIONS) <= set(out["results"])
+    grace, plain = out["results"][bench.GRACE], out["results"]["gandiva"]
+    # on the Tiresias trace at 16 GPUs some job is near its end when a newcomer's turn comes
+    assert grace["preemptions"] < plain["preemptions"]
+    vs_las = out["ratios"]["gandiva_finish_grace_vs_las"]
+    assert vs_las["avg_jct_s"] == pytest.approx(
+        grace["avg_jct_s"] / out["results"]["las"]["avg_jct_s"], rel=1e-3
+    )
+    assert set(out["ratios"]["gandiva_finish_grace_vs_fifo"]) >= {"avg_time_to_first_feedback_s", "avg_jct_s"}
+
+
+@needs_traces
 def test_cli_philly_durations(capsys) -> None:
     base = ["sim", "--trace", "tiresias", "--policy", "fifo", "--json"]
     assert cli.main(base) == 0
