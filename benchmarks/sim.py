@@ -77,27 +77,19 @@ def _ratio_opt(a: float | None, b: float | None) -> float | None:
     return _ratio(a, b) if a is not None and b is not None else None
 
 
-def _variant_vs(r, base) -> dict:
-    """A gandiva variant against a baseline run: the figures the targets are about."""
-    return {
-        "gpu_utilization_load": _ratio_opt(r.gpu_utilization_load, base.gpu_utilization_load),
-        "gpu_utilization_window": _ratio(r.gpu_utilization_window, base.gpu_utilization_window),
-        "avg_time_to_first_feedback_s": _ratio(
-            r.avg_time_to_first_feedback_s, base.avg_time_to_first_feedback_s
-        ),
-        "avg_jct_s": _ratio(r.avg_jct_s, base.avg_jct_s),
-    }
+# the figures a gandiva variant is compared on, against fifo (the targets) and against las
+VARIANT_FIGURES = (
+    "gpu_utilization_load",
+    "gpu_utilization_window",
+    "avg_time_to_first_feedback_s",
+    "avg_jct_s",
+)
+VS_LAS_FIGURES = ("avg_jct_s", "p95_jct_s", "avg_time_to_first_feedback_s")
 
 
-def _vs_las(r, las) -> dict:
-    """A gandiva run against las: completion times, and what time-slicing buys for them."""
-    return {
-        "avg_jct_s": _ratio(r.avg_jct_s, las.avg_jct_s),
-        "p95_jct_s": _ratio(r.p95_jct_s, las.p95_jct_s),
-        "avg_time_to_first_feedback_s": _ratio(
-            r.avg_time_to_first_feedback_s, las.avg_time_to_first_feedback_s
-        ),
-    }
+def _ratios(r, base, figures: tuple[str, ...] = VARIANT_FIGURES) -> dict:
+    """``figures`` of run ``r`` over those of run ``base`` (None where either has none)."""
+    return {k: _ratio_opt(getattr(r, k), getattr(base, k)) for k in figures}
 
 
 def _round(x: float | None) -> float | None:
@@ -445,14 +437,14 @@ def _run_profile(args, jobs, cluster, models, perf, costs, pname: str) -> tuple[
                 ),
                 "avg_jct_s": _ratio(g.avg_jct_s, fs.avg_jct_s),
             },
-            "gandiva_no_trial_packs_vs_fifo": _variant_vs(results[TRIAL], f),
-            "gandiva_pairs_spread_vs_fifo": _variant_vs(results[PAIRS], f),
-            "gandiva_vs_las": _vs_las(g, l),
+            "gandiva_no_trial_packs_vs_fifo": _ratios(results[TRIAL], f),
+            "gandiva_pairs_spread_vs_fifo": _ratios(results[PAIRS], f),
+            "gandiva_vs_las": _ratios(g, l, VS_LAS_FIGURES),
         },
     }
     if GRACE in results:
-        out["ratios"]["gandiva_finish_grace_vs_las"] = _vs_las(results[GRACE], l)
-        out["ratios"]["gandiva_finish_grace_vs_fifo"] = _variant_vs(results[GRACE], f)
+        out["ratios"]["gandiva_finish_grace_vs_las"] = _ratios(results[GRACE], l, VS_LAS_FIGURES)
+        out["ratios"]["gandiva_finish_grace_vs_fifo"] = _ratios(results[GRACE], f)
     targets = {
         "gandiva_utilization_plus_26pct_vs_fifo": (
             g.gpu_utilization_load is not None and g.gpu_utilization_load >= 1.26 * f.gpu_utilization_load
