@@ -10,9 +10,12 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from microco.services.common.errors import FailedPrecondition, InvalidArgument
+
+if TYPE_CHECKING:
+    from microco.services.stack import Stack
 
 BENCHMARKS = ("scheduler", "sim", "cache", "store", "compiler")
 
@@ -104,6 +107,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         console=not args.no_console,
     )
     stack = Stack(opts, progress=_say)
+
+    def on_term(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt  # stop as Ctrl-C does (a stack still starting stops what it started)
+
+    signal.signal(signal.SIGTERM, on_term)
     t0 = time.monotonic()
     stack.start(timeout=args.timeout)
     print_table(stack_rows(stack))
@@ -116,13 +124,6 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack.children = []  # keep them running; the state file lets `microco down` stop them
         stack.etcd = stack.redis = None
         return 0
-    stopping = {"now": False}
-
-    def on_term(signum: int, _frame: Any) -> None:
-        stopping["now"] = True
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
     try:
         if args.demo:
             from microco.examples.demo import run_demo
@@ -149,10 +150,22 @@ def cmd_up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        _say("stopping")
-        stack.stop()
-        _say("stopped")
+        _stop_stack(stack)
     return 0
+
+
+def _stop_stack(stack: Stack) -> None:
+    """Stop the stack gracefully; a second Ctrl-C (or SIGTERM) while it stops kills what is
+    left at once rather than leaving etcd, Redis or a service running without its supervisor."""
+    try:
+        _say("stopping (Ctrl-C again to stop without waiting)")
+        stack.stop()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _say("stopping at once")
+        stack.stop(grace=0)
+    _say("stopped")
 
 
 def cmd_down(args: argparse.Namespace) -> int:

@@ -87,6 +87,42 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
             subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, timeout=60)
 
 
+def test_a_second_ctrl_c_while_stopping_still_leaves_nothing_behind(tmp_path: Path) -> None:
+    # An impatient user presses Ctrl-C again while the services are being stopped: what is left
+    # is killed at once instead of etcd and Redis (each in its own session) being orphaned.
+    home = tmp_path / "home"
+    up = subprocess.Popen(
+        [*MICROCO, "up", "--home", str(home), "--no-console", "--devices", "1", "--store-nodes", "3"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        state = wait_for_state(home, up)
+        pids = [p["pid"] for p in state["processes"] if p.get("pid")]
+        assert {"etcd", "redis"} <= {p["name"] for p in state["processes"] if p.get("pid")}
+        up.send_signal(signal.SIGINT)
+        said = []
+        for line in up.stderr:
+            said.append(line)
+            if "stopping" in line:
+                break
+        up.send_signal(signal.SIGINT)  # while the services are given their grace to stop
+        rest = up.stderr.read()
+        assert up.wait(60) == 0, "".join(said) + rest
+        assert "stopping at once" in rest and "interrupted" not in rest, rest
+        deadline = time.monotonic() + 10
+        while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in pids if pid_alive(pid)]
+        assert not (home / "stack.json").exists()
+    finally:
+        if up.poll() is None:
+            up.kill()
+        if (home / "stack.json").exists():  # whatever a failed stop left running
+            subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, timeout=60)
+
+
 def test_detach_then_down(tmp_path: Path) -> None:
     home = tmp_path / "home"
     up = subprocess.run(
