@@ -60,8 +60,7 @@ def register(sub: Any) -> None:
         help="show which services are alive (read from etcd) and their health",
         description="List every service registered in etcd, with its address and gRPC/HTTP health.",
     )
-    p.add_argument("--etcd", default="", help="etcd endpoint (default: MICROCO_ETCD or the running stack's)")
-    p.add_argument("--home", type=Path, default=None, help="as given to `microco up`")
+    add_etcd_arguments(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_status)
 
@@ -73,6 +72,13 @@ def register(sub: Any) -> None:
     p.add_argument("system", choices=BENCHMARKS)
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark, e.g. --quick --json")
     p.set_defaults(func=cmd_bench)
+
+
+def add_etcd_arguments(p: argparse.ArgumentParser) -> None:
+    """``--etcd`` and ``--home``: how every command that talks to the platform finds its etcd
+    (:func:`etcd_for`)."""
+    p.add_argument("--etcd", default="", help="etcd endpoint (default: MICROCO_ETCD or the running stack's)")
+    p.add_argument("--home", type=Path, default=None, help="as given to `microco up` (where it finds etcd)")
 
 
 def _home(args: argparse.Namespace) -> Path:

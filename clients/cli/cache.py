@@ -7,6 +7,8 @@ import getpass
 import json
 from typing import Any
 
+from ._platform import add_etcd_arguments
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
@@ -19,7 +21,7 @@ def register(sub: Any) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--etcd", default="", help="etcd endpoint (default: MICROCO_ETCD or the running stack's)")
+    add_etcd_arguments(p)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
     s = p.add_subparsers(dest="cache_command", metavar="SUBCOMMAND")
 
@@ -80,9 +82,10 @@ def _table(rows: list[dict[str, Any]], cols: list[str]) -> None:
 def cmd_register(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    from tqdm import tqdm
+
     from microco.clients.cache import register_dataset
     from microco.services.cache import open_store, parse_size
-    from tqdm import tqdm
 
     chunk = parse_size(args.chunk_size)
     total = sum(size for _, size in open_store(args.path).list_files())

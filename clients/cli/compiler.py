@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from ._platform import add_etcd_arguments
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
@@ -20,8 +22,7 @@ def register(sub: Any) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--etcd", default="", help="etcd endpoint (default: MICROCO_ETCD or the running stack's)")
-    p.add_argument("--home", default="", help="as given to `microco up` (where it finds etcd)")
+    add_etcd_arguments(p)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
     s = p.add_subparsers(dest="compiler_command", metavar="SUBCOMMAND")
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from microco.services.common.errors import FailedPrecondition
+
+from ._platform import add_etcd_arguments
 
 
 def register(sub: Any) -> None:
@@ -25,8 +26,7 @@ def register(sub: Any) -> None:
     csub = p.add_subparsers(dest="console_command", metavar="SUBCOMMAND", required=True)
 
     o = csub.add_parser("open", help="print the console's URL (found in etcd) and open it in a browser")
-    o.add_argument("--etcd", default="", help="etcd endpoint (default: MICROCO_ETCD or the running stack's)")
-    o.add_argument("--home", type=Path, default=None, help="as given to `microco up`")
+    add_etcd_arguments(o)
     o.add_argument("--no-browser", action="store_true", help="only print the URL")
     o.set_defaults(func=cmd_open)
 

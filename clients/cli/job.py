@@ -9,6 +9,8 @@ import sys
 import time
 from typing import Any
 
+from ._platform import add_etcd_arguments
+
 _STATES = ("queued", "running", "suspended", "packed", "migrating", "finished", "failed", "cancelled")
 
 
@@ -25,7 +27,7 @@ def register(sub: Any) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--etcd", default="", help="etcd endpoint (default: MICROCO_ETCD or the running stack's)")
+    add_etcd_arguments(p)
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per call to the scheduler")
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
     s = p.add_subparsers(dest="job_command", metavar="SUBCOMMAND")

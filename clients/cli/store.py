@@ -10,6 +10,8 @@ from typing import Any
 
 from microco.services.common.errors import InvalidArgument
 
+from ._platform import add_etcd_arguments
+
 HELP = """Instalytics store: each table is kept as three replicas, each partitioned on a different
 column (hash or range). Queries go to the replica whose partitioning matches them.
 
@@ -30,7 +32,7 @@ def register(sub: Any) -> None:
         "store", help="Instalytics tables: create, load, query, explain, nodes, recovery",
         description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--etcd", default="", help="etcd endpoint (default: MICROCO_ETCD or the running stack's)")
+    add_etcd_arguments(p)
     p.add_argument("--coordinator", default="", help="coordinator host:port (default: found in etcd)")
     s = p.add_subparsers(dest="store_command", metavar="SUBCOMMAND")
 
