@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,28 @@ def _parse_opt(text: str) -> tuple[str, Any]:
         return key.strip(), ast.literal_eval(raw)
     except (ValueError, SyntaxError):
         return key.strip(), raw
+
+
+def _checked(kind: Callable[[str], float], ok: Callable[[float], bool], need: str) -> Callable[[str], float]:
+    """An argparse type: ``kind(text)`` that ``ok`` accepts, else a message saying what is needed."""
+
+    def parse(text: str) -> float:
+        try:
+            x = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"want {'a whole number' if kind is int else 'a number'}, got {text!r}"
+            ) from None
+        if not ok(x):
+            raise argparse.ArgumentTypeError(f"must be {need}, got {text}")
+        return x
+
+    return parse
+
+
+_positive_int = _checked(int, lambda n: n >= 1, "at least 1")
+_positive_float = _checked(float, lambda x: 0 < x < math.inf, "a positive number")
+_fraction = _checked(float, lambda x: 0 <= x <= 1, "between 0 and 1")
 
 
 def _parse_costs(text: str) -> dict[str, float]:
@@ -90,28 +114,37 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
         help="where the public traces live (default: $MICROCO_TRACES or ../shared/traces from the repo root)",
     )
     p.add_argument(
-        "--gpus", type=int, default=None, help="devices in the simulated cluster (default: per trace)"
+        "--gpus",
+        type=_positive_int,
+        default=None,
+        help="devices in the simulated cluster (default: per trace)",
     )
-    p.add_argument("--gpus-per-node", type=int, default=8, help="devices per node (default 8)")
+    p.add_argument("--gpus-per-node", type=_positive_int, default=8, help="devices per node (default 8)")
     p.add_argument(
         "--device-models",
         default="v100",
         help="comma-separated device models cycled over nodes, e.g. v100,p100,k80 (default v100)",
     )
-    p.add_argument("--time-scale", type=float, default=1.0, help="multiply the Alibaba trace's times by this")
     p.add_argument(
-        "--elastic-fraction", type=float, default=0.0, help="fraction of Alibaba jobs marked elastic"
+        "--time-scale", type=_positive_float, default=1.0, help="multiply the Alibaba trace's times by this"
     )
-    p.add_argument("--limit", type=int, default=None, help="simulate only the first N jobs of the trace")
+    p.add_argument(
+        "--elastic-fraction", type=_fraction, default=0.0, help="fraction of Alibaba jobs marked elastic"
+    )
+    p.add_argument(
+        "--limit", type=_positive_int, default=None, help="simulate only the first N jobs of the trace"
+    )
     p.add_argument(
         "--philly-durations",
         action="store_true",
         help="replace the trace's durations by ones drawn from Philly's run times (for traces without them)",
     )
     p.add_argument(
-        "--tick", type=float, default=60.0, help="fallback decision period in seconds (default 60)"
+        "--tick", type=_positive_float, default=60.0, help="fallback decision period in seconds (default 60)"
     )
-    p.add_argument("--quantum", type=float, default=None, help="gandiva time-slice quantum in seconds")
+    p.add_argument(
+        "--quantum", type=_positive_float, default=None, help="gandiva time-slice quantum in seconds"
+    )
     p.add_argument(
         "--costs",
         type=_parse_costs,
@@ -270,9 +303,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"microco sim: {exc}", file=sys.stderr)
             return 2
         gpus = args.gpus or default_gpus(args.trace)
-        if gpus < 1:
-            print("microco sim: --gpus must be >= 1", file=sys.stderr)
-            return 2
         cluster = ClusterSpec.for_gpus(gpus, args.gpus_per_node, models)
         res = simulate(policy, jobs, cluster, perf=perf, costs=resolve_costs(args), tick_s=args.tick)
         out = res.to_dict()

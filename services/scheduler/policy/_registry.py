@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,6 +25,15 @@ class Policy(Protocol):
 
 
 _REGISTRY: dict[str, tuple[type, type]] = {}
+
+# What a config field of each plain type accepts (bool is an int to Python; not here), and how
+# the error names it. Options come from JSON (--policy-config) and the command line.
+_OPTION_KINDS: dict[Any, tuple[Callable[[Any], bool], str]] = {
+    float: (lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number"),
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number"),
+    bool: (lambda v: isinstance(v, bool), "true or false"),
+    str: (lambda v: isinstance(v, str), "a string"),
+}
 
 
 def register_policy(name: str, *, config: type) -> Callable[[type], type]:
@@ -73,6 +83,11 @@ def make_policy(name: str, **config: Any) -> Policy:
         raise PolicyError(
             f"policy {name!r} has no option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
         )
+    hints = typing.get_type_hints(cfg_type)
+    for key, value in config.items():
+        want = _OPTION_KINDS.get(hints.get(key))
+        if want is not None and not want[0](value):
+            raise PolicyError(f"option {key} of policy {name!r} must be {want[1]}, got {value!r}")
     try:
         cfg = cfg_type(**config)
     except (TypeError, ValueError) as exc:

@@ -81,6 +81,21 @@ def test_cli_errors(tmp_path: Path, capsys) -> None:
         cli.main(["sim", "--trace", str(tmp_path / "missing.csv")])
     with pytest.raises(SystemExit):
         cli.main(["sim", "--policy", "nonesuch"])
+    assert cli.main(["sim", "--trace", str(p), "--policy", "gandiva", "--opt", "quantum_s=abc"]) == 2
+    assert "quantum_s of policy 'gandiva' must be a number, got 'abc'" in capsys.readouterr().err
+    capsys.readouterr()
+    for flag, value, why in (
+        ("--gpus", "0", "must be at least 1"),
+        ("--gpus-per-node", "0", "must be at least 1"),
+        ("--gpus", "two", "want a whole number"),
+        ("--time-scale", "0", "must be a positive number"),
+        ("--tick", "-5", "must be a positive number"),
+        ("--elastic-fraction", "1.5", "between 0 and 1"),
+    ):
+        with pytest.raises(SystemExit):
+            cli.main(["sim", "--trace", str(p), flag, value])
+        err = capsys.readouterr().err
+        assert flag in err and why in err, err
 
 
 def test_cli_policy_options_reach_the_policy(tmp_path: Path, capsys) -> None:
