@@ -46,6 +46,23 @@ def test_registry_lists_and_rejects() -> None:
         make_policy("fifo", quantum_s=3)
 
 
+@pytest.mark.parametrize(
+    "option,value,need",
+    [
+        ("quantum_s", "60", "a number"),
+        ("quantum_s", True, "a number"),
+        ("max_jobs_per_device", 2.5, "a whole number"),
+        ("enable_packing", 1, "true or false"),
+        ("slice_order", 3, "a string"),
+    ],
+)
+def test_option_values_must_have_their_fields_type(option: str, value: object, need: str) -> None:
+    # options arrive from JSON (the scheduler's --policy-config) and the command line
+    with pytest.raises(PolicyError, match=f"option {option} of policy 'gandiva' must be {need}"):
+        make_policy("gandiva", **{option: value})
+    assert make_policy("gandiva", quantum_s=30).config.quantum_s == 30  # an int is a number
+
+
 def test_fifo_starts_in_arrival_order_exclusive() -> None:
     view = ClusterView(
         now=10.0,
