@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sys
 import time
 
 
@@ -39,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
 
     ctx.load = load
     start = ctx.restore()
+    print(f"synthetic job: steps {start} to {args.steps}", flush=True)
     for step in range(start, args.steps):
         if step == args.fail_at:
+            print(f"failing at step {step}, as asked (--fail-at)", file=sys.stderr, flush=True)
             raise SystemExit(3)
         # CPU time, not wall time: on a shared core the work takes longer, as real compute does.
         t_end = time.thread_time() + args.compute_ms / 1000.0
@@ -52,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         state["digest"] = hashlib.sha256(f"{state['digest']}:{step}".encode()).hexdigest()
         ctx.step_end(step + 1)
     ctx.finish()
+    print(f"finished {args.steps} steps, digest {state['digest'][:12]}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(

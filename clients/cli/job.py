@@ -72,6 +72,19 @@ def register(sub: Any) -> None:
     sh.add_argument("--json", action="store_true")
     sh.set_defaults(func=cmd_show)
 
+    lg = s.add_parser(
+        "logs",
+        help="print a job's output (stdout and stderr), -f to follow it",
+        description="Print what a job's process wrote, as the node it ran on keeps it: the latest "
+        "attempt unless --attempt says which. Logs stay on the node while the job lives and for the "
+        "scheduler's --log-retention-s (a day by default) after it ends.",
+    )
+    lg.add_argument("job_id")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing while the process runs")
+    lg.add_argument("--tail", type=int, default=0, metavar="N", help="start N lines before the end")
+    lg.add_argument("--attempt", type=int, default=0, help="which (re)start of the job (default: latest)")
+    lg.set_defaults(func=cmd_logs)
+
     cn = s.add_parser("cancel", help="cancel a job (its process is stopped)")
     cn.add_argument("job_id", nargs="+")
     cn.add_argument("--json", action="store_true")
@@ -82,15 +95,19 @@ def register(sub: Any) -> None:
     nd.set_defaults(func=cmd_nodes)
 
 
-def _client(args: argparse.Namespace) -> Any:
-    from microco.clients.common import channel_for
-    from microco.clients.scheduler import SchedulerClient
+def _kv(args: argparse.Namespace) -> Any:
     from microco.services.common.kv import EtcdKV
 
     from . import etcd_for
 
-    kv = EtcdKV(etcd_for(args))
-    return SchedulerClient(channel_for(kv, "scheduler"), default_timeout=args.timeout)
+    return EtcdKV(etcd_for(args))
+
+
+def _client(args: argparse.Namespace, kv: Any = None) -> Any:
+    from microco.clients.common import channel_for
+    from microco.clients.scheduler import SchedulerClient
+
+    return SchedulerClient(channel_for(kv or _kv(args), "scheduler"), default_timeout=args.timeout)
 
 
 def _row(j: dict[str, Any]) -> str:
@@ -219,6 +236,54 @@ def cmd_show(args: argparse.Namespace) -> int:
     for at, state, msg in j["history"]:
         print(f"  {time.strftime('%H:%M:%S', time.localtime(at))}  {state:<10} {msg}")
     return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from microco.clients.scheduler import job_to_dict
+    from microco.services.common.errors import InvalidArgument, NotFound
+    from microco.services.scheduler import AgentDirectory
+
+    if args.tail < 0 or args.attempt < 0:
+        raise InvalidArgument("--tail and --attempt must not be negative")
+    kv = _kv(args)
+    job = job_to_dict(_client(args, kv).get(args.job_id))  # an unknown job is NotFound here
+    agents = AgentDirectory(kv, timeout_s=args.timeout)
+    nodes = agents.nodes()
+    out = sys.stdout.buffer
+    try:
+        # the node the job last ran on first; a job that moved left earlier attempts elsewhere
+        for name in sorted(nodes, key=lambda n: (n != job["node"], n)):
+            stream = agents.read_log(
+                nodes[name]["address"],
+                job["id"],
+                attempt=args.attempt,
+                tail_lines=args.tail,
+                follow=args.follow,
+            )
+            try:
+                first = next(stream)
+            except NotFound:
+                continue
+            others = [a for a in first.attempts if a != first.attempt]
+            print(
+                f"[{job['id']} attempt {first.attempt} on {name}"
+                + (f"; this node also has attempts {', '.join(map(str, others))}" if others else "")
+                + "]",
+                file=sys.stderr,
+            )
+            out.write(first.data)
+            out.flush()
+            for chunk in stream:
+                out.write(chunk.data)
+                out.flush()
+            return 0
+    except KeyboardInterrupt:  # the way to stop following
+        return 0
+    which = f"attempt {args.attempt} of job" if args.attempt else "job"
+    raise NotFound(
+        f"no node keeps a log of {which} {job['id']} ({job['state']}): a job that never started has none, "
+        "and an ended job's logs are deleted after the scheduler's --log-retention-s"
+    )
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 # A job id names directories on this node: no separators, no "..".
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_LOG_NAME = re.compile(r"attempt-(\d+)\.log")
 
 
 def _die_with_parent(parent_pid: int) -> Callable[[], None]:
@@ -151,6 +152,33 @@ def _tail(path: Path, limit: int = 800) -> str:
             return f.read().decode(errors="replace").strip()
     except OSError:
         return ""
+
+
+def tail_offset(path: Path, lines: int, block: int = 64 * 1024) -> int:
+    """Byte offset where the last ``lines`` lines of ``path`` begin (a last line without its
+    newline counts as a line); 0 when the file has fewer."""
+    with open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        pos, seen = end, 0
+        # a newline ending the file ends the last line; it does not start one more
+        f.seek(max(0, end - 1))
+        skip_last = f.read(1) == b"\n"
+        while pos > 0:
+            start = max(0, pos - block)
+            f.seek(start)
+            buf = f.read(pos - start)
+            i = len(buf)
+            while True:
+                i = buf.rfind(b"\n", 0, i)
+                if i < 0:
+                    break
+                if skip_last and start + i == end - 1:
+                    continue
+                seen += 1
+                if seen == lines:
+                    return start + i + 1
+            pos = start
+        return 0
 
 
 def _disk_usage(path: Path) -> int:
@@ -386,10 +414,32 @@ class ProcessManager:
             proc.poll()
         return proc
 
-    def collect_garbage(self, keep: set[str]) -> tuple[list[str], int]:
+    def log_files(self, job_id: str) -> dict[int, Path]:
+        """The logs of ``job_id`` kept on this node, by attempt."""
+        if not _SAFE_ID.fullmatch(job_id or ""):
+            raise InvalidArgument(f"job_id {job_id!r} is not a job id")
+        job_dir = self.data_dir / "jobs" / job_id
+        out: dict[int, Path] = {}
+        if job_dir.is_dir():
+            for entry in job_dir.iterdir():
+                m = _LOG_NAME.fullmatch(entry.name)
+                if m and entry.is_file():
+                    out[int(m.group(1))] = entry
+        return out
+
+    def is_running(self, job_id: str, attempt: int) -> bool:
+        """Whether attempt ``attempt`` of ``job_id`` has a live process here (its log may grow)."""
+        with self._lock:
+            proc = self._procs.get(job_id)
+        return proc is not None and proc.attempt == attempt and proc.poll() is None
+
+    def collect_garbage(
+        self, keep: set[str], keep_logs: set[str] | frozenset[str] = frozenset()
+    ) -> tuple[list[str], int]:
         """Delete the data of every job found here (checkpoint directory under the checkpoint
         root, control directories and logs) that is not in ``keep`` and has no live process,
-        and forget its exited processes. Returns (deleted job ids, bytes freed).
+        and forget its exited processes; of a job in ``keep_logs``, keep the logs (an ended
+        job's output stays readable for its user). Returns (deleted job ids, bytes freed).
 
         ``keep`` comes from the scheduler and covers the whole cluster: with a checkpoint root
         shared by several nodes, a job known to the scheduler keeps its checkpoint wherever it
@@ -403,11 +453,23 @@ class ProcessManager:
                     found |= {e.name for e in os.scandir(root) if e.is_dir() and _SAFE_ID.fullmatch(e.name)}
             deleted, freed = [], 0
             for jid in sorted(found - set(keep) - live):
-                for path in (self.checkpoint_root / jid, self.data_dir / "jobs" / jid):
-                    freed += _disk_usage(path)
-                    shutil.rmtree(path, ignore_errors=True)
+                job_dir = self.data_dir / "jobs" / jid
+                if jid in keep_logs:
+                    # everything but the logs; the job's id stays known here through them
+                    gone = [self.checkpoint_root / jid]
+                    if job_dir.is_dir():
+                        gone += [e for e in job_dir.iterdir() if not _LOG_NAME.fullmatch(e.name)]
+                else:
+                    gone = [self.checkpoint_root / jid, job_dir]
+                    deleted.append(jid)
+                for path in gone:
+                    if path.is_dir():
+                        freed += _disk_usage(path)
+                        shutil.rmtree(path, ignore_errors=True)
+                    elif path.exists():
+                        freed += path.stat().st_size
+                        path.unlink()
                 self._procs.pop(jid, None)
-                deleted.append(jid)
         if deleted:
             log.info("collected job data", extra={"jobs": deleted, "bytes": freed})
         return deleted, freed

@@ -12,24 +12,27 @@ import argparse
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
 
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.api.common.v1 import common_pb2
-from microco.services.common.errors import InvalidArgument
+from microco.services.common.errors import InvalidArgument, NotFound
 from microco.services.common.kv import KV, dumps
 from microco.services.common.registry import LeasedKey
 from microco.services.common.server import ServiceContext, ServiceRuntime
 
 from ._devices import DeviceInfo, discover_devices
-from ._procs import ManagedProcess, ProcessManager
+from ._procs import ManagedProcess, ProcessManager, tail_offset
 from ._warm import parse_preload
 
 log = logging.getLogger(__name__)
 
 NODES_PREFIX = "/microco/nodes/"
+_LOG_CHUNK = 64 * 1024  # bytes of a job's log per streamed message
+_FOLLOW_POLL_S = 0.25  # how often a followed log is checked for more output
 
 _ACTIONS = {
     agent_pb2.CONTROL_SUSPEND: "suspend",
@@ -112,8 +115,46 @@ class NodeAgentServicer(agent_pb2_grpc.NodeAgentServiceServicer):
     def CollectGarbage(
         self, request: agent_pb2.CollectGarbageRequest, context: grpc.ServicerContext
     ) -> agent_pb2.CollectGarbageResponse:
-        deleted, freed = self.agent.procs.collect_garbage(set(request.keep_job_ids))
+        deleted, freed = self.agent.procs.collect_garbage(
+            set(request.keep_job_ids), set(request.keep_logs_job_ids)
+        )
         return agent_pb2.CollectGarbageResponse(deleted_job_ids=deleted, bytes_freed=freed)
+
+    def ReadLog(self, request: agent_pb2.ReadLogRequest, context: grpc.ServicerContext) -> Iterator[Any]:
+        procs = self.agent.procs
+        logs = procs.log_files(request.job_id)
+        if not logs:
+            raise NotFound(f"no log of job {request.job_id!r} on node {self.agent.node}")
+        attempt = int(request.attempt) or max(logs)
+        path = logs.get(attempt)
+        if path is None:
+            have = ", ".join(map(str, sorted(logs)))
+            raise NotFound(
+                f"job {request.job_id!r} has no log of attempt {attempt} on this node (attempts: {have})"
+            )
+        if request.offset < 0 or request.tail_lines < 0:
+            raise InvalidArgument("offset and tail_lines must not be negative")
+        with open(path, "rb") as f:
+            offset = (
+                tail_offset(path, int(request.tail_lines)) if request.tail_lines > 0 else int(request.offset)
+            )
+            f.seek(offset)
+            first = True
+            while context.is_active():
+                # whether the log may still grow is asked before reading, so that what the
+                # process wrote before it exited is read after the last check
+                growing = request.follow and procs.is_running(request.job_id, attempt)
+                data = f.read(_LOG_CHUNK)
+                if data or first:
+                    yield agent_pb2.LogChunk(
+                        attempt=attempt, offset=offset, data=data, attempts=sorted(logs) if first else []
+                    )
+                    offset += len(data)
+                    first = False
+                    continue
+                if not growing:
+                    return
+                time.sleep(_FOLLOW_POLL_S)
 
 
 class NodeAgent:

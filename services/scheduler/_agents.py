@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -11,6 +12,7 @@ import grpc
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.clients.common import call_with_retry
 from microco.services.agent import NODES_PREFIX
+from microco.services.common.errors import from_rpc_error
 from microco.services.common.kv import KV
 
 log = logging.getLogger(__name__)
@@ -22,6 +24,9 @@ CONTROL = {
     "resize": agent_pb2.CONTROL_RESIZE,
     "stop": agent_pb2.CONTROL_STOP,
 }
+
+
+_READ_LOG_TIMEOUT_S = 120.0  # a whole log, not followed
 
 
 class AgentDirectory:
@@ -86,12 +91,31 @@ class AgentDirectory:
             self._stub(address).StopProcess, req, timeout=self.timeout_s + grace_s, idempotent=True
         )
 
-    def collect_garbage(self, address: str, keep: list[str]) -> agent_pb2.CollectGarbageResponse:
-        req = agent_pb2.CollectGarbageRequest(keep_job_ids=keep)
+    def collect_garbage(
+        self, address: str, keep: list[str], keep_logs: Sequence[str] = ()
+    ) -> agent_pb2.CollectGarbageResponse:
+        req = agent_pb2.CollectGarbageRequest(keep_job_ids=keep, keep_logs_job_ids=list(keep_logs))
         # Idempotent: the same keep set deletes nothing more the second time.
         return call_with_retry(
             self._stub(address).CollectGarbage, req, timeout=self.timeout_s, idempotent=True
         )
+
+    def read_log(
+        self,
+        address: str,
+        job_id: str,
+        *,
+        attempt: int = 0,
+        tail_lines: int = 0,
+        follow: bool = False,
+    ) -> Iterator[agent_pb2.LogChunk]:
+        """A job's log as the agent at ``address`` keeps it (``ReadLog``), chunk by chunk; a
+        failed call raises its ``MicrocoError`` (``NotFound``: no log of the job there)."""
+        req = agent_pb2.ReadLogRequest(job_id=job_id, attempt=attempt, tail_lines=tail_lines, follow=follow)
+        try:
+            yield from self._stub(address).ReadLog(req, timeout=None if follow else _READ_LOG_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
 
     def close(self) -> None:
         with self._lock:

@@ -78,6 +78,7 @@ class SchedulerCore:
         failed_retention_s: float = 86400.0,
         gc_interval_s: float = 60.0,
         allow_spread: bool = False,
+        log_retention_s: float = 86400.0,
     ) -> None:
         self.kv, self.policy = kv, policy
         self.agents = agents or AgentDirectory(kv)
@@ -87,6 +88,7 @@ class SchedulerCore:
         self.check_commands = check_commands
         self.is_leader = is_leader
         self.failed_retention_s, self.gc_interval_s = failed_retention_s, gc_interval_s
+        self.log_retention_s = log_retention_s
         # May a multi-device job run as one process per node when no node has room? (Its
         # consolidation onto one node later is the policy's Migrate.)
         self.allow_spread = allow_spread
@@ -512,14 +514,17 @@ class SchedulerCore:
 
     def _collect_garbage(self, now: float) -> None:
         """Ask every reachable node to delete the data of jobs that need none any more
-        (finished, cancelled, failed past retention, unknown). Runs in the tick, after
-        reconciliation and before any start, so no job this leader starts can be missing from
-        the keep set; agents never delete the data of a job with a live process."""
+        (finished, cancelled, failed past retention, unknown), keeping the logs of jobs that
+        ended within ``log_retention_s``. Runs in the tick, after reconciliation and before any
+        start, so no job this leader starts can be missing from the keep set; agents never
+        delete the data of a job with a live process."""
         self._last_gc = now
-        keep = sorted(J.retained_job_ids(list(self._jobs.values()), now, self.failed_retention_s))
+        records = list(self._jobs.values())
+        keep = sorted(J.retained_job_ids(records, now, self.failed_retention_s))
+        keep_logs = sorted(J.log_job_ids(records, now, self.log_retention_s))
         for name in self._procs:
             try:
-                resp = self.agents.collect_garbage(self._nodes[name]["address"], keep)
+                resp = self.agents.collect_garbage(self._nodes[name]["address"], keep, keep_logs)
             except MicrocoError as exc:
                 log.warning("garbage collection on %s failed: %s", name, exc)
                 continue

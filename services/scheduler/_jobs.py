@@ -152,6 +152,16 @@ def set_state(rec: dict[str, Any], state: str, message: str, now: float) -> None
     rec["message"] = message
 
 
+def log_job_ids(records: list[dict[str, Any]], now: float, log_retention_s: float) -> set[str]:
+    """Ended jobs whose logs the nodes keep for their users (their other data may go): those
+    that ended less than ``log_retention_s`` ago."""
+    return {
+        r["id"]
+        for r in records
+        if r["state"] in TERMINAL and now - (r.get("finished_at") or r["last_change_at"]) < log_retention_s
+    }
+
+
 def retained_job_ids(records: list[dict[str, Any]], now: float, failed_retention_s: float) -> set[str]:
     """Jobs whose data (checkpoints, logs) the nodes must keep: every job not yet terminal
     (a resume needs its checkpoint), and failed jobs for ``failed_retention_s`` after they

@@ -88,6 +88,7 @@ class Scheduler:
         op_wait_s: float = 3.0,
         failed_retention_s: float = 86400.0,
         gc_interval_s: float = 60.0,
+        log_retention_s: float = 86400.0,
     ) -> None:
         self.policy_name = policy
         self.election = LeaderElection(
@@ -107,6 +108,7 @@ class Scheduler:
             failed_retention_s=failed_retention_s,
             gc_interval_s=gc_interval_s,
             allow_spread=bool(config.get("allow_spread", False)),
+            log_retention_s=log_retention_s,
         )
         self.tick_s = tick_s
         self.runtime: ServiceRuntime | None = None
@@ -179,7 +181,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=86400.0,
         help="keep a failed job's checkpoints and logs on the nodes this long, for inspection "
-        "(finished and cancelled jobs' data is deleted at once)",
+        "(finished and cancelled jobs' checkpoints are deleted at once)",
+    )
+    g.add_argument(
+        "--log-retention-s",
+        type=float,
+        default=86400.0,
+        help="keep an ended job's logs on the nodes this long (`microco job logs`)",
     )
     g.add_argument(
         "--gc-interval-s",
@@ -200,8 +208,10 @@ def setup(ctx: ServiceContext) -> None:
         raise InvalidArgument(f"--policy-config is not JSON: {exc}") from None
     if args.tick_s <= 0:
         raise InvalidArgument("--tick-s must be > 0")
-    if args.failed_retention_s < 0 or args.gc_interval_s <= 0:
-        raise InvalidArgument("--failed-retention-s must be >= 0 and --gc-interval-s > 0")
+    if args.failed_retention_s < 0 or args.log_retention_s < 0 or args.gc_interval_s <= 0:
+        raise InvalidArgument(
+            "--failed-retention-s and --log-retention-s must be >= 0 and --gc-interval-s > 0"
+        )
     try:
         sched = Scheduler(
             ctx.kv,
@@ -213,6 +223,7 @@ def setup(ctx: ServiceContext) -> None:
             args.op_wait_s,
             args.failed_retention_s,
             args.gc_interval_s,
+            args.log_retention_s,
         )
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"bad policy config for {args.policy}: {exc}") from None

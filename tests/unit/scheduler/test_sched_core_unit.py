@@ -173,6 +173,10 @@ def test_retained_job_ids_keep_what_a_resume_or_a_user_needs():
     ]
     assert J.retained_job_ids(recs, 1000.0, 60.0) == {"q", "r", "s", "m", "p", "bad-new"}
     assert J.retained_job_ids(recs, 1000.0, 0.0) == {"q", "r", "s", "m", "p"}
+    # logs: every job that ended within the log retention (living jobs keep all their data anyway)
+    assert J.log_job_ids(recs, 1000.0, 901.0) == {"done", "gone", "bad-new", "bad-old"}
+    assert J.log_job_ids(recs, 1000.0, 60.0) == {"bad-new"}
+    assert J.log_job_ids(recs, 1000.0, 0.0) == set()
 
 
 def test_placement_groups_devices_by_node_rank0_first_and_spreads_only_if_allowed():

@@ -165,10 +165,12 @@ class ListProcessesResponse(_message.Message):
     def __init__(self, processes: _Optional[_Iterable[_Union[ProcessStatus, _Mapping]]] = ...) -> None: ...
 
 class CollectGarbageRequest(_message.Message):
-    __slots__ = ("keep_job_ids",)
+    __slots__ = ("keep_job_ids", "keep_logs_job_ids")
     KEEP_JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LOGS_JOB_IDS_FIELD_NUMBER: _ClassVar[int]
     keep_job_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, keep_job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    keep_logs_job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keep_job_ids: _Optional[_Iterable[str]] = ..., keep_logs_job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CollectGarbageResponse(_message.Message):
     __slots__ = ("deleted_job_ids", "bytes_freed")
@@ -177,3 +179,29 @@ class CollectGarbageResponse(_message.Message):
     deleted_job_ids: _containers.RepeatedScalarFieldContainer[str]
     bytes_freed: int
     def __init__(self, deleted_job_ids: _Optional[_Iterable[str]] = ..., bytes_freed: _Optional[int] = ...) -> None: ...
+
+class ReadLogRequest(_message.Message):
+    __slots__ = ("job_id", "attempt", "offset", "tail_lines", "follow")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TAIL_LINES_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    offset: int
+    tail_lines: int
+    follow: bool
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., offset: _Optional[int] = ..., tail_lines: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class LogChunk(_message.Message):
+    __slots__ = ("attempt", "offset", "data", "attempts")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    offset: int
+    data: bytes
+    attempts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, attempt: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., attempts: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -64,6 +64,11 @@ class NodeAgentServiceStub:
                 request_serializer=microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.CollectGarbageRequest.SerializeToString,
                 response_deserializer=microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.CollectGarbageResponse.FromString,
                 _registered_method=True)
+        self.ReadLog = channel.unary_stream(
+                '/microco.api.agent.v1.NodeAgentService/ReadLog',
+                request_serializer=microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.ReadLogRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.LogChunk.FromString,
+                _registered_method=True)
 
 
 class NodeAgentServiceServicer:
@@ -107,6 +112,14 @@ class NodeAgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadLog(self, request, context):
+        """A job's output (stdout and stderr of one attempt's process) as kept on this node, from an
+        offset or its last lines; with follow, until the process exits. NOT_FOUND: no log here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeAgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -139,6 +152,11 @@ def add_NodeAgentServiceServicer_to_server(servicer, server):
                     servicer.CollectGarbage,
                     request_deserializer=microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.CollectGarbageRequest.FromString,
                     response_serializer=microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.CollectGarbageResponse.SerializeToString,
+            ),
+            'ReadLog': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadLog,
+                    request_deserializer=microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.ReadLogRequest.FromString,
+                    response_serializer=microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.LogChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -303,6 +321,33 @@ class NodeAgentService:
             '/microco.api.agent.v1.NodeAgentService/CollectGarbage',
             microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.CollectGarbageRequest.SerializeToString,
             microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.CollectGarbageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/microco.api.agent.v1.NodeAgentService/ReadLog',
+            microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.ReadLogRequest.SerializeToString,
+            microco_dot_api_dot_agent_dot_v1_dot_agent__pb2.LogChunk.FromString,
             options,
             channel_credentials,
             insecure,
