@@ -39,6 +39,7 @@ from ._models import (
     GraphView,
     Health,
     JobDetail,
+    JobLog,
     JobRecord,
     JobsResponse,
     JobSubmit,
@@ -144,6 +145,7 @@ GraphKey = Annotated[
 ]
 StateFilter = Annotated[list[str] | None, Query(max_length=16, description="only jobs in these states")]
 OwnerFilter = Annotated[str, Query(max_length=200, description="only this user's jobs")]
+LogTail = Annotated[int, Query(ge=1, le=10_000, description="how many of the last lines")]
 
 
 def _error_response(exc: MicrocoError) -> JSONResponse:
@@ -331,6 +333,11 @@ def create_app(
     def job(job_id: JobId, role: Reader) -> dict[str, Any]:
         """One job: its state, timeline and recent progress (steps and mini-batch time)."""
         return views.get_job(gateway, series, job_id)
+
+    @app.get(f"{api}/jobs/{{job_id}}/log", response_model=JobLog, tags=["jobs"], responses=_CHANGE_ERRORS)
+    def job_log(job_id: JobId, role: Reader, tail: LogTail = 200) -> dict[str, Any]:
+        """The last lines of a job's output (stdout and stderr of its latest attempt)."""
+        return views.job_log(gateway, job_id, tail)
 
     @app.post(
         f"{api}/jobs/{{job_id}}/cancel", response_model=JobRecord, tags=["jobs"], responses=_CHANGE_ERRORS

@@ -138,6 +138,19 @@ class JobDetail(JobView):
     progress: list[ProgressPoint] = []
 
 
+class JobLog(BaseModel):
+    """The end of a job's output, as the node it ran on keeps it (``available`` false, with the
+    reason, when no node keeps one: the job has not started, or its logs were collected)."""
+
+    available: bool
+    reason: str = ""
+    job_id: str
+    node: str = Field("", description="the node whose agent keeps the log")
+    attempt: int = Field(0, description="which (re)start of the job the log is of (the latest)")
+    attempts: list[int] = Field([], description="every attempt with a log on that node")
+    text: str = Field("", description="the last lines of stdout and stderr")
+
+
 class JobSubmit(BaseModel):
     """What the scheduler needs to run a training job."""
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from microco.services.common.errors import InvalidArgument, MicrocoError, from_rpc_error
+from microco.services.common.errors import InvalidArgument, MicrocoError, NotFound, from_rpc_error
 
 from ._gateway import SYSTEMS, Gateway
 from ._proto import enum_number, to_dict
@@ -277,6 +277,42 @@ def get_job(gw: Gateway, series: SeriesStore, job_id: str) -> dict[str, Any]:
     out = _with_timeline(series, job, now, _scheduler_histories(gw, job["id"]).get(job["id"], []))
     out["progress"] = series.read(_job_progress_name(job_id), last=500)
     return out
+
+
+def job_log(gw: Gateway, job_id: str, tail_lines: int) -> dict[str, Any]:
+    """The last ``tail_lines`` lines of a job's output (its latest attempt), from the node agent
+    that keeps it: the job's last node first, then the others (as ``microco job logs``). An
+    unknown job is NotFound; a known one without a log is ``available: False`` with the reason
+    (the page asks again as the job runs)."""
+    pb = _pb("scheduler")
+    job = to_dict(gw.call(gw.stub("scheduler").GetJob, pb.GetJobRequest(job_id=job_id)))  # NotFound
+    apb = _pb("agent")
+    records = sorted(
+        gw.services(SYSTEMS["agent"].service),
+        key=lambda r: (r.labels.get("node") != job.get("node"), r.instance_id),
+    )
+    for rec in records:
+        request = apb.ReadLogRequest(job_id=job["id"], tail_lines=tail_lines)
+        try:
+            chunks = list(gw.stub("agent", rec).ReadLog(request, timeout=gw.config.rpc_timeout_s))
+        except grpc.RpcError as exc:
+            err = from_rpc_error(exc)
+            if isinstance(err, NotFound):
+                continue
+            raise err from None
+        return {
+            "available": True,
+            "job_id": job["id"],
+            "node": rec.labels.get("node", ""),
+            "attempt": chunks[0].attempt,
+            "attempts": list(chunks[0].attempts),
+            "text": b"".join(c.data for c in chunks).decode(errors="replace"),
+        }
+    return unavailable(
+        f"no node keeps a log of job {job['id']} ({job.get('state', '')}): a job that never started has "
+        "none, and an ended job's logs are deleted after the scheduler's log retention",
+        job_id=job["id"],
+    )
 
 
 def submit_job(gw: Gateway, spec: dict[str, Any]) -> dict[str, Any]:

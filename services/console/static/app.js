@@ -162,8 +162,33 @@
         [{ name: "ms", points: d.progress.filter((p) => p.minibatch_ms > 0).map((p) => [p.at, p.minibatch_ms]) }],
         { time: true, xLabel: "time" }
       );
+      showJobLog(selectedJob);
     } else {
       $("job-detail").hidden = true;
+    }
+  }
+
+  // the last 200 lines of the selected job's output, from the node that keeps it
+  async function showJobLog(id) {
+    try {
+      const log = await api("/jobs/" + encodeURIComponent(id) + "/log?tail=200");
+      if (id !== selectedJob) return;
+      if (!log.available) {
+        $("job-log-title").textContent = "Output";
+        $("job-log").textContent = log.reason;
+        return;
+      }
+      const others = log.attempts.filter((a) => a !== log.attempt);
+      $("job-log-title").textContent =
+        `Output (attempt ${log.attempt} on ${log.node}` + (others.length ? `; also attempts ${others.join(", ")}` : "") + ", last 200 lines)";
+      const pre = $("job-log");
+      const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+      pre.textContent = log.text || "(nothing written yet)";
+      if (atEnd) pre.scrollTop = pre.scrollHeight;
+    } catch (e) {
+      if (id !== selectedJob) return;
+      $("job-log-title").textContent = "Output";
+      $("job-log").textContent = e.message;
     }
   }
 

@@ -123,6 +123,7 @@ def test_sign_in_submit_and_watch_a_job(platform: Platform, page, artifacts_dir:
     assert suspended.count() >= 1, "the two jobs never took turns on the device"
     expect(page.locator("#job-detail")).to_be_visible()  # the submitted job is selected
     expect(page.locator("#job-steps svg polyline")).to_have_count(1)  # its steps-over-time plot
+    expect(page.locator("#job-log")).to_contain_text("finished 120 steps")  # and its output
     page.screenshot(path=str(artifacts_dir / "console-job-finished.png"), full_page=True)
 
     # other views render without errors

@@ -64,6 +64,19 @@ def test_submit_run_and_see_the_timeline(platform: Platform) -> None:
     # the scheduler's own history (etcd) came through, and the console sampled progress (Redis)
     assert [h["state"] for h in job["history"]][:1] == ["queued"]
     assert job["progress"] and max(p["step"] for p in job["progress"]) > 0
+    # its output, from the node that ran it (a viewer may read it)
+    log = httpx.get(
+        f"{platform.url}/api/v1/jobs/{job_id}/log", headers=VIEWER, params={"tail": 1}, timeout=10
+    )
+    assert log.status_code == 200, log.text
+    assert log.json()["text"].startswith("finished 60 steps, digest ") and log.json()["text"].count("\n") == 1
+    assert log.json()["available"] and log.json()["attempt"] in log.json()["attempts"] and log.json()["node"]
+    missing = httpx.get(f"{platform.url}/api/v1/jobs/no-such-job-1/log", headers=VIEWER, timeout=10)
+    assert missing.status_code == 404 and missing.json()["error"] == "NotFound"
+    bad_tail = httpx.get(
+        f"{platform.url}/api/v1/jobs/{job_id}/log", headers=VIEWER, params={"tail": 0}, timeout=10
+    )
+    assert bad_tail.status_code == 422
 
     only_finished = httpx.get(
         platform.url + "/api/v1/jobs", headers=ADMIN, params={"state": "finished"}
