@@ -13,13 +13,14 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.api.common.v1 import common_pb2
-from microco.services.common.errors import InvalidArgument, NotFound
+from microco.services.common.errors import InvalidArgument, NotFound, ResourceExhausted
 from microco.services.common.kv import KV, dumps
 from microco.services.common.registry import LeasedKey
 from microco.services.common.server import ServiceContext, ServiceRuntime
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 NODES_PREFIX = "/microco/nodes/"
 _LOG_CHUNK = 64 * 1024  # bytes of a job's log per streamed message
 _FOLLOW_POLL_S = 0.25  # how often a followed log is checked for more output
+# Followed logs each hold one of the server's worker threads for as long as the job runs: at
+# most this many at once, so the scheduler's calls always find a free worker.
+MAX_FOLLOWED_LOGS = 4
 
 _ACTIONS = {
     agent_pb2.CONTROL_SUSPEND: "suspend",
@@ -80,6 +84,7 @@ def device_to_proto(d: DeviceInfo) -> common_pb2.Device:
 class NodeAgentServicer(agent_pb2_grpc.NodeAgentServiceServicer):
     def __init__(self, agent: NodeAgent) -> None:
         self.agent = agent
+        self._followers = threading.BoundedSemaphore(MAX_FOLLOWED_LOGS)
 
     def _status(self, proc: ManagedProcess) -> agent_pb2.ProcessStatus:
         return status_to_proto(proc.status())
@@ -134,6 +139,26 @@ class NodeAgentServicer(agent_pb2_grpc.NodeAgentServiceServicer):
             )
         if request.offset < 0 or request.tail_lines < 0:
             raise InvalidArgument("offset and tail_lines must not be negative")
+        if request.follow and not self._followers.acquire(blocking=False):
+            raise ResourceExhausted(
+                f"{MAX_FOLLOWED_LOGS} logs are already being followed on node {self.agent.node}; "
+                "read without following, or try again later"
+            )
+        try:
+            yield from self._stream_log(request, path, attempt, sorted(logs), context)
+        finally:
+            if request.follow:
+                self._followers.release()
+
+    def _stream_log(
+        self,
+        request: agent_pb2.ReadLogRequest,
+        path: Path,
+        attempt: int,
+        attempts: list[int],
+        context: grpc.ServicerContext,
+    ) -> Iterator[agent_pb2.LogChunk]:
+        procs = self.agent.procs
         with open(path, "rb") as f:
             offset = (
                 tail_offset(path, int(request.tail_lines)) if request.tail_lines > 0 else int(request.offset)
@@ -147,7 +172,7 @@ class NodeAgentServicer(agent_pb2_grpc.NodeAgentServiceServicer):
                 data = f.read(_LOG_CHUNK)
                 if data or first:
                     yield agent_pb2.LogChunk(
-                        attempt=attempt, offset=offset, data=data, attempts=sorted(logs) if first else []
+                        attempt=attempt, offset=offset, data=data, attempts=attempts if first else []
                     )
                     offset += len(data)
                     first = False

@@ -47,6 +47,23 @@ def wait_for_state(home: Path, proc: subprocess.Popen, timeout: float = 150) -> 
     raise AssertionError("stack did not become healthy")
 
 
+def assert_nothing_left(pids: list[int], home: Path) -> None:
+    """Every process of the stack has exited (within 10 s) and its state file is gone."""
+    deadline = time.monotonic() + 10
+    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in pids if pid_alive(pid)]
+    assert not (home / "stack.json").exists()
+
+
+def stop_leftovers(up: subprocess.Popen, home: Path) -> None:
+    """After a failed test: stop `microco up` and whatever a failed stop left running."""
+    if up.poll() is None:
+        up.kill()
+    if (home / "stack.json").exists():
+        subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, timeout=60)
+
+
 def expected_services() -> list[str]:
     return [s.name for s in platform_processes(StackOptions(console_port=0, store_nodes=3)) if s.available()]
 
@@ -76,15 +93,9 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
         assert pids and all(pid_alive(pid) for pid in pids)
         up.send_signal(signal.SIGINT)  # what Ctrl-C sends
         assert up.wait(60) == 0
-        deadline = time.monotonic() + 10
-        while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [pid for pid in pids if pid_alive(pid)]
-        assert not (home / "stack.json").exists()
+        assert_nothing_left(pids, home)
     finally:
-        if up.poll() is None:
-            up.kill()
-            subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, timeout=60)
+        stop_leftovers(up, home)
 
 
 def test_a_second_ctrl_c_while_stopping_still_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -111,22 +122,26 @@ def test_a_second_ctrl_c_while_stopping_still_leaves_nothing_behind(tmp_path: Pa
         rest = up.stderr.read()
         assert up.wait(60) == 0, "".join(said) + rest
         assert "stopping at once" in rest and "interrupted" not in rest, rest
-        deadline = time.monotonic() + 10
-        while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [pid for pid in pids if pid_alive(pid)]
-        assert not (home / "stack.json").exists()
+        assert_nothing_left(pids, home)
     finally:
-        if up.poll() is None:
-            up.kill()
-        if (home / "stack.json").exists():  # whatever a failed stop left running
-            subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, timeout=60)
+        stop_leftovers(up, home)
 
 
 def test_detach_then_down(tmp_path: Path) -> None:
     home = tmp_path / "home"
     up = subprocess.run(
-        [*MICROCO, "up", "--home", str(home), "--no-console", "--detach", "--devices", "1", "--store-nodes", "3"],
+        [
+            *MICROCO,
+            "up",
+            "--home",
+            str(home),
+            "--no-console",
+            "--detach",
+            "--devices",
+            "1",
+            "--store-nodes",
+            "3",
+        ],
         capture_output=True,
         text=True,
         timeout=180,
@@ -135,7 +150,9 @@ def test_detach_then_down(tmp_path: Path) -> None:
     state = json.loads((home / "stack.json").read_text())
     pids = [p["pid"] for p in state["processes"] if p.get("pid")]
     assert pids and all(pid_alive(pid) for pid in pids)
-    again = subprocess.run([*MICROCO, "up", "--home", str(home), "--detach"], capture_output=True, text=True, timeout=60)
+    again = subprocess.run(
+        [*MICROCO, "up", "--home", str(home), "--detach"], capture_output=True, text=True, timeout=60
+    )
     assert again.returncode == 1 and "microco down" in again.stderr
     down = subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, text=True, timeout=90)
     assert down.returncode == 0, down.stderr

@@ -42,7 +42,7 @@ def test_job_data_is_collected(agents, etcd_endpoint, etcd_kv, tmp_path, capsys)
         tick_s=0.2,
         kv=etcd_kv,
         log_path=tmp_path / "scheduler.log",
-        extra_args=["--gc-interval-s", "1", "--log-retention-s", "8"],
+        extra_args=["--gc-interval-s", "1", "--log-retention-s", "15"],
     )
     try:
         c = SchedulerClient(channel_for(etcd_kv, "scheduler"))
@@ -107,9 +107,9 @@ def test_job_data_is_collected(agents, etcd_endpoint, etcd_kv, tmp_path, capsys)
         c.cancel(live)
         assert follow.wait(30) == 0, follow.stderr.read()
         wait_for(lambda: not (ckpt_root / live).exists(), 20, "live collected after cancel")
-        # the ended jobs' logs go once the log retention (8 s here) is over
+        # the ended jobs' logs go once the log retention (15 s here) is over
         wait_for(
-            lambda: not (jobs_dir / fin).exists() and not (jobs_dir / run).exists(), 30, "logs collected"
+            lambda: not (jobs_dir / fin).exists() and not (jobs_dir / run).exists(), 45, "logs collected"
         )
         assert (jobs_dir / bad / "attempt-1.log").exists()  # failed: kept for the failed retention
     finally:

@@ -72,3 +72,27 @@ def test_garbage_collection_keeps_an_ended_jobs_logs_only(tmp_path: Path) -> Non
     assert not (tmp_path / "agent" / "jobs" / "gone").exists() and not (tmp_path / "ckpt" / "gone").exists()
     # once its retention is over, the logs go too
     assert pm.collect_garbage(keep=set())[0] == ["ended"] and not ended.exists()
+
+
+def test_followed_logs_are_capped_so_the_agent_keeps_workers_for_the_scheduler(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from microco.api.agent.v1 import agent_pb2
+    from microco.services.agent._service import MAX_FOLLOWED_LOGS, NodeAgentServicer
+    from microco.services.common.errors import ResourceExhausted
+
+    pm = _manager_with_job_data(tmp_path)
+    pm.is_running = lambda job_id, attempt: True  # the job runs on: its log may grow
+    servicer = NodeAgentServicer(SimpleNamespace(procs=pm, node="n"))
+    ctx = SimpleNamespace(is_active=lambda: True)
+    follow = agent_pb2.ReadLogRequest(job_id="ended", follow=True)
+    held = [servicer.ReadLog(follow, ctx) for _ in range(MAX_FOLLOWED_LOGS)]
+    for stream in held:
+        first = next(stream)  # each follower now holds its slot
+        assert first.data == b"second\n" and list(first.attempts) == [1, 2]
+    with pytest.raises(ResourceExhausted, match="already being followed"):
+        next(servicer.ReadLog(follow, ctx))
+    # a plain read is never refused
+    assert next(servicer.ReadLog(agent_pb2.ReadLogRequest(job_id="ended", attempt=1), ctx)).data == b"first\n"
+    held.pop().close()  # a follower leaves (the client hung up)
+    assert next(servicer.ReadLog(follow, ctx)).data == b"second\n"
