@@ -240,7 +240,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from microco.clients.scheduler import job_to_dict
-    from microco.services.common.errors import InvalidArgument, NotFound
+    from microco.services.common.errors import InvalidArgument, NotFound, Unavailable
     from microco.services.scheduler import AgentDirectory
 
     if args.tail < 0 or args.attempt < 0:
@@ -250,6 +250,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     agents = AgentDirectory(kv, timeout_s=args.timeout)
     nodes = agents.nodes()
     out = sys.stdout.buffer
+    unreachable = []
     try:
         # the node the job last ran on first; a job that moved left earlier attempts elsewhere
         for name in sorted(nodes, key=lambda n: (n != job["node"], n)):
@@ -263,6 +264,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
             try:
                 first = next(stream)
             except NotFound:
+                continue
+            except Unavailable:
+                unreachable.append(name)
                 continue
             others = [a for a in first.attempts if a != first.attempt]
             print(
@@ -280,6 +284,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # the way to stop following
         return 0
     which = f"attempt {args.attempt} of job" if args.attempt else "job"
+    if unreachable:
+        raise Unavailable(
+            f"no reachable node keeps a log of {which} {job['id']}; unreachable: {', '.join(unreachable)}"
+        )
     raise NotFound(
         f"no node keeps a log of {which} {job['id']} ({job['state']}): a job that never started has none, "
         "and an ended job's logs are deleted after the scheduler's --log-retention-s"
