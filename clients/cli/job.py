@@ -240,7 +240,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from microco.clients.scheduler import job_to_dict
-    from microco.services.common.errors import InvalidArgument, NotFound, Unavailable
+    from microco.services.common.errors import InvalidArgument
     from microco.services.scheduler import AgentDirectory
 
     if args.tail < 0 or args.attempt < 0:
@@ -248,50 +248,26 @@ def cmd_logs(args: argparse.Namespace) -> int:
     kv = _kv(args)
     job = job_to_dict(_client(args, kv).get(args.job_id))  # an unknown job is NotFound here
     agents = AgentDirectory(kv, timeout_s=args.timeout)
-    nodes = agents.nodes()
     out = sys.stdout.buffer
-    unreachable = []
     try:
-        # the node the job last ran on first; a job that moved left earlier attempts elsewhere
-        for name in sorted(nodes, key=lambda n: (n != job["node"], n)):
-            stream = agents.read_log(
-                nodes[name]["address"],
-                job["id"],
-                attempt=args.attempt,
-                tail_lines=args.tail,
-                follow=args.follow,
-            )
-            try:
-                first = next(stream)
-            except NotFound:
-                continue
-            except Unavailable:
-                unreachable.append(name)
-                continue
-            others = [a for a in first.attempts if a != first.attempt]
-            print(
-                f"[{job['id']} attempt {first.attempt} on {name}"
-                + (f"; this node also has attempts {', '.join(map(str, others))}" if others else "")
-                + "]",
-                file=sys.stderr,
-            )
-            out.write(first.data)
-            out.flush()
-            for chunk in stream:
-                out.write(chunk.data)
-                out.flush()
-            return 0
-    except KeyboardInterrupt:  # the way to stop following
-        return 0
-    which = f"attempt {args.attempt} of job" if args.attempt else "job"
-    if unreachable:
-        raise Unavailable(
-            f"no reachable node keeps a log of {which} {job['id']}; unreachable: {', '.join(unreachable)}"
+        node, first, rest = agents.open_log(
+            job["id"], first_node=job["node"], attempt=args.attempt, tail_lines=args.tail, follow=args.follow
         )
-    raise NotFound(
-        f"no node keeps a log of {which} {job['id']} ({job['state']}): a job that never started has none, "
-        "and an ended job's logs are deleted after the scheduler's --log-retention-s"
-    )
+        others = [a for a in first.attempts if a != first.attempt]
+        print(
+            f"[{job['id']} attempt {first.attempt} on {node}"
+            + (f"; this node also has attempts {', '.join(map(str, others))}" if others else "")
+            + "]",
+            file=sys.stderr,
+        )
+        out.write(first.data)
+        out.flush()
+        for chunk in rest:
+            out.write(chunk.data)
+            out.flush()
+    except KeyboardInterrupt:  # the way to stop following
+        pass
+    return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -126,8 +126,7 @@ class NodeAgentServicer(agent_pb2_grpc.NodeAgentServiceServicer):
         return agent_pb2.CollectGarbageResponse(deleted_job_ids=deleted, bytes_freed=freed)
 
     def ReadLog(self, request: agent_pb2.ReadLogRequest, context: grpc.ServicerContext) -> Iterator[Any]:
-        procs = self.agent.procs
-        logs = procs.log_files(request.job_id)
+        logs = self.agent.procs.log_files(request.job_id)
         if not logs:
             raise NotFound(f"no log of job {request.job_id!r} on node {self.agent.node}")
         attempt = int(request.attempt) or max(logs)

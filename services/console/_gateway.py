@@ -106,6 +106,7 @@ class Gateway:
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="console-health")
+        self._agents: Any = None
 
     # -- Redis: optional, hot state only
     @property
@@ -168,9 +169,21 @@ class Gateway:
             method, request, timeout=self.config.rpc_timeout_s, idempotent=idempotent, attempts=2
         )
 
+    def agents(self) -> Any:
+        """The scheduler's directory of node agents, to read job logs through (the scheduler
+        is part of the build when a job was found)."""
+        with self._lock:
+            if self._agents is None:
+                from microco.services.scheduler import AgentDirectory
+
+                self._agents = AgentDirectory(self.kv, timeout_s=self.config.rpc_timeout_s)
+            return self._agents
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
+            if self._agents is not None:
+                self._agents.close()
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()

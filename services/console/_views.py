@@ -281,38 +281,24 @@ def get_job(gw: Gateway, series: SeriesStore, job_id: str) -> dict[str, Any]:
 
 def job_log(gw: Gateway, job_id: str, tail_lines: int) -> dict[str, Any]:
     """The last ``tail_lines`` lines of a job's output (its latest attempt), from the node agent
-    that keeps it: the job's last node first, then the others (as ``microco job logs``). An
-    unknown job is NotFound; a known one without a log is ``available: False`` with the reason
-    (the page asks again as the job runs)."""
+    that keeps it (as ``microco job logs``). An unknown job is NotFound; a known one without a
+    log is ``available: False`` with the reason (the page asks again as the job runs)."""
     pb = _pb("scheduler")
     job = to_dict(gw.call(gw.stub("scheduler").GetJob, pb.GetJobRequest(job_id=job_id)))  # NotFound
-    apb = _pb("agent")
-    records = sorted(
-        gw.services(SYSTEMS["agent"].service),
-        key=lambda r: (r.labels.get("node") != job.get("node"), r.instance_id),
-    )
-    for rec in records:
-        request = apb.ReadLogRequest(job_id=job["id"], tail_lines=tail_lines)
-        try:
-            chunks = list(gw.stub("agent", rec).ReadLog(request, timeout=gw.config.rpc_timeout_s))
-        except grpc.RpcError as exc:
-            err = from_rpc_error(exc)
-            if isinstance(err, NotFound):
-                continue
-            raise err from None
-        return {
-            "available": True,
-            "job_id": job["id"],
-            "node": rec.labels.get("node", ""),
-            "attempt": chunks[0].attempt,
-            "attempts": list(chunks[0].attempts),
-            "text": b"".join(c.data for c in chunks).decode(errors="replace"),
-        }
-    return unavailable(
-        f"no node keeps a log of job {job['id']} ({job.get('state', '')}): a job that never started has "
-        "none, and an ended job's logs are deleted after the scheduler's log retention",
-        job_id=job["id"],
-    )
+    try:
+        node, first, rest = gw.agents().open_log(
+            job["id"], first_node=job.get("node", ""), tail_lines=tail_lines
+        )
+    except NotFound as exc:
+        return unavailable(f"{exc} (the job is {job.get('state', '')})", job_id=job["id"])
+    return {
+        "available": True,
+        "job_id": job["id"],
+        "node": node,
+        "attempt": first.attempt,
+        "attempts": list(first.attempts),
+        "text": b"".join([first.data, *(c.data for c in rest)]).decode(errors="replace"),
+    }
 
 
 def submit_job(gw: Gateway, spec: dict[str, Any]) -> dict[str, Any]:

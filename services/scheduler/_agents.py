@@ -12,7 +12,7 @@ import grpc
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.clients.common import call_with_retry
 from microco.services.agent import NODES_PREFIX
-from microco.services.common.errors import from_rpc_error
+from microco.services.common.errors import NotFound, Unavailable, from_rpc_error
 from microco.services.common.kv import KV
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,41 @@ class AgentDirectory:
             yield from self._stub(address).ReadLog(req, timeout=None if follow else _READ_LOG_TIMEOUT_S)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
+
+    def open_log(
+        self,
+        job_id: str,
+        *,
+        first_node: str = "",
+        attempt: int = 0,
+        tail_lines: int = 0,
+        follow: bool = False,
+    ) -> tuple[str, agent_pb2.LogChunk, Iterator[agent_pb2.LogChunk]]:
+        """A job's log from the first node that keeps it, ``first_node`` (where the job last
+        ran) asked first: a job that moved left its earlier attempts elsewhere. Returns (node,
+        first chunk, the rest). ``NotFound`` when no node keeps one; ``Unavailable``, naming
+        them, when some nodes could not be asked and none of the others keeps one."""
+        nodes = self.nodes()
+        unreachable = []
+        for name in sorted(nodes, key=lambda n: (n != first_node, n)):
+            stream = self.read_log(
+                nodes[name]["address"], job_id, attempt=attempt, tail_lines=tail_lines, follow=follow
+            )
+            try:
+                return name, next(stream), stream
+            except NotFound:
+                continue
+            except Unavailable:
+                unreachable.append(name)
+        which = f"attempt {attempt} of job" if attempt else "job"
+        if unreachable:
+            raise Unavailable(
+                f"no reachable node keeps a log of {which} {job_id}; unreachable: {', '.join(unreachable)}"
+            )
+        raise NotFound(
+            f"no node keeps a log of {which} {job_id}: a job that never started has none, and an ended "
+            "job's logs are deleted after the scheduler's --log-retention-s"
+        )
 
     def close(self) -> None:
         with self._lock:
