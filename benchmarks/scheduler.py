@@ -78,7 +78,7 @@ class _Agent:
         self._stub: Any = None
 
     def wait_warm(self, timeout: float = 300.0) -> dict[str, Any]:
-        from microco.services.agent import NODES_PREFIX
+        from microco.clients.agent import NODES_PREFIX
 
         return _wait(
             lambda: (self.kv.get_json(NODES_PREFIX + self.node) or {}).get("preloaded"),
@@ -92,7 +92,7 @@ class _Agent:
             import grpc
 
             from microco.api.agent.v1 import agent_pb2_grpc
-            from microco.services.agent import NODES_PREFIX
+            from microco.clients.agent import NODES_PREFIX
 
             address = self.kv.get_json(NODES_PREFIX + self.node)["address"]
             self._stub = agent_pb2_grpc.NodeAgentServiceStub(grpc.insecure_channel(address))
@@ -231,7 +231,7 @@ def run_burst(
     kv: Any, etcd: str, tmp: Path, policy: str, config: dict[str, Any], jobs: int, steps: int, devices: int
 ) -> dict[str, Any]:
     """A burst of jobs submitted at once to a fresh scheduler over the (warm) burst agent."""
-    from microco.clients.common import channel_for
+    from microco.common import channel_for
     from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
     from microco.services.scheduler._local import spawn_scheduler, stop_process
 
@@ -289,8 +289,8 @@ def run_burst(
 
 
 def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
-    from microco.services.agent import NODES_PREFIX
-    from microco.services.common.kv import EtcdKV
+    from microco.clients.agent import NODES_PREFIX
+    from microco.common.kv import EtcdKV
     from microco.services.stack import EtcdServer
 
     jobs = args.jobs or (4 if quick else 8)

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from microco.clients.cli.sim import (
+from microco.cli.sim import (
     add_hp_arguments,
     add_sim_arguments,
     default_gpus,

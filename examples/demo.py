@@ -157,7 +157,7 @@ def step_store(kv: Any, say: Say, rows: int = 200_000) -> None:
 def run_demo(etcd: str, redis: str, home: Path, progress: Say | None = None, jobs: int = 5,
              epochs: int = 3) -> dict:
     """Run the scenario against a running platform; returns what it measured."""
-    from microco.services.common.kv import EtcdKV
+    from microco.common.kv import EtcdKV
 
     say = progress or print
     home = Path(home)

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from microco.clients.cache import open_loader
     from microco.clients.compiler import AstraTorch, RemoteExplorer
     from microco.clients.scheduler import TorchHook, seed_everything
-    from microco.services.common.kv import EtcdKV
+    from microco.common.kv import EtcdKV
 
     torch.set_num_threads(1)
     seed_everything(args.seed)

@@ -65,7 +65,7 @@ def redis_url(redis_server: object) -> str:
 def etcd_kv(etcd_endpoint: str) -> Iterator[object]:
     """An ``EtcdKV`` on the session's etcd. Keys are not namespaced, so services started by the
     test see the same keys; each test cleans the ``/microco/`` tree afterwards."""
-    from microco.services.common.kv import EtcdKV
+    from microco.common.kv import EtcdKV
 
     kv = EtcdKV(etcd_endpoint)
     kv.delete_prefix("/microco/")
@@ -77,7 +77,7 @@ def etcd_kv(etcd_endpoint: str) -> Iterator[object]:
 @pytest.fixture
 def namespaced_kv(etcd_endpoint: str) -> Iterator[object]:
     """An ``EtcdKV`` whose keys live under a fresh prefix, isolated from every other test."""
-    from microco.services.common.kv import EtcdKV
+    from microco.common.kv import EtcdKV
 
     ns = f"/test-{uuid.uuid4().hex[:8]}"
     kv = EtcdKV(etcd_endpoint, namespace=ns)

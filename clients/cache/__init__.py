@@ -52,7 +52,7 @@ def open_loader(
     and with none running the loader reads from the backing store only. With ``redis_url``
     the loader also reads chunks that other hosts' cache servers hold (the Redis directory).
     """
-    from microco.services.cache import open_store
+    from ._backing import open_store
 
     rec = get_dataset(kv, name)
     store = store or open_store(rec.url)
@@ -60,7 +60,7 @@ def open_loader(
     if server is None:
         server = find_server(kv)
     if redis_url and "peers" not in kwargs:
-        from microco.services.common.hotstate import connect_redis
+        from microco.common.hotstate import connect_redis
 
         kwargs["peers"] = Peers(connect_redis(redis_url, check=False), kv, exclude=server)
     return QuiverLoader(index, store, dataset=name, server=server, **kwargs)
@@ -71,7 +71,7 @@ def find_server(kv: Any, node: str | None = None) -> str | None:
     import os
     import socket
 
-    from microco.services.common.registry import discover
+    from microco.common.registry import discover
 
     node = node or os.environ.get("MICROCO_NODE", socket.gethostname())
     records = discover(kv, "cache")

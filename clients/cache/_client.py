@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import grpc
 from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
-from microco.clients.common import ServiceClient, dial
-from microco.services.common.errors import from_rpc_error
+from microco.common import ServiceClient, dial
+from microco.common.errors import from_rpc_error
 
 _PART = 4 << 20
 

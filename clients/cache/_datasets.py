@@ -11,9 +11,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from microco.services.cache import DEFAULT_CHUNK_BYTES, DatasetIndex, index_path, index_store, open_store
-from microco.services.common.errors import InvalidArgument, NotFound
-from microco.services.common.kv import KV
+from ._backing import open_store
+from ._index import DEFAULT_CHUNK_BYTES, DatasetIndex, index_path, index_store
+from microco.common.errors import InvalidArgument, NotFound
+from microco.common.kv import KV
 
 PREFIX = "/microco/cache/datasets/"
 
@@ -70,7 +71,7 @@ def register_dataset(
     if existing is not None:
         if existing.get("index_digest") == rec.index_digest and existing.get("url") == rec.url:
             return DatasetRecord(**existing), index
-        from microco.services.common.errors import AlreadyExists
+        from microco.common.errors import AlreadyExists
 
         raise AlreadyExists(
             f"dataset {name!r} is already registered with other contents ({existing.get('url')})"

@@ -25,8 +25,10 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from microco.services.cache import BatchMode, DatasetIndex, SubstitutableSampler, digest
-from microco.services.common.errors import FailedPrecondition, MicrocoError
+from ._digest import digest
+from ._index import DatasetIndex
+from ._sampler import BatchMode, SubstitutableSampler
+from microco.common.errors import FailedPrecondition, MicrocoError
 
 from ._client import CacheClient
 from ._peers import Peers

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from microco.api.cache.v1 import cache_pb2
-from microco.services.common.errors import MicrocoError
-from microco.services.common.registry import discover
+from microco.common.errors import MicrocoError
+from microco.common.registry import discover
 
 from ._client import CacheClient
 

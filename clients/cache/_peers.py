@@ -12,8 +12,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from microco.services.cache import RedisDirectory
-from microco.services.common.registry import discover
+from ._directory import RedisDirectory
+from microco.common.registry import discover
 
 from ._client import CacheClient
 

@@ -21,7 +21,7 @@ from typing import Any, cast
 import torch
 from torch import fx
 
-from microco.services.compiler._types import STAGE_COMPILE, STAGE_FINE, GraphSpec, Variable
+from microco.clients.compiler.explore.types import STAGE_COMPILE, STAGE_FINE, GraphSpec, Variable
 
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch import hardware_id, thread_choices
@@ -46,7 +46,7 @@ class MicrocoBackend(SessionBacked):
         retry_every: int = 50,
     ) -> None:
         if explorer is None:
-            from microco.services.compiler import LocalExplorer
+            from .explore import LocalExplorer
 
             explorer = LocalExplorer()
         self.session = ExplorationSession(explorer, retry_every=retry_every)

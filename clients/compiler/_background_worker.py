@@ -23,14 +23,14 @@ class _Fixed:
         self.values = values
 
     def register(self, spec: Any) -> Any:
-        from microco.services.compiler._types import Config
+        from microco.clients.compiler.explore.types import Config
 
         return Config(
             spec.key, {**{v.name: v.choices[0] for v in spec.variables}, **self.values}, -1, committed=True
         )
 
     def report(self, key: str, report: Any) -> Any:
-        from microco.services.compiler._types import Config
+        from microco.clients.compiler.explore.types import Config
 
         return Config(key, dict(self.values), -1, committed=True)
 

@@ -10,10 +10,10 @@ import grpc
 
 from microco.api.compiler.v1 import compiler_pb2 as pb
 from microco.api.compiler.v1 import compiler_pb2_grpc as pb_grpc
-from microco.clients.common import ServiceClient
-from microco.services.common import Unavailable
-from microco.services.compiler import wire
-from microco.services.compiler._types import Config, GraphSpec, TrialReport
+from microco.common import ServiceClient
+from microco.common import Unavailable
+from .explore import wire
+from microco.clients.compiler.explore.types import Config, GraphSpec, TrialReport
 
 
 def _dial_own(address: str) -> grpc.Channel:
@@ -52,7 +52,7 @@ class RemoteExplorer(ServiceClient):
         """Find the service through etcd (and again after losing it: a restarted service may move)."""
 
         def dial_discovered() -> Any:
-            from microco.services.common.registry import discover
+            from microco.common.registry import discover
 
             records = discover(kv, cls.service_name)
             if not records:

@@ -7,7 +7,7 @@ import logging
 import math
 from typing import Protocol
 
-from microco.services.compiler._types import HOLD_TRIAL, Config, GraphSpec, TrialReport
+from microco.clients.compiler.explore.types import HOLD_TRIAL, Config, GraphSpec, TrialReport
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import tensorflow as tf
 
-from microco.services.compiler._types import STAGE_STRUCTURE, GraphSpec, Variable
+from microco.clients.compiler.explore.types import STAGE_STRUCTURE, GraphSpec, Variable
 
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._tf_cost import XlaCostModel, default_cost_file, step_hlo_instructions, unrolled_hlo_instructions
@@ -189,7 +189,7 @@ class AstraTF(SessionBacked):
         self.total_steps = total_steps
         self.xla = xla
         if explorer is None:
-            from microco.services.compiler import LocalExplorer
+            from .explore import LocalExplorer
 
             explorer = LocalExplorer()
         self.session = ExplorationSession(explorer, retry_every=retry_every)

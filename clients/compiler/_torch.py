@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from microco.services.compiler._types import (
+from microco.clients.compiler.explore.types import (
     STAGE_COMPILE,
     STAGE_STRUCTURE,
     Config,
@@ -277,7 +277,7 @@ class AstraTorch(SessionBacked):
         self.thread_values = threads if threads is not None else thread_choices()
         self.runners: dict[str, CellRunner] = {}
         if explorer is None:
-            from microco.services.compiler import LocalExplorer
+            from .explore import LocalExplorer
 
             explorer = LocalExplorer()
         # Compiles (Inductor cell regions, the whole step) run first in a background process

@@ -7,7 +7,7 @@ from typing import Any
 
 from microco.api.common.v1 import common_pb2
 from microco.api.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from microco.clients.common import ServiceClient
+from microco.common import ServiceClient
 
 STATES = {
     "queued": scheduler_pb2.JOB_STATE_QUEUED,
@@ -91,7 +91,7 @@ def make_spec(
 
 
 class SchedulerClient(ServiceClient):
-    """One method per RPC; errors come back as ``microco.services.common.errors`` types."""
+    """One method per RPC; errors come back as ``microco.common.errors`` types."""
 
     service_name = "scheduler"
 
@@ -138,7 +138,7 @@ class SchedulerClient(ServiceClient):
         """Stream of job changes (current state first); ``timeout`` bounds the whole stream."""
         import grpc
 
-        from microco.services.common.errors import from_rpc_error
+        from microco.common.errors import from_rpc_error
 
         try:
             yield from self._stub.WatchJobs(

@@ -12,8 +12,8 @@ import pyarrow as pa
 
 from microco.api.store.v1 import store_pb2 as pb
 from microco.api.store.v1 import store_pb2_grpc as pb_grpc
-from microco.clients.common import ServiceClient
-from microco.services.common.errors import InvalidArgument, from_rpc_error
+from microco.common import ServiceClient
+from microco.common.errors import InvalidArgument, from_rpc_error
 
 CHUNK = 4 << 20
 

@@ -8,7 +8,9 @@ hook through a control directory, and reports each process's progress and exit.
 
 from ._devices import DeviceInfo, discover_devices
 from ._procs import ManagedProcess, ProcessManager
-from ._service import NODES_PREFIX, NodeAgent, NodeAgentServicer
+from microco.clients.agent import NODES_PREFIX
+
+from ._service import NodeAgent, NodeAgentServicer
 
 __all__ = [
     "NODES_PREFIX",

@@ -1,6 +1,6 @@
 """``python -m microco.services.agent``: the node agent of one host."""
 
-from microco.services.common.server import run_service
+from microco.services.runtime.server import run_service
 
 from ._service import add_arguments, setup
 

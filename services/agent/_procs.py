@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from microco.clients.scheduler import ControlChannel
-from microco.clients.scheduler._job import (
+from microco.clients.scheduler import (
+    ControlChannel,
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
     ENV_CONTROL_DIR,
     ENV_DEVICES,
     ENV_JOB_ID,
 )
-from microco.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from ._devices import DeviceInfo
 from ._warm import ForkedProcess, Zygote, python_target

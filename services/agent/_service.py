@@ -20,10 +20,11 @@ import grpc
 
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.api.common.v1 import common_pb2
-from microco.services.common.errors import InvalidArgument, NotFound, ResourceExhausted
-from microco.services.common.kv import KV, dumps
-from microco.services.common.registry import LeasedKey
-from microco.services.common.server import ServiceContext, ServiceRuntime
+from microco.common.errors import InvalidArgument, NotFound, ResourceExhausted
+from microco.common.kv import KV, dumps
+from microco.clients.agent import NODES_PREFIX
+from microco.common.registry import LeasedKey
+from microco.services.runtime.server import ServiceContext, ServiceRuntime
 
 from ._devices import DeviceInfo, discover_devices
 from ._procs import ManagedProcess, ProcessManager, tail_offset
@@ -31,7 +32,6 @@ from ._warm import parse_preload
 
 log = logging.getLogger(__name__)
 
-NODES_PREFIX = "/microco/nodes/"
 _LOG_CHUNK = 64 * 1024  # bytes of a job's log per streamed message
 _FOLLOW_POLL_S = 0.25  # how often a followed log is checked for more output
 # Followed logs each hold one of the server's worker threads for as long as the job runs: at

@@ -14,9 +14,9 @@ import logging
 import os
 import threading
 
-from microco.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
-from ._digest import digest, file_locator, is_digest
+from microco.clients.cache._digest import digest, file_locator, is_digest
 
 log = logging.getLogger(__name__)
 

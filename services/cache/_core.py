@@ -14,12 +14,12 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from microco.services.common.errors import InvalidArgument, NotFound
+from microco.common.errors import InvalidArgument, NotFound
 
 from ._allocation import Allocation, JobDemand, allocate, estimate_benefit
 from ._chunkstore import ChunkStore, DigestMismatch
-from ._digest import digest, directory_locator, is_digest
-from ._directory import RedisDirectory
+from microco.clients.cache._digest import digest, directory_locator, is_digest
+from microco.clients.cache._directory import RedisDirectory
 from ._eviction import ConsumptionTracker, EvictionPolicy, Ledger, Outcome, make_policy
 
 log = logging.getLogger(__name__)

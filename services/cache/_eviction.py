@@ -261,6 +261,6 @@ def make_policy(name: str) -> EvictionPolicy:
     try:
         return POLICIES[name]()
     except KeyError:
-        from microco.services.common.errors import InvalidArgument
+        from microco.common.errors import InvalidArgument
 
         raise InvalidArgument(f"unknown eviction policy {name!r}; known: {sorted(POLICIES)}") from None

@@ -11,8 +11,8 @@ from typing import Any
 
 import grpc
 from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
-from microco.services.common.errors import InvalidArgument, MicrocoError
-from microco.services.common.hotstate import key
+from microco.common.errors import InvalidArgument, MicrocoError
+from microco.common.hotstate import key
 
 from ._core import CacheCore
 
@@ -240,7 +240,7 @@ def add_arguments(parser: Any) -> None:
 def setup(ctx: Any) -> None:
     """Build the cache service inside the common runtime (used by ``python -m microco.services.cache``)."""
     from ._chunkstore import ChunkStore
-    from ._directory import RedisDirectory
+    from microco.clients.cache._directory import RedisDirectory
 
     args = ctx.args
     s = ctx.settings

@@ -1,14 +1,13 @@
-"""microco.services.compiler: Astra's compiler service and its exploration core.
+"""microco.services.compiler: Astra's compiler service.
 
-The core (:func:`start`, :func:`next_config`, :func:`report` over an :class:`Exploration`) is
-pure; :class:`CompilerCore` keeps explorations and committed configurations in a KV store
-(etcd); :class:`LocalExplorer` runs the same core in-process; the gRPC servicer is a thin
-adapter over :class:`CompilerCore`.
+A thin gRPC adapter (:mod:`._servicer`) over :class:`CompilerCore`, the exploration core shared
+with the training-side wrapper, which lives one layer down in
+:mod:`microco.clients.compiler.explore` and is re-exported here for the service's callers.
 """
 
-from ._core import Exploration, ExplorationPolicy, TrialRecord, commit, next_config, report, start
-from ._store import COMMITTED, EXPLORATIONS, CompilerCore, LocalExplorer, committed_record
-from ._types import (
+from microco.clients.compiler.explore import Exploration, ExplorationPolicy, TrialRecord, commit, next_config, report, start
+from microco.clients.compiler.explore import COMMITTED, EXPLORATIONS, CompilerCore, LocalExplorer, committed_record
+from microco.clients.compiler.explore import (
     STAGE_COMPILE,
     STAGE_FINE,
     STAGE_STRUCTURE,

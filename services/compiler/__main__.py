@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from microco.services.common.server import run_service
+from microco.services.runtime.server import run_service
 
 from ._servicer import add_arguments, setup
 

@@ -8,12 +8,11 @@ from typing import Any
 
 from microco.api.compiler.v1 import compiler_pb2 as pb
 from microco.api.compiler.v1 import compiler_pb2_grpc as pb_grpc
-from microco.services.common import InvalidArgument
-from microco.services.common.server import ServiceContext
+from microco.common import InvalidArgument
+from microco.services.runtime.server import ServiceContext
 
-from . import wire
-from ._core import ExplorationPolicy
-from ._store import CompilerCore
+from microco.clients.compiler.explore import wire
+from microco.clients.compiler.explore import CompilerCore, ExplorationPolicy
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "microco.api.compiler.v1.CompilerService"

@@ -25,8 +25,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import microco
-from microco.services.common.errors import MicrocoError, PermissionDenied, Unauthenticated
-from microco.services.common.kv import KV
+from microco.common.errors import MicrocoError, PermissionDenied, Unauthenticated
+from microco.common.kv import KV
 
 from . import _views as views
 from ._config import ConsoleConfig

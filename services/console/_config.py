@@ -15,8 +15,8 @@ import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from microco.services.common.errors import InvalidArgument
-from microco.services.common.kv import parse_endpoints
+from microco.common.errors import InvalidArgument
+from microco.common.kv import parse_endpoints
 
 # Printed in the docs and used by `microco up` in development; refused under any other profile.
 DEFAULT_DEV_TOKEN = "microco-dev-token"

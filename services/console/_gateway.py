@@ -18,12 +18,12 @@ from typing import Any, TypeVar
 
 import grpc
 
-from microco.clients.common import call_with_retry, dial
-from microco.services.common.errors import Unavailable, Unimplemented
-from microco.services.common.hotstate import connect_redis
-from microco.services.common.kv import KV
-from microco.services.common.registry import ServiceRecord, discover
-from microco.services.stack import check_health
+from microco.common import call_with_retry, dial
+from microco.common.errors import Unavailable, Unimplemented
+from microco.common.hotstate import connect_redis
+from microco.common.kv import KV
+from microco.common.registry import ServiceRecord, discover
+from microco.common.health import check_health
 
 from ._config import ConsoleConfig
 
@@ -174,7 +174,7 @@ class Gateway:
         is part of the build when a job was found)."""
         with self._lock:
             if self._agents is None:
-                from microco.services.scheduler import AgentDirectory
+                from microco.clients.agent import AgentDirectory
 
                 self._agents = AgentDirectory(self.kv, timeout_s=self.config.rpc_timeout_s)
             return self._agents

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from microco.services.common.errors import MicrocoError
+from microco.common.errors import MicrocoError
 
 from ._gateway import Gateway
 from ._proto import to_dict

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from typing import Any
 
-from microco.services.common.hotstate import key
+from microco.common.hotstate import key
 
 log = logging.getLogger(__name__)
 

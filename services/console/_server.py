@@ -17,11 +17,11 @@ import time
 from typing import Any
 
 import microco
-from microco.services.common.errors import MicrocoError
-from microco.services.common.kv import EtcdKV
-from microco.services.common.logs import configure_logging
-from microco.services.common.registry import Registration, ServiceRecord
-from microco.services.common.settings import add_common_flags
+from microco.common.errors import MicrocoError
+from microco.common.kv import EtcdKV
+from microco.common.logs import configure_logging
+from microco.common.registry import Registration, ServiceRecord
+from microco.services.runtime.settings import add_common_flags
 
 from ._app import create_app
 from ._config import ConsoleConfig, add_console_flags, config_from_args

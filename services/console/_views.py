@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from microco.services.common.errors import InvalidArgument, MicrocoError, NotFound, from_rpc_error
+from microco.common.errors import InvalidArgument, MicrocoError, NotFound, from_rpc_error
 
 from ._gateway import SYSTEMS, Gateway
 from ._proto import enum_number, to_dict

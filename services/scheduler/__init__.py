@@ -6,14 +6,12 @@ The policies live in :mod:`microco.services.scheduler.policy`, the simulator in
 :mod:`microco.services.scheduler.sim`.
 """
 
-from ._agents import AgentDirectory
 from ._core import SchedulerCore
 from ._jobs import JOBS_PREFIX, record_to_pb, spec_from_pb, validate_spec
 from ._service import Scheduler, SchedulerServicer
 
 __all__ = [
     "JOBS_PREFIX",
-    "AgentDirectory",
     "Scheduler",
     "SchedulerCore",
     "SchedulerServicer",

@@ -20,18 +20,21 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from microco.services.common.errors import (
+from microco.api.agent.v1 import agent_pb2
+from microco.clients.agent import AgentDirectory
+from microco.clients.scheduler import EXIT_CHECKPOINTED
+from microco.common.errors import (
     Aborted,
     FailedPrecondition,
     InvalidArgument,
     MicrocoError,
     NotFound,
 )
-from microco.services.common.kv import KV, dumps
+from microco.common.kv import KV, dumps
 
 from . import _jobs as J
 from . import _metrics as M
-from ._agents import AgentDirectory
+
 from .policy import (
     Decision,
     Migrate,
@@ -47,7 +50,6 @@ from .policy import (
 
 log = logging.getLogger(__name__)
 
-EXIT_CHECKPOINTED = 75
 PROFILES_PREFIX = "/microco/scheduler/profiles/"
 
 
@@ -382,7 +384,7 @@ class SchedulerCore:
         if rec["state"] in J.HOLDING:
             rec["attained_service_s"] += dt * max(1, len(rec["devices"]))
         pending = rec["pending"]
-        if p.state == 3:  # EXITED
+        if p.state == agent_pb2.PROCESS_STATE_EXITED:
             code = p.exit_code
             if code == 0:
                 self._release(rec)
@@ -436,7 +438,7 @@ class SchedulerCore:
                 self._stop_ranks(rec, skip=node)
                 self._lost(rec, f"rank process on {node} is gone", now)
                 return False
-            if p.state == 3 and p.exit_code not in (0, EXIT_CHECKPOINTED):
+            if p.state == agent_pb2.PROCESS_STATE_EXITED and p.exit_code not in (0, EXIT_CHECKPOINTED):
                 self._stop_ranks(rec, skip=node)
                 if p.exit_code < 0:
                     self._lost(rec, f"rank process on {node} killed by signal {-p.exit_code}", now)
@@ -497,7 +499,7 @@ class SchedulerCore:
         """A process the records do not expect (an older attempt, a cancelled job) is stopped."""
         for node, procs in self._procs.items():
             for job_id, p in procs.items():
-                if p.state == 3:
+                if p.state == agent_pb2.PROCESS_STATE_EXITED:
                     continue
                 rec = self._jobs.get(job_id)
                 if rec is None:
@@ -675,7 +677,7 @@ class SchedulerCore:
         placement = self._placement(devices)
         node = placement[0][0]
         p = self._proc(rec) if rec["parked"] else None
-        if p is not None and p.state != 3 and rec["node"] == node and len(placement) == 1:
+        if p is not None and p.state != agent_pb2.PROCESS_STATE_EXITED and rec["node"] == node and len(placement) == 1:
             # A parked process on the same node: resume in place (fast: no restart).
             st = self.agents.control(self._address(node), rec["id"], "resume", devices)
             rec.update(devices=devices, parked=False, step_at_change=rec["step"])
@@ -683,7 +685,7 @@ class SchedulerCore:
             J.set_state(rec, J.RUNNING, f"resumed in place on {', '.join(devices)} ({how})", now)
             self._save(rec)
             return
-        if p is not None and p.state != 3:
+        if p is not None and p.state != agent_pb2.PROCESS_STATE_EXITED:
             # Parked elsewhere: let it exit (its checkpoint is on disk), then start it here.
             self._stop_then_start(rec, devices, now, f"resume on {node}")
             return
@@ -751,8 +753,8 @@ class SchedulerCore:
         rec["message"] = f"suspending: {reason}"
         self._save(rec)
         # Wait for the next mini-batch boundary so the devices are really free for what follows.
-        p = self._wait_proc(rec, lambda p: p.seq_done >= st.control_seq or p.state == 3)
-        if p is not None and p.state != 3:
+        p = self._wait_proc(rec, lambda p: p.seq_done >= st.control_seq or p.state == agent_pb2.PROCESS_STATE_EXITED)
+        if p is not None and p.state != agent_pb2.PROCESS_STATE_EXITED:
             rec["checkpoint_step"] = max(rec["checkpoint_step"], int(p.checkpoint_step))
             rec["step"] = int(p.step)
             self._parked(rec, now)
@@ -772,7 +774,7 @@ class SchedulerCore:
             "since": now,
         }
         self._save(rec)
-        p = self._wait_proc(rec, lambda p: p.state == 3)
+        p = self._wait_proc(rec, lambda p: p.state == agent_pb2.PROCESS_STATE_EXITED)
         if p is not None and p.exit_code == EXIT_CHECKPOINTED:
             rec["checkpoint_step"] = max(rec["checkpoint_step"], int(p.checkpoint_step))
             rec["step"] = int(p.step)

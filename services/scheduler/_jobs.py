@@ -13,7 +13,7 @@ from typing import Any
 
 from microco.api.common.v1 import common_pb2
 from microco.api.scheduler.v1 import scheduler_pb2
-from microco.services.common.errors import InvalidArgument
+from microco.common.errors import InvalidArgument
 
 JOBS_PREFIX = "/microco/scheduler/jobs/"
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from microco.services.common.kv import KV
+from microco.common.kv import KV
 
 
 def _wait(pred: Any, timeout: float, what: str, proc: subprocess.Popen[bytes] | None = None) -> Any:
@@ -71,7 +71,7 @@ def spawn_agent(
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - the child keeps it
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     if kv is not None:
-        from microco.services.agent import NODES_PREFIX
+        from microco.clients.agent import NODES_PREFIX
 
         _wait(lambda: (kv.get_json(NODES_PREFIX + node) or {}).get("address"), timeout, f"agent {node}", proc)
         if wait_warm:
@@ -132,7 +132,7 @@ def spawn_scheduler(
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - the child keeps it
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     if kv is not None:
-        from microco.services.common.registry import discover
+        from microco.common.registry import discover
 
         if instance_id:
             _wait(

@@ -20,10 +20,10 @@ import grpc
 
 from microco.api.common.v1 import common_pb2
 from microco.api.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from microco.services.common.election import LeaderElection
-from microco.services.common.errors import InvalidArgument
-from microco.services.common.kv import KV
-from microco.services.common.server import ServiceContext, ServiceRuntime
+from microco.common.election import LeaderElection
+from microco.common.errors import InvalidArgument
+from microco.common.kv import KV
+from microco.services.runtime.server import ServiceContext, ServiceRuntime
 
 from . import _jobs as J
 from . import _metrics as M

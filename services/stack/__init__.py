@@ -1,7 +1,7 @@
 """The local stack: real etcd and Redis plus every microco service on one machine
 (``microco up`` / ``microco down`` / ``microco status``), and the same servers for test fixtures."""
 
-from ._health import check_health
+from microco.common.health import check_health
 from ._servers import EtcdServer, RedisServer, free_port, port_open
 from ._supervisor import (
     ProcessSpec,

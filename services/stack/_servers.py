@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from microco.services.common.errors import FailedPrecondition, Unavailable
+from microco.common.errors import FailedPrecondition, Unavailable
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -172,7 +172,7 @@ class EtcdServer(_ChildServer):
         if not port_open(self.host, self.port):
             return False
         try:
-            from microco.services.common.kv import EtcdKV
+            from microco.common.kv import EtcdKV
 
             EtcdKV(self.endpoint, timeout=1.0).close()
             return True

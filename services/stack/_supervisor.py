@@ -22,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from microco.services.common.errors import FailedPrecondition, MicrocoError, Unavailable
-from microco.services.common.kv import EtcdKV
-from microco.services.common.registry import SERVICES_PREFIX, ServiceRecord
+from microco.common.errors import FailedPrecondition, MicrocoError, Unavailable
+from microco.common.kv import EtcdKV
+from microco.common.registry import SERVICES_PREFIX, ServiceRecord
 
-from ._health import check_health
+from microco.common.health import check_health
 from ._servers import EtcdServer, RedisServer, free_port
 
 log = logging.getLogger(__name__)

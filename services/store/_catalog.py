@@ -21,8 +21,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from microco.services.common.errors import Aborted, AlreadyExists, InvalidArgument, NotFound
-from microco.services.common.kv import KV, dumps
+from microco.common.errors import Aborted, AlreadyExists, InvalidArgument, NotFound
+from microco.common.kv import KV, dumps
 
 from ._layout import ExtentMeta
 from ._partition import PartitionSpec, range_bounds

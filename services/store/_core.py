@@ -15,14 +15,14 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from microco.services.common.errors import (
+from microco.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     MicrocoError,
     NotFound,
     Unavailable,
 )
-from microco.services.common.kv import KV
+from microco.common.kv import KV
 
 from . import _exec
 from ._catalog import ROOT, Catalog, SuperExtent, TableInfo

@@ -21,15 +21,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from microco.services.common.errors import (
+from microco.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     MicrocoError,
     NotFound,
     Unavailable,
 )
-from microco.services.common.kv import KV
-from microco.services.common.registry import discover
+from microco.common.kv import KV
+from microco.common.registry import discover
 
 from ._nodestore import CorruptExtent, NodeStore
 from ._placement import NodeInfo

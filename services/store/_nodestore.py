@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import pyarrow as pa
 
-from microco.services.common.errors import InvalidArgument, MicrocoError, NotFound
+from microco.common.errors import InvalidArgument, MicrocoError, NotFound
 
 from . import _exec
 from ._layout import bucketed_extents, extent_path, file_checksum, read_extent, write_extent

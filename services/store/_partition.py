@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from microco.services.common.errors import InvalidArgument
+from microco.common.errors import InvalidArgument
 
 HASH = "hash"
 RANGE = "range"

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from microco.services.common.errors import FailedPrecondition
+from microco.common.errors import FailedPrecondition
 
 REPLICAS = 3
 

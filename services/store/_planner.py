@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from microco.services.common.errors import NotFound, Unavailable
+from microco.common.errors import NotFound, Unavailable
 
 from ._catalog import TableInfo
 from ._layout import ExtentMeta, others

@@ -12,9 +12,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from microco.services.common.errors import Unavailable
-from microco.services.common.kv import EtcdKV
-from microco.services.common.registry import discover
+from microco.common.errors import Unavailable
+from microco.common.kv import EtcdKV
+from microco.common.registry import discover
 
 
 class StoreCluster:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from microco.services.common.errors import InvalidArgument
+from microco.common.errors import InvalidArgument
 
 OPS = ("=", "!=", "<", "<=", ">", ">=", "in")
 AGG_FUNCS = ("sum", "count", "min", "max", "mean")

@@ -18,8 +18,8 @@ from prometheus_client import Counter, Gauge
 
 from microco.api.store.v1 import store_pb2 as pb
 from microco.api.store.v1 import store_pb2_grpc as pb_grpc
-from microco.services.common.errors import InvalidArgument
-from microco.services.common.server import ServiceContext, run_service
+from microco.common.errors import InvalidArgument
+from microco.services.runtime.server import ServiceContext, run_service
 
 from ._core import StoreCore
 from ._flight import NODE_SERVICE, FlightTransport, StoreFlightServer
@@ -216,7 +216,7 @@ class RecoveryLoop:
         self._thread = threading.Thread(target=self._run, name="store-recovery", daemon=True)
 
     def start(self) -> RecoveryLoop:
-        from microco.services.common.registry import SERVICES_PREFIX
+        from microco.common.registry import SERVICES_PREFIX
 
         def on_event(ev: Any) -> None:
             if ev.kind == "delete":

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def test_demo_runs_through_every_system(tmp_path: Path) -> None:
     home = tmp_path / "home"
     proc = subprocess.run(
-        [sys.executable, "-m", "microco.clients.cli", "up", "--home", str(home), "--demo", "--exit-after-demo",
+        [sys.executable, "-m", "microco.cli", "up", "--home", str(home), "--demo", "--exit-after-demo",
          "--no-console", "--store-nodes", "3", "--devices", "2", "--demo-jobs", "2", "--demo-epochs", "1"],
         capture_output=True,
         text=True,

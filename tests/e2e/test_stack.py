@@ -17,7 +17,7 @@ from microco.services.stack import StackOptions, platform_processes
 
 pytestmark = pytest.mark.e2e
 
-MICROCO = [sys.executable, "-m", "microco.clients.cli"]
+MICROCO = [sys.executable, "-m", "microco.cli"]
 
 
 def pid_alive(pid: int) -> bool:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 def microco(etcd, *args, check=True):
     env = {**os.environ, "MICROCO_ETCD": etcd}
     r = subprocess.run(
-        [sys.executable, "-m", "microco.clients.cli", *args],
+        [sys.executable, "-m", "microco.cli", *args],
         env=env,
         capture_output=True,
         check=False,

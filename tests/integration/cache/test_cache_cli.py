@@ -6,7 +6,7 @@ import json
 
 import pytest
 from microco.clients.cache import CacheClient
-from microco.clients.cli import main
+from microco.cli import main
 
 pytestmark = pytest.mark.integration
 

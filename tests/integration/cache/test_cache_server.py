@@ -13,8 +13,8 @@ from microco.clients.cache import (
     register_dataset,
 )
 from microco.services.cache import RedisDirectory, digest, open_store
-from microco.services.common.errors import AlreadyExists, NotFound
-from microco.services.common.hotstate import connect_redis
+from microco.common.errors import AlreadyExists, NotFound
+from microco.common.hotstate import connect_redis
 
 pytestmark = pytest.mark.integration
 

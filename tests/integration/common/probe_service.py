@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from microco.services.common import run_service
+from microco.services.runtime import run_service
 
 
 def setup(ctx):

@@ -8,7 +8,7 @@ import time
 import pytest
 from _support import wait_for
 
-from microco.services.common import (
+from microco.common import (
     EtcdKV,
     LeaderElection,
     Registration,

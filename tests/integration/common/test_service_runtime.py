@@ -16,8 +16,8 @@ from _support import wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from microco.api.common.v1 import common_pb2, common_pb2_grpc
-from microco.clients.common import ServiceClient, dial
-from microco.services.common import (
+from microco.common import ServiceClient, dial
+from microco.common import (
     EtcdKV,
     InvalidArgument,
     NotFound,
@@ -26,7 +26,7 @@ from microco.services.common import (
     Unavailable,
     discover,
 )
-from microco.services.common.server import _INFO_SERVICE
+from microco.services.runtime.server import _INFO_SERVICE
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 from microco.clients.compiler import RemoteExplorer
 from microco.clients.compiler._torch import AstraTorch
 from microco.clients.compiler.zoo import torch_models as zm
-from microco.services.common import InvalidArgument, NotFound
-from microco.services.compiler import GraphSpec, Variable
+from microco.common import InvalidArgument, NotFound
+from microco.clients.compiler.explore import GraphSpec, Variable
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
@@ -169,7 +169,7 @@ def test_restart_resumes_lost_service_keeps_training_and_commit_is_reused(servic
 
 
 def test_cli_shows_graphs_trials_and_speedups(service, etcd_kv, etcd_endpoint, capsys):
-    from microco.clients.cli import main as cli
+    from microco.cli import main as cli
 
     x, y = zm.synthetic_batch(4, 4, 6)
     model, astra, opt = _job(RemoteExplorer.from_address(service.address))

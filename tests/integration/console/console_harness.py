@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from microco.services.common.kv import EtcdKV
-from microco.services.common.registry import ServiceRecord
+from microco.common.kv import EtcdKV
+from microco.common.registry import ServiceRecord
 
 VIEW_TOKEN = "viewer-token-for-tests"
 

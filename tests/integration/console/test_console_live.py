@@ -124,7 +124,7 @@ def test_default_token_refused_outside_dev(etcd_endpoint: str, redis_url: str, t
 
 
 def test_sigterm_leaves_the_registry_first(etcd_endpoint: str, redis_url: str, tmp_path) -> None:
-    from microco.services.common.kv import EtcdKV
+    from microco.common.kv import EtcdKV
 
     kv = EtcdKV(etcd_endpoint)
     port = free_port()
@@ -151,7 +151,7 @@ def test_sigterm_leaves_the_registry_first(etcd_endpoint: str, redis_url: str, t
 def test_cli_prints_token_and_url(
     platform: Platform, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from microco.clients.cli import main
+    from microco.cli import main
 
     assert main(["console", "open", "--etcd", platform.etcd, "--no-browser"]) == 0
     assert platform.url.split("//")[1] in capsys.readouterr().out
@@ -168,7 +168,7 @@ def test_losing_redis_costs_plots_not_the_console(etcd_endpoint: str) -> None:
     """Redis holds only the plot series: with it unreachable the console still answers, keeps its
     series in memory, and says so in /readyz."""
     from fastapi.testclient import TestClient
-    from microco.services.common.kv import EtcdKV
+    from microco.common.kv import EtcdKV
     from microco.services.console import ConsoleConfig, create_app
     from microco.services.console._series import SeriesStore
 

@@ -63,7 +63,7 @@ def systems(platform: Platform) -> Iterator[dict[str, list[Proc]]]:
 def test_compiler_explorations_and_committed_configuration(platform: Platform, systems: dict) -> None:
     from microco.api.compiler.v1 import compiler_pb2 as pb
     from microco.api.compiler.v1 import compiler_pb2_grpc as pb_grpc
-    from microco.clients.common import dial
+    from microco.common import dial
 
     # A client explores through the compiler's own API; the timings are what a step under each
     # configuration would report (the "fused" choice being the faster one).

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from microco.services.agent import NODES_PREFIX
+from microco.clients.agent import NODES_PREFIX
 from microco.services.scheduler import _jobs as J
 from microco.services.scheduler._core import SchedulerCore
 from microco.services.scheduler.policy import (

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
-from microco.services.agent import NODES_PREFIX
+from microco.clients.agent import NODES_PREFIX
 
 pytestmark = pytest.mark.integration
 

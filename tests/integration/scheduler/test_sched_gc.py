@@ -12,8 +12,8 @@ import time
 import pytest
 from _support import synthetic_job, wait_until
 
-from microco.clients.cli import main as cli
-from microco.clients.common import channel_for
+from microco.cli import main as cli
+from microco.common import channel_for
 from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
 from microco.services.scheduler._local import spawn_scheduler, stop_process
 
@@ -97,7 +97,7 @@ def test_job_data_is_collected(agents, etcd_endpoint, etcd_kv, tmp_path, capsys)
         assert job_to_dict(c.get(live))["state"] == "running"
         # following a running job's log ends when its process does
         follow = subprocess.Popen(
-            [sys.executable, "-m", "microco.clients.cli", "job", "--etcd", etcd_endpoint, "logs", "-f", live],
+            [sys.executable, "-m", "microco.cli", "job", "--etcd", etcd_endpoint, "logs", "-f", live],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -9,9 +9,9 @@ import time
 import pytest
 from _support import synthetic_job, wait_for_jobs
 
-from microco.clients.common import channel_for
+from microco.common import channel_for
 from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
-from microco.services.common.errors import InvalidArgument, NotFound
+from microco.common.errors import InvalidArgument, NotFound
 from microco.services.scheduler import _jobs as J
 from microco.services.scheduler._local import spawn_scheduler, stop_process
 from microco.services.scheduler.policy import job_view_from_dict
@@ -208,7 +208,7 @@ def test_failover_and_kills_lose_nothing(agents, scheduler, etcd_kv, etcd_endpoi
 
     # kill -9 a job process: marked and restarted from its last checkpoint.
     procs = etcd_kv.get_json(f"/microco/scheduler/jobs/{a}")
-    from microco.services.scheduler._agents import AgentDirectory
+    from microco.clients.agent import AgentDirectory
 
     d = AgentDirectory(etcd_kv)
     p = next(p for p in d.list_processes(d.nodes()["n1"]["address"]) if p.job_id == a)

@@ -162,7 +162,7 @@ def test_forked_jobs_die_with_a_killed_agent(etcd_endpoint, etcd_kv, tmp_path):
     import grpc
 
     from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
-    from microco.services.agent import NODES_PREFIX
+    from microco.clients.agent import NODES_PREFIX
     from microco.services.scheduler._local import spawn_agent, stop_process
 
     agent = spawn_agent(

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pytest
 
 from microco.clients.store import StoreClient
-from microco.services.common.errors import AlreadyExists, InvalidArgument, NotFound
-from microco.services.common.kv import EtcdKV
+from microco.common.errors import AlreadyExists, InvalidArgument, NotFound
+from microco.common.kv import EtcdKV
 from microco.services.store import check_row_copies
 from microco.services.store._catalog import Catalog
 from microco.services.store._layout import read_extent
@@ -192,7 +192,7 @@ def test_bad_input_changes_nothing(cluster):
 def test_cli_create_load_query_explain_nodes_recovery(cluster, tmp_path, capsys):
     import pyarrow.csv as pcsv
 
-    from microco.clients.cli import main
+    from microco.cli import main
 
     c, client = cluster
     csv = tmp_path / "cust.csv"

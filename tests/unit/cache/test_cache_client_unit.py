@@ -7,8 +7,8 @@ import pytest
 from microco.clients.cache import QuiverLoader, get_dataset, list_datasets, load_index, register_dataset
 from microco.services.cache import LocalStore, ThrottledStore, build_index, parse_size
 from microco.services.cache._servicer import stats_to_proto
-from microco.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from microco.services.common.kv import MemoryKV
+from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from microco.common.kv import MemoryKV
 
 
 def _write(root, n=30, size=300):

@@ -7,7 +7,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from microco.services.cache._sampler import BatchMode, SubstitutableSampler
+from microco.clients.cache._sampler import BatchMode, SubstitutableSampler
 
 
 @settings(max_examples=150, deadline=None)

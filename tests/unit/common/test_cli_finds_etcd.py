@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from microco.clients.cli import build_parser, main
+from microco.cli import build_parser, main
 
 # each command group that reads etcd, with one of its read-only subcommands
 COMMANDS = [

@@ -3,9 +3,9 @@ import argparse
 import grpc
 import pytest
 
-from microco.services.common import errors
-from microco.services.common.kv import parse_endpoints
-from microco.services.common.settings import ServiceSettings, add_common_flags, settings_from_args
+from microco.common import errors
+from microco.common.kv import parse_endpoints
+from microco.services.runtime.settings import ServiceSettings, add_common_flags, settings_from_args
 
 
 @pytest.mark.parametrize(

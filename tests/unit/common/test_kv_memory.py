@@ -1,6 +1,6 @@
 """MemoryKV keeps etcd's semantics (the same contract tests run on the real server)."""
 
-from microco.services.common import MemoryKV, WatchEvent
+from microco.common import MemoryKV, WatchEvent
 
 
 class FakeClock:

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from microco.clients.compiler._background import BackgroundCompiler
 from microco.clients.compiler._torch import AstraTorch
 from microco.clients.compiler.zoo import torch_models as zm
-from microco.services.compiler._types import Config
+from microco.clients.compiler.explore.types import Config
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]  # a cold Inductor compile in a child process
 

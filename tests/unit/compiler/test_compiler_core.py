@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from microco.services.common import InvalidArgument, MemoryKV, NotFound
-from microco.services.compiler import (
+from microco.common import InvalidArgument, MemoryKV, NotFound
+from microco.clients.compiler.explore import (
     STAGE_COMPILE,
     STAGE_FINE,
     STAGE_STRUCTURE,
@@ -245,7 +245,7 @@ def test_a_graph_without_variables_is_committed_at_once():
 
 
 def test_spec_with_compile_priors_round_trips_through_the_wire():
-    from microco.services.compiler import wire
+    from microco.clients.compiler.explore import wire
 
     s = spec(
         variables=spec().variables
@@ -387,7 +387,7 @@ def test_a_client_calibrated_prior_is_used_as_given_and_does_not_calibrate_the_o
     # The flag survives the JSON the state is kept in and the wire; absent, old states load.
     assert Variable.from_dict(calibrated.to_dict()) == calibrated
     assert "prior_calibrated" not in WHOLE.to_dict()
-    from microco.services.compiler import wire
+    from microco.clients.compiler.explore import wire
 
     assert wire.variable_from_proto(wire.variable_to_proto(calibrated)) == calibrated
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from microco.services.compiler import (
+from microco.clients.compiler.explore import (
     STAGE_COMPILE,
     STAGE_STRUCTURE,
     Exploration,
@@ -18,7 +18,7 @@ from microco.services.compiler import (
     report,
     start,
 )
-from microco.services.compiler._types import HOLD_TRIAL
+from microco.clients.compiler.explore.types import HOLD_TRIAL
 
 POLICY = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
 VARS = (
@@ -233,7 +233,7 @@ def test_a_compiled_challenger_far_behind_by_a_noisy_trial_is_retimed_a_plain_on
 
 
 def test_hold_pending_and_retimes_cross_the_wire():
-    from microco.services.compiler import wire
+    from microco.clients.compiler.explore import wire
 
     cfg = next_config(start(GraphSpec("fp", "x", "cpu", VARS, total_steps=100_000), POLICY), POLICY)
     hold = type(cfg)(cfg.key, {"A.hoist": "on"}, HOLD_TRIAL, steps=10, hold=True)

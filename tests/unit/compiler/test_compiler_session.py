@@ -7,8 +7,8 @@ import time
 import pytest
 
 from microco.clients.compiler import ExplorationSession
-from microco.services.common import MemoryKV
-from microco.services.compiler import (
+from microco.common import MemoryKV
+from microco.clients.compiler.explore import (
     STAGE_FINE,
     STAGE_STRUCTURE,
     ExplorationPolicy,
@@ -56,7 +56,7 @@ def test_a_trial_far_slower_than_the_best_is_cut_short_and_never_committed(may_c
 
 
 def test_a_run_starting_compiled_reports_its_recompile_once_and_only_then():
-    from microco.services.compiler import STAGE_COMPILE
+    from microco.clients.compiler.explore import STAGE_COMPILE
 
     policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0)
     kv = MemoryKV()

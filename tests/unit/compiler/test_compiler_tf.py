@@ -13,8 +13,8 @@ tf = pytest.importorskip("tensorflow")
 from microco.clients.compiler._tf import AstraTF, run_model
 from microco.clients.compiler.zoo import CELL_NAMES
 from microco.clients.compiler.zoo import tf_models as zt
-from microco.services.common import MemoryKV
-from microco.services.compiler import ExplorationPolicy, LocalExplorer
+from microco.common import MemoryKV
+from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 
 pytestmark = pytest.mark.tensorflow
 
@@ -162,7 +162,7 @@ def test_plain_whole_step_xla_is_tried_whenever_its_compile_can_pay_back(total_s
     A machine where plain XLA is the fastest step: it must be tried (and win) when its estimated
     compile (2,500 HLO instructions x 4 ms) can be repaid within the run, and pruned when not."""
     from microco.clients.compiler._tf_cost import XlaCostModel
-    from microco.services.compiler import GraphSpec, TrialReport, next_config, report, start
+    from microco.clients.compiler.explore import GraphSpec, TrialReport, next_config, report, start
 
     cost = XlaCostModel("hw", None, cold_rate=4.0)
     astra = AstraTF(
@@ -200,7 +200,7 @@ def test_the_cell_cluster_is_tried_only_where_the_xla_loop_did_not_win():
     configuration with both runs the loop variant, the core counts it as the loop alone, and the
     narrower cell cluster gets a trial only where the loop lost (synthetic times, no compile)."""
     from microco.clients.compiler._tf_cost import XlaCostModel
-    from microco.services.compiler import GraphSpec, TrialReport, next_config, report, start
+    from microco.clients.compiler.explore import GraphSpec, TrialReport, next_config, report, start
 
     astra = AstraTF(
         zt.make_model("gru", 4, 6),

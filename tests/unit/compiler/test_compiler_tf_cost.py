@@ -21,7 +21,7 @@ from microco.clients.compiler._tf_cost import (
 )
 from microco.clients.compiler.zoo import CELL_NAMES
 from microco.clients.compiler.zoo import tf_models as zt
-from microco.services.compiler import ExplorationPolicy, LocalExplorer
+from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 
 pytestmark = pytest.mark.tensorflow
 

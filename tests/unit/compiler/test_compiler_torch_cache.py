@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from microco.clients.compiler import AstraTorch
 from microco.clients.compiler._torch_cache import WholeStepBackend
 from microco.clients.compiler.zoo import torch_models as zm
-from microco.services.compiler import LocalExplorer
+from microco.clients.compiler.explore import LocalExplorer
 
 pytestmark = pytest.mark.torch
 

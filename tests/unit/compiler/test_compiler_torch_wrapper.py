@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 
 from microco.clients.compiler._torch import AstraTorch, thread_choices
 from microco.clients.compiler.zoo import torch_models as zm
-from microco.services.common import MemoryKV
-from microco.services.compiler import ExplorationPolicy, LocalExplorer
+from microco.common import MemoryKV
+from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 
 pytestmark = pytest.mark.torch
 POLICY = ExplorationPolicy(measure_steps=1)

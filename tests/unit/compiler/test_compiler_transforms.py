@@ -13,7 +13,7 @@ from microco.clients.compiler._torch import AstraTorch
 from microco.clients.compiler._torch_aot import AotRegion
 from microco.clients.compiler.zoo import CELL_NAMES
 from microco.clients.compiler.zoo import torch_models as zm
-from microco.services.compiler import Config, GraphSpec, TrialReport
+from microco.clients.compiler.explore import Config, GraphSpec, TrialReport
 
 pytestmark = pytest.mark.torch
 

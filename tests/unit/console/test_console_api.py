@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
-from microco.services.common.kv import MemoryKV
+from microco.common.kv import MemoryKV
 from microco.services.console import DEFAULT_DEV_TOKEN, ConsoleConfig, create_app
 from microco.services.console._gateway import SYSTEMS
 

@@ -12,7 +12,7 @@ schemathesis = pytest.importorskip(
 import os
 
 from hypothesis import HealthCheck, settings
-from microco.services.common.kv import MemoryKV
+from microco.common.kv import MemoryKV
 from microco.services.console import DEFAULT_DEV_TOKEN, ConsoleConfig, create_app
 from schemathesis.checks import ignored_auth, response_schema_conformance
 

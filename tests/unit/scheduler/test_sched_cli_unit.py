@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from microco.clients.cli import build_parser, main
+from microco.cli import build_parser, main
 
 
 def test_job_commands_parse():

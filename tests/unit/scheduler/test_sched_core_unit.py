@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from microco.clients.scheduler import job_to_dict, make_spec
-from microco.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from microco.services.common.kv import MemoryKV
+from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from microco.common.kv import MemoryKV
 from microco.services.scheduler import SchedulerCore, record_to_pb, spec_from_pb, validate_spec
 from microco.services.scheduler import _jobs as J
 from microco.services.scheduler.policy import JobPhase, job_view_from_dict, make_policy

@@ -160,7 +160,7 @@ def test_agent_refuses_job_ids_that_are_not_safe_directory_names(tmp_path):
     import sys
 
     from microco.services.agent import ProcessManager, discover_devices
-    from microco.services.common.errors import InvalidArgument
+    from microco.common.errors import InvalidArgument
 
     pm = ProcessManager(tmp_path, discover_devices("n", 1))
     for bad in ("../x", "a/b", ".hidden", ""):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from microco.benchmarks import sim as bench
-from microco.clients.cli import sim as cli
+from microco.cli import sim as cli
 from microco.services.scheduler.sim import TraceJob, default_traces_dir, write_trace_csv
 
 TRACES = default_traces_dir()

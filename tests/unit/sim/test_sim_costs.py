@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from microco.benchmarks import sim as bench
-from microco.clients.cli import sim as cli
+from microco.cli import sim as cli
 from microco.services.scheduler.sim import COST_PROFILES, CostModel, TraceJob, write_trace_csv
 
 # The fields `microco bench scheduler --json` prints (values from a quick run, trimmed).

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from microco.clients.cli import build_parser
-from microco.clients.cli.store import build_query, parse_where
+from microco.cli import build_parser
+from microco.cli.store import build_query, parse_where
 from microco.clients.store import Frame, parse_partitioning
-from microco.services.common.errors import InvalidArgument
+from microco.common.errors import InvalidArgument
 from microco.services.store import Query
 
 

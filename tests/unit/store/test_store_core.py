@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from microco.services.common.errors import AlreadyExists, InvalidArgument, NotFound
-from microco.services.common.kv import MemoryKV
+from microco.common.errors import AlreadyExists, InvalidArgument, NotFound
+from microco.common.kv import MemoryKV
 from microco.services.store import (
     Agg,
     Join,

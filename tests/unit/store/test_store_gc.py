@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from microco.services.common.kv import MemoryKV
+from microco.common.kv import MemoryKV
 from microco.services.store import Agg, LocalTransport, NodeInfo, PartitionSpec, Query, StoreCore
 
 NODES = [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)]

@@ -4,9 +4,9 @@ import random
 
 import grpc
 
-from microco.services.common.errors import Unavailable
-from microco.services.common.kv import KV
-from microco.services.common.registry import discover
+from .errors import Unavailable
+from .kv import KV
+from .registry import discover
 
 _OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),

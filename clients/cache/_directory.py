@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from microco.services.common.hotstate import key
+from microco.common.hotstate import key
 
 from ._digest import directory_locator
 

@@ -57,7 +57,7 @@ def register(sub: Any) -> None:
 
 
 def _kv(args: argparse.Namespace) -> Any:
-    from microco.services.common.kv import EtcdKV
+    from microco.common.kv import EtcdKV
 
     from . import etcd_for
 
@@ -146,7 +146,7 @@ def cmd_datasets(args: argparse.Namespace) -> int:
 
 def _overview(args: argparse.Namespace) -> list[dict[str, Any]]:
     from microco.clients.cache import cache_overview
-    from microco.services.common.errors import Unavailable
+    from microco.common.errors import Unavailable
 
     kv = _kv(args)
     try:

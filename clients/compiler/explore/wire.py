@@ -7,7 +7,7 @@ import math
 from microco.api.compiler.v1 import compiler_pb2 as pb
 
 from ._core import Exploration
-from ._types import Config, GraphSpec, TrialReport, Variable
+from .types import Config, GraphSpec, TrialReport, Variable
 
 
 def variable_to_proto(v: Variable) -> pb.Variable:

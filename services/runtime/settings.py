@@ -10,8 +10,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InvalidArgument
-from .kv import parse_endpoints
+from microco.common.errors import InvalidArgument
+from microco.common.kv import parse_endpoints
 
 PROFILES = ("dev", "prod")
 

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from microco.services.common.errors import from_rpc_error
+from .errors import from_rpc_error
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def call_with_retry(
         attempt += 1
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            from microco.services.common.errors import DeadlineExceeded
+            from microco.common.errors import DeadlineExceeded
 
             raise DeadlineExceeded(f"deadline of {timeout:.1f}s spent after {attempt - 1} attempts")
         try:

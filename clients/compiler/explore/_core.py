@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ._types import HOLD_TRIAL, Config, GraphSpec, TrialReport, Variable
+from .types import HOLD_TRIAL, Config, GraphSpec, TrialReport, Variable
 
 # What one compile costs before anything was measured (ms); replaced by measurements. Torch:
 # one cell region's forward and backward through Inductor's graph compiler, measured 3-16 s on

@@ -96,7 +96,7 @@ def register(sub: Any) -> None:
 
 
 def _kv(args: argparse.Namespace) -> Any:
-    from microco.services.common.kv import EtcdKV
+    from microco.common.kv import EtcdKV
 
     from . import etcd_for
 
@@ -104,7 +104,7 @@ def _kv(args: argparse.Namespace) -> Any:
 
 
 def _client(args: argparse.Namespace, kv: Any = None) -> Any:
-    from microco.clients.common import channel_for
+    from microco.common import channel_for
     from microco.clients.scheduler import SchedulerClient
 
     return SchedulerClient(channel_for(kv or _kv(args), "scheduler"), default_timeout=args.timeout)
@@ -121,7 +121,7 @@ _HEADER = f"{'ID':<28} {'STATE':<10} {'DEVICES':<16} {'STEP':>10} {'MB_MS':>8}  
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from microco.clients.scheduler import job_to_dict, make_spec
-    from microco.services.common.errors import InvalidArgument
+    from microco.common.errors import InvalidArgument
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -240,8 +240,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from microco.clients.scheduler import job_to_dict
-    from microco.services.common.errors import InvalidArgument
-    from microco.services.scheduler import AgentDirectory
+    from microco.common.errors import InvalidArgument
+    from microco.clients.agent import AgentDirectory
 
     if args.tail < 0 or args.attempt < 0:
         raise InvalidArgument("--tail and --attempt must not be negative")

@@ -10,12 +10,14 @@ from typing import Any
 import grpc
 
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
-from microco.clients.common import call_with_retry
-from microco.services.agent import NODES_PREFIX
-from microco.services.common.errors import NotFound, Unavailable, from_rpc_error
-from microco.services.common.kv import KV
+from microco.common import call_with_retry
+from microco.common.errors import NotFound, Unavailable, from_rpc_error
+from microco.common.kv import KV
 
 log = logging.getLogger(__name__)
+
+# Where each node agent registers its devices, under its lease: ``<prefix><node>``.
+NODES_PREFIX = "/microco/nodes/"
 
 CONTROL = {
     "suspend": agent_pb2.CONTROL_SUSPEND,

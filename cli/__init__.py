@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from microco.services.common.errors import MicrocoError
+from microco.common.errors import MicrocoError
 
 from ._platform import etcd_for
 from ._platform import register as register_platform

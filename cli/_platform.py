@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from microco.services.common.errors import FailedPrecondition, InvalidArgument
+from microco.common.errors import FailedPrecondition, InvalidArgument
 
 if TYPE_CHECKING:
     from microco.services.stack import Stack
@@ -198,9 +198,9 @@ def etcd_for(args: argparse.Namespace) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from microco.services.common.kv import EtcdKV
-    from microco.services.common.registry import discover
-    from microco.services.stack import check_health
+    from microco.common.kv import EtcdKV
+    from microco.common.registry import discover
+    from microco.common.health import check_health
 
     kv = EtcdKV(etcd_for(args))
     try:

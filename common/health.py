@@ -8,7 +8,7 @@ import urllib.request
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from microco.services.common.registry import ServiceRecord
+from .registry import ServiceRecord
 
 
 def check_health(record: ServiceRecord, timeout: float = 2.0) -> str:

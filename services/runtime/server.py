@@ -28,10 +28,10 @@ import microco
 from microco.api.common.v1 import common_pb2, common_pb2_grpc
 
 from . import metrics
-from .errors import InvalidArgument, MicrocoError
-from .kv import KV, EtcdKV
-from .logs import configure_logging
-from .registry import Registration, ServiceRecord
+from microco.common.errors import InvalidArgument, MicrocoError
+from microco.common.kv import KV, EtcdKV
+from microco.common.logs import configure_logging
+from microco.common.registry import Registration, ServiceRecord
 from .settings import ServiceSettings, add_common_flags, settings_from_args
 
 log = logging.getLogger(__name__)

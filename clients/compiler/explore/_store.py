@@ -16,11 +16,11 @@ import threading
 import time
 from typing import Any
 
-from microco.services.common import KV, InvalidArgument, NotFound
+from microco.common import KV, InvalidArgument, NotFound
 
 from . import _core
 from ._core import Exploration, ExplorationPolicy
-from ._types import Config, GraphSpec, TrialReport
+from .types import Config, GraphSpec, TrialReport
 
 PREFIX = "/microco/compiler/"
 EXPLORATIONS = PREFIX + "explorations/"
@@ -154,7 +154,7 @@ class LocalExplorer:
 
     def __init__(self, kv: KV | None = None, policy: ExplorationPolicy | None = None) -> None:
         if kv is None:
-            from microco.services.common import MemoryKV
+            from microco.common import MemoryKV
 
             kv = MemoryKV()
         self.core = CompilerCore(kv, policy)

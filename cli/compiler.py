@@ -48,7 +48,7 @@ def register(sub: Any) -> None:
 
 
 def _core(args: argparse.Namespace) -> Any:
-    from microco.services.common.kv import EtcdKV
+    from microco.common.kv import EtcdKV
     from microco.services.compiler import CompilerCore
 
     from . import etcd_for
@@ -57,7 +57,7 @@ def _core(args: argparse.Namespace) -> Any:
 
 
 def _find(core: Any, prefix: str) -> Any:
-    from microco.services.common.errors import InvalidArgument, NotFound
+    from microco.common.errors import InvalidArgument, NotFound
 
     states = [s for s in core.list() if s.key.startswith(prefix)]
     if not states:

@@ -92,7 +92,7 @@ class DatasetIndex:
     @classmethod
     def from_bytes(cls, raw: bytes, expect_digest: str | None = None) -> DatasetIndex:
         """Parse an index, refusing one whose digest is not ``expect_digest``."""
-        from microco.services.common.errors import FailedPrecondition, InvalidArgument
+        from microco.common.errors import FailedPrecondition, InvalidArgument
 
         if expect_digest is not None and digest(raw) != expect_digest:
             raise FailedPrecondition(f"index does not match its digest {expect_digest[:12]}...")
@@ -132,7 +132,7 @@ def _assemble(
     chunk_digests: Sequence[str],
     chunk_bytes: int,
 ) -> DatasetIndex:
-    from microco.services.common.errors import InvalidArgument
+    from microco.common.errors import InvalidArgument
 
     if sum(counts) != len(rows) or len(counts) != len(chunk_digests):
         raise InvalidArgument("index chunk table does not cover its samples")
@@ -189,7 +189,7 @@ def index_store(store, chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress=None) ->
     """Index every file of a backing store."""
     files = store.list_files()
     if not files:
-        from microco.services.common.errors import InvalidArgument
+        from microco.common.errors import InvalidArgument
 
         raise InvalidArgument(f"dataset at {store.url!r} has no files")
     return build_index(files, store.read, chunk_bytes, progress)

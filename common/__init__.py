@@ -1,7 +1,14 @@
-"""Plumbing every microco service shares: errors mapped to gRPC codes, the etcd key-value layer
-with leases, registration, discovery and leader election, Redis for hot state, validated
-settings, structured logs, metrics, and the gRPC service lifecycle."""
+"""microco.common: what every layer above the generated API shares, server and client alike.
 
+Errors mapped to gRPC codes and back, the etcd key-value layer with leases, registration,
+discovery and leader election, Redis for hot state, structured logs, channels to a discovered
+service with deadline-bounded, allow-listed retries, and the health probe. Nothing here starts a
+server: the gRPC service lifecycle, settings and metrics live in :mod:`microco.services.runtime`,
+so a training process that imports the client libraries loads no server code.
+"""
+
+from .calls import ServiceClient, call_with_retry
+from .channel import channel_for, dial
 from .election import LeaderElection
 from .errors import (
     Aborted,
@@ -20,12 +27,11 @@ from .errors import (
     Unimplemented,
     from_rpc_error,
 )
+from .health import check_health
 from .hotstate import connect_redis
 from .kv import KV, EtcdKV, Lease, LeaseKeeper, MemoryKV, WatchEvent
 from .logs import configure_logging
 from .registry import Registration, ServiceRecord, discover
-from .server import ServiceContext, ServiceRuntime, run_service
-from .settings import ServiceSettings
 
 __all__ = [
     "KV",
@@ -46,17 +52,18 @@ __all__ = [
     "PermissionDenied",
     "Registration",
     "ResourceExhausted",
-    "ServiceContext",
+    "ServiceClient",
     "ServiceRecord",
-    "ServiceRuntime",
-    "ServiceSettings",
     "Unauthenticated",
     "Unavailable",
     "Unimplemented",
     "WatchEvent",
+    "call_with_retry",
+    "channel_for",
+    "check_health",
     "configure_logging",
     "connect_redis",
+    "dial",
     "discover",
     "from_rpc_error",
-    "run_service",
 ]

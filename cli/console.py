@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from microco.services.common.errors import FailedPrecondition
+from microco.common.errors import FailedPrecondition
 
 from ._platform import add_etcd_arguments
 
@@ -58,8 +58,8 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_open(args: argparse.Namespace) -> int:
-    from microco.services.common.kv import EtcdKV
-    from microco.services.common.registry import discover
+    from microco.common.kv import EtcdKV
+    from microco.common.registry import discover
 
     from . import etcd_for
 

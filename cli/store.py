@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from microco.services.common.errors import InvalidArgument
+from microco.common.errors import InvalidArgument
 
 from ._platform import add_etcd_arguments
 
@@ -89,7 +89,7 @@ def _client(args: argparse.Namespace) -> Any:
 
     if args.coordinator:
         return StoreClient.from_address(args.coordinator)
-    from microco.services.common.kv import EtcdKV
+    from microco.common.kv import EtcdKV
 
     from . import etcd_for
 

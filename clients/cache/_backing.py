@@ -34,7 +34,7 @@ class LocalStore:
         self.root = os.path.abspath(root)
         self.url = self.root
         if not os.path.isdir(self.root):
-            from microco.services.common.errors import NotFound
+            from microco.common.errors import NotFound
 
             raise NotFound(f"dataset directory {self.root!r} does not exist")
 
@@ -65,7 +65,7 @@ class LocalStore:
     def _full(self, path: str) -> str:
         full = os.path.normpath(os.path.join(self.root, path))
         if not full.startswith(self.root + os.sep):
-            from microco.services.common.errors import InvalidArgument
+            from microco.common.errors import InvalidArgument
 
             raise InvalidArgument(f"path {path!r} escapes the dataset root")
         return full
