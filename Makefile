@@ -8,8 +8,11 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 EXTRAS ?= dev,torch,tensorflow,analytics
 PYTEST_ARGS ?=
+# The suite runs in parallel workers (one per core, at least two): most tests wait on real servers
+# and processes rather than compute.
+PYTEST_WORKERS ?= auto
 
-.PHONY: install browser demo up test protos check-protos clean
+.PHONY: install browser demo up test lint protos check-protos clean
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -35,7 +38,13 @@ up: install
 
 test: install browser
 	$(PY) protos/generate.py --check
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# Lint and types: ruff's rules and formatting, mypy over every package (strict on microco.common).
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 protos: install
 	$(PY) protos/generate.py

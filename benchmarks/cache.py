@@ -48,7 +48,7 @@ def _make_dataset(root: Path, n: int, size: int, seed: int = 0) -> int:
 
 class _Server:
     def __init__(self, tmp: Path, name: str, etcd: str, redis: str, capacity: int, policy: str) -> None:
-        from microco.services.stack._servers import free_port
+        from microco.services.stack import free_port
 
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"

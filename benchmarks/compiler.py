@@ -48,7 +48,7 @@ def bench_torch(
 ) -> dict[str, Any]:
     import torch
 
-    from microco.clients.compiler._torch import AstraTorch
+    from microco.clients.compiler import AstraTorch
     from microco.clients.compiler.zoo import torch_models as zm
     from microco.services.compiler import ExplorationPolicy, LocalExplorer
 
@@ -161,7 +161,7 @@ def bench_tf(
 ) -> dict[str, Any]:
     import tensorflow as tf
 
-    from microco.clients.compiler._tf import AstraTF
+    from microco.clients.compiler import AstraTF
     from microco.clients.compiler.zoo import tf_models as zt
     from microco.services.compiler import ExplorationPolicy, LocalExplorer
 
@@ -351,7 +351,7 @@ def _measure_runs(cell: str, framework: str, sizes: dict[str, int], run_steps: i
     """Time the whole fixed-length run of each variant, back to back (slow)."""
     import torch
 
-    from microco.clients.compiler._torch import AstraTorch
+    from microco.clients.compiler import AstraTorch
     from microco.clients.compiler.zoo import torch_models as zm
     from microco.services.compiler import LocalExplorer
 

@@ -62,7 +62,7 @@ class _Agent:
     """A node agent process and a gRPC stub to it (the benchmark drives it as the scheduler does)."""
 
     def __init__(self, kv: Any, etcd: str, node: str, devices: int, tmp: Path, preload: str) -> None:
-        from microco.services.scheduler._local import spawn_agent
+        from microco.services.scheduler import spawn_agent
 
         self.kv, self.node = kv, node
         self.proc = spawn_agent(
@@ -127,7 +127,7 @@ class _Agent:
         self.stub.StopProcess(agent_pb2.StopProcessRequest(job_id=job_id, grace_seconds=1), timeout=10)
 
     def stop(self) -> None:
-        from microco.services.scheduler._local import stop_process
+        from microco.services.scheduler import stop_process
 
         stop_process(self.proc)
 
@@ -233,7 +233,7 @@ def run_burst(
     """A burst of jobs submitted at once to a fresh scheduler over the (warm) burst agent."""
     from microco.common import channel_for
     from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
-    from microco.services.scheduler._local import spawn_scheduler, stop_process
+    from microco.services.scheduler import spawn_scheduler, stop_process
 
     kv.delete_prefix("/microco/scheduler/")
     tmp.mkdir(parents=True, exist_ok=True)

@@ -54,7 +54,7 @@ def generate(sf: float, out: Path) -> Path:
 def load_parquet(path: Path) -> Any:
     import pyarrow.parquet as pq
 
-    from microco.services.store._exec import to_plain_strings
+    from microco.services.store import to_plain_strings
 
     return to_plain_strings(pq.read_table(path))
 
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from microco.clients.store import StoreClient
     from microco.services.stack import EtcdServer
-    from microco.services.store._procs import StoreCluster
+    from microco.services.store import StoreCluster
 
     data = generate(sf, Path(args.data_dir))
     # Small runs (--quick): Spark starts now, beside the store's start and load (its start-up is

@@ -1,7 +1,7 @@
 """The ``microco`` command line.
 
 Platform commands live here (``up``, ``down``, ``status``, ``bench``); each system adds its
-own group from ``clients/cli/<system>.py`` through a ``register(subparsers)`` function.
+own group from ``cli/<system>.py`` through a ``register(subparsers)`` function.
 """
 
 from __future__ import annotations

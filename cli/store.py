@@ -164,7 +164,7 @@ def cmd_create(args: argparse.Namespace) -> int:
     if len(args.replica) != 3:
         raise InvalidArgument(f"give --replica exactly three times (got {len(args.replica)})")
     if args.source:
-        from microco.clients.store._client import load_file
+        from microco.clients.store import load_file
 
         schema = load_file(args.source).schema
     elif args.schema:
@@ -180,7 +180,7 @@ def cmd_create(args: argparse.Namespace) -> int:
 def cmd_load(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from microco.clients.store._client import load_file
+    from microco.clients.store import load_file
 
     t0 = time.monotonic()
     with tqdm(total=3, desc=f"load {args.file}", unit="step", file=sys.stderr) as bar:

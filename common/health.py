@@ -23,7 +23,7 @@ def check_health(record: ServiceRecord, timeout: float = 2.0) -> str:
     try:
         stub = health_pb2_grpc.HealthStub(channel)
         resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
     except grpc.RpcError:
         return "UNREACHABLE"
     finally:

@@ -193,7 +193,13 @@ class MemoryKV(KV):
                 self._delete(k)
             return len(keys)
 
-    def commit(self, checks=(), puts=None, deletes=(), lease=None) -> bool:  # type: ignore[override]
+    def commit(
+        self,
+        checks: Sequence[tuple[str, bytes | None]] = (),
+        puts: Mapping[str, bytes] | None = None,
+        deletes: Sequence[str] = (),
+        lease: Lease | None = None,
+    ) -> bool:
         with self._lock:
             self._expire()
             for key, expected in checks:
@@ -327,7 +333,7 @@ class EtcdKV(KV):
 
     def get(self, key: str) -> bytes | None:
         value, _ = self._call(self._client.get, self._k(key))
-        return value
+        return bytes(value) if value is not None else None
 
     def get_prefix(self, prefix: str) -> list[tuple[str, bytes]]:
         items = self._call(lambda: list(self._client.get_prefix(self._k(prefix), sort_order="ascend")))
@@ -343,7 +349,13 @@ class EtcdKV(KV):
         resp = self._call(self._client.delete_prefix, self._k(prefix))
         return int(resp.deleted)
 
-    def commit(self, checks=(), puts=None, deletes=(), lease=None) -> bool:  # type: ignore[override]
+    def commit(
+        self,
+        checks: Sequence[tuple[str, bytes | None]] = (),
+        puts: Mapping[str, bytes] | None = None,
+        deletes: Sequence[str] = (),
+        lease: Lease | None = None,
+    ) -> bool:
         t = self._client.transactions
         compare = []
         for key, expected in checks:

@@ -1,4 +1,9 @@
-"""Client side of Quiver, the shared training-data cache.
+"""Client side of Quiver, the shared training-data cache, and what both ends share.
+
+* Content addressing and indexing: ``digest``, ``DatasetIndex``, ``SampleRef``, ``ChunkRef``,
+  ``build_index``, ``index_store``; backing stores ``open_store``, ``LocalStore``,
+  ``ThrottledStore``; the substitutable sampler core ``SubstitutableSampler``; the Redis
+  directory of what is cached where, ``RedisDirectory``. The cache server builds on these.
 
 * ``CacheClient``: typed gRPC client of one cache server.
 * ``register_dataset``, ``get_dataset``, ``list_datasets``, ``load_index``: datasets in etcd,
@@ -15,11 +20,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._backing import BackingStore, FsspecStore, LocalStore, ThrottledStore, open_store
 from ._client import CacheClient, Grant
 from ._datasets import DatasetRecord, get_dataset, list_datasets, load_index, register_dataset
 from ._loader import LoaderStats, QuiverLoader
 from ._overview import allocation_to_dict, cache_overview, stats_to_dict
+from ._digest import digest, directory_locator, file_locator, is_digest
+from ._directory import RedisDirectory
+from ._index import DEFAULT_CHUNK_BYTES, ChunkRef, DatasetIndex, SampleRef, build_index, index_path, index_store
 from ._peers import Peers
+from ._sampler import Batch, BatchMode, SubstitutableSampler
 
 _LAZY = {
     "QuiverBatchSampler": "_torch",
@@ -52,8 +62,6 @@ def open_loader(
     and with none running the loader reads from the backing store only. With ``redis_url``
     the loader also reads chunks that other hosts' cache servers hold (the Redis directory).
     """
-    from ._backing import open_store
-
     rec = get_dataset(kv, name)
     store = store or open_store(rec.url)
     index = load_index(rec, store)
@@ -81,22 +89,42 @@ def find_server(kv: Any, node: str | None = None) -> str | None:
 
 
 __all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "BackingStore",
+    "Batch",
+    "BatchMode",
     "CacheClient",
+    "ChunkRef",
+    "DatasetIndex",
     "DatasetRecord",
+    "FsspecStore",
     "Grant",
     "LoaderStats",
+    "LocalStore",
     "Peers",
     "QuiverBatchSampler",
     "QuiverDataset",
     "QuiverLoader",
+    "RedisDirectory",
+    "SampleRef",
+    "SubstitutableSampler",
+    "ThrottledStore",
     "allocation_to_dict",
+    "build_index",
     "cache_overview",
+    "digest",
+    "directory_locator",
+    "file_locator",
     "find_server",
     "get_dataset",
+    "index_path",
+    "index_store",
+    "is_digest",
     "list_datasets",
     "load_index",
     "make_dataloader",
     "open_loader",
+    "open_store",
     "quiver_tf_dataset",
     "register_dataset",
     "stats_to_dict",

@@ -12,6 +12,6 @@ builder for queries::
     print(orders.group_by("o_custkey").agg(n=("count", "*")).explain())
 """
 
-from ._client import Frame, StoreClient, parse_partitioning
+from ._client import Frame, StoreClient, load_file, parse_partitioning
 
-__all__ = ["Frame", "StoreClient", "parse_partitioning"]
+__all__ = ["Frame", "StoreClient", "load_file", "parse_partitioning"]

@@ -12,13 +12,13 @@ Public API:
 """
 
 from ._allocation import Allocation, BenefitEstimate, JobDemand, allocate, estimate_benefit
-from microco.clients.cache._backing import BackingStore, FsspecStore, LocalStore, ThrottledStore, open_store
+from microco.clients.cache import BackingStore, FsspecStore, LocalStore, ThrottledStore, open_store
 from ._chunkstore import ChunkStore, CorruptChunk, DigestMismatch
 from ._core import CacheCore, PutResult
-from microco.clients.cache._digest import digest, directory_locator, file_locator, is_digest
-from microco.clients.cache._directory import RedisDirectory
+from microco.clients.cache import digest, directory_locator, file_locator, is_digest
+from microco.clients.cache import RedisDirectory
 from ._eviction import POLICIES, Admission, ConsumptionTracker, EvictionPolicy, Ledger, Outcome, make_policy
-from microco.clients.cache._index import (
+from microco.clients.cache import (
     DEFAULT_CHUNK_BYTES,
     ChunkRef,
     DatasetIndex,
@@ -27,7 +27,7 @@ from microco.clients.cache._index import (
     index_path,
     index_store,
 )
-from microco.clients.cache._sampler import Batch, BatchMode, SubstitutableSampler
+from microco.clients.cache import Batch, BatchMode, SubstitutableSampler
 from ._servicer import SERVICE_NAME, CacheServicer, parse_size
 from ._simulate import SimResult, simulate
 

@@ -16,7 +16,7 @@ import threading
 
 from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
-from microco.clients.cache._digest import digest, file_locator, is_digest
+from microco.clients.cache import digest, file_locator, is_digest
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from microco.common.errors import InvalidArgument, NotFound
 
 from ._allocation import Allocation, JobDemand, allocate, estimate_benefit
 from ._chunkstore import ChunkStore, DigestMismatch
-from microco.clients.cache._digest import digest, directory_locator, is_digest
-from microco.clients.cache._directory import RedisDirectory
+from microco.clients.cache import digest, directory_locator, is_digest
+from microco.clients.cache import RedisDirectory
 from ._eviction import ConsumptionTracker, EvictionPolicy, Ledger, Outcome, make_policy
 
 log = logging.getLogger(__name__)

@@ -240,7 +240,7 @@ def add_arguments(parser: Any) -> None:
 def setup(ctx: Any) -> None:
     """Build the cache service inside the common runtime (used by ``python -m microco.services.cache``)."""
     from ._chunkstore import ChunkStore
-    from microco.clients.cache._directory import RedisDirectory
+    from microco.clients.cache import RedisDirectory
 
     args = ctx.args
     s = ctx.settings

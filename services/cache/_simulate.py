@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._eviction import ConsumptionTracker, Ledger, make_policy
-from microco.clients.cache._sampler import SubstitutableSampler
+from microco.clients.cache import SubstitutableSampler
 
 
 @dataclass(frozen=True)

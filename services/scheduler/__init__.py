@@ -7,6 +7,7 @@ The policies live in :mod:`microco.services.scheduler.policy`, the simulator in
 """
 
 from ._core import SchedulerCore
+from ._local import spawn_agent, spawn_scheduler, stop_process
 from ._jobs import JOBS_PREFIX, record_to_pb, spec_from_pb, validate_spec
 from ._service import Scheduler, SchedulerServicer
 
@@ -16,6 +17,9 @@ __all__ = [
     "SchedulerCore",
     "SchedulerServicer",
     "record_to_pb",
+    "spawn_agent",
+    "spawn_scheduler",
+    "stop_process",
     "spec_from_pb",
     "validate_spec",
 ]

@@ -13,6 +13,8 @@ the services (``python -m microco.services.store`` for the coordinator,
 """
 
 from ._catalog import Catalog, SuperExtent, TableInfo
+from ._exec import to_plain_strings
+from ._procs import StoreCluster
 from ._core import AppendResult, LocalTransport, StoreCore, Transport, conform, finish
 from ._layout import ExtentMeta
 from ._nodestore import CorruptExtent, NodeStore
@@ -23,6 +25,8 @@ from ._query import Agg, Join, Query
 from ._recovery import RebuildTask, plan_recovery
 
 __all__ = [
+    "StoreCluster",
+    "to_plain_strings",
     "HASH",
     "RANGE",
     "Agg",
