@@ -26,12 +26,12 @@ from grpc_reflection.v1alpha import reflection
 
 import microco
 from microco.api.common.v1 import common_pb2, common_pb2_grpc
-
-from . import metrics
 from microco.common.errors import InvalidArgument, MicrocoError
 from microco.common.kv import KV, EtcdKV
 from microco.common.logs import configure_logging
 from microco.common.registry import Registration, ServiceRecord
+
+from . import metrics
 from .settings import ServiceSettings, add_common_flags, settings_from_args
 
 log = logging.getLogger(__name__)

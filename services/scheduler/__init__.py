@@ -7,8 +7,8 @@ The policies live in :mod:`microco.services.scheduler.policy`, the simulator in
 """
 
 from ._core import SchedulerCore
-from ._local import spawn_agent, spawn_scheduler, stop_process
 from ._jobs import JOBS_PREFIX, record_to_pb, spec_from_pb, validate_spec
+from ._local import spawn_agent, spawn_scheduler, stop_process
 from ._service import Scheduler, SchedulerServicer
 
 __all__ = [

@@ -34,9 +34,10 @@ from microco.common.kv import KV, dumps
 
 from . import _jobs as J
 from . import _metrics as M
-
 from .policy import (
     Decision,
+    JobFacts,
+    JobPhase,
     Migrate,
     Pack,
     Policy,
@@ -45,6 +46,7 @@ from .policy import (
     Start,
     Suspend,
     Unpack,
+    check,
     cluster_view_from_dicts,
 )
 
@@ -627,51 +629,40 @@ class SchedulerCore:
             raise FailedPrecondition(f"job {job_id} is busy with {rec['pending']['op']}")
         return rec
 
-    def _check_free(self, devices: list[str], allowed: set[str]) -> None:
-        occ = self._occupied()
-        for d in devices:
-            busy = occ.get(d, set()) - allowed
-            if busy:
-                raise FailedPrecondition(f"device {d} is held by {sorted(busy)}")
-
     def _apply(self, d: Decision, now: float) -> bool:
+        rec = self._job(d.job_id)
+        spec = rec["spec"]
+        facts = JobFacts(JobPhase(rec["state"]), tuple(rec["devices"]), spec["devices"], spec["elastic"])
+        rejection = check(d, facts, self._occupied(), self._device_known)
+        if rejection is not None:
+            raise FailedPrecondition(str(rejection))
         if isinstance(d, Start | Resume | Pack):
-            rec = self._job(d.job_id)
-            if rec["state"] not in (J.QUEUED, J.SUSPENDED):
-                raise FailedPrecondition(f"job {d.job_id} is {rec['state']}, not waiting")
-            allowed = {d.job_id} | (set(d.with_jobs) if isinstance(d, Pack) else set())
-            self._check_free(list(d.devices), allowed)
             self._launch(rec, list(d.devices), now, type(d).__name__.lower())
             return True
         if isinstance(d, Suspend | Unpack):
-            rec = self._job(d.job_id)
-            if rec["state"] not in (J.RUNNING, J.PACKED):
-                raise FailedPrecondition(f"job {d.job_id} is {rec['state']}, not running")
             self._at_boundary(rec)
             self._suspend(rec, now, d.reason)
             return True
-        if isinstance(d, Migrate | Resize):
-            rec = self._job(d.job_id)
-            if rec["state"] not in (J.RUNNING, J.PACKED):
-                raise FailedPrecondition(f"job {d.job_id} is {rec['state']}, not running")
-            devices = list(d.devices)
-            self._check_free([x for x in devices if x not in rec["devices"]], {d.job_id})
-            target = self._node_of(devices)
-            if target == rec["node"] and not rec.get("ranks"):
-                # Same node: re-pin at the next boundary, no restart (a virtual device is a CPU set).
-                action = "resize" if isinstance(d, Resize) else "resume"
-                st = self.agents.control(self._address(rec["node"]), rec["id"], action, devices)
-                rec["devices"] = devices
-                rec["pending"] = {"op": action, "seq": st.control_seq, "since": now}
-                rec["step_at_change"] = rec["step"]
-                rec["last_change_at"] = now
-                rec["message"] = f"{action} onto {', '.join(devices)}: {d.reason}"
-                self._save(rec)
-            else:
-                self._at_boundary(rec)
-                self._move(rec, devices, now, d.reason)
-            return True
-        raise InvalidArgument(f"unknown decision {d!r}")
+        assert isinstance(d, Migrate | Resize)  # check() refused every other kind
+        devices = list(d.devices)
+        target = self._node_of(devices)
+        if target == rec["node"] and not rec.get("ranks"):
+            # Same node: re-pin at the next boundary, no restart (a virtual device is a CPU set).
+            action = "resize" if isinstance(d, Resize) else "resume"
+            st = self.agents.control(self._address(rec["node"]), rec["id"], action, devices)
+            rec["devices"] = devices
+            rec["pending"] = {"op": action, "seq": st.control_seq, "since": now}
+            rec["step_at_change"] = rec["step"]
+            rec["last_change_at"] = now
+            rec["message"] = f"{action} onto {', '.join(devices)}: {d.reason}"
+            self._save(rec)
+        else:
+            self._at_boundary(rec)
+            self._move(rec, devices, now, d.reason)
+        return True
+
+    def _device_known(self, device: str) -> bool:
+        return any(dv["id"] == device for node in self._nodes.values() for dv in node.get("devices", []))
 
     def _launch(self, rec: dict[str, Any], devices: list[str], now: float, how: str) -> None:
         placement = self._placement(devices)

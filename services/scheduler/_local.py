@@ -1,27 +1,19 @@
-"""Start scheduler and agent processes on this machine (tests, benchmarks, demos)."""
+"""Start scheduler and agent processes on this machine (tests, benchmarks, demos), through the
+one launcher in :mod:`microco.services.runtime.launch` (whose ``stop_process`` stops them)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from microco.common.kv import KV
+from microco.common.registry import discover
+from microco.services.runtime.launch import start_service, stop_process, wait_until
 
-
-def _wait(pred: Any, timeout: float, what: str, proc: subprocess.Popen[bytes] | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what}: process exited with {proc.returncode}")
-        time.sleep(0.05)
-    raise TimeoutError(f"timed out waiting for {what}")
+__all__ = ["data_path", "spawn_agent", "spawn_scheduler", "stop_process"]
 
 
 def spawn_agent(
@@ -43,10 +35,7 @@ def spawn_agent(
 
     ``preload`` defaults to none here (the agent's own default is ``auto``): tests that run
     framework-free jobs should not pay a torch import per agent on a shared CI machine."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "microco.services.agent",
+    args = [
         "--etcd",
         etcd,
         "--node",
@@ -67,15 +56,14 @@ def spawn_agent(
         preload,
     ]
     if checkpoint_root:
-        cmd += ["--checkpoint-root", str(checkpoint_root)]
-    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - the child keeps it
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        args += ["--checkpoint-root", str(checkpoint_root)]
+    proc = start_service("microco.services.agent", args, log_path=log_path)
     if kv is not None:
         from microco.clients.agent import NODES_PREFIX
 
-        _wait(lambda: (kv.get_json(NODES_PREFIX + node) or {}).get("address"), timeout, f"agent {node}", proc)
+        wait_until(lambda: (kv.get_json(NODES_PREFIX + node) or {}).get("address"), timeout, f"agent {node}", proc)
         if wait_warm:
-            _wait(
+            wait_until(
                 lambda: (kv.get_json(NODES_PREFIX + node) or {}).get("preloaded"),
                 max(timeout, 120.0),
                 f"agent {node}'s warm zygote",
@@ -101,12 +89,7 @@ def spawn_scheduler(
 ) -> subprocess.Popen[bytes]:
     """A scheduler process; when ``kv`` is given waits until it is registered (and, with
     ``wait_leader``, until some instance leads)."""
-    import json
-
-    cmd = [
-        sys.executable,
-        "-m",
-        "microco.services.scheduler",
+    args = [
         "--etcd",
         etcd,
         "--data-dir",
@@ -125,38 +108,24 @@ def spawn_scheduler(
         "warning",
     ]
     if policy_config:
-        cmd += ["--policy-config", json.dumps(policy_config)]
+        args += ["--policy-config", json.dumps(policy_config)]
     if instance_id:
-        cmd += ["--instance-id", instance_id]
-    cmd += list(extra_args or [])
-    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - the child keeps it
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        args += ["--instance-id", instance_id]
+    args += list(extra_args or [])
+    proc = start_service("microco.services.scheduler", args, log_path=log_path)
     if kv is not None:
-        from microco.common.registry import discover
-
         if instance_id:
-            _wait(
+            wait_until(
                 lambda: any(r.instance_id == instance_id for r in discover(kv, "scheduler")),
                 timeout,
                 "scheduler registration",
                 proc,
             )
         else:
-            _wait(lambda: discover(kv, "scheduler"), timeout, "scheduler registration", proc)
+            wait_until(lambda: discover(kv, "scheduler"), timeout, "scheduler registration", proc)
         if wait_leader:
-            _wait(lambda: kv.get("/microco/leader/scheduler"), timeout, "a scheduler leader", proc)
+            wait_until(lambda: kv.get("/microco/leader/scheduler"), timeout, "a scheduler leader", proc)
     return proc
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL if it lingers."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
 
 
 def data_path(base: str | os.PathLike[str], *parts: str) -> Path:

@@ -2,6 +2,7 @@
 (``microco up`` / ``microco down`` / ``microco status``), and the same servers for test fixtures."""
 
 from microco.common.health import check_health
+
 from ._servers import EtcdServer, RedisServer, free_port, port_open
 from ._supervisor import (
     ProcessSpec,

@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -23,10 +22,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from microco.common.errors import FailedPrecondition, MicrocoError, Unavailable
+from microco.common.health import check_health
 from microco.common.kv import EtcdKV
 from microco.common.registry import SERVICES_PREFIX, ServiceRecord
+from microco.services.runtime.launch import kill_after, start_service
 
-from microco.common.health import check_health
 from ._servers import EtcdServer, RedisServer, free_port
 
 log = logging.getLogger(__name__)
@@ -161,9 +161,6 @@ class Stack:
         data_dir = self.home / "data" / spec.name
         data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
-            sys.executable,
-            "-m",
-            spec.module,
             *spec.args,
             "--etcd",
             self.etcd_endpoint,
@@ -176,12 +173,9 @@ class Stack:
             "--profile",
             self.opts.profile,
         ]
-        env = {**os.environ, **self.opts.extra_env, "PYTHONUNBUFFERED": "1"}
-        log_file = open(self.home / "logs" / f"{spec.name}.log", "ab")
-        child.proc = subprocess.Popen(
-            cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        child.proc = start_service(
+            spec.module, cmd, log_path=self.home / "logs" / f"{spec.name}.log", env=self.opts.extra_env, new_session=True
         )
-        log_file.close()
         child.status = "starting"
         self.progress(f"{spec.name}: started (pid {child.proc.pid})")
 
@@ -241,7 +235,7 @@ class Stack:
                 child.proc.send_signal(signal.SIGTERM)
         for child in reversed(self.children):
             if child.proc is not None:
-                _wait_or_kill(child.proc, grace)
+                kill_after(child.proc, grace)
                 child.status = "stopped"
         if self.kv is not None:
             self.kv.close()
@@ -259,14 +253,6 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _wait_or_kill(proc: subprocess.Popen[bytes], grace: float) -> None:
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
 
 
 def read_state(home: Path) -> dict | None:

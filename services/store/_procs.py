@@ -4,10 +4,8 @@ and anyone trying the store without a deployment."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +13,7 @@ from pathlib import Path
 from microco.common.errors import Unavailable
 from microco.common.kv import EtcdKV
 from microco.common.registry import discover
+from microco.services.runtime.launch import kill_after, start_service
 
 
 class StoreCluster:
@@ -33,7 +32,7 @@ class StoreCluster:
         self.lease_ttl_s = lease_ttl_s
         self.coordinator_args = list(coordinator_args)
         self.log_level = log_level
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.kv = EtcdKV(etcd)
 
     def _common(self, name: str) -> list[str]:
@@ -43,12 +42,9 @@ class StoreCluster:
             "--data-dir", str(self.root / name), "--node", name,
         ]  # fmt: skip
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
-        self.root.mkdir(parents=True, exist_ok=True)
-        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        return subprocess.Popen(
-            [sys.executable, "-m", "microco.services.store", *args], stdout=log, stderr=log, env=env
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        return start_service(
+            "microco.services.store", args, log_path=self.root / f"{name}.log", env={"OMP_NUM_THREADS": "1"}
         )
 
     def start_node(self, name: str, domain: str) -> None:
@@ -111,10 +107,7 @@ class StoreCluster:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         for p in self.procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            kill_after(p, 10)
         self.kv.close()
 
     def __enter__(self) -> StoreCluster:

@@ -46,8 +46,13 @@ from ._types import (
     Suspend,
     Unpack,
 )
+from ._validate import JobFacts, Refusal, Rejection, check
 
 __all__ = [
+    "JobFacts",
+    "Refusal",
+    "Rejection",
+    "check",
     "DECISION_TYPES",
     "HOLDING_PHASES",
     "TERMINAL_PHASES",

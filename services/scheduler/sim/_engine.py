@@ -17,12 +17,13 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from microco.services.scheduler.policy import (
     ClusterView,
     DeviceView,
+    JobFacts,
     JobPhase,
     JobView,
     Migrate,
@@ -33,6 +34,7 @@ from microco.services.scheduler.policy import (
     Start,
     Suspend,
     Unpack,
+    check,
 )
 
 from ._perf import CostModel, PerfModel
@@ -189,6 +191,8 @@ class SimResult:
     stopped_early: int = 0
     # trace model names the performance model has no measurement of (run at default speeds)
     unknown_models: list[str] = field(default_factory=list)
+    # refused decisions by policy.Refusal code (they add up to decisions_refused)
+    refusals: dict[str, int] = field(default_factory=dict)
     gpu_utilization_extra: dict[str, float] = field(default_factory=dict)  # per extra window
     # busy device-s / device-s over the trace's load window (:func:`load_window`; None: none)
     gpu_utilization_load: float | None = None
@@ -285,6 +289,8 @@ class Simulator:
             "decide": 0,
             "events": 0,
         }
+        # Refused decisions by the check's code (policy.Refusal), as the live scheduler counts them.
+        self.refusals: dict[str, int] = {}
         # time integrals
         self._util_now = 0.0
         self._alloc_now = 0
@@ -649,22 +655,18 @@ class Simulator:
         c = self.costs
         touched: set[_Job] = set()
         freed_by_suspend = False
+        holder_ids = _HolderIds(self.holders)
         for d in decisions:
             j = self.jobs.get(d.job_id)
-            if j is None or j.finished is not None or j.id not in self.active:
+            active = j is not None and j.finished is None and j.id in self.active
+            facts = JobFacts(j.phase, tuple(j.devices), j.k, j.t.elastic) if active else None
+            rejection = check(d, facts, holder_ids, self.holders.__contains__)
+            if rejection is not None:
                 self.counts["refused"] += 1
+                self.refusals[rejection.code.value] = self.refusals.get(rejection.code.value, 0) + 1
                 continue
             if isinstance(d, (Start, Resume, Pack)):
-                want = JobPhase.QUEUED if isinstance(d, Start) else JobPhase.SUSPENDED
-                ok_phase = (
-                    j.phase in (JobPhase.QUEUED, JobPhase.SUSPENDED)
-                    if isinstance(d, Pack)
-                    else j.phase is want
-                )
                 devs = tuple(d.devices)
-                if not ok_phase or not devs or not self._devices_ok(devs, j, d):
-                    self.counts["refused"] += 1
-                    continue
                 self._sync(j)
                 for dv in devs:
                     touched.update(self.holders[dv])
@@ -686,9 +688,6 @@ class Simulator:
                     self.counts["packs"] += 1
                 touched.add(j)
             elif isinstance(d, (Suspend, Unpack)):
-                if not j.devices or (isinstance(d, Unpack) and j.phase is not JobPhase.PACKED):
-                    self.counts["refused"] += 1
-                    continue
                 self._sync(j)
                 touched.update(self._release(j))
                 touched.add(j)
@@ -700,15 +699,6 @@ class Simulator:
                 freed_by_suspend = True
             elif isinstance(d, (Migrate, Resize)):
                 devs = tuple(d.devices)
-                if (
-                    not j.devices
-                    or not devs
-                    or (isinstance(d, Migrate) and len(devs) != len(j.devices))
-                    or (isinstance(d, Resize) and (not j.t.elastic or len(devs) < j.k))
-                    or not self._devices_ok(devs, j, None)
-                ):
-                    self.counts["refused"] += 1
-                    continue
                 self._sync(j)
                 touched.update(self._release(j))
                 for dv in devs:
@@ -723,30 +713,12 @@ class Simulator:
                 else:
                     self.counts["resizes"] += 1
                 touched.add(j)
-            else:
-                self.counts["refused"] += 1
         for o in touched:
             if o is not None and o.finished is None:
                 self._sync(o)
         live = {o for o in touched if o.finished is None}
         self._phase_after_change(live)
         self._set_rates(sorted(live, key=lambda o: o.id))
-
-    def _devices_ok(self, devs: tuple[str, ...], j: _Job, d) -> bool:
-        if len(set(devs)) != len(devs):
-            return False
-        with_jobs = set(d.with_jobs) if isinstance(d, Pack) else None
-        for dv in devs:
-            hs = self.holders.get(dv)
-            if hs is None:
-                return False
-            others = [o for o in hs if o is not j]
-            if with_jobs is None:
-                if others:
-                    return False
-            elif not others or any(o.id not in with_jobs for o in others):
-                return False
-        return True
 
     # ------------------------------------------------------------------ checks & results
     def assert_invariants(self) -> None:
@@ -836,6 +808,7 @@ class Simulator:
             packs=self.counts["packs"],
             resizes=self.counts["resizes"],
             decisions_refused=self.counts["refused"],
+            refusals=dict(sorted(self.refusals.items())),
             decide_calls=self.counts["decide"],
             events=self.counts["events"],
             sim_wall_s=wall,
@@ -902,3 +875,22 @@ def contended_window(trace: Sequence[TraceJob], gpus: int) -> tuple[float, float
     if best is None or best >= last:
         return None
     return (best, last)
+
+
+class _HolderIds(Mapping[str, list[str]]):
+    """The simulator's device holders as job ids, computed on lookup (the decision check reads a
+    few devices per decision; copying every device's holders each time would cost the run)."""
+
+    __slots__ = ("_holders",)
+
+    def __init__(self, holders: dict[str, list[_Job]]) -> None:
+        self._holders = holders
+
+    def __getitem__(self, device: str) -> list[str]:
+        return [o.id for o in self._holders[device]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._holders)
+
+    def __len__(self) -> int:
+        return len(self._holders)
