@@ -282,6 +282,10 @@ class _EtcdLease(Lease):
             log.debug("lease revoke: %s", exc)
 
 
+#: Seconds an etcd endpoint that failed a call is skipped before it is tried again.
+ENDPOINT_RETRY_S = 1.0
+
+
 class EtcdKV(KV):
     """The KV interface on a real etcd v3 cluster."""
 
@@ -293,12 +297,11 @@ class EtcdKV(KV):
         self.endpoints = parse_endpoints(endpoints)
         self.namespace = namespace
         self.timeout = timeout
-        if len(self.endpoints) == 1:
-            host, port = self.endpoints[0]
-            self._client = pyetcd.client(host=host, port=port, timeout=timeout)
-        else:
-            eps = [pyetcd.Endpoint(h, p, secure=False) for h, p in self.endpoints]
-            self._client = pyetcd.MultiEndpointEtcd3Client(endpoints=eps, timeout=timeout, failover=True)
+        # The client marks an endpoint that failed a call as failed and skips it for
+        # ``time_retry`` seconds (300 by default: a 2-second etcd hiccup then cost every client
+        # five minutes); a short retry lets every process reconnect within seconds of etcd's return.
+        eps = [pyetcd.Endpoint(h, p, secure=False, time_retry=ENDPOINT_RETRY_S) for h, p in self.endpoints]
+        self._client = pyetcd.MultiEndpointEtcd3Client(endpoints=eps, timeout=timeout, failover=True)
         self._watch_ids: set[Any] = set()
         if check:
             self.check()

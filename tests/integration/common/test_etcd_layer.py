@@ -125,3 +125,35 @@ def test_concurrent_cas_has_one_winner(namespaced_kv: EtcdKV) -> None:
         t.join()
     assert len(wins) == 1
     assert namespaced_kv.get("/once") == str(wins[0]).encode()
+
+
+def test_a_client_is_back_within_seconds_of_an_etcd_pause(tmp_path) -> None:
+    """etcd stopped for longer than a call's deadline, then continued: the client's next calls
+    succeed within seconds, not after the etcd client's default five-minute endpoint quarantine."""
+    import signal
+
+    from microco.services.stack import EtcdServer
+
+    server = EtcdServer(tmp_path / "etcd").start()
+    kv = EtcdKV(server.endpoint, timeout=1.0)
+    try:
+        kv.put("/k", b"before")
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(Unavailable):
+                kv.get("/k")
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: _reads(kv) == b"before", 10), "no read within 10 s after etcd continues"
+        kv.put("/k", b"after")
+        assert kv.get("/k") == b"after"
+    finally:
+        kv.close()
+        server.stop()
+
+
+def _reads(kv: EtcdKV) -> bytes | None:
+    try:
+        return kv.get("/k")
+    except Unavailable:
+        return None
