@@ -11,13 +11,28 @@ from __future__ import annotations
 import grpc
 
 
+#: The longest message an error carries. Messages often quote a request's values (an id, a
+#: name); a request of megabytes must not come back as megabytes of error, nor overflow gRPC's
+#: metadata limit (8 KiB by default), which turns the answer into an opaque INTERNAL.
+MAX_MESSAGE_CHARS = 1024
+
+
+def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` cut to at most about ``limit`` characters, saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 class MicrocoError(Exception):
-    """Base of every error microco raises on purpose."""
+    """Base of every error microco raises on purpose. Its message is bounded
+    (:data:`MAX_MESSAGE_CHARS`), so whatever it quotes, it fits an answer."""
 
     grpc_code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
     http_status: int = 500
 
     def __init__(self, message: str = "") -> None:
+        message = bounded(message)
         super().__init__(message)
         self.message = message
 
