@@ -153,3 +153,9 @@ class SchedulerClient(ServiceClient):
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return
             raise from_rpc_error(exc) from None
+
+    def watch_call(self, job_ids: Sequence[str] = (), *, timeout: float | None = None) -> Any:
+        """The ``WatchJobs`` call itself, for a caller that ends the stream from another thread:
+        iterate it for ``JobEvent``s, ``cancel()`` it to stop. Errors while iterating are
+        ``grpc.RpcError`` (the stream is not retried: the caller re-opens it)."""
+        return self._stub.WatchJobs(scheduler_pb2.WatchJobsRequest(job_ids=list(job_ids)), timeout=timeout)

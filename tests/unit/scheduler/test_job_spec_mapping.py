@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
+
 from microco.api.scheduler.v1 import scheduler_pb2
 from microco.clients.scheduler import SPEC_KEYS, make_spec, spec_from_pb, spec_to_pb
 from microco.common.errors import InvalidArgument
@@ -99,7 +100,9 @@ def _other(value: Any) -> Any:
 
 
 def test_missing_none_and_empty_keys_leave_the_defaults() -> None:
-    spec = spec_to_pb({"name": "t", "command": ["python", "x.py"], "devices": 2, "model": None, "workdir": ""})
+    spec = spec_to_pb(
+        {"name": "t", "command": ["python", "x.py"], "devices": 2, "model": None, "workdir": ""}
+    )
     d = spec_from_pb(spec)
     assert d["name"] == "t" and d["command"] == ["python", "x.py"] and d["devices"] == 2
     assert d["model"] == "" and d["workdir"] == "" and d["gpu_share"] == 0.0 and d["env"] == {}
