@@ -57,6 +57,9 @@ class ServiceClient:
     deadline. Subclasses add one method per RPC, each passing ``idempotent`` honestly."""
 
     service_name = ""
+    # Tries an idempotent call gets within its one deadline (UNAVAILABLE only); a caller that
+    # prefers to answer "unavailable" sooner lowers it on its instance.
+    attempts = 4
 
     def __init__(self, channel: grpc.Channel, default_timeout: float = 10.0) -> None:
         self._channel = channel
@@ -64,13 +67,13 @@ class ServiceClient:
 
     @classmethod
     def from_etcd(cls, kv: Any, default_timeout: float = 10.0) -> Any:
-        from ._channel import channel_for
+        from .channel import channel_for
 
         return cls(channel_for(kv, cls.service_name), default_timeout)
 
     @classmethod
     def from_address(cls, address: str, default_timeout: float = 10.0) -> Any:
-        from ._channel import dial
+        from .channel import dial
 
         return cls(dial(address), default_timeout)
 
@@ -82,6 +85,7 @@ class ServiceClient:
             request,
             timeout=timeout if timeout is not None else self.default_timeout,
             idempotent=idempotent and retry,
+            attempts=self.attempts,
         )
 
     def close(self) -> None:

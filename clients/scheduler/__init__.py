@@ -32,6 +32,8 @@ from ._keras import SchedulerCallback
 from ._torch import TorchHook, average_gradients, init_distributed, seed_everything
 
 _CLIENT_NAMES = ("SchedulerClient", "job_to_dict", "make_spec", "state_name")
+# The job spec's wire mapping (protobuf only), shared by the scheduler service, CLI and console.
+_SPEC_NAMES = ("SPEC_KEYS", "spec_from_pb", "spec_to_pb")
 
 
 def __getattr__(name: str):
@@ -41,6 +43,10 @@ def __getattr__(name: str):
         from . import _client
 
         return getattr(_client, name)
+    if name in _SPEC_NAMES:
+        from . import _spec
+
+        return getattr(_spec, name)
     raise AttributeError(name)
 
 
@@ -57,6 +63,7 @@ __all__ = [
     "EXIT_CHECKPOINTED",
     "RESIZE",
     "RESUME",
+    "SPEC_KEYS",
     "STOP",
     "SUSPEND",
     "ControlChannel",
@@ -70,5 +77,7 @@ __all__ = [
     "job_to_dict",
     "make_spec",
     "seed_everything",
+    "spec_from_pb",
+    "spec_to_pb",
     "state_name",
 ]

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from microco.api.common.v1 import common_pb2
 from microco.api.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from microco.common import ServiceClient
+
+from ._spec import spec_to_pb
 
 STATES = {
     "queued": scheduler_pb2.JOB_STATE_QUEUED,
@@ -74,19 +75,23 @@ def make_spec(
     max_devices: int = 0,
     gpu_share: float = 0.0,
 ) -> scheduler_pb2.JobSpec:
-    return scheduler_pb2.JobSpec(
-        name=name,
-        command=list(command),
-        devices=devices,
-        elastic=elastic,
-        priority=priority,
-        owner=common_pb2.Principal(user=user, tenant=tenant),
-        env=env or {},
-        workdir=workdir,
-        total_steps=total_steps,
-        model=model,
-        max_devices=max_devices,
-        gpu_share=gpu_share,
+    """A ``JobSpec`` from keywords: a front end over the one mapping, :func:`spec_to_pb`."""
+    return spec_to_pb(
+        {
+            "name": name,
+            "command": list(command),
+            "devices": devices,
+            "elastic": elastic,
+            "priority": priority,
+            "user": user,
+            "tenant": tenant,
+            "env": env or {},
+            "workdir": workdir,
+            "total_steps": total_steps,
+            "model": model,
+            "max_devices": max_devices,
+            "gpu_share": gpu_share,
+        }
     )
 
 
@@ -148,3 +153,9 @@ class SchedulerClient(ServiceClient):
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return
             raise from_rpc_error(exc) from None
+
+    def watch_call(self, job_ids: Sequence[str] = (), *, timeout: float | None = None) -> Any:
+        """The ``WatchJobs`` call itself, for a caller that ends the stream from another thread:
+        iterate it for ``JobEvent``s, ``cancel()`` it to stop. Errors while iterating are
+        ``grpc.RpcError`` (the stream is not retried: the caller re-opens it)."""
+        return self._stub.WatchJobs(scheduler_pb2.WatchJobsRequest(job_ids=list(job_ids)), timeout=timeout)

@@ -203,6 +203,56 @@ class StoreClient(ServiceClient):
     def table(self, name: str) -> Frame:
         return Frame(self, {"table": name})
 
+    # ---------------------------------------------------------------- wire messages
+    # The coordinator's answers as messages, every field kept: for a client that shows all a
+    # service reports, fields it does not know yet included (the console).
+    def list_tables_pb(self, *, timeout: float | None = None) -> pb.ListTablesResponse:
+        req = pb.ListTablesRequest()
+        resp: pb.ListTablesResponse = self._call(self._stub.ListTables, req, timeout=timeout, idempotent=True)
+        return resp
+
+    def nodes_pb(self, *, timeout: float | None = None) -> pb.ListStoreNodesResponse:
+        req = pb.ListStoreNodesRequest()
+        resp: pb.ListStoreNodesResponse = self._call(
+            self._stub.ListStoreNodes, req, timeout=timeout, idempotent=True
+        )
+        return resp
+
+    def get_table_pb(self, name: str, *, placement: bool = False, timeout: float | None = None) -> pb.Table:
+        req = pb.GetTableRequest(name=name, placement=placement)
+        table: pb.Table = self._call(self._stub.GetTable, req, timeout=timeout, idempotent=True)
+        return table
+
+    def recovery_pb(self, *, timeout: float | None = None) -> pb.RecoveryStatus:
+        req = pb.GetRecoveryRequest()
+        status: pb.RecoveryStatus = self._call(self._stub.GetRecovery, req, timeout=timeout, idempotent=True)
+        return status
+
+    def start_recovery_pb(self, *, timeout: float | None = None) -> pb.RecoveryStatus:
+        req = pb.StartRecoveryRequest()
+        status: pb.RecoveryStatus = self._call(
+            self._stub.StartRecovery, req, timeout=timeout, idempotent=True
+        )
+        return status
+
+    def explain_pb(
+        self, query: Frame | dict[str, Any] | str, *, timeout: float | None = None
+    ) -> pb.ExplainResponse:
+        req = pb.QueryRequest(query_json=_query_json(query))
+        resp: pb.ExplainResponse = self._call(self._stub.Explain, req, timeout=timeout, idempotent=True)
+        return resp
+
+    def query_pb(
+        self, query: Frame | dict[str, Any] | str, *, timeout: float | None = None
+    ) -> Iterator[pb.QueryResponse]:
+        """The ``Query`` stream's messages (the first carries the plan; their ``arrow_ipc`` parts
+        make one Arrow IPC stream). Errors come as ``MicrocoError``s; not retried."""
+        req = pb.QueryRequest(query_json=_query_json(query))
+        try:
+            yield from self._stub.Query(req, timeout=timeout or max(self.default_timeout, 600))
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
 
 def _query_json(query: Frame | dict[str, Any] | str) -> str:
     if isinstance(query, Frame):

@@ -7,40 +7,48 @@ instance is registered in etcd. Views of a system that is absent say so instead 
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import logging
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import grpc
 
-from microco.common import call_with_retry, dial
+from microco.common import ServiceClient, dial
 from microco.common.errors import Unavailable, Unimplemented
+from microco.common.health import check_health
 from microco.common.hotstate import connect_redis
 from microco.common.kv import KV
 from microco.common.registry import ServiceRecord, discover
-from microco.common.health import check_health
 
 from ._config import ConsoleConfig
 
+if TYPE_CHECKING:  # the clients are imported on first use: a system may be absent from the build
+    from microco.clients.agent import AgentDirectory
+    from microco.clients.cache import CacheClient
+    from microco.clients.compiler import RemoteExplorer
+    from microco.clients.scheduler import SchedulerClient
+    from microco.clients.store import StoreClient
+
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
+C = TypeVar("C", bound=ServiceClient)
+
+# Tries per idempotent call within the console's deadline: a page answers "unavailable" soon
+# rather than waiting out a long retry.
+ATTEMPTS = 2
 
 
 @dataclass(frozen=True)
 class System:
     """One platform system the console can show: its service name in the registry, the module of
-    its generated gRPC code and stub class, and the module that runs the service."""
+    its generated gRPC code and the module that runs the service (both there: in this build)."""
 
     name: str
     service: str
     grpc_module: str
-    stub: str
     service_module: str
 
     def in_build(self) -> bool:
@@ -60,35 +68,30 @@ SYSTEMS: dict[str, System] = {
             "scheduler",
             "scheduler",
             "microco.api.scheduler.v1.scheduler_pb2_grpc",
-            "SchedulerServiceStub",
             "microco.services.scheduler",
         ),
         System(
             "agent",
             "agent",
             "microco.api.agent.v1.agent_pb2_grpc",
-            "NodeAgentServiceStub",
             "microco.services.agent",
         ),
         System(
             "cache",
             "cache",
             "microco.api.cache.v1.cache_pb2_grpc",
-            "CacheServiceStub",
             "microco.services.cache",
         ),
         System(
             "store",
             "store",
             "microco.api.store.v1.store_pb2_grpc",
-            "StoreCoordinatorServiceStub",
             "microco.services.store",
         ),
         System(
             "compiler",
             "compiler",
             "microco.api.compiler.v1.compiler_pb2_grpc",
-            "CompilerServiceStub",
             "microco.services.compiler",
         ),
     )
@@ -104,9 +107,10 @@ class Gateway:
         self._redis = redis
         self._redis_tried = redis is not None or not use_redis
         self._channels: dict[str, grpc.Channel] = {}
+        self._clients: dict[tuple[str, str], ServiceClient] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="console-health")
-        self._agents: Any = None
+        self._agents: AgentDirectory | None = None
 
     # -- Redis: optional, hot state only
     @property
@@ -149,8 +153,9 @@ class Gateway:
                 channel = self._channels[address] = dial(address)
             return channel
 
-    def stub(self, name: str, record: ServiceRecord | None = None) -> Any:
-        """A stub of system ``name``: on ``record``'s instance, else on the leader or any live one."""
+    def record(self, name: str, record: ServiceRecord | None = None) -> ServiceRecord:
+        """The instance of system ``name`` to call: ``record`` when given, else the leader or any
+        live one, found in etcd at every call (a new leader is used as soon as it registers)."""
         system = SYSTEMS[name]
         if not system.in_build():
             raise Unimplemented(f"{name}: not available in this build")
@@ -160,18 +165,47 @@ class Gateway:
                 raise Unavailable(f"{name}: no live instance is registered in etcd (is it running?)")
             leaders = [r for r in records if r.labels.get("role") == "leader"]
             record = (leaders or records)[0]
-        module = importlib.import_module(system.grpc_module)
-        return getattr(module, system.stub)(self._channel(record.address))
+        return record
 
-    def call(self, method: Callable[..., T], request: Any, *, idempotent: bool = True) -> T:
-        """One unary call with the console's deadline; UNAVAILABLE retried only when idempotent."""
-        return call_with_retry(
-            method, request, timeout=self.config.rpc_timeout_s, idempotent=idempotent, attempts=2
-        )
+    def _client(self, name: str, record: ServiceRecord | None, make: type[C]) -> C:
+        """The typed client of ``name`` on the chosen instance's shared channel, with the
+        console's deadline and attempts (retries are common's ``call_with_retry``: only
+        UNAVAILABLE, only for calls the client marks idempotent)."""
+        address = self.record(name, record).address
+        channel = self._channel(address)
+        with self._lock:
+            client = self._clients.get((name, address))
+            if client is None:
+                client = make(channel, self.config.rpc_timeout_s)
+                client.attempts = ATTEMPTS
+                self._clients[(name, address)] = client
+        return cast(C, client)
 
-    def agents(self) -> Any:
-        """The scheduler's directory of node agents, to read job logs through (the scheduler
-        is part of the build when a job was found)."""
+    # The typed clients (Unimplemented when the system is not in this build, Unavailable when no
+    # instance is registered).
+    def scheduler(self) -> SchedulerClient:
+        from microco.clients.scheduler import SchedulerClient
+
+        return self._client("scheduler", None, SchedulerClient)
+
+    def cache(self, record: ServiceRecord | None = None) -> CacheClient:
+        from microco.clients.cache import CacheClient
+
+        return self._client("cache", record, CacheClient)
+
+    def store(self) -> StoreClient:
+        from microco.clients.store import StoreClient
+
+        return self._client("store", None, StoreClient)
+
+    def compiler(self) -> RemoteExplorer:
+        from microco.clients.compiler import RemoteExplorer
+
+        return self._client("compiler", None, RemoteExplorer)
+
+    def agents(self) -> AgentDirectory:
+        """The directory of node agents, to read job logs through (the scheduler is part of the
+        build when a job was found)."""
         with self._lock:
             if self._agents is None:
                 from microco.clients.agent import AgentDirectory
@@ -187,3 +221,4 @@ class Gateway:
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
+            self._clients.clear()

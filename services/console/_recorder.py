@@ -21,7 +21,6 @@ from ._proto import to_dict
 from ._series import SeriesStore
 from ._views import (
     STORE_RECOVERY_SERIES,
-    _pb,
     cache_samples,
     jobs_snapshot,
     record_job,
@@ -97,11 +96,7 @@ class Recorder:
                 if not self.gw.availability("scheduler")[0]:
                     self._stop.wait(self.every_s)
                     continue
-                pb = _pb("scheduler")
-                stub = self.gw.stub("scheduler")
-                if not hasattr(stub, "WatchJobs"):
-                    return
-                self._watch_call = stub.WatchJobs(pb.WatchJobsRequest())
+                self._watch_call = self.gw.scheduler().watch_call()
                 for event in self._watch_call:
                     job = to_dict(event.job)
                     at = float(getattr(event, "at", 0.0) or time.time())

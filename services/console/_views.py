@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import importlib
 import json
 import logging
 import math
 import time
 from typing import Any
 
-import grpc
-
-from microco.common.errors import InvalidArgument, MicrocoError, NotFound, from_rpc_error
+from microco.common.errors import InvalidArgument, MicrocoError, NotFound
 
 from ._gateway import SYSTEMS, Gateway
 from ._proto import enum_number, to_dict
@@ -26,10 +23,6 @@ from ._series import SeriesStore
 from ._timeline import TERMINAL, hit_rate_series, job_timeline, state_seconds
 
 log = logging.getLogger(__name__)
-
-
-def _pb(system: str) -> Any:
-    return importlib.import_module(SYSTEMS[system].grpc_module.removesuffix("_grpc"))
 
 
 def unavailable(reason: str, **empty: Any) -> dict[str, Any]:
@@ -85,18 +78,17 @@ def nodes_view(gw: Gateway) -> dict[str, Any]:
             doc = {"raw": raw.decode(errors="replace")}
         nodes.append({"name": name, "info": doc if isinstance(doc, dict) else {"value": doc}})
     devices: list[dict[str, Any]] = []
-    scheduler: dict[str, Any] = {}
+    scheduler_info: dict[str, Any] = {}
     ok, reason = gw.availability("scheduler")
     if ok:
-        pb = _pb("scheduler")
         try:
-            stub = gw.stub("scheduler")
-            resp = to_dict(gw.call(stub.ListNodes, pb.ListNodesRequest()))
+            scheduler = gw.scheduler()
+            resp = to_dict(scheduler.list_nodes())
             devices = resp.pop("devices", [])
-            scheduler = resp  # leader, policy, ... as the scheduler reports them
+            scheduler_info = resp  # leader, policy, ... as the scheduler reports them
             # who holds each device now (several jobs when packed)
             holders: dict[str, list[dict[str, str]]] = {}
-            for job in (to_dict(j) for j in gw.call(stub.ListJobs, pb.ListJobsRequest()).jobs):
+            for job in (to_dict(j) for j in scheduler.list()):
                 if job.get("state") in TERMINAL:
                     continue
                 for d in job.get("device_ids") or []:
@@ -105,7 +97,7 @@ def nodes_view(gw: Gateway) -> dict[str, Any]:
                 d["jobs"] = holders.get(d.get("id", ""), [])
         except MicrocoError as exc:
             reason = f"scheduler: {exc}"
-    return {"nodes": nodes, "devices": devices, "devices_reason": reason, "scheduler": scheduler}
+    return {"nodes": nodes, "devices": devices, "devices_reason": reason, "scheduler": scheduler_info}
 
 
 # --------------------------------------------------------------------------- jobs
@@ -251,28 +243,32 @@ def list_jobs(
     ok, reason = gw.availability("scheduler")
     if not ok:
         return unavailable(reason, jobs=[])
-    pb = _pb("scheduler")
+    from microco.api.scheduler.v1 import scheduler_pb2
+    from microco.clients.scheduler import state_name
+
     numbers = []
     for s in states or []:
-        n = enum_number(pb.JobState.DESCRIPTOR, s)
+        n = enum_number(scheduler_pb2.JobState.DESCRIPTOR, s)
         if n is None:
             names = ", ".join(
-                v.name.removeprefix("JOB_STATE_").lower() for v in pb.JobState.DESCRIPTOR.values[1:]
+                v.name.removeprefix("JOB_STATE_").lower()
+                for v in scheduler_pb2.JobState.DESCRIPTOR.values[1:]
             )
             raise InvalidArgument(f"unknown job state {s!r}; expected one of {names}")
         numbers.append(n)
-    resp = gw.call(gw.stub("scheduler").ListJobs, pb.ListJobsRequest(states=numbers, owner=owner))
+    # The client filters by the scheduler's state names. ``unspecified`` names no state a job
+    # can be in: it matches no job (and a filter of only that matches none, not all).
+    named = [name for n in numbers if (name := state_name(n)) != "unknown"]
+    found = gw.scheduler().list(named, owner) if named or not numbers else []
     now = time.time()
     histories = _scheduler_histories(gw)
-    jobs = [_with_timeline(series, d, now, histories.get(d["id"], [])) for d in map(to_dict, resp.jobs)]
+    jobs = [_with_timeline(series, d, now, histories.get(d["id"], [])) for d in map(to_dict, found)]
     jobs.sort(key=lambda j: float(j.get("submitted_at") or 0.0), reverse=True)
     return {"available": True, "reason": "", "jobs": jobs, "at": now}
 
 
 def get_job(gw: Gateway, series: SeriesStore, job_id: str) -> dict[str, Any]:
-    stub = gw.stub("scheduler")  # Unimplemented when not in this build
-    pb = _pb("scheduler")
-    job = to_dict(gw.call(stub.GetJob, pb.GetJobRequest(job_id=job_id)))
+    job = to_dict(gw.scheduler().get(job_id))  # Unimplemented when not in this build
     now = time.time()
     out = _with_timeline(series, job, now, _scheduler_histories(gw, job["id"]).get(job["id"], []))
     out["progress"] = series.read(_job_progress_name(job_id), last=500)
@@ -283,8 +279,7 @@ def job_log(gw: Gateway, job_id: str, tail_lines: int) -> dict[str, Any]:
     """The last ``tail_lines`` lines of a job's output (its latest attempt), from the node agent
     that keeps it (as ``microco job logs``). An unknown job is NotFound; a known one without a
     log is ``available: False`` with the reason (the page asks again as the job runs)."""
-    pb = _pb("scheduler")
-    job = to_dict(gw.call(gw.stub("scheduler").GetJob, pb.GetJobRequest(job_id=job_id)))  # NotFound
+    job = to_dict(gw.scheduler().get(job_id))  # NotFound
     try:
         node, first, rest = gw.agents().open_log(
             job["id"], first_node=job.get("node", ""), tail_lines=tail_lines
@@ -302,45 +297,21 @@ def job_log(gw: Gateway, job_id: str, tail_lines: int) -> dict[str, Any]:
 
 
 def submit_job(gw: Gateway, spec: dict[str, Any]) -> dict[str, Any]:
-    stub = gw.stub("scheduler")
-    pb = _pb("scheduler")
-    fields = pb.JobSpec.DESCRIPTOR.fields_by_name
-    kwargs: dict[str, Any] = {}
-    for name in (
-        "name",
-        "command",
-        "devices",
-        "elastic",
-        "priority",
-        "env",
-        "workdir",
-        "total_steps",
-        "model",
-        "max_devices",
-        "gpu_share",
-    ):
-        if name in fields and spec.get(name) not in (None, ""):
-            kwargs[name] = spec[name]
-    if "owner" in fields and spec.get("user"):
-        from microco.api.common.v1 import common_pb2
+    """Submit a job (the spec dict of the REST body), mapped to the wire by the scheduler
+    client's one spec mapping. Not retried: a retry after a lost answer could start it twice."""
+    scheduler = gw.scheduler()  # Unimplemented / Unavailable before anything is mapped
+    from microco.clients.scheduler import spec_to_pb
 
-        kwargs["owner"] = common_pb2.Principal(user=spec["user"], tenant=spec.get("tenant", ""))
-    # Submitting is not idempotent: a retry after a lost answer could start the job twice.
-    job = gw.call(stub.SubmitJob, pb.SubmitJobRequest(spec=pb.JobSpec(**kwargs)), idempotent=False)
-    return to_dict(job)
+    return to_dict(scheduler.submit(spec_to_pb(spec)))
 
 
 def cancel_job(gw: Gateway, job_id: str) -> dict[str, Any]:
-    stub = gw.stub("scheduler")
-    pb = _pb("scheduler")
-    return to_dict(gw.call(stub.CancelJob, pb.CancelJobRequest(job_id=job_id), idempotent=True))
+    return to_dict(gw.scheduler().cancel(job_id))  # idempotent on the server: retried
 
 
 def jobs_snapshot(gw: Gateway) -> list[dict[str, Any]]:
     """Every job as the scheduler reports it now (for the recorder)."""
-    pb = _pb("scheduler")
-    resp = gw.call(gw.stub("scheduler").ListJobs, pb.ListJobsRequest())
-    return [to_dict(j) for j in resp.jobs]
+    return [to_dict(j) for j in gw.scheduler().list()]
 
 
 # --------------------------------------------------------------------------- cache
@@ -355,17 +326,13 @@ def cache_view(gw: Gateway, series: SeriesStore) -> dict[str, Any]:
     ok, reason = gw.availability("cache")
     if not ok:
         return unavailable(reason, servers=[])
-    pb = _pb("cache")
     servers = []
     for record in sorted(gw.services("cache"), key=lambda r: r.instance_id):
         entry: dict[str, Any] = {"instance_id": record.instance_id, "address": record.address, "error": ""}
         try:
-            stub = gw.stub("cache", record)
-            entry["stats"] = to_dict(gw.call(stub.GetStats, pb.GetStatsRequest()))
-            if hasattr(stub, "GetAllocations"):
-                entry["allocations"] = to_dict(gw.call(stub.GetAllocations, pb.GetAllocationsRequest())).get(
-                    "allocations", []
-                )
+            cache = gw.cache(record)
+            entry["stats"] = to_dict(cache.stats())
+            entry["allocations"] = to_dict(cache.allocations()).get("allocations", [])
         except MicrocoError as exc:
             entry["error"] = str(exc)
         entry["hit_rate"] = hit_rate_series(series.read(_cache_stats_name(record.instance_id), last=500))
@@ -409,11 +376,10 @@ def per_job_counters(stats: dict[str, Any]) -> dict[str, dict[str, int]]:
 def cache_samples(gw: Gateway) -> list[tuple[str, dict[str, Any]]]:
     """(series name, {hits, misses, ...}) for every cache server, and every job a server reports
     counters for, now (for the recorder)."""
-    pb = _pb("cache")
     out: list[tuple[str, dict[str, Any]]] = []
     for record in gw.services("cache"):
         try:
-            stats = to_dict(gw.call(gw.stub("cache", record).GetStats, pb.GetStatsRequest()))
+            stats = to_dict(gw.cache(record).stats())
         except MicrocoError:
             continue
         out.append(
@@ -440,18 +406,16 @@ def store_view(gw: Gateway, series: SeriesStore) -> dict[str, Any]:
     ok, reason = gw.availability("store")
     if not ok:
         return unavailable(reason, tables=[], nodes=[], recovery=None)
-    pb = _pb("store")
-    stub = gw.stub("store")
-    tables = [to_dict(t) for t in gw.call(stub.ListTables, pb.ListTablesRequest()).tables]
-    nodes = [to_dict(n) for n in gw.call(stub.ListStoreNodes, pb.ListStoreNodesRequest()).nodes]
+    store = gw.store()
+    tables = [to_dict(t) for t in store.list_tables_pb().tables]
+    nodes = [to_dict(n) for n in store.nodes_pb().nodes]
     for t in tables:
         t.pop("placement_json", None)  # per-extent placement is on the table's own endpoint
     recovery: Any = None
-    if hasattr(stub, "GetRecovery") and hasattr(pb, "GetRecoveryRequest"):
-        try:
-            recovery = _unfold_json(to_dict(gw.call(stub.GetRecovery, pb.GetRecoveryRequest())))
-        except MicrocoError as exc:
-            recovery = {"error": str(exc)}
+    try:
+        recovery = _unfold_json(to_dict(store.recovery_pb()))
+    except MicrocoError as exc:
+        recovery = {"error": str(exc)}
     return {
         "available": True,
         "reason": "",
@@ -469,11 +433,7 @@ _RECOVERY_FIGURES = ("unavailable_extents", "lost_extents", "rebuilt", "bytes_lo
 
 def store_recovery_sample(gw: Gateway) -> dict[str, Any] | None:
     """The coordinator's recovery figures now (for the recorder), or None when it has none."""
-    stub = gw.stub("store")
-    pb = _pb("store")
-    if not hasattr(stub, "GetRecovery"):
-        return None
-    rec = _unfold_json(to_dict(gw.call(stub.GetRecovery, pb.GetRecoveryRequest())))
+    rec = _unfold_json(to_dict(gw.store().recovery_pb()))
     out = {k: rec[k] for k in _RECOVERY_FIGURES if isinstance(rec.get(k), int | float)}
     if "state" in rec:
         out["state"] = str(rec["state"])
@@ -500,11 +460,8 @@ def _unfold_json(d: dict[str, Any]) -> dict[str, Any]:
 
 def store_table(gw: Gateway, name: str) -> dict[str, Any]:
     """One table with its per-super-extent placement (replica -> partition -> node)."""
-    stub = gw.stub("store")  # Unimplemented when not in this build
-    pb = _pb("store")
-    fields = pb.GetTableRequest.DESCRIPTOR.fields_by_name
-    req = pb.GetTableRequest(name=name, **({"placement": True} if "placement" in fields else {}))
-    return _unfold_json(to_dict(gw.call(stub.GetTable, req)))
+    store = gw.store()  # Unimplemented when not in this build
+    return _unfold_json(to_dict(store.get_table_pb(name, placement=True)))
 
 
 def _jsonable(value: Any) -> Any:
@@ -528,11 +485,9 @@ def _jsonable(value: Any) -> Any:
 
 def store_query(gw: Gateway, query: dict[str, Any], limit_rows: int, explain_only: bool) -> dict[str, Any]:
     """Run (or only explain) a query through the coordinator; at most ``limit_rows`` rows come back."""
-    stub = gw.stub("store")
-    pb = _pb("store")
-    req = pb.QueryRequest(query_json=json.dumps(query))
+    store = gw.store()
     if explain_only:
-        resp = to_dict(gw.call(stub.Explain, req))
+        resp = to_dict(store.explain_pb(query))
         return {
             "plan_kind": resp.get("plan_kind", ""),
             "explain": resp.get("text", ""),
@@ -546,13 +501,10 @@ def store_query(gw: Gateway, query: dict[str, Any], limit_rows: int, explain_onl
 
     buf = bytearray()
     first: dict[str, Any] = {}
-    try:
-        for k, part in enumerate(stub.Query(req, timeout=max(gw.config.rpc_timeout_s, 60.0))):
-            if k == 0:
-                first = _unfold_json(to_dict(part))
-            buf += part.arrow_ipc
-    except grpc.RpcError as exc:
-        raise from_rpc_error(exc) from None
+    for k, part in enumerate(store.query_pb(query, timeout=max(gw.config.rpc_timeout_s, 60.0))):
+        if k == 0:
+            first = _unfold_json(to_dict(part))
+        buf += part.arrow_ipc
     table = pa.ipc.open_stream(pa.py_buffer(bytes(buf))).read_all() if buf else pa.table({})
     rows = table.slice(0, limit_rows).to_pylist()
     return {
@@ -567,9 +519,7 @@ def store_query(gw: Gateway, query: dict[str, Any], limit_rows: int, explain_onl
 
 
 def store_start_recovery(gw: Gateway) -> dict[str, Any]:
-    stub = gw.stub("store")
-    pb = _pb("store")
-    return _unfold_json(to_dict(gw.call(stub.StartRecovery, pb.StartRecoveryRequest(), idempotent=True)))
+    return _unfold_json(to_dict(gw.store().start_recovery_pb()))
 
 
 # --------------------------------------------------------------------------- compiler
@@ -592,17 +542,15 @@ def compiler_view(gw: Gateway) -> dict[str, Any]:
     ok, reason = gw.availability("compiler")
     if not ok:
         return unavailable(reason, graphs=[])
-    pb = _pb("compiler")
-    resp = gw.call(gw.stub("compiler").ListGraphs, pb.ListGraphsRequest())
+    graphs = gw.compiler().list_graphs()
     return {
         "available": True,
         "reason": "",
-        "graphs": [_graph_summary(to_dict(g)) for g in resp.graphs],
+        "graphs": [_graph_summary(to_dict(g)) for g in graphs],
         "at": time.time(),
     }
 
 
 def compiler_graph(gw: Gateway, key: str) -> dict[str, Any]:
-    stub = gw.stub("compiler")  # Unimplemented when not in this build
-    pb = _pb("compiler")
-    return _graph_summary(to_dict(gw.call(stub.GetGraph, pb.GetGraphRequest(key=key))))
+    compiler = gw.compiler()  # Unimplemented when not in this build
+    return _graph_summary(to_dict(compiler.get_graph(key)))

@@ -345,7 +345,7 @@ class ServiceContext:
     @property
     def redis(self) -> Any:
         if self._redis is None:
-            from .hotstate import connect_redis
+            from microco.common.hotstate import connect_redis
 
             self._redis = connect_redis(self.settings.redis)
         return self._redis

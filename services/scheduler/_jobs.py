@@ -11,8 +11,9 @@ import time
 import uuid
 from typing import Any
 
-from microco.api.common.v1 import common_pb2
 from microco.api.scheduler.v1 import scheduler_pb2
+from microco.clients.scheduler import spec_from_pb as spec_from_pb  # the one wire mapping
+from microco.clients.scheduler import spec_to_pb as spec_to_pb
 from microco.common.errors import InvalidArgument
 
 JOBS_PREFIX = "/microco/scheduler/jobs/"
@@ -173,41 +174,6 @@ def retained_job_ids(records: list[dict[str, Any]], now: float, failed_retention
         if r["state"] not in TERMINAL or failed_recently:
             keep.add(r["id"])
     return keep
-
-
-def spec_from_pb(spec: scheduler_pb2.JobSpec) -> dict[str, Any]:
-    return {
-        "name": spec.name,
-        "command": list(spec.command),
-        "devices": spec.devices,
-        "elastic": spec.elastic,
-        "priority": spec.priority,
-        "user": spec.owner.user,
-        "tenant": spec.owner.tenant,
-        "env": dict(spec.env),
-        "workdir": spec.workdir,
-        "total_steps": spec.total_steps,
-        "model": spec.model,
-        "max_devices": spec.max_devices,
-        "gpu_share": spec.gpu_share,
-    }
-
-
-def spec_to_pb(spec: dict[str, Any]) -> scheduler_pb2.JobSpec:
-    return scheduler_pb2.JobSpec(
-        name=spec["name"],
-        command=spec["command"],
-        devices=spec["devices"],
-        elastic=spec["elastic"],
-        priority=spec["priority"],
-        owner=common_pb2.Principal(user=spec["user"], tenant=spec["tenant"]),
-        env=spec["env"],
-        workdir=spec["workdir"],
-        total_steps=spec["total_steps"],
-        model=spec.get("model", ""),
-        max_devices=spec.get("max_devices", 0),
-        gpu_share=spec.get("gpu_share", 1.0),
-    )
 
 
 def record_to_pb(rec: dict[str, Any]) -> scheduler_pb2.Job:
