@@ -16,16 +16,8 @@ from _support import wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from microco.api.common.v1 import common_pb2, common_pb2_grpc
-from microco.common import ServiceClient, dial
-from microco.common import (
-    EtcdKV,
-    InvalidArgument,
-    NotFound,
-    ServiceRuntime,
-    ServiceSettings,
-    Unavailable,
-    discover,
-)
+from microco.common import EtcdKV, InvalidArgument, NotFound, ServiceClient, Unavailable, dial, discover
+from microco.services.runtime import ServiceRuntime, ServiceSettings
 from microco.services.runtime.server import _INFO_SERVICE
 
 pytestmark = pytest.mark.integration
