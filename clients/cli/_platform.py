@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import signal
 import sys
 import time
@@ -82,9 +81,9 @@ def add_etcd_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _home(args: argparse.Namespace) -> Path:
-    from microco.services.stack import default_home
+    from microco.clients.common import stack_home
 
-    return Path(args.home) if args.home else default_home()
+    return stack_home(getattr(args, "home", None))
 
 
 def _say(msg: str) -> None:
@@ -183,18 +182,12 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def etcd_for(args: argparse.Namespace) -> str:
-    """The etcd endpoint a system command talks to: `--etcd`, then `MICROCO_ETCD`, then the
-    stack started by `microco up` on this machine."""
-    from microco.services.stack import read_state
+    """The etcd endpoint a system command talks to, found as every client finds it
+    (:func:`microco.clients.common.find_etcd`): `--etcd`, then `MICROCO_ETCD`, then the stack
+    `microco up` started from `--home` (MICROCO_HOME, ~/.microco)."""
+    from microco.clients.common import find_etcd
 
-    if args.etcd:
-        return args.etcd
-    if os.environ.get("MICROCO_ETCD"):
-        return os.environ["MICROCO_ETCD"]
-    state = read_state(_home(args))
-    if state:
-        return state["etcd"]
-    raise FailedPrecondition("no etcd to read from: pass --etcd, set MICROCO_ETCD, or start one with `microco up`")
+    return find_etcd(getattr(args, "etcd", ""), getattr(args, "home", None)).address
 
 
 def cmd_status(args: argparse.Namespace) -> int:

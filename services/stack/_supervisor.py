@@ -35,7 +35,7 @@ STATE_FILE = "stack.json"
 
 
 def default_home() -> Path:
-    return Path(os.environ.get("MICROCO_HOME", Path.home() / ".microco"))
+    return Path(os.environ.get("MICROCO_HOME") or Path.home() / ".microco")
 
 
 @dataclass(frozen=True)
