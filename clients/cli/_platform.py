@@ -177,7 +177,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     from microco.services.stack import stop_from_state
 
     n = stop_from_state(_home(args), grace=args.grace, progress=_say)
-    _say(f"stopped {n} processes")
+    _say(f"stopped {n} process{'' if n == 1 else 'es'}")
     return 0
 
 
@@ -241,13 +241,10 @@ def stack_rows(stack: Any) -> list[dict[str, Any]]:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    cols = list(rows[0])
-    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
-    print("  ".join(c.upper().ljust(widths[c]) for c in cols))
-    for r in rows:
-        print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols))
+    """Rows under an upper-case header, numbers formatted for people (``_format``)."""
+    from ._format import print_table as _print
+
+    _print(rows)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

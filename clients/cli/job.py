@@ -198,6 +198,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from microco.clients.scheduler import job_to_dict
 
+    from ._format import cell
+
     j = job_to_dict(_client(args).get(args.job_id))
     if args.json:
         print(json.dumps(j, indent=2))
@@ -228,7 +230,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         v = j[k]
         if k in ("submitted_at", "first_step_at", "finished_at"):
             continue
-        print(f"{k:>20}: {' '.join(v) if k == 'command' else v}")
+        print(f"{k:>20}: {' '.join(v) if k == 'command' else cell(v)}")
     for k in ("submitted_at", "first_step_at", "finished_at"):
         if j[k]:
             print(f"{k:>20}: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(j[k]))}")
