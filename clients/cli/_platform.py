@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import signal
 import sys
 import time
@@ -39,7 +40,12 @@ def register(sub: Any) -> None:
     p.add_argument("--devices", type=int, default=4, help="virtual devices the node agent offers (default 4)")
     p.add_argument("--store-nodes", type=int, default=6, help="store nodes, one fault domain each (default 6)")
     p.add_argument("--cache-capacity-mb", type=int, default=256, help="cache server capacity (default 256)")
-    p.add_argument("--console-port", type=int, default=8080, help="console HTTP port (default 8080)")
+    p.add_argument(
+        "--console-port",
+        type=int,
+        default=int(os.environ.get("MICROCO_CONSOLE_PORT") or 8080),
+        help="console HTTP port (default 8080, or MICROCO_CONSOLE_PORT; 0: a free port)",
+    )
     p.add_argument("--no-console", action="store_true", help="do not start the console")
     p.add_argument("--detach", action="store_true", help="start, print, and return (stop with `microco down`)")
     p.add_argument("--demo", action="store_true", help="once up, run the demo scenario through every system")
@@ -125,7 +131,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if console:
         _say(f"console: http://{console.record.address}/ (sign in with the token `microco console token` prints)")
     if args.detach:
-        _say("detached; stop with `microco down`" + (f" --home {args.home}" if args.home else ""))
+        _say("detached; stop with `microco down" + (f" --home {args.home}" if args.home else "") + "`")
         stack.children = []  # keep them running; the state file lets `microco down` stop them
         stack.etcd = stack.redis = None
         return 0
