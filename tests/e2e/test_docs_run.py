@@ -126,7 +126,7 @@ def _script(doc: Path) -> str:
         if b.skip:
             continue
         where = f"{doc.relative_to(REPO)}:{b.line}"
-        parts.append(f"echo '>>> {where}' >&2")
+        parts.append(f'echo ">>> {where} (at $SECONDS s)" >&2')
         parts.append(b.code)
     return "\n".join(parts) + "\n"
 
