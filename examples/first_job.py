@@ -32,11 +32,11 @@ SAMPLE = struct.Struct("<B64f")  # one file per digit: its label, then its 8x8 p
 
 
 def write_data(folder: Path) -> None:
-    from sklearn.datasets import load_digits
+    from microco.examples._digits import load_digits  # scikit-learn's digits, scaled to [0, 1]
 
-    x, y = load_digits(return_X_y=True)
+    x, y = load_digits()
     folder.mkdir(parents=True, exist_ok=True)
-    for i, (pixels, label) in enumerate(zip(x / 16, y)):
+    for i, (pixels, label) in enumerate(zip(x, y)):
         (folder / f"digit-{i:04d}.bin").write_bytes(SAMPLE.pack(int(label), *pixels))
     print(f"wrote {len(y)} samples to {folder}")
 
