@@ -78,11 +78,15 @@ def main() -> None:
                 opt.step()
             step += 1
             hook.step_end(step)
-        print(f"epoch {epoch}: loss {loss.item():.3f}, cache hit rate {loader.stats.hit_rate:.0%}", flush=True)
+        print(
+            f"epoch {epoch}: loss {loss.item():.3f}, cache hit rate {loader.stats.hit_rate:.0%}", flush=True
+        )
     hook.finish()
     loader.finish()
     loader.close()
-    print(f"done: {step} steps; compiler {'committed' if astra.committed else 'still exploring'} {astra.config}")
+    print(
+        f"done: {step} steps; compiler {'committed' if astra.committed else 'still exploring'} {astra.config}"
+    )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,10 @@ _NOT_SHARED = (argparse._HelpAction, argparse._VersionAction, argparse._SubParse
 def add_global_flags(parser: argparse.ArgumentParser) -> None:
     """``--home`` and ``--etcd`` on the top-level parser (with their defaults)."""
     parser.add_argument(
-        "--home", type=Path, default=None, help="the local stack's home (default MICROCO_HOME, else ~/.microco)"
+        "--home",
+        type=Path,
+        default=None,
+        help="the local stack's home (default MICROCO_HOME, else ~/.microco)",
     )
     parser.add_argument(
         "--etcd", default="", help="the platform's etcd (default MICROCO_ETCD, else the local stack's)"

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 
-def number(v: float | int) -> str:
+def number(v: float) -> str:
     """A number for people: two decimals at most from 1 up, three significant digits below,
     trailing zeros dropped (``3.0`` -> ``3``, ``12.50`` -> ``12.5``)."""
     if isinstance(v, bool):
@@ -37,7 +37,7 @@ def number(v: float | int) -> str:
     return "0" if text in ("-0", "") else text
 
 
-def size(n: float | int | None) -> str:
+def size(n: float | None) -> str:
     """Bytes for people (binary units): ``1536`` -> ``1.5 KiB``."""
     if n is None:
         return "-"
@@ -64,7 +64,9 @@ def cell(v: Any) -> str:
     return str(v)
 
 
-def print_table(rows: Sequence[dict[str, Any]], cols: Iterable[str] | None = None, *, upper: bool = True) -> None:
+def print_table(
+    rows: Sequence[dict[str, Any]], cols: Iterable[str] | None = None, *, upper: bool = True
+) -> None:
     """Rows as aligned columns under a header (column names upper-cased unless ``upper=False``)."""
     if not rows and cols is None:
         return

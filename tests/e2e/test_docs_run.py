@@ -66,7 +66,14 @@ def bash_blocks(path: Path, text: str | None = None) -> list[Block]:
             skip = SKIP.search(before)
             if MARKER.search(before) and not skip:
                 raise AssertionError(f"{path}:{k + 1}: a docs-test marker needs a reason: {before.strip()}")
-            out.append(Block(path, start + 1, "\n".join(lines[start + 1 : j]), skip.group("why").strip() if skip else ""))
+            out.append(
+                Block(
+                    path,
+                    start + 1,
+                    "\n".join(lines[start + 1 : j]),
+                    skip.group("why").strip() if skip else "",
+                )
+            )
         i = j + 1
     return out
 
@@ -168,6 +175,7 @@ def test_doc_commands_run(doc: Path, tmp_path: Path) -> None:
             ["bash", "-c", _script(doc)],
             cwd=REPO,
             env=env,
+            check=False,
             capture_output=True,
             text=True,
             timeout=DOC_TIMEOUT_S,
@@ -181,6 +189,7 @@ def test_doc_commands_run(doc: Path, tmp_path: Path) -> None:
             subprocess.run(
                 [sys.executable, "-m", "microco.clients.cli", "down", "--home", str(stack.parent)],
                 env=env,
+                check=False,
                 capture_output=True,
                 timeout=120,
             )

@@ -94,7 +94,15 @@ def test_store_recovery_prints_a_table(monkeypatch: pytest.MonkeyPatch, capsys) 
     assert main(["store", "recovery", "--coordinator", "x:1"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].split() == ["STATE", "LOST", "REBUILT", "UNAVAILABLE", "BYTES_LOST", "BYTES_READ", "SECONDS"]
+    assert lines[0].split() == [
+        "STATE",
+        "LOST",
+        "REBUILT",
+        "UNAVAILABLE",
+        "BYTES_LOST",
+        "BYTES_READ",
+        "SECONDS",
+    ]
     assert lines[1].split()[:4] == ["done", "12", "12", "0"] and "1.23" in lines[1] and "7.0 MiB" in lines[1]
     assert "{" not in out
 

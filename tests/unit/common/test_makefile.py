@@ -17,7 +17,11 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 def _dry(*args: str, venv: Path) -> str:
     out = subprocess.run(
-        ["make", "-n", "-C", str(REPO), f"VENV={venv}", *args], capture_output=True, text=True, timeout=60
+        ["make", "-n", "-C", str(REPO), f"VENV={venv}", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     return out.stdout
@@ -25,7 +29,7 @@ def _dry(*args: str, venv: Path) -> str:
 
 @pytest.mark.parametrize("target", ["demo", "up"])
 def test_extra_arguments_reach_microco_up(target: str, tmp_path: Path) -> None:
-    out = _dry(target, 'ARGS=--console-port 18083 --devices 2', venv=tmp_path / "venv")
+    out = _dry(target, "ARGS=--console-port 18083 --devices 2", venv=tmp_path / "venv")
     line = next(x for x in out.splitlines() if "microco up" in x)
     assert line.rstrip().endswith("--console-port 18083 --devices 2"), line
 

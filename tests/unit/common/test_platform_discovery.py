@@ -21,7 +21,9 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "user"))  # no developer's ~/.microco
 
 
-def _stack(home: Path, pid: int = os.getpid(), etcd: str = "127.0.0.1:4001", redis: str = "redis://h:1/0") -> Path:
+def _stack(
+    home: Path, pid: int = os.getpid(), etcd: str = "127.0.0.1:4001", redis: str = "redis://h:1/0"
+) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     (home / "stack.json").write_text(
         json.dumps({"etcd": etcd, "redis": redis, "processes": [{"name": "etcd", "pid": pid}]})

@@ -42,7 +42,10 @@ def manager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ProcessManager:
     monkeypatch.delenv("MICROCO_ETCD", raising=False)
     monkeypatch.delenv("MICROCO_REDIS", raising=False)
     pm = ProcessManager(
-        tmp_path / "agent", discover_devices("n", 1), pin_cpus=False, platform_env={**PLATFORM, "MICROCO_NODE": "n"}
+        tmp_path / "agent",
+        discover_devices("n", 1),
+        pin_cpus=False,
+        platform_env={**PLATFORM, "MICROCO_NODE": "n"},
     )
     yield pm
     pm.shutdown()
@@ -65,7 +68,9 @@ def test_the_job_is_told_the_platform_its_id_and_devices(manager: ProcessManager
 
 
 def test_the_jobs_own_env_wins(manager: ProcessManager) -> None:
-    env = _run(manager, "job-own", ["python", "-c", PRINT_ENV], {"MICROCO_ETCD": "elsewhere:2379", "X": "1"})["env"]
+    env = _run(manager, "job-own", ["python", "-c", PRINT_ENV], {"MICROCO_ETCD": "elsewhere:2379", "X": "1"})[
+        "env"
+    ]
     assert env["MICROCO_ETCD"] == "elsewhere:2379" and env["X"] == "1"
     assert env["MICROCO_REDIS"] == PLATFORM["MICROCO_REDIS"]
 

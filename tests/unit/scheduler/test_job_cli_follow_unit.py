@@ -47,7 +47,9 @@ def scheduler(monkeypatch: pytest.MonkeyPatch) -> _Scheduler:
     return sched
 
 
-def test_follow_waits_for_a_queued_job(scheduler: _Scheduler, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_follow_waits_for_a_queued_job(
+    scheduler: _Scheduler, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
     import microco.services.scheduler as sched_mod
 
     opened: dict[str, Any] = {}
