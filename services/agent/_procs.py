@@ -72,9 +72,9 @@ def job_environment(
     (MICROCO_ETCD, MICROCO_REDIS, MICROCO_NODE), then what the job's spec asks for (which wins)."""
     env = dict(base)
     bindir = os.path.dirname(python) if python else ""
-    if bindir and sys.prefix != sys.base_prefix and os.path.realpath(python).startswith(
-        os.path.realpath(sys.prefix)
-    ):
+    # (the path as run, not resolved: a virtualenv's python is a link to the base interpreter)
+    in_venv = sys.prefix != sys.base_prefix
+    if bindir and in_venv and os.path.abspath(bindir).startswith(os.path.abspath(sys.prefix) + os.sep):
         parts = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != bindir]
         env["PATH"] = os.pathsep.join([bindir, *parts])
     env.update({k: v for k, v in platform_env.items() if v})

@@ -88,3 +88,10 @@ def test_an_interpreter_named_by_path_is_left_alone() -> None:
 def test_platform_addresses_skip_empty_values() -> None:
     env = job_environment({"A": "1"}, {"MICROCO_ETCD": "", "MICROCO_REDIS": "r"}, {}, python="")
     assert "MICROCO_ETCD" not in env and env["MICROCO_REDIS"] == "r" and env["A"] == "1"
+
+
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the platform is not in a virtualenv here")
+def test_the_platforms_virtualenv_comes_first_on_path(manager: ProcessManager) -> None:
+    # so that a `python` inside the job's own scripts (bash -c "python ...") is the platform's too
+    env = _run(manager, "job-path", ["python", "-c", PRINT_ENV])["env"]
+    assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
