@@ -43,7 +43,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--console-port",
         type=int,
-        default=int(os.environ.get("MICROCO_CONSOLE_PORT") or 8080),
+        default=None,
         help="console HTTP port (default 8080, or MICROCO_CONSOLE_PORT; 0: a free port)",
     )
     p.add_argument("--no-console", action="store_true", help="do not start the console")
@@ -96,6 +96,17 @@ def _say(msg: str) -> None:
     print(f"[microco] {msg}", file=sys.stderr, flush=True)
 
 
+def _console_port(flag: int | None) -> int:
+    if flag is not None:
+        return flag
+    text = os.environ.get("MICROCO_CONSOLE_PORT", "").strip()
+    if not text:
+        return 8080
+    if not text.isdigit() or int(text) > 65535:
+        raise InvalidArgument(f"MICROCO_CONSOLE_PORT={text!r} is not a port number")
+    return int(text)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from microco.services.stack import Stack, StackOptions
 
@@ -114,7 +125,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         devices=args.devices,
         store_nodes=args.store_nodes,
         cache_capacity_mb=args.cache_capacity_mb,
-        console_port=args.console_port,
+        console_port=_console_port(args.console_port),
         console=not args.no_console,
     )
     stack = Stack(opts, progress=_say)

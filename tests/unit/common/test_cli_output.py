@@ -169,3 +169,16 @@ def test_down_counts_what_a_foreground_up_stopped(tmp_path: Path, capsys) -> Non
         if up.poll() is None:
             up.send_signal(signal.SIGKILL)
             up.wait()
+
+
+def test_console_port_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from microco.clients.cli._platform import _console_port
+    from microco.services.common.errors import InvalidArgument
+
+    monkeypatch.delenv("MICROCO_CONSOLE_PORT", raising=False)
+    assert _console_port(None) == 8080
+    monkeypatch.setenv("MICROCO_CONSOLE_PORT", "18083")
+    assert _console_port(None) == 18083 and _console_port(0) == 0  # the flag wins
+    monkeypatch.setenv("MICROCO_CONSOLE_PORT", "eighty")
+    with pytest.raises(InvalidArgument, match="MICROCO_CONSOLE_PORT"):
+        _console_port(None)
