@@ -2,6 +2,7 @@
 #   make demo   install, bring the whole platform up on this machine and run the demo scenario
 #   make test   install and run the whole test suite (what CI runs)
 # Everything installs into .venv from PyPI; nothing needs Docker or anything installed by hand.
+# Extra arguments for `microco up`: make demo ARGS="--console-port 18083"
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,13 +12,16 @@ PYTEST_ARGS ?=
 # The suite runs in parallel workers (one per core, at least two): most tests wait on real servers
 # and processes rather than compute.
 PYTEST_WORKERS ?= auto
+ARGS ?=
 
 .PHONY: install browser demo up test lint protos check-protos clean
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
+	@echo "[make] installing microco with [$(EXTRAS)] into $(VENV) (the first time takes minutes: PyTorch, TensorFlow, ...)"
+	@test -x $(PY) || { echo "[make] creating $(VENV)"; python3 -m venv $(VENV); }
 	$(PIP) install -q --disable-pip-version-check -U pip
-	$(PIP) install -q --disable-pip-version-check -e '.[$(EXTRAS)]'
+	$(PIP) install --disable-pip-version-check --progress-bar on -e '.[$(EXTRAS)]'
+	@echo "[make] installed; the microco command is $(VENV)/bin/microco (put $(VENV)/bin on your PATH)"
 	touch $@
 
 install: $(VENV)/.installed-$(EXTRAS)
@@ -31,10 +35,10 @@ browser:
 	  else echo "chromium not found: the browser test will be skipped (apt-get install chromium)"; fi; }
 
 demo: install
-	$(VENV)/bin/microco up --demo
+	$(VENV)/bin/microco up --demo $(ARGS)
 
 up: install
-	$(VENV)/bin/microco up
+	$(VENV)/bin/microco up $(ARGS)
 
 test: install browser
 	$(PY) protos/generate.py --check

@@ -12,6 +12,7 @@ import sys
 
 from microco.common.errors import MicrocoError
 
+from ._flags import add_global_flags, share_flags
 from ._platform import etcd_for
 from ._platform import register as register_platform
 
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"microco {_version()}")
+    add_global_flags(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     register_platform(sub)
     missing = []
@@ -46,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         module.register(sub)
     if missing:
         parser.epilog = "not in this build: " + ", ".join(missing)
+    share_flags(parser)  # every flag above a command is accepted after it too
     return parser
 
 

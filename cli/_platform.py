@@ -40,7 +40,12 @@ def register(sub: Any) -> None:
     p.add_argument("--devices", type=int, default=4, help="virtual devices the node agent offers (default 4)")
     p.add_argument("--store-nodes", type=int, default=6, help="store nodes, one fault domain each (default 6)")
     p.add_argument("--cache-capacity-mb", type=int, default=256, help="cache server capacity (default 256)")
-    p.add_argument("--console-port", type=int, default=8080, help="console HTTP port (default 8080)")
+    p.add_argument(
+        "--console-port",
+        type=int,
+        default=None,
+        help="console HTTP port (default 8080, or MICROCO_CONSOLE_PORT; 0: a free port)",
+    )
     p.add_argument("--no-console", action="store_true", help="do not start the console")
     p.add_argument("--detach", action="store_true", help="start, print, and return (stop with `microco down`)")
     p.add_argument("--demo", action="store_true", help="once up, run the demo scenario through every system")
@@ -82,13 +87,24 @@ def add_etcd_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _home(args: argparse.Namespace) -> Path:
-    from microco.services.stack import default_home
+    from microco.common import stack_home
 
-    return Path(args.home) if args.home else default_home()
+    return stack_home(getattr(args, "home", None))
 
 
 def _say(msg: str) -> None:
     print(f"[microco] {msg}", file=sys.stderr, flush=True)
+
+
+def _console_port(flag: int | None) -> int:
+    if flag is not None:
+        return flag
+    text = os.environ.get("MICROCO_CONSOLE_PORT", "").strip()
+    if not text:
+        return 8080
+    if not text.isdigit() or int(text) > 65535:
+        raise InvalidArgument(f"MICROCO_CONSOLE_PORT={text!r} is not a port number")
+    return int(text)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -109,7 +125,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         devices=args.devices,
         store_nodes=args.store_nodes,
         cache_capacity_mb=args.cache_capacity_mb,
-        console_port=args.console_port,
+        console_port=_console_port(args.console_port),
         console=not args.no_console,
     )
     stack = Stack(opts, progress=_say)
@@ -126,7 +142,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if console:
         _say(f"console: http://{console.record.address}/ (sign in with the token `microco console token` prints)")
     if args.detach:
-        _say("detached; stop with `microco down`" + (f" --home {args.home}" if args.home else ""))
+        _say("detached; stop with `microco down" + (f" --home {args.home}" if args.home else "") + "`")
         stack.children = []  # keep them running; the state file lets `microco down` stop them
         stack.etcd = stack.redis = None
         return 0
@@ -178,23 +194,17 @@ def cmd_down(args: argparse.Namespace) -> int:
     from microco.services.stack import stop_from_state
 
     n = stop_from_state(_home(args), grace=args.grace, progress=_say)
-    _say(f"stopped {n} processes")
+    _say(f"stopped {n} process{'' if n == 1 else 'es'}")
     return 0
 
 
 def etcd_for(args: argparse.Namespace) -> str:
-    """The etcd endpoint a system command talks to: `--etcd`, then `MICROCO_ETCD`, then the
-    stack started by `microco up` on this machine."""
-    from microco.services.stack import read_state
+    """The etcd endpoint a system command talks to, found as every client finds it
+    (:func:`microco.common.find_etcd`): `--etcd`, then `MICROCO_ETCD`, then the stack
+    `microco up` started from `--home` (MICROCO_HOME, ~/.microco)."""
+    from microco.common import find_etcd
 
-    if args.etcd:
-        return args.etcd
-    if os.environ.get("MICROCO_ETCD"):
-        return os.environ["MICROCO_ETCD"]
-    state = read_state(_home(args))
-    if state:
-        return state["etcd"]
-    raise FailedPrecondition("no etcd to read from: pass --etcd, set MICROCO_ETCD, or start one with `microco up`")
+    return find_etcd(getattr(args, "etcd", ""), getattr(args, "home", None)).address
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -248,13 +258,10 @@ def stack_rows(stack: Any) -> list[dict[str, Any]]:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    cols = list(rows[0])
-    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
-    print("  ".join(c.upper().ljust(widths[c]) for c in cols))
-    for r in rows:
-        print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols))
+    """Rows under an upper-case header, numbers formatted for people (``_format``)."""
+    from ._format import print_table as _print
+
+    _print(rows)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -65,18 +65,15 @@ def _kv(args: argparse.Namespace) -> Any:
 
 
 def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+    from ._format import size
+
+    return size(n)
 
 
 def _table(rows: list[dict[str, Any]], cols: list[str]) -> None:
-    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) if rows else len(c) for c in cols}
-    print("  ".join(c.upper().ljust(widths[c]) for c in cols))
-    for r in rows:
-        print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols))
+    from ._format import print_table
+
+    print_table(rows, cols)
 
 
 def cmd_register(args: argparse.Namespace) -> int:
@@ -85,7 +82,8 @@ def cmd_register(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from microco.clients.cache import register_dataset
-    from microco.services.cache import open_store, parse_size
+    from microco.clients.cache import open_store
+    from microco.services.cache import parse_size
 
     chunk = parse_size(args.chunk_size)
     total = sum(size for _, size in open_store(args.path).list_files())

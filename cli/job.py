@@ -58,6 +58,9 @@ def register(sub: Any) -> None:
     sb.add_argument("--model", default="", help="model name: jobs of one model share a speed profile")
     sb.add_argument("--wait", action="store_true", help="follow the job until it ends (progress bar)")
     sb.add_argument("--json", action="store_true", help="print the job as JSON")
+    sb.add_argument(
+        "-q", "--quiet", action="store_true", help="print only the job's id (JOB=$(microco job submit -q ...))"
+    )
     sb.add_argument("cmd", nargs=argparse.REMAINDER, help="the training command, after --")
     sb.set_defaults(func=cmd_submit)
 
@@ -153,7 +156,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.json and not args.wait:
         print(json.dumps(job, indent=2))
         return 0
-    print(f"submitted {job['id']} ({job['state']})", file=sys.stderr if args.json else sys.stdout)
+    if args.quiet:
+        print(job["id"], flush=True)
+    else:
+        print(f"submitted {job['id']} ({job['state']})", file=sys.stderr if args.json else sys.stdout)
     if args.wait:
         job = _follow(c, job["id"], job["total_steps"])
         if args.json:
@@ -198,6 +204,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from microco.clients.scheduler import job_to_dict
 
+    from ._format import cell
+
     j = job_to_dict(_client(args).get(args.job_id))
     if args.json:
         print(json.dumps(j, indent=2))
@@ -228,7 +236,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         v = j[k]
         if k in ("submitted_at", "first_step_at", "finished_at"):
             continue
-        print(f"{k:>20}: {' '.join(v) if k == 'command' else v}")
+        print(f"{k:>20}: {' '.join(v) if k == 'command' else cell(v)}")
     for k in ("submitted_at", "first_step_at", "finished_at"):
         if j[k]:
             print(f"{k:>20}: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(j[k]))}")
@@ -246,7 +254,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if args.tail < 0 or args.attempt < 0:
         raise InvalidArgument("--tail and --attempt must not be negative")
     kv = _kv(args)
-    job = job_to_dict(_client(args, kv).get(args.job_id))  # an unknown job is NotFound here
+    client = _client(args, kv)
+    job = job_to_dict(client.get(args.job_id))  # an unknown job is NotFound here
+    if args.follow and not job["node"] and job["state"] == "queued":
+        job = _wait_started(client, job)
     agents = AgentDirectory(kv, timeout_s=args.timeout)
     out = sys.stdout.buffer
     try:
@@ -268,6 +279,17 @@ def cmd_logs(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # the way to stop following
         pass
     return 0
+
+
+def _wait_started(client: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """Following a job that is still queued: wait (saying so) until a node starts it."""
+    from microco.clients.scheduler import job_to_dict
+
+    print(f"[{job['id']} is queued; waiting for it to start]", file=sys.stderr, flush=True)
+    while not job["node"] and job["state"] == "queued":
+        time.sleep(0.5)
+        job = job_to_dict(client.get(job["id"]))
+    return job
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -310,8 +310,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
+        from ._format import cell
+
         for k, v in out.items():
-            print(f"{k:34s} {v}")
+            print(f"{k:34s} {cell(v)}")
     return 0
 
 

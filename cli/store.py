@@ -77,6 +77,7 @@ def register(sub: Any) -> None:
     r = s.add_parser("recovery", help="recovery progress (and --start to run a pass now)")
     r.add_argument("--start", action="store_true")
     r.add_argument("--watch", action="store_true", help="follow until nothing is left to rebuild")
+    r.add_argument("--json", action="store_true", help="print the coordinator's progress record as JSON")
     r.set_defaults(func=cmd_recovery)
 
     sc = s.add_parser("scrub", help="verify every extent's checksum (corrupt ones get rebuilt) and delete orphan extent files")
@@ -278,7 +279,28 @@ def cmd_recovery(args: argparse.Namespace) -> int:
                     if rec["unavailable_extents"] == 0 or rec.get("state") == "stuck":
                         break
                     time.sleep(0.5)
-    print(json.dumps(rec, indent=2))
+    if args.json:
+        print(json.dumps(rec, indent=2))
+        return 0
+    from ._format import print_table, size
+
+    print_table(
+        [
+            {
+                "state": rec.get("state") or "idle",
+                "lost": rec.get("lost_extents", 0),
+                "rebuilt": rec.get("rebuilt", 0),
+                "unavailable": rec.get("unavailable_extents", 0),
+                "bytes_lost": size(rec.get("bytes_lost")),
+                "bytes_read": size(rec.get("bytes_read")),
+                "seconds": rec.get("seconds"),
+            }
+        ]
+    )
+    for item in rec.get("stuck") or []:
+        print(f"stuck: {item}")
+    for item in rec.get("errors") or []:
+        print(f"error: {item}")
     return 0
 
 

@@ -66,10 +66,20 @@ class ServiceClient:
         self.default_timeout = default_timeout
 
     @classmethod
-    def from_etcd(cls, kv: Any, default_timeout: float = 10.0) -> Any:
+    def from_etcd(cls, kv: Any = None, default_timeout: float = 10.0) -> Any:
+        """A client of a live instance found in etcd: ``kv``'s, else the platform's as
+        ``find_etcd`` finds it (``MICROCO_ETCD``, then the local stack)."""
         from .channel import channel_for
 
-        return cls(channel_for(kv, cls.service_name), default_timeout)
+        if kv is not None:
+            return cls(channel_for(kv, cls.service_name), default_timeout)
+        from .discovery import connect_etcd
+
+        own = connect_etcd()
+        try:
+            return cls(channel_for(own, cls.service_name), default_timeout)
+        finally:
+            own.close()  # the channel outlives the lookup
 
     @classmethod
     def from_address(cls, address: str, default_timeout: float = 10.0) -> Any:

@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.step_sleep_ms:
             time.sleep(args.step_sleep_ms / 1000.0)
         hook.step_end(step + 1)
+        if rank == 0 and ((step + 1) % 50 == 0 or step + 1 == args.steps):
+            print(f"step {step + 1}/{args.steps}: loss {history['losses'][-1]:.3f}", flush=True)
     hook.finish()
 
     if args.out and rank == 0:

@@ -58,10 +58,15 @@ def open_loader(
 ) -> QuiverLoader:
     """A ``QuiverLoader`` for the registered dataset ``name`` (index verified against etcd).
 
+    ``kv`` is the platform's etcd; None finds it as every client does
+    (``microco.common.find_etcd``: ``MICROCO_ETCD``, then the local stack).
     ``server`` is the cache server's address; None finds one in etcd (this host's first),
     and with none running the loader reads from the backing store only. With ``redis_url``
     the loader also reads chunks that other hosts' cache servers hold (the Redis directory).
     """
+    from microco.common.discovery import connect_etcd
+
+    kv = kv if kv is not None else connect_etcd()
     rec = get_dataset(kv, name)
     store = store or open_store(rec.url)
     index = load_index(rec, store)

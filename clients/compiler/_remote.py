@@ -48,8 +48,13 @@ class RemoteExplorer(ServiceClient):
         return client
 
     @classmethod
-    def from_etcd(cls, kv: Any, default_timeout: float = 2.0) -> RemoteExplorer:
-        """Find the service through etcd (and again after losing it: a restarted service may move)."""
+    def from_etcd(cls, kv: Any = None, default_timeout: float = 2.0) -> RemoteExplorer:
+        """Find the service through etcd (and again after losing it: a restarted service may move).
+        ``kv`` None: the platform's etcd as every client finds it (``MICROCO_ETCD``, then the local stack)."""
+        if kv is None:
+            from microco.common import connect_etcd
+
+            kv = connect_etcd()
 
         def dial_discovered() -> Any:
             from microco.common.registry import discover

@@ -4,7 +4,7 @@
 reads scans straight from the store nodes over Arrow Flight. ``Frame`` is a small dataframe-like
 builder for queries::
 
-    client = StoreClient.from_etcd(kv)
+    client = StoreClient.from_etcd()  # the platform's etcd: MICROCO_ETCD, else the local stack
     orders = client.table("orders")
     top = (orders.filter("o_orderdate", ">=", "1995-01-01")
                  .group_by("o_custkey").agg(total=("sum", "o_totalprice"), n=("count", "*"))

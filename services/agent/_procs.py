@@ -18,6 +18,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +46,40 @@ _PR_SET_PDEATHSIG = 1
 # A job id names directories on this node: no separators, no "..".
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _LOG_NAME = re.compile(r"attempt-(\d+)\.log")
+# A job command naming the interpreter by one of these bare names runs with the platform's own
+# interpreter (the one the agent runs under, where microco and its frameworks are installed).
+# A job that wants another names it by path (its own virtualenv's bin/python) or runs a
+# container (``docker run ...``): see docs/first-job.md.
+PLATFORM_PYTHON_NAMES = frozenset({"python", "python3"})
+
+
+def job_command(command: list[str], python: str = sys.executable) -> list[str]:
+    """``command`` with a bare ``python``/``python3`` replaced by the platform's interpreter."""
+    if command and command[0] in PLATFORM_PYTHON_NAMES and python:
+        return [python, *command[1:]]
+    return list(command)
+
+
+def job_environment(
+    base: dict[str, str],
+    platform_env: dict[str, str],
+    job_env: dict[str, str],
+    python: str = sys.executable,
+) -> dict[str, str]:
+    """A job's environment before its device and identity variables: the agent's own,
+    with the platform interpreter's directory first on PATH when it is a virtualenv (so a
+    ``python`` inside the job's own scripts is the platform's too), the platform's addresses
+    (MICROCO_ETCD, MICROCO_REDIS, MICROCO_NODE), then what the job's spec asks for (which wins)."""
+    env = dict(base)
+    bindir = os.path.dirname(python) if python else ""
+    # (the path as run, not resolved: a virtualenv's python is a link to the base interpreter)
+    in_venv = sys.prefix != sys.base_prefix
+    if bindir and in_venv and os.path.abspath(bindir).startswith(os.path.abspath(sys.prefix) + os.sep):
+        parts = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != bindir]
+        env["PATH"] = os.pathsep.join([bindir, *parts])
+    env.update({k: v for k, v in platform_env.items() if v})
+    env.update(job_env)
+    return env
 
 
 def _die_with_parent(parent_pid: int) -> Callable[[], None]:
@@ -229,8 +264,11 @@ class ProcessManager:
         checkpoint_root: str | os.PathLike[str] | None = None,
         pin_cpus: bool = True,
         preload: list[str] | None = None,
+        platform_env: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        # What every job is told about the platform (MICROCO_ETCD, MICROCO_REDIS, MICROCO_NODE).
+        self.platform_env = dict(platform_env or {})
         self.devices = {d.id: d for d in devices}
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root else self.data_dir / "checkpoints"
         self.pin_cpus = pin_cpus
@@ -283,6 +321,7 @@ class ProcessManager:
             )
         if not command:
             raise InvalidArgument("command is empty")
+        command = job_command(command)
         self._check_devices(device_ids)
         exe = command[0]
         if shutil.which(exe) is None and not (os.path.sep in exe and os.access(exe, os.X_OK)):
@@ -310,8 +349,7 @@ class ProcessManager:
             ckpt.mkdir(parents=True, exist_ok=True)
             log_path = job_dir / f"attempt-{attempt}.log"
             full_env = {
-                **os.environ,
-                **env,
+                **job_environment(dict(os.environ), self.platform_env, env),
                 **self._device_env(device_ids),
                 ENV_JOB_ID: job_id,
                 ENV_ATTEMPT: str(attempt),

@@ -196,12 +196,19 @@ class NodeAgent:
         labels: dict[str, str] | None = None,
         instance_id: str = "",
         preload: list[str] | None = None,
+        platform_env: dict[str, str] | None = None,
     ) -> None:
         self.kv, self.node, self.lease_ttl_s = kv, node, lease_ttl_s
         self.labels = dict(labels or {})
         self.instance_id = instance_id or f"{node}-{int(time.time() * 1000)}"
         self.devices = discover_devices(node, virtual_devices)
-        self.procs = ProcessManager(data_dir, self.devices, checkpoint_root, preload=preload)
+        self.procs = ProcessManager(
+            data_dir,
+            self.devices,
+            checkpoint_root,
+            preload=preload,
+            platform_env={"MICROCO_NODE": node, **(platform_env or {})},
+        )
         self.address = ""
         self._leased = LeasedKey(kv, self.key, lambda: dumps(self.record()), lease_ttl_s)
         if self.procs.zygote is not None:
@@ -304,6 +311,7 @@ def setup(ctx: ServiceContext) -> None:
         labels=s.labels,
         instance_id=s.instance_id,
         preload=parse_preload(ctx.args.preload),
+        platform_env={"MICROCO_ETCD": s.etcd, "MICROCO_REDIS": s.redis},
     )
     agent.attach(ctx.runtime)
     # Register the node once the server is bound (the address includes the chosen port).

@@ -35,7 +35,7 @@ STATE_FILE = "stack.json"
 
 
 def default_home() -> Path:
-    return Path(os.environ.get("MICROCO_HOME", Path.home() / ".microco"))
+    return Path(os.environ.get("MICROCO_HOME") or Path.home() / ".microco")
 
 
 @dataclass(frozen=True)
@@ -288,20 +288,23 @@ def _any_alive(state: dict) -> bool:
 
 def stop_from_state(home: Path, grace: float = 10.0, progress: Callable[[str], None] | None = None) -> int:
     """``microco down``: stop the processes a stack recorded in its state file. Returns how many
-    were stopped. Services get SIGTERM (graceful), then SIGKILL after ``grace`` seconds."""
+    of them were running and are stopped now, whoever stopped them: a foreground ``microco up``
+    is asked to stop its own (in order), and whatever it leaves is stopped here. Services get
+    SIGTERM (graceful), then SIGKILL after ``grace`` seconds."""
     say = progress or (lambda msg: None)
     state = read_state(home)
     if state is None:
         raise FailedPrecondition(f"no running stack recorded in {Path(home) / STATE_FILE}")
+    running = [p for p in state.get("processes", []) if _pid_alive(p.get("pid", 0))]
     supervisor = state.get("supervisor_pid", 0)
     if supervisor != os.getpid() and _pid_alive(supervisor):
         # A foreground `microco up` is running: let it shut everything down in order.
+        say(f"asking `microco up` (pid {supervisor}) to stop its {len(running)} processes")
         os.kill(supervisor, signal.SIGTERM)
         deadline = time.monotonic() + grace + 15
         while _pid_alive(supervisor) and time.monotonic() < deadline:
             time.sleep(0.1)
-    stopped = 0
-    procs = [p for p in state.get("processes", []) if _pid_alive(p.get("pid", 0))]
+    procs = [p for p in running if _pid_alive(p["pid"])]
     services = [p for p in procs if p["name"] not in ("etcd", "redis")]
     infra = [p for p in procs if p["name"] in ("etcd", "redis")]
     for group in (list(reversed(services)), infra):
@@ -314,11 +317,13 @@ def stop_from_state(home: Path, grace: float = 10.0, progress: Callable[[str], N
                 time.sleep(0.05)
             if _pid_alive(p["pid"]):
                 os.kill(p["pid"], signal.SIGKILL)
-            stopped += 1
+                gone_by = time.monotonic() + 5
+                while _pid_alive(p["pid"]) and time.monotonic() < gone_by:
+                    time.sleep(0.05)
     path = Path(home) / STATE_FILE
     if path.exists():
         path.unlink()
-    return stopped
+    return sum(1 for p in running if not _pid_alive(p["pid"]))
 
 
 __all__ = [

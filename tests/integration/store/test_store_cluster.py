@@ -211,7 +211,7 @@ def test_cli_create_load_query_explain_nodes_recovery(cluster, tmp_path, capsys)
     assert "shuffle-free" in capsys.readouterr().out
     assert main([*base, "nodes", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 6
-    assert main([*base, "recovery"]) == 0
+    assert main([*base, "recovery", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["unavailable_extents"] == 0
     assert main([*base, "query", "cust", "--where", "zz = 1"]) == 1
     assert "no column 'zz'" in capsys.readouterr().err
