@@ -253,7 +253,7 @@ class CacheCore:
 
     def _shrink_to_capacity(self) -> None:
         while self.ledger.used > self.capacity and self.ledger.entries:
-            victim = min(self.ledger.entries.values(), key=lambda e: e.last_access).key
+            victim = next(self.ledger.coldest())
             self.ledger.remove(victim)
             self.store.drop(victim)
 
@@ -283,7 +283,7 @@ class CacheCore:
             for d in consumed:
                 e = self.ledger.entries.get(d)
                 if e is not None and not e.dataset:
-                    e.dataset = dataset
+                    self.ledger.relabel(d, dataset)
             info = self.jobs.get(job)
             if info is None or info.dataset != dataset:
                 info = self.jobs[job] = _JobInfo(dataset, user)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 
@@ -31,12 +32,19 @@ class Entry:
 
 
 class Ledger:
-    """What a cache holds, with a logical clock for insertion and access order."""
+    """What a cache holds, with a logical clock for insertion and access order.
+
+    Recency is kept as an ordered map (coldest first) and bytes per dataset as counters, so
+    that touching, adding, removing and finding the coldest entries are O(1) each: a policy
+    never has to sort or scan the whole ledger to decide an insert.
+    """
 
     def __init__(self) -> None:
         self.entries: dict[str, Entry] = {}
         self.used = 0
         self._tick = 0
+        self._recency: OrderedDict[str, None] = OrderedDict()
+        self._by_dataset: dict[str, int] = {}
 
     def _next(self) -> int:
         self._tick += 1
@@ -48,21 +56,45 @@ class Ledger:
             return
         t = self._next()
         self.entries[key] = Entry(key, size, dataset, t, t)
+        self._recency[key] = None
         self.used += size
+        self._by_dataset[dataset] = self._by_dataset.get(dataset, 0) + size
 
     def touch(self, key: str) -> None:
         e = self.entries.get(key)
         if e is not None:
             e.last_access = self._next()
+            self._recency.move_to_end(key)
 
     def remove(self, key: str) -> Entry | None:
         e = self.entries.pop(key, None)
         if e is not None:
             self.used -= e.size
+            del self._recency[key]
+            left = self._by_dataset[e.dataset] - e.size
+            if left:
+                self._by_dataset[e.dataset] = left
+            else:
+                del self._by_dataset[e.dataset]
         return e
 
+    def relabel(self, key: str, dataset: str) -> None:
+        """Attribute entry ``key`` to ``dataset`` (a recovered chunk a job has named)."""
+        e = self.entries.get(key)
+        if e is None or e.dataset == dataset:
+            return
+        self._by_dataset[e.dataset] -= e.size
+        if not self._by_dataset[e.dataset]:
+            del self._by_dataset[e.dataset]
+        e.dataset = dataset
+        self._by_dataset[dataset] = self._by_dataset.get(dataset, 0) + e.size
+
+    def coldest(self) -> Iterator[str]:
+        """Keys from least to most recently used (lazily: take only what you need)."""
+        return iter(self._recency)
+
     def used_by(self, dataset: str) -> int:
-        return sum(e.size for e in self.entries.values() if e.dataset == dataset)
+        return self._by_dataset.get(dataset, 0)
 
     def __contains__(self, key: object) -> bool:
         return key in self.entries
@@ -190,11 +222,12 @@ class LRUPolicy(EvictionPolicy):
             return pre
         need = ledger.used + size - capacity
         victims: list[str] = []
-        for e in sorted(ledger.entries.values(), key=lambda e: e.last_access):
-            if need <= 0:
-                break
-            victims.append(e.key)
-            need -= e.size
+        if need > 0:
+            for k in ledger.coldest():  # O(victims), not a sort of the ledger
+                victims.append(k)
+                need -= ledger.entries[k].size
+                if need <= 0:
+                    break
         return Admission(Outcome.ADMIT, tuple(victims))
 
 
