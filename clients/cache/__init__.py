@@ -41,24 +41,30 @@ def open_loader(
     kv: Any,
     name: str,
     *,
-    server: str | None = None,
+    server: str | None | bool = None,
     store: Any = None,
     redis_url: str | None = None,
     **kwargs: Any,
 ) -> QuiverLoader:
     """A ``QuiverLoader`` for the registered dataset ``name`` (index verified against etcd).
 
-    ``server`` is the cache server's address; None finds one in etcd (this host's first),
-    and with none running the loader reads from the backing store only. With ``redis_url``
+    ``server`` is the cache server's address; None (the default) finds one in etcd (this
+    host's first), and with none running the loader reads from the backing store only;
+    ``False`` asks for no cache at all (the backing store only, no discovery). With ``redis_url``
     the loader also reads chunks that other hosts' cache servers hold (the Redis directory).
     """
     from microco.services.cache import open_store
+    from microco.services.common.errors import InvalidArgument
 
     rec = get_dataset(kv, name)
     store = store or open_store(rec.url)
     index = load_index(rec, store)
-    if server is None:
+    if server is False:
+        server = None
+    elif server is None:
         server = find_server(kv)
+    elif not isinstance(server, str):
+        raise InvalidArgument("server must be an address, None (find one) or False (no cache)")
     if redis_url and "peers" not in kwargs:
         from microco.services.common.hotstate import connect_redis
 

@@ -47,6 +47,9 @@ class LoaderStats:
     server_failures: int = 0
     corrupt_reported: int = 0
     hit_fallbacks: int = 0  # chosen as hits, but had to be read from the backing store
+    # Samples of chunks this loader read whole from the backing store on a miss this epoch,
+    # served later from that copy: misses (their bytes came from the backing store), not hits.
+    chunk_fetched: int = 0
     remote_hits: int = 0  # served by another host's cache server
     staged_served: int = 0
 
@@ -78,7 +81,7 @@ class QuiverLoader:
         batch_size: int,
         dataset: str,
         job_id: str,
-        server: str | CacheClient | None = None,
+        server: str | CacheClient | None | bool = None,
         user: str = "",
         seed: int = 0,
         substitution: int = 10,
@@ -107,6 +110,10 @@ class QuiverLoader:
             substitution=substitution if substitutable else 1,
             drop_last=drop_last,
         )
+        if server is False or server is True:
+            if server is True:
+                raise ValueError("server must be an address, a CacheClient, or None/False for no cache")
+            server = None
         self.client = CacheClient(server) if isinstance(server, str) else server
         # Read-through: put single-sample chunks read from the backing store into the cache
         # (the generic cache's behaviour, used by the LRU baseline).
@@ -118,6 +125,8 @@ class QuiverLoader:
         self._puts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quiver-put")
         self._behind: Future[None] | None = None
         self._inflight: set[int] = set()
+        # Chunks read whole on a miss this epoch: their other samples are not hits.
+        self._fetched: set[int] = set()
         # Chunks fetched whole and on their way into the cache: served from here meanwhile.
         self._staged: dict[str, bytes] = {}
         # Other hosts' servers (through the Redis directory), and where remote chunks were seen.
@@ -319,6 +328,7 @@ class QuiverLoader:
         self.stats.backing_bytes += sum(map(len, fetched.values()))
         for i in rest:
             got[i] = fetched[i]
+        self._fetched.update(whole)
         if whole:
             puts = []
             for c in sorted(whole):
@@ -333,15 +343,21 @@ class QuiverLoader:
             self._put_behind(
                 [(self.index.chunk_of(i).digest, got[i]) for i in rest if self.index.chunk_of(i).count == 1]
             )
-        self.stats.hits += len(indices) - len(rest)
-        self.stats.misses += len(rest)
-        self.stats.cache_bytes += sum(len(got[i]) for i in indices if i not in rest)
+        rest_set = set(rest)
+        served = [i for i in indices if i not in rest_set]
+        real = [i for i in served if self.index.samples[i].chunk not in self._fetched]
+        self.stats.chunk_fetched += len(served) - len(real)
+        self.stats.hits += len(real)
+        self.stats.misses += len(indices) - len(real)
+        self.stats.cache_bytes += sum(len(got[i]) for i in real)
         return [got[i] for i in indices]
 
     def _chunks_to_fetch(self, misses: Sequence[int], batch: Sequence[int]) -> set[int]:
         """Chunks worth reading whole for these misses: none of their samples was read before
         this batch this epoch (so nothing is read twice) and the cache has room for them."""
-        if not self.chunk_fetch or self._server() is None:
+        if not self.chunk_fetch or self._server() is None or not self._consumed_left:
+            # (Outside an epoch, e.g. map-style ``dataset[i]``, there is no epoch to share a
+            # whole chunk's read with: read just the samples asked for.)
             return set()
         in_batch: dict[int, int] = {}
         for i in batch:
@@ -455,6 +471,7 @@ class QuiverLoader:
         self._epoch = epoch
         self.sampler.start_epoch(epoch)
         self._consumed_left = [c.count for c in self.index.chunks]
+        self._fetched = set()
         self._report([])
         if self.prefetch:
             self._prefetch_stop.set()
