@@ -107,7 +107,7 @@ class CacheCore:
             directory.add(self.ledger.entries)
 
     # -- reads
-    def lookup(self, digests: Sequence[str]) -> list[str]:
+    def lookup(self, digests: Sequence[str], dataset: str = "") -> list[str]:
         with self._lock:
             return [d for d in digests if d in self.ledger]
 
@@ -139,7 +139,10 @@ class CacheCore:
         dropped (so that it will be fetched again) and the sample reported missing."""
         for pos, (chunk, offset, length, sample_digest) in enumerate(reads):
             with self._lock:
-                held = chunk in self.ledger
+                e = self.ledger.entries.get(chunk)
+                # A range outside the chunk cannot be a sample of it: a miss, and no read
+                # (nor allocation) of the length asked for.
+                held = e is not None and offset >= 0 and 0 <= length and offset + length <= e.size
                 if held:
                     self.ledger.touch(chunk)
             data = None
