@@ -161,3 +161,9 @@ def inproc_cache(tmp_path: Path) -> Iterator[Callable[..., tuple[str, object]]]:
     yield start
     for s in servers:
         s.stop(0)
+
+
+@pytest.fixture(autouse=True)
+def _cache_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dataset indexes of each test go to its own MICROCO_HOME (inherited by subprocesses)."""
+    monkeypatch.setenv("MICROCO_HOME", str(tmp_path_factory.mktemp("microco-home")))
