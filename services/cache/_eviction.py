@@ -121,6 +121,10 @@ class ConsumptionTracker:
     def __init__(self, ttl_s: float = 60.0) -> None:
         self.ttl_s = ttl_s
         self.jobs: dict[str, _JobProgress] = {}
+        # Chunk digest -> the dataset names known to contain it (learned from lookups, inserts
+        # and consumption reports): a chunk is pinned by every job on any of them, whichever
+        # name inserted it (content, not names).
+        self.contains: dict[str, set[str]] = {}
 
     def report(self, job: str, dataset: str, epoch: int, consumed: Iterable[str], now: float) -> None:
         p = self.jobs.get(job)
@@ -143,9 +147,14 @@ class ConsumptionTracker:
         return sorted(j for j, p in self.jobs.items() if p.dataset == dataset)
 
     def fully_consumed(self, dataset: str, key: str) -> bool:
-        """True when every job on ``dataset`` has consumed ``key`` this epoch (vacuously true
-        when no job uses the dataset)."""
-        return all(key in p.consumed for p in self.jobs.values() if p.dataset == dataset)
+        """True when every job on ``dataset``, or on any other dataset known to hold the same
+        bytes, has consumed ``key`` this epoch (vacuously true when no job uses them)."""
+        names = self.contains.get(key)
+        return all(
+            key in p.consumed
+            for p in self.jobs.values()
+            if p.dataset == dataset or (names is not None and p.dataset in names)
+        )
 
 
 class Outcome(enum.Enum):
@@ -203,6 +212,13 @@ def _evictable(ledger: Ledger, consumption: ConsumptionTracker) -> list[Entry]:
     return [e for e in ledger.entries.values() if consumption.fully_consumed(e.dataset, e.key)]
 
 
+def _group(quotas: Mapping[str, int] | None, dataset: str) -> frozenset[str]:
+    """The dataset names sharing ``dataset``'s bytes (and so its quota), when the quota map
+    knows them (``group(name)``); else just ``dataset``."""
+    group = getattr(quotas, "group", None)
+    return group(dataset) if group is not None else frozenset((dataset,))
+
+
 def _precheck(ledger: Ledger, capacity: int, key: str, size: int) -> Admission | None:
     if key in ledger:
         return Admission(Outcome.PRESENT)
@@ -241,7 +257,8 @@ class CoordinatedPolicy(EvictionPolicy):
         if pre:
             return pre
         quota = None if quotas is None else quotas.get(dataset, 0)
-        own_used = ledger.used_by(dataset)
+        group = _group(quotas, dataset)
+        own_used = sum(ledger.used_by(d) for d in group)
         # Chunks that may leave: no job needs them again this epoch. Those of datasets nobody
         # uses go first, then the longest-consumed (earliest inserted) ones.
         evictable = _evictable(ledger, consumption)
@@ -254,7 +271,7 @@ class CoordinatedPolicy(EvictionPolicy):
             for e in evictable:
                 if own_used - own_freed + size <= quota:
                     break
-                if e.dataset == dataset:
+                if e.dataset in group:
                     victims.append(e.key)
                     own_freed += e.size
                     freed += e.size
@@ -281,8 +298,10 @@ class CoordinatedPolicy(EvictionPolicy):
         evictable = _evictable(ledger, consumption)
         room = capacity - ledger.used + sum(e.size for e in evictable)
         if quotas is not None:
-            own_evictable = sum(e.size for e in evictable if e.dataset == dataset)
-            room = min(room, quotas.get(dataset, 0) - ledger.used_by(dataset) + own_evictable)
+            group = _group(quotas, dataset)
+            own_evictable = sum(e.size for e in evictable if e.dataset in group)
+            own_used = sum(ledger.used_by(d) for d in group)
+            room = min(room, quotas.get(dataset, 0) - own_used + own_evictable)
         return max(0, room)
 
 
