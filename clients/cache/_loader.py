@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import random
 import socket
 import threading
@@ -30,6 +31,7 @@ from microco.services.common.errors import FailedPrecondition, MicrocoError
 
 from ._client import CacheClient
 from ._peers import Peers
+from ._stall import BatchRead, stall_timings
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,10 @@ class LoaderStats:
     chunk_fetched: int = 0
     remote_hits: int = 0  # served by another host's cache server
     staged_served: int = 0
+    # Seconds the training step waited for data (with prefetch_batches > 0, only what the
+    # reader ahead of it could not hide), and seconds it computed between batches.
+    stall_s: float = 0.0
+    compute_s: float = 0.0
 
     @property
     def hit_rate(self) -> float:
@@ -96,6 +102,7 @@ class QuiverLoader:
         insert_misses: bool = False,
         chunk_fetch: bool | None = None,
         peers: Peers | None = None,
+        prefetch_batches: int = 2,
     ) -> None:
         self.index = index
         self.store = store
@@ -148,6 +155,12 @@ class QuiverLoader:
         self._seed = seed
         self._epoch = -1
         self._timings: list[tuple[float, float, int, int]] = []
+        # ``epoch()`` reads up to this many batches ahead of the training step, in a thread.
+        self.prefetch_batches = prefetch_batches
+        self._pipelined = False
+        self._last_read: BatchRead | None = None
+        # Backing-store seconds of samples read with a whole chunk but used by a later batch.
+        self._deferred_cost: dict[int, float] = {}
         self._batch_bytes = int(index.total_bytes / max(1, len(index)) * batch_size)
 
     # -- server access, failing soft
@@ -317,15 +330,30 @@ class QuiverLoader:
         """Bytes of ``indices``: ``hits`` from the cache where it still has them, the rest
         (and any hit that failed) from the backing store, in parallel."""
         hit_set = set(hits)
+        t0 = time.perf_counter()
         got = self._read_hits([i for i in indices if i in hit_set])
+        t_hits = time.perf_counter() - t0
         rest = [i for i in indices if i not in got]
         self.stats.hit_fallbacks += sum(1 for i in rest if i in hit_set)
         whole = self._chunks_to_fetch(rest, indices)
         wanted = [i for i in rest if self.index.samples[i].chunk not in whole]
         for c in sorted(whole):
             wanted.extend(s.index for s in self.index.samples_of(self.index.chunks[c]))
+        t0 = time.perf_counter()
         fetched = dict(zip(wanted, self._pool.map(self._read_backing, wanted), strict=True))
-        self.stats.backing_bytes += sum(map(len, fetched.values()))
+        t_back = time.perf_counter() - t0
+        fetched_bytes = sum(map(len, fetched.values()))
+        self.stats.backing_bytes += fetched_bytes
+        # The fetch's wall time, apportioned by bytes: samples used now carry their share into
+        # this batch's miss time, the rest of a whole chunk carry theirs to the batch using them.
+        rest_now = set(rest)
+        miss_s = 0.0
+        for i, data in fetched.items():
+            cost = t_back * len(data) / fetched_bytes if fetched_bytes else 0.0
+            if i in rest_now:
+                miss_s += cost
+            else:
+                self._deferred_cost[i] = cost
         for i in rest:
             got[i] = fetched[i]
         self._fetched.update(whole)
@@ -347,6 +375,20 @@ class QuiverLoader:
         served = [i for i in indices if i not in rest_set]
         real = [i for i in served if self.index.samples[i].chunk not in self._fetched]
         self.stats.chunk_fetched += len(served) - len(real)
+        # Samples of a chunk fetched whole earlier this epoch are misses: their cost is their
+        # share of that fetch (plus their share of this read), not the cheap read from memory.
+        hit_s = t_hits * len(real) / len(served) if served else 0.0
+        miss_s += t_hits - hit_s
+        for i in served:
+            if self.index.samples[i].chunk in self._fetched:
+                miss_s += self._deferred_cost.pop(i, 0.0)
+        self._last_read = BatchRead(
+            hits=len(real),
+            misses=len(indices) - len(real),
+            hit_read_s=hit_s,
+            miss_read_s=miss_s,
+            batch_bytes=sum(len(got[i]) for i in indices),
+        )
         self.stats.hits += len(real)
         self.stats.misses += len(indices) - len(real)
         self.stats.cache_bytes += sum(len(got[i]) for i in real)
@@ -425,9 +467,74 @@ class QuiverLoader:
         return n // self.batch_size if self.sampler.drop_last else -(-n // self.batch_size)
 
     def epoch(self, epoch: int) -> Iterator[tuple[list[int], list[bytes]]]:
-        """The mini-batches of ``epoch``: every sample exactly once."""
-        for indices, _hits in self.batches(epoch):
-            yield indices, self.read(indices, _hits)
+        """The mini-batches of ``epoch``: every sample exactly once. With ``prefetch_batches``
+        > 0 a reader thread fetches that many batches ahead (hits and misses) while the
+        training step computes; the time the step still waits is what is measured."""
+        if self.prefetch_batches <= 0:
+            for indices, _hits in self.batches(epoch):
+                yield indices, self.read(indices, _hits)
+            return
+        yield from self._pipelined_epoch(epoch)
+
+    def _pipelined_epoch(self, epoch: int) -> Iterator[tuple[list[int], list[bytes]]]:
+        q: queue.Queue = queue.Queue(maxsize=self.prefetch_batches)
+        stop = threading.Event()
+        end = object()
+
+        def put(item: object) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            gen = self.batches(epoch)
+            try:
+                for indices, hits in gen:
+                    data = self.read(indices, hits)
+                    if not put((indices, data, self._last_read)):
+                        break
+            except BaseException as exc:  # handed to the training step, raised there
+                put(exc)
+            finally:
+                gen.close()  # final progress report
+                put(end)
+
+        self._pipelined = True
+        reader = threading.Thread(target=produce, name="quiver-reader", daemon=True)
+        reader.start()
+        pending: tuple[BatchRead | None, float] | None = None
+        delivered = None
+        try:
+            while True:
+                t0 = time.perf_counter()
+                if delivered is not None:
+                    compute = t0 - delivered
+                    self.stats.compute_s += compute
+                    if pending is not None and pending[0] is not None:
+                        self._add_timings(stall_timings(pending[0], pending[1], compute))
+                item = q.get()
+                wait = time.perf_counter() - t0
+                if item is end:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                indices, data, read = item
+                self.stats.stall_s += wait
+                pending = (read, wait)
+                delivered = time.perf_counter()
+                yield indices, data
+        finally:
+            stop.set()
+            reader.join()
+            self._pipelined = False
+
+    def _add_timings(self, timings: list[tuple[float, float, int, int]]) -> None:
+        with self._lock:
+            self._timings.extend(timings)
 
     def batches(self, epoch: int) -> Iterator[tuple[list[int], list[int]]]:
         """Only the choice of batches (indices, those chosen as hits), reads left to the caller;
@@ -444,11 +551,17 @@ class QuiverLoader:
                     if probe
                     else BatchMode.PREFER_HITS
                 )
+                now = time.perf_counter()
+                if last is not None and not self._pipelined and self._last_read is not None:
+                    # Read in the step itself (no reader ahead): the whole read is a wait.
+                    _prev, t0 = last
+                    r, self._last_read = self._last_read, None
+                    wait = r.hit_read_s + r.miss_read_s
+                    self.stats.stall_s += wait
+                    self.stats.compute_s += max(0.0, now - t0 - wait)
+                    self._add_timings(stall_timings(r, wait, now - t0 - wait))
                 batch = self.sampler.next_batch(self.cached, mode, self._hit_order)
                 now = time.perf_counter()
-                if last is not None:
-                    prev, t0 = last
-                    self._timings.append((prev.hit_fraction, now - t0, self._batch_bytes, len(prev.indices)))
                 # The previous batch has been read by now: its finished chunks may go.
                 self._report(done)
                 done = []
@@ -472,6 +585,8 @@ class QuiverLoader:
         self.sampler.start_epoch(epoch)
         self._consumed_left = [c.count for c in self.index.chunks]
         self._fetched = set()
+        self._deferred_cost = {}
+        self._last_read = None
         self._report([])
         if self.prefetch:
             self._prefetch_stop.set()
@@ -503,7 +618,8 @@ class QuiverLoader:
         srv = self._server()
         if srv is None:
             return
-        timings, self._timings = self._timings, []
+        with self._lock:
+            timings, self._timings = self._timings, []
         try:
             srv.report_progress(
                 self.job_id,
