@@ -103,6 +103,8 @@ class QuiverLoader:
         chunk_fetch: bool | None = None,
         peers: Peers | None = None,
         prefetch_batches: int = 2,
+        world_size: int | None = None,
+        rank: int | None = None,
     ) -> None:
         self.index = index
         self.store = store
@@ -110,12 +112,19 @@ class QuiverLoader:
         self.job_id = job_id
         self.user = user
         self.batch_size = batch_size
+        world_size, rank = _ranks(world_size, rank)
+        self.world_size, self.rank = world_size, rank
+        if world_size > 1:
+            # Each rank reports its own consumption: a chunk is done once every rank is.
+            self.job_id = job_id = f"{job_id}/rank{rank}"
         self.sampler = SubstitutableSampler(
             len(index),
             batch_size,
             seed=seed,
             substitution=substitution if substitutable else 1,
             drop_last=drop_last,
+            num_replicas=world_size,
+            rank=rank,
         )
         if server is False or server is True:
             if server is True:
@@ -150,6 +159,7 @@ class QuiverLoader:
         self._grants: dict[str, str] = {}
         self._lock = threading.Lock()
         self._consumed_left: list[int] = []
+        self._share: list[int] = []
         self._prefetch_stop = threading.Event()
         self._prefetch_thread: threading.Thread | None = None
         self._seed = seed
@@ -410,7 +420,7 @@ class QuiverLoader:
             for i in misses:
                 c = self.index.samples[i].chunk
                 chunk = self.index.chunks[c]
-                untouched = self._consumed_left[c] + in_batch[c] == chunk.count
+                untouched = self._consumed_left[c] + in_batch[c] == self._share[c] == chunk.count
                 # (A chunk whose samples are all in this batch costs no extra read at all.)
                 if c in out or c in self._inflight or not untouched:
                     continue
@@ -462,8 +472,17 @@ class QuiverLoader:
         self._puts.submit(put)
 
     # -- epochs
+    def _shares(self) -> list[int]:
+        """Samples of each chunk in this rank's share of the current epoch."""
+        if self.world_size == 1:
+            return [c.count for c in self.index.chunks]
+        share = [0] * len(self.index.chunks)
+        for i in self.sampler.unseen():
+            share[self.index.samples[i].chunk] += 1
+        return share
+
     def __len__(self) -> int:
-        n = len(self.index)
+        n = self.sampler.shard_size
         return n // self.batch_size if self.sampler.drop_last else -(-n // self.batch_size)
 
     def epoch(self, epoch: int) -> Iterator[tuple[list[int], list[bytes]]]:
@@ -583,11 +602,16 @@ class QuiverLoader:
     def _start_epoch(self, epoch: int) -> None:
         self._epoch = epoch
         self.sampler.start_epoch(epoch)
-        self._consumed_left = [c.count for c in self.index.chunks]
+        self._share = self._shares()
+        self._consumed_left = list(self._share)
         self._fetched = set()
         self._deferred_cost = {}
         self._last_read = None
         self._report([])
+        # Chunks with none of this rank's samples this epoch: done for this rank from the start.
+        elsewhere = [c.digest for c, n in zip(self.index.chunks, self._share, strict=True) if n == 0]
+        for i in range(0, len(elsewhere), 50_000):
+            self._report(elsewhere[i : i + 50_000])
         if self.prefetch:
             self._prefetch_stop.set()
             if self._prefetch_thread is not None:
@@ -650,7 +674,8 @@ class QuiverLoader:
         if not self._consumed_left or self.sampler.remaining == 0:
             # Between epochs: warm for the next one, in which every chunk is needed again
             # (reported as that epoch, so the server does not count them consumed).
-            self._consumed_left = [c.count for c in self.index.chunks]
+            self._share = [c.count for c in self.index.chunks]  # every rank needs them again
+            self._consumed_left = list(self._share)
             self._epoch += 1
         self._report([])  # the server must know this job pins the chunks it is about to get
         before = self.stats.prefetched_chunks
@@ -671,7 +696,7 @@ class QuiverLoader:
             while pos < len(order) and len(window) < 16:
                 c = order[pos]
                 with self._lock:
-                    untouched = self._consumed_left[c] == self.index.chunks[c].count
+                    untouched = 0 < self._consumed_left[c] == self._share[c]
                 if untouched:
                     window.append(c)
                 pos += 1
@@ -693,7 +718,7 @@ class QuiverLoader:
                     return
                 chunk = self.index.chunks[c]
                 with self._lock:
-                    untouched = self._consumed_left[c] == chunk.count
+                    untouched = 0 < self._consumed_left[c] == self._share[c]
                     busy = c in self._inflight
                     if not busy and untouched and chunk.digest not in present:
                         self._inflight.add(c)
@@ -724,7 +749,7 @@ class QuiverLoader:
                 self._server_failed(exc)
                 return False
             with self._lock:
-                untouched = self._consumed_left[c] == chunk.count
+                untouched = 0 < self._consumed_left[c] == self._share[c]
             if present or not untouched:
                 return True
             if room >= chunk.size:
@@ -777,3 +802,22 @@ class QuiverLoader:
         if self.peers is not None:
             self.peers.close()
         self._pool.shutdown(wait=False)
+
+
+def _ranks(world_size: int | None, rank: int | None) -> tuple[int, int]:
+    """(world size, rank): as given, else from an initialised ``torch.distributed`` process
+    group, else one rank."""
+    if world_size is None or rank is None:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                world_size = dist.get_world_size() if world_size is None else world_size
+                rank = dist.get_rank() if rank is None else rank
+        except ImportError:
+            pass
+    world_size = 1 if world_size is None else world_size
+    rank = 0 if rank is None else rank
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need world_size >= 1 and 0 <= rank < world_size (got rank {rank} of {world_size})")
+    return world_size, rank

@@ -74,3 +74,35 @@ def test_reader_fetches_the_next_batch_while_the_step_computes(make_dataset, tmp
         assert len(rest) == 32
     finally:
         loader.close()
+
+
+def test_two_ranks_read_each_sample_once_across_ranks(make_dataset, tmp_path, inproc_cache):
+    files = make_dataset(tmp_path / "d", n=90, size=2000)
+    address, core = inproc_cache(100_000)
+    store = LocalStore(str(tmp_path / "d"))
+    idx = build_index(store.list_files(), store.read, 8000)
+    ranks = [
+        QuiverLoader(idx, store, batch_size=8, dataset="d", job_id="ddp", server=address, world_size=2, rank=r)
+        for r in range(2)
+    ]
+    try:
+        assert {ld.job_id for ld in ranks} == {"ddp/rank0", "ddp/rank1"}
+        for epoch in range(3):
+            got: dict[int, list[int]] = {0: [], 1: []}
+
+            def run(r: int, epoch: int = epoch) -> None:
+                for indices, samples in ranks[r].epoch(epoch):
+                    assert samples == [files[idx.samples[i].path] for i in indices]
+                    got[r] += indices
+
+            threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert not set(got[0]) & set(got[1]) and sorted(got[0] + got[1]) == list(range(90)), epoch
+            assert len(got[0]) == len(got[1]) == 45 and len(ranks[0]) == 6
+        assert sum(ld.stats.hits for ld in ranks) > 0  # the ranks share the cache
+    finally:
+        for ld in ranks:
+            ld.close()
