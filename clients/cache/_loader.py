@@ -31,7 +31,7 @@ from microco.services.common.errors import FailedPrecondition, MicrocoError
 
 from ._client import CacheClient
 from ._peers import Peers
-from ._stall import BatchRead, stall_timings
+from ._stall import BatchRead, StallMeter
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +169,9 @@ class QuiverLoader:
         self.prefetch_batches = prefetch_batches
         self._pipelined = False
         self._last_read: BatchRead | None = None
-        # Backing-store seconds of samples read with a whole chunk but used by a later batch.
-        self._deferred_cost: dict[int, float] = {}
+        # Samples read with a whole chunk for a later batch (their wait is carried to it).
+        self._read_ahead: set[int] = set()
+        self._meter = StallMeter()
         self._batch_bytes = int(index.total_bytes / max(1, len(index)) * batch_size)
 
     # -- server access, failing soft
@@ -358,12 +359,14 @@ class QuiverLoader:
         # this batch's miss time, the rest of a whole chunk carry theirs to the batch using them.
         rest_now = set(rest)
         miss_s = 0.0
+        ahead: list[tuple[int, float]] = []
         for i, data in fetched.items():
             cost = t_back * len(data) / fetched_bytes if fetched_bytes else 0.0
             if i in rest_now:
                 miss_s += cost
             else:
-                self._deferred_cost[i] = cost
+                ahead.append((i, cost))
+                self._read_ahead.add(i)
         for i in rest:
             got[i] = fetched[i]
         self._fetched.update(whole)
@@ -389,14 +392,15 @@ class QuiverLoader:
         # share of that fetch (plus their share of this read), not the cheap read from memory.
         hit_s = t_hits * len(real) / len(served) if served else 0.0
         miss_s += t_hits - hit_s
-        for i in served:
-            if self.index.samples[i].chunk in self._fetched:
-                miss_s += self._deferred_cost.pop(i, 0.0)
+        used_ahead = tuple(i for i in served if i in self._read_ahead)
+        self._read_ahead.difference_update(used_ahead)
         self._last_read = BatchRead(
             hits=len(real),
             misses=len(indices) - len(real),
             hit_read_s=hit_s,
             miss_read_s=miss_s,
+            ahead=tuple(ahead),
+            used_ahead=used_ahead,
             batch_bytes=sum(len(got[i]) for i in indices),
         )
         self.stats.hits += len(real)
@@ -534,7 +538,7 @@ class QuiverLoader:
                     compute = t0 - delivered
                     self.stats.compute_s += compute
                     if pending is not None and pending[0] is not None:
-                        self._add_timings(stall_timings(pending[0], pending[1], compute))
+                        self._add_timings(self._meter.timings(pending[0], pending[1], compute))
                 item = q.get()
                 wait = time.perf_counter() - t0
                 if item is end:
@@ -578,7 +582,7 @@ class QuiverLoader:
                     wait = r.hit_read_s + r.miss_read_s
                     self.stats.stall_s += wait
                     self.stats.compute_s += max(0.0, now - t0 - wait)
-                    self._add_timings(stall_timings(r, wait, now - t0 - wait))
+                    self._add_timings(self._meter.timings(r, wait, now - t0 - wait))
                 batch = self.sampler.next_batch(self.cached, mode, self._hit_order)
                 now = time.perf_counter()
                 # The previous batch has been read by now: its finished chunks may go.
@@ -605,7 +609,8 @@ class QuiverLoader:
         self._share = self._shares()
         self._consumed_left = list(self._share)
         self._fetched = set()
-        self._deferred_cost = {}
+        self._read_ahead = set()
+        self._meter.carry.clear()
         self._last_read = None
         self._report([])
         # Chunks with none of this rank's samples this epoch: done for this rank from the start.

@@ -27,31 +27,57 @@ Timing = tuple[float, float, int, int]  # (hit fraction, seconds, batch bytes, s
 
 @dataclass(frozen=True)
 class BatchRead:
-    """One batch's reads as the loader did them."""
+    """One batch's reads as the loader did them. ``ahead``: (sample, seconds) of samples a
+    whole-chunk fetch read for later batches; ``used_ahead``: samples read so by an earlier
+    batch and used in this one."""
 
     hits: int
     misses: int
     hit_read_s: float
     miss_read_s: float
     batch_bytes: int
+    ahead: tuple[tuple[int, float], ...] = ()
+    used_ahead: tuple[int, ...] = ()
+
+
+class StallMeter:
+    """Turns (reads, wait, compute) per batch into timing points. The part of a batch's
+    wait spent reading samples for later batches (a whole chunk fetched on a miss) is
+    carried to the samples themselves and charged to the batch that uses them: a chunk
+    fetch's wait is the cost of all of its samples, not of the one that triggered it."""
+
+    def __init__(self) -> None:
+        self.carry: dict[int, float] = {}
+
+    def timings(self, read: BatchRead, wait_s: float, compute_s: float) -> list[Timing]:
+        n = read.hits + read.misses
+        wait_s = max(0.0, wait_s)
+        compute_s = max(0.0, compute_s)
+        ahead_s = sum(c for _, c in read.ahead)
+        total = read.hit_read_s + read.miss_read_s + ahead_s
+        if total > 0:
+            share = wait_s / total
+            hit_part = read.hit_read_s * share
+            miss_part = read.miss_read_s * share
+        else:
+            share = 0.0
+            hit_part = wait_s * read.hits / n if n else 0.0
+            miss_part = wait_s - hit_part
+        for i, cost in read.ahead:
+            self.carry[i] = cost * share
+        miss_part += sum(self.carry.pop(i, 0.0) for i in read.used_ahead)
+        if len(self.carry) > 1 << 20:  # samples fetched but never used (an epoch cut short)
+            self.carry.clear()
+        out: list[Timing] = []
+        if n <= 0:
+            return out
+        if read.hits:
+            out.append((1.0, compute_s + n * hit_part / read.hits, read.batch_bytes, read.hits))
+        if read.misses:
+            out.append((0.0, compute_s + n * miss_part / read.misses, read.batch_bytes, read.misses))
+        return out
 
 
 def stall_timings(read: BatchRead, wait_s: float, compute_s: float) -> list[Timing]:
-    """The (up to two) timing points for one batch: see the module's docstring."""
-    n = read.hits + read.misses
-    if n <= 0:
-        return []
-    wait_s = max(0.0, wait_s)
-    compute_s = max(0.0, compute_s)
-    total = read.hit_read_s + read.miss_read_s
-    if total > 0:
-        hit_part = wait_s * read.hit_read_s / total
-    else:
-        hit_part = wait_s * read.hits / n
-    miss_part = wait_s - hit_part
-    out: list[Timing] = []
-    if read.hits:
-        out.append((1.0, compute_s + n * hit_part / read.hits, read.batch_bytes, read.hits))
-    if read.misses:
-        out.append((0.0, compute_s + n * miss_part / read.misses, read.batch_bytes, read.misses))
-    return out
+    """The (up to two) timing points for one batch, with nothing carried between batches."""
+    return StallMeter().timings(read, wait_s, compute_s)

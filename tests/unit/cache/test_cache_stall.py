@@ -52,3 +52,27 @@ def test_two_jobs_io_bound_gets_most_of_the_cache():
     allocs = {a.dataset: a for a in allocate(300 * MB, sizes, jobs)}
     assert allocs["io"].bytes >= 0.7 * 300 * MB
     assert "compute-bound" in allocs["cpu"].reason and allocs["cpu"].bytes <= 0.3 * 300 * MB
+
+
+def test_two_unmeasured_jobs_both_get_a_probe_share():
+    # A cache the size of one dataset, two new jobs: the first name must not take it all,
+    # or the other can never be measured (and keeps the cache as "not yet measured" later).
+    sizes = {"a-data": 20 * MB, "b-data": 20 * MB}  # each smaller than the probe share (64 MB)
+    jobs = [JobDemand("a", "a-data", MB, None), JobDemand("b", "b-data", MB, None)]
+    allocs = {a.dataset: a.bytes for a in allocate(20 * MB, sizes, jobs)}
+    assert allocs["a-data"] >= 5 * MB and allocs["b-data"] >= 5 * MB
+    assert sum(allocs.values()) <= 20 * MB
+
+
+def test_a_whole_chunk_fetch_wait_is_carried_to_the_samples_it_read():
+    from microco.clients.cache._stall import StallMeter
+
+    m = StallMeter()
+    # Batch 1: 2 misses, whose chunk fetch also read 6 samples for later (3x their bytes).
+    r1 = BatchRead(0, 2, 0.0, 0.1, 2000, ahead=tuple((i, 0.05) for i in range(10, 16)))
+    (miss1,) = m.timings(r1, wait_s=0.4, compute_s=0.0)
+    assert abs(miss1[1] - 2 * (0.4 * 0.1 / 0.4) / 2) < 1e-12  # a quarter of the wait is theirs
+    # Batch 2 uses the 6 samples read ahead (no wait now): their share of batch 1's wait comes along.
+    r2 = BatchRead(0, 6, 0.0, 0.0, 6000, used_ahead=tuple(range(10, 16)))
+    (miss2,) = m.timings(r2, wait_s=0.0, compute_s=0.0)
+    assert abs(miss2[1] - 0.3) < 1e-12 and not m.carry  # 6 x 0.05 s, over 6 samples x 6
