@@ -38,7 +38,8 @@ class DatasetRecord:
 
 def _check_name(name: str) -> None:
     if not name or "/" in name or len(name) > 200 or name.startswith("."):
-        raise InvalidArgument(f"bad dataset name {name!r}: use letters, digits, '-', '_' or '.'")
+        shown = repr(name) if len(name) <= 60 else f"{name[:40]!r}... ({len(name)} characters; at most 200)"
+        raise InvalidArgument(f"bad dataset name {shown}: use letters, digits, '-', '_' or '.'")
 
 
 def register_dataset(

@@ -81,3 +81,11 @@ def test_old_index_beside_the_data_is_still_read(tmp_path, monkeypatch):
     index_file(rec.index_digest).unlink()
     with pytest.raises(FailedPrecondition, match="changed"):
         load_index(rec)
+
+
+def test_a_huge_name_is_refused_without_being_echoed(tmp_path):
+    from microco.services.common.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument) as ei:
+        register_dataset(MemoryKV(), "n" * 100_000, str(_data(tmp_path / "d")))
+    assert len(str(ei.value)) < 200 and "100000 characters" in str(ei.value)
