@@ -332,10 +332,22 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         local2 = LocalStore(str(other))
         index2 = build_index(local2.list_files(), local2.read, chunk_bytes)
         jobs = {
-            "io": QuiverLoader(index, ThrottledStore(local, bw), batch_size=batch, dataset="io-data",
-                               job_id="io-job", server=servers["alloc"].address),
-            "cpu": QuiverLoader(index2, ThrottledStore(local2, bw), batch_size=batch, dataset="cpu-data",
-                                job_id="cpu-job", server=servers["alloc"].address),
+            "io": QuiverLoader(
+                index,
+                ThrottledStore(local, bw),
+                batch_size=batch,
+                dataset="io-data",
+                job_id="io-job",
+                server=servers["alloc"].address,
+            ),
+            "cpu": QuiverLoader(
+                index2,
+                ThrottledStore(local2, bw),
+                batch_size=batch,
+                dataset="cpu-data",
+                job_id="cpu-job",
+                server=servers["alloc"].address,
+            ),
         }
         work = {"io": 0.0, "cpu": cb_compute}
 
@@ -368,8 +380,16 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             link = ThrottledStore(local, bw)
             srv = servers[f"ddp{world}"].address
             ranks = [
-                QuiverLoader(index, link, batch_size=batch, dataset="bench", job_id=f"ddp{world}",
-                             server=srv, world_size=world, rank=r)
+                QuiverLoader(
+                    index,
+                    link,
+                    batch_size=batch,
+                    dataset="bench",
+                    job_id=f"ddp{world}",
+                    server=srv,
+                    world_size=world,
+                    rank=r,
+                )
                 for r in range(world)
             ]
             seen: list[list[int]] = [[] for _ in range(epochs)]

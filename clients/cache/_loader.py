@@ -520,7 +520,7 @@ class QuiverLoader:
                     data = self.read(indices, hits)
                     if not put((indices, data, self._last_read)):
                         break
-            except BaseException as exc:  # handed to the training step, raised there
+            except BaseException as exc:  # noqa: BLE001 - handed to the training step, raised there
                 put(exc)
             finally:
                 gen.close()  # final progress report

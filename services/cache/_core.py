@@ -398,9 +398,7 @@ class CacheCore:
                 "datasets": {k: {"bytes": v[0], "chunks": v[1]} for k, v in sorted(per.items())},
                 "jobs": sorted(self.jobs),
                 # the console's per-job hit-rate plot reads entries with job_id, hits and misses
-                "job_stats": [
-                    {"job_id": job, **c.__dict__} for job, c in sorted(self.job_counters.items())
-                ],
+                "job_stats": [{"job_id": job, **c.__dict__} for job, c in sorted(self.job_counters.items())],
                 **self.counters.__dict__,
             }
 

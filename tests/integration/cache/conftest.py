@@ -150,7 +150,10 @@ def inproc_cache(tmp_path: Path) -> Iterator[Callable[..., tuple[str, object]]]:
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=8),
             interceptors=[ErrorAndMetricsInterceptor("cache")],
-            options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)],
+            options=[
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 64 << 20),
+            ],
         )
         cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(core), server)
         port = server.add_insecure_port("127.0.0.1:0")

@@ -35,13 +35,19 @@ def test_each_bound_is_invalid_argument_and_not_echoed(stub):
     huge = "Z" * 100_000
     cases = {
         "length 2^40": lambda: s.ReadSamples(
-            cache_pb2.ReadSamplesRequest(samples=[cache_pb2.SampleRead(chunk=d, offset=0, length=2**40, digest=d)])
+            cache_pb2.ReadSamplesRequest(
+                samples=[cache_pb2.SampleRead(chunk=d, offset=0, length=2**40, digest=d)]
+            )
         ),
         "offset 2^62": lambda: s.ReadSamples(
-            cache_pb2.ReadSamplesRequest(samples=[cache_pb2.SampleRead(chunk=d, offset=2**62, length=10, digest=d)])
+            cache_pb2.ReadSamplesRequest(
+                samples=[cache_pb2.SampleRead(chunk=d, offset=2**62, length=10, digest=d)]
+            )
         ),
         "too many reads": lambda: s.ReadSamples(
-            cache_pb2.ReadSamplesRequest(samples=[cache_pb2.SampleRead(chunk=d, length=1, digest=d)] * 100_001)
+            cache_pb2.ReadSamplesRequest(
+                samples=[cache_pb2.SampleRead(chunk=d, length=1, digest=d)] * 100_001
+            )
         ),
         "huge chunk name": lambda: s.ReadSamples(
             cache_pb2.ReadSamplesRequest(samples=[cache_pb2.SampleRead(chunk=huge, length=1, digest=d)])
@@ -51,14 +57,18 @@ def test_each_bound_is_invalid_argument_and_not_echoed(stub):
         "too many digests": lambda: s.Lookup(cache_pb2.LookupRequest(dataset="d", digests=[d] * 100_001)),
         "huge dataset": lambda: s.Lookup(cache_pb2.LookupRequest(dataset=huge, digests=[d])),
         "open huge": lambda: s.OpenChunks(cache_pb2.OpenChunksRequest(digests=[huge])),
-        "report huge job": lambda: s.ReportProgress(cache_pb2.ReportProgressRequest(job_id=huge, dataset="d")),
+        "report huge job": lambda: s.ReportProgress(
+            cache_pb2.ReportProgressRequest(job_id=huge, dataset="d")
+        ),
         "report huge consumed": lambda: s.ReportProgress(
             cache_pb2.ReportProgressRequest(job_id="j", dataset="d", consumed=[huge])
         ),
         "report negative size": lambda: s.ReportProgress(
             cache_pb2.ReportProgressRequest(job_id="j", dataset="d", dataset_bytes=-5)
         ),
-        "put huge digest": lambda: s.PutChunks(_chunks(cache_pb2.ChunkData(digest=huge, data=b"a", last=True))),
+        "put huge digest": lambda: s.PutChunks(
+            _chunks(cache_pb2.ChunkData(digest=huge, data=b"a", last=True))
+        ),
         "put over capacity": lambda: s.PutChunks(
             _chunks(*[cache_pb2.ChunkData(digest=d, data=b"a" * (1 << 19), dataset="d") for _ in range(4)])
         ),
@@ -72,10 +82,14 @@ def test_each_bound_is_invalid_argument_and_not_echoed(stub):
 
 def test_reads_within_bounds_still_work(stub):
     s, d = stub
-    req = cache_pb2.ReadSamplesRequest(samples=[cache_pb2.SampleRead(chunk=d, offset=0, length=1000, digest=d)])
+    req = cache_pb2.ReadSamplesRequest(
+        samples=[cache_pb2.SampleRead(chunk=d, offset=0, length=1000, digest=d)]
+    )
     (batch,) = list(s.ReadSamples(req))
     assert batch.samples[0].data == b"x" * 1000
     # A range past the end of the chunk is a miss, not an error and not a huge allocation.
-    req = cache_pb2.ReadSamplesRequest(samples=[cache_pb2.SampleRead(chunk=d, offset=900, length=1000, digest=d)])
+    req = cache_pb2.ReadSamplesRequest(
+        samples=[cache_pb2.SampleRead(chunk=d, offset=900, length=1000, digest=d)]
+    )
     (batch,) = list(s.ReadSamples(req))
     assert batch.samples[0].missing

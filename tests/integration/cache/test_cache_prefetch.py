@@ -19,7 +19,9 @@ def test_prefetching_reader_gives_every_sample_once_per_epoch(make_dataset, tmp_
     files = make_dataset(tmp_path / "d", n=90, size=2000)
     address, _core = inproc_cache(100_000)  # about half the dataset
     idx, store = _setup(tmp_path / "d", address)
-    loader = QuiverLoader(idx, store, batch_size=8, dataset="d", job_id="j", server=address, prefetch_batches=3)
+    loader = QuiverLoader(
+        idx, store, batch_size=8, dataset="d", job_id="j", server=address, prefetch_batches=3
+    )
     try:
         for epoch in range(3):
             seen = []
@@ -78,11 +80,13 @@ def test_reader_fetches_the_next_batch_while_the_step_computes(make_dataset, tmp
 
 def test_two_ranks_read_each_sample_once_across_ranks(make_dataset, tmp_path, inproc_cache):
     files = make_dataset(tmp_path / "d", n=90, size=2000)
-    address, core = inproc_cache(100_000)
+    address, _core = inproc_cache(100_000)
     store = LocalStore(str(tmp_path / "d"))
     idx = build_index(store.list_files(), store.read, 8000)
     ranks = [
-        QuiverLoader(idx, store, batch_size=8, dataset="d", job_id="ddp", server=address, world_size=2, rank=r)
+        QuiverLoader(
+            idx, store, batch_size=8, dataset="d", job_id="ddp", server=address, world_size=2, rank=r
+        )
         for r in range(2)
     ]
     try:
@@ -90,7 +94,7 @@ def test_two_ranks_read_each_sample_once_across_ranks(make_dataset, tmp_path, in
         for epoch in range(3):
             got: dict[int, list[int]] = {0: [], 1: []}
 
-            def run(r: int, epoch: int = epoch) -> None:
+            def run(r: int, epoch: int = epoch, got: dict[int, list[int]] = got) -> None:
                 for indices, samples in ranks[r].epoch(epoch):
                     assert samples == [files[idx.samples[i].path] for i in indices]
                     got[r] += indices

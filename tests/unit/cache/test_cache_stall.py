@@ -42,8 +42,9 @@ def test_two_jobs_io_bound_gets_most_of_the_cache():
     # compute per batch, its reads hidden behind compute by the prefetching reader).
     io = _job_timings(compute_s=0.005, miss_wait_s=0.3, hit_wait_s=0.002, batch=64, batch_bytes=MB)
     cpu = _job_timings(compute_s=0.3, miss_wait_s=0.004, hit_wait_s=0.0, batch=64, batch_bytes=32 * MB)
-    est_io, est_cpu = estimate_benefit((h, s) for h, s, _, _ in io), estimate_benefit(
-        (h, s) for h, s, _, _ in cpu
+    est_io, est_cpu = (
+        estimate_benefit((h, s) for h, s, _, _ in io),
+        estimate_benefit((h, s) for h, s, _, _ in cpu),
     )
     assert est_io is not None and est_cpu is not None
     assert est_io.gain > 0.9 and est_cpu.gain < 0.05
