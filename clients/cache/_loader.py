@@ -22,7 +22,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -559,7 +559,7 @@ class QuiverLoader:
         with self._lock:
             self._timings.extend(timings)
 
-    def batches(self, epoch: int) -> Iterator[tuple[list[int], list[int]]]:
+    def batches(self, epoch: int) -> Generator[tuple[list[int], list[int]], None, None]:
         """Only the choice of batches (indices, those chosen as hits), reads left to the caller;
         progress and timing reports are made as batches are taken."""
         self._start_epoch(epoch)
