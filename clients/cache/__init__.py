@@ -7,7 +7,8 @@
   ``Peers``: other hosts' cache servers through the Redis directory (remote streaming).
 * ``open_loader``: a loader for a registered dataset by name.
 * ``cache_overview``: every server's stats and allocations (with reasons) as plain dicts.
-* PyTorch: ``QuiverBatchSampler``, ``QuiverDataset``, ``make_dataloader`` (imported on use);
+* PyTorch: ``QuiverBatchSampler``, ``QuiverDataset``, ``QuiverIterableDataset`` (read ahead),
+  ``make_dataloader`` (imported on use);
   tf.data: ``quiver_tf_dataset`` (imported on use).
 """
 
@@ -24,6 +25,7 @@ from ._peers import Peers
 _LAZY = {
     "QuiverBatchSampler": "_torch",
     "QuiverDataset": "_torch",
+    "QuiverIterableDataset": "_torch",
     "make_dataloader": "_torch",
     "quiver_tf_dataset": "_tf",
 }
@@ -94,6 +96,7 @@ __all__ = [
     "Peers",
     "QuiverBatchSampler",
     "QuiverDataset",
+    "QuiverIterableDataset",
     "QuiverLoader",
     "allocation_to_dict",
     "cache_overview",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from microco.clients.cache import QuiverLoader
 from microco.services.cache import LocalStore, build_index
 
@@ -110,3 +112,30 @@ def test_two_ranks_read_each_sample_once_across_ranks(make_dataset, tmp_path, in
     finally:
         for ld in ranks:
             ld.close()
+
+
+def test_torch_dataloader_reading_ahead(make_dataset, tmp_path, inproc_cache):
+    torch = pytest.importorskip("torch")
+    from microco.clients.cache import make_dataloader
+
+    files = make_dataset(tmp_path / "d", n=50, size=1000)
+    address, _core = inproc_cache(30_000)
+    store = LocalStore(str(tmp_path / "d"))
+    idx = build_index(store.list_files(), store.read, 4000)
+    loader = QuiverLoader(idx, store, batch_size=8, dataset="d", job_id="t", server=address)
+    dl = make_dataloader(
+        loader,
+        transform=lambda data, path: (data, path),
+        collate_fn=list,
+        read_ahead=True,
+    )
+    try:
+        assert len(dl) == 7
+        for epoch in range(2):
+            dl.dataset.set_epoch(epoch)
+            got = [p for batch in dl for data, p in batch if files[p] == data]
+            assert sorted(got) == sorted(files), epoch
+        assert loader.stats.hits + loader.stats.misses == 100 and loader.stats.hits > 0
+        assert torch.utils.data.get_worker_info() is None
+    finally:
+        loader.close()
