@@ -20,6 +20,7 @@ import os
 import queue
 import random
 import socket
+import sys
 import threading
 import time
 from collections.abc import Generator, Iterator, Sequence
@@ -812,15 +813,13 @@ class QuiverLoader:
 def _ranks(world_size: int | None, rank: int | None) -> tuple[int, int]:
     """(world size, rank): as given, else from an initialised ``torch.distributed`` process
     group, else one rank."""
-    if world_size is None or rank is None:
-        try:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                world_size = dist.get_world_size() if world_size is None else world_size
-                rank = dist.get_rank() if rank is None else rank
-        except ImportError:
-            pass
+    # Only a process that already imported torch can have a process group: importing it here
+    # would cost seconds to every loader that does not use torch.
+    dist = sys.modules.get("torch.distributed")
+    if (world_size is None or rank is None) and dist is not None:
+        if dist.is_available() and dist.is_initialized():
+            world_size = dist.get_world_size() if world_size is None else world_size
+            rank = dist.get_rank() if rank is None else rank
     world_size = 1 if world_size is None else world_size
     rank = 0 if rank is None else rank
     if world_size < 1 or not 0 <= rank < world_size:
