@@ -6,8 +6,16 @@ a remote blob store's link. The dataset is about twice the cache (samples of DLI
 shape, ~110 KB). One run measures, side by side:
 
 * one job, epochs with no cache, with an LRU cache (plain random order, read-through per
-  sample) and with Quiver (substitutable hits, co-ordinated eviction, prefetch) of the same
-  capacity: steady-state epoch time and hit rate;
+  sample; O(1) admission and eviction) and with Quiver (substitutable hits, co-ordinated
+  eviction, prefetch) of the same capacity, their epochs interleaved (none, LRU, Quiver,
+  none, ...) so that load on the machine falls on all three alike: steady-state epoch time
+  and hit rate;
+* the reader ahead of the step (``prefetch``): an I/O-bound epoch's share of the backing
+  store's bandwidth, and a compute-bound epoch's time over its pure compute;
+* allocation (``allocation``): an I/O-bound and a compute-bound job on one cache the size of
+  one dataset, the share of it the I/O-bound job's dataset is given;
+* data-parallel ranks (``ddp``): 2 ranks of one job on one cache server, exactly once across
+  ranks, aggregate throughput against one rank;
 * two jobs on one dataset: one shared Quiver cache against one cache per job (bytes cached,
   aggregate throughput);
 * one cache server serving one client (gRPC stream, and same-host direct read of granted
@@ -111,34 +119,36 @@ class _Server:
             return c.stats()
 
 
+def _run_epoch(loader: Any, e: int, compute_s: float, seen: list[int] | None = None) -> dict[str, float]:
+    """Run epoch ``e``, sleeping ``compute_s`` per batch (the training step): its wall time,
+    hit rate and backing-store bytes (``seen`` collects the indices read)."""
+    h0, m0, b0 = loader.stats.hits, loader.stats.misses, loader.stats.backing_bytes
+    t0 = time.perf_counter()
+    n = 0
+    for indices, _samples in loader.epoch(e):
+        n += len(indices)
+        if seen is not None:
+            seen += indices
+        if compute_s:
+            time.sleep(compute_s)
+    dt = time.perf_counter() - t0
+    hits, misses = loader.stats.hits - h0, loader.stats.misses - m0
+    assert n == loader.sampler.shard_size and hits + misses >= n, "every sample exactly once"
+    backing = loader.stats.backing_bytes - b0
+    total = loader.index.total_bytes * n / len(loader.index)
+    # Hit rate by bytes: the share of the epoch's data not read from the backing store in
+    # it (a chunk fetched whole on a miss counts as read). sample_hit_rate: samples served
+    # from the cache (those of a chunk fetched whole on a miss count as misses).
+    return {
+        "epoch_s": dt,
+        "hit_rate": max(0.0, 1 - backing / total),
+        "sample_hit_rate": hits / n,
+        "backing_mb": backing / MB,
+    }
+
+
 def _run_epochs(loader: Any, epochs: int, compute_s: float) -> list[dict[str, float]]:
-    """Run ``epochs`` epochs, sleeping ``compute_s`` per batch (the training step); per epoch
-    its wall time, hit rate and backing-store bytes."""
-    out = []
-    for e in range(epochs):
-        h0, m0, b0 = loader.stats.hits, loader.stats.misses, loader.stats.backing_bytes
-        t0 = time.perf_counter()
-        n = 0
-        for indices, samples in loader.epoch(e):
-            n += len(indices)
-            if compute_s:
-                time.sleep(compute_s)
-        dt = time.perf_counter() - t0
-        hits, misses = loader.stats.hits - h0, loader.stats.misses - m0
-        assert n == len(loader.index) and hits + misses == n, "every sample exactly once"
-        backing = loader.stats.backing_bytes - b0
-        total = loader.index.total_bytes
-        # Hit rate by bytes: the share of the epoch's data not read from the backing store in
-        # it (a chunk fetched whole on a miss counts as read, though its samples are then hits).
-        out.append(
-            {
-                "epoch_s": dt,
-                "hit_rate": max(0.0, 1 - backing / total),
-                "sample_hit_rate": hits / n,
-                "backing_mb": backing / MB,
-            }
-        )
-    return out
+    return [_run_epoch(loader, e, compute_s) for e in range(epochs)]
 
 
 def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
@@ -174,6 +184,9 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             "half0": ("coordinated", capacity // 2),
             "half1": ("coordinated", capacity // 2),
             "serve": ("coordinated", 2 * total),
+            "alloc": ("coordinated", total),
+            "ddp1": ("coordinated", capacity),
+            "ddp2": ("coordinated", capacity),
         }
         servers = {k: _Server(tmp, k, etcd.endpoint, redis.url, cap, pol) for k, (pol, cap) in names.items()}
         for s in servers.values():
@@ -198,7 +211,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             epochs=epochs,
         )
 
-        def loader(idx: Any, store: Any, server: str | None, job: str, **kw: Any) -> QuiverLoader:
+        def loader(idx: Any, store: Any, server: str | None | bool, job: str, **kw: Any) -> QuiverLoader:
             return QuiverLoader(
                 idx,
                 store,
@@ -211,27 +224,28 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             )
 
         t_phase = time.perf_counter()
-        # -- one job: none, LRU, Quiver
-        policies: dict[str, list[dict[str, float]]] = {}
-        ld = loader(index, ThrottledStore(local, bw), None, "none", prefetch=False)
-        policies["none"] = _run_epochs(ld, epochs, compute_s)
-        ld.close()
-        ld = loader(
-            per_sample,
-            ThrottledStore(local, bw),
-            servers["lru"].address,
-            "lru",
-            prefetch=False,
-            substitutable=False,
-            insert_misses=True,
-            probe_batches=0,
-        )
-        policies["lru"] = _run_epochs(ld, epochs, compute_s)
-        ld.close()
-        ld = loader(index, ThrottledStore(local, bw), servers["quiver"].address, "quiver")
-        policies["quiver"] = _run_epochs(ld, epochs, compute_s)
-        quiver_stats = ld.stats
-        ld.close()
+        # -- one job: none, LRU, Quiver, epochs interleaved
+        one = {
+            "none": loader(index, ThrottledStore(local, bw), None, "none", prefetch=False),
+            "lru": loader(
+                per_sample,
+                ThrottledStore(local, bw),
+                servers["lru"].address,
+                "lru",
+                prefetch=False,
+                substitutable=False,
+                insert_misses=True,
+                probe_batches=0,
+            ),
+            "quiver": loader(index, ThrottledStore(local, bw), servers["quiver"].address, "quiver"),
+        }
+        policies: dict[str, list[dict[str, float]]] = {k: [] for k in one}
+        for e in range(epochs):
+            for name, ld in one.items():
+                policies[name].append(_run_epoch(ld, e, compute_s))
+        quiver_stats = one["quiver"].stats
+        for ld in one.values():
+            ld.close()
         for name, runs in policies.items():
             steady = runs[1:]  # the first epoch warms the cache
             result[name] = {
@@ -291,6 +305,121 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         result["shared_vs_per_job_half_capacity_speedup"] = shared_tput / half_tput
 
         phases["two_jobs"] = time.perf_counter() - t_phase
+        t_phase = time.perf_counter()
+
+        # -- the reader ahead of the step, no cache: I/O-bound and compute-bound epochs
+        batch_read_s = batch * sample / bw
+        ld = loader(index, ThrottledStore(local, bw), False, "pf-io", prefetch=False)
+        io_run = _run_epoch(ld, 0, 0.0)
+        ld.close()
+        cb_compute = 2 * batch_read_s  # compute takes twice the batch's read: I/O can hide
+        ld = loader(index, ThrottledStore(local, bw), False, "pf-cpu", prefetch=False)
+        cb_run = _run_epoch(ld, 0, cb_compute)
+        ld.close()
+        n_batches = -(-n // batch)
+        result["prefetch"] = {
+            "batches_ahead": 2,
+            "io_bound_fraction_of_bandwidth": total / io_run["epoch_s"] / bw,
+            "compute_bound_overhead": cb_run["epoch_s"] / (n_batches * cb_compute) - 1,
+            "compute_bound_compute_s_per_batch": cb_compute,
+        }
+        phases["prefetch"] = time.perf_counter() - t_phase
+        t_phase = time.perf_counter()
+
+        # -- allocation: an I/O-bound and a compute-bound job share a cache one dataset large
+        other = tmp / "data2"
+        _make_dataset(other, n, sample, seed=1)
+        local2 = LocalStore(str(other))
+        index2 = build_index(local2.list_files(), local2.read, chunk_bytes)
+        jobs = {
+            "io": QuiverLoader(
+                index,
+                ThrottledStore(local, bw),
+                batch_size=batch,
+                dataset="io-data",
+                job_id="io-job",
+                server=servers["alloc"].address,
+            ),
+            "cpu": QuiverLoader(
+                index2,
+                ThrottledStore(local2, bw),
+                batch_size=batch,
+                dataset="cpu-data",
+                job_id="cpu-job",
+                server=servers["alloc"].address,
+            ),
+        }
+        work = {"io": 0.0, "cpu": cb_compute}
+
+        def alloc_job(name: str) -> None:
+            for e in range(2):  # the probe batches run in the first two epochs
+                _run_epoch(jobs[name], e, work[name])
+
+        threads = [threading.Thread(target=alloc_job, args=(k,)) for k in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        from microco.clients.cache import CacheClient
+
+        with CacheClient(servers["alloc"].address) as c:
+            got_alloc = c.allocations()
+        for ld in jobs.values():
+            ld.close()
+        shares = {a.dataset: a.bytes / got_alloc.capacity_bytes for a in got_alloc.allocations}
+        result["allocation"] = {
+            "io_bound_share": shares.get("io-data", 0.0),
+            "compute_bound_share": shares.get("cpu-data", 0.0),
+            "reasons": {a.dataset: a.reason for a in got_alloc.allocations},
+        }
+        phases["allocation"] = time.perf_counter() - t_phase
+        t_phase = time.perf_counter()
+
+        # -- data-parallel: one rank against 2 ranks of one job (threads), same link and cache size
+        def ddp(world: int) -> tuple[float, bool]:
+            link = ThrottledStore(local, bw)
+            srv = servers[f"ddp{world}"].address
+            ranks = [
+                QuiverLoader(
+                    index,
+                    link,
+                    batch_size=batch,
+                    dataset="bench",
+                    job_id=f"ddp{world}",
+                    server=srv,
+                    world_size=world,
+                    rank=r,
+                )
+                for r in range(world)
+            ]
+            seen: list[list[int]] = [[] for _ in range(epochs)]
+            t0 = time.perf_counter()
+
+            def go(r: int) -> None:
+                for e in range(epochs):
+                    _run_epoch(ranks[r], e, compute_s, seen[e])
+
+            threads = [threading.Thread(target=go, args=(r,)) for r in range(world)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - t0
+            for ld in ranks:
+                ld.close()
+            once = all(sorted(s) == list(range(n)) for s in seen)
+            return epochs * total / wall / MB, once
+
+        one_rank, once1 = ddp(1)
+        two_ranks, once2 = ddp(2)
+        result["ddp"] = {
+            "ranks": 2,
+            "exactly_once": once1 and once2,
+            "speedup_vs_one_rank": two_ranks / one_rank,
+            "one_rank_mb_s": one_rank,
+            "two_ranks_mb_s": two_ranks,
+        }
+        phases["ddp"] = time.perf_counter() - t_phase
         t_phase = time.perf_counter()
         # -- serving: one server, one client, warm, against local files
         srv = servers["serve"]

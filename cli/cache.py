@@ -29,7 +29,8 @@ def register(sub: Any) -> None:
         "register",
         help="index a dataset and record it in etcd",
         description="Read every file under PATH (a directory or fsspec URL) once, name each by its content "
-        "digest, group them into chunks, write the index to PATH/.quiver/ and record NAME in etcd.",
+        "digest, group them into chunks, keep the index in the cache's state (HOME/cache/indexes, no more "
+        "readable than the data; nothing is written into PATH) and record NAME in etcd.",
     )
     r.add_argument("name", help="dataset name (letters, digits, - _ .)")
     r.add_argument("path", help="local directory or fsspec URL of the data")
@@ -99,6 +100,7 @@ def cmd_register(args: argparse.Namespace) -> int:
                 owner=args.owner or getpass.getuser(),
                 chunk_bytes=chunk,
                 progress=bar.update,
+                home=str(args.home) if args.home else None,
             )
     finally:
         kv.close()

@@ -12,7 +12,8 @@
   ``Peers``: other hosts' cache servers through the Redis directory (remote streaming).
 * ``open_loader``: a loader for a registered dataset by name.
 * ``cache_overview``: every server's stats and allocations (with reasons) as plain dicts.
-* PyTorch: ``QuiverBatchSampler``, ``QuiverDataset``, ``make_dataloader`` (imported on use);
+* PyTorch: ``QuiverBatchSampler``, ``QuiverDataset``, ``QuiverIterableDataset`` (read ahead),
+  ``make_dataloader`` (imported on use);
   tf.data: ``quiver_tf_dataset`` (imported on use).
 """
 
@@ -34,6 +35,7 @@ from ._sampler import Batch, BatchMode, SubstitutableSampler
 _LAZY = {
     "QuiverBatchSampler": "_torch",
     "QuiverDataset": "_torch",
+    "QuiverIterableDataset": "_torch",
     "make_dataloader": "_torch",
     "quiver_tf_dataset": "_tf",
 }
@@ -51,7 +53,7 @@ def open_loader(
     kv: Any,
     name: str,
     *,
-    server: str | None = None,
+    server: str | None | bool = None,
     store: Any = None,
     redis_url: str | None = None,
     **kwargs: Any,
@@ -60,18 +62,24 @@ def open_loader(
 
     ``kv`` is the platform's etcd; None finds it as every client does
     (``microco.common.find_etcd``: ``MICROCO_ETCD``, then the local stack).
-    ``server`` is the cache server's address; None finds one in etcd (this host's first),
-    and with none running the loader reads from the backing store only. With ``redis_url``
+    ``server`` is the cache server's address; None (the default) finds one in etcd (this
+    host's first), and with none running the loader reads from the backing store only;
+    ``False`` asks for no cache at all (the backing store only, no discovery). With ``redis_url``
     the loader also reads chunks that other hosts' cache servers hold (the Redis directory).
     """
     from microco.common.discovery import connect_etcd
+    from microco.common.errors import InvalidArgument
 
     kv = kv if kv is not None else connect_etcd()
     rec = get_dataset(kv, name)
     store = store or open_store(rec.url)
     index = load_index(rec, store)
-    if server is None:
+    if server is False:
+        server = None
+    elif server is None:
         server = find_server(kv)
+    elif not isinstance(server, str):
+        raise InvalidArgument("server must be an address, None (find one) or False (no cache)")
     if redis_url and "peers" not in kwargs:
         from microco.common.hotstate import connect_redis
 
@@ -109,6 +117,7 @@ __all__ = [
     "Peers",
     "QuiverBatchSampler",
     "QuiverDataset",
+    "QuiverIterableDataset",
     "QuiverLoader",
     "RedisDirectory",
     "SampleRef",

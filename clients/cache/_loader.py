@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import random
 import socket
+import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -32,6 +34,7 @@ from microco.common.errors import FailedPrecondition, MicrocoError
 
 from ._client import CacheClient
 from ._peers import Peers
+from ._stall import BatchRead, StallMeter
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +52,15 @@ class LoaderStats:
     server_failures: int = 0
     corrupt_reported: int = 0
     hit_fallbacks: int = 0  # chosen as hits, but had to be read from the backing store
+    # Samples of chunks this loader read whole from the backing store on a miss this epoch,
+    # served later from that copy: misses (their bytes came from the backing store), not hits.
+    chunk_fetched: int = 0
     remote_hits: int = 0  # served by another host's cache server
     staged_served: int = 0
+    # Seconds the training step waited for data (with prefetch_batches > 0, only what the
+    # reader ahead of it could not hide), and seconds it computed between batches.
+    stall_s: float = 0.0
+    compute_s: float = 0.0
 
     @property
     def hit_rate(self) -> float:
@@ -80,7 +90,7 @@ class QuiverLoader:
         batch_size: int,
         dataset: str,
         job_id: str,
-        server: str | CacheClient | None = None,
+        server: str | CacheClient | None | bool = None,
         user: str = "",
         seed: int = 0,
         substitution: int = 10,
@@ -95,6 +105,9 @@ class QuiverLoader:
         insert_misses: bool = False,
         chunk_fetch: bool | None = None,
         peers: Peers | None = None,
+        prefetch_batches: int = 2,
+        world_size: int | None = None,
+        rank: int | None = None,
     ) -> None:
         self.index = index
         self.store = store
@@ -102,13 +115,24 @@ class QuiverLoader:
         self.job_id = job_id
         self.user = user
         self.batch_size = batch_size
+        world_size, rank = _ranks(world_size, rank)
+        self.world_size, self.rank = world_size, rank
+        if world_size > 1:
+            # Each rank reports its own consumption: a chunk is done once every rank is.
+            self.job_id = job_id = f"{job_id}/rank{rank}"
         self.sampler = SubstitutableSampler(
             len(index),
             batch_size,
             seed=seed,
             substitution=substitution if substitutable else 1,
             drop_last=drop_last,
+            num_replicas=world_size,
+            rank=rank,
         )
+        if server is False or server is True:
+            if server is True:
+                raise ValueError("server must be an address, a CacheClient, or None/False for no cache")
+            server = None
         self.client = CacheClient(server) if isinstance(server, str) else server
         # Read-through: put single-sample chunks read from the backing store into the cache
         # (the generic cache's behaviour, used by the LRU baseline).
@@ -120,6 +144,8 @@ class QuiverLoader:
         self._puts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quiver-put")
         self._behind: Future[None] | None = None
         self._inflight: set[int] = set()
+        # Chunks read whole on a miss this epoch: their other samples are not hits.
+        self._fetched: set[int] = set()
         # Chunks fetched whole and on their way into the cache: served from here meanwhile.
         self._staged: dict[str, bytes] = {}
         # Other hosts' servers (through the Redis directory), and where remote chunks were seen.
@@ -136,11 +162,19 @@ class QuiverLoader:
         self._grants: dict[str, str] = {}
         self._lock = threading.Lock()
         self._consumed_left: list[int] = []
+        self._share: list[int] = []
         self._prefetch_stop = threading.Event()
         self._prefetch_thread: threading.Thread | None = None
         self._seed = seed
         self._epoch = -1
         self._timings: list[tuple[float, float, int, int]] = []
+        # ``epoch()`` reads up to this many batches ahead of the training step, in a thread.
+        self.prefetch_batches = prefetch_batches
+        self._pipelined = False
+        self._last_read: BatchRead | None = None
+        # Samples read with a whole chunk for a later batch (their wait is carried to it).
+        self._read_ahead: set[int] = set()
+        self._meter = StallMeter()
         self._batch_bytes = int(index.total_bytes / max(1, len(index)) * batch_size)
 
     # -- server access, failing soft
@@ -310,17 +344,35 @@ class QuiverLoader:
         """Bytes of ``indices``: ``hits`` from the cache where it still has them, the rest
         (and any hit that failed) from the backing store, in parallel."""
         hit_set = set(hits)
+        t0 = time.perf_counter()
         got = self._read_hits([i for i in indices if i in hit_set])
+        t_hits = time.perf_counter() - t0
         rest = [i for i in indices if i not in got]
         self.stats.hit_fallbacks += sum(1 for i in rest if i in hit_set)
         whole = self._chunks_to_fetch(rest, indices)
         wanted = [i for i in rest if self.index.samples[i].chunk not in whole]
         for c in sorted(whole):
             wanted.extend(s.index for s in self.index.samples_of(self.index.chunks[c]))
+        t0 = time.perf_counter()
         fetched = dict(zip(wanted, self._pool.map(self._read_backing, wanted), strict=True))
-        self.stats.backing_bytes += sum(map(len, fetched.values()))
+        t_back = time.perf_counter() - t0
+        fetched_bytes = sum(map(len, fetched.values()))
+        self.stats.backing_bytes += fetched_bytes
+        # The fetch's wall time, apportioned by bytes: samples used now carry their share into
+        # this batch's miss time, the rest of a whole chunk carry theirs to the batch using them.
+        rest_now = set(rest)
+        miss_s = 0.0
+        ahead: list[tuple[int, float]] = []
+        for i, data in fetched.items():
+            cost = t_back * len(data) / fetched_bytes if fetched_bytes else 0.0
+            if i in rest_now:
+                miss_s += cost
+            else:
+                ahead.append((i, cost))
+                self._read_ahead.add(i)
         for i in rest:
             got[i] = fetched[i]
+        self._fetched.update(whole)
         if whole:
             puts = []
             for c in sorted(whole):
@@ -335,15 +387,36 @@ class QuiverLoader:
             self._put_behind(
                 [(self.index.chunk_of(i).digest, got[i]) for i in rest if self.index.chunk_of(i).count == 1]
             )
-        self.stats.hits += len(indices) - len(rest)
-        self.stats.misses += len(rest)
-        self.stats.cache_bytes += sum(len(got[i]) for i in indices if i not in rest)
+        rest_set = set(rest)
+        served = [i for i in indices if i not in rest_set]
+        real = [i for i in served if self.index.samples[i].chunk not in self._fetched]
+        self.stats.chunk_fetched += len(served) - len(real)
+        # Samples of a chunk fetched whole earlier this epoch are misses: their cost is their
+        # share of that fetch (plus their share of this read), not the cheap read from memory.
+        hit_s = t_hits * len(real) / len(served) if served else 0.0
+        miss_s += t_hits - hit_s
+        used_ahead = tuple(i for i in served if i in self._read_ahead)
+        self._read_ahead.difference_update(used_ahead)
+        self._last_read = BatchRead(
+            hits=len(real),
+            misses=len(indices) - len(real),
+            hit_read_s=hit_s,
+            miss_read_s=miss_s,
+            ahead=tuple(ahead),
+            used_ahead=used_ahead,
+            batch_bytes=sum(len(got[i]) for i in indices),
+        )
+        self.stats.hits += len(real)
+        self.stats.misses += len(indices) - len(real)
+        self.stats.cache_bytes += sum(len(got[i]) for i in real)
         return [got[i] for i in indices]
 
     def _chunks_to_fetch(self, misses: Sequence[int], batch: Sequence[int]) -> set[int]:
         """Chunks worth reading whole for these misses: none of their samples was read before
         this batch this epoch (so nothing is read twice) and the cache has room for them."""
-        if not self.chunk_fetch or self._server() is None:
+        if not self.chunk_fetch or self._server() is None or not self._consumed_left:
+            # (Outside an epoch, e.g. map-style ``dataset[i]``, there is no epoch to share a
+            # whole chunk's read with: read just the samples asked for.)
             return set()
         in_batch: dict[int, int] = {}
         for i in batch:
@@ -354,7 +427,7 @@ class QuiverLoader:
             for i in misses:
                 c = self.index.samples[i].chunk
                 chunk = self.index.chunks[c]
-                untouched = self._consumed_left[c] + in_batch[c] == chunk.count
+                untouched = self._consumed_left[c] + in_batch[c] == self._share[c] == chunk.count
                 # (A chunk whose samples are all in this batch costs no extra read at all.)
                 if c in out or c in self._inflight or not untouched:
                     continue
@@ -406,16 +479,90 @@ class QuiverLoader:
         self._puts.submit(put)
 
     # -- epochs
+    def _shares(self) -> list[int]:
+        """Samples of each chunk in this rank's share of the current epoch."""
+        if self.world_size == 1:
+            return [c.count for c in self.index.chunks]
+        share = [0] * len(self.index.chunks)
+        for i in self.sampler.unseen():
+            share[self.index.samples[i].chunk] += 1
+        return share
+
     def __len__(self) -> int:
-        n = len(self.index)
+        n = self.sampler.shard_size
         return n // self.batch_size if self.sampler.drop_last else -(-n // self.batch_size)
 
     def epoch(self, epoch: int) -> Iterator[tuple[list[int], list[bytes]]]:
-        """The mini-batches of ``epoch``: every sample exactly once."""
-        for indices, _hits in self.batches(epoch):
-            yield indices, self.read(indices, _hits)
+        """The mini-batches of ``epoch``: every sample exactly once. With ``prefetch_batches``
+        > 0 a reader thread fetches that many batches ahead (hits and misses) while the
+        training step computes; the time the step still waits is what is measured."""
+        if self.prefetch_batches <= 0:
+            for indices, _hits in self.batches(epoch):
+                yield indices, self.read(indices, _hits)
+            return
+        yield from self._pipelined_epoch(epoch)
 
-    def batches(self, epoch: int) -> Iterator[tuple[list[int], list[int]]]:
+    def _pipelined_epoch(self, epoch: int) -> Iterator[tuple[list[int], list[bytes]]]:
+        q: queue.Queue = queue.Queue(maxsize=self.prefetch_batches)
+        stop = threading.Event()
+        end = object()
+
+        def put(item: object) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            gen = self.batches(epoch)
+            try:
+                for indices, hits in gen:
+                    data = self.read(indices, hits)
+                    if not put((indices, data, self._last_read)):
+                        break
+            except BaseException as exc:  # noqa: BLE001 - handed to the training step, raised there
+                put(exc)
+            finally:
+                gen.close()  # final progress report
+                put(end)
+
+        self._pipelined = True
+        reader = threading.Thread(target=produce, name="quiver-reader", daemon=True)
+        reader.start()
+        pending: tuple[BatchRead | None, float] | None = None
+        delivered = None
+        try:
+            while True:
+                t0 = time.perf_counter()
+                if delivered is not None:
+                    compute = t0 - delivered
+                    self.stats.compute_s += compute
+                    if pending is not None and pending[0] is not None:
+                        self._add_timings(self._meter.timings(pending[0], pending[1], compute))
+                item = q.get()
+                wait = time.perf_counter() - t0
+                if item is end:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                indices, data, read = item
+                self.stats.stall_s += wait
+                pending = (read, wait)
+                delivered = time.perf_counter()
+                yield indices, data
+        finally:
+            stop.set()
+            reader.join()
+            self._pipelined = False
+
+    def _add_timings(self, timings: list[tuple[float, float, int, int]]) -> None:
+        with self._lock:
+            self._timings.extend(timings)
+
+    def batches(self, epoch: int) -> Generator[tuple[list[int], list[int]], None, None]:
         """Only the choice of batches (indices, those chosen as hits), reads left to the caller;
         progress and timing reports are made as batches are taken."""
         self._start_epoch(epoch)
@@ -430,11 +577,17 @@ class QuiverLoader:
                     if probe
                     else BatchMode.PREFER_HITS
                 )
+                now = time.perf_counter()
+                if last is not None and not self._pipelined and self._last_read is not None:
+                    # Read in the step itself (no reader ahead): the whole read is a wait.
+                    _prev, t0 = last
+                    r, self._last_read = self._last_read, None
+                    wait = r.hit_read_s + r.miss_read_s
+                    self.stats.stall_s += wait
+                    self.stats.compute_s += max(0.0, now - t0 - wait)
+                    self._add_timings(self._meter.timings(r, wait, now - t0 - wait))
                 batch = self.sampler.next_batch(self.cached, mode, self._hit_order)
                 now = time.perf_counter()
-                if last is not None:
-                    prev, t0 = last
-                    self._timings.append((prev.hit_fraction, now - t0, self._batch_bytes, len(prev.indices)))
                 # The previous batch has been read by now: its finished chunks may go.
                 self._report(done)
                 done = []
@@ -456,8 +609,17 @@ class QuiverLoader:
     def _start_epoch(self, epoch: int) -> None:
         self._epoch = epoch
         self.sampler.start_epoch(epoch)
-        self._consumed_left = [c.count for c in self.index.chunks]
+        self._share = self._shares()
+        self._consumed_left = list(self._share)
+        self._fetched = set()
+        self._read_ahead = set()
+        self._meter.carry.clear()
+        self._last_read = None
         self._report([])
+        # Chunks with none of this rank's samples this epoch: done for this rank from the start.
+        elsewhere = [c.digest for c, n in zip(self.index.chunks, self._share, strict=True) if n == 0]
+        for i in range(0, len(elsewhere), 50_000):
+            self._report(elsewhere[i : i + 50_000])
         if self.prefetch:
             self._prefetch_stop.set()
             if self._prefetch_thread is not None:
@@ -488,7 +650,8 @@ class QuiverLoader:
         srv = self._server()
         if srv is None:
             return
-        timings, self._timings = self._timings, []
+        with self._lock:
+            timings, self._timings = self._timings, []
         try:
             srv.report_progress(
                 self.job_id,
@@ -519,7 +682,8 @@ class QuiverLoader:
         if not self._consumed_left or self.sampler.remaining == 0:
             # Between epochs: warm for the next one, in which every chunk is needed again
             # (reported as that epoch, so the server does not count them consumed).
-            self._consumed_left = [c.count for c in self.index.chunks]
+            self._share = [c.count for c in self.index.chunks]  # every rank needs them again
+            self._consumed_left = list(self._share)
             self._epoch += 1
         self._report([])  # the server must know this job pins the chunks it is about to get
         before = self.stats.prefetched_chunks
@@ -540,7 +704,7 @@ class QuiverLoader:
             while pos < len(order) and len(window) < 16:
                 c = order[pos]
                 with self._lock:
-                    untouched = self._consumed_left[c] == self.index.chunks[c].count
+                    untouched = 0 < self._consumed_left[c] == self._share[c]
                 if untouched:
                     window.append(c)
                 pos += 1
@@ -562,7 +726,7 @@ class QuiverLoader:
                     return
                 chunk = self.index.chunks[c]
                 with self._lock:
-                    untouched = self._consumed_left[c] == chunk.count
+                    untouched = 0 < self._consumed_left[c] == self._share[c]
                     busy = c in self._inflight
                     if not busy and untouched and chunk.digest not in present:
                         self._inflight.add(c)
@@ -593,7 +757,7 @@ class QuiverLoader:
                 self._server_failed(exc)
                 return False
             with self._lock:
-                untouched = self._consumed_left[c] == chunk.count
+                untouched = 0 < self._consumed_left[c] == self._share[c]
             if present or not untouched:
                 return True
             if room >= chunk.size:
@@ -646,3 +810,20 @@ class QuiverLoader:
         if self.peers is not None:
             self.peers.close()
         self._pool.shutdown(wait=False)
+
+
+def _ranks(world_size: int | None, rank: int | None) -> tuple[int, int]:
+    """(world size, rank): as given, else from an initialised ``torch.distributed`` process
+    group, else one rank."""
+    # Only a process that already imported torch can have a process group: importing it here
+    # would cost seconds to every loader that does not use torch.
+    dist = sys.modules.get("torch.distributed")
+    if (world_size is None or rank is None) and dist is not None:
+        if dist.is_available() and dist.is_initialized():
+            world_size = dist.get_world_size() if world_size is None else world_size
+            rank = dist.get_rank() if rank is None else rank
+    world_size = 1 if world_size is None else world_size
+    rank = 0 if rank is None else rank
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need world_size >= 1 and 0 <= rank < world_size (got rank {rank} of {world_size})")
+    return world_size, rank

@@ -45,6 +45,12 @@ class SubstitutableSampler:
     ``is_cached(candidates)`` returns the subset the cache can serve now; it may answer
     anything, and differently every call. ``drop_last`` drops a final short batch (its samples
     are then *not* seen, as with PyTorch's ``drop_last``).
+
+    Data-parallel training: ``num_replicas`` ranks each build the same epoch order (same seed)
+    and rank ``rank`` takes every ``num_replicas``-th sample of it, so across ranks every sample
+    is seen exactly once per epoch; substitution then happens within a rank's share. Shares
+    differ by at most one sample (no padding: padding would repeat samples), so one rank may
+    have one batch more; use ``drop_last`` or ``torch.distributed.algorithms.Join`` for that.
     """
 
     def __init__(
@@ -56,9 +62,15 @@ class SubstitutableSampler:
         substitution: int = 10,
         shuffle: bool = True,
         drop_last: bool = False,
+        num_replicas: int = 1,
+        rank: int = 0,
     ) -> None:
         if num_samples < 0 or batch_size <= 0 or substitution < 1:
             raise ValueError("need num_samples >= 0, batch_size > 0, substitution >= 1")
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"need num_replicas >= 1 and 0 <= rank < num_replicas (got {rank}/{num_replicas})")
+        self.num_replicas = num_replicas
+        self.rank = rank
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.seed = seed
@@ -74,7 +86,12 @@ class SubstitutableSampler:
         order = list(range(self.num_samples))
         if self.shuffle:
             random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        self._pending = order
+        self._pending = order[self.rank :: self.num_replicas]
+
+    @property
+    def shard_size(self) -> int:
+        """Samples this rank sees per epoch."""
+        return len(range(self.rank, self.num_samples, self.num_replicas))
 
     @property
     def remaining(self) -> int:

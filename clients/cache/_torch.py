@@ -8,6 +8,15 @@ whole mini-batches through the cache (``DataLoader(ds, batch_sampler=sampler)``)
         dl.batch_sampler.set_epoch(epoch)
         for batch in dl: ...
 
+To read ahead while the step computes (the loader's reader thread; the time the step still
+waits is measured and drives the cache's allocation), iterate batches instead:
+
+    ds = QuiverIterableDataset(loader, transform=decode, collate_fn=collate)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None)   # or make_dataloader(..., read_ahead=True)
+    for epoch in range(n):
+        ds.set_epoch(epoch)
+        for batch in dl: ...
+
 torch is imported lazily by ``microco.clients.cache`` so the rest works without it.
 """
 
@@ -75,12 +84,59 @@ class QuiverDataset(tud.Dataset):
         return [self._out(i, d) for i, d in zip(indices, self.loader.read(indices, hits), strict=True)]
 
 
+class QuiverIterableDataset(tud.IterableDataset):
+    """The mini-batches of an epoch, read ahead by the loader's reader thread while the step
+    computes (``loader.prefetch_batches``); every sample exactly once. Use with
+    ``DataLoader(ds, batch_size=None)`` and ``num_workers=0`` (the reader thread is the
+    parallelism; the loader's threads and channel do not go to worker processes)."""
+
+    def __init__(
+        self,
+        loader: QuiverLoader,
+        transform: Callable[[bytes, str], Any] | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+    ) -> None:
+        self.loader = loader
+        self.transform = transform
+        self.collate_fn = collate_fn
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        info = tud.get_worker_info()
+        if info is not None and info.num_workers > 0:
+            raise RuntimeError(
+                "QuiverIterableDataset reads ahead in its own thread: use DataLoader(..., num_workers=0)"
+            )
+        paths = self.loader.index.samples
+        for indices, data in self.loader.epoch(self.epoch):
+            items = (
+                [self.transform(d, paths[i].path) for i, d in zip(indices, data, strict=True)]
+                if self.transform
+                else data
+            )
+            yield self.collate_fn(items) if self.collate_fn else items
+
+
 def make_dataloader(
     loader: QuiverLoader,
     transform: Callable[[bytes, str], Any] | None = None,
     collate_fn: Callable[[list[Any]], Any] | None = None,
+    read_ahead: bool = False,
 ) -> tud.DataLoader:
-    """A ``DataLoader`` wired to ``loader`` (in-process: the cache reads are already parallel)."""
+    """A ``DataLoader`` wired to ``loader`` (in-process: the cache reads are already parallel).
+    ``read_ahead``: batches come from a reader thread ahead of the step
+    (``QuiverIterableDataset``; call ``dl.dataset.set_epoch(e)``); otherwise the batch sampler
+    chooses them and the step reads them (``dl.batch_sampler.set_epoch(e)``)."""
+    if read_ahead:
+        return tud.DataLoader(
+            QuiverIterableDataset(loader, transform, collate_fn), batch_size=None, num_workers=0
+        )
     sampler = QuiverBatchSampler(loader)
     ds = QuiverDataset(loader, transform, sampler)
     return tud.DataLoader(ds, batch_sampler=sampler, collate_fn=collate_fn or (lambda x: x), num_workers=0)

@@ -113,9 +113,12 @@ def allocate(
     left = capacity
     out: dict[str, int] = {}
     reasons: dict[str, str] = {}
-    # Unmeasured datasets first get enough to be probed: a measurement is worth a little room.
+    # Unmeasured datasets first get enough to be probed: a measurement is worth a little room,
+    # but never so much that one name's probe leaves another's nothing (at most half the
+    # capacity, split evenly, goes to probes).
+    probe_cap = capacity // (2 * max(1, len(by_ds)))
     for ds in sorted(unmeasured):
-        give = min(probe_bytes, dataset_bytes.get(ds, 0), left)
+        give = min(probe_bytes, probe_cap, dataset_bytes.get(ds, 0), left)
         out[ds] = give
         left -= give
         reasons[ds] = "not yet measured: probe-sized share until its hit/miss batch times are known"

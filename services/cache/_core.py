@@ -55,6 +55,9 @@ class JobCounters:
     bytes_served: int = 0
 
 
+# Chunk digests whose dataset membership is remembered; past this, those not held are forgotten.
+MAX_MEMBERSHIP = 1 << 20
+
 # Per-job counters kept, most recently active first out: finished jobs keep theirs (a plot of a
 # job that just ended must not lose its last points) but the map stays bounded.
 MAX_JOB_COUNTERS = 1024
@@ -98,6 +101,9 @@ class CacheCore:
         self.jobs: dict[str, _JobInfo] = {}
         self.dataset_bytes: dict[str, int] = {}
         self.allocations: list[Allocation] = []
+        # Union-find over dataset names that share bytes: one content group, one allocation.
+        self._parent: dict[str, str] = {}
+        self._members_of: dict[str, frozenset[str]] = {}  # allocation label -> dataset names
         for d, size in sorted(store.digests().items()):
             # Recovered chunks belong to no known dataset until a job names it: they go first.
             self.ledger.add(d, size, "")
@@ -107,9 +113,38 @@ class CacheCore:
             directory.add(self.ledger.entries)
 
     # -- reads
-    def lookup(self, digests: Sequence[str]) -> list[str]:
+    def lookup(self, digests: Sequence[str], dataset: str = "") -> list[str]:
         with self._lock:
+            self._learn(digests, dataset)
             return [d for d in digests if d in self.ledger]
+
+    # -- content: which dataset names hold which bytes
+    def _find(self, ds: str) -> str:
+        root = ds
+        while self._parent.get(root, root) != root:
+            root = self._parent[root]
+        while ds != root:  # path compression
+            self._parent[ds], ds = root, self._parent.get(ds, ds)
+        return root
+
+    def _learn(self, digests: Iterable[str], dataset: str) -> None:
+        """Record that ``dataset`` contains ``digests``; names sharing a digest join one
+        content group. Call with the lock held."""
+        if not dataset:
+            return
+        contains = self.consumption.contains
+        for d in digests:
+            names = contains.get(d)
+            if names is None:
+                if len(contains) >= MAX_MEMBERSHIP:
+                    for k in [k for k in contains if k not in self.ledger]:
+                        del contains[k]
+                contains[d] = {dataset}
+            elif dataset not in names:
+                a, b = self._find(next(iter(names))), self._find(dataset)
+                if a != b:
+                    self._parent[max(a, b)] = min(a, b)
+                names.add(dataset)
 
     def room(self, dataset: str) -> int:
         """Bytes of ``dataset`` the cache could admit now (free, evictable, within quota)."""
@@ -139,7 +174,10 @@ class CacheCore:
         dropped (so that it will be fetched again) and the sample reported missing."""
         for pos, (chunk, offset, length, sample_digest) in enumerate(reads):
             with self._lock:
-                held = chunk in self.ledger
+                e = self.ledger.entries.get(chunk)
+                # A range outside the chunk cannot be a sample of it: a miss, and no read
+                # (nor allocation) of the length asked for.
+                held = e is not None and offset >= 0 and 0 <= length and offset + length <= e.size
                 if held:
                     self.ledger.touch(chunk)
             data = None
@@ -217,6 +255,7 @@ class CacheCore:
                 self.counters.rejected += 1
             return PutResult(d, "digest_mismatch", f"bytes do not match digest {d[:12]}...")
         with self._lock:
+            self._learn((d,), dataset)
             quotas = self._quotas()
             adm = self.policy.admit(
                 self.ledger, self.capacity, d, len(data), dataset, self.consumption, quotas
@@ -253,7 +292,7 @@ class CacheCore:
 
     def _shrink_to_capacity(self) -> None:
         while self.ledger.used > self.capacity and self.ledger.entries:
-            victim = min(self.ledger.entries.values(), key=lambda e: e.last_access).key
+            victim = next(self.ledger.coldest())
             self.ledger.remove(victim)
             self.store.drop(victim)
 
@@ -279,11 +318,12 @@ class CacheCore:
                 self._reallocate()
                 return None
             consumed = list(consumed)
+            self._learn(consumed, dataset)
             self.consumption.report(job, dataset, epoch, consumed, now)
             for d in consumed:
                 e = self.ledger.entries.get(d)
                 if e is not None and not e.dataset:
-                    e.dataset = dataset
+                    self.ledger.relabel(d, dataset)
             info = self.jobs.get(job)
             if info is None or info.dataset != dataset:
                 info = self.jobs[job] = _JobInfo(dataset, user)
@@ -303,22 +343,44 @@ class CacheCore:
             for gone in self.consumption.expire(now):
                 self.jobs.pop(gone, None)
             self._reallocate()
-            return next((a for a in self.allocations if a.dataset == dataset), None)
+            return next((a for a in self.allocations if dataset in self._members_of.get(a.dataset, ())), None)
 
     def _reallocate(self) -> None:
+        """Allocate per content group (dataset names sharing bytes), labelled ``a+b``: the
+        same bytes are counted once, and every job reading them adds to their benefit."""
+        names = set(self.dataset_bytes) | {info.dataset for info in self.jobs.values()}
+        groups: dict[str, set[str]] = {}
+        for ds in names:
+            groups.setdefault(self._find(ds), set()).add(ds)
+        label_of: dict[str, str] = {}
+        members: dict[str, frozenset[str]] = {}
+        sizes: dict[str, int] = {}
+        for group in groups.values():
+            label = "+".join(sorted(group))
+            members[label] = frozenset(group)
+            # Names of one content may differ in a few files: the largest bounds the group.
+            sizes[label] = max(self.dataset_bytes.get(ds, 0) for ds in group)
+            for ds in group:
+                label_of[ds] = label
         demands = [
-            JobDemand(job, info.dataset, info.batch_bytes, estimate_benefit(info.timings))
+            JobDemand(job, label_of[info.dataset], info.batch_bytes, estimate_benefit(info.timings))
             for job, info in sorted(self.jobs.items())
         ]
-        self.allocations = allocate(self.capacity, self.dataset_bytes, demands, probe_bytes=self.probe_bytes)
+        self._members_of = members
+        self.allocations = allocate(self.capacity, sizes, demands, probe_bytes=self.probe_bytes)
 
     def _quotas(self) -> dict[str, int] | None:
         # Quotas apply only to datasets the manager knows; chunks of others are not limited
         # beyond capacity (they are evicted first anyway).
         if not self.allocations:
             return None
-        q = {a.dataset: a.bytes for a in self.allocations}
-        return _QuotaMap(q)
+        q = _QuotaMap()
+        for a in self.allocations:
+            group = self._members_of.get(a.dataset, frozenset((a.dataset,)))
+            for ds in group:
+                q[ds] = a.bytes
+                q.groups[ds] = group
+        return q
 
     def stats(self) -> dict:
         with self._lock:
@@ -336,19 +398,29 @@ class CacheCore:
                 "datasets": {k: {"bytes": v[0], "chunks": v[1]} for k, v in sorted(per.items())},
                 "jobs": sorted(self.jobs),
                 # the console's per-job hit-rate plot reads entries with job_id, hits and misses
-                "job_stats": [
-                    {"job_id": job, **c.__dict__} for job, c in sorted(self.job_counters.items())
-                ],
+                "job_stats": [{"job_id": job, **c.__dict__} for job, c in sorted(self.job_counters.items())],
                 **self.counters.__dict__,
             }
 
     def allocation_table(self) -> list[tuple[Allocation, int]]:
         with self._lock:
-            return [(a, self.ledger.used_by(a.dataset)) for a in self.allocations]
+            return [
+                (a, sum(self.ledger.used_by(ds) for ds in self._members_of.get(a.dataset, (a.dataset,))))
+                for a in self.allocations
+            ]
 
 
 class _QuotaMap(dict):
-    """Quota per dataset; a dataset the manager has not seen is bounded by capacity only."""
+    """Quota per dataset; a dataset the manager has not seen is bounded by capacity only.
+    ``group(name)``: the dataset names sharing ``name``'s bytes, whose use counts against one
+    quota."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: dict[str, frozenset[str]] = {}
+
+    def group(self, dataset: str) -> frozenset[str]:
+        return self.groups.get(dataset, frozenset((dataset,)))
 
     def get(self, key, default=None):  # type: ignore[no-untyped-def, override]
         return super().get(key, 1 << 62)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 
@@ -31,12 +32,19 @@ class Entry:
 
 
 class Ledger:
-    """What a cache holds, with a logical clock for insertion and access order."""
+    """What a cache holds, with a logical clock for insertion and access order.
+
+    Recency is kept as an ordered map (coldest first) and bytes per dataset as counters, so
+    that touching, adding, removing and finding the coldest entries are O(1) each: a policy
+    never has to sort or scan the whole ledger to decide an insert.
+    """
 
     def __init__(self) -> None:
         self.entries: dict[str, Entry] = {}
         self.used = 0
         self._tick = 0
+        self._recency: OrderedDict[str, None] = OrderedDict()
+        self._by_dataset: dict[str, int] = {}
 
     def _next(self) -> int:
         self._tick += 1
@@ -48,21 +56,45 @@ class Ledger:
             return
         t = self._next()
         self.entries[key] = Entry(key, size, dataset, t, t)
+        self._recency[key] = None
         self.used += size
+        self._by_dataset[dataset] = self._by_dataset.get(dataset, 0) + size
 
     def touch(self, key: str) -> None:
         e = self.entries.get(key)
         if e is not None:
             e.last_access = self._next()
+            self._recency.move_to_end(key)
 
     def remove(self, key: str) -> Entry | None:
         e = self.entries.pop(key, None)
         if e is not None:
             self.used -= e.size
+            del self._recency[key]
+            left = self._by_dataset[e.dataset] - e.size
+            if left:
+                self._by_dataset[e.dataset] = left
+            else:
+                del self._by_dataset[e.dataset]
         return e
 
+    def relabel(self, key: str, dataset: str) -> None:
+        """Attribute entry ``key`` to ``dataset`` (a recovered chunk a job has named)."""
+        e = self.entries.get(key)
+        if e is None or e.dataset == dataset:
+            return
+        self._by_dataset[e.dataset] -= e.size
+        if not self._by_dataset[e.dataset]:
+            del self._by_dataset[e.dataset]
+        e.dataset = dataset
+        self._by_dataset[dataset] = self._by_dataset.get(dataset, 0) + e.size
+
+    def coldest(self) -> Iterator[str]:
+        """Keys from least to most recently used (lazily: take only what you need)."""
+        return iter(self._recency)
+
     def used_by(self, dataset: str) -> int:
-        return sum(e.size for e in self.entries.values() if e.dataset == dataset)
+        return self._by_dataset.get(dataset, 0)
 
     def __contains__(self, key: object) -> bool:
         return key in self.entries
@@ -89,6 +121,10 @@ class ConsumptionTracker:
     def __init__(self, ttl_s: float = 60.0) -> None:
         self.ttl_s = ttl_s
         self.jobs: dict[str, _JobProgress] = {}
+        # Chunk digest -> the dataset names known to contain it (learned from lookups, inserts
+        # and consumption reports): a chunk is pinned by every job on any of them, whichever
+        # name inserted it (content, not names).
+        self.contains: dict[str, set[str]] = {}
 
     def report(self, job: str, dataset: str, epoch: int, consumed: Iterable[str], now: float) -> None:
         p = self.jobs.get(job)
@@ -111,9 +147,14 @@ class ConsumptionTracker:
         return sorted(j for j, p in self.jobs.items() if p.dataset == dataset)
 
     def fully_consumed(self, dataset: str, key: str) -> bool:
-        """True when every job on ``dataset`` has consumed ``key`` this epoch (vacuously true
-        when no job uses the dataset)."""
-        return all(key in p.consumed for p in self.jobs.values() if p.dataset == dataset)
+        """True when every job on ``dataset``, or on any other dataset known to hold the same
+        bytes, has consumed ``key`` this epoch (vacuously true when no job uses them)."""
+        names = self.contains.get(key)
+        return all(
+            key in p.consumed
+            for p in self.jobs.values()
+            if p.dataset == dataset or (names is not None and p.dataset in names)
+        )
 
 
 class Outcome(enum.Enum):
@@ -171,6 +212,13 @@ def _evictable(ledger: Ledger, consumption: ConsumptionTracker) -> list[Entry]:
     return [e for e in ledger.entries.values() if consumption.fully_consumed(e.dataset, e.key)]
 
 
+def _group(quotas: Mapping[str, int] | None, dataset: str) -> frozenset[str]:
+    """The dataset names sharing ``dataset``'s bytes (and so its quota), when the quota map
+    knows them (``group(name)``); else just ``dataset``."""
+    group = getattr(quotas, "group", None)
+    return group(dataset) if group is not None else frozenset((dataset,))
+
+
 def _precheck(ledger: Ledger, capacity: int, key: str, size: int) -> Admission | None:
     if key in ledger:
         return Admission(Outcome.PRESENT)
@@ -190,11 +238,12 @@ class LRUPolicy(EvictionPolicy):
             return pre
         need = ledger.used + size - capacity
         victims: list[str] = []
-        for e in sorted(ledger.entries.values(), key=lambda e: e.last_access):
-            if need <= 0:
-                break
-            victims.append(e.key)
-            need -= e.size
+        if need > 0:
+            for k in ledger.coldest():  # O(victims), not a sort of the ledger
+                victims.append(k)
+                need -= ledger.entries[k].size
+                if need <= 0:
+                    break
         return Admission(Outcome.ADMIT, tuple(victims))
 
 
@@ -208,7 +257,8 @@ class CoordinatedPolicy(EvictionPolicy):
         if pre:
             return pre
         quota = None if quotas is None else quotas.get(dataset, 0)
-        own_used = ledger.used_by(dataset)
+        group = _group(quotas, dataset)
+        own_used = sum(ledger.used_by(d) for d in group)
         # Chunks that may leave: no job needs them again this epoch. Those of datasets nobody
         # uses go first, then the longest-consumed (earliest inserted) ones.
         evictable = _evictable(ledger, consumption)
@@ -221,7 +271,7 @@ class CoordinatedPolicy(EvictionPolicy):
             for e in evictable:
                 if own_used - own_freed + size <= quota:
                     break
-                if e.dataset == dataset:
+                if e.dataset in group:
                     victims.append(e.key)
                     own_freed += e.size
                     freed += e.size
@@ -248,8 +298,10 @@ class CoordinatedPolicy(EvictionPolicy):
         evictable = _evictable(ledger, consumption)
         room = capacity - ledger.used + sum(e.size for e in evictable)
         if quotas is not None:
-            own_evictable = sum(e.size for e in evictable if e.dataset == dataset)
-            room = min(room, quotas.get(dataset, 0) - ledger.used_by(dataset) + own_evictable)
+            group = _group(quotas, dataset)
+            own_evictable = sum(e.size for e in evictable if e.dataset in group)
+            own_used = sum(ledger.used_by(d) for d in group)
+            room = min(room, quotas.get(dataset, 0) - own_used + own_evictable)
         return max(0, room)
 
 

@@ -14,6 +14,7 @@ from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
 from microco.common.errors import InvalidArgument, MicrocoError
 from microco.common.hotstate import key
 
+from . import _limits as lim
 from ._core import CacheCore
 
 log = logging.getLogger(__name__)
@@ -33,16 +34,22 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
     def Lookup(
         self, request: cache_pb2.LookupRequest, context: grpc.ServicerContext
     ) -> cache_pb2.LookupResponse:
+        digests = lim.digests(list(request.digests), "digests")
+        dataset = lim.name(request.dataset, "dataset")
+        lim.name(request.job_id, "job_id")
         return cache_pb2.LookupResponse(
-            present=self.core.lookup(list(request.digests)), room_bytes=self.core.room(request.dataset)
+            present=self.core.lookup(digests, dataset), room_bytes=self.core.room(dataset)
         )
 
     def ReadSamples(
         self, request: cache_pb2.ReadSamplesRequest, context: grpc.ServicerContext
     ) -> Iterator[cache_pb2.SampleBatch]:
+        lim.count(request.samples, "samples", lim.MAX_READS)
+        lim.name(request.job_id, "job_id")
+        lim.name(request.dataset, "dataset")
         reads = [(s.chunk, s.offset, s.length, s.digest) for s in request.samples]
-        if any(r[2] < 0 or r[1] < 0 for r in reads):
-            raise InvalidArgument("offset and length must be non-negative")
+        for i, r in enumerate(reads):
+            lim.sample_read(i, *r)
         batch: list[cache_pb2.SampleData] = []
         size = 0
         for pos, data in self.core.read_samples(reads, job=request.job_id):
@@ -60,7 +67,9 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
     def ReadChunks(
         self, request: cache_pb2.ReadChunksRequest, context: grpc.ServicerContext
     ) -> Iterator[cache_pb2.ChunkData]:
-        for d, data in self.core.read_chunks(list(request.digests), job=request.job_id):
+        digests = lim.digests(list(request.digests), "digests")
+        job = lim.name(request.job_id, "job_id")
+        for d, data in self.core.read_chunks(digests, job=job):
             if data is None:
                 yield cache_pb2.ChunkData(digest=d, missing=True, last=True)
                 continue
@@ -73,10 +82,9 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
     def OpenChunks(
         self, request: cache_pb2.OpenChunksRequest, context: grpc.ServicerContext
     ) -> cache_pb2.OpenChunksResponse:
-        grants = [
-            cache_pb2.ChunkGrant(digest=d, path=p, size=n)
-            for d, p, n in self.core.open_chunks(list(request.digests))
-        ]
+        digests = lim.digests(list(request.digests), "digests")
+        lim.name(request.job_id, "job_id")
+        grants = [cache_pb2.ChunkGrant(digest=d, path=p, size=n) for d, p, n in self.core.open_chunks(digests)]
         return cache_pb2.OpenChunksResponse(grants=grants, node=self.core.node)
 
     def PutChunks(
@@ -84,14 +92,21 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
     ) -> cache_pb2.PutChunksResponse:
         resp = cache_pb2.PutChunksResponse()
         parts: list[bytes] = []
+        size = 0
         current = ""
         for msg in request_iterator:
             if current and msg.digest != current:
                 raise InvalidArgument("a chunk's parts must be contiguous and end with last=true")
-            current = msg.digest
+            current = lim.digest_field(msg.digest, "digest")
+            lim.name(msg.dataset, "dataset")
             parts.append(msg.data)
+            size += len(msg.data)
+            if size > self.core.capacity:
+                # Refused as it streams in: a chunk that can never be admitted is not buffered.
+                raise InvalidArgument(f"chunk larger than this cache's capacity ({self.core.capacity} B)")
             if not msg.last:
                 continue
+            size = 0
             result = self.core.put(msg.digest, b"".join(parts), msg.dataset)
             parts, current = [], ""
             if result.outcome == "stored":
@@ -109,16 +124,24 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
     def ReportCorrupt(
         self, request: cache_pb2.ReportCorruptRequest, context: grpc.ServicerContext
     ) -> cache_pb2.ReportCorruptResponse:
-        return cache_pb2.ReportCorruptResponse(dropped=self.core.drop_corrupt(request.digest))
+        d = lim.digest_field(request.digest, "digest")
+        return cache_pb2.ReportCorruptResponse(dropped=self.core.drop_corrupt(d))
 
     def ReportProgress(
         self, request: cache_pb2.ReportProgressRequest, context: grpc.ServicerContext
     ) -> cache_pb2.ReportProgressResponse:
+        lim.name(request.job_id, "job_id", required=True)
+        lim.name(request.dataset, "dataset", required=True)
+        lim.name(request.user, "user")
+        consumed = lim.digests(list(request.consumed), "consumed")
+        lim.count(request.timings, "timings", lim.MAX_TIMINGS)
+        if request.dataset_bytes < 0 or request.epoch < -1:
+            raise InvalidArgument("dataset_bytes and epoch must not be negative")
         alloc = self.core.report_progress(
             request.job_id,
             request.dataset,
             request.epoch,
-            list(request.consumed),
+            consumed,
             [(t.hit_fraction, t.seconds, t.bytes, t.samples) for t in request.timings],
             user=request.user,
             dataset_bytes=request.dataset_bytes,

@@ -130,3 +130,43 @@ def _make_dataset(root: Path, n: int = 120, size: int = 2000, seed: int = 0) -> 
         (root / name).write_bytes(data)
         files[name] = data
     return files
+
+
+@pytest.fixture
+def inproc_cache(tmp_path: Path) -> Iterator[Callable[..., tuple[str, object]]]:
+    """Factory: ``inproc_cache(capacity, policy)`` -> (address, core): a real gRPC cache server
+    in this process (no etcd, no Redis), for loader tests that need a cache but no stack."""
+    from concurrent import futures
+
+    from microco.api.cache.v1 import cache_pb2_grpc
+    from microco.services.cache import CacheCore, CacheServicer, ChunkStore
+
+    servers = []
+
+    def start(capacity: int = 1 << 20, policy: str = "coordinated", node: str = "") -> tuple[str, object]:
+        core = CacheCore(ChunkStore(str(tmp_path / f"inproc-{len(servers)}")), capacity, policy, node=node)
+        from microco.services.runtime.server import ErrorAndMetricsInterceptor
+
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=8),
+            interceptors=[ErrorAndMetricsInterceptor("cache")],
+            options=[
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 64 << 20),
+            ],
+        )
+        cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(core), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        return f"127.0.0.1:{port}", core
+
+    yield start
+    for s in servers:
+        s.stop(0)
+
+
+@pytest.fixture(autouse=True)
+def _cache_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dataset indexes of each test go to its own MICROCO_HOME (inherited by subprocesses)."""
+    monkeypatch.setenv("MICROCO_HOME", str(tmp_path_factory.mktemp("microco-home")))

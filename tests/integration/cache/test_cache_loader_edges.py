@@ -1,0 +1,72 @@
+"""Loader edges against an in-process cache server: map-style access, honest hit counts,
+an explicit "no cache"."""
+
+from __future__ import annotations
+
+from microco.clients.cache import QuiverLoader, open_loader, register_dataset
+from microco.services.cache import LocalStore, build_index
+from microco.common.kv import MemoryKV
+
+
+def _loader(root, address, **kw):
+    store = LocalStore(str(root))
+    idx = build_index(store.list_files(), store.read, 8000)
+    return idx, QuiverLoader(
+        idx, store, batch_size=8, dataset="d", job_id="j", server=address, prefetch=False, **kw
+    )
+
+
+def test_map_style_access_before_any_epoch(make_dataset, tmp_path, inproc_cache):
+    from microco.clients.cache import QuiverDataset
+
+    files = make_dataset(tmp_path / "d", n=40, size=2000)
+    address, _core = inproc_cache(1 << 20)
+    idx, loader = _loader(tmp_path / "d", address)
+    try:
+        ds = QuiverDataset(loader)
+        assert len(ds) == 40
+        for i in (0, 17, 39):
+            assert ds[i] == files[idx.samples[i].path]
+        assert ds.__getitems__([3, 4]) == [files[idx.samples[i].path] for i in (3, 4)]
+    finally:
+        loader.close()
+
+
+def test_hit_rate_counts_only_samples_served_from_the_cache(make_dataset, tmp_path, inproc_cache):
+    make_dataset(tmp_path / "d", n=80, size=2000)
+    # Room for everything, but the first epoch starts cold and without a prefetcher: every
+    # sample of it comes from the backing store (whole chunks fetched on a miss included).
+    address, _core = inproc_cache(1 << 20)
+    idx, loader = _loader(tmp_path / "d", address)
+    try:
+        n = sum(len(b) for _, b in loader.epoch(0))
+        assert n == 80
+        s = loader.stats
+        assert s.hits + s.misses == 80
+        assert s.backing_bytes == idx.total_bytes  # every byte read once, from the backing store
+        assert s.hits == 0 and s.hit_rate == 0.0, (s.hits, s.staged_served)
+        sum(len(b) for _, b in loader.epoch(1))
+        assert loader.stats.hits > 0  # the second epoch finds what the first one inserted
+    finally:
+        loader.close()
+
+
+def test_open_loader_server_false_means_no_cache(make_dataset, tmp_path, monkeypatch):
+    make_dataset(tmp_path / "d", n=10, size=500)
+    kv = MemoryKV()
+    register_dataset(kv, "ten", str(tmp_path / "d"), chunk_bytes=2000)
+    import microco.clients.cache as cc
+
+    asked = []
+    monkeypatch.setattr(cc, "find_server", lambda *a, **k: asked.append(1) or "127.0.0.1:1")
+    loader = open_loader(kv, "ten", server=False, batch_size=4, job_id="j")
+    try:
+        assert loader.client is None and not asked
+        assert sum(len(i) for i, _ in loader.epoch(0)) == 10
+    finally:
+        loader.close()
+    loader = open_loader(kv, "ten", batch_size=4, job_id="j")  # the default still discovers
+    try:
+        assert asked and loader.client is not None
+    finally:
+        loader.close()
