@@ -657,14 +657,16 @@ class Simulator:
         freed_by_suspend = False
         holder_ids = _HolderIds(self.holders)
         for d in decisions:
-            j = self.jobs.get(d.job_id)
-            active = j is not None and j.finished is None and j.id in self.active
-            facts = JobFacts(j.phase, tuple(j.devices), j.k, j.t.elastic) if active else None
+            found = self.jobs.get(d.job_id)
+            active = found is not None and found.finished is None and found.id in self.active
+            facts = JobFacts(found.phase, tuple(found.devices), found.k, found.t.elastic) if found and active else None
             rejection = check(d, facts, holder_ids, self.holders.__contains__)
-            if rejection is not None:
+            if rejection is not None or found is None:
                 self.counts["refused"] += 1
-                self.refusals[rejection.code.value] = self.refusals.get(rejection.code.value, 0) + 1
+                if rejection is not None:
+                    self.refusals[rejection.code.value] = self.refusals.get(rejection.code.value, 0) + 1
                 continue
+            j = found
             if isinstance(d, (Start, Resume, Pack)):
                 devs = tuple(d.devices)
                 self._sync(j)
