@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from microco.api.agent.v1 import agent_pb2
+
 _T0 = time.perf_counter()
 
 
@@ -99,7 +101,6 @@ class _Agent:
         return self._stub
 
     def proc_status(self, job_id: str, attempt: int) -> Any:
-        from microco.api.agent.v1 import agent_pb2
 
         for p in self.stub.ListProcesses(agent_pb2.ListProcessesRequest(), timeout=5).processes:
             if p.job_id == job_id and p.attempt == attempt:
@@ -107,22 +108,18 @@ class _Agent:
         return None
 
     def start(self, job_id: str, cmd: list[str], device: str, attempt: int) -> Any:
-        from microco.api.agent.v1 import agent_pb2
 
         return self.stub.StartProcess(
             agent_pb2.StartProcessRequest(job_id=job_id, command=cmd, device_ids=[device], attempt=attempt),
             timeout=30,
         )
 
-    def control(self, job_id: str, control: int) -> Any:
-        from microco.api.agent.v1 import agent_pb2
-
+    def control(self, job_id: str, control: agent_pb2.Control) -> Any:
         return self.stub.ControlProcess(
             agent_pb2.ControlProcessRequest(job_id=job_id, control=control), timeout=10
         )
 
     def kill(self, job_id: str) -> None:
-        from microco.api.agent.v1 import agent_pb2
 
         self.stub.StopProcess(agent_pb2.StopProcessRequest(job_id=job_id, grace_seconds=1), timeout=10)
 

