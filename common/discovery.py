@@ -47,7 +47,8 @@ def stack_home(home: str | os.PathLike[str] | None = None) -> Path:
     return Path(os.environ.get(ENV_HOME) or Path.home() / ".microco")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie counts as gone)."""
     if pid <= 0:
         return False
     try:
@@ -73,7 +74,7 @@ def _from_state(home: Path, key: str) -> tuple[str, str]:
     except (OSError, ValueError) as exc:
         return "", f"{path} (unreadable: {exc})"
     procs = state.get("processes") or []
-    if procs and not any(_pid_alive(int(p.get("pid") or 0)) for p in procs):
+    if procs and not any(pid_alive(int(p.get("pid") or 0)) for p in procs):
         return "", f"{path} (stale: none of its processes is running)"
     value = str(state.get(key) or "")
     return (value, "") if value else ("", f"{path} (names no {key})")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import grpc
 
-
 #: The longest message an error carries. Messages often quote a request's values (an id, a
 #: name); a request of megabytes must not come back as megabytes of error, nor overflow gRPC's
 #: metadata limit (8 KiB by default), which turns the answer into an opaque INTERNAL.

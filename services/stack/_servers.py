@@ -10,8 +10,8 @@ import shutil
 import socket
 import subprocess
 import time
-from typing import TypeVar
 from pathlib import Path
+from typing import TypeVar
 
 from microco.common.errors import FailedPrecondition, Unavailable
 

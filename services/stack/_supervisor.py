@@ -19,9 +19,10 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 
+from microco.common.discovery import STATE_FILE, pid_alive, stack_home
 from microco.common.errors import FailedPrecondition, MicrocoError, Unavailable
 from microco.common.health import check_health
 from microco.common.kv import EtcdKV
@@ -32,11 +33,8 @@ from ._servers import EtcdServer, RedisServer, free_port
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "stack.json"
-
-
 def default_home() -> Path:
-    return Path(os.environ.get("MICROCO_HOME") or Path.home() / ".microco")
+    return stack_home()
 
 
 @dataclass(frozen=True)
@@ -266,25 +264,8 @@ def read_state(home: Path) -> dict | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours still "exists"; treat it as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def _any_alive(state: dict) -> bool:
-    return any(_pid_alive(p.get("pid", 0)) for p in state.get("processes", []))
+    return any(pid_alive(p.get("pid", 0)) for p in state.get("processes", []))
 
 
 def stop_from_state(home: Path, grace: float = 10.0, progress: Callable[[str], None] | None = None) -> int:
@@ -296,16 +277,16 @@ def stop_from_state(home: Path, grace: float = 10.0, progress: Callable[[str], N
     state = read_state(home)
     if state is None:
         raise FailedPrecondition(f"no running stack recorded in {Path(home) / STATE_FILE}")
-    running = [p for p in state.get("processes", []) if _pid_alive(p.get("pid", 0))]
+    running = [p for p in state.get("processes", []) if pid_alive(p.get("pid", 0))]
     supervisor = state.get("supervisor_pid", 0)
-    if supervisor != os.getpid() and _pid_alive(supervisor):
+    if supervisor != os.getpid() and pid_alive(supervisor):
         # A foreground `microco up` is running: let it shut everything down in order.
         say(f"asking `microco up` (pid {supervisor}) to stop its {len(running)} processes")
         os.kill(supervisor, signal.SIGTERM)
         deadline = time.monotonic() + grace + 15
-        while _pid_alive(supervisor) and time.monotonic() < deadline:
+        while pid_alive(supervisor) and time.monotonic() < deadline:
             time.sleep(0.1)
-    procs = [p for p in running if _pid_alive(p["pid"])]
+    procs = [p for p in running if pid_alive(p["pid"])]
     services = [p for p in procs if p["name"] not in ("etcd", "redis")]
     infra = [p for p in procs if p["name"] in ("etcd", "redis")]
     for group in (list(reversed(services)), infra):
@@ -314,17 +295,17 @@ def stop_from_state(home: Path, grace: float = 10.0, progress: Callable[[str], N
             os.kill(p["pid"], signal.SIGTERM)
         deadline = time.monotonic() + grace
         for p in group:
-            while _pid_alive(p["pid"]) and time.monotonic() < deadline:
+            while pid_alive(p["pid"]) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if _pid_alive(p["pid"]):
+            if pid_alive(p["pid"]):
                 os.kill(p["pid"], signal.SIGKILL)
                 gone_by = time.monotonic() + 5
-                while _pid_alive(p["pid"]) and time.monotonic() < gone_by:
+                while pid_alive(p["pid"]) and time.monotonic() < gone_by:
                     time.sleep(0.05)
     path = Path(home) / STATE_FILE
     if path.exists():
         path.unlink()
-    return sum(1 for p in running if not _pid_alive(p["pid"]))
+    return sum(1 for p in running if not pid_alive(p["pid"]))
 
 
 __all__ = [

@@ -88,13 +88,6 @@ def test_an_unreadable_state_file_is_named(tmp_path: Path) -> None:
         find_etcd(home=home)
 
 
-def test_the_stack_writes_the_file_discovery_reads() -> None:
-    from microco.common import discovery as _discovery
-    from microco.services.stack._supervisor import STATE_FILE
-
-    assert _discovery.STATE_FILE == STATE_FILE
-
-
 def test_typed_clients_discover_when_given_no_etcd(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # every typed client's from_etcd() and the cache loader go through the same rule: with no
     # platform anywhere each says so, naming what it tried, before dialling anything
