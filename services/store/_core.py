@@ -27,6 +27,7 @@ from microco.services.common.kv import KV
 from . import _exec
 from ._catalog import ROOT, Catalog, SuperExtent, TableInfo
 from ._layout import ExtentMeta, assign_partitions, bucketed_extents, new_extent_id
+from ._limits import short
 from ._nodestore import CorruptExtent, NodeStore
 from ._partition import PartitionSpec
 from ._placement import NodeInfo, place_super_extent
@@ -530,4 +531,4 @@ def node_action(store: NodeStore, name: str, body: dict[str, Any]) -> dict[str, 
         return store.stats()
     if name == "collect_garbage":
         return store.collect_garbage(body.get("keep", {}), float(body.get("min_age_s", 1800.0)))
-    raise FailedPrecondition(f"unknown store node action {name!r}")
+    raise FailedPrecondition(f"unknown store node action {short(name)}")

@@ -31,6 +31,7 @@ from microco.services.common.errors import (
 from microco.services.common.kv import KV
 from microco.services.common.registry import discover
 
+from ._limits import load_json, short
 from ._nodestore import CorruptExtent, NodeStore
 from ._placement import NodeInfo
 
@@ -94,6 +95,14 @@ class _Clients:
 
 
 _OPTS = flight.FlightCallOptions(timeout=120)
+MAX_TICKET_BYTES = 64 << 20  # a task ticket lists its sources: large for big tables, never unbounded
+
+
+def _request(raw: bytes | str, what: str) -> dict[str, Any]:
+    d = load_json(raw, what, max_bytes=MAX_TICKET_BYTES, max_depth=16)
+    if not isinstance(d, dict):
+        raise InvalidArgument(f"{what} must be a JSON object")
+    return d
 
 
 def flight_get(clients: _Clients, address: str, ticket: dict[str, Any]) -> pa.Table:
@@ -118,7 +127,7 @@ class StoreFlightServer(flight.FlightServerBase):
     def do_put(self, context, descriptor, reader, writer):  # noqa: ANN001
         try:
             t0 = time.perf_counter()
-            req = json.loads(descriptor.command)
+            req = _request(descriptor.command, "extent descriptor")
             rows = reader.read_all()
             t1 = time.perf_counter()
             res = self.store.put_extent(req["table"], req["extent"], rows, req["buckets"])
@@ -131,7 +140,7 @@ class StoreFlightServer(flight.FlightServerBase):
 
     def do_get(self, context, ticket):  # noqa: ANN001
         try:
-            req = json.loads(ticket.ticket)
+            req = _request(ticket.ticket, "ticket")
             op = req.get("op")
             if op == "read":
                 t = self.store.read(req["table"], req["extent"], req.get("bucket"), req.get("columns"), req.get("checksum"))
@@ -140,7 +149,7 @@ class StoreFlightServer(flight.FlightServerBase):
             elif op in ("fragment", "map", "reduce"):
                 t = self.store.run(req)
             else:
-                raise InvalidArgument(f"unknown ticket op {op!r}")
+                raise InvalidArgument(f"unknown ticket op {short(op)}")
             return flight.RecordBatchStream(t)
         except Exception as exc:  # noqa: BLE001
             if not isinstance(exc, (CorruptExtent, NotFound, InvalidArgument)):
@@ -151,7 +160,7 @@ class StoreFlightServer(flight.FlightServerBase):
         from ._core import node_action
 
         try:
-            body = json.loads(action.body.to_pybytes() or b"{}")
+            body = _request(action.body.to_pybytes() or b"{}", "action body")
             res = node_action(self.store, action.type, body)
             yield flight.Result(pa.py_buffer(json.dumps(res).encode()))
         except Exception as exc:  # noqa: BLE001

@@ -21,7 +21,8 @@ import pyarrow as pa
 from microco.services.common.errors import InvalidArgument, MicrocoError, NotFound
 
 from . import _exec
-from ._layout import bucketed_extents, extent_path, file_checksum, read_extent, write_extent
+from ._layout import bucketed_extents, file_checksum, read_extent, write_extent
+from ._limits import safe_path
 from ._partition import PartitionSpec
 
 log = logging.getLogger(__name__)
@@ -50,9 +51,9 @@ class NodeStore:
 
     # ------------------------------------------------------------------ extents
     def path(self, table: str, extent_id: str) -> Path:
-        if "/" in table or "/" in extent_id or ".." in table or ".." in extent_id:
-            raise InvalidArgument("bad table or extent name")
-        return extent_path(self.data_dir, table, extent_id)
+        if not isinstance(extent_id, str):
+            raise InvalidArgument("an extent id must be a string")
+        return safe_path(self.data_dir, "tables", table, extent_id + ".arrow")
 
     def put_extent(self, table: str, extent_id: str, rows: pa.Table, buckets: list[list[int]]) -> dict[str, Any]:
         p = self.path(table, extent_id)
@@ -153,7 +154,8 @@ class NodeStore:
         return {"deleted": deleted, "bytes": freed}
 
     def drop_table(self, table: str) -> None:
-        shutil.rmtree(self.data_dir / "tables" / table, ignore_errors=True)
+        # the table's directory only: a name from the request never reaches rmtree unchecked
+        shutil.rmtree(safe_path(self.data_dir, "tables", table), ignore_errors=True)
 
     def stats(self) -> dict[str, Any]:
         n = size = 0
