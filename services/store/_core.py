@@ -249,13 +249,39 @@ class StoreCore:
         return self.plan(q).explain_text()
 
     def query(self, q: Query) -> tuple[pa.Table, Plan]:
+        def attempt(exclude: set[str]) -> tuple[pa.Table, Plan]:
+            plan = self.plan(q, exclude, qid=uuid.uuid4().hex[:12])
+            return self._execute(plan), plan
+
+        return self._with_retries(attempt)
+
+    def sql(self, text: str) -> tuple[pa.Table, Any]:
+        """Run a SQL query (see ``_sql``): returns the result and its plan (kind, explain, replicas)."""
+        from . import _sql
+
+        def attempt(exclude: set[str]) -> tuple[pa.Table, Any]:
+            plan = _sql.build(self, text, exclude)
+            nodes = {n.name: n for n in self.transport.live_nodes()}
+            return _sql.finish_sql(plan, self._run_stage(plan.tasks, nodes)), plan
+
+        return self._with_retries(attempt)
+
+    def explain_sql(self, text: str) -> Any:
+        from . import _sql
+
+        return _sql.build(self, text)
+
+    def _with_retries(self, attempt: Any) -> Any:
+        """Run ``attempt(excluded nodes)``; a node failure is handled (corrupt or missing extent
+        marked for rebuild and read degraded, unreachable node excluded) and the query re-planned."""
         exclude: set[str] = set()
         last: Exception | None = None
         for _attempt in range(4):
-            plan = self.plan(q, exclude, qid=uuid.uuid4().hex[:12])
             try:
-                return self._execute(plan), plan
+                return attempt(exclude)
             except NodeFailure as exc:
+                if isinstance(exc.cause, InvalidArgument):
+                    raise exc.cause from None  # the query's own error (e.g. SQL), not the node's
                 last = exc
                 if isinstance(exc.cause, CorruptExtent) or "corrupt extent" in str(exc.cause):
                     self._mark_corrupt(str(exc.cause), "corrupt extent ")

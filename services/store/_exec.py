@@ -238,6 +238,10 @@ def post_ops(table: pa.Table, post: dict[str, Any] | None) -> pa.Table:
 def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
     """Run one plan task; returns its output rows (for ``map``: rows per bucket)."""
     op = task["op"]
+    if op == "sql":
+        from ._sql import run_fragment
+
+        return run_fragment({name: scan_side(env, side) for name, side in task["inputs"].items()}, task["sql"])
     if op == "fragment":
         t = scan_side(env, task["left"])
         if task.get("right") is not None:

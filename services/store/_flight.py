@@ -146,7 +146,7 @@ class StoreFlightServer(flight.FlightServerBase):
                 t = self.store.read(req["table"], req["extent"], req.get("bucket"), req.get("columns"), req.get("checksum"))
             elif op == "shuffle_take":
                 t = self.store.shuffle_take(req["qid"], req["tag"], req["bucket"])
-            elif op in ("fragment", "map", "reduce"):
+            elif op in ("fragment", "map", "reduce", "sql"):
                 t = self.store.run(req)
             else:
                 raise InvalidArgument(f"unknown ticket op {short(op)}")
