@@ -23,6 +23,7 @@ from microco.services.common.server import ServiceContext, run_service
 
 from ._core import StoreCore
 from ._flight import NODE_SERVICE, FlightTransport, StoreFlightServer
+from ._limits import check_keys, load_json
 from ._nodestore import NodeStore
 from ._partition import HASH, RANGE, PartitionSpec
 from ._query import Query
@@ -67,6 +68,18 @@ def ipc_bytes(table: pa.Table) -> bytes:
 def chunks(raw: bytes) -> Iterator[bytes]:
     for off in range(0, max(len(raw), 1), CHUNK):
         yield raw[off : off + CHUNK]
+
+
+def parse_request(query_json: str) -> tuple[str | None, Query | None]:
+    """``(sql, None)`` for a ``{"sql": "..."}`` request (SQL rides the Query RPC's JSON, so the
+    wire protocol is unchanged), else ``(None, the JSON query)``."""
+    d = load_json(query_json, "query")
+    if isinstance(d, dict) and "sql" in d:
+        check_keys(d, {"sql"}, "SQL query")
+        if not isinstance(d["sql"], str):
+            raise InvalidArgument("'sql' must be a string")
+        return d["sql"], None
+    return None, Query.from_json(d)
 
 
 class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
@@ -147,8 +160,8 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
         return pb.AppendResponse(rows=res.rows, bytes=res.bytes, super_extents=res.super_extents)
 
     def Query(self, request, context):  # noqa: N802, ANN001
-        q = Query.from_json(request.query_json)
-        table, plan = self.core.query(q)
+        sql, q = parse_request(request.query_json)
+        table, plan = self.core.sql(sql) if sql is not None else self.core.query(q)
         QUERIES.labels(plan.kind).inc()
         pieces = list(chunks(ipc_bytes(table)))
         for k, chunk in enumerate(pieces):
@@ -160,7 +173,8 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
             yield msg
 
     def Explain(self, request, context):  # noqa: N802, ANN001
-        plan = self.core.plan(Query.from_json(request.query_json))
+        sql, q = parse_request(request.query_json)
+        plan = self.core.explain_sql(sql) if sql is not None else self.core.plan(q)
         return pb.ExplainResponse(text=plan.explain_text(), plan_kind=plan.kind, replicas_json=json.dumps(plan.replicas))
 
     def PlanRead(self, request, context):  # noqa: N802, ANN001
