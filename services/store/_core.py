@@ -460,21 +460,31 @@ class StoreCore:
             out["bytes"] += res.get("bytes", 0)
         return out
 
-    def scrub(self) -> list[str]:
-        """Verify every extent's checksum on its node; corrupt ones are marked for rebuild."""
+    def scrub(self, rate_bytes: float = 0.0) -> list[str]:
+        """Re-hash every extent on its node (ignoring any cached verification: bit rot keeps the
+        mtime and size) and mark corrupt ones for rebuild; ``rate_bytes`` > 0 throttles the reads
+        to that many bytes/s on average, so a scheduled scrub leaves the disks to queries."""
         live = {n.name: n for n in self.live_nodes()}
         bad = []
+        done = 0
+        t0 = time.perf_counter()
         for t in self.tables():
             for s in t.super_extents:
                 for e in s.extents:
                     if e.node not in live or e.state != "ok":
                         continue
                     res = self.transport.action(
-                        live[e.node], "verify", {"table": t.name, "extent": e.id, "checksum": e.checksum}
+                        live[e.node], "verify", {"table": t.name, "extent": e.id, "checksum": e.checksum, "force": True}
                     )
                     if not res.get("ok"):
                         self.catalog.mark_extent(t.name, s.id, e.id, "corrupt")
                         bad.append(f"{t.name}/{e.id}")
+                        log.warning("scrub: extent %s/%s on %s is corrupt: %s", t.name, e.id, e.node, res.get("error"))
+                    done += e.bytes
+                    if rate_bytes > 0:
+                        ahead = done / rate_bytes - (time.perf_counter() - t0)
+                        if ahead > 0:
+                            time.sleep(ahead)
         return bad
 
 
@@ -549,7 +559,7 @@ def node_action(store: NodeStore, name: str, body: dict[str, Any]) -> dict[str, 
         return {"dropped": store.shuffle_drop(body["qid"])}
     if name == "verify":
         try:
-            store.verify(body["table"], body["extent"], body["checksum"])
+            store.verify(body["table"], body["extent"], body["checksum"], force=bool(body.get("force", True)))
             return {"ok": True}
         except (CorruptExtent, NotFound) as exc:
             return {"ok": False, "error": str(exc)}

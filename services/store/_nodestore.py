@@ -63,8 +63,10 @@ class NodeStore:
             self._verified[str(p)] = (st.st_mtime_ns, st.st_size, checksum)
         return {"bytes": size, "checksum": checksum, "buckets": sized, "rows": rows.num_rows}
 
-    def verify(self, table: str, extent_id: str, checksum: str | None) -> Path:
-        """The extent's path once its bytes match ``checksum`` (cached per file version)."""
+    def verify(self, table: str, extent_id: str, checksum: str | None, force: bool = False) -> Path:
+        """The extent's path once its bytes match ``checksum``. Reads trust a cached verification
+        of the same file version (mtime, size); ``force`` (the scrub) re-hashes every byte, since
+        bit rot or an overwrite that restores the mtime leaves both unchanged."""
         p = self.path(table, extent_id)
         try:
             st = p.stat()
@@ -75,10 +77,12 @@ class NodeStore:
         key = str(p)
         with self._lock:
             cached = self._verified.get(key)
-        if cached == (st.st_mtime_ns, st.st_size, checksum):
+        if cached == (st.st_mtime_ns, st.st_size, checksum) and not force:
             return p
         actual = file_checksum(p)
         if actual != checksum:
+            with self._lock:
+                self._verified.pop(key, None)
             raise CorruptExtent(f"corrupt extent {table}/{extent_id} on node {self.name}: checksum mismatch")
         with self._lock:
             self._verified[key] = (st.st_mtime_ns, st.st_size, checksum)

@@ -217,9 +217,14 @@ class RecoveryLoop:
     a node restarting quickly is not rebuilt needlessly."""
 
     def __init__(
-        self, core: StoreCore, kv: Any, grace_s: float = 2.0, interval_s: float = 5.0, gc_interval_s: float = 600.0
+        self, core: StoreCore, kv: Any, grace_s: float = 2.0, interval_s: float = 5.0, gc_interval_s: float = 600.0,
+        scrub_interval_s: float = 0.0, scrub_rate_bytes: float = 50e6,
     ) -> None:
         self.core, self.kv = core, kv
+        # every extent re-hashed every scrub_interval_s (0: only on demand), at most scrub_rate_bytes/s
+        self.scrub_interval_s, self.scrub_rate_bytes = scrub_interval_s, scrub_rate_bytes
+        self._last_scrub = time.monotonic()
+        self._scrubber: threading.Thread | None = None
         self.grace_s, self.interval_s = grace_s, interval_s
         # orphan extent files are collected every gc_interval_s (0: only by Scrub)
         self.gc_interval_s = gc_interval_s
@@ -253,6 +258,16 @@ class RecoveryLoop:
             self._cancel()
         self._thread.join(timeout=5)
 
+    def _scrub(self) -> None:
+        try:
+            bad = self.core.scrub(rate_bytes=self.scrub_rate_bytes)
+        except Exception:  # noqa: BLE001 - the next scheduled pass retries
+            log.exception("scheduled scrub failed")
+            return
+        if bad:
+            log.warning("scheduled scrub: %d corrupt extents marked for rebuild: %s", len(bad), bad[:10])
+            self.kick()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(self.interval_s)
@@ -266,6 +281,14 @@ class RecoveryLoop:
                     self.core.collect_garbage()
                 except Exception:  # noqa: BLE001 - the next pass retries
                     log.exception("orphan collection failed")
+            if (
+                self.scrub_interval_s and time.monotonic() - self._last_scrub >= self.scrub_interval_s
+                and not (self._scrubber and self._scrubber.is_alive())
+            ):
+                # its own thread: a throttled scrub of a large store takes hours; rebuilds go on
+                self._last_scrub = time.monotonic()
+                self._scrubber = threading.Thread(target=self._scrub, name="store-scrub", daemon=True)
+                self._scrubber.start()
             try:
                 lost = self.core.lost_count()
                 LOST.set(lost)
@@ -289,6 +312,9 @@ def _coordinator_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recovery-interval-s", type=float, default=5.0, help="how often to look for lost extents")
     g.add_argument("--gc-interval-s", type=float, default=600.0,
                    help="how often to delete orphan extent files on the nodes (0: only on scrub)")
+    g.add_argument("--scrub-interval-s", type=float, default=86400.0,
+                   help="re-hash every extent this often, whatever its cached verification (0: only on demand)")
+    g.add_argument("--scrub-rate-mb", type=float, default=50.0, help="scheduled scrub read throttle, MB/s (0: none)")
     g.add_argument("--gc-min-age-s", type=float, default=1800.0,
                    help="an unreferenced extent file is deleted only once this old (appends in flight keep theirs)")
 
@@ -299,7 +325,8 @@ def _setup_coordinator(ctx: ServiceContext) -> None:
     core = StoreCore(ctx.kv, transport, super_extent_rows=a.super_extent_rows, recovery_rate_bytes=a.recovery_rate_mb * 1e6,
                      gc_min_age_s=a.gc_min_age_s)
     loop = RecoveryLoop(core, ctx.kv, grace_s=a.recovery_grace_s, interval_s=a.recovery_interval_s,
-                        gc_interval_s=a.gc_interval_s).start()
+                        gc_interval_s=a.gc_interval_s, scrub_interval_s=a.scrub_interval_s,
+                        scrub_rate_bytes=a.scrub_rate_mb * 1e6).start()
     servicer = StoreServicer(core, loop)
     ctx.runtime.add_service(
         pb_grpc.add_StoreCoordinatorServiceServicer_to_server, servicer, "microco.api.store.v1.StoreCoordinatorService"
