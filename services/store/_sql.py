@@ -77,7 +77,7 @@ def parse(sql: str) -> exp.Query:
         raise InvalidArgument(f"SQL is {len(sql)} characters; the limit is {MAX_QUERY_BYTES}")
     try:
         trees = sqlglot.parse(sql, read=DIALECT)
-    except sqlglot.errors.ParseError as exc:
+    except sqlglot.errors.SqlglotError as exc:
         raise InvalidArgument(f"SQL syntax error: {short(str(exc).splitlines()[0] if str(exc) else exc, 300)}") from None
     except RecursionError:
         raise InvalidArgument("SQL is nested too deeply") from None
@@ -519,7 +519,7 @@ def _partial_agg(
         fn = exp.Sum if isinstance(a, (exp.Sum, exp.Count)) else type(a)
         merge_items.append(exp.alias_(fn(this=exp.column(f"__a{k}")), f"__a{k}"))
         amap[key] = (
-            sqlglot.parse_one(f"COALESCE(__a{k}, 0)", read=DIALECT) if isinstance(a, exp.Count) else exp.column(f"__a{k}")
+            sqlglot.parse_one(f"CAST(COALESCE(__a{k}, 0) AS BIGINT)", read=DIALECT) if isinstance(a, exp.Count) else exp.column(f"__a{k}")
         )
     aliases = {e.alias.lower() for e in sel.expressions if isinstance(e, exp.Alias)}
 

@@ -58,7 +58,9 @@ def check(core, duck, sql):
         assert _norm(got_rows) == _norm(want)
     else:
         assert sorted(_norm(got_rows), key=repr) == sorted(_norm(want), key=repr)
-    assert got.column_names == [d[0] for d in duck.sql(sql).description]
+    want_t = duck.sql(sql).to_arrow_table()
+    assert got.schema.names == want_t.schema.names
+    assert got.schema.types == want_t.schema.types, (got.schema, want_t.schema)
     return plan
 
 
@@ -119,6 +121,7 @@ def test_pruning_reads_only_matching_partitions(store, duck):
     "sql, err, match",
     [
         ("select frm lineitem", InvalidArgument, "syntax|column"),
+        ("select o_orderkey from orders where", InvalidArgument, "syntax"),
         ("drop table lineitem", InvalidArgument, "only queries"),
         ("select 1; select 2", InvalidArgument, "exactly one"),
         ("select * from read_csv('/etc/passwd')", InvalidArgument, "only store tables"),
