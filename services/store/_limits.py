@@ -16,6 +16,8 @@ from microco.services.common.errors import InvalidArgument
 MAX_QUERY_BYTES = 1 << 20  # a query's JSON or SQL text
 MAX_DEPTH = 32  # nesting of JSON objects/lists in a query or ticket
 MAX_SQL_DEPTH = 200  # nesting of a SQL expression tree
+MAX_SQL_BYTES = 256 << 10  # a SQL text
+MAX_SQL_LIST = 10_000  # values of one IN list, items of one SELECT list in SQL
 MAX_NAME = 256  # table, column, extent and output names
 MAX_ITEMS = 10_000  # filters, columns, aggregates, order keys
 MAX_IN_VALUES = 100_000  # values of one IN list

@@ -348,6 +348,7 @@ def _setup_node(ctx: ServiceContext) -> None:
     # --instance-id when given (as `microco up` does), else --node.
     name = getattr(ctx.args, "instance_id", "") or s.node
     store = NodeStore(name, s.resolved_data_dir())
+    from . import _sql  # noqa: F401 - DuckDB and sqlglot load at start-up, not in the first query
     server = StoreFlightServer(store, f"grpc://{s.host}:{ctx.args.flight_port}", kv=ctx.kv)
     threading.Thread(target=server.serve, name="flight", daemon=True).start()
     labels = {**s.labels, "flight": f"grpc://{s.advertised}:{server.port}", "fault_domain": ctx.args.fault_domain or name}

@@ -129,6 +129,9 @@ def test_pruning_reads_only_matching_partitions(store, duck):
         ("select no_such_column from orders", InvalidArgument, "SQL error"),
         ("select " + "(" * 100_000 + "1" + ")" * 100_000, InvalidArgument, "nested|syntax"),
         ("", InvalidArgument, "empty"),
+        ("select o_orderkey from orders where o_custkey in (" + ",".join(map(str, range(20_000))) + ")",
+         InvalidArgument, "limit is 10000"),
+        ("select 1 as x from orders where o_comment = '" + "x" * 300_000 + "'", InvalidArgument, "limit is"),
     ],
 )
 def test_bad_sql_is_a_clear_error(store, sql, err, match):
