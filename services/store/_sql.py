@@ -357,6 +357,11 @@ def _simple_select(tree: exp.Expression) -> exp.Select | None:
         return None
     if tree.args.get("distinct") or tree.args.get("qualify"):
         return None
+    group = tree.args.get("group")
+    if group is not None and (group.args.get("all") or not all(isinstance(g, exp.Column) for g in group.expressions)):
+        return None  # GROUP BY ALL / ordinals / expressions / ROLLUP, CUBE, GROUPING SETS
+    if tree.find(exp.Filter, exp.WithinGroup):
+        return None  # an aggregate's FILTER or WITHIN GROUP changes what its partial would be
     return tree
 
 

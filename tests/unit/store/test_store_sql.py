@@ -109,6 +109,24 @@ def test_partition_local_plans(store, duck, sql, replicas):
     assert plan.kind == "partition_local" and plan.replicas == replicas
 
 
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "select l_returnflag, sum(l_quantity) as q from lineitem group by all order by l_returnflag",
+        "select sum(l_quantity) filter (where l_discount > 0.05) as q, count(*) as n from lineitem",
+        "select count(*) filter (where 1 = 0) as none, count(*) as n from lineitem",
+        "select l_returnflag, l_linestatus, sum(l_quantity) as q from lineitem "
+        "group by rollup (l_returnflag, l_linestatus) order by l_returnflag nulls last, l_linestatus nulls last",
+        "select l_orderkey, sum(l_quantity) as q from lineitem group by 1 order by q desc, l_orderkey limit 3",
+        "select extract(year from o_orderdate) as y, count(*) as n from orders group by y order by y",
+        "select count(distinct o_custkey) as c, avg(o_totalprice) as p, min(o_orderdate) as d from orders",
+    ],
+)
+def test_grouping_forms_the_fragments_cannot_split_are_still_exact(store, duck, sql):
+    core, _ = store
+    check(core, duck, sql)
+
+
 def test_pruning_reads_only_matching_partitions(store, duck):
     core, _ = store
     plan = check(core, duck, "select count(*) as n, min(o_orderdate) as lo from orders where o_orderdate >= date '1997-02-01'")
