@@ -36,7 +36,7 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from microco.services.common.errors import InvalidArgument, NotFound
+from microco.services.common.errors import InvalidArgument, NotFound, Unavailable
 
 from . import _exec
 from ._catalog import TableInfo
@@ -679,5 +679,7 @@ def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan
                 raise NotFound(f"no table {short(ref.name)}")
             tables[n] = core.catalog.table(match[0])
     live = [n for n in core.live_nodes() if n.name not in exclude]
+    if not live:
+        raise Unavailable("no live store nodes")
     ctx = _Ctx(core, tree, tables, {n.name for n in live}, {n.name: n.address for n in live})
     return plan_sql(ctx)

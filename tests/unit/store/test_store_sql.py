@@ -175,3 +175,20 @@ def test_a_dead_node_is_read_degraded(store, duck, tmp_path):
             check(core, duck, QUERIES[q])
     finally:
         tr.dead.discard("n2")
+
+
+def test_an_empty_table_answers_with_its_schema(tmp_path):
+    import pyarrow as pa
+
+    from microco.services.store import PartitionSpec
+
+    tr = LocalTransport(str(tmp_path), [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(3)])
+    core = StoreCore(MemoryKV(), tr)
+    core.create_table("e", pa.schema([("a", pa.int64()), ("b", pa.string())]), [PartitionSpec("a", "hash", 2)] * 3)
+    for sql, rows in [("select count(*) as n, sum(a) as s from e", [(0, None)]),
+                      ("select a, b from e where a > 1 order by a limit 3", []),
+                      ("select a, count(*) as n from e group by a", []),
+                      ("select b, count(*) as n from e group by b", []),
+                      ("select * from e", [])]:
+        got, _ = core.sql(sql)
+        assert [tuple(r.values()) for r in got.to_pylist()] == rows, sql
