@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from microco.services.store._exec import to_plain_strings
 from microco.services.store._sql import duck as shared_db
+
 t = to_plain_strings(pq.read_table(sys.argv[1], columns=["l_returnflag","l_linestatus","l_quantity","l_extendedprice","l_discount","l_tax","l_shipdate"]))
 SQL = """select l_returnflag, l_linestatus, sum(l_quantity) a, sum(l_extendedprice) b,
  sum(l_extendedprice*(1-l_discount)) c, sum(l_extendedprice*(1-l_discount)*(1+l_tax)) d, count(*) n

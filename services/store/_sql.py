@@ -307,9 +307,9 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
     colsets = _columns_of(ctx.tables)
     tasks: list[tuple[str, dict[str, Any]]] = []
     inputs: list[str] = []
-    explain = ["plan: gather: the query does not split over partitions (subquery, outer join, several "
+    explain = [("plan: gather: the query does not split over partitions (subquery, outer join, several "
                "tables or a non-decomposable aggregate); each table's needed columns are read from one replica, "
-               "filtered next to the data, and DuckDB runs the whole SQL at the coordinator"]
+               "filtered next to the data, and DuckDB runs the whole SQL at the coordinator")]
     replicas = {}
     for name, occ in sorted(by_name.items()):
         t = ctx.tables[name]
@@ -323,7 +323,7 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
         units = replica_units(t, r, ctx.live, ctx.addresses, allowed)
         groups = _by_node(units)
         if not groups:
-            groups = {sorted(ctx.live)[0] if ctx.live else "": []}
+            groups = {min(ctx.live) if ctx.live else "": []}
         sql = _scan_sql(t.name, cols, conds)
         for node, srcs in groups.items():
             tasks.append((node, {"op": "sql", "inputs": {t.name: _side(t, cols, srcs)}, "sql": sql}))
@@ -475,9 +475,9 @@ def _fragment_tasks(
     moved = 0
     if per_partition:
         groups = []
-        for _p, srcs in parts.items():
+        for srcs in parts.values():
             allsrc = [s for v in srcs.values() for s in v]
-            node = _nodes_by_bytes(allsrc)[0] if allsrc else sorted(ctx.live)[0]
+            node = _nodes_by_bytes(allsrc)[0] if allsrc else min(ctx.live)
             moved += sum(s["bytes"] for s in allsrc if s["node"] != node)
             groups.append((node, srcs))
     else:  # one table, any split is fine: one fragment per node over its own sources
@@ -488,7 +488,7 @@ def _fragment_tasks(
                 by[s["node"]].append(s)
         groups = [(node, {tname: s}) for node, s in sorted(by.items())]
     if not groups:
-        groups = [(sorted(ctx.live)[0] if ctx.live else "", {n: [] for n in cols})]
+        groups = [(min(ctx.live) if ctx.live else "", {n: [] for n in cols})]
     for node, srcs in groups:
         tasks.append((node, {"op": "sql", "inputs": {n: _side(tinfo[n], cols[n], srcs[n]) for n in cols}, "sql": node_sql}))
     return tasks, moved
@@ -496,7 +496,7 @@ def _fragment_tasks(
 
 def _partition_local(ctx: _Ctx, sel: exp.Select, refs: list[exp.Table], chosen: dict[str, int], explain: list[str]) -> SqlPlan | None:
     out_names = [e.alias_or_name for e in sel.expressions]
-    if len(set(n.lower() for n in out_names)) != len(out_names):
+    if len({n.lower() for n in out_names}) != len(out_names):
         return None
     final = exp.select(*[exp.column(n, quoted=True) for n in out_names]).from_("__parts")
     order = sel.args.get("order")

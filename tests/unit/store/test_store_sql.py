@@ -88,18 +88,18 @@ def test_plans_push_work_to_the_replicas(store, duck):
     "sql, replicas",
     [
         # group-by on the partition column: HAVING and count(distinct) run whole per partition
-        ("select l_orderkey, count(distinct l_suppkey) as ns, sum(l_quantity) as q from lineitem "
-         "group by l_orderkey having count(*) > 5 order by q desc, l_orderkey limit 7", {"lineitem": 0}),
+        (("select l_orderkey, count(distinct l_suppkey) as ns, sum(l_quantity) as q from lineitem "
+         "group by l_orderkey having count(*) > 5 order by q desc, l_orderkey limit 7"), {"lineitem": 0}),
         # co-partitioned join grouped by its key
-        ("select o_orderkey, count(*) as n, sum(l_extendedprice * (1 - l_discount)) as rev from orders "
+        (("select o_orderkey, count(*) as n, sum(l_extendedprice * (1 - l_discount)) as rev from orders "
          "join lineitem on o_orderkey = l_orderkey where o_orderdate < date '1993-06-01' "
-         "group by o_orderkey order by rev desc, o_orderkey limit 5", {"orders": 0, "lineitem": 0}),
+         "group by o_orderkey order by rev desc, o_orderkey limit 5"), {"orders": 0, "lineitem": 0}),
         # a scan with top-k per fragment, pruned by a range partition
-        ("select l_orderkey, l_linenumber, l_extendedprice from lineitem where l_shipdate >= date '1996-01-01' "
-         "order by l_extendedprice desc, l_orderkey, l_linenumber limit 10", {"lineitem": 2}),
+        (("select l_orderkey, l_linenumber, l_extendedprice from lineitem where l_shipdate >= date '1996-01-01' "
+         "order by l_extendedprice desc, l_orderkey, l_linenumber limit 10"), {"lineitem": 2}),
         ("select o_orderkey from orders where o_custkey = 7 order by o_orderkey limit 3 offset 2", {"orders": 1}),
-        ("select o_orderkey, case when o_totalprice > 100000 then 'big' else 'small' end as size from orders "
-         "where o_custkey in (7, 8) and (o_orderpriority like '1%' or o_orderstatus = 'F') order by o_orderkey",
+        (("select o_orderkey, case when o_totalprice > 100000 then 'big' else 'small' end as size from orders "
+         "where o_custkey in (7, 8) and (o_orderpriority like '1%' or o_orderstatus = 'F') order by o_orderkey"),
          {"orders": 1}),
     ],
 )
@@ -115,8 +115,8 @@ def test_partition_local_plans(store, duck, sql, replicas):
         "select l_returnflag, sum(l_quantity) as q from lineitem group by all order by l_returnflag",
         "select sum(l_quantity) filter (where l_discount > 0.05) as q, count(*) as n from lineitem",
         "select count(*) filter (where 1 = 0) as none, count(*) as n from lineitem",
-        "select l_returnflag, l_linestatus, sum(l_quantity) as q from lineitem "
-        "group by rollup (l_returnflag, l_linestatus) order by l_returnflag nulls last, l_linestatus nulls last",
+        ("select l_returnflag, l_linestatus, sum(l_quantity) as q from lineitem "
+        "group by rollup (l_returnflag, l_linestatus) order by l_returnflag nulls last, l_linestatus nulls last"),
         "select l_orderkey, sum(l_quantity) as q from lineitem group by 1 order by q desc, l_orderkey limit 3",
         "select extract(year from o_orderdate) as y, count(*) as n from orders group by y order by y",
         "select count(distinct o_custkey) as c, avg(o_totalprice) as p, min(o_orderdate) as d from orders",
