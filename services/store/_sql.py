@@ -285,6 +285,8 @@ class _Ctx:
     tables: dict[str, TableInfo]
     live: set[str]
     addresses: dict[str, str]
+    # tables every fragment reads whole (small dimension tables joined to the split table(s))
+    broadcast: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def plan_sql(ctx: _Ctx) -> SqlPlan:
@@ -388,9 +390,17 @@ def _copartition(ctx: _Ctx, sel: exp.Select, refs: list[exp.Table]) -> tuple[dic
     return None
 
 
+BROADCAST_BYTES = 64e6  # a joined table at most this big (one replica) may be read whole by every fragment
+BROADCAST_SHARE = 0.25  # ... or at most this share of the split table(s)
+
+
+def _replica_bytes(t: TableInfo) -> float:
+    return t.bytes / REPLICAS
+
+
 def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     sel = _simple_select(ctx.tree)
-    if sel is None or len(refs) not in (1, 2):
+    if sel is None or not refs:
         return None
     names = [r.name.lower() for r in refs]
     if len(set(names)) != len(names):
@@ -400,25 +410,55 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     group = [g for g in (sel.args["group"].expressions if sel.args.get("group") else [])]
     is_agg = bool(aggs) or bool(group)
     explain: list[str] = []
-    # ---- replicas, partitions and tasks
-    if len(refs) == 2:
-        co = _copartition(ctx, sel, refs)
-        if co is None:
-            return None
-        chosen, how = co
+    # ---- which tables are split over partitions: a co-partitioned pair (the biggest), else the
+    # biggest table; every other table must be small enough to be read whole by each fragment
+    split: list[exp.Table] | None = None
+    best = -1.0
+    for i in range(len(refs)):
+        for j in range(i + 1, len(refs)):
+            co = _copartition(ctx, sel, [refs[i], refs[j]])
+            size = _replica_bytes(ctx.tables[names[i]]) + _replica_bytes(ctx.tables[names[j]])
+            if co is not None and size > best:
+                split, chosen, how, best = [refs[i], refs[j]], co[0], co[1], size
+    if split is not None:
         explain.append(f"join {how}: co-partitioned replicas, so partition p joins only partition p (no shuffle)")
     else:
-        t = ctx.tables[names[0]]
-        others: set[str] = set()
-        conds = pushable(ctx.tree, refs[0], colsets[names[0]], others)
+        big = max(range(len(refs)), key=lambda k: _replica_bytes(ctx.tables[names[k]]))
+        split = [refs[big]]
+        t = ctx.tables[names[big]]
+        others = set().union(*(colsets[m] for m in names if m != names[big]))
+        conds = pushable(ctx.tree, refs[big], colsets[names[big]], others)
         where = triples(conds, {s.column for s in t.specs})
         gcols = [g.name for g in group if isinstance(g, exp.Column)]
         r = max(range(REPLICAS), key=lambda x: (_score(t, x, where, gcols)[0], -x))
         chosen = {t.name: r}
         reasons = _score(t, r, where, gcols)[1]
         explain.append(f"table {t.name}: replica {r} ({t.specs[r].describe()})" + (": " + "; ".join(reasons) if reasons else ""))
-    # partition columns of the chosen replicas: a GROUP BY containing one keeps groups in one partition
-    part_cols = {ctx.tables[n].specs[r].column.lower() for n, r in chosen.items()}
+    split_bytes = sum(_replica_bytes(ctx.tables[r.name.lower()]) for r in split)
+    ctx.broadcast = {}
+    for ref in refs:
+        if any(ref is x for x in split):
+            continue
+        n = ref.name.lower()
+        t = ctx.tables[n]
+        if _replica_bytes(t) > max(BROADCAST_BYTES, BROADCAST_SHARE * split_bytes):
+            return None
+        others = set().union(*(colsets[m] for m in names if m != n))
+        where = triples(pushable(ctx.tree, ref, colsets[n], others), {s.column for s in t.specs})
+        r = max(range(REPLICAS), key=lambda x: (_score(t, x, where, [])[0], -x))
+        allowed, _ = pruned_partitions(t, r, where)
+        ctx.broadcast[t.name] = [s for u in replica_units(t, r, ctx.live, ctx.addresses, allowed) for s in u.sources]
+        chosen = {**chosen, t.name: r}
+    if ctx.broadcast:
+        explain.append(
+            f"broadcast: every fragment reads {', '.join(sorted(ctx.broadcast))} whole "
+            f"({sum(s['bytes'] for v in ctx.broadcast.values() for s in v) / 1e6:.2f} MB; inner joins only, "
+            "so each joined row still comes from one fragment)"
+        )
+    split_names = {ctx.tables[r.name.lower()].name for r in split}
+    refs = split
+    # partition columns of the split tables' replicas: a GROUP BY containing one keeps groups in one partition
+    part_cols = {ctx.tables[n.lower()].specs[r].column.lower() for n, r in chosen.items() if n in split_names}
     group_cols = {g.name.lower() for g in group if isinstance(g, exp.Column)}
     local = (not is_agg) or bool(group_cols & part_cols)
     if local:
@@ -446,7 +486,7 @@ def _units_by_partition(ctx: _Ctx, refs: list[exp.Table], chosen: dict[str, int]
     for ref in refs:
         n = ref.name.lower()
         t = ctx.tables[n]
-        others = set().union(*(colsets[m] for m in names if m != n)) if len(names) > 1 else set()
+        others = set().union(*(v for m, v in colsets.items() if m != n))
         conds = pushable(ctx.tree, ref, colsets[n], others)
         a, w = pruned_partitions(t, chosen[t.name], triples(conds, {s.column for s in t.specs}))
         if a is not None:
@@ -468,7 +508,8 @@ def _fragment_tasks(
 ) -> tuple[list[tuple[str, dict[str, Any]]], int]:
     parts, why, _allowed = _units_by_partition(ctx, refs, chosen, sel)
     cols = {ctx.tables[r.name.lower()].name: _needed_columns(ctx.tree, ctx.tables[r.name.lower()].schema) for r in refs}
-    tinfo = {ctx.tables[r.name.lower()].name: ctx.tables[r.name.lower()] for r in refs}
+    tinfo = {t.name: t for t in ctx.tables.values()}
+    bcols = {n: _needed_columns(ctx.tree, tinfo[n].schema) for n in ctx.broadcast}
     if why:
         explain.append(f"pruning: {len(parts)} partitions survive ({' and '.join(why)})")
     tasks: list[tuple[str, dict[str, Any]]] = []
@@ -490,7 +531,11 @@ def _fragment_tasks(
     if not groups:
         groups = [(min(ctx.live) if ctx.live else "", {n: [] for n in cols})]
     for node, srcs in groups:
-        tasks.append((node, {"op": "sql", "inputs": {n: _side(tinfo[n], cols[n], srcs[n]) for n in cols}, "sql": node_sql}))
+        inputs = {n: _side(tinfo[n], cols[n], srcs[n]) for n in cols}
+        for n, bsrcs in ctx.broadcast.items():
+            inputs[n] = _side(tinfo[n], bcols[n], bsrcs)
+            moved += sum(s["bytes"] for s in bsrcs if s["node"] != node)
+        tasks.append((node, {"op": "sql", "inputs": inputs, "sql": node_sql}))
     return tasks, moved
 
 

@@ -80,8 +80,25 @@ def test_plans_push_work_to_the_replicas(store, duck):
     for q, reps in ((12, {"orders": 0, "lineitem": 0}), (14, {"lineitem": 1, "part": 0})):
         plan = check(core, duck, QUERIES[q])
         assert plan.kind == "partial_agg" and plan.replicas == reps and "co-partitioned" in plan.explain_text()
-    # subqueries and 3+ tables: gathered, whole SQL at the coordinator
-    assert check(core, duck, QUERIES[3]).kind == "gather"
+    # small tables joined to the split ones are read whole by every fragment (broadcast)
+    q3 = check(core, duck, QUERIES[3])  # orders x lineitem co-partitioned, customer broadcast, group by l_orderkey
+    assert q3.kind == "partition_local" and "broadcast: every fragment reads customer" in q3.explain_text()
+    for q in (5, 10, 19):
+        plan = check(core, duck, QUERIES[q])
+        assert plan.kind == "partial_agg" and "broadcast" in plan.explain_text()
+    # subqueries: gathered, whole SQL at the coordinator
+    for q in (2, 4, 17, 20, 21):
+        assert check(core, duck, QUERIES[q]).kind == "gather"
+
+
+def test_tables_too_big_to_broadcast_are_gathered(store, duck, monkeypatch):
+    from microco.services.store import _sql
+
+    core, _ = store
+    monkeypatch.setattr(_sql, "BROADCAST_BYTES", 0)
+    monkeypatch.setattr(_sql, "BROADCAST_SHARE", 0.0)
+    assert check(core, duck, QUERIES[5]).kind == "gather"
+    assert check(core, duck, QUERIES[12]).kind == "partial_agg"  # a co-partitioned pair needs no broadcast
 
 
 @pytest.mark.parametrize(
