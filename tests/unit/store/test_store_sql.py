@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import decimal
 import shutil
+import sys
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -18,7 +20,7 @@ from microco.services.store import LocalTransport, NodeInfo, StoreCore
 from microco.services.store._service import spec_from_pb
 
 pytestmark = pytest.mark.skipif(
-    shutil.which("tpchgen-cli") is None and not __import__("pathlib").Path(__import__("sys").executable).with_name("tpchgen-cli").exists(),
+    shutil.which("tpchgen-cli") is None and not Path(sys.executable).with_name("tpchgen-cli").exists(),
     reason="tpchgen-cli is not installed",
 )
 
