@@ -23,6 +23,7 @@ examples:
   microco store query orders --group-by o_custkey --agg sum:o_totalprice:total --order-by total:desc --limit 5
   microco store explain orders --group-by o_custkey --agg count:*:n
   microco store query orders --join lineitem --on o_orderkey=l_orderkey --group-by o_orderpriority --agg sum:l_quantity
+  microco store sql "select o_orderpriority, count(*) n from orders group by o_orderpriority order by n desc"
   microco store nodes ; microco store recovery --watch
 """
 
@@ -65,6 +66,13 @@ def register(sub: Any) -> None:
             q.add_argument("--format", choices=["table", "csv", "json"], default="table")
             q.add_argument("--explain", action="store_true", help="print the plan after the result")
         q.set_defaults(func=fn)
+
+    sq = s.add_parser("sql", help="run a SQL query (SELECT), planned onto the replicas")
+    sq.add_argument("query", help="the SQL text, or - to read it from stdin")
+    sq.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    sq.add_argument("--explain", action="store_true", help="print the plan after the result")
+    sq.add_argument("--explain-only", action="store_true", help="print the plan without running the query")
+    sq.set_defaults(func=cmd_sql)
 
     n = s.add_parser("nodes", help="store nodes: alive, fault domain, extents, bytes")
     n.add_argument("--json", action="store_true")
@@ -197,6 +205,19 @@ def cmd_load(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sql(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.query == "-" else args.query
+    with _client(args) as c:
+        if args.explain_only:
+            print(c.explain_sql(text))
+            return 0
+        t0 = time.monotonic()
+        table = c.sql(text)
+        dt = time.monotonic() - t0
+        plan = c.last_plan
+    return _print_result(args, table, dt, plan)
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     q = build_query(args)
     with _client(args) as c:
@@ -204,8 +225,12 @@ def cmd_query(args: argparse.Namespace) -> int:
         table = c.query(q)
         dt = time.monotonic() - t0
         plan = c.last_plan
+    return _print_result(args, table, dt, plan)
+
+
+def _print_result(args: argparse.Namespace, table: Any, dt: float, plan: dict[str, Any]) -> int:
     if args.format == "json":
-        print(json.dumps(table.to_pylist(), default=str))
+        print(json.dumps(table.to_pylist(), default=str))  # dates, decimals as text
     elif args.format == "csv":
         import pyarrow.csv as pcsv
 

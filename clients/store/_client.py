@@ -151,6 +151,14 @@ class StoreClient(ServiceClient):
             raise from_rpc_error(exc) from None
         return pa.ipc.open_stream(pa.py_buffer(buf.getvalue())).read_all()
 
+    def sql(self, sql: str, *, timeout: float | None = None) -> pa.Table:
+        """Run a SQL query (SELECT; TPC-H's dialect and DuckDB's functions). The plan (kind:
+        partition_local, partial_agg or gather; replicas; EXPLAIN text) is kept in ``last_plan``."""
+        return self.query(json.dumps({"sql": sql}), timeout=timeout)
+
+    def explain_sql(self, sql: str, *, timeout: float | None = None) -> str:
+        return self.explain(json.dumps({"sql": sql}), timeout=timeout)
+
     def explain(self, query: Frame | dict[str, Any] | str, *, timeout: float | None = None) -> str:
         req = pb.QueryRequest(query_json=_query_json(query))
         return self._call(self._stub.Explain, req, timeout=timeout, idempotent=True).text

@@ -25,6 +25,7 @@ from microco.common.errors import Aborted, AlreadyExists, InvalidArgument, NotFo
 from microco.common.kv import KV, dumps
 
 from ._layout import ExtentMeta
+from ._limits import check_name, short
 from ._partition import PartitionSpec, range_bounds
 
 ROOT = "/microco/store/"
@@ -76,8 +77,9 @@ class TableInfo:
 
 
 def validate_table(name: str, schema: pa.Schema, specs: list[PartitionSpec]) -> None:
+    check_name(name, "table name")
     if not name or not all(c.isalnum() or c in "_-" for c in name):
-        raise InvalidArgument(f"table name {name!r} must be letters, digits, '_' or '-'")
+        raise InvalidArgument(f"table name {short(name)} must be letters, digits, '_' or '-'")
     if len(specs) != 3:
         raise InvalidArgument(f"a table has exactly three replicas, each with its partitioning; got {len(specs)}")
     if len(schema) == 0:
@@ -108,13 +110,14 @@ class Catalog:
             "bytes": 0,
         }
         if not self.kv.compare_and_swap(TABLES + name, None, dumps(rec)):
-            raise AlreadyExists(f"table {name!r} already exists")
+            raise AlreadyExists(f"table {short(name)} already exists")
         return rec
 
     def table_record(self, name: str) -> tuple[dict[str, Any], bytes]:
+        check_name(name, "table name")
         raw = self.kv.get(TABLES + name)
         if raw is None:
-            raise NotFound(f"no table {name!r}")
+            raise NotFound(f"no table {short(name)}")
         return json.loads(raw), raw
 
     def table_names(self) -> list[str]:
@@ -150,7 +153,7 @@ class Catalog:
             rec["next_super_extent"] = first + count
             if self.kv.compare_and_swap(TABLES + name, raw, dumps(rec)):
                 return first
-        raise Aborted(f"table {name!r} is being changed concurrently; retry")
+        raise Aborted(f"table {short(name)} is being changed concurrently; retry")
 
     def commit_super_extents(self, name: str, supers: list[SuperExtent]) -> None:
         """Make written super-extents part of the table, atomically (the commit point)."""
@@ -163,7 +166,7 @@ class Catalog:
             puts[TABLES + name] = dumps(rec)
             if self.kv.commit(checks=[(TABLES + name, raw)], puts=puts):
                 return
-        raise Aborted(f"table {name!r} is being changed concurrently; retry")
+        raise Aborted(f"table {short(name)} is being changed concurrently; retry")
 
     def replace_extent(self, table: str, sid: int, old_id: str, new: ExtentMeta) -> bool:
         """Swap one extent's record (after a rebuild); False if the super-extent changed meanwhile."""

@@ -27,6 +27,7 @@ from microco.common.kv import KV
 from . import _exec
 from ._catalog import ROOT, Catalog, SuperExtent, TableInfo
 from ._layout import ExtentMeta, assign_partitions, bucketed_extents, new_extent_id
+from ._limits import short
 from ._nodestore import CorruptExtent, NodeStore
 from ._partition import PartitionSpec
 from ._placement import NodeInfo, place_super_extent
@@ -248,13 +249,39 @@ class StoreCore:
         return self.plan(q).explain_text()
 
     def query(self, q: Query) -> tuple[pa.Table, Plan]:
+        def attempt(exclude: set[str]) -> tuple[pa.Table, Plan]:
+            plan = self.plan(q, exclude, qid=uuid.uuid4().hex[:12])
+            return self._execute(plan), plan
+
+        return self._with_retries(attempt)
+
+    def sql(self, text: str) -> tuple[pa.Table, Any]:
+        """Run a SQL query (see ``_sql``): returns the result and its plan (kind, explain, replicas)."""
+        from . import _sql
+
+        def attempt(exclude: set[str]) -> tuple[pa.Table, Any]:
+            plan = _sql.build(self, text, exclude)
+            nodes = {n.name: n for n in self.transport.live_nodes()}
+            return _sql.finish_sql(plan, self._run_stage(plan.tasks, nodes)), plan
+
+        return self._with_retries(attempt)
+
+    def explain_sql(self, text: str) -> Any:
+        from . import _sql
+
+        return _sql.build(self, text)
+
+    def _with_retries(self, attempt: Any) -> Any:
+        """Run ``attempt(excluded nodes)``; a node failure is handled (corrupt or missing extent
+        marked for rebuild and read degraded, unreachable node excluded) and the query re-planned."""
         exclude: set[str] = set()
         last: Exception | None = None
         for _attempt in range(4):
-            plan = self.plan(q, exclude, qid=uuid.uuid4().hex[:12])
             try:
-                return self._execute(plan), plan
+                return attempt(exclude)
             except NodeFailure as exc:
+                if isinstance(exc.cause, InvalidArgument):
+                    raise exc.cause from None  # the query's own error (e.g. SQL), not the node's
                 last = exc
                 if isinstance(exc.cause, CorruptExtent) or "corrupt extent" in str(exc.cause):
                     self._mark_corrupt(str(exc.cause), "corrupt extent ")
@@ -433,21 +460,31 @@ class StoreCore:
             out["bytes"] += res.get("bytes", 0)
         return out
 
-    def scrub(self) -> list[str]:
-        """Verify every extent's checksum on its node; corrupt ones are marked for rebuild."""
+    def scrub(self, rate_bytes: float = 0.0) -> list[str]:
+        """Re-hash every extent on its node (ignoring any cached verification: bit rot keeps the
+        mtime and size) and mark corrupt ones for rebuild; ``rate_bytes`` > 0 throttles the reads
+        to that many bytes/s on average, so a scheduled scrub leaves the disks to queries."""
         live = {n.name: n for n in self.live_nodes()}
         bad = []
+        done = 0
+        t0 = time.perf_counter()
         for t in self.tables():
             for s in t.super_extents:
                 for e in s.extents:
                     if e.node not in live or e.state != "ok":
                         continue
                     res = self.transport.action(
-                        live[e.node], "verify", {"table": t.name, "extent": e.id, "checksum": e.checksum}
+                        live[e.node], "verify", {"table": t.name, "extent": e.id, "checksum": e.checksum, "force": True}
                     )
                     if not res.get("ok"):
                         self.catalog.mark_extent(t.name, s.id, e.id, "corrupt")
                         bad.append(f"{t.name}/{e.id}")
+                        log.warning("scrub: extent %s/%s on %s is corrupt: %s", t.name, e.id, e.node, res.get("error"))
+                    done += e.bytes
+                    if rate_bytes > 0:
+                        ahead = done / rate_bytes - (time.perf_counter() - t0)
+                        if ahead > 0:
+                            time.sleep(ahead)
         return bad
 
 
@@ -522,7 +559,7 @@ def node_action(store: NodeStore, name: str, body: dict[str, Any]) -> dict[str, 
         return {"dropped": store.shuffle_drop(body["qid"])}
     if name == "verify":
         try:
-            store.verify(body["table"], body["extent"], body["checksum"])
+            store.verify(body["table"], body["extent"], body["checksum"], force=bool(body.get("force", True)))
             return {"ok": True}
         except (CorruptExtent, NotFound) as exc:
             return {"ok": False, "error": str(exc)}
@@ -530,4 +567,4 @@ def node_action(store: NodeStore, name: str, body: dict[str, Any]) -> dict[str, 
         return store.stats()
     if name == "collect_garbage":
         return store.collect_garbage(body.get("keep", {}), float(body.get("min_age_s", 1800.0)))
-    raise FailedPrecondition(f"unknown store node action {name!r}")
+    raise FailedPrecondition(f"unknown store node action {short(name)}")

@@ -168,8 +168,15 @@ def join(left: pa.Table, right: pa.Table, left_on: str, right_on: str) -> pa.Tab
 
 
 def order_limit(table: pa.Table, order_by: Sequence[Sequence[Any]], limit: int | None) -> pa.Table:
-    if order_by:
-        table = table.sort_by([(c, "descending" if desc else "ascending") for c, desc in order_by])
+    """Sort and cut. With a limit k smaller than the rows, a select-k (a heap: O(n log k), no
+    full sort) picks the k rows first and only those are sorted; nulls last either way."""
+    keys = [(c, "descending" if desc else "ascending") for c, desc in order_by]
+    if keys and limit is not None and limit < table.num_rows:
+        if limit == 0:
+            return table.slice(0, 0)
+        table = table.take(pc.select_k_unstable(table, k=limit, sort_keys=keys))
+    if keys:
+        table = table.sort_by(keys)
     if limit is not None:
         table = table.slice(0, limit)
     return table
@@ -238,6 +245,10 @@ def post_ops(table: pa.Table, post: dict[str, Any] | None) -> pa.Table:
 def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
     """Run one plan task; returns its output rows (for ``map``: rows per bucket)."""
     op = task["op"]
+    if op == "sql":
+        from ._sql import run_fragment
+
+        return run_fragment({name: scan_side(env, side) for name, side in task["inputs"].items()}, task["sql"])
     if op == "fragment":
         t = scan_side(env, task["left"])
         if task.get("right") is not None:

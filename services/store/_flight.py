@@ -31,6 +31,7 @@ from microco.common.errors import (
 from microco.common.kv import KV
 from microco.common.registry import discover
 
+from ._limits import check_keys, load_json, short
 from ._nodestore import CorruptExtent, NodeStore
 from ._placement import NodeInfo
 
@@ -94,6 +95,14 @@ class _Clients:
 
 
 _OPTS = flight.FlightCallOptions(timeout=120)
+MAX_TICKET_BYTES = 64 << 20  # a task ticket lists its sources: large for big tables, never unbounded
+
+
+def _request(raw: bytes | str, what: str) -> dict[str, Any]:
+    d = load_json(raw, what, max_bytes=MAX_TICKET_BYTES, max_depth=16)
+    if not isinstance(d, dict):
+        raise InvalidArgument(f"{what} must be a JSON object")
+    return d
 
 
 def flight_get(clients: _Clients, address: str, ticket: dict[str, Any]) -> pa.Table:
@@ -107,18 +116,60 @@ def flight_get(clients: _Clients, address: str, ticket: dict[str, Any]) -> pa.Ta
 
 
 class StoreFlightServer(flight.FlightServerBase):
-    """A store node's Flight server around its ``NodeStore``."""
+    """A store node's Flight server around its ``NodeStore``.
 
-    def __init__(self, store: NodeStore, location: str = "grpc://127.0.0.1:0") -> None:
+    With the catalog (``kv``), any node also answers a plain Flight client: ``list_flights`` lists
+    the tables, ``get_flight_info`` (descriptor path ``[table]``, or a command
+    ``{"table": ..., "replica": r}``) returns one endpoint per extent of one replica, located at
+    the node holding it, so the client reads the table from the nodes in parallel."""
+
+    def __init__(self, store: NodeStore, location: str = "grpc://127.0.0.1:0", kv: KV | None = None) -> None:
         super().__init__(location)
         self.store = store
+        self.kv = kv
         self.clients = _Clients()
         store.fetch = lambda address, req: flight_get(self.clients, address, req)
+
+    def _catalog(self) -> Any:
+        from ._catalog import Catalog
+
+        if self.kv is None:
+            raise flight.FlightUnavailableError("this store node has no catalog connection")
+        return Catalog(self.kv)
+
+    def list_flights(self, context, criteria):  # noqa: ANN001
+        try:
+            cat = self._catalog()
+            infos = [table_flight_info(cat.table(n), None, {}) for n in cat.table_names()]
+        except flight.FlightError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            _raise_flight(exc)
+        yield from infos
+
+    def get_flight_info(self, context, descriptor):  # noqa: ANN001
+        try:
+            if descriptor.descriptor_type == flight.DescriptorType.PATH:
+                if len(descriptor.path) != 1:
+                    raise InvalidArgument("a flight path is one table name")
+                name, replica = descriptor.path[0].decode(), None
+            else:
+                req = _request(descriptor.command, "flight descriptor")
+                check_keys(req, {"table", "replica"}, "flight descriptor")
+                name, replica = req.get("table"), req.get("replica")
+                if replica is not None and replica not in (0, 1, 2):
+                    raise InvalidArgument(f"replica must be 0, 1 or 2, got {short(replica)}")
+            live = {n.name: n.address for n in _live(self.kv)} if self.kv is not None else {}
+            return table_flight_info(self._catalog().table(name), replica, live)
+        except flight.FlightError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            _raise_flight(exc)
 
     def do_put(self, context, descriptor, reader, writer):  # noqa: ANN001
         try:
             t0 = time.perf_counter()
-            req = json.loads(descriptor.command)
+            req = _request(descriptor.command, "extent descriptor")
             rows = reader.read_all()
             t1 = time.perf_counter()
             res = self.store.put_extent(req["table"], req["extent"], rows, req["buckets"])
@@ -131,16 +182,16 @@ class StoreFlightServer(flight.FlightServerBase):
 
     def do_get(self, context, ticket):  # noqa: ANN001
         try:
-            req = json.loads(ticket.ticket)
+            req = _request(ticket.ticket, "ticket")
             op = req.get("op")
             if op == "read":
                 t = self.store.read(req["table"], req["extent"], req.get("bucket"), req.get("columns"), req.get("checksum"))
             elif op == "shuffle_take":
                 t = self.store.shuffle_take(req["qid"], req["tag"], req["bucket"])
-            elif op in ("fragment", "map", "reduce"):
+            elif op in ("fragment", "map", "reduce", "sql"):
                 t = self.store.run(req)
             else:
-                raise InvalidArgument(f"unknown ticket op {op!r}")
+                raise InvalidArgument(f"unknown ticket op {short(op)}")
             return flight.RecordBatchStream(t)
         except Exception as exc:  # noqa: BLE001
             if not isinstance(exc, (CorruptExtent, NotFound, InvalidArgument)):
@@ -151,7 +202,7 @@ class StoreFlightServer(flight.FlightServerBase):
         from ._core import node_action
 
         try:
-            body = json.loads(action.body.to_pybytes() or b"{}")
+            body = _request(action.body.to_pybytes() or b"{}", "action body")
             res = node_action(self.store, action.type, body)
             yield flight.Result(pa.py_buffer(json.dumps(res).encode()))
         except Exception as exc:  # noqa: BLE001
@@ -164,6 +215,44 @@ class StoreFlightServer(flight.FlightServerBase):
                 ("collect_garbage", "delete unreferenced extent files older than min_age_s")]
 
 
+def _live(kv: KV) -> list[NodeInfo]:
+    out = []
+    for rec in discover(kv, NODE_SERVICE):
+        out.append(NodeInfo(rec.instance_id, rec.labels.get("fault_domain", ""), rec.labels.get("flight", "")))
+    return sorted(out, key=lambda n: n.name)
+
+
+def table_flight_info(t: Any, replica: int | None, live: dict[str, str]) -> flight.FlightInfo:
+    """A table as a FlightInfo: with ``live`` (node -> Flight address), one endpoint per extent of
+    one replica (the requested one, else the first readable without degraded reads); a lost
+    extent is served as the matching buckets of another replica's extents, one endpoint each."""
+    from ._planner import replica_units
+
+    desc = flight.FlightDescriptor.for_path(t.name)
+    endpoints = []
+    if live:
+        units = None
+        last: Exception | None = None
+        for r in [replica] if replica is not None else [0, 1, 2]:
+            try:
+                got = replica_units(t, r, set(live), live)
+            except Unavailable as exc:
+                last = exc
+                continue
+            if units is None or (sum(u.degraded for u in got) < sum(u.degraded for u in units)):
+                units = got
+            if not any(u.degraded for u in got):
+                break
+        if units is None:
+            raise last or Unavailable(f"table {t.name!r} cannot be read")
+        for u in units:
+            for src in u.sources:
+                ticket = {"op": "read", "table": t.name, "extent": src["extent"], "bucket": src["bucket"],
+                          "checksum": src["checksum"]}
+                endpoints.append(flight.FlightEndpoint(json.dumps(ticket).encode(), [flight.Location(src["address"])]))
+    return flight.FlightInfo(t.schema, desc, endpoints, t.rows, t.bytes)
+
+
 class FlightTransport:
     """The coordinator's transport: live nodes from the etcd registry, calls over Flight."""
 
@@ -172,10 +261,7 @@ class FlightTransport:
         self.clients = _Clients()
 
     def live_nodes(self) -> list[NodeInfo]:
-        out = []
-        for rec in discover(self.kv, NODE_SERVICE):
-            out.append(NodeInfo(rec.instance_id, rec.labels.get("fault_domain", ""), rec.labels.get("flight", "")))
-        return sorted(out, key=lambda n: n.name)
+        return _live(self.kv)
 
     def put_extent(self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list) -> dict:
         desc = flight.FlightDescriptor.for_command(json.dumps({"table": table, "extent": extent_id, "buckets": buckets}))

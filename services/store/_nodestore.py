@@ -21,7 +21,8 @@ import pyarrow as pa
 from microco.common.errors import InvalidArgument, MicrocoError, NotFound
 
 from . import _exec
-from ._layout import bucketed_extents, extent_path, file_checksum, read_extent, write_extent
+from ._layout import bucketed_extents, file_checksum, read_extent, write_extent
+from ._limits import safe_path
 from ._partition import PartitionSpec
 
 log = logging.getLogger(__name__)
@@ -50,9 +51,9 @@ class NodeStore:
 
     # ------------------------------------------------------------------ extents
     def path(self, table: str, extent_id: str) -> Path:
-        if "/" in table or "/" in extent_id or ".." in table or ".." in extent_id:
-            raise InvalidArgument("bad table or extent name")
-        return extent_path(self.data_dir, table, extent_id)
+        if not isinstance(extent_id, str):
+            raise InvalidArgument("an extent id must be a string")
+        return safe_path(self.data_dir, "tables", table, extent_id + ".arrow")
 
     def put_extent(self, table: str, extent_id: str, rows: pa.Table, buckets: list[list[int]]) -> dict[str, Any]:
         p = self.path(table, extent_id)
@@ -62,8 +63,10 @@ class NodeStore:
             self._verified[str(p)] = (st.st_mtime_ns, st.st_size, checksum)
         return {"bytes": size, "checksum": checksum, "buckets": sized, "rows": rows.num_rows}
 
-    def verify(self, table: str, extent_id: str, checksum: str | None) -> Path:
-        """The extent's path once its bytes match ``checksum`` (cached per file version)."""
+    def verify(self, table: str, extent_id: str, checksum: str | None, force: bool = False) -> Path:
+        """The extent's path once its bytes match ``checksum``. Reads trust a cached verification
+        of the same file version (mtime, size); ``force`` (the scrub) re-hashes every byte, since
+        bit rot or an overwrite that restores the mtime leaves both unchanged."""
         p = self.path(table, extent_id)
         try:
             st = p.stat()
@@ -74,10 +77,12 @@ class NodeStore:
         key = str(p)
         with self._lock:
             cached = self._verified.get(key)
-        if cached == (st.st_mtime_ns, st.st_size, checksum):
+        if cached == (st.st_mtime_ns, st.st_size, checksum) and not force:
             return p
         actual = file_checksum(p)
         if actual != checksum:
+            with self._lock:
+                self._verified.pop(key, None)
             raise CorruptExtent(f"corrupt extent {table}/{extent_id} on node {self.name}: checksum mismatch")
         with self._lock:
             self._verified[key] = (st.st_mtime_ns, st.st_size, checksum)
@@ -153,7 +158,8 @@ class NodeStore:
         return {"deleted": deleted, "bytes": freed}
 
     def drop_table(self, table: str) -> None:
-        shutil.rmtree(self.data_dir / "tables" / table, ignore_errors=True)
+        # the table's directory only: a name from the request never reaches rmtree unchecked
+        shutil.rmtree(safe_path(self.data_dir, "tables", table), ignore_errors=True)
 
     def stats(self) -> dict[str, Any]:
         n = size = 0

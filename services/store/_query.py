@@ -15,7 +15,11 @@ import pyarrow as pa
 
 from microco.common.errors import InvalidArgument
 
+from ._limits import MAX_IN_VALUES, MAX_LIMIT, check_count, check_keys, check_name, load_json, short
+
 OPS = ("=", "!=", "<", "<=", ">", ">=", "in")
+QUERY_FIELDS = frozenset({"table", "where", "select", "join", "group_by", "aggs", "order_by", "limit", "replica"})
+JOIN_FIELDS = frozenset({"table", "left_on", "right_on", "where", "select", "replica"})
 AGG_FUNCS = ("sum", "count", "min", "max", "mean")
 
 
@@ -27,7 +31,7 @@ class Agg:
 
     def __post_init__(self) -> None:
         if self.fn not in AGG_FUNCS:
-            raise InvalidArgument(f"aggregate {self.fn!r} is not one of {', '.join(AGG_FUNCS)}")
+            raise InvalidArgument(f"aggregate {short(self.fn)} is not one of {', '.join(AGG_FUNCS)}")
         if self.column == "*" and self.fn != "count":
             raise InvalidArgument(f"{self.fn}(*) is not defined; only count(*)")
 
@@ -84,37 +88,47 @@ class Query:
 
     @classmethod
     def from_json(cls, text: str | dict[str, Any]) -> Query:
-        try:
-            d = json.loads(text) if isinstance(text, str) else text
-        except json.JSONDecodeError as exc:
-            raise InvalidArgument(f"query is not valid JSON: {exc}") from None
+        """The query of a request's JSON: unknown fields, oversized or deeply nested input and
+        values of the wrong shape are ``InvalidArgument`` (naming the field, never echoing it whole)."""
+        d = load_json(text, "query") if isinstance(text, (str, bytes)) else text
         if not isinstance(d, dict) or "table" not in d:
             raise InvalidArgument("a query needs a 'table'")
+        check_keys(d, QUERY_FIELDS, "query")
         try:
             join = None
             if d.get("join"):
                 j = d["join"]
+                if not isinstance(j, dict):
+                    raise InvalidArgument("'join' must be an object")
+                check_keys(j, JOIN_FIELDS, "query join")
                 join = Join(
-                    table=j["table"],
-                    left_on=j["left_on"],
-                    right_on=j["right_on"],
+                    table=check_name(j["table"], "join table"),
+                    left_on=check_name(j["left_on"], "join left_on"),
+                    right_on=check_name(j["right_on"], "join right_on"),
                     where=_where(j.get("where", [])),
-                    select=tuple(j["select"]) if j.get("select") is not None else None,
-                    replica=j.get("replica"),
+                    select=_names(j["select"], "join select") if j.get("select") is not None else None,
+                    replica=_replica(j.get("replica")),
                 )
+            aggs = _list(d.get("aggs", []), "aggs")
+            order = _list(d.get("order_by", []), "order_by")
+            limit = d.get("limit")
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT):
+                raise InvalidArgument(f"limit must be a non-negative integer, got {short(limit)}")
             return cls(
-                table=d["table"],
+                table=check_name(d["table"], "table"),
                 where=_where(d.get("where", [])),
-                select=tuple(d["select"]) if d.get("select") is not None else None,
+                select=_names(d["select"], "select") if d.get("select") is not None else None,
                 join=join,
-                group_by=tuple(d.get("group_by", [])),
-                aggs=tuple(Agg(*a) for a in d.get("aggs", [])),
-                order_by=tuple((c, str(o).lower() == "desc") for c, o in d.get("order_by", [])),
-                limit=d.get("limit"),
-                replica=d.get("replica"),
+                group_by=_names(d.get("group_by", []), "group_by"),
+                aggs=tuple(Agg(*_names(a, "an aggregate", exact=3)) for a in aggs),
+                order_by=tuple((c, str(o).lower() == "desc") for c, o in (_names(x, "an order key", exact=2) for x in order)),
+                limit=limit,
+                replica=_replica(d.get("replica")),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidArgument(f"malformed query: {exc!r}") from None
+        except KeyError as exc:
+            raise InvalidArgument(f"malformed query: missing field {short(exc.args[0])}") from None
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"malformed query: {short(str(exc), 120)}") from None
 
     # ---------------------------------------------------------------- validation
     def validate(self, schemas: dict[str, pa.Schema]) -> None:
@@ -165,19 +179,56 @@ class Query:
                 raise InvalidArgument(f"replica must be 0, 1 or 2, got {r!r}")
 
 
-def _where(items: Sequence[Sequence[Any]]) -> tuple[tuple[str, str, Any], ...]:
+def _list(items: Any, what: str) -> list[Any]:
+    if not isinstance(items, (list, tuple)):
+        raise InvalidArgument(f"{what} must be a list, got {type(items).__name__}")
+    check_count(items, what)
+    return list(items)
+
+
+def _names(items: Any, what: str, exact: int | None = None) -> tuple[str, ...]:
+    items = _list(items, what)
+    if exact is not None and len(items) != exact:
+        raise InvalidArgument(f"{what} has {exact} parts, got {len(items)}")
+    return tuple(check_name(c, what) for c in items)
+
+
+def _replica(r: Any) -> int | None:
+    if r is not None and (isinstance(r, bool) or r not in (0, 1, 2)):
+        raise InvalidArgument(f"replica must be 0, 1 or 2, got {short(r)}")
+    return r
+
+
+def _scalar(v: Any, what: str) -> Any:
+    if v is not None and not isinstance(v, (str, int, float, bool)):
+        raise InvalidArgument(f"{what}: a filter value must be a number, string, boolean or null, got {type(v).__name__}")
+    if isinstance(v, str):
+        if len(v) > 1 << 16:
+            raise InvalidArgument(f"{what}: a filter value is {len(v)} characters; the limit is {1 << 16}")
+    return v
+
+
+def _where(items: Any) -> tuple[tuple[str, str, Any], ...]:
     out = []
-    for w in items:
-        if len(w) != 3:
-            raise InvalidArgument(f"a filter is [column, op, value], got {w!r}")
+    for w in _list(items, "where"):
+        if not isinstance(w, (list, tuple)) or len(w) != 3:
+            raise InvalidArgument(f"a filter is [column, op, value], got {short(w)}")
         c, op, v = w
-        out.append((str(c), str(op), tuple(v) if isinstance(v, list) else v))
+        c = check_name(c, "filter column")
+        if not isinstance(op, str) or op not in OPS:
+            raise InvalidArgument(f"filter operator {short(op)} is not one of {', '.join(OPS)}")
+        if isinstance(v, (list, tuple)):
+            check_count(v, f"'in' values of {short(c)}", MAX_IN_VALUES)
+            v = tuple(_scalar(x, f"filter on {short(c)}") for x in v)
+        else:
+            v = _scalar(v, f"filter on {short(c)}")
+        out.append((c, op, v))
     return tuple(out)
 
 
 def _check_op(w: tuple[str, str, Any]) -> None:
     if w[1] not in OPS:
-        raise InvalidArgument(f"filter operator {w[1]!r} is not one of {', '.join(OPS)}")
+        raise InvalidArgument(f"filter operator {short(w[1])} is not one of {', '.join(OPS)}")
     if w[1] == "in" and not isinstance(w[2], (tuple, list)):
         raise InvalidArgument(f"'in' needs a list of values for {w[0]!r}")
 
@@ -185,4 +236,4 @@ def _check_op(w: tuple[str, str, Any]) -> None:
 def _cols(schema: pa.Schema, cols: Sequence[str], table: str) -> None:
     for c in cols:
         if c not in schema.names:
-            raise InvalidArgument(f"table {table!r} has no column {c!r} (columns: {', '.join(schema.names)})")
+            raise InvalidArgument(f"table {short(table)} has no column {short(c)} (columns: {', '.join(schema.names)})")

@@ -23,6 +23,7 @@ from microco.services.runtime.server import ServiceContext, run_service
 
 from ._core import StoreCore
 from ._flight import NODE_SERVICE, FlightTransport, StoreFlightServer
+from ._limits import check_keys, load_json
 from ._nodestore import NodeStore
 from ._partition import HASH, RANGE, PartitionSpec
 from ._query import Query
@@ -67,6 +68,18 @@ def ipc_bytes(table: pa.Table) -> bytes:
 def chunks(raw: bytes) -> Iterator[bytes]:
     for off in range(0, max(len(raw), 1), CHUNK):
         yield raw[off : off + CHUNK]
+
+
+def parse_request(query_json: str) -> tuple[str | None, Query | None]:
+    """``(sql, None)`` for a ``{"sql": "..."}`` request (SQL rides the Query RPC's JSON, so the
+    wire protocol is unchanged), else ``(None, the JSON query)``."""
+    d = load_json(query_json, "query")
+    if isinstance(d, dict) and "sql" in d:
+        check_keys(d, {"sql"}, "SQL query")
+        if not isinstance(d["sql"], str):
+            raise InvalidArgument("'sql' must be a string")
+        return d["sql"], None
+    return None, Query.from_json(d)
 
 
 class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
@@ -147,8 +160,8 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
         return pb.AppendResponse(rows=res.rows, bytes=res.bytes, super_extents=res.super_extents)
 
     def Query(self, request, context):  # noqa: N802, ANN001
-        q = Query.from_json(request.query_json)
-        table, plan = self.core.query(q)
+        sql, q = parse_request(request.query_json)
+        table, plan = self.core.sql(sql) if sql is not None else self.core.query(q)
         QUERIES.labels(plan.kind).inc()
         pieces = list(chunks(ipc_bytes(table)))
         for k, chunk in enumerate(pieces):
@@ -160,7 +173,8 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
             yield msg
 
     def Explain(self, request, context):  # noqa: N802, ANN001
-        plan = self.core.plan(Query.from_json(request.query_json))
+        sql, q = parse_request(request.query_json)
+        plan = self.core.explain_sql(sql) if sql is not None else self.core.plan(q)
         return pb.ExplainResponse(text=plan.explain_text(), plan_kind=plan.kind, replicas_json=json.dumps(plan.replicas))
 
     def PlanRead(self, request, context):  # noqa: N802, ANN001
@@ -203,9 +217,14 @@ class RecoveryLoop:
     a node restarting quickly is not rebuilt needlessly."""
 
     def __init__(
-        self, core: StoreCore, kv: Any, grace_s: float = 2.0, interval_s: float = 5.0, gc_interval_s: float = 600.0
+        self, core: StoreCore, kv: Any, grace_s: float = 2.0, interval_s: float = 5.0, gc_interval_s: float = 600.0,
+        scrub_interval_s: float = 0.0, scrub_rate_bytes: float = 50e6,
     ) -> None:
         self.core, self.kv = core, kv
+        # every extent re-hashed every scrub_interval_s (0: only on demand), at most scrub_rate_bytes/s
+        self.scrub_interval_s, self.scrub_rate_bytes = scrub_interval_s, scrub_rate_bytes
+        self._last_scrub = time.monotonic()
+        self._scrubber: threading.Thread | None = None
         self.grace_s, self.interval_s = grace_s, interval_s
         # orphan extent files are collected every gc_interval_s (0: only by Scrub)
         self.gc_interval_s = gc_interval_s
@@ -239,6 +258,16 @@ class RecoveryLoop:
             self._cancel()
         self._thread.join(timeout=5)
 
+    def _scrub(self) -> None:
+        try:
+            bad = self.core.scrub(rate_bytes=self.scrub_rate_bytes)
+        except Exception:  # noqa: BLE001 - the next scheduled pass retries
+            log.exception("scheduled scrub failed")
+            return
+        if bad:
+            log.warning("scheduled scrub: %d corrupt extents marked for rebuild: %s", len(bad), bad[:10])
+            self.kick()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(self.interval_s)
@@ -252,6 +281,14 @@ class RecoveryLoop:
                     self.core.collect_garbage()
                 except Exception:  # noqa: BLE001 - the next pass retries
                     log.exception("orphan collection failed")
+            if (
+                self.scrub_interval_s and time.monotonic() - self._last_scrub >= self.scrub_interval_s
+                and not (self._scrubber and self._scrubber.is_alive())
+            ):
+                # its own thread: a throttled scrub of a large store takes hours; rebuilds go on
+                self._last_scrub = time.monotonic()
+                self._scrubber = threading.Thread(target=self._scrub, name="store-scrub", daemon=True)
+                self._scrubber.start()
             try:
                 lost = self.core.lost_count()
                 LOST.set(lost)
@@ -275,6 +312,9 @@ def _coordinator_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recovery-interval-s", type=float, default=5.0, help="how often to look for lost extents")
     g.add_argument("--gc-interval-s", type=float, default=600.0,
                    help="how often to delete orphan extent files on the nodes (0: only on scrub)")
+    g.add_argument("--scrub-interval-s", type=float, default=86400.0,
+                   help="re-hash every extent this often, whatever its cached verification (0: only on demand)")
+    g.add_argument("--scrub-rate-mb", type=float, default=50.0, help="scheduled scrub read throttle, MB/s (0: none)")
     g.add_argument("--gc-min-age-s", type=float, default=1800.0,
                    help="an unreferenced extent file is deleted only once this old (appends in flight keep theirs)")
 
@@ -285,7 +325,8 @@ def _setup_coordinator(ctx: ServiceContext) -> None:
     core = StoreCore(ctx.kv, transport, super_extent_rows=a.super_extent_rows, recovery_rate_bytes=a.recovery_rate_mb * 1e6,
                      gc_min_age_s=a.gc_min_age_s)
     loop = RecoveryLoop(core, ctx.kv, grace_s=a.recovery_grace_s, interval_s=a.recovery_interval_s,
-                        gc_interval_s=a.gc_interval_s).start()
+                        gc_interval_s=a.gc_interval_s, scrub_interval_s=a.scrub_interval_s,
+                        scrub_rate_bytes=a.scrub_rate_mb * 1e6).start()
     servicer = StoreServicer(core, loop)
     ctx.runtime.add_service(
         pb_grpc.add_StoreCoordinatorServiceServicer_to_server, servicer, "microco.api.store.v1.StoreCoordinatorService"
@@ -307,7 +348,8 @@ def _setup_node(ctx: ServiceContext) -> None:
     # --instance-id when given (as `microco up` does), else --node.
     name = getattr(ctx.args, "instance_id", "") or s.node
     store = NodeStore(name, s.resolved_data_dir())
-    server = StoreFlightServer(store, f"grpc://{s.host}:{ctx.args.flight_port}")
+    from . import _sql  # noqa: F401 - DuckDB and sqlglot load at start-up, not in the first query
+    server = StoreFlightServer(store, f"grpc://{s.host}:{ctx.args.flight_port}", kv=ctx.kv)
     threading.Thread(target=server.serve, name="flight", daemon=True).start()
     labels = {**s.labels, "flight": f"grpc://{s.advertised}:{server.port}", "fault_domain": ctx.args.fault_domain or name}
     ctx.runtime.settings = replace(s, labels=labels, instance_id=name)

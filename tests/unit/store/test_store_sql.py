@@ -1,0 +1,213 @@
+"""SQL over the store (in-process cluster of six nodes): all 22 TPC-H queries at SF 0.01, each
+checked against DuckDB on the same Arrow data; the plan shapes (partition-local, partial
+aggregation, gather) and their pruning; bad SQL as clear errors; a dead node read degraded."""
+
+from __future__ import annotations
+
+import decimal
+import shutil
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from microco.benchmarks.store_tpch import QUERIES, REPLICAS, generate, load_tpch
+from microco.clients.store import parse_partitioning
+from microco.services.common.errors import InvalidArgument, NotFound
+from microco.services.common.kv import MemoryKV
+from microco.services.store import LocalTransport, NodeInfo, StoreCore
+from microco.services.store._service import spec_from_pb
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("tpchgen-cli") is None and not Path(sys.executable).with_name("tpchgen-cli").exists(),
+    reason="tpchgen-cli is not installed",
+)
+
+
+@pytest.fixture(scope="session")
+def tpch(tmp_path_factory):
+    return load_tpch(generate(0.01, tmp_path_factory.mktemp("tpch")))
+
+
+@pytest.fixture(scope="module")
+def store(tpch, tmp_path_factory):
+    tr = LocalTransport(str(tmp_path_factory.mktemp("sqlstore")), [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)])
+    core = StoreCore(MemoryKV(), tr, super_extent_rows=20_000, recovery_rate_bytes=0)
+    for name, data in tpch.items():
+        core.create_table(name, data.schema, [spec_from_pb(parse_partitioning(r)) for r in REPLICAS[name]])
+        core.append(name, data)
+    return core, tr
+
+
+@pytest.fixture(scope="module")
+def duck(tpch):
+    con = duckdb.connect()
+    for name, data in tpch.items():
+        con.register(name, data)
+    return con
+
+
+def _norm(rows):
+    return [tuple(round(float(x), 6) if isinstance(x, (float, decimal.Decimal)) else x for x in r) for r in rows]
+
+
+def check(core, duck, sql):
+    got, plan = core.sql(sql)
+    want = duck.sql(sql).fetchall()
+    got_rows = [tuple(r.values()) for r in got.to_pylist()]
+    if "order by" in sql.lower():
+        assert _norm(got_rows) == _norm(want)
+    else:
+        assert sorted(_norm(got_rows), key=repr) == sorted(_norm(want), key=repr)
+    want_t = duck.sql(sql).to_arrow_table()
+    assert got.schema.names == want_t.schema.names
+    assert got.schema.types == want_t.schema.types, (got.schema, want_t.schema)
+    return plan
+
+
+@pytest.mark.parametrize("q", sorted(QUERIES))
+def test_tpch_query_matches_duckdb(store, duck, q):
+    core, _ = store
+    check(core, duck, QUERIES[q])
+
+
+def test_plans_push_work_to_the_replicas(store, duck):
+    core, _ = store
+    # Q1, Q6: one table, decomposable aggregates: partials next to the data
+    assert check(core, duck, QUERIES[1]).kind == "partial_agg"
+    q6 = check(core, duck, QUERIES[6])
+    assert q6.kind == "partial_agg" and q6.replicas == {"lineitem": 2} and "prunes to 2 of 4" in q6.explain_text()
+    # Q12 (orders x lineitem on orderkey), Q14 (lineitem x part on partkey): co-partitioned joins
+    for q, reps in ((12, {"orders": 0, "lineitem": 0}), (14, {"lineitem": 1, "part": 0})):
+        plan = check(core, duck, QUERIES[q])
+        assert plan.kind == "partial_agg" and plan.replicas == reps and "co-partitioned" in plan.explain_text()
+    # small tables joined to the split ones are read whole by every fragment (broadcast)
+    q3 = check(core, duck, QUERIES[3])  # orders x lineitem co-partitioned, customer broadcast, group by l_orderkey
+    assert q3.kind == "partition_local" and "broadcast: every fragment reads customer" in q3.explain_text()
+    for q in (5, 10, 19):
+        plan = check(core, duck, QUERIES[q])
+        assert plan.kind == "partial_agg" and "broadcast" in plan.explain_text()
+    # subqueries: gathered, whole SQL at the coordinator
+    for q in (2, 4, 17, 20, 21):
+        assert check(core, duck, QUERIES[q]).kind == "gather"
+
+
+def test_tables_too_big_to_broadcast_are_gathered(store, duck, monkeypatch):
+    from microco.services.store import _sql
+
+    core, _ = store
+    monkeypatch.setattr(_sql, "BROADCAST_BYTES", 0)
+    monkeypatch.setattr(_sql, "BROADCAST_SHARE", 0.0)
+    assert check(core, duck, QUERIES[5]).kind == "gather"
+    assert check(core, duck, QUERIES[12]).kind == "partial_agg"  # a co-partitioned pair needs no broadcast
+
+
+@pytest.mark.parametrize(
+    "sql, replicas",
+    [
+        # group-by on the partition column: HAVING and count(distinct) run whole per partition
+        (("select l_orderkey, count(distinct l_suppkey) as ns, sum(l_quantity) as q from lineitem "
+         "group by l_orderkey having count(*) > 5 order by q desc, l_orderkey limit 7"), {"lineitem": 0}),
+        # co-partitioned join grouped by its key
+        (("select o_orderkey, count(*) as n, sum(l_extendedprice * (1 - l_discount)) as rev from orders "
+         "join lineitem on o_orderkey = l_orderkey where o_orderdate < date '1993-06-01' "
+         "group by o_orderkey order by rev desc, o_orderkey limit 5"), {"orders": 0, "lineitem": 0}),
+        # a scan with top-k per fragment, pruned by a range partition
+        (("select l_orderkey, l_linenumber, l_extendedprice from lineitem where l_shipdate >= date '1996-01-01' "
+         "order by l_extendedprice desc, l_orderkey, l_linenumber limit 10"), {"lineitem": 2}),
+        ("select o_orderkey from orders where o_custkey = 7 order by o_orderkey limit 3 offset 2", {"orders": 1}),
+        (("select o_orderkey, case when o_totalprice > 100000 then 'big' else 'small' end as size from orders "
+         "where o_custkey in (7, 8) and (o_orderpriority like '1%' or o_orderstatus = 'F') order by o_orderkey"),
+         {"orders": 1}),
+    ],
+)
+def test_partition_local_plans(store, duck, sql, replicas):
+    core, _ = store
+    plan = check(core, duck, sql)
+    assert plan.kind == "partition_local" and plan.replicas == replicas
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "select l_returnflag, sum(l_quantity) as q from lineitem group by all order by l_returnflag",
+        "select sum(l_quantity) filter (where l_discount > 0.05) as q, count(*) as n from lineitem",
+        "select count(*) filter (where 1 = 0) as none, count(*) as n from lineitem",
+        ("select l_returnflag, l_linestatus, sum(l_quantity) as q from lineitem "
+        "group by rollup (l_returnflag, l_linestatus) order by l_returnflag nulls last, l_linestatus nulls last"),
+        "select l_orderkey, sum(l_quantity) as q from lineitem group by 1 order by q desc, l_orderkey limit 3",
+        "select extract(year from o_orderdate) as y, count(*) as n from orders group by y order by y",
+        "select count(distinct o_custkey) as c, avg(o_totalprice) as p, min(o_orderdate) as d from orders",
+    ],
+)
+def test_grouping_forms_the_fragments_cannot_split_are_still_exact(store, duck, sql):
+    core, _ = store
+    check(core, duck, sql)
+
+
+def test_pruning_reads_only_matching_partitions(store, duck):
+    core, _ = store
+    plan = check(core, duck, "select count(*) as n, min(o_orderdate) as lo from orders where o_orderdate >= date '1997-02-01'")
+    assert plan.replicas == {"orders": 2} and "prunes to 1 of 4 partitions" in plan.explain_text()
+    srcs = [s for _, t in plan.tasks for side in t["inputs"].values() for s in side["sources"]]
+    assert srcs and all("-r2-p0003-" in s["extent"] for s in srcs)
+
+
+@pytest.mark.parametrize(
+    "sql, err, match",
+    [
+        ("select frm lineitem", InvalidArgument, "syntax|column"),
+        ("select o_orderkey from orders where", InvalidArgument, "syntax"),
+        ("drop table lineitem", InvalidArgument, "only queries"),
+        ("select 1; select 2", InvalidArgument, "exactly one"),
+        ("select * from read_csv('/etc/passwd')", InvalidArgument, "only store tables"),
+        ("select * from nosuch", NotFound, "nosuch"),
+        ("select no_such_column from orders", InvalidArgument, "SQL error"),
+        ("select " + "(" * 100_000 + "1" + ")" * 100_000, InvalidArgument, "nested|syntax"),
+        ("", InvalidArgument, "empty"),
+        ("select o_orderkey from orders where o_custkey in (" + ",".join(map(str, range(20_000))) + ")",
+         InvalidArgument, "limit is 10000"),
+        ("select 1 as x from orders where o_comment = '" + "x" * 300_000 + "'", InvalidArgument, "limit is"),
+    ],
+)
+def test_bad_sql_is_a_clear_error(store, sql, err, match):
+    core, _ = store
+    with pytest.raises(err, match=match) as ei:
+        core.sql(sql)
+    assert len(str(ei.value)) < 1000
+
+
+def test_coordinator_duckdb_cannot_touch_files(store):
+    core, _ = store
+    with pytest.raises(InvalidArgument):
+        core.sql("select count(*) from orders where o_comment = (select getenv('HOME'))")
+    with pytest.raises(InvalidArgument):
+        core.sql("copy (select 1) to '/tmp/x.csv'")
+
+
+def test_a_dead_node_is_read_degraded(store, duck, tmp_path):
+    core, tr = store
+    tr.kill("n2")
+    try:
+        for q in (1, 3, 12):
+            check(core, duck, QUERIES[q])
+    finally:
+        tr.dead.discard("n2")
+
+
+def test_an_empty_table_answers_with_its_schema(tmp_path):
+    import pyarrow as pa
+
+    from microco.services.store import PartitionSpec
+
+    tr = LocalTransport(str(tmp_path), [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(3)])
+    core = StoreCore(MemoryKV(), tr)
+    core.create_table("e", pa.schema([("a", pa.int64()), ("b", pa.string())]), [PartitionSpec("a", "hash", 2)] * 3)
+    for sql, rows in [("select count(*) as n, sum(a) as s from e", [(0, None)]),
+                      ("select a, b from e where a > 1 order by a limit 3", []),
+                      ("select a, count(*) as n from e group by a", []),
+                      ("select b, count(*) as n from e group by b", []),
+                      ("select * from e", [])]:
+        got, _ = core.sql(sql)
+        assert [tuple(r.values()) for r in got.to_pylist()] == rows, sql
