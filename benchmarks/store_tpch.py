@@ -249,6 +249,6 @@ def load_tpch(d: Path, tables: tuple[str, ...] = TABLES) -> dict[str, Any]:
     """The tables as Arrow, with ``string_view`` cast to ``string`` (what the store keeps)."""
     import pyarrow.parquet as pq
 
-    from microco.services.store._exec import to_plain_strings
+    from microco.services.store import to_plain_strings
 
     return {t: to_plain_strings(pq.read_table(Path(d) / f"{t}.parquet")) for t in tables}

@@ -14,6 +14,7 @@ the services (``python -m microco.services.store`` for the coordinator,
 
 from ._catalog import Catalog, SuperExtent, TableInfo
 from ._exec import to_plain_strings
+from ._sql import duck
 from ._procs import StoreCluster
 from ._core import AppendResult, LocalTransport, StoreCore, Transport, conform, finish
 from ._layout import ExtentMeta
@@ -26,6 +27,7 @@ from ._recovery import RebuildTask, plan_recovery
 
 __all__ = [
     "StoreCluster",
+    "duck",
     "to_plain_strings",
     "HASH",
     "RANGE",

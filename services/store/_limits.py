@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from microco.services.common.errors import InvalidArgument
+from microco.common.errors import InvalidArgument
 
 MAX_QUERY_BYTES = 1 << 20  # a query's JSON or SQL text
 MAX_DEPTH = 32  # nesting of JSON objects/lists in a query or ticket

@@ -36,7 +36,7 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from microco.services.common.errors import InvalidArgument, NotFound, Unavailable
+from microco.common.errors import InvalidArgument, NotFound, Unavailable
 
 from . import _exec
 from ._catalog import TableInfo

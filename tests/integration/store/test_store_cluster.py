@@ -327,7 +327,7 @@ ORDERS_QUERIES = [QUERIES[0], QUERIES[1], QUERIES[3]]
 
 
 def test_sql_through_the_client_and_the_cli(fresh, capsys):
-    from microco.clients.cli import main
+    from microco.cli import main
 
     c, client = fresh
     for _, sql in ORDERS_QUERIES:
@@ -405,7 +405,7 @@ def test_plain_flight_client_reads_a_table_in_parallel(fresh):
 
 
 def test_scrub_finds_bit_rot_with_the_mtime_restored(fresh, capsys):
-    from microco.clients.cli import main
+    from microco.cli import main
 
     c, client = fresh
     check_queries(client, ORDERS_QUERIES)  # every extent verified once by reads: the verification is cached

@@ -40,7 +40,7 @@ def test_frame_builds_the_query_json():
 
 
 def test_sql_subcommand_parses():
-    from microco.clients.cli.store import cmd_sql
+    from microco.cli.store import cmd_sql
 
     args = build_parser().parse_args(["store", "sql", "select 1 as x from orders", "--format", "json", "--explain"])
     assert args.func is cmd_sql and args.query == "select 1 as x from orders" and args.format == "json" and args.explain

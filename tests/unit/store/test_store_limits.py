@@ -9,8 +9,8 @@ import json
 import pyarrow as pa
 import pytest
 
-from microco.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from microco.services.common.kv import MemoryKV
+from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from microco.common.kv import MemoryKV
 from microco.services.store import LocalTransport, NodeInfo, NodeStore, PartitionSpec, Query, StoreCore
 from microco.services.store._core import node_action
 from microco.services.store._limits import safe_path

@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pyarrow as pa
 
-from microco.services.common.kv import MemoryKV
+from microco.common.kv import MemoryKV
 from microco.services.store import LocalTransport, NodeInfo, PartitionSpec, Query, StoreCore, check_row_copies
 from microco.services.store._placement import Copy
 from microco.services.store._recovery import plan_recovery

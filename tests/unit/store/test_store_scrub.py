@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from microco.services.common.kv import MemoryKV
+from microco.common.kv import MemoryKV
 from microco.services.store import LocalTransport, NodeInfo, PartitionSpec, Query, StoreCore
 from microco.services.store._service import RecoveryLoop
 

@@ -14,8 +14,8 @@ import pytest
 
 from microco.benchmarks.store_tpch import QUERIES, REPLICAS, generate, load_tpch
 from microco.clients.store import parse_partitioning
-from microco.services.common.errors import InvalidArgument, NotFound
-from microco.services.common.kv import MemoryKV
+from microco.common.errors import InvalidArgument, NotFound
+from microco.common.kv import MemoryKV
 from microco.services.store import LocalTransport, NodeInfo, StoreCore
 from microco.services.store._service import spec_from_pb
 
