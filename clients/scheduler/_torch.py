@@ -76,11 +76,19 @@ class TorchHook:
         self.context.on_unpark = self._unpark
         self.context.on_devices = on_devices
         self._device: Any = None
-        if self.context.world_size > 1:
-            import torch.distributed as dist
+        self._group: tuple[int, int] | None = None
+        self._join_group()
 
-            if dist.is_available() and dist.is_initialized():
-                self.context.agree = _broadcast_from_rank0
+    def _join_group(self) -> None:
+        """With ``torch.distributed`` initialised over several processes (however launched:
+        torchrun, ``mp.spawn``, Lightning, Accelerate, ``init_distributed``), the ranks agree
+        on control at each boundary and the checkpoint holds every rank's RNG state. Checked
+        again at the first boundaries, for a hook made before ``init_process_group``."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            self._group = (dist.get_rank(), dist.get_world_size())
+            self.context.use_group(*self._group, _broadcast_from_rank0)
 
     # Delegates, so a script needs only the hook.
     @property
@@ -95,6 +103,8 @@ class TorchHook:
         return self.context.restore()
 
     def step_end(self, step: int | None = None) -> None:
+        if self._group is None and self.context.step < 2:
+            self._join_group()
         self.context.step_end(step)
 
     def checkpoint(self) -> int:
@@ -106,17 +116,31 @@ class TorchHook:
     def _save(self, step: int) -> bytes:
         import torch
 
+        rng = self._rng_states()
+        if self._group is not None and self._group[0] != 0:
+            return b""  # rank 0 writes the checkpoint
         state = {
             "step": step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-            "rng": _rng_state(),
+            "rng": rng,
             "sampler": self.sampler.state_dict() if self.sampler is not None else None,
             "extra": self.extra_state,
         }
         buf = io.BytesIO()
         torch.save(state, buf)
         return buf.getvalue()
+
+    def _rng_states(self) -> Any:
+        """This process's RNG states; with a process group, every rank's (a collective: every
+        rank calls ``_save`` at the same boundary, rank 0's result is written)."""
+        if self._group is None:
+            return _rng_state()
+        import torch.distributed as dist
+
+        states: list[Any] = [None] * self._group[1]
+        dist.all_gather_object(states, _rng_state())
+        return states
 
     def _load(self, blob: bytes) -> int:
         import torch
@@ -125,7 +149,11 @@ class TorchHook:
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
-        _set_rng_state(state["rng"])
+        rng = state["rng"]
+        if isinstance(rng, list):  # one per rank (saved by a process group)
+            rank = self._group[0] if self._group else 0
+            rng = rng[rank] if rank < len(rng) else rng[0]
+        _set_rng_state(rng)
         if self.sampler is not None and state["sampler"] is not None:
             self.sampler.load_state_dict(state["sampler"])
         self.extra_state.clear()
@@ -158,13 +186,13 @@ class TorchHook:
                         st[k] = v.to(device)
 
 
-def _broadcast_from_rank0(code: int) -> int:
+def _broadcast_from_rank0(values: list[int]) -> list[int]:
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([code], dtype=torch.int64)
+    t = torch.tensor(values, dtype=torch.int64)
     dist.broadcast(t, src=0)
-    return int(t.item())
+    return [int(v) for v in t.tolist()]
 
 
 def init_distributed() -> tuple[int, int]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from microco.clients.scheduler import ControlChannel
+from microco.clients.scheduler._ranks import classify_exit
 from microco.clients.scheduler._job import (
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
@@ -105,11 +106,10 @@ class ManagedProcess:
         if self.exit_code is None:
             code = self.popen.poll()
             if code is not None:
-                # A process killed by a signal reports -N; keep that (not 0, not 75).
-                self.exit_code = code
+                # A process killed by a signal reports -N; keep that (not 0, not 75). A job's
+                # processes' own records decide what a launcher's code means (``_ranks``).
+                self.exit_code, self.message = classify_exit(code, self.control.dir, _tail(self.log_path))
                 self.exited_at = time.time()
-                if code not in (0, 75):
-                    self.message = f"exited with {code}: " + _tail(self.log_path)
         return self.exit_code
 
     def status(self) -> dict[str, Any]:

@@ -396,7 +396,9 @@ class SchedulerCore:
                 if then == "move" and devices:
                     self._start_process(rec, devices, now, "moved")
             elif code < 0:
-                self._lost(rec, f"process killed by signal {-code}", now)
+                # the agent's line says more when a launcher's rank vanished (see ``_ranks``)
+                why = p.message if p.message and not p.message.startswith("killed by") else ""
+                self._lost(rec, why or f"process killed by signal {-code}", now)
             else:
                 self._release(rec)
                 rec["finished_at"] = now
