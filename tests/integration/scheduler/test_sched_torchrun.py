@@ -1,0 +1,162 @@
+"""A DistributedDataParallel job under ``torchrun --nproc-per-node 2`` (gloo, CPU) run through
+the platform as one unit: time-sliced (both ranks park in place and resume), one rank killed
+with ``kill -9`` (the job restarts from its last checkpoint instead of failing), and finished
+with exactly the weights and loss curve of an uninterrupted torchrun run of the same script.
+
+Slow (~1 min on 2 busy cores): three torchrun launches of two torch processes each, and the
+reference run, are the test; nothing waits for a fixed time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from _support import wait_for_jobs as wait_for
+
+from microco.clients.common import channel_for
+from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
+from microco.clients.scheduler._ranks import read_records
+from microco.services.scheduler._local import spawn_scheduler, stop_process
+
+pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
+
+STEPS = 150
+
+
+def ddp_cmd(out, steps=STEPS, sleep_ms=20, extra=()):
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "microco.examples.torch_ddp",
+        "--steps",
+        str(steps),
+        "--step-sleep-ms",
+        str(sleep_ms),
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def synthetic_cmd():
+    return [sys.executable, "-m", "microco.examples.synthetic_job", "--steps", "100000", "--compute-ms", "2"]
+
+
+@pytest.fixture
+def sched(etcd_endpoint, etcd_kv, tmp_path):
+    procs = []
+
+    def start(config):
+        procs.append(
+            spawn_scheduler(
+                etcd_endpoint,
+                tmp_path / "sched",
+                policy="gandiva",
+                policy_config=config,
+                tick_s=0.2,
+                kv=etcd_kv,
+                log_path=tmp_path / "scheduler.log",
+            )
+        )
+        return SchedulerClient(channel_for(etcd_kv, "scheduler"))
+
+    yield start
+    for p in procs:
+        stop_process(p)
+
+
+def need_torch():
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+
+
+def record(kv, j):
+    return kv.get_json(f"/microco/scheduler/jobs/{j}")
+
+
+def test_torchrun_ddp_job_is_time_sliced_survives_a_killed_rank_and_is_exact(
+    agents, sched, etcd_kv, tmp_path
+):
+    need_torch()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MICROCO_")}
+    ref = subprocess.Popen(
+        ddp_cmd(tmp_path / "ref.json", sleep_ms=0),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        agents("n1", devices=2)
+        c = sched({"quantum_s": 1.0, "enable_packing": False, "enable_grow_shrink": False})
+        out = tmp_path / "out.json"
+        job_env = {"MICROCO_CHECKPOINT_EVERY_S": "0.5"}
+        j = c.submit(make_spec(ddp_cmd(out), devices=2, name="ddp", total_steps=STEPS, env=job_env)).id
+        wait_for(lambda: job_to_dict(c.get(j))["step"] >= 10, etcd_kv, 120, "the DDP job trains")
+        # A second job for the same two devices: the quantum runs out, the DDP job's ranks
+        # park together in place, the other job runs, and the DDP job resumes in place.
+        other = c.submit(make_spec(synthetic_cmd(), devices=2, name="other")).id
+        wait_for(
+            lambda: any("resumed in place" in h[2] for h in record(etcd_kv, j)["history"]),
+            etcd_kv,
+            60,
+            "the DDP job suspended and resumed in place",
+        )
+        c.cancel(other)
+        rec = record(etcd_kv, j)
+        assert any(h[1] == "suspended" and "parked" in h[2] for h in rec["history"]), rec["history"]
+        assert rec["attempt"] == 1 and rec["restarts"] == 0
+        # kill -9 of rank 1 (torchrun then stops rank 0 and exits 1): rescheduled, not failed.
+        wait_for(lambda: job_to_dict(c.get(j))["checkpoint_step"] > 0, etcd_kv, 60, "a checkpoint")
+        ctl = tmp_path / "agents" / "n1" / "jobs" / j / "attempt-1"
+        ranks = {r["rank"]: r for r in read_records(ctl)}
+        assert sorted(ranks) == [0, 1] and all(r["world"] == 2 for r in ranks.values())
+        os.kill(ranks[1]["pid"], signal.SIGKILL)
+        wait_for(
+            lambda: (r := record(etcd_kv, j))["attempt"] == 2 and r["state"] == "running",
+            etcd_kv,
+            60,
+            "restarted after a rank was killed",
+        )
+        rec = record(etcd_kv, j)
+        assert rec["restarts"] == 1, rec["history"]
+        lost = [h[2] for h in rec["history"] if "rank 1 of the job ended without an error" in h[2]]
+        assert lost and "will resume from checkpoint step" in lost[0] and "\n" not in lost[0], rec["history"]
+        wait_for(lambda: job_to_dict(c.get(j))["state"] == "finished", etcd_kv, 180, "the DDP job finishes")
+        rec = record(etcd_kv, j)
+        assert rec["step"] == STEPS, rec["history"]
+        log, _ = ref.communicate(timeout=180)
+        assert ref.returncode == 0, log
+        a = json.loads((tmp_path / "ref.json").read_text())
+        b = json.loads(out.read_text())
+        assert b["restored_from_step"] and b["restored_from_step"] > 0
+        assert len(a["losses"]) == len(b["losses"]) == STEPS
+        assert a["losses"] == b["losses"]  # bit-for-bit, every step, across the park and the kill
+        assert a["params_sha256"] == b["params_sha256"]
+    finally:
+        if ref.poll() is None:
+            ref.kill()
+            ref.wait()
+
+
+def test_torchrun_rank_that_raises_fails_the_job_with_one_clear_line(agents, sched, etcd_kv, tmp_path):
+    need_torch()
+    agents("n1", devices=2)
+    c = sched({"quantum_s": 1000, "enable_packing": False, "enable_grow_shrink": False})
+    cmd = ddp_cmd(tmp_path / "out.json", steps=50, sleep_ms=0, extra=("--fail-at-step", "5"))
+    j = c.submit(make_spec(cmd, devices=2, name="bad")).id
+    wait_for(lambda: job_to_dict(c.get(j))["state"] == "failed", etcd_kv, 120, "the job fails")
+    msg = job_to_dict(c.get(j))["message"]
+    assert msg == "rank 0: ValueError: deliberate failure at step 5 (exited with 1)", msg
