@@ -85,6 +85,10 @@ class GandivaConfig:
     # processes (and GPU memory contexts) on one device. Was 2 (pairs only) before.
     max_jobs_per_device: int = 4
     grow_max_factor: int = 2
+    # A grow must pay: once the grown job's mini-batch time is measured wholly on its new
+    # devices, it is kept if its throughput (steps/s) is at least this many times what it
+    # was before, and undone otherwise (and the job is not grown that far again).
+    grow_keep_ratio: float = 1.1
     slice_order: str = "las"  # or "round_robin"
     # Session 7: may a multi-device job span nodes when no node can be freed for it? A job
     # spread over nodes runs slower for as long as it stays spread, so by default it waits
@@ -120,6 +124,8 @@ class GandivaConfig:
             raise ValueError("max_jobs_per_device must be >= 1")
         if self.grow_max_factor < 1:
             raise ValueError("grow_max_factor must be >= 1")
+        if not self.grow_keep_ratio > 0:
+            raise ValueError("grow_keep_ratio must be > 0")
         if not self.finish_grace_s >= 0:
             raise ValueError("finish_grace_s must be >= 0")
         if self.slice_order not in ("las", "round_robin"):
@@ -191,6 +197,10 @@ class GandivaPolicy:
         # 1. introspection: undo packs that do worse than time-slicing would.
         if cfg.enable_packing or any_packed:
             self._judge_packs(view, occ, jobs, out, acted)
+
+        # 1b. a grow that did not pay (measured) is undone.
+        if cfg.enable_grow_shrink:
+            self._judge_grows(holders, occ, out, acted)
 
         # 2. shrink elastic jobs that grew, as soon as anyone waits.
         if cfg.enable_grow_shrink and waiting:
@@ -718,6 +728,34 @@ class GandivaPolicy:
                 return dev, members, "gandiva: trial pack of a job never profiled (introspection judges it)"
         return None
 
+    def _judge_grows(self, holders: list[JobView], occ: Occupancy, out: list, acted: set) -> None:
+        """Keep a grow only if it paid: throughput after / before >= ``grow_keep_ratio``,
+        from mini-batch times measured wholly at each size (as packs are judged)."""
+        for j in holders:
+            if (
+                not j.elastic
+                or j.state is not JobPhase.RUNNING
+                or j.id in acted
+                or not j.grown_from
+                or len(j.devices) <= len(j.grown_from)
+                or not j.minibatch_ms_settled
+                or not j.minibatch_ms_before_grow
+            ):
+                continue
+            gain = j.minibatch_ms_before_grow / j.minibatch_ms_settled
+            if gain >= self.config.grow_keep_ratio:
+                continue
+            occ.release(j.id, [d for d in j.devices if d not in j.grown_from])
+            out.append(
+                Resize(
+                    j.id,
+                    tuple(j.grown_from),
+                    f"gandiva: undo grow to {len(j.devices)} devices ({gain:.2f}x the throughput on "
+                    f"{len(j.grown_from)}: {j.minibatch_ms_before_grow:.1f} -> {j.minibatch_ms_settled:.1f} ms/step)",
+                )
+            )
+            acted.add(j.id)
+
     def _grow(self, view: ClusterView, occ: Occupancy, out: list, acted: set) -> None:
         cfg = self.config
         for j in sorted(view.jobs, key=lambda j: (j.attained_service_s, j.id)):
@@ -725,7 +763,11 @@ class GandivaPolicy:
                 continue
             if view.now - j.last_change_at < cfg.quantum_s - _EPS:
                 continue
+            if j.grown_from and len(j.devices) > len(j.grown_from) and not j.minibatch_ms_settled:
+                continue  # the last grow is not judged yet
             cap = j.max_devices if j.max_devices is not None else j.devices_wanted * cfg.grow_max_factor
+            if j.max_useful_devices is not None:
+                cap = min(cap, j.max_useful_devices - 1)
             extra = cap - len(j.devices)
             if extra <= 0:
                 continue
