@@ -74,7 +74,9 @@ class TorchHook:
         self.context.load = self._load
         self.context.on_park = self._park
         self.context.on_unpark = self._unpark
-        self.context.on_devices = on_devices
+        # A resize changes the compute threads too (OMP_NUM_THREADS only counts at start):
+        # on virtual devices (CPU shares) one thread per device, shared by the ranks.
+        self.context.on_devices = on_devices or self._set_threads
         self._device: Any = None
         self._group: tuple[int, int] | None = None
         self._join_group()
@@ -130,6 +132,13 @@ class TorchHook:
         buf = io.BytesIO()
         torch.save(state, buf)
         return buf.getvalue()
+
+    def _set_threads(self, devices: list[str]) -> None:
+        import torch
+
+        if self.context.on_gpu or not devices:
+            return
+        torch.set_num_threads(max(1, len(devices) // max(1, self.context.world_size)))
 
     def _rng_states(self) -> Any:
         """This process's RNG states; with a process group, every rank's (a collective: every

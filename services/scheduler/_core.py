@@ -48,6 +48,9 @@ from .policy import (
 log = logging.getLogger(__name__)
 
 EXIT_CHECKPOINTED = 75
+# Mini-batches after a change before the job's reported mean (over its last 20, the hook's
+# window, plus the boundary the change waited for) is wholly a measurement of the new setup.
+_SETTLE_STEPS = 25
 PROFILES_PREFIX = "/microco/scheduler/profiles/"
 
 
@@ -368,6 +371,9 @@ class SchedulerCore:
             rec["first_step_at"] = p.first_step_at
         if p.minibatch_ms > 0 and p.job_state == "running":
             rec["minibatch_ms"] = p.minibatch_ms
+            if p.step - rec.get("step_at_change", 0) > _SETTLE_STEPS:
+                # the job's window of recent mini-batches now lies wholly after the change
+                rec["settled_ms"] = [rec.get("step_at_change", 0), p.minibatch_ms]
             # Alone-time: only once the job ran a few mini-batches on its own devices.
             # The fastest time seen alone: load from outside the job only ever inflates it.
             if rec["state"] == J.RUNNING and p.step - rec.get("step_at_change", 0) >= 5:
@@ -567,6 +573,12 @@ class SchedulerCore:
                 continue
             v = J.record_to_view(r)
             v["minibatch_ms_alone"] = self._alone_ms(r)
+            trial = r.get("grow_trial")
+            if trial:
+                v["grown_from"] = trial["from"]
+                v["minibatch_ms_before_grow"] = trial["ms_before"]
+            v["minibatch_ms_settled"] = self._settled_ms(r)
+            v["max_useful_devices"] = r.get("max_useful_devices")
             views.append(v)
         return cluster_view_from_dicts(now, devices, views)
 
@@ -657,6 +669,8 @@ class SchedulerCore:
             devices = list(d.devices)
             self._check_free([x for x in devices if x not in rec["devices"]], {d.job_id})
             target = self._node_of(devices)
+            if isinstance(d, Resize):
+                self._resized(rec, devices, now, d.reason)
             if target == rec["node"] and not rec.get("ranks"):
                 # Same node: re-pin at the next boundary, no restart (a virtual device is a CPU set).
                 action = "resize" if isinstance(d, Resize) else "resume"
@@ -672,6 +686,28 @@ class SchedulerCore:
                 self._move(rec, devices, now, d.reason)
             return True
         raise InvalidArgument(f"unknown decision {d!r}")
+
+    def _resized(self, rec: dict[str, Any], devices: list[str], now: float, reason: str) -> None:
+        """A resize's bookkeeping: a grow is judged later against the mini-batch time measured
+        before it; a shrink back to where a grow started undoes it (the job is not grown that
+        far again); every resize goes into the job's history."""
+        old = list(rec["devices"])
+        trial = rec.get("grow_trial")
+        if len(devices) > len(old):
+            rec["grow_trial"] = {"from": old, "ms_before": self._settled_ms(rec) or rec["minibatch_ms"] or None}
+        else:
+            if trial and sorted(trial["from"]) == sorted(devices) and len(old) > len(devices):
+                rec["max_useful_devices"] = len(old)
+            rec["grow_trial"] = None
+        J.note(rec, f"resized from {len(old)} to {len(devices)} devices: {reason}", now)
+
+    @staticmethod
+    def _settled_ms(rec: dict[str, Any]) -> float | None:
+        """The mini-batch time measured wholly since the job's last change, if there is one."""
+        settled = rec.get("settled_ms")
+        if settled and settled[0] == rec.get("step_at_change", 0):
+            return float(settled[1])
+        return None
 
     def _launch(self, rec: dict[str, Any], devices: list[str], now: float, how: str) -> None:
         placement = self._placement(devices)

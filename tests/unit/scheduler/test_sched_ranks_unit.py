@@ -168,3 +168,25 @@ def test_uncaught_exception_is_recorded_as_one_line(tmp_path):
 def test_single_process_records_do_not_make_a_lost_job(tmp_path, world):
     _records(tmp_path, {"rank": 0, "state": "running", "world": world})
     assert classify_exit(2, tmp_path, "SystemExit: 2")[0] == 2
+
+
+def test_a_resize_changes_torchs_compute_threads(tmp_path):
+    torch = pytest.importorskip("torch")
+    from microco.clients.scheduler import TorchHook
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        model = torch.nn.Linear(2, 2)
+        hook = TorchHook(model, control_dir=tmp_path / "ctl", devices=["n/0"])
+        hook.context.on_gpu = False
+        ch = ControlChannel(tmp_path / "ctl")
+        hook.step_end(1)
+        ch.send("resize", ["n/0", "n/1", "n/2"])
+        hook.step_end(2)
+        assert hook.devices == ["n/0", "n/1", "n/2"] and torch.get_num_threads() == 3
+        ch.send("resize", ["n/0"])
+        hook.step_end(3)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
