@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -167,7 +168,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--policy-config",
         default="{}",
-        help='policy settings as JSON, e.g. \'{"quantum_s": 10, "enable_packing": false}\'',
+        help='policy settings as JSON, e.g. \'{"quantum_s": 10, "enable_packing": false}\', '
+        "or a JSON file (@FILE, or FILE)",
     )
     g.add_argument("--tick-s", type=float, default=0.5, help="seconds between control-loop ticks")
     g.add_argument(
@@ -198,14 +200,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def load_policy_config(value: str) -> dict[str, Any]:
+    """``--policy-config``: JSON text, or the path of a JSON file (``@path`` or a path that
+    exists); a clear error for anything else."""
+    text, source = value, "--policy-config"
+    path = value[1:] if value.startswith("@") else value
+    if value.startswith("@") or (not value.lstrip().startswith("{") and os.path.isfile(path)):
+        try:
+            with open(path) as f:
+                text, source = f.read(), f"policy config file {path}"
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read policy config file {path}: {exc.strerror or exc}") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"{source} is not JSON (nor a file that exists): {exc}") from None
+    if not isinstance(config, dict):
+        raise InvalidArgument(f"{source} must be a JSON object of policy settings")
+    return config
+
+
 def setup(ctx: ServiceContext) -> None:
     args = ctx.args
     if args.policy not in available_policies():
         raise InvalidArgument(f"unknown policy {args.policy!r}; available: {', '.join(available_policies())}")
-    try:
-        config = json.loads(args.policy_config)
-    except json.JSONDecodeError as exc:
-        raise InvalidArgument(f"--policy-config is not JSON: {exc}") from None
+    config = load_policy_config(args.policy_config)
     if args.tick_s <= 0:
         raise InvalidArgument("--tick-s must be > 0")
     if args.failed_retention_s < 0 or args.log_retention_s < 0 or args.gc_interval_s <= 0:
