@@ -31,6 +31,7 @@ from microco.services.common.kv import KV, dumps
 
 from . import _jobs as J
 from . import _metrics as M
+from . import _operator
 from ._agents import AgentDirectory
 from .policy import (
     Decision,
@@ -137,6 +138,10 @@ class SchedulerCore:
             out = [r for r in out if r["spec"]["user"] == owner]
         return sorted(out, key=lambda r: (r["submitted_at"], r["id"]))
 
+    def control(self, job_id: str, action: str, devices: list[str], count: int = 0) -> dict[str, Any]:
+        """An operator's suspend / resume / migrate / resize (see ``_operator``)."""
+        return _operator.request(self, job_id, action, devices, count)
+
     def cancel(self, job_id: str) -> dict[str, Any]:
         """Ask for cancellation; the leader stops the process within a tick. Idempotent."""
         key = J.job_key(job_id)
@@ -227,6 +232,10 @@ class SchedulerCore:
         if ended or self._last_gc is None or now - self._last_gc >= self.gc_interval_s:
             self._collect_garbage(now)
 
+        for rec in list(jobs.values()):
+            if rec.get("operator") and self.is_leader():
+                _operator.carry_out(self, rec, now)  # before the policy: it sees the result
+                self._save(rec)
         view = self._view(now)
         decisions = list(self.policy.decide(view))
         applied = []
@@ -274,13 +283,16 @@ class SchedulerCore:
                 return
             theirs = json.loads(fresh)
             mine_before = json.loads(old) if old else None
-            if mine_before is None or {**theirs, "cancel_requested": False, "message": ""} != {
+            if mine_before is None or {**theirs, "cancel_requested": False, "message": "", "operator": None} != {
                 **mine_before,
                 "cancel_requested": False,
                 "message": "",
+                "operator": None,
             }:
                 raise Aborted(f"job {rec['id']} was changed by another scheduler; abandoning this tick")
             rec["cancel_requested"] = rec["cancel_requested"] or theirs["cancel_requested"]
+            if not mine_before.get("operator") and theirs.get("operator"):
+                rec["operator"] = theirs["operator"]  # an operator's command, also from the API
             self._raw[rec["id"]] = fresh
 
     # ------------------------------------------------------------------ reconcile
@@ -571,6 +583,8 @@ class SchedulerCore:
         for r in jobs.values():
             if r["state"] in J.TERMINAL or r["cancel_requested"]:
                 continue
+            if r.get("held") and r["state"] not in J.HOLDING:
+                continue  # suspended by an operator: not the policy's to resume
             v = J.record_to_view(r)
             v["minibatch_ms_alone"] = self._alone_ms(r)
             trial = r.get("grow_trial")

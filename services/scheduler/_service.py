@@ -55,6 +55,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     def CancelJob(self, request: scheduler_pb2.CancelJobRequest, context: grpc.ServicerContext) -> Any:
         return J.record_to_pb(self.core.cancel(request.job_id))
 
+    def ControlJob(self, request: scheduler_pb2.ControlJobRequest, context: grpc.ServicerContext) -> Any:
+        return J.record_to_pb(
+            self.core.control(request.job_id, request.action, list(request.devices), request.device_count)
+        )
+
     def WatchJobs(self, request: scheduler_pb2.WatchJobsRequest, context: grpc.ServicerContext) -> Any:
         for rec in self.core.watch(list(request.job_ids), context.is_active):
             yield scheduler_pb2.JobEvent(job=J.record_to_pb(rec), at=time.time())
