@@ -83,8 +83,12 @@ class SchedulerCore:
         gc_interval_s: float = 60.0,
         allow_spread: bool = False,
         log_retention_s: float = 86400.0,
+        hook_grace_s: float = 120.0,
     ) -> None:
         self.kv, self.policy = kv, policy
+        # A job process that has not reported through the scheduler's hook this long after
+        # its start is taken to run without it: not preemptible (see ``_check_hook``).
+        self.hook_grace_s = hook_grace_s
         self.agents = agents or AgentDirectory(kv)
         self.clock = clock
         self.op_wait_s, self.op_timeout_s = op_wait_s, op_timeout_s
@@ -376,6 +380,8 @@ class SchedulerCore:
         if p is None:
             self._lost(rec, f"process of attempt {rec['attempt']} is gone from node {node}", now)
             return
+        if p.state != 3:
+            self._check_hook(rec, p, now)
         if p.job_state:
             rec["step"] = int(p.step)
         rec["checkpoint_step"] = max(rec["checkpoint_step"], int(p.checkpoint_step))
@@ -405,7 +411,10 @@ class SchedulerCore:
             if code == 0:
                 self._release(rec)
                 rec["finished_at"] = now
-                J.set_state(rec, J.FINISHED, f"finished at step {rec['step']}", now)
+                done = f"finished at step {rec['step']}"
+                if rec.get("no_hook") and not p.job_state:
+                    done = "finished (its steps were not reported: it ran without the scheduler's hook)"
+                J.set_state(rec, J.FINISHED, done, now)
             elif code == EXIT_CHECKPOINTED:
                 then = (pending or {}).get("then")
                 devices = (pending or {}).get("devices") or []
@@ -439,6 +448,27 @@ class SchedulerCore:
                     self.agents.stop(self._address(node), rec["id"])
                 except MicrocoError:
                     pass
+
+    def _check_hook(self, rec: dict[str, Any], p: Any, now: float) -> None:
+        """A job whose process has not reported through the hook ``hook_grace_s`` after it
+        started runs without it: it cannot obey suspend, migrate or resize at a boundary, so
+        the policy is told it is not preemptible (no wasted suspend attempts every tick) and
+        the user reads why in the job's history."""
+        if p.job_state or p.first_step_at:
+            if rec.get("no_hook"):
+                rec["no_hook"] = False
+                J.note(rec, "the job's hook reports now: preemptible again", now)
+            return
+        started = float(p.started_at or 0.0)
+        if not rec.get("no_hook") and started and now - started >= self.hook_grace_s:
+            rec["no_hook"] = True
+            J.note(
+                rec,
+                f"no report from the scheduler's hook {self.hook_grace_s:.0f} s after the start: "
+                "not preemptible (it keeps its devices until it ends; add TorchHook or "
+                "SchedulerCallback to make it so)",
+                now,
+            )
 
     def _reconcile_ranks(self, rec: dict[str, Any], now: float) -> bool:
         """A spread job's other ranks: all must live while rank 0 does (a missing rank would
@@ -593,6 +623,7 @@ class SchedulerCore:
                 v["minibatch_ms_before_grow"] = trial["ms_before"]
             v["minibatch_ms_settled"] = self._settled_ms(r)
             v["max_useful_devices"] = r.get("max_useful_devices")
+            v["preemptible"] = not r.get("no_hook")
             views.append(v)
         return cluster_view_from_dicts(now, devices, views)
 

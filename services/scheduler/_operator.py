@@ -33,6 +33,11 @@ def check(rec: dict[str, Any], action: str, devices: list[str], count: int, clus
     pending = rec.get("operator")
     if pending:
         raise FailedPrecondition(f"cannot {action} job {jid}: a {pending['action']} is still to be carried out")
+    if rec.get("no_hook") and action in ("suspend", "migrate", "resize"):
+        raise FailedPrecondition(
+            f"cannot {action} job {jid}: it runs without the scheduler's hook (no report since it "
+            "started), so it cannot stop at a mini-batch boundary"
+        )
     unknown = [d for d in devices if d not in cluster]
     if unknown:
         raise InvalidArgument(f"devices {unknown} are not in the cluster (it has {sorted(cluster)})")

@@ -95,6 +95,7 @@ class Scheduler:
         failed_retention_s: float = 86400.0,
         gc_interval_s: float = 60.0,
         log_retention_s: float = 86400.0,
+        hook_grace_s: float = 120.0,
     ) -> None:
         self.policy_name = policy
         self.election = LeaderElection(
@@ -115,6 +116,7 @@ class Scheduler:
             gc_interval_s=gc_interval_s,
             allow_spread=bool(config.get("allow_spread", False)),
             log_retention_s=log_retention_s,
+            hook_grace_s=hook_grace_s,
         )
         self.tick_s = tick_s
         self.runtime: ServiceRuntime | None = None
@@ -197,6 +199,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep an ended job's logs on the nodes this long (`microco job logs`)",
     )
     g.add_argument(
+        "--hook-grace-s",
+        type=float,
+        default=120.0,
+        help="a job whose process has not reported through the scheduler's hook this long after "
+        "its start is shown and treated as not preemptible",
+    )
+    g.add_argument(
         "--gc-interval-s",
         type=float,
         default=60.0,
@@ -232,6 +241,8 @@ def setup(ctx: ServiceContext) -> None:
     config = load_policy_config(args.policy_config)
     if args.tick_s <= 0:
         raise InvalidArgument("--tick-s must be > 0")
+    if args.hook_grace_s <= 0:
+        raise InvalidArgument("--hook-grace-s must be > 0")
     if args.failed_retention_s < 0 or args.log_retention_s < 0 or args.gc_interval_s <= 0:
         raise InvalidArgument(
             "--failed-retention-s and --log-retention-s must be >= 0 and --gc-interval-s > 0"
@@ -248,6 +259,7 @@ def setup(ctx: ServiceContext) -> None:
             args.failed_retention_s,
             args.gc_interval_s,
             args.log_retention_s,
+            hook_grace_s=args.hook_grace_s,
         )
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"bad policy config for {args.policy}: {exc}") from None

@@ -228,6 +228,7 @@ class GandivaPolicy:
                 j
                 for j in holders
                 if j.state is JobPhase.RUNNING
+                and j.preemptible
                 and now - j.last_change_at >= cfg.quantum_s - _EPS
                 and j.id not in acted
                 and not self._finishing(j)
@@ -390,7 +391,11 @@ class GandivaPolicy:
                 continue
             ms = [jobs.get(h) for h in hs]
             if any(
-                m is None or m.state is not JobPhase.PACKED or len(m.devices) != 1 or m.id in acted
+                m is None
+                or m.state is not JobPhase.PACKED
+                or len(m.devices) != 1
+                or m.id in acted
+                or not m.preemptible
                 for m in ms
             ):
                 continue
@@ -595,7 +600,10 @@ class GandivaPolicy:
                     return m.minibatch_ms_alone / m.minibatch_ms
                 return 1.0
 
-            loser = min(members, key=lambda m: (speed(m), -m.last_change_at, m.id))
+            movable = [m for m in members if m.preemptible]
+            if not movable:
+                continue
+            loser = min(movable, key=lambda m: (speed(m), -m.last_change_at, m.id))
             if loser.id in acted:
                 continue
             if cfg.enable_migration and len(loser.devices) == 1:
@@ -614,7 +622,7 @@ class GandivaPolicy:
 
     def _consolidate(self, holders: list[JobView], occ: Occupancy, out: list, acted: set) -> None:
         for j in holders:  # in view order, as before
-            if j.state is not JobPhase.RUNNING or len(j.devices) < 2 or j.id in acted:
+            if j.state is not JobPhase.RUNNING or len(j.devices) < 2 or j.id in acted or not j.preemptible:
                 continue
             if len(occ.nodes_of(j.devices)) < 2:
                 continue
@@ -634,7 +642,7 @@ class GandivaPolicy:
         free_by_node = occ.free_by_node()
         movable: dict[str, list[JobView]] = {}
         for j in holders:
-            if j.state is JobPhase.RUNNING and len(j.devices) == 1 and j.id not in acted:
+            if j.state is JobPhase.RUNNING and len(j.devices) == 1 and j.id not in acted and j.preemptible:
                 node = occ.node_of.get(j.devices[0])
                 if node is not None and occ.holders[j.devices[0]] == [j.id]:
                     movable.setdefault(node, []).append(j)
@@ -759,7 +767,7 @@ class GandivaPolicy:
     def _grow(self, view: ClusterView, occ: Occupancy, out: list, acted: set) -> None:
         cfg = self.config
         for j in sorted(view.jobs, key=lambda j: (j.attained_service_s, j.id)):
-            if not j.elastic or j.state is not JobPhase.RUNNING or j.id in acted:
+            if not j.elastic or j.state is not JobPhase.RUNNING or j.id in acted or not j.preemptible:
                 continue
             if view.now - j.last_change_at < cfg.quantum_s - _EPS:
                 continue

@@ -92,6 +92,9 @@ class JobView:
     minibatch_ms_before_grow: float | None = None
     minibatch_ms_settled: float | None = None
     max_useful_devices: int | None = None
+    # False for a job that cannot be suspended, moved or resized at a mini-batch boundary (it
+    # runs without the scheduler's hook): it keeps its devices until it ends.
+    preemptible: bool = True
 
 
 @dataclass(frozen=True, slots=True)
