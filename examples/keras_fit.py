@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(args.step_sleep_ms / 1000.0)
 
     cb.restore(model)
-    hist = model.fit(x, y, epochs=args.epochs, batch_size=args.batch_size, callbacks=[Record(), cb], verbose=0)
+    hist = model.fit(
+        x, y, epochs=args.epochs, batch_size=args.batch_size, callbacks=[Record(), cb], verbose=0
+    )
     cb.finish()
 
     if args.out:

@@ -20,9 +20,9 @@ A rank that died without a word (``kill -9``, the OOM killer, a launcher's SIGTE
 
 from __future__ import annotations
 
-import json
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,17 +67,15 @@ _COMM_WORDS = ("connection closed by peer", "connection reset", "broken pipe", "
 
 
 def is_comm_error(exc: BaseException) -> bool:
-    """An error of the collective library, as a rank sees it when a peer has gone away."""
-    try:
-        import torch.distributed as dist
-
+    """An error of the collective library, as a rank sees it when a peer has gone away.
+    (torch is consulted only if the job imported it: an excepthook must not import it.)"""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None:
         kinds = tuple(
             k for k in (getattr(dist, "DistError", None), getattr(dist, "DistNetworkError", None)) if k
         )
         if kinds and isinstance(exc, kinds):
             return True
-    except Exception:  # noqa: BLE001 - torch missing or half-initialised: judge by the text
-        pass
     text = str(exc).lower()
     return isinstance(exc, RuntimeError | ConnectionError | OSError) and any(w in text for w in _COMM_WORDS)
 
@@ -120,8 +118,7 @@ def classify_exit(code: int, control_dir: str | os.PathLike[str], log_tail: str 
         silent = [r["rank"] for r in records if r.get("state") == "running"]
         who = f"rank {', '.join(map(str, silent))}" if silent else "a rank"
         return EXIT_LOST, (
-            f"{who} of the job ended without an error of its own (killed?); "
-            f"the launcher exited with {code}"
+            f"{who} of the job ended without an error of its own (killed?); the launcher exited with {code}"
         )
     line = last_error_line(log_tail)
     return code, f"exited with {code}: {line}" if line else f"exited with {code}"

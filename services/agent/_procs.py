@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from microco.clients.scheduler import ControlChannel
-from microco.clients.scheduler._ranks import classify_exit
 from microco.clients.scheduler._job import (
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
@@ -35,6 +34,7 @@ from microco.clients.scheduler._job import (
     ENV_DEVICES,
     ENV_JOB_ID,
 )
+from microco.clients.scheduler._ranks import classify_exit
 from microco.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from ._devices import DeviceInfo

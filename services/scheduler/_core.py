@@ -287,7 +287,12 @@ class SchedulerCore:
                 return
             theirs = json.loads(fresh)
             mine_before = json.loads(old) if old else None
-            if mine_before is None or {**theirs, "cancel_requested": False, "message": "", "operator": None} != {
+            if mine_before is None or {
+                **theirs,
+                "cancel_requested": False,
+                "message": "",
+                "operator": None,
+            } != {
                 **mine_before,
                 "cancel_requested": False,
                 "message": "",
@@ -739,7 +744,10 @@ class SchedulerCore:
         old = list(rec["devices"])
         trial = rec.get("grow_trial")
         if len(devices) > len(old):
-            rec["grow_trial"] = {"from": old, "ms_before": self._settled_ms(rec) or rec["minibatch_ms"] or None}
+            rec["grow_trial"] = {
+                "from": old,
+                "ms_before": self._settled_ms(rec) or rec["minibatch_ms"] or None,
+            }
         else:
             if trial and sorted(trial["from"]) == sorted(devices) and len(old) > len(devices):
                 rec["max_useful_devices"] = len(old)

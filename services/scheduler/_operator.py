@@ -29,10 +29,14 @@ def check(rec: dict[str, Any], action: str, devices: list[str], count: int, clus
     if action not in ACTIONS:
         raise InvalidArgument(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)}")
     if st in J.TERMINAL or rec.get("cancel_requested"):
-        raise FailedPrecondition(f"cannot {action} job {jid}: it is {st}{' (cancel requested)' if st not in J.TERMINAL else ''}")
+        raise FailedPrecondition(
+            f"cannot {action} job {jid}: it is {st}{' (cancel requested)' if st not in J.TERMINAL else ''}"
+        )
     pending = rec.get("operator")
     if pending:
-        raise FailedPrecondition(f"cannot {action} job {jid}: a {pending['action']} is still to be carried out")
+        raise FailedPrecondition(
+            f"cannot {action} job {jid}: a {pending['action']} is still to be carried out"
+        )
     if rec.get("no_hook") and action in ("suspend", "migrate", "resize"):
         raise FailedPrecondition(
             f"cannot {action} job {jid}: it runs without the scheduler's hook (no report since it "
@@ -49,7 +53,9 @@ def check(rec: dict[str, Any], action: str, devices: list[str], count: int, clus
     elif action == "resume":
         if st not in (J.SUSPENDED, J.QUEUED) or (st == J.QUEUED and not rec.get("held")):
             why = "not suspended" if st != J.QUEUED else "queued (the policy starts it)"
-            raise FailedPrecondition(f"cannot resume job {jid}: it is {why if st == J.QUEUED else f'{st}, {why}'}")
+            raise FailedPrecondition(
+                f"cannot resume job {jid}: it is {why if st == J.QUEUED else f'{st}, {why}'}"
+            )
         if devices and len(devices) != rec["spec"]["devices"] and not rec["spec"]["elastic"]:
             raise InvalidArgument(f"job {jid} runs on {rec['spec']['devices']} devices, not {len(devices)}")
     elif action == "migrate":
@@ -80,7 +86,12 @@ def request(core: Any, job_id: str, action: str, devices: list[str], count: int)
             raise NotFound(f"no job {job_id!r}")
         rec = json.loads(raw)
         check(rec, action, list(devices), int(count), cluster)
-        rec["operator"] = {"action": action, "devices": list(devices), "count": int(count), "at": core.clock()}
+        rec["operator"] = {
+            "action": action,
+            "devices": list(devices),
+            "count": int(count),
+            "at": core.clock(),
+        }
         rec["message"] = f"{action} requested by an operator"
         if core.kv.compare_and_swap(key, raw, dumps(rec)):
             return rec

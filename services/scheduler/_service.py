@@ -218,7 +218,7 @@ def load_policy_config(value: str) -> dict[str, Any]:
     """``--policy-config``: JSON text, or the path of a JSON file (``@path`` or a path that
     exists); a clear error for anything else."""
     text, source = value, "--policy-config"
-    path = value[1:] if value.startswith("@") else value
+    path = value.removeprefix("@")
     if value.startswith("@") or (not value.lstrip().startswith("{") and os.path.isfile(path)):
         try:
             with open(path) as f:

@@ -53,8 +53,18 @@ def test_operator_suspends_resumes_migrates_and_resizes(etcd_endpoint, etcd_kv, 
         extra_args=["--policy-config", str(config)],  # a file
     )
     try:
-        job = [sys.executable, "-m", "microco.examples.synthetic_job", "--compute-ms", "2", "--steps", "100000"]
-        a = json.loads(microco(etcd_endpoint, "job", "submit", "--name", "a", "--json", "--", *job).stdout)["id"]
+        job = [
+            sys.executable,
+            "-m",
+            "microco.examples.synthetic_job",
+            "--compute-ms",
+            "2",
+            "--steps",
+            "100000",
+        ]
+        a = json.loads(microco(etcd_endpoint, "job", "submit", "--name", "a", "--json", "--", *job).stdout)[
+            "id"
+        ]
         e = json.loads(
             microco(etcd_endpoint, "job", "submit", "--name", "e", "--elastic", "--json", "--", *job).stdout
         )["id"]
@@ -62,7 +72,9 @@ def test_operator_suspends_resumes_migrates_and_resizes(etcd_endpoint, etcd_kv, 
             wait_for(lambda j=j: rec(etcd_kv, j)["step"] > 5, etcd_kv, 60, f"{j} trains")
 
         r = microco(etcd_endpoint, "job", "resume", a, check=False)
-        assert r.returncode == 1 and f"cannot resume job {a}: it is running, not suspended" in r.stderr, r.stderr
+        assert r.returncode == 1 and f"cannot resume job {a}: it is running, not suspended" in r.stderr, (
+            r.stderr
+        )
         assert "Traceback" not in r.stderr
 
         microco(etcd_endpoint, "job", "suspend", a)
@@ -79,7 +91,10 @@ def test_operator_suspends_resumes_migrates_and_resizes(etcd_endpoint, etcd_kv, 
         microco(etcd_endpoint, "job", "resize", e, "2")
         wait_for(lambda: len(rec(etcd_kv, e)["devices"]) == 2, etcd_kv, 30, "resized to 2")
         assert rec(etcd_kv, a)["state"] == "suspended"
-        assert any(h[2].startswith("resized from 1 to 2 devices: operator: resize") for h in rec(etcd_kv, e)["history"])
+        assert any(
+            h[2].startswith("resized from 1 to 2 devices: operator: resize")
+            for h in rec(etcd_kv, e)["history"]
+        )
 
         microco(etcd_endpoint, "job", "resume", a)
         wait_for(lambda: rec(etcd_kv, a)["state"] == "running", etcd_kv, 30, "resumed")

@@ -102,7 +102,7 @@ def test_ranks_sharing_a_control_dir_park_resume_and_stop_together(tmp_path):
 
 
 def test_periodic_checkpoint_is_rank0s_timer_agreed_by_all(tmp_path):
-    ctxs, threads, results, saves = _run_ranks(tmp_path, every_s=0.05)
+    _, threads, _, saves = _run_ranks(tmp_path, every_s=0.05)
     ch = ControlChannel(tmp_path / "ctl")
     deadline = time.monotonic() + 20
     while len(saves) < 6 and time.monotonic() < deadline:
@@ -123,7 +123,13 @@ def test_a_rank_that_vanished_is_lost_not_failed(tmp_path):
     # rank 1 killed (no word); rank 0 saw its peer go (a collective error) or was SIGTERMed
     _records(
         tmp_path,
-        {"rank": 0, "state": "failed", "comm": True, "error": "RuntimeError: Connection closed by peer", "world": 2},
+        {
+            "rank": 0,
+            "state": "failed",
+            "comm": True,
+            "error": "RuntimeError: Connection closed by peer",
+            "world": 2,
+        },
         {"rank": 1, "state": "running", "world": 2},
     )
     code, msg = classify_exit(1, tmp_path, "ChildFailedError:\n=====\n  exitcode  : -9")
@@ -134,8 +140,22 @@ def test_a_rank_that_vanished_is_lost_not_failed(tmp_path):
 def test_a_rank_that_raised_fails_the_job_with_its_error_line(tmp_path):
     _records(
         tmp_path,
-        {"rank": 0, "state": "failed", "comm": False, "error": "ValueError: bad batch", "world": 2, "at": 2.0},
-        {"rank": 1, "state": "failed", "comm": True, "error": "RuntimeError: gloo closed", "world": 2, "at": 1.0},
+        {
+            "rank": 0,
+            "state": "failed",
+            "comm": False,
+            "error": "ValueError: bad batch",
+            "world": 2,
+            "at": 2.0,
+        },
+        {
+            "rank": 1,
+            "state": "failed",
+            "comm": True,
+            "error": "RuntimeError: gloo closed",
+            "world": 2,
+            "at": 1.0,
+        },
     )
     code, msg = classify_exit(1, tmp_path, "torchrun banner\n======")
     assert code == 1
@@ -143,7 +163,7 @@ def test_a_rank_that_raised_fails_the_job_with_its_error_line(tmp_path):
 
 
 def test_exit_without_records_names_the_error_line_of_the_log(tmp_path):
-    tail = 'Traceback (most recent call last):\n  File "x.py", line 3\nKeyError: \'lr\'\n'
+    tail = "Traceback (most recent call last):\n  File \"x.py\", line 3\nKeyError: 'lr'\n"
     assert classify_exit(3, tmp_path, tail) == (3, "exited with 3: KeyError: 'lr'")
     assert last_error_line("no error here\nlast words\n") == "last words"
     assert classify_exit(0, tmp_path) == (0, "")
@@ -157,7 +177,7 @@ def test_uncaught_exception_is_recorded_as_one_line(tmp_path):
         "c.step_end(1)\n"
         "raise ValueError('first line\\nsecond line')\n"
     )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    p = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
     assert p.returncode == 1
     (rec,) = read_records(tmp_path)
     assert rec["state"] == "failed" and rec["error"] == "ValueError: first line" and not rec["comm"]

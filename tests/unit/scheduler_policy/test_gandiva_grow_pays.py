@@ -72,13 +72,25 @@ def test_a_size_that_did_not_pay_is_not_grown_to_again():
     (d,) = decide(job)
     assert isinstance(d, Resize) and len(d.devices) == 2  # grows when nothing says otherwise
     capped = JobView(
-        id="e", devices_wanted=1, elastic=True, state=R, devices=("n0/0",), last_change_at=0.0, max_useful_devices=2
+        id="e",
+        devices_wanted=1,
+        elastic=True,
+        state=R,
+        devices=("n0/0",),
+        last_change_at=0.0,
+        max_useful_devices=2,
     )
     assert decide(capped) == []
 
 
 def test_the_fields_come_from_a_stored_record():
     v = job_view_from_dict(
-        {"id": "e", "devices_wanted": 1, "grown_from": ["n0/0"], "minibatch_ms_settled": 5.0, "max_useful_devices": 3}
+        {
+            "id": "e",
+            "devices_wanted": 1,
+            "grown_from": ["n0/0"],
+            "minibatch_ms_settled": 5.0,
+            "max_useful_devices": 3,
+        }
     )
     assert v.grown_from == ("n0/0",) and v.minibatch_ms_settled == 5.0 and v.max_useful_devices == 3
