@@ -122,7 +122,7 @@ class SchedulerClient(ServiceClient):
         self,
         job_id: str,
         action: str,
-        devices: list[str] | None = None,
+        devices: Sequence[str] | None = None,
         device_count: int = 0,
         *,
         timeout: float | None = None,
