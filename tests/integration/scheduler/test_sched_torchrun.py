@@ -1,5 +1,6 @@
 """A DistributedDataParallel job under ``torchrun --nproc-per-node 2`` (gloo, CPU) run through
-the platform as one unit: time-sliced (both ranks park in place and resume), one rank killed
+the platform as one unit: time-sliced (both ranks park in place and resume), migrated to
+another node by an operator (checkpoint-and-exit, though torchrun exits 1), one rank killed
 with ``kill -9`` (the job restarts from its last checkpoint instead of failing), and finished
 with exactly the weights and loss curve of an uninterrupted torchrun run of the same script.
 
@@ -25,7 +26,7 @@ from microco.services.scheduler._local import spawn_scheduler, stop_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
 
-STEPS = 150
+STEPS = 400
 
 
 def ddp_cmd(out, steps=STEPS, sleep_ms=20, extra=()):
@@ -118,14 +119,35 @@ def test_torchrun_ddp_job_is_time_sliced_survives_a_killed_rank_and_is_exact(
         rec = record(etcd_kv, j)
         assert any(h[1] == "suspended" and "parked" in h[2] for h in rec["history"]), rec["history"]
         assert rec["attempt"] == 1 and rec["restarts"] == 0
+        # Migrated by an operator to another node: every rank checkpoints at one boundary and
+        # exits, torchrun exits 1, the agent reads "checkpointed" and the job restarts there.
+        agents("n2", devices=2)
+        wait_for(lambda: job_to_dict(c.get(j))["state"] == "running", etcd_kv, 60, "running again")
+        c.control(j, "migrate", ["n2/0", "n2/1"])
+        wait_for(
+            lambda: (
+                (r := record(etcd_kv, j))["node"] == "n2" and r["state"] == "running" and r["attempt"] == 2
+            ),
+            etcd_kv,
+            60,
+            "migrated to n2",
+        )
+        rec = record(etcd_kv, j)
+        assert rec["restarts"] == 0, rec["history"]  # a move, not a failure or a loss
         # kill -9 of rank 1 (torchrun then stops rank 0 and exits 1): rescheduled, not failed.
-        wait_for(lambda: job_to_dict(c.get(j))["checkpoint_step"] > 0, etcd_kv, 60, "a checkpoint")
-        ctl = tmp_path / "agents" / "n1" / "jobs" / j / "attempt-1"
+        ctl = tmp_path / "agents" / "n2" / "jobs" / j / "attempt-2"
+        wait_for(lambda: len(read_records(ctl)) == 2, etcd_kv, 120, "both ranks of attempt 2 report")
+        wait_for(
+            lambda: job_to_dict(c.get(j))["checkpoint_step"] > rec["checkpoint_step"],
+            etcd_kv,
+            60,
+            "a checkpoint",
+        )
         ranks = {r["rank"]: r for r in read_records(ctl)}
         assert sorted(ranks) == [0, 1] and all(r["world"] == 2 for r in ranks.values())
         os.kill(ranks[1]["pid"], signal.SIGKILL)
         wait_for(
-            lambda: (r := record(etcd_kv, j))["attempt"] == 2 and r["state"] == "running",
+            lambda: (r := record(etcd_kv, j))["attempt"] == 3 and r["state"] == "running",
             etcd_kv,
             60,
             "restarted after a rank was killed",
