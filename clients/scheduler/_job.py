@@ -232,7 +232,7 @@ class JobContext:
         if self.first_step_at is not None and not self._recorded:
             self._recorded = True
             self._record("running")
-        together = self.world_size > 1 and self.agree is not None
+        together = self._together()
         self._obey()
         if not together and self._checkpoint_due():
             self.write_checkpoint()  # (ranks with a group agree on it in ``_obey_together``)
@@ -282,8 +282,20 @@ class JobContext:
             },
         )
 
+    def _together(self) -> bool:
+        """Whether the ranks agree at this boundary: several of them with a collective, and
+        something to agree on (outside the scheduler without checkpoints there is nothing,
+        and every rank sees the same environment, so none pays the broadcast)."""
+        return (
+            self.world_size > 1
+            and self.agree is not None
+            and (
+                self.channel is not None or (self.checkpoint_every_s > 0 and self.checkpoint_path is not None)
+            )
+        )
+
     def _obey(self) -> None:
-        if self.world_size > 1 and self.agree is not None:
+        if self._together():
             self._obey_together()
             return
         if self.channel is None:
