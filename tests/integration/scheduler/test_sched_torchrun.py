@@ -182,3 +182,64 @@ def test_torchrun_rank_that_raises_fails_the_job_with_one_clear_line(agents, sch
     wait_for(lambda: job_to_dict(c.get(j))["state"] == "failed", etcd_kv, 120, "the job fails")
     msg = job_to_dict(c.get(j))["message"]
     assert msg == "rank 0: ValueError: deliberate failure at step 5 (exited with 1)", msg
+
+
+SPAWN_JOB = """
+import socket, sys, time
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+from microco.clients.scheduler import TorchHook
+
+def work(rank, world, port):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    hook = TorchHook(model, opt)  # no RANK in the environment: the process group says
+    for step in range(hook.restore(), 100000):
+        opt.zero_grad()
+        ddp(torch.ones(4, 8)).sum().backward()
+        opt.step()
+        time.sleep(0.01)
+        hook.step_end(step + 1)
+
+if __name__ == "__main__":
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    mp.spawn(work, args=(2, port), nprocs=2)
+"""
+
+
+def test_mp_spawn_ranks_park_together_and_their_checkpointed_exit_is_recognised(tmp_path):
+    """``mp.spawn`` (no launcher environment): its parent exits 1 when a child exits 75; the
+    ranks' records make the agent's verdict "checkpointed" anyway."""
+    need_torch()
+    from microco.clients.scheduler import ControlChannel
+    from microco.clients.scheduler._ranks import classify_exit
+
+    script = tmp_path / "spawn_job.py"
+    script.write_text(SPAWN_JOB)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MICROCO_", "RANK", "WORLD_SIZE"))}
+    env.update(MICROCO_CONTROL_DIR=str(tmp_path / "ctl"), MICROCO_CHECKPOINT_DIR=str(tmp_path / "ckpt"))
+    p = subprocess.Popen(
+        [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        ch = ControlChannel(tmp_path / "ctl")
+        ch.wait_status(lambda s: s["step"] >= 5, 120)
+        st = ch.wait_ack(ch.send("suspend"), 60)
+        assert st["state"] == "parked"
+        ch.wait_ack(ch.send("resume"), 60)
+        ch.wait_status(lambda s: s["step"] >= st["step"] + 3, 60)
+        ch.send("stop")
+        out, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 1, out  # mp.spawn's own code for a child that exited 75
+    recs = read_records(tmp_path / "ctl")
+    assert [(r["rank"], r["state"]) for r in recs] == [(0, "checkpointed"), (1, "checkpointed")]
+    assert recs[0]["step"] == recs[1]["step"]
+    code, msg = classify_exit(p.returncode, tmp_path / "ctl", out)
+    assert code == 75 and msg == f"checkpointed at step {recs[0]['step']} (the launcher exited with 1)"
+    assert (tmp_path / "ckpt" / "checkpoint").exists()
