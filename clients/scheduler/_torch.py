@@ -50,7 +50,8 @@ class TorchHook:
 
     The checkpoint holds the model's and optimizer's state dicts, every RNG the loop may draw
     from (torch, CUDA, NumPy, Python), the step (which is the data position when batches are
-    a function of the step, see ``StepBatches``), the ``state_dict`` of an optional ``sampler``
+    a function of the step, see ``StepBatches``), the ``state_dict`` of an optional ``sampler``,
+    of every object in ``stateful`` (LR schedulers, a GradScaler: ``{"sched": scheduler}``)
     and a user ``extra_state`` dict (restored in place), e.g. the loss history.
     """
 
@@ -61,6 +62,7 @@ class TorchHook:
         *,
         extra_state: dict[str, Any] | None = None,
         sampler: Any | None = None,
+        stateful: dict[str, Any] | None = None,
         on_devices: Callable[[list[str]], None] | None = None,
         context: JobContext | None = None,
         **context_kwargs: Any,
@@ -69,6 +71,12 @@ class TorchHook:
         self.optimizer = optimizer
         self.extra_state = extra_state if extra_state is not None else {}
         self.sampler = sampler
+        # Other objects with ``state_dict`` / ``load_state_dict`` (LR schedulers, a GradScaler,
+        # an EMA, ...), saved and restored by name.
+        self.stateful = dict(stateful or {})
+        for name, obj in self.stateful.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(f"stateful[{name!r}] has no state_dict/load_state_dict")
         self.context = context or JobContext(**context_kwargs)
         self.context.save = self._save
         self.context.load = self._load
@@ -127,6 +135,7 @@ class TorchHook:
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "rng": rng,
             "sampler": self.sampler.state_dict() if self.sampler is not None else None,
+            "stateful": {name: obj.state_dict() for name, obj in self.stateful.items()},
             "extra": self.extra_state,
         }
         buf = io.BytesIO()
@@ -163,6 +172,12 @@ class TorchHook:
             rank = self._group[0] if self._group else 0
             rng = rng[rank] if rank < len(rng) else rng[0]
         _set_rng_state(rng)
+        saved = state.get("stateful") or {}
+        missing = [name for name in self.stateful if name not in saved]
+        if missing:
+            raise ValueError(f"the checkpoint has no state for {missing} (saved: {sorted(saved)})")
+        for name, obj in self.stateful.items():
+            obj.load_state_dict(saved[name])
         if self.sampler is not None and state["sampler"] is not None:
             self.sampler.load_state_dict(state["sampler"])
         self.extra_state.clear()

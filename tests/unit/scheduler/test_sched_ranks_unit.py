@@ -210,3 +210,30 @@ def test_a_resize_changes_torchs_compute_threads(tmp_path):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_lr_schedulers_and_other_stateful_objects_are_checkpointed(tmp_path):
+    torch = pytest.importorskip("torch")
+    from microco.clients.scheduler import TorchHook
+
+    def build():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        hook = TorchHook(model, opt, stateful={"sched": sched}, checkpoint_dir=tmp_path / "ckpt")
+        return model, opt, sched, hook
+
+    model, opt, sched, hook = build()
+    for step in range(5):
+        opt.zero_grad()
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        sched.step()
+        hook.step_end(step + 1)
+    hook.checkpoint()
+    model2, opt2, sched2, hook2 = build()
+    assert hook2.restore() == 5
+    assert sched2.state_dict() == sched.state_dict() and opt2.param_groups[0]["lr"] == 0.25
+    with pytest.raises(TypeError, match="no state_dict"):
+        TorchHook(model, opt, stateful={"x": object()})
