@@ -232,7 +232,7 @@ def test_lr_schedulers_and_other_stateful_objects_are_checkpointed(tmp_path):
         sched.step()
         hook.step_end(step + 1)
     hook.checkpoint()
-    model2, opt2, sched2, hook2 = build()
+    _, opt2, sched2, hook2 = build()
     assert hook2.restore() == 5
     assert sched2.state_dict() == sched.state_dict() and opt2.param_groups[0]["lr"] == 0.25
     with pytest.raises(TypeError, match="no state_dict"):
