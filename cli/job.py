@@ -93,6 +93,20 @@ def register(sub: Any) -> None:
     cn.add_argument("--json", action="store_true")
     cn.set_defaults(func=cmd_cancel)
 
+    for action, helptext in (
+        ("suspend", "suspend a running job (checkpointed, parked) and hold it until resumed"),
+        ("resume", "resume a job an operator suspended (the policy places it, or --devices)"),
+        ("migrate", "move a running job onto other devices (checkpoint, restart there)"),
+        ("resize", "change an elastic job's devices (--devices, or a count on its node)"),
+    ):
+        op = s.add_parser(action, help=helptext, description=helptext[0].upper() + helptext[1:] + ".")
+        op.add_argument("job_id")
+        op.add_argument("--devices", default="", help="comma-separated device ids, e.g. n1/0,n1/1")
+        if action == "resize":
+            op.add_argument("count", nargs="?", type=int, default=0, help="devices on the job's node")
+        op.add_argument("--json", action="store_true")
+        op.set_defaults(func=cmd_control, action=action)
+
     nd = s.add_parser("nodes", help="devices the scheduler can use, its leader and policy")
     nd.add_argument("--json", action="store_true")
     nd.set_defaults(func=cmd_nodes)
@@ -302,6 +316,25 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     else:
         for j in out:
             print(f"{j['id']}: {j['state']}{' (cancel requested)' if j['state'] not in _STATES[5:] else ''}")
+    return 0
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    """suspend / resume / migrate / resize: checked by the scheduler at once, carried out at
+    its next tick (``microco job show`` has the outcome in the job's history)."""
+    from microco.clients.scheduler import job_to_dict
+
+    devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+    count = getattr(args, "count", 0) or 0
+    if args.action == "resize" and bool(devices) == bool(count):
+        from microco.common.errors import InvalidArgument
+
+        raise InvalidArgument("resize: give either a device count or --devices")
+    j = job_to_dict(_client(args).control(args.job_id, args.action, devices, count))
+    if args.json:
+        print(json.dumps(j, indent=2))
+    else:
+        print(f"{j['id']}: {j['state']}; {j['message']}")
     return 0
 
 

@@ -29,6 +29,7 @@ from ._job import (
     JobContext,
 )
 from ._keras import SchedulerCallback
+from ._ranks import classify_exit
 from ._torch import TorchHook, average_gradients, init_distributed, seed_everything
 
 _CLIENT_NAMES = ("SchedulerClient", "job_to_dict", "make_spec", "state_name")
@@ -51,6 +52,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "classify_exit",
     "ACTIONS",
     "CHECKPOINT",
     "ENV_ATTEMPT",

@@ -123,6 +123,25 @@ class SchedulerClient(ServiceClient):
         req = scheduler_pb2.ListJobsRequest(states=[STATES[s] for s in states], owner=owner)
         return list(self._call(self._stub.ListJobs, req, timeout=timeout, idempotent=True).jobs)
 
+    def control(
+        self,
+        job_id: str,
+        action: str,
+        devices: Sequence[str] | None = None,
+        device_count: int = 0,
+        *,
+        timeout: float | None = None,
+    ) -> scheduler_pb2.Job:
+        """An operator's ``suspend`` / ``resume`` / ``migrate`` / ``resize`` of a job."""
+        return self._call(
+            self._stub.ControlJob,
+            scheduler_pb2.ControlJobRequest(
+                job_id=job_id, action=action, devices=list(devices or []), device_count=device_count
+            ),
+            timeout=timeout,
+            idempotent=False,  # a retried command would find its first copy pending
+        )
+
     def cancel(self, job_id: str, *, timeout: float | None = None) -> scheduler_pb2.Job:
         # Cancellation is idempotent on the server (a flag), so it may be retried.
         return self._call(

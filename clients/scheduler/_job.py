@@ -23,7 +23,9 @@ from ._control import (
     STOP,
     SUSPEND,
     ControlChannel,
+    read_json,
 )
+from ._ranks import error_line, is_comm_error, write_record
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,7 @@ ENV_WORLD_SIZE = "MICROCO_WORLD_SIZE"
 # Actions as small integers, for agreeing on one across ranks (0: nothing to do).
 _ACTION_CODES = {SUSPEND: 1, RESUME: 2, CHECKPOINT: 3, STOP: 4, RESIZE: 5}
 _CODE_ACTIONS = {v: k for k, v in _ACTION_CODES.items()}
+_PERIODIC_CHECKPOINT = 9  # rank 0's checkpoint timer ran out (agreed like a command)
 
 CHECKPOINT_FILE = "checkpoint"
 _REPORT_EVERY_S = 0.2  # status file refresh while nothing changes (state changes are immediate)
@@ -98,11 +101,16 @@ class JobContext:
         self.on_devices: Callable[[list[str]], None] | None = None
         # A spread job: every rank must act on the same command at the same boundary (one
         # rank parking or exiting while another waits in an all-reduce would hang both).
-        # ``agree(code)`` is a collective that returns rank 0's code to every rank (the torch
-        # hook sets a broadcast); rank 0 alone reads the control file and writes checkpoints.
-        self.rank = int(env.get(ENV_RANK, "0") or 0)
-        self.world_size = int(env.get(ENV_WORLD_SIZE, "1") or 1)
-        self.agree: Callable[[int], int] | None = None
+        # ``agree([code, seq])`` is a collective that returns rank 0's list to every rank (the
+        # torch hook sets a broadcast); rank 0 alone reads the control file and writes checkpoints.
+        # A job whose processes a launcher started (torchrun, mp.spawn, ...) shares one control
+        # directory: its ranks come from the launcher's RANK / WORLD_SIZE (or ``use_group``),
+        # rank 0 alone reports, and a suspend parks every rank in place. The ranks of a job the
+        # scheduler spread (``MICROCO_WORLD_SIZE``) each have their own node agent.
+        self.spread = int(env.get(ENV_WORLD_SIZE, "1") or 1) > 1
+        self.rank = int(env.get(ENV_RANK) or env.get("RANK") or 0)
+        self.world_size = int(env.get(ENV_WORLD_SIZE) or env.get("WORLD_SIZE") or 1)
+        self.agree: Callable[[list[int]], list[int]] | None = None
 
         self.step = 0
         self.restored_from_step: int | None = None
@@ -128,6 +136,9 @@ class JobContext:
         self.last_resume_ms: float | None = None
         self._parked_at: float | None = None
         self.losses_reported = 0
+        self._recorded = False
+        if self.channel is not None:
+            _install_excepthook(self)
 
     # ------------------------------------------------------------------ checkpoint files
     @property
@@ -159,11 +170,16 @@ class JobContext:
         In a spread job only rank 0 writes (every rank holds the same state)."""
         if self.save is None or self.checkpoint_path is None:
             raise RuntimeError("this job has no checkpoint directory or no save function")
-        if self.rank != 0:
+        if self.rank != 0 and self.agree is None:
             self.checkpoint_step = self.step
             return 0
         t0 = time.perf_counter()
+        # With a process group every rank calls ``save`` (it may gather each rank's RNG state,
+        # a collective); rank 0 alone writes.
         blob = self.save(self.step)
+        if self.rank != 0:
+            self.checkpoint_step = self.step
+            return 0
         path = self.checkpoint_path
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -213,14 +229,13 @@ class JobContext:
         if self.first_step_at is None:
             self.first_step_at = time.time()
             self._report(force=True)
+        if self.first_step_at is not None and not self._recorded:
+            self._recorded = True
+            self._record("running")
+        together = self._together()
         self._obey()
-        if (
-            self.checkpoint_every_s > 0
-            and self.checkpoint_path is not None
-            and self.save is not None
-            and time.monotonic() - self._last_checkpoint_at >= self.checkpoint_every_s
-        ):
-            self.write_checkpoint()
+        if not together and self._checkpoint_due():
+            self.write_checkpoint()  # (ranks with a group agree on it in ``_obey_together``)
         self._report()
         # The next mini-batch's time starts after control handling (a park is not compute).
         self._mark_boundary()
@@ -228,10 +243,59 @@ class JobContext:
     def finish(self) -> None:
         """Call when training is done: the final status says so."""
         self.state = "finished"
+        self._record("finished")
         self._report(force=True)
 
+    def use_group(self, rank: int, world_size: int, agree: Callable[[list[int]], list[int]]) -> None:
+        """Act as rank ``rank`` of ``world_size`` processes that agree on control through
+        ``agree`` (a collective returning rank 0's list of ints to every rank)."""
+        self.rank, self.world_size, self.agree = int(rank), int(world_size), agree
+
+    @property
+    def reporter(self) -> bool:
+        """Whether this process writes the job's status: rank 0 of a job whose ranks share a
+        control directory, every rank of a spread job (each for its own node agent)."""
+        return self.rank == 0 or self.spread
+
+    def _checkpoint_due(self) -> bool:
+        return (
+            self.checkpoint_every_s > 0
+            and self.checkpoint_path is not None
+            and self.save is not None
+            and time.monotonic() - self._last_checkpoint_at >= self.checkpoint_every_s
+        )
+
+    def _record(self, state: str, **extra: Any) -> None:
+        """This process's record in the control directory (see ``_ranks``)."""
+        if self.channel is None:
+            return
+        write_record(
+            self.channel.dir,
+            self.rank,
+            {
+                "state": state,
+                "pid": os.getpid(),
+                "world": self.world_size,
+                "step": self.step,
+                "at": time.time(),
+                **extra,
+            },
+        )
+
+    def _together(self) -> bool:
+        """Whether the ranks agree at this boundary: several of them with a collective, and
+        something to agree on (outside the scheduler without checkpoints there is nothing,
+        and every rank sees the same environment, so none pays the broadcast)."""
+        return (
+            self.world_size > 1
+            and self.agree is not None
+            and (
+                self.channel is not None or (self.checkpoint_every_s > 0 and self.checkpoint_path is not None)
+            )
+        )
+
     def _obey(self) -> None:
-        if self.world_size > 1 and self.agree is not None:
+        if self._together():
             self._obey_together()
             return
         if self.channel is None:
@@ -242,30 +306,41 @@ class JobContext:
         self._carry_out(cmd)
 
     def _obey_together(self) -> None:
-        """Spread job: rank 0's command, agreed by every rank at this boundary. A rank cannot
-        park alone, so suspend means checkpoint-and-exit here (the scheduler restarts the job
-        from the checkpoint); resume and resize need no action from a running rank."""
+        """Several ranks: rank 0's command (and a due periodic checkpoint), agreed by every
+        rank at this boundary, so no rank parks or exits while another waits in a collective.
+
+        Ranks sharing one control directory (a launcher's) carry the command out together:
+        suspend parks every rank in place, stop checkpoints once and exits every rank. A job
+        the scheduler spread over nodes cannot park rank by rank (each node's agent would
+        resume its rank on its own), so suspend means checkpoint-and-exit there."""
         assert self.agree is not None
-        cmd = None
-        code = 0
-        if self.rank == 0 and self.channel is not None:
-            cmd = self.channel.poll()
+        code, seq = 0, 0
+        if self.rank == 0:
+            cmd = self.channel.poll() if self.channel is not None else None
             if cmd and int(cmd.get("seq", 0)) > self.seq_done:
-                code = _ACTION_CODES.get(str(cmd.get("action")), 0)
-            else:
-                cmd = None
-        code = self.agree(code)
+                code, seq = _ACTION_CODES.get(str(cmd.get("action")), 0), int(cmd.get("seq", 0))
+            elif self._checkpoint_due():
+                code = _PERIODIC_CHECKPOINT
+        code, seq = self.agree([code, seq])
         if not code:
             return
-        action = _CODE_ACTIONS[code]
-        if action == SUSPEND:
-            action = STOP
-        if cmd is None:  # the other ranks acknowledge their own agent's latest command
-            cmd = {"seq": self.channel.last_seq() if self.channel else 0}
-        if action in (RESUME, RESIZE):
-            self._ack(int(cmd.get("seq", 0)))
+        if code == _PERIODIC_CHECKPOINT:
+            self.write_checkpoint()
             return
-        self._carry_out({**cmd, "action": action, "devices": None})
+        action = _CODE_ACTIONS[code]
+        if self.spread:
+            if action == SUSPEND:
+                action = STOP
+            # the other ranks acknowledge their own agent's latest command
+            seq = seq if self.rank == 0 else (self.channel.last_seq() if self.channel else 0)
+            if action in (RESUME, RESIZE):
+                self._ack(seq)
+                return
+            self._carry_out({"seq": seq, "action": action, "devices": None})
+            return
+        cmd = read_json(self.channel.command_path) if self.channel is not None else None
+        devices = cmd.get("devices") if cmd and int(cmd.get("seq", 0)) == seq else None
+        self._carry_out({"seq": seq, "action": action, "devices": devices})
 
     def _carry_out(self, cmd: dict[str, Any]) -> None:
         action, seq = cmd.get("action"), int(cmd.get("seq", 0))
@@ -285,10 +360,17 @@ class JobContext:
             self.write_checkpoint()
             self._ack(seq)
         elif action == STOP:
-            if self.state != "parked" or self.checkpoint_step != self.step:
+            was_parked = self.state == "parked"
+            if not was_parked or self.checkpoint_step != self.step:
                 self.write_checkpoint()
             self.state = "checkpointed"
             self._ack(seq)
+            # The record tells the agent "checkpointed" whatever code a launcher returns; it
+            # is written once the checkpoint is complete. With a group, no rank exits before
+            # every rank has (a launcher kills the others at the first exit).
+            self._record("checkpointed")
+            if self.agree is not None and self.world_size > 1 and not was_parked:
+                self.agree([0, 0])
             sys.stdout.flush()
             sys.stderr.flush()
             self.exit_fn(EXIT_CHECKPOINTED)
@@ -389,7 +471,7 @@ class JobContext:
         }
 
     def _report(self, force: bool = False) -> None:
-        if self.channel is None:
+        if self.channel is None or not self.reporter:
             return
         now = time.monotonic()
         if not force and now - self._last_report < _REPORT_EVERY_S:
@@ -399,3 +481,15 @@ class JobContext:
             self.channel.report(self.status())
         except OSError as exc:  # a full disk must not kill training; the agent sees staleness
             log.warning("cannot write job status: %s", exc)
+
+
+def _install_excepthook(ctx: JobContext) -> None:
+    """On an uncaught exception, record this rank's one-line error before the usual report."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if not isinstance(exc, KeyboardInterrupt | SystemExit):
+            ctx._record("failed", error=error_line(exc), comm=is_comm_error(exc))
+        previous(kind, exc, tb)
+
+    sys.excepthook = hook

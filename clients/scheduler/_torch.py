@@ -50,7 +50,8 @@ class TorchHook:
 
     The checkpoint holds the model's and optimizer's state dicts, every RNG the loop may draw
     from (torch, CUDA, NumPy, Python), the step (which is the data position when batches are
-    a function of the step, see ``StepBatches``), the ``state_dict`` of an optional ``sampler``
+    a function of the step, see ``StepBatches``), the ``state_dict`` of an optional ``sampler``,
+    of every object in ``stateful`` (LR schedulers, a GradScaler: ``{"sched": scheduler}``)
     and a user ``extra_state`` dict (restored in place), e.g. the loss history.
     """
 
@@ -61,6 +62,7 @@ class TorchHook:
         *,
         extra_state: dict[str, Any] | None = None,
         sampler: Any | None = None,
+        stateful: dict[str, Any] | None = None,
         on_devices: Callable[[list[str]], None] | None = None,
         context: JobContext | None = None,
         **context_kwargs: Any,
@@ -69,18 +71,34 @@ class TorchHook:
         self.optimizer = optimizer
         self.extra_state = extra_state if extra_state is not None else {}
         self.sampler = sampler
+        # Other objects with ``state_dict`` / ``load_state_dict`` (LR schedulers, a GradScaler,
+        # an EMA, ...), saved and restored by name.
+        self.stateful = dict(stateful or {})
+        for name, obj in self.stateful.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(f"stateful[{name!r}] has no state_dict/load_state_dict")
         self.context = context or JobContext(**context_kwargs)
         self.context.save = self._save
         self.context.load = self._load
         self.context.on_park = self._park
         self.context.on_unpark = self._unpark
-        self.context.on_devices = on_devices
+        # A resize changes the compute threads too (OMP_NUM_THREADS only counts at start):
+        # on virtual devices (CPU shares) one thread per device, shared by the ranks.
+        self.context.on_devices = on_devices or self._set_threads
         self._device: Any = None
-        if self.context.world_size > 1:
-            import torch.distributed as dist
+        self._group: tuple[int, int] | None = None
+        self._join_group()
 
-            if dist.is_available() and dist.is_initialized():
-                self.context.agree = _broadcast_from_rank0
+    def _join_group(self) -> None:
+        """With ``torch.distributed`` initialised over several processes (however launched:
+        torchrun, ``mp.spawn``, Lightning, Accelerate, ``init_distributed``), the ranks agree
+        on control at each boundary and the checkpoint holds every rank's RNG state. Checked
+        again at the first boundaries, for a hook made before ``init_process_group``."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            self._group = (dist.get_rank(), dist.get_world_size())
+            self.context.use_group(*self._group, _broadcast_from_rank0)
 
     # Delegates, so a script needs only the hook.
     @property
@@ -95,6 +113,8 @@ class TorchHook:
         return self.context.restore()
 
     def step_end(self, step: int | None = None) -> None:
+        if self._group is None and self.context.step < 2:
+            self._join_group()
         self.context.step_end(step)
 
     def checkpoint(self) -> int:
@@ -106,17 +126,39 @@ class TorchHook:
     def _save(self, step: int) -> bytes:
         import torch
 
+        rng = self._rng_states()
+        if self._group is not None and self._group[0] != 0:
+            return b""  # rank 0 writes the checkpoint
         state = {
             "step": step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-            "rng": _rng_state(),
+            "rng": rng,
             "sampler": self.sampler.state_dict() if self.sampler is not None else None,
+            "stateful": {name: obj.state_dict() for name, obj in self.stateful.items()},
             "extra": self.extra_state,
         }
         buf = io.BytesIO()
         torch.save(state, buf)
         return buf.getvalue()
+
+    def _set_threads(self, devices: list[str]) -> None:
+        import torch
+
+        if self.context.on_gpu or not devices:
+            return
+        torch.set_num_threads(max(1, len(devices) // max(1, self.context.world_size)))
+
+    def _rng_states(self) -> Any:
+        """This process's RNG states; with a process group, every rank's (a collective: every
+        rank calls ``_save`` at the same boundary, rank 0's result is written)."""
+        if self._group is None:
+            return _rng_state()
+        import torch.distributed as dist
+
+        states: list[Any] = [None] * self._group[1]
+        dist.all_gather_object(states, _rng_state())
+        return states
 
     def _load(self, blob: bytes) -> int:
         import torch
@@ -125,7 +167,17 @@ class TorchHook:
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
-        _set_rng_state(state["rng"])
+        rng = state["rng"]
+        if isinstance(rng, list):  # one per rank (saved by a process group)
+            rank = self._group[0] if self._group else 0
+            rng = rng[rank] if rank < len(rng) else rng[0]
+        _set_rng_state(rng)
+        saved = state.get("stateful") or {}
+        missing = [name for name in self.stateful if name not in saved]
+        if missing:
+            raise ValueError(f"the checkpoint has no state for {missing} (saved: {sorted(saved)})")
+        for name, obj in self.stateful.items():
+            obj.load_state_dict(saved[name])
         if self.sampler is not None and state["sampler"] is not None:
             self.sampler.load_state_dict(state["sampler"])
         self.extra_state.clear()
@@ -158,13 +210,13 @@ class TorchHook:
                         st[k] = v.to(device)
 
 
-def _broadcast_from_rank0(code: int) -> int:
+def _broadcast_from_rank0(values: list[int]) -> list[int]:
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([code], dtype=torch.int64)
+    t = torch.tensor(values, dtype=torch.int64)
     dist.broadcast(t, src=0)
-    return int(t.item())
+    return [int(v) for v in t.tolist()]
 
 
 def init_distributed() -> tuple[int, int]:

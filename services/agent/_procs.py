@@ -35,6 +35,7 @@ from microco.clients.scheduler import (
     ENV_DEVICES,
     ENV_JOB_ID,
 )
+from microco.clients.scheduler import classify_exit
 from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from ._devices import DeviceInfo
@@ -140,11 +141,10 @@ class ManagedProcess:
         if self.exit_code is None:
             code = self.popen.poll()
             if code is not None:
-                # A process killed by a signal reports -N; keep that (not 0, not 75).
-                self.exit_code = code
+                # A process killed by a signal reports -N; keep that (not 0, not 75). A job's
+                # processes' own records decide what a launcher's code means (``_ranks``).
+                self.exit_code, self.message = classify_exit(code, self.control.dir, _tail(self.log_path))
                 self.exited_at = time.time()
-                if code not in (0, 75):
-                    self.message = f"exited with {code}: " + _tail(self.log_path)
         return self.exit_code
 
     def status(self) -> dict[str, Any]:

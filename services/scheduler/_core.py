@@ -34,6 +34,7 @@ from microco.common.kv import KV, dumps
 
 from . import _jobs as J
 from . import _metrics as M
+from . import _operator
 from .policy import (
     Decision,
     JobFacts,
@@ -52,6 +53,9 @@ from .policy import (
 
 log = logging.getLogger(__name__)
 
+# Mini-batches after a change before the job's reported mean (over its last 20, the hook's
+# window, plus the boundary the change waited for) is wholly a measurement of the new setup.
+_SETTLE_STEPS = 25
 PROFILES_PREFIX = "/microco/scheduler/profiles/"
 
 
@@ -83,8 +87,12 @@ class SchedulerCore:
         gc_interval_s: float = 60.0,
         allow_spread: bool = False,
         log_retention_s: float = 86400.0,
+        hook_grace_s: float = 120.0,
     ) -> None:
         self.kv, self.policy = kv, policy
+        # A job process that has not reported through the scheduler's hook this long after
+        # its start is taken to run without it: not preemptible (see ``_check_hook``).
+        self.hook_grace_s = hook_grace_s
         self.agents = agents or AgentDirectory(kv)
         self.clock = clock
         self.op_wait_s, self.op_timeout_s = op_wait_s, op_timeout_s
@@ -137,6 +145,10 @@ class SchedulerCore:
         if owner:
             out = [r for r in out if r["spec"]["user"] == owner]
         return sorted(out, key=lambda r: (r["submitted_at"], r["id"]))
+
+    def control(self, job_id: str, action: str, devices: list[str], count: int = 0) -> dict[str, Any]:
+        """An operator's suspend / resume / migrate / resize (see ``_operator``)."""
+        return _operator.request(self, job_id, action, devices, count)
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         """Ask for cancellation; the leader stops the process within a tick. Idempotent."""
@@ -228,6 +240,10 @@ class SchedulerCore:
         if ended or self._last_gc is None or now - self._last_gc >= self.gc_interval_s:
             self._collect_garbage(now)
 
+        for rec in list(jobs.values()):
+            if rec.get("operator") and self.is_leader():
+                _operator.carry_out(self, rec, now)  # before the policy: it sees the result
+                self._save(rec)
         view = self._view(now)
         decisions = list(self.policy.decide(view))
         applied = []
@@ -275,13 +291,21 @@ class SchedulerCore:
                 return
             theirs = json.loads(fresh)
             mine_before = json.loads(old) if old else None
-            if mine_before is None or {**theirs, "cancel_requested": False, "message": ""} != {
+            if mine_before is None or {
+                **theirs,
+                "cancel_requested": False,
+                "message": "",
+                "operator": None,
+            } != {
                 **mine_before,
                 "cancel_requested": False,
                 "message": "",
+                "operator": None,
             }:
                 raise Aborted(f"job {rec['id']} was changed by another scheduler; abandoning this tick")
             rec["cancel_requested"] = rec["cancel_requested"] or theirs["cancel_requested"]
+            if not mine_before.get("operator") and theirs.get("operator"):
+                rec["operator"] = theirs["operator"]  # an operator's command, also from the API
             self._raw[rec["id"]] = fresh
 
     # ------------------------------------------------------------------ reconcile
@@ -365,6 +389,8 @@ class SchedulerCore:
         if p is None:
             self._lost(rec, f"process of attempt {rec['attempt']} is gone from node {node}", now)
             return
+        if p.state != agent_pb2.PROCESS_STATE_EXITED:
+            self._check_hook(rec, p, now)
         if p.job_state:
             rec["step"] = int(p.step)
         rec["checkpoint_step"] = max(rec["checkpoint_step"], int(p.checkpoint_step))
@@ -372,6 +398,9 @@ class SchedulerCore:
             rec["first_step_at"] = p.first_step_at
         if p.minibatch_ms > 0 and p.job_state == "running":
             rec["minibatch_ms"] = p.minibatch_ms
+            if p.step - rec.get("step_at_change", 0) > _SETTLE_STEPS:
+                # the job's window of recent mini-batches now lies wholly after the change
+                rec["settled_ms"] = [rec.get("step_at_change", 0), p.minibatch_ms]
             # Alone-time: only once the job ran a few mini-batches on its own devices.
             # The fastest time seen alone: load from outside the job only ever inflates it.
             if rec["state"] == J.RUNNING and p.step - rec.get("step_at_change", 0) >= 5:
@@ -391,7 +420,10 @@ class SchedulerCore:
             if code == 0:
                 self._release(rec)
                 rec["finished_at"] = now
-                J.set_state(rec, J.FINISHED, f"finished at step {rec['step']}", now)
+                done = f"finished at step {rec['step']}"
+                if rec.get("no_hook") and not p.job_state:
+                    done = "finished (its steps were not reported: it ran without the scheduler's hook)"
+                J.set_state(rec, J.FINISHED, done, now)
             elif code == EXIT_CHECKPOINTED:
                 then = (pending or {}).get("then")
                 devices = (pending or {}).get("devices") or []
@@ -400,7 +432,9 @@ class SchedulerCore:
                 if then == "move" and devices:
                     self._start_process(rec, devices, now, "moved")
             elif code < 0:
-                self._lost(rec, f"process killed by signal {-code}", now)
+                # the agent's line says more when a launcher's rank vanished (see ``_ranks``)
+                why = p.message if p.message and not p.message.startswith("killed by") else ""
+                self._lost(rec, why or f"process killed by signal {-code}", now)
             else:
                 self._release(rec)
                 rec["finished_at"] = now
@@ -423,6 +457,27 @@ class SchedulerCore:
                     self.agents.stop(self._address(node), rec["id"])
                 except MicrocoError:
                     pass
+
+    def _check_hook(self, rec: dict[str, Any], p: Any, now: float) -> None:
+        """A job whose process has not reported through the hook ``hook_grace_s`` after it
+        started runs without it: it cannot obey suspend, migrate or resize at a boundary, so
+        the policy is told it is not preemptible (no wasted suspend attempts every tick) and
+        the user reads why in the job's history."""
+        if p.job_state or p.first_step_at:
+            if rec.get("no_hook"):
+                rec["no_hook"] = False
+                J.note(rec, "the job's hook reports now: preemptible again", now)
+            return
+        started = float(p.started_at or 0.0)
+        if not rec.get("no_hook") and started and now - started >= self.hook_grace_s:
+            rec["no_hook"] = True
+            J.note(
+                rec,
+                f"no report from the scheduler's hook {self.hook_grace_s:.0f} s after the start: "
+                "not preemptible (it keeps its devices until it ends; add TorchHook or "
+                "SchedulerCallback to make it so)",
+                now,
+            )
 
     def _reconcile_ranks(self, rec: dict[str, Any], now: float) -> bool:
         """A spread job's other ranks: all must live while rank 0 does (a missing rank would
@@ -567,8 +622,17 @@ class SchedulerCore:
         for r in jobs.values():
             if r["state"] in J.TERMINAL or r["cancel_requested"]:
                 continue
+            if r.get("held") and r["state"] not in J.HOLDING:
+                continue  # suspended by an operator: not the policy's to resume
             v = J.record_to_view(r)
             v["minibatch_ms_alone"] = self._alone_ms(r)
+            trial = r.get("grow_trial")
+            if trial:
+                v["grown_from"] = trial["from"]
+                v["minibatch_ms_before_grow"] = trial["ms_before"]
+            v["minibatch_ms_settled"] = self._settled_ms(r)
+            v["max_useful_devices"] = r.get("max_useful_devices")
+            v["preemptible"] = not r.get("no_hook")
             views.append(v)
         return cluster_view_from_dicts(now, devices, views)
 
@@ -646,6 +710,8 @@ class SchedulerCore:
         assert isinstance(d, Migrate | Resize)  # check() refused every other kind
         devices = list(d.devices)
         target = self._node_of(devices)
+        if isinstance(d, Resize):
+            self._resized(rec, devices, now, d.reason)
         if target == rec["node"] and not rec.get("ranks"):
             # Same node: re-pin at the next boundary, no restart (a virtual device is a CPU set).
             action = "resize" if isinstance(d, Resize) else "resume"
@@ -663,6 +729,31 @@ class SchedulerCore:
 
     def _device_known(self, device: str) -> bool:
         return any(dv["id"] == device for node in self._nodes.values() for dv in node.get("devices", []))
+
+    def _resized(self, rec: dict[str, Any], devices: list[str], now: float, reason: str) -> None:
+        """A resize's bookkeeping: a grow is judged later against the mini-batch time measured
+        before it; a shrink back to where a grow started undoes it (the job is not grown that
+        far again); every resize goes into the job's history."""
+        old = list(rec["devices"])
+        trial = rec.get("grow_trial")
+        if len(devices) > len(old):
+            rec["grow_trial"] = {
+                "from": old,
+                "ms_before": self._settled_ms(rec) or rec["minibatch_ms"] or None,
+            }
+        else:
+            if trial and sorted(trial["from"]) == sorted(devices) and len(old) > len(devices):
+                rec["max_useful_devices"] = len(old)
+            rec["grow_trial"] = None
+        J.note(rec, f"resized from {len(old)} to {len(devices)} devices: {reason}", now)
+
+    @staticmethod
+    def _settled_ms(rec: dict[str, Any]) -> float | None:
+        """The mini-batch time measured wholly since the job's last change, if there is one."""
+        settled = rec.get("settled_ms")
+        if settled and settled[0] == rec.get("step_at_change", 0):
+            return float(settled[1])
+        return None
 
     def _launch(self, rec: dict[str, Any], devices: list[str], now: float, how: str) -> None:
         placement = self._placement(devices)

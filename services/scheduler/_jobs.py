@@ -153,6 +153,13 @@ def set_state(rec: dict[str, Any], state: str, message: str, now: float) -> None
     rec["message"] = message
 
 
+def note(rec: dict[str, Any], message: str, now: float) -> None:
+    """Record an event that keeps the job's state (e.g. a resize) in its history."""
+    now = max(now, float(rec.get("last_change_at") or now))
+    rec["history"] = (rec.get("history") or [])[-49:] + [[now, rec["state"], message]]
+    rec["message"] = message
+
+
 def log_job_ids(records: list[dict[str, Any]], now: float, log_retention_s: float) -> set[str]:
     """Ended jobs whose logs the nodes keep for their users (their other data may go): those
     that ended less than ``log_retention_s`` ago."""

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -54,6 +55,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     def CancelJob(self, request: scheduler_pb2.CancelJobRequest, context: grpc.ServicerContext) -> Any:
         return J.record_to_pb(self.core.cancel(request.job_id))
 
+    def ControlJob(self, request: scheduler_pb2.ControlJobRequest, context: grpc.ServicerContext) -> Any:
+        return J.record_to_pb(
+            self.core.control(request.job_id, request.action, list(request.devices), request.device_count)
+        )
+
     def WatchJobs(self, request: scheduler_pb2.WatchJobsRequest, context: grpc.ServicerContext) -> Any:
         for rec in self.core.watch(list(request.job_ids), context.is_active):
             yield scheduler_pb2.JobEvent(job=J.record_to_pb(rec), at=time.time())
@@ -89,6 +95,7 @@ class Scheduler:
         failed_retention_s: float = 86400.0,
         gc_interval_s: float = 60.0,
         log_retention_s: float = 86400.0,
+        hook_grace_s: float = 120.0,
     ) -> None:
         self.policy_name = policy
         self.election = LeaderElection(
@@ -109,6 +116,7 @@ class Scheduler:
             gc_interval_s=gc_interval_s,
             allow_spread=bool(config.get("allow_spread", False)),
             log_retention_s=log_retention_s,
+            hook_grace_s=hook_grace_s,
         )
         self.tick_s = tick_s
         self.runtime: ServiceRuntime | None = None
@@ -167,7 +175,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--policy-config",
         default="{}",
-        help='policy settings as JSON, e.g. \'{"quantum_s": 10, "enable_packing": false}\'',
+        help='policy settings as JSON, e.g. \'{"quantum_s": 10, "enable_packing": false}\', '
+        "or a JSON file (@FILE, or FILE)",
     )
     g.add_argument("--tick-s", type=float, default=0.5, help="seconds between control-loop ticks")
     g.add_argument(
@@ -190,6 +199,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep an ended job's logs on the nodes this long (`microco job logs`)",
     )
     g.add_argument(
+        "--hook-grace-s",
+        type=float,
+        default=120.0,
+        help="a job whose process has not reported through the scheduler's hook this long after "
+        "its start is shown and treated as not preemptible",
+    )
+    g.add_argument(
         "--gc-interval-s",
         type=float,
         default=60.0,
@@ -198,16 +214,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def load_policy_config(value: str) -> dict[str, Any]:
+    """``--policy-config``: JSON text, or the path of a JSON file (``@path`` or a path that
+    exists); a clear error for anything else."""
+    text, source = value, "--policy-config"
+    path = value.removeprefix("@")
+    if value.startswith("@") or (not value.lstrip().startswith("{") and os.path.isfile(path)):
+        try:
+            with open(path) as f:
+                text, source = f.read(), f"policy config file {path}"
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read policy config file {path}: {exc.strerror or exc}") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"{source} is not JSON (nor a file that exists): {exc}") from None
+    if not isinstance(config, dict):
+        raise InvalidArgument(f"{source} must be a JSON object of policy settings")
+    return config
+
+
 def setup(ctx: ServiceContext) -> None:
     args = ctx.args
     if args.policy not in available_policies():
         raise InvalidArgument(f"unknown policy {args.policy!r}; available: {', '.join(available_policies())}")
-    try:
-        config = json.loads(args.policy_config)
-    except json.JSONDecodeError as exc:
-        raise InvalidArgument(f"--policy-config is not JSON: {exc}") from None
+    config = load_policy_config(args.policy_config)
     if args.tick_s <= 0:
         raise InvalidArgument("--tick-s must be > 0")
+    if args.hook_grace_s <= 0:
+        raise InvalidArgument("--hook-grace-s must be > 0")
     if args.failed_retention_s < 0 or args.log_retention_s < 0 or args.gc_interval_s <= 0:
         raise InvalidArgument(
             "--failed-retention-s and --log-retention-s must be >= 0 and --gc-interval-s > 0"
@@ -224,6 +259,7 @@ def setup(ctx: ServiceContext) -> None:
             args.failed_retention_s,
             args.gc_interval_s,
             args.log_retention_s,
+            hook_grace_s=args.hook_grace_s,
         )
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"bad policy config for {args.policy}: {exc}") from None

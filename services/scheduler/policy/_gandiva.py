@@ -85,6 +85,10 @@ class GandivaConfig:
     # processes (and GPU memory contexts) on one device. Was 2 (pairs only) before.
     max_jobs_per_device: int = 4
     grow_max_factor: int = 2
+    # A grow must pay: once the grown job's mini-batch time is measured wholly on its new
+    # devices, it is kept if its throughput (steps/s) is at least this many times what it
+    # was before, and undone otherwise (and the job is not grown that far again).
+    grow_keep_ratio: float = 1.1
     slice_order: str = "las"  # or "round_robin"
     # Session 7: may a multi-device job span nodes when no node can be freed for it? A job
     # spread over nodes runs slower for as long as it stays spread, so by default it waits
@@ -120,6 +124,8 @@ class GandivaConfig:
             raise ValueError("max_jobs_per_device must be >= 1")
         if self.grow_max_factor < 1:
             raise ValueError("grow_max_factor must be >= 1")
+        if not self.grow_keep_ratio > 0:
+            raise ValueError("grow_keep_ratio must be > 0")
         if not self.finish_grace_s >= 0:
             raise ValueError("finish_grace_s must be >= 0")
         if self.slice_order not in ("las", "round_robin"):
@@ -192,6 +198,10 @@ class GandivaPolicy:
         if cfg.enable_packing or any_packed:
             self._judge_packs(view, occ, jobs, out, acted)
 
+        # 1b. a grow that did not pay (measured) is undone.
+        if cfg.enable_grow_shrink:
+            self._judge_grows(holders, occ, out, acted)
+
         # 2. shrink elastic jobs that grew, as soon as anyone waits.
         if cfg.enable_grow_shrink and waiting:
             for j in view.jobs:
@@ -218,6 +228,7 @@ class GandivaPolicy:
                 j
                 for j in holders
                 if j.state is JobPhase.RUNNING
+                and j.preemptible
                 and now - j.last_change_at >= cfg.quantum_s - _EPS
                 and j.id not in acted
                 and not self._finishing(j)
@@ -380,7 +391,11 @@ class GandivaPolicy:
                 continue
             ms = [jobs.get(h) for h in hs]
             if any(
-                m is None or m.state is not JobPhase.PACKED or len(m.devices) != 1 or m.id in acted
+                m is None
+                or m.state is not JobPhase.PACKED
+                or len(m.devices) != 1
+                or m.id in acted
+                or not m.preemptible
                 for m in ms
             ):
                 continue
@@ -585,7 +600,10 @@ class GandivaPolicy:
                     return m.minibatch_ms_alone / m.minibatch_ms
                 return 1.0
 
-            loser = min(members, key=lambda m: (speed(m), -m.last_change_at, m.id))
+            movable = [m for m in members if m.preemptible]
+            if not movable:
+                continue
+            loser = min(movable, key=lambda m: (speed(m), -m.last_change_at, m.id))
             if loser.id in acted:
                 continue
             if cfg.enable_migration and len(loser.devices) == 1:
@@ -604,7 +622,7 @@ class GandivaPolicy:
 
     def _consolidate(self, holders: list[JobView], occ: Occupancy, out: list, acted: set) -> None:
         for j in holders:  # in view order, as before
-            if j.state is not JobPhase.RUNNING or len(j.devices) < 2 or j.id in acted:
+            if j.state is not JobPhase.RUNNING or len(j.devices) < 2 or j.id in acted or not j.preemptible:
                 continue
             if len(occ.nodes_of(j.devices)) < 2:
                 continue
@@ -624,7 +642,7 @@ class GandivaPolicy:
         free_by_node = occ.free_by_node()
         movable: dict[str, list[JobView]] = {}
         for j in holders:
-            if j.state is JobPhase.RUNNING and len(j.devices) == 1 and j.id not in acted:
+            if j.state is JobPhase.RUNNING and len(j.devices) == 1 and j.id not in acted and j.preemptible:
                 node = occ.node_of.get(j.devices[0])
                 if node is not None and occ.holders[j.devices[0]] == [j.id]:
                     movable.setdefault(node, []).append(j)
@@ -718,14 +736,46 @@ class GandivaPolicy:
                 return dev, members, "gandiva: trial pack of a job never profiled (introspection judges it)"
         return None
 
+    def _judge_grows(self, holders: list[JobView], occ: Occupancy, out: list, acted: set) -> None:
+        """Keep a grow only if it paid: throughput after / before >= ``grow_keep_ratio``,
+        from mini-batch times measured wholly at each size (as packs are judged)."""
+        for j in holders:
+            if (
+                not j.elastic
+                or j.state is not JobPhase.RUNNING
+                or j.id in acted
+                or not j.grown_from
+                or len(j.devices) <= len(j.grown_from)
+                or not j.minibatch_ms_settled
+                or not j.minibatch_ms_before_grow
+            ):
+                continue
+            gain = j.minibatch_ms_before_grow / j.minibatch_ms_settled
+            if gain >= self.config.grow_keep_ratio:
+                continue
+            occ.release(j.id, [d for d in j.devices if d not in j.grown_from])
+            out.append(
+                Resize(
+                    j.id,
+                    tuple(j.grown_from),
+                    f"gandiva: undo grow to {len(j.devices)} devices ({gain:.2f}x the throughput on "
+                    f"{len(j.grown_from)}: {j.minibatch_ms_before_grow:.1f} -> {j.minibatch_ms_settled:.1f} ms/step)",
+                )
+            )
+            acted.add(j.id)
+
     def _grow(self, view: ClusterView, occ: Occupancy, out: list, acted: set) -> None:
         cfg = self.config
         for j in sorted(view.jobs, key=lambda j: (j.attained_service_s, j.id)):
-            if not j.elastic or j.state is not JobPhase.RUNNING or j.id in acted:
+            if not j.elastic or j.state is not JobPhase.RUNNING or j.id in acted or not j.preemptible:
                 continue
             if view.now - j.last_change_at < cfg.quantum_s - _EPS:
                 continue
+            if j.grown_from and len(j.devices) > len(j.grown_from) and not j.minibatch_ms_settled:
+                continue  # the last grow is not judged yet
             cap = j.max_devices if j.max_devices is not None else j.devices_wanted * cfg.grow_max_factor
+            if j.max_useful_devices is not None:
+                cap = min(cap, j.max_useful_devices - 1)
             extra = cap - len(j.devices)
             if extra <= 0:
                 continue

@@ -75,6 +75,7 @@ class LasPolicy:
             for j in holders
             if j.state is JobPhase.MIGRATING
             or j.state is JobPhase.PACKED
+            or not j.preemptible
             or view.now - j.last_change_at < cfg.min_run_s
         }
         cap = n_dev - sum(len(j.devices) for j in holders if j.id in protected)

@@ -62,6 +62,7 @@ class JobView:
     ``utilization`` is the observed (profiled) fraction of one device the job keeps busy
     when it runs alone, e.g. from device telemetry or, in the simulator, from Gavel's
     measurements (None = unknown: policies fall back to ``gpu_share``, the request).
+    ``grown_from`` .. ``max_useful_devices`` let a policy judge a grow by measured throughput.
     """
 
     id: str
@@ -83,6 +84,17 @@ class JobView:
     gpu_share: float = 1.0
     max_devices: int | None = None
     utilization: float | None = None
+    # A grow being judged (elastic jobs): the devices before it and the mini-batch time
+    # measured there; ``minibatch_ms_settled`` is the time measured wholly since the job's
+    # last change (None until enough mini-batches ran). ``max_useful_devices``: a grow to
+    # that many did not pay, so the job is not grown to it again.
+    grown_from: tuple[str, ...] | None = None
+    minibatch_ms_before_grow: float | None = None
+    minibatch_ms_settled: float | None = None
+    max_useful_devices: int | None = None
+    # False for a job that cannot be suspended, moved or resized at a mini-batch boundary (it
+    # runs without the scheduler's hook): it keeps its devices until it ends.
+    preemptible: bool = True
 
 
 @dataclass(frozen=True, slots=True)

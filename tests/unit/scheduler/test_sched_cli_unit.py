@@ -26,3 +26,15 @@ def test_submit_without_command_is_a_clear_error(capsys, monkeypatch):
 def test_bad_state_is_refused():
     with pytest.raises(SystemExit):
         build_parser().parse_args(["job", "list", "--state", "sleeping"])
+
+
+def test_operator_commands_parse_and_resize_needs_one_target(capsys, monkeypatch):
+    p = build_parser()
+    a = p.parse_args(["job", "migrate", "j1", "--devices", "n2/0,n2/1"])
+    assert (a.action, a.job_id, a.devices) == ("migrate", "j1", "n2/0,n2/1")
+    assert p.parse_args(["job", "resize", "j1", "3"]).count == 3
+    assert p.parse_args(["job", "suspend", "j1"]).action == "suspend"
+    monkeypatch.setenv("MICROCO_ETCD", "127.0.0.1:1")
+    assert main(["job", "resize", "j1"]) == 1
+    assert "give either a device count or --devices" in capsys.readouterr().err
+    assert main(["job", "resize", "j1", "2", "--devices", "n1/0"]) == 1

@@ -177,14 +177,16 @@ def test_spread_ranks_act_on_rank0s_command_together(tmp_path):
     def exit_fn(code):
         raise SystemExit(code)
 
-    shared = {"code": 0}
+    published = []  # stands in for the broadcast: rank 0's values, call by call
+    seen = {1: 0}
 
-    def rank0_agree(code):  # stands in for the broadcast: rank 0 publishes its code
-        shared["code"] = code
-        return code
+    def rank0_agree(values):
+        published.append(list(values))
+        return list(values)
 
-    def other_agree(code):
-        return shared["code"]
+    def other_agree(values):
+        seen[1] += 1
+        return published[seen[1] - 1]
 
     ctxs = []
     for rank in (0, 1):
@@ -194,7 +196,7 @@ def test_spread_ranks_act_on_rank0s_command_together(tmp_path):
             devices=[f"n{rank}/0"],
             exit_fn=exit_fn,
         )
-        c.rank, c.world_size = rank, 2
+        c.rank, c.world_size, c.spread = rank, 2, True
         c.agree = rank0_agree if rank == 0 else other_agree
         c.save = lambda step, rank=rank: f"{step}:rank{rank}".encode()
         ctxs.append(c)
@@ -219,7 +221,7 @@ def test_spread_ranks_ignore_their_own_file_without_rank0s_word(tmp_path):
     from microco.clients.scheduler import JobContext
 
     c = JobContext(control_dir=tmp_path / "ctl", checkpoint_dir=tmp_path / "ckpt", devices=["n/0"])
-    c.rank, c.world_size, c.agree = 1, 2, lambda code: 0
+    c.rank, c.world_size, c.spread, c.agree = 1, 2, True, lambda values: [0, 0]
     c.save = lambda step: b"x"
     ControlChannel(tmp_path / "ctl").send("stop")
     c.step_end(1)  # rank 0 said nothing: rank 1 keeps training

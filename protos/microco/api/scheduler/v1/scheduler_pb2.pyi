@@ -150,6 +150,18 @@ class CancelJobRequest(_message.Message):
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
+class ControlJobRequest(_message.Message):
+    __slots__ = ("job_id", "action", "devices", "device_count")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    action: str
+    devices: _containers.RepeatedScalarFieldContainer[str]
+    device_count: int
+    def __init__(self, job_id: _Optional[str] = ..., action: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., device_count: _Optional[int] = ...) -> None: ...
+
 class WatchJobsRequest(_message.Message):
     __slots__ = ("job_ids",)
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]

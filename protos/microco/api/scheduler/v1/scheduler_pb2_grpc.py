@@ -54,6 +54,11 @@ class SchedulerServiceStub:
                 request_serializer=microco_dot_api_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=microco_dot_api_dot_scheduler_dot_v1_dot_scheduler__pb2.Job.FromString,
                 _registered_method=True)
+        self.ControlJob = channel.unary_unary(
+                '/microco.api.scheduler.v1.SchedulerService/ControlJob',
+                request_serializer=microco_dot_api_dot_scheduler_dot_v1_dot_scheduler__pb2.ControlJobRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_scheduler_dot_v1_dot_scheduler__pb2.Job.FromString,
+                _registered_method=True)
         self.WatchJobs = channel.unary_stream(
                 '/microco.api.scheduler.v1.SchedulerService/WatchJobs',
                 request_serializer=microco_dot_api_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchJobsRequest.SerializeToString,
@@ -93,6 +98,15 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ControlJob(self, request, context):
+        """An operator's command: suspend (and hold), resume, migrate or resize a job. Checked at
+        once (FAILED_PRECONDITION for a transition the job's state does not allow); carried out
+        by the leader at its next tick.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchJobs(self, request, context):
         """Streams every change of state of the selected jobs.
         """
@@ -127,6 +141,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
             'CancelJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelJob,
                     request_deserializer=microco_dot_api_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelJobRequest.FromString,
+                    response_serializer=microco_dot_api_dot_scheduler_dot_v1_dot_scheduler__pb2.Job.SerializeToString,
+            ),
+            'ControlJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ControlJob,
+                    request_deserializer=microco_dot_api_dot_scheduler_dot_v1_dot_scheduler__pb2.ControlJobRequest.FromString,
                     response_serializer=microco_dot_api_dot_scheduler_dot_v1_dot_scheduler__pb2.Job.SerializeToString,
             ),
             'WatchJobs': grpc.unary_stream_rpc_method_handler(
@@ -247,6 +266,33 @@ class SchedulerService:
             target,
             '/microco.api.scheduler.v1.SchedulerService/CancelJob',
             microco_dot_api_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelJobRequest.SerializeToString,
+            microco_dot_api_dot_scheduler_dot_v1_dot_scheduler__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ControlJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/microco.api.scheduler.v1.SchedulerService/ControlJob',
+            microco_dot_api_dot_scheduler_dot_v1_dot_scheduler__pb2.ControlJobRequest.SerializeToString,
             microco_dot_api_dot_scheduler_dot_v1_dot_scheduler__pb2.Job.FromString,
             options,
             channel_credentials,

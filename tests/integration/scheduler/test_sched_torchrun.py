@@ -1,0 +1,245 @@
+"""A DistributedDataParallel job under ``torchrun --nproc-per-node 2`` (gloo, CPU) run through
+the platform as one unit: time-sliced (both ranks park in place and resume), migrated to
+another node by an operator (checkpoint-and-exit, though torchrun exits 1), one rank killed
+with ``kill -9`` (the job restarts from its last checkpoint instead of failing), and finished
+with exactly the weights and loss curve of an uninterrupted torchrun run of the same script.
+
+Slow (~1 min on 2 busy cores): three torchrun launches of two torch processes each, and the
+reference run, are the test; nothing waits for a fixed time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from _support import wait_for_jobs as wait_for
+
+from microco.common import channel_for
+from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
+from microco.clients.scheduler._ranks import read_records
+from microco.services.scheduler._local import spawn_scheduler, stop_process
+
+pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
+
+STEPS = 400
+
+
+def ddp_cmd(out, steps=STEPS, sleep_ms=20, extra=()):
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "microco.examples.torch_ddp",
+        "--steps",
+        str(steps),
+        "--step-sleep-ms",
+        str(sleep_ms),
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def synthetic_cmd():
+    return [sys.executable, "-m", "microco.examples.synthetic_job", "--steps", "100000", "--compute-ms", "2"]
+
+
+@pytest.fixture
+def sched(etcd_endpoint, etcd_kv, tmp_path):
+    procs = []
+
+    def start(config):
+        procs.append(
+            spawn_scheduler(
+                etcd_endpoint,
+                tmp_path / "sched",
+                policy="gandiva",
+                policy_config=config,
+                tick_s=0.2,
+                kv=etcd_kv,
+                log_path=tmp_path / "scheduler.log",
+            )
+        )
+        return SchedulerClient(channel_for(etcd_kv, "scheduler"))
+
+    yield start
+    for p in procs:
+        stop_process(p)
+
+
+def need_torch():
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+
+
+def record(kv, j):
+    return kv.get_json(f"/microco/scheduler/jobs/{j}")
+
+
+def test_torchrun_ddp_job_is_time_sliced_survives_a_killed_rank_and_is_exact(
+    agents, sched, etcd_kv, tmp_path
+):
+    need_torch()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MICROCO_")}
+    ref = subprocess.Popen(
+        ddp_cmd(tmp_path / "ref.json", sleep_ms=0),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        agents("n1", devices=2)
+        c = sched({"quantum_s": 1.0, "enable_packing": False, "enable_grow_shrink": False})
+        out = tmp_path / "out.json"
+        job_env = {"MICROCO_CHECKPOINT_EVERY_S": "0.5"}
+        j = c.submit(make_spec(ddp_cmd(out), devices=2, name="ddp", total_steps=STEPS, env=job_env)).id
+        wait_for(lambda: job_to_dict(c.get(j))["step"] >= 10, etcd_kv, 120, "the DDP job trains")
+        # A second job for the same two devices: the quantum runs out, the DDP job's ranks
+        # park together in place, the other job runs, and the DDP job resumes in place.
+        other = c.submit(make_spec(synthetic_cmd(), devices=2, name="other")).id
+        wait_for(
+            lambda: any("resumed in place" in h[2] for h in record(etcd_kv, j)["history"]),
+            etcd_kv,
+            60,
+            "the DDP job suspended and resumed in place",
+        )
+        c.cancel(other)
+        rec = record(etcd_kv, j)
+        assert any(h[1] == "suspended" and "parked" in h[2] for h in rec["history"]), rec["history"]
+        assert rec["attempt"] == 1 and rec["restarts"] == 0
+        # Migrated by an operator to another node: every rank checkpoints at one boundary and
+        # exits, torchrun exits 1, the agent reads "checkpointed" and the job restarts there.
+        agents("n2", devices=2)
+        wait_for(lambda: job_to_dict(c.get(j))["state"] == "running", etcd_kv, 60, "running again")
+        c.control(j, "migrate", ["n2/0", "n2/1"])
+        wait_for(
+            lambda: (
+                (r := record(etcd_kv, j))["node"] == "n2" and r["state"] == "running" and r["attempt"] == 2
+            ),
+            etcd_kv,
+            60,
+            "migrated to n2",
+        )
+        rec = record(etcd_kv, j)
+        assert rec["restarts"] == 0, rec["history"]  # a move, not a failure or a loss
+        # kill -9 of rank 1 (torchrun then stops rank 0 and exits 1): rescheduled, not failed.
+        ctl = tmp_path / "agents" / "n2" / "jobs" / j / "attempt-2"
+        wait_for(lambda: len(read_records(ctl)) == 2, etcd_kv, 120, "both ranks of attempt 2 report")
+        wait_for(
+            lambda: job_to_dict(c.get(j))["checkpoint_step"] > rec["checkpoint_step"],
+            etcd_kv,
+            60,
+            "a checkpoint",
+        )
+        ranks = {r["rank"]: r for r in read_records(ctl)}
+        assert sorted(ranks) == [0, 1] and all(r["world"] == 2 for r in ranks.values())
+        os.kill(ranks[1]["pid"], signal.SIGKILL)
+        wait_for(
+            lambda: (r := record(etcd_kv, j))["attempt"] == 3 and r["state"] == "running",
+            etcd_kv,
+            60,
+            "restarted after a rank was killed",
+        )
+        rec = record(etcd_kv, j)
+        assert rec["restarts"] == 1, rec["history"]
+        lost = [h[2] for h in rec["history"] if "rank 1 of the job ended without an error" in h[2]]
+        assert lost and "will resume from checkpoint step" in lost[0] and "\n" not in lost[0], rec["history"]
+        wait_for(lambda: job_to_dict(c.get(j))["state"] == "finished", etcd_kv, 180, "the DDP job finishes")
+        rec = record(etcd_kv, j)
+        assert rec["step"] == STEPS, rec["history"]
+        log, _ = ref.communicate(timeout=180)
+        assert ref.returncode == 0, log
+        a = json.loads((tmp_path / "ref.json").read_text())
+        b = json.loads(out.read_text())
+        assert b["restored_from_step"] and b["restored_from_step"] > 0
+        assert len(a["losses"]) == len(b["losses"]) == STEPS
+        assert a["losses"] == b["losses"]  # bit-for-bit, every step, across the park and the kill
+        assert a["params_sha256"] == b["params_sha256"]
+    finally:
+        if ref.poll() is None:
+            ref.kill()
+            ref.wait()
+
+
+def test_torchrun_rank_that_raises_fails_the_job_with_one_clear_line(agents, sched, etcd_kv, tmp_path):
+    need_torch()
+    agents("n1", devices=2)
+    c = sched({"quantum_s": 1000, "enable_packing": False, "enable_grow_shrink": False})
+    cmd = ddp_cmd(tmp_path / "out.json", steps=50, sleep_ms=0, extra=("--fail-at-step", "5"))
+    j = c.submit(make_spec(cmd, devices=2, name="bad")).id
+    wait_for(lambda: job_to_dict(c.get(j))["state"] == "failed", etcd_kv, 120, "the job fails")
+    msg = job_to_dict(c.get(j))["message"]
+    assert msg == "rank 0: ValueError: deliberate failure at step 5 (exited with 1)", msg
+
+
+SPAWN_JOB = """
+import socket, sys, time
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+from microco.clients.scheduler import TorchHook
+
+def work(rank, world, port):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    hook = TorchHook(model, opt)  # no RANK in the environment: the process group says
+    for step in range(hook.restore(), 100000):
+        opt.zero_grad()
+        ddp(torch.ones(4, 8)).sum().backward()
+        opt.step()
+        time.sleep(0.01)
+        hook.step_end(step + 1)
+
+if __name__ == "__main__":
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    mp.spawn(work, args=(2, port), nprocs=2)
+"""
+
+
+def test_mp_spawn_ranks_park_together_and_their_checkpointed_exit_is_recognised(tmp_path):
+    """``mp.spawn`` (no launcher environment): its parent exits 1 when a child exits 75; the
+    ranks' records make the agent's verdict "checkpointed" anyway."""
+    need_torch()
+    from microco.clients.scheduler import ControlChannel
+    from microco.clients.scheduler._ranks import classify_exit
+
+    script = tmp_path / "spawn_job.py"
+    script.write_text(SPAWN_JOB)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MICROCO_", "RANK", "WORLD_SIZE"))}
+    env.update(MICROCO_CONTROL_DIR=str(tmp_path / "ctl"), MICROCO_CHECKPOINT_DIR=str(tmp_path / "ckpt"))
+    p = subprocess.Popen(
+        [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        ch = ControlChannel(tmp_path / "ctl")
+        ch.wait_status(lambda s: s["step"] >= 5, 120)
+        st = ch.wait_ack(ch.send("suspend"), 60)
+        assert st["state"] == "parked"
+        ch.wait_ack(ch.send("resume"), 60)
+        ch.wait_status(lambda s: s["step"] >= st["step"] + 3, 60)
+        ch.send("stop")
+        out, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 1, out  # mp.spawn's own code for a child that exited 75
+    recs = read_records(tmp_path / "ctl")
+    assert [(r["rank"], r["state"]) for r in recs] == [(0, "checkpointed"), (1, "checkpointed")]
+    assert recs[0]["step"] == recs[1]["step"]
+    code, msg = classify_exit(p.returncode, tmp_path / "ctl", out)
+    assert code == 75 and msg == f"checkpointed at step {recs[0]['step']} (the launcher exited with 1)"
+    assert (tmp_path / "ckpt" / "checkpoint").exists()

@@ -1,0 +1,76 @@
+"""The mechanism's side of growth that must pay: a grow records the mini-batch time before
+it, the time measured wholly after it reaches the policy, an undo caps the job's size, and
+every resize is in the job's history (fake agent: no processes)."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+from microco.common.kv import MemoryKV
+from microco.services.scheduler import SchedulerCore
+from microco.services.scheduler import _jobs as J
+from microco.services.scheduler.policy import Resize, make_policy
+
+PY = [sys.executable, "-c", "pass"]
+
+
+class FakeAgents:
+    """The node directory of the real one; control calls recorded instead of sent."""
+
+    def __init__(self, real):
+        self.nodes = real.nodes
+        self.sent = []
+        self.seq = 0
+
+    def control(self, address, job_id, action, devices=None):
+        self.seq += 1
+        self.sent.append((action, list(devices or [])))
+        return SimpleNamespace(control_seq=self.seq)
+
+
+def core_with_running_elastic_job():
+    kv = MemoryKV()
+    kv.put_json(
+        "/microco/nodes/n1",
+        {
+            "name": "n1",
+            "address": "127.0.0.1:1",
+            "devices": [{"id": f"n1/{i}", "node": "n1", "index": i, "kind": "virtual"} for i in range(4)],
+        },
+    )
+    core = SchedulerCore(kv, make_policy("gandiva"))
+    core.agents = FakeAgents(core.agents)
+    rec = core.submit({"command": PY, "devices": 1, "name": "e", "elastic": True})
+    core._nodes = core.agents.nodes()
+    core._jobs = {rec["id"]: rec}  # what a tick reads from the store
+    core._save = lambda rec: None  # (the store's compare-and-set is not what is tested)
+    rec.update(state=J.RUNNING, node="n1", devices=["n1/0"], minibatch_ms=10.0, step=100, step_at_change=0)
+    rec["settled_ms"] = [0, 10.0]
+    return core, rec
+
+
+def test_grow_then_undo_is_recorded_and_caps_the_size(monkeypatch):
+    core, rec = core_with_running_elastic_job()
+    monkeypatch.setattr(core, "_address", lambda node: "127.0.0.1:1")
+    assert core._apply(Resize(rec["id"], ("n1/0", "n1/1"), "gandiva: grow onto idle devices"), 10.0)
+    assert rec["grow_trial"] == {"from": ["n1/0"], "ms_before": 10.0}
+    assert core.agents.sent[-1] == ("resize", ["n1/0", "n1/1"])
+    view = next(j for j in core._view(11.0).jobs if j.id == rec["id"])
+    assert view.grown_from == ("n1/0",) and view.minibatch_ms_before_grow == 10.0
+    assert view.minibatch_ms_settled is None  # the 10 ms was measured before the change
+    # measured on two devices (what _reconcile stores once 25 mini-batches ran since the change)
+    rec["pending"] = None
+    rec["settled_ms"] = [rec["step_at_change"], 14.8]
+    view = next(j for j in core._view(20.0).jobs if j.id == rec["id"])
+    assert view.minibatch_ms_settled == 14.8
+    decisions = core.policy.decide(core._view(20.0))
+    (undo,) = [d for d in decisions if isinstance(d, Resize)]
+    assert undo.devices == ("n1/0",) and "undo grow" in undo.reason
+    assert core._apply(undo, 21.0)
+    assert rec["max_useful_devices"] == 2 and rec["grow_trial"] is None
+    resizes = [h for h in rec["history"] if h[2].startswith("resized")]
+    assert [h[2].split(":")[0] for h in resizes] == [
+        "resized from 1 to 2 devices",
+        "resized from 2 to 1 devices",
+    ]
