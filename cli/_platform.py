@@ -185,8 +185,7 @@ def _up_detached(args: argparse.Namespace, home: Path, timeout: float) -> int:
     ``microco down`` asks that supervisor to stop everything."""
     import subprocess
 
-    from microco.services.stack import read_state
-    from microco.services.stack._supervisor import any_alive
+    from microco.services.stack import any_alive, read_state
 
     existing = read_state(home)
     if existing and any_alive(existing):

@@ -152,3 +152,36 @@ def test_killing_the_leader_hands_over_to_the_standby(up: Up) -> None:
     roles = {r["instance"]: r["role"] for r in out["services"] if r["service"] == "scheduler"}
     restarted = up.process(name)["instance_id"]
     assert roles == {standby["instance"]: "leader", restarted: "standby"}
+
+
+def test_a_detached_stack_is_supervised_and_down_stops_everything(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    up = subprocess.run(
+        [*MICROCO, "up", "--home", str(home), "--no-console", "--no-standby", "--detach", "--devices", "1",
+         "--store-nodes", "3"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "restarts crashed services" in up.stderr
+        state = json.loads((home / "stack.json").read_text())
+        supervisor = state["supervisor_pid"]
+        assert pid_alive(supervisor)
+        agent = next(p for p in state["processes"] if p["name"] == "agent")
+        os.kill(agent["pid"], signal.SIGKILL)
+
+        def agent_back() -> bool:
+            p = next(p for p in json.loads((home / "stack.json").read_text())["processes"] if p["name"] == "agent")
+            return p["pid"] != agent["pid"] and p["status"] == "healthy"
+
+        wait_until(agent_back, RECOVERY_S, "the agent of a detached stack is restarted and healthy")
+        pids = [p["pid"] for p in json.loads((home / "stack.json").read_text())["processes"] if p.get("pid")]
+        down = subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, text=True, timeout=90)
+        assert down.returncode == 0, down.stderr
+        assert not [pid for pid in [*pids, supervisor] if pid_alive(pid)]
+        said = (home / "logs" / "supervisor.log").read_text()
+        assert "agent exited with code -9; restarting in" in said
+        assert said.count("agent: restarted") == 1, said  # nothing restarted during the stop
+    finally:
+        if (home / "stack.json").exists():
+            subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, timeout=60)
