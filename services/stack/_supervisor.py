@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from microco.common.election import LEADER_PREFIX
 from microco.common.errors import FailedPrecondition, MicrocoError, Unavailable
 from microco.common.health import check_health
 from microco.common.kv import EtcdKV
@@ -71,8 +72,9 @@ class StackOptions:
     profile: str = "dev"
     extra_env: dict[str, str] = field(default_factory=dict)
     standbys: bool = True  # a second scheduler that takes over when the leader dies
-    # An elected service is restarted no sooner than its leader lease can expire, so the warm
-    # standby takes over rather than racing the restarted process for the key.
+    # When the supervisor cannot remove a dead leader's key (etcd down), an elected service is
+    # restarted no sooner than that lease can expire, so the warm standby takes over rather
+    # than racing the restarted process for the key.
     leader_ttl_s: float = 5.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
 
@@ -256,7 +258,7 @@ class Stack:
                     f"(see {logs}); restart the stack once it is fixed"
                 )
             else:
-                if child.spec.elected:
+                if not self._forget(child) and child.spec.elected:
                     delay = max(delay, self.opts.leader_ttl_s)
                 child.status = "waiting-restart"
                 child.restart_at = now + delay
@@ -278,6 +280,22 @@ class Stack:
             self.progress(f"{name}: healthy again at {record.address}")
             return True
         return False
+
+    def _forget(self, child: Child) -> bool:
+        """Remove what a dead child left in etcd: its registration, and its leadership if it
+        led (only while the key still names it), so clients and ``microco status`` stop seeing
+        it and a standby takes over now rather than when the leases expire. False if etcd
+        could not be reached (the leases then expire by themselves within their TTL)."""
+        if self.kv is None:
+            return False
+        try:
+            self.kv.delete(f"{SERVICES_PREFIX}{child.spec.service}/{child.instance_id}")
+            if child.spec.elected:
+                self.kv.compare_and_swap(LEADER_PREFIX + child.spec.service, child.instance_id.encode(), None)
+        except MicrocoError as exc:
+            log.warning("could not remove %s from etcd: %s", child.instance_id, exc)
+            return False
+        return True
 
     def _supervise_infra(self, infra: Infra) -> bool:
         server = infra.server
