@@ -26,7 +26,9 @@ def marker_key(server_id: str) -> str:
 class DirectoryKeeper:
     """Keeps ``directory`` complete: ``held()`` lists the digests the server holds now."""
 
-    def __init__(self, directory: RedisDirectory, held: Callable[[], Iterable[str]], interval_s: float = 2.0) -> None:
+    def __init__(
+        self, directory: RedisDirectory, held: Callable[[], Iterable[str]], interval_s: float = 2.0
+    ) -> None:
         self.directory, self.held, self.interval_s = directory, held, interval_s
         self.republished = 0
         self._stop = threading.Event()
@@ -66,7 +68,7 @@ class DirectoryKeeper:
         while not self._stop.wait(self.interval_s):
             try:
                 self.check()
-            except Exception:  # noqa: BLE001 - the keeper must outlive any one failure
+            except Exception:
                 log.exception("cache directory check failed")
 
     def start(self) -> DirectoryKeeper:

@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -126,7 +125,15 @@ def job(up: Up, *args: str) -> dict:
 
 
 def submit(up: Up, steps: int) -> str:
-    argv = [sys.executable, "-m", "microco.examples.synthetic_job", "--compute-ms", "20", "--steps", str(steps)]
+    argv = [
+        sys.executable,
+        "-m",
+        "microco.examples.synthetic_job",
+        "--compute-ms",
+        "20",
+        "--steps",
+        str(steps),
+    ]
     return job(up, "submit", "--total-steps", str(steps), "--", *argv)["id"]
 
 
@@ -228,7 +235,9 @@ def _store(up: Up) -> tuple[EtcdKV, StoreClient]:
 
 
 def _batch(start: int) -> pa.Table:
-    return pa.table({"k": pa.array(range(start, start + ROWS), pa.int64()), "v": pa.array([1] * ROWS, pa.int64())})
+    return pa.table(
+        {"k": pa.array(range(start, start + ROWS), pa.int64()), "v": pa.array([1] * ROWS, pa.int64())}
+    )
 
 
 def _count(client: StoreClient, table: str) -> int:

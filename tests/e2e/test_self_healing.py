@@ -15,12 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_stack import pid_alive, stop_leftovers, wait_for_state
 
 from microco.common.health import check_health
 from microco.common.kv import EtcdKV
 from microco.common.registry import SERVICES_PREFIX, ServiceRecord
-
-from test_stack import pid_alive, stop_leftovers, wait_for_state
 
 pytestmark = pytest.mark.e2e
 
@@ -41,7 +40,10 @@ class Up:
 
     def status(self) -> tuple[int, dict]:
         out = subprocess.run(
-            [*MICROCO, "status", "--home", str(self.home), "--json"], capture_output=True, text=True, timeout=60
+            [*MICROCO, "status", "--home", str(self.home), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         return out.returncode, json.loads(out.stdout)
 
@@ -117,6 +119,7 @@ def test_status_names_a_paused_service_and_never_drops_it(up: Up) -> None:
         code, out = up.status()
         assert code == 1
         assert any(compiler["instance_id"] in p for p in out["problems"]), out["problems"]
+
         # Past its lease the registration vanishes from etcd; status still lists it, as MISSING.
         def missing() -> dict | None:
             code, out = up.status()
@@ -141,8 +144,10 @@ def test_killing_the_leader_hands_over_to_the_standby(up: Up) -> None:
 
     def handed_over() -> bool:
         _, out = up.status()
-        return any(r["instance"] == standby["instance"] and r["role"] == "leader" and r["health"] == "SERVING"
-                   for r in out["services"])
+        return any(
+            r["instance"] == standby["instance"] and r["role"] == "leader" and r["health"] == "SERVING"
+            for r in out["services"]
+        )
 
     wait_until(handed_over, 30, "the standby leads")
     print(f"standby leads {time.monotonic() - t0:.1f}s after the kill")
@@ -171,12 +176,16 @@ def test_a_detached_stack_is_supervised_and_down_stops_everything(tmp_path: Path
         os.kill(agent["pid"], signal.SIGKILL)
 
         def agent_back() -> bool:
-            p = next(p for p in json.loads((home / "stack.json").read_text())["processes"] if p["name"] == "agent")
+            p = next(
+                p for p in json.loads((home / "stack.json").read_text())["processes"] if p["name"] == "agent"
+            )
             return p["pid"] != agent["pid"] and p["status"] == "healthy"
 
         wait_until(agent_back, RECOVERY_S, "the agent of a detached stack is restarted and healthy")
         pids = [p["pid"] for p in json.loads((home / "stack.json").read_text())["processes"] if p.get("pid")]
-        down = subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, text=True, timeout=90)
+        down = subprocess.run(
+            [*MICROCO, "down", "--home", str(home)], capture_output=True, text=True, timeout=90
+        )
         assert down.returncode == 0, down.stderr
         assert not [pid for pid in [*pids, supervisor] if pid_alive(pid)]
         said = (home / "logs" / "supervisor.log").read_text()

@@ -5,7 +5,6 @@ restart."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
@@ -47,7 +46,9 @@ def test_a_loader_finds_its_server_again_on_a_new_port(make_dataset, tmp_path, e
     moved = cache_server(node="moving-host", name="m")  # same disk, a new port
     assert moved.address != server.address
     # The killed server's registration lingers until its lease expires.
-    _wait(lambda: server.address not in {r.address for r in discover(etcd_kv, "cache")}, 30, "old record gone")
+    _wait(
+        lambda: server.address not in {r.address for r in discover(etcd_kv, "cache")}, 30, "old record gone"
+    )
     # Calls fail with UNAVAILABLE; once its back-off has passed the loader looks the server up
     # again in etcd. Every epoch meanwhile is complete and correct (from the backing store).
     for epoch in range(1, 20):
@@ -68,7 +69,7 @@ def test_a_cache_server_republishes_its_directory_after_redis_restarts(
     port = free_port()
     redis = RedisServer(tmp_path_factory.mktemp("redis-restart"), port=port).start()
     try:
-        files = make_dataset(tmp_path / "d", n=30)
+        make_dataset(tmp_path / "d", n=30)
         server = cache_server(name="r", redis=redis.url)
         _, idx = register_dataset(etcd_kv, "republished", str(tmp_path / "d"), chunk_bytes=10_000)
         loader = open_loader(etcd_kv, "republished", server=server.address, batch_size=5, job_id="w")

@@ -16,8 +16,10 @@ CRASHER = ProcessSpec("crasher", "crasher", "microco.services.stack")
 
 def _stack(tmp_path: Path, said: list[str], max_failures: int) -> Stack:
     policy = RestartPolicy(base_s=0.05, cap_s=0.2, window_s=60.0, max_failures=max_failures)
-    stack = Stack(StackOptions(home=tmp_path, etcd="127.0.0.1:1", redis="redis://127.0.0.1:1/0", restart=policy),
-                  progress=said.append)
+    stack = Stack(
+        StackOptions(home=tmp_path, etcd="127.0.0.1:1", redis="redis://127.0.0.1:1/0", restart=policy),
+        progress=said.append,
+    )
     (tmp_path / "logs").mkdir()
     child = Child(CRASHER, instance_id="crasher-1", tracker=RestartTracker(policy))
     stack.children.append(child)
