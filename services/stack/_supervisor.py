@@ -244,7 +244,8 @@ class Stack:
             child.instance_id = f"{child.spec.name}-{uuid.uuid4().hex[:6]}"
             self._launch(child)
             child.status = "restarting"
-            self.progress(f"{name}: restarted (restart {child.tracker.restarts}, pid {child.proc.pid})")
+            pid = child.proc.pid if child.proc else 0
+            self.progress(f"{name}: restarted (restart {child.tracker.restarts}, pid {pid})")
             return True
         assert child.proc is not None
         if child.proc.poll() is not None:
