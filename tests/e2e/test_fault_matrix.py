@@ -59,15 +59,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
 
 
 def status(up: Up) -> tuple[int, dict]:
-    """`microco status --json`, run in this process (a fresh interpreter per probe would add
-    seconds of start-up to every measurement)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli_main(["status", "--home", str(up.home), "--json"])
-    try:
-        return code, json.loads(out.getvalue())
-    except ValueError:  # no etcd to read from: the error is on stderr
-        return code, {"services": [], "problems": [err.getvalue().strip()]}
+    return up.status()
 
 
 def status_code(up: Up) -> int:
@@ -116,12 +108,12 @@ def restarted(up: Up, name: str, old_pid: int) -> float:
 
 
 def job(up: Up, *args: str) -> dict:
-    env = {**os.environ, "MICROCO_ETCD": up.state["etcd"]}
-    out = subprocess.run(
-        [*MICROCO, "job", args[0], "--json", *args[1:]], capture_output=True, text=True, env=env, timeout=90
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    """`microco job <args> --json`, in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli_main(["job", args[0], "--json", "--etcd", up.state["etcd"], *args[1:]])
+    assert code == 0, err.getvalue()
+    return json.loads(out.getvalue())
 
 
 def submit(up: Up, steps: int) -> str:
