@@ -47,7 +47,14 @@ def register(sub: Any) -> None:
         help="console HTTP port (default 8080, or MICROCO_CONSOLE_PORT; 0: a free port)",
     )
     p.add_argument("--no-console", action="store_true", help="do not start the console")
-    p.add_argument("--detach", action="store_true", help="start, print, and return (stop with `microco down`)")
+    p.add_argument(
+        "--no-standby", action="store_true", help="no standby scheduler (saves a process on small machines)"
+    )
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="start, print, and return, leaving a supervisor in the background (stop with `microco down`)",
+    )
     p.add_argument("--demo", action="store_true", help="once up, run the demo scenario through every system")
     p.add_argument("--exit-after-demo", action="store_true", help="with --demo: stop the stack when it ends")
     p.add_argument("--demo-jobs", type=int, default=5, help="with --demo: training jobs to submit (default 5)")
@@ -127,7 +134,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         cache_capacity_mb=args.cache_capacity_mb,
         console_port=_console_port(args.console_port),
         console=not args.no_console,
+        standbys=not args.no_standby,
     )
+    if args.detach:
+        return _up_detached(args, opts.home, args.timeout)
     stack = Stack(opts, progress=_say)
 
     def on_term(signum: int, _frame: Any) -> None:
@@ -141,11 +151,6 @@ def cmd_up(args: argparse.Namespace) -> int:
     console = next((c for c in stack.children if c.spec.name == "console" and c.record), None)
     if console:
         _say(f"console: http://{console.record.address}/ (sign in with the token `microco console token` prints)")
-    if args.detach:
-        _say("detached; stop with `microco down" + (f" --home {args.home}" if args.home else "") + "`")
-        stack.children = []  # keep them running; the state file lets `microco down` stop them
-        stack.etcd = stack.redis = None
-        return 0
     try:
         if args.demo:
             from microco.examples.demo import run_demo
@@ -162,18 +167,50 @@ def cmd_up(args: argparse.Namespace) -> int:
                 _say("the platform stays up so you can look around in the console; Ctrl-C stops it")
             if args.exit_after_demo:
                 return 0
-        _say("running; Ctrl-C to stop")
+        _say("running; a service that exits is restarted; Ctrl-C to stop")
         while True:
-            for child in stack.children:
-                if child.proc is not None and child.proc.poll() is not None and child.status == "healthy":
-                    child.status = f"exited ({child.proc.returncode})"
-                    _say(f"{child.spec.name} exited with code {child.proc.returncode}; see {opts.home}/logs")
-            time.sleep(1)
+            stack.supervise()
+            time.sleep(0.5)
     except KeyboardInterrupt:
         pass
     finally:
         _stop_stack(stack)
     return 0
+
+
+def _up_detached(args: argparse.Namespace, home: Path, timeout: float) -> int:
+    """``microco up --detach``: the same ``microco up`` (without ``--detach``) as a background
+    supervisor in a session of its own, so crashed services are restarted after this command
+    returns; wait until it reports the stack healthy, print where each service listens, return.
+    ``microco down`` asks that supervisor to stop everything."""
+    from microco.services.runtime.launch import start_service
+    from microco.services.stack import any_alive, read_state
+
+    existing = read_state(home)
+    if existing and any_alive(existing):
+        raise FailedPrecondition(
+            f"a stack started from {home} is still running (pids in {home / 'stack.json'}); run `microco down` first"
+        )
+    argv = [a for a in sys.argv[1:] if a != "--detach"]
+    (home / "logs").mkdir(parents=True, exist_ok=True)
+    log_path = home / "logs" / "supervisor.log"
+    proc = start_service("microco.cli", argv, log_path=log_path, new_session=True)
+    deadline = time.monotonic() + timeout + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise FailedPrecondition(f"`microco up` exited with code {proc.returncode}; its log ends:\n{tail}")
+        state = read_state(home)
+        if state and state.get("supervisor_pid") == proc.pid:
+            services = [p for p in state["processes"] if p["name"] not in ("etcd", "redis")]
+            if services and all(p.get("status") in ("healthy", "absent") for p in services):
+                print_table([{k: p.get(k, "") for k in ("name", "address", "status", "pid")} for p in state["processes"]])
+                _say(f"detached; the supervisor (pid {proc.pid}) restarts crashed services and logs to {log_path}")
+                _say("stop with `microco down" + (f" --home {args.home}" if args.home else "") + "`")
+                return 0
+        time.sleep(0.3)
+    proc.terminate()
+    raise FailedPrecondition(f"the stack was not healthy in {timeout:.0f}s; see {log_path}")
 
 
 def _stop_stack(stack: Stack) -> None:
@@ -207,36 +244,93 @@ def etcd_for(args: argparse.Namespace) -> str:
     return find_etcd(getattr(args, "etcd", ""), getattr(args, "home", None)).address
 
 
+# What a platform cannot work without; `microco status` names any of these that is missing.
+REQUIRED_SERVICES = ("scheduler", "agent", "cache", "store", "store-node", "compiler")
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    """Every registered service with its health and role, plus what should be there and is not:
+    the processes of the stack `microco up` started against this etcd (from its state file), or
+    else one instance of each required service. Exit status 1 when anything required is missing
+    or not serving, or an elected service has no leader; the culprits are listed on stderr."""
+    from microco.common.election import LEADER_PREFIX
+    from microco.common.health import check_health
     from microco.common.kv import EtcdKV
     from microco.common.registry import discover
-    from microco.common.health import check_health
+    from microco.services.stack import read_state
 
-    kv = EtcdKV(etcd_for(args))
+    endpoint = etcd_for(args)
+    kv = EtcdKV(endpoint)
     try:
-        rows = []
-        for rec in sorted(discover(kv), key=lambda r: (r.name, r.instance_id)):
-            rows.append(
-                {
-                    "service": rec.name,
-                    "instance": rec.instance_id,
-                    "address": rec.address,
-                    "health": check_health(rec),
-                    "node": rec.labels.get("node", ""),
-                    "role": rec.labels.get("role", ""),
-                    "metrics": rec.metrics_address,
-                    "up_s": round(time.time() - rec.started_at, 1) if rec.started_at else None,
-                }
-            )
+        records = sorted(discover(kv), key=lambda r: (r.name, r.instance_id))
+        leaders = {k[len(LEADER_PREFIX):]: v.decode() for k, v in kv.get_prefix(LEADER_PREFIX)}
     finally:
         kv.close()
-    if args.json:
-        print(json.dumps({"services": rows}, indent=2))
-    elif rows:
-        print_table(rows)
+    rows: list[dict[str, Any]] = []
+    for rec in records:
+        role = rec.labels.get("role", "")
+        if rec.name in leaders:
+            role = "leader" if leaders[rec.name] == rec.instance_id else "standby"
+        rows.append(
+            {
+                "service": rec.name,
+                "instance": rec.instance_id,
+                "address": rec.address,
+                "health": check_health(rec),
+                "node": rec.labels.get("node", ""),
+                "role": role,
+                "metrics": rec.metrics_address,
+                "up_s": round(time.time() - rec.started_at, 1) if rec.started_at else None,
+            }
+        )
+    problems = [f"{r['instance']} ({r['health']})" for r in rows if r["health"] != "SERVING"]
+    state = read_state(_home(args))
+    if state and state.get("etcd") == endpoint:
+        present = {r["instance"] for r in rows}
+        for p in state.get("processes", []):
+            if p["name"] in ("etcd", "redis") or p.get("status") == "absent" or not p.get("instance_id"):
+                continue
+            if p["instance_id"] not in present:
+                said = p.get("status", "")
+                health = "MISSING" + (f" ({said})" if said and said != "healthy" else "")
+                rows.append({"service": p.get("spec", {}).get("service", p["name"]), "instance": p["instance_id"],
+                             "address": "", "health": health, "node": "", "role": "", "metrics": "", "up_s": None})
+                problems.append(f"{p['instance_id']} ({health})")
+        if state.get("redis"):
+            rows.append(_redis_row(state["redis"]))
+            if rows[-1]["health"] != "SERVING":
+                problems.append(f"redis ({rows[-1]['health']})")
     else:
-        print("no services registered")
-    return 0 if rows and all(r["health"] == "SERVING" for r in rows) else 1
+        names = {r["service"] for r in rows}
+        for name in REQUIRED_SERVICES:
+            if name not in names:
+                rows.append({"service": name, "instance": "", "address": "", "health": "MISSING", "node": "",
+                             "role": "", "metrics": "", "up_s": None})
+                problems.append(f"{name} (MISSING)")
+    for name in sorted({r["service"] for r in rows if r["role"] in ("leader", "standby")}):
+        if not any(r["service"] == name and r["role"] == "leader" and r["health"] == "SERVING" for r in rows):
+            problems.append(f"{name} (no serving leader)")
+    if args.json:
+        print(json.dumps({"services": rows, "problems": problems}, indent=2))
+    else:
+        print_table(rows)
+    if problems:
+        _say("not healthy: " + ", ".join(problems))
+        return 1
+    return 0
+
+
+def _redis_row(url: str) -> dict[str, Any]:
+    from microco.common.errors import Unavailable
+    from microco.common.hotstate import connect_redis
+
+    try:
+        connect_redis(url, timeout=1.0).close()
+        health = "SERVING"
+    except Unavailable:
+        health = "UNREACHABLE"
+    return {"service": "redis", "instance": "redis", "address": url, "health": health, "node": "", "role": "",
+            "metrics": "", "up_s": None}
 
 
 def stack_rows(stack: Any) -> list[dict[str, Any]]:

@@ -77,7 +77,11 @@ def open_loader(
     if server is False:
         server = None
     elif server is None:
-        server = find_server(kv)
+        # Found in etcd, and found again there if it stops answering (restarted elsewhere).
+        node = kwargs.get("node")
+        server = find_server(kv, node)
+        if server is not None:
+            kwargs.setdefault("resolve_server", lambda: find_server(kv, node))
     elif not isinstance(server, str):
         raise InvalidArgument("server must be an address, None (find one) or False (no cache)")
     if redis_url and "peers" not in kwargs:

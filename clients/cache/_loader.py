@@ -23,14 +23,14 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ._digest import digest
 from ._index import DatasetIndex
 from ._sampler import BatchMode, SubstitutableSampler
-from microco.common.errors import FailedPrecondition, MicrocoError
+from microco.common.errors import FailedPrecondition, MicrocoError, Unavailable
 
 from ._client import CacheClient
 from ._peers import Peers
@@ -50,6 +50,7 @@ class LoaderStats:
     prefetched_chunks: int = 0
     prefetch_rejected: int = 0
     server_failures: int = 0
+    server_moves: int = 0  # times the server was found again at a new address (re-resolved)
     corrupt_reported: int = 0
     hit_fallbacks: int = 0  # chosen as hits, but had to be read from the backing store
     # Samples of chunks this loader read whole from the backing store on a miss this epoch,
@@ -108,6 +109,7 @@ class QuiverLoader:
         prefetch_batches: int = 2,
         world_size: int | None = None,
         rank: int | None = None,
+        resolve_server: Callable[[], str | None] | None = None,
     ) -> None:
         self.index = index
         self.store = store
@@ -159,6 +161,10 @@ class QuiverLoader:
         self.stats = LoaderStats()
         self._pool = ThreadPoolExecutor(max_workers=fetch_workers, thread_name_prefix="quiver-fetch")
         self._down_until = 0.0
+        # How to find the server again (etcd) when it stops answering: a restarted server
+        # listens on a new port. Asked at most once per ``retry_server_s``.
+        self._resolve_server = resolve_server
+        self._reresolve = False
         self._grants: dict[str, str] = {}
         self._lock = threading.Lock()
         self._consumed_left: list[int] = []
@@ -181,11 +187,34 @@ class QuiverLoader:
     def _server(self) -> CacheClient | None:
         if self.client is None or time.monotonic() < self._down_until:
             return None
+        if self._reresolve:
+            self._find_server_again()
         return self.client
+
+    def _find_server_again(self) -> None:
+        """After UNAVAILABLE: ask etcd where the server is now and switch to it if it moved."""
+        with self._lock:
+            if not self._reresolve or self._resolve_server is None:
+                return
+            self._reresolve = False
+            old = self.client
+            try:
+                address = self._resolve_server()
+            except Exception as exc:  # noqa: BLE001 - etcd trouble: keep the address we have
+                log.warning("cannot look the cache server up again: %s", exc)
+                return
+            if not address or old is None or address == old.address:
+                return
+            self.client = CacheClient(address)
+            self.stats.server_moves += 1
+        log.warning("cache server moved: %s -> %s", old.address, address)
+        old.close()
 
     def _server_failed(self, exc: Exception) -> None:
         self.stats.server_failures += 1
         self._down_until = time.monotonic() + self.retry_server_s
+        if isinstance(exc, Unavailable) and self._resolve_server is not None:
+            self._reresolve = True
         with self._lock:
             self._grants.clear()
         log.warning("cache server unavailable, reading from the backing store: %s", exc)

@@ -290,4 +290,12 @@ def setup(ctx: Any) -> None:
     REGISTRY.register(CacheCollector(core))  # type: ignore[arg-type]
     ctx.runtime.add_service(cache_pb2_grpc.add_CacheServiceServicer_to_server, servicer, SERVICE_NAME)
     if directory is not None:
+        from ._republish import DirectoryKeeper
+
+        def held() -> list[str]:
+            with core._lock:
+                return list(core.ledger.entries)
+
+        keeper = DirectoryKeeper(directory, held).start()
+        ctx.runtime.on_stop(keeper.stop)
         ctx.runtime.on_stop(directory.withdraw)

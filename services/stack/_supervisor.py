@@ -23,12 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from microco.common.discovery import STATE_FILE, pid_alive, stack_home
+from microco.common.election import LEADER_PREFIX
 from microco.common.errors import FailedPrecondition, MicrocoError, Unavailable
 from microco.common.health import check_health
 from microco.common.kv import EtcdKV
 from microco.common.registry import SERVICES_PREFIX, ServiceRecord
 from microco.services.runtime.launch import kill_after, start_service
 
+from ._restart import RestartPolicy, RestartTracker
 from ._servers import EtcdServer, RedisServer, free_port
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ class ProcessSpec:
     service: str
     module: str
     args: tuple[str, ...] = ()
+    elected: bool = False  # runs a leader election (one active instance, standbys)
 
     def available(self) -> bool:
         try:
@@ -67,12 +70,23 @@ class StackOptions:
     console: bool = True
     profile: str = "dev"
     extra_env: dict[str, str] = field(default_factory=dict)
+    standbys: bool = True  # a second scheduler that takes over when the leader dies
+    # When the supervisor cannot remove a dead leader's key (etcd down), an elected service is
+    # restarted no sooner than that lease can expire, so the warm standby takes over rather
+    # than racing the restarted process for the key.
+    leader_ttl_s: float = 5.0
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
 
 
 def platform_processes(opts: StackOptions) -> list[ProcessSpec]:
     """The processes of a one-machine platform, in start order."""
     specs = [
-        ProcessSpec("scheduler", "scheduler", "microco.services.scheduler"),
+        ProcessSpec("scheduler", "scheduler", "microco.services.scheduler", elected=True),
+        *(
+            [ProcessSpec("scheduler-standby", "scheduler", "microco.services.scheduler", elected=True)]
+            if opts.standbys
+            else []
+        ),
         ProcessSpec("agent", "agent", "microco.services.agent", ("--devices", str(opts.devices))),
         ProcessSpec("cache", "cache", "microco.services.cache", ("--capacity", f"{opts.cache_capacity_mb}M")),
         ProcessSpec("store", "store", "microco.services.store", ("coordinator",)),
@@ -103,6 +117,19 @@ class Child:
     proc: subprocess.Popen[bytes] | None = None
     record: ServiceRecord | None = None
     status: str = "pending"
+    tracker: RestartTracker = field(default_factory=RestartTracker)
+    restart_at: float = 0.0  # monotonic time of the next restart, while "waiting-restart"
+    launched_wall: float = 0.0  # time.time() of the latest launch
+
+
+@dataclass
+class Infra:
+    """etcd or Redis started by the stack, restarted on the same port and data directory."""
+
+    server: EtcdServer | RedisServer
+    tracker: RestartTracker
+    status: str = "running"
+    restart_at: float = 0.0
 
 
 class Stack:
@@ -118,12 +145,14 @@ class Stack:
         self.redis_url = opts.redis
         self.children: list[Child] = []
         self.kv: EtcdKV | None = None
+        self._stopping = False
+        self._infra: list[Infra] = []
 
     # -- start
     def start(self, timeout: float = 90.0) -> Stack:
         self.home.mkdir(parents=True, exist_ok=True)
         existing = read_state(self.home)
-        if existing and _any_alive(existing):
+        if existing and any_alive(existing):
             raise FailedPrecondition(
                 f"a stack started from {self.home} is still running (pids in {self.home / STATE_FILE}); "
                 "run `microco down` first"
@@ -138,9 +167,13 @@ class Stack:
                 self.progress("starting redis")
                 self.redis = RedisServer(self.home / "redis", port=self.opts.redis_port or free_port()).start()
                 self.redis_url = self.redis.url
+            self._infra = [
+                Infra(server, RestartTracker(self.opts.restart)) for server in (self.etcd, self.redis) if server
+            ]
             self.kv = EtcdKV(self.etcd_endpoint)
             for spec in platform_processes(self.opts):
                 child = Child(spec, instance_id=f"{spec.name}-{uuid.uuid4().hex[:6]}")
+                child.tracker = RestartTracker(self.opts.restart)
                 self.children.append(child)
                 if not spec.available():
                     child.status = "absent"
@@ -176,7 +209,126 @@ class Stack:
             spec.module, cmd, log_path=self.home / "logs" / f"{spec.name}.log", env=self.opts.extra_env, new_session=True
         )
         child.status = "starting"
+        child.launched_wall = time.time()
         self.progress(f"{spec.name}: started (pid {child.proc.pid})")
+
+    # -- supervision
+    def supervise(self) -> None:
+        """One pass of the supervisor (``microco up`` calls it about twice a second): a service,
+        etcd or Redis that exited is restarted after a back-off that doubles with each failure in
+        the policy's window (capped), and given up on, with a message, after too many; a restarted
+        service counts as healthy again once it has registered anew and answers SERVING. Never
+        restarts anything once ``stop()`` has begun."""
+        changed = False
+        for infra in self._infra:
+            changed |= self._supervise_infra(infra)
+        for child in self.children:
+            if self._stopping:
+                return
+            changed |= self._supervise_child(child)
+        if changed and not self._stopping:
+            self._write_state()
+
+    def _supervise_child(self, child: Child) -> bool:
+        name = child.spec.name
+        now = time.monotonic()
+        if child.status in ("absent", "failed", "stopped", "pending"):
+            return False
+        if child.status == "waiting-restart":
+            if now < child.restart_at:
+                return False
+            child.tracker.restarts += 1
+            # A new instance id: the dead one's registration (and leader key) lingers until its
+            # lease expires, and must not be mistaken for the new process.
+            child.instance_id = f"{child.spec.name}-{uuid.uuid4().hex[:6]}"
+            self._launch(child)
+            child.status = "restarting"
+            pid = child.proc.pid if child.proc else 0
+            self.progress(f"{name}: restarted (restart {child.tracker.restarts}, pid {pid})")
+            return True
+        assert child.proc is not None
+        if child.proc.poll() is not None:
+            code = child.proc.returncode
+            delay = child.tracker.failed(now)
+            logs = self.home / "logs" / f"{name}.log"
+            if delay is None:
+                child.status = "failed"
+                self.progress(
+                    f"{name} exited with code {code}: giving up after {child.tracker.describe_give_up()} "
+                    f"(see {logs}); restart the stack once it is fixed"
+                )
+            else:
+                if not self._forget(child) and child.spec.elected:
+                    delay = max(delay, self.opts.leader_ttl_s)
+                child.status = "waiting-restart"
+                child.restart_at = now + delay
+                self.progress(f"{name} exited with code {code}; restarting in {delay:.1f}s (log: {logs})")
+            return True
+        if child.status == "restarting" and self.kv is not None:
+            try:
+                raw = self.kv.get(f"{SERVICES_PREFIX}{child.spec.service}/{child.instance_id}")
+            except MicrocoError:
+                return False  # etcd is down: look again on the next pass
+            if raw is None:
+                return False
+            record = ServiceRecord.from_json(raw)
+            # The key may still hold the killed process's record until its lease expires.
+            if record.started_at < child.launched_wall - 1 or check_health(record, timeout=1.0) != "SERVING":
+                return False
+            child.record = record
+            child.status = "healthy"
+            self.progress(f"{name}: healthy again at {record.address}")
+            return True
+        return False
+
+    def _forget(self, child: Child) -> bool:
+        """Remove what a dead child left in etcd: its registration, and its leadership if it
+        led (only while the key still names it), so clients and ``microco status`` stop seeing
+        it and a standby takes over now rather than when the leases expire. False if etcd
+        could not be reached (the leases then expire by themselves within their TTL)."""
+        if self.kv is None:
+            return False
+        try:
+            self.kv.delete(f"{SERVICES_PREFIX}{child.spec.service}/{child.instance_id}")
+            if child.spec.elected:
+                self.kv.compare_and_swap(LEADER_PREFIX + child.spec.service, child.instance_id.encode(), None)
+        except MicrocoError as exc:
+            log.warning("could not remove %s from etcd: %s", child.instance_id, exc)
+            return False
+        return True
+
+    def _supervise_infra(self, infra: Infra) -> bool:
+        server = infra.server
+        now = time.monotonic()
+        if infra.status == "failed" or self._stopping:
+            return False
+        if infra.status == "waiting-restart":
+            if now < infra.restart_at:
+                return False
+            infra.tracker.restarts += 1
+            try:
+                server.start()
+            except MicrocoError as exc:
+                server.proc = None
+                return self._infra_failed(infra, now, f"restart failed: {exc}")
+            infra.status = "running"
+            self.progress(f"{server.name}: restarted on port {server.port} (pid {server.pid})")
+            return True
+        if server.proc is not None and server.proc.poll() is not None:
+            return self._infra_failed(infra, now, f"exited with code {server.proc.returncode}")
+        return False
+
+    def _infra_failed(self, infra: Infra, now: float, why: str) -> bool:
+        name = infra.server.name
+        delay = infra.tracker.failed(now)
+        if delay is None:
+            infra.status = "failed"
+            self.progress(f"{name} {why}: giving up after {infra.tracker.describe_give_up()} (see {infra.server.log_path})")
+        else:
+            infra.status = "waiting-restart"
+            infra.restart_at = now + delay
+            self.progress(f"{name} {why}; restarting in {delay:.1f}s")
+        return True
 
     def _wait_healthy(self, timeout: float) -> None:
         assert self.kv is not None
@@ -214,8 +366,10 @@ class Stack:
                 *[
                     {
                         "name": c.spec.name,
+                        "instance_id": c.instance_id,
                         "pid": c.proc.pid if c.proc else 0,
                         "status": c.status,
+                        "restarts": c.tracker.restarts,
                         "address": c.record.address if c.record else "",
                         "spec": asdict(c.spec),
                     }
@@ -229,6 +383,7 @@ class Stack:
     # -- stop
     def stop(self, grace: float = 10.0) -> None:
         """Stop every child (services first, newest first), then Redis and etcd. Idempotent."""
+        self._stopping = True  # no restarts from here on
         for child in reversed(self.children):
             if child.proc is not None and child.proc.poll() is None:
                 child.proc.send_signal(signal.SIGTERM)
@@ -264,7 +419,7 @@ def read_state(home: Path) -> dict | None:
         return None
 
 
-def _any_alive(state: dict) -> bool:
+def any_alive(state: dict) -> bool:
     return any(pid_alive(p.get("pid", 0)) for p in state.get("processes", []))
 
 

@@ -52,9 +52,15 @@ def cache_server(tmp_path: Path, etcd_endpoint: str, redis_url: str) -> Iterator
     started: list[ServerProc] = []
 
     def start(
-        capacity: str = "64M", policy: str = "coordinated", node: str = "", name: str = "s0", port: int = 0
+        capacity: str = "64M",
+        policy: str = "coordinated",
+        node: str = "",
+        name: str = "s0",
+        port: int = 0,
+        redis: str = "",
     ) -> ServerProc:
-        """A server; the same ``name`` reuses its data directory, ``port`` its address."""
+        """A server; the same ``name`` reuses its data directory, ``port`` its address;
+        ``redis``: another Redis than the session's."""
         port = port or _free_port()
         data = tmp_path / f"server-{name}"
         log = tmp_path / f"server-{name}-{len(started)}.log"
@@ -67,7 +73,7 @@ def cache_server(tmp_path: Path, etcd_endpoint: str, redis_url: str) -> Iterator
             "--etcd",
             etcd_endpoint,
             "--redis",
-            redis_url,
+            redis or redis_url,
             "--data-dir",
             str(data),
             "--capacity",
