@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import io
 import json
 import logging
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from microco.common.errors import InvalidArgument, MicrocoError, NotFound
 
 from ._gateway import SYSTEMS, Gateway
+from ._limits import DEFAULT_PAGE, paginate
 from ._proto import enum_number, to_dict
 from ._series import SeriesStore
 from ._timeline import TERMINAL, hit_rate_series, job_timeline, state_seconds
@@ -32,9 +35,10 @@ def unavailable(reason: str, **empty: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- services
 
 
-def services_view(gw: Gateway) -> dict[str, Any]:
-    """Every registered instance with its health (gRPC health protocol, or /healthz for HTTP)."""
-    records = sorted(gw.services(), key=lambda r: (r.name, r.instance_id))
+def services_view(gw: Gateway, limit: int = DEFAULT_PAGE, cursor: str = "") -> dict[str, Any]:
+    """Every registered instance with its health (gRPC health protocol, or /healthz for HTTP),
+    a page at a time by (name, instance); health is checked for the page only."""
+    records, next_cursor = paginate(gw.services(), lambda r: (r.name, r.instance_id), limit, cursor)
     health = gw.health(records)
     now = time.time()
     items = [
@@ -51,7 +55,7 @@ def services_view(gw: Gateway) -> dict[str, Any]:
         }
         for r, h in zip(records, health, strict=True)
     ]
-    return {"services": items, "at": now}
+    return {"services": items, "at": now, "next_cursor": next_cursor}
 
 
 def systems_view(gw: Gateway) -> dict[str, Any]:
@@ -65,7 +69,7 @@ def systems_view(gw: Gateway) -> dict[str, Any]:
 # --------------------------------------------------------------------------- nodes
 
 
-def nodes_view(gw: Gateway) -> dict[str, Any]:
+def nodes_view(gw: Gateway, limit: int = DEFAULT_PAGE, cursor: str = "") -> dict[str, Any]:
     """Nodes as registered in etcd (``/microco/nodes/<node>``) and the devices the scheduler sees."""
     nodes: list[dict[str, Any]] = []
     for key, raw in gw.kv.get_prefix("/microco/nodes/"):
@@ -77,6 +81,8 @@ def nodes_view(gw: Gateway) -> dict[str, Any]:
         except ValueError:
             doc = {"raw": raw.decode(errors="replace")}
         nodes.append({"name": name, "info": doc if isinstance(doc, dict) else {"value": doc}})
+    nodes, next_cursor = paginate(nodes, lambda n: (n["name"],), limit, cursor)
+    on_page = {n["name"] for n in nodes}
     devices: list[dict[str, Any]] = []
     scheduler_info: dict[str, Any] = {}
     ok, reason = gw.availability("scheduler")
@@ -93,11 +99,19 @@ def nodes_view(gw: Gateway) -> dict[str, Any]:
                     continue
                 for d in job.get("device_ids") or []:
                     holders.setdefault(d, []).append({"id": job["id"], "state": job.get("state", "")})
+            # the devices of this page's nodes (all of them when the scheduler names no node)
+            devices = [d for d in devices if not d.get("node") or d["node"] in on_page or not on_page]
             for d in devices:
                 d["jobs"] = holders.get(d.get("id", ""), [])
         except MicrocoError as exc:
             reason = f"scheduler: {exc}"
-    return {"nodes": nodes, "devices": devices, "devices_reason": reason, "scheduler": scheduler_info}
+    return {
+        "nodes": nodes,
+        "devices": devices,
+        "devices_reason": reason,
+        "scheduler": scheduler_info,
+        "next_cursor": next_cursor,
+    }
 
 
 # --------------------------------------------------------------------------- jobs
@@ -238,8 +252,16 @@ def _with_timeline(
 
 
 def list_jobs(
-    gw: Gateway, series: SeriesStore, states: list[str] | None = None, owner: str = ""
+    gw: Gateway,
+    series: SeriesStore,
+    states: list[str] | None = None,
+    owner: str = "",
+    *,
+    limit: int = DEFAULT_PAGE,
+    cursor: str = "",
 ) -> dict[str, Any]:
+    """A page of jobs, newest first (by submission time, then id), each with its timeline; the
+    timelines are computed for the page only."""
     ok, reason = gw.availability("scheduler")
     if not ok:
         return unavailable(reason, jobs=[])
@@ -260,11 +282,16 @@ def list_jobs(
     # can be in: it matches no job (and a filter of only that matches none, not all).
     named = [name for n in numbers if (name := state_name(n)) != "unknown"]
     found = gw.scheduler().list(named, owner) if named or not numbers else []
+    page, next_cursor = paginate(
+        found, lambda j: (-float(j.submitted_at or 0.0), str(j.id)), limit, cursor
+    )
     now = time.time()
-    histories = _scheduler_histories(gw)
-    jobs = [_with_timeline(series, d, now, histories.get(d["id"], [])) for d in map(to_dict, found)]
-    jobs.sort(key=lambda j: float(j.get("submitted_at") or 0.0), reverse=True)
-    return {"available": True, "reason": "", "jobs": jobs, "at": now}
+    if len(page) == 1:
+        histories = _scheduler_histories(gw, page[0].id)
+    else:
+        histories = _scheduler_histories(gw) if page else {}
+    jobs = [_with_timeline(series, d, now, histories.get(d["id"], [])) for d in map(to_dict, page)]
+    return {"available": True, "reason": "", "jobs": jobs, "at": now, "next_cursor": next_cursor}
 
 
 def get_job(gw: Gateway, series: SeriesStore, job_id: str) -> dict[str, Any]:
@@ -321,13 +348,14 @@ def _cache_stats_name(instance: str) -> str:
     return f"cache:{instance}:stats"
 
 
-def cache_view(gw: Gateway, series: SeriesStore) -> dict[str, Any]:
+def cache_view(gw: Gateway, series: SeriesStore, limit: int = DEFAULT_PAGE, cursor: str = "") -> dict[str, Any]:
     """Per cache server: capacity, use, datasets, allocations with reasons, hit rate over time."""
     ok, reason = gw.availability("cache")
     if not ok:
         return unavailable(reason, servers=[])
     servers = []
-    for record in sorted(gw.services("cache"), key=lambda r: r.instance_id):
+    records, next_cursor = paginate(gw.services("cache"), lambda r: (r.instance_id,), limit, cursor)
+    for record in records:
         entry: dict[str, Any] = {"instance_id": record.instance_id, "address": record.address, "error": ""}
         try:
             cache = gw.cache(record)
@@ -349,7 +377,7 @@ def cache_view(gw: Gateway, series: SeriesStore) -> dict[str, Any]:
             )
         }
         servers.append(entry)
-    return {"available": True, "reason": "", "servers": servers, "at": time.time()}
+    return {"available": True, "reason": "", "servers": servers, "at": time.time(), "next_cursor": next_cursor}
 
 
 def _cache_job_stats_name(instance: str, job: str) -> str:
@@ -400,14 +428,16 @@ def cache_samples(gw: Gateway) -> list[tuple[str, dict[str, Any]]]:
 # --------------------------------------------------------------------------- store
 
 
-def store_view(gw: Gateway, series: SeriesStore) -> dict[str, Any]:
+def store_view(gw: Gateway, series: SeriesStore, limit: int = DEFAULT_PAGE, cursor: str = "") -> dict[str, Any]:
     """Tables with their three replicas' partitioning, the store nodes and their health, and
     recovery progress when the coordinator reports it."""
     ok, reason = gw.availability("store")
     if not ok:
         return unavailable(reason, tables=[], nodes=[], recovery=None)
     store = gw.store()
-    tables = [to_dict(t) for t in store.list_tables_pb().tables]
+    tables, next_cursor = paginate(
+        (to_dict(t) for t in store.list_tables_pb().tables), lambda t: (str(t.get("name", "")),), limit, cursor
+    )
     nodes = [to_dict(n) for n in store.nodes_pb().nodes]
     for t in tables:
         t.pop("placement_json", None)  # per-extent placement is on the table's own endpoint
@@ -424,6 +454,7 @@ def store_view(gw: Gateway, series: SeriesStore) -> dict[str, Any]:
         "recovery": recovery,
         "recovery_history": series.read(STORE_RECOVERY_SERIES, last=500),
         "at": time.time(),
+        "next_cursor": next_cursor,
     }
 
 
@@ -499,23 +530,84 @@ def store_query(gw: Gateway, query: dict[str, Any], limit_rows: int, explain_onl
         }
     import pyarrow as pa
 
-    buf = bytearray()
+    # Memory follows the limit, not the result (2.1M rows for ``limit_rows: 1`` took the console
+    # from 131 to 666 MB): the limit is pushed down to the store (one row more than shown, to know
+    # that the result was cut), and the stream is decoded batch by batch and ended once enough
+    # rows arrived.
+    cap = limit_rows + 1
+    query = dict(query)
+    own = query.get("limit")
+    if own is None or (isinstance(own, int) and not isinstance(own, bool) and own > cap):
+        query["limit"] = cap
     first: dict[str, Any] = {}
-    for k, part in enumerate(store.query_pb(query, timeout=max(gw.config.rpc_timeout_s, 60.0))):
-        if k == 0:
-            first = _unfold_json(to_dict(part))
-        buf += part.arrow_ipc
-    table = pa.ipc.open_stream(pa.py_buffer(bytes(buf))).read_all() if buf else pa.table({})
-    rows = table.slice(0, limit_rows).to_pylist()
+    parts = store.query_pb(query, timeout=max(gw.config.rpc_timeout_s, 60.0))
+
+    def chunks() -> Iterator[bytes]:
+        for k, part in enumerate(parts):
+            if k == 0:
+                first.update(_unfold_json(to_dict(part)))
+            if part.arrow_ipc:
+                yield part.arrow_ipc
+
+    source = chunks()
+    columns: list[str] = []
+    rows: list[list[Any]] = []
+    seen = 0
+    try:
+        raw = _ChunkReader(source)
+        if raw.peek():
+            reader = pa.ipc.open_stream(raw)
+            columns = list(reader.schema.names)
+            while seen < cap:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    break
+                take = batch.slice(0, max(0, limit_rows - len(rows)))
+                rows += [[_jsonable(r[c]) for c in columns] for r in take.to_pylist()]
+                seen += batch.num_rows
+    finally:
+        source.close()
+        close = getattr(parts, "close", None)
+        if close is not None:
+            close()  # ends the gRPC stream when rows are left unread
     return {
         "plan_kind": first.get("plan_kind", ""),
         "explain": first.get("explain", ""),
         "replicas": first.get("replicas"),
-        "columns": table.column_names,
-        "rows": [[_jsonable(r[c]) for c in table.column_names] for r in rows],
-        "row_count": table.num_rows,
-        "truncated": table.num_rows > limit_rows,
+        "columns": columns,
+        "rows": rows,
+        "row_count": len(rows),
+        "truncated": seen > limit_rows,
     }
+
+
+class _ChunkReader(io.RawIOBase):
+    """The ``arrow_ipc`` parts of a Query stream as one file, read as Arrow asks for it."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._buf = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def peek(self) -> bool:
+        """Whether there is anything to read at all."""
+        while not self._buf:
+            nxt = next(self._chunks, None)
+            if nxt is None:
+                return False
+            self._buf = memoryview(nxt)
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if not self.peek():
+            return 0
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
 
 
 def store_start_recovery(gw: Gateway) -> dict[str, Any]:
@@ -536,18 +628,21 @@ def _graph_summary(g: dict[str, Any]) -> dict[str, Any]:
     return {**g, "first_step_ms": first, "best_step_ms": best, "speedup": speedup}
 
 
-def compiler_view(gw: Gateway) -> dict[str, Any]:
+def compiler_view(gw: Gateway, limit: int = DEFAULT_PAGE, cursor: str = "") -> dict[str, Any]:
     """Every registered graph with its exploration (step time per trial), committed configuration
     and the speedup of the best configuration over the first one measured."""
     ok, reason = gw.availability("compiler")
     if not ok:
         return unavailable(reason, graphs=[])
-    graphs = gw.compiler().list_graphs()
+    graphs, next_cursor = paginate(
+        (to_dict(g) for g in gw.compiler().list_graphs()), lambda g: (str(g.get("key", "")),), limit, cursor
+    )
     return {
         "available": True,
         "reason": "",
-        "graphs": [_graph_summary(to_dict(g)) for g in graphs],
+        "graphs": [_graph_summary(g) for g in graphs],
         "at": time.time(),
+        "next_cursor": next_cursor,
     }
 
 

@@ -417,7 +417,7 @@
       const r = await api("/store/query", { method: "POST", body: JSON.stringify({ query, explain_only: explainOnly, limit_rows: 200 }) });
       $("query-status").textContent = explainOnly
         ? `plan: ${r.plan_kind}`
-        : `${r.row_count} rows${r.truncated ? " (first 200 shown)" : ""} · plan: ${r.plan_kind}`;
+        : `${r.row_count} rows${r.truncated ? " shown (the result has more)" : ""} · plan: ${r.plan_kind}`;
       $("query-explain-text").hidden = !r.explain;
       $("query-explain-text").textContent = r.explain || "";
       const table = $("query-result");
