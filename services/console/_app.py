@@ -36,6 +36,7 @@ from ._metrics import count_requests
 from ._models import (
     CacheResponse,
     CompilerResponse,
+    DevicesResponse,
     ErrorBody,
     GraphView,
     Health,
@@ -56,6 +57,7 @@ from ._models import (
 )
 from ._recorder import Recorder
 from ._series import SeriesStore
+from ._wall import ServiceTracker
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,8 @@ class Console:
         self.gateway = gateway
         self.series = series
         self.recorder = Recorder(gateway, series, config.sample_every_s)
+        self.tracker = ServiceTracker()
+        self.recorder.tracker = self.tracker
         self.started_at = time.time()
 
     def role_of(self, token: str) -> str | None:
@@ -152,6 +156,13 @@ LogTail = Annotated[int, Query(ge=1, le=10_000, description="how many of the las
 Limit = Annotated[
     int, Query(ge=1, le=MAX_PAGE, description=f"items per page (default {DEFAULT_PAGE}, at most {MAX_PAGE})")
 ]
+WindowS = Annotated[
+    float, Query(ge=60, le=7 * 86400, description="the time window shown, in seconds back from now")
+]
+HideFinishedS = Annotated[
+    float, Query(ge=0, le=7 * 86400, description="leave out jobs that ended more than this many seconds ago")
+]
+Buckets = Annotated[int, Query(ge=1, le=500, description="slices of the window in the utilisation heatmap")]
 Cursor = Annotated[
     str, Query(max_length=MAX_CURSOR, description="`next_cursor` of the previous page; empty for the first")
 ]
@@ -301,7 +312,7 @@ def create_app(
     @app.get(f"{api}/services", response_model=ServicesResponse, tags=["platform"], responses=_ERRORS)
     def services(role: Reader, limit: Limit = DEFAULT_PAGE, cursor: Cursor = "") -> dict[str, Any]:
         """Every service instance registered in etcd, with its health (by name and instance)."""
-        return views.services_view(gateway, limit, cursor)
+        return views.services_view(gateway, limit, cursor, console.tracker)
 
     @app.get(f"{api}/systems", response_model=SystemsResponse, tags=["platform"], responses=_ERRORS)
     def systems(role: Reader) -> dict[str, Any]:
@@ -312,6 +323,19 @@ def create_app(
     def nodes(role: Reader, limit: Limit = DEFAULT_PAGE, cursor: Cursor = "") -> dict[str, Any]:
         """Nodes registered in etcd (by name) and the devices the scheduler schedules on them."""
         return views.nodes_view(gateway, limit, cursor)
+
+    @app.get(f"{api}/devices", response_model=DevicesResponse, tags=["platform"], responses=_ERRORS)
+    def devices(
+        role: Reader,
+        window_s: WindowS = 3600.0,
+        hide_finished_s: HideFinishedS = 300.0,
+        buckets: Buckets = 60,
+        limit: Limit = DEFAULT_PAGE,
+        cursor: Cursor = "",
+    ) -> dict[str, Any]:
+        """One timeline lane per device over the window (jobs that ended more than
+        ``hide_finished_s`` ago left out) and each device's utilisation per slice of the window."""
+        return views.devices_view(gateway, series, window_s, hide_finished_s, buckets, limit, cursor)
 
     @app.get(
         f"{api}/jobs",
@@ -343,9 +367,9 @@ def create_app(
         return job
 
     @app.get(f"{api}/jobs/{{job_id}}", response_model=JobDetail, tags=["jobs"], responses=_CHANGE_ERRORS)
-    def job(job_id: JobId, role: Reader) -> dict[str, Any]:
-        """One job: its state, timeline and recent progress (steps and mini-batch time)."""
-        return views.get_job(gateway, series, job_id)
+    def job(job_id: JobId, role: Reader, window_s: WindowS = 3600.0) -> dict[str, Any]:
+        """One job: its state, timeline and progress over the window (steps and mini-batch time)."""
+        return views.get_job(gateway, series, job_id, window_s=window_s)
 
     @app.get(f"{api}/jobs/{{job_id}}/log", response_model=JobLog, tags=["jobs"], responses=_CHANGE_ERRORS)
     def job_log(job_id: JobId, role: Reader, tail: LogTail = 200) -> dict[str, Any]:
@@ -362,14 +386,20 @@ def create_app(
         return job
 
     @app.get(f"{api}/cache", response_model=CacheResponse, tags=["cache"], responses=_ERRORS)
-    def cache(role: Reader, limit: Limit = DEFAULT_PAGE, cursor: Cursor = "") -> dict[str, Any]:
-        """Cache servers: capacity and use, datasets, allocations and their reasons, hit rate over time."""
-        return views.cache_view(gateway, series, limit, cursor)
+    def cache(
+        role: Reader, limit: Limit = DEFAULT_PAGE, cursor: Cursor = "", window_s: WindowS = 3600.0
+    ) -> dict[str, Any]:
+        """Cache servers: capacity and use, datasets, allocations and their reasons, hit rate over
+        the window (points after a gap in the samples are marked ``gap``)."""
+        return views.cache_view(gateway, series, limit, cursor, window_s=window_s)
 
     @app.get(f"{api}/store", response_model=StoreResponse, tags=["store"], responses=_ERRORS)
-    def store(role: Reader, limit: Limit = DEFAULT_PAGE, cursor: Cursor = "") -> dict[str, Any]:
-        """Tables (paged, by name) with their replicas' partitioning, store nodes, recovery progress."""
-        return views.store_view(gateway, series, limit, cursor)
+    def store(
+        role: Reader, limit: Limit = DEFAULT_PAGE, cursor: Cursor = "", window_s: WindowS = 3600.0
+    ) -> dict[str, Any]:
+        """Tables (paged, by name) with their replicas' partitioning, store nodes, recovery progress
+        over the window."""
+        return views.store_view(gateway, series, limit, cursor, window_s=window_s)
 
     @app.get(f"{api}/store/tables/{{name}}", response_model=Record, tags=["store"], responses=_CHANGE_ERRORS)
     def store_table(name: TableName, role: Reader) -> dict[str, Any]:

@@ -79,9 +79,20 @@ class ServiceView(BaseModel):
     health: str = Field(description="SERVING, NOT_SERVING or UNREACHABLE")
 
 
+class GoneService(BaseModel):
+    name: str
+    instance_id: str
+    address: str
+    last_seen: float
+    gone_at: float = Field(description="when the console first saw it missing from the registry")
+
+
 class ServicesResponse(Page):
     services: list[ServiceView]
     at: float
+    gone: list[GoneService] = Field(
+        default=[], description="instances registered earlier (last 10 minutes) and not any more"
+    )
 
 
 class SystemView(BaseModel):
@@ -202,10 +213,10 @@ class CacheServer(_Open):
     error: str = ""
     stats: dict[str, Any] | None = None
     allocations: list[dict[str, Any]] = []
-    hit_rate: list[dict[str, float]] = Field(
+    hit_rate: list[dict[str, float | bool]] = Field(
         default=[], description="the server's hit rate per sampling interval"
     )
-    job_hit_rate: dict[str, list[dict[str, float]]] = Field(
+    job_hit_rate: dict[str, list[dict[str, float | bool]]] = Field(
         default={}, description="hit rate per interval of each job, when the server reports per-job counters"
     )
 
@@ -266,3 +277,32 @@ class CompilerResponse(Availability, Page):
 
 class Record(_Open):
     """A system object as its service returns it."""
+
+
+class DevicePeriod(BaseModel):
+    job_id: str
+    name: str
+    state: str
+    start: float
+    end: float
+    migrated: bool
+
+
+class DeviceLane(BaseModel):
+    device: str
+    node: str
+    periods: list[DevicePeriod]
+
+
+class DeviceUse(BaseModel):
+    device: str
+    node: str
+    busy: list[float] = Field(description="fraction of each slice of the window a job was busy on it (0..1)")
+
+
+class DevicesResponse(Availability, Page):
+    start: float = 0.0
+    end: float = 0.0
+    bucket_s: float = Field(0.0, description="width of one utilisation slice, in seconds")
+    lanes: list[DeviceLane] = []
+    utilisation: list[DeviceUse] = []

@@ -24,6 +24,7 @@ from ._limits import DEFAULT_PAGE, paginate
 from ._proto import enum_number, to_dict
 from ._series import SeriesStore
 from ._timeline import TERMINAL, hit_rate_series, job_timeline, state_seconds
+from ._wall import GAP_FACTOR, device_lanes, in_window, mark_gaps, utilisation
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +36,13 @@ def unavailable(reason: str, **empty: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- services
 
 
-def services_view(gw: Gateway, limit: int = DEFAULT_PAGE, cursor: str = "") -> dict[str, Any]:
+def services_view(gw: Gateway, limit: int = DEFAULT_PAGE, cursor: str = "", tracker: Any = None) -> dict[str, Any]:
     """Every registered instance with its health (gRPC health protocol, or /healthz for HTTP),
-    a page at a time by (name, instance); health is checked for the page only."""
-    records, next_cursor = paginate(gw.services(), lambda r: (r.name, r.instance_id), limit, cursor)
+    a page at a time by (name, instance); health is checked for the page only. ``gone``: the
+    instances seen earlier that left the registry (``tracker``, a ``_wall.ServiceTracker``)."""
+    registered = gw.services()
+    gone = tracker.observe(registered) if tracker is not None else []
+    records, next_cursor = paginate(registered, lambda r: (r.name, r.instance_id), limit, cursor)
     health = gw.health(records)
     now = time.time()
     items = [
@@ -55,7 +59,7 @@ def services_view(gw: Gateway, limit: int = DEFAULT_PAGE, cursor: str = "") -> d
         }
         for r, h in zip(records, health, strict=True)
     ]
-    return {"services": items, "at": now, "next_cursor": next_cursor}
+    return {"services": items, "at": now, "next_cursor": next_cursor, "gone": gone}
 
 
 def systems_view(gw: Gateway) -> dict[str, Any]:
@@ -294,12 +298,58 @@ def list_jobs(
     return {"available": True, "reason": "", "jobs": jobs, "at": now, "next_cursor": next_cursor}
 
 
-def get_job(gw: Gateway, series: SeriesStore, job_id: str) -> dict[str, Any]:
+def _gap_s(gw: Gateway) -> float:
+    """Longer than this without a sample is a gap in a plotted series."""
+    return GAP_FACTOR * gw.config.sample_every_s
+
+
+def get_job(gw: Gateway, series: SeriesStore, job_id: str, *, window_s: float = 3600.0) -> dict[str, Any]:
     job = to_dict(gw.scheduler().get(job_id))  # Unimplemented when not in this build
     now = time.time()
     out = _with_timeline(series, job, now, _scheduler_histories(gw, job["id"]).get(job["id"], []))
-    out["progress"] = series.read(_job_progress_name(job_id), last=500)
+    progress = in_window(series.read(_job_progress_name(job_id), last=500), now - window_s)
+    out["progress"] = mark_gaps(progress, _gap_s(gw))
     return out
+
+
+def devices_view(
+    gw: Gateway,
+    series: SeriesStore,
+    window_s: float,
+    hide_finished_s: float,
+    buckets: int,
+    limit: int = DEFAULT_PAGE,
+    cursor: str = "",
+) -> dict[str, Any]:
+    """For a wall screen: one timeline lane per device over the window (jobs that ended more than
+    ``hide_finished_s`` ago left out) and each device's utilisation per slice of the window (every
+    job counted, finished or not), a page of devices at a time by (node, device)."""
+    ok, reason = gw.availability("scheduler")
+    if not ok:
+        return unavailable(reason, lanes=[], utilisation=[])
+    scheduler = gw.scheduler()
+    devices = to_dict(scheduler.list_nodes()).get("devices", [])
+    now = time.time()
+    histories = _scheduler_histories(gw)
+    jobs = [_with_timeline(series, d, now, histories.get(d["id"], [])) for d in map(to_dict, scheduler.list())]
+    every = device_lanes(jobs, devices, now=now, window_s=window_s, hide_finished_s=None)
+    page, next_cursor = paginate(every, lambda lane: (lane["node"], lane["device"]), limit, cursor)
+    shown = {lane["device"] for lane in page}
+    lanes = [
+        lane
+        for lane in device_lanes(jobs, devices, now=now, window_s=window_s, hide_finished_s=hide_finished_s)
+        if lane["device"] in shown
+    ]
+    return {
+        "available": True,
+        "reason": "",
+        "start": now - window_s,
+        "end": now,
+        "bucket_s": window_s / buckets,
+        "lanes": lanes,
+        "utilisation": utilisation(page, now=now, window_s=window_s, buckets=buckets),
+        "next_cursor": next_cursor,
+    }
 
 
 def job_log(gw: Gateway, job_id: str, tail_lines: int) -> dict[str, Any]:
@@ -348,12 +398,15 @@ def _cache_stats_name(instance: str) -> str:
     return f"cache:{instance}:stats"
 
 
-def cache_view(gw: Gateway, series: SeriesStore, limit: int = DEFAULT_PAGE, cursor: str = "") -> dict[str, Any]:
+def cache_view(
+    gw: Gateway, series: SeriesStore, limit: int = DEFAULT_PAGE, cursor: str = "", *, window_s: float = 3600.0
+) -> dict[str, Any]:
     """Per cache server: capacity, use, datasets, allocations with reasons, hit rate over time."""
     ok, reason = gw.availability("cache")
     if not ok:
         return unavailable(reason, servers=[])
     servers = []
+    start, gap = time.time() - window_s, _gap_s(gw)
     records, next_cursor = paginate(gw.services("cache"), lambda r: (r.instance_id,), limit, cursor)
     for record in records:
         entry: dict[str, Any] = {"instance_id": record.instance_id, "address": record.address, "error": ""}
@@ -363,16 +416,19 @@ def cache_view(gw: Gateway, series: SeriesStore, limit: int = DEFAULT_PAGE, curs
             entry["allocations"] = to_dict(cache.allocations()).get("allocations", [])
         except MicrocoError as exc:
             entry["error"] = str(exc)
-        entry["hit_rate"] = hit_rate_series(series.read(_cache_stats_name(record.instance_id), last=500))
+        entry["hit_rate"] = mark_gaps(
+            in_window(hit_rate_series(series.read(_cache_stats_name(record.instance_id), last=500)), start), gap
+        )
         jobs = set(per_job_counters(entry.get("stats") or {})) | set(
             (entry.get("stats") or {}).get("jobs") or []
         )
         entry["job_hit_rate"] = {
-            job: points
+            job: mark_gaps(points, gap)
             for job in sorted(jobs)
             if (
-                points := hit_rate_series(
-                    series.read(_cache_job_stats_name(record.instance_id, job), last=500)
+                points := in_window(
+                    hit_rate_series(series.read(_cache_job_stats_name(record.instance_id, job), last=500)),
+                    start,
                 )
             )
         }
@@ -428,7 +484,9 @@ def cache_samples(gw: Gateway) -> list[tuple[str, dict[str, Any]]]:
 # --------------------------------------------------------------------------- store
 
 
-def store_view(gw: Gateway, series: SeriesStore, limit: int = DEFAULT_PAGE, cursor: str = "") -> dict[str, Any]:
+def store_view(
+    gw: Gateway, series: SeriesStore, limit: int = DEFAULT_PAGE, cursor: str = "", *, window_s: float = 3600.0
+) -> dict[str, Any]:
     """Tables with their three replicas' partitioning, the store nodes and their health, and
     recovery progress when the coordinator reports it."""
     ok, reason = gw.availability("store")
@@ -452,7 +510,9 @@ def store_view(gw: Gateway, series: SeriesStore, limit: int = DEFAULT_PAGE, curs
         "tables": tables,
         "nodes": nodes,
         "recovery": recovery,
-        "recovery_history": series.read(STORE_RECOVERY_SERIES, last=500),
+        "recovery_history": mark_gaps(
+            in_window(series.read(STORE_RECOVERY_SERIES, last=500), time.time() - window_s), _gap_s(gw)
+        ),
         "at": time.time(),
         "next_cursor": next_cursor,
     }
