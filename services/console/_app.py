@@ -149,7 +149,8 @@ GraphKey = Annotated[
     str, PathParam(min_length=1, max_length=1000, description="graph key (fingerprint|shapes|hardware)")
 ]
 StateFilter = Annotated[
-    list[Annotated[str, Query(max_length=40)]] | None, Query(max_length=16, description="only jobs in these states")
+    list[Annotated[str, Query(max_length=40)]] | None,
+    Query(max_length=16, description="only jobs in these states"),
 ]
 OwnerFilter = Annotated[str, Query(max_length=200, description="only this user's jobs")]
 LogTail = Annotated[int, Query(ge=1, le=10_000, description="how many of the last lines")]

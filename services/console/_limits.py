@@ -30,7 +30,9 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def _too_large_body(limit: int) -> bytes:
-    return json.dumps({"error": "PayloadTooLarge", "message": f"request body is larger than {limit} bytes"}).encode()
+    return json.dumps(
+        {"error": "PayloadTooLarge", "message": f"request body is larger than {limit} bytes"}
+    ).encode()
 
 
 class BodyLimit:
@@ -46,8 +48,11 @@ class BodyLimit:
             {
                 "type": "http.response.start",
                 "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")],
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
             }
         )
         await send({"type": "http.response.body", "body": body})
@@ -133,7 +138,9 @@ def bounded_errors(errors: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             item["input"] = _preview(e["input"])
         out.append(item)
     if len(errors) > MAX_ERRORS:
-        out.append({"type": "more_errors", "loc": [], "msg": f"{len(errors) - MAX_ERRORS} more errors not listed"})
+        out.append(
+            {"type": "more_errors", "loc": [], "msg": f"{len(errors) - MAX_ERRORS} more errors not listed"}
+        )
     return out
 
 
@@ -166,7 +173,9 @@ T = TypeVar("T")
 
 
 def _encode(key: Sequence[Any]) -> str:
-    return base64.urlsafe_b64encode(json.dumps(list(key), separators=(",", ":")).encode()).decode().rstrip("=")
+    return (
+        base64.urlsafe_b64encode(json.dumps(list(key), separators=(",", ":")).encode()).decode().rstrip("=")
+    )
 
 
 def _decode(cursor: str) -> list[Any]:
@@ -174,13 +183,17 @@ def _decode(cursor: str) -> list[Any]:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         key = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArgument("the cursor is not one this console issued (pass next_cursor as given)") from exc
+        raise InvalidArgument(
+            "the cursor is not one this console issued (pass next_cursor as given)"
+        ) from exc
     if not isinstance(key, list):
         raise InvalidArgument("the cursor is not one this console issued (pass next_cursor as given)")
     return key
 
 
-def paginate(items: Iterable[T], key: Callable[[T], Sequence[Any]], limit: int, cursor: str) -> tuple[list[T], str]:
+def paginate(
+    items: Iterable[T], key: Callable[[T], Sequence[Any]], limit: int, cursor: str
+) -> tuple[list[T], str]:
     """Items in ``key`` order after ``cursor`` (keyset: stable while items come and go), at most
     ``limit`` of them, and the cursor of the next page ("" on the last)."""
     ordered = sorted(items, key=lambda it: tuple(key(it)))
@@ -189,7 +202,9 @@ def paginate(items: Iterable[T], key: Callable[[T], Sequence[Any]], limit: int, 
         try:
             ordered = [it for it in ordered if list(key(it)) > after]
         except TypeError as exc:
-            raise InvalidArgument("the cursor is not one this console issued (pass next_cursor as given)") from exc
+            raise InvalidArgument(
+                "the cursor is not one this console issued (pass next_cursor as given)"
+            ) from exc
     page = ordered[:limit]
     nxt = _encode(key(page[-1])) if len(ordered) > limit else ""
     return page, nxt

@@ -111,7 +111,6 @@ class Availability(_Open):
     reason: str = ""
 
 
-
 class NodeView(BaseModel):
     name: str
     info: dict[str, Any]
@@ -192,9 +191,7 @@ class JobSubmit(BaseModel):
     )
     workdir: Arg = Field(default="")
     total_steps: int = Field(default=0, ge=0, le=INT64_MAX, description="optional, for progress")
-    model: Name = Field(
-        default="", description="model name: jobs of one model share a speed profile"
-    )
+    model: Name = Field(default="", description="model name: jobs of one model share a speed profile")
     max_devices: int = Field(
         default=0, ge=0, le=1024, description="elastic jobs: grow at most to this (0: policy decides)"
     )

@@ -36,7 +36,9 @@ def unavailable(reason: str, **empty: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- services
 
 
-def services_view(gw: Gateway, limit: int = DEFAULT_PAGE, cursor: str = "", tracker: Any = None) -> dict[str, Any]:
+def services_view(
+    gw: Gateway, limit: int = DEFAULT_PAGE, cursor: str = "", tracker: Any = None
+) -> dict[str, Any]:
     """Every registered instance with its health (gRPC health protocol, or /healthz for HTTP),
     a page at a time by (name, instance); health is checked for the page only. ``gone``: the
     instances seen earlier that left the registry (``tracker``, a ``_wall.ServiceTracker``)."""
@@ -286,9 +288,7 @@ def list_jobs(
     # can be in: it matches no job (and a filter of only that matches none, not all).
     named = [name for n in numbers if (name := state_name(n)) != "unknown"]
     found = gw.scheduler().list(named, owner) if named or not numbers else []
-    page, next_cursor = paginate(
-        found, lambda j: (-float(j.submitted_at or 0.0), str(j.id)), limit, cursor
-    )
+    page, next_cursor = paginate(found, lambda j: (-float(j.submitted_at or 0.0), str(j.id)), limit, cursor)
     now = time.time()
     if len(page) == 1:
         histories = _scheduler_histories(gw, page[0].id)
@@ -331,7 +331,9 @@ def devices_view(
     devices = to_dict(scheduler.list_nodes()).get("devices", [])
     now = time.time()
     histories = _scheduler_histories(gw)
-    jobs = [_with_timeline(series, d, now, histories.get(d["id"], [])) for d in map(to_dict, scheduler.list())]
+    jobs = [
+        _with_timeline(series, d, now, histories.get(d["id"], [])) for d in map(to_dict, scheduler.list())
+    ]
     every = device_lanes(jobs, devices, now=now, window_s=window_s, hide_finished_s=None)
     page, next_cursor = paginate(every, lambda lane: (lane["node"], lane["device"]), limit, cursor)
     shown = {lane["device"] for lane in page}
@@ -417,7 +419,8 @@ def cache_view(
         except MicrocoError as exc:
             entry["error"] = str(exc)
         entry["hit_rate"] = mark_gaps(
-            in_window(hit_rate_series(series.read(_cache_stats_name(record.instance_id), last=500)), start), gap
+            in_window(hit_rate_series(series.read(_cache_stats_name(record.instance_id), last=500)), start),
+            gap,
         )
         jobs = set(per_job_counters(entry.get("stats") or {})) | set(
             (entry.get("stats") or {}).get("jobs") or []
@@ -433,7 +436,13 @@ def cache_view(
             )
         }
         servers.append(entry)
-    return {"available": True, "reason": "", "servers": servers, "at": time.time(), "next_cursor": next_cursor}
+    return {
+        "available": True,
+        "reason": "",
+        "servers": servers,
+        "at": time.time(),
+        "next_cursor": next_cursor,
+    }
 
 
 def _cache_job_stats_name(instance: str, job: str) -> str:
@@ -494,7 +503,10 @@ def store_view(
         return unavailable(reason, tables=[], nodes=[], recovery=None)
     store = gw.store()
     tables, next_cursor = paginate(
-        (to_dict(t) for t in store.list_tables_pb().tables), lambda t: (str(t.get("name", "")),), limit, cursor
+        (to_dict(t) for t in store.list_tables_pb().tables),
+        lambda t: (str(t.get("name", "")),),
+        limit,
+        cursor,
     )
     nodes = [to_dict(n) for n in store.nodes_pb().nodes]
     for t in tables:

@@ -75,7 +75,9 @@ def device_lanes(
             if e <= s or not p.get("devices"):
                 continue
             for dev in p["devices"]:
-                lane = lanes.setdefault(str(dev), {"device": str(dev), "node": str(p.get("node", "")), "periods": []})
+                lane = lanes.setdefault(
+                    str(dev), {"device": str(dev), "node": str(p.get("node", "")), "periods": []}
+                )
                 lane["periods"].append(
                     {
                         "job_id": str(job.get("id", "")),
@@ -92,7 +94,9 @@ def device_lanes(
     return out
 
 
-def utilisation(lanes: Iterable[dict[str, Any]], *, now: float, window_s: float, buckets: int) -> list[dict[str, Any]]:
+def utilisation(
+    lanes: Iterable[dict[str, Any]], *, now: float, window_s: float, buckets: int
+) -> list[dict[str, Any]]:
     """Per device, the fraction of each of ``buckets`` equal slices of the window during which at
     least one job was busy on it (packed jobs overlapping count once)."""
     start = now - window_s
@@ -137,8 +141,13 @@ class ServiceTracker:
         current = {(r.name, r.instance_id): r for r in records}
         with self._lock:
             for key, r in current.items():
-                self._seen[key] = {"name": r.name, "instance_id": r.instance_id, "address": r.address,
-                                   "last_seen": now, "gone_at": None}
+                self._seen[key] = {
+                    "name": r.name,
+                    "instance_id": r.instance_id,
+                    "address": r.address,
+                    "last_seen": now,
+                    "gone_at": None,
+                }
             gone = []
             for key, entry in list(self._seen.items()):
                 if key in current:

@@ -136,7 +136,11 @@ def test_every_request_string_list_and_map_is_bounded_in_the_schema(client: Test
                         unbounded.append(at)
                     if t == "object" and "properties" not in node and "maxProperties" not in node:
                         unbounded.append(at)
-                    if t == "object" and "properties" in node and node.get("additionalProperties") is not False:
+                    if (
+                        t == "object"
+                        and "properties" in node
+                        and node.get("additionalProperties") is not False
+                    ):
                         unbounded.append(f"{at} (unknown fields allowed)")
     assert not unbounded, unbounded
 
@@ -180,7 +184,9 @@ def stream(app: Any, monkeypatch: pytest.MonkeyPatch) -> _Stream:
 
 
 def test_a_query_reads_only_as_far_as_its_row_limit(client: TestClient, stream: _Stream) -> None:
-    r = client.post("/api/v1/store/query", headers=JSON, content=json.dumps({"query": {"table": "t"}, "limit_rows": 1}))
+    r = client.post(
+        "/api/v1/store/query", headers=JSON, content=json.dumps({"query": {"table": "t"}, "limit_rows": 1})
+    )
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["rows"] == [[0]] and out["truncated"] is True and out["plan_kind"] == "matched"
@@ -201,7 +207,9 @@ def test_a_query_under_its_limit_is_whole(client: TestClient, stream: _Stream) -
 
 def _jobs(n: int) -> list[scheduler_pb2.Job]:
     return [
-        scheduler_pb2.Job(id=f"j-{i:04d}", state=scheduler_pb2.JOB_STATE_FINISHED, submitted_at=1000.0 + i // 3)
+        scheduler_pb2.Job(
+            id=f"j-{i:04d}", state=scheduler_pb2.JOB_STATE_FINISHED, submitted_at=1000.0 + i // 3
+        )
         for i in range(n)
     ]
 
@@ -215,7 +223,9 @@ class _Scheduler:
 
 
 @pytest.mark.skipif(not SYSTEMS["scheduler"].in_build(), reason="the scheduler is not part of this build")
-def test_jobs_are_paged_by_cursor_newest_first(app: Any, client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_jobs_are_paged_by_cursor_newest_first(
+    app: Any, client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gw = app.state.console.gateway
     monkeypatch.setattr(gw, "scheduler", lambda: _Scheduler(_jobs(250)))
     monkeypatch.setattr(gw, "availability", lambda name: (True, ""))
@@ -238,8 +248,14 @@ def test_jobs_are_paged_by_cursor_newest_first(app: Any, client: TestClient, mon
 
 def test_every_list_endpoint_takes_limit_and_cursor(client: TestClient) -> None:
     spec = client.get("/api/v1/openapi.json").json()
-    for path in ("/api/v1/services", "/api/v1/nodes", "/api/v1/jobs", "/api/v1/cache", "/api/v1/store",
-                 "/api/v1/compiler"):
+    for path in (
+        "/api/v1/services",
+        "/api/v1/nodes",
+        "/api/v1/jobs",
+        "/api/v1/cache",
+        "/api/v1/store",
+        "/api/v1/compiler",
+    ):
         params = {p["name"]: p["schema"] for p in spec["paths"][path]["get"]["parameters"]}
         assert params["limit"]["maximum"] == MAX_PAGE and params["limit"]["default"] == 100, path
         assert "maxLength" in params["cursor"], path
@@ -273,9 +289,18 @@ def test_any_cursor_is_a_page_or_a_clear_error() -> None:
     from microco.services.console._limits import _encode, paginate
 
     items = [(float(i % 7), f"j{i}") for i in range(30)]
-    keys = st.lists(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5),
-                              st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2)),
-                    max_size=3)
+    keys = st.lists(
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(),
+            st.floats(),
+            st.text(max_size=5),
+            st.lists(st.integers(), max_size=2),
+            st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+        ),
+        max_size=3,
+    )
 
     @settings(max_examples=200, deadline=None, derandomize=True, database=None)
     @given(st.one_of(st.text(max_size=40), keys.map(_encode)))

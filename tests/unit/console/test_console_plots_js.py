@@ -31,7 +31,7 @@ global.makeContainer = () => Object.assign(new Node_("div"), { clientWidth: 800 
 
 def _run(script: str) -> dict:
     code = DOM + (STATIC_DIR / "plots.js").read_text() + "\n" + script
-    out = subprocess.run([NODE, "-e", code], capture_output=True, text=True, timeout=30)
+    out = subprocess.run([NODE, "-e", code], check=False, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 

@@ -46,6 +46,7 @@ def _console(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MICROCO_")}
     return subprocess.run(
         [sys.executable, "-m", "microco.services.console", *args],
+        check=False,
         env={**clean, **env},
         capture_output=True,
         text=True,
@@ -100,4 +101,6 @@ def test_kubernetes_runs_the_console_on_a_secret_token_under_prod() -> None:
     [container] = console["spec"]["template"]["spec"]["containers"]
     token = next(e for e in container["env"] if e["name"] == "MICROCO_CONSOLE_TOKEN")
     assert token["valueFrom"]["secretKeyRef"] == {"name": "microco-console", "key": "token"}
-    assert "kubectl -n microco create secret generic microco-console" in (ROOT / "docs/console.md").read_text()
+    assert (
+        "kubectl -n microco create secret generic microco-console" in (ROOT / "docs/console.md").read_text()
+    )

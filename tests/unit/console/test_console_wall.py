@@ -20,7 +20,9 @@ ADMIN = {"Authorization": f"Bearer {DEFAULT_DEV_TOKEN}"}
 NOW = 10_000.0
 
 
-def _job(jid: str, state: str, periods: list[tuple[str, float, float, list[str]]], finished_at: float = 0.0) -> dict:
+def _job(
+    jid: str, state: str, periods: list[tuple[str, float, float, list[str]]], finished_at: float = 0.0
+) -> dict:
     return {
         "id": jid,
         "state": state,
@@ -48,7 +50,10 @@ def test_one_lane_per_device_and_finished_jobs_hidden_after_a_while() -> None:
     assert [lane["device"] for lane in lanes] == ["n1/gpu0", "n1/gpu1", "n1/gpu2"]  # idle ones too
     by = {lane["device"]: lane for lane in lanes}
     assert by["n1/gpu0"]["periods"] == []  # "old" ended 1000 s ago: hidden
-    assert [(p["job_id"], p["state"]) for p in by["n1/gpu1"]["periods"]] == [("a", "running"), ("b", "packed")]
+    assert [(p["job_id"], p["state"]) for p in by["n1/gpu1"]["periods"]] == [
+        ("a", "running"),
+        ("b", "packed"),
+    ]
     kept = device_lanes(JOBS, DEVICES, now=NOW, window_s=3600, hide_finished_s=None)
     assert [p["job_id"] for p in kept[0]["periods"]] == ["old"]
 
@@ -82,7 +87,12 @@ def test_a_service_that_leaves_the_registry_is_reported_gone_for_a_while() -> No
     a, b = ServiceRecord("store-node", "sn-1", "h:1"), ServiceRecord("store-node", "sn-2", "h:2")
     assert t.observe([a, b], now=0) == []
     [gone] = t.observe([a], now=10)
-    assert (gone["name"], gone["instance_id"], gone["gone_at"], gone["last_seen"]) == ("store-node", "sn-2", 10, 0)
+    assert (gone["name"], gone["instance_id"], gone["gone_at"], gone["last_seen"]) == (
+        "store-node",
+        "sn-2",
+        10,
+        0,
+    )
     assert t.observe([a], now=20)[0]["gone_at"] == 10  # still gone, since 10
     assert t.observe([a, b], now=30) == []  # back
     assert t.observe([a], now=40) != [] and t.observe([a], now=700) == []  # forgotten after keep_s
@@ -117,14 +127,21 @@ class _Scheduler:
 
         fields = scheduler_pb2.ListNodesResponse.DESCRIPTOR.fields_by_name
         dev_type = fields["devices"].message_type._concrete_class
-        return scheduler_pb2.ListNodesResponse(devices=[dev_type(id=d["id"], node=d["node"]) for d in DEVICES])
+        return scheduler_pb2.ListNodesResponse(
+            devices=[dev_type(id=d["id"], node=d["node"]) for d in DEVICES]
+        )
 
     def list(self, states: list[str] = [], owner: str = "") -> list[Any]:  # noqa: B006
         from microco.api.scheduler.v1 import scheduler_pb2
 
         return [
-            scheduler_pb2.Job(id="j1", state=scheduler_pb2.JOB_STATE_RUNNING, node="n1", device_ids=["n1/gpu1"],
-                              submitted_at=1.0)
+            scheduler_pb2.Job(
+                id="j1",
+                state=scheduler_pb2.JOB_STATE_RUNNING,
+                node="n1",
+                device_ids=["n1/gpu1"],
+                submitted_at=1.0,
+            )
         ]
 
 
