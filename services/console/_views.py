@@ -674,12 +674,16 @@ class _ChunkReader(io.RawIOBase):
         return True
 
     def readinto(self, b: Any) -> int:
-        if not self.peek():
-            return 0
-        n = min(len(b), len(self._buf))
-        b[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n
+        # Fills ``b`` across chunk boundaries: Arrow reads a message's declared length in one
+        # call and takes a short read for a truncated stream.
+        view = memoryview(b).cast("B")
+        done = 0
+        while done < len(view) and self.peek():
+            n = min(len(view) - done, len(self._buf))
+            view[done : done + n] = self._buf[:n]
+            self._buf = self._buf[n:]
+            done += n
+        return done
 
 
 def store_start_recovery(gw: Gateway) -> dict[str, Any]:

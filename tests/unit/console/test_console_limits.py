@@ -312,3 +312,27 @@ def test_any_cursor_is_a_page_or_a_clear_error() -> None:
         assert len(page) <= 10 and isinstance(nxt, str)
 
     check()
+
+
+def test_a_query_stream_cut_anywhere_is_read_whole(
+    app: Any, client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by fuzzing with a store stand-in: the coordinator's parts need not end on Arrow
+    # message boundaries; a message split across parts must still be read (it was a 500).
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, pa.schema([("x", pa.int64())])) as w:
+        for _ in range(3):
+            w.write_batch(pa.record_batch({"x": pa.array(range(10), pa.int64())}))
+    data = sink.getvalue().to_pybytes()
+
+    class Store:
+        def query_pb(self, query: dict[str, Any], *, timeout: float | None = None) -> Iterator[Any]:
+            for k in range(0, len(data), 7):
+                yield store_pb2.QueryResponse(
+                    arrow_ipc=data[k : k + 7], plan_kind="matched" if k == 0 else ""
+                )
+
+    monkeypatch.setattr(app.state.console.gateway, "store", lambda: Store())
+    body = {"query": {"table": "t"}, "limit_rows": 25}
+    out = client.post("/api/v1/store/query", headers=JSON, content=json.dumps(body)).json()
+    assert out["row_count"] == 25 and out["truncated"] is True and out["rows"][-1] == [4]
