@@ -131,7 +131,9 @@ def no_internal_error(ctx, response, case):
 
 # the endpoints that reach a system (the rest are fuzzed in test_console_fuzz.py); not the log,
 # which reads an agent there is no stand-in for
-SYSTEM_PATHS = r"^/api/v1/(jobs|jobs/\{job_id\}|jobs/\{job_id\}/cancel|nodes|devices|cache|store.*|compiler.*)$"
+SYSTEM_PATHS = (
+    r"^/api/v1/(jobs|jobs/\{job_id\}|jobs/\{job_id\}/cancel|nodes|devices|cache|store.*|compiler.*)$"
+)
 
 
 @schema.include(path_regex=SYSTEM_PATHS).parametrize()
