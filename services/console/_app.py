@@ -31,10 +31,12 @@ from microco.common.kv import KV
 from . import _views as views
 from ._config import ConsoleConfig
 from ._gateway import Gateway
+from ._limits import DEFAULT_PAGE, MAX_BODY_BYTES, MAX_CURSOR, MAX_PAGE, BodyLimit, bounded_errors
 from ._metrics import count_requests
 from ._models import (
     CacheResponse,
     CompilerResponse,
+    DevicesResponse,
     ErrorBody,
     GraphView,
     Health,
@@ -55,6 +57,7 @@ from ._models import (
 )
 from ._recorder import Recorder
 from ._series import SeriesStore
+from ._wall import ServiceTracker
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,8 @@ class Console:
         self.gateway = gateway
         self.series = series
         self.recorder = Recorder(gateway, series, config.sample_every_s)
+        self.tracker = ServiceTracker()
+        self.recorder.tracker = self.tracker
         self.started_at = time.time()
 
     def role_of(self, token: str) -> str | None:
@@ -143,9 +148,25 @@ TableName = Annotated[str, PathParam(min_length=1, max_length=200, description="
 GraphKey = Annotated[
     str, PathParam(min_length=1, max_length=1000, description="graph key (fingerprint|shapes|hardware)")
 ]
-StateFilter = Annotated[list[str] | None, Query(max_length=16, description="only jobs in these states")]
+StateFilter = Annotated[
+    list[Annotated[str, Query(max_length=40)]] | None,
+    Query(max_length=16, description="only jobs in these states"),
+]
 OwnerFilter = Annotated[str, Query(max_length=200, description="only this user's jobs")]
 LogTail = Annotated[int, Query(ge=1, le=10_000, description="how many of the last lines")]
+Limit = Annotated[
+    int, Query(ge=1, le=MAX_PAGE, description=f"items per page (default {DEFAULT_PAGE}, at most {MAX_PAGE})")
+]
+WindowS = Annotated[
+    float, Query(ge=60, le=7 * 86400, description="the time window shown, in seconds back from now")
+]
+HideFinishedS = Annotated[
+    float, Query(ge=0, le=7 * 86400, description="leave out jobs that ended more than this many seconds ago")
+]
+Buckets = Annotated[int, Query(ge=1, le=500, description="slices of the window in the utilisation heatmap")]
+Cursor = Annotated[
+    str, Query(max_length=MAX_CURSOR, description="`next_cursor` of the previous page; empty for the first")
+]
 
 
 def _error_response(exc: MicrocoError) -> JSONResponse:
@@ -205,6 +226,7 @@ def create_app(
     )
     app.state.console = console
     app.middleware("http")(count_requests)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
     @app.exception_handler(MicrocoError)
     async def microco_error(request: Request, exc: MicrocoError) -> JSONResponse:
@@ -227,7 +249,8 @@ def create_app(
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
         # FastAPI's default handler echoes the input back as UTF-8 and fails (500) on text that
         # JSON may carry but UTF-8 may not (lone surrogates); ASCII JSON escapes them instead.
-        body = json.dumps({"detail": jsonable_encoder(exc.errors())}, ensure_ascii=True)
+        # It also echoes the whole input: a 50 MB field made a 157 MB answer. Previews only.
+        body = json.dumps({"detail": jsonable_encoder(bounded_errors(exc.errors()))}, ensure_ascii=True)
         return Response(content=body, status_code=422, media_type="application/json")
 
     @app.exception_handler(Exception)
@@ -288,9 +311,9 @@ def create_app(
         }
 
     @app.get(f"{api}/services", response_model=ServicesResponse, tags=["platform"], responses=_ERRORS)
-    def services(role: Reader) -> dict[str, Any]:
-        """Every service instance registered in etcd, with its health."""
-        return views.services_view(gateway)
+    def services(role: Reader, limit: Limit = DEFAULT_PAGE, cursor: Cursor = "") -> dict[str, Any]:
+        """Every service instance registered in etcd, with its health (by name and instance)."""
+        return views.services_view(gateway, limit, cursor, console.tracker)
 
     @app.get(f"{api}/systems", response_model=SystemsResponse, tags=["platform"], responses=_ERRORS)
     def systems(role: Reader) -> dict[str, Any]:
@@ -298,9 +321,22 @@ def create_app(
         return views.systems_view(gateway)
 
     @app.get(f"{api}/nodes", response_model=NodesResponse, tags=["platform"], responses=_ERRORS)
-    def nodes(role: Reader) -> dict[str, Any]:
-        """Nodes registered in etcd and the devices the scheduler schedules."""
-        return views.nodes_view(gateway)
+    def nodes(role: Reader, limit: Limit = DEFAULT_PAGE, cursor: Cursor = "") -> dict[str, Any]:
+        """Nodes registered in etcd (by name) and the devices the scheduler schedules on them."""
+        return views.nodes_view(gateway, limit, cursor)
+
+    @app.get(f"{api}/devices", response_model=DevicesResponse, tags=["platform"], responses=_ERRORS)
+    def devices(
+        role: Reader,
+        window_s: WindowS = 3600.0,
+        hide_finished_s: HideFinishedS = 300.0,
+        buckets: Buckets = 60,
+        limit: Limit = DEFAULT_PAGE,
+        cursor: Cursor = "",
+    ) -> dict[str, Any]:
+        """One timeline lane per device over the window (jobs that ended more than
+        ``hide_finished_s`` ago left out) and each device's utilisation per slice of the window."""
+        return views.devices_view(gateway, series, window_s, hide_finished_s, buckets, limit, cursor)
 
     @app.get(
         f"{api}/jobs",
@@ -312,9 +348,11 @@ def create_app(
         role: Reader,
         state: StateFilter = None,
         owner: OwnerFilter = "",
+        limit: Limit = DEFAULT_PAGE,
+        cursor: Cursor = "",
     ) -> dict[str, Any]:
-        """Jobs with their device timeline (running, suspended, packed, migrated periods)."""
-        return views.list_jobs(gateway, series, state or [], owner)
+        """Jobs with their device timeline (running, suspended, packed, migrated periods), newest first."""
+        return views.list_jobs(gateway, series, state or [], owner, limit=limit, cursor=cursor)
 
     @app.post(
         f"{api}/jobs",
@@ -330,9 +368,9 @@ def create_app(
         return job
 
     @app.get(f"{api}/jobs/{{job_id}}", response_model=JobDetail, tags=["jobs"], responses=_CHANGE_ERRORS)
-    def job(job_id: JobId, role: Reader) -> dict[str, Any]:
-        """One job: its state, timeline and recent progress (steps and mini-batch time)."""
-        return views.get_job(gateway, series, job_id)
+    def job(job_id: JobId, role: Reader, window_s: WindowS = 3600.0) -> dict[str, Any]:
+        """One job: its state, timeline and progress over the window (steps and mini-batch time)."""
+        return views.get_job(gateway, series, job_id, window_s=window_s)
 
     @app.get(f"{api}/jobs/{{job_id}}/log", response_model=JobLog, tags=["jobs"], responses=_CHANGE_ERRORS)
     def job_log(job_id: JobId, role: Reader, tail: LogTail = 200) -> dict[str, Any]:
@@ -349,14 +387,20 @@ def create_app(
         return job
 
     @app.get(f"{api}/cache", response_model=CacheResponse, tags=["cache"], responses=_ERRORS)
-    def cache(role: Reader) -> dict[str, Any]:
-        """Cache servers: capacity and use, datasets, allocations and their reasons, hit rate over time."""
-        return views.cache_view(gateway, series)
+    def cache(
+        role: Reader, limit: Limit = DEFAULT_PAGE, cursor: Cursor = "", window_s: WindowS = 3600.0
+    ) -> dict[str, Any]:
+        """Cache servers: capacity and use, datasets, allocations and their reasons, hit rate over
+        the window (points after a gap in the samples are marked ``gap``)."""
+        return views.cache_view(gateway, series, limit, cursor, window_s=window_s)
 
     @app.get(f"{api}/store", response_model=StoreResponse, tags=["store"], responses=_ERRORS)
-    def store(role: Reader) -> dict[str, Any]:
-        """Tables with their replicas' partitioning, store nodes, recovery progress."""
-        return views.store_view(gateway, series)
+    def store(
+        role: Reader, limit: Limit = DEFAULT_PAGE, cursor: Cursor = "", window_s: WindowS = 3600.0
+    ) -> dict[str, Any]:
+        """Tables (paged, by name) with their replicas' partitioning, store nodes, recovery progress
+        over the window."""
+        return views.store_view(gateway, series, limit, cursor, window_s=window_s)
 
     @app.get(f"{api}/store/tables/{{name}}", response_model=Record, tags=["store"], responses=_CHANGE_ERRORS)
     def store_table(name: TableName, role: Reader) -> dict[str, Any]:
@@ -375,9 +419,9 @@ def create_app(
         return views.store_start_recovery(gateway)
 
     @app.get(f"{api}/compiler", response_model=CompilerResponse, tags=["compiler"], responses=_ERRORS)
-    def compiler(role: Reader) -> dict[str, Any]:
-        """Graphs with their explorations (step time per trial) and committed configurations."""
-        return views.compiler_view(gateway)
+    def compiler(role: Reader, limit: Limit = DEFAULT_PAGE, cursor: Cursor = "") -> dict[str, Any]:
+        """Graphs (by key) with their explorations (step time per trial) and committed configurations."""
+        return views.compiler_view(gateway, limit, cursor)
 
     @app.get(
         f"{api}/compiler/graphs/{{key}}",

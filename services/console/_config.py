@@ -9,6 +9,7 @@ under the ``dev`` profile, so a production console can never run with it.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import socket
 import uuid
@@ -25,6 +26,18 @@ PROFILES = ("dev", "prod")
 TOKEN_ENV = "MICROCO_CONSOLE_TOKEN"
 VIEW_TOKEN_ENV = "MICROCO_CONSOLE_VIEW_TOKEN"
 TOKEN_FILE_NAME = "console-token"
+INSECURE_ENV = "MICROCO_CONSOLE_INSECURE_DEV_TOKEN"
+TOKEN_COMMAND = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` binds only this machine (127.0.0.0/8, ::1, localhost); "" and 0.0.0.0 do not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name may resolve to anything: treated as published
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,9 @@ class ConsoleConfig:
     lease_ttl_s: int = 5
     log_level: str = "info"
     log_format: str = "json"
+    # Serve the well-known development token on a non-loopback address anyway (a lab network
+    # with nobody else on it); refused without this, and warned about on every start with it.
+    insecure_dev_token: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -69,6 +85,17 @@ class ConsoleConfig:
                 problems.append(f"the admin token must be at least {MIN_PROD_TOKEN_LEN} characters")
             if self.view_token == DEFAULT_DEV_TOKEN:
                 problems.append("the default development token is refused outside the dev profile")
+        if (
+            DEFAULT_DEV_TOKEN in (self.token, self.view_token)
+            and not is_loopback(self.host)
+            and not self.insecure_dev_token
+        ):
+            problems.append(
+                f"the default development token is refused on {self.host or 'all interfaces'} (not a "
+                f"loopback address: anyone who reaches it could run jobs); set a token "
+                f"({TOKEN_ENV} or --token-file, e.g. from `{TOKEN_COMMAND}`), bind 127.0.0.1, or pass "
+                "--insecure-dev-token for a network where that is acceptable"
+            )
         if self.view_token and self.view_token == self.token:
             problems.append("the viewer token must differ from the admin token")
         if any(c.isspace() for c in self.token + self.view_token):
@@ -91,6 +118,20 @@ class ConsoleConfig:
     @property
     def uses_default_token(self) -> bool:
         return self.token == DEFAULT_DEV_TOKEN
+
+    def start_warnings(self) -> list[str]:
+        """What the console says on every start about its token (logged and printed)."""
+        out = []
+        if self.uses_default_token and not is_loopback(self.host):
+            out.append(
+                f"INSECURE: serving the well-known development token on {self.host or 'all interfaces'} "
+                "(--insecure-dev-token): anyone who reaches this port can submit jobs, i.e. run code"
+            )
+        elif self.uses_default_token:
+            out.append(
+                f"using the default development token on {self.host}; set {TOKEN_ENV} for anything shared"
+            )
+        return out
 
     def with_port(self, port: int) -> ConsoleConfig:
         return replace(self, http_port=port)
@@ -116,6 +157,15 @@ def add_console_flags(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help=f"file holding a read-only token (else {VIEW_TOKEN_ENV})",
+    )
+    g.add_argument(
+        "--insecure-dev-token",
+        action="store_true",
+        default=os.environ.get(INSECURE_ENV, "") in ("1", "true", "yes"),
+        help=(
+            "allow the well-known development token on a non-loopback address (refused without it; "
+            f"warned about on every start) ({INSECURE_ENV}=1)"
+        ),
     )
     g.add_argument(
         "--sample-every-s",
@@ -151,5 +201,6 @@ def config_from_args(args: argparse.Namespace) -> ConsoleConfig:
         log_level=args.log_level,
         log_format=args.log_format,
         sample_every_s=args.sample_every_s,
+        insecure_dev_token=bool(getattr(args, "insecure_dev_token", False)),
         **({"instance_id": args.instance_id} if args.instance_id else {}),
     )

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+from ._limits import MAX_QUERY_DEPTH, MAX_QUERY_NODES, check_query_shape
 
 INT64_MAX = 2**63 - 1
 
@@ -25,6 +27,11 @@ def _utf8(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_utf8)]
+# Bounded text (issue 16: every string, list and map of a request has a documented limit).
+Name = Annotated[str, StringConstraints(max_length=200), AfterValidator(_utf8)]
+Arg = Annotated[str, StringConstraints(max_length=4096), AfterValidator(_utf8)]
+EnvKey = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_utf8)]
+EnvValue = Annotated[str, StringConstraints(max_length=4096), AfterValidator(_utf8)]
 
 
 class _Open(BaseModel):
@@ -54,6 +61,12 @@ class WhoAmI(BaseModel):
     version: str
 
 
+class Page(BaseModel):
+    next_cursor: str = Field(
+        default="", description="pass as `cursor` for the next page; empty on the last page"
+    )
+
+
 class ServiceView(BaseModel):
     name: str
     instance_id: str
@@ -66,9 +79,20 @@ class ServiceView(BaseModel):
     health: str = Field(description="SERVING, NOT_SERVING or UNREACHABLE")
 
 
-class ServicesResponse(BaseModel):
+class GoneService(BaseModel):
+    name: str
+    instance_id: str
+    address: str
+    last_seen: float
+    gone_at: float = Field(description="when the console first saw it missing from the registry")
+
+
+class ServicesResponse(Page):
     services: list[ServiceView]
     at: float
+    gone: list[GoneService] = Field(
+        default=[], description="instances registered earlier (last 10 minutes) and not any more"
+    )
 
 
 class SystemView(BaseModel):
@@ -92,7 +116,7 @@ class NodeView(BaseModel):
     info: dict[str, Any]
 
 
-class NodesResponse(BaseModel):
+class NodesResponse(Page):
     nodes: list[NodeView]
     devices: list[dict[str, Any]] = Field(
         description="devices the scheduler schedules, each with the jobs on it"
@@ -124,7 +148,7 @@ class JobView(_Open):
     history: list[dict[str, Any]] = Field(default=[], description="the scheduler's own state history")
 
 
-class JobsResponse(Availability):
+class JobsResponse(Availability, Page):
     jobs: list[JobView] = []
 
 
@@ -156,18 +180,18 @@ class JobSubmit(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Text = Field(min_length=1, max_length=200, description="a name people recognise")
-    command: list[Text] = Field(min_length=1, max_length=256, description="argv of the training process")
+    name: Name = Field(min_length=1, description="a name people recognise")
+    command: list[Arg] = Field(min_length=1, max_length=256, description="argv of the training process")
     devices: int = Field(ge=1, le=1024, description="devices wanted")
     elastic: bool = Field(default=False, description="may grow and shrink with idle devices")
     priority: int = Field(default=0, ge=-1000, le=1000)
-    user: Text = Field(default="", max_length=200, description="owner of the job")
-    env: dict[Text, Text] = Field(default_factory=dict)
-    workdir: Text = Field(default="", max_length=4096)
-    total_steps: int = Field(default=0, ge=0, le=INT64_MAX, description="optional, for progress")
-    model: Text = Field(
-        default="", max_length=200, description="model name: jobs of one model share a speed profile"
+    user: Name = Field(default="", description="owner of the job")
+    env: dict[EnvKey, EnvValue] = Field(
+        default_factory=dict, max_length=128, description="environment of the job (at most 128 variables)"
     )
+    workdir: Arg = Field(default="")
+    total_steps: int = Field(default=0, ge=0, le=INT64_MAX, description="optional, for progress")
+    model: Name = Field(default="", description="model name: jobs of one model share a speed profile")
     max_devices: int = Field(
         default=0, ge=0, le=1024, description="elastic jobs: grow at most to this (0: policy decides)"
     )
@@ -186,19 +210,19 @@ class CacheServer(_Open):
     error: str = ""
     stats: dict[str, Any] | None = None
     allocations: list[dict[str, Any]] = []
-    hit_rate: list[dict[str, float]] = Field(
+    hit_rate: list[dict[str, float | bool]] = Field(
         default=[], description="the server's hit rate per sampling interval"
     )
-    job_hit_rate: dict[str, list[dict[str, float]]] = Field(
+    job_hit_rate: dict[str, list[dict[str, float | bool]]] = Field(
         default={}, description="hit rate per interval of each job, when the server reports per-job counters"
     )
 
 
-class CacheResponse(Availability):
+class CacheResponse(Availability, Page):
     servers: list[CacheServer] = []
 
 
-class StoreResponse(Availability):
+class StoreResponse(Availability, Page):
     tables: list[dict[str, Any]] = []
     nodes: list[dict[str, Any]] = []
     recovery: dict[str, Any] | None = None
@@ -214,7 +238,13 @@ class StoreQuery(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    query: dict[str, Any] = Field(description="the query, as the store coordinator reads it")
+    query: Annotated[dict[str, Any], AfterValidator(check_query_shape)] = Field(
+        max_length=64,
+        description=(
+            "the query, as the store coordinator reads it (at most 64 keys, nested at most "
+            f"{MAX_QUERY_DEPTH} levels, {MAX_QUERY_NODES} values in all)"
+        ),
+    )
     limit_rows: int = Field(default=1000, ge=1, le=10000, description="rows to return at most")
     explain_only: bool = Field(default=False, description="only say how it would run (EXPLAIN)")
 
@@ -225,8 +255,8 @@ class StoreQueryResult(BaseModel):
     replicas: Any = None
     columns: list[str]
     rows: list[list[Any]]
-    row_count: int = Field(description="rows in the full result")
-    truncated: bool
+    row_count: int = Field(description="rows returned (the result is read no further than limit_rows)")
+    truncated: bool = Field(description="true when the result has more rows than were returned")
 
 
 class GraphView(_Open):
@@ -238,9 +268,38 @@ class GraphView(_Open):
     speedup: float = 0.0
 
 
-class CompilerResponse(Availability):
+class CompilerResponse(Availability, Page):
     graphs: list[GraphView] = []
 
 
 class Record(_Open):
     """A system object as its service returns it."""
+
+
+class DevicePeriod(BaseModel):
+    job_id: str
+    name: str
+    state: str
+    start: float
+    end: float
+    migrated: bool
+
+
+class DeviceLane(BaseModel):
+    device: str
+    node: str
+    periods: list[DevicePeriod]
+
+
+class DeviceUse(BaseModel):
+    device: str
+    node: str
+    busy: list[float] = Field(description="fraction of each slice of the window a job was busy on it (0..1)")
+
+
+class DevicesResponse(Availability, Page):
+    start: float = 0.0
+    end: float = 0.0
+    bucket_s: float = Field(0.0, description="width of one utilisation slice, in seconds")
+    lanes: list[DeviceLane] = []
+    utilisation: list[DeviceUse] = []

@@ -38,6 +38,7 @@ class Recorder:
         self._last_seen: dict[str, Any] = {}
         self._seen_lock = threading.Lock()
         self._watch_call: Any = None
+        self.tracker: Any = None  # a _wall.ServiceTracker: services that leave the registry
 
     def start(self) -> Recorder:
         for target, name in ((self._sample_loop, "console-sampler"), (self._watch_loop, "console-watch")):
@@ -57,6 +58,11 @@ class Recorder:
     # -- one tick, also called directly by tests
     def sample_once(self) -> None:
         now = time.time()
+        if self.tracker is not None:
+            try:
+                self.tracker.observe(self.gw.services(), now)
+            except MicrocoError as exc:
+                log.debug("registry sample failed: %s", exc)
         if self.gw.availability("scheduler")[0]:
             try:
                 jobs = jobs_snapshot(self.gw)

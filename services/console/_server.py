@@ -146,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     except MicrocoError as exc:
         parser.error(str(exc))
     configure_logging("console", config.log_level, config.log_format == "json")
+    for warning in config.start_warnings():
+        log.warning(warning)
+        print(f"microco-console: warning: {warning}", file=sys.stderr)
     try:
         kv = EtcdKV(config.etcd)
     except MicrocoError as exc:
@@ -160,8 +163,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         kv.close()
         return 2
-    if config.uses_default_token:
-        log.warning("using the default development token; set MICROCO_CONSOLE_TOKEN for anything shared")
     log.info("console serving", extra={"url": server.url, "instance": config.instance_id})
 
     # uvicorn's own SIGTERM handler stops the server; revoke the registration first so that

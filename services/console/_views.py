@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import io
 import json
 import logging
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from microco.common.errors import InvalidArgument, MicrocoError, NotFound
 
 from ._gateway import SYSTEMS, Gateway
+from ._limits import DEFAULT_PAGE, paginate
 from ._proto import enum_number, to_dict
 from ._series import SeriesStore
 from ._timeline import TERMINAL, hit_rate_series, job_timeline, state_seconds
+from ._wall import GAP_FACTOR, device_lanes, in_window, mark_gaps, utilisation
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +36,15 @@ def unavailable(reason: str, **empty: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- services
 
 
-def services_view(gw: Gateway) -> dict[str, Any]:
-    """Every registered instance with its health (gRPC health protocol, or /healthz for HTTP)."""
-    records = sorted(gw.services(), key=lambda r: (r.name, r.instance_id))
+def services_view(
+    gw: Gateway, limit: int = DEFAULT_PAGE, cursor: str = "", tracker: Any = None
+) -> dict[str, Any]:
+    """Every registered instance with its health (gRPC health protocol, or /healthz for HTTP),
+    a page at a time by (name, instance); health is checked for the page only. ``gone``: the
+    instances seen earlier that left the registry (``tracker``, a ``_wall.ServiceTracker``)."""
+    registered = gw.services()
+    gone = tracker.observe(registered) if tracker is not None else []
+    records, next_cursor = paginate(registered, lambda r: (r.name, r.instance_id), limit, cursor)
     health = gw.health(records)
     now = time.time()
     items = [
@@ -51,7 +61,7 @@ def services_view(gw: Gateway) -> dict[str, Any]:
         }
         for r, h in zip(records, health, strict=True)
     ]
-    return {"services": items, "at": now}
+    return {"services": items, "at": now, "next_cursor": next_cursor, "gone": gone}
 
 
 def systems_view(gw: Gateway) -> dict[str, Any]:
@@ -65,7 +75,7 @@ def systems_view(gw: Gateway) -> dict[str, Any]:
 # --------------------------------------------------------------------------- nodes
 
 
-def nodes_view(gw: Gateway) -> dict[str, Any]:
+def nodes_view(gw: Gateway, limit: int = DEFAULT_PAGE, cursor: str = "") -> dict[str, Any]:
     """Nodes as registered in etcd (``/microco/nodes/<node>``) and the devices the scheduler sees."""
     nodes: list[dict[str, Any]] = []
     for key, raw in gw.kv.get_prefix("/microco/nodes/"):
@@ -77,6 +87,8 @@ def nodes_view(gw: Gateway) -> dict[str, Any]:
         except ValueError:
             doc = {"raw": raw.decode(errors="replace")}
         nodes.append({"name": name, "info": doc if isinstance(doc, dict) else {"value": doc}})
+    nodes, next_cursor = paginate(nodes, lambda n: (n["name"],), limit, cursor)
+    on_page = {n["name"] for n in nodes}
     devices: list[dict[str, Any]] = []
     scheduler_info: dict[str, Any] = {}
     ok, reason = gw.availability("scheduler")
@@ -93,11 +105,19 @@ def nodes_view(gw: Gateway) -> dict[str, Any]:
                     continue
                 for d in job.get("device_ids") or []:
                     holders.setdefault(d, []).append({"id": job["id"], "state": job.get("state", "")})
+            # the devices of this page's nodes (all of them when the scheduler names no node)
+            devices = [d for d in devices if not d.get("node") or d["node"] in on_page or not on_page]
             for d in devices:
                 d["jobs"] = holders.get(d.get("id", ""), [])
         except MicrocoError as exc:
             reason = f"scheduler: {exc}"
-    return {"nodes": nodes, "devices": devices, "devices_reason": reason, "scheduler": scheduler_info}
+    return {
+        "nodes": nodes,
+        "devices": devices,
+        "devices_reason": reason,
+        "scheduler": scheduler_info,
+        "next_cursor": next_cursor,
+    }
 
 
 # --------------------------------------------------------------------------- jobs
@@ -238,8 +258,16 @@ def _with_timeline(
 
 
 def list_jobs(
-    gw: Gateway, series: SeriesStore, states: list[str] | None = None, owner: str = ""
+    gw: Gateway,
+    series: SeriesStore,
+    states: list[str] | None = None,
+    owner: str = "",
+    *,
+    limit: int = DEFAULT_PAGE,
+    cursor: str = "",
 ) -> dict[str, Any]:
+    """A page of jobs, newest first (by submission time, then id), each with its timeline; the
+    timelines are computed for the page only."""
     ok, reason = gw.availability("scheduler")
     if not ok:
         return unavailable(reason, jobs=[])
@@ -260,19 +288,70 @@ def list_jobs(
     # can be in: it matches no job (and a filter of only that matches none, not all).
     named = [name for n in numbers if (name := state_name(n)) != "unknown"]
     found = gw.scheduler().list(named, owner) if named or not numbers else []
+    page, next_cursor = paginate(found, lambda j: (-float(j.submitted_at or 0.0), str(j.id)), limit, cursor)
     now = time.time()
-    histories = _scheduler_histories(gw)
-    jobs = [_with_timeline(series, d, now, histories.get(d["id"], [])) for d in map(to_dict, found)]
-    jobs.sort(key=lambda j: float(j.get("submitted_at") or 0.0), reverse=True)
-    return {"available": True, "reason": "", "jobs": jobs, "at": now}
+    if len(page) == 1:
+        histories = _scheduler_histories(gw, page[0].id)
+    else:
+        histories = _scheduler_histories(gw) if page else {}
+    jobs = [_with_timeline(series, d, now, histories.get(d["id"], [])) for d in map(to_dict, page)]
+    return {"available": True, "reason": "", "jobs": jobs, "at": now, "next_cursor": next_cursor}
 
 
-def get_job(gw: Gateway, series: SeriesStore, job_id: str) -> dict[str, Any]:
+def _gap_s(gw: Gateway) -> float:
+    """Longer than this without a sample is a gap in a plotted series."""
+    return GAP_FACTOR * gw.config.sample_every_s
+
+
+def get_job(gw: Gateway, series: SeriesStore, job_id: str, *, window_s: float = 3600.0) -> dict[str, Any]:
     job = to_dict(gw.scheduler().get(job_id))  # Unimplemented when not in this build
     now = time.time()
     out = _with_timeline(series, job, now, _scheduler_histories(gw, job["id"]).get(job["id"], []))
-    out["progress"] = series.read(_job_progress_name(job_id), last=500)
+    progress = in_window(series.read(_job_progress_name(job_id), last=500), now - window_s)
+    out["progress"] = mark_gaps(progress, _gap_s(gw))
     return out
+
+
+def devices_view(
+    gw: Gateway,
+    series: SeriesStore,
+    window_s: float,
+    hide_finished_s: float,
+    buckets: int,
+    limit: int = DEFAULT_PAGE,
+    cursor: str = "",
+) -> dict[str, Any]:
+    """For a wall screen: one timeline lane per device over the window (jobs that ended more than
+    ``hide_finished_s`` ago left out) and each device's utilisation per slice of the window (every
+    job counted, finished or not), a page of devices at a time by (node, device)."""
+    ok, reason = gw.availability("scheduler")
+    if not ok:
+        return unavailable(reason, lanes=[], utilisation=[])
+    scheduler = gw.scheduler()
+    devices = to_dict(scheduler.list_nodes()).get("devices", [])
+    now = time.time()
+    histories = _scheduler_histories(gw)
+    jobs = [
+        _with_timeline(series, d, now, histories.get(d["id"], [])) for d in map(to_dict, scheduler.list())
+    ]
+    every = device_lanes(jobs, devices, now=now, window_s=window_s, hide_finished_s=None)
+    page, next_cursor = paginate(every, lambda lane: (lane["node"], lane["device"]), limit, cursor)
+    shown = {lane["device"] for lane in page}
+    lanes = [
+        lane
+        for lane in device_lanes(jobs, devices, now=now, window_s=window_s, hide_finished_s=hide_finished_s)
+        if lane["device"] in shown
+    ]
+    return {
+        "available": True,
+        "reason": "",
+        "start": now - window_s,
+        "end": now,
+        "bucket_s": window_s / buckets,
+        "lanes": lanes,
+        "utilisation": utilisation(page, now=now, window_s=window_s, buckets=buckets),
+        "next_cursor": next_cursor,
+    }
 
 
 def job_log(gw: Gateway, job_id: str, tail_lines: int) -> dict[str, Any]:
@@ -321,13 +400,17 @@ def _cache_stats_name(instance: str) -> str:
     return f"cache:{instance}:stats"
 
 
-def cache_view(gw: Gateway, series: SeriesStore) -> dict[str, Any]:
+def cache_view(
+    gw: Gateway, series: SeriesStore, limit: int = DEFAULT_PAGE, cursor: str = "", *, window_s: float = 3600.0
+) -> dict[str, Any]:
     """Per cache server: capacity, use, datasets, allocations with reasons, hit rate over time."""
     ok, reason = gw.availability("cache")
     if not ok:
         return unavailable(reason, servers=[])
     servers = []
-    for record in sorted(gw.services("cache"), key=lambda r: r.instance_id):
+    start, gap = time.time() - window_s, _gap_s(gw)
+    records, next_cursor = paginate(gw.services("cache"), lambda r: (r.instance_id,), limit, cursor)
+    for record in records:
         entry: dict[str, Any] = {"instance_id": record.instance_id, "address": record.address, "error": ""}
         try:
             cache = gw.cache(record)
@@ -335,21 +418,31 @@ def cache_view(gw: Gateway, series: SeriesStore) -> dict[str, Any]:
             entry["allocations"] = to_dict(cache.allocations()).get("allocations", [])
         except MicrocoError as exc:
             entry["error"] = str(exc)
-        entry["hit_rate"] = hit_rate_series(series.read(_cache_stats_name(record.instance_id), last=500))
+        entry["hit_rate"] = mark_gaps(
+            in_window(hit_rate_series(series.read(_cache_stats_name(record.instance_id), last=500)), start),
+            gap,
+        )
         jobs = set(per_job_counters(entry.get("stats") or {})) | set(
             (entry.get("stats") or {}).get("jobs") or []
         )
         entry["job_hit_rate"] = {
-            job: points
+            job: mark_gaps(points, gap)
             for job in sorted(jobs)
             if (
-                points := hit_rate_series(
-                    series.read(_cache_job_stats_name(record.instance_id, job), last=500)
+                points := in_window(
+                    hit_rate_series(series.read(_cache_job_stats_name(record.instance_id, job), last=500)),
+                    start,
                 )
             )
         }
         servers.append(entry)
-    return {"available": True, "reason": "", "servers": servers, "at": time.time()}
+    return {
+        "available": True,
+        "reason": "",
+        "servers": servers,
+        "at": time.time(),
+        "next_cursor": next_cursor,
+    }
 
 
 def _cache_job_stats_name(instance: str, job: str) -> str:
@@ -400,14 +493,21 @@ def cache_samples(gw: Gateway) -> list[tuple[str, dict[str, Any]]]:
 # --------------------------------------------------------------------------- store
 
 
-def store_view(gw: Gateway, series: SeriesStore) -> dict[str, Any]:
+def store_view(
+    gw: Gateway, series: SeriesStore, limit: int = DEFAULT_PAGE, cursor: str = "", *, window_s: float = 3600.0
+) -> dict[str, Any]:
     """Tables with their three replicas' partitioning, the store nodes and their health, and
     recovery progress when the coordinator reports it."""
     ok, reason = gw.availability("store")
     if not ok:
         return unavailable(reason, tables=[], nodes=[], recovery=None)
     store = gw.store()
-    tables = [to_dict(t) for t in store.list_tables_pb().tables]
+    tables, next_cursor = paginate(
+        (to_dict(t) for t in store.list_tables_pb().tables),
+        lambda t: (str(t.get("name", "")),),
+        limit,
+        cursor,
+    )
     nodes = [to_dict(n) for n in store.nodes_pb().nodes]
     for t in tables:
         t.pop("placement_json", None)  # per-extent placement is on the table's own endpoint
@@ -422,8 +522,11 @@ def store_view(gw: Gateway, series: SeriesStore) -> dict[str, Any]:
         "tables": tables,
         "nodes": nodes,
         "recovery": recovery,
-        "recovery_history": series.read(STORE_RECOVERY_SERIES, last=500),
+        "recovery_history": mark_gaps(
+            in_window(series.read(STORE_RECOVERY_SERIES, last=500), time.time() - window_s), _gap_s(gw)
+        ),
         "at": time.time(),
+        "next_cursor": next_cursor,
     }
 
 
@@ -499,23 +602,88 @@ def store_query(gw: Gateway, query: dict[str, Any], limit_rows: int, explain_onl
         }
     import pyarrow as pa
 
-    buf = bytearray()
+    # Memory follows the limit, not the result (2.1M rows for ``limit_rows: 1`` took the console
+    # from 131 to 666 MB): the limit is pushed down to the store (one row more than shown, to know
+    # that the result was cut), and the stream is decoded batch by batch and ended once enough
+    # rows arrived.
+    cap = limit_rows + 1
+    query = dict(query)
+    own = query.get("limit")
+    if own is None or (isinstance(own, int) and not isinstance(own, bool) and own > cap):
+        query["limit"] = cap
     first: dict[str, Any] = {}
-    for k, part in enumerate(store.query_pb(query, timeout=max(gw.config.rpc_timeout_s, 60.0))):
-        if k == 0:
-            first = _unfold_json(to_dict(part))
-        buf += part.arrow_ipc
-    table = pa.ipc.open_stream(pa.py_buffer(bytes(buf))).read_all() if buf else pa.table({})
-    rows = table.slice(0, limit_rows).to_pylist()
+    parts = store.query_pb(query, timeout=max(gw.config.rpc_timeout_s, 60.0))
+
+    def chunks() -> Iterator[bytes]:
+        for k, part in enumerate(parts):
+            if k == 0:
+                first.update(_unfold_json(to_dict(part)))
+            if part.arrow_ipc:
+                yield part.arrow_ipc
+
+    source = chunks()
+    columns: list[str] = []
+    rows: list[list[Any]] = []
+    seen = 0
+    try:
+        raw = _ChunkReader(source)
+        if raw.peek():
+            reader = pa.ipc.open_stream(raw)
+            columns = list(reader.schema.names)
+            while seen < cap:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    break
+                take = batch.slice(0, max(0, limit_rows - len(rows)))
+                rows += [[_jsonable(r[c]) for c in columns] for r in take.to_pylist()]
+                seen += batch.num_rows
+    finally:
+        source.close()
+        close = getattr(parts, "close", None)
+        if close is not None:
+            close()  # ends the gRPC stream when rows are left unread
     return {
         "plan_kind": first.get("plan_kind", ""),
         "explain": first.get("explain", ""),
         "replicas": first.get("replicas"),
-        "columns": table.column_names,
-        "rows": [[_jsonable(r[c]) for c in table.column_names] for r in rows],
-        "row_count": table.num_rows,
-        "truncated": table.num_rows > limit_rows,
+        "columns": columns,
+        "rows": rows,
+        "row_count": len(rows),
+        "truncated": seen > limit_rows,
     }
+
+
+class _ChunkReader(io.RawIOBase):
+    """The ``arrow_ipc`` parts of a Query stream as one file, read as Arrow asks for it."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._buf = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def peek(self) -> bool:
+        """Whether there is anything to read at all."""
+        while not self._buf:
+            nxt = next(self._chunks, None)
+            if nxt is None:
+                return False
+            self._buf = memoryview(nxt)
+        return True
+
+    def readinto(self, b: Any) -> int:
+        # Fills ``b`` across chunk boundaries: Arrow reads a message's declared length in one
+        # call and takes a short read for a truncated stream.
+        view = memoryview(b).cast("B")
+        done = 0
+        while done < len(view) and self.peek():
+            n = min(len(view) - done, len(self._buf))
+            view[done : done + n] = self._buf[:n]
+            self._buf = self._buf[n:]
+            done += n
+        return done
 
 
 def store_start_recovery(gw: Gateway) -> dict[str, Any]:
@@ -536,18 +704,21 @@ def _graph_summary(g: dict[str, Any]) -> dict[str, Any]:
     return {**g, "first_step_ms": first, "best_step_ms": best, "speedup": speedup}
 
 
-def compiler_view(gw: Gateway) -> dict[str, Any]:
+def compiler_view(gw: Gateway, limit: int = DEFAULT_PAGE, cursor: str = "") -> dict[str, Any]:
     """Every registered graph with its exploration (step time per trial), committed configuration
     and the speedup of the best configuration over the first one measured."""
     ok, reason = gw.availability("compiler")
     if not ok:
         return unavailable(reason, graphs=[])
-    graphs = gw.compiler().list_graphs()
+    graphs, next_cursor = paginate(
+        (to_dict(g) for g in gw.compiler().list_graphs()), lambda g: (str(g.get("key", "")),), limit, cursor
+    )
     return {
         "available": True,
         "reason": "",
-        "graphs": [_graph_summary(to_dict(g)) for g in graphs],
+        "graphs": [_graph_summary(g) for g in graphs],
         "at": time.time(),
+        "next_cursor": next_cursor,
     }
 
 

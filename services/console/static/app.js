@@ -10,6 +10,13 @@
   let tab = (location.hash || "#services").slice(1);
   let selectedJob = "";
   let timer = null;
+  let queryEdited = false;
+  const WINDOW_KEY = "microco-console-window";
+
+  // the time window the plots show (seconds back from now), kept across visits
+  function win() {
+    return Number($("window").value) || 3600;
+  }
 
   const $ = (id) => document.getElementById(id);
 
@@ -153,14 +160,19 @@
       })
     );
     if (selectedJob) {
-      const d = await api("/jobs/" + encodeURIComponent(selectedJob));
+      const d = await api("/jobs/" + encodeURIComponent(selectedJob) + "?window_s=" + win());
       $("job-detail").hidden = false;
       $("job-detail-title").textContent = `${(d.spec && d.spec.name) || d.id} (${d.state})`;
-      P.line($("job-steps"), [{ name: "step", points: d.progress.map((p) => [p.at, p.step]) }], { time: true, xLabel: "time" });
+      P.line($("job-steps"), [{ name: "step", points: d.progress.map((p) => [p.at, p.step, undefined, p.gap]) }], {
+        time: true,
+        xLabel: "time (clock)",
+        yLabel: "steps",
+        integer: true,
+      });
       P.line(
         $("job-minibatch"),
-        [{ name: "ms", points: d.progress.filter((p) => p.minibatch_ms > 0).map((p) => [p.at, p.minibatch_ms]) }],
-        { time: true, xLabel: "time" }
+        [{ name: "ms", points: d.progress.filter((p) => p.minibatch_ms > 0).map((p) => [p.at, p.minibatch_ms, undefined, p.gap]) }],
+        { time: true, xLabel: "time (clock)", yLabel: "ms per mini-batch" }
       );
       showJobLog(selectedJob);
     } else {
@@ -220,7 +232,27 @@
     refresh();
   }
 
+  async function showDevices() {
+    const dv = await api(`/devices?window_s=${win()}&buckets=60`);
+    if (dv.available === false) {
+      $("device-lanes").replaceChildren(h("p", { class: "unavailable" }, dv.reason));
+      $("device-heatmap").replaceChildren();
+      return;
+    }
+    P.timeline(
+      $("device-lanes"),
+      dv.lanes.map((l) => ({ id: l.device, label: l.device, periods: l.periods })),
+      { start: dv.start, end: dv.end, empty: "no devices", width: plotWidth($("tab-nodes")) }
+    );
+    P.heatmap(
+      $("device-heatmap"),
+      dv.utilisation.map((u) => ({ label: u.device, values: u.busy })),
+      { start: dv.start, bucketS: dv.bucket_s, empty: "no devices", width: plotWidth($("tab-nodes")) }
+    );
+  }
+
   async function showNodes() {
+    await showDevices();
     const data = await api("/nodes");
     fill(
       $("nodes-table").tBodies[0],
@@ -261,7 +293,7 @@
   }
 
   async function showCache() {
-    const data = await api("/cache");
+    const data = await api("/cache?window_s=" + win());
     const box = $("cache-servers");
     if (unavailable("cache-unavailable", data)) {
       box.replaceChildren();
@@ -315,9 +347,9 @@
         );
         const perJob = Object.keys(s.job_hit_rate || {}).map((job) => ({
           name: job,
-          points: s.job_hit_rate[job].map((p) => [p.at, p.hit_rate]),
+          points: s.job_hit_rate[job].map((p) => [p.at, p.hit_rate, undefined, p.gap]),
         }));
-        const hitSeries = [{ name: "server", points: (s.hit_rate || []).map((p) => [p.at, p.hit_rate]) }, ...perJob];
+        const hitSeries = [{ name: "server", points: (s.hit_rate || []).map((p) => [p.at, p.hit_rate, undefined, p.gap]) }, ...perJob];
         P.line(plot, hitSeries, {
           width: plotWidth(box),
           legend: perJob.length > 0,
@@ -325,6 +357,8 @@
           yMin: 0,
           yMax: 1,
           yFormat: (v) => Math.round(v * 100) + "%",
+          yLabel: "hit rate (%)",
+          xLabel: "time (clock)",
           empty: "no lookups sampled yet",
         });
         if (!perJob.length) {
@@ -341,8 +375,19 @@
   }
 
   async function showStore() {
-    const data = await api("/store");
+    const data = await api("/store?window_s=" + win());
     if (unavailable("store-unavailable", data, "store-body")) return;
+    // the example query names a table that exists here (until the operator edits it)
+    if (!queryEdited && data.tables.length) {
+      const names = data.tables.map((t) => t.name);
+      let q = {};
+      try {
+        q = JSON.parse($("query-text").value);
+      } catch (e) {
+        q = {};
+      }
+      if (!names.includes(q.table)) $("query-text").value = JSON.stringify({ table: names[0], limit: 10 });
+    }
     fill(
       $("store-tables").tBodies[0],
       data.tables.map((t) =>
@@ -396,10 +441,10 @@
       P.line(
         plot,
         [
-          { name: "unavailable extents", points: hist.map((p) => [p.at, p.unavailable_extents || 0]) },
-          { name: "rebuilt", points: hist.map((p) => [p.at, p.rebuilt || 0]) },
+          { name: "unavailable extents", points: hist.map((p) => [p.at, p.unavailable_extents || 0, undefined, p.gap]) },
+          { name: "rebuilt", points: hist.map((p) => [p.at, p.rebuilt || 0, undefined, p.gap]) },
         ],
-        { time: true, height: 160, legend: true, empty: "no recovery samples yet" }
+        { time: true, height: 160, legend: true, integer: true, yLabel: "extents", xLabel: "time (clock)", empty: "no recovery samples yet" }
       );
     }
   }
@@ -417,7 +462,7 @@
       const r = await api("/store/query", { method: "POST", body: JSON.stringify({ query, explain_only: explainOnly, limit_rows: 200 }) });
       $("query-status").textContent = explainOnly
         ? `plan: ${r.plan_kind}`
-        : `${r.row_count} rows${r.truncated ? " (first 200 shown)" : ""} · plan: ${r.plan_kind}`;
+        : `${r.row_count} rows${r.truncated ? " shown (the result has more)" : ""} · plan: ${r.plan_kind}`;
       $("query-explain-text").hidden = !r.explain;
       $("query-explain-text").textContent = r.explain || "";
       const table = $("query-result");
@@ -474,7 +519,7 @@
         if (bestSoFar.length) series.unshift({ name: "best so far", points: bestSoFar, color: "#212529", pointsOnly: false });
         P.line(plot, series, {
           width: plotWidth(box),
-          xLabel: "trial",
+          xLabel: "trial (number)",
           yLabel: "ms per step",
           legend: true,
           empty: "no trial measured yet",
@@ -491,12 +536,25 @@
     $("status-line").textContent = msg;
   }
 
+  // A service that leaves the registry (a killed store node) is named in a banner on every tab,
+  // rather than only turning 12/12 into 11/11.
+  async function checkGone() {
+    const svc = await api("/services?limit=1");
+    const gone = svc.gone || [];
+    const banner = $("gone-banner");
+    banner.hidden = !gone.length;
+    banner.textContent = gone.length
+      ? "Gone from the registry: " +
+        gone.map((g) => `${g.name} ${g.instance_id} (${g.address}) since ${P.fmtClock(g.gone_at)}`).join("; ")
+      : "";
+  }
+
   async function refresh() {
     if (!token) return;
     clearTimeout(timer);
     const view = VIEWS[tab] || showServices;
     try {
-      await view();
+      await Promise.all([view(), checkGone()]);
       status("updated " + new Date().toTimeString().slice(0, 8));
     } catch (e) {
       if (e.message !== "unauthenticated") status("update failed: " + e.message);
@@ -552,6 +610,13 @@
       runQuery(false);
     });
     $("query-explain").addEventListener("click", () => runQuery(true));
+    $("query-text").addEventListener("input", () => (queryEdited = true));
+    const saved = localStorage.getItem(WINDOW_KEY);
+    if (saved && [...$("window").options].some((o) => o.value === saved)) $("window").value = saved;
+    $("window").addEventListener("change", () => {
+      localStorage.setItem(WINDOW_KEY, $("window").value);
+      refresh();
+    });
     window.addEventListener("hashchange", () => showTab(location.hash.slice(1)));
     if (token) {
       signIn(token).then((ok) => { if (!ok) signOut(""); });

@@ -1,7 +1,9 @@
 /* microco console plots: a few hand-written SVG charts, no dependencies, works offline.
  *
  *   MicrocoPlots.timeline(el, rows, opts)  rows: [{label, periods: [{state, start, end, migrated, node, devices}]}]
- *   MicrocoPlots.line(el, series, opts)    series: [{name, points: [[x, y], ...]}]
+ *   MicrocoPlots.line(el, series, opts)    series: [{name, points: [[x, y, label, gap], ...]}]; a point
+ *                                          with gap=true starts a new line (no line across missing data)
+ *   MicrocoPlots.heatmap(el, rows, opts)   rows: [{label, values: [0..1 per slice]}], opts.start/bucketS
  *   MicrocoPlots.bar(el, value, max, opts) a single horizontal gauge
  */
 (function (global) {
@@ -37,13 +39,14 @@
     return el("svg", { width: width, height: height, viewBox: `0 0 ${width} ${height}`, role: "img" }, container);
   }
 
-  function niceTicks(min, max, count) {
+  function niceTicks(min, max, count, integer) {
     if (!(max > min)) return [min];
     const span = max - min;
     const step0 = span / Math.max(1, count);
     const mag = Math.pow(10, Math.floor(Math.log10(step0)));
     const norm = step0 / mag;
-    const step = (norm > 7 ? 10 : norm > 3 ? 5 : norm > 1.5 ? 2 : 1) * mag;
+    let step = (norm > 7 ? 10 : norm > 3 ? 5 : norm > 1.5 ? 2 : 1) * mag;
+    if (integer) step = Math.max(1, Math.round(step)); // counts: whole ticks only
     const ticks = [];
     for (let v = Math.ceil(min / step) * step; v <= max + 1e-9; v += step) ticks.push(v);
     return ticks;
@@ -89,13 +92,15 @@
       t0 = Date.now() / 1000 - 60;
       t1 = Date.now() / 1000;
     }
+    if (opts.start !== undefined) t0 = opts.start; // a fixed time window (the window picker)
+    if (opts.end !== undefined) t1 = opts.end;
     if (t1 - t0 < 10) t1 = t0 + 10;
     const plotW = width - left - 12;
     const x = (t) => left + ((t - t0) / (t1 - t0)) * plotW;
     niceTicks(0, t1 - t0, 6).forEach((dt) => {
       const xx = x(t0 + dt);
       el("line", { x1: xx, x2: xx, y1: top - 4, y2: height - 30, stroke: "#e9ecef" }, svg);
-      text(svg, xx - 10, top - 8, "+" + fmtNum(dt) + "s", { "font-size": 10, fill: "#868e96" });
+      text(svg, xx - 20, top - 8, fmtClock(t0 + dt), { "font-size": 10, fill: "#868e96" });
     });
     rows.forEach((r, i) => {
       const y = top + i * rowH;
@@ -121,6 +126,7 @@
         );
         const title = el("title", {}, rect);
         title.textContent =
+          (p.job_id ? `${p.job_id}${p.name ? " (" + p.name + ")" : ""}: ` : "") +
           `${p.state} ${fmtNum(p.end - p.start)}s` +
           (p.node ? ` on ${p.node}` : "") +
           (p.devices && p.devices.length ? ` [${p.devices.join(", ")}]` : "") +
@@ -164,13 +170,13 @@
     if (y1 === y0) y1 = y0 + 1;
     const X = (v) => m.l + ((v - x0) / (x1 - x0)) * (width - m.l - m.r);
     const Y = (v) => height - m.b - ((v - y0) / (y1 - y0)) * (height - m.t - m.b);
-    niceTicks(y0, y1, 4).forEach((v) => {
+    niceTicks(y0, y1, 4, opts.integer).forEach((v) => {
       el("line", { x1: m.l, x2: width - m.r, y1: Y(v), y2: Y(v), stroke: "#e9ecef" }, svg);
       text(svg, 4, Y(v) + 4, opts.yFormat ? opts.yFormat(v) : fmtNum(v), { "font-size": 10, fill: "#868e96" });
     });
     niceTicks(opts.time ? 0 : x0, opts.time ? x1 - x0 : x1, 5).forEach((v) => {
       const xv = opts.time ? x0 + v : v;
-      text(svg, X(xv) - 14, height - m.b + 14, opts.time ? "+" + fmtNum(v) + "s" : fmtNum(v), {
+      text(svg, X(xv) - (opts.time ? 22 : 14), height - m.b + 14, opts.time ? fmtClock(xv) : fmtNum(v), {
         "font-size": 10,
         fill: "#868e96",
       });
@@ -185,18 +191,26 @@
       const color = s.color || PALETTE[i % PALETTE.length];
       const sorted = s.points.slice().sort((a, b) => a[0] - b[0]);
       const pointsOnly = s.pointsOnly !== undefined ? s.pointsOnly : opts.pointsOnly;
-      if (sorted.length > 1 && !pointsOnly) {
+      // one polyline per stretch without missing samples: never a line across a gap
+      const segments = [];
+      sorted.forEach((p, k) => {
+        if (k === 0 || p[3] === true) segments.push([]);
+        segments[segments.length - 1].push(p);
+      });
+      segments.forEach((seg) => {
+        if (seg.length < 2 || pointsOnly) return;
         el(
           "polyline",
           {
-            points: sorted.map((p) => `${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" "),
+            points: seg.map((p) => `${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" "),
             fill: "none",
             stroke: color,
             "stroke-width": 1.8,
+            class: "segment",
           },
           svg
         );
-      }
+      });
       sorted.forEach((p) => {
         const c = el("circle", { cx: X(p[0]), cy: Y(p[1]), r: sorted.length > 60 ? 1.5 : 3, fill: color }, svg);
         const t = el("title", {}, c);
@@ -214,6 +228,48 @@
     return svg;
   }
 
+  /* Heatmap: one row per label, one cell per slice of the window, darker = busier (0..1). */
+  function heatmap(container, rows, opts) {
+    opts = opts || {};
+    const width = opts.width || Math.max(480, (container.clientWidth || 814) - 14);
+    const rowH = 18;
+    const left = opts.labelWidth || 170;
+    const top = 20;
+    const height = top + rows.length * rowH + 30;
+    const svg = svgFor(container, width, height);
+    svg.setAttribute("class", "heatmap");
+    if (!rows.length) {
+      text(svg, 10, 20, opts.empty || "nothing to show yet");
+      return svg;
+    }
+    const n = Math.max(...rows.map((r) => r.values.length));
+    const cellW = (width - left - 12) / Math.max(1, n);
+    const start = opts.start || 0;
+    const bucketS = opts.bucketS || 1;
+    niceTicks(0, n * bucketS, 6).forEach((dt) => {
+      text(svg, left + (dt / bucketS) * cellW - 20, top - 6, fmtClock(start + dt), { "font-size": 10, fill: "#868e96" });
+    });
+    rows.forEach((r, i) => {
+      const y = top + i * rowH;
+      text(svg, 4, y + 13, r.label.length > 26 ? r.label.slice(0, 25) + "…" : r.label);
+      r.values.forEach((v, k) => {
+        const cell = el(
+          "rect",
+          { x: left + k * cellW, y: y + 1, width: Math.max(1, cellW - 1), height: rowH - 2, fill: "#2f9e44", "fill-opacity": 0.06 + 0.94 * v, class: "heat-cell" },
+          svg
+        );
+        el("title", {}, cell).textContent = `${r.label} ${fmtClock(start + k * bucketS)}: ${Math.round(v * 100)}% busy`;
+      });
+    });
+    const ly = height - 10;
+    [0, 0.25, 0.5, 0.75, 1].forEach((v, k) => {
+      el("rect", { x: left + k * 44, y: ly - 9, width: 12, height: 10, fill: "#2f9e44", "fill-opacity": 0.06 + 0.94 * v }, svg);
+      text(svg, left + k * 44 + 15, ly, Math.round(v * 100) + "%", { "font-size": 10 });
+    });
+    text(svg, left + 5 * 44 + 4, ly, `busy per ${fmtNum(bucketS)} s slice`, { "font-size": 10, fill: "#868e96" });
+    return svg;
+  }
+
   function bar(container, value, max, opts) {
     opts = opts || {};
     const width = opts.width || 220;
@@ -225,5 +281,5 @@
     return svg;
   }
 
-  global.MicrocoPlots = { timeline, line, bar, STATE_COLORS, fmtNum, fmtClock };
+  global.MicrocoPlots = { timeline, line, bar, heatmap, STATE_COLORS, fmtNum, fmtClock };
 })(window);
