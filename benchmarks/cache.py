@@ -61,7 +61,7 @@ class _Server:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.data = tmp / f"server-{name}"
-        self.log = open(tmp / f"server-{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
+        self.log = open(tmp / f"server-{name}.log", "wb")
         cmd = [
             sys.executable,
             "-m",

@@ -228,8 +228,8 @@ def run_burst(
     kv: Any, etcd: str, tmp: Path, policy: str, config: dict[str, Any], jobs: int, steps: int, devices: int
 ) -> dict[str, Any]:
     """A burst of jobs submitted at once to a fresh scheduler over the (warm) burst agent."""
-    from microco.common import channel_for
     from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
+    from microco.common import channel_for
     from microco.services.scheduler import spawn_scheduler, stop_process
 
     kv.delete_prefix("/microco/scheduler/")

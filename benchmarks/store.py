@@ -88,7 +88,9 @@ def queries(client: Any) -> list[dict[str, Any]]:
         },
         {
             "name": "join_orders_lineitem_on_orderkey",
-            "frame": o.join(li, "o_orderkey", "l_orderkey").group_by("o_orderpriority").agg(qty=("sum", "l_quantity")),
+            "frame": o.join(li, "o_orderkey", "l_orderkey")
+            .group_by("o_orderpriority")
+            .agg(qty=("sum", "l_quantity")),
             "shuffle_replica": 1,
             "sql": "select o_orderpriority, sum(l_quantity) qty from orders join lineitem on o_orderkey = l_orderkey "
             "group by o_orderpriority",
@@ -102,7 +104,9 @@ WARM = True
 def _norm(rows: list[tuple]) -> list[tuple]:
     import decimal
 
-    return [tuple(round(float(x), 4) if isinstance(x, (float, decimal.Decimal)) else x for x in r) for r in rows]
+    return [
+        tuple(round(float(x), 4) if isinstance(x, (float, decimal.Decimal)) else x for x in r) for r in rows
+    ]
 
 
 def tpch_queries(client: Any, con: Any, data: Path, sf: float, repeat: int) -> list[dict[str, Any]]:
@@ -120,8 +124,14 @@ def tpch_queries(client: Any, con: Any, data: Path, sf: float, repeat: int) -> l
         client.append(name, t)
     out = []
     for q, sql in sorted(TPCH.items()):
-        row: dict[str, Any] = {"query": q, "scale": sf, "correct": False, "store_s": None, "duckdb_s": None,
-                               "spark_s": None}
+        row: dict[str, Any] = {
+            "query": q,
+            "scale": sf,
+            "correct": False,
+            "store_s": None,
+            "duckdb_s": None,
+            "spark_s": None,
+        }
         try:
             store_s, got = _time(lambda sql=sql: client.sql(sql), repeat)
             row["plan"] = client.last_plan.get("kind")
@@ -129,7 +139,9 @@ def tpch_queries(client: Any, con: Any, data: Path, sf: float, repeat: int) -> l
             row["store_s"], row["duckdb_s"] = round(store_s, 4), round(duck_s, 4)
             a = _norm([tuple(r.values()) for r in got.to_pylist()])
             b = _norm([tuple(r.values()) for r in want.to_pylist()])
-            row["correct"] = a == b if "order by" in sql.lower() else sorted(a, key=repr) == sorted(b, key=repr)
+            row["correct"] = (
+                a == b if "order by" in sql.lower() else sorted(a, key=repr) == sorted(b, key=repr)
+            )
             row["store_over_duckdb"] = round(store_s / duck_s, 2)
         except Exception as exc:  # noqa: BLE001 - reported per query
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -204,7 +216,9 @@ class _SparkSession:
                 .config("spark.driver.memory", "4g")
             )
             if self.small:
-                spark = spark.config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+                spark = spark.config(
+                    "spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+                )
             spark = spark.getOrCreate()
             spark.sparkContext.setLogLevel("ERROR")
             self.spark = spark
@@ -230,7 +244,11 @@ class _SparkSession:
         spark = self.spark
         # every result row comes back to the client as Arrow, as the store's client gets them
         # (toArrow, Spark >= 4; collect() of Python rows would mostly measure pickling)
-        fetch = (lambda df: df.toArrow()) if hasattr(spark.sql("select 1"), "toArrow") else (lambda df: df.collect())
+        fetch = (
+            (lambda df: df.toArrow())
+            if hasattr(spark.sql("select 1"), "toArrow")
+            else (lambda df: df.collect())
+        )
         out: dict[str, float | None] = {}
         for q in qs:
             t, _ = _time(lambda q=q: fetch(spark.sql(q["sql"])), repeat)
@@ -245,14 +263,21 @@ class _SparkSession:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="microco bench store", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="microco bench store", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="scale factor 0.01, one timed run (under a minute)")
-    ap.add_argument("--sf", type=float, default=None, help="TPC-H scale factor (default 1; 0.01 with --quick)")
+    ap.add_argument(
+        "--sf", type=float, default=None, help="TPC-H scale factor (default 1; 0.01 with --quick)"
+    )
     ap.add_argument("--nodes", type=int, default=6, help="store node processes (in three fault domains)")
-    ap.add_argument("--repeat", type=int, default=None, help="timed runs per query, best kept (default 2; 1 quick)")
+    ap.add_argument(
+        "--repeat", type=int, default=None, help="timed runs per query, best kept (default 2; 1 quick)"
+    )
     ap.add_argument("--no-spark", action="store_true", help="skip PySpark")
-    ap.add_argument("--data-dir", default=os.path.expanduser("~/.cache/microco/tpch"), help="where TPC-H is cached")
+    ap.add_argument(
+        "--data-dir", default=os.path.expanduser("~/.cache/microco/tpch"), help="where TPC-H is cached"
+    )
     ap.add_argument("--json", action="store_true", help="JSON only on stdout (it is always JSON)")
     args = ap.parse_args(argv)
     sf = args.sf if args.sf is not None else (0.01 if args.quick else 1.0)
@@ -283,12 +308,28 @@ def main(argv: list[str] | None = None) -> int:
         nodes,
         lease_ttl_s=2,
         # one super-extent per table at these sizes: orders and lineitem partitions co-locate
-        coordinator_args=["--super-extent-rows", "10000000", "--recovery-rate-mb", "0",
-                          "--recovery-grace-s", "0", "--recovery-interval-s", "3600"],
+        coordinator_args=[
+            "--super-extent-rows",
+            "10000000",
+            "--recovery-rate-mb",
+            "0",
+            "--recovery-grace-s",
+            "0",
+            "--recovery-interval-s",
+            "3600",
+        ],
     )
-    result: dict[str, Any] = {"benchmark": "store", "scale_factor": sf, "nodes": args.nodes, "fault_domains": 3,
-                              "partitions_per_replica": P, "repeat": repeat, "warm_up_per_query": WARM,
-                              "cores": os.cpu_count(), "load_average_at_start": os.getloadavg()[0]}
+    result: dict[str, Any] = {
+        "benchmark": "store",
+        "scale_factor": sf,
+        "nodes": args.nodes,
+        "fault_domains": 3,
+        "partitions_per_replica": P,
+        "repeat": repeat,
+        "warm_up_per_query": WARM,
+        "cores": os.cpu_count(),
+        "load_average_at_start": os.getloadavg()[0],
+    }
     try:
         _log(f"starting etcd and {args.nodes} store nodes + a coordinator")
         cluster.start()
@@ -298,8 +339,16 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         orders = load_parquet(data / "orders.parquet")
         lineitem = load_parquet(data / "lineitem.parquet")
-        client.create_table("orders", orders.schema, [f"o_orderkey:hash:{P}", f"o_custkey:hash:{P}", f"o_orderdate:range:{bounds}"])
-        client.create_table("lineitem", lineitem.schema, [f"l_orderkey:hash:{P}", f"l_partkey:hash:{P}", f"l_suppkey:hash:{P}"])
+        client.create_table(
+            "orders",
+            orders.schema,
+            [f"o_orderkey:hash:{P}", f"o_custkey:hash:{P}", f"o_orderdate:range:{bounds}"],
+        )
+        client.create_table(
+            "lineitem",
+            lineitem.schema,
+            [f"l_orderkey:hash:{P}", f"l_partkey:hash:{P}", f"l_suppkey:hash:{P}"],
+        )
         client.append("orders", orders)
         client.append("lineitem", lineitem)
         result["load_s"] = round(time.perf_counter() - t0, 3)
@@ -318,21 +367,33 @@ def main(argv: list[str] | None = None) -> int:
         for q in qs:
             matched_s, m = _time(lambda q=q: client.query(q["frame"]), repeat)
             matched_plan = dict(client.last_plan)
-            shuffle_s, s = _time(lambda q=q: client.query(q["frame"].on_replica(q["shuffle_replica"])), repeat)
+            shuffle_s, s = _time(
+                lambda q=q: client.query(q["frame"].on_replica(q["shuffle_replica"])), repeat
+            )
             shuffle_plan = dict(client.last_plan)
             duck_s, d = _time(lambda q=q: con.sql(q["sql"]).to_arrow_table(), repeat)
             same = m.num_rows == s.num_rows == d.num_rows
-            rows.append({
-                "name": q["name"], "matched_s": round(matched_s, 4), "shuffle_s": round(shuffle_s, 4),
-                "duckdb_s": round(duck_s, 4), "spark_s": None,
-                "shuffle_over_matched": round(shuffle_s / matched_s, 2),
-                "matched_moved_bytes": matched_plan.get("moved_bytes", 0),
-                "shuffle_moved_bytes": shuffle_plan.get("moved_bytes", 0),
-                "matched_plan": matched_plan["kind"], "matched_replicas": matched_plan["replicas"],
-                "shuffle_plan": shuffle_plan["kind"], "shuffle_replicas": shuffle_plan["replicas"],
-                "result_rows": m.num_rows, "results_agree_row_count": same,
-            })
-            _log(f"{q['name']}: matched {matched_s:.3f}s ({matched_plan['kind']}), shuffle {shuffle_s:.3f}s, duckdb {duck_s:.3f}s")
+            rows.append(
+                {
+                    "name": q["name"],
+                    "matched_s": round(matched_s, 4),
+                    "shuffle_s": round(shuffle_s, 4),
+                    "duckdb_s": round(duck_s, 4),
+                    "spark_s": None,
+                    "shuffle_over_matched": round(shuffle_s / matched_s, 2),
+                    "matched_moved_bytes": matched_plan.get("moved_bytes", 0),
+                    "shuffle_moved_bytes": shuffle_plan.get("moved_bytes", 0),
+                    "matched_plan": matched_plan["kind"],
+                    "matched_replicas": matched_plan["replicas"],
+                    "shuffle_plan": shuffle_plan["kind"],
+                    "shuffle_replicas": shuffle_plan["replicas"],
+                    "result_rows": m.num_rows,
+                    "results_agree_row_count": same,
+                }
+            )
+            _log(
+                f"{q['name']}: matched {matched_s:.3f}s ({matched_plan['kind']}), shuffle {shuffle_s:.3f}s, duckdb {duck_s:.3f}s"
+            )
         result["queries"] = rows
         result["tpch"] = tpch_queries(client, con, data, sf, repeat)
 
@@ -346,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
         rec = client.start_recovery()
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            if rec.get("state") == "stuck" or (rec.get("state") in ("done", "partial") and rec["unavailable_extents"] == 0):
+            if rec.get("state") == "stuck" or (
+                rec.get("state") in ("done", "partial") and rec["unavailable_extents"] == 0
+            ):
                 break
             time.sleep(0.2)
             rec = client.recovery()
@@ -355,9 +418,13 @@ def main(argv: list[str] | None = None) -> int:
             "extents_lost": before[victim]["extents"],
             "bytes_lost": rec.get("bytes_lost"),
             "bytes_read": rec.get("bytes_read"),
-            "bytes_read_per_byte_lost": round(rec["bytes_read_per_byte_lost"], 4) if rec.get("bytes_read_per_byte_lost") else None,
+            "bytes_read_per_byte_lost": round(rec["bytes_read_per_byte_lost"], 4)
+            if rec.get("bytes_read_per_byte_lost")
+            else None,
             "full_scan_bytes": rec.get("full_scan_bytes"),
-            "full_scan_bytes_per_byte_lost": round(rec["full_scan_bytes"] / rec["bytes_lost"], 2) if rec.get("bytes_lost") else None,
+            "full_scan_bytes_per_byte_lost": round(rec["full_scan_bytes"] / rec["bytes_lost"], 2)
+            if rec.get("bytes_lost")
+            else None,
             "seconds": round(rec.get("seconds", 0.0), 3),
             "lease_expiry_s": round(t_gone - t_kill, 2),
             "state": rec.get("state"),
@@ -401,7 +468,9 @@ def main(argv: list[str] | None = None) -> int:
         result["tpch_summary"] = {
             "correct": sum(r["correct"] for r in result["tpch"]),
             "queries": len(result["tpch"]),
-            "geomean_store_over_duckdb": round(math.exp(sum(math.log(r["store_s"] / r["duckdb_s"]) for r in ok) / len(ok)), 2),
+            "geomean_store_over_duckdb": round(
+                math.exp(sum(math.log(r["store_s"] / r["duckdb_s"]) for r in ok) / len(ok)), 2
+            ),
         }
     print(json.dumps(result, indent=2))
     return 0

@@ -6,6 +6,7 @@ pyarrow compute / Acero (group_by().aggregate), interleaved, 9 rounds; the media
 
 Acero cannot evaluate Q1's charge expression on the decimal128(15, 2) columns (the product's
 precision, 49 digits, exceeds 38), so its side casts to float64 first: not the same answer."""
+
 import datetime
 import json
 import statistics
@@ -20,7 +21,15 @@ import pyarrow.parquet as pq
 from microco.services.store import duck as shared_db
 from microco.services.store import to_plain_strings
 
-COLUMNS = ["l_returnflag", "l_linestatus", "l_quantity", "l_extendedprice", "l_discount", "l_tax", "l_shipdate"]
+COLUMNS = [
+    "l_returnflag",
+    "l_linestatus",
+    "l_quantity",
+    "l_extendedprice",
+    "l_discount",
+    "l_tax",
+    "l_shipdate",
+]
 SQL = """select l_returnflag, l_linestatus, sum(l_quantity) a, sum(l_extendedprice) b,
  sum(l_extendedprice*(1-l_discount)) c, sum(l_extendedprice*(1-l_discount)*(1+l_tax)) d, count(*) n
  from t where l_shipdate <= date '1998-09-02' group by l_returnflag, l_linestatus"""

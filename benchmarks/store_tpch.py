@@ -15,7 +15,11 @@ TABLES = ("region", "nation", "supplier", "customer", "part", "partsupp", "order
 # Three partitionings per table: the first is the join key shared with its partners (orders and
 # lineitem on orderkey with the same hash function, so their join is co-partitioned).
 REPLICAS: dict[str, list[str]] = {
-    "lineitem": ["l_orderkey:hash:4", "l_partkey:hash:4", "l_shipdate:range:1993-01-01,1995-01-01,1997-01-01"],
+    "lineitem": [
+        "l_orderkey:hash:4",
+        "l_partkey:hash:4",
+        "l_shipdate:range:1993-01-01,1995-01-01,1997-01-01",
+    ],
     "orders": ["o_orderkey:hash:4", "o_custkey:hash:4", "o_orderdate:range:1993-01-01,1995-01-01,1997-01-01"],
     "customer": ["c_custkey:hash:4", "c_nationkey:hash:2", "c_mktsegment:hash:2"],
     "part": ["p_partkey:hash:4", "p_size:hash:2", "p_brand:hash:2"],

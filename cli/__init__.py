@@ -13,7 +13,7 @@ import sys
 from microco.common.errors import MicrocoError
 
 from ._flags import add_global_flags, share_flags
-from ._platform import etcd_for
+from ._platform import etcd_for as etcd_for  # the command modules call it as `from . import etcd_for`
 from ._platform import register as register_platform
 
 # System command groups, in the order ``--help`` lists them. A module that is not part of this

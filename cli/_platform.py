@@ -32,13 +32,21 @@ def register(sub: Any) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--home", type=Path, default=None, help="state, logs and data (default ~/.microco, MICROCO_HOME)")
+    p.add_argument(
+        "--home", type=Path, default=None, help="state, logs and data (default ~/.microco, MICROCO_HOME)"
+    )
     p.add_argument("--etcd", default="", help="use this running etcd (host:port) instead of starting one")
     p.add_argument("--redis", default="", help="use this running Redis (redis://...) instead of starting one")
-    p.add_argument("--etcd-port", type=int, default=0, help="port for the etcd it starts (default: free port)")
-    p.add_argument("--redis-port", type=int, default=0, help="port for the Redis it starts (default: free port)")
+    p.add_argument(
+        "--etcd-port", type=int, default=0, help="port for the etcd it starts (default: free port)"
+    )
+    p.add_argument(
+        "--redis-port", type=int, default=0, help="port for the Redis it starts (default: free port)"
+    )
     p.add_argument("--devices", type=int, default=4, help="virtual devices the node agent offers (default 4)")
-    p.add_argument("--store-nodes", type=int, default=6, help="store nodes, one fault domain each (default 6)")
+    p.add_argument(
+        "--store-nodes", type=int, default=6, help="store nodes, one fault domain each (default 6)"
+    )
     p.add_argument("--cache-capacity-mb", type=int, default=256, help="cache server capacity (default 256)")
     p.add_argument(
         "--console-port",
@@ -57,7 +65,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--demo", action="store_true", help="once up, run the demo scenario through every system")
     p.add_argument("--exit-after-demo", action="store_true", help="with --demo: stop the stack when it ends")
-    p.add_argument("--demo-jobs", type=int, default=5, help="with --demo: training jobs to submit (default 5)")
+    p.add_argument(
+        "--demo-jobs", type=int, default=5, help="with --demo: training jobs to submit (default 5)"
+    )
     p.add_argument("--demo-epochs", type=int, default=3, help="with --demo: epochs per job (default 3)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for health (default 120)")
     p.set_defaults(func=cmd_up)
@@ -150,7 +160,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     _say(f"up in {time.monotonic() - t0:.1f}s; etcd {stack.etcd_endpoint}, redis {stack.redis_url}")
     console = next((c for c in stack.children if c.spec.name == "console" and c.record), None)
     if console:
-        _say(f"console: http://{console.record.address}/ (sign in with the token `microco console token` prints)")
+        _say(
+            f"console: http://{console.record.address}/ (sign in with the token `microco console token` prints)"
+        )
     try:
         if args.demo:
             from microco.examples.demo import run_demo
@@ -199,13 +211,22 @@ def _up_detached(args: argparse.Namespace, home: Path, timeout: float) -> int:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:]
-            raise FailedPrecondition(f"`microco up` exited with code {proc.returncode}; its log ends:\n{tail}")
+            raise FailedPrecondition(
+                f"`microco up` exited with code {proc.returncode}; its log ends:\n{tail}"
+            )
         state = read_state(home)
         if state and state.get("supervisor_pid") == proc.pid:
             services = [p for p in state["processes"] if p["name"] not in ("etcd", "redis")]
             if services and all(p.get("status") in ("healthy", "absent") for p in services):
-                print_table([{k: p.get(k, "") for k in ("name", "address", "status", "pid")} for p in state["processes"]])
-                _say(f"detached; the supervisor (pid {proc.pid}) restarts crashed services and logs to {log_path}")
+                print_table(
+                    [
+                        {k: p.get(k, "") for k in ("name", "address", "status", "pid")}
+                        for p in state["processes"]
+                    ]
+                )
+                _say(
+                    f"detached; the supervisor (pid {proc.pid}) restarts crashed services and logs to {log_path}"
+                )
                 _say("stop with `microco down" + (f" --home {args.home}" if args.home else "") + "`")
                 return 0
         time.sleep(0.3)
@@ -263,7 +284,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     kv = EtcdKV(endpoint)
     try:
         records = sorted(discover(kv), key=lambda r: (r.name, r.instance_id))
-        leaders = {k[len(LEADER_PREFIX):]: v.decode() for k, v in kv.get_prefix(LEADER_PREFIX)}
+        leaders = {k[len(LEADER_PREFIX) :]: v.decode() for k, v in kv.get_prefix(LEADER_PREFIX)}
     finally:
         kv.close()
     rows: list[dict[str, Any]] = []
@@ -293,8 +314,18 @@ def cmd_status(args: argparse.Namespace) -> int:
             if p["instance_id"] not in present:
                 said = p.get("status", "")
                 health = "MISSING" + (f" ({said})" if said and said != "healthy" else "")
-                rows.append({"service": p.get("spec", {}).get("service", p["name"]), "instance": p["instance_id"],
-                             "address": "", "health": health, "node": "", "role": "", "metrics": "", "up_s": None})
+                rows.append(
+                    {
+                        "service": p.get("spec", {}).get("service", p["name"]),
+                        "instance": p["instance_id"],
+                        "address": "",
+                        "health": health,
+                        "node": "",
+                        "role": "",
+                        "metrics": "",
+                        "up_s": None,
+                    }
+                )
                 problems.append(f"{p['instance_id']} ({health})")
         if state.get("redis"):
             rows.append(_redis_row(state["redis"]))
@@ -304,8 +335,18 @@ def cmd_status(args: argparse.Namespace) -> int:
         names = {r["service"] for r in rows}
         for name in REQUIRED_SERVICES:
             if name not in names:
-                rows.append({"service": name, "instance": "", "address": "", "health": "MISSING", "node": "",
-                             "role": "", "metrics": "", "up_s": None})
+                rows.append(
+                    {
+                        "service": name,
+                        "instance": "",
+                        "address": "",
+                        "health": "MISSING",
+                        "node": "",
+                        "role": "",
+                        "metrics": "",
+                        "up_s": None,
+                    }
+                )
                 problems.append(f"{name} (MISSING)")
     for name in sorted({r["service"] for r in rows if r["role"] in ("leader", "standby")}):
         if not any(r["service"] == name and r["role"] == "leader" and r["health"] == "SERVING" for r in rows):
@@ -329,16 +370,28 @@ def _redis_row(url: str) -> dict[str, Any]:
         health = "SERVING"
     except Unavailable:
         health = "UNREACHABLE"
-    return {"service": "redis", "instance": "redis", "address": url, "health": health, "node": "", "role": "",
-            "metrics": "", "up_s": None}
+    return {
+        "service": "redis",
+        "instance": "redis",
+        "address": url,
+        "health": health,
+        "node": "",
+        "role": "",
+        "metrics": "",
+        "up_s": None,
+    }
 
 
 def stack_rows(stack: Any) -> list[dict[str, Any]]:
     rows = []
     if stack.etcd:
-        rows.append({"service": "etcd", "address": stack.etcd_endpoint, "status": "running", "pid": stack.etcd.pid})
+        rows.append(
+            {"service": "etcd", "address": stack.etcd_endpoint, "status": "running", "pid": stack.etcd.pid}
+        )
     if stack.redis:
-        rows.append({"service": "redis", "address": stack.redis_url, "status": "running", "pid": stack.redis.pid})
+        rows.append(
+            {"service": "redis", "address": stack.redis_url, "status": "running", "pid": stack.redis.pid}
+        )
     for c in stack.children:
         rows.append(
             {

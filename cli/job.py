@@ -59,7 +59,10 @@ def register(sub: Any) -> None:
     sb.add_argument("--wait", action="store_true", help="follow the job until it ends (progress bar)")
     sb.add_argument("--json", action="store_true", help="print the job as JSON")
     sb.add_argument(
-        "-q", "--quiet", action="store_true", help="print only the job's id (JOB=$(microco job submit -q ...))"
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print only the job's id (JOB=$(microco job submit -q ...))",
     )
     sb.add_argument("cmd", nargs=argparse.REMAINDER, help="the training command, after --")
     sb.set_defaults(func=cmd_submit)
@@ -121,8 +124,8 @@ def _kv(args: argparse.Namespace) -> Any:
 
 
 def _client(args: argparse.Namespace, kv: Any = None) -> Any:
-    from microco.common import channel_for
     from microco.clients.scheduler import SchedulerClient
+    from microco.common import channel_for
 
     return SchedulerClient(channel_for(kv or _kv(args), "scheduler"), default_timeout=args.timeout)
 
@@ -261,9 +264,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    from microco.clients.agent import AgentDirectory
     from microco.clients.scheduler import job_to_dict
     from microco.common.errors import InvalidArgument
-    from microco.clients.agent import AgentDirectory
 
     if args.tail < 0 or args.attempt < 0:
         raise InvalidArgument("--tail and --attempt must not be negative")

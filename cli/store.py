@@ -30,8 +30,10 @@ examples:
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "store", help="Instalytics tables: create, load, query, explain, nodes, recovery",
-        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "store",
+        help="Instalytics tables: create, load, query, explain, nodes, recovery",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_etcd_arguments(p)
     p.add_argument("--coordinator", default="", help="coordinator host:port (default: found in etcd)")
@@ -41,7 +43,9 @@ def register(sub: Any) -> None:
     c.add_argument("name")
     c.add_argument("--from", dest="source", help="take the schema from this Parquet/CSV file")
     c.add_argument("--schema", help="schema as NAME:TYPE,... (int64, float64, string, date32, bool)")
-    c.add_argument("--replica", action="append", default=[], required=True, help="partitioning spec (three times)")
+    c.add_argument(
+        "--replica", action="append", default=[], required=True, help="partitioning spec (three times)"
+    )
     c.set_defaults(func=cmd_create)
 
     ld = s.add_parser("load", help="append a Parquet or CSV file to a table (all rows or none)")
@@ -49,15 +53,22 @@ def register(sub: Any) -> None:
     ld.add_argument("file")
     ld.set_defaults(func=cmd_load)
 
-    for name, fn, hlp in (("query", cmd_query, "run a query"), ("explain", cmd_explain, "show the plan: which replica and why")):
+    for name, fn, hlp in (
+        ("query", cmd_query, "run a query"),
+        ("explain", cmd_explain, "show the plan: which replica and why"),
+    ):
         q = s.add_parser(name, help=hlp)
         q.add_argument("table")
-        q.add_argument("--where", action="append", default=[], help='filter "COL OP VALUE" (OP: = != < <= > >= in)')
+        q.add_argument(
+            "--where", action="append", default=[], help='filter "COL OP VALUE" (OP: = != < <= > >= in)'
+        )
         q.add_argument("--select", help="columns to return, comma-separated")
         q.add_argument("--join", help="table to inner-join")
         q.add_argument("--on", help="join keys LEFT=RIGHT")
         q.add_argument("--group-by", help="group-by columns, comma-separated")
-        q.add_argument("--agg", action="append", default=[], help="FN:COL[:NAME], FN in sum count min max mean")
+        q.add_argument(
+            "--agg", action="append", default=[], help="FN:COL[:NAME], FN in sum count min max mean"
+        )
         q.add_argument("--order-by", action="append", default=[], help="COL[:desc]")
         q.add_argument("--limit", type=int)
         q.add_argument("--replica", type=int, choices=[0, 1, 2], help="force a replica (to compare plans)")
@@ -88,7 +99,10 @@ def register(sub: Any) -> None:
     r.add_argument("--json", action="store_true", help="print the coordinator's progress record as JSON")
     r.set_defaults(func=cmd_recovery)
 
-    sc = s.add_parser("scrub", help="verify every extent's checksum (corrupt ones get rebuilt) and delete orphan extent files")
+    sc = s.add_parser(
+        "scrub",
+        help="verify every extent's checksum (corrupt ones get rebuilt) and delete orphan extent files",
+    )
     sc.set_defaults(func=cmd_scrub)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
@@ -158,8 +172,16 @@ def build_query(args: argparse.Namespace) -> dict[str, Any]:
 def _parse_schema(text: str) -> Any:
     import pyarrow as pa
 
-    types = {"int64": pa.int64(), "int32": pa.int32(), "float64": pa.float64(), "double": pa.float64(),
-             "string": pa.string(), "date32": pa.date32(), "date": pa.date32(), "bool": pa.bool_()}
+    types = {
+        "int64": pa.int64(),
+        "int32": pa.int32(),
+        "float64": pa.float64(),
+        "double": pa.float64(),
+        "string": pa.string(),
+        "date32": pa.date32(),
+        "date": pa.date32(),
+        "bool": pa.bool_(),
+    }
     fields = []
     for item in text.split(","):
         name, _, typ = item.partition(":")
@@ -182,7 +204,9 @@ def cmd_create(args: argparse.Namespace) -> int:
         raise InvalidArgument("give the schema with --from FILE or --schema NAME:TYPE,...")
     with _client(args) as c:
         t = c.create_table(args.name, schema, args.replica)
-    print(f"created {t['name']}: replicas " + ", ".join(f"{r['column']} ({r['kind']})" for r in t["replicas"]))
+    print(
+        f"created {t['name']}: replicas " + ", ".join(f"{r['column']} ({r['kind']})" for r in t["replicas"])
+    )
     return 0
 
 
@@ -200,8 +224,10 @@ def cmd_load(args: argparse.Namespace) -> int:
             bar.update(1)
             res = c.append(args.name, data)
         bar.update(1)
-    print(f"loaded {res['rows']} rows into {args.name} ({res['bytes'] / 1e6:.1f} MB in 3 replicas, "
-          f"super-extents {res['super_extents']}) in {time.monotonic() - t0:.1f}s")
+    print(
+        f"loaded {res['rows']} rows into {args.name} ({res['bytes'] / 1e6:.1f} MB in 3 replicas, "
+        f"super-extents {res['super_extents']}) in {time.monotonic() - t0:.1f}s"
+    )
     return 0
 
 
@@ -243,8 +269,10 @@ def _print_result(args: argparse.Namespace, table: Any, dt: float, plan: dict[st
             print("(no rows)")
         if table.num_rows > len(shown):
             print(f"... {table.num_rows - len(shown)} more rows (use --format csv for all)")
-        print(f"\n{table.num_rows} rows in {dt:.3f}s; plan {plan.get('kind')} on replicas {plan.get('replicas')}",
-              file=sys.stderr)
+        print(
+            f"\n{table.num_rows} rows in {dt:.3f}s; plan {plan.get('kind')} on replicas {plan.get('replicas')}",
+            file=sys.stderr,
+        )
     if args.explain:
         print(plan.get("explain", ""), file=sys.stderr)
     return 0
@@ -277,9 +305,14 @@ def cmd_tables(args: argparse.Namespace) -> int:
     with _client(args) as c:
         tables = c.list_tables()
     rows = [
-        {"name": t["name"], "rows": t["rows"], "bytes": t["bytes"], "extents": t["extents"],
-         "unavailable": t["unavailable_extents"],
-         "replicas": "; ".join(f"{r['column']}:{r['kind']}" for r in t["replicas"])}
+        {
+            "name": t["name"],
+            "rows": t["rows"],
+            "bytes": t["bytes"],
+            "extents": t["extents"],
+            "unavailable": t["unavailable_extents"],
+            "replicas": "; ".join(f"{r['column']}:{r['kind']}" for r in t["replicas"]),
+        }
         for t in tables
     ]
     if args.json:

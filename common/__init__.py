@@ -45,6 +45,7 @@ from .logs import configure_logging
 from .registry import Registration, ServiceRecord, discover
 
 __all__ = [
+    "KV",
     "Aborted",
     "AlreadyExists",
     "Cancelled",
@@ -54,7 +55,6 @@ __all__ = [
     "Found",
     "Internal",
     "InvalidArgument",
-    "KV",
     "LeaderElection",
     "Lease",
     "LeaseKeeper",

@@ -88,7 +88,13 @@ class ServiceClient:
         return cls(dial(address), default_timeout)
 
     def _call(
-        self, method: Callable[..., T], request: Any, *, timeout: float | None, idempotent: bool, retry: bool = True
+        self,
+        method: Callable[..., T],
+        request: Any,
+        *,
+        timeout: float | None,
+        idempotent: bool,
+        retry: bool = True,
     ) -> T:
         return call_with_retry(
             method,

@@ -12,7 +12,7 @@ from .registry import ServiceRecord
 
 
 def check_health(record: ServiceRecord, timeout: float = 2.0) -> str:
-    """"SERVING", "NOT_SERVING", or "UNREACHABLE"."""
+    """ "SERVING", "NOT_SERVING", or "UNREACHABLE"."""
     if record.labels.get("protocol") == "http":
         try:
             with urllib.request.urlopen(f"http://{record.address}/healthz", timeout=timeout) as resp:

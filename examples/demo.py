@@ -46,8 +46,10 @@ def step_cache(kv: Any, home: Path, say: Say) -> None:
     root = home / "datasets" / "digits"
     n = write_digits(root)
     rec, _index = register_dataset(kv, "digits", str(root), owner="alice")
-    say(f"cache: registered 'digits' ({n} samples, {rec.num_chunks} chunks, {rec.total_bytes} bytes), "
-        f"index {rec.index_digest[:12]}")
+    say(
+        f"cache: registered 'digits' ({n} samples, {rec.num_chunks} chunks, {rec.total_bytes} bytes), "
+        f"index {rec.index_digest[:12]}"
+    )
     again, _ = register_dataset(kv, "digits", str(root), owner="bob")
     say(f"cache: bob registers the same bytes -> same index {again.index_digest[:12]} (shared, not copied)")
 
@@ -63,8 +65,21 @@ def step_training(kv: Any, etcd: str, home: Path, say: Say, jobs: int, epochs: i
         out = out_dir / f"job-{k}.json"
         out.unlink(missing_ok=True)
         spec = make_spec(
-            [sys.executable, "-m", "microco.examples.demo_job", "--etcd", etcd, "--epochs", str(epochs),
-             "--seed", str(k), "--user", "alice" if k % 2 == 0 else "bob", "--out", str(out)],
+            [
+                sys.executable,
+                "-m",
+                "microco.examples.demo_job",
+                "--etcd",
+                etcd,
+                "--epochs",
+                str(epochs),
+                "--seed",
+                str(k),
+                "--user",
+                "alice" if k % 2 == 0 else "bob",
+                "--out",
+                str(out),
+            ],
             devices=1,
             name=f"digits-lstm-{k}",
             user="alice" if k % 2 == 0 else "bob",
@@ -82,18 +97,35 @@ def step_training(kv: Any, etcd: str, home: Path, say: Say, jobs: int, epochs: i
             label = f"{r['state']} step {r['step']}"
             if last.get(r["id"], "").split(" step")[0] != r["state"]:
                 devs = ",".join(r["devices"]) or "-"
-                say(f"scheduler: {r['name']} {label} on {devs}" + (f" ({r['message']})" if r["message"] else ""))
+                say(
+                    f"scheduler: {r['name']} {label} on {devs}"
+                    + (f" ({r['message']})" if r["message"] else "")
+                )
             last[r["id"]] = label
         if all(r["state"] in ("finished", "failed", "cancelled") for r in rows):
             break
         time.sleep(1.0)
     results = []
-    for (job_id, out), r in zip(ids, rows, strict=True):
+    for (_job_id, out), r in zip(ids, rows, strict=True):
         res = json.loads(out.read_text()) if out.exists() else {}
         ttff = r["first_step_at"] - r["submitted_at"] if r["first_step_at"] else None
-        results.append({"job": r["name"], "state": r["state"], "time_to_first_step_s": ttff, **{
-            k: res.get(k) for k in ("steps", "final_loss", "cache_hit_rate", "compiler_committed",
-                                    "compiler_explore_steps")}})
+        results.append(
+            {
+                "job": r["name"],
+                "state": r["state"],
+                "time_to_first_step_s": ttff,
+                **{
+                    k: res.get(k)
+                    for k in (
+                        "steps",
+                        "final_loss",
+                        "cache_hit_rate",
+                        "compiler_committed",
+                        "compiler_explore_steps",
+                    )
+                },
+            }
+        )
     sched.close()
     return results
 
@@ -104,8 +136,10 @@ def step_compiler(kv: Any, say: Say) -> None:
     explorer = RemoteExplorer.from_etcd(kv, default_timeout=10.0)
     for g in explorer.list_graphs():
         best = dict(g.best.values) if g.HasField("best") else {}
-        say(f"compiler: {g.model_name or g.key[:16]}: {len(g.trials)} trials, "
-            f"{'committed' if g.committed else 'exploring'} {best}")
+        say(
+            f"compiler: {g.model_name or g.key[:16]}: {len(g.trials)} trials, "
+            f"{'committed' if g.committed else 'exploring'} {best}"
+        )
     explorer.close()
 
 
@@ -119,43 +153,59 @@ def step_store(kv: Any, say: Say, rows: int = 200_000) -> None:
     if any(t["name"] == "trips" for t in store.list_tables()):
         store.drop_table("trips")
     rng = np.random.default_rng(0)
-    trips = pa.table({
-        "trip_id": pa.array(np.arange(rows, dtype=np.int64)),
-        "rider_id": pa.array(rng.integers(0, 5_000, rows, dtype=np.int64)),
-        "city": pa.array(rng.choice(["ams", "ber", "lis", "par", "sea", "sfo"], rows)),
-        "fare": pa.array(np.round(rng.gamma(2.0, 9.0, rows), 2)),
-        "day": pa.array(rng.integers(1, 31, rows, dtype=np.int64)),
-    })
+    trips = pa.table(
+        {
+            "trip_id": pa.array(np.arange(rows, dtype=np.int64)),
+            "rider_id": pa.array(rng.integers(0, 5_000, rows, dtype=np.int64)),
+            "city": pa.array(rng.choice(["ams", "ber", "lis", "par", "sea", "sfo"], rows)),
+            "fare": pa.array(np.round(rng.gamma(2.0, 9.0, rows), 2)),
+            "day": pa.array(rng.integers(1, 31, rows, dtype=np.int64)),
+        }
+    )
     store.create_table("trips", trips.schema, ["trip_id:hash:8", "rider_id:hash:8", "city:hash:4"])
     t0 = time.monotonic()
     store.append("trips", trips)
-    say(f"store: 'trips' stored as 3 replicas partitioned by trip_id, rider_id, city "
-        f"({rows} rows, {time.monotonic() - t0:.1f}s)")
-    top = store.table("trips").group_by("rider_id").agg(spend=("sum", "fare"), n=("count", "*")) \
-        .order_by("spend", descending=True).limit(3)
+    say(
+        f"store: 'trips' stored as 3 replicas partitioned by trip_id, rider_id, city "
+        f"({rows} rows, {time.monotonic() - t0:.1f}s)"
+    )
+    top = (
+        store.table("trips")
+        .group_by("rider_id")
+        .agg(spend=("sum", "fare"), n=("count", "*"))
+        .order_by("spend", descending=True)
+        .limit(3)
+    )
     t0 = time.monotonic()
     result = store.query(top)
-    say(f"store: top riders by spend ({store.last_plan.get('kind')}, {time.monotonic() - t0:.2f}s, "
-        f"{store.last_plan.get('moved_bytes', 0)} bytes shuffled): {result.to_pylist()}")
+    say(
+        f"store: top riders by spend ({store.last_plan.get('kind')}, {time.monotonic() - t0:.2f}s, "
+        f"{store.last_plan.get('moved_bytes', 0)} bytes shuffled): {result.to_pylist()}"
+    )
     say("store: EXPLAIN\n" + store.explain(top))
     by_city = store.table("trips").filter("fare", ">", 50.0).group_by("city").agg(n=("count", "*"))
     t0 = time.monotonic()
     result = store.query(by_city)
-    say(f"store: long trips per city ({store.last_plan.get('kind')}, {time.monotonic() - t0:.2f}s, "
+    say(
+        f"store: long trips per city ({store.last_plan.get('kind')}, {time.monotonic() - t0:.2f}s, "
         f"{store.last_plan.get('moved_bytes', 0)} bytes shuffled): "
-        f"{sorted(result.to_pylist(), key=lambda r: r['city'])}")
+        f"{sorted(result.to_pylist(), key=lambda r: r['city'])}"
+    )
     by_day = store.table("trips").group_by("day").agg(revenue=("sum", "fare")).order_by("day").limit(3)
     t0 = time.monotonic()
     result = store.query(by_day)
-    say(f"store: revenue by day, a column no replica is partitioned on ({store.last_plan.get('kind')}, "
+    say(
+        f"store: revenue by day, a column no replica is partitioned on ({store.last_plan.get('kind')}, "
         f"{time.monotonic() - t0:.2f}s, {store.last_plan.get('moved_bytes', 0)} bytes shuffled): "
-        f"{result.to_pylist()}")
+        f"{result.to_pylist()}"
+    )
     say("store: EXPLAIN\n" + store.explain(by_day))
     store.close()
 
 
-def run_demo(etcd: str, redis: str, home: Path, progress: Say | None = None, jobs: int = 5,
-             epochs: int = 3) -> dict:
+def run_demo(
+    etcd: str, redis: str, home: Path, progress: Say | None = None, jobs: int = 5, epochs: int = 3
+) -> dict:
     """Run the scenario against a running platform; returns what it measured."""
     from microco.common.kv import EtcdKV
 

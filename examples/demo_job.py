@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     loss_fn = torch.nn.CrossEntropyLoss()
     steps_per_epoch = len(loader)
     total = steps_per_epoch * args.epochs
-    astra = AstraTorch(model, explorer=RemoteExplorer.from_etcd(kv), name="demo-digits-lstm", total_steps=total)
+    astra = AstraTorch(
+        model, explorer=RemoteExplorer.from_etcd(kv), name="demo-digits-lstm", total_steps=total
+    )
     history: dict = {"losses": []}
     hook = TorchHook(model, opt, extra_state=history)
     step = hook.restore()

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from microco.clients.cache import open_loader
-from microco.common import connect_etcd
 from microco.clients.compiler import AstraTorch, RemoteExplorer
 from microco.clients.scheduler import TorchHook
+from microco.common import connect_etcd
 
 SAMPLE = struct.Struct("<B64f")  # one file per digit: its label, then its 8x8 pixels
 

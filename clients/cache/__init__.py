@@ -24,11 +24,19 @@ from typing import Any
 from ._backing import BackingStore, FsspecStore, LocalStore, ThrottledStore, open_store
 from ._client import CacheClient, Grant
 from ._datasets import DatasetRecord, get_dataset, list_datasets, load_index, register_dataset
-from ._loader import LoaderStats, QuiverLoader
-from ._overview import allocation_to_dict, cache_overview, stats_to_dict
 from ._digest import digest, directory_locator, file_locator, is_digest
 from ._directory import RedisDirectory
-from ._index import DEFAULT_CHUNK_BYTES, ChunkRef, DatasetIndex, SampleRef, build_index, index_path, index_store
+from ._index import (
+    DEFAULT_CHUNK_BYTES,
+    ChunkRef,
+    DatasetIndex,
+    SampleRef,
+    build_index,
+    index_path,
+    index_store,
+)
+from ._loader import LoaderStats, QuiverLoader
+from ._overview import allocation_to_dict, cache_overview, stats_to_dict
 from ._peers import Peers
 from ._sampler import Batch, BatchMode, SubstitutableSampler
 

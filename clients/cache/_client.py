@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import grpc
+
 from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
 from microco.common import ServiceClient, dial
 from microco.common.errors import from_rpc_error

@@ -17,7 +17,6 @@ from microco.common.kv import KV
 
 from ._backing import open_store
 from ._index import DEFAULT_CHUNK_BYTES, DatasetIndex, index_store
-
 from ._indexstore import data_mode, index_file, read_index, write_index
 
 PREFIX = "/microco/cache/datasets/"

@@ -27,13 +27,13 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ._digest import digest
-from ._index import DatasetIndex
-from ._sampler import BatchMode, SubstitutableSampler
 from microco.common.errors import FailedPrecondition, MicrocoError, Unavailable
 
 from ._client import CacheClient
+from ._digest import digest
+from ._index import DatasetIndex
 from ._peers import Peers
+from ._sampler import BatchMode, SubstitutableSampler
 from ._stall import BatchRead, StallMeter
 
 log = logging.getLogger(__name__)

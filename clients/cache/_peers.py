@@ -12,10 +12,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ._directory import RedisDirectory
 from microco.common.registry import discover
 
 from ._client import CacheClient
+from ._directory import RedisDirectory
 
 log = logging.getLogger(__name__)
 

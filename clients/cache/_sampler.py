@@ -68,7 +68,9 @@ class SubstitutableSampler:
         if num_samples < 0 or batch_size <= 0 or substitution < 1:
             raise ValueError("need num_samples >= 0, batch_size > 0, substitution >= 1")
         if num_replicas < 1 or not 0 <= rank < num_replicas:
-            raise ValueError(f"need num_replicas >= 1 and 0 <= rank < num_replicas (got {rank}/{num_replicas})")
+            raise ValueError(
+                f"need num_replicas >= 1 and 0 <= rank < num_replicas (got {rank}/{num_replicas})"
+            )
         self.num_replicas = num_replicas
         self.rank = rank
         self.num_samples = num_samples

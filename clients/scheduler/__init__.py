@@ -52,7 +52,6 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "classify_exit",
     "ACTIONS",
     "CHECKPOINT",
     "ENV_ATTEMPT",
@@ -75,6 +74,7 @@ __all__ = [
     "StepBatches",
     "TorchHook",
     "average_gradients",
+    "classify_exit",
     "init_distributed",
     "job_to_dict",
     "make_spec",

@@ -43,7 +43,12 @@ def _table_dict(t: pb.Table) -> dict[str, Any]:
         "name": t.name,
         "schema": pa.ipc.read_schema(pa.py_buffer(t.arrow_schema)) if t.arrow_schema else None,
         "replicas": [
-            {"column": r.column, "kind": kinds.get(r.kind, "hash"), "partitions": r.partitions, "bounds": list(r.range_bounds)}
+            {
+                "column": r.column,
+                "kind": kinds.get(r.kind, "hash"),
+                "partitions": r.partitions,
+                "bounds": list(r.range_bounds),
+            }
             for r in t.replicas
         ],
         "rows": t.rows,
@@ -84,7 +89,12 @@ class StoreClient(ServiceClient):
 
     # ---------------------------------------------------------------- tables
     def create_table(
-        self, name: str, schema: pa.Schema, replicas: Sequence[str | pb.Partitioning], *, timeout: float | None = None
+        self,
+        name: str,
+        schema: pa.Schema,
+        replicas: Sequence[str | pb.Partitioning],
+        *,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
         """Create ``name`` with three partitionings, e.g. ``["o_orderkey", "o_custkey:hash:16",
         "o_orderdate:range:1994-01-01,1996-01-01"]``."""
@@ -95,7 +105,9 @@ class StoreClient(ServiceClient):
     def drop_table(self, name: str, *, timeout: float | None = None) -> None:
         self._call(self._stub.DropTable, pb.DropTableRequest(name=name), timeout=timeout, idempotent=True)
 
-    def get_table(self, name: str, *, placement: bool = False, timeout: float | None = None) -> dict[str, Any]:
+    def get_table(
+        self, name: str, *, placement: bool = False, timeout: float | None = None
+    ) -> dict[str, Any]:
         req = pb.GetTableRequest(name=name, placement=placement)
         return _table_dict(self._call(self._stub.GetTable, req, timeout=timeout, idempotent=True))
 
@@ -104,15 +116,25 @@ class StoreClient(ServiceClient):
         return [_table_dict(t) for t in resp.tables]
 
     def nodes(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
-        resp = self._call(self._stub.ListStoreNodes, pb.ListStoreNodesRequest(), timeout=timeout, idempotent=True)
+        resp = self._call(
+            self._stub.ListStoreNodes, pb.ListStoreNodesRequest(), timeout=timeout, idempotent=True
+        )
         return [
-            {"name": n.name, "address": n.flight_address, "fault_domain": n.fault_domain, "alive": n.alive,
-             "extents": n.extents, "bytes": n.bytes}
+            {
+                "name": n.name,
+                "address": n.flight_address,
+                "fault_domain": n.fault_domain,
+                "alive": n.alive,
+                "extents": n.extents,
+                "bytes": n.bytes,
+            }
             for n in resp.nodes
         ]
 
     # ---------------------------------------------------------------- data
-    def append(self, name: str, data: pa.Table | pa.RecordBatch | str | Path, *, timeout: float | None = None) -> dict:
+    def append(
+        self, name: str, data: pa.Table | pa.RecordBatch | str | Path, *, timeout: float | None = None
+    ) -> dict:
         """Append an Arrow table (or a Parquet/CSV file); all rows become visible at once."""
         if isinstance(data, (str, Path)):
             data = load_file(data)
@@ -138,7 +160,9 @@ class StoreClient(ServiceClient):
         req = pb.QueryRequest(query_json=_query_json(query))
         buf = io.BytesIO()
         try:
-            for k, resp in enumerate(self._stub.Query(req, timeout=timeout or max(self.default_timeout, 600))):
+            for k, resp in enumerate(
+                self._stub.Query(req, timeout=timeout or max(self.default_timeout, 600))
+            ):
                 if k == 0:
                     self.last_plan = {
                         "kind": resp.plan_kind,
@@ -164,8 +188,12 @@ class StoreClient(ServiceClient):
         return self._call(self._stub.Explain, req, timeout=timeout, idempotent=True).text
 
     def read(
-        self, table: str, where: Sequence[Sequence[Any]] = (), columns: Sequence[str] | None = None, *,
-        timeout: float | None = None
+        self,
+        table: str,
+        where: Sequence[Sequence[Any]] = (),
+        columns: Sequence[str] | None = None,
+        *,
+        timeout: float | None = None,
     ) -> pa.Table:
         """Read (a filtered projection of) a table straight from the store nodes over Arrow Flight,
         in parallel; the coordinator only plans which node serves what."""
@@ -174,8 +202,12 @@ class StoreClient(ServiceClient):
         q: dict[str, Any] = {"table": table, "where": [list(w) for w in where]}
         if columns is not None:
             q["select"] = list(columns)
-        plan = self._call(self._stub.PlanRead, pb.QueryRequest(query_json=json.dumps(q, default=str)),
-                          timeout=timeout, idempotent=True)
+        plan = self._call(
+            self._stub.PlanRead,
+            pb.QueryRequest(query_json=json.dumps(q, default=str)),
+            timeout=timeout,
+            idempotent=True,
+        )
         schema = pa.ipc.read_schema(pa.py_buffer(plan.arrow_schema))
 
         def fetch(ep: pb.FlightEndpoint) -> pa.Table:
@@ -206,7 +238,11 @@ class StoreClient(ServiceClient):
         r = self._call(self._stub.Scrub, pb.ScrubRequest(), timeout=timeout, idempotent=True)
         if not report:
             return list(r.corrupt)
-        return {"corrupt": list(r.corrupt), "orphans_deleted": list(r.orphans_deleted), "orphan_bytes": r.orphan_bytes}
+        return {
+            "corrupt": list(r.corrupt),
+            "orphans_deleted": list(r.orphans_deleted),
+            "orphan_bytes": r.orphan_bytes,
+        }
 
     def table(self, name: str) -> Frame:
         return Frame(self, {"table": name})
@@ -300,10 +336,14 @@ class Frame:
 
     def agg(self, **named: tuple[str, str]) -> Frame:
         """``agg(total=("sum", "price"), n=("count", "*"))``: sum, count, min, max, mean."""
-        return self._with(aggs=[*self.spec.get("aggs", []), *[[fn, col, name] for name, (fn, col) in named.items()]])
+        return self._with(
+            aggs=[*self.spec.get("aggs", []), *[[fn, col, name] for name, (fn, col) in named.items()]]
+        )
 
     def order_by(self, column: str, descending: bool = False) -> Frame:
-        return self._with(order_by=[*self.spec.get("order_by", []), [column, "desc" if descending else "asc"]])
+        return self._with(
+            order_by=[*self.spec.get("order_by", []), [column, "desc" if descending else "asc"]]
+        )
 
     def limit(self, n: int) -> Frame:
         return self._with(limit=n)

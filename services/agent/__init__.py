@@ -6,10 +6,10 @@ relays the scheduler's control (suspend / resume / checkpoint / stop / resize) t
 hook through a control directory, and reports each process's progress and exit.
 """
 
-from ._devices import DeviceInfo, discover_devices
-from ._procs import ManagedProcess, ProcessManager
 from microco.clients.agent import NODES_PREFIX
 
+from ._devices import DeviceInfo, discover_devices
+from ._procs import ManagedProcess, ProcessManager
 from ._service import NodeAgent, NodeAgentServicer
 
 __all__ = [

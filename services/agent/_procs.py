@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from microco.clients.scheduler import (
-    ControlChannel,
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
     ENV_CONTROL_DIR,
     ENV_DEVICES,
     ENV_JOB_ID,
+    ControlChannel,
+    classify_exit,
 )
-from microco.clients.scheduler import classify_exit
 from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from ._devices import DeviceInfo
@@ -356,7 +356,7 @@ class ProcessManager:
                 ENV_CONTROL_DIR: str(control_dir),
                 ENV_CHECKPOINT_DIR: str(ckpt),
             }
-            logf = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed below
+            logf = open(log_path, "wb")
             me = os.getpid()
 
             setpriv = shutil.which("setpriv")
@@ -377,7 +377,7 @@ class ProcessManager:
                     stdout=logf,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=preexec,  # noqa: PLW1509 - only without setpriv: prctl + getppid
+                    preexec_fn=preexec,
                 )
 
             popen: subprocess.Popen[bytes] | ForkedProcess | None = None

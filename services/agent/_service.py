@@ -20,9 +20,9 @@ import grpc
 
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.api.common.v1 import common_pb2
+from microco.clients.agent import NODES_PREFIX
 from microco.common.errors import InvalidArgument, NotFound, ResourceExhausted
 from microco.common.kv import KV, dumps
-from microco.clients.agent import NODES_PREFIX
 from microco.common.registry import LeasedKey
 from microco.services.runtime.server import ServiceContext, ServiceRuntime
 

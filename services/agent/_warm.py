@@ -135,7 +135,7 @@ class Zygote:
                 "OPENBLAS_NUM_THREADS": "1",
                 "MKL_NUM_THREADS": "1",
             }
-            err = open(self._stderr_path, "ab") if self._stderr_path else subprocess.DEVNULL  # noqa: SIM115
+            err = open(self._stderr_path, "ab") if self._stderr_path else subprocess.DEVNULL
 
             def spawn() -> subprocess.Popen[bytes]:
                 return subprocess.Popen(

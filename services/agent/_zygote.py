@@ -91,12 +91,17 @@ def _child(req: dict, keep_close: list[int], zygote_pid: int, libc) -> None:
         if req["kind"] == "module":
             sys.path[0] = os.getcwd()  # as ``python -m`` does
             sys.argv = [req["target"], *req["args"]]
-            runner = lambda: runpy.run_module(req["target"], run_name="__main__", alter_sys=True)
+
+            def runner():
+                return runpy.run_module(req["target"], run_name="__main__", alter_sys=True)
         else:
             path = os.path.abspath(req["target"])
             sys.path[0] = os.path.dirname(path)  # as ``python script.py`` does
             sys.argv = [path, *req["args"]]
-            runner = lambda: runpy.run_path(path, run_name="__main__")
+
+            def runner():
+                return runpy.run_path(path, run_name="__main__")
+
         try:
             runner()
             code = 0

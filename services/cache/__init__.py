@@ -11,23 +11,33 @@ Public API:
   ``CacheServicer``; ``simulate`` for policy studies without I/O.
 """
 
-from ._allocation import Allocation, BenefitEstimate, JobDemand, allocate, estimate_benefit
-from microco.clients.cache import BackingStore, FsspecStore, LocalStore, ThrottledStore, open_store
-from ._chunkstore import ChunkStore, CorruptChunk, DigestMismatch
-from ._core import CacheCore, PutResult
-from microco.clients.cache import digest, directory_locator, file_locator, is_digest
-from microco.clients.cache import RedisDirectory
-from ._eviction import POLICIES, Admission, ConsumptionTracker, EvictionPolicy, Ledger, Outcome, make_policy
 from microco.clients.cache import (
     DEFAULT_CHUNK_BYTES,
+    BackingStore,
+    Batch,
+    BatchMode,
     ChunkRef,
     DatasetIndex,
+    FsspecStore,
+    LocalStore,
+    RedisDirectory,
     SampleRef,
+    SubstitutableSampler,
+    ThrottledStore,
     build_index,
+    digest,
+    directory_locator,
+    file_locator,
     index_path,
     index_store,
+    is_digest,
+    open_store,
 )
-from microco.clients.cache import Batch, BatchMode, SubstitutableSampler
+
+from ._allocation import Allocation, BenefitEstimate, JobDemand, allocate, estimate_benefit
+from ._chunkstore import ChunkStore, CorruptChunk, DigestMismatch
+from ._core import CacheCore, PutResult
+from ._eviction import POLICIES, Admission, ConsumptionTracker, EvictionPolicy, Ledger, Outcome, make_policy
 from ._servicer import SERVICE_NAME, CacheServicer, parse_size
 from ._simulate import SimResult, simulate
 

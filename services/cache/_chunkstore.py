@@ -14,9 +14,8 @@ import logging
 import os
 import threading
 
-from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
-
 from microco.clients.cache import digest, file_locator, is_digest
+from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
 log = logging.getLogger(__name__)
 

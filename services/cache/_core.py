@@ -14,12 +14,11 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from microco.clients.cache import RedisDirectory, digest, directory_locator, is_digest
 from microco.common.errors import InvalidArgument, NotFound
 
 from ._allocation import Allocation, JobDemand, allocate, estimate_benefit
 from ._chunkstore import ChunkStore, DigestMismatch
-from microco.clients.cache import digest, directory_locator, is_digest
-from microco.clients.cache import RedisDirectory
 from ._eviction import ConsumptionTracker, EvictionPolicy, Ledger, Outcome, make_policy
 
 log = logging.getLogger(__name__)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sized
 
-from microco.common.errors import InvalidArgument
-
 from microco.clients.cache import is_digest
+from microco.common.errors import InvalidArgument
 
 #: Digests in one Lookup, ReadChunks, OpenChunks or ReportProgress.consumed.
 MAX_DIGESTS = 100_000

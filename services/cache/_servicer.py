@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+
 from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
 from microco.common.errors import InvalidArgument, MicrocoError
 from microco.common.hotstate import key
@@ -84,7 +85,9 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
     ) -> cache_pb2.OpenChunksResponse:
         digests = lim.digests(list(request.digests), "digests")
         lim.name(request.job_id, "job_id")
-        grants = [cache_pb2.ChunkGrant(digest=d, path=p, size=n) for d, p, n in self.core.open_chunks(digests)]
+        grants = [
+            cache_pb2.ChunkGrant(digest=d, path=p, size=n) for d, p, n in self.core.open_chunks(digests)
+        ]
         return cache_pb2.OpenChunksResponse(grants=grants, node=self.core.node)
 
     def PutChunks(
@@ -217,7 +220,10 @@ def stats_to_proto(s: dict) -> cache_pb2.CacheStats:
         jobs=s["jobs"],
         job_stats=[
             cache_pb2.JobStats(
-                job_id=j["job_id"], dataset=j["dataset"], hits=j["hits"], misses=j["misses"],
+                job_id=j["job_id"],
+                dataset=j["dataset"],
+                hits=j["hits"],
+                misses=j["misses"],
                 bytes_served=j["bytes_served"],
             )
             for j in s.get("job_stats", [])
@@ -262,8 +268,9 @@ def add_arguments(parser: Any) -> None:
 
 def setup(ctx: Any) -> None:
     """Build the cache service inside the common runtime (used by ``python -m microco.services.cache``)."""
-    from ._chunkstore import ChunkStore
     from microco.clients.cache import RedisDirectory
+
+    from ._chunkstore import ChunkStore
 
     args = ctx.args
     s = ctx.settings

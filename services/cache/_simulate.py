@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._eviction import ConsumptionTracker, Ledger, make_policy
 from microco.clients.cache import SubstitutableSampler
+
+from ._eviction import ConsumptionTracker, Ledger, make_policy
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_se
 log = logging.getLogger(__name__)
 
 RPC_REQUESTS = Counter(
-    "microco_rpc_requests_total", "gRPC calls served, by method and status code", ["service", "method", "code"]
+    "microco_rpc_requests_total",
+    "gRPC calls served, by method and status code",
+    ["service", "method", "code"],
 )
 RPC_LATENCY = Histogram(
     "microco_rpc_latency_seconds",

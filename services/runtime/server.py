@@ -55,7 +55,7 @@ def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], A
     def parse(raw: bytes) -> Any:
         try:
             return deserializer(raw)
-        except Exception as exc:  # protobuf's DecodeError and friends
+        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
             return _Malformed(exc)
 
     return parse

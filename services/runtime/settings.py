@@ -84,7 +84,9 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--etcd", default=_env("ETCD", "127.0.0.1:2379"), help="etcd endpoints host:port[,...] (MICROCO_ETCD)"
     )
-    g.add_argument("--redis", default=_env("REDIS", "redis://127.0.0.1:6379/0"), help="Redis URL (MICROCO_REDIS)")
+    g.add_argument(
+        "--redis", default=_env("REDIS", "redis://127.0.0.1:6379/0"), help="Redis URL (MICROCO_REDIS)"
+    )
     g.add_argument(
         "--metrics-port",
         type=int,
@@ -95,11 +97,15 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="label to advertise")
     g.add_argument("--data-dir", default=_env("DATA_DIR", ""), help="where this service keeps its files")
     g.add_argument("--profile", default=_env("PROFILE", "dev"), choices=PROFILES, help="dev or prod")
-    g.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), choices=["debug", "info", "warning", "error"])
+    g.add_argument(
+        "--log-level", default=_env("LOG_LEVEL", "info"), choices=["debug", "info", "warning", "error"]
+    )
     g.add_argument("--log-format", default=_env("LOG_FORMAT", "json"), choices=["json", "text"])
     g.add_argument("--grace-s", type=float, default=float(_env("GRACE_S", "5")), help="shutdown grace period")
     g.add_argument("--lease-ttl-s", type=int, default=int(_env("LEASE_TTL_S", "5")), help="etcd lease TTL")
-    g.add_argument("--instance-id", default=_env("INSTANCE_ID", ""), help="unique id of this instance (random)")
+    g.add_argument(
+        "--instance-id", default=_env("INSTANCE_ID", ""), help="unique id of this instance (random)"
+    )
 
 
 def settings_from_args(name: str, args: argparse.Namespace) -> ServiceSettings:

@@ -19,7 +19,7 @@ __all__ = [
     "record_to_pb",
     "spawn_agent",
     "spawn_scheduler",
-    "stop_process",
     "spec_from_pb",
+    "stop_process",
     "validate_spec",
 ]

@@ -218,7 +218,7 @@ class SchedulerCore:
             self._last_tick_profiles = now
         jobs: dict[str, dict[str, Any]] = {}
         self._raw = {}
-        for key, raw in self.kv.get_prefix(J.JOBS_PREFIX):
+        for _key, raw in self.kv.get_prefix(J.JOBS_PREFIX):
             rec = json.loads(raw)
             self._raw[rec["id"]] = raw
             jobs[rec["id"]] = rec
@@ -759,7 +759,12 @@ class SchedulerCore:
         placement = self._placement(devices)
         node = placement[0][0]
         p = self._proc(rec) if rec["parked"] else None
-        if p is not None and p.state != agent_pb2.PROCESS_STATE_EXITED and rec["node"] == node and len(placement) == 1:
+        if (
+            p is not None
+            and p.state != agent_pb2.PROCESS_STATE_EXITED
+            and rec["node"] == node
+            and len(placement) == 1
+        ):
             # A parked process on the same node: resume in place (fast: no restart).
             st = self.agents.control(self._address(node), rec["id"], "resume", devices)
             rec.update(devices=devices, parked=False, step_at_change=rec["step"])
@@ -835,7 +840,9 @@ class SchedulerCore:
         rec["message"] = f"suspending: {reason}"
         self._save(rec)
         # Wait for the next mini-batch boundary so the devices are really free for what follows.
-        p = self._wait_proc(rec, lambda p: p.seq_done >= st.control_seq or p.state == agent_pb2.PROCESS_STATE_EXITED)
+        p = self._wait_proc(
+            rec, lambda p: p.seq_done >= st.control_seq or p.state == agent_pb2.PROCESS_STATE_EXITED
+        )
         if p is not None and p.state != agent_pb2.PROCESS_STATE_EXITED:
             rec["checkpoint_step"] = max(rec["checkpoint_step"], int(p.checkpoint_step))
             rec["step"] = int(p.step)

@@ -61,7 +61,9 @@ def spawn_agent(
     if kv is not None:
         from microco.clients.agent import NODES_PREFIX
 
-        wait_until(lambda: (kv.get_json(NODES_PREFIX + node) or {}).get("address"), timeout, f"agent {node}", proc)
+        wait_until(
+            lambda: (kv.get_json(NODES_PREFIX + node) or {}).get("address"), timeout, f"agent {node}", proc
+        )
         if wait_warm:
             wait_until(
                 lambda: (kv.get_json(NODES_PREFIX + node) or {}).get("preloaded"),

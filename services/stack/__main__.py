@@ -16,8 +16,11 @@ from ._servers import EtcdServer, RedisServer
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m microco.services.stack", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m microco.services.stack",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("server", choices=["etcd", "redis"])
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, required=True)
@@ -28,7 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     args.data_dir.mkdir(parents=True, exist_ok=True)
     if args.server == "etcd":
         server: EtcdServer | RedisServer = EtcdServer(
-            args.data_dir, host=args.host, port=args.port, peer_port=args.peer_port, advertise_host=args.advertise_host
+            args.data_dir,
+            host=args.host,
+            port=args.port,
+            peer_port=args.peer_port,
+            advertise_host=args.advertise_host,
         )
     else:
         server = RedisServer(args.data_dir, host=args.host, port=args.port)

@@ -89,7 +89,11 @@ class _ChildServer(abc.ABC):
             raise FailedPrecondition(f"{self.name}: port {self.host}:{self.port} is already in use")
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            self.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -133,7 +137,12 @@ class EtcdServer(_ChildServer):
     name = "etcd"
 
     def __init__(
-        self, data_dir: Path, host: str = "127.0.0.1", port: int = 0, peer_port: int = 0, advertise_host: str = ""
+        self,
+        data_dir: Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        peer_port: int = 0,
+        advertise_host: str = "",
     ) -> None:
         super().__init__(data_dir, host, port)
         self.peer_port = peer_port or free_port(host)

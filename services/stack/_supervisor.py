@@ -35,6 +35,7 @@ from ._servers import EtcdServer, RedisServer, free_port
 
 log = logging.getLogger(__name__)
 
+
 def default_home() -> Path:
     return stack_home()
 
@@ -165,10 +166,14 @@ class Stack:
                 self.etcd_endpoint = self.etcd.endpoint
             if not self.redis_url:
                 self.progress("starting redis")
-                self.redis = RedisServer(self.home / "redis", port=self.opts.redis_port or free_port()).start()
+                self.redis = RedisServer(
+                    self.home / "redis", port=self.opts.redis_port or free_port()
+                ).start()
                 self.redis_url = self.redis.url
             self._infra = [
-                Infra(server, RestartTracker(self.opts.restart)) for server in (self.etcd, self.redis) if server
+                Infra(server, RestartTracker(self.opts.restart))
+                for server in (self.etcd, self.redis)
+                if server
             ]
             self.kv = EtcdKV(self.etcd_endpoint)
             for spec in platform_processes(self.opts):
@@ -206,7 +211,11 @@ class Stack:
             self.opts.profile,
         ]
         child.proc = start_service(
-            spec.module, cmd, log_path=self.home / "logs" / f"{spec.name}.log", env=self.opts.extra_env, new_session=True
+            spec.module,
+            cmd,
+            log_path=self.home / "logs" / f"{spec.name}.log",
+            env=self.opts.extra_env,
+            new_session=True,
         )
         child.status = "starting"
         child.launched_wall = time.time()
@@ -323,7 +332,9 @@ class Stack:
         delay = infra.tracker.failed(now)
         if delay is None:
             infra.status = "failed"
-            self.progress(f"{name} {why}: giving up after {infra.tracker.describe_give_up()} (see {infra.server.log_path})")
+            self.progress(
+                f"{name} {why}: giving up after {infra.tracker.describe_give_up()} (see {infra.server.log_path})"
+            )
         else:
             infra.status = "waiting-restart"
             infra.restart_at = now + delay

@@ -13,22 +13,19 @@ the services (``python -m microco.services.store`` for the coordinator,
 """
 
 from ._catalog import Catalog, SuperExtent, TableInfo
-from ._exec import to_plain_strings
-from ._sql import duck
-from ._procs import StoreCluster
 from ._core import AppendResult, LocalTransport, StoreCore, Transport, conform, finish
+from ._exec import to_plain_strings
 from ._layout import ExtentMeta
 from ._nodestore import CorruptExtent, NodeStore
 from ._partition import HASH, RANGE, PartitionSpec, partition_ids
 from ._placement import NodeInfo, check_row_copies, place_super_extent
 from ._planner import Plan, plan_query
+from ._procs import StoreCluster
 from ._query import Agg, Join, Query
 from ._recovery import RebuildTask, plan_recovery
+from ._sql import duck
 
 __all__ = [
-    "StoreCluster",
-    "duck",
-    "to_plain_strings",
     "HASH",
     "RANGE",
     "Agg",
@@ -44,15 +41,18 @@ __all__ = [
     "Plan",
     "Query",
     "RebuildTask",
+    "StoreCluster",
     "StoreCore",
     "SuperExtent",
     "TableInfo",
     "Transport",
     "check_row_copies",
     "conform",
+    "duck",
     "finish",
     "partition_ids",
     "place_super_extent",
     "plan_query",
     "plan_recovery",
+    "to_plain_strings",
 ]

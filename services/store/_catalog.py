@@ -50,7 +50,12 @@ class SuperExtent:
     extents: list[ExtentMeta] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"table": self.table, "id": self.id, "rows": self.rows, "extents": [e.to_json() for e in self.extents]}
+        return {
+            "table": self.table,
+            "id": self.id,
+            "rows": self.rows,
+            "extents": [e.to_json() for e in self.extents],
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SuperExtent:
@@ -81,12 +86,16 @@ def validate_table(name: str, schema: pa.Schema, specs: list[PartitionSpec]) -> 
     if not name or not all(c.isalnum() or c in "_-" for c in name):
         raise InvalidArgument(f"table name {short(name)} must be letters, digits, '_' or '-'")
     if len(specs) != 3:
-        raise InvalidArgument(f"a table has exactly three replicas, each with its partitioning; got {len(specs)}")
+        raise InvalidArgument(
+            f"a table has exactly three replicas, each with its partitioning; got {len(specs)}"
+        )
     if len(schema) == 0:
         raise InvalidArgument("a table needs at least one column")
     for s in specs:
         if s.column not in schema.names:
-            raise InvalidArgument(f"partitioning column {s.column!r} is not in the schema ({', '.join(schema.names)})")
+            raise InvalidArgument(
+                f"partitioning column {s.column!r} is not in the schema ({', '.join(schema.names)})"
+            )
         if s.kind == "range":
             range_bounds(s, schema.field(s.column).type)
 

@@ -45,7 +45,9 @@ class Transport(Protocol):
 
     def live_nodes(self) -> list[NodeInfo]: ...
 
-    def put_extent(self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list) -> dict: ...
+    def put_extent(
+        self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list
+    ) -> dict: ...
 
     def run_task(self, node: NodeInfo, task: dict[str, Any]) -> pa.Table: ...
 
@@ -73,7 +75,9 @@ def conform(table: pa.Table, schema: pa.Schema, specs: Sequence[PartitionSpec], 
     have = set(table.schema.names)
     for s in specs:
         if s.column not in have:
-            raise InvalidArgument(f"partitioning column {s.column!r} of table {name!r} is missing from the data")
+            raise InvalidArgument(
+                f"partitioning column {s.column!r} of table {name!r} is missing from the data"
+            )
     missing = [c for c in schema.names if c not in have]
     extra = [c for c in table.schema.names if c not in schema.names]
     if missing or extra:
@@ -193,13 +197,25 @@ class StoreCore:
             supers.append(self._write_super_extent(info, first + k, chunk))
         self.catalog.commit_super_extents(name, supers)
         nbytes = sum(e.bytes for s in supers for e in s.extents)
-        log.info("append %s: %d rows, %d extent bytes in %.2fs", name, data.num_rows, nbytes, time.perf_counter() - t0)
+        log.info(
+            "append %s: %d rows, %d extent bytes in %.2fs",
+            name,
+            data.num_rows,
+            nbytes,
+            time.perf_counter() - t0,
+        )
         return AppendResult(data.num_rows, [s.id for s in supers], nbytes)
 
     def _write_super_extent(self, info: TableInfo, sid: int, rows: pa.Table) -> SuperExtent:
         t0 = time.perf_counter()
         extents = bucketed_extents(rows, info.specs)
-        log.info("super-extent %s/%d: %d rows bucketed in %.2fs", info.name, sid, rows.num_rows, time.perf_counter() - t0)
+        log.info(
+            "super-extent %s/%d: %d rows bucketed in %.2fs",
+            info.name,
+            sid,
+            rows.num_rows,
+            time.perf_counter() - t0,
+        )
         excluded: set[str] = set()
         last: Exception | None = None
         for _attempt in range(4):
@@ -212,27 +228,46 @@ class StoreCore:
                 eid = new_extent_id(sid, r, p)
                 jobs.append((r, p, node, eid, ext_rows, index))
             futures = [
-                (j, self._pool.submit(self.transport.put_extent, j[2], info.name, j[3], j[4], j[5])) for j in jobs
+                (j, self._pool.submit(self.transport.put_extent, j[2], info.name, j[3], j[4], j[5]))
+                for j in jobs
             ]
             metas, failed = [], set()
             for (r, p, node, eid, ext_rows, _), fut in futures:
                 try:
                     res = fut.result()
                     metas.append(
-                        ExtentMeta(eid, sid, r, p, node.name, ext_rows.num_rows, res["bytes"], res["checksum"], res["buckets"])
+                        ExtentMeta(
+                            eid,
+                            sid,
+                            r,
+                            p,
+                            node.name,
+                            ext_rows.num_rows,
+                            res["bytes"],
+                            res["checksum"],
+                            res["buckets"],
+                        )
                     )
                 except Exception as exc:  # noqa: BLE001 - any failure excludes the node and retries
                     failed.add(node.name)
                     last = exc
             if not failed:
-                log.info("super-extent %s/%d: %d extents written in %.2fs", info.name, sid, len(metas), time.perf_counter() - t0)
+                log.info(
+                    "super-extent %s/%d: %d extents written in %.2fs",
+                    info.name,
+                    sid,
+                    len(metas),
+                    time.perf_counter() - t0,
+                )
                 return SuperExtent(info.name, sid, rows.num_rows, metas)
-            log.warning("append to %s: nodes %s failed (%s); re-placing super-extent %d", info.name, failed, last, sid)
+            log.warning(
+                "append to %s: nodes %s failed (%s); re-placing super-extent %d", info.name, failed, last, sid
+            )
             excluded |= failed
             for m in metas:  # best effort: the orphans are never referenced anyway
                 try:
                     self.transport.action(by_name[m.node], "delete", {"table": info.name, "extent": m.id})
-                except Exception:  # noqa: BLE001
+                except Exception:  # noqa: BLE001, S110 - best-effort clean-up of a half-written extent
                     pass
         raise Unavailable(f"append to {info.name!r} failed: store nodes kept failing ({last})")
 
@@ -307,7 +342,9 @@ class StoreCore:
                 self.catalog.mark_extent(table, s.id, eid, "corrupt")
                 log.warning("extent %s/%s marked corrupt", table, eid)
 
-    def _run_stage(self, tasks: list[tuple[str, dict[str, Any]]], nodes: dict[str, NodeInfo]) -> list[pa.Table]:
+    def _run_stage(
+        self, tasks: list[tuple[str, dict[str, Any]]], nodes: dict[str, NodeInfo]
+    ) -> list[pa.Table]:
         def one(node: str, task: dict[str, Any]) -> pa.Table:
             if node not in nodes:
                 raise NodeFailure(node, Unavailable("not live"))
@@ -315,7 +352,7 @@ class StoreCore:
                 return self.transport.run_task(nodes[node], task)
             except NodeFailure:
                 raise
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise NodeFailure(node, exc) from exc
 
         futs = [self._pool.submit(one, n, t) for n, t in tasks]
@@ -331,7 +368,9 @@ class StoreCore:
                     # map outputs: bytes per bucket; bucket i goes to the i-th reducer
                     reducers = [node for node, _ in plan.stages[1]]
                     for (mapper, _), out in zip(stage, outs, strict=True):
-                        for i, b in zip(out.column("bucket").to_pylist(), out.column("bytes").to_pylist(), strict=True):
+                        for i, b in zip(
+                            out.column("bucket").to_pylist(), out.column("bytes").to_pylist(), strict=True
+                        ):
                             if reducers[i] != mapper:
                                 plan.moved_bytes += b
         finally:
@@ -340,7 +379,7 @@ class StoreCore:
                     if n in nodes:
                         try:
                             self.transport.action(nodes[n], "shuffle_drop", {"qid": plan.qid})
-                        except Exception:  # noqa: BLE001 - buckets of a dead query are dropped later
+                        except Exception:  # noqa: BLE001, S110 - buckets of a dead query are dropped later
                             pass
         return finish(plan.final, outs)
 
@@ -415,8 +454,10 @@ class StoreCore:
                 progress["rebuilt"] += 1
                 if task.in_place:
                     try:
-                        self.transport.action(by_name[task.target], "delete", {"table": task.table, "extent": task.lost.id})
-                    except Exception:  # noqa: BLE001
+                        self.transport.action(
+                            by_name[task.target], "delete", {"table": task.table, "extent": task.lost.id}
+                        )
+                    except Exception:  # noqa: BLE001, S110 - best-effort clean-up; the rebuild is retried
                         pass
             else:
                 self.transport.action(by_name[task.target], "delete", {"table": task.table, "extent": new_id})
@@ -474,12 +515,16 @@ class StoreCore:
                     if e.node not in live or e.state != "ok":
                         continue
                     res = self.transport.action(
-                        live[e.node], "verify", {"table": t.name, "extent": e.id, "checksum": e.checksum, "force": True}
+                        live[e.node],
+                        "verify",
+                        {"table": t.name, "extent": e.id, "checksum": e.checksum, "force": True},
                     )
                     if not res.get("ok"):
                         self.catalog.mark_extent(t.name, s.id, e.id, "corrupt")
                         bad.append(f"{t.name}/{e.id}")
-                        log.warning("scrub: extent %s/%s on %s is corrupt: %s", t.name, e.id, e.node, res.get("error"))
+                        log.warning(
+                            "scrub: extent %s/%s on %s is corrupt: %s", t.name, e.id, e.node, res.get("error")
+                        )
                     done += e.bytes
                     if rate_bytes > 0:
                         ahead = done / rate_bytes - (time.perf_counter() - t0)
@@ -513,9 +558,7 @@ class LocalTransport:
         self.root = Path(root)
         self.infos = {n.name: n for n in nodes}
         self.dead: set[str] = set()
-        self.stores = {
-            n.name: NodeStore(n.name, self.root / n.name, fetch=self._fetch) for n in nodes
-        }
+        self.stores = {n.name: NodeStore(n.name, self.root / n.name, fetch=self._fetch) for n in nodes}
         for n in nodes:
             self.infos[n.name] = NodeInfo(n.name, n.fault_domain, address=n.name)
 
@@ -527,7 +570,9 @@ class LocalTransport:
     def _fetch(self, address: str, req: dict[str, Any]) -> pa.Table:
         s = self._store(address)
         if req["op"] == "read":
-            return s.read(req["table"], req["extent"], req.get("bucket"), req.get("columns"), req.get("checksum"))
+            return s.read(
+                req["table"], req["extent"], req.get("bucket"), req.get("columns"), req.get("checksum")
+            )
         return s.shuffle_take(req["qid"], req["tag"], req["bucket"])
 
     def kill(self, name: str) -> None:

@@ -248,7 +248,9 @@ def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
     if op == "sql":
         from ._sql import run_fragment
 
-        return run_fragment({name: scan_side(env, side) for name, side in task["inputs"].items()}, task["sql"])
+        return run_fragment(
+            {name: scan_side(env, side) for name, side in task["inputs"].items()}, task["sql"]
+        )
     if op == "fragment":
         t = scan_side(env, task["left"])
         if task.get("right") is not None:

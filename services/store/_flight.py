@@ -86,7 +86,7 @@ class _Clients:
         if c is not None:
             try:
                 c.close()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001, S110 - closing: a dead connection is not an error
                 pass
 
     def close(self) -> None:
@@ -137,7 +137,7 @@ class StoreFlightServer(flight.FlightServerBase):
             raise flight.FlightUnavailableError("this store node has no catalog connection")
         return Catalog(self.kv)
 
-    def list_flights(self, context, criteria):  # noqa: ANN001
+    def list_flights(self, context, criteria):
         try:
             cat = self._catalog()
             infos = [table_flight_info(cat.table(n), None, {}) for n in cat.table_names()]
@@ -147,7 +147,7 @@ class StoreFlightServer(flight.FlightServerBase):
             _raise_flight(exc)
         yield from infos
 
-    def get_flight_info(self, context, descriptor):  # noqa: ANN001
+    def get_flight_info(self, context, descriptor):
         try:
             if descriptor.descriptor_type == flight.DescriptorType.PATH:
                 if len(descriptor.path) != 1:
@@ -166,26 +166,34 @@ class StoreFlightServer(flight.FlightServerBase):
         except Exception as exc:  # noqa: BLE001
             _raise_flight(exc)
 
-    def do_put(self, context, descriptor, reader, writer):  # noqa: ANN001
+    def do_put(self, context, descriptor, reader, writer):
         try:
             t0 = time.perf_counter()
             req = _request(descriptor.command, "extent descriptor")
             rows = reader.read_all()
             t1 = time.perf_counter()
             res = self.store.put_extent(req["table"], req["extent"], rows, req["buckets"])
-            log.info("extent %s/%s: %d bytes received in %.2fs, written in %.2fs", req["table"], req["extent"],
-                     res["bytes"], t1 - t0, time.perf_counter() - t1)
+            log.info(
+                "extent %s/%s: %d bytes received in %.2fs, written in %.2fs",
+                req["table"],
+                req["extent"],
+                res["bytes"],
+                t1 - t0,
+                time.perf_counter() - t1,
+            )
             writer.write(pa.py_buffer(json.dumps(res).encode()))
         except Exception as exc:  # noqa: BLE001
             log.warning("do_put failed: %s", exc)
             _raise_flight(exc)
 
-    def do_get(self, context, ticket):  # noqa: ANN001
+    def do_get(self, context, ticket):
         try:
             req = _request(ticket.ticket, "ticket")
             op = req.get("op")
             if op == "read":
-                t = self.store.read(req["table"], req["extent"], req.get("bucket"), req.get("columns"), req.get("checksum"))
+                t = self.store.read(
+                    req["table"], req["extent"], req.get("bucket"), req.get("columns"), req.get("checksum")
+                )
             elif op == "shuffle_take":
                 t = self.store.shuffle_take(req["qid"], req["tag"], req["bucket"])
             elif op in ("fragment", "map", "reduce", "sql"):
@@ -193,12 +201,12 @@ class StoreFlightServer(flight.FlightServerBase):
             else:
                 raise InvalidArgument(f"unknown ticket op {short(op)}")
             return flight.RecordBatchStream(t)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if not isinstance(exc, (CorruptExtent, NotFound, InvalidArgument)):
                 log.exception("do_get failed")
             _raise_flight(exc)
 
-    def do_action(self, context, action):  # noqa: ANN001
+    def do_action(self, context, action):
         from ._core import node_action
 
         try:
@@ -209,16 +217,24 @@ class StoreFlightServer(flight.FlightServerBase):
             log.warning("action %s failed: %s", action.type, exc)
             _raise_flight(exc)
 
-    def list_actions(self, context):  # noqa: ANN001
-        return [("rebuild", "rebuild an extent from peers' buckets"), ("delete", ""), ("drop_table", ""),
-                ("shuffle_drop", ""), ("verify", "check an extent's checksum"), ("stats", ""),
-                ("collect_garbage", "delete unreferenced extent files older than min_age_s")]
+    def list_actions(self, context):
+        return [
+            ("rebuild", "rebuild an extent from peers' buckets"),
+            ("delete", ""),
+            ("drop_table", ""),
+            ("shuffle_drop", ""),
+            ("verify", "check an extent's checksum"),
+            ("stats", ""),
+            ("collect_garbage", "delete unreferenced extent files older than min_age_s"),
+        ]
 
 
 def _live(kv: KV) -> list[NodeInfo]:
     out = []
     for rec in discover(kv, NODE_SERVICE):
-        out.append(NodeInfo(rec.instance_id, rec.labels.get("fault_domain", ""), rec.labels.get("flight", "")))
+        out.append(
+            NodeInfo(rec.instance_id, rec.labels.get("fault_domain", ""), rec.labels.get("flight", ""))
+        )
     return sorted(out, key=lambda n: n.name)
 
 
@@ -247,9 +263,16 @@ def table_flight_info(t: Any, replica: int | None, live: dict[str, str]) -> flig
             raise last or Unavailable(f"table {t.name!r} cannot be read")
         for u in units:
             for src in u.sources:
-                ticket = {"op": "read", "table": t.name, "extent": src["extent"], "bucket": src["bucket"],
-                          "checksum": src["checksum"]}
-                endpoints.append(flight.FlightEndpoint(json.dumps(ticket).encode(), [flight.Location(src["address"])]))
+                ticket = {
+                    "op": "read",
+                    "table": t.name,
+                    "extent": src["extent"],
+                    "bucket": src["bucket"],
+                    "checksum": src["checksum"],
+                }
+                endpoints.append(
+                    flight.FlightEndpoint(json.dumps(ticket).encode(), [flight.Location(src["address"])])
+                )
     return flight.FlightInfo(t.schema, desc, endpoints, t.rows, t.bytes)
 
 
@@ -264,7 +287,9 @@ class FlightTransport:
         return _live(self.kv)
 
     def put_extent(self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list) -> dict:
-        desc = flight.FlightDescriptor.for_command(json.dumps({"table": table, "extent": extent_id, "buckets": buckets}))
+        desc = flight.FlightDescriptor.for_command(
+            json.dumps({"table": table, "extent": extent_id, "buckets": buckets})
+        )
         try:
             writer, meta = self.clients.get(node.address).do_put(desc, rows.schema, _OPTS)
             writer.write_table(rows)
@@ -284,7 +309,9 @@ class FlightTransport:
     def action(self, node: NodeInfo, name: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
             results = list(
-                self.clients.get(node.address).do_action(flight.Action(name, json.dumps(body, default=str).encode()), _OPTS)
+                self.clients.get(node.address).do_action(
+                    flight.Action(name, json.dumps(body, default=str).encode()), _OPTS
+                )
             )
         except flight.FlightError as exc:
             if isinstance(exc, flight.FlightUnavailableError):

@@ -153,7 +153,9 @@ def write_extent(path: Path, rows: pa.Table, buckets: list[list[int]]) -> tuple[
             off += b[2]
         batches = [x for x in batches if x is not None]
     sized = [[b[0], b[1], b[2], int(batch.nbytes)] for b, batch in zip(buckets, batches, strict=True)]
-    schema = rows.schema.with_metadata({**(rows.schema.metadata or {}), BUCKETS_META: json.dumps(sized).encode()})
+    schema = rows.schema.with_metadata(
+        {**(rows.schema.metadata or {}), BUCKETS_META: json.dumps(sized).encode()}
+    )
     # Serialise in memory and hash those bytes, then write them once: hashing the file after
     # writing it read every byte back (a second pass over the extent on every append).
     sink = pa.BufferOutputStream()

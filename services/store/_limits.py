@@ -72,7 +72,9 @@ def _text_depth(text: str, limit: int) -> int:
     return deepest
 
 
-def load_json(text: str | bytes, what: str, max_bytes: int = MAX_QUERY_BYTES, max_depth: int = MAX_DEPTH) -> Any:
+def load_json(
+    text: str | bytes, what: str, max_bytes: int = MAX_QUERY_BYTES, max_depth: int = MAX_DEPTH
+) -> Any:
     """Parse request JSON within the size and nesting limits, or raise ``InvalidArgument``."""
     if len(text) > max_bytes:
         raise InvalidArgument(f"{what} is {len(text)} bytes; the limit is {max_bytes}")
@@ -94,7 +96,8 @@ def check_keys(d: dict[str, Any], allowed: set[str] | frozenset[str], what: str)
     unknown = [k for k in d if k not in allowed]
     if unknown:
         raise InvalidArgument(
-            f"{what}: unknown field {short(unknown[0])}" + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
+            f"{what}: unknown field {short(unknown[0])}"
+            + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
             + f"; the fields are {', '.join(sorted(allowed))}"
         )
 
@@ -122,7 +125,9 @@ def safe_path(root: str | Path, *names: str) -> Path:
     p = base
     for n in names:
         if not isinstance(n, str) or not n or len(n) > MAX_NAME or not _NAME.match(n) or n in (".", ".."):
-            raise InvalidArgument(f"bad name {short(n)}: letters, digits, '_', '.', '-' only, one path component")
+            raise InvalidArgument(
+                f"bad name {short(n)}: letters, digits, '_', '.', '-' only, one path component"
+            )
         p = p / n
     resolved = p.resolve()
     if resolved != base and base not in resolved.parents:

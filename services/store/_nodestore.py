@@ -55,7 +55,9 @@ class NodeStore:
             raise InvalidArgument("an extent id must be a string")
         return safe_path(self.data_dir, "tables", table, extent_id + ".arrow")
 
-    def put_extent(self, table: str, extent_id: str, rows: pa.Table, buckets: list[list[int]]) -> dict[str, Any]:
+    def put_extent(
+        self, table: str, extent_id: str, rows: pa.Table, buckets: list[list[int]]
+    ) -> dict[str, Any]:
         p = self.path(table, extent_id)
         size, checksum, sized = write_extent(p, rows, buckets)
         st = p.stat()
@@ -221,8 +223,10 @@ class NodeStore:
             )
         ext = bucketed_extents(rows, specs, replicas=[r])
         if len(ext) != 1 or next(iter(ext))[1] != req["partition"]:
-            raise MicrocoError(f"rebuild of {req['extent']}: rows do not all fall in partition {req['partition']}")
-        (_, (ordered, index)), = ext.items()
+            raise MicrocoError(
+                f"rebuild of {req['extent']}: rows do not all fall in partition {req['partition']}"
+            )
+        ((_, (ordered, index)),) = ext.items()
         out = self.put_extent(req["table"], req["new_extent"], ordered, index)
         out["bytes_read"] = bytes_read
         return out

@@ -62,7 +62,12 @@ class PartitionSpec:
         return f"range({self.column}) bounds {list(self.bounds)}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"column": self.column, "kind": self.kind, "partitions": self.partitions, "bounds": list(self.bounds)}
+        return {
+            "column": self.column,
+            "kind": self.kind,
+            "partitions": self.partitions,
+            "bounds": list(self.bounds),
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PartitionSpec:
@@ -138,12 +143,19 @@ def hash_codes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
         raw = f.view(np.int64)
     elif pa.types.is_decimal(t):
         raw = np.asarray(arr.cast(pa.float64()).fill_null(0.0)).view(np.int64)
-    elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+    elif (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+    ):
         # Hash each distinct value once (crc32 is stable across processes), then map back.
         enc = pc.dictionary_encode(arr)
         uniques = enc.dictionary.to_pylist()
         table = np.fromiter(
-            (zlib.crc32(u.encode() if isinstance(u, str) else u) for u in uniques), dtype=np.int64, count=len(uniques)
+            (zlib.crc32(u.encode() if isinstance(u, str) else u) for u in uniques),
+            dtype=np.int64,
+            count=len(uniques),
         )
         idx = np.asarray(enc.indices.fill_null(0)).astype(np.int64)
         raw = table[idx] if len(table) else np.zeros(n, dtype=np.int64)
@@ -239,4 +251,6 @@ def _literal_array(values: list[Any], type_: pa.DataType) -> pa.Array:
         try:
             return pa.array([str(v) for v in values], pa.string()).cast(target)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise InvalidArgument(f"literal {values!r} does not fit a column of type {type_}: {exc}") from None
+            raise InvalidArgument(
+                f"literal {values!r} does not fit a column of type {type_}: {exc}"
+            ) from None

@@ -78,7 +78,9 @@ def _available(e: ExtentMeta, live: set[str]) -> bool:
     return e.state == "ok" and e.node in live
 
 
-def _source(t: TableInfo, e: ExtentMeta, addresses: dict[str, str], bucket: list[int] | None = None) -> dict[str, Any]:
+def _source(
+    t: TableInfo, e: ExtentMeta, addresses: dict[str, str], bucket: list[int] | None = None
+) -> dict[str, Any]:
     size = e.bytes if bucket is None else e.bucket_bytes(others(e.replica)[bucket[0]], bucket[1])
     return {
         "table": t.name,
@@ -120,7 +122,9 @@ def replica_units(
     return units
 
 
-def pruned_partitions(t: TableInfo, r: int, where: Iterable[Sequence[Any]]) -> tuple[set[int] | None, list[str]]:
+def pruned_partitions(
+    t: TableInfo, r: int, where: Iterable[Sequence[Any]]
+) -> tuple[set[int] | None, list[str]]:
     spec = t.specs[r]
     allowed: set[int] | None = None
     why = []
@@ -207,7 +211,9 @@ def plan_query(
 
     keep_a, read_a = side(a, q.join.left_on if q.join else None, q.where)
 
-    def side_spec(t: TableInfo, keep: list[str], read: list[str], where: Sequence[Any], sources: list[Any]) -> dict:
+    def side_spec(
+        t: TableInfo, keep: list[str], read: list[str], where: Sequence[Any], sources: list[Any]
+    ) -> dict:
         return {
             "sources": sources,
             "where": [list(w) for w in where],
@@ -252,7 +258,11 @@ def plan_query(
             ra, rb = pair
             allowed_a, why_a = pruned_partitions(a, ra, q.where)
             allowed_b, why_b = pruned_partitions(b, rb, q.join.where)
-            allowed = allowed_a if allowed_b is None else (allowed_b if allowed_a is None else allowed_a & allowed_b)
+            allowed = (
+                allowed_a
+                if allowed_b is None
+                else (allowed_b if allowed_a is None else allowed_a & allowed_b)
+            )
             ua = replica_units(a, ra, live, addresses, allowed)
             ub = replica_units(b, rb, live, addresses, allowed)
             by_part_a: dict[int, list[Unit]] = defaultdict(list)
@@ -290,7 +300,9 @@ def plan_query(
                 f"{rb} of {b.name}), so partition p joins only partition p: no shuffle"
             )
             if why_a or why_b:
-                explain.append(f"pruning: {len(allowed or [])} partitions survive ({' and '.join(why_a + why_b)})")
+                explain.append(
+                    f"pruning: {len(allowed or [])} partitions survive ({' and '.join(why_a + why_b)})"
+                )
             explain.append(
                 f"{len(tasks)} partition joins; {local} node-local, {len(tasks) - local} read "
                 f"{_mb(moved)} of co-partitioned extents from a peer (whole extents, no repartitioning)"
@@ -309,7 +321,11 @@ def plan_query(
             return plan
         # no co-partitioned pair: shuffle join on chosen replicas
         ra = ra_opts[0] if q.replica is not None else max(ra_opts, key=lambda r: _score(a, r, q.where, [])[0])
-        rb = rb_opts[0] if q.join.replica is not None else max(rb_opts, key=lambda r: _score(b, r, q.join.where, [])[0])
+        rb = (
+            rb_opts[0]
+            if q.join.replica is not None
+            else max(rb_opts, key=lambda r: _score(b, r, q.join.where, [])[0])
+        )
         allowed_a, _ = pruned_partitions(a, ra, q.where)
         allowed_b, _ = pruned_partitions(b, rb, q.join.where)
         ua = replica_units(a, ra, live, addresses, allowed_a)
@@ -388,7 +404,7 @@ def plan_query(
     groups = _group_sources(units)
     head = f"table {a.name}: replica {r} ({a.specs[r].describe()})"
     if q.replica is not None:
-        reasons = [f"replica forced by the query"] + reasons
+        reasons = ["replica forced by the query"] + reasons
     explain.append(head + (": " + "; ".join(reasons) if reasons else ": no replica matches better; default"))
     explain.append(
         f"reads {len(units)} extent units, {sum(u.bytes for u in units) / 1e6:.2f} MB on {len(groups)} nodes"
@@ -406,7 +422,9 @@ def plan_query(
         ]
 
     if not is_agg:
-        explain.append(f"plan: scan: {len(groups)} fragments (filter, project{', top-k' if q.limit else ''}), concatenated")
+        explain.append(
+            f"plan: scan: {len(groups)} fragments (filter, project{', top-k' if q.limit else ''}), concatenated"
+        )
         return Plan("scan", qid, [fragments(rows_post)], final_rows, explain, {a.name: r})
     if not q.group_by:
         explain.append(f"plan: global aggregate: {len(groups)} partial aggregates merged by the coordinator")
@@ -475,4 +493,3 @@ def _degraded_note(explain: list[str], units: Sequence[Unit]) -> None:
             f"degraded: {len(deg)} extents are on dead nodes or corrupt; their rows are read from the matching "
             "buckets of another replica's extents"
         )
-

@@ -53,7 +53,9 @@ class StoreCluster:
     def start(self, timeout: float = 60.0) -> StoreCluster:
         for name, domain in self.node_specs:
             self.start_node(name, domain)
-        self.procs["coordinator"] = self._spawn("coordinator", self._common("coordinator") + self.coordinator_args)
+        self.procs["coordinator"] = self._spawn(
+            "coordinator", self._common("coordinator") + self.coordinator_args
+        )
         self.wait_ready(timeout)
         return self
 
@@ -79,7 +81,9 @@ class StoreCluster:
         """SIGKILL the coordinator and start a new one: everything it knows comes back from etcd."""
         old = {r.address for r in discover(self.kv, "store")}
         self.kill("coordinator")
-        self.procs["coordinator"] = self._spawn("coordinator", self._common("coordinator") + self.coordinator_args)
+        self.procs["coordinator"] = self._spawn(
+            "coordinator", self._common("coordinator") + self.coordinator_args
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             recs = discover(self.kv, "store")

@@ -18,7 +18,9 @@ from microco.common.errors import InvalidArgument
 from ._limits import MAX_IN_VALUES, MAX_LIMIT, check_count, check_keys, check_name, load_json, short
 
 OPS = ("=", "!=", "<", "<=", ">", ">=", "in")
-QUERY_FIELDS = frozenset({"table", "where", "select", "join", "group_by", "aggs", "order_by", "limit", "replica"})
+QUERY_FIELDS = frozenset(
+    {"table", "where", "select", "join", "group_by", "aggs", "order_by", "limit", "replica"}
+)
 JOIN_FIELDS = frozenset({"table", "left_on", "right_on", "where", "select", "replica"})
 AGG_FUNCS = ("sum", "count", "min", "max", "mean")
 
@@ -112,7 +114,9 @@ class Query:
             aggs = _list(d.get("aggs", []), "aggs")
             order = _list(d.get("order_by", []), "order_by")
             limit = d.get("limit")
-            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT):
+            if limit is not None and (
+                isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT
+            ):
                 raise InvalidArgument(f"limit must be a non-negative integer, got {short(limit)}")
             return cls(
                 table=check_name(d["table"], "table"),
@@ -121,7 +125,10 @@ class Query:
                 join=join,
                 group_by=_names(d.get("group_by", []), "group_by"),
                 aggs=tuple(Agg(*_names(a, "an aggregate", exact=3)) for a in aggs),
-                order_by=tuple((c, str(o).lower() == "desc") for c, o in (_names(x, "an order key", exact=2) for x in order)),
+                order_by=tuple(
+                    (c, str(o).lower() == "desc")
+                    for c, o in (_names(x, "an order key", exact=2) for x in order)
+                ),
                 limit=limit,
                 replica=_replica(d.get("replica")),
             )
@@ -154,7 +161,9 @@ class Query:
             ravail = set(right.names) if self.join.select is None else set(self.join.select)
             clash = (avail & ravail) - {self.join.left_on}
             if clash:
-                raise InvalidArgument(f"columns {sorted(clash)} exist in both joined tables; select one side's")
+                raise InvalidArgument(
+                    f"columns {sorted(clash)} exist in both joined tables; select one side's"
+                )
             avail |= ravail
         for c in self.group_by:
             if c not in avail:
@@ -201,7 +210,9 @@ def _replica(r: Any) -> int | None:
 
 def _scalar(v: Any, what: str) -> Any:
     if v is not None and not isinstance(v, (str, int, float, bool)):
-        raise InvalidArgument(f"{what}: a filter value must be a number, string, boolean or null, got {type(v).__name__}")
+        raise InvalidArgument(
+            f"{what}: a filter value must be a number, string, boolean or null, got {type(v).__name__}"
+        )
     if isinstance(v, str):
         if len(v) > 1 << 16:
             raise InvalidArgument(f"{what}: a filter value is {len(v)} characters; the limit is {1 << 16}")
@@ -236,4 +247,6 @@ def _check_op(w: tuple[str, str, Any]) -> None:
 def _cols(schema: pa.Schema, cols: Sequence[str], table: str) -> None:
     for c in cols:
         if c not in schema.names:
-            raise InvalidArgument(f"table {short(table)} has no column {short(c)} (columns: {', '.join(schema.names)})")
+            raise InvalidArgument(
+                f"table {short(table)} has no column {short(c)} (columns: {', '.join(schema.names)})"
+            )

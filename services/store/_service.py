@@ -41,7 +41,9 @@ _KIND_TO_PB = {HASH: pb.PARTITION_KIND_HASH, RANGE: pb.PARTITION_KIND_RANGE}
 
 
 def spec_to_pb(s: PartitionSpec) -> pb.Partitioning:
-    return pb.Partitioning(column=s.column, kind=_KIND_TO_PB[s.kind], partitions=s.partitions, range_bounds=list(s.bounds))
+    return pb.Partitioning(
+        column=s.column, kind=_KIND_TO_PB[s.kind], partitions=s.partitions, range_bounds=list(s.bounds)
+    )
 
 
 def spec_from_pb(p: pb.Partitioning) -> PartitionSpec:
@@ -111,22 +113,22 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
             placement_json=place,
         )
 
-    def CreateTable(self, request, context):  # noqa: N802, ANN001
+    def CreateTable(self, request, context):
         specs = [spec_from_pb(p) for p in request.replicas]
         self.core.create_table(request.name, schema_from_bytes(request.arrow_schema), specs)
         return self._table_pb(request.name)
 
-    def DropTable(self, request, context):  # noqa: N802, ANN001
+    def DropTable(self, request, context):
         self.core.drop_table(request.name)
         return pb.DropTableResponse()
 
-    def GetTable(self, request, context):  # noqa: N802, ANN001
+    def GetTable(self, request, context):
         return self._table_pb(request.name, request.placement)
 
-    def ListTables(self, request, context):  # noqa: N802, ANN001
+    def ListTables(self, request, context):
         return pb.ListTablesResponse(tables=[self._table_pb(n) for n in self.core.catalog.table_names()])
 
-    def ListStoreNodes(self, request, context):  # noqa: N802, ANN001
+    def ListStoreNodes(self, request, context):
         return pb.ListStoreNodesResponse(
             nodes=[
                 pb.StoreNode(
@@ -141,7 +143,7 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
             ]
         )
 
-    def Append(self, request_iterator, context):  # noqa: N802, ANN001
+    def Append(self, request_iterator, context):
         t0 = time.perf_counter()
         table = ""
         buf = io.BytesIO()
@@ -155,11 +157,13 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
             data = pa.ipc.open_stream(pa.py_buffer(buf.getvalue())).read_all()
         except (pa.ArrowInvalid, OSError) as exc:
             raise InvalidArgument(f"append body is not an Arrow IPC stream: {exc}") from None
-        log.info("append %s: %d bytes of Arrow IPC received in %.2fs", table, buf.tell(), time.perf_counter() - t0)
+        log.info(
+            "append %s: %d bytes of Arrow IPC received in %.2fs", table, buf.tell(), time.perf_counter() - t0
+        )
         res = self.core.append(table, data)
         return pb.AppendResponse(rows=res.rows, bytes=res.bytes, super_extents=res.super_extents)
 
-    def Query(self, request, context):  # noqa: N802, ANN001
+    def Query(self, request, context):
         sql, q = parse_request(request.query_json)
         table, plan = self.core.sql(sql) if sql is not None else self.core.query(q)
         QUERIES.labels(plan.kind).inc()
@@ -167,20 +171,28 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
         for k, chunk in enumerate(pieces):
             msg = pb.QueryResponse(arrow_ipc=chunk)
             if k == 0:
-                msg.plan_kind, msg.explain, msg.replicas_json = plan.kind, plan.explain_text(), json.dumps(plan.replicas)
+                msg.plan_kind, msg.explain, msg.replicas_json = (
+                    plan.kind,
+                    plan.explain_text(),
+                    json.dumps(plan.replicas),
+                )
             if k == len(pieces) - 1:
                 msg.moved_bytes = plan.moved_bytes
             yield msg
 
-    def Explain(self, request, context):  # noqa: N802, ANN001
+    def Explain(self, request, context):
         sql, q = parse_request(request.query_json)
         plan = self.core.explain_sql(sql) if sql is not None else self.core.plan(q)
-        return pb.ExplainResponse(text=plan.explain_text(), plan_kind=plan.kind, replicas_json=json.dumps(plan.replicas))
+        return pb.ExplainResponse(
+            text=plan.explain_text(), plan_kind=plan.kind, replicas_json=json.dumps(plan.replicas)
+        )
 
-    def PlanRead(self, request, context):  # noqa: N802, ANN001
+    def PlanRead(self, request, context):
         q = Query.from_json(request.query_json)
         if q.aggs or q.join or q.order_by or q.limit is not None:
-            raise InvalidArgument("PlanRead takes a scan (filter and projection only); use Query for the rest")
+            raise InvalidArgument(
+                "PlanRead takes a scan (filter and projection only); use Query for the rest"
+            )
         plan = self.core.plan(q)
         addresses = {n.name: n.address for n in self.core.transport.live_nodes()}
         eps = [
@@ -191,19 +203,23 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
         t = self.core.table(q.table)
         cols = plan.final["select"]
         schema = pa.schema([t.schema.field(c) for c in cols])
-        return pb.PlanReadResponse(endpoints=eps, explain=plan.explain_text(), arrow_schema=schema.serialize().to_pybytes())
+        return pb.PlanReadResponse(
+            endpoints=eps, explain=plan.explain_text(), arrow_schema=schema.serialize().to_pybytes()
+        )
 
-    def GetRecovery(self, request, context):  # noqa: N802, ANN001
-        return pb.RecoveryStatus(json=json.dumps(self.core.catalog.recovery()), unavailable_extents=self.core.lost_count())
+    def GetRecovery(self, request, context):
+        return pb.RecoveryStatus(
+            json=json.dumps(self.core.catalog.recovery()), unavailable_extents=self.core.lost_count()
+        )
 
-    def StartRecovery(self, request, context):  # noqa: N802, ANN001
+    def StartRecovery(self, request, context):
         if self.recovery is not None:
             self.recovery.kick()
         else:
             self.core.recover()
         return self.GetRecovery(request, context)
 
-    def Scrub(self, request, context):  # noqa: N802, ANN001
+    def Scrub(self, request, context):
         bad = self.core.scrub()
         if bad and self.recovery is not None:
             self.recovery.kick()
@@ -217,8 +233,14 @@ class RecoveryLoop:
     a node restarting quickly is not rebuilt needlessly."""
 
     def __init__(
-        self, core: StoreCore, kv: Any, grace_s: float = 2.0, interval_s: float = 5.0, gc_interval_s: float = 600.0,
-        scrub_interval_s: float = 0.0, scrub_rate_bytes: float = 50e6,
+        self,
+        core: StoreCore,
+        kv: Any,
+        grace_s: float = 2.0,
+        interval_s: float = 5.0,
+        gc_interval_s: float = 600.0,
+        scrub_interval_s: float = 0.0,
+        scrub_rate_bytes: float = 50e6,
     ) -> None:
         self.core, self.kv = core, kv
         # every extent re-hashed every scrub_interval_s (0: only on demand), at most scrub_rate_bytes/s
@@ -261,7 +283,7 @@ class RecoveryLoop:
     def _scrub(self) -> None:
         try:
             bad = self.core.scrub(rate_bytes=self.scrub_rate_bytes)
-        except Exception:  # noqa: BLE001 - the next scheduled pass retries
+        except Exception:
             log.exception("scheduled scrub failed")
             return
         if bad:
@@ -279,10 +301,11 @@ class RecoveryLoop:
                 self._last_gc = time.monotonic()
                 try:
                     self.core.collect_garbage()
-                except Exception:  # noqa: BLE001 - the next pass retries
+                except Exception:
                     log.exception("orphan collection failed")
             if (
-                self.scrub_interval_s and time.monotonic() - self._last_scrub >= self.scrub_interval_s
+                self.scrub_interval_s
+                and time.monotonic() - self._last_scrub >= self.scrub_interval_s
                 and not (self._scrubber and self._scrubber.is_alive())
             ):
                 # its own thread: a throttled scrub of a large store takes hours; rebuilds go on
@@ -299,7 +322,7 @@ class RecoveryLoop:
                 progress = self.core.recover()
                 REBUILT.inc(progress.get("rebuilt", 0))
                 LOST.set(self.core.lost_count())
-            except Exception:  # noqa: BLE001 - keep the loop alive; the next pass retries
+            except Exception:
                 log.exception("recovery pass failed")
 
 
@@ -307,29 +330,62 @@ class RecoveryLoop:
 def _coordinator_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("store coordinator")
     g.add_argument("--super-extent-rows", type=int, default=4_000_000, help="rows per super-extent")
-    g.add_argument("--recovery-rate-mb", type=float, default=200.0, help="recovery read throttle, MB/s (0: none)")
-    g.add_argument("--recovery-grace-s", type=float, default=2.0, help="wait after a node vanishes before rebuilding")
-    g.add_argument("--recovery-interval-s", type=float, default=5.0, help="how often to look for lost extents")
-    g.add_argument("--gc-interval-s", type=float, default=600.0,
-                   help="how often to delete orphan extent files on the nodes (0: only on scrub)")
-    g.add_argument("--scrub-interval-s", type=float, default=86400.0,
-                   help="re-hash every extent this often, whatever its cached verification (0: only on demand)")
-    g.add_argument("--scrub-rate-mb", type=float, default=50.0, help="scheduled scrub read throttle, MB/s (0: none)")
-    g.add_argument("--gc-min-age-s", type=float, default=1800.0,
-                   help="an unreferenced extent file is deleted only once this old (appends in flight keep theirs)")
+    g.add_argument(
+        "--recovery-rate-mb", type=float, default=200.0, help="recovery read throttle, MB/s (0: none)"
+    )
+    g.add_argument(
+        "--recovery-grace-s", type=float, default=2.0, help="wait after a node vanishes before rebuilding"
+    )
+    g.add_argument(
+        "--recovery-interval-s", type=float, default=5.0, help="how often to look for lost extents"
+    )
+    g.add_argument(
+        "--gc-interval-s",
+        type=float,
+        default=600.0,
+        help="how often to delete orphan extent files on the nodes (0: only on scrub)",
+    )
+    g.add_argument(
+        "--scrub-interval-s",
+        type=float,
+        default=86400.0,
+        help="re-hash every extent this often, whatever its cached verification (0: only on demand)",
+    )
+    g.add_argument(
+        "--scrub-rate-mb", type=float, default=50.0, help="scheduled scrub read throttle, MB/s (0: none)"
+    )
+    g.add_argument(
+        "--gc-min-age-s",
+        type=float,
+        default=1800.0,
+        help="an unreferenced extent file is deleted only once this old (appends in flight keep theirs)",
+    )
 
 
 def _setup_coordinator(ctx: ServiceContext) -> None:
     a = ctx.args
     transport = FlightTransport(ctx.kv)
-    core = StoreCore(ctx.kv, transport, super_extent_rows=a.super_extent_rows, recovery_rate_bytes=a.recovery_rate_mb * 1e6,
-                     gc_min_age_s=a.gc_min_age_s)
-    loop = RecoveryLoop(core, ctx.kv, grace_s=a.recovery_grace_s, interval_s=a.recovery_interval_s,
-                        gc_interval_s=a.gc_interval_s, scrub_interval_s=a.scrub_interval_s,
-                        scrub_rate_bytes=a.scrub_rate_mb * 1e6).start()
+    core = StoreCore(
+        ctx.kv,
+        transport,
+        super_extent_rows=a.super_extent_rows,
+        recovery_rate_bytes=a.recovery_rate_mb * 1e6,
+        gc_min_age_s=a.gc_min_age_s,
+    )
+    loop = RecoveryLoop(
+        core,
+        ctx.kv,
+        grace_s=a.recovery_grace_s,
+        interval_s=a.recovery_interval_s,
+        gc_interval_s=a.gc_interval_s,
+        scrub_interval_s=a.scrub_interval_s,
+        scrub_rate_bytes=a.scrub_rate_mb * 1e6,
+    ).start()
     servicer = StoreServicer(core, loop)
     ctx.runtime.add_service(
-        pb_grpc.add_StoreCoordinatorServiceServicer_to_server, servicer, "microco.api.store.v1.StoreCoordinatorService"
+        pb_grpc.add_StoreCoordinatorServiceServicer_to_server,
+        servicer,
+        "microco.api.store.v1.StoreCoordinatorService",
     )
     ctx.runtime.on_stop(transport.close)
     ctx.runtime.on_stop(loop.stop)
@@ -338,7 +394,9 @@ def _setup_coordinator(ctx: ServiceContext) -> None:
 
 def _node_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("store node")
-    g.add_argument("--fault-domain", default="", help="fault domain label (rack, host...); default: the node name")
+    g.add_argument(
+        "--fault-domain", default="", help="fault domain label (rack, host...); default: the node name"
+    )
     g.add_argument("--flight-port", type=int, default=0, help="Arrow Flight port; 0 picks a free one")
 
 
@@ -349,17 +407,34 @@ def _setup_node(ctx: ServiceContext) -> None:
     name = getattr(ctx.args, "instance_id", "") or s.node
     store = NodeStore(name, s.resolved_data_dir())
     from . import _sql  # noqa: F401 - DuckDB and sqlglot load at start-up, not in the first query
+
     server = StoreFlightServer(store, f"grpc://{s.host}:{ctx.args.flight_port}", kv=ctx.kv)
     threading.Thread(target=server.serve, name="flight", daemon=True).start()
-    labels = {**s.labels, "flight": f"grpc://{s.advertised}:{server.port}", "fault_domain": ctx.args.fault_domain or name}
+    labels = {
+        **s.labels,
+        "flight": f"grpc://{s.advertised}:{server.port}",
+        "fault_domain": ctx.args.fault_domain or name,
+    }
     ctx.runtime.settings = replace(s, labels=labels, instance_id=name)
     ctx.runtime.on_stop(server.shutdown)
     log.info("store node", extra={"flight": labels["flight"], "data_dir": str(store.data_dir)})
 
 
 def main_coordinator(argv: list[str] | None = None) -> int:
-    return run_service(SERVICE, "Instalytics store coordinator: catalog, placement, planner, recovery", _setup_coordinator, _coordinator_args, argv)
+    return run_service(
+        SERVICE,
+        "Instalytics store coordinator: catalog, placement, planner, recovery",
+        _setup_coordinator,
+        _coordinator_args,
+        argv,
+    )
 
 
 def main_node(argv: list[str] | None = None) -> int:
-    return run_service(NODE_SERVICE, "Instalytics store node: extents on local disk, served over Arrow Flight", _setup_node, _node_args, argv)
+    return run_service(
+        NODE_SERVICE,
+        "Instalytics store node: extents on local disk, served over Arrow Flight",
+        _setup_node,
+        _node_args,
+        argv,
+    )

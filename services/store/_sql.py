@@ -81,7 +81,9 @@ def parse(sql: str) -> exp.Query:
     try:
         trees = sqlglot.parse(sql, read=DIALECT)
     except sqlglot.errors.SqlglotError as exc:
-        raise InvalidArgument(f"SQL syntax error: {short(str(exc).splitlines()[0] if str(exc) else exc, 300)}") from None
+        raise InvalidArgument(
+            f"SQL syntax error: {short(str(exc).splitlines()[0] if str(exc) else exc, 300)}"
+        ) from None
     except RecursionError:
         raise InvalidArgument("SQL is nested too deeply") from None
     trees = [t for t in trees if t is not None]
@@ -94,7 +96,9 @@ def parse(sql: str) -> exp.Query:
         if node.depth > MAX_SQL_DEPTH:
             raise InvalidArgument(f"SQL is nested more than {MAX_SQL_DEPTH} levels deep")
         if isinstance(node, (exp.In, exp.Select, exp.Tuple)) and len(node.expressions) > MAX_SQL_LIST:
-            raise InvalidArgument(f"a list in the SQL has {len(node.expressions)} items; the limit is {MAX_SQL_LIST}")
+            raise InvalidArgument(
+                f"a list in the SQL has {len(node.expressions)} items; the limit is {MAX_SQL_LIST}"
+            )
     return tree
 
 
@@ -128,7 +132,9 @@ def table_refs(tree: exp.Expression) -> list[exp.Table]:
         if not isinstance(t.this, exp.Identifier):
             raise InvalidArgument(f"only store tables can be queried, not {short(t.this.sql(DIALECT), 80)}")
         if t.args.get("db") or t.args.get("catalog"):
-            raise InvalidArgument(f"table {short(t.sql(DIALECT))}: no schema or catalog qualifiers in store SQL")
+            raise InvalidArgument(
+                f"table {short(t.sql(DIALECT))}: no schema or catalog qualifiers in store SQL"
+            )
         if t.name.lower() in ctes:
             continue
         out.append(t)
@@ -246,12 +252,19 @@ def triples(conjuncts: list[exp.Expression], partition_cols: set[str]) -> list[t
                     left, right, op = right, left, _FLIP[op]
                 if isinstance(left, exp.Column) and left.name in partition_cols:
                     out.append((left.name, op, _constant(right)))
-            elif isinstance(c, exp.Between) and isinstance(c.this, exp.Column) and c.this.name in partition_cols:
+            elif (
+                isinstance(c, exp.Between)
+                and isinstance(c.this, exp.Column)
+                and c.this.name in partition_cols
+            ):
                 out.append((c.this.name, ">=", _constant(c.args["low"])))
                 out.append((c.this.name, "<=", _constant(c.args["high"])))
             elif (
-                isinstance(c, exp.In) and isinstance(c.this, exp.Column) and c.this.name in partition_cols
-                and c.expressions and not c.args.get("query")
+                isinstance(c, exp.In)
+                and isinstance(c.this, exp.Column)
+                and c.this.name in partition_cols
+                and c.expressions
+                and not c.args.get("query")
                 and (len(c.expressions) <= 64 or all(isinstance(v, exp.Literal) for v in c.expressions))
             ):
                 out.append((c.this.name, "in", tuple(_constant(v) for v in c.expressions)))
@@ -309,9 +322,13 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
     colsets = _columns_of(ctx.tables)
     tasks: list[tuple[str, dict[str, Any]]] = []
     inputs: list[str] = []
-    explain = [("plan: gather: the query does not split over partitions (subquery, outer join, several "
-               "tables or a non-decomposable aggregate); each table's needed columns are read from one replica, "
-               "filtered next to the data, and DuckDB runs the whole SQL at the coordinator")]
+    explain = [
+        (
+            "plan: gather: the query does not split over partitions (subquery, outer join, several "
+            "tables or a non-decomposable aggregate); each table's needed columns are read from one replica, "
+            "filtered next to the data, and DuckDB runs the whole SQL at the coordinator"
+        )
+    ]
     replicas = {}
     for name, occ in sorted(by_name.items()):
         t = ctx.tables[name]
@@ -334,7 +351,11 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
         explain.append(
             f"  {t.name}: replica {r} ({t.specs[r].describe()}), {len(cols)} of {len(t.schema)} columns, "
             f"{len(units)} extent units, {sum(u.bytes for u in units) / 1e6:.2f} MB on {len(groups)} nodes"
-            + (f"; pruned to partitions {sorted(allowed)} by {' and '.join(why)}" if allowed is not None else "")
+            + (
+                f"; pruned to partitions {sorted(allowed)} by {' and '.join(why)}"
+                if allowed is not None
+                else ""
+            )
             + (f"; {len(conds)} filters pushed to the nodes" if conds else "")
         )
     return SqlPlan("gather", tasks, ctx.tree.sql(DIALECT), inputs, explain, replicas)
@@ -353,14 +374,18 @@ def _simple_select(tree: exp.Expression) -> exp.Select | None:
     if not isinstance(tree, exp.Select) or tree.args.get("with"):
         return None
     for n in tree.walk():
-        if n is not tree and isinstance(n, (exp.Select, exp.Subquery, exp.Exists, exp.Window, exp.SetOperation)):
+        if n is not tree and isinstance(
+            n, (exp.Select, exp.Subquery, exp.Exists, exp.Window, exp.SetOperation)
+        ):
             return None
     if not _only_inner(tree):
         return None
     if tree.args.get("distinct") or tree.args.get("qualify"):
         return None
     group = tree.args.get("group")
-    if group is not None and (group.args.get("all") or not all(isinstance(g, exp.Column) for g in group.expressions)):
+    if group is not None and (
+        group.args.get("all") or not all(isinstance(g, exp.Column) for g in group.expressions)
+    ):
         return None  # GROUP BY ALL / ordinals / expressions / ROLLUP, CUBE, GROUPING SETS
     if tree.find(exp.Filter, exp.WithinGroup):
         return None  # an aggregate's FILTER or WITHIN GROUP changes what its partial would be
@@ -377,7 +402,11 @@ def _copartition(ctx: _Ctx, sel: exp.Select, refs: list[exp.Table]) -> tuple[dic
     for j in sel.args.get("joins") or []:
         conds += _conjuncts(j.args.get("on"))
     for c in conds:
-        if not isinstance(c, exp.EQ) or not isinstance(c.this, exp.Column) or not isinstance(c.expression, exp.Column):
+        if (
+            not isinstance(c, exp.EQ)
+            or not isinstance(c.this, exp.Column)
+            or not isinstance(c.expression, exp.Column)
+        ):
             continue
         x, y = c.this, c.expression
         for p, q in ((x, y), (y, x)):
@@ -385,8 +414,15 @@ def _copartition(ctx: _Ctx, sel: exp.Select, refs: list[exp.Table]) -> tuple[dic
                 for ra in range(REPLICAS):
                     for rb in range(REPLICAS):
                         sa, sb = ta.specs[ra], tb.specs[rb]
-                        if sa.column.lower() == p.name.lower() and sb.column.lower() == q.name.lower() and sa.same_function(sb):
-                            return {ta.name: ra, tb.name: rb}, f"{ta.name}.{sa.column} = {tb.name}.{sb.column}"
+                        if (
+                            sa.column.lower() == p.name.lower()
+                            and sb.column.lower() == q.name.lower()
+                            and sa.same_function(sb)
+                        ):
+                            return {
+                                ta.name: ra,
+                                tb.name: rb,
+                            }, f"{ta.name}.{sa.column} = {tb.name}.{sb.column}"
     return None
 
 
@@ -421,7 +457,9 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
             if co is not None and size > best:
                 split, chosen, how, best = [refs[i], refs[j]], co[0], co[1], size
     if split is not None:
-        explain.append(f"join {how}: co-partitioned replicas, so partition p joins only partition p (no shuffle)")
+        explain.append(
+            f"join {how}: co-partitioned replicas, so partition p joins only partition p (no shuffle)"
+        )
     else:
         big = max(range(len(refs)), key=lambda k: _replica_bytes(ctx.tables[names[k]]))
         split = [refs[big]]
@@ -433,7 +471,10 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
         r = max(range(REPLICAS), key=lambda x: (_score(t, x, where, gcols)[0], -x))
         chosen = {t.name: r}
         reasons = _score(t, r, where, gcols)[1]
-        explain.append(f"table {t.name}: replica {r} ({t.specs[r].describe()})" + (": " + "; ".join(reasons) if reasons else ""))
+        explain.append(
+            f"table {t.name}: replica {r} ({t.specs[r].describe()})"
+            + (": " + "; ".join(reasons) if reasons else "")
+        )
     split_bytes = sum(_replica_bytes(ctx.tables[r.name.lower()]) for r in split)
     ctx.broadcast = {}
     for ref in refs:
@@ -447,7 +488,9 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
         where = triples(pushable(ctx.tree, ref, colsets[n], others), {s.column for s in t.specs})
         r = max(range(REPLICAS), key=lambda x: (_score(t, x, where, [])[0], -x))
         allowed, _ = pruned_partitions(t, r, where)
-        ctx.broadcast[t.name] = [s for u in replica_units(t, r, ctx.live, ctx.addresses, allowed) for s in u.sources]
+        ctx.broadcast[t.name] = [
+            s for u in replica_units(t, r, ctx.live, ctx.addresses, allowed) for s in u.sources
+        ]
         chosen = {**chosen, t.name: r}
     if ctx.broadcast:
         explain.append(
@@ -472,12 +515,18 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     if not all(isinstance(g, exp.Column) for g in group):
         return None
     for a in aggs:
-        if not isinstance(a, _DECOMPOSABLE) or a.find(exp.Distinct) or any(isinstance(x, exp.AggFunc) for x in a.find_all(exp.AggFunc) if x is not a):
+        if (
+            not isinstance(a, _DECOMPOSABLE)
+            or a.find(exp.Distinct)
+            or any(isinstance(x, exp.AggFunc) for x in a.find_all(exp.AggFunc) if x is not a)
+        ):
             return None
     return _partial_agg(ctx, sel, refs, chosen, group, aggs, explain)
 
 
-def _units_by_partition(ctx: _Ctx, refs: list[exp.Table], chosen: dict[str, int], sel: exp.Select) -> tuple[dict[int, dict[str, list[dict]]], list[str], set[int] | None]:
+def _units_by_partition(
+    ctx: _Ctx, refs: list[exp.Table], chosen: dict[str, int], sel: exp.Select
+) -> tuple[dict[int, dict[str, list[dict]]], list[str], set[int] | None]:
     colsets = _columns_of(ctx.tables)
     names = [r.name.lower() for r in refs]
     allowed: set[int] | None = None
@@ -503,11 +552,19 @@ def _units_by_partition(ctx: _Ctx, refs: list[exp.Table], chosen: dict[str, int]
 
 
 def _fragment_tasks(
-    ctx: _Ctx, refs: list[exp.Table], chosen: dict[str, int], sel: exp.Select, node_sql: str, per_partition: bool,
+    ctx: _Ctx,
+    refs: list[exp.Table],
+    chosen: dict[str, int],
+    sel: exp.Select,
+    node_sql: str,
+    per_partition: bool,
     explain: list[str],
 ) -> tuple[list[tuple[str, dict[str, Any]]], int]:
     parts, why, _allowed = _units_by_partition(ctx, refs, chosen, sel)
-    cols = {ctx.tables[r.name.lower()].name: _needed_columns(ctx.tree, ctx.tables[r.name.lower()].schema) for r in refs}
+    cols = {
+        ctx.tables[r.name.lower()].name: _needed_columns(ctx.tree, ctx.tables[r.name.lower()].schema)
+        for r in refs
+    }
     tinfo = {t.name: t for t in ctx.tables.values()}
     bcols = {n: _needed_columns(ctx.tree, tinfo[n].schema) for n in ctx.broadcast}
     if why:
@@ -539,7 +596,9 @@ def _fragment_tasks(
     return tasks, moved
 
 
-def _partition_local(ctx: _Ctx, sel: exp.Select, refs: list[exp.Table], chosen: dict[str, int], explain: list[str]) -> SqlPlan | None:
+def _partition_local(
+    ctx: _Ctx, sel: exp.Select, refs: list[exp.Table], chosen: dict[str, int], explain: list[str]
+) -> SqlPlan | None:
     out_names = [e.alias_or_name for e in sel.expressions]
     if len({n.lower() for n in out_names}) != len(out_names):
         return None
@@ -559,8 +618,13 @@ def _partition_local(ctx: _Ctx, sel: exp.Select, refs: list[exp.Table], chosen: 
                         match = e.alias_or_name
             if match is None:
                 return None
-            keys.append(exp.Ordered(this=exp.column(match, quoted=True), desc=o.args.get("desc"),
-                                    nulls_first=o.args.get("nulls_first")))
+            keys.append(
+                exp.Ordered(
+                    this=exp.column(match, quoted=True),
+                    desc=o.args.get("desc"),
+                    nulls_first=o.args.get("nulls_first"),
+                )
+            )
         final = final.order_by(*keys)
     if sel.args.get("limit"):
         final = final.limit(sel.args["limit"].expression.copy())
@@ -582,12 +646,19 @@ def _partition_local(ctx: _Ctx, sel: exp.Select, refs: list[exp.Table], chosen: 
         f"(DuckDB over the extents{', top-k per fragment' if order and sel.args.get('limit') else ''}); "
         "the coordinator concatenates" + (" and orders" if order else "")
     )
-    return SqlPlan("partition_local", tasks, final.sql(DIALECT), ["__parts"] * len(tasks), explain, chosen, moved)
+    return SqlPlan(
+        "partition_local", tasks, final.sql(DIALECT), ["__parts"] * len(tasks), explain, chosen, moved
+    )
 
 
 def _partial_agg(
-    ctx: _Ctx, sel: exp.Select, refs: list[exp.Table], chosen: dict[str, int], group: list[exp.Column],
-    aggs: list[exp.AggFunc], explain: list[str],
+    ctx: _Ctx,
+    sel: exp.Select,
+    refs: list[exp.Table],
+    chosen: dict[str, int],
+    group: list[exp.Column],
+    aggs: list[exp.AggFunc],
+    explain: list[str],
 ) -> SqlPlan | None:
     gmap: dict[str, str] = {}  # group column (sql) -> __gi
     node_items: list[exp.Expression] = []
@@ -603,16 +674,23 @@ def _partial_agg(
             continue
         k = len(amap)
         if isinstance(a, exp.Avg):
-            node_items += [exp.alias_(exp.Sum(this=a.this.copy()), f"__a{k}s"), exp.alias_(exp.Count(this=a.this.copy()), f"__a{k}n")]
-            merge_items += [exp.alias_(exp.Sum(this=exp.column(f"__a{k}s")), f"__a{k}s"),
-                            exp.alias_(exp.Sum(this=exp.column(f"__a{k}n")), f"__a{k}n")]
+            node_items += [
+                exp.alias_(exp.Sum(this=a.this.copy()), f"__a{k}s"),
+                exp.alias_(exp.Count(this=a.this.copy()), f"__a{k}n"),
+            ]
+            merge_items += [
+                exp.alias_(exp.Sum(this=exp.column(f"__a{k}s")), f"__a{k}s"),
+                exp.alias_(exp.Sum(this=exp.column(f"__a{k}n")), f"__a{k}n"),
+            ]
             amap[key] = sqlglot.parse_one(f"CAST(__a{k}s AS DOUBLE) / NULLIF(__a{k}n, 0)", read=DIALECT)
             continue
         node_items.append(exp.alias_(a.copy(), f"__a{k}"))
         fn = exp.Sum if isinstance(a, (exp.Sum, exp.Count)) else type(a)
         merge_items.append(exp.alias_(fn(this=exp.column(f"__a{k}")), f"__a{k}"))
         amap[key] = (
-            sqlglot.parse_one(f"CAST(COALESCE(__a{k}, 0) AS BIGINT)", read=DIALECT) if isinstance(a, exp.Count) else exp.column(f"__a{k}")
+            sqlglot.parse_one(f"CAST(COALESCE(__a{k}, 0) AS BIGINT)", read=DIALECT)
+            if isinstance(a, exp.Count)
+            else exp.column(f"__a{k}")
         )
     aliases = {e.alias.lower() for e in sel.expressions if isinstance(e, exp.Alias)}
 
@@ -644,8 +722,12 @@ def _partial_agg(
             return None
         outer_items.append(exp.alias_(r, name, quoted=True))
     final = exp.select(*outer_items).from_(
-        exp.select(*merge_items).from_("__parts").group_by(*[exp.column(f"__g{i}") for i in range(len(group))]).subquery("__m")
-        if group else exp.select(*merge_items).from_("__parts").subquery("__m")
+        exp.select(*merge_items)
+        .from_("__parts")
+        .group_by(*[exp.column(f"__g{i}") for i in range(len(group))])
+        .subquery("__m")
+        if group
+        else exp.select(*merge_items).from_("__parts").subquery("__m")
     )
     if sel.args.get("having"):
         h = rewrite(sel.args["having"].this, False)
@@ -675,7 +757,8 @@ def _partial_agg(
     tasks, moved = _fragment_tasks(ctx, refs, chosen, sel, node_sel.sql(DIALECT), len(refs) == 2, explain)
     explain.append(
         f"plan: partial aggregation: {len(tasks)} fragments aggregate next to the data (DuckDB over the extents); "
-        f"the coordinator merges {len(amap)} partial aggregates" + (f" by {len(group)} group keys" if group else "")
+        f"the coordinator merges {len(amap)} partial aggregates"
+        + (f" by {len(group)} group keys" if group else "")
         + " and evaluates SELECT/HAVING/ORDER BY/LIMIT"
     )
     return SqlPlan("partial_agg", tasks, final.sql(DIALECT), ["__parts"] * len(tasks), explain, chosen, moved)

@@ -114,7 +114,9 @@ def test_a_killed_service_is_restarted_and_serving_again(up: Up) -> None:
     print(f"cache back in {time.monotonic() - t0:.1f}s at {rec.address}")
     said = up.said()
     assert "cache exited with code -9; restarting in" in said, said
-    wait_until(lambda: "cache: healthy again" in up.said(), RECOVERY_S, "the supervisor says the cache is back")
+    wait_until(
+        lambda: "cache: healthy again" in up.said(), RECOVERY_S, "the supervisor says the cache is back"
+    )
     wait_until(lambda: up.status()[0] == 0, 30, "status is clean again")
 
 
@@ -200,4 +202,6 @@ def test_a_detached_stack_is_supervised_and_down_stops_everything(tmp_path: Path
         assert said.count("agent: restarted") == 1, said  # nothing restarted during the stop
     finally:
         if (home / "stack.json").exists():
-            subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, timeout=60, check=False)
+            subprocess.run(
+                [*MICROCO, "down", "--home", str(home)], capture_output=True, timeout=60, check=False
+            )

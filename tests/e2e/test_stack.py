@@ -61,7 +61,7 @@ def stop_leftovers(up: subprocess.Popen, home: Path) -> None:
     if up.poll() is None:
         up.kill()
     if (home / "stack.json").exists():
-        subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, timeout=60)
+        subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, timeout=60, check=False)
 
 
 def expected_services() -> list[str]:
@@ -80,7 +80,11 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
         healthy = {p["name"] for p in state["processes"] if p.get("status") == "healthy"}
         assert healthy == set(expected_services())
         status = subprocess.run(
-            [*MICROCO, "status", "--home", str(home), "--json"], capture_output=True, text=True, timeout=60
+            [*MICROCO, "status", "--home", str(home), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
         rows = json.loads(status.stdout)["services"]
         registered = {r["instance"] for r in rows}
@@ -145,26 +149,40 @@ def test_detach_then_down(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=180,
+        check=False,
     )
     assert up.returncode == 0, up.stderr
     state = json.loads((home / "stack.json").read_text())
     pids = [p["pid"] for p in state["processes"] if p.get("pid")]
     assert pids and all(pid_alive(pid) for pid in pids)
     again = subprocess.run(
-        [*MICROCO, "up", "--home", str(home), "--detach"], capture_output=True, text=True, timeout=60
+        [*MICROCO, "up", "--home", str(home), "--detach"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert again.returncode == 1 and "microco down" in again.stderr
-    down = subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, text=True, timeout=90)
+    down = subprocess.run(
+        [*MICROCO, "down", "--home", str(home)], capture_output=True, text=True, timeout=90, check=False
+    )
     assert down.returncode == 0, down.stderr
     assert not [pid for pid in pids if pid_alive(pid)]
-    none = subprocess.run([*MICROCO, "down", "--home", str(home)], capture_output=True, text=True, timeout=60)
+    none = subprocess.run(
+        [*MICROCO, "down", "--home", str(home)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert none.returncode == 1 and "no running stack" in none.stderr
 
 
 def test_status_without_etcd_is_a_clear_error(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "MICROCO_ETCD"}
     out = subprocess.run(
-        [*MICROCO, "status", "--home", str(tmp_path)], capture_output=True, text=True, timeout=60, env=env
+        [*MICROCO, "status", "--home", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
     )
     assert out.returncode == 1
     assert "no etcd to read from" in out.stderr and "Traceback" not in out.stderr

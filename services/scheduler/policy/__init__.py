@@ -49,10 +49,6 @@ from ._types import (
 from ._validate import JobFacts, Refusal, Rejection, check
 
 __all__ = [
-    "JobFacts",
-    "Refusal",
-    "Rejection",
-    "check",
     "DECISION_TYPES",
     "HOLDING_PHASES",
     "TERMINAL_PHASES",
@@ -64,6 +60,7 @@ __all__ = [
     "FifoPolicy",
     "GandivaConfig",
     "GandivaPolicy",
+    "JobFacts",
     "JobPhase",
     "JobView",
     "LasConfig",
@@ -72,6 +69,8 @@ __all__ = [
     "Pack",
     "Policy",
     "PolicyError",
+    "Refusal",
+    "Rejection",
     "Resize",
     "Resume",
     "Start",
@@ -79,6 +78,7 @@ __all__ = [
     "Unpack",
     "available_policies",
     "busy_fraction",
+    "check",
     "check_decisions",
     "cluster_view_from_dicts",
     "cluster_view_to_dict",

@@ -83,7 +83,7 @@ def place(free_by_node: dict[str, list[str]], k: int, *, allow_spread: bool = Tr
     if total < k:
         return None
     chosen: list[str] = []
-    for node, devs in sorted(free_by_node.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+    for _node, devs in sorted(free_by_node.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         need = k - len(chosen)
         chosen.extend(devs[:need])
         if len(chosen) == k:

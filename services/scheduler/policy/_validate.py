@@ -107,7 +107,8 @@ def check(
                 return no(Refusal.NOT_ELASTIC, "the job is not elastic")
             if len(d.devices) < job.devices_wanted:
                 return no(
-                    Refusal.BELOW_REQUEST, f"{len(d.devices)} devices, below the {job.devices_wanted} it asked for"
+                    Refusal.BELOW_REQUEST,
+                    f"{len(d.devices)} devices, below the {job.devices_wanted} it asked for",
                 )
         return _devices(d, no, d.devices, {d.job_id}, holders, device_known, None)
     return no(Refusal.UNKNOWN_DECISION, f"{d!r} is no decision this scheduler knows")

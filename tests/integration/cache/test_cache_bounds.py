@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
+
 from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
 from microco.services.cache import digest
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from microco.clients.cache import CacheClient
+
 from microco.cli import main
+from microco.clients.cache import CacheClient
 
 pytestmark = pytest.mark.integration
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from microco.clients.cache import open_loader, register_dataset
 
 pytestmark = pytest.mark.integration

@@ -4,8 +4,8 @@ an explicit "no cache"."""
 from __future__ import annotations
 
 from microco.clients.cache import QuiverLoader, open_loader, register_dataset
-from microco.services.cache import LocalStore, build_index
 from microco.common.kv import MemoryKV
+from microco.services.cache import LocalStore, build_index
 
 
 def _loader(root, address, **kw):

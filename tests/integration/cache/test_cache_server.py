@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from microco.clients.cache import (
     CacheClient,
     QuiverLoader,
@@ -12,9 +13,9 @@ from microco.clients.cache import (
     open_loader,
     register_dataset,
 )
-from microco.services.cache import RedisDirectory, digest, open_store
 from microco.common.errors import AlreadyExists, NotFound
 from microco.common.hotstate import connect_redis
+from microco.services.cache import RedisDirectory, digest, open_store
 
 pytestmark = pytest.mark.integration
 

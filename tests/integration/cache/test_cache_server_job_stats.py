@@ -28,8 +28,14 @@ def test_get_stats_reports_hits_misses_and_bytes_per_job(make_dataset, tmp_path,
     assert jobs == {"job-a": ("ds", 8, 4, 100), "job-b": ("ds", 0, 5, len(data))}
     assert (st.hits, st.misses) == (8, 9)
     # the console's recorder and page pick the entries out of the generic stats dict
-    assert per_job_counters(to_dict(st)) == {"job-a": {"hits": 8, "misses": 4}, "job-b": {"hits": 0, "misses": 5}}
-    assert {j["job_id"]: j["hit_rate"] for j in stats_to_dict(st)["job_stats"]} == {"job-a": 8 / 12, "job-b": 0.0}
+    assert per_job_counters(to_dict(st)) == {
+        "job-a": {"hits": 8, "misses": 4},
+        "job-b": {"hits": 0, "misses": 5},
+    }
+    assert {j["job_id"]: j["hit_rate"] for j in stats_to_dict(st)["job_stats"]} == {
+        "job-a": 8 / 12,
+        "job-b": 0.0,
+    }
 
     # a real data loader's job shows up under its own id with every sample it read this epoch
     files = make_dataset(tmp_path / "d", n=40)

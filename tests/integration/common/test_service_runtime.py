@@ -125,6 +125,7 @@ def test_unreachable_etcd_at_start_up_is_a_clear_error(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
     assert proc.returncode == 2
     assert f"cannot reach etcd at 127.0.0.1:{port}" in proc.stderr
@@ -137,6 +138,7 @@ def test_bad_flags_are_refused(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
     assert proc.returncode == 2
     assert "port 99999" in proc.stderr

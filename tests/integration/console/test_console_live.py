@@ -8,6 +8,7 @@ import time
 import httpx
 import pytest
 from console_harness import VIEW_TOKEN, Platform, spawn, wait_registered
+
 from microco.services.console import DEFAULT_DEV_TOKEN
 from microco.services.console._gateway import SYSTEMS
 from microco.services.stack import check_health, free_port
@@ -53,6 +54,7 @@ def test_unauthenticated_changes_are_refused_and_change_nothing(platform: Platfo
 @pytest.mark.skipif(not SYSTEMS["cache"].in_build(), reason="the cache is not part of this build")
 def test_cache_view_reads_the_real_server_and_plots_hit_rate(platform: Platform) -> None:
     import blake3
+
     from microco.clients.cache import CacheClient
 
     cache = platform.others["cache"]
@@ -168,6 +170,7 @@ def test_losing_redis_costs_plots_not_the_console(etcd_endpoint: str) -> None:
     """Redis holds only the plot series: with it unreachable the console still answers, keeps its
     series in memory, and says so in /readyz."""
     from fastapi.testclient import TestClient
+
     from microco.common.kv import EtcdKV
     from microco.services.console import ConsoleConfig, create_app
     from microco.services.console._series import SeriesStore

@@ -10,12 +10,13 @@ schemathesis = pytest.importorskip(
     "schemathesis", reason="schemathesis is not installed (pip install schemathesis)"
 )
 
-from console_harness import Platform
 import os
 
+from console_harness import Platform
 from hypothesis import HealthCheck, given, settings
-from microco.services.console import DEFAULT_DEV_TOKEN
 from schemathesis.checks import ignored_auth, response_schema_conformance
+
+from microco.services.console import DEFAULT_DEV_TOKEN
 
 pytestmark = pytest.mark.integration
 
@@ -43,8 +44,13 @@ def test_live_api_fuzz(platform: Platform) -> None:
     for op in operations:
 
         @given(case=op.as_strategy())
-        @settings(max_examples=FUZZ_EXAMPLES or 5, derandomize=not FUZZ_EXAMPLES, deadline=None,
-          suppress_health_check=list(HealthCheck), database=None)
+        @settings(
+            max_examples=FUZZ_EXAMPLES or 5,
+            derandomize=not FUZZ_EXAMPLES,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+        )
         def fuzz(case: schemathesis.Case) -> None:
             case.call_and_validate(
                 headers=headers,

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from console_harness import Platform, Proc, spawn, wait_registered
+
 from microco.services.console import DEFAULT_DEV_TOKEN
 from microco.services.console._gateway import SYSTEMS
 
@@ -113,6 +114,7 @@ def test_compiler_explorations_and_committed_configuration(platform: Platform, s
 @pytest.mark.skipif(not SYSTEMS["store"].in_build(), reason="the store is not part of this build")
 def test_store_tables_replicas_nodes_and_recovery(platform: Platform, systems: dict) -> None:
     import pyarrow as pa
+
     from microco.clients.store import StoreClient
 
     client = StoreClient.from_etcd(platform.kv)

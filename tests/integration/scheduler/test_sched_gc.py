@@ -13,8 +13,8 @@ import pytest
 from _support import synthetic_job, wait_until
 
 from microco.cli import main as cli
-from microco.common import channel_for
 from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
+from microco.common import channel_for
 from microco.services.scheduler._local import spawn_scheduler, stop_process
 
 pytestmark = pytest.mark.integration
@@ -62,7 +62,9 @@ def test_job_data_is_collected(agents, etcd_endpoint, etcd_kv, tmp_path, capsys)
         assert cli(["job", "--etcd", etcd_endpoint, "logs", fin]) == 0
         out = capsys.readouterr()
         lines = out.out.splitlines()
-        assert lines[0] == "synthetic job: steps 0 to 60" and lines[1].startswith("finished 60 steps, digest ")
+        assert lines[0] == "synthetic job: steps 0 to 60" and lines[1].startswith(
+            "finished 60 steps, digest "
+        )
         assert len(lines) == 2
         assert f"{fin} attempt 1 on n1" in out.err
         wait_for(lambda: not (ckpt_root / "ghost-0001").exists(), 10, "unknown job collected")

@@ -10,8 +10,8 @@ import sys
 import pytest
 from _support import wait_for_jobs as wait_for
 
-from microco.common import channel_for
 from microco.clients.scheduler import SchedulerClient, make_spec
+from microco.common import channel_for
 from microco.services.scheduler._local import spawn_scheduler, stop_process
 
 pytestmark = pytest.mark.integration
@@ -42,7 +42,10 @@ def test_a_grow_that_does_not_pay_is_undone_and_not_repeated(agents, etcd_endpoi
             "2",
         ]
         e = c.submit(make_spec(cmd, devices=1, elastic=True, name="elastic")).id
-        rec = lambda: etcd_kv.get_json(f"/microco/scheduler/jobs/{e}")
+
+        def rec():
+            return etcd_kv.get_json(f"/microco/scheduler/jobs/{e}")
+
         wait_for(lambda: rec().get("max_useful_devices") == 2, etcd_kv, 60, "a grow judged and undone")
         r = rec()
         resizes = [h[2] for h in r["history"] if h[2].startswith("resized")]

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from microco.common import channel_for
-from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
 from microco.clients.agent import AgentDirectory
+from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
+from microco.common import channel_for
 from microco.services.scheduler._local import spawn_agent, spawn_scheduler, stop_process
 
 

@@ -7,9 +7,9 @@ import sys
 import pytest
 from _support import wait_for_jobs
 
-from microco.common import channel_for
-from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
 from microco.clients.agent import AgentDirectory
+from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
+from microco.common import channel_for
 from microco.services.scheduler._local import spawn_scheduler, stop_process
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,8 @@ import sys
 import pytest
 from _support import wait_for_jobs as wait_for
 
-from microco.common import channel_for
 from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
+from microco.common import channel_for
 from microco.common.errors import FailedPrecondition
 from microco.services.scheduler._local import spawn_scheduler, stop_process
 
@@ -48,7 +48,10 @@ def test_job_without_the_hook_is_shown_and_treated_as_not_preemptible(
             "--compute-ms",
             "1",
         ]
-        rec = lambda j: etcd_kv.get_json(f"/microco/scheduler/jobs/{j}")
+
+        def rec(j):
+            return etcd_kv.get_json(f"/microco/scheduler/jobs/{j}")
+
         wait_for(lambda: rec(plain).get("no_hook"), etcd_kv, 30, "the job without the hook detected")
         waiting = c.submit(make_spec(hooked, devices=1, name="waits")).id
         note = [h for h in rec(plain)["history"] if "not preemptible" in h[2]]

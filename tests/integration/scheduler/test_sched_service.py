@@ -9,8 +9,8 @@ import time
 import pytest
 from _support import synthetic_job, wait_for_jobs
 
-from microco.common import channel_for
 from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
+from microco.common import channel_for
 from microco.common.errors import InvalidArgument, NotFound
 from microco.services.scheduler import _jobs as J
 from microco.services.scheduler._local import spawn_scheduler, stop_process

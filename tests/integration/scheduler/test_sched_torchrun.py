@@ -19,9 +19,9 @@ import sys
 import pytest
 from _support import wait_for_jobs as wait_for
 
-from microco.common import channel_for
 from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
 from microco.clients.scheduler._ranks import read_records
+from microco.common import channel_for
 from microco.services.scheduler._local import spawn_scheduler, stop_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]

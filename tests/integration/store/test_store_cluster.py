@@ -40,7 +40,9 @@ ORDERS = pa.table(
     }
 )
 M = 12000
-ITEMS = pa.table({"l_id": np.arange(M, dtype=np.int64), "l_oid": RNG.integers(0, N, M), "l_qty": RNG.integers(1, 50, M)})
+ITEMS = pa.table(
+    {"l_id": np.arange(M, dtype=np.int64), "l_oid": RNG.integers(0, N, M), "l_qty": RNG.integers(1, 50, M)}
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +57,19 @@ def cluster(etcd_endpoint, tmp_path_factory):
         root,
         NODES,
         lease_ttl_s=2,
-        coordinator_args=["--recovery-grace-s", "0.5", "--recovery-interval-s", "1", "--super-extent-rows", "1500"],
+        coordinator_args=[
+            "--recovery-grace-s",
+            "0.5",
+            "--recovery-interval-s",
+            "1",
+            "--super-extent-rows",
+            "1500",
+        ],
     ).start()
     client = StoreClient.from_address(c.coordinator_address)
-    client.create_table("orders", ORDERS.schema, ["o_id:hash:4", "o_cust:hash:4", "o_date:range:1992-01-01,1993-06-01"])
+    client.create_table(
+        "orders", ORDERS.schema, ["o_id:hash:4", "o_cust:hash:4", "o_date:range:1992-01-01,1993-06-01"]
+    )
     client.create_table("items", ITEMS.schema, ["l_oid:hash:4", "l_id:hash:3", "l_qty:hash:2"])
     client.append("orders", ORDERS)
     client.append("items", ITEMS)
@@ -95,15 +106,26 @@ def same(a: list[tuple], b: list[tuple]) -> bool:
 
 QUERIES = [
     (
-        lambda c: c.table("orders").group_by("o_cust").agg(s=("sum", "o_price"), n=("count", "*"), m=("mean", "o_price")),
+        lambda c: (
+            c.table("orders")
+            .group_by("o_cust")
+            .agg(s=("sum", "o_price"), n=("count", "*"), m=("mean", "o_price"))
+        ),
         "select o_cust, sum(o_price), count(*), avg(o_price) from orders group by o_cust",
     ),
     (
-        lambda c: c.table("orders").filter("o_date", ">=", "1993-06-01").group_by("o_flag").agg(n=("count", "*")),
+        lambda c: (
+            c.table("orders").filter("o_date", ">=", "1993-06-01").group_by("o_flag").agg(n=("count", "*"))
+        ),
         "select o_flag, count(*) from orders where o_date >= date '1993-06-01' group by o_flag",
     ),
     (
-        lambda c: c.table("orders").join(c.table("items"), "o_id", "l_oid").group_by("o_cust").agg(q=("sum", "l_qty")),
+        lambda c: (
+            c.table("orders")
+            .join(c.table("items"), "o_id", "l_oid")
+            .group_by("o_cust")
+            .agg(q=("sum", "l_qty"))
+        ),
         "select o_cust, sum(l_qty) from orders join items on o_id = l_oid group by o_cust",
     ),
     (
@@ -199,12 +221,46 @@ def test_cli_create_load_query_explain_nodes_recovery(cluster, tmp_path, capsys)
     cust = pa.table({"c_id": np.arange(500), "c_nation": np.arange(500) % 25, "c_bal": np.arange(500) * 1.5})
     pcsv.write_csv(cust, csv)
     base = ["store", "--coordinator", c.coordinator_address]
-    assert main([*base, "create", "cust", "--from", str(csv), "--replica", "c_id",
-                 "--replica", "c_nation:hash:4", "--replica", "c_bal:range:100,400"]) == 0
+    assert (
+        main(
+            [
+                *base,
+                "create",
+                "cust",
+                "--from",
+                str(csv),
+                "--replica",
+                "c_id",
+                "--replica",
+                "c_nation:hash:4",
+                "--replica",
+                "c_bal:range:100,400",
+            ]
+        )
+        == 0
+    )
     assert main([*base, "load", "cust", str(csv)]) == 0
     assert "loaded 500 rows" in capsys.readouterr().out
-    assert main([*base, "query", "cust", "--group-by", "c_nation", "--agg", "sum:c_bal:b",
-                 "--order-by", "b:desc", "--limit", "2", "--format", "json"]) == 0
+    assert (
+        main(
+            [
+                *base,
+                "query",
+                "cust",
+                "--group-by",
+                "c_nation",
+                "--agg",
+                "sum:c_bal:b",
+                "--order-by",
+                "b:desc",
+                "--limit",
+                "2",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert [r["c_nation"] for r in out] == [24, 23]
     assert main([*base, "explain", "cust", "--group-by", "c_nation", "--agg", "count:*"]) == 0
@@ -252,7 +308,11 @@ def test_corrupt_extent_detected_and_rebuilt(cluster):
 def test_kill9_during_queries_and_append_loses_nothing(cluster):
     c, client = cluster
     more = pa.table(
-        {"l_id": np.arange(M, M + 30000, dtype=np.int64), "l_oid": RNG.integers(0, N, 30000), "l_qty": RNG.integers(1, 50, 30000)}
+        {
+            "l_id": np.arange(M, M + 30000, dtype=np.int64),
+            "l_oid": RNG.integers(0, N, 30000),
+            "l_qty": RNG.integers(1, 50, 30000),
+        }
     )
     errors: list[BaseException] = []
     stop = threading.Event()
@@ -332,20 +392,39 @@ def test_sql_through_the_client_and_the_cli(fresh, capsys):
     c, client = fresh
     for _, sql in ORDERS_QUERIES:
         assert same(rows(client.sql(sql)), duck(sql)), (sql, client.last_plan)
-    sql = ("select o_cust, count(distinct o_flag) as flags, sum(case when o_flag like 'A%' then o_price else 0 end) as a "
-           "from orders where o_cust in (1, 2, 3) or o_price > 990 group by o_cust having count(*) > 1 order by o_cust")
+    sql = (
+        "select o_cust, count(distinct o_flag) as flags, sum(case when o_flag like 'A%' then o_price else 0 end) as a "
+        "from orders where o_cust in (1, 2, 3) or o_price > 990 group by o_cust having count(*) > 1 order by o_cust"
+    )
     assert same(rows(client.sql(sql)), duck(sql))
     assert client.last_plan["kind"] == "partition_local" and client.last_plan["replicas"] == {"orders": 1}
     assert "partition-local" in client.explain_sql(sql)
-    join = "select o_flag, sum(l_qty) as q from orders, items where o_id = l_oid group by o_flag order by o_flag"
-    frame = client.table("orders").join(client.table("items"), "o_id", "l_oid").group_by("o_flag").agg(q=("sum", "l_qty"))
+    join = (
+        "select o_flag, sum(l_qty) as q from orders, items where o_id = l_oid group by o_flag order by o_flag"
+    )
+    frame = (
+        client.table("orders")
+        .join(client.table("items"), "o_id", "l_oid")
+        .group_by("o_flag")
+        .agg(q=("sum", "l_qty"))
+    )
     assert same(rows(client.sql(join)), rows(frame.collect()))
     assert client.last_plan["kind"] == "join_copart"
     client.sql(join)
     assert client.last_plan["kind"] == "partial_agg" and "co-partitioned" in client.last_plan["explain"]
     base = ["store", "--coordinator", c.coordinator_address]
-    assert main([*base, "sql", "select o_flag, count(*) as n from orders group by o_flag order by o_flag",
-                 "--format", "json"]) == 0
+    assert (
+        main(
+            [
+                *base,
+                "sql",
+                "select o_flag, count(*) as n from orders group by o_flag order by o_flag",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert [(r["o_flag"], r["n"]) for r in out] == duck("select o_flag, count(*) from orders group by o_flag")
     assert main([*base, "sql", "select o_id from orders where"]) == 1

@@ -4,11 +4,12 @@ size parsing, stats conversion, dataset records in an in-memory KV."""
 from __future__ import annotations
 
 import pytest
+
 from microco.clients.cache import QuiverLoader, get_dataset, list_datasets, load_index, register_dataset
-from microco.services.cache import LocalStore, ThrottledStore, build_index, parse_size
-from microco.services.cache._servicer import stats_to_proto
 from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from microco.common.kv import MemoryKV
+from microco.services.cache import LocalStore, ThrottledStore, build_index, parse_size
+from microco.services.cache._servicer import stats_to_proto
 
 
 def _write(root, n=30, size=300):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+
 from microco.clients.cache import _digest as d
+from microco.clients.cache._index import DatasetIndex, build_index, plan_chunks
+from microco.common.errors import FailedPrecondition, InvalidArgument
 from microco.services.cache._allocation import BenefitEstimate, JobDemand, allocate, estimate_benefit
 from microco.services.cache._eviction import (
     ConsumptionTracker,
@@ -11,8 +14,6 @@ from microco.services.cache._eviction import (
     Outcome,
     make_policy,
 )
-from microco.clients.cache._index import DatasetIndex, build_index, plan_chunks
-from microco.common.errors import FailedPrecondition, InvalidArgument
 
 
 def _files(n: int, size: int = 100, salt: bytes = b"") -> dict[str, bytes]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from microco.services.cache import SubstitutableSampler
 
 

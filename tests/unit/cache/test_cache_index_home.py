@@ -8,11 +8,12 @@ import os
 import stat
 
 import pytest
+
 from microco.clients.cache import get_dataset, load_index, register_dataset
 from microco.clients.cache._indexstore import index_dir, index_file
-from microco.services.cache import LocalStore, index_path
 from microco.common.errors import AlreadyExists, FailedPrecondition, NotFound
 from microco.common.kv import MemoryKV
+from microco.services.cache import LocalStore, index_path
 
 
 def _data(root, n=6, mode=0o644, salt=b""):

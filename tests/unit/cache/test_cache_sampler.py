@@ -7,6 +7,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from microco.clients.cache._sampler import BatchMode, SubstitutableSampler
 
 

@@ -95,8 +95,9 @@ def test_core_lru_always_admits(tmp_path):
 
 
 def test_metrics_collector_reads_the_core(tmp_path):
-    from microco.services.cache._metrics import CacheCollector
     from prometheus_client import CollectorRegistry, generate_latest
+
+    from microco.services.cache._metrics import CacheCollector
 
     core = CacheCore(ChunkStore(str(tmp_path)), 1000, "coordinated")
     d, data = _chunk(3)

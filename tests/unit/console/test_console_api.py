@@ -4,11 +4,11 @@ change anything, honest "not available" answers, the published OpenAPI schema an
 from __future__ import annotations
 
 import json
-
 from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
+
 from microco.common.kv import MemoryKV
 from microco.services.console import DEFAULT_DEV_TOKEN, ConsoleConfig, create_app
 from microco.services.console._gateway import SYSTEMS

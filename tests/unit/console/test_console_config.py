@@ -1,6 +1,7 @@
 """The console refuses unsafe settings at start-up."""
 
 import pytest
+
 from microco.common.errors import InvalidArgument
 from microco.services.console import DEFAULT_DEV_TOKEN, ConsoleConfig
 
@@ -51,8 +52,8 @@ def test_bad_settings_named_in_the_error(kwargs: dict, message: str) -> None:
 def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     import argparse
 
-    from microco.services.runtime.settings import add_common_flags
     from microco.services.console._config import add_console_flags, config_from_args
+    from microco.services.runtime.settings import add_common_flags
 
     parser = argparse.ArgumentParser()
     add_common_flags(parser)

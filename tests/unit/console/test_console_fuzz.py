@@ -12,9 +12,10 @@ schemathesis = pytest.importorskip(
 import os
 
 from hypothesis import HealthCheck, settings
+from schemathesis.checks import ignored_auth, response_schema_conformance
+
 from microco.common.kv import MemoryKV
 from microco.services.console import DEFAULT_DEV_TOKEN, ConsoleConfig, create_app
-from schemathesis.checks import ignored_auth, response_schema_conformance
 
 app = create_app(ConsoleConfig(profile="dev"), MemoryKV(), start_recorder=False, use_redis=False)
 schema = schemathesis.openapi.from_asgi("/api/v1/openapi.json", app)
@@ -30,8 +31,13 @@ def no_internal_error(ctx, response, case):
 
 
 @schema.parametrize()
-@settings(max_examples=FUZZ_EXAMPLES or 4, derandomize=not FUZZ_EXAMPLES, deadline=None,
-          suppress_health_check=list(HealthCheck), database=None)
+@settings(
+    max_examples=FUZZ_EXAMPLES or 4,
+    derandomize=not FUZZ_EXAMPLES,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
 def test_api_fuzz(case: schemathesis.Case) -> None:
     case.call_and_validate(
         headers={"Authorization": f"Bearer {DEFAULT_DEV_TOKEN}"},

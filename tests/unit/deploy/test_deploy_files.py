@@ -38,7 +38,9 @@ def k8s_containers() -> list[dict]:
 
 def argv_of(command: list[str]) -> list[str]:
     if command[:2] == ["sh", "-c"]:
-        return [a.replace('"$MICROCO_NODE"', "node-a") for a in shlex.split(command[2].replace("exec ", "", 1))]
+        return [
+            a.replace('"$MICROCO_NODE"', "node-a") for a in shlex.split(command[2].replace("exec ", "", 1))
+        ]
     return list(command)
 
 
@@ -86,7 +88,7 @@ def _run(argv: list[str], tmp: Path) -> tuple[list[str], int, str]:
     # Real parse of the real flags: with etcd unreachable a service that accepted its arguments
     # stops with the clear "cannot reach etcd" error instead of "unrecognized arguments".
     cmd = [sys.executable, *argv[1:], "--data-dir", str(tmp), "--etcd", "127.0.0.1:9"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     return argv, proc.returncode, proc.stderr
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from microco.common.errors import InvalidArgument
 from microco.services.agent import ProcessManager, discover_devices
 from microco.services.agent._procs import tail_offset
-from microco.common.errors import InvalidArgument
 
 
 @pytest.mark.parametrize(
@@ -78,8 +78,8 @@ def test_followed_logs_are_capped_so_the_agent_keeps_workers_for_the_scheduler(t
     from types import SimpleNamespace
 
     from microco.api.agent.v1 import agent_pb2
-    from microco.services.agent._service import MAX_FOLLOWED_LOGS, NodeAgentServicer
     from microco.common.errors import ResourceExhausted
+    from microco.services.agent._service import MAX_FOLLOWED_LOGS, NodeAgentServicer
 
     pm = _manager_with_job_data(tmp_path)
     pm.is_running = lambda job_id, attempt: True  # the job runs on: its log may grow

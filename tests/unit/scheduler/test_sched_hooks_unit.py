@@ -159,8 +159,8 @@ def test_zygote_takes_only_plain_python_commands_of_its_interpreter():
 def test_agent_refuses_job_ids_that_are_not_safe_directory_names(tmp_path):
     import sys
 
-    from microco.services.agent import ProcessManager, discover_devices
     from microco.common.errors import InvalidArgument
+    from microco.services.agent import ProcessManager, discover_devices
 
     pm = ProcessManager(tmp_path, discover_devices("n", 1))
     for bad in ("../x", "a/b", ".hidden", ""):

@@ -52,10 +52,15 @@ def test_las_does_not_preempt_a_job_without_the_hook():
 def test_gandiva_does_not_grow_a_job_without_the_hook():
     devs = (DeviceView("n0/0", "n0"), DeviceView("n0/1", "n0"))
     p = make_policy("gandiva", quantum_s=1.0, enable_packing=False)
-    alone = lambda pre: ClusterView(
-        now=1000.0,
-        devices=devs,
-        jobs=(JobView(id="a", devices_wanted=1, elastic=True, state=R, devices=("n0/0",), preemptible=pre),),
-    )
+
+    def alone(pre):
+        return ClusterView(
+            now=1000.0,
+            devices=devs,
+            jobs=(
+                JobView(id="a", devices_wanted=1, elastic=True, state=R, devices=("n0/0",), preemptible=pre),
+            ),
+        )
+
     assert any(isinstance(d, Resize) for d in p.decide(alone(True)))
     assert p.decide(alone(False)) == []

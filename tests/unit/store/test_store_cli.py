@@ -13,9 +13,31 @@ from microco.services.store import Query
 
 def test_query_flags_become_a_valid_query():
     args = build_parser().parse_args(
-        ["store", "query", "orders", "--where", "o_cust in 1,2", "--where", "o_date >= 1995-01-01",
-         "--join", "items", "--on", "o_id=l_oid", "--group-by", "o_cust", "--agg", "sum:l_qty:q",
-         "--agg", "count:*", "--order-by", "q:desc", "--limit", "3", "--replica", "1"]
+        [
+            "store",
+            "query",
+            "orders",
+            "--where",
+            "o_cust in 1,2",
+            "--where",
+            "o_date >= 1995-01-01",
+            "--join",
+            "items",
+            "--on",
+            "o_id=l_oid",
+            "--group-by",
+            "o_cust",
+            "--agg",
+            "sum:l_qty:q",
+            "--agg",
+            "count:*",
+            "--order-by",
+            "q:desc",
+            "--limit",
+            "3",
+            "--replica",
+            "1",
+        ]
     )
     q = Query.from_json(build_query(args))
     assert q.where == (("o_cust", "in", (1, 2)), ("o_date", ">=", "1995-01-01"))
@@ -42,6 +64,13 @@ def test_frame_builds_the_query_json():
 def test_sql_subcommand_parses():
     from microco.cli.store import cmd_sql
 
-    args = build_parser().parse_args(["store", "sql", "select 1 as x from orders", "--format", "json", "--explain"])
-    assert args.func is cmd_sql and args.query == "select 1 as x from orders" and args.format == "json" and args.explain
+    args = build_parser().parse_args(
+        ["store", "sql", "select 1 as x from orders", "--format", "json", "--explain"]
+    )
+    assert (
+        args.func is cmd_sql
+        and args.query == "select 1 as x from orders"
+        and args.format == "json"
+        and args.explain
+    )
     assert build_parser().parse_args(["store", "sql", "-", "--explain-only"]).explain_only

@@ -63,7 +63,11 @@ ORDER_SPECS = [
     PartitionSpec("o_cust", "hash", 4),
     PartitionSpec("o_date", "range", bounds=("1992-01-01", "1993-06-01")),
 ]
-ITEM_SPECS = [PartitionSpec("l_oid", "hash", 4), PartitionSpec("l_id", "hash", 3), PartitionSpec("l_qty", "hash", 2)]
+ITEM_SPECS = [
+    PartitionSpec("l_oid", "hash", 4),
+    PartitionSpec("l_id", "hash", 3),
+    PartitionSpec("l_qty", "hash", 2),
+]
 
 
 @pytest.fixture()
@@ -84,7 +88,9 @@ def test_hash_partition_is_deterministic_and_spread():
     assert ids.min() == 0 and ids.max() == 7
     counts = np.bincount(ids)
     assert counts.min() > 1000  # consecutive keys spread evenly
-    again = partition_ids(PartitionSpec("x", "hash", 8), pa.chunked_array([np.arange(5000), np.arange(5000, 10_000)]))
+    again = partition_ids(
+        PartitionSpec("x", "hash", 8), pa.chunked_array([np.arange(5000), np.arange(5000, 10_000)])
+    )
     assert (ids == again).all()
     s = partition_ids(PartitionSpec("x", "hash", 4), pa.array(["a", "b", "a", None]))
     assert s[0] == s[2] and s[3] == 0
@@ -115,7 +121,9 @@ def test_placement_groups_are_disjoint_and_rotate():
         pl = place_super_extent(NODES, sid, [4, 4, 3])
         dom = {n.name: n.domain for n in NODES}
         per_rep = [{dom[pl[(r, p)]] for p in range(c)} for r, c in enumerate([4, 4, 3])]
-        assert not (per_rep[0] & per_rep[1]) and not (per_rep[0] & per_rep[2]) and not (per_rep[1] & per_rep[2])
+        assert (
+            not (per_rep[0] & per_rep[1]) and not (per_rep[0] & per_rep[2]) and not (per_rep[1] & per_rep[2])
+        )
         for (r, _), node in pl.items():
             seen[node].add(r)
     assert all(len(v) == 3 for v in seen.values())  # every node carries every replica somewhere
@@ -156,7 +164,10 @@ def test_buckets_rebuild_an_extent_exactly(store):
     original, _ = read_extent(tr.stores[lost.node].path("orders", lost.id))
     for r2 in others(1):
         pos = others(r2).index(1)
-        parts = [read_extent(tr.stores[x.node].path("orders", x.id), (pos, lost.partition))[0] for x in s.replica(r2)]
+        parts = [
+            read_extent(tr.stores[x.node].path("orders", x.id), (pos, lost.partition))[0]
+            for x in s.replica(r2)
+        ]
         rebuilt = pa.concat_tables(parts)
         assert sorted(rebuilt.column("o_id").to_pylist()) == sorted(original.column("o_id").to_pylist())
 
@@ -164,7 +175,12 @@ def test_buckets_rebuild_an_extent_exactly(store):
 # --------------------------------------------------------------------------- queries
 def _duck(sql: str) -> pa.Table:
     con = duckdb.connect()
-    con.register("orders", ORDERS.cast(pa.schema([f if f.name != "o_flag" else pa.field("o_flag", pa.string()) for f in ORDERS.schema])))
+    con.register(
+        "orders",
+        ORDERS.cast(
+            pa.schema([f if f.name != "o_flag" else pa.field("o_flag", pa.string()) for f in ORDERS.schema])
+        ),
+    )
     con.register("items", ITEMS)
     return con.sql(sql).to_arrow_table()
 
@@ -191,7 +207,9 @@ def assert_same(got: pa.Table, want: pa.Table, ordered: bool = False):
 CASES = [
     (Query("orders", where=(("o_cust", "=", 7),)), "select * from orders where o_cust = 7", "o_cust"),
     (
-        Query("orders", where=(("o_date", "<", "1992-03-01"), ("o_price", ">", 50.0)), select=("o_id", "o_date")),
+        Query(
+            "orders", where=(("o_date", "<", "1992-03-01"), ("o_price", ">", 50.0)), select=("o_id", "o_date")
+        ),
         "select o_id, o_date from orders where o_date < date '1992-03-01' and o_price > 50",
         "o_date",
     ),
@@ -199,7 +217,12 @@ CASES = [
         Query(
             "orders",
             group_by=("o_cust",),
-            aggs=(Agg("sum", "o_price", "s"), Agg("count", "*", "n"), Agg("mean", "o_price", "m"), Agg("max", "o_date", "mx")),
+            aggs=(
+                Agg("sum", "o_price", "s"),
+                Agg("count", "*", "n"),
+                Agg("mean", "o_price", "m"),
+                Agg("max", "o_date", "mx"),
+            ),
         ),
         "select o_cust, sum(o_price) s, count(*) n, avg(o_price) m, max(o_date) mx from orders group by o_cust",
         "o_cust",
@@ -215,7 +238,12 @@ CASES = [
         None,
     ),
     (
-        Query("orders", join=Join("items", "o_id", "l_oid"), group_by=("o_cust",), aggs=(Agg("sum", "l_qty", "q"),)),
+        Query(
+            "orders",
+            join=Join("items", "o_id", "l_oid"),
+            group_by=("o_cust",),
+            aggs=(Agg("sum", "l_qty", "q"),),
+        ),
         "select o_cust, sum(l_qty) q from orders join items on o_id = l_oid group by o_cust",
         "o_id",
     ),
@@ -257,7 +285,9 @@ def test_order_limit_and_explain(store):
     core, _ = store
     q = Query("orders", select=("o_id", "o_price"), order_by=(("o_price", True), ("o_id", False)), limit=7)
     res, _ = core.query(q)
-    assert_same(res, _duck("select o_id, o_price from orders order by o_price desc, o_id limit 7"), ordered=True)
+    assert_same(
+        res, _duck("select o_id, o_price from orders order by o_price desc, o_id limit 7"), ordered=True
+    )
     text = core.explain(Query("orders", group_by=("o_cust",), aggs=(Agg("count", "*", "n"),)))
     assert "replica 1" in text and "shuffle-free" in text
     text = core.explain(Query("orders", group_by=("o_cust",), aggs=(Agg("count", "*", "n"),), replica=0))

@@ -44,7 +44,9 @@ def test_orphans_of_a_failed_append_and_of_a_returning_node_are_collected(tmp_pa
     # a failed append attempt: a file written on n0 that no catalog entry names, plus a crashed
     # write's temporary file
     (tr.stores["n0"].data_dir / "tables" / "t" / "s000009-r0-p0000-deadbeef.arrow").write_bytes(b"x" * 100)
-    (tr.stores["n1"].data_dir / "tables" / "t" / "s000009-r1-p0000-feedf00d.tmp-abc123").write_bytes(b"y" * 10)
+    (tr.stores["n1"].data_dir / "tables" / "t" / "s000009-r1-p0000-feedf00d.tmp-abc123").write_bytes(
+        b"y" * 10
+    )
     # n2 dies, its extents are rebuilt elsewhere, then it comes back with its old files
     n2_before = _files(tr)["n2"]
     assert n2_before
@@ -65,7 +67,9 @@ def test_orphans_of_a_failed_append_and_of_a_returning_node_are_collected(tmp_pa
     # every referenced file is still there, nothing else is
     left = {(n, f) for n, fs in _files(tr).items() for f in fs}
     now_referenced = {(e.node, f"{e.id}.arrow") for e in core.table("t").extents()}
-    assert left == now_referenced and referenced - now_referenced <= {(n, f) for n, f in referenced if n == "n2"}
+    assert left == now_referenced and referenced - now_referenced <= {
+        (n, f) for n, f in referenced if n == "n2"
+    }
     # the data is whole: every row answers once
     out, _ = core.query(Query("t", group_by=(), aggs=(Agg("count", "*", "n"),)))
     assert out.column("n").to_pylist() == [600]

@@ -64,7 +64,9 @@ def test_unknown_query_fields_are_refused_by_name(key):
 
 def test_unknown_join_fields_are_refused():
     with pytest.raises(InvalidArgument, match="lefton"):
-        Query.from_json({"table": "t", "join": {"table": "u", "lefton": "a", "left_on": "a", "right_on": "b"}})
+        Query.from_json(
+            {"table": "t", "join": {"table": "u", "lefton": "a", "left_on": "a", "right_on": "b"}}
+        )
 
 
 def test_deeply_nested_query_is_invalid_argument_not_recursion_error():
@@ -105,9 +107,12 @@ def test_store_errors_do_not_echo_huge_ids(tmp_path):
     core = StoreCore(MemoryKV(), LocalTransport(str(tmp_path), [NodeInfo("n0", "d0")]))
     core.create_table("t", pa.schema([("a", pa.int64())]), [PartitionSpec("a", "hash", 2)] * 3)
     huge = "x" * 1_000_000
-    for call in (lambda: core.table(huge), lambda: core.drop_table(huge),
-                 lambda: core.query(Query("t", select=(huge[:256],))),
-                 lambda: core.create_table(huge, pa.schema([("a", pa.int64())]), [PartitionSpec("a", "hash", 2)] * 3)):
+    for call in (
+        lambda: core.table(huge),
+        lambda: core.drop_table(huge),
+        lambda: core.query(Query("t", select=(huge[:256],))),
+        lambda: core.create_table(huge, pa.schema([("a", pa.int64())]), [PartitionSpec("a", "hash", 2)] * 3),
+    ):
         with pytest.raises((InvalidArgument, NotFound)) as ei:
             call()
         assert len(str(ei.value)) < 400

@@ -36,7 +36,9 @@ def test_rebuilt_extents_spread_over_all_eligible_nodes(tmp_path):
     assert max(targets.values()) - min(targets.values()) <= max(1, len(lost) // 2)
     rep = core.recover()
     assert rep["rebuilt"] == len(lost) and core.lost_count() == 0
-    placed = Counter(e.node for e in core.table("t").extents() if e.id not in {x.id for x in lost} and e.node in eligible)
+    placed = Counter(
+        e.node for e in core.table("t").extents() if e.id not in {x.id for x in lost} and e.node in eligible
+    )
     assert placed  # the rebuilt extents now sit on the eligible nodes
     copies: dict[int, list[Copy]] = {}
     domain = {n.name: n.fault_domain for n in nodes}

@@ -16,8 +16,14 @@ from microco.services.store import LocalTransport, NodeInfo, PartitionSpec, Quer
 from microco.services.store._service import RecoveryLoop
 
 N = 6000
-DATA = pa.table({"k": np.arange(N, dtype=np.int64), "g": np.arange(N) % 7, "v": np.arange(N, dtype=np.float64) * 0.5})
-SPECS = [PartitionSpec("k", "hash", 3), PartitionSpec("g", "hash", 2), PartitionSpec("v", "range", bounds=("1000",))]
+DATA = pa.table(
+    {"k": np.arange(N, dtype=np.int64), "g": np.arange(N) % 7, "v": np.arange(N, dtype=np.float64) * 0.5}
+)
+SPECS = [
+    PartitionSpec("k", "hash", 3),
+    PartitionSpec("g", "hash", 2),
+    PartitionSpec("v", "range", bounds=("1000",)),
+]
 
 
 @pytest.fixture()
@@ -43,7 +49,9 @@ def _rot(tr, core):
 
 
 def _sum(core):
-    t, _ = core.query(Query("t", aggs=(__import__("microco.services.store", fromlist=["Agg"]).Agg("sum", "v", "s"),)))
+    t, _ = core.query(
+        Query("t", aggs=(__import__("microco.services.store", fromlist=["Agg"]).Agg("sum", "v", "s"),))
+    )
     return t.column("s")[0].as_py()
 
 
@@ -65,8 +73,15 @@ def test_scheduled_scrub_finds_it_and_triggers_recovery(store):
     e = _rot(tr, core)
     total = sum(x.bytes for x in core.table("t").extents())
     rate = total / 0.5  # the whole store in no less than ~0.5 s
-    loop = RecoveryLoop(core, MemoryKV(), grace_s=0, interval_s=0.05, gc_interval_s=0,
-                        scrub_interval_s=0.01, scrub_rate_bytes=rate)
+    loop = RecoveryLoop(
+        core,
+        MemoryKV(),
+        grace_s=0,
+        interval_s=0.05,
+        gc_interval_s=0,
+        scrub_interval_s=0.01,
+        scrub_rate_bytes=rate,
+    )
     loop._thread.start()
     try:
         deadline = time.monotonic() + 30

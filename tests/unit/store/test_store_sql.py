@@ -32,7 +32,9 @@ def tpch(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def store(tpch, tmp_path_factory):
-    tr = LocalTransport(str(tmp_path_factory.mktemp("sqlstore")), [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)])
+    tr = LocalTransport(
+        str(tmp_path_factory.mktemp("sqlstore")), [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)]
+    )
     core = StoreCore(MemoryKV(), tr, super_extent_rows=20_000, recovery_rate_bytes=0)
     for name, data in tpch.items():
         core.create_table(name, data.schema, [spec_from_pb(parse_partitioning(r)) for r in REPLICAS[name]])
@@ -49,7 +51,9 @@ def duck(tpch):
 
 
 def _norm(rows):
-    return [tuple(round(float(x), 6) if isinstance(x, (float, decimal.Decimal)) else x for x in r) for r in rows]
+    return [
+        tuple(round(float(x), 6) if isinstance(x, (float, decimal.Decimal)) else x for x in r) for r in rows
+    ]
 
 
 def check(core, duck, sql):
@@ -77,13 +81,21 @@ def test_plans_push_work_to_the_replicas(store, duck):
     # Q1, Q6: one table, decomposable aggregates: partials next to the data
     assert check(core, duck, QUERIES[1]).kind == "partial_agg"
     q6 = check(core, duck, QUERIES[6])
-    assert q6.kind == "partial_agg" and q6.replicas == {"lineitem": 2} and "prunes to 2 of 4" in q6.explain_text()
+    assert (
+        q6.kind == "partial_agg"
+        and q6.replicas == {"lineitem": 2}
+        and "prunes to 2 of 4" in q6.explain_text()
+    )
     # Q12 (orders x lineitem on orderkey), Q14 (lineitem x part on partkey): co-partitioned joins
     for q, reps in ((12, {"orders": 0, "lineitem": 0}), (14, {"lineitem": 1, "part": 0})):
         plan = check(core, duck, QUERIES[q])
-        assert plan.kind == "partial_agg" and plan.replicas == reps and "co-partitioned" in plan.explain_text()
+        assert (
+            plan.kind == "partial_agg" and plan.replicas == reps and "co-partitioned" in plan.explain_text()
+        )
     # small tables joined to the split ones are read whole by every fragment (broadcast)
-    q3 = check(core, duck, QUERIES[3])  # orders x lineitem co-partitioned, customer broadcast, group by l_orderkey
+    q3 = check(
+        core, duck, QUERIES[3]
+    )  # orders x lineitem co-partitioned, customer broadcast, group by l_orderkey
     assert q3.kind == "partition_local" and "broadcast: every fragment reads customer" in q3.explain_text()
     for q in (5, 10, 19):
         plan = check(core, duck, QUERIES[q])
@@ -107,19 +119,41 @@ def test_tables_too_big_to_broadcast_are_gathered(store, duck, monkeypatch):
     "sql, replicas",
     [
         # group-by on the partition column: HAVING and count(distinct) run whole per partition
-        (("select l_orderkey, count(distinct l_suppkey) as ns, sum(l_quantity) as q from lineitem "
-         "group by l_orderkey having count(*) > 5 order by q desc, l_orderkey limit 7"), {"lineitem": 0}),
+        (
+            (
+                "select l_orderkey, count(distinct l_suppkey) as ns, sum(l_quantity) as q from lineitem "
+                "group by l_orderkey having count(*) > 5 order by q desc, l_orderkey limit 7"
+            ),
+            {"lineitem": 0},
+        ),
         # co-partitioned join grouped by its key
-        (("select o_orderkey, count(*) as n, sum(l_extendedprice * (1 - l_discount)) as rev from orders "
-         "join lineitem on o_orderkey = l_orderkey where o_orderdate < date '1993-06-01' "
-         "group by o_orderkey order by rev desc, o_orderkey limit 5"), {"orders": 0, "lineitem": 0}),
+        (
+            (
+                "select o_orderkey, count(*) as n, sum(l_extendedprice * (1 - l_discount)) as rev from orders "
+                "join lineitem on o_orderkey = l_orderkey where o_orderdate < date '1993-06-01' "
+                "group by o_orderkey order by rev desc, o_orderkey limit 5"
+            ),
+            {"orders": 0, "lineitem": 0},
+        ),
         # a scan with top-k per fragment, pruned by a range partition
-        (("select l_orderkey, l_linenumber, l_extendedprice from lineitem where l_shipdate >= date '1996-01-01' "
-         "order by l_extendedprice desc, l_orderkey, l_linenumber limit 10"), {"lineitem": 2}),
-        ("select o_orderkey from orders where o_custkey = 7 order by o_orderkey limit 3 offset 2", {"orders": 1}),
-        (("select o_orderkey, case when o_totalprice > 100000 then 'big' else 'small' end as size from orders "
-         "where o_custkey in (7, 8) and (o_orderpriority like '1%' or o_orderstatus = 'F') order by o_orderkey"),
-         {"orders": 1}),
+        (
+            (
+                "select l_orderkey, l_linenumber, l_extendedprice from lineitem where l_shipdate >= date '1996-01-01' "
+                "order by l_extendedprice desc, l_orderkey, l_linenumber limit 10"
+            ),
+            {"lineitem": 2},
+        ),
+        (
+            "select o_orderkey from orders where o_custkey = 7 order by o_orderkey limit 3 offset 2",
+            {"orders": 1},
+        ),
+        (
+            (
+                "select o_orderkey, case when o_totalprice > 100000 then 'big' else 'small' end as size from orders "
+                "where o_custkey in (7, 8) and (o_orderpriority like '1%' or o_orderstatus = 'F') order by o_orderkey"
+            ),
+            {"orders": 1},
+        ),
     ],
 )
 def test_partition_local_plans(store, duck, sql, replicas):
@@ -134,8 +168,10 @@ def test_partition_local_plans(store, duck, sql, replicas):
         "select l_returnflag, sum(l_quantity) as q from lineitem group by all order by l_returnflag",
         "select sum(l_quantity) filter (where l_discount > 0.05) as q, count(*) as n from lineitem",
         "select count(*) filter (where 1 = 0) as none, count(*) as n from lineitem",
-        ("select l_returnflag, l_linestatus, sum(l_quantity) as q from lineitem "
-        "group by rollup (l_returnflag, l_linestatus) order by l_returnflag nulls last, l_linestatus nulls last"),
+        (
+            "select l_returnflag, l_linestatus, sum(l_quantity) as q from lineitem "
+            "group by rollup (l_returnflag, l_linestatus) order by l_returnflag nulls last, l_linestatus nulls last"
+        ),
         "select l_orderkey, sum(l_quantity) as q from lineitem group by 1 order by q desc, l_orderkey limit 3",
         "select extract(year from o_orderdate) as y, count(*) as n from orders group by y order by y",
         "select count(distinct o_custkey) as c, avg(o_totalprice) as p, min(o_orderdate) as d from orders",
@@ -148,7 +184,11 @@ def test_grouping_forms_the_fragments_cannot_split_are_still_exact(store, duck, 
 
 def test_pruning_reads_only_matching_partitions(store, duck):
     core, _ = store
-    plan = check(core, duck, "select count(*) as n, min(o_orderdate) as lo from orders where o_orderdate >= date '1997-02-01'")
+    plan = check(
+        core,
+        duck,
+        "select count(*) as n, min(o_orderdate) as lo from orders where o_orderdate >= date '1997-02-01'",
+    )
     assert plan.replicas == {"orders": 2} and "prunes to 1 of 4 partitions" in plan.explain_text()
     srcs = [s for _, t in plan.tasks for side in t["inputs"].values() for s in side["sources"]]
     assert srcs and all("-r2-p0003-" in s["extent"] for s in srcs)
@@ -166,8 +206,11 @@ def test_pruning_reads_only_matching_partitions(store, duck):
         ("select no_such_column from orders", InvalidArgument, "SQL error"),
         ("select " + "(" * 100_000 + "1" + ")" * 100_000, InvalidArgument, "nested|syntax"),
         ("", InvalidArgument, "empty"),
-        ("select o_orderkey from orders where o_custkey in (" + ",".join(map(str, range(20_000))) + ")",
-         InvalidArgument, "limit is 10000"),
+        (
+            "select o_orderkey from orders where o_custkey in (" + ",".join(map(str, range(20_000))) + ")",
+            InvalidArgument,
+            "limit is 10000",
+        ),
         ("select 1 as x from orders where o_comment = '" + "x" * 300_000 + "'", InvalidArgument, "limit is"),
     ],
 )
@@ -203,11 +246,15 @@ def test_an_empty_table_answers_with_its_schema(tmp_path):
 
     tr = LocalTransport(str(tmp_path), [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(3)])
     core = StoreCore(MemoryKV(), tr)
-    core.create_table("e", pa.schema([("a", pa.int64()), ("b", pa.string())]), [PartitionSpec("a", "hash", 2)] * 3)
-    for sql, rows in [("select count(*) as n, sum(a) as s from e", [(0, None)]),
-                      ("select a, b from e where a > 1 order by a limit 3", []),
-                      ("select a, count(*) as n from e group by a", []),
-                      ("select b, count(*) as n from e group by b", []),
-                      ("select * from e", [])]:
+    core.create_table(
+        "e", pa.schema([("a", pa.int64()), ("b", pa.string())]), [PartitionSpec("a", "hash", 2)] * 3
+    )
+    for sql, rows in [
+        ("select count(*) as n, sum(a) as s from e", [(0, None)]),
+        ("select a, b from e where a > 1 order by a limit 3", []),
+        ("select a, count(*) as n from e group by a", []),
+        ("select b, count(*) as n from e group by b", []),
+        ("select * from e", []),
+    ]:
         got, _ = core.sql(sql)
         assert [tuple(r.values()) for r in got.to_pylist()] == rows, sql

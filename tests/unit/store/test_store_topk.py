@@ -20,8 +20,15 @@ T = pa.table(
 )
 
 
-@pytest.mark.parametrize("order", [[("price", True)], [("price", False)], [("cat", False), ("price", True)],
-                                   [("price", True), ("id", False)]])
+@pytest.mark.parametrize(
+    "order",
+    [
+        [("price", True)],
+        [("price", False)],
+        [("cat", False), ("price", True)],
+        [("price", True), ("id", False)],
+    ],
+)
 @pytest.mark.parametrize("k", [0, 1, 10, 1000, N, N + 5])
 def test_select_k_equals_full_sort(order, k):
     got = _exec.order_limit(T, order, k)
