@@ -26,6 +26,7 @@ from microco.services.compiler._types import (
 
 from . import _torch_fx as tfx
 from ._background import BackgroundCompiler
+from ._guard import StepSnapshot
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
 from ._torch_cache import WholeStepBackend
@@ -316,28 +317,79 @@ class AstraTorch(SessionBacked):
         self.whole_rewrites = -1  # products the graph passes changed at the probe (-1: not asked)
         self._probe_charge_ms = 0.0  # the probe's cost, charged to the first step that uses it
         self._probe_unused: set[str] = set()
+        # The step guard (issue 18, _guard.py): a step run under a configuration that changes the
+        # model's code is rolled back when it fails anywhere, and run again under the last good
+        # configuration (``run``/``wrap``) or skipped (``with step()``).
+        self._applied: dict[str, str] = {}  # the values in force (a broken one replaced)
+        self._last_good: dict[str, str] | None = None  # values of the last step that succeeded
+        self._broken: dict[str, str] = {}  # values id -> why a step under them failed
+        self._good_steps: dict[str, int] = {}  # values id -> steps that succeeded under them
+        self._seen_inputs: set[tuple[str, str]] = set()  # (values id, input signature) that ran
+        self._snap: StepSnapshot | None = None
+        self._repeat: dict[str, str] | None = None  # values to repeat a rolled-back step under
+        self._step_inputs = ""
+        self._guard_hook: Any = None
+        self.rolled_back = 0  # steps rolled back (and repeated or skipped)
+        self.skipped_steps = 0  # rolled back under ``with step()``: the batch was not trained on
+        # The intra-op thread count the configuration asks for (None: leave the user's): set
+        # around each step only, the user's count restored after it (issue 18: a process-wide
+        # setting left behind leaked into the user's later work).
+        self._threads: int | None = None
+        self._user_threads: int | None = None
 
     # -- public
     def spec(self) -> GraphSpec | None:
         return self.session.spec
 
+    @property
+    def running(self) -> dict[str, str]:
+        """The values the model runs under now: the explorer's configuration, or the last good
+        one while a rolled-back step is repeated or after a configuration failed a step."""
+        return dict(self._applied)
+
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
-        """Run one training step (forward, backward, optimizer step) under the current configuration."""
+        """Run one training step (forward, backward, optimizer step) under the current configuration.
+
+        A trial configuration that fails anywhere in the step is rolled back (parameters,
+        gradients, buffers, optimiser state, random streams as before the step) and marked
+        failed; since Python cannot run a ``with`` body twice, that mini-batch is then skipped
+        (``skipped_steps``). :meth:`run` / :meth:`wrap` repeat it instead."""
         self._before()
-        ok = False
         try:
             yield
-            ok = True
-        finally:
-            self._after(ok)
+        except Exception as exc:
+            if not self._recover(exc):
+                raise
+            self.skipped_steps += 1
+            log.warning("the step was rolled back and its mini-batch skipped (use AstraTorch.run to repeat it)")
+            return
+        self._after(True)
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)``, one whole training step, under the current configuration.
+
+        A trial configuration that fails anywhere in the step (forward, backward, optimiser) is
+        rolled back and marked failed, and the step runs again under the last configuration that
+        ran a step without failing (or plain eager): the loss curve is the one of a run without
+        the compiler. ``fn`` should change nothing but the model and its optimisers (what is
+        rolled back), e.g. not append to a list before it fails."""
+        while True:
+            self._before()
+            try:
+                out = fn(*args, **kwargs)
+            except Exception as exc:
+                if not self._recover(exc):
+                    raise
+                continue  # again, under self._repeat
+            self._after(True)
+            return out
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``wrap(train_step)(*args)`` runs ``train_step`` inside :meth:`step`."""
+        """``wrap(train_step)(*args)`` is ``run(train_step, *args)``."""
 
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            with self.step():
-                return fn(*args, **kwargs)
+            return self.run(fn, *args, **kwargs)
 
         return wrapped
 
@@ -347,6 +399,9 @@ class AstraTorch(SessionBacked):
         for r in self.runners.values():
             r.restore()
         self.runners.clear()
+        if self._guard_hook is not None:
+            self._guard_hook.remove()
+            self._guard_hook = None
         if self.background is not None:
             self.background.close()
 
@@ -354,6 +409,15 @@ class AstraTorch(SessionBacked):
     def _before(self) -> None:
         if self.session.spec is None and self._probe_calls is None:
             self._start_probe()
+        if self._repeat is not None:
+            self._apply_values(self._repeat)
+        self._user_threads = torch.get_num_threads()
+        if self._threads is not None and self._threads != self._user_threads:
+            torch.set_num_threads(self._threads)
+        # Armed under a configuration that changes the model's code; the model's state is kept
+        # at its first call in the step (_guard_forward), when the inputs' shapes are known.
+        self._snap = StepSnapshot(self.model) if self._risky(self._applied) else None
+        self._step_inputs = ""
         self.clock.token += 1
         self.clock.in_step = True
         self.clock.region_s = {}
@@ -361,14 +425,38 @@ class AstraTorch(SessionBacked):
         self.clock.sync()
         self._step_started = time.perf_counter()
 
-    def _after(self, ok: bool) -> None:
+    def _end_step(self) -> float:
+        """The step's time (ms, the guard's own copies excluded); the user's thread count back."""
         self.clock.sync()
         ms = (time.perf_counter() - self._step_started) * 1e3
         self.clock.in_step = False
+        if self._snap is not None:
+            self._snap.close()
+            ms -= self._snap.cost_s * 1e3
+        if self._user_threads is not None and torch.get_num_threads() != self._user_threads:
+            torch.set_num_threads(self._user_threads)
+        return ms
+
+    def _after(self, ok: bool) -> None:
+        ms = self._end_step()
+        self._snap = None
         ms, self._probe_charge_ms = ms + self._probe_charge_ms, 0.0
         if self._probe_calls is not None:
             self._finish_probe(ms if ok else 0.0)
             return
+        if ok:
+            vid = _values_id(self._applied)
+            self._last_good = dict(self._applied)
+            self._good_steps[vid] = self._good_steps.get(vid, 0) + 1
+            self._seen_inputs.add((vid, self._step_inputs))
+        if self._repeat is not None:
+            # A rolled-back step, run again under the last good configuration: not a trial's
+            # measurement. The configuration the explorer handed out comes back.
+            self._repeat = None
+            if self.session.current is not None:
+                self._apply(self.session.current)
+            if ok:
+                return
         failed = "; ".join(f"{r.region}: {r.failed}" for r in self.runners.values() if r.failed)
         kind = whole_kind(self.session.values)  # what the configuration asked for (ran or failed)
         if kind and self.whole_failed.get(kind):
@@ -467,6 +555,7 @@ class AstraTorch(SessionBacked):
             total_steps=self.total_steps,
         )
         cfg = self.session.register(spec)
+        self._guard_hook = self.model.register_forward_pre_hook(self._guard_forward)
         self._apply(cfg)
 
     # -- the whole-step compile: is it in Inductor's caches?
@@ -688,8 +777,81 @@ class AstraTorch(SessionBacked):
             out.append(Variable("threads", self.thread_values, "", STAGE_STRUCTURE))
         return out
 
+    # -- the step guard (issue 18)
+    # A configuration is trusted, and its steps no longer copied, after this many steps without
+    # a failure in this process, for inputs of a signature it already ran; a new signature (a
+    # last, smaller batch) is guarded again. (A priori: a failure of compiled code shows at its
+    # first call, or at the first backward, in every failure seen.)
+    TRUSTED_AFTER = 3
+
+    def _risky(self, values: dict[str, str]) -> bool:
+        """Does ``values`` run other code than the model's own (anything but a thread count)?"""
+        spec = self.session.spec
+        if spec is None or not values:
+            return False
+        return any(
+            values.get(v.name, v.choices[0]) != v.choices[0] for v in spec.variables if v.name != "threads"
+        )
+
+    def _guard_forward(self, mod: nn.Module, args: Any) -> None:
+        """The model's forward pre-hook: at its first call in a guarded step, keep its state."""
+        snap = self._snap
+        if snap is None or snap.taken or not self.clock.in_step:
+            return
+        self._step_inputs = ";".join(
+            f"{tuple(a.shape)}:{a.dtype}" for a in tfx.flatten_args(args) if isinstance(a, torch.Tensor)
+        )
+        vid = _values_id(self._applied)
+        trusted = (
+            self._good_steps.get(vid, 0) >= self.TRUSTED_AFTER
+            and (vid, self._step_inputs) in self._seen_inputs
+            and self.session.committed
+        )
+        if trusted:
+            self._snap = None
+            return
+        snap.take_model()
+
+    def _recover(self, exc: BaseException) -> bool:
+        """A step raised: roll it back and mark its configuration failed when the compiler's
+        configuration may be the cause (True: the caller repeats or skips the step); False when
+        the error is the user's own (plain eager code, or nothing of the model ran yet)."""
+        snap = self._snap
+        if snap is None or not snap.taken or not isinstance(exc, Exception):
+            self._after(False)
+            return False
+        self._end_step()
+        self._snap = None
+        snap.restore()
+        self.rolled_back += 1
+        failing = dict(self._applied)
+        why = f"{type(exc).__name__}: {exc}"
+        self._broken[_values_id(failing)] = why
+        log.warning("step failed under configuration %s (%s); rolled back", failing, why)
+        if self._repeat is None:
+            # The trial is over and failed: the explorer hands out the next configuration.
+            cfg = self.session.current
+            if cfg is not None and not cfg.committed and not cfg.hold and cfg.trial >= 0:
+                self.session.record(float("nan"), {}, why, True)
+        good = self._last_good
+        if good is None or _values_id(good) in self._broken:
+            good = baseline_values(self.session.spec) if self.session.spec is not None else {}
+        self._repeat = good
+        return True
+
     def _apply(self, cfg: Config) -> None:
-        values = cfg.values
+        values = dict(cfg.values)
+        if _values_id(values) in self._broken:
+            # A configuration that failed a step in this process (the committed one, say, on a
+            # new input) is not run again: the last good one, or plain eager, instead.
+            good = self._last_good
+            if good is None or _values_id(good) in self._broken:
+                good = baseline_values(self.session.spec) if self.session.spec is not None else values
+            values = good
+        self._apply_values(values)
+
+    def _apply_values(self, values: dict[str, str]) -> None:
+        self._applied = dict(values)
         self._set_whole_compile(whole_kind(values))
         for runner in self.runners.values():
             r = runner.region
@@ -699,10 +861,19 @@ class AstraTorch(SessionBacked):
                 values.get(f"{r}.hoist", "off"),
                 values.get(f"{r}.compile", "eager"),
             )
-        if "threads" in values:
-            torch.set_num_threads(int(values["threads"]))
+        # Set around each step (_before), restored after it: not left behind for the user's code.
+        self._threads = int(values["threads"]) if "threads" in values else None
         if self._channels_last and "memory_format" in values:
             fmt = (
                 torch.channels_last if values["memory_format"] == "channels_last" else torch.contiguous_format
             )
             self.model.to(memory_format=fmt)  # type: ignore[call-overload]
+
+
+def _values_id(values: dict[str, str]) -> str:
+    return ";".join(f"{k}={v}" for k, v in sorted(values.items()))
+
+
+def baseline_values(spec: GraphSpec) -> dict[str, str]:
+    """Every variable at its baseline: the model's own code."""
+    return {v.name: v.choices[0] for v in spec.variables}
