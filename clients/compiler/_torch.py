@@ -26,6 +26,7 @@ from microco.services.compiler._types import (
 
 from . import _torch_fx as tfx
 from ._background import BackgroundCompiler
+from ._compile_costs import HostCompileCosts
 from ._guard import StepSnapshot
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
@@ -260,8 +261,16 @@ class AstraTorch(SessionBacked):
         threads: tuple[str, ...] | None = None,
         retry_every: int = 50,
         background: bool | None = None,  # None: when a core is idle at the probe step
+        compile_costs: HostCompileCosts | None = None,  # None: this host's record (_compile_costs)
     ) -> None:
         self.model = model
+        # Compile times measured on this host, by kind: the price of the next compile of a kind
+        # (issue 18), instead of priors per cell call.
+        self.compile_costs = compile_costs if compile_costs is not None else HostCompileCosts()
+        self._hw = hardware_id()
+        self._whole_nodes: dict[str, int] = {}  # FX nodes of dynamo's whole-step graph, by kind (probe)
+        self._pending_whole: tuple[str, float] | None = None  # (kind, its warm-up step's ms)
+        self._recorded_regions: set[int] = set()
         self.name = name or type(model).__name__
         self.total_steps = total_steps
         self.clock = _StepClock()
@@ -466,6 +475,7 @@ class AstraTorch(SessionBacked):
         # it was a warm-up, not a measurement (a structural rewrite alone costs tens of ms).
         built = self.clock.built or self._whole_fresh
         self._whole_fresh = False
+        self._record_compiles(ok, ms, built)
         running = self._whole_kind  # what ran (a kind whose compile failed runs the plain forward)
         if ok and running and self.model.__dict__.get("forward") is self._compiled_forward.get(running):
             self._whole_built.add(running)
@@ -566,7 +576,7 @@ class AstraTorch(SessionBacked):
     def _worth_cache_probe(self, step_ms: float) -> bool:
         if "inductor" not in self.compile_choices or self._example_args is None or self.WHOLE_COMPILE_BACKEND:
             return False  # (another whole-step backend than Inductor: no Inductor cache to ask)
-        probe_ms = self.WHOLE_WARM_PRIOR_MS_PER_CALL * max(1, self._region_calls)
+        probe_ms = self.WHOLE_WARM_PRIOR_MS
         return self.total_steps * step_ms * self.CACHE_PROBE_GAIN > probe_ms
 
     def _probe_whole_cache(self, kind: str) -> None:
@@ -596,6 +606,7 @@ class AstraTorch(SessionBacked):
         self.clock.sync()
         self.whole_probe_ms[kind] = (time.perf_counter() - started) * 1e3
         backend.cache_only = False  # from now on (a recompile for new guards), Inductor proper
+        self._whole_nodes[kind] = backend.nodes
         if kind == "rewrite":
             self.whole_rewrites = backend.rewrites
         if backend.hits and not backend.cold:
@@ -654,7 +665,10 @@ class AstraTorch(SessionBacked):
                 return True
         return False
 
-    WHOLE_COMPILE_PRIOR_MS_PER_CALL = 4000.0
+    # Cold priors, used only until this host has measured a compile of the kind
+    # (``HostCompileCosts``): flat, not per cell call (issue 18: priced per call, a whole step
+    # with its time loop inside ``forward`` was estimated at 256-512 s and measured 40-343 s).
+    WHOLE_COMPILE_PRIOR_MS = 60_000.0
     # With background compiles, what a compile costs the critical path before any is measured:
     # the in-process load once Inductor's caches are filled (dynamo's trace of the unrolled step
     # is not cached across processes: measured 2.6-4.7 s for 8 cell calls and 0.7-3.5 s for 16,
@@ -662,7 +676,7 @@ class AstraTorch(SessionBacked):
     # 0.6-2.6 s with warm caches). The slowdown of the steps run beside the background compile is
     # charged as it accrues, and the core drops a compile once that alone exceeds what it could
     # save, so an optimistic price here risks at most the compile's best-case saving.
-    WHOLE_WARM_PRIOR_MS_PER_CALL = 300.0
+    WHOLE_WARM_PRIOR_MS = 3000.0
     REGION_WARM_PRIOR_MS = 1500.0
     # "" is Inductor, as torch.compile runs it (WholeStepBackend); tests name a cheaper backend.
     WHOLE_COMPILE_BACKEND = ""
@@ -729,6 +743,7 @@ class AstraTorch(SessionBacked):
             if any(k == "X" and tfx._is_linear_module(gm, n) for n, k in kinds.items()):
                 out.append(Variable(f"{region}.hoist", ("off", "on"), region, STAGE_STRUCTURE))
             if len(self.compile_choices) > 1:
+                learned = None if self._off_critical_path else self._learned("torch:region:inductor", gm)
                 out.append(
                     Variable(
                         f"{region}.compile",
@@ -736,25 +751,32 @@ class AstraTorch(SessionBacked):
                         region,
                         STAGE_COMPILE,
                         compiles=True,
-                        compile_prior_ms=self.REGION_WARM_PRIOR_MS if self._off_critical_path else 0.0,
+                        compile_prior_ms=(
+                            self.REGION_WARM_PRIOR_MS if self._off_critical_path else (learned or 0.0)
+                        ),
+                        prior_calibrated=learned is not None,
                     )
                 )
         if "inductor" in self.compile_choices:
             # torch.compile unrolls the time loop: its compile grows with the cell calls per step
             # (measured 4 to 18 minutes for 16 calls, cold cache, loaded machine; seconds with a
             # warm cache). The prior keeps it from being tried in runs too short to repay it.
-            per_call = (
-                self.WHOLE_WARM_PRIOR_MS_PER_CALL
-                if self._off_critical_path
-                else self.WHOLE_COMPILE_PRIOR_MS_PER_CALL
-            )
-            prior = per_call * max(1, self._region_calls)
+            cold = self.WHOLE_WARM_PRIOR_MS if self._off_critical_path else self.WHOLE_COMPILE_PRIOR_MS
             regional = tuple(v.name for v in out if v.region)
             # The rewrite where the step repeats cells and (when the probe asked) its passes
             # changed something; without, it would compile the plain step again.
             kinds = WHOLE if self._region_calls > 1 and self.whole_rewrites != 0 else ("plain",)
             for kind in kinds:
                 hit = self.whole_cache.get(kind) == "hit"  # found compiled: what it cost, measured
+                learned = None
+                if not hit and not self._off_critical_path:
+                    learned = self.compile_costs.estimate(
+                        self._hw, f"torch:whole:{kind}", self._whole_nodes.get(kind, 0)
+                    )
+                if hit:
+                    prior = max(1.0, self.whole_probe_ms.get(kind, 0.0))
+                else:
+                    prior = learned if learned is not None else cold
                 out.append(
                     Variable(
                         WHOLE[kind],
@@ -762,8 +784,8 @@ class AstraTorch(SessionBacked):
                         "",
                         STAGE_COMPILE,
                         compiles=True,
-                        compile_prior_ms=max(1.0, self.whole_probe_ms.get(kind, 0.0)) if hit else prior,
-                        prior_calibrated=hit,
+                        compile_prior_ms=prior,
+                        prior_calibrated=hit or learned is not None,
                         # dynamo traces the cells' plain code: the region rewrites do nothing under
                         # it; the rewritten step replaces the plain one (the widest scope runs).
                         subsumes=regional + (("model.compile",) if kind == "rewrite" else ()),
@@ -776,6 +798,33 @@ class AstraTorch(SessionBacked):
             # is recompiled when it changes (measured: a 186 s recompile of the whole step).
             out.append(Variable("threads", self.thread_values, "", STAGE_STRUCTURE))
         return out
+
+    # -- compile costs learned on this host (issue 18)
+    def _learned(self, kind: str, gm: fx.GraphModule | None = None) -> float | None:
+        size = len(gm.graph.nodes) if gm is not None else 0
+        return self.compile_costs.estimate(self._hw, kind, size)
+
+    def _record_compiles(self, ok: bool, ms: float, built: bool) -> None:
+        """Keep what this step's compiles cost on this host: a cell region's build (timed by
+        the region), a whole step's compile (its warm-up step's excess over the next step)."""
+        if not ok:
+            self._pending_whole = None
+            return
+        for runner in self.runners.values():
+            for plan, fn in runner._variants.values():
+                if isinstance(fn, AotRegion) and fn.built and id(fn) not in self._recorded_regions:
+                    self._recorded_regions.add(id(fn))
+                    if fn.compiler == "inductor":
+                        size = len(plan.s_gm.graph.nodes)
+                        self.compile_costs.record(self._hw, "torch:region:inductor", fn.compile_s * 1e3, size)
+        running = self._whole_kind
+        pending, self._pending_whole = self._pending_whole, None
+        if pending is not None and running == pending[0] and not built:
+            self.compile_costs.record(
+                self._hw, f"torch:whole:{running}", pending[1] - ms, self._whole_nodes.get(running, 0)
+            )
+        if built and running and self.whole_cache.get(running) != "hit":
+            self._pending_whole = (running, ms)  # a cold compile: priced by the next step
 
     # -- the step guard (issue 18)
     # A configuration is trusted, and its steps no longer copied, after this many steps without
