@@ -271,6 +271,7 @@ class AstraTorch(SessionBacked):
         self._whole_nodes: dict[str, int] = {}  # FX nodes of dynamo's whole-step graph, by kind (probe)
         self._pending_whole: tuple[str, float] | None = None  # (kind, its warm-up step's ms)
         self._recorded_regions: set[int] = set()
+        self._graph_rewrites = -1  # products dynamo's captured step offers the passes (-1: not asked)
         self.name = name or type(model).__name__
         self.total_steps = total_steps
         self.clock = _StepClock()
@@ -523,14 +524,24 @@ class AstraTorch(SessionBacked):
         # Outermost repeated modules only: a cell's own Linear layers repeat with it.
         outer = [n for n in repeated if not any(n.startswith(p + ".") for p in repeated if p != n)]
         self._region_calls = sum(calls[n] for n in outer)
+        if self._region_calls <= 1 and self._worth_graph_capture(step_ms):
+            # No module repeats (a time loop inside ``forward`` over raw parameters, say): the
+            # recurrent structure is looked for in the graph dynamo captures (issue 18).
+            self._graph_rewrites = self._count_graph_rewrites()
         if self._worth_cache_probe(step_ms):
             # On the plain model, before the cells are instrumented; the rewrite only where the
-            # step repeats cells (what its passes work on).
-            for kind in WHOLE if self._region_calls > 1 else ("plain",):
+            # step repeats cells or its captured graph has products to hoist or batch.
+            for kind in WHOLE if self._recurrent else ("plain",):
                 self._probe_whole_cache(kind)
         fingerprints = []
         for name in outer:
             cell = self.model.get_submodule(name)
+            if _builtin_leaf(cell):
+                # A torch.nn layer called once per time step (an nn.Linear in a loop inside
+                # ``forward``) is not a cell: a region of one product has nothing to rewrite and
+                # a compiled one costs more per call than it saves. Its products are hoisted and
+                # batched in the whole-step graph instead (``model.rewrite``).
+                continue
             try:
                 gm = tfx.trace_cell(cell)
             except Exception as exc:  # noqa: BLE001 - untraceable cells simply stay eager
@@ -578,6 +589,12 @@ class AstraTorch(SessionBacked):
             return False  # (another whole-step backend than Inductor: no Inductor cache to ask)
         probe_ms = self.WHOLE_WARM_PRIOR_MS
         return self.total_steps * step_ms * self.CACHE_PROBE_GAIN > probe_ms
+
+    def _worth_graph_capture(self, step_ms: float) -> bool:
+        """Is a whole-step compile in the space, and could it repay the dynamo trace?"""
+        if "inductor" not in self.compile_choices or self._example_args is None:
+            return False
+        return self.total_steps * step_ms * self.CACHE_PROBE_GAIN > self.WHOLE_WARM_PRIOR_MS
 
     def _probe_whole_cache(self, kind: str) -> None:
         """Trace the whole step with dynamo and ask Inductor's caches for its graphs, without
@@ -765,7 +782,7 @@ class AstraTorch(SessionBacked):
             regional = tuple(v.name for v in out if v.region)
             # The rewrite where the step repeats cells and (when the probe asked) its passes
             # changed something; without, it would compile the plain step again.
-            kinds = WHOLE if self._region_calls > 1 and self.whole_rewrites != 0 else ("plain",)
+            kinds = WHOLE if self._recurrent and self.whole_rewrites != 0 else ("plain",)
             for kind in kinds:
                 hit = self.whole_cache.get(kind) == "hit"  # found compiled: what it cost, measured
                 learned = None
@@ -798,6 +815,38 @@ class AstraTorch(SessionBacked):
             # is recompiled when it changes (measured: a 186 s recompile of the whole step).
             out.append(Variable("threads", self.thread_values, "", STAGE_STRUCTURE))
         return out
+
+    # -- recurrent structure from the captured graph (issue 18)
+    @property
+    def _recurrent(self) -> bool:
+        """Does the step repeat work the whole-step passes can hoist or batch: a module called
+        more than once, or products found in dynamo's graph of the step?"""
+        return self._region_calls > 1 or self._graph_rewrites > 0
+
+    def _count_graph_rewrites(self) -> int:
+        """Capture the plain step's forward with dynamo (no compile: the graph is run as traced)
+        and count the products the whole-step passes would hoist or batch in it (0 on failure).
+        Random streams and buffers are left as they were."""
+        counts: list[int] = []
+
+        def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+            try:
+                counts.append(tfx.count_rewrites(gm))
+            except Exception as exc:  # noqa: BLE001 - a graph the passes cannot read offers nothing
+                log.info("whole-step passes failed on the captured graph (%s)", exc)
+            return gm.forward
+
+        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
+        try:
+            with torch.random.fork_rng(), torch.enable_grad():
+                torch.compile(self._plain_forward(), backend=backend, dynamic=False)(*(self._example_args or ()))
+        except Exception as exc:  # noqa: BLE001 - an untraceable step: the module tree decides
+            log.info("the step could not be captured (%s)", exc)
+        finally:
+            with torch.no_grad():
+                for n, b in self.model.named_buffers():
+                    b.copy_(buffers[n])
+        return sum(counts)
 
     # -- compile costs learned on this host (issue 18)
     def _learned(self, kind: str, gm: fx.GraphModule | None = None) -> float | None:
@@ -926,3 +975,8 @@ def _values_id(values: dict[str, str]) -> str:
 def baseline_values(spec: GraphSpec) -> dict[str, str]:
     """Every variable at its baseline: the model's own code."""
     return {v.name: v.choices[0] for v in spec.variables}
+
+
+def _builtin_leaf(module: nn.Module) -> bool:
+    """A layer of ``torch.nn`` itself (nn.Linear, nn.LayerNorm, ...), not a user's cell."""
+    return type(module).__module__.startswith("torch.nn.")
