@@ -559,10 +559,16 @@ class AstraTorch(SessionBacked):
         # A different space is a different exploration, but not different priors: a prior moves
         # with this host's caches and load, and the key (which finds an earlier run's commit)
         # must not move with it.
+        # Nor what this run measured (issue 18: the identical second run must find the first's
+        # key): which whole-step compiles are offered follows the probe step's time (the cache
+        # probe and the graph capture run only where a compile could repay them) and the
+        # cache's answers, so the whole-step variables enter the key as what the run asks for
+        # (Inductor among the compile choices), not as the subset offered.
         space = [
-            {k: d for k, d in v.to_dict().items() if k not in ("compile_prior_ms", "prior_calibrated")}
+            {k: d for k, d in v.to_dict().items() if k not in ("compile_prior_ms", "prior_calibrated", "subsumes")}
             for v in variables
-        ]
+            if v.name not in WHOLE.values()
+        ] + [{"whole": "inductor" in self.compile_choices}]
         fingerprint = tfx.hashlib.sha256(
             f"{type(self.model).__name__}|{params}|{fingerprints}|{space}".encode()
         ).hexdigest()[:24]
