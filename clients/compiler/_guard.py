@@ -40,7 +40,9 @@ class StepSnapshot:
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         self.params: list[tuple[nn.Parameter, torch.Tensor, torch.Tensor | None]] | None = None
         self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.optimizers: dict[int, tuple[torch.optim.Optimizer, dict[Any, dict[str, Any]], list[dict[str, Any]]]] = {}
+        self.optimizers: dict[
+            int, tuple[torch.optim.Optimizer, dict[Any, dict[str, Any]], list[dict[str, Any]]]
+        ] = {}
         self.cost_s = 0.0  # time spent taking it (not the step's: it is subtracted from the step's time)
         self._hook: Any = None
         self._param_ids: set[int] = set()

@@ -372,7 +372,9 @@ class AstraTorch(SessionBacked):
             if not self._recover(exc):
                 raise
             self.skipped_steps += 1
-            log.warning("the step was rolled back and its mini-batch skipped (use AstraTorch.run to repeat it)")
+            log.warning(
+                "the step was rolled back and its mini-batch skipped (use AstraTorch.run to repeat it)"
+            )
             return
         self._after(True)
 
@@ -565,7 +567,11 @@ class AstraTorch(SessionBacked):
         # cache's answers, so the whole-step variables enter the key as what the run asks for
         # (Inductor among the compile choices), not as the subset offered.
         space = [
-            {k: d for k, d in v.to_dict().items() if k not in ("compile_prior_ms", "prior_calibrated", "subsumes")}
+            {
+                k: d
+                for k, d in v.to_dict().items()
+                if k not in ("compile_prior_ms", "prior_calibrated", "subsumes")
+            }
             for v in variables
             if v.name not in WHOLE.values()
         ] + [{"whole": "inductor" in self.compile_choices}]
@@ -845,7 +851,9 @@ class AstraTorch(SessionBacked):
         buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
         try:
             with torch.random.fork_rng(), torch.enable_grad():
-                torch.compile(self._plain_forward(), backend=backend, dynamic=False)(*(self._example_args or ()))
+                torch.compile(self._plain_forward(), backend=backend, dynamic=False)(
+                    *(self._example_args or ())
+                )
         except Exception as exc:  # noqa: BLE001 - an untraceable step: the module tree decides
             log.info("the step could not be captured (%s)", exc)
         finally:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -492,7 +492,7 @@ def batch_shared_inputs(gm: fx.GraphModule) -> int:
             continue
         weights = tuple(n.args[1] for n in nodes)
         biases = tuple(n.args[2] if len(n.args) > 2 else None for n in nodes)
-        sizes = [_leading(w) for w in weights]
+        sizes = [_leading(cast(fx.Node, w)) for w in weights]
         params = [p for p in weights + biases if p is not None]
         if any(s is None for s in sizes) or any(p.op != "placeholder" for p in params):
             continue  # parameters enter dynamo's graph as inputs; anything else is left alone
@@ -543,7 +543,7 @@ def _batch_matmuls(gm: fx.GraphModule) -> int:
     for x, nodes in by_input.items():
         if len(nodes) < 2:
             continue
-        weights = tuple(n.args[1] for n in nodes)
+        weights = tuple(cast(fx.Node, n.args[1]) for n in nodes)  # (_matmul_parts checked them)
         shapes = [_shape(w) for w in weights]
         if len(set(weights)) != len(weights) or any(sh is None or len(sh) != 2 for sh in shapes):
             continue

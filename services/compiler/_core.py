@@ -553,7 +553,12 @@ def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
     if state.explore_steps - state.budget_base + 2 * policy.retime_rounds * policy.retime_steps > budget:
         return False  # re-timing is exploration too: only within the run's share
     state.retimed.append(pair)
-    state.retime = {"a": best.trial, "b": runner.trial, "first": len(state.trials), "alpha": policy.confirm_alpha}
+    state.retime = {
+        "a": best.trial,
+        "b": runner.trial,
+        "first": len(state.trials),
+        "alpha": policy.confirm_alpha,
+    }
     for _ in range(policy.retime_rounds):
         for t in (best, runner):
             state.queue.append({"values": dict(t.values), "kind": "retime", "steps": policy.retime_steps})
@@ -703,7 +708,9 @@ def _log_confirm(
     )
 
 
-def paired_steps(trials: list[TrialRecord], a: dict[str, str], b: dict[str, str]) -> list[tuple[float, float]]:
+def paired_steps(
+    trials: list[TrialRecord], a: dict[str, str], b: dict[str, str]
+) -> list[tuple[float, float]]:
     """The interleaved measurement as pairs (a's step, b's step): the k-th block of ``a`` with
     the k-th block of ``b``, step j with step j, each block's first step (a warm-up) left out."""
     blocks: dict[str, list[list[float]]] = {"a": [], "b": []}
@@ -713,7 +720,7 @@ def paired_steps(trials: list[TrialRecord], a: dict[str, str], b: dict[str, str]
         side = "a" if t.values == a else "b" if t.values == b else None
         if side is not None:
             blocks[side].append(t.steps[1:] if len(t.steps) > 1 else list(t.steps))
-    out = []
+    out: list[tuple[float, float]] = []
     for xa, xb in zip(blocks["a"], blocks["b"]):
         out.extend(zip(xa, xb))
     return out

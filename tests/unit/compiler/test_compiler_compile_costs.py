@@ -33,9 +33,9 @@ def test_per_kind_per_host_scaled_by_graph_size_and_persisted(tmp_path):
     assert costs.estimate("cpu", "torch:region:inductor", size=80) == pytest.approx(8_000.0)
     assert costs.estimate("cpu", "torch:whole:rewrite") is None  # another kind
     assert HostCompileCosts(path, host="h2").estimate("cpu", "torch:region:inductor") is None  # another host
-    assert HostCompileCosts(path, host="h1").estimate("cpu", "torch:region:inductor", size=80) == pytest.approx(
-        8_000.0
-    )  # read back from the file
+    assert HostCompileCosts(path, host="h1").estimate(
+        "cpu", "torch:region:inductor", size=80
+    ) == pytest.approx(8_000.0)  # read back from the file
 
 
 def test_a_corrupt_record_is_an_empty_one(tmp_path):
@@ -48,7 +48,7 @@ def test_a_corrupt_record_is_an_empty_one(tmp_path):
 
 
 def test_the_wrapper_prices_a_whole_step_compile_by_what_this_host_measured(tmp_path):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from microco.clients.compiler._torch import AstraTorch, hardware_id
     from microco.clients.compiler.zoo import torch_models as zm
 

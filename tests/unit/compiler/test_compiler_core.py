@@ -116,7 +116,12 @@ def test_compose_verifies_per_region_winners():
         a, b = costs_a[cfg.values["A.x"]], costs_b[cfg.values["B.x"]]
         cfg = report(state, TrialReport(cfg.trial, [a + b] * 3, {"A": a, "B": b}), POLICY)
     # (then the composed winner measured interleaved against the baseline before its commit)
-    assert [t.kind for t in state.trials if t.kind != "confirm"] == ["baseline", "explore", "explore", "compose"]
+    assert [t.kind for t in state.trials if t.kind != "confirm"] == [
+        "baseline",
+        "explore",
+        "explore",
+        "compose",
+    ]
     assert cfg.values == {"A.x": "2", "B.x": "1"}
 
 

@@ -46,7 +46,13 @@ def test_pairs_are_blocks_of_the_same_round_step_by_step():
 
 def _spec():
     return GraphSpec(
-        "fp", "(4, 8)", "cpu", (Variable("A.hoist", ("off", "on"), "A", STAGE_STRUCTURE),), "m", "torch", 100_000
+        "fp",
+        "(4, 8)",
+        "cpu",
+        (Variable("A.hoist", ("off", "on"), "A", STAGE_STRUCTURE),),
+        "m",
+        "torch",
+        100_000,
     )
 
 
@@ -77,7 +83,9 @@ def test_a_candidate_faster_in_every_interleaved_pair_is_committed_with_the_inte
 
 def test_a_candidate_that_is_not_consistently_faster_interleaved_is_not_committed():
     # Its trial looked 2x faster; interleaved, it is faster in one block and slower in the next.
-    state, cfg = _explore(lambda side, k: [10.0, 10.0] if side == "off" else ([8.0, 8.0] if k % 2 else [12.0, 12.0]))
+    state, cfg = _explore(
+        lambda side, k: [10.0, 10.0] if side == "off" else ([8.0, 8.0] if k % 2 else [12.0, 12.0])
+    )
     assert cfg.values == {"A.hoist": "off"}  # the baseline
     assert state.speedup == 1.0 and state.interleaved is None
     assert state.confirm_log and not state.confirm_log[-1]["confirmed"]

@@ -64,7 +64,9 @@ def test_a_trial_whose_compile_runs_in_the_background_is_deferred_and_training_r
     # holds them, and the compiled trial ran its planned steps once it was ready.
     assert state.wait_steps == background_done_after * POLICY.hold_steps
     compiled_trials = [t for t in state.trials if t.values["A.compile"] == "inductor"]
-    assert [len(t.steps) for t in compiled_trials if t.kind not in ("retime", "confirm")] == [1 + POLICY.measure_steps]
+    assert [len(t.steps) for t in compiled_trials if t.kind not in ("retime", "confirm")] == [
+        1 + POLICY.measure_steps
+    ]
     assert state.explore_steps == sum(len(t.steps) for t in state.trials)
     # What the compile cost the critical path: the warm load plus the waiting steps' slowdown.
     assert state.compile_costs == {
@@ -210,7 +212,10 @@ def test_a_compiled_challenger_far_behind_by_a_noisy_trial_is_retimed_a_plain_on
         cfg = next_config(state, policy)
         while not cfg.committed:
             ms = true_ms(cfg.values)
-            if cfg.values["model.compile"] == "inductor" and state.trials[cfg.trial].kind not in ("retime", "confirm"):
+            if cfg.values["model.compile"] == "inductor" and state.trials[cfg.trial].kind not in (
+                "retime",
+                "confirm",
+            ):
                 ms *= 1.6  # its trial ran beside something else
             cfg = report(state, TrialReport(cfg.trial, [ms] * cfg.steps), policy)
         return state, cfg

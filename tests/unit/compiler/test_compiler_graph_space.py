@@ -79,7 +79,9 @@ def test_the_passes_hoist_and_batch_in_dynamos_graph_of_a_loop_inside_forward():
     out = torch.compile(model, backend=backend, dynamic=False)(x)
     # 2 input projections x 5 steps hoisted (x[:, t] @ W); then per step the two products of the
     # state (s @ rh, s @ rt) batched into one: 5 x 2, and the two hoisted products of x.
-    assert seen["hoisted"] == 10 and seen["batched"] >= 10 and seen["count"] == seen["hoisted"] + seen["batched"]
+    assert (
+        seen["hoisted"] == 10 and seen["batched"] >= 10 and seen["count"] == seen["hoisted"] + seen["batched"]
+    )
     assert torch.allclose(out, model(x), atol=1e-6)
     torch._dynamo.reset()
 

@@ -94,7 +94,12 @@ def _astra(model, compile_choices=("eager",)):
     explorer = LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0))
     return AstraTorch(
         # A long run: every candidate (the compiled region too) is worth its trial.
-        model, explorer, total_steps=100_000, threads=("1",), compile_choices=compile_choices, background=False
+        model,
+        explorer,
+        total_steps=100_000,
+        threads=("1",),
+        compile_choices=compile_choices,
+        background=False,
     )
 
 
@@ -106,8 +111,6 @@ def _reference(steps):
     ref = _model()
     _train(ref, None, steps)
     return ref
-
-
 
 
 def test_a_forward_failure_rolls_the_step_back_and_repeats_it(monkeypatch):
@@ -153,7 +156,9 @@ class _FlakyUnderTrials(torch.optim.SGD):
 
     def step(self, closure=None):
         out = super().step(closure)
-        if self.astra is not None and any(v == "on" for k, v in self.astra.running.items() if k.endswith(".batch")):
+        if self.astra is not None and any(
+            v == "on" for k, v in self.astra.running.items() if k.endswith(".batch")
+        ):
             raise RuntimeError("injected: optimiser step failed")
         return out
 

@@ -39,9 +39,16 @@ print("KEY", astra.spec().key)
 
 def _key_in_a_new_process(seed: int) -> str:
     root = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "protos"), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(root / "protos"), os.environ.get("PYTHONPATH", "")])
+    )
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(seed)], capture_output=True, text=True, env=env, timeout=300, check=True
+        [sys.executable, "-c", SCRIPT, str(seed)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
     ).stdout
     return next(line.split()[1] for line in out.splitlines() if line.startswith("KEY "))
 

@@ -71,7 +71,9 @@ def test_a_thread_count_committed_at_one_load_is_measured_again_at_another():
     slow_now = {"4": 90.0, "2": 96.0, "1": 6.0}  # at load 12, one thread is by far the fastest
     while not cfg.committed:
         seen.append(cfg.values["threads"])
-        cfg = report(state, TrialReport(cfg.trial, [slow_now[cfg.values["threads"]]] * 3, runnable=12.0), POLICY)
+        cfg = report(
+            state, TrialReport(cfg.trial, [slow_now[cfg.values["threads"]]] * 3, runnable=12.0), POLICY
+        )
     assert seen == ["2", "4", "1"]
     assert cfg.values == {"A.hoist": "on", "threads": "1"}  # the structure choice is kept
     assert state.revalidations == [{"then": 2.0, "now": 12.0, "trial": state.revalidations[0]["trial"]}]
