@@ -136,14 +136,15 @@ def test_a_torch_nn_layer_called_per_time_step_is_not_made_a_region():
 
 
 def test_probing_the_step_costs_at_most_a_twentieth_of_a_short_runs_eager_time():
-    # 300 steps of 18 ms: 5.4 s of eager training; a dynamo trace (3 s) is more than 5% of it.
+    # 300 steps of 40 ms (the probe step, hooks and first calls included): 12 s of eager training;
+    # a dynamo trace (3 s) is more than 5% of it.
     short = AstraTorch(
         HighwayLoop(6, 8, 3), FixedExplorer(), threads=("1",), total_steps=300, background=False
     )
     short._example_args = (torch.randn(4, 3, 6),)
-    assert not short._worth_cache_probe(18.0) and not short._worth_graph_capture(18.0)
+    assert not short._worth_cache_probe(40.0) and not short._worth_graph_capture(40.0)
     long = AstraTorch(
         HighwayLoop(6, 8, 3), FixedExplorer(), threads=("1",), total_steps=5000, background=False
     )
     long._example_args = (torch.randn(4, 3, 6),)
-    assert long._worth_cache_probe(18.0) and long._worth_graph_capture(18.0)
+    assert long._worth_cache_probe(40.0) and long._worth_graph_capture(40.0)
