@@ -71,7 +71,8 @@ def _find(core: Any, prefix: str) -> Any:
 
 def summary(state: Any) -> dict[str, Any]:
     """The figures an operator looks at first (also used by the console)."""
-    best, base = state.best_trial, state.baseline
+    base_ms, best_ms = state.measured_ms()
+    inter = state.interleaved
     return {
         "key": state.key,
         "model": state.spec.model_name,
@@ -81,9 +82,13 @@ def summary(state: Any) -> dict[str, Any]:
         "explore_steps": state.explore_steps,
         "explore_s": round(state.explore_ms / 1e3, 3),
         "compile_s": round(state.compile_ms / 1e3, 3),
-        "baseline_ms": round(base.step_ms, 3) if base else None,
-        "best_ms": round(best.step_ms, 3) if best and best.done else None,
+        # The committed configuration against the baseline, measured interleaved (alternating
+        # blocks of steps; sign test over paired steps), not a ratio of two trials' minima.
+        "baseline_ms": round(base_ms, 3) if base_ms is not None else None,
+        "best_ms": round(best_ms, 3) if best_ms is not None else None,
         "speedup": round(state.speedup, 3),
+        "speedup_measured": "interleaved" if inter else "none",
+        "speedup_p": round(inter["p"], 4) if inter else None,
         "runs": state.runs,
         "wait_steps": state.wait_steps,
         "deferred": len(state.deferred),
@@ -130,7 +135,14 @@ def cmd_show(args: argparse.Namespace) -> int:
         f"  state:    {'committed' if state.committed else 'exploring'} after {s['explore_steps']} steps "
         f"({s['explore_s']} s, of which compile {s['compile_s']} s); runs seen: {s['runs']}"
     )
-    print(f"  speedup:  {s['speedup']:.2f}x  ({_ms(s['baseline_ms'])} ms -> {_ms(s['best_ms'])} ms per step)")
+    how = (
+        f"interleaved A/B, sign test p={s['speedup_p']}"
+        if s["speedup_measured"] == "interleaved"
+        else "not measured against the baseline"
+    )
+    print(
+        f"  speedup:  {s['speedup']:.2f}x  ({_ms(s['baseline_ms'])} ms -> {_ms(s['best_ms'])} ms per step; {how})"
+    )
     print("variables:")
     for v in state.spec.variables:
         compiles = ""
@@ -157,9 +169,10 @@ def cmd_show(args: argparse.Namespace) -> int:
             f"in the background; {len(state.deferred)} trial(s) waiting now"
         )
     for r in state.retime_log:
+        sign = f" ({r['wins']}/{r['pairs']} pairs, p={r['p']:.3f})" if "p" in r else ""
         print(
             f"  re-timed interleaved: #{r['best']} {_ms(r['best_ms'])} ms vs #{r['runner_up']} "
-            f"{_ms(r['runner_up_ms'])} ms -> #{r['winner']}"
+            f"{_ms(r['runner_up_ms'])} ms -> #{r['winner']}{sign}"
         )
     print("committed:" if state.committed else "best so far:")
     for k, v in sorted(state.best_values.items()):

@@ -103,8 +103,6 @@ class _GraphRunner:
 
     def _fn(self) -> Callable[..., Any]:
         v = self.backend.session.values
-        if "threads" in v:
-            torch.set_num_threads(int(v["threads"]))
         if v.get("graph.compile", "eager") == "eager":
             return self.gm.forward
         if self._compiled is None:
@@ -122,6 +120,13 @@ class _GraphRunner:
                 b._failed = ""
             b._last_start = now
         fn = self._fn()
+        # The thread count is set around this graph's call only and the caller's restored after
+        # it (issue 18: a process-wide setting must not leak into the user's code). A dynamo
+        # backend sees no more of the step than its graphs: autograd's backward runs outside.
+        threads = b.session.values.get("threads")
+        user = torch.get_num_threads()
+        if threads is not None and int(threads) != user:
+            torch.set_num_threads(int(threads))
         try:
             return fn(*args)
         except Exception as exc:
@@ -131,6 +136,9 @@ class _GraphRunner:
             log.warning("compiled graph failed, running it eagerly: %s", b._failed)
             self._compiled = self.gm.forward
             return self.gm.forward(*args)
+        finally:
+            if torch.get_num_threads() != user:
+                torch.set_num_threads(user)
 
 
 _registered = False

@@ -7,7 +7,7 @@ import logging
 import math
 from typing import Protocol
 
-from microco.clients.compiler.explore.types import HOLD_TRIAL, Config, GraphSpec, TrialReport
+from microco.clients.compiler.explore.types import HOLD_TRIAL, LOAD_DEPENDENT, Config, GraphSpec, TrialReport
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,13 @@ class ExplorationSession:
         cfg = self._accept(self._call_register())
         self.current = cfg if cfg is not None else baseline(spec)
         self._reset_trial()
-        self._warm_report = cfg is not None and cfg.committed and bool(compiled_choices(spec, cfg.values))
+        # Also where a committed choice depends on the machine's load (a thread count): the
+        # report carries the load found now, and the explorer re-validates the choice when it
+        # differs from the load it was committed at (``_core.load_changed``).
+        load_dependent = any(v.name in LOAD_DEPENDENT and len(v.choices) > 1 for v in spec.variables)
+        self._warm_report = (
+            cfg is not None and cfg.committed and (bool(compiled_choices(spec, cfg.values)) or load_dependent)
+        )
         return self.current
 
     def _call_register(self) -> Config | None:
@@ -192,10 +198,11 @@ class ExplorationSession:
             self._reset_trial()
             return None
         self._times.append(step_ms)
+        self._runnable.append(runnable_threads())
         if len(self._times) < 2:
             return None
         self._warm_report = False
-        rep = TrialReport(trial=-1, step_ms=list(self._times))
+        rep = TrialReport(trial=-1, step_ms=list(self._times), runnable=self._mean_runnable())
         self._reset_trial()
         assert self.explorer is not None
         try:

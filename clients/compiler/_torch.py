@@ -26,6 +26,8 @@ from microco.clients.compiler.explore.types import (
 
 from . import _torch_fx as tfx
 from ._background import BackgroundCompiler
+from ._compile_costs import HostCompileCosts
+from ._guard import StepSnapshot
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
 from ._torch_cache import WholeStepBackend
@@ -259,8 +261,17 @@ class AstraTorch(SessionBacked):
         threads: tuple[str, ...] | None = None,
         retry_every: int = 50,
         background: bool | None = None,  # None: when a core is idle at the probe step
+        compile_costs: HostCompileCosts | None = None,  # None: this host's record (_compile_costs)
     ) -> None:
         self.model = model
+        # Compile times measured on this host, by kind: the price of the next compile of a kind
+        # (issue 18), instead of priors per cell call.
+        self.compile_costs = compile_costs if compile_costs is not None else HostCompileCosts()
+        self._hw = hardware_id()
+        self._whole_nodes: dict[str, int] = {}  # FX nodes of dynamo's whole-step graph, by kind (probe)
+        self._pending_whole: tuple[str, float] | None = None  # (kind, its warm-up step's ms)
+        self._recorded_regions: set[int] = set()
+        self._graph_rewrites = -1  # products dynamo's captured step offers the passes (-1: not asked)
         self.name = name or type(model).__name__
         self.total_steps = total_steps
         self.clock = _StepClock()
@@ -316,28 +327,81 @@ class AstraTorch(SessionBacked):
         self.whole_rewrites = -1  # products the graph passes changed at the probe (-1: not asked)
         self._probe_charge_ms = 0.0  # the probe's cost, charged to the first step that uses it
         self._probe_unused: set[str] = set()
+        # The step guard (issue 18, _guard.py): a step run under a configuration that changes the
+        # model's code is rolled back when it fails anywhere, and run again under the last good
+        # configuration (``run``/``wrap``) or skipped (``with step()``).
+        self._applied: dict[str, str] = {}  # the values in force (a broken one replaced)
+        self._last_good: dict[str, str] | None = None  # values of the last step that succeeded
+        self._broken: dict[str, str] = {}  # values id -> why a step under them failed
+        self._good_steps: dict[str, int] = {}  # values id -> steps that succeeded under them
+        self._seen_inputs: set[tuple[str, str]] = set()  # (values id, input signature) that ran
+        self._snap: StepSnapshot | None = None
+        self._repeat: dict[str, str] | None = None  # values to repeat a rolled-back step under
+        self._step_inputs = ""
+        self._guard_hook: Any = None
+        self.rolled_back = 0  # steps rolled back (and repeated or skipped)
+        self.skipped_steps = 0  # rolled back under ``with step()``: the batch was not trained on
+        # The intra-op thread count the configuration asks for (None: leave the user's): set
+        # around each step only, the user's count restored after it (issue 18: a process-wide
+        # setting left behind leaked into the user's later work).
+        self._threads: int | None = None
+        self._user_threads: int | None = None
 
     # -- public
     def spec(self) -> GraphSpec | None:
         return self.session.spec
 
+    @property
+    def running(self) -> dict[str, str]:
+        """The values the model runs under now: the explorer's configuration, or the last good
+        one while a rolled-back step is repeated or after a configuration failed a step."""
+        return dict(self._applied)
+
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
-        """Run one training step (forward, backward, optimizer step) under the current configuration."""
+        """Run one training step (forward, backward, optimizer step) under the current configuration.
+
+        A trial configuration that fails anywhere in the step is rolled back (parameters,
+        gradients, buffers, optimiser state, random streams as before the step) and marked
+        failed; since Python cannot run a ``with`` body twice, that mini-batch is then skipped
+        (``skipped_steps``). :meth:`run` / :meth:`wrap` repeat it instead."""
         self._before()
-        ok = False
         try:
             yield
-            ok = True
-        finally:
-            self._after(ok)
+        except Exception as exc:
+            if not self._recover(exc):
+                raise
+            self.skipped_steps += 1
+            log.warning(
+                "the step was rolled back and its mini-batch skipped (use AstraTorch.run to repeat it)"
+            )
+            return
+        self._after(True)
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)``, one whole training step, under the current configuration.
+
+        A trial configuration that fails anywhere in the step (forward, backward, optimiser) is
+        rolled back and marked failed, and the step runs again under the last configuration that
+        ran a step without failing (or plain eager): the loss curve is the one of a run without
+        the compiler. ``fn`` should change nothing but the model and its optimisers (what is
+        rolled back), e.g. not append to a list before it fails."""
+        while True:
+            self._before()
+            try:
+                out = fn(*args, **kwargs)
+            except Exception as exc:
+                if not self._recover(exc):
+                    raise
+                continue  # again, under self._repeat
+            self._after(True)
+            return out
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``wrap(train_step)(*args)`` runs ``train_step`` inside :meth:`step`."""
+        """``wrap(train_step)(*args)`` is ``run(train_step, *args)``."""
 
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            with self.step():
-                return fn(*args, **kwargs)
+            return self.run(fn, *args, **kwargs)
 
         return wrapped
 
@@ -347,6 +411,9 @@ class AstraTorch(SessionBacked):
         for r in self.runners.values():
             r.restore()
         self.runners.clear()
+        if self._guard_hook is not None:
+            self._guard_hook.remove()
+            self._guard_hook = None
         if self.background is not None:
             self.background.close()
 
@@ -354,6 +421,15 @@ class AstraTorch(SessionBacked):
     def _before(self) -> None:
         if self.session.spec is None and self._probe_calls is None:
             self._start_probe()
+        if self._repeat is not None:
+            self._apply_values(self._repeat)
+        self._user_threads = torch.get_num_threads()
+        if self._threads is not None and self._threads != self._user_threads:
+            torch.set_num_threads(self._threads)
+        # Armed under a configuration that changes the model's code; the model's state is kept
+        # at its first call in the step (_guard_forward), when the inputs' shapes are known.
+        self._snap = StepSnapshot(self.model) if self._risky(self._applied) else None
+        self._step_inputs = ""
         self.clock.token += 1
         self.clock.in_step = True
         self.clock.region_s = {}
@@ -361,14 +437,38 @@ class AstraTorch(SessionBacked):
         self.clock.sync()
         self._step_started = time.perf_counter()
 
-    def _after(self, ok: bool) -> None:
+    def _end_step(self) -> float:
+        """The step's time (ms, the guard's own copies excluded); the user's thread count back."""
         self.clock.sync()
         ms = (time.perf_counter() - self._step_started) * 1e3
         self.clock.in_step = False
+        if self._snap is not None:
+            self._snap.close()
+            ms -= self._snap.cost_s * 1e3
+        if self._user_threads is not None and torch.get_num_threads() != self._user_threads:
+            torch.set_num_threads(self._user_threads)
+        return ms
+
+    def _after(self, ok: bool) -> None:
+        ms = self._end_step()
+        self._snap = None
         ms, self._probe_charge_ms = ms + self._probe_charge_ms, 0.0
         if self._probe_calls is not None:
             self._finish_probe(ms if ok else 0.0)
             return
+        if ok:
+            vid = _values_id(self._applied)
+            self._last_good = dict(self._applied)
+            self._good_steps[vid] = self._good_steps.get(vid, 0) + 1
+            self._seen_inputs.add((vid, self._step_inputs))
+        if self._repeat is not None:
+            # A rolled-back step, run again under the last good configuration: not a trial's
+            # measurement. The configuration the explorer handed out comes back.
+            self._repeat = None
+            if self.session.current is not None:
+                self._apply(self.session.current)
+            if ok:
+                return
         failed = "; ".join(f"{r.region}: {r.failed}" for r in self.runners.values() if r.failed)
         kind = whole_kind(self.session.values)  # what the configuration asked for (ran or failed)
         if kind and self.whole_failed.get(kind):
@@ -378,6 +478,7 @@ class AstraTorch(SessionBacked):
         # it was a warm-up, not a measurement (a structural rewrite alone costs tens of ms).
         built = self.clock.built or self._whole_fresh
         self._whole_fresh = False
+        self._record_compiles(ok, ms, built)
         running = self._whole_kind  # what ran (a kind whose compile failed runs the plain forward)
         if ok and running and self.model.__dict__.get("forward") is self._compiled_forward.get(running):
             self._whole_built.add(running)
@@ -425,14 +526,24 @@ class AstraTorch(SessionBacked):
         # Outermost repeated modules only: a cell's own Linear layers repeat with it.
         outer = [n for n in repeated if not any(n.startswith(p + ".") for p in repeated if p != n)]
         self._region_calls = sum(calls[n] for n in outer)
+        if self._region_calls <= 1 and self._worth_graph_capture(step_ms):
+            # No module repeats (a time loop inside ``forward`` over raw parameters, say): the
+            # recurrent structure is looked for in the graph dynamo captures (issue 18).
+            self._graph_rewrites = self._count_graph_rewrites()
         if self._worth_cache_probe(step_ms):
             # On the plain model, before the cells are instrumented; the rewrite only where the
-            # step repeats cells (what its passes work on).
-            for kind in WHOLE if self._region_calls > 1 else ("plain",):
+            # step repeats cells or its captured graph has products to hoist or batch.
+            for kind in WHOLE if self._recurrent else ("plain",):
                 self._probe_whole_cache(kind)
         fingerprints = []
         for name in outer:
             cell = self.model.get_submodule(name)
+            if _builtin_leaf(cell):
+                # A torch.nn layer called once per time step (an nn.Linear in a loop inside
+                # ``forward``) is not a cell: a region of one product has nothing to rewrite and
+                # a compiled one costs more per call than it saves. Its products are hoisted and
+                # batched in the whole-step graph instead (``model.rewrite``).
+                continue
             try:
                 gm = tfx.trace_cell(cell)
             except Exception as exc:  # noqa: BLE001 - untraceable cells simply stay eager
@@ -450,10 +561,20 @@ class AstraTorch(SessionBacked):
         # A different space is a different exploration, but not different priors: a prior moves
         # with this host's caches and load, and the key (which finds an earlier run's commit)
         # must not move with it.
+        # Nor what this run measured (issue 18: the identical second run must find the first's
+        # key): which whole-step compiles are offered follows the probe step's time (the cache
+        # probe and the graph capture run only where a compile could repay them) and the
+        # cache's answers, so the whole-step variables enter the key as what the run asks for
+        # (Inductor among the compile choices), not as the subset offered.
         space = [
-            {k: d for k, d in v.to_dict().items() if k not in ("compile_prior_ms", "prior_calibrated")}
+            {
+                k: d
+                for k, d in v.to_dict().items()
+                if k not in ("compile_prior_ms", "prior_calibrated", "subsumes")
+            }
             for v in variables
-        ]
+            if v.name not in WHOLE.values()
+        ] + [{"whole": "inductor" in self.compile_choices}]
         fingerprint = tfx.hashlib.sha256(
             f"{type(self.model).__name__}|{params}|{fingerprints}|{space}".encode()
         ).hexdigest()[:24]
@@ -467,18 +588,27 @@ class AstraTorch(SessionBacked):
             total_steps=self.total_steps,
         )
         cfg = self.session.register(spec)
+        self._guard_hook = self.model.register_forward_pre_hook(self._guard_forward)
         self._apply(cfg)
 
     # -- the whole-step compile: is it in Inductor's caches?
-    # What the whole-step compile may save at most, as a share of an eager step, when deciding
-    # whether asking Inductor's caches (about a second: dynamo's trace) is worth it at all.
-    CACHE_PROBE_GAIN = 0.5
+    # Asking (dynamo's trace of the step, about WHOLE_WARM_PRIOR_MS) and capturing the step's
+    # graph are spent before anything is known; they are allowed at most this share of the run's
+    # eager time (total steps x the probe step). Issue 18: with a share of 0.5 a 300-step run of
+    # a 16-step loop (18 ms a step, 5.4 s in all) spent 20 s in the capture and two cache asks,
+    # for a compile that could never pay back; the target is to stay within 5% of eager.
+    CACHE_PROBE_SHARE = 0.05
 
     def _worth_cache_probe(self, step_ms: float) -> bool:
         if "inductor" not in self.compile_choices or self._example_args is None or self.WHOLE_COMPILE_BACKEND:
             return False  # (another whole-step backend than Inductor: no Inductor cache to ask)
-        probe_ms = self.WHOLE_WARM_PRIOR_MS_PER_CALL * max(1, self._region_calls)
-        return self.total_steps * step_ms * self.CACHE_PROBE_GAIN > probe_ms
+        return self.total_steps * step_ms * self.CACHE_PROBE_SHARE > self.WHOLE_WARM_PRIOR_MS
+
+    def _worth_graph_capture(self, step_ms: float) -> bool:
+        """Is a whole-step compile in the space, and is the run long enough to afford the trace?"""
+        if "inductor" not in self.compile_choices or self._example_args is None:
+            return False
+        return self.total_steps * step_ms * self.CACHE_PROBE_SHARE > self.WHOLE_WARM_PRIOR_MS
 
     def _probe_whole_cache(self, kind: str) -> None:
         """Trace the whole step with dynamo and ask Inductor's caches for its graphs, without
@@ -507,6 +637,7 @@ class AstraTorch(SessionBacked):
         self.clock.sync()
         self.whole_probe_ms[kind] = (time.perf_counter() - started) * 1e3
         backend.cache_only = False  # from now on (a recompile for new guards), Inductor proper
+        self._whole_nodes[kind] = backend.nodes
         if kind == "rewrite":
             self.whole_rewrites = backend.rewrites
         if backend.hits and not backend.cold:
@@ -565,7 +696,10 @@ class AstraTorch(SessionBacked):
                 return True
         return False
 
-    WHOLE_COMPILE_PRIOR_MS_PER_CALL = 4000.0
+    # Cold priors, used only until this host has measured a compile of the kind
+    # (``HostCompileCosts``): flat, not per cell call (issue 18: priced per call, a whole step
+    # with its time loop inside ``forward`` was estimated at 256-512 s and measured 40-343 s).
+    WHOLE_COMPILE_PRIOR_MS = 60_000.0
     # With background compiles, what a compile costs the critical path before any is measured:
     # the in-process load once Inductor's caches are filled (dynamo's trace of the unrolled step
     # is not cached across processes: measured 2.6-4.7 s for 8 cell calls and 0.7-3.5 s for 16,
@@ -573,7 +707,7 @@ class AstraTorch(SessionBacked):
     # 0.6-2.6 s with warm caches). The slowdown of the steps run beside the background compile is
     # charged as it accrues, and the core drops a compile once that alone exceeds what it could
     # save, so an optimistic price here risks at most the compile's best-case saving.
-    WHOLE_WARM_PRIOR_MS_PER_CALL = 300.0
+    WHOLE_WARM_PRIOR_MS = 3000.0
     REGION_WARM_PRIOR_MS = 1500.0
     # "" is Inductor, as torch.compile runs it (WholeStepBackend); tests name a cheaper backend.
     WHOLE_COMPILE_BACKEND = ""
@@ -640,6 +774,7 @@ class AstraTorch(SessionBacked):
             if any(k == "X" and tfx._is_linear_module(gm, n) for n, k in kinds.items()):
                 out.append(Variable(f"{region}.hoist", ("off", "on"), region, STAGE_STRUCTURE))
             if len(self.compile_choices) > 1:
+                learned = None if self._off_critical_path else self._learned("torch:region:inductor", gm)
                 out.append(
                     Variable(
                         f"{region}.compile",
@@ -647,25 +782,32 @@ class AstraTorch(SessionBacked):
                         region,
                         STAGE_COMPILE,
                         compiles=True,
-                        compile_prior_ms=self.REGION_WARM_PRIOR_MS if self._off_critical_path else 0.0,
+                        compile_prior_ms=(
+                            self.REGION_WARM_PRIOR_MS if self._off_critical_path else (learned or 0.0)
+                        ),
+                        prior_calibrated=learned is not None,
                     )
                 )
         if "inductor" in self.compile_choices:
             # torch.compile unrolls the time loop: its compile grows with the cell calls per step
             # (measured 4 to 18 minutes for 16 calls, cold cache, loaded machine; seconds with a
             # warm cache). The prior keeps it from being tried in runs too short to repay it.
-            per_call = (
-                self.WHOLE_WARM_PRIOR_MS_PER_CALL
-                if self._off_critical_path
-                else self.WHOLE_COMPILE_PRIOR_MS_PER_CALL
-            )
-            prior = per_call * max(1, self._region_calls)
+            cold = self.WHOLE_WARM_PRIOR_MS if self._off_critical_path else self.WHOLE_COMPILE_PRIOR_MS
             regional = tuple(v.name for v in out if v.region)
             # The rewrite where the step repeats cells and (when the probe asked) its passes
             # changed something; without, it would compile the plain step again.
-            kinds = WHOLE if self._region_calls > 1 and self.whole_rewrites != 0 else ("plain",)
+            kinds = WHOLE if self._recurrent and self.whole_rewrites != 0 else ("plain",)
             for kind in kinds:
                 hit = self.whole_cache.get(kind) == "hit"  # found compiled: what it cost, measured
+                learned = None
+                if not hit and not self._off_critical_path:
+                    learned = self.compile_costs.estimate(
+                        self._hw, f"torch:whole:{kind}", self._whole_nodes.get(kind, 0)
+                    )
+                if hit:
+                    prior = max(1.0, self.whole_probe_ms.get(kind, 0.0))
+                else:
+                    prior = learned if learned is not None else cold
                 out.append(
                     Variable(
                         WHOLE[kind],
@@ -673,8 +815,8 @@ class AstraTorch(SessionBacked):
                         "",
                         STAGE_COMPILE,
                         compiles=True,
-                        compile_prior_ms=max(1.0, self.whole_probe_ms.get(kind, 0.0)) if hit else prior,
-                        prior_calibrated=hit,
+                        compile_prior_ms=prior,
+                        prior_calibrated=hit or learned is not None,
                         # dynamo traces the cells' plain code: the region rewrites do nothing under
                         # it; the rewritten step replaces the plain one (the widest scope runs).
                         subsumes=regional + (("model.compile",) if kind == "rewrite" else ()),
@@ -688,8 +830,142 @@ class AstraTorch(SessionBacked):
             out.append(Variable("threads", self.thread_values, "", STAGE_STRUCTURE))
         return out
 
+    # -- recurrent structure from the captured graph (issue 18)
+    @property
+    def _recurrent(self) -> bool:
+        """Does the step repeat work the whole-step passes can hoist or batch: a module called
+        more than once, or products found in dynamo's graph of the step?"""
+        return self._region_calls > 1 or self._graph_rewrites > 0
+
+    def _count_graph_rewrites(self) -> int:
+        """Capture the plain step's forward with dynamo (no compile: the graph is run as traced)
+        and count the products the whole-step passes would hoist or batch in it (0 on failure).
+        Random streams and buffers are left as they were."""
+        counts: list[int] = []
+
+        def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+            try:
+                counts.append(tfx.count_rewrites(gm))
+            except Exception as exc:  # noqa: BLE001 - a graph the passes cannot read offers nothing
+                log.info("whole-step passes failed on the captured graph (%s)", exc)
+            return gm.forward
+
+        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
+        try:
+            with torch.random.fork_rng(), torch.enable_grad():
+                torch.compile(self._plain_forward(), backend=backend, dynamic=False)(
+                    *(self._example_args or ())
+                )
+        except Exception as exc:  # noqa: BLE001 - an untraceable step: the module tree decides
+            log.info("the step could not be captured (%s)", exc)
+        finally:
+            with torch.no_grad():
+                for n, b in self.model.named_buffers():
+                    b.copy_(buffers[n])
+        return sum(counts)
+
+    # -- compile costs learned on this host (issue 18)
+    def _learned(self, kind: str, gm: fx.GraphModule | None = None) -> float | None:
+        size = len(gm.graph.nodes) if gm is not None else 0
+        return self.compile_costs.estimate(self._hw, kind, size)
+
+    def _record_compiles(self, ok: bool, ms: float, built: bool) -> None:
+        """Keep what this step's compiles cost on this host: a cell region's build (timed by
+        the region), a whole step's compile (its warm-up step's excess over the next step)."""
+        if not ok:
+            self._pending_whole = None
+            return
+        for runner in self.runners.values():
+            for plan, fn in runner._variants.values():
+                if isinstance(fn, AotRegion) and fn.built and id(fn) not in self._recorded_regions:
+                    self._recorded_regions.add(id(fn))
+                    if fn.compiler == "inductor":
+                        size = len(plan.s_gm.graph.nodes)
+                        self.compile_costs.record(self._hw, "torch:region:inductor", fn.compile_s * 1e3, size)
+        running = self._whole_kind
+        pending, self._pending_whole = self._pending_whole, None
+        if pending is not None and running == pending[0] and not built:
+            self.compile_costs.record(
+                self._hw, f"torch:whole:{running}", pending[1] - ms, self._whole_nodes.get(running, 0)
+            )
+        if built and running and self.whole_cache.get(running) != "hit":
+            self._pending_whole = (running, ms)  # a cold compile: priced by the next step
+
+    # -- the step guard (issue 18)
+    # A configuration is trusted, and its steps no longer copied, after this many steps without
+    # a failure in this process, for inputs of a signature it already ran; a new signature (a
+    # last, smaller batch) is guarded again. (A priori: a failure of compiled code shows at its
+    # first call, or at the first backward, in every failure seen.)
+    TRUSTED_AFTER = 3
+
+    def _risky(self, values: dict[str, str]) -> bool:
+        """Does ``values`` run other code than the model's own (anything but a thread count)?"""
+        spec = self.session.spec
+        if spec is None or not values:
+            return False
+        return any(
+            values.get(v.name, v.choices[0]) != v.choices[0] for v in spec.variables if v.name != "threads"
+        )
+
+    def _guard_forward(self, mod: nn.Module, args: Any) -> None:
+        """The model's forward pre-hook: at its first call in a guarded step, keep its state."""
+        snap = self._snap
+        if snap is None or snap.taken or not self.clock.in_step:
+            return
+        self._step_inputs = ";".join(
+            f"{tuple(a.shape)}:{a.dtype}" for a in tfx.flatten_args(args) if isinstance(a, torch.Tensor)
+        )
+        vid = _values_id(self._applied)
+        trusted = (
+            self._good_steps.get(vid, 0) >= self.TRUSTED_AFTER
+            and (vid, self._step_inputs) in self._seen_inputs
+            and self.session.committed
+        )
+        if trusted:
+            self._snap = None
+            return
+        snap.take_model()
+
+    def _recover(self, exc: BaseException) -> bool:
+        """A step raised: roll it back and mark its configuration failed when the compiler's
+        configuration may be the cause (True: the caller repeats or skips the step); False when
+        the error is the user's own (plain eager code, or nothing of the model ran yet)."""
+        snap = self._snap
+        if snap is None or not snap.taken or not isinstance(exc, Exception):
+            self._after(False)
+            return False
+        self._end_step()
+        self._snap = None
+        snap.restore()
+        self.rolled_back += 1
+        failing = dict(self._applied)
+        why = f"{type(exc).__name__}: {exc}"
+        self._broken[_values_id(failing)] = why
+        log.warning("step failed under configuration %s (%s); rolled back", failing, why)
+        if self._repeat is None:
+            # The trial is over and failed: the explorer hands out the next configuration.
+            cfg = self.session.current
+            if cfg is not None and not cfg.committed and not cfg.hold and cfg.trial >= 0:
+                self.session.record(float("nan"), {}, why, True)
+        good = self._last_good
+        if good is None or _values_id(good) in self._broken:
+            good = baseline_values(self.session.spec) if self.session.spec is not None else {}
+        self._repeat = good
+        return True
+
     def _apply(self, cfg: Config) -> None:
-        values = cfg.values
+        values = dict(cfg.values)
+        if _values_id(values) in self._broken:
+            # A configuration that failed a step in this process (the committed one, say, on a
+            # new input) is not run again: the last good one, or plain eager, instead.
+            good = self._last_good
+            if good is None or _values_id(good) in self._broken:
+                good = baseline_values(self.session.spec) if self.session.spec is not None else values
+            values = good
+        self._apply_values(values)
+
+    def _apply_values(self, values: dict[str, str]) -> None:
+        self._applied = dict(values)
         self._set_whole_compile(whole_kind(values))
         for runner in self.runners.values():
             r = runner.region
@@ -699,10 +975,24 @@ class AstraTorch(SessionBacked):
                 values.get(f"{r}.hoist", "off"),
                 values.get(f"{r}.compile", "eager"),
             )
-        if "threads" in values:
-            torch.set_num_threads(int(values["threads"]))
+        # Set around each step (_before), restored after it: not left behind for the user's code.
+        self._threads = int(values["threads"]) if "threads" in values else None
         if self._channels_last and "memory_format" in values:
             fmt = (
                 torch.channels_last if values["memory_format"] == "channels_last" else torch.contiguous_format
             )
             self.model.to(memory_format=fmt)  # type: ignore[call-overload]
+
+
+def _values_id(values: dict[str, str]) -> str:
+    return ";".join(f"{k}={v}" for k, v in sorted(values.items()))
+
+
+def baseline_values(spec: GraphSpec) -> dict[str, str]:
+    """Every variable at its baseline: the model's own code."""
+    return {v.name: v.choices[0] for v in spec.variables}
+
+
+def _builtin_leaf(module: nn.Module) -> bool:
+    """A layer of ``torch.nn`` itself (nn.Linear, nn.LayerNorm, ...), not a user's cell."""
+    return type(module).__module__.startswith("torch.nn.")

@@ -202,18 +202,21 @@ def _make_function(
         @staticmethod
         def forward(ctx: Any, *flat: Any) -> Any:  # runs with grad mode off
             res = fw(list(flat))
-            saved = list(res[n_out:])
+            saved = res[n_out:]
+            # AOTAutograd's forward returns the tensors saved for the backward, then the sizes
+            # (symbolic ints) it saves; its backward takes the sizes *first*, then the tensors,
+            # then the tangents (its runtime: ``[*ctx.symints, *ctx.saved_tensors, *grads]``).
+            # Passed in forward order, a saved size landed where the backward read a tensor
+            # (issue 18: TypeError "only integer tensors of a single element can be converted
+            # to an index" from the backward of a region over one nn.Linear).
             tensors = [s for s in saved if isinstance(s, torch.Tensor)]
-            if len(tensors) == len(saved):
-                ctx.save_for_backward(*saved)
-                ctx.other = None
-            else:  # symbolic sizes or other values saved for the backward: keep them as they are
-                ctx.other = saved
+            ctx.save_for_backward(*tensors)
+            ctx.sizes = [s for s in saved if not isinstance(s, torch.Tensor)]
             return tuple(res[:n_out])
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
-            saved = ctx.other if ctx.other is not None else list(ctx.saved_tensors)
+            saved = [*ctx.sizes, *ctx.saved_tensors]
             # Inductor's kernels assume the layouts they were compiled for; autograd hands
             # unused outputs' gradients as expanded zeros.
             tangents = [grads[k].contiguous() for k in diff_idx]

@@ -40,10 +40,12 @@ class WholeStepBackend:
         self.rewrite = rewrite
         self.rewrites = 0
         self.compiler = compiler  # another backend than Inductor (tests); no cache to ask then
+        self.nodes = 0  # FX nodes of the graphs dynamo handed over: the size a compile is priced by
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         from torch._inductor.compile_fx import compile_fx
 
+        self.nodes += len(gm.graph.nodes)
         if self.rewrite:
             from ._torch_fx import batch_shared_inputs, hoist_time_slices
 

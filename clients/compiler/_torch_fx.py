@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -362,46 +362,103 @@ def _linear_parts(node: fx.Node) -> tuple[fx.Node, fx.Node, Any] | None:
     return x, w, b
 
 
-def _time_slice(node: fx.Node) -> tuple[fx.Node, int] | None:
-    """``(X, t)`` when ``node`` is ``X[t]`` (an integer index on the first dimension)."""
-    if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[1], int):
-        base = node.args[0]
-        if isinstance(base, fx.Node) and node.args[1] >= 0:
-            return base, node.args[1]
+# ``x @ W`` with ``W`` a 2-D parameter: how a cell written from raw parameters spells a product.
+_MATMUL_TARGETS = {operator.matmul, torch.matmul, torch.mm}
+
+
+def _matmul_parts(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """``(input, weight)`` of ``x @ W`` where ``W`` is a 2-D graph input (a parameter), else None."""
+    if node.op != "call_function" or node.target not in _MATMUL_TARGETS or node.kwargs or len(node.args) != 2:
+        return None
+    x, w = node.args
+    if not isinstance(x, fx.Node) or not isinstance(w, fx.Node) or w.op != "placeholder":
+        return None
+    shape = _shape(w)
+    return (x, w) if shape is not None and len(shape) == 2 else None
+
+
+def _product(node: fx.Node) -> tuple[str, fx.Node, fx.Node, Any] | None:
+    """``(kind, input, weight, bias)`` of a product by a parameter: ``linear`` or ``matmul``."""
+    parts = _linear_parts(node)
+    if parts:
+        return ("linear", *parts)
+    mm = _matmul_parts(node)
+    if mm:
+        return ("matmul", mm[0], mm[1], None)
     return None
 
 
-def _leading(node: fx.Node) -> int | None:
+def _time_slice(node: fx.Node) -> tuple[fx.Node, int, int] | None:
+    """``(X, t, d)`` when ``node`` is the ``t``-th slice of ``X`` along dimension ``d``: ``X[t]``
+    (d = 0), ``X[:, t]`` (a batch-first sequence: d = 1, one leading full slice per dimension),
+    ``X.unbind(d)[t]`` / ``torch.unbind(X, d)[t]``, or ``X.select(d, t)``."""
+    if node.op == "call_function" and node.target is operator.getitem:
+        base, idx = node.args[0], node.args[1]
+        if not isinstance(base, fx.Node):
+            return None
+        if isinstance(idx, int) and idx >= 0:
+            if base.op in ("call_function", "call_method") and base.target in (torch.unbind, "unbind"):
+                src = base.args[0]
+                d = base.args[1] if len(base.args) > 1 else base.kwargs.get("dim", 0)
+                if isinstance(src, fx.Node) and isinstance(d, int) and d >= 0:
+                    return src, idx, d
+                return None
+            return base, idx, 0
+        if isinstance(idx, tuple) and idx and isinstance(idx[-1], int) and idx[-1] >= 0:
+            lead = idx[:-1]
+            if all(isinstance(i, slice) and i == slice(None, None, None) for i in lead):
+                return base, idx[-1], len(lead)
+        return None
+    if node.op in ("call_function", "call_method") and node.target in (torch.select, "select"):
+        src, d, t = (list(node.args) + [None, None])[:3]
+        if isinstance(src, fx.Node) and isinstance(d, int) and isinstance(t, int) and d >= 0 and t >= 0:
+            return src, t, d
+    return None
+
+
+def _shape(node: fx.Node) -> tuple[int, ...] | None:
     value = node.meta.get("example_value", node.meta.get("val"))
     shape = getattr(value, "shape", None)
-    return int(shape[0]) if shape is not None and len(shape) >= 2 else None
+    return tuple(int(s) for s in shape) if shape is not None else None
+
+
+def _leading(node: fx.Node, dim: int = 0) -> int | None:
+    shape = _shape(node)
+    return shape[dim] if shape is not None and len(shape) >= 2 and dim < len(shape) - 1 else None
 
 
 def hoist_time_slices(gm: fx.GraphModule) -> int:
-    """In place: ``linear(X[t], W, b)`` for every ``t`` of ``X`` -> one ``linear(X, W, b)``,
-    unbound along time. Returns how many products were hoisted."""
+    """In place: ``linear(X[t], W, b)`` (or ``X[t] @ W``) for every ``t`` of ``X`` -> one
+    ``linear(X, W, b)`` (``X @ W``), unbound along time. The time dimension is the one sliced:
+    the first for ``X[t]``, the second for a batch-first ``X[:, t]``. Returns how many products
+    were hoisted."""
     graph = gm.graph
-    groups: dict[tuple[fx.Node, fx.Node, Any], dict[int, fx.Node]] = {}
+    groups: dict[tuple[Any, ...], dict[int, fx.Node]] = {}
     for node in graph.nodes:
-        parts = _linear_parts(node)
-        sliced = _time_slice(parts[0]) if parts else None
-        if parts and sliced:
-            groups.setdefault((sliced[0], parts[1], parts[2]), {})[sliced[1]] = node
+        prod = _product(node)
+        sliced = _time_slice(prod[1]) if prod else None
+        if prod and sliced:
+            kind, _, w, b = prod
+            base, t, d = sliced
+            groups.setdefault((kind, base, d, w, b), {})[t] = node
     hoisted = 0
     order = {n: k for k, n in enumerate(graph.nodes)}
     last_input = [n for n in graph.nodes if n.op == "placeholder"][-1]
-    for (base, w, b), by_t in groups.items():
-        steps = _leading(base)
+    for (kind, base, d, w, b), by_t in groups.items():
+        steps = _leading(base, d)
         if steps is None or sorted(by_t) != list(range(steps)) or steps < 2:
             continue  # not every time step reads it: hoisting would compute unused rows
         if w.op != "placeholder" or b is not None and b.op != "placeholder":
             continue  # parameters enter dynamo's graph as inputs; anything else is left alone
         anchor = max((base, last_input), key=order.__getitem__)
         with graph.inserting_after(anchor):
-            whole = graph.call_function(torch._C._nn.linear, (base, w, b))
+            if kind == "linear":
+                whole = graph.call_function(torch._C._nn.linear, (base, w, b))
+            else:
+                whole = graph.call_function(torch.matmul, (base, w))
         with graph.inserting_after(whole):
             # (a function, not the method: AOTAutograd's cache refuses graphs with method calls)
-            per_step = graph.call_function(torch.unbind, (whole, 0))
+            per_step = graph.call_function(torch.unbind, (whole, d))
         cursor = per_step
         for t in range(steps):
             with graph.inserting_after(cursor):
@@ -426,16 +483,16 @@ def batch_shared_inputs(gm: fx.GraphModule) -> int:
         parts = _linear_parts(node)
         if parts:
             by_input.setdefault(parts[0], []).append(node)
+    merged = _batch_matmuls(gm)
     cats: dict[tuple[Any, ...], tuple[fx.Node, fx.Node | None]] = {}
     last_input = [n for n in graph.nodes if n.op == "placeholder"][-1]
     order = {n: k for k, n in enumerate(graph.nodes)}
-    merged = 0
     for x, nodes in by_input.items():
         if len(nodes) < 2:
             continue
         weights = tuple(n.args[1] for n in nodes)
         biases = tuple(n.args[2] if len(n.args) > 2 else None for n in nodes)
-        sizes = [_leading(w) for w in weights]
+        sizes = [_leading(cast(fx.Node, w)) for w in weights]
         params = [p for p in weights + biases if p is not None]
         if any(s is None for s in sizes) or any(p.op != "placeholder" for p in params):
             continue  # parameters enter dynamo's graph as inputs; anything else is left alone
@@ -467,3 +524,54 @@ def batch_shared_inputs(gm: fx.GraphModule) -> int:
         graph.lint()
         gm.recompile()
     return merged
+
+
+def _batch_matmuls(gm: fx.GraphModule) -> int:
+    """In place: ``x @ W_k`` for several 2-D parameters ``W_k`` of one input ``x`` -> one
+    ``x @ cat(W_k, 1)`` (concatenated once per step), split along the last dimension. Returns
+    how many products were merged."""
+    graph = gm.graph
+    by_input: dict[fx.Node, list[fx.Node]] = {}
+    for node in list(graph.nodes):
+        mm = _matmul_parts(node)
+        if mm:
+            by_input.setdefault(mm[0], []).append(node)
+    last_input = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    order = {n: k for k, n in enumerate(graph.nodes)}
+    cats: dict[tuple[fx.Node, ...], fx.Node] = {}
+    merged = 0
+    for x, nodes in by_input.items():
+        if len(nodes) < 2:
+            continue
+        weights = tuple(cast(fx.Node, n.args[1]) for n in nodes)  # (_matmul_parts checked them)
+        shapes = [_shape(w) for w in weights]
+        if len(set(weights)) != len(weights) or any(sh is None or len(sh) != 2 for sh in shapes):
+            continue
+        if len({sh[0] for sh in shapes if sh}) != 1:
+            continue
+        if weights not in cats:
+            with graph.inserting_after(last_input):
+                cats[weights] = graph.call_function(torch.cat, (list(weights), 1))
+        first = min(nodes, key=order.__getitem__)
+        with graph.inserting_before(first):
+            y = graph.call_function(torch.matmul, (x, cats[weights]))
+            split = graph.call_function(torch.split, (y, [sh[1] for sh in shapes if sh], -1))
+            for k, node in enumerate(nodes):
+                part = graph.call_function(operator.getitem, (split, k))
+                node.replace_all_uses_with(part)
+        for node in nodes:
+            graph.erase_node(node)
+        merged += len(nodes)
+    if merged:
+        graph.lint()
+        gm.recompile()
+    return merged
+
+
+def count_rewrites(gm: fx.GraphModule) -> int:
+    """How many products the whole-step passes would change in dynamo's graph ``gm`` (on a
+    copy): whether the captured step has recurrent structure worth the rewritten compile."""
+    import copy
+
+    g = copy.deepcopy(gm)
+    return hoist_time_slices(g) + batch_shared_inputs(g)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .types import HOLD_TRIAL, Config, GraphSpec, TrialReport, Variable
+from .types import HOLD_TRIAL, LOAD_DEPENDENT, Config, GraphSpec, TrialReport, Variable
 
 # What one compile costs before anything was measured (ms); replaced by measurements. Torch:
 # one cell region's forward and backward through Inductor's graph compiler, measured 3-16 s on
@@ -40,6 +40,31 @@ DEFAULT_COMPILE_MS = {"torch": 8000.0, "tensorflow": 5000.0}
 # another, so evidence from other choices never cuts (or raises) a prior more than 4x. A choice's
 # own measurement (this run or an earlier one) replaces its prior outright.
 CALIBRATION_BOUNDS = (0.25, 4.0)
+
+# Choices whose best value depends on what else runs on the machine: the intra-op thread count
+# (issue 18: 2 threads committed at load 2 were replayed at load 12, where they ran 16x slower
+# than 1). A later run of a committed key reports the load it finds (``TrialReport.runnable`` of
+# its first steps); when ``load_changed`` says it differs from the load the committed trial was
+# measured at, these variables (``_types.LOAD_DEPENDENT``) are measured again (the committed
+# configuration and each of their other choices on top of it, back to back at today's load) and
+# the fastest is committed.
+
+
+def load_changed(then: float, now: float) -> bool:
+    """Has the machine's load (runnable threads, this process's included) changed enough to
+    re-validate a load-dependent choice? Yes when one is at least twice the other *and* they are
+    at least 2 threads apart (so 1 against 2 is not a change, 2 against 12 or 4 against 8 is);
+    an unknown load (0) is never a change. A priori, not fitted: a thread count only matters
+    once the process's threads compete for cores with about as many others."""
+    if then <= 0 or now <= 0 or not (math.isfinite(then) and math.isfinite(now)):
+        return False
+    lo, hi = sorted((then, now))
+    return hi >= 2.0 * lo and hi - lo >= 2.0
+
+
+# Trial kinds of interleaved measurements (alternating blocks of two configurations): "retime",
+# the best against a close challenger; "confirm", the best against the baseline before commit.
+INTERLEAVED = ("retime", "confirm")
 
 
 def choice_key(name: str, choice: str) -> str:
@@ -100,6 +125,19 @@ class ExplorationPolicy:
     # busy thread, a priori: measured on the 2-core machine, one busy process beside a TF step
     # raised the average from 1.2 to 3.1 and the step from 2.9 to 4.3 ms.
     retime_contention: float = 1.0
+    # Honest decisions (issue 18): a configuration other than the baseline is committed only when
+    # an interleaved A/B against the baseline (``retime_rounds`` alternations of ``retime_steps``
+    # mini-batches each, the first of each a warm-up) shows it faster, and a challenger replaces
+    # the best only when its interleaved A/B against it does. "Faster" is a one-sided sign test
+    # over the paired measured steps (step j of round i of one side against step j of round i of
+    # the other; ties dropped) at this significance: with 3 rounds of 2 measured steps, all 6
+    # pairs must agree (p = 1/64); with 4 rounds, 7 of 8 (p = 9/256). The sign test assumes only
+    # that, with no difference, either side is as likely to be the faster in a pair: no
+    # distribution of step times (they are skewed and heavy-tailed on a shared machine). The
+    # ratio reported and stored as the speedup is the interleaved one: the baseline's median over
+    # the committed configuration's median, both from those alternating blocks.
+    # ``retime_rounds = 0`` turns every interleaved measurement off (tests that count steps).
+    confirm_alpha: float = 0.05
 
     @property
     def steps_per_trial(self) -> int:
@@ -166,6 +204,14 @@ class Exploration:
     retime: dict[str, Any] | None = None
     retimed: list[list[str]] = field(default_factory=list)
     retime_log: list[dict[str, Any]] = field(default_factory=list)
+    # Interleaved A/B of the best against the baseline before commit (``_plan_confirm``): the
+    # best's values id, and per measurement {"best", "baseline": trials, "best_ms", "baseline_ms":
+    # interleaved medians, "ratio", "wins", "pairs", "p", "confirmed"}.
+    confirmed: list[str] = field(default_factory=list)
+    confirm_log: list[dict[str, Any]] = field(default_factory=list)
+    # Load-dependent choices measured again because a later run found another load:
+    # [{"then", "now": runnable threads, "trial": the committed trial}].
+    revalidations: list[dict[str, Any]] = field(default_factory=list)
 
     # -- derived
     @property
@@ -183,14 +229,40 @@ class Exploration:
 
     @property
     def speedup(self) -> float:
-        b, base = self.best_trial, self.baseline
-        if not b or not base or not math.isfinite(b.step_ms) or b.step_ms <= 0:
-            return 1.0
-        return base.step_ms / b.step_ms
+        """The best configuration's speedup over the baseline as measured interleaved (the
+        baseline's median over the best's, alternating blocks of steps); 1.0 while the best is the
+        baseline or has not been measured interleaved against it (never a ratio of the minima
+        of two trials run minutes apart)."""
+        r = self.interleaved
+        return float(r["ratio"]) if r is not None else 1.0
+
+    @property
+    def interleaved(self) -> dict[str, Any] | None:
+        """The interleaved A/B of the best configuration against the baseline, if measured."""
+        b = self.best_trial
+        if b is None:
+            return None
+        vid = _values_id(b.values)
+        for r in reversed(self.confirm_log):
+            if r.get("values") == vid and r.get("confirmed"):
+                return r
+        return None
 
     @property
     def compile_ms(self) -> float:
         return sum(t.compile_ms for t in self.trials)
+
+    def measured_ms(self) -> tuple[float | None, float | None]:
+        """(baseline ms, best ms) as reported: the interleaved medians where the best was measured
+        against the baseline, else the trials' minima (best None while it is unconfirmed)."""
+        r = self.interleaved
+        if r is not None:
+            return float(r["baseline_ms"]), float(r["best_ms"])
+        b, base = self.best_trial, self.baseline
+        base_ms = base.step_ms if base is not None and math.isfinite(base.step_ms) else None
+        if b is not None and base is not None and b.values == base.values:
+            return base_ms, base_ms
+        return base_ms, None
 
     # -- JSON
     def to_json(self) -> dict[str, Any]:
@@ -240,15 +312,15 @@ def next_config(state: Exploration, policy: ExplorationPolicy) -> Config:
         return Config(state.key, dict(t.values), trial=t.trial, steps=_steps(t, policy))
     while True:
         if state.queue:
-            if _over_budget(state, policy) and state.queue[0].get("kind") != "retime":
+            if _over_budget(state, policy) and state.queue[0].get("kind") not in INTERLEAVED:
                 state.queue.clear()  # the run's share of exploration is spent
                 state.deferred.clear()
                 continue
             item = state.queue.pop(0)
             item["values"] = canonical(state.spec, item["values"])
-            if item.get("kind") != "retime" and _measured(state, item["values"]):
+            if item.get("kind") not in (*INTERLEAVED, "revalidate") and _measured(state, item["values"]):
                 continue  # the same code as a configuration already measured
-            if item.get("kind") != "retime":
+            if item.get("kind") not in INTERLEAVED:
                 # Priced again just before it runs: a compile measured since the stage was
                 # planned (the stage's first whole-step compile, say) may show this one cannot
                 # pay back after all.
@@ -275,6 +347,8 @@ def next_config(state: Exploration, policy: ExplorationPolicy) -> Config:
                 state.queue.append({"values": values, "kind": "explore"})
                 continue
         if _plan_retime(state, policy):
+            continue
+        if _plan_confirm(state, policy):
             continue
         return commit(state)
 
@@ -363,7 +437,7 @@ def report(state: Exploration, rep: TrialReport, policy: ExplorationPolicy) -> C
                 if c not in state.compiled_here:
                     state.compiled_here.append(c)
                     state.compile_costs[c] = t.compile_ms + t.background_ms
-        if t.kind == "retime":
+        if t.kind in INTERLEAVED:
             pass  # re-timing decides between two measured configurations (_decide_retime)
         elif state.best is None or t.step_ms < state.trials[state.best].step_ms * (1.0 - policy.min_gain):
             state.best = t.trial
@@ -442,6 +516,8 @@ def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
     the next against the winner, up to ``retime_pairs`` pairs)."""
     if policy.retime_rounds <= 0 or state.best is None or len(state.retimed) >= policy.retime_pairs:
         return False
+    if state.phase == "revalidate":
+        return False  # measured back to back at today's load; older trials ran at another
     best = state.trials[state.best]
     if not math.isfinite(best.step_ms):
         return False
@@ -451,7 +527,7 @@ def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
         if (
             t.done
             and not t.failed
-            and t.kind != "retime"
+            and t.kind not in INTERLEAVED
             and t.values != best.values
             and math.isfinite(t.step_ms)
         ):
@@ -477,10 +553,53 @@ def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
     if state.explore_steps - state.budget_base + 2 * policy.retime_rounds * policy.retime_steps > budget:
         return False  # re-timing is exploration too: only within the run's share
     state.retimed.append(pair)
-    state.retime = {"a": best.trial, "b": runner.trial, "first": len(state.trials)}
+    state.retime = {
+        "a": best.trial,
+        "b": runner.trial,
+        "first": len(state.trials),
+        "alpha": policy.confirm_alpha,
+    }
     for _ in range(policy.retime_rounds):
         for t in (best, runner):
             state.queue.append({"values": dict(t.values), "kind": "retime", "steps": policy.retime_steps})
+    return True
+
+
+def _plan_confirm(state: Exploration, policy: ExplorationPolicy) -> bool:
+    """Before committing a configuration other than the baseline: queue an interleaved A/B of it
+    against the baseline (``_decide_retime`` keeps it only if the sign test says it is faster,
+    else the baseline is committed). Once per configuration; where the run has too few steps left
+    for it, the baseline is committed (nothing is committed on the minima of separate trials)."""
+    if policy.retime_rounds <= 0 or state.best is None:
+        return False
+    best, base = state.trials[state.best], state.baseline
+    if base is None or best.values == base.values:
+        return False
+    vid = _values_id(best.values)
+    if vid in state.confirmed:
+        done = [r for r in state.confirm_log if r["values"] == vid]
+        if done and not done[-1]["confirmed"]:
+            state.best = base.trial  # measured against the baseline and not shown faster
+        return False
+    state.confirmed.append(vid)
+    pair = sorted([_values_id(best.values), _values_id(base.values)])
+    if pair not in state.retimed:
+        state.retimed.append(pair)  # the confirmation is this pair's interleaved measurement
+    need = 2 * policy.retime_rounds * policy.retime_steps
+    if _remaining(state) < 2 * need:
+        state.pruned.append(f"commit: {best.values}: too few steps left to measure it against the baseline")
+        state.best = base.trial
+        return False
+    state.retime = {
+        "a": base.trial,
+        "b": best.trial,
+        "first": len(state.trials),
+        "confirm": True,
+        "alpha": policy.confirm_alpha,
+    }
+    for _ in range(policy.retime_rounds):
+        for t in (base, best):
+            state.queue.append({"values": dict(t.values), "kind": "confirm", "steps": policy.retime_steps})
     return True
 
 
@@ -488,7 +607,7 @@ def _contended(t: TrialRecord, best: TrialRecord, policy: ExplorationPolicy) -> 
     """Was trial ``t`` measured beside markedly more runnable work than the best's trial (other
     processes competing for the CPU)? Unknown counts (0) never count, nor do re-timing trials."""
     return (
-        t.kind != "retime"
+        t.kind not in INTERLEAVED
         and t.runnable > 0
         and best.runnable > 0
         and t.runnable >= best.runnable + policy.retime_contention
@@ -502,6 +621,9 @@ def _latest_ms(state: Exploration) -> Callable[[TrialRecord], float]:
     for r in state.retime_log:
         retimed[r["best"]] = r["best_ms"]
         retimed[r["runner_up"]] = r["runner_up_ms"]
+    for r in state.confirm_log:
+        retimed[r["best"]] = r["best_ms"]
+        retimed[r["baseline"]] = r["baseline_ms"]
     return lambda t: retimed.get(t.trial, t.step_ms)
 
 
@@ -510,19 +632,37 @@ def _values_id(values: dict[str, str]) -> str:
 
 
 def _decide_retime(state: Exploration) -> None:
-    """The faster of the re-timed pair (median of its interleaved measured steps) is the best."""
+    """Decide an interleaved pair: the challenger ``b`` (for a confirmation: the best, against the
+    baseline ``a``) replaces ``a`` only when the sign test over their paired steps says it is
+    faster at the policy's significance; medians are what is reported."""
     r, state.retime = state.retime, None
     assert r is not None
     a, b = state.trials[r["a"]], state.trials[r["b"]]
     measured: dict[int, list[float]] = {a.trial: [], b.trial: []}
     for t in state.trials[r["first"] :]:
-        if t.kind != "retime" or not t.done or t.failed:
+        if t.kind not in INTERLEAVED or not t.done or t.failed:
             continue
         side = a.trial if t.values == a.values else b.trial if t.values == b.values else None
         if side is not None:
             measured[side].extend(t.steps[1:] if len(t.steps) > 1 else t.steps)
     med = {k: _median(v) for k, v in measured.items()}
-    winner = b.trial if med[b.trial] < med[a.trial] else a.trial
+    pairs = paired_steps(state.trials[r["first"] :], a.values, b.values)
+    wins, n, p = sign_test(pairs)
+    confirm = bool(r.get("confirm"))
+    alpha = float(r.get("alpha", 0.05))
+    # b (the challenger; for a confirmation, the best) must be faster with confidence.
+    faster = n > 0 and p <= alpha
+    base = state.baseline
+    if base is not None and not confirm and base.values in (a.values, b.values) and a.values != b.values:
+        # A re-timing against the baseline is the confirmation of the other side too.
+        other, base_side = (b, a) if base.values == a.values else (a, b)
+        op = pairs if other is b else [(y, x) for x, y in pairs]
+        _log_confirm(state, other, base_side, med, sign_test(op), alpha)
+    if confirm:
+        _log_confirm(state, b, a, med, (wins, n, p), alpha)
+        state.best = b.trial if faster else a.trial
+        return
+    winner = b.trial if faster else a.trial
     state.retime_log.append(
         {
             "best": a.trial,
@@ -530,9 +670,71 @@ def _decide_retime(state: Exploration) -> None:
             "best_ms": med[a.trial],
             "runner_up_ms": med[b.trial],
             "winner": winner,
+            "wins": wins,
+            "pairs": n,
+            "p": p,
         }
     )
     state.best = winner
+
+
+def _log_confirm(
+    state: Exploration,
+    best: TrialRecord,
+    base: TrialRecord,
+    med: dict[int, float],
+    test: tuple[int, int, float],
+    alpha: float,
+) -> None:
+    wins, n, p = test
+    vid = _values_id(best.values)
+    if vid not in state.confirmed:
+        state.confirmed.append(vid)
+    state.confirm_log.append(
+        {
+            "values": vid,
+            "best": best.trial,
+            "baseline": base.trial,
+            "best_ms": med[best.trial],
+            "baseline_ms": med[base.trial],
+            "ratio": med[base.trial] / med[best.trial]
+            if med[best.trial] > 0 and math.isfinite(med[base.trial])
+            else 1.0,
+            "wins": wins,
+            "pairs": n,
+            "p": p,
+            "confirmed": n > 0 and p <= alpha,
+        }
+    )
+
+
+def paired_steps(
+    trials: list[TrialRecord], a: dict[str, str], b: dict[str, str]
+) -> list[tuple[float, float]]:
+    """The interleaved measurement as pairs (a's step, b's step): the k-th block of ``a`` with
+    the k-th block of ``b``, step j with step j, each block's first step (a warm-up) left out."""
+    blocks: dict[str, list[list[float]]] = {"a": [], "b": []}
+    for t in trials:
+        if t.kind not in INTERLEAVED or not t.done or t.failed:
+            continue
+        side = "a" if t.values == a else "b" if t.values == b else None
+        if side is not None:
+            blocks[side].append(t.steps[1:] if len(t.steps) > 1 else list(t.steps))
+    out: list[tuple[float, float]] = []
+    for xa, xb in zip(blocks["a"], blocks["b"]):
+        out.extend(zip(xa, xb))
+    return out
+
+
+def sign_test(pairs: list[tuple[float, float]]) -> tuple[int, int, float]:
+    """One-sided sign test that the second of each pair is smaller (faster): (pairs where it is,
+    pairs that are not ties, p-value P(X >= wins) for X ~ Binomial(pairs, 1/2)). No pairs: p 1."""
+    wins = sum(1 for x, y in pairs if y < x)
+    n = sum(1 for x, y in pairs if y != x)
+    if n == 0:
+        return 0, 0, 1.0
+    p = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2.0**n
+    return wins, n, p
 
 
 def _median(xs: list[float]) -> float:
@@ -594,8 +796,42 @@ def _committed_run_report(state: Exploration, rep: TrialReport, policy: Explorat
         ms = max(0.0, steps[0] - min(steps[1:]))
         for c in compiled_choices(state.spec, state.best_values):
             state.compile_costs[c] = ms
-    maybe_reopen(state, policy, state.spec.total_steps)
+    if not maybe_revalidate(state, rep.runnable):
+        maybe_reopen(state, policy, state.spec.total_steps)
     return next_config(state, policy)
+
+
+def maybe_revalidate(state: Exploration, runnable: float) -> bool:
+    """A later run finds the machine at another load (``load_changed`` against the committed
+    trial's): reopen the exploration for the ``LOAD_DEPENDENT`` variables, measuring the committed
+    configuration again and each of their other choices on top of it; the fastest is committed."""
+    if not state.committed or state.best is None:
+        return False
+    best = state.trials[state.best]
+    if not load_changed(best.runnable, runnable):
+        return False
+    base = state.best_values
+    queue = [{"values": dict(base), "kind": "revalidate"}]
+    for v in state.spec.variables:
+        if v.name not in LOAD_DEPENDENT:
+            continue
+        for c in v.choices:
+            if c != base.get(v.name, v.choices[0]):
+                values = dict(base)
+                values[v.name] = c
+                queue.append({"values": canonical(state.spec, values), "kind": "revalidate"})
+    if len(queue) == 1:
+        return False
+    state.committed = False
+    state.reopened += 1
+    state.revalidations.append({"then": best.runnable, "now": float(runnable), "trial": best.trial})
+    state.budget_base = state.explore_steps
+    state.wait_base = state.wait_steps
+    state.retime = None
+    state.best = None  # measured at another load: the first trial of today's sets the bar
+    state.stages, state.phase = [], "revalidate"
+    state.queue = queue
+    return True
 
 
 def maybe_reopen(state: Exploration, policy: ExplorationPolicy, total_steps: int) -> bool:

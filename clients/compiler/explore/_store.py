@@ -131,7 +131,7 @@ class CompilerCore:
 
 
 def committed_record(state: Exploration) -> dict[str, Any]:
-    best, base = state.best_trial, state.baseline
+    base_ms, best_ms = state.measured_ms()
     return {
         "key": state.key,
         "model_name": state.spec.model_name,
@@ -140,9 +140,12 @@ def committed_record(state: Exploration) -> dict[str, Any]:
         "input_shapes": state.spec.input_shapes,
         "hardware": state.spec.hardware,
         "values": state.best_values,
-        "best_ms": best.step_ms if best and best.step_ms != float("inf") else None,
-        "baseline_ms": base.step_ms if base else None,
+        # Interleaved figures (``Exploration.measured_ms``, ``speedup``): the medians of the
+        # alternating A/B of the committed configuration against the baseline.
+        "best_ms": best_ms,
+        "baseline_ms": base_ms,
         "speedup": state.speedup,
+        "interleaved": state.interleaved,
         "explore_steps": state.explore_steps,
         "compile_costs": dict(state.compile_costs),
         "committed_at": time.time(),

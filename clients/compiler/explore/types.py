@@ -12,6 +12,10 @@ STAGE_STRUCTURE = 0
 STAGE_COMPILE = 1
 STAGE_FINE = 2
 
+# Variables whose best choice depends on what else runs on the machine (the intra-op thread
+# count): a committed choice of one is re-validated when a later run finds another load.
+LOAD_DEPENDENT = ("threads",)
+
 
 @dataclass(frozen=True)
 class Variable:

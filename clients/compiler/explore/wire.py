@@ -103,7 +103,8 @@ def _f(x: float | None) -> float:
 
 
 def state_to_proto(s: Exploration) -> pb.GraphState:
-    best, base = s.best_trial, s.baseline
+    best = s.best_trial
+    base_ms, best_ms = s.measured_ms()  # interleaved where measured (issue 18)
     return pb.GraphState(
         key=s.key,
         model_name=s.spec.model_name,
@@ -133,8 +134,8 @@ def state_to_proto(s: Exploration) -> pb.GraphState:
         explore_steps=s.explore_steps,
         explore_ms=s.explore_ms,
         compile_ms=s.compile_ms,
-        baseline_ms=_f(base.step_ms if base else None),
-        best_ms=_f(best.step_ms if best else None),
+        baseline_ms=_f(base_ms),
+        best_ms=_f(best_ms),
         speedup=s.speedup,
         pruned=s.pruned,
         fingerprint=s.spec.fingerprint,
@@ -151,5 +152,11 @@ def state_to_proto(s: Exploration) -> pb.GraphState:
             f"trial {r['best']} ({_f(r['best_ms']):.2f} ms) vs trial {r['runner_up']} "
             f"({_f(r['runner_up_ms']):.2f} ms): trial {r['winner']} kept"
             for r in s.retime_log
+        ]
+        + [
+            f"trial {r['best']} against the baseline, interleaved: {_f(r['best_ms']):.2f} vs "
+            f"{_f(r['baseline_ms']):.2f} ms, faster in {r['wins']} of {r['pairs']} pairs (sign test "
+            f"p={r['p']:.3f}): {'committed' if r['confirmed'] else 'not faster, baseline kept'}"
+            for r in s.confirm_log
         ],
     )

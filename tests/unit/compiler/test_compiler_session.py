@@ -86,17 +86,14 @@ def test_a_run_starting_compiled_reports_its_recompile_once_and_only_then():
     assert second.explore_steps == 0 and second.committed
 
 
-def test_each_trial_reports_how_much_runnable_work_its_measured_steps_ran_beside():
-    """A trial measured while two other processes keep the CPU busy reports more runnable
-    threads than one measured alone (Linux' instant count of runnable threads)."""
-    import multiprocessing as mp
-    import sys
+def test_each_trial_reports_how_much_runnable_work_its_measured_steps_ran_beside(monkeypatch):
+    """Each trial reports the runnable-thread count its measured steps ran beside (read per step
+    from Linux' instant count). The count is injected here: a real machine's own load, which other
+    processes move at will, must not decide whether the test passes."""
+    from microco.clients.compiler import _session
 
-    from microco.clients.compiler._session import runnable_threads
-
-    if not sys.platform.startswith("linux"):
-        pytest.skip("the runnable-thread count is read from /proc/loadavg")
-    assert runnable_threads() >= 1
+    seen = {"now": 1}
+    monkeypatch.setattr(_session, "runnable_threads", lambda: seen["now"])
     policy = ExplorationPolicy(measure_steps=5, retime_rounds=0)
     explorer = LocalExplorer(MemoryKV(), policy)
     spec = GraphSpec(
@@ -104,34 +101,22 @@ def test_each_trial_reports_how_much_runnable_work_its_measured_steps_ran_beside
     )
     session = ExplorationSession(explorer)
     session.register(spec)
-    ctx = mp.get_context("fork")
-    stop = ctx.Event()
-    hogs = []
-    try:
-        for _ in range(40):
-            if session.committed:
-                break
-            if session.values["r.hoist"] == "on" and not hogs:
-                spinning = [ctx.Event() for _ in range(2)]
-                hogs = [ctx.Process(target=_spin, args=(stop, up)) for up in spinning]
-                for h in hogs:
-                    h.start()
-                for up in spinning:
-                    assert up.wait(30)
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < 0.005:
-                pass
-            session.record((time.perf_counter() - t0) * 1e3, {"r": 1.0}, may_compile=False)
-    finally:
-        stop.set()
-        for h in hogs:
-            h.join(10)
+    for _ in range(40):
+        if session.committed:
+            break
+        # two other processes keep the CPU busy while "on" is measured
+        seen["now"] = 3 if session.values["r.hoist"] == "on" else 1
+        session.record(5.0, {"r": 1.0}, may_compile=False)
     state = explorer.core.get(spec.key)
-    runnable = {t.values["r.hoist"]: t.runnable for t in state.trials if t.kind != "retime"}
-    assert runnable["off"] >= 1 and runnable["on"] >= runnable["off"] + 1.0
+    runnable = {t.values["r.hoist"]: t.runnable for t in state.trials if t.kind not in ("retime", "confirm")}
+    assert runnable == {"off": 1.0, "on": 3.0}
 
 
-def _spin(stop, up) -> None:
-    up.set()
-    while not stop.is_set():
-        pass
+def test_the_runnable_thread_count_is_read_from_the_machine():
+    import sys
+
+    from microco.clients.compiler._session import runnable_threads
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the runnable-thread count is read from /proc/loadavg")
+    assert runnable_threads() >= 1  # this test's own thread runs

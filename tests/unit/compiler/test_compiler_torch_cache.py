@@ -89,7 +89,7 @@ def test_astra_prices_the_whole_step_by_the_probe_and_keys_ignore_priors(fresh_i
     cold_astra, cold_var = first_step(zm.make_model("gru", 4, 4))
     assert cold_astra.whole_cache["plain"] == "cold"
     assert not cold_var.prior_calibrated
-    assert cold_var.compile_prior_ms == 2 * AstraTorch.WHOLE_COMPILE_PRIOR_MS_PER_CALL
+    assert cold_var.compile_prior_ms == AstraTorch.WHOLE_COMPILE_PRIOR_MS  # nothing measured on this host
     cold_astra.restore()
 
     torch._dynamo.reset()

@@ -265,8 +265,8 @@ def test_compiles_go_to_the_background_only_with_an_idle_core(monkeypatch, spare
     train(model, astra, 1)
     whole = next(v for v in astra.spec().variables if v.name == "model.compile")
     assert astra._off_critical_path is spare
-    per_call = astra.WHOLE_WARM_PRIOR_MS_PER_CALL if spare else astra.WHOLE_COMPILE_PRIOR_MS_PER_CALL
-    assert whole.compile_prior_ms == per_call * 4  # the probe saw 4 cell calls
+    # Flat priors (issue 18), not per cell call; nothing measured on this host yet.
+    assert whole.compile_prior_ms == (astra.WHOLE_WARM_PRIOR_MS if spare else astra.WHOLE_COMPILE_PRIOR_MS)
     # Without an idle core every configuration is "ready": its compile runs in line.
     compiled = {**astra.config, "model.compile": "inductor"}
     assert astra.background.ready(compiled) is (not spare)

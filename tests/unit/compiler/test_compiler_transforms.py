@@ -271,7 +271,7 @@ def test_whole_model_compile_matches_eager_and_switches_back(monkeypatch):
     whole = next(v for v in astra.spec().variables if v.name == "model.compile")
     # Compiled in the background, it costs the critical path its warm load (see _background).
     assert astra._off_critical_path
-    assert whole.compiles and whole.compile_prior_ms == 2 * astra.WHOLE_WARM_PRIOR_MS_PER_CALL
+    assert whole.compiles and whole.compile_prior_ms == astra.WHOLE_WARM_PRIOR_MS
     astra._set_whole_compile("plain")
     assert all("forward" not in r.cell.__dict__ for r in astra.runners.values())
     for _ in range(2):

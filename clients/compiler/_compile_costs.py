@@ -1,0 +1,102 @@
+"""What compiles cost on this host, learned from the compiles run here (issue 18).
+
+A compile's cost is a property of the host as much as of the graph: its cores and load, and
+above all whether Inductor's (or XLA's) on-disk caches there already hold the code. Priors fixed
+in the code were wrong by an order of magnitude both ways (a whole-step compile priced per cell
+call at 256-512 s measured 40-343 s; an XLA step priced at 10.9 s compiled in 3.0 s), so every
+compile that runs is measured and kept here, per host and per kind of compile, and the next
+estimate of that kind on this host is taken from them:
+
+* the median of the last ``KEEP`` measurements of the kind, per unit of graph size where both
+  the measurements and the new graph have one (FX nodes of the graph compiled), else the plain
+  median;
+* ``None`` when this host has not compiled that kind yet: the caller keeps its cold prior.
+
+Kinds are the compile paths, e.g. ``torch:whole:plain``, ``torch:whole:rewrite``,
+``torch:region:inductor``. The record lives on the host, beside the compiler caches it
+describes (``$MICROCO_COMPILE_COSTS``, default ``~/.cache/microco/compile_costs.json``), keyed by
+host name and hardware: a cost measured on a warm host says nothing about a cold one, which is
+why the service's per-key record (etcd, cluster-wide) is not the source of these estimates.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+KEEP = 20
+
+
+def default_path() -> Path:
+    env = os.environ.get("MICROCO_COMPILE_COSTS")
+    if env:
+        return Path(env)
+    return Path.home() / ".cache" / "microco" / "compile_costs.json"
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+class HostCompileCosts:
+    """Measured compile times of this host, by kind, persisted in a small JSON file."""
+
+    def __init__(self, path: Path | str | None = None, host: str | None = None) -> None:
+        self.path = Path(path) if path is not None else default_path()
+        self.host = host or socket.gethostname()
+
+    # -- persistence (a missing or unreadable file is an empty record: estimates fall back)
+    def _load(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _save(self, data: dict[str, Any]) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".compile_costs.")
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f)
+            os.replace(tmp, self.path)  # atomic: a concurrent reader sees the old or the new file
+        except OSError as exc:
+            log.info("compile costs not saved (%s)", exc)
+
+    def _key(self, hardware: str) -> str:
+        return f"{self.host}|{hardware}"
+
+    # -- API
+    def record(self, hardware: str, kind: str, ms: float, size: int = 0) -> None:
+        """Keep one measured compile of ``kind`` (``size``: nodes of the graph compiled, 0 unknown)."""
+        if not ms > 0:
+            return
+        data = self._load()
+        rows = data.setdefault(self._key(hardware), {}).setdefault(kind, [])
+        rows.append({"ms": float(ms), "size": int(size), "at": time.time()})
+        del rows[:-KEEP]
+        self._save(data)
+
+    def measurements(self, hardware: str, kind: str) -> list[dict[str, Any]]:
+        return list(self._load().get(self._key(hardware), {}).get(kind, []))
+
+    def estimate(self, hardware: str, kind: str, size: int = 0) -> float | None:
+        """The expected compile time (ms) of a graph of ``size`` nodes of ``kind`` on this host,
+        from its measurements; None when none was measured here."""
+        rows = self.measurements(hardware, kind)
+        if not rows:
+            return None
+        sized = [r["ms"] / r["size"] for r in rows if r.get("size", 0) > 0]
+        if size > 0 and sized:
+            return _median(sized) * size
+        return _median([r["ms"] for r in rows])

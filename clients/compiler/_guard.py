@@ -1,0 +1,100 @@
+"""What a training step must undo when a trial configuration fails in it (issue 18).
+
+A trial runs the user's real training step: forward, backward and the optimiser step. A failure
+in any of them (a compiled region whose backward raises, a compiled step that produces what the
+optimiser cannot take) must not end the run nor leave the model half-updated. Before a guarded
+step changes anything, :class:`StepSnapshot` keeps what the step may change:
+
+* the random streams (CPU, and CUDA where present), at the step's start: the repeat draws the
+  same dropout masks as a run without the compiler;
+* parameters, their gradients and the buffers (running statistics), at the model's first call
+  in the step (nothing of the model changes before it, and the input's shapes are known there);
+* each optimiser's state and hyper-parameters, at its ``step`` (a global pre-step hook, for any
+  optimiser over the model's parameters; one the step does not reach is not copied).
+
+:meth:`StepSnapshot.restore` puts all of it back, and may be called more than once (a repeat
+that fails again is rolled back again).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+
+def _clone(v: Any) -> Any:
+    return v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+
+
+class StepSnapshot:
+    """The state one training step may change, kept so that the step can be rolled back."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.cpu_rng = torch.random.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        self.params: list[tuple[nn.Parameter, torch.Tensor, torch.Tensor | None]] | None = None
+        self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.optimizers: dict[
+            int, tuple[torch.optim.Optimizer, dict[Any, dict[str, Any]], list[dict[str, Any]]]
+        ] = {}
+        self.cost_s = 0.0  # time spent taking it (not the step's: it is subtracted from the step's time)
+        self._hook: Any = None
+        self._param_ids: set[int] = set()
+
+    @property
+    def taken(self) -> bool:
+        """Was the model's state kept (the model was called in this step)?"""
+        return self.params is not None
+
+    def take_model(self) -> None:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            self.params = [
+                (p, p.detach().clone(), None if p.grad is None else p.grad.detach().clone())
+                for p in self.model.parameters()
+            ]
+            self.buffers = [(b, b.detach().clone()) for b in self.model.buffers()]
+        self._param_ids = {id(p) for p, _, _ in self.params}
+        self._hook = register_optimizer_step_pre_hook(self._before_optimizer)
+        self.cost_s += time.perf_counter() - t0
+
+    def _before_optimizer(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if id(opt) in self.optimizers:
+            return
+        if not any(id(p) in self._param_ids for g in opt.param_groups for p in g["params"]):
+            return  # another model's optimiser
+        t0 = time.perf_counter()
+        state = {p: {k: _clone(v) for k, v in st.items()} for p, st in opt.state.items()}
+        groups = [{k: _clone(v) for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        self.optimizers[id(opt)] = (opt, state, groups)
+        self.cost_s += time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Stop watching optimisers (the step is over)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def restore(self) -> None:
+        """Put everything kept back as it was."""
+        torch.random.set_rng_state(self.cpu_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        with torch.no_grad():
+            for p, data, grad in self.params or ():
+                p.copy_(data)
+                p.grad = None if grad is None else grad.clone()
+            for b, data in self.buffers:
+                b.copy_(data)
+        for opt, state, groups in self.optimizers.values():
+            opt.state.clear()
+            for p, st in state.items():
+                opt.state[p] = {k: _clone(v) for k, v in st.items()}
+            for g, saved in zip(opt.param_groups, groups):
+                g.update({k: _clone(v) for k, v in saved.items()})

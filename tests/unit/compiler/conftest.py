@@ -1,0 +1,11 @@
+"""Every compiler test gets an empty record of this host's compile costs (``_compile_costs``):
+the estimates a test sees come from what it records, never from earlier runs on the machine."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _host_compile_costs(tmp_path, monkeypatch):
+    monkeypatch.setenv("MICROCO_COMPILE_COSTS", str(tmp_path / "compile_costs.json"))

@@ -1,0 +1,77 @@
+"""Issue 18: compile costs are learned on the host, by kind, from the compiles run there."""
+
+from __future__ import annotations
+
+import pytest
+
+from microco.clients.compiler._compile_costs import KEEP, HostCompileCosts
+
+
+def test_the_estimate_follows_the_recorded_measurements(tmp_path):
+    costs = HostCompileCosts(tmp_path / "c.json", host="h1")
+    assert costs.estimate("cpu", "torch:whole:plain") is None  # nothing measured: the caller's prior
+    for ms in (40_000.0, 90_000.0, 60_000.0):
+        costs.record("cpu", "torch:whole:plain", ms)
+    assert costs.estimate("cpu", "torch:whole:plain") == 60_000.0  # the median
+    # Newer measurements move it (a warm cache shows in every later compile of the kind).
+    for _ in range(4):
+        costs.record("cpu", "torch:whole:plain", 5_000.0)
+    assert costs.estimate("cpu", "torch:whole:plain") == 5_000.0
+    # Only the last KEEP are kept.
+    for _ in range(KEEP + 5):
+        costs.record("cpu", "torch:whole:plain", 7_000.0)
+    assert len(costs.measurements("cpu", "torch:whole:plain")) == KEEP
+    assert costs.estimate("cpu", "torch:whole:plain") == 7_000.0
+
+
+def test_per_kind_per_host_scaled_by_graph_size_and_persisted(tmp_path):
+    path = tmp_path / "c.json"
+    costs = HostCompileCosts(path, host="h1")
+    costs.record("cpu", "torch:region:inductor", 3_000.0, size=30)
+    costs.record("cpu", "torch:region:inductor", 5_000.0, size=50)
+    # 100 ms per node measured: a graph of 80 nodes is priced at 8 s.
+    assert costs.estimate("cpu", "torch:region:inductor", size=80) == pytest.approx(8_000.0)
+    assert costs.estimate("cpu", "torch:whole:rewrite") is None  # another kind
+    assert HostCompileCosts(path, host="h2").estimate("cpu", "torch:region:inductor") is None  # another host
+    assert HostCompileCosts(path, host="h1").estimate(
+        "cpu", "torch:region:inductor", size=80
+    ) == pytest.approx(8_000.0)  # read back from the file
+
+
+def test_a_corrupt_record_is_an_empty_one(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text("{not json")
+    costs = HostCompileCosts(path, host="h1")
+    assert costs.estimate("cpu", "torch:whole:plain") is None
+    costs.record("cpu", "torch:whole:plain", 1_000.0)
+    assert costs.estimate("cpu", "torch:whole:plain") == 1_000.0
+
+
+def test_the_wrapper_prices_a_whole_step_compile_by_what_this_host_measured(tmp_path):
+    pytest.importorskip("torch")
+    from microco.clients.compiler._torch import AstraTorch, hardware_id
+    from microco.clients.compiler.zoo import torch_models as zm
+
+    costs = HostCompileCosts(tmp_path / "c.json", host="h1")
+    costs.record(hardware_id(), "torch:whole:plain", 12_345.0)
+
+    class _Null:
+        def register(self, spec):
+            from microco.clients.compiler import baseline
+
+            return baseline(spec)
+
+        def report(self, key, rep):
+            return None
+
+    model = zm.make_model("gru", 4, 4)
+    x, y = zm.synthetic_batch(3, 2, 4)
+    # A short run: the cache probe (a dynamo trace) is not worth it, the prior decides alone.
+    astra = AstraTorch(model, _Null(), threads=("1",), total_steps=2, background=False, compile_costs=costs)
+    with astra.step():
+        zm.loss_fn(model(x), y).backward()
+    whole = next(v for v in astra.spec().variables if v.name == "model.compile")
+    assert whole.compile_prior_ms == 12_345.0 and whole.prior_calibrated
+    region = next(v for v in astra.spec().variables if v.name.endswith(".compile") and v.region)
+    assert not region.prior_calibrated  # no region compile measured here: the core's prior
+    astra.restore()

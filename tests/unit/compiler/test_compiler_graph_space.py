@@ -1,0 +1,150 @@
+"""Issue 18: the optimisation space from the captured graph, whatever the model's layout.
+
+A recurrent model written unlike the zoo (batch-first input, raw parameters multiplied with
+``@``, the time loop inside ``forward``, no cell module) repeats no module, so the module tree
+shows nothing to rewrite; dynamo's graph of its step does: the input projection of every time
+step (hoisted into one product) and products that share an input (batched)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn
+
+from microco.clients.compiler import _torch_fx as tfx
+from microco.clients.compiler._torch import AstraTorch
+
+pytestmark = pytest.mark.torch
+
+
+class HighwayLoop(nn.Module):
+    """A highway recurrent network: transform and carry gates from the same input and state."""
+
+    def __init__(self, n_in: int, n_hid: int, n_out: int) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.wx_h = nn.Parameter(torch.randn(n_in, n_hid, generator=g) / n_in**0.5)
+        self.wx_t = nn.Parameter(torch.randn(n_in, n_hid, generator=g) / n_in**0.5)
+        self.rh = nn.Parameter(torch.randn(n_hid, n_hid, generator=g) / n_hid**0.5)
+        self.rt = nn.Parameter(torch.randn(n_hid, n_hid, generator=g) / n_hid**0.5)
+        self.out = nn.Parameter(torch.randn(n_hid, n_out, generator=g) / n_hid**0.5)
+        self.n_hid = n_hid
+
+    def forward(self, seq: torch.Tensor) -> torch.Tensor:  # seq: (batch, time, features)
+        s = seq.new_zeros(seq.shape[0], self.n_hid)
+        for t in range(seq.shape[1]):
+            x = seq[:, t]
+            h = torch.tanh(x @ self.wx_h + s @ self.rh)
+            gate = torch.sigmoid(x @ self.wx_t + s @ self.rt)
+            s = gate * h + (1 - gate) * s
+        return s @ self.out
+
+
+class FixedExplorer:
+    """Hands out one configuration, committed."""
+
+    def __init__(self, values=None):
+        self.values = values or {}
+
+    def register(self, spec):
+        from microco.clients.compiler.explore import Config
+
+        values = {v.name: v.choices[0] for v in spec.variables}
+        values.update({k: v for k, v in self.values.items() if k in values})
+        self.config = Config(spec.key, values, trial=-1, committed=True)
+        return self.config
+
+    def report(self, key, rep):
+        return self.config
+
+
+def _loss_and_grads(model, x, y):
+    loss = nn.functional.cross_entropy(model(x), y)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    return loss.detach(), grads
+
+
+def test_the_passes_hoist_and_batch_in_dynamos_graph_of_a_loop_inside_forward():
+    model, x = HighwayLoop(6, 8, 3), torch.randn(4, 5, 6)
+    seen = {}
+
+    def backend(gm, example_inputs):
+        seen["count"] = tfx.count_rewrites(gm)
+        seen["hoisted"] = tfx.hoist_time_slices(gm)
+        seen["batched"] = tfx.batch_shared_inputs(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(model, backend=backend, dynamic=False)(x)
+    # 2 input projections x 5 steps hoisted (x[:, t] @ W); then per step the two products of the
+    # state (s @ rh, s @ rt) batched into one: 5 x 2, and the two hoisted products of x.
+    assert (
+        seen["hoisted"] == 10 and seen["batched"] >= 10 and seen["count"] == seen["hoisted"] + seen["batched"]
+    )
+    assert torch.allclose(out, model(x), atol=1e-6)
+    torch._dynamo.reset()
+
+
+def test_the_wrapper_offers_the_rewritten_step_for_a_loop_inside_forward_and_it_matches_eager(monkeypatch):
+    monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", "aot_eager")  # no Inductor codegen here
+    torch._dynamo.reset()
+    x, y = torch.randn(4, 3, 6), torch.randint(0, 3, (4,))  # 3 time steps: a small unrolled graph
+    ref_loss, ref_grads = _loss_and_grads(HighwayLoop(6, 8, 3), x, y)
+    model = HighwayLoop(6, 8, 3)
+    explorer = FixedExplorer({"model.rewrite": "inductor"})
+    astra = AstraTorch(model, explorer, threads=("1",), total_steps=10**6, background=False)
+    with astra.step():  # the probe step: finds the structure in the captured graph
+        _loss_and_grads(model, x, y)
+    names = [v.name for v in astra.spec().variables]
+    assert "model.rewrite" in names and "model.compile" in names
+    assert astra._graph_rewrites > 0 and not astra.runners  # no module repeats; the graph does
+    assert astra.running.get("model.rewrite") == "inductor"
+    for _ in range(2):
+        with astra.step():
+            loss, grads = _loss_and_grads(model, x, y)
+        assert torch.allclose(loss, ref_loss, atol=1e-5)
+        assert all(torch.allclose(g, r, atol=1e-5) for g, r in zip(grads, ref_grads))
+    assert not astra.whole_failed
+    astra.restore()
+    torch._dynamo.reset()
+
+
+class LinearLoop(nn.Module):
+    """The time loop inside forward over nn.Linear layers: each layer is called once per step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.rec, self.head = nn.Linear(6, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, seq):
+        s = seq.new_zeros(seq.shape[0], 8)
+        for t in range(seq.shape[1]):
+            s = torch.tanh(self.inp(seq[:, t]) + self.rec(s))
+        return self.head(s)
+
+
+def test_a_torch_nn_layer_called_per_time_step_is_not_made_a_region():
+    model = LinearLoop()
+    astra = AstraTorch(model, FixedExplorer(), threads=("1",), total_steps=10, background=False)
+    x, y = torch.randn(4, 5, 6), torch.randint(0, 3, (4,))
+    with astra.step():
+        _loss_and_grads(model, x, y)
+    # Before: every nn.Linear was its own region (and a compiled one broke the backward).
+    assert not astra.runners and not any(v.region for v in astra.spec().variables)
+    astra.restore()
+
+
+def test_probing_the_step_costs_at_most_a_twentieth_of_a_short_runs_eager_time():
+    # 300 steps of 40 ms (the probe step, hooks and first calls included): 12 s of eager training;
+    # a dynamo trace (3 s) is more than 5% of it.
+    short = AstraTorch(
+        HighwayLoop(6, 8, 3), FixedExplorer(), threads=("1",), total_steps=300, background=False
+    )
+    short._example_args = (torch.randn(4, 3, 6),)
+    assert not short._worth_cache_probe(40.0) and not short._worth_graph_capture(40.0)
+    long = AstraTorch(
+        HighwayLoop(6, 8, 3), FixedExplorer(), threads=("1",), total_steps=5000, background=False
+    )
+    long._example_args = (torch.randn(4, 3, 6),)
+    assert long._worth_cache_probe(40.0) and long._worth_graph_capture(40.0)
