@@ -10,10 +10,10 @@ import grpc
 
 from microco.api.compiler.v1 import compiler_pb2 as pb
 from microco.api.compiler.v1 import compiler_pb2_grpc as pb_grpc
-from microco.common import ServiceClient
-from microco.common import Unavailable
-from .explore import wire
 from microco.clients.compiler.explore.types import Config, GraphSpec, TrialReport
+from microco.common import ServiceClient, Unavailable
+
+from .explore import wire
 
 
 def _dial_own(address: str) -> grpc.Channel:

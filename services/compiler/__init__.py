@@ -5,17 +5,27 @@ with the training-side wrapper, which lives one layer down in
 :mod:`microco.clients.compiler.explore` and is re-exported here for the service's callers.
 """
 
-from microco.clients.compiler.explore import Exploration, ExplorationPolicy, TrialRecord, commit, next_config, report, start
-from microco.clients.compiler.explore import COMMITTED, EXPLORATIONS, CompilerCore, LocalExplorer, committed_record
 from microco.clients.compiler.explore import (
+    COMMITTED,
+    EXPLORATIONS,
     STAGE_COMPILE,
     STAGE_FINE,
     STAGE_STRUCTURE,
+    CompilerCore,
     Config,
+    Exploration,
+    ExplorationPolicy,
     GraphSpec,
+    LocalExplorer,
+    TrialRecord,
     TrialReport,
     Variable,
+    commit,
+    committed_record,
     graph_key,
+    next_config,
+    report,
+    start,
 )
 
 __all__ = [

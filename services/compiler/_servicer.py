@@ -8,11 +8,9 @@ from typing import Any
 
 from microco.api.compiler.v1 import compiler_pb2 as pb
 from microco.api.compiler.v1 import compiler_pb2_grpc as pb_grpc
+from microco.clients.compiler.explore import CompilerCore, ExplorationPolicy, wire
 from microco.common import InvalidArgument
 from microco.services.runtime.server import ServiceContext
-
-from microco.clients.compiler.explore import wire
-from microco.clients.compiler.explore import CompilerCore, ExplorationPolicy
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "microco.api.compiler.v1.CompilerService"

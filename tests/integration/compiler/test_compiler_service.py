@@ -20,9 +20,9 @@ torch = pytest.importorskip("torch")
 
 from microco.clients.compiler import RemoteExplorer
 from microco.clients.compiler._torch import AstraTorch
+from microco.clients.compiler.explore import GraphSpec, Variable
 from microco.clients.compiler.zoo import torch_models as zm
 from microco.common import InvalidArgument, NotFound
-from microco.clients.compiler.explore import GraphSpec, Variable
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 

@@ -9,9 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from microco.clients.compiler import MicrocoBackend, register_backend
+from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 from microco.clients.compiler.zoo import torch_models as zm
 from microco.common import MemoryKV
-from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 
 pytestmark = pytest.mark.torch
 

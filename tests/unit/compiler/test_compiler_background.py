@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 
 from microco.clients.compiler._background import BackgroundCompiler
 from microco.clients.compiler._torch import AstraTorch
-from microco.clients.compiler.zoo import torch_models as zm
 from microco.clients.compiler.explore.types import Config
+from microco.clients.compiler.zoo import torch_models as zm
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]  # a cold Inductor compile in a child process
 

@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import pytest
 
-from microco.common import InvalidArgument, MemoryKV, NotFound
 from microco.clients.compiler.explore import (
     STAGE_COMPILE,
     STAGE_FINE,
@@ -23,6 +22,7 @@ from microco.clients.compiler.explore import (
     report,
     start,
 )
+from microco.common import InvalidArgument, MemoryKV, NotFound
 
 POLICY = ExplorationPolicy(measure_steps=2)
 

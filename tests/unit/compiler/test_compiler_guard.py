@@ -15,8 +15,8 @@ from torch import nn
 from microco.clients.compiler import _torch_fx as tfx
 from microco.clients.compiler._torch import AstraTorch, CellRunner
 from microco.clients.compiler._torch_aot import AotRegion
-from microco.common import MemoryKV
 from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
+from microco.common import MemoryKV
 
 pytestmark = pytest.mark.torch
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from microco.clients.compiler import ExplorationSession
-from microco.common import MemoryKV
 from microco.clients.compiler.explore import (
     STAGE_FINE,
     STAGE_STRUCTURE,
@@ -16,6 +13,7 @@ from microco.clients.compiler.explore import (
     LocalExplorer,
     Variable,
 )
+from microco.common import MemoryKV
 
 
 @pytest.mark.parametrize("may_compile, cut_after", [(True, 2), (False, 1)])

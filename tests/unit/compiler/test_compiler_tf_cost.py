@@ -19,9 +19,9 @@ from microco.clients.compiler._tf_cost import (
     step_hlo_instructions,
     unrolled_hlo_instructions,
 )
+from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 from microco.clients.compiler.zoo import CELL_NAMES
 from microco.clients.compiler.zoo import tf_models as zt
-from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 
 pytestmark = pytest.mark.tensorflow
 

@@ -13,9 +13,9 @@ tf = pytest.importorskip("tensorflow")
 
 from microco.clients.compiler._tf import AstraTF, run_model
 from microco.clients.compiler._tf_graph import NotReplayable, analyse_cell, analyse_model, structure_of
+from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 from microco.clients.compiler.zoo import tf_models as zt
 from microco.common import MemoryKV
-from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 
 pytestmark = pytest.mark.tensorflow
 

@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 
 from microco.clients.compiler import AstraTorch
 from microco.clients.compiler._torch_cache import WholeStepBackend
-from microco.clients.compiler.zoo import torch_models as zm
 from microco.clients.compiler.explore import LocalExplorer
+from microco.clients.compiler.zoo import torch_models as zm
 
 pytestmark = pytest.mark.torch
 

@@ -10,9 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from microco.clients.compiler._torch import AstraTorch, thread_choices
+from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 from microco.clients.compiler.zoo import torch_models as zm
 from microco.common import MemoryKV
-from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 
 pytestmark = pytest.mark.torch
 POLICY = ExplorationPolicy(measure_steps=1)

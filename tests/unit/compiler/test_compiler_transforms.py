@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 from microco.clients.compiler import _torch_fx as tfx
 from microco.clients.compiler._torch import AstraTorch
 from microco.clients.compiler._torch_aot import AotRegion
+from microco.clients.compiler.explore import Config, GraphSpec, TrialReport
 from microco.clients.compiler.zoo import CELL_NAMES
 from microco.clients.compiler.zoo import torch_models as zm
-from microco.clients.compiler.explore import Config, GraphSpec, TrialReport
 
 pytestmark = pytest.mark.torch
 
