@@ -37,6 +37,7 @@ from microco.cli.sim import (
     default_gpus,
     hp_options,
     load_jobs,
+    model_options,
     policy_options,
     resolve_costs,
 )
@@ -172,6 +173,7 @@ def _gpu_sweep(args, jobs, models, perf, costs) -> list[dict]:
                 tick_s=args.tick,
                 series_points=0,
                 extra_windows={"contended": cw} if cw else None,
+                **model_options(args),
             )
         lw = res["fifo"].load_window_s
         row["load_window_s"] = list(lw) if lw else None
@@ -263,6 +265,15 @@ def main(argv: list[str] | None = None) -> int:
     gpus = args.gpus or default_gpus(args.trace)
     models = tuple(m.strip() for m in args.device_models.split(",") if m.strip())
     cluster = ClusterSpec.for_gpus(gpus, args.gpus_per_node, models)
+    try:
+        # refuse unmeasured, unmapped trace models before any run (the runs would each refuse)
+        from microco.services.scheduler.policy import make_policy
+        from microco.services.scheduler.sim import Simulator
+
+        Simulator(make_policy("fifo"), jobs, cluster, perf=perf, **model_options(args))
+    except ValueError as exc:
+        print(f"microco bench sim: {exc}", file=sys.stderr)
+        return 2
 
     profiles = _cost_profiles(args)
     if args.sweep_only:
@@ -405,7 +416,13 @@ def _run_profile(args, jobs, cluster, models, perf, costs, pname: str) -> tuple[
             flush=True,
         )
         results[label] = simulate(
-            make_policy(name, **opts), jobs, cluster, perf=perf, costs=costs, tick_s=args.tick
+            make_policy(name, **opts),
+            jobs,
+            cluster,
+            perf=perf,
+            costs=costs,
+            tick_s=args.tick,
+            **model_options(args),
         )
 
     f, l, g, fs = results["fifo"], results["las"], results["gandiva"], results[STRICT]

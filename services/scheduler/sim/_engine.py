@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from microco.services.scheduler.policy import (
     ClusterView,
@@ -37,6 +37,7 @@ from microco.services.scheduler.policy import (
     check,
 )
 
+from ._models import UNKNOWN_MODEL_CHOICES, UnknownModelError, check_model_map
 from ._perf import CostModel, PerfModel
 from ._trace import TraceJob
 
@@ -236,7 +237,11 @@ class Simulator:
         extra_windows: dict[str, tuple[float, float]] | None = None,
         observe_utilization: bool = True,
         load_fraction: float = LOAD_FRACTION,
+        model_map: Mapping[str, str] | None = None,
+        on_unknown_model: str = "error",
     ) -> None:
+        if on_unknown_model not in UNKNOWN_MODEL_CHOICES:
+            raise ValueError(f"on_unknown_model must be one of {', '.join(UNKNOWN_MODEL_CHOICES)}")
         self.policy = policy
         self.cluster = cluster
         self.devices = cluster.device_views()
@@ -256,6 +261,15 @@ class Simulator:
         ref = self.devices[0].model if self.devices else "v100"
         self.jobs: dict[str, _Job] = {}
         self.rejected = 0
+        # trace model names mapped onto measured ones (_models: unknown names are refused
+        # unless mapped, or run at default speeds by explicit choice)
+        self.model_map = dict(model_map or {})
+        known = {m for table in self.perf.alone.values() for m in table}
+        check_model_map(self.model_map, known)
+        if self.model_map:
+            trace = [
+                replace(t, model=self.model_map[t.model]) if t.model in self.model_map else t for t in trace
+            ]
         for t in trace:
             if t.devices > len(self.devices):
                 self.rejected += 1
@@ -268,6 +282,8 @@ class Simulator:
                     j.probe_work, j.probes = pts[0], pts[1:]
             self.jobs[j.id] = j
         self.unknown_models = self.perf.unknown_models(j.t.model for j in self.jobs.values())
+        if self.unknown_models and on_unknown_model == "error":
+            raise UnknownModelError(self.unknown_models, known)
         if self.unknown_models:
             log.warning(
                 "the performance model has no measurement of %d trace model(s), run at default speeds: %s",
@@ -755,7 +771,9 @@ class Simulator:
         for d, opened in self._open.items():
             ids = sorted(o.id for o in self.holders[d])
             if sorted(opened) != ids:
-                raise AssertionError(f"conservation: {d}'s timeline has open intervals for {sorted(opened)} but holders {ids}")
+                raise AssertionError(
+                    f"conservation: {d}'s timeline has open intervals for {sorted(opened)} but holders {ids}"
+                )
             for jid, t0 in opened.items():
                 open_by_job[jid] = open_by_job.get(jid, 0.0) + (now - t0)
         total_dev = sum(self.device_busy_s.values()) + sum(open_by_job.values())

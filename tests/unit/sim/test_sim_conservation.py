@@ -9,7 +9,13 @@ import functools
 import pytest
 
 from microco.services.scheduler.policy import make_policy
-from microco.services.scheduler.sim import ClusterSpec, Simulator, default_perf_model, default_traces_dir, load_trace
+from microco.services.scheduler.sim import (
+    ClusterSpec,
+    Simulator,
+    default_perf_model,
+    default_traces_dir,
+    load_trace,
+)
 
 TRACES = default_traces_dir()
 ALIBABA = TRACES / "alibaba-gpu-v2023" / "openb_pod_list_default.csv"
@@ -27,13 +33,19 @@ def _slice(n: int = 200):
 def test_conservation_on_real_trace_slice(name: str) -> None:
     jobs = _slice()
     sim = Simulator(
-        make_policy(name), jobs, ClusterSpec.for_gpus(16), perf=default_perf_model(TRACES), check_invariants=True
+        make_policy(name),
+        jobs,
+        ClusterSpec.for_gpus(16),
+        perf=default_perf_model(TRACES),
+        check_invariants=True,
     )
     res = sim.run()  # checks after every decision and at the end
     assert res.jobs == len(jobs)
     assert all(pj["finished"] is not None for pj in res.per_job.values())
     # the two sides are different counters: the device timelines hold every job's time
-    assert sum(sim.device_busy_s.values()) == pytest.approx(sum(pj["device_s"] for pj in res.per_job.values()))
+    assert sum(sim.device_busy_s.values()) == pytest.approx(
+        sum(pj["device_s"] for pj in res.per_job.values())
+    )
     assert sum(sim.device_busy_s.values()) > 0
 
 
@@ -75,7 +87,10 @@ def _small_trace():
     from microco.services.scheduler.sim import TraceJob
 
     # more one-device jobs than devices: time-slicing suspends and resumes them
-    return [TraceJob(f"j{i}", float(i * 5), 1, 600.0 + 37 * i, model="ResNet-18 (batch size 64)") for i in range(6)]
+    return [
+        TraceJob(f"j{i}", float(i * 5), 1, 600.0 + 37 * i, model="ResNet-18 (batch size 64)")
+        for i in range(6)
+    ]
 
 
 @pytest.mark.parametrize("bug", [_LeakyAttained, _LostInterval, _FreeProgress])
