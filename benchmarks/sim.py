@@ -37,6 +37,7 @@ from microco.cli.sim import (
     default_gpus,
     hp_options,
     load_jobs,
+    model_options,
     policy_options,
     resolve_costs,
 )
@@ -172,6 +173,7 @@ def _gpu_sweep(args, jobs, models, perf, costs) -> list[dict]:
                 tick_s=args.tick,
                 series_points=0,
                 extra_windows={"contended": cw} if cw else None,
+                **model_options(args),
             )
         lw = res["fifo"].load_window_s
         row["load_window_s"] = list(lw) if lw else None
@@ -248,7 +250,19 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated subset of the cost profiles to report (session1, measured; default: "
         "session1, plus measured with --costs-from)",
     )
+    p.add_argument(
+        "--scale",
+        default=None,
+        metavar="GPUS,...",
+        help="only the scale runs: for each cluster size, a generated Poisson trace of --scale-jobs jobs "
+        "at --scale-load times its capacity, simulated under --scale-policy; reports CPU seconds",
+    )
+    p.add_argument("--scale-jobs", type=int, default=8000, help="jobs per generated trace (default 8000)")
+    p.add_argument("--scale-load", type=float, default=1.0, help="offered load of the traces (default 1.0)")
+    p.add_argument("--scale-policy", default="gandiva", help="policy of the scale runs (default gandiva)")
     args = p.parse_args(argv)
+    if args.scale:
+        return _scale(args)
     if args.quick:
         args.trace = "tiresias" if args.trace == "alibaba" else args.trace
         args.hp_configs = min(args.hp_configs, 27)
@@ -263,6 +277,15 @@ def main(argv: list[str] | None = None) -> int:
     gpus = args.gpus or default_gpus(args.trace)
     models = tuple(m.strip() for m in args.device_models.split(",") if m.strip())
     cluster = ClusterSpec.for_gpus(gpus, args.gpus_per_node, models)
+    try:
+        # refuse unmeasured, unmapped trace models before any run (the runs would each refuse)
+        from microco.services.scheduler.policy import make_policy
+        from microco.services.scheduler.sim import Simulator
+
+        Simulator(make_policy("fifo"), jobs, cluster, perf=perf, **model_options(args))
+    except ValueError as exc:
+        print(f"microco bench sim: {exc}", file=sys.stderr)
+        return 2
 
     profiles = _cost_profiles(args)
     if args.sweep_only:
@@ -307,6 +330,58 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         _plot(args.plot, plotted, f"{Path(path).name}: {len(jobs)} jobs on {gpus} GPUs, {primary} costs")
         out["plot"] = args.plot
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def _scale(args) -> int:
+    """The simulator's own cost at cluster scale: one run per size on a generated Poisson
+    trace (``poisson_trace``, seed 1, log-normal run times), CPU seconds of the process for
+    the run (``sim_cpu_s``), decisions and events."""
+    from microco.services.scheduler.policy import make_policy
+    from microco.services.scheduler.sim import (
+        ClusterSpec,
+        default_perf_model,
+        default_traces_dir,
+        poisson_trace,
+        simulate,
+    )
+
+    traces_dir = Path(args.traces_dir) if args.traces_dir else default_traces_dir()
+    perf = default_perf_model(traces_dir if traces_dir.exists() else None)
+    rows = []
+    t0 = time.perf_counter()
+    for size in [int(x) for x in args.scale.split(",") if x.strip()]:
+        jobs = poisson_trace(args.scale_jobs, size, load=args.scale_load, seed=1)
+        print(f"scale: {args.scale_policy} on {size} GPUs, {len(jobs)} jobs ...", file=sys.stderr, flush=True)
+        r = simulate(
+            make_policy(args.scale_policy, **policy_options(args.scale_policy, args)),
+            jobs,
+            ClusterSpec.for_gpus(size, args.gpus_per_node),
+            perf=perf,
+            tick_s=args.tick,
+            series_points=0,
+        )
+        rows.append(
+            {
+                "gpus": size,
+                "jobs": r.jobs,
+                "sim_cpu_s": round(r.sim_cpu_s, 2),
+                "decide_calls": r.decide_calls,
+                "events": r.events,
+                "cpu_ms_per_decision": round(1000 * r.sim_cpu_s / max(r.decide_calls, 1), 3),
+                "gpu_utilization": round(r.gpu_utilization, 4),
+                "avg_jct_s": round(r.avg_jct_s, 1),
+                "preemptions": r.preemptions,
+                "packs": r.packs,
+            }
+        )
+    out = {
+        "policy": args.scale_policy,
+        "load": args.scale_load,
+        "scale": rows,
+        "bench_wall_s": round(time.perf_counter() - t0, 2),
+    }
     print(json.dumps(out, indent=2))
     return 0
 
@@ -405,7 +480,13 @@ def _run_profile(args, jobs, cluster, models, perf, costs, pname: str) -> tuple[
             flush=True,
         )
         results[label] = simulate(
-            make_policy(name, **opts), jobs, cluster, perf=perf, costs=costs, tick_s=args.tick
+            make_policy(name, **opts),
+            jobs,
+            cluster,
+            perf=perf,
+            costs=costs,
+            tick_s=args.tick,
+            **model_options(args),
         )
 
     f, l, g, fs = results["fifo"], results["las"], results["gandiva"], results[STRICT]

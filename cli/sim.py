@@ -12,6 +12,7 @@ import ast
 import json
 import math
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,25 @@ def resolve_costs(args: argparse.Namespace):
     return replace(base, **(args.costs or {}))
 
 
+def _model_map_item(text: str) -> tuple[str, str]:
+    from microco.services.scheduler.sim import parse_model_map_item
+
+    try:
+        return parse_model_map_item(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The simulator's ``model_map`` and ``on_unknown_model`` from the flags (ValueError for
+    an unreadable mapping file)."""
+    from microco.services.scheduler.sim import read_model_map
+
+    mapping = read_model_map(args.model_map_file) if getattr(args, "model_map_file", None) else {}
+    mapping.update(dict(getattr(args, "model_map", None) or []))
+    return {"model_map": mapping, "on_unknown_model": getattr(args, "unknown_models", "error")}
+
+
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     """Flags shared by ``microco sim`` and the sim benchmark."""
     p.add_argument(
@@ -163,6 +183,29 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
         "suspend_ms, resume = resume_ms, migrate = migrate_ms, resize = resume_ms",
     )
 
+    p.add_argument(
+        "--model-map",
+        action="append",
+        type=_model_map_item,
+        default=[],
+        metavar="NAME=KNOWN",
+        help="run the trace's model NAME as the measured model KNOWN (repeatable); a trace model the "
+        "performance model has not measured is refused unless mapped",
+    )
+    p.add_argument(
+        "--model-map-file",
+        default=None,
+        metavar="FILE",
+        help="model names to map, as a JSON object {NAME: KNOWN} or lines NAME=KNOWN (--model-map "
+        "entries win)",
+    )
+    p.add_argument(
+        "--unknown-models",
+        choices=("error", "default"),
+        default="error",
+        help="what to do with trace models neither measured nor mapped: error (default) or run them at "
+        "default speeds (100 ms mini-batch, device fully busy)",
+    )
     p.add_argument(
         "--opt",
         action="append",
@@ -278,11 +321,13 @@ def run(args: argparse.Namespace) -> int:
         simulate,
     )
 
+    cpu0 = time.process_time()
     traces_dir = Path(args.traces_dir) if args.traces_dir else default_traces_dir()
     perf = default_perf_model(traces_dir if traces_dir.exists() else None)
     try:
         policy = make_policy(args.policy, **policy_options(args.policy, args))
-    except PolicyError as exc:
+        models_kw = model_options(args)
+    except (PolicyError, ValueError) as exc:
         print(f"microco sim: {exc}", file=sys.stderr)
         return 2
     models = tuple(m.strip() for m in args.device_models.split(",") if m.strip())
@@ -304,9 +349,17 @@ def run(args: argparse.Namespace) -> int:
             return 2
         gpus = args.gpus or default_gpus(args.trace)
         cluster = ClusterSpec.for_gpus(gpus, args.gpus_per_node, models)
-        res = simulate(policy, jobs, cluster, perf=perf, costs=resolve_costs(args), tick_s=args.tick)
+        try:
+            res = simulate(
+                policy, jobs, cluster, perf=perf, costs=resolve_costs(args), tick_s=args.tick, **models_kw
+            )
+        except ValueError as exc:  # UnknownModelError, a model map onto an unmeasured model
+            print(f"microco sim: {exc}", file=sys.stderr)
+            return 2
         out = res.to_dict()
         out["trace"] = str(path)
+    # the process's CPU seconds for the run (loading the trace and the model included)
+    out["cpu_s"] = round(time.process_time() - cpu0, 3)
     if args.json:
         print(json.dumps(out, indent=2))
     else:

@@ -223,7 +223,7 @@ class GandivaPolicy:
         # 4. waiting jobs in order: free devices, then a defragmenting migration, then a
         #    pack, then a time-slice.
         victims = []
-        if cfg.enable_time_slicing:
+        if cfg.enable_time_slicing and waiting:  # (victims, packs and slots serve waiting jobs only)
             victims = [
                 j
                 for j in holders
@@ -240,12 +240,12 @@ class GandivaPolicy:
                 victims.sort(key=lambda j: (j.priority, j.last_change_at, j.id))
         # packs whose quantum is over: device -> its members (one time-slice participant)
         pack_victims: dict[str, list[JobView]] = {}
-        if cfg.enable_time_slicing and cfg.slice_packs and any_packed:
+        if cfg.enable_time_slicing and cfg.slice_packs and any_packed and waiting:
             pack_victims = self._pack_victims(occ, jobs, acted, now)
         packed_victims = [m for ms in pack_victims.values() for m in ms]
         suspended: set[str] = set()
         n_free = occ.n_free()
-        pack_slots = self._pack_slots(occ, jobs, acted, now) if cfg.enable_packing else []
+        pack_slots = self._pack_slots(occ, jobs, acted, now) if cfg.enable_packing and waiting else []
         max_victim = max((v.attained_service_s for v in victims + packed_victims), default=-1.0)
         min_victim_prio = min((v.priority for v in victims + packed_victims), default=0)
         # (size, priority) of waiting jobs for which the victims could make no room. A later

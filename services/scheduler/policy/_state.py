@@ -15,16 +15,12 @@ class Occupancy:
     this tracks the devices' state as if the earlier decisions had already been applied.
     """
 
-    __slots__ = ("_order", "holders", "node_of", "nodes")
+    __slots__ = ("_n_free", "_order", "holders", "node_of", "nodes")
 
     def __init__(self, view: ClusterView) -> None:
-        self.node_of: dict[str, str] = {}
-        self.nodes: dict[str, list[str]] = {}
-        self._order: dict[str, int] = {}
-        for i, d in enumerate(view.devices):
-            self.node_of[d.id] = d.node
-            self.nodes.setdefault(d.node, []).append(d.id)
-            self._order[d.id] = i
+        # node_of, nodes and _order depend on the devices alone: shared, read-only, between
+        # calls that pass the same devices tuple (the simulator's, every decision)
+        self.node_of, self.nodes, self._order = _topology(view.devices)
         # device id -> ids of jobs on it (a list: packing puts several)
         self.holders: dict[str, list[str]] = {d: [] for d in self.node_of}
         for j in view.jobs:
@@ -32,13 +28,15 @@ class Occupancy:
                 for dev in j.devices:
                     if dev in self.holders:
                         self.holders[dev].append(j.id)
+        # free devices, counted once here and kept by take/release (the only writers)
+        self._n_free = sum(1 for h in self.holders.values() if not h)
 
     # -- queries
     def free(self) -> list[str]:
         return [d for d, h in self.holders.items() if not h]
 
     def n_free(self) -> int:
-        return sum(1 for h in self.holders.values() if not h)
+        return self._n_free
 
     def free_by_node(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -57,10 +55,37 @@ class Occupancy:
             h = self.holders.get(d)
             if h is not None and job_id in h:
                 h.remove(job_id)
+                if not h:
+                    self._n_free += 1
 
     def take(self, job_id: str, devices: Iterable[str]) -> None:
         for d in devices:
-            self.holders[d].append(job_id)
+            h = self.holders[d]
+            if not h:
+                self._n_free -= 1
+            h.append(job_id)
+
+
+# The last devices tuple's topology (node_of, nodes, order): a simulator passes the same
+# tuple to every decision, and rebuilding it was a fifth of a 1,024-device decision.
+_last_topology: tuple = (None, None)
+
+
+def _topology(devices: Sequence) -> tuple[dict[str, str], dict[str, list[str]], dict[str, int]]:
+    global _last_topology
+    seen, topo = _last_topology
+    if seen is devices:
+        return topo
+    node_of: dict[str, str] = {}
+    nodes: dict[str, list[str]] = {}
+    order: dict[str, int] = {}
+    for i, d in enumerate(devices):
+        node_of[d.id] = d.node
+        nodes.setdefault(d.node, []).append(d.id)
+        order[d.id] = i
+    topo = (node_of, nodes, order)
+    _last_topology = (devices, topo)
+    return topo
 
 
 def place(free_by_node: dict[str, list[str]], k: int, *, allow_spread: bool = True) -> tuple[str, ...] | None:

@@ -7,7 +7,9 @@ model for suspend/resume/migration. See docs/scheduler-sim.md.
 """
 
 from ._engine import LOAD_FRACTION, ClusterSpec, SimResult, Simulator, contended_window, load_window, simulate
+from ._generate import poisson_trace
 from ._hpsearch import HP_MODEL, AshaSearcher, HPSearchResult, asha_rungs, hp_search_trace, run_hp_search
+from ._models import UNKNOWN_MODEL_CHOICES, UnknownModelError, parse_model_map_item, read_model_map
 from ._perf import COST_PROFILES, CostModel, PerfModel, default_perf_model
 from ._trace import (
     GAVEL_FAMILIES,
@@ -29,6 +31,7 @@ __all__ = [
     "HP_MODEL",
     "LOAD_FRACTION",
     "TRACE_COLUMNS",
+    "UNKNOWN_MODEL_CHOICES",
     "AshaSearcher",
     "ClusterSpec",
     "CostModel",
@@ -39,6 +42,7 @@ __all__ = [
     "Simulator",
     "TraceError",
     "TraceJob",
+    "UnknownModelError",
     "asha_rungs",
     "contended_window",
     "default_perf_model",
@@ -48,6 +52,9 @@ __all__ = [
     "load_tiresias",
     "load_trace",
     "load_window",
+    "parse_model_map_item",
+    "poisson_trace",
+    "read_model_map",
     "read_trace_csv",
     "run_hp_search",
     "simulate",

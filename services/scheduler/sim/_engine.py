@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from microco.services.scheduler.policy import (
     ClusterView,
@@ -37,6 +37,7 @@ from microco.services.scheduler.policy import (
     check,
 )
 
+from ._models import UNKNOWN_MODEL_CHOICES, UnknownModelError, check_model_map
 from ._perf import CostModel, PerfModel
 from ._trace import TraceJob
 
@@ -236,7 +237,11 @@ class Simulator:
         extra_windows: dict[str, tuple[float, float]] | None = None,
         observe_utilization: bool = True,
         load_fraction: float = LOAD_FRACTION,
+        model_map: Mapping[str, str] | None = None,
+        on_unknown_model: str = "error",
     ) -> None:
+        if on_unknown_model not in UNKNOWN_MODEL_CHOICES:
+            raise ValueError(f"on_unknown_model must be one of {', '.join(UNKNOWN_MODEL_CHOICES)}")
         self.policy = policy
         self.cluster = cluster
         self.devices = cluster.device_views()
@@ -256,6 +261,15 @@ class Simulator:
         ref = self.devices[0].model if self.devices else "v100"
         self.jobs: dict[str, _Job] = {}
         self.rejected = 0
+        # trace model names mapped onto measured ones (_models: unknown names are refused
+        # unless mapped, or run at default speeds by explicit choice)
+        self.model_map = dict(model_map or {})
+        known = {m for table in self.perf.alone.values() for m in table}
+        check_model_map(self.model_map, known)
+        if self.model_map:
+            trace = [
+                replace(t, model=self.model_map[t.model]) if t.model in self.model_map else t for t in trace
+            ]
         for t in trace:
             if t.devices > len(self.devices):
                 self.rejected += 1
@@ -268,6 +282,8 @@ class Simulator:
                     j.probe_work, j.probes = pts[0], pts[1:]
             self.jobs[j.id] = j
         self.unknown_models = self.perf.unknown_models(j.t.model for j in self.jobs.values())
+        if self.unknown_models and on_unknown_model == "error":
+            raise UnknownModelError(self.unknown_models, known)
         if self.unknown_models:
             log.warning(
                 "the performance model has no measurement of %d trace model(s), run at default speeds: %s",
@@ -321,9 +337,15 @@ class Simulator:
         self._tick_at = 0.0
         self._last_view: ClusterView | None = None
         self.min_tick_s = 1.0
-        # device-seconds held, per device, for the conservation check
+        # Conservation (:meth:`check_conservation`) compares two counters kept apart: the
+        # job side (attained service and job_device_s, advanced by _sync) and the device
+        # side, each device's timeline of holders (opened by _take, closed by _release and
+        # nowhere else). device_busy_s: closed device-seconds per device; _held_by_job: the
+        # same closed intervals summed per job; _open: device -> job id -> interval start.
         self.device_busy_s = {d.id: 0.0 for d in self.devices}
         self.job_device_s: dict[str, float] = {}
+        self._open: dict[str, dict[str, float]] = {d.id: {} for d in self.devices}
+        self._held_by_job: dict[str, float] = {}
 
     # ------------------------------------------------------------------ events
     def _push(self, when: float, kind: int, jid: str = "", version: int = 0) -> None:
@@ -363,6 +385,8 @@ class Simulator:
                     )
             self._maybe_tick()
         self._advance(self.now)
+        if self.check_invariants:
+            self.assert_invariants()
         return self._result(first_submit, time.perf_counter() - wall0, time.process_time() - cpu0)
 
     def _handle(self, kind: int, jid: str, ver: int) -> bool:
@@ -461,8 +485,6 @@ class Simulator:
             held = now - j.hold_since
             j.attained += held * len(j.devices)
             self.job_device_s[j.id] = self.job_device_s.get(j.id, 0.0) + held * len(j.devices)
-            for d in j.devices:
-                self.device_busy_s[d] += held
             j.hold_since = now
 
     def _set_rates(self, jobs: Sequence[_Job]) -> None:
@@ -539,18 +561,27 @@ class Simulator:
                 o.phase = JobPhase.PACKED if shared else JobPhase.RUNNING
 
     def _take(self, j: _Job, devs: tuple[str, ...]) -> None:
+        now = self.now
         for d in devs:
             self.holders[d].append(j)
+            self._open[d][j.id] = now
         j.devices = devs
-        j.hold_since = self.now
+        j.hold_since = now
 
     def _release(self, j: _Job) -> set[_Job]:
         """Free a job's devices; returns the co-holders whose speed may change."""
         touched: set[_Job] = set()
+        now = self.now
+        held = 0.0
         for d in j.devices:
             hs = self.holders[d]
             hs.remove(j)
             touched.update(hs)
+            span = now - self._open[d].pop(j.id)
+            self.device_busy_s[d] += span
+            held += span
+        if j.devices:
+            self._held_by_job[j.id] = self._held_by_job.get(j.id, 0.0) + held
         j.devices = ()
         return touched
 
@@ -723,8 +754,69 @@ class Simulator:
         self._set_rates(sorted(live, key=lambda o: o.id))
 
     # ------------------------------------------------------------------ checks & results
+    def check_conservation(self) -> None:
+        """Device-seconds and progress conserved, from counters kept apart (raises
+        AssertionError naming the job or device):
+
+        * per job, the device-seconds its devices' timelines record (intervals opened when
+          it takes a device and closed when it leaves it) equal its attained service and its
+          ``device_s`` (advanced when the job's progress is brought up to date);
+        * the devices' timelines and the jobs' attained service add up to the same total;
+        * a device's timeline holds exactly its current holders' open intervals;
+        * no job has done more work than its devices' time allows at the fastest speed
+          any device here gives it (nor more than its work), and a finished job that was
+          not stopped early did all of it.
+        """
+        now = self.now
+        tol = 1e-6
+        open_by_job: dict[str, float] = {}
+        for d, opened in self._open.items():
+            ids = sorted(o.id for o in self.holders[d])
+            if sorted(opened) != ids:
+                raise AssertionError(
+                    f"conservation: {d}'s timeline has open intervals for {sorted(opened)} but holders {ids}"
+                )
+            for jid, t0 in opened.items():
+                open_by_job[jid] = open_by_job.get(jid, 0.0) + (now - t0)
+        total_dev = sum(self.device_busy_s.values()) + sum(open_by_job.values())
+        total_job = 0.0
+        for j in self.jobs.values():
+            held_open = (now - j.hold_since) * len(j.devices) if j.devices else 0.0
+            attained = j.attained + held_open
+            recorded = self.job_device_s.get(j.id, 0.0) + held_open
+            timeline = self._held_by_job.get(j.id, 0.0) + open_by_job.get(j.id, 0.0)
+            scale = max(1.0, abs(timeline))
+            if abs(attained - timeline) > tol * scale or abs(recorded - timeline) > tol * scale:
+                raise AssertionError(
+                    f"conservation: job {j.id} attained {attained:.6f} device-s (device_s {recorded:.6f}) "
+                    f"but its devices' timelines record {timeline:.6f}"
+                )
+            total_job += attained
+            if j.done > j.work * (1 + 1e-9) + tol:
+                raise AssertionError(f"conservation: job {j.id} did {j.done} of {j.work} work-s")
+            limit = self._max_speed(j) * timeline / j.k
+            if j.done > limit * (1 + 1e-9) + tol:
+                raise AssertionError(
+                    f"conservation: job {j.id} did {j.done:.6f} work-s but held devices for only "
+                    f"{timeline:.6f} device-s (at most {limit:.6f} work-s)"
+                )
+            if j.finished is not None and not j.stopped_early and j.done < j.work * (1 - 1e-9) - tol:
+                raise AssertionError(f"conservation: job {j.id} finished with {j.done} of {j.work} work-s")
+        if abs(total_dev - total_job) > tol * max(1.0, total_dev):
+            raise AssertionError(
+                f"conservation: devices' timelines record {total_dev:.6f} device-s, jobs attained {total_job:.6f}"
+            )
+
+    def _max_speed(self, j: _Job) -> float:
+        """The fastest a job's work can advance per device-second of its request: the best
+        device speed in the cluster (packing, spreading and growth never raise it: growing
+        to n devices scales by at most n / k)."""
+        return max([self.perf.device_speed(j.t.model, m) for m in set(self.dev_model.values())] or [1.0])
+
     def assert_invariants(self) -> None:
-        """No job on two places at once; device holders and job device lists agree."""
+        """No job on two places at once; device holders and job device lists agree;
+        device-seconds and progress conserved (:meth:`check_conservation`)."""
+        self.check_conservation()
         seen: dict[str, tuple[str, ...]] = {}
         for dv, hs in self.holders.items():
             ids = [o.id for o in hs]

@@ -21,6 +21,7 @@ from microco.services.scheduler.sim import (
     PerfModel,
     Simulator,
     TraceJob,
+    UnknownModelError,
     asha_rungs,
     contended_window,
     default_traces_dir,
@@ -179,8 +180,13 @@ def test_models_the_measurements_lack_are_reported(caplog: pytest.LogCaptureFixt
         TraceJob("b", 1.0, 1, 10.0, model="resnet50"),
         TraceJob("c", 2.0, 1, 10.0, model=""),
     ]
+    # refused by default, naming the model (issue 23: unknown names refused unless mapped)
+    with pytest.raises(UnknownModelError, match="'resnet50'"):
+        simulate(make_policy("fifo"), trace, ClusterSpec.for_gpus(1, 1), perf=measured)
     with caplog.at_level("WARNING"):
-        res = simulate(make_policy("fifo"), trace, ClusterSpec.for_gpus(1, 1), perf=measured)
+        res = simulate(
+            make_policy("fifo"), trace, ClusterSpec.for_gpus(1, 1), perf=measured, on_unknown_model="default"
+        )
     assert res.unknown_models == ["resnet50"] and res.to_dict()["unknown_models"] == ["resnet50"]
     assert "resnet50" in caplog.text and "default speeds" in caplog.text
     # the uniform model measures nothing on purpose: nothing to report
