@@ -489,7 +489,7 @@ def _run_profile(args, jobs, cluster, models, perf, costs, pname: str) -> tuple[
             **model_options(args),
         )
 
-    f, l, g, fs = results["fifo"], results["las"], results["gandiva"], results[STRICT]
+    f, las, g, fs = results["fifo"], results["las"], results["gandiva"], results[STRICT]
     out: dict = {
         "costs_s": dataclasses.asdict(costs),
         "results": {k: v.to_dict() for k, v in results.items()},
@@ -520,11 +520,11 @@ def _run_profile(args, jobs, cluster, models, perf, costs, pname: str) -> tuple[
             },
             "gandiva_no_trial_packs_vs_fifo": _ratios(results[TRIAL], f),
             "gandiva_pairs_spread_vs_fifo": _ratios(results[PAIRS], f),
-            "gandiva_vs_las": _ratios(g, l, VS_LAS_FIGURES),
+            "gandiva_vs_las": _ratios(g, las, VS_LAS_FIGURES),
         },
     }
     if GRACE in results:
-        out["ratios"]["gandiva_finish_grace_vs_las"] = _ratios(results[GRACE], l, VS_LAS_FIGURES)
+        out["ratios"]["gandiva_finish_grace_vs_las"] = _ratios(results[GRACE], las, VS_LAS_FIGURES)
         out["ratios"]["gandiva_finish_grace_vs_fifo"] = _ratios(results[GRACE], f)
     targets = {
         "gandiva_utilization_plus_26pct_vs_fifo": (
@@ -534,7 +534,7 @@ def _run_profile(args, jobs, cluster, models, perf, costs, pname: str) -> tuple[
         >= 1.26 * f.gpu_utilization_window,
         "gandiva_ttff_minus_77pct_vs_fifo": g.avg_time_to_first_feedback_s
         <= 0.23 * f.avg_time_to_first_feedback_s,
-        "gandiva_avg_jct_not_worse_than_las": g.avg_jct_s <= l.avg_jct_s,
+        "gandiva_avg_jct_not_worse_than_las": g.avg_jct_s <= las.avg_jct_s,
         "sim_under_60s_cpu_per_policy": max(r.sim_cpu_s for r in results.values()) < 60.0,
     }
     if not args.no_hp_search:

@@ -690,7 +690,11 @@ class Simulator:
         for d in decisions:
             found = self.jobs.get(d.job_id)
             active = found is not None and found.finished is None and found.id in self.active
-            facts = JobFacts(found.phase, tuple(found.devices), found.k, found.t.elastic) if found and active else None
+            facts = (
+                JobFacts(found.phase, tuple(found.devices), found.k, found.t.elastic)
+                if found and active
+                else None
+            )
             rejection = check(d, facts, holder_ids, self.holders.__contains__)
             if rejection is not None or found is None:
                 self.counts["refused"] += 1
