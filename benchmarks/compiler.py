@@ -49,8 +49,8 @@ def bench_torch(
     import torch
 
     from microco.clients.compiler import AstraTorch
+    from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
     from microco.clients.compiler.zoo import torch_models as zm
-    from microco.services.compiler import ExplorationPolicy, LocalExplorer
 
     x, y = zm.synthetic_batch(sizes["T"], sizes["B"], sizes["I"])
 
@@ -162,8 +162,8 @@ def bench_tf(
     import tensorflow as tf
 
     from microco.clients.compiler import AstraTF
+    from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
     from microco.clients.compiler.zoo import tf_models as zt
-    from microco.services.compiler import ExplorationPolicy, LocalExplorer
 
     x, y = zt.synthetic_batch(sizes["T"], sizes["B"], sizes["I"])
 

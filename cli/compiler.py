@@ -48,8 +48,8 @@ def register(sub: Any) -> None:
 
 
 def _core(args: argparse.Namespace) -> Any:
+    from microco.clients.compiler.explore import CompilerCore
     from microco.common.kv import EtcdKV
-    from microco.services.compiler import CompilerCore
 
     from . import etcd_for
 
@@ -181,7 +181,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_forget(args: argparse.Namespace) -> int:
-    from microco.services.compiler import COMMITTED, EXPLORATIONS
+    from microco.clients.compiler.explore import COMMITTED, EXPLORATIONS
 
     core = _core(args)
     state = _find(core, args.key)

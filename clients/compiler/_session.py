@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 class Explorer(Protocol):
     """Where configurations come from: the compiler service (``RemoteExplorer``) or the same
-    exploration core in-process (``microco.services.compiler.LocalExplorer``)."""
+    exploration core in-process (``microco.clients.compiler.explore.LocalExplorer``)."""
 
     def register(self, spec: GraphSpec) -> Config: ...
 
