@@ -352,8 +352,8 @@ def _measure_runs(cell: str, framework: str, sizes: dict[str, int], run_steps: i
     import torch
 
     from microco.clients.compiler import AstraTorch
+    from microco.clients.compiler.explore import LocalExplorer
     from microco.clients.compiler.zoo import torch_models as zm
-    from microco.services.compiler import LocalExplorer
 
     x, y = zm.synthetic_batch(sizes["T"], sizes["B"], sizes["I"])
     out = {}

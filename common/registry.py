@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -43,6 +44,10 @@ class ServiceRecord:
         return cls(**json.loads(raw))
 
 
+#: The longest wait between two attempts to put a key back after its lease was lost.
+RENEW_RETRY_MAX_S = 2.0
+
+
 class LeasedKey:
     """Keeps one key in etcd under a lease for as long as its owner lives.
 
@@ -67,10 +72,20 @@ class LeasedKey:
         return self
 
     def _renew(self) -> None:
-        try:
-            self.start()
-        except Unavailable as exc:
-            log.error("re-putting %s under a new lease failed: %s", self.key, exc)
+        """Put the key again under a new lease, retrying (backed off, at most
+        ``RENEW_RETRY_MAX_S`` apart) until it is in or the key is stopped: the first calls after
+        etcd returns may still fail, and a key given up here would stay missing for good."""
+        delay = 0.1
+        while not self._closed:
+            try:
+                self.start()
+                return
+            except Unavailable as exc:
+                log.warning(
+                    "re-putting %s under a new lease failed (retrying in %.1fs): %s", self.key, delay, exc
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, RENEW_RETRY_MAX_S)
 
     def refresh_value(self) -> None:
         """Put the current ``value()`` again, under the same lease."""

@@ -244,7 +244,7 @@ class Stack:
         if child.status in ("absent", "failed", "stopped", "pending"):
             return False
         if child.status == "waiting-restart":
-            if now < child.restart_at:
+            if now < child.restart_at or not self._etcd_serving():
                 return False
             child.tracker.restarts += 1
             # A new instance id: the dead one's registration (and leader key) lingers until its
@@ -258,8 +258,18 @@ class Stack:
         assert child.proc is not None
         if child.proc.poll() is not None:
             code = child.proc.returncode
-            delay = child.tracker.failed(now)
             logs = self.home / "logs" / f"{name}.log"
+            if not self._etcd_serving():
+                # Every service needs etcd: an exit while etcd is down (paused, restarting) is
+                # etcd's failure, not the service's. It does not count towards giving up; the
+                # service is started again once etcd serves.
+                child.status = "waiting-restart"
+                child.restart_at = now
+                self.progress(
+                    f"{name} exited with code {code} while etcd is down; restarting once etcd is back"
+                )
+                return True
+            delay = child.tracker.failed(now)
             if delay is None:
                 child.status = "failed"
                 self.progress(
@@ -390,6 +400,10 @@ class Stack:
         }
         state["processes"] = [p for p in state["processes"] if p]
         (self.home / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+    def _etcd_serving(self) -> bool:
+        """Whether the stack's etcd answers (True when the stack uses an etcd it did not start)."""
+        return self.etcd is None or self.etcd.ready()
 
     # -- stop
     def stop(self, grace: float = 10.0) -> None:

@@ -80,7 +80,10 @@ def recovered(up: Up, case: str, since: float) -> float:
         LAST[case] = out["problems"]
         return code == 0
 
-    wait_until(clean, RECOVERY_BOUND_S, f"{case}: status clean again (it said: {LAST.get(case)})")
+    try:
+        wait_until(clean, RECOVERY_BOUND_S, f"{case}: status clean again")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; status said last: {LAST.get(case)}") from None
     took = time.monotonic() - since
     MEASURED[case] = round(took, 1)
     if took > RECOVERY_S:

@@ -59,8 +59,6 @@ def test_torch_dataloader_substitutable_hits(make_dataset, tmp_path, etcd_kv, ca
 @pytest.mark.tensorflow
 def test_tf_data_reads_every_sample_once(make_dataset, tmp_path, etcd_kv, cache_server):
     tf = pytest.importorskip("tensorflow")
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
     from microco.clients.cache import quiver_tf_dataset
 
     files = make_dataset(tmp_path / "d", n=40, size=256)

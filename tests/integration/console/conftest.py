@@ -7,7 +7,6 @@ the processes of other folders' tests on the shared etcd."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,14 +18,16 @@ _HERE = Path(__file__).parent
 _RUNNING: dict[str, Platform] = {}
 
 
-@pytest.fixture(scope="session")
-def platform(
-    etcd_endpoint: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Platform]:
-    p = start_platform(etcd_endpoint, redis_url, tmp_path_factory.mktemp("console-platform"))
-    _RUNNING["platform"] = p
-    yield p
-    p.stop()
+@pytest.fixture(scope="module")
+def platform(etcd_endpoint: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Platform:
+    """The folder's platform: started by the first test module of this folder that a worker runs,
+    reused by the next ones while the worker stays in the folder, started again when a worker
+    (pytest-xdist hands out whole files) comes back to the folder after the platform was stopped."""
+    p = _RUNNING.get("platform")
+    if p is None:
+        p = start_platform(etcd_endpoint, redis_url, tmp_path_factory.mktemp("console-platform"))
+        _RUNNING["platform"] = p
+    return p
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
@@ -34,3 +35,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         p = _RUNNING.pop("platform", None)
         if p is not None:
             p.stop()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    p = _RUNNING.pop("platform", None)
+    if p is not None:
+        p.stop()

@@ -74,3 +74,34 @@ def test_json_helpers_are_canonical() -> None:
     kv.put_json("/j", {"b": 1, "a": [1, 2]})
     assert kv.get("/j") == b'{"a":[1,2],"b":1}'
     assert kv.get_json("/j") == {"a": [1, 2], "b": 1}
+
+
+def test_a_key_whose_lease_was_lost_is_put_back_even_if_etcd_fails_at_first():
+    """After etcd drops a lease, the first attempts to put the key back may fail (etcd is still
+    coming back): the key is retried until it is in, never given up."""
+    import threading
+
+    from microco.common.errors import Unavailable
+    from microco.common.kv import MemoryKV
+    from microco.common.registry import LeasedKey
+
+    class Flaky(MemoryKV):
+        fail = 0
+
+        def lease(self, ttl):
+            if self.fail > 0:
+                self.fail -= 1
+                raise Unavailable("etcd is coming back")
+            return super().lease(ttl)
+
+    kv = Flaky()
+    key = LeasedKey(kv, "/k", lambda: b"v", ttl=5).start()
+    assert kv.get("/k") == b"v"
+    kv.delete("/k")
+    kv.fail = 3
+    t = threading.Thread(target=key._renew)
+    t.start()
+    t.join(10)
+    assert not t.is_alive() and kv.fail == 0
+    assert kv.get("/k") == b"v"
+    key.stop()
