@@ -223,13 +223,16 @@ class QuiverLoader:
         """Which candidate samples sit in a cached chunk now (this host's server, a peer's,
         or a chunk this loader holds while it is being inserted)."""
         chunks = sorted({self.index.chunk_of(i).digest for i in candidates})
-        present: set[str] = set()
+        # What this loader holds is looked at before the server too: an insert finishing while
+        # the server is asked leaves its chunk in neither answer otherwise (it is dropped from
+        # the staged set only once the server holds it), and its samples would be read twice.
+        with self._lock:
+            present: set[str] = set(self._staged)
         srv = self._server()
         if srv is not None:
             try:
-                present, self._room = srv.lookup_room(
-                    chunks, self.dataset, self.job_id, timeout=5, retry=False
-                )
+                held, self._room = srv.lookup_room(chunks, self.dataset, self.job_id, timeout=5, retry=False)
+                present |= held
             except MicrocoError as exc:
                 self._server_failed(exc)
         if self.peers is not None:

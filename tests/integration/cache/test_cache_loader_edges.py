@@ -51,6 +51,31 @@ def test_hit_rate_counts_only_samples_served_from_the_cache(make_dataset, tmp_pa
         loader.close()
 
 
+def test_an_insert_finishing_during_a_lookup_is_not_read_twice(make_dataset, tmp_path, inproc_cache):
+    # The race behind a flaky CI run: the server answers a lookup before a chunk's insert
+    # lands, the insert then lands and drops the chunk from the loader's staged set, and the
+    # chunk was in neither answer, so its other samples were read from the backing store again.
+    make_dataset(tmp_path / "d", n=80, size=2000)
+    address, _core = inproc_cache(1 << 20)
+    idx, loader = _loader(tmp_path / "d", address)
+    srv = loader._server()
+    assert srv is not None
+    asked = srv.lookup_room
+
+    def lookup_then_let_inserts_land(*a, **k):
+        answer = asked(*a, **k)
+        loader._puts.submit(lambda: None).result()  # every insert queued so far has landed
+        return answer
+
+    srv.lookup_room = lookup_then_let_inserts_land  # type: ignore[method-assign]
+    try:
+        assert sum(len(b) for _, b in loader.epoch(0)) == 80
+        assert loader.stats.chunk_fetched > 0  # whole chunks were fetched and inserted
+        assert loader.stats.backing_bytes == idx.total_bytes
+    finally:
+        loader.close()
+
+
 def test_open_loader_server_false_means_no_cache(make_dataset, tmp_path, monkeypatch):
     make_dataset(tmp_path / "d", n=10, size=500)
     kv = MemoryKV()
