@@ -92,3 +92,27 @@ def artifacts_dir() -> Path:
     path = REPO / "test-artifacts"
     path.mkdir(exist_ok=True)
     return path
+
+
+_HEAVY_FIRST = ("slow", "e2e", "tensorflow", "torch", "integration")
+
+
+def _weight(item: pytest.Item) -> int:
+    """Lower runs earlier: slow files, end-to-end, the frameworks' (their imports alone take
+    seconds), integration, then the rest."""
+    for rank, mark in enumerate(_HEAVY_FIRST):
+        if item.get_closest_marker(mark) is not None:
+            return rank
+    return len(_HEAVY_FIRST)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The heaviest files first. The suite runs a file per worker at a time (``--dist loadfile``,
+    ``--no-loadscope-reorder`` in the Makefile); a minute-long file dealt last keeps one worker
+    busy while the other idles, so the long files are dealt first and the many short ones fill
+    in behind them. A stable sort: the order within a file, and among equals, is kept."""
+    file_weight: dict[str, int] = {}
+    for item in items:
+        path = str(item.path)
+        file_weight[path] = min(file_weight.get(path, len(_HEAVY_FIRST)), _weight(item))
+    items.sort(key=lambda item: file_weight[str(item.path)])

@@ -167,10 +167,17 @@ class Zygote:
             try:
                 assert popen.stdin is not None
                 popen.stdin.close()
-                popen.wait(timeout=5)
+                # An idle zygote exits at once on end of input; one still importing its preload
+                # (seconds of torch on a busy machine) reads no input until done: it holds no
+                # state worth waiting for, so it is terminated instead of waited on.
+                popen.wait(timeout=0.5)
             except (OSError, subprocess.TimeoutExpired):
-                popen.kill()
-                popen.wait()
+                popen.terminate()
+                try:
+                    popen.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    popen.kill()
+                    popen.wait()
 
     @property
     def pid(self) -> int | None:

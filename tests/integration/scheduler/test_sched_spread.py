@@ -18,7 +18,11 @@ from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
 from microco.common import channel_for
 from microco.services.scheduler._local import spawn_scheduler, stop_process
 
-pytestmark = [pytest.mark.integration, pytest.mark.torch]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.torch,
+    pytest.mark.slow,
+]  # two agents, three restarts of torch ranks
 
 STEPS = 600
 
