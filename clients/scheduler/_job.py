@@ -46,6 +46,11 @@ _CODE_ACTIONS = {v: k for k, v in _ACTION_CODES.items()}
 _PERIODIC_CHECKPOINT = 9  # rank 0's checkpoint timer ran out (agreed like a command)
 
 CHECKPOINT_FILE = "checkpoint"
+# Periodic checkpoints when the job does not say (``MICROCO_CHECKPOINT_EVERY_S`` unset; "0" turns
+# them off): a killed job loses at most this much training, and the interval stretches so that
+# writing checkpoints costs at most 1/CHECKPOINT_COST_SHARE of the time between them.
+DEFAULT_CHECKPOINT_EVERY_S = 300.0
+CHECKPOINT_COST_SHARE = 50
 _REPORT_EVERY_S = 0.2  # status file refresh while nothing changes (state changes are immediate)
 _PARK_POLL_S = 0.01
 
@@ -87,8 +92,13 @@ class JobContext:
         self.devices: list[str] = list(devices)
         self.channel = ControlChannel(control_dir) if control_dir else None
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        # Said by the caller or the job's environment: kept as said. Unsaid: the default,
+        # stretched for a job whose checkpoints are slow to write (see ``_checkpoint_due``).
+        self.checkpoint_interval_said = True
         if checkpoint_every_s is None:
-            checkpoint_every_s = float(env.get(ENV_CHECKPOINT_EVERY_S, "0") or 0)
+            said = env.get(ENV_CHECKPOINT_EVERY_S, "").strip()
+            self.checkpoint_interval_said = bool(said)
+            checkpoint_every_s = float(said) if said else DEFAULT_CHECKPOINT_EVERY_S
         self.checkpoint_every_s = checkpoint_every_s
         # How a checkpoint-and-move ends the process. ``os._exit`` skips interpreter teardown
         # (seconds for a process holding torch or TensorFlow), which is pure migration latency:
@@ -257,12 +267,20 @@ class JobContext:
         control directory, every rank of a spread job (each for its own node agent)."""
         return self.rank == 0 or self.spread
 
+    @property
+    def checkpoint_interval_s(self) -> float:
+        """Seconds between periodic checkpoints (0: none)."""
+        if self.checkpoint_interval_said or self.checkpoint_every_s <= 0:
+            return self.checkpoint_every_s
+        return max(self.checkpoint_every_s, CHECKPOINT_COST_SHARE * self.checkpoint_ms / 1000.0)
+
     def _checkpoint_due(self) -> bool:
+        interval = self.checkpoint_interval_s
         return (
-            self.checkpoint_every_s > 0
+            interval > 0
             and self.checkpoint_path is not None
             and self.save is not None
-            and time.monotonic() - self._last_checkpoint_at >= self.checkpoint_every_s
+            and time.monotonic() - self._last_checkpoint_at >= interval
         )
 
     def _record(self, state: str, **extra: Any) -> None:
@@ -290,7 +308,8 @@ class JobContext:
             self.world_size > 1
             and self.agree is not None
             and (
-                self.channel is not None or (self.checkpoint_every_s > 0 and self.checkpoint_path is not None)
+                self.channel is not None
+                or (self.checkpoint_interval_s > 0 and self.checkpoint_path is not None)
             )
         )
 

@@ -88,6 +88,7 @@ def validate_spec(
         problems.append(f"gpu_share must be in (0, 1] (got {spec.get('gpu_share')!r})")
     elif gpu_share < 1.0 and devices != 1:
         problems.append("gpu_share below 1 is for one-device jobs only")
+    problems += _size_problems(spec, command)
     if problems:
         raise InvalidArgument("invalid job spec: " + "; ".join(problems))
     return {
@@ -105,6 +106,44 @@ def validate_spec(
         "max_devices": max_devices,
         "gpu_share": gpu_share,
     }
+
+
+# A job's record lives in one etcd value (1.5 MiB at most by default, and a compare-and-swap
+# carries it twice): the parts a user writes are bounded well below that.
+MAX_ENV_VARS = 256
+MAX_ENV_BYTES = 64 * 1024
+MAX_COMMAND_ARGS = 4096
+MAX_COMMAND_BYTES = 64 * 1024
+MAX_NAME_CHARS = 200
+MAX_PATH_CHARS = 4096
+
+
+def _size_problems(spec: dict[str, Any], command: list[str]) -> list[str]:
+    out = []
+    env = spec.get("env") or {}
+    env_bytes = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in env.items())
+    if len(env) > MAX_ENV_VARS or env_bytes > MAX_ENV_BYTES:
+        out.append(
+            f"env has {len(env)} variables, {env_bytes} bytes: at most {MAX_ENV_VARS} and "
+            f"{MAX_ENV_BYTES} bytes (pass large settings in a file the job reads)"
+        )
+    command_bytes = sum(len(c.encode()) for c in command)
+    if len(command) > MAX_COMMAND_ARGS or command_bytes > MAX_COMMAND_BYTES:
+        out.append(
+            f"command has {len(command)} arguments, {command_bytes} bytes: at most "
+            f"{MAX_COMMAND_ARGS} and {MAX_COMMAND_BYTES} bytes"
+        )
+    for field, limit in (
+        ("name", MAX_NAME_CHARS),
+        ("user", MAX_NAME_CHARS),
+        ("tenant", MAX_NAME_CHARS),
+        ("model", MAX_NAME_CHARS),
+        ("workdir", MAX_PATH_CHARS),
+    ):
+        n = len(str(spec.get(field) or ""))
+        if n > limit:
+            out.append(f"{field} is {n} characters long: at most {limit}")
+    return out
 
 
 def new_record(spec: dict[str, Any], now: float | None = None) -> dict[str, Any]:

@@ -48,6 +48,12 @@ def core_with_nodes(n_devices=2):
         ({"command": PY, "devices": 1, "gpu_share": -0.1}, "gpu_share must be in"),
         ({"command": PY, "devices": 1, "gpu_share": float("nan")}, "gpu_share must be in"),
         ({"command": PY, "devices": 2, "gpu_share": 0.5}, "one-device jobs only"),
+        # A ~1 MiB environment could never be started or cancelled (its record did not fit
+        # one etcd compare-and-swap): refused at submission, with the limit.
+        ({"command": PY, "devices": 1, "env": {"BIG": "x" * (1 << 20)}}, "at most 256 and 65536 bytes"),
+        ({"command": PY, "devices": 1, "env": {f"K{i}": "" for i in range(300)}}, "env has 300"),
+        ({"command": [*PY, *["a"] * 5000], "devices": 1}, "command has 500"),
+        ({"command": PY, "devices": 1, "name": "n" * 1000}, "name is 1000 characters"),
     ],
 )
 def test_bad_specs_are_refused_with_a_reason(spec, needle):

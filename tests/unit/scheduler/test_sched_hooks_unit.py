@@ -279,3 +279,30 @@ def test_a_job_waiting_on_input_reports_its_devices_mostly_idle(monkeypatch):
         time.sleep(0.02)
         ctx.step_end()
     assert ctx.utilization() is not None and ctx.utilization() < 0.3
+
+
+def test_jobs_checkpoint_by_default_and_slow_checkpoints_stretch_the_interval(tmp_path, monkeypatch):
+    # A job killed without MICROCO_CHECKPOINT_EVERY_S used to restart from step 0: now it
+    # loses at most the default interval, stretched when its checkpoints are slow to write.
+    from microco.clients.scheduler import _job
+
+    monkeypatch.delenv(_job.ENV_CHECKPOINT_EVERY_S, raising=False)
+    ctx, _, _ = make_ctx(tmp_path)
+    assert not ctx.checkpoint_interval_said
+    assert ctx.checkpoint_interval_s == _job.DEFAULT_CHECKPOINT_EVERY_S > 0
+    ctx.step_end(1)
+    assert ctx.checkpoint_step is None  # not due yet
+    ctx._last_checkpoint_at -= _job.DEFAULT_CHECKPOINT_EVERY_S  # as if that long had passed
+    ctx.step_end(2)
+    assert ctx.checkpoint_step == 2 and (tmp_path / "ckpt" / "checkpoint").exists()
+    ctx.checkpoint_ms = 60_000.0  # a minute to write: at most 1/50 of the time goes to it
+    assert ctx.checkpoint_interval_s == _job.CHECKPOINT_COST_SHARE * 60.0
+    # Said by the job: kept exactly; "0" turns periodic checkpoints off.
+    monkeypatch.setenv(_job.ENV_CHECKPOINT_EVERY_S, "0")
+    off, _, _ = make_ctx(tmp_path / "off")
+    off.checkpoint_ms = 60_000.0
+    assert off.checkpoint_interval_said and off.checkpoint_interval_s == 0
+    monkeypatch.setenv(_job.ENV_CHECKPOINT_EVERY_S, "2.5")
+    said, _, _ = make_ctx(tmp_path / "said")
+    said.checkpoint_ms = 60_000.0
+    assert said.checkpoint_interval_s == 2.5
