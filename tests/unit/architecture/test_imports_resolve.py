@@ -4,25 +4,13 @@ otherwise only fails when that code path first runs (a service's ``ctx.redis``, 
 
 from __future__ import annotations
 
-import ast
-import os
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
-
-ROOTS = {
-    "microco.api": REPO / "protos" / "microco" / "api",
-    "microco.common": REPO / "common",
-    "microco.clients": REPO / "clients",
-    "microco.services": REPO / "services",
-    "microco.cli": REPO / "cli",
-    "microco.benchmarks": REPO / "benchmarks",
-    "microco.examples": REPO / "examples",
-}
+from _source import ROOTS, imports, modules, shown
 
 
-def _exists(module: str) -> bool:
-    for root, path in ROOTS.items():
+def _exists(module: str, roots: dict[str, Path]) -> bool:
+    for root, path in roots.items():
         if module == root or module.startswith(root + "."):
             rest = module[len(root) :].lstrip(".").split(".") if module != root else []
             where = path.joinpath(*rest)
@@ -30,42 +18,14 @@ def _exists(module: str) -> bool:
     return True  # microco itself or a root this test does not know: not its business
 
 
-def _module_name(root: str, path: Path, file: Path) -> tuple[str, str]:
-    """(module, package) of ``file`` under ``root``."""
-    rel = file.relative_to(path).with_suffix("")
-    parts = [root, *rel.parts]
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-        return ".".join(parts), ".".join(parts)
-    return ".".join(parts), ".".join(parts[:-1])
-
-
 def _unresolved(roots: dict[str, Path]) -> list[str]:
-    bad = []
-    for root, path in roots.items():
-        for dirpath, _, files in os.walk(path):
-            for f in files:
-                if not f.endswith(".py") or "_pb2" in f:
-                    continue
-                file = Path(dirpath) / f
-                _, package = _module_name(root, path, file)
-                for node in ast.walk(ast.parse(file.read_text(), str(file))):
-                    targets: list[str] = []
-                    if isinstance(node, ast.Import):
-                        targets = [a.name for a in node.names]
-                    elif isinstance(node, ast.ImportFrom):
-                        if node.level:
-                            base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                            target = ".".join(base + ([node.module] if node.module else []))
-                        else:
-                            target = node.module or ""
-                        # ``from pkg import name``: ``pkg`` must exist (``name`` may be an attribute)
-                        targets = [target]
-                    for t in targets:
-                        if t.startswith("microco.") and not _exists(t):
-                            shown = file.relative_to(REPO) if file.is_relative_to(REPO) else file
-                            bad.append(f"{shown}:{node.lineno} imports {t}, which does not exist")
-    return bad
+    """``from pkg import name``: ``pkg`` must exist (``name`` may be an attribute)."""
+    return [
+        f"{shown(path)}:{line} imports {target}, which does not exist"
+        for module, path in modules(roots)
+        for line, target, _ in imports(module, path)
+        if not _exists(target, {**ROOTS, **roots})
+    ]
 
 
 def test_every_microco_import_names_an_existing_module() -> None:

@@ -9,26 +9,13 @@ imports another service (they talk over gRPC and etcd; what both ends share live
 
 from __future__ import annotations
 
-import ast
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[3]
-
-# Where each import root's code lives in the checkout.
-ROOTS = {
-    "microco.api": REPO / "protos" / "microco" / "api",
-    "microco.common": REPO / "common",
-    "microco.clients": REPO / "clients",
-    "microco.services": REPO / "services",
-    "microco.cli": REPO / "cli",
-    "microco.benchmarks": REPO / "benchmarks",
-    "microco.examples": REPO / "examples",
-}
+from _source import REPO, ROOTS, imports, modules, shown
 
 # Longest prefix wins. The console and the local stack are servers, but they sit on top: the
 # console reads every system, the stack launches every service.
@@ -60,48 +47,21 @@ def _owner(module: str) -> str:
     )
 
 
-def _modules() -> list[tuple[str, Path]]:
-    out = []
-    for root, path in ROOTS.items():
-        for dirpath, _, files in os.walk(path):
-            for f in files:
-                if not f.endswith(".py") or "_pb2" in f:
-                    continue
-                p = Path(dirpath) / f
-                rel = p.relative_to(path).with_suffix("")
-                parts = [] if rel.name == "__init__" and rel.parent == Path(".") else list(rel.parts)
-                if parts and parts[-1] == "__init__":
-                    parts = parts[:-1]
-                out.append((".".join([root, *parts]), p))
-    return out
-
-
 def _imports(module: str, path: Path) -> list[tuple[int, str]]:
-    tree = ast.parse(path.read_text(), str(path))
-    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            found.append((node.lineno, target))
-            # ``from microco.x import _private`` names a private module too.
-            found += [(node.lineno, f"{target}.{a.name}") for a in node.names if a.name.startswith("_")]
-    return [(line, t) for line, t in found if t.startswith("microco.") and not t.startswith("microco.__")]
+    for line, target, names in imports(module, path):
+        found.append((line, target))
+        # ``from microco.x import _private`` names a private module too.
+        found += [(line, f"{target}.{n}") for n in names if n.startswith("_")]
+    return found
 
 
 def _violations() -> list[str]:
     bad = []
-    for module, path in _modules():
+    for module, path in modules():
         here = _layer(module)
         for line, target in _imports(module, path):
-            shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
-            where = f"{shown}:{line} imports {target}"
+            where = f"{shown(path)}:{line} imports {target}"
             there = _layer(target)
             if there > here:
                 bad.append(f"{where}: {LAYER_NAMES[here]} may not import {LAYER_NAMES[there]}")
