@@ -186,6 +186,15 @@ def test_a_detached_stack_is_supervised_and_down_stops_everything(tmp_path: Path
         state = json.loads((home / "stack.json").read_text())
         supervisor = state["supervisor_pid"]
         assert pid_alive(supervisor)
+        assert all(pid_alive(p["pid"]) for p in state["processes"] if p.get("pid"))
+        again = subprocess.run(
+            [*MICROCO, "up", "--home", str(home), "--detach"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert again.returncode == 1 and "microco down" in again.stderr  # one stack per home
         agent = next(p for p in state["processes"] if p["name"] == "agent")
         os.kill(agent["pid"], signal.SIGKILL)
 
@@ -205,6 +214,10 @@ def test_a_detached_stack_is_supervised_and_down_stops_everything(tmp_path: Path
         said = (home / "logs" / "supervisor.log").read_text()
         assert "agent exited with code -9; restarting in" in said
         assert said.count("agent: restarted") == 1, said  # nothing restarted during the stop
+        none = subprocess.run(
+            [*MICROCO, "down", "--home", str(home)], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert none.returncode == 1 and "no running stack" in none.stderr
     finally:
         if (home / "stack.json").exists():
             subprocess.run(

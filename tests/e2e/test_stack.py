@@ -131,49 +131,6 @@ def test_a_second_ctrl_c_while_stopping_still_leaves_nothing_behind(tmp_path: Pa
         stop_leftovers(up, home)
 
 
-def test_detach_then_down(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    up = subprocess.run(
-        [
-            *MICROCO,
-            "up",
-            "--home",
-            str(home),
-            "--no-console",
-            "--detach",
-            "--devices",
-            "1",
-            "--store-nodes",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert up.returncode == 0, up.stderr
-    state = json.loads((home / "stack.json").read_text())
-    pids = [p["pid"] for p in state["processes"] if p.get("pid")]
-    assert pids and all(pid_alive(pid) for pid in pids)
-    again = subprocess.run(
-        [*MICROCO, "up", "--home", str(home), "--detach"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert again.returncode == 1 and "microco down" in again.stderr
-    down = subprocess.run(
-        [*MICROCO, "down", "--home", str(home)], capture_output=True, text=True, timeout=90, check=False
-    )
-    assert down.returncode == 0, down.stderr
-    assert not [pid for pid in pids if pid_alive(pid)]
-    none = subprocess.run(
-        [*MICROCO, "down", "--home", str(home)], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert none.returncode == 1 and "no running stack" in none.stderr
-
-
 def test_status_without_etcd_is_a_clear_error(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "MICROCO_ETCD"}
     out = subprocess.run(
