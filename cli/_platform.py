@@ -75,7 +75,7 @@ def register(sub: Any) -> None:
         "--policy-config",
         default="",
         metavar="FILE|JSON",
-        help='the policy\'s settings: a JSON file, or JSON text such as \'{"quantum_s": 10}\'',
+        help="the policy's settings: a JSON file, or JSON text such as '{\"quantum_s\": 10}'",
     )
     p.add_argument("--demo", action="store_true", help="once up, run the demo scenario through every system")
     p.add_argument("--exit-after-demo", action="store_true", help="with --demo: stop the stack when it ends")

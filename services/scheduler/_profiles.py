@@ -213,7 +213,11 @@ class Profiles:
         if not prof:
             return
         if not view.get("minibatch_ms_alone"):
-            n = len(rec["devices"]) if rec["state"] in J.HOLDING and rec["devices"] else rec["spec"]["devices"]
+            n = (
+                len(rec["devices"])
+                if rec["state"] in J.HOLDING and rec["devices"]
+                else rec["spec"]["devices"]
+            )
             ms = (prof.get("minibatch_ms") or {}).get(str(n))
             if ms:
                 view["minibatch_ms_alone"] = float(ms)

@@ -88,7 +88,11 @@ def platform_processes(opts: StackOptions) -> list[ProcessSpec]:
     specs = [
         ProcessSpec("scheduler", "scheduler", "microco.services.scheduler", policy, elected=True),
         *(
-            [ProcessSpec("scheduler-standby", "scheduler", "microco.services.scheduler", policy, elected=True)]
+            [
+                ProcessSpec(
+                    "scheduler-standby", "scheduler", "microco.services.scheduler", policy, elected=True
+                )
+            ]
             if opts.standbys
             else []
         ),
