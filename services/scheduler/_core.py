@@ -695,6 +695,12 @@ class SchedulerCore:
             rec["step_at_change"] = rec["step"]
             rec["last_change_at"] = now
             rec["message"] = f"{action} onto {', '.join(devices)}: {d.reason}"
+            if isinstance(d, Migrate):  # (a resize is in the history already: ``_resized``)
+                J.note(
+                    rec,
+                    f"migrated in place onto {', '.join(devices)} (same node, re-pinned): {d.reason}",
+                    now,
+                )
             self._save(rec)
         else:
             self._at_boundary(rec)
