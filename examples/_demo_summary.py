@@ -17,6 +17,7 @@ MECHANISMS = (
     "grow-shrink",
     "cache shared",
     "store routing",
+    "store recovery",
     "compiler commit",
 )
 
@@ -116,6 +117,17 @@ def store_row(plans: dict[str, dict[str, Any]], layouts: list[str] | None = None
         "seen": bool(routed),
         "evidence": "; ".join(parts) or "no query ran",
     }
+
+
+def recovery_row(rec: dict[str, Any]) -> dict[str, Any]:
+    """A store node killed and what the coordinator rebuilt (``step_store_recovery``)."""
+    if rec.get("node") is None:
+        return {"mechanism": "store recovery", "seen": False, "evidence": rec.get("why") or "not tried"}
+    evidence = (
+        f"killed {rec['node']}: {rec.get('rebuilt', 0)} of {rec.get('lost', 0)} extents rebuilt "
+        f"({rec.get('state')}), the same answer after: {'yes' if rec.get('same_answer') else 'no'}"
+    )
+    return {"mechanism": "store recovery", "seen": bool(rec.get("done")), "evidence": evidence}
 
 
 def _replicas(plan: dict[str, Any], layouts: list[str]) -> str:

@@ -8,6 +8,7 @@ from microco.examples._demo_summary import (
     MECHANISMS,
     cache_row,
     compiler_row,
+    recovery_row,
     scheduler_rows,
     store_row,
     summary_lines,
@@ -50,6 +51,9 @@ def test_every_mechanism_seen_with_its_evidence() -> None:
             },
             ["trip_id", "rider_id", "city"],
         ),
+        recovery_row(
+            {"done": True, "node": "store-node-2", "rebuilt": 24, "lost": 24, "state": "done", "same_answer": True}
+        ),
         compiler_row(
             [
                 {
@@ -70,6 +74,7 @@ def test_every_mechanism_seen_with_its_evidence() -> None:
     assert "abcdef012345" in by["cache shared"] and "97%" in by["cache shared"]
     assert "group-by rider_id: agg_local on trips replica 1 (rider_id), 0 bytes" in by["store routing"]
     assert "123,456 bytes shuffled" in by["store routing"]
+    assert by["store recovery"] == "killed store-node-2: 24 of 24 extents rebuilt (done), the same answer after: yes"
     assert "committed after 6 trial(s): threads=2, a.compile=eager" in by["compiler commit"]
     lines = summary_lines(rows)
     assert len(lines) == 1 + len(MECHANISMS) and all(len(line) <= 100 for line in lines)
@@ -87,5 +92,10 @@ def test_what_a_run_did_not_show_says_why() -> None:
     assert not cache_row(True, "x" * 16, [None, 0.0])["seen"]
     # a shuffle that moved nothing (one node) was still not routed to a matching replica
     assert not store_row({"q": {"kind": "agg_shuffle", "moved_bytes": 0, "replicas": {"t": 0}}})["seen"]
+    assert recovery_row({"done": False, "why": "3 store nodes, fewer than 6"}) == {
+        "mechanism": "store recovery",
+        "seen": False,
+        "evidence": "3 store nodes, fewer than 6",
+    }
     row = compiler_row([{"name": "m", "trials": 3, "committed": False, "best": {}}])
     assert not row["seen"] and "still exploring after 3 trials" in row["evidence"]
