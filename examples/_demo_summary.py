@@ -22,6 +22,10 @@ MECHANISMS = (
 )
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _entries(jobs: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     """(job name, state, message) of every history entry of the demo's jobs."""
     return [(j["name"], str(h[1]), str(h[2])) for j in jobs for h in j.get("history") or []]
@@ -48,7 +52,7 @@ def scheduler_rows(jobs: list[dict[str, Any]], devices: int) -> list[dict[str, A
             else (
                 "no quantum ended while a job waited"
                 if crowded
-                else f"never more jobs than devices ({len(jobs)} jobs on {devices} devices)"
+                else f"never more jobs than devices ({_n(len(jobs), 'job')} on {_n(devices, 'device')})"
             ),
         }
     )
@@ -97,7 +101,7 @@ def cache_row(shared_index: bool, digest: str, hit_rates: list[float | None]) ->
     return {
         "mechanism": "cache shared",
         "seen": shared_index and any(r > 0 for r in rates),
-        "evidence": f"alice and bob share one index ({digest[:12]}); the jobs' hit rates {shown}",
+        "evidence": f"one index for alice and bob ({digest[:12]}); the jobs' hit rates {shown}",
     }
 
 
@@ -108,8 +112,8 @@ def store_row(plans: dict[str, dict[str, Any]], layouts: list[str] | None = None
     partitioning column, by index."""
     routed = [label for label, p in plans.items() if "shuffle" not in str(p.get("kind", "shuffle"))]
     parts = [
-        f"{label}: {p.get('kind')} on {_replicas(p, layouts or [])}, "
-        f"{int(p.get('moved_bytes') or 0):,} bytes shuffled"
+        f"{label}: {p.get('kind')} on {_replicas(p, layouts or [])}"
+        + (f", {int(p['moved_bytes']):,} bytes shuffled" if p.get("moved_bytes") else "")
         for label, p in plans.items()
     ]
     return {
@@ -124,8 +128,8 @@ def recovery_row(rec: dict[str, Any]) -> dict[str, Any]:
     if rec.get("node") is None:
         return {"mechanism": "store recovery", "seen": False, "evidence": rec.get("why") or "not tried"}
     evidence = (
-        f"killed {rec['node']}: {rec.get('rebuilt', 0)} of {rec.get('lost', 0)} extents rebuilt "
-        f"({rec.get('state')}), the same answer after: {'yes' if rec.get('same_answer') else 'no'}"
+        f"killed {rec['node']}: {rec.get('rebuilt', 0)}/{rec.get('lost', 0)} extents rebuilt "
+        f"({rec.get('state')}); same answer after: {'yes' if rec.get('same_answer') else 'no'}"
     )
     return {"mechanism": "store recovery", "seen": bool(rec.get("done")), "evidence": evidence}
 
@@ -137,7 +141,8 @@ def _replicas(plan: dict[str, Any], layouts: list[str]) -> str:
     named = []
     for table, index in reps.items():
         column = layouts[index] if isinstance(index, int) and 0 <= index < len(layouts) else ""
-        named.append(f"{table} replica {index}" + (f" ({column})" if column else ""))
+        prefix = f"{table} " if len(reps) > 1 else ""
+        named.append(f"{prefix}replica {index}" + (f" ({column})" if column else ""))
     return ", ".join(named) or "-"
 
 
@@ -146,7 +151,8 @@ def compiler_row(graphs: list[dict[str, Any]]) -> dict[str, Any]:
     done = [g for g in graphs if g["committed"]]
     if done:
         evidence = "; ".join(
-            f"{g['name']}: committed after {g['trials']} trial(s): " + _settings(g["best"]) for g in done[:2]
+            f"{g['name']} committed after {_n(g['trials'], 'trial')}: " + _settings(g["best"])
+            for g in done[:2]
         )
     elif graphs:
         evidence = "; ".join(f"{g['name']}: still exploring after {g['trials']} trials" for g in graphs[:2])
@@ -161,7 +167,7 @@ def _settings(best: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in items) or "its defaults"
 
 
-def summary_lines(rows: list[dict[str, Any]], width: int = 100) -> list[str]:
+def summary_lines(rows: list[dict[str, Any]], width: int = 120) -> list[str]:
     """The rows as one screen: ``mechanism  seen  evidence`` (evidence cut to the width)."""
     name_w = max(len("mechanism"), *(len(r["mechanism"]) for r in rows))
     lines = [f"{'mechanism'.ljust(name_w)}  seen  evidence"]

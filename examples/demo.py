@@ -316,7 +316,9 @@ def step_store_recovery(kv: Any, home: Path, say: Say, timeout_s: float = 180.0)
         before = store.query(query).to_pylist()
         t0 = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        say(f"store: killed {victim['name']} (pid {pid}, {victim['extents']} extents, {victim['fault_domain']})")
+        say(
+            f"store: killed {victim['name']} (pid {pid}, {victim['extents']} extents, {victim['fault_domain']})"
+        )
         rec: dict[str, Any] = {}
         seen_loss = False
         while time.monotonic() - t0 < timeout_s:

@@ -52,7 +52,14 @@ def test_every_mechanism_seen_with_its_evidence() -> None:
             ["trip_id", "rider_id", "city"],
         ),
         recovery_row(
-            {"done": True, "node": "store-node-2", "rebuilt": 24, "lost": 24, "state": "done", "same_answer": True}
+            {
+                "done": True,
+                "node": "store-node-2",
+                "rebuilt": 24,
+                "lost": 24,
+                "state": "done",
+                "same_answer": True,
+            }
         ),
         compiler_row(
             [
@@ -72,12 +79,14 @@ def test_every_mechanism_seen_with_its_evidence() -> None:
     assert by["migration"].startswith("2 move(s)")  # one through a restart, one in place
     assert "resized from 1 to 2 devices" in by["grow-shrink"] and "resized from 2 to 1" in by["grow-shrink"]
     assert "abcdef012345" in by["cache shared"] and "97%" in by["cache shared"]
-    assert "group-by rider_id: agg_local on trips replica 1 (rider_id), 0 bytes" in by["store routing"]
-    assert "123,456 bytes shuffled" in by["store routing"]
-    assert by["store recovery"] == "killed store-node-2: 24 of 24 extents rebuilt (done), the same answer after: yes"
-    assert "committed after 6 trial(s): threads=2, a.compile=eager" in by["compiler commit"]
+    assert by["store routing"] == (
+        "group-by rider_id: agg_local on replica 1 (rider_id); "
+        "group-by day: agg_shuffle on replica 0 (trip_id), 123,456 bytes shuffled"
+    )
+    assert by["store recovery"] == "killed store-node-2: 24/24 extents rebuilt (done); same answer after: yes"
+    assert by["compiler commit"] == "demo-digits-lstm committed after 6 trials: threads=2, a.compile=eager"
     lines = summary_lines(rows)
-    assert len(lines) == 1 + len(MECHANISMS) and all(len(line) <= 100 for line in lines)
+    assert len(lines) == 1 + len(MECHANISMS) and all(len(line) <= 120 for line in lines)
 
 
 def test_what_a_run_did_not_show_says_why() -> None:
@@ -88,6 +97,8 @@ def test_what_a_run_did_not_show_says_why() -> None:
     assert rows["packing"]["evidence"] == "every job had a device of its own"
     crowded = {r["mechanism"]: r for r in scheduler_rows(quiet, devices=1)}
     assert crowded["time-slicing"]["evidence"] == "no quantum ended while a job waited"
+    one = {r["mechanism"]: r for r in scheduler_rows(quiet[:1], devices=1)}
+    assert one["time-slicing"]["evidence"] == "never more jobs than devices (1 job on 1 device)"
     assert not cache_row(False, "x" * 16, [0.9])["seen"]  # hits, but not on a shared index
     assert not cache_row(True, "x" * 16, [None, 0.0])["seen"]
     # a shuffle that moved nothing (one node) was still not routed to a matching replica
