@@ -177,7 +177,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     opts = stack_options(args)
     if args.detach:
-        return _up_detached(args, opts.home, args.timeout)
+        return _up_detached(args, opts.home, args.timeout, describe_policy(opts.policy, opts.policy_config))
     stack = Stack(opts, progress=_say)
 
     def on_term(signum: int, _frame: Any) -> None:
@@ -229,7 +229,7 @@ def describe_policy(name: str, config: dict[str, Any]) -> str:
     return f"{name} ({given})" if given else f"{name} (its defaults)"
 
 
-def _up_detached(args: argparse.Namespace, home: Path, timeout: float) -> int:
+def _up_detached(args: argparse.Namespace, home: Path, timeout: float, policy: str = "") -> int:
     """``microco up --detach``: the same ``microco up`` (without ``--detach``) as a background
     supervisor in a session of its own, so crashed services are restarted after this command
     returns; wait until it reports the stack healthy, print where each service listens, return.
@@ -263,6 +263,8 @@ def _up_detached(args: argparse.Namespace, home: Path, timeout: float) -> int:
                         for p in state["processes"]
                     ]
                 )
+                if policy:
+                    _say(f"scheduling policy: {policy}")
                 _say(
                     f"detached; the supervisor (pid {proc.pid}) restarts crashed services and logs to {log_path}"
                 )

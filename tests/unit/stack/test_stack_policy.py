@@ -81,3 +81,13 @@ def test_a_bad_policy_is_refused_before_anything_starts(tmp_path: Path, flags, n
     with pytest.raises(InvalidArgument, match=needle.replace("(", r"\(").replace(")", r"\)")):
         stack_options(_up(tmp_path, *flags))
     assert not (tmp_path / "home").exists()
+
+
+def test_up_says_which_policy_runs() -> None:
+    from microco.cli._platform import describe_policy
+
+    assert describe_policy("gandiva", {}) == "gandiva (its defaults)"
+    assert (
+        describe_policy("las", {"min_run_s": 7.5, "allow_spread": False})
+        == "las (allow_spread=no, min_run_s=7.5)"
+    )
