@@ -2,14 +2,17 @@
 
 Numbers: integers as they are; floats rounded for reading (``6331.549999999999`` ->
 ``6331.55``, ``0.000123456`` -> ``0.000123``), never in exponent form below 1e15; a missing
-value as ``-``; lists joined with commas. ``--json`` output is never formatted (machines get
-every digit).
+value as ``-``; lists joined with commas. Counts a table knows to be counts (rows, extents)
+get thousands separators (``count``: ``200,000``), byte counts binary units (``size``);
+identifiers that happen to be numbers (a pid, a trip id) are left as they are. Columns of
+numbers are right-aligned so their digits line up. ``--json`` output is never formatted
+(machines get every digit).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 
@@ -35,6 +38,17 @@ def number(v: float) -> str:
         text = f"{v:.{digits}f}"
     text = text.rstrip("0").rstrip(".") if "." in text else text
     return "0" if text in ("-0", "") else text
+
+
+def count(n: float | None) -> str:
+    """A count for people: ``200000`` -> ``200,000`` (a float is rounded as ``number`` does)."""
+    if n is None or isinstance(n, bool):
+        return cell(n)
+    if isinstance(n, int) or (isinstance(n, float) and n.is_integer() and abs(n) < 1e15):
+        return f"{int(n):,}"
+    text = number(n)
+    whole, dot, frac = text.partition(".")
+    return f"{int(whole):,}{dot}{frac}" if whole.lstrip("-").isdigit() else text
 
 
 def size(n: float | None) -> str:
@@ -64,16 +78,40 @@ def cell(v: Any) -> str:
     return str(v)
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
 def print_table(
-    rows: Sequence[dict[str, Any]], cols: Iterable[str] | None = None, *, upper: bool = True
+    rows: Sequence[dict[str, Any]],
+    cols: Iterable[str] | None = None,
+    *,
+    upper: bool = True,
+    formats: dict[str, Callable[[Any], str]] | None = None,
+    right: Iterable[str] = (),
 ) -> None:
-    """Rows as aligned columns under a header (column names upper-cased unless ``upper=False``)."""
+    """Rows as aligned columns under a header (column names upper-cased unless ``upper=False``).
+
+    ``formats`` names a formatter per column (``count``, ``size``); other cells go through
+    ``cell``. Columns of numbers (and those in ``right``) are right-aligned."""
     if not rows and cols is None:
         return
     names = list(cols) if cols is not None else list(rows[0])
-    text = [[cell(r.get(c)) if c in r else "" for c in names] for r in rows]
+    formats = formats or {}
+    text = [[formats.get(c, cell)(r.get(c)) if c in r else "" for c in names] for r in rows]
     heads = [c.upper() if upper else c for c in names]
     widths = [max([len(h)] + [len(t[i]) for t in text]) for i, h in enumerate(heads)]
-    print("  ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True)).rstrip())
+    numeric = set(right) | {
+        c
+        for c in names
+        if any(_is_number(r.get(c)) for r in rows)
+        and all(r.get(c) is None or _is_number(r.get(c)) for r in rows)
+    }
+    aligned = [(str.rjust if c in numeric else str.ljust) for c in names]  # the header follows its column
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(a(x, w) for a, x, w in zip(aligned, cells, widths, strict=True)).rstrip()
+
+    print(line(heads))
     for t in text:
-        print("  ".join(x.ljust(w) for x, w in zip(t, widths, strict=True)).rstrip())
+        print(line(t))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from microco.common.errors import FailedPrecondition, InvalidArgument
 
 if TYPE_CHECKING:
-    from microco.services.stack import Stack
+    from microco.services.stack import Stack, StackOptions
 
 BENCHMARKS = ("scheduler", "sim", "cache", "store", "compiler")
 
@@ -63,6 +63,20 @@ def register(sub: Any) -> None:
         action="store_true",
         help="start, print, and return, leaving a supervisor in the background (stop with `microco down`)",
     )
+    p.add_argument(
+        "--policy",
+        default="gandiva",
+        metavar="NAME",
+        help="the schedulers' policy, by the names `microco sim --policy` takes: "
+        + ", ".join(_policy_names())
+        + " (default gandiva)",
+    )
+    p.add_argument(
+        "--policy-config",
+        default="",
+        metavar="FILE|JSON",
+        help="the policy's settings: a JSON file, or JSON text such as '{\"quantum_s\": 10}'",
+    )
     p.add_argument("--demo", action="store_true", help="once up, run the demo scenario through every system")
     p.add_argument("--exit-after-demo", action="store_true", help="with --demo: stop the stack when it ends")
     p.add_argument(
@@ -96,6 +110,12 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_bench)
 
 
+def _policy_names() -> list[str]:
+    from microco.services.scheduler.policy import available_policies
+
+    return available_policies()
+
+
 def add_etcd_arguments(p: argparse.ArgumentParser) -> None:
     """``--etcd`` and ``--home``: how every command that talks to the platform finds its etcd
     (:func:`etcd_for`)."""
@@ -124,8 +144,9 @@ def _console_port(flag: int | None) -> int:
     return int(text)
 
 
-def cmd_up(args: argparse.Namespace) -> int:
-    from microco.services.stack import Stack, StackOptions
+def stack_options(args: argparse.Namespace) -> StackOptions:
+    """``microco up``'s flags as the stack's options, every one checked before anything starts."""
+    from microco.services.stack import StackOptions, resolve_policy
 
     if args.devices < 1:
         raise InvalidArgument("--devices must be at least 1")
@@ -133,7 +154,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise InvalidArgument("--demo-jobs and --demo-epochs must be at least 1")
     if args.store_nodes < 3:
         raise InvalidArgument("--store-nodes must be at least 3 (one per replica)")
-    opts = StackOptions(
+    policy, policy_config = resolve_policy(args.policy, args.policy_config)
+    return StackOptions(
         home=_home(args),
         etcd=args.etcd,
         redis=args.redis,
@@ -145,9 +167,17 @@ def cmd_up(args: argparse.Namespace) -> int:
         console_port=_console_port(args.console_port),
         console=not args.no_console,
         standbys=not args.no_standby,
+        policy=policy,
+        policy_config=policy_config,
     )
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from microco.services.stack import Stack
+
+    opts = stack_options(args)
     if args.detach:
-        return _up_detached(args, opts.home, args.timeout)
+        return _up_detached(args, opts.home, args.timeout, describe_policy(opts.policy, opts.policy_config))
     stack = Stack(opts, progress=_say)
 
     def on_term(signum: int, _frame: Any) -> None:
@@ -158,6 +188,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     stack.start(timeout=args.timeout)
     print_table(stack_rows(stack))
     _say(f"up in {time.monotonic() - t0:.1f}s; etcd {stack.etcd_endpoint}, redis {stack.redis_url}")
+    _say(f"scheduling policy: {describe_policy(opts.policy, opts.policy_config)}")
     console = next((c for c in stack.children if c.spec.name == "console" and c.record), None)
     if console:
         _say(
@@ -190,7 +221,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _up_detached(args: argparse.Namespace, home: Path, timeout: float) -> int:
+def describe_policy(name: str, config: dict[str, Any]) -> str:
+    """``gandiva (quantum_s=10, enable_packing=no)``: the policy and the settings given."""
+    from ._format import cell
+
+    given = ", ".join(f"{k}={cell(v)}" for k, v in sorted(config.items()))
+    return f"{name} ({given})" if given else f"{name} (its defaults)"
+
+
+def _up_detached(args: argparse.Namespace, home: Path, timeout: float, policy: str = "") -> int:
     """``microco up --detach``: the same ``microco up`` (without ``--detach``) as a background
     supervisor in a session of its own, so crashed services are restarted after this command
     returns; wait until it reports the stack healthy, print where each service listens, return.
@@ -224,6 +263,8 @@ def _up_detached(args: argparse.Namespace, home: Path, timeout: float) -> int:
                         for p in state["processes"]
                     ]
                 )
+                if policy:
+                    _say(f"scheduling policy: {policy}")
                 _say(
                     f"detached; the supervisor (pid {proc.pid}) restarts crashed services and logs to {log_path}"
                 )

@@ -215,6 +215,8 @@ def cmd_load(args: argparse.Namespace) -> int:
 
     from microco.clients.store import load_file
 
+    from ._format import count, size
+
     t0 = time.monotonic()
     with tqdm(total=3, desc=f"load {args.file}", unit="step", file=sys.stderr) as bar:
         data = load_file(args.file)
@@ -225,7 +227,7 @@ def cmd_load(args: argparse.Namespace) -> int:
             res = c.append(args.name, data)
         bar.update(1)
     print(
-        f"loaded {res['rows']} rows into {args.name} ({res['bytes'] / 1e6:.1f} MB in 3 replicas, "
+        f"loaded {count(res['rows'])} rows into {args.name} ({size(res['bytes'])} in 3 replicas, "
         f"super-extents {res['super_extents']}) in {time.monotonic() - t0:.1f}s"
     )
     return 0
@@ -262,15 +264,17 @@ def _print_result(args: argparse.Namespace, table: Any, dt: float, plan: dict[st
 
         pcsv.write_csv(table, sys.stdout.buffer)
     else:
+        from ._format import count
+
         shown = table.slice(0, 1000).to_pylist()
         if shown:
             _print_rows(shown, table.column_names)
         else:
             print("(no rows)")
         if table.num_rows > len(shown):
-            print(f"... {table.num_rows - len(shown)} more rows (use --format csv for all)")
+            print(f"... {count(table.num_rows - len(shown))} more rows (use --format csv for all)")
         print(
-            f"\n{table.num_rows} rows in {dt:.3f}s; plan {plan.get('kind')} on replicas {plan.get('replicas')}",
+            f"\n{count(table.num_rows)} rows in {dt:.3f}s; plan {plan.get('kind')} on replicas {plan.get('replicas')}",
             file=sys.stderr,
         )
     if args.explain:
@@ -285,10 +289,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _print_rows(rows: list[dict[str, Any]], cols: list[str]) -> None:
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) if rows else len(c) for c in cols}
-    print("  ".join(c.ljust(widths[c]) for c in cols))
-    for r in rows:
-        print("  ".join(str(r[c]).ljust(widths[c]) for c in cols))
+    """A query's rows: column names as the table has them, numbers rounded for reading and
+    right-aligned (values are not grouped: a number in a result may be an id)."""
+    from ._format import print_table
+
+    print_table(rows, cols, upper=False)
+
+
+# The store's own tables: counts grouped in thousands, bytes in binary units.
+def _store_formats() -> dict[str, Any]:
+    from ._format import count, size
+
+    return {"rows": count, "extents": count, "unavailable": count, "bytes": size}
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
@@ -297,7 +309,10 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(nodes))
     else:
-        _print_rows(nodes, ["name", "alive", "fault_domain", "extents", "bytes", "address"])
+        from ._format import print_table
+
+        cols = ["name", "alive", "fault_domain", "extents", "bytes", "address"]
+        print_table(nodes, cols, formats=_store_formats(), right=("bytes",))
     return 0
 
 
@@ -318,7 +333,10 @@ def cmd_tables(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
     else:
-        _print_rows(rows, ["name", "rows", "bytes", "extents", "unavailable", "replicas"])
+        from ._format import print_table
+
+        cols = ["name", "rows", "bytes", "extents", "unavailable", "replicas"]
+        print_table(rows, cols, formats=_store_formats(), right=("bytes",))
     return 0
 
 

@@ -8,9 +8,15 @@ It goes through every system the way a team would use them:
    digits' rows) are submitted to the scheduler; the node agent runs them on virtual devices,
    each reads its data through the cache and runs its training steps under the compiler
    service's configurations. More jobs than devices, so the scheduler has to share.
+   The last job is elastic (it may grow onto idle devices, and is shrunk back if that does
+   not pay); when a device is free while a job has work ahead, the demo migrates that job
+   there as an operator would (``microco job migrate``).
 3. **Instalytics**: a table is stored as three replicas partitioned on three columns; a group-by
    on a partitioning column runs shuffle-free on its replica, one on another column shuffles,
    and EXPLAIN says which and why.
+
+It ends with a one-screen summary (``_demo_summary``): every mechanism, whether this run
+showed it, and the evidence the systems recorded.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from microco.examples import _demo_summary as S
 
 Say = Callable[[str], None]
 
@@ -40,7 +48,7 @@ def write_digits(root: Path) -> int:
     return len(xs)
 
 
-def step_cache(kv: Any, home: Path, say: Say) -> None:
+def step_cache(kv: Any, home: Path, say: Say) -> dict[str, Any]:
     from microco.clients.cache import register_dataset
 
     root = home / "datasets" / "digits"
@@ -52,9 +60,48 @@ def step_cache(kv: Any, home: Path, say: Say) -> None:
     )
     again, _ = register_dataset(kv, "digits", str(root), owner="bob")
     say(f"cache: bob registers the same bytes -> same index {again.index_digest[:12]} (shared, not copied)")
+    return {"samples": n, "digest": rec.index_digest, "shared": again.index_digest == rec.index_digest}
 
 
-def step_training(kv: Any, etcd: str, home: Path, say: Say, jobs: int, epochs: int) -> list[dict]:
+def _free_device(sched: Any, rows: list[dict]) -> str:
+    """A device no job of the cluster holds now ("" if none)."""
+    from microco.clients.scheduler import job_to_dict
+
+    jobs = [job_to_dict(j) for j in sched.list()] + rows
+    held = {d for j in jobs if j["state"] in ("running", "packed", "migrating") for d in j["devices"]}
+    free = [d.id for d in sched.list_nodes().devices if d.id not in held]
+    return free[0] if free else ""
+
+
+def _maybe_migrate(sched: Any, rows: list[dict], total_steps: int, say: Say) -> bool:
+    """The operator's migration: a one-device job with work ahead moves onto a free device at
+    a mini-batch boundary (on one node the process is re-pinned in place; across nodes it
+    restarts from its checkpoint). True once asked."""
+    from microco.common.errors import MicrocoError
+
+    movable = [
+        r
+        for r in rows
+        if r["state"] == "running" and not r["elastic"] and r["first_step_at"] and r["step"] < total_steps - 5
+    ]
+    if not movable:
+        return False
+    free = _free_device(sched, rows)
+    if not free:
+        return False
+    job = movable[0]
+    try:
+        sched.control(job["id"], "migrate", [free])
+    except MicrocoError as exc:  # e.g. it just finished or the device was taken: try later
+        say(f"scheduler: migrate {job['name']} not done now: {exc}")
+        return False
+    say(f"scheduler: operator migrates {job['name']} from {','.join(job['devices'])} to {free}")
+    return True
+
+
+def step_training(
+    kv: Any, etcd: str, home: Path, say: Say, jobs: int, epochs: int, samples: int = 0
+) -> tuple[list[dict], list[dict]]:
     from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
 
     out_dir = home / "demo"
@@ -62,6 +109,7 @@ def step_training(kv: Any, etcd: str, home: Path, say: Say, jobs: int, epochs: i
     sched = SchedulerClient.from_etcd(kv)
     ids = []
     for k in range(jobs):
+        elastic = jobs > 1 and k == jobs - 1
         out = out_dir / f"job-{k}.json"
         out.unlink(missing_ok=True)
         spec = make_spec(
@@ -85,10 +133,17 @@ def step_training(kv: Any, etcd: str, home: Path, say: Say, jobs: int, epochs: i
             user="alice" if k % 2 == 0 else "bob",
             env={"MICROCO_ETCD": etcd},
             model="digits-lstm",
+            elastic=elastic,
+            max_devices=2 if elastic else 0,
         )
         job = sched.submit(spec)
         ids.append((job.id, out))
-        say(f"scheduler: submitted {spec.name} as {job.id}")
+        say(
+            f"scheduler: submitted {spec.name} as {job.id}"
+            + (" (elastic, up to 2 devices)" if elastic else "")
+        )
+    total_steps = -(-samples // 64) * epochs if samples else 0  # the demo job's batches of 64
+    migrated = not total_steps
     last: dict[str, str] = {}
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
@@ -104,6 +159,8 @@ def step_training(kv: Any, etcd: str, home: Path, say: Say, jobs: int, epochs: i
             last[r["id"]] = label
         if all(r["state"] in ("finished", "failed", "cancelled") for r in rows):
             break
+        if not migrated:
+            migrated = _maybe_migrate(sched, rows, total_steps, say)
         time.sleep(1.0)
     results = []
     for (_job_id, out), r in zip(ids, rows, strict=True):
@@ -127,23 +184,29 @@ def step_training(kv: Any, etcd: str, home: Path, say: Say, jobs: int, epochs: i
             }
         )
     sched.close()
-    return results
+    return results, rows
 
 
-def step_compiler(kv: Any, say: Say) -> None:
+def step_compiler(kv: Any, say: Say, model: str = "demo-digits-lstm") -> list[dict[str, Any]]:
+    """The compiler's graphs of the demo's model (others' graphs are not the demo's)."""
     from microco.clients.compiler import RemoteExplorer
 
     explorer = RemoteExplorer.from_etcd(kv, default_timeout=10.0)
+    graphs = []
     for g in explorer.list_graphs():
+        if g.model_name != model:
+            continue
         best = dict(g.best.values) if g.HasField("best") else {}
         say(
             f"compiler: {g.model_name or g.key[:16]}: {len(g.trials)} trials, "
             f"{'committed' if g.committed else 'exploring'} {best}"
         )
+        graphs.append({"name": g.model_name, "trials": len(g.trials), "committed": g.committed, "best": best})
     explorer.close()
+    return graphs
 
 
-def step_store(kv: Any, say: Say, rows: int = 200_000) -> None:
+def step_store(kv: Any, say: Say, rows: int = 200_000) -> tuple[dict[str, dict[str, Any]], list[str]]:
     import numpy as np
     import pyarrow as pa
 
@@ -162,7 +225,8 @@ def step_store(kv: Any, say: Say, rows: int = 200_000) -> None:
             "day": pa.array(rng.integers(1, 31, rows, dtype=np.int64)),
         }
     )
-    store.create_table("trips", trips.schema, ["trip_id:hash:8", "rider_id:hash:8", "city:hash:4"])
+    layouts = ["trip_id:hash:8", "rider_id:hash:8", "city:hash:4"]
+    store.create_table("trips", trips.schema, layouts)
     t0 = time.monotonic()
     store.append("trips", trips)
     say(
@@ -178,6 +242,7 @@ def step_store(kv: Any, say: Say, rows: int = 200_000) -> None:
     )
     t0 = time.monotonic()
     result = store.query(top)
+    plans = {"group-by rider_id": dict(store.last_plan)}
     say(
         f"store: top riders by spend ({store.last_plan.get('kind')}, {time.monotonic() - t0:.2f}s, "
         f"{store.last_plan.get('moved_bytes', 0)} bytes shuffled): {result.to_pylist()}"
@@ -194,6 +259,7 @@ def step_store(kv: Any, say: Say, rows: int = 200_000) -> None:
     by_day = store.table("trips").group_by("day").agg(revenue=("sum", "fare")).order_by("day").limit(3)
     t0 = time.monotonic()
     result = store.query(by_day)
+    plans["group-by day"] = dict(store.last_plan)
     say(
         f"store: revenue by day, a column no replica is partitioned on ({store.last_plan.get('kind')}, "
         f"{time.monotonic() - t0:.2f}s, {store.last_plan.get('moved_bytes', 0)} bytes shuffled): "
@@ -201,6 +267,84 @@ def step_store(kv: Any, say: Say, rows: int = 200_000) -> None:
     )
     say("store: EXPLAIN\n" + store.explain(by_day))
     store.close()
+    for plan in plans.values():
+        plan.pop("explain", None)
+    return plans, [layout.split(":")[0] for layout in layouts]
+
+
+def _store_node_pid(home: Path, node: str) -> int:
+    """The pid of store node ``node`` (its registered name) in the stack's state file, or 0."""
+    from microco.common.discovery import STATE_FILE
+
+    try:
+        state = json.loads((Path(home) / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return 0
+    for p in state.get("processes", []):
+        if node in (p.get("instance_id"), p.get("name")) and p.get("name", "").startswith("store-node"):
+            return int(p.get("pid") or 0)
+    return 0
+
+
+def step_store_recovery(kv: Any, home: Path, say: Say, timeout_s: float = 180.0) -> dict[str, Any]:
+    """Kill a store node that holds part of 'trips' and watch the coordinator rebuild what it
+    held onto the others (a query meanwhile is served degraded, and after it gives the same
+    answer). Needs a node outside the fault domains of every extent's other copies, which the
+    stack's default of six store nodes has; with fewer the step says so instead of killing."""
+    import os
+    import signal
+
+    from microco.clients.store import StoreClient
+
+    store = StoreClient.from_etcd(kv)
+    try:
+        nodes = [n for n in store.nodes() if n["alive"]]
+        if len(nodes) < 6:
+            # Every row has a copy in each replica, and replicas partition differently: with
+            # fewer than three groups of two nodes a lost extent's rows have copies on every
+            # other node, and the coordinator has nowhere to rebuild it (it would say "stuck").
+            why = f"{len(nodes)} store nodes, fewer than 6: nowhere to rebuild a lost copy"
+            say(f"store: no node killed ({why})")
+            return {"done": False, "why": why}
+        victim = max(nodes, key=lambda n: n["extents"])
+        pid = _store_node_pid(home, victim["name"])
+        if not pid:
+            why = f"{victim['name']} was not started by this stack"
+            say(f"store: no node killed ({why})")
+            return {"done": False, "why": why}
+        query = store.table("trips").group_by("city").agg(n=("count", "*")).order_by("city")
+        before = store.query(query).to_pylist()
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        say(
+            f"store: killed {victim['name']} (pid {pid}, {victim['extents']} extents, {victim['fault_domain']})"
+        )
+        rec: dict[str, Any] = {}
+        seen_loss = False
+        while time.monotonic() - t0 < timeout_s:
+            rec = store.recovery()
+            seen_loss = seen_loss or rec.get("unavailable_extents", 0) > 0 or rec.get("state") == "running"
+            if seen_loss and rec.get("unavailable_extents", 0) == 0 and rec.get("state") in ("done", "idle"):
+                break
+            if rec.get("state") == "stuck":
+                break
+            time.sleep(0.5)
+        after = store.query(query).to_pylist()
+        done = seen_loss and rec.get("unavailable_extents", 1) == 0 and rec.get("state") != "stuck"
+        say(
+            f"store: recovery {rec.get('state', '?')}: {rec.get('rebuilt', 0)} of {rec.get('lost_extents', 0)} "
+            f"extents rebuilt in {time.monotonic() - t0:.1f}s; the same answer after it: {after == before}"
+        )
+        return {
+            "done": bool(done and after == before),
+            "node": victim["name"],
+            "rebuilt": rec.get("rebuilt", 0),
+            "lost": rec.get("lost_extents", 0),
+            "state": rec.get("state", ""),
+            "same_answer": after == before,
+        }
+    finally:
+        store.close()
 
 
 def run_demo(
@@ -214,15 +358,35 @@ def run_demo(
     kv = EtcdKV(etcd)
     try:
         say("demo 1/3: Quiver — register a dataset by content")
-        step_cache(kv, home, say)
+        cache = step_cache(kv, home, say)
         say(f"demo 2/3: Gandiva + Quiver + Astra — {jobs} training jobs on the cluster")
-        results = step_training(kv, etcd, home, say, jobs, epochs)
+        results, records = step_training(kv, etcd, home, say, jobs, epochs, cache["samples"])
         for r in results:
             say("  " + json.dumps(r))
-        step_compiler(kv, say)
+        graphs = step_compiler(kv, say)
         say("demo 3/3: Instalytics — an analytics table with three layouts")
-        step_store(kv, say)
+        plans, layouts = step_store(kv, say)
+        recovery = step_store_recovery(kv, home, say)
+        devices = _device_count(kv)
     finally:
         kv.close()
+    rows = [
+        *S.scheduler_rows(records, devices),
+        S.cache_row(cache["shared"], cache["digest"], [r.get("cache_hit_rate") for r in results]),
+        S.store_row(plans, layouts),
+        S.recovery_row(recovery),
+        S.compiler_row(graphs),
+    ]
+    say("demo summary (what the systems recorded in this run):\n" + "\n".join(S.summary_lines(rows)))
     say("demo finished")
-    return {"jobs": results}
+    return {"jobs": results, "summary": rows}
+
+
+def _device_count(kv: Any) -> int:
+    from microco.clients.scheduler import SchedulerClient
+
+    sched = SchedulerClient.from_etcd(kv)
+    try:
+        return len(sched.list_nodes().devices)
+    finally:
+        sched.close()

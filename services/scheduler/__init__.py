@@ -9,13 +9,14 @@ The policies live in :mod:`microco.services.scheduler.policy`, the simulator in
 from ._core import SchedulerCore
 from ._jobs import JOBS_PREFIX, record_to_pb, spec_from_pb, validate_spec
 from ._local import spawn_agent, spawn_scheduler, stop_process
-from ._service import Scheduler, SchedulerServicer
+from ._service import Scheduler, SchedulerServicer, load_policy_config
 
 __all__ = [
     "JOBS_PREFIX",
     "Scheduler",
     "SchedulerCore",
     "SchedulerServicer",
+    "load_policy_config",
     "record_to_pb",
     "spawn_agent",
     "spawn_scheduler",

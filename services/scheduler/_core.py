@@ -35,6 +35,8 @@ from microco.common.kv import KV, dumps
 from . import _jobs as J
 from . import _metrics as M
 from . import _operator
+from ._profiles import PROFILES_PREFIX as PROFILES_PREFIX
+from ._profiles import Profiles
 from .policy import (
     Decision,
     JobFacts,
@@ -56,16 +58,6 @@ log = logging.getLogger(__name__)
 # Mini-batches after a change before the job's reported mean (over its last 20, the hook's
 # window, plus the boundary the change waited for) is wholly a measurement of the new setup.
 _SETTLE_STEPS = 25
-PROFILES_PREFIX = "/microco/scheduler/profiles/"
-
-
-def profile_key(spec: dict[str, Any]) -> str:
-    """Jobs of one model share a profile (their alone mini-batch time): the spec's ``model``,
-    else the command line."""
-    import hashlib
-
-    name = spec.get("model") or " ".join(spec["command"])
-    return PROFILES_PREFIX + hashlib.sha1(name.encode()).hexdigest()[:16]
 
 
 class SchedulerCore:
@@ -106,9 +98,8 @@ class SchedulerCore:
         self.allow_spread = allow_spread
         self._last_gc: float | None = None
         self._raw: dict[str, bytes] = {}
-        self._profiles: dict[str, float] = {}
+        self.profiles = Profiles(kv, clock)  # what earlier jobs of the same identity measured
         self._last_tick: float | None = None
-        self._last_tick_profiles: float | None = None
         self._lock = threading.Lock()  # one tick at a time
         self.decisions_applied: list[dict[str, Any]] = []  # recent, for tests and the log
 
@@ -211,11 +202,7 @@ class SchedulerCore:
             except MicrocoError as exc:
                 log.warning("node %s unreachable this tick: %s", name, exc)
         self._nodes, self._procs = nodes, procs
-        if self._last_tick_profiles is None or now - self._last_tick_profiles > 30:
-            # Profiles written by an earlier leader (cheap; refreshed now and then).
-            for key, val in self.kv.get_prefix_json(PROFILES_PREFIX):
-                self._profiles.setdefault(key, float(val["minibatch_ms"]))
-            self._last_tick_profiles = now
+        self.profiles.refresh(now)
         jobs: dict[str, dict[str, Any]] = {}
         self._raw = {}
         for _key, raw in self.kv.get_prefix(J.JOBS_PREFIX):
@@ -226,6 +213,7 @@ class SchedulerCore:
         ended = False
         for rec in list(jobs.values()):
             before = copy.deepcopy(rec)
+            self.profiles.identify(rec, now)
             self._reconcile(rec, now, dt)
             if rec != before:
                 self._save(rec)
@@ -406,12 +394,12 @@ class SchedulerCore:
             if rec["state"] == J.RUNNING and p.step - rec.get("step_at_change", 0) >= 5:
                 best = min(rec["minibatch_ms_alone"] or p.minibatch_ms, p.minibatch_ms)
                 rec["minibatch_ms_alone"] = best
-                self._remember_profile(rec["spec"], best)
                 # How much of its devices the job keeps busy alone (the job measures it): what
                 # gandiva's packing reads (``JobView.utilization``). Measured while packed, it
                 # would be the share the partner leaves, so only alone; the latest counts.
                 if p.HasField("utilization"):
                     rec["utilization"] = float(p.utilization)
+                self.profiles.learn_alone(rec)
         if rec["state"] in J.HOLDING:
             rec["attained_service_s"] += dt * max(1, len(rec["devices"]))
         pending = rec["pending"]
@@ -505,20 +493,6 @@ class SchedulerCore:
                     J.set_state(rec, J.FAILED, p.message or f"rank on {node} exited with {p.exit_code}", now)
                 return False
         return True
-
-    def _remember_profile(self, spec: dict[str, Any], ms: float) -> None:
-        key = profile_key(spec)
-        old = self._profiles.get(key)
-        if old is None or ms < 0.9 * old:
-            self._profiles[key] = ms
-            self.kv.put_json(key, {"minibatch_ms": ms, "model": spec.get("model", ""), "at": self.clock()})
-
-    def _alone_ms(self, rec: dict[str, Any]) -> float | None:
-        """Measured alone, or profiled from another job of the same model (so a job that
-        started packed can still be judged)."""
-        if rec["minibatch_ms_alone"]:
-            return rec["minibatch_ms_alone"]
-        return self._profiles.get(profile_key(rec["spec"]))
 
     def _parked(self, rec: dict[str, Any], now: float) -> None:
         # The decision's reason rides on the pending operation, so the history says why.
@@ -625,13 +599,13 @@ class SchedulerCore:
             if r.get("held") and r["state"] not in J.HOLDING:
                 continue  # suspended by an operator: not the policy's to resume
             v = J.record_to_view(r)
-            v["minibatch_ms_alone"] = self._alone_ms(r)
             trial = r.get("grow_trial")
             if trial:
                 v["grown_from"] = trial["from"]
                 v["minibatch_ms_before_grow"] = trial["ms_before"]
             v["minibatch_ms_settled"] = self._settled_ms(r)
             v["max_useful_devices"] = r.get("max_useful_devices")
+            self.profiles.fill_view(r, v)  # what it has not measured yet, from earlier jobs like it
             v["preemptible"] = not r.get("no_hook")
             views.append(v)
         return cluster_view_from_dicts(now, devices, views)
@@ -721,6 +695,12 @@ class SchedulerCore:
             rec["step_at_change"] = rec["step"]
             rec["last_change_at"] = now
             rec["message"] = f"{action} onto {', '.join(devices)}: {d.reason}"
+            if isinstance(d, Migrate):  # (a resize is in the history already: ``_resized``)
+                J.note(
+                    rec,
+                    f"migrated in place onto {', '.join(devices)} (same node, re-pinned): {d.reason}",
+                    now,
+                )
             self._save(rec)
         else:
             self._at_boundary(rec)
@@ -744,6 +724,7 @@ class SchedulerCore:
         else:
             if trial and sorted(trial["from"]) == sorted(devices) and len(old) > len(devices):
                 rec["max_useful_devices"] = len(old)
+                self.profiles.learn_max_useful(rec)
             rec["grow_trial"] = None
         J.note(rec, f"resized from {len(old)} to {len(devices)} devices: {reason}", now)
 

@@ -3,6 +3,7 @@
 
 from microco.common.health import check_health
 
+from ._policy import DEFAULT_POLICY, resolve_policy, scheduler_args
 from ._servers import EtcdServer, RedisServer, free_port, port_open
 from ._supervisor import (
     ProcessSpec,
@@ -16,6 +17,7 @@ from ._supervisor import (
 )
 
 __all__ = [
+    "DEFAULT_POLICY",
     "EtcdServer",
     "ProcessSpec",
     "RedisServer",
@@ -28,5 +30,7 @@ __all__ = [
     "platform_processes",
     "port_open",
     "read_state",
+    "resolve_policy",
+    "scheduler_args",
     "stop_from_state",
 ]

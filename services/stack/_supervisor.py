@@ -30,6 +30,7 @@ from microco.common.kv import EtcdKV
 from microco.common.registry import SERVICES_PREFIX, ServiceRecord
 from microco.services.runtime.launch import kill_after, start_service
 
+from ._policy import DEFAULT_POLICY, scheduler_args
 from ._restart import RestartPolicy, RestartTracker
 from ._servers import EtcdServer, RedisServer, free_port
 
@@ -72,6 +73,8 @@ class StackOptions:
     profile: str = "dev"
     extra_env: dict[str, str] = field(default_factory=dict)
     standbys: bool = True  # a second scheduler that takes over when the leader dies
+    policy: str = DEFAULT_POLICY  # the schedulers' policy (``_policy``: checked by resolve_policy)
+    policy_config: dict[str, Any] = field(default_factory=dict)
     # When the supervisor cannot remove a dead leader's key (etcd down), an elected service is
     # restarted no sooner than that lease can expire, so the warm standby takes over rather
     # than racing the restarted process for the key.
@@ -81,10 +84,15 @@ class StackOptions:
 
 def platform_processes(opts: StackOptions) -> list[ProcessSpec]:
     """The processes of a one-machine platform, in start order."""
+    policy = scheduler_args(opts.policy, opts.policy_config)
     specs = [
-        ProcessSpec("scheduler", "scheduler", "microco.services.scheduler", elected=True),
+        ProcessSpec("scheduler", "scheduler", "microco.services.scheduler", policy, elected=True),
         *(
-            [ProcessSpec("scheduler-standby", "scheduler", "microco.services.scheduler", elected=True)]
+            [
+                ProcessSpec(
+                    "scheduler-standby", "scheduler", "microco.services.scheduler", policy, elected=True
+                )
+            ]
             if opts.standbys
             else []
         ),

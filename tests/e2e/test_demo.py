@@ -54,5 +54,25 @@ def test_demo_runs_through_every_system(tmp_path: Path) -> None:
     assert "compiler: demo-digits-lstm" in out
     assert "shuffle-free aggregation" in out  # the group-by on a partitioning column
     assert "revenue by day" in out
+    # the closing summary: one line per mechanism, read from what the systems recorded
+    summary = out.split("demo summary (what the systems recorded in this run):", 1)[1]
+    lines = {line.split("  ")[0]: line for line in summary.splitlines()[1:10]}
+    for mechanism in (
+        "time-slicing",
+        "packing",
+        "migration",
+        "grow-shrink",
+        "cache shared",
+        "store routing",
+        "store recovery",
+        "compiler commit",
+    ):
+        assert mechanism in lines, summary[:2000]
+    assert lines["cache shared"].split()[2] == "yes", lines["cache shared"]  # alice's and bob's jobs
+    assert lines["store routing"].split()[2] == "yes", lines["store routing"]  # group-by rider_id
+    # two jobs on two devices: nothing had to take turns, and the summary says so
+    assert "never more jobs than devices (2 jobs on 2 devices)" in lines["time-slicing"]
+    # three store nodes: no copy could be rebuilt elsewhere, so none is killed, and the summary says why
+    assert "nowhere to rebuild a lost copy" in lines["store recovery"]
     assert "demo finished" in out and "stopped" in out
     assert not (home / "stack.json").exists()

@@ -9,6 +9,7 @@
   let role = "";
   let tab = (location.hash || "#services").slice(1);
   let selectedJob = "";
+  let schedulerInfo = null; // leader and policy (ListNodes), read once per page load
   let timer = null;
   let queryEdited = false;
   const WINDOW_KEY = "microco-console-window";
@@ -121,9 +122,23 @@
     );
   }
 
+  // "policy gandiva · leader scheduler-1a2b3c": which policy makes the decisions listed below
+  async function showPolicy() {
+    if (!schedulerInfo || !schedulerInfo.policy) {
+      try {
+        schedulerInfo = (await api("/nodes?limit=1")).scheduler || null;
+      } catch (e) {
+        schedulerInfo = null;
+      }
+    }
+    const sch = schedulerInfo || {};
+    $("jobs-policy").textContent = sch.policy ? `scheduling policy ${sch.policy}` + (sch.leader ? ` · leader ${sch.leader}` : "") : "";
+  }
+
   async function showJobs() {
     const data = await api("/jobs");
     if (unavailable("jobs-unavailable", data, "jobs-body")) return;
+    showPolicy();
     const jobs = data.jobs;
     // the 30 most recent jobs (the list is newest first), drawn oldest at the top
     const rows = jobs
@@ -173,6 +188,23 @@
         $("job-minibatch"),
         [{ name: "ms", points: d.progress.filter((p) => p.minibatch_ms > 0).map((p) => [p.at, p.minibatch_ms, undefined, p.gap]) }],
         { time: true, xLabel: "time (clock)", yLabel: "ms per mini-batch" }
+      );
+      // the scheduler's history of the job, newest first: every state change and each
+      // mechanism decision (time-slice, pack, migrate, resize, profile) with its reason
+      fill(
+        $("job-decisions").tBodies[0],
+        (d.history || [])
+          .slice()
+          .reverse()
+          .map((e) =>
+            h(
+              "tr",
+              { "data-state": e.state },
+              h("td", { class: "mono", style: "white-space: nowrap" }, new Date(e.at * 1000).toLocaleTimeString()),
+              h("td", {}, h("span", { class: "state state-" + e.state }, e.state)),
+              h("td", {}, e.message || "")
+            )
+          )
       );
       showJobLog(selectedJob);
     } else {
@@ -272,6 +304,7 @@
       })
     );
     const sch = data.scheduler || {};
+    if (sch.policy) schedulerInfo = sch;
     $("scheduler-summary").textContent = sch.leader ? `scheduler leader ${sch.leader} · policy ${sch.policy || "?"}` : "";
     $("devices-note").hidden = !data.devices_reason;
     $("devices-note").textContent = data.devices_reason || "";

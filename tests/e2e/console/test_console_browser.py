@@ -125,6 +125,10 @@ def test_sign_in_submit_and_watch_a_job(platform: Platform, page, artifacts_dir:
     # its steps-over-time plot (one line, or more where the samples had a gap)
     expect(page.locator("#job-steps svg polyline").first).to_be_visible()
     expect(page.locator("#job-log")).to_contain_text("finished 120 steps")  # and its output
+    # the scheduler's decisions about it, newest first, under the policy that made them
+    expect(page.locator("#job-decisions tbody tr").first).to_have_attribute("data-state", "finished")
+    expect(page.locator("#job-decisions")).to_contain_text("suspend")
+    expect(page.locator("#jobs-policy")).to_contain_text("scheduling policy gandiva")
     page.screenshot(path=str(artifacts_dir / "console-job-finished.png"), full_page=True)
 
     # other views render without errors

@@ -46,7 +46,59 @@ def test_tables_print_rounded_numbers(capsys) -> None:
     print_table([{"day": 1, "revenue": 6331.549999999999}, {"day": 2, "revenue": 0.1 + 0.2}])
     out = capsys.readouterr().out
     assert "6331.549999999999" not in out and "0.30000000000000004" not in out
-    assert out.splitlines() == ["DAY  REVENUE", "1    6331.55", "2    0.3"]
+    assert out.splitlines() == ["DAY  REVENUE", "  1  6331.55", "  2      0.3"]  # numbers right-aligned
+
+
+@pytest.mark.parametrize(
+    "value,text",
+    [(200_000, "200,000"), (999, "999"), (-1234567, "-1,234,567"), (1234.5678, "1,234.57"), (None, "-")],
+)
+def test_counts_are_grouped_in_thousands(value: Any, text: str) -> None:
+    assert _format.count(value) == text
+
+
+class _FakeTables:
+    def __enter__(self) -> _FakeTables:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def list_tables(self) -> list[dict[str, Any]]:
+        replicas = [{"column": "trip_id", "kind": "hash"}, {"column": "city", "kind": "hash"}]
+        return [
+            {"name": "trips", "rows": 200_000, "bytes": 7_340_032, "extents": 48, "unavailable_extents": 0,
+             "replicas": replicas},
+            {"name": "riders", "rows": 5_000, "bytes": 81_920, "extents": 1_200, "unavailable_extents": 12,
+             "replicas": replicas},
+        ]  # fmt: skip
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return [
+            {"name": "store-node-1", "alive": True, "fault_domain": "fd-1", "extents": 1_234, "bytes": 2_097_152,
+             "address": "127.0.0.1:4001"},
+            {"name": "store-node-2", "alive": False, "fault_domain": "fd-2", "extents": 7, "bytes": 512,
+             "address": "127.0.0.1:4002"},
+        ]  # fmt: skip
+
+
+def test_store_tables_group_counts_and_show_bytes_in_units(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from microco.cli import store
+
+    monkeypatch.setattr(store, "_client", lambda args: _FakeTables())
+    assert main(["store", "tables", "--coordinator", "x:1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["NAME", "ROWS", "BYTES", "EXTENTS", "UNAVAILABLE", "REPLICAS"]
+    assert "200,000" in lines[1] and "7.0 MiB" in lines[1] and "1,200" in lines[2] and "80.0 KiB" in lines[2]
+    # right-aligned: every number ends where its header ends
+    for head in ("ROWS", "BYTES", "EXTENTS", "UNAVAILABLE"):
+        end = lines[0].index(head) + len(head)
+        assert all(line[end - 1] != " " and line[end] == " " for line in lines[1:]), (head, lines)
+
+    assert main(["store", "nodes", "--coordinator", "x:1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "1,234" in lines[1] and "2.0 MiB" in lines[1] and "512 B" in lines[2]
+    assert lines[1].split()[1] == "yes" and lines[2].split()[1] == "no"
 
 
 def test_sizes() -> None:

@@ -74,3 +74,16 @@ def test_grow_then_undo_is_recorded_and_caps_the_size(monkeypatch):
         "resized from 1 to 2 devices",
         "resized from 2 to 1 devices",
     ]
+
+
+def test_a_migration_in_place_is_in_the_history(monkeypatch):
+    from microco.services.scheduler.policy import Migrate
+
+    core, rec = core_with_running_elastic_job()
+    monkeypatch.setattr(core, "_address", lambda node: "127.0.0.1:1")
+    assert core._apply(Migrate(rec["id"], ("n1/3",), "operator: migrate"), 10.0)
+    assert core.agents.sent[-1] == ("resume", ["n1/3"]) and rec["devices"] == ["n1/3"]
+    assert rec["history"][-1][1:] == [
+        "running",
+        "migrated in place onto n1/3 (same node, re-pinned): operator: migrate",
+    ]
