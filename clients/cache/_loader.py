@@ -27,6 +27,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from microco.clients import telemetry
 from microco.common.errors import FailedPrecondition, MicrocoError, Unavailable
 
 from ._client import CacheClient
@@ -178,6 +179,7 @@ class QuiverLoader:
         self.prefetch_batches = prefetch_batches
         self._pipelined = False
         self._last_read: BatchRead | None = None
+        self._delivered: BatchRead | None = None  # the batch the step in progress trains on
         # Samples read with a whole chunk for a later batch (their wait is carried to it).
         self._read_ahead: set[int] = set()
         self._meter = StallMeter()
@@ -438,6 +440,11 @@ class QuiverLoader:
             used_ahead=used_ahead,
             batch_bytes=sum(len(got[i]) for i in indices),
         )
+        stream = telemetry.current()
+        if stream is not None and not self._pipelined:
+            # Read in the step: the step waited for it, and the stream times the step.
+            stream.add_data_wait(t_hits + t_back)
+            self._delivered, self._last_read = self._last_read, None
         self.stats.hits += len(real)
         self.stats.misses += len(indices) - len(real)
         self.stats.cache_bytes += sum(len(got[i]) for i in real)
@@ -566,6 +573,10 @@ class QuiverLoader:
         reader.start()
         pending: tuple[BatchRead | None, float] | None = None
         delivered = None
+        # With the job's telemetry stream (the scheduler hook's), the step is timed there once:
+        # this loader adds its wait for data and reads the step's compute back from the record.
+        stream = telemetry.current()
+        stop_listening = self._listen(stream) if stream is not None else None
         try:
             while True:
                 t0 = time.perf_counter()
@@ -582,13 +593,36 @@ class QuiverLoader:
                     raise item
                 indices, data, read = item
                 self.stats.stall_s += wait
-                pending = (read, wait)
-                delivered = time.perf_counter()
+                if stream is not None:
+                    stream.add_data_wait(wait)
+                    self._delivered = read
+                else:
+                    pending = (read, wait)
+                    delivered = time.perf_counter()
                 yield indices, data
         finally:
+            if stop_listening is not None:
+                stop_listening()
             stop.set()
             reader.join()
             self._pipelined = False
+
+    def _listen(self, stream: telemetry.StepTelemetry) -> Callable[[], None]:
+        """Take each step's wait and compute from the stream's record: the batch delivered
+        last is the one that step trained on (its reads give the hit/miss split)."""
+        self._delivered = None
+
+        def on_step(rec: telemetry.StepRecord) -> None:
+            read, self._delivered = self._delivered, None
+            if read is None:
+                return
+            if not self._pipelined:
+                # Read in the step itself: the whole read was the wait (added in ``read``).
+                self.stats.stall_s += rec.data_wait_s
+            self.stats.compute_s += rec.compute_s
+            self._add_timings(self._meter.timings(read, rec.data_wait_s, rec.compute_s))
+
+        return stream.subscribe(on_step)
 
     def _add_timings(self, timings: list[tuple[float, float, int, int]]) -> None:
         with self._lock:
@@ -598,6 +632,8 @@ class QuiverLoader:
         """Only the choice of batches (indices, those chosen as hits), reads left to the caller;
         progress and timing reports are made as batches are taken."""
         self._start_epoch(epoch)
+        stream = telemetry.current() if not self._pipelined else None
+        stop_listening = self._listen(stream) if stream is not None else None
         try:
             b = 0
             last = None
@@ -610,7 +646,12 @@ class QuiverLoader:
                     else BatchMode.PREFER_HITS
                 )
                 now = time.perf_counter()
-                if last is not None and not self._pipelined and self._last_read is not None:
+                if (
+                    stream is None
+                    and last is not None
+                    and not self._pipelined
+                    and self._last_read is not None
+                ):
                     # Read in the step itself (no reader ahead): the whole read is a wait.
                     _prev, t0 = last
                     r, self._last_read = self._last_read, None
@@ -630,6 +671,8 @@ class QuiverLoader:
                 b += 1
                 yield list(batch.indices), sorted(batch.hits)
         finally:
+            if stop_listening is not None:
+                stop_listening()
             self._prefetch_stop.set()
             self._report(done)
 
