@@ -164,3 +164,23 @@ def test_an_unknown_job_is_no_error(tmp_path, phase):
     _wait(follower.idle)
     assert core.jobs == {}
     follower.stop()
+
+
+def test_the_scheduler_publishes_its_jobs_phases_once_per_change():
+    import sys
+
+    from microco.services.scheduler import SchedulerCore
+    from microco.services.scheduler.policy import make_policy
+
+    kv = MemoryKV()
+    kv.put_json("/microco/nodes/n1", {"name": "n1", "address": "127.0.0.1:1", "devices": []})
+    core = SchedulerCore(kv, make_policy("fifo"))  # no device anywhere: the job waits
+    from microco.services.scheduler import _jobs as J
+
+    job = J.new_record(J.validate_spec({"command": [sys.executable, "-c", "pass"], "devices": 1}, 1), 1.0)
+    kv.put_json(J.job_key(job["id"]), job)  # as the API writes it
+    core.tick()
+    assert read_phases(kv)[job["id"]].phase == "waiting"
+    writes = core.phases.writes
+    core.tick()
+    assert core.phases.writes == writes  # nothing changed: nothing written
