@@ -165,7 +165,10 @@ class Platform:
             server = grpc.server(
                 futures.ThreadPoolExecutor(max_workers=8),
                 interceptors=[ErrorAndMetricsInterceptor("cache")],
-                options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)],
+                options=[
+                    ("grpc.max_receive_message_length", 64 << 20),
+                    ("grpc.max_send_message_length", 64 << 20),
+                ],
             )
             cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(core), server)
             port = server.add_insecure_port("127.0.0.1:0")
@@ -183,7 +186,9 @@ class Platform:
             s.stop(0)
 
 
-def _run_mode(codesign: bool, sc: Scenario, root: Path, datasets: dict[str, Any], files: dict[str, list[bytes]]) -> dict:
+def _run_mode(
+    codesign: bool, sc: Scenario, root: Path, datasets: dict[str, Any], files: dict[str, list[bytes]]
+) -> dict:
     from microco.clients.cache import LocalStore, QuiverLoader, ThrottledStore
     from microco.clients.scheduler import PhasePublisher
 
@@ -191,7 +196,10 @@ def _run_mode(codesign: bool, sc: Scenario, root: Path, datasets: dict[str, Any]
     link = ThrottledStore(LocalStore(str(root / "data")), sc.link_bytes_per_s)
     plat = Platform(tmp, sc, codesign, datasets, link)
     publisher = PhasePublisher(plat.kv) if codesign else None
-    jobs = [Job(f"shared{i}", "shared", datasets["shared"], Model(sc.shared_samples)) for i in range(sc.shared_jobs)]
+    jobs = [
+        Job(f"shared{i}", "shared", datasets["shared"], Model(sc.shared_samples))
+        for i in range(sc.shared_jobs)
+    ]
     jobs.append(Job("own", "own", datasets["own"], Model(sc.own_samples)))
     migrating = jobs[1]  # a job of the shared dataset moves to the second host
     t_start = time.monotonic()
@@ -382,7 +390,13 @@ def run(sc: Scenario, rounds: int) -> dict:
     out: dict[str, Any] = {"scenario": sc.__dict__, "rounds": rounds}
     for mode, rs in runs.items():
         agg: dict[str, Any] = {}
-        for k in ("avg_jct_s", "hit_rate", "backing_bytes", "resume_to_first_batch_s", "migrate_to_first_batch_s"):
+        for k in (
+            "avg_jct_s",
+            "hit_rate",
+            "backing_bytes",
+            "resume_to_first_batch_s",
+            "migrate_to_first_batch_s",
+        ):
             vals = [x[k] for x in rs if x[k] is not None]
             agg[k] = statistics.median(vals) if vals else None
         agg["losses_identical"] = all(x["losses_identical"] for x in rs)

@@ -6,8 +6,10 @@ running, waiting, suspended, resuming, migrating, finished). This server acts on
 * **resuming** (the job that gets the next time slice) on this host: its pins and allocation
   are kept, and the chunks of its dataset it has not consumed this epoch are read from the
   backing store into the cache, as far as its allocation allows, while the others' slice ends;
-* **suspended** / **waiting**: the job is silent, but alive: its pins and its share of the
-  allocation stay past the job TTL (which only protects against crashed jobs);
+* **suspended** / **waiting**: the job is silent, but alive: its share of the allocation (and
+  its benefit estimate) stays past the job TTL (which only protects against crashed jobs); the
+  chunks only it still needs are lent to the running jobs (no longer pinned for it) and
+  restored when it is about to resume (``lend=False``: kept pinned for it instead);
 * **migrating** to this host: the job's dataset is warmed here before it restarts (its dataset
   is found under ``/microco/cache/jobs/<job>``, written by the host it ran on); migrating away
   from this host, or **finished** (or its key deleted): its pins and allocation go at once.
@@ -53,8 +55,12 @@ class SchedulerFollower:
         *,
         open_dataset: OpenDataset | None = None,
         dataset_wait_s: float = 30.0,
+        lend: bool = True,
     ) -> None:
         self.core, self.kv, self.node = core, kv, node
+        # A suspended job's pins are lent to the running jobs and restored (prefetched) when it
+        # is about to resume; ``lend=False`` keeps them for it instead.
+        self.lend = lend
         self.open_dataset = open_dataset or self._open_from_etcd
         self.dataset_wait_s = dataset_wait_s
         self._cancel: Callable[[], None] | None = None
@@ -107,13 +113,18 @@ class SchedulerFollower:
         self.phases[job_id] = phase
         here = phase.node in ("", self.node)
         if phase.phase == "running":
+            self.core.restore(job_id)
             self.core.hold(job_id, False)  # it reports again: the TTL applies
             if not here:
                 self._stop_prefetch(job_id)
                 self.core.forget_job(job_id)
         elif phase.phase in ("suspended", "waiting"):
+            self._stop_prefetch(job_id)
+            if self.lend:
+                self.core.lend(job_id)
             self.core.hold(job_id)
         elif phase.phase == "resuming":
+            self.core.restore(job_id)
             self.core.hold(job_id)
             if here:
                 self._prefetch(job_id)

@@ -104,24 +104,37 @@ def test_a_finished_job_drops_its_pins_at_once(tmp_path):
     follower.stop()
 
 
-def test_a_suspended_job_keeps_its_pins_and_allocation_past_the_ttl(tmp_path):
+@pytest.mark.parametrize("lend", [True, False])
+def test_a_suspended_job_keeps_its_allocation_past_the_ttl_and_lends_its_pins(tmp_path, lend):
     index, store, core, kv, follower, clock = _setup(tmp_path, capacity=1000, ttl=60.0)
+    follower.lend = lend
     core.report_progress("j", "ds", 0, [], dataset_bytes=index.total_bytes)
     _fill(core, index, store, chunks=index.chunks[:2])
+    first = index.chunks[0].digest
+    assert not core.consumption.fully_consumed("ds", first)  # pinned for j
     pub = PhasePublisher(kv)
-    pub.publish([_record("j", "suspended"), _record("k", "running")], 1.0)
+    # j waits, m is next (less attained service), k runs.
+    pub.publish(
+        [_record("j", "suspended", attained=9.0), _record("m", "queued"), _record("k", "running")], 1.0
+    )
     clock.t += 600  # ten minutes suspended; another job reports meanwhile
     core.report_progress("k", "other", 0, [], dataset_bytes=10_000)
-    assert "j" in core.jobs and core.room("other") <= 1000 - 800
-    # The same without the scheduler's word: the TTL takes the silent job's pins away.
+    assert "j" in core.jobs and "j" in core.job_names("j")  # its allocation share stays
+    # Lent: the running jobs may evict what only j needs; kept: still pinned for it.
+    assert core.consumption.fully_consumed("ds", first) is lend
+    pub.publish([_record("j", "running"), _record("k", "suspended"), _record("m", "running")], 2.0)
+    assert not core.consumption.fully_consumed("ds", first)  # restored with its progress
     follower.stop()
-    index2, store2, core2, _kv2, f2, clock2 = _setup(tmp_path / "independent", capacity=1000)
-    f2.stop()
-    core2.report_progress("j", "ds", 0, [], dataset_bytes=index2.total_bytes)
-    _fill(core2, index2, store2, chunks=index2.chunks[:2])
-    clock2.t += 600
-    core2.report_progress("k", "other", 0, [], dataset_bytes=10_000)
-    assert "j" not in core2.jobs
+
+
+def test_without_the_scheduler_the_ttl_drops_a_silent_job(tmp_path):
+    index, store, core, _kv, follower, clock = _setup(tmp_path, capacity=1000)
+    follower.stop()
+    core.report_progress("j", "ds", 0, [], dataset_bytes=index.total_bytes)
+    _fill(core, index, store, chunks=index.chunks[:2])
+    clock.t += 600
+    core.report_progress("k", "other", 0, [], dataset_bytes=10_000)
+    assert "j" not in core.jobs
 
 
 def test_the_job_about_to_resume_gets_its_unconsumed_chunks_prefetched(tmp_path):
