@@ -11,8 +11,10 @@ machine falls on both alike:
   co-ordinated eviction, the job TTL equal to the quantum, as the defaults are: 60 s and 60 s);
   every job reads through the real ``QuiverLoader`` (substitutable hits, its own prefetch);
 * one backing store behind one throttled link (``ThrottledStore``) shared by every reader;
-* one job migrated to the second host mid-run: it checkpoints at its epoch boundary, restarts
-  there (``--restart-s``, the modelled cost of a process restart) and redoes its epoch.
+* one job migrated to the second host mid-run: it checkpoints, restarts there (``--restart-s``,
+  the modelled cost of a process restart) and continues: independently, from its epoch's start
+  (a restarted loader begins its epoch again); co-designed, where its loader left the epoch
+  (the loader's position is in the checkpoint: ``QuiverLoader.state_dict``).
 
 ``independent``: the systems as today (the cache knows nothing of the scheduler).
 ``codesign``: the driver publishes job phases with the scheduler's ``PhasePublisher`` and each
@@ -224,6 +226,7 @@ def _run_mode(
 
     def train(job: Job) -> None:
         epoch = 0
+        position: dict | None = None
         while epoch < sc.epochs:
             loader = QuiverLoader(
                 job.index,
@@ -235,6 +238,9 @@ def _run_mode(
                 node=job.node,
                 seed=zlib.crc32(job.name.encode()),
             )
+            if position is not None:
+                loader.load_state_dict(position)  # its checkpoint's place in the epoch
+                epoch, position = loader.resume_epoch or 0, None
             moved = False
             try:
                 while epoch < sc.epochs and not moved:
@@ -258,7 +264,10 @@ def _run_mode(
                                 moved = True
                                 break
                     if moved:
-                        job.model.restart_epoch()  # back to the epoch boundary's checkpoint
+                        if codesign:  # the checkpoint holds the loader's place in the epoch
+                            position = loader.state_dict()
+                        else:  # as today: the epoch starts again from its boundary's state
+                            job.model.restart_epoch()
                         break
                     job.model.end_epoch()
                     epoch += 1

@@ -180,6 +180,11 @@ class QuiverLoader:
         self._pipelined = False
         self._last_read: BatchRead | None = None
         self._delivered: BatchRead | None = None  # the batch the step in progress trains on
+        # The samples the training step has been given this epoch (not those a reader ahead
+        # has chosen): the position a checkpoint saves (``state_dict``), and one restored.
+        self._seen_in_epoch: set[int] = set()
+        self._resume: tuple[int, set[int]] | None = None
+        self.resume_epoch: int | None = None  # after ``load_state_dict``: the epoch to continue
         # Samples read with a whole chunk for a later batch (their wait is carried to it).
         self._read_ahead: set[int] = set()
         self._meter = StallMeter()
@@ -593,6 +598,7 @@ class QuiverLoader:
                     raise item
                 indices, data, read = item
                 self.stats.stall_s += wait
+                self._seen_in_epoch.update(indices)
                 if stream is not None:
                     stream.add_data_wait(wait)
                     self._delivered = read
@@ -667,6 +673,8 @@ class QuiverLoader:
                 if batch is None:
                     break
                 done = self._consume(batch.indices)
+                if not self._pipelined:  # (a reader ahead counts a batch when it hands it over)
+                    self._seen_in_epoch.update(batch.indices)
                 last = (batch, now)
                 b += 1
                 yield list(batch.indices), sorted(batch.hits)
@@ -681,11 +689,54 @@ class QuiverLoader:
         # which makes room for the prefetcher while the link would otherwise idle.
         return self._consumed_left[self.index.samples[i].chunk]
 
+    def state_dict(self) -> dict[str, object]:
+        """Where the training step is in the dataset: the epoch and the samples it has been
+        given in it. A checkpoint holds it (``TorchHook(..., sampler=loader)``); a job restarted
+        from it (resumed elsewhere, say) continues the epoch with exactly the samples it had not
+        seen, whatever the cache then holds."""
+        with self._lock:
+            return {
+                "epoch": self._epoch,
+                "seen": sorted(self._seen_in_epoch),
+                "num_samples": len(self.index),
+                "rank": self.rank,
+                "world_size": self.world_size,
+            }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Continue from ``state_dict()``'s position: the next ``epoch(resume_epoch)`` yields
+        only the samples not seen in it (a finished epoch resumes at the next one)."""
+        n, seen = state.get("num_samples"), state.get("seen")
+        if n != len(self.index) or not isinstance(seen, list):
+            raise ValueError(f"the saved position is for {n} samples; this dataset has {len(self.index)}")
+        if (state.get("rank"), state.get("world_size")) != (self.rank, self.world_size):
+            raise ValueError("the saved position is another rank's (or another world size's)")
+        epoch = int(state.get("epoch", -1))  # type: ignore[call-overload]
+        if epoch < 0:
+            self._resume, self.resume_epoch = None, 0
+            return
+        if len(seen) >= self.sampler.shard_size:
+            self._resume, self.resume_epoch = None, epoch + 1
+            return
+        self._resume, self.resume_epoch = (epoch, {int(i) for i in seen}), epoch
+
     def _start_epoch(self, epoch: int) -> None:
         self._epoch = epoch
         self.sampler.start_epoch(epoch)
         self._share = self._shares()
         self._consumed_left = list(self._share)
+        resume, self._resume = self._resume, None
+        seen: set[int] = resume[1] if resume is not None and resume[0] == epoch else set()
+        with self._lock:
+            self._seen_in_epoch = set(seen)
+        finished: list[str] = []
+        if seen:
+            self.sampler.restore(epoch, [i for i in self.sampler.unseen() if i not in seen])
+            for i in seen:
+                c = self.index.samples[i].chunk
+                self._consumed_left[c] -= 1
+                if self._consumed_left[c] == 0:
+                    finished.append(self.index.chunks[c].digest)
         self._fetched = set()
         self._read_ahead = set()
         self._meter.carry.clear()
@@ -693,6 +744,7 @@ class QuiverLoader:
         self._report([])
         # Chunks with none of this rank's samples this epoch: done for this rank from the start.
         elsewhere = [c.digest for c, n in zip(self.index.chunks, self._share, strict=True) if n == 0]
+        elsewhere += finished  # (and those the job consumed before it was restarted)
         for i in range(0, len(elsewhere), 50_000):
             self._report(elsewhere[i : i + 50_000])
         if self.prefetch:
