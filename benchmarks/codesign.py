@@ -146,8 +146,7 @@ class Platform:
 
         from microco.api.cache.v1 import cache_pb2_grpc
         from microco.common import MemoryKV
-        from microco.services.cache import CacheCore, CacheServicer, ChunkStore
-        from microco.services.cache._follow import SchedulerFollower
+        from microco.services.cache import CacheCore, CacheServicer, ChunkStore, SchedulerFollower
         from microco.services.runtime.server import ErrorAndMetricsInterceptor
 
         self.kv = MemoryKV()
