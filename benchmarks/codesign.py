@@ -69,6 +69,7 @@ class Scenario:
     quantum_s: float = 1.5
     restart_s: float = 1.0
     migrate_after_slices: int = 1  # the job migrates when it is next suspended after this many
+    lend: bool = True  # co-designed: a suspended job's pins lent to the running jobs (else kept)
 
 
 def _features(data: bytes) -> tuple[np.ndarray, float]:
@@ -177,7 +178,9 @@ class Platform:
             self._servers.append(server)
             self.cores[node], self.address[node] = core, f"127.0.0.1:{port}"
             if codesign:
-                f = SchedulerFollower(core, self.kv, node, open_dataset=lambda name: (datasets[name], link))
+                f = SchedulerFollower(
+                    core, self.kv, node, open_dataset=lambda name: (datasets[name], link), lend=sc.lend
+                )
                 self.followers.append(f.start())
 
     def close(self) -> None:
@@ -424,10 +427,15 @@ def run(sc: Scenario, rounds: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="microco bench codesign", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--quick", action="store_true", help="two rounds of two epochs per job (about two minutes)"
+        "--quick", action="store_true", help="four rounds of two epochs per job (about a minute here)"
     )
-    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds of each (default 3, quick 2)")
+    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds of each (default 6, quick 4)")
     p.add_argument("--restart-s", type=float, default=Scenario.restart_s, help="modelled process restart")
+    p.add_argument(
+        "--keep-pins",
+        action="store_true",
+        help="co-designed: keep a suspended job's pins (default: lend them)",
+    )
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the smoke test's size
     p.add_argument("--json", action="store_true", help="JSON on stdout (always JSON; kept for symmetry)")
     args = p.parse_args(argv)
@@ -446,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
             quantum_s=0.15,
             restart_s=0.05,
         )
-    rounds = args.rounds if args.rounds is not None else (1 if args.tiny else 2 if args.quick else 3)
+    sc.lend = not args.keep_pins
+    rounds = args.rounds if args.rounds is not None else (1 if args.tiny else 4 if args.quick else 6)
     out = run(sc, rounds)
     json.dump(out, sys.stdout, indent=2, default=float)
     print()
