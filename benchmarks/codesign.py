@@ -242,6 +242,8 @@ def _run_mode(
             )
             if position is not None:
                 loader.load_state_dict(position)  # its checkpoint's place in the epoch
+                if (loader.resume_epoch or 0) > epoch:
+                    job.model.end_epoch()  # it was stopped after the epoch's last batch
                 epoch, position = loader.resume_epoch or 0, None
             moved = False
             try:
@@ -357,6 +359,9 @@ def _run_mode(
         "migrate_to_first_batch_s": statistics.mean(migrates) if migrates else None,
         "losses_identical": ok,
         "jct_s": {j.name: round(j.finished_at, 3) for j in jobs},
+        "losses_identical_by_job": {
+            j.name: j.model.losses == reference_losses(files[j.dataset], sc.epochs) for j in jobs
+        },
         "resumes": len(resumes),
         "prefetched_bytes": sum(f.prefetched_bytes for f in plat.followers),
     }

@@ -705,7 +705,9 @@ class QuiverLoader:
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         """Continue from ``state_dict()``'s position: the next ``epoch(resume_epoch)`` yields
-        only the samples not seen in it (a finished epoch resumes at the next one)."""
+        only the samples not seen in it. A position after an epoch's last batch resumes at the
+        next epoch: work a loop does after an epoch (an LR schedule's step, say) is due first
+        when ``resume_epoch`` is past the epoch the checkpoint was taken in."""
         n, seen = state.get("num_samples"), state.get("seen")
         if n != len(self.index) or not isinstance(seen, list):
             raise ValueError(f"the saved position is for {n} samples; this dataset has {len(self.index)}")
