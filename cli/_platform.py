@@ -17,7 +17,7 @@ from microco.common.errors import FailedPrecondition, InvalidArgument
 if TYPE_CHECKING:
     from microco.services.stack import Stack, StackOptions
 
-BENCHMARKS = ("scheduler", "sim", "cache", "store", "compiler")
+BENCHMARKS = ("scheduler", "sim", "cache", "store", "compiler", "codesign")
 
 
 def register(sub: Any) -> None:

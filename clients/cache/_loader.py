@@ -27,6 +27,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from microco.clients import telemetry
 from microco.common.errors import FailedPrecondition, MicrocoError, Unavailable
 
 from ._client import CacheClient
@@ -178,6 +179,12 @@ class QuiverLoader:
         self.prefetch_batches = prefetch_batches
         self._pipelined = False
         self._last_read: BatchRead | None = None
+        self._delivered: BatchRead | None = None  # the batch the step in progress trains on
+        # The samples the training step has been given this epoch (not those a reader ahead
+        # has chosen): the position a checkpoint saves (``state_dict``), and one restored.
+        self._seen_in_epoch: set[int] = set()
+        self._resume: tuple[int, set[int]] | None = None
+        self.resume_epoch: int | None = None  # after ``load_state_dict``: the epoch to continue
         # Samples read with a whole chunk for a later batch (their wait is carried to it).
         self._read_ahead: set[int] = set()
         self._meter = StallMeter()
@@ -438,6 +445,11 @@ class QuiverLoader:
             used_ahead=used_ahead,
             batch_bytes=sum(len(got[i]) for i in indices),
         )
+        stream = telemetry.current()
+        if stream is not None and not self._pipelined:
+            # Read in the step: the step waited for it, and the stream times the step.
+            stream.add_data_wait(t_hits + t_back)
+            self._delivered, self._last_read = self._last_read, None
         self.stats.hits += len(real)
         self.stats.misses += len(indices) - len(real)
         self.stats.cache_bytes += sum(len(got[i]) for i in real)
@@ -566,6 +578,10 @@ class QuiverLoader:
         reader.start()
         pending: tuple[BatchRead | None, float] | None = None
         delivered = None
+        # With the job's telemetry stream (the scheduler hook's), the step is timed there once:
+        # this loader adds its wait for data and reads the step's compute back from the record.
+        stream = telemetry.current()
+        stop_listening = self._listen(stream) if stream is not None else None
         try:
             while True:
                 t0 = time.perf_counter()
@@ -582,13 +598,37 @@ class QuiverLoader:
                     raise item
                 indices, data, read = item
                 self.stats.stall_s += wait
-                pending = (read, wait)
-                delivered = time.perf_counter()
+                self._seen_in_epoch.update(indices)
+                if stream is not None:
+                    stream.add_data_wait(wait)
+                    self._delivered = read
+                else:
+                    pending = (read, wait)
+                    delivered = time.perf_counter()
                 yield indices, data
         finally:
+            if stop_listening is not None:
+                stop_listening()
             stop.set()
             reader.join()
             self._pipelined = False
+
+    def _listen(self, stream: telemetry.StepTelemetry) -> Callable[[], None]:
+        """Take each step's wait and compute from the stream's record: the batch delivered
+        last is the one that step trained on (its reads give the hit/miss split)."""
+        self._delivered = None
+
+        def on_step(rec: telemetry.StepRecord) -> None:
+            read, self._delivered = self._delivered, None
+            if read is None:
+                return
+            if not self._pipelined:
+                # Read in the step itself: the whole read was the wait (added in ``read``).
+                self.stats.stall_s += rec.data_wait_s
+            self.stats.compute_s += rec.compute_s
+            self._add_timings(self._meter.timings(read, rec.data_wait_s, rec.compute_s))
+
+        return stream.subscribe(on_step)
 
     def _add_timings(self, timings: list[tuple[float, float, int, int]]) -> None:
         with self._lock:
@@ -598,6 +638,8 @@ class QuiverLoader:
         """Only the choice of batches (indices, those chosen as hits), reads left to the caller;
         progress and timing reports are made as batches are taken."""
         self._start_epoch(epoch)
+        stream = telemetry.current() if not self._pipelined else None
+        stop_listening = self._listen(stream) if stream is not None else None
         try:
             b = 0
             last = None
@@ -610,7 +652,12 @@ class QuiverLoader:
                     else BatchMode.PREFER_HITS
                 )
                 now = time.perf_counter()
-                if last is not None and not self._pipelined and self._last_read is not None:
+                if (
+                    stream is None
+                    and last is not None
+                    and not self._pipelined
+                    and self._last_read is not None
+                ):
                     # Read in the step itself (no reader ahead): the whole read is a wait.
                     _prev, t0 = last
                     r, self._last_read = self._last_read, None
@@ -626,10 +673,14 @@ class QuiverLoader:
                 if batch is None:
                     break
                 done = self._consume(batch.indices)
+                if not self._pipelined:  # (a reader ahead counts a batch when it hands it over)
+                    self._seen_in_epoch.update(batch.indices)
                 last = (batch, now)
                 b += 1
                 yield list(batch.indices), sorted(batch.hits)
         finally:
+            if stop_listening is not None:
+                stop_listening()
             self._prefetch_stop.set()
             self._report(done)
 
@@ -638,11 +689,56 @@ class QuiverLoader:
         # which makes room for the prefetcher while the link would otherwise idle.
         return self._consumed_left[self.index.samples[i].chunk]
 
+    def state_dict(self) -> dict[str, object]:
+        """Where the training step is in the dataset: the epoch and the samples it has been
+        given in it. A checkpoint holds it (``TorchHook(..., sampler=loader)``); a job restarted
+        from it (resumed elsewhere, say) continues the epoch with exactly the samples it had not
+        seen, whatever the cache then holds."""
+        with self._lock:
+            return {
+                "epoch": self._epoch,
+                "seen": sorted(self._seen_in_epoch),
+                "num_samples": len(self.index),
+                "rank": self.rank,
+                "world_size": self.world_size,
+            }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Continue from ``state_dict()``'s position: the next ``epoch(resume_epoch)`` yields
+        only the samples not seen in it. A position after an epoch's last batch resumes at the
+        next epoch: work a loop does after an epoch (an LR schedule's step, say) is due first
+        when ``resume_epoch`` is past the epoch the checkpoint was taken in."""
+        n, seen = state.get("num_samples"), state.get("seen")
+        if n != len(self.index) or not isinstance(seen, list):
+            raise ValueError(f"the saved position is for {n} samples; this dataset has {len(self.index)}")
+        if (state.get("rank"), state.get("world_size")) != (self.rank, self.world_size):
+            raise ValueError("the saved position is another rank's (or another world size's)")
+        epoch = int(state.get("epoch", -1))  # type: ignore[call-overload]
+        if epoch < 0:
+            self._resume, self.resume_epoch = None, 0
+            return
+        if len(seen) >= self.sampler.shard_size:
+            self._resume, self.resume_epoch = None, epoch + 1
+            return
+        self._resume, self.resume_epoch = (epoch, {int(i) for i in seen}), epoch
+
     def _start_epoch(self, epoch: int) -> None:
         self._epoch = epoch
         self.sampler.start_epoch(epoch)
         self._share = self._shares()
         self._consumed_left = list(self._share)
+        resume, self._resume = self._resume, None
+        seen: set[int] = resume[1] if resume is not None and resume[0] == epoch else set()
+        with self._lock:
+            self._seen_in_epoch = set(seen)
+        finished: list[str] = []
+        if seen:
+            self.sampler.restore(epoch, [i for i in self.sampler.unseen() if i not in seen])
+            for i in seen:
+                c = self.index.samples[i].chunk
+                self._consumed_left[c] -= 1
+                if self._consumed_left[c] == 0:
+                    finished.append(self.index.chunks[c].digest)
         self._fetched = set()
         self._read_ahead = set()
         self._meter.carry.clear()
@@ -650,6 +746,7 @@ class QuiverLoader:
         self._report([])
         # Chunks with none of this rank's samples this epoch: done for this rank from the start.
         elsewhere = [c.digest for c, n in zip(self.index.chunks, self._share, strict=True) if n == 0]
+        elsewhere += finished  # (and those the job consumed before it was restarted)
         for i in range(0, len(elsewhere), 50_000):
             self._report(elsewhere[i : i + 50_000])
         if self.prefetch:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from microco.clients import telemetry
 from microco.clients.compiler.explore.types import (
     STAGE_COMPILE,
     STAGE_STRUCTURE,
@@ -346,6 +347,13 @@ class AstraTorch(SessionBacked):
         # setting left behind leaked into the user's later work).
         self._threads: int | None = None
         self._user_threads: int | None = None
+        # The job's telemetry stream (``microco.clients.telemetry``), when a scheduler hook
+        # drives one: the step is then timed there once, this wrapper adds its regions' times
+        # and records the trial from the stream's record at the hook's ``step_end``.
+        self._stream: telemetry.StepTelemetry | None = None
+        self._stop_listening: Callable[[], None] | None = None
+        self._deferred: float | None = None  # a finished step waiting for its record (guard ms)
+        self._stream_unused = False  # a stream that ended no step: timed alone from then on
 
     # -- public
     def spec(self) -> GraphSpec | None:
@@ -407,6 +415,9 @@ class AstraTorch(SessionBacked):
 
     def restore(self) -> None:
         """Undo the instrumentation: the model runs plain eager code again."""
+        if self._stop_listening is not None:
+            self._stop_listening()
+            self._stop_listening, self._stream = None, None
         self._set_whole_compile(None)
         for r in self.runners.values():
             r.restore()
@@ -418,7 +429,28 @@ class AstraTorch(SessionBacked):
             self.background.close()
 
     # -- per step
+    def _use_stream(self) -> None:
+        stream = None if self._stream_unused else telemetry.current()
+        if self._deferred is not None:
+            # The stream did not end the last step (no hook's step_end between two steps):
+            # that step is not recorded, and this wrapper times its steps alone from now on.
+            log.warning("the telemetry stream ended no step between two steps; timing steps here")
+            self._deferred = None
+            self._stream_unused, stream = True, None
+        if stream is not self._stream:
+            if self._stop_listening is not None:
+                self._stop_listening()
+            self._stop_listening = stream.subscribe(self._on_step) if stream is not None else None
+            self._stream = stream
+
+    def _on_step(self, rec: telemetry.StepRecord) -> None:
+        if self._deferred is None:
+            return
+        guard_ms, self._deferred = self._deferred, None
+        self._finish_step(True, rec.compute_s * 1e3 + guard_ms)
+
     def _before(self) -> None:
+        self._use_stream()
         if self.session.spec is None and self._probe_calls is None:
             self._start_probe()
         if self._repeat is not None:
@@ -435,12 +467,14 @@ class AstraTorch(SessionBacked):
         self.clock.region_s = {}
         self.clock.built = False
         self.clock.sync()
-        self._step_started = time.perf_counter()
+        if self._stream is None:
+            self._step_started = time.perf_counter()
 
-    def _end_step(self) -> float:
-        """The step's time (ms, the guard's own copies excluded); the user's thread count back."""
+    def _end_step(self, timed: bool = True) -> float:
+        """The step's time (ms, the guard's own copies excluded); the user's thread count back.
+        ``timed=False`` (the stream times the step): minus the guard's copies only."""
         self.clock.sync()
-        ms = (time.perf_counter() - self._step_started) * 1e3
+        ms = (time.perf_counter() - self._step_started) * 1e3 if timed else 0.0
         self.clock.in_step = False
         if self._snap is not None:
             self._snap.close()
@@ -450,7 +484,16 @@ class AstraTorch(SessionBacked):
         return ms
 
     def _after(self, ok: bool) -> None:
-        ms = self._end_step()
+        stream = self._stream
+        if stream is None or not ok:
+            self._finish_step(ok, self._end_step(timed=stream is None))
+            return
+        guard_ms = self._end_step(timed=False)
+        for region, secs in self.clock.region_s.items():
+            stream.add_region(region, secs)
+        self._deferred = guard_ms  # finished by the stream's record (``_on_step``)
+
+    def _finish_step(self, ok: bool, ms: float) -> None:
         self._snap = None
         ms, self._probe_charge_ms = ms + self._probe_charge_ms, 0.0
         if self._probe_calls is not None:

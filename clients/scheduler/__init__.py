@@ -29,6 +29,16 @@ from ._job import (
     JobContext,
 )
 from ._keras import SchedulerCallback
+from ._phases import (
+    PHASES,
+    PHASES_PREFIX,
+    JobPhase,
+    PhasePublisher,
+    job_phases,
+    phase_key,
+    read_phases,
+    watch_phases,
+)
 from ._ranks import classify_exit
 from ._torch import TorchHook, average_gradients, init_distributed, seed_everything
 
@@ -62,6 +72,8 @@ __all__ = [
     "ENV_RANK",
     "ENV_WORLD_SIZE",
     "EXIT_CHECKPOINTED",
+    "PHASES",
+    "PHASES_PREFIX",
     "RESIZE",
     "RESUME",
     "SPEC_KEYS",
@@ -69,6 +81,8 @@ __all__ = [
     "SUSPEND",
     "ControlChannel",
     "JobContext",
+    "JobPhase",
+    "PhasePublisher",
     "SchedulerCallback",
     "SchedulerClient",
     "StepBatches",
@@ -76,10 +90,14 @@ __all__ = [
     "average_gradients",
     "classify_exit",
     "init_distributed",
+    "job_phases",
     "job_to_dict",
     "make_spec",
+    "phase_key",
+    "read_phases",
     "seed_everything",
     "spec_from_pb",
     "spec_to_pb",
     "state_name",
+    "watch_phases",
 ]

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from microco.clients.telemetry import StepRecord, StepTelemetry, install, uninstall
+
 from ._control import (
     CHECKPOINT,
     EXIT_CHECKPOINTED,
@@ -81,6 +83,7 @@ class JobContext:
         devices: list[str] | None = None,
         checkpoint_every_s: float | None = None,
         exit_fn: Callable[[int], None] | None = None,
+        telemetry: StepTelemetry | None = None,
     ) -> None:
         env = os.environ
         control_dir = control_dir or env.get(ENV_CONTROL_DIR) or None
@@ -130,12 +133,15 @@ class JobContext:
         self.first_step_at: float | None = None
         self._times: deque[float] = deque(maxlen=20)
         self._last_ms: float | None = None
-        self._t_boundary = time.perf_counter()
+        # The process's one telemetry stream (``microco.clients.telemetry``): it times every
+        # mini-batch once, at ``step_end``; the cache loader adds its wait for data and the
+        # compiler wrapper its compiled regions, and both read the step back from it.
+        self.telemetry = install(telemetry if telemetry is not None else StepTelemetry())
+        self.last_record: StepRecord | None = None
         # CPU time the process spent in each of those mini-batches (all its threads): on a
         # virtual device (a CPU share, one compute thread per device) it is the device's busy
         # time, so CPU / wall / devices is the fraction of its devices the job keeps busy.
         self._cpu_ms: deque[float] = deque(maxlen=20)
-        self._cpu_boundary = time.process_time()
         self.on_gpu = bool(env.get("CUDA_VISIBLE_DEVICES", ""))
         self._last_report = 0.0
         self._last_checkpoint_at = time.monotonic()
@@ -230,11 +236,11 @@ class JobContext:
         May not return: a ``stop`` (checkpoint-and-move) exits the process with
         ``EXIT_CHECKPOINTED`` once the checkpoint is on disk.
         """
-        now = time.perf_counter()
-        ms = (now - self._t_boundary) * 1000.0
         self.step = self.step + 1 if step is None else int(step)
+        rec = self.last_record = self.telemetry.end_step(self.step)
+        ms = rec.step_s * 1000.0
         self._times.append(ms)
-        self._cpu_ms.append((time.process_time() - self._cpu_boundary) * 1000.0)
+        self._cpu_ms.append(rec.cpu_s * 1000.0)
         self._last_ms = ms
         if self.first_step_at is None:
             self.first_step_at = time.time()
@@ -243,18 +249,22 @@ class JobContext:
             self._recorded = True
             self._record("running")
         together = self._together()
+        before = (self.seq_done, self.checkpoint_step, self._last_checkpoint_at, self.state)
         self._obey()
         if not together and self._checkpoint_due():
             self.write_checkpoint()  # (ranks with a group agree on it in ``_obey_together``)
         self._report()
-        # The next mini-batch's time starts after control handling (a park is not compute).
-        self._mark_boundary()
+        # The next mini-batch's time starts after control handling (a park or a checkpoint is
+        # not compute); when there was none, this step's end is the next one's start.
+        if (self.seq_done, self.checkpoint_step, self._last_checkpoint_at, self.state) != before:
+            self._mark_boundary()
 
     def finish(self) -> None:
         """Call when training is done: the final status says so."""
         self.state = "finished"
         self._record("finished")
         self._report(force=True)
+        uninstall(self.telemetry)
 
     def use_group(self, rank: int, world_size: int, agree: Callable[[list[int]], list[int]]) -> None:
         """Act as rank ``rank`` of ``world_size`` processes that agree on control through
@@ -449,8 +459,7 @@ class JobContext:
         return sum(times) / len(times) if times else None
 
     def _mark_boundary(self) -> None:
-        self._t_boundary = time.perf_counter()
-        self._cpu_boundary = time.process_time()
+        self.telemetry.mark()
 
     def utilization(self) -> float | None:
         """The fraction of its devices the job kept busy over the recent mini-batches (the first

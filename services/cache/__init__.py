@@ -8,7 +8,8 @@ Public API:
 * the substitutable sampler core: ``SubstitutableSampler``, ``Batch``, ``BatchMode``;
 * policies: ``make_policy`` (``coordinated``, ``lru``), ``allocate``, ``estimate_benefit``;
 * the server core: ``ChunkStore``, ``CacheCore``, ``RedisDirectory``; the servicer
-  ``CacheServicer``; ``simulate`` for policy studies without I/O.
+  ``CacheServicer``; ``simulate`` for policy studies without I/O;
+* ``SchedulerFollower``: the scheduler-aware cache (follows the scheduler's job phases).
 """
 
 from microco.clients.cache import (
@@ -38,6 +39,7 @@ from ._allocation import Allocation, BenefitEstimate, JobDemand, allocate, estim
 from ._chunkstore import ChunkStore, CorruptChunk, DigestMismatch
 from ._core import CacheCore, PutResult
 from ._eviction import POLICIES, Admission, ConsumptionTracker, EvictionPolicy, Ledger, Outcome, make_policy
+from ._follow import SchedulerFollower
 from ._servicer import SERVICE_NAME, CacheServicer, parse_size
 from ._simulate import SimResult, simulate
 
@@ -68,6 +70,7 @@ __all__ = [
     "PutResult",
     "RedisDirectory",
     "SampleRef",
+    "SchedulerFollower",
     "SimResult",
     "SubstitutableSampler",
     "ThrottledStore",

@@ -19,7 +19,7 @@ from microco.common.errors import InvalidArgument, NotFound
 
 from ._allocation import Allocation, JobDemand, allocate, estimate_benefit
 from ._chunkstore import ChunkStore, DigestMismatch
-from ._eviction import ConsumptionTracker, EvictionPolicy, Ledger, Outcome, make_policy
+from ._eviction import ConsumptionTracker, EvictionPolicy, Ledger, Outcome, _JobProgress, make_policy
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,12 @@ class CacheCore:
         self.jobs: dict[str, _JobInfo] = {}
         self.dataset_bytes: dict[str, int] = {}
         self.allocations: list[Allocation] = []
+        # Jobs the scheduler says are alive but not running (suspended, waiting for their time
+        # slice, moving): silent, yet their pins and allocation stay (see _follow).
+        self.held: set[str] = set()
+        # Suspended jobs' progress, set aside: while a job does not run, the chunks only it still
+        # needs are lent to the jobs that run (evictable); its progress comes back on resume.
+        self._lent: dict[str, _JobProgress] = {}
         # Union-find over dataset names that share bytes: one content group, one allocation.
         self._parent: dict[str, str] = {}
         self._members_of: dict[str, frozenset[str]] = {}  # allocation label -> dataset names
@@ -339,10 +345,72 @@ class CacheCore:
                     info.batch_bytes = nbytes
             if dataset_bytes > 0:
                 self.dataset_bytes[dataset] = dataset_bytes
-            for gone in self.consumption.expire(now):
+            for gone in self.consumption.expire(now, keep=self.held):
                 self.jobs.pop(gone, None)
             self._reallocate()
             return next((a for a in self.allocations if dataset in self._members_of.get(a.dataset, ())), None)
+
+    def job_names(self, job: str) -> list[str]:
+        """The names ``job`` reports under here: itself, and its ranks (``job/rank<n>``)."""
+        with self._lock:
+            known = set(self.jobs) | set(self.consumption.jobs) | set(self.held) | set(self._lent)
+            return sorted(j for j in known if j == job or j.startswith(job + "/"))
+
+    def dataset_of(self, job: str) -> str:
+        with self._lock:
+            for name in self.job_names(job):
+                info = self.jobs.get(name)
+                if info is not None:
+                    return info.dataset
+            return ""
+
+    def hold(self, job: str, held: bool = True) -> None:
+        """Keep (or stop keeping) a silent job's pins and allocation past the TTL."""
+        with self._lock:
+            names = self.job_names(job) or [job]
+            if held:
+                self.held.update(names)
+            else:
+                self.held.difference_update(names)
+
+    def lend(self, job: str) -> None:
+        """The job is suspended: its share of the allocation (and its benefit estimate) stays,
+        but the chunks only it still needs this epoch stop being pinned: the running jobs may
+        use that room until it resumes (``restore``)."""
+        with self._lock:
+            for name in self.job_names(job):
+                p = self.consumption.jobs.pop(name, None)
+                if p is not None:
+                    self._lent[name] = p
+                self.held.add(name)
+
+    def restore(self, job: str) -> None:
+        """The job runs again (or is about to): its progress pins what is still cached."""
+        with self._lock:
+            now = self.clock()
+            for name in self.job_names(job):
+                p = self._lent.pop(name, None)
+                if p is not None and name not in self.consumption.jobs:
+                    p.seen_at = now
+                    self.consumption.jobs[name] = p
+
+    def forget_job(self, job: str) -> None:
+        """The job is gone (finished, failed, cancelled, moved away): its pins and its share
+        of the allocation go at once, not after the TTL."""
+        with self._lock:
+            for name in self.job_names(job):
+                self.consumption.forget(name)
+                self.jobs.pop(name, None)
+                self.held.discard(name)
+                self._lent.pop(name, None)
+            self._reallocate()
+
+    def consumed_by(self, job: str) -> set[str]:
+        """Chunks every rank of ``job`` has consumed in its current epoch."""
+        with self._lock:
+            progress = {**self._lent, **self.consumption.jobs}
+            sets = [progress[n].consumed for n in self.job_names(job) if n in progress]
+            return set.intersection(*sets) if sets else set()
 
     def _reallocate(self) -> None:
         """Allocate per content group (dataset names sharing bytes), labelled ``a+b``: the

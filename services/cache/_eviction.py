@@ -137,8 +137,11 @@ class ConsumptionTracker:
     def forget(self, job: str) -> None:
         self.jobs.pop(job, None)
 
-    def expire(self, now: float) -> list[str]:
-        gone = [j for j, p in self.jobs.items() if now - p.seen_at > self.ttl_s]
+    def expire(self, now: float, keep: Iterable[str] = ()) -> list[str]:
+        """Forget jobs silent past the TTL, but those in ``keep`` (jobs the scheduler says are
+        alive but not running: suspended, waiting for their slice, moving)."""
+        kept = set(keep)
+        gone = [j for j, p in self.jobs.items() if now - p.seen_at > self.ttl_s and j not in kept]
         for j in gone:
             del self.jobs[j]
         return gone

@@ -264,6 +264,13 @@ def add_arguments(parser: Any) -> None:
     g.add_argument(
         "--job-ttl-s", type=float, default=60.0, help="a job silent this long stops pinning chunks"
     )
+    g.add_argument(
+        "--no-follow-scheduler",
+        dest="follow_scheduler",
+        action="store_false",
+        help="ignore the scheduler's job phases in etcd (no prefetch for the job about to resume, "
+        "suspended jobs' pins kept only for the TTL, finished jobs' pins kept until it runs out)",
+    )
 
 
 def setup(ctx: Any) -> None:
@@ -290,6 +297,16 @@ def setup(ctx: Any) -> None:
         job_ttl_s=args.job_ttl_s,
     )
     servicer = CacheServicer(core, redis, s.instance_id)
+    if getattr(args, "follow_scheduler", True) and ctx.kv is not None:
+        from ._follow import SchedulerFollower
+
+        follower = SchedulerFollower(core, ctx.kv, s.node)
+
+        def follow(_rt: Any) -> None:
+            follower.start()
+
+        ctx.runtime.on_start(follow)
+        ctx.runtime.on_stop(follower.stop)
     from prometheus_client import REGISTRY
 
     from ._metrics import CacheCollector

@@ -11,6 +11,7 @@ is ``cancel_requested``, so a lost race is merged exactly (see ``_save``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -22,7 +23,7 @@ from typing import Any
 
 from microco.api.agent.v1 import agent_pb2
 from microco.clients.agent import AgentDirectory
-from microco.clients.scheduler import EXIT_CHECKPOINTED
+from microco.clients.scheduler import EXIT_CHECKPOINTED, PhasePublisher
 from microco.common.errors import (
     Aborted,
     FailedPrecondition,
@@ -102,6 +103,8 @@ class SchedulerCore:
         self._last_tick: float | None = None
         self._lock = threading.Lock()  # one tick at a time
         self.decisions_applied: list[dict[str, Any]] = []  # recent, for tests and the log
+        # What the other systems see of the jobs (the cache follows it): see clients/scheduler/_phases.
+        self.phases = PhasePublisher(kv)
 
     # ================================================================== API (any instance)
     def cluster_devices(self) -> list[dict[str, Any]]:
@@ -261,7 +264,16 @@ class SchedulerCore:
                 M.DECISIONS.labels(type(d).__name__, "refused").inc()
                 log.warning("decision %s refused: %s", d, exc)
             self._refresh_packing(now)
+        self._publish_phases(now)
         return applied
+
+    def _publish_phases(self, now: float) -> None:
+        if not self.is_leader():
+            return
+        try:
+            self.phases.publish(self._jobs.values(), now)
+        except MicrocoError as exc:  # the phases are advice to the cache: never fail a tick
+            log.warning("cannot publish job phases: %s", exc)
 
     # ------------------------------------------------------------------ store
     def _save(self, rec: dict[str, Any]) -> None:
@@ -832,6 +844,8 @@ class SchedulerCore:
 
     def _move(self, rec: dict[str, Any], devices: list[str], now: float, reason: str) -> None:
         J.set_state(rec, J.MIGRATING, f"migrating to {', '.join(devices)}: {reason}", now)
+        with contextlib.suppress(MicrocoError):  # the new host's cache warms while the job stops
+            self.phases.moving(rec["id"], rec["node"], self._node_of(devices), now)
         self._stop_then_start(rec, devices, now, "migrated")
 
     def _stop_then_start(self, rec: dict[str, Any], devices: list[str], now: float, how: str) -> None:

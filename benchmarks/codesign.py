@@ -1,0 +1,471 @@
+"""Co-design benchmark: ``microco bench codesign [--quick] [--json]``.
+
+The mixed scenario of issue 21 on one machine with virtual devices, run twice side by side,
+the two runs interleaved (independent, co-designed, independent, ...) so that load on the
+machine falls on both alike:
+
+* more training jobs than devices, so a time-slicing driver (Gandiva's order: least attained
+  service first, a quantum per slice, suspend = park in place at a mini-batch boundary) runs
+  them in turns; several jobs share a dataset larger than a host's cache, one reads its own;
+* two hosts, each with a real Quiver cache server (``CacheCore`` behind the real gRPC servicer,
+  co-ordinated eviction, the job TTL equal to the quantum, as the defaults are: 60 s and 60 s);
+  every job reads through the real ``QuiverLoader`` (substitutable hits, its own prefetch);
+* one backing store behind one throttled link (``ThrottledStore``) shared by every reader;
+* one job migrated to the second host mid-run: it checkpoints, restarts there (``--restart-s``,
+  the modelled cost of a process restart) and continues: independently, from its epoch's start
+  (a restarted loader begins its epoch again); co-designed, where its loader left the epoch
+  (the loader's position is in the checkpoint: ``QuiverLoader.state_dict``).
+
+``independent``: the systems as today (the cache knows nothing of the scheduler).
+``codesign``: the driver publishes job phases with the scheduler's ``PhasePublisher`` and each
+cache server follows them (``services/cache/_follow.py``): prefetch for the job about to get
+its slice, a suspended job's pins kept past the TTL, a migrating job's dataset warmed on the
+new host while it restarts, a finished job's pins dropped at once.
+
+Every job trains a small least-squares model on its samples' bytes with one exact update per
+epoch (per-sample gradients summed in sample order), so its losses are identical to an
+uninterrupted run's whatever the order the cache delivered samples in, and any lost, repeated
+or corrupted sample shows: ``losses_identical`` compares them with a run straight from the
+files. The phases travel through an in-process KV here (the same interface as etcd), and the
+driver stands in for the scheduler service (no node agents, jobs are threads): what is
+measured is the cache's side of the co-design.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DIM = 16
+
+
+@dataclass
+class Scenario:
+    shared_samples: int = 480
+    own_samples: int = 240
+    sample_bytes: int = 16_000
+    cache_bytes: int = 4_000_000  # per host; the shared dataset is ~1.9x this
+    chunk_bytes: int = 128_000
+    link_bytes_per_s: float = 16e6
+    batch_size: int = 16
+    compute_s: float = 0.02  # the virtual device's busy time per mini-batch
+    epochs: int = 3
+    devices: int = 2
+    shared_jobs: int = 3
+    quantum_s: float = 1.5
+    restart_s: float = 1.0
+    migrate_after_slices: int = 1  # the job migrates when it is next suspended after this many
+    lend: bool = True  # co-designed: a suspended job's pins lent to the running jobs (else kept)
+
+
+def _features(data: bytes) -> tuple[np.ndarray, float]:
+    raw = np.frombuffer(data[: DIM * 2], dtype=np.uint8).astype(np.float64)
+    x = raw[:DIM] / 255.0
+    y = float(raw[DIM:].mean() / 255.0)
+    return x, y
+
+
+class Model:
+    """Least squares, one exact full-batch step per epoch: order-independent, exact."""
+
+    def __init__(self, n: int) -> None:
+        self.w = np.zeros(DIM)
+        self.n = n
+        self.losses: list[float] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self.grads = np.zeros((self.n, DIM))
+        self.errs = np.zeros(self.n)
+
+    def add(self, i: int, data: bytes) -> None:
+        x, y = _features(data)
+        err = float(x @ self.w - y)
+        self.grads[i] = err * x
+        self.errs[i] = err * err
+
+    def end_epoch(self) -> None:
+        self.losses.append(float(np.sum(self.errs) / self.n))
+        self.w = self.w - 0.5 * np.sum(self.grads, axis=0) / self.n
+        self._reset()
+
+    def restart_epoch(self) -> None:  # back to the epoch's checkpoint
+        self._reset()
+
+
+def reference_losses(files: list[bytes], epochs: int) -> list[float]:
+    m = Model(len(files))
+    for _ in range(epochs):
+        for i, d in enumerate(files):
+            m.add(i, d)
+        m.end_epoch()
+    return m.losses
+
+
+@dataclass
+class Job:
+    name: str
+    dataset: str
+    index: Any
+    model: Model
+    node: str = "h1"
+    state: str = "queued"  # queued, running, suspended, migrating, finished
+    attained_s: float = 0.0
+    last_change: float = 0.0
+    slices: int = 0
+    finished_at: float = 0.0
+    allowed: threading.Event = field(default_factory=threading.Event)
+    parked: threading.Event = field(default_factory=threading.Event)
+    resumed_at: float | None = None
+    resume_waits: list[float] = field(default_factory=list)
+    migrate_to: str = ""
+    migrate_decided: float = 0.0
+    migrate_waits: list[float] = field(default_factory=list)
+    hits: int = 0
+    misses: int = 0
+
+
+class Platform:
+    """Two hosts' cache servers (in-process gRPC), the link, and optionally the followers."""
+
+    def __init__(self, tmp: Path, sc: Scenario, codesign: bool, datasets: dict[str, Any], link: Any) -> None:
+        import grpc
+
+        from microco.api.cache.v1 import cache_pb2_grpc
+        from microco.common import MemoryKV
+        from microco.services.cache import CacheCore, CacheServicer, ChunkStore, SchedulerFollower
+        from microco.services.runtime.server import ErrorAndMetricsInterceptor
+
+        self.kv = MemoryKV()
+        self.cores: dict[str, Any] = {}
+        self.address: dict[str, str] = {}
+        self._servers = []
+        self.followers = []
+        for node in ("h1", "h2"):
+            core = CacheCore(
+                ChunkStore(str(tmp / f"cache-{node}")),
+                sc.cache_bytes,
+                "coordinated",
+                node=node,
+                job_ttl_s=sc.quantum_s,
+                probe_bytes=sc.cache_bytes // 8,
+            )
+            server = grpc.server(
+                futures.ThreadPoolExecutor(max_workers=8),
+                interceptors=[ErrorAndMetricsInterceptor("cache")],
+                options=[
+                    ("grpc.max_receive_message_length", 64 << 20),
+                    ("grpc.max_send_message_length", 64 << 20),
+                ],
+            )
+            cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(core), server)
+            port = server.add_insecure_port("127.0.0.1:0")
+            server.start()
+            self._servers.append(server)
+            self.cores[node], self.address[node] = core, f"127.0.0.1:{port}"
+            if codesign:
+                f = SchedulerFollower(
+                    core, self.kv, node, open_dataset=lambda name: (datasets[name], link), lend=sc.lend
+                )
+                self.followers.append(f.start())
+
+    def close(self) -> None:
+        for f in self.followers:
+            f.stop()
+        for s in self._servers:
+            s.stop(0)
+
+
+def _run_mode(
+    codesign: bool, sc: Scenario, root: Path, datasets: dict[str, Any], files: dict[str, list[bytes]]
+) -> dict:
+    from microco.clients.cache import LocalStore, QuiverLoader, ThrottledStore
+    from microco.clients.scheduler import PhasePublisher
+
+    tmp = Path(tempfile.mkdtemp(prefix="codesign-", dir=root))
+    link = ThrottledStore(LocalStore(str(root / "data")), sc.link_bytes_per_s)
+    plat = Platform(tmp, sc, codesign, datasets, link)
+    publisher = PhasePublisher(plat.kv) if codesign else None
+    jobs = [
+        Job(f"shared{i}", "shared", datasets["shared"], Model(sc.shared_samples))
+        for i in range(sc.shared_jobs)
+    ]
+    jobs.append(Job("own", "own", datasets["own"], Model(sc.own_samples)))
+    migrating = jobs[1]  # a job of the shared dataset moves to the second host
+    t_start = time.monotonic()
+    lock = threading.Lock()
+
+    def publish() -> None:
+        if publisher is None:
+            return
+        now = time.monotonic()
+        with lock:
+            recs = [
+                {
+                    "id": j.name,
+                    "state": j.state,
+                    "node": j.node,
+                    "attained_service_s": j.attained_s,
+                    "last_change_at": j.last_change,
+                }
+                for j in jobs
+            ]
+        publisher.publish(recs, now)
+
+    def train(job: Job) -> None:
+        epoch = 0
+        position: dict | None = None
+        while epoch < sc.epochs:
+            loader = QuiverLoader(
+                job.index,
+                link,
+                batch_size=sc.batch_size,
+                dataset=job.dataset,
+                job_id=job.name,
+                server=plat.address[job.node],
+                node=job.node,
+                seed=zlib.crc32(job.name.encode()),
+            )
+            if position is not None:
+                loader.load_state_dict(position)  # its checkpoint's place in the epoch
+                if (loader.resume_epoch or 0) > epoch:
+                    job.model.end_epoch()  # it was stopped after the epoch's last batch
+                epoch, position = loader.resume_epoch or 0, None
+            moved = False
+            try:
+                while epoch < sc.epochs and not moved:
+                    for indices, data in loader.epoch(epoch):
+                        now = time.monotonic()
+                        if job.resumed_at is not None:
+                            job.resume_waits.append(now - job.resumed_at)
+                            job.resumed_at = None
+                        if job.migrate_decided:
+                            job.migrate_waits.append(now - job.migrate_decided)
+                            job.migrate_decided = 0.0
+                        for i, d in zip(indices, data, strict=True):
+                            job.model.add(i, d)
+                        time.sleep(sc.compute_s)  # the device computes
+                        # The mini-batch boundary: obey the scheduler.
+                        if not job.allowed.is_set():
+                            job.parked.set()
+                            job.allowed.wait()
+                            job.parked.clear()
+                            if job.migrate_to:
+                                moved = True
+                                break
+                    if moved:
+                        if codesign:  # the checkpoint holds the loader's place in the epoch
+                            position = loader.state_dict()
+                        else:  # as today: the epoch starts again from its boundary's state
+                            job.model.restart_epoch()
+                        break
+                    job.model.end_epoch()
+                    epoch += 1
+            finally:
+                job.hits += loader.stats.hits
+                job.misses += loader.stats.misses
+                loader.close()
+            if moved:
+                time.sleep(sc.restart_s)  # checkpoint, exit, start again on the new host
+                job.node, job.migrate_to = job.migrate_to, ""
+        job.finished_at = time.monotonic() - t_start
+        job.parked.set()
+
+    threads = {j.name: threading.Thread(target=train, args=(j,), daemon=True) for j in jobs}
+    running: list[Job] = []
+
+    def start(j: Job, how: str) -> None:
+        with lock:
+            j.state, j.last_change = "running", time.monotonic()
+            j.slices += 1
+        running.append(j)
+        if j.migrate_to:
+            j.migrate_decided = time.monotonic()  # on its new host's devices from now
+        elif how == "resume":
+            j.resumed_at = time.monotonic()
+        publish()
+        j.allowed.set()
+        if not threads[j.name].is_alive() and how == "start":
+            threads[j.name].start()
+
+    waiting = list(jobs)
+    for j in waiting[: sc.devices]:
+        start(j, "start")
+    waiting = waiting[sc.devices :]
+    publish()
+    migrated = False
+    while any(j.finished_at == 0.0 for j in jobs):
+        time.sleep(0.02)
+        now = time.monotonic()
+        for j in list(running):
+            if j.finished_at:
+                running.remove(j)
+                with lock:
+                    j.state = "finished"
+                    j.attained_s += now - j.last_change
+                publish()
+        expired = [j for j in running if now - j.last_change >= sc.quantum_s]
+        while waiting and (len(running) < sc.devices or expired):
+            if len(running) >= sc.devices:
+                out = max(expired, key=lambda j: j.attained_s + now - j.last_change)
+                expired.remove(out)
+                out.allowed.clear()
+                out.parked.wait()
+                running.remove(out)
+                if out.finished_at:
+                    continue
+                with lock:
+                    out.attained_s += time.monotonic() - out.last_change
+                    out.state, out.last_change = "suspended", time.monotonic()
+                if out is migrating and not migrated and out.slices >= sc.migrate_after_slices:
+                    migrated = True
+                    out.migrate_to = "h2"
+                    with lock:
+                        out.state = "migrating"
+                    if publisher is not None:
+                        publisher.moving(out.name, out.node, "h2", time.monotonic())
+                waiting.append(out)
+                publish()
+            nxt = min(waiting, key=lambda j: (j.attained_s, j.last_change))
+            waiting.remove(nxt)
+            start(nxt, "resume" if threads[nxt.name].is_alive() else "start")
+    for t in threads.values():
+        t.join()
+    plat.close()
+    hits = sum(j.hits for j in jobs)
+    misses = sum(j.misses for j in jobs)
+    resumes = [w for j in jobs for w in j.resume_waits]
+    migrates = [w for j in jobs for w in j.migrate_waits]
+    ok = all(j.model.losses == reference_losses(files[j.dataset], sc.epochs) for j in jobs)
+    result: dict[str, Any] = {
+        "avg_jct_s": statistics.mean(j.finished_at for j in jobs),
+        "hit_rate": hits / (hits + misses) if hits + misses else 0.0,
+        "backing_bytes": link.bytes_read,
+        "resume_to_first_batch_s": statistics.mean(resumes) if resumes else None,
+        "migrate_to_first_batch_s": statistics.mean(migrates) if migrates else None,
+        "losses_identical": ok,
+        "jct_s": {j.name: round(j.finished_at, 3) for j in jobs},
+        "losses_identical_by_job": {
+            j.name: j.model.losses == reference_losses(files[j.dataset], sc.epochs) for j in jobs
+        },
+        "resumes": len(resumes),
+        "prefetched_bytes": sum(f.prefetched_bytes for f in plat.followers),
+    }
+    shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+def _make_data(root: Path, sc: Scenario) -> tuple[dict[str, Any], dict[str, list[bytes]]]:
+    from microco.clients.cache import LocalStore, build_index
+
+    rng = random.Random(21)
+    (root / "data").mkdir(parents=True)
+    link = LocalStore(str(root / "data"))  # one backing store holds both datasets
+    datasets, files = {}, {}
+    for name, n in (("shared", sc.shared_samples), ("own", sc.own_samples)):
+        d = root / "data" / name
+        d.mkdir(parents=True)
+        for i in range(n):
+            (d / f"s{i:05d}").write_bytes(rng.randbytes(sc.sample_bytes))
+        listing = [(f"{name}/{p}", size) for p, size in LocalStore(str(d)).list_files()]
+        idx = build_index(listing, link.read, sc.chunk_bytes)
+        datasets[name] = idx
+        files[name] = [link.read(s.path) for s in idx.samples]
+    return datasets, files
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+def run(sc: Scenario, rounds: int) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="microco-bench-codesign-"))
+    try:
+        datasets, files = _make_data(root, sc)
+        runs: dict[str, list[dict]] = {"independent": [], "codesign": []}
+        for r in range(rounds):
+            order = ("independent", "codesign") if r % 2 == 0 else ("codesign", "independent")
+            for mode in order:
+                runs[mode].append(_run_mode(mode == "codesign", sc, root, datasets, files))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    out: dict[str, Any] = {"scenario": sc.__dict__, "rounds": rounds}
+    for mode, rs in runs.items():
+        agg: dict[str, Any] = {}
+        for k in (
+            "avg_jct_s",
+            "hit_rate",
+            "backing_bytes",
+            "resume_to_first_batch_s",
+            "migrate_to_first_batch_s",
+        ):
+            vals = [x[k] for x in rs if x[k] is not None]
+            agg[k] = statistics.median(vals) if vals else None
+        agg["losses_identical"] = all(x["losses_identical"] for x in rs)
+        agg["runs"] = rs
+        out[mode] = agg
+    # Ratios per round (its two runs side by side, in alternating order), then their median:
+    # load on the machine that drifts between rounds falls on both sides of each ratio.
+    pairs = list(zip(runs["independent"], runs["codesign"], strict=True))
+    for name, key in (("jct_speedup", "avg_jct_s"), ("backing_bytes_reduction", "backing_bytes")):
+        ratios = [_ratio(a[key], b[key]) for a, b in pairs]
+        out[name] = statistics.median(r for r in ratios if r is not None) if any(ratios) else None
+        out[name + "_per_round"] = ratios
+    out["targets"] = {"jct_speedup": 1.3, "backing_bytes_reduction": 1.5}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="microco bench codesign", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--quick", action="store_true", help="four rounds of two epochs per job (about a minute here)"
+    )
+    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds of each (default 6, quick 4)")
+    p.add_argument("--restart-s", type=float, default=Scenario.restart_s, help="modelled process restart")
+    p.add_argument(
+        "--keep-pins",
+        action="store_true",
+        help="co-designed: keep a suspended job's pins (default: lend them)",
+    )
+    p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the smoke test's size
+    p.add_argument("--json", action="store_true", help="JSON on stdout (always JSON; kept for symmetry)")
+    args = p.parse_args(argv)
+    sc = Scenario(restart_s=args.restart_s, epochs=2 if args.quick else Scenario.epochs)
+    if args.tiny:
+        sc = Scenario(
+            shared_samples=64,
+            own_samples=32,
+            sample_bytes=2000,
+            cache_bytes=80_000,
+            chunk_bytes=16_000,
+            link_bytes_per_s=20e6,
+            batch_size=8,
+            compute_s=0.002,
+            epochs=2,
+            quantum_s=0.15,
+            restart_s=0.05,
+        )
+    sc.lend = not args.keep_pins
+    rounds = args.rounds if args.rounds is not None else (1 if args.tiny else 4 if args.quick else 6)
+    out = run(sc, rounds)
+    json.dump(out, sys.stdout, indent=2, default=float)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""A scheduler-aware cache: the cache server follows the scheduler's job phases in etcd.
+
+The scheduler publishes one small key per job (``microco.clients.scheduler`` ``PHASES_PREFIX``:
+running, waiting, suspended, resuming, migrating, finished). This server acts on them:
+
+* **resuming** (the job that gets the next time slice) on this host: its pins and allocation
+  are kept, and the chunks of its dataset it has not consumed this epoch are read from the
+  backing store into the cache, as far as its allocation allows, while the others' slice ends;
+* **suspended** / **waiting**: the job is silent, but alive: its share of the allocation (and
+  its benefit estimate) stays past the job TTL (which only protects against crashed jobs); the
+  chunks only it still needs are lent to the running jobs (no longer pinned for it) and
+  restored when it is about to resume (``lend=False``: kept pinned for it instead);
+* **migrating** to this host: the job's dataset is warmed here before it restarts (its dataset
+  is found under ``/microco/cache/jobs/<job>``, written by the host it ran on); migrating away
+  from this host, or **finished** (or its key deleted): its pins and allocation go at once.
+
+Without a scheduler (or with ``--no-follow-scheduler``) nothing here runs and the cache behaves
+as before: the TTL alone decides when a silent job stops pinning.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from microco.clients.cache import DatasetIndex, get_dataset, load_index, open_store
+from microco.clients.scheduler import JobPhase, read_phases, watch_phases
+from microco.common.errors import MicrocoError
+from microco.common.kv import KV
+
+from ._core import CacheCore
+
+log = logging.getLogger(__name__)
+
+JOBS_PREFIX = "/microco/cache/jobs/"  # job id -> {"dataset", "node"}: where a job's data is known
+
+OpenDataset = Callable[[str], tuple[DatasetIndex, Any]]
+
+
+class SchedulerFollower:
+    """Applies the scheduler's job phases to one cache server's core.
+
+    ``open_dataset(name)`` gives a dataset's verified index and its backing store (default:
+    the dataset's record in etcd, its index on this host, ``open_store`` of its URL).
+    """
+
+    def __init__(
+        self,
+        core: CacheCore,
+        kv: KV,
+        node: str,
+        *,
+        open_dataset: OpenDataset | None = None,
+        dataset_wait_s: float = 30.0,
+        lend: bool = True,
+    ) -> None:
+        self.core, self.kv, self.node = core, kv, node
+        # A suspended job's pins are lent to the running jobs and restored (prefetched) when it
+        # is about to resume; ``lend=False`` keeps them for it instead.
+        self.lend = lend
+        self.open_dataset = open_dataset or self._open_from_etcd
+        self.dataset_wait_s = dataset_wait_s
+        self._cancel: Callable[[], None] | None = None
+        self._lock = threading.Lock()
+        self._prefetching: dict[str, threading.Event] = {}  # job -> stop
+        self._threads: list[threading.Thread] = []
+        self._datasets: dict[str, tuple[DatasetIndex, Any]] = {}
+        self._published: set[str] = set()
+        self.prefetched_chunks = 0
+        self.prefetched_bytes = 0
+        self.phases: dict[str, JobPhase] = {}
+
+    # -- lifecycle
+    def start(self) -> SchedulerFollower:
+        self._cancel = watch_phases(self.kv, self.on_phase)
+        for job_id, phase in read_phases(self.kv).items():
+            self.on_phase(job_id, phase)
+        return self
+
+    def stop(self) -> None:
+        if self._cancel is not None:
+            self._cancel()
+            self._cancel = None
+        with self._lock:
+            for ev in self._prefetching.values():
+                ev.set()
+            threads, self._threads = self._threads, []
+        for t in threads:
+            t.join(timeout=30)
+
+    def idle(self) -> bool:
+        """No prefetch under way (for tests and the benchmark)."""
+        with self._lock:
+            return not any(t.is_alive() for t in self._threads)
+
+    # -- the policy
+    def on_phase(self, job_id: str, phase: JobPhase | None) -> None:
+        try:
+            self._on_phase(job_id, phase)
+        except MicrocoError as exc:  # advice only: never take the server down
+            log.warning("cannot follow job %s: %s", job_id, exc)
+
+    def _on_phase(self, job_id: str, phase: JobPhase | None) -> None:
+        self._publish_dataset(job_id)
+        if phase is None or phase.phase == "finished":
+            self.phases.pop(job_id, None)
+            self._stop_prefetch(job_id)
+            self.core.forget_job(job_id)
+            return
+        self.phases[job_id] = phase
+        here = phase.node in ("", self.node)
+        if phase.phase == "running":
+            self.core.restore(job_id)
+            self.core.hold(job_id, False)  # it reports again: the TTL applies
+            if not here:
+                self._stop_prefetch(job_id)
+                self.core.forget_job(job_id)
+        elif phase.phase in ("suspended", "waiting"):
+            self._stop_prefetch(job_id)
+            if self.lend:
+                self.core.lend(job_id)
+            self.core.hold(job_id)
+        elif phase.phase == "resuming":
+            self.core.restore(job_id)
+            self.core.hold(job_id)
+            if here:
+                self._prefetch(job_id)
+        elif phase.phase == "migrating":
+            if phase.target == self.node:
+                self._prefetch(job_id)
+            elif phase.node == self.node:
+                self._stop_prefetch(job_id)
+                self.core.forget_job(job_id)
+
+    def _publish_dataset(self, job_id: str) -> None:
+        """Tell the other hosts which dataset a job reads (a host it moves to warms it)."""
+        if job_id in self._published:
+            return
+        ds = self.core.dataset_of(job_id)
+        if ds:
+            self.kv.put_json(JOBS_PREFIX + job_id, {"dataset": ds, "node": self.node})
+            self._published.add(job_id)
+
+    def _dataset_for(self, job_id: str, stop: threading.Event) -> str:
+        deadline = time.monotonic() + self.dataset_wait_s
+        while not stop.is_set():
+            ds = self.core.dataset_of(job_id)
+            if ds:
+                return ds
+            doc = self.kv.get_json(JOBS_PREFIX + job_id)
+            if doc and doc.get("dataset"):
+                return str(doc["dataset"])
+            if time.monotonic() >= deadline:
+                return ""
+            stop.wait(0.05)
+        return ""
+
+    # -- prefetch
+    def _prefetch(self, job_id: str) -> None:
+        with self._lock:
+            if job_id in self._prefetching and not self._prefetching[job_id].is_set():
+                return
+            stop = self._prefetching[job_id] = threading.Event()
+            t = threading.Thread(
+                target=self._prefetch_run, args=(job_id, stop), name=f"follow-{job_id}", daemon=True
+            )
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        t.start()
+
+    def _stop_prefetch(self, job_id: str) -> None:
+        with self._lock:
+            ev = self._prefetching.pop(job_id, None)
+        if ev is not None:
+            ev.set()
+
+    def _prefetch_run(self, job_id: str, stop: threading.Event) -> None:
+        try:
+            ds = self._dataset_for(job_id, stop)
+            if not ds:
+                log.info("job %s: its dataset is not known here yet; nothing to prefetch", job_id)
+                return
+            index, store = self._dataset(ds)
+            if not self.core.job_names(job_id):
+                # New here (moving in): the job pins what comes, and has its allocation share.
+                self.core.report_progress(job_id, ds, 0, [], dataset_bytes=index.total_bytes)
+            self.core.hold(job_id)
+            consumed = self.core.consumed_by(job_id)
+            present = set(self.core.lookup([c.digest for c in index.chunks], ds))
+            for chunk in index.chunks:
+                if stop.is_set():
+                    return
+                if chunk.digest in consumed or chunk.digest in present:
+                    continue
+                if self.core.room(ds) < chunk.size:
+                    return  # its allocation is full (or nothing is evictable): done
+                data = b"".join(store.read(s.path) for s in index.samples_of(chunk))
+                r = self.core.put(chunk.digest, data, ds)
+                if r.outcome == "stored":
+                    self.prefetched_chunks += 1
+                    self.prefetched_bytes += len(data)
+                elif r.outcome != "present":
+                    return
+        except (MicrocoError, OSError) as exc:
+            log.warning("prefetch for job %s stopped: %s", job_id, exc)
+        finally:
+            with self._lock:
+                if self._prefetching.get(job_id) is stop:
+                    del self._prefetching[job_id]
+
+    def _dataset(self, name: str) -> tuple[DatasetIndex, Any]:
+        if name not in self._datasets:
+            self._datasets[name] = self.open_dataset(name)
+        return self._datasets[name]
+
+    def _open_from_etcd(self, name: str) -> tuple[DatasetIndex, Any]:
+        record = get_dataset(self.kv, name)
+        store = open_store(record.url)
+        return load_index(record, store), store

@@ -1,0 +1,30 @@
+"""The co-design benchmark's JSON (issue 21's contract) on a tiny scenario: every field the
+issue names for both sides, and every job's losses equal to a run straight from the files
+(the cache may reorder samples, never lose, repeat or corrupt one). No figure is asserted."""
+
+from __future__ import annotations
+
+import json
+
+from microco.benchmarks import codesign
+
+
+def test_the_benchmark_reports_both_sides_and_identical_losses(capsys):
+    assert codesign.main(["--tiny", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for side in ("independent", "codesign"):
+        got = out[side]
+        for key in (
+            "avg_jct_s",
+            "hit_rate",
+            "backing_bytes",
+            "resume_to_first_batch_s",
+            "migrate_to_first_batch_s",
+            "losses_identical",
+        ):
+            assert key in got
+        assert got["losses_identical"] is True
+        assert got["avg_jct_s"] > 0 and got["backing_bytes"] > 0 and 0 <= got["hit_rate"] <= 1
+        assert got["migrate_to_first_batch_s"] is not None  # the migration happened
+    ind, co = out["independent"]["runs"][0], out["codesign"]["runs"][0]  # one round: its ratio
+    assert out["jct_speedup"] == round(ind["avg_jct_s"] / co["avg_jct_s"], 3)
