@@ -135,6 +135,7 @@ def tpch_queries(client: Any, con: Any, data: Path, sf: float, repeat: int) -> l
         try:
             store_s, got = _time(lambda sql=sql: client.sql(sql), repeat)
             row["plan"] = client.last_plan.get("kind")
+            row.update(_phases(client.last_plan.get("explain", "")))
             duck_s, want = _time(lambda sql=sql: con.sql(sql).to_arrow_table(), repeat)
             row["store_s"], row["duckdb_s"] = round(store_s, 4), round(duck_s, 4)
             a = _norm([tuple(r.values()) for r in got.to_pylist()])
@@ -148,6 +149,17 @@ def tpch_queries(client: Any, con: Any, data: Path, sf: float, repeat: int) -> l
         _log(f"tpch q{q}: {row}")
         out.append(row)
     return out
+
+
+def _phases(explain: str) -> dict[str, float]:
+    """The coordinator's seconds per phase of the last run (EXPLAIN's ``timings:`` line)."""
+    for line in explain.splitlines():
+        if line.startswith("timings: "):
+            return {
+                f"{k.replace(' ', '_')}_s": float(v)
+                for k, v in (p.rsplit(" ", 2)[:2] for p in line[len("timings: ") :].split(", "))
+            }
+    return {}
 
 
 def _time(fn: Any, repeat: int) -> tuple[float, Any]:

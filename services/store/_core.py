@@ -295,9 +295,22 @@ class StoreCore:
         from . import _sql
 
         def attempt(exclude: set[str]) -> tuple[pa.Table, Any]:
+            t0 = time.perf_counter()
             plan = _sql.build(self, text, exclude)
             nodes = {n.name: n for n in self.transport.live_nodes()}
-            return _sql.finish_sql(plan, self._run_stage(plan.tasks, nodes)), plan
+            t1 = time.perf_counter()
+            outs = self._run_stage(plan.tasks, nodes)
+            t2 = time.perf_counter()
+            node = [_exec.fragment_timings(o) for o in outs]
+            out = _sql.finish_sql(plan, outs)
+            plan.timings = {
+                "plan": t1 - t0,
+                "fragments": t2 - t1,
+                "slowest fragment read": max((n.get("read", 0.0) for n in node), default=0.0),
+                "slowest fragment run": max((n.get("run", 0.0) for n in node), default=0.0),
+                "merge": time.perf_counter() - t2,
+            }
+            return out, plan
 
         return self._with_retries(attempt)
 

@@ -66,9 +66,14 @@ class SqlPlan:
     explain: list[str] = field(default_factory=list)
     replicas: dict[str, int] = field(default_factory=dict)
     moved_bytes: int = 0
+    # seconds per phase of the run (plan, fragments, merge), once it ran: EXPLAIN's last line
+    timings: dict[str, float] = field(default_factory=dict)
 
     def explain_text(self) -> str:
-        return "\n".join(self.explain)
+        lines = list(self.explain)
+        if self.timings:
+            lines.append("timings: " + ", ".join(f"{k} {v:.4f} s" for k, v in self.timings.items()))
+        return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------- parsing
