@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
@@ -17,6 +18,7 @@ import pyarrow.compute as pc
 from ._partition import _literal_array, _mix, hash_codes
 from ._query import Agg
 
+_READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="store-read")
 TIMINGS_META = b"microco.timings"  # a fragment's own seconds, in its result's schema metadata
 
 
@@ -213,13 +215,17 @@ def scan_side(env: Env, side: dict[str, Any]) -> pa.Table:
     """Read a side's sources (read columns only), filter, and keep the columns downstream needs."""
     read_cols = side.get("read")
     keep = side.get("keep")
-    parts = []
-    for src in side["sources"]:
-        t = env.read_source(src, read_cols)
-        t = apply_where(t, side.get("where", []))
-        if keep is not None:
-            t = t.select(keep)
-        parts.append(t)
+
+    def one(src: dict[str, Any]) -> pa.Table:
+        t = apply_where(env.read_source(src, read_cols), side.get("where", []))
+        return t.select(keep) if keep is not None else t
+
+    sources = side["sources"]
+    if len(sources) > 1 and len({s.get("node") for s in sources}) > 1:
+        # sources on peers are fetched over the network: all at once, not one after another
+        parts = list(_READERS.map(one, sources))
+    else:
+        parts = [one(src) for src in sources]
     if not parts and side.get("schema"):
         import base64
 

@@ -195,16 +195,19 @@ class OpenExtent:
     schema: pa.Schema  # without the bucket index metadata
     batches: tuple[pa.RecordBatch, ...]
     index: tuple[tuple[int, ...], ...]  # per batch: [i, j, rows, bytes]
+    sizes: tuple[int, ...]  # per batch: bytes (RecordBatch.nbytes costs per call; counted once)
 
     def select(
         self, bucket: tuple[int, int] | None = None, columns: Sequence[str] | None = None
     ) -> tuple[pa.Table, int]:
         if bucket is None:
             batches: Sequence[pa.RecordBatch] = self.batches
+            read = sum(self.sizes)
         else:
             pos, part = bucket
-            batches = [b for b, ix in zip(self.batches, self.index, strict=True) if ix[pos] == part]
-        read = sum(b.nbytes for b in batches)
+            keep = [k for k, ix in enumerate(self.index) if ix[pos] == part]
+            batches = [self.batches[k] for k in keep]
+            read = sum(self.sizes[k] for k in keep)
         t = pa.Table.from_batches(batches, schema=self.schema)
         if columns is not None:
             t = t.select(list(columns))
@@ -224,6 +227,7 @@ def open_extent(path: Path) -> OpenExtent:
         clean,
         tuple(b.replace_schema_metadata(clean.metadata) for b in batches),
         tuple(tuple(ix) for ix in index),
+        tuple(int(b.nbytes) for b in batches),
     )
 
 
