@@ -13,5 +13,15 @@ builder for queries::
 """
 
 from ._client import Frame, StoreClient, load_file, parse_partitioning
+from ._flight import OPTIONS as FLIGHT_OPTIONS
+from ._flight import FlightClients, from_flight_error
 
-__all__ = ["Frame", "StoreClient", "load_file", "parse_partitioning"]
+__all__ = [
+    "FLIGHT_OPTIONS",
+    "FlightClients",
+    "Frame",
+    "StoreClient",
+    "from_flight_error",
+    "load_file",
+    "parse_partitioning",
+]

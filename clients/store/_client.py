@@ -197,7 +197,7 @@ class StoreClient(ServiceClient):
     ) -> pa.Table:
         """Read (a filtered projection of) a table straight from the store nodes over Arrow Flight,
         in parallel; the coordinator only plans which node serves what."""
-        import pyarrow.flight as flight
+        from ._flight import FlightClients
 
         q: dict[str, Any] = {"table": table, "where": [list(w) for w in where]}
         if columns is not None:
@@ -210,15 +210,12 @@ class StoreClient(ServiceClient):
         )
         schema = pa.ipc.read_schema(pa.py_buffer(plan.arrow_schema))
 
-        def fetch(ep: pb.FlightEndpoint) -> pa.Table:
-            client = flight.FlightClient(ep.address)
-            try:
-                return client.do_get(flight.Ticket(ep.ticket)).read_all()
-            finally:
-                client.close()
-
-        with ThreadPoolExecutor(max_workers=max(1, min(8, len(plan.endpoints)))) as pool:
-            parts = list(pool.map(fetch, plan.endpoints))
+        clients = FlightClients()  # one connection per node, whatever the number of endpoints
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, min(8, len(plan.endpoints)))) as pool:
+                parts = list(pool.map(lambda ep: clients.do_get(ep.address, ep.ticket), plan.endpoints))
+        finally:
+            clients.close()
         parts = [p.select(schema.names) for p in parts if p.num_rows]
         return pa.concat_tables(parts) if parts else schema.empty_table()
 

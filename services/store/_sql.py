@@ -596,10 +596,7 @@ def _fragment_tasks(
     explain: list[str],
 ) -> tuple[list[tuple[str, dict[str, Any]]], int]:
     parts, why, _allowed = _units_by_partition(ctx, refs, chosen, sel)
-    cols = {
-        ctx.tables[r.name.lower()].name: ctx.needed(ctx.tables[r.name.lower()].schema)
-        for r in refs
-    }
+    cols = {ctx.tables[r.name.lower()].name: ctx.needed(ctx.tables[r.name.lower()].schema) for r in refs}
     tinfo = {t.name: t for t in ctx.tables.values()}
     bcols = {n: ctx.needed(tinfo[n].schema) for n in ctx.broadcast}
     if why:
