@@ -312,11 +312,17 @@ def _side(t: TableInfo, cols: list[str], sources: list[dict[str, Any]]) -> dict[
     }
 
 
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _scan_sql(name: str, cols: list[str], conds: list[exp.Expression]) -> str:
-    sel = exp.select(*[exp.column(c, quoted=True) for c in cols]).from_(exp.to_table(name))
-    for c in conds:
-        sel = sel.where(_unqualify(c), copy=False)
-    return sel.sql(DIALECT)
+    """``SELECT cols FROM name WHERE conds``, written directly (building a sqlglot SELECT and
+    generating it cost ~10 ms a table under load; only the conditions need the generator)."""
+    text = f"SELECT {', '.join(_ident(c) for c in cols)} FROM {_ident(name)}"
+    if conds:
+        text += " WHERE " + " AND ".join(f"({_unqualify(c).sql(DIALECT)})" for c in conds)
+    return text
 
 
 @dataclass
