@@ -12,7 +12,7 @@ builder for queries::
     print(orders.group_by("o_custkey").agg(n=("count", "*")).explain())
 """
 
-from ._client import Frame, StoreClient, load_file, parse_partitioning
+from ._client import Frame, StoreClient, iter_file, load_file, parse_partitioning
 from ._flight import OPTIONS as FLIGHT_OPTIONS
 from ._flight import FlightClients, from_flight_error
 
@@ -22,6 +22,7 @@ __all__ = [
     "Frame",
     "StoreClient",
     "from_flight_error",
+    "iter_file",
     "load_file",
     "parse_partitioning",
 ]

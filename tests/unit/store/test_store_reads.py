@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 import sqlglot
 
-from microco.common.errors import NotFound
+from microco.common.errors import InvalidArgument, NotFound
 from microco.services.store import _sql
 from microco.services.store._layout import read_extent
 from microco.services.store._nodestore import CorruptExtent, NodeStore
@@ -77,3 +77,28 @@ def test_constants_are_folded_once_but_not_time_dependent_ones():
     _sql._constant(today)
     _sql._constant(today)
     assert _sql._folded.cache_info().currsize == 1  # current_date was not memoised
+
+
+def test_a_file_is_streamed_in_ipc_pieces_that_read_back_whole(tmp_path, monkeypatch):
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    from microco.clients.store import _client
+
+    table = pa.table({"k": pa.array(range(5000), pa.int64()), "s": [f"row {i}" for i in range(5000)]})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=1000)
+    pcsv.write_csv(table, tmp_path / "t.csv")
+    monkeypatch.setattr(_client, "CHUNK", 4096)  # many pieces
+    for name in ("t.parquet", "t.csv"):
+        schema, batches = _client.iter_file(tmp_path / name, batch_rows=700, csv_block_bytes=8192)
+        batches = list(batches)
+        assert len(batches) > 1 and schema.names == ["k", "s"]
+        pieces = list(_client.ipc_chunks(schema, iter(batches)))
+        assert len(pieces) > 2 and all(len(p) <= 4096 for p in pieces)
+        back = pa.ipc.open_stream(pa.py_buffer(b"".join(pieces))).read_all()
+        assert back.column("k").to_pylist() == list(range(5000))
+    empty = list(_client.ipc_chunks(table.schema, iter([])))
+    assert len(empty) == 1 and pa.ipc.open_stream(pa.py_buffer(empty[0])).read_all().num_rows == 0
+    (tmp_path / "t.json").write_text("{}")
+    with pytest.raises(InvalidArgument, match="only Parquet"):
+        _client.iter_file(tmp_path / "t.json")
