@@ -495,27 +495,32 @@ def fragments(
         post = agg_post if is_agg else rows_post
         combine = is_agg and q.join.left_on not in q.group_by
         if choice.kind == "join_copart":
-            tasks = []
-            local = 0
-            moved = 0
+            # each partition joins on the node holding most of its bytes; the partitions a node
+            # runs form one fragment (rows of different partitions differ in the join key, so the
+            # join of the unions is the union of the joins, and a partition stays whole)
+            per_node: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+            parts = local = moved = 0
             for _p, srcs, node in _copart_tasks(ua, ub):
-                srcs_a = [s for s in srcs if s["table"] == a.name]
-                srcs_b = [s for s in srcs if s["table"] == b.name]
+                left, right = per_node.setdefault(node, ([], []))
+                left += [s for s in srcs if s["table"] == a.name]
+                right += [s for s in srcs if s["table"] == b.name]
                 remote = sum(s["bytes"] for s in srcs if s["node"] != node)
                 moved += remote
                 local += remote == 0
-                tasks.append(
-                    (
-                        node,
-                        {
-                            "op": "fragment",
-                            "left": side_spec(a, keep_a, read_a, q.where, srcs_a),
-                            "right": side_spec(b, keep_b, read_b, q.join.where, srcs_b),
-                            "join": {"left_on": q.join.left_on, "right_on": q.join.right_on},
-                            "post": post,
-                        },
-                    )
+                parts += 1
+            tasks = [
+                (
+                    node,
+                    {
+                        "op": "fragment",
+                        "left": side_spec(a, keep_a, read_a, q.where, left),
+                        "right": side_spec(b, keep_b, read_b, q.join.where, right),
+                        "join": {"left_on": q.join.left_on, "right_on": q.join.right_on},
+                        "post": post,
+                    },
                 )
+                for node, (left, right) in sorted(per_node.items())
+            ]
             explain.append(
                 f"join {a.name}.{q.join.left_on} = {b.name}.{q.join.right_on}: co-partitioned "
                 f"({a.specs[ra].describe()} on replica {ra} of {a.name}, {b.specs[rb].describe()} on replica "
@@ -525,8 +530,9 @@ def fragments(
             if allowed is not None:
                 explain.append(f"pruning: {len(allowed)} partitions survive")
             explain.append(
-                f"{len(tasks)} partition joins; {local} node-local, {len(tasks) - local} read "
-                f"{_mb(moved)} of co-partitioned extents from a peer (whole extents, no repartitioning)"
+                f"{parts} partition joins in {len(tasks)} fragments (one per node); {local} node-local, "
+                f"{parts - local} read {_mb(moved)} of co-partitioned extents from a peer (whole extents, "
+                "no repartitioning)"
             )
             explain += _cost_lines(choice)
             _degraded_note(explain, list(ua) + list(ub))
