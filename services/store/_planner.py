@@ -285,6 +285,30 @@ def _read_cost(t: TableInfo, units: Sequence[Unit], cols: Sequence[str]) -> tupl
     return rows, round(nbytes * column_share(t, cols))
 
 
+def cheapest_replica(
+    t: TableInfo, where: Sequence[Any], cols: Sequence[str], live: set[str], addresses: dict[str, str]
+) -> tuple[int, Cost, list[Unit], set[int] | None]:
+    """The replica that reads the fewest bytes of ``cols`` after pruning by ``where`` (ties: the
+    lower replica), for plans that move what they read whatever the replica (SQL's gathered and
+    broadcast tables): ``(replica, cost, units, allowed partitions)``. A replica that cannot be
+    read at all (not even degraded) is skipped; if none can, its error is raised."""
+    best = None
+    last: Exception | None = None
+    for r in range(REPLICAS):
+        allowed, _ = pruned_partitions(t, r, where)
+        try:
+            units = replica_units(t, r, live, addresses, allowed)
+        except Unavailable as exc:
+            last = exc
+            continue
+        rows, nbytes = _read_cost(t, units, cols)
+        if best is None or nbytes < best[1].bytes_read:
+            best = (r, Cost(rows, nbytes, nbytes), units, allowed)
+    if best is None:
+        raise last or Unavailable(f"table {t.name!r} cannot be read")
+    return best
+
+
 def _single_kind(bound: Bound, r: int) -> str:
     q = bound.q
     if not q.aggs:

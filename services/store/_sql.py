@@ -43,7 +43,7 @@ from . import _exec
 from ._catalog import TableInfo
 from ._limits import MAX_SQL_BYTES, MAX_SQL_DEPTH, MAX_SQL_LIST, short
 from ._placement import REPLICAS
-from ._planner import Unit, _nodes_by_bytes, _score, pruned_partitions, replica_units
+from ._planner import Unit, _nodes_by_bytes, _score, cheapest_replica, pruned_partitions, replica_units
 
 if TYPE_CHECKING:
     from ._core import StoreCore
@@ -378,9 +378,9 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
         cols = ctx.needed(t.schema)
         pcols = {s.column for s in t.specs}
         where = triples(conds, pcols)
-        r = max(range(REPLICAS), key=lambda x: (_score(t, x, where, [])[0], -x))
-        allowed, why = pruned_partitions(t, r, where)
-        units = replica_units(t, r, ctx.live, ctx.addresses, allowed)
+        # every replica moves what it reads to the coordinator: the cheapest read wins
+        r, cost, units, allowed = cheapest_replica(t, where, cols, ctx.live, ctx.addresses)
+        why = pruned_partitions(t, r, where)[1]
         groups = _by_node(units)
         if not groups:
             groups = {min(ctx.live) if ctx.live else "": []}
@@ -398,6 +398,7 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
                 else ""
             )
             + (f"; {len(conds)} filters pushed to the nodes" if conds else "")
+            + f"; cost: ~{cost.rows} rows, {cost.bytes_read / 1e6:.2f} MB of its columns read (the least of its replicas)"
         )
     return SqlPlan("gather", tasks, ctx.tree.sql(DIALECT), inputs, explain, replicas)
 
@@ -527,11 +528,8 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
             return None
         others = set().union(*(colsets[m] for m in names if m != n))
         where = triples(pushable(ctx.tree, ref, colsets[n], others), {s.column for s in t.specs})
-        r = max(range(REPLICAS), key=lambda x: (_score(t, x, where, [])[0], -x))
-        allowed, _ = pruned_partitions(t, r, where)
-        ctx.broadcast[t.name] = [
-            s for u in replica_units(t, r, ctx.live, ctx.addresses, allowed) for s in u.sources
-        ]
+        r, _cost, units, _allowed = cheapest_replica(t, where, ctx.needed(t.schema), ctx.live, ctx.addresses)
+        ctx.broadcast[t.name] = [s for u in units for s in u.sources]
         chosen = {**chosen, t.name: r}
     if ctx.broadcast:
         explain.append(

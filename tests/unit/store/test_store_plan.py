@@ -153,3 +153,21 @@ def test_a_copartitioned_pair_that_moves_more_than_a_shuffle_loses(core, monkeyp
     assert copart and shuffle
     assert c.kind == ("join_shuffle" if shuffle[0].total < copart[0].total else "join_copart")
     assert copart[0].bytes_moved > shuffle[0].bytes_moved and c.kind == "join_shuffle"
+
+
+def test_the_cheapest_replica_is_the_one_that_reads_fewest_bytes(core):
+    from microco.services.store._planner import cheapest_replica
+
+    live, addresses = _live(core)
+    t = core.table("orders")
+    r, cost, units, allowed = cheapest_replica(t, [("o_cust", "=", 7)], ["o_id", "o_cust"], live, addresses)
+    assert r == 1 and allowed is not None and len(allowed) == 1
+    _, whole, _, _ = cheapest_replica(t, [], ["o_id", "o_cust"], live, addresses)
+    assert 0 < cost.bytes_read < whole.bytes_read
+    assert whole.rows == pytest.approx(t.rows, rel=0.05) and sum(u.bytes for u in units) * column_share(
+        t, ["o_id", "o_cust"]
+    ) == (pytest.approx(cost.bytes_read, abs=1))
+    # a replica that cannot be read at all is passed over, not fatal
+    down = {n for n in live if n not in {s["node"] for u in units for s in u.sources}}
+    r2, *_ = cheapest_replica(t, [("o_cust", "=", 7)], ["o_id"], down, addresses)
+    assert r2 in (0, 1, 2)
