@@ -135,6 +135,7 @@ def tpch_queries(client: Any, con: Any, data: Path, sf: float, repeat: int) -> l
         try:
             store_s, got = _time(lambda sql=sql: client.sql(sql), repeat)
             row["plan"] = client.last_plan.get("kind")
+            row.update(_phases(client.last_plan.get("explain", "")))
             duck_s, want = _time(lambda sql=sql: con.sql(sql).to_arrow_table(), repeat)
             row["store_s"], row["duckdb_s"] = round(store_s, 4), round(duck_s, 4)
             a = _norm([tuple(r.values()) for r in got.to_pylist()])
@@ -148,6 +149,17 @@ def tpch_queries(client: Any, con: Any, data: Path, sf: float, repeat: int) -> l
         _log(f"tpch q{q}: {row}")
         out.append(row)
     return out
+
+
+def _phases(explain: str) -> dict[str, float]:
+    """The coordinator's seconds per phase of the last run (EXPLAIN's ``timings:`` line)."""
+    for line in explain.splitlines():
+        if line.startswith("timings: "):
+            return {
+                f"{k.replace(' ', '_')}_s": float(v)
+                for k, v in (p.rsplit(" ", 2)[:2] for p in line[len("timings: ") :].split(", "))
+            }
+    return {}
 
 
 def _time(fn: Any, repeat: int) -> tuple[float, Any]:
@@ -279,9 +291,16 @@ def main(argv: list[str] | None = None) -> int:
         "--data-dir", default=os.path.expanduser("~/.cache/microco/tpch"), help="where TPC-H is cached"
     )
     ap.add_argument("--json", action="store_true", help="JSON only on stdout (it is always JSON)")
+    ap.add_argument(
+        "--tpch-only",
+        action="store_true",
+        help="only the 22 TPC-H queries beside DuckDB (no JSON-model queries, recovery or Spark)",
+    )
     args = ap.parse_args(argv)
     sf = args.sf if args.sf is not None else (0.01 if args.quick else 1.0)
     repeat = args.repeat or (1 if args.quick else 2)
+    if args.tpch_only:
+        args.no_spark = True
     global WARM
     WARM = not args.quick  # --quick: one warm-up per engine instead of one per query
 
@@ -364,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         client.query(qs[0]["frame"])  # warm-up of the store's connections
         con.sql("select count(*) from lineitem").fetchall()
         rows = []
-        for q in qs:
+        for q in [] if args.tpch_only else qs:
             matched_s, m = _time(lambda q=q: client.query(q["frame"]), repeat)
             matched_plan = dict(client.last_plan)
             shuffle_s, s = _time(
@@ -397,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         result["queries"] = rows
         result["tpch"] = tpch_queries(client, con, data, sf, repeat)
 
+        if args.tpch_only:
+            return _summary(result)
         # ---- recovery of one node (before Spark, which needs the cores)
         victim = nodes[1][0]
         before = {n["name"]: n for n in client.nodes()}
@@ -456,6 +477,10 @@ def main(argv: list[str] | None = None) -> int:
             result["spark_error"] = f"{type(exc).__name__}: {exc}"[:500]
         finally:
             spark.stop()
+    return _summary(result)
+
+
+def _summary(result: dict[str, Any]) -> int:
     result["wall_s"] = round(time.perf_counter() - _T0, 1)
     for r in result["queries"]:
         for peer in ("duckdb_s", "spark_s"):

@@ -195,9 +195,9 @@ def cmd_create(args: argparse.Namespace) -> int:
     if len(args.replica) != 3:
         raise InvalidArgument(f"give --replica exactly three times (got {len(args.replica)})")
     if args.source:
-        from microco.clients.store import load_file
+        from microco.clients.store import iter_file
 
-        schema = load_file(args.source).schema
+        schema = iter_file(args.source)[0]  # the schema only: the rows are not read
     elif args.schema:
         schema = _parse_schema(args.schema)
     else:
@@ -213,19 +213,15 @@ def cmd_create(args: argparse.Namespace) -> int:
 def cmd_load(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from microco.clients.store import load_file
-
     from ._format import count, size
 
     t0 = time.monotonic()
-    with tqdm(total=3, desc=f"load {args.file}", unit="step", file=sys.stderr) as bar:
-        data = load_file(args.file)
-        bar.update(1)
-        bar.set_postfix(rows=data.num_rows)
+    with tqdm(total=2, desc=f"load {args.file}", unit="step", file=sys.stderr) as bar:
         with _client(args) as c:
             bar.update(1)
-            res = c.append(args.name, data)
+            res = c.append(args.name, args.file)  # streamed from the file, batch by batch
         bar.update(1)
+        bar.set_postfix(rows=res["rows"])
     print(
         f"loaded {count(res['rows'])} rows into {args.name} ({size(res['bytes'])} in 3 replicas, "
         f"super-extents {res['super_extents']}) in {time.monotonic() - t0:.1f}s"

@@ -12,6 +12,17 @@ builder for queries::
     print(orders.group_by("o_custkey").agg(n=("count", "*")).explain())
 """
 
-from ._client import Frame, StoreClient, load_file, parse_partitioning
+from ._client import Frame, StoreClient, iter_file, load_file, parse_partitioning
+from ._flight import OPTIONS as FLIGHT_OPTIONS
+from ._flight import FlightClients, from_flight_error
 
-__all__ = ["Frame", "StoreClient", "load_file", "parse_partitioning"]
+__all__ = [
+    "FLIGHT_OPTIONS",
+    "FlightClients",
+    "Frame",
+    "StoreClient",
+    "from_flight_error",
+    "iter_file",
+    "load_file",
+    "parse_partitioning",
+]

@@ -77,6 +77,63 @@ def load_file(path: str | Path) -> pa.Table:
     raise InvalidArgument(f"{p}: only Parquet (.parquet) and CSV (.csv, .tsv, .tbl) files can be loaded")
 
 
+def iter_file(
+    path: str | Path, batch_rows: int = 65_536, csv_block_bytes: int = 8 << 20
+) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """A Parquet or CSV file as a schema and a stream of record batches, read as they are sent:
+    a load holds one batch in client memory, not the whole file."""
+    p = Path(path)
+    if not p.exists():
+        raise InvalidArgument(f"no such file: {p}")
+    if p.suffix.lower() in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        f = pq.ParquetFile(p)
+        return f.schema_arrow, f.iter_batches(batch_size=batch_rows)
+    if p.suffix.lower() in (".csv", ".tsv", ".tbl"):
+        import pyarrow.csv as pcsv
+
+        delim = "\t" if p.suffix.lower() == ".tsv" else ("|" if p.suffix.lower() == ".tbl" else ",")
+        reader = pcsv.open_csv(
+            p,
+            read_options=pcsv.ReadOptions(block_size=csv_block_bytes),
+            parse_options=pcsv.ParseOptions(delimiter=delim),
+        )
+        return reader.schema, iter(reader)
+    raise InvalidArgument(f"{p}: only Parquet (.parquet) and CSV (.csv, .tsv, .tbl) files can be loaded")
+
+
+def ipc_chunks(
+    schema: pa.Schema, batches: Iterator[pa.RecordBatch] | Sequence[pa.RecordBatch]
+) -> Iterator[bytes]:
+    """An Arrow IPC stream of ``batches`` in pieces of at most ``CHUNK`` bytes, each written as
+    its batch arrives (never the whole stream in memory)."""
+    sink = io.BytesIO()
+
+    def drain() -> bytes:
+        raw = sink.getvalue()
+        sink.seek(0)
+        sink.truncate(0)
+        return raw
+
+    writer = pa.ipc.new_stream(sink, schema)
+    pending = drain()
+    sent = False
+    for b in batches:
+        writer.write_batch(b)
+        pending += drain()
+        while len(pending) >= CHUNK:
+            yield pending[:CHUNK]
+            pending = pending[CHUNK:]
+            sent = True
+    writer.close()
+    pending += drain()
+    while pending or not sent:
+        yield pending[:CHUNK]
+        pending = pending[CHUNK:]
+        sent = True
+
+
 class StoreClient(ServiceClient):
     """Typed client of the store coordinator (one method per RPC, keyword ``timeout``)."""
 
@@ -135,19 +192,18 @@ class StoreClient(ServiceClient):
     def append(
         self, name: str, data: pa.Table | pa.RecordBatch | str | Path, *, timeout: float | None = None
     ) -> dict:
-        """Append an Arrow table (or a Parquet/CSV file); all rows become visible at once."""
+        """Append an Arrow table (or a Parquet/CSV file, streamed batch by batch from the disk to
+        the coordinator: the client holds one batch, not the file); all rows become visible at once."""
         if isinstance(data, (str, Path)):
-            data = load_file(data)
-        if isinstance(data, pa.RecordBatch):
-            data = pa.Table.from_batches([data])
-        sink = io.BytesIO()
-        with pa.ipc.new_stream(sink, data.schema) as w:
-            w.write_table(data)
-        raw = sink.getvalue()
+            schema, batches = iter_file(data)
+        else:
+            if isinstance(data, pa.RecordBatch):
+                data = pa.Table.from_batches([data])
+            schema, batches = data.schema, iter(data.to_batches())
 
         def requests() -> Iterator[pb.AppendRequest]:
-            for k, off in enumerate(range(0, max(len(raw), 1), CHUNK)):
-                yield pb.AppendRequest(table=name if k == 0 else "", arrow_ipc=raw[off : off + CHUNK])
+            for k, piece in enumerate(ipc_chunks(schema, batches)):
+                yield pb.AppendRequest(table=name if k == 0 else "", arrow_ipc=piece)
 
         try:
             resp = self._stub.Append(requests(), timeout=timeout or max(self.default_timeout, 600))
@@ -197,7 +253,7 @@ class StoreClient(ServiceClient):
     ) -> pa.Table:
         """Read (a filtered projection of) a table straight from the store nodes over Arrow Flight,
         in parallel; the coordinator only plans which node serves what."""
-        import pyarrow.flight as flight
+        from ._flight import FlightClients
 
         q: dict[str, Any] = {"table": table, "where": [list(w) for w in where]}
         if columns is not None:
@@ -210,15 +266,12 @@ class StoreClient(ServiceClient):
         )
         schema = pa.ipc.read_schema(pa.py_buffer(plan.arrow_schema))
 
-        def fetch(ep: pb.FlightEndpoint) -> pa.Table:
-            client = flight.FlightClient(ep.address)
-            try:
-                return client.do_get(flight.Ticket(ep.ticket)).read_all()
-            finally:
-                client.close()
-
-        with ThreadPoolExecutor(max_workers=max(1, min(8, len(plan.endpoints)))) as pool:
-            parts = list(pool.map(fetch, plan.endpoints))
+        clients = FlightClients()  # one connection per node, whatever the number of endpoints
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, min(8, len(plan.endpoints)))) as pool:
+                parts = list(pool.map(lambda ep: clients.do_get(ep.address, ep.ticket), plan.endpoints))
+        finally:
+            clients.close()
         parts = [p.select(schema.names) for p in parts if p.num_rows]
         return pa.concat_tables(parts) if parts else schema.empty_table()
 

@@ -101,6 +101,19 @@ def conform(table: pa.Table, schema: pa.Schema, specs: Sequence[PartitionSpec], 
     return pa.Table.from_arrays(cols, schema=schema)
 
 
+def colocated_homes(specs: Sequence[PartitionSpec]) -> list[str | None]:
+    """Which replicas are placed co-located (see ``place_super_extent``): the first replica of
+    each partition function, so that every table's replica partitioned by, say, hash mod 8 of its
+    key puts partition p on the same node as every other table's."""
+    seen: set[str] = set()
+    out: list[str | None] = []
+    for s in specs:
+        key = s.function_key()
+        out.append(None if key in seen else key)
+        seen.add(key)
+    return out
+
+
 class StoreCore:
     def __init__(
         self,
@@ -220,7 +233,9 @@ class StoreCore:
         last: Exception | None = None
         for _attempt in range(4):
             nodes = [n for n in self.live_nodes() if n.name not in excluded]
-            placement = place_super_extent(nodes, sid, [s.count for s in info.specs])
+            placement = place_super_extent(
+                nodes, sid, [s.count for s in info.specs], colocated_homes(info.specs)
+            )
             by_name = {n.name: n for n in nodes}
             jobs = []
             for (r, p), (ext_rows, index) in extents.items():
@@ -295,9 +310,22 @@ class StoreCore:
         from . import _sql
 
         def attempt(exclude: set[str]) -> tuple[pa.Table, Any]:
+            t0 = time.perf_counter()
             plan = _sql.build(self, text, exclude)
             nodes = {n.name: n for n in self.transport.live_nodes()}
-            return _sql.finish_sql(plan, self._run_stage(plan.tasks, nodes)), plan
+            t1 = time.perf_counter()
+            outs = self._run_stage(plan.tasks, nodes)
+            t2 = time.perf_counter()
+            node = [_exec.fragment_timings(o) for o in outs]
+            out = _sql.finish_sql(plan, outs)
+            plan.timings = {
+                "plan": t1 - t0,
+                "fragments": t2 - t1,
+                "slowest fragment read": max((n.get("read", 0.0) for n in node), default=0.0),
+                "slowest fragment run": max((n.get("run", 0.0) for n in node), default=0.0),
+                "merge": time.perf_counter() - t2,
+            }
+            return out, plan
 
         return self._with_retries(attempt)
 

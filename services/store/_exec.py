@@ -5,7 +5,10 @@ Arrow Flight, or an in-process cluster in the unit tests)."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
@@ -14,6 +17,9 @@ import pyarrow.compute as pc
 
 from ._partition import _literal_array, _mix, hash_codes
 from ._query import Agg
+
+_READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="store-read")
+TIMINGS_META = b"microco.timings"  # a fragment's own seconds, in its result's schema metadata
 
 
 # ------------------------------------------------------------------------------- operators
@@ -209,13 +215,17 @@ def scan_side(env: Env, side: dict[str, Any]) -> pa.Table:
     """Read a side's sources (read columns only), filter, and keep the columns downstream needs."""
     read_cols = side.get("read")
     keep = side.get("keep")
-    parts = []
-    for src in side["sources"]:
-        t = env.read_source(src, read_cols)
-        t = apply_where(t, side.get("where", []))
-        if keep is not None:
-            t = t.select(keep)
-        parts.append(t)
+
+    def one(src: dict[str, Any]) -> pa.Table:
+        t = apply_where(env.read_source(src, read_cols), side.get("where", []))
+        return t.select(keep) if keep is not None else t
+
+    sources = side["sources"]
+    if len(sources) > 1 and len({s.get("node") for s in sources}) > 1:
+        # sources on peers are fetched over the network: all at once, not one after another
+        parts = list(_READERS.map(one, sources))
+    else:
+        parts = [one(src) for src in sources]
     if not parts and side.get("schema"):
         import base64
 
@@ -242,15 +252,28 @@ def post_ops(table: pa.Table, post: dict[str, Any] | None) -> pa.Table:
     return order_limit(table, [tuple(o) for o in post.get("order_by", [])], post.get("limit"))
 
 
+def fragment_timings(t: pa.Table) -> dict[str, float]:
+    """A fragment's own seconds (``read``, ``run``) from its result's metadata, or {}."""
+    raw = (t.schema.metadata or {}).get(TIMINGS_META)
+    try:
+        return {k: float(v) for k, v in json.loads(raw).items()} if raw else {}
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
 def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
     """Run one plan task; returns its output rows (for ``map``: rows per bucket)."""
     op = task["op"]
     if op == "sql":
         from ._sql import run_fragment
 
-        return run_fragment(
-            {name: scan_side(env, side) for name, side in task["inputs"].items()}, task["sql"]
-        )
+        t0 = time.perf_counter()
+        inputs = {name: scan_side(env, side) for name, side in task["inputs"].items()}
+        t1 = time.perf_counter()
+        out = run_fragment(inputs, task["sql"])
+        # the node's own seconds (read the inputs, run the SQL) travel with the result
+        took = json.dumps({"read": t1 - t0, "run": time.perf_counter() - t1}).encode()
+        return out.replace_schema_metadata({**(out.schema.metadata or {}), TIMINGS_META: took})
     if op == "fragment":
         t = scan_side(env, task["left"])
         if task.get("right") is not None:

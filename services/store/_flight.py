@@ -14,20 +14,16 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from microco.common.errors import (
-    FailedPrecondition,
-    InvalidArgument,
-    MicrocoError,
-    NotFound,
-    Unavailable,
-)
+from microco.clients.store import FLIGHT_OPTIONS as OPTIONS
+from microco.clients.store import FlightClients
+from microco.clients.store import from_flight_error as _from_flight_error
+from microco.common.errors import InvalidArgument, MicrocoError, NotFound, Unavailable
 from microco.common.kv import KV
 from microco.common.registry import discover
 
@@ -38,12 +34,7 @@ from ._placement import NodeInfo
 log = logging.getLogger(__name__)
 
 NODE_SERVICE = "store-node"
-_ERRORS: dict[str, type[MicrocoError]] = {
-    "CorruptExtent": CorruptExtent,
-    "NotFound": NotFound,
-    "InvalidArgument": InvalidArgument,
-    "FailedPrecondition": FailedPrecondition,
-}
+_ERRORS: dict[str, type[MicrocoError]] = {"CorruptExtent": CorruptExtent}
 
 
 def _raise_flight(exc: BaseException) -> None:
@@ -51,50 +42,17 @@ def _raise_flight(exc: BaseException) -> None:
 
 
 def from_flight_error(exc: BaseException, where: str) -> MicrocoError:
-    if isinstance(exc, (flight.FlightUnavailableError, flight.FlightTimedOutError, ConnectionError)):
-        return Unavailable(f"{where}: {exc}")
-    text = str(exc)
-    for name, cls in _ERRORS.items():
-        marker = f"{name}: "
-        if marker in text:
-            msg = text.split(marker, 1)[1].split("\n")[0]
-            msg = msg.split(". Detail:")[0]
-            return cls(msg)
-    if "failed to connect" in text.lower() or "unavailable" in text.lower() or "Connection refused" in text:
-        return Unavailable(f"{where}: {text}")
-    return MicrocoError(f"{where}: {text}")
+    return _from_flight_error(exc, where, _ERRORS)
 
 
-class _Clients:
-    """One Flight client per peer address, reused (connections are costly on 2 cores)."""
+class _Clients(FlightClients):
+    """The shared client pool (``clients/store/_flight.py``), knowing the node's own errors."""
 
     def __init__(self) -> None:
-        self._clients: dict[str, flight.FlightClient] = {}
-        self._lock = threading.Lock()
-
-    def get(self, address: str) -> flight.FlightClient:
-        with self._lock:
-            c = self._clients.get(address)
-            if c is None:
-                c = flight.FlightClient(address)
-                self._clients[address] = c
-            return c
-
-    def drop(self, address: str) -> None:
-        with self._lock:
-            c = self._clients.pop(address, None)
-        if c is not None:
-            try:
-                c.close()
-            except Exception:  # noqa: BLE001, S110 - closing: a dead connection is not an error
-                pass
-
-    def close(self) -> None:
-        for a in list(self._clients):
-            self.drop(a)
+        super().__init__(_ERRORS)
 
 
-_OPTS = flight.FlightCallOptions(timeout=120)
+_OPTS = OPTIONS
 MAX_TICKET_BYTES = 64 << 20  # a task ticket lists its sources: large for big tables, never unbounded
 
 
@@ -106,13 +64,7 @@ def _request(raw: bytes | str, what: str) -> dict[str, Any]:
 
 
 def flight_get(clients: _Clients, address: str, ticket: dict[str, Any]) -> pa.Table:
-    try:
-        reader = clients.get(address).do_get(flight.Ticket(json.dumps(ticket, default=str).encode()), _OPTS)
-        return reader.read_all()
-    except flight.FlightError as exc:
-        if isinstance(exc, flight.FlightUnavailableError):
-            clients.drop(address)
-        raise from_flight_error(exc, address) from None
+    return clients.do_get(address, ticket)
 
 
 class StoreFlightServer(flight.FlightServerBase):

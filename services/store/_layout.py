@@ -186,24 +186,55 @@ def _strip(schema: pa.Schema) -> pa.Schema:
     return schema.with_metadata(meta) if meta else schema.remove_metadata()
 
 
+@dataclass(frozen=True)
+class OpenExtent:
+    """An extent file opened once (memory-mapped): its batches and sub-bucket index. Extent files
+    are immutable (written to a temporary name, renamed), so an open extent stays valid for as
+    long as the file version it was read from (path, mtime, size) is the one on disk."""
+
+    schema: pa.Schema  # without the bucket index metadata
+    batches: tuple[pa.RecordBatch, ...]
+    index: tuple[tuple[int, ...], ...]  # per batch: [i, j, rows, bytes]
+    sizes: tuple[int, ...]  # per batch: bytes (RecordBatch.nbytes costs per call; counted once)
+
+    def select(
+        self, bucket: tuple[int, int] | None = None, columns: Sequence[str] | None = None
+    ) -> tuple[pa.Table, int]:
+        if bucket is None:
+            batches: Sequence[pa.RecordBatch] = self.batches
+            read = sum(self.sizes)
+        else:
+            pos, part = bucket
+            keep = [k for k, ix in enumerate(self.index) if ix[pos] == part]
+            batches = [self.batches[k] for k in keep]
+            read = sum(self.sizes[k] for k in keep)
+        t = pa.Table.from_batches(batches, schema=self.schema)
+        if columns is not None:
+            t = t.select(list(columns))
+        return t, read
+
+
+def open_extent(path: Path) -> OpenExtent:
+    """Open an extent file, memory-mapped: only the batches a query selects are touched."""
+    reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
+    schema = reader.schema
+    index = json.loads((schema.metadata or {}).get(BUCKETS_META, b"[]"))
+    batches = tuple(reader.get_batch(k) for k in range(reader.num_record_batches))
+    if len(index) != len(batches):  # an extent without a bucket index: no bucket selects anything
+        index = [[-1, -1] for _ in batches]
+    clean = _strip(schema)
+    return OpenExtent(
+        clean,
+        tuple(b.replace_schema_metadata(clean.metadata) for b in batches),
+        tuple(tuple(ix) for ix in index),
+        tuple(int(b.nbytes) for b in batches),
+    )
+
+
 def read_extent(
     path: Path, bucket: tuple[int, int] | None = None, columns: Sequence[str] | None = None
 ) -> tuple[pa.Table, int]:
     """Rows of an extent file; with ``bucket=(pos, part)`` only the sub-buckets whose index at
     ``pos`` (0 or 1, see ``others``) is ``part``. Returns ``(rows, bytes read)``. Memory-mapped,
     so only the selected batches' bytes are touched (the table keeps the mapping alive)."""
-    source = pa.memory_map(str(path), "r")
-    reader = pa.ipc.open_file(source)
-    schema = reader.schema
-    wanted: Sequence[int] = range(reader.num_record_batches)
-    if bucket is not None:
-        index = json.loads((schema.metadata or {}).get(BUCKETS_META, b"[]"))
-        pos, part = bucket
-        wanted = [k for k, b in enumerate(index) if b[pos] == part]
-    batches = [reader.get_batch(k) for k in wanted]
-    read = sum(b.nbytes for b in batches)
-    clean = _strip(schema)
-    t = pa.Table.from_batches(batches, schema=schema).replace_schema_metadata(clean.metadata)
-    if columns is not None:
-        t = t.select(list(columns))
-    return t, read
+    return open_extent(path).select(bucket, columns)

@@ -11,6 +11,7 @@ import os
 import shutil
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,13 @@ import pyarrow as pa
 from microco.common.errors import InvalidArgument, MicrocoError, NotFound
 
 from . import _exec
-from ._layout import bucketed_extents, file_checksum, read_extent, write_extent
+from ._layout import OpenExtent, bucketed_extents, file_checksum, open_extent, write_extent
 from ._limits import safe_path
 from ._partition import PartitionSpec
 
 log = logging.getLogger(__name__)
+
+OPEN_EXTENTS = 256  # extents a node keeps open (memory-mapped) between queries
 
 # fetch(address, request) -> table: read a peer's extent bucket or shuffle bucket.
 PeerFetch = Callable[[str, dict[str, Any]], pa.Table]
@@ -45,6 +48,9 @@ class NodeStore:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.fetch = fetch
         self._verified: dict[str, tuple[int, int, str]] = {}
+        # open extents by path, each with the file version (mtime, size) it was opened from:
+        # a hot extent is not re-opened (footer, index) per query; LRU, a bounded number of maps
+        self._open: OrderedDict[str, tuple[int, int, OpenExtent]] = OrderedDict()
         self._shuffle: dict[tuple[str, str, int], pa.Table] = {}
         self._lock = threading.Lock()
         self.bytes_read = 0
@@ -83,8 +89,7 @@ class NodeStore:
             return p
         actual = file_checksum(p)
         if actual != checksum:
-            with self._lock:
-                self._verified.pop(key, None)
+            self._forget(p)
             raise CorruptExtent(f"corrupt extent {table}/{extent_id} on node {self.name}: checksum mismatch")
         with self._lock:
             self._verified[key] = (st.st_mtime_ns, st.st_size, checksum)
@@ -99,15 +104,35 @@ class NodeStore:
         checksum: str | None = None,
     ) -> pa.Table:
         p = self.verify(table, extent_id, checksum)
-        t, n = read_extent(p, tuple(bucket) if bucket is not None else None, columns)
+        t, n = self._opened(p).select(tuple(bucket) if bucket is not None else None, columns)  # type: ignore[arg-type]
         with self._lock:
             self.bytes_read += n
         return t
 
-    def delete(self, table: str, extent_id: str) -> bool:
-        p = self.path(table, extent_id)
+    def _opened(self, p: Path) -> OpenExtent:
+        st = p.stat()
+        key = str(p)
+        with self._lock:
+            hit = self._open.get(key)
+            if hit is not None and hit[:2] == (st.st_mtime_ns, st.st_size):
+                self._open.move_to_end(key)
+                return hit[2]
+        ext = open_extent(p)
+        with self._lock:
+            self._open[key] = (st.st_mtime_ns, st.st_size, ext)
+            self._open.move_to_end(key)
+            while len(self._open) > OPEN_EXTENTS:
+                self._open.popitem(last=False)
+        return ext
+
+    def _forget(self, p: Path) -> None:
         with self._lock:
             self._verified.pop(str(p), None)
+            self._open.pop(str(p), None)
+
+    def delete(self, table: str, extent_id: str) -> bool:
+        p = self.path(table, extent_id)
+        self._forget(p)
         try:
             p.unlink()
             return True
@@ -142,8 +167,7 @@ class NodeStore:
                     continue
                 if now - st.st_mtime < min_age_s:
                     continue
-                with self._lock:
-                    self._verified.pop(str(f), None)
+                self._forget(f)
                 try:
                     f.unlink()
                 except FileNotFoundError:
@@ -161,7 +185,11 @@ class NodeStore:
 
     def drop_table(self, table: str) -> None:
         # the table's directory only: a name from the request never reaches rmtree unchecked
-        shutil.rmtree(safe_path(self.data_dir, "tables", table), ignore_errors=True)
+        root = safe_path(self.data_dir, "tables", table)
+        with self._lock:
+            for k in [k for k in self._open if Path(k).parent == root]:
+                del self._open[k]
+        shutil.rmtree(root, ignore_errors=True)
 
     def stats(self) -> dict[str, Any]:
         n = size = 0

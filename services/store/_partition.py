@@ -97,6 +97,11 @@ class PartitionSpec:
             return cls(column, RANGE, bounds=bounds)
         raise InvalidArgument(f"partitioning kind {kind!r} is not one of {', '.join(KINDS)}")
 
+    def function_key(self) -> str:
+        """The partition function without the column: equal keys send equal values to equal
+        partitions (``same_function``); co-located placement pins partitions by it."""
+        return f"{self.kind}:{self.partitions}:{','.join(map(str, self.bounds))}"
+
     def same_function(self, other: PartitionSpec) -> bool:
         """Two specs send equal values to equal partitions (column names aside): the test for
         co-partitioned joins."""

@@ -5,11 +5,14 @@ Fault domains are split into three disjoint groups. Replica ``r`` of super-exten
 group ``(r + s) mod 3``, so consecutive super-extents rotate the groups and every node carries a
 share of every replica (load spreads), while inside one super-extent the three copies of any row
 sit on three disjoint groups. Within a group, extent ``p`` goes to node ``(p + s) mod size``.
-Pure functions of (live nodes, super-extent index, partition counts).
+Co-located placement (``homes``) pins the first replica of each partition function to one group
+and partition ``p`` to one node of it, for every table and super-extent, so co-partitioned joins
+read only local extents. Pure functions of (live nodes, super-extent index, partition counts).
 """
 
 from __future__ import annotations
 
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -53,15 +56,41 @@ def domain_groups(nodes: Sequence[NodeInfo]) -> list[list[NodeInfo]]:
 
 
 def place_super_extent(
-    nodes: Sequence[NodeInfo], super_extent: int, partition_counts: Sequence[int]
+    nodes: Sequence[NodeInfo],
+    super_extent: int,
+    partition_counts: Sequence[int],
+    homes: Sequence[str | None] | None = None,
 ) -> dict[tuple[int, int], str]:
-    """Node name for every extent ``(replica, partition)`` of super-extent ``super_extent``."""
+    """Node name for every extent ``(replica, partition)`` of super-extent ``super_extent``.
+
+    ``homes[r]``, when given, names replica ``r``'s partition function (``PartitionSpec.function_key``):
+    such a replica is *co-located*: it goes to the group that key hashes to, and partition ``p``
+    to node ``p mod size`` of that group, whatever the super-extent and the table. So partition
+    ``p`` of every table partitioned by the same function sits on one node, and a join on those
+    keys moves no bytes. The other replicas take the remaining groups in rotation order (each
+    super-extent still puts its three replicas on three disjoint groups)."""
     groups = domain_groups(nodes)
+    homes = list(homes) if homes is not None else [None] * len(partition_counts)
+    taken: dict[int, int] = {}  # replica -> group
+    for r, key in enumerate(homes):
+        if key is not None:
+            g = zlib.crc32(key.encode()) % REPLICAS
+            if g not in taken.values():
+                taken[r] = g
+    for r in range(len(partition_counts)):
+        if r in taken:
+            continue
+        g = (r + super_extent) % REPLICAS
+        while g in taken.values():
+            g = (g + 1) % REPLICAS
+        taken[r] = g
     out: dict[tuple[int, int], str] = {}
     for r, count in enumerate(partition_counts):
-        group = groups[(r + super_extent) % REPLICAS]
+        group = groups[taken[r]]
+        homed = homes[r] is not None and taken[r] == zlib.crc32(str(homes[r]).encode()) % REPLICAS
+        shift = 0 if homed else super_extent
         for p in range(count):
-            out[(r, p)] = group[(p + super_extent) % len(group)].name
+            out[(r, p)] = group[(p + shift) % len(group)].name
     return out
 
 

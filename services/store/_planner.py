@@ -173,26 +173,37 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB"
 
 
-def plan_query(
-    q: Query,
-    tables: dict[str, TableInfo],
-    live: Iterable[str],
-    addresses: dict[str, str],
-    qid: str = "q",
-) -> Plan:
-    """Plan ``q`` over the committed catalog ``tables`` with the live store nodes ``live``."""
-    live = set(live)
+# ------------------------------------------------------------------------------- stages
+# plan_query = bind -> choose -> fragments. Parsing is Query.from_json (``_query``).
+
+
+@dataclass
+class Bound:
+    """``bind``: a validated query resolved against the catalog, with the columns each side
+    reads (filter columns included) and keeps (what flows downstream)."""
+
+    q: Query
+    a: TableInfo
+    b: TableInfo | None
+    keep_a: list[str]
+    read_a: list[str]
+    keep_b: list[str]
+    read_b: list[str]
+    out_cols: list[str]
+
+    @property
+    def is_agg(self) -> bool:
+        return bool(self.q.aggs)
+
+
+def bind(q: Query, tables: dict[str, TableInfo]) -> Bound:
     for name in [q.table] + ([q.join.table] if q.join else []):
         if name not in tables:
             raise NotFound(f"no table {name!r}")
     q.validate({n: t.schema for n, t in tables.items()})
     a = tables[q.table]
     b = tables[q.join.table] if q.join else None
-    is_agg = bool(q.aggs)
-    explain: list[str] = []
-
-    # ---- columns each side must read and keep
-    if is_agg:
+    if q.aggs:
         needed = set(q.group_by) | {x.column for x in q.aggs if x.column != "*"}
         out_cols = list(q.group_by) + [x.name for x in q.aggs]
     else:
@@ -210,6 +221,267 @@ def plan_query(
         return keep, read
 
     keep_a, read_a = side(a, q.join.left_on if q.join else None, q.where)
+    keep_b, read_b = side(b, q.join.right_on, q.join.where) if q.join and b is not None else ([], [])
+    return Bound(q, a, b, keep_a, read_a, keep_b, read_b, out_cols)
+
+
+# A byte moved between nodes costs about this many bytes read from a local extent: it is read,
+# serialised, sent, received and deserialised (loopback Flight ~1 GB/s against ~5 GB/s from the
+# page cache; on a real network more). Only the ranking of plans depends on it.
+MOVE_WEIGHT = 4.0
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A plan's estimated work: rows and bytes read from extents (after pruning, needed columns
+    only), and bytes moved between nodes."""
+
+    rows: int
+    bytes_read: int
+    bytes_moved: int
+
+    @property
+    def total(self) -> float:
+        return self.bytes_read + MOVE_WEIGHT * self.bytes_moved
+
+    def describe(self) -> str:
+        return f"~{self.rows} rows, {_mb(self.bytes_read)} read, {_mb(self.bytes_moved)} moved"
+
+
+def column_share(t: TableInfo, cols: Sequence[str]) -> float:
+    """The share of a table's bytes in ``cols``, from the column types (fixed-width types by
+    their width, strings and others as 16 bytes a value): extents hold whole rows, a fragment
+    reads only its columns."""
+
+    def width(f: pa.Field) -> float:
+        try:
+            return max(f.type.bit_width / 8, 1.0)
+        except ValueError:
+            return 16.0
+
+    total = sum(width(f) for f in t.schema) or 1.0
+    return min(1.0, sum(width(t.schema.field(c)) for c in set(cols)) / total)
+
+
+@dataclass
+class Choice:
+    """``choose``: the plan kind and replicas, with the cost that decided and the alternatives."""
+
+    kind: str
+    replicas: dict[str, int]
+    cost: Cost
+    reasons: list[str] = field(default_factory=list)
+    alternatives: list[tuple[str, dict[str, int], Cost]] = field(default_factory=list)
+    # the units each table reads under this choice (after pruning)
+    units: dict[str, list[Unit]] = field(default_factory=dict)
+    allowed: dict[str, set[int] | None] = field(default_factory=dict)
+
+
+def _read_cost(t: TableInfo, units: Sequence[Unit], cols: Sequence[str]) -> tuple[int, int]:
+    """(rows, bytes) a side reads: its units' bytes times the share of its columns."""
+    nbytes = sum(u.bytes for u in units)
+    replica_bytes = t.bytes / REPLICAS
+    rows = round(t.rows * min(nbytes / replica_bytes, 1.0)) if replica_bytes else 0
+    return rows, round(nbytes * column_share(t, cols))
+
+
+def cheapest_replica(
+    t: TableInfo, where: Sequence[Any], cols: Sequence[str], live: set[str], addresses: dict[str, str]
+) -> tuple[int, Cost, list[Unit], set[int] | None]:
+    """The replica that reads the fewest bytes of ``cols`` after pruning by ``where`` (ties: the
+    lower replica), for plans that move what they read whatever the replica (SQL's gathered and
+    broadcast tables): ``(replica, cost, units, allowed partitions)``. A replica that cannot be
+    read at all (not even degraded) is skipped; if none can, its error is raised."""
+    best = None
+    last: Exception | None = None
+    for r in range(REPLICAS):
+        allowed, _ = pruned_partitions(t, r, where)
+        try:
+            units = replica_units(t, r, live, addresses, allowed)
+        except Unavailable as exc:
+            last = exc
+            continue
+        rows, nbytes = _read_cost(t, units, cols)
+        if best is None or nbytes < best[1].bytes_read:
+            best = (r, Cost(rows, nbytes, nbytes), units, allowed)
+    if best is None:
+        raise last or Unavailable(f"table {t.name!r} cannot be read")
+    return best
+
+
+def _single_kind(bound: Bound, r: int) -> str:
+    q = bound.q
+    if not q.aggs:
+        return "scan"
+    if not q.group_by:
+        return "agg_global"
+    return "agg_local" if bound.a.specs[r].column in q.group_by else "agg_shuffle"
+
+
+def choose(bound: Bound, live: set[str], addresses: dict[str, str]) -> Choice:
+    """Every candidate plan (replica, or replica pair and join strategy) with its estimated cost;
+    the cheapest wins (ties: no shuffle, then the lower replica number)."""
+    q, a, b = bound.q, bound.a, bound.b
+    if q.join is not None and b is not None:
+        return _choose_join(bound, live, addresses)
+    options = [q.replica] if q.replica is not None else list(range(REPLICAS))
+    cands = []
+    for r in options:
+        allowed, why = pruned_partitions(a, r, q.where)
+        units = replica_units(a, r, live, addresses, allowed)
+        rows, nbytes = _read_cost(a, units, bound.read_a)
+        kind = _single_kind(bound, r)
+        moved = 0
+        if kind == "agg_shuffle":
+            # upper bound: every row's group keys and aggregate inputs cross to another node
+            # (pre-aggregation only shrinks it); (n-1)/n of them leave their node
+            n = max(len(_group_sources(units)), 1)
+            moved = round(sum(u.bytes for u in units) * column_share(a, bound.keep_a)) * (n - 1) // n
+        reasons = []
+        if kind == "agg_local":
+            reasons.append(
+                f"group-by on {a.specs[r].column} matches its partitioning: shuffle-free aggregation"
+            )
+        if allowed is not None:
+            reasons.append(
+                f"filter {' and '.join(why)} prunes to {len(allowed)} of {a.specs[r].count} partitions"
+            )
+        cands.append(
+            Choice(
+                kind,
+                {a.name: r},
+                Cost(rows, nbytes, moved),
+                reasons,
+                units={a.name: units},
+                allowed={a.name: allowed},
+            )
+        )
+    best = min(cands, key=lambda c: (c.cost.total, c.kind.endswith("shuffle"), c.replicas[a.name]))
+    best.alternatives = [(c.kind, c.replicas, c.cost) for c in cands if c is not best]
+    if q.replica is not None:
+        best.reasons.insert(0, "replica forced by the query")
+    return best
+
+
+def _choose_join(bound: Bound, live: set[str], addresses: dict[str, str]) -> Choice:
+    q, a, b = bound.q, bound.a, bound.b
+    assert q.join is not None and b is not None
+    ra_opts = [q.replica] if q.replica is not None else list(range(REPLICAS))
+    rb_opts = [q.join.replica] if q.join.replica is not None else list(range(REPLICAS))
+    share_a, share_b = column_share(a, bound.read_a), column_share(b, bound.read_b)
+    cands: list[Choice] = []
+    for ra in ra_opts:
+        for rb in rb_opts:
+            sa, sb = a.specs[ra], b.specs[rb]
+            if not (sa.column == q.join.left_on and sb.column == q.join.right_on and sa.same_function(sb)):
+                continue
+            allowed_a, _ = pruned_partitions(a, ra, q.where)
+            allowed_b, _ = pruned_partitions(b, rb, q.join.where)
+            allowed = (
+                allowed_a
+                if allowed_b is None
+                else (allowed_b if allowed_a is None else allowed_a & allowed_b)
+            )
+            ua = replica_units(a, ra, live, addresses, allowed)
+            ub = replica_units(b, rb, live, addresses, allowed)
+            rows_a, bytes_a = _read_cost(a, ua, bound.read_a)
+            rows_b, bytes_b = _read_cost(b, ub, bound.read_b)
+            moved = sum(
+                round(src["bytes"] * (share_a if src["table"] == a.name else share_b))
+                for _p, srcs, node in _copart_tasks(ua, ub)
+                for src in srcs
+                if src["node"] != node
+            )
+            cands.append(
+                Choice(
+                    "join_copart",
+                    {a.name: ra, b.name: rb},
+                    Cost(rows_a + rows_b, bytes_a + bytes_b, moved),
+                    units={a.name: ua, b.name: ub},
+                    allowed={a.name: allowed, b.name: allowed},
+                )
+            )
+
+    # the shuffle join on the replicas that read least
+    def cheapest(
+        t: TableInfo, opts: list[int], where: Sequence[Any], cols: list[str]
+    ) -> tuple[int, Any, Any, int, int]:
+        best = None
+        for r in opts:
+            allowed, _ = pruned_partitions(t, r, where)
+            units = replica_units(t, r, live, addresses, allowed)
+            rows, nbytes = _read_cost(t, units, cols)
+            if best is None or nbytes < best[4]:
+                best = (r, units, allowed, rows, nbytes)
+        assert best is not None
+        return best
+
+    ra, ua, al_a, rows_a, bytes_a = cheapest(a, ra_opts, q.where, bound.read_a)
+    rb, ub, al_b, rows_b, bytes_b = cheapest(b, rb_opts, q.join.where, bound.read_b)
+    n = max(len(set(_group_sources(ua)) | set(_group_sources(ub))), 1)
+    keep_bytes = sum(u.bytes for u in ua) * column_share(a, bound.keep_a) + sum(
+        u.bytes for u in ub
+    ) * column_share(b, bound.keep_b)
+    cands.append(
+        Choice(
+            "join_shuffle",
+            {a.name: ra, b.name: rb},
+            Cost(rows_a + rows_b, bytes_a + bytes_b, round(keep_bytes * (n - 1) / n)),
+            units={a.name: ua, b.name: ub},
+            allowed={a.name: al_a, b.name: al_b},
+        )
+    )
+    best = min(cands, key=lambda c: (c.cost.total, c.kind.endswith("shuffle"), tuple(c.replicas.values())))
+    best.alternatives = [(c.kind, c.replicas, c.cost) for c in cands if c is not best]
+    return best
+
+
+def _copart_tasks(ua: Sequence[Unit], ub: Sequence[Unit]) -> list[tuple[int, list[dict[str, Any]], str]]:
+    """Per partition present on both sides: (partition, its sources, the node holding most of its bytes)."""
+    by_a: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    by_b: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for u in ua:
+        by_a[u.partition].extend(u.sources)
+    for u in ub:
+        by_b[u.partition].extend(u.sources)
+    out = []
+    for p in sorted(set(by_a) & set(by_b)):
+        srcs = by_a[p] + by_b[p]
+        out.append((p, srcs, _nodes_by_bytes(srcs)[0]))
+    return out
+
+
+def plan_query(
+    q: Query,
+    tables: dict[str, TableInfo],
+    live: Iterable[str],
+    addresses: dict[str, str],
+    qid: str = "q",
+) -> Plan:
+    """Plan ``q`` over the committed catalog ``tables`` with the live store nodes ``live``:
+    ``bind`` (columns), ``choose`` (replicas and strategy by estimated cost), ``fragments``."""
+    live = set(live)
+    bound = bind(q, tables)
+    choice = choose(bound, live, addresses)
+    return fragments(bound, choice, live, addresses, qid)
+
+
+def _cost_lines(choice: Choice) -> list[str]:
+    out = [f"cost: {choice.kind} on replicas {choice.replicas}: {choice.cost.describe()}"]
+    for kind, reps, cost in sorted(choice.alternatives, key=lambda x: x[2].total):
+        out.append(f"  rather than {kind} on replicas {reps}: {cost.describe()}")
+    return out
+
+
+def fragments(
+    bound: Bound, choice: Choice, live: set[str], addresses: dict[str, str], qid: str = "q"
+) -> Plan:
+    """The chosen plan as tasks for the store nodes (and the coordinator's final merge)."""
+    q, a, b = bound.q, bound.a, bound.b
+    is_agg = bound.is_agg
+    keep_a, read_a, keep_b, read_b = bound.keep_a, bound.read_a, bound.keep_b, bound.read_b
+    out_cols = bound.out_cols
+    explain: list[str] = []
 
     def side_spec(
         t: TableInfo, keep: list[str], read: list[str], where: Sequence[Any], sources: list[Any]
@@ -242,74 +514,53 @@ def plan_query(
 
     # ---------------------------------------------------------------- joins
     if q.join is not None and b is not None:
-        keep_b, read_b = side(b, q.join.right_on, q.join.where)
-        ra_opts = [q.replica] if q.replica is not None else list(range(REPLICAS))
-        rb_opts = [q.join.replica] if q.join.replica is not None else list(range(REPLICAS))
-        pair = None
-        for ra in ra_opts:
-            for rb in rb_opts:
-                sa, sb = a.specs[ra], b.specs[rb]
-                if sa.column == q.join.left_on and sb.column == q.join.right_on and sa.same_function(sb):
-                    pair = (ra, rb)
-                    break
-            if pair:
-                break
-        if pair is not None:
-            ra, rb = pair
-            allowed_a, why_a = pruned_partitions(a, ra, q.where)
-            allowed_b, why_b = pruned_partitions(b, rb, q.join.where)
-            allowed = (
-                allowed_a
-                if allowed_b is None
-                else (allowed_b if allowed_a is None else allowed_a & allowed_b)
-            )
-            ua = replica_units(a, ra, live, addresses, allowed)
-            ub = replica_units(b, rb, live, addresses, allowed)
-            by_part_a: dict[int, list[Unit]] = defaultdict(list)
-            by_part_b: dict[int, list[Unit]] = defaultdict(list)
-            for u in ua:
-                by_part_a[u.partition].append(u)
-            for u in ub:
-                by_part_b[u.partition].append(u)
-            tasks = []
-            local = 0
-            moved = 0
-            post = agg_post if is_agg else rows_post
-            for p in sorted(set(by_part_a) & set(by_part_b)):
-                srcs_a = [s for u in by_part_a[p] for s in u.sources]
-                srcs_b = [s for u in by_part_b[p] for s in u.sources]
-                node = _nodes_by_bytes(srcs_a + srcs_b)[0]
-                remote = sum(s["bytes"] for s in srcs_a + srcs_b if s["node"] != node)
+        ra, rb = choice.replicas[a.name], choice.replicas[b.name]
+        ua, ub = choice.units[a.name], choice.units[b.name]
+        post = agg_post if is_agg else rows_post
+        combine = is_agg and q.join.left_on not in q.group_by
+        if choice.kind == "join_copart":
+            # each partition joins on the node holding most of its bytes; the partitions a node
+            # runs form one fragment (rows of different partitions differ in the join key, so the
+            # join of the unions is the union of the joins, and a partition stays whole)
+            per_node: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+            parts = local = moved = 0
+            for _p, srcs, node in _copart_tasks(ua, ub):
+                left, right = per_node.setdefault(node, ([], []))
+                left += [s for s in srcs if s["table"] == a.name]
+                right += [s for s in srcs if s["table"] == b.name]
+                remote = sum(s["bytes"] for s in srcs if s["node"] != node)
                 moved += remote
                 local += remote == 0
-                tasks.append(
-                    (
-                        node,
-                        {
-                            "op": "fragment",
-                            "left": side_spec(a, keep_a, read_a, q.where, srcs_a),
-                            "right": side_spec(b, keep_b, read_b, q.join.where, srcs_b),
-                            "join": {"left_on": q.join.left_on, "right_on": q.join.right_on},
-                            "post": post,
-                        },
-                    )
+                parts += 1
+            tasks = [
+                (
+                    node,
+                    {
+                        "op": "fragment",
+                        "left": side_spec(a, keep_a, read_a, q.where, left),
+                        "right": side_spec(b, keep_b, read_b, q.join.where, right),
+                        "join": {"left_on": q.join.left_on, "right_on": q.join.right_on},
+                        "post": post,
+                    },
                 )
+                for node, (left, right) in sorted(per_node.items())
+            ]
             explain.append(
                 f"join {a.name}.{q.join.left_on} = {b.name}.{q.join.right_on}: co-partitioned "
                 f"({a.specs[ra].describe()} on replica {ra} of {a.name}, {b.specs[rb].describe()} on replica "
                 f"{rb} of {b.name}), so partition p joins only partition p: no shuffle"
             )
-            if why_a or why_b:
-                explain.append(
-                    f"pruning: {len(allowed or [])} partitions survive ({' and '.join(why_a + why_b)})"
-                )
+            allowed = choice.allowed.get(a.name)
+            if allowed is not None:
+                explain.append(f"pruning: {len(allowed)} partitions survive")
             explain.append(
-                f"{len(tasks)} partition joins; {local} node-local, {len(tasks) - local} read "
-                f"{_mb(moved)} of co-partitioned extents from a peer (whole extents, no repartitioning)"
+                f"{parts} partition joins in {len(tasks)} fragments (one per node); {local} node-local, "
+                f"{parts - local} read {_mb(moved)} of co-partitioned extents from a peer (whole extents, "
+                "no repartitioning)"
             )
-            _degraded_note(explain, ua + ub)
-            combine = is_agg and q.join.left_on not in q.group_by
-            plan = Plan(
+            explain += _cost_lines(choice)
+            _degraded_note(explain, list(ua) + list(ub))
+            return Plan(
                 "join_copart",
                 qid,
                 [tasks],
@@ -318,18 +569,6 @@ def plan_query(
                 {a.name: ra, b.name: rb},
                 moved_bytes=moved,
             )
-            return plan
-        # no co-partitioned pair: shuffle join on chosen replicas
-        ra = ra_opts[0] if q.replica is not None else max(ra_opts, key=lambda r: _score(a, r, q.where, [])[0])
-        rb = (
-            rb_opts[0]
-            if q.join.replica is not None
-            else max(rb_opts, key=lambda r: _score(b, r, q.join.where, [])[0])
-        )
-        allowed_a, _ = pruned_partitions(a, ra, q.where)
-        allowed_b, _ = pruned_partitions(b, rb, q.join.where)
-        ua = replica_units(a, ra, live, addresses, allowed_a)
-        ub = replica_units(b, rb, live, addresses, allowed_b)
         ga, gb = _group_sources(ua), _group_sources(ub)
         reducers = sorted(set(ga) | set(gb)) or sorted(live)[:1]
         n = len(reducers)
@@ -356,7 +595,6 @@ def plan_query(
                 )
         peers_l = sorted(ga) or [reducers[0]]
         peers_r = sorted(gb) or [reducers[0]]
-        post = agg_post if is_agg else rows_post
         reduces = [
             (
                 node,
@@ -372,18 +610,24 @@ def plan_query(
             )
             for i, node in enumerate(reducers)
         ]
+        copart = any(k == "join_copart" for k, _, _ in choice.alternatives)
         explain.append(
-            f"join {a.name}.{q.join.left_on} = {b.name}.{q.join.right_on}: no replica pair is partitioned on the "
-            f"join keys by the same function (using {a.name} replica {ra}: {a.specs[ra].describe()}, "
+            f"join {a.name}.{q.join.left_on} = {b.name}.{q.join.right_on}: "
+            + (
+                "a co-partitioned replica pair exists but would move more bytes"
+                if copart
+                else "no replica pair is partitioned on the join keys by the same function"
+            )
+            + f" (using {a.name} replica {ra}: {a.specs[ra].describe()}, "
             f"{b.name} replica {rb}: {b.specs[rb].describe()}): shuffle both sides by the join key "
             f"into {n} buckets"
         )
         explain.append(
-            f"shuffle: {sum(u.bytes for u in ua + ub) / 1e6:.2f} MB scanned on {len(set(ga) | set(gb))} nodes, "
+            f"shuffle: {sum(u.bytes for u in list(ua) + list(ub)) / 1e6:.2f} MB scanned on {len(set(ga) | set(gb))} nodes, "
             f"{len(maps)} map tasks, {n} reduce tasks"
         )
-        _degraded_note(explain, ua + ub)
-        combine = is_agg and q.join.left_on not in q.group_by
+        explain += _cost_lines(choice)
+        _degraded_note(explain, list(ua) + list(ub))
         return Plan(
             "join_shuffle",
             qid,
@@ -395,41 +639,38 @@ def plan_query(
         )
 
     # ---------------------------------------------------------------- single table
-    options = [q.replica] if q.replica is not None else list(range(REPLICAS))
-    scored = {r: _score(a, r, q.where, q.group_by) for r in options}
-    r = max(options, key=lambda x: (scored[x][0], -x))
-    reasons = scored[r][1]
-    allowed, _ = pruned_partitions(a, r, q.where)
-    units = replica_units(a, r, live, addresses, allowed)
+    r = choice.replicas[a.name]
+    units = choice.units[a.name]
+    allowed = choice.allowed[a.name]
     groups = _group_sources(units)
     head = f"table {a.name}: replica {r} ({a.specs[r].describe()})"
-    if q.replica is not None:
-        reasons = ["replica forced by the query"] + reasons
+    reasons = choice.reasons
     explain.append(head + (": " + "; ".join(reasons) if reasons else ": no replica matches better; default"))
     explain.append(
         f"reads {len(units)} extent units, {sum(u.bytes for u in units) / 1e6:.2f} MB on {len(groups)} nodes"
         + (f" (pruned to partitions {sorted(allowed)})" if allowed is not None else "")
     )
+    explain += _cost_lines(choice)
     _degraded_note(explain, units)
     if not groups:
         # an empty table (or everything pruned): one empty fragment keeps the result's schema
         groups = {sorted(live)[0] if live else "": []}
 
-    def fragments(post: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    def fragments_of(post: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         return [
             (node, {"op": "fragment", "left": side_spec(a, keep_a, read_a, q.where, srcs), "post": post})
             for node, srcs in groups.items()
         ]
 
-    if not is_agg:
+    if choice.kind == "scan":
         explain.append(
             f"plan: scan: {len(groups)} fragments (filter, project{', top-k' if q.limit else ''}), concatenated"
         )
-        return Plan("scan", qid, [fragments(rows_post)], final_rows, explain, {a.name: r})
-    if not q.group_by:
+        return Plan("scan", qid, [fragments_of(rows_post)], final_rows, explain, {a.name: r})
+    if choice.kind == "agg_global":
         explain.append(f"plan: global aggregate: {len(groups)} partial aggregates merged by the coordinator")
-        return Plan("agg_global", qid, [fragments(agg_post)], final_agg(True), explain, {a.name: r})
-    if a.specs[r].column in q.group_by:
+        return Plan("agg_global", qid, [fragments_of(agg_post)], final_agg(True), explain, {a.name: r})
+    if choice.kind == "agg_local":
         nodes_of_part: dict[int, set[str]] = defaultdict(set)
         for u in units:
             for s in u.sources:
@@ -445,7 +686,7 @@ def plan_query(
                 f"plan: shuffle-free aggregation: {len(groups)} nodes aggregate whole partitions; "
                 "the coordinator only concatenates"
             )
-        return Plan("agg_local", qid, [fragments(agg_post)], final_agg(bool(split)), explain, {a.name: r})
+        return Plan("agg_local", qid, [fragments_of(agg_post)], final_agg(bool(split)), explain, {a.name: r})
     reducers = sorted(groups)
     n = len(reducers)
     maps = [

@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import functools
 import logging
 import threading
 from collections import defaultdict
@@ -42,7 +43,7 @@ from . import _exec
 from ._catalog import TableInfo
 from ._limits import MAX_SQL_BYTES, MAX_SQL_DEPTH, MAX_SQL_LIST, short
 from ._placement import REPLICAS
-from ._planner import Unit, _nodes_by_bytes, _score, pruned_partitions, replica_units
+from ._planner import Unit, _nodes_by_bytes, _score, cheapest_replica, pruned_partitions, replica_units
 
 if TYPE_CHECKING:
     from ._core import StoreCore
@@ -65,9 +66,14 @@ class SqlPlan:
     explain: list[str] = field(default_factory=list)
     replicas: dict[str, int] = field(default_factory=dict)
     moved_bytes: int = 0
+    # seconds per phase of the run (plan, fragments, merge), once it ran: EXPLAIN's last line
+    timings: dict[str, float] = field(default_factory=dict)
 
     def explain_text(self) -> str:
-        return "\n".join(self.explain)
+        lines = list(self.explain)
+        if self.timings:
+            lines.append("timings: " + ", ".join(f"{k} {v:.4f} s" for k, v in self.timings.items()))
+        return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------- parsing
@@ -142,11 +148,23 @@ def table_refs(tree: exp.Expression) -> list[exp.Table]:
 
 
 # ---------------------------------------------------------------------------------- analysis
-def _needed_columns(tree: exp.Expression, schema: pa.Schema) -> list[str]:
-    star = any(not isinstance(s.parent, exp.Count) for s in tree.find_all(exp.Star))
-    if star:
+def _used_names(tree: exp.Expression) -> set[str] | None:
+    """Lower-case column names the query uses anywhere, or None when it selects ``*`` (every
+    column). ``count(*)`` and ``EXISTS (SELECT * ...)`` read no column through their star."""
+    for s in tree.find_all(exp.Star):
+        if isinstance(s.parent, exp.Count):
+            continue
+        if isinstance(s.parent, exp.Select) and isinstance(s.parent.parent, exp.Exists):
+            continue
+        return None
+    return {c.name.lower() for c in tree.find_all(exp.Column)}
+
+
+def _needed_columns(tree: exp.Expression, schema: pa.Schema, names: set[str] | None = ...) -> list[str]:  # type: ignore[assignment]
+    if names is ...:
+        names = _used_names(tree)
+    if names is None:
         return list(schema.names)
-    names = {c.name.lower() for c in tree.find_all(exp.Column)}
     cols = [c for c in schema.names if c.lower() in names]
     return cols or [schema.names[0]]  # count(*) still needs the rows
 
@@ -224,9 +242,19 @@ def _constant(e: exp.Expression) -> Any:
         return int(e.this) if e.this.lstrip("-").isdigit() else float(e.this)
     if e.find(exp.Column, exp.Select, exp.AggFunc):
         raise ValueError("not constant")
+    text = e.sql(DIALECT)
+    if any(not isinstance(f, (exp.Cast, exp.Interval)) for f in e.find_all(exp.Func)):
+        return _folded.__wrapped__(text)  # current_date, random(): not memoised
+    return _folded(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _folded(text: str) -> Any:
+    """DuckDB's value of a constant expression's text (a pure function of it: memoised, since a
+    planner asks for the same constants once per replica it scores)."""
     con = duck()
     try:
-        v = con.execute(f"SELECT {e.sql(DIALECT)}").fetchone()[0]
+        v = con.execute(f"SELECT {text}").fetchone()[0]
     finally:
         con.close()
     if isinstance(v, dt.datetime):
@@ -284,11 +312,17 @@ def _side(t: TableInfo, cols: list[str], sources: list[dict[str, Any]]) -> dict[
     }
 
 
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _scan_sql(name: str, cols: list[str], conds: list[exp.Expression]) -> str:
-    sel = exp.select(*[exp.column(c, quoted=True) for c in cols]).from_(exp.to_table(name))
-    for c in conds:
-        sel = sel.where(_unqualify(c), copy=False)
-    return sel.sql(DIALECT)
+    """``SELECT cols FROM name WHERE conds``, written directly (building a sqlglot SELECT and
+    generating it cost ~10 ms a table under load; only the conditions need the generator)."""
+    text = f"SELECT {', '.join(_ident(c) for c in cols)} FROM {_ident(name)}"
+    if conds:
+        text += " WHERE " + " AND ".join(f"({_unqualify(c).sql(DIALECT)})" for c in conds)
+    return text
 
 
 @dataclass
@@ -300,6 +334,13 @@ class _Ctx:
     addresses: dict[str, str]
     # tables every fragment reads whole (small dimension tables joined to the split table(s))
     broadcast: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    _names: Any = ...
+
+    def needed(self, schema: pa.Schema) -> list[str]:
+        """The columns of a table with ``schema`` that the query uses (names resolved once)."""
+        if self._names is ...:
+            self._names = _used_names(self.tree)
+        return _needed_columns(self.tree, schema, self._names)
 
 
 def plan_sql(ctx: _Ctx) -> SqlPlan:
@@ -334,12 +375,12 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
         t = ctx.tables[name]
         others = set().union(*(v for k, v in colsets.items() if k != name and k in by_name))
         conds = pushable(ctx.tree, occ[0], colsets[name], others) if len(occ) == 1 else []
-        cols = _needed_columns(ctx.tree, t.schema)
+        cols = ctx.needed(t.schema)
         pcols = {s.column for s in t.specs}
         where = triples(conds, pcols)
-        r = max(range(REPLICAS), key=lambda x: (_score(t, x, where, [])[0], -x))
-        allowed, why = pruned_partitions(t, r, where)
-        units = replica_units(t, r, ctx.live, ctx.addresses, allowed)
+        # every replica moves what it reads to the coordinator: the cheapest read wins
+        r, cost, units, allowed = cheapest_replica(t, where, cols, ctx.live, ctx.addresses)
+        why = pruned_partitions(t, r, where)[1]
         groups = _by_node(units)
         if not groups:
             groups = {min(ctx.live) if ctx.live else "": []}
@@ -357,6 +398,7 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
                 else ""
             )
             + (f"; {len(conds)} filters pushed to the nodes" if conds else "")
+            + f"; cost: ~{cost.rows} rows, {cost.bytes_read / 1e6:.2f} MB of its columns read (the least of its replicas)"
         )
     return SqlPlan("gather", tasks, ctx.tree.sql(DIALECT), inputs, explain, replicas)
 
@@ -486,11 +528,8 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
             return None
         others = set().union(*(colsets[m] for m in names if m != n))
         where = triples(pushable(ctx.tree, ref, colsets[n], others), {s.column for s in t.specs})
-        r = max(range(REPLICAS), key=lambda x: (_score(t, x, where, [])[0], -x))
-        allowed, _ = pruned_partitions(t, r, where)
-        ctx.broadcast[t.name] = [
-            s for u in replica_units(t, r, ctx.live, ctx.addresses, allowed) for s in u.sources
-        ]
+        r, _cost, units, _allowed = cheapest_replica(t, where, ctx.needed(t.schema), ctx.live, ctx.addresses)
+        ctx.broadcast[t.name] = [s for u in units for s in u.sources]
         chosen = {**chosen, t.name: r}
     if ctx.broadcast:
         explain.append(
@@ -561,23 +600,28 @@ def _fragment_tasks(
     explain: list[str],
 ) -> tuple[list[tuple[str, dict[str, Any]]], int]:
     parts, why, _allowed = _units_by_partition(ctx, refs, chosen, sel)
-    cols = {
-        ctx.tables[r.name.lower()].name: _needed_columns(ctx.tree, ctx.tables[r.name.lower()].schema)
-        for r in refs
-    }
+    cols = {ctx.tables[r.name.lower()].name: ctx.needed(ctx.tables[r.name.lower()].schema) for r in refs}
     tinfo = {t.name: t for t in ctx.tables.values()}
-    bcols = {n: _needed_columns(ctx.tree, tinfo[n].schema) for n in ctx.broadcast}
+    bcols = {n: ctx.needed(tinfo[n].schema) for n in ctx.broadcast}
     if why:
         explain.append(f"pruning: {len(parts)} partitions survive ({' and '.join(why)})")
     tasks: list[tuple[str, dict[str, Any]]] = []
     moved = 0
     if per_partition:
-        groups = []
+        # Each partition runs on the node holding most of its bytes, and all the partitions a
+        # node runs form one fragment: a partition stays whole inside one fragment (so groups on
+        # the partition key stay whole), and rows of different partitions never join (they
+        # differ in the co-partitioned key), so the union is exact and costs one fragment (one
+        # read of the broadcast tables) per node instead of one per partition.
+        merged: dict[str, dict[str, list[dict]]] = {}
         for srcs in parts.values():
             allsrc = [s for v in srcs.values() for s in v]
             node = _nodes_by_bytes(allsrc)[0] if allsrc else min(ctx.live)
             moved += sum(s["bytes"] for s in allsrc if s["node"] != node)
-            groups.append((node, srcs))
+            into = merged.setdefault(node, {n: [] for n in srcs})
+            for n, v in srcs.items():
+                into[n].extend(v)
+        groups = sorted(merged.items())
     else:  # one table, any split is fine: one fragment per node over its own sources
         (tname,) = cols
         by: dict[str, list[dict]] = defaultdict(list)
@@ -799,10 +843,12 @@ def run_fragment(inputs: dict[str, pa.Table], sql: str) -> pa.Table:
 def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan:  # type: ignore[assignment]
     tree = parse(sql)
     tables: dict[str, TableInfo] = {}
+    names: list[str] | None = None
     for ref in table_refs(tree):
         n = ref.name.lower()
         if n not in tables:
-            match = [x for x in core.catalog.table_names() if x.lower() == n]
+            names = core.catalog.table_names() if names is None else names
+            match = [x for x in names if x.lower() == n]
             if not match:
                 raise NotFound(f"no table {short(ref.name)}")
             tables[n] = core.catalog.table(match[0])

@@ -92,6 +92,8 @@ def test_plans_push_work_to_the_replicas(store, duck):
         assert (
             plan.kind == "partial_agg" and plan.replicas == reps and "co-partitioned" in plan.explain_text()
         )
+        # the partitions a node runs form one fragment (not one fragment per partition)
+        assert len({node for node, _ in plan.tasks}) == len(plan.tasks)
     # small tables joined to the split ones are read whole by every fragment (broadcast)
     q3 = check(
         core, duck, QUERIES[3]

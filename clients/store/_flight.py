@@ -1,0 +1,82 @@
+"""The store's one Flight client path, shared by the SDK (``StoreClient.read``), the coordinator's
+transport to the store nodes and a node's reads from its peers: one ``FlightClient`` per address,
+reused (a connection costs more than a small read on a loaded machine), ``do_get`` of a ticket
+into an Arrow table, and Flight errors turned back into the microco errors the server raised
+(the server sends ``FlightServerError("<Type>: message")``)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from microco.common.errors import FailedPrecondition, InvalidArgument, MicrocoError, NotFound, Unavailable
+
+ERRORS: dict[str, type[MicrocoError]] = {
+    "NotFound": NotFound,
+    "InvalidArgument": InvalidArgument,
+    "FailedPrecondition": FailedPrecondition,
+}
+
+OPTIONS = flight.FlightCallOptions(timeout=120)
+
+
+def from_flight_error(
+    exc: BaseException, where: str, errors: dict[str, type[MicrocoError]] | None = None
+) -> MicrocoError:
+    """The microco error a Flight error stands for (``errors``: more server error types by name)."""
+    if isinstance(exc, (flight.FlightUnavailableError, flight.FlightTimedOutError, ConnectionError)):
+        return Unavailable(f"{where}: {exc}")
+    text = str(exc)
+    for name, cls in {**(errors or {}), **ERRORS}.items():
+        marker = f"{name}: "
+        if marker in text:
+            msg = text.split(marker, 1)[1].split("\n")[0]
+            msg = msg.split(". Detail:")[0]
+            return cls(msg)
+    if "failed to connect" in text.lower() or "unavailable" in text.lower() or "Connection refused" in text:
+        return Unavailable(f"{where}: {text}")
+    return MicrocoError(f"{where}: {text}")
+
+
+class FlightClients:
+    """One Flight client per peer address, reused; ``get`` is where clients are made."""
+
+    def __init__(self, errors: dict[str, type[MicrocoError]] | None = None) -> None:
+        self._clients: dict[str, flight.FlightClient] = {}
+        self._lock = threading.Lock()
+        self.errors = errors or {}
+
+    def get(self, address: str) -> flight.FlightClient:
+        with self._lock:
+            c = self._clients.get(address)
+            if c is None:
+                c = flight.FlightClient(address)
+                self._clients[address] = c
+            return c
+
+    def drop(self, address: str) -> None:
+        with self._lock:
+            c = self._clients.pop(address, None)
+        if c is not None:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001, S110 - closing: a dead connection is not an error
+                pass
+
+    def close(self) -> None:
+        for a in list(self._clients):
+            self.drop(a)
+
+    def do_get(self, address: str, ticket: bytes | dict[str, Any]) -> pa.Table:
+        """The table a ticket (raw bytes, or a JSON object) reads from the server at ``address``."""
+        raw = ticket if isinstance(ticket, bytes) else json.dumps(ticket, default=str).encode()
+        try:
+            return self.get(address).do_get(flight.Ticket(raw), OPTIONS).read_all()
+        except flight.FlightError as exc:
+            if isinstance(exc, flight.FlightUnavailableError):
+                self.drop(address)
+            raise from_flight_error(exc, address, self.errors) from None

@@ -1,0 +1,173 @@
+"""The JSON planner's stages (bind -> choose by estimated cost -> fragments) and co-located
+placement: partition p of every table partitioned by one function sits on one node, so a
+co-partitioned join moves no bytes even across several super-extents."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from microco.common.kv import MemoryKV
+from microco.services.store import LocalTransport, NodeInfo, StoreCore, place_super_extent
+from microco.services.store._core import colocated_homes
+from microco.services.store._partition import PartitionSpec
+from microco.services.store._placement import domain_groups
+from microco.services.store._planner import MOVE_WEIGHT, bind, choose, column_share, fragments, plan_query
+from microco.services.store._query import Agg, Join, Query
+
+NODES = [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)]
+RNG = np.random.default_rng(3)
+ORDERS = pa.table(
+    {
+        "o_id": np.arange(2000, dtype=np.int64),
+        "o_cust": RNG.integers(0, 50, 2000),
+        "o_price": RNG.random(2000),
+        "o_note": pa.array([f"note {i % 97}" for i in range(2000)]),
+    }
+)
+ITEMS = pa.table(
+    {
+        "l_id": np.arange(6000, dtype=np.int64),
+        "l_oid": RNG.integers(0, 2000, 6000),
+        "l_qty": RNG.integers(1, 50, 6000),
+    }
+)
+ORDER_SPECS = [
+    PartitionSpec("o_id", "hash", 4),
+    PartitionSpec("o_cust", "hash", 4),
+    PartitionSpec("o_price", "hash", 2),
+]
+ITEM_SPECS = [
+    PartitionSpec("l_oid", "hash", 4),
+    PartitionSpec("l_id", "hash", 3),
+    PartitionSpec("l_qty", "hash", 2),
+]
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory):
+    tr = LocalTransport(str(tmp_path_factory.mktemp("plan")), NODES)
+    # several super-extents per table, of different counts: only co-located placement keeps
+    # partition p of orders and items on one node
+    c = StoreCore(MemoryKV(), tr, super_extent_rows=1500, recovery_rate_bytes=0)
+    c.create_table("orders", ORDERS.schema, ORDER_SPECS)
+    c.create_table("items", ITEMS.schema, ITEM_SPECS)
+    c.append("orders", ORDERS)
+    c.append("items", ITEMS)
+    return c
+
+
+def _live(core):
+    nodes = core.live_nodes()
+    return {n.name for n in nodes}, {n.name: n.address for n in nodes}
+
+
+def test_bind_reads_filter_columns_and_keeps_only_what_flows_on():
+    from microco.services.store._catalog import TableInfo
+
+    t = TableInfo("orders", ORDERS.schema, ORDER_SPECS, [], 0, 0)
+    b = bind(Query("orders", where=(("o_price", ">", 0.5),), select=("o_id",)), {"orders": t})
+    assert b.keep_a == ["o_id"] and b.read_a == ["o_id", "o_price"] and b.out_cols == ["o_id"]
+    g = bind(Query("orders", group_by=("o_cust",), aggs=(Agg("sum", "o_price", "s"),)), {"orders": t})
+    assert g.keep_a == ["o_cust", "o_price"] and g.out_cols == ["o_cust", "s"] and g.is_agg
+
+
+def test_column_share_weighs_columns_by_type():
+    from microco.services.store._catalog import TableInfo
+
+    t = TableInfo("orders", ORDERS.schema, ORDER_SPECS, [], 0, 0)
+    # three 8-byte columns and one string (16): 40 bytes a row
+    assert column_share(t, ["o_id"]) == pytest.approx(8 / 40)
+    assert column_share(t, ["o_note"]) == pytest.approx(16 / 40)
+    assert column_share(t, list(ORDERS.schema.names)) == 1.0
+
+
+def test_colocated_placement_pins_partitions_of_one_function_to_one_node():
+    homes = colocated_homes(ORDER_SPECS)
+    assert homes == ["hash:4:", None, "hash:2:"]  # the first replica of each function
+    items = colocated_homes(ITEM_SPECS)
+    for sid in range(6):
+        a = place_super_extent(NODES, sid, [4, 4, 2], homes)
+        b = place_super_extent(NODES, sid + 3, [4, 3, 2], items)  # another table, other ids
+        for p in range(4):
+            assert a[(0, p)] == b[(0, p)]
+        # the invariant: the three replicas of a super-extent on three disjoint groups
+        groups = domain_groups(NODES)
+        where = [{i for i, g in enumerate(groups) if any(n.name == a[(r, 0)] for n in g)} for r in range(3)]
+        assert set().union(*where) == {0, 1, 2}
+    # without homes: the rotation of before
+    assert place_super_extent(NODES, 1, [4, 4, 2]) == place_super_extent(NODES, 1, [4, 4, 2], [None] * 3)
+
+
+def test_copartitioned_join_moves_no_bytes_across_super_extents(core):
+    q = Query(
+        "orders", join=Join("items", "o_id", "l_oid"), group_by=("o_cust",), aggs=(Agg("sum", "l_qty", "q"),)
+    )
+    assert len(core.table("items").super_extents) > len(core.table("orders").super_extents) > 1
+    res, plan = core.query(q)
+    assert plan.kind == "join_copart" and plan.moved_bytes == 0, plan.explain_text()
+    assert "0 read 0.00 MB" in plan.explain_text() or "read 0.00 MB" in plan.explain_text()
+    want = {}
+    oc = dict(zip(ORDERS["o_id"].to_pylist(), ORDERS["o_cust"].to_pylist(), strict=True))
+    for oid, qty in zip(ITEMS["l_oid"].to_pylist(), ITEMS["l_qty"].to_pylist(), strict=True):
+        want[oc[oid]] = want.get(oc[oid], 0) + qty
+    assert dict(zip(res["o_cust"].to_pylist(), res["q"].to_pylist(), strict=True)) == want
+
+
+def test_choose_takes_the_cheapest_candidate_and_explains_the_others(core):
+    live, addresses = _live(core)
+    tables = {"orders": core.table("orders"), "items": core.table("items")}
+    cases = [
+        Query("orders", where=(("o_cust", "=", 7),)),  # pruning: replica 1 reads a quarter
+        Query("orders", group_by=("o_cust",), aggs=(Agg("sum", "o_price", "s"),)),  # no shuffle on 1
+        Query("orders", join=Join("items", "o_id", "l_oid")),
+    ]
+    expect = [("scan", 1), ("agg_local", 1), ("join_copart", 0)]
+    for q, (kind, r) in zip(cases, expect, strict=True):
+        c = choose(bind(q, tables), live, addresses)
+        assert (c.kind, c.replicas["orders"]) == (kind, r)
+        assert c.alternatives and all(c.cost.total <= alt.total for _, _, alt in c.alternatives)
+        plan = fragments(bind(q, tables), c, live, addresses)
+        assert plan.kind == kind and "cost: " in plan.explain_text() and "rather than" in plan.explain_text()
+        assert plan_query(q, tables, live, addresses).explain == plan.explain
+    shuffle = choose(bind(cases[1], tables), live, addresses).alternatives
+    assert any(k == "agg_shuffle" and cost.bytes_moved > 0 for k, _, cost in shuffle)
+    assert MOVE_WEIGHT > 1
+
+
+def test_a_copartitioned_pair_that_moves_more_than_a_shuffle_loses(core, monkeypatch):
+    from microco.services.store import _planner
+
+    live, addresses = _live(core)
+    tables = {"orders": core.table("orders"), "items": core.table("items")}
+    q = Query("orders", join=Join("items", "o_id", "l_oid"))
+    # the same layout seen with every partition join reading its extents from a peer
+    real = _planner._copart_tasks
+    monkeypatch.setattr(
+        _planner, "_copart_tasks", lambda ua, ub: [(p, s, "elsewhere") for p, s, _ in real(ua, ub)]
+    )
+    c = choose(bind(q, tables), live, addresses)
+    copart = [cost for k, _, cost in c.alternatives + [(c.kind, c.replicas, c.cost)] if k == "join_copart"]
+    shuffle = [cost for k, _, cost in c.alternatives + [(c.kind, c.replicas, c.cost)] if k == "join_shuffle"]
+    assert copart and shuffle
+    assert c.kind == ("join_shuffle" if shuffle[0].total < copart[0].total else "join_copart")
+    assert copart[0].bytes_moved > shuffle[0].bytes_moved and c.kind == "join_shuffle"
+
+
+def test_the_cheapest_replica_is_the_one_that_reads_fewest_bytes(core):
+    from microco.services.store._planner import cheapest_replica
+
+    live, addresses = _live(core)
+    t = core.table("orders")
+    r, cost, units, allowed = cheapest_replica(t, [("o_cust", "=", 7)], ["o_id", "o_cust"], live, addresses)
+    assert r == 1 and allowed is not None and len(allowed) == 1
+    _, whole, _, _ = cheapest_replica(t, [], ["o_id", "o_cust"], live, addresses)
+    assert 0 < cost.bytes_read < whole.bytes_read
+    assert whole.rows == pytest.approx(t.rows, rel=0.05) and sum(u.bytes for u in units) * column_share(
+        t, ["o_id", "o_cust"]
+    ) == (pytest.approx(cost.bytes_read, abs=1))
+    # a replica that cannot be read at all is passed over, not fatal
+    down = {n for n in live if n not in {s["node"] for u in units for s in u.sources}}
+    r2, *_ = cheapest_replica(t, [("o_cust", "=", 7)], ["o_id"], down, addresses)
+    assert r2 in (0, 1, 2)
