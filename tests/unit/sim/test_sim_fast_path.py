@@ -185,8 +185,12 @@ def test_precheck_sees_a_device_shared_by_running_jobs() -> None:
     devs = (DeviceView("n0/0", "n0"), DeviceView("n0/1", "n0"), DeviceView("n1/0", "n1"))
     jobs = (
         JobView("big", 2, state=JobPhase.RUNNING, devices=("n0/0", "n0/1")),
-        JobView("a", 1, state=JobPhase.RUNNING, devices=("n1/0",), minibatch_ms=30.0, minibatch_ms_alone=10.0),
-        JobView("b", 1, state=JobPhase.RUNNING, devices=("n1/0",), minibatch_ms=30.0, minibatch_ms_alone=10.0),
+        JobView(
+            "a", 1, state=JobPhase.RUNNING, devices=("n1/0",), minibatch_ms=30.0, minibatch_ms_alone=10.0
+        ),
+        JobView(
+            "b", 1, state=JobPhase.RUNNING, devices=("n1/0",), minibatch_ms=30.0, minibatch_ms_alone=10.0
+        ),
     )
     view = ClusterView(now=1000.0, devices=devs, jobs=jobs)
     pol = make_policy("gandiva")
