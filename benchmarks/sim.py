@@ -260,6 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale-jobs", type=int, default=8000, help="jobs per generated trace (default 8000)")
     p.add_argument("--scale-load", type=float, default=1.0, help="offered load of the traces (default 1.0)")
     p.add_argument("--scale-policy", default="gandiva", help="policy of the scale runs (default gandiva)")
+    p.add_argument(
+        "--scale-until",
+        type=float,
+        default=float("inf"),
+        metavar="S",
+        help="stop each scale run at this simulated time (s): a slice of the run, for profiles and ratios",
+    )
     args = p.parse_args(argv)
     if args.scale:
         return _scale(args)
@@ -361,6 +368,7 @@ def _scale(args) -> int:
             perf=perf,
             tick_s=args.tick,
             series_points=0,
+            max_time_s=args.scale_until,
         )
         rows.append(
             {

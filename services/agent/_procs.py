@@ -272,6 +272,8 @@ class ProcessManager:
         self.devices = {d.id: d for d in devices}
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root else self.data_dir / "checkpoints"
         self.pin_cpus = pin_cpus
+        # Called before every start; raises to refuse it (the agent's fence: see _fence).
+        self.gate: Callable[[], None] | None = None
         self._procs: dict[str, ManagedProcess] = {}
         self._lock = threading.RLock()
         self._spawner = _Spawner()
@@ -313,6 +315,8 @@ class ProcessManager:
         checkpoint_dir: str = "",
         attempt: int = 0,
     ) -> ManagedProcess:
+        if self.gate is not None:
+            self.gate()
         if not job_id:
             raise InvalidArgument("job_id is required")
         if not _SAFE_ID.fullmatch(job_id):

@@ -21,12 +21,12 @@ import grpc
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.api.common.v1 import common_pb2
 from microco.clients.agent import NODES_PREFIX
-from microco.common.errors import InvalidArgument, NotFound, ResourceExhausted
+from microco.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from microco.common.kv import KV, dumps
-from microco.common.registry import LeasedKey
 from microco.services.runtime.server import ServiceContext, ServiceRuntime
 
 from ._devices import DeviceInfo, discover_devices
+from ._fence import FencedLease
 from ._procs import ManagedProcess, ProcessManager, tail_offset
 from ._warm import parse_preload
 
@@ -210,7 +210,10 @@ class NodeAgent:
             platform_env={"MICROCO_NODE": node, **(platform_env or {})},
         )
         self.address = ""
-        self._leased = LeasedKey(kv, self.key, lambda: dumps(self.record()), lease_ttl_s)
+        # The node record lives under the agent's lease; cut off from etcd, the agent stops
+        # its jobs before that lease can expire (fencing, see _fence) and refuses new ones.
+        self._leased = FencedLease(kv, self.key, lambda: dumps(self.record()), lease_ttl_s, self._fence_jobs)
+        self.procs.gate = self._check_not_fenced
         if self.procs.zygote is not None:
             threading.Thread(target=self._advertise_warm, name="zygote-watch", daemon=True).start()
 
@@ -232,6 +235,33 @@ class NodeAgent:
     def key(self) -> str:
         return NODES_PREFIX + self.node
 
+    @property
+    def fenced(self) -> bool:
+        return self._leased.fenced
+
+    def _check_not_fenced(self) -> None:
+        if self._leased.fenced:
+            raise Unavailable(
+                f"node {self.node} is fenced: it lost its etcd lease, and starts no job until it is "
+                "registered again (its jobs may already run elsewhere)"
+            )
+
+    def _fence_jobs(self) -> None:
+        """Stop every job now (SIGTERM, SIGKILL after a short grace): the scheduler may start
+        them elsewhere once the lease expires. Repeated until none is left, so a start that
+        passed the gate just before the fence is stopped too."""
+        grace = min(1.0, 0.2 * self.lease_ttl_s)
+        for _ in range(5):
+            live = [p for p in self.procs.list() if p.exit_code is None]
+            if not live:
+                return
+            for p in live:
+                try:
+                    self.procs.stop(p.job_id, grace)
+                except Exception:
+                    log.exception("fence: stopping %s", p.job_id)
+            time.sleep(0.05)
+
     def record(self) -> dict[str, Any]:
         return {
             "name": self.node,
@@ -240,6 +270,8 @@ class NodeAgent:
             "devices": [d.to_dict() for d in self.devices],
             "labels": self.labels,
             "registered_at": time.time(),
+            # the id of the lease the record is under: a new one after every fence
+            "epoch": self._leased.epoch if hasattr(self, "_leased") else 0,
             "preloaded": self.preloaded(),
         }
 

@@ -32,7 +32,7 @@ class FifoPolicy:
 
     def decide(self, view: ClusterView) -> list[Decision]:
         occ = Occupancy(view)
-        free = occ.free_by_node()
+        free = {n: list(v) for n, v in occ.free_by_node().items()}  # (changed below)
         n_free = sum(len(v) for v in free.values())
         out: list[Decision] = []
         if n_free == 0:

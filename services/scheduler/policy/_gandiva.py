@@ -46,7 +46,7 @@ import math
 from dataclasses import dataclass
 
 from ._registry import register_policy
-from ._state import Occupancy, place, preempt_for
+from ._state import Occupancy, _spread, _topology, place, preempt_for
 from ._types import (
     HOLDING_PHASES,
     WAITING_PHASES,
@@ -257,6 +257,10 @@ class GandivaPolicy:
         no_room: set[tuple[int, int]] = set()
         no_swap: dict[tuple[int, bool], float] = {}  # the same for swaps into packs
 
+        # k -> (occ.version, len(acted)) at which defragmenting a node for k devices found
+        # none: the same answer until a device or the set of jobs acted on changes
+        no_defrag: dict[int, tuple[int, int]] = {}
+
         def forget() -> None:  # a decision changed the devices
             no_room.clear()
             no_swap.clear()
@@ -269,7 +273,11 @@ class GandivaPolicy:
             k = w.devices_wanted
             devs = place(occ.free_by_node(), k, allow_spread=False) if k <= n_free else None
             if devs is None and k <= n_free and cfg.enable_migration and k > 1:
-                devs = self._defragment(occ, holders, k, out, acted)
+                state = (occ.version, len(acted))
+                if no_defrag.get(k) != state:
+                    devs = self._defragment(occ, holders, k, out, acted)
+                    if devs is None and (occ.version, len(acted)) == state:
+                        no_defrag[k] = state
             if devs is None and k <= n_free and self._may_spread(occ, k):
                 devs = place(occ.free_by_node(), k, allow_spread=True)
             if devs is not None:
@@ -370,7 +378,7 @@ class GandivaPolicy:
     def _may_spread(self, occ: Occupancy, k: int) -> bool:
         """Whether a k-device job may be placed across nodes: with ``allow_spread``, or
         when no node is big enough to ever hold it."""
-        return self.config.allow_spread or all(len(devs) < k for devs in occ.nodes.values())
+        return self.config.allow_spread or _largest_node(occ.nodes) < k
 
     def _yields(self, v: JobView, w: JobView) -> bool:
         """Whether holder ``v`` (quantum over) gives way to waiting ``w``: strict priority
@@ -386,7 +394,8 @@ class GandivaPolicy:
         quantum of a pack starts at its newest member's last change (when it formed)."""
         q = self.config.quantum_s
         out: dict[str, list[JobView]] = {}
-        for dev, hs in occ.holders.items():
+        for dev in occ.shared_in_order():  # (the devices with two or more holders)
+            hs = occ.holders[dev]
             if len(hs) < 2:
                 continue
             ms = [jobs.get(h) for h in hs]
@@ -464,6 +473,8 @@ class GandivaPolicy:
         nobody waiting, only a pack to judge, a spread job to consolidate or an elastic
         job to grow can lead to a decision."""
         cfg = self.config
+        multi: list[JobView] = []  # running multi-device jobs (consolidation candidates)
+        held: list[str] = []  # every holding job's devices, one entry per holder
         for j in view.jobs:
             st = j.state
             if st in WAITING_PHASES:
@@ -475,7 +486,23 @@ class GandivaPolicy:
                 if j.elastic and cfg.enable_grow_shrink:
                     return True
                 if cfg.enable_migration and len(j.devices) > 1:
-                    return True
+                    multi.append(j)
+                held.extend(j.devices)
+            elif st in HOLDING_PHASES:
+                held.extend(j.devices)
+        if not multi:
+            return False
+        # Nobody waits, nothing is packed or growable: only consolidating a preemptible job
+        # spread over nodes, or judging a device shared by jobs none of which is PACKED
+        # (with packing on), can lead to a decision. Jobs on one node each, on devices of
+        # their own, cannot: say so without the whole decision (a simulator's usual case).
+        node_of = _topology(view.devices)[0]
+        for j in multi:
+            if j.preemptible and _spread(node_of, j.devices):
+                return True
+        if cfg.enable_packing and len(set(held)) != len(held):
+            known = [d for d in held if d in node_of]  # (Occupancy counts known devices only)
+            return len(set(known)) != len(known)
         return False
 
     def wakeup_at(self, view: ClusterView) -> float | None:
@@ -578,7 +605,11 @@ class GandivaPolicy:
     ) -> None:
         cfg = self.config
         seen: set[tuple[str, ...]] = set()
-        for hs in occ.holders.values():
+        # only devices shared now can be shared when visited (undoing a pack moves its loser
+        # to a free device, which shares nothing), so visit those, in device order, as the
+        # scan of every device did
+        for dev in occ.shared_in_order():
+            hs = occ.holders[dev]
             if len(hs) < 2:
                 continue
             group = tuple(sorted(hs))
@@ -624,7 +655,7 @@ class GandivaPolicy:
         for j in holders:  # in view order, as before
             if j.state is not JobPhase.RUNNING or len(j.devices) < 2 or j.id in acted or not j.preemptible:
                 continue
-            if len(occ.nodes_of(j.devices)) < 2:
+            if not occ.spread(j.devices):
                 continue
             occ.release(j.id, j.devices)
             devs = place(occ.free_by_node(), len(j.devices), allow_spread=False)
@@ -644,7 +675,7 @@ class GandivaPolicy:
         for j in holders:
             if j.state is JobPhase.RUNNING and len(j.devices) == 1 and j.id not in acted and j.preemptible:
                 node = occ.node_of.get(j.devices[0])
-                if node is not None and occ.holders[j.devices[0]] == [j.id]:
+                if node is not None and occ.holders[j.devices[0]] == (j.id,):
                     movable.setdefault(node, []).append(j)
         best = None
         for node, devs in occ.nodes.items():
@@ -682,9 +713,29 @@ class GandivaPolicy:
         if cfg.max_jobs_per_device < 2:
             return []
         slots = []
+        max_n = cfg.max_jobs_per_device
+        observe = cfg.pack_observe_s - _EPS
+        limit = cfg.pack_share_limit
+        running = JobPhase.RUNNING
         for dev, hs in occ.holders.items():
             n = len(hs)
-            if n == 0 or n >= cfg.max_jobs_per_device:
+            if n == 0 or n >= max_n:
+                continue
+            if n == 1:  # (most devices; the general case below, inlined)
+                r = jobs.get(hs[0])
+                if (
+                    r is None
+                    or r.state is not running
+                    or len(r.devices) != 1
+                    or r.id in acted
+                    or now - r.last_change_at < observe
+                ):
+                    continue
+                u = r.utilization
+                busy = r.gpu_share if u is None else u
+                if busy >= limit:
+                    continue
+                slots.append((busy, dev, hs))
                 continue
             members = [jobs.get(h) for h in hs]
             if any(
@@ -702,7 +753,7 @@ class GandivaPolicy:
             busy = sum(busy_fraction(r) for r in members)
             if busy >= cfg.pack_share_limit:
                 continue
-            slots.append((busy, dev, tuple(hs)))
+            slots.append((busy, dev, hs))
         slots.sort(key=lambda x: (-x[0], x[1]))
         return slots
 
@@ -766,8 +817,10 @@ class GandivaPolicy:
 
     def _grow(self, view: ClusterView, occ: Occupancy, out: list, acted: set) -> None:
         cfg = self.config
-        for j in sorted(view.jobs, key=lambda j: (j.attained_service_s, j.id)):
-            if not j.elastic or j.state is not JobPhase.RUNNING or j.id in acted or not j.preemptible:
+        # (only running, preemptible elastic jobs can grow: sorting those alone keeps their order)
+        growable = [j for j in view.jobs if j.elastic and j.state is JobPhase.RUNNING and j.preemptible]
+        for j in sorted(growable, key=lambda j: (j.attained_service_s, j.id)):
+            if j.id in acted:
                 continue
             if view.now - j.last_change_at < cfg.quantum_s - _EPS:
                 continue
@@ -788,6 +841,20 @@ class GandivaPolicy:
             acted.add(j.id)
             if occ.n_free() == 0:
                 return
+
+
+_largest: tuple = (None, 0)
+
+
+def _largest_node(nodes: dict[str, list[str]]) -> int:
+    """Devices of the largest node (0 with none), remembered for the last topology (the
+    simulator's is the same object at every decision)."""
+    global _largest
+    seen, n = _largest
+    if seen is not nodes:
+        n = max((len(v) for v in nodes.values()), default=0)
+        _largest = (nodes, n)
+    return n
 
 
 def _run(job: JobView, devs: tuple[str, ...], reason: str) -> Decision:

@@ -13,23 +13,42 @@ class Occupancy:
 
     Policies plan several decisions in a row (suspend a job, start another on its devices);
     this tracks the devices' state as if the earlier decisions had already been applied.
+
+    ``holders`` maps every device, in the view's device order, to the ids of the jobs on it
+    (a tuple: packing puts several; replaced, never changed in place, so a caller may keep
+    one). Kept alongside by ``take`` / ``release`` (the only writers), so that a query costs
+    nothing per device at a simulator's thousands of decisions: the free-device count, the
+    devices shared by two or more jobs (``shared``), and the free devices by node (built on
+    the first ``free_by_node`` after a change, then reused until the next change).
     """
 
-    __slots__ = ("_n_free", "_order", "holders", "node_of", "nodes")
+    __slots__ = ("_fbn", "_n_free", "_order", "holders", "node_of", "nodes", "shared", "version")
 
     def __init__(self, view: ClusterView) -> None:
         # node_of, nodes and _order depend on the devices alone: shared, read-only, between
         # calls that pass the same devices tuple (the simulator's, every decision)
         self.node_of, self.nodes, self._order = _topology(view.devices)
-        # device id -> ids of jobs on it (a list: packing puts several)
-        self.holders: dict[str, list[str]] = {d: [] for d in self.node_of}
+        # device id -> ids of jobs on it, every device in device order (fromkeys: one C call)
+        holders: dict[str, tuple[str, ...]] = dict.fromkeys(self._order, ())
+        shared: set[str] = set()
+        held = 0
         for j in view.jobs:
             if j.state in HOLDING_PHASES:
+                jid = j.id
                 for dev in j.devices:
-                    if dev in self.holders:
-                        self.holders[dev].append(j.id)
+                    h = holders.get(dev)
+                    if h is not None:
+                        if h:
+                            shared.add(dev)
+                        else:
+                            held += 1
+                        holders[dev] = (*h, jid)
+        self.holders = holders
+        self.shared = shared  # devices with two or more holders
         # free devices, counted once here and kept by take/release (the only writers)
-        self._n_free = sum(1 for h in self.holders.values() if not h)
+        self._n_free = len(holders) - held
+        self._fbn: dict[str, list[str]] | None = None
+        self.version = 0  # bumped by every take/release that changes a device
 
     # -- queries
     def free(self) -> list[str]:
@@ -39,31 +58,91 @@ class Occupancy:
         return self._n_free
 
     def free_by_node(self) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
-        for node, devs in self.nodes.items():
-            f = [d for d in devs if not self.holders[d]]
-            if f:
-                out[node] = f
-        return out
+        """Free devices by node (nodes with none left out), in topology order. The dict is
+        shared until the next change: read it, do not change it."""
+        fbn = self._fbn
+        if fbn is None:
+            fbn = {}
+            holders = self.holders
+            for node, devs in self.nodes.items():
+                f = [d for d in devs if not holders[d]]
+                if f:
+                    fbn[node] = f
+            self._fbn = fbn
+        return fbn
 
     def nodes_of(self, devices: Iterable[str]) -> set[str]:
         return {self.node_of[d] for d in devices if d in self.node_of}
 
+    def spread(self, devices: Sequence[str]) -> bool:
+        """Whether ``devices`` lie on two or more nodes (``len(nodes_of(devices)) >= 2``)."""
+        return _spread(self.node_of, devices)
+
+    def shared_in_order(self) -> list[str]:
+        """The devices shared by two or more jobs, in device order."""
+        order = self._order
+        return sorted(self.shared, key=order.__getitem__)
+
     # -- updates
     def release(self, job_id: str, devices: Iterable[str]) -> None:
+        holders = self.holders
         for d in devices:
-            h = self.holders.get(d)
+            h = holders.get(d)
             if h is not None and job_id in h:
-                h.remove(job_id)
+                i = h.index(job_id)
+                h = h[:i] + h[i + 1 :]
+                holders[d] = h
+                self._fbn = None
+                self.version += 1
                 if not h:
                     self._n_free += 1
+                elif len(h) == 1:
+                    self.shared.discard(d)
 
     def take(self, job_id: str, devices: Iterable[str]) -> None:
+        holders = self.holders
         for d in devices:
-            h = self.holders[d]
+            h = holders[d]
             if not h:
                 self._n_free -= 1
-            h.append(job_id)
+            else:
+                self.shared.add(d)
+            holders[d] = (*h, job_id)
+            self._fbn = None
+            self.version += 1
+
+
+_spread_memo: tuple = (None, {})
+
+
+def _spread(node_of: dict[str, str], devices: Sequence[str]) -> bool:
+    """Whether the known ``devices`` lie on two or more nodes (unknown ones are ignored).
+    Remembered per devices tuple for the last topology (a simulator asks it of every
+    multi-device job at every decision)."""
+    global _spread_memo
+    if type(devices) is not tuple:
+        return _spread_scan(node_of, devices)
+    seen, memo = _spread_memo
+    if seen is not node_of or len(memo) > 100_000:
+        memo = {}
+        _spread_memo = (node_of, memo)
+    got = memo.get(devices)
+    if got is None:
+        got = memo[devices] = _spread_scan(node_of, devices)
+    return got
+
+
+def _spread_scan(node_of: dict[str, str], devices: Sequence[str]) -> bool:
+    first = None
+    for d in devices:
+        n = node_of.get(d)
+        if n is None:
+            continue
+        if first is None:
+            first = n
+        elif n != first:
+            return True
+    return False
 
 
 # The last devices tuple's topology (node_of, nodes, order): a simulator passes the same

@@ -19,6 +19,8 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import reduce
+from operator import add
 
 from microco.services.scheduler.policy import (
     ClusterView,
@@ -80,6 +82,9 @@ class ClusterSpec:
     @property
     def size(self) -> int:
         return self.nodes * self.devices_per_node
+
+
+_set_dict = object.__setattr__  # (a frozen dataclass's own __setattr__ refuses every name)
 
 
 def _job_view(**fields) -> JobView:
@@ -291,6 +296,14 @@ class Simulator:
                 ", ".join(self.unknown_models[:5]) + (" ..." if len(self.unknown_models) > 5 else ""),
             )
         self.holders: dict[str, list[_Job]] = {d.id: [] for d in self.devices}
+        # Utilisation kept per device (:meth:`_aggregate`): each device's share of busy
+        # (min(1, its holders' summed busy fractions); 0.0 when free) by device index, and
+        # whether it is held, recomputed only for the devices a change touched (_dirty).
+        self._dev_index = {d.id: i for i, d in enumerate(self.devices)}
+        self._dev_busy = [0.0] * len(self.devices)
+        self._dev_held = [False] * len(self.devices)
+        self._n_held = 0
+        self._dirty: set[str] = set()
         self.active: dict[str, _Job] = {}  # arrived, not terminal
         self.waiting = 0
         self.now = 0.0
@@ -492,9 +505,11 @@ class Simulator:
         stall-end / probe / finish events; then the cluster aggregates."""
         now = self.now
         perf = self.perf
+        dirty = self._dirty
         for j in jobs:
             j.version += 1
             j.view = None
+            dirty.update(j.devices)
             if not j.devices or j.finished is not None:
                 j.rate = 0.0
                 j.util = 0.0
@@ -538,15 +553,31 @@ class Simulator:
         self._aggregate()
 
     def _aggregate(self) -> None:
-        util = 0.0
-        alloc = 0
-        for hs in self.holders.values():
+        """Cluster utilisation and allocation now: each held device adds min(1, the summed
+        busy fractions of its holders), in device order. Only the devices a change touched
+        are recomputed; the sum runs over every device's share in device order (a free
+        device's 0.0 changes no partial sum), so the figure is the same float as summing
+        the held devices afresh."""
+        busy, held, index, holders = self._dev_busy, self._dev_held, self._dev_index, self.holders
+        for d in self._dirty:
+            i = index[d]
+            hs = holders[d]
             if hs:
-                alloc += 1
                 u = 0.0
                 for o in hs:
                     u += o.util
-                util += min(1.0, u)
+                busy[i] = min(1.0, u)
+                if not held[i]:
+                    held[i] = True
+                    self._n_held += 1
+            else:
+                busy[i] = 0.0
+                if held[i]:
+                    held[i] = False
+                    self._n_held -= 1
+        self._dirty.clear()
+        util = reduce(add, busy, 0.0)  # plain left-to-right float addition, as a loop does
+        alloc = self._n_held
         self._util_now = util
         self._alloc_now = alloc
         if self.series_points:
@@ -562,6 +593,7 @@ class Simulator:
 
     def _take(self, j: _Job, devs: tuple[str, ...]) -> None:
         now = self.now
+        self._dirty.update(devs)
         for d in devs:
             self.holders[d].append(j)
             self._open[d][j.id] = now
@@ -573,6 +605,7 @@ class Simulator:
         touched: set[_Job] = set()
         now = self.now
         held = 0.0
+        self._dirty.update(j.devices)
         for d in j.devices:
             hs = self.holders[d]
             hs.remove(j)
@@ -613,12 +646,19 @@ class Simulator:
                     continue
                 # Nothing but the clock changed since this view was built (any change of
                 # phase, devices or speed clears it): refresh the time-dependent fields only.
-                d = v.__dict__.copy()
-                d["attained_service_s"] = j.attained + (now - j.hold_since) * len(j.devices)
                 if j.rate > 0:
-                    d["steps_done"] = int((j.done + j.rate * (now - j.last_update)) / j.work * j.total_steps)
+                    d = {
+                        **v.__dict__,
+                        "attained_service_s": j.attained + (now - j.hold_since) * len(j.devices),
+                        "steps_done": int((j.done + j.rate * (now - j.last_update)) / j.work * j.total_steps),
+                    }
+                else:
+                    d = {
+                        **v.__dict__,
+                        "attained_service_s": j.attained + (now - j.hold_since) * len(j.devices),
+                    }
                 v = object.__new__(JobView)
-                v.__dict__.update(d)
+                _set_dict(v, "__dict__", d)
                 j.view = v
                 j.view_at = now
             elif v is None:

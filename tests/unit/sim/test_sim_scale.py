@@ -67,3 +67,11 @@ def test_bench_scale_mode(capsys) -> None:
     assert [r["gpus"] for r in out["scale"]] == [8, 16]
     for r in out["scale"]:
         assert r["jobs"] == 60 and r["sim_cpu_s"] >= 0 and r["decide_calls"] > 0
+
+
+def test_bench_scale_until_stops_each_run_at_that_time(capsys) -> None:
+    assert bench.main(["--scale", "8", "--scale-jobs", "60"]) == 0
+    whole = json.loads(capsys.readouterr().out)["scale"][0]
+    assert bench.main(["--scale", "8", "--scale-jobs", "60", "--scale-until", "300"]) == 0
+    part = json.loads(capsys.readouterr().out)["scale"][0]
+    assert 0 < part["decide_calls"] < whole["decide_calls"]
