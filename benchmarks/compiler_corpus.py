@@ -21,6 +21,7 @@ remaining steps at its interleaved median (exploration is sized for ``--run-step
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
@@ -356,6 +357,8 @@ def run(args: Any) -> dict[str, Any]:
     for case in cases:
         print(f"[bench compiler --corpus] {case.name}", file=sys.stderr, flush=True)
         models.append(bench_case(case, run_steps, rounds))
+        # each model's result as it is done, on stderr: a run cut short keeps what it measured
+        print(json.dumps(models[-1], default=float), file=sys.stderr, flush=True)
     ok = [m for m in models if m["microco_ms"] is not None]
     return {
         "benchmark": "compiler",
