@@ -123,18 +123,20 @@ def _hf_cases() -> list[Case]:
         return tr.GPT2LMHeadModel(cfg)
 
     def bert() -> Any:
-        cfg = tr.BertConfig(
+        kw: dict[str, Any] = dict(
             num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128,
             vocab_size=V, max_position_embeddings=L, num_labels=3,
             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
         )  # fmt: skip
+        cfg = tr.BertConfig(**kw)  # (num_labels is one of the base config's keyword arguments)
         return tr.BertForSequenceClassification(cfg)
 
     def t5() -> Any:
-        cfg = tr.T5Config(
+        kw: dict[str, Any] = dict(
             vocab_size=V, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
             dropout_rate=0.0, decoder_start_token_id=0,
         )  # fmt: skip
+        cfg = tr.T5Config(**kw)
         return tr.T5ForConditionalGeneration(cfg)
 
     return [
