@@ -499,8 +499,21 @@ def main(argv: list[str] | None = None) -> int:
         "user's cache, warm after a previous run",
     )
     p.add_argument("--measure-run", action="store_true", help="also time whole runs of every variant (slow)")
+    p.add_argument(
+        "--corpus",
+        choices=("zoo", "public"),
+        default="zoo",
+        help="public: models the project did not write (benchmarks/compiler_corpus.py; --models "
+        "picks from it, --run-steps sizes exploration, default 1000)",
+    )
     args = p.parse_args(argv)
     args.argv = argv
+    if args.corpus == "public":
+        from . import compiler_corpus
+
+        os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+        print(json.dumps(compiler_corpus.run(args), indent=None if args.json else 2, default=float))
+        return 0
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     if args.cold_cache:
         import tempfile

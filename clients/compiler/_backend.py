@@ -76,6 +76,7 @@ class _GraphRunner:
         self.backend, self.gm, self.example_inputs = backend, gm, list(example_inputs)
         self.primary = primary
         self._compiled: Callable[..., Any] | None = None
+        self._good_backwards = 0  # backward passes of the compiled graph that succeeded
         if backend.session.spec is not None:
             return  # the step is registered already
         variables = []
@@ -128,6 +129,8 @@ class _GraphRunner:
         if threads is not None and int(threads) != user:
             torch.set_num_threads(int(threads))
         try:
+            if fn is not self.gm.forward and self._guard_backward(args):
+                return _guarded_call(self, fn, args)
             return fn(*args)
         except Exception as exc:
             if fn is self.gm.forward:
@@ -139,6 +142,93 @@ class _GraphRunner:
         finally:
             if torch.get_num_threads() != user:
                 torch.set_num_threads(user)
+
+    def _guard_backward(self, args: tuple[Any, ...]) -> bool:
+        """Guard this call's backward? While the configuration is explored, and for the first
+        ``GUARDED_BACKWARDS`` backward passes of a committed compiled graph."""
+        if not torch.is_grad_enabled():
+            return False
+        if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return False
+        return not self.backend.session.committed or self._good_backwards < GUARDED_BACKWARDS
+
+    def backward_failed(self, exc: BaseException) -> None:
+        b = self.backend
+        b._failed = f"backward: {type(exc).__name__}: {exc}"
+        log.warning("compiled graph's backward failed, its gradients computed eagerly: %s", b._failed)
+        self._compiled = self.gm.forward
+
+
+GUARDED_BACKWARDS = 3
+
+
+class _GuardedGraph(torch.autograd.Function):
+    """One call of a compiled graph whose backward falls back to the eager graph (issue 18).
+
+    The compiled graph runs on detached inputs in a graph of its own; this node's backward asks
+    that graph for the gradients and, should it raise (a compiled backward that fails, like the
+    AOTAutograd region of issue 18), recomputes the call with the eager graph from the same
+    inputs and takes its gradients instead. The user's ``loss.backward()`` never sees the
+    failure; the trial is reported failed and the graph runs eagerly from then on. Tensors the
+    graph mutates in place (running statistics) are put back after the recompute."""
+
+    @staticmethod
+    def forward(ctx: Any, runner: _GraphRunner, fn: Callable[..., Any], *args: Any) -> Any:
+        ins = [a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
+        with torch.enable_grad():
+            outs = fn(*ins)
+        ctx.runner, ctx.ins, ctx.outs = runner, ins, outs
+        ctx.is_seq = isinstance(outs, (list, tuple))
+        seq = list(outs) if ctx.is_seq else [outs]
+        res = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in seq)
+        ctx.mark_non_differentiable(
+            *[r for r, o in zip(res, seq) if isinstance(o, torch.Tensor) and not o.requires_grad]
+        )
+        return res
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        runner: _GraphRunner = ctx.runner
+        wrt = [i for i, a in enumerate(ctx.ins) if isinstance(a, torch.Tensor) and a.requires_grad]
+        try:
+            got = _grads(ctx.outs, [ctx.ins[i] for i in wrt], grads)
+            runner._good_backwards += 1
+        except Exception as exc:  # noqa: BLE001 - whatever broke, the eager gradients stand in
+            runner.backward_failed(exc)
+            mutable = [a for a in ctx.ins if isinstance(a, torch.Tensor) and not a.requires_grad]
+            kept = [(a, a._version, a.clone()) for a in mutable]
+            ins = [
+                a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+                for a in ctx.ins
+            ]
+            with torch.enable_grad():
+                outs = runner.gm.forward(*ins)
+            got = _grads(outs, [ins[i] for i in wrt], grads)
+            with torch.no_grad():  # after the gradients: the recompute's graph may have saved them
+                for a, version, k in kept:
+                    if a._version != version:
+                        a.copy_(k)
+        ctx.outs = ctx.ins = None
+        full: list[Any] = [None, None] + [None] * len(ctx.needs_input_grad[2:])
+        for i, g in zip(wrt, got):
+            full[2 + i] = g
+        return tuple(full)
+
+
+def _grads(outs: Any, wrt: list[torch.Tensor], grads: tuple[Any, ...]) -> tuple[Any, ...]:
+    seq = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    pairs = [
+        (o, g)
+        for o, g in zip(seq, grads)
+        if isinstance(o, torch.Tensor) and o.requires_grad and g is not None
+    ]
+    if not pairs or not wrt:
+        return tuple(None for _ in wrt)
+    return torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
+
+
+def _guarded_call(runner: _GraphRunner, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    return _GuardedGraph.apply(runner, fn, *args)
 
 
 _registered = False

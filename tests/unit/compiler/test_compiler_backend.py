@@ -63,3 +63,66 @@ def test_backend_explores_commits_and_is_reused():
     finally:
         torch._dynamo.reset()
         torch.set_num_threads(old)
+
+
+class _BackwardRaises(torch.autograd.Function):
+    """What a compiled graph whose backward breaks looks like from outside (issue 18's
+    AOTAutograd region raised ``TypeError`` in ``loss.backward()``)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        raise TypeError("only integer tensors of a single element can be converted to an index")
+
+
+def test_a_compiled_graph_whose_backward_fails_does_not_stop_training(monkeypatch):
+    """The dynamo-backend form: the compiled graph's backward raises; the gradients come from the
+    eager graph instead, the trial is failed, and the run's losses are an eager run's."""
+    import torch._inductor.compile_fx as cfx
+
+    def broken_compile(gm, example_inputs):
+        def run(*args):
+            return tuple(_BackwardRaises.apply(o) for o in gm.forward(*args))
+
+        return run
+
+    monkeypatch.setattr(cfx, "compile_fx", broken_compile)
+    torch._dynamo.reset()
+    try:
+        x, y = zm.synthetic_batch(3, 4, 4)
+        ref_model = zm.make_model("gru", 4, 4)
+        ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.05)
+        ref = []
+        for _ in range(6):
+            loss = zm.loss_fn(ref_model(x), y)
+            ref_opt.zero_grad()
+            loss.backward()
+            ref_opt.step()
+            ref.append(loss.item())
+        model = zm.make_model("gru", 4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        policy = ExplorationPolicy(measure_steps=1, retime_rounds=0)
+        backend = MicrocoBackend(
+            LocalExplorer(MemoryKV(), policy),
+            compile_choices=("eager", "inductor"),
+            threads=("1",),
+            total_steps=100_000,  # long enough to repay any compile price: the compile is tried
+        )
+        fwd = torch.compile(model, backend=backend)
+        losses = []
+        for _ in range(6):
+            loss = zm.loss_fn(fwd(x), y)
+            opt.zero_grad()
+            loss.backward()  # raised TypeError before the guard
+            opt.step()
+            losses.append(loss.item())
+        failed = [t for t in backend.session.explorer.core.get(backend.session.spec.key).trials if t.failed]
+        assert failed and failed[0].values["graph.compile"] == "inductor"
+        assert all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6) for a, b in zip(ref, losses))
+        for p, q in zip(model.parameters(), ref_model.parameters()):
+            assert torch.allclose(p, q, atol=1e-6)
+    finally:
+        torch._dynamo.reset()

@@ -68,12 +68,16 @@ def test_a_background_process_fills_inductors_cache_while_training_runs(tmp_path
         assert job.busy() and not job.ready(spec_values)
         steps = 0
         deadline = time.monotonic() + 300
-        while job.busy() and time.monotonic() < deadline:
+        while job.busy() and steps < 3 and time.monotonic() < deadline:
             loss = zm.loss_fn(model(x), y)  # training goes on meanwhile
             opt.zero_grad()
             loss.backward()
             opt.step()
             steps += 1
+        # Then the worker has the CPU to itself: a training loop kept busy here only slowed the
+        # compile it is waiting for (on a 2-core machine, most of this test's time).
+        while job.busy() and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert not job.busy(), "background compile did not finish"
         assert job.log and job.log[0]["rc"] == 0 and not job.log[0]["error"], job.log
         assert job.ready(spec_values) and steps > 0

@@ -1,0 +1,50 @@
+"""The public-corpus benchmark's JSON (issue 18's contract) on a tiny model of torch's own code:
+every field, the three run lengths, training not stopped, the loss equal to eager's."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from microco.benchmarks.compiler_corpus import RUN_LENGTHS, Case, _torch_cases, bench_case
+
+pytestmark = pytest.mark.torch
+
+
+def test_corpus_case_reports_every_field_and_never_stops():
+    from torch import nn
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.head = nn.GRU(4, 4, batch_first=True), nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0][:, -1])
+
+    def batch():
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(2, 3, 4, generator=g), torch.randint(0, 3, (2,), generator=g)
+
+    case = Case("tiny-gru", "torch.nn.GRU", Tiny, batch, lambda m, x, y: nn.functional.cross_entropy(m(x), y))
+    old = torch.get_num_threads()
+    try:
+        m = bench_case(case, run_steps=40, rounds=1)
+    finally:
+        torch.set_num_threads(old)
+    for key in ("name", "framework", "eager_ms", "static_ms", "microco_ms", "stopped", "loss_rel_diff"):
+        assert key in m
+    assert m["name"] == "tiny-gru" and m["framework"] == "torch"
+    assert m["stopped"] is False and not m["error"]
+    assert m["loss_rel_diff"] < 1e-5  # same weights, same batch, as many steps
+    assert set(m["runs"]) == {str(n) for n in RUN_LENGTHS}
+    for r in m["runs"].values():
+        assert set(r) == {"eager_s", "static_s", "microco_s"} and all(v > 0 for v in r.values())
+    assert 0 < m["explore_steps"] <= 40
+
+
+def test_the_corpus_names_public_code():
+    names = [c.name for c in _torch_cases()]  # (the transformers cases: an import of seconds)
+    assert {"torch-lstm", "torch-gru", "torch-lstmcell-loop", "torch-transformer"} <= set(names)
+    assert len(names) == len(set(names))
