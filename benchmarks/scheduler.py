@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from microco.api.agent.v1 import agent_pb2
+from microco.common.channel import dial
 
 _T0 = time.perf_counter()
 
@@ -91,13 +92,12 @@ class _Agent:
     @property
     def stub(self) -> Any:
         if self._stub is None:
-            import grpc
 
             from microco.api.agent.v1 import agent_pb2_grpc
             from microco.clients.agent import NODES_PREFIX
 
             address = self.kv.get_json(NODES_PREFIX + self.node)["address"]
-            self._stub = agent_pb2_grpc.NodeAgentServiceStub(grpc.insecure_channel(address))
+            self._stub = agent_pb2_grpc.NodeAgentServiceStub(dial(address))
         return self._stub
 
     def proc_status(self, job_id: str, attempt: int) -> Any:

@@ -70,6 +70,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--demo-epochs", type=int, default=3, help="with --demo: epochs per job (default 3)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for health (default 120)")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="DEVELOPMENT ONLY: no TLS, no authentication, no authorisation (clients then need MICROCO_INSECURE=1)",
+    )
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("down", help="stop a platform started by `microco up`")
@@ -145,6 +150,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         console_port=_console_port(args.console_port),
         console=not args.no_console,
         standbys=not args.no_standby,
+        insecure=args.insecure,
     )
     if args.detach:
         return _up_detached(args, opts.home, args.timeout)

@@ -13,5 +13,24 @@ builder for queries::
 """
 
 from ._client import Frame, StoreClient, load_file, parse_partitioning
+from ._flight_tls import (
+    flight_caller,
+    flight_client,
+    require_flight_service,
+    secure_location,
+    server_options,
+)
+from ._flight_tls import scheme as flight_scheme
 
-__all__ = ["Frame", "StoreClient", "load_file", "parse_partitioning"]
+__all__ = [
+    "Frame",
+    "StoreClient",
+    "flight_caller",
+    "flight_client",
+    "flight_scheme",
+    "load_file",
+    "parse_partitioning",
+    "require_flight_service",
+    "secure_location",
+    "server_options",
+]

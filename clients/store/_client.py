@@ -199,6 +199,8 @@ class StoreClient(ServiceClient):
         in parallel; the coordinator only plans which node serves what."""
         import pyarrow.flight as flight
 
+        from ._flight_tls import flight_client
+
         q: dict[str, Any] = {"table": table, "where": [list(w) for w in where]}
         if columns is not None:
             q["select"] = list(columns)
@@ -211,7 +213,7 @@ class StoreClient(ServiceClient):
         schema = pa.ipc.read_schema(pa.py_buffer(plan.arrow_schema))
 
         def fetch(ep: pb.FlightEndpoint) -> pa.Table:
-            client = flight.FlightClient(ep.address)
+            client = flight_client(ep.address)
             try:
                 return client.do_get(flight.Ticket(ep.ticket)).read_all()
             finally:

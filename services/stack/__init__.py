@@ -3,6 +3,7 @@
 
 from microco.common.health import check_health
 
+from ._pki import ca_dir as stack_ca_dir
 from ._servers import EtcdServer, RedisServer, free_port, port_open
 from ._supervisor import (
     ProcessSpec,
@@ -28,5 +29,6 @@ __all__ = [
     "platform_processes",
     "port_open",
     "read_state",
+    "stack_ca_dir",
     "stop_from_state",
 ]

@@ -30,6 +30,7 @@ from microco.common.kv import EtcdKV
 from microco.common.registry import SERVICES_PREFIX, ServiceRecord
 from microco.services.runtime.launch import kill_after, start_service
 
+from ._pki import StackPki
 from ._restart import RestartPolicy, RestartTracker
 from ._servers import EtcdServer, RedisServer, free_port
 
@@ -77,6 +78,8 @@ class StackOptions:
     # than racing the restarted process for the key.
     leader_ttl_s: float = 5.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
+    # No TLS, no authentication, no authorisation: development only (``microco up --insecure``).
+    insecure: bool = False
 
 
 def platform_processes(opts: StackOptions) -> list[ProcessSpec]:
@@ -159,6 +162,7 @@ class Stack:
                 "run `microco down` first"
             )
         (self.home / "logs").mkdir(exist_ok=True)
+        self.pki = StackPki.set_up(self.home, self.opts.insecure, self.progress)
         try:
             if not self.etcd_endpoint:
                 self.progress("starting etcd")
@@ -214,7 +218,7 @@ class Stack:
             spec.module,
             cmd,
             log_path=self.home / "logs" / f"{spec.name}.log",
-            env=self.opts.extra_env,
+            env={**self.opts.extra_env, **self.pki.child_env(spec.name, spec.service)},
             new_session=True,
         )
         child.status = "starting"

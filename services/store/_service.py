@@ -18,6 +18,7 @@ from prometheus_client import Counter, Gauge
 
 from microco.api.store.v1 import store_pb2 as pb
 from microco.api.store.v1 import store_pb2_grpc as pb_grpc
+from microco.clients.store import secure_location
 from microco.common.errors import InvalidArgument
 from microco.services.runtime.server import ServiceContext, run_service
 
@@ -412,7 +413,7 @@ def _setup_node(ctx: ServiceContext) -> None:
     threading.Thread(target=server.serve, name="flight", daemon=True).start()
     labels = {
         **s.labels,
-        "flight": f"grpc://{s.advertised}:{server.port}",
+        "flight": secure_location(f"{s.advertised}:{server.port}", server.identity is not None),
         "fault_domain": ctx.args.fault_domain or name,
     }
     ctx.runtime.settings = replace(s, labels=labels, instance_id=name)

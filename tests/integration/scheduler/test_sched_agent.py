@@ -14,6 +14,7 @@ import pytest
 
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.clients.agent import NODES_PREFIX
+from microco.common.channel import dial
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +23,7 @@ JOB = [sys.executable, "-m", "microco.examples.synthetic_job", "--compute-ms", "
 
 def stub(kv, node):
     rec = kv.get_json(NODES_PREFIX + node)
-    return agent_pb2_grpc.NodeAgentServiceStub(grpc.insecure_channel(rec["address"]))
+    return agent_pb2_grpc.NodeAgentServiceStub(dial(rec["address"]))
 
 
 def wait_proc(s, job_id, pred, timeout=30):
