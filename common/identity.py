@@ -383,3 +383,23 @@ def job_credentials_env(job_id: str) -> dict[str, str]:
     process cannot issue them)."""
     ident = job_identity(job_id)
     return {ENV_CREDENTIALS_PEM: ident.to_pem().decode()} if ident is not None else {}
+
+
+def private_ca(directory: str | os.PathLike[str], who: str = "user:local-admin") -> CertificateAuthority | None:
+    """For a program that starts servers of its own (benchmarks, local clusters): the CA named
+    by ``MICROCO_CA_DIR``, else a new one in ``directory`` (then named there, for the servers
+    this process starts); this process acts as administrator ``who`` of it. ``None`` in
+    insecure mode."""
+    if insecure():
+        return None
+    ca = local_ca()
+    if ca is None:
+        ca = CertificateAuthority.load_or_create(directory)
+        os.environ[ENV_CA_DIR] = str(directory)
+    try:
+        own = current()
+    except FailedPrecondition:
+        own = None
+    if own is None or own.ca_pem != ca.cert_pem:
+        use(ca.issue(who, admin=True))
+    return ca

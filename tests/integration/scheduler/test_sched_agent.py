@@ -11,6 +11,7 @@ import time
 
 import grpc
 import pytest
+from _support import issued
 
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.clients.agent import NODES_PREFIX
@@ -23,7 +24,8 @@ JOB = [sys.executable, "-m", "microco.examples.synthetic_job", "--compute-ms", "
 
 def stub(kv, node):
     rec = kv.get_json(NODES_PREFIX + node)
-    return agent_pb2_grpc.NodeAgentServiceStub(dial(rec["address"]))
+    # as the scheduler: the one identity a node agent starts and signals processes for
+    return agent_pb2_grpc.NodeAgentServiceStub(dial(rec["address"], identity=issued("service:scheduler")))
 
 
 def wait_proc(s, job_id, pred, timeout=30):

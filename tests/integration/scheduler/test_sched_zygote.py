@@ -12,7 +12,7 @@ import signal
 import sys
 
 import pytest
-from _support import wait_until
+from _support import issued, wait_until
 
 from microco.common.channel import dial
 from microco.services.agent import ProcessManager, discover_devices
@@ -170,7 +170,7 @@ def test_forked_jobs_die_with_a_killed_agent(etcd_endpoint, etcd_kv, tmp_path):
     )
     try:
         stub = agent_pb2_grpc.NodeAgentServiceStub(
-            dial(etcd_kv.get_json(NODES_PREFIX + "zk")["address"])
+            dial(etcd_kv.get_json(NODES_PREFIX + "zk")["address"], identity=issued("service:scheduler"))
         )
         assert list(stub.GetNode(agent_pb2.GetNodeRequest(), timeout=5).preloaded) == ["numpy"]
         cmd = [*SYN, "--steps", "100000", "--compute-ms", "1", "--io-ms", "5"]
