@@ -11,11 +11,13 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from microco.common import identity
+from microco.common.hotstate import ENV_REDIS_PASSWORD
 from microco.common.identity import CertificateAuthority
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ class StackPki:
     insecure: bool
     ca: CertificateAuthority | None = None
     ca_dir: Path | None = None
+    redis_password: str = ""  # the stack's Redis requires it (not in insecure mode)
     _files: dict[str, Path] = field(default_factory=dict)
 
     @classmethod
@@ -61,6 +64,8 @@ class StackPki:
             ca.issue(f"user:{admin_name()}", admin=True, days=365).write(admin_file)
             progress(f"administrator credentials: {admin_file}")
         identity.use(ca.issue("service:stack"))  # the supervisor's own health checks
+        pki.redis_password = _redis_password(home / "pki" / "redis.password")
+        os.environ[ENV_REDIS_PASSWORD] = pki.redis_password  # this process's clients (the demo)
         return pki
 
     def child_env(self, name: str, service: str) -> dict[str, str]:
@@ -73,11 +78,28 @@ class StackPki:
             path = self.ca.issue(f"service:{service}").write(self.home / "pki" / "services" / f"{name}.pem")
             self._files[name] = path
         return {
+            ENV_REDIS_PASSWORD: self.redis_password,
             identity.ENV_CREDENTIALS: str(path),
             identity.ENV_CREDENTIALS_PEM: "",
             identity.ENV_INSECURE: "",
             identity.ENV_CA_DIR: str(self.ca_dir) if service in ISSUES_JOBS else "",
         }
+
+
+def _redis_password(path: Path) -> str:
+    """The stack's Redis password: made once, kept in a file only its owner reads."""
+    try:
+        text = path.read_text().strip()
+        if text:
+            return text
+    except OSError:
+        pass
+    text = secrets.token_urlsafe(24)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+    return text
 
 
 def _read(path: Path) -> identity.Identity | None:

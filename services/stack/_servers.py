@@ -194,15 +194,36 @@ class EtcdServer(_ChildServer):
 
 
 class RedisServer(_ChildServer):
+    """Redis with a password when given one (``requirepass``, from a config file readable by its
+    owner only, so it is not on the command line); protected mode always on, so a Redis without
+    a password answers loopback clients only."""
+
     name = "redis"
+
+    def __init__(self, data_dir: Path, host: str = "127.0.0.1", port: int = 0, password: str = "") -> None:
+        super().__init__(data_dir, host, port)
+        self.password = password
 
     @property
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
+    def _config(self) -> list[str]:
+        if not self.password:
+            return []
+        if any(c.isspace() or c == '"' for c in self.password):
+            raise FailedPrecondition("the Redis password may not contain spaces or quotes")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.data_dir / "redis-auth.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"requirepass {self.password}\n")
+        return [str(conf)]
+
     def command(self) -> list[str]:
         return [
             redis_binary(),
+            *self._config(),
             "--bind",
             self.host,
             "--port",
@@ -215,5 +236,5 @@ class RedisServer(_ChildServer):
             "--appendonly",
             "no",
             "--protected-mode",
-            "no",
+            "yes",
         ]

@@ -171,7 +171,9 @@ class Stack:
             if not self.redis_url:
                 self.progress("starting redis")
                 self.redis = RedisServer(
-                    self.home / "redis", port=self.opts.redis_port or free_port()
+                    self.home / "redis",
+                    port=self.opts.redis_port or free_port(),
+                    password=self.pki.redis_password,
                 ).start()
                 self.redis_url = self.redis.url
             self._infra = [
