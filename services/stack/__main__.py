@@ -34,8 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--advertise-host", default="", help="etcd only: the name clients dial")
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--password-file", type=Path, default=None, help="redis only: require this password")
-    parser.add_argument("--service", action="append", default=[], help="pki only: issue service:NAME (repeat)")
-    parser.add_argument("--admin", action="append", default=[], help="pki only: issue admin user:NAME (repeat)")
+    parser.add_argument(
+        "--service", action="append", default=[], help="pki only: issue service:NAME (repeat)"
+    )
+    parser.add_argument(
+        "--admin", action="append", default=[], help="pki only: issue admin user:NAME (repeat)"
+    )
     args = parser.parse_args(argv)
     args.data_dir.mkdir(parents=True, exist_ok=True)
     if args.server == "pki":
