@@ -61,12 +61,20 @@ def _version() -> str:
 
 
 def _credentials_from_home(args: argparse.Namespace) -> None:
-    """``--home H`` names a stack: its administrator's credentials are used unless the
-    environment names others."""
+    """``--home H`` names a stack: its administrator's credentials and its Redis password are
+    used unless the environment names others."""
     from microco.common import identity
+    from microco.common.hotstate import ENV_REDIS_PASSWORD, ENV_REDIS_PASSWORD_FILE
 
     home = getattr(args, "home", None)
-    if home is None or os.environ.get(identity.ENV_CREDENTIALS) or os.environ.get(identity.ENV_CREDENTIALS_PEM):
+    if home is None:
+        return
+    password = Path(home) / "pki" / "redis.password"
+    if password.exists() and not (
+        os.environ.get(ENV_REDIS_PASSWORD) or os.environ.get(ENV_REDIS_PASSWORD_FILE)
+    ):
+        os.environ[ENV_REDIS_PASSWORD_FILE] = str(password)
+    if os.environ.get(identity.ENV_CREDENTIALS) or os.environ.get(identity.ENV_CREDENTIALS_PEM):
         return
     path = Path(home) / "credentials.pem"
     if path.exists():

@@ -293,6 +293,10 @@ def test_cache_reports_only_for_jobs_the_caller_owns(platform):
         refused(call, req)
     call, req = report(f"job:{job.id}", job.id, dataset_bytes=1 << 20)
     call(req, timeout=10)
+    call, req = report(f"job:{job.id}", f"{job.id}/rank1", dataset_bytes=1 << 20)  # one of its ranks
+    call(req, timeout=10)
+    call, req = report("job:other", f"{job.id}/rank1", finished=True)
+    refused(call, req)
     call, req = report("user:alice", job.id, finished=True)
     call(req, timeout=10)
     # a job the scheduler does not know belongs to whoever reports for it first
