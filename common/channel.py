@@ -35,7 +35,7 @@ def dial(
     creds = channel_credentials(ident)
     return grpc.secure_channel(
         address, creds, options=[*opts, ("grpc.ssl_target_name_override", SERVICE_NAME)]
-    )  # type: ignore[arg-type]
+    )
 
 
 def channel_for(kv: KV, service: str, prefer_leader: bool = True) -> grpc.Channel:

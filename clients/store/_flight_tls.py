@@ -50,7 +50,9 @@ def _sign(ident: Identity, message: bytes) -> bytes:
     from cryptography.hazmat.primitives.asymmetric import ec
 
     key = serialization.load_pem_private_key(ident.key_pem, password=None)
-    return key.sign(message, ec.ECDSA(hashes.SHA256()))  # type: ignore[call-arg, union-attr]
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise Unauthenticated(f"{ident.name}: the platform's keys are elliptic-curve keys")
+    return key.sign(message, ec.ECDSA(hashes.SHA256()))
 
 
 class _Proof:

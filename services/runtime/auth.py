@@ -83,9 +83,11 @@ def caller(context: Any) -> Caller:
     """The authenticated peer of a call. A secure server only accepts connections with a
     client certificate from its CA; a plaintext one (insecure mode) yields :data:`INSECURE`."""
     try:
-        auth = context.auth_context() or {}
+        auth = context.auth_context()
     except (AttributeError, NotImplementedError):
         return INSECURE  # an in-process call with no transport (tests of a servicer alone)
+    if not isinstance(auth, dict):
+        return INSECURE  # likewise (a stand-in context)
     certs = auth.get("x509_pem_cert") or []
     if not certs:
         if auth.get("transport_security_type") == [b"ssl"]:

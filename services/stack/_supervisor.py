@@ -151,6 +151,7 @@ class Stack:
         self.kv: EtcdKV | None = None
         self._stopping = False
         self._infra: list[Infra] = []
+        self.pki: StackPki | None = None  # set up by start()
 
     # -- start
     def start(self, timeout: float = 90.0) -> Stack:
@@ -173,7 +174,7 @@ class Stack:
                 self.redis = RedisServer(
                     self.home / "redis",
                     port=self.opts.redis_port or free_port(),
-                    password=self.pki.redis_password,
+                    password=self.pki.redis_password if self.pki else "",
                 ).start()
                 self.redis_url = self.redis.url
             self._infra = [
@@ -220,7 +221,7 @@ class Stack:
             spec.module,
             cmd,
             log_path=self.home / "logs" / f"{spec.name}.log",
-            env={**self.opts.extra_env, **self.pki.child_env(spec.name, spec.service)},
+            env={**self.opts.extra_env, **(self.pki.child_env(spec.name, spec.service) if self.pki else {})},
             new_session=True,
         )
         child.status = "starting"
