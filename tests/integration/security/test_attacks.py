@@ -21,9 +21,11 @@ from _support import issued
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
 from microco.api.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from microco.api.store.v1 import store_pb2_grpc
 from microco.clients.scheduler import spec_to_pb
-from microco.clients.store import flight_client
+from microco.clients.store import StoreClient, flight_client
 from microco.common.channel import dial
+from microco.common.errors import PermissionDenied
 from microco.common.identity import SERVICE_NAME, CertificateAuthority
 from microco.common.kv import MemoryKV, dumps
 
@@ -60,6 +62,9 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     from microco.services.scheduler._core import SchedulerCore
     from microco.services.scheduler._service import SchedulerServicer
     from microco.services.scheduler.policy import make_policy
+    from microco.services.store._core import StoreCore
+    from microco.services.store._flight import FlightTransport
+    from microco.services.store._service import StoreServicer
 
     tmp = tmp_path_factory.mktemp("sec")
     kv = MemoryKV()
@@ -86,6 +91,11 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         ),
         "agent_address": serve(
             "agent", agent_pb2_grpc.add_NodeAgentServiceServicer_to_server, NodeAgentServicer(agent)
+        ),
+        "store": serve(
+            "store",
+            store_pb2_grpc.add_StoreCoordinatorServiceServicer_to_server,
+            StoreServicer(StoreCore(kv, FlightTransport(kv))),
         ),
         "cache": serve(
             "cache",
@@ -306,6 +316,31 @@ def test_cache_reports_only_for_jobs_the_caller_owns(platform):
     call(req, timeout=10)
     call, req = report("user:bob", "local-run-1", finished=True)
     refused(call, req)
+
+
+# --------------------------------------------------------------------------- store tables
+
+
+def test_a_user_drops_and_appends_to_their_own_tables_only(platform):
+    def client(who: str, admin: bool = False) -> StoreClient:
+        return StoreClient(dial(platform["store"], identity=issued(who, admin)))
+
+    schema = pa.schema([("a", pa.int64())])
+    replicas = ["a:hash:2", "a:hash:2", "a:hash:2"]
+    client("user:alice").create_table("alice_t", schema, replicas)
+    job = submit(platform, "user:alice")
+    client(f"job:{job.id}").create_table("alice_job_t", schema, replicas)  # a job creates for its owner
+    for who in ("user:bob", "job:other"):
+        for call in (
+            lambda c: c.drop_table("alice_t"),
+            lambda c: c.append("alice_t", pa.table({"a": [1]})),
+            lambda c: c.drop_table("alice_job_t"),
+        ):
+            with pytest.raises(PermissionDenied, match="user 'alice'"):
+                call(client(who))
+    client("user:alice").drop_table("alice_job_t")
+    client("user:root", admin=True).drop_table("alice_t")
+    assert client("user:root", admin=True).list_tables() == []
 
 
 # --------------------------------------------------------------------------- store nodes
