@@ -142,7 +142,7 @@ class CertificateAuthority:
         self._key = serialization.load_pem_private_key(key_pem, password=None)
         self._key_pem = key_pem
         self._lock = threading.Lock()
-        self._issued: dict[tuple[str, bool], Identity] = {}
+        self._issued: dict[tuple[str, bool, tuple[str, ...]], Identity] = {}
 
     @classmethod
     def create(cls, common_name: str = "microco CA") -> CertificateAuthority:
@@ -206,13 +206,18 @@ class CertificateAuthority:
         (d / CA_CERT).write_bytes(ca.cert_pem)
         return ca
 
-    def issue(self, name: str, admin: bool = False, days: int = _VALID_DAYS) -> Identity:
-        """A new certificate and key for ``name`` (``service:x``, ``user:x``, ``job:x``)."""
+    def issue(
+        self, name: str, admin: bool = False, days: int = _VALID_DAYS, hosts: tuple[str, ...] = ()
+    ) -> Identity:
+        """A new certificate and key for ``name`` (``service:x``, ``user:x``, ``job:x``); a
+        service's also names ``hosts`` (for servers other programs dial by address: etcd)."""
         kind, _ = split_name(name)
         if admin and kind != "user":
             raise InvalidArgument("only a user can be an administrator")
+        if hosts and kind != "service":
+            raise InvalidArgument("only a service's certificate names hosts")
         with self._lock:
-            cached = self._issued.get((name, admin))
+            cached = self._issued.get((name, admin, hosts))
             if cached is not None:
                 return cached
         from cryptography import x509
@@ -238,9 +243,15 @@ class CertificateAuthority:
         )
         if kind == "service":
             usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName([x509.DNSName(SERVICE_NAME)]), critical=False
-            )
+            import ipaddress
+
+            names: list[x509.GeneralName] = [x509.DNSName(SERVICE_NAME)]
+            for h in hosts:
+                try:
+                    names.append(x509.IPAddress(ipaddress.ip_address(h)))
+                except ValueError:
+                    names.append(x509.DNSName(h))
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         cert = builder.sign(self._key, hashes.SHA256())  # type: ignore[arg-type]
         ident = Identity(
@@ -253,7 +264,7 @@ class CertificateAuthority:
             ca_pem=self.cert_pem,
         )
         with self._lock:
-            self._issued[(name, admin)] = ident
+            self._issued[(name, admin, hosts)] = ident
         return ident
 
 
@@ -385,7 +396,9 @@ def job_credentials_env(job_id: str) -> dict[str, str]:
     return {ENV_CREDENTIALS_PEM: ident.to_pem().decode()} if ident is not None else {}
 
 
-def private_ca(directory: str | os.PathLike[str], who: str = "user:local-admin") -> CertificateAuthority | None:
+def private_ca(
+    directory: str | os.PathLike[str], who: str = "user:local-admin"
+) -> CertificateAuthority | None:
     """For a program that starts servers of its own (benchmarks, local clusters): the CA named
     by ``MICROCO_CA_DIR``, else a new one in ``directory`` (then named there, for the servers
     this process starts); this process acts as administrator ``who`` of it. ``None`` in

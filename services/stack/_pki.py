@@ -68,6 +68,12 @@ class StackPki:
         os.environ[ENV_REDIS_PASSWORD] = pki.redis_password  # this process's clients (the demo)
         return pki
 
+    def etcd_identity(self) -> identity.Identity | None:
+        """The certificate of the etcd the stack starts (it listens on loopback)."""
+        if self.ca is None:
+            return None
+        return self.ca.issue("service:etcd", hosts=("127.0.0.1", "localhost"))
+
     def child_env(self, name: str, service: str) -> dict[str, str]:
         """What a service process needs to find its own credentials."""
         if self.insecure:

@@ -167,7 +167,11 @@ class Stack:
         try:
             if not self.etcd_endpoint:
                 self.progress("starting etcd")
-                self.etcd = EtcdServer(self.home / "etcd", port=self.opts.etcd_port or free_port()).start()
+                self.etcd = EtcdServer(
+                    self.home / "etcd",
+                    port=self.opts.etcd_port or free_port(),
+                    identity=self.pki.etcd_identity() if self.pki else None,
+                ).start()
                 self.etcd_endpoint = self.etcd.endpoint
             if not self.redis_url:
                 self.progress("starting redis")

@@ -78,3 +78,18 @@ def test_redis_with_a_password_refuses_anyone_without_it(tmp_path, monkeypatch):
     finally:
         server.stop()
     assert "--protected-mode" in (cmd := server.command()) and cmd[cmd.index("--protected-mode") + 1] == "yes"
+
+
+def test_etcd_refuses_clients_without_the_platforms_certificate(etcd_endpoint, monkeypatch):
+    from microco.common.errors import Unavailable
+    from microco.common.identity import CertificateAuthority
+    from microco.common.kv import EtcdKV
+
+    EtcdKV(etcd_endpoint, timeout=5).close()  # the tests' administrator is let in
+    monkeypatch.setattr(identity, "_used", CertificateAuthority.create().issue("user:root", admin=True))
+    with pytest.raises(Unavailable):
+        EtcdKV(etcd_endpoint, timeout=2)  # a certificate of another CA
+    monkeypatch.setattr(identity, "_used", None)
+    monkeypatch.setenv(identity.ENV_INSECURE, "1")
+    with pytest.raises(Unavailable):
+        EtcdKV(etcd_endpoint, timeout=2)  # plaintext
