@@ -93,7 +93,6 @@ class _Agent:
     @property
     def stub(self) -> Any:
         if self._stub is None:
-
             from microco.api.agent.v1 import agent_pb2_grpc
             from microco.clients.agent import NODES_PREFIX
 
