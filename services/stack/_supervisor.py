@@ -410,7 +410,10 @@ class Stack:
             ],
         }
         state["processes"] = [p for p in state["processes"] if p]
-        (self.home / STATE_FILE).write_text(json.dumps(state, indent=2))
+        # Written beside and renamed over: a reader (`microco down`, `status`) never sees half of it.
+        tmp = self.home / f".{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(state, indent=2))
+        os.replace(tmp, self.home / STATE_FILE)
 
     def _etcd_serving(self) -> bool:
         """Whether the stack's etcd answers (True when the stack uses an etcd it did not start)."""
