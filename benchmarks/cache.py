@@ -40,6 +40,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from microco.common.identity import private_ca
+
 MB = 1e6
 
 
@@ -171,6 +173,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         data = tmp / "data"
         total = _make_dataset(data, n, sample)
         capacity = total // 2
+        private_ca(tmp / "pki")  # the servers it starts are its own: so are their identities
         etcd = EtcdServer(tmp / "etcd").start()
         stack.callback(etcd.stop)
         redis = RedisServer(tmp / "redis").start()

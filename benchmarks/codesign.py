@@ -148,6 +148,7 @@ class Platform:
         from microco.api.cache.v1 import cache_pb2_grpc
         from microco.common import MemoryKV
         from microco.services.cache import CacheCore, CacheServicer, ChunkStore, SchedulerFollower
+        from microco.common.identity import server_credentials, service_identity
         from microco.services.runtime.server import ErrorAndMetricsInterceptor
 
         self.kv = MemoryKV()
@@ -173,7 +174,11 @@ class Platform:
                 ],
             )
             cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(core), server)
-            port = server.add_insecure_port("127.0.0.1:0")
+            ident = service_identity("cache")  # None only in insecure mode
+            if ident is None:
+                port = server.add_insecure_port("127.0.0.1:0")
+            else:
+                port = server.add_secure_port("127.0.0.1:0", server_credentials(ident))  # type: ignore[arg-type]
             server.start()
             self._servers.append(server)
             self.cores[node], self.address[node] = core, f"127.0.0.1:{port}"
@@ -394,6 +399,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def run(sc: Scenario, rounds: int) -> dict:
     root = Path(tempfile.mkdtemp(prefix="microco-bench-codesign-"))
+    from microco.common.identity import private_ca
+
+    private_ca(root / "pki")  # the servers it starts are its own: so are their identities
     try:
         datasets, files = _make_data(root, sc)
         runs: dict[str, list[dict]] = {"independent": [], "codesign": []}

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from microco.api.agent.v1 import agent_pb2
+from microco.common.channel import dial
+from microco.common.identity import private_ca, service_identity
 
 _T0 = time.perf_counter()
 
@@ -91,13 +93,14 @@ class _Agent:
     @property
     def stub(self) -> Any:
         if self._stub is None:
-            import grpc
-
             from microco.api.agent.v1 import agent_pb2_grpc
             from microco.clients.agent import NODES_PREFIX
 
             address = self.kv.get_json(NODES_PREFIX + self.node)["address"]
-            self._stub = agent_pb2_grpc.NodeAgentServiceStub(grpc.insecure_channel(address))
+            # it stands in for the scheduler, the one identity an agent starts processes for
+            self._stub = agent_pb2_grpc.NodeAgentServiceStub(
+                dial(address, identity=service_identity("scheduler"))
+            )
         return self._stub
 
     def proc_status(self, job_id: str, attempt: int) -> Any:
@@ -298,6 +301,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="microco-bench-sched-") as d:
         tmp = Path(d)
+        private_ca(tmp / "pki")  # the servers it starts are its own: so are their identities
         etcd = EtcdServer(tmp / "etcd").start()
         agents: list[_Agent] = []
         try:

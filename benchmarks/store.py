@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from microco.benchmarks.store_tpch import QUERIES as TPCH
+from microco.common.identity import private_ca
 
 P = 8  # hash partitions per replica
 
@@ -319,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (e.g. `timeout`) runs the clean-up below instead of orphaning the cluster
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="microco-bench-store-"))
+    private_ca(work / "pki")  # the servers it starts are its own: so are their identities
     etcd = EtcdServer(work / "etcd").start()
     nodes = [(f"store-{i}", f"rack{i % 3}") for i in range(args.nodes)]
     cluster = StoreCluster(

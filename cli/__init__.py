@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from pathlib import Path
 
 from microco.common.errors import MicrocoError
 
@@ -18,7 +20,7 @@ from ._platform import register as register_platform
 
 # System command groups, in the order ``--help`` lists them. A module that is not part of this
 # build is skipped (and said so by ``microco --help``).
-SYSTEM_MODULES = ("job", "sim", "cache", "store", "compiler", "console")
+SYSTEM_MODULES = ("job", "sim", "cache", "store", "compiler", "console", "user")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,12 +60,34 @@ def _version() -> str:
     return microco.__version__
 
 
+def _credentials_from_home(args: argparse.Namespace) -> None:
+    """``--home H`` names a stack: its administrator's credentials and its Redis password are
+    used unless the environment names others."""
+    from microco.common import identity
+    from microco.common.hotstate import ENV_REDIS_PASSWORD, ENV_REDIS_PASSWORD_FILE
+
+    home = getattr(args, "home", None)
+    if home is None:
+        return
+    password = Path(home) / "pki" / "redis.password"
+    if password.exists() and not (
+        os.environ.get(ENV_REDIS_PASSWORD) or os.environ.get(ENV_REDIS_PASSWORD_FILE)
+    ):
+        os.environ[ENV_REDIS_PASSWORD_FILE] = str(password)
+    if os.environ.get(identity.ENV_CREDENTIALS) or os.environ.get(identity.ENV_CREDENTIALS_PEM):
+        return
+    path = Path(home) / "credentials.pem"
+    if path.exists():
+        os.environ[identity.ENV_CREDENTIALS] = str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    _credentials_from_home(args)
     try:
         return int(args.func(args) or 0)
     except MicrocoError as exc:

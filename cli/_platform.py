@@ -84,6 +84,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--demo-epochs", type=int, default=3, help="with --demo: epochs per job (default 3)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for health (default 120)")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="DEVELOPMENT ONLY: no TLS, no authentication, no authorisation (clients then need MICROCO_INSECURE=1)",
+    )
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("down", help="stop a platform started by `microco up`")
@@ -169,6 +174,7 @@ def stack_options(args: argparse.Namespace) -> StackOptions:
         standbys=not args.no_standby,
         policy=policy,
         policy_config=policy_config,
+        insecure=args.insecure,
     )
 
 

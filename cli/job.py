@@ -9,6 +9,8 @@ import sys
 import time
 from typing import Any
 
+from microco.common.identity import insecure
+
 from ._platform import add_etcd_arguments
 
 _STATES = ("queued", "running", "suspended", "packed", "migrating", "finished", "failed", "cancelled")
@@ -51,7 +53,11 @@ def register(sub: Any) -> None:
         help="one-device jobs: fraction of a device the job needs, in (0, 1]; below 1 it may share one",
     )
     sb.add_argument("--priority", type=int, default=0, help="higher runs first")
-    sb.add_argument("--user", default="", help="owner (default: current user)")
+    sb.add_argument(
+        "--user",
+        default="",
+        help="owner (default: the user of your credentials; others: administrators only)",
+    )
     sb.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment for the job")
     sb.add_argument("--workdir", default="", help="working directory on the node")
     sb.add_argument("--total-steps", type=int, default=0, help="mini-batches the job will run (for progress)")
@@ -160,7 +166,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         name=args.name,
         elastic=args.elastic,
         priority=args.priority,
-        user=args.user or getpass.getuser(),
+        # The scheduler takes the owner from the caller's credentials; only an administrator
+        # names another one. Without TLS (development) there are none: the login name stands in.
+        user=args.user or (getpass.getuser() if insecure() else ""),
         env=env,
         workdir=args.workdir,
         total_steps=args.total_steps,

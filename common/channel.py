@@ -1,10 +1,14 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
+from typing import Any
 
 import grpc
 
 from .errors import Unavailable
+from .identity import SERVICE_NAME, Identity, channel_credentials
+from .identity import current as current_identity
 from .kv import KV
 from .registry import discover
 
@@ -18,9 +22,20 @@ _OPTIONS = [
 ]
 
 
-def dial(address: str) -> grpc.Channel:
-    """An insecure channel to ``host:port``."""
-    return grpc.insecure_channel(address, options=_OPTIONS)
+def dial(
+    address: str, identity: Identity | None = None, options: Sequence[tuple[str, Any]] = ()
+) -> grpc.Channel:
+    """A channel to ``host:port``: mutual TLS with ``identity`` (this process's own by default),
+    the server checked to hold a platform service's certificate; plaintext only in insecure
+    mode (``MICROCO_INSECURE=1``)."""
+    opts = [*_OPTIONS, *options]
+    ident = identity if identity is not None else current_identity()
+    if ident is None:
+        return grpc.insecure_channel(address, options=opts)
+    creds = channel_credentials(ident)
+    return grpc.secure_channel(
+        address, creds, options=[*opts, ("grpc.ssl_target_name_override", SERVICE_NAME)]
+    )
 
 
 def channel_for(kv: KV, service: str, prefer_leader: bool = True) -> grpc.Channel:

@@ -8,6 +8,8 @@ import urllib.request
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from .channel import dial
+from .errors import MicrocoError
 from .registry import ServiceRecord
 
 
@@ -19,7 +21,10 @@ def check_health(record: ServiceRecord, timeout: float = 2.0) -> str:
                 return "SERVING" if resp.status == 200 else "NOT_SERVING"
         except OSError:
             return "UNREACHABLE"
-    channel = grpc.insecure_channel(record.address)
+    try:
+        channel = dial(record.address)
+    except MicrocoError:
+        return "UNREACHABLE"
     try:
         stub = health_pb2_grpc.HealthStub(channel)
         resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)

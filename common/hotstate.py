@@ -25,13 +25,36 @@ def connect_redis(url: str, check: bool = True, timeout: float = 2.0) -> Any:
     address when ``check`` and it cannot be reached."""
     import redis
 
-    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    extra = {} if "@" in url.split("//", 1)[-1] else {"password": redis_password()}
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout, **extra)
     if check:
         try:
             client.ping()
         except redis.RedisError as exc:
             raise Unavailable(f"cannot reach Redis at {url}: {exc}") from exc
     return client
+
+
+ENV_REDIS_PASSWORD = "MICROCO_REDIS_PASSWORD"
+ENV_REDIS_PASSWORD_FILE = "MICROCO_REDIS_PASSWORD_FILE"
+
+
+def redis_password() -> str | None:
+    """Redis's password when the URL carries none: ``MICROCO_REDIS_PASSWORD``, the file
+    ``MICROCO_REDIS_PASSWORD_FILE`` names, else the local stack's (``<home>/pki/redis.password``,
+    readable by the stack's owner only)."""
+    import os
+    from pathlib import Path
+
+    from .discovery import stack_home
+
+    if os.environ.get(ENV_REDIS_PASSWORD):
+        return os.environ[ENV_REDIS_PASSWORD]
+    path = Path(os.environ.get(ENV_REDIS_PASSWORD_FILE) or stack_home() / "pki" / "redis.password")
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def key(*parts: str) -> str:

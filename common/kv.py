@@ -286,6 +286,22 @@ class _EtcdLease(Lease):
 ENDPOINT_RETRY_S = 1.0
 
 
+def etcd_tls() -> dict[str, Any]:
+    """``pyetcd.Endpoint`` arguments for this process: its credentials, the server checked to
+    hold a platform service's certificate; none in insecure mode."""
+    from .identity import SERVICE_NAME, channel_credentials
+    from .identity import current as current_identity
+
+    ident = current_identity()
+    if ident is None:
+        return {"secure": False}
+    return {
+        "secure": True,
+        "creds": channel_credentials(ident),
+        "opts": [("grpc.ssl_target_name_override", SERVICE_NAME)],
+    }
+
+
 class EtcdKV(KV):
     """The KV interface on a real etcd v3 cluster."""
 
@@ -300,7 +316,9 @@ class EtcdKV(KV):
         # The client marks an endpoint that failed a call as failed and skips it for
         # ``time_retry`` seconds (300 by default: a 2-second etcd hiccup then cost every client
         # five minutes); a short retry lets every process reconnect within seconds of etcd's return.
-        eps = [pyetcd.Endpoint(h, p, secure=False, time_retry=ENDPOINT_RETRY_S) for h, p in self.endpoints]
+        # Mutual TLS with this process's identity (common/identity.py), plaintext in insecure mode.
+        tls = etcd_tls()
+        eps = [pyetcd.Endpoint(h, p, time_retry=ENDPOINT_RETRY_S, **tls) for h, p in self.endpoints]
         self._client = pyetcd.MultiEndpointEtcd3Client(endpoints=eps, timeout=timeout, failover=True)
         self._watch_ids: set[Any] = set()
         if check:

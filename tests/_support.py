@@ -67,3 +67,13 @@ def synthetic_job(steps: int, compute_ms: float = 5.0, io_ms: float = 0.0, *extr
         str(io_ms),
         *extra,
     ]
+
+
+def issued(name: str, admin: bool = False) -> Any:
+    """Credentials for ``name`` (``service:x``, ``user:x``, ``job:x``) from the session's CA
+    (tests/conftest.py), to call a server as someone other than the tests' administrator."""
+    from microco.common.identity import local_ca
+
+    ca = local_ca()
+    assert ca is not None, "the session CA (MICROCO_CA_DIR) is missing"
+    return ca.issue(name, admin=admin)

@@ -19,6 +19,34 @@ os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 
 
+def _session_pki() -> None:
+    """The suite runs secure, as the platform does by default: one CA for the session (shared
+    with xdist workers through the environment), ``MICROCO_CA_DIR`` so every service a test
+    starts issues itself ``service:<name>`` and the scheduler its jobs' credentials, and an
+    administrator's credentials for the tests' own clients. Only tests about the insecure
+    development flag turn it on (``monkeypatch``)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from microco.common.identity import CertificateAuthority
+
+    for var in ("MICROCO_INSECURE", "MICROCO_CREDENTIALS_PEM"):
+        os.environ.pop(var, None)
+    root = os.environ.get("MICROCO_TEST_PKI", "")
+    if not root or not Path(root, "ca", "ca.key").exists():
+        root = tempfile.mkdtemp(prefix="microco-test-pki-")
+        os.environ["MICROCO_TEST_PKI"] = root
+        atexit.register(shutil.rmtree, root, True)
+        ca = CertificateAuthority.load_or_create(Path(root, "ca"))
+        ca.issue("user:tester", admin=True).write(Path(root, "tester.pem"))
+    os.environ["MICROCO_CA_DIR"] = str(Path(root, "ca"))
+    os.environ["MICROCO_CREDENTIALS"] = str(Path(root, "tester.pem"))
+
+
+_session_pki()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_xla_rate_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Astra's TensorFlow side learns XLA's compile rate per machine in a file under the home

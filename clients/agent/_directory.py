@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
-from microco.common import call_with_retry
+from microco.common import call_with_retry, dial
 from microco.common.errors import NotFound, Unavailable, from_rpc_error
 from microco.common.kv import KV
 
@@ -48,7 +48,7 @@ class AgentDirectory:
     def _stub(self, address: str) -> Any:
         with self._lock:
             if address not in self._stubs:
-                ch = grpc.insecure_channel(address)
+                ch = dial(address)
                 self._stubs[address] = (ch, agent_pb2_grpc.NodeAgentServiceStub(ch))
             return self._stubs[address][1]
 

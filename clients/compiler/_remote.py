@@ -11,7 +11,7 @@ import grpc
 from microco.api.compiler.v1 import compiler_pb2 as pb
 from microco.api.compiler.v1 import compiler_pb2_grpc as pb_grpc
 from microco.clients.compiler.explore.types import Config, GraphSpec, TrialReport
-from microco.common import ServiceClient, Unavailable
+from microco.common import ServiceClient, Unavailable, dial
 
 from .explore import wire
 
@@ -20,14 +20,7 @@ def _dial_own(address: str) -> grpc.Channel:
     """A channel with its own subchannels. gRPC shares subchannels between channels to the same
     target by default, so a "fresh" channel to a restarted service would inherit the dead one's
     reconnect backoff (up to minutes) and keep failing."""
-    return grpc.insecure_channel(
-        address,
-        options=[
-            ("grpc.use_local_subchannel_pool", 1),
-            ("grpc.enable_retries", 0),  # retries are ours, by allow-list
-            ("grpc.max_reconnect_backoff_ms", 2000),
-        ],
-    )
+    return dial(address, options=[("grpc.max_reconnect_backoff_ms", 2000)])
 
 
 class RemoteExplorer(ServiceClient):

@@ -15,14 +15,28 @@ builder for queries::
 from ._client import Frame, StoreClient, iter_file, load_file, parse_partitioning
 from ._flight import OPTIONS as FLIGHT_OPTIONS
 from ._flight import FlightClients, from_flight_error
+from ._flight_tls import (
+    flight_caller,
+    flight_client,
+    require_flight_service,
+    secure_location,
+    server_options,
+)
+from ._flight_tls import scheme as flight_scheme
 
 __all__ = [
     "FLIGHT_OPTIONS",
     "FlightClients",
     "Frame",
     "StoreClient",
+    "flight_caller",
+    "flight_client",
+    "flight_scheme",
     "from_flight_error",
     "iter_file",
     "load_file",
     "parse_partitioning",
+    "require_flight_service",
+    "secure_location",
+    "server_options",
 ]

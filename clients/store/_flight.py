@@ -14,6 +14,9 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from microco.common.errors import FailedPrecondition, InvalidArgument, MicrocoError, NotFound, Unavailable
+from microco.common.identity import Identity
+
+from ._flight_tls import flight_client
 
 ERRORS: dict[str, type[MicrocoError]] = {
     "NotFound": NotFound,
@@ -45,16 +48,19 @@ def from_flight_error(
 class FlightClients:
     """One Flight client per peer address, reused; ``get`` is where clients are made."""
 
-    def __init__(self, errors: dict[str, type[MicrocoError]] | None = None) -> None:
+    def __init__(
+        self, errors: dict[str, type[MicrocoError]] | None = None, ident: Identity | None = None
+    ) -> None:
         self._clients: dict[str, flight.FlightClient] = {}
         self._lock = threading.Lock()
         self.errors = errors or {}
+        self.ident = ident  # whom this side calls as (None: the process's own identity; TLS unless insecure)
 
     def get(self, address: str) -> flight.FlightClient:
         with self._lock:
             c = self._clients.get(address)
             if c is None:
-                c = flight.FlightClient(address)
+                c = flight_client(address, self.ident)
                 self._clients[address] = c
             return c
 

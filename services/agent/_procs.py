@@ -61,6 +61,9 @@ def job_command(command: list[str], python: str = sys.executable) -> list[str]:
     return list(command)
 
 
+_AGENT_ONLY = frozenset({"MICROCO_CREDENTIALS", "MICROCO_CREDENTIALS_PEM", "MICROCO_CA_DIR"})
+
+
 def job_environment(
     base: dict[str, str],
     platform_env: dict[str, str],
@@ -70,8 +73,10 @@ def job_environment(
     """A job's environment before its device and identity variables: the agent's own,
     with the platform interpreter's directory first on PATH when it is a virtualenv (so a
     ``python`` inside the job's own scripts is the platform's too), the platform's addresses
-    (MICROCO_ETCD, MICROCO_REDIS, MICROCO_NODE), then what the job's spec asks for (which wins)."""
-    env = dict(base)
+    (MICROCO_ETCD, MICROCO_REDIS, MICROCO_NODE), then what the job's spec asks for (which wins).
+    The agent's own credentials never reach a job: it gets its own, scoped to its id, from the
+    scheduler (``MICROCO_CREDENTIALS_PEM`` in ``job_env``)."""
+    env = {k: v for k, v in base.items() if k not in _AGENT_ONLY}
     bindir = os.path.dirname(python) if python else ""
     # (the path as run, not resolved: a virtualenv's python is a link to the base interpreter)
     in_venv = sys.prefix != sys.base_prefix

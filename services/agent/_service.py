@@ -23,6 +23,7 @@ from microco.api.common.v1 import common_pb2
 from microco.clients.agent import NODES_PREFIX
 from microco.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from microco.common.kv import KV, dumps
+from microco.services.runtime.auth import caller, require_job_access
 from microco.services.runtime.server import ServiceContext, ServiceRuntime
 
 from ._devices import DeviceInfo, discover_devices
@@ -93,6 +94,7 @@ class NodeAgentServicer(agent_pb2_grpc.NodeAgentServiceServicer):
         return self.agent.node_proto()
 
     def StartProcess(self, request: agent_pb2.StartProcessRequest, context: grpc.ServicerContext) -> Any:
+        caller(context).require_service("scheduler", what="start processes on a node agent")
         proc = self.agent.procs.start(
             request.job_id,
             list(request.command),
@@ -105,12 +107,14 @@ class NodeAgentServicer(agent_pb2_grpc.NodeAgentServiceServicer):
         return self._status(proc)
 
     def ControlProcess(self, request: agent_pb2.ControlProcessRequest, context: grpc.ServicerContext) -> Any:
+        caller(context).require_service("scheduler", what="signal processes on a node agent")
         action = _ACTIONS.get(request.control)
         if action is None:
             raise InvalidArgument(f"unknown control {request.control}")
         return self._status(self.agent.procs.control(request.job_id, action, list(request.device_ids)))
 
     def StopProcess(self, request: agent_pb2.StopProcessRequest, context: grpc.ServicerContext) -> Any:
+        caller(context).require_service("scheduler", what="stop processes on a node agent")
         grace = request.grace_seconds if request.grace_seconds > 0 else 5.0
         return self._status(self.agent.procs.stop(request.job_id, grace))
 
@@ -120,12 +124,15 @@ class NodeAgentServicer(agent_pb2_grpc.NodeAgentServiceServicer):
     def CollectGarbage(
         self, request: agent_pb2.CollectGarbageRequest, context: grpc.ServicerContext
     ) -> agent_pb2.CollectGarbageResponse:
+        caller(context).require_service("scheduler", what="collect a node agent's garbage")
         deleted, freed = self.agent.procs.collect_garbage(
             set(request.keep_job_ids), set(request.keep_logs_job_ids)
         )
         return agent_pb2.CollectGarbageResponse(deleted_job_ids=deleted, bytes_freed=freed)
 
     def ReadLog(self, request: agent_pb2.ReadLogRequest, context: grpc.ServicerContext) -> Iterator[Any]:
+        if not (who := caller(context)).trusted:
+            require_job_access(who, self.agent.kv, request.job_id, "read the log")
         logs = self.agent.procs.log_files(request.job_id)
         if not logs:
             raise NotFound(f"no log of job {request.job_id!r} on node {self.agent.node}")

@@ -14,8 +14,10 @@ import grpc
 from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
 from microco.common.errors import InvalidArgument, MicrocoError
 from microco.common.hotstate import key
+from microco.services.runtime.auth import caller
 
 from . import _limits as lim
+from ._authz import JobReports
 from ._core import CacheCore
 
 log = logging.getLogger(__name__)
@@ -27,8 +29,9 @@ MESSAGE_BYTES = 4 << 20
 
 
 class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
-    def __init__(self, core: CacheCore, redis: Any = None, server_id: str = "") -> None:
+    def __init__(self, core: CacheCore, redis: Any = None, server_id: str = "", kv: Any = None) -> None:
         self.core = core
+        self.reports = JobReports(kv)
         self.redis = redis
         self.server_id = server_id
 
@@ -140,13 +143,14 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
         lim.count(request.timings, "timings", lim.MAX_TIMINGS)
         if request.dataset_bytes < 0 or request.epoch < -1:
             raise InvalidArgument("dataset_bytes and epoch must not be negative")
+        user = self.reports.check(caller(context), request.job_id, request.user)
         alloc = self.core.report_progress(
             request.job_id,
             request.dataset,
             request.epoch,
             consumed,
             [(t.hit_fraction, t.seconds, t.bytes, t.samples) for t in request.timings],
-            user=request.user,
+            user=user,
             dataset_bytes=request.dataset_bytes,
             finished=request.finished,
         )
@@ -296,7 +300,7 @@ def setup(ctx: Any) -> None:
         node=s.node,
         job_ttl_s=args.job_ttl_s,
     )
-    servicer = CacheServicer(core, redis, s.instance_id)
+    servicer = CacheServicer(core, redis, s.instance_id, kv=ctx.kv)
     if getattr(args, "follow_scheduler", True) and ctx.kv is not None:
         from ._follow import SchedulerFollower
 

@@ -26,7 +26,9 @@ from grpc_reflection.v1alpha import reflection
 
 import microco
 from microco.api.common.v1 import common_pb2, common_pb2_grpc
+from microco.common import identity
 from microco.common.errors import InvalidArgument, MicrocoError
+from microco.common.identity import Identity
 from microco.common.kv import KV, EtcdKV
 from microco.common.logs import configure_logging
 from microco.common.registry import Registration, ServiceRecord
@@ -207,6 +209,11 @@ class ServiceRuntime:
     kv: KV | None = None
     version: str = microco.__version__
     max_workers: int = 16
+    # The credentials the server presents and checks clients against; by default the service's
+    # own (``microco.common.identity.service_identity``). ``insecure=True`` (or the process in
+    # insecure mode) serves plaintext.
+    identity: Identity | None = None
+    insecure: bool = False
     _services: list[tuple[Callable[[Any, grpc.Server], None], Any, str]] = field(default_factory=list)
     _stop_hooks: list[Callable[[], None]] = field(default_factory=list)
     _start_hooks: list[Callable[[ServiceRuntime], None]] = field(default_factory=list)
@@ -279,7 +286,14 @@ class ServiceRuntime:
             names.append(full_name)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(names, server)
-        self.port = server.add_insecure_port(f"{s.host}:{s.port}")
+        ident = None if self.insecure else (self.identity or identity.service_identity(s.name))
+        if ident is None:
+            log.warning("%s serves WITHOUT TLS or authentication (insecure development mode)", s.name)
+            self.port = server.add_insecure_port(f"{s.host}:{s.port}")
+        else:
+            self.identity = ident
+            creds = identity.server_credentials(ident)
+            self.port = server.add_secure_port(f"{s.host}:{s.port}", creds)  # type: ignore[arg-type]
         if self.port == 0:
             raise MicrocoError(f"{s.name}: cannot bind {s.host}:{s.port}")
         server.start()
@@ -375,11 +389,13 @@ def run_service(
         parser.error(str(exc))
     configure_logging(name, settings.log_level, settings.log_format == "json")
     try:
+        own = identity.service_identity(name)  # this process's clients dial as the service too
+        identity.use(own)
         kv = EtcdKV(settings.etcd)
     except MicrocoError as exc:
         print(f"microco-{name}: error: {exc}", file=sys.stderr)
         return 2
-    runtime = ServiceRuntime(settings, kv=kv)
+    runtime = ServiceRuntime(settings, kv=kv, identity=own, insecure=own is None)
     runtime.on_stop(kv.close)
     ctx = ServiceContext(settings=settings, args=args, kv=kv, runtime=runtime)
     # Signals are handled from before start-up: the service registers itself in etcd while it

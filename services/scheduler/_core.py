@@ -31,6 +31,7 @@ from microco.common.errors import (
     MicrocoError,
     NotFound,
 )
+from microco.common.identity import job_credentials_env
 from microco.common.kv import KV, dumps
 
 from . import _jobs as J
@@ -787,7 +788,7 @@ class SchedulerCore:
         started: list[str] = []
         try:
             for rank, (n, ds) in enumerate(placement):
-                env = dict(spec["env"])
+                env = {**dict(spec["env"]), **job_credentials_env(rec["id"])}
                 if world > 1:
                     env.update(MICROCO_RANK=str(rank), MICROCO_WORLD_SIZE=str(world))
                 self.agents.start(

@@ -24,8 +24,10 @@ from microco.api.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from microco.common.election import LeaderElection
 from microco.common.errors import InvalidArgument
 from microco.common.kv import KV
+from microco.services.runtime.auth import caller
 from microco.services.runtime.server import ServiceContext, ServiceRuntime
 
+from . import _authz as A
 from . import _jobs as J
 from . import _metrics as M
 from ._core import SchedulerCore
@@ -41,27 +43,34 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest, context: grpc.ServicerContext) -> Any:
         if not request.HasField("spec"):
             raise InvalidArgument("spec is required")
-        return J.record_to_pb(self.core.submit(J.spec_from_pb(request.spec)))
+        return J.record_to_pb(self.core.submit(A.owned_spec(caller(context), J.spec_from_pb(request.spec))))
 
     def GetJob(self, request: scheduler_pb2.GetJobRequest, context: grpc.ServicerContext) -> Any:
-        return J.record_to_pb(self.core.get(request.job_id))
+        rec = self.core.get(request.job_id)
+        A.check_job(caller(context), rec, "read")
+        return J.record_to_pb(rec)
 
     def ListJobs(self, request: scheduler_pb2.ListJobsRequest, context: grpc.ServicerContext) -> Any:
         states = [J.state_from_pb(s) for s in request.states]
-        return scheduler_pb2.ListJobsResponse(
-            jobs=[J.record_to_pb(r) for r in self.core.list_jobs(states, request.owner)]
-        )
+        who = caller(context)
+        recs = [r for r in self.core.list_jobs(states, request.owner) if A.visible(who, r)]
+        return scheduler_pb2.ListJobsResponse(jobs=[A.redact(J.record_to_pb(r)) for r in recs])
 
     def CancelJob(self, request: scheduler_pb2.CancelJobRequest, context: grpc.ServicerContext) -> Any:
+        A.check_job(caller(context), self.core.get(request.job_id), "cancel")
         return J.record_to_pb(self.core.cancel(request.job_id))
 
     def ControlJob(self, request: scheduler_pb2.ControlJobRequest, context: grpc.ServicerContext) -> Any:
+        A.check_job(caller(context), self.core.get(request.job_id), "control")
         return J.record_to_pb(
             self.core.control(request.job_id, request.action, list(request.devices), request.device_count)
         )
 
     def WatchJobs(self, request: scheduler_pb2.WatchJobsRequest, context: grpc.ServicerContext) -> Any:
+        who = caller(context)
         for rec in self.core.watch(list(request.job_ids), context.is_active):
+            if not A.visible(who, rec):
+                continue
             yield scheduler_pb2.JobEvent(job=J.record_to_pb(rec), at=time.time())
 
     def ListNodes(self, request: Any, context: grpc.ServicerContext) -> Any:

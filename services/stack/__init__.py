@@ -3,6 +3,7 @@
 
 from microco.common.health import check_health
 
+from ._pki import ca_dir as stack_ca_dir
 from ._policy import DEFAULT_POLICY, resolve_policy, scheduler_args
 from ._servers import EtcdServer, RedisServer, free_port, port_open
 from ._supervisor import (
@@ -32,5 +33,6 @@ __all__ = [
     "read_state",
     "resolve_policy",
     "scheduler_args",
+    "stack_ca_dir",
     "stop_from_state",
 ]

@@ -2,7 +2,13 @@
 image and command of the deployment comes from this repository):
 
     python -m microco.services.stack etcd --host 0.0.0.0 --port 2379 --advertise-host etcd --data-dir /data
-    python -m microco.services.stack redis --host 0.0.0.0 --port 6379 --data-dir /data
+    python -m microco.services.stack redis --host 0.0.0.0 --port 6379 --data-dir /data --password-file /pki/redis.password
+    python -m microco.services.stack pki --data-dir /pki --service scheduler --service agent --admin alice
+
+``pki`` creates the CA (``<data-dir>/ca``, once), a credentials file per service
+(``<data-dir>/services/<name>.pem``, identity ``service:<name>``), the administrators' credentials
+(``<data-dir>/users/<name>.pem``) and the Redis password (``<data-dir>/redis.password``); it keeps
+what exists.
 """
 
 from __future__ import annotations
@@ -21,14 +27,25 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("server", choices=["etcd", "redis"])
+    parser.add_argument("server", choices=["etcd", "redis", "pki"])
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int, default=0, help="etcd and redis: required")
     parser.add_argument("--peer-port", type=int, default=2380, help="etcd only")
     parser.add_argument("--advertise-host", default="", help="etcd only: the name clients dial")
     parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--password-file", type=Path, default=None, help="redis only: require this password")
+    parser.add_argument(
+        "--service", action="append", default=[], help="pki only: issue service:NAME (repeat)"
+    )
+    parser.add_argument(
+        "--admin", action="append", default=[], help="pki only: issue admin user:NAME (repeat)"
+    )
     args = parser.parse_args(argv)
     args.data_dir.mkdir(parents=True, exist_ok=True)
+    if args.server == "pki":
+        return make_pki(args.data_dir, args.service, args.admin)
+    if not args.port:
+        parser.error(f"{args.server} needs --port")
     if args.server == "etcd":
         server: EtcdServer | RedisServer = EtcdServer(
             args.data_dir,
@@ -38,10 +55,30 @@ def main(argv: list[str] | None = None) -> int:
             advertise_host=args.advertise_host,
         )
     else:
-        server = RedisServer(args.data_dir, host=args.host, port=args.port)
+        password = args.password_file.read_text().strip() if args.password_file else ""
+        server = RedisServer(args.data_dir, host=args.host, port=args.port, password=password)
     cmd = server.command()
     os.execv(cmd[0], cmd)
     return 0  # not reached
+
+
+def make_pki(directory: Path, services: list[str], admins: list[str]) -> int:
+    from microco.common.identity import CertificateAuthority
+
+    from ._pki import _redis_password
+
+    ca = CertificateAuthority.load_or_create(directory / "ca")
+    for name in services:
+        path = directory / "services" / f"{name}.pem"
+        if not path.exists():
+            ca.issue(f"service:{name}").write(path)
+    for name in admins:
+        path = directory / "users" / f"{name}.pem"
+        if not path.exists():
+            ca.issue(f"user:{name}", admin=True, days=365).write(path)
+    _redis_password(directory / "redis.password")
+    print(f"PKI in {directory}: {len(services)} services, {len(admins)} administrators")
+    return 0
 
 
 if __name__ == "__main__":

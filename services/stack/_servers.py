@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 from typing import TypeVar
 
+from microco.common import identity as ident_mod
 from microco.common.errors import FailedPrecondition, Unavailable
+from microco.common.identity import Identity
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -132,7 +134,9 @@ class _ChildServer(abc.ABC):
 
 
 class EtcdServer(_ChildServer):
-    """A single-member etcd 3.5 cluster."""
+    """A single-member etcd 3.5 cluster, serving mutual TLS (clients and peers need a
+    certificate of the platform's CA) unless in insecure mode. Its certificate is ``identity``,
+    else one issued for ``service:etcd`` from ``MICROCO_CA_DIR``, else the process's own."""
 
     name = "etcd"
 
@@ -143,23 +147,53 @@ class EtcdServer(_ChildServer):
         port: int = 0,
         peer_port: int = 0,
         advertise_host: str = "",
+        identity: Identity | None = None,
     ) -> None:
         super().__init__(data_dir, host, port)
         self.peer_port = peer_port or free_port(host)
         # In a container etcd listens on 0.0.0.0 but must advertise the name others dial.
         self.advertise_host = advertise_host or host
+        self.identity = identity
+
+    def _tls(self) -> list[str]:
+        """The TLS flags, the certificate files written (owner-only) under the data directory."""
+        if ident_mod.insecure():
+            return []
+        ident = self.identity
+        if ident is None:
+            ca = ident_mod.local_ca()
+            hosts = tuple(sorted({self.host, self.advertise_host, "127.0.0.1", "localhost"}))
+            ident = ca.issue("service:etcd", hosts=hosts) if ca else ident_mod.service_identity("etcd")
+        assert ident is not None
+        d = self.data_dir / "tls"
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o700)
+        files = {"cert.pem": ident.cert_pem, "key.pem": ident.key_pem, "ca.pem": ident.ca_pem}
+        for name, data in files.items():
+            fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        cert, key, ca_file = (str(d / n) for n in files)
+        return [
+            "--client-cert-auth", "--trusted-ca-file", ca_file, "--cert-file", cert, "--key-file", key,
+            "--peer-client-cert-auth", "--peer-trusted-ca-file", ca_file,
+            "--peer-cert-file", cert, "--peer-key-file", key,
+        ]  # fmt: skip
 
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        listen_client = f"http://{self.host}:{self.port}"
-        listen_peer = f"http://{self.host}:{self.peer_port}"
-        client = f"http://{self.advertise_host}:{self.port}"
-        peer = f"http://{self.advertise_host}:{self.peer_port}"
+        tls = self._tls()
+        scheme = "https" if tls else "http"
+        listen_client = f"{scheme}://{self.host}:{self.port}"
+        listen_peer = f"{scheme}://{self.host}:{self.peer_port}"
+        client = f"{scheme}://{self.advertise_host}:{self.port}"
+        peer = f"{scheme}://{self.advertise_host}:{self.peer_port}"
         return [
             etcd_binary(),
+            *tls,
             "--name",
             "microco",
             "--data-dir",
@@ -194,15 +228,36 @@ class EtcdServer(_ChildServer):
 
 
 class RedisServer(_ChildServer):
+    """Redis with a password when given one (``requirepass``, from a config file readable by its
+    owner only, so it is not on the command line); protected mode always on, so a Redis without
+    a password answers loopback clients only."""
+
     name = "redis"
+
+    def __init__(self, data_dir: Path, host: str = "127.0.0.1", port: int = 0, password: str = "") -> None:
+        super().__init__(data_dir, host, port)
+        self.password = password
 
     @property
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
+    def _config(self) -> list[str]:
+        if not self.password:
+            return []
+        if any(c.isspace() or c == '"' for c in self.password):
+            raise FailedPrecondition("the Redis password may not contain spaces or quotes")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.data_dir / "redis-auth.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"requirepass {self.password}\n")
+        return [str(conf)]
+
     def command(self) -> list[str]:
         return [
             redis_binary(),
+            *self._config(),
             "--bind",
             self.host,
             "--port",
@@ -215,5 +270,5 @@ class RedisServer(_ChildServer):
             "--appendonly",
             "no",
             "--protected-mode",
-            "no",
+            "yes",
         ]

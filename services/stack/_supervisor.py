@@ -30,6 +30,7 @@ from microco.common.kv import EtcdKV
 from microco.common.registry import SERVICES_PREFIX, ServiceRecord
 from microco.services.runtime.launch import kill_after, start_service
 
+from ._pki import StackPki
 from ._policy import DEFAULT_POLICY, scheduler_args
 from ._restart import RestartPolicy, RestartTracker
 from ._servers import EtcdServer, RedisServer, free_port
@@ -80,6 +81,8 @@ class StackOptions:
     # than racing the restarted process for the key.
     leader_ttl_s: float = 5.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
+    # No TLS, no authentication, no authorisation: development only (``microco up --insecure``).
+    insecure: bool = False
 
 
 def platform_processes(opts: StackOptions) -> list[ProcessSpec]:
@@ -156,6 +159,7 @@ class Stack:
         self.kv: EtcdKV | None = None
         self._stopping = False
         self._infra: list[Infra] = []
+        self.pki: StackPki | None = None  # set up by start()
 
     # -- start
     def start(self, timeout: float = 90.0) -> Stack:
@@ -167,15 +171,22 @@ class Stack:
                 "run `microco down` first"
             )
         (self.home / "logs").mkdir(exist_ok=True)
+        self.pki = StackPki.set_up(self.home, self.opts.insecure, self.progress)
         try:
             if not self.etcd_endpoint:
                 self.progress("starting etcd")
-                self.etcd = EtcdServer(self.home / "etcd", port=self.opts.etcd_port or free_port()).start()
+                self.etcd = EtcdServer(
+                    self.home / "etcd",
+                    port=self.opts.etcd_port or free_port(),
+                    identity=self.pki.etcd_identity() if self.pki else None,
+                ).start()
                 self.etcd_endpoint = self.etcd.endpoint
             if not self.redis_url:
                 self.progress("starting redis")
                 self.redis = RedisServer(
-                    self.home / "redis", port=self.opts.redis_port or free_port()
+                    self.home / "redis",
+                    port=self.opts.redis_port or free_port(),
+                    password=self.pki.redis_password if self.pki else "",
                 ).start()
                 self.redis_url = self.redis.url
             self._infra = [
@@ -222,7 +233,7 @@ class Stack:
             spec.module,
             cmd,
             log_path=self.home / "logs" / f"{spec.name}.log",
-            env=self.opts.extra_env,
+            env={**self.opts.extra_env, **(self.pki.child_env(spec.name, spec.service) if self.pki else {})},
             new_session=True,
         )
         child.status = "starting"
@@ -407,7 +418,10 @@ class Stack:
             ],
         }
         state["processes"] = [p for p in state["processes"] if p]
-        (self.home / STATE_FILE).write_text(json.dumps(state, indent=2))
+        # Written beside and renamed over: a reader (`microco down`, `status`) never sees half of it.
+        tmp = self.home / f".{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(state, indent=2))
+        os.replace(tmp, self.home / STATE_FILE)
 
     def _etcd_serving(self) -> bool:
         """Whether the stack's etcd answers (True when the stack uses an etcd it did not start)."""

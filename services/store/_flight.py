@@ -21,9 +21,18 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from microco.clients.store import FLIGHT_OPTIONS as OPTIONS
-from microco.clients.store import FlightClients
+from microco.clients.store import FlightClients, require_flight_service, secure_location, server_options
 from microco.clients.store import from_flight_error as _from_flight_error
-from microco.common.errors import InvalidArgument, MicrocoError, NotFound, Unavailable
+from microco.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    MicrocoError,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+)
+from microco.common.identity import Identity, service_identity
 from microco.common.kv import KV
 from microco.common.registry import discover
 
@@ -34,10 +43,20 @@ from ._placement import NodeInfo
 log = logging.getLogger(__name__)
 
 NODE_SERVICE = "store-node"
-_ERRORS: dict[str, type[MicrocoError]] = {"CorruptExtent": CorruptExtent}
+COORDINATOR = "store"  # the coordinator's service name: service:store
+_ERRORS: dict[str, type[MicrocoError]] = {
+    "CorruptExtent": CorruptExtent,
+    "NotFound": NotFound,
+    "InvalidArgument": InvalidArgument,
+    "FailedPrecondition": FailedPrecondition,
+    "PermissionDenied": PermissionDenied,
+    "Unauthenticated": Unauthenticated,
+}
 
 
 def _raise_flight(exc: BaseException) -> None:
+    if isinstance(exc, PermissionDenied):
+        raise flight.FlightUnauthorizedError(f"PermissionDenied: {exc}") from exc
     raise flight.FlightServerError(f"{type(exc).__name__}: {exc}") from exc
 
 
@@ -48,8 +67,8 @@ def from_flight_error(exc: BaseException, where: str) -> MicrocoError:
 class _Clients(FlightClients):
     """The shared client pool (``clients/store/_flight.py``), knowing the node's own errors."""
 
-    def __init__(self) -> None:
-        super().__init__(_ERRORS)
+    def __init__(self, ident: Identity | None = None) -> None:
+        super().__init__(_ERRORS, ident)  # ident: whom this side calls as (None: this process)
 
 
 _OPTS = OPTIONS
@@ -76,10 +95,12 @@ class StoreFlightServer(flight.FlightServerBase):
     the node holding it, so the client reads the table from the nodes in parallel."""
 
     def __init__(self, store: NodeStore, location: str = "grpc://127.0.0.1:0", kv: KV | None = None) -> None:
-        super().__init__(location)
+        own = service_identity(NODE_SERVICE)  # None in insecure mode: plaintext
+        super().__init__(secure_location(location, own is not None), **server_options(own))
+        self.identity = own
         self.store = store
         self.kv = kv
-        self.clients = _Clients()
+        self.clients = _Clients(own)
         store.fetch = lambda address, req: flight_get(self.clients, address, req)
 
     def _catalog(self) -> Any:
@@ -120,6 +141,7 @@ class StoreFlightServer(flight.FlightServerBase):
 
     def do_put(self, context, descriptor, reader, writer):
         try:
+            require_flight_service(context, (COORDINATOR,), "write extents to a store node")
             t0 = time.perf_counter()
             req = _request(descriptor.command, "extent descriptor")
             rows = reader.read_all()
@@ -142,6 +164,13 @@ class StoreFlightServer(flight.FlightServerBase):
         try:
             req = _request(ticket.ticket, "ticket")
             op = req.get("op")
+            # A read and a fragment (a structured scan and filter, what PlanRead hands a client)
+            # are any authenticated caller's; SQL, shuffle and reduce tasks the coordinator's
+            # and its nodes'.
+            if op not in ("read", "fragment"):
+                require_flight_service(
+                    context, (COORDINATOR, NODE_SERVICE), f"run {short(op)} tasks on a store node"
+                )
             if op == "read":
                 t = self.store.read(
                     req["table"], req["extent"], req.get("bucket"), req.get("columns"), req.get("checksum")
@@ -154,7 +183,7 @@ class StoreFlightServer(flight.FlightServerBase):
                 raise InvalidArgument(f"unknown ticket op {short(op)}")
             return flight.RecordBatchStream(t)
         except Exception as exc:
-            if not isinstance(exc, (CorruptExtent, NotFound, InvalidArgument)):
+            if not isinstance(exc, (CorruptExtent, NotFound, InvalidArgument, PermissionDenied)):
                 log.exception("do_get failed")
             _raise_flight(exc)
 
@@ -162,6 +191,7 @@ class StoreFlightServer(flight.FlightServerBase):
         from ._core import node_action
 
         try:
+            require_flight_service(context, (COORDINATOR,), f"run the store-node action {short(action.type)}")
             body = _request(action.body.to_pybytes() or b"{}", "action body")
             res = node_action(self.store, action.type, body)
             yield flight.Result(pa.py_buffer(json.dumps(res).encode()))
@@ -233,7 +263,7 @@ class FlightTransport:
 
     def __init__(self, kv: KV) -> None:
         self.kv = kv
-        self.clients = _Clients()
+        self.clients = _Clients(service_identity(COORDINATOR))  # nodes take writes from it alone
 
     def live_nodes(self) -> list[NodeInfo]:
         return _live(self.kv)

@@ -18,9 +18,12 @@ from prometheus_client import Counter, Gauge
 
 from microco.api.store.v1 import store_pb2 as pb
 from microco.api.store.v1 import store_pb2_grpc as pb_grpc
+from microco.clients.store import secure_location
 from microco.common.errors import InvalidArgument
+from microco.services.runtime.auth import caller
 from microco.services.runtime.server import ServiceContext, run_service
 
+from ._authz import TableOwners
 from ._core import StoreCore
 from ._flight import NODE_SERVICE, FlightTransport, StoreFlightServer
 from ._limits import check_keys, load_json
@@ -87,6 +90,7 @@ def parse_request(query_json: str) -> tuple[str | None, Query | None]:
 class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
     def __init__(self, core: StoreCore, recovery: RecoveryLoop | None = None) -> None:
         self.core = core
+        self.owners = TableOwners(getattr(core, "kv", None))
         self.recovery = recovery
 
     def _table_pb(self, name: str, placement: bool = False) -> pb.Table:
@@ -116,10 +120,13 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
     def CreateTable(self, request, context):
         specs = [spec_from_pb(p) for p in request.replicas]
         self.core.create_table(request.name, schema_from_bytes(request.arrow_schema), specs)
+        self.owners.created(caller(context), request.name)
         return self._table_pb(request.name)
 
     def DropTable(self, request, context):
+        self.owners.check(caller(context), request.name, "drop")
         self.core.drop_table(request.name)
+        self.owners.dropped(request.name)
         return pb.DropTableResponse()
 
     def GetTable(self, request, context):
@@ -153,6 +160,7 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
             buf.write(req.arrow_ipc)
         if not table:
             raise InvalidArgument("the first append message must name the table")
+        self.owners.check(caller(context), table, "append to")
         try:
             data = pa.ipc.open_stream(pa.py_buffer(buf.getvalue())).read_all()
         except (pa.ArrowInvalid, OSError) as exc:
@@ -412,7 +420,7 @@ def _setup_node(ctx: ServiceContext) -> None:
     threading.Thread(target=server.serve, name="flight", daemon=True).start()
     labels = {
         **s.labels,
-        "flight": f"grpc://{s.advertised}:{server.port}",
+        "flight": secure_location(f"{s.advertised}:{server.port}", server.identity is not None),
         "fault_domain": ctx.args.fault_domain or name,
     }
     ctx.runtime.settings = replace(s, labels=labels, instance_id=name)

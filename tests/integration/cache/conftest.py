@@ -15,6 +15,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from microco.common.channel import dial
+from microco.common.identity import server_credentials, service_identity
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -96,7 +99,7 @@ def cache_server(tmp_path: Path, etcd_endpoint: str, redis_url: str) -> Iterator
         server = ServerProc(proc, address, data, log)
         started.append(server)
         deadline = time.monotonic() + 30
-        with grpc.insecure_channel(address) as ch:
+        with dial(address) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
             while True:
                 if proc.poll() is not None:
@@ -162,7 +165,7 @@ def inproc_cache(tmp_path: Path) -> Iterator[Callable[..., tuple[str, object]]]:
             ],
         )
         cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(core), server)
-        port = server.add_insecure_port("127.0.0.1:0")
+        port = server.add_secure_port("127.0.0.1:0", server_credentials(service_identity("cache")))
         server.start()
         servers.append(server)
         return f"127.0.0.1:{port}", core

@@ -7,6 +7,7 @@ import grpc
 import pytest
 
 from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
+from microco.common.channel import dial
 from microco.services.cache import digest
 
 
@@ -15,7 +16,7 @@ def stub(inproc_cache):
     address, core = inproc_cache(1 << 20)
     data = b"x" * 1000
     assert core.put(digest(data), data, "d").outcome == "stored"
-    with grpc.insecure_channel(address) as ch:
+    with dial(address) as ch:
         yield cache_pb2_grpc.CacheServiceStub(ch), digest(data)
 
 

@@ -16,6 +16,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from microco.common.channel import dial
+
 torch = pytest.importorskip("torch")
 
 from microco.clients.compiler import RemoteExplorer
@@ -66,7 +68,7 @@ class Service:
                 cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
             )
         deadline = time.monotonic() + 30
-        with grpc.insecure_channel(self.address) as ch:
+        with dial(self.address) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
             while True:
                 if self.proc.poll() is not None:

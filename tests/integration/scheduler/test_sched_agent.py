@@ -11,9 +11,11 @@ import time
 
 import grpc
 import pytest
+from _support import issued
 
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.clients.agent import NODES_PREFIX
+from microco.common.channel import dial
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +24,8 @@ JOB = [sys.executable, "-m", "microco.examples.synthetic_job", "--compute-ms", "
 
 def stub(kv, node):
     rec = kv.get_json(NODES_PREFIX + node)
-    return agent_pb2_grpc.NodeAgentServiceStub(grpc.insecure_channel(rec["address"]))
+    # as the scheduler: the one identity a node agent starts and signals processes for
+    return agent_pb2_grpc.NodeAgentServiceStub(dial(rec["address"], identity=issued("service:scheduler")))
 
 
 def wait_proc(s, job_id, pred, timeout=30):

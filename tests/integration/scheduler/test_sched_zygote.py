@@ -12,8 +12,9 @@ import signal
 import sys
 
 import pytest
-from _support import wait_until
+from _support import issued, wait_until
 
+from microco.common.channel import dial
 from microco.services.agent import ProcessManager, discover_devices
 
 
@@ -159,7 +160,6 @@ def test_jobs_die_with_the_zygote_which_comes_back(pm):
 
 def test_forked_jobs_die_with_a_killed_agent(etcd_endpoint, etcd_kv, tmp_path):
     """kill -9 of the agent: its zygote dies with it, and the forked jobs with the zygote."""
-    import grpc
 
     from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
     from microco.clients.agent import NODES_PREFIX
@@ -170,7 +170,7 @@ def test_forked_jobs_die_with_a_killed_agent(etcd_endpoint, etcd_kv, tmp_path):
     )
     try:
         stub = agent_pb2_grpc.NodeAgentServiceStub(
-            grpc.insecure_channel(etcd_kv.get_json(NODES_PREFIX + "zk")["address"])
+            dial(etcd_kv.get_json(NODES_PREFIX + "zk")["address"], identity=issued("service:scheduler"))
         )
         assert list(stub.GetNode(agent_pb2.GetNodeRequest(), timeout=5).preloaded) == ["numpy"]
         cmd = [*SYN, "--steps", "100000", "--compute-ms", "1", "--io-ms", "5"]

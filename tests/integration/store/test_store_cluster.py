@@ -449,9 +449,11 @@ def test_plain_flight_client_reads_a_table_in_parallel(fresh):
 
     import pyarrow.flight as flight
 
+    from microco.clients.store import flight_client
+
     _, client = fresh
     node = client.nodes()[0]["address"]
-    fc = flight.FlightClient(node)
+    fc = flight_client(node)
     try:
         listed = {f.descriptor.path[0].decode(): f for f in fc.list_flights()}
         assert {"orders", "items"} <= set(listed) and listed["orders"].total_records == N
@@ -463,7 +465,7 @@ def test_plain_flight_client_reads_a_table_in_parallel(fresh):
     assert len(info.endpoints) > 1 and len(locations) > 1  # extents of one replica on several nodes
 
     def read(ep):
-        c = flight.FlightClient(ep.locations[0])
+        c = flight_client(ep.locations[0].uri.decode())
         try:
             return c.do_get(ep.ticket).read_all()
         finally:
@@ -474,7 +476,7 @@ def test_plain_flight_client_reads_a_table_in_parallel(fresh):
     got = pa.concat_tables(parts).sort_by("o_id")
     assert got.num_rows == N and got.equals(ORDERS.cast(got.schema).sort_by("o_id"))
     for replica in (1, 2):
-        fc = flight.FlightClient(node)
+        fc = flight_client(node)
         try:
             cmd = flight.FlightDescriptor.for_command(json.dumps({"table": "items", "replica": replica}))
             eps = fc.get_flight_info(cmd).endpoints

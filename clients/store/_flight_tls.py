@@ -1,0 +1,211 @@
+"""Arrow Flight with the platform's identities: mutual TLS, and who the caller is.
+
+Every store node serves Flight over TLS and requires a client certificate from the platform's CA
+(``verify_client``), as the gRPC services do. Flight does not hand a server the client's
+certificate, so each call also carries the caller's certificate and a fresh signature made with
+its key (headers ``x-microco-cert``, ``x-microco-proof``); the node checks both against the CA
+and knows who calls: only the coordinator (``service:store``) may write extents or run actions
+such as ``drop_table`` (docs/security.md). In insecure mode (``MICROCO_INSECURE=1``) all of this
+is off.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import threading
+import time
+from typing import Any
+
+from microco.common import identity
+from microco.common.errors import PermissionDenied, Unauthenticated
+from microco.common.identity import Identity
+
+CERT_HEADER = "x-microco-cert"
+PROOF_HEADER = "x-microco-proof"
+MIDDLEWARE = "microco-identity"
+PROOF_TTL_S = 300.0  # a proof is re-made after half of this; one older than this is refused
+_PROOF_CONTEXT = b"microco-flight-proof|"
+
+
+def secure_location(location: str, secure: bool) -> str:
+    """``grpc://host:port`` as this process dials or serves it: ``grpc+tls://`` with TLS."""
+    for scheme in ("grpc+tls://", "grpc+tcp://", "grpc://"):
+        if location.startswith(scheme):
+            rest = location[len(scheme) :]
+            return ("grpc+tls://" if secure else "grpc://") + rest
+    return ("grpc+tls://" if secure else "grpc://") + location
+
+
+def scheme(ident: Identity | None) -> str:
+    """The scheme of a Flight server serving as ``ident`` (``None``: plaintext)."""
+    return "grpc://" if ident is None else "grpc+tls://"
+
+
+# --------------------------------------------------------------------------- client side
+
+
+def _sign(ident: Identity, message: bytes) -> bytes:
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = serialization.load_pem_private_key(ident.key_pem, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise Unauthenticated(f"{ident.name}: the platform's keys are elliptic-curve keys")
+    return key.sign(message, ec.ECDSA(hashes.SHA256()))
+
+
+class _Proof:
+    def __init__(self, ident: Identity) -> None:
+        self.ident = ident
+        self.cert = base64.b64encode(ident.cert_pem).decode()
+        self._lock = threading.Lock()
+        self._made = 0.0
+        self._value = ""
+
+    def headers(self) -> dict[str, str]:
+        now = time.time()
+        with self._lock:
+            if now - self._made > PROOF_TTL_S / 2:
+                ts = f"{now:.3f}".encode()
+                sig = _sign(self.ident, _PROOF_CONTEXT + ts)
+                self._value = ts.decode() + "." + base64.b64encode(sig).decode()
+                self._made = now
+            return {CERT_HEADER: self.cert, PROOF_HEADER: self._value}
+
+
+def _client_middleware(proof: _Proof) -> Any:
+    import pyarrow.flight as flight
+
+    class _Sender(flight.ClientMiddleware):  # type: ignore[misc]
+        def sending_headers(self) -> dict[str, str]:
+            return proof.headers()
+
+    class _Factory(flight.ClientMiddlewareFactory):  # type: ignore[misc]
+        def start_call(self, info: Any) -> Any:
+            return _Sender()
+
+    return _Factory()
+
+
+def flight_client(address: str, ident: Identity | None = None) -> Any:
+    """A Flight client to ``address`` (``grpc://host:port``) as ``ident`` (this process's own
+    identity by default; plaintext in insecure mode)."""
+    import pyarrow.flight as flight
+
+    ident = ident if ident is not None else identity.current()
+    if ident is None:
+        return flight.FlightClient(secure_location(address, False))
+    return flight.FlightClient(
+        secure_location(address, True),
+        tls_root_certs=ident.ca_pem,
+        cert_chain=ident.cert_pem,
+        private_key=ident.key_pem,
+        override_hostname=identity.SERVICE_NAME,
+        middleware=[_client_middleware(_Proof(ident))],
+    )
+
+
+# --------------------------------------------------------------------------- server side
+
+
+@functools.lru_cache(maxsize=256)
+def _verified(ca_pem: bytes, cert_pem: bytes) -> tuple[str, bool, Any]:
+    """The identity in ``cert_pem`` once it is checked to be issued by the CA and valid now."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        ca.public_key().verify(  # type: ignore[call-arg, union-attr]
+            cert.signature,
+            cert.tbs_certificate_bytes,
+            ec.ECDSA(cert.signature_hash_algorithm),  # type: ignore[arg-type]
+        )
+    except Exception:  # noqa: BLE001 - InvalidSignature, or a key of another type
+        raise Unauthenticated("the certificate presented is not the platform CA's") from None
+    now = datetime.datetime.now(datetime.timezone.utc)
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        raise Unauthenticated("the certificate presented has expired or is not valid yet")
+    name, admin = identity.peer_name(cert_pem)
+    return name, admin, cert.public_key()
+
+
+def verify_headers(ca_pem: bytes, headers: dict[str, Any]) -> tuple[str, bool]:
+    """The (name, admin) of the caller whose headers these are, or ``Unauthenticated``."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    def one(name: str) -> str:
+        v = headers.get(name) or []
+        v = v[0] if isinstance(v, list) and v else v
+        return v.decode() if isinstance(v, bytes) else str(v or "")
+
+    cert_b64, proof = one(CERT_HEADER), one(PROOF_HEADER)
+    if not cert_b64 or "." not in proof:
+        raise Unauthenticated("no caller proof: Flight calls need the platform's client credentials")
+    try:
+        cert_pem = base64.b64decode(cert_b64, validate=True)
+        ts, sig_b64 = proof.rsplit(".", 1)  # "<seconds.millis>.<base64>": base64 has no dot
+        sig = base64.b64decode(sig_b64, validate=True)
+        age = time.time() - float(ts)
+    except (ValueError, TypeError):
+        raise Unauthenticated("malformed caller proof") from None
+    if not -60.0 <= age <= PROOF_TTL_S:
+        raise Unauthenticated("stale caller proof")
+    name, admin, key = _verified(ca_pem, cert_pem)
+    try:
+        key.verify(sig, _PROOF_CONTEXT + ts.encode(), ec.ECDSA(hashes.SHA256()))
+    except Exception:  # noqa: BLE001 - InvalidSignature
+        raise Unauthenticated("the caller proof does not match its certificate") from None
+    return name, admin
+
+
+def server_options(ident: Identity | None) -> dict[str, Any]:
+    """The keyword arguments of ``FlightServerBase.__init__`` for a node serving as ``ident``."""
+    if ident is None:
+        return {}
+    import pyarrow.flight as flight
+
+    ca_pem = ident.ca_pem
+
+    class _Caller(flight.ServerMiddleware):  # type: ignore[misc]
+        def __init__(self, name: str, admin: bool) -> None:
+            self.name, self.admin = name, admin
+
+    class _Factory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
+        def start_call(self, info: Any, headers: dict[str, Any]) -> Any:
+            try:
+                name, admin = verify_headers(ca_pem, headers)
+            except Unauthenticated as exc:
+                raise flight.FlightUnauthenticatedError(f"Unauthenticated: {exc}") from None
+            return _Caller(name, admin)
+
+    return {
+        "tls_certificates": [flight.CertKeyPair(ident.cert_pem, ident.key_pem)],
+        "verify_client": True,
+        "root_certificates": ident.ca_pem,
+        "middleware": {MIDDLEWARE: _Factory()},
+    }
+
+
+def flight_caller(context: Any) -> tuple[str, bool]:
+    """(name, admin) of a Flight call's caller; ``("", False)`` on a plaintext server."""
+    mw = context.get_middleware(MIDDLEWARE)
+    if mw is None:
+        return "", False
+    return mw.name, mw.admin
+
+
+def require_flight_service(context: Any, services: tuple[str, ...], what: str) -> None:
+    """Refuse (``PermissionDenied``) a Flight call not from one of ``services``."""
+    mw = context.get_middleware(MIDDLEWARE)
+    if mw is None:
+        return  # plaintext: insecure development mode
+    if mw.name.partition(":")[0] == "service" and mw.name.partition(":")[2] in services:
+        return
+    allowed = " or ".join(f"service:{s}" for s in services)
+    raise PermissionDenied(f"{mw.name} may not {what}: only {allowed} may")

@@ -1,0 +1,115 @@
+"""The local stack's identities: its CA, one certificate per service, the administrator's
+credentials file (``<home>/credentials.pem``, which the CLI and SDK find by themselves).
+
+The CA lives in ``$MICROCO_CA_DIR`` when that is set (an organisation's own, or the test
+suite's), else in ``<home>/pki`` (created on the first ``microco up``; its key readable by its
+owner only). Only the scheduler is given the CA, to issue its jobs' credentials.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from microco.common import identity
+from microco.common.hotstate import ENV_REDIS_PASSWORD
+from microco.common.identity import CertificateAuthority
+
+log = logging.getLogger(__name__)
+
+ISSUES_JOBS = frozenset({"scheduler"})  # the services given the CA, to issue job credentials
+
+
+def ca_dir(home: Path) -> Path:
+    return Path(os.environ.get(identity.ENV_CA_DIR) or home / "pki")
+
+
+def admin_name() -> str:
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError):
+        name = "admin"
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name) or "admin"
+
+
+@dataclass
+class StackPki:
+    home: Path
+    insecure: bool
+    ca: CertificateAuthority | None = None
+    ca_dir: Path | None = None
+    redis_password: str = ""  # the stack's Redis requires it (not in insecure mode)
+    _files: dict[str, Path] = field(default_factory=dict)
+
+    @classmethod
+    def set_up(cls, home: Path, insecure: bool, progress: Callable[[str], None]) -> StackPki:
+        if insecure:
+            os.environ[identity.ENV_INSECURE] = "1"  # this process's health checks too
+            progress(
+                "WARNING: INSECURE development stack: no TLS, no authentication, no authorisation; "
+                "anyone who reaches its ports owns it"
+            )
+            return cls(home, True)
+        d = ca_dir(home)
+        ca = CertificateAuthority.load_or_create(d)
+        pki = cls(home, False, ca, d)
+        admin_file = home / "credentials.pem"
+        current = _read(admin_file)
+        if current is None or current.ca_pem != ca.cert_pem:
+            ca.issue(f"user:{admin_name()}", admin=True, days=365).write(admin_file)
+            progress(f"administrator credentials: {admin_file}")
+        identity.use(ca.issue("service:stack"))  # the supervisor's own health checks
+        pki.redis_password = _redis_password(home / "pki" / "redis.password")
+        os.environ[ENV_REDIS_PASSWORD] = pki.redis_password  # this process's clients (the demo)
+        return pki
+
+    def etcd_identity(self) -> identity.Identity | None:
+        """The certificate of the etcd the stack starts (it listens on loopback)."""
+        if self.ca is None:
+            return None
+        return self.ca.issue("service:etcd", hosts=("127.0.0.1", "localhost"))
+
+    def child_env(self, name: str, service: str) -> dict[str, str]:
+        """What a service process needs to find its own credentials."""
+        if self.insecure:
+            return {identity.ENV_INSECURE: "1"}
+        assert self.ca is not None and self.ca_dir is not None
+        path = self._files.get(name)
+        if path is None:
+            path = self.ca.issue(f"service:{service}").write(self.home / "pki" / "services" / f"{name}.pem")
+            self._files[name] = path
+        return {
+            ENV_REDIS_PASSWORD: self.redis_password,
+            identity.ENV_CREDENTIALS: str(path),
+            identity.ENV_CREDENTIALS_PEM: "",
+            identity.ENV_INSECURE: "",
+            identity.ENV_CA_DIR: str(self.ca_dir) if service in ISSUES_JOBS else "",
+        }
+
+
+def _redis_password(path: Path) -> str:
+    """The stack's Redis password: made once, kept in a file only its owner reads."""
+    try:
+        text = path.read_text().strip()
+        if text:
+            return text
+    except OSError:
+        pass
+    text = secrets.token_urlsafe(24)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+    return text
+
+
+def _read(path: Path) -> identity.Identity | None:
+    try:
+        return identity.Identity.from_pem(path.read_bytes(), where=str(path))
+    except (OSError, Exception):  # noqa: BLE001 - unreadable or not ours: issued anew
+        return None

@@ -1,0 +1,441 @@
+"""The attacks of issue 16, each tried as an anonymous client (no certificate), as another user
+and as another job, against real servers in this process on free ports (mutual TLS as the
+platform runs them): every one is refused with UNAUTHENTICATED or PERMISSION_DENIED (or the
+TLS handshake fails), and what the owner, the job itself, the scheduler or the coordinator may
+do still works."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from _support import issued
+
+from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
+from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
+from microco.api.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from microco.api.store.v1 import store_pb2_grpc
+from microco.clients.scheduler import spec_to_pb
+from microco.clients.store import StoreClient, flight_client
+from microco.common.channel import dial
+from microco.common.errors import PermissionDenied
+from microco.common.identity import SERVICE_NAME, CertificateAuthority
+from microco.common.kv import MemoryKV, dumps
+
+pytestmark = pytest.mark.integration
+
+DENIED = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
+
+
+def refused(call: Any, *args: Any, **kw: Any) -> grpc.RpcError:
+    """``call`` fails PERMISSION_DENIED/UNAUTHENTICATED with a one-line message."""
+    with pytest.raises(grpc.RpcError) as info:
+        result = call(*args, timeout=10, **kw)
+        if hasattr(result, "__iter__") and not hasattr(result, "ByteSize"):
+            list(result)
+    err = info.value
+    assert err.code() in DENIED, (err.code(), err.details())
+    assert err.details() and "\n" not in err.details()
+    return err
+
+
+# --------------------------------------------------------------------------- the servers
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A scheduler, a node agent and a cache server in this process, on one MemoryKV, each
+    serving mutual TLS as its own service identity."""
+    from microco.services.agent import NodeAgent
+    from microco.services.agent._service import NodeAgentServicer
+    from microco.services.cache._chunkstore import ChunkStore
+    from microco.services.cache._core import CacheCore
+    from microco.services.cache._servicer import CacheServicer
+    from microco.services.runtime import ServiceRuntime, ServiceSettings
+    from microco.services.scheduler._core import SchedulerCore
+    from microco.services.scheduler._service import SchedulerServicer
+    from microco.services.scheduler.policy import make_policy
+    from microco.services.store._core import StoreCore
+    from microco.services.store._flight import FlightTransport
+    from microco.services.store._service import StoreServicer
+
+    tmp = tmp_path_factory.mktemp("sec")
+    kv = MemoryKV()
+    agent = NodeAgent(kv, "sec-node", str(tmp / "agent"), virtual_devices=2, preload=[])
+    kv.put(agent.key, dumps(agent.record()))  # the node as the scheduler sees it
+    core = SchedulerCore(kv, make_policy("fifo"), check_commands=False)
+    runtimes = []
+
+    def serve(name: str, add: Any, servicer: Any) -> str:
+        rt = ServiceRuntime(ServiceSettings(name=name, metrics_port=-1))
+        rt.add_service(add, servicer, name)
+        rt.start(register=False)
+        runtimes.append(rt)
+        return rt.address
+
+    out = {
+        "kv": kv,
+        "core": core,
+        "agent": agent,
+        "scheduler": serve(
+            "scheduler",
+            scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server,
+            SchedulerServicer(core, None, "fifo"),
+        ),
+        "agent_address": serve(
+            "agent", agent_pb2_grpc.add_NodeAgentServiceServicer_to_server, NodeAgentServicer(agent)
+        ),
+        "store": serve(
+            "store",
+            store_pb2_grpc.add_StoreCoordinatorServiceServicer_to_server,
+            StoreServicer(StoreCore(kv, FlightTransport(kv))),
+        ),
+        "cache": serve(
+            "cache",
+            cache_pb2_grpc.add_CacheServiceServicer_to_server,
+            CacheServicer(CacheCore(ChunkStore(str(tmp / "cache")), 1 << 20, "coordinated"), kv=kv),
+        ),
+    }
+    yield out
+    for rt in runtimes:
+        rt.stop(grace=0)
+    agent.procs.shutdown()
+
+
+def sched(platform: dict[str, Any], who: str, admin: bool = False) -> Any:
+    return scheduler_pb2_grpc.SchedulerServiceStub(dial(platform["scheduler"], identity=issued(who, admin)))
+
+
+def submit(platform: dict[str, Any], who: str, **spec: Any) -> scheduler_pb2.Job:
+    full = {"name": "t", "command": ["true"], "devices": 1, **spec}
+    return sched(platform, who).SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec_to_pb(full)), timeout=10)
+
+
+# --------------------------------------------------------------------------- anonymous
+
+
+def test_anonymous_and_foreign_clients_are_refused_at_the_handshake(platform, tmp_path):
+    address = platform["scheduler"]
+    req = scheduler_pb2.ListJobsRequest()
+    # plaintext to a TLS port
+    with grpc.insecure_channel(address) as ch:
+        with pytest.raises(grpc.RpcError) as info:
+            scheduler_pb2_grpc.SchedulerServiceStub(ch).ListJobs(req, timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    # TLS that trusts the CA but presents no certificate
+    ca_pem = issued("user:x").ca_pem
+    opts = [("grpc.ssl_target_name_override", SERVICE_NAME)]
+    with grpc.secure_channel(address, grpc.ssl_channel_credentials(ca_pem), options=opts) as ch:
+        with pytest.raises(grpc.RpcError) as info:
+            scheduler_pb2_grpc.SchedulerServiceStub(ch).ListJobs(req, timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    # a certificate from another CA naming an administrator
+    forged = CertificateAuthority.create().issue("user:root", admin=True)
+    with dial(address, identity=forged) as ch:
+        with pytest.raises(grpc.RpcError) as info:
+            scheduler_pb2_grpc.SchedulerServiceStub(ch).ListJobs(req, timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_user_certificate_cannot_serve(platform):
+    """Only service certificates carry the name clients check the server against."""
+    from microco.services.runtime import ServiceRuntime, ServiceSettings
+
+    rt = ServiceRuntime(ServiceSettings(name="impostor", metrics_port=-1), identity=issued("user:mallory"))
+    rt.start(register=False)
+    try:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        with dial(rt.address) as ch, pytest.raises(grpc.RpcError) as info:
+            health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        rt.stop(grace=0)
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def test_the_owner_of_a_job_is_the_caller_never_a_request_field(platform):
+    job = submit(platform, "user:alice")
+    assert job.spec.owner.user == "alice"
+    err = refused(
+        sched(platform, "user:alice").SubmitJob,
+        scheduler_pb2.SubmitJobRequest(
+            spec=spec_to_pb({"name": "t", "command": ["true"], "devices": 1, "user": "bob"})
+        ),
+    )
+    assert "bob" in err.details()
+    # a platform service (the console) submits for the person signed in to it
+    job = sched(platform, "service:console").SubmitJob(
+        scheduler_pb2.SubmitJobRequest(
+            spec=spec_to_pb({"name": "t", "command": ["true"], "devices": 1, "user": "carol"})
+        ),
+        timeout=10,
+    )
+    assert job.spec.owner.user == "carol"
+
+
+def test_another_user_or_job_cannot_cancel_control_or_read_a_job(platform):
+    job = submit(platform, "user:alice")
+    for who in ("user:bob", f"job:{job.id}x", "job:other"):
+        s = sched(platform, who)
+        refused(s.CancelJob, scheduler_pb2.CancelJobRequest(job_id=job.id))
+        refused(s.ControlJob, scheduler_pb2.ControlJobRequest(job_id=job.id, action="suspend"))
+        refused(s.GetJob, scheduler_pb2.GetJobRequest(job_id=job.id))
+    refused(sched(platform, "job:other").SubmitJob, scheduler_pb2.SubmitJobRequest(spec=job.spec))
+    # the job itself may read itself; its owner and an administrator may cancel it
+    assert sched(platform, f"job:{job.id}").GetJob(scheduler_pb2.GetJobRequest(job_id=job.id), timeout=10).id
+    assert sched(platform, "user:alice").CancelJob(scheduler_pb2.CancelJobRequest(job_id=job.id), timeout=10)
+    other = submit(platform, "user:alice")
+    admin = sched(platform, "user:root", admin=True)
+    assert admin.CancelJob(scheduler_pb2.CancelJobRequest(job_id=other.id), timeout=10).id == other.id
+
+
+def test_list_jobs_shows_a_user_their_own_and_never_a_secret(platform):
+    job = submit(platform, "user:alice", env={"API_KEY": "s3cr3t", "DB_PASSWORD": "pw", "EPOCHS": "3"})
+    listed = sched(platform, "user:bob").ListJobs(scheduler_pb2.ListJobsRequest(), timeout=10).jobs
+    assert job.id not in {j.id for j in listed}
+    # asking for another owner's jobs by name does not help
+    listed = (
+        sched(platform, "user:bob").ListJobs(scheduler_pb2.ListJobsRequest(owner="alice"), timeout=10).jobs
+    )
+    assert listed == []
+    for who, admin in (("user:alice", False), ("user:root", True), ("service:console", False)):
+        jobs = {
+            j.id: j
+            for j in sched(platform, who, admin).ListJobs(scheduler_pb2.ListJobsRequest(), timeout=10).jobs
+        }
+        env = dict(jobs[job.id].spec.env)
+        assert env == {"API_KEY": "<redacted>", "DB_PASSWORD": "<redacted>", "EPOCHS": "3"}, who
+        assert "s3cr3t" not in str(jobs[job.id])
+    # the owner still reads the full record of their own job
+    full = sched(platform, "user:alice").GetJob(scheduler_pb2.GetJobRequest(job_id=job.id), timeout=10)
+    assert full.spec.env["API_KEY"] == "s3cr3t"
+
+
+def test_watch_jobs_streams_only_what_the_caller_may_see(platform):
+    theirs = submit(platform, "user:erin")
+    mine = submit(platform, "user:dave")  # later: streamed after theirs, were theirs visible
+    stream = sched(platform, "user:dave").WatchJobs(scheduler_pb2.WatchJobsRequest(), timeout=60)
+    seen = []
+    for ev in stream:
+        seen.append(ev.job.id)
+        if ev.job.id == mine.id:
+            stream.cancel()
+            break
+    assert mine.id in seen and theirs.id not in seen
+
+
+# --------------------------------------------------------------------------- the node agent
+
+
+def test_only_the_scheduler_starts_or_signals_processes_on_an_agent(platform):
+    address = platform["agent_address"]
+    start = agent_pb2.StartProcessRequest(job_id="pwn", command=["id"], device_ids=["sec-node/0"])
+    for who, admin in (
+        ("user:mallory", False),
+        ("user:root", True),
+        ("job:j-1", False),
+        ("service:cache", False),
+    ):
+        stub = agent_pb2_grpc.NodeAgentServiceStub(dial(address, identity=issued(who, admin)))
+        err = refused(stub.StartProcess, start)
+        assert "service:scheduler" in err.details()
+        refused(
+            stub.ControlProcess, agent_pb2.ControlProcessRequest(job_id="pwn", control=agent_pb2.CONTROL_STOP)
+        )
+        refused(stub.StopProcess, agent_pb2.StopProcessRequest(job_id="pwn"))
+        refused(stub.CollectGarbage, agent_pb2.CollectGarbageRequest())
+    assert platform["agent"].procs.list() == []  # nothing ran
+    # the scheduler may (a command that does not exist: refused by the agent itself, not by authorisation)
+    stub = agent_pb2_grpc.NodeAgentServiceStub(dial(address, identity=issued("service:scheduler")))
+    with pytest.raises(grpc.RpcError) as info:
+        stub.StartProcess(
+            agent_pb2.StartProcessRequest(job_id="ok", command=["/no/such/cmd"], device_ids=["sec-node/0"]),
+            timeout=10,
+        )
+    assert info.value.code() not in DENIED
+
+
+def test_another_user_cannot_read_a_jobs_log(platform):
+    job = submit(platform, "user:alice")
+    stub = agent_pb2_grpc.NodeAgentServiceStub(dial(platform["agent_address"], identity=issued("user:bob")))
+    refused(stub.ReadLog, agent_pb2.ReadLogRequest(job_id=job.id))
+    stub = agent_pb2_grpc.NodeAgentServiceStub(dial(platform["agent_address"], identity=issued("job:other")))
+    refused(stub.ReadLog, agent_pb2.ReadLogRequest(job_id=job.id))
+
+
+def test_a_job_never_gets_the_agents_credentials():
+    from microco.services.agent._procs import job_environment
+
+    base = {"MICROCO_CREDENTIALS": "/agent.pem", "MICROCO_CA_DIR": "/pki", "PATH": "/bin"}
+    env = job_environment(base, {}, {"MICROCO_CREDENTIALS_PEM": "the job's own"})
+    assert "MICROCO_CREDENTIALS" not in env and "MICROCO_CA_DIR" not in env
+    assert env["MICROCO_CREDENTIALS_PEM"] == "the job's own"
+
+
+def test_the_scheduler_issues_a_job_credentials_scoped_to_its_id():
+    from microco.common.identity import ENV_CREDENTIALS_PEM, Identity, job_credentials_env
+
+    ident = Identity.from_pem(job_credentials_env("j-42")[ENV_CREDENTIALS_PEM].encode())
+    assert ident.name == "job:j-42" and not ident.admin
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+def test_cache_reports_only_for_jobs_the_caller_owns(platform):
+    job = submit(platform, "user:alice")
+
+    def report(who: str, job_id: str, **kw: Any) -> Any:
+        stub = cache_pb2_grpc.CacheServiceStub(dial(platform["cache"], identity=issued(who)))
+        req = cache_pb2.ReportProgressRequest(job_id=job_id, dataset="imagenet", epoch=0, **kw)
+        return stub.ReportProgress, req
+
+    for who in ("user:bob", "job:other"):
+        call, req = report(who, job.id, dataset_bytes=1, finished=True)
+        refused(call, req)
+    call, req = report(f"job:{job.id}", job.id, dataset_bytes=1 << 20)
+    call(req, timeout=10)
+    call, req = report(f"job:{job.id}", f"{job.id}/rank1", dataset_bytes=1 << 20)  # one of its ranks
+    call(req, timeout=10)
+    call, req = report("job:other", f"{job.id}/rank1", finished=True)
+    refused(call, req)
+    call, req = report("user:alice", job.id, finished=True)
+    call(req, timeout=10)
+    # a job the scheduler does not know belongs to whoever reports for it first
+    call, req = report("user:carol", "local-run-1", dataset_bytes=10)
+    call(req, timeout=10)
+    call, req = report("user:bob", "local-run-1", finished=True)
+    refused(call, req)
+
+
+# --------------------------------------------------------------------------- store tables
+
+
+def test_a_user_drops_and_appends_to_their_own_tables_only(platform):
+    def client(who: str, admin: bool = False) -> StoreClient:
+        return StoreClient(dial(platform["store"], identity=issued(who, admin)))
+
+    schema = pa.schema([("a", pa.int64())])
+    replicas = ["a:hash:2", "a:hash:2", "a:hash:2"]
+    client("user:alice").create_table("alice_t", schema, replicas)
+    job = submit(platform, "user:alice")
+    client(f"job:{job.id}").create_table("alice_job_t", schema, replicas)  # a job creates for its owner
+    for who in ("user:bob", "job:other"):
+        for call in (
+            lambda c: c.drop_table("alice_t"),
+            lambda c: c.append("alice_t", pa.table({"a": [1]})),
+            lambda c: c.drop_table("alice_job_t"),
+        ):
+            with pytest.raises(PermissionDenied, match="user 'alice'"):
+                call(client(who))
+    client("user:alice").drop_table("alice_job_t")
+    client("user:root", admin=True).drop_table("alice_t")
+    assert client("user:root", admin=True).list_tables() == []
+
+
+# --------------------------------------------------------------------------- store nodes
+
+
+@pytest.fixture(scope="module")
+def store_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+    import threading
+
+    from microco.services.store._flight import StoreFlightServer
+    from microco.services.store._nodestore import NodeStore
+
+    data = tmp_path_factory.mktemp("node")
+    server = StoreFlightServer(NodeStore("n1", data / "node"))
+    threading.Thread(target=server.serve, daemon=True).start()
+    yield server, data
+    server.shutdown()
+
+
+def _action(client: Any, name: str, body: dict[str, Any]) -> list[Any]:
+    return list(client.do_action(flight.Action(name, json.dumps(body).encode())))
+
+
+def test_store_node_actions_only_from_the_coordinator(store_node, tmp_path):
+    server, data = store_node
+    address = f"127.0.0.1:{server.port}"
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("x")
+    for who, admin in (
+        ("user:mallory", False),
+        ("user:root", True),
+        ("job:j-1", False),
+        ("service:store-node", False),
+    ):
+        client = flight_client(address, issued(who, admin))
+        try:
+            with pytest.raises(flight.FlightUnauthorizedError, match="only service:store may"):
+                _action(client, "drop_table", {"table": str(victim)})
+            desc = flight.FlightDescriptor.for_command(
+                json.dumps({"table": "t", "extent": "e", "buckets": []})
+            )
+            with pytest.raises(flight.FlightUnauthorizedError):
+                writer, _ = client.do_put(desc, pa.schema([("a", pa.int64())]))
+                writer.write_table(pa.table({"a": [1]}))
+                writer.close()
+            if who != "service:store-node":
+                with pytest.raises(flight.FlightUnauthorizedError):
+                    client.do_get(
+                        flight.Ticket(json.dumps({"op": "sql", "inputs": {}, "sql": "select 1"}))
+                    ).read_all()
+        finally:
+            client.close()
+    # the coordinator's drop_table with a path is refused by the path check
+    client = flight_client(address, issued("service:store"))
+    try:
+        with pytest.raises(flight.FlightError, match="bad name"):
+            _action(client, "drop_table", {"table": str(victim)})
+    finally:
+        client.close()
+    assert (victim / "precious").exists()
+
+
+def test_store_node_refuses_clients_without_credentials(store_node):
+    server, _ = store_node
+    plain = flight.FlightClient(f"grpc://127.0.0.1:{server.port}")
+    with pytest.raises(flight.FlightError):
+        _action(plain, "stats", {})
+    plain.close()
+    ca_pem = issued("user:x").ca_pem
+    no_cert = flight.FlightClient(
+        f"grpc+tls://127.0.0.1:{server.port}", tls_root_certs=ca_pem, override_hostname=SERVICE_NAME
+    )
+    with pytest.raises(flight.FlightError):
+        _action(no_cert, "stats", {})
+    no_cert.close()
+
+
+def test_a_forged_flight_proof_is_refused(tmp_path):
+    """The headers naming the caller must be signed with the key of a certificate of the CA."""
+    from microco.clients.store._flight_tls import CERT_HEADER, PROOF_HEADER, _Proof, verify_headers
+    from microco.common.errors import Unauthenticated
+
+    me = issued("user:mallory")
+    store = issued("service:store")
+    good = _Proof(me).headers()
+    assert verify_headers(me.ca_pem, good) == ("user:mallory", False)
+    # the coordinator's certificate with mallory's signature
+    forged = {CERT_HEADER: _Proof(store).headers()[CERT_HEADER], PROOF_HEADER: good[PROOF_HEADER]}
+    with pytest.raises(Unauthenticated):
+        verify_headers(me.ca_pem, forged)
+    # a certificate of another CA
+    other = CertificateAuthority.create().issue("service:store")
+    with pytest.raises(Unauthenticated):
+        verify_headers(me.ca_pem, _Proof(other).headers())
+    with pytest.raises(Unauthenticated):
+        verify_headers(me.ca_pem, {})
+    shutil.rmtree(tmp_path, ignore_errors=True)

@@ -1,0 +1,114 @@
+"""The platform's PKI: issuing, reading credentials, where a process finds its own, and
+`microco user add`."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+
+from microco.common import identity
+from microco.common.errors import FailedPrecondition, InvalidArgument
+from microco.common.identity import CertificateAuthority, Identity
+
+
+@pytest.fixture(scope="module")
+def ca() -> CertificateAuthority:
+    return CertificateAuthority.create()
+
+
+def test_issued_identities_read_back_with_their_kind_and_admin_flag(ca):
+    alice = ca.issue("user:alice", admin=True)
+    again = Identity.from_pem(alice.to_pem())
+    assert (again.name, again.admin, again.kind, again.subject) == ("user:alice", True, "user", "alice")
+    assert identity.peer_name(ca.issue("job:j-1").cert_pem) == ("job:j-1", False)
+    assert again.ca_pem == ca.cert_pem
+
+
+def test_only_service_certificates_name_the_service_host(ca):
+    from cryptography import x509
+
+    def sans(ident: Identity) -> list[str]:
+        cert = x509.load_pem_x509_certificate(ident.cert_pem)
+        try:
+            ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        except x509.ExtensionNotFound:
+            return []
+        return ext.value.get_values_for_type(x509.DNSName)
+
+    assert sans(ca.issue("service:cache")) == [identity.SERVICE_NAME]
+    assert sans(ca.issue("user:bob")) == [] and sans(ca.issue("job:x")) == []
+
+
+@pytest.mark.parametrize(
+    "name", ["alice", "root:alice", "user:", "user:a/b", "user:a b", "user:" + "x" * 200]
+)
+def test_bad_identity_names_are_refused(ca, name):
+    with pytest.raises(InvalidArgument):
+        ca.issue(name)
+
+
+def test_only_a_user_can_be_an_administrator(ca):
+    with pytest.raises(InvalidArgument, match="only a user"):
+        ca.issue("service:scheduler", admin=True)
+
+
+def test_credentials_files_are_private_and_checked(ca, tmp_path):
+    path = ca.issue("user:carol").write(tmp_path / "c.pem")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    with pytest.raises(FailedPrecondition, match="certificate, its private key and the CA"):
+        Identity.from_pem(ca.cert_pem)
+
+
+def test_ca_directory_keeps_its_key_private_and_is_reused(tmp_path):
+    first = CertificateAuthority.load_or_create(tmp_path / "pki")
+    assert stat.S_IMODE((tmp_path / "pki" / identity.CA_KEY).stat().st_mode) == 0o600
+    assert CertificateAuthority.load_or_create(tmp_path / "pki").cert_pem == first.cert_pem
+    with pytest.raises(FailedPrecondition, match="microco up"):
+        CertificateAuthority.load(tmp_path / "none")
+
+
+def test_where_a_process_finds_its_credentials(ca, tmp_path, monkeypatch):
+    monkeypatch.setattr(identity, "_used", None)
+    monkeypatch.delenv(identity.ENV_CREDENTIALS_PEM, raising=False)
+    monkeypatch.setenv(identity.ENV_CREDENTIALS, str(ca.issue("user:dan").write(tmp_path / "d.pem")))
+    assert identity.current().name == "user:dan"
+    monkeypatch.setenv(identity.ENV_CREDENTIALS_PEM, ca.issue("job:j-9").to_pem().decode())
+    assert identity.current().name == "job:j-9"
+    monkeypatch.delenv(identity.ENV_CREDENTIALS_PEM)
+    monkeypatch.setenv(identity.ENV_CREDENTIALS, str(tmp_path / "missing.pem"))
+    with pytest.raises(FailedPrecondition, match="microco user add"):
+        identity.current()
+    monkeypatch.setenv(identity.ENV_INSECURE, "1")
+    assert identity.current() is None and identity.service_identity("x") is None
+
+
+def test_a_service_issues_itself_from_the_ca_it_is_given(tmp_path, monkeypatch):
+    CertificateAuthority.load_or_create(tmp_path / "ca")
+    monkeypatch.setattr(identity, "_used", None)
+    monkeypatch.setenv(identity.ENV_CA_DIR, str(tmp_path / "ca"))
+    assert identity.service_identity("cache").name == "service:cache"
+    assert identity.job_identity("j-1").name == "job:j-1"
+    monkeypatch.setenv(identity.ENV_CA_DIR, "")
+    monkeypatch.setenv(identity.ENV_CREDENTIALS, str(tmp_path / "missing.pem"))
+    with pytest.raises(FailedPrecondition):
+        identity.service_identity("cache")
+    assert identity.job_credentials_env("j-2") == {}  # no CA: a job runs without credentials
+
+
+def test_user_add_writes_a_users_credentials(tmp_path, monkeypatch, capsys):
+    from microco.cli import main
+
+    monkeypatch.delenv(identity.ENV_CA_DIR, raising=False)
+    CertificateAuthority.load_or_create(tmp_path / "pki")
+    assert main(["user", "add", "erin", "--home", str(tmp_path)]) == 0
+    path = tmp_path / "users" / "erin.pem"
+    assert f"export MICROCO_CREDENTIALS={path}" in capsys.readouterr().out
+    ident = Identity.from_pem(path.read_bytes())
+    assert (ident.name, ident.admin) == ("user:erin", False)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert main(["user", "add", "erin", "--home", str(tmp_path)]) == 1  # exists: --force replaces
+    assert main(["user", "add", "erin", "--admin", "--force", "--home", str(tmp_path)]) == 0
+    assert Identity.from_pem(path.read_bytes()).admin
+    assert main(["user", "add", "a/b", "--home", str(tmp_path)]) == 1
+    assert "may not" in capsys.readouterr().err
