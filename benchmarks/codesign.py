@@ -147,8 +147,8 @@ class Platform:
 
         from microco.api.cache.v1 import cache_pb2_grpc
         from microco.common import MemoryKV
-        from microco.services.cache import CacheCore, CacheServicer, ChunkStore, SchedulerFollower
         from microco.common.identity import server_credentials, service_identity
+        from microco.services.cache import CacheCore, CacheServicer, ChunkStore, SchedulerFollower
         from microco.services.runtime.server import ErrorAndMetricsInterceptor
 
         self.kv = MemoryKV()
