@@ -11,15 +11,15 @@ import os
 import sys
 import time
 
-import grpc
 import pytest
 from _netns import NetnsBed, unavailable
-from _support import wait_until
+from _support import issued, wait_until
 
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.clients.agent import NODES_PREFIX
+from microco.common.channel import dial
 from microco.common.kv import EtcdKV
-from microco.services.stack._servers import etcd_binary
+from microco.services.stack import EtcdServer
 
 pytestmark = pytest.mark.integration
 
@@ -51,12 +51,9 @@ def _procs(stub, job_id):
 
 def test_a_host_cut_off_fences_its_job_which_moves_to_another_host(bed, tmp_path):
     ctl = bed.addr("ctl")
-    etcd_cmd = [
-        etcd_binary(), "--name", "mc", "--data-dir", str(tmp_path / "etcd"),
-        "--listen-client-urls", f"http://{ctl}:2379", "--advertise-client-urls", f"http://{ctl}:2379",
-        "--listen-peer-urls", f"http://{ctl}:2380", "--initial-advertise-peer-urls", f"http://{ctl}:2380",
-        "--initial-cluster", f"mc=http://{ctl}:2380", "--log-level", "warn",
-    ]  # fmt: skip
+    # etcd serves mutual TLS as the stack's does (a certificate for its address, from the
+    # session's CA); the command is built here and run inside host ctl's namespace.
+    etcd_cmd = EtcdServer(tmp_path / "etcd", host=ctl, port=2379, peer_port=2380).command()
     bed.popen("ctl", etcd_cmd, stdout=open(tmp_path / "etcd.log", "ab"), stderr=-2)
     kv = wait_until(lambda: _kv(f"{ctl}:2379"), timeout=20, what="etcd on host ctl")
     ckpt = tmp_path / "shared-checkpoints"  # storage every host reaches
@@ -76,7 +73,9 @@ def test_a_host_cut_off_fences_its_job_which_moves_to_another_host(bed, tmp_path
     )
     epoch_b = recs["b"]["epoch"]
     assert epoch_b
-    sb, sc = (agent_pb2_grpc.NodeAgentServiceStub(grpc.insecure_channel(recs[h]["address"])) for h in "bc")
+    # Only the scheduler may start processes on an agent: the test acts as it.
+    scheduler = issued("service:scheduler")
+    sb, sc = (agent_pb2_grpc.NodeAgentServiceStub(dial(recs[h]["address"], identity=scheduler)) for h in "bc")
 
     out = tmp_path / "out.json"
     cmd = JOB + ["--steps", "400", "--out", str(out)]
