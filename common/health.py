@@ -13,8 +13,10 @@ from .errors import MicrocoError
 from .registry import ServiceRecord
 
 
-def check_health(record: ServiceRecord, timeout: float = 2.0) -> str:
-    """ "SERVING", "NOT_SERVING", or "UNREACHABLE"."""
+def check_health(record: ServiceRecord, timeout: float = 5.0) -> str:
+    """ "SERVING", "NOT_SERVING", or "UNREACHABLE". ``timeout`` covers connecting, the mutual TLS
+    handshake and the answer: seconds on a loaded machine, so a short one reports a busy, healthy
+    service as unreachable."""
     if record.labels.get("protocol") == "http":
         try:
             with urllib.request.urlopen(f"http://{record.address}/healthz", timeout=timeout) as resp:

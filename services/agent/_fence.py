@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from microco.common.errors import Unavailable
 from microco.common.kv import KV, Lease
 
 log = logging.getLogger(__name__)
@@ -129,14 +128,16 @@ class FencedLease:
                     self._put_new()
                     delay = 0.1
                     log.warning("etcd reachable again: node re-registered under epoch %s", self.epoch)
-                except Unavailable as exc:
+                except Exception as exc:  # noqa: BLE001 - whatever etcd's outage raises, try again
+                    # (a paused etcd answers late with a deadline error, not "unavailable"; this
+                    # thread ending here left the node unregistered for good)
                     log.debug("re-registering failed: %s", exc)
                     delay = min(delay * 2, 1.0)
                 continue
             sent = self.clock()
             try:
                 alive = lease.refresh()
-            except Unavailable as exc:
+            except Exception as exc:  # noqa: BLE001 - the watchdog fences if this goes on
                 log.warning("lease %s keep-alive failed: %s", lease.id, exc)
                 continue
             if alive:

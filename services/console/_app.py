@@ -40,6 +40,7 @@ from ._models import (
     ErrorBody,
     GraphView,
     Health,
+    JobControl,
     JobDetail,
     JobLog,
     JobRecord,
@@ -384,6 +385,16 @@ def create_app(
         """Cancel a job (admin token)."""
         job = views.cancel_job(gateway, job_id)
         log.info("job cancelled through the console", extra={"job": job_id})
+        return job
+
+    @app.post(
+        f"{api}/jobs/{{job_id}}/control", response_model=JobRecord, tags=["jobs"], responses=_CHANGE_ERRORS
+    )
+    def control(job_id: JobId, command: JobControl, role: Admin) -> dict[str, Any]:
+        """Suspend, resume, migrate or resize a job (admin token), as ``microco job suspend|resume|
+        migrate|resize`` does: refused at once when the scheduler cannot carry it out."""
+        job = views.control_job(gateway, job_id, command.action, command.devices, command.device_count)
+        log.info("job %s through the console", command.action, extra={"job": job_id})
         return job
 
     @app.get(f"{api}/cache", response_model=CacheResponse, tags=["cache"], responses=_ERRORS)

@@ -7,7 +7,7 @@ shows it in the API without a console release.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
@@ -198,6 +198,19 @@ class JobSubmit(BaseModel):
     gpu_share: float = Field(
         default=1.0, gt=0.0, le=1.0, description="one-device jobs: fraction of a device the job needs"
     )
+
+
+class JobControl(BaseModel):
+    """An operator's command for one job, as ``microco job suspend|resume|migrate|resize`` sends it:
+    checked by the scheduler at once, carried out at the job's next mini-batch boundary."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["suspend", "resume", "migrate", "resize"]
+    devices: list[Arg] = Field(
+        default=[], max_length=1024, description="migrate / resume / resize: these devices (node/index)"
+    )
+    device_count: int = Field(default=0, ge=0, le=1024, description="resize: to this many devices")
 
 
 class JobRecord(_Open):

@@ -388,6 +388,12 @@ def cancel_job(gw: Gateway, job_id: str) -> dict[str, Any]:
     return to_dict(gw.scheduler().cancel(job_id))  # idempotent on the server: retried
 
 
+def control_job(
+    gw: Gateway, job_id: str, action: str, devices: list[str], device_count: int
+) -> dict[str, Any]:
+    return to_dict(gw.scheduler().control(job_id, action, devices, device_count))
+
+
 def jobs_snapshot(gw: Gateway) -> list[dict[str, Any]]:
     """Every job as the scheduler reports it now (for the recorder)."""
     return [to_dict(j) for j in gw.scheduler().list()]

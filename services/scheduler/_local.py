@@ -24,7 +24,9 @@ def spawn_agent(
     devices: int = 2,
     checkpoint_root: str | os.PathLike[str] | None = None,
     kv: KV | None = None,
-    lease_ttl_s: int = 2,
+    # Short, so a killed agent's node is lost within seconds; not shorter: an agent fences (stops
+    # its jobs) at 3/4 of it without a confirmed keep-alive, which a loaded machine must not cause.
+    lease_ttl_s: int = 3,
     log_path: str | os.PathLike[str] | None = None,
     timeout: float = 30.0,
     preload: str = "none",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import base64
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -318,6 +318,19 @@ def _single_kind(bound: Bound, r: int) -> str:
     return "agg_local" if bound.a.specs[r].column in q.group_by else "agg_shuffle"
 
 
+# Estimates this close are a tie: the rows and bytes of replicas of one table differ by how their
+# extents happened to split, not by the work a plan does.
+COST_TIE = 0.02
+
+
+def _cheapest(cands: list[Choice], order: Callable[[Choice], Any]) -> Choice:
+    """The cheapest candidate; among those within ``COST_TIE`` of it, one without a shuffle, then
+    the lower replica numbers (``order``)."""
+    floor = min(c.cost.total for c in cands)
+    near = [c for c in cands if c.cost.total <= floor * (1 + COST_TIE)]
+    return min(near, key=lambda c: (c.kind.endswith("shuffle"), c.cost.total, order(c)))
+
+
 def choose(bound: Bound, live: set[str], addresses: dict[str, str]) -> Choice:
     """Every candidate plan (replica, or replica pair and join strategy) with its estimated cost;
     the cheapest wins (ties: no shuffle, then the lower replica number)."""
@@ -356,7 +369,7 @@ def choose(bound: Bound, live: set[str], addresses: dict[str, str]) -> Choice:
                 allowed={a.name: allowed},
             )
         )
-    best = min(cands, key=lambda c: (c.cost.total, c.kind.endswith("shuffle"), c.replicas[a.name]))
+    best = _cheapest(cands, lambda c: c.replicas[a.name])
     best.alternatives = [(c.kind, c.replicas, c.cost) for c in cands if c is not best]
     if q.replica is not None:
         best.reasons.insert(0, "replica forced by the query")
@@ -431,7 +444,7 @@ def _choose_join(bound: Bound, live: set[str], addresses: dict[str, str]) -> Cho
             allowed={a.name: al_a, b.name: al_b},
         )
     )
-    best = min(cands, key=lambda c: (c.cost.total, c.kind.endswith("shuffle"), tuple(c.replicas.values())))
+    best = _cheapest(cands, lambda c: tuple(c.replicas.values()))
     best.alternatives = [(c.kind, c.replicas, c.cost) for c in cands if c is not best]
     return best
 

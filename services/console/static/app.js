@@ -150,9 +150,20 @@
       $("jobs-table").tBodies[0],
       jobs.map((j) => {
         const terminal = ["finished", "failed", "cancelled"].includes(j.state);
+        const act = (label, fn, cls) =>
+          h("button", { class: cls || "", "data-action": label, onclick: (ev) => { ev.stopPropagation(); fn(); } }, label);
+        // Operator commands (what `microco job suspend|resume|migrate` does): the scheduler
+        // checks each at once and the job carries it out at its next mini-batch boundary.
         const cancel =
           role === "admin" && !terminal
-            ? h("button", { class: "danger", onclick: (ev) => { ev.stopPropagation(); cancelJob(j.id); } }, "cancel")
+            ? h(
+                "span",
+                { class: "actions" },
+                j.state === "running" ? act("suspend", () => controlJob(j.id, { action: "suspend" })) : "",
+                j.state === "suspended" ? act("resume", () => controlJob(j.id, { action: "resume" })) : "",
+                j.state === "running" ? act("migrate", () => migrateJob(j)) : "",
+                act("cancel", () => cancelJob(j.id), "danger")
+              )
             : "";
         return h(
           "tr",
@@ -234,6 +245,29 @@
       $("job-log-title").textContent = "Output";
       $("job-log").textContent = e.message;
     }
+  }
+
+  async function controlJob(id, command) {
+    try {
+      await api("/jobs/" + encodeURIComponent(id) + "/control", {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify(command),
+      });
+    } catch (e) {
+      status(command.action + " failed: " + e.message);
+    }
+    refresh();
+  }
+
+  function migrateJob(j) {
+    const to = window.prompt(
+      `Migrate ${j.id} to which devices? (node/index, comma-separated; ${(j.device_ids || []).length} wanted)`,
+      ""
+    );
+    if (!to) return;
+    const devices = to.split(",").map((d) => d.trim()).filter(Boolean);
+    controlJob(j.id, { action: "migrate", devices });
   }
 
   async function cancelJob(id) {

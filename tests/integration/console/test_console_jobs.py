@@ -89,7 +89,7 @@ def test_submit_run_and_see_the_timeline(platform: Platform) -> None:
     )
 
 
-def test_cancel_needs_the_admin_token(platform: Platform) -> None:
+def test_operator_commands_and_cancel_need_the_admin_token(platform: Platform) -> None:
     r = httpx.post(
         platform.url + "/api/v1/jobs",
         headers=ADMIN,
@@ -103,10 +103,28 @@ def test_cancel_needs_the_admin_token(platform: Platform) -> None:
         "queued",
         "running",
     )
+    # Operator commands, as `microco job suspend|resume` sends them: admin only, checked at once.
+    control = f"{platform.url}/api/v1/jobs/{job_id}/control"
+    assert httpx.post(control, json={"action": "suspend"}, headers=VIEWER).status_code == 403
+    assert httpx.post(control, json={"action": "explode"}, headers=ADMIN).status_code == 422
+    assert (
+        httpx.post(
+            f"{platform.url}/api/v1/jobs/no-such-job/control", json={"action": "suspend"}, headers=ADMIN
+        )
+    ).status_code == 404
+    wait_state(platform, job_id, {"running"})
+    r = httpx.post(control, json={"action": "suspend"}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    wait_state(platform, job_id, {"suspended"})
+    r = httpx.post(control, json={"action": "resume"}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    wait_state(platform, job_id, {"running"})
     r = httpx.post(f"{platform.url}/api/v1/jobs/{job_id}/cancel", headers=ADMIN)
     assert r.status_code == 200, r.text
     job = wait_state(platform, job_id, {"cancelled"})
     assert job["timeline"][-1]["state"] == "cancelled"
+    states = [p["state"] for p in job["timeline"]]
+    assert "suspended" in states, states  # the operator's suspend is on the job's timeline
 
 
 def test_the_schedulers_refusals_come_through_clearly(platform: Platform) -> None:
