@@ -39,6 +39,13 @@ FENCE_AT = 0.75
 WATCH_S = 0.05
 
 
+def _revoke_quietly(lease: Lease) -> None:
+    try:
+        lease.revoke()
+    except Exception as exc:  # noqa: BLE001 - best effort: it expires on its own
+        log.debug("revoking lease %s: %s", lease.id, exc)
+
+
 class FencedLease:
     """One key kept under a lease, with fencing (see the module's doc).
 
@@ -108,13 +115,20 @@ class FencedLease:
 
     # -- internals
     def _put_new(self) -> None:
+        """The key under a new lease; the fence lifts only once the key is in. (A put failing
+        after its lease was granted, as etcd comes back, used to lift the fence with no record
+        in etcd: the node stayed unregistered while its keep-alives went to the new lease.)"""
         sent = self.clock()
         lease = self.kv.lease(self.ttl)
+        try:
+            self.kv.put(self.key, self.value(), lease=lease)
+        except BaseException:
+            threading.Thread(target=_revoke_quietly, args=(lease,), name="lease-revoke", daemon=True).start()
+            raise
         with self._lock:
             self._lease = lease
             self._deadline = sent + self.ttl
             self.fenced = False
-            self.kv.put(self.key, self.value(), lease=lease)
         log.info("node record under lease %s (epoch)", lease.id, extra={"key": self.key})
 
     def _keepalive(self) -> None:
@@ -169,7 +183,7 @@ class FencedLease:
         if old is not None:
             # best effort, not waited for: if etcd is reachable after all (a slow keep-alive,
             # not a partition) the record goes now and the scheduler moves the jobs at once
-            threading.Thread(target=old.revoke, name="lease-revoke", daemon=True).start()
+            threading.Thread(target=_revoke_quietly, args=(old,), name="lease-revoke", daemon=True).start()
         log.warning("fenced (%s): stopping every job before the lease can expire", why)
         try:
             self.on_fence()

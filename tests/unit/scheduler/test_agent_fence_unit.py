@@ -73,3 +73,31 @@ def test_a_fenced_agent_stops_its_jobs_and_refuses_new_ones(tmp_path) -> None:
             agent.procs.start("j2", cmd, {}, [dev])
     finally:
         agent.close()
+
+
+def test_a_put_failing_after_its_lease_was_granted_keeps_the_fence() -> None:
+    # Seen in the fault matrix: as a paused etcd came back, the new lease was granted but the
+    # put timed out; the fence lifted anyway with no record in etcd, and the node never
+    # re-registered (its job, fenced, was never restarted).
+    class FlakyPut(MemoryKV):
+        fail = 0
+
+        def put(self, key, value, lease=None):  # type: ignore[no-untyped-def]
+            if self.fail:
+                self.fail -= 1
+                raise TimeoutError("etcd connection timeout")
+            super().put(key, value, lease=lease)
+
+    kv, clock = FlakyPut(), _Clock()
+    fl = FencedLease(kv, "/n/d", lambda: b"rec", 4, lambda: None, clock=clock)
+    fl._put_new()
+    clock.t += 4
+    fl.check()
+    assert fl.fenced and kv.get("/n/d") is None
+    kv.fail = 1
+    with pytest.raises(TimeoutError):
+        fl._put_new()
+    assert fl.fenced and fl.epoch == 0 and kv.get("/n/d") is None  # still fenced: try again
+    fl._put_new()
+    assert not fl.fenced and fl.epoch and kv.get("/n/d") == b"rec"
+    fl.stop()

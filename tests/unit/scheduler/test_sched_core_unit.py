@@ -147,16 +147,20 @@ def test_watch_streams_current_state_then_changes():
     stop = threading.Event()
     seen = []
 
+    first = threading.Event()
+
     def run():
         for rec in core.watch([a["id"]], lambda: not stop.is_set(), poll_s=0.05):
             seen.append(rec["cancel_requested"])
+            first.set()
             if rec["cancel_requested"]:
                 stop.set()
 
     t = threading.Thread(target=run)
     t.start()
+    assert first.wait(30)  # the current state came first (cancelling before it raced the watcher)
     core.cancel(a["id"])
-    t.join(5)
+    t.join(30)
     assert seen[0] is False and seen[-1] is True
     with pytest.raises(NotFound):
         list(core.watch(["missing"], lambda: False))
