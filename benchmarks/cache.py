@@ -96,7 +96,11 @@ class _Server:
         with CacheClient(self.address, timeout=2) as c:
             while True:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"cache server exited; see {self.log.name}")
+                    self.log.flush()
+                    tail = Path(self.log.name).read_text(errors="replace")[-2000:]
+                    raise RuntimeError(
+                        f"cache server exited with {self.proc.returncode}; {self.log.name} ends:\n{tail}"
+                    )
                 try:
                     c.stats(timeout=1)
                     return

@@ -120,13 +120,17 @@ class FencedLease:
         in etcd: the node stayed unregistered while its keep-alives went to the new lease.)"""
         sent = self.clock()
         lease = self.kv.lease(self.ttl)
+        with self._lock:
+            self._lease = lease  # the record's epoch (``value()`` reads it); still fenced
         try:
             self.kv.put(self.key, self.value(), lease=lease)
         except BaseException:
+            with self._lock:
+                if self._lease is lease:
+                    self._lease = None
             threading.Thread(target=_revoke_quietly, args=(lease,), name="lease-revoke", daemon=True).start()
             raise
         with self._lock:
-            self._lease = lease
             self._deadline = sent + self.ttl
             self.fenced = False
         log.info("node record under lease %s (epoch)", lease.id, extra={"key": self.key})

@@ -79,19 +79,28 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
         state = wait_for_state(home, up)
         healthy = {p["name"] for p in state["processes"] if p.get("status") == "healthy"}
         assert healthy == set(expected_services())
-        status = subprocess.run(
-            [*MICROCO, "status", "--home", str(home), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        rows = json.loads(status.stdout)["services"]
+        # Every service registered and serving. On a loaded machine a check can land while a
+        # service's registration is being renewed or its answer is late: `status` is asked again
+        # (it must come clean within the bound), and what was not serving is shown if it never does.
+        deadline = time.monotonic() + 60
+        while True:
+            status = subprocess.run(
+                [*MICROCO, "status", "--home", str(home), "--json"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            rows = json.loads(status.stdout)["services"]
+            bad = [r for r in rows if r["health"] != "SERVING"]
+            if not bad or time.monotonic() > deadline:
+                break
+            time.sleep(1)
         registered = {r["instance"] for r in rows}
         for p in state["processes"]:
             if p.get("status") == "healthy":
                 assert any(i.startswith(p["name"] + "-") for i in registered), p["name"]
-        assert all(r["health"] == "SERVING" for r in rows), rows
+        assert not bad, (bad, status.stderr)
         assert status.returncode == (0 if rows else 1)
         pids = [p["pid"] for p in state["processes"] if p.get("pid")]
         assert pids and all(pid_alive(pid) for pid in pids)
