@@ -375,7 +375,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 )
                 problems.append(f"{p['instance_id']} ({health})")
         if state.get("redis"):
-            rows.append(_redis_row(state["redis"]))
+            rows.append(_redis_row(state["redis"], _home(args)))
             if rows[-1]["health"] != "SERVING":
                 problems.append(f"redis ({rows[-1]['health']})")
     else:
@@ -408,12 +408,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _redis_row(url: str) -> dict[str, Any]:
+def _redis_row(url: str, home: Path) -> dict[str, Any]:
+    """Redis of the stack started from ``home``, checked with that stack's password (not one the
+    environment names for some other Redis: that made a healthy Redis look unreachable)."""
+    from urllib.parse import quote
+
     from microco.common.errors import Unavailable
     from microco.common.hotstate import connect_redis
 
+    secret = home / "pki" / "redis.password"
+    if "@" not in url.split("//", 1)[-1] and secret.is_file():
+        scheme, rest = url.split("//", 1)
+        url_with = f"{scheme}//:{quote(secret.read_text().strip(), safe='')}@{rest}"
+    else:
+        url_with = url
     try:
-        connect_redis(url, timeout=1.0).close()
+        connect_redis(url_with, timeout=1.0).close()
         health = "SERVING"
     except Unavailable:
         health = "UNREACHABLE"

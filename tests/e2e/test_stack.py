@@ -90,6 +90,9 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
                 text=True,
                 timeout=60,
                 check=False,
+                # A password for some other Redis in the environment (the suite's own sets one):
+                # the stack's Redis is checked with the stack's password all the same.
+                env={**os.environ, "MICROCO_REDIS_PASSWORD": "another-redis"},
             )
             rows = json.loads(status.stdout)["services"]
             bad = [r for r in rows if r["health"] != "SERVING"]
