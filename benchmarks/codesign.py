@@ -43,7 +43,6 @@ import tempfile
 import threading
 import time
 import zlib
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,13 +142,14 @@ class Platform:
     """Two hosts' cache servers (in-process gRPC), the link, and optionally the followers."""
 
     def __init__(self, tmp: Path, sc: Scenario, codesign: bool, datasets: dict[str, Any], link: Any) -> None:
-        import grpc
-
-        from microco.api.cache.v1 import cache_pb2_grpc
         from microco.common import MemoryKV
-        from microco.common.identity import server_credentials, service_identity
-        from microco.services.cache import CacheCore, CacheServicer, ChunkStore, SchedulerFollower
-        from microco.services.runtime.server import ErrorAndMetricsInterceptor
+        from microco.services.cache import (
+            CacheCore,
+            CacheServicer,
+            ChunkStore,
+            SchedulerFollower,
+            serve_in_process,
+        )
 
         self.kv = MemoryKV()
         self.cores: dict[str, Any] = {}
@@ -165,23 +165,9 @@ class Platform:
                 job_ttl_s=sc.quantum_s,
                 probe_bytes=sc.cache_bytes // 8,
             )
-            server = grpc.server(
-                futures.ThreadPoolExecutor(max_workers=8),
-                interceptors=[ErrorAndMetricsInterceptor("cache")],
-                options=[
-                    ("grpc.max_receive_message_length", 64 << 20),
-                    ("grpc.max_send_message_length", 64 << 20),
-                ],
-            )
-            cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(core), server)
-            ident = service_identity("cache")  # None only in insecure mode
-            if ident is None:
-                port = server.add_insecure_port("127.0.0.1:0")
-            else:
-                port = server.add_secure_port("127.0.0.1:0", server_credentials(ident))  # type: ignore[arg-type]
-            server.start()
+            server, address = serve_in_process(CacheServicer(core))
             self._servers.append(server)
-            self.cores[node], self.address[node] = core, f"127.0.0.1:{port}"
+            self.cores[node], self.address[node] = core, address
             if codesign:
                 f = SchedulerFollower(
                     core, self.kv, node, open_dataset=lambda name: (datasets[name], link), lend=sc.lend

@@ -40,7 +40,7 @@ from ._chunkstore import ChunkStore, CorruptChunk, DigestMismatch
 from ._core import CacheCore, PutResult
 from ._eviction import POLICIES, Admission, ConsumptionTracker, EvictionPolicy, Ledger, Outcome, make_policy
 from ._follow import SchedulerFollower
-from ._servicer import SERVICE_NAME, CacheServicer, parse_size
+from ._servicer import SERVICE_NAME, CacheServicer, parse_size, serve_in_process
 from ._simulate import SimResult, simulate
 
 __all__ = [
@@ -86,5 +86,6 @@ __all__ = [
     "make_policy",
     "open_store",
     "parse_size",
+    "serve_in_process",
     "simulate",
 ]

@@ -327,3 +327,27 @@ def setup(ctx: Any) -> None:
         keeper = DirectoryKeeper(directory, held).start()
         ctx.runtime.on_stop(keeper.stop)
         ctx.runtime.on_stop(directory.withdraw)
+
+
+def serve_in_process(servicer: CacheServicer, host: str = "127.0.0.1") -> tuple[Any, str]:
+    """A started gRPC server for ``servicer`` in this process, on a free port, serving mutual TLS
+    as the cache service (plaintext only in insecure mode): for benchmarks and tests that need a
+    real cache server without a stack. Returns (server, address); stop it with ``server.stop``."""
+    from concurrent import futures
+
+    from microco.common.identity import server_credentials, service_identity
+    from microco.services.runtime.server import ErrorAndMetricsInterceptor
+
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=8),
+        interceptors=[ErrorAndMetricsInterceptor("cache")],
+        options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)],
+    )
+    cache_pb2_grpc.add_CacheServiceServicer_to_server(servicer, server)
+    ident = service_identity("cache")
+    if ident is None:
+        port = server.add_insecure_port(f"{host}:0")
+    else:
+        port = server.add_secure_port(f"{host}:0", server_credentials(ident))  # type: ignore[arg-type]
+    server.start()
+    return server, f"{host}:{port}"

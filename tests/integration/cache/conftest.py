@@ -16,7 +16,6 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from microco.common.channel import dial
-from microco.common.identity import server_credentials, service_identity
 
 
 def _free_port() -> int:
@@ -145,30 +144,15 @@ def _make_dataset(root: Path, n: int = 120, size: int = 2000, seed: int = 0) -> 
 def inproc_cache(tmp_path: Path) -> Iterator[Callable[..., tuple[str, object]]]:
     """Factory: ``inproc_cache(capacity, policy)`` -> (address, core): a real gRPC cache server
     in this process (no etcd, no Redis), for loader tests that need a cache but no stack."""
-    from concurrent import futures
-
-    from microco.api.cache.v1 import cache_pb2_grpc
-    from microco.services.cache import CacheCore, CacheServicer, ChunkStore
+    from microco.services.cache import CacheCore, CacheServicer, ChunkStore, serve_in_process
 
     servers = []
 
     def start(capacity: int = 1 << 20, policy: str = "coordinated", node: str = "") -> tuple[str, object]:
         core = CacheCore(ChunkStore(str(tmp_path / f"inproc-{len(servers)}")), capacity, policy, node=node)
-        from microco.services.runtime.server import ErrorAndMetricsInterceptor
-
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=8),
-            interceptors=[ErrorAndMetricsInterceptor("cache")],
-            options=[
-                ("grpc.max_receive_message_length", 64 << 20),
-                ("grpc.max_send_message_length", 64 << 20),
-            ],
-        )
-        cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(core), server)
-        port = server.add_secure_port("127.0.0.1:0", server_credentials(service_identity("cache")))
-        server.start()
+        server, address = serve_in_process(CacheServicer(core))
         servers.append(server)
-        return f"127.0.0.1:{port}", core
+        return address, core
 
     yield start
     for s in servers:
