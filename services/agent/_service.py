@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -199,7 +200,7 @@ class NodeAgent:
         *,
         virtual_devices: int | None = None,
         checkpoint_root: str | None = None,
-        lease_ttl_s: int = 5,
+        lease_ttl_s: int = 10,
         labels: dict[str, str] | None = None,
         instance_id: str = "",
         preload: list[str] | None = None,
@@ -329,6 +330,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where job checkpoints go (shared by every node for migration); default <data-dir>/checkpoints",
     )
     g.add_argument(
+        "--node-lease-ttl-s",
+        type=int,
+        default=int(os.environ.get("MICROCO_NODE_LEASE_TTL_S", "10")),
+        help="TTL of the node's etcd lease (default 10, env MICROCO_NODE_LEASE_TTL_S): the scheduler "
+        "declares the node lost (and restarts its jobs elsewhere) this long after its last keep-alive; "
+        "the agent stops its own jobs at 3/4 of it without a confirmed keep-alive (fencing). Longer "
+        "rides out etcd pauses and a loaded machine; shorter moves a dead host's jobs sooner",
+    )
+    g.add_argument(
         "--preload",
         default="auto",
         help="modules a warm zygote imports once so Python jobs start by fork in milliseconds "
@@ -340,13 +350,15 @@ def setup(ctx: ServiceContext) -> None:
     s = ctx.settings
     if ctx.args.virtual_devices < 0:
         raise InvalidArgument("--virtual-devices must be >= 0")
+    if ctx.args.node_lease_ttl_s < 1:
+        raise InvalidArgument("--node-lease-ttl-s must be at least 1")
     agent = NodeAgent(
         ctx.kv,
         s.node,
         str(s.resolved_data_dir()),
         virtual_devices=ctx.args.virtual_devices or None,
         checkpoint_root=ctx.args.checkpoint_root or None,
-        lease_ttl_s=s.lease_ttl_s,
+        lease_ttl_s=ctx.args.node_lease_ttl_s,
         labels=s.labels,
         instance_id=s.instance_id,
         preload=parse_preload(ctx.args.preload),

@@ -50,7 +50,7 @@ def spawn_agent(
         "-1",
         "--log-format",
         "text",
-        "--lease-ttl-s",
+        "--node-lease-ttl-s",
         str(lease_ttl_s),
         "--log-level",
         "warning",

@@ -61,7 +61,7 @@ def test_a_host_cut_off_fences_its_job_which_moves_to_another_host(bed, tmp_path
         agent = [
             sys.executable, "-m", "microco.services.agent", "--etcd", f"{ctl}:2379", "--node", h,
             "--host", bed.addr(h), "--data-dir", str(tmp_path / h), "--virtual-devices", "1",
-            "--checkpoint-root", str(ckpt), "--lease-ttl-s", str(TTL), "--metrics-port", "-1",
+            "--checkpoint-root", str(ckpt), "--node-lease-ttl-s", str(TTL), "--metrics-port", "-1",
             "--preload", "none", "--log-format", "text", "--log-level", "warning",
         ]  # fmt: skip
         bed.popen(h, agent, stdout=open(tmp_path / f"agent-{h}.log", "ab"), stderr=-2, env=_env())
