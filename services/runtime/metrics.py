@@ -4,8 +4,13 @@ process); services add their own beside these with the ``microco_<system>_`` pre
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, make_wsgi_app
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +29,41 @@ RPC_IN_FLIGHT = Gauge("microco_rpc_in_flight", "gRPC calls in progress", ["servi
 SERVICE_UP = Gauge("microco_service_up", "1 while the service is serving", ["service", "instance"])
 
 
-def serve_metrics(host: str, port: int) -> tuple[object, int]:
-    """Start the /metrics HTTP endpoint; returns (server, bound port)."""
-    server, _thread = start_http_server(port, addr=host, registry=REGISTRY)
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # probes every few seconds would flood the service's log
+
+
+def health_app(ready: Callable[[], bool]) -> Callable[..., Iterable[bytes]]:
+    """The metrics port's WSGI app: ``/metrics`` (Prometheus), ``/healthz`` (liveness: 200 while
+    the process answers) and ``/readyz`` (200 while ``ready()``, else 503). Plain HTTP and no
+    token, like /metrics: what an orchestrator's probe can reach (the kubelet's gRPC probe
+    cannot present the client certificate the gRPC port requires); nothing here is secret."""
+    prometheus = make_wsgi_app(REGISTRY)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/healthz":
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"ok\n"]
+        if path == "/readyz":
+            if ready():
+                start_response("200 OK", [("Content-Type", "text/plain")])
+                return [b"ready\n"]
+            start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [b"not ready\n"]
+        return prometheus(environ, start_response)  # type: ignore[no-any-return]
+
+    return app
+
+
+def serve_metrics(host: str, port: int, ready: Callable[[], bool] = lambda: True) -> tuple[Any, int]:
+    """Start the HTTP endpoint (``/metrics``, ``/healthz``, ``/readyz``) in a daemon thread;
+    returns (server, bound port)."""
+    server = make_server(host, port, health_app(ready), _Server, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server, server.server_port

@@ -224,6 +224,7 @@ class ServiceRuntime:
         self.port = 0
         self.metrics_port = 0
         self._metrics_server: Any = None
+        self._ready = False
         self.registration: Registration | None = None
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
@@ -299,7 +300,9 @@ class ServiceRuntime:
         server.start()
         self.server = server
         if s.metrics_port >= 0:
-            self._metrics_server, self.metrics_port = metrics.serve_metrics(s.host, s.metrics_port)
+            self._metrics_server, self.metrics_port = metrics.serve_metrics(
+                s.host, s.metrics_port, ready=lambda: self._ready
+            )
         for _, _, full_name in self._services:
             self.health.set(full_name, health_pb2.HealthCheckResponse.SERVING)
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -308,6 +311,7 @@ class ServiceRuntime:
             hook(self)
         if register and self.kv is not None:
             self.registration = Registration(self.kv, self.record(), ttl=s.lease_ttl_s).start()
+        self._ready = True  # /readyz: serving, started and registered
         log.info(
             "serving",
             extra={"address": self.address, "metrics": self.metrics_address, "instance": s.instance_id},
@@ -322,6 +326,7 @@ class ServiceRuntime:
             self._stopping = True
         grace = self.settings.grace_s if grace is None else grace
         log.info("stopping", extra={"grace_s": grace})
+        self._ready = False
         self.health.enter_graceful_shutdown()  # every service NOT_SERVING
         metrics.SERVICE_UP.labels(self.settings.name, self.settings.instance_id).set(0)
         if self.registration is not None:

@@ -8,7 +8,8 @@ image and command of the deployment comes from this repository):
 ``pki`` creates the CA (``<data-dir>/ca``, once), a credentials file per service
 (``<data-dir>/services/<name>.pem``, identity ``service:<name>``), the administrators' credentials
 (``<data-dir>/users/<name>.pem``) and the Redis password (``<data-dir>/redis.password``); it keeps
-what exists.
+what exists. etcd's certificate names the hosts it is dialled by (etcd, etcd.microco.svc) and is
+also written as separate files, ``<data-dir>/etcd/{cert,key,ca}.pem``, for the official etcd image.
 """
 
 from __future__ import annotations
@@ -70,7 +71,17 @@ def make_pki(directory: Path, services: list[str], admins: list[str]) -> int:
     ca = CertificateAuthority.load_or_create(directory / "ca")
     for name in services:
         path = directory / "services" / f"{name}.pem"
-        if not path.exists():
+        if path.exists():
+            continue
+        if name == "etcd":
+            # Others dial etcd by a host name its certificate must carry (compose: etcd; Kubernetes:
+            # etcd.microco.svc). A server that takes separate files (the official etcd image) reads
+            # them from <data-dir>/etcd/{cert,key,ca}.pem.
+            ident = ca.issue("service:etcd", hosts=("etcd", "etcd.microco.svc", "localhost", "127.0.0.1"))
+            for part, data in (("cert", ident.cert_pem), ("key", ident.key_pem), ("ca", ident.ca_pem)):
+                _write_private(directory / "etcd" / f"{part}.pem", data)
+            ident.write(path)
+        else:
             ca.issue(f"service:{name}").write(path)
     for name in admins:
         path = directory / "users" / f"{name}.pem"
@@ -79,6 +90,13 @@ def make_pki(directory: Path, services: list[str], admins: list[str]) -> int:
     _redis_password(directory / "redis.password")
     print(f"PKI in {directory}: {len(services)} services, {len(admins)} administrators")
     return 0
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
 
 if __name__ == "__main__":

@@ -221,11 +221,25 @@ def test_graceful_stop_sets_not_serving(etcd_kv: EtcdKV) -> None:
     address = rt.address
     assert health_of(address) == "SERVING"
     assert [r.address for r in discover(etcd_kv, "graceful")] == [address]
+    import urllib.error
     import urllib.request
 
-    body = urllib.request.urlopen(f"http://{rt.metrics_address}/metrics", timeout=2).read().decode()
-    assert "microco_service_up" in body
+    def get(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://{rt.metrics_address}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    assert "microco_service_up" in get("/metrics")[1]
+    # The probes an orchestrator uses (plain HTTP on the metrics port): alive, and ready while
+    # serving and registered; not ready once a graceful stop has begun (seen from a stop hook).
+    assert get("/healthz") == (200, "ok\n")
+    assert get("/readyz") == (200, "ready\n")
+    during_stop: list[tuple[int, str]] = []
+    rt.on_stop(lambda: during_stop.extend([get("/readyz"), get("/healthz")]))
     rt.stop(grace=1)
     rt.stop()  # idempotent
+    assert during_stop == [(503, "not ready\n"), (200, "ok\n")]
     assert discover(etcd_kv, "graceful") == []
     assert os.environ.get("NO_SUCH") is None

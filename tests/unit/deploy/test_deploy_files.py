@@ -1,12 +1,16 @@
-"""No Docker engine runs here, so check what can be checked: docker-compose.yml and the
-Kubernetes manifests parse, use only the image this repository builds, and every command they
-run is a microco entry point that accepts exactly those arguments."""
+"""No Docker engine or cluster runs here, so check what can be checked: the Kubernetes manifests
+validate against the Kubernetes API schemas (kubernetes-validate, strict) and carry what a
+cluster needs (probes, requests and limits, headless Services, GPU scheduling, the shared chunk
+directory, zones as fault domains); docker-compose.yml waits on health and runs the official
+etcd and Redis images with commands that work (run here with the same servers' binaries); every
+microco command they run is an entry point that accepts exactly those arguments."""
 
 from __future__ import annotations
 
 import shlex
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,26 +41,134 @@ def k8s_containers() -> list[dict]:
 
 
 def argv_of(command: list[str]) -> list[str]:
-    if command[:2] == ["sh", "-c"]:
-        return [
-            a.replace('"$MICROCO_NODE"', "node-a") for a in shlex.split(command[2].replace("exec ", "", 1))
-        ]
+    if command[:2] == ["sh", "-c"]:  # a variable the pod's environment sets stands for a value
+        return ["node-a" if "$" in a else a for a in shlex.split(command[2].replace("exec ", "", 1))]
     return list(command)
 
 
+def microco_services() -> dict[str, dict]:
+    return {n: s for n, s in compose()["services"].items() if s.get("image") == IMAGE}
+
+
 def all_commands() -> list[list[str]]:
-    cmds = [argv_of(s["command"]) for s in compose()["services"].values()]
+    cmds = [argv_of(s["command"]) for s in microco_services().values()]
     cmds += [argv_of(c["command"]) for c in k8s_containers()]
     return cmds
 
 
-def test_compose_uses_only_the_repo_image() -> None:
+def test_compose_runs_the_platform_and_waits_on_health() -> None:
+    from microco.services.stack import StackOptions
+
     services = compose()["services"]
     assert {"etcd", "redis", "scheduler", "agent", "cache", "store", "compiler", "console"} <= set(services)
-    for name, svc in services.items():
-        assert svc["image"] == IMAGE, name
+    # etcd and Redis from their official images, pinned; everything else from this repository's.
+    assert services["etcd"]["image"].startswith("quay.io/coreos/etcd:v3.5.")
+    assert services["redis"]["image"].startswith("redis:7.")
+    ours = microco_services()
+    assert set(ours) == set(services) - {"etcd", "redis"}
+    for name, svc in ours.items():
         assert svc["build"]["dockerfile"] == "deploy/docker/Dockerfile"
-    assert (REPO / "deploy/docker/Dockerfile").exists()
+        if name == "pki":
+            continue
+        assert svc["depends_on"]["etcd"] == {"condition": "service_healthy"}, name
+        assert svc["depends_on"]["redis"] == {"condition": "service_healthy"}, name
+        assert svc["depends_on"]["pki"] == {"condition": "service_completed_successfully"}, name
+    for name, svc in services.items():
+        if name != "pki":
+            assert svc["healthcheck"]["test"], name
+    # The same store-node count as `microco up`, each its own fault domain.
+    nodes = [argv_of(s["command"]) for n, s in ours.items() if n.startswith("store-node-")]
+    assert len(nodes) == StackOptions.__dataclass_fields__["store_nodes"].default
+    assert len({a[a.index("--fault-domain") + 1] for a in nodes}) == len(nodes)
+    # Published on the host, so never on the development token.
+    console = services["console"]
+    assert console["environment"]["MICROCO_PROFILE"] == "prod"
+    assert console["environment"]["MICROCO_CONSOLE_TOKEN"].startswith("${MICROCO_CONSOLE_TOKEN:?")
+    # The agent's jobs see the cache's chunk files at the path the cache serves them from.
+    cache_dir = ours["cache"]["command"][ours["cache"]["command"].index("--data-dir") + 1]
+    assert any(v.startswith("cache-data:") for v in ours["cache"]["volumes"])
+    assert f"cache-data:{cache_dir}:ro" in ours["agent"]["volumes"]
+
+
+def _pki(tmp: Path) -> Path:
+    from microco.services.stack.__main__ import make_pki
+
+    assert make_pki(tmp / "pki", ["etcd", "scheduler"], []) == 0
+    return tmp / "pki"
+
+
+def test_compose_etcd_command_and_healthcheck_work_with_mutual_tls(tmp_path: Path) -> None:
+    """The official image's etcd command and its healthcheck (etcdctl), run with the same etcd
+    release's binaries on the files the pki job writes: healthy with the certificate, refused
+    without one."""
+    from microco.services.stack import free_port
+    from microco.services.stack._servers import etcd_binary
+
+    pki = _pki(tmp_path)
+    ports = {":2379": f":{free_port()}", ":2380": f":{free_port()}", ":2381": f":{free_port()}"}
+
+    def local(a: str) -> str:
+        a = a.replace("/pki/", f"{pki}/").replace("/etcd-data", str(tmp_path / "etcd-data"))
+        for old, new in ports.items():
+            a = a.replace(old, new)
+        return a.replace("0.0.0.0", "127.0.0.1").replace("//etcd:", "//localhost:")
+
+    svc = compose()["services"]["etcd"]
+    etcdctl = str(Path(etcd_binary()).with_name("etcdctl"))
+    health = [etcdctl, *(local(a) for a in svc["healthcheck"]["test"][2:])]
+    proc = subprocess.Popen(
+        [etcd_binary(), *(local(a) for a in svc["command"][1:])],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        ok = False
+        for _ in range(150):
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+            if subprocess.run(health, capture_output=True, timeout=30, check=False).returncode == 0:
+                ok = True
+                break
+            time.sleep(0.2)
+        assert ok, "etcd never became healthy"
+        no_cert = [a for a in health if not a.startswith(("--cert=", "--key="))] + ["--command-timeout=3s"]
+        refused = subprocess.run(no_cert, capture_output=True, text=True, timeout=60, check=False)
+        assert refused.returncode != 0, refused.stdout
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_compose_redis_command_requires_the_password(tmp_path: Path) -> None:
+    """The official image's Redis command (sh, the password into a config file), run with the
+    bundled redis-server: without the password nothing is served; with it, PING answers."""
+    import redis
+
+    from microco.services.stack import free_port
+    from microco.services.stack._servers import redis_binary
+
+    pki = _pki(tmp_path)
+    port = free_port()
+    script = compose()["services"]["redis"]["command"][2].replace("$$", "$").replace("/pki/", f"{pki}/")
+    script = script.replace("/tmp/redis.conf", str(tmp_path / "redis.conf")).replace("6379", str(port))
+    script = script.replace("exec redis-server", f"exec {redis_binary()}")
+    proc = subprocess.Popen(["sh", "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        password = (pki / "redis.password").read_text().strip()
+        good = redis.Redis(port=port, password=password, socket_timeout=2)
+        for _ in range(100):
+            try:
+                assert good.ping()
+                break
+            except redis.ConnectionError:
+                assert proc.poll() is None
+                time.sleep(0.1)
+        assert good.ping()
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, socket_timeout=2).get("x")
+        assert (tmp_path / "redis.conf").stat().st_mode & 0o077 == 0  # the password file stays private
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_dockerfile_copies_what_exists() -> None:
@@ -66,16 +178,60 @@ def test_dockerfile_copies_what_exists() -> None:
                 assert (REPO / src).exists(), src
 
 
-def test_k8s_manifests_are_well_formed() -> None:
-    kinds = {(d["kind"], d["metadata"]["name"]) for d in k8s_docs()}
+def test_k8s_manifests_validate_against_the_api_schemas() -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    version = kubernetes_validate.latest_version()
+    for doc in k8s_docs():
+        kubernetes_validate.validate(doc, version, strict=True)  # raises, naming the field
+
+
+def _workloads() -> list[dict]:
+    return [d for d in k8s_docs() if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")]
+
+
+def test_k8s_manifests_carry_what_a_cluster_needs() -> None:
+    docs = k8s_docs()
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert ("DaemonSet", "agent") in kinds and ("DaemonSet", "cache") in kinds
     assert ("StatefulSet", "etcd") in kinds and ("StatefulSet", "store-node") in kinds
-    for c in k8s_containers():
-        assert c["image"] == IMAGE
-    for doc in k8s_docs():
-        if doc["kind"] in ("Deployment", "StatefulSet", "DaemonSet"):
-            labels = doc["spec"]["template"]["metadata"]["labels"]
-            assert doc["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    for doc in _workloads():
+        name = doc["metadata"]["name"]
+        labels = doc["spec"]["template"]["metadata"]["labels"]
+        assert doc["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        if doc["kind"] == "StatefulSet":  # its governing Service exists and is headless
+            assert services[doc["spec"]["serviceName"]]["spec"]["clusterIP"] == "None", name
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            assert c["image"] == IMAGE
+            assert c["readinessProbe"] and c["livenessProbe"], name
+            res = c["resources"]
+            assert {"cpu", "memory"} <= set(res["requests"]), name
+            if name == "agent":  # its jobs run in its container: GPUs, no CPU/memory cap
+                assert "nvidia.com/gpu" in res["limits"]
+            else:
+                assert {"cpu", "memory"} <= set(res["limits"]), name
+    coordinator = next(d for d in _workloads() if d["metadata"]["name"] == "store-coordinator")
+    assert coordinator["spec"]["replicas"] == 1  # no standby election: two would both act
+    # Agents and caches on GPU hosts (tainted ones too), sharing the cache's chunk directory.
+    ds = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs if d["kind"] == "DaemonSet"}
+    for name in ("agent", "cache"):
+        assert ds[name]["nodeSelector"] and any(t["key"] == "nvidia.com/gpu" for t in ds[name]["tolerations"])
+    host = {v["name"]: v["hostPath"]["path"] for v in ds["cache"]["volumes"] if "hostPath" in v}
+    cache_c = ds["cache"]["containers"][0]
+    data_dir = cache_c["command"][cache_c["command"].index("--data-dir") + 1]
+    [mount] = [m for m in cache_c["volumeMounts"] if m["mountPath"] == data_dir]
+    agent_mounts = {m["mountPath"]: m for m in ds["agent"]["containers"][0]["volumeMounts"]}
+    agent_host = {v["name"]: v["hostPath"]["path"] for v in ds["agent"]["volumes"] if "hostPath" in v}
+    shared = agent_mounts[data_dir]
+    assert shared["readOnly"] and agent_host[shared["name"]] == host[mount["name"]]
+    # Store nodes take their fault domain from the zone label.
+    store = next(d for d in _workloads() if d["metadata"]["name"] == "store-node")
+    env = {e["name"]: e for e in store["spec"]["template"]["spec"]["containers"][0]["env"]}
+    zone = env["MICROCO_ZONE"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert zone == "metadata.labels['topology.kubernetes.io/zone']"
+    assert "$MICROCO_ZONE" in store["spec"]["template"]["spec"]["containers"][0]["command"][2].replace(
+        "{", ""
+    )
 
 
 def test_every_command_is_a_microco_module() -> None:
@@ -94,7 +250,9 @@ def _run(argv: list[str], tmp: Path) -> tuple[list[str], int, str]:
 
 @pytest.mark.slow
 def test_every_service_command_accepts_its_arguments(tmp_path: Path) -> None:
-    commands = {tuple(a) for a in all_commands() if a[2] != "microco.services.stack"}
+    # One command per entry point and set of flags (the six store nodes differ only in values).
+    by_shape = {(*a[:4], *sorted(x for x in a if x.startswith("--"))): tuple(a) for a in all_commands()}
+    commands = {a for a in by_shape.values() if a[2] != "microco.services.stack"}
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda a: _run(list(a), tmp_path), sorted(commands)))
     for argv, code, err in results:
