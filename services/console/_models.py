@@ -122,7 +122,10 @@ class NodesResponse(Page):
         description="devices the scheduler schedules, each with the jobs on it"
     )
     devices_reason: str = ""
-    scheduler: dict[str, Any] = Field(default={}, description="the scheduler's view: leader, policy")
+    scheduler: dict[str, Any] = Field(
+        default={},
+        description="the scheduler's view: leader, policy, policy_settings (every setting in force)",
+    )
 
 
 class Period(BaseModel):

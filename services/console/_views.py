@@ -98,6 +98,8 @@ def nodes_view(gw: Gateway, limit: int = DEFAULT_PAGE, cursor: str = "") -> dict
             resp = to_dict(scheduler.list_nodes())
             devices = resp.pop("devices", [])
             scheduler_info = resp  # leader, policy, ... as the scheduler reports them
+            raw = scheduler_info.pop("policy_settings_json", "")
+            scheduler_info["policy_settings"] = json.loads(raw) if raw else {}  # every setting in force
             # who holds each device now (several jobs when packed)
             holders: dict[str, list[dict[str, str]]] = {}
             for job in (to_dict(j) for j in scheduler.list()):

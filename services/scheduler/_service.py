@@ -37,8 +37,15 @@ log = logging.getLogger(__name__)
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
-    def __init__(self, core: SchedulerCore, election: LeaderElection | None, policy_name: str) -> None:
+    def __init__(
+        self,
+        core: SchedulerCore,
+        election: LeaderElection | None,
+        policy_name: str,
+        policy_settings: str = "",
+    ) -> None:
         self.core, self.election, self.policy_name = core, election, policy_name
+        self.policy_settings = policy_settings
 
     def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest, context: grpc.ServicerContext) -> Any:
         if not request.HasField("spec"):
@@ -86,7 +93,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             for d in self.core.cluster_devices()
         ]
         leader = self.election.leader() if self.election else ""
-        return scheduler_pb2.ListNodesResponse(devices=devices, leader=leader or "", policy=self.policy_name)
+        return scheduler_pb2.ListNodesResponse(
+            devices=devices,
+            leader=leader or "",
+            policy=self.policy_name,
+            policy_settings_json=self.policy_settings,
+        )
 
 
 class Scheduler:
@@ -116,9 +128,17 @@ class Scheduler:
             # Off unless asked for: a spread job runs one process per node and must support it
             # (``init_distributed`` in the torch hook); see docs/scheduler.md.
             config.setdefault("allow_spread", False)
+        chosen = make_policy(policy, **config)
+        settings = getattr(chosen, "config", None)
+        # What the console and `microco status` show: every setting in force, defaults included.
+        self.policy_settings = (
+            json.dumps(dataclasses.asdict(settings), sort_keys=True)
+            if dataclasses.is_dataclass(settings)
+            else ""
+        )
         self.core = SchedulerCore(
             kv,
-            make_policy(policy, **config),
+            chosen,
             op_wait_s=op_wait_s,
             is_leader=lambda: self.election.is_leader,
             failed_retention_s=failed_retention_s,
@@ -158,7 +178,7 @@ class Scheduler:
         self.runtime = runtime
         runtime.add_service(
             scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server,
-            SchedulerServicer(self.core, self.election, self.policy_name),
+            SchedulerServicer(self.core, self.election, self.policy_name, self.policy_settings),
             scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name,
         )
         runtime.on_stop(self.stop)

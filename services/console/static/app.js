@@ -132,7 +132,10 @@
       }
     }
     const sch = schedulerInfo || {};
-    $("jobs-policy").textContent = sch.policy ? `scheduling policy ${sch.policy}` + (sch.leader ? ` · leader ${sch.leader}` : "") : "";
+    const settings = Object.entries(sch.policy_settings || {}).map(([k, v]) => `${k} ${v}`).join(", ");
+    $("jobs-policy").textContent = sch.policy
+      ? `scheduling policy ${sch.policy}` + (settings ? ` (${settings})` : "") + (sch.leader ? ` · leader ${sch.leader}` : "")
+      : "";
   }
 
   async function showJobs() {

@@ -130,6 +130,9 @@ def test_sign_in_submit_and_watch_a_job(platform: Platform, page, artifacts_dir:
     expect(page.locator("#job-decisions tbody tr").first).to_have_attribute("data-state", "finished")
     expect(page.locator("#job-decisions")).to_contain_text("suspend")
     expect(page.locator("#jobs-policy")).to_contain_text("scheduling policy gandiva")
+    # with the settings in force: those given at start-up (conftest) and the defaults
+    expect(page.locator("#jobs-policy")).to_contain_text("quantum_s 1.5")
+    expect(page.locator("#jobs-policy")).to_contain_text("enable_packing false")
     page.screenshot(path=str(artifacts_dir / "console-job-finished.png"), full_page=True)
 
     # other views render without errors

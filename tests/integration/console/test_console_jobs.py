@@ -3,6 +3,7 @@ device timeline built from the scheduler's state history and the placements the 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import httpx
@@ -150,6 +151,13 @@ def test_nodes_and_devices(platform: Platform) -> None:
     node = next(n for n in body["nodes"] if n["info"].get("instance_id") == agent.name)
     assert [d["node"] for d in body["devices"]].count(node["name"]) == 1
     assert body["scheduler"]["leader"] == platform.others["scheduler"].name
+    # the policy with every setting in force, defaults included
+    from microco.services.scheduler.policy import policy_config_type
+
+    settings = body["scheduler"]["policy_settings"]
+    assert set(settings) == {
+        f.name for f in dataclasses.fields(policy_config_type(body["scheduler"]["policy"]))
+    }
     assert all(isinstance(d["jobs"], list) for d in body["devices"])
 
 

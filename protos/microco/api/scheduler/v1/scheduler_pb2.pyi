@@ -181,11 +181,13 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListNodesResponse(_message.Message):
-    __slots__ = ("devices", "leader", "policy")
+    __slots__ = ("devices", "leader", "policy", "policy_settings_json")
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    POLICY_SETTINGS_JSON_FIELD_NUMBER: _ClassVar[int]
     devices: _containers.RepeatedCompositeFieldContainer[_common_pb2.Device]
     leader: str
     policy: str
-    def __init__(self, devices: _Optional[_Iterable[_Union[_common_pb2.Device, _Mapping]]] = ..., leader: _Optional[str] = ..., policy: _Optional[str] = ...) -> None: ...
+    policy_settings_json: str
+    def __init__(self, devices: _Optional[_Iterable[_Union[_common_pb2.Device, _Mapping]]] = ..., leader: _Optional[str] = ..., policy: _Optional[str] = ..., policy_settings_json: _Optional[str] = ...) -> None: ...
