@@ -130,12 +130,11 @@ class Scheduler:
             config.setdefault("allow_spread", False)
         chosen = make_policy(policy, **config)
         settings = getattr(chosen, "config", None)
-        # What the console and `microco status` show: every setting in force, defaults included.
-        self.policy_settings = (
-            json.dumps(dataclasses.asdict(settings), sort_keys=True)
-            if dataclasses.is_dataclass(settings)
-            else ""
-        )
+        # What the console shows: every setting in force, defaults included.
+        self.policy_settings = ""
+        if dataclasses.is_dataclass(settings) and not isinstance(settings, type):
+            values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+            self.policy_settings = json.dumps(values, sort_keys=True, default=str)
         self.core = SchedulerCore(
             kv,
             chosen,
