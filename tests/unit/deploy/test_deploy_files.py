@@ -26,9 +26,20 @@ def compose() -> dict:
 
 
 def k8s_docs() -> list[dict]:
+    """What `kubectl apply -k deploy/k8s` applies: the kustomization's resources, in its order,
+    in its namespace (the base uses no patches or generators; the test below keeps it so)."""
+    base = REPO / "deploy" / "k8s"
+    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
+    assert set(kustomization) <= {"apiVersion", "kind", "namespace", "resources"}, kustomization
+    listed = kustomization["resources"]
+    assert sorted(listed) == sorted(p.name for p in base.glob("*.yaml") if p.name != "kustomization.yaml")
     docs = []
-    for path in sorted((REPO / "deploy" / "k8s").glob("[0-9]*.yaml")):
-        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    for name in listed:
+        for d in yaml.safe_load_all((base / name).read_text()):
+            if d:
+                if d["kind"] != "Namespace":
+                    d["metadata"]["namespace"] = kustomization["namespace"]
+                docs.append(d)
     return docs
 
 
