@@ -243,3 +243,68 @@ def test_mp_spawn_ranks_park_together_and_their_checkpointed_exit_is_recognised(
     code, msg = classify_exit(p.returncode, tmp_path / "ctl", out)
     assert code == 75 and msg == f"checkpointed at step {recs[0]['step']} (the launcher exited with 1)"
     assert (tmp_path / "ckpt" / "checkpoint").exists()
+
+
+ACCELERATE_JOB = """
+import time
+import torch
+from accelerate import Accelerator
+from microco.clients.scheduler import TorchHook
+
+acc = Accelerator()  # no GPU here: gloo, one CPU process per rank
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+ddp, popt = acc.prepare(model, opt)
+hook = TorchHook(model, opt)  # the ranks from the launcher's environment
+for step in range(hook.restore(), 100000):
+    popt.zero_grad()
+    acc.backward(ddp(torch.ones(4, 8)).sum())
+    popt.step()
+    time.sleep(0.01)
+    hook.step_end(step + 1)
+"""
+
+
+def test_accelerate_launch_ranks_park_together_and_their_checkpointed_exit_is_recognised(tmp_path):
+    """Hugging Face Accelerate's launcher for several processes (``accelerate launch --multi_gpu``,
+    torchrun underneath; on CPU through gloo): the ranks park and resume at one boundary, and a
+    checkpoint-and-exit of both makes the launcher exit 1, which the ranks' records make
+    "checkpointed". (Accelerate's multi-CPU launcher is mpirun, not run here.)"""
+    need_torch()
+    pytest.importorskip("accelerate")
+    from microco.clients.scheduler import ControlChannel
+    from microco.clients.scheduler._ranks import classify_exit
+
+    script = tmp_path / "accelerate_job.py"
+    script.write_text(ACCELERATE_JOB)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MICROCO_", "RANK", "WORLD_SIZE", "ACCELERATE_"))
+    }
+    env.update(MICROCO_CONTROL_DIR=str(tmp_path / "ctl"), MICROCO_CHECKPOINT_DIR=str(tmp_path / "ckpt"))
+    env.update(HF_HOME=str(tmp_path / "hf"))  # no user's accelerate config is read
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script)]
+    p = subprocess.Popen(launch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        ch = ControlChannel(tmp_path / "ctl")
+        ch.wait_status(lambda s: s["step"] >= 5, 180)
+        st = ch.wait_ack(ch.send("suspend"), 60)
+        assert st["state"] == "parked"
+        ch.wait_ack(ch.send("resume"), 60)
+        ch.wait_status(lambda s: s["step"] >= st["step"] + 3, 60)
+        ch.send("stop")
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 1, out  # torchrun's code when a rank exits 75
+    recs = read_records(tmp_path / "ctl")
+    assert [(r["rank"], r["state"]) for r in recs] == [(0, "checkpointed"), (1, "checkpointed")], out[-2000:]
+    assert recs[0]["step"] == recs[1]["step"]
+    code, msg = classify_exit(p.returncode, tmp_path / "ctl", out)
+    assert code == 75 and msg == f"checkpointed at step {recs[0]['step']} (the launcher exited with 1)"
+    assert (tmp_path / "ckpt" / "checkpoint").exists()
