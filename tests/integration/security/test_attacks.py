@@ -25,7 +25,7 @@ from microco.api.store.v1 import store_pb2_grpc
 from microco.clients.scheduler import spec_to_pb
 from microco.clients.store import StoreClient, flight_client
 from microco.common.channel import dial
-from microco.common.errors import PermissionDenied
+from microco.common.errors import MicrocoError, PermissionDenied
 from microco.common.identity import SERVICE_NAME, CertificateAuthority
 from microco.common.kv import MemoryKV, dumps
 
@@ -439,3 +439,136 @@ def test_a_forged_flight_proof_is_refused(tmp_path):
     with pytest.raises(Unauthenticated):
         verify_headers(me.ca_pem, {})
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- reading tables
+
+
+def test_a_user_reads_their_own_tables_and_platform_tables_only(platform):
+    def client(who: str, admin: bool = False) -> StoreClient:
+        return StoreClient(dial(platform["store"], identity=issued(who, admin)))
+
+    schema = pa.schema([("a", pa.int64())])
+    replicas = ["a:hash:2", "a:hash:2", "a:hash:2"]
+    client("user:alice").create_table("alice_r", schema, replicas)
+    client("service:console").create_table("shared_r", schema, replicas)  # a platform table
+    job = submit(platform, "user:alice")
+    for who in ("user:bob", "job:other"):
+        c = client(who)
+        for call in (
+            lambda: c.query({"table": "alice_r"}),
+            lambda: c.query({"table": "shared_r", "join": {"table": "alice_r", "left_on": "a", "right_on": "a"}}),
+            lambda: c.sql("SELECT count(*) FROM shared_r JOIN ALICE_R USING (a)"),
+            lambda: c.explain_sql("SELECT * FROM alice_r"),
+            lambda: c.read("alice_r"),
+            lambda: c.get_table("alice_r"),
+        ):
+            with pytest.raises(PermissionDenied, match="may not read table 'alice_r'.*user 'alice'"):
+                call()
+        assert [t["name"] for t in c.list_tables()] == ["shared_r"]
+    # the owner, the owner's job and an administrator may (the planner then finds no nodes)
+    for who, admin in (("user:alice", False), (f"job:{job.id}", False), ("user:root", True)):
+        c = client(who, admin)
+        assert {t["name"] for t in c.list_tables()} >= {"alice_r", "shared_r"}
+        assert c.get_table("alice_r")
+        with pytest.raises(MicrocoError) as info:
+            c.query({"table": "alice_r"})
+        assert not isinstance(info.value, PermissionDenied)
+    admin = client("user:root", admin=True)
+    admin.drop_table("alice_r")
+    admin.drop_table("shared_r")
+
+
+def test_store_nodes_serve_extents_only_with_a_grant_for_the_caller(store_node):
+    """A read ticket is the coordinator's grant, signed for one caller: without one, with one
+    made for another caller, signed by someone else, or altered, a node refuses it."""
+    from microco.clients.store import grant_ticket
+
+    server, _ = store_node
+    address = f"127.0.0.1:{server.port}"
+    task = {"op": "read", "table": "t", "extent": "e1", "bucket": None, "columns": None, "checksum": None}
+
+    def get(who: str, ticket: bytes) -> Exception:
+        client = flight_client(address, issued(who))
+        try:
+            with pytest.raises(flight.FlightError) as info:
+                client.do_get(flight.Ticket(ticket)).read_all()
+            return info.value
+        finally:
+            client.close()
+
+    store = issued("service:store")
+    denied = flight.FlightUnauthorizedError
+    assert isinstance(get("user:mallory", json.dumps(task).encode()), denied)
+    assert isinstance(get("user:mallory", grant_ticket(store, task, "user:alice")), denied)
+    assert isinstance(get("user:mallory", grant_ticket(issued("user:mallory"), task, "user:mallory")), denied)
+    forged = CertificateAuthority.create().issue("service:store")
+    assert isinstance(get("user:mallory", grant_ticket(forged, task, "user:mallory")), denied)
+    altered = json.loads(grant_ticket(store, task, "user:mallory"))
+    altered["table"] = "other"
+    assert isinstance(get("user:mallory", json.dumps(altered).encode()), denied)
+    fragment = {"op": "fragment", "table": "t", "extents": []}
+    assert isinstance(get("job:j-1", json.dumps(fragment).encode()), denied)
+    # with the coordinator's grant for this caller the node serves it (here: no such extent)
+    err = get("user:mallory", grant_ticket(store, task, "user:mallory"))
+    assert not isinstance(err, denied), err
+    err = get("service:store", json.dumps(task).encode())  # the store's services need none
+    assert not isinstance(err, denied), err
+
+
+def test_a_node_hands_out_flight_endpoints_only_for_readable_tables(tmp_path):
+    import threading
+
+    from microco.services.store._authz import OWNERS
+    from microco.services.store._flight import StoreFlightServer
+    from microco.services.store._nodestore import NodeStore
+
+    kv = MemoryKV()
+    server = StoreFlightServer(NodeStore("n2", tmp_path / "node"), kv=kv)
+    threading.Thread(target=server.serve, daemon=True).start()
+    kv.put(OWNERS + "alice_f", b"alice")
+    try:
+        client = flight_client(f"127.0.0.1:{server.port}", issued("user:bob"))
+        with pytest.raises(flight.FlightUnauthorizedError, match="may not read table"):
+            client.get_flight_info(flight.FlightDescriptor.for_path("alice_f"))
+        client.close()
+    finally:
+        server.shutdown()
+
+
+# --------------------------------------------------------------------------- cache inserts
+
+
+def test_cache_inserts_under_another_users_dataset_name_are_refused(platform):
+    from microco.clients.cache import digest
+
+    def put(who: str, dataset: str, data: bytes) -> Any:
+        stub = cache_pb2_grpc.CacheServiceStub(dial(platform["cache"], identity=issued(who)))
+        msgs = [cache_pb2.ChunkData(digest=digest(data), data=data, dataset=dataset, last=True)]
+        return stub.PutChunks, iter(msgs)
+
+    job = submit(platform, "user:alice")
+    mine, theirs = b"alice's chunk " * 100, b"alice's other chunk " * 100
+    call, msgs = put(f"job:{job.id}", "alice-ds", mine)  # a job of alice's names it first
+    assert call(msgs, timeout=10).stored == [digest(mine)]
+    call, msgs = put("user:alice", "alice-ds", theirs)  # alice herself: the same owner
+    assert call(msgs, timeout=10).stored == [digest(theirs)]
+    junk = b"junk " * 1000
+    for who in ("user:bob", "job:other"):
+        call, msgs = put(who, "alice-ds", junk)
+        err = refused(call, msgs)
+        assert "alice-ds" in err.details() and "user:alice" in err.details()
+        # the dataset's own bytes (verified against their digest) are still welcome from anyone
+        call, msgs = put(who, "alice-ds", mine)
+        assert call(msgs, timeout=10).present == [digest(mine)]
+        # and identical bytes under a name of one's own share the cached copy
+        call, msgs = put(who, f"{who}-ds", mine)
+        assert call(msgs, timeout=10).present == [digest(mine)]
+    # a Lookup by another does not teach the server that junk belongs to alice's dataset
+    stub = cache_pb2_grpc.CacheServiceStub(dial(platform["cache"], identity=issued("user:bob")))
+    stub.Lookup(cache_pb2.LookupRequest(digests=[digest(junk)], dataset="alice-ds"), timeout=10)
+    call, msgs = put("user:bob", "alice-ds", junk)
+    refused(call, msgs)
+    # a platform service may insert under any name
+    call, msgs = put("service:cache", "alice-ds", junk)
+    assert call(msgs, timeout=10).stored == [digest(junk)]
