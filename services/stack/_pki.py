@@ -23,6 +23,18 @@ from microco.common.identity import CertificateAuthority
 log = logging.getLogger(__name__)
 
 ISSUES_JOBS = frozenset({"scheduler"})  # the services given the CA, to issue job credentials
+#: The umask of every process the stack starts: what a service writes (store extents, cache
+#: state, logs, etcd's and Redis's data) is readable by the stack's owner only, unless the
+#: service sets a mode of its own (the cache's chunk files: see docs/cache.md).
+PRIVATE_UMASK = 0o077
+
+
+def private_dirs(home: Path) -> None:
+    """The stack's home and what it keeps there (logs, data, PKI): directories only its owner
+    may enter (0700), made so when they exist already."""
+    for d in (home, home / "logs", home / "data", home / "pki", home / "pki" / "services"):
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o700)
 
 
 def ca_dir(home: Path) -> Path:
@@ -48,6 +60,7 @@ class StackPki:
 
     @classmethod
     def set_up(cls, home: Path, insecure: bool, progress: Callable[[str], None]) -> StackPki:
+        private_dirs(home)
         if insecure:
             os.environ[identity.ENV_INSECURE] = "1"  # this process's health checks too
             progress(

@@ -30,7 +30,7 @@ from microco.common.kv import EtcdKV
 from microco.common.registry import SERVICES_PREFIX, ServiceRecord
 from microco.services.runtime.launch import kill_after, start_service
 
-from ._pki import StackPki
+from ._pki import PRIVATE_UMASK, StackPki
 from ._policy import DEFAULT_POLICY, scheduler_args
 from ._restart import RestartPolicy, RestartTracker
 from ._servers import EtcdServer, RedisServer, free_port
@@ -235,6 +235,7 @@ class Stack:
             log_path=self.home / "logs" / f"{spec.name}.log",
             env={**self.opts.extra_env, **(self.pki.child_env(spec.name, spec.service) if self.pki else {})},
             new_session=True,
+            umask=PRIVATE_UMASK,
         )
         child.status = "starting"
         child.launched_wall = time.time()
