@@ -1,4 +1,6 @@
-"""``microco user add NAME [--admin]``: a user's credentials, issued by the stack's CA."""
+"""``microco user add NAME [--admin]``: a user's credentials, issued by the stack's CA;
+``microco user revoke NAME``: every certificate of NAME issued until now refused by every
+service (a user, or a job as ``job:<id>``)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,21 @@ def register(sub: Any) -> None:
     a.add_argument("--out", type=Path, default=None, help="where to write (default <home>/users/NAME.pem)")
     a.add_argument("--force", action="store_true", help="replace an existing file")
     a.set_defaults(func=cmd_user_add)
+    r = users.add_parser(
+        "revoke",
+        help="refuse NAME's credentials from now on",
+        description=(
+            "Every service refuses the certificates of NAME issued until now (a deny-list in etcd,\n"
+            "followed by every service within seconds). NAME is a user's name, or an identity such\n"
+            "as job:<id>. Credentials issued afterwards (`microco user add NAME --force`) work."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument("name", help="the user's name, or an identity (user:NAME, job:ID)")
+    from ._platform import add_etcd_arguments
+
+    add_etcd_arguments(r)
+    r.set_defaults(func=cmd_user_revoke)
 
 
 def cmd_user_add(args: argparse.Namespace) -> int:
@@ -51,4 +68,21 @@ def cmd_user_add(args: argparse.Namespace) -> int:
     role = "administrator" if args.admin else "user"
     print(f"{role} {args.name}: credentials written to {path}", file=sys.stderr)
     print(f"export MICROCO_CREDENTIALS={path}")
+    return 0
+
+
+def cmd_user_revoke(args: argparse.Namespace) -> int:
+    from microco.common.identity import revoke, split_name
+    from microco.common.kv import EtcdKV
+
+    from ._platform import etcd_for
+
+    name = args.name if ":" in args.name else f"user:{args.name}"
+    split_name(name)  # a clear error for a bad name
+    kv = EtcdKV(etcd_for(args))
+    try:
+        revoke(kv, name)
+    finally:
+        kv.close()
+    print(f"{name}: every certificate issued until now is revoked", file=sys.stderr)
     return 0

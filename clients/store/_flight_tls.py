@@ -161,6 +161,7 @@ def verify_headers(ca_pem: bytes, headers: dict[str, Any]) -> tuple[str, bool]:
     if not -60.0 <= age <= PROOF_TTL_S:
         raise Unauthenticated("stale caller proof")
     name, admin, key = _verified(ca_pem, cert_pem)
+    identity.check_not_revoked(name, cert_pem)
     try:
         key.verify(sig, _PROOF_CONTEXT + ts.encode(), ec.ECDSA(hashes.SHA256()))
     except Exception:  # noqa: BLE001 - InvalidSignature

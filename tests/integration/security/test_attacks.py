@@ -572,3 +572,53 @@ def test_cache_inserts_under_another_users_dataset_name_are_refused(platform):
     # a platform service may insert under any name
     call, msgs = put("service:cache", "alice-ds", junk)
     assert call(msgs, timeout=10).stored == [digest(junk)]
+
+
+# --------------------------------------------------------------------------- revocation
+
+
+def test_a_revoked_certificate_is_refused_and_new_credentials_work(platform, etcd_kv, etcd_endpoint):
+    """`microco user revoke` puts the name on etcd's deny-list; a server following it refuses
+    that name's certificates issued until then, on every call (UNAUTHENTICATED), and accepts
+    the same name's credentials issued afterwards."""
+    import os
+    import time
+
+    from microco.cli import main
+    from microco.common import identity
+    from microco.services.runtime.auth import Revocations
+
+    revocations = Revocations(etcd_kv, interval_s=3600).start()
+    old_eve, old_job = issued("user:revoked-eve"), issued("job:revoked-job")
+    bystander = issued("user:revoked-bystander")
+    try:
+        ok = scheduler_pb2.ListJobsRequest()
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(dial(platform["scheduler"], identity=old_eve))
+        stub.ListJobs(ok, timeout=10)
+        assert main(["user", "revoke", "revoked-eve", "--etcd", etcd_endpoint]) == 0
+        assert main(["user", "revoke", "job:revoked-job", "--etcd", etcd_endpoint]) == 0
+        deadline = time.monotonic() + 30
+        while not identity.revoked("job:revoked-job", old_job.cert_pem) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the watch delivers the deny-list
+        err = refused(stub.ListJobs, ok)
+        assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "revoked" in err.details()
+        for addr, ident in ((platform["cache"], old_job), (platform["cache"], old_eve)):
+            cache = cache_pb2_grpc.CacheServiceStub(dial(addr, identity=ident))
+            refused(cache.GetStats, cache_pb2.GetStatsRequest())  # a call that checks nobody else
+        # a Flight proof of a revoked certificate is refused too
+        from microco.clients.store._flight_tls import _Proof, verify_headers
+
+        with pytest.raises(Exception, match="revoked"):
+            verify_headers(old_eve.ca_pem, _Proof(old_eve).headers())
+        # others are untouched; eve's credentials issued after the revocation work
+        scheduler_pb2_grpc.SchedulerServiceStub(dial(platform["scheduler"], identity=bystander)).ListJobs(
+            ok, timeout=10
+        )
+        time.sleep(1.1)  # certificates carry whole seconds: one issued in the same second is refused too
+        new_eve = CertificateAuthority.load(os.environ[identity.ENV_CA_DIR]).issue("user:revoked-eve")
+        scheduler_pb2_grpc.SchedulerServiceStub(dial(platform["scheduler"], identity=new_eve)).ListJobs(
+            ok, timeout=10
+        )
+    finally:
+        revocations.stop()
+        identity.set_revoked({})
