@@ -67,6 +67,7 @@ def cmd_user_add(args: argparse.Namespace) -> int:
     path = ca.issue(f"user:{args.name}", admin=args.admin, days=365).write(out)
     role = "administrator" if args.admin else "user"
     print(f"{role} {args.name}: credentials written to {path}", file=sys.stderr)
+    _add_etcd_user(home, f"user:{args.name}", args.admin)
     print(f"export MICROCO_CREDENTIALS={path}")
     return 0
 
@@ -86,3 +87,38 @@ def cmd_user_revoke(args: argparse.Namespace) -> int:
         kv.close()
     print(f"{name}: every certificate issued until now is revoked", file=sys.stderr)
     return 0
+
+
+def _add_etcd_user(home: Path, name: str, admin: bool) -> None:
+    """The user's etcd user in its role, when the stack's etcd runs (`microco up` adds the
+    users of <home>/users at its start otherwise)."""
+    from microco.common import find_etcd
+    from microco.common.errors import MicrocoError
+    from microco.common.etcd_roles import EtcdAuth
+
+    try:
+        found = find_etcd("", home)
+    except MicrocoError:
+        return
+    if not found.source.endswith(".json"):
+        return  # an etcd named by the environment is not this stack's: nothing to add to
+    endpoint = found.address
+    try:
+        auth = EtcdAuth(endpoint.split(",")[0], _admin_identity())
+        try:
+            auth.add_identity(name, admin)
+        finally:
+            auth.close()
+    except MicrocoError as exc:
+        print(f"warning: {name} not added to the stack's etcd ({exc}); `microco up` adds it", file=sys.stderr)
+
+
+def _admin_identity() -> Any:
+    from microco.common.identity import current
+
+    me = current()
+    if me is None:
+        from microco.common.errors import FailedPrecondition as _FP
+
+        raise _FP("no credentials")
+    return me

@@ -166,7 +166,9 @@ def check_not_revoked(name: str, cert_pem: bytes) -> None:
     if revoked(name, cert_pem):
         from .errors import Unauthenticated
 
-        raise Unauthenticated(f"the certificate of {name} was revoked: ask an administrator for new credentials")
+        raise Unauthenticated(
+            f"the certificate of {name} was revoked: ask an administrator for new credentials"
+        )
 
 
 def revoke(kv: object, name: str, at: float | None = None) -> float:

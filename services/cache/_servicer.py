@@ -155,7 +155,9 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
         user = self.reports.check(who, request.job_id, request.user)
         if not self.datasets.owns(who, request.dataset):
             # another's dataset name: its consumption counts only for chunks known to be in it
-            consumed = [d for d, k in zip(consumed, self.core.known_in(consumed, request.dataset), strict=True) if k]
+            consumed = [
+                d for d, k in zip(consumed, self.core.known_in(consumed, request.dataset), strict=True) if k
+            ]
         alloc = self.core.report_progress(
             request.job_id,
             request.dataset,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from microco.common import identity
+from microco.common.etcd_roles import ENV_ETCD_ROLES
 from microco.common.hotstate import ENV_REDIS_PASSWORD
 from microco.common.identity import CertificateAuthority
 
@@ -56,6 +57,7 @@ class StackPki:
     ca: CertificateAuthority | None = None
     ca_dir: Path | None = None
     redis_password: str = ""  # the stack's Redis requires it (not in insecure mode)
+    etcd_roles: bool = False  # the etcd the stack started has authentication and roles on
     _files: dict[str, Path] = field(default_factory=dict)
 
     @classmethod
@@ -87,6 +89,30 @@ class StackPki:
             return None
         return self.ca.issue("service:etcd", hosts=("127.0.0.1", "localhost"))
 
+    def set_up_etcd_roles(self, endpoint: str, services: list[str]) -> None:
+        """Turn on the authentication of the etcd the stack started, with a user per service
+        and for the administrator, each in its role (``microco.common.etcd_roles``)."""
+        if self.insecure or self.ca is None:
+            return
+        from microco.common.etcd_roles import EtcdAuth
+
+        auth = EtcdAuth(endpoint, self.ca.issue("service:stack"))
+        try:
+            auth.set_up(sorted(set(services) | {"stack"}), [f"user:{admin_name()}"], self._users())
+        finally:
+            auth.close()
+        self.etcd_roles = True
+
+    def _users(self) -> tuple[str, ...]:
+        """The users `microco user add` made in this home (``<home>/users/NAME.pem``); an
+        administrator among them is left to be added while the stack runs."""
+        out = []
+        for f in sorted((self.home / "users").glob("*.pem")):
+            ident = _read(f)
+            if ident is not None and ident.kind == "user" and not ident.admin:
+                out.append(ident.name)
+        return tuple(out)
+
     def child_env(self, name: str, service: str) -> dict[str, str]:
         """What a service process needs to find its own credentials."""
         if self.insecure:
@@ -102,6 +128,7 @@ class StackPki:
             identity.ENV_CREDENTIALS_PEM: "",
             identity.ENV_INSECURE: "",
             identity.ENV_CA_DIR: str(self.ca_dir) if service in ISSUES_JOBS else "",
+            ENV_ETCD_ROLES: "1" if self.etcd_roles else "",
         }
 
 

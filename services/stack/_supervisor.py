@@ -181,6 +181,9 @@ class Stack:
                     identity=self.pki.etcd_identity() if self.pki else None,
                 ).start()
                 self.etcd_endpoint = self.etcd.endpoint
+                if self.pki is not None and not self.pki.insecure:  # its roles (docs/security.md)
+                    services = [spec.service for spec in platform_processes(self.opts)]
+                    self.pki.set_up_etcd_roles(self.etcd_endpoint, services)
             if not self.redis_url:
                 self.progress("starting redis")
                 self.redis = RedisServer(

@@ -456,15 +456,17 @@ def test_a_user_reads_their_own_tables_and_platform_tables_only(platform):
     for who in ("user:bob", "job:other"):
         c = client(who)
         for call in (
-            lambda: c.query({"table": "alice_r"}),
-            lambda: c.query({"table": "shared_r", "join": {"table": "alice_r", "left_on": "a", "right_on": "a"}}),
-            lambda: c.sql("SELECT count(*) FROM shared_r JOIN ALICE_R USING (a)"),
-            lambda: c.explain_sql("SELECT * FROM alice_r"),
-            lambda: c.read("alice_r"),
-            lambda: c.get_table("alice_r"),
+            lambda c: c.query({"table": "alice_r"}),
+            lambda c: c.query(
+                {"table": "shared_r", "join": {"table": "alice_r", "left_on": "a", "right_on": "a"}}
+            ),
+            lambda c: c.sql("SELECT count(*) FROM shared_r JOIN ALICE_R USING (a)"),
+            lambda c: c.explain_sql("SELECT * FROM alice_r"),
+            lambda c: c.read("alice_r"),
+            lambda c: c.get_table("alice_r"),
         ):
             with pytest.raises(PermissionDenied, match="may not read table 'alice_r'.*user 'alice'"):
-                call()
+                call(c)
         assert [t["name"] for t in c.list_tables()] == ["shared_r"]
     # the owner, the owner's job and an administrator may (the planner then finds no nodes)
     for who, admin in (("user:alice", False), (f"job:{job.id}", False), ("user:root", True)):

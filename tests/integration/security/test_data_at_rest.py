@@ -32,7 +32,11 @@ def test_the_stacks_home_pki_and_credentials_are_private(tmp_path, monkeypatch):
     pki.child_env("cache-0", "cache")
     for d in (home, home / "logs", home / "data", home / "pki", home / "pki" / "services"):
         assert mode(d) == 0o700, d
-    secrets = [home / "credentials.pem", home / "pki" / "redis.password", home / "pki" / "services" / "cache-0.pem"]
+    secrets = [
+        home / "credentials.pem",
+        home / "pki" / "redis.password",
+        home / "pki" / "services" / "cache-0.pem",
+    ]
     secrets += [p for p in (home / "pki").rglob("*key*") if p.is_file()]
     assert len(secrets) >= 4
     for f in secrets:
