@@ -58,6 +58,7 @@ class StackPki:
     ca_dir: Path | None = None
     redis_password: str = ""  # the stack's Redis requires it (not in insecure mode)
     etcd_roles: bool = False  # the etcd the stack started has authentication and roles on
+    admins: list[str] = field(default_factory=list)  # etcd's root users: the administrators
     _files: dict[str, Path] = field(default_factory=dict)
 
     @classmethod
@@ -78,6 +79,13 @@ class StackPki:
         if current is None or current.ca_pem != ca.cert_pem:
             ca.issue(f"user:{admin_name()}", admin=True, days=365).write(admin_file)
             progress(f"administrator credentials: {admin_file}")
+        pki.admins = [f"user:{admin_name()}"]
+        try:  # the administrator starting the stack with credentials of their own
+            starter = identity.current()
+        except Exception:  # noqa: BLE001 - none, or unreadable: the home's administrator only
+            starter = None
+        if starter is not None and starter.kind == "user" and starter.admin and starter.ca_pem == ca.cert_pem:
+            pki.admins.append(starter.name)
         identity.use(ca.issue("service:stack"))  # the supervisor's own health checks
         pki.redis_password = _redis_password(home / "pki" / "redis.password")
         os.environ[ENV_REDIS_PASSWORD] = pki.redis_password  # this process's clients (the demo)
@@ -98,7 +106,7 @@ class StackPki:
 
         auth = EtcdAuth(endpoint, self.ca.issue("service:stack"))
         try:
-            auth.set_up(sorted(set(services) | {"stack"}), [f"user:{admin_name()}"], self._users())
+            auth.set_up(sorted(set(services) | {"stack"}), sorted(set(self.admins)), self._users())
         finally:
             auth.close()
         self.etcd_roles = True
