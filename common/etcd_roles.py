@@ -14,15 +14,14 @@ name*. So every identity of the platform is an etcd user of its own name (``serv
   service's state.
 
 Managed through etcd's Auth API over gRPC (``pyetcd``'s generated stubs, on a channel of the
-platform's TLS); a user gets a random password nobody keeps (etcd 3.5 needs one) and logs in
-with its certificate only.
+platform's TLS); users have no password (``no_password``): they log in with their certificate
+only.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import secrets
 from typing import Any
 
 from .identity import Identity, split_name
@@ -103,6 +102,13 @@ class EtcdAuth:
 
         self._channel = dial(address, identity=ident)
         self._stub = rpc_pb2_grpc.AuthStub(self._channel)
+        from pyetcd.etcdrpc import rpc_pb2
+
+        self._user_add = self._channel.unary_unary(  # takes the request encoded (see add_user)
+            "/etcdserverpb.Auth/UserAdd",
+            request_serializer=lambda raw: raw,
+            response_deserializer=rpc_pb2.AuthUserAddResponse.FromString,
+        )
 
     def close(self) -> None:
         self._channel.close()
@@ -113,7 +119,8 @@ class EtcdAuth:
         from .errors import Unavailable
 
         try:
-            getattr(self._stub, method)(request, timeout=10)
+            rpc = self._user_add if method == "UserAdd" else getattr(self._stub, method)
+            rpc(request, timeout=10)
         except grpc.RpcError as exc:
             detail = exc.details() or ""
             if exists_ok and ("already exists" in detail or "already granted" in detail):
@@ -131,8 +138,11 @@ class EtcdAuth:
     def add_user(self, name: str, role: str) -> None:
         from pyetcd.etcdrpc import rpc_pb2
 
-        password = secrets.token_urlsafe(32)  # kept by nobody: the certificate is the login
-        self._call("UserAdd", rpc_pb2.AuthUserAddRequest(name=name, password=password))
+        # ``options.no_password`` (field 3, {1: true}) is newer than pyetcd's copy of the
+        # message: appended as its encoding. Such a user cannot log in with a password at all
+        # (the certificate is the login), and etcd spends no bcrypt on it.
+        raw = rpc_pb2.AuthUserAddRequest(name=name).SerializeToString() + b"\x1a\x02\x08\x01"
+        self._call("UserAdd", raw)
         self._call("UserGrantRole", rpc_pb2.AuthUserGrantRoleRequest(user=name, role=role))
 
     def enable(self) -> None:
