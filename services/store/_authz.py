@@ -76,7 +76,8 @@ def sql_tables(catalog_names: list[str], sql: str) -> list[str]:
 
     by_lower = {n.lower(): n for n in catalog_names}
     out: list[str] = []
-    for ref in table_refs(parse(sql)):
+    tree: Any = parse(sql)
+    for ref in table_refs(tree):
         n = by_lower.get(ref.name.lower())
         if n is not None and n not in out:
             out.append(n)
