@@ -9,6 +9,7 @@ import pytest
 
 from microco.api.agent.v1 import agent_pb2_grpc
 from microco.api.cache.v1 import cache_pb2_grpc
+from microco.api.compiler.v1 import compiler_pb2_grpc
 from microco.api.scheduler.v1 import scheduler_pb2_grpc
 from microco.api.store.v1 import store_pb2_grpc
 from microco.common.kv import MemoryKV, dumps
@@ -16,13 +17,15 @@ from microco.common.kv import MemoryKV, dumps
 
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A scheduler, a node agent and a cache server in this process, on one MemoryKV, each
+    """A scheduler, a node agent, a store coordinator, a compiler and a cache server in this process, on one MemoryKV, each
     serving mutual TLS as its own service identity."""
+    from microco.clients.compiler.explore import CompilerCore
     from microco.services.agent import NodeAgent
     from microco.services.agent._service import NodeAgentServicer
     from microco.services.cache._chunkstore import ChunkStore
     from microco.services.cache._core import CacheCore
     from microco.services.cache._servicer import CacheServicer
+    from microco.services.compiler._servicer import CompilerServicer
     from microco.services.runtime import ServiceRuntime, ServiceSettings
     from microco.services.scheduler._core import SchedulerCore
     from microco.services.scheduler._service import SchedulerServicer
@@ -61,6 +64,11 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
             "store",
             store_pb2_grpc.add_StoreCoordinatorServiceServicer_to_server,
             StoreServicer(StoreCore(kv, FlightTransport(kv))),
+        ),
+        "compiler": serve(
+            "compiler",
+            compiler_pb2_grpc.add_CompilerServiceServicer_to_server,
+            CompilerServicer(CompilerCore(kv)),
         ),
         "cache": serve(
             "cache",

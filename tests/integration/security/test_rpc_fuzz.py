@@ -1,8 +1,9 @@
 """RPC fuzzing (issue 16): random well-typed messages, built by hypothesis from each method's
 protobuf descriptor (every field, nested messages, repeated fields and maps, odd strings and
-extreme numbers), sent to the scheduler, a node agent, the store coordinator and a cache server
-serving over mutual TLS (the ``platform`` fixture) as an administrator. Every answer is a
-result or a clean status: never INTERNAL or UNKNOWN (an unhandled error), never a hang."""
+extreme numbers), sent to the scheduler, a node agent, the store coordinator, the compiler and a
+cache server serving over mutual TLS (the ``platform`` fixture) as an administrator. Every
+answer is a result or a clean status: never INTERNAL or UNKNOWN (an unhandled error), never a
+hang."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from microco.api.agent.v1 import agent_pb2
 from microco.api.cache.v1 import cache_pb2
+from microco.api.compiler.v1 import compiler_pb2
 from microco.api.scheduler.v1 import scheduler_pb2
 from microco.api.store.v1 import store_pb2
 from microco.common.channel import dial
@@ -123,6 +125,7 @@ SERVICES = {
     "agent_address": agent_pb2.DESCRIPTOR.services_by_name["NodeAgentService"],
     "store": store_pb2.DESCRIPTOR.services_by_name["StoreCoordinatorService"],
     "cache": cache_pb2.DESCRIPTOR.services_by_name["CacheService"],
+    "compiler": compiler_pb2.DESCRIPTOR.services_by_name["CompilerService"],
 }
 METHODS = [(server, m) for server, svc in SERVICES.items() for m in svc.methods]
 CLEAN_FAILURES = set(grpc.StatusCode) - {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
