@@ -1,4 +1,6 @@
-"""``microco user add NAME [--admin]``: a user's credentials, issued by the stack's CA."""
+"""``microco user add NAME [--admin]``: a user's credentials, issued by the stack's CA;
+``microco user revoke NAME``: every certificate of NAME issued until now refused by every
+service (a user, or a job as ``job:<id>``)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,21 @@ def register(sub: Any) -> None:
     a.add_argument("--out", type=Path, default=None, help="where to write (default <home>/users/NAME.pem)")
     a.add_argument("--force", action="store_true", help="replace an existing file")
     a.set_defaults(func=cmd_user_add)
+    r = users.add_parser(
+        "revoke",
+        help="refuse NAME's credentials from now on",
+        description=(
+            "Every service refuses the certificates of NAME issued until now (a deny-list in etcd,\n"
+            "followed by every service within seconds). NAME is a user's name, or an identity such\n"
+            "as job:<id>. Credentials issued afterwards (`microco user add NAME --force`) work."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument("name", help="the user's name, or an identity (user:NAME, job:ID)")
+    from ._platform import add_etcd_arguments
+
+    add_etcd_arguments(r)
+    r.set_defaults(func=cmd_user_revoke)
 
 
 def cmd_user_add(args: argparse.Namespace) -> int:
@@ -50,5 +67,58 @@ def cmd_user_add(args: argparse.Namespace) -> int:
     path = ca.issue(f"user:{args.name}", admin=args.admin, days=365).write(out)
     role = "administrator" if args.admin else "user"
     print(f"{role} {args.name}: credentials written to {path}", file=sys.stderr)
+    _add_etcd_user(home, f"user:{args.name}", args.admin)
     print(f"export MICROCO_CREDENTIALS={path}")
     return 0
+
+
+def cmd_user_revoke(args: argparse.Namespace) -> int:
+    from microco.common.identity import revoke, split_name
+    from microco.common.kv import EtcdKV
+
+    from ._platform import etcd_for
+
+    name = args.name if ":" in args.name else f"user:{args.name}"
+    split_name(name)  # a clear error for a bad name
+    kv = EtcdKV(etcd_for(args))
+    try:
+        revoke(kv, name)
+    finally:
+        kv.close()
+    print(f"{name}: every certificate issued until now is revoked", file=sys.stderr)
+    return 0
+
+
+def _add_etcd_user(home: Path, name: str, admin: bool) -> None:
+    """The user's etcd user in its role, when the stack's etcd runs (`microco up` adds the
+    users of <home>/users at its start otherwise)."""
+    from microco.common import find_etcd
+    from microco.common.errors import MicrocoError
+    from microco.common.etcd_roles import EtcdAuth
+
+    try:
+        found = find_etcd("", home)
+    except MicrocoError:
+        return
+    if not found.source.endswith(".json"):
+        return  # an etcd named by the environment is not this stack's: nothing to add to
+    endpoint = found.address
+    try:
+        auth = EtcdAuth(endpoint.split(",")[0], _admin_identity())
+        try:
+            auth.add_identity(name, admin)
+        finally:
+            auth.close()
+    except MicrocoError as exc:
+        print(f"warning: {name} not added to the stack's etcd ({exc}); `microco up` adds it", file=sys.stderr)
+
+
+def _admin_identity() -> Any:
+    from microco.common.identity import current
+
+    me = current()
+    if me is None:
+        from microco.common.errors import FailedPrecondition as _FP
+
+        raise _FP("no credentials")
+    return me

@@ -116,6 +116,7 @@ def _pem_blocks(data: bytes) -> list[tuple[str, bytes]]:
 
 
 @functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=4096)
 def peer_name(cert_pem: bytes) -> tuple[str, bool]:
     """The identity in a certificate (its subject's common name) and whether it is an admin."""
     from cryptography import x509
@@ -128,6 +129,57 @@ def peer_name(cert_pem: bytes) -> tuple[str, bool]:
     name = str(cns[0].value)
     units = {str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)}
     return name, ADMIN_UNIT in units
+
+
+# --------------------------------------------------------------------------- revocation
+# A revoked identity's certificates are refused by every server (docs/security.md): etcd keeps
+# ``REVOKED_PREFIX + <name>`` -> {"at": <unix time>}; a certificate of that name issued before
+# then is refused, one issued afterwards (the user added again) is not. Servers keep the list
+# in memory (``set_revoked``, fed by ``services/runtime/auth.watch_revocations``).
+
+REVOKED_PREFIX = "/microco/security/revoked/"
+BACKDATE = datetime.timedelta(minutes=5)  # a certificate's validity starts this long before its issue
+_revoked: dict[str, float] = {}
+
+
+def set_revoked(entries: dict[str, float]) -> None:
+    """Replace this process's deny-list: identity name -> revocation time (unix seconds)."""
+    global _revoked
+    _revoked = dict(entries)
+
+
+@functools.lru_cache(maxsize=4096)
+def _issued_at(cert_pem: bytes) -> float:
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    return (cert.not_valid_before_utc + BACKDATE).timestamp()
+
+
+def revoked(name: str, cert_pem: bytes) -> bool:
+    """Whether the certificate ``cert_pem`` of ``name`` was revoked (issued before its name was)."""
+    at = _revoked.get(name)
+    return at is not None and _issued_at(cert_pem) <= at
+
+
+def check_not_revoked(name: str, cert_pem: bytes) -> None:
+    if revoked(name, cert_pem):
+        from .errors import Unauthenticated
+
+        raise Unauthenticated(
+            f"the certificate of {name} was revoked: ask an administrator for new credentials"
+        )
+
+
+def revoke(kv: object, name: str, at: float | None = None) -> float:
+    """Revoke every certificate of ``name`` issued until now (``at``); returns that time."""
+    import json
+    import time
+
+    split_name(name)
+    when = time.time() if at is None else at
+    kv.put(REVOKED_PREFIX + name, json.dumps({"at": when}).encode())  # type: ignore[attr-defined]
+    return when
 
 
 class CertificateAuthority:

@@ -16,8 +16,10 @@ from ._client import Frame, StoreClient, iter_file, load_file, parse_partitionin
 from ._flight import OPTIONS as FLIGHT_OPTIONS
 from ._flight import FlightClients, from_flight_error
 from ._flight_tls import (
+    check_grant,
     flight_caller,
     flight_client,
+    grant_ticket,
     require_flight_service,
     secure_location,
     server_options,
@@ -29,10 +31,12 @@ __all__ = [
     "FlightClients",
     "Frame",
     "StoreClient",
+    "check_grant",
     "flight_caller",
     "flight_client",
     "flight_scheme",
     "from_flight_error",
+    "grant_ticket",
     "iter_file",
     "load_file",
     "parse_partitioning",

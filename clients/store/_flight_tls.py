@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
 import threading
 import time
 from typing import Any
@@ -26,6 +27,9 @@ PROOF_HEADER = "x-microco-proof"
 MIDDLEWARE = "microco-identity"
 PROOF_TTL_S = 300.0  # a proof is re-made after half of this; one older than this is refused
 _PROOF_CONTEXT = b"microco-flight-proof|"
+_GRANT_CONTEXT = b"microco-flight-grant|"
+GRANT_TTL_S = 3600.0  # a read ticket handed out by PlanRead or get_flight_info is valid this long
+GRANTORS = ("store", "store-node")  # who signs read tickets: the coordinator, a node's catalog view
 
 
 def secure_location(location: str, secure: bool) -> str:
@@ -157,6 +161,7 @@ def verify_headers(ca_pem: bytes, headers: dict[str, Any]) -> tuple[str, bool]:
     if not -60.0 <= age <= PROOF_TTL_S:
         raise Unauthenticated("stale caller proof")
     name, admin, key = _verified(ca_pem, cert_pem)
+    identity.check_not_revoked(name, cert_pem)
     try:
         key.verify(sig, _PROOF_CONTEXT + ts.encode(), ec.ECDSA(hashes.SHA256()))
     except Exception:  # noqa: BLE001 - InvalidSignature
@@ -209,3 +214,65 @@ def require_flight_service(context: Any, services: tuple[str, ...], what: str) -
         return
     allowed = " or ".join(f"service:{s}" for s in services)
     raise PermissionDenied(f"{mw.name} may not {what}: only {allowed} may")
+
+
+# --------------------------------------------------------------------------- read grants
+# A store node serves an extent (``read``, ``fragment`` tickets) to the coordinator and the
+# other nodes, and to anyone else only with a grant: the ticket signed, for that caller, by the
+# service that decided the caller may read the table (the coordinator's PlanRead, a node's
+# get_flight_info). docs/security.md.
+
+
+def _grant_message(task: dict[str, Any], caller: str, exp: str) -> bytes:
+    body = {k: v for k, v in task.items() if k != "grant"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return _GRANT_CONTEXT + caller.encode() + b"|" + exp.encode() + b"|" + canonical.encode()
+
+
+def grant_ticket(ident: Identity | None, task: dict[str, Any], caller: str) -> bytes:
+    """The ticket for ``task`` that ``caller`` may present to a store node, signed by ``ident``
+    (plain, in insecure mode)."""
+    task = json.loads(json.dumps(task, default=str))
+    if ident is None or not caller:
+        return json.dumps(task).encode()
+    exp = f"{time.time() + GRANT_TTL_S:.0f}"
+    sig = _sign(ident, _grant_message(task, caller, exp))
+    task["grant"] = {
+        "for": caller,
+        "exp": exp,
+        "cert": base64.b64encode(ident.cert_pem).decode(),
+        "sig": base64.b64encode(sig).decode(),
+    }
+    return json.dumps(task).encode()
+
+
+def check_grant(ca_pem: bytes, task: dict[str, Any], caller: str) -> None:
+    """Refuse (``PermissionDenied``) a read ticket ``caller`` was not granted."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    g = task.get("grant")
+    if not isinstance(g, dict):
+        raise PermissionDenied(
+            f"{caller} may not read extents without a grant: ask the coordinator (PlanRead) for tickets"
+        )
+    try:
+        who, exp, cert = str(g["for"]), str(g["exp"]), base64.b64decode(str(g["cert"]), validate=True)
+        sig = base64.b64decode(str(g["sig"]), validate=True)
+        expired = float(exp) < time.time()
+    except (KeyError, ValueError, TypeError):
+        raise PermissionDenied(f"{caller}: malformed read grant") from None
+    if who != caller:
+        raise PermissionDenied(f"{caller} may not use a read grant made for another caller")
+    if expired:
+        raise PermissionDenied(f"{caller}: the read grant has expired; plan the read again")
+    try:
+        name, _admin, key = _verified(ca_pem, cert)
+    except Unauthenticated as exc:
+        raise PermissionDenied(f"{caller}: read grant not signed by the platform: {exc}") from None
+    if name.partition(":")[0] != "service" or name.partition(":")[2] not in GRANTORS:
+        raise PermissionDenied(f"{caller}: a read grant must be signed by the store, not {name}")
+    try:
+        key.verify(sig, _grant_message(task, caller, exp), ec.ECDSA(hashes.SHA256()))
+    except Exception:  # noqa: BLE001 - InvalidSignature
+        raise PermissionDenied(f"{caller}: the read grant does not match its ticket") from None

@@ -151,6 +151,12 @@ class CacheCore:
                     self._parent[max(a, b)] = min(a, b)
                 names.add(dataset)
 
+    def known_in(self, digests: Iterable[str], dataset: str) -> list[bool]:
+        """Whether each digest is known to belong to ``dataset`` (named with it by a call)."""
+        with self._lock:
+            contains = self.consumption.contains
+            return [dataset in contains.get(d, ()) for d in digests]
+
     def room(self, dataset: str) -> int:
         """Bytes of ``dataset`` the cache could admit now (free, evictable, within quota)."""
         with self._lock:

@@ -17,7 +17,7 @@ from microco.common.hotstate import key
 from microco.services.runtime.auth import caller
 
 from . import _limits as lim
-from ._authz import JobReports
+from ._authz import DatasetClaims, JobReports
 from ._core import CacheCore
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
     def __init__(self, core: CacheCore, redis: Any = None, server_id: str = "", kv: Any = None) -> None:
         self.core = core
         self.reports = JobReports(kv)
+        self.datasets = DatasetClaims(kv)
         self.redis = redis
         self.server_id = server_id
 
@@ -41,8 +42,10 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
         digests = lim.digests(list(request.digests), "digests")
         dataset = lim.name(request.dataset, "dataset")
         lim.name(request.job_id, "job_id")
+        # only the dataset's owner teaches the server which digests the name holds
+        learn = dataset if self.datasets.owns(caller(context), dataset) else ""
         return cache_pb2.LookupResponse(
-            present=self.core.lookup(digests, dataset), room_bytes=self.core.room(dataset)
+            present=self.core.lookup(digests, learn), room_bytes=self.core.room(dataset)
         )
 
     def ReadSamples(
@@ -100,9 +103,14 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
         parts: list[bytes] = []
         size = 0
         current = ""
+        who = caller(context)
         for msg in request_iterator:
             if current and msg.digest != current:
                 raise InvalidArgument("a chunk's parts must be contiguous and end with last=true")
+            if not current:  # a chunk's first part: may the caller insert it under that name?
+                d = lim.digest_field(msg.digest, "digest")
+                ds = lim.name(msg.dataset, "dataset")
+                self.datasets.check_insert(who, ds, self.core.known_in([d], ds)[0], d)
             current = lim.digest_field(msg.digest, "digest")
             lim.name(msg.dataset, "dataset")
             parts.append(msg.data)
@@ -143,7 +151,13 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
         lim.count(request.timings, "timings", lim.MAX_TIMINGS)
         if request.dataset_bytes < 0 or request.epoch < -1:
             raise InvalidArgument("dataset_bytes and epoch must not be negative")
-        user = self.reports.check(caller(context), request.job_id, request.user)
+        who = caller(context)
+        user = self.reports.check(who, request.job_id, request.user)
+        if not self.datasets.owns(who, request.dataset):
+            # another's dataset name: its consumption counts only for chunks known to be in it
+            consumed = [
+                d for d, k in zip(consumed, self.core.known_in(consumed, request.dataset), strict=True) if k
+            ]
         alloc = self.core.report_progress(
             request.job_id,
             request.dataset,

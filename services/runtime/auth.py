@@ -15,11 +15,16 @@ In insecure development mode (no TLS) every call is allowed, as the flag says.
 
 from __future__ import annotations
 
+import json
+import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 from microco.common.errors import PermissionDenied, Unauthenticated
-from microco.common.identity import peer_name
+from microco.common.identity import REVOKED_PREFIX, check_not_revoked, peer_name, set_revoked
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -95,8 +100,61 @@ def caller(context: Any) -> Caller:
                 "no client certificate: every call needs credentials from the platform's CA"
             )
         return INSECURE
-    name, admin = peer_name(certs[0] if isinstance(certs[0], bytes) else str(certs[0]).encode())
+    pem = certs[0] if isinstance(certs[0], bytes) else str(certs[0]).encode()
+    name, admin = peer_name(pem)
+    check_not_revoked(name, pem)
     return Caller(name, admin)
+
+
+class Revocations:
+    """Keeps this process's deny-list (``microco.common.identity.set_revoked``) equal to etcd's
+    ``REVOKED_PREFIX``: loaded at start, followed by a watch, and reloaded every
+    ``interval_s`` (a watch lost while etcd was away is made good within that)."""
+
+    def __init__(self, kv: Any, interval_s: float = 10.0) -> None:
+        self.kv = kv
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._cancel: Any = None
+        self._thread: threading.Thread | None = None
+
+    def load(self) -> dict[str, float]:
+        entries: dict[str, float] = {}
+        for key, raw in self.kv.get_prefix(REVOKED_PREFIX):
+            try:
+                entries[key[len(REVOKED_PREFIX) :]] = float(json.loads(raw)["at"])
+            except (ValueError, KeyError, TypeError):
+                log.warning("ignoring a malformed revocation %s", key)
+        set_revoked(entries)
+        return entries
+
+    def start(self) -> Revocations:
+        try:
+            self.load()
+            self._cancel = self.kv.watch_prefix(REVOKED_PREFIX, lambda _ev: self._reload())
+        except Exception as exc:  # noqa: BLE001 - etcd away: the loop below retries
+            log.warning("revocation list not loaded yet: %s", exc)
+        self._thread = threading.Thread(target=self._loop, name="revocations", daemon=True)
+        self._thread.start()
+        return self
+
+    def _reload(self) -> None:
+        try:
+            self.load()
+        except Exception as exc:  # noqa: BLE001 - kept until the next reload
+            log.warning("revocation list not reloaded: %s", exc)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._reload()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._cancel is not None:
+            try:
+                self._cancel()
+            except Exception:  # noqa: BLE001, S110 - a watch on a closed client
+                pass
 
 
 # The scheduler's job records (``services/scheduler/_jobs.JOBS_PREFIX``): the owner of a job,

@@ -30,23 +30,27 @@ def start_service(
     log_path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     new_session: bool = False,
+    umask: int = -1,
 ) -> subprocess.Popen[bytes]:
     """``python -m module args`` with this interpreter; stdout and stderr appended to
     ``log_path`` (discarded without one); ``env`` is added to this process's environment.
     ``new_session`` puts the child in a session of its own, so a Ctrl-C at the terminal reaches
-    only the supervisor, which then stops its children in order."""
+    only the supervisor, which then stops its children in order. ``umask``: the child's (``-1``:
+    this process's; the stack gives its services ``0o077``, so what they write is their own)."""
     cmd = [sys.executable, "-m", module, *args]
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     if log_path is None:
         return subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=child_env, start_new_session=new_session,
+            env=child_env, start_new_session=new_session, umask=umask,
         )  # fmt: skip
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:  # the child holds its own copy of the descriptor
+    # the log is as private as what the child writes under ``umask``
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666 & ~umask if umask >= 0 else 0o666)
+    with os.fdopen(fd, "ab") as log:  # the child holds its own copy of the descriptor
         return subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=child_env, start_new_session=new_session,
+            env=child_env, start_new_session=new_session, umask=umask,
         )  # fmt: skip
 
 

@@ -34,6 +34,7 @@ from microco.common.logs import configure_logging
 from microco.common.registry import Registration, ServiceRecord
 
 from . import metrics
+from .auth import Revocations, caller
 from .settings import ServiceSettings, add_common_flags, settings_from_args
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ class ErrorAndMetricsInterceptor(grpc.ServerInterceptor):
                 start = time.perf_counter()
                 metrics.RPC_IN_FLIGHT.labels(service).inc()
                 try:
+                    caller(context)  # refuses a revoked certificate before any handler runs
                     req = _checked_stream(request) if stream_in else _check(request)
                     result = behavior(req, context)
                 except Exception as exc:
@@ -129,6 +131,7 @@ class ErrorAndMetricsInterceptor(grpc.ServerInterceptor):
                 start = time.perf_counter()
                 metrics.RPC_IN_FLIGHT.labels(service).inc()
                 try:
+                    caller(context)  # refuses a revoked certificate before any handler runs
                     req = _checked_stream(request) if stream_in else _check(request)
                     yield from behavior(req, context)
                 except Exception as exc:
@@ -402,6 +405,8 @@ def run_service(
         return 2
     runtime = ServiceRuntime(settings, kv=kv, identity=own, insecure=own is None)
     runtime.on_stop(kv.close)
+    if own is not None:  # revoked certificates are refused (services/runtime/auth.py)
+        runtime.on_stop(Revocations(kv).start().stop)
     ctx = ServiceContext(settings=settings, args=args, kv=kv, runtime=runtime)
     # Signals are handled from before start-up: the service registers itself in etcd while it
     # starts, and a SIGTERM arriving between that and a handler installed afterwards killed the

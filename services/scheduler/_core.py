@@ -31,6 +31,7 @@ from microco.common.errors import (
     MicrocoError,
     NotFound,
 )
+from microco.common.etcd_roles import add_job_user
 from microco.common.identity import job_credentials_env
 from microco.common.kv import KV, dumps
 
@@ -787,6 +788,7 @@ class SchedulerCore:
         spec = rec["spec"]
         started: list[str] = []
         try:
+            add_job_user(self.kv, rec["id"])  # its etcd user, when etcd has roles (docs/security.md)
             for rank, (n, ds) in enumerate(placement):
                 env = {**dict(spec["env"]), **job_credentials_env(rec["id"])}
                 if world > 1:

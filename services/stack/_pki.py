@@ -17,12 +17,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from microco.common import identity
+from microco.common.etcd_roles import ENV_ETCD_ROLES
 from microco.common.hotstate import ENV_REDIS_PASSWORD
 from microco.common.identity import CertificateAuthority
 
 log = logging.getLogger(__name__)
 
 ISSUES_JOBS = frozenset({"scheduler"})  # the services given the CA, to issue job credentials
+#: The umask of every process the stack starts: what a service writes (store extents, cache
+#: state, logs, etcd's and Redis's data) is readable by the stack's owner only, unless the
+#: service sets a mode of its own (the cache's chunk files: see docs/cache.md).
+PRIVATE_UMASK = 0o077
+
+
+def private_dirs(home: Path) -> None:
+    """The stack's home and what it keeps there (logs, data, PKI): directories only its owner
+    may enter (0700), made so when they exist already."""
+    for d in (home, home / "logs", home / "data", home / "pki", home / "pki" / "services"):
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o700)
 
 
 def ca_dir(home: Path) -> Path:
@@ -44,10 +57,13 @@ class StackPki:
     ca: CertificateAuthority | None = None
     ca_dir: Path | None = None
     redis_password: str = ""  # the stack's Redis requires it (not in insecure mode)
+    etcd_roles: bool = False  # the etcd the stack started has authentication and roles on
+    admins: list[str] = field(default_factory=list)  # etcd's root users: the administrators
     _files: dict[str, Path] = field(default_factory=dict)
 
     @classmethod
     def set_up(cls, home: Path, insecure: bool, progress: Callable[[str], None]) -> StackPki:
+        private_dirs(home)
         if insecure:
             os.environ[identity.ENV_INSECURE] = "1"  # this process's health checks too
             progress(
@@ -63,6 +79,13 @@ class StackPki:
         if current is None or current.ca_pem != ca.cert_pem:
             ca.issue(f"user:{admin_name()}", admin=True, days=365).write(admin_file)
             progress(f"administrator credentials: {admin_file}")
+        pki.admins = [f"user:{admin_name()}"]
+        try:  # the administrator starting the stack with credentials of their own
+            starter = identity.current()
+        except Exception:  # noqa: BLE001 - none, or unreadable: the home's administrator only
+            starter = None
+        if starter is not None and starter.kind == "user" and starter.admin and starter.ca_pem == ca.cert_pem:
+            pki.admins.append(starter.name)
         identity.use(ca.issue("service:stack"))  # the supervisor's own health checks
         pki.redis_password = _redis_password(home / "pki" / "redis.password")
         os.environ[ENV_REDIS_PASSWORD] = pki.redis_password  # this process's clients (the demo)
@@ -73,6 +96,30 @@ class StackPki:
         if self.ca is None:
             return None
         return self.ca.issue("service:etcd", hosts=("127.0.0.1", "localhost"))
+
+    def set_up_etcd_roles(self, endpoint: str, services: list[str]) -> None:
+        """Turn on the authentication of the etcd the stack started, with a user per service
+        and for the administrator, each in its role (``microco.common.etcd_roles``)."""
+        if self.insecure or self.ca is None:
+            return
+        from microco.common.etcd_roles import EtcdAuth
+
+        auth = EtcdAuth(endpoint, self.ca.issue("service:stack"))
+        try:
+            auth.set_up(sorted(set(services) | {"stack"}), sorted(set(self.admins)), self._users())
+        finally:
+            auth.close()
+        self.etcd_roles = True
+
+    def _users(self) -> tuple[str, ...]:
+        """The users `microco user add` made in this home (``<home>/users/NAME.pem``); an
+        administrator among them is left to be added while the stack runs."""
+        out = []
+        for f in sorted((self.home / "users").glob("*.pem")):
+            ident = _read(f)
+            if ident is not None and ident.kind == "user" and not ident.admin:
+                out.append(ident.name)
+        return tuple(out)
 
     def child_env(self, name: str, service: str) -> dict[str, str]:
         """What a service process needs to find its own credentials."""
@@ -89,6 +136,7 @@ class StackPki:
             identity.ENV_CREDENTIALS_PEM: "",
             identity.ENV_INSECURE: "",
             identity.ENV_CA_DIR: str(self.ca_dir) if service in ISSUES_JOBS else "",
+            ENV_ETCD_ROLES: "1" if self.etcd_roles else "",
         }
 
 

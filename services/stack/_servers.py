@@ -87,15 +87,17 @@ class _ChildServer(abc.ABC):
 
     def start(self: _Server, timeout: float = 20.0) -> _Server:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)
         if port_open(self.host, self.port):
             raise FailedPrecondition(f"{self.name}: port {self.host}:{self.port} is already in use")
-        log = open(self.log_path, "ab")
+        log = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         self.proc = subprocess.Popen(
             self.command(),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            umask=0o077,  # its data (etcd's keys and values, Redis's dump) readable by its owner only
         )
         log.close()
         deadline = time.monotonic() + timeout

@@ -30,7 +30,7 @@ from microco.common.kv import EtcdKV
 from microco.common.registry import SERVICES_PREFIX, ServiceRecord
 from microco.services.runtime.launch import kill_after, start_service
 
-from ._pki import StackPki
+from ._pki import PRIVATE_UMASK, StackPki
 from ._policy import DEFAULT_POLICY, scheduler_args
 from ._restart import RestartPolicy, RestartTracker
 from ._servers import EtcdServer, RedisServer, free_port
@@ -181,6 +181,9 @@ class Stack:
                     identity=self.pki.etcd_identity() if self.pki else None,
                 ).start()
                 self.etcd_endpoint = self.etcd.endpoint
+                if self.pki is not None and not self.pki.insecure:  # its roles (docs/security.md)
+                    services = [spec.service for spec in platform_processes(self.opts)]
+                    self.pki.set_up_etcd_roles(self.etcd_endpoint, services)
             if not self.redis_url:
                 self.progress("starting redis")
                 self.redis = RedisServer(
@@ -235,6 +238,7 @@ class Stack:
             log_path=self.home / "logs" / f"{spec.name}.log",
             env={**self.opts.extra_env, **(self.pki.child_env(spec.name, spec.service) if self.pki else {})},
             new_session=True,
+            umask=PRIVATE_UMASK,
         )
         child.status = "starting"
         child.launched_wall = time.time()

@@ -2,7 +2,13 @@
 to the tables they created (an administrator or a platform service to all); a job acts for its
 owner. The owner is kept beside the catalog (``/microco/store/owners/<table>``), written when a
 user or a job creates the table; a table without one (created by a service) is changed by
-trusted callers only. Reads are not restricted here."""
+trusted callers only.
+
+Reads (``Query``, ``Explain``, ``PlanRead``, ``GetTable``; ``ListTables`` lists only these):
+a table with an owner is read by that owner, the owner's jobs and trusted callers; a table
+without one (a platform table: the demo's, a service's) by every authenticated caller. The
+Flight tickets ``PlanRead`` hands out carry a grant the coordinator signs for the caller
+(:mod:`._grants`), so a store node serves extents only to whom the coordinator allowed."""
 
 from __future__ import annotations
 
@@ -35,6 +41,23 @@ class TableOwners:
         if self.kv is not None:
             self.kv.delete(OWNERS + table)
 
+    def owner(self, table: str) -> str:
+        raw = self.kv.get(OWNERS + table) if self.kv is not None else None
+        return raw.decode() if raw else ""
+
+    def may_read(self, who: Caller, table: str) -> bool:
+        if who.trusted or self.kv is None:
+            return True
+        owner = self.owner(table)
+        return not owner or owner == self._user(who)
+
+    def check_read(self, who: Caller, tables: list[str]) -> None:
+        for table in tables:
+            if not self.may_read(who, table):
+                raise PermissionDenied(
+                    f"{who.name} may not read table {table!r}: it is user {self.owner(table)!r}'s"
+                )
+
     def check(self, who: Caller, table: str, what: str) -> None:
         if who.trusted or self.kv is None:
             return
@@ -44,3 +67,18 @@ class TableOwners:
         if not owner or owner != user:
             whose = f"user {owner!r}'s" if owner else "a platform table"
             raise PermissionDenied(f"{who.name} may not {what} table {table!r}: it is {whose}")
+
+
+def sql_tables(catalog_names: list[str], sql: str) -> list[str]:
+    """The catalog's names of the tables a SQL query reads (names match case-insensitively,
+    as the planner resolves them); unknown names are left to the planner's error."""
+    from ._sql import parse, table_refs
+
+    by_lower = {n.lower(): n for n in catalog_names}
+    out: list[str] = []
+    tree: Any = parse(sql)
+    for ref in table_refs(tree):
+        n = by_lower.get(ref.name.lower())
+        if n is not None and n not in out:
+            out.append(n)
+    return out

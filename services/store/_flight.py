@@ -21,7 +21,15 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from microco.clients.store import FLIGHT_OPTIONS as OPTIONS
-from microco.clients.store import FlightClients, require_flight_service, secure_location, server_options
+from microco.clients.store import (
+    FlightClients,
+    check_grant,
+    flight_caller,
+    grant_ticket,
+    require_flight_service,
+    secure_location,
+    server_options,
+)
 from microco.clients.store import from_flight_error as _from_flight_error
 from microco.common.errors import (
     FailedPrecondition,
@@ -110,10 +118,20 @@ class StoreFlightServer(flight.FlightServerBase):
             raise flight.FlightUnavailableError("this store node has no catalog connection")
         return Catalog(self.kv)
 
+    def _reader(self, context: Any) -> Any:
+        """Whether the Flight caller may read a table (the coordinator's rule, services/store/_authz)."""
+        from microco.services.runtime.auth import Caller
+
+        from ._authz import TableOwners
+
+        name, admin = flight_caller(context)
+        return lambda table: TableOwners(self.kv).may_read(Caller(name, admin), table)
+
     def list_flights(self, context, criteria):
         try:
             cat = self._catalog()
-            infos = [table_flight_info(cat.table(n), None, {}) for n in cat.table_names()]
+            may_read = self._reader(context)
+            infos = [table_flight_info(cat.table(n), None, {}) for n in cat.table_names() if may_read(n)]
         except flight.FlightError:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -132,8 +150,13 @@ class StoreFlightServer(flight.FlightServerBase):
                 name, replica = req.get("table"), req.get("replica")
                 if replica is not None and replica not in (0, 1, 2):
                     raise InvalidArgument(f"replica must be 0, 1 or 2, got {short(replica)}")
+            if not self._reader(context)(name):
+                raise PermissionDenied(f"{flight_caller(context)[0]} may not read table {short(name)}")
             live = {n.name: n.address for n in _live(self.kv)} if self.kv is not None else {}
-            return table_flight_info(self._catalog().table(name), replica, live)
+            who = flight_caller(context)[0]
+            return table_flight_info(
+                self._catalog().table(name), replica, live, lambda t: grant_ticket(self.identity, t, who)
+            )
         except flight.FlightError:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -171,6 +194,9 @@ class StoreFlightServer(flight.FlightServerBase):
                 require_flight_service(
                     context, (COORDINATOR, NODE_SERVICE), f"run {short(op)} tasks on a store node"
                 )
+            else:
+                self._check_read_grant(context, req)
+            req.pop("grant", None)
             if op == "read":
                 t = self.store.read(
                     req["table"], req["extent"], req.get("bucket"), req.get("columns"), req.get("checksum")
@@ -186,6 +212,17 @@ class StoreFlightServer(flight.FlightServerBase):
             if not isinstance(exc, (CorruptExtent, NotFound, InvalidArgument, PermissionDenied)):
                 log.exception("do_get failed")
             _raise_flight(exc)
+
+    def _check_read_grant(self, context: Any, req: dict[str, Any]) -> None:
+        """Extents are read by the store's services freely, by anyone else with a ticket the
+        coordinator (or a node's get_flight_info) signed for them after checking the table."""
+        name, _admin = flight_caller(context)
+        if not name or self.identity is None:
+            return  # plaintext: insecure development mode
+        kind, _, who = name.partition(":")
+        if kind == "service" and who in (COORDINATOR, NODE_SERVICE):
+            return
+        check_grant(self.identity.ca_pem, req, name)
 
     def do_action(self, context, action):
         from ._core import node_action
@@ -220,10 +257,13 @@ def _live(kv: KV) -> list[NodeInfo]:
     return sorted(out, key=lambda n: n.name)
 
 
-def table_flight_info(t: Any, replica: int | None, live: dict[str, str]) -> flight.FlightInfo:
+def table_flight_info(
+    t: Any, replica: int | None, live: dict[str, str], sign: Any = None
+) -> flight.FlightInfo:
     """A table as a FlightInfo: with ``live`` (node -> Flight address), one endpoint per extent of
     one replica (the requested one, else the first readable without degraded reads); a lost
-    extent is served as the matching buckets of another replica's extents, one endpoint each."""
+    extent is served as the matching buckets of another replica's extents, one endpoint each.
+    ``sign(ticket) -> bytes``: the ticket as the caller presents it (with its read grant)."""
     from ._planner import replica_units
 
     desc = flight.FlightDescriptor.for_path(t.name)
@@ -252,9 +292,8 @@ def table_flight_info(t: Any, replica: int | None, live: dict[str, str]) -> flig
                     "bucket": src["bucket"],
                     "checksum": src["checksum"],
                 }
-                endpoints.append(
-                    flight.FlightEndpoint(json.dumps(ticket).encode(), [flight.Location(src["address"])])
-                )
+                raw = sign(ticket) if sign is not None else json.dumps(ticket).encode()
+                endpoints.append(flight.FlightEndpoint(raw, [flight.Location(src["address"])]))
     return flight.FlightInfo(t.schema, desc, endpoints, t.rows, t.bytes)
 
 

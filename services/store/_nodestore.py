@@ -5,6 +5,7 @@ Transport-free: the Flight server wraps it for real; the in-process cluster call
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -46,6 +47,8 @@ class NodeStore:
         self.name = name
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # a mount not ours: its owner decides
+            os.chmod(self.data_dir, 0o700)  # extents are readable through the store's checks only
         self.fetch = fetch
         self._verified: dict[str, tuple[int, int, str]] = {}
         # open extents by path, each with the file version (mtime, size) it was opened from:

@@ -18,12 +18,13 @@ from prometheus_client import Counter, Gauge
 
 from microco.api.store.v1 import store_pb2 as pb
 from microco.api.store.v1 import store_pb2_grpc as pb_grpc
-from microco.clients.store import secure_location
+from microco.clients.store import grant_ticket, secure_location
 from microco.common.errors import InvalidArgument
+from microco.common.identity import service_identity
 from microco.services.runtime.auth import caller
 from microco.services.runtime.server import ServiceContext, run_service
 
-from ._authz import TableOwners
+from ._authz import TableOwners, sql_tables
 from ._core import StoreCore
 from ._flight import NODE_SERVICE, FlightTransport, StoreFlightServer
 from ._limits import check_keys, load_json
@@ -92,6 +93,14 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
         self.core = core
         self.owners = TableOwners(getattr(core, "kv", None))
         self.recovery = recovery
+        self._signer: list[Any] = []  # the identity that signs PlanRead's read tickets, once known
+
+    def _identity(self) -> Any:
+        """The coordinator's identity, which signs the read tickets PlanRead hands out (``None``
+        in insecure mode)."""
+        if not self._signer:
+            self._signer.append(service_identity(SERVICE))
+        return self._signer[0]
 
     def _table_pb(self, name: str, placement: bool = False) -> pb.Table:
         t = self.core.table(name)
@@ -129,11 +138,26 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
         self.owners.dropped(request.name)
         return pb.DropTableResponse()
 
+    def _check_read(self, context: Any, sql: str | None, q: Query | None) -> None:
+        """Refuse a query of a table the caller may not read (``_authz``)."""
+        who = caller(context)
+        if who.trusted:
+            return
+        if sql is not None:
+            tables = sql_tables(self.core.catalog.table_names(), sql)
+        else:
+            assert q is not None
+            tables = [q.table] + ([q.join.table] if q.join else [])
+        self.owners.check_read(who, tables)
+
     def GetTable(self, request, context):
+        self.owners.check_read(caller(context), [request.name])
         return self._table_pb(request.name, request.placement)
 
     def ListTables(self, request, context):
-        return pb.ListTablesResponse(tables=[self._table_pb(n) for n in self.core.catalog.table_names()])
+        who = caller(context)
+        names = [n for n in self.core.catalog.table_names() if self.owners.may_read(who, n)]
+        return pb.ListTablesResponse(tables=[self._table_pb(n) for n in names])
 
     def ListStoreNodes(self, request, context):
         return pb.ListStoreNodesResponse(
@@ -173,6 +197,7 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
 
     def Query(self, request, context):
         sql, q = parse_request(request.query_json)
+        self._check_read(context, sql, q)
         table, plan = self.core.sql(sql) if sql is not None else self.core.query(q)
         QUERIES.labels(plan.kind).inc()
         pieces = list(chunks(ipc_bytes(table)))
@@ -190,6 +215,7 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
 
     def Explain(self, request, context):
         sql, q = parse_request(request.query_json)
+        self._check_read(context, sql, q)
         plan = self.core.explain_sql(sql) if sql is not None else self.core.plan(q)
         return pb.ExplainResponse(
             text=plan.explain_text(), plan_kind=plan.kind, replicas_json=json.dumps(plan.replicas)
@@ -201,10 +227,12 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
             raise InvalidArgument(
                 "PlanRead takes a scan (filter and projection only); use Query for the rest"
             )
+        self._check_read(context, None, q)
+        who = caller(context)
         plan = self.core.plan(q)
         addresses = {n.name: n.address for n in self.core.transport.live_nodes()}
         eps = [
-            pb.FlightEndpoint(address=addresses[node], ticket=json.dumps(task, default=str).encode())
+            pb.FlightEndpoint(address=addresses[node], ticket=grant_ticket(self._identity(), task, who.name))
             for node, task in plan.stages[0]
             if node in addresses
         ]

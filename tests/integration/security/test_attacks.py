@@ -21,13 +21,12 @@ from _support import issued
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
 from microco.api.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from microco.api.store.v1 import store_pb2_grpc
 from microco.clients.scheduler import spec_to_pb
 from microco.clients.store import StoreClient, flight_client
 from microco.common.channel import dial
-from microco.common.errors import PermissionDenied
+from microco.common.errors import MicrocoError, PermissionDenied
 from microco.common.identity import SERVICE_NAME, CertificateAuthority
-from microco.common.kv import MemoryKV, dumps
+from microco.common.kv import MemoryKV
 
 pytestmark = pytest.mark.integration
 
@@ -47,66 +46,6 @@ def refused(call: Any, *args: Any, **kw: Any) -> grpc.RpcError:
 
 
 # --------------------------------------------------------------------------- the servers
-
-
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A scheduler, a node agent and a cache server in this process, on one MemoryKV, each
-    serving mutual TLS as its own service identity."""
-    from microco.services.agent import NodeAgent
-    from microco.services.agent._service import NodeAgentServicer
-    from microco.services.cache._chunkstore import ChunkStore
-    from microco.services.cache._core import CacheCore
-    from microco.services.cache._servicer import CacheServicer
-    from microco.services.runtime import ServiceRuntime, ServiceSettings
-    from microco.services.scheduler._core import SchedulerCore
-    from microco.services.scheduler._service import SchedulerServicer
-    from microco.services.scheduler.policy import make_policy
-    from microco.services.store._core import StoreCore
-    from microco.services.store._flight import FlightTransport
-    from microco.services.store._service import StoreServicer
-
-    tmp = tmp_path_factory.mktemp("sec")
-    kv = MemoryKV()
-    agent = NodeAgent(kv, "sec-node", str(tmp / "agent"), virtual_devices=2, preload=[])
-    kv.put(agent.key, dumps(agent.record()))  # the node as the scheduler sees it
-    core = SchedulerCore(kv, make_policy("fifo"), check_commands=False)
-    runtimes = []
-
-    def serve(name: str, add: Any, servicer: Any) -> str:
-        rt = ServiceRuntime(ServiceSettings(name=name, metrics_port=-1))
-        rt.add_service(add, servicer, name)
-        rt.start(register=False)
-        runtimes.append(rt)
-        return rt.address
-
-    out = {
-        "kv": kv,
-        "core": core,
-        "agent": agent,
-        "scheduler": serve(
-            "scheduler",
-            scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server,
-            SchedulerServicer(core, None, "fifo"),
-        ),
-        "agent_address": serve(
-            "agent", agent_pb2_grpc.add_NodeAgentServiceServicer_to_server, NodeAgentServicer(agent)
-        ),
-        "store": serve(
-            "store",
-            store_pb2_grpc.add_StoreCoordinatorServiceServicer_to_server,
-            StoreServicer(StoreCore(kv, FlightTransport(kv))),
-        ),
-        "cache": serve(
-            "cache",
-            cache_pb2_grpc.add_CacheServiceServicer_to_server,
-            CacheServicer(CacheCore(ChunkStore(str(tmp / "cache")), 1 << 20, "coordinated"), kv=kv),
-        ),
-    }
-    yield out
-    for rt in runtimes:
-        rt.stop(grace=0)
-    agent.procs.shutdown()
 
 
 def sched(platform: dict[str, Any], who: str, admin: bool = False) -> Any:
@@ -439,3 +378,188 @@ def test_a_forged_flight_proof_is_refused(tmp_path):
     with pytest.raises(Unauthenticated):
         verify_headers(me.ca_pem, {})
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- reading tables
+
+
+def test_a_user_reads_their_own_tables_and_platform_tables_only(platform):
+    def client(who: str, admin: bool = False) -> StoreClient:
+        return StoreClient(dial(platform["store"], identity=issued(who, admin)))
+
+    schema = pa.schema([("a", pa.int64())])
+    replicas = ["a:hash:2", "a:hash:2", "a:hash:2"]
+    client("user:alice").create_table("alice_r", schema, replicas)
+    client("service:console").create_table("shared_r", schema, replicas)  # a platform table
+    job = submit(platform, "user:alice")
+    for who in ("user:bob", "job:other"):
+        c = client(who)
+        for call in (
+            lambda c: c.query({"table": "alice_r"}),
+            lambda c: c.query(
+                {"table": "shared_r", "join": {"table": "alice_r", "left_on": "a", "right_on": "a"}}
+            ),
+            lambda c: c.sql("SELECT count(*) FROM shared_r JOIN ALICE_R USING (a)"),
+            lambda c: c.explain_sql("SELECT * FROM alice_r"),
+            lambda c: c.read("alice_r"),
+            lambda c: c.get_table("alice_r"),
+        ):
+            with pytest.raises(PermissionDenied, match="may not read table 'alice_r'.*user 'alice'"):
+                call(c)
+        assert [t["name"] for t in c.list_tables()] == ["shared_r"]
+    # the owner, the owner's job and an administrator may (the planner then finds no nodes)
+    for who, admin in (("user:alice", False), (f"job:{job.id}", False), ("user:root", True)):
+        c = client(who, admin)
+        assert {t["name"] for t in c.list_tables()} >= {"alice_r", "shared_r"}
+        assert c.get_table("alice_r")
+        with pytest.raises(MicrocoError) as info:
+            c.query({"table": "alice_r"})
+        assert not isinstance(info.value, PermissionDenied)
+    admin = client("user:root", admin=True)
+    admin.drop_table("alice_r")
+    admin.drop_table("shared_r")
+
+
+def test_store_nodes_serve_extents_only_with_a_grant_for_the_caller(store_node):
+    """A read ticket is the coordinator's grant, signed for one caller: without one, with one
+    made for another caller, signed by someone else, or altered, a node refuses it."""
+    from microco.clients.store import grant_ticket
+
+    server, _ = store_node
+    address = f"127.0.0.1:{server.port}"
+    task = {"op": "read", "table": "t", "extent": "e1", "bucket": None, "columns": None, "checksum": None}
+
+    def get(who: str, ticket: bytes) -> Exception:
+        client = flight_client(address, issued(who))
+        try:
+            with pytest.raises(flight.FlightError) as info:
+                client.do_get(flight.Ticket(ticket)).read_all()
+            return info.value
+        finally:
+            client.close()
+
+    store = issued("service:store")
+    denied = flight.FlightUnauthorizedError
+    assert isinstance(get("user:mallory", json.dumps(task).encode()), denied)
+    assert isinstance(get("user:mallory", grant_ticket(store, task, "user:alice")), denied)
+    assert isinstance(get("user:mallory", grant_ticket(issued("user:mallory"), task, "user:mallory")), denied)
+    forged = CertificateAuthority.create().issue("service:store")
+    assert isinstance(get("user:mallory", grant_ticket(forged, task, "user:mallory")), denied)
+    altered = json.loads(grant_ticket(store, task, "user:mallory"))
+    altered["table"] = "other"
+    assert isinstance(get("user:mallory", json.dumps(altered).encode()), denied)
+    fragment = {"op": "fragment", "table": "t", "extents": []}
+    assert isinstance(get("job:j-1", json.dumps(fragment).encode()), denied)
+    # with the coordinator's grant for this caller the node serves it (here: no such extent)
+    err = get("user:mallory", grant_ticket(store, task, "user:mallory"))
+    assert not isinstance(err, denied), err
+    err = get("service:store", json.dumps(task).encode())  # the store's services need none
+    assert not isinstance(err, denied), err
+
+
+def test_a_node_hands_out_flight_endpoints_only_for_readable_tables(tmp_path):
+    import threading
+
+    from microco.services.store._authz import OWNERS
+    from microco.services.store._flight import StoreFlightServer
+    from microco.services.store._nodestore import NodeStore
+
+    kv = MemoryKV()
+    server = StoreFlightServer(NodeStore("n2", tmp_path / "node"), kv=kv)
+    threading.Thread(target=server.serve, daemon=True).start()
+    kv.put(OWNERS + "alice_f", b"alice")
+    try:
+        client = flight_client(f"127.0.0.1:{server.port}", issued("user:bob"))
+        with pytest.raises(flight.FlightUnauthorizedError, match="may not read table"):
+            client.get_flight_info(flight.FlightDescriptor.for_path("alice_f"))
+        client.close()
+    finally:
+        server.shutdown()
+
+
+# --------------------------------------------------------------------------- cache inserts
+
+
+def test_cache_inserts_under_another_users_dataset_name_are_refused(platform):
+    from microco.clients.cache import digest
+
+    def put(who: str, dataset: str, data: bytes) -> Any:
+        stub = cache_pb2_grpc.CacheServiceStub(dial(platform["cache"], identity=issued(who)))
+        msgs = [cache_pb2.ChunkData(digest=digest(data), data=data, dataset=dataset, last=True)]
+        return stub.PutChunks, iter(msgs)
+
+    job = submit(platform, "user:alice")
+    mine, theirs = b"alice's chunk " * 100, b"alice's other chunk " * 100
+    call, msgs = put(f"job:{job.id}", "alice-ds", mine)  # a job of alice's names it first
+    assert call(msgs, timeout=10).stored == [digest(mine)]
+    call, msgs = put("user:alice", "alice-ds", theirs)  # alice herself: the same owner
+    assert call(msgs, timeout=10).stored == [digest(theirs)]
+    junk = b"junk " * 1000
+    for who in ("user:bob", "job:other"):
+        call, msgs = put(who, "alice-ds", junk)
+        err = refused(call, msgs)
+        assert "alice-ds" in err.details() and "user:alice" in err.details()
+        # the dataset's own bytes (verified against their digest) are still welcome from anyone
+        call, msgs = put(who, "alice-ds", mine)
+        assert call(msgs, timeout=10).present == [digest(mine)]
+        # and identical bytes under a name of one's own share the cached copy
+        call, msgs = put(who, f"{who}-ds", mine)
+        assert call(msgs, timeout=10).present == [digest(mine)]
+    # a Lookup by another does not teach the server that junk belongs to alice's dataset
+    stub = cache_pb2_grpc.CacheServiceStub(dial(platform["cache"], identity=issued("user:bob")))
+    stub.Lookup(cache_pb2.LookupRequest(digests=[digest(junk)], dataset="alice-ds"), timeout=10)
+    call, msgs = put("user:bob", "alice-ds", junk)
+    refused(call, msgs)
+    # a platform service may insert under any name
+    call, msgs = put("service:cache", "alice-ds", junk)
+    assert call(msgs, timeout=10).stored == [digest(junk)]
+
+
+# --------------------------------------------------------------------------- revocation
+
+
+def test_a_revoked_certificate_is_refused_and_new_credentials_work(platform, etcd_kv, etcd_endpoint):
+    """`microco user revoke` puts the name on etcd's deny-list; a server following it refuses
+    that name's certificates issued until then, on every call (UNAUTHENTICATED), and accepts
+    the same name's credentials issued afterwards."""
+    import os
+    import time
+
+    from microco.cli import main
+    from microco.common import identity
+    from microco.services.runtime.auth import Revocations
+
+    revocations = Revocations(etcd_kv, interval_s=3600).start()
+    old_eve, old_job = issued("user:revoked-eve"), issued("job:revoked-job")
+    bystander = issued("user:revoked-bystander")
+    try:
+        ok = scheduler_pb2.ListJobsRequest()
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(dial(platform["scheduler"], identity=old_eve))
+        stub.ListJobs(ok, timeout=10)
+        assert main(["user", "revoke", "revoked-eve", "--etcd", etcd_endpoint]) == 0
+        assert main(["user", "revoke", "job:revoked-job", "--etcd", etcd_endpoint]) == 0
+        deadline = time.monotonic() + 30
+        while not identity.revoked("job:revoked-job", old_job.cert_pem) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the watch delivers the deny-list
+        err = refused(stub.ListJobs, ok)
+        assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "revoked" in err.details()
+        for addr, ident in ((platform["cache"], old_job), (platform["cache"], old_eve)):
+            cache = cache_pb2_grpc.CacheServiceStub(dial(addr, identity=ident))
+            refused(cache.GetStats, cache_pb2.GetStatsRequest())  # a call that checks nobody else
+        # a Flight proof of a revoked certificate is refused too
+        from microco.clients.store._flight_tls import _Proof, verify_headers
+
+        with pytest.raises(Exception, match="revoked"):
+            verify_headers(old_eve.ca_pem, _Proof(old_eve).headers())
+        # others are untouched; eve's credentials issued after the revocation work
+        scheduler_pb2_grpc.SchedulerServiceStub(dial(platform["scheduler"], identity=bystander)).ListJobs(
+            ok, timeout=10
+        )
+        time.sleep(1.1)  # certificates carry whole seconds: one issued in the same second is refused too
+        new_eve = CertificateAuthority.load(os.environ[identity.ENV_CA_DIR]).issue("user:revoked-eve")
+        scheduler_pb2_grpc.SchedulerServiceStub(dial(platform["scheduler"], identity=new_eve)).ListJobs(
+            ok, timeout=10
+        )
+    finally:
+        revocations.stop()
+        identity.set_revoked({})

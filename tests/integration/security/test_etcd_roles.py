@@ -1,0 +1,88 @@
+"""etcd roles (issue 16): with etcd's authentication on, each certificate's common name is an
+etcd user, and its role limits it to its own key prefixes: a job's or a user's certificate
+cannot read the job records (their environments) or another service's state, a service only
+its own prefixes, a certificate of nobody etcd knows nothing at all."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from _support import issued
+
+from microco.common.identity import SERVICE_NAME, channel_credentials
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def etcd_with_roles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from microco.common.etcd_roles import EtcdAuth
+    from microco.services.stack import EtcdServer
+
+    server = EtcdServer(tmp_path_factory.mktemp("etcd-roles")).start()
+    try:
+        auth = EtcdAuth(server.endpoint, issued("service:stack"))
+        auth.set_up(["stack", "scheduler", "cache", "store"], ["user:root"])
+        auth.close()
+        # what `microco user add` and the scheduler do for a user and a job
+        auth = EtcdAuth(server.endpoint, issued("service:scheduler"))
+        auth.add_identity("user:alice")
+        auth.add_identity("job:j-1")
+        auth.close()
+        yield server.endpoint
+    finally:
+        server.stop()
+
+
+def client(endpoint: str, who: str, admin: bool = False) -> Any:
+    import pyetcd
+
+    host, port = endpoint.rsplit(":", 1)
+    ident = issued(who, admin)
+    ep = pyetcd.Endpoint(
+        host,
+        int(port),
+        secure=True,
+        creds=channel_credentials(ident),
+        opts=[("grpc.ssl_target_name_override", SERVICE_NAME)],
+    )
+    return pyetcd.MultiEndpointEtcd3Client(endpoints=[ep], timeout=5)
+
+
+def denied(c: Any, op: str, key: str) -> bool:
+    try:
+        if op == "get":
+            c.get(key)
+        else:
+            c.put(key, b"x")
+        return False
+    except Exception as exc:  # noqa: BLE001 - pyetcd raises its own types for PERMISSION_DENIED
+        text = f"{type(exc).__name__} {exc}".lower()
+        assert "permission" in text or "denied" in text or "not found" in text, text
+        return True
+
+
+def test_each_identity_reaches_only_its_own_prefixes(etcd_with_roles):
+    ep = etcd_with_roles
+    root = client(ep, "service:scheduler")
+    root.put("/microco/scheduler/jobs/j-1", b'{"spec": {"env": {"API_KEY": "s3cr3t"}}}')
+    root.put("/microco/store/catalog/t", b"{}")
+    root.put("/microco/services/cache/c-1", b"{}")
+    for who in ("user:alice", "job:j-1"):
+        c = client(ep, who)
+        assert denied(c, "get", "/microco/scheduler/jobs/j-1"), who
+        assert denied(c, "get", "/microco/store/catalog/t"), who
+        assert denied(c, "put", "/microco/services/cache/c-1"), who  # no posing as a service
+        assert denied(c, "put", "/microco/security/revoked/user:alice"), who
+        assert c.get("/microco/services/cache/c-1")[0] == b"{}"  # discovery works
+        c.put("/microco/cache/datasets/ds", b"{}")  # and dataset registration
+    cache = client(ep, "service:cache")
+    assert denied(cache, "get", "/microco/store/catalog/t")
+    assert denied(cache, "put", "/microco/scheduler/jobs/j-1")
+    cache.put("/microco/cache/jobs/x", b"{}")
+    assert cache.get("/microco/scheduler/jobs/j-1")[0]  # a job's owner, for its reports
+    # a certificate whose name etcd does not know gets nothing; an administrator everything
+    assert denied(client(ep, "user:mallory"), "get", "/microco/services/cache/c-1")
+    assert client(ep, "user:root", admin=True).get("/microco/store/catalog/t")[0] == b"{}"
