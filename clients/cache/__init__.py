@@ -35,6 +35,13 @@ from ._index import (
     index_path,
     index_store,
 )
+from ._jobs import (
+    JOB_DATASETS_PREFIX,
+    forget_job_dataset,
+    job_dataset,
+    job_datasets,
+    publish_job_dataset,
+)
 from ._loader import LoaderStats, QuiverLoader
 from ._overview import allocation_to_dict, cache_overview, stats_to_dict
 from ._peers import Peers
@@ -115,6 +122,7 @@ def find_server(kv: Any, node: str | None = None) -> str | None:
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "JOB_DATASETS_PREFIX",
     "BackingStore",
     "Batch",
     "BatchMode",
@@ -142,15 +150,19 @@ __all__ = [
     "directory_locator",
     "file_locator",
     "find_server",
+    "forget_job_dataset",
     "get_dataset",
     "index_path",
     "index_store",
     "is_digest",
+    "job_dataset",
+    "job_datasets",
     "list_datasets",
     "load_index",
     "make_dataloader",
     "open_loader",
     "open_store",
+    "publish_job_dataset",
     "quiver_tf_dataset",
     "register_dataset",
     "stats_to_dict",

@@ -181,6 +181,12 @@ class GandivaPolicy:
     def __init__(self, config: GandivaConfig | None = None) -> None:
         self.config = config or GandivaConfig()
 
+    @property
+    def reads_datasets(self) -> bool:
+        """Whether the mechanism should fill ``JobView.dataset`` (the live scheduler then
+        reads the cache servers' registrations: ``microco.clients.cache.job_datasets``)."""
+        return self.config.dataset_affinity
+
     # ordering of waiting jobs (who gets devices first) and of victims (who yields first)
     def _wkey(self, j: JobView) -> tuple:
         if self.config.slice_order == "las":
