@@ -224,6 +224,8 @@ def _run_mode(
         DeviceView,
         JobPhase,
         JobView,
+        Resume,
+        Start,
         Suspend,
         make_policy,
     )
@@ -329,6 +331,7 @@ def _run_mode(
 
     threads = {j.name: threading.Thread(target=train, args=(j,), daemon=True) for j in jobs}
     by_name = {j.name: j for j in jobs}
+    migrated = False
     phase_of = {
         "queued": JobPhase.QUEUED,
         "running": JobPhase.RUNNING,
@@ -390,7 +393,6 @@ def _run_mode(
                 ),
             )
 
-    migrated = False
     slices: list[list[str]] = []  # who ran together: each time the running set changed
     while any(j.finished_at == 0.0 for j in jobs):
         now = time.monotonic()
@@ -406,7 +408,7 @@ def _run_mode(
             j = by_name[d.job_id]
             if isinstance(d, Suspend):
                 suspend(j)
-            elif j.state != "finished":
+            elif isinstance(d, Start | Resume) and j.state != "finished":
                 start(j, d.devices[0])
         if decisions:
             slices.append(sorted(j.name for j in jobs if j.state == "running"))
@@ -537,7 +539,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the smoke test's size
     p.add_argument("--json", action="store_true", help="JSON on stdout (always JSON; kept for symmetry)")
     args = p.parse_args(argv)
-    sc = Scenario(restart_s=args.restart_s, epochs=2 if args.quick else Scenario.epochs, kind=args.scenario)
+    epochs = 2 if args.quick else Scenario.epochs
+    if args.scenario == "two-datasets":
+        # its datasets are half the shared one: three times the epochs, so that every job
+        # still needs several time slices (as the mixed scenario's shared jobs do)
+        epochs *= 3
+    sc = Scenario(restart_s=args.restart_s, epochs=epochs, kind=args.scenario)
     if args.tiny:
         sc = Scenario(
             shared_samples=64,

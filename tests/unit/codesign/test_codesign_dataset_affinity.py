@@ -49,3 +49,18 @@ def test_the_scheduler_views_carry_the_registered_dataset_when_its_policy_uses_i
     assert seen == {jobs[0]: "imagenet", jobs[1]: ""}
     off = SchedulerCore(kv, make_policy("gandiva"))  # no affinity: etcd is not asked
     assert {j.dataset for j in off.observe(10.0).jobs} == {""}
+
+
+def test_a_suspended_job_lends_its_allocation_share_and_gets_it_back(tmp_path):
+    """Jobs of one dataset time-sliced together: while they wait, the running jobs' dataset
+    may use their share of the cache (lent with their pins), and it comes back on resume."""
+    core = CacheCore(ChunkStore(str(tmp_path / "cache")), 1000, "coordinated", probe_bytes=100)
+    core.report_progress("j", "a", 0, [], timings=[(0.0, 0.5, 100, 1)], dataset_bytes=800)
+    core.report_progress("k", "b", 0, [], timings=[(0.0, 0.5, 100, 1)], dataset_bytes=800)
+    shares = {a.dataset: a.bytes for a in core.allocations}
+    assert shares["b"] < 800  # the two datasets split the cache
+    core.lend("j")
+    assert {a.dataset: a.bytes for a in core.allocations} == {"b": 800}  # b may use j's share
+    assert "j" in core.jobs  # j is still known: its benefit estimate stays
+    core.restore("j")
+    assert {a.dataset: a.bytes for a in core.allocations} == shares
