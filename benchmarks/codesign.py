@@ -532,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
         help="mixed: issue 21's (default); two-datasets: two datasets of two jobs each, alternating",
     )
     p.add_argument(
+        "--epochs", type=int, default=None, help="epochs per job (default: 3, quick 2; x3 two-datasets)"
+    )
+    p.add_argument(
         "--ablation",
         action="store_true",
         help="also run independent with dataset affinity and co-designed without it",
@@ -544,6 +547,10 @@ def main(argv: list[str] | None = None) -> int:
         # its datasets are half the shared one: three times the epochs, so that every job
         # still needs several time slices (as the mixed scenario's shared jobs do)
         epochs *= 3
+    if args.epochs is not None:
+        if args.epochs < 1:
+            p.error("--epochs must be at least 1")
+        epochs = args.epochs
     sc = Scenario(restart_s=args.restart_s, epochs=epochs, kind=args.scenario)
     if args.tiny:
         sc = Scenario(
