@@ -40,8 +40,10 @@ Each mechanism can be switched off on its own so its gain can be measured alone:
   when packed, so that a shared cache serves them from one copy. Of the waiting jobs whose
   service is within ``affinity_slack_quanta`` quanta of the one Gandiva's order runs next
   (same priority), one that reads a dataset read by a job that keeps its devices (or by a
-  job placed before it in this decision) goes first; a job whose quantum is over and that
-  reads another dataset yields before one that reads the incoming job's; a pack slot (or a
+  job placed before it in this decision) goes first; it takes free devices on a node where
+  its dataset is read if there are any (a node's cache serves the jobs on that node); a job
+  whose quantum is over and that reads another dataset yields before one that reads the
+  incoming job's, and one on such a node before one elsewhere; a pack slot (or a
   pack to time-slice into) with a job of the same dataset is preferred among those that
   fit. Bounded: a job is passed only by jobs within the slack of its own service, which
   grows as they run, so no job waits more than about one more quantum for it.
@@ -272,6 +274,13 @@ class GandivaPolicy:
         # have less service than an earlier one, so the shortcuts below that rely on the
         # order (no later job ranks better) are not taken.
         monotone = True
+        # dataset -> nodes where a job reading it holds (or is given) devices: a node's cache
+        # serves the jobs on that node, so jobs of one dataset go where it is read
+        ds_nodes: dict[str, set[str]] = {}
+        if cfg.dataset_affinity:
+            for h in holders:
+                if h.dataset:
+                    ds_nodes.setdefault(h.dataset, set()).update(occ.nodes_of(h.devices))
         if cfg.dataset_affinity and len(waiting) > 1:
             yielding = {v.id for v in victims}.union(m.id for m in packed_victims)
             staying = {h.dataset for h in holders if h.dataset and h.id not in yielding}
@@ -306,7 +315,12 @@ class GandivaPolicy:
             if n_free == 0 and not pack_slots and not victims and not pack_victims:
                 break  # nothing left to give anyone; the rest keep waiting
             k = w.devices_wanted
-            devs = place(occ.free_by_node(), k, allow_spread=False) if k <= n_free else None
+            devs = None
+            if k <= n_free and w.dataset in ds_nodes:
+                near = {n: f for n, f in occ.free_by_node().items() if n in ds_nodes[w.dataset]}
+                devs = place(near, k, allow_spread=False) if near else None
+            if devs is None and k <= n_free:
+                devs = place(occ.free_by_node(), k, allow_spread=False)
             if devs is None and k <= n_free and cfg.enable_migration and k > 1:
                 state = (occ.version, len(acted))
                 if no_defrag.get(k) != state:
@@ -317,6 +331,8 @@ class GandivaPolicy:
                 devs = place(occ.free_by_node(), k, allow_spread=True)
             if devs is not None:
                 occ.take(w.id, devs)
+                if cfg.dataset_affinity and w.dataset:
+                    ds_nodes.setdefault(w.dataset, set()).update(occ.nodes_of(devs))
                 n_free -= k
                 out.append(_run(w, devs, "gandiva: free devices"))
                 acted.add(w.id)
@@ -332,6 +348,8 @@ class GandivaPolicy:
                 if pk is not None:
                     dev, members, why = pk
                     occ.take(w.id, (dev,))
+                    if cfg.dataset_affinity and w.dataset:
+                        ds_nodes.setdefault(w.dataset, set()).update(occ.nodes_of((dev,)))
                     out.append(Pack(w.id, (dev,), members, why))
                     acted.add(w.id)
                     acted.update(members)
@@ -360,8 +378,15 @@ class GandivaPolicy:
                     v for v in victims if v.id not in suspended and v.id not in acted and self._yields(v, w)
                 ]
                 if cfg.dataset_affinity and w.dataset:
-                    # a job of another dataset yields first (stable: worst first otherwise)
-                    cands.sort(key=lambda v: v.dataset == w.dataset)
+                    # a job of another dataset yields first, one on a node where w's dataset is
+                    # read before others (stable: worst first otherwise)
+                    near_nodes = ds_nodes.get(w.dataset, set())
+                    cands.sort(
+                        key=lambda v: (
+                            v.dataset == w.dataset,
+                            not near_nodes.intersection(occ.nodes_of(v.devices)),
+                        )
+                    )
                 got = self._preempt(occ, k, cands) if cands else None
                 if got is None and pack_victims:
                     # No running job frees room: the packs take their turn. First a swap
@@ -388,6 +413,8 @@ class GandivaPolicy:
                         pack_victims.pop(v.devices[0], None)
                     out.append(Suspend(v.id, f"gandiva: time-slice, quantum over, {w.id} waits"))
                 occ.take(w.id, devs)
+                if cfg.dataset_affinity and w.dataset:
+                    ds_nodes.setdefault(w.dataset, set()).update(occ.nodes_of(devs))
                 out.append(_run(w, devs, "gandiva: time-slice"))
                 acted.add(w.id)
                 n_free = occ.n_free()

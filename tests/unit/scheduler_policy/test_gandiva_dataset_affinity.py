@@ -191,6 +191,52 @@ def test_a_never_profiled_job_tries_a_pack_with_a_job_of_its_dataset() -> None:
     assert _decide(view, True, **pack)[0].with_jobs == ("a",)
 
 
+NODES2 = tuple(DeviceView(f"n{n}g{g}", f"n{n}") for n in range(2) for g in range(2))
+
+
+def test_a_job_goes_to_the_node_where_its_dataset_is_read() -> None:
+    """Each node has its own cache: a job joins the node where its dataset's jobs run."""
+    view = ClusterView(
+        now=10.0,
+        devices=NODES2,
+        jobs=(
+            JobView(id="a1", devices_wanted=1, state=R, devices=("n0g0",), dataset="a"),
+            JobView(id="b1", devices_wanted=1, state=R, devices=("n1g0",), dataset="b"),
+            JobView(id="b2", devices_wanted=1, state=Q, dataset="b"),
+        ),
+    )
+    assert _decide(view, False)[0].devices == ("n0g1",)  # best fit, ties on the node's name
+    assert _decide(view, True)[0].devices == ("n1g1",)
+
+
+def test_the_job_yielding_is_one_on_the_node_where_the_dataset_is_read() -> None:
+    def r(jid: str, dev: str, ds: str, service: float, changed: float = 0.0) -> JobView:
+        return JobView(
+            id=jid,
+            devices_wanted=1,
+            state=R,
+            devices=(dev,),
+            attained_service_s=service,
+            last_change_at=changed,
+            dataset=ds,
+        )
+
+    view = ClusterView(
+        now=200.0,
+        devices=NODES2,
+        jobs=(
+            r("x", "n0g0", "a", 300.0),  # quantum over, most served
+            r("y", "n0g1", "c", 100.0, changed=190.0),  # keeps its device
+            r("z", "n1g0", "d", 200.0),  # quantum over, on the node where b is read
+            r("b1", "n1g1", "b", 100.0, changed=190.0),  # keeps its device
+            JobView(id="b2", devices_wanted=1, state=S, attained_service_s=10.0, dataset="b"),
+        ),
+    )
+    assert _kinds(_decide(view, False)) == [("Suspend", "x"), ("Resume", "b2")]
+    out = _decide(view, True)
+    assert _kinds(out) == [("Suspend", "z"), ("Resume", "b2")] and out[1].devices == ("n1g0",)
+
+
 def _random_view(rng: random.Random, datasets: bool) -> ClusterView:
     devs = [{"id": f"n{n}g{g}", "node": f"n{n}"} for n in range(2) for g in range(2)]
     jobs = []
