@@ -46,6 +46,7 @@ from ._loader import LoaderStats, QuiverLoader
 from ._overview import allocation_to_dict, cache_overview, stats_to_dict
 from ._peers import Peers
 from ._sampler import Batch, BatchMode, SubstitutableSampler
+from ._table import StoreTable, decode_sample, index_store_table
 
 _LAZY = {
     "QuiverBatchSampler": "_torch",
@@ -141,11 +142,13 @@ __all__ = [
     "QuiverLoader",
     "RedisDirectory",
     "SampleRef",
+    "StoreTable",
     "SubstitutableSampler",
     "ThrottledStore",
     "allocation_to_dict",
     "build_index",
     "cache_overview",
+    "decode_sample",
     "digest",
     "directory_locator",
     "file_locator",
@@ -154,6 +157,7 @@ __all__ = [
     "get_dataset",
     "index_path",
     "index_store",
+    "index_store_table",
     "is_digest",
     "job_dataset",
     "job_datasets",
