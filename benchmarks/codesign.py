@@ -4,9 +4,11 @@ The mixed scenario of issue 21 on one machine with virtual devices, run twice si
 the two runs interleaved (independent, co-designed, independent, ...) so that load on the
 machine falls on both alike:
 
-* more training jobs than devices, so a time-slicing driver (Gandiva's order: least attained
-  service first, a quantum per slice, suspend = park in place at a mini-batch boundary) runs
-  them in turns; several jobs share a dataset larger than a host's cache, one reads its own;
+* more training jobs than devices, so the scheduler's own ``gandiva`` policy (time-slicing:
+  least attained service first, a quantum per slice; suspend = park in place at a mini-batch
+  boundary; packing, migration and grow-shrink off) decides, from views a driver builds
+  every 20 ms, which jobs run; several jobs share a dataset larger than a host's cache, one
+  reads its own (``--scenario two-datasets``: two datasets of two jobs each, see below);
 * two hosts, each with a real Quiver cache server (``CacheCore`` behind the real gRPC servicer,
   co-ordinated eviction, the job TTL equal to the quantum, as the defaults are: 60 s and 60 s);
   every job reads through the real ``QuiverLoader`` (substitutable hits, its own prefetch);
@@ -20,7 +22,13 @@ machine falls on both alike:
 ``codesign``: the driver publishes job phases with the scheduler's ``PhasePublisher`` and each
 cache server follows them (``services/cache/_follow.py``): prefetch for the job about to get
 its slice, a suspended job's pins kept past the TTL, a migrating job's dataset warmed on the
-new host while it restarts, a finished job's pins dropped at once.
+new host while it restarts, a finished job's pins dropped at once; and the policy runs with
+``dataset_affinity`` (jobs of one dataset in the same time slices). ``--ablation`` adds the two
+runs that separate the policy from the cache: independent with affinity, co-designed without.
+
+``--scenario two-datasets``: not the issue's scenario, but the case affinity is for: two
+datasets, each a little smaller than a host's cache, read by two jobs each, submitted
+alternately (a, b, a, b), so that Gandiva's order puts one job of each dataset in a slice.
 
 Every job trains a small least-squares model on its samples' bytes with one exact update per
 epoch (per-sample gradients summed in sample order), so its losses are identical to an
@@ -69,6 +77,29 @@ class Scenario:
     restart_s: float = 1.0
     migrate_after_slices: int = 1  # the job migrates when it is next suspended after this many
     lend: bool = True  # co-designed: a suspended job's pins lent to the running jobs (else kept)
+    # "mixed" (issue 21's): shared_jobs on one dataset, one job on its own; "two-datasets":
+    # two datasets of own_samples each, two jobs each, submitted alternately.
+    kind: str = "mixed"
+
+    def datasets(self) -> dict[str, int]:
+        if self.kind == "two-datasets":
+            return {"a": self.own_samples, "b": self.own_samples}
+        return {"shared": self.shared_samples, "own": self.own_samples}
+
+    def jobs(self) -> list[tuple[str, str]]:
+        """(job name, dataset) in submission order."""
+        if self.kind == "two-datasets":
+            return [("a0", "a"), ("b0", "b"), ("a1", "a"), ("b1", "b")]
+        return [(f"shared{i}", "shared") for i in range(self.shared_jobs)] + [("own", "own")]
+
+
+# name -> (cache servers follow the scheduler, the policy's dataset affinity)
+MODES = {
+    "independent": (False, False),
+    "codesign": (True, True),
+    "independent_affinity": (False, True),
+    "codesign_no_affinity": (True, False),
+}
 
 
 def _features(data: bytes) -> tuple[np.ndarray, float]:
@@ -122,6 +153,8 @@ class Job:
     index: Any
     model: Model
     node: str = "h1"
+    order: int = 0
+    device: str = ""
     state: str = "queued"  # queued, running, suspended, migrating, finished
     attained_s: float = 0.0
     last_change: float = 0.0
@@ -182,21 +215,41 @@ class Platform:
 
 
 def _run_mode(
-    codesign: bool, sc: Scenario, root: Path, datasets: dict[str, Any], files: dict[str, list[bytes]]
+    mode: str, sc: Scenario, root: Path, datasets: dict[str, Any], files: dict[str, list[bytes]]
 ) -> dict:
     from microco.clients.cache import LocalStore, QuiverLoader, ThrottledStore
     from microco.clients.scheduler import PhasePublisher
+    from microco.services.scheduler.policy import (
+        ClusterView,
+        DeviceView,
+        JobPhase,
+        JobView,
+        Resume,
+        Start,
+        Suspend,
+        make_policy,
+    )
+
+    codesign, affinity = MODES[mode]
+    policy = make_policy(
+        "gandiva",
+        quantum_s=sc.quantum_s,
+        enable_packing=False,
+        enable_migration=False,  # (the benchmark moves one job itself, at a set point)
+        enable_grow_shrink=False,
+        dataset_affinity=affinity,
+    )
+    devices = tuple(DeviceView(f"d{i}", "local", kind="virtual") for i in range(sc.devices))
 
     tmp = Path(tempfile.mkdtemp(prefix="codesign-", dir=root))
     link = ThrottledStore(LocalStore(str(root / "data")), sc.link_bytes_per_s)
     plat = Platform(tmp, sc, codesign, datasets, link)
     publisher = PhasePublisher(plat.kv) if codesign else None
     jobs = [
-        Job(f"shared{i}", "shared", datasets["shared"], Model(sc.shared_samples))
-        for i in range(sc.shared_jobs)
+        Job(name, ds, datasets[ds], Model(len(datasets[ds].samples)), order=i)
+        for i, (name, ds) in enumerate(sc.jobs())
     ]
-    jobs.append(Job("own", "own", datasets["own"], Model(sc.own_samples)))
-    migrating = jobs[1]  # a job of the shared dataset moves to the second host
+    migrating = jobs[1]  # (mixed: a job of the shared dataset) moves to the second host
     t_start = time.monotonic()
     lock = threading.Lock()
 
@@ -277,63 +330,89 @@ def _run_mode(
         job.parked.set()
 
     threads = {j.name: threading.Thread(target=train, args=(j,), daemon=True) for j in jobs}
-    running: list[Job] = []
+    by_name = {j.name: j for j in jobs}
+    migrated = False
+    phase_of = {
+        "queued": JobPhase.QUEUED,
+        "running": JobPhase.RUNNING,
+        "suspended": JobPhase.SUSPENDED,
+        "migrating": JobPhase.SUSPENDED,  # waiting for devices on its new host
+    }
 
-    def start(j: Job, how: str) -> None:
+    def start(j: Job, device: str) -> None:
+        how = "start" if not threads[j.name].is_alive() else "resume"
         with lock:
-            j.state, j.last_change = "running", time.monotonic()
+            j.state, j.last_change, j.device = "running", time.monotonic(), device
             j.slices += 1
-        running.append(j)
         if j.migrate_to:
             j.migrate_decided = time.monotonic()  # on its new host's devices from now
         elif how == "resume":
             j.resumed_at = time.monotonic()
         publish()
         j.allowed.set()
-        if not threads[j.name].is_alive() and how == "start":
+        if how == "start":
             threads[j.name].start()
 
-    waiting = list(jobs)
-    for j in waiting[: sc.devices]:
-        start(j, "start")
-    waiting = waiting[sc.devices :]
-    publish()
-    migrated = False
+    def suspend(out: Job) -> None:
+        nonlocal migrated
+        out.allowed.clear()
+        out.parked.wait()
+        if out.finished_at:
+            return  # it ended at that boundary: the next pass sees it finished
+        with lock:
+            out.attained_s += time.monotonic() - out.last_change
+            out.state, out.last_change, out.device = "suspended", time.monotonic(), ""
+        if out is migrating and not migrated and out.slices >= sc.migrate_after_slices:
+            migrated = True
+            out.migrate_to = "h2"
+            with lock:
+                out.state = "migrating"
+            if publisher is not None:
+                publisher.moving(out.name, out.node, "h2", time.monotonic())
+        publish()
+
+    def view(now: float) -> ClusterView:
+        with lock:
+            return ClusterView(
+                now=now,
+                devices=devices,
+                jobs=tuple(
+                    JobView(
+                        id=j.name,
+                        devices_wanted=1,
+                        submitted_at=float(j.order),
+                        state=phase_of[j.state],
+                        devices=(j.device,) if j.state == "running" else (),
+                        attained_service_s=j.attained_s
+                        + (now - j.last_change if j.state == "running" else 0.0),
+                        last_change_at=j.last_change,
+                        dataset=j.dataset,  # the name its loader registers with the cache
+                    )
+                    for j in jobs
+                    if j.state != "finished"
+                ),
+            )
+
+    slices: list[list[str]] = []  # who ran together: each time the running set changed
     while any(j.finished_at == 0.0 for j in jobs):
-        time.sleep(0.02)
         now = time.monotonic()
-        for j in list(running):
-            if j.finished_at:
-                running.remove(j)
+        for j in jobs:
+            if j.finished_at and j.state != "finished":
                 with lock:
-                    j.state = "finished"
-                    j.attained_s += now - j.last_change
+                    if j.state == "running":
+                        j.attained_s += now - j.last_change
+                    j.state, j.device = "finished", ""
                 publish()
-        expired = [j for j in running if now - j.last_change >= sc.quantum_s]
-        while waiting and (len(running) < sc.devices or expired):
-            if len(running) >= sc.devices:
-                out = max(expired, key=lambda j: j.attained_s + now - j.last_change)
-                expired.remove(out)
-                out.allowed.clear()
-                out.parked.wait()
-                running.remove(out)
-                if out.finished_at:
-                    continue
-                with lock:
-                    out.attained_s += time.monotonic() - out.last_change
-                    out.state, out.last_change = "suspended", time.monotonic()
-                if out is migrating and not migrated and out.slices >= sc.migrate_after_slices:
-                    migrated = True
-                    out.migrate_to = "h2"
-                    with lock:
-                        out.state = "migrating"
-                    if publisher is not None:
-                        publisher.moving(out.name, out.node, "h2", time.monotonic())
-                waiting.append(out)
-                publish()
-            nxt = min(waiting, key=lambda j: (j.attained_s, j.last_change))
-            waiting.remove(nxt)
-            start(nxt, "resume" if threads[nxt.name].is_alive() else "start")
+        decisions = policy.decide(view(time.monotonic()))
+        for d in decisions:
+            j = by_name[d.job_id]
+            if isinstance(d, Suspend):
+                suspend(j)
+            elif isinstance(d, Start | Resume) and j.state != "finished":
+                start(j, d.devices[0])
+        if decisions:
+            slices.append(sorted(j.name for j in jobs if j.state == "running"))
+        time.sleep(0.02)
     for t in threads.values():
         t.join()
     plat.close()
@@ -355,6 +434,9 @@ def _run_mode(
         },
         "resumes": len(resumes),
         "prefetched_bytes": sum(f.prefetched_bytes for f in plat.followers),
+        # slices in which two or more running jobs read one dataset, of all slices
+        "shared_slices": sum(1 for sl in slices if len({by_name[n].dataset for n in sl}) < len(sl)),
+        "slices": len(slices),
     }
     shutil.rmtree(tmp, ignore_errors=True)
     return result
@@ -367,7 +449,7 @@ def _make_data(root: Path, sc: Scenario) -> tuple[dict[str, Any], dict[str, list
     (root / "data").mkdir(parents=True)
     link = LocalStore(str(root / "data"))  # one backing store holds both datasets
     datasets, files = {}, {}
-    for name, n in (("shared", sc.shared_samples), ("own", sc.own_samples)):
+    for name, n in sc.datasets().items():
         d = root / "data" / name
         d.mkdir(parents=True)
         for i in range(n):
@@ -383,18 +465,18 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
 
 
-def run(sc: Scenario, rounds: int) -> dict:
+def run(sc: Scenario, rounds: int, modes: tuple[str, ...] = ("independent", "codesign")) -> dict:
     root = Path(tempfile.mkdtemp(prefix="microco-bench-codesign-"))
     from microco.common.identity import private_ca
 
     private_ca(root / "pki")  # the servers it starts are its own: so are their identities
     try:
         datasets, files = _make_data(root, sc)
-        runs: dict[str, list[dict]] = {"independent": [], "codesign": []}
+        runs: dict[str, list[dict]] = {m: [] for m in modes}
         for r in range(rounds):
-            order = ("independent", "codesign") if r % 2 == 0 else ("codesign", "independent")
+            order = modes if r % 2 == 0 else tuple(reversed(modes))  # ABBA...
             for mode in order:
-                runs[mode].append(_run_mode(mode == "codesign", sc, root, datasets, files))
+                runs[mode].append(_run_mode(mode, sc, root, datasets, files))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     out: dict[str, Any] = {"scenario": sc.__dict__, "rounds": rounds}
@@ -410,15 +492,23 @@ def run(sc: Scenario, rounds: int) -> dict:
             vals = [x[k] for x in rs if x[k] is not None]
             agg[k] = statistics.median(vals) if vals else None
         agg["losses_identical"] = all(x["losses_identical"] for x in rs)
+        agg["shared_slices"] = f"{sum(x['shared_slices'] for x in rs)}/{sum(x['slices'] for x in rs)}"
         agg["runs"] = rs
         out[mode] = agg
     # Ratios per round (its two runs side by side, in alternating order), then their median:
     # load on the machine that drifts between rounds falls on both sides of each ratio.
-    pairs = list(zip(runs["independent"], runs["codesign"], strict=True))
-    for name, key in (("jct_speedup", "avg_jct_s"), ("backing_bytes_reduction", "backing_bytes")):
-        ratios = [_ratio(a[key], b[key]) for a, b in pairs]
-        out[name] = statistics.median(r for r in ratios if r is not None) if any(ratios) else None
-        out[name + "_per_round"] = ratios
+    comparisons = [("", "independent", "codesign")]
+    if "independent_affinity" in runs:  # what the policy alone does, without the cache's part
+        comparisons.append(("affinity_alone_", "independent", "independent_affinity"))
+    if "codesign_no_affinity" in runs:  # what the policy adds to the co-designed cache
+        comparisons.append(("affinity_in_codesign_", "codesign_no_affinity", "codesign"))
+    for prefix, base, new in comparisons:
+        pairs = list(zip(runs[base], runs[new], strict=True))
+        for name, key in (("jct_speedup", "avg_jct_s"), ("backing_bytes_reduction", "backing_bytes")):
+            ratios = [_ratio(a[key], b[key]) for a, b in pairs]
+            got = [r for r in ratios if r is not None]
+            out[prefix + name] = statistics.median(got) if got else None
+            out[prefix + name + "_per_round"] = ratios
     out["targets"] = {"jct_speedup": 1.3, "backing_bytes_reduction": 1.5}
     return out
 
@@ -435,10 +525,33 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="co-designed: keep a suspended job's pins (default: lend them)",
     )
+    p.add_argument(
+        "--scenario",
+        choices=("mixed", "two-datasets"),
+        default="mixed",
+        help="mixed: issue 21's (default); two-datasets: two datasets of two jobs each, alternating",
+    )
+    p.add_argument(
+        "--epochs", type=int, default=None, help="epochs per job (default: 3, quick 2; x3 two-datasets)"
+    )
+    p.add_argument(
+        "--ablation",
+        action="store_true",
+        help="also run independent with dataset affinity and co-designed without it",
+    )
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the smoke test's size
     p.add_argument("--json", action="store_true", help="JSON on stdout (always JSON; kept for symmetry)")
     args = p.parse_args(argv)
-    sc = Scenario(restart_s=args.restart_s, epochs=2 if args.quick else Scenario.epochs)
+    epochs = 2 if args.quick else Scenario.epochs
+    if args.scenario == "two-datasets":
+        # its datasets are half the shared one: three times the epochs, so that every job
+        # still needs several time slices (as the mixed scenario's shared jobs do)
+        epochs *= 3
+    if args.epochs is not None:
+        if args.epochs < 1:
+            p.error("--epochs must be at least 1")
+        epochs = args.epochs
+    sc = Scenario(restart_s=args.restart_s, epochs=epochs, kind=args.scenario)
     if args.tiny:
         sc = Scenario(
             shared_samples=64,
@@ -454,10 +567,12 @@ def main(argv: list[str] | None = None) -> int:
             # migrating one is too, whatever the machine's speed (the smoke test needs the move).
             quantum_s=0.05,
             restart_s=0.05,
+            kind=args.scenario,
         )
     sc.lend = not args.keep_pins
     rounds = args.rounds if args.rounds is not None else (1 if args.tiny else 4 if args.quick else 6)
-    out = run(sc, rounds)
+    modes = tuple(MODES) if args.ablation else ("independent", "codesign")
+    out = run(sc, rounds, modes)
     json.dump(out, sys.stdout, indent=2, default=float)
     print()
     return 0

@@ -35,10 +35,18 @@ from ._index import (
     index_path,
     index_store,
 )
+from ._jobs import (
+    JOB_DATASETS_PREFIX,
+    forget_job_dataset,
+    job_dataset,
+    job_datasets,
+    publish_job_dataset,
+)
 from ._loader import LoaderStats, QuiverLoader
 from ._overview import allocation_to_dict, cache_overview, stats_to_dict
 from ._peers import Peers
 from ._sampler import Batch, BatchMode, SubstitutableSampler
+from ._table import StoreTable, decode_sample, index_store_table
 
 _LAZY = {
     "QuiverBatchSampler": "_torch",
@@ -115,6 +123,7 @@ def find_server(kv: Any, node: str | None = None) -> str | None:
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "JOB_DATASETS_PREFIX",
     "BackingStore",
     "Batch",
     "BatchMode",
@@ -133,24 +142,31 @@ __all__ = [
     "QuiverLoader",
     "RedisDirectory",
     "SampleRef",
+    "StoreTable",
     "SubstitutableSampler",
     "ThrottledStore",
     "allocation_to_dict",
     "build_index",
     "cache_overview",
+    "decode_sample",
     "digest",
     "directory_locator",
     "file_locator",
     "find_server",
+    "forget_job_dataset",
     "get_dataset",
     "index_path",
     "index_store",
+    "index_store_table",
     "is_digest",
+    "job_dataset",
+    "job_datasets",
     "list_datasets",
     "load_index",
     "make_dataloader",
     "open_loader",
     "open_store",
+    "publish_job_dataset",
     "quiver_tf_dataset",
     "register_dataset",
     "stats_to_dict",

@@ -380,15 +380,16 @@ class CacheCore:
                 self.held.difference_update(names)
 
     def lend(self, job: str) -> None:
-        """The job is suspended: its share of the allocation (and its benefit estimate) stays,
-        but the chunks only it still needs this epoch stop being pinned: the running jobs may
-        use that room until it resumes (``restore``)."""
+        """The job is suspended: it stays known (its benefit estimate too), but the chunks
+        only it still needs this epoch stop being pinned and its share of the allocation goes
+        to the running jobs' datasets until it resumes (``restore``)."""
         with self._lock:
             for name in self.job_names(job):
                 p = self.consumption.jobs.pop(name, None)
                 if p is not None:
                     self._lent[name] = p
                 self.held.add(name)
+            self._reallocate()
 
     def restore(self, job: str) -> None:
         """The job runs again (or is about to): its progress pins what is still cached."""
@@ -399,6 +400,7 @@ class CacheCore:
                 if p is not None and name not in self.consumption.jobs:
                     p.seen_at = now
                     self.consumption.jobs[name] = p
+            self._reallocate()
 
     def forget_job(self, job: str) -> None:
         """The job is gone (finished, failed, cancelled, moved away): its pins and its share
@@ -438,6 +440,7 @@ class CacheCore:
         demands = [
             JobDemand(job, label_of[info.dataset], info.batch_bytes, estimate_benefit(info.timings))
             for job, info in sorted(self.jobs.items())
+            if job not in self._lent  # a suspended job's share is lent too (restored on resume)
         ]
         self._members_of = members
         self.allocations = allocate(self.capacity, sizes, demands, probe_bytes=self.probe_bytes)

@@ -14,6 +14,11 @@ running, waiting, suspended, resuming, migrating, finished). This server acts on
   is found under ``/microco/cache/jobs/<job>``, written by the host it ran on); migrating away
   from this host, or **finished** (or its key deleted): its pins and allocation go at once.
 
+It also tells the others which dataset each job it serves reads (``/microco/cache/jobs/<job>``,
+``clients/cache/_jobs.py``), every ``publish_interval_s`` and at each phase change, and
+deletes that when the job is gone: a host a job migrates to warms that dataset, and the
+scheduler's ``dataset_affinity`` runs jobs of one dataset in the same time slices.
+
 Without a scheduler (or with ``--no-follow-scheduler``) nothing here runs and the cache behaves
 as before: the TTL alone decides when a silent job stops pinning.
 """
@@ -26,7 +31,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from microco.clients.cache import DatasetIndex, get_dataset, load_index, open_store
+from microco.clients.cache import (
+    JOB_DATASETS_PREFIX,
+    DatasetIndex,
+    forget_job_dataset,
+    get_dataset,
+    job_dataset,
+    load_index,
+    open_store,
+    publish_job_dataset,
+)
 from microco.clients.scheduler import JobPhase, read_phases, watch_phases
 from microco.common.errors import MicrocoError
 from microco.common.kv import KV
@@ -35,9 +49,10 @@ from ._core import CacheCore
 
 log = logging.getLogger(__name__)
 
-JOBS_PREFIX = "/microco/cache/jobs/"  # job id -> {"dataset", "node"}: where a job's data is known
+JOBS_PREFIX = JOB_DATASETS_PREFIX  # job id -> {"dataset", "node"} (clients/cache/_jobs.py)
 
 OpenDataset = Callable[[str], tuple[DatasetIndex, Any]]
+_RUNNING = JobPhase("", "running")
 
 
 class SchedulerFollower:
@@ -56,6 +71,7 @@ class SchedulerFollower:
         open_dataset: OpenDataset | None = None,
         dataset_wait_s: float = 30.0,
         lend: bool = True,
+        publish_interval_s: float = 2.0,
     ) -> None:
         self.core, self.kv, self.node = core, kv, node
         # A suspended job's pins are lent to the running jobs and restored (prefetched) when it
@@ -69,6 +85,8 @@ class SchedulerFollower:
         self._threads: list[threading.Thread] = []
         self._datasets: dict[str, tuple[DatasetIndex, Any]] = {}
         self._published: set[str] = set()
+        self.publish_interval_s = publish_interval_s
+        self._stop = threading.Event()
         self.prefetched_chunks = 0
         self.prefetched_bytes = 0
         self.phases: dict[str, JobPhase] = {}
@@ -78,12 +96,18 @@ class SchedulerFollower:
         self._cancel = watch_phases(self.kv, self.on_phase)
         for job_id, phase in read_phases(self.kv).items():
             self.on_phase(job_id, phase)
+        self._stop.clear()
+        t = threading.Thread(target=self._publish_loop, name="follow-publish", daemon=True)
+        with self._lock:
+            self._threads.append(t)
+        t.start()
         return self
 
     def stop(self) -> None:
         if self._cancel is not None:
             self._cancel()
             self._cancel = None
+        self._stop.set()
         with self._lock:
             for ev in self._prefetching.values():
                 ev.set()
@@ -94,7 +118,7 @@ class SchedulerFollower:
     def idle(self) -> bool:
         """No prefetch under way (for tests and the benchmark)."""
         with self._lock:
-            return not any(t.is_alive() for t in self._threads)
+            return not any(t.is_alive() for t in self._threads if t.name != "follow-publish")
 
     # -- the policy
     def on_phase(self, job_id: str, phase: JobPhase | None) -> None:
@@ -104,12 +128,14 @@ class SchedulerFollower:
             log.warning("cannot follow job %s: %s", job_id, exc)
 
     def _on_phase(self, job_id: str, phase: JobPhase | None) -> None:
-        self._publish_dataset(job_id)
         if phase is None or phase.phase == "finished":
             self.phases.pop(job_id, None)
             self._stop_prefetch(job_id)
             self.core.forget_job(job_id)
+            self._published.discard(job_id)
+            forget_job_dataset(self.kv, job_id)  # (idempotent: every host may say so)
             return
+        self._publish_dataset(job_id)
         self.phases[job_id] = phase
         here = phase.node in ("", self.node)
         if phase.phase == "running":
@@ -136,13 +162,29 @@ class SchedulerFollower:
                 self.core.forget_job(job_id)
 
     def _publish_dataset(self, job_id: str) -> None:
-        """Tell the other hosts which dataset a job reads (a host it moves to warms it)."""
+        """Tell the other hosts which dataset a job reads (a host it moves to warms it) and
+        the scheduler (dataset affinity)."""
         if job_id in self._published:
             return
         ds = self.core.dataset_of(job_id)
         if ds:
-            self.kv.put_json(JOBS_PREFIX + job_id, {"dataset": ds, "node": self.node})
+            publish_job_dataset(self.kv, job_id, ds, self.node)
             self._published.add(job_id)
+
+    def publish_datasets(self) -> None:
+        """Publish the dataset of every job reporting here not published yet (a job that
+        reported since its last phase change). Its ranks (``job/rank<n>``) are one job."""
+        for name in list(self.core.jobs):
+            job_id = name.split("/rank", 1)[0]
+            if job_id not in self._published and self.phases.get(job_id, _RUNNING).phase != "finished":
+                self._publish_dataset(job_id)
+
+    def _publish_loop(self) -> None:
+        while not self._stop.wait(self.publish_interval_s):
+            try:
+                self.publish_datasets()
+            except MicrocoError as exc:  # advice only: try again next time
+                log.warning("cannot publish the jobs' datasets: %s", exc)
 
     def _dataset_for(self, job_id: str, stop: threading.Event) -> str:
         deadline = time.monotonic() + self.dataset_wait_s
@@ -150,9 +192,9 @@ class SchedulerFollower:
             ds = self.core.dataset_of(job_id)
             if ds:
                 return ds
-            doc = self.kv.get_json(JOBS_PREFIX + job_id)
-            if doc and doc.get("dataset"):
-                return str(doc["dataset"])
+            ds = job_dataset(self.kv, job_id)
+            if ds:
+                return ds
             if time.monotonic() >= deadline:
                 return ""
             stop.wait(0.05)

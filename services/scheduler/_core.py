@@ -23,6 +23,7 @@ from typing import Any
 
 from microco.api.agent.v1 import agent_pb2
 from microco.clients.agent import AgentDirectory
+from microco.clients.cache import job_datasets
 from microco.clients.scheduler import EXIT_CHECKPOINTED, PhasePublisher
 from microco.common.errors import (
     Aborted,
@@ -607,6 +608,8 @@ class SchedulerCore:
                     {"id": d["id"], "node": name, "kind": d.get("kind", "gpu"), "model": d.get("model", "")}
                 )
         views = []
+        # the dataset each job reads, as the cache servers registered it (issue 21: affinity)
+        datasets = job_datasets(self.kv) if getattr(self.policy, "reads_datasets", False) else {}
         for r in jobs.values():
             if r["state"] in J.TERMINAL or r["cancel_requested"]:
                 continue
@@ -621,6 +624,7 @@ class SchedulerCore:
             v["max_useful_devices"] = r.get("max_useful_devices")
             self.profiles.fill_view(r, v)  # what it has not measured yet, from earlier jobs like it
             v["preemptible"] = not r.get("no_hook")
+            v["dataset"] = datasets.get(r["id"], "")
             views.append(v)
         return cluster_view_from_dicts(now, devices, views)
 

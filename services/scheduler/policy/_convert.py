@@ -53,6 +53,8 @@ def job_view_from_dict(d: Mapping[str, Any]) -> JobView:
             kw[key] = tuple(str(x) for x in (kw[key] or ()))
     if kw.get("grown_from") is not None:
         kw["grown_from"] = tuple(str(x) for x in kw["grown_from"])
+    if "dataset" in kw:
+        kw["dataset"] = str(kw["dataset"] or "")
     for key in ("submitted_at", "attained_service_s", "last_change_at", "gpu_share", "utilization"):
         if key in kw and kw[key] is not None:
             kw[key] = float(kw[key])

@@ -35,6 +35,18 @@ Each mechanism can be switched off on its own so its gain can be measured alone:
 * **migration** -- a multi-device job spread over nodes moves onto one node when one has
   room; a multi-device job blocked by fragmentation gets a node freed by moving one-device
   jobs to free devices elsewhere; a job in a bad pack moves to a free device.
+* **dataset affinity** (``dataset_affinity``, off by default) -- jobs that read the same
+  dataset (``JobView.dataset``) run in the same or adjacent time slices and share a device
+  when packed, so that a shared cache serves them from one copy. Of the waiting jobs whose
+  service is within ``affinity_slack_quanta`` quanta of the one Gandiva's order runs next
+  (same priority), one that reads a dataset read by a job that keeps its devices (or by a
+  job placed before it in this decision) goes first; it takes free devices on a node where
+  its dataset is read if there are any (a node's cache serves the jobs on that node); a job
+  whose quantum is over and that reads another dataset yields before one that reads the
+  incoming job's, and one on such a node before one elsewhere; a pack slot (or a
+  pack to time-slice into) with a job of the same dataset is preferred among those that
+  fit. Bounded: a job is passed only by jobs within the slack of its own service, which
+  grows as they run, so no job waits more than about one more quantum for it.
 * **grow-shrink** -- elastic jobs take idle devices (up to ``max_devices`` or
   ``grow_max_factor`` times what they asked for) when nobody waits, and give back what they
   took as soon as someone does.
@@ -114,6 +126,13 @@ class GandivaConfig:
     # suspend/resume would, and suspending it would add the round trip to its completion.
     # 0: off. Jobs without a known total keep no grace.
     finish_grace_s: float = 0.0
+    # Issue 21: time-slice (and pack) jobs of one dataset together (see the module's doc).
+    # Off by default: it changes which jobs share a slice, not how much service each gets,
+    # and measured it did not pay on its own (docs/codesign.md).
+    dataset_affinity: bool = False
+    # How far (in quanta of one device's service, device-seconds) a job reading an active
+    # dataset may go before a job Gandiva's order would run first.
+    affinity_slack_quanta: float = 1.0
 
     def __post_init__(self) -> None:
         if self.quantum_s <= 0:
@@ -128,6 +147,8 @@ class GandivaConfig:
             raise ValueError("grow_keep_ratio must be > 0")
         if not self.finish_grace_s >= 0:
             raise ValueError("finish_grace_s must be >= 0")
+        if not self.affinity_slack_quanta >= 0:
+            raise ValueError("affinity_slack_quanta must be >= 0")
         if self.slice_order not in ("las", "round_robin"):
             raise ValueError("slice_order must be 'las' or 'round_robin'")
 
@@ -161,6 +182,12 @@ class GandivaPolicy:
 
     def __init__(self, config: GandivaConfig | None = None) -> None:
         self.config = config or GandivaConfig()
+
+    @property
+    def reads_datasets(self) -> bool:
+        """Whether the mechanism should fill ``JobView.dataset`` (the live scheduler then
+        reads the cache servers' registrations: ``microco.clients.cache.job_datasets``)."""
+        return self.config.dataset_affinity
 
     # ordering of waiting jobs (who gets devices first) and of victims (who yields first)
     def _wkey(self, j: JobView) -> tuple:
@@ -243,6 +270,23 @@ class GandivaPolicy:
         if cfg.enable_time_slicing and cfg.slice_packs and any_packed and waiting:
             pack_victims = self._pack_victims(occ, jobs, acted, now)
         packed_victims = [m for ms in pack_victims.values() for m in ms]
+        # Dataset affinity reorders the waiting jobs (within the slack): a later job may then
+        # have less service than an earlier one, so the shortcuts below that rely on the
+        # order (no later job ranks better) are not taken.
+        monotone = True
+        # dataset -> nodes where a job reading it holds (or is given) devices: a node's cache
+        # serves the jobs on that node, so jobs of one dataset go where it is read
+        ds_nodes: dict[str, set[str]] = {}
+        if cfg.dataset_affinity:
+            for h in holders:
+                if h.dataset:
+                    ds_nodes.setdefault(h.dataset, set()).update(occ.nodes_of(h.devices))
+        if cfg.dataset_affinity and len(waiting) > 1:
+            yielding = {v.id for v in victims}.union(m.id for m in packed_victims)
+            staying = {h.dataset for h in holders if h.dataset and h.id not in yielding}
+            ordered = self._affinity_order(waiting, staying)
+            if [j.id for j in ordered] != [j.id for j in waiting]:
+                waiting, monotone = ordered, False
         suspended: set[str] = set()
         n_free = occ.n_free()
         pack_slots = self._pack_slots(occ, jobs, acted, now) if cfg.enable_packing and waiting else []
@@ -271,7 +315,12 @@ class GandivaPolicy:
             if n_free == 0 and not pack_slots and not victims and not pack_victims:
                 break  # nothing left to give anyone; the rest keep waiting
             k = w.devices_wanted
-            devs = place(occ.free_by_node(), k, allow_spread=False) if k <= n_free else None
+            devs = None
+            if k <= n_free and w.dataset in ds_nodes:
+                near = {n: f for n, f in occ.free_by_node().items() if n in ds_nodes[w.dataset]}
+                devs = place(near, k, allow_spread=False) if near else None
+            if devs is None and k <= n_free:
+                devs = place(occ.free_by_node(), k, allow_spread=False)
             if devs is None and k <= n_free and cfg.enable_migration and k > 1:
                 state = (occ.version, len(acted))
                 if no_defrag.get(k) != state:
@@ -282,6 +331,8 @@ class GandivaPolicy:
                 devs = place(occ.free_by_node(), k, allow_spread=True)
             if devs is not None:
                 occ.take(w.id, devs)
+                if cfg.dataset_affinity and w.dataset:
+                    ds_nodes.setdefault(w.dataset, set()).update(occ.nodes_of(devs))
                 n_free -= k
                 out.append(_run(w, devs, "gandiva: free devices"))
                 acted.add(w.id)
@@ -293,10 +344,12 @@ class GandivaPolicy:
                 and pack_slots
                 and (w.state is not JobPhase.SUSPENDED or not self._pack_cooling(w, now))
             ):
-                pk = self._pack_target(pack_slots, w, occ)
+                pk = self._pack_target(pack_slots, w, occ, jobs)
                 if pk is not None:
                     dev, members, why = pk
                     occ.take(w.id, (dev,))
+                    if cfg.dataset_affinity and w.dataset:
+                        ds_nodes.setdefault(w.dataset, set()).update(occ.nodes_of((dev,)))
                     out.append(Pack(w.id, (dev,), members, why))
                     acted.add(w.id)
                     acted.update(members)
@@ -308,13 +361,14 @@ class GandivaPolicy:
                     and w.attained_service_s >= max_victim
                     and w.priority <= min_victim_prio
                 ):
-                    if n_free == 0 and not pack_slots:
+                    if n_free == 0 and not pack_slots and monotone:
                         # Every later waiting job ranks no better (sorted by priority,
                         # then service), so none can take a victim's devices either, and
                         # there is nothing free or packable left: the rest keep waiting.
                         break
                     continue  # no running job has had more service than this one
-                if (k, w.priority) in no_room:
+                swap_failed = no_swap if monotone else {}
+                if monotone and (k, w.priority) in no_room:
                     if pack_victims and self._swap_into_pack(w, pack_victims, occ, out, acted, now, no_swap):
                         forget()
                     continue
@@ -323,12 +377,22 @@ class GandivaPolicy:
                 cands = [
                     v for v in victims if v.id not in suspended and v.id not in acted and self._yields(v, w)
                 ]
+                if cfg.dataset_affinity and w.dataset:
+                    # a job of another dataset yields first, one on a node where w's dataset is
+                    # read before others (stable: worst first otherwise)
+                    near_nodes = ds_nodes.get(w.dataset, set())
+                    cands.sort(
+                        key=lambda v: (
+                            v.dataset == w.dataset,
+                            not near_nodes.intersection(occ.nodes_of(v.devices)),
+                        )
+                    )
                 got = self._preempt(occ, k, cands) if cands else None
                 if got is None and pack_victims:
                     # No running job frees room: the packs take their turn. First a swap
                     # (w takes the place of the pack's most-served member, so the device
                     # stays shared), else whole packs yield their device like one job.
-                    if self._swap_into_pack(w, pack_victims, occ, out, acted, now, no_swap):
+                    if self._swap_into_pack(w, pack_victims, occ, out, acted, now, swap_failed):
                         forget()
                         continue
                     whole = [
@@ -349,6 +413,8 @@ class GandivaPolicy:
                         pack_victims.pop(v.devices[0], None)
                     out.append(Suspend(v.id, f"gandiva: time-slice, quantum over, {w.id} waits"))
                 occ.take(w.id, devs)
+                if cfg.dataset_affinity and w.dataset:
+                    ds_nodes.setdefault(w.dataset, set()).update(occ.nodes_of(devs))
                 out.append(_run(w, devs, "gandiva: time-slice"))
                 acted.add(w.id)
                 n_free = occ.n_free()
@@ -356,6 +422,40 @@ class GandivaPolicy:
         # 5. grow elastic jobs onto idle devices when nobody is left waiting.
         if cfg.enable_grow_shrink and occ.n_free() > 0 and all(w.id in acted for w in waiting):
             self._grow(view, occ, out, acted)
+        return out
+
+    def _affinity_order(self, waiting: list[JobView], active: set[str]) -> list[JobView]:
+        """``waiting`` (in Gandiva's order) with jobs of an active dataset moved forward:
+        at each place, of the jobs of the first one's priority whose rank (service, or last
+        change for round robin) is within the slack of the first one's, the first that
+        reads a dataset in ``active`` (read by a job keeping its devices, or by one placed
+        earlier here) goes there; else the first one. ``active`` grows as jobs are placed."""
+        cfg = self.config
+        if not any(j.dataset for j in waiting):
+            return waiting
+        slack = cfg.affinity_slack_quanta * cfg.quantum_s
+        las = cfg.slice_order == "las"
+        active = set(active)
+        pending = list(waiting)
+        out: list[JobView] = []
+        while pending:
+            head = pending[0]
+            pick = 0
+            if active:
+                limit = (head.attained_service_s if las else head.last_change_at) + slack + _EPS
+                for i, j in enumerate(pending):
+                    if (
+                        j.priority != head.priority
+                        or (j.attained_service_s if las else j.last_change_at) > limit
+                    ):
+                        break  # (sorted by priority, then rank: the rest are further)
+                    if j.dataset and j.dataset in active:
+                        pick = i
+                        break
+            j = pending.pop(pick)
+            out.append(j)
+            if j.dataset:
+                active.add(j.dataset)
         return out
 
     def _preempt(self, occ: Occupancy, k: int, cands: list[JobView]):
@@ -451,7 +551,8 @@ class GandivaPolicy:
             rest = ms[1:]
             if not trial and sum(busy_fraction(m) for m in rest) + bw > cfg.pack_share_limit:
                 continue
-            key = (v.priority, -v.attained_service_s, dev)
+            apart = not (cfg.dataset_affinity and w.dataset and any(m.dataset == w.dataset for m in rest))
+            key = (v.priority, apart, -v.attained_service_s, dev)
             if best is None or key < best[0]:
                 best = (key, dev, v, rest)
         if best is None:
@@ -757,29 +858,50 @@ class GandivaPolicy:
         slots.sort(key=lambda x: (-x[0], x[1]))
         return slots
 
-    def _pack_target(self, slots: list, w: JobView, occ: Occupancy):
+    def _pack_target(self, slots: list, w: JobView, occ: Occupancy, jobs: dict[str, JobView] | None = None):
         """The fullest device whose holders' busy fractions leave room for ``w`` (or, with
         ``pack_unprofiled``, a trial slot): (device, holder ids, reason), removed from
-        ``slots``; None if there is none."""
+        ``slots``; None if there is none. With ``dataset_affinity`` a device whose holders
+        include a job of ``w``'s dataset comes first."""
         limit = self.config.pack_share_limit
         bw = busy_fraction(w)
         # slots are fullest first: the emptiest is last, so if even it has no room for w,
         # none has (float addition is monotonic; the simulator asks this for every waiting
         # job at every decision)
         if not slots or slots[-1][0] + bw > limit:
-            return self._trial_slot(slots, w, occ)
+            return self._trial_slot(slots, w, occ, jobs)
+        if self.config.dataset_affinity and w.dataset and jobs is not None:
+            for i, (share, dev, members) in enumerate(slots):
+                if (
+                    share + bw <= limit
+                    and tuple(occ.holders[dev]) == members
+                    and _reads(jobs, members, w.dataset)
+                ):
+                    del slots[i]
+                    return dev, members, "gandiva: pack with a job of the same dataset, busy fractions fit"
         for i, (share, dev, members) in enumerate(slots):
             if share + bw <= limit and tuple(occ.holders[dev]) == members:
                 del slots[i]
                 return dev, members, "gandiva: pack, busy fractions fit one device"
-        return self._trial_slot(slots, w, occ)
+        return self._trial_slot(slots, w, occ, jobs)
 
-    def _trial_slot(self, slots: list, w: JobView, occ: Occupancy):
+    def _trial_slot(self, slots: list, w: JobView, occ: Occupancy, jobs: dict[str, JobView] | None = None):
         """``pack_unprofiled``: the emptiest device held by a single job, for a
         never-profiled job, or None. (A trial joins one job only: a job assumed to fill its
-        device is not tried against a pack already judged good.)"""
+        device is not tried against a pack already judged good.) With ``dataset_affinity``,
+        the emptiest such device held by a job of ``w``'s dataset, if any."""
         if not self.config.pack_unprofiled or w.utilization is not None or w.state is not JobPhase.QUEUED:
             return None
+        if self.config.dataset_affinity and w.dataset and jobs is not None:
+            for i in range(len(slots) - 1, -1, -1):
+                _, dev, members = slots[i]
+                if (
+                    len(members) == 1
+                    and tuple(occ.holders[dev]) == members
+                    and _reads(jobs, members, w.dataset)
+                ):
+                    del slots[i]
+                    return dev, members, "gandiva: trial pack with a job of the same dataset"
         for i in range(len(slots) - 1, -1, -1):
             _, dev, members = slots[i]
             if len(members) == 1 and tuple(occ.holders[dev]) == members:
@@ -841,6 +963,11 @@ class GandivaPolicy:
             acted.add(j.id)
             if occ.n_free() == 0:
                 return
+
+
+def _reads(jobs: dict[str, JobView], members: tuple[str, ...], dataset: str) -> bool:
+    """Whether any of ``members`` reads ``dataset``."""
+    return any((m := jobs.get(h)) is not None and m.dataset == dataset for h in members)
 
 
 _largest: tuple = (None, 0)

@@ -95,6 +95,10 @@ class JobView:
     # False for a job that cannot be suspended, moved or resized at a mini-batch boundary (it
     # runs without the scheduler's hook): it keeps its devices until it ends.
     preemptible: bool = True
+    # The training data the job reads, as the shared cache names it ("" when unknown). Jobs
+    # that read the same dataset are served from one cached copy when they run at the same
+    # time; ``gandiva``'s ``dataset_affinity`` uses it (docs/codesign.md).
+    dataset: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -508,3 +508,53 @@ def test_scrub_finds_bit_rot_with_the_mtime_restored(fresh, capsys):
     assert client.scrub() == []
     invariant(c, "orders", "o_id", N)
     check_queries(client, ORDERS_QUERIES)
+
+
+def test_a_table_is_a_training_dataset_read_through_the_cache(fresh, tmp_path):
+    """Issue 21: a store table as a Quiver dataset. Each extent of the replica partitioned by
+    the job's key is one content-addressed chunk, read over Flight from the node holding it;
+    a job's loader gets every row once an epoch through a cache server, and the next job
+    reads the table from the cache, not the store."""
+    from microco.clients.cache import QuiverLoader, StoreTable, decode_sample, index_store_table
+    from microco.services.cache import CacheCore, CacheServicer, ChunkStore, serve_in_process
+
+    _, client = fresh
+    cols = ["l_id", "l_qty"]
+
+    class Counted(StoreTable):
+        reads = 0
+
+        def read(self, path: str) -> bytes:
+            Counted.reads += 1
+            return super().read(path)
+
+    src = Counted(client.nodes()[0]["address"], "items", replica=1, columns=cols)
+    index = index_store_table(src)
+    assert len(index.chunks) == len(index.samples) > 1  # one chunk per extent
+    assert (
+        index_store_table(StoreTable(client.nodes()[1]["address"], "items", replica=1, columns=cols)) == index
+    )
+    expected = client.read("items", columns=cols).sort_by("l_id")
+    core = CacheCore(ChunkStore(str(tmp_path / "cache")), 2 * index.total_bytes, "coordinated")
+    server, address = serve_in_process(CacheServicer(core))
+    try:
+        for job in ("first", "second"):
+            Counted.reads = 0
+            loader = QuiverLoader(
+                index, src, batch_size=2, dataset="items", job_id=job, server=address, insert_misses=True
+            )
+            try:
+                got = [decode_sample(d) for _, batch in loader.epoch(0) for d in batch]
+            finally:
+                loader.close()
+            assert pa.concat_tables(got).sort_by("l_id").equals(expected)  # every row, once
+            if job == "first":
+                digests = [c.digest for c in index.chunks]
+                deadline = time.monotonic() + 60
+                while len(core.lookup(digests, "items")) < len(digests):  # written behind
+                    assert time.monotonic() < deadline, "the first job's reads never reached the cache"
+                    time.sleep(0.05)
+            else:
+                assert loader.stats.hits == len(index.samples) and Counted.reads == 0
+    finally:
+        server.stop(0)
