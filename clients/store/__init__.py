@@ -23,6 +23,7 @@ from ._flight_tls import (
     server_options,
 )
 from ._flight_tls import scheme as flight_scheme
+from ._storage import storage_report
 
 __all__ = [
     "FLIGHT_OPTIONS",
@@ -39,4 +40,5 @@ __all__ = [
     "require_flight_service",
     "secure_location",
     "server_options",
+    "storage_report",
 ]

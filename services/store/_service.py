@@ -26,8 +26,9 @@ from microco.services.runtime.server import ServiceContext, run_service
 from ._authz import TableOwners
 from ._core import StoreCore
 from ._flight import NODE_SERVICE, FlightTransport, StoreFlightServer
+from ._layout import CODECS, DEFAULT_COMPRESSION
 from ._limits import check_keys, load_json
-from ._nodestore import NodeStore
+from ._nodestore import CACHE_BYTES, NodeStore
 from ._partition import HASH, RANGE, PartitionSpec
 from ._query import Query
 
@@ -406,6 +407,18 @@ def _node_args(p: argparse.ArgumentParser) -> None:
         "--fault-domain", default="", help="fault domain label (rack, host...); default: the node name"
     )
     g.add_argument("--flight-port", type=int, default=0, help="Arrow Flight port; 0 picks a free one")
+    g.add_argument(
+        "--extent-compression",
+        choices=CODECS,
+        default=DEFAULT_COMPRESSION,
+        help="codec of the extents this node writes (extents written with another stay readable)",
+    )
+    g.add_argument(
+        "--extent-cache-mb",
+        type=float,
+        default=CACHE_BYTES / (1 << 20),
+        help="decompressed extent batches kept in memory between queries, MiB (LRU)",
+    )
 
 
 def _setup_node(ctx: ServiceContext) -> None:
@@ -413,7 +426,12 @@ def _setup_node(ctx: ServiceContext) -> None:
     # The node's name is its identity in the catalog (its data directory survives restarts):
     # --instance-id when given (as `microco up` does), else --node.
     name = getattr(ctx.args, "instance_id", "") or s.node
-    store = NodeStore(name, s.resolved_data_dir())
+    store = NodeStore(
+        name,
+        s.resolved_data_dir(),
+        compression=ctx.args.extent_compression,
+        cache_bytes=int(ctx.args.extent_cache_mb * (1 << 20)),
+    )
     from . import _sql  # noqa: F401 - DuckDB and sqlglot load at start-up, not in the first query
 
     server = StoreFlightServer(store, f"grpc://{s.host}:{ctx.args.flight_port}", kv=ctx.kv)
