@@ -8,8 +8,6 @@ import sys
 import time
 from typing import Any
 
-from microco.common.errors import InvalidArgument
-
 from ._platform import add_etcd_arguments
 
 HELP = """Instalytics store: each table is kept as three replicas, each partitioned on a different
@@ -129,6 +127,8 @@ def _value(text: str) -> Any:
 
 
 def parse_where(text: str) -> list[Any]:
+    from microco.common.errors import InvalidArgument
+
     parts = text.split(None, 2)
     if len(parts) != 3:
         raise InvalidArgument(f'bad --where {text!r}: expected "COLUMN OP VALUE"')
@@ -139,6 +139,8 @@ def parse_where(text: str) -> list[Any]:
 
 
 def build_query(args: argparse.Namespace) -> dict[str, Any]:
+    from microco.common.errors import InvalidArgument
+
     if args.query_json:
         return json.loads(args.query_json)
     q: dict[str, Any] = {"table": args.table, "where": [parse_where(w) for w in args.where]}
@@ -172,6 +174,8 @@ def build_query(args: argparse.Namespace) -> dict[str, Any]:
 def _parse_schema(text: str) -> Any:
     import pyarrow as pa
 
+    from microco.common.errors import InvalidArgument
+
     types = {
         "int64": pa.int64(),
         "int32": pa.int32(),
@@ -192,6 +196,8 @@ def _parse_schema(text: str) -> Any:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
+    from microco.common.errors import InvalidArgument
+
     if len(args.replica) != 3:
         raise InvalidArgument(f"give --replica exactly three times (got {len(args.replica)})")
     if args.source:
