@@ -12,7 +12,7 @@ builder for queries::
     print(orders.group_by("o_custkey").agg(n=("count", "*")).explain())
 """
 
-from ._client import Frame, StoreClient, iter_file, load_file, parse_partitioning
+from ._client import RELAX_METADATA, Frame, StoreClient, iter_file, load_file, parse_partitioning
 from ._flight import OPTIONS as FLIGHT_OPTIONS
 from ._flight import FlightClients, from_flight_error
 from ._flight_tls import (
@@ -27,6 +27,7 @@ from ._storage import storage_report
 
 __all__ = [
     "FLIGHT_OPTIONS",
+    "RELAX_METADATA",
     "FlightClients",
     "Frame",
     "StoreClient",

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import io
 import json
 from collections.abc import Iterator, Sequence
@@ -16,6 +17,10 @@ from microco.common import ServiceClient
 from microco.common.errors import InvalidArgument, from_rpc_error
 
 CHUNK = 4 << 20
+
+
+# StartRecovery's call metadata for `relax_fault_domains` (the request message has no field for it)
+RELAX_METADATA = "microco-relax-fault-domains"
 
 
 def parse_partitioning(text: str, default_partitions: int = 8) -> pb.Partitioning:
@@ -280,8 +285,16 @@ class StoreClient(ServiceClient):
         r = self._call(self._stub.GetRecovery, pb.GetRecoveryRequest(), timeout=timeout, idempotent=True)
         return {**json.loads(r.json or "{}"), "unavailable_extents": r.unavailable_extents}
 
-    def start_recovery(self, *, timeout: float | None = None) -> dict[str, Any]:
-        r = self._call(self._stub.StartRecovery, pb.StartRecoveryRequest(), timeout=timeout, idempotent=True)
+    def start_recovery(
+        self, *, relax_fault_domains: bool = False, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Run a recovery pass now. ``relax_fault_domains`` (administrators): extents that are
+        stuck because every live node outside the other copies' nodes shares a fault domain with
+        one of them are rebuilt there anyway (on a node holding no copy of their rows)."""
+        method = self._stub.StartRecovery
+        if relax_fault_domains:
+            method = functools.partial(method, metadata=((RELAX_METADATA, "1"),))
+        r = self._call(method, pb.StartRecoveryRequest(), timeout=timeout, idempotent=True)
         return {**json.loads(r.json or "{}"), "unavailable_extents": r.unavailable_extents}
 
     def scrub(self, *, timeout: float | None = None, report: bool = False) -> list[str] | dict[str, Any]:

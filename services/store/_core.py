@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -412,13 +413,19 @@ class StoreCore:
         return finish(plan.final, outs)
 
     # ------------------------------------------------------------------ recovery
-    def recover(self, max_tasks: int | None = None, rate_bytes: float | None = None) -> dict[str, Any]:
+    def recover(
+        self, max_tasks: int | None = None, rate_bytes: float | None = None, relax_domains: bool = False
+    ) -> dict[str, Any]:
         """Rebuild lost extents onto live nodes, one at a time, throttled to ``rate_bytes``/s of
-        reads so queries keep running; progress is kept in etcd. Returns the summary."""
+        reads so queries keep running; progress is kept in etcd. Returns the summary. With
+        ``relax_domains`` (an operator's choice, see ``plan_recovery``) extents no unused fault
+        domain can take are rebuilt on a node holding no copy of their rows."""
         if not self._recovery_lock.acquire(blocking=False):
             return self.catalog.recovery()
         try:
-            return self._recover(max_tasks, self.recovery_rate_bytes if rate_bytes is None else rate_bytes)
+            return self._recover(
+                max_tasks, self.recovery_rate_bytes if rate_bytes is None else rate_bytes, relax_domains
+            )
         finally:
             self._recovery_lock.release()
 
@@ -426,10 +433,10 @@ class StoreCore:
         live = {n.name for n in self.transport.live_nodes()}
         return sum(1 for t in self.tables() for e in t.extents() if e.node not in live or e.state != "ok")
 
-    def _recover(self, max_tasks: int | None, rate: float) -> dict[str, Any]:
+    def _recover(self, max_tasks: int | None, rate: float, relax_domains: bool = False) -> dict[str, Any]:
         live = self.live_nodes()
         tables = self.tables()
-        plan = plan_recovery(tables, live, self.domains())
+        plan = plan_recovery(tables, live, self.domains(), relax_domains=relax_domains)
         by_name = {n.name: n for n in live}
         tinfo = {t.name: t for t in tables}
         tasks = plan.tasks[:max_tasks] if max_tasks else plan.tasks
@@ -445,6 +452,9 @@ class StoreCore:
             "started": time.time(),
             "seconds": 0.0,
             "stuck": plan.stuck,
+            "advice": plan.advice,
+            "targets": dict(Counter(t.target for t in tasks)),
+            "relaxed": [f"{t.table}/{t.lost.id}" for t in tasks if t.relaxed],
             "errors": [],
         }
         self.catalog.put_recovery(progress)

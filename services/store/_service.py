@@ -18,8 +18,8 @@ from prometheus_client import Counter, Gauge
 
 from microco.api.store.v1 import store_pb2 as pb
 from microco.api.store.v1 import store_pb2_grpc as pb_grpc
-from microco.clients.store import secure_location
-from microco.common.errors import InvalidArgument
+from microco.clients.store import RELAX_METADATA, secure_location
+from microco.common.errors import InvalidArgument, PermissionDenied
 from microco.services.runtime.auth import caller
 from microco.services.runtime.server import ServiceContext, run_service
 
@@ -222,10 +222,20 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
         )
 
     def StartRecovery(self, request, context):
+        # An operator's `--relax-fault-domains` rides as call metadata (RELAX_METADATA): the
+        # request message has no field for it. Administrators and platform services only.
+        relax = any(k == RELAX_METADATA and v == "1" for k, v in context.invocation_metadata() or ())
+        if relax:
+            who = caller(context)
+            if not who.trusted:
+                raise PermissionDenied(f"{who.name} may not relax the fault-domain rule of recovery")
+            log.warning(
+                "recovery: %s allowed rebuilt extents to share a fault domain with another copy", who.name
+            )
         if self.recovery is not None:
-            self.recovery.kick()
+            self.recovery.kick(relax_domains=relax)
         else:
-            self.core.recover()
+            self.core.recover(relax_domains=relax)
         return self.GetRecovery(request, context)
 
     def Scrub(self, request, context):
@@ -261,6 +271,7 @@ class RecoveryLoop:
         self.gc_interval_s = gc_interval_s
         self._last_gc = time.monotonic()
         self._wake = threading.Event()
+        self._relax = False  # the next pass may share fault domains (an operator asked)
         self._stop = threading.Event()
         self._cancel = None
         self._thread = threading.Thread(target=self._run, name="store-recovery", daemon=True)
@@ -279,7 +290,11 @@ class RecoveryLoop:
         self._thread.start()
         return self
 
-    def kick(self) -> None:
+    def kick(self, relax_domains: bool = False) -> None:
+        """Run a pass now; ``relax_domains``: that pass may rebuild extents no unused fault domain
+        can take on a node that holds no copy of their rows (see ``plan_recovery``)."""
+        if relax_domains:
+            self._relax = True
         self._wake.set()
 
     def stop(self) -> None:
@@ -328,7 +343,8 @@ class RecoveryLoop:
                     continue
                 if woke and self.grace_s:
                     time.sleep(self.grace_s)
-                progress = self.core.recover()
+                relax, self._relax = self._relax, False
+                progress = self.core.recover(relax_domains=relax)
                 REBUILT.inc(progress.get("rebuilt", 0))
                 LOST.set(self.core.lost_count())
             except Exception:
