@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,30 @@ def iter_file(
     raise InvalidArgument(f"{p}: only Parquet (.parquet) and CSV (.csv, .tsv, .tbl) files can be loaded")
 
 
+def record_batches(
+    data: pa.Table | pa.RecordBatch | str | Path | pa.RecordBatchReader | Iterable[pa.RecordBatch],
+) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """What ``StoreClient.append`` takes, as a schema and a lazy stream of record batches (an
+    iterable's schema is its first batch's; every batch must have it)."""
+    if isinstance(data, (str, Path)):
+        return iter_file(data)
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if isinstance(data, pa.Table):
+        return data.schema, iter(data.to_batches())
+    if isinstance(data, pa.RecordBatchReader):
+        return data.schema, iter(data)
+    it = iter(data)
+    first = next(it, None)
+    if first is None:
+        raise InvalidArgument("nothing to append: the stream of record batches is empty")
+    if isinstance(first, pa.Table):
+        raise InvalidArgument("a stream to append yields record batches (Table.to_batches()), not tables")
+    if not isinstance(first, pa.RecordBatch):
+        raise InvalidArgument(f"a stream to append yields record batches, not {type(first).__name__}")
+    return first.schema, itertools.chain([first], it)
+
+
 def ipc_chunks(
     schema: pa.Schema, batches: Iterator[pa.RecordBatch] | Sequence[pa.RecordBatch]
 ) -> Iterator[bytes]:
@@ -195,16 +220,17 @@ class StoreClient(ServiceClient):
 
     # ---------------------------------------------------------------- data
     def append(
-        self, name: str, data: pa.Table | pa.RecordBatch | str | Path, *, timeout: float | None = None
+        self,
+        name: str,
+        data: pa.Table | pa.RecordBatch | str | Path | pa.RecordBatchReader | Iterable[pa.RecordBatch],
+        *,
+        timeout: float | None = None,
     ) -> dict:
-        """Append an Arrow table (or a Parquet/CSV file, streamed batch by batch from the disk to
-        the coordinator: the client holds one batch, not the file); all rows become visible at once."""
-        if isinstance(data, (str, Path)):
-            schema, batches = iter_file(data)
-        else:
-            if isinstance(data, pa.RecordBatch):
-                data = pa.Table.from_batches([data])
-            schema, batches = data.schema, iter(data.to_batches())
+        """Append rows; all become visible at once. ``data``: an Arrow table or batch; a Parquet or
+        CSV file; or a stream (a ``RecordBatchReader``, or any iterable of record batches, e.g. a
+        generator): files and streams are sent batch by batch as they are read, so the client
+        holds one batch, and the coordinator one super-extent, never the whole table."""
+        schema, batches = record_batches(data)
 
         def requests() -> Iterator[pb.AppendRequest]:
             for k, piece in enumerate(ipc_chunks(schema, batches)):

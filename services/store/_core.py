@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -100,6 +100,11 @@ def conform(table: pa.Table, schema: pa.Schema, specs: Sequence[PartitionSpec], 
             raise InvalidArgument(f"column {f.name!r} of table {name!r} does not allow nulls")
         cols.append(col)
     return pa.Table.from_arrays(cols, schema=schema)
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    """Pieces of one stream (each conformed to the table's schema) as one table, zero-copy."""
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 
 def colocated_homes(specs: Sequence[PartitionSpec]) -> list[str | None]:
@@ -194,31 +199,61 @@ class StoreCore:
     def append(self, name: str, data: pa.Table) -> AppendResult:
         """Append rows: every super-extent is written to all three replicas on disjoint node groups,
         then all are committed in one etcd transaction. A node that fails mid-append is excluded
-        and the super-extent re-placed; nothing is visible until the commit."""
-        t0 = time.perf_counter()
+        and the super-extent re-placed; nothing is visible until the commit. The whole table is
+        checked against the schema before anything is written."""
         info = self.catalog.table(name)
         data = conform(data, info.schema, info.specs, name)
-        if data.num_rows == 0:
+        if data.num_rows:
+            # compute partitions (and so validate range bounds against the data) before any write
+            assign_partitions(data.slice(0, 1), info.specs)
+        return self.append_batches(name, [data])
+
+    def append_batches(self, name: str, batches: Iterable[pa.RecordBatch | pa.Table]) -> AppendResult:
+        """Append a stream of rows, holding at most one super-extent of them: each super-extent is
+        written to the nodes as soon as its rows have arrived, and all are committed in one etcd
+        transaction at the end (the commit point: nothing is visible before, all rows after). If
+        the stream fails or a piece does not fit the schema, nothing is committed; the super-extents
+        already written are orphans, deleted by garbage collection (``collect_garbage``)."""
+        t0 = time.perf_counter()
+        info = self.catalog.table(name)
+        supers: list[SuperExtent] = []
+        pending: list[pa.Table] = []
+        held = 0
+        total = 0
+
+        def flush(rows: pa.Table) -> None:
+            sid = self.catalog.reserve_super_extents(name, 1)
+            supers.append(self._write_super_extent(info, sid, rows))
+
+        for piece in batches:
+            t = pa.Table.from_batches([piece]) if isinstance(piece, pa.RecordBatch) else piece
+            if not t.num_rows:
+                continue
+            t = conform(t, info.schema, info.specs, name)  # each piece checked as it arrives
+            if not supers and not pending:
+                assign_partitions(t.slice(0, 1), info.specs)
+            pending.append(t)
+            held += t.num_rows
+            total += t.num_rows
+            while held >= self.super_extent_rows:
+                rows = _concat(pending)
+                flush(rows.slice(0, self.super_extent_rows))
+                rest = rows.slice(self.super_extent_rows)
+                pending, held = ([rest] if rest.num_rows else []), rest.num_rows
+        if held:
+            flush(_concat(pending))
+        if not supers:
             return AppendResult(0, [], 0)
-        # compute partitions (and so validate range bounds against the data) before any write
-        assign_partitions(data.slice(0, 1), info.specs)
-        chunks = [
-            data.slice(off, self.super_extent_rows) for off in range(0, data.num_rows, self.super_extent_rows)
-        ]
-        first = self.catalog.reserve_super_extents(name, len(chunks))
-        supers = []
-        for k, chunk in enumerate(chunks):
-            supers.append(self._write_super_extent(info, first + k, chunk))
         self.catalog.commit_super_extents(name, supers)
         nbytes = sum(e.bytes for s in supers for e in s.extents)
         log.info(
             "append %s: %d rows, %d extent bytes in %.2fs",
             name,
-            data.num_rows,
+            total,
             nbytes,
             time.perf_counter() - t0,
         )
-        return AppendResult(data.num_rows, [s.id for s in supers], nbytes)
+        return AppendResult(total, [s.id for s in supers], nbytes)
 
     def _write_super_extent(self, info: TableInfo, sid: int, rows: pa.Table) -> SuperExtent:
         t0 = time.perf_counter()

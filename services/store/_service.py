@@ -88,6 +88,37 @@ def parse_request(query_json: str) -> tuple[str | None, Query | None]:
     return None, Query.from_json(d)
 
 
+class _MessageStream(io.RawIOBase):
+    """The bytes of a client stream's messages as a readable file, pulled as they are read."""
+
+    def __init__(self, first: bytes, rest: Iterator[bytes]) -> None:
+        self._buf = memoryview(first)
+        self._rest = rest
+        self.received = len(first)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            nxt = next(self._rest, None)
+            if nxt is None:
+                return 0
+            self._buf = memoryview(nxt)
+            self.received += len(nxt)
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+def _ipc_batches(reader: pa.ipc.RecordBatchStreamReader) -> Iterator[pa.RecordBatch]:
+    try:
+        yield from reader
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InvalidArgument(f"append body is not a valid Arrow IPC stream: {exc}") from None
+
+
 class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
     def __init__(self, core: StoreCore, recovery: RecoveryLoop | None = None) -> None:
         self.core = core
@@ -153,23 +184,27 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
 
     def Append(self, request_iterator, context):
         t0 = time.perf_counter()
-        table = ""
-        buf = io.BytesIO()
-        for req in request_iterator:
-            if req.table:
-                table = req.table
-            buf.write(req.arrow_ipc)
-        if not table:
+        requests = iter(request_iterator)
+        first = next(requests, None)
+        if first is None or not first.table:
             raise InvalidArgument("the first append message must name the table")
+        table = first.table
         self.owners.check(caller(context), table, "append to")
+        # The Arrow IPC stream is read batch by batch as its messages arrive: the coordinator
+        # holds at most one super-extent of rows, written out while the rest is still coming.
+        body = _MessageStream(first.arrow_ipc, (r.arrow_ipc for r in requests))
         try:
-            data = pa.ipc.open_stream(pa.py_buffer(buf.getvalue())).read_all()
+            # buffered: Arrow asks for whole messages; BufferedReader reads on until it has them
+            reader = pa.ipc.open_stream(io.BufferedReader(body, buffer_size=1 << 20))
         except (pa.ArrowInvalid, OSError) as exc:
             raise InvalidArgument(f"append body is not an Arrow IPC stream: {exc}") from None
+        res = self.core.append_batches(table, _ipc_batches(reader))
         log.info(
-            "append %s: %d bytes of Arrow IPC received in %.2fs", table, buf.tell(), time.perf_counter() - t0
+            "append %s: %d bytes of Arrow IPC received and written in %.2fs",
+            table,
+            body.received,
+            time.perf_counter() - t0,
         )
-        res = self.core.append(table, data)
         return pb.AppendResponse(rows=res.rows, bytes=res.bytes, super_extents=res.super_extents)
 
     def Query(self, request, context):
