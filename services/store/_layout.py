@@ -214,70 +214,102 @@ class OpenExtent:
     as long as the file version it was read from (path, mtime, size) is the one on disk.
 
     An uncompressed extent's batches are views of the map (no process memory). A compressed
-    extent's batch is decompressed the first time a read selects it and kept: ``resident`` counts
-    those bytes, which the node's cache of open extents bounds (``NodeStore``). A recovery read of
-    one bucket decompresses only that bucket's batches."""
+    extent decompresses a column of a batch the first time a read selects both, and keeps it:
+    ``resident`` counts those bytes, which the node's cache of open extents bounds
+    (``NodeStore``). So a query decompresses only the columns it reads, and a recovery read of
+    one bucket only that bucket's batches."""
 
-    def __init__(self, reader: pa.ipc.RecordBatchFileReader, compressed: bool) -> None:
+    def __init__(
+        self, source: pa.MemoryMappedFile, reader: pa.ipc.RecordBatchFileReader, compressed: bool
+    ) -> None:
         schema = reader.schema
         index = json.loads((schema.metadata or {}).get(BUCKETS_META, b"[]"))
         n = reader.num_record_batches
         self.schema = _strip(schema)  # without the bucket index metadata
         self.compressed = compressed
-        self._reader = reader
+        self._source = source
+        self._readers: dict[tuple[int, ...], pa.ipc.RecordBatchFileReader] = {(): reader}
         self._lock = threading.Lock()
-        self._batches: list[pa.RecordBatch | None] = [None] * n
-        self.resident = 0  # bytes of decompressed batches held
+        self._batches: list[pa.RecordBatch | None] = [None] * n  # uncompressed: views of the map
+        self._columns: list[dict[int, pa.Array]] = [{} for _ in range(n)]  # compressed: decoded ones
+        self.resident = 0  # bytes of decompressed columns held
         sized = len(index) == n and all(len(ix) >= 4 for ix in index)
-        if not compressed or not sized:
+        if not compressed:
             for k in range(n):
-                self._load(k)
+                self._batches[k] = reader.get_batch(k).replace_schema_metadata(self.schema.metadata)
         if len(index) != n:  # an extent without a bucket index: no bucket selects anything
             index = [[-1, -1] for _ in range(n)]
         self.index: tuple[tuple[int, ...], ...] = tuple(tuple(ix) for ix in index)
-        # per batch: bytes (RecordBatch.nbytes costs per call; counted once), uncompressed
+        # per batch: bytes, uncompressed (RecordBatch.nbytes costs per call; counted once)
         self.sizes: tuple[int, ...] = tuple(
-            int(ix[3]) if sized else int(self._batches[k].nbytes)  # type: ignore[union-attr]
+            int(ix[3]) if sized else int(self._batch(k, range(len(self.schema))).nbytes)
             for k, ix in enumerate(index)
         )
 
-    def _load(self, k: int) -> pa.RecordBatch:
-        b = self._batches[k]
-        if b is None:
-            b = self._reader.get_batch(k).replace_schema_metadata(self.schema.metadata)
-            self._batches[k] = b
-            if self.compressed:
-                self.resident += int(b.nbytes)
-        return b
+    def _batch(self, k: int, fields: Sequence[int]) -> pa.RecordBatch:
+        """Batch ``k`` with ``fields`` (indices into the schema, in that order). Under ``_lock``
+        for compressed extents."""
+        if not self.compressed:
+            b = self._batches[k]
+            assert b is not None
+            return (
+                b
+                if len(fields) == len(self.schema) and list(fields) == sorted(fields)
+                else b.select(list(fields))
+            )
+        have = self._columns[k]
+        missing = tuple(sorted({i for i in fields if i not in have}))
+        if missing:
+            reader = self._readers.get(missing)
+            if reader is None:
+                opts = pa.ipc.IpcReadOptions(included_fields=list(missing))
+                reader = self._readers[missing] = pa.ipc.open_file(self._source, options=opts)
+            got = reader.get_batch(k)
+            for i, col in zip(missing, got.columns, strict=True):
+                have[i] = col
+                self.resident += int(col.nbytes)
+        return pa.RecordBatch.from_arrays(
+            [have[i] for i in fields],
+            schema=pa.schema([self.schema.field(i) for i in fields], metadata=self.schema.metadata),
+        )
 
     @property
     def batches(self) -> tuple[pa.RecordBatch, ...]:
+        everything = range(len(self.schema))
         with self._lock:
-            return tuple(self._load(k) for k in range(len(self._batches)))
+            return tuple(self._batch(k, everything) for k in range(len(self.index)))
 
     def select(
         self, bucket: tuple[int, int] | None = None, columns: Sequence[str] | None = None
     ) -> tuple[pa.Table, int]:
         if bucket is None:
-            keep = list(range(len(self._batches)))
+            keep = list(range(len(self.index)))
         else:
             pos, part = bucket
             keep = [k for k, ix in enumerate(self.index) if ix[pos] == part]
+        if columns is None:
+            fields: list[int] = list(range(len(self.schema)))
+        else:
+            fields = []
+            for c in columns:
+                i = self.schema.get_field_index(c)
+                if i < 0:
+                    raise KeyError(f"no column {c!r} in this extent")
+                fields.append(i)
+        out = pa.schema([self.schema.field(i) for i in fields], metadata=self.schema.metadata)
         with self._lock:
-            batches = [self._load(k) for k in keep]
+            batches = [self._batch(k, fields) for k in keep]
         read = sum(self.sizes[k] for k in keep)
-        t = pa.Table.from_batches(batches, schema=self.schema)
-        if columns is not None:
-            t = t.select(list(columns))
-        return t, read
+        return pa.Table.from_batches(batches, schema=out), read
 
 
 def open_extent(path: Path) -> OpenExtent:
-    """Open an extent file, memory-mapped: only the batches a query selects are touched (and,
-    compressed, decompressed)."""
-    reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
+    """Open an extent file, memory-mapped: only the batches (and, compressed, the columns of
+    them) a query selects are touched."""
+    source = pa.memory_map(str(path), "r")
+    reader = pa.ipc.open_file(source)
     codec = (reader.schema.metadata or {}).get(COMPRESSION_META, b"none")
-    return OpenExtent(reader, compressed=codec != b"none")
+    return OpenExtent(source, reader, compressed=codec != b"none")
 
 
 def read_extent(

@@ -122,3 +122,17 @@ def test_storage_report_compares_the_catalog_bytes_with_three_parquet_copies(tmp
     assert rep == {"bytes": 3 * size, "parquet3_bytes": 3 * size, "ratio": 1.0}
     with pytest.raises(ValueError, match="no such tables"):
         storage_report([], {"t": tmp_path / "t.parquet"})
+
+
+def test_a_compressed_extent_decompresses_only_the_columns_read(tmp_path):
+    data = _rows()
+    s = NodeStore("n0", tmp_path)
+    c = s.put_extent("t", "e", data, _buckets(N, 4))["checksum"]
+    assert s.read("t", "e", columns=["price", "k"], checksum=c).equals(data.select(["price", "k"]))
+    assert s.resident_bytes == data.column("k").nbytes + data.column("price").nbytes
+    s.read("t", "e", columns=["k"], checksum=c)  # already decompressed: nothing more held
+    assert s.resident_bytes == data.column("k").nbytes + data.column("price").nbytes
+    assert s.read("t", "e", checksum=c).equals(data)  # the rest on demand, the same rows
+    assert s.resident_bytes == data.nbytes
+    with pytest.raises(KeyError):
+        s.read("t", "e", columns=["nope"], checksum=c)
