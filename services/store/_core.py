@@ -102,6 +102,13 @@ def conform(table: pa.Table, schema: pa.Schema, specs: Sequence[PartitionSpec], 
     return pa.Table.from_arrays(cols, schema=schema)
 
 
+def data_bytes(written: dict[str, Any]) -> int:
+    """An extent's Arrow bytes (uncompressed, what reading it produces: the catalog's ``bytes``,
+    which the planner's estimates use), from a node's answer to a write or rebuild, whose
+    ``bytes`` is the file's size (``ExtentMeta.file_bytes``)."""
+    return sum(int(b[3]) for b in written["buckets"]) if written.get("buckets") else int(written["bytes"])
+
+
 def _concat(tables: list[pa.Table]) -> pa.Table:
     """Pieces of one stream (each conformed to the table's schema) as one table, zero-copy."""
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
@@ -158,7 +165,7 @@ class StoreCore:
             for e in self.catalog.table(name).extents():
                 h = held.setdefault(e.node, [0, 0])
                 h[0] += 1
-                h[1] += e.bytes
+                h[1] += e.stored_bytes
         out = []
         for name, v in sorted(self.kv.get_prefix_json(NODES_SEEN)):
             n = name[len(NODES_SEEN) :]
@@ -245,7 +252,7 @@ class StoreCore:
         if not supers:
             return AppendResult(0, [], 0)
         self.catalog.commit_super_extents(name, supers)
-        nbytes = sum(e.bytes for s in supers for e in s.extents)
+        nbytes = sum(e.stored_bytes for s in supers for e in s.extents)
         log.info(
             "append %s: %d rows, %d extent bytes in %.2fs",
             name,
@@ -294,9 +301,10 @@ class StoreCore:
                             p,
                             node.name,
                             ext_rows.num_rows,
-                            res["bytes"],
+                            data_bytes(res),
                             res["checksum"],
                             res["buckets"],
+                            file_bytes=res["bytes"],
                         )
                     )
                 except Exception as exc:  # noqa: BLE001 - any failure excludes the node and retries
@@ -519,9 +527,10 @@ class StoreCore:
                 task.lost.partition,
                 task.target,
                 res["rows"],
-                res["bytes"],
+                data_bytes(res),
                 res["checksum"],
                 res["buckets"],
+                file_bytes=res["bytes"],
             )
             if self.catalog.replace_extent(task.table, task.super_extent, task.lost.id, meta):
                 progress["rebuilt"] += 1
@@ -598,7 +607,7 @@ class StoreCore:
                         log.warning(
                             "scrub: extent %s/%s on %s is corrupt: %s", t.name, e.id, e.node, res.get("error")
                         )
-                    done += e.bytes
+                    done += e.stored_bytes
                     if rate_bytes > 0:
                         ahead = done / rate_bytes - (time.perf_counter() - t0)
                         if ahead > 0:

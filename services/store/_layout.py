@@ -71,6 +71,13 @@ class ExtentMeta:
     # partitions of others(replica)[0] and [1].
     buckets: list[list[int]] = field(default_factory=list)
     state: str = "ok"  # ok | corrupt
+    # the file's size on its node (compressed); 0 in records written before compression, whose
+    # files were the uncompressed ``bytes``. ``bytes`` is the Arrow data's size, what a read yields.
+    file_bytes: int = 0
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.file_bytes or self.bytes
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -142,7 +142,7 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
             arrow_schema=t.schema.serialize().to_pybytes(),
             replicas=[spec_to_pb(s) for s in t.specs],
             rows=t.rows,
-            bytes=t.bytes,
+            bytes=t.stored_bytes,  # on the nodes' disks; the planner's t.bytes is the Arrow data's size
             super_extents=len(t.super_extents),
             extents=len(exts),
             unavailable_extents=sum(1 for e in exts if e.node not in live or e.state != "ok"),

@@ -74,7 +74,7 @@ def test_scheduled_scrub_finds_it_and_triggers_recovery(store):
     core, tr = store
     _sum(core)
     e = _rot(tr, core)
-    total = sum(x.bytes for x in core.table("t").extents())
+    total = core.table("t").stored_bytes
     rate = total / 0.5  # the whole store in no less than ~0.5 s
     loop = RecoveryLoop(
         core,
@@ -106,7 +106,7 @@ def test_scrub_throttle_paces_reads_to_the_rate(store, monkeypatch):
     core, _ = store
     slept = []
     monkeypatch.setattr(_core.time, "sleep", lambda s: slept.append(s))
-    total = sum(x.bytes for x in core.table("t").extents())
+    total = core.table("t").stored_bytes
     assert core.scrub(rate_bytes=total / 100.0) == []  # 100 s worth at that rate
     assert slept and max(slept) > 50  # the pace is kept by sleeping, not by reading faster
     assert core.scrub(rate_bytes=0) == []
