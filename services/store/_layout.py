@@ -265,6 +265,11 @@ class OpenExtent:
                 else b.select(list(fields))
             )
         have = self._columns[k]
+        if not fields:  # no column (count(*)): the batch's rows, nothing decompressed
+            ix = self.index[k]
+            rows = ix[2] if len(ix) > 2 else len(next(iter(have.values())))
+            empty = pa.RecordBatch.from_arrays([pa.nulls(rows)], names=["_"]).select([])
+            return empty.replace_schema_metadata(self.schema.metadata)
         missing = tuple(sorted({i for i in fields if i not in have}))
         if missing:
             reader = self._readers.get(missing)

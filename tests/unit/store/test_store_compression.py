@@ -139,3 +139,8 @@ def test_a_compressed_extent_decompresses_only_the_columns_read(tmp_path):
     assert s.resident_bytes == data.nbytes
     with pytest.raises(KeyError):
         s.read("t", "e", columns=["nope"], checksum=c)
+    # no column (count(*)) still has every row, of the whole extent and of a bucket
+    fresh = NodeStore("n1", tmp_path)
+    assert fresh.read("t", "e", columns=[], checksum=c).num_rows == N
+    assert fresh.read("t", "e", bucket=[0, 1], columns=[], checksum=c).num_rows == N // 4
+    assert fresh.resident_bytes == 0
