@@ -12,8 +12,6 @@ import os
 import sys
 from pathlib import Path
 
-from microco.common.errors import MicrocoError
-
 from ._flags import add_global_flags, share_flags
 from ._platform import etcd_for as etcd_for  # the command modules call it as `from . import etcd_for`
 from ._platform import register as register_platform
@@ -87,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    # after parsing: `microco --help` and bad flags never load gRPC (microco.common does)
+    from microco.common.errors import MicrocoError
+
     _credentials_from_home(args)
     try:
         return int(args.func(args) or 0)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from microco.common.errors import FailedPrecondition, InvalidArgument
+from ._lazy import PolicyFlag
 
 if TYPE_CHECKING:
     from microco.services.stack import Stack, StackOptions
@@ -67,9 +67,8 @@ def register(sub: Any) -> None:
         "--policy",
         default="gandiva",
         metavar="NAME",
-        help="the schedulers' policy, by the names `microco sim --policy` takes: "
-        + ", ".join(_policy_names())
-        + " (default gandiva)",
+        action=PolicyFlag,
+        help="the schedulers' policy, by the names `microco sim --policy` takes: {policies} (default gandiva)",
     )
     p.add_argument(
         "--policy-config",
@@ -115,12 +114,6 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-def _policy_names() -> list[str]:
-    from microco.services.scheduler.policy import available_policies
-
-    return available_policies()
-
-
 def add_etcd_arguments(p: argparse.ArgumentParser) -> None:
     """``--etcd`` and ``--home``: how every command that talks to the platform finds its etcd
     (:func:`etcd_for`)."""
@@ -139,6 +132,8 @@ def _say(msg: str) -> None:
 
 
 def _console_port(flag: int | None) -> int:
+    from microco.common.errors import InvalidArgument
+
     if flag is not None:
         return flag
     text = os.environ.get("MICROCO_CONSOLE_PORT", "").strip()
@@ -151,6 +146,7 @@ def _console_port(flag: int | None) -> int:
 
 def stack_options(args: argparse.Namespace) -> StackOptions:
     """``microco up``'s flags as the stack's options, every one checked before anything starts."""
+    from microco.common.errors import InvalidArgument
     from microco.services.stack import StackOptions, resolve_policy
 
     if args.devices < 1:
@@ -240,6 +236,7 @@ def _up_detached(args: argparse.Namespace, home: Path, timeout: float, policy: s
     supervisor in a session of its own, so crashed services are restarted after this command
     returns; wait until it reports the stack healthy, print where each service listens, return.
     ``microco down`` asks that supervisor to stop everything."""
+    from microco.common.errors import FailedPrecondition
     from microco.services.runtime.launch import start_service
     from microco.services.stack import any_alive, read_state
 
@@ -469,6 +466,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from microco.common.errors import FailedPrecondition
+
     try:
         module = importlib.import_module(f"microco.benchmarks.{args.system}")
     except ModuleNotFoundError as exc:

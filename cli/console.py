@@ -7,8 +7,6 @@ import os
 import sys
 from typing import Any
 
-from microco.common.errors import FailedPrecondition
-
 from ._platform import add_etcd_arguments
 
 
@@ -44,6 +42,7 @@ def register(sub: Any) -> None:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
+    from microco.common.errors import FailedPrecondition
     from microco.services.console import DEFAULT_DEV_TOKEN, TOKEN_ENV
 
     token = os.environ.get(TOKEN_ENV, "").strip()
@@ -58,6 +57,7 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_open(args: argparse.Namespace) -> int:
+    from microco.common.errors import FailedPrecondition
     from microco.common.kv import EtcdKV
     from microco.common.registry import discover
 

@@ -9,8 +9,6 @@ import sys
 import time
 from typing import Any
 
-from microco.common.identity import insecure
-
 from ._platform import add_etcd_arguments
 
 _STATES = ("queued", "running", "suspended", "packed", "migrating", "finished", "failed", "cancelled")
@@ -148,6 +146,7 @@ _HEADER = f"{'ID':<28} {'STATE':<10} {'DEVICES':<16} {'STEP':>10} {'MB_MS':>8}  
 def cmd_submit(args: argparse.Namespace) -> int:
     from microco.clients.scheduler import job_to_dict, make_spec
     from microco.common.errors import InvalidArgument
+    from microco.common.identity import insecure
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":

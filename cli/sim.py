@@ -382,10 +382,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from microco.services.scheduler.policy import available_policies
+    from ._lazy import PolicyFlag
 
     p.add_argument(
-        "--policy", default="gandiva", choices=available_policies(), help="policy plugin (default gandiva)"
+        "--policy",
+        default="gandiva",
+        metavar="NAME",
+        action=PolicyFlag,
+        help="policy plugin: {policies} (default gandiva)",
     )
     p.add_argument(
         "--hp-search", action="store_true", help="run the hyper-parameter search scenario instead of a trace"

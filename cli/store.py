@@ -8,8 +8,6 @@ import sys
 import time
 from typing import Any
 
-from microco.common.errors import InvalidArgument
-
 from ._platform import add_etcd_arguments
 
 HELP = """Instalytics store: each table is kept as three replicas, each partitioned on a different
@@ -95,6 +93,12 @@ def register(sub: Any) -> None:
 
     r = s.add_parser("recovery", help="recovery progress (and --start to run a pass now)")
     r.add_argument("--start", action="store_true")
+    r.add_argument(
+        "--relax-fault-domains",
+        action="store_true",
+        help="with --start (administrators): rebuild extents stuck for want of a node in an unused fault "
+        "domain on nodes that hold no copy of their rows, sharing a domain with one (docs/store.md)",
+    )
     r.add_argument("--watch", action="store_true", help="follow until nothing is left to rebuild")
     r.add_argument("--json", action="store_true", help="print the coordinator's progress record as JSON")
     r.set_defaults(func=cmd_recovery)
@@ -129,6 +133,8 @@ def _value(text: str) -> Any:
 
 
 def parse_where(text: str) -> list[Any]:
+    from microco.common.errors import InvalidArgument
+
     parts = text.split(None, 2)
     if len(parts) != 3:
         raise InvalidArgument(f'bad --where {text!r}: expected "COLUMN OP VALUE"')
@@ -139,6 +145,8 @@ def parse_where(text: str) -> list[Any]:
 
 
 def build_query(args: argparse.Namespace) -> dict[str, Any]:
+    from microco.common.errors import InvalidArgument
+
     if args.query_json:
         return json.loads(args.query_json)
     q: dict[str, Any] = {"table": args.table, "where": [parse_where(w) for w in args.where]}
@@ -172,6 +180,8 @@ def build_query(args: argparse.Namespace) -> dict[str, Any]:
 def _parse_schema(text: str) -> Any:
     import pyarrow as pa
 
+    from microco.common.errors import InvalidArgument
+
     types = {
         "int64": pa.int64(),
         "int32": pa.int32(),
@@ -192,6 +202,8 @@ def _parse_schema(text: str) -> Any:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
+    from microco.common.errors import InvalidArgument
+
     if len(args.replica) != 3:
         raise InvalidArgument(f"give --replica exactly three times (got {len(args.replica)})")
     if args.source:
@@ -338,7 +350,11 @@ def cmd_tables(args: argparse.Namespace) -> int:
 
 def cmd_recovery(args: argparse.Namespace) -> int:
     with _client(args) as c:
-        rec = c.start_recovery() if args.start else c.recovery()
+        if args.relax_fault_domains and not args.start:
+            from microco.common.errors import InvalidArgument
+
+            raise InvalidArgument("--relax-fault-domains goes with --start")
+        rec = c.start_recovery(relax_fault_domains=args.relax_fault_domains) if args.start else c.recovery()
         if args.watch:
             from tqdm import tqdm
 
@@ -371,6 +387,10 @@ def cmd_recovery(args: argparse.Namespace) -> int:
     )
     for item in rec.get("stuck") or []:
         print(f"stuck: {item}")
+    for item in rec.get("advice") or []:
+        print(f"to do: {item}")
+    if rec.get("targets"):
+        print("rebuilt on: " + ", ".join(f"{n} ({k})" for n, k in sorted(rec["targets"].items())))
     for item in rec.get("errors") or []:
         print(f"error: {item}")
     return 0

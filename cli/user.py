@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from microco.common.errors import FailedPrecondition
-
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
@@ -55,6 +53,7 @@ def register(sub: Any) -> None:
 
 def cmd_user_add(args: argparse.Namespace) -> int:
     from microco.common import stack_home
+    from microco.common.errors import FailedPrecondition
     from microco.common.identity import CertificateAuthority, split_name
     from microco.services.stack import stack_ca_dir as ca_dir
 

@@ -12,7 +12,7 @@ builder for queries::
     print(orders.group_by("o_custkey").agg(n=("count", "*")).explain())
 """
 
-from ._client import Frame, StoreClient, iter_file, load_file, parse_partitioning
+from ._client import RELAX_METADATA, Frame, StoreClient, iter_file, load_file, parse_partitioning
 from ._flight import OPTIONS as FLIGHT_OPTIONS
 from ._flight import FlightClients, from_flight_error
 from ._flight_tls import (
@@ -25,9 +25,11 @@ from ._flight_tls import (
     server_options,
 )
 from ._flight_tls import scheme as flight_scheme
+from ._storage import storage_report
 
 __all__ = [
     "FLIGHT_OPTIONS",
+    "RELAX_METADATA",
     "FlightClients",
     "Frame",
     "StoreClient",
@@ -43,4 +45,5 @@ __all__ = [
     "require_flight_service",
     "secure_location",
     "server_options",
+    "storage_report",
 ]

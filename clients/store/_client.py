@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import functools
 import io
+import itertools
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,10 @@ from microco.common import ServiceClient
 from microco.common.errors import InvalidArgument, from_rpc_error
 
 CHUNK = 4 << 20
+
+
+# StartRecovery's call metadata for `relax_fault_domains` (the request message has no field for it)
+RELAX_METADATA = "microco-relax-fault-domains"
 
 
 def parse_partitioning(text: str, default_partitions: int = 8) -> pb.Partitioning:
@@ -101,6 +107,30 @@ def iter_file(
         )
         return reader.schema, iter(reader)
     raise InvalidArgument(f"{p}: only Parquet (.parquet) and CSV (.csv, .tsv, .tbl) files can be loaded")
+
+
+def record_batches(
+    data: pa.Table | pa.RecordBatch | str | Path | pa.RecordBatchReader | Iterable[pa.RecordBatch],
+) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """What ``StoreClient.append`` takes, as a schema and a lazy stream of record batches (an
+    iterable's schema is its first batch's; every batch must have it)."""
+    if isinstance(data, (str, Path)):
+        return iter_file(data)
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if isinstance(data, pa.Table):
+        return data.schema, iter(data.to_batches())
+    if isinstance(data, pa.RecordBatchReader):
+        return data.schema, iter(data)
+    it = iter(data)
+    first = next(it, None)
+    if first is None:
+        raise InvalidArgument("nothing to append: the stream of record batches is empty")
+    if isinstance(first, pa.Table):
+        raise InvalidArgument("a stream to append yields record batches (Table.to_batches()), not tables")
+    if not isinstance(first, pa.RecordBatch):
+        raise InvalidArgument(f"a stream to append yields record batches, not {type(first).__name__}")
+    return first.schema, itertools.chain([first], it)
 
 
 def ipc_chunks(
@@ -190,16 +220,17 @@ class StoreClient(ServiceClient):
 
     # ---------------------------------------------------------------- data
     def append(
-        self, name: str, data: pa.Table | pa.RecordBatch | str | Path, *, timeout: float | None = None
+        self,
+        name: str,
+        data: pa.Table | pa.RecordBatch | str | Path | pa.RecordBatchReader | Iterable[pa.RecordBatch],
+        *,
+        timeout: float | None = None,
     ) -> dict:
-        """Append an Arrow table (or a Parquet/CSV file, streamed batch by batch from the disk to
-        the coordinator: the client holds one batch, not the file); all rows become visible at once."""
-        if isinstance(data, (str, Path)):
-            schema, batches = iter_file(data)
-        else:
-            if isinstance(data, pa.RecordBatch):
-                data = pa.Table.from_batches([data])
-            schema, batches = data.schema, iter(data.to_batches())
+        """Append rows; all become visible at once. ``data``: an Arrow table or batch; a Parquet or
+        CSV file; or a stream (a ``RecordBatchReader``, or any iterable of record batches, e.g. a
+        generator): files and streams are sent batch by batch as they are read, so the client
+        holds one batch, and the coordinator one super-extent, never the whole table."""
+        schema, batches = record_batches(data)
 
         def requests() -> Iterator[pb.AppendRequest]:
             for k, piece in enumerate(ipc_chunks(schema, batches)):
@@ -280,8 +311,16 @@ class StoreClient(ServiceClient):
         r = self._call(self._stub.GetRecovery, pb.GetRecoveryRequest(), timeout=timeout, idempotent=True)
         return {**json.loads(r.json or "{}"), "unavailable_extents": r.unavailable_extents}
 
-    def start_recovery(self, *, timeout: float | None = None) -> dict[str, Any]:
-        r = self._call(self._stub.StartRecovery, pb.StartRecoveryRequest(), timeout=timeout, idempotent=True)
+    def start_recovery(
+        self, *, relax_fault_domains: bool = False, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Run a recovery pass now. ``relax_fault_domains`` (administrators): extents that are
+        stuck because every live node outside the other copies' nodes shares a fault domain with
+        one of them are rebuilt there anyway (on a node holding no copy of their rows)."""
+        method = self._stub.StartRecovery
+        if relax_fault_domains:
+            method = functools.partial(method, metadata=((RELAX_METADATA, "1"),))
+        r = self._call(method, pb.StartRecoveryRequest(), timeout=timeout, idempotent=True)
         return {**json.loads(r.json or "{}"), "unavailable_extents": r.unavailable_extents}
 
     def scrub(self, *, timeout: float | None = None, report: bool = False) -> list[str] | dict[str, Any]:

@@ -80,6 +80,12 @@ class TableInfo:
     def extents(self) -> list[ExtentMeta]:
         return [e for s in self.super_extents for e in s.extents]
 
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of its extent files on the nodes (all three replicas, compressed); ``bytes`` is
+        the Arrow data's size, which the planner's estimates use."""
+        return sum(e.stored_bytes for e in self.extents())
+
 
 def validate_table(name: str, schema: pa.Schema, specs: list[PartitionSpec]) -> None:
     check_name(name, "table name")

@@ -8,7 +8,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -101,6 +102,18 @@ def conform(table: pa.Table, schema: pa.Schema, specs: Sequence[PartitionSpec], 
     return pa.Table.from_arrays(cols, schema=schema)
 
 
+def data_bytes(written: dict[str, Any]) -> int:
+    """An extent's Arrow bytes (uncompressed, what reading it produces: the catalog's ``bytes``,
+    which the planner's estimates use), from a node's answer to a write or rebuild, whose
+    ``bytes`` is the file's size (``ExtentMeta.file_bytes``)."""
+    return sum(int(b[3]) for b in written["buckets"]) if written.get("buckets") else int(written["bytes"])
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    """Pieces of one stream (each conformed to the table's schema) as one table, zero-copy."""
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+
 def colocated_homes(specs: Sequence[PartitionSpec]) -> list[str | None]:
     """Which replicas are placed co-located (see ``place_super_extent``): the first replica of
     each partition function, so that every table's replica partitioned by, say, hash mod 8 of its
@@ -152,7 +165,7 @@ class StoreCore:
             for e in self.catalog.table(name).extents():
                 h = held.setdefault(e.node, [0, 0])
                 h[0] += 1
-                h[1] += e.bytes
+                h[1] += e.stored_bytes
         out = []
         for name, v in sorted(self.kv.get_prefix_json(NODES_SEEN)):
             n = name[len(NODES_SEEN) :]
@@ -193,31 +206,61 @@ class StoreCore:
     def append(self, name: str, data: pa.Table) -> AppendResult:
         """Append rows: every super-extent is written to all three replicas on disjoint node groups,
         then all are committed in one etcd transaction. A node that fails mid-append is excluded
-        and the super-extent re-placed; nothing is visible until the commit."""
-        t0 = time.perf_counter()
+        and the super-extent re-placed; nothing is visible until the commit. The whole table is
+        checked against the schema before anything is written."""
         info = self.catalog.table(name)
         data = conform(data, info.schema, info.specs, name)
-        if data.num_rows == 0:
+        if data.num_rows:
+            # compute partitions (and so validate range bounds against the data) before any write
+            assign_partitions(data.slice(0, 1), info.specs)
+        return self.append_batches(name, [data])
+
+    def append_batches(self, name: str, batches: Iterable[pa.RecordBatch | pa.Table]) -> AppendResult:
+        """Append a stream of rows, holding at most one super-extent of them: each super-extent is
+        written to the nodes as soon as its rows have arrived, and all are committed in one etcd
+        transaction at the end (the commit point: nothing is visible before, all rows after). If
+        the stream fails or a piece does not fit the schema, nothing is committed; the super-extents
+        already written are orphans, deleted by garbage collection (``collect_garbage``)."""
+        t0 = time.perf_counter()
+        info = self.catalog.table(name)
+        supers: list[SuperExtent] = []
+        pending: list[pa.Table] = []
+        held = 0
+        total = 0
+
+        def flush(rows: pa.Table) -> None:
+            sid = self.catalog.reserve_super_extents(name, 1)
+            supers.append(self._write_super_extent(info, sid, rows))
+
+        for piece in batches:
+            t = pa.Table.from_batches([piece]) if isinstance(piece, pa.RecordBatch) else piece
+            if not t.num_rows:
+                continue
+            t = conform(t, info.schema, info.specs, name)  # each piece checked as it arrives
+            if not supers and not pending:
+                assign_partitions(t.slice(0, 1), info.specs)
+            pending.append(t)
+            held += t.num_rows
+            total += t.num_rows
+            while held >= self.super_extent_rows:
+                rows = _concat(pending)
+                flush(rows.slice(0, self.super_extent_rows))
+                rest = rows.slice(self.super_extent_rows)
+                pending, held = ([rest] if rest.num_rows else []), rest.num_rows
+        if held:
+            flush(_concat(pending))
+        if not supers:
             return AppendResult(0, [], 0)
-        # compute partitions (and so validate range bounds against the data) before any write
-        assign_partitions(data.slice(0, 1), info.specs)
-        chunks = [
-            data.slice(off, self.super_extent_rows) for off in range(0, data.num_rows, self.super_extent_rows)
-        ]
-        first = self.catalog.reserve_super_extents(name, len(chunks))
-        supers = []
-        for k, chunk in enumerate(chunks):
-            supers.append(self._write_super_extent(info, first + k, chunk))
         self.catalog.commit_super_extents(name, supers)
-        nbytes = sum(e.bytes for s in supers for e in s.extents)
+        nbytes = sum(e.stored_bytes for s in supers for e in s.extents)
         log.info(
             "append %s: %d rows, %d extent bytes in %.2fs",
             name,
-            data.num_rows,
+            total,
             nbytes,
             time.perf_counter() - t0,
         )
-        return AppendResult(data.num_rows, [s.id for s in supers], nbytes)
+        return AppendResult(total, [s.id for s in supers], nbytes)
 
     def _write_super_extent(self, info: TableInfo, sid: int, rows: pa.Table) -> SuperExtent:
         t0 = time.perf_counter()
@@ -258,9 +301,10 @@ class StoreCore:
                             p,
                             node.name,
                             ext_rows.num_rows,
-                            res["bytes"],
+                            data_bytes(res),
                             res["checksum"],
                             res["buckets"],
+                            file_bytes=res["bytes"],
                         )
                     )
                 except Exception as exc:  # noqa: BLE001 - any failure excludes the node and retries
@@ -412,13 +456,19 @@ class StoreCore:
         return finish(plan.final, outs)
 
     # ------------------------------------------------------------------ recovery
-    def recover(self, max_tasks: int | None = None, rate_bytes: float | None = None) -> dict[str, Any]:
+    def recover(
+        self, max_tasks: int | None = None, rate_bytes: float | None = None, relax_domains: bool = False
+    ) -> dict[str, Any]:
         """Rebuild lost extents onto live nodes, one at a time, throttled to ``rate_bytes``/s of
-        reads so queries keep running; progress is kept in etcd. Returns the summary."""
+        reads so queries keep running; progress is kept in etcd. Returns the summary. With
+        ``relax_domains`` (an operator's choice, see ``plan_recovery``) extents no unused fault
+        domain can take are rebuilt on a node holding no copy of their rows."""
         if not self._recovery_lock.acquire(blocking=False):
             return self.catalog.recovery()
         try:
-            return self._recover(max_tasks, self.recovery_rate_bytes if rate_bytes is None else rate_bytes)
+            return self._recover(
+                max_tasks, self.recovery_rate_bytes if rate_bytes is None else rate_bytes, relax_domains
+            )
         finally:
             self._recovery_lock.release()
 
@@ -426,10 +476,10 @@ class StoreCore:
         live = {n.name for n in self.transport.live_nodes()}
         return sum(1 for t in self.tables() for e in t.extents() if e.node not in live or e.state != "ok")
 
-    def _recover(self, max_tasks: int | None, rate: float) -> dict[str, Any]:
+    def _recover(self, max_tasks: int | None, rate: float, relax_domains: bool = False) -> dict[str, Any]:
         live = self.live_nodes()
         tables = self.tables()
-        plan = plan_recovery(tables, live, self.domains())
+        plan = plan_recovery(tables, live, self.domains(), relax_domains=relax_domains)
         by_name = {n.name: n for n in live}
         tinfo = {t.name: t for t in tables}
         tasks = plan.tasks[:max_tasks] if max_tasks else plan.tasks
@@ -445,6 +495,9 @@ class StoreCore:
             "started": time.time(),
             "seconds": 0.0,
             "stuck": plan.stuck,
+            "advice": plan.advice,
+            "targets": dict(Counter(t.target for t in tasks)),
+            "relaxed": [f"{t.table}/{t.lost.id}" for t in tasks if t.relaxed],
             "errors": [],
         }
         self.catalog.put_recovery(progress)
@@ -474,9 +527,10 @@ class StoreCore:
                 task.lost.partition,
                 task.target,
                 res["rows"],
-                res["bytes"],
+                data_bytes(res),
                 res["checksum"],
                 res["buckets"],
+                file_bytes=res["bytes"],
             )
             if self.catalog.replace_extent(task.table, task.super_extent, task.lost.id, meta):
                 progress["rebuilt"] += 1
@@ -553,7 +607,7 @@ class StoreCore:
                         log.warning(
                             "scrub: extent %s/%s on %s is corrupt: %s", t.name, e.id, e.node, res.get("error")
                         )
-                    done += e.bytes
+                    done += e.stored_bytes
                     if rate_bytes > 0:
                         ahead = done / rate_bytes - (time.perf_counter() - t0)
                         if ahead > 0:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,6 +31,22 @@ from ._partition import PartitionSpec, partition_ids
 from ._placement import REPLICAS
 
 BUCKETS_META = b"microco.buckets"
+# The codec of an extent's record batches (absent: uncompressed, as extents written before
+# compression were). Arrow IPC compresses each buffer of each batch with it.
+COMPRESSION_META = b"microco.compression"
+CODECS = ("zstd", "lz4", "none")
+DEFAULT_COMPRESSION = "zstd"
+ZSTD_LEVEL = 1  # measured: level 3 is 0.5% smaller on TPC-H lineitem and writes ~2x slower
+
+
+def write_options(compression: str | None) -> pa.ipc.IpcWriteOptions:
+    """IPC write options for ``compression`` (``zstd``, ``lz4``, ``none``/None)."""
+    if compression in (None, "", "none"):
+        return pa.ipc.IpcWriteOptions()
+    if compression not in CODECS:
+        raise ValueError(f"unknown extent compression {compression!r}: one of {', '.join(CODECS)}")
+    codec = pa.Codec("zstd", ZSTD_LEVEL) if compression == "zstd" else pa.Codec("lz4_frame")
+    return pa.ipc.IpcWriteOptions(compression=codec)
 
 
 def others(replica: int) -> tuple[int, int]:
@@ -54,6 +71,13 @@ class ExtentMeta:
     # partitions of others(replica)[0] and [1].
     buckets: list[list[int]] = field(default_factory=list)
     state: str = "ok"  # ok | corrupt
+    # the file's size on its node (compressed); 0 in records written before compression, whose
+    # files were the uncompressed ``bytes``. ``bytes`` is the Arrow data's size, what a read yields.
+    file_bytes: int = 0
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.file_bytes or self.bytes
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,10 +162,13 @@ def extent_path(data_dir: str | Path, table: str, extent_id: str) -> Path:
     return Path(data_dir) / "tables" / table / f"{extent_id}.arrow"
 
 
-def write_extent(path: Path, rows: pa.Table, buckets: list[list[int]]) -> tuple[int, str, list[list[int]]]:
-    """Write an extent file (one record batch per sub-bucket), fsync it, and return
-    ``(file bytes, checksum, buckets with their byte sizes)``. Written to a temporary name and
-    renamed, so a crash never leaves a half-written file under the extent's name."""
+def write_extent(
+    path: Path, rows: pa.Table, buckets: list[list[int]], compression: str | None = DEFAULT_COMPRESSION
+) -> tuple[int, str, list[list[int]]]:
+    """Write an extent file (one record batch per sub-bucket, each compressed with
+    ``compression``), fsync it, and return ``(file bytes, checksum, buckets with their
+    uncompressed byte sizes)``. Written to a temporary name and renamed, so a crash never leaves
+    a half-written file under the extent's name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     batches = rows.to_batches()
     if len(batches) != len(buckets):
@@ -153,13 +180,15 @@ def write_extent(path: Path, rows: pa.Table, buckets: list[list[int]]) -> tuple[
             off += b[2]
         batches = [x for x in batches if x is not None]
     sized = [[b[0], b[1], b[2], int(batch.nbytes)] for b, batch in zip(buckets, batches, strict=True)]
-    schema = rows.schema.with_metadata(
-        {**(rows.schema.metadata or {}), BUCKETS_META: json.dumps(sized).encode()}
-    )
+    meta = {**(rows.schema.metadata or {}), BUCKETS_META: json.dumps(sized).encode()}
+    options = write_options(compression)
+    if options.compression:
+        meta[COMPRESSION_META] = str(compression).encode()
+    schema = rows.schema.with_metadata(meta)
     # Serialise in memory and hash those bytes, then write them once: hashing the file after
     # writing it read every byte back (a second pass over the extent on every append).
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, schema) as writer:
+    with pa.ipc.new_file(sink, schema, options=options) as writer:
         for batch in batches:
             writer.write_batch(batch)
     buf = sink.getvalue()
@@ -182,53 +211,117 @@ def file_checksum(path: Path) -> str:
 
 
 def _strip(schema: pa.Schema) -> pa.Schema:
-    meta = {k: v for k, v in (schema.metadata or {}).items() if k != BUCKETS_META}
+    meta = {k: v for k, v in (schema.metadata or {}).items() if k not in (BUCKETS_META, COMPRESSION_META)}
     return schema.with_metadata(meta) if meta else schema.remove_metadata()
 
 
-@dataclass(frozen=True)
 class OpenExtent:
-    """An extent file opened once (memory-mapped): its batches and sub-bucket index. Extent files
-    are immutable (written to a temporary name, renamed), so an open extent stays valid for as
-    long as the file version it was read from (path, mtime, size) is the one on disk."""
+    """An extent file opened once (memory-mapped): its sub-bucket index and its batches. Extent
+    files are immutable (written to a temporary name, renamed), so an open extent stays valid for
+    as long as the file version it was read from (path, mtime, size) is the one on disk.
 
-    schema: pa.Schema  # without the bucket index metadata
-    batches: tuple[pa.RecordBatch, ...]
-    index: tuple[tuple[int, ...], ...]  # per batch: [i, j, rows, bytes]
-    sizes: tuple[int, ...]  # per batch: bytes (RecordBatch.nbytes costs per call; counted once)
+    An uncompressed extent's batches are views of the map (no process memory). A compressed
+    extent decompresses a column of a batch the first time a read selects both, and keeps it:
+    ``resident`` counts those bytes, which the node's cache of open extents bounds
+    (``NodeStore``). So a query decompresses only the columns it reads, and a recovery read of
+    one bucket only that bucket's batches."""
+
+    def __init__(
+        self, source: pa.MemoryMappedFile, reader: pa.ipc.RecordBatchFileReader, compressed: bool
+    ) -> None:
+        schema = reader.schema
+        index = json.loads((schema.metadata or {}).get(BUCKETS_META, b"[]"))
+        n = reader.num_record_batches
+        self.schema = _strip(schema)  # without the bucket index metadata
+        self.compressed = compressed
+        self._source = source
+        self._readers: dict[tuple[int, ...], pa.ipc.RecordBatchFileReader] = {(): reader}
+        self._lock = threading.Lock()
+        self._batches: list[pa.RecordBatch | None] = [None] * n  # uncompressed: views of the map
+        self._columns: list[dict[int, pa.Array]] = [{} for _ in range(n)]  # compressed: decoded ones
+        self.resident = 0  # bytes of decompressed columns held
+        sized = len(index) == n and all(len(ix) >= 4 for ix in index)
+        if not compressed:
+            for k in range(n):
+                self._batches[k] = reader.get_batch(k).replace_schema_metadata(self.schema.metadata)
+        if len(index) != n:  # an extent without a bucket index: no bucket selects anything
+            index = [[-1, -1] for _ in range(n)]
+        self.index: tuple[tuple[int, ...], ...] = tuple(tuple(ix) for ix in index)
+        # per batch: bytes, uncompressed (RecordBatch.nbytes costs per call; counted once)
+        self.sizes: tuple[int, ...] = tuple(
+            int(ix[3]) if sized else int(self._batch(k, range(len(self.schema))).nbytes)
+            for k, ix in enumerate(index)
+        )
+
+    def _batch(self, k: int, fields: Sequence[int]) -> pa.RecordBatch:
+        """Batch ``k`` with ``fields`` (indices into the schema, in that order). Under ``_lock``
+        for compressed extents."""
+        if not self.compressed:
+            b = self._batches[k]
+            assert b is not None
+            return (
+                b
+                if len(fields) == len(self.schema) and list(fields) == sorted(fields)
+                else b.select(list(fields))
+            )
+        have = self._columns[k]
+        if not fields:  # no column (count(*)): the batch's rows, nothing decompressed
+            ix = self.index[k]
+            rows = ix[2] if len(ix) > 2 else len(next(iter(have.values())))
+            empty = pa.RecordBatch.from_arrays([pa.nulls(rows)], names=["_"]).select([])
+            return empty.replace_schema_metadata(self.schema.metadata)
+        missing = tuple(sorted({i for i in fields if i not in have}))
+        if missing:
+            reader = self._readers.get(missing)
+            if reader is None:
+                opts = pa.ipc.IpcReadOptions(included_fields=list(missing))
+                reader = self._readers[missing] = pa.ipc.open_file(self._source, options=opts)
+            got = reader.get_batch(k)
+            for i, col in zip(missing, got.columns, strict=True):
+                have[i] = col
+                self.resident += int(col.nbytes)
+        return pa.RecordBatch.from_arrays(
+            [have[i] for i in fields],
+            schema=pa.schema([self.schema.field(i) for i in fields], metadata=self.schema.metadata),
+        )
+
+    @property
+    def batches(self) -> tuple[pa.RecordBatch, ...]:
+        everything = range(len(self.schema))
+        with self._lock:
+            return tuple(self._batch(k, everything) for k in range(len(self.index)))
 
     def select(
         self, bucket: tuple[int, int] | None = None, columns: Sequence[str] | None = None
     ) -> tuple[pa.Table, int]:
         if bucket is None:
-            batches: Sequence[pa.RecordBatch] = self.batches
-            read = sum(self.sizes)
+            keep = list(range(len(self.index)))
         else:
             pos, part = bucket
             keep = [k for k, ix in enumerate(self.index) if ix[pos] == part]
-            batches = [self.batches[k] for k in keep]
-            read = sum(self.sizes[k] for k in keep)
-        t = pa.Table.from_batches(batches, schema=self.schema)
-        if columns is not None:
-            t = t.select(list(columns))
-        return t, read
+        if columns is None:
+            fields: list[int] = list(range(len(self.schema)))
+        else:
+            fields = []
+            for c in columns:
+                i = self.schema.get_field_index(c)
+                if i < 0:
+                    raise KeyError(f"no column {c!r} in this extent")
+                fields.append(i)
+        out = pa.schema([self.schema.field(i) for i in fields], metadata=self.schema.metadata)
+        with self._lock:
+            batches = [self._batch(k, fields) for k in keep]
+        read = sum(self.sizes[k] for k in keep)
+        return pa.Table.from_batches(batches, schema=out), read
 
 
 def open_extent(path: Path) -> OpenExtent:
-    """Open an extent file, memory-mapped: only the batches a query selects are touched."""
-    reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
-    schema = reader.schema
-    index = json.loads((schema.metadata or {}).get(BUCKETS_META, b"[]"))
-    batches = tuple(reader.get_batch(k) for k in range(reader.num_record_batches))
-    if len(index) != len(batches):  # an extent without a bucket index: no bucket selects anything
-        index = [[-1, -1] for _ in batches]
-    clean = _strip(schema)
-    return OpenExtent(
-        clean,
-        tuple(b.replace_schema_metadata(clean.metadata) for b in batches),
-        tuple(tuple(ix) for ix in index),
-        tuple(int(b.nbytes) for b in batches),
-    )
+    """Open an extent file, memory-mapped: only the batches (and, compressed, the columns of
+    them) a query selects are touched."""
+    source = pa.memory_map(str(path), "r")
+    reader = pa.ipc.open_file(source)
+    codec = (reader.schema.metadata or {}).get(COMPRESSION_META, b"none")
+    return OpenExtent(source, reader, compressed=codec != b"none")
 
 
 def read_extent(

@@ -23,13 +23,23 @@ import pyarrow as pa
 from microco.common.errors import InvalidArgument, MicrocoError, NotFound
 
 from . import _exec
-from ._layout import OpenExtent, bucketed_extents, file_checksum, open_extent, write_extent
+from ._layout import (
+    DEFAULT_COMPRESSION,
+    OpenExtent,
+    bucketed_extents,
+    file_checksum,
+    open_extent,
+    write_extent,
+    write_options,
+)
 from ._limits import safe_path
 from ._partition import PartitionSpec
 
 log = logging.getLogger(__name__)
 
 OPEN_EXTENTS = 256  # extents a node keeps open (memory-mapped) between queries
+# bytes of decompressed batches those open extents may hold together (--extent-cache-mb)
+CACHE_BYTES = 1 << 30
 
 # fetch(address, request) -> table: read a peer's extent bucket or shuffle bucket.
 PeerFetch = Callable[[str, dict[str, Any]], pa.Table]
@@ -43,17 +53,33 @@ class CorruptExtent(MicrocoError):
 
 
 class NodeStore:
-    def __init__(self, name: str, data_dir: str | Path, fetch: PeerFetch | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        data_dir: str | Path,
+        fetch: PeerFetch | None = None,
+        compression: str | None = DEFAULT_COMPRESSION,
+        cache_bytes: int = CACHE_BYTES,
+        open_extents: int = OPEN_EXTENTS,
+    ) -> None:
         self.name = name
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(OSError):  # a mount not ours: its owner decides
             os.chmod(self.data_dir, 0o700)  # extents are readable through the store's checks only
         self.fetch = fetch
+        write_options(compression)  # an unknown codec fails here, not at the first write
+        self.compression = compression
         self._verified: dict[str, tuple[int, int, str]] = {}
         # open extents by path, each with the file version (mtime, size) it was opened from:
-        # a hot extent is not re-opened (footer, index) per query; LRU, a bounded number of maps
+        # a hot extent is not re-opened (footer, index) nor decompressed again per query. LRU,
+        # bounded twice: at most `open_extents` maps, and at most `cache_bytes` of decompressed
+        # batches (compressed extents) held together; `_charged` is what each one was counted.
         self._open: OrderedDict[str, tuple[int, int, OpenExtent]] = OrderedDict()
+        self._charged: dict[str, int] = {}
+        self.cache_bytes = cache_bytes
+        self.open_extents = open_extents
+        self.resident_bytes = 0
         self._shuffle: dict[tuple[str, str, int], pa.Table] = {}
         self._lock = threading.Lock()
         self.bytes_read = 0
@@ -68,7 +94,7 @@ class NodeStore:
         self, table: str, extent_id: str, rows: pa.Table, buckets: list[list[int]]
     ) -> dict[str, Any]:
         p = self.path(table, extent_id)
-        size, checksum, sized = write_extent(p, rows, buckets)
+        size, checksum, sized = write_extent(p, rows, buckets, self.compression)
         st = p.stat()
         with self._lock:
             self._verified[str(p)] = (st.st_mtime_ns, st.st_size, checksum)
@@ -107,9 +133,11 @@ class NodeStore:
         checksum: str | None = None,
     ) -> pa.Table:
         p = self.verify(table, extent_id, checksum)
-        t, n = self._opened(p).select(tuple(bucket) if bucket is not None else None, columns)  # type: ignore[arg-type]
+        ext = self._opened(p)
+        t, n = ext.select(tuple(bucket) if bucket is not None else None, columns)  # type: ignore[arg-type]
         with self._lock:
             self.bytes_read += n
+            self._charge(str(p), ext)
         return t
 
     def _opened(self, p: Path) -> OpenExtent:
@@ -122,16 +150,33 @@ class NodeStore:
                 return hit[2]
         ext = open_extent(p)
         with self._lock:
+            self._drop_open(key)
             self._open[key] = (st.st_mtime_ns, st.st_size, ext)
-            self._open.move_to_end(key)
-            while len(self._open) > OPEN_EXTENTS:
-                self._open.popitem(last=False)
+            self._charge(key, ext)
         return ext
+
+    def _charge(self, key: str, ext: OpenExtent) -> None:
+        """Count what ``ext`` holds now, and evict least recently used extents until the cache
+        is within its bounds (the one just read too, when it alone is over the byte bound: the
+        caller's table keeps its batches alive, the cache does not). Under ``_lock``."""
+        hit = self._open.get(key)
+        if hit is None or hit[2] is not ext:
+            return  # forgotten or replaced while it was read: not the cache's any more
+        self._open.move_to_end(key)
+        self.resident_bytes += ext.resident - self._charged.get(key, 0)
+        self._charged[key] = ext.resident
+        while self._open and (self.resident_bytes > self.cache_bytes or len(self._open) > self.open_extents):
+            self._drop_open(next(iter(self._open)))
+
+    def _drop_open(self, key: str) -> None:
+        """Under ``_lock``."""
+        self._open.pop(key, None)
+        self.resident_bytes -= self._charged.pop(key, 0)
 
     def _forget(self, p: Path) -> None:
         with self._lock:
             self._verified.pop(str(p), None)
-            self._open.pop(str(p), None)
+            self._drop_open(str(p))
 
     def delete(self, table: str, extent_id: str) -> bool:
         p = self.path(table, extent_id)
@@ -191,7 +236,7 @@ class NodeStore:
         root = safe_path(self.data_dir, "tables", table)
         with self._lock:
             for k in [k for k in self._open if Path(k).parent == root]:
-                del self._open[k]
+                self._drop_open(k)
         shutil.rmtree(root, ignore_errors=True)
 
     def stats(self) -> dict[str, Any]:
@@ -203,7 +248,13 @@ class NodeStore:
                     if f.endswith(".arrow"):
                         n += 1
                         size += os.path.getsize(os.path.join(dirpath, f))
-        return {"extents": n, "bytes": size, "bytes_read": self.bytes_read}
+        return {
+            "extents": n,
+            "bytes": size,
+            "bytes_read": self.bytes_read,
+            "open_extents": len(self._open),
+            "cache_bytes": self.resident_bytes,
+        }
 
     # ------------------------------------------------------------------ query tasks
     def run(self, task: dict[str, Any]) -> pa.Table:

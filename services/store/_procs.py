@@ -56,7 +56,11 @@ class StoreCluster:
         self.procs["coordinator"] = self._spawn(
             "coordinator", self._common("coordinator") + self.coordinator_args
         )
-        self.wait_ready(timeout)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()  # a cluster that never became ready leaves no processes behind
+            raise
         return self
 
     def wait_ready(self, timeout: float = 60.0) -> None:

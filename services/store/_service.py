@@ -18,8 +18,8 @@ from prometheus_client import Counter, Gauge
 
 from microco.api.store.v1 import store_pb2 as pb
 from microco.api.store.v1 import store_pb2_grpc as pb_grpc
-from microco.clients.store import grant_ticket, secure_location
-from microco.common.errors import InvalidArgument
+from microco.clients.store import RELAX_METADATA, grant_ticket, secure_location
+from microco.common.errors import InvalidArgument, PermissionDenied
 from microco.common.identity import service_identity
 from microco.services.runtime.auth import caller
 from microco.services.runtime.server import ServiceContext, run_service
@@ -27,8 +27,9 @@ from microco.services.runtime.server import ServiceContext, run_service
 from ._authz import TableOwners, sql_tables
 from ._core import StoreCore
 from ._flight import NODE_SERVICE, FlightTransport, StoreFlightServer
+from ._layout import CODECS, DEFAULT_COMPRESSION
 from ._limits import check_keys, load_json
-from ._nodestore import NodeStore
+from ._nodestore import CACHE_BYTES, NodeStore
 from ._partition import HASH, RANGE, PartitionSpec
 from ._query import Query
 
@@ -88,6 +89,37 @@ def parse_request(query_json: str) -> tuple[str | None, Query | None]:
     return None, Query.from_json(d)
 
 
+class _MessageStream(io.RawIOBase):
+    """The bytes of a client stream's messages as a readable file, pulled as they are read."""
+
+    def __init__(self, first: bytes, rest: Iterator[bytes]) -> None:
+        self._buf = memoryview(first)
+        self._rest = rest
+        self.received = len(first)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            nxt = next(self._rest, None)
+            if nxt is None:
+                return 0
+            self._buf = memoryview(nxt)
+            self.received += len(nxt)
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+def _ipc_batches(reader: pa.ipc.RecordBatchStreamReader) -> Iterator[pa.RecordBatch]:
+    try:
+        yield from reader
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InvalidArgument(f"append body is not a valid Arrow IPC stream: {exc}") from None
+
+
 class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
     def __init__(self, core: StoreCore, recovery: RecoveryLoop | None = None) -> None:
         self.core = core
@@ -119,7 +151,7 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
             arrow_schema=t.schema.serialize().to_pybytes(),
             replicas=[spec_to_pb(s) for s in t.specs],
             rows=t.rows,
-            bytes=t.bytes,
+            bytes=t.stored_bytes,  # on the nodes' disks; the planner's t.bytes is the Arrow data's size
             super_extents=len(t.super_extents),
             extents=len(exts),
             unavailable_extents=sum(1 for e in exts if e.node not in live or e.state != "ok"),
@@ -176,23 +208,27 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
 
     def Append(self, request_iterator, context):
         t0 = time.perf_counter()
-        table = ""
-        buf = io.BytesIO()
-        for req in request_iterator:
-            if req.table:
-                table = req.table
-            buf.write(req.arrow_ipc)
-        if not table:
+        requests = iter(request_iterator)
+        first = next(requests, None)
+        if first is None or not first.table:
             raise InvalidArgument("the first append message must name the table")
+        table = first.table
         self.owners.check(caller(context), table, "append to")
+        # The Arrow IPC stream is read batch by batch as its messages arrive: the coordinator
+        # holds at most one super-extent of rows, written out while the rest is still coming.
+        body = _MessageStream(first.arrow_ipc, (r.arrow_ipc for r in requests))
         try:
-            data = pa.ipc.open_stream(pa.py_buffer(buf.getvalue())).read_all()
+            # buffered: Arrow asks for whole messages; BufferedReader reads on until it has them
+            reader = pa.ipc.open_stream(io.BufferedReader(body, buffer_size=1 << 20))
         except (pa.ArrowInvalid, OSError) as exc:
             raise InvalidArgument(f"append body is not an Arrow IPC stream: {exc}") from None
+        res = self.core.append_batches(table, _ipc_batches(reader))
         log.info(
-            "append %s: %d bytes of Arrow IPC received in %.2fs", table, buf.tell(), time.perf_counter() - t0
+            "append %s: %d bytes of Arrow IPC received and written in %.2fs",
+            table,
+            body.received,
+            time.perf_counter() - t0,
         )
-        res = self.core.append(table, data)
         return pb.AppendResponse(rows=res.rows, bytes=res.bytes, super_extents=res.super_extents)
 
     def Query(self, request, context):
@@ -249,10 +285,20 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
         )
 
     def StartRecovery(self, request, context):
+        # An operator's `--relax-fault-domains` rides as call metadata (RELAX_METADATA): the
+        # request message has no field for it. Administrators and platform services only.
+        relax = any(k == RELAX_METADATA and v == "1" for k, v in context.invocation_metadata() or ())
+        if relax:
+            who = caller(context)
+            if not who.trusted:
+                raise PermissionDenied(f"{who.name} may not relax the fault-domain rule of recovery")
+            log.warning(
+                "recovery: %s allowed rebuilt extents to share a fault domain with another copy", who.name
+            )
         if self.recovery is not None:
-            self.recovery.kick()
+            self.recovery.kick(relax_domains=relax)
         else:
-            self.core.recover()
+            self.core.recover(relax_domains=relax)
         return self.GetRecovery(request, context)
 
     def Scrub(self, request, context):
@@ -288,6 +334,7 @@ class RecoveryLoop:
         self.gc_interval_s = gc_interval_s
         self._last_gc = time.monotonic()
         self._wake = threading.Event()
+        self._relax = False  # the next pass may share fault domains (an operator asked)
         self._stop = threading.Event()
         self._cancel = None
         self._thread = threading.Thread(target=self._run, name="store-recovery", daemon=True)
@@ -306,7 +353,11 @@ class RecoveryLoop:
         self._thread.start()
         return self
 
-    def kick(self) -> None:
+    def kick(self, relax_domains: bool = False) -> None:
+        """Run a pass now; ``relax_domains``: that pass may rebuild extents no unused fault domain
+        can take on a node that holds no copy of their rows (see ``plan_recovery``)."""
+        if relax_domains:
+            self._relax = True
         self._wake.set()
 
     def stop(self) -> None:
@@ -355,7 +406,8 @@ class RecoveryLoop:
                     continue
                 if woke and self.grace_s:
                     time.sleep(self.grace_s)
-                progress = self.core.recover()
+                relax, self._relax = self._relax, False
+                progress = self.core.recover(relax_domains=relax)
                 REBUILT.inc(progress.get("rebuilt", 0))
                 LOST.set(self.core.lost_count())
             except Exception:
@@ -434,6 +486,18 @@ def _node_args(p: argparse.ArgumentParser) -> None:
         "--fault-domain", default="", help="fault domain label (rack, host...); default: the node name"
     )
     g.add_argument("--flight-port", type=int, default=0, help="Arrow Flight port; 0 picks a free one")
+    g.add_argument(
+        "--extent-compression",
+        choices=CODECS,
+        default=DEFAULT_COMPRESSION,
+        help="codec of the extents this node writes (extents written with another stay readable)",
+    )
+    g.add_argument(
+        "--extent-cache-mb",
+        type=float,
+        default=CACHE_BYTES / (1 << 20),
+        help="decompressed extent batches kept in memory between queries, MiB (LRU)",
+    )
 
 
 def _setup_node(ctx: ServiceContext) -> None:
@@ -441,7 +505,12 @@ def _setup_node(ctx: ServiceContext) -> None:
     # The node's name is its identity in the catalog (its data directory survives restarts):
     # --instance-id when given (as `microco up` does), else --node.
     name = getattr(ctx.args, "instance_id", "") or s.node
-    store = NodeStore(name, s.resolved_data_dir())
+    store = NodeStore(
+        name,
+        s.resolved_data_dir(),
+        compression=ctx.args.extent_compression,
+        cache_bytes=int(ctx.args.extent_cache_mb * (1 << 20)),
+    )
     from . import _sql  # noqa: F401 - DuckDB and sqlglot load at start-up, not in the first query
 
     server = StoreFlightServer(store, f"grpc://{s.host}:{ctx.args.flight_port}", kv=ctx.kv)

@@ -35,14 +35,16 @@ def store(tmp_path):
     return core, tr
 
 
-def _rot(tr, core):
-    """Overwrite 768 bytes in the middle of one extent file, restoring its mtime."""
+def _rot(tr, core, nbytes=768):
+    """Overwrite ``nbytes`` in the middle of one extent file (one: a flipped byte), restoring its mtime."""
     e = core.table("t").super_extents[0].replica(0)[0]
     path = tr.stores[e.node].path("t", e.id)
     st = path.stat()
     with open(path, "r+b") as f:
-        f.seek(st.st_size // 2 - 384)
-        f.write(os.urandom(768))
+        f.seek(st.st_size // 2 - nbytes // 2)
+        old = f.read(nbytes)
+        f.seek(st.st_size // 2 - nbytes // 2)
+        f.write(bytes([old[0] ^ 0x01]) if nbytes == 1 else os.urandom(nbytes))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert path.stat().st_mtime_ns == st.st_mtime_ns and path.stat().st_size == st.st_size
     return e
@@ -55,10 +57,11 @@ def _sum(core):
     return t.column("s")[0].as_py()
 
 
-def test_scrub_finds_bit_rot_behind_a_cached_verification_and_recovery_repairs_it(store):
+@pytest.mark.parametrize("nbytes", [1, 768])
+def test_scrub_finds_bit_rot_behind_a_cached_verification_and_recovery_repairs_it(store, nbytes):
     core, tr = store
     _sum(core)  # every extent read and verified once: the (mtime, size) verification is cached
-    e = _rot(tr, core)
+    e = _rot(tr, core, nbytes)
     assert core.scrub() == [f"t/{e.id}"]
     assert core.table("t").super_extents[0].find(e.id).state == "corrupt"
     rep = core.recover()
@@ -71,7 +74,7 @@ def test_scheduled_scrub_finds_it_and_triggers_recovery(store):
     core, tr = store
     _sum(core)
     e = _rot(tr, core)
-    total = sum(x.bytes for x in core.table("t").extents())
+    total = core.table("t").stored_bytes
     rate = total / 0.5  # the whole store in no less than ~0.5 s
     loop = RecoveryLoop(
         core,
@@ -103,7 +106,7 @@ def test_scrub_throttle_paces_reads_to_the_rate(store, monkeypatch):
     core, _ = store
     slept = []
     monkeypatch.setattr(_core.time, "sleep", lambda s: slept.append(s))
-    total = sum(x.bytes for x in core.table("t").extents())
+    total = core.table("t").stored_bytes
     assert core.scrub(rate_bytes=total / 100.0) == []  # 100 s worth at that rate
     assert slept and max(slept) > 50  # the pace is kept by sleeping, not by reading faster
     assert core.scrub(rate_bytes=0) == []
