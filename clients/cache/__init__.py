@@ -9,7 +9,9 @@
 * ``register_dataset``, ``get_dataset``, ``list_datasets``, ``load_index``: datasets in etcd,
   indexes beside the data.
 * ``QuiverLoader``: substitutable-hit data loading with prefetch and backing-store fallback;
-  ``Peers``: other hosts' cache servers through the Redis directory (remote streaming).
+  ``Peers``: other hosts' cache servers through the Redis directory (remote streaming);
+  ``SpreadCache``: a cache spread over hosts (each chunk on its owner by rendezvous hashing,
+  ``chunk_owner``, over the live cache servers in etcd).
 * ``open_loader``: a loader for a registered dataset by name.
 * ``cache_overview``: every server's stats and allocations (with reasons) as plain dicts.
 * PyTorch: ``QuiverBatchSampler``, ``QuiverDataset``, ``QuiverIterableDataset`` (read ahead),
@@ -38,7 +40,10 @@ from ._index import (
 from ._loader import LoaderStats, QuiverLoader
 from ._overview import allocation_to_dict, cache_overview, stats_to_dict
 from ._peers import Peers
+from ._placement import owned_bytes
+from ._placement import owner as chunk_owner
 from ._sampler import Batch, BatchMode, SubstitutableSampler
+from ._spread import Member, SpreadCache, members_from_records
 
 _LAZY = {
     "QuiverBatchSampler": "_torch",
@@ -64,6 +69,7 @@ def open_loader(
     server: str | None | bool = None,
     store: Any = None,
     redis_url: str | None = None,
+    spread: bool = False,
     **kwargs: Any,
 ) -> QuiverLoader:
     """A ``QuiverLoader`` for the registered dataset ``name`` (index verified against etcd).
@@ -74,6 +80,8 @@ def open_loader(
     host's first), and with none running the loader reads from the backing store only;
     ``False`` asks for no cache at all (the backing store only, no discovery). With ``redis_url``
     the loader also reads chunks that other hosts' cache servers hold (the Redis directory).
+    ``spread=True``: one cache spread over every live cache server in etcd (each chunk looked
+    up on, inserted into and read from its owner; ``SpreadCache``); ``server`` is then unused.
     """
     from microco.common.discovery import connect_etcd
     from microco.common.errors import InvalidArgument
@@ -82,12 +90,16 @@ def open_loader(
     rec = get_dataset(kv, name)
     store = store or open_store(rec.url)
     index = load_index(rec, store)
-    if server is False:
+    cache: Any = server
+    if spread:
+        cache = SpreadCache(kv)
         server = None
+    elif server is False:
+        cache = server = None
     elif server is None:
         # Found in etcd, and found again there if it stops answering (restarted elsewhere).
         node = kwargs.get("node")
-        server = find_server(kv, node)
+        cache = server = find_server(kv, node)
         if server is not None:
             kwargs.setdefault("resolve_server", lambda: find_server(kv, node))
     elif not isinstance(server, str):
@@ -96,7 +108,7 @@ def open_loader(
         from microco.common.hotstate import connect_redis
 
         kwargs["peers"] = Peers(connect_redis(redis_url, check=False), kv, exclude=server)
-    return QuiverLoader(index, store, dataset=name, server=server, **kwargs)
+    return QuiverLoader(index, store, dataset=name, server=cache, **kwargs)
 
 
 def find_server(kv: Any, node: str | None = None) -> str | None:
@@ -126,6 +138,7 @@ __all__ = [
     "Grant",
     "LoaderStats",
     "LocalStore",
+    "Member",
     "Peers",
     "QuiverBatchSampler",
     "QuiverDataset",
@@ -133,11 +146,13 @@ __all__ = [
     "QuiverLoader",
     "RedisDirectory",
     "SampleRef",
+    "SpreadCache",
     "SubstitutableSampler",
     "ThrottledStore",
     "allocation_to_dict",
     "build_index",
     "cache_overview",
+    "chunk_owner",
     "digest",
     "directory_locator",
     "file_locator",
@@ -149,8 +164,10 @@ __all__ = [
     "list_datasets",
     "load_index",
     "make_dataloader",
+    "members_from_records",
     "open_loader",
     "open_store",
+    "owned_bytes",
     "quiver_tf_dataset",
     "register_dataset",
     "stats_to_dict",

@@ -35,6 +35,7 @@ from ._digest import digest
 from ._index import DatasetIndex
 from ._peers import Peers
 from ._sampler import BatchMode, SubstitutableSampler
+from ._spread import SpreadCache
 from ._stall import BatchRead, StallMeter
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class QuiverLoader:
         batch_size: int,
         dataset: str,
         job_id: str,
-        server: str | CacheClient | None | bool = None,
+        server: str | CacheClient | SpreadCache | None | bool = None,
         user: str = "",
         seed: int = 0,
         substitution: int = 10,
@@ -136,14 +137,20 @@ class QuiverLoader:
             if server is True:
                 raise ValueError("server must be an address, a CacheClient, or None/False for no cache")
             server = None
-        self.client = CacheClient(server) if isinstance(server, str) else server
+        self.client: CacheClient | SpreadCache | None = (
+            CacheClient(server) if isinstance(server, str) else server
+        )
+        # A cache spread over hosts: chunks are placed on their owners (``_spread``).
+        self.spread = self.client if isinstance(self.client, SpreadCache) else None
+        self._owned: tuple[tuple[str, ...], dict[str, int]] | None = None
         # Read-through: put single-sample chunks read from the backing store into the cache
         # (the generic cache's behaviour, used by the LRU baseline).
         self.insert_misses = insert_misses
         # Quiver: a miss fetches its whole chunk when the cache has room for it; the chunk's
         # other samples are then hits later this epoch (substitutable), so nothing is read twice.
         self.chunk_fetch = (substitutable and self.client is not None) if chunk_fetch is None else chunk_fetch
-        self._room = 0
+        # Bytes each server (by placement key; "" for a single server) could admit now.
+        self._room: dict[str, int] = {}
         self._puts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quiver-put")
         self._behind: Future[None] | None = None
         self._inflight: set[int] = set()
@@ -191,12 +198,34 @@ class QuiverLoader:
         self._batch_bytes = int(index.total_bytes / max(1, len(index)) * batch_size)
 
     # -- server access, failing soft
-    def _server(self) -> CacheClient | None:
+    def _server(self) -> CacheClient | SpreadCache | None:
         if self.client is None or time.monotonic() < self._down_until:
             return None
         if self._reresolve:
             self._find_server_again()
         return self.client
+
+    def _lookup(
+        self, srv: CacheClient | SpreadCache, chunks: Sequence[str]
+    ) -> tuple[set[str], dict[str, int]]:
+        """(chunks held, room per server) from the server, or from each chunk's owner."""
+        if isinstance(srv, SpreadCache):
+            return srv.lookup_rooms(chunks, self.dataset, self.job_id)
+        held, room = srv.lookup_room(chunks, self.dataset, self.job_id, timeout=5, retry=False)
+        return held, {"": room}
+
+    def _room_key(self, chunk_digest: str) -> str:
+        return self.spread.owner_key(chunk_digest) if self.spread is not None else ""
+
+    def _owned_bytes(self, keys: list[str]) -> dict[str, int]:
+        """Bytes of this dataset each server owns (cached per membership)."""
+        from ._placement import owned_bytes
+
+        key = tuple(sorted(keys))
+        if self._owned is None or self._owned[0] != key:
+            sizes = {c.digest: c.size for c in self.index.chunks}
+            self._owned = (key, owned_bytes(sizes, list(key)))
+        return self._owned[1]
 
     def _find_server_again(self) -> None:
         """After UNAVAILABLE: ask etcd where the server is now and switch to it if it moved."""
@@ -205,6 +234,8 @@ class QuiverLoader:
                 return
             self._reresolve = False
             old = self.client
+            if not isinstance(old, CacheClient):
+                return
             try:
                 address = self._resolve_server()
             except Exception as exc:  # noqa: BLE001 - etcd trouble: keep the address we have
@@ -238,7 +269,7 @@ class QuiverLoader:
         srv = self._server()
         if srv is not None:
             try:
-                held, self._room = srv.lookup_room(chunks, self.dataset, self.job_id, timeout=5, retry=False)
+                held, self._room = self._lookup(srv, chunks)
                 present |= held
             except MicrocoError as exc:
                 self._server_failed(exc)
@@ -263,14 +294,14 @@ class QuiverLoader:
             )
         return data
 
-    def _read_direct(self, srv: CacheClient, hits: Sequence[int]) -> dict[int, bytes]:
+    def _read_direct(self, srv: CacheClient, hits: Sequence[int]) -> dict[int, bytes] | None:
+        """Hits read from granted chunk files; None when ``srv`` is not on this host."""
         chunks = sorted({self.index.chunk_of(i).digest for i in hits})
         # One call per batch for every chunk read, even with grants at hand: it is also how
         # the server learns of these hits (recency for LRU; a grant for what it still holds).
         node, grants = srv.open_chunks(chunks, timeout=5, retry=False)
         if node != self.node:
-            self.direct_read = False  # the server is elsewhere: stream from now on
-            return {}
+            return None
         with self._lock:
             for c in chunks:
                 self._grants.pop(c, None)
@@ -297,7 +328,9 @@ class QuiverLoader:
                 os.close(fd)
         return out
 
-    def _check_direct(self, srv: CacheClient, c: str, i: int, data: bytes, out: dict[int, bytes]) -> None:
+    def _check_direct(
+        self, srv: CacheClient | SpreadCache, c: str, i: int, data: bytes, out: dict[int, bytes]
+    ) -> None:
         if digest(data) == self.index.samples[i].digest:
             out[i] = data
             return
@@ -359,19 +392,41 @@ class QuiverLoader:
         srv = self._server()
         if srv is None or not hits:
             return {}
+        if isinstance(srv, SpreadCache):
+            return self._read_spread(srv, hits)
         try:
             if self.direct_read:
                 got = self._read_direct(srv, hits)
-                if self.direct_read:
+                if got is not None:
                     return got
-            reads = []
-            for i in hits:
-                ref = self.index.samples[i]
-                reads.append((self.index.chunks[ref.chunk].digest, ref.offset, ref.size, ref.digest))
-            data = srv.read_samples(reads, self.job_id, timeout=30)
+                self.direct_read = False  # the server is elsewhere: stream from now on
+            return self._stream(srv, hits)
         except MicrocoError as exc:
             self._server_failed(exc)
             return {}
+
+    def _read_spread(self, spread: SpreadCache, hits: Sequence[int]) -> dict[int, bytes]:
+        """Hits from each chunk's owner: granted files when it is on this host, else streamed."""
+        by_chunk: dict[str, list[int]] = {}
+        for i in hits:
+            by_chunk.setdefault(self.index.chunk_of(i).digest, []).append(i)
+        out: dict[int, bytes] = {}
+        for m, chunks in spread.split(by_chunk).items():
+            mine = [i for c in chunks for i in by_chunk[c]]
+            client = spread.client(m)
+            try:
+                got = self._read_direct(client, mine) if self.direct_read and m.node == self.node else None
+                out.update(got if got is not None else self._stream(client, mine))
+            except MicrocoError as exc:
+                spread.failed(m, exc)
+        return out
+
+    def _stream(self, srv: CacheClient, hits: Sequence[int]) -> dict[int, bytes]:
+        reads = []
+        for i in hits:
+            ref = self.index.samples[i]
+            reads.append((self.index.chunks[ref.chunk].digest, ref.offset, ref.size, ref.digest))
+        data = srv.read_samples(reads, self.job_id, timeout=30)
         out = {}
         for i, d in zip(hits, data, strict=True):
             # The server verified the sample, but the client trusts only its own hash.
@@ -475,9 +530,12 @@ class QuiverLoader:
                 # (A chunk whose samples are all in this batch costs no extra read at all.)
                 if c in out or c in self._inflight or not untouched:
                     continue
-                if self._room < chunk.size:
-                    break
-                self._room -= chunk.size
+                k = self._room_key(chunk.digest)
+                if self._room.get(k, 0) < chunk.size:
+                    if self.spread is None:
+                        break
+                    continue  # (another server may still have room for another chunk)
+                self._room[k] -= chunk.size
                 out.add(c)
                 self._inflight.add(c)
         return out
@@ -782,17 +840,23 @@ class QuiverLoader:
         with self._lock:
             timings, self._timings = self._timings, []
         try:
-            srv.report_progress(
-                self.job_id,
-                self.dataset,
-                self._epoch,
-                consumed,
-                timings,
-                user=self.user,
-                dataset_bytes=self.index.total_bytes,
-                timeout=5,
-                retry=False,
-            )
+            if isinstance(srv, SpreadCache):  # each server is told the bytes it owns
+                srv.report_progress(
+                    self.job_id, self.dataset, self._epoch, consumed, timings,
+                    user=self.user, dataset_bytes=self._owned_bytes,
+                )  # fmt: skip
+            else:
+                srv.report_progress(
+                    self.job_id,
+                    self.dataset,
+                    self._epoch,
+                    consumed,
+                    timings,
+                    user=self.user,
+                    dataset_bytes=self.index.total_bytes,
+                    timeout=5,
+                    retry=False,
+                )
         except MicrocoError as exc:
             self._server_failed(exc)
 
@@ -822,7 +886,16 @@ class QuiverLoader:
 
     def _insert_chunks(self, order: list[int], stop: threading.Event, wait_when_full: bool) -> None:
         pos = 0
-        while not stop.is_set() and pos < len(order):
+        # Spread over servers: a chunk whose owner is full now waits for a later pass, while
+        # chunks owned by servers with room go in (one full server must not stop the others).
+        deferred: list[int] = []
+        while not stop.is_set():
+            if pos >= len(order):
+                if not deferred or not wait_when_full:
+                    return
+                stop.wait(0.1)
+                order, deferred, pos = deferred, [], 0
+                continue
             srv = self._server()
             if srv is None:
                 if not wait_when_full:
@@ -834,19 +907,14 @@ class QuiverLoader:
                 c = order[pos]
                 with self._lock:
                     untouched = 0 < self._consumed_left[c] == self._share[c]
-                if untouched:
+                    staged = self.index.chunks[c].digest in self._staged
+                if untouched and not staged:
                     window.append(c)
                 pos += 1
             if not window:
                 continue
             try:
-                present, room = srv.lookup_room(
-                    [self.index.chunks[c].digest for c in window],
-                    self.dataset,
-                    self.job_id,
-                    timeout=5,
-                    retry=False,
-                )
+                present, rooms = self._lookup(srv, [self.index.chunks[c].digest for c in window])
             except MicrocoError as exc:
                 self._server_failed(exc)
                 continue
@@ -861,27 +929,34 @@ class QuiverLoader:
                         self._inflight.add(c)
                 if chunk.digest in present or not untouched or busy:
                     continue
-                if room < chunk.size and not wait_when_full:
+                k = self._room_key(chunk.digest)
+                if rooms.get(k, 0) < chunk.size and (self.spread is not None or not wait_when_full):
                     with self._lock:
                         self._inflight.discard(c)
+                    if self.spread is not None:
+                        deferred.append(c)
+                        continue
                     return
                 try:
-                    if not self._insert_one(srv, c, stop, wait_when_full):
-                        return
+                    if not self._insert_one(srv, c, stop, wait_when_full and self.spread is None):
+                        if self.spread is None:
+                            return
+                        deferred.append(c)
+                        continue
                 finally:
                     with self._lock:
                         self._inflight.discard(c)
-                room -= chunk.size
+                rooms[k] = rooms.get(k, 0) - chunk.size
 
-    def _insert_one(self, srv: CacheClient, c: int, stop: threading.Event, wait_when_full: bool) -> bool:
+    def _insert_one(
+        self, srv: CacheClient | SpreadCache, c: int, stop: threading.Event, wait_when_full: bool
+    ) -> bool:
         """Read chunk ``c`` from the backing store once the cache has room, and insert it.
         False to stop inserting (server gone, or full and not waiting)."""
         chunk = self.index.chunks[c]
         while not stop.is_set():
             try:
-                present, room = srv.lookup_room(
-                    [chunk.digest], self.dataset, self.job_id, timeout=5, retry=False
-                )
+                present, rooms = self._lookup(srv, [chunk.digest])
             except MicrocoError as exc:
                 self._server_failed(exc)
                 return False
@@ -889,7 +964,7 @@ class QuiverLoader:
                 untouched = 0 < self._consumed_left[c] == self._share[c]
             if present or not untouched:
                 return True
-            if room >= chunk.size:
+            if rooms.get(self._room_key(chunk.digest), 0) >= chunk.size:
                 break
             if not wait_when_full:
                 return False
