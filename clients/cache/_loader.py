@@ -842,9 +842,14 @@ class QuiverLoader:
         try:
             if isinstance(srv, SpreadCache):  # each server is told the bytes it owns
                 srv.report_progress(
-                    self.job_id, self.dataset, self._epoch, consumed, timings,
-                    user=self.user, dataset_bytes=self._owned_bytes,
-                )  # fmt: skip
+                    self.job_id,
+                    self.dataset,
+                    self._epoch,
+                    consumed,
+                    timings,
+                    user=self.user,
+                    dataset_bytes=self._owned_bytes,
+                )
             else:
                 srv.report_progress(
                     self.job_id,
