@@ -14,8 +14,10 @@ shape, ~110 KB). One run measures, side by side:
   store's bandwidth, and a compute-bound epoch's time over its pure compute;
 * allocation (``allocation``): an I/O-bound and a compute-bound job on one cache the size of
   one dataset, the share of it the I/O-bound job's dataset is given;
-* data-parallel ranks (``ddp``): 2 ranks of one job on one cache server, exactly once across
-  ranks, aggregate throughput against one rank;
+* data-parallel ranks (``ddp``): one rank on one host (its own link to the store, its own
+  cache server) against 2 ranks on two hosts (a link and a cache server each; the two servers
+  one cache spread over both hosts, each chunk on its owner), in step as DDP ranks are:
+  exactly once across ranks, aggregate throughput against one rank;
 * two jobs on one dataset: one shared Quiver cache against one cache per job (bytes cached,
   aggregate throughput);
 * one cache server serving one client (gRPC stream, and same-host direct read of granted
@@ -57,7 +59,9 @@ def _make_dataset(root: Path, n: int, size: int, seed: int = 0) -> int:
 
 
 class _Server:
-    def __init__(self, tmp: Path, name: str, etcd: str, redis: str, capacity: int, policy: str) -> None:
+    def __init__(
+        self, tmp: Path, name: str, etcd: str, redis: str, capacity: int, policy: str, extra: tuple = ()
+    ) -> None:
         from microco.services.stack import free_port
 
         self.port = free_port()
@@ -86,10 +90,11 @@ class _Server:
             "0.5",
             "--log-level",
             os.environ.get("QB_LOG", "warning"),
+            *extra,
         ]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
 
-    def wait_ready(self, timeout: float = 60) -> None:
+    def wait_ready(self, timeout: float = 240) -> None:
         from microco.clients.cache import CacheClient
 
         deadline = time.monotonic() + timeout
@@ -193,9 +198,21 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             "serve": ("coordinated", 2 * total),
             "alloc": ("coordinated", total),
             "ddp1": ("coordinated", capacity),
-            "ddp2": ("coordinated", capacity),
+            # Two hosts' cache servers, one spread cache per pool (told apart by a label):
+            # each the size of the one-rank host's, and, for comparison, half of it each.
+            "ddp2a": ("coordinated", capacity),
+            "ddp2b": ("coordinated", capacity),
+            "ddp2ha": ("coordinated", capacity // 2),
+            "ddp2hb": ("coordinated", capacity // 2),
         }
-        servers = {k: _Server(tmp, k, etcd.endpoint, redis.url, cap, pol) for k, (pol, cap) in names.items()}
+        extra = {
+            k: ("--node", f"host-{k[-1]}", "--label", f"pool={k[:-1]}")
+            for k in ("ddp2a", "ddp2b", "ddp2ha", "ddp2hb")
+        }
+        servers = {
+            k: _Server(tmp, k, etcd.endpoint, redis.url, cap, pol, extra.get(k, ()))
+            for k, (pol, cap) in names.items()
+        }
         for s in servers.values():
             stack.callback(s.stop)
         for s in servers.values():
@@ -382,30 +399,67 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         phases["allocation"] = time.perf_counter() - t_phase
         t_phase = time.perf_counter()
 
-        # -- data-parallel: one rank against 2 ranks of one job (threads), same link and cache size
-        def ddp(world: int) -> tuple[float, bool]:
-            link = ThrottledStore(local, bw)
-            srv = servers[f"ddp{world}"].address
+        # -- data-parallel: one rank on one host against 2 ranks on two hosts. A host has its
+        # own link to the backing store and its own cache server; the 2-rank run's servers are
+        # one cache spread over both hosts (each chunk on its owner, found in etcd), each rank
+        # reading its own host's server directly and the other's by streaming. Ranks step
+        # together (a barrier per batch stands in for DDP's all-reduce).
+        from microco.clients.cache import SpreadCache, ThreadExchange
+        from microco.common.kv import EtcdKV
+
+        kv = EtcdKV(etcd.endpoint)
+        stack.callback(kv.close)
+
+        def ddp(world: int, pool: str = "") -> dict[str, Any]:
+            caches: list[Any] = (
+                [servers["ddp1"].address]
+                if world == 1
+                else [SpreadCache(kv, labels={"pool": pool}) for _ in range(world)]
+            )
+            group = ThreadExchange(world) if world > 1 else None  # the ranks trade hits
             ranks = [
                 QuiverLoader(
                     index,
-                    link,
+                    ThrottledStore(local, bw),  # each host its own link
                     batch_size=batch,
                     dataset="bench",
-                    job_id=f"ddp{world}",
-                    server=srv,
+                    job_id=f"ddp-{pool or world}",
+                    server=caches[r],
+                    node=f"host-{'ab'[r]}" if world > 1 else None,
                     world_size=world,
                     rank=r,
+                    exchange=group.member(r) if group is not None else None,
                 )
                 for r in range(world)
             ]
+            steps = max(len(ld) for ld in ranks)
+            step = threading.Barrier(world)
             seen: list[list[int]] = [[] for _ in range(epochs)]
-            t0 = time.perf_counter()
+            runs: list[list[dict[str, float]]] = [[] for _ in range(world)]
+            ends: list[float] = [0.0] * epochs
 
             def go(r: int) -> None:
+                ld = ranks[r]
                 for e in range(epochs):
-                    _run_epoch(ranks[r], e, compute_s, seen[e])
+                    h0, m0, b0 = ld.stats.hits, ld.stats.misses, ld.stats.backing_bytes
+                    k = 0
+                    for indices, _samples in ld.epoch(e):
+                        seen[e].extend(indices)
+                        step.wait()
+                        time.sleep(compute_s)
+                        k += 1
+                    for _ in range(steps - k):  # (a rank with a batch less waits for the others)
+                        step.wait()
+                    ends[e] = time.perf_counter()
+                    runs[r].append(
+                        {
+                            "hits": ld.stats.hits - h0,
+                            "misses": ld.stats.misses - m0,
+                            "backing_mb": (ld.stats.backing_bytes - b0) / MB,
+                        }
+                    )
 
+            t0 = time.perf_counter()
             threads = [threading.Thread(target=go, args=(r,)) for r in range(world)]
             for t in threads:
                 t.start()
@@ -414,17 +468,45 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             wall = time.perf_counter() - t0
             for ld in ranks:
                 ld.close()
-            once = all(sorted(s) == list(range(n)) for s in seen)
-            return epochs * total / wall / MB, once
+            for c in caches:
+                if isinstance(c, SpreadCache):
+                    c.close()
+            epoch_s = [ends[0] - t0] + [ends[e] - ends[e - 1] for e in range(1, epochs)]
+            backing = [sum(runs[r][e]["backing_mb"] for r in range(world)) for e in range(epochs)]
+            steady = range(1, epochs)
+            return {
+                "exactly_once": all(sorted(x) == list(range(n)) for x in seen),
+                "mb_s": epochs * total / wall / MB,
+                "steady_mb_s": (epochs - 1) * total / sum(epoch_s[1:]) / MB,
+                "epoch_s": epoch_s,
+                "backing_mb_per_epoch": backing,
+                "steady_hit_rate": sum(max(0.0, 1 - backing[e] * MB / total) for e in steady) / len(steady),
+                "misses_per_epoch": [sum(runs[r][e]["misses"] for r in range(world)) for e in range(epochs)],
+                "hits_per_epoch": [sum(runs[r][e]["hits"] for r in range(world)) for e in range(epochs)],
+            }
 
-        one_rank, once1 = ddp(1)
-        two_ranks, once2 = ddp(2)
+        one_rank = ddp(1)
+        two_ranks = ddp(2, "ddp2")
+        two_half = ddp(2, "ddp2h")
+        held = {k: servers[k].stats().used_bytes for k in ("ddp2a", "ddp2b", "ddp2ha", "ddp2hb")}
         result["ddp"] = {
             "ranks": 2,
-            "exactly_once": once1 and once2,
-            "speedup_vs_one_rank": two_ranks / one_rank,
-            "one_rank_mb_s": one_rank,
-            "two_ranks_mb_s": two_ranks,
+            "exactly_once": one_rank["exactly_once"]
+            and two_ranks["exactly_once"]
+            and two_half["exactly_once"],
+            "speedup_vs_one_rank": two_ranks["mb_s"] / one_rank["mb_s"],
+            "steady_speedup_vs_one_rank": two_ranks["steady_mb_s"] / one_rank["steady_mb_s"],
+            "same_total_cache_speedup": two_half["mb_s"] / one_rank["mb_s"],
+            "one_rank_mb_s": one_rank["mb_s"],
+            "two_ranks_mb_s": two_ranks["mb_s"],
+            "setup": (
+                "1 rank: one host, one link, one cache server of C; 2 ranks: two hosts, a link and a "
+                "cache server of C each (same_total_cache: C/2 each), the servers one spread cache"
+            ),
+            "held_mb": {k: v / MB for k, v in held.items()},
+            "one_rank": one_rank,
+            "two_ranks": two_ranks,
+            "two_ranks_same_total_cache": two_half,
         }
         phases["ddp"] = time.perf_counter() - t_phase
         t_phase = time.perf_counter()

@@ -11,7 +11,8 @@
 * ``QuiverLoader``: substitutable-hit data loading with prefetch and backing-store fallback;
   ``Peers``: other hosts' cache servers through the Redis directory (remote streaming);
   ``SpreadCache``: a cache spread over hosts (each chunk on its owner by rendezvous hashing,
-  ``chunk_owner``, over the live cache servers in etcd).
+  ``chunk_owner``, over the live cache servers in etcd); ``ExchangeSampler`` with
+  ``ThreadExchange``/``TorchExchange``: data-parallel ranks trading substitutable hits.
 * ``open_loader``: a loader for a registered dataset by name.
 * ``cache_overview``: every server's stats and allocations (with reasons) as plain dicts.
 * PyTorch: ``QuiverBatchSampler``, ``QuiverDataset``, ``QuiverIterableDataset`` (read ahead),
@@ -28,6 +29,7 @@ from ._client import CacheClient, Grant
 from ._datasets import DatasetRecord, get_dataset, list_datasets, load_index, register_dataset
 from ._digest import digest, directory_locator, file_locator, is_digest
 from ._directory import RedisDirectory
+from ._exchange import Exchange, ExchangeSampler, ThreadExchange, TorchExchange
 from ._index import (
     DEFAULT_CHUNK_BYTES,
     ChunkRef,
@@ -134,6 +136,8 @@ __all__ = [
     "ChunkRef",
     "DatasetIndex",
     "DatasetRecord",
+    "Exchange",
+    "ExchangeSampler",
     "FsspecStore",
     "Grant",
     "LoaderStats",
@@ -148,7 +152,9 @@ __all__ = [
     "SampleRef",
     "SpreadCache",
     "SubstitutableSampler",
+    "ThreadExchange",
     "ThrottledStore",
+    "TorchExchange",
     "allocation_to_dict",
     "build_index",
     "cache_overview",

@@ -32,6 +32,7 @@ from microco.common.errors import FailedPrecondition, MicrocoError, Unavailable
 
 from ._client import CacheClient
 from ._digest import digest
+from ._exchange import Exchange, ExchangeSampler
 from ._index import DatasetIndex
 from ._peers import Peers
 from ._sampler import BatchMode, SubstitutableSampler
@@ -82,7 +83,9 @@ class QuiverLoader:
     ``direct_read``: read granted chunk files when the server is on ``node`` (default
     ``MICROCO_NODE`` or the hostname), else stream. ``peers``: other hosts' servers.
     ``substitutable=False, insert_misses=True`` makes the generic read-through cache
-    client the benchmark compares against.
+    client the benchmark compares against. ``exchange``: the ranks of a data-parallel job
+    trade substitutable hits (``ExchangeSampler``; ``TorchExchange()`` under
+    ``torch.distributed``); world size and rank are then the exchange's.
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class QuiverLoader:
         world_size: int | None = None,
         rank: int | None = None,
         resolve_server: Callable[[], str | None] | None = None,
+        exchange: Exchange | None = None,
     ) -> None:
         self.index = index
         self.store = store
@@ -119,20 +123,37 @@ class QuiverLoader:
         self.job_id = job_id
         self.user = user
         self.batch_size = batch_size
+        if exchange is not None:
+            world_size, rank = exchange.world_size, exchange.rank
         world_size, rank = _ranks(world_size, rank)
         self.world_size, self.rank = world_size, rank
         if world_size > 1:
             # Each rank reports its own consumption: a chunk is done once every rank is.
             self.job_id = job_id = f"{job_id}/rank{rank}"
-        self.sampler = SubstitutableSampler(
-            len(index),
-            batch_size,
-            seed=seed,
-            substitution=substitution if substitutable else 1,
-            drop_last=drop_last,
-            num_replicas=world_size,
-            rank=rank,
-        )
+        self.sampler: SubstitutableSampler | ExchangeSampler
+        # With hits exchanged between ranks every rank knows every rank's progress: chunks are
+        # counted consumed for the whole job (a rank may take samples of any chunk).
+        self.exchange = exchange
+        if exchange is not None:
+            self.sampler = ExchangeSampler(
+                len(index),
+                batch_size,
+                exchange,
+                seed=seed,
+                substitution=substitution if substitutable else 1,
+                drop_last=drop_last,
+            )
+        else:
+            self.sampler = SubstitutableSampler(
+                len(index),
+                batch_size,
+                seed=seed,
+                substitution=substitution if substitutable else 1,
+                drop_last=drop_last,
+                num_replicas=world_size,
+                rank=rank,
+            )
+        self._epoch_total = 0  # samples this rank is given in the current epoch
         if server is False or server is True:
             if server is True:
                 raise ValueError("server must be an address, a CacheClient, or None/False for no cache")
@@ -582,8 +603,9 @@ class QuiverLoader:
 
     # -- epochs
     def _shares(self) -> list[int]:
-        """Samples of each chunk in this rank's share of the current epoch."""
-        if self.world_size == 1:
+        """Samples of each chunk in this rank's share of the current epoch (the job's, when
+        ranks exchange hits)."""
+        if self.world_size == 1 or self.exchange is not None:
             return [c.count for c in self.index.chunks]
         share = [0] * len(self.index.chunks)
         for i in self.sampler.unseen():
@@ -591,6 +613,8 @@ class QuiverLoader:
         return share
 
     def __len__(self) -> int:
+        if isinstance(self.sampler, ExchangeSampler):
+            return self.sampler.steps
         n = self.sampler.shard_size
         return n // self.batch_size if self.sampler.drop_last else -(-n // self.batch_size)
 
@@ -618,13 +642,32 @@ class QuiverLoader:
                     continue
             return False
 
+        # With hits exchanged between ranks each batch choice is a collective: every rank's
+        # reader must make as many as the others. A token per batch the step has taken (and
+        # the read-ahead's to start with) bounds the choices; a step that stops early leaves
+        # its reader to spend the tokens it was given (choosing, not reading), so every rank
+        # makes the same number of choices however the threads are timed.
+        tokens = threading.Semaphore(self.prefetch_batches + 1) if self.exchange is not None else None
+
         def produce() -> None:
             gen = self.batches(epoch)
             try:
-                for indices, hits in gen:
+                while True:
+                    if tokens is not None:
+                        while not tokens.acquire(timeout=0.1):
+                            if stop.is_set():
+                                return
+                    elif stop.is_set():
+                        return
+                    try:
+                        indices, hits = next(gen)
+                    except StopIteration:
+                        return
+                    if stop.is_set():
+                        continue
                     data = self.read(indices, hits)
-                    if not put((indices, data, self._last_read)):
-                        break
+                    if not put((indices, data, self._last_read)) and tokens is None:
+                        return
             except BaseException as exc:  # noqa: BLE001 - handed to the training step, raised there
                 put(exc)
             finally:
@@ -649,6 +692,8 @@ class QuiverLoader:
                     if pending is not None and pending[0] is not None:
                         self._add_timings(self._meter.timings(pending[0], pending[1], compute))
                 item = q.get()
+                if tokens is not None:
+                    tokens.release()
                 wait = time.perf_counter() - t0
                 if item is end:
                     break
@@ -730,7 +775,11 @@ class QuiverLoader:
                 done = []
                 if batch is None:
                     break
-                done = self._consume(batch.indices)
+                done = self._consume(
+                    [i for t in self.sampler.last_taken for i in t]
+                    if isinstance(self.sampler, ExchangeSampler)
+                    else batch.indices
+                )
                 if not self._pipelined:  # (a reader ahead counts a batch when it hands it over)
                     self._seen_in_epoch.update(batch.indices)
                 last = (batch, now)
@@ -759,6 +808,7 @@ class QuiverLoader:
                 "num_samples": len(self.index),
                 "rank": self.rank,
                 "world_size": self.world_size,
+                "epoch_done": len(self._seen_in_epoch) >= self._epoch_total,
             }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
@@ -775,7 +825,8 @@ class QuiverLoader:
         if epoch < 0:
             self._resume, self.resume_epoch = None, 0
             return
-        if len(seen) >= self.sampler.shard_size:
+        done = state.get("epoch_done")
+        if done if isinstance(done, bool) else len(seen) >= self.sampler.shard_size:
             self._resume, self.resume_epoch = None, epoch + 1
             return
         self._resume, self.resume_epoch = (epoch, {int(i) for i in seen}), epoch
@@ -790,13 +841,25 @@ class QuiverLoader:
         with self._lock:
             self._seen_in_epoch = set(seen)
         finished: list[str] = []
-        if seen:
+        if isinstance(self.sampler, ExchangeSampler):
+            if resume is not None and resume[0] == epoch:  # (a collective: every rank resumes)
+                self.sampler.restore(epoch, sorted(seen))
+                seen_by_job = set(range(len(self.index))) - set(self.sampler.unseen())
+                for i in seen_by_job:
+                    c = self.index.samples[i].chunk
+                    self._consumed_left[c] -= 1
+                    if self._consumed_left[c] == 0:
+                        finished.append(self.index.chunks[c].digest)
+        elif seen:
             self.sampler.restore(epoch, [i for i in self.sampler.unseen() if i not in seen])
             for i in seen:
                 c = self.index.samples[i].chunk
                 self._consumed_left[c] -= 1
                 if self._consumed_left[c] == 0:
                     finished.append(self.index.chunks[c].digest)
+        self._epoch_total = self.sampler.shard_size
+        if isinstance(self.sampler, ExchangeSampler):  # (its share counts from the restore on)
+            self._epoch_total += len(seen)
         self._fetched = set()
         self._read_ahead = set()
         self._meter.carry.clear()
@@ -870,6 +933,8 @@ class QuiverLoader:
         when the server refuses, wait for consumption to free room."""
         order = list(range(len(self.index.chunks)))
         random.Random(self._seed * 7 + epoch * 131 + hash(self.job_id) % 1000).shuffle(order)
+        if self.exchange is not None:  # ranks that know the job's progress share the work out
+            order = [c for c in order if c % self.world_size == self.rank]
         self._insert_chunks(order, stop, wait_when_full=True)
 
     def warm(self, max_chunks: int | None = None) -> int:

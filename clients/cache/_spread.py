@@ -62,8 +62,9 @@ def members_from_records(records: Iterable[Any]) -> list[Member]:
 class SpreadCache:
     """Routes a loader's cache calls to each chunk's owner among several cache servers.
 
-    ``kv``: etcd, where the live servers are found (every ``refresh_s``); or ``members``, a
-    fixed list. The methods mirror ``CacheClient``'s that the loader uses and never raise for
+    ``kv``: etcd, where the live servers are found (every ``refresh_s``), those whose labels
+    include ``labels`` (e.g. ``{"pool": "train"}`` for servers started with ``--label
+    pool=train``; all by default); or ``members``, a fixed list. The methods mirror ``CacheClient``'s that the loader uses and never raise for
     one server's failure (that server is skipped for ``retry_s``)."""
 
     def __init__(
@@ -71,6 +72,7 @@ class SpreadCache:
         kv: Any = None,
         *,
         members: Sequence[Member] | None = None,
+        labels: Mapping[str, str] | None = None,
         refresh_s: float = 2.0,
         retry_s: float = 2.0,
         timeout: float = 10.0,
@@ -78,6 +80,7 @@ class SpreadCache:
         if kv is None and members is None:
             raise ValueError("SpreadCache needs etcd (kv) or a list of members")
         self.kv = kv
+        self.labels = dict(labels or {})
         self.refresh_s = refresh_s
         self.retry_s = retry_s
         self.timeout = timeout
@@ -97,7 +100,11 @@ class SpreadCache:
             from microco.common.registry import discover
 
             try:
-                found = members_from_records(discover(self.kv, "cache"))
+                found = members_from_records(
+                    r
+                    for r in discover(self.kv, "cache")
+                    if all(r.labels.get(k) == v for k, v in self.labels.items())
+                )
             except Exception as exc:  # noqa: BLE001 - etcd trouble: keep the servers we know
                 log.warning("cannot list cache servers: %s", exc)
                 found = None

@@ -97,3 +97,59 @@ def test_two_servers_hold_disjoint_shares_and_two_ranks_read_exactly_once(
     regs["host-a"].stop()
     moved = set(servers["host-a"].ledger.entries) - held["host-a"]
     assert moved and all(owner[d] == "host-b" for d in moved)
+
+
+def test_ranks_exchanging_hits_read_every_sample_once_and_resume_exactly(
+    make_dataset, tmp_path, inproc_cache
+):
+    from microco.clients.cache import ThreadExchange
+
+    files = make_dataset(tmp_path / "d", n=90, size=2000)
+    store = LocalStore(str(tmp_path / "d"))
+    idx = build_index(store.list_files(), store.read, 8000)
+    address, core = inproc_cache(90_000)  # about half the dataset
+
+    def ranks(group: ThreadExchange) -> list[QuiverLoader]:
+        return [
+            QuiverLoader(
+                idx, store, batch_size=8, dataset="d", job_id="x", server=address, exchange=group.member(r)
+            )
+            for r in range(2)
+        ]
+
+    def run(loaders: list[QuiverLoader], e: int, stop_after: int | None = None) -> list[int]:
+        seen: list[list[int]] = [[], []]
+
+        def go(r: int) -> None:
+            for k, (indices, samples) in enumerate(loaders[r].epoch(e)):
+                assert samples == [files[idx.samples[i].path] for i in indices]
+                seen[r] += indices
+                if stop_after is not None and k + 1 == stop_after:
+                    break
+
+        threads = [threading.Thread(target=go, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(seen[0]) == len(seen[1]) or stop_after is None
+        return seen[0] + seen[1]
+
+    loaders = ranks(ThreadExchange(2))
+    for e in range(2):
+        got = run(loaders, e)
+        assert sorted(got) == list(range(90)), e
+    assert sum(ld.stats.hits for ld in loaders) > 0
+    # Suspended mid-epoch (after 2 steps) and restarted from each rank's saved position.
+    first = run(loaders, 2, stop_after=2)
+    saved = [ld.state_dict() for ld in loaders]
+    for ld in loaders:
+        ld.close()
+    loaders = ranks(ThreadExchange(2))
+    for ld, state in zip(loaders, saved, strict=True):
+        ld.load_state_dict(state)
+        assert ld.resume_epoch == 2
+    rest = run(loaders, 2)
+    for ld in loaders:
+        ld.close()
+    assert sorted(first + rest) == list(range(90))
