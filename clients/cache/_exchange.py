@@ -194,8 +194,14 @@ class ExchangeSampler:
         is_cached: IsCached,
         mode: BatchMode = BatchMode.PREFER_HITS,
         hit_order: Callable[[int], float] | None = None,
+        miss_rank: Callable[[int], int] | None = None,
     ) -> Batch | None:
-        """This rank's next mini-batch, or None when the epoch is over (for every rank alike)."""
+        """This rank's next mini-batch, or None when the epoch is over (for every rank alike).
+
+        ``miss_rank(i)``: the rank that should read sample ``i`` when it is a miss (the same
+        function on every rank); misses are handed to it first, from any rank's window. The
+        loader passes the rank that fetches ``i``'s chunk whole, so the ranks' links share the
+        misses and a chunk's missed samples meet in one rank's batch."""
         if self.epoch < 0:
             raise RuntimeError("call start_epoch() first")
         if self._step >= len(self._sizes):
@@ -246,6 +252,10 @@ class ExchangeSampler:
             for q in range(w):  # hits a rank cannot use go to ranks short of them
                 give(q, surplus)
                 surplus = [i for i in surplus if i not in taken]
+            if miss_rank is not None:
+                pool = [i for q in range(w) for i in misses_of[q]]
+                for q in range(w):
+                    give(q, [i for i in pool if miss_rank(i) == q])
             for q in range(w):
                 give(q, misses_of[q])
         left = [want[q] - len(takes[q]) for q in range(w)]

@@ -768,7 +768,10 @@ class QuiverLoader:
                     self.stats.stall_s += wait
                     self.stats.compute_s += max(0.0, now - t0 - wait)
                     self._add_timings(self._meter.timings(r, wait, now - t0 - wait))
-                batch = self.sampler.next_batch(self.cached, mode, self._hit_order)
+                if isinstance(self.sampler, ExchangeSampler):
+                    batch = self.sampler.next_batch(self.cached, mode, self._hit_order, self._fetcher)
+                else:
+                    batch = self.sampler.next_batch(self.cached, mode, self._hit_order)
                 now = time.perf_counter()
                 # The previous batch has been read by now: its finished chunks may go.
                 self._report(done)
@@ -790,6 +793,10 @@ class QuiverLoader:
                 stop_listening()
             self._prefetch_stop.set()
             self._report(done)
+
+    def _fetcher(self, i: int) -> int:
+        # With hits exchanged, the rank that fetches (and prefetches) ``i``'s chunk whole.
+        return self.index.samples[i].chunk % self.world_size
 
     def _hit_order(self, i: int) -> int:
         # Prefer hits in chunks this job has nearly finished: a finished chunk can be evicted,
@@ -934,7 +941,7 @@ class QuiverLoader:
         order = list(range(len(self.index.chunks)))
         random.Random(self._seed * 7 + epoch * 131 + hash(self.job_id) % 1000).shuffle(order)
         if self.exchange is not None:  # ranks that know the job's progress share the work out
-            order = [c for c in order if c % self.world_size == self.rank]
+            order = [c for c in order if c % self.world_size == self.rank]  # (as ``_fetcher``)
         self._insert_chunks(order, stop, wait_when_full=True)
 
     def warm(self, max_chunks: int | None = None) -> int:
