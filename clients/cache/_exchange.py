@@ -198,10 +198,10 @@ class ExchangeSampler:
     ) -> Batch | None:
         """This rank's next mini-batch, or None when the epoch is over (for every rank alike).
 
-        ``miss_rank(i)``: the rank that should read sample ``i`` when it is a miss (the same
-        function on every rank); misses are handed to it first, from any rank's window. The
-        loader passes the rank that fetches ``i``'s chunk whole, so the ranks' links share the
-        misses and a chunk's missed samples meet in one rank's batch."""
+        ``miss_rank(i)``: the rank that should read sample ``i`` when it is a miss, or -1 for
+        any (the same answers on every rank); misses are handed to it first, from any rank's
+        window. The loader passes the rank that fetches ``i``'s chunk whole while it is
+        untouched, so a chunk's missed samples meet in one rank's batch."""
         if self.epoch < 0:
             raise RuntimeError("call start_epoch() first")
         if self._step >= len(self._sizes):

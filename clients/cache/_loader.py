@@ -795,8 +795,13 @@ class QuiverLoader:
             self._report(done)
 
     def _fetcher(self, i: int) -> int:
-        # With hits exchanged, the rank that fetches (and prefetches) ``i``'s chunk whole.
-        return self.index.samples[i].chunk % self.world_size
+        # With hits exchanged: the rank that fetches (and prefetches) ``i``'s chunk whole while
+        # no rank has touched it (the same answer on every rank: the job's progress is known to
+        # all alike); -1 (any rank: the misses stay spread over the links) once touched.
+        c = self.index.samples[i].chunk
+        if self._consumed_left[c] == self._share[c] == self.index.chunks[c].count:
+            return c % self.world_size
+        return -1
 
     def _hit_order(self, i: int) -> int:
         # Prefer hits in chunks this job has nearly finished: a finished chunk can be evicted,
