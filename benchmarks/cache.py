@@ -609,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="microco bench cache", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--quick", action="store_true", help="small dataset, 2 epochs: under a minute")
+    p.add_argument("--quick", action="store_true", help="small dataset, 2 epochs: a few minutes")
     p.add_argument("--json", action="store_true", help="JSON only on stdout (the default output is JSON too)")
     p.add_argument("--samples", type=int, default=0, help="number of samples (default 192 quick, 768 full)")
     p.add_argument("--sample-kb", type=float, default=110, help="mean sample size in KB (DLIO image: ~110)")
