@@ -277,11 +277,11 @@ class ExchangeSampler:
         # the epoch follows, unused misses go to the back.
         for q in range(w):
             win = windows[q]
-            hq = set(hits_of[q])
+            was_hit = set(hits_of[q])
             self._pending[q] = (
-                [i for i in win if i in hq and i not in taken]
+                [i for i in win if i in was_hit and i not in taken]
                 + [i for i in self._pending[q][len(win) :] if i not in taken]
-                + [i for i in win if i not in hq and i not in taken]
+                + [i for i in win if i not in was_hit and i not in taken]
             )
         self.last_taken = takes
         return Batch(tuple(takes[r]), frozenset(i for i in takes[r] if i in all_hits), mode)
