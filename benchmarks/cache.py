@@ -14,8 +14,10 @@ shape, ~110 KB). One run measures, side by side:
   store's bandwidth, and a compute-bound epoch's time over its pure compute;
 * allocation (``allocation``): an I/O-bound and a compute-bound job on one cache the size of
   one dataset, the share of it the I/O-bound job's dataset is given;
-* data-parallel ranks (``ddp``): 2 ranks of one job on one cache server, exactly once across
-  ranks, aggregate throughput against one rank;
+* data-parallel ranks (``ddp``): one rank on one host (its own link to the store, its own
+  cache server) against 2 ranks on two hosts (a link and a cache server each; the two servers
+  one cache spread over both hosts, each chunk on its owner), in step as DDP ranks are:
+  exactly once across ranks, aggregate throughput against one rank;
 * two jobs on one dataset: one shared Quiver cache against one cache per job (bytes cached,
   aggregate throughput);
 * one cache server serving one client (gRPC stream, and same-host direct read of granted
@@ -57,7 +59,9 @@ def _make_dataset(root: Path, n: int, size: int, seed: int = 0) -> int:
 
 
 class _Server:
-    def __init__(self, tmp: Path, name: str, etcd: str, redis: str, capacity: int, policy: str) -> None:
+    def __init__(
+        self, tmp: Path, name: str, etcd: str, redis: str, capacity: int, policy: str, extra: tuple = ()
+    ) -> None:
         from microco.services.stack import free_port
 
         self.port = free_port()
@@ -86,10 +90,11 @@ class _Server:
             "0.5",
             "--log-level",
             os.environ.get("QB_LOG", "warning"),
+            *extra,
         ]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
 
-    def wait_ready(self, timeout: float = 60) -> None:
+    def wait_ready(self, timeout: float = 240) -> None:
         from microco.clients.cache import CacheClient
 
         deadline = time.monotonic() + timeout
@@ -193,9 +198,40 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             "serve": ("coordinated", 2 * total),
             "alloc": ("coordinated", total),
             "ddp1": ("coordinated", capacity),
-            "ddp2": ("coordinated", capacity),
+            # Two hosts' cache servers, one spread cache per pool (told apart by a label):
+            # each the size of the one-rank host's, and, for comparison, half of it each.
+            "ddp2a": ("coordinated", capacity),
+            "ddp2b": ("coordinated", capacity),
+            "ddp2ha": ("coordinated", capacity // 2),
+            "ddp2hb": ("coordinated", capacity // 2),
+            # The same for the I/O-bound run (cold caches of their own).
+            "io1": ("coordinated", capacity),
+            "io2a": ("coordinated", capacity),
+            "io2b": ("coordinated", capacity),
+            "io2ha": ("coordinated", capacity // 2),
+            "io2hb": ("coordinated", capacity // 2),
         }
-        servers = {k: _Server(tmp, k, etcd.endpoint, redis.url, cap, pol) for k, (pol, cap) in names.items()}
+        uses = {
+            "one_job": ("lru", "quiver"),
+            "two_jobs": ("shared", "job0", "job1", "half0", "half1"),
+            "allocation": ("alloc",),
+            "ddp": ("ddp1", "ddp2a", "ddp2b", "ddp2ha", "ddp2hb", "io1", "io2a", "io2b", "io2ha", "io2hb"),
+            "serving": ("serve",),
+        }
+        only = set(args.only or uses.keys() | {"prefetch"})
+
+        def want(section: str) -> bool:
+            return section in only
+
+        names = {k: v for k, v in names.items() if any(k in uses[s] for s in only if s in uses)}
+        extra = {
+            k: ("--node", f"host-{k[-1]}", "--label", f"pool={k[:-1]}")
+            for k in ("ddp2a", "ddp2b", "ddp2ha", "ddp2hb", "io2a", "io2b", "io2ha", "io2hb")
+        }
+        servers = {
+            k: _Server(tmp, k, etcd.endpoint, redis.url, cap, pol, extra.get(k, ()))
+            for k, (pol, cap) in names.items()
+        }
         for s in servers.values():
             stack.callback(s.stop)
         for s in servers.values():
@@ -230,245 +266,340 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
                 **kw,
             )
 
-        t_phase = time.perf_counter()
-        # -- one job: none, LRU, Quiver, epochs interleaved
-        one = {
-            "none": loader(index, ThrottledStore(local, bw), None, "none", prefetch=False),
-            "lru": loader(
-                per_sample,
-                ThrottledStore(local, bw),
-                servers["lru"].address,
-                "lru",
-                prefetch=False,
-                substitutable=False,
-                insert_misses=True,
-                probe_batches=0,
-            ),
-            "quiver": loader(index, ThrottledStore(local, bw), servers["quiver"].address, "quiver"),
-        }
-        policies: dict[str, list[dict[str, float]]] = {k: [] for k in one}
-        for e in range(epochs):
-            for name, ld in one.items():
-                policies[name].append(_run_epoch(ld, e, compute_s))
-        quiver_stats = one["quiver"].stats
-        for ld in one.values():
-            ld.close()
-        for name, runs in policies.items():
-            steady = runs[1:]  # the first epoch warms the cache
-            result[name] = {
-                "epoch_s": sum(r["epoch_s"] for r in steady) / len(steady),
-                "hit_rate": sum(r["hit_rate"] for r in steady) / len(steady),
-                "sample_hit_rate": sum(r["sample_hit_rate"] for r in steady) / len(steady),
-                "backing_mb_per_epoch": sum(r["backing_mb"] for r in steady) / len(steady),
-                "first_epoch_s": runs[0]["epoch_s"],
-                "per_epoch": runs,
-            }
-        result["quiver"]["prefetched_chunks"] = quiver_stats.prefetched_chunks
-        result["quiver_vs_lru_speedup"] = result["lru"]["epoch_s"] / result["quiver"]["epoch_s"]
-        result["quiver_vs_none_speedup"] = result["none"]["epoch_s"] / result["quiver"]["epoch_s"]
-        # LRU's hit rate under random order without I/O (the same policy code), as a cross-check.
-        result["simulated_lru_hit_rate"] = simulate(
-            "lru", len(per_sample), 1, int(len(per_sample) * capacity / total), epochs=epochs
-        ).hit_rate_per_epoch[-1]
-
-        phases["one_job"] = time.perf_counter() - t_phase
-        t_phase = time.perf_counter()
-
-        # -- two jobs on one dataset: one shared cache vs one cache per job (same link)
-        def two_jobs(addresses: list[str]) -> float:
-            link = ThrottledStore(local, bw)  # both jobs behind one link to the store
-            loaders = [loader(index, link, addresses[j], f"pair{j}-{addresses[j]}") for j in range(2)]
-
-            def go(ld: QuiverLoader) -> None:
-                _run_epochs(ld, epochs, compute_s)
-
-            t0 = time.perf_counter()
-            threads = [threading.Thread(target=go, args=(ld,)) for ld in loaders]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            wall = time.perf_counter() - t0
-            for ld in loaders:
-                ld.close()
-            return 2 * epochs * total / wall / MB
-
-        shared_tput = two_jobs([servers["shared"].address] * 2)
-        per_job_tput = two_jobs([servers["job0"].address, servers["job1"].address])
-        half_tput = two_jobs([servers["half0"].address, servers["half1"].address])
-        # Shared: one cache of capacity C for both jobs. Per job: a cache of C each (what two
-        # users with separate caches hold: the same data twice). Per job, half: C/2 each, the
-        # same total budget as the shared cache.
-        result["shared_bytes_cached"] = servers["shared"].stats().used_bytes
-        result["per_job_bytes_cached"] = (
-            servers["job0"].stats().used_bytes + servers["job1"].stats().used_bytes
-        )
-        result["shared_throughput_mb_s"] = shared_tput
-        result["per_job_throughput_mb_s"] = per_job_tput
-        result["per_job_half_capacity_bytes_cached"] = (
-            servers["half0"].stats().used_bytes + servers["half1"].stats().used_bytes
-        )
-        result["per_job_half_capacity_throughput_mb_s"] = half_tput
-        result["shared_vs_per_job_half_capacity_speedup"] = shared_tput / half_tput
-
-        phases["two_jobs"] = time.perf_counter() - t_phase
-        t_phase = time.perf_counter()
-
-        # -- the reader ahead of the step, no cache: I/O-bound and compute-bound epochs
         batch_read_s = batch * sample / bw
-        ld = loader(index, ThrottledStore(local, bw), False, "pf-io", prefetch=False)
-        io_run = _run_epoch(ld, 0, 0.0)
-        ld.close()
         cb_compute = 2 * batch_read_s  # compute takes twice the batch's read: I/O can hide
-        ld = loader(index, ThrottledStore(local, bw), False, "pf-cpu", prefetch=False)
-        cb_run = _run_epoch(ld, 0, cb_compute)
-        ld.close()
-        n_batches = -(-n // batch)
-        result["prefetch"] = {
-            "batches_ahead": 2,
-            "io_bound_fraction_of_bandwidth": total / io_run["epoch_s"] / bw,
-            "compute_bound_overhead": cb_run["epoch_s"] / (n_batches * cb_compute) - 1,
-            "compute_bound_compute_s_per_batch": cb_compute,
-        }
-        phases["prefetch"] = time.perf_counter() - t_phase
+        t_phase = time.perf_counter()
+        if want("one_job"):
+            # -- one job: none, LRU, Quiver, epochs interleaved
+            one = {
+                "none": loader(index, ThrottledStore(local, bw), None, "none", prefetch=False),
+                "lru": loader(
+                    per_sample,
+                    ThrottledStore(local, bw),
+                    servers["lru"].address,
+                    "lru",
+                    prefetch=False,
+                    substitutable=False,
+                    insert_misses=True,
+                    probe_batches=0,
+                ),
+                "quiver": loader(index, ThrottledStore(local, bw), servers["quiver"].address, "quiver"),
+            }
+            policies: dict[str, list[dict[str, float]]] = {k: [] for k in one}
+            for e in range(epochs):
+                for name, ld in one.items():
+                    policies[name].append(_run_epoch(ld, e, compute_s))
+            quiver_stats = one["quiver"].stats
+            for ld in one.values():
+                ld.close()
+            for name, runs in policies.items():
+                steady = runs[1:]  # the first epoch warms the cache
+                result[name] = {
+                    "epoch_s": sum(r["epoch_s"] for r in steady) / len(steady),
+                    "hit_rate": sum(r["hit_rate"] for r in steady) / len(steady),
+                    "sample_hit_rate": sum(r["sample_hit_rate"] for r in steady) / len(steady),
+                    "backing_mb_per_epoch": sum(r["backing_mb"] for r in steady) / len(steady),
+                    "first_epoch_s": runs[0]["epoch_s"],
+                    "per_epoch": runs,
+                }
+            result["quiver"]["prefetched_chunks"] = quiver_stats.prefetched_chunks
+            result["quiver_vs_lru_speedup"] = result["lru"]["epoch_s"] / result["quiver"]["epoch_s"]
+            result["quiver_vs_none_speedup"] = result["none"]["epoch_s"] / result["quiver"]["epoch_s"]
+            # LRU's hit rate under random order without I/O (the same policy code), as a cross-check.
+            result["simulated_lru_hit_rate"] = simulate(
+                "lru", len(per_sample), 1, int(len(per_sample) * capacity / total), epochs=epochs
+            ).hit_rate_per_epoch[-1]
+
+            phases["one_job"] = time.perf_counter() - t_phase
         t_phase = time.perf_counter()
 
-        # -- allocation: an I/O-bound and a compute-bound job share a cache one dataset large
-        other = tmp / "data2"
-        _make_dataset(other, n, sample, seed=1)
-        local2 = LocalStore(str(other))
-        index2 = build_index(local2.list_files(), local2.read, chunk_bytes)
-        jobs = {
-            "io": QuiverLoader(
-                index,
-                ThrottledStore(local, bw),
-                batch_size=batch,
-                dataset="io-data",
-                job_id="io-job",
-                server=servers["alloc"].address,
-            ),
-            "cpu": QuiverLoader(
-                index2,
-                ThrottledStore(local2, bw),
-                batch_size=batch,
-                dataset="cpu-data",
-                job_id="cpu-job",
-                server=servers["alloc"].address,
-            ),
-        }
-        work = {"io": 0.0, "cpu": cb_compute}
+        if want("two_jobs"):
+            # -- two jobs on one dataset: one shared cache vs one cache per job (same link)
+            def two_jobs(addresses: list[str]) -> float:
+                link = ThrottledStore(local, bw)  # both jobs behind one link to the store
+                loaders = [loader(index, link, addresses[j], f"pair{j}-{addresses[j]}") for j in range(2)]
 
-        def alloc_job(name: str) -> None:
-            for e in range(2):  # the probe batches run in the first two epochs
-                _run_epoch(jobs[name], e, work[name])
+                def go(ld: QuiverLoader) -> None:
+                    _run_epochs(ld, epochs, compute_s)
 
-        threads = [threading.Thread(target=alloc_job, args=(k,)) for k in jobs]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        from microco.clients.cache import CacheClient
+                t0 = time.perf_counter()
+                threads = [threading.Thread(target=go, args=(ld,)) for ld in loaders]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                wall = time.perf_counter() - t0
+                for ld in loaders:
+                    ld.close()
+                return 2 * epochs * total / wall / MB
 
-        with CacheClient(servers["alloc"].address) as c:
-            got_alloc = c.allocations()
-        for ld in jobs.values():
+            shared_tput = two_jobs([servers["shared"].address] * 2)
+            per_job_tput = two_jobs([servers["job0"].address, servers["job1"].address])
+            half_tput = two_jobs([servers["half0"].address, servers["half1"].address])
+            # Shared: one cache of capacity C for both jobs. Per job: a cache of C each (what two
+            # users with separate caches hold: the same data twice). Per job, half: C/2 each, the
+            # same total budget as the shared cache.
+            result["shared_bytes_cached"] = servers["shared"].stats().used_bytes
+            result["per_job_bytes_cached"] = (
+                servers["job0"].stats().used_bytes + servers["job1"].stats().used_bytes
+            )
+            result["shared_throughput_mb_s"] = shared_tput
+            result["per_job_throughput_mb_s"] = per_job_tput
+            result["per_job_half_capacity_bytes_cached"] = (
+                servers["half0"].stats().used_bytes + servers["half1"].stats().used_bytes
+            )
+            result["per_job_half_capacity_throughput_mb_s"] = half_tput
+            result["shared_vs_per_job_half_capacity_speedup"] = shared_tput / half_tput
+
+            phases["two_jobs"] = time.perf_counter() - t_phase
+        t_phase = time.perf_counter()
+
+        if want("prefetch"):
+            # -- the reader ahead of the step, no cache: I/O-bound and compute-bound epochs
+            ld = loader(index, ThrottledStore(local, bw), False, "pf-io", prefetch=False)
+            io_run = _run_epoch(ld, 0, 0.0)
             ld.close()
-        shares = {a.dataset: a.bytes / got_alloc.capacity_bytes for a in got_alloc.allocations}
-        result["allocation"] = {
-            "io_bound_share": shares.get("io-data", 0.0),
-            "compute_bound_share": shares.get("cpu-data", 0.0),
-            "reasons": {a.dataset: a.reason for a in got_alloc.allocations},
-        }
-        phases["allocation"] = time.perf_counter() - t_phase
+            ld = loader(index, ThrottledStore(local, bw), False, "pf-cpu", prefetch=False)
+            cb_run = _run_epoch(ld, 0, cb_compute)
+            ld.close()
+            n_batches = -(-n // batch)
+            result["prefetch"] = {
+                "batches_ahead": 2,
+                "io_bound_fraction_of_bandwidth": total / io_run["epoch_s"] / bw,
+                "compute_bound_overhead": cb_run["epoch_s"] / (n_batches * cb_compute) - 1,
+                "compute_bound_compute_s_per_batch": cb_compute,
+            }
+            phases["prefetch"] = time.perf_counter() - t_phase
         t_phase = time.perf_counter()
 
-        # -- data-parallel: one rank against 2 ranks of one job (threads), same link and cache size
-        def ddp(world: int) -> tuple[float, bool]:
-            link = ThrottledStore(local, bw)
-            srv = servers[f"ddp{world}"].address
-            ranks = [
-                QuiverLoader(
+        if want("allocation"):
+            # -- allocation: an I/O-bound and a compute-bound job share a cache one dataset large
+            other = tmp / "data2"
+            _make_dataset(other, n, sample, seed=1)
+            local2 = LocalStore(str(other))
+            index2 = build_index(local2.list_files(), local2.read, chunk_bytes)
+            jobs = {
+                "io": QuiverLoader(
                     index,
-                    link,
+                    ThrottledStore(local, bw),
                     batch_size=batch,
-                    dataset="bench",
-                    job_id=f"ddp{world}",
-                    server=srv,
-                    world_size=world,
-                    rank=r,
-                )
-                for r in range(world)
-            ]
-            seen: list[list[int]] = [[] for _ in range(epochs)]
-            t0 = time.perf_counter()
+                    dataset="io-data",
+                    job_id="io-job",
+                    server=servers["alloc"].address,
+                ),
+                "cpu": QuiverLoader(
+                    index2,
+                    ThrottledStore(local2, bw),
+                    batch_size=batch,
+                    dataset="cpu-data",
+                    job_id="cpu-job",
+                    server=servers["alloc"].address,
+                ),
+            }
+            work = {"io": 0.0, "cpu": cb_compute}
 
-            def go(r: int) -> None:
-                for e in range(epochs):
-                    _run_epoch(ranks[r], e, compute_s, seen[e])
+            def alloc_job(name: str) -> None:
+                for e in range(2):  # the probe batches run in the first two epochs
+                    _run_epoch(jobs[name], e, work[name])
 
-            threads = [threading.Thread(target=go, args=(r,)) for r in range(world)]
+            threads = [threading.Thread(target=alloc_job, args=(k,)) for k in jobs]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-            wall = time.perf_counter() - t0
-            for ld in ranks:
+            from microco.clients.cache import CacheClient
+
+            with CacheClient(servers["alloc"].address) as c:
+                got_alloc = c.allocations()
+            for ld in jobs.values():
                 ld.close()
-            once = all(sorted(s) == list(range(n)) for s in seen)
-            return epochs * total / wall / MB, once
-
-        one_rank, once1 = ddp(1)
-        two_ranks, once2 = ddp(2)
-        result["ddp"] = {
-            "ranks": 2,
-            "exactly_once": once1 and once2,
-            "speedup_vs_one_rank": two_ranks / one_rank,
-            "one_rank_mb_s": one_rank,
-            "two_ranks_mb_s": two_ranks,
-        }
-        phases["ddp"] = time.perf_counter() - t_phase
+            shares = {a.dataset: a.bytes / got_alloc.capacity_bytes for a in got_alloc.allocations}
+            result["allocation"] = {
+                "io_bound_share": shares.get("io-data", 0.0),
+                "compute_bound_share": shares.get("cpu-data", 0.0),
+                "reasons": {a.dataset: a.reason for a in got_alloc.allocations},
+            }
+            phases["allocation"] = time.perf_counter() - t_phase
         t_phase = time.perf_counter()
-        # -- serving: one server, one client, warm, against local files
-        srv = servers["serve"]
-        warm = loader(index, local, srv.address, "serve-warm", prefetch=False)
-        warm.warm()
-        warm.close()
-        reads = [(index.chunks[s.chunk].digest, s.offset, s.size, s.digest) for s in index.samples]
-        from microco.clients.cache import CacheClient
 
-        reps = 2 if quick else 4
-        with CacheClient(srv.address, timeout=120) as c:
-            c.read_samples(reads[:batch])
+        if want("ddp"):
+            # -- data-parallel: one rank on one host against 2 ranks on two hosts. A host has its
+            # own link to the backing store and its own cache server; the 2-rank run's servers are
+            # one cache spread over both hosts (each chunk on its owner, found in etcd), each rank
+            # reading its own host's server directly and the other's by streaming. Ranks step
+            # together (a barrier per batch stands in for DDP's all-reduce).
+            from microco.clients.cache import SpreadCache, ThreadExchange
+            from microco.common.kv import EtcdKV
+
+            kv = EtcdKV(etcd.endpoint)
+            stack.callback(kv.close)
+
+            def ddp(
+                world: int, pool: str, idx: Any, src: Any, link_bw: float, name: str, compute: float
+            ) -> dict[str, Any]:
+                caches: list[Any] = (
+                    [servers[pool].address]
+                    if world == 1
+                    else [SpreadCache(kv, labels={"pool": pool}) for _ in range(world)]
+                )
+                group = ThreadExchange(world) if world > 1 else None  # the ranks trade hits
+                ranks = [
+                    QuiverLoader(
+                        idx,
+                        ThrottledStore(src, link_bw),  # each host its own link
+                        batch_size=batch,
+                        dataset=name,
+                        job_id=f"{name}-{pool or world}",
+                        server=caches[r],
+                        node=f"host-{'ab'[r]}" if world > 1 else None,
+                        world_size=world,
+                        rank=r,
+                        exchange=group.member(r) if group is not None else None,
+                    )
+                    for r in range(world)
+                ]
+                steps = max(len(ld) for ld in ranks)
+                step = threading.Barrier(world)
+                seen: list[list[int]] = [[] for _ in range(epochs)]
+                runs: list[list[dict[str, float]]] = [[] for _ in range(world)]
+                ends: list[float] = [0.0] * epochs
+
+                def go(r: int) -> None:
+                    ld = ranks[r]
+                    for e in range(epochs):
+                        h0, m0, b0 = ld.stats.hits, ld.stats.misses, ld.stats.backing_bytes
+                        k = 0
+                        for indices, _samples in ld.epoch(e):
+                            seen[e].extend(indices)
+                            step.wait()
+                            time.sleep(compute_s)
+                            k += 1
+                        for _ in range(steps - k):  # (a rank with a batch less waits for the others)
+                            step.wait()
+                        ends[e] = time.perf_counter()
+                        runs[r].append(
+                            {
+                                "hits": ld.stats.hits - h0,
+                                "misses": ld.stats.misses - m0,
+                                "backing_mb": (ld.stats.backing_bytes - b0) / MB,
+                            }
+                        )
+
+                t0 = time.perf_counter()
+                threads = [threading.Thread(target=go, args=(r,)) for r in range(world)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                wall = time.perf_counter() - t0
+                for ld in ranks:
+                    ld.close()
+                for c in caches:
+                    if isinstance(c, SpreadCache):
+                        c.close()
+                epoch_s = [ends[0] - t0] + [ends[e] - ends[e - 1] for e in range(1, epochs)]
+                backing = [sum(runs[r][e]["backing_mb"] for r in range(world)) for e in range(epochs)]
+                steady = range(1, epochs)
+                return {
+                    "exactly_once": all(sorted(x) == list(range(n)) for x in seen),
+                    "mb_s": epochs * total / wall / MB,
+                    "steady_mb_s": (epochs - 1) * total / sum(epoch_s[1:]) / MB,
+                    "epoch_s": epoch_s,
+                    "backing_mb_per_epoch": backing,
+                    "steady_hit_rate": sum(max(0.0, 1 - backing[e] * MB / total) for e in steady)
+                    / len(steady),
+                    "misses_per_epoch": [
+                        sum(runs[r][e]["misses"] for r in range(world)) for e in range(epochs)
+                    ],
+                    "hits_per_epoch": [sum(runs[r][e]["hits"] for r in range(world)) for e in range(epochs)],
+                }
+
+            def section(
+                p: str, idx: Any, src: Any, link_bw: float, name: str, compute: float
+            ) -> dict[str, Any]:
+                one = ddp(1, f"{p}1", idx, src, link_bw, name, compute)
+                two = ddp(2, f"{p}2", idx, src, link_bw, name, compute)
+                half = ddp(2, f"{p}2h", idx, src, link_bw, name, compute)
+                held = {k: servers[p + k].stats().used_bytes / MB for k in ("2a", "2b", "2ha", "2hb")}
+                wall_one = sum(one["epoch_s"])
+                return {
+                    "link_mb_s": link_bw / MB,
+                    "compute_ms_per_batch": compute * 1000,
+                    "exactly_once": one["exactly_once"] and two["exactly_once"] and half["exactly_once"],
+                    "speedup_vs_one_rank": two["mb_s"] / one["mb_s"],
+                    "steady_speedup_vs_one_rank": two["steady_mb_s"] / one["steady_mb_s"],
+                    "same_total_cache_speedup": half["mb_s"] / one["mb_s"],
+                    # Share of the one-rank run's time its link was busy: near 1 is I/O-bound.
+                    "one_rank_link_busy": sum(one["backing_mb_per_epoch"]) * MB / link_bw / wall_one,
+                    "one_rank_mb_s": one["mb_s"],
+                    "two_ranks_mb_s": two["mb_s"],
+                    "held_mb_after": held,
+                    "one_rank": one,
+                    "two_ranks": two,
+                    "two_ranks_same_total_cache": half,
+                }
+
+            at_bench = section("ddp", index, local, bw, "bench", compute_s)
+            # I/O-bound: servers of its own (cold), a slower link per host, no compute.
+            io = section("io", index, local, args.ddp_bandwidth_mb_s * MB, "bench", 0.0)
+            result["ddp"] = {
+                "ranks": 2,
+                "exactly_once": io["exactly_once"] and at_bench["exactly_once"],
+                "speedup_vs_one_rank": io["speedup_vs_one_rank"],
+                "setup": (
+                    "1 rank: one host, one link, one cache server of C; 2 ranks (threads, a barrier "
+                    "per step, hits exchanged): two hosts, a link and a cache server of C each "
+                    "(same_total_cache: C/2 each), the two servers one spread cache; io_bound: "
+                    "links of --ddp-bandwidth-mb-s, no compute; at_bench_bandwidth: the bench's "
+                    "link and compute"
+                ),
+                "io_bound": io,
+                "at_bench_bandwidth": at_bench,
+            }
+            phases["ddp"] = time.perf_counter() - t_phase
+        t_phase = time.perf_counter()
+        if want("serving"):
+            # -- serving: one server, one client, warm, against local files
+            srv = servers["serve"]
+            warm = loader(index, local, srv.address, "serve-warm", prefetch=False)
+            warm.warm()
+            warm.close()
+            reads = [(index.chunks[s.chunk].digest, s.offset, s.size, s.digest) for s in index.samples]
+            from microco.clients.cache import CacheClient
+
+            reps = 2 if quick else 4
+            with CacheClient(srv.address, timeout=120) as c:
+                c.read_samples(reads[:batch])
+                t0 = time.perf_counter()
+                got = 0
+                for _ in range(reps):
+                    for i in range(0, len(reads), 256):
+                        got += sum(len(x or b"") for x in c.read_samples(reads[i : i + 256]))
+                serve = got / (time.perf_counter() - t0) / MB
+            direct = loader(index, local, srv.address, "serve-direct", prefetch=False)
+            idx_all = list(range(len(index)))
+            direct.read(idx_all, idx_all)
             t0 = time.perf_counter()
             got = 0
             for _ in range(reps):
-                for i in range(0, len(reads), 256):
-                    got += sum(len(x or b"") for x in c.read_samples(reads[i : i + 256]))
-            serve = got / (time.perf_counter() - t0) / MB
-        direct = loader(index, local, srv.address, "serve-direct", prefetch=False)
-        idx_all = list(range(len(index)))
-        direct.read(idx_all, idx_all)
-        t0 = time.perf_counter()
-        got = 0
-        for _ in range(reps):
-            for i in range(0, len(idx_all), 256):
-                got += sum(map(len, direct.read(idx_all[i : i + 256], idx_all[i : i + 256])))
-        serve_direct = got / (time.perf_counter() - t0) / MB
-        direct.close()
-        for p, _ in files:  # page-cache warm, as the server's files are
-            local.read(p)
-        t0 = time.perf_counter()
-        got = 0
-        for _ in range(reps):
-            for p, _ in files:
-                got += len(local.read(p))
-        local_mb_s = got / (time.perf_counter() - t0) / MB
-        result["serve_mb_s"] = serve
-        result["serve_direct_mb_s"] = serve_direct
-        result["local_read_mb_s"] = local_mb_s
-        result["serve_vs_local"] = serve / local_mb_s
-        result["serve_direct_vs_local"] = serve_direct / local_mb_s
-        phases["serving"] = time.perf_counter() - t_phase
+                for i in range(0, len(idx_all), 256):
+                    got += sum(map(len, direct.read(idx_all[i : i + 256], idx_all[i : i + 256])))
+            serve_direct = got / (time.perf_counter() - t0) / MB
+            direct.close()
+            for p, _ in files:  # page-cache warm, as the server's files are
+                local.read(p)
+            t0 = time.perf_counter()
+            got = 0
+            for _ in range(reps):
+                for p, _ in files:
+                    got += len(local.read(p))
+            local_mb_s = got / (time.perf_counter() - t0) / MB
+            result["serve_mb_s"] = serve
+            result["serve_direct_mb_s"] = serve_direct
+            result["local_read_mb_s"] = local_mb_s
+            result["serve_vs_local"] = serve / local_mb_s
+            result["serve_direct_vs_local"] = serve_direct / local_mb_s
+            phases["serving"] = time.perf_counter() - t_phase
         result["phase_s"] = phases
         shutil.rmtree(data, ignore_errors=True)
     return result
@@ -478,13 +609,25 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="microco bench cache", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--quick", action="store_true", help="small dataset, 2 epochs: under a minute")
+    p.add_argument("--quick", action="store_true", help="small dataset, 2 epochs: a few minutes")
     p.add_argument("--json", action="store_true", help="JSON only on stdout (the default output is JSON too)")
     p.add_argument("--samples", type=int, default=0, help="number of samples (default 192 quick, 768 full)")
     p.add_argument("--sample-kb", type=float, default=110, help="mean sample size in KB (DLIO image: ~110)")
     p.add_argument("--bandwidth-mb-s", type=float, default=20, help="backing store bandwidth, MB/s")
     p.add_argument("--batch-size", type=int, default=16, help="samples per mini-batch")
     p.add_argument("--compute-ms", type=float, default=5, help="simulated training step per batch, ms")
+    p.add_argument(
+        "--ddp-bandwidth-mb-s",
+        type=float,
+        default=5,
+        help="each host's link in the I/O-bound data-parallel run, MB/s",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=["one_job", "two_jobs", "prefetch", "allocation", "ddp", "serving"],
+        help="run only this section (repeatable); default all",
+    )
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     result = run(args.quick, args)

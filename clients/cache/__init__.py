@@ -9,7 +9,10 @@
 * ``register_dataset``, ``get_dataset``, ``list_datasets``, ``load_index``: datasets in etcd,
   indexes beside the data.
 * ``QuiverLoader``: substitutable-hit data loading with prefetch and backing-store fallback;
-  ``Peers``: other hosts' cache servers through the Redis directory (remote streaming).
+  ``Peers``: other hosts' cache servers through the Redis directory (remote streaming);
+  ``SpreadCache``: a cache spread over hosts (each chunk on its owner by rendezvous hashing,
+  ``chunk_owner``, over the live cache servers in etcd); ``ExchangeSampler`` with
+  ``ThreadExchange``/``TorchExchange``: data-parallel ranks trading substitutable hits.
 * ``open_loader``: a loader for a registered dataset by name.
 * ``cache_overview``: every server's stats and allocations (with reasons) as plain dicts.
 * PyTorch: ``QuiverBatchSampler``, ``QuiverDataset``, ``QuiverIterableDataset`` (read ahead),
@@ -26,6 +29,7 @@ from ._client import CacheClient, Grant
 from ._datasets import DatasetRecord, get_dataset, list_datasets, load_index, register_dataset
 from ._digest import digest, directory_locator, file_locator, is_digest
 from ._directory import RedisDirectory
+from ._exchange import Exchange, ExchangeSampler, ThreadExchange, TorchExchange
 from ._index import (
     DEFAULT_CHUNK_BYTES,
     ChunkRef,
@@ -45,7 +49,10 @@ from ._jobs import (
 from ._loader import LoaderStats, QuiverLoader
 from ._overview import allocation_to_dict, cache_overview, stats_to_dict
 from ._peers import Peers
+from ._placement import owned_bytes
+from ._placement import owner as chunk_owner
 from ._sampler import Batch, BatchMode, SubstitutableSampler
+from ._spread import Member, SpreadCache, members_from_records
 from ._table import StoreTable, decode_sample, index_store_table
 
 _LAZY = {
@@ -72,6 +79,7 @@ def open_loader(
     server: str | None | bool = None,
     store: Any = None,
     redis_url: str | None = None,
+    spread: bool = False,
     **kwargs: Any,
 ) -> QuiverLoader:
     """A ``QuiverLoader`` for the registered dataset ``name`` (index verified against etcd).
@@ -82,6 +90,8 @@ def open_loader(
     host's first), and with none running the loader reads from the backing store only;
     ``False`` asks for no cache at all (the backing store only, no discovery). With ``redis_url``
     the loader also reads chunks that other hosts' cache servers hold (the Redis directory).
+    ``spread=True``: one cache spread over every live cache server in etcd (each chunk looked
+    up on, inserted into and read from its owner; ``SpreadCache``); ``server`` is then unused.
     """
     from microco.common.discovery import connect_etcd
     from microco.common.errors import InvalidArgument
@@ -90,12 +100,16 @@ def open_loader(
     rec = get_dataset(kv, name)
     store = store or open_store(rec.url)
     index = load_index(rec, store)
-    if server is False:
+    cache: Any = server
+    if spread:
+        cache = SpreadCache(kv)
         server = None
+    elif server is False:
+        cache = server = None
     elif server is None:
         # Found in etcd, and found again there if it stops answering (restarted elsewhere).
         node = kwargs.get("node")
-        server = find_server(kv, node)
+        cache = server = find_server(kv, node)
         if server is not None:
             kwargs.setdefault("resolve_server", lambda: find_server(kv, node))
     elif not isinstance(server, str):
@@ -104,7 +118,7 @@ def open_loader(
         from microco.common.hotstate import connect_redis
 
         kwargs["peers"] = Peers(connect_redis(redis_url, check=False), kv, exclude=server)
-    return QuiverLoader(index, store, dataset=name, server=server, **kwargs)
+    return QuiverLoader(index, store, dataset=name, server=cache, **kwargs)
 
 
 def find_server(kv: Any, node: str | None = None) -> str | None:
@@ -131,10 +145,13 @@ __all__ = [
     "ChunkRef",
     "DatasetIndex",
     "DatasetRecord",
+    "Exchange",
+    "ExchangeSampler",
     "FsspecStore",
     "Grant",
     "LoaderStats",
     "LocalStore",
+    "Member",
     "Peers",
     "QuiverBatchSampler",
     "QuiverDataset",
@@ -142,12 +159,16 @@ __all__ = [
     "QuiverLoader",
     "RedisDirectory",
     "SampleRef",
+    "SpreadCache",
     "StoreTable",
     "SubstitutableSampler",
+    "ThreadExchange",
     "ThrottledStore",
+    "TorchExchange",
     "allocation_to_dict",
     "build_index",
     "cache_overview",
+    "chunk_owner",
     "decode_sample",
     "digest",
     "directory_locator",
@@ -164,8 +185,10 @@ __all__ = [
     "list_datasets",
     "load_index",
     "make_dataloader",
+    "members_from_records",
     "open_loader",
     "open_store",
+    "owned_bytes",
     "publish_job_dataset",
     "quiver_tf_dataset",
     "register_dataset",

@@ -32,9 +32,11 @@ from microco.common.errors import FailedPrecondition, MicrocoError, Unavailable
 
 from ._client import CacheClient
 from ._digest import digest
+from ._exchange import Exchange, ExchangeSampler
 from ._index import DatasetIndex
 from ._peers import Peers
 from ._sampler import BatchMode, SubstitutableSampler
+from ._spread import SpreadCache
 from ._stall import BatchRead, StallMeter
 
 log = logging.getLogger(__name__)
@@ -81,7 +83,9 @@ class QuiverLoader:
     ``direct_read``: read granted chunk files when the server is on ``node`` (default
     ``MICROCO_NODE`` or the hostname), else stream. ``peers``: other hosts' servers.
     ``substitutable=False, insert_misses=True`` makes the generic read-through cache
-    client the benchmark compares against.
+    client the benchmark compares against. ``exchange``: the ranks of a data-parallel job
+    trade substitutable hits (``ExchangeSampler``; ``TorchExchange()`` under
+    ``torch.distributed``); world size and rank are then the exchange's.
     """
 
     def __init__(
@@ -92,7 +96,7 @@ class QuiverLoader:
         batch_size: int,
         dataset: str,
         job_id: str,
-        server: str | CacheClient | None | bool = None,
+        server: str | CacheClient | SpreadCache | None | bool = None,
         user: str = "",
         seed: int = 0,
         substitution: int = 10,
@@ -111,6 +115,7 @@ class QuiverLoader:
         world_size: int | None = None,
         rank: int | None = None,
         resolve_server: Callable[[], str | None] | None = None,
+        exchange: Exchange | None = None,
     ) -> None:
         self.index = index
         self.store = store
@@ -118,32 +123,55 @@ class QuiverLoader:
         self.job_id = job_id
         self.user = user
         self.batch_size = batch_size
+        if exchange is not None:
+            world_size, rank = exchange.world_size, exchange.rank
         world_size, rank = _ranks(world_size, rank)
         self.world_size, self.rank = world_size, rank
         if world_size > 1:
             # Each rank reports its own consumption: a chunk is done once every rank is.
             self.job_id = job_id = f"{job_id}/rank{rank}"
-        self.sampler = SubstitutableSampler(
-            len(index),
-            batch_size,
-            seed=seed,
-            substitution=substitution if substitutable else 1,
-            drop_last=drop_last,
-            num_replicas=world_size,
-            rank=rank,
-        )
+        self.sampler: SubstitutableSampler | ExchangeSampler
+        # With hits exchanged between ranks every rank knows every rank's progress: chunks are
+        # counted consumed for the whole job (a rank may take samples of any chunk).
+        self.exchange = exchange
+        if exchange is not None:
+            self.sampler = ExchangeSampler(
+                len(index),
+                batch_size,
+                exchange,
+                seed=seed,
+                substitution=substitution if substitutable else 1,
+                drop_last=drop_last,
+            )
+        else:
+            self.sampler = SubstitutableSampler(
+                len(index),
+                batch_size,
+                seed=seed,
+                substitution=substitution if substitutable else 1,
+                drop_last=drop_last,
+                num_replicas=world_size,
+                rank=rank,
+            )
+        self._epoch_total = 0  # samples this rank is given in the current epoch
         if server is False or server is True:
             if server is True:
                 raise ValueError("server must be an address, a CacheClient, or None/False for no cache")
             server = None
-        self.client = CacheClient(server) if isinstance(server, str) else server
+        self.client: CacheClient | SpreadCache | None = (
+            CacheClient(server) if isinstance(server, str) else server
+        )
+        # A cache spread over hosts: chunks are placed on their owners (``_spread``).
+        self.spread = self.client if isinstance(self.client, SpreadCache) else None
+        self._owned: tuple[tuple[str, ...], dict[str, int]] | None = None
         # Read-through: put single-sample chunks read from the backing store into the cache
         # (the generic cache's behaviour, used by the LRU baseline).
         self.insert_misses = insert_misses
         # Quiver: a miss fetches its whole chunk when the cache has room for it; the chunk's
         # other samples are then hits later this epoch (substitutable), so nothing is read twice.
         self.chunk_fetch = (substitutable and self.client is not None) if chunk_fetch is None else chunk_fetch
-        self._room = 0
+        # Bytes each server (by placement key; "" for a single server) could admit now.
+        self._room: dict[str, int] = {}
         self._puts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quiver-put")
         self._behind: Future[None] | None = None
         self._inflight: set[int] = set()
@@ -191,12 +219,34 @@ class QuiverLoader:
         self._batch_bytes = int(index.total_bytes / max(1, len(index)) * batch_size)
 
     # -- server access, failing soft
-    def _server(self) -> CacheClient | None:
+    def _server(self) -> CacheClient | SpreadCache | None:
         if self.client is None or time.monotonic() < self._down_until:
             return None
         if self._reresolve:
             self._find_server_again()
         return self.client
+
+    def _lookup(
+        self, srv: CacheClient | SpreadCache, chunks: Sequence[str]
+    ) -> tuple[set[str], dict[str, int]]:
+        """(chunks held, room per server) from the server, or from each chunk's owner."""
+        if isinstance(srv, SpreadCache):
+            return srv.lookup_rooms(chunks, self.dataset, self.job_id)
+        held, room = srv.lookup_room(chunks, self.dataset, self.job_id, timeout=5, retry=False)
+        return held, {"": room}
+
+    def _room_key(self, chunk_digest: str) -> str:
+        return self.spread.owner_key(chunk_digest) if self.spread is not None else ""
+
+    def _owned_bytes(self, keys: list[str]) -> dict[str, int]:
+        """Bytes of this dataset each server owns (cached per membership)."""
+        from ._placement import owned_bytes
+
+        key = tuple(sorted(keys))
+        if self._owned is None or self._owned[0] != key:
+            sizes = {c.digest: c.size for c in self.index.chunks}
+            self._owned = (key, owned_bytes(sizes, list(key)))
+        return self._owned[1]
 
     def _find_server_again(self) -> None:
         """After UNAVAILABLE: ask etcd where the server is now and switch to it if it moved."""
@@ -205,6 +255,8 @@ class QuiverLoader:
                 return
             self._reresolve = False
             old = self.client
+            if not isinstance(old, CacheClient):
+                return
             try:
                 address = self._resolve_server()
             except Exception as exc:  # noqa: BLE001 - etcd trouble: keep the address we have
@@ -238,7 +290,7 @@ class QuiverLoader:
         srv = self._server()
         if srv is not None:
             try:
-                held, self._room = srv.lookup_room(chunks, self.dataset, self.job_id, timeout=5, retry=False)
+                held, self._room = self._lookup(srv, chunks)
                 present |= held
             except MicrocoError as exc:
                 self._server_failed(exc)
@@ -263,14 +315,14 @@ class QuiverLoader:
             )
         return data
 
-    def _read_direct(self, srv: CacheClient, hits: Sequence[int]) -> dict[int, bytes]:
+    def _read_direct(self, srv: CacheClient, hits: Sequence[int]) -> dict[int, bytes] | None:
+        """Hits read from granted chunk files; None when ``srv`` is not on this host."""
         chunks = sorted({self.index.chunk_of(i).digest for i in hits})
         # One call per batch for every chunk read, even with grants at hand: it is also how
         # the server learns of these hits (recency for LRU; a grant for what it still holds).
         node, grants = srv.open_chunks(chunks, timeout=5, retry=False)
         if node != self.node:
-            self.direct_read = False  # the server is elsewhere: stream from now on
-            return {}
+            return None
         with self._lock:
             for c in chunks:
                 self._grants.pop(c, None)
@@ -297,7 +349,9 @@ class QuiverLoader:
                 os.close(fd)
         return out
 
-    def _check_direct(self, srv: CacheClient, c: str, i: int, data: bytes, out: dict[int, bytes]) -> None:
+    def _check_direct(
+        self, srv: CacheClient | SpreadCache, c: str, i: int, data: bytes, out: dict[int, bytes]
+    ) -> None:
         if digest(data) == self.index.samples[i].digest:
             out[i] = data
             return
@@ -359,19 +413,41 @@ class QuiverLoader:
         srv = self._server()
         if srv is None or not hits:
             return {}
+        if isinstance(srv, SpreadCache):
+            return self._read_spread(srv, hits)
         try:
             if self.direct_read:
                 got = self._read_direct(srv, hits)
-                if self.direct_read:
+                if got is not None:
                     return got
-            reads = []
-            for i in hits:
-                ref = self.index.samples[i]
-                reads.append((self.index.chunks[ref.chunk].digest, ref.offset, ref.size, ref.digest))
-            data = srv.read_samples(reads, self.job_id, timeout=30)
+                self.direct_read = False  # the server is elsewhere: stream from now on
+            return self._stream(srv, hits)
         except MicrocoError as exc:
             self._server_failed(exc)
             return {}
+
+    def _read_spread(self, spread: SpreadCache, hits: Sequence[int]) -> dict[int, bytes]:
+        """Hits from each chunk's owner: granted files when it is on this host, else streamed."""
+        by_chunk: dict[str, list[int]] = {}
+        for i in hits:
+            by_chunk.setdefault(self.index.chunk_of(i).digest, []).append(i)
+        out: dict[int, bytes] = {}
+        for m, chunks in spread.split(by_chunk).items():
+            mine = [i for c in chunks for i in by_chunk[c]]
+            client = spread.client(m)
+            try:
+                got = self._read_direct(client, mine) if self.direct_read and m.node == self.node else None
+                out.update(got if got is not None else self._stream(client, mine))
+            except MicrocoError as exc:
+                spread.failed(m, exc)
+        return out
+
+    def _stream(self, srv: CacheClient, hits: Sequence[int]) -> dict[int, bytes]:
+        reads = []
+        for i in hits:
+            ref = self.index.samples[i]
+            reads.append((self.index.chunks[ref.chunk].digest, ref.offset, ref.size, ref.digest))
+        data = srv.read_samples(reads, self.job_id, timeout=30)
         out = {}
         for i, d in zip(hits, data, strict=True):
             # The server verified the sample, but the client trusts only its own hash.
@@ -475,9 +551,12 @@ class QuiverLoader:
                 # (A chunk whose samples are all in this batch costs no extra read at all.)
                 if c in out or c in self._inflight or not untouched:
                     continue
-                if self._room < chunk.size:
-                    break
-                self._room -= chunk.size
+                k = self._room_key(chunk.digest)
+                if self._room.get(k, 0) < chunk.size:
+                    if self.spread is None:
+                        break
+                    continue  # (another server may still have room for another chunk)
+                self._room[k] -= chunk.size
                 out.add(c)
                 self._inflight.add(c)
         return out
@@ -524,8 +603,9 @@ class QuiverLoader:
 
     # -- epochs
     def _shares(self) -> list[int]:
-        """Samples of each chunk in this rank's share of the current epoch."""
-        if self.world_size == 1:
+        """Samples of each chunk in this rank's share of the current epoch (the job's, when
+        ranks exchange hits)."""
+        if self.world_size == 1 or self.exchange is not None:
             return [c.count for c in self.index.chunks]
         share = [0] * len(self.index.chunks)
         for i in self.sampler.unseen():
@@ -533,6 +613,8 @@ class QuiverLoader:
         return share
 
     def __len__(self) -> int:
+        if isinstance(self.sampler, ExchangeSampler):
+            return self.sampler.steps
         n = self.sampler.shard_size
         return n // self.batch_size if self.sampler.drop_last else -(-n // self.batch_size)
 
@@ -560,13 +642,32 @@ class QuiverLoader:
                     continue
             return False
 
+        # With hits exchanged between ranks each batch choice is a collective: every rank's
+        # reader must make as many as the others. A token per batch the step has taken (and
+        # the read-ahead's to start with) bounds the choices; a step that stops early leaves
+        # its reader to spend the tokens it was given (choosing, not reading), so every rank
+        # makes the same number of choices however the threads are timed.
+        tokens = threading.Semaphore(self.prefetch_batches + 1) if self.exchange is not None else None
+
         def produce() -> None:
             gen = self.batches(epoch)
             try:
-                for indices, hits in gen:
+                while True:
+                    if tokens is not None:
+                        while not tokens.acquire(timeout=0.1):
+                            if stop.is_set():
+                                return
+                    elif stop.is_set():
+                        return
+                    try:
+                        indices, hits = next(gen)
+                    except StopIteration:
+                        return
+                    if stop.is_set():
+                        continue
                     data = self.read(indices, hits)
-                    if not put((indices, data, self._last_read)):
-                        break
+                    if not put((indices, data, self._last_read)) and tokens is None:
+                        return
             except BaseException as exc:  # noqa: BLE001 - handed to the training step, raised there
                 put(exc)
             finally:
@@ -591,6 +692,8 @@ class QuiverLoader:
                     if pending is not None and pending[0] is not None:
                         self._add_timings(self._meter.timings(pending[0], pending[1], compute))
                 item = q.get()
+                if tokens is not None:
+                    tokens.release()
                 wait = time.perf_counter() - t0
                 if item is end:
                     break
@@ -665,14 +768,21 @@ class QuiverLoader:
                     self.stats.stall_s += wait
                     self.stats.compute_s += max(0.0, now - t0 - wait)
                     self._add_timings(self._meter.timings(r, wait, now - t0 - wait))
-                batch = self.sampler.next_batch(self.cached, mode, self._hit_order)
+                if isinstance(self.sampler, ExchangeSampler):
+                    batch = self.sampler.next_batch(self.cached, mode, self._hit_order, self._fetcher)
+                else:
+                    batch = self.sampler.next_batch(self.cached, mode, self._hit_order)
                 now = time.perf_counter()
                 # The previous batch has been read by now: its finished chunks may go.
                 self._report(done)
                 done = []
                 if batch is None:
                     break
-                done = self._consume(batch.indices)
+                done = self._consume(
+                    [i for t in self.sampler.last_taken for i in t]
+                    if isinstance(self.sampler, ExchangeSampler)
+                    else batch.indices
+                )
                 if not self._pipelined:  # (a reader ahead counts a batch when it hands it over)
                     self._seen_in_epoch.update(batch.indices)
                 last = (batch, now)
@@ -683,6 +793,15 @@ class QuiverLoader:
                 stop_listening()
             self._prefetch_stop.set()
             self._report(done)
+
+    def _fetcher(self, i: int) -> int:
+        # With hits exchanged: the rank that fetches (and prefetches) ``i``'s chunk whole while
+        # no rank has touched it (the same answer on every rank: the job's progress is known to
+        # all alike); -1 (any rank: the misses stay spread over the links) once touched.
+        c = self.index.samples[i].chunk
+        if self._consumed_left[c] == self._share[c] == self.index.chunks[c].count:
+            return c % self.world_size
+        return -1
 
     def _hit_order(self, i: int) -> int:
         # Prefer hits in chunks this job has nearly finished: a finished chunk can be evicted,
@@ -701,6 +820,7 @@ class QuiverLoader:
                 "num_samples": len(self.index),
                 "rank": self.rank,
                 "world_size": self.world_size,
+                "epoch_done": len(self._seen_in_epoch) >= self._epoch_total,
             }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
@@ -717,7 +837,8 @@ class QuiverLoader:
         if epoch < 0:
             self._resume, self.resume_epoch = None, 0
             return
-        if len(seen) >= self.sampler.shard_size:
+        done = state.get("epoch_done")
+        if done if isinstance(done, bool) else len(seen) >= self.sampler.shard_size:
             self._resume, self.resume_epoch = None, epoch + 1
             return
         self._resume, self.resume_epoch = (epoch, {int(i) for i in seen}), epoch
@@ -732,13 +853,25 @@ class QuiverLoader:
         with self._lock:
             self._seen_in_epoch = set(seen)
         finished: list[str] = []
-        if seen:
+        if isinstance(self.sampler, ExchangeSampler):
+            if resume is not None and resume[0] == epoch:  # (a collective: every rank resumes)
+                self.sampler.restore(epoch, sorted(seen))
+                seen_by_job = set(range(len(self.index))) - set(self.sampler.unseen())
+                for i in seen_by_job:
+                    c = self.index.samples[i].chunk
+                    self._consumed_left[c] -= 1
+                    if self._consumed_left[c] == 0:
+                        finished.append(self.index.chunks[c].digest)
+        elif seen:
             self.sampler.restore(epoch, [i for i in self.sampler.unseen() if i not in seen])
             for i in seen:
                 c = self.index.samples[i].chunk
                 self._consumed_left[c] -= 1
                 if self._consumed_left[c] == 0:
                     finished.append(self.index.chunks[c].digest)
+        self._epoch_total = self.sampler.shard_size
+        if isinstance(self.sampler, ExchangeSampler):  # (its share counts from the restore on)
+            self._epoch_total += len(seen)
         self._fetched = set()
         self._read_ahead = set()
         self._meter.carry.clear()
@@ -782,17 +915,28 @@ class QuiverLoader:
         with self._lock:
             timings, self._timings = self._timings, []
         try:
-            srv.report_progress(
-                self.job_id,
-                self.dataset,
-                self._epoch,
-                consumed,
-                timings,
-                user=self.user,
-                dataset_bytes=self.index.total_bytes,
-                timeout=5,
-                retry=False,
-            )
+            if isinstance(srv, SpreadCache):  # each server is told the bytes it owns
+                srv.report_progress(
+                    self.job_id,
+                    self.dataset,
+                    self._epoch,
+                    consumed,
+                    timings,
+                    user=self.user,
+                    dataset_bytes=self._owned_bytes,
+                )
+            else:
+                srv.report_progress(
+                    self.job_id,
+                    self.dataset,
+                    self._epoch,
+                    consumed,
+                    timings,
+                    user=self.user,
+                    dataset_bytes=self.index.total_bytes,
+                    timeout=5,
+                    retry=False,
+                )
         except MicrocoError as exc:
             self._server_failed(exc)
 
@@ -801,6 +945,8 @@ class QuiverLoader:
         when the server refuses, wait for consumption to free room."""
         order = list(range(len(self.index.chunks)))
         random.Random(self._seed * 7 + epoch * 131 + hash(self.job_id) % 1000).shuffle(order)
+        if self.exchange is not None:  # ranks that know the job's progress share the work out
+            order = [c for c in order if c % self.world_size == self.rank]  # (as ``_fetcher``)
         self._insert_chunks(order, stop, wait_when_full=True)
 
     def warm(self, max_chunks: int | None = None) -> int:
@@ -822,7 +968,16 @@ class QuiverLoader:
 
     def _insert_chunks(self, order: list[int], stop: threading.Event, wait_when_full: bool) -> None:
         pos = 0
-        while not stop.is_set() and pos < len(order):
+        # Spread over servers: a chunk whose owner is full now waits for a later pass, while
+        # chunks owned by servers with room go in (one full server must not stop the others).
+        deferred: list[int] = []
+        while not stop.is_set():
+            if pos >= len(order):
+                if not deferred or not wait_when_full:
+                    return
+                stop.wait(0.1)
+                order, deferred, pos = deferred, [], 0
+                continue
             srv = self._server()
             if srv is None:
                 if not wait_when_full:
@@ -834,19 +989,14 @@ class QuiverLoader:
                 c = order[pos]
                 with self._lock:
                     untouched = 0 < self._consumed_left[c] == self._share[c]
-                if untouched:
+                    staged = self.index.chunks[c].digest in self._staged
+                if untouched and not staged:
                     window.append(c)
                 pos += 1
             if not window:
                 continue
             try:
-                present, room = srv.lookup_room(
-                    [self.index.chunks[c].digest for c in window],
-                    self.dataset,
-                    self.job_id,
-                    timeout=5,
-                    retry=False,
-                )
+                present, rooms = self._lookup(srv, [self.index.chunks[c].digest for c in window])
             except MicrocoError as exc:
                 self._server_failed(exc)
                 continue
@@ -861,27 +1011,34 @@ class QuiverLoader:
                         self._inflight.add(c)
                 if chunk.digest in present or not untouched or busy:
                     continue
-                if room < chunk.size and not wait_when_full:
+                k = self._room_key(chunk.digest)
+                if rooms.get(k, 0) < chunk.size and (self.spread is not None or not wait_when_full):
                     with self._lock:
                         self._inflight.discard(c)
+                    if self.spread is not None:
+                        deferred.append(c)
+                        continue
                     return
                 try:
-                    if not self._insert_one(srv, c, stop, wait_when_full):
-                        return
+                    if not self._insert_one(srv, c, stop, wait_when_full and self.spread is None):
+                        if self.spread is None:
+                            return
+                        deferred.append(c)
+                        continue
                 finally:
                     with self._lock:
                         self._inflight.discard(c)
-                room -= chunk.size
+                rooms[k] = rooms.get(k, 0) - chunk.size
 
-    def _insert_one(self, srv: CacheClient, c: int, stop: threading.Event, wait_when_full: bool) -> bool:
+    def _insert_one(
+        self, srv: CacheClient | SpreadCache, c: int, stop: threading.Event, wait_when_full: bool
+    ) -> bool:
         """Read chunk ``c`` from the backing store once the cache has room, and insert it.
         False to stop inserting (server gone, or full and not waiting)."""
         chunk = self.index.chunks[c]
         while not stop.is_set():
             try:
-                present, room = srv.lookup_room(
-                    [chunk.digest], self.dataset, self.job_id, timeout=5, retry=False
-                )
+                present, rooms = self._lookup(srv, [chunk.digest])
             except MicrocoError as exc:
                 self._server_failed(exc)
                 return False
@@ -889,7 +1046,7 @@ class QuiverLoader:
                 untouched = 0 < self._consumed_left[c] == self._share[c]
             if present or not untouched:
                 return True
-            if room >= chunk.size:
+            if rooms.get(self._room_key(chunk.digest), 0) >= chunk.size:
                 break
             if not wait_when_full:
                 return False

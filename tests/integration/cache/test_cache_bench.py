@@ -23,6 +23,10 @@ def test_bench_cache_smoke(capsys):
         "2",
         "--compute-ms",
         "0",
+        # Every section but ddp (its 8 servers would double this test's time; the spread cache
+        # and exchanging ranks have tests of their own in test_cache_spread.py).
+        *("--only", "one_job", "--only", "two_jobs", "--only", "prefetch"),
+        *("--only", "allocation", "--only", "serving"),
     ]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)

@@ -1,0 +1,123 @@
+"""Substitutable hits exchanged between data-parallel ranks: every sample exactly once per
+epoch across ranks, equal steps on every rank, whatever each rank's cache answers; a rank short
+of hits gets another's unused ones; a restored epoch continues exactly."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from microco.clients.cache import SubstitutableSampler
+from microco.clients.cache._exchange import ExchangeSampler, ThreadExchange, step_sizes
+
+
+def _run(world: int, fn: Callable[[int], object]) -> list[object]:
+    out: list[object] = [None] * world
+    errors: list[BaseException] = []
+
+    def go(r: int) -> None:
+        try:
+            out[r] = fn(r)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return out
+
+
+@pytest.mark.parametrize(
+    "world,n,b,drop",
+    [(2, 101, 5, False), (3, 64, 4, False), (4, 9, 2, False), (2, 50, 8, True), (3, 3, 4, False)],
+)
+def test_every_sample_once_per_epoch_across_ranks_with_equal_steps(world, n, b, drop):
+    group = ThreadExchange(world)
+    samplers = [
+        ExchangeSampler(n, b, group.member(r), seed=3, substitution=3, drop_last=drop) for r in range(world)
+    ]
+
+    def rank(r: int) -> list[list[int]]:
+        rng = random.Random(r * 7 + n)
+        s = samplers[r]
+        epochs = []
+        for e in range(3):
+            s.start_epoch(e)
+            # Each rank's cache answers differently every call, even naming samples not asked.
+            bs = s.batches(lambda c: {i for i in range(n) if rng.random() < 0.5})
+            assert len(bs) == s.steps and all(x.indices for x in bs)
+            epochs.append([i for x in bs for i in x.indices])
+        return epochs
+
+    got = _run(world, rank)
+    for e in range(3):
+        seen = [i for r in range(world) for i in got[r][e]]  # type: ignore[index]
+        assert len(seen) == len(set(seen))
+        expect = n - (n % (world * b) if drop else 0)
+        assert len(seen) == expect and set(seen) <= set(range(n)), e
+
+
+def test_a_rank_short_of_hits_gets_anothers_unused_hits():
+    n, b, world = 200, 10, 2
+    cached = set(random.Random(1).sample(range(n), 100))
+
+    def hits_taken(exchange: bool) -> list[int]:
+        if exchange:
+            group = ThreadExchange(world)
+
+            def rank(r: int) -> int:
+                s = ExchangeSampler(n, b, group.member(r), seed=5, substitution=4)
+                s.start_epoch(0)
+                # Rank 0's cache holds everything cached, rank 1's holds nothing it is asked.
+                ask = (lambda c: cached & set(c)) if r == 0 else (lambda c: set())
+                return sum(len(x.hits) for x in s.batches(ask))
+
+            return _run(world, rank)  # type: ignore[return-value]
+        out = []
+        for r in range(world):
+            s = SubstitutableSampler(n, b, seed=5, substitution=4, num_replicas=world, rank=r)
+            s.start_epoch(0)
+            ask = (lambda c: cached & set(c)) if r == 0 else (lambda c: set())
+            out.append(sum(len(x.hits) for x in s.batches(ask)))
+        return out
+
+    static, traded = hits_taken(False), hits_taken(True)
+    assert static[1] == 0 and traded[1] > 0  # rank 1 served hits only rank 0 could see
+    assert sum(traded) >= sum(static)
+
+
+def test_a_restored_epoch_continues_with_exactly_the_unseen_samples():
+    n, b, world = 57, 4, 3
+    group = ThreadExchange(world)
+
+    def rank(r: int) -> tuple[list[int], list[int]]:
+        s = ExchangeSampler(n, b, group.member(r), seed=9, substitution=2)
+        s.start_epoch(4)
+        before = [i for _ in range(3) for i in s.next_batch(lambda c: set(c[::3])).indices]  # type: ignore[union-attr]
+        t = ExchangeSampler(n, b, group.member(r), seed=9, substitution=2)  # restarted
+        t.restore(4, before)
+        after = [i for x in t.batches(lambda c: set(c[::2])) for i in x.indices]
+        return before, after
+
+    got = _run(world, rank)
+    seen = [i for pair in got for part in pair for i in part]  # type: ignore[union-attr]
+    assert sorted(seen) == list(range(n))
+
+
+def test_step_sizes_give_every_rank_equal_nonempty_steps():
+    for n in range(1, 80):
+        for w in (1, 2, 3, 5):
+            for b in (2, 3, 8):
+                if n < w:
+                    continue
+                sizes = step_sizes(n, b, w)
+                assert sum(map(sum, sizes)) == n
+                assert all(0 < x <= b for step in sizes for x in step)
+    with pytest.raises(ValueError):
+        step_sizes(2, 4, 3)
