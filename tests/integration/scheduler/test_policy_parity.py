@@ -16,6 +16,8 @@ unobserved in the simulator too (``observe_utilization=False``).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from microco.clients.agent import NODES_PREFIX
@@ -113,20 +115,21 @@ def _record_from_view(job: dict) -> dict:
     )
     rec = J.new_record(spec, now=job["submitted_at"])
     holding = job["state"] in J.HOLDING
-    rec.update(
+    rec = replace(
+        rec,
         id=job["id"],
         state=job["state"],
-        devices=list(job["devices"]) if holding else [],
+        devices=tuple(job["devices"]) if holding else (),
         node=job["devices"][0].split("/")[0] if holding and job["devices"] else "",
         step=job["steps_done"],
         attained_service_s=job["attained_service_s"],
         minibatch_ms=job["minibatch_ms"] or 0.0,
         minibatch_ms_alone=job["minibatch_ms_alone"] or 0.0,
-        packed_with=list(job["packed_with"]),
+        packed_with=tuple(job["packed_with"]),
         last_change_at=job["last_change_at"],
         first_step_at=job["submitted_at"] if job["minibatch_ms"] else 0.0,
     )
-    return rec
+    return rec.to_dict()
 
 
 def _live_view(kv, state: dict):
