@@ -42,6 +42,17 @@ def _opt_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+def _float(d: Mapping[str, Any], key: str, default: float = 0.0) -> float:
+    """``d[key]`` as a float (exactly: -0.0 stays -0.0), ``default`` when absent or null."""
+    value = d.get(key)
+    return default if value is None else float(value)
+
+
+def _int(d: Mapping[str, Any], key: str, default: int = 0) -> int:
+    value = d.get(key)
+    return default if value is None else int(value)
+
+
 @dataclass(frozen=True, slots=True)
 class JobSpec:
     """What the user asked for, as ``validate_spec`` cleaned it."""
@@ -86,17 +97,17 @@ class JobSpec:
         return cls(
             name=str(d.get("name") or ""),
             command=_strs(d.get("command")),
-            devices=int(d.get("devices") or 0),
+            devices=_int(d, "devices"),
             elastic=bool(d.get("elastic", False)),
-            priority=int(d.get("priority") or 0),
+            priority=_int(d, "priority"),
             user=str(d.get("user") or ""),
             tenant=str(d.get("tenant") or ""),
             env={str(k): str(v) for k, v in (d.get("env") or {}).items()},
             workdir=str(d.get("workdir") or ""),
-            total_steps=int(d.get("total_steps") or 0),
+            total_steps=_int(d, "total_steps"),
             model=str(d.get("model") or ""),
-            max_devices=int(d.get("max_devices") or 0),
-            gpu_share=float(d.get("gpu_share") or 1.0),
+            max_devices=_int(d, "max_devices"),
+            gpu_share=_float(d, "gpu_share", 1.0),
         )
 
 
@@ -142,8 +153,8 @@ class Pending:
     def from_dict(cls, d: Mapping[str, Any]) -> Pending:
         return cls(
             op=str(d["op"]),
-            seq=int(d.get("seq") or 0),
-            since=float(d.get("since") or 0.0),
+            seq=_int(d, "seq"),
+            since=_float(d, "since"),
             then=str(d.get("then") or ""),
             devices=_strs(d.get("devices")),
             reason=str(d.get("reason") or ""),
@@ -329,23 +340,23 @@ class JobRecord:
                 state=str(d["state"]),
                 devices=_strs(d.get("devices")),
                 node=str(d.get("node") or ""),
-                attempt=int(d.get("attempt") or 0),
-                step=int(d.get("step") or 0),
-                checkpoint_step=int(d.get("checkpoint_step", -1)),
-                submitted_at=float(d.get("submitted_at") or 0.0),
-                first_step_at=float(d.get("first_step_at") or 0.0),
-                finished_at=float(d.get("finished_at") or 0.0),
-                last_change_at=float(d.get("last_change_at") or 0.0),
-                minibatch_ms=float(d.get("minibatch_ms") or 0.0),
-                minibatch_ms_alone=float(d.get("minibatch_ms_alone") or 0.0),
+                attempt=_int(d, "attempt"),
+                step=_int(d, "step"),
+                checkpoint_step=_int(d, "checkpoint_step", -1),
+                submitted_at=_float(d, "submitted_at"),
+                first_step_at=_float(d, "first_step_at"),
+                finished_at=_float(d, "finished_at"),
+                last_change_at=_float(d, "last_change_at"),
+                minibatch_ms=_float(d, "minibatch_ms"),
+                minibatch_ms_alone=_float(d, "minibatch_ms_alone"),
                 utilization=_opt_float(d.get("utilization")),
-                attained_service_s=float(d.get("attained_service_s") or 0.0),
+                attained_service_s=_float(d, "attained_service_s"),
                 packed_with=_strs(d.get("packed_with")),
                 ranks=tuple(Rank(str(r["node"]), _strs(r.get("devices"))) for r in d.get("ranks") or ()),
                 parked=bool(d.get("parked", False)),
                 pending=Pending.from_dict(d["pending"]) if d.get("pending") else None,
                 cancel_requested=bool(d.get("cancel_requested", False)),
-                restarts=int(d.get("restarts") or 0),
+                restarts=_int(d, "restarts"),
                 message=str(d.get("message") or ""),
                 history=tuple(
                     StateChange(float(at), str(st), str(msg)) for at, st, msg in d.get("history") or ()
@@ -355,8 +366,8 @@ class JobRecord:
                 else OperatorRequest(
                     str(op.get("action") or ""),
                     _strs(op.get("devices")),
-                    int(op.get("count") or 0),
-                    float(op.get("at") or 0.0),
+                    _int(op, "count"),
+                    _float(op, "at"),
                 ),
                 held=bool(d.get("held", False)),
                 no_hook=bool(d.get("no_hook", False)),
@@ -365,7 +376,7 @@ class JobRecord:
                 else GrowTrial(_strs(trial.get("from")), _opt_float(trial.get("ms_before"))),
                 max_useful_devices=None if useful is None else int(useful),
                 settled_ms=None if not settled else (int(settled[0]), float(settled[1])),
-                step_at_change=int(d.get("step_at_change") or 0),
+                step_at_change=_int(d, "step_at_change"),
                 profile=None
                 if not prof
                 else ProfileRef(str(prof.get("key") or ""), str(prof.get("identity") or "")),
