@@ -54,7 +54,7 @@ __all__ = [
 
 JOBS_PREFIX = "/microco/scheduler/jobs/"
 
-_STATE_TO_PB = {
+_STATE_TO_PB: dict[str, scheduler_pb2.JobState] = {
     QUEUED: scheduler_pb2.JOB_STATE_QUEUED,
     RUNNING: scheduler_pb2.JOB_STATE_RUNNING,
     SUSPENDED: scheduler_pb2.JOB_STATE_SUSPENDED,
@@ -64,10 +64,10 @@ _STATE_TO_PB = {
     FAILED: scheduler_pb2.JOB_STATE_FAILED,
     CANCELLED: scheduler_pb2.JOB_STATE_CANCELLED,
 }
-_PB_TO_STATE = {v: k for k, v in _STATE_TO_PB.items()}
+_PB_TO_STATE: dict[int, str] = {int(v): k for k, v in _STATE_TO_PB.items()}
 
 
-def state_to_pb(state: str) -> int:
+def state_to_pb(state: str) -> scheduler_pb2.JobState:
     return _STATE_TO_PB[state]
 
 

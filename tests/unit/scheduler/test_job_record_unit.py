@@ -105,7 +105,7 @@ records = st.builds(
 )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(records)
 def test_the_json_round_trips_exactly(rec: JobRecord) -> None:
     raw = rec.to_json()
@@ -170,7 +170,13 @@ def test_the_layout_stored_before_the_typed_record_reads_back() -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    [b"not json", b"[]", b"{}", b'{"id": "x", "spec": {}, "state": "dreaming"}', b'{"id": "x", "state": "queued"}'],
+    [
+        b"not json",
+        b"[]",
+        b"{}",
+        b'{"id": "x", "spec": {}, "state": "dreaming"}',
+        b'{"id": "x", "state": "queued"}',
+    ],
 )
 def test_what_is_not_a_record_is_refused_clearly(raw: bytes) -> None:
     with pytest.raises(InvalidArgument):
@@ -178,7 +184,9 @@ def test_what_is_not_a_record_is_refused_clearly(raw: bytes) -> None:
 
 
 def test_a_record_is_frozen_and_transitions_return_new_records() -> None:
-    rec = J.new_record(J.validate_spec({"command": ["train"], "devices": 1}, None, check_command=False), now=5.0)
+    rec = J.new_record(
+        J.validate_spec({"command": ["train"], "devices": 1}, None, check_command=False), now=5.0
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         rec.state = J.RUNNING  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -211,7 +219,9 @@ def test_the_simulators_records_give_the_live_scheduler_its_view() -> None:
                         {"id": d.id, "node": d.node, "index": i, "kind": d.kind, "model": d.model}
                         for i, d in enumerate(x for x in view.devices if x.node == node)
                     ]
-                    kv.put_json(f"/microco/nodes/{node}", {"name": node, "address": "127.0.0.1:1", "devices": devs})
+                    kv.put_json(
+                        f"/microco/nodes/{node}", {"name": node, "address": "127.0.0.1:1", "devices": devs}
+                    )
                 for rec in job_records(sim):
                     kv.put(J.job_key(rec.id), rec.to_json())
                 live = SchedulerCore(kv, make_policy("fifo"), check_commands=False).observe(view.now)
@@ -219,7 +229,10 @@ def test_the_simulators_records_give_the_live_scheduler_its_view() -> None:
                 checked.append(view.now)
             return self.inner.decide(view)
 
-    trace = [TraceJob(f"j{i}", 30.0 * i, k, 400.0, model="m", elastic=i == 2) for i, k in enumerate([1, 2, 1, 4, 1])]
+    trace = [
+        TraceJob(f"j{i}", 30.0 * i, k, 400.0, model="m", elastic=i == 2)
+        for i, k in enumerate([1, 2, 1, 4, 1])
+    ]
     sim = Simulator(Check(), trace, ClusterSpec(nodes=2, devices_per_node=2), observe_utilization=False)
     sim.run()
     assert len(checked) == 6

@@ -113,7 +113,11 @@ def test_a_change_never_predates_the_previous_one():
     # placed in that tick with the earlier reading. Its history must still begin with the queue.
     rec = J.new_record(validate_spec({"command": PY, "devices": 1}, 1), now=100.0)
     rec = rec.with_state("running", "started", 99.5).with_state("finished", "done", 130.0)
-    assert [(h.at, h.state) for h in rec.history] == [(100.0, "queued"), (100.0, "running"), (130.0, "finished")]
+    assert [(h.at, h.state) for h in rec.history] == [
+        (100.0, "queued"),
+        (100.0, "running"),
+        (130.0, "finished"),
+    ]
     assert rec.last_change_at == 130.0
 
 
