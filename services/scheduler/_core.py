@@ -127,7 +127,7 @@ class SchedulerCore:
         return self.store.get(job_id)
 
     def list_jobs(self, states: list[str] | None = None, owner: str = "") -> list[JobRecord]:
-        return self.store.list(states, owner)
+        return self.store.select(states, owner)
 
     def control(self, job_id: str, action: str, devices: list[str], count: int = 0) -> JobRecord:
         """An operator's suspend / resume / migrate / resize (see ``_operator``)."""

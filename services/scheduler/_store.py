@@ -1,6 +1,6 @@
 """The job table: job records in etcd, read and written with compare-and-swap.
 
-Any instance serves the API from here (``create``, ``get``, ``list``, ``watch``, and ``change``
+Any instance serves the API from here (``create``, ``get``, ``select``, ``watch``, and ``change``
 for the two fields the API sets on an existing job: ``cancel_requested`` and ``operator``).
 The leader's tick works on ``jobs``, the table it ``load``-ed at its start: ``keep`` puts a
 changed record there, ``save`` also writes it. A record is never changed in place
@@ -44,7 +44,7 @@ class JobStore:
         """Every record, in key order (as the tick's table holds them)."""
         return [JobRecord.from_json(raw) for _, raw in self.kv.get_prefix(J.JOBS_PREFIX)]
 
-    def list(self, states: list[str] | None = None, owner: str = "") -> list[JobRecord]:
+    def select(self, states: list[str] | None = None, owner: str = "") -> list[JobRecord]:
         out = self.read_all()
         if states:
             out = [r for r in out if r.state in states]
@@ -71,7 +71,7 @@ class JobStore:
         self, job_ids: list[str], active: Callable[[], bool], poll_s: float = 0.5
     ) -> Iterator[JobRecord]:
         """Every record change of the selected jobs (all when empty), starting with their current state."""
-        wanted = set(job_ids)
+        wanted: set[str] = set(job_ids)
         q: queue.Queue[JobRecord] = queue.Queue()
 
         def on_event(ev: Any) -> None:
@@ -82,10 +82,10 @@ class JobStore:
 
         cancel = self.kv.watch_prefix(J.JOBS_PREFIX, on_event)
         try:
-            for rec in self.list():
+            for rec in self.select():
                 if not wanted or rec.id in wanted:
                     yield rec
-            missing = wanted - {r.id for r in self.list()}
+            missing = wanted - {r.id for r in self.select()}
             if missing:
                 raise NotFound(f"no job {min(missing)!r}")
             while active():
