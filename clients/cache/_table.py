@@ -113,7 +113,7 @@ def _ipc_bytes(table: Any) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table.combine_chunks())
-    return sink.getvalue().to_pybytes()
+    return bytes(sink.getvalue().to_pybytes())
 
 
 def decode_sample(data: bytes) -> Any:

@@ -7,6 +7,8 @@ mini-batch boundaries: suspend (checkpoint, free the device, park), resume, chec
 Frameworks are imported lazily: importing this package imports neither torch nor TensorFlow.
 """
 
+from typing import Any
+
 from ._control import (
     ACTIONS,
     CHECKPOINT,
@@ -47,7 +49,7 @@ _CLIENT_NAMES = ("SchedulerClient", "job_to_dict", "make_spec", "state_name")
 _SPEC_NAMES = ("SPEC_KEYS", "spec_from_pb", "spec_to_pb")
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # The gRPC client is loaded on first use: a training process importing the hooks should
     # not pay for gRPC's import at every (re)start.
     if name in _CLIENT_NAMES:

@@ -20,7 +20,7 @@ STATES = {
     "failed": scheduler_pb2.JOB_STATE_FAILED,
     "cancelled": scheduler_pb2.JOB_STATE_CANCELLED,
 }
-STATE_NAMES = {v: k for k, v in STATES.items()}
+STATE_NAMES: dict[int, str] = {int(v): k for k, v in STATES.items()}
 
 
 def state_name(value: int) -> str:
@@ -102,22 +102,25 @@ class SchedulerClient(ServiceClient):
 
     def __init__(self, channel: Any, default_timeout: float = 10.0) -> None:
         super().__init__(channel, default_timeout)
-        self._stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        # (grpcio's generated stubs carry no annotations)
+        self._stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
 
     def submit(self, spec: scheduler_pb2.JobSpec, *, timeout: float | None = None) -> scheduler_pb2.Job:
         # Not idempotent: a retry after a lost reply would submit twice.
-        return self._call(
+        job: scheduler_pb2.Job = self._call(
             self._stub.SubmitJob, scheduler_pb2.SubmitJobRequest(spec=spec), timeout=timeout, idempotent=False
         )
+        return job
 
     def get(self, job_id: str, *, timeout: float | None = None, retry: bool = True) -> scheduler_pb2.Job:
-        return self._call(
+        job: scheduler_pb2.Job = self._call(
             self._stub.GetJob,
             scheduler_pb2.GetJobRequest(job_id=job_id),
             timeout=timeout,
             idempotent=True,
             retry=retry,
         )
+        return job
 
     def list(self, states: Sequence[str] = (), owner: str = "", *, timeout: float | None = None) -> list[Any]:
         req = scheduler_pb2.ListJobsRequest(states=[STATES[s] for s in states], owner=owner)
@@ -133,7 +136,7 @@ class SchedulerClient(ServiceClient):
         timeout: float | None = None,
     ) -> scheduler_pb2.Job:
         """An operator's ``suspend`` / ``resume`` / ``migrate`` / ``resize`` of a job."""
-        return self._call(
+        job: scheduler_pb2.Job = self._call(
             self._stub.ControlJob,
             scheduler_pb2.ControlJobRequest(
                 job_id=job_id, action=action, devices=list(devices or []), device_count=device_count
@@ -141,20 +144,23 @@ class SchedulerClient(ServiceClient):
             timeout=timeout,
             idempotent=False,  # a retried command would find its first copy pending
         )
+        return job
 
     def cancel(self, job_id: str, *, timeout: float | None = None) -> scheduler_pb2.Job:
         # Cancellation is idempotent on the server (a flag), so it may be retried.
-        return self._call(
+        job: scheduler_pb2.Job = self._call(
             self._stub.CancelJob,
             scheduler_pb2.CancelJobRequest(job_id=job_id),
             timeout=timeout,
             idempotent=True,
         )
+        return job
 
     def list_nodes(self, *, timeout: float | None = None) -> scheduler_pb2.ListNodesResponse:
-        return self._call(
+        nodes: scheduler_pb2.ListNodesResponse = self._call(
             self._stub.ListNodes, scheduler_pb2.ListNodesRequest(), timeout=timeout, idempotent=True
         )
+        return nodes
 
     def watch(
         self, job_ids: Sequence[str] = (), *, timeout: float | None = None

@@ -88,7 +88,8 @@ class ControlChannel:
         return seq
 
     def status(self) -> dict[str, Any] | None:
-        return read_json(self.status_path)
+        status = read_json(self.status_path)
+        return status if isinstance(status, dict) else None
 
     def wait_status(
         self, predicate: Callable[[dict[str, Any]], bool], timeout: float, poll: float = 0.01

@@ -38,7 +38,8 @@ from ._job import JobContext
 def _callback_base() -> type:
     import keras
 
-    return keras.callbacks.Callback
+    base: type = keras.callbacks.Callback
+    return base
 
 
 def _make_class() -> type:

@@ -11,6 +11,8 @@ from microco.api.scheduler.v1 import scheduler_pb2
 from microco.common.errors import PermissionDenied
 from microco.services.runtime.auth import Caller
 
+from ._record import JobRecord
+
 REDACTED = "<redacted>"
 _SECRET = re.compile(r"(KEY|TOKEN|SECRET|PASS|PWD|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|CERT)", re.I)
 
@@ -32,12 +34,12 @@ def owned_spec(who: Caller, spec: dict[str, Any]) -> dict[str, Any]:
     return {**spec, "user": who.subject}
 
 
-def check_job(who: Caller, rec: dict[str, Any], what: str) -> None:
-    who.require_job(rec["id"], rec["spec"]["user"], what)
+def check_job(who: Caller, rec: JobRecord, what: str) -> None:
+    who.require_job(rec.id, rec.spec.user, what)
 
 
-def visible(who: Caller, rec: dict[str, Any]) -> bool:
-    return who.may_act_on_job(rec["id"], rec["spec"]["user"])
+def visible(who: Caller, rec: JobRecord) -> bool:
+    return who.may_act_on_job(rec.id, rec.spec.user)
 
 
 def redact(job: scheduler_pb2.Job) -> scheduler_pb2.Job:

@@ -1,4 +1,6 @@
-"""Job records: validation of a spec, the stored record (JSON in etcd), and proto conversion.
+"""Job records: validation of a spec, a new record, and proto and policy-view conversion.
+
+The record itself (frozen, typed, its JSON) is ``_record.JobRecord``.
 
 Pure functions, no I/O: the servicer, the core and the unit tests share them.
 """
@@ -9,6 +11,7 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from microco.api.scheduler.v1 import scheduler_pb2
@@ -16,15 +19,42 @@ from microco.clients.scheduler import spec_from_pb as spec_from_pb  # the one wi
 from microco.clients.scheduler import spec_to_pb as spec_to_pb
 from microco.common.errors import InvalidArgument
 
+from ._record import (  # the states, re-exported: J.RUNNING etc.
+    CANCELLED,
+    FAILED,
+    FINISHED,
+    HOLDING,
+    MIGRATING,
+    PACKED,
+    QUEUED,
+    RUNNING,
+    STATES,
+    SUSPENDED,
+    TERMINAL,
+    JobRecord,
+    JobSpec,
+    StateChange,
+)
+
+__all__ = [
+    "CANCELLED",
+    "FAILED",
+    "FINISHED",
+    "HOLDING",
+    "MIGRATING",
+    "PACKED",
+    "QUEUED",
+    "RUNNING",
+    "STATES",
+    "SUSPENDED",
+    "TERMINAL",
+    "JobRecord",
+    "JobSpec",
+]
+
 JOBS_PREFIX = "/microco/scheduler/jobs/"
 
-# States of a job record (a superset of the policy's JobPhase: CANCELLED is the user's doing).
-QUEUED, RUNNING, SUSPENDED, PACKED, MIGRATING = "queued", "running", "suspended", "packed", "migrating"
-FINISHED, FAILED, CANCELLED = "finished", "failed", "cancelled"
-TERMINAL = frozenset({FINISHED, FAILED, CANCELLED})
-HOLDING = frozenset({RUNNING, PACKED, MIGRATING})
-
-_STATE_TO_PB = {
+_STATE_TO_PB: dict[str, scheduler_pb2.JobState] = {
     QUEUED: scheduler_pb2.JOB_STATE_QUEUED,
     RUNNING: scheduler_pb2.JOB_STATE_RUNNING,
     SUSPENDED: scheduler_pb2.JOB_STATE_SUSPENDED,
@@ -34,10 +64,10 @@ _STATE_TO_PB = {
     FAILED: scheduler_pb2.JOB_STATE_FAILED,
     CANCELLED: scheduler_pb2.JOB_STATE_CANCELLED,
 }
-_PB_TO_STATE = {v: k for k, v in _STATE_TO_PB.items()}
+_PB_TO_STATE: dict[int, str] = {int(v): k for k, v in _STATE_TO_PB.items()}
 
 
-def state_to_pb(state: str) -> int:
+def state_to_pb(state: str) -> scheduler_pb2.JobState:
     return _STATE_TO_PB[state]
 
 
@@ -57,9 +87,9 @@ def _slug(name: str) -> str:
 
 
 def validate_spec(
-    spec: dict[str, Any], cluster_devices: int | None, check_command: bool = True
-) -> dict[str, Any]:
-    """A clean spec dict, or ``InvalidArgument`` saying exactly what is wrong.
+    spec: Mapping[str, Any], cluster_devices: int | None, check_command: bool = True
+) -> JobSpec:
+    """A clean ``JobSpec``, or ``InvalidArgument`` saying exactly what is wrong.
 
     ``cluster_devices`` is how many devices the registered nodes offer (None: do not check).
     """
@@ -91,21 +121,21 @@ def validate_spec(
     problems += _size_problems(spec, command)
     if problems:
         raise InvalidArgument("invalid job spec: " + "; ".join(problems))
-    return {
-        "name": str(spec.get("name") or ""),
-        "command": command,
-        "devices": devices,
-        "elastic": bool(spec.get("elastic", False)),
-        "priority": int(spec.get("priority") or 0),
-        "user": str(spec.get("user") or ""),
-        "tenant": str(spec.get("tenant") or ""),
-        "env": {str(k): str(v) for k, v in (spec.get("env") or {}).items()},
-        "workdir": str(spec.get("workdir") or ""),
-        "total_steps": total_steps,
-        "model": str(spec.get("model") or ""),
-        "max_devices": max_devices,
-        "gpu_share": gpu_share,
-    }
+    return JobSpec(
+        name=str(spec.get("name") or ""),
+        command=tuple(command),
+        devices=devices,
+        elastic=bool(spec.get("elastic", False)),
+        priority=int(spec.get("priority") or 0),
+        user=str(spec.get("user") or ""),
+        tenant=str(spec.get("tenant") or ""),
+        env={str(k): str(v) for k, v in (spec.get("env") or {}).items()},
+        workdir=str(spec.get("workdir") or ""),
+        total_steps=total_steps,
+        model=str(spec.get("model") or ""),
+        max_devices=max_devices,
+        gpu_share=gpu_share,
+    )
 
 
 # A job's record lives in one etcd value (1.5 MiB at most by default, and a compare-and-swap
@@ -118,7 +148,7 @@ MAX_NAME_CHARS = 200
 MAX_PATH_CHARS = 4096
 
 
-def _size_problems(spec: dict[str, Any], command: list[str]) -> list[str]:
+def _size_problems(spec: Mapping[str, Any], command: list[str]) -> list[str]:
     out = []
     env = spec.get("env") or {}
     env_bytes = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in env.items())
@@ -146,132 +176,97 @@ def _size_problems(spec: dict[str, Any], command: list[str]) -> list[str]:
     return out
 
 
-def new_record(spec: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+def new_record(spec: JobSpec, now: float | None = None) -> JobRecord:
     now = time.time() if now is None else now
-    job_id = f"{_slug(spec['name']) or 'job'}-{uuid.uuid4().hex[:8]}"
-    return {
-        "id": job_id,
-        "spec": spec,
-        "state": QUEUED,
-        "devices": [],
-        "node": "",
-        "attempt": 0,
-        "step": 0,
-        "checkpoint_step": -1,
-        "submitted_at": now,
-        "first_step_at": 0.0,
-        "finished_at": 0.0,
-        "last_change_at": now,
-        "minibatch_ms": 0.0,
-        "minibatch_ms_alone": 0.0,
-        "utilization": None,  # busy fraction of its devices alone, as the job measured it
-        "attained_service_s": 0.0,
-        "packed_with": [],
-        "ranks": [],  # a spread job: [{"node", "devices"}] per process, rank 0 first
-        "parked": False,  # a SUSPENDED job whose process waits parked on ``node``
-        "pending": None,  # an operation under way: {"op", "seq", "attempt", "since", ...}
-        "cancel_requested": False,
-        "restarts": 0,
-        "message": "queued",
-        "history": [[now, QUEUED, "submitted"]],
-    }
+    job_id = f"{_slug(spec.name) or 'job'}-{uuid.uuid4().hex[:8]}"
+    return JobRecord(
+        id=job_id,
+        spec=spec,
+        state=QUEUED,
+        submitted_at=now,
+        last_change_at=now,
+        message="queued",
+        history=(StateChange(now, QUEUED, "submitted"),),
+    )
 
 
-def set_state(rec: dict[str, Any], state: str, message: str, now: float) -> None:
-    """Move the record to ``state``, appending the change to its bounded history.
-
-    ``now`` is the caller's clock reading, which may predate the record: the leader reads the
-    clock when its tick starts, and a job submitted during the tick's node calls is placed in that
-    same tick. A change never comes before the previous one, so its time is clamped to it and the
-    history stays in order (the console's timeline starts with the job's queued period)."""
-    if rec["state"] != state:
-        now = max(now, float(rec.get("last_change_at") or now))
-        rec["history"] = (rec.get("history") or [])[-49:] + [[now, state, message]]
-        rec["last_change_at"] = now
-    rec["state"] = state
-    rec["message"] = message
+def as_record(rec: JobRecord | Mapping[str, Any]) -> JobRecord:
+    """``rec`` as a ``JobRecord`` (a stored JSON dict is read with ``JobRecord.from_dict``)."""
+    return rec if isinstance(rec, JobRecord) else JobRecord.from_dict(rec)
 
 
-def note(rec: dict[str, Any], message: str, now: float) -> None:
-    """Record an event that keeps the job's state (e.g. a resize) in its history."""
-    now = max(now, float(rec.get("last_change_at") or now))
-    rec["history"] = (rec.get("history") or [])[-49:] + [[now, rec["state"], message]]
-    rec["message"] = message
-
-
-def log_job_ids(records: list[dict[str, Any]], now: float, log_retention_s: float) -> set[str]:
+def log_job_ids(records: Iterable[JobRecord], now: float, log_retention_s: float) -> set[str]:
     """Ended jobs whose logs the nodes keep for their users (their other data may go): those
     that ended less than ``log_retention_s`` ago."""
     return {
-        r["id"]
-        for r in records
-        if r["state"] in TERMINAL and now - (r.get("finished_at") or r["last_change_at"]) < log_retention_s
+        r.id for r in records if r.terminal and now - (r.finished_at or r.last_change_at) < log_retention_s
     }
 
 
-def retained_job_ids(records: list[dict[str, Any]], now: float, failed_retention_s: float) -> set[str]:
+def retained_job_ids(records: Iterable[JobRecord], now: float, failed_retention_s: float) -> set[str]:
     """Jobs whose data (checkpoints, logs) the nodes must keep: every job not yet terminal
     (a resume needs its checkpoint), and failed jobs for ``failed_retention_s`` after they
     failed, so a user can inspect them. Finished and cancelled jobs need nothing."""
     keep = set()
     for r in records:
-        ended_at = r.get("finished_at") or r["last_change_at"]
-        failed_recently = r["state"] == FAILED and now - ended_at < failed_retention_s
-        if r["state"] not in TERMINAL or failed_recently:
-            keep.add(r["id"])
+        ended_at = r.finished_at or r.last_change_at
+        failed_recently = r.state == FAILED and now - ended_at < failed_retention_s
+        if not r.terminal or failed_recently:
+            keep.add(r.id)
     return keep
 
 
-def record_to_pb(rec: dict[str, Any]) -> scheduler_pb2.Job:
+def record_to_pb(rec: JobRecord | Mapping[str, Any]) -> scheduler_pb2.Job:
+    rec = as_record(rec)
     return scheduler_pb2.Job(
-        id=rec["id"],
-        spec=spec_to_pb(rec["spec"]),
-        state=state_to_pb(rec["state"]),
-        device_ids=rec["devices"],
-        node=rec["node"],
-        step=rec["step"],
-        submitted_at=rec["submitted_at"],
-        first_step_at=rec["first_step_at"],
-        finished_at=rec["finished_at"],
-        minibatch_ms=rec["minibatch_ms"],
-        message=rec["message"],
-        attempt=rec["attempt"],
-        checkpoint_step=rec["checkpoint_step"],
-        restarts=rec["restarts"],
-        packed_with=rec["packed_with"],
-        attained_service_s=rec["attained_service_s"],
-        minibatch_ms_alone=rec["minibatch_ms_alone"],
-        utilization=rec.get("utilization"),
-        last_change_at=rec["last_change_at"],
+        id=rec.id,
+        spec=spec_to_pb(rec.spec.to_dict()),
+        state=state_to_pb(rec.state),
+        device_ids=rec.devices,
+        node=rec.node,
+        step=rec.step,
+        submitted_at=rec.submitted_at,
+        first_step_at=rec.first_step_at,
+        finished_at=rec.finished_at,
+        minibatch_ms=rec.minibatch_ms,
+        message=rec.message,
+        attempt=rec.attempt,
+        checkpoint_step=rec.checkpoint_step,
+        restarts=rec.restarts,
+        packed_with=rec.packed_with,
+        attained_service_s=rec.attained_service_s,
+        minibatch_ms_alone=rec.minibatch_ms_alone,
+        utilization=rec.utilization,
+        last_change_at=rec.last_change_at,
         history=[
-            scheduler_pb2.StateChange(at=at, state=state_to_pb(state), message=msg)
-            for at, state, msg in rec.get("history") or []
+            scheduler_pb2.StateChange(at=h.at, state=state_to_pb(h.state), message=h.message)
+            for h in rec.history
         ],
     )
 
 
-def record_to_view(rec: dict[str, Any]) -> dict[str, Any]:
+def record_to_view(rec: JobRecord | Mapping[str, Any]) -> dict[str, Any]:
     """The dict a policy's ``JobView`` is built from (see policy.job_view_from_dict)."""
-    spec = rec["spec"]
-    state = rec["state"]
+    rec = as_record(rec)
+    spec = rec.spec
     return {
-        "id": rec["id"],
-        "devices_wanted": spec["devices"],
-        "elastic": spec["elastic"],
-        "priority": spec["priority"],
-        "owner": spec["user"],
-        "submitted_at": rec["submitted_at"],
-        "state": state,
-        "devices": rec["devices"] if state in HOLDING else [],
-        "attained_service_s": rec["attained_service_s"],
-        "minibatch_ms": rec["minibatch_ms"] or None,
-        "minibatch_ms_alone": rec["minibatch_ms_alone"] or None,
-        "utilization": rec.get("utilization"),
-        "steps_done": rec["step"],
-        "total_steps": spec["total_steps"] or None,
-        "packed_with": rec["packed_with"],
-        "last_change_at": rec["last_change_at"],
-        "model": spec.get("model", ""),
-        "max_devices": spec.get("max_devices") or None,
-        "gpu_share": spec.get("gpu_share") or 1.0,
+        "id": rec.id,
+        "devices_wanted": spec.devices,
+        "elastic": spec.elastic,
+        "priority": spec.priority,
+        "owner": spec.user,
+        "submitted_at": rec.submitted_at,
+        "state": rec.state,
+        "devices": list(rec.devices) if rec.holding else [],
+        "attained_service_s": rec.attained_service_s,
+        "minibatch_ms": rec.minibatch_ms or None,
+        "minibatch_ms_alone": rec.minibatch_ms_alone or None,
+        "utilization": rec.utilization,
+        "steps_done": rec.step,
+        "total_steps": spec.total_steps or None,
+        "packed_with": list(rec.packed_with),
+        "last_change_at": rec.last_change_at,
+        "model": spec.model,
+        "max_devices": spec.max_devices or None,
+        "gpu_share": spec.gpu_share or 1.0,
     }

@@ -10,34 +10,38 @@ a migrated one checkpoints and restarts, a resized one re-pins). A job an operat
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from microco.common.errors import FailedPrecondition, InvalidArgument, MicrocoError, NotFound
-from microco.common.kv import dumps
+from microco.common.errors import FailedPrecondition, InvalidArgument, MicrocoError
 
 from . import _jobs as J
+from ._nodes import NodeIO
+from ._record import JobRecord, OperatorRequest
+from ._store import JobStore
 from .policy import Migrate, Resize, Resume, Suspend
+
+if TYPE_CHECKING:
+    from ._actions import DecisionApplier
 
 ACTIONS = ("suspend", "resume", "migrate", "resize")
 _RUNNING = (J.RUNNING, J.PACKED)
 
 
-def check(rec: dict[str, Any], action: str, devices: list[str], count: int, cluster: set[str]) -> None:
+def check(rec: JobRecord, action: str, devices: list[str], count: int, cluster: set[str]) -> None:
     """Raise a clear error if ``action`` does not fit the job now."""
-    jid, st = rec["id"], rec["state"]
+    jid, st = rec.id, rec.state
     if action not in ACTIONS:
         raise InvalidArgument(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)}")
-    if st in J.TERMINAL or rec.get("cancel_requested"):
+    if st in J.TERMINAL or rec.cancel_requested:
         raise FailedPrecondition(
             f"cannot {action} job {jid}: it is {st}{' (cancel requested)' if st not in J.TERMINAL else ''}"
         )
-    pending = rec.get("operator")
+    pending = rec.operator
     if pending:
-        raise FailedPrecondition(
-            f"cannot {action} job {jid}: a {pending['action']} is still to be carried out"
-        )
-    if rec.get("no_hook") and action in ("suspend", "migrate", "resize"):
+        raise FailedPrecondition(f"cannot {action} job {jid}: a {pending.action} is still to be carried out")
+    if rec.no_hook and action in ("suspend", "migrate", "resize"):
         raise FailedPrecondition(
             f"cannot {action} job {jid}: it runs without the scheduler's hook (no report since it "
             "started), so it cannot stop at a mini-batch boundary"
@@ -51,88 +55,92 @@ def check(rec: dict[str, Any], action: str, devices: list[str], count: int, clus
         if st not in _RUNNING:
             raise FailedPrecondition(f"cannot suspend job {jid}: it is {st}, not running")
     elif action == "resume":
-        if st not in (J.SUSPENDED, J.QUEUED) or (st == J.QUEUED and not rec.get("held")):
+        if st not in (J.SUSPENDED, J.QUEUED) or (st == J.QUEUED and not rec.held):
             why = "not suspended" if st != J.QUEUED else "queued (the policy starts it)"
             raise FailedPrecondition(
                 f"cannot resume job {jid}: it is {why if st == J.QUEUED else f'{st}, {why}'}"
             )
-        if devices and len(devices) != rec["spec"]["devices"] and not rec["spec"]["elastic"]:
-            raise InvalidArgument(f"job {jid} runs on {rec['spec']['devices']} devices, not {len(devices)}")
+        if devices and len(devices) != rec.spec.devices and not rec.spec.elastic:
+            raise InvalidArgument(f"job {jid} runs on {rec.spec.devices} devices, not {len(devices)}")
     elif action == "migrate":
         if st not in _RUNNING:
             raise FailedPrecondition(f"cannot migrate job {jid}: it is {st}, not running")
         if not devices:
             raise InvalidArgument("migrate needs the devices to move to (--devices)")
-        if len(devices) != len(rec["devices"]):
+        if len(devices) != len(rec.devices):
             raise InvalidArgument(
-                f"migrate keeps the job's size ({len(rec['devices'])} devices, not {len(devices)}); use resize"
+                f"migrate keeps the job's size ({len(rec.devices)} devices, not {len(devices)}); use resize"
             )
     elif action == "resize":
         if st != J.RUNNING:
             raise FailedPrecondition(f"cannot resize job {jid}: it is {st}, not running alone")
-        if not rec["spec"]["elastic"]:
+        if not rec.spec.elastic:
             raise FailedPrecondition(f"cannot resize job {jid}: it was not submitted as elastic")
         if not devices and count <= 0:
             raise InvalidArgument("resize needs the devices (--devices) or a device count")
 
 
-def request(core: Any, job_id: str, action: str, devices: list[str], count: int) -> dict[str, Any]:
+def request(
+    store: JobStore,
+    cluster: set[str],
+    clock: Callable[[], float],
+    job_id: str,
+    action: str,
+    devices: list[str],
+    count: int,
+) -> JobRecord:
     """Record an operator's command on the job (checked first); the leader carries it out."""
-    cluster = {d["id"] for d in core.cluster_devices()}
-    key = J.job_key(job_id)
-    while True:
-        raw = core.kv.get(key)
-        if raw is None:
-            raise NotFound(f"no job {job_id!r}")
-        rec = json.loads(raw)
+
+    def ask(rec: JobRecord) -> JobRecord:
         check(rec, action, list(devices), int(count), cluster)
-        rec["operator"] = {
-            "action": action,
-            "devices": list(devices),
-            "count": int(count),
-            "at": core.clock(),
-        }
-        rec["message"] = f"{action} requested by an operator"
-        if core.kv.compare_and_swap(key, raw, dumps(rec)):
-            return rec
+        return replace(
+            rec,
+            operator=OperatorRequest(action, tuple(devices), int(count), clock()),
+            message=f"{action} requested by an operator",
+        )
+
+    return store.change(job_id, ask)
 
 
-def carry_out(core: Any, rec: dict[str, Any], now: float) -> None:
-    """The leader's side: apply the recorded command (refusals go into the job's history)."""
-    req = rec.get("operator") or {}
-    rec["operator"] = None
-    action, devices = req.get("action", ""), list(req.get("devices") or [])
-    jid = rec["id"]
+def carry_out(actions: DecisionApplier, rec: JobRecord, now: float) -> JobRecord:
+    """The leader's side: apply the recorded command (refusals go into the job's history).
+    Returns the job's record as it is after (also in the tick's table)."""
+    store = actions.store
+    req = rec.operator or OperatorRequest("")
+    jid = rec.id
+    rec = store.keep(replace(rec, operator=None))
+    action, devices = req.action, list(req.devices)
     try:
-        check(rec, action, devices, int(req.get("count") or 0), {d["id"] for d in core.cluster_devices()})
+        check(rec, action, devices, req.count, {d["id"] for d in actions.io.cluster_devices()})
         if action == "suspend":
-            rec["held"] = True
-            core._apply(Suspend(jid, "operator: suspend (held until an operator resumes it)"), now)
+            store.keep(replace(rec, held=True))
+            actions.apply(Suspend(jid, "operator: suspend (held until an operator resumes it)"), now)
         elif action == "resume":
-            rec["held"] = False
+            rec = store.keep(replace(rec, held=False))
             if devices:
-                core._apply(Resume(jid, tuple(devices), "operator: resume"), now)
+                actions.apply(Resume(jid, tuple(devices), "operator: resume"), now)
             else:
-                J.note(rec, "resumed by an operator: the policy places it", now)
+                store.keep(rec.noted("resumed by an operator: the policy places it", now))
         elif action == "migrate":
-            core._apply(Migrate(jid, tuple(devices), "operator: migrate"), now)
+            actions.apply(Migrate(jid, tuple(devices), "operator: migrate"), now)
         elif action == "resize":
-            target = devices or _resize_devices(core, rec, int(req.get("count") or 0))
-            core._apply(Resize(jid, tuple(target), "operator: resize"), now)
+            target = devices or _resize_devices(actions.io, actions, rec, req.count)
+            actions.apply(Resize(jid, tuple(target), "operator: resize"), now)
     except MicrocoError as exc:
-        J.note(rec, f"operator {action} refused: {exc}", now)
+        store.keep(store.jobs[jid].noted(f"operator {action} refused: {exc}", now))
+    return store.jobs[jid]
 
 
-def _resize_devices(core: Any, rec: dict[str, Any], count: int) -> list[str]:
+def _resize_devices(io: NodeIO, actions: DecisionApplier, rec: JobRecord, count: int) -> list[str]:
     """``count`` devices on the job's node: its own first, then free ones."""
-    own = list(rec["devices"])
+    own = list(rec.devices)
     if count <= len(own):
         return own[:count]
-    busy = core._occupied()
-    node_devs = [d["id"] for d in (core._nodes.get(rec["node"]) or {}).get("devices", [])]
-    free = [d for d in node_devs if d not in own and not (busy.get(d, set()) - {rec["id"]})]
+    busy = actions.occupied()
+    node_devs = [d["id"] for d in (io.nodes.get(rec.node) or {}).get("devices", [])]
+    free = [d for d in node_devs if d not in own and not (busy.get(d, set()) - {rec.id})]
     if len(own) + len(free) < count:
         raise FailedPrecondition(
-            f"node {rec['node']} has {len(free)} free devices: the job cannot grow from {len(own)} to {count}"
+            f"node {rec.node} has {len(free)} free devices: the job cannot grow from {len(own)} to {count}"
         )
     return own + free[: count - len(own)]

@@ -22,14 +22,15 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from microco.common.errors import MicrocoError
 from microco.common.kv import KV
 
-from . import _jobs as J
+from ._record import JobRecord, JobSpec, ProfileRef
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,10 @@ def _file_digest(arg: str, workdir: str) -> str | None:
         return None
 
 
-def job_identity(spec: dict[str, Any]) -> tuple[str, str]:
+def job_identity(spec: JobSpec | Mapping[str, Any]) -> tuple[str, str]:
     """(key, description) of what the job is (see the module doc)."""
+    if isinstance(spec, JobSpec):
+        spec = spec.to_dict()
     model = str(spec.get("model") or "")
     if model:
         text, described = f"model\0{model}", f"model {model}"
@@ -132,12 +135,11 @@ class Profiles:
             if isinstance(value, dict) and "identity" in value:  # older entries had no identity
                 self._cache.setdefault(key.removeprefix(PROFILES_PREFIX), value)
 
-    def get(self, rec: dict[str, Any]) -> dict[str, Any] | None:
+    def get(self, rec: JobRecord) -> dict[str, Any] | None:
         return self._cache.get(self._key(rec))
 
-    def _key(self, rec: dict[str, Any]) -> str:
-        prof = rec.get("profile") or {}
-        return str(prof.get("key") or job_identity(rec["spec"])[0])
+    def _key(self, rec: JobRecord) -> str:
+        return (rec.profile.key if rec.profile else "") or job_identity(rec.spec)[0]
 
     def _write(self, key: str, prof: dict[str, Any]) -> None:
         self._cache[key] = prof
@@ -146,46 +148,44 @@ class Profiles:
         except MicrocoError as exc:  # kept in memory; written with the next change
             log.warning("profile %s not written: %s", key, exc)
 
-    def _entry(self, rec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    def _entry(self, rec: JobRecord) -> tuple[str, dict[str, Any]]:
         key = self._key(rec)
         prof = dict(self._cache.get(key) or {})
         if not prof:
-            prof = {"identity": (rec.get("profile") or {}).get("identity") or job_identity(rec["spec"])[1]}
+            prof = {"identity": (rec.profile.identity if rec.profile else "") or job_identity(rec.spec)[1]}
             prof.update(minibatch_ms={}, utilization=None, max_useful_devices=None, jobs=[])
-        jobs = [j for j in prof.get("jobs") or [] if j != rec["id"]]
-        prof["jobs"] = (jobs + [rec["id"]])[-10:]
+        jobs = [j for j in prof.get("jobs") or [] if j != rec.id]
+        prof["jobs"] = (jobs + [rec.id])[-10:]
         prof["at"] = self.clock()
         return key, prof
 
     # ------------------------------------------------------------------ learning
-    def identify(self, rec: dict[str, Any], now: float) -> None:
+    def identify(self, rec: JobRecord, now: float) -> JobRecord:
         """Give a job seen for the first time its identity, and say in its history what its
         profile tells the policy, or why it has none."""
-        if rec.get("profile") or rec["state"] in J.TERMINAL:
-            return
-        key, described = job_identity(rec["spec"])
-        rec["profile"] = {"key": key, "identity": described}
+        if rec.profile or rec.terminal:
+            return rec
+        key, described = job_identity(rec.spec)
+        rec = replace(rec, profile=ProfileRef(key, described))
         prof = self._cache.get(key)
         if prof is None:
-            J.note(
-                rec,
+            return rec.noted(
                 f"no profile yet for {described}: the first job of its kind, measured once it "
                 "runs 5 mini-batches alone",
                 now,
             )
-            return
-        J.note(rec, f"profile of {described} from earlier jobs: {describe(prof)}", now)
+        return rec.noted(f"profile of {described} from earlier jobs: {describe(prof)}", now)
 
-    def learn_alone(self, rec: dict[str, Any]) -> None:
+    def learn_alone(self, rec: JobRecord) -> None:
         """The job's own alone measurements (``minibatch_ms_alone``, ``utilization``) into its
         profile, when they improve on it (fastest time) or are new (latest utilisation)."""
-        ms = float(rec.get("minibatch_ms_alone") or 0.0)
+        ms = float(rec.minibatch_ms_alone or 0.0)
         if ms <= 0:
             return
-        n = str(max(1, len(rec["devices"]) or rec["spec"]["devices"]))
+        n = str(max(1, len(rec.devices) or rec.spec.devices))
         old = self._cache.get(self._key(rec)) or {}
         old_ms = (old.get("minibatch_ms") or {}).get(n)
-        util = rec.get("utilization")
+        util = rec.utilization
         if old_ms is not None and ms >= 0.9 * old_ms and (util is None or util == old.get("utilization")):
             return
         key, prof = self._entry(rec)
@@ -196,9 +196,9 @@ class Profiles:
             prof["utilization"] = util
         self._write(key, prof)
 
-    def learn_max_useful(self, rec: dict[str, Any]) -> None:
+    def learn_max_useful(self, rec: JobRecord) -> None:
         """A grow that did not pay: later jobs of this identity are not grown that far."""
-        n = rec.get("max_useful_devices")
+        n = rec.max_useful_devices
         old = self._cache.get(self._key(rec)) or {}
         if not n or old.get("max_useful_devices") == n:
             return
@@ -207,17 +207,13 @@ class Profiles:
         self._write(key, prof)
 
     # ------------------------------------------------------------------ the policy's view
-    def fill_view(self, rec: dict[str, Any], view: dict[str, Any]) -> None:
+    def fill_view(self, rec: JobRecord, view: dict[str, Any]) -> None:
         """What the job has not measured itself yet, from its profile."""
         prof = self.get(rec)
         if not prof:
             return
         if not view.get("minibatch_ms_alone"):
-            n = (
-                len(rec["devices"])
-                if rec["state"] in J.HOLDING and rec["devices"]
-                else rec["spec"]["devices"]
-            )
+            n = len(rec.devices) if rec.holding and rec.devices else rec.spec.devices
             ms = (prof.get("minibatch_ms") or {}).get(str(n))
             if ms:
                 view["minibatch_ms_alone"] = float(ms)

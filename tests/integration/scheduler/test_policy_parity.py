@@ -24,9 +24,11 @@ from microco.services.scheduler._core import SchedulerCore
 from microco.services.scheduler.policy import (
     cluster_view_to_dict,
     decision_to_dict,
+    job_view_from_dict,
     make_policy,
 )
 from microco.services.scheduler.sim import ClusterSpec, PerfModel, Simulator, TraceJob
+from microco.services.scheduler.sim._records import job_record
 
 pytestmark = pytest.mark.integration
 
@@ -93,40 +95,9 @@ class _Recorder:
         return out
 
 
-def _record_from_view(job: dict) -> dict:
+def _record_from_view(job: dict, node_of: dict[str, str]) -> dict:
     """The live scheduler's stored record for a job the simulator shows as ``job``."""
-    spec = J.validate_spec(
-        {
-            "name": job["id"],
-            "command": ["train"],
-            "devices": job["devices_wanted"],
-            "elastic": job["elastic"],
-            "priority": job["priority"],
-            "user": job["owner"],
-            "total_steps": job["total_steps"] or 0,
-            "model": job["model"],
-            "max_devices": job["max_devices"] or 0,
-            "gpu_share": job["gpu_share"],
-        },
-        None,
-        check_command=False,
-    )
-    rec = J.new_record(spec, now=job["submitted_at"])
-    holding = job["state"] in J.HOLDING
-    rec.update(
-        id=job["id"],
-        state=job["state"],
-        devices=list(job["devices"]) if holding else [],
-        node=job["devices"][0].split("/")[0] if holding and job["devices"] else "",
-        step=job["steps_done"],
-        attained_service_s=job["attained_service_s"],
-        minibatch_ms=job["minibatch_ms"] or 0.0,
-        minibatch_ms_alone=job["minibatch_ms_alone"] or 0.0,
-        packed_with=list(job["packed_with"]),
-        last_change_at=job["last_change_at"],
-        first_step_at=job["submitted_at"] if job["minibatch_ms"] else 0.0,
-    )
-    return rec
+    return job_record(job_view_from_dict(job), node_of).to_dict()
 
 
 def _live_view(kv, state: dict):
@@ -148,8 +119,9 @@ def _live_view(kv, state: dict):
         )
     for name, devs in nodes.items():
         kv.put_json(NODES_PREFIX + name, {"name": name, "address": "127.0.0.1:1", "devices": devs})
+    node_of = {d["id"]: d["node"] for d in state["devices"]}
     for job in state["jobs"]:
-        kv.put_json(J.job_key(job["id"]), _record_from_view(job))
+        kv.put_json(J.job_key(job["id"]), _record_from_view(job, node_of))
     core = SchedulerCore(kv, make_policy("fifo"), check_commands=False)
     return core.observe(state["now"])
 

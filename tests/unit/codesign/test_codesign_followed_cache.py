@@ -191,9 +191,9 @@ def test_the_scheduler_publishes_its_jobs_phases_once_per_change():
     from microco.services.scheduler import _jobs as J
 
     job = J.new_record(J.validate_spec({"command": [sys.executable, "-c", "pass"], "devices": 1}, 1), 1.0)
-    kv.put_json(J.job_key(job["id"]), job)  # as the API writes it
+    kv.put(J.job_key(job.id), job.to_json())  # as the API writes it
     core.tick()
-    assert read_phases(kv)[job["id"]].phase == "waiting"
+    assert read_phases(kv)[job.id].phase == "waiting"
     writes = core.phases.writes
     core.tick()
     assert core.phases.writes == writes  # nothing changed: nothing written

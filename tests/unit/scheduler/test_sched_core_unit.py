@@ -12,6 +12,7 @@ from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from microco.common.kv import MemoryKV
 from microco.services.scheduler import SchedulerCore, record_to_pb, spec_from_pb, validate_spec
 from microco.services.scheduler import _jobs as J
+from microco.services.scheduler._record import Rank
 from microco.services.scheduler.policy import JobPhase, job_view_from_dict, make_policy
 
 PY = [sys.executable, "-c", "pass"]
@@ -76,7 +77,7 @@ def test_spec_round_trip_through_proto():
     )
     spec = validate_spec(spec_from_pb(pb), 4)
     rec = J.new_record(spec, now=5.0)
-    assert rec["id"].startswith("a-b-") and rec["state"] == "queued"
+    assert rec.id.startswith("a-b-") and rec.state == "queued"
     d = job_to_dict(record_to_pb(rec))
     assert d["state"] == "queued" and d["devices_wanted"] == 2 and d["elastic"] and d["user"] == "u"
     assert d["history"] == [[5.0, "queued", "submitted"]]
@@ -103,30 +104,33 @@ def test_state_names_cover_every_state():
 def test_set_state_keeps_a_bounded_history():
     rec = J.new_record(validate_spec({"command": PY, "devices": 1}, 1), now=0)
     for i in range(120):
-        J.set_state(rec, "running" if i % 2 else "suspended", f"m{i}", float(i))
-    assert len(rec["history"]) == 50 and rec["history"][-1][2] == "m119" and rec["last_change_at"] == 119
+        rec = rec.with_state("running" if i % 2 else "suspended", f"m{i}", float(i))
+    assert len(rec.history) == 50 and rec.history[-1].message == "m119" and rec.last_change_at == 119
 
 
 def test_a_change_never_predates_the_previous_one():
     # The leader reads its clock as a tick starts; a job submitted during the tick's node calls is
     # placed in that tick with the earlier reading. Its history must still begin with the queue.
     rec = J.new_record(validate_spec({"command": PY, "devices": 1}, 1), now=100.0)
-    J.set_state(rec, "running", "started", 99.5)
-    J.set_state(rec, "finished", "done", 130.0)
-    assert [h[:2] for h in rec["history"]] == [[100.0, "queued"], [100.0, "running"], [130.0, "finished"]]
-    assert rec["last_change_at"] == 130.0
+    rec = rec.with_state("running", "started", 99.5).with_state("finished", "done", 130.0)
+    assert [(h.at, h.state) for h in rec.history] == [
+        (100.0, "queued"),
+        (100.0, "running"),
+        (130.0, "finished"),
+    ]
+    assert rec.last_change_at == 130.0
 
 
 def test_core_submit_get_list_cancel():
     _, core = core_with_nodes()
     a = core.submit({"command": PY, "devices": 1, "name": "a", "user": "ann"})
     b = core.submit({"command": PY, "devices": 2, "name": "b", "user": "bob"})
-    assert core.get(a["id"])["spec"]["user"] == "ann"
-    assert [r["id"] for r in core.list_jobs()] == [a["id"], b["id"]]
-    assert [r["id"] for r in core.list_jobs(owner="bob")] == [b["id"]]
+    assert core.get(a.id).spec.user == "ann"
+    assert [r.id for r in core.list_jobs()] == [a.id, b.id]
+    assert [r.id for r in core.list_jobs(owner="bob")] == [b.id]
     assert core.list_jobs(states=["running"]) == []
-    r = core.cancel(a["id"])
-    assert r["cancel_requested"] and core.cancel(a["id"])["cancel_requested"]  # idempotent
+    r = core.cancel(a.id)
+    assert r.cancel_requested and core.cancel(a.id).cancel_requested  # idempotent
     with pytest.raises(NotFound):
         core.get("nope")
     with pytest.raises(NotFound):
@@ -150,16 +154,16 @@ def test_watch_streams_current_state_then_changes():
     first = threading.Event()
 
     def run():
-        for rec in core.watch([a["id"]], lambda: not stop.is_set(), poll_s=0.05):
-            seen.append(rec["cancel_requested"])
+        for rec in core.watch([a.id], lambda: not stop.is_set(), poll_s=0.05):
+            seen.append(rec.cancel_requested)
             first.set()
-            if rec["cancel_requested"]:
+            if rec.cancel_requested:
                 stop.set()
 
     t = threading.Thread(target=run)
     t.start()
     assert first.wait(30)  # the current state came first (cancelling before it raced the watcher)
-    core.cancel(a["id"])
+    core.cancel(a.id)
     t.join(30)
     assert seen[0] is False and seen[-1] is True
     with pytest.raises(NotFound):
@@ -168,7 +172,7 @@ def test_watch_streams_current_state_then_changes():
 
 def test_retained_job_ids_keep_what_a_resume_or_a_user_needs():
     def rec(i, state, finished_at=0.0):
-        return {"id": i, "state": state, "finished_at": finished_at, "last_change_at": finished_at}
+        return J.JobRecord(i, J.JobSpec(), state=state, finished_at=finished_at, last_change_at=finished_at)
 
     recs = [
         rec("q", J.QUEUED),
@@ -199,18 +203,17 @@ def test_placement_groups_devices_by_node_rank0_first_and_spreads_only_if_allowe
             "devices": [{"id": "n2/0", "node": "n2", "index": 0, "kind": "virtual", "model": "virtual-cpu"}],
         },
     )
-    core._nodes = core.agents.nodes()
-    assert core._placement(["n1/0", "n1/1"]) == [("n1", ["n1/0", "n1/1"])]
+    core.io.nodes = core.agents.nodes()
+    assert core.io.placement(["n1/0", "n1/1"], False) == [("n1", ["n1/0", "n1/1"])]
     with pytest.raises(FailedPrecondition, match="allow_spread"):
-        core._placement(["n2/0", "n1/1"])
-    core.allow_spread = True
+        core.io.placement(["n2/0", "n1/1"], False)
     # Rank 0 is the node holding most of the job's devices.
-    assert core._placement(["n2/0", "n1/1", "n1/0"]) == [("n1", ["n1/1", "n1/0"]), ("n2", ["n2/0"])]
+    assert core.io.placement(["n2/0", "n1/1", "n1/0"], True) == [("n1", ["n1/1", "n1/0"]), ("n2", ["n2/0"])]
     with pytest.raises(FailedPrecondition, match="live nodes"):
-        core._placement(["n9/0"])
-    rec = {"node": "n1", "ranks": [{"node": "n1", "devices": ["n1/0"]}, {"node": "n2", "devices": ["n2/0"]}]}
-    assert core._rank_nodes(rec) == ["n1", "n2"]
-    assert core._rank_nodes({"node": "n1", "ranks": []}) == ["n1"]
+        core.io.placement(["n9/0"], True)
+    rec = J.JobRecord("j", J.JobSpec(), node="n1", ranks=(Rank("n1", ("n1/0",)), Rank("n2", ("n2/0",))))
+    assert rec.rank_nodes == ["n1", "n2"]
+    assert J.JobRecord("j", J.JobSpec(), node="n1").rank_nodes == ["n1"]
 
 
 def test_observe_builds_the_policy_view_from_the_records_without_writing():
@@ -219,5 +222,5 @@ def test_observe_builds_the_policy_view_from_the_records_without_writing():
     before = dict(kv.get_prefix(J.JOBS_PREFIX))
     view = core.observe(now=123.0)
     assert view.now == 123.0 and [d.id for d in view.devices] == ["n1/0", "n1/1"]
-    assert [j.id for j in view.jobs] == [rec["id"]] and view.jobs[0].state is JobPhase.QUEUED
+    assert [j.id for j in view.jobs] == [rec.id] and view.jobs[0].state is JobPhase.QUEUED
     assert dict(kv.get_prefix(J.JOBS_PREFIX)) == before

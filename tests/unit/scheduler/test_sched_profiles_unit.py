@@ -6,12 +6,14 @@ history says what its profile holds or why it has none."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from microco.common.kv import MemoryKV, dumps
+from microco.common.kv import MemoryKV
 from microco.services.scheduler import SchedulerCore
 from microco.services.scheduler import _jobs as J
 from microco.services.scheduler._profiles import PROFILES_PREFIX, job_identity
+from microco.services.scheduler._record import JobRecord
 from microco.services.scheduler.policy import make_policy
 
 
@@ -62,10 +64,14 @@ def _core(kv: MemoryKV) -> SchedulerCore:
     return SchedulerCore(kv, make_policy("gandiva"), check_commands=False)
 
 
-def _queued(kv: MemoryKV, command, now: float, **kw) -> dict:
+def _queued(kv: MemoryKV, command, now: float, **kw) -> JobRecord:
     rec = J.new_record(spec(command, **kw), now=now)
-    kv.put(J.job_key(rec["id"]), dumps(rec))
+    kv.put(J.job_key(rec.id), rec.to_json())
     return rec
+
+
+def _stored(kv: MemoryKV, rec: JobRecord) -> JobRecord:
+    return JobRecord.from_json(kv.get(J.job_key(rec.id)))
 
 
 def test_a_job_submitted_again_starts_with_what_was_learned() -> None:
@@ -74,13 +80,15 @@ def test_a_job_submitted_again_starts_with_what_was_learned() -> None:
     first = _queued(kv, [*cmd, "--out", "run-1.json"], now=1.0)
     core = _core(kv)
     core.tick()
-    first = kv.get_json(J.job_key(first["id"]))
-    assert first["history"][-1][2].startswith("no profile yet for command ")
+    first = _stored(kv, first)
+    assert first.history[-1].message.startswith("no profile yet for command ")
     # what the leader measured while the first job ran alone (see _reconcile), then a grow to
     # 2 devices that did not pay, undone
-    first.update(state=J.RUNNING, devices=["n1/0"], node="n1", minibatch_ms_alone=12.5, utilization=0.4)
+    first = replace(
+        first, state=J.RUNNING, devices=("n1/0",), node="n1", minibatch_ms_alone=12.5, utilization=0.4
+    )
     core.profiles.learn_alone(first)
-    first["max_useful_devices"] = 2
+    first = replace(first, max_useful_devices=2)
     core.profiles.learn_max_useful(first)
     assert len(kv.get_prefix(PROFILES_PREFIX)) == 1
 
@@ -89,30 +97,31 @@ def test_a_job_submitted_again_starts_with_what_was_learned() -> None:
     other = _queued(kv, [sys.executable, "-m", "other.trainer"], now=51.0)
     core2 = _core(kv)
     core2.tick()
-    again = kv.get_json(J.job_key(again["id"]))
-    other = kv.get_json(J.job_key(other["id"]))
-    assert again["profile"]["key"] == first["profile"]["key"]
-    said = again["history"][-1][2]
+    again = _stored(kv, again)
+    other = _stored(kv, other)
+    assert again.profile is not None and first.profile is not None
+    assert again.profile.key == first.profile.key
+    said = again.history[-1].message
     assert said.startswith("profile of command ") and "-m some.trainer --batch 64 from earlier jobs:" in said
     assert "12.5 ms per mini-batch alone on 1 device" in said and "40% busy alone" in said
     assert "growing to 2 devices did not pay" in said
-    assert "no profile yet for command " in other["history"][-1][2]
-    assert "-m other.trainer: the first job of its kind" in other["history"][-1][2]
+    assert "no profile yet for command " in other.history[-1].message
+    assert "-m other.trainer: the first job of its kind" in other.history[-1].message
 
     views = {j.id: j for j in core2.observe(60.0).jobs}
-    assert views[again["id"]].minibatch_ms_alone == 12.5
-    assert views[again["id"]].utilization == 0.4
-    assert views[again["id"]].max_useful_devices == 2
-    assert views[other["id"]].minibatch_ms_alone is None and views[other["id"]].utilization is None
+    assert views[again.id].minibatch_ms_alone == 12.5
+    assert views[again.id].utilization == 0.4
+    assert views[again.id].max_useful_devices == 2
+    assert views[other.id].minibatch_ms_alone is None and views[other.id].utilization is None
 
 
 def test_a_slower_measurement_does_not_replace_the_profile() -> None:
     kv = MemoryKV()
     core = _core(kv)
     rec = J.new_record(spec(["train"], model="m"), now=0.0)
-    rec.update(state=J.RUNNING, devices=["n1/0"], minibatch_ms_alone=10.0)
+    rec = replace(rec, state=J.RUNNING, devices=("n1/0",), minibatch_ms_alone=10.0)
     core.profiles.learn_alone(rec)
-    rec["minibatch_ms_alone"] = 30.0  # measured under load from outside the job
+    rec = replace(rec, minibatch_ms_alone=30.0)  # measured under load from outside the job
     core.profiles.learn_alone(rec)
     ((_, stored),) = kv.get_prefix_json(PROFILES_PREFIX)
     assert stored["minibatch_ms"] == {"1": 10.0} and stored["identity"] == "model m"

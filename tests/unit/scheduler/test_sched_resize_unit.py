@@ -5,11 +5,14 @@ every resize is in the job's history (fake agent: no processes)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
+from microco.clients.agent import AgentDirectory
 from microco.common.kv import MemoryKV
 from microco.services.scheduler import SchedulerCore
 from microco.services.scheduler import _jobs as J
+from microco.services.scheduler._record import GrowTrial
 from microco.services.scheduler.policy import Resize, make_policy
 
 PY = [sys.executable, "-c", "pass"]
@@ -40,50 +43,59 @@ def core_with_running_elastic_job():
         },
     )
     core = SchedulerCore(kv, make_policy("gandiva"))
-    core.agents = FakeAgents(core.agents)
+    core.io.agents = FakeAgents(AgentDirectory(kv))
+    core.io.nodes = core.agents.nodes()
+    core.io.address = lambda node: "127.0.0.1:1"  # type: ignore[method-assign]
     rec = core.submit({"command": PY, "devices": 1, "name": "e", "elastic": True})
-    core._nodes = core.agents.nodes()
-    core._jobs = {rec["id"]: rec}  # what a tick reads from the store
-    core._save = lambda rec: None  # (the store's compare-and-set is not what is tested)
-    rec.update(state=J.RUNNING, node="n1", devices=["n1/0"], minibatch_ms=10.0, step=100, step_at_change=0)
-    rec["settled_ms"] = [0, 10.0]
-    return core, rec
+    rec = replace(
+        rec,
+        state=J.RUNNING,
+        node="n1",
+        devices=("n1/0",),
+        minibatch_ms=10.0,
+        step=100,
+        step_at_change=0,
+        settled_ms=(0, 10.0),
+    )
+    core.store.jobs = {rec.id: rec}  # what a tick reads from the store
+    core.store.save = core.store.keep  # type: ignore[method-assign]  # (the compare-and-set is not tested)
+    return core, rec.id
 
 
-def test_grow_then_undo_is_recorded_and_caps_the_size(monkeypatch):
-    core, rec = core_with_running_elastic_job()
-    monkeypatch.setattr(core, "_address", lambda node: "127.0.0.1:1")
-    assert core._apply(Resize(rec["id"], ("n1/0", "n1/1"), "gandiva: grow onto idle devices"), 10.0)
-    assert rec["grow_trial"] == {"from": ["n1/0"], "ms_before": 10.0}
+def test_grow_then_undo_is_recorded_and_caps_the_size():
+    core, jid = core_with_running_elastic_job()
+    assert core.actions.apply(Resize(jid, ("n1/0", "n1/1"), "gandiva: grow onto idle devices"), 10.0)
+    rec = core.store.jobs[jid]
+    assert rec.grow_trial == GrowTrial(("n1/0",), 10.0)
     assert core.agents.sent[-1] == ("resize", ["n1/0", "n1/1"])
-    view = next(j for j in core._view(11.0).jobs if j.id == rec["id"])
+    view = next(j for j in core._view(11.0).jobs if j.id == jid)
     assert view.grown_from == ("n1/0",) and view.minibatch_ms_before_grow == 10.0
     assert view.minibatch_ms_settled is None  # the 10 ms was measured before the change
-    # measured on two devices (what _reconcile stores once 25 mini-batches ran since the change)
-    rec["pending"] = None
-    rec["settled_ms"] = [rec["step_at_change"], 14.8]
-    view = next(j for j in core._view(20.0).jobs if j.id == rec["id"])
+    # measured on two devices (what the reconciler stores once 25 mini-batches ran since the change)
+    core.store.keep(replace(rec, pending=None, settled_ms=(rec.step_at_change, 14.8)))
+    view = next(j for j in core._view(20.0).jobs if j.id == jid)
     assert view.minibatch_ms_settled == 14.8
     decisions = core.policy.decide(core._view(20.0))
     (undo,) = [d for d in decisions if isinstance(d, Resize)]
     assert undo.devices == ("n1/0",) and "undo grow" in undo.reason
-    assert core._apply(undo, 21.0)
-    assert rec["max_useful_devices"] == 2 and rec["grow_trial"] is None
-    resizes = [h for h in rec["history"] if h[2].startswith("resized")]
-    assert [h[2].split(":")[0] for h in resizes] == [
+    assert core.actions.apply(undo, 21.0)
+    rec = core.store.jobs[jid]
+    assert rec.max_useful_devices == 2 and rec.grow_trial is None
+    resizes = [h for h in rec.history if h.message.startswith("resized")]
+    assert [h.message.split(":")[0] for h in resizes] == [
         "resized from 1 to 2 devices",
         "resized from 2 to 1 devices",
     ]
 
 
-def test_a_migration_in_place_is_in_the_history(monkeypatch):
+def test_a_migration_in_place_is_in_the_history():
     from microco.services.scheduler.policy import Migrate
 
-    core, rec = core_with_running_elastic_job()
-    monkeypatch.setattr(core, "_address", lambda node: "127.0.0.1:1")
-    assert core._apply(Migrate(rec["id"], ("n1/3",), "operator: migrate"), 10.0)
-    assert core.agents.sent[-1] == ("resume", ["n1/3"]) and rec["devices"] == ["n1/3"]
-    assert rec["history"][-1][1:] == [
+    core, jid = core_with_running_elastic_job()
+    assert core.actions.apply(Migrate(jid, ("n1/3",), "operator: migrate"), 10.0)
+    rec = core.store.jobs[jid]
+    assert core.agents.sent[-1] == ("resume", ["n1/3"]) and rec.devices == ("n1/3",)
+    assert (rec.history[-1].state, rec.history[-1].message) == (
         "running",
         "migrated in place onto n1/3 (same node, re-pinned): operator: migrate",
-    ]
+    )

@@ -1,0 +1,204 @@
+"""Reconciliation: each job record brought in line with what its processes report.
+
+Once per tick, before the policy decides, the leader reads every node's processes
+(``NodeIO.refresh``) and gives each record the job's progress (steps, checkpoint, mini-batch
+times, utilisation), its exit (finished, checkpointed, failed, killed), a lost node or process
+(back to the queue from its checkpoint), an operation carried out or overdue, and whether its
+process reports through the scheduler's hook at all. Then the packing of the running jobs is
+refreshed (``PACKED`` while another job shares a device). Each step returns the new record.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from microco.clients.scheduler import EXIT_CHECKPOINTED
+from microco.common.errors import MicrocoError
+
+from . import _transitions as T
+from ._actions import DecisionApplier, MechanismSettings
+from ._nodes import EXITED, NodeIO
+from ._profiles import Profiles
+from ._record import PACKED, RUNNING, SUSPENDED, JobRecord
+from ._store import JobStore
+
+log = logging.getLogger(__name__)
+
+# Mini-batches after a change before the job's reported mean (over its last 20, the hook's
+# window, plus the boundary the change waited for) is wholly a measurement of the new setup.
+SETTLE_STEPS = 25
+
+
+class Reconciler:
+    def __init__(
+        self,
+        store: JobStore,
+        io: NodeIO,
+        profiles: Profiles,
+        actions: DecisionApplier,
+        settings: MechanismSettings,
+    ) -> None:
+        self.store, self.io, self.profiles, self.actions = store, io, profiles, actions
+        self.settings = settings
+
+    def _lost(self, rec: JobRecord, why: str, now: float) -> JobRecord:
+        return T.lost(rec, why, now, self.settings.max_restarts)
+
+    def reconcile(self, rec: JobRecord, now: float, dt: float) -> JobRecord:
+        """The record after what its processes report (``rec`` is the table's latest)."""
+        if rec.terminal:
+            return rec
+        if rec.cancel_requested:
+            if rec.has_process:
+                self.io.stop_ranks(rec)
+            return T.cancelled(rec, now)
+        if not rec.has_process:
+            return rec
+        node = rec.node
+        if rec.ranks:
+            handled = self._reconcile_ranks(rec, now)
+            if handled is not None:
+                return handled
+        if node not in self.io.nodes:
+            return self._lost(rec, f"node {node} was lost", now)
+        if node not in self.io.procs:
+            return rec  # unreachable this tick; its lease decides
+        p = self.io.proc(rec)
+        if p is None:
+            return self._lost(rec, f"process of attempt {rec.attempt} is gone from node {node}", now)
+        if p.state != EXITED:
+            rec = self._check_hook(rec, p, now)
+        rec = self._progress(rec, p, dt)
+        pending = rec.pending
+        if p.state == EXITED:
+            return self._exited(rec, p, now)
+        if pending is not None:
+            done = p.seq_done >= pending.seq
+            if pending.op == "suspend" and done:
+                rec = T.parked(rec, now)
+            elif pending.op in ("resume", "resize") and done:
+                rec = replace(rec, pending=None)
+            elif now - pending.since > max(self.settings.op_timeout_s, 10 * rec.minibatch_ms / 1000.0):
+                log.warning(
+                    "job %s did not carry out %s in %.0fs; stopping it",
+                    rec.id,
+                    pending.op,
+                    self.settings.op_timeout_s,
+                )
+                try:
+                    self.io.agents.stop(self.io.address(node), rec.id)
+                except MicrocoError:
+                    pass
+        return rec
+
+    def _progress(self, rec: JobRecord, p: Any, dt: float) -> JobRecord:
+        """Steps, checkpoint, first step and mini-batch times as the process reports them."""
+        changes: dict[str, Any] = {}
+        if p.job_state:
+            changes["step"] = int(p.step)
+        changes["checkpoint_step"] = max(rec.checkpoint_step, int(p.checkpoint_step))
+        if p.first_step_at and not rec.first_step_at:
+            changes["first_step_at"] = float(p.first_step_at)
+        rec = replace(rec, **changes)
+        if p.minibatch_ms > 0 and p.job_state == "running":
+            rec = replace(rec, minibatch_ms=float(p.minibatch_ms))
+            if p.step - rec.step_at_change > SETTLE_STEPS:
+                # the job's window of recent mini-batches now lies wholly after the change
+                rec = replace(rec, settled_ms=(rec.step_at_change, float(p.minibatch_ms)))
+            # Alone-time: only once the job ran a few mini-batches on its own devices.
+            # The fastest time seen alone: load from outside the job only ever inflates it.
+            if rec.state == RUNNING and p.step - rec.step_at_change >= 5:
+                best = min(rec.minibatch_ms_alone or p.minibatch_ms, p.minibatch_ms)
+                rec = replace(rec, minibatch_ms_alone=float(best))
+                # How much of its devices the job keeps busy alone (the job measures it): what
+                # gandiva's packing reads (``JobView.utilization``). Measured while packed, it
+                # would be the share the partner leaves, so only alone; the latest counts.
+                if p.HasField("utilization"):
+                    rec = replace(rec, utilization=float(p.utilization))
+                self.profiles.learn_alone(rec)
+        if rec.holding:
+            rec = replace(rec, attained_service_s=rec.attained_service_s + dt * max(1, len(rec.devices)))
+        return rec
+
+    def _exited(self, rec: JobRecord, p: Any, now: float) -> JobRecord:
+        code = p.exit_code
+        if code == 0:
+            done = f"finished at step {rec.step}"
+            if rec.no_hook and not p.job_state:
+                done = "finished (its steps were not reported: it ran without the scheduler's hook)"
+            return T.finished(rec, done, now)
+        if code == EXIT_CHECKPOINTED:
+            pending = rec.pending
+            then = pending.then if pending is not None else ""
+            devices = list(pending.devices) if pending is not None else []
+            rec = rec.released().with_state(SUSPENDED, f"checkpointed at step {rec.checkpoint_step}", now)
+            if then == "move" and devices:
+                rec = self.actions.start_process(self.store.keep(rec), devices, now, "moved")
+            return rec
+        if code < 0:
+            # the agent's line says more when a launcher's rank vanished (see ``_ranks``)
+            why = p.message if p.message and not p.message.startswith("killed by") else ""
+            return self._lost(rec, why or f"process killed by signal {-code}", now)
+        return T.failed(rec, p.message or f"process exited with {code}", now)
+
+    def _check_hook(self, rec: JobRecord, p: Any, now: float) -> JobRecord:
+        """A job whose process has not reported through the hook ``hook_grace_s`` after it
+        started runs without it: it cannot obey suspend, migrate or resize at a boundary, so
+        the policy is told it is not preemptible (no wasted suspend attempts every tick) and
+        the user reads why in the job's history."""
+        if p.job_state or p.first_step_at:
+            if rec.no_hook:
+                return rec.noted("the job's hook reports now: preemptible again", now, no_hook=False)
+            return rec
+        started = float(p.started_at or 0.0)
+        grace = self.settings.hook_grace_s
+        if not rec.no_hook and started and now - started >= grace:
+            return rec.noted(
+                f"no report from the scheduler's hook {grace:.0f} s after the start: "
+                "not preemptible (it keeps its devices until it ends; add TorchHook or "
+                "SchedulerCallback to make it so)",
+                now,
+                no_hook=True,
+            )
+        return rec
+
+    def _reconcile_ranks(self, rec: JobRecord, now: float) -> JobRecord | None:
+        """A spread job's other ranks: all must live while rank 0 does (a missing rank would
+        leave the others waiting in an all-reduce). The new record when the job was handled
+        here, None when rank 0's reconciliation goes on."""
+        for r in rec.ranks[1:]:
+            node = r.node
+            if node not in self.io.nodes:
+                self.io.stop_ranks(rec, skip=node)
+                return self._lost(rec, f"node {node} (a rank of this spread job) was lost", now)
+            if node not in self.io.procs:
+                continue  # unreachable this tick; its lease decides
+            p = self.io.procs[node].get(rec.id)
+            if p is None or p.attempt != rec.attempt:
+                self.io.stop_ranks(rec, skip=node)
+                return self._lost(rec, f"rank process on {node} is gone", now)
+            if p.state == EXITED and p.exit_code not in (0, EXIT_CHECKPOINTED):
+                self.io.stop_ranks(rec, skip=node)
+                if p.exit_code < 0:
+                    return self._lost(rec, f"rank process on {node} killed by signal {-p.exit_code}", now)
+                return T.failed(rec, p.message or f"rank on {node} exited with {p.exit_code}", now)
+        return None
+
+    def refresh_packing(self, now: float) -> None:
+        """Running jobs sharing a device are PACKED (with whom), one alone RUNNING."""
+        jobs = self.store.jobs
+        by_dev: dict[str, list[str]] = {}
+        for rec in jobs.values():
+            if rec.state in (RUNNING, PACKED):
+                for d in rec.devices:
+                    by_dev.setdefault(d, []).append(rec.id)
+        for job_id in list(jobs):
+            rec = jobs[job_id]
+            if rec.state not in (RUNNING, PACKED):
+                continue
+            partners = sorted({j for d in rec.devices for j in by_dev.get(d, []) if j != rec.id})
+            state = PACKED if partners else RUNNING
+            if state != rec.state or tuple(partners) != rec.packed_with:
+                self.store.save(T.packing(rec, partners, now))
