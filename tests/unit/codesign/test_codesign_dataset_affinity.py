@@ -41,8 +41,8 @@ def test_the_scheduler_views_carry_the_registered_dataset_when_its_policy_uses_i
     jobs = []
     for _ in range(2):
         rec = J.new_record(J.validate_spec({"command": [sys.executable, "-c", "pass"], "devices": 1}, 1), 1.0)
-        kv.put_json(J.job_key(rec["id"]), rec)
-        jobs.append(rec["id"])
+        kv.put(J.job_key(rec.id), rec.to_json())
+        jobs.append(rec.id)
     publish_job_dataset(kv, jobs[0], "imagenet", "n1")  # the other has not read anything yet
     on = SchedulerCore(kv, make_policy("gandiva", dataset_affinity=True))
     seen = {j.id: j.dataset for j in on.observe(10.0).jobs}
