@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         _log(f"starting etcd and {args.nodes} store nodes + a coordinator")
-        cluster.start()
+        cluster.start(timeout=300)  # six processes and a JVM starting on a loaded 2-core machine
         _log("cluster ready")
         client = StoreClient.from_address(cluster.coordinator_address, default_timeout=600)
         bounds = ",".join(f"{y}-01-01" for y in range(1993, 1999))
