@@ -286,15 +286,7 @@ class StoreClient(ServiceClient):
         in parallel; the coordinator only plans which node serves what."""
         from ._flight import FlightClients
 
-        q: dict[str, Any] = {"table": table, "where": [list(w) for w in where]}
-        if columns is not None:
-            q["select"] = list(columns)
-        plan = self._call(
-            self._stub.PlanRead,
-            pb.QueryRequest(query_json=json.dumps(q, default=str)),
-            timeout=timeout,
-            idempotent=True,
-        )
+        plan = self.plan_read_pb(table, where, columns, timeout=timeout)
         schema = pa.ipc.read_schema(pa.py_buffer(plan.arrow_schema))
 
         clients = FlightClients()  # one connection per node, whatever the number of endpoints
@@ -305,6 +297,30 @@ class StoreClient(ServiceClient):
             clients.close()
         parts = [p.select(schema.names) for p in parts if p.num_rows]
         return pa.concat_tables(parts) if parts else schema.empty_table()
+
+    def plan_read_pb(
+        self,
+        table: str,
+        where: Sequence[Sequence[Any]] = (),
+        columns: Sequence[str] | None = None,
+        *,
+        replica: int | None = None,
+        timeout: float | None = None,
+    ) -> pb.PlanReadResponse:
+        """Where (a filtered projection of) a table is read: one Flight endpoint (node address,
+        ticket) per node, the schema and the EXPLAIN text; ``replica`` forces the replica read."""
+        q: dict[str, Any] = {"table": table, "where": [list(w) for w in where]}
+        if columns is not None:
+            q["select"] = list(columns)
+        if replica is not None:
+            q["replica"] = replica
+        resp: pb.PlanReadResponse = self._call(
+            self._stub.PlanRead,
+            pb.QueryRequest(query_json=json.dumps(q, default=str)),
+            timeout=timeout,
+            idempotent=True,
+        )
+        return resp
 
     # ---------------------------------------------------------------- operations
     def recovery(self, *, timeout: float | None = None) -> dict[str, Any]:

@@ -138,8 +138,14 @@ class Catalog:
     def table_names(self) -> list[str]:
         return [k[len(TABLES) :] for k, _ in self.kv.get_prefix(TABLES)]
 
-    def table(self, name: str) -> TableInfo:
-        rec, _ = self.table_record(name)
+    def table_records(self) -> dict[str, dict[str, Any]]:
+        """Every table's record, by name, in one read (what ``table_names`` reads anyway)."""
+        return {k[len(TABLES) :]: json.loads(raw) for k, raw in self.kv.get_prefix(TABLES)}
+
+    def table(self, name: str, record: dict[str, Any] | None = None) -> TableInfo:
+        """The table with its committed super-extents; ``record``: its record when just read
+        (``table_records``), which saves reading it again."""
+        rec = record if record is not None else self.table_record(name)[0]
         supers = {}
         for _, raw in self.kv.get_prefix(f"{SUPER}{name}/"):
             s = SuperExtent.from_json(json.loads(raw))

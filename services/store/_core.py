@@ -144,15 +144,23 @@ class StoreCore:
         self.gc_min_age_s = gc_min_age_s
         self._recovery_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="store-core")
+        self._seen: dict[str, Any] = {}  # NODES_SEEN as last read or written here (live_nodes)
 
     # ------------------------------------------------------------------ nodes
     def live_nodes(self) -> list[NodeInfo]:
         nodes = self.transport.live_nodes()
-        seen = dict(self.kv.get_prefix_json(NODES_SEEN))
-        for n in nodes:
-            rec = {"domain": n.domain, "address": n.address}
-            if seen.get(NODES_SEEN + n.name) != rec:
-                self.kv.put_json(NODES_SEEN + n.name, rec)
+        # what this process last read or wrote of the nodes seen: etcd is read again (and written)
+        # only when a live node is not in it as it is now, not on every query
+        if any(
+            self._seen.get(NODES_SEEN + n.name) != {"domain": n.domain, "address": n.address} for n in nodes
+        ):
+            seen = dict(self.kv.get_prefix_json(NODES_SEEN))
+            for n in nodes:
+                rec = {"domain": n.domain, "address": n.address}
+                if seen.get(NODES_SEEN + n.name) != rec:
+                    self.kv.put_json(NODES_SEEN + n.name, rec)
+                    seen[NODES_SEEN + n.name] = rec
+            self._seen = seen
         return nodes
 
     def domains(self) -> dict[str, str]:
@@ -356,7 +364,7 @@ class StoreCore:
         def attempt(exclude: set[str]) -> tuple[pa.Table, Any]:
             t0 = time.perf_counter()
             plan = _sql.build(self, text, exclude)
-            nodes = {n.name: n for n in self.transport.live_nodes()}
+            nodes = plan.nodes
             t1 = time.perf_counter()
             outs = self._run_stage(plan.tasks, nodes)
             t2 = time.perf_counter()

@@ -119,6 +119,11 @@ def replica_units(
                     "other copy of its rows are unavailable"
                 )
             units.append(Unit(s.id, e.partition, sub, degraded=True))
+    for u in units:
+        for src in u.sources:
+            # the unit a source serves (replica r's partition p), whichever extent holds its rows:
+            # what lets a client split a read by partition (clients/store/spark.py)
+            src["unit"] = [r, u.partition]
     return units
 
 

@@ -68,6 +68,7 @@ class SqlPlan:
     moved_bytes: int = 0
     # seconds per phase of the run (plan, fragments, merge), once it ran: EXPLAIN's last line
     timings: dict[str, float] = field(default_factory=dict)
+    nodes: dict[str, Any] = field(default_factory=dict)  # the live nodes it was planned on, by name
 
     def explain_text(self) -> str:
         lines = list(self.explain)
@@ -843,17 +844,19 @@ def run_fragment(inputs: dict[str, pa.Table], sql: str) -> pa.Table:
 def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan:  # type: ignore[assignment]
     tree = parse(sql)
     tables: dict[str, TableInfo] = {}
-    names: list[str] | None = None
+    records: dict[str, dict[str, Any]] | None = None  # every table's record: one catalog read
     for ref in table_refs(tree):
         n = ref.name.lower()
         if n not in tables:
-            names = core.catalog.table_names() if names is None else names
-            match = [x for x in names if x.lower() == n]
+            records = core.catalog.table_records() if records is None else records
+            match = [x for x in records if x.lower() == n]
             if not match:
                 raise NotFound(f"no table {short(ref.name)}")
-            tables[n] = core.catalog.table(match[0])
+            tables[n] = core.catalog.table(match[0], records[match[0]])
     live = [n for n in core.live_nodes() if n.name not in exclude]
     if not live:
         raise Unavailable("no live store nodes")
     ctx = _Ctx(core, tree, tables, {n.name for n in live}, {n.name: n.address for n in live})
-    return plan_sql(ctx)
+    plan = plan_sql(ctx)
+    plan.nodes = {n.name: n for n in live}  # what the run calls: no second registry read
+    return plan
