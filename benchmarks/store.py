@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import duckdb
 
-    from microco.clients.store import StoreClient
+    from microco.clients.store import StoreClient, storage_report
     from microco.services.stack import EtcdServer
     from microco.services.store import StoreCluster
 
@@ -439,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
         if spark is not None:
             spark.ready()  # not timed: its start and warm-up overlap the load
         result["tpch"] = tpch_queries(client, con, data, sf, repeat, spark)
+        # every TPC-H table is loaded now: what the store holds on disk against three Parquet copies
+        result["storage"] = storage_report(client.list_tables(), {f.stem: f for f in data.glob("*.parquet")})
 
         if args.tpch_only:
             if spark is not None:
