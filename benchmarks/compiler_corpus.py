@@ -342,11 +342,15 @@ class _Contender:
 
 
 def _micro_run(
-    case: Case, make_step: Callable[[int, Any], tuple[Callable[[], Any], Any]], n: int, explorer: Any
+    case: Case,
+    make_step: Callable[[int, Any, str], tuple[Callable[[], Any], Any]],
+    n: int,
+    explorer: Any,
+    tag: str,
 ) -> dict[str, Any]:
     """One microco run told it is ``n`` steps long: its steps until it commits (exploration),
     timed; ``stopped`` when an exception escaped microco's step (the user's training ended)."""
-    step, astra = make_step(n, explorer)
+    step, astra = make_step(n, explorer, tag)
     stopped, error, steps = False, "", 0
     t0 = time.perf_counter()
     try:
@@ -396,7 +400,7 @@ def bench_case(
     explorers: dict[int, Any] = {}
     for n in lengths:
         explorers[n] = LocalExplorer.on_disk(os.path.join(state_dir, f"{case.name}-{n}.json"))
-        explored[n] = _micro_run(case, adapter["micro"], n, explorers[n])
+        explored[n] = _micro_run(case, adapter["micro"], n, explorers[n], f"microco@{n}")
         if not explored[n]["stopped"]:
             r = explored[n]
             contenders[f"microco@{n}"] = _Contender(r["step"], r["explore_s"], r["explore_steps"])
@@ -404,7 +408,7 @@ def bench_case(
     first = lengths[0]
     rerun: dict[str, Any] = {}
     if not explored[first]["stopped"]:
-        again = _micro_run(case, adapter["micro"], 3, explorers[first])
+        again = _micro_run(case, adapter["micro"], first, explorers[first], "rerun")
         rerun = {
             "run_steps": first,
             "committed_at_start": bool(again["trial_steps"] == 0 and again["committed"]),
@@ -547,12 +551,12 @@ def _torch_adapter(case: Case) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - the baseline's own failure is reported, not ours
             return None, f"{type(exc).__name__}: {exc}"[:300]
 
-    def micro(n: int, explorer: Any) -> tuple[Callable[[], Any], Any]:
+    def micro(n: int, explorer: Any, tag: str) -> tuple[Callable[[], Any], Any]:
         torch._dynamo.reset()
         m, o = make()
         astra = AstraTorch(m, explorer, name=case.name, total_steps=n)
         inner = plain(m, o)
-        return counted(f"microco@{n}", m, lambda: astra.run(inner)), astra
+        return counted(tag, m, lambda: astra.run(inner)), astra
 
     def loss_rel(contenders: dict[str, _Contender], counts_of: str) -> float:
         eager_fn = contenders["eager"].step
@@ -616,10 +620,10 @@ def _tf_adapter(case: Case) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - XLA's own failure is reported, not ours
             return None, f"{type(exc).__name__}: {exc}"[:300]
 
-    def micro(n: int, explorer: Any) -> tuple[Callable[[], Any], Any]:
+    def micro(n: int, explorer: Any, tag: str) -> tuple[Callable[[], Any], Any]:
         m = make()
         astra = AstraTF(m, opt(), case.loss, explorer, name=case.name, total_steps=n)
-        return counted(f"microco@{n}", m, lambda: astra.step(x, y)), astra
+        return counted(tag, m, lambda: astra.step(x, y)), astra
 
     def loss_rel(contenders: dict[str, _Contender], counts_of: str) -> float:
         eager_fn = contenders["eager"].step

@@ -152,12 +152,16 @@ def test_the_client_cuts_a_trial_that_would_overrun_the_budget():
             self.reports = []
 
         def register(self, spec):
-            return _core.Config(spec.key, {"threads": "1", "r.hoist": "off", "model.compile": "eager"}, 0, steps=6)
+            return _core.Config(
+                spec.key, {"threads": "1", "r.hoist": "off", "model.compile": "eager"}, 0, steps=6
+            )
 
         def report(self, key, rep):
             self.reports.append(rep)
             if len(self.reports) == 1:
-                return _core.Config(key, {"threads": "2", "r.hoist": "off", "model.compile": "eager"}, 1, steps=6)
+                return _core.Config(
+                    key, {"threads": "2", "r.hoist": "off", "model.compile": "eager"}, 1, steps=6
+                )
             return _core.Config(key, {"threads": "1", "r.hoist": "off", "model.compile": "eager"}, -1, True)
 
     ex = _Explorer()
