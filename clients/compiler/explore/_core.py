@@ -334,6 +334,12 @@ def next_config(state: Exploration, policy: ExplorationPolicy) -> Config:
             item["values"] = canonical(state.spec, item["values"])
             if item.get("kind") not in (*INTERLEAVED, "revalidate") and _measured(state, item["values"]):
                 continue  # the same code as a configuration already measured
+            if _cost_spent(state, policy, item):
+                state.pruned.append(
+                    f"stage {state.stage}: {item['values']}: the run's exploration budget is spent "
+                    f"({explore_excess_ms(state):.0f} ms lost of {cost_budget_ms(state, policy):.0f} ms)"
+                )
+                continue
             if item.get("kind") not in INTERLEAVED:
                 # Priced again just before it runs: a compile measured since the stage was
                 # planned (the stage's first whole-step compile, say) may show this one cannot
@@ -777,7 +783,18 @@ def _over_budget(state: Exploration, policy: ExplorationPolicy) -> bool:
         return False
     budget = policy.max_explore_fraction * max(1, state.spec.total_steps)
     used = state.explore_steps - state.budget_base
-    return used + policy.steps_per_trial > budget or cost_left_ms(state, policy) <= 0.0
+    return used + policy.steps_per_trial > budget
+
+
+def _cost_spent(state: Exploration, policy: ExplorationPolicy, item: dict[str, Any]) -> bool:
+    """Is the run's exploration budget spent, for a planned trial that compiles nothing new?
+    (A compile is judged by what it can save over the steps left: ``_prune_reason``.) The
+    interleaved A/B blocks and re-validations are not exploration of new configurations."""
+    if item.get("kind") in (*INTERLEAVED, "revalidate", "baseline"):
+        return False
+    if set(compiled_choices(state.spec, item["values"])) - set(state.compiled_here):
+        return False
+    return cost_left_ms(state, policy) <= 0.0
 
 
 def base_step_ms(state: Exploration) -> float | None:
