@@ -176,3 +176,17 @@ def test_the_client_cuts_a_trial_that_would_overrun_the_budget():
     assert len(ex.reports) == 1
     s.record(25.0, {}, may_compile=False)  # 45 ms: cut, reported with its 3 steps
     assert len(ex.reports) == 2 and ex.reports[1].step_ms == [25.0, 25.0, 25.0]
+
+
+def test_a_whole_step_compile_is_priced_against_the_typical_step_not_an_outlier():
+    """The corpus at load 30: the baseline's fastest step 19 ms, its typical one 75 ms; XLA's
+    measured 35 s compile against a 5,000-step run was pruned by the fastest (23.9 s expected)
+    though the typical step repays it (93.8 s)."""
+    policy = ExplorationPolicy(measure_steps=5, retime_rounds=0)
+    xla = Variable("xla", ("off", "plain"), "", STAGE_COMPILE, compiles=True,
+                   compile_prior_ms=35_000.0, prior_calibrated=True)  # fmt: skip
+    spec = GraphSpec("typ", "(16,)", "cpu", (xla,), framework="tensorflow", total_steps=5000)
+    state = _core.start(spec, policy)
+    cfg = _core.next_config(state, policy)
+    cfg = _core.report(state, _core.TrialReport(cfg.trial, [5000.0, 19.0, 75.0, 75.0, 80.0, 75.0]), policy)
+    assert cfg.values == {"xla": "plain"} and not cfg.committed
