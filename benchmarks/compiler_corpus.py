@@ -402,8 +402,8 @@ def bench_case(
         explorers[n] = LocalExplorer.on_disk(os.path.join(state_dir, f"{case.name}-{n}.json"))
         explored[n] = _micro_run(case, adapter["micro"], n, explorers[n], f"microco@{n}")
         if not explored[n]["stopped"]:
-            r = explored[n]
-            contenders[f"microco@{n}"] = _Contender(r["step"], r["explore_s"], r["explore_steps"])
+            e = explored[n]
+            contenders[f"microco@{n}"] = _Contender(e["step"], e["explore_s"], e["explore_steps"])
     # The second run of the first length on this machine: a new wrapper over the same state.
     first = lengths[0]
     rerun: dict[str, Any] = {}
