@@ -4,19 +4,23 @@ Models the project did not write, built offline from code and small configuratio
 are downloaded): torch's own recurrent and attention modules (``nn.LSTM``, ``nn.GRU``,
 ``nn.LSTMCell`` called once per time step in ``forward``, ``nn.TransformerEncoder``) and, when
 the ``transformers`` package is installed (``pip install microco[corpus]``), Hugging Face GPT-2,
-BERT and T5 built from tiny configurations. torchvision is not in it: no torchvision build on
-this machine's package index imports beside the CPU build of torch 2.13 (its operators fail to
-register), and Keras models are not in it yet (see docs/compiler.md).
+BERT and T5 built from tiny configurations; torchvision's resnet18 and mobilenet_v3_small at
+32x32 (``import_torchvision`` explains how it imports beside a CPU torch); Keras' own
+``keras.applications.MobileNetV3Small`` (weights=None, 32x32) and a custom Keras RNN cell under
+``keras.layers.RNN``, where the static compiler is XLA (``jit_compile=True``).
 
 Per model, in one process and side by side (same initial weights, same batch): eager,
 ``torch.compile`` (default: Inductor) and microco (:class:`AstraTorch` with the exploration core
 in-process, each step through ``astra.run`` so that a failed trial is repeated, not lost).
-microco explores until it commits; then the three run interleaved round-robin and the medians
-of their step times are reported. ``stopped`` is true when an exception escaped microco's step
-(the user's training would have ended); ``loss_rel_diff`` compares microco's loss after its
-steps with eager's after as many steps. ``runs`` gives each contender's total for runs of 300,
-1,000 and 5,000 steps: its measured first steps (compile, exploration, a warm-up step) plus the
-remaining steps at its interleaved median (exploration is sized for ``--run-steps``).
+microco runs once per run length (300, 1,000, 5,000; or ``--run-steps N`` alone), each a first
+run on this machine told that length, and explores until it commits; a second run of the first
+length over the same on-disk state shows whether it starts tuned (``rerun``). Then all run
+interleaved round-robin and the medians of their step times are reported. ``stopped`` is true
+when an exception escaped microco's step (the user's training would have ended);
+``loss_rel_diff`` compares microco's loss after its steps with eager's after as many steps.
+``runs`` gives each contender's total for runs of 300, 1,000 and 5,000 steps: its measured first
+steps (compile, exploration, a warm-up step) plus the remaining steps at its interleaved median.
+For TensorFlow, "eager" is the user's step under ``tf.function`` and "static" is XLA.
 """
 
 from __future__ import annotations
@@ -41,9 +45,11 @@ class Case:
 
     name: str
     source: str  # whose code it is
-    make: Callable[[], Any]  # () -> nn.Module, seeded by the caller
+    make: Callable[[], Any]  # () -> nn.Module (Keras: a keras.Model), seeded by the caller
     batch: Callable[[], tuple[Any, ...]]  # () -> the step's tensors
-    loss: Callable[..., Any]  # (model, *batch) -> scalar loss
+    # torch: (model, *batch) -> scalar loss; tensorflow: (model output, labels) -> scalar loss
+    loss: Callable[..., Any]
+    framework: str = "torch"
 
 
 def _torch_cases() -> list[Case]:
@@ -164,13 +170,149 @@ def _hf_cases() -> list[Case]:
     ]
 
 
+_TORCHVISION_SHIM: list[Any] = []  # keeps the op library below alive
+
+
+def import_torchvision() -> Any:
+    """``import torchvision``, also where its compiled operators cannot load.
+
+    The only torchvision builds on this machine's package index are CUDA builds; beside the CPU
+    build of torch their C++ extension fails to load, and ``import torchvision`` then fails at
+    registering fake kernels for ``torchvision::nms``/``qnms`` ("operator ... does not exist").
+    The models (resnet, mobilenet) use none of those detection operators: declaring the two
+    schemas (no kernels: calling them raises) lets the package import, models unchanged."""
+    import torch
+
+    try:
+        import torchvision
+
+        return torchvision
+    except RuntimeError as exc:
+        if "torchvision::" not in str(exc):
+            raise
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
+    lib = torch.library.Library("torchvision", "DEF")
+    for op in ("nms", "qnms"):
+        lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _TORCHVISION_SHIM.append(lib)
+    import torchvision
+
+    return torchvision
+
+
+def _torchvision_cases() -> list[Case]:
+    try:
+        tv = import_torchvision()
+    except ImportError:
+        return []
+    import torch
+    from torch import nn
+
+    B, S = 8, 32  # batch, image side (small inputs: CIFAR-sized)
+
+    def images() -> tuple[Any, ...]:
+        g = torch.Generator().manual_seed(3)
+        return torch.randn(B, 3, S, S, generator=g), torch.randint(0, 10, (B,), generator=g)
+
+    def ce(model: nn.Module, x: Any, y: Any) -> Any:
+        return nn.functional.cross_entropy(model(x), y)
+
+    return [
+        Case(
+            "tv-resnet18",
+            "torchvision.models.resnet18",
+            lambda: tv.models.resnet18(num_classes=10),
+            images,
+            ce,
+        ),
+        Case(
+            "tv-mobilenet-v3-small",
+            "torchvision.models.mobilenet_v3_small",
+            lambda: tv.models.mobilenet_v3_small(num_classes=10, dropout=0.0),
+            images,
+            ce,
+        ),
+    ]
+
+
+def _keras_cases() -> list[Case]:
+    try:
+        import keras
+        import tensorflow as tf
+    except ImportError:
+        return []
+
+    T, B, D, H = 16, 16, 32, 64
+
+    @keras.saving.register_keras_serializable(package="microco_corpus")
+    class SubLSTMCell(keras.layers.Layer):
+        """A subtractive LSTM cell (Costa et al. 2017) in Keras' own RNN-cell API, written here
+        from TensorFlow operators: ``keras.layers.RNN`` runs the time loop, not our code."""
+
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.units = units
+            self.state_size = [units, units]
+
+        def build(self, input_shape: Any) -> None:
+            d = input_shape[-1]
+            self.w = self.add_weight(shape=(d, 4 * self.units), initializer="glorot_uniform", name="w")
+            self.u = self.add_weight(shape=(self.units, 4 * self.units), initializer="orthogonal", name="u")
+            self.b = self.add_weight(shape=(4 * self.units,), initializer="zeros", name="b")
+
+        def call(self, inputs: Any, states: Any) -> Any:
+            h, c = states
+            z = tf.sigmoid(tf.matmul(inputs, self.w) + tf.matmul(h, self.u) + self.b)
+            i, f, g, o = tf.split(z, 4, axis=-1)
+            c = f * c + g - i
+            h = tf.sigmoid(c) - o
+            return h, [h, c]
+
+    def rnn() -> Any:
+        return keras.Sequential(
+            [keras.Input((T, D)), keras.layers.RNN(SubLSTMCell(H)), keras.layers.Dense(10)]
+        )
+
+    def mobilenet() -> Any:
+        return keras.applications.MobileNetV3Small(
+            input_shape=(32, 32, 3), weights=None, classes=10, dropout_rate=0.0,
+            classifier_activation=None, include_preprocessing=False,
+        )  # fmt: skip
+
+    def seq() -> tuple[Any, ...]:
+        g = tf.random.Generator.from_seed(4)
+        return g.normal((B, T, D)), g.uniform((B,), 0, 10, dtype=tf.int32)
+
+    def images() -> tuple[Any, ...]:
+        g = tf.random.Generator.from_seed(5)
+        return g.normal((8, 32, 32, 3)), g.uniform((8,), 0, 10, dtype=tf.int32)
+
+    def ce(out: Any, y: Any) -> Any:
+        return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, out, from_logits=True))
+
+    return [
+        Case("keras-sublstm", "keras.layers.RNN (custom cell)", rnn, seq, ce, "tensorflow"),
+        Case(
+            "keras-mobilenet-v3-small",
+            "keras.applications.MobileNetV3Small",
+            mobilenet,
+            images,
+            ce,
+            "tensorflow",
+        ),
+    ]
+
+
 def corpus() -> list[Case]:
-    return _torch_cases() + _hf_cases()
+    return _torch_cases() + _torchvision_cases() + _hf_cases() + _keras_cases()
 
 
-# --quick: the two whose baselines compile in seconds (dynamo does not trace torch's RNN modules,
-# so torch.compile leaves them eager); the others' cold torch.compile took 4-7 minutes here.
-QUICK = ("torch-lstm", "torch-gru")
+# --quick: the two whose baselines compile in seconds: torch's LSTM (dynamo does not trace torch's
+# RNN modules, so torch.compile leaves it eager) and the custom Keras RNN cell (XLA compiles its
+# while loop once). The CNNs' and transformers' cold torch.compile took minutes here (4-7 for the
+# transformers at load 7-20; mobilenet_v3_small had not finished after 15 minutes at load 30-49).
+QUICK = ("torch-lstm", "keras-sublstm")
 
 
 def _interleaved(fns: dict[str, Callable[[], Any]], rounds: int, per_round: int) -> dict[str, float]:
@@ -189,13 +331,179 @@ def _interleaved(fns: dict[str, Callable[[], Any]], rounds: int, per_round: int)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def bench_case(case: Case, run_steps: int, rounds: int) -> dict[str, Any]:
+@dataclass
+class _Contender:
+    """One way of running the model: its step, what its first steps cost, its model."""
+
+    step: Callable[[], Any]
+    first_s: float
+    first_steps: int
+    model: Any = None
+
+
+def _micro_run(
+    case: Case,
+    make_step: Callable[[int, Any, str], tuple[Callable[[], Any], Any]],
+    n: int,
+    explorer: Any,
+    tag: str,
+) -> dict[str, Any]:
+    """One microco run told it is ``n`` steps long: its steps until it commits (exploration),
+    timed; ``stopped`` when an exception escaped microco's step (the user's training ended)."""
+    step, astra = make_step(n, explorer, tag)
+    stopped, error, steps = False, "", 0
+    t0 = time.perf_counter()
+    try:
+        while steps < n and (steps < 1 or not astra.committed):
+            step()
+            steps += 1
+    except Exception as exc:  # noqa: BLE001 - what would have ended the user's training
+        stopped, error = True, f"{type(exc).__name__}: {exc}"
+        traceback.print_exc(file=sys.stderr)
+    return {
+        "step": step,
+        "astra": astra,
+        "explore_s": time.perf_counter() - t0,
+        "explore_steps": steps,
+        "trial_steps": astra.explore_steps,
+        "committed": astra.committed,
+        "stopped": stopped,
+        "error": error,
+    }
+
+
+def bench_case(
+    case: Case, run_steps: int, rounds: int, lengths: tuple[int, ...] | None = None
+) -> dict[str, Any]:
+    """Eager, the static compiler and microco side by side on one corpus model.
+
+    microco runs once per run length in ``lengths`` (default ``(run_steps,)``), each a first run
+    on this machine (an empty state of its own) told that length, so its exploration is the one
+    that length allows; then a second run of the first length over the same state (it should
+    start tuned: ``rerun``). The contenders then run interleaved, and each run length's total is
+    each contender's measured first steps plus the remaining steps at its interleaved median."""
+    import tempfile
+
+    lengths = tuple(lengths or (run_steps,))
+    adapter = _torch_adapter(case) if case.framework == "torch" else _tf_adapter(case)
+    out: dict[str, Any] = {"name": case.name, "framework": case.framework, "source": case.source}
+    contenders: dict[str, _Contender] = {"eager": adapter["eager"]()}
+    static, static_error = adapter["static"]()
+    if static is not None:
+        contenders["static"] = static
+    else:
+        out["static_error"] = static_error
+    explored: dict[int, dict[str, Any]] = {}
+    state_dir = tempfile.mkdtemp(prefix="microco-corpus-state-")
+    from microco.clients.compiler.explore import LocalExplorer
+
+    explorers: dict[int, Any] = {}
+    for n in lengths:
+        explorers[n] = LocalExplorer.on_disk(os.path.join(state_dir, f"{case.name}-{n}.json"))
+        explored[n] = _micro_run(case, adapter["micro"], n, explorers[n], f"microco@{n}")
+        if not explored[n]["stopped"]:
+            e = explored[n]
+            contenders[f"microco@{n}"] = _Contender(e["step"], e["explore_s"], e["explore_steps"])
+    # The second run of the first length on this machine: a new wrapper over the same state.
+    first = lengths[0]
+    rerun: dict[str, Any] = {}
+    if not explored[first]["stopped"]:
+        again = _micro_run(case, adapter["micro"], first, explorers[first], "rerun")
+        rerun = {
+            "run_steps": first,
+            "committed_at_start": bool(again["trial_steps"] == 0 and again["committed"]),
+            "explore_steps": again["trial_steps"],
+            "first_steps_s": round(again["explore_s"], 3),
+            "stopped": again["stopped"],
+        }
+        adapter["restore"](again["astra"])
+    steps_fns = {k: c.step for k, c in contenders.items()}
+    stopped = any(r["stopped"] for r in explored.values())
+    error = "; ".join(r["error"] for r in explored.values() if r["error"])
+    try:
+        for fn in steps_fns.values():
+            fn()
+        ms = _interleaved(steps_fns, rounds, 3)
+    except Exception as exc:  # noqa: BLE001 - a microco step failing here stopped training too
+        stopped, error = True, error + f"; {type(exc).__name__}: {exc}"
+        traceback.print_exc(file=sys.stderr)
+        steps_fns = {k: f for k, f in steps_fns.items() if not k.startswith("microco")}
+        ms = _interleaved(steps_fns, rounds, 3)
+    for k in steps_fns:
+        contenders[k].first_steps += 1  # the warm-up step before the interleaving (any state)
+
+    def total(c: _Contender, step_ms: float, n: int) -> float:
+        return round(c.first_s + max(0, n - c.first_steps) * step_ms / 1e3, 3)
+
+    # microco's figure for a run of n steps: the run told n steps, or the nearest explored
+    micro_key = {n: f"microco@{min(lengths, key=lambda m: abs(m - n))}" for n in RUN_LENGTHS}
+    runs: dict[str, dict[str, Any]] = {}
+    for n in RUN_LENGTHS:
+        r: dict[str, Any] = {"eager_s": total(contenders["eager"], ms["eager"], n)}
+        if "static" in ms:
+            r["static_s"] = total(contenders["static"], ms["static"], n)
+        k = micro_key[n]
+        if k in ms:
+            r["microco_s"] = total(contenders[k], ms[k], n)
+            r["explored_for"] = int(k.split("@")[1])
+        runs[str(n)] = r
+    main_k = f"microco@{lengths[-1]}"
+    micro_ms = ms.get(main_k)
+    last = explored[lengths[-1]]
+    astra = last["astra"]
+    spec = astra.spec() if callable(getattr(astra, "spec", None)) else astra.session.spec
+    state = explorers[lengths[-1]].core.get(spec.key) if spec is not None else None
+    loss_rel = float("nan")
+    if not stopped and micro_ms is not None:
+        loss_rel = adapter["loss_rel"](contenders, counts_of=main_k)
+    best_base = min(ms["eager"], ms.get("static", float("inf")))
+    out.update(
+        eager_ms=round(ms["eager"], 3),
+        static_ms=round(ms["static"], 3) if "static" in ms else None,
+        microco_ms=round(micro_ms, 3) if micro_ms is not None else None,
+        microco_ms_by_length={str(n): round(ms[f"microco@{n}"], 3) for n in lengths if f"microco@{n}" in ms},
+        static_compile_s=round(contenders["static"].first_s, 3) if "static" in contenders else None,
+        explore_steps=last["explore_steps"],
+        trial_steps=last["trial_steps"],
+        explore_s=round(last["explore_s"], 3),
+        explored={
+            str(n): {
+                "steps": r["explore_steps"],
+                "trial_steps": r["trial_steps"],
+                "s": round(r["explore_s"], 3),
+                "committed": r["committed"],
+                "config": {k: v for k, v in r["astra"].config.items() if v not in ("off", "eager")},
+            }
+            for n, r in explored.items()
+        },
+        committed=last["committed"],
+        config={k: v for k, v in astra.config.items() if v not in ("off", "eager")},
+        variables=[v.name for v in spec.variables] if spec is not None else [],
+        structure=adapter["structure"](astra),
+        interleaved_speedup=round(state.speedup, 3) if state is not None else None,
+        speedup_vs_eager=round(ms["eager"] / micro_ms, 3) if micro_ms else None,
+        speedup_vs_static=round(ms["static"] / micro_ms, 3) if micro_ms and "static" in ms else None,
+        speedup_vs_best_baseline=round(best_base / micro_ms, 3) if micro_ms else None,
+        stopped=stopped,
+        error=error[:500],
+        rolled_back=getattr(astra, "rolled_back", 0),
+        loss_rel_diff=loss_rel,
+        rerun=rerun,
+        runs=runs,
+    )
+    for r in explored.values():
+        adapter["restore"](r["astra"])
+    adapter["reset"]()
+    return out
+
+
+def _torch_adapter(case: Case) -> dict[str, Any]:
     import torch
 
     from microco.clients.compiler import AstraTorch
-    from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 
     batch = case.batch()
+    torch._dynamo.reset()
 
     def make() -> tuple[Any, Any]:
         torch.manual_seed(0)
@@ -213,125 +521,127 @@ def bench_case(case: Case, run_steps: int, rounds: int) -> dict[str, Any]:
 
         return step
 
-    counts = {"eager": 0, "static": 0, "microco": 0}
+    counts: dict[str, int] = {}
+    models: dict[str, Any] = {}
 
-    def counted(name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    def counted(name: str, model: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
+        counts[name], models[name] = 0, model
+
         def step() -> Any:
             counts[name] += 1
             return fn()
 
         return step
 
-    out: dict[str, Any] = {"name": case.name, "framework": "torch", "source": case.source}
-    torch._dynamo.reset()
-    eager_m, eager_o = make()
-    eager = counted("eager", plain(eager_m, eager_o))
-    t0 = time.perf_counter()
-    eager()
-    eager_first_s = time.perf_counter() - t0
-
-    static: Callable[[], Any] | None = None
-    static_first_s = float("nan")
-    static_m, static_o = make()
-    try:
-        static = counted("static", plain(static_m, static_o, torch.compile(static_m)))
+    def timed_first(fn: Callable[[], Any]) -> float:
         t0 = time.perf_counter()
-        static()
-        static_first_s = time.perf_counter() - t0
-    except Exception as exc:  # noqa: BLE001 - the baseline's own failure is reported, not ours
-        out["static_error"] = f"{type(exc).__name__}: {exc}"[:300]
-        static = None
+        fn()
+        return time.perf_counter() - t0
 
-    torch._dynamo.reset()
-    micro_m, micro_o = make()
-    astra = AstraTorch(
-        micro_m, LocalExplorer(policy=ExplorationPolicy()), name=case.name, total_steps=run_steps
-    )
-    micro_step = plain(micro_m, micro_o)
-    stopped, error = False, ""
+    def eager() -> _Contender:
+        m, o = make()
+        fn = counted("eager", m, plain(m, o))
+        return _Contender(fn, timed_first(fn), 1, m)
 
-    def micro() -> Any:
-        counts["microco"] += 1
-        return astra.run(micro_step)
+    def static() -> tuple[_Contender | None, str]:
+        m, o = make()
+        try:
+            fn = counted("static", m, plain(m, o, torch.compile(m)))
+            return _Contender(fn, timed_first(fn), 1, m), ""
+        except Exception as exc:  # noqa: BLE001 - the baseline's own failure is reported, not ours
+            return None, f"{type(exc).__name__}: {exc}"[:300]
 
-    t0 = time.perf_counter()
-    try:
-        while not astra.committed and counts["microco"] < run_steps:
-            micro()
-    except Exception as exc:  # noqa: BLE001 - what would have ended the user's training
-        stopped = True
-        error = f"{type(exc).__name__}: {exc}"
-        traceback.print_exc(file=sys.stderr)
-    explore_s = time.perf_counter() - t0
-    explore_steps = counts["microco"]
+    def micro(n: int, explorer: Any, tag: str) -> tuple[Callable[[], Any], Any]:
+        torch._dynamo.reset()
+        m, o = make()
+        astra = AstraTorch(m, explorer, name=case.name, total_steps=n)
+        inner = plain(m, o)
+        return counted(tag, m, lambda: astra.run(inner)), astra
 
-    contenders: dict[str, Callable[[], Any]] = {"eager": eager}
-    if static is not None:
-        contenders["static"] = static
-    if not stopped:
-        contenders["microco"] = micro
-    try:
-        for fn in contenders.values():
-            fn()
-        ms = _interleaved(contenders, rounds, 3)
-    except Exception as exc:
-        if "microco" not in contenders:
-            raise
-        stopped, error = True, f"{type(exc).__name__}: {exc}"
-        traceback.print_exc(file=sys.stderr)
-        contenders.pop("microco")
-        ms = _interleaved(contenders, rounds, 3)
-
-    # Loss against eager after as many steps (same weights, same batch, same optimiser).
-    loss_rel = float("nan")
-    if not stopped:
-        while counts["eager"] < counts["microco"]:
-            eager()
+    def loss_rel(contenders: dict[str, _Contender], counts_of: str) -> float:
+        eager_fn = contenders["eager"].step
+        while counts["eager"] < counts[counts_of]:
+            eager_fn()
         with torch.no_grad():
-            a = float(case.loss(eager_m, *batch))
-            b = float(case.loss(micro_m, *batch))
-        loss_rel = abs(a - b) / max(abs(a), 1e-12)
+            a = float(case.loss(models["eager"], *batch))
+            b = float(case.loss(models[counts_of], *batch))
+        return abs(a - b) / max(abs(a), 1e-12)
 
-    def total(first_s: float, first_steps: int, step_ms: float, n: int) -> float:
-        return round(first_s + max(0, n - first_steps) * step_ms / 1e3, 3)
+    return {
+        "eager": eager,
+        "static": static,
+        "micro": micro,
+        "loss_rel": loss_rel,
+        "structure": _structure,
+        "restore": lambda astra: astra.restore(),
+        "reset": torch._dynamo.reset,
+    }
 
-    runs = {}
-    for n in RUN_LENGTHS:
-        r = {"eager_s": total(eager_first_s, 1, ms["eager"], n)}
-        if "static" in ms:
-            r["static_s"] = total(static_first_s, 1, ms["static"], n)
-        if "microco" in ms:
-            r["microco_s"] = total(explore_s, explore_steps, ms["microco"], n)
-        runs[str(n)] = r
-    state = astra.session.explorer.core.get(astra.spec().key) if astra.spec() is not None else None  # type: ignore[attr-defined]
-    best_base = min(ms["eager"], ms.get("static", float("inf")))
-    out.update(
-        eager_ms=round(ms["eager"], 3),
-        static_ms=round(ms["static"], 3) if "static" in ms else None,
-        microco_ms=round(ms["microco"], 3) if "microco" in ms else None,
-        static_compile_s=round(static_first_s, 3),
-        explore_steps=explore_steps,
-        trial_steps=astra.explore_steps,
-        explore_s=round(explore_s, 3),
-        committed=astra.committed,
-        config={k: v for k, v in astra.config.items() if v not in ("off", "eager")},
-        variables=[v.name for v in astra.spec().variables] if astra.spec() is not None else [],  # type: ignore[union-attr]
-        structure=_structure(astra),
-        interleaved_speedup=round(state.speedup, 3) if state is not None else None,
-        speedup_vs_eager=round(ms["eager"] / ms["microco"], 3) if "microco" in ms else None,
-        speedup_vs_static=round(ms["static"] / ms["microco"], 3)
-        if "microco" in ms and "static" in ms
-        else None,
-        speedup_vs_best_baseline=round(best_base / ms["microco"], 3) if "microco" in ms else None,
-        stopped=stopped,
-        error=error[:500],
-        rolled_back=astra.rolled_back,
-        loss_rel_diff=loss_rel,
-        runs=runs,
-    )
-    astra.restore()
-    torch._dynamo.reset()
-    return out
+
+def _tf_adapter(case: Case) -> dict[str, Any]:
+    import keras
+    import tensorflow as tf
+
+    from microco.clients.compiler import AstraTF
+    from microco.clients.compiler.explore import LocalExplorer
+
+    x, y = case.batch()
+    counts: dict[str, int] = {}
+    models: dict[str, Any] = {}
+
+    def make() -> Any:
+        keras.utils.set_random_seed(0)
+        return case.make()
+
+    def opt() -> Any:
+        return tf.keras.optimizers.SGD(0.01)
+
+    def counted(name: str, model: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
+        counts[name], models[name] = 0, model
+
+        def step() -> Any:
+            counts[name] += 1
+            return fn()
+
+        return step
+
+    def fixed(xla: bool, name: str) -> _Contender:
+        # tf.function of the user's step, with or without XLA (``jit_compile=True``)
+        m = make()
+        fn = AstraTF(m, opt(), case.loss, LocalExplorer(), xla=True).variant(False, False, xla)
+        step = counted(name, m, lambda: fn(x, y).numpy())
+        t0 = time.perf_counter()
+        step()
+        return _Contender(step, time.perf_counter() - t0, 1, m)
+
+    def static() -> tuple[_Contender | None, str]:
+        try:
+            return fixed(True, "static"), ""
+        except Exception as exc:  # noqa: BLE001 - XLA's own failure is reported, not ours
+            return None, f"{type(exc).__name__}: {exc}"[:300]
+
+    def micro(n: int, explorer: Any, tag: str) -> tuple[Callable[[], Any], Any]:
+        m = make()
+        astra = AstraTF(m, opt(), case.loss, explorer, name=case.name, total_steps=n)
+        return counted(tag, m, lambda: astra.step(x, y)), astra
+
+    def loss_rel(contenders: dict[str, _Contender], counts_of: str) -> float:
+        eager_fn = contenders["eager"].step
+        while counts["eager"] < counts[counts_of]:
+            eager_fn()
+        a = float(case.loss(models["eager"](x, training=False), y))
+        b = float(case.loss(models[counts_of](x, training=False), y))
+        return abs(a - b) / max(abs(a), 1e-12)
+
+    return {
+        "eager": lambda: fixed(False, "eager"),
+        "static": static,
+        "micro": micro,
+        "loss_rel": loss_rel,
+        "structure": lambda astra: {"structured": astra.structured, "structure": astra.structure},
+        "restore": lambda astra: None,
+        "reset": lambda: None,
+    }
 
 
 def _structure(astra: Any) -> dict[str, Any]:
@@ -341,6 +651,10 @@ def _structure(astra: Any) -> dict[str, Any]:
         "whole_cache": dict(astra.whole_cache),
         "whole_failed": dict(astra.whole_failed),
     }
+
+
+def _best_baseline_s(r: dict[str, Any]) -> float:
+    return min(r[k] for k in ("eager_s", "static_s") if k in r)
 
 
 def run(args: Any) -> dict[str, Any]:
@@ -357,13 +671,21 @@ def run(args: Any) -> dict[str, Any]:
         cases = [c for c in cases if c.name in wanted]
     elif args.quick:
         cases = [c for c in cases if c.name in QUICK]
-    run_steps = args.run_steps or 1000
+    if "tensorflow" in sys.modules and any(c.framework == "tensorflow" for c in cases):
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    # Each run length explored by a run told that length (issue 18: exploration bounded by the
+    # run's remaining steps); --run-steps N: one exploration, used for every length.
+    lengths = (args.run_steps,) if args.run_steps else RUN_LENGTHS
+    run_steps = lengths[0]
     rounds = 3 if args.quick else 10
     started = time.time()
     models = []
     for case in cases:
         print(f"[bench compiler --corpus] {case.name}", file=sys.stderr, flush=True)
-        models.append(bench_case(case, run_steps, rounds))
+        models.append(bench_case(case, run_steps, rounds, lengths))
         # each model's result as it is done, on stderr: a run cut short keeps what it measured
         print(json.dumps(models[-1], default=float), file=sys.stderr, flush=True)
     ok = [m for m in models if m["microco_ms"] is not None]
@@ -378,7 +700,7 @@ def run(args: Any) -> dict[str, Any]:
             "load_avg_1m": os.getloadavg()[0],
         },
         "threads": args.threads,
-        "run_steps": run_steps,
+        "run_lengths_explored": list(lengths),
         "models": models,
         "summary": {
             "models": len(models),
@@ -391,16 +713,19 @@ def run(args: Any) -> dict[str, Any]:
                 str(n): [
                     m["name"]
                     for m in ok
-                    if m["runs"][str(n)]["microco_s"]
-                    <= 1.05 * min(v for k, v in m["runs"][str(n)].items() if k != "microco_s")
+                    if "microco_s" in m["runs"][str(n)]
+                    and m["runs"][str(n)]["microco_s"] <= 1.05 * _best_baseline_s(m["runs"][str(n)])
                 ]
                 for n in RUN_LENGTHS
             },
+            "second_run_started_tuned": [
+                m["name"] for m in models if m.get("rerun", {}).get("committed_at_start")
+            ],
             "faster_than_both_at_5000": [
                 m["name"]
                 for m in ok
-                if m["runs"]["5000"]["microco_s"]
-                < min(v for k, v in m["runs"]["5000"].items() if k != "microco_s")
+                if "microco_s" in m["runs"]["5000"]
+                and m["runs"]["5000"]["microco_s"] < _best_baseline_s(m["runs"]["5000"])
             ],
         },
         "wall_s": round(time.time() - started, 1),

@@ -48,7 +48,7 @@ class MicrocoBackend(SessionBacked):
         if explorer is None:
             from .explore import LocalExplorer
 
-            explorer = LocalExplorer()
+            explorer = LocalExplorer.on_disk()  # this host's state: a second run starts tuned
         self.session = ExplorationSession(explorer, retry_every=retry_every)
         self.name, self.total_steps = name, total_steps
         self.compile_choices = compile_choices

@@ -39,7 +39,9 @@ def default_path() -> Path:
     env = os.environ.get("MICROCO_COMPILE_COSTS")
     if env:
         return Path(env)
-    return Path.home() / ".cache" / "microco" / "compile_costs.json"
+    from .explore._filekv import default_dir
+
+    return default_dir() / "compile_costs.json"  # beside the tuned configurations (compiler_state.json)
 
 
 def _median(xs: list[float]) -> float:
@@ -95,8 +97,27 @@ class HostCompileCosts:
         from its measurements; None when none was measured here."""
         rows = self.measurements(hardware, kind)
         if not rows:
-            return None
+            return self._other_kinds_estimate(hardware, kind, size)
         sized = [r["ms"] / r["size"] for r in rows if r.get("size", 0) > 0]
         if size > 0 and sized:
             return _median(sized) * size
         return _median([r["ms"] for r in rows])
+
+    def _other_kinds_estimate(self, hardware: str, kind: str, size: int) -> float | None:
+        """A kind not compiled here yet, for a graph of known size: the per-node rate this host
+        measured for the *other* kinds of the same framework (``torch:...``), times ``size``.
+        Before any compile of the kind, the host's measured speed at compiling anything says
+        more than a constant written in the code (the cold prior is the last resort: a host
+        that has compiled nothing yet, or a graph of unknown size). Never for a size-less graph:
+        a cell region's total says nothing about a whole step's."""
+        if size <= 0:
+            return None
+        family = kind.split(":", 1)[0] + ":"
+        rates = [
+            r["ms"] / r["size"]
+            for k, rows in self._load().get(self._key(hardware), {}).items()
+            if k != kind and k.startswith(family)
+            for r in rows
+            if r.get("size", 0) > 0 and r.get("ms", 0) > 0
+        ]
+        return _median(rates) * size if rates else None

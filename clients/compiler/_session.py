@@ -73,6 +73,12 @@ class ExplorationSession:
     # nothing: e.g. a thread count that oversubscribes a loaded machine was measured at 50-400x
     # the best step (0.5 to 4.7 s a step).
     abort_factor = 4.0
+    # What exploration may cost the run, as a share of the run's time at the baseline's speed
+    # (the core's ``ExplorationPolicy.max_explore_cost``, same default): a trial is cut short
+    # once its measured steps' excess over the baseline's typical step would take the run's
+    # exploration past it (the excess of a compile's warm-up step is not cut: the compile is
+    # paid once it ran, and the core priced it against what it can save). 0: off.
+    cost_share = 0.03
 
     def __init__(
         self, explorer: Explorer | None, retry_every: int = 50, warmer: Warmer | None = None
@@ -103,6 +109,10 @@ class ExplorationSession:
         # first two steps once (trial -1): what the recompile cost this time (a warm cache is
         # far cheaper than the first compile), so the explorer prices compiles by real costs.
         self._warm_report = False
+        # The baseline's typical step (median of its measured steps) and what the trials run
+        # since cost beyond it: the run's exploration cost, as the core counts it.
+        self.base_ms: float | None = None
+        self.excess_ms = 0.0
 
     @property
     def values(self) -> dict[str, str]:
@@ -263,7 +273,9 @@ class ExplorationSession:
             self._failed = failed
         judged = len(self._times) >= (1 if not may_compile else 2)
         hopeless = judged and min(self._times) > self.abort_factor * self.best_ms
-        if len(self._times) < cur.steps and not (failed or math.isnan(step_ms) or hopeless):
+        if len(self._times) < cur.steps and not (
+            failed or math.isnan(step_ms) or hopeless or self._over_cost(cur, may_compile)
+        ):
             return None
         measured = self._regions[1:] or self._regions
         regions: dict[str, float] = {}
@@ -281,9 +293,47 @@ class ExplorationSession:
         )
         if not bad and len(report.step_ms) > 1:
             self.best_ms = min(self.best_ms, min(report.step_ms[1:]))
+        self._account_cost(cur, report)
         self._reset_trial()
         self.trials_run += 1
         return self._send(cur.key, report)
+
+    # -- what exploration costs the run (issue 18)
+    def _is_baseline(self, values: dict[str, str]) -> bool:
+        spec = self.spec
+        return spec is not None and values == {v.name: v.choices[0] for v in spec.variables}
+
+    def cost_budget_ms(self) -> float:
+        """What this run's exploration may cost beyond the baseline (inf until it is measured)."""
+        if self.base_ms is None or self.spec is None or self.cost_share <= 0:
+            return math.inf
+        return self.cost_share * max(1, self.spec.total_steps) * self.base_ms
+
+    def _over_cost(self, cur: Config, may_compile: bool) -> bool:
+        """Would this trial's measured steps so far take the run's exploration past its budget?"""
+        if self.base_ms is None or self._is_baseline(cur.values):
+            return False
+        compiles = may_compile or (self.spec is not None and bool(compiled_choices(self.spec, cur.values)))
+        measured = self._times[1:] if compiles else self._times
+        if not measured or any(math.isnan(t) for t in measured):
+            return False
+        trial = sum(measured) - len(measured) * self.base_ms
+        return trial > 0 and self.excess_ms + trial > self.cost_budget_ms()
+
+    def _account_cost(self, cur: Config, report: TrialReport) -> None:
+        steps = report.step_ms
+        if report.failed or not steps:
+            return
+        if self._is_baseline(cur.values):
+            if self.base_ms is None:
+                measured = sorted(steps[1:] if len(steps) > 1 else steps)
+                n = len(measured)
+                self.base_ms = measured[n // 2] if n % 2 else 0.5 * (measured[n // 2 - 1] + measured[n // 2])
+            return
+        if self.base_ms is not None:
+            if self.spec is not None and compiled_choices(self.spec, cur.values):
+                steps = steps[1:]  # a compile's warm-up: priced by what it can save (the core)
+            self.excess_ms += sum(steps) - len(steps) * self.base_ms
 
 
 class SessionBacked:

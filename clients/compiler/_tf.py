@@ -191,7 +191,7 @@ class AstraTF(SessionBacked):
         if explorer is None:
             from .explore import LocalExplorer
 
-            explorer = LocalExplorer()
+            explorer = LocalExplorer.on_disk()  # this host's state: a second run starts tuned
         self.session = ExplorationSession(explorer, retry_every=retry_every)
         self._variants: dict[tuple[bool, bool, bool, bool, bool], Callable[..., Any]] = {}
         self.cost_model = cost_model

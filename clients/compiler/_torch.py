@@ -291,7 +291,7 @@ class AstraTorch(SessionBacked):
         if explorer is None:
             from .explore import LocalExplorer
 
-            explorer = LocalExplorer()
+            explorer = LocalExplorer.on_disk()  # this host's state: a second run starts tuned
         # Compiles (Inductor cell regions, the whole step) run first in a background process
         # that fills Inductor's on-disk caches while training runs the best configuration; the
         # trial then loads them (see _background).

@@ -57,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.3,
         help="never spend more than this share of a run's steps exploring",
     )
+    parser.add_argument(
+        "--max-explore-cost",
+        type=float,
+        default=0.03,
+        help="exploration may lose at most this share of a run's time at the baseline's speed "
+        "(0: off; clients cut a trial at their own share, 0.03 by default)",
+    )
 
 
 def setup(ctx: ServiceContext) -> None:
@@ -65,8 +72,12 @@ def setup(ctx: ServiceContext) -> None:
         raise InvalidArgument("--measure-steps must be at least 1")
     if not 0 < args.max_explore_fraction <= 1:
         raise InvalidArgument("--max-explore-fraction must be in (0, 1]")
+    if not 0 <= args.max_explore_cost < 1:
+        raise InvalidArgument("--max-explore-cost must be in [0, 1)")
     policy = ExplorationPolicy(
-        measure_steps=args.measure_steps, max_explore_fraction=args.max_explore_fraction
+        measure_steps=args.measure_steps,
+        max_explore_fraction=args.max_explore_fraction,
+        max_explore_cost=args.max_explore_cost,
     )
     core = CompilerCore(ctx.kv, policy)
     ctx.runtime.add_service(

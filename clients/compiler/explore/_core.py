@@ -138,6 +138,19 @@ class ExplorationPolicy:
     # the committed configuration's median, both from those alternating blocks.
     # ``retime_rounds = 0`` turns every interleaved measurement off (tests that count steps).
     confirm_alpha: float = 0.05
+    # Exploration never costs more than it can repay (issue 18): what this run's trials cost
+    # beyond running the baseline (eager) for as many steps (their steps' excess over the
+    # baseline's median step, compiles included) may reach at most this share of the run's time
+    # at the baseline's speed (``total_steps`` x that median). Once spent, no further trial is
+    # handed out (only the interleaved A/B that a commit needs, which runs the baseline half the
+    # time and a faster candidate the other half), and the client cuts a trial short when its
+    # steps would overrun it (``ExplorationSession.cost_share``, the same rule). Measured in
+    # session 8: exploring a thread count cost a 300-step run 9.8 s against eager's 5.2 s. 0.03
+    # (a priori): the target is to stay within 5% of eager's total, and the wrapper's own cost
+    # and the probe step need the rest. A compile is not bounded by it: a compile is tried only
+    # when its best-case saving over the steps left repays it (``expected_gain_share``).
+    # 0 turns the rule off (the step budget ``max_explore_fraction`` alone).
+    max_explore_cost: float = 0.03
 
     @property
     def steps_per_trial(self) -> int:
@@ -192,6 +205,7 @@ class Exploration:
     # (longer, or with measured costs) registers or reports a warm recompile; tried if they pay.
     pruned_candidates: list[dict[str, Any]] = field(default_factory=list)
     budget_base: int = 0  # explore_steps when this run's exploration (re)started
+    run_first: int = 0  # index in trials of this run's first trial (its cost is this run's)
     reopened: int = 0  # times a committed exploration was reopened for a candidate that now pays
     # Trials waiting for their compile, running in the background on the client: planned items
     # ({"values", "kind", "steps", "background_ms"}), run again once the client says it is done.
@@ -320,6 +334,12 @@ def next_config(state: Exploration, policy: ExplorationPolicy) -> Config:
             item["values"] = canonical(state.spec, item["values"])
             if item.get("kind") not in (*INTERLEAVED, "revalidate") and _measured(state, item["values"]):
                 continue  # the same code as a configuration already measured
+            if _cost_spent(state, policy, item):
+                state.pruned.append(
+                    f"stage {state.stage}: {item['values']}: the run's exploration budget is spent "
+                    f"({explore_excess_ms(state):.0f} ms lost of {cost_budget_ms(state, policy):.0f} ms)"
+                )
+                continue
             if item.get("kind") not in INTERLEAVED:
                 # Priced again just before it runs: a compile measured since the stage was
                 # planned (the stage's first whole-step compile, say) may show this one cannot
@@ -552,6 +572,12 @@ def _plan_retime(state: Exploration, policy: ExplorationPolicy) -> bool:
     budget = policy.max_explore_fraction * max(1, state.spec.total_steps)
     if state.explore_steps - state.budget_base + 2 * policy.retime_rounds * policy.retime_steps > budget:
         return False  # re-timing is exploration too: only within the run's share
+    base_ms = base_step_ms(state)
+    if base_ms is not None:
+        # and within what the run may still lose: both sides' expected excess over the baseline
+        cost = policy.retime_rounds * policy.retime_steps * (ms(best) + ms(runner) - 2 * base_ms)
+        if cost > cost_left_ms(state, policy):
+            return False
     state.retimed.append(pair)
     state.retime = {
         "a": best.trial,
@@ -753,9 +779,64 @@ def commit(state: Exploration) -> Config:
 
 
 def _over_budget(state: Exploration, policy: ExplorationPolicy) -> bool:
+    if state.best is None:
+        return False
     budget = policy.max_explore_fraction * max(1, state.spec.total_steps)
     used = state.explore_steps - state.budget_base
-    return used + policy.steps_per_trial > budget and state.best is not None
+    return used + policy.steps_per_trial > budget
+
+
+def _cost_spent(state: Exploration, policy: ExplorationPolicy, item: dict[str, Any]) -> bool:
+    """Is the run's exploration budget spent, for a planned trial that compiles nothing new?
+    (A compile is judged by what it can save over the steps left: ``_prune_reason``.) The
+    interleaved A/B blocks and re-validations are not exploration of new configurations."""
+    if item.get("kind") in (*INTERLEAVED, "revalidate", "baseline"):
+        return False
+    if set(compiled_choices(state.spec, item["values"])) - set(state.compiled_here):
+        return False
+    return cost_left_ms(state, policy) <= 0.0
+
+
+def base_step_ms(state: Exploration) -> float | None:
+    """The baseline's typical step (median of its measured steps): what a step of this run costs
+    without the compiler. None before it is measured (or while re-validating at a new load)."""
+    if state.phase == "revalidate":
+        return None
+    base = state.baseline
+    if base is None:
+        return None
+    ms = _typical_ms(base)
+    return ms if math.isfinite(ms) and ms > 0 else None
+
+
+def explore_excess_ms(state: Exploration) -> float:
+    """What this run's trials cost beyond the baseline's speed: for every finished trial since
+    the run's exploration (re)started, the sum of its steps minus as many baseline steps (a
+    faster trial counts negative: it saved time). The warm-up step of a trial that compiles is
+    left out: its compile was priced against what it can save (``_prune_reason``), and counting
+    it here too would let one compile that pays stop every later trial."""
+    base = base_step_ms(state)
+    if base is None:
+        return 0.0
+    out = 0.0
+    for t in state.trials[state.run_first :]:
+        if t.done and t.kind != "baseline" and t.steps:
+            steps = t.steps[1:] if compiled_choices(state.spec, t.values) else t.steps
+            out += sum(steps) - len(steps) * base
+    return out
+
+
+def cost_budget_ms(state: Exploration, policy: ExplorationPolicy) -> float:
+    """What exploration may cost this run (``max_explore_cost`` x the run at the baseline's speed;
+    infinite when the rule is off or the baseline is not measured yet)."""
+    base = base_step_ms(state)
+    if base is None or policy.max_explore_cost <= 0:
+        return math.inf
+    return policy.max_explore_cost * max(1, state.spec.total_steps) * base
+
+
+def cost_left_ms(state: Exploration, policy: ExplorationPolicy) -> float:
+    return cost_budget_ms(state, policy) - explore_excess_ms(state)
 
 
 def _still_pays(state: Exploration, policy: ExplorationPolicy, values: dict[str, str]) -> str:
@@ -826,6 +907,7 @@ def maybe_revalidate(state: Exploration, runnable: float) -> bool:
     state.reopened += 1
     state.revalidations.append({"then": best.runnable, "now": float(runnable), "trial": best.trial})
     state.budget_base = state.explore_steps
+    state.run_first = len(state.trials)
     state.wait_base = state.wait_steps
     state.retime = None
     state.best = None  # measured at another load: the first trial of today's sets the bar
@@ -847,6 +929,7 @@ def maybe_reopen(state: Exploration, policy: ExplorationPolicy, total_steps: int
     state.committed = False
     state.reopened += 1
     state.budget_base = state.explore_steps
+    state.run_first = len(state.trials)
     state.wait_base = state.wait_steps
     state.retime = None
     state.spec = _with_total(state.spec, total_steps)
@@ -1038,7 +1121,14 @@ def _max_saving(state: Exploration, policy: ExplorationPolicy, region: str, rema
     best = state.best_trial
     if best is None or not math.isfinite(best.step_ms):
         return math.inf
-    return _region_cost(best, policy, region) * (1.0 - 1.0 / policy.max_speedup) * max(0, remaining)
+    cost = _region_cost(best, policy, region)
+    if not region:
+        # The whole step: what the run's steps typically take (the median), not the fastest step
+        # of a trial. Under load the fastest is an outlier (issue 18, the corpus at load 30: a
+        # baseline of 19 ms fastest, 75 ms interleaved median, priced XLA's 35 s compile out of a
+        # 5,000-step run where XLA then saved 40 ms a step); a compiled step runs under the same load.
+        cost = max(cost, _typical_ms(best))
+    return cost * (1.0 - 1.0 / policy.max_speedup) * max(0, remaining)
 
 
 def _region_cost(t: TrialRecord, policy: ExplorationPolicy, region: str) -> float:

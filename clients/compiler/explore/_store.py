@@ -153,7 +153,12 @@ def committed_record(state: Exploration) -> dict[str, Any]:
 
 
 class LocalExplorer:
-    """The exploration core in-process (same decisions as the service, no network)."""
+    """The exploration core in-process (same decisions as the service, no network).
+
+    ``LocalExplorer()`` keeps its state in memory (gone with the process);
+    :meth:`on_disk` (what the wrappers use when given no explorer) keeps it in a file of this
+    host, so the next run of the same model on this machine starts from its committed
+    configuration with zero exploration steps."""
 
     def __init__(self, kv: KV | None = None, policy: ExplorationPolicy | None = None) -> None:
         if kv is None:
@@ -161,6 +166,15 @@ class LocalExplorer:
 
             kv = MemoryKV()
         self.core = CompilerCore(kv, policy)
+
+    @classmethod
+    def on_disk(cls, path: str | None = None, policy: ExplorationPolicy | None = None) -> LocalExplorer:
+        """The core over ``FileKV(path)`` (default ``_filekv.default_state_path()``:
+        ``$MICROCO_COMPILER_STATE``, else ``~/.cache/microco/compiler_state.json``, beside the
+        host's record of compile times)."""
+        from ._filekv import FileKV, default_state_path
+
+        return cls(FileKV(path or default_state_path()), policy)
 
     def register(self, spec: GraphSpec) -> Config:
         return self.core.register(spec)

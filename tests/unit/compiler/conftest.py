@@ -9,3 +9,5 @@ import pytest
 @pytest.fixture(autouse=True)
 def _host_compile_costs(tmp_path, monkeypatch):
     monkeypatch.setenv("MICROCO_COMPILE_COSTS", str(tmp_path / "compile_costs.json"))
+    # and an empty record of tuned configurations (the wrappers' default explorer is on disk)
+    monkeypatch.setenv("MICROCO_COMPILER_STATE", str(tmp_path / "compiler_state.json"))

@@ -40,8 +40,25 @@ def test_corpus_case_reports_every_field_and_never_stops():
     assert m["loss_rel_diff"] < 1e-5  # same weights, same batch, as many steps
     assert set(m["runs"]) == {str(n) for n in RUN_LENGTHS}
     for r in m["runs"].values():
-        assert set(r) == {"eager_s", "static_s", "microco_s"} and all(v > 0 for v in r.values())
+        assert set(r) == {"eager_s", "static_s", "microco_s", "explored_for"} and all(
+            v > 0 for v in r.values()
+        )
+        assert r["explored_for"] == 40  # one exploration, told 40 steps
     assert 0 < m["explore_steps"] <= 40
+    # The second run over the same on-disk state starts from the commit: no exploration.
+    assert m["rerun"]["committed_at_start"] and m["rerun"]["explore_steps"] == 0
+
+
+def test_torchvision_imports_beside_a_cpu_torch():
+    import importlib.util
+
+    from microco.benchmarks.compiler_corpus import _torchvision_cases, import_torchvision
+
+    if importlib.util.find_spec("torchvision") is None:
+        pytest.skip("torchvision is not installed (the corpus extra)")
+    tv = import_torchvision()
+    assert tv.models.resnet18(num_classes=10)(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert {c.name for c in _torchvision_cases()} == {"tv-resnet18", "tv-mobilenet-v3-small"}
 
 
 def test_the_corpus_names_public_code():
