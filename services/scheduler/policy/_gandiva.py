@@ -889,7 +889,12 @@ class GandivaPolicy:
             acted.add(j.id)
 
     def _grow(
-        self, view: ClusterView, occ: Occupancy, out: list, acted: set, elastic: Sequence[JobView] | None = None
+        self,
+        view: ClusterView,
+        occ: Occupancy,
+        out: list,
+        acted: set,
+        elastic: Sequence[JobView] | None = None,
     ) -> None:
         cfg = self.config
         # (only running, preemptible elastic jobs can grow: sorting those alone keeps their order)

@@ -8,7 +8,19 @@ model for suspend/resume/migration. See docs/scheduler-sim.md.
 
 from ._engine import LOAD_FRACTION, ClusterSpec, SimResult, Simulator, contended_window, load_window, simulate
 from ._generate import poisson_trace
-from ._hpsearch import HP_MODEL, AshaSearcher, HPSearchResult, asha_rungs, hp_search_trace, run_hp_search
+from ._hpsearch import (
+    HP_MODEL,
+    TARGET_QUANTILE,
+    AshaPromotion,
+    AshaSearcher,
+    HPSearchResult,
+    PromotionSearchResult,
+    asha_rungs,
+    hp_search_trace,
+    run_asha_promotion,
+    run_hp_search,
+    target_loss,
+)
 from ._models import UNKNOWN_MODEL_CHOICES, UnknownModelError, parse_model_map_item, read_model_map
 from ._perf import COST_PROFILES, CostModel, PerfModel, default_perf_model
 from ._trace import (
@@ -30,14 +42,17 @@ __all__ = [
     "GAVEL_FAMILIES",
     "HP_MODEL",
     "LOAD_FRACTION",
+    "TARGET_QUANTILE",
     "TRACE_COLUMNS",
     "UNKNOWN_MODEL_CHOICES",
+    "AshaPromotion",
     "AshaSearcher",
     "ClusterSpec",
     "CostModel",
     "HPSearchResult",
     "PerfModel",
     "PhillyDurations",
+    "PromotionSearchResult",
     "SimResult",
     "Simulator",
     "TraceError",
@@ -56,7 +71,9 @@ __all__ = [
     "poisson_trace",
     "read_model_map",
     "read_trace_csv",
+    "run_asha_promotion",
     "run_hp_search",
     "simulate",
+    "target_loss",
     "write_trace_csv",
 ]

@@ -89,7 +89,9 @@ class FractionalSharing:
             inner_jobs = []
             for j in view.jobs:
                 if j.id in packed:
-                    j = replace(j, state=JobPhase.PACKED, devices=next(d.devices for d in out if d.job_id == j.id))
+                    j = replace(
+                        j, state=JobPhase.PACKED, devices=next(d.devices for d in out if d.job_id == j.id)
+                    )
                 elif j.id in joined:
                     j = replace(j, state=JobPhase.PACKED)
                 inner_jobs.append(j)
@@ -154,7 +156,11 @@ class FractionalSharing:
             if best is None:
                 continue
             dev = best[1]
-            out.append(Pack(w.id, (dev,), tuple(holders[dev]), f"{self.name}: fractional GPU request shares a device"))
+            out.append(
+                Pack(
+                    w.id, (dev,), tuple(holders[dev]), f"{self.name}: fractional GPU request shares a device"
+                )
+            )
             holders[dev].append(w.id)
             placed.add(w.id)
             slots[dev] += s

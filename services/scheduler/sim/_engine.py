@@ -252,8 +252,9 @@ class Simulator:
     ``on_probe(job_id, now) -> bool`` (optional) is called when a job reaches a probe point
     (``probe_fraction`` of its work, or each of several fractions in increasing order: the
     hyper-parameter search's rungs); returning True stops the job there, as a user
-    cancelling it would. ``set_priority`` changes a job's priority as a user would (the
-    searcher raises the survivors').
+    cancelling it would. ``on_finish(job_id, now)`` (optional) is called when a job
+    completes its work. ``set_priority`` changes a job's priority as a user would (the
+    searcher raises the survivors'); ``submit`` adds a job while the run goes on.
     """
 
     def __init__(
@@ -267,6 +268,7 @@ class Simulator:
         tick_s: float = 60.0,
         probe_fraction: float | Sequence[float] | None = None,
         on_probe: Callable[[str, float], bool] | None = None,
+        on_finish: Callable[[str, float], None] | None = None,
         series_points: int = 2000,
         check_invariants: bool = False,
         max_time_s: float = float("inf"),
@@ -288,6 +290,7 @@ class Simulator:
         self.costs = costs or CostModel()
         self.tick_s = tick_s
         self.on_probe = on_probe
+        self.on_finish = on_finish
         self.check_invariants = check_invariants
         self.max_time_s = max_time_s
         self.series_points = series_points
@@ -486,6 +489,8 @@ class Simulator:
         if kind == _FINISH:
             self._sync(j)
             self._finish(j)
+            if self.on_finish is not None:
+                self.on_finish(jid, self.now)
             return True
         return False
 
@@ -699,7 +704,13 @@ class Simulator:
         stale = self._stale
         if stale:
             views = self._views
-            wt, hd, el, mu, pk = self._ix_waiting, self._ix_holding, self._ix_elastic, self._ix_multi, self._ix_packed
+            wt, hd, el, mu, pk = (
+                self._ix_waiting,
+                self._ix_holding,
+                self._ix_elastic,
+                self._ix_multi,
+                self._ix_packed,
+            )
             for jid in stale:
                 for ix in (wt, hd, el, mu):
                     ix.pop(jid, None)
@@ -794,6 +805,21 @@ class Simulator:
         v = object.__new__(_LiveView)
         v.__dict__.update(fields, _job=j, _sim=self)
         return v
+
+    def submit(self, t: TraceJob) -> None:
+        """Submit a job while the simulation runs, arriving at ``t.submit_time`` (not
+        before now): what a user or a searcher does through the scheduler's API (the
+        search scenario's promotion form submits each configuration's next segment)."""
+        if t.job_id in self.jobs:
+            raise ValueError(f"job {t.job_id!r} already submitted")
+        if t.devices > len(self.devices):
+            raise ValueError(
+                f"job {t.job_id!r} asks for {t.devices} devices, the cluster has {len(self.devices)}"
+            )
+        ref = self.devices[0].model if self.devices else "v100"
+        j = _Job(t, self.perf.minibatch_ms(t.model, ref))
+        self.jobs[j.id] = j
+        self._push(max(self.now, t.submit_time), _ARRIVE, j.id)
 
     def set_priority(self, job_id: str, priority: int) -> None:
         """Change a job's priority from now on (what a user or a searcher would do through

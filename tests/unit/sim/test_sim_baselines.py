@@ -42,7 +42,9 @@ def test_whole_device_requests_are_never_shared() -> None:
 
 def test_a_fractional_arrival_joins_the_fullest_device_with_room() -> None:
     trace = _jobs([0.5, 0.25])
-    trace.append(TraceJob(job_id="late", submit_time=50.0, devices=1, duration_s=100.0, model="m", gpu_share=0.25))
+    trace.append(
+        TraceJob(job_id="late", submit_time=50.0, devices=1, duration_s=100.0, model="m", gpu_share=0.25)
+    )
     seen: list = []
 
     class Log(FractionalSharing):
