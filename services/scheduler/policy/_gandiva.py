@@ -627,10 +627,11 @@ class GandivaPolicy:
                     cands.append(t)
                 same = w_min.get(r.priority)
                 if same is not None:
-                    if r.attained_service_s > same:
+                    a = r.attained_service_s  # (read once: a simulator computes it at the clock)
+                    if a > same:
                         cands.append(t)
                     else:
-                        cands.append(max(t, now + (same - r.attained_service_s) / len(r.devices) + 1e-6))
+                        cands.append(max(t, now + (same - a) / len(r.devices) + 1e-6))
         if waiting and cfg.enable_packing:
             cands.extend(
                 w.last_change_at + cfg.pack_cooldown_s
