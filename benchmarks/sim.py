@@ -375,12 +375,12 @@ def _baselines(args) -> int:
     from microco.services.scheduler.sim import (
         ClusterSpec,
         TraceError,
+        baseline_policies,
         default_perf_model,
         default_traces_dir,
         poisson_trace,
         simulate,
     )
-    from microco.services.scheduler.sim._baselines import baseline_policies
 
     traces_dir = Path(args.traces_dir) if args.traces_dir else default_traces_dir()
     perf = default_perf_model(traces_dir if traces_dir.exists() else None)

@@ -6,6 +6,13 @@ cluster model, a job-progress model with Gavel's measured packing interference, 
 model for suspend/resume/migration. See docs/scheduler-sim.md.
 """
 
+from ._baselines import (
+    TIRESIAS_TWO_QUEUES,
+    FractionalSharing,
+    SharingConfig,
+    baseline_policies,
+    sharing_policy,
+)
 from ._engine import LOAD_FRACTION, ClusterSpec, SimResult, Simulator, contended_window, load_window, simulate
 from ._generate import poisson_trace
 from ._hpsearch import (
@@ -43,22 +50,26 @@ __all__ = [
     "HP_MODEL",
     "LOAD_FRACTION",
     "TARGET_QUANTILE",
+    "TIRESIAS_TWO_QUEUES",
     "TRACE_COLUMNS",
     "UNKNOWN_MODEL_CHOICES",
     "AshaPromotion",
     "AshaSearcher",
     "ClusterSpec",
     "CostModel",
+    "FractionalSharing",
     "HPSearchResult",
     "PerfModel",
     "PhillyDurations",
     "PromotionSearchResult",
+    "SharingConfig",
     "SimResult",
     "Simulator",
     "TraceError",
     "TraceJob",
     "UnknownModelError",
     "asha_rungs",
+    "baseline_policies",
     "contended_window",
     "default_perf_model",
     "default_traces_dir",
@@ -73,6 +84,7 @@ __all__ = [
     "read_trace_csv",
     "run_asha_promotion",
     "run_hp_search",
+    "sharing_policy",
     "simulate",
     "target_loss",
     "write_trace_csv",

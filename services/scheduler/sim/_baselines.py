@@ -75,23 +75,22 @@ class FractionalSharing:
         holders: dict[str, list[str]] = {d.id: [] for d in view.devices}
         for j in view.jobs:
             if j.state in HOLDING_PHASES:
-                for d in j.devices:
-                    if d in holders:
-                        holders[d].append(j.id)
+                for dev in j.devices:
+                    if dev in holders:
+                        holders[dev].append(j.id)
         # 1. fractional requests join shared devices first (bin-packing, as the source
         #    cluster's GPU-sharing scheduler), so they do not take a free device
         out = self._share(view, jobs, holders, set(), set())
         if out:
-            packed = {d.job_id for d in out}
-            joined = {h for d in out if isinstance(d, Pack) for h in d.with_jobs}
+            packs = [d for d in out if isinstance(d, Pack)]  # (_share returns packs only)
+            packed = {p.job_id: p.devices for p in packs}
+            joined = {h for p in packs for h in p.with_jobs}
             # the wrapped policy sees the new sharers as holders: not waiting, and the jobs
             # they joined as PACKED (so that las does not preempt them under the newcomer)
             inner_jobs = []
             for j in view.jobs:
                 if j.id in packed:
-                    j = replace(
-                        j, state=JobPhase.PACKED, devices=next(d.devices for d in out if d.job_id == j.id)
-                    )
+                    j = replace(j, state=JobPhase.PACKED, devices=packed[j.id])
                 elif j.id in joined:
                     j = replace(j, state=JobPhase.PACKED)
                 inner_jobs.append(j)
@@ -102,18 +101,18 @@ class FractionalSharing:
         # 2. then those the wrapped policy did not start may join what it started
         placed = {d.job_id for d in out}
         suspended: set[str] = set()
-        for d in inner:
-            if isinstance(d, (Suspend, Unpack, Migrate, Resize)):
-                j = jobs.get(d.job_id)
-                for dev in j.devices if j else ():
-                    if dev in holders and d.job_id in holders[dev]:
-                        holders[dev].remove(d.job_id)
-                if isinstance(d, (Suspend, Unpack)):
-                    suspended.add(d.job_id)
-            if isinstance(d, (Start, Resume, Pack, Migrate, Resize)):
-                for dev in d.devices:
-                    holders.setdefault(dev, []).append(d.job_id)
-                placed.add(d.job_id)
+        for dec in inner:
+            if isinstance(dec, (Suspend, Unpack, Migrate, Resize)):
+                was = jobs.get(dec.job_id)
+                for dev in was.devices if was is not None else ():
+                    if dev in holders and dec.job_id in holders[dev]:
+                        holders[dev].remove(dec.job_id)
+                if isinstance(dec, (Suspend, Unpack)):
+                    suspended.add(dec.job_id)
+            if isinstance(dec, (Start, Resume, Pack, Migrate, Resize)):
+                for dev in dec.devices:
+                    holders.setdefault(dev, []).append(dec.job_id)
+                placed.add(dec.job_id)
         return out + inner + self._share(view, jobs, holders, placed, suspended)
 
     def _share(

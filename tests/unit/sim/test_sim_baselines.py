@@ -6,12 +6,16 @@ from __future__ import annotations
 import random
 
 from microco.services.scheduler.policy import check_decisions, make_policy
-from microco.services.scheduler.sim import ClusterSpec, PerfModel, Simulator, TraceJob, simulate
-from microco.services.scheduler.sim._baselines import (
+from microco.services.scheduler.sim import (
     TIRESIAS_TWO_QUEUES,
+    ClusterSpec,
     FractionalSharing,
+    PerfModel,
+    Simulator,
+    TraceJob,
     baseline_policies,
     sharing_policy,
+    simulate,
 )
 
 
@@ -101,7 +105,7 @@ def test_sharing_baselines_decide_validly_on_a_random_trace() -> None:
         alone={"v100": {"A": 10.0, "B": 6.0}},
         pairs={"v100": {("A", "B"): 0.8, ("B", "A"): 0.7, ("A", "A"): 0.5, ("B", "B"): 0.6}},
     )
-    trace = _random_trace(120, 3)
+    trace = _random_trace(60, 3)
     for label, pol in baseline_policies().items():
         checked = _Checked(pol)
         r = Simulator(checked, trace, ClusterSpec.for_gpus(8, 4), perf=perf, check_invariants=True).run()
