@@ -267,9 +267,36 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S",
         help="stop each scale run at this simulated time (s): a slice of the run, for profiles and ratios",
     )
+    p.add_argument(
+        "--baselines",
+        action="store_true",
+        help="only gandiva against the strong baselines (fifo and las with fractional-GPU sharing as "
+        "the source cluster ran them, Tiresias' two-queue las) on --trace at --gpus, or on generated "
+        "Poisson traces with --baselines-poisson; utilisation over the load window and the whole "
+        "arrival span side by side",
+    )
+    p.add_argument(
+        "--baselines-poisson",
+        default=None,
+        metavar="LOADS",
+        help="with --baselines: comma-separated offered loads of generated Poisson traces (of "
+        "--baselines-jobs jobs at --gpus) instead of --trace",
+    )
+    p.add_argument("--baselines-jobs", type=int, default=2000, help="jobs per generated trace (default 2000)")
+    p.add_argument(
+        "--search-target",
+        action="store_true",
+        help="only the search scenario on the paper's metric (time until a configuration reaching the "
+        "target quality has finished training): ASHA's stopping form under fifo, las and gandiva, and "
+        "its promotion form under fifo and las, beside ASHA's identify time",
+    )
     args = p.parse_args(argv)
     if args.scale:
         return _scale(args)
+    if args.baselines:
+        return _baselines(args)
+    if args.search_target:
+        return _search_target(args)
     if args.quick:
         args.trace = "tiresias" if args.trace == "alibaba" else args.trace
         args.hp_configs = min(args.hp_configs, 27)
@@ -337,6 +364,131 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         _plot(args.plot, plotted, f"{Path(path).name}: {len(jobs)} jobs on {gpus} GPUs, {primary} costs")
         out["plot"] = args.plot
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def _baselines(args) -> int:
+    """gandiva against every strong baseline (``sim._baselines.baseline_policies``) on one
+    trace or on generated Poisson traces at several loads; the figures as measured."""
+    from microco.services.scheduler.policy import make_policy
+    from microco.services.scheduler.sim import (
+        ClusterSpec,
+        TraceError,
+        baseline_policies,
+        default_perf_model,
+        default_traces_dir,
+        poisson_trace,
+        simulate,
+    )
+
+    traces_dir = Path(args.traces_dir) if args.traces_dir else default_traces_dir()
+    perf = default_perf_model(traces_dir if traces_dir.exists() else None)
+    gpus = args.gpus or (64 if args.baselines_poisson else default_gpus(args.trace))
+    cluster = ClusterSpec.for_gpus(gpus, args.gpus_per_node)
+    runs: list[tuple[str, list]] = []
+    if args.baselines_poisson:
+        for load in [float(x) for x in args.baselines_poisson.split(",") if x.strip()]:
+            runs.append((f"poisson load {load}", poisson_trace(args.baselines_jobs, gpus, load=load, seed=1)))
+    else:
+        try:
+            path, jobs = load_jobs(args)
+        except TraceError as exc:
+            print(f"microco bench sim: {exc}", file=sys.stderr)
+            return 2
+        runs.append((str(path), jobs))
+    t0 = time.perf_counter()
+    out_runs = []
+    for label, jobs in runs:
+        print(f"baselines: {label}, {len(jobs)} jobs on {gpus} GPUs ...", file=sys.stderr, flush=True)
+        pols = {"gandiva": make_policy("gandiva", **policy_options("gandiva", args)), **baseline_policies()}
+        res = {}
+        for name, pol in pols.items():
+            try:
+                res[name] = simulate(pol, jobs, cluster, perf=perf, series_points=0, **model_options(args))
+            except ValueError as exc:
+                print(f"microco bench sim: {exc}", file=sys.stderr)
+                return 2
+        g = res["gandiva"]
+        out_runs.append(
+            {
+                "trace": label,
+                "jobs": len(jobs),
+                "gpus": gpus,
+                "policies": {
+                    name: {
+                        "gpu_utilization_load": _round(r.gpu_utilization_load),
+                        "gpu_utilization_window": round(r.gpu_utilization_window, 4),
+                        "avg_jct_s": round(r.avg_jct_s, 1),
+                        "avg_time_to_first_feedback_s": round(r.avg_time_to_first_feedback_s, 2),
+                        "packs": r.packs,
+                        "preemptions": r.preemptions,
+                        "sim_cpu_s": round(r.sim_cpu_s, 2),
+                    }
+                    for name, r in res.items()
+                },
+                "gandiva_vs": {
+                    name: {
+                        "gpu_utilization_load": _ratio_opt(g.gpu_utilization_load, r.gpu_utilization_load),
+                        "gpu_utilization_window": _ratio(g.gpu_utilization_window, r.gpu_utilization_window),
+                        "avg_jct_s": _ratio(g.avg_jct_s, r.avg_jct_s),
+                    }
+                    for name, r in res.items()
+                    if name != "gandiva"
+                },
+            }
+        )
+    print(json.dumps({"baselines": out_runs, "bench_wall_s": round(time.perf_counter() - t0, 2)}, indent=2))
+    return 0
+
+
+def _search_target(args) -> int:
+    """The search scenario on the paper's metric, each searcher under each policy."""
+    from microco.services.scheduler.policy import make_policy
+    from microco.services.scheduler.sim import (
+        default_perf_model,
+        default_traces_dir,
+        run_asha_promotion,
+        run_hp_search,
+    )
+
+    traces_dir = Path(args.traces_dir) if args.traces_dir else default_traces_dir()
+    perf = default_perf_model(traces_dir if traces_dir.exists() else None)
+    t0 = time.perf_counter()
+    hp = hp_options(args)
+    common = {"gpus": args.hp_gpus, "perf": perf, **{k: v for k, v in hp.items() if k != "promote_priority"}}
+    rows = {}
+    for name in ("fifo", "las", "gandiva"):
+        r = run_hp_search(make_policy(name), promote_priority=hp["promote_priority"], **common)
+        rows[f"asha-stopping/{name}"] = {
+            "time_to_target_s": r.to_dict()["time_to_target_s"],
+            "time_to_identify_s": round(r.time_to_identify_s, 1),
+            "time_to_best_trained_s": round(r.time_to_best_trained_s, 1),
+            "avg_time_to_first_feedback_s": round(r.avg_time_to_first_feedback_s, 1),
+            "target_loss": round(r.target_loss, 4),
+        }
+    for name in ("fifo", "las"):
+        pr = run_asha_promotion(make_policy(name), **common)
+        rows[f"asha-promotion/{name}"] = {
+            "time_to_target_s": pr.to_dict()["time_to_target_s"],
+            "time_to_best_trained_s": pr.to_dict()["time_to_best_trained_s"],
+            "avg_time_to_first_feedback_s": round(pr.avg_time_to_first_feedback_s, 1),
+            "segments": pr.segments,
+            "target_loss": round(pr.target_loss, 4),
+        }
+    g = rows["asha-stopping/gandiva"]["time_to_target_s"]
+    ratios = {
+        f"{label}_over_gandiva": _ratio(v["time_to_target_s"], g)
+        for label, v in rows.items()
+        if label != "asha-stopping/gandiva" and v["time_to_target_s"] is not None and g
+    }
+    out = {
+        "gpus": args.hp_gpus,
+        "configs": args.hp_configs,
+        "searches": rows,
+        "time_to_target_speedup_of_gandiva": ratios,
+        "bench_wall_s": round(time.perf_counter() - t0, 2),
+    }
     print(json.dumps(out, indent=2))
     return 0
 

@@ -25,6 +25,7 @@ from ._convert import (
 )
 from ._fifo import FifoConfig, FifoPolicy
 from ._gandiva import GandivaConfig, GandivaPolicy, busy_fraction, packed_progress
+from ._index import ClusterIndex, IndexedClusterView, index_of
 from ._las import LasConfig, LasPolicy
 from ._registry import Policy, available_policies, make_policy, policy_config_type, register_policy
 from ._types import (
@@ -53,6 +54,7 @@ __all__ = [
     "HOLDING_PHASES",
     "TERMINAL_PHASES",
     "WAITING_PHASES",
+    "ClusterIndex",
     "ClusterView",
     "Decision",
     "DeviceView",
@@ -60,6 +62,7 @@ __all__ = [
     "FifoPolicy",
     "GandivaConfig",
     "GandivaPolicy",
+    "IndexedClusterView",
     "JobFacts",
     "JobPhase",
     "JobView",
@@ -85,6 +88,7 @@ __all__ = [
     "decision_from_dict",
     "decision_to_dict",
     "device_view_from_dict",
+    "index_of",
     "job_view_from_dict",
     "make_policy",
     "packed_progress",

@@ -55,8 +55,10 @@ Each mechanism can be switched off on its own so its gain can be measured alone:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ._index import ClusterIndex, index_of
 from ._registry import register_policy
 from ._state import Occupancy, _spread, _topology, place, preempt_for
 from ._types import (
@@ -201,22 +203,39 @@ class GandivaPolicy:
         n_dev = len(view.devices)
         if not self._may_act(view, n_dev):
             return []
-        occ = Occupancy(view)
-        # one pass over the jobs (a simulator's view holds thousands of waiting ones)
-        jobs: dict[str, JobView] = {}
-        waiting_jobs: list[JobView] = []
-        holders: list[JobView] = []
-        any_packed = False
-        for j in view.jobs:
-            jobs[j.id] = j
-            st = j.state
-            if st in WAITING_PHASES:
-                if 0 < j.devices_wanted <= n_dev:
-                    waiting_jobs.append(j)
-            elif st in HOLDING_PHASES:
-                holders.append(j)
-                if st is JobPhase.PACKED:
-                    any_packed = True
+        idx = index_of(view)
+        jobs: Mapping[str, JobView]
+        if idx is None:
+            occ = Occupancy(view)
+            # one pass over the jobs (a simulator's view holds thousands of waiting ones)
+            jobs = {}
+            waiting_jobs: list[JobView] = []
+            holders: list[JobView] = []
+            any_packed = False
+            for j in view.jobs:
+                jobs[j.id] = j
+                st = j.state
+                if st in WAITING_PHASES:
+                    if 0 < j.devices_wanted <= n_dev:
+                        waiting_jobs.append(j)
+                elif st in HOLDING_PHASES:
+                    holders.append(j)
+                    if st is JobPhase.PACKED:
+                        any_packed = True
+            elastic: Sequence[JobView] = holders  # (filtered where used)
+            multi: Sequence[JobView] = holders
+        else:
+            # the mechanism's index (issue 23): the same sets, no pass over every job.
+            # ``holders`` is in no particular order: used only where its order cannot
+            # matter (victims sorted on a total key; defragmentation's candidates sorted by
+            # id); the elastic and multi-device jobs, whose order does, in view order.
+            occ = Occupancy.from_index(view, idx)
+            jobs = idx.jobs
+            waiting_jobs = [j for j in idx.waiting.values() if 0 < j.devices_wanted <= n_dev]
+            holders = list(idx.holding.values())
+            any_packed = idx.n_packed > 0
+            elastic = idx.in_view_order(idx.elastic) if idx.elastic else ()
+            multi = idx.in_view_order(idx.multi) if idx.multi else ()
         out: list[Decision] = []
         acted: set[str] = set()
         waiting = sorted(waiting_jobs, key=self._wkey)
@@ -227,11 +246,11 @@ class GandivaPolicy:
 
         # 1b. a grow that did not pay (measured) is undone.
         if cfg.enable_grow_shrink:
-            self._judge_grows(holders, occ, out, acted)
+            self._judge_grows(elastic, occ, out, acted)
 
         # 2. shrink elastic jobs that grew, as soon as anyone waits.
         if cfg.enable_grow_shrink and waiting:
-            for j in view.jobs:
+            for j in view.jobs if idx is None else elastic:
                 if (
                     j.elastic
                     and j.state is JobPhase.RUNNING
@@ -245,31 +264,53 @@ class GandivaPolicy:
 
         # 3. consolidate spread multi-device jobs onto one node.
         if cfg.enable_migration:
-            self._consolidate(holders, occ, out, acted)
+            self._consolidate(multi, occ, out, acted)
 
         # 4. waiting jobs in order: free devices, then a defragmenting migration, then a
         #    pack, then a time-slice.
-        victims = []
-        if cfg.enable_time_slicing and waiting:  # (victims, packs and slots serve waiting jobs only)
-            victims = [
-                j
-                for j in holders
-                if j.state is JobPhase.RUNNING
-                and j.preemptible
-                and now - j.last_change_at >= cfg.quantum_s - _EPS
-                and j.id not in acted
-                and not self._finishing(j)
-            ]
-            # worst first: most attained service (las) / running longest since its change
-            if cfg.slice_order == "las":
-                victims.sort(key=lambda j: (j.priority, -j.attained_service_s, j.id))
-            else:
-                victims.sort(key=lambda j: (j.priority, j.last_change_at, j.id))
-        # packs whose quantum is over: device -> its members (one time-slice participant)
+        # The time-slice victims, the packs whose quantum is over and the pack slots serve
+        # only a waiting job that finds no free device: they are built when the first one
+        # does (a simulator's usual decision starts an arrival on free devices and never
+        # needs them). Built then, they are what they were before the loop: the victims are
+        # taken with the jobs acted on before it (``acted0``), and what the loop did until
+        # then (waiting jobs started on free devices, jobs moved off a node to free devices
+        # by defragmentation) adds no shared device, no pack slot and no packed member;
+        # a slot it removed (a moved job's old device) was never usable (checked against
+        # the holders when taken). ``tests/unit/sim/test_sim_fast_path.py`` checks it.
+        victims: list[JobView] = []
         pack_victims: dict[str, list[JobView]] = {}
-        if cfg.enable_time_slicing and cfg.slice_packs and any_packed and waiting:
-            pack_victims = self._pack_victims(occ, jobs, acted, now)
-        packed_victims = [m for ms in pack_victims.values() for m in ms]
+        pack_slots: list = []
+        max_victim, min_victim_prio = -1.0, 0
+        ready = False
+        acted0 = set(acted)
+
+        def prepare() -> None:
+            nonlocal victims, pack_victims, pack_slots, max_victim, min_victim_prio, ready
+            ready = True
+            if cfg.enable_time_slicing:
+                victims = [
+                    j
+                    for j in holders
+                    if j.state is JobPhase.RUNNING
+                    and j.preemptible
+                    and now - j.last_change_at >= cfg.quantum_s - _EPS
+                    and j.id not in acted0
+                    and not self._finishing(j)
+                ]
+                # worst first: most attained service (las) / running longest since its change
+                if cfg.slice_order == "las":
+                    victims.sort(key=lambda j: (j.priority, -j.attained_service_s, j.id))
+                else:
+                    victims.sort(key=lambda j: (j.priority, j.last_change_at, j.id))
+            # packs whose quantum is over: device -> its members (one time-slice participant)
+            if cfg.enable_time_slicing and cfg.slice_packs and any_packed:
+                pack_victims = self._pack_victims(occ, jobs, acted, now)
+            packed_victims = [m for ms in pack_victims.values() for m in ms]
+            if cfg.enable_packing:
+                pack_slots = self._pack_slots(occ, jobs, acted, now)
+            max_victim = max((v.attained_service_s for v in victims + packed_victims), default=-1.0)
+            min_victim_prio = min((v.priority for v in victims + packed_victims), default=0)
+
         # Dataset affinity reorders the waiting jobs (within the slack): a later job may then
         # have less service than an earlier one, so the shortcuts below that rely on the
         # order (no later job ranks better) are not taken.
@@ -281,17 +322,15 @@ class GandivaPolicy:
             for h in holders:
                 if h.dataset:
                     ds_nodes.setdefault(h.dataset, set()).update(occ.nodes_of(h.devices))
-        if cfg.dataset_affinity and len(waiting) > 1:
-            yielding = {v.id for v in victims}.union(m.id for m in packed_victims)
+        if cfg.dataset_affinity and len(waiting) > 1 and any(w.dataset for w in waiting):
+            prepare()  # the order needs to know which holders yield (built as before the loop)
+            yielding = {v.id for v in victims}.union(m.id for ms in pack_victims.values() for m in ms)
             staying = {h.dataset for h in holders if h.dataset and h.id not in yielding}
             ordered = self._affinity_order(waiting, staying)
             if [j.id for j in ordered] != [j.id for j in waiting]:
                 waiting, monotone = ordered, False
         suspended: set[str] = set()
         n_free = occ.n_free()
-        pack_slots = self._pack_slots(occ, jobs, acted, now) if cfg.enable_packing and waiting else []
-        max_victim = max((v.attained_service_s for v in victims + packed_victims), default=-1.0)
-        min_victim_prio = min((v.priority for v in victims + packed_victims), default=0)
         # (size, priority) of waiting jobs for which the victims could make no room. A later
         # waiting job of the same size and class ranks no better (sorted by priority, then
         # service), so the victims that yield to it are a subset of those and cannot make
@@ -312,8 +351,11 @@ class GandivaPolicy:
         for w in waiting:
             if w.id in acted:
                 continue
-            if n_free == 0 and not pack_slots and not victims and not pack_victims:
-                break  # nothing left to give anyone; the rest keep waiting
+            if n_free == 0:
+                if not ready:
+                    prepare()
+                if not pack_slots and not victims and not pack_victims:
+                    break  # nothing left to give anyone; the rest keep waiting
             k = w.devices_wanted
             devs = None
             if k <= n_free and w.dataset in ds_nodes:
@@ -338,6 +380,8 @@ class GandivaPolicy:
                 acted.add(w.id)
                 forget()
                 continue
+            if not ready:
+                prepare()
             if (
                 cfg.enable_packing
                 and k == 1
@@ -421,7 +465,7 @@ class GandivaPolicy:
 
         # 5. grow elastic jobs onto idle devices when nobody is left waiting.
         if cfg.enable_grow_shrink and occ.n_free() > 0 and all(w.id in acted for w in waiting):
-            self._grow(view, occ, out, acted)
+            self._grow(view, occ, out, acted, None if idx is None else elastic)
         return out
 
     def _affinity_order(self, waiting: list[JobView], active: set[str]) -> list[JobView]:
@@ -488,7 +532,7 @@ class GandivaPolicy:
         return self.config.slice_order != "las" or v.attained_service_s > w.attained_service_s
 
     def _pack_victims(
-        self, occ: Occupancy, jobs: dict[str, JobView], acted: set, now: float
+        self, occ: Occupancy, jobs: Mapping[str, JobView], acted: set, now: float
     ) -> dict[str, list[JobView]]:
         """Devices shared by one-device packed jobs whose *pack* has had a quantum: the
         quantum of a pack starts at its newest member's last change (when it formed)."""
@@ -574,6 +618,9 @@ class GandivaPolicy:
         nobody waiting, only a pack to judge, a spread job to consolidate or an elastic
         job to grow can lead to a decision."""
         cfg = self.config
+        idx = index_of(view)
+        if idx is not None:
+            return self._may_act_indexed(idx, view, n_dev)
         multi: list[JobView] = []  # running multi-device jobs (consolidation candidates)
         held: list[str] = []  # every holding job's devices, one entry per holder
         for j in view.jobs:
@@ -606,6 +653,25 @@ class GandivaPolicy:
             return len(set(known)) != len(known)
         return False
 
+    def _may_act_indexed(self, idx: ClusterIndex, view: ClusterView, n_dev: int) -> bool:
+        """:meth:`_may_act` from the mechanism's index: the same answer, without the pass."""
+        cfg = self.config
+        for w in idx.waiting.values():
+            if 0 < w.devices_wanted <= n_dev:
+                return True
+        if idx.n_packed:
+            return True
+        if idx.elastic and cfg.enable_grow_shrink:
+            return True
+        if not cfg.enable_migration or not idx.multi:
+            return False
+        node_of = _topology(view.devices)[0]
+        for j in idx.multi.values():
+            if j.preemptible and _spread(node_of, j.devices):
+                return True
+        # a device held twice (the index lists known devices only, as Occupancy counts)
+        return cfg.enable_packing and bool(idx.shared)
+
     def wakeup_at(self, view: ClusterView) -> float | None:
         """Earliest future time at which, with no event in between, ``decide`` could answer
         differently: a running job's quantum expiring (or, in ``las`` order, its attained
@@ -615,14 +681,20 @@ class GandivaPolicy:
         """
         cfg = self.config
         now = view.now
+        idx = index_of(view)
         waiting: list[JobView] = []
         holders: list[JobView] = []
-        for j in view.jobs:  # one pass: called after every batch of events
-            st = j.state
-            if st in WAITING_PHASES:
-                waiting.append(j)
-            elif st in HOLDING_PHASES:
-                holders.append(j)
+        if idx is None:
+            for j in view.jobs:  # one pass: called after every batch of events
+                st = j.state
+                if st in WAITING_PHASES:
+                    waiting.append(j)
+                elif st in HOLDING_PHASES:
+                    holders.append(j)
+        else:  # (the minimum below is the same in any order)
+            waiting = list(idx.waiting.values())
+            if waiting or cfg.pack_observe_s > 0:
+                holders = list(idx.holding.values())
         cands: list[float] = []
         if waiting and cfg.enable_time_slicing:
             w_prio = max(j.priority for j in waiting)
@@ -657,10 +729,11 @@ class GandivaPolicy:
                     cands.append(t)
                 same = w_min.get(r.priority)
                 if same is not None:
-                    if r.attained_service_s > same:
+                    a = r.attained_service_s  # (read once: a simulator computes it at the clock)
+                    if a > same:
                         cands.append(t)
                     else:
-                        cands.append(max(t, now + (same - r.attained_service_s) / len(r.devices) + 1e-6))
+                        cands.append(max(t, now + (same - a) / len(r.devices) + 1e-6))
         if waiting and cfg.enable_packing:
             cands.extend(
                 w.last_change_at + cfg.pack_cooldown_s
@@ -671,7 +744,9 @@ class GandivaPolicy:
             cands.extend(r.last_change_at + cfg.pack_observe_s for r in holders)
         if cfg.enable_grow_shrink and not waiting:
             cands.extend(
-                r.last_change_at + cfg.quantum_s for r in holders if r.elastic and r.state is JobPhase.RUNNING
+                r.last_change_at + cfg.quantum_s
+                for r in (holders if idx is None else idx.elastic.values())
+                if r.elastic and r.state is JobPhase.RUNNING
             )
         future = [t for t in cands if t > now]
         return min(future) if future else None
@@ -702,7 +777,7 @@ class GandivaPolicy:
 
     # ------------------------------------------------------------------ mechanisms
     def _judge_packs(
-        self, view: ClusterView, occ: Occupancy, jobs: dict[str, JobView], out: list, acted: set
+        self, view: ClusterView, occ: Occupancy, jobs: Mapping[str, JobView], out: list, acted: set
     ) -> None:
         cfg = self.config
         seen: set[tuple[str, ...]] = set()
@@ -752,7 +827,7 @@ class GandivaPolicy:
             out.append(Unpack(loser.id, f"gandiva: packed progress {prog} below time-slicing"))
             acted.add(loser.id)
 
-    def _consolidate(self, holders: list[JobView], occ: Occupancy, out: list, acted: set) -> None:
+    def _consolidate(self, holders: Sequence[JobView], occ: Occupancy, out: list, acted: set) -> None:
         for j in holders:  # in view order, as before
             if j.state is not JobPhase.RUNNING or len(j.devices) < 2 or j.id in acted or not j.preemptible:
                 continue
@@ -804,7 +879,7 @@ class GandivaPolicy:
             acted.add(j.id)
         return place({node: occ.free_by_node().get(node, [])}, k, allow_spread=False)
 
-    def _pack_slots(self, occ: Occupancy, jobs: dict[str, JobView], acted: set, now: float) -> list:
+    def _pack_slots(self, occ: Occupancy, jobs: Mapping[str, JobView], acted: set, now: float) -> list:
         """Devices a waiting job could join: held by one running one-device job observed
         long enough, or by a pack of fewer than ``max_jobs_per_device`` one-device jobs that
         introspection has measured and kept; the holders' busy fractions add up to less
@@ -909,7 +984,7 @@ class GandivaPolicy:
                 return dev, members, "gandiva: trial pack of a job never profiled (introspection judges it)"
         return None
 
-    def _judge_grows(self, holders: list[JobView], occ: Occupancy, out: list, acted: set) -> None:
+    def _judge_grows(self, holders: Sequence[JobView], occ: Occupancy, out: list, acted: set) -> None:
         """Keep a grow only if it paid: throughput after / before >= ``grow_keep_ratio``,
         from mini-batch times measured wholly at each size (as packs are judged)."""
         for j in holders:
@@ -937,10 +1012,18 @@ class GandivaPolicy:
             )
             acted.add(j.id)
 
-    def _grow(self, view: ClusterView, occ: Occupancy, out: list, acted: set) -> None:
+    def _grow(
+        self,
+        view: ClusterView,
+        occ: Occupancy,
+        out: list,
+        acted: set,
+        elastic: Sequence[JobView] | None = None,
+    ) -> None:
         cfg = self.config
         # (only running, preemptible elastic jobs can grow: sorting those alone keeps their order)
-        growable = [j for j in view.jobs if j.elastic and j.state is JobPhase.RUNNING and j.preemptible]
+        cands = view.jobs if elastic is None else elastic
+        growable = [j for j in cands if j.elastic and j.state is JobPhase.RUNNING and j.preemptible]
         for j in sorted(growable, key=lambda j: (j.attained_service_s, j.id)):
             if j.id in acted:
                 continue

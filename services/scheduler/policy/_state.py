@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from ._index import ClusterIndex
 from ._types import HOLDING_PHASES, WAITING_PHASES, ClusterView, JobView
 
 
@@ -49,6 +50,19 @@ class Occupancy:
         self._n_free = len(holders) - held
         self._fbn: dict[str, list[str]] | None = None
         self.version = 0  # bumped by every take/release that changes a device
+
+    @classmethod
+    def from_index(cls, view: ClusterView, index: ClusterIndex) -> Occupancy:
+        """The same occupancy as ``Occupancy(view)``, copied from the mechanism's index of
+        the view (no pass over its jobs)."""
+        occ = cls.__new__(cls)
+        occ.node_of, occ.nodes, occ._order = _topology(view.devices)
+        occ.holders = dict(index.holders)
+        occ.shared = set(index.shared)
+        occ._n_free = len(occ.holders) - index.n_held
+        occ._fbn = None
+        occ.version = 0
+        return occ
 
     # -- queries
     def free(self) -> list[str]:

@@ -6,9 +6,28 @@ cluster model, a job-progress model with Gavel's measured packing interference, 
 model for suspend/resume/migration. See docs/scheduler-sim.md.
 """
 
+from ._baselines import (
+    TIRESIAS_TWO_QUEUES,
+    FractionalSharing,
+    SharingConfig,
+    baseline_policies,
+    sharing_policy,
+)
 from ._engine import LOAD_FRACTION, ClusterSpec, SimResult, Simulator, contended_window, load_window, simulate
 from ._generate import poisson_trace
-from ._hpsearch import HP_MODEL, AshaSearcher, HPSearchResult, asha_rungs, hp_search_trace, run_hp_search
+from ._hpsearch import (
+    HP_MODEL,
+    TARGET_QUANTILE,
+    AshaPromotion,
+    AshaSearcher,
+    HPSearchResult,
+    PromotionSearchResult,
+    asha_rungs,
+    hp_search_trace,
+    run_asha_promotion,
+    run_hp_search,
+    target_loss,
+)
 from ._models import UNKNOWN_MODEL_CHOICES, UnknownModelError, parse_model_map_item, read_model_map
 from ._perf import COST_PROFILES, CostModel, PerfModel, default_perf_model
 from ._trace import (
@@ -30,20 +49,27 @@ __all__ = [
     "GAVEL_FAMILIES",
     "HP_MODEL",
     "LOAD_FRACTION",
+    "TARGET_QUANTILE",
+    "TIRESIAS_TWO_QUEUES",
     "TRACE_COLUMNS",
     "UNKNOWN_MODEL_CHOICES",
+    "AshaPromotion",
     "AshaSearcher",
     "ClusterSpec",
     "CostModel",
+    "FractionalSharing",
     "HPSearchResult",
     "PerfModel",
     "PhillyDurations",
+    "PromotionSearchResult",
+    "SharingConfig",
     "SimResult",
     "Simulator",
     "TraceError",
     "TraceJob",
     "UnknownModelError",
     "asha_rungs",
+    "baseline_policies",
     "contended_window",
     "default_perf_model",
     "default_traces_dir",
@@ -56,7 +82,10 @@ __all__ = [
     "poisson_trace",
     "read_model_map",
     "read_trace_csv",
+    "run_asha_promotion",
     "run_hp_search",
+    "sharing_policy",
     "simulate",
+    "target_loss",
     "write_trace_csv",
 ]

@@ -23,8 +23,10 @@ from functools import reduce
 from operator import add
 
 from microco.services.scheduler.policy import (
+    ClusterIndex,
     ClusterView,
     DeviceView,
+    IndexedClusterView,
     JobFacts,
     JobPhase,
     JobView,
@@ -84,9 +86,6 @@ class ClusterSpec:
         return self.nodes * self.devices_per_node
 
 
-_set_dict = object.__setattr__  # (a frozen dataclass's own __setattr__ refuses every name)
-
-
 def _job_view(**fields) -> JobView:
     # The simulator builds tens of thousands of views a run; a frozen dataclass's __init__
     # sets each field through object.__setattr__, several times slower than filling the
@@ -94,6 +93,39 @@ def _job_view(**fields) -> JobView:
     v = object.__new__(JobView)
     v.__dict__.update(fields)
     return v
+
+
+class _LiveView(JobView):
+    """A holding job's view: its attained service and steps done are read from the job at
+    the simulator's clock when asked (they move with it), so the view is built once per
+    change of the job, not at every decision. Same fields, equality and hash as a
+    :class:`JobView`; exact while the policy is called (the clock does not move then).
+    ``dataclasses.replace`` on one gives a view with the given values fixed."""
+
+    @property  # type: ignore[override]
+    def attained_service_s(self) -> float:
+        d = self.__dict__
+        j = d.get("_job")
+        if j is None:
+            return d["_attained"]
+        return j.attained + (d["_sim"].now - j.hold_since) * len(j.devices)
+
+    @attained_service_s.setter
+    def attained_service_s(self, value: float) -> None:  # (dataclass __init__, via replace)
+        self.__dict__["_attained"] = value
+
+    @property  # type: ignore[override]
+    def steps_done(self) -> int:
+        d = self.__dict__
+        j = d.get("_job")
+        if j is None:
+            return d["_steps"]
+        done = j.done + (j.rate * (d["_sim"].now - j.last_update) if j.rate > 0 else 0.0)
+        return int(done / j.work * j.total_steps)
+
+    @steps_done.setter
+    def steps_done(self, value: int) -> None:
+        self.__dict__["_steps"] = value
 
 
 class _Job:
@@ -120,6 +152,7 @@ class _Job:
         "probed",
         "probes",
         "rate",
+        "seq",
         "stall_until",
         "stopped_early",
         "t",
@@ -127,7 +160,6 @@ class _Job:
         "util",
         "version",
         "view",
-        "view_at",
         "work",
     )
 
@@ -154,7 +186,7 @@ class _Job:
         self.mb_alone_ms = mb_alone_ms
         self.pack_speed = 1.0
         self.view: JobView | None = None
-        self.view_at = -math.inf  # the clock reading ``view`` was built or refreshed at
+        self.seq = 0  # arrival order: the job's position key in the view
         self.probe_work: float | None = None  # work at the next probe point (None: no more)
         self.probes: list[float] = []  # later probe points, in work-seconds
         self.probed = False  # reached at least one probe point
@@ -220,8 +252,9 @@ class Simulator:
     ``on_probe(job_id, now) -> bool`` (optional) is called when a job reaches a probe point
     (``probe_fraction`` of its work, or each of several fractions in increasing order: the
     hyper-parameter search's rungs); returning True stops the job there, as a user
-    cancelling it would. ``set_priority`` changes a job's priority as a user would (the
-    searcher raises the survivors').
+    cancelling it would. ``on_finish(job_id, now)`` (optional) is called when a job
+    completes its work. ``set_priority`` changes a job's priority as a user would (the
+    searcher raises the survivors'); ``submit`` adds a job while the run goes on.
     """
 
     def __init__(
@@ -235,6 +268,7 @@ class Simulator:
         tick_s: float = 60.0,
         probe_fraction: float | Sequence[float] | None = None,
         on_probe: Callable[[str, float], bool] | None = None,
+        on_finish: Callable[[str, float], None] | None = None,
         series_points: int = 2000,
         check_invariants: bool = False,
         max_time_s: float = float("inf"),
@@ -256,6 +290,7 @@ class Simulator:
         self.costs = costs or CostModel()
         self.tick_s = tick_s
         self.on_probe = on_probe
+        self.on_finish = on_finish
         self.check_invariants = check_invariants
         self.max_time_s = max_time_s
         self.series_points = series_points
@@ -349,6 +384,25 @@ class Simulator:
         self._tick_version = 0
         self._tick_at = 0.0
         self._last_view: ClusterView | None = None
+        # The view kept between decisions (issue 23): every active job's view by id in
+        # arrival order, rebuilt only for the jobs whose state changed (``_stale``), with
+        # the index a policy may query instead of passing over every job
+        # (policy.ClusterIndex): the jobs by phase, and each device's holders, recomputed
+        # only for the devices a change touched (``_idx_dirty``).
+        self._views: dict[str, JobView] = {}
+        self._stale: set[str] = set()
+        self._jobs_tuple: tuple[JobView, ...] | None = ()
+        self._ix_waiting: dict[str, JobView] = {}
+        self._ix_holding: dict[str, JobView] = {}
+        self._ix_elastic: dict[str, JobView] = {}
+        self._ix_multi: dict[str, JobView] = {}
+        self._ix_packed: set[str] = set()
+        self._ix_holders: dict[str, tuple[str, ...]] = {d.id: () for d in self.devices}
+        self._ix_shared: set[str] = set()
+        self._ix_n_held = 0
+        self._ix_order: dict[str, int] = {}
+        self._idx_dirty: set[str] = set()
+        self._arrivals = 0
         self.min_tick_s = 1.0
         # Conservation (:meth:`check_conservation`) compares two counters kept apart: the
         # job side (attained service and job_device_s, advanced by _sync) and the device
@@ -411,6 +465,9 @@ class Simulator:
         j = self.jobs[jid]
         if kind == _ARRIVE:
             self.active[jid] = j
+            self._arrivals += 1
+            j.seq = self._arrivals
+            self._stale.add(jid)
             self.waiting += 1
             return True
         if ver != j.version or j.finished is not None:
@@ -432,6 +489,8 @@ class Simulator:
         if kind == _FINISH:
             self._sync(j)
             self._finish(j)
+            if self.on_finish is not None:
+                self.on_finish(jid, self.now)
             return True
         return False
 
@@ -509,6 +568,7 @@ class Simulator:
         for j in jobs:
             j.version += 1
             j.view = None
+            self._stale.add(j.id)
             dirty.update(j.devices)
             if not j.devices or j.finished is not None:
                 j.rate = 0.0
@@ -594,6 +654,7 @@ class Simulator:
     def _take(self, j: _Job, devs: tuple[str, ...]) -> None:
         now = self.now
         self._dirty.update(devs)
+        self._idx_dirty.update(devs)
         for d in devs:
             self.holders[d].append(j)
             self._open[d][j.id] = now
@@ -606,6 +667,7 @@ class Simulator:
         now = self.now
         held = 0.0
         self._dirty.update(j.devices)
+        self._idx_dirty.update(j.devices)
         for d in j.devices:
             hs = self.holders[d]
             hs.remove(j)
@@ -626,6 +688,8 @@ class Simulator:
         j.util = 0.0
         j.version += 1
         self.active.pop(j.id, None)
+        j.view = None
+        self._stale.add(j.id)
         for o in touched:
             self._sync(o)
         self._phase_after_change(touched)
@@ -633,67 +697,129 @@ class Simulator:
 
     # ------------------------------------------------------------------ policy loop
     def view(self) -> ClusterView:
-        """The ClusterView the policy sees now (also what a live scheduler would build)."""
-        now = self.now
-        views = []
-        for j in self.active.values():
-            v = j.view
-            if v is not None and j.devices:
-                if j.view_at == now:
-                    # built or refreshed at this very clock reading (the view after a
-                    # decision is rebuilt at the same time for the wake-up): still exact
-                    views.append(v)
+        """The ClusterView the policy sees now (also what a live scheduler would build),
+        with its index (:class:`ClusterIndex`). Only the jobs whose state changed since the
+        last view get a new job view; a holding job's attained service and steps are read
+        at the clock (:class:`_LiveView`)."""
+        stale = self._stale
+        if stale:
+            views = self._views
+            wt, hd, el, mu, pk = (
+                self._ix_waiting,
+                self._ix_holding,
+                self._ix_elastic,
+                self._ix_multi,
+                self._ix_packed,
+            )
+            for jid in stale:
+                for ix in (wt, hd, el, mu):
+                    ix.pop(jid, None)
+                pk.discard(jid)
+                j = self.jobs[jid]
+                if jid not in self.active:
+                    views.pop(jid, None)
+                    self._ix_order.pop(jid, None)
                     continue
-                # Nothing but the clock changed since this view was built (any change of
-                # phase, devices or speed clears it): refresh the time-dependent fields only.
-                if j.rate > 0:
-                    d = {
-                        **v.__dict__,
-                        "attained_service_s": j.attained + (now - j.hold_since) * len(j.devices),
-                        "steps_done": int((j.done + j.rate * (now - j.last_update)) / j.work * j.total_steps),
-                    }
+                v = self._build_view(j)
+                j.view = v
+                views[jid] = v  # (an existing key keeps its place: arrival order)
+                self._ix_order[jid] = j.seq
+                st = j.phase
+                if j.devices:
+                    hd[jid] = v
+                    if st is JobPhase.RUNNING:
+                        if j.t.elastic:
+                            el[jid] = v
+                        if len(j.devices) > 1:
+                            mu[jid] = v
+                    elif st is JobPhase.PACKED:
+                        pk.add(jid)
+                elif st is JobPhase.QUEUED or st is JobPhase.SUSPENDED:
+                    wt[jid] = v
+            stale.clear()
+            self._jobs_tuple = None
+        if self._idx_dirty:
+            hx, shared = self._ix_holders, self._ix_shared
+            for d in self._idx_dirty:
+                hs = self.holders[d]
+                before = hx[d]
+                if len(hs) > 1:
+                    # in the view's job order (arrival), as Occupancy builds it from a view
+                    hx[d] = tuple(o.id for o in sorted(hs, key=lambda o: o.seq))
+                    shared.add(d)
                 else:
-                    d = {
-                        **v.__dict__,
-                        "attained_service_s": j.attained + (now - j.hold_since) * len(j.devices),
-                    }
-                v = object.__new__(JobView)
-                _set_dict(v, "__dict__", d)
-                j.view = v
-                j.view_at = now
-            elif v is None:
-                held = (now - j.hold_since) * len(j.devices) if j.devices else 0.0
-                done = j.done + (j.rate * (now - j.last_update) if j.rate > 0 else 0.0)
-                observed = (
-                    j.mb_alone_ms / j.pack_speed
-                    if j.devices and j.rate > 0
-                    else (None if j.first_feedback is None else j.mb_alone_ms / j.pack_speed)
-                )
-                v = _job_view(
-                    id=j.id,
-                    devices_wanted=j.k,
-                    elastic=j.t.elastic,
-                    priority=j.priority,
-                    owner=j.t.owner,
-                    submitted_at=j.t.submit_time,
-                    state=j.phase,
-                    devices=j.devices,
-                    attained_service_s=j.attained + held,
-                    minibatch_ms=observed,
-                    minibatch_ms_alone=j.mb_alone_ms if j.first_feedback is not None else None,
-                    steps_done=int(done / j.work * j.total_steps),
-                    total_steps=j.total_steps,
-                    packed_with=self._packed_with(j) if j.phase is JobPhase.PACKED else (),
-                    last_change_at=j.last_change,
-                    model=j.t.model,
-                    gpu_share=j.t.gpu_share,
-                    max_devices=None,
-                    utilization=j.busy_seen if self.observe_utilization else None,
-                )
-                j.view = v
-                j.view_at = now
-            views.append(v)
-        return ClusterView(now=now, devices=self.devices, jobs=tuple(views))
+                    hx[d] = (hs[0].id,) if hs else ()
+                    shared.discard(d)
+                self._ix_n_held += bool(hx[d]) - bool(before)
+            self._idx_dirty.clear()
+        jobs = self._jobs_tuple
+        if jobs is None:
+            jobs = self._jobs_tuple = tuple(self._views.values())
+        index = ClusterIndex(
+            jobs=self._views,
+            waiting=self._ix_waiting,
+            holding=self._ix_holding,
+            elastic=self._ix_elastic,
+            multi=self._ix_multi,
+            n_packed=len(self._ix_packed),
+            holders=self._ix_holders,
+            shared=self._ix_shared,
+            n_held=self._ix_n_held,
+            order=self._ix_order,
+        )
+        return IndexedClusterView(now=self.now, devices=self.devices, jobs=jobs, index=index)
+
+    def _build_view(self, j: _Job) -> JobView:
+        now = self.now
+        held = (now - j.hold_since) * len(j.devices) if j.devices else 0.0
+        done = j.done + (j.rate * (now - j.last_update) if j.rate > 0 else 0.0)
+        observed = (
+            j.mb_alone_ms / j.pack_speed
+            if j.devices and j.rate > 0
+            else (None if j.first_feedback is None else j.mb_alone_ms / j.pack_speed)
+        )
+        fields = dict(
+            id=j.id,
+            devices_wanted=j.k,
+            elastic=j.t.elastic,
+            priority=j.priority,
+            owner=j.t.owner,
+            submitted_at=j.t.submit_time,
+            state=j.phase,
+            devices=j.devices,
+            attained_service_s=j.attained + held,
+            minibatch_ms=observed,
+            minibatch_ms_alone=j.mb_alone_ms if j.first_feedback is not None else None,
+            steps_done=int(done / j.work * j.total_steps),
+            total_steps=j.total_steps,
+            packed_with=self._packed_with(j) if j.phase is JobPhase.PACKED else (),
+            last_change_at=j.last_change,
+            model=j.t.model,
+            gpu_share=j.t.gpu_share,
+            max_devices=None,
+            utilization=j.busy_seen if self.observe_utilization else None,
+        )
+        if not j.devices:
+            return _job_view(**fields)  # nothing in it moves with the clock
+        del fields["attained_service_s"], fields["steps_done"]
+        v = object.__new__(_LiveView)
+        v.__dict__.update(fields, _job=j, _sim=self)
+        return v
+
+    def submit(self, t: TraceJob) -> None:
+        """Submit a job while the simulation runs, arriving at ``t.submit_time`` (not
+        before now): what a user or a searcher does through the scheduler's API (the
+        search scenario's promotion form submits each configuration's next segment)."""
+        if t.job_id in self.jobs:
+            raise ValueError(f"job {t.job_id!r} already submitted")
+        if t.devices > len(self.devices):
+            raise ValueError(
+                f"job {t.job_id!r} asks for {t.devices} devices, the cluster has {len(self.devices)}"
+            )
+        ref = self.devices[0].model if self.devices else "v100"
+        j = _Job(t, self.perf.minibatch_ms(t.model, ref))
+        self.jobs[j.id] = j
+        self._push(max(self.now, t.submit_time), _ARRIVE, j.id)
 
     def set_priority(self, job_id: str, priority: int) -> None:
         """Change a job's priority from now on (what a user or a searcher would do through
@@ -702,6 +828,7 @@ class Simulator:
         if j.priority != priority:
             j.priority = priority
             j.view = None
+            self._stale.add(j.id)
 
     def _packed_with(self, j: _Job) -> tuple[str, ...]:
         return tuple(sorted({o.id for d in j.devices for o in self.holders[d] if o is not j}))

@@ -55,6 +55,10 @@ class HPSearchResult:
     sim: SimResult
     accounting: dict | None = None  # where the device-seconds up to identification went
     model: str = ""  # the model every configuration trains
+    # issue 23, the paper's metric: when a configuration whose final loss reaches the target
+    # (``target_loss``) has finished training (inf: none did)
+    time_to_target_s: float = math.inf
+    target_loss: float = 0.0
 
     def to_dict(self) -> dict:
         d = {
@@ -74,6 +78,10 @@ class HPSearchResult:
             "makespan_s": round(self.makespan_s, 3),
             "preemptions": self.sim.preemptions,
             "packs": self.sim.packs,
+            "time_to_target_s": round(self.time_to_target_s, 3)
+            if math.isfinite(self.time_to_target_s)
+            else None,
+            "target_loss": round(self.target_loss, 5),
         }
         if self.accounting is not None:
             d["accounting"] = self.accounting
@@ -100,6 +108,11 @@ def asha_rungs(eta: int = 3, min_fraction: float = 1.0 / 27.0) -> tuple[float, .
 # The model every configuration trains, by default: it keeps a V100 busy alone (Gavel's self
 # pair), so the search's speed-up comes from time-slicing and ASHA's early stopping only.
 HP_MODEL = "ResNet-50 (batch size 64)"
+
+#: The target quality of the search's "time to target" (the Gandiva paper's metric): the
+#: final loss the best ``TARGET_QUANTILE`` of the configurations reach (the best 5%: 4 of
+#: 81). A property of the configurations drawn, the same under every policy and searcher.
+TARGET_QUANTILE = 0.05
 
 
 def hp_search_trace(
@@ -206,9 +219,11 @@ def run_hp_search(
     costs: CostModel | None = None,
     tick_s: float = 30.0,
     model: str = HP_MODEL,
+    target_quantile: float = TARGET_QUANTILE,
 ) -> HPSearchResult:
     """Run the ASHA search of ``n_configs`` configurations of ``model`` under ``policy``."""
     trace, final = hp_search_trace(n_configs, model=model, duration_s=duration_s, seed=seed)
+    target = target_loss(final, target_quantile)
     rungs = asha_rungs(eta, min_fraction)
     search = AshaSearcher(final, rungs, eta, seed=seed, noise=noise, promote_priority=promote_priority)
     sim = Simulator(
@@ -262,6 +277,178 @@ def run_hp_search(
         sim=res,
         accounting=_accounting(snap, rungs, eta, n_configs, duration_s, res.gpus) if snap else None,
         model=model,
+        time_to_target_s=_time_to_target(res.per_job, final, target),
+        target_loss=target,
+    )
+
+
+def target_loss(final: dict[str, float], quantile: float = TARGET_QUANTILE) -> float:
+    """The final loss at ``quantile`` of the configurations' final losses (linear
+    interpolation): a configuration at or below it reaches the target."""
+    if not 0 < quantile <= 1:
+        raise ValueError("target quantile must be in (0, 1]")
+    return _quantile(sorted(final.values()), quantile)
+
+
+def _time_to_target(per_job: dict, final: dict[str, float], target: float) -> float:
+    """When the first configuration whose final loss reaches ``target`` finished training
+    in full (not stopped early); inf if none did."""
+    times = [
+        v["finished"]
+        for jid, v in per_job.items()
+        if jid in final and final[jid] <= target and v["finished"] is not None and not v["stopped_early"]
+    ]
+    return min(times, default=math.inf)
+
+
+@dataclass(frozen=True)
+class PromotionSearchResult:
+    """ASHA in its promotion form (the algorithm as Li et al. wrote it, for workers on a
+    plain cluster): each configuration trains one segment (to its next rung) at a time."""
+
+    policy: str
+    configs: int
+    gpus: int
+    eta: int
+    rungs: tuple[float, ...]
+    time_to_target_s: float
+    time_to_best_trained_s: float
+    target_loss: float
+    segments: int
+    trained_in_full: int
+    avg_time_to_first_feedback_s: float
+    sim: SimResult
+
+    def to_dict(self) -> dict:
+        return {
+            "policy": self.policy,
+            "searcher": "asha-promotion",
+            "configs": self.configs,
+            "gpus": self.gpus,
+            "eta": self.eta,
+            "rungs": [round(r, 5) for r in self.rungs],
+            "time_to_target_s": round(self.time_to_target_s, 3)
+            if math.isfinite(self.time_to_target_s)
+            else None,
+            "time_to_best_trained_s": round(self.time_to_best_trained_s, 3)
+            if math.isfinite(self.time_to_best_trained_s)
+            else None,
+            "target_loss": round(self.target_loss, 5),
+            "segments": self.segments,
+            "trained_in_full": self.trained_in_full,
+            "avg_time_to_first_feedback_s": round(self.avg_time_to_first_feedback_s, 3),
+        }
+
+
+class AshaPromotion:
+    """ASHA's promotion form over a fixed set of configurations: every configuration's
+    first segment (to the first rung) is submitted at once; when a segment ends at rung
+    ``k`` the configuration reports its loss there, and every configuration of rung ``k``
+    that is within the best ``1/eta`` of the results rung ``k`` has (``floor(n_k / eta)``
+    of them, best first) and not yet promoted gets its next segment submitted, at priority
+    ``k + 1`` (a scheduler runs promotions before fresh configurations: ASHA's worker rule,
+    "promote if possible, else start a new configuration"). A configuration past the last
+    rung trains to the end. Losses as :class:`AshaSearcher` (same draw for the same seed)."""
+
+    def __init__(self, final: dict[str, float], rungs: Sequence[float], eta: int, *, seed: int = 0,
+                 noise: float = 0.02, gap: float = 0.5) -> None:  # fmt: skip
+        base = AshaSearcher(final, rungs, eta, seed=seed, noise=noise, gap=gap)
+        self.loss, self.rungs, self.eta = base.loss, tuple(rungs), eta
+        self.results: list[list[tuple[float, str]]] = [[] for _ in self.rungs]
+        self.promoted: list[set[str]] = [set() for _ in self.rungs]
+        self.trained: dict[str, float] = {}  # configuration -> when it finished in full
+        self.submit = None  # bound to the simulator's
+
+    @staticmethod
+    def segment_id(config: str, k: int) -> str:
+        return f"{config}@{k}"
+
+    def on_segment_end(self, job_id: str, now: float) -> list[tuple[str, int]]:
+        """A segment ended: the (configuration, next segment) pairs to submit."""
+        config, k = job_id.rsplit("@", 1)
+        k = int(k)
+        if k == len(self.rungs):  # the last segment: trained in full
+            self.trained[config] = now
+            return []
+        self.results[k].append((self.loss[config][k], config))
+        ranked = sorted(self.results[k])
+        quota = len(ranked) // self.eta
+        out = []
+        for _loss, c in ranked[:quota]:
+            if c not in self.promoted[k]:
+                self.promoted[k].add(c)
+                out.append((c, k + 1))
+        return out
+
+
+def run_asha_promotion(
+    policy: Policy,
+    *,
+    gpus: int = 8,
+    per_node: int = 8,
+    n_configs: int = 81,
+    eta: int = 3,
+    min_fraction: float = 1.0 / 81.0,
+    duration_s: float = 3600.0,
+    seed: int = 0,
+    noise: float = 0.02,
+    perf: PerfModel | None = None,
+    costs: CostModel | None = None,
+    tick_s: float = 30.0,
+    model: str = HP_MODEL,
+    target_quantile: float = TARGET_QUANTILE,
+) -> PromotionSearchResult:
+    """The same search as :func:`run_hp_search` (same configurations, losses, rungs and
+    target) with ASHA's promotion form (:class:`AshaPromotion`): the stronger searcher for
+    a plain cluster, where a configuration holds a device only for one segment at a time."""
+    _, final = hp_search_trace(n_configs, model=model, duration_s=duration_s, seed=seed)
+    target = target_loss(final, target_quantile)
+    rungs = asha_rungs(eta, min_fraction)
+    bounds = (0.0, *rungs, 1.0)
+    search = AshaPromotion(final, rungs, eta, seed=seed, noise=noise)
+
+    def segment(config: str, k: int, at: float, priority: int) -> TraceJob:
+        return TraceJob(
+            job_id=AshaPromotion.segment_id(config, k),
+            submit_time=at,
+            devices=1,
+            duration_s=(bounds[k + 1] - bounds[k]) * duration_s,
+            model=model,
+            priority=priority,
+        )
+
+    first = [segment(c, 0, 0.0, 0) for c in sorted(final)]
+    sim = Simulator(
+        policy, first, ClusterSpec.for_gpus(gpus, per_node), perf=perf, costs=costs, tick_s=tick_s
+    )
+
+    def ended(job_id: str, now: float) -> None:
+        for c, k in search.on_segment_end(job_id, now):
+            sim.submit(segment(c, k, now, k))
+
+    sim.on_finish = ended
+    res = sim.run()
+    best = min(final, key=final.get)
+    reached = [t for c, t in search.trained.items() if final[c] <= target]
+    # first feedback of a configuration: its first segment's
+    ttff = [
+        v["first_feedback"] - v["submit"]
+        for jid, v in res.per_job.items()
+        if jid.endswith("@0") and v["first_feedback"] is not None
+    ]
+    return PromotionSearchResult(
+        policy=res.policy,
+        configs=n_configs,
+        gpus=res.gpus,
+        eta=eta,
+        rungs=rungs,
+        time_to_target_s=min(reached, default=math.inf),
+        time_to_best_trained_s=search.trained.get(best, math.inf),
+        target_loss=target,
+        segments=len(res.per_job),
+        trained_in_full=len(search.trained),
+        avg_time_to_first_feedback_s=sum(ttff) / len(ttff) if ttff else 0.0,
+        sim=res,
     )
 
 

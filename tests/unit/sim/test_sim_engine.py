@@ -73,7 +73,10 @@ class Recording:
 
     def decide(self, view):
         out = self.inner.decide(view)
-        self.calls.append((view, out))
+        # a copy: the simulator's views are exact while the policy is called (a holding
+        # job's attained service moves with the clock, docs/scheduler-sim.md, "Performance")
+        d = cluster_view_to_dict(view)
+        self.calls.append((cluster_view_from_dicts(d["now"], d["devices"], d["jobs"]), out))
         return out
 
 

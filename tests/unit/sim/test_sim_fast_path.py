@@ -8,11 +8,12 @@ hundred jobs must give the same decisions, in the same order, and bit-identical 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
-from microco.services.scheduler.policy import DeviceView, JobPhase, make_policy
+from microco.services.scheduler.policy import ClusterView, DeviceView, JobPhase, JobView, make_policy
 from microco.services.scheduler.policy import _gandiva as G
 from microco.services.scheduler.policy._types import HOLDING_PHASES, WAITING_PHASES
 from microco.services.scheduler.sim import ClusterSpec, PerfModel, Simulator, TraceJob
@@ -89,12 +90,16 @@ def _ref_may_act(self, view, n_dev):
 
 
 class _RefSimulator(Simulator):
-    """Every job's view built afresh at every decision; utilisation summed over all devices."""
+    """Every job's view built afresh at every decision as a plain snapshot, in a plain
+    ClusterView (no index: the policy passes over every job); utilisation summed over all
+    devices."""
 
     def view(self):
+        views = []
         for j in self.active.values():
-            j.view = None
-        return super().view()
+            v = self._build_view(j)
+            views.append(JobView(**{f.name: getattr(v, f.name) for f in dataclasses.fields(JobView)}))
+        return ClusterView(now=self.now, devices=self.devices, jobs=tuple(views))
 
     def _aggregate(self):
         util, alloc = 0.0, 0
