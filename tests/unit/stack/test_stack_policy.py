@@ -67,10 +67,22 @@ def test_json_text_settings_are_passed_as_given(tmp_path: Path) -> None:
         sched.core.agents.close()
 
 
+def test_an_unknown_policy_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Checked when the command line is read (the policy registry is loaded only then: simple
+    commands start without it), so nothing starts."""
+    with pytest.raises(SystemExit) as info:
+        _up(tmp_path, "--policy", "tiresias")
+    assert info.value.code == 2
+    assert (
+        "argument --policy: invalid choice: 'tiresias' (choose from fifo, gandiva, las)"
+        in capsys.readouterr().err
+    )
+    assert not (tmp_path / "home").exists()
+
+
 @pytest.mark.parametrize(
     "flags,needle",
     [
-        (("--policy", "tiresias"), "unknown policy 'tiresias'; available: fifo, gandiva, las"),
         (("--policy", "las", "--policy-config", '{"quantum_s": 5}'), "has no option"),
         (("--policy-config", '{"quantum_s": "ten"}'), "must be a number"),
         (("--policy-config", "quantum_s=5"), "not JSON"),
