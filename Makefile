@@ -42,7 +42,7 @@ up: install
 
 test: install browser
 	$(PY) protos/generate.py --check
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 $(PYTEST_ARGS)
 
 # Lint and types: ruff's rules and formatting, mypy over every package (strict on microco.common).
 lint: install
