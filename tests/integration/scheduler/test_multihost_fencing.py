@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+import grpc
 import pytest
 from _netns import NetnsBed, unavailable
 from _support import issued, wait_until
@@ -124,9 +125,19 @@ def test_a_host_cut_off_fences_its_job_which_moves_to_another_host(bed, tmp_path
         what="b rejoins",
     )
     assert rec["epoch"] and not _alive(pid_b)
-    back = _procs(sb, "j1")
-    assert back is None or back.state == agent_pb2.PROCESS_STATE_EXITED
+    # A fresh channel: the old one to b is in gRPC's reconnect back-off after the cut.
+    sb = agent_pb2_grpc.NodeAgentServiceStub(dial(rec["address"], identity=scheduler))
+    back = wait_until(lambda: _answers(sb, "j1"), timeout=30, what="b's agent answers again")
+    assert back[0] is None or back[0].state == agent_pb2.PROCESS_STATE_EXITED
     kv.close()
+
+
+def _answers(stub, job_id):
+    """``(process or None,)`` once the agent answers, else None (to retry)."""
+    try:
+        return (_procs(stub, job_id),)
+    except grpc.RpcError:
+        return None
 
 
 def _kv(endpoint):

@@ -213,32 +213,39 @@ def test_mp_spawn_ranks_park_together_and_their_checkpointed_exit_is_recognised(
     """``mp.spawn`` (no launcher environment): its parent exits 1 when a child exits 75; the
     ranks' records make the agent's verdict "checkpointed" anyway."""
     need_torch()
+    script = tmp_path / "spawn_job.py"
+    script.write_text(SPAWN_JOB)
+    _park_resume_stop_two_ranks([sys.executable, str(script)], tmp_path)  # mp.spawn's 1 for a child's 75
+
+
+def _park_resume_stop_two_ranks(cmd: list[str], tmp_path, extra_env: dict[str, str] | None = None) -> None:
+    """Run a 2-rank job under its launcher with a control directory and no scheduler: suspend
+    parks both ranks, resume continues, stop checkpoints both at one step and exits; the launcher
+    exits 1, and the ranks' records make the agent's verdict "checkpointed"."""
     from microco.clients.scheduler import ControlChannel
     from microco.clients.scheduler._ranks import classify_exit
 
-    script = tmp_path / "spawn_job.py"
-    script.write_text(SPAWN_JOB)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MICROCO_", "RANK", "WORLD_SIZE"))}
+    drop = ("MICROCO_", "RANK", "WORLD_SIZE", "ACCELERATE_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env.update(MICROCO_CONTROL_DIR=str(tmp_path / "ctl"), MICROCO_CHECKPOINT_DIR=str(tmp_path / "ckpt"))
-    p = subprocess.Popen(
-        [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    env.update(extra_env or {})
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         ch = ControlChannel(tmp_path / "ctl")
-        ch.wait_status(lambda s: s["step"] >= 5, 120)
+        ch.wait_status(lambda s: s["step"] >= 5, 180)
         st = ch.wait_ack(ch.send("suspend"), 60)
         assert st["state"] == "parked"
         ch.wait_ack(ch.send("resume"), 60)
         ch.wait_status(lambda s: s["step"] >= st["step"] + 3, 60)
         ch.send("stop")
-        out, _ = p.communicate(timeout=60)
+        out, _ = p.communicate(timeout=120)
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
-    assert p.returncode == 1, out  # mp.spawn's own code for a child that exited 75
+    assert p.returncode == 1, out
     recs = read_records(tmp_path / "ctl")
-    assert [(r["rank"], r["state"]) for r in recs] == [(0, "checkpointed"), (1, "checkpointed")]
+    assert [(r["rank"], r["state"]) for r in recs] == [(0, "checkpointed"), (1, "checkpointed")], out[-2000:]
     assert recs[0]["step"] == recs[1]["step"]
     code, msg = classify_exit(p.returncode, tmp_path / "ctl", out)
     assert code == 75 and msg == f"checkpointed at step {recs[0]['step']} (the launcher exited with 1)"
@@ -273,38 +280,9 @@ def test_accelerate_launch_ranks_park_together_and_their_checkpointed_exit_is_re
     "checkpointed". (Accelerate's multi-CPU launcher is mpirun, not run here.)"""
     need_torch()
     pytest.importorskip("accelerate")
-    from microco.clients.scheduler import ControlChannel
-    from microco.clients.scheduler._ranks import classify_exit
-
     script = tmp_path / "accelerate_job.py"
     script.write_text(ACCELERATE_JOB)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("MICROCO_", "RANK", "WORLD_SIZE", "ACCELERATE_"))
-    }
-    env.update(MICROCO_CONTROL_DIR=str(tmp_path / "ctl"), MICROCO_CHECKPOINT_DIR=str(tmp_path / "ckpt"))
-    env.update(HF_HOME=str(tmp_path / "hf"))  # no user's accelerate config is read
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script)]
-    p = subprocess.Popen(launch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        ch = ControlChannel(tmp_path / "ctl")
-        ch.wait_status(lambda s: s["step"] >= 5, 180)
-        st = ch.wait_ack(ch.send("suspend"), 60)
-        assert st["state"] == "parked"
-        ch.wait_ack(ch.send("resume"), 60)
-        ch.wait_status(lambda s: s["step"] >= st["step"] + 3, 60)
-        ch.send("stop")
-        out, _ = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    assert p.returncode == 1, out  # torchrun's code when a rank exits 75
-    recs = read_records(tmp_path / "ctl")
-    assert [(r["rank"], r["state"]) for r in recs] == [(0, "checkpointed"), (1, "checkpointed")], out[-2000:]
-    assert recs[0]["step"] == recs[1]["step"]
-    code, msg = classify_exit(p.returncode, tmp_path / "ctl", out)
-    assert code == 75 and msg == f"checkpointed at step {recs[0]['step']} (the launcher exited with 1)"
-    assert (tmp_path / "ckpt" / "checkpoint").exists()
+    # torchrun exits 1 when a rank exits 75; HF_HOME: no user's accelerate config is read
+    _park_resume_stop_two_ranks(launch, tmp_path, {"HF_HOME": str(tmp_path / "hf")})
