@@ -4,6 +4,7 @@ process); services add their own beside these with the ``microco_<system>_`` pre
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
@@ -31,6 +32,10 @@ SERVICE_UP = Gauge("microco_service_up", "1 while the service is serving", ["ser
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6  # a host like "::" (prometheus_client's server did the same)
 
 
 class _Quiet(WSGIRequestHandler):
@@ -64,6 +69,7 @@ def health_app(ready: Callable[[], bool]) -> Callable[..., Iterable[bytes]]:
 def serve_metrics(host: str, port: int, ready: Callable[[], bool] = lambda: True) -> tuple[Any, int]:
     """Start the HTTP endpoint (``/metrics``, ``/healthz``, ``/readyz``) in a daemon thread;
     returns (server, bound port)."""
-    server = make_server(host, port, health_app(ready), _Server, handler_class=_Quiet)
+    server_class = _Server6 if ":" in host else _Server
+    server = make_server(host, port, health_app(ready), server_class, handler_class=_Quiet)
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server, server.server_port
