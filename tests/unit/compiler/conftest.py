@@ -11,3 +11,13 @@ def _host_compile_costs(tmp_path, monkeypatch):
     monkeypatch.setenv("MICROCO_COMPILE_COSTS", str(tmp_path / "compile_costs.json"))
     # and an empty record of tuned configurations (the wrappers' default explorer is on disk)
     monkeypatch.setenv("MICROCO_COMPILER_STATE", str(tmp_path / "compiler_state.json"))
+
+
+@pytest.fixture(autouse=True)
+def _steady_load(monkeypatch):
+    """One machine load for the whole test: a committed thread count is re-validated when the
+    load read from /proc/loadavg moves between runs, which on a shared CI machine depends on what
+    runs beside the test. Tests of that re-validation set the load themselves."""
+    from microco.clients.compiler import _session
+
+    monkeypatch.setattr(_session, "runnable_threads", lambda: 1)
