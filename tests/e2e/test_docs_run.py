@@ -164,6 +164,19 @@ def _user_env(tmp: Path) -> dict[str, str]:
     return env
 
 
+def _troubles(logs: Path, most: int = 30) -> str:
+    """The lines of the platform's logs that say what went wrong (short lines first in a
+    failure's message: a CI summary keeps only the start of long ones)."""
+    bad = re.compile(r"exited|error|Error|Traceback|not healthy|giving up|refused|in use")
+    lines = [
+        f"{log.name}: {line.strip()[:300]}"
+        for log in sorted(logs.glob("*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+        if bad.search(line)
+    ]
+    return "\n".join(lines[-most:]) or f"(nothing in {logs})"
+
+
 @pytest.mark.e2e
 @pytest.mark.slow  # a platform brought up and down per document, and real training jobs
 @pytest.mark.parametrize("doc", _runnable_docs(), ids=lambda p: str(p.relative_to(REPO)))
@@ -181,7 +194,10 @@ def test_doc_commands_run(doc: Path, tmp_path: Path) -> None:
             timeout=DOC_TIMEOUT_S,
         )
         said = f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
-        assert proc.returncode == 0, f"{doc.name}: a command failed (exit {proc.returncode})\n{said}"
+        assert proc.returncode == 0, (
+            f"{doc.name}: a command failed (exit {proc.returncode})\n"
+            f"--- what the platform's logs say went wrong\n{_troubles(stack.parent / 'logs')}\n{said}"
+        )
         assert "Traceback" not in proc.stdout + proc.stderr, said
         assert not stack.exists(), f"{doc.name} left the platform running (no `microco down`)"
     finally:

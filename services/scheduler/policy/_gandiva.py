@@ -1029,8 +1029,10 @@ class GandivaPolicy:
                 continue
             if view.now - j.last_change_at < cfg.quantum_s - _EPS:
                 continue
-            if j.grown_from and len(j.devices) > len(j.grown_from) and not j.minibatch_ms_settled:
-                continue  # the last grow is not judged yet
+            if not j.minibatch_ms_settled:
+                # nothing to judge a grow against yet: its time at this size, measured wholly
+                # (after a grow: the grow is not judged yet)
+                continue
             cap = j.max_devices if j.max_devices is not None else j.devices_wanted * cfg.grow_max_factor
             if j.max_useful_devices is not None:
                 cap = min(cap, j.max_useful_devices - 1)

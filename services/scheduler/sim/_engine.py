@@ -789,6 +789,8 @@ class Simulator:
             devices=j.devices,
             attained_service_s=j.attained + held,
             minibatch_ms=observed,
+            # the simulator's mini-batch times are exact: settled as soon as the job runs
+            minibatch_ms_settled=observed if j.devices and j.rate > 0 else None,
             minibatch_ms_alone=j.mb_alone_ms if j.first_feedback is not None else None,
             steps_done=int(done / j.work * j.total_steps),
             total_steps=j.total_steps,

@@ -59,6 +59,10 @@ def job_record(view: JobView, node_of: Mapping[str, str]) -> JobRecord:
         if view.grown_from is None
         else GrowTrial(tuple(view.grown_from), view.minibatch_ms_before_grow),
         max_useful_devices=view.max_useful_devices,
+        step_at_change=view.steps_done,
+        settled_ms=None
+        if view.minibatch_ms_settled is None
+        else (view.steps_done, view.minibatch_ms_settled),
     )
 
 

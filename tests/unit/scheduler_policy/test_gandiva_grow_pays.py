@@ -5,6 +5,8 @@ Synthetic observations (no timing)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from microco.services.scheduler.policy import (
     ClusterView,
     DeviceView,
@@ -67,20 +69,31 @@ def test_a_small_gain_below_the_keep_ratio_is_undone():
     assert decide(grown(9.5), grow_keep_ratio=1.0, grow_max_factor=2) == []
 
 
+def test_a_job_is_grown_only_once_its_time_at_its_size_is_measured():
+    # a grow is judged against the time before it: with none measured yet, there would be
+    # nothing to judge it against, and a grow that did not pay would stay (a bug once seen live)
+    unmeasured = JobView(
+        id="e", devices_wanted=1, elastic=True, state=R, devices=("n0/0",), last_change_at=0.0
+    )
+    assert decide(unmeasured) == []
+    (d,) = decide(replace(unmeasured, minibatch_ms=10.0, minibatch_ms_settled=10.0))
+    assert isinstance(d, Resize) and len(d.devices) == 2
+
+
 def test_a_size_that_did_not_pay_is_not_grown_to_again():
-    job = JobView(id="e", devices_wanted=1, elastic=True, state=R, devices=("n0/0",), last_change_at=0.0)
-    (d,) = decide(job)
-    assert isinstance(d, Resize) and len(d.devices) == 2  # grows when nothing says otherwise
-    capped = JobView(
+    job = JobView(
         id="e",
         devices_wanted=1,
         elastic=True,
         state=R,
         devices=("n0/0",),
         last_change_at=0.0,
-        max_useful_devices=2,
+        minibatch_ms=10.0,
+        minibatch_ms_settled=10.0,
     )
-    assert decide(capped) == []
+    (d,) = decide(job)
+    assert isinstance(d, Resize) and len(d.devices) == 2  # grows when nothing says otherwise
+    assert decide(replace(job, max_useful_devices=2)) == []
 
 
 def test_the_fields_come_from_a_stored_record():

@@ -199,7 +199,17 @@ def test_gandiva_grow_and_shrink() -> None:
     idle = ClusterView(
         now=100.0,
         devices=devices(1, 4),
-        jobs=(job("e", state=R, elastic=True, devices=("n0g0",), last_change_at=0),),
+        jobs=(
+            job(
+                "e",
+                state=R,
+                elastic=True,
+                devices=("n0g0",),
+                last_change_at=0,
+                minibatch_ms=10.0,
+                minibatch_ms_settled=10.0,
+            ),
+        ),
     )
     (g,) = make_policy("gandiva").decide(idle)
     assert isinstance(g, Resize) and len(g.devices) == 2

@@ -58,7 +58,16 @@ def test_gandiva_does_not_grow_a_job_without_the_hook():
             now=1000.0,
             devices=devs,
             jobs=(
-                JobView(id="a", devices_wanted=1, elastic=True, state=R, devices=("n0/0",), preemptible=pre),
+                JobView(
+                    id="a",
+                    devices_wanted=1,
+                    elastic=True,
+                    state=R,
+                    devices=("n0/0",),
+                    preemptible=pre,
+                    minibatch_ms=10.0,
+                    minibatch_ms_settled=10.0,
+                ),
             ),
         )
 
