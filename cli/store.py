@@ -23,6 +23,7 @@ examples:
   microco store query orders --join lineitem --on o_orderkey=l_orderkey --group-by o_orderpriority --agg sum:l_quantity
   microco store sql "select o_orderpriority, count(*) n from orders group by o_orderpriority order by n desc"
   microco store nodes ; microco store recovery --watch
+  microco store grant orders bob ; microco store grants orders ; microco store revoke orders bob
 """
 
 
@@ -108,6 +109,18 @@ def register(sub: Any) -> None:
         help="verify every extent's checksum (corrupt ones get rebuilt) and delete orphan extent files",
     )
     sc.set_defaults(func=cmd_scrub)
+
+    for name, fn, hlp in (
+        ("grant", cmd_grant, "let USER (and their jobs) read TABLE: its owner or an administrator"),
+        ("revoke", cmd_revoke, "withdraw USER's grant to read TABLE"),
+    ):
+        g = s.add_parser(name, help=hlp)
+        g.add_argument("table")
+        g.add_argument("user", help="a user's name (alice, or user:alice)")
+        g.set_defaults(func=fn)
+    gs = s.add_parser("grants", help="who owns TABLE and whom it is shared with")
+    gs.add_argument("table")
+    gs.set_defaults(func=cmd_grants)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 
@@ -404,3 +417,24 @@ def cmd_scrub(args: argparse.Namespace) -> int:
     if rep["orphans_deleted"]:
         print(f"deleted {len(rep['orphans_deleted'])} orphan extent files ({rep['orphan_bytes']} bytes)")
     return 0
+
+
+def _print_grants(g: dict[str, Any]) -> int:
+    owner = f"user {g['owner']}" if g["owner"] else "none (a platform table: every caller reads it)"
+    print(f"table {g['table']}: owner {owner}; shared with: {', '.join(g['users']) or 'nobody'}")
+    return 0
+
+
+def cmd_grant(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        return _print_grants(c.grant_read(args.table, args.user))
+
+
+def cmd_revoke(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        return _print_grants(c.revoke_read(args.table, args.user))
+
+
+def cmd_grants(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        return _print_grants(c.table_grants(args.table))

@@ -192,6 +192,21 @@ class StoreClient(ServiceClient):
     def drop_table(self, name: str, *, timeout: float | None = None) -> None:
         self._call(self._stub.DropTable, pb.DropTableRequest(name=name), timeout=timeout, idempotent=True)
 
+    def grant_read(self, table: str, user: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """Let ``user`` (and their jobs) read ``table``: its owner's or an administrator's call.
+        Returns the table's grants: ``{"table", "owner", "users"}``."""
+        req = pb.TableGrantRequest(table=table, user=user)
+        return _grants(self._call(self._stub.GrantTableRead, req, timeout=timeout, idempotent=True))
+
+    def revoke_read(self, table: str, user: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """Withdraw ``user``'s grant on ``table`` (also from tickets already handed out)."""
+        req = pb.TableGrantRequest(table=table, user=user)
+        return _grants(self._call(self._stub.RevokeTableRead, req, timeout=timeout, idempotent=True))
+
+    def table_grants(self, table: str, *, timeout: float | None = None) -> dict[str, Any]:
+        req = pb.ListTableGrantsRequest(table=table)
+        return _grants(self._call(self._stub.ListTableGrants, req, timeout=timeout, idempotent=True))
+
     def get_table(
         self, name: str, *, placement: bool = False, timeout: float | None = None
     ) -> dict[str, Any]:
@@ -404,6 +419,10 @@ class StoreClient(ServiceClient):
             yield from self._stub.Query(req, timeout=timeout or max(self.default_timeout, 600))
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
+
+
+def _grants(g: pb.TableGrants) -> dict[str, Any]:
+    return {"table": g.table, "owner": g.owner, "users": list(g.users)}
 
 
 def _query_json(query: Frame | dict[str, Any] | str) -> str:

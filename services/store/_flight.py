@@ -215,7 +215,9 @@ class StoreFlightServer(flight.FlightServerBase):
 
     def _check_read_grant(self, context: Any, req: dict[str, Any]) -> None:
         """Extents are read by the store's services freely, by anyone else with a ticket the
-        coordinator (or a node's get_flight_info) signed for them after checking the table."""
+        coordinator (or a node's get_flight_info) signed for them after checking the table, and
+        only while they may still read it (a grant withdrawn stops the reads of tickets handed
+        out before)."""
         name, _admin = flight_caller(context)
         if not name or self.identity is None:
             return  # plaintext: insecure development mode
@@ -223,6 +225,9 @@ class StoreFlightServer(flight.FlightServerBase):
         if kind == "service" and who in (COORDINATOR, NODE_SERVICE):
             return
         check_grant(self.identity.ca_pem, req, name)
+        table = req.get("table")
+        if self.kv is not None and isinstance(table, str) and not self._reader(context)(table):
+            raise PermissionDenied(f"{name} may no longer read table {short(table)}")
 
     def do_action(self, context, action):
         from ._core import node_action

@@ -308,6 +308,25 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
         gc = self.core.collect_garbage()
         return pb.ScrubResponse(corrupt=bad, orphans_deleted=gc["deleted"], orphan_bytes=gc["bytes"])
 
+    # ------------------------------------------------------------ sharing (docs/security.md)
+    def _grants_pb(self, table: str) -> pb.TableGrants:
+        return pb.TableGrants(table=table, owner=self.owners.owner(table), users=self.owners.grants(table))
+
+    def GrantTableRead(self, request, context):
+        self.core.catalog.table_record(request.table)  # NotFound for a table that is not there
+        self.owners.grant(caller(context), request.table, request.user)
+        return self._grants_pb(request.table)
+
+    def RevokeTableRead(self, request, context):
+        self.core.catalog.table_record(request.table)
+        self.owners.revoke(caller(context), request.table, request.user)
+        return self._grants_pb(request.table)
+
+    def ListTableGrants(self, request, context):
+        self.owners.check_read(caller(context), [request.table])
+        self.core.catalog.table_record(request.table)
+        return self._grants_pb(request.table)
+
 
 class RecoveryLoop:
     """Rebuilds lost extents in the background: woken when a store node's registration vanishes

@@ -209,3 +209,27 @@ class ScrubResponse(_message.Message):
     orphans_deleted: _containers.RepeatedScalarFieldContainer[str]
     orphan_bytes: int
     def __init__(self, corrupt: _Optional[_Iterable[str]] = ..., orphans_deleted: _Optional[_Iterable[str]] = ..., orphan_bytes: _Optional[int] = ...) -> None: ...
+
+class TableGrantRequest(_message.Message):
+    __slots__ = ("table", "user")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    user: str
+    def __init__(self, table: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
+
+class ListTableGrantsRequest(_message.Message):
+    __slots__ = ("table",)
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    def __init__(self, table: _Optional[str] = ...) -> None: ...
+
+class TableGrants(_message.Message):
+    __slots__ = ("table", "owner", "users")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    owner: str
+    users: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, table: _Optional[str] = ..., owner: _Optional[str] = ..., users: _Optional[_Iterable[str]] = ...) -> None: ...

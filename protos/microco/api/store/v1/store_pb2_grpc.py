@@ -94,6 +94,21 @@ class StoreCoordinatorServiceStub:
                 request_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubRequest.SerializeToString,
                 response_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubResponse.FromString,
                 _registered_method=True)
+        self.GrantTableRead = channel.unary_unary(
+                '/microco.api.store.v1.StoreCoordinatorService/GrantTableRead',
+                request_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.TableGrantRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.TableGrants.FromString,
+                _registered_method=True)
+        self.RevokeTableRead = channel.unary_unary(
+                '/microco.api.store.v1.StoreCoordinatorService/RevokeTableRead',
+                request_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.TableGrantRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.TableGrants.FromString,
+                _registered_method=True)
+        self.ListTableGrants = channel.unary_unary(
+                '/microco.api.store.v1.StoreCoordinatorService/ListTableGrants',
+                request_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ListTableGrantsRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.TableGrants.FromString,
+                _registered_method=True)
 
 
 class StoreCoordinatorServiceServicer:
@@ -177,6 +192,26 @@ class StoreCoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GrantTableRead(self, request, context):
+        """Sharing a table (docs/security.md): its owner or an administrator lets another user (and
+        that user's jobs) read it, or withdraws that; the answer is the table's grants after it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeTableRead(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTableGrants(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StoreCoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -239,6 +274,21 @@ def add_StoreCoordinatorServiceServicer_to_server(servicer, server):
                     servicer.Scrub,
                     request_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubRequest.FromString,
                     response_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubResponse.SerializeToString,
+            ),
+            'GrantTableRead': grpc.unary_unary_rpc_method_handler(
+                    servicer.GrantTableRead,
+                    request_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.TableGrantRequest.FromString,
+                    response_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.TableGrants.SerializeToString,
+            ),
+            'RevokeTableRead': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeTableRead,
+                    request_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.TableGrantRequest.FromString,
+                    response_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.TableGrants.SerializeToString,
+            ),
+            'ListTableGrants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTableGrants,
+                    request_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ListTableGrantsRequest.FromString,
+                    response_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.TableGrants.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -565,6 +615,87 @@ class StoreCoordinatorService:
             '/microco.api.store.v1.StoreCoordinatorService/Scrub',
             microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubRequest.SerializeToString,
             microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GrantTableRead(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/microco.api.store.v1.StoreCoordinatorService/GrantTableRead',
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.TableGrantRequest.SerializeToString,
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.TableGrants.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeTableRead(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/microco.api.store.v1.StoreCoordinatorService/RevokeTableRead',
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.TableGrantRequest.SerializeToString,
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.TableGrants.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTableGrants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/microco.api.store.v1.StoreCoordinatorService/ListTableGrants',
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.ListTableGrantsRequest.SerializeToString,
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.TableGrants.FromString,
             options,
             channel_credentials,
             insecure,
