@@ -113,18 +113,20 @@ class EtcdAuth:
     def close(self) -> None:
         self._channel.close()
 
-    def _call(self, method: str, request: Any, exists_ok: bool = True) -> None:
+    def _call(self, method: str, request: Any, exists_ok: bool = True, missing_ok: bool = False) -> Any:
         import grpc
 
         from .errors import Unavailable
 
         try:
             rpc = self._user_add if method == "UserAdd" else getattr(self._stub, method)
-            rpc(request, timeout=10)
+            return rpc(request, timeout=10)
         except grpc.RpcError as exc:
             detail = exc.details() or ""
             if exists_ok and ("already exists" in detail or "already granted" in detail):
-                return
+                return None
+            if missing_ok and "not found" in detail:
+                return None
             raise Unavailable(f"etcd {method}: {exc.code().name} {detail}") from None
 
     def add_role(self, role: str, prefixes: list[tuple[str, int]]) -> None:
@@ -144,6 +146,17 @@ class EtcdAuth:
         raw = rpc_pb2.AuthUserAddRequest(name=name).SerializeToString() + b"\x1a\x02\x08\x01"
         self._call("UserAdd", raw)
         self._call("UserGrantRole", rpc_pb2.AuthUserGrantRoleRequest(user=name, role=role))
+
+    def users(self) -> list[str]:
+        from pyetcd.etcdrpc import rpc_pb2
+
+        return list(self._call("UserList", rpc_pb2.AuthUserListRequest()).users)
+
+    def delete_user(self, name: str) -> None:
+        """Remove etcd user ``name`` (nothing when there is none)."""
+        from pyetcd.etcdrpc import rpc_pb2
+
+        self._call("UserDelete", rpc_pb2.AuthUserDeleteRequest(name=name), missing_ok=True)
 
     def enable(self) -> None:
         from pyetcd.etcdrpc import rpc_pb2
@@ -176,17 +189,47 @@ class EtcdAuth:
         self.add_user(name, role_of(name, admin))
 
 
-def add_job_user(kv: Any, job_id: str) -> None:
-    """Make ``job:<job_id>`` an etcd user (the scheduler, before it starts the job), when this
-    process runs against an etcd with roles (``MICROCO_ETCD_ROLES``); else nothing."""
+def _auth_for(kv: Any) -> EtcdAuth | None:
+    """An ``EtcdAuth`` on ``kv``'s etcd as this process, when that etcd has roles
+    (``MICROCO_ETCD_ROLES``); else ``None``."""
     if not os.environ.get(ENV_ETCD_ROLES) or not hasattr(kv, "address"):
-        return
+        return None
     from .identity import current
 
     me = current()
     if me is None:
+        return None
+    return EtcdAuth(kv.address.split(",")[0], me)
+
+
+def remove_job_users(kv: Any, keep: set[str] | frozenset[str]) -> list[str]:
+    """Delete the etcd users of jobs not in ``keep`` (the scheduler's garbage collection, with
+    the ids of the jobs that have not ended): a job's etcd user goes when the job ends, and one
+    left behind (a scheduler that died in between) on the next collection. Returns the names
+    deleted; nothing without roles."""
+    auth = _auth_for(kv)
+    if auth is None:
+        return []
+    gone = []
+    try:
+        for name in auth.users():
+            kind, _, subject = name.partition(":")
+            if kind == "job" and subject not in keep:
+                auth.delete_user(name)
+                gone.append(name)
+    finally:
+        auth.close()
+    if gone:
+        log.info("removed the etcd users of %d ended jobs", len(gone))
+    return gone
+
+
+def add_job_user(kv: Any, job_id: str) -> None:
+    """Make ``job:<job_id>`` an etcd user (the scheduler, before it starts the job), when this
+    process runs against an etcd with roles (``MICROCO_ETCD_ROLES``); else nothing."""
+    auth = _auth_for(kv)
+    if auth is None:
         return
-    auth = EtcdAuth(kv.address.split(",")[0], me)
     try:
         auth.add_identity(f"job:{job_id}")
     finally:

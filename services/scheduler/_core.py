@@ -33,6 +33,7 @@ from microco.clients.agent import AgentDirectory
 from microco.clients.cache import job_datasets
 from microco.clients.scheduler import PhasePublisher
 from microco.common.errors import Aborted, FailedPrecondition, MicrocoError
+from microco.common.etcd_roles import remove_job_users
 from microco.common.kv import KV
 
 from . import _history as H
@@ -151,6 +152,13 @@ class SchedulerCore:
         """Every record change of the selected jobs (all when empty), starting with their current state."""
         return self.store.watch(job_ids, active, poll_s)
 
+    def _remove_job_users(self, jobs: dict[str, JobRecord]) -> None:
+        """The etcd users of ended jobs go (docs/security.md; nothing without etcd roles)."""
+        try:
+            remove_job_users(self.store.kv, {j for j, rec in jobs.items() if not rec.terminal})
+        except MicrocoError as exc:
+            log.warning("removing the etcd users of ended jobs failed: %s", exc)
+
     # ================================================================== leader: the loop
     def tick(self) -> list[Decision]:
         with self._lock, M.TICK.time():
@@ -177,6 +185,7 @@ class SchedulerCore:
         if ended or self._last_gc is None or now - self._last_gc >= self.gc_interval_s:
             self._last_gc = now
             self.io.collect_garbage(list(jobs.values()), now, self.failed_retention_s, self.log_retention_s)
+            self._remove_job_users(jobs)
 
         for job_id in list(jobs):
             if jobs[job_id].operator is not None and self.is_leader():

@@ -86,3 +86,60 @@ def test_each_identity_reaches_only_its_own_prefixes(etcd_with_roles):
     # a certificate whose name etcd does not know gets nothing; an administrator everything
     assert denied(client(ep, "user:mallory"), "get", "/microco/services/cache/c-1")
     assert client(ep, "user:root", admin=True).get("/microco/store/catalog/t")[0] == b"{}"
+
+
+def test_an_ended_jobs_etcd_user_is_removed(etcd_with_roles, monkeypatch):
+    """The scheduler adds ``job:<id>`` to etcd before starting the job; its garbage
+    collection deletes the users of jobs that have ended (or that it does not know)."""
+    from microco.common import identity
+    from microco.common.etcd_roles import ENV_ETCD_ROLES, add_job_user, remove_job_users
+    from microco.common.kv import EtcdKV
+
+    ep = etcd_with_roles
+    monkeypatch.setenv(ENV_ETCD_ROLES, "1")
+    identity.use(issued("service:scheduler"))
+    kv = EtcdKV(ep)
+    try:
+        add_job_user(kv, "j-live")
+        add_job_user(kv, "j-done")
+        assert client(ep, "job:j-done").get("/microco/services/cache/c-1") is not None
+        assert remove_job_users(kv, {"j-live", "j-1"}) == ["job:j-done"]
+        assert denied(client(ep, "job:j-done"), "get", "/microco/services/cache/c-1")
+        assert client(ep, "job:j-live").get("/microco/services/cache/c-1") is not None
+        assert remove_job_users(kv, {"j-live", "j-1"}) == []  # nothing left to remove
+    finally:
+        identity.use(None)
+        kv.close()
+
+
+def test_the_scheduler_removes_job_users_once_a_job_ends(monkeypatch):
+    """The tick's garbage collection hands the ids of the jobs still alive to
+    ``remove_job_users``, at once when a job ends."""
+    from microco.common.kv import MemoryKV
+    from microco.services.scheduler import SchedulerCore
+    from microco.services.scheduler import _core as core_module
+    from microco.services.scheduler.policy import make_policy
+
+    calls: list[set[str]] = []
+    monkeypatch.setattr(core_module, "remove_job_users", lambda kv, keep: calls.append(set(keep)) or [])
+    kv = MemoryKV()
+    kv.put_json(
+        "/microco/nodes/n1",
+        {
+            "name": "n1",
+            "address": "127.0.0.1:1",
+            "devices": [{"id": "n1/0", "node": "n1", "index": 0, "kind": "virtual", "model": "virtual-cpu"}],
+        },
+    )
+    core = SchedulerCore(kv, make_policy("fifo"), check_commands=False, gc_interval_s=1e9)
+    from microco.clients.scheduler import make_spec
+    from microco.services.scheduler import spec_from_pb
+
+    job = core.submit(spec_from_pb(make_spec(["true"], devices=1, user="alice")))
+    core.tick()
+    assert calls and job.id in calls[-1]  # the first collection: the job is alive
+    calls.clear()
+    core.cancel(job.id)
+    core.tick()
+    assert core.get(job.id).terminal
+    assert calls and job.id not in calls[-1]
