@@ -4,12 +4,18 @@ image and command of the deployment comes from this repository):
     python -m microco.services.stack etcd --host 0.0.0.0 --port 2379 --advertise-host etcd --data-dir /data
     python -m microco.services.stack redis --host 0.0.0.0 --port 6379 --data-dir /data --password-file /pki/redis.password
     python -m microco.services.stack pki --data-dir /pki --service scheduler --service agent --admin alice
+    python -m microco.services.stack etcd-roles --data-dir /pki --etcd etcd:2379 --service scheduler --admin alice
 
 ``pki`` creates the CA (``<data-dir>/ca``, once), a credentials file per service
 (``<data-dir>/services/<name>.pem``, identity ``service:<name>``), the administrators' credentials
 (``<data-dir>/users/<name>.pem``) and the Redis password (``<data-dir>/redis.password``); it keeps
 what exists. etcd's certificate names the hosts it is dialled by (etcd, etcd.microco.svc) and is
 also written as separate files, ``<data-dir>/etcd/{cert,key,ca}.pem``, for the official etcd image.
+
+``etcd-roles`` turns on the authentication of a running etcd with the roles ``microco up`` sets up
+(``microco.common.etcd_roles``): a user per ``--service`` and ``--admin``, each in its role, as
+``service:stack``, issued from the CA in ``<data-dir>/ca`` (or ``--ca-dir``). It waits for etcd (``--timeout``) and
+may run again (compose's and Kubernetes' one-shot: docs/security.md).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("server", choices=["etcd", "redis", "pki"])
+    parser.add_argument("server", choices=["etcd", "redis", "pki", "etcd-roles"])
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=0, help="etcd and redis: required")
     parser.add_argument("--peer-port", type=int, default=2380, help="etcd only")
@@ -36,12 +42,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--password-file", type=Path, default=None, help="redis only: require this password")
     parser.add_argument(
-        "--service", action="append", default=[], help="pki only: issue service:NAME (repeat)"
+        "--service",
+        action="append",
+        default=[],
+        help="pki: issue service:NAME; etcd-roles: its etcd user (repeat)",
     )
     parser.add_argument(
-        "--admin", action="append", default=[], help="pki only: issue admin user:NAME (repeat)"
+        "--admin",
+        action="append",
+        default=[],
+        help="pki: issue admin user:NAME; etcd-roles: its etcd user (repeat)",
+    )
+    parser.add_argument(
+        "--etcd",
+        default=os.environ.get("MICROCO_ETCD", ""),
+        help="etcd-roles only: the etcd to set up, host:port (default $MICROCO_ETCD)",
+    )
+    parser.add_argument(
+        "--ca-dir",
+        type=Path,
+        default=None,
+        help="etcd-roles only: the CA's directory (default <data-dir>/ca)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="etcd-roles only: seconds to wait for etcd"
     )
     args = parser.parse_args(argv)
+    if args.server == "etcd-roles":
+        if not args.etcd:
+            parser.error("etcd-roles needs --etcd (or MICROCO_ETCD)")
+        ca = args.ca_dir or args.data_dir / "ca"
+        return set_up_etcd_roles(args.etcd, ca, args.service, args.admin, args.timeout)
     args.data_dir.mkdir(parents=True, exist_ok=True)
     if args.server == "pki":
         return make_pki(args.data_dir, args.service, args.admin)
@@ -89,6 +120,40 @@ def make_pki(directory: Path, services: list[str], admins: list[str]) -> int:
             ca.issue(f"user:{name}", admin=True, days=365).write(path)
     _redis_password(directory / "redis.password")
     print(f"PKI in {directory}: {len(services)} services, {len(admins)} administrators")
+    return 0
+
+
+def set_up_etcd_roles(
+    endpoint: str, ca_dir: Path, services: list[str], admins: list[str], timeout_s: float = 300.0
+) -> int:
+    """What ``microco up`` does to the etcd it starts (``StackPki.set_up_etcd_roles``), for an
+    etcd started by someone else: its users and roles, and authentication on. Idempotent."""
+    import time
+
+    from microco.common.errors import MicrocoError
+    from microco.common.etcd_roles import EtcdAuth
+    from microco.common.identity import CertificateAuthority
+
+    try:
+        ca = CertificateAuthority.load(ca_dir)
+    except MicrocoError as exc:
+        print(f"etcd roles not set up: {exc}", file=sys.stderr)
+        return 1
+    me = ca.issue("service:stack", days=1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        auth = EtcdAuth(endpoint.split(",")[0], me)
+        try:
+            auth.set_up(sorted(set(services) | {"stack"}), sorted({f"user:{a}" for a in admins}))
+            break
+        except MicrocoError as exc:
+            if time.monotonic() >= deadline:
+                print(f"etcd roles not set up on {endpoint}: {exc}", file=sys.stderr)
+                return 1
+            time.sleep(2.0)  # etcd not up yet (a container started first)
+        finally:
+            auth.close()
+    print(f"etcd roles on {endpoint}: {len(services)} services, {len(admins)} administrators")
     return 0
 
 

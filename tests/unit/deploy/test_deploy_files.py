@@ -8,11 +8,13 @@ microco command they run is an entry point that accepts exactly those arguments.
 from __future__ import annotations
 
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -47,7 +49,7 @@ def k8s_containers() -> list[dict]:
     out = []
     for doc in k8s_docs():
         spec = doc.get("spec", {}).get("template", {}).get("spec", {})
-        out += spec.get("containers", [])
+        out += spec.get("initContainers", []) + spec.get("containers", [])
     return out
 
 
@@ -77,15 +79,22 @@ def test_compose_runs_the_platform_and_waits_on_health() -> None:
     assert services["redis"]["image"].startswith("redis:7.")
     ours = microco_services()
     assert set(ours) == set(services) - {"etcd", "redis"}
+    one_shots = {"pki", "etcd-roles"}
     for name, svc in ours.items():
         assert svc["build"]["dockerfile"] == "deploy/docker/Dockerfile"
-        if name == "pki":
+        assert svc["depends_on"].get("pki", {}) == (
+            {} if name == "pki" else {"condition": "service_completed_successfully"}
+        )
+        if name in one_shots:
             continue
         assert svc["depends_on"]["etcd"] == {"condition": "service_healthy"}, name
         assert svc["depends_on"]["redis"] == {"condition": "service_healthy"}, name
-        assert svc["depends_on"]["pki"] == {"condition": "service_completed_successfully"}, name
+        # etcd's roles are on before any service starts, and the scheduler adds its jobs' users
+        assert svc["depends_on"]["etcd-roles"] == {"condition": "service_completed_successfully"}, name
+        assert svc["environment"]["MICROCO_ETCD_ROLES"] == "1", name
+    assert services["etcd-roles"]["depends_on"]["etcd"] == {"condition": "service_healthy"}
     for name, svc in services.items():
-        if name != "pki":
+        if name not in one_shots:
             assert svc["healthcheck"]["test"], name
     # The same store-node count as `microco up`, each its own fault domain.
     nodes = [argv_of(s["command"]) for n, s in ours.items() if n.startswith("store-node-")]
@@ -99,6 +108,54 @@ def test_compose_runs_the_platform_and_waits_on_health() -> None:
     cache_dir = ours["cache"]["command"][ours["cache"]["command"].index("--data-dir") + 1]
     assert any(v.startswith("cache-data:") for v in ours["cache"]["volumes"])
     assert f"cache-data:{cache_dir}:ro" in ours["agent"]["volumes"]
+
+
+def _flag_values(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def _roles_commands() -> list[list[str]]:
+    cmds = [c["command"] for c in k8s_containers() if c["command"][3:4] == ["etcd-roles"]]
+    assert len(cmds) == 1  # the scheduler's init container
+    return [compose()["services"]["etcd-roles"]["command"], *cmds]
+
+
+def test_etcd_gets_the_roles_of_every_identity_the_pki_issues() -> None:
+    """Compose and Kubernetes set up etcd's roles like `microco up`: a user for each service and
+    administrator the pki job issues credentials to (docs/security.md), as service:stack from
+    the CA; the services are told (MICROCO_ETCD_ROLES) so the scheduler adds its jobs' users."""
+    pki = compose()["services"]["pki"]["command"]
+    for cmd in _roles_commands():
+        assert cmd[:4] == ["python", "-m", "microco.services.stack", "etcd-roles"], cmd
+        assert sorted(_flag_values(cmd, "--service")) == sorted(_flag_values(pki, "--service"))
+        assert _flag_values(cmd, "--admin") == _flag_values(pki, "--admin")
+    roles = compose()["services"]["etcd-roles"]
+    assert "pki-ca:/pki/ca:ro" in roles["volumes"] and "--etcd" in roles["command"]
+    [env] = [d for d in k8s_docs() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "microco-env"]
+    assert env["data"]["MICROCO_ETCD_ROLES"] == "1"
+    [sched] = [d for d in _workloads() if d["metadata"]["name"] == "scheduler"]
+    pod = sched["spec"]["template"]["spec"]
+    [init] = pod["initContainers"]
+    ca_dir = init["command"][init["command"].index("--ca-dir") + 1]
+    [mount] = [m for m in init["volumeMounts"] if m["mountPath"] == ca_dir]
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"]}
+    assert secrets[mount["name"]] == "microco-ca"
+
+
+def _etcd_as(endpoint: str, ident: Any) -> Any:
+    import pyetcd
+
+    from microco.common.identity import SERVICE_NAME, channel_credentials
+
+    host, port = endpoint.rsplit(":", 1)
+    ep = pyetcd.Endpoint(
+        host,
+        int(port),
+        secure=True,
+        creds=channel_credentials(ident),
+        opts=[("grpc.ssl_target_name_override", SERVICE_NAME)],
+    )
+    return pyetcd.MultiEndpointEtcd3Client(endpoints=[ep], timeout=5)
 
 
 def _pki(tmp: Path) -> Path:
@@ -144,6 +201,25 @@ def test_compose_etcd_command_and_healthcheck_work_with_mutual_tls(tmp_path: Pat
         no_cert = [a for a in health if not a.startswith(("--cert=", "--key="))] + ["--command-timeout=3s"]
         refused = subprocess.run(no_cert, capture_output=True, text=True, timeout=60, check=False)
         assert refused.returncode != 0, refused.stdout
+        # the etcd-roles job's command on it: etcd's authentication on, the healthcheck still healthy
+        from microco.common.identity import CertificateAuthority
+        from microco.services.stack.__main__ import main
+
+        roles = compose()["services"]["etcd-roles"]["command"][3:]
+        roles[roles.index("--etcd") + 1] = f"127.0.0.1{ports[':2379']}"
+        ca = tmp_path / "ca-only"  # the roles job sees the CA alone (the pki-ca volume)
+        shutil.copytree(pki / "ca", ca / "ca")
+        roles[roles.index("--data-dir") + 1] = str(ca)
+        assert main(roles) == 0
+        assert main(roles) == 0  # a second run (a restarted stack) changes nothing
+        assert subprocess.run(health, capture_output=True, timeout=30, check=False).returncode == 0
+        ep = f"127.0.0.1{ports[':2379']}"
+        issue = CertificateAuthority.load(pki / "ca").issue
+        _etcd_as(ep, issue("service:cache")).put("/microco/cache/x", b"1")
+        _etcd_as(ep, issue("user:admin", admin=True)).put("/microco/store/catalog/t", b"{}")
+        for who, key in (("service:cache", "/microco/store/catalog/t"), ("user:nobody", "/microco/cache/x")):
+            with pytest.raises(Exception, match="(?i)permission denied|not found"):
+                _etcd_as(ep, issue(who)).get(key)
     finally:
         proc.kill()
         proc.wait()
