@@ -114,28 +114,26 @@ def _flag_values(argv: list[str], flag: str) -> list[str]:
     return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
 
 
-def _roles_commands() -> list[list[str]]:
-    cmds = [c["command"] for c in k8s_containers() if c["command"][3:4] == ["etcd-roles"]]
-    assert len(cmds) == 1  # the scheduler's init container
-    return [compose()["services"]["etcd-roles"]["command"], *cmds]
-
-
 def test_etcd_gets_the_roles_of_every_identity_the_pki_issues() -> None:
     """Compose and Kubernetes set up etcd's roles like `microco up`: a user for each service and
     administrator the pki job issues credentials to (docs/security.md), as service:stack from
     the CA; the services are told (MICROCO_ETCD_ROLES) so the scheduler adds its jobs' users."""
-    pki = compose()["services"]["pki"]["command"]
-    for cmd in _roles_commands():
+    services, docs = compose()["services"], k8s_docs()
+    pods = [d["spec"]["template"]["spec"] for d in docs if "template" in d.get("spec", {})]
+    inits = [c for p in pods for c in p.get("initContainers", []) if c["command"][3:4] == ["etcd-roles"]]
+    assert len(inits) == 1  # the scheduler's init container
+    pki = services["pki"]["command"]
+    for cmd in (services["etcd-roles"]["command"], inits[0]["command"]):
         assert cmd[:4] == ["python", "-m", "microco.services.stack", "etcd-roles"], cmd
         assert sorted(_flag_values(cmd, "--service")) == sorted(_flag_values(pki, "--service"))
         assert _flag_values(cmd, "--admin") == _flag_values(pki, "--admin")
-    roles = compose()["services"]["etcd-roles"]
+    roles = services["etcd-roles"]
     assert "pki-ca:/pki/ca:ro" in roles["volumes"] and "--etcd" in roles["command"]
-    [env] = [d for d in k8s_docs() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "microco-env"]
+    [env] = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "microco-env"]
     assert env["data"]["MICROCO_ETCD_ROLES"] == "1"
-    [sched] = [d for d in _workloads() if d["metadata"]["name"] == "scheduler"]
-    pod = sched["spec"]["template"]["spec"]
-    [init] = pod["initContainers"]
+    [pod] = [p for p in pods if inits[0] in p.get("initContainers", [])]
+    assert pod["containers"][0]["name"] == "scheduler"
+    init = inits[0]
     ca_dir = init["command"][init["command"].index("--ca-dir") + 1]
     [mount] = [m for m in init["volumeMounts"] if m["mountPath"] == ca_dir]
     secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"]}
