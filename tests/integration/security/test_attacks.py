@@ -477,7 +477,7 @@ def test_a_node_hands_out_flight_endpoints_only_for_readable_tables(tmp_path):
         server.shutdown()
 
 
-def test_an_owner_shares_a_table_with_another_user_and_withdraws_it(platform):
+def test_an_owner_shares_a_table_with_another_user_and_withdraws_it(platform, capsys):
     """``GrantTableRead``: the owner (or an administrator) lets another user, and that user's
     jobs, read a table; nobody else may grant; every read path follows the grant and its
     withdrawal."""
@@ -534,6 +534,16 @@ def test_an_owner_shares_a_table_with_another_user_and_withdraws_it(platform):
             bad()
     assert alice.revoke_read("alice_s", "bob")["users"] == ["carol"]
     assert not may_read(bob) and not may_read(client(f"job:{bob_job.id}"))
+    # the CLI, as this process's administrator
+    from microco.cli import main
+
+    for argv, line in (
+        (["grant", "alice_s", "erin"], "owner user alice; shared with: carol, erin"),
+        (["revoke", "alice_s", "user:erin"], "shared with: carol"),
+        (["grants", "alice_s"], "table alice_s: owner user alice; shared with: carol"),
+    ):
+        assert main(["store", "--coordinator", platform["store"], *argv]) == 0
+        assert line in capsys.readouterr().out
     # a table dropped and made again by someone else does not inherit the grants
     alice.drop_table("alice_s")
     client("user:dave").create_table("alice_s", schema, replicas)
