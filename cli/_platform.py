@@ -191,11 +191,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     print_table(stack_rows(stack))
     _say(f"up in {time.monotonic() - t0:.1f}s; etcd {stack.etcd_endpoint}, redis {stack.redis_url}")
     _say(f"scheduling policy: {describe_policy(opts.policy, opts.policy_config)}")
-    console = next((c for c in stack.children if c.spec.name == "console" and c.record), None)
+    console = next((c.record for c in stack.children if c.spec.name == "console" and c.record), None)
     if console:
-        _say(
-            f"console: http://{console.record.address}/ (sign in with the token `microco console token` prints)"
-        )
+        _say(f"console: http://{console.address}/ (sign in with the token `microco console token` prints)")
     try:
         if args.demo:
             from microco.examples.demo import run_demo

@@ -49,7 +49,7 @@ class AgentDirectory:
         with self._lock:
             if address not in self._stubs:
                 ch = dial(address)
-                self._stubs[address] = (ch, agent_pb2_grpc.NodeAgentServiceStub(ch))
+                self._stubs[address] = (ch, agent_pb2_grpc.NodeAgentServiceStub(ch))  # type: ignore[no-untyped-call]
             return self._stubs[address][1]
 
     def list_processes(self, address: str) -> list[agent_pb2.ProcessStatus]:
@@ -77,7 +77,10 @@ class AgentDirectory:
             job_id=job_id, command=command, env=env, device_ids=devices, workdir=workdir, attempt=attempt
         )
         # Idempotent on the agent for the same (job, attempt), so a retry is safe.
-        return call_with_retry(self._stub(address).StartProcess, req, timeout=self.timeout_s, idempotent=True)
+        status: agent_pb2.ProcessStatus = call_with_retry(
+            self._stub(address).StartProcess, req, timeout=self.timeout_s, idempotent=True
+        )
+        return status
 
     def control(self, address: str, job_id: str, action: str, devices: list[str] | None = None) -> Any:
         req = agent_pb2.ControlProcessRequest(
@@ -98,9 +101,10 @@ class AgentDirectory:
     ) -> agent_pb2.CollectGarbageResponse:
         req = agent_pb2.CollectGarbageRequest(keep_job_ids=keep, keep_logs_job_ids=list(keep_logs))
         # Idempotent: the same keep set deletes nothing more the second time.
-        return call_with_retry(
+        resp: agent_pb2.CollectGarbageResponse = call_with_retry(
             self._stub(address).CollectGarbage, req, timeout=self.timeout_s, idempotent=True
         )
+        return resp
 
     def read_log(
         self,

@@ -228,7 +228,7 @@ def _grads(outs: Any, wrt: list[torch.Tensor], grads: tuple[Any, ...]) -> tuple[
 
 
 def _guarded_call(runner: _GraphRunner, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    return _GuardedGraph.apply(runner, fn, *args)
+    return _GuardedGraph.apply(runner, fn, *args)  # type: ignore[no-untyped-call]
 
 
 _registered = False

@@ -179,7 +179,9 @@ class BackgroundCompiler:
         if cancelled:
             return
         if proc.returncode != 0 or entry["error"]:
-            log.warning("background compile failed (%s); the trial compiles in line", entry["error"][-300:])
+            log.warning(
+                "background compile failed (%s); the trial compiles in line", str(entry["error"])[-300:]
+            )
         # Done either way: a failed background compile leaves the compile to the trial, in line,
         # where a failure falls back to eager and fails the trial, as without background compiles.
         self._done.add(values_id(values))

@@ -31,7 +31,7 @@ class RemoteExplorer(ServiceClient):
 
     def __init__(self, channel: Any, default_timeout: float = 2.0) -> None:
         super().__init__(channel, default_timeout)
-        self._stub = pb_grpc.CompilerServiceStub(channel)
+        self._stub = pb_grpc.CompilerServiceStub(channel)  # type: ignore[no-untyped-call]
         self._redial: Callable[[], Any] | None = None
 
     @classmethod
@@ -68,7 +68,7 @@ class RemoteExplorer(ServiceClient):
         old: Any = getattr(self, "_channel")  # noqa: B009 - the base class types it loosely
         channel = self._redial()
         old.close()
-        self._channel, self._stub = channel, pb_grpc.CompilerServiceStub(channel)
+        self._channel, self._stub = channel, pb_grpc.CompilerServiceStub(channel)  # type: ignore[no-untyped-call]
 
     def register(self, spec: GraphSpec, *, timeout: float | None = None) -> Config:
         """Start or resume an exploration. On UNAVAILABLE, re-dials once (rediscovering the service
@@ -94,7 +94,10 @@ class RemoteExplorer(ServiceClient):
         )
 
     def get_graph(self, key: str, *, timeout: float | None = None) -> pb.GraphState:
-        return self._call(self._stub.GetGraph, pb.GetGraphRequest(key=key), timeout=timeout, idempotent=True)
+        state: pb.GraphState = self._call(
+            self._stub.GetGraph, pb.GetGraphRequest(key=key), timeout=timeout, idempotent=True
+        )
+        return state
 
     def list_graphs(self, *, timeout: float | None = None) -> list[pb.GraphState]:
         resp = self._call(self._stub.ListGraphs, pb.ListGraphsRequest(), timeout=timeout, idempotent=True)

@@ -69,10 +69,12 @@ class AotRegion:
             # Plain "inductor" leaves Inductor's configuration as the user set it.
             autotune = self.compiler == "inductor-autotune"
             with config.patch(max_autotune=True) if autotune else contextlib.nullcontext():
-                return compile_fx_inner(g, example)
+                compiled: Callable[[list[Any]], Any] = compile_fx_inner(g, example)
+                return compiled
         from functorch.compile import make_boxed_func
 
-        return make_boxed_func(g.forward)  # "aot-eager": the decomposed graphs, uncompiled
+        boxed: Callable[[list[Any]], Any] = make_boxed_func(g.forward)  # "aot-eager": uncompiled graphs
+        return boxed
 
     def _build(self, flat: list[Any], spec: Any) -> None:
         from functorch.compile import aot_function, min_cut_rematerialization_partition
@@ -197,7 +199,7 @@ def _rebuild(structure: Any, outs: Any) -> Any:
 
 def _make_function(
     fw: Callable[[list[Any]], Any], bw: Callable[[list[Any]], Any], n_out: int, diff_idx: list[int]
-):
+) -> type[torch.autograd.Function]:
     class _Region(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, *flat: Any) -> Any:  # runs with grad mode off

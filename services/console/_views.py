@@ -14,7 +14,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from microco.common.errors import InvalidArgument, MicrocoError, NotFound
@@ -622,7 +622,7 @@ def store_query(gw: Gateway, query: dict[str, Any], limit_rows: int, explain_onl
     first: dict[str, Any] = {}
     parts = store.query_pb(query, timeout=max(gw.config.rpc_timeout_s, 60.0))
 
-    def chunks() -> Iterator[bytes]:
+    def chunks() -> Generator[bytes, None, None]:
         for k, part in enumerate(parts):
             if k == 0:
                 first.update(_unfold_json(to_dict(part)))

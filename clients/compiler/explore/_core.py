@@ -259,7 +259,8 @@ class Exploration:
         vid = _values_id(b.values)
         for r in reversed(self.confirm_log):
             if r.get("values") == vid and r.get("confirmed"):
-                return r
+                found: dict[str, Any] = r
+                return found
         return None
 
     @property

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 
 class LSTMCell(nn.Module):
@@ -21,7 +21,7 @@ class LSTMCell(nn.Module):
         self.wi, self.wf, self.wg, self.wo = (nn.Linear(input_size, hidden) for _ in range(4))
         self.ui, self.uf, self.ug, self.uo = (nn.Linear(hidden, hidden, bias=False) for _ in range(4))
 
-    def forward(self, x, state):
+    def forward(self, x: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
         h, c = state
         i = torch.sigmoid(self.wi(x) + self.ui(h))
         f = torch.sigmoid(self.wf(x) + self.uf(h))
@@ -43,7 +43,7 @@ class MILSTMCell(nn.Module):
         self.beta1 = nn.Parameter(torch.full((4, hidden), 0.5))
         self.beta2 = nn.Parameter(torch.full((4, hidden), 0.5))
 
-    def forward(self, x, state):
+    def forward(self, x: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
         h, c = state
         wx = (self.wi(x), self.wf(x), self.wg(x), self.wo(x))
         uh = (self.ui(h), self.uf(h), self.ug(h), self.uo(h))
@@ -65,7 +65,7 @@ class GRUCell(nn.Module):
         self.wr, self.wz, self.wn = (nn.Linear(input_size, hidden) for _ in range(3))
         self.ur, self.uz, self.un = (nn.Linear(hidden, hidden, bias=False) for _ in range(3))
 
-    def forward(self, x, state):
+    def forward(self, x: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
         (h,) = state
         r = torch.sigmoid(self.wr(x) + self.ur(h))
         z = torch.sigmoid(self.wz(x) + self.uz(h))
@@ -83,7 +83,7 @@ class LayerNormLSTMCell(nn.Module):
         self.ui, self.uf, self.ug, self.uo = (nn.Linear(hidden, hidden, bias=False) for _ in range(4))
         self.lni, self.lnf, self.lng, self.lno, self.lnc = (nn.LayerNorm(hidden) for _ in range(5))
 
-    def forward(self, x, state):
+    def forward(self, x: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
         h, c = state
         i = torch.sigmoid(self.lni(self.wi(x) + self.ui(h)))
         f = torch.sigmoid(self.lnf(self.wf(x) + self.uf(h)))
@@ -104,7 +104,7 @@ class SRUCell(nn.Module):
         self.vf = nn.Parameter(torch.zeros(hidden))
         self.vr = nn.Parameter(torch.zeros(hidden))
 
-    def forward(self, x, state):
+    def forward(self, x: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
         (c,) = state
         f = torch.sigmoid(self.wf(x) + self.vf * c)
         r = torch.sigmoid(self.wr(x) + self.vr * c)
@@ -140,7 +140,7 @@ class RecurrentClassifier(nn.Module):
         )
         self.head = nn.Linear(hidden, classes)
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         seq = x
         for cell in self.cells:
             zeros = seq.new_zeros(seq.shape[1], self.hidden)
@@ -150,18 +150,21 @@ class RecurrentClassifier(nn.Module):
                 h, state = cell(seq[t], state)
                 outs.append(h)
             seq = torch.stack(outs)
-        return self.head(seq[-1])
+        logits: Tensor = self.head(seq[-1])
+        return logits
 
 
 def make_model(
     cell: str, input_size: int = 32, hidden: int = 64, layers: int = 1, classes: int = 10, seed: int = 0
-):
+) -> RecurrentClassifier:
     """A zoo model with deterministic initial weights."""
     torch.manual_seed(seed)
     return RecurrentClassifier(cell, input_size, hidden, layers, classes)
 
 
-def synthetic_batch(steps: int, batch: int, input_size: int, classes: int = 10, seed: int = 0):
+def synthetic_batch(
+    steps: int, batch: int, input_size: int, classes: int = 10, seed: int = 0
+) -> tuple[Tensor, Tensor]:
     """A synthetic ``(x, y)`` batch: ``x`` ``[steps, batch, input_size]``, labels ``[batch]``."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(steps, batch, input_size, generator=g)
@@ -169,5 +172,5 @@ def synthetic_batch(steps: int, batch: int, input_size: int, classes: int = 10, 
     return x, y
 
 
-def loss_fn(logits, y):
+def loss_fn(logits: Tensor, y: Tensor) -> Tensor:
     return F.cross_entropy(logits, y)

@@ -542,13 +542,9 @@ class GandivaPolicy:
             hs = occ.holders[dev]
             if len(hs) < 2:
                 continue
-            ms = [jobs.get(h) for h in hs]
-            if any(
-                m is None
-                or m.state is not JobPhase.PACKED
-                or len(m.devices) != 1
-                or m.id in acted
-                or not m.preemptible
+            ms = [m for h in hs if (m := jobs.get(h)) is not None]
+            if len(ms) < len(hs) or any(
+                m.state is not JobPhase.PACKED or len(m.devices) != 1 or m.id in acted or not m.preemptible
                 for m in ms
             ):
                 continue
@@ -596,9 +592,9 @@ class GandivaPolicy:
             if not trial and sum(busy_fraction(m) for m in rest) + bw > cfg.pack_share_limit:
                 continue
             apart = not (cfg.dataset_affinity and w.dataset and any(m.dataset == w.dataset for m in rest))
-            key = (v.priority, apart, -v.attained_service_s, dev)
-            if best is None or key < best[0]:
-                best = (key, dev, v, rest)
+            rank = (v.priority, apart, -v.attained_service_s, dev)
+            if best is None or rank < best[0]:
+                best = (rank, dev, v, rest)
         if best is None:
             failed[key] = -math.inf if trial else min(bw, failed.get(key, math.inf))
             return False
@@ -913,10 +909,9 @@ class GandivaPolicy:
                     continue
                 slots.append((busy, dev, hs))
                 continue
-            members = [jobs.get(h) for h in hs]
-            if any(
-                r is None
-                or r.state is not (JobPhase.RUNNING if n == 1 else JobPhase.PACKED)
+            members = [m for h in hs if (m := jobs.get(h)) is not None]
+            if len(members) < len(hs) or any(
+                r.state is not (JobPhase.RUNNING if n == 1 else JobPhase.PACKED)
                 or len(r.devices) != 1
                 or r.id in acted
                 or now - r.last_change_at < cfg.pack_observe_s - _EPS
@@ -933,7 +928,9 @@ class GandivaPolicy:
         slots.sort(key=lambda x: (-x[0], x[1]))
         return slots
 
-    def _pack_target(self, slots: list, w: JobView, occ: Occupancy, jobs: dict[str, JobView] | None = None):
+    def _pack_target(
+        self, slots: list, w: JobView, occ: Occupancy, jobs: Mapping[str, JobView] | None = None
+    ):
         """The fullest device whose holders' busy fractions leave room for ``w`` (or, with
         ``pack_unprofiled``, a trial slot): (device, holder ids, reason), removed from
         ``slots``; None if there is none. With ``dataset_affinity`` a device whose holders
@@ -960,7 +957,7 @@ class GandivaPolicy:
                 return dev, members, "gandiva: pack, busy fractions fit one device"
         return self._trial_slot(slots, w, occ, jobs)
 
-    def _trial_slot(self, slots: list, w: JobView, occ: Occupancy, jobs: dict[str, JobView] | None = None):
+    def _trial_slot(self, slots: list, w: JobView, occ: Occupancy, jobs: Mapping[str, JobView] | None = None):
         """``pack_unprofiled``: the emptiest device held by a single job, for a
         never-profiled job, or None. (A trial joins one job only: a job assumed to fill its
         device is not tried against a pack already judged good.) With ``dataset_affinity``,
@@ -1050,7 +1047,7 @@ class GandivaPolicy:
                 return
 
 
-def _reads(jobs: dict[str, JobView], members: tuple[str, ...], dataset: str) -> bool:
+def _reads(jobs: Mapping[str, JobView], members: tuple[str, ...], dataset: str) -> bool:
     """Whether any of ``members`` reads ``dataset``."""
     return any((m := jobs.get(h)) is not None and m.dataset == dataset for h in members)
 

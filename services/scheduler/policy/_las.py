@@ -119,9 +119,10 @@ class LasPolicy:
                 break
             if w.state not in WAITING_PHASES or w.id in started or w.devices_wanted > n_free:
                 continue
-            devs = place(free, w.devices_wanted, allow_spread=cfg.allow_spread)
-            if devs is None:
+            fit = place(free, w.devices_wanted, allow_spread=cfg.allow_spread)
+            if fit is None:
                 continue
+            devs = fit
             occ.take(w.id, devs)
             free = occ.free_by_node()
             n_free -= len(devs)
