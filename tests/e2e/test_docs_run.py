@@ -8,7 +8,8 @@ Convention (also in docs/first-job.md, "Docs that run"):
 * with a fresh ``HOME`` (so ``~/.microco`` is new and no developer state leaks in), no
   ``MICROCO_ETCD`` / ``MICROCO_REDIS`` / ``MICROCO_HOME``, the platform's ``microco`` and
   ``python`` first on ``PATH`` (what "``.venv/bin`` on your PATH" gives), and the console on a
-  free port (``MICROCO_CONSOLE_PORT``, so a console already on 8080 does not collide);
+  port of its own choosing (``MICROCO_CONSOLE_PORT=0``, so a console already on 8080 does not
+  collide);
 * a document that starts the platform must stop it (a stack left running fails the test);
 * a block is skipped only when the line before its fence (blank lines aside) is
   ``<!-- docs-test: skip (why) -->`` with a reason: for what needs a GPU, Docker, the network
@@ -139,8 +140,6 @@ def _script(doc: Path) -> str:
 
 
 def _user_env(tmp: Path) -> dict[str, str]:
-    from microco.services.stack import free_port
-
     shims = tmp / "bin"
     shims.mkdir()
     # `microco` and `python` as `.venv/bin` on PATH gives them: this interpreter, this tree
@@ -159,7 +158,10 @@ def _user_env(tmp: Path) -> dict[str, str]:
     env.update(
         HOME=str(home),
         PATH=os.pathsep.join([str(shims), os.path.dirname(sys.executable), env.get("PATH", "")]),
-        MICROCO_CONSOLE_PORT=str(free_port()),
+        # 0: the console binds a free port itself. A port picked here and bound by the console
+        # seconds later could be taken meanwhile (a parallel test's stack binds and connects
+        # from ephemeral ports); `microco console open` reads where it listens from the stack.
+        MICROCO_CONSOLE_PORT="0",
     )
     return env
 
