@@ -142,12 +142,25 @@ class Catalog:
         """Every table's record, by name, in one read (what ``table_names`` reads anyway)."""
         return {k[len(TABLES) :]: json.loads(raw) for k, raw in self.kv.get_prefix(TABLES)}
 
+    def raw_table_records(self) -> list[tuple[str, bytes]]:
+        """Every table's name and raw record, in key order, in one read."""
+        return [(k[len(TABLES) :], raw) for k, raw in self.kv.get_prefix(TABLES)]
+
     def table(self, name: str, record: dict[str, Any] | None = None) -> TableInfo:
         """The table with its committed super-extents; ``record``: its record when just read
         (``table_records``), which saves reading it again."""
         rec = record if record is not None else self.table_record(name)[0]
+        return self.assemble(name, rec, [raw for _, raw in self.super_records(name)])
+
+    def super_records(self, name: str) -> list[tuple[str, bytes]]:
+        """The raw super-extent records of a table (committed or not), in key order."""
+        return self.kv.get_prefix(f"{SUPER}{name}/")
+
+    @staticmethod
+    def assemble(name: str, rec: dict[str, Any], super_raws: list[bytes]) -> TableInfo:
+        """The table of a record and its raw super-extent records (as ``table`` reads them)."""
         supers = {}
-        for _, raw in self.kv.get_prefix(f"{SUPER}{name}/"):
+        for raw in super_raws:
             s = SuperExtent.from_json(json.loads(raw))
             supers[s.id] = s
         committed = [supers[i] for i in rec["super_extents"] if i in supers]

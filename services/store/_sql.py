@@ -27,9 +27,10 @@ import datetime as dt
 import decimal
 import functools
 import logging
+import json
 import threading
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -39,8 +40,8 @@ from sqlglot import exp
 
 from microco.common.errors import InvalidArgument, NotFound, Unavailable
 
-from . import _exec
-from ._catalog import TableInfo
+from . import _exec, _plancache
+from ._catalog import Catalog, TableInfo
 from ._limits import MAX_SQL_BYTES, MAX_SQL_DEPTH, MAX_SQL_LIST, short
 from ._placement import REPLICAS
 from ._planner import Unit, _nodes_by_bytes, _score, cheapest_replica, pruned_partitions, replica_units
@@ -69,9 +70,12 @@ class SqlPlan:
     # seconds per phase of the run (plan, fragments, merge), once it ran: EXPLAIN's last line
     timings: dict[str, float] = field(default_factory=dict)
     nodes: dict[str, Any] = field(default_factory=dict)  # the live nodes it was planned on, by name
+    cached: bool = False  # reused from the plan cache (``_plancache``)
 
     def explain_text(self) -> str:
         lines = list(self.explain)
+        if self.cached:
+            lines.append("plan cache: reused (same SQL text, catalog version and live nodes)")
         if self.timings:
             lines.append("timings: " + ", ".join(f"{k} {v:.4f} s" for k, v in self.timings.items()))
         return "\n".join(lines)
@@ -245,8 +249,12 @@ def _constant(e: exp.Expression) -> Any:
         raise ValueError("not constant")
     text = e.sql(DIALECT)
     if any(not isinstance(f, (exp.Cast, exp.Interval)) for f in e.find_all(exp.Func)):
+        _volatile.seen = True  # a plan pruned by it is not kept in the plan cache
         return _folded.__wrapped__(text)  # current_date, random(): not memoised
     return _folded(text)
+
+
+_volatile = threading.local()  # .seen: this thread's planning folded a value that changes by itself
 
 
 @functools.lru_cache(maxsize=1024)
@@ -841,22 +849,86 @@ def run_fragment(inputs: dict[str, pa.Table], sql: str) -> pa.Table:
         con.close()
 
 
-def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan:  # type: ignore[assignment]
-    tree = parse(sql)
-    tables: dict[str, TableInfo] = {}
-    records: dict[str, dict[str, Any]] | None = None  # every table's record: one catalog read
-    for ref in table_refs(tree):
-        n = ref.name.lower()
-        if n not in tables:
-            records = core.catalog.table_records() if records is None else records
-            match = [x for x in records if x.lower() == n]
-            if not match:
-                raise NotFound(f"no table {short(ref.name)}")
-            tables[n] = core.catalog.table(match[0], records[match[0]])
+def referenced(sql: str) -> tuple[str, ...]:
+    """The lower-case names of the tables a SQL text reads (CTEs aside), in order: a pure function
+    of the text, kept by its normal form (``_plancache``) so a repeated query is not parsed again
+    (the permission check and a plan-cache hit need only these)."""
+    key = _plancache.text_key(sql)
+    names = _REFS.get(key)
+    if names is None:
+        names = _ref_names(parse(sql))
+        _REFS.put(key, names)
+    return names
+
+
+def _ref_names(tree: exp.Expression) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(r.name.lower() for r in table_refs(tree)))
+
+
+_REFS: _plancache.LRU[tuple[str, ...]] = _plancache.LRU(4096)
+
+
+@dataclass
+class _Cached:
+    refs: tuple[str, ...]
+    version: bytes
+    plan: SqlPlan
+
+
+def _snapshot(
+    core: StoreCore, refs: tuple[str, ...], exclude: set[str]
+) -> tuple[bytes, dict[str, tuple[str, bytes, list[bytes]]], str | None, list[Any]]:
+    """What a plan of ``refs`` is made from, read now, and its digest (the catalog version): each
+    table's raw record and super-extent records (by lower-case name), the first name that matches
+    no table (None when all do), and the live nodes less ``exclude``."""
+    records = core.catalog.raw_table_records()
+    parts: list[bytes | str] = []
+    found: dict[str, tuple[str, bytes, list[bytes]]] = {}
+    missing = None
+    for n in refs:
+        match = [(name, raw) for name, raw in records if name.lower() == n]
+        if not match:
+            missing = n
+            parts.append("\0missing " + n)
+            break
+        name, raw = match[0]
+        supers = [r for _, r in core.catalog.super_records(name)]
+        parts += [str(len(supers)), name, raw, *supers]
+        found[n] = (name, raw, supers)
     live = [n for n in core.live_nodes() if n.name not in exclude]
+    parts += [f"{n.name}\0{n.address}\0{n.domain}" for n in sorted(live, key=lambda x: x.name)]
+    parts.append(f"broadcast {BROADCAST_BYTES!r} {BROADCAST_SHARE!r}")  # the planner's settings
+    return _plancache.digest(*parts), found, missing, live
+
+
+def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan:  # type: ignore[assignment]
+    """The plan of ``sql``: from the core's plan cache when the same text was planned on the same
+    catalog version and live nodes (``_plancache``), else planned now (and kept)."""
+    cache: _plancache.LRU[_Cached] | None = getattr(core, "sql_plans", None)
+    key = _plancache.text_key(sql)
+    hit = cache.get(key) if cache is not None else None
+    tree = None
+    if hit is not None:
+        refs = hit.refs
+    else:
+        tree = parse(sql)
+        refs = _ref_names(tree)
+    version, found, missing, live = _snapshot(core, refs, exclude)
+    if hit is not None and hit.version == version:
+        return replace(
+            hit.plan, explain=list(hit.plan.explain), timings={}, nodes={n.name: n for n in live}, cached=True
+        )
+    if tree is None:
+        tree = parse(sql)
+    if missing is not None:
+        raise NotFound(f"no table {short(next(r.name for r in table_refs(tree) if r.name.lower() == missing))}")
+    tables = {n: Catalog.assemble(name, json.loads(raw), supers) for n, (name, raw, supers) in found.items()}
     if not live:
         raise Unavailable("no live store nodes")
     ctx = _Ctx(core, tree, tables, {n.name for n in live}, {n.name: n.address for n in live})
+    _volatile.seen = False
     plan = plan_sql(ctx)
     plan.nodes = {n.name: n for n in live}  # what the run calls: no second registry read
+    if cache is not None and not _volatile.seen:
+        cache.put(key, _Cached(refs, version, replace(plan, explain=list(plan.explain), timings={})))
     return plan
