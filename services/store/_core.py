@@ -31,8 +31,8 @@ from ._layout import ExtentMeta, assign_partitions, bucketed_extents, new_extent
 from ._limits import short
 from ._nodestore import CorruptExtent, NodeStore
 from ._partition import PartitionSpec
-from ._plancache import LRU
 from ._placement import NodeInfo, place_super_extent
+from ._plancache import LRU
 from ._planner import Plan, plan_query
 from ._query import Agg, Query
 from ._recovery import plan_recovery

@@ -26,8 +26,8 @@ import base64
 import datetime as dt
 import decimal
 import functools
-import logging
 import json
+import logging
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -876,11 +876,11 @@ class _Cached:
 
 
 def _snapshot(
-    core: StoreCore, refs: tuple[str, ...], exclude: set[str]
-) -> tuple[bytes, dict[str, tuple[str, bytes, list[bytes]]], str | None, list[Any]]:
-    """What a plan of ``refs`` is made from, read now, and its digest (the catalog version): each
-    table's raw record and super-extent records (by lower-case name), the first name that matches
-    no table (None when all do), and the live nodes less ``exclude``."""
+    core: StoreCore, refs: tuple[str, ...]
+) -> tuple[list[bytes | str], dict[str, tuple[str, bytes, list[bytes]]], str | None]:
+    """What a plan of ``refs`` is made from, read now: each table's raw record and super-extent
+    records (by lower-case name), and the first name that matches no table (None when all do);
+    with the parts of its digest."""
     records = core.catalog.raw_table_records()
     parts: list[bytes | str] = []
     found: dict[str, tuple[str, bytes, list[bytes]]] = {}
@@ -895,33 +895,49 @@ def _snapshot(
         supers = [r for _, r in core.catalog.super_records(name)]
         parts += [str(len(supers)), name, raw, *supers]
         found[n] = (name, raw, supers)
-    live = [n for n in core.live_nodes() if n.name not in exclude]
-    parts += [f"{n.name}\0{n.address}\0{n.domain}" for n in sorted(live, key=lambda x: x.name)]
-    parts.append(f"broadcast {BROADCAST_BYTES!r} {BROADCAST_SHARE!r}")  # the planner's settings
-    return _plancache.digest(*parts), found, missing, live
+    return parts, found, missing
 
 
 def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan:  # type: ignore[assignment]
     """The plan of ``sql``: from the core's plan cache when the same text was planned on the same
-    catalog version and live nodes (``_plancache``), else planned now (and kept)."""
+    catalog version and live nodes (``_plancache``), else planned now (and kept).
+
+    The catalog version is its token (``_catalog.VERSION``, written anew by every change), read
+    before anything the plan is made from, so a plan is never tagged newer than what it was made
+    of: a cache hit costs that one read and the node registry's. A catalog without a token
+    (written before there was one) is versioned by the digest of the raw records instead."""
     cache: _plancache.LRU[_Cached] | None = getattr(core, "sql_plans", None)
     key = _plancache.text_key(sql)
     hit = cache.get(key) if cache is not None else None
+    token = core.catalog.version()
+    live = [n for n in core.live_nodes() if n.name not in exclude]
+    env: list[bytes | str] = [
+        f"{n.name}\0{n.address}\0{n.domain}" for n in sorted(live, key=lambda x: x.name)
+    ]
+    env.append(f"broadcast {BROADCAST_BYTES!r} {BROADCAST_SHARE!r}")  # the planner's settings
     tree = None
     if hit is not None:
         refs = hit.refs
     else:
         tree = parse(sql)
         refs = _ref_names(tree)
-    version, found, missing, live = _snapshot(core, refs, exclude)
+    snap = None
+    if token is not None:
+        version = _plancache.digest(token, *refs, "\0", *env)
+    else:
+        snap = _snapshot(core, refs)
+        version = _plancache.digest(*snap[0], "\0", *env)
     if hit is not None and hit.version == version:
         return replace(
             hit.plan, explain=list(hit.plan.explain), timings={}, nodes={n.name: n for n in live}, cached=True
         )
     if tree is None:
         tree = parse(sql)
+    _parts, found, missing = snap if snap is not None else _snapshot(core, refs)
     if missing is not None:
-        raise NotFound(f"no table {short(next(r.name for r in table_refs(tree) if r.name.lower() == missing))}")
+        raise NotFound(
+            f"no table {short(next(r.name for r in table_refs(tree) if r.name.lower() == missing))}"
+        )
     tables = {n: Catalog.assemble(name, json.loads(raw), supers) for n, (name, raw, supers) in found.items()}
     if not live:
         raise Unavailable("no live store nodes")
