@@ -81,7 +81,7 @@ def sql_tables(catalog_names: list[str], sql: str) -> list[str]:
         by_lower.setdefault(n.lower(), n)  # the first match, as the planner takes it
     out: list[str] = []
     for ref in referenced(sql):
-        n = by_lower.get(ref)
-        if n is not None and n not in out:
-            out.append(n)
+        name = by_lower.get(ref)
+        if name is not None and name not in out:
+            out.append(name)
     return out
