@@ -178,3 +178,12 @@ def test_a_catalog_without_a_version_token_is_versioned_by_its_records(tmp_path:
     core.kv.put(key, json.dumps(rec).encode())
     got, plan = core.sql(sql)
     assert not plan.cached and got.to_pylist() == [{"s": 45}] and first["id"] not in json.dumps(plan.tasks)
+
+
+def test_a_kept_parse_is_handed_out_as_a_copy() -> None:
+    from microco.services.store._sql import parse, parsed
+
+    sql = "select a, sum(b) s from t where c = 1 group by a"
+    first = parsed(sql)
+    first.set("where", None)  # what a caller does to its tree is not seen by the next
+    assert parsed("select a,  sum(b) s from t where c = 1 group by a") == parse(sql)
