@@ -45,6 +45,23 @@ def generate(sf: float, out: Path) -> Path:
     return tpch_generate(sf, out)
 
 
+def parquet_schema(path: Path) -> Any:
+    """A Parquet file's schema as the store keeps it (``string_view`` as ``string``), read
+    without its rows: the file itself is appended batch by batch (``StoreClient.append(name,
+    path)``), so the benchmark holds one batch, not the table (scale factor 10 needs that)."""
+    import pyarrow.parquet as pq
+
+    from microco.services.store import to_plain_strings
+
+    return to_plain_strings(pq.read_schema(path).empty_table()).schema
+
+
+def parquet_rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return int(pq.ParquetFile(path).metadata.num_rows)
+
+
 def load_parquet(path: Path) -> Any:
     import pyarrow.parquet as pq
 
@@ -123,9 +140,9 @@ def tpch_queries(
     for name, reps in REPLICAS.items():
         if name in have:
             continue
-        t = load_parquet(data / f"{name}.parquet")
-        client.create_table(name, t.schema, [r.replace(":hash:4", f":hash:{P}") for r in reps])
-        client.append(name, t)
+        path = data / f"{name}.parquet"
+        client.create_table(name, parquet_schema(path), [r.replace(":hash:4", f":hash:{P}") for r in reps])
+        client.append(name, path)
     out = []
     for q, sql in sorted(TPCH.items()):
         row: dict[str, Any] = {
@@ -148,6 +165,7 @@ def tpch_queries(
                 a == b if "order by" in sql.lower() else sorted(a, key=repr) == sorted(b, key=repr)
             )
             row["store_over_duckdb"] = round(store_s / duck_s, 2)
+            row.update(fixed_cost(client, con, sql, TRIALS))
             if spark is not None:
                 spark_s = spark.time(sql, repeat)
                 if spark_s is not None:
@@ -158,6 +176,78 @@ def tpch_queries(
         _log(f"tpch q{q}: {row}")
         out.append(row)
     return out
+
+
+TRIALS = 3  # interleaved trials per query of the plan cache's before/after (medians reported)
+_NONCE = [0]
+
+
+def _uncached(sql: str) -> str:
+    """The same query as a text the plan cache has never seen (a leading block comment, which the
+    normal form keeps): it is parsed and planned anew, as every query was before the cache."""
+    _NONCE[0] += 1
+    return f"/* bench {os.getpid()}-{_NONCE[0]} */ {sql}"
+
+
+def fixed_cost(client: Any, con: Any, sql: str, trials: int) -> dict[str, Any]:
+    """The per-query fixed cost, and the plan cache's before/after, measured interleaved.
+
+    Each trial runs, in a rotating order: the query (its plan from the cache), the same query as a
+    new text (parsed and planned anew: the cost before the cache), DuckDB; and EXPLAIN of both
+    (the round trip and the planning, no data moved: the fixed cost a query pays before its data
+    move). Medians over the trials. From the cached run's phases: ``flight_overhead_s``, the
+    fragments' wall time less the slowest fragment's own read and run (the Flight round trips and
+    the coordinator's waiting), and ``client_overhead_s``, the run's time at the client less the
+    coordinator's (gRPC, the result's IPC)."""
+    import statistics
+
+    runs: dict[str, list[float]] = {
+        k: [] for k in ("cached", "uncached", "duckdb", "fixed", "fixed_uncached")
+    }
+    phases: list[dict[str, float]] = []
+    over: list[float] = []
+
+    def timed(fn: Any) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    steps = [
+        ("cached", lambda: client.sql(sql)),
+        ("uncached", lambda: client.sql(_uncached(sql))),
+        ("duckdb", lambda: con.sql(sql).to_arrow_table()),
+        ("fixed", lambda: client.explain_sql(sql)),
+        ("fixed_uncached", lambda: client.explain_sql(_uncached(sql))),
+    ]
+    for k in range(trials):
+        for name, fn in steps[k % len(steps) :] + steps[: k % len(steps)]:
+            took = timed(fn)
+            runs[name].append(took)
+            if name == "cached":
+                ph = _phases(client.last_plan.get("explain", ""))
+                phases.append(ph)
+                over.append(took - sum(ph.get(f"{p}_s", 0.0) for p in ("plan", "fragments", "merge")))
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    last = phases[-1] if phases else {}
+    return {
+        "store_median_s": round(med["cached"], 4),
+        "store_uncached_median_s": round(med["uncached"], 4),
+        "duckdb_median_s": round(med["duckdb"], 4),
+        "fixed_s": round(med["fixed"], 4),
+        "fixed_uncached_s": round(med["fixed_uncached"], 4),
+        "cached_plan_s": round(statistics.median(p.get("plan_s", 0.0) for p in phases), 4),
+        "flight_overhead_s": round(
+            max(
+                0.0,
+                last.get("fragments_s", 0.0)
+                - last.get("slowest_fragment_read_s", 0.0)
+                - last.get("slowest_fragment_run_s", 0.0),
+            ),
+            4,
+        ),
+        "client_overhead_s": round(statistics.median(over), 4),
+        "trials": trials,
+    }
 
 
 def _phases(explain: str) -> dict[str, float]:
@@ -311,6 +401,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-spark", action="store_true", help="skip PySpark")
     ap.add_argument(
+        "--trials",
+        type=int,
+        default=3,
+        help="interleaved trials per TPC-H query of the fixed cost and plan cache figures (medians)",
+    )
+    ap.add_argument(
         "--data-dir", default=os.path.expanduser("~/.cache/microco/tpch"), help="where TPC-H is cached"
     )
     ap.add_argument("--json", action="store_true", help="JSON only on stdout (it is always JSON)")
@@ -322,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sf = args.sf if args.sf is not None else (0.01 if args.quick else 1.0)
     repeat = args.repeat or (1 if args.quick else 2)
-    global WARM
+    global WARM, TRIALS
+    TRIALS = max(1, args.trials)
     WARM = not args.quick  # --quick: one warm-up per engine instead of one per query
 
     import duckdb
@@ -378,24 +475,24 @@ def main(argv: list[str] | None = None) -> int:
         client = StoreClient.from_address(cluster.coordinator_address, default_timeout=600)
         bounds = ",".join(f"{y}-01-01" for y in range(1993, 1999))
         t0 = time.perf_counter()
-        orders = load_parquet(data / "orders.parquet")
-        lineitem = load_parquet(data / "lineitem.parquet")
+        orders, lineitem = data / "orders.parquet", data / "lineitem.parquet"
         client.create_table(
             "orders",
-            orders.schema,
+            parquet_schema(orders),
             [f"o_orderkey:hash:{P}", f"o_custkey:hash:{P}", f"o_orderdate:range:{bounds}"],
         )
         client.create_table(
             "lineitem",
-            lineitem.schema,
+            parquet_schema(lineitem),
             [f"l_orderkey:hash:{P}", f"l_partkey:hash:{P}", f"l_suppkey:hash:{P}"],
         )
         client.append("orders", orders)
         client.append("lineitem", lineitem)
         result["load_s"] = round(time.perf_counter() - t0, 3)
-        result["rows"] = {"orders": orders.num_rows, "lineitem": lineitem.num_rows}
-        _log(f"loaded {orders.num_rows} orders, {lineitem.num_rows} lineitems in {result['load_s']}s")
-        del orders, lineitem
+        result["rows"] = {"orders": parquet_rows(orders), "lineitem": parquet_rows(lineitem)}
+        _log(
+            f"loaded {result['rows']['orders']} orders, {result['rows']['lineitem']} lineitems in {result['load_s']}s"
+        )
 
         con = duckdb.connect()
         con.execute("SET threads TO 2")
@@ -504,6 +601,12 @@ def main(argv: list[str] | None = None) -> int:
     return _summary(result)
 
 
+def _geomean(xs: list[float], digits: int = 2) -> float:
+    import math
+
+    return round(math.exp(sum(math.log(max(x, 1e-9)) for x in xs) / len(xs)), digits)
+
+
 def _summary(result: dict[str, Any]) -> int:
     result["wall_s"] = round(time.perf_counter() - _T0, 1)
     for r in result["queries"]:
@@ -521,6 +624,19 @@ def _summary(result: dict[str, Any]) -> int:
                 math.exp(sum(math.log(r["store_s"] / r["duckdb_s"]) for r in ok) / len(ok)), 2
             ),
         }
+        timed = [r for r in ok if r.get("store_median_s") and r.get("duckdb_median_s")]
+        if timed:
+            # the plan cache's before/after, interleaved per query (medians; fixed_cost)
+            result["tpch_summary"]["plan_cache"] = {
+                "geomean_store_over_duckdb": _geomean(
+                    [r["store_median_s"] / r["duckdb_median_s"] for r in timed]
+                ),
+                "geomean_store_uncached_over_duckdb": _geomean(
+                    [r["store_uncached_median_s"] / r["duckdb_median_s"] for r in timed]
+                ),
+                "geomean_fixed_s": _geomean([r["fixed_s"] for r in timed], 4),
+                "geomean_fixed_uncached_s": _geomean([r["fixed_uncached_s"] for r in timed], 4),
+            }
         with_spark = [r for r in ok if r.get("spark_s")]
         if with_spark:
             result["tpch_summary"]["geomean_store_over_spark"] = round(

@@ -128,14 +128,17 @@ class TableOwners:
 
 def sql_tables(catalog_names: list[str], sql: str) -> list[str]:
     """The catalog's names of the tables a SQL query reads (names match case-insensitively,
-    as the planner resolves them); unknown names are left to the planner's error."""
-    from ._sql import parse, table_refs
+    as the planner resolves them); unknown names are left to the planner's error. The names come
+    from ``_sql.referenced``, which keeps them by the text's normal form (a repeated query is not
+    parsed again); the caller is checked against them on every call, cached plan or not."""
+    from ._sql import referenced
 
-    by_lower = {n.lower(): n for n in catalog_names}
+    by_lower: dict[str, str] = {}
+    for n in catalog_names:
+        by_lower.setdefault(n.lower(), n)  # the first match, as the planner takes it
     out: list[str] = []
-    tree: Any = parse(sql)
-    for ref in table_refs(tree):
-        n = by_lower.get(ref.name.lower())
-        if n is not None and n not in out:
-            out.append(n)
+    for ref in referenced(sql):
+        name = by_lower.get(ref)
+        if name is not None and name not in out:
+            out.append(name)
     return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,13 @@ ROOT = "/microco/store/"
 TABLES = ROOT + "tables/"
 SUPER = ROOT + "superextents/"
 RECOVERY = ROOT + "recovery"
+# A token written anew, in the same transaction, by every change of a table or super-extent
+# record (a drop: once its deletes are done): equal tokens, equal catalog (the SQL plan cache)
+VERSION = ROOT + "catalog-version"
+
+
+def _new_version() -> bytes:
+    return uuid.uuid4().hex.encode()
 
 
 def schema_to_b64(schema: pa.Schema) -> str:
@@ -124,7 +132,9 @@ class Catalog:
             "rows": 0,
             "bytes": 0,
         }
-        if not self.kv.compare_and_swap(TABLES + name, None, dumps(rec)):
+        if not self.kv.commit(
+            checks=[(TABLES + name, None)], puts={TABLES + name: dumps(rec), VERSION: _new_version()}
+        ):
             raise AlreadyExists(f"table {short(name)} already exists")
         return rec
 
@@ -135,6 +145,10 @@ class Catalog:
             raise NotFound(f"no table {short(name)}")
         return json.loads(raw), raw
 
+    def version(self) -> bytes | None:
+        """The catalog's version token (None before the first change that wrote one)."""
+        return self.kv.get(VERSION)
+
     def table_names(self) -> list[str]:
         return [k[len(TABLES) :] for k, _ in self.kv.get_prefix(TABLES)]
 
@@ -142,12 +156,25 @@ class Catalog:
         """Every table's record, by name, in one read (what ``table_names`` reads anyway)."""
         return {k[len(TABLES) :]: json.loads(raw) for k, raw in self.kv.get_prefix(TABLES)}
 
+    def raw_table_records(self) -> list[tuple[str, bytes]]:
+        """Every table's name and raw record, in key order, in one read."""
+        return [(k[len(TABLES) :], raw) for k, raw in self.kv.get_prefix(TABLES)]
+
     def table(self, name: str, record: dict[str, Any] | None = None) -> TableInfo:
         """The table with its committed super-extents; ``record``: its record when just read
         (``table_records``), which saves reading it again."""
         rec = record if record is not None else self.table_record(name)[0]
+        return self.assemble(name, rec, [raw for _, raw in self.super_records(name)])
+
+    def super_records(self, name: str) -> list[tuple[str, bytes]]:
+        """The raw super-extent records of a table (committed or not), in key order."""
+        return self.kv.get_prefix(f"{SUPER}{name}/")
+
+    @staticmethod
+    def assemble(name: str, rec: dict[str, Any], super_raws: list[bytes]) -> TableInfo:
+        """The table of a record and its raw super-extent records (as ``table`` reads them)."""
         supers = {}
-        for _, raw in self.kv.get_prefix(f"{SUPER}{name}/"):
+        for raw in super_raws:
             s = SuperExtent.from_json(json.loads(raw))
             supers[s.id] = s
         committed = [supers[i] for i in rec["super_extents"] if i in supers]
@@ -164,6 +191,7 @@ class Catalog:
         info = self.table(name)
         self.kv.delete_prefix(f"{SUPER}{name}/")
         self.kv.delete(TABLES + name)
+        self.kv.put(VERSION, _new_version())
         return info
 
     def reserve_super_extents(self, name: str, count: int) -> int:
@@ -172,7 +200,9 @@ class Catalog:
             rec, raw = self.table_record(name)
             first = rec["next_super_extent"]
             rec["next_super_extent"] = first + count
-            if self.kv.compare_and_swap(TABLES + name, raw, dumps(rec)):
+            if self.kv.commit(
+                checks=[(TABLES + name, raw)], puts={TABLES + name: dumps(rec), VERSION: _new_version()}
+            ):
                 return first
         raise Aborted(f"table {short(name)} is being changed concurrently; retry")
 
@@ -185,6 +215,7 @@ class Catalog:
             rec["bytes"] += sum(e.bytes for s in supers for e in s.extents)
             puts = {f"{SUPER}{name}/{s.id:08d}": dumps(s.to_json()) for s in supers}
             puts[TABLES + name] = dumps(rec)
+            puts[VERSION] = _new_version()
             if self.kv.commit(checks=[(TABLES + name, raw)], puts=puts):
                 return
         raise Aborted(f"table {short(name)} is being changed concurrently; retry")
@@ -199,7 +230,7 @@ class Catalog:
         for k, e in enumerate(s.extents):
             if e.id == old_id:
                 s.extents[k] = new
-                return self.kv.compare_and_swap(key, raw, dumps(s.to_json()))
+                return self._swap(key, raw, dumps(s.to_json()))
         return False
 
     def mark_extent(self, table: str, sid: int, extent_id: str, state: str) -> bool:
@@ -215,9 +246,13 @@ class Catalog:
             if e.state == state:
                 return True
             e.state = state
-            if self.kv.compare_and_swap(key, raw, dumps(s.to_json())):
+            if self._swap(key, raw, dumps(s.to_json())):
                 return True
         return False
+
+    def _swap(self, key: str, raw: bytes, new: bytes) -> bool:
+        """Compare-and-swap of a super-extent record, with a new catalog version."""
+        return self.kv.commit(checks=[(key, raw)], puts={key: new, VERSION: _new_version()})
 
     # ------------------------------------------------------------------ recovery progress
     def put_recovery(self, progress: dict[str, Any]) -> None:

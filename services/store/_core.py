@@ -32,6 +32,7 @@ from ._limits import short
 from ._nodestore import CorruptExtent, NodeStore
 from ._partition import PartitionSpec
 from ._placement import NodeInfo, place_super_extent
+from ._plancache import LRU
 from ._planner import Plan, plan_query
 from ._query import Agg, Query
 from ._recovery import plan_recovery
@@ -135,6 +136,7 @@ class StoreCore:
         super_extent_rows: int = 4_000_000,
         recovery_rate_bytes: float = 200e6,
         gc_min_age_s: float = 1800.0,
+        sql_plan_cache: int = 256,
     ) -> None:
         self.kv = kv
         self.catalog = Catalog(kv)
@@ -145,6 +147,8 @@ class StoreCore:
         self._recovery_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="store-core")
         self._seen: dict[str, Any] = {}  # NODES_SEEN as last read or written here (live_nodes)
+        # SQL plans by normalised text, each with the catalog version it was made on (_plancache)
+        self.sql_plans: LRU[Any] = LRU(sql_plan_cache)
 
     # ------------------------------------------------------------------ nodes
     def live_nodes(self) -> list[NodeInfo]:

@@ -467,6 +467,12 @@ def _coordinator_args(p: argparse.ArgumentParser) -> None:
         default=1800.0,
         help="an unreferenced extent file is deleted only once this old (appends in flight keep theirs)",
     )
+    g.add_argument(
+        "--sql-plan-cache",
+        type=int,
+        default=256,
+        help="SQL plans kept for reuse by the same text on the same catalog version (0: none)",
+    )
 
 
 def _setup_coordinator(ctx: ServiceContext) -> None:
@@ -478,6 +484,7 @@ def _setup_coordinator(ctx: ServiceContext) -> None:
         super_extent_rows=a.super_extent_rows,
         recovery_rate_bytes=a.recovery_rate_mb * 1e6,
         gc_min_age_s=a.gc_min_age_s,
+        sql_plan_cache=a.sql_plan_cache,
     )
     loop = RecoveryLoop(
         core,

@@ -1,6 +1,7 @@
 """What a SQL query reads from etcd before it runs (the coordinator's per-query fixed cost, found
 by profiling: each read is a round trip). A query over k tables reads the table records once and
-each table's super-extents once; the nodes seen are read again only when a node changes."""
+each table's super-extents once; the nodes seen are read again only when a node changes; a query
+whose plan is cached reads the catalog's version token only."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class CountingKV(MemoryKV):
 def test_a_sql_query_reads_each_table_once_and_the_nodes_seen_only_when_they_change(tmp_path: Any) -> None:
     kv = CountingKV()
     tr = LocalTransport(str(tmp_path), NODES)
-    core = StoreCore(kv, tr)
+    core = StoreCore(kv, tr, sql_plan_cache=0)  # every query planned anew
     a = pa.table({"k": pa.array(range(100), pa.int64()), "v": pa.array(range(100), pa.int64())})
     b = pa.table({"bk": pa.array(range(50), pa.int64()), "w": pa.array(["x"] * 50)})
     core.create_table("a", a.schema, [PartitionSpec(c, "hash", 2) for c in ("k", "v", "k")])
@@ -45,8 +46,19 @@ def test_a_sql_query_reads_each_table_once_and_the_nodes_seen_only_when_they_cha
     got, _ = core.sql(sql)
     assert got.equals(want) and got.column("s").to_pylist() == [sum(range(50))]
     assert sorted(kv.reads) == sorted(
-        ["/microco/store/tables/*", "/microco/store/superextents/a/*", "/microco/store/superextents/b/*"]
+        [
+            "/microco/store/catalog-version",
+            "/microco/store/tables/*",
+            "/microco/store/superextents/a/*",
+            "/microco/store/superextents/b/*",
+        ]
     )
+    # with the plan cache, a repeated query reads the catalog's version token only
+    cached = StoreCore(kv, tr)
+    cached.sql(sql)
+    kv.reads.clear()
+    got, plan = cached.sql(sql)
+    assert plan.cached and got.equals(want) and kv.reads == ["/microco/store/catalog-version"]
     # a node that moved (a new address) is recorded again
     tr.infos["n1"] = NodeInfo("n1", "rack1", address="elsewhere")
     kv.reads.clear()
