@@ -164,6 +164,8 @@ class QuiverLoader:
         )
         # A cache spread over hosts: chunks are placed on their owners (``_spread``).
         self.spread = self.client if isinstance(self.client, SpreadCache) else None
+        if self.spread is not None:  # owners with bounded loads: few chunks are not lumped
+            self.spread.place(dataset, {c.digest: c.size for c in index.chunks})
         self._owned: tuple[tuple[str, ...], dict[str, int]] | None = None
         # Read-through: put single-sample chunks read from the backing store into the cache
         # (the generic cache's behaviour, used by the LRU baseline).
