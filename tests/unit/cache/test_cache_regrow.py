@@ -160,3 +160,9 @@ def test_too_few_samples_left_for_the_new_ranks_is_a_clear_error(data):
     with pytest.raises(ValueError, match="1 sample.* 3 ranks"):
         new[0].load_state_dict(saved)
     _close(new)
+
+
+def test_a_rank_outside_the_world_is_refused(data):
+    idx, store = data
+    with pytest.raises(ValueError, match="rank"):
+        QuiverLoader(idx, store, batch_size=4, dataset="d", job_id="j", server=False, world_size=2, rank=5)
