@@ -223,12 +223,6 @@ class QuiverLoader:
         self.resume_epoch: int | None = None  # after ``load_state_dict``: the epoch to continue
         # Samples read with a whole chunk for a later batch (their wait is carried to it).
         self._read_ahead: set[int] = set()
-        # The samples of the current all-miss probe batch: read one by one, as with no cache.
-        self._probe_misses: frozenset[int] = frozenset()
-        # ... and their bytes, kept (a few batches' worth per epoch) so that their chunks can
-        # still be fetched whole later in the epoch without reading any sample twice.
-        self._probe_held: dict[int, bytes] = {}
-        self._probe_count: dict[int, int] = {}  # chunk -> its samples in ``_probe_held``
         self._meter = StallMeter()
         self._batch_bytes = int(index.total_bytes / max(1, len(index)) * batch_size)
 
@@ -480,15 +474,8 @@ class QuiverLoader:
         self.stats.hit_fallbacks += sum(1 for i in rest if i in hit_set)
         whole = self._chunks_to_fetch(rest, indices)
         wanted = [i for i in rest if self.index.samples[i].chunk not in whole]
-        with self._lock:
-            held = {}
-            for c in sorted(whole):
-                for smp in self.index.samples_of(self.index.chunks[c]):
-                    if smp.index in self._probe_held:  # (read by an all-miss probe batch)
-                        held[smp.index] = self._probe_held.pop(smp.index)
-                    else:
-                        wanted.append(smp.index)
-                self._probe_count.pop(c, None)
+        for c in sorted(whole):
+            wanted.extend(s.index for s in self.index.samples_of(self.index.chunks[c]))
         t0 = time.perf_counter()
         fetched = dict(zip(wanted, self._pool.map(self._read_backing, wanted), strict=True))
         t_back = time.perf_counter() - t0
@@ -509,21 +496,11 @@ class QuiverLoader:
         for i in rest:
             got[i] = fetched[i]
         self._fetched.update(whole)
-        if self._probe_misses and self._probe_misses.issuperset(indices) and self._consumed_left:
-            with self._lock:
-                for i in rest:
-                    self._probe_held[i] = fetched[i]
-                    c = self.index.samples[i].chunk
-                    self._probe_count[c] = self._probe_count.get(c, 0) + 1
         if whole:
             puts = []
             for c in sorted(whole):
                 chunk = self.index.chunks[c]
-                parts = (
-                    fetched[s.index] if s.index in fetched else held[s.index]
-                    for s in self.index.samples_of(chunk)
-                )
-                puts.append((chunk.digest, b"".join(parts)))
+                puts.append((chunk.digest, b"".join(fetched[s.index] for s in self.index.samples_of(chunk))))
             with self._lock:
                 self._staged.update(puts)
             self._put_async(puts)
@@ -569,8 +546,6 @@ class QuiverLoader:
             # (Outside an epoch, e.g. map-style ``dataset[i]``, there is no epoch to share a
             # whole chunk's read with: read just the samples asked for.)
             return set()
-        if self._probe_misses and self._probe_misses.issuperset(batch):
-            return set()  # (an all-miss probe batch: the cost of a miss with no cache)
         in_batch: dict[int, int] = {}
         for i in batch:
             c = self.index.samples[i].chunk
@@ -580,9 +555,7 @@ class QuiverLoader:
             for i in misses:
                 c = self.index.samples[i].chunk
                 chunk = self.index.chunks[c]
-                # (Samples an all-miss probe read are held here: they do not count as touched.)
-                held = self._probe_count.get(c, 0)
-                untouched = self._consumed_left[c] + in_batch[c] + held == self._share[c] == chunk.count
+                untouched = self._consumed_left[c] + in_batch[c] == self._share[c] == chunk.count
                 # (A chunk whose samples are all in this batch costs no extra read at all.)
                 if c in out or c in self._inflight or not untouched:
                     continue
@@ -817,13 +790,6 @@ class QuiverLoader:
                 if batch is None:
                     break
                 taken = self._taken(batch.indices)
-                # An all-miss probe measures what a miss costs the step with no cache: its
-                # samples are read one by one, never as whole chunks (a batch of misses from
-                # distinct chunks would fetch up to a batch of chunks at once, a burst no
-                # read-ahead hides, which made compute-bound jobs look I/O-bound).
-                self._probe_misses = (
-                    frozenset(batch.indices) if mode is BatchMode.MISSES_ONLY else frozenset()
-                )
                 done = self._consume(taken)
                 if not self._pipelined:  # (a reader ahead counts a batch when it hands it over)
                     with self._lock:
@@ -970,8 +936,6 @@ class QuiverLoader:
             self._epoch_total += len(seen)
         self._fetched = set()
         self._read_ahead = set()
-        with self._lock:
-            self._probe_held, self._probe_count = {}, {}
         self._meter.carry.clear()
         self._last_read = None
         self._report([])

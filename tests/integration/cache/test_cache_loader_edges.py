@@ -94,23 +94,3 @@ def test_open_loader_server_false_means_no_cache(make_dataset, tmp_path, monkeyp
         assert asked and loader.client is not None
     finally:
         loader.close()
-
-
-def test_an_all_miss_probe_batch_reads_its_samples_not_whole_chunks(make_dataset, tmp_path, inproc_cache):
-    # The probe measures what a miss costs the step with no cache. Reading a whole chunk for
-    # each of its misses (up to a batch of chunks at once) made a burst no read-ahead hides,
-    # and a compute-bound job then looked I/O-bound to the allocation.
-    files = make_dataset(tmp_path / "d", n=160, size=1000)  # 8 samples per chunk, 20 chunks
-    address, _core = inproc_cache(1 << 20)  # room for all of it
-    idx, loader = _loader(tmp_path / "d", address, prefetch_batches=0)
-    try:
-        seen = []
-        for b, (indices, data) in enumerate(loader.epoch(0)):
-            if b == 0:  # an all-miss probe of a cold cache: its own samples only
-                assert loader.stats.backing_bytes == len(indices) * 1000
-            assert data == [files[idx.samples[i].path] for i in indices]
-            seen += indices
-        assert sorted(seen) == list(range(160))
-        assert loader.stats.chunk_fetched > 0  # later misses still fetch whole chunks
-    finally:
-        loader.close()
