@@ -25,8 +25,7 @@ import json, random, sys
 def work(rank, world, port, root, outdir):
     import torch, torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    from microco.clients.cache import ExchangeSampler, QuiverLoader, TorchExchange
-    from microco.services.cache import LocalStore, build_index
+    from microco.clients.cache import ExchangeSampler, LocalStore, QuiverLoader, TorchExchange, build_index
 
     store = LocalStore(root)
     idx = build_index(store.list_files(), store.read, 200)
@@ -81,8 +80,7 @@ def test_torch_exchange_across_two_processes_is_exact_with_equal_steps_and_resum
     if importlib.util.find_spec("torch") is None:
         pytest.skip("needs PyTorch")
     import microco
-    from microco.clients.cache import QuiverLoader
-    from microco.services.cache import LocalStore, build_index
+    from microco.clients.cache import LocalStore, QuiverLoader, build_index
 
     rng = random.Random(4)
     root = tmp_path / "d"
