@@ -51,6 +51,7 @@ from ._overview import allocation_to_dict, cache_overview, stats_to_dict
 from ._peers import Peers
 from ._placement import owned_bytes
 from ._placement import owner as chunk_owner
+from ._position import merge_positions
 from ._sampler import Batch, BatchMode, SubstitutableSampler
 from ._spread import Member, SpreadCache, members_from_records
 from ._table import StoreTable, decode_sample, index_store_table
@@ -186,6 +187,7 @@ __all__ = [
     "load_index",
     "make_dataloader",
     "members_from_records",
+    "merge_positions",
     "open_loader",
     "open_store",
     "owned_bytes",

@@ -108,6 +108,20 @@ def step_sizes(num_samples: int, batch_size: int, world: int, drop_last: bool = 
     return sizes
 
 
+def check_resumable(remaining: int, batch_size: int, world: int, drop_last: bool, epoch: int) -> None:
+    """Refuses, clearly, to resume ``epoch`` with ``remaining`` samples on ``world`` ranks when
+    they cannot each get an equal, non-empty step (an empty batch on one rank would average a
+    NaN loss into every rank's gradients)."""
+    try:
+        step_sizes(remaining, batch_size, world, drop_last)
+    except ValueError:
+        raise ValueError(
+            f"only {remaining} sample(s) of epoch {epoch} left: too few to "
+            f"give {world} ranks an equal, non-empty step each (batch {batch_size}): resume this "
+            f"epoch with at most {remaining} ranks, or with drop_last"
+        ) from None
+
+
 class ExchangeSampler:
     """Like ``SubstitutableSampler(num_replicas=, rank=)``, with hits exchanged between ranks.
 
@@ -176,15 +190,25 @@ class ExchangeSampler:
         exchange a sample belongs to no rank until taken)."""
         return [i for p in self._pending for i in p]
 
-    def restore(self, epoch: int, seen: Sequence[int]) -> None:
+    def restore(self, epoch: int, seen: Sequence[int], base: Sequence[int] = ()) -> None:
         """Resume ``epoch`` after a restart: a collective; ``seen`` is what this rank had been
-        given. The samples no rank has seen are split again and the steps recounted."""
-        gathered = self.exchange.all_gather((epoch, sorted(seen)))
-        if {e for e, _ in gathered} != {epoch}:
-            raise ValueError(f"ranks resume different epochs: {sorted({e for e, _ in gathered})}")
-        done = {i for _, s in gathered for i in s}
+        given, ``base`` what the whole job had been given before (the same on every rank: a
+        job-wide position, after which the number of ranks may differ from the checkpoint's).
+        The samples no rank has seen are split again and the steps recounted."""
+        gathered = self.exchange.all_gather((epoch, sorted(seen), sorted(base)))
+        if {e for e, _, _ in gathered} != {epoch}:
+            raise ValueError(f"ranks resume different epochs: {sorted({e for e, _, _ in gathered})}")
+        if len({tuple(b) for _, _, b in gathered}) != 1:
+            raise ValueError("ranks resume from different positions of the job")
+        done = set(base)
+        for _, s, _ in gathered:
+            if done.intersection(s):
+                raise ValueError("a sample was given twice in the positions resumed")
+            done.update(s)
         if any(not 0 <= i < self.num_samples for i in done):
             raise ValueError("seen samples out of range")
+        remaining = self.num_samples - len(done)
+        check_resumable(remaining, self.batch_size, self.num_replicas, self.drop_last, epoch)
         self.start_epoch(epoch)
         pending = [[i for i in p if i not in done] for p in self._pending]
         self._begin(epoch, pending, sum(map(len, pending)))

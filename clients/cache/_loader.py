@@ -32,9 +32,10 @@ from microco.common.errors import FailedPrecondition, MicrocoError, Unavailable
 
 from ._client import CacheClient
 from ._digest import digest
-from ._exchange import Exchange, ExchangeSampler
+from ._exchange import Exchange, ExchangeSampler, check_resumable
 from ._index import DatasetIndex
 from ._peers import Peers
+from ._position import ints, job_seen
 from ._sampler import BatchMode, SubstitutableSampler
 from ._spread import SpreadCache
 from ._stall import BatchRead, StallMeter
@@ -163,6 +164,8 @@ class QuiverLoader:
         )
         # A cache spread over hosts: chunks are placed on their owners (``_spread``).
         self.spread = self.client if isinstance(self.client, SpreadCache) else None
+        if self.spread is not None:  # owners with bounded loads: few chunks are not lumped
+            self.spread.place(dataset, {c.digest: c.size for c in index.chunks})
         self._owned: tuple[tuple[str, ...], dict[str, int]] | None = None
         # Read-through: put single-sample chunks read from the backing store into the cache
         # (the generic cache's behaviour, used by the LRU baseline).
@@ -211,7 +214,12 @@ class QuiverLoader:
         # The samples the training step has been given this epoch (not those a reader ahead
         # has chosen): the position a checkpoint saves (``state_dict``), and one restored.
         self._seen_in_epoch: set[int] = set()
-        self._resume: tuple[int, set[int]] | None = None
+        # What the job had been given before this rank's share was split (a position resumed
+        # with another number of ranks), and what this rank knows the job has been given
+        # (every rank's steps, with hits exchanged): the job-wide position (``_position``).
+        self._base: set[int] = set()
+        self._job_seen: set[int] = set()
+        self._resume: tuple[int, set[int], set[int]] | None = None  # (epoch, base, seen)
         self.resume_epoch: int | None = None  # after ``load_state_dict``: the epoch to continue
         # Samples read with a whole chunk for a later batch (their wait is carried to it).
         self._read_ahead: set[int] = set()
@@ -663,10 +671,11 @@ class QuiverLoader:
                         indices, hits = next(gen)
                     except StopIteration:
                         return
+                    taken = self._taken(indices)  # (the generator is paused at this batch)
                     if stop.is_set():
                         continue
                     data = self.read(indices, hits)
-                    if not put((indices, data, self._last_read)) and tokens is None:
+                    if not put((indices, data, self._last_read, taken)) and tokens is None:
                         return
             except BaseException as exc:  # noqa: BLE001 - handed to the training step, raised there
                 put(exc)
@@ -699,9 +708,11 @@ class QuiverLoader:
                     break
                 if isinstance(item, BaseException):
                     raise item
-                indices, data, read = item
+                indices, data, read, taken = item
                 self.stats.stall_s += wait
-                self._seen_in_epoch.update(indices)
+                with self._lock:
+                    self._seen_in_epoch.update(indices)
+                    self._job_seen.update(taken)
                 if stream is not None:
                     stream.add_data_wait(wait)
                     self._delivered = read
@@ -778,13 +789,12 @@ class QuiverLoader:
                 done = []
                 if batch is None:
                     break
-                done = self._consume(
-                    [i for t in self.sampler.last_taken for i in t]
-                    if isinstance(self.sampler, ExchangeSampler)
-                    else batch.indices
-                )
+                taken = self._taken(batch.indices)
+                done = self._consume(taken)
                 if not self._pipelined:  # (a reader ahead counts a batch when it hands it over)
-                    self._seen_in_epoch.update(batch.indices)
+                    with self._lock:
+                        self._seen_in_epoch.update(batch.indices)
+                        self._job_seen.update(taken)
                 last = (batch, now)
                 b += 1
                 yield list(batch.indices), sorted(batch.hits)
@@ -793,6 +803,13 @@ class QuiverLoader:
                 stop_listening()
             self._prefetch_stop.set()
             self._report(done)
+
+    def _taken(self, indices: Sequence[int]) -> list[int]:
+        """The samples the whole job takes in the step that gives this rank ``indices``: every
+        rank's, when ranks exchange hits (each knows all), else this rank's."""
+        if isinstance(self.sampler, ExchangeSampler):
+            return [i for t in self.sampler.last_taken for i in t]
+        return list(indices)
 
     def _fetcher(self, i: int) -> int:
         # With hits exchanged: the rank that fetches (and prefetches) ``i``'s chunk whole while
@@ -812,7 +829,13 @@ class QuiverLoader:
         """Where the training step is in the dataset: the epoch and the samples it has been
         given in it. A checkpoint holds it (``TorchHook(..., sampler=loader)``); a job restarted
         from it (resumed elsewhere, say) continues the epoch with exactly the samples it had not
-        seen, whatever the cache then holds."""
+        seen, whatever the cache then holds.
+
+        With hits exchanged between ranks (or with one rank) it is also the whole job's position
+        (``job_complete``: every rank knows every rank's steps; taken at a step boundary, as
+        DDP's checkpoints are), which loaders of any number of ranks load. With a static split
+        of several ranks it is this rank's alone: ``merge_positions`` of every rank's is the
+        job's."""
         with self._lock:
             return {
                 "epoch": self._epoch,
@@ -821,42 +844,81 @@ class QuiverLoader:
                 "rank": self.rank,
                 "world_size": self.world_size,
                 "epoch_done": len(self._seen_in_epoch) >= self._epoch_total,
+                "base": sorted(self._base),
+                "job_seen": sorted(self._job_seen | self._seen_in_epoch | self._base),
+                "job_complete": self.exchange is not None or self.world_size == 1,
             }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         """Continue from ``state_dict()``'s position: the next ``epoch(resume_epoch)`` yields
         only the samples not seen in it. A position after an epoch's last batch resumes at the
         next epoch: work a loop does after an epoch (an LR schedule's step, say) is due first
-        when ``resume_epoch`` is past the epoch the checkpoint was taken in."""
+        when ``resume_epoch`` is past the epoch the checkpoint was taken in.
+
+        A job-wide position (one rank's, when ranks exchange hits or there is one rank; or
+        ``merge_positions`` of every rank's) resumes with any number of ranks, the job grown or
+        shrunk since: the samples no rank had been given are split again over the ranks now,
+        so every sample of the epoch is still given exactly once. Every rank loads the same
+        position. One rank's position of a static split resumes only that rank."""
         n, seen = state.get("num_samples"), state.get("seen")
         if n != len(self.index) or not isinstance(seen, list):
             raise ValueError(f"the saved position is for {n} samples; this dataset has {len(self.index)}")
-        if (state.get("rank"), state.get("world_size")) != (self.rank, self.world_size):
-            raise ValueError("the saved position is another rank's (or another world size's)")
         epoch = int(state.get("epoch", -1))  # type: ignore[call-overload]
         if epoch < 0:
             self._resume, self.resume_epoch = None, 0
             return
+        whole = job_seen(state)  # type: ignore[arg-type]
         done = state.get("epoch_done")
-        if done if isinstance(done, bool) else len(seen) >= self.sampler.shard_size:
+        if whole is None:
+            saved = (state.get("rank"), state.get("world_size"))
+            if saved != (self.rank, self.world_size):
+                raise ValueError(
+                    f"the saved position is rank {saved[0]}'s of {saved[1]} ranks that split the epoch "
+                    f"statically, and this is rank {self.rank} of {self.world_size}: load every rank's "
+                    "position merged (merge_positions([...every rank's state_dict()])), or exchange "
+                    "hits between ranks (exchange=TorchExchange()), whose every rank's position is "
+                    "the job's"
+                )
+            if done if isinstance(done, bool) else len(seen) >= self.sampler.shard_size:
+                self._resume, self.resume_epoch = None, epoch + 1
+                return
+            base = set(ints(state, "base"))  # type: ignore[arg-type]
+            self._resume, self.resume_epoch = (epoch, base, {int(i) for i in seen}), epoch
+            return
+        if any(not 0 <= i < len(self.index) for i in whole):
+            raise ValueError("the saved position names samples out of range")
+        if done if isinstance(done, bool) else len(whole) >= len(self.index):
             self._resume, self.resume_epoch = None, epoch + 1
             return
-        self._resume, self.resume_epoch = (epoch, {int(i) for i in seen}), epoch
+        if isinstance(self.sampler, ExchangeSampler):  # refused now, not in the reader thread
+            check_resumable(
+                len(self.index) - len(whole), self.batch_size, self.world_size, self.sampler.drop_last, epoch
+            )
+        self._resume, self.resume_epoch = (epoch, whole, set()), epoch
 
     def _start_epoch(self, epoch: int) -> None:
         self._epoch = epoch
         self.sampler.start_epoch(epoch)
+        resume, self._resume = self._resume, None
+        if resume is not None and resume[0] != epoch:
+            resume = None
+        base: set[int] = resume[1] if resume is not None else set()
+        seen: set[int] = resume[2] if resume is not None else set()
+        if base and isinstance(self.sampler, SubstitutableSampler):
+            self.sampler.resplit(epoch, base)  # (this rank's share of what the job had not seen)
         self._share = self._shares()
         self._consumed_left = list(self._share)
-        resume, self._resume = self._resume, None
-        seen: set[int] = resume[1] if resume is not None and resume[0] == epoch else set()
         with self._lock:
             self._seen_in_epoch = set(seen)
+            self._base = set(base)
+            self._job_seen = base | seen
         finished: list[str] = []
         if isinstance(self.sampler, ExchangeSampler):
-            if resume is not None and resume[0] == epoch:  # (a collective: every rank resumes)
-                self.sampler.restore(epoch, sorted(seen))
+            if resume is not None:  # (a collective: every rank resumes the same position)
+                self.sampler.restore(epoch, sorted(seen), sorted(base))
                 seen_by_job = set(range(len(self.index))) - set(self.sampler.unseen())
+                with self._lock:
+                    self._job_seen = set(seen_by_job)
                 for i in seen_by_job:
                     c = self.index.samples[i].chunk
                     self._consumed_left[c] -= 1

@@ -7,6 +7,12 @@ compute the same answer from the same list, with no table to keep in step. When 
 joins, it takes the chunks it now scores highest on (about ``1/n`` of them) and no chunk moves
 between the others; when one leaves, only its chunks move, each to its next-highest server.
 Pure functions, no I/O.
+
+Rendezvous alone is even only in expectation: over few chunks it is lumpy (6 chunks may all
+score highest on one of two servers, which must then hold the dataset while the other holds
+nothing of it). ``place`` bounds the loads: a dataset's chunks (in digest order) each go to the
+highest-scoring server it leaves within 5% above the average share; with many chunks the
+bound rarely binds, so owners and moves stay rendezvous's.
 """
 
 from __future__ import annotations
@@ -45,10 +51,39 @@ def assign(chunk_digests: Iterable[str], servers: Sequence[str]) -> dict[str, li
     return out
 
 
+#: A server's share of a placed dataset may exceed the average by this fraction (and one chunk).
+SLACK = 0.05
+
+
+def place(chunk_sizes: Mapping[str, int], servers: Sequence[str], slack: float = SLACK) -> dict[str, str]:
+    """Chunk digest -> owner, for one dataset's chunks (digest -> size): rendezvous with bounded
+    loads. Chunks are taken in digest order; each goes to the highest-scoring server that it
+    leaves within ``(1 + slack)`` times the average share, else to the highest-scoring one still
+    under that bound (there is always one: the loads so far sum to less than the total), so no
+    server owns more than the bound plus one chunk.
+    The same answer for every caller with the same chunks and servers."""
+    members = sorted(set(servers))
+    if not members:
+        return {}
+    bound = sum(chunk_sizes.values()) / len(members) * (1 + slack)
+    load = dict.fromkeys(members, 0)
+    out: dict[str, str] = {}
+    for d in sorted(chunk_sizes):
+        ranked = sorted(members, key=lambda s: (score(s, d), s), reverse=True)
+        size = chunk_sizes[d]
+        o = next(
+            (s for s in ranked if load[s] + size <= bound),
+            next((s for s in ranked if load[s] < bound), ranked[0]),
+        )
+        load[o] += size
+        out[d] = o
+    return out
+
+
 def owned_bytes(chunk_sizes: Mapping[str, int], servers: Sequence[str]) -> dict[str, int]:
-    """Server -> bytes of the chunks (digest -> size) it owns: each server's share of a
-    dataset, which is what it is told the dataset's size is (its allocation's bound)."""
+    """Server -> bytes of the chunks (digest -> size) it owns under ``place``: each server's
+    share of a dataset, which is what it is told the dataset's size is (its allocation's bound)."""
     out = dict.fromkeys(sorted(set(servers)), 0)
-    for s, ds in assign(chunk_sizes, list(out)).items():
-        out[s] = sum(chunk_sizes[d] for d in ds)
+    for d, s in place(chunk_sizes, list(out)).items():
+        out[s] += chunk_sizes[d]
     return out

@@ -81,19 +81,36 @@ class SubstitutableSampler:
         self.drop_last = drop_last
         self.epoch = -1
         self._pending: list[int] = []
+        self._shard = len(range(rank, num_samples, num_replicas))
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(self.num_samples))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
 
     def start_epoch(self, epoch: int) -> None:
         """Begin ``epoch``: every sample is unseen again, in a fresh order from (seed, epoch)."""
         self.epoch = epoch
-        order = list(range(self.num_samples))
-        if self.shuffle:
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        self._pending = order[self.rank :: self.num_replicas]
+        self._pending = self._order(epoch)[self.rank :: self.num_replicas]
+        self._shard = len(self._pending)
+
+    def resplit(self, epoch: int, seen_by_job: Sequence[int] | set[int]) -> None:
+        """Resume ``epoch`` with this sampler's number of ranks after the job had been given
+        ``seen_by_job`` (by any number of ranks): the samples nobody has seen, in the epoch's
+        order, are split again, every ``num_replicas``-th to each rank. Every rank must pass the
+        same set; this rank's share is then what it sees of the epoch (``shard_size``)."""
+        done = set(seen_by_job)
+        if any(not 0 <= i < self.num_samples for i in done):
+            raise ValueError("seen samples out of range")
+        self.epoch = epoch
+        self._pending = [i for i in self._order(epoch) if i not in done][self.rank :: self.num_replicas]
+        self._shard = len(self._pending)
 
     @property
     def shard_size(self) -> int:
-        """Samples this rank sees per epoch."""
-        return len(range(self.rank, self.num_samples, self.num_replicas))
+        """Samples this rank sees in the epoch (from its start, or from a ``resplit``)."""
+        return self._shard
 
     @property
     def remaining(self) -> int:

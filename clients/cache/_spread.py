@@ -29,7 +29,7 @@ from microco.api.cache.v1 import cache_pb2
 from microco.common.errors import MicrocoError
 
 from ._client import CacheClient
-from ._placement import owner
+from ._placement import owner, place
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,10 @@ class SpreadCache:
         self._refreshed = -1e18 if members is None else float("inf")
         self._clients: dict[str, CacheClient] = {}
         self._down: dict[str, float] = {}
+        # Datasets placed with bounded loads (``place``): name -> chunk sizes, and the placement
+        # for the current membership.
+        self._datasets: dict[str, dict[str, int]] = {}
+        self._placed: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
 
     # -- membership and placement
     def members(self) -> list[Member]:
@@ -116,9 +120,38 @@ class SpreadCache:
         with self._lock:
             return list(self._members)
 
+    def place(self, dataset: str, chunk_sizes: Mapping[str, int]) -> None:
+        """Place ``dataset``'s chunks (digest -> size) with bounded loads (``_placement.place``),
+        so that few chunks are not lumped on one server. A loader places its dataset; chunks of
+        no placed dataset go by rendezvous alone."""
+        with self._lock:
+            self._datasets[dataset] = dict(chunk_sizes)
+            self._placed.pop(dataset, None)
+
+    def _placement(self, dataset: str, keys: tuple[str, ...]) -> dict[str, str]:
+        with self._lock:
+            got = self._placed.get(dataset)
+            if got is None or got[0] != keys:
+                got = self._placed[dataset] = (keys, place(self._datasets[dataset], keys))
+            return got[1]
+
+    def _owner_key(self, chunk_digest: str, keys: tuple[str, ...]) -> str | None:
+        for name in list(self._datasets):
+            if chunk_digest in self._datasets[name]:
+                return self._placement(name, keys).get(chunk_digest)
+        return owner(chunk_digest, keys)
+
+    def owned_bytes(self, dataset: str, keys: Sequence[str]) -> dict[str, int]:
+        """Server key -> bytes of placed ``dataset``'s chunks it owns among ``keys``."""
+        sizes = self._datasets[dataset]
+        out = dict.fromkeys(sorted(set(keys)), 0)
+        for d, k in self._placement(dataset, tuple(out)).items():
+            out[k] += sizes[d]
+        return out
+
     def owner(self, chunk_digest: str, members: Sequence[Member] | None = None) -> Member | None:
         ms = self.members() if members is None else members
-        k = owner(chunk_digest, [m.key for m in ms])
+        k = self._owner_key(chunk_digest, tuple(sorted(m.key for m in ms)))
         return next((m for m in ms if m.key == k), None)
 
     def owner_key(self, chunk_digest: str) -> str:
@@ -128,12 +161,12 @@ class SpreadCache:
     def split(self, chunk_digests: Iterable[str]) -> dict[Member, list[str]]:
         """Owner -> the given chunks it owns (servers that are down left out)."""
         ms = self.members()
-        keys = [m.key for m in ms]
+        keys = tuple(sorted(m.key for m in ms))
         by_key = {m.key: m for m in ms}
         out: dict[Member, list[str]] = {}
         now = time.monotonic()
         for d in chunk_digests:
-            k = owner(d, keys)
+            k = self._owner_key(d, keys)
             if k is None or self._down.get(k, 0) > now:
                 continue
             out.setdefault(by_key[k], []).append(d)

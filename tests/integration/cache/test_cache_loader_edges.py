@@ -17,17 +17,16 @@ def _loader(root, address, **kw):
 
 
 def test_map_style_access_before_any_epoch(make_dataset, tmp_path, inproc_cache):
-    from microco.clients.cache import QuiverDataset
-
+    # What ``QuiverDataset(loader)[i]`` and ``__getitems__`` call (the torch wrapper itself runs
+    # in test_cache_frameworks.py; importing torch here would cost this test seconds).
     files = make_dataset(tmp_path / "d", n=40, size=2000)
     address, _core = inproc_cache(1 << 20)
     idx, loader = _loader(tmp_path / "d", address)
     try:
-        ds = QuiverDataset(loader)
-        assert len(ds) == 40
+        assert len(loader.index) == 40
         for i in (0, 17, 39):
-            assert ds[i] == files[idx.samples[i].path]
-        assert ds.__getitems__([3, 4]) == [files[idx.samples[i].path] for i in (3, 4)]
+            assert loader.read([i])[0] == files[idx.samples[i].path]
+        assert loader.read([3, 4], [3, 4]) == [files[idx.samples[i].path] for i in (3, 4)]
     finally:
         loader.close()
 

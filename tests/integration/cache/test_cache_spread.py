@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import threading
 
-from microco.clients.cache import QuiverLoader, SpreadCache, chunk_owner, owned_bytes
+from microco.clients.cache import QuiverLoader, SpreadCache, owned_bytes
+from microco.clients.cache._placement import place
 from microco.common.registry import Registration, ServiceRecord
 from microco.services.cache import LocalStore, build_index
 
@@ -26,7 +27,7 @@ def test_two_servers_hold_disjoint_shares_and_two_ranks_read_exactly_once(
         servers[node] = core
         rec = ServiceRecord("cache", f"inst-{node}", address, labels={"node": node})
         regs[node] = Registration(etcd_kv, rec).start()
-    owner = {c.digest: chunk_owner(c.digest, nodes) for c in idx.chunks}
+    owner = place({c.digest: c.size for c in idx.chunks}, nodes)  # (what every loader computes)
     assert set(owner.values()) == set(nodes)  # (24 chunks: both own some)
 
     def ranks() -> list[QuiverLoader]:

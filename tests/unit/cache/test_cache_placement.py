@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from microco.clients.cache import Member, SpreadCache, chunk_owner, members_from_records, owned_bytes
-from microco.clients.cache._placement import assign
+from microco.clients.cache._placement import assign, place
 from microco.common.registry import ServiceRecord
 
 
@@ -60,3 +60,37 @@ def test_members_are_keyed_by_node_and_disambiguated():
     owners = {spread.owner_key(d) for d in ds}
     assert owners == {"n1", "n2"}
     assert {m.key for m in spread.split(ds)} == {"n1", "n2"}
+
+
+def test_few_chunks_are_placed_evenly_not_all_on_one_server():
+    # Rendezvous alone over few digests is lumpy: these 6 chunks all score highest on one of
+    # two servers, which then must hold the whole dataset while the other holds nothing.
+    ds = [c for c in _digests(400) if chunk_owner(c, ["host-a", "host-b"]) == "host-b"][:6]
+    assert {chunk_owner(d, ["host-a", "host-b"]) for d in ds} == {"host-b"}
+    sizes = dict.fromkeys(ds, 8000)
+    got = place(sizes, ["host-a", "host-b"])
+    assert sorted(got) == sorted(ds)
+    assert owned_bytes(sizes, ["host-a", "host-b"]) == {"host-a": 24000, "host-b": 24000}
+    # Bounded: no server owns more than the average plus one chunk, whatever the sizes.
+    for n, servers in ((13, ["a", "b"]), (7, ["a", "b", "c"]), (3, ["a", "b", "c", "d"])):
+        sizes = {d: 1000 + 37 * i for i, d in enumerate(_digests(n))}
+        share = owned_bytes(sizes, servers)
+        assert sum(share.values()) == sum(sizes.values())
+        assert max(share.values()) <= sum(sizes.values()) / len(servers) * 1.05 + max(sizes.values())
+    # A spread cache routes a placed dataset's chunks (lookups, inserts, reads) by that placement.
+    spread = SpreadCache(members=[Member("host-a", "h:1", "host-a"), Member("host-b", "h:2", "host-b")])
+    spread.place("d", dict.fromkeys(ds, 8000))
+    assert {m.key: len(v) for m, v in spread.split(ds).items()} == {"host-a": 3, "host-b": 3}
+    assert spread.owned_bytes("d", ["host-a", "host-b"]) == {"host-a": 24000, "host-b": 24000}
+
+
+def test_many_chunks_keep_rendezvous_owners_and_its_small_moves():
+    ds = _digests(3000)
+    sizes = dict.fromkeys(ds, 100)
+    three = place(sizes, ["a", "b", "c"])
+    # The bound (5% over the average) rarely binds with many chunks: almost every chunk keeps
+    # its rendezvous owner, so joining still moves about its share.
+    assert sum(three[d] == chunk_owner(d, ["a", "b", "c"]) for d in ds) > 0.97 * len(ds)
+    four = place(sizes, ["a", "b", "c", "d"])
+    moved = [d for d in ds if three[d] != four[d]]
+    assert 0.22 < len(moved) / len(ds) < 0.32
