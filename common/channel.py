@@ -7,10 +7,10 @@ from typing import Any
 
 import grpc
 
+from .election import LEADER_PREFIX
 from .errors import Unavailable
 from .identity import SERVICE_NAME, Identity, channel_credentials
 from .identity import current as current_identity
-from .election import LEADER_PREFIX
 from .kv import KV
 from .registry import ServiceRecord, discover
 
@@ -64,7 +64,7 @@ def channel_for(kv: KV, service: str, prefer_leader: bool = True) -> grpc.Channe
     return dial(pick_instance(kv, service, prefer_leader).address)
 
 
-class RedialingChannel(grpc.Channel):
+class RedialingChannel(grpc.Channel):  # type: ignore[misc]
     """A channel whose target can change under the stubs built on it: ``redial()`` dials again
     (``dial_fn``: e.g. the current leader found in etcd) and every call made after that goes to
     the new channel, through the same stub objects. How a client follows a service that moved
@@ -92,16 +92,16 @@ class RedialingChannel(grpc.Channel):
     def _late(self, kind: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return _LateMultiCallable(self, kind, method, args, kwargs)
 
-    def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self._late("unary_unary", method, args, kwargs)
 
-    def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self._late("unary_stream", method, args, kwargs)
 
-    def stream_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def stream_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self._late("stream_unary", method, args, kwargs)
 
-    def stream_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def stream_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self._late("stream_stream", method, args, kwargs)
 
     def subscribe(self, callback: Any, try_to_connect: bool = False) -> None:

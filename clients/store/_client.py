@@ -333,7 +333,9 @@ class StoreClient(ServiceClient):
         while True:
             schema, batches = record_batches(data)
 
-            def requests(batches: Iterator[pa.RecordBatch] = batches) -> Iterator[pb.AppendRequest]:
+            def requests(
+                schema: pa.Schema = schema, batches: Iterator[pa.RecordBatch] = batches
+            ) -> Iterator[pb.AppendRequest]:
                 for k, piece in enumerate(ipc_chunks(schema, batches)):
                     yield pb.AppendRequest(table=name if k == 0 else "", arrow_ipc=piece)
 
