@@ -183,7 +183,7 @@ class StoreClient(ServiceClient):
         self._own_kv: Any = None
 
     @classmethod
-    def from_etcd(cls, kv: Any = None, default_timeout: float = 60.0) -> StoreClient:
+    def from_etcd(cls, kv: Any = None, default_timeout: float = 10.0) -> StoreClient:
         """A client of the leading coordinator found in etcd (``kv``, else the platform's as
         ``find_etcd`` finds it), which follows the leader: after a call finds no coordinator or a
         standby, it looks the leader up again and sends the call there (see :meth:`_failover`)."""
