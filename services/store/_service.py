@@ -506,8 +506,8 @@ def _setup_coordinator(ctx: ServiceContext) -> None:
     )
     ctx.runtime.on_stop(transport.close)
     ctx.runtime.on_stop(election.stop)
-    election.start()
     ctx.runtime.settings = replace(ctx.runtime.settings, max_message_bytes=64 << 20)
+    election.start()  # last: its callbacks change the settings' role label from other threads
 
 
 def _node_args(p: argparse.ArgumentParser) -> None:
