@@ -50,6 +50,7 @@ class CoordinatorElection:
         self._start_recovery = start_recovery
         self.recovery: Any = None  # the running RecoveryLoop, while leading
         self._lock = threading.Lock()
+        self._role_lock = threading.Lock()
         self._stopped = False
         self.election = LeaderElection(
             kv, ELECTION, instance_id, ttl=ttl, on_elected=self._elected, on_lost=self._lost
@@ -62,7 +63,7 @@ class CoordinatorElection:
     def start(self, settle_s: float = 5.0) -> CoordinatorElection:
         """Campaign, and wait (at most ``settle_s``) until this instance leads or another one
         does, so that a lone coordinator serves from its first call."""
-        self._set_role("standby")
+        self._set_role()
         self.election.start()
         deadline = time.monotonic() + settle_s
         while time.monotonic() < deadline and not self.election.wait_until_leader(0.05):
@@ -71,6 +72,7 @@ class CoordinatorElection:
                     break
             except MicrocoError:
                 pass
+        self._set_role()  # the outcome, before the runtime registers with these settings
         return self
 
     def stop(self) -> None:
@@ -86,7 +88,7 @@ class CoordinatorElection:
             log.info("store coordinator %s leads: starting recovery", self.instance_id)
             if self.recovery is None:
                 self.recovery = self._start_recovery()
-        self._set_role("leader")
+        self._set_role()
 
     def _lost(self) -> None:
         log.warning("store coordinator %s no longer leads: recovery stopped", self.instance_id)
@@ -94,7 +96,7 @@ class CoordinatorElection:
         with self._lock:
             if self._stopped:
                 return
-        self._set_role("standby")
+        self._set_role()
 
     def _stop_recovery(self) -> None:
         with self._lock:
@@ -102,18 +104,22 @@ class CoordinatorElection:
         if loop is not None:
             loop.stop()
 
-    def _set_role(self, role: str) -> None:
-        """What the registration advertises (``role``): set in the settings so that a first
-        registration carries it, and put again when already registered."""
+    def _set_role(self) -> None:
+        """Advertise the role this instance has now (``role=leader|standby``; the console picks
+        the leader by it): set in the settings so that a first registration carries it, and put
+        again when already registered. Serialised, and read from the election at the time, so
+        that callbacks racing from two threads leave the current role."""
         rt = self.runtime
         if rt is None:
             return
-        rt.settings = replace(rt.settings, labels={**rt.settings.labels, "role": role})
-        if rt.registration is not None:
-            try:
-                rt.registration.update(rt.record())
-            except MicrocoError as exc:
-                log.warning("could not advertise role %s: %s", role, exc)
+        with self._role_lock:
+            role = "leader" if self.election.is_leader else "standby"
+            rt.settings = replace(rt.settings, labels={**rt.settings.labels, "role": role})
+            if rt.registration is not None:
+                try:
+                    rt.registration.update(rt.record())
+                except MicrocoError as exc:
+                    log.warning("could not advertise role %s: %s", role, exc)
 
     # ------------------------------------------------------------------ refusing as a standby
     def refusal(self) -> Unavailable:

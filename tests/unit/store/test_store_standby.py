@@ -6,6 +6,7 @@ leader's lease is gone. The real processes and a client across a SIGKILL fail-ov
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -36,6 +37,20 @@ def wait_for(cond: Any, what: str, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+@dataclass(frozen=True)
+class Settings:
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def runtime() -> Any:
+    """What the election touches of a ServiceRuntime: the settings' labels (not registered yet)."""
+    return SimpleNamespace(settings=Settings({"node": "h"}), registration=None)
+
+
+def role(election: CoordinatorElection) -> str:
+    return str(election.runtime.settings.labels["role"])  # type: ignore[union-attr]
+
+
 def servicer() -> SimpleNamespace:
     return SimpleNamespace(**{name: (lambda req, ctx, name=name: f"{name} served") for name in RPCS})
 
@@ -43,10 +58,11 @@ def servicer() -> SimpleNamespace:
 def test_one_coordinator_acts_the_other_refuses_then_takes_over() -> None:
     kv = MemoryKV()
     log: list[str] = []
-    a = CoordinatorElection(kv, "coord-a", 1, lambda: Loop(log, "a")).start()
-    b = CoordinatorElection(kv, "coord-b", 1, lambda: Loop(log, "b")).start()
+    a = CoordinatorElection(kv, "coord-a", 1, lambda: Loop(log, "a"), runtime()).start()
+    b = CoordinatorElection(kv, "coord-b", 1, lambda: Loop(log, "b"), runtime()).start()
     try:
         assert a.is_leader and not b.is_leader
+        assert (role(a), role(b)) == ("leader", "standby")  # what the registration advertises
         assert log == ["start a"]  # the standby runs no recovery
         sa, sb = a.guard(servicer()), b.guard(servicer())
         assert sa.Append(iter(()), None) == "Append served"
@@ -57,8 +73,14 @@ def test_one_coordinator_acts_the_other_refuses_then_takes_over() -> None:
         # The leader's lease is gone (its process died; here: revoked under it).
         assert a.election._keeper is not None
         a.election._keeper.lease.revoke()
-        wait_for(lambda: b.is_leader, "the standby leads once the leader's lease is gone")
-        wait_for(lambda: not a.is_leader and "stop a" in log, "the deposed leader stops its recovery")
+        wait_for(
+            lambda: b.is_leader and role(b) == "leader" and "start b" in log,
+            "the standby leads (and runs recovery) once the leader's lease is gone",
+        )
+        wait_for(
+            lambda: not a.is_leader and "stop a" in log and role(a) == "standby",
+            "the deposed leader stops its recovery and says it stands by",
+        )
         assert kv.get(LEADER_PREFIX + "store") == b"coord-b"
         assert log[-1] in ("start b", "stop a") and log.count("start b") == 1
         assert sb.Query(None, None) == "Query served"
