@@ -56,7 +56,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--no-console", action="store_true", help="do not start the console")
     p.add_argument(
-        "--no-standby", action="store_true", help="no standby scheduler (saves a process on small machines)"
+        "--no-standby",
+        action="store_true",
+        help="no standby scheduler or store coordinator (saves two processes on small machines)",
     )
     p.add_argument(
         "--detach",

@@ -7,7 +7,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from .errors import from_rpc_error
+from .election import NOT_LEADER
+from .errors import MicrocoError, Unavailable, from_rpc_error
 
 log = logging.getLogger(__name__)
 
@@ -16,6 +17,18 @@ T = TypeVar("T")
 # Only UNAVAILABLE is retried: the call never reached a serving instance. Anything else
 # (INVALID_ARGUMENT, NOT_FOUND, DEADLINE_EXCEEDED...) would fail again or may have run.
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+
+
+# What gRPC answers when the channel could make no connection at all: the call was never sent.
+_NO_CONNECTION = "failed to connect to all addresses"
+
+
+def never_served(err: MicrocoError) -> bool:
+    """Whether an error says the call reached no serving instance, so that sending it again
+    elsewhere cannot do anything twice: no connection could be made, or a standby of an elected
+    service refused it (``election.NOT_LEADER``)."""
+    text = str(err)
+    return isinstance(err, Unavailable) and (_NO_CONNECTION in text or NOT_LEADER in text)
 
 
 def call_with_retry(
@@ -114,4 +127,4 @@ class ServiceClient:
         self.close()
 
 
-__all__ = ["RETRYABLE", "ServiceClient", "call_with_retry"]
+__all__ = ["RETRYABLE", "ServiceClient", "call_with_retry", "never_served"]

@@ -16,6 +16,10 @@ log = logging.getLogger(__name__)
 
 LEADER_PREFIX = "/microco/leader/"
 
+#: Part of the message of every refusal by a standby (UNAVAILABLE): the call did nothing there, so
+#: a client may send it again, non-idempotent or not, to the leader (``calls.never_served``).
+NOT_LEADER = "is a standby, not the leader"
+
 
 class LeaderElection:
     def __init__(

@@ -4,6 +4,7 @@ import functools
 import io
 import itertools
 import json
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +16,9 @@ import pyarrow as pa
 from microco.api.store.v1 import store_pb2 as pb
 from microco.api.store.v1 import store_pb2_grpc as pb_grpc
 from microco.common import ServiceClient
-from microco.common.errors import InvalidArgument, from_rpc_error
+from microco.common.calls import call_with_retry, never_served
+from microco.common.channel import RedialingChannel, dial, pick_instance
+from microco.common.errors import InvalidArgument, MicrocoError, Unavailable, from_rpc_error
 
 CHUNK = 4 << 20
 
@@ -168,11 +171,88 @@ class StoreClient(ServiceClient):
     """Typed client of the store coordinator (one method per RPC, keyword ``timeout``)."""
 
     service_name = "store"
+    # How long a call waits for a coordinator to lead again (a fail-over: the leader's lease
+    # expiring, a standby elected) while some coordinator is registered; clients built with
+    # ``from_etcd`` only (they know where to look for the new leader).
+    failover_s = 20.0
 
     def __init__(self, channel: grpc.Channel, default_timeout: float = 60.0) -> None:
         super().__init__(channel, default_timeout)
         self._stub = pb_grpc.StoreCoordinatorServiceStub(channel)
         self.last_plan: dict[str, Any] = {}
+        self._own_kv: Any = None
+
+    @classmethod
+    def from_etcd(cls, kv: Any = None, default_timeout: float = 10.0) -> StoreClient:
+        """A client of the leading coordinator found in etcd (``kv``, else the platform's as
+        ``find_etcd`` finds it), which follows the leader: after a call finds no coordinator or a
+        standby, it looks the leader up again and sends the call there (see :meth:`_failover`)."""
+        own = None
+        if kv is None:
+            from microco.common.discovery import connect_etcd
+
+            kv = own = connect_etcd()
+        try:
+            channel = RedialingChannel(lambda: dial(pick_instance(kv, cls.service_name).address))
+        except BaseException:
+            if own is not None:
+                own.close()
+            raise
+        client = cls(channel, default_timeout)
+        client._own_kv = own  # kept for the look-ups after a fail-over; closed with the client
+        return client
+
+    def close(self) -> None:
+        super().close()
+        if self._own_kv is not None:
+            self._own_kv.close()
+            self._own_kv = None
+
+    def _failover(self, err: MicrocoError, resend: bool, started: float, deadline: float) -> bool:
+        """After ``err``: whether to send the call again, once the leader was looked up anew.
+        Only for a client that follows the leader, only for UNAVAILABLE, only when sending again
+        cannot do anything twice (``resend``: the call is idempotent, or it never reached a
+        serving coordinator: no connection, or a standby refused it), and for at most
+        ``failover_s`` within the call's deadline. Gives up at once when no coordinator is
+        registered at all."""
+        channel = self._channel
+        if not isinstance(channel, RedialingChannel) or not isinstance(err, Unavailable):
+            return False
+        if not (resend or never_served(err)):
+            return False
+        now = time.monotonic()
+        if now - started > self.failover_s or now >= deadline:
+            return False
+        time.sleep(min(0.25, max(deadline - now, 0)))
+        try:
+            channel.redial()
+        except Unavailable:
+            return False  # nothing registered: no fail-over is under way
+        return True
+
+    def _call(
+        self,
+        method: Any,
+        request: Any,
+        *,
+        timeout: float | None,
+        idempotent: bool,
+        retry: bool = True,
+    ) -> Any:
+        started = time.monotonic()
+        deadline = started + (timeout if timeout is not None else self.default_timeout)
+        while True:
+            try:
+                return call_with_retry(
+                    method,
+                    request,
+                    timeout=deadline - time.monotonic(),
+                    idempotent=idempotent and retry,
+                    attempts=self.attempts,
+                )
+            except MicrocoError as err:
+                if not self._failover(err, idempotent and retry, started, deadline):
+                    raise
 
     # ---------------------------------------------------------------- tables
     def create_table(
@@ -245,37 +325,55 @@ class StoreClient(ServiceClient):
         CSV file; or a stream (a ``RecordBatchReader``, or any iterable of record batches, e.g. a
         generator): files and streams are sent batch by batch as they are read, so the client
         holds one batch, and the coordinator one super-extent, never the whole table."""
-        schema, batches = record_batches(data)
+        # Data that can be read again (a table, a batch, a file) is sent again after a fail-over
+        # that refused it unread; a one-shot stream is not (part of it may be gone).
+        again = isinstance(data, (pa.Table, pa.RecordBatch, str, Path))
+        started = time.monotonic()
+        deadline = started + (timeout or max(self.default_timeout, 600))
+        while True:
+            schema, batches = record_batches(data)
 
-        def requests() -> Iterator[pb.AppendRequest]:
-            for k, piece in enumerate(ipc_chunks(schema, batches)):
-                yield pb.AppendRequest(table=name if k == 0 else "", arrow_ipc=piece)
+            def requests(
+                schema: pa.Schema = schema, batches: Iterator[pa.RecordBatch] = batches
+            ) -> Iterator[pb.AppendRequest]:
+                for k, piece in enumerate(ipc_chunks(schema, batches)):
+                    yield pb.AppendRequest(table=name if k == 0 else "", arrow_ipc=piece)
 
-        try:
-            resp = self._stub.Append(requests(), timeout=timeout or max(self.default_timeout, 600))
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from None
-        return {"rows": resp.rows, "bytes": resp.bytes, "super_extents": list(resp.super_extents)}
+            try:
+                resp = self._stub.Append(requests(), timeout=deadline - time.monotonic())
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                if again and never_served(err) and self._failover(err, False, started, deadline):
+                    continue
+                raise err from None
+            return {"rows": resp.rows, "bytes": resp.bytes, "super_extents": list(resp.super_extents)}
 
     def query(self, query: Frame | dict[str, Any] | str, *, timeout: float | None = None) -> pa.Table:
         """Run a query; the plan (kind, replicas, EXPLAIN text) is kept in ``last_plan``."""
         req = pb.QueryRequest(query_json=_query_json(query))
-        buf = io.BytesIO()
-        try:
-            for k, resp in enumerate(
-                self._stub.Query(req, timeout=timeout or max(self.default_timeout, 600))
-            ):
-                if k == 0:
-                    self.last_plan = {
-                        "kind": resp.plan_kind,
-                        "explain": resp.explain,
-                        "replicas": json.loads(resp.replicas_json or "{}"),
-                    }
-                buf.write(resp.arrow_ipc)
-                self.last_plan["moved_bytes"] = resp.moved_bytes
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from None
-        return pa.ipc.open_stream(pa.py_buffer(buf.getvalue())).read_all()
+        started = time.monotonic()
+        deadline = started + (timeout or max(self.default_timeout, 600))
+        while True:
+            buf = io.BytesIO()
+            received = False
+            try:
+                for k, resp in enumerate(self._stub.Query(req, timeout=deadline - time.monotonic())):
+                    received = True
+                    if k == 0:
+                        self.last_plan = {
+                            "kind": resp.plan_kind,
+                            "explain": resp.explain,
+                            "replicas": json.loads(resp.replicas_json or "{}"),
+                        }
+                    buf.write(resp.arrow_ipc)
+                    self.last_plan["moved_bytes"] = resp.moved_bytes
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                # a query only reads: sent again (to the new leader) unless part of it arrived
+                if not received and self._failover(err, True, started, deadline):
+                    continue
+                raise err from None
+            return pa.ipc.open_stream(pa.py_buffer(buf.getvalue())).read_all()
 
     def sql(self, sql: str, *, timeout: float | None = None) -> pa.Table:
         """Run a SQL query (SELECT; TPC-H's dialect and DuckDB's functions). The plan (kind:

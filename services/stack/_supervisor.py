@@ -73,7 +73,7 @@ class StackOptions:
     console: bool = True
     profile: str = "dev"
     extra_env: dict[str, str] = field(default_factory=dict)
-    standbys: bool = True  # a second scheduler that takes over when the leader dies
+    standbys: bool = True  # a second scheduler and store coordinator, taking over when the leader dies
     policy: str = DEFAULT_POLICY  # the schedulers' policy (``_policy``: checked by resolve_policy)
     policy_config: dict[str, Any] = field(default_factory=dict)
     # When the supervisor cannot remove a dead leader's key (etcd down), an elected service is
@@ -101,7 +101,12 @@ def platform_processes(opts: StackOptions) -> list[ProcessSpec]:
         ),
         ProcessSpec("agent", "agent", "microco.services.agent", ("--devices", str(opts.devices))),
         ProcessSpec("cache", "cache", "microco.services.cache", ("--capacity", f"{opts.cache_capacity_mb}M")),
-        ProcessSpec("store", "store", "microco.services.store", ("coordinator",)),
+        ProcessSpec("store", "store", "microco.services.store", ("coordinator",), elected=True),
+        *(
+            [ProcessSpec("store-standby", "store", "microco.services.store", ("coordinator",), elected=True)]
+            if opts.standbys
+            else []
+        ),
     ]
     for i in range(opts.store_nodes):
         specs.append(

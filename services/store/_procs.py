@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from microco.common.channel import pick_instance
 from microco.common.errors import Unavailable
 from microco.common.kv import EtcdKV
 from microco.common.registry import discover
@@ -79,7 +80,23 @@ class StoreCluster:
 
     @property
     def coordinator_address(self) -> str:
-        return discover(self.kv, "store")[0].address
+        """The leading coordinator's address (a standby refuses calls)."""
+        return pick_instance(self.kv, "store").address
+
+    def start_standby(self, timeout: float = 60.0) -> str:
+        """Start a second coordinator (``coordinator-standby``): it stands by while the first
+        leads. Returns its address once it is registered."""
+        name = "coordinator-standby"
+        self.procs[name] = self._spawn(name, self._common(name) + self.coordinator_args)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [r for r in discover(self.kv, "store") if r.labels.get("node") == name]
+            if found:
+                return found[0].address
+            if self.procs[name].poll() is not None:
+                raise Unavailable(f"{name} exited with {self.procs[name].returncode}; see {self.root}")
+            time.sleep(0.2)
+        raise Unavailable(f"{name} did not register")
 
     def restart_coordinator(self, timeout: float = 60.0) -> None:
         """SIGKILL the coordinator and start a new one: everything it knows comes back from etcd."""

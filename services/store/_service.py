@@ -32,6 +32,7 @@ from ._limits import check_keys, load_json
 from ._nodestore import CACHE_BYTES, NodeStore
 from ._partition import HASH, RANGE, PartitionSpec
 from ._query import Query
+from ._standby import CoordinatorElection
 
 log = logging.getLogger(__name__)
 
@@ -486,24 +487,34 @@ def _setup_coordinator(ctx: ServiceContext) -> None:
         gc_min_age_s=a.gc_min_age_s,
         sql_plan_cache=a.sql_plan_cache,
     )
-    loop = RecoveryLoop(
-        core,
-        ctx.kv,
-        grace_s=a.recovery_grace_s,
-        interval_s=a.recovery_interval_s,
-        gc_interval_s=a.gc_interval_s,
-        scrub_interval_s=a.scrub_interval_s,
-        scrub_rate_bytes=a.scrub_rate_mb * 1e6,
-    ).start()
-    servicer = StoreServicer(core, loop)
+    servicer = StoreServicer(core)
+
+    def start_recovery() -> RecoveryLoop:
+        """The leader's recovery loop (a fresh one each time this coordinator is elected)."""
+        servicer.recovery = RecoveryLoop(
+            core,
+            ctx.kv,
+            grace_s=a.recovery_grace_s,
+            interval_s=a.recovery_interval_s,
+            gc_interval_s=a.gc_interval_s,
+            scrub_interval_s=a.scrub_interval_s,
+            scrub_rate_bytes=a.scrub_rate_mb * 1e6,
+        ).start()
+        return servicer.recovery
+
+    # One coordinator acts (serves the API, runs recovery); the others stand by (``_standby``).
+    election = CoordinatorElection(
+        ctx.kv, ctx.settings.instance_id, ctx.settings.lease_ttl_s, start_recovery, ctx.runtime
+    )
     ctx.runtime.add_service(
         pb_grpc.add_StoreCoordinatorServiceServicer_to_server,
-        servicer,
+        election.guard(servicer),
         "microco.api.store.v1.StoreCoordinatorService",
     )
     ctx.runtime.on_stop(transport.close)
-    ctx.runtime.on_stop(loop.stop)
+    ctx.runtime.on_stop(election.stop)
     ctx.runtime.settings = replace(ctx.runtime.settings, max_message_bytes=64 << 20)
+    election.start()  # last: its callbacks change the settings' role label from other threads
 
 
 def _node_args(p: argparse.ArgumentParser) -> None:

@@ -296,7 +296,8 @@ def test_k8s_manifests_carry_what_a_cluster_needs() -> None:
             else:
                 assert {"cpu", "memory"} <= set(res["limits"]), name
     coordinator = next(d for d in _workloads() if d["metadata"]["name"] == "store-coordinator")
-    assert coordinator["spec"]["replicas"] == 1  # no standby election: two would both act
+    # The coordinators elect a leader (services/store/_standby.py): two give a hot standby.
+    assert coordinator["spec"]["replicas"] == 2
     # Agents and caches on GPU hosts (tainted ones too), sharing the cache's chunk directory.
     ds = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs if d["kind"] == "DaemonSet"}
     for name in ("agent", "cache"):
