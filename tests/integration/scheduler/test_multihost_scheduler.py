@@ -147,7 +147,9 @@ def test_scheduler_places_moves_and_survives_a_host_cut_off(bed, tmp_path):
         time.sleep(0.02)
     assert dead_at is not None, f"the jobs on the cut-off host {victim} were never stopped"
     assert gone_at is not None, f"host {victim}'s node record outlived its lease"
-    assert dead_at < gone_at, f"jobs stopped {dead_at - cut_at:.2f}s after the cut, lease gone {gone_at - cut_at:.2f}s"
+    assert dead_at < gone_at, (
+        f"jobs stopped {dead_at - cut_at:.2f}s after the cut, lease gone {gone_at - cut_at:.2f}s"
+    )
 
     # The scheduler resumes every job of the lost host on the survivor, from its checkpoint.
     for j in lost:
