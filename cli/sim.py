@@ -3,6 +3,7 @@
 microco sim --trace ../shared/traces/tiresias_60_job.csv --policy gandiva --gpus 16 --json
 microco sim --trace alibaba --policy las --gpus 64 --opt min_run_s=120
 microco sim --hp-search --policy gandiva --gpus 8 --hp-eta 3 --hp-min-fraction 1/81 --json
+microco sim --trace poisson:8000 --gpus 1024 --policy gandiva --json   # the scale target
 """
 
 from __future__ import annotations
@@ -124,9 +125,10 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trace",
         default="alibaba",
-        help="trace file (native CSV, an Alibaba gpu-v2023 pod list or the Tiresias trace) or an alias: "
+        help="trace file (native CSV, an Alibaba gpu-v2023 pod list or the Tiresias trace), an alias: "
         + ", ".join(TRACE_ALIASES)
-        + " (default: alibaba)",
+        + ", or poisson:JOBS[:LOAD[:SEED]] for a generated trace of Poisson arrivals at LOAD (default 1.0) "
+        "times the cluster's capacity, seed SEED (default 1) (default: alibaba)",
     )
     p.add_argument(
         "--traces-dir",
@@ -286,9 +288,44 @@ def default_gpus(trace: str) -> int:
     return 16 if trace == "tiresias" or "tiresias" in trace else 32
 
 
-def load_jobs(args: argparse.Namespace):
-    from microco.services.scheduler.sim import load_trace
+POISSON = "poisson:"
 
+
+def poisson_spec(text: str) -> tuple[int, float, int]:
+    """``poisson:JOBS[:LOAD[:SEED]]`` -> (jobs, load, seed); load 1.0 and seed 1 by default
+    (the scale benchmark's trace: ``microco bench sim --scale``). ValueError with what is
+    wrong."""
+    parts = text[len(POISSON) :].split(":")
+    if not 1 <= len(parts) <= 3:
+        raise ValueError(f"--trace {text!r}: want poisson:JOBS[:LOAD[:SEED]], e.g. poisson:8000:1.0:1")
+    try:
+        jobs = int(parts[0])
+        load = float(parts[1]) if len(parts) > 1 else 1.0
+        seed = int(parts[2]) if len(parts) > 2 else 1
+    except ValueError:
+        raise ValueError(
+            f"--trace {text!r}: JOBS and SEED are whole numbers, LOAD a number (poisson:8000:1.0:1)"
+        ) from None
+    if jobs < 1 or not 0 < load < math.inf:
+        raise ValueError(f"--trace {text!r}: need at least one job and a positive load")
+    return jobs, load, seed
+
+
+def load_jobs(args: argparse.Namespace):
+    from microco.services.scheduler.sim import TraceError, load_trace
+
+    if args.trace.startswith(POISSON):
+        # generated for the cluster being simulated (its load is relative to --gpus)
+        from microco.services.scheduler.sim import poisson_trace
+
+        try:
+            n, load, seed = poisson_spec(args.trace)
+        except ValueError as exc:
+            raise TraceError(str(exc)) from None
+        jobs = poisson_trace(n, args.gpus or default_gpus(args.trace), load=load, seed=seed)
+        if args.limit is not None:
+            jobs = jobs[: args.limit]
+        return args.trace, jobs
     path = resolve_trace(args.trace, args.traces_dir)
     if not path.exists():
         raise SystemExit(f"microco sim: trace {path} not found (set --traces-dir or MICROCO_TRACES)")

@@ -65,7 +65,8 @@ class NetnsBed:
         self._veth = {h: f"mcv{self.tag}x{i}" for i, h in enumerate(hosts)}
         self._addr = {h: f"{self.prefix}.{i + 1}" for i, h in enumerate(hosts)}
         self.root_addr = f"{self.prefix}.254"  # the test process's own address on the bridge
-        self._procs: list[subprocess.Popen] = []
+        self._procs: list[tuple[str, subprocess.Popen]] = []
+        self._cut: set[str] = set()
 
     def addr(self, host: str) -> str:
         return self._addr[host]
@@ -96,21 +97,27 @@ class NetnsBed:
     def popen(self, host: str, argv: Sequence[str], **kw) -> subprocess.Popen:
         """A process on ``host``; stopped by :meth:`close` if still running."""
         p = subprocess.Popen(self.command(host, argv), **kw)
-        self._procs.append(p)
+        self._procs.append((host, p))
         return p
 
     def cut(self, host: str) -> None:
         """Take ``host`` off the network (its link to the switch goes down)."""
         _ip("link", "set", self._veth[host], "down")
+        self._cut.add(host)
 
     def heal(self, host: str) -> None:
         _ip("link", "set", self._veth[host], "up")
+        self._cut.discard(host)
 
     def close(self) -> None:
-        for p in self._procs:
-            if p.poll() is None:
+        # A process on a host still cut off is killed: its graceful stop would wait on a
+        # network it cannot reach (an agent revoking its lease in etcd: seconds).
+        for host, p in self._procs:
+            if p.poll() is None and host in self._cut:
+                p.kill()
+            elif p.poll() is None:
                 p.terminate()
-        for p in self._procs:
+        for _, p in self._procs:
             try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:

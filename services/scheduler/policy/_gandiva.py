@@ -57,6 +57,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 from ._index import ClusterIndex, index_of
 from ._registry import register_policy
@@ -283,9 +284,13 @@ class GandivaPolicy:
         max_victim, min_victim_prio = -1.0, 0
         ready = False
         acted0 = set(acted)
+        las = cfg.slice_order == "las"
+        # a victim's attained service, read once per decision: a simulator's view computes it
+        # at the clock on every read, and the loop below compares it for every waiting job
+        att: dict[str, float] = {}
 
         def prepare() -> None:
-            nonlocal victims, pack_victims, pack_slots, max_victim, min_victim_prio, ready
+            nonlocal victims, pack_victims, pack_slots, max_victim, min_victim_prio, ready, att
             ready = True
             if cfg.enable_time_slicing:
                 victims = [
@@ -298,8 +303,9 @@ class GandivaPolicy:
                     and not self._finishing(j)
                 ]
                 # worst first: most attained service (las) / running longest since its change
-                if cfg.slice_order == "las":
-                    victims.sort(key=lambda j: (j.priority, -j.attained_service_s, j.id))
+                if las:
+                    att = {j.id: j.attained_service_s for j in victims}
+                    victims.sort(key=lambda j: (j.priority, -att[j.id], j.id))
                 else:
                     victims.sort(key=lambda j: (j.priority, j.last_change_at, j.id))
             # packs whose quantum is over: device -> its members (one time-slice participant)
@@ -307,8 +313,9 @@ class GandivaPolicy:
                 pack_victims = self._pack_victims(occ, jobs, acted, now)
             packed_victims = [m for ms in pack_victims.values() for m in ms]
             if cfg.enable_packing:
-                pack_slots = self._pack_slots(occ, jobs, acted, now)
-            max_victim = max((v.attained_service_s for v in victims + packed_victims), default=-1.0)
+                pack_slots = self._pack_slots(occ, jobs, acted, now, holders)
+            served = att.values() if las else [v.attained_service_s for v in victims]
+            max_victim = max(chain(served, (m.attained_service_s for m in packed_victims)), default=-1.0)
             min_victim_prio = min((v.priority for v in victims + packed_victims), default=0)
 
         # Dataset affinity reorders the waiting jobs (within the slack): a later job may then
@@ -418,9 +425,21 @@ class GandivaPolicy:
                     continue
                 # Priorities are strict classes: a job only yields to one of higher
                 # priority, or of equal priority (and, with "las", less attained service).
-                cands = [
-                    v for v in victims if v.id not in suspended and v.id not in acted and self._yields(v, w)
-                ]
+                # (``_yields(v, w)`` inlined, with each victim's service read once: ``att``)
+                wp = w.priority
+                if las:
+                    wa = w.attained_service_s
+                    cands = [
+                        v
+                        for v in victims
+                        if v.id not in suspended
+                        and v.id not in acted
+                        and (v.priority < wp or (v.priority == wp and att[v.id] > wa))
+                    ]
+                else:
+                    cands = [
+                        v for v in victims if v.id not in suspended and v.id not in acted and v.priority <= wp
+                    ]
                 if cfg.dataset_affinity and w.dataset:
                     # a job of another dataset yields first, one on a node where w's dataset is
                     # read before others (stable: worst first otherwise)
@@ -875,12 +894,14 @@ class GandivaPolicy:
             acted.add(j.id)
         return place({node: occ.free_by_node().get(node, [])}, k, allow_spread=False)
 
-    def _pack_slots(self, occ: Occupancy, jobs: Mapping[str, JobView], acted: set, now: float) -> list:
+    def _pack_slots(
+        self, occ: Occupancy, jobs: Mapping[str, JobView], acted: set, now: float, holders: Sequence[JobView]
+    ) -> list:
         """Devices a waiting job could join: held by one running one-device job observed
         long enough, or by a pack of fewer than ``max_jobs_per_device`` one-device jobs that
         introspection has measured and kept; the holders' busy fractions add up to less
         than ``pack_share_limit``. (summed busy fraction, device, holder ids), fullest
-        first."""
+        first. ``holders``: the view's holding jobs (any order)."""
         cfg = self.config
         if cfg.max_jobs_per_device < 2:
             return []
@@ -889,25 +910,33 @@ class GandivaPolicy:
         observe = cfg.pack_observe_s - _EPS
         limit = cfg.pack_share_limit
         running = JobPhase.RUNNING
-        for dev, hs in occ.holders.items():
-            n = len(hs)
-            if n == 0 or n >= max_n:
+        hx = occ.holders
+        # A device held by one job: visited from the holding jobs, not from every device (a
+        # simulator's cluster has a thousand). Not acted on in this call, a RUNNING
+        # one-device job is exactly where its view says, alone there unless ``hx`` says
+        # otherwise, and it is the only holder of no other device: the same devices as a
+        # pass over every device (the order is the sort's below).
+        for r in holders:
+            if (
+                r.state is not running
+                or len(r.devices) != 1
+                or r.id in acted
+                or now - r.last_change_at < observe
+            ):
                 continue
-            if n == 1:  # (most devices; the general case below, inlined)
-                r = jobs.get(hs[0])
-                if (
-                    r is None
-                    or r.state is not running
-                    or len(r.devices) != 1
-                    or r.id in acted
-                    or now - r.last_change_at < observe
-                ):
-                    continue
-                u = r.utilization
-                busy = r.gpu_share if u is None else u
-                if busy >= limit:
-                    continue
-                slots.append((busy, dev, hs))
+            dev = r.devices[0]
+            hs = hx.get(dev)
+            if hs is None or len(hs) != 1 or hs[0] != r.id:
+                continue
+            u = r.utilization
+            busy = r.gpu_share if u is None else u
+            if busy >= limit:
+                continue
+            slots.append((busy, dev, hs))
+        for dev in occ.shared_in_order():  # devices held by two or more
+            hs = hx[dev]
+            n = len(hs)
+            if n < 2 or n >= max_n:
                 continue
             members = [m for h in hs if (m := jobs.get(h)) is not None]
             if len(members) < len(hs) or any(

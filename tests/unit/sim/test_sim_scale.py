@@ -75,3 +75,25 @@ def test_bench_scale_until_stops_each_run_at_that_time(capsys) -> None:
     assert bench.main(["--scale", "8", "--scale-jobs", "60", "--scale-until", "300"]) == 0
     part = json.loads(capsys.readouterr().out)["scale"][0]
     assert 0 < part["decide_calls"] < whole["decide_calls"]
+
+
+def test_cli_simulates_a_generated_poisson_trace_and_reports_its_cpu(tmp_path, capsys) -> None:
+    """``microco sim --trace poisson:JOBS:LOAD:SEED``: the scale benchmark's trace through the
+    CLI (so anyone can check the scale target), with the simulation's CPU seconds."""
+    from microco.cli import sim as cli
+    from microco.services.scheduler.policy import make_policy
+    from microco.services.scheduler.sim import default_perf_model, simulate
+
+    none = ["--traces-dir", str(tmp_path)]  # no traces there: the uniform performance model
+    assert cli.main(["sim", "--trace", "poisson:60:1.5:2", "--gpus", "8", "--json", *none]) == 0
+    out = json.loads(capsys.readouterr().out)
+    ref = simulate(make_policy("gandiva"), poisson_trace(60, 8, load=1.5, seed=2), ClusterSpec.for_gpus(8),
+                   perf=default_perf_model(None))  # fmt: skip
+    assert out["trace"] == "poisson:60:1.5:2" and out["jobs"] == 60
+    assert (out["decide_calls"], out["preemptions"]) == (ref.decide_calls, ref.preemptions)
+    assert out["avg_jct_s"] == round(ref.avg_jct_s, 4)
+    assert out["cpu_s"] >= out["sim_cpu_s"] >= 0  # the process's CPU (trace generation too) and the run's
+    for bad in ("poisson:", "poisson:0", "poisson:10:x", "poisson:10:1:2:3", "poisson:10:-1"):
+        assert cli.main(["sim", "--trace", bad, "--gpus", "8", "--json", *none]) == 2, bad
+        err = capsys.readouterr().err
+        assert "poisson:JOBS" in err or "positive load" in err or "whole numbers" in err, err
