@@ -905,7 +905,7 @@ class GandivaPolicy:
         cfg = self.config
         if cfg.max_jobs_per_device < 2:
             return []
-        slots = []
+        slots: list[tuple[float, str, tuple[str, ...]]] = []
         max_n = cfg.max_jobs_per_device
         observe = cfg.pack_observe_s - _EPS
         limit = cfg.pack_share_limit
@@ -932,7 +932,7 @@ class GandivaPolicy:
             busy = r.gpu_share if u is None else u
             if busy >= limit:
                 continue
-            slots.append((busy, dev, hs))
+            slots.append((busy, dev, tuple(hs)))
         for dev in occ.shared_in_order():  # devices held by two or more
             hs = hx[dev]
             n = len(hs)
@@ -950,10 +950,10 @@ class GandivaPolicy:
             # a pack grows only once introspection has judged it (measured and kept)
             if n > 1 and packed_progress(members) is None:
                 continue
-            busy = sum(busy_fraction(r) for r in members)
+            busy = float(sum(busy_fraction(r) for r in members))
             if busy >= cfg.pack_share_limit:
                 continue
-            slots.append((busy, dev, hs))
+            slots.append((busy, dev, tuple(hs)))
         slots.sort(key=lambda x: (-x[0], x[1]))
         return slots
 
