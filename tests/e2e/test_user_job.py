@@ -56,7 +56,7 @@ def _wait_ended(env: dict[str, str], job_id: str, timeout: float = 240) -> dict:
 
 def test_a_users_job_runs_with_the_platform(tmp_path: Path) -> None:
     env = _user_env(tmp_path)
-    up = _cli(env, "up", "--detach", "--no-console", "--devices", "2", "--store-nodes", "3")
+    up = _cli(env, "up", "--detach", "--no-console", "--no-standby", "--devices", "2", "--store-nodes", "3")
     assert up.returncode == 0, up.stderr[-3000:]
     state = json.loads((tmp_path / "home" / "stack.json").read_text())
     try:
