@@ -38,6 +38,7 @@ import pyarrow as pa
 from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError, Message
 
+import microco
 from microco.api.flight.v1 import flight_pb2 as fpb
 from microco.api.flight.v1 import flight_pb2_grpc as fpb_grpc
 from microco.api.flight.v1 import flight_sql_pb2 as spb
@@ -48,6 +49,11 @@ from microco.services.runtime.server import ErrorAndMetricsInterceptor
 
 log = logging.getLogger(__name__)
 
+
+class Int32(int):
+    """An SqlInfo value sent as Flight SQL's ``int32_bitmask`` (an enum or a bitmask)."""
+
+
 CATALOG = "microco"
 DB_SCHEMA = "store"
 TABLE_TYPE = "TABLE"
@@ -57,7 +63,18 @@ BATCH_BYTES = 2 << 20  # a FlightData message stays well under gRPC's usual 4 Mi
 _URL = "type.googleapis.com/"
 
 # CommandGetSqlInfo: the SqlInfo codes answered (Flight SQL's numbering) and the union it returns
-SQL_INFO = {0: "Instalytics store (microco)", 1: "", 2: pa.__version__, 3: True, 4: True, 5: False}
+# server name, version, Arrow version, read-only, SQL, Substrait; transactions (an int32 enum: none);
+# cancel
+SQL_INFO: dict[int, str | bool | Int32] = {
+    0: "Instalytics store (microco)",
+    1: microco.__version__,
+    2: pa.__version__,
+    3: True,
+    4: True,
+    5: False,
+    8: Int32(0),
+    9: False,
+}
 _INFO_VALUE = pa.dense_union(
     [
         pa.field("string_value", pa.utf8()),
@@ -259,15 +276,15 @@ class FlightSqlServicer(fpb_grpc.FlightServiceServicer):
             return pa.table(cols, schema=TABLES_SCHEMA_WITH_SCHEMA)
         if isinstance(cmd, spb.CommandGetSqlInfo):
             codes = [c for c in (cmd.info or sorted(SQL_INFO)) if c in SQL_INFO]
-            tags = {str: 0, bool: 1}
+            tags = {str: 0, bool: 1, Int32: 3}
             children: list[list[Any]] = [[], [], [], [], [], []]
             types, offsets = [], []
             for c in codes:
-                v = SQL_INFO[c] or (pa.__version__ if c == 1 else SQL_INFO[c])
+                v = SQL_INFO[c]
                 tag = tags[type(v)]
                 types.append(tag)
                 offsets.append(len(children[tag]))
-                children[tag].append(v)
+                children[tag].append(int(v) if isinstance(v, Int32) else v)
             arrays = [pa.array(vals, type=f.type) for vals, f in zip(children, _INFO_VALUE, strict=True)]
             value = pa.UnionArray.from_dense(
                 pa.array(types, pa.int8()),

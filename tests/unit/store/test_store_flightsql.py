@@ -91,6 +91,8 @@ def test_adbc_lists_tables_and_queries_as_grpc_does(endpoint):
         }
         assert tables == {"sales", "shared"}
         assert conn.adbc_get_table_schema("sales").names == ["k", "g", "v"]
+        info = conn.adbc_get_info()
+        assert info["vendor_name"] == "Instalytics store (microco)", info
         with conn.cursor() as cur:
             cur.execute(SQL)
             got = cur.fetch_arrow_table()
