@@ -352,7 +352,10 @@ class FlightSqlServicer(fpb_grpc.FlightServiceServicer):
             yield fpb.ActionType(type=name, description=f"Flight SQL {name}")
 
     def DoPut(self, request_iterator, context):
-        raise Unimplemented("the store is read-only over Flight SQL: load tables with `microco store load`")
+        raise Unimplemented(
+            "Flight SQL DoPut (updates, ingestion, bound parameters) is not supported: the store is "
+            "read-only over Flight SQL; load tables with `microco store load`"
+        )
 
 
 def _prepared_sql(handle: bytes) -> str:

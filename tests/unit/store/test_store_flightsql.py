@@ -113,6 +113,9 @@ def test_adbc_lists_tables_and_queries_as_grpc_does(endpoint):
                 cur.execute("SELECT count(*) FROM shared s JOIN sales t ON s.k = t.k")
             cur.execute("SELECT count(*) AS n FROM shared")
             assert cur.fetchall() == [(1000,)]
+            cur.execute("SELECT k, g FROM shared WHERE k < 0")  # no rows: the schema still comes
+            empty = cur.fetch_arrow_table()
+            assert empty.num_rows == 0 and empty.schema.names == ["k", "g"]
     with pytest.raises(PermissionDenied):
         _grpc_query(servicer, bob, SQL)
 
@@ -137,3 +140,23 @@ def test_like_patterns():
     assert _like(None, "sales") and _like("%", "sales") and _like("sa_es", "sales")
     assert not _like("s_les%x", "sales") and not _like("Sales", "sales")
     assert _like("s[a]%", "s[a]les") and not _like("s[a]%", "sales")  # brackets are literal
+
+
+def test_commands_not_served_are_clear_errors():
+    from google.protobuf import any_pb2
+
+    from microco.api.flight.v1 import flight_sql_pb2 as spb
+    from microco.common.errors import InvalidArgument, Unimplemented
+    from microco.services.store._flightsql import pack, unpack
+
+    assert unpack(pack(spb.CommandGetTables(include_schema=True)), "x") == spb.CommandGetTables(
+        include_schema=True
+    )
+    keys = any_pb2.Any(type_url="type.googleapis.com/arrow.flight.protocol.sql.CommandGetPrimaryKeys")
+    with pytest.raises(Unimplemented, match="CommandGetPrimaryKeys is not supported"):
+        unpack(keys.SerializeToString(), "the flight descriptor")
+    other = any_pb2.Any(type_url="type.googleapis.com/some.other.Command")
+    with pytest.raises(InvalidArgument, match="not a Flight SQL command"):
+        unpack(other.SerializeToString(), "the flight descriptor")
+    with pytest.raises(InvalidArgument, match="not a Flight SQL command"):
+        unpack(b"\xff\xff not a protobuf", "the ticket")
