@@ -22,7 +22,6 @@ ticket whose result is gone runs its SQL again, checked again, as the caller who
 from __future__ import annotations
 
 import fnmatch
-import io
 import json
 import logging
 import threading
@@ -59,6 +58,7 @@ DB_SCHEMA = "store"
 TABLE_TYPE = "TABLE"
 RESULTS = 32  # query results held for their DoGet
 RESULT_TTL_S = 300.0
+RESULT_BYTES = 2 << 30  # and at most this much of them (Arrow bytes)
 BATCH_BYTES = 2 << 20  # a FlightData message stays well under gRPC's usual 4 MiB receive limit
 _URL = "type.googleapis.com/"
 
@@ -162,14 +162,16 @@ def flight_data(table: pa.Table) -> Iterator[fpb.FlightData]:
     table = _plain(table)
     per_row = table.nbytes / table.num_rows if table.num_rows else 1
     rows = max(1, int(BATCH_BYTES / max(per_row, 1)))
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        for batch in table.to_batches(max_chunksize=rows):
-            w.write_batch(batch)
-    for m in pa.ipc.MessageReader.open_stream(pa.py_buffer(sink.getvalue())):
-        yield fpb.FlightData(
-            data_header=m.metadata.to_pybytes(), data_body=m.body.to_pybytes() if m.body is not None else b""
-        )
+    yield _data(table.schema.serialize())
+    for batch in table.to_batches(max_chunksize=rows):  # one batch serialised at a time
+        yield _data(batch.serialize())
+
+
+def _data(message: pa.Buffer) -> fpb.FlightData:
+    m = pa.ipc.read_message(message)
+    return fpb.FlightData(
+        data_header=m.metadata.to_pybytes(), data_body=m.body.to_pybytes() if m.body is not None else b""
+    )
 
 
 class _Results:
@@ -183,7 +185,10 @@ class _Results:
         key = uuid.uuid4().hex
         with self._lock:
             self._items[key] = (time.monotonic() + RESULT_TTL_S, who, table)
-            while len(self._items) > RESULTS:
+            # the oldest go first (their tickets then run the query again); the newest always stays
+            while len(self._items) > 1 and (
+                len(self._items) > RESULTS or sum(t.nbytes for _, _, t in self._items.values()) > RESULT_BYTES
+            ):
                 self._items.popitem(last=False)
         return key
 

@@ -20,8 +20,8 @@ from microco.common.errors import PermissionDenied
 from microco.common.identity import SERVICE_NAME
 from microco.common.kv import MemoryKV
 from microco.services.runtime.auth import Caller
-from microco.services.store import LocalTransport, NodeInfo, PartitionSpec, StoreCore
-from microco.services.store._flightsql import FlightSqlServer, _like
+from microco.services.store import LocalTransport, NodeInfo, PartitionSpec, StoreCore, _flightsql
+from microco.services.store._flightsql import FlightSqlServer, FlightSqlServicer, _like, pack
 from microco.services.store._service import StoreServicer
 
 
@@ -82,8 +82,9 @@ def _grpc_query(servicer: StoreServicer, who, sql: str) -> pa.Table:
 SQL = "SELECT g, count(*) AS n, sum(v) AS s FROM sales WHERE k < 600 GROUP BY g ORDER BY g"
 
 
-def test_adbc_lists_tables_and_queries_as_grpc_does(endpoint):
+def test_adbc_lists_tables_and_queries_as_grpc_does(endpoint, monkeypatch):
     servicer, uri, alice, bob = endpoint
+    monkeypatch.setattr(_flightsql, "BATCH_BYTES", 64)  # results in many record batches
     with _connect(uri, alice) as conn:
         objects = conn.adbc_get_objects(depth="tables").read_all().to_pylist()
         tables = {
@@ -147,7 +148,7 @@ def test_commands_not_served_are_clear_errors():
 
     from microco.api.flight.v1 import flight_sql_pb2 as spb
     from microco.common.errors import InvalidArgument, Unimplemented
-    from microco.services.store._flightsql import pack, unpack
+    from microco.services.store._flightsql import unpack
 
     assert unpack(pack(spb.CommandGetTables(include_schema=True)), "x") == spb.CommandGetTables(
         include_schema=True
@@ -160,3 +161,20 @@ def test_commands_not_served_are_clear_errors():
         unpack(other.SerializeToString(), "the flight descriptor")
     with pytest.raises(InvalidArgument, match="not a Flight SQL command"):
         unpack(b"\xff\xff not a protobuf", "the ticket")
+
+
+def test_a_ticket_runs_as_whoever_presents_it(endpoint, monkeypatch):
+    """A statement ticket whose result is gone (or was another caller's) runs its SQL again, as
+    the caller who presents it: alice's ticket gives bob nothing of hers."""
+    from microco.api.flight.v1 import flight_pb2 as fpb
+    from microco.api.flight.v1 import flight_sql_pb2 as spb
+
+    servicer, _, alice, bob = endpoint
+    monkeypatch.setattr(_flightsql, "RESULTS", 1)
+    fsql = FlightSqlServicer(servicer)
+    desc = fpb.FlightDescriptor(type=fpb.FlightDescriptor.CMD, cmd=pack(spb.CommandStatementQuery(query=SQL)))
+    first = fsql.GetFlightInfo(desc, _Context(alice)).endpoint[0].ticket
+    with pytest.raises(PermissionDenied):
+        list(fsql.DoGet(first, _Context(bob)))
+    fsql.GetFlightInfo(desc, _Context(alice))  # evicts the first result (RESULTS = 1)
+    assert len(list(fsql.DoGet(first, _Context(alice)))) == 2  # run again: schema and one batch
