@@ -121,7 +121,8 @@ def unpack(raw: bytes, what: str) -> Message:
         raise InvalidArgument(f"{what} is not a Flight SQL command (a google.protobuf.Any)") from None
     name = a.type_url.removeprefix(_URL)
     pkg, _, short = name.rpartition(".")
-    cls = getattr(spb, short, None) if pkg == spb.DESCRIPTOR.package else None
+    served = pkg == spb.DESCRIPTOR.package and short in spb.DESCRIPTOR.message_types_by_name
+    cls = getattr(spb, short) if served else None
     if cls is None:
         if pkg == spb.DESCRIPTOR.package:
             raise Unimplemented(f"Flight SQL {short} is not supported: this endpoint is read-only SQL")

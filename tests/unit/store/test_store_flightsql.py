@@ -156,6 +156,9 @@ def test_commands_not_served_are_clear_errors():
     keys = any_pb2.Any(type_url="type.googleapis.com/arrow.flight.protocol.sql.CommandGetPrimaryKeys")
     with pytest.raises(Unimplemented, match="CommandGetPrimaryKeys is not supported"):
         unpack(keys.SerializeToString(), "the flight descriptor")
+    odd = any_pb2.Any(type_url="type.googleapis.com/arrow.flight.protocol.sql.DESCRIPTOR")
+    with pytest.raises(Unimplemented):
+        unpack(odd.SerializeToString(), "the flight descriptor")
     other = any_pb2.Any(type_url="type.googleapis.com/some.other.Command")
     with pytest.raises(InvalidArgument, match="not a Flight SQL command"):
         unpack(other.SerializeToString(), "the flight descriptor")
