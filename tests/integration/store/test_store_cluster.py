@@ -559,19 +559,15 @@ def test_a_table_is_a_training_dataset_read_through_the_cache(fresh, tmp_path):
         server.stop(0)
 
 
-def test_flight_sql_endpoint_is_registered_and_answers_adbc(fresh, etcd_endpoint):
+def test_flight_sql_endpoint_is_registered_and_answers_adbc(fresh):
     """The coordinator process registers its Flight SQL address (label ``flight_sql``); the ADBC
     driver reaches it with the platform credentials and gets the SQL path's answer."""
     dbapi = pytest.importorskip("adbc_driver_flightsql.dbapi")
     from microco.common import identity
     from microco.common.registry import discover
 
-    _, client = fresh
-    kv = EtcdKV(etcd_endpoint)
-    try:
-        uri = discover(kv, "store")[0].labels["flight_sql"]
-    finally:
-        kv.close()
+    c, client = fresh
+    uri = discover(c.kv, "store")[0].labels["flight_sql"]  # as c.coordinator_address is found
     me = identity.current()
     opts = {}
     if me is not None:
