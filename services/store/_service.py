@@ -474,6 +474,12 @@ def _coordinator_args(p: argparse.ArgumentParser) -> None:
         default=256,
         help="SQL plans kept for reuse by the same text on the same catalog version (0: none)",
     )
+    g.add_argument(
+        "--flight-sql-port",
+        type=int,
+        default=0,
+        help="Arrow Flight SQL endpoint's port (0: a free one; -1: none); registered as label flight_sql",
+    )
 
 
 def _setup_coordinator(ctx: ServiceContext) -> None:
@@ -514,7 +520,25 @@ def _setup_coordinator(ctx: ServiceContext) -> None:
     ctx.runtime.on_stop(transport.close)
     ctx.runtime.on_stop(election.stop)
     ctx.runtime.settings = replace(ctx.runtime.settings, max_message_bytes=64 << 20)
+    # (a standby answers Flight SQL too: reads only, planned from the catalog in etcd; the
+    # servicer unguarded by the election, as the guard is for the coordinator's gRPC API)
+    _start_flight_sql(ctx, servicer)
     election.start()  # last: its callbacks change the settings' role label from other threads
+
+
+def _start_flight_sql(ctx: ServiceContext, servicer: StoreServicer) -> None:
+    """The Flight SQL endpoint (``_flightsql``): its own port, the coordinator's credentials,
+    discoverable as the coordinator registration's ``flight_sql`` label."""
+    if ctx.args.flight_sql_port < 0:
+        return
+    from ._flightsql import FlightSqlServer
+
+    s = ctx.runtime.settings
+    fsql = FlightSqlServer(servicer, s.host, ctx.args.flight_sql_port, service_identity(SERVICE)).start()
+    address = secure_location(f"{s.advertised}:{fsql.port}", fsql.secure)
+    ctx.runtime.settings = replace(s, labels={**s.labels, "flight_sql": address})
+    ctx.runtime.on_stop(fsql.stop)
+    log.info("store flight sql", extra={"flight_sql": address})
 
 
 def _node_args(p: argparse.ArgumentParser) -> None:

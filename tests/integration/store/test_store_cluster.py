@@ -578,3 +578,29 @@ def test_a_table_is_a_training_dataset_read_through_the_cache(fresh, tmp_path):
                 assert loader.stats.hits == len(index.samples) and Counted.reads == 0
     finally:
         server.stop(0)
+
+
+def test_flight_sql_endpoint_is_registered_and_answers_adbc(fresh):
+    """The coordinator process registers its Flight SQL address (label ``flight_sql``); the ADBC
+    driver reaches it with the platform credentials and gets the SQL path's answer."""
+    dbapi = pytest.importorskip("adbc_driver_flightsql.dbapi")
+    from microco.common import identity
+    from microco.common.registry import discover
+
+    c, client = fresh
+    uri = discover(c.kv, "store")[0].labels["flight_sql"]  # as c.coordinator_address is found
+    me = identity.current()
+    opts = {}
+    if me is not None:
+        assert uri.startswith("grpc+tls://")
+        opts = {
+            "adbc.flight.sql.client_option.tls_root_certs": me.ca_pem.decode(),
+            "adbc.flight.sql.client_option.mtls_cert_chain": me.cert_pem.decode(),
+            "adbc.flight.sql.client_option.mtls_private_key": me.key_pem.decode(),
+            "adbc.flight.sql.client_option.tls_override_hostname": identity.SERVICE_NAME,
+        }
+    sql = "select o_flag, count(*) as n, sum(o_price) as s from orders group by o_flag order by o_flag"
+    with dbapi.connect(uri, db_kwargs=opts, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(sql)
+        got = cur.fetch_arrow_table()
+    assert same(rows(got), rows(client.sql(sql))) and same(rows(got), duck(sql))

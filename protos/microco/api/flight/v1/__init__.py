@@ -1,0 +1,1 @@
+"""Generated from protos/microco/api/flight/v1."""

@@ -1,0 +1,398 @@
+"""Arrow Flight SQL on the store coordinator: ADBC (``adbc-driver-flightsql``), JDBC/ODBC Flight
+SQL drivers, DuckDB or pandas through ADBC list the tables and run SQL (docs/store.md, Flight SQL).
+
+The Flight service is served with grpcio, not ``pyarrow.flight``: pyarrow's server hands a call
+neither the TLS peer's certificate nor any other transport identity, and the caller here must be
+the one of the client certificate (mutual TLS with the platform CA, as every gRPC service), so
+the same table-read authorisation applies as on the coordinator's ``Query`` RPC
+(``StoreServicer._check_read``, services/store/_authz.py). pyarrow only encodes the Arrow IPC
+messages the Flight data carries. The protocol's messages are ``microco.api.flight.v1``
+(package ``arrow.flight.protocol`` and ``.sql``: Flight's and Flight SQL's names and numbers).
+
+Served: ``CommandStatementQuery`` and prepared statements without parameters
+(``CreatePreparedStatement``/``ClosePreparedStatement``, ``CommandPreparedStatementQuery``: what
+ADBC's ``cursor.execute`` sends), ``CommandGetCatalogs``, ``CommandGetDbSchemas``,
+``CommandGetTables`` (``include_schema`` too), ``CommandGetTableTypes``, ``CommandGetSqlInfo``.
+Read-only: updates, ingestion, transactions and Substrait are refused with a clear error.
+
+A query runs when its FlightInfo is asked for (the FlightInfo carries the result's schema); the
+result waits for the ticket's ``DoGet`` (at most ``RESULTS`` of them, ``RESULT_TTL_S``), and a
+ticket whose result is gone runs its SQL again, checked again, as the caller who presents it."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+import pyarrow as pa
+from google.protobuf import any_pb2
+from google.protobuf.message import DecodeError, Message
+
+import microco
+from microco.api.flight.v1 import flight_pb2 as fpb
+from microco.api.flight.v1 import flight_pb2_grpc as fpb_grpc
+from microco.api.flight.v1 import flight_sql_pb2 as spb
+from microco.common import identity
+from microco.common.errors import InvalidArgument, MicrocoError, NotFound, Unimplemented
+from microco.services.runtime.auth import caller
+from microco.services.runtime.server import ErrorAndMetricsInterceptor
+
+log = logging.getLogger(__name__)
+
+
+class Int32(int):
+    """An SqlInfo value sent as Flight SQL's ``int32_bitmask`` (an enum or a bitmask)."""
+
+
+CATALOG = "microco"
+DB_SCHEMA = "store"
+TABLE_TYPE = "TABLE"
+RESULTS = 32  # query results held for their DoGet
+RESULT_TTL_S = 300.0
+RESULT_BYTES = 2 << 30  # and at most this much of them (Arrow bytes)
+BATCH_BYTES = 2 << 20  # a FlightData message stays well under gRPC's usual 4 MiB receive limit
+_URL = "type.googleapis.com/"
+
+# CommandGetSqlInfo: the SqlInfo codes answered (Flight SQL's numbering) and the union it returns
+# server name, version, Arrow version, read-only, SQL, Substrait; transactions (an int32 enum: none);
+# cancel
+SQL_INFO: dict[int, str | bool | Int32] = {
+    0: "Instalytics store (microco)",
+    1: microco.__version__,
+    2: pa.__version__,
+    3: True,
+    4: True,
+    5: False,
+    8: Int32(0),
+    9: False,
+}
+_INFO_VALUE = pa.dense_union(
+    [
+        pa.field("string_value", pa.utf8()),
+        pa.field("bool_value", pa.bool_()),
+        pa.field("bigint_value", pa.int64()),
+        pa.field("int32_bitmask", pa.int32()),
+        pa.field("string_list", pa.list_(pa.utf8())),
+        pa.field("int32_to_int32_list_map", pa.map_(pa.int32(), pa.list_(pa.int32()))),
+    ]
+)
+SQL_INFO_SCHEMA = pa.schema(
+    [pa.field("info_name", pa.uint32(), False), pa.field("value", _INFO_VALUE, False)]
+)
+CATALOGS_SCHEMA = pa.schema([pa.field("catalog_name", pa.utf8(), False)])
+DB_SCHEMAS_SCHEMA = pa.schema(
+    [pa.field("catalog_name", pa.utf8()), pa.field("db_schema_name", pa.utf8(), False)]
+)
+TABLES_SCHEMA = pa.schema(
+    [
+        pa.field("catalog_name", pa.utf8()),
+        pa.field("db_schema_name", pa.utf8()),
+        pa.field("table_name", pa.utf8(), False),
+        pa.field("table_type", pa.utf8(), False),
+    ]
+)
+TABLES_SCHEMA_WITH_SCHEMA = TABLES_SCHEMA.append(pa.field("table_schema", pa.binary(), False))
+TABLE_TYPES_SCHEMA = pa.schema([pa.field("table_type", pa.utf8(), False)])
+
+
+def pack(msg: Message) -> bytes:
+    """``msg`` in a ``google.protobuf.Any``, serialised (a Flight SQL command, ticket or result)."""
+    a = any_pb2.Any()
+    a.Pack(msg)
+    return a.SerializeToString()
+
+
+def unpack(raw: bytes, what: str) -> Message:
+    """The Flight SQL message in the serialised ``Any`` ``raw`` (``InvalidArgument`` for anything
+    else, ``Unimplemented`` for a Flight SQL command this endpoint does not serve)."""
+    a = any_pb2.Any()
+    try:
+        a.ParseFromString(raw)
+    except DecodeError:
+        raise InvalidArgument(f"{what} is not a Flight SQL command (a google.protobuf.Any)") from None
+    name = a.type_url.removeprefix(_URL)
+    pkg, _, short = name.rpartition(".")
+    served = pkg == spb.DESCRIPTOR.package and short in spb.DESCRIPTOR.message_types_by_name
+    cls = getattr(spb, short) if served else None
+    if cls is None:
+        if pkg == spb.DESCRIPTOR.package:
+            raise Unimplemented(f"Flight SQL {short} is not supported: this endpoint is read-only SQL")
+        raise InvalidArgument(f"{what} is not a Flight SQL command: {a.type_url[:120]!r}")
+    msg = cls()
+    if not a.Unpack(msg):
+        raise InvalidArgument(f"malformed {short}")
+    return msg  # type: ignore[no-any-return]
+
+
+def _like(pattern: str | None, name: str) -> bool:
+    """SQL LIKE (``%``, ``_``; Flight SQL's filter patterns), case-sensitive."""
+    if not pattern:
+        return True
+    glob = "".join(
+        "*" if c == "%" else "?" if c == "_" else "[" + c + "]" if c in "*?[" else c for c in pattern
+    )
+    return fnmatch.fnmatchcase(name, glob)
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """Dictionary columns decoded: a Flight stream carries no dictionary deltas here."""
+    cols = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in table.itercolumns()]
+    return pa.Table.from_arrays(
+        cols,
+        schema=pa.schema(
+            [
+                pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type, f.nullable)
+                for f in table.schema
+            ]
+        ),
+    )
+
+
+def flight_data(table: pa.Table) -> Iterator[fpb.FlightData]:
+    """``table`` as Flight's data messages: its schema, then record batches of about
+    ``BATCH_BYTES`` each."""
+    table = _plain(table)
+    per_row = table.nbytes / table.num_rows if table.num_rows else 1
+    rows = max(1, int(BATCH_BYTES / max(per_row, 1)))
+    yield _data(table.schema.serialize())
+    for batch in table.to_batches(max_chunksize=rows):  # one batch serialised at a time
+        yield _data(batch.serialize())
+
+
+def _data(message: pa.Buffer) -> fpb.FlightData:
+    m = pa.ipc.read_message(message)
+    return fpb.FlightData(
+        data_header=m.metadata.to_pybytes(), data_body=m.body.to_pybytes() if m.body is not None else b""
+    )
+
+
+class _Results:
+    """Query results waiting for their ticket's DoGet: bounded and expiring."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: OrderedDict[str, tuple[float, str, pa.Table]] = OrderedDict()
+
+    def put(self, who: str, table: pa.Table) -> str:
+        key = uuid.uuid4().hex
+        with self._lock:
+            self._items[key] = (time.monotonic() + RESULT_TTL_S, who, table)
+            # the oldest go first (their tickets then run the query again); the newest always stays
+            while len(self._items) > 1 and (
+                len(self._items) > RESULTS or sum(t.nbytes for _, _, t in self._items.values()) > RESULT_BYTES
+            ):
+                self._items.popitem(last=False)
+        return key
+
+    def take(self, key: str, who: str) -> pa.Table | None:
+        now = time.monotonic()
+        with self._lock:
+            for k in [k for k, (exp, _, _) in self._items.items() if exp < now]:
+                del self._items[k]
+            item = self._items.get(key)
+            if item is None or item[1] != who:  # another caller's result is not theirs to take
+                return None
+            del self._items[key]
+            return item[2]
+
+
+class FlightSqlServicer(fpb_grpc.FlightServiceServicer):
+    """Flight SQL over the coordinator's ``StoreServicer`` (its core, authorisation and SQL)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store  # the StoreServicer: .core, .owners, ._check_read
+        self.results = _Results()
+
+    # ---------------------------------------------------------------- helpers
+    def _tables(self, context: Any) -> list[str]:
+        who = caller(context)
+        return [n for n in self.store.core.catalog.table_names() if self.store.owners.may_read(who, n)]
+
+    def _run(self, context: Any, sql: str) -> pa.Table:
+        if not sql.strip():
+            raise InvalidArgument("empty SQL query")
+        self.store._check_read(context, sql, None)
+        table, plan = self.store.core.sql(sql)
+        log.info("flight sql query (%s) by %s: %d rows", plan.kind, caller(context).name, table.num_rows)
+        return table  # type: ignore[no-any-return]
+
+    def _info(
+        self, descriptor: fpb.FlightDescriptor, schema: pa.Schema, ticket: bytes, rows: int = -1
+    ) -> fpb.FlightInfo:
+        return fpb.FlightInfo(
+            schema=schema.serialize().to_pybytes(),
+            flight_descriptor=descriptor,
+            endpoint=[fpb.FlightEndpoint(ticket=fpb.Ticket(ticket=ticket))],
+            total_records=rows,
+            total_bytes=-1,
+        )
+
+    def _statement(self, context: Any, descriptor: fpb.FlightDescriptor, sql: str) -> fpb.FlightInfo:
+        table = self._run(context, sql)
+        key = self.results.put(caller(context).name, table)
+        handle = json.dumps({"result": key, "sql": sql}).encode()
+        ticket = pack(spb.TicketStatementQuery(statement_handle=handle))
+        return self._info(descriptor, _plain(table.slice(0, 0)).schema, ticket, table.num_rows)
+
+    def _metadata(self, context: Any, cmd: Message) -> pa.Table:
+        """The result of a catalog command (the caller sees the tables they may read)."""
+        if isinstance(cmd, spb.CommandGetCatalogs):
+            return pa.table({"catalog_name": [CATALOG]}, schema=CATALOGS_SCHEMA)
+        if isinstance(cmd, spb.CommandGetDbSchemas):
+            ok = (not cmd.HasField("catalog") or cmd.catalog == CATALOG) and _like(
+                cmd.db_schema_filter_pattern if cmd.HasField("db_schema_filter_pattern") else None, DB_SCHEMA
+            )
+            return pa.table(
+                {"catalog_name": [CATALOG] * ok, "db_schema_name": [DB_SCHEMA] * ok}, schema=DB_SCHEMAS_SCHEMA
+            )
+        if isinstance(cmd, spb.CommandGetTableTypes):
+            return pa.table({"table_type": [TABLE_TYPE]}, schema=TABLE_TYPES_SCHEMA)
+        if isinstance(cmd, spb.CommandGetTables):
+            ok = (
+                (not cmd.HasField("catalog") or cmd.catalog == CATALOG)
+                and _like(
+                    cmd.db_schema_filter_pattern if cmd.HasField("db_schema_filter_pattern") else None,
+                    DB_SCHEMA,
+                )
+                and (not cmd.table_types or TABLE_TYPE in cmd.table_types)
+            )
+            pattern = cmd.table_name_filter_pattern if cmd.HasField("table_name_filter_pattern") else None
+            names = [n for n in self._tables(context) if ok and _like(pattern, n)]
+            cols: dict[str, list[Any]] = {
+                "catalog_name": [CATALOG] * len(names),
+                "db_schema_name": [DB_SCHEMA] * len(names),
+                "table_name": names,
+                "table_type": [TABLE_TYPE] * len(names),
+            }
+            if not cmd.include_schema:
+                return pa.table(cols, schema=TABLES_SCHEMA)
+            cols["table_schema"] = [
+                _plain(self.store.core.table(n).schema.empty_table()).schema.serialize().to_pybytes()
+                for n in names
+            ]
+            return pa.table(cols, schema=TABLES_SCHEMA_WITH_SCHEMA)
+        if isinstance(cmd, spb.CommandGetSqlInfo):
+            codes = [c for c in (cmd.info or sorted(SQL_INFO)) if c in SQL_INFO]
+            tags = {str: 0, bool: 1, Int32: 3}
+            children: list[list[Any]] = [[], [], [], [], [], []]
+            types, offsets = [], []
+            for c in codes:
+                v = SQL_INFO[c]
+                tag = tags[type(v)]
+                types.append(tag)
+                offsets.append(len(children[tag]))
+                children[tag].append(int(v) if isinstance(v, Int32) else v)
+            arrays = [pa.array(vals, type=f.type) for vals, f in zip(children, _INFO_VALUE, strict=True)]
+            value = pa.UnionArray.from_dense(
+                pa.array(types, pa.int8()),
+                pa.array(offsets, pa.int32()),
+                arrays,
+                [f.name for f in _INFO_VALUE],
+            )
+            return pa.Table.from_arrays([pa.array(codes, pa.uint32()), value], schema=SQL_INFO_SCHEMA)
+        raise Unimplemented(f"Flight SQL {type(cmd).__name__} is not supported here")
+
+    # ---------------------------------------------------------------- Flight methods
+    def GetFlightInfo(self, request, context):
+        if request.type != fpb.FlightDescriptor.CMD:
+            raise InvalidArgument("this is a Flight SQL endpoint: a descriptor is a Flight SQL command")
+        cmd = unpack(request.cmd, "the flight descriptor")
+        if isinstance(cmd, spb.CommandStatementQuery):
+            if cmd.HasField("transaction_id"):
+                raise Unimplemented("transactions are not supported: the store is read-only over Flight SQL")
+            return self._statement(context, request, cmd.query)
+        if isinstance(cmd, spb.CommandPreparedStatementQuery):
+            return self._statement(context, request, _prepared_sql(cmd.prepared_statement_handle))
+        table = self._metadata(context, cmd)  # checks the command before a ticket is handed out
+        return self._info(request, table.schema, request.cmd, table.num_rows)
+
+    def GetSchema(self, request, context):
+        info = self.GetFlightInfo(request, context)
+        return fpb.SchemaResult(schema=info.schema)
+
+    def DoGet(self, request, context):
+        cmd = unpack(request.ticket, "the ticket")
+        if isinstance(cmd, spb.TicketStatementQuery):
+            try:
+                handle = json.loads(cmd.statement_handle)
+                key, sql = str(handle["result"]), str(handle["sql"])
+            except (ValueError, KeyError, TypeError):
+                raise InvalidArgument("malformed statement ticket") from None
+            table = self.results.take(key, caller(context).name)
+            if table is None:  # expired, or asked for by another caller: run again, as them
+                table = self._run(context, sql)
+        else:
+            table = self._metadata(context, cmd)
+        yield from flight_data(table)
+
+    def DoAction(self, request, context):
+        if request.type == "CreatePreparedStatement":
+            req = unpack(request.body, "the action body")
+            if not isinstance(req, spb.ActionCreatePreparedStatementRequest):
+                raise InvalidArgument("CreatePreparedStatement takes an ActionCreatePreparedStatementRequest")
+            if req.HasField("transaction_id"):
+                raise Unimplemented("transactions are not supported: the store is read-only over Flight SQL")
+            if not req.query.strip():
+                raise InvalidArgument("empty SQL query")
+            self.store._check_read(context, req.query, None)  # refuse early; checked again when run
+            # The handle is the statement itself: nothing is kept, so nothing leaks when a client
+            # never closes it; it runs (and is authorised) when executed, as its caller.
+            res = spb.ActionCreatePreparedStatementResult(prepared_statement_handle=req.query.encode())
+            yield fpb.Result(body=pack(res))
+        elif request.type == "ClosePreparedStatement":
+            unpack(request.body, "the action body")
+        else:
+            raise Unimplemented(f"Flight SQL action {request.type[:80]!r} is not supported")
+
+    def ListActions(self, request, context):
+        for name in ("CreatePreparedStatement", "ClosePreparedStatement"):
+            yield fpb.ActionType(type=name, description=f"Flight SQL {name}")
+
+    def DoPut(self, request_iterator, context):
+        raise Unimplemented(
+            "Flight SQL DoPut (updates, ingestion, bound parameters) is not supported: the store is "
+            "read-only over Flight SQL; load tables with `microco store load`"
+        )
+
+
+def _prepared_sql(handle: bytes) -> str:
+    try:
+        return handle.decode()
+    except UnicodeDecodeError:
+        raise NotFound("unknown prepared statement handle") from None
+
+
+class FlightSqlServer:
+    """The Flight SQL endpoint's own gRPC server (mutual TLS with the platform CA as the
+    coordinator, plaintext in insecure mode)."""
+
+    def __init__(self, store: Any, host: str, port: int = 0, ident: identity.Identity | None = None) -> None:
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="flightsql"),
+            interceptors=[ErrorAndMetricsInterceptor("store-flightsql")],
+        )
+        fpb_grpc.add_FlightServiceServicer_to_server(FlightSqlServicer(store), self.server)
+        self.secure = ident is not None
+        if ident is None:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
+        else:
+            creds = identity.server_credentials(ident)
+            self.port = self.server.add_secure_port(f"{host}:{port}", creds)  # type: ignore[arg-type]
+        if not self.port:
+            raise MicrocoError(f"Flight SQL: cannot bind {host}:{port}")
+
+    def start(self) -> FlightSqlServer:
+        self.server.start()
+        return self
+
+    def stop(self, grace: float = 1.0) -> None:
+        self.server.stop(grace).wait()

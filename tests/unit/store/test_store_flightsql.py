@@ -1,0 +1,183 @@
+"""The coordinator's Flight SQL endpoint (services/store/_flightsql.py) with the real ADBC Flight
+SQL driver over mutual TLS with the session CA: tables listed, a SQL query answered as the gRPC
+``Query`` path answers it, and a user refused a table the gRPC path refuses them."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pyarrow as pa
+import pytest
+
+from tests._support import issued
+
+flightsql = pytest.importorskip("adbc_driver_flightsql")
+dbapi = pytest.importorskip("adbc_driver_flightsql.dbapi")
+
+from microco.api.store.v1 import store_pb2 as pb
+from microco.common.errors import PermissionDenied
+from microco.common.identity import SERVICE_NAME
+from microco.common.kv import MemoryKV
+from microco.services.runtime.auth import Caller
+from microco.services.store import LocalTransport, NodeInfo, PartitionSpec, StoreCore, _flightsql
+from microco.services.store._flightsql import FlightSqlServer, FlightSqlServicer, _like, pack
+from microco.services.store._service import StoreServicer
+
+
+class _Context:
+    """The gRPC context of an in-process call to the servicer, as ``who`` over mutual TLS."""
+
+    def __init__(self, who) -> None:
+        self.who = who
+
+    def auth_context(self):
+        return {"x509_pem_cert": [self.who.cert_pem], "transport_security_type": [b"ssl"]}
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory):
+    tr = LocalTransport(
+        str(tmp_path_factory.mktemp("fsql")), [NodeInfo(f"n{i}", f"rack{i}") for i in range(3)]
+    )
+    core = StoreCore(MemoryKV(), tr, super_extent_rows=500, recovery_rate_bytes=0)
+    specs = [PartitionSpec("k", "hash", 4), PartitionSpec("g", "hash", 2), PartitionSpec("k", "hash", 3)]
+    data = pa.table(
+        {
+            "k": pa.array(range(1000), pa.int64()),
+            "g": [f"g{i % 7}" for i in range(1000)],
+            "v": [i * 0.5 for i in range(1000)],
+        }
+    )
+    servicer = StoreServicer(core)
+    alice, bob = issued("user:alice"), issued("user:bob")
+    for name, who in (("sales", alice), ("shared", None)):
+        core.create_table(name, data.schema, specs)
+        core.append(name, data)
+        if who is not None:
+            servicer.owners.created(Caller(who.name), name)
+    server = FlightSqlServer(servicer, "127.0.0.1", 0, issued("service:store")).start()
+    yield servicer, f"grpc+tls://127.0.0.1:{server.port}", alice, bob
+    server.stop(0)
+
+
+def _connect(uri: str, who):
+    return dbapi.connect(
+        uri,
+        db_kwargs={
+            "adbc.flight.sql.client_option.tls_root_certs": who.ca_pem.decode(),
+            "adbc.flight.sql.client_option.mtls_cert_chain": who.cert_pem.decode(),
+            "adbc.flight.sql.client_option.mtls_private_key": who.key_pem.decode(),
+            "adbc.flight.sql.client_option.tls_override_hostname": SERVICE_NAME,
+        },
+        autocommit=True,
+    )
+
+
+def _grpc_query(servicer: StoreServicer, who, sql: str) -> pa.Table:
+    msgs = list(servicer.Query(pb.QueryRequest(query_json=json.dumps({"sql": sql})), _Context(who)))
+    return pa.ipc.open_stream(io.BytesIO(b"".join(m.arrow_ipc for m in msgs))).read_all()
+
+
+SQL = "SELECT g, count(*) AS n, sum(v) AS s FROM sales WHERE k < 600 GROUP BY g ORDER BY g"
+
+
+def test_adbc_lists_tables_and_queries_as_grpc_does(endpoint, monkeypatch):
+    servicer, uri, alice, bob = endpoint
+    monkeypatch.setattr(_flightsql, "BATCH_BYTES", 64)  # results in many record batches
+    with _connect(uri, alice) as conn:
+        objects = conn.adbc_get_objects(depth="tables").read_all().to_pylist()
+        tables = {
+            t["table_name"] for c in objects for s in c["catalog_db_schemas"] for t in s["db_schema_tables"]
+        }
+        assert tables == {"sales", "shared"}
+        assert conn.adbc_get_table_schema("sales").names == ["k", "g", "v"]
+        info = conn.adbc_get_info()
+        assert info["vendor_name"] == "Instalytics store (microco)", info
+        with conn.cursor() as cur:
+            cur.execute(SQL)
+            got = cur.fetch_arrow_table()
+    want = _grpc_query(servicer, alice, SQL)
+    assert got.num_rows == 7
+    assert got.equals(want)
+    # bob sees only the platform table, and is refused alice's on both paths alike
+    with _connect(uri, bob) as conn:
+        objects = conn.adbc_get_objects(depth="tables").read_all().to_pylist()
+        tables = {
+            t["table_name"] for c in objects for s in c["catalog_db_schemas"] for t in s["db_schema_tables"]
+        }
+        assert tables == {"shared"}
+        with conn.cursor() as cur:
+            with pytest.raises(dbapi.Error, match="may not read table 'sales'"):
+                cur.execute(SQL)
+            with pytest.raises(dbapi.Error, match="may not read table 'sales'"):
+                cur.execute("SELECT count(*) FROM shared s JOIN sales t ON s.k = t.k")
+            cur.execute("SELECT count(*) AS n FROM shared")
+            assert cur.fetchall() == [(1000,)]
+            cur.execute("SELECT k, g FROM shared WHERE k < 0")  # no rows: the schema still comes
+            empty = cur.fetch_arrow_table()
+            assert empty.num_rows == 0 and empty.schema.names == ["k", "g"]
+    with pytest.raises(PermissionDenied):
+        _grpc_query(servicer, bob, SQL)
+
+
+def test_no_client_certificate_is_refused(endpoint):
+    _, uri, alice, _ = endpoint
+    conn = dbapi.connect(
+        uri,
+        db_kwargs={
+            "adbc.flight.sql.client_option.tls_root_certs": alice.ca_pem.decode(),
+            "adbc.flight.sql.client_option.tls_override_hostname": SERVICE_NAME,
+        },
+        autocommit=True,
+    )
+    with pytest.raises(dbapi.Error):
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM shared")
+    conn.close()
+
+
+def test_like_patterns():
+    assert _like(None, "sales") and _like("%", "sales") and _like("sa_es", "sales")
+    assert not _like("s_les%x", "sales") and not _like("Sales", "sales")
+    assert _like("s[a]%", "s[a]les") and not _like("s[a]%", "sales")  # brackets are literal
+
+
+def test_commands_not_served_are_clear_errors():
+    from google.protobuf import any_pb2
+
+    from microco.api.flight.v1 import flight_sql_pb2 as spb
+    from microco.common.errors import InvalidArgument, Unimplemented
+    from microco.services.store._flightsql import unpack
+
+    assert unpack(pack(spb.CommandGetTables(include_schema=True)), "x") == spb.CommandGetTables(
+        include_schema=True
+    )
+    keys = any_pb2.Any(type_url="type.googleapis.com/arrow.flight.protocol.sql.CommandGetPrimaryKeys")
+    with pytest.raises(Unimplemented, match="CommandGetPrimaryKeys is not supported"):
+        unpack(keys.SerializeToString(), "the flight descriptor")
+    odd = any_pb2.Any(type_url="type.googleapis.com/arrow.flight.protocol.sql.DESCRIPTOR")
+    with pytest.raises(Unimplemented):
+        unpack(odd.SerializeToString(), "the flight descriptor")
+    other = any_pb2.Any(type_url="type.googleapis.com/some.other.Command")
+    with pytest.raises(InvalidArgument, match="not a Flight SQL command"):
+        unpack(other.SerializeToString(), "the flight descriptor")
+    with pytest.raises(InvalidArgument, match="not a Flight SQL command"):
+        unpack(b"\xff\xff not a protobuf", "the ticket")
+
+
+def test_a_ticket_runs_as_whoever_presents_it(endpoint, monkeypatch):
+    """A statement ticket whose result is gone (or was another caller's) runs its SQL again, as
+    the caller who presents it: alice's ticket gives bob nothing of hers."""
+    from microco.api.flight.v1 import flight_pb2 as fpb
+    from microco.api.flight.v1 import flight_sql_pb2 as spb
+
+    servicer, _, alice, bob = endpoint
+    monkeypatch.setattr(_flightsql, "RESULTS", 1)
+    fsql = FlightSqlServicer(servicer)
+    desc = fpb.FlightDescriptor(type=fpb.FlightDescriptor.CMD, cmd=pack(spb.CommandStatementQuery(query=SQL)))
+    first = fsql.GetFlightInfo(desc, _Context(alice)).endpoint[0].ticket
+    with pytest.raises(PermissionDenied):
+        list(fsql.DoGet(first, _Context(bob)))
+    fsql.GetFlightInfo(desc, _Context(alice))  # evicts the first result (RESULTS = 1)
+    assert len(list(fsql.DoGet(first, _Context(alice)))) == 2  # run again: schema and one batch
