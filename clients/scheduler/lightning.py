@@ -38,6 +38,7 @@ import pytorch_lightning as pl
 from ._job import JobContext
 from ._torch import TorchHook, _rng_state, _set_rng_state
 
+
 class MicrocoCallback(pl.Callback):
     """Reports each training batch's time to the scheduler and obeys suspend / resume / stop /
     resize at batch ends; see the module docstring for the lines a script adds."""
@@ -50,6 +51,7 @@ class MicrocoCallback(pl.Callback):
         self._gathered: Any = None  # every rank's RNG states, gathered for the checkpoint being written
         self._loaded: dict[str, Any] | None = None  # the callback's state from a restored checkpoint
         self._restored_step = 0
+        self._epoch_rng: tuple[int, dict[str, Any]] | None = None  # (epoch, RNG states at its start)
 
     # ---- what the script uses
     @property
@@ -79,16 +81,16 @@ class MicrocoCallback(pl.Callback):
         loaded, self._loaded = self._loaded, None
         self._restored_step = 0
         if loaded is not None:
-            next_epoch = self._continue_data(trainer)
-            rng = loaded["rng"]
             rank = self.context.rank
-            _set_rng_state(_decode_rng(rng[rank] if rank < len(rng) else rng[0]))
-            if next_epoch:
-                # The next epoch's iterator (and the seed it draws from the RNG), made where an
-                # uninterrupted run makes it: after the checkpoint's RNG state.
-                iter(trainer.fit_loop._data_fetcher)
+            self._continue(trainer, _pick(loaded["rng"], rank), _pick(loaded.get("epoch_rng"), rank))
             self._restored_step = int(loaded["step"])
         self.context.restore()  # the status (step, checkpoint) and partial files of killed writers
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The RNG states the epoch's data iterator is about to draw its seeds from (a shuffling
+        # sampler without a generator of its own draws its order from torch's global RNG).
+        if self._epoch_rng is None or self._epoch_rng[0] != trainer.current_epoch:
+            self._epoch_rng = (trainer.current_epoch, _rng_state())
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -103,19 +105,32 @@ class MicrocoCallback(pl.Callback):
     # ---- the callback's part of Lightning's checkpoint
     def state_dict(self) -> dict[str, Any]:
         # Plain types only: Lightning loads checkpoints with ``weights_only`` by default.
-        gathered = self._gathered if self._gathered is not None else [_rng_state()]
-        return {"step": self.context.step, "rng": [_encode_rng(s) for s in gathered]}
+        gathered = self._gathered if self._gathered is not None else [self._rng_pair()]
+        return {
+            "step": self.context.step,
+            "rng": [_encode_rng(now) for now, _ in gathered],
+            "epoch_rng": [_encode_rng(epoch) if epoch is not None else None for _, epoch in gathered],
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._loaded = dict(state_dict)
 
     # ---- the hook's save / load
+    def _rng_pair(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        return _rng_state(), (self._epoch_rng[1] if self._epoch_rng is not None else None)
+
     def _save(self, step: int) -> bytes:
         import torch
 
-        assert self.hook is not None
-        rng = self.hook._rng_states()  # every rank's (a collective: every rank is here)
-        self._gathered = rng if isinstance(rng, list) else [rng]
+        pair = self._rng_pair()
+        if self.hook is not None and self.hook._group is not None:  # every rank's (every rank is here)
+            import torch.distributed as dist
+
+            gathered: list[Any] = [None] * self.hook._group[1]
+            dist.all_gather_object(gathered, pair)
+            self._gathered = gathered
+        else:
+            self._gathered = [pair]
         try:
             # On every rank, as ``Trainer.save_checkpoint`` does (a sharded strategy gathers).
             ckpt = self._trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
@@ -132,43 +147,60 @@ class MicrocoCallback(pl.Callback):
         # needs the step it was taken at.
         return self._restored_step
 
-    def _continue_data(self, trainer: pl.Trainer) -> bool:
-        """Put the training data where the checkpoint left it; True when the checkpoint was
-        taken at an epoch's last batch (training goes on with the next epoch).
+    def _continue(self, trainer: pl.Trainer, rng: dict[str, Any], epoch_rng: dict[str, Any] | None) -> None:
+        """Put the training data where the checkpoint left it and set the RNG states.
 
         Lightning restores the loops' position, but a plain ``DataLoader`` restarts an epoch at
         its first batch (only a loader with ``state_dict`` / ``load_state_dict`` resumes by
-        itself): the iterator is advanced past the batches of the restored epoch already
-        trained on, in the restored epoch's order. Nothing is trained."""
+        itself). The restored epoch's iterator is made again from the RNG states the epoch
+        started with (epoch 0's is this process's own: the script's seeding made it the same),
+        advanced past the batches already trained on (nothing is trained), and then the RNG
+        states of the checkpoint are set. A checkpoint at an epoch's last batch goes on with
+        the next epoch, whose iterator is made after the checkpoint's RNG states are set, as an
+        uninterrupted run makes it."""
         from lightning_fabric.utilities.data import _set_sampler_epoch
         from lightning_fabric.utilities.types import _Stateful
         from pytorch_lightning.loops.fetchers import _DataLoaderIterDataFetcher
 
         loop = trainer.fit_loop
         fetcher, loader = loop._data_fetcher, loop._combined_loader
-        if fetcher is None or loader is None:
-            return False
+        epoch = int(loop.epoch_progress.current.processed)
         done = int(loop.epoch_loop.batch_progress.current.ready)
-        if done >= trainer.num_training_batches:
-            return True
-        if done == 0 or all(isinstance(dl, _Stateful) for dl in loader.flattened):
-            return False  # at an epoch's start, or Lightning restored the loaders' positions
+        stateful = loader is not None and all(isinstance(dl, _Stateful) for dl in loader.flattened)
+        if fetcher is None or loader is None or stateful or done == 0:
+            _set_rng_state(_decode_rng(rng))
+            return
+        if done >= trainer.num_training_batches:  # at an epoch's end
+            _set_rng_state(_decode_rng(rng))
+            self._epoch_rng = (epoch + 1, _rng_state())
+            iter(fetcher)
+            return
         if isinstance(fetcher, _DataLoaderIterDataFetcher):
             warnings.warn(
                 "microco: a training_step that takes the dataloader iterator restarts a restored "
                 "epoch at its first batch",
                 stacklevel=2,
             )
-            return False
+            _set_rng_state(_decode_rng(rng))
+            return
+        if epoch > 0 and epoch_rng is not None:
+            _set_rng_state(_decode_rng(epoch_rng))
+            self._epoch_rng = (epoch, _rng_state())
+            iter(fetcher)
         for dl in loader.flattened:  # the restored epoch's order (Lightning sets it again later)
-            _set_sampler_epoch(dl, loop.epoch_progress.current.processed)
+            _set_sampler_epoch(dl, epoch)
         for _ in range(done):
             next(fetcher)
         fetcher.fetched -= done  # the epoch loop adds the restored batch count itself
-        # Lightning's warning that a mid-epoch restart of a plain loader is unreliable is
-        # answered here.
+        _set_rng_state(_decode_rng(rng))
+        # Lightning's warning that a plain loader restarted mid-epoch is unreliable is answered.
         warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
-        return False
+
+
+def _pick(per_rank: list[Any] | None, rank: int) -> Any:
+    if not per_rank:
+        return None
+    return per_rank[rank] if rank < len(per_rank) else per_rank[0]
 
 
 def _encode_rng(state: dict[str, Any]) -> dict[str, Any]:
