@@ -164,15 +164,17 @@ class MicrocoCallback(pl.Callback):
 
         loop = trainer.fit_loop
         fetcher, loader = loop._data_fetcher, loop._combined_loader
-        epoch = int(loop.epoch_progress.current.processed)
+        epoch = int(trainer.current_epoch)  # the epoch training goes on with
         done = int(loop.epoch_loop.batch_progress.current.ready)
         stateful = loader is not None and all(isinstance(dl, _Stateful) for dl in loader.flattened)
         if fetcher is None or loader is None or stateful or done == 0:
             _set_rng_state(_decode_rng(rng))
             return
-        if done >= trainer.num_training_batches:  # at an epoch's end
+        if done >= trainer.num_training_batches:
+            # At an epoch's end: Lightning has moved on to the next epoch (``current_epoch``)
+            # and calls no ``on_train_epoch_start`` for it.
             _set_rng_state(_decode_rng(rng))
-            self._epoch_rng = (epoch + 1, _rng_state())
+            self._epoch_rng = (epoch, _rng_state())
             iter(fetcher)
             return
         if isinstance(fetcher, _DataLoaderIterDataFetcher):
