@@ -13,11 +13,12 @@ mid-epoch one (``on_train_batch_end``, after the step's LR-scheduler update): th
 LightningModule, every optimizer and LR scheduler, the fit loop's position (epoch, batch, global
 step), the precision plugin's and every callback's state, and what the module adds in
 ``on_save_checkpoint``. The callback's own state in it is every rank's RNG states (torch, NumPy,
-Python; gathered at the boundary) and the scheduler's step. Restored by ``trainer.fit(...,
-ckpt_path=cb.ckpt_path)``, Lightning puts the module, optimizers, schedulers and loops back; the
-callback then advances the training data past the batches of the restored epoch that the
-checkpoint already trained on (a plain ``DataLoader`` restarts an epoch at its first batch;
-nothing is trained) and sets the RNG states, so the run continues as an uninterrupted one would.
+Python; gathered at the boundary), now and at the epoch's start, and the scheduler's step.
+Restored by ``trainer.fit(..., ckpt_path=cb.ckpt_path)``, Lightning puts the module, optimizers,
+schedulers and loops back; the callback then remakes the restored epoch's data iterator from
+the epoch's starting RNG states, advances it past the batches the checkpoint already trained on
+(a plain ``DataLoader`` restarts an epoch at its first batch; nothing is trained) and sets the
+RNG states, so the run continues as an uninterrupted one would, bit for bit.
 
 Under ``strategy="ddp"`` Lightning re-runs the script once per extra rank; every rank has its
 callback, and the ranks agree on each control command at one boundary (``TorchHook``'s
