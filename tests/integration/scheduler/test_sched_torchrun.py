@@ -1,6 +1,6 @@
 """A DistributedDataParallel job under ``torchrun --nproc-per-node 2`` (gloo, CPU) run through
-the platform as one unit: time-sliced (both ranks park in place and resume), migrated to
-another node by an operator (checkpoint-and-exit, though torchrun exits 1), one rank killed
+the platform as one unit: time-sliced (both ranks park in place and resume), held and resumed
+by an operator, migrated to another node by an operator (checkpoint-and-exit, though torchrun exits 1), one rank killed
 with ``kill -9`` (the job restarts from its last checkpoint instead of failing), and finished
 with exactly the weights and loss curve of an uninterrupted torchrun run of the same script.
 
@@ -26,7 +26,7 @@ from microco.services.scheduler._local import spawn_scheduler, stop_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
 
-STEPS = 400
+STEPS = 200
 
 
 def ddp_cmd(out, steps=STEPS, sleep_ms=20, extra=()):
@@ -119,10 +119,17 @@ def test_torchrun_ddp_job_is_time_sliced_survives_a_killed_rank_and_is_exact(
         rec = record(etcd_kv, j)
         assert any(h[1] == "suspended" and "parked" in h[2] for h in rec["history"]), rec["history"]
         assert rec["attempt"] == 1 and rec["restarts"] == 0
+        # Held by an operator (both ranks parked in place) while a second node joins, so the
+        # move below finds the job with training left however long the node takes to start.
+        wait_for(lambda: job_to_dict(c.get(j))["state"] == "running", etcd_kv, 60, "running again")
+        c.control(j, "suspend")
+        agents("n2", devices=2)
+        wait_for(lambda: job_to_dict(c.get(j))["state"] == "suspended", etcd_kv, 60, "held")
+        wait_for(lambda: any(d.node == "n2" for d in c.list_nodes().devices), etcd_kv, 60, "n2 joins")
+        c.control(j, "resume", ["n1/0", "n1/1"])
+        wait_for(lambda: job_to_dict(c.get(j))["state"] == "running", etcd_kv, 60, "resumed")
         # Migrated by an operator to another node: every rank checkpoints at one boundary and
         # exits, torchrun exits 1, the agent reads "checkpointed" and the job restarts there.
-        agents("n2", devices=2)
-        wait_for(lambda: job_to_dict(c.get(j))["state"] == "running", etcd_kv, 60, "running again")
         c.control(j, "migrate", ["n2/0", "n2/1"])
         wait_for(
             lambda: (
