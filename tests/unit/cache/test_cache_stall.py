@@ -77,3 +77,37 @@ def test_a_whole_chunk_fetch_wait_is_carried_to_the_samples_it_read():
     r2 = BatchRead(0, 6, 0.0, 0.0, 6000, used_ahead=tuple(range(10, 16)))
     (miss2,) = m.timings(r2, wait_s=0.0, compute_s=0.0)
     assert abs(miss2[1] - 0.3) < 1e-12 and not m.carry  # 6 x 0.05 s, over 6 samples x 6
+
+
+def _compute_bound_with_fills(meter, batches=30, batch=16, compute_s=0.3, sample_read_s=0.003):
+    """A compute-bound job (0.3 s per step) whose reader runs ahead: reading a batch's misses
+    alone takes 16 x 3 ms = 0.05 s, hidden behind the step. Every third batch also fills the
+    cache: it reads 4 whole chunks (64 samples, used by later batches), and that burst makes
+    the step wait 0.2 s. The batches between use the samples read ahead and some hits."""
+    out = []
+    nxt = 1000
+    pending: list[int] = []
+    for b in range(batches):
+        if b % 3 == 0:
+            ahead = tuple((nxt + k, sample_read_s) for k in range(4 * batch))
+            nxt += 4 * batch
+            pending += [i for i, _ in ahead]
+            r = BatchRead(0, batch, 0.0, batch * sample_read_s, batch * 1000, ahead=ahead)
+            wait = 0.2
+        else:
+            used, pending = tuple(pending[: batch // 2]), pending[batch // 2 :]
+            r = BatchRead(batch // 2, batch // 2, 0.004, 0.0001, batch * 1000, used_ahead=used)
+            wait = 0.0
+        out += meter.timings(r, wait_s=wait, compute_s=compute_s)
+    return out
+
+
+def test_a_compute_bound_job_is_not_credited_the_fill_it_waits_for():
+    # Filling the cache (whole chunks read for later batches, only when there is room) is not
+    # the cost of a miss: a job whose misses alone hide behind its compute gains ~nothing.
+    from microco.clients.cache._stall import StallMeter
+
+    pts = _compute_bound_with_fills(StallMeter())
+    est = estimate_benefit((h, s) for h, s, _, _ in pts)
+    assert est is not None
+    assert est.gain < 0.05, est
