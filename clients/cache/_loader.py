@@ -66,6 +66,11 @@ class LoaderStats:
     # reader ahead of it could not hide), and seconds it computed between batches.
     stall_s: float = 0.0
     compute_s: float = 0.0
+    # The cache's fill: bytes read from the backing store for later batches (the rest of a
+    # chunk fetched whole on a miss) and their share of the reads' seconds. Counted apart from
+    # the misses: it is not what a miss costs (see ``_stall.py``).
+    fill_bytes: int = 0
+    fill_s: float = 0.0
 
     @property
     def hit_rate(self) -> float:
@@ -493,6 +498,8 @@ class QuiverLoader:
             else:
                 ahead.append((i, cost))
                 self._read_ahead.add(i)
+                self.stats.fill_bytes += len(data)
+                self.stats.fill_s += cost
         for i in rest:
             got[i] = fetched[i]
         self._fetched.update(whole)
@@ -520,6 +527,7 @@ class QuiverLoader:
         miss_s += t_hits - hit_s
         used_ahead = tuple(i for i in served if i in self._read_ahead)
         self._read_ahead.difference_update(used_ahead)
+        real_set = set(real)
         self._last_read = BatchRead(
             hits=len(real),
             misses=len(indices) - len(real),
@@ -528,6 +536,8 @@ class QuiverLoader:
             ahead=tuple(ahead),
             used_ahead=used_ahead,
             batch_bytes=sum(len(got[i]) for i in indices),
+            miss_bytes=sum(len(got[i]) for i in indices if i not in real_set),
+            overlapped=self._pipelined,
         )
         stream = telemetry.current()
         if stream is not None and not self._pipelined:
@@ -699,7 +709,7 @@ class QuiverLoader:
                     compute = t0 - delivered
                     self.stats.compute_s += compute
                     if pending is not None and pending[0] is not None:
-                        self._add_timings(self._meter.timings(pending[0], pending[1], compute))
+                        self._add_timings(self._meter.timings(pending[0], compute))
                 item = q.get()
                 if tokens is not None:
                     tokens.release()
@@ -740,7 +750,7 @@ class QuiverLoader:
                 # Read in the step itself: the whole read was the wait (added in ``read``).
                 self.stats.stall_s += rec.data_wait_s
             self.stats.compute_s += rec.compute_s
-            self._add_timings(self._meter.timings(read, rec.data_wait_s, rec.compute_s))
+            self._add_timings(self._meter.timings(read, rec.compute_s))
 
         return stream.subscribe(on_step)
 
@@ -778,7 +788,7 @@ class QuiverLoader:
                     wait = r.hit_read_s + r.miss_read_s
                     self.stats.stall_s += wait
                     self.stats.compute_s += max(0.0, now - t0 - wait)
-                    self._add_timings(self._meter.timings(r, wait, now - t0 - wait))
+                    self._add_timings(self._meter.timings(r, now - t0 - wait))
                 if isinstance(self.sampler, ExchangeSampler):
                     batch = self.sampler.next_batch(self.cached, mode, self._hit_order, self._fetcher)
                 else:
