@@ -71,11 +71,21 @@ class LoaderStats:
     # the misses: it is not what a miss costs (see ``_stall.py``).
     fill_bytes: int = 0
     fill_s: float = 0.0
+    # The batch time with every sample a miss and with every sample a hit, summed over the
+    # batches that priced both (what the server's benefit estimate is fitted to).
+    all_miss_batch_s: float = 0.0
+    all_hit_batch_s: float = 0.0
 
     @property
     def hit_rate(self) -> float:
         n = self.hits + self.misses
         return self.hits / n if n else 0.0
+
+    @property
+    def cache_saving(self) -> float:
+        """The share of an all-miss batch's time that all hits save, as measured (0: none)."""
+        m = self.all_miss_batch_s
+        return max(0.0, (m - self.all_hit_batch_s) / m) if m > 0 else 0.0
 
 
 class QuiverLoader:
@@ -757,6 +767,10 @@ class QuiverLoader:
     def _add_timings(self, timings: list[tuple[float, float, int, int]]) -> None:
         with self._lock:
             self._timings.extend(timings)
+            ends = {h: s for h, s, _, _ in timings}
+            if 0.0 in ends and 1.0 in ends:
+                self.stats.all_miss_batch_s += ends[0.0]
+                self.stats.all_hit_batch_s += ends[1.0]
 
     def batches(self, epoch: int) -> Generator[tuple[list[int], list[int]], None, None]:
         """Only the choice of batches (indices, those chosen as hits), reads left to the caller;
