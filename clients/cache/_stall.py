@@ -92,7 +92,10 @@ class StallMeter:
         if read.misses and miss_amount > 0:
             self._miss.append((max(0.0, miss_s), miss_amount))
         out: list[Timing] = []
-        for h, per, count in ((1.0, self._per(self._hit), read.hits), (0.0, self._per(self._miss), read.misses)):
+        for h, per, count in (
+            (1.0, self._per(self._hit), read.hits),
+            (0.0, self._per(self._miss), read.misses),
+        ):
             if per is None:
                 continue
             r = size * per

@@ -14,7 +14,9 @@ MB = 1 << 20
 def test_a_batch_is_priced_at_its_kinds_read_costs_per_byte():
     # 6 hits (6 kB, 0.01 s) and 2 misses (2 kB, 0.09 s): a batch of 8 kB costs 8 x 1.667 ms
     # from the cache and 8 x 45 ms from the backing store.
-    r = BatchRead(6, 2, hit_read_s=0.01, miss_read_s=0.09, batch_bytes=8000, miss_bytes=2000, overlapped=False)
+    r = BatchRead(
+        6, 2, hit_read_s=0.01, miss_read_s=0.09, batch_bytes=8000, miss_bytes=2000, overlapped=False
+    )
     (hit, miss) = stall_timings(r, compute_s=0.2)
     assert hit[0] == 1.0 and hit[3] == 6 and abs(hit[1] - (0.2 + 8000 * 0.01 / 6000)) < 1e-12
     assert miss[0] == 0.0 and miss[3] == 2 and abs(miss[1] - (0.2 + 8000 * 0.09 / 2000)) < 1e-12
@@ -28,7 +30,9 @@ def test_each_batch_gives_both_ends_once_both_costs_are_known():
     # Paired points: a batch of misses only still gives the all-hit end at the hit cost just
     # measured (count 0: the server's hit counter stays exact), under the same compute.
     m = StallMeter()
-    assert [p[0] for p in m.timings(BatchRead(0, 4, 0.0, 0.4, 4000, miss_bytes=4000, overlapped=False), 0.1)] == [0.0]
+    assert [
+        p[0] for p in m.timings(BatchRead(0, 4, 0.0, 0.4, 4000, miss_bytes=4000, overlapped=False), 0.1)
+    ] == [0.0]
     m.timings(BatchRead(4, 0, 0.004, 0.0, 4000, miss_bytes=0, overlapped=False), 0.1)
     pts = m.timings(BatchRead(0, 4, 0.0, 0.4, 4000, miss_bytes=4000, overlapped=False), 0.1)
     assert [(h, round(s, 9), n) for h, s, _, n in pts] == [(1.0, 0.104, 0), (0.0, 0.5, 4)]
@@ -45,7 +49,12 @@ def _job_timings(compute_s, miss_s_per_byte, hit_s_per_byte, batch, batch_bytes,
         hits = batch if b % 3 == 1 else 0 if b % 3 == 0 else batch // 2
         mb = batch_bytes * (batch - hits) // batch
         r = BatchRead(
-            hits, batch - hits, k * hit_s_per_byte * (batch_bytes - mb), k * miss_s_per_byte * mb, batch_bytes, miss_bytes=mb
+            hits,
+            batch - hits,
+            k * hit_s_per_byte * (batch_bytes - mb),
+            k * miss_s_per_byte * mb,
+            batch_bytes,
+            miss_bytes=mb,
         )
         out += m.timings(r, compute_s)
     return out
@@ -94,7 +103,9 @@ def test_two_unmeasured_jobs_both_get_a_probe_share():
 def test_samples_read_ahead_carry_their_read_cost_not_the_wait():
     m = StallMeter()
     # Batch 1: 2 misses (2 kB, 0.1 s); the chunk fetch also read 6 samples (6 kB) for later.
-    r1 = BatchRead(0, 2, 0.0, 0.1, 2000, ahead=tuple((i, 0.05) for i in range(10, 16)), miss_bytes=2000, overlapped=False)
+    r1 = BatchRead(
+        0, 2, 0.0, 0.1, 2000, ahead=tuple((i, 0.05) for i in range(10, 16)), miss_bytes=2000, overlapped=False
+    )
     (miss1,) = m.timings(r1, compute_s=0.0)
     assert abs(miss1[1] - 0.1) < 1e-12  # the batch's own misses only, not the fill
     # Batch 2 uses the 6 samples read ahead (from memory, no read now): their 0.3 s comes along.
