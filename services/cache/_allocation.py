@@ -142,8 +142,8 @@ def allocate(
         out[ds] = give
         left -= give
         reasons[ds] = (
-            f"rank {rank} by benefit per byte ({density[ds] * (1 << 30):.3g} of running time saved per GB):"
-            f" {why[ds]}"
+            f"rank {rank} by benefit per byte (gain {density[ds] * dataset_bytes.get(ds, 0):.0%}"
+            f" over {dataset_bytes.get(ds, 0) / (1 << 30):.3g} GB): {why[ds]}"
         )
     # Capacity nobody can use well still helps the unmeasured datasets, then (it costs them
     # nothing) those without measured benefit: priority, not starvation of free room.
