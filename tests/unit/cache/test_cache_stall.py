@@ -173,3 +173,17 @@ def test_a_job_measured_on_a_busier_machine_is_not_preferred_for_it():
     a = BenefitEstimate(t_hit=0.14, t_miss=0.2, observations=40)
     b = BenefitEstimate(t_hit=3 * 0.16, t_miss=3 * 0.2, observations=40)
     assert _first({"a": a, "b": b}) == "a"
+
+
+def test_a_reads_fixed_cost_per_batch_is_not_scaled_up_by_batches_with_few_hits():
+    # Reading a batch's hits costs 20 ms (a call to the server) plus 1 ms per 16 kB sample. In
+    # batches of 64 samples with 2, 4 or 8 hits, a whole batch of hits costs 20 + 64 = 84 ms,
+    # not 64 x (20 + 2) / 2 ms: the call is made once per batch, whatever its number of hits.
+    m = StallMeter()
+    kb16 = 16_000
+    for b in range(12):
+        hits = (2, 4, 8)[b % 3]
+        r = BatchRead(hits, 64 - hits, 0.02 + 0.001 * hits, 0.0, 64 * kb16, miss_bytes=(64 - hits) * kb16)
+        m.timings(r, compute_s=0.0)
+    (hit,) = [p for p in m.timings(BatchRead(2, 62, 0.022, 0.0, 64 * kb16, miss_bytes=62 * kb16), 0.0) if p[0] == 1.0]
+    assert abs(hit[1] - 0.084) < 1e-9, hit
