@@ -11,11 +11,14 @@ The step's *wait* is deliberately not used: a fill (up to a batch of whole chunk
 made only when the cache has room) makes the step wait for reads that are not this batch's,
 and under load those bursts lengthen, so a compute-bound job would seem to gain from the
 cache. Instead each batch gives what reading a whole batch would cost the step, from the
-recent per-byte read costs of each kind (a window of batches, so hits and misses are priced
-at the same moment, on the same machine load, for the same batch):
+recent read costs of each kind (a window of batches, so hits and misses are priced at the
+same moment, on the same machine load, for the same batch). A kind's cost is a line
+``fixed + per byte x bytes`` fitted to its recent batches' reads: a batch's read of its hits
+pays a call to the server once, however few hits it has, so the fixed part is not scaled up
+as a per-byte price would be.
 
-    read_miss = batch bytes x (seconds per byte of recent misses)
-    read_hit  = batch bytes x (seconds per byte of recent hits)
+    read_miss = cost of reading the batch's bytes as misses
+    read_hit  = cost of reading the batch's bytes as hits
     stall(r)  = max(0, r - compute)   with a reader ahead of the step (reads overlap compute)
               = r                     when the step reads itself
 
@@ -68,9 +71,27 @@ class StallMeter:
         self._miss: deque[tuple[float, float]] = deque(maxlen=window)
 
     @staticmethod
-    def _per(costs: deque[tuple[float, float]]) -> float | None:
-        amount = sum(a for _, a in costs)
-        return sum(s for s, _ in costs) / amount if amount > 0 else None
+    def _cost(reads: deque[tuple[float, float]], amount: float) -> float | None:
+        """Seconds to read ``amount`` (bytes or samples) of one kind in one batch: a line
+        ``fixed + per x amount`` through the recent batches' reads (least squares; each
+        batch's read pays a fixed cost, a call or a round trip, once whatever its size), or,
+        while their amounts barely differ, their seconds per amount."""
+        n = len(reads)
+        total = sum(a for _, a in reads)
+        if n == 0 or total <= 0:
+            return None
+        ma = total / n
+        ms = sum(s for s, _ in reads) / n
+        saa = sum((a - ma) ** 2 for _, a in reads)
+        if saa <= (0.1 * ma) ** 2 * n:
+            return ms / ma * amount
+        per = sum((a - ma) * (s - ms) for s, a in reads) / saa
+        fixed = ms - per * ma
+        if per < 0:  # reads no slower for more: a fixed cost
+            return ms
+        if fixed < 0:  # no fixed cost: a line through 0
+            return sum(s * a for s, a in reads) / sum(a * a for _, a in reads) * amount
+        return fixed + per * amount
 
     def timings(self, read: BatchRead, compute_s: float) -> list[Timing]:
         n = read.hits + read.misses
@@ -92,13 +113,12 @@ class StallMeter:
         if read.misses and miss_amount > 0:
             self._miss.append((max(0.0, miss_s), miss_amount))
         out: list[Timing] = []
-        for h, per, count in (
-            (1.0, self._per(self._hit), read.hits),
-            (0.0, self._per(self._miss), read.misses),
+        for h, r, count in (
+            (1.0, self._cost(self._hit, size), read.hits),
+            (0.0, self._cost(self._miss, size), read.misses),
         ):
-            if per is None:
+            if r is None:
                 continue
-            r = size * per
             stall = max(0.0, r - compute_s) if read.overlapped else r
             out.append((h, compute_s + stall, read.batch_bytes, count))
         return out

@@ -185,5 +185,9 @@ def test_a_reads_fixed_cost_per_batch_is_not_scaled_up_by_batches_with_few_hits(
         hits = (2, 4, 8)[b % 3]
         r = BatchRead(hits, 64 - hits, 0.02 + 0.001 * hits, 0.0, 64 * kb16, miss_bytes=(64 - hits) * kb16)
         m.timings(r, compute_s=0.0)
-    (hit,) = [p for p in m.timings(BatchRead(2, 62, 0.022, 0.0, 64 * kb16, miss_bytes=62 * kb16), 0.0) if p[0] == 1.0]
+    (hit,) = [
+        p
+        for p in m.timings(BatchRead(2, 62, 0.022, 0.0, 64 * kb16, miss_bytes=62 * kb16), 0.0)
+        if p[0] == 1.0
+    ]
     assert abs(hit[1] - 0.084) < 1e-9, hit
