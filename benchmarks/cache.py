@@ -417,6 +417,10 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             result["allocation"] = {
                 "io_bound_share": shares.get("io-data", 0.0),
                 "compute_bound_share": shares.get("cpu-data", 0.0),
+                # Each job's own measurement: the share of an all-miss batch's time that all
+                # hits save (the loader's paired points), and its reads for the cache's fill.
+                "measured_saving": {k: ld.stats.cache_saving for k, ld in jobs.items()},
+                "fill_mb": {k: ld.stats.fill_bytes / MB for k, ld in jobs.items()},
                 "reasons": {a.dataset: a.reason for a in got_alloc.allocations},
             }
             phases["allocation"] = time.perf_counter() - t_phase

@@ -66,11 +66,26 @@ class LoaderStats:
     # reader ahead of it could not hide), and seconds it computed between batches.
     stall_s: float = 0.0
     compute_s: float = 0.0
+    # The cache's fill: bytes read from the backing store for later batches (the rest of a
+    # chunk fetched whole on a miss) and their share of the reads' seconds. Counted apart from
+    # the misses: it is not what a miss costs (see ``_stall.py``).
+    fill_bytes: int = 0
+    fill_s: float = 0.0
+    # The batch time with every sample a miss and with every sample a hit, summed over the
+    # batches that priced both (what the server's benefit estimate is fitted to).
+    all_miss_batch_s: float = 0.0
+    all_hit_batch_s: float = 0.0
 
     @property
     def hit_rate(self) -> float:
         n = self.hits + self.misses
         return self.hits / n if n else 0.0
+
+    @property
+    def cache_saving(self) -> float:
+        """The share of an all-miss batch's time that all hits save, as measured (0: none)."""
+        m = self.all_miss_batch_s
+        return max(0.0, (m - self.all_hit_batch_s) / m) if m > 0 else 0.0
 
 
 class QuiverLoader:
@@ -493,6 +508,8 @@ class QuiverLoader:
             else:
                 ahead.append((i, cost))
                 self._read_ahead.add(i)
+                self.stats.fill_bytes += len(data)
+                self.stats.fill_s += cost
         for i in rest:
             got[i] = fetched[i]
         self._fetched.update(whole)
@@ -520,6 +537,7 @@ class QuiverLoader:
         miss_s += t_hits - hit_s
         used_ahead = tuple(i for i in served if i in self._read_ahead)
         self._read_ahead.difference_update(used_ahead)
+        real_set = set(real)
         self._last_read = BatchRead(
             hits=len(real),
             misses=len(indices) - len(real),
@@ -528,6 +546,8 @@ class QuiverLoader:
             ahead=tuple(ahead),
             used_ahead=used_ahead,
             batch_bytes=sum(len(got[i]) for i in indices),
+            miss_bytes=sum(len(got[i]) for i in indices if i not in real_set),
+            overlapped=self._pipelined,
         )
         stream = telemetry.current()
         if stream is not None and not self._pipelined:
@@ -699,7 +719,7 @@ class QuiverLoader:
                     compute = t0 - delivered
                     self.stats.compute_s += compute
                     if pending is not None and pending[0] is not None:
-                        self._add_timings(self._meter.timings(pending[0], pending[1], compute))
+                        self._add_timings(self._meter.timings(pending[0], compute))
                 item = q.get()
                 if tokens is not None:
                     tokens.release()
@@ -740,13 +760,17 @@ class QuiverLoader:
                 # Read in the step itself: the whole read was the wait (added in ``read``).
                 self.stats.stall_s += rec.data_wait_s
             self.stats.compute_s += rec.compute_s
-            self._add_timings(self._meter.timings(read, rec.data_wait_s, rec.compute_s))
+            self._add_timings(self._meter.timings(read, rec.compute_s))
 
         return stream.subscribe(on_step)
 
     def _add_timings(self, timings: list[tuple[float, float, int, int]]) -> None:
         with self._lock:
             self._timings.extend(timings)
+            ends = {h: s for h, s, _, _ in timings}
+            if 0.0 in ends and 1.0 in ends:
+                self.stats.all_miss_batch_s += ends[0.0]
+                self.stats.all_hit_batch_s += ends[1.0]
 
     def batches(self, epoch: int) -> Generator[tuple[list[int], list[int]], None, None]:
         """Only the choice of batches (indices, those chosen as hits), reads left to the caller;
@@ -778,7 +802,7 @@ class QuiverLoader:
                     wait = r.hit_read_s + r.miss_read_s
                     self.stats.stall_s += wait
                     self.stats.compute_s += max(0.0, now - t0 - wait)
-                    self._add_timings(self._meter.timings(r, wait, now - t0 - wait))
+                    self._add_timings(self._meter.timings(r, now - t0 - wait))
                 if isinstance(self.sampler, ExchangeSampler):
                     batch = self.sampler.next_batch(self.cached, mode, self._hit_order, self._fetcher)
                 else:

@@ -1,25 +1,41 @@
-"""What a training step waits for: stall time per mini-batch, split between hits and misses.
+"""What caching would save a training step: per-batch points from counted reads, not waits.
 
-The loader measures, per batch, how long reading its hit samples took and how long reading
-its misses took (a chunk fetched whole on a miss is apportioned by bytes: the samples used
-now carry their share, the rest carry theirs to the batch that uses them), how long the
-training step then *waited* for the batch (``wait_s``: zero when a prefetching reader was
-ahead) and how long the step computed (``compute_s``). The wait is divided between the
-batch's hits and misses in proportion to their read times, giving a per-sample stall for
-each kind. What the server is told is the existing "mini-batch seconds at hit fraction h"
-model, at its two ends, from these stalls:
+Per batch the loader counts what it read and how long each read took: its hits (samples,
+bytes, seconds reading them from the cache) and its misses (samples, bytes, and their share
+of the backing-store read, a fetch's wall time apportioned by bytes). Samples a whole-chunk
+fetch read for later batches (the cache's *fill*) are not this batch's misses: their share
+of the fetch goes with them to the batch that uses them, at its read cost. The step's
+compute time is measured by the loader (or the job's telemetry).
 
-    all-miss batch = compute + batch_size x stall per miss        (reported at h = 0)
-    all-hit batch  = compute + batch_size x stall per hit         (reported at h = 1)
+The step's *wait* is deliberately not used: a fill (up to a batch of whole chunks at once,
+made only when the cache has room) makes the step wait for reads that are not this batch's,
+and under load those bursts lengthen, so a compute-bound job would seem to gain from the
+cache. Instead each batch gives what reading a whole batch would cost the step, from the
+recent read costs of each kind (a window of batches, so hits and misses are priced at the
+same moment, on the same machine load, for the same batch). A kind's cost is a line
+``fixed + per byte x bytes`` fitted to its recent batches' reads: a batch's read of its hits
+pays a call to the server once, however few hits it has, so the fixed part is not scaled up
+as a per-byte price would be.
 
-each with the number of samples of that kind (so the server's hit/miss counters stay exact).
-The difference of the two is the time caching saves per batch; relative to the batch time it
-is the job's gain. A compute-bound job whose reads are hidden behind compute waits ~0 either
-way, so it gains ~nothing and gets little capacity; an I/O-bound one gets most.
+    read_miss = cost of reading the batch's bytes as misses
+    read_hit  = cost of reading the batch's bytes as hits
+    stall(r)  = max(0, r - compute)   with a reader ahead of the step (reads overlap compute)
+              = r                     when the step reads itself
+
+and reports the existing "mini-batch seconds at hit fraction h" model at its two ends:
+
+    all-miss batch = compute + stall(read_miss)   (h = 0, with this batch's miss count)
+    all-hit batch  = compute + stall(read_hit)    (h = 1, with this batch's hit count)
+
+The sample counts keep the server's hit/miss counters exact; both points come from every
+batch once both costs are known, so the comparison is paired rather than two phases apart.
+A compute-bound job whose reads of a batch take less than its compute gains nothing; an
+I/O-bound one gains the difference of the two read costs.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 Timing = tuple[float, float, int, int]  # (hit fraction, seconds, batch bytes, samples)
@@ -28,8 +44,10 @@ Timing = tuple[float, float, int, int]  # (hit fraction, seconds, batch bytes, s
 @dataclass(frozen=True)
 class BatchRead:
     """One batch's reads as the loader did them. ``ahead``: (sample, seconds) of samples a
-    whole-chunk fetch read for later batches; ``used_ahead``: samples read so by an earlier
-    batch and used in this one."""
+    whole-chunk fetch read for later batches (the fill); ``used_ahead``: samples read so by
+    an earlier batch and used in this one (their seconds come along). ``miss_bytes``: bytes
+    of this batch's misses (None: not counted, costs are then per sample). ``overlapped``: the read
+    ran ahead of the step (a reader thread) rather than in it."""
 
     hits: int
     misses: int
@@ -38,46 +56,74 @@ class BatchRead:
     batch_bytes: int
     ahead: tuple[tuple[int, float], ...] = ()
     used_ahead: tuple[int, ...] = ()
+    miss_bytes: int | None = None
+    overlapped: bool = True
 
 
 class StallMeter:
-    """Turns (reads, wait, compute) per batch into timing points. The part of a batch's
-    wait spent reading samples for later batches (a whole chunk fetched on a miss) is
-    carried to the samples themselves and charged to the batch that uses them: a chunk
-    fetch's wait is the cost of all of its samples, not of the one that triggered it."""
+    """Turns (reads, compute) per batch into timing points (see the module doc). Keeps the
+    last ``window`` batches' read costs of each kind, and the read cost of samples fetched
+    ahead until the batch that uses them."""
 
-    def __init__(self) -> None:
+    def __init__(self, window: int = 16) -> None:
         self.carry: dict[int, float] = {}
+        self._hit: deque[tuple[float, float]] = deque(maxlen=window)  # (seconds, bytes or samples)
+        self._miss: deque[tuple[float, float]] = deque(maxlen=window)
 
-    def timings(self, read: BatchRead, wait_s: float, compute_s: float) -> list[Timing]:
+    @staticmethod
+    def _cost(reads: deque[tuple[float, float]], amount: float) -> float | None:
+        """Seconds to read ``amount`` (bytes or samples) of one kind in one batch: a line
+        ``fixed + per x amount`` through the recent batches' reads (least squares; each
+        batch's read pays a fixed cost, a call or a round trip, once whatever its size), or,
+        while their amounts barely differ, their seconds per amount."""
+        n = len(reads)
+        total = sum(a for _, a in reads)
+        if n == 0 or total <= 0:
+            return None
+        ma = total / n
+        ms = sum(s for s, _ in reads) / n
+        saa = sum((a - ma) ** 2 for _, a in reads)
+        if saa <= (0.1 * ma) ** 2 * n:
+            return ms / ma * amount
+        per = sum((a - ma) * (s - ms) for s, a in reads) / saa
+        fixed = ms - per * ma
+        if per < 0:  # reads no slower for more: a fixed cost
+            return ms
+        if fixed < 0:  # no fixed cost: a line through 0
+            return sum(s * a for s, a in reads) / sum(a * a for _, a in reads) * amount
+        return fixed + per * amount
+
+    def timings(self, read: BatchRead, compute_s: float) -> list[Timing]:
         n = read.hits + read.misses
-        wait_s = max(0.0, wait_s)
         compute_s = max(0.0, compute_s)
-        ahead_s = sum(c for _, c in read.ahead)
-        total = read.hit_read_s + read.miss_read_s + ahead_s
-        if total > 0:
-            share = wait_s / total
-            hit_part = read.hit_read_s * share
-            miss_part = read.miss_read_s * share
-        else:
-            share = 0.0
-            hit_part = wait_s * read.hits / n if n else 0.0
-            miss_part = wait_s - hit_part
         for i, cost in read.ahead:
-            self.carry[i] = cost * share
-        miss_part += sum(self.carry.pop(i, 0.0) for i in read.used_ahead)
+            self.carry[i] = cost
+        miss_s = read.miss_read_s + sum(self.carry.pop(i, 0.0) for i in read.used_ahead)
         if len(self.carry) > 1 << 20:  # samples fetched but never used (an epoch cut short)
             self.carry.clear()
-        out: list[Timing] = []
         if n <= 0:
-            return out
-        if read.hits:
-            out.append((1.0, compute_s + n * hit_part / read.hits, read.batch_bytes, read.hits))
-        if read.misses:
-            out.append((0.0, compute_s + n * miss_part / read.misses, read.batch_bytes, read.misses))
+            return []
+        if read.miss_bytes is not None:
+            miss_bytes = min(max(0, read.miss_bytes), read.batch_bytes)
+            size, hit_amount, miss_amount = read.batch_bytes, read.batch_bytes - miss_bytes, miss_bytes
+        else:
+            size, hit_amount, miss_amount = n, read.hits, read.misses
+        if read.hits and hit_amount > 0:
+            self._hit.append((max(0.0, read.hit_read_s), hit_amount))
+        if read.misses and miss_amount > 0:
+            self._miss.append((max(0.0, miss_s), miss_amount))
+        out: list[Timing] = []
+        for h, r, count in (
+            (1.0, self._cost(self._hit, size), read.hits),
+            (0.0, self._cost(self._miss, size), read.misses),
+        ):
+            if r is None:
+                continue
+            stall = max(0.0, r - compute_s) if read.overlapped else r
+            out.append((h, compute_s + stall, read.batch_bytes, count))
         return out
 
 
-def stall_timings(read: BatchRead, wait_s: float, compute_s: float) -> list[Timing]:
+def stall_timings(read: BatchRead, compute_s: float) -> list[Timing]:
     """The (up to two) timing points for one batch, with nothing carried between batches."""
-    return StallMeter().timings(read, wait_s, compute_s)
+    return StallMeter().timings(read, compute_s)

@@ -1,15 +1,20 @@
 """Benefit-aware allocation: capacity goes to the datasets whose jobs gain most per byte.
 
 Each job reports mini-batch times together with the fraction of the batch that came from
-the cache. A least-squares line through (hit fraction, seconds) gives the batch time with
-all hits and with all misses; the client's short probe (a few all-miss batches, a few
-all-hit ones) makes the two ends well measured. With substitutable hits, caching a fraction
-``f`` of a dataset makes ``f`` of each epoch's samples hits, so the seconds saved per epoch
-per cached byte is ``(t_miss - t_hit) / batch_bytes``, summed over every job sharing the
-dataset (one copy serves them all). Capacity is then a fractional knapsack: fill datasets
-in order of that density, each up to its size. A compute-bound job (no measurable gain)
-gets only room nobody else wants; a job not yet measured gets a probe-sized share first so
-that it can be measured.
+the cache (the loader prices every batch at both ends, all misses and all hits, from its
+counted reads: ``clients/cache/_stall.py``). A least-squares line through (hit fraction,
+seconds) gives the batch time with all hits and with all misses, and the job's *gain*, the
+share of its all-miss step time that all hits save. With substitutable hits, caching a
+fraction ``f`` of a dataset makes ``f`` of each epoch's samples hits, so it saves about
+``f x gain`` of the job's running time: the benefit per cached byte is ``gain /
+dataset_bytes``, summed over every job sharing the dataset (one copy serves them all).
+
+The gain is a ratio of the job's own times, so jobs are compared on the same footing: a
+job with long steps is not preferred for saving more seconds per batch (it saves them less
+often), and a job measured while the machine was busier is not preferred for its longer
+seconds. Capacity is then a fractional knapsack: fill datasets in order of that density,
+each up to its size. A compute-bound job (no measurable gain) gets only room nobody else
+wants; a job not yet measured gets a probe-sized share first so that it can be measured.
 """
 
 from __future__ import annotations
@@ -73,7 +78,7 @@ class Allocation:
     dataset: str
     bytes: int
     dataset_bytes: int
-    benefit_s_per_gb: float
+    benefit_s_per_gb: float  # seconds saved per epoch per cached GB (shown; ranked by share of time)
     jobs: tuple[str, ...]
     reason: str
 
@@ -90,7 +95,8 @@ def allocate(
     by_ds: dict[str, list[JobDemand]] = {}
     for j in jobs:
         by_ds.setdefault(j.dataset, []).append(j)
-    density: dict[str, float] = {}
+    density: dict[str, float] = {}  # share of the jobs' running time saved per cached byte
+    seconds: dict[str, float] = {}  # seconds saved per epoch per cached byte (shown)
     unmeasured: list[str] = []
     why: dict[str, str] = {}
     for ds, js in by_ds.items():
@@ -99,16 +105,24 @@ def allocate(
             unmeasured.append(ds)
             continue
         d = 0.0
+        s_per_byte = 0.0
         parts = []
+        size = dataset_bytes.get(ds, 0)
         for j in measured:
             est = j.estimate
             assert est is not None
-            if est.gain < min_gain or j.batch_bytes <= 0:
+            if size <= 0:
+                parts.append(f"{j.job_id} gain {est.gain:.0%}, dataset size not reported")
+                continue
+            if est.gain < min_gain:
                 parts.append(f"{j.job_id} compute-bound (gain {est.gain:.0%})")
                 continue
-            d += (est.t_miss - est.t_hit) / j.batch_bytes
+            d += est.gain / size
+            if j.batch_bytes > 0:
+                s_per_byte += (est.t_miss - est.t_hit) / j.batch_bytes
             parts.append(f"{j.job_id} saves {est.t_miss - est.t_hit:.3g}s/batch ({est.gain:.0%})")
         density[ds] = d
+        seconds[ds] = s_per_byte
         why[ds] = "; ".join(parts)
     left = capacity
     out: dict[str, int] = {}
@@ -127,7 +141,10 @@ def allocate(
         give = min(dataset_bytes.get(ds, 0), left)
         out[ds] = give
         left -= give
-        reasons[ds] = f"rank {rank} by benefit per byte: {why[ds]}"
+        reasons[ds] = (
+            f"rank {rank} by benefit per byte (gain {density[ds] * dataset_bytes.get(ds, 0):.0%}"
+            f" over {dataset_bytes.get(ds, 0) / (1 << 30):.3g} GB): {why[ds]}"
+        )
     # Capacity nobody can use well still helps the unmeasured datasets, then (it costs them
     # nothing) those without measured benefit: priority, not starvation of free room.
     for ds in sorted(unmeasured):
@@ -145,7 +162,7 @@ def allocate(
             dataset=ds,
             bytes=out[ds],
             dataset_bytes=dataset_bytes.get(ds, 0),
-            benefit_s_per_gb=density.get(ds, 0.0) * (1 << 30),
+            benefit_s_per_gb=seconds.get(ds, 0.0) * (1 << 30),
             jobs=tuple(sorted(j.job_id for j in by_ds[ds])),
             reason=reasons[ds],
         )

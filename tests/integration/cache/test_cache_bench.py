@@ -37,3 +37,5 @@ def test_bench_cache_smoke(capsys):
     for key in ("shared_bytes_cached", "per_job_bytes_cached", "serve_mb_s", "local_read_mb_s"):
         assert out[key] > 0
     assert out["shared_bytes_cached"] < out["per_job_bytes_cached"]  # one copy, not two
+    saving = out["allocation"]["measured_saving"]
+    assert set(saving) == {"io", "cpu"} and all(0 <= v <= 1 for v in saving.values())

@@ -44,6 +44,9 @@ def test_hit_rate_counts_only_samples_served_from_the_cache(make_dataset, tmp_pa
         assert s.hits + s.misses == 80
         assert s.backing_bytes == idx.total_bytes  # every byte read once, from the backing store
         assert s.hits == 0 and s.hit_rate == 0.0, (s.hits, s.staged_served)
+        # Whole chunks fetched on a miss: their other samples are the cache's fill, counted
+        # apart from the misses that made the fetch.
+        assert 0 < s.fill_bytes < s.backing_bytes
         sum(len(b) for _, b in loader.epoch(1))
         assert loader.stats.hits > 0  # the second epoch finds what the first one inserted
     finally:
