@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from microco.services.scheduler._local import spawn_agent, stop_process
+from microco.clients.scheduler import SchedulerClient
+from microco.common import channel_for
+from microco.services.scheduler._local import spawn_agent, spawn_scheduler, stop_process
 
 
 @pytest.fixture
@@ -24,6 +26,30 @@ def agents(etcd_endpoint, etcd_kv, tmp_path):
         )
         procs.append(p)
         return p
+
+    yield start
+    for p in procs:
+        stop_process(p)
+
+
+@pytest.fixture
+def sched(etcd_endpoint, etcd_kv, tmp_path):
+    """``start(policy_config)`` -> a client of a real gandiva scheduler (0.2 s ticks)."""
+    procs = []
+
+    def start(config):
+        procs.append(
+            spawn_scheduler(
+                etcd_endpoint,
+                tmp_path / "sched",
+                policy="gandiva",
+                policy_config=config,
+                tick_s=0.2,
+                kv=etcd_kv,
+                log_path=tmp_path / "scheduler.log",
+            )
+        )
+        return SchedulerClient(channel_for(etcd_kv, "scheduler"))
 
     yield start
     for p in procs:

@@ -23,10 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from _support import wait_for_jobs as wait_for
 
-from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
+from microco.clients.scheduler import job_to_dict, make_spec
 from microco.clients.scheduler._ranks import read_records
-from microco.common import channel_for
-from microco.services.scheduler._local import spawn_scheduler, stop_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
 
@@ -50,29 +48,6 @@ def lightning_cmd(out, sleep_ms):
 
 def record(kv, j):
     return kv.get_json(f"/microco/scheduler/jobs/{j}")
-
-
-@pytest.fixture
-def sched(etcd_endpoint, etcd_kv, tmp_path):
-    procs = []
-
-    def start(config):
-        procs.append(
-            spawn_scheduler(
-                etcd_endpoint,
-                tmp_path / "sched",
-                policy="gandiva",
-                policy_config=config,
-                tick_s=0.2,
-                kv=etcd_kv,
-                log_path=tmp_path / "scheduler.log",
-            )
-        )
-        return SchedulerClient(channel_for(etcd_kv, "scheduler"))
-
-    yield start
-    for p in procs:
-        stop_process(p)
 
 
 def test_lightning_ddp_job_parks_in_place_is_moved_and_finishes(agents, sched, etcd_kv, tmp_path):

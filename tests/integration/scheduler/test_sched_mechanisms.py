@@ -8,9 +8,7 @@ import pytest
 from _support import wait_for_jobs
 
 from microco.clients.agent import AgentDirectory
-from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
-from microco.common import channel_for
-from microco.services.scheduler._local import spawn_scheduler, stop_process
+from microco.clients.scheduler import job_to_dict, make_spec
 
 pytestmark = pytest.mark.integration
 
@@ -30,28 +28,6 @@ def job_cmd(compute_ms=3.0, io_ms=2.0):
 
 
 wait_for = wait_for_jobs
-
-
-@pytest.fixture
-def sched(etcd_endpoint, etcd_kv, tmp_path):
-    procs = []
-
-    def start(config):
-        p = spawn_scheduler(
-            etcd_endpoint,
-            tmp_path / "sched",
-            policy="gandiva",
-            policy_config=config,
-            tick_s=0.2,
-            kv=etcd_kv,
-            log_path=tmp_path / "scheduler.log",
-        )
-        procs.append(p)
-        return SchedulerClient(channel_for(etcd_kv, "scheduler"))
-
-    yield start
-    for p in procs:
-        stop_process(p)
 
 
 def test_migration_defragments_a_node_and_the_job_continues(agents, sched, etcd_kv):

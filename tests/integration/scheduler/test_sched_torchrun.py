@@ -19,10 +19,8 @@ import sys
 import pytest
 from _support import wait_for_jobs as wait_for
 
-from microco.clients.scheduler import SchedulerClient, job_to_dict, make_spec
+from microco.clients.scheduler import job_to_dict, make_spec
 from microco.clients.scheduler._ranks import read_records
-from microco.common import channel_for
-from microco.services.scheduler._local import spawn_scheduler, stop_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
 
@@ -51,29 +49,6 @@ def ddp_cmd(out, steps=STEPS, sleep_ms=20, extra=()):
 
 def synthetic_cmd():
     return [sys.executable, "-m", "microco.examples.synthetic_job", "--steps", "100000", "--compute-ms", "2"]
-
-
-@pytest.fixture
-def sched(etcd_endpoint, etcd_kv, tmp_path):
-    procs = []
-
-    def start(config):
-        procs.append(
-            spawn_scheduler(
-                etcd_endpoint,
-                tmp_path / "sched",
-                policy="gandiva",
-                policy_config=config,
-                tick_s=0.2,
-                kv=etcd_kv,
-                log_path=tmp_path / "scheduler.log",
-            )
-        )
-        return SchedulerClient(channel_for(etcd_kv, "scheduler"))
-
-    yield start
-    for p in procs:
-        stop_process(p)
 
 
 def need_torch():
