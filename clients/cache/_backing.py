@@ -93,7 +93,8 @@ class FsspecStore:
 
     def read(self, path: str) -> bytes:
         with self.fs.open(f"{self.root}/{path}", "rb") as f:
-            return f.read()
+            data: bytes = f.read()
+            return data
 
     def write(self, path: str, data: bytes) -> None:
         with self.fs.open(f"{self.root}/{path}", "wb") as f:

@@ -37,7 +37,7 @@ class CacheClient(ServiceClient):
         channel = dial(address) if isinstance(address, str) else address
         super().__init__(channel, timeout)
         self.address = address if isinstance(address, str) else ""
-        self._stub = cache_pb2_grpc.CacheServiceStub(channel)
+        self._stub = cache_pb2_grpc.CacheServiceStub(channel)  # type: ignore[no-untyped-call]
 
     def _t(self, timeout: float | None) -> float:
         return self.default_timeout if timeout is None else timeout
@@ -138,16 +138,18 @@ class CacheClient(ServiceClient):
                     )
 
         try:
-            return self._stub.PutChunks(gen(), timeout=self._t(timeout))
+            resp: cache_pb2.PutChunksResponse = self._stub.PutChunks(gen(), timeout=self._t(timeout))
+            return resp
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
 
     def report_corrupt(self, digest: str, *, timeout: float | None = None, retry: bool = True) -> bool:
         """Ask the server to re-verify a chunk; True when it was corrupt and is now dropped."""
         req = cache_pb2.ReportCorruptRequest(digest=digest)
-        return self._call(
+        dropped: bool = self._call(
             self._stub.ReportCorrupt, req, timeout=timeout, idempotent=True, retry=retry
         ).dropped
+        return dropped
 
     def report_progress(
         self,
@@ -178,12 +180,19 @@ class CacheClient(ServiceClient):
             finished=finished,
         )
         # Re-sending consumed chunks is harmless (a set union), and timings are samples.
-        return self._call(self._stub.ReportProgress, req, timeout=timeout, idempotent=True, retry=retry)
+        resp: cache_pb2.ReportProgressResponse = self._call(
+            self._stub.ReportProgress, req, timeout=timeout, idempotent=True, retry=retry
+        )
+        return resp
 
     def stats(self, *, timeout: float | None = None) -> cache_pb2.CacheStats:
-        return self._call(self._stub.GetStats, cache_pb2.GetStatsRequest(), timeout=timeout, idempotent=True)
+        stats: cache_pb2.CacheStats = self._call(
+            self._stub.GetStats, cache_pb2.GetStatsRequest(), timeout=timeout, idempotent=True
+        )
+        return stats
 
     def allocations(self, *, timeout: float | None = None) -> cache_pb2.GetAllocationsResponse:
-        return self._call(
+        resp: cache_pb2.GetAllocationsResponse = self._call(
             self._stub.GetAllocations, cache_pb2.GetAllocationsRequest(), timeout=timeout, idempotent=True
         )
+        return resp

@@ -97,4 +97,5 @@ class RedisDirectory:
                     out[d] = {m.decode() if isinstance(m, bytes) else m for m in members}
             return out
 
-        return self._safe(go)
+        found: dict[str, set[str]] | None = self._safe(go)
+        return found

@@ -100,6 +100,7 @@ def read_index(index_digest: str, store, home=None) -> bytes | None:  # type: ig
     from ._index import index_path
 
     try:
-        return store.read(index_path(index_digest))
+        data: bytes = store.read(index_path(index_digest))
+        return data
     except (FileNotFoundError, OSError):
         return None

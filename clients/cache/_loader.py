@@ -26,10 +26,12 @@ import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from microco.clients import telemetry
 from microco.common.errors import FailedPrecondition, MicrocoError, Unavailable
 
+from ._backing import BackingStore
 from ._client import CacheClient
 from ._digest import digest
 from ._exchange import Exchange, ExchangeSampler, check_resumable
@@ -107,7 +109,7 @@ class QuiverLoader:
     def __init__(
         self,
         index: DatasetIndex,
-        store,  # type: ignore[no-untyped-def]  # a BackingStore
+        store: BackingStore,
         *,
         batch_size: int,
         dataset: str,
@@ -657,7 +659,7 @@ class QuiverLoader:
         yield from self._pipelined_epoch(epoch)
 
     def _pipelined_epoch(self, epoch: int) -> Iterator[tuple[list[int], list[bytes]]]:
-        q: queue.Queue = queue.Queue(maxsize=self.prefetch_batches)
+        q: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch_batches)
         stop = threading.Event()
         end = object()
 
@@ -891,7 +893,7 @@ class QuiverLoader:
         if epoch < 0:
             self._resume, self.resume_epoch = None, 0
             return
-        whole = job_seen(state)  # type: ignore[arg-type]
+        whole = job_seen(state)
         done = state.get("epoch_done")
         if whole is None:
             saved = (state.get("rank"), state.get("world_size"))
@@ -906,7 +908,7 @@ class QuiverLoader:
             if done if isinstance(done, bool) else len(seen) >= self.sampler.shard_size:
                 self._resume, self.resume_epoch = None, epoch + 1
                 return
-            base = set(ints(state, "base"))  # type: ignore[arg-type]
+            base = set(ints(state, "base"))
             self._resume, self.resume_epoch = (epoch, base, {int(i) for i in seen}), epoch
             return
         if any(not 0 <= i < len(self.index) for i in whole):

@@ -30,7 +30,7 @@ import torch.utils.data as tud
 from ._loader import QuiverLoader
 
 
-class QuiverBatchSampler(tud.Sampler):
+class QuiverBatchSampler(tud.Sampler[list[int]]):
     """Yields the indices of each mini-batch, chosen with substitutable hits. Every sample
     exactly once per epoch; call ``set_epoch`` before each epoch (as with DistributedSampler)."""
 
@@ -56,7 +56,7 @@ class QuiverBatchSampler(tud.Sampler):
         return hits
 
 
-class QuiverDataset(tud.Dataset):
+class QuiverDataset(tud.Dataset[Any]):
     """Map-style dataset over a registered dataset; ``__getitems__`` reads a mini-batch in
     one go (hits from the cache, the rest from the backing store)."""
 
@@ -84,7 +84,7 @@ class QuiverDataset(tud.Dataset):
         return [self._out(i, d) for i, d in zip(indices, self.loader.read(indices, hits), strict=True)]
 
 
-class QuiverIterableDataset(tud.IterableDataset):
+class QuiverIterableDataset(tud.IterableDataset[Any]):
     """The mini-batches of an epoch, read ahead by the loader's reader thread while the step
     computes (``loader.prefetch_batches``); every sample exactly once. Use with
     ``DataLoader(ds, batch_size=None)`` and ``num_workers=0`` (the reader thread is the
@@ -128,7 +128,7 @@ def make_dataloader(
     transform: Callable[[bytes, str], Any] | None = None,
     collate_fn: Callable[[list[Any]], Any] | None = None,
     read_ahead: bool = False,
-) -> tud.DataLoader:
+) -> tud.DataLoader[Any]:
     """A ``DataLoader`` wired to ``loader`` (in-process: the cache reads are already parallel).
     ``read_ahead``: batches come from a reader thread ahead of the step
     (``QuiverIterableDataset``; call ``dl.dataset.set_epoch(e)``); otherwise the batch sampler

@@ -178,7 +178,7 @@ class StoreClient(ServiceClient):
 
     def __init__(self, channel: grpc.Channel, default_timeout: float = 60.0) -> None:
         super().__init__(channel, default_timeout)
-        self._stub = pb_grpc.StoreCoordinatorServiceStub(channel)
+        self._stub = pb_grpc.StoreCoordinatorServiceStub(channel)  # type: ignore[no-untyped-call]
         self.last_plan: dict[str, Any] = {}
         self._own_kv: Any = None
 
@@ -320,7 +320,7 @@ class StoreClient(ServiceClient):
         data: pa.Table | pa.RecordBatch | str | Path | pa.RecordBatchReader | Iterable[pa.RecordBatch],
         *,
         timeout: float | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Append rows; all become visible at once. ``data``: an Arrow table or batch; a Parquet or
         CSV file; or a stream (a ``RecordBatchReader``, or any iterable of record batches, e.g. a
         generator): files and streams are sent batch by batch as they are read, so the client
@@ -385,7 +385,8 @@ class StoreClient(ServiceClient):
 
     def explain(self, query: Frame | dict[str, Any] | str, *, timeout: float | None = None) -> str:
         req = pb.QueryRequest(query_json=_query_json(query))
-        return self._call(self._stub.Explain, req, timeout=timeout, idempotent=True).text
+        text: str = self._call(self._stub.Explain, req, timeout=timeout, idempotent=True).text
+        return text
 
     def read(
         self,
