@@ -1,6 +1,6 @@
-"""A job suspended and resumed N times, and moved once (checkpoint, exit, restart from the
-checkpoint), ends with exactly the same parameters and loss curve as an uninterrupted run with
-the same seed. Real training processes (PyTorch, Keras on TensorFlow), real control files."""
+"""A job suspended and resumed N times, grown onto a second device and shrunk back, and moved
+once (checkpoint, exit, restart from the checkpoint), ends with exactly the same parameters and
+loss curve as an uninterrupted run with the same seed. Real training processes (PyTorch, Keras on TensorFlow), real control files."""
 
 from __future__ import annotations
 
@@ -70,6 +70,12 @@ def run_interrupted(module, tmp_path, reference=None):
         time.sleep(0.3)
         assert ch1.status()["step"] == parked_step  # no progress while parked
         ch1.wait_ack(ch1.send("resume"), 30)
+    # ...grown onto a second device and shrunk back in place (an elastic job's resize: the
+    # hook changes the compute threads with the devices)...
+    ch1.wait_ack(ch1.send("resize", ["vdev/0", "vdev/1"]), 60)
+    wait_step(ch1, 11)
+    st = ch1.wait_ack(ch1.send("resize", ["vdev/0"]), 60)
+    assert st["state"] == "running" and st["devices"] == ["vdev/0"], st
     # ...then checkpoint-and-move: the process exits and a new one continues from the checkpoint.
     wait_step(ch1, 14)
     ch1.send("stop")
