@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import microco
@@ -38,6 +39,31 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class Presence:
+    """A registration in the service registry, written once and revoked once. Entering and
+    leaving exclude each other, and leaving is final: a SIGTERM that lands while the
+    registration is being written (its key already in etcd, the object not yet kept) waits for
+    it and revokes it, instead of leaving the key to expire with its lease (seen in CI)."""
+
+    def __init__(self, make: Callable[[], Registration]) -> None:
+        self._make = make
+        self._lock = threading.Lock()
+        self.registration: Registration | None = None
+        self._left = False
+
+    def enter(self) -> None:
+        with self._lock:
+            if self.registration is None and not self._left:
+                self.registration = self._make().start()
+
+    def leave(self) -> None:
+        with self._lock:
+            self._left = True
+            reg, self.registration = self.registration, None
+            if reg is not None:
+                reg.stop()
+
+
 class ConsoleServer:
     """The console's HTTP server and registration, startable in-process (tests) or as ``main``."""
 
@@ -48,7 +74,7 @@ class ConsoleServer:
         self.kv = kv
         self.sock = _bind(config.host, config.http_port)
         self.port = int(self.sock.getsockname()[1])
-        self.registration: Registration | None = None
+        self.presence = Presence(lambda: Registration(self.kv, self.record(), ttl=config.lease_ttl_s))
         self._register = register
         self.app = create_app(config, kv, redis)
         self._uv = uvicorn.Server(
@@ -84,8 +110,8 @@ class ConsoleServer:
         )
 
     def _registered(self) -> None:
-        if self._register and self.registration is None:
-            self.registration = Registration(self.kv, self.record(), ttl=self.config.lease_ttl_s).start()
+        if self._register:
+            self.presence.enter()
 
     def serve(self) -> None:
         """Serve in this thread until ``stop`` (uvicorn handles SIGTERM/SIGINT when in the main thread)."""
@@ -112,10 +138,7 @@ class ConsoleServer:
             self._registered()
 
     def _unregister(self) -> None:
-        with self._stop_lock:
-            reg, self.registration = self.registration, None
-        if reg is not None:
-            reg.stop()
+        self.presence.leave()
 
     def stop(self) -> None:
         """Graceful and idempotent: leave the registry, then let in-flight requests finish."""
