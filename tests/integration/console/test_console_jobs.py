@@ -30,12 +30,16 @@ def job_command(steps: int, compute_ms: float = 5, io_ms: float = 10) -> list[st
     return synthetic_job(steps, compute_ms, io_ms)
 
 
-def wait_state(platform: Platform, job_id: str, states: set[str], timeout: float = 60.0) -> dict:
+def wait_state(
+    platform: Platform, job_id: str, states: set[str], timeout: float = 60.0, *, stepping: bool = False
+) -> dict:
+    """``stepping``: also wait until the job has reported a mini-batch (an operator's suspend
+    acts at a mini-batch boundary, and is refused before the job's first one)."""
     deadline = time.monotonic() + timeout
     job: dict = {}
     while time.monotonic() < deadline:
         job = httpx.get(f"{platform.url}/api/v1/jobs/{job_id}", headers=ADMIN, timeout=10).json()
-        if job["state"] in states:
+        if job["state"] in states and (not stepping or job.get("step", 0) > 0):
             return job
         time.sleep(0.3)
     raise AssertionError(
@@ -97,35 +101,38 @@ def test_operator_commands_and_cancel_need_the_admin_token(platform: Platform) -
         json={"name": "console-cancel", "command": job_command(100000, 5, 20), "devices": 1},
     )
     job_id = r.json()["id"]
-    wait_state(platform, job_id, {"running", "queued"})
-    assert httpx.post(f"{platform.url}/api/v1/jobs/{job_id}/cancel").status_code == 401
-    assert httpx.post(f"{platform.url}/api/v1/jobs/{job_id}/cancel", headers=VIEWER).status_code == 403
-    assert httpx.get(f"{platform.url}/api/v1/jobs/{job_id}", headers=VIEWER).json()["state"] in (
-        "queued",
-        "running",
-    )
-    # Operator commands, as `microco job suspend|resume` sends them: admin only, checked at once.
-    control = f"{platform.url}/api/v1/jobs/{job_id}/control"
-    assert httpx.post(control, json={"action": "suspend"}, headers=VIEWER).status_code == 403
-    assert httpx.post(control, json={"action": "explode"}, headers=ADMIN).status_code == 422
-    assert (
-        httpx.post(
-            f"{platform.url}/api/v1/jobs/no-such-job/control", json={"action": "suspend"}, headers=ADMIN
+    try:
+        wait_state(platform, job_id, {"running", "queued"})
+        assert httpx.post(f"{platform.url}/api/v1/jobs/{job_id}/cancel").status_code == 401
+        assert httpx.post(f"{platform.url}/api/v1/jobs/{job_id}/cancel", headers=VIEWER).status_code == 403
+        assert httpx.get(f"{platform.url}/api/v1/jobs/{job_id}", headers=VIEWER).json()["state"] in (
+            "queued",
+            "running",
         )
-    ).status_code == 404
-    wait_state(platform, job_id, {"running"})
-    r = httpx.post(control, json={"action": "suspend"}, headers=ADMIN)
-    assert r.status_code == 200, r.text
-    wait_state(platform, job_id, {"suspended"})
-    r = httpx.post(control, json={"action": "resume"}, headers=ADMIN)
-    assert r.status_code == 200, r.text
-    wait_state(platform, job_id, {"running"})
-    r = httpx.post(f"{platform.url}/api/v1/jobs/{job_id}/cancel", headers=ADMIN)
-    assert r.status_code == 200, r.text
-    job = wait_state(platform, job_id, {"cancelled"})
-    assert job["timeline"][-1]["state"] == "cancelled"
-    states = [p["state"] for p in job["timeline"]]
-    assert "suspended" in states, states  # the operator's suspend is on the job's timeline
+        # Operator commands, as `microco job suspend|resume` sends them: admin only, checked at once.
+        control = f"{platform.url}/api/v1/jobs/{job_id}/control"
+        assert httpx.post(control, json={"action": "suspend"}, headers=VIEWER).status_code == 403
+        assert httpx.post(control, json={"action": "explode"}, headers=ADMIN).status_code == 422
+        assert (
+            httpx.post(
+                f"{platform.url}/api/v1/jobs/no-such-job/control", json={"action": "suspend"}, headers=ADMIN
+            )
+        ).status_code == 404
+        wait_state(platform, job_id, {"running"}, stepping=True)
+        r = httpx.post(control, json={"action": "suspend"}, headers=ADMIN)
+        assert r.status_code == 200, r.text
+        wait_state(platform, job_id, {"suspended"})
+        r = httpx.post(control, json={"action": "resume"}, headers=ADMIN)
+        assert r.status_code == 200, r.text
+        wait_state(platform, job_id, {"running"})
+        r = httpx.post(f"{platform.url}/api/v1/jobs/{job_id}/cancel", headers=ADMIN)
+        assert r.status_code == 200, r.text
+        job = wait_state(platform, job_id, {"cancelled"})
+        assert job["timeline"][-1]["state"] == "cancelled"
+        states = [p["state"] for p in job["timeline"]]
+        assert "suspended" in states, states  # the operator's suspend is on the job's timeline
+    finally:  # a failure here must not leave the job holding the device for the next test
+        httpx.post(f"{platform.url}/api/v1/jobs/{job_id}/cancel", headers=ADMIN, timeout=10)
 
 
 def test_the_schedulers_refusals_come_through_clearly(platform: Platform) -> None:
