@@ -71,11 +71,16 @@ class DecisionApplier:
             raise FailedPrecondition(f"job {job_id} is busy with {rec.pending.op}")
         return rec
 
+    def reached_boundary(self, rec: JobRecord) -> bool:
+        """Has the job's current process finished a mini-batch since it started (so it has a
+        boundary to stop at)? The hook's ``first_step_at`` is per process."""
+        p = self.io.proc(rec)
+        return p is not None and bool(p.first_step_at)
+
     def at_boundary(self, rec: JobRecord) -> None:
         """Control acts at mini-batch boundaries: a process still starting (no mini-batch done
         since its start) has none yet, so it is not suspended or moved until it reports."""
-        p = self.io.proc(rec)
-        if p is None or not p.first_step_at:  # the hook's first_step_at is per process
+        if not self.reached_boundary(rec):
             raise FailedPrecondition(f"job {rec.id} has not reached a mini-batch boundary yet")
 
     # ------------------------------------------------------------------ decisions

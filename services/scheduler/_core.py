@@ -188,9 +188,13 @@ class SchedulerCore:
             self._remove_job_users(jobs)
 
         for job_id in list(jobs):
-            if jobs[job_id].operator is not None and self.is_leader():
-                # before the policy: it sees the result
-                self.store.save(_operator.carry_out(self.actions, jobs[job_id], now))
+            before = jobs[job_id]
+            if before.operator is not None and self.is_leader():
+                # before the policy: it sees the result (a command waiting for the job's first
+                # mini-batch boundary comes back unchanged: nothing to write)
+                after = _operator.carry_out(self.actions, before, now)
+                if after != before:
+                    self.store.save(after)
         view = self._view(now)
         decisions = list(self.policy.decide(view))
         applied = []

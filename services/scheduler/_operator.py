@@ -4,8 +4,10 @@ The API checks a command against the job's stored state at once (a clear FAILED_
 for a transition the state does not allow), then records it on the job (``operator``), as
 cancellation records ``cancel_requested``; the leader carries it out at its next tick with the
 same mechanism as the policy's decisions (so a suspended job parks at a mini-batch boundary,
-a migrated one checkpoints and restarts, a resized one re-pins). A job an operator suspended is
-*held*: the policy does not resume it until an operator does.
+a migrated one checkpoints and restarts, a resized one re-pins). A suspend or migrate sent
+before the job's process has finished its first mini-batch waits, recorded, for that first
+boundary. A job an operator suspended is *held*: the policy does not resume it until an
+operator does.
 """
 
 from __future__ import annotations
@@ -108,6 +110,13 @@ def carry_out(actions: DecisionApplier, rec: JobRecord, now: float) -> JobRecord
     store = actions.store
     req = rec.operator or OperatorRequest("")
     jid = rec.id
+    if req.action in _AT_BOUNDARY and _before_first_boundary(actions, rec):
+        # Held, not refused: the job's process has not finished a mini-batch yet, so it has no
+        # boundary to stop at. The command stays recorded and is carried out at the first tick
+        # after the job reports one; a job that never reports becomes ``no_hook`` and the
+        # command is then refused by ``check`` with the reason.
+        waiting = f"{req.action} requested by an operator: waits for the job's first mini-batch boundary"
+        return rec if rec.message == waiting else store.keep(replace(rec, message=waiting))
     rec = store.keep(replace(rec, operator=None))
     action, devices = req.action, list(req.devices)
     try:
@@ -129,6 +138,20 @@ def carry_out(actions: DecisionApplier, rec: JobRecord, now: float) -> JobRecord
     except MicrocoError as exc:
         store.keep(store.jobs[jid].noted(f"operator {action} refused: {exc}", now))
     return store.jobs[jid]
+
+
+_AT_BOUNDARY = ("suspend", "migrate")
+
+
+def _before_first_boundary(actions: DecisionApplier, rec: JobRecord) -> bool:
+    """A running job (with the hook, as far as known) whose process has no mini-batch yet."""
+    return (
+        rec.state in _RUNNING
+        and not rec.no_hook
+        and not rec.cancel_requested
+        and rec.pending is None
+        and not actions.reached_boundary(rec)
+    )
 
 
 def _resize_devices(io: NodeIO, actions: DecisionApplier, rec: JobRecord, count: int) -> list[str]:
