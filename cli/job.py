@@ -129,9 +129,9 @@ def _kv(args: argparse.Namespace) -> Any:
 
 def _client(args: argparse.Namespace, kv: Any = None) -> Any:
     from microco.clients.scheduler import SchedulerClient
-    from microco.common import channel_for
 
-    return SchedulerClient(channel_for(kv or _kv(args), "scheduler"), default_timeout=args.timeout)
+    # follows the scheduler to a standby if the instance it found goes away
+    return SchedulerClient.from_etcd(kv or _kv(args), default_timeout=args.timeout)
 
 
 def _row(j: dict[str, Any]) -> str:

@@ -16,9 +16,8 @@ import pyarrow as pa
 from microco.api.store.v1 import store_pb2 as pb
 from microco.api.store.v1 import store_pb2_grpc as pb_grpc
 from microco.common import ServiceClient
-from microco.common.calls import call_with_retry, never_served
-from microco.common.channel import RedialingChannel, dial, pick_instance
-from microco.common.errors import InvalidArgument, MicrocoError, Unavailable, from_rpc_error
+from microco.common.calls import never_served
+from microco.common.errors import InvalidArgument, from_rpc_error
 
 CHUNK = 4 << 20
 
@@ -171,88 +170,19 @@ class StoreClient(ServiceClient):
     """Typed client of the store coordinator (one method per RPC, keyword ``timeout``)."""
 
     service_name = "store"
-    # How long a call waits for a coordinator to lead again (a fail-over: the leader's lease
-    # expiring, a standby elected) while some coordinator is registered; clients built with
-    # ``from_etcd`` only (they know where to look for the new leader).
-    failover_s = 20.0
 
     def __init__(self, channel: grpc.Channel, default_timeout: float = 60.0) -> None:
         super().__init__(channel, default_timeout)
         self._stub = pb_grpc.StoreCoordinatorServiceStub(channel)  # type: ignore[no-untyped-call]
         self.last_plan: dict[str, Any] = {}
-        self._own_kv: Any = None
 
     @classmethod
     def from_etcd(cls, kv: Any = None, default_timeout: float = 10.0) -> StoreClient:
         """A client of the leading coordinator found in etcd (``kv``, else the platform's as
-        ``find_etcd`` finds it), which follows the leader: after a call finds no coordinator or a
-        standby, it looks the leader up again and sends the call there (see :meth:`_failover`)."""
-        own = None
-        if kv is None:
-            from microco.common.discovery import connect_etcd
-
-            kv = own = connect_etcd()
-        try:
-            channel = RedialingChannel(lambda: dial(pick_instance(kv, cls.service_name).address))
-        except BaseException:
-            if own is not None:
-                own.close()
-            raise
-        client = cls(channel, default_timeout)
-        client._own_kv = own  # kept for the look-ups after a fail-over; closed with the client
+        ``find_etcd`` finds it), which follows the leader across a fail-over
+        (``ServiceClient``: the call is sent again to the new leader when that cannot do it twice)."""
+        client: StoreClient = super().from_etcd(kv, default_timeout)
         return client
-
-    def close(self) -> None:
-        super().close()
-        if self._own_kv is not None:
-            self._own_kv.close()
-            self._own_kv = None
-
-    def _failover(self, err: MicrocoError, resend: bool, started: float, deadline: float) -> bool:
-        """After ``err``: whether to send the call again, once the leader was looked up anew.
-        Only for a client that follows the leader, only for UNAVAILABLE, only when sending again
-        cannot do anything twice (``resend``: the call is idempotent, or it never reached a
-        serving coordinator: no connection, or a standby refused it), and for at most
-        ``failover_s`` within the call's deadline. Gives up at once when no coordinator is
-        registered at all."""
-        channel = self._channel
-        if not isinstance(channel, RedialingChannel) or not isinstance(err, Unavailable):
-            return False
-        if not (resend or never_served(err)):
-            return False
-        now = time.monotonic()
-        if now - started > self.failover_s or now >= deadline:
-            return False
-        time.sleep(min(0.25, max(deadline - now, 0)))
-        try:
-            channel.redial()
-        except Unavailable:
-            return False  # nothing registered: no fail-over is under way
-        return True
-
-    def _call(
-        self,
-        method: Any,
-        request: Any,
-        *,
-        timeout: float | None,
-        idempotent: bool,
-        retry: bool = True,
-    ) -> Any:
-        started = time.monotonic()
-        deadline = started + (timeout if timeout is not None else self.default_timeout)
-        while True:
-            try:
-                return call_with_retry(
-                    method,
-                    request,
-                    timeout=deadline - time.monotonic(),
-                    idempotent=idempotent and retry,
-                    attempts=self.attempts,
-                )
-            except MicrocoError as err:
-                if not self._failover(err, idempotent and retry, started, deadline):
-                    raise
 
     # ---------------------------------------------------------------- tables
     def create_table(
