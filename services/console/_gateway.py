@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import grpc
 
 from microco.common import ServiceClient, dial
+from microco.common.channel import pick_instance
 from microco.common.errors import Unavailable, Unimplemented
 from microco.common.health import check_health
 from microco.common.hotstate import connect_redis
@@ -163,8 +164,8 @@ class Gateway:
             records = self.services(system.service)
             if not records:
                 raise Unavailable(f"{name}: no live instance is registered in etcd (is it running?)")
-            leaders = [r for r in records if r.labels.get("role") == "leader"]
-            record = (leaders or records)[0]
+            # the elected leader (the election key first, then the label), as every client picks
+            record = pick_instance(self.kv, system.service)
         return record
 
     def _client(self, name: str, record: ServiceRecord | None, make: type[C]) -> C:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -231,6 +231,7 @@ class ServiceRuntime:
         self.registration: Registration | None = None
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
+        self._labels_lock = threading.Lock()
         self._stopping = False
 
     # -- assembly
@@ -255,6 +256,19 @@ class ServiceRuntime:
     @property
     def metrics_address(self) -> str:
         return f"{self.settings.advertised}:{self.metrics_port}" if self.metrics_port else ""
+
+    def advertise(self, **labels: str) -> None:
+        """Set labels of this instance's registration (e.g. ``role=leader|standby`` after an
+        election): kept in the settings, so that a registration made later carries them too (an
+        election can be won before the service registers), and put again when registered.
+        Serialised: callbacks racing from two threads leave the last call's labels."""
+        with self._labels_lock:
+            self.settings = replace(self.settings, labels={**self.settings.labels, **labels})
+            if self.registration is not None:
+                try:
+                    self.registration.update(self.record())
+                except MicrocoError as exc:
+                    log.warning("could not advertise %s: %s", labels, exc)
 
     def record(self, **labels: str) -> ServiceRecord:
         return ServiceRecord(

@@ -155,14 +155,19 @@ class Scheduler:
         log.info("leading: taking over the control loop")
         M.IS_LEADER.set(1)
         self.core._last_tick = None
-        if self.runtime is not None and self.runtime.registration is not None:
-            self.runtime.registration.update(self.runtime.record(role="leader"))
+        self._advertise_role()
 
     def _lost(self) -> None:
         log.warning("no longer the leader")
         M.IS_LEADER.set(0)
-        if self.runtime is not None and self.runtime.registration is not None and not self._stop.is_set():
-            self.runtime.registration.update(self.runtime.record(role="standby"))
+        if not self._stop.is_set():
+            self._advertise_role()
+
+    def _advertise_role(self) -> None:
+        """``role=leader|standby`` on this instance's registration (the console picks by it),
+        read from the election now; kept for a registration made after the election was won."""
+        if self.runtime is not None:
+            self.runtime.advertise(role="leader" if self.election.is_leader else "standby")
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -175,6 +180,7 @@ class Scheduler:
 
     def attach(self, runtime: ServiceRuntime) -> None:
         self.runtime = runtime
+        self._advertise_role()
         runtime.add_service(
             scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server,
             SchedulerServicer(self.core, self.election, self.policy_name, self.policy_settings),

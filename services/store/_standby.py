@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from microco.api.store.v1 import store_pb2 as pb
@@ -106,20 +105,13 @@ class CoordinatorElection:
 
     def _set_role(self) -> None:
         """Advertise the role this instance has now (``role=leader|standby``; the console picks
-        the leader by it): set in the settings so that a first registration carries it, and put
-        again when already registered. Serialised, and read from the election at the time, so
-        that callbacks racing from two threads leave the current role."""
+        the leader by it), read from the election at the time (``ServiceRuntime.advertise``
+        serialises racing callbacks and keeps it for a first registration)."""
         rt = self.runtime
         if rt is None:
             return
         with self._role_lock:
-            role = "leader" if self.election.is_leader else "standby"
-            rt.settings = replace(rt.settings, labels={**rt.settings.labels, "role": role})
-            if rt.registration is not None:
-                try:
-                    rt.registration.update(rt.record())
-                except MicrocoError as exc:
-                    log.warning("could not advertise role %s: %s", role, exc)
+            rt.advertise(role="leader" if self.election.is_leader else "standby")
 
     # ------------------------------------------------------------------ refusing as a standby
     def refusal(self) -> Unavailable:

@@ -243,3 +243,20 @@ def test_graceful_stop_sets_not_serving(etcd_kv: EtcdKV) -> None:
     assert during_stop == [(503, "not ready\n"), (200, "ok\n")]
     assert discover(etcd_kv, "graceful") == []
     assert os.environ.get("NO_SUCH") is None
+
+
+def test_labels_advertised_before_registering_are_registered(etcd_kv: EtcdKV) -> None:
+    """An election won before the service registers (the scheduler's leader once never carried
+    ``role=leader``): the label set then is in the first registration, and a later change is
+    put again."""
+    rt = ServiceRuntime(ServiceSettings(name="elected", metrics_port=-1), kv=etcd_kv)
+    rt.advertise(role="leader")  # not registered yet
+    rt.start()
+    try:
+        (rec,) = discover(etcd_kv, "elected")
+        assert rec.labels["role"] == "leader"
+        rt.advertise(role="standby")
+        (rec,) = discover(etcd_kv, "elected")
+        assert rec.labels["role"] == "standby" and rec.address == rt.address
+    finally:
+        rt.stop(grace=0)
