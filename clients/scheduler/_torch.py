@@ -126,7 +126,8 @@ class TorchHook:
     def _save(self, step: int) -> bytes:
         import torch
 
-        rng = self._rng_states()
+        rng = self._gathered(_rng_state())
+        sampler = self._gathered(self.sampler.state_dict()) if self.sampler is not None else None
         if self._group is not None and self._group[0] != 0:
             return b""  # rank 0 writes the checkpoint
         state = {
@@ -134,7 +135,7 @@ class TorchHook:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "rng": rng,
-            "sampler": self.sampler.state_dict() if self.sampler is not None else None,
+            "sampler": sampler,
             "stateful": {name: obj.state_dict() for name, obj in self.stateful.items()},
             "extra": self.extra_state,
         }
@@ -149,16 +150,16 @@ class TorchHook:
             return
         torch.set_num_threads(max(1, len(devices) // max(1, self.context.world_size)))
 
-    def _rng_states(self) -> Any:
-        """This process's RNG states; with a process group, every rank's (a collective: every
-        rank calls ``_save`` at the same boundary, rank 0's result is written)."""
+    def _gathered(self, value: Any) -> Any:
+        """This process's ``value``; with a process group, every rank's, in rank order (a
+        collective: every rank calls ``_save`` at the same boundary, rank 0's result is written)."""
         if self._group is None:
-            return _rng_state()
+            return value
         import torch.distributed as dist
 
-        states: list[Any] = [None] * self._group[1]
-        dist.all_gather_object(states, _rng_state())
-        return states
+        values: list[Any] = [None] * self._group[1]
+        dist.all_gather_object(values, value)
+        return values
 
     def _load(self, blob: bytes) -> int:
         import torch
@@ -179,10 +180,30 @@ class TorchHook:
         for name, obj in self.stateful.items():
             obj.load_state_dict(saved[name])
         if self.sampler is not None and state["sampler"] is not None:
-            self.sampler.load_state_dict(state["sampler"])
+            self.sampler.load_state_dict(self._sampler_position(state["sampler"]))
         self.extra_state.clear()
         self.extra_state.update(state["extra"])
         return int(state["step"])
+
+    def _sampler_position(self, saved: Any) -> Any:
+        """The sampler position this rank loads. A process group saves every rank's (a list, in
+        rank order): with the same number of ranks each loads its own; with another number (the
+        job grown or shrunk since) the sampler's ``merge_state_dicts`` (Quiver's loader has it:
+        ``merge_positions``) makes one job-wide position every rank loads. A sampler without it
+        cannot be resumed at another size, and that is said plainly."""
+        if not isinstance(saved, list):
+            return saved  # one process's (saved without a process group)
+        rank, world = self._group if self._group is not None else (0, 1)
+        if len(saved) == world:
+            return saved[rank]
+        merge = getattr(self.sampler, "merge_state_dicts", None)
+        if merge is None:
+            raise ValueError(
+                f"the checkpoint holds the sampler positions of {len(saved)} ranks and this job has "
+                f"{world}: {type(self.sampler).__name__} cannot merge them (no merge_state_dicts); "
+                "resume with the same number of ranks"
+            )
+        return merge(saved)
 
     def _park(self) -> None:
         """Free the accelerator while parked: parameters and optimizer state move to host memory."""
