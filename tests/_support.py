@@ -77,3 +77,18 @@ def issued(name: str, admin: bool = False) -> Any:
     ca = local_ca()
     assert ca is not None, "the session CA (MICROCO_CA_DIR) is missing"
     return ca.issue(name, admin=admin)
+
+
+def put_node(kv: Any, name: str = "n1", devices: int = 2, address: str = "127.0.0.1:1") -> None:
+    """A node agent's record with ``devices`` virtual devices, as the agent writes it (for
+    scheduler tests that drive the core against a fake agent)."""
+    kv.put_json(
+        f"/microco/nodes/{name}",
+        {
+            "name": name,
+            "address": address,
+            "devices": [
+                {"id": f"{name}/{i}", "node": name, "index": i, "kind": "virtual"} for i in range(devices)
+            ],
+        },
+    )

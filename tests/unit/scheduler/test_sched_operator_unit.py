@@ -9,6 +9,8 @@ import sys
 from dataclasses import replace
 from types import SimpleNamespace
 
+from _support import put_node
+
 from microco.clients.agent import AgentDirectory
 from microco.common.kv import MemoryKV
 from microco.services.scheduler import SchedulerCore, _operator
@@ -32,14 +34,7 @@ class FakeAgents:
 
 def running_job_without_a_minibatch():
     kv = MemoryKV()
-    kv.put_json(
-        "/microco/nodes/n1",
-        {
-            "name": "n1",
-            "address": "127.0.0.1:1",
-            "devices": [{"id": f"n1/{i}", "node": "n1", "index": i, "kind": "virtual"} for i in range(2)],
-        },
-    )
+    put_node(kv, "n1", devices=2)
     core = SchedulerCore(kv, _policy())
     core.io.agents = FakeAgents(AgentDirectory(kv))
     core.io.nodes = core.agents.nodes()

@@ -8,6 +8,8 @@ import sys
 from dataclasses import replace
 from types import SimpleNamespace
 
+from _support import put_node
+
 from microco.clients.agent import AgentDirectory
 from microco.common.kv import MemoryKV
 from microco.services.scheduler import SchedulerCore
@@ -34,14 +36,7 @@ class FakeAgents:
 
 def core_with_running_elastic_job():
     kv = MemoryKV()
-    kv.put_json(
-        "/microco/nodes/n1",
-        {
-            "name": "n1",
-            "address": "127.0.0.1:1",
-            "devices": [{"id": f"n1/{i}", "node": "n1", "index": i, "kind": "virtual"} for i in range(4)],
-        },
-    )
+    put_node(kv, "n1", devices=4)
     core = SchedulerCore(kv, make_policy("gandiva"))
     core.io.agents = FakeAgents(AgentDirectory(kv))
     core.io.nodes = core.agents.nodes()
