@@ -58,6 +58,23 @@ def _make_dataset(root: Path, n: int, size: int, seed: int = 0) -> int:
     return sum(f.stat().st_size for f in root.rglob("*.jpg"))
 
 
+class _Salted:
+    """A store whose every sample is ``salt`` + the inner store's bytes: the same files as
+    other bytes (other digests), for a round of the benchmark on cold caches."""
+
+    def __init__(self, inner: Any, salt: bytes) -> None:
+        self.inner, self.salt, self.url = inner, salt, inner.url
+
+    def list_files(self) -> list[tuple[str, int]]:
+        return [(p, n + len(self.salt)) for p, n in self.inner.list_files()]
+
+    def read(self, path: str) -> bytes:
+        return self.salt + self.inner.read(path)
+
+    def write(self, path: str, data: bytes) -> None:
+        raise OSError("read-only")
+
+
 class _Server:
     def __init__(
         self, tmp: Path, name: str, etcd: str, redis: str, capacity: int, policy: str, extra: tuple = ()
@@ -204,18 +221,24 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             "ddp2b": ("coordinated", capacity),
             "ddp2ha": ("coordinated", capacity // 2),
             "ddp2hb": ("coordinated", capacity // 2),
+            "ddp2sa": ("coordinated", capacity),  # (two ranks on one shared link)
+            "ddp2sb": ("coordinated", capacity),
             # The same for the I/O-bound run (cold caches of their own).
             "io1": ("coordinated", capacity),
             "io2a": ("coordinated", capacity),
             "io2b": ("coordinated", capacity),
             "io2ha": ("coordinated", capacity // 2),
             "io2hb": ("coordinated", capacity // 2),
+            "io2sa": ("coordinated", capacity),
+            "io2sb": ("coordinated", capacity),
         }
         uses = {
             "one_job": ("lru", "quiver"),
             "two_jobs": ("shared", "job0", "job1", "half0", "half1"),
             "allocation": ("alloc",),
-            "ddp": ("ddp1", "ddp2a", "ddp2b", "ddp2ha", "ddp2hb", "io1", "io2a", "io2b", "io2ha", "io2hb"),
+            "ddp": tuple(
+                f"{p}{k}" for p in ("ddp", "io") for k in ("1", "2a", "2b", "2ha", "2hb", "2sa", "2sb")
+            ),
             "serving": ("serve",),
         }
         only = set(args.only or uses.keys() | {"prefetch"})
@@ -226,7 +249,8 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         names = {k: v for k, v in names.items() if any(k in uses[s] for s in only if s in uses)}
         extra = {
             k: ("--node", f"host-{k[-1]}", "--label", f"pool={k[:-1]}")
-            for k in ("ddp2a", "ddp2b", "ddp2ha", "ddp2hb", "io2a", "io2b", "io2ha", "io2hb")
+            for p in ("ddp", "io")
+            for k in (f"{p}2a", f"{p}2b", f"{p}2ha", f"{p}2hb", f"{p}2sa", f"{p}2sb")
         }
         servers = {
             k: _Server(tmp, k, etcd.endpoint, redis.url, cap, pol, extra.get(k, ()))
@@ -437,9 +461,17 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
 
             kv = EtcdKV(etcd.endpoint)
             stack.callback(kv.close)
+            trials = max(1, args.ddp_trials)
 
             def ddp(
-                world: int, pool: str, idx: Any, src: Any, link_bw: float, name: str, compute: float
+                world: int,
+                pool: str,
+                idx: Any,
+                src: Any,
+                link_bw: float,
+                name: str,
+                compute: float,
+                shared_link: bool = False,
             ) -> dict[str, Any]:
                 caches: list[Any] = (
                     [servers[pool].address]
@@ -447,10 +479,11 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
                     else [SpreadCache(kv, labels={"pool": pool}) for _ in range(world)]
                 )
                 group = ThreadExchange(world) if world > 1 else None  # the ranks trade hits
+                link = ThrottledStore(src, link_bw)
                 ranks = [
                     QuiverLoader(
                         idx,
-                        ThrottledStore(src, link_bw),  # each host its own link
+                        link if shared_link else ThrottledStore(src, link_bw),  # a link per rank
                         batch_size=batch,
                         dataset=name,
                         job_id=f"{name}-{pool or world}",
@@ -476,7 +509,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
                         for indices, _samples in ld.epoch(e):
                             seen[e].extend(indices)
                             step.wait()
-                            time.sleep(compute_s)
+                            time.sleep(compute)
                             k += 1
                         for _ in range(steps - k):  # (a rank with a batch less waits for the others)
                             step.wait()
@@ -506,11 +539,11 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
                 steady = range(1, epochs)
                 return {
                     "exactly_once": all(sorted(x) == list(range(n)) for x in seen),
-                    "mb_s": epochs * total / wall / MB,
-                    "steady_mb_s": (epochs - 1) * total / sum(epoch_s[1:]) / MB,
+                    "mb_s": epochs * idx.total_bytes / wall / MB,
+                    "steady_mb_s": (epochs - 1) * idx.total_bytes / sum(epoch_s[1:]) / MB,
                     "epoch_s": epoch_s,
                     "backing_mb_per_epoch": backing,
-                    "steady_hit_rate": sum(max(0.0, 1 - backing[e] * MB / total) for e in steady)
+                    "steady_hit_rate": sum(max(0.0, 1 - backing[e] * MB / idx.total_bytes) for e in steady)
                     / len(steady),
                     "misses_per_epoch": [
                         sum(runs[r][e]["misses"] for r in range(world)) for e in range(epochs)
@@ -518,34 +551,68 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
                     "hits_per_epoch": [sum(runs[r][e]["hits"] for r in range(world)) for e in range(epochs)],
                 }
 
-            def section(
-                p: str, idx: Any, src: Any, link_bw: float, name: str, compute: float
-            ) -> dict[str, Any]:
-                one = ddp(1, f"{p}1", idx, src, link_bw, name, compute)
-                two = ddp(2, f"{p}2", idx, src, link_bw, name, compute)
-                half = ddp(2, f"{p}2h", idx, src, link_bw, name, compute)
+            def section(p: str, link_bw: float, compute: float) -> dict[str, Any]:
+                """``trials`` rounds of one rank, two ranks, two ranks at the same total cache and
+                two ranks on one shared link, interleaved (the order rotates each round), each on
+                cold caches: a round's dataset is the bench's with a salt of its own in front of
+                every sample (other bytes, other digests), so nothing a server holds from an
+                earlier round is a hit; earlier rounds' chunks belong to finished jobs and are
+                evicted first."""
+                variants = {
+                    "one_rank": (1, f"{p}1", False),
+                    "two_ranks": (2, f"{p}2", False),
+                    "two_ranks_same_total_cache": (2, f"{p}2h", False),
+                    "two_ranks_shared_link": (2, f"{p}2s", True),
+                }
+                runs: dict[str, list[dict[str, Any]]] = {k: [] for k in variants}
+                loads: list[float] = []
+                for t in range(trials):
+                    keys = list(variants)
+                    for k in keys[t % len(keys) :] + keys[: t % len(keys)]:
+                        world, pool, shared = variants[k]
+                        salted = _Salted(local, f"{p}-{k}-{t}\n".encode())
+                        idx = build_index(files, salted.read, chunk_bytes)
+                        loads.append(os.getloadavg()[0])
+                        runs[k].append(
+                            ddp(world, pool, idx, salted, link_bw, f"{p}-{k}-{t}", compute, shared)
+                        )
+                one = runs["one_rank"]
+
+                def ratios(k: str, field: str = "mb_s") -> list[float]:
+                    return [b[field] / a[field] for a, b in zip(one, runs[k], strict=True)]
+
+                def median(xs: list[float]) -> float:
+                    return sorted(xs)[len(xs) // 2]
+
                 held = {k: servers[p + k].stats().used_bytes / MB for k in ("2a", "2b", "2ha", "2hb")}
-                wall_one = sum(one["epoch_s"])
                 return {
                     "link_mb_s": link_bw / MB,
                     "compute_ms_per_batch": compute * 1000,
-                    "exactly_once": one["exactly_once"] and two["exactly_once"] and half["exactly_once"],
-                    "speedup_vs_one_rank": two["mb_s"] / one["mb_s"],
-                    "steady_speedup_vs_one_rank": two["steady_mb_s"] / one["steady_mb_s"],
-                    "same_total_cache_speedup": half["mb_s"] / one["mb_s"],
-                    # Share of the one-rank run's time its link was busy: near 1 is I/O-bound.
-                    "one_rank_link_busy": sum(one["backing_mb_per_epoch"]) * MB / link_bw / wall_one,
-                    "one_rank_mb_s": one["mb_s"],
-                    "two_ranks_mb_s": two["mb_s"],
+                    "trials": trials,
+                    "exactly_once": all(r["exactly_once"] for rs in runs.values() for r in rs),
+                    # The median of the trials' ratios, each against the one rank of its round.
+                    "speedup_vs_one_rank": median(ratios("two_ranks")),
+                    "speedup_trials": ratios("two_ranks"),
+                    "steady_speedup_vs_one_rank": median(ratios("two_ranks", "steady_mb_s")),
+                    "same_total_cache_speedup": median(ratios("two_ranks_same_total_cache")),
+                    "same_total_cache_trials": ratios("two_ranks_same_total_cache"),
+                    "shared_link_speedup": median(ratios("two_ranks_shared_link")),
+                    "shared_link_trials": ratios("two_ranks_shared_link"),
+                    # Share of the one-rank runs' time their link was busy: near 1 is I/O-bound.
+                    "one_rank_link_busy": median(
+                        [sum(r["backing_mb_per_epoch"]) * MB / link_bw / sum(r["epoch_s"]) for r in one]
+                    ),
+                    "one_rank_mb_s": median([r["mb_s"] for r in one]),
+                    "two_ranks_mb_s": median([r["mb_s"] for r in runs["two_ranks"]]),
+                    "load_average": [min(loads), max(loads)],
                     "held_mb_after": held,
-                    "one_rank": one,
-                    "two_ranks": two,
-                    "two_ranks_same_total_cache": half,
+                    **{k: rs[0] for k, rs in runs.items()},  # the first round's details
+                    "rounds": runs,
                 }
 
-            at_bench = section("ddp", index, local, bw, "bench", compute_s)
-            # I/O-bound: servers of its own (cold), a slower link per host, no compute.
-            io = section("io", index, local, args.ddp_bandwidth_mb_s * MB, "bench", 0.0)
+            at_bench = section("ddp", bw, compute_s)
+            # I/O-bound: servers of its own (cold), a slower link per rank, no compute.
+            io = section("io", args.ddp_bandwidth_mb_s * MB, 0.0)
             result["ddp"] = {
                 "ranks": 2,
                 "exactly_once": io["exactly_once"] and at_bench["exactly_once"],
@@ -553,9 +620,10 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
                 "setup": (
                     "1 rank: one host, one link, one cache server of C; 2 ranks (threads, a barrier "
                     "per step, hits exchanged): two hosts, a link and a cache server of C each "
-                    "(same_total_cache: C/2 each), the two servers one spread cache; io_bound: "
-                    "links of --ddp-bandwidth-mb-s, no compute; at_bench_bandwidth: the bench's "
-                    "link and compute"
+                    "(same_total_cache: C/2 each; shared_link: both ranks on one link), the two "
+                    "servers one spread cache; io_bound: links of --ddp-bandwidth-mb-s, no compute; "
+                    "at_bench_bandwidth: the bench's link and compute; each variant --ddp-trials "
+                    "times, interleaved, on cold caches; ratios are the median of the rounds'"
                 ),
                 "io_bound": io,
                 "at_bench_bandwidth": at_bench,
@@ -625,6 +693,12 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=5,
         help="each host's link in the I/O-bound data-parallel run, MB/s",
+    )
+    p.add_argument(
+        "--ddp-trials",
+        type=int,
+        default=3,
+        help="rounds of the data-parallel variants, interleaved (ratios: the median round's)",
     )
     p.add_argument(
         "--only",

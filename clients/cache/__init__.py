@@ -132,8 +132,8 @@ def find_server(kv: Any, node: str | None = None) -> str | None:
     node = node or os.environ.get("MICROCO_NODE", socket.gethostname())
     records = discover(kv, "cache")
     local = [r for r in records if r.labels.get("node") == node]
-    pick = (local or records or [None])[0]
-    return pick.address if pick is not None else None
+    candidates = local or records
+    return candidates[0].address if candidates else None
 
 
 __all__ = [

@@ -265,9 +265,28 @@ class ExchangeSampler:
                     takes[q].append(i)
 
         misses_of = [[i for i in windows[q] if i not in all_hits] for q in range(w)]
-        if mode is BatchMode.MISSES_ONLY:  # probe: misses first, no trading
+
+        def give_misses() -> None:
+            if miss_rank is not None:
+                # A chunk no rank has touched is read whole by one rank only if its missed
+                # samples in this step all go to that rank: each rank first takes the misses it
+                # fetches, then misses of touched chunks (any rank's), and another rank's only
+                # when none of those is left (a chunk split between ranks is read sample by
+                # sample: not cached this epoch).
+                pool = [i for q in range(w) for i in misses_of[q]]
+                rank_of = {i: miss_rank(i) for i in pool}
+                for q in range(w):
+                    give(q, [i for i in pool if rank_of[i] == q])
+                for q in range(w):
+                    give(q, [i for i in misses_of[q] if rank_of[i] < 0])
+                for q in range(w):
+                    give(q, [i for i in pool if rank_of[i] < 0])
             for q in range(w):
                 give(q, misses_of[q])
+
+        if mode is BatchMode.MISSES_ONLY:  # probe: misses first, no trading of hits
+            give_misses()
+            for q in range(w):
                 give(q, hits_of[q])
         else:
             for q in range(w):
@@ -276,12 +295,7 @@ class ExchangeSampler:
             for q in range(w):  # hits a rank cannot use go to ranks short of them
                 give(q, surplus)
                 surplus = [i for i in surplus if i not in taken]
-            if miss_rank is not None:
-                pool = [i for q in range(w) for i in misses_of[q]]
-                for q in range(w):
-                    give(q, [i for i in pool if miss_rank(i) == q])
-            for q in range(w):
-                give(q, misses_of[q])
+            give_misses()
         left = [want[q] - len(takes[q]) for q in range(w)]
         if any(left):  # a rank's own unseen samples ran out: the oldest misses of others'
             for q in range(w):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from microco.clients.cache import SubstitutableSampler
+from microco.clients.cache import BatchMode, SubstitutableSampler
 from microco.clients.cache._exchange import ExchangeSampler, ThreadExchange, step_sizes
 
 
@@ -121,3 +121,46 @@ def test_step_sizes_give_every_rank_equal_nonempty_steps():
                 assert all(0 < x <= b for step in sizes for x in step)
     with pytest.raises(ValueError):
         step_sizes(2, 4, 3)
+
+
+@pytest.mark.parametrize("cached_chunks", [set(), {0, 3, 4, 7, 9}])
+def test_a_chunk_no_rank_has_touched_goes_to_one_rank_in_a_step(cached_chunks):
+    """The loader reads a missed chunk whole only if no rank has touched it yet and its samples
+    in the step are all this rank's: the steering of misses must keep them together, in the
+    all-miss probe steps too (before, both ranks took samples of most cold chunks in a probe
+    step, so those chunks were read sample by sample and not cached that epoch)."""
+    n, b, world, per_chunk = 192, 16, 2, 16
+    group = ThreadExchange(world)
+
+    def rank(r: int) -> list[int]:
+        s = ExchangeSampler(n, b, group.member(r), seed=11, substitution=10)
+        splits = []
+        for e in range(2):
+            s.start_epoch(e)
+            touched: set[int] = set()
+            for step in range(s.steps):
+                probe = step < 6
+                mode = (
+                    (BatchMode.MISSES_ONLY if step % 2 == 0 else BatchMode.HITS_ONLY)
+                    if probe
+                    else (BatchMode.PREFER_HITS)
+                )
+
+                def fetcher(i: int, touched: set[int] = touched) -> int:
+                    c = i // per_chunk
+                    return -1 if c in touched or c in cached_chunks else c % world
+
+                batch = s.next_batch(
+                    lambda c: {i for i in c if i // per_chunk in cached_chunks}, mode, None, fetcher
+                )
+                assert batch is not None
+                takers: dict[int, set[int]] = {}
+                for q, t in enumerate(s.last_taken):
+                    for i in t:
+                        takers.setdefault(i // per_chunk, set()).add(q)
+                fresh = [c for c in takers if c not in touched and c not in cached_chunks]
+                splits += [c for c in fresh if len(takers[c]) > 1]
+                touched |= takers.keys()
+        return splits
+
+    assert _run(world, rank) == [[], []]
