@@ -37,7 +37,7 @@ from ._digest import digest
 from ._exchange import Exchange, ExchangeSampler, check_resumable
 from ._index import DatasetIndex
 from ._peers import Peers
-from ._position import ints, job_seen
+from ._position import ints, job_seen, merge_positions
 from ._sampler import BatchMode, SubstitutableSampler
 from ._spread import SpreadCache
 from ._stall import BatchRead, StallMeter
@@ -850,6 +850,10 @@ class QuiverLoader:
         # Prefer hits in chunks this job has nearly finished: a finished chunk can be evicted,
         # which makes room for the prefetcher while the link would otherwise idle.
         return self._consumed_left[self.index.samples[i].chunk]
+
+    # Every rank's ``state_dict()`` -> the job's position (``TorchHook`` calls it when a job
+    # resumes with another number of ranks than it saved: ``merge_positions``).
+    merge_state_dicts = staticmethod(merge_positions)
 
     def state_dict(self) -> dict[str, object]:
         """Where the training step is in the dataset: the epoch and the samples it has been

@@ -58,3 +58,9 @@ def test_a_position_saved_without_a_process_group_loads_as_it_is(tmp_path):
         "rank": 0,
         "world_size": 1,
     }
+
+
+def test_quivers_loader_merges_every_ranks_position_for_the_hook():
+    from microco.clients.cache import QuiverLoader, merge_positions
+
+    assert QuiverLoader.merge_state_dicts is merge_positions
