@@ -18,7 +18,10 @@ from microco.common.kv import MemoryKV
 from microco.services.console import DEFAULT_DEV_TOKEN, ConsoleConfig, create_app
 
 app = create_app(ConsoleConfig(profile="dev"), MemoryKV(), start_recorder=False, use_redis=False)
-schema = schemathesis.openapi.from_asgi("/api/v1/openapi.json", app)
+# A generous read timeout (schemathesis's default is 10 s): the app runs in this process, and a
+# machine busy with other work once took longer than 10 s to serve the schema at collection.
+TIMEOUT_S = 120
+schema = schemathesis.openapi.from_asgi("/api/v1/openapi.json", app, timeout=TIMEOUT_S)
 
 
 # Fixed examples by default (CI must not fail at random); MICROCO_FUZZ_EXAMPLES=N explores afresh.
@@ -42,4 +45,5 @@ def test_api_fuzz(case: schemathesis.Case) -> None:
     case.call_and_validate(
         headers={"Authorization": f"Bearer {DEFAULT_DEV_TOKEN}"},
         checks=[no_internal_error, response_schema_conformance, ignored_auth],
+        timeout=TIMEOUT_S,
     )

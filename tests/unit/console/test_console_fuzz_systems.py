@@ -121,7 +121,10 @@ _gw.store = lambda: _Store()  # type: ignore[method-assign]
 _gw.compiler = lambda: _Compiler()  # type: ignore[method-assign]
 assert spec_to_pb  # the submit path maps through the shared spec mapping, as in production
 
-schema = schemathesis.openapi.from_asgi("/api/v1/openapi.json", app)
+# A generous read timeout (schemathesis's default is 10 s): the app runs in this process, and a
+# machine busy with other work once took longer than 10 s to serve the schema at collection.
+TIMEOUT_S = 120
+schema = schemathesis.openapi.from_asgi("/api/v1/openapi.json", app, timeout=TIMEOUT_S)
 FUZZ_EXAMPLES = int(os.environ.get("MICROCO_FUZZ_EXAMPLES", "0"))
 
 
@@ -148,4 +151,5 @@ def test_api_fuzz_with_every_system(case: schemathesis.Case) -> None:
     case.call_and_validate(
         headers={"Authorization": f"Bearer {DEFAULT_DEV_TOKEN}"},
         checks=[no_internal_error, response_schema_conformance, ignored_auth],
+        timeout=TIMEOUT_S,
     )
