@@ -1198,7 +1198,6 @@ class QuiverLoader:
             self.peers.close()
         self._pool.shutdown(wait=False)
 
-
     # -- reads in DataLoader worker processes (``_workers.py``; the choice stays here)
     def begin_worker_epoch(self) -> None:
         """Before an epoch whose batches worker processes read (``plan_read``): finished
@@ -1301,7 +1300,6 @@ class QuiverLoader:
         st.fill_bytes += report.fill_bytes
         st.fill_s += sum(s for _, s in report.ahead)
         st.corrupt_reported += report.corrupt_reported
-        st.prefetch_rejected += len(report.refused)
         hit_s = report.hit_read_s * len(real) / len(served) if served else 0.0
         miss_s = report.hit_read_s - hit_s
         if report.backing_bytes:
@@ -1335,6 +1333,7 @@ class QuiverLoader:
                 peer = next((p for p in self._remote.values() if p.address == address), None)
             if peer is not None:
                 self.peers.failed(peer)
+
 
 def _ranks(world_size: int | None, rank: int | None) -> tuple[int, int]:
     """(world size, rank): as given, else from an initialised ``torch.distributed`` process

@@ -36,6 +36,8 @@ from typing import Any
 
 import torch.utils.data as tud
 
+from microco.clients import telemetry
+
 from ._loader import QuiverLoader
 from ._workers import ReadPlan, ReadReport
 
@@ -226,26 +228,40 @@ class QuiverDataLoader(tud.DataLoader[Any]):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         loader = self.quiver
-        it = super().__iter__()
         read = None
         handed: float | None = None
-        while True:
-            t0 = time.perf_counter()
-            if handed is not None:  # the step computed since the last batch was handed over
-                compute = t0 - handed
-                loader.stats.compute_s += compute
-                if read is not None:
-                    loader._add_timings(loader._meter.timings(read, compute))
-            try:
-                out = next(it)
-            except StopIteration:
-                return
-            loader.stats.stall_s += time.perf_counter() - t0
-            batch, read = out, None
-            if isinstance(out, Delivered):
-                batch, read = out.batch, loader.delivered(out.report)
-            handed = time.perf_counter()
-            yield batch
+        # With the job's telemetry stream (the scheduler hook's) the step is timed there, as
+        # with the loader's reader thread: the wait is added to it, the compute read back.
+        stream = telemetry.current()
+        loader._pipelined = True  # (the batches are read ahead of the step, by the workers)
+        stop_listening = loader._listen(stream) if stream is not None else None
+        try:
+            it = super().__iter__()  # (starts the workers and the epoch's first choices)
+            while True:
+                t0 = time.perf_counter()
+                if handed is not None and stream is None:  # the step computed since then
+                    compute = t0 - handed
+                    loader.stats.compute_s += compute
+                    if read is not None:
+                        loader._add_timings(loader._meter.timings(read, compute))
+                try:
+                    out = next(it)
+                except StopIteration:
+                    return
+                wait = time.perf_counter() - t0
+                loader.stats.stall_s += wait
+                batch, read = out, None
+                if isinstance(out, Delivered):
+                    batch, read = out.batch, loader.delivered(out.report)
+                if stream is not None:
+                    stream.add_data_wait(wait)
+                    loader._delivered = read
+                handed = time.perf_counter()
+                yield batch
+        finally:
+            if stop_listening is not None:
+                stop_listening()
+            loader._pipelined = False
 
 
 def make_dataloader(
@@ -264,7 +280,9 @@ def make_dataloader(
     chooses them and the step reads them (``dl.batch_sampler.set_epoch(e)``)."""
     if num_workers > 0:
         if read_ahead:
-            raise ValueError("read_ahead is the in-process reader thread: with num_workers > 0 the workers read")
+            raise ValueError(
+                "read_ahead is the in-process reader thread: with num_workers > 0 the workers read"
+            )
         return QuiverDataLoader(loader, transform, collate_fn, num_workers=num_workers, **kwargs)
     if read_ahead:
         return tud.DataLoader(

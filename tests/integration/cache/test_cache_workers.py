@@ -48,7 +48,7 @@ def test_workers_read_every_sample_once_count_hits_and_resume(make_dataset, tmp_
     address, _core = inproc_cache(48_000)  # half the dataset
     store = LocalStore(str(tmp_path / "d"))
     idx = build_index(store.list_files(), store.read, 4000)
-    loader = _loader(idx, store, address, prefetch=False)
+    loader = _loader(idx, store, address)  # (its prefetcher runs while workers fork)
     try:
         assert loader.warm() > 0
         dl = make_dataloader(loader, transform=_decode, num_workers=2, multiprocessing_context="fork")
