@@ -209,6 +209,7 @@ class QuiverLoader:
         self.retry_server_s = retry_server_s
         self.stats = LoaderStats()
         self._pool = ThreadPoolExecutor(max_workers=fetch_workers, thread_name_prefix="quiver-fetch")
+        self._fetch_workers = fetch_workers
         self._down_until = 0.0
         # How to find the server again (etcd) when it stops answering: a restarted server
         # listens on a new port. Asked at most once per ``retry_server_s``.
@@ -1215,7 +1216,7 @@ class QuiverLoader:
         its own channels in the process that uses it)."""
         from ._workers import WorkerReader
 
-        return WorkerReader(self.index, self.store, threads=self._pool._max_workers)
+        return WorkerReader(self.index, self.store, threads=self._fetch_workers)
 
     def _address_of(self, srv: CacheClient | SpreadCache, chunk_digest: str) -> tuple[str, bool]:
         """(address of the server holding or owning a chunk, whether it is on this host)."""
