@@ -180,7 +180,7 @@ class Delivered:
     def pin_memory(self) -> Delivered:
         from torch.utils.data._utils.pin_memory import pin_memory
 
-        return Delivered(pin_memory(self.batch), self.report)
+        return Delivered(pin_memory(self.batch), self.report)  # type: ignore[no-untyped-call]
 
 
 class _Collate:
