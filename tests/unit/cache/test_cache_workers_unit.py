@@ -27,3 +27,13 @@ def test_a_plan_whose_server_is_gone_is_read_from_the_backing_store(tmp_path):
     assert report.seq == 3 and report.failed_servers == ["127.0.0.1:1"]
     assert report.from_cache == [7]  # only the inline one came from a cache
     assert report.backing_bytes == 3 * 300 and report.miss_bytes == 3 * 300 and report.batch_bytes == 4 * 300
+
+
+def test_a_throttled_store_pickles_to_a_worker_with_a_bucket_of_its_own(tmp_path):
+    from microco.clients.cache import ThrottledStore
+
+    (tmp_path / "a.bin").write_bytes(b"x" * 10)
+    store = ThrottledStore(LocalStore(str(tmp_path)), 1e6, latency_s=0.001)
+    copy = pickle.loads(pickle.dumps(store))
+    assert (copy.bytes_per_s, copy.latency_s, copy.url) == (1e6, 0.001, store.url)
+    assert copy.read("a.bin") == b"x" * 10 and copy.bytes_read == 10 and store.bytes_read == 0
