@@ -16,7 +16,7 @@
 * ``open_loader``: a loader for a registered dataset by name.
 * ``cache_overview``: every server's stats and allocations (with reasons) as plain dicts.
 * PyTorch: ``QuiverBatchSampler``, ``QuiverDataset``, ``QuiverIterableDataset`` (read ahead),
-  ``make_dataloader`` (imported on use);
+  ``QuiverDataLoader`` (worker processes read and transform), ``make_dataloader`` (imported on use);
   tf.data: ``quiver_tf_dataset`` (imported on use).
 """
 
@@ -59,6 +59,7 @@ from ._table import StoreTable, decode_sample, index_store_table
 _LAZY = {
     "QuiverBatchSampler": "_torch",
     "QuiverDataset": "_torch",
+    "QuiverDataLoader": "_torch",
     "QuiverIterableDataset": "_torch",
     "make_dataloader": "_torch",
     "quiver_tf_dataset": "_tf",
@@ -155,6 +156,7 @@ __all__ = [
     "Member",
     "Peers",
     "QuiverBatchSampler",
+    "QuiverDataLoader",
     "QuiverDataset",
     "QuiverIterableDataset",
     "QuiverLoader",

@@ -117,6 +117,14 @@ class ThrottledStore:
         self.bytes_read = 0
         self.reads = 0
 
+    def __getstate__(self) -> dict[str, object]:
+        # To a worker process (spawn): the same rate, a bucket of its own (the link is not
+        # shared with the parent's readers across processes).
+        return {"inner": self.inner, "bytes_per_s": self.bytes_per_s, "latency_s": self.latency_s}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(state["inner"], state["bytes_per_s"], state["latency_s"])  # type: ignore[misc]
+
     def list_files(self) -> list[tuple[str, int]]:
         return self.inner.list_files()
 

@@ -209,6 +209,7 @@ class QuiverLoader:
         self.retry_server_s = retry_server_s
         self.stats = LoaderStats()
         self._pool = ThreadPoolExecutor(max_workers=fetch_workers, thread_name_prefix="quiver-fetch")
+        self._fetch_workers = fetch_workers
         self._down_until = 0.0
         # How to find the server again (etcd) when it stops answering: a restarted server
         # listens on a new port. Asked at most once per ``retry_server_s``.
@@ -241,6 +242,11 @@ class QuiverLoader:
         # Samples read with a whole chunk for a later batch (their wait is carried to it).
         self._read_ahead: set[int] = set()
         self._meter = StallMeter()
+        # Batches read in DataLoader worker processes (``plan_read``/``delivered``): each
+        # batch's finished chunks, held until the batch reaches the step; plans in flight.
+        self._held: list[list[str]] | None = None
+        self._plans: dict[int, tuple[list[int], list[int], list[str], list[int], list[int]]] = {}
+        self._plan_seq = 0
         self._batch_bytes = int(index.total_bytes / max(1, len(index)) * batch_size)
 
     # -- server access, failing soft
@@ -817,7 +823,11 @@ class QuiverLoader:
                     break
                 taken = self._taken(batch.indices)
                 done = self._consume(taken)
-                if not self._pipelined:  # (a reader ahead counts a batch when it hands it over)
+                if self._held is not None:  # read in worker processes: reported on delivery
+                    self._held.append(done)
+                    done = []
+                if not self._pipelined and self._held is None:  # (a reader ahead, or a worker,
+                    # counts a batch when it is handed over)
                     with self._lock:
                         self._seen_in_epoch.update(batch.indices)
                         self._job_seen.update(taken)
@@ -1188,6 +1198,142 @@ class QuiverLoader:
         if self.peers is not None:
             self.peers.close()
         self._pool.shutdown(wait=False)
+
+    # -- reads in DataLoader worker processes (``_workers.py``; the choice stays here)
+    def begin_worker_epoch(self) -> None:
+        """Before an epoch whose batches worker processes read (``plan_read``): finished
+        chunks are then reported when each batch reaches the step, not when it is chosen
+        (a worker may read it several batches later), and plans a stopped epoch left behind
+        are dropped."""
+        with self._lock:
+            for _i, _t, _d, whole, _h in self._plans.values():
+                self._inflight.difference_update(whole)
+        self._plans.clear()
+        self._held = []
+
+    def worker_reader(self) -> Any:
+        """A ``WorkerReader`` over this dataset, for worker processes (it pickles; it opens
+        its own channels in the process that uses it)."""
+        from ._workers import WorkerReader
+
+        return WorkerReader(self.index, self.store, threads=self._fetch_workers)
+
+    def _address_of(self, srv: CacheClient | SpreadCache, chunk_digest: str) -> tuple[str, bool]:
+        """(address of the server holding or owning a chunk, whether it is on this host)."""
+        if isinstance(srv, SpreadCache):
+            m = srv.owner(chunk_digest)
+            return (m.address, m.node == self.node) if m is not None else ("", False)
+        return srv.address, True
+
+    def plan_read(self, indices: Sequence[int], hits: Sequence[int]) -> Any:
+        """A ``ReadPlan`` for a batch just chosen by ``batches()``: where each hit is cached,
+        which missed chunks to read whole and insert (as ``read`` would), and the bytes of
+        chunks held here. Nothing is read here; ``delivered`` counts the worker's report."""
+        from ._workers import ReadPlan
+
+        self._plan_seq += 1
+        plan = ReadPlan(list(indices), self._plan_seq)
+        plan.node, plan.dataset, plan.job_id = self.node, self.dataset, self.job_id
+        done = self._held.pop() if self._held else []
+        hit_set = set(hits)
+        chosen = [i for i in indices if i in hit_set]
+        with self._lock:
+            for i in chosen:
+                ref = self.index.samples[i]
+                data = self._staged.get(self.index.chunks[ref.chunk].digest)
+                if data is not None:
+                    plan.inline[i] = data[ref.offset : ref.offset + ref.size]
+            remote = dict(self._remote)
+        srv = self._server()
+        direct: set[str] = set()
+        for i in chosen:
+            if i in plan.inline:
+                continue
+            d = self.index.chunk_of(i).digest
+            peer = remote.get(d)
+            if peer is not None and peer.address:
+                plan.sources.setdefault(peer.address, []).append(i)
+            elif srv is not None:
+                address, here = self._address_of(srv, d)
+                if address:
+                    plan.sources.setdefault(address, []).append(i)
+                    if here and self.direct_read:
+                        direct.add(address)
+        plan.direct = tuple(sorted(direct))
+        whole = self._chunks_to_fetch([i for i in indices if i not in hit_set], indices)
+        if srv is not None:
+            for c in whole:
+                plan.whole[c] = self._address_of(srv, self.index.chunks[c].digest)[0]
+        with self._lock:
+            for c in [c for c, a in plan.whole.items() if not a]:
+                del plan.whole[c]
+                self._inflight.discard(c)
+        self._fetched.update(plan.whole)
+        self._plans[plan.seq] = (list(indices), self._taken(indices), done, sorted(plan.whole), chosen)
+        return plan
+
+    def delivered(self, report: Any) -> BatchRead | None:
+        """A worker's ``ReadReport`` for a batch now handed to the step: counts it as ``read``
+        does (hits only for samples served from a cache, not from a chunk this loader read
+        whole), moves the position on, reports the batch's finished chunks. The batch's reads
+        for the stall meter, or None for a plan this loader did not make (a stopped epoch's)."""
+        rec = self._plans.pop(report.seq, None)
+        if rec is None:
+            return None
+        indices, taken, done, whole, hits = rec
+        with self._lock:
+            self._inflight.difference_update(whole)
+            self._seen_in_epoch.update(indices)
+            self._job_seen.update(taken)
+        for address in dict.fromkeys(report.failed_servers):
+            self._worker_server_failed(address)
+        from_cache = set(report.from_cache)
+        served = [i for i in indices if i in from_cache]
+        real = [i for i in served if self.index.samples[i].chunk not in self._fetched]
+        st = self.stats
+        st.chunk_fetched += len(served) - len(real)
+        st.hits += len(real)
+        st.misses += len(indices) - len(real)
+        st.hit_fallbacks += sum(1 for i in hits if i not in from_cache)
+        st.backing_bytes += report.backing_bytes
+        real_bytes = sum(self.index.samples[i].size for i in real)
+        st.cache_bytes += real_bytes
+        st.fill_bytes += report.fill_bytes
+        st.fill_s += sum(s for _, s in report.ahead)
+        st.corrupt_reported += report.corrupt_reported
+        hit_s = report.hit_read_s * len(real) / len(served) if served else 0.0
+        miss_s = report.hit_read_s - hit_s
+        if report.backing_bytes:
+            miss_s += report.backing_read_s * report.miss_bytes / report.backing_bytes
+        used_ahead = tuple(i for i in served if i in self._read_ahead)
+        self._read_ahead.difference_update(used_ahead)
+        self._read_ahead.update(i for i, _ in report.ahead)
+        self._report(done)
+        return BatchRead(
+            hits=len(real),
+            misses=len(indices) - len(real),
+            hit_read_s=hit_s,
+            miss_read_s=miss_s,
+            ahead=tuple(report.ahead),
+            used_ahead=used_ahead,
+            batch_bytes=report.batch_bytes,
+            miss_bytes=report.batch_bytes - real_bytes,
+            overlapped=True,
+        )
+
+    def _worker_server_failed(self, address: str) -> None:
+        exc = Unavailable(f"cache server {address} failed a worker's read")
+        if isinstance(self.client, SpreadCache):
+            for m in self.client.members():
+                if m.address == address:
+                    self.client.failed(m, exc)
+        elif isinstance(self.client, CacheClient) and self.client.address == address:
+            self._server_failed(exc)
+        elif self.peers is not None:
+            with self._lock:
+                peer = next((p for p in self._remote.values() if p.address == address), None)
+            if peer is not None:
+                self.peers.failed(peer)
 
 
 def _ranks(world_size: int | None, rank: int | None) -> tuple[int, int]:

@@ -17,32 +17,54 @@ waits is measured and drives the cache's allocation), iterate batches instead:
         ds.set_epoch(epoch)
         for batch in dl: ...
 
+To decode and transform in worker processes (``num_workers > 0``, fork or spawn), the
+loader still chooses each batch in this process and the workers read and transform it:
+
+    dl = make_dataloader(loader, transform=decode, collate_fn=collate, num_workers=4)
+    for epoch in range(n):
+        dl.batch_sampler.set_epoch(epoch)   # a QuiverDataLoader
+        for batch in dl: ...
+
 torch is imported lazily by ``microco.clients.cache`` so the rest works without it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.utils.data as tud
 
+from microco.clients import telemetry
+
 from ._loader import QuiverLoader
+from ._workers import ReadPlan, ReadReport
 
 
 class QuiverBatchSampler(tud.Sampler[list[int]]):
     """Yields the indices of each mini-batch, chosen with substitutable hits. Every sample
     exactly once per epoch; call ``set_epoch`` before each epoch (as with DistributedSampler)."""
 
-    def __init__(self, loader: QuiverLoader) -> None:
+    def __init__(self, loader: QuiverLoader, plans: bool = False) -> None:
         self.loader = loader
         self.epoch = 0
         self._hits: set[int] = set()
+        # Batches read by DataLoader worker processes: yield ``ReadPlan``s (``_workers.py``).
+        self.plans = plans
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self.plans:
+            self.loader.begin_worker_epoch()
+            try:
+                for indices, hits in self.loader.batches(self.epoch):
+                    yield self.loader.plan_read(indices, hits)
+            finally:
+                self.loader._held = None
+            return
         for indices, hits in self.loader.batches(self.epoch):
             self._hits.update(hits)
             yield indices
@@ -66,20 +88,35 @@ class QuiverDataset(tud.Dataset[Any]):
         transform: Callable[[bytes, str], Any] | None = None,
         sampler: QuiverBatchSampler | None = None,
     ) -> None:
-        self.loader = loader
+        self.loader: QuiverLoader | None = loader
+        self.index = loader.index
         self.transform = transform
         self.sampler = sampler
+        self._reader = loader.worker_reader()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # To a spawned worker: the reader and the transform, not the loader (its threads,
+        # locks and channels stay in the main process, which makes the choices).
+        state = dict(self.__dict__)
+        state["loader"] = state["sampler"] = None
+        return state
 
     def __len__(self) -> int:
-        return len(self.loader.index)
+        return len(self.index)
 
     def _out(self, i: int, data: bytes) -> Any:
-        return self.transform(data, self.loader.index.samples[i].path) if self.transform else data
+        return self.transform(data, self.index.samples[i].path) if self.transform else data
 
     def __getitem__(self, i: int) -> Any:
+        if self.loader is None:
+            raise RuntimeError("QuiverDataset[i] in a worker process: iterate a QuiverDataLoader")
         return self._out(i, self.loader.read([i])[0])
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
+        if isinstance(indices, ReadPlan):  # in a worker: read as planned, report what it did
+            data, report = self._reader.read(indices)
+            return _Items([self._out(i, d) for i, d in zip(indices, data, strict=True)], report)
+        assert self.loader is not None
         hits = self.sampler.take_hits(indices) if self.sampler is not None else indices
         return [self._out(i, d) for i, d in zip(indices, self.loader.read(indices, hits), strict=True)]
 
@@ -111,7 +148,8 @@ class QuiverIterableDataset(tud.IterableDataset[Any]):
         info = tud.get_worker_info()
         if info is not None and info.num_workers > 0:
             raise RuntimeError(
-                "QuiverIterableDataset reads ahead in its own thread: use DataLoader(..., num_workers=0)"
+                "QuiverIterableDataset reads ahead in its own thread: use DataLoader(..., num_workers=0), "
+                "or QuiverDataLoader / make_dataloader(..., num_workers=N) to read in worker processes"
             )
         paths = self.loader.index.samples
         for indices, data in self.loader.epoch(self.epoch):
@@ -123,16 +161,129 @@ class QuiverIterableDataset(tud.IterableDataset[Any]):
             yield self.collate_fn(items) if self.collate_fn else items
 
 
+class _Items(list[Any]):
+    """A worker's transformed samples of one plan, with its ``ReadReport``."""
+
+    def __init__(self, items: list[Any], report: ReadReport) -> None:
+        super().__init__(items)
+        self.report = report
+
+
+class Delivered:
+    """What a worker sends back for one batch: the collated batch and its ``ReadReport``
+    (unwrapped by ``QuiverDataLoader`` in the main process)."""
+
+    def __init__(self, batch: Any, report: ReadReport) -> None:
+        self.batch = batch
+        self.report = report
+
+    def pin_memory(self) -> Delivered:
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return Delivered(pin_memory(self.batch), self.report)  # type: ignore[no-untyped-call]
+
+
+class _Collate:
+    """The user's ``collate_fn`` (picklable when it is), keeping each batch's report."""
+
+    def __init__(self, fn: Callable[[list[Any]], Any] | None) -> None:
+        self.fn = fn
+
+    def __call__(self, items: list[Any]) -> Any:
+        out = self.fn(list(items)) if self.fn is not None else list(items)
+        return Delivered(out, items.report) if isinstance(items, _Items) else out
+
+
+class QuiverDataLoader(tud.DataLoader[Any]):
+    """A ``DataLoader`` whose worker processes read and transform the batches the loader
+    chooses in this process (``num_workers > 0``; any start method).
+
+    The batch sampler (here) picks each batch with substitutable hits, exactly once per epoch,
+    and plans its reads; a worker reads it (hits from the cache through channels of its own,
+    the rest from the backing store) and runs ``transform`` and ``collate_fn``; the batch is
+    counted (hit statistics, position for ``state_dict``, finished chunks reported to the
+    server) when it reaches the step. ``transform`` and ``collate_fn`` must pickle for
+    ``spawn``. Call ``dl.batch_sampler.set_epoch(e)`` before each epoch."""
+
+    def __init__(
+        self,
+        loader: QuiverLoader,
+        transform: Callable[[bytes, str], Any] | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        *,
+        num_workers: int,
+        **kwargs: Any,
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError("QuiverDataLoader is for num_workers >= 1 (use make_dataloader for 0)")
+        sampler = QuiverBatchSampler(loader, plans=True)
+        super().__init__(
+            QuiverDataset(loader, transform, sampler),
+            batch_sampler=sampler,
+            collate_fn=_Collate(collate_fn),
+            num_workers=num_workers,
+            **kwargs,
+        )
+        self.quiver = loader
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        loader = self.quiver
+        read = None
+        handed: float | None = None
+        # With the job's telemetry stream (the scheduler hook's) the step is timed there, as
+        # with the loader's reader thread: the wait is added to it, the compute read back.
+        stream = telemetry.current()
+        loader._pipelined = True  # (the batches are read ahead of the step, by the workers)
+        stop_listening = loader._listen(stream) if stream is not None else None
+        try:
+            it = super().__iter__()  # (starts the workers and the epoch's first choices)
+            while True:
+                t0 = time.perf_counter()
+                if handed is not None and stream is None:  # the step computed since then
+                    compute = t0 - handed
+                    loader.stats.compute_s += compute
+                    if read is not None:
+                        loader._add_timings(loader._meter.timings(read, compute))
+                try:
+                    out = next(it)
+                except StopIteration:
+                    return
+                wait = time.perf_counter() - t0
+                loader.stats.stall_s += wait
+                batch, read = out, None
+                if isinstance(out, Delivered):
+                    batch, read = out.batch, loader.delivered(out.report)
+                if stream is not None:
+                    stream.add_data_wait(wait)
+                    loader._delivered = read
+                handed = time.perf_counter()
+                yield batch
+        finally:
+            if stop_listening is not None:
+                stop_listening()
+            loader._pipelined = False
+
+
 def make_dataloader(
     loader: QuiverLoader,
     transform: Callable[[bytes, str], Any] | None = None,
     collate_fn: Callable[[list[Any]], Any] | None = None,
     read_ahead: bool = False,
+    num_workers: int = 0,
+    **kwargs: Any,
 ) -> tud.DataLoader[Any]:
-    """A ``DataLoader`` wired to ``loader`` (in-process: the cache reads are already parallel).
+    """A ``DataLoader`` wired to ``loader``. ``num_workers > 0``: a ``QuiverDataLoader``,
+    whose worker processes read and transform the batches chosen here (``kwargs`` go to the
+    ``DataLoader``: ``multiprocessing_context``, ``persistent_workers``, ...).
     ``read_ahead``: batches come from a reader thread ahead of the step
     (``QuiverIterableDataset``; call ``dl.dataset.set_epoch(e)``); otherwise the batch sampler
     chooses them and the step reads them (``dl.batch_sampler.set_epoch(e)``)."""
+    if num_workers > 0:
+        if read_ahead:
+            raise ValueError(
+                "read_ahead is the in-process reader thread: with num_workers > 0 the workers read"
+            )
+        return QuiverDataLoader(loader, transform, collate_fn, num_workers=num_workers, **kwargs)
     if read_ahead:
         return tud.DataLoader(
             QuiverIterableDataset(loader, transform, collate_fn), batch_size=None, num_workers=0

@@ -1,0 +1,118 @@
+"""``DataLoader(num_workers>0)`` over Quiver: the loader chooses each batch in the main
+process, worker processes (fork and spawn) read and transform it. Every sample exactly once
+per epoch with the right bytes, hits counted, a stopped epoch resumed exactly."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from microco.clients.cache import QuiverLoader
+from microco.services.cache import LocalStore, build_index
+
+pytestmark = [pytest.mark.integration, pytest.mark.torch]
+
+
+def _decode(data: bytes, path: str) -> tuple[str, str, int]:
+    """The transform, run in a worker: what it saw and where it ran."""
+    return path, hashlib.sha256(data).hexdigest(), os.getpid()
+
+
+def _loader(idx, store, address, **kw):
+    return QuiverLoader(idx, store, batch_size=8, dataset="d", job_id="workers", server=address, **kw)
+
+
+def _epoch(dl, epoch, stop_after=None):
+    dl.batch_sampler.set_epoch(epoch)
+    out = []
+    for n, batch in enumerate(dl):
+        out += batch
+        if stop_after is not None and n + 1 == stop_after:
+            break
+    return out
+
+
+def _check(items, files):
+    for path, sha, pid in items:
+        assert sha == hashlib.sha256(files[path]).hexdigest()
+        assert pid != os.getpid()  # transformed in a worker
+
+
+def test_workers_read_every_sample_once_count_hits_and_resume(make_dataset, tmp_path, inproc_cache):
+    pytest.importorskip("torch")
+    from microco.clients.cache import make_dataloader
+
+    files = make_dataset(tmp_path / "d", n=96, size=1000)
+    address, _core = inproc_cache(48_000)  # half the dataset
+    store = LocalStore(str(tmp_path / "d"))
+    idx = build_index(store.list_files(), store.read, 4000)
+    loader = _loader(idx, store, address)  # (its prefetcher runs while workers fork)
+    try:
+        assert loader.warm() > 0
+        dl = make_dataloader(loader, transform=_decode, num_workers=2, multiprocessing_context="fork")
+        for epoch in range(2):
+            items = _epoch(dl, epoch)
+            assert sorted(p for p, _, _ in items) == sorted(files), epoch  # exactly once
+            _check(items, files)
+        s = loader.stats
+        assert s.hits + s.misses == 2 * len(files)
+        assert s.hits > 0 and s.cache_bytes == 1000 * s.hits
+        assert len({pid for _, _, pid in items}) == 2
+
+        # Stopped after 3 batches (the workers had read further ahead): the position is what
+        # the step was given, and a new loader continues with exactly the rest.
+        first = _epoch(dl, 2, stop_after=3)
+        state = loader.state_dict()
+        by_path = {ref.path: ref.index for ref in idx.samples}
+        assert len(first) == 24 and sorted(state["seen"]) == sorted(by_path[p] for p, _, _ in first)
+    finally:
+        loader.close()
+    again = _loader(idx, store, address, prefetch=False)
+    try:
+        again.load_state_dict(state)
+        assert again.resume_epoch == 2
+        dl = make_dataloader(again, transform=_decode, num_workers=2, multiprocessing_context="fork")
+        rest = _epoch(dl, 2)
+        _check(rest, files)
+        paths = [p for p, _, _ in first + rest]
+        assert sorted(paths) == sorted(files)  # the epoch, exactly once across the stop
+    finally:
+        again.close()
+
+
+def test_a_spawned_worker_needs_nothing_of_the_parents_loader(make_dataset, tmp_path, inproc_cache):
+    """What ``spawn`` sends a worker (the pickled dataset) reads a plan on its own: no loader,
+    no channel, lock or thread of the parent's. (A real spawned worker imports torch, seconds
+    of CI time; it is the same unpickled object, read the same way.)"""
+    pytest.importorskip("torch")
+    import pickle
+
+    from microco.clients.cache import QuiverDataLoader
+
+    files = make_dataset(tmp_path / "d", n=48, size=1000)
+    address, _core = inproc_cache(1 << 20)  # all of it
+    store = LocalStore(str(tmp_path / "d"))
+    idx = build_index(store.list_files(), store.read, 4000)
+    loader = _loader(idx, store, address, prefetch=False)
+    try:
+        loader.warm()
+        dl = QuiverDataLoader(loader, _decode, num_workers=2, multiprocessing_context="spawn")
+        shipped = pickle.loads(pickle.dumps(dl.dataset))
+        assert shipped.loader is None and shipped.sampler is None
+        dl.batch_sampler.set_epoch(0)
+        items = []
+        for plan in dl.batch_sampler:  # as the DataLoader hands plans to its workers
+            out = dl.collate_fn(shipped.__getitems__(plan))
+            assert loader.delivered(out.report) is not None
+            items += out.batch
+        assert sorted(p for p, _, _ in items) == sorted(files)
+        for path, sha, _pid in items:
+            assert sha == hashlib.sha256(files[path]).hexdigest()
+        assert loader.stats.hits == len(files) and loader.stats.misses == 0
+        assert len(loader.state_dict()["seen"]) == len(files)
+        with pytest.raises(RuntimeError, match="worker process"):
+            shipped[0]
+    finally:
+        loader.close()
