@@ -59,25 +59,62 @@ def test_secure_by_default_plaintext_is_refused(monkeypatch):
         rt.stop(grace=0)
 
 
-def test_redis_with_a_password_refuses_anyone_without_it(tmp_path, monkeypatch):
+def test_redis_serves_mutual_tls_and_the_password_only(tmp_path, monkeypatch):
+    """The stack's Redis: redis-server on a private unix socket, a TLS front on the port. A
+    client without a certificate (or in plaintext) is refused in the handshake; one with a
+    certificate of another CA too; the platform's certificate without the password gets no
+    data; with both it works, and `microco status` reports Redis SERVING over TLS."""
+    import socket
+    import ssl
+
     import redis
 
-    from microco.common.hotstate import ENV_REDIS_PASSWORD, connect_redis
+    from microco.cli._platform import _redis_row
+    from microco.common.hotstate import ENV_REDIS_PASSWORD, connect_redis, redis_tls_options
+    from microco.common.identity import CertificateAuthority
     from microco.services.stack import RedisServer
 
     server = RedisServer(tmp_path / "redis", password="pw-for-the-test").start()
     try:
+        assert server.url.startswith("rediss://")
         assert "pw-for-the-test" not in " ".join(server.command())  # never on the command line
-        anonymous = redis.Redis.from_url(server.url, socket_timeout=5)
+        assert server.socket_path.parent.stat().st_mode & 0o077 == 0  # the socket: the owner's only
+        refused = (redis.ConnectionError, ssl.SSLError, OSError)
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        kw = {"password": "pw-for-the-test", "socket_timeout": 5, "retry": Retry(NoBackoff(), 0)}
+        with pytest.raises(refused):  # TLS, no client certificate
+            redis.Redis.from_url(server.url, ssl_cert_reqs="none", **kw).ping()
+        with socket.create_connection((server.host, server.port), timeout=10) as plain:  # plaintext
+            plain.sendall(b"*1\r\n$4\r\nPING\r\n")
+            assert b"PONG" not in plain.recv(100)  # closed without an answer
+        other = CertificateAuthority.create().issue("user:root", admin=True)
+        monkeypatch.setattr(identity, "_used", other)
+        with pytest.raises(refused):  # a certificate of another CA
+            redis.Redis.from_url(
+                server.url, **{**kw, **redis_tls_options(server.url), "ssl_cert_reqs": "none"}
+            ).ping()
+        monkeypatch.setattr(identity, "_used", None)
+        monkeypatch.delenv(ENV_REDIS_PASSWORD, raising=False)
+        no_password = redis.Redis.from_url(server.url, socket_timeout=5, **redis_tls_options(server.url))
         with pytest.raises(redis.AuthenticationError):
-            anonymous.set("k", "v")
+            no_password.set("k", "v")
         monkeypatch.setenv(ENV_REDIS_PASSWORD, "pw-for-the-test")
         client = connect_redis(server.url)
         client.set("k", "v")
         assert client.get("k") == b"v"
+        home = tmp_path / "home"
+        (home / "pki").mkdir(parents=True)
+        (home / "pki" / "redis.password").write_text("pw-for-the-test\n")
+        assert _redis_row(server.url, home)["health"] == "SERVING"
+        (home / "pki" / "redis.password").write_text("wrong\n")
+        assert _redis_row(server.url, home)["health"] == "UNREACHABLE"
     finally:
         server.stop()
-    assert "--protected-mode" in (cmd := server.command()) and cmd[cmd.index("--protected-mode") + 1] == "yes"
+    cmd = server.command()
+    assert "--protected-mode" in cmd and cmd[cmd.index("--protected-mode") + 1] == "yes"
+    assert cmd[cmd.index("--port") + 1] == "0" and "--unixsocket" in cmd  # no TCP port of its own
 
 
 def test_etcd_refuses_clients_without_the_platforms_certificate(etcd_endpoint, monkeypatch):
