@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from microco.common.errors import PermissionDenied, Unauthenticated
-from microco.common.identity import REVOKED_PREFIX, check_not_revoked, peer_name, set_revoked
+from microco.common.identity import REVOKED_PREFIX, check_not_revoked, peer_name, revoked, set_revoked
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +102,53 @@ def caller(context: Any) -> Caller:
         return INSECURE
     pem = certs[0] if isinstance(certs[0], bytes) else str(certs[0]).encode()
     name, admin = peer_name(pem)
+    if name in _ended_jobs and revoked(name, pem):
+        raise Unauthenticated(
+            f"{name} has ended: a finished job's credentials are no longer accepted "
+            "(a running job's are; submit a new job to act again)"
+        )
     check_not_revoked(name, pem)
     return Caller(name, admin)
+
+
+# --------------------------------------------------------------------------- ended jobs
+# A job's certificate (``job:<id>``, issued by the scheduler when it starts the job, valid 30
+# days) stops authenticating when the job ends: the scheduler puts its name on the deny-list
+# (``REVOKED_PREFIX``) with the reason ``ENDED`` in the tick in which the job ends, and every
+# service follows that list (``Revocations``). The entry goes once any certificate it refuses
+# has expired.
+
+ENDED = "job ended"
+JOB_REVOCATION_KEEP_S = 31 * 86400.0  # past the 30 days a job's certificate is valid
+_ended_jobs: frozenset[str] = frozenset()
+
+
+def revoke_ended_jobs(kv: Any, ended: set[str] | frozenset[str], now: float | None = None) -> list[str]:
+    """Put ``job:<id>`` of every job in ``ended`` on the deny-list unless it is there (the
+    scheduler's garbage collection, with the ids of its terminal jobs); drop ended-job entries
+    older than a job certificate's life. Returns the names added."""
+    import time
+
+    now = time.time() if now is None else now
+    prefix = REVOKED_PREFIX + "job:"
+    present: set[str] = set()
+    for key, raw in kv.get_prefix(prefix):
+        job_id = key[len(prefix) :]
+        present.add(job_id)
+        try:
+            entry = json.loads(raw)
+            stale = entry.get("reason") == ENDED and now - float(entry["at"]) > JOB_REVOCATION_KEEP_S
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if stale and job_id not in ended:  # its record is gone too: nothing can name it again
+            kv.delete(key)
+    added = []
+    for job_id in sorted(ended - present):
+        kv.put(prefix + job_id, json.dumps({"at": now, "reason": ENDED}).encode())
+        added.append(f"job:{job_id}")
+    if added:
+        log.info("credentials of %d ended jobs revoked", len(added))
+    return added
 
 
 class Revocations:
@@ -119,13 +164,21 @@ class Revocations:
         self._thread: threading.Thread | None = None
 
     def load(self) -> dict[str, float]:
+        global _ended_jobs
         entries: dict[str, float] = {}
+        ended = set()
         for key, raw in self.kv.get_prefix(REVOKED_PREFIX):
+            name = key[len(REVOKED_PREFIX) :]
             try:
-                entries[key[len(REVOKED_PREFIX) :]] = float(json.loads(raw)["at"])
+                entry = json.loads(raw)
+                entries[name] = float(entry["at"])
             except (ValueError, KeyError, TypeError):
                 log.warning("ignoring a malformed revocation %s", key)
+                continue
+            if isinstance(entry, dict) and entry.get("reason") == ENDED:
+                ended.add(name)
         set_revoked(entries)
+        _ended_jobs = frozenset(ended)
         return entries
 
     def start(self) -> Revocations:

@@ -435,6 +435,13 @@ def test_k8s_manifests_carry_what_a_cluster_needs() -> None:
                 assert "nvidia.com/gpu" in res["limits"]
             else:
                 assert {"cpu", "memory"} <= set(res["limits"]), name
+    # Only the platform's own pods reach its ports; others the console's HTTP and metrics alone.
+    [internal] = [d for d in docs if d["kind"] == "NetworkPolicy" and d["spec"]["podSelector"] == {}]
+    assert internal["spec"]["policyTypes"] == ["Ingress"]
+    for rule in internal["spec"]["ingress"]:
+        assert rule["from"] == [{"podSelector": {}}] or [p["port"] for p in rule["ports"]] == [9090], rule
+    opened = [d for d in docs if d["kind"] == "NetworkPolicy" and d is not internal]
+    assert [d["spec"]["podSelector"] for d in opened] == [{"matchLabels": {"app": "console"}}]
     coordinator = next(d for d in _workloads() if d["metadata"]["name"] == "store-coordinator")
     # The coordinators elect a leader (services/store/_standby.py): two give a hot standby.
     assert coordinator["spec"]["replicas"] == 2
