@@ -335,6 +335,6 @@ class RedisServer(_ChildServer):
             *common,
         ]
         return [
-            sys.executable, str(front), "--listen", f"{self.host}:{self.port}", "--unix", str(sock),
+            sys.executable, "-I", "-S", str(front), "--listen", f"{self.host}:{self.port}", "--unix", str(sock),
             "--cert", cert, "--key", key, "--ca", ca, "--", *server,
         ]  # fmt: skip
