@@ -47,10 +47,13 @@ class _Half(asyncio.Protocol):
         self.peer: _Half | None = None
         self.pending: list[bytes] = []  # what arrived before the peer was connected
         self.closed = False
+        self.abandoned = False  # the other side could not be reached: close on arrival
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        if self.abandoned:
+            transport.close()
 
     def data_received(self, data: bytes) -> None:
         peer = self.peer
@@ -91,6 +94,7 @@ async def serve(host: str, port: int, unix_path: str, ctx: ssl.SSLContext, stop:
             try:
                 _, redis_side = await loop.create_unix_connection(_Half, unix_path)
             except OSError:  # Redis is not there (restarting): the client sees the connection drop
+                client.abandoned = True  # its TLS handshake may still be under way
                 if client.transport is not None:
                     client.transport.close()
                 return

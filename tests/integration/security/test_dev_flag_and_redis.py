@@ -130,3 +130,82 @@ def test_etcd_refuses_clients_without_the_platforms_certificate(etcd_endpoint, m
     monkeypatch.setenv(identity.ENV_INSECURE, "1")
     with pytest.raises(Unavailable):
         EtcdKV(etcd_endpoint, timeout=2)  # plaintext
+
+
+def test_the_redis_tls_front_forwards_bytes_faithfully_and_refuses_what_it_must(tmp_path):
+    """The TLS front alone, before an echo server on a unix socket: three clients at once each
+    get 1 MiB back byte for byte (back-pressure both ways); a client without a certificate gets
+    nothing; with the server away a client's connection is closed."""
+    import asyncio
+    import os
+    import ssl
+
+    from microco.common.identity import CertificateAuthority
+    from microco.services.stack import free_port
+    from microco.services.stack._redis_tls import serve, server_context
+
+    ca = CertificateAuthority.create()
+    files = {}
+    for name, ident in (
+        ("server", ca.issue("service:redis", hosts=("127.0.0.1",))),
+        ("client", ca.issue("service:cache")),
+    ):
+        for part in ("cert", "key"):
+            files[f"{name}-{part}"] = tmp_path / f"{name}-{part}.pem"
+            files[f"{name}-{part}"].write_bytes(getattr(ident, f"{part}_pem"))
+    (tmp_path / "ca.pem").write_bytes(ca.cert_pem)
+    sock, port = tmp_path / "echo.sock", free_port()
+    good = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+    good.load_cert_chain(files["client-cert"], files["client-key"])
+    no_cert = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+
+    async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while data := await r.read(1 << 16):
+            w.write(data)
+            await w.drain()
+        w.close()
+
+    async def round_trip(size: int) -> bool:
+        r, w = await asyncio.open_connection("127.0.0.1", port, ssl=good, server_hostname="127.0.0.1")
+        payload = os.urandom(size)
+
+        async def send() -> None:
+            w.write(payload)
+            await w.drain()
+
+        sender = asyncio.ensure_future(send())
+        got = bytearray()
+        while len(got) < size and (chunk := await r.read(1 << 20)):
+            got += chunk
+        await sender
+        w.close()
+        return bytes(got) == payload
+
+    async def answered(ctx: ssl.SSLContext) -> bytes:
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", port, ssl=ctx, server_hostname="127.0.0.1")
+            w.write(b"PING\r\n")
+            await w.drain()
+            return await asyncio.wait_for(r.read(10), 10)
+        except (ssl.SSLError, ConnectionError):
+            return b""
+
+    async def main() -> None:
+        unix = await asyncio.start_unix_server(echo, str(sock))
+        stop = asyncio.Event()
+        ctx = server_context(str(files["server-cert"]), str(files["server-key"]), str(tmp_path / "ca.pem"))
+        front = asyncio.ensure_future(serve("127.0.0.1", port, str(sock), ctx, stop))
+        for _ in range(200):
+            if await answered(good):
+                break
+            await asyncio.sleep(0.05)
+        assert all(await asyncio.gather(*(round_trip(1 << 20) for _ in range(3))))
+        assert await answered(no_cert) == b""
+        unix.close()
+        await unix.wait_closed()
+        sock.unlink(missing_ok=True)
+        assert await answered(good) == b""  # nothing behind it: closed, no answer
+        stop.set()
+        await front
+
+    asyncio.run(main())
