@@ -9,6 +9,8 @@ accepts exactly those arguments."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import shlex
 import shutil
 import subprocess
@@ -25,21 +27,29 @@ REPO = Path(__file__).resolve().parents[3]
 IMAGE = "microco:0.1.0"
 
 
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's: the pure-Python one is slow
+
+
+@functools.cache
+def _parsed(path: Path) -> list[Any]:
+    return [d for d in yaml.load_all(path.read_text(), Loader=_LOADER) if d]
+
+
 def compose() -> dict:
-    return yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    return copy.deepcopy(_parsed(REPO / "docker-compose.yml")[0])
 
 
 def k8s_docs() -> list[dict]:
     """What `kubectl apply -k deploy/k8s` applies: the kustomization's resources, in its order,
     in its namespace (the base uses no patches or generators; the test below keeps it so)."""
     base = REPO / "deploy" / "k8s"
-    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
+    kustomization = copy.deepcopy(_parsed(base / "kustomization.yaml")[0])
     assert set(kustomization) <= {"apiVersion", "kind", "namespace", "resources"}, kustomization
     listed = kustomization["resources"]
     assert sorted(listed) == sorted(p.name for p in base.glob("*.yaml") if p.name != "kustomization.yaml")
     docs = []
     for name in listed:
-        for d in yaml.safe_load_all((base / name).read_text()):
+        for d in copy.deepcopy(_parsed(base / name)):
             if d:
                 if d["kind"] != "Namespace":
                     d["metadata"]["namespace"] = kustomization["namespace"]
@@ -420,6 +430,7 @@ def test_k8s_manifests_carry_what_a_cluster_needs() -> None:
     assert ("DaemonSet", "agent") in kinds and ("DaemonSet", "cache") in kinds
     assert ("StatefulSet", "etcd") in kinds and ("StatefulSet", "store-node") in kinds
     services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    redis_image = compose()["services"]["redis"]["image"]
     for doc in _workloads():
         name = doc["metadata"]["name"]
         labels = doc["spec"]["template"]["metadata"]["labels"]
@@ -427,7 +438,7 @@ def test_k8s_manifests_carry_what_a_cluster_needs() -> None:
         if doc["kind"] == "StatefulSet":  # its governing Service exists and is headless
             assert services[doc["spec"]["serviceName"]]["spec"]["clusterIP"] == "None", name
         for c in doc["spec"]["template"]["spec"]["containers"]:
-            assert c["image"] == (compose()["services"]["redis"]["image"] if name == "redis" else IMAGE)
+            assert c["image"] == (redis_image if name == "redis" else IMAGE)
             assert c["readinessProbe"] and c["livenessProbe"], name
             res = c["resources"]
             assert {"cpu", "memory"} <= set(res["requests"]), name
