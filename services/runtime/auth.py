@@ -23,6 +23,7 @@ from typing import Any
 
 from microco.common.errors import PermissionDenied, Unauthenticated
 from microco.common.identity import REVOKED_PREFIX, check_not_revoked, peer_name, revoked, set_revoked
+from microco.common.kv import WatchEvent
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,8 @@ def revoke_ended_jobs(kv: Any, ended: set[str] | frozenset[str], now: float | No
 
 class Revocations:
     """Keeps this process's deny-list (``microco.common.identity.set_revoked``) equal to etcd's
-    ``REVOKED_PREFIX``: loaded at start, followed by a watch, and reloaded every
+    ``REVOKED_PREFIX``: loaded at start, followed by a watch (each change applied as it comes:
+    a job ending adds one entry, so the list is not read again whole), and reloaded every
     ``interval_s`` (a watch lost while etcd was away is made good within that)."""
 
     def __init__(self, kv: Any, interval_s: float = 10.0) -> None:
@@ -162,29 +164,61 @@ class Revocations:
         self._stop = threading.Event()
         self._cancel: Any = None
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._entries: dict[str, float] = {}
+        self._ended: set[str] = set()
+
+    @staticmethod
+    def _parse(key: str, raw: bytes) -> tuple[float, bool] | None:
+        try:
+            entry = json.loads(raw)
+            return float(entry["at"]), entry.get("reason") == ENDED
+        except (ValueError, KeyError, TypeError, AttributeError):
+            log.warning("ignoring a malformed revocation %s", key)
+            return None
+
+    def _publish(self) -> None:
+        global _ended_jobs
+        set_revoked(self._entries)
+        _ended_jobs = frozenset(self._ended)
 
     def load(self) -> dict[str, float]:
-        global _ended_jobs
         entries: dict[str, float] = {}
         ended = set()
         for key, raw in self.kv.get_prefix(REVOKED_PREFIX):
             name = key[len(REVOKED_PREFIX) :]
-            try:
-                entry = json.loads(raw)
-                entries[name] = float(entry["at"])
-            except (ValueError, KeyError, TypeError):
-                log.warning("ignoring a malformed revocation %s", key)
+            parsed = self._parse(key, raw)
+            if parsed is None:
                 continue
-            if isinstance(entry, dict) and entry.get("reason") == ENDED:
+            entries[name] = parsed[0]
+            if parsed[1]:
                 ended.add(name)
-        set_revoked(entries)
-        _ended_jobs = frozenset(ended)
+        with self._lock:
+            self._entries, self._ended = entries, ended
+            self._publish()
         return entries
+
+    def _apply(self, event: WatchEvent) -> None:
+        if not event.key.startswith(REVOKED_PREFIX):
+            self._reload()
+            return
+        name = event.key[len(REVOKED_PREFIX) :]
+        parsed = (
+            None if event.kind == "delete" or event.value is None else self._parse(event.key, event.value)
+        )
+        with self._lock:
+            if parsed is None:
+                self._entries.pop(name, None)
+                self._ended.discard(name)
+            else:
+                self._entries[name] = parsed[0]
+                (self._ended.add if parsed[1] else self._ended.discard)(name)
+            self._publish()
 
     def start(self) -> Revocations:
         try:
             self.load()
-            self._cancel = self.kv.watch_prefix(REVOKED_PREFIX, lambda _ev: self._reload())
+            self._cancel = self.kv.watch_prefix(REVOKED_PREFIX, self._apply)
         except Exception as exc:  # noqa: BLE001 - etcd away: the loop below retries
             log.warning("revocation list not loaded yet: %s", exc)
         self._thread = threading.Thread(target=self._loop, name="revocations", daemon=True)
