@@ -26,6 +26,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 
 def server_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
@@ -86,6 +87,7 @@ class _Half(asyncio.Protocol):
 async def serve(host: str, port: int, unix_path: str, ctx: ssl.SSLContext, stop: asyncio.Event) -> None:
     """Forward TLS connections on ``host:port`` to ``unix_path`` until ``stop`` is set."""
     loop = asyncio.get_running_loop()
+    connecting: set[asyncio.Task[None]] = set()  # held, so no task is collected while it runs
 
     def client_side() -> _Half:
         client = _Half()
@@ -109,7 +111,9 @@ async def serve(host: str, port: int, unix_path: str, ctx: ssl.SSLContext, stop:
                 redis_side.transport.write(data)
             client.pending.clear()
 
-        loop.create_task(connect())
+        task = loop.create_task(connect())
+        connecting.add(task)
+        task.add_done_callback(connecting.discard)
         return client
 
     server = await loop.create_server(
@@ -119,14 +123,16 @@ async def serve(host: str, port: int, unix_path: str, ctx: ssl.SSLContext, stop:
         await stop.wait()
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """redis-server gets SIGKILL when this front dies (Linux ``PR_SET_PDEATHSIG``)."""
+def _die_with_parent() -> Callable[[], None] | None:
+    """What redis-server runs between fork and exec so that it gets SIGKILL when this front dies
+    (Linux ``PR_SET_PDEATHSIG``); loaded here, before the fork. None where there is no prctl."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+    return lambda: prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 
 
 def _answers(unix_path: str) -> bool:
@@ -157,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = server_context(args.cert, args.key, args.ca)
     child: subprocess.Popen[bytes] | None = None
     if redis_cmd:
-        child = subprocess.Popen(redis_cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        child = subprocess.Popen(redis_cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent())
         deadline = time.monotonic() + args.timeout
         while not _answers(args.unix):
             if child.poll() is not None:

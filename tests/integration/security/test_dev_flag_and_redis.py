@@ -64,8 +64,12 @@ def test_redis_serves_mutual_tls_and_the_password_only(tmp_path, monkeypatch):
     client without a certificate (or in plaintext) is refused in the handshake; one with a
     certificate of another CA too; the platform's certificate without the password gets no
     data; with both it works, and `microco status` reports Redis SERVING over TLS."""
+    import os
+    import signal
     import socket
     import ssl
+    import time
+    from pathlib import Path
 
     import redis
 
@@ -110,6 +114,22 @@ def test_redis_serves_mutual_tls_and_the_password_only(tmp_path, monkeypatch):
         assert _redis_row(server.url, home)["health"] == "SERVING"
         (home / "pki" / "redis.password").write_text("wrong\n")
         assert _redis_row(server.url, home)["health"] == "UNREACHABLE"
+        # the supervisor's one process: redis-server dies with its front (SIGKILL leaves no orphan)
+        children = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
+        assert len(children) == 1
+        os.kill(server.pid, signal.SIGKILL)
+        server.proc.wait(10)
+
+        def running() -> bool:  # a zombie (dead, not yet reaped by its new parent) is not
+            try:
+                return Path(f"/proc/{children[0]}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            except OSError:
+                return False
+
+        deadline = time.monotonic() + 30
+        while running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not running(), "redis-server outlived its TLS front"
     finally:
         server.stop()
     cmd = server.command()
