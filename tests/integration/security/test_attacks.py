@@ -692,7 +692,7 @@ def test_a_jobs_credentials_work_until_it_ends_and_are_refused_after(platform):
     """A job's certificate acts as the job while it has not ended; in the tick in which it ends
     the scheduler puts ``job:<id>`` on the deny-list, which every service follows: the same
     certificate is then refused (UNAUTHENTICATED, saying the job has ended) by the scheduler and
-    the cache alike, while another job's still works."""
+    the cache alike, and by a store node's Flight check, while another job's still works."""
     import time
 
     from microco.common import identity
@@ -719,6 +719,10 @@ def test_a_jobs_credentials_work_until_it_ends_and_are_refused_after(platform):
         assert err.code() == grpc.StatusCode.UNAUTHENTICATED
         assert f"job:{job.id} has ended" in err.details()
         assert "has ended" in refused(cache.GetStats, cache_pb2.GetStatsRequest()).details()
+        from microco.clients.store._flight_tls import _Proof, verify_headers
+
+        with pytest.raises(Exception, match="revoked"):  # and by the store nodes' Flight servers
+            verify_headers(creds.ca_pem, _Proof(creds).headers())
         theirs = sched(platform, f"job:{other.id}")  # a job still alive is untouched
         assert theirs.GetJob(scheduler_pb2.GetJobRequest(job_id=other.id), timeout=10).id == other.id
         assert auth.revoke_ended_jobs(platform["kv"], {job.id}) == []  # written once
