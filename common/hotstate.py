@@ -21,11 +21,18 @@ KEY_PREFIX = "microco:"
 
 
 def connect_redis(url: str, check: bool = True, timeout: float = 2.0) -> Any:
-    """A ``redis.Redis`` client for ``url`` (``redis://host:port/db``); ``Unavailable`` naming the
-    address when ``check`` and it cannot be reached."""
+    """A ``redis.Redis`` client for ``url`` (``redis://host:port/db``, ``rediss://...``,
+    ``unix://path``); ``Unavailable`` naming the address when ``check`` and it cannot be reached.
+
+    Unless in insecure mode, a TCP connection is mutual TLS whatever the scheme says: the
+    server's certificate must be one of the platform's CA naming the host dialled, and this
+    process presents its own credentials (``microco.common.identity``); plus Redis's password."""
     import redis
 
-    extra = {} if "@" in url.split("//", 1)[-1] else {"password": redis_password()}
+    extra: dict[str, Any] = {} if "@" in url.split("//", 1)[-1] else {"password": redis_password()}
+    extra.update(redis_tls_options(url))
+    if extra.get("ssl_certfile") and url.startswith("redis://"):
+        url = "rediss://" + url[len("redis://") :]
     client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout, **extra)
     if check:
         try:
@@ -33,6 +40,50 @@ def connect_redis(url: str, check: bool = True, timeout: float = 2.0) -> Any:
         except redis.RedisError as exc:
             raise Unavailable(f"cannot reach Redis at {url}: {exc}") from exc
     return client
+
+
+def redis_tls_options(url: str) -> dict[str, Any]:
+    """redis-py's TLS options for ``url``: this process's certificate and key (written once to a
+    file only its owner may read: the ssl module loads keys from files), the platform's CA, the
+    host checked; none in insecure mode or over a unix socket."""
+    import ssl
+
+    from . import identity
+
+    if url.startswith("unix://") or identity.insecure():
+        return {}
+    ident = identity.current()
+    if ident is None:
+        return {}
+    return {
+        "ssl_certfile": _key_file(ident.cert_pem, ident.key_pem),
+        "ssl_ca_data": ident.ca_pem.decode(),
+        "ssl_cert_reqs": "required",
+        "ssl_check_hostname": True,
+        "ssl_min_version": ssl.TLSVersion.TLSv1_2,
+    }
+
+
+_key_files: dict[bytes, str] = {}
+
+
+def _key_file(cert_pem: bytes, key_pem: bytes) -> str:
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    path = _key_files.get(cert_pem)
+    if path and os.path.exists(path):
+        return path
+    d = tempfile.mkdtemp(prefix="microco-redis-tls-")  # 0700
+    atexit.register(shutil.rmtree, d, True)
+    path = os.path.join(d, "client.pem")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(cert_pem + key_pem)
+    _key_files[cert_pem] = path
+    return path
 
 
 ENV_REDIS_PASSWORD = "MICROCO_REDIS_PASSWORD"

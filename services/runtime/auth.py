@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from microco.common.errors import PermissionDenied, Unauthenticated
-from microco.common.identity import REVOKED_PREFIX, check_not_revoked, peer_name, set_revoked
+from microco.common.identity import REVOKED_PREFIX, check_not_revoked, peer_name, revoked, set_revoked
+from microco.common.kv import WatchEvent
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +103,59 @@ def caller(context: Any) -> Caller:
         return INSECURE
     pem = certs[0] if isinstance(certs[0], bytes) else str(certs[0]).encode()
     name, admin = peer_name(pem)
+    if name in _ended_jobs and revoked(name, pem):
+        raise Unauthenticated(
+            f"{name} has ended: a finished job's credentials are no longer accepted "
+            "(a running job's are; submit a new job to act again)"
+        )
     check_not_revoked(name, pem)
     return Caller(name, admin)
 
 
+# --------------------------------------------------------------------------- ended jobs
+# A job's certificate (``job:<id>``, issued by the scheduler when it starts the job, valid 30
+# days) stops authenticating when the job ends: the scheduler puts its name on the deny-list
+# (``REVOKED_PREFIX``) with the reason ``ENDED`` in the tick in which the job ends, and every
+# service follows that list (``Revocations``). The entry goes once any certificate it refuses
+# has expired.
+
+ENDED = "job ended"
+JOB_REVOCATION_KEEP_S = 31 * 86400.0  # past the 30 days a job's certificate is valid
+_ended_jobs: frozenset[str] = frozenset()
+
+
+def revoke_ended_jobs(kv: Any, ended: set[str] | frozenset[str], now: float | None = None) -> list[str]:
+    """Put ``job:<id>`` of every job in ``ended`` on the deny-list unless it is there (the
+    scheduler's garbage collection, with the ids of its terminal jobs); drop ended-job entries
+    older than a job certificate's life. Returns the names added."""
+    import time
+
+    now = time.time() if now is None else now
+    prefix = REVOKED_PREFIX + "job:"
+    present: set[str] = set()
+    for key, raw in kv.get_prefix(prefix):
+        job_id = key[len(prefix) :]
+        present.add(job_id)
+        try:
+            entry = json.loads(raw)
+            stale = entry.get("reason") == ENDED and now - float(entry["at"]) > JOB_REVOCATION_KEEP_S
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if stale and job_id not in ended:  # its record is gone too: nothing can name it again
+            kv.delete(key)
+    added = []
+    for job_id in sorted(ended - present):
+        kv.put(prefix + job_id, json.dumps({"at": now, "reason": ENDED}).encode())
+        added.append(f"job:{job_id}")
+    if added:
+        log.info("credentials of %d ended jobs revoked", len(added))
+    return added
+
+
 class Revocations:
     """Keeps this process's deny-list (``microco.common.identity.set_revoked``) equal to etcd's
-    ``REVOKED_PREFIX``: loaded at start, followed by a watch, and reloaded every
+    ``REVOKED_PREFIX``: loaded at start, followed by a watch (each change applied as it comes:
+    a job ending adds one entry, so the list is not read again whole), and reloaded every
     ``interval_s`` (a watch lost while etcd was away is made good within that)."""
 
     def __init__(self, kv: Any, interval_s: float = 10.0) -> None:
@@ -117,21 +164,61 @@ class Revocations:
         self._stop = threading.Event()
         self._cancel: Any = None
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._entries: dict[str, float] = {}
+        self._ended: set[str] = set()
+
+    @staticmethod
+    def _parse(key: str, raw: bytes) -> tuple[float, bool] | None:
+        try:
+            entry = json.loads(raw)
+            return float(entry["at"]), entry.get("reason") == ENDED
+        except (ValueError, KeyError, TypeError, AttributeError):
+            log.warning("ignoring a malformed revocation %s", key)
+            return None
+
+    def _publish(self) -> None:
+        global _ended_jobs
+        set_revoked(self._entries)
+        _ended_jobs = frozenset(self._ended)
 
     def load(self) -> dict[str, float]:
         entries: dict[str, float] = {}
+        ended = set()
         for key, raw in self.kv.get_prefix(REVOKED_PREFIX):
-            try:
-                entries[key[len(REVOKED_PREFIX) :]] = float(json.loads(raw)["at"])
-            except (ValueError, KeyError, TypeError):
-                log.warning("ignoring a malformed revocation %s", key)
-        set_revoked(entries)
+            name = key[len(REVOKED_PREFIX) :]
+            parsed = self._parse(key, raw)
+            if parsed is None:
+                continue
+            entries[name] = parsed[0]
+            if parsed[1]:
+                ended.add(name)
+        with self._lock:
+            self._entries, self._ended = entries, ended
+            self._publish()
         return entries
+
+    def _apply(self, event: WatchEvent) -> None:
+        if not event.key.startswith(REVOKED_PREFIX):
+            self._reload()
+            return
+        name = event.key[len(REVOKED_PREFIX) :]
+        parsed = (
+            None if event.kind == "delete" or event.value is None else self._parse(event.key, event.value)
+        )
+        with self._lock:
+            if parsed is None:
+                self._entries.pop(name, None)
+                self._ended.discard(name)
+            else:
+                self._entries[name] = parsed[0]
+                (self._ended.add if parsed[1] else self._ended.discard)(name)
+            self._publish()
 
     def start(self) -> Revocations:
         try:
             self.load()
-            self._cancel = self.kv.watch_prefix(REVOKED_PREFIX, lambda _ev: self._reload())
+            self._cancel = self.kv.watch_prefix(REVOKED_PREFIX, self._apply)
         except Exception as exc:  # noqa: BLE001 - etcd away: the loop below retries
             log.warning("revocation list not loaded yet: %s", exc)
         self._thread = threading.Thread(target=self._loop, name="revocations", daemon=True)

@@ -35,6 +35,7 @@ from microco.clients.scheduler import PhasePublisher
 from microco.common.errors import Aborted, FailedPrecondition, MicrocoError
 from microco.common.etcd_roles import remove_job_users
 from microco.common.kv import KV
+from microco.services.runtime.auth import revoke_ended_jobs
 
 from . import _history as H
 from . import _jobs as J
@@ -153,11 +154,16 @@ class SchedulerCore:
         return self.store.watch(job_ids, active, poll_s)
 
     def _remove_job_users(self, jobs: dict[str, JobRecord]) -> None:
-        """The etcd users of ended jobs go (docs/security.md; nothing without etcd roles)."""
+        """The etcd users of ended jobs go (docs/security.md; nothing without etcd roles), and
+        their certificates go on the deny-list every service follows."""
         try:
             remove_job_users(self.store.kv, {j for j, rec in jobs.items() if not rec.terminal})
         except MicrocoError as exc:
             log.warning("removing the etcd users of ended jobs failed: %s", exc)
+        try:
+            revoke_ended_jobs(self.store.kv, {j for j, rec in jobs.items() if rec.terminal})
+        except MicrocoError as exc:
+            log.warning("revoking the credentials of ended jobs failed: %s", exc)
 
     # ================================================================== leader: the loop
     def tick(self) -> list[Decision]:

@@ -3,14 +3,20 @@ image and command of the deployment comes from this repository):
 
     python -m microco.services.stack etcd --host 0.0.0.0 --port 2379 --advertise-host etcd --data-dir /data
     python -m microco.services.stack redis --host 0.0.0.0 --port 6379 --data-dir /data --password-file /pki/redis.password
-    python -m microco.services.stack pki --data-dir /pki --service scheduler --service agent --admin alice
+    python -m microco.services.stack pki --data-dir /pki --per-container /pki/containers --service scheduler --admin alice
     python -m microco.services.stack etcd-roles --data-dir /pki --etcd etcd:2379 --service scheduler --admin alice
 
 ``pki`` creates the CA (``<data-dir>/ca``, once), a credentials file per service
 (``<data-dir>/services/<name>.pem``, identity ``service:<name>``), the administrators' credentials
-(``<data-dir>/users/<name>.pem``) and the Redis password (``<data-dir>/redis.password``); it keeps
-what exists. etcd's certificate names the hosts it is dialled by (etcd, etcd.microco.svc) and is
-also written as separate files, ``<data-dir>/etcd/{cert,key,ca}.pem``, for the official etcd image.
+(``<data-dir>/users/<name>.pem``), the Redis password (``<data-dir>/redis.password``) and Redis's
+server certificate; it keeps what exists. etcd's and Redis's certificates name the hosts they are
+dialled by (etcd, etcd.microco.svc; redis, redis.microco.svc) and are also written as separate
+files, ``<data-dir>/{etcd,redis}/{cert,key,ca}.pem``, for the official images. With
+``--per-container DIR`` it also writes, for each container, only what that container may hold into
+``DIR/<name>/`` (what compose and Kubernetes mount, one directory per container; nothing of anyone
+else's, never an administrator's): a service's ``credentials.pem``, plus ``redis.password`` for
+Redis's clients (agent, cache, console); etcd's and Redis's ``cert.pem``, ``key.pem``, ``ca.pem``
+(etcd also its ``credentials.pem``; Redis its password).
 
 ``etcd-roles`` turns on the authentication of a running etcd with the roles ``microco up`` sets up
 (``microco.common.etcd_roles``): a user per ``--service`` and ``--admin``, each in its role, as
@@ -41,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--advertise-host", default="", help="etcd only: the name clients dial")
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--password-file", type=Path, default=None, help="redis only: require this password")
+    parser.add_argument(
+        "--per-container",
+        type=Path,
+        default=None,
+        help="pki only: also write each container's own files into DIR/<name>/",
+    )
     parser.add_argument(
         "--service",
         action="append",
@@ -75,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return set_up_etcd_roles(args.etcd, ca, args.service, args.admin, args.timeout)
     args.data_dir.mkdir(parents=True, exist_ok=True)
     if args.server == "pki":
-        return make_pki(args.data_dir, args.service, args.admin)
+        return make_pki(args.data_dir, args.service, args.admin, args.per_container)
     if not args.port:
         parser.error(f"{args.server} needs --port")
     if args.server == "etcd":
@@ -94,33 +106,62 @@ def main(argv: list[str] | None = None) -> int:
     return 0  # not reached
 
 
-def make_pki(directory: Path, services: list[str], admins: list[str]) -> int:
-    from microco.common.identity import CertificateAuthority
+#: The services that use Redis themselves or hand it on (the agent's jobs read the cache
+#: directory): only their containers get Redis's password.
+REDIS_CLIENTS = frozenset({"agent", "cache", "console"})
+#: The names a server's certificate carries, per server others dial by name.
+SERVER_HOSTS = {
+    "etcd": ("etcd", "etcd.microco.svc", "localhost", "127.0.0.1"),
+    "redis": ("redis", "redis.microco.svc", "localhost", "127.0.0.1"),
+}
+
+
+def make_pki(
+    directory: Path, services: list[str], admins: list[str], per_container: Path | None = None
+) -> int:
+    from microco.common.identity import CertificateAuthority, Identity
 
     from ._pki import _redis_password
 
     ca = CertificateAuthority.load_or_create(directory / "ca")
-    for name in services:
+    own: dict[str, Identity] = {}
+    for name in dict.fromkeys([*services, "redis"]):
         path = directory / "services" / f"{name}.pem"
         if path.exists():
+            own[name] = Identity.from_pem(path.read_bytes(), where=str(path))
             continue
-        if name == "etcd":
-            # Others dial etcd by a host name its certificate must carry (compose: etcd; Kubernetes:
-            # etcd.microco.svc). A server that takes separate files (the official etcd image) reads
-            # them from <data-dir>/etcd/{cert,key,ca}.pem.
-            ident = ca.issue("service:etcd", hosts=("etcd", "etcd.microco.svc", "localhost", "127.0.0.1"))
-            for part, data in (("cert", ident.cert_pem), ("key", ident.key_pem), ("ca", ident.ca_pem)):
-                _write_private(directory / "etcd" / f"{part}.pem", data)
-            ident.write(path)
+        if name in SERVER_HOSTS:
+            # Others dial etcd and Redis by a host name their certificates must carry (compose:
+            # etcd, redis; Kubernetes: etcd.microco.svc, redis.microco.svc). The official images
+            # read separate files: <data-dir>/<name>/{cert,key,ca}.pem.
+            ident = ca.issue(f"service:{name}", hosts=SERVER_HOSTS[name])
+            _write_parts(directory / name, ident)
         else:
-            ca.issue(f"service:{name}").write(path)
+            ident = ca.issue(f"service:{name}")
+        ident.write(path)
+        own[name] = ident
     for name in admins:
         path = directory / "users" / f"{name}.pem"
         if not path.exists():
             ca.issue(f"user:{name}", admin=True, days=365).write(path)
-    _redis_password(directory / "redis.password")
+    password = _redis_password(directory / "redis.password")
+    if per_container is not None:
+        for name, ident in own.items():
+            d = per_container / name
+            d.mkdir(parents=True, exist_ok=True)
+            if name in SERVER_HOSTS:
+                _write_parts(d, ident)
+            if name != "redis":
+                ident.write(d / "credentials.pem")
+            if name in REDIS_CLIENTS or name == "redis":
+                _write_private(d / "redis.password", (password + "\n").encode())
     print(f"PKI in {directory}: {len(services)} services, {len(admins)} administrators")
     return 0
+
+
+def _write_parts(d: Path, ident: object) -> None:
+    for part in ("cert", "key", "ca"):
+        _write_private(d / f"{part}.pem", getattr(ident, f"{part}_pem"))
 
 
 def set_up_etcd_roles(

@@ -97,6 +97,12 @@ class StackPki:
             return None
         return self.ca.issue("service:etcd", hosts=("127.0.0.1", "localhost"))
 
+    def redis_identity(self) -> identity.Identity | None:
+        """The certificate of the Redis TLS front the stack starts (it listens on loopback)."""
+        if self.ca is None:
+            return None
+        return self.ca.issue("service:redis", hosts=("127.0.0.1", "localhost"))
+
     def set_up_etcd_roles(self, endpoint: str, services: list[str]) -> None:
         """Turn on the authentication of the etcd the stack started, with a user per service
         and for the administrator, each in its role (``microco.common.etcd_roles``)."""

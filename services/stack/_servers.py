@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import TypeVar
@@ -232,17 +233,45 @@ class EtcdServer(_ChildServer):
 class RedisServer(_ChildServer):
     """Redis with a password when given one (``requirepass``, from a config file readable by its
     owner only, so it is not on the command line); protected mode always on, so a Redis without
-    a password answers loopback clients only."""
+    a password answers loopback clients only.
+
+    Unless in insecure mode, clients reach it over mutual TLS only: the bundled redis-server has
+    no TLS built in, so it listens on a unix socket alone (``--port 0``, in a directory only its
+    owner may enter) and a TLS front (``_redis_tls``, its parent process) serves ``host:port``,
+    requiring a client certificate of the platform's CA. Its certificate is ``identity``, else
+    one issued for ``service:redis`` (naming ``host``) from ``MICROCO_CA_DIR``."""
 
     name = "redis"
 
-    def __init__(self, data_dir: Path, host: str = "127.0.0.1", port: int = 0, password: str = "") -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        password: str = "",
+        identity: Identity | None = None,
+    ) -> None:
         super().__init__(data_dir, host, port)
         self.password = password
+        self.identity = identity
+        self.tls = not ident_mod.insecure()
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://{self.host}:{self.port}/0"
+
+    @property
+    def socket_path(self) -> Path:
+        """Where redis-server listens when behind the TLS front (a unix socket path is limited
+        to 107 bytes: a deep data directory gets a private one under the temporary directory)."""
+        path = self.data_dir / "sock" / "redis.sock"
+        if len(os.fsencode(path)) > 100:
+            import hashlib
+            import tempfile
+
+            tag = hashlib.sha256(os.fsencode(self.data_dir.resolve())).hexdigest()[:16]
+            path = Path(tempfile.gettempdir()) / f"microco-redis-{os.getuid()}-{tag}" / "redis.sock"
+        return path
 
     def _config(self) -> list[str]:
         if not self.password:
@@ -256,14 +285,27 @@ class RedisServer(_ChildServer):
             f.write(f"requirepass {self.password}\n")
         return [str(conf)]
 
+    def _tls_files(self) -> tuple[str, str, str]:
+        """The front's certificate, key and CA, written owner-only under the data directory."""
+        ident = self.identity
+        if ident is None:
+            ca = ident_mod.local_ca()
+            hosts = tuple(sorted({self.host, "127.0.0.1", "localhost"}))
+            ident = ca.issue("service:redis", hosts=hosts) if ca else ident_mod.service_identity("redis")
+        assert ident is not None
+        d = self.data_dir / "tls"
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o700)
+        files = {"cert.pem": ident.cert_pem, "key.pem": ident.key_pem, "ca.pem": ident.ca_pem}
+        for name, data in files.items():
+            fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        cert, key, ca_file = (str(d / n) for n in files)
+        return cert, key, ca_file
+
     def command(self) -> list[str]:
-        return [
-            redis_binary(),
-            *self._config(),
-            "--bind",
-            self.host,
-            "--port",
-            str(self.port),
+        common = [
             "--dir",
             str(self.data_dir),
             # Hot state only: nothing here must survive a restart, so no persistence.
@@ -274,3 +316,25 @@ class RedisServer(_ChildServer):
             "--protected-mode",
             "yes",
         ]
+        if not self.tls:
+            return [redis_binary(), *self._config(), "--bind", self.host, "--port", str(self.port), *common]
+        sock = self.socket_path
+        sock.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(sock.parent, 0o700)  # only the stack's owner reaches the socket
+        cert, key, ca = self._tls_files()
+        front = Path(__file__).with_name("_redis_tls.py")
+        server = [
+            redis_binary(),
+            *self._config(),
+            "--port",
+            "0",
+            "--unixsocket",
+            str(sock),
+            "--unixsocketperm",
+            "700",
+            *common,
+        ]
+        return [
+            sys.executable, "-I", "-S", str(front), "--listen", f"{self.host}:{self.port}", "--unix", str(sock),
+            "--cert", cert, "--key", key, "--ca", ca, "--", *server,
+        ]  # fmt: skip

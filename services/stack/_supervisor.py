@@ -195,6 +195,7 @@ class Stack:
                     self.home / "redis",
                     port=self.opts.redis_port or free_port(),
                     password=self.pki.redis_password if self.pki else "",
+                    identity=self.pki.redis_identity() if self.pki else None,
                 ).start()
                 self.redis_url = self.redis.url
             self._infra = [

@@ -686,3 +686,48 @@ def test_a_revoked_certificate_is_refused_and_new_credentials_work(platform, etc
     finally:
         revocations.stop()
         identity.set_revoked({})
+
+
+def test_a_jobs_credentials_work_until_it_ends_and_are_refused_after(platform):
+    """A job's certificate acts as the job while it has not ended; in the tick in which it ends
+    the scheduler puts ``job:<id>`` on the deny-list, which every service follows: the same
+    certificate is then refused (UNAUTHENTICATED, saying the job has ended) by the scheduler and
+    the cache alike, and by a store node's Flight check, while another job's still works."""
+    import time
+
+    from microco.common import identity
+    from microco.services.runtime import auth
+
+    core = platform["core"]
+    revocations = auth.Revocations(platform["kv"], interval_s=3600).start()
+    try:
+        job, other = submit(platform, "user:alice"), submit(platform, "user:alice")
+        core.tick()
+        creds = issued(f"job:{job.id}")
+        mine = scheduler_pb2_grpc.SchedulerServiceStub(dial(platform["scheduler"], identity=creds))
+        cache = cache_pb2_grpc.CacheServiceStub(dial(platform["cache"], identity=creds))
+        assert not core.get(job.id).terminal
+        assert mine.GetJob(scheduler_pb2.GetJobRequest(job_id=job.id), timeout=10).id == job.id
+        cache.GetStats(cache_pb2.GetStatsRequest(), timeout=10)
+        core.cancel(job.id)
+        deadline = time.monotonic() + 30
+        while not identity.revoked(f"job:{job.id}", creds.cert_pem) and time.monotonic() < deadline:
+            core.tick()  # the job ends, and the garbage collection of that tick revokes it
+            time.sleep(0.05)
+        assert core.get(job.id).terminal
+        err = refused(mine.GetJob, scheduler_pb2.GetJobRequest(job_id=job.id))
+        assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert f"job:{job.id} has ended" in err.details()
+        assert "has ended" in refused(cache.GetStats, cache_pb2.GetStatsRequest()).details()
+        from microco.clients.store._flight_tls import _Proof, verify_headers
+
+        with pytest.raises(Exception, match="revoked"):  # and by the store nodes' Flight servers
+            verify_headers(creds.ca_pem, _Proof(creds).headers())
+        theirs = sched(platform, f"job:{other.id}")  # a job still alive is untouched
+        assert theirs.GetJob(scheduler_pb2.GetJobRequest(job_id=other.id), timeout=10).id == other.id
+        assert auth.revoke_ended_jobs(platform["kv"], {job.id}) == []  # written once
+    finally:
+        revocations.stop()
+        identity.set_revoked({})
+        auth._ended_jobs = frozenset()
+        core.cancel(other.id)

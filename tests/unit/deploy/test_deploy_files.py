@@ -2,11 +2,15 @@
 validate against the Kubernetes API schemas (kubernetes-validate, strict) and carry what a
 cluster needs (probes, requests and limits, headless Services, GPU scheduling, the shared chunk
 directory, zones as fault domains); docker-compose.yml waits on health and runs the official
-etcd and Redis images with commands that work (run here with the same servers' binaries); every
-microco command they run is an entry point that accepts exactly those arguments."""
+etcd and Redis images with commands that work (run here with the same servers' binaries; Redis's
+TLS, which the bundled redis-server lacks, by the stack's own TLS front on the same files); every
+container holds its own credentials only; every microco command they run is an entry point that
+accepts exactly those arguments."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import shlex
 import shutil
 import subprocess
@@ -23,21 +27,29 @@ REPO = Path(__file__).resolve().parents[3]
 IMAGE = "microco:0.1.0"
 
 
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's: the pure-Python one is slow
+
+
+@functools.cache
+def _parsed(path: Path) -> list[Any]:
+    return [d for d in yaml.load_all(path.read_text(), Loader=_LOADER) if d]
+
+
 def compose() -> dict:
-    return yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    return copy.deepcopy(_parsed(REPO / "docker-compose.yml")[0])
 
 
 def k8s_docs() -> list[dict]:
     """What `kubectl apply -k deploy/k8s` applies: the kustomization's resources, in its order,
     in its namespace (the base uses no patches or generators; the test below keeps it so)."""
     base = REPO / "deploy" / "k8s"
-    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
+    kustomization = copy.deepcopy(_parsed(base / "kustomization.yaml")[0])
     assert set(kustomization) <= {"apiVersion", "kind", "namespace", "resources"}, kustomization
     listed = kustomization["resources"]
     assert sorted(listed) == sorted(p.name for p in base.glob("*.yaml") if p.name != "kustomization.yaml")
     docs = []
     for name in listed:
-        for d in yaml.safe_load_all((base / name).read_text()):
+        for d in copy.deepcopy(_parsed(base / name)):
             if d:
                 if d["kind"] != "Namespace":
                     d["metadata"]["namespace"] = kustomization["namespace"]
@@ -65,7 +77,7 @@ def microco_services() -> dict[str, dict]:
 
 def all_commands() -> list[list[str]]:
     cmds = [argv_of(s["command"]) for s in microco_services().values()]
-    cmds += [argv_of(c["command"]) for c in k8s_containers()]
+    cmds += [argv_of(c["command"]) for c in k8s_containers() if c["image"] == IMAGE]
     return cmds
 
 
@@ -159,7 +171,7 @@ def _etcd_as(endpoint: str, ident: Any) -> Any:
 def _pki(tmp: Path) -> Path:
     from microco.services.stack.__main__ import make_pki
 
-    assert make_pki(tmp / "pki", ["etcd", "scheduler"], []) == 0
+    assert make_pki(tmp / "pki", ["etcd", "scheduler", "cache"], [], tmp / "pki" / "containers") == 0
     return tmp / "pki"
 
 
@@ -174,7 +186,7 @@ def test_compose_etcd_command_and_healthcheck_work_with_mutual_tls(tmp_path: Pat
     ports = {":2379": f":{free_port()}", ":2380": f":{free_port()}", ":2381": f":{free_port()}"}
 
     def local(a: str) -> str:
-        a = a.replace("/pki/", f"{pki}/").replace("/etcd-data", str(tmp_path / "etcd-data"))
+        a = a.replace("/pki/", f"{pki}/containers/etcd/").replace("/etcd-data", str(tmp_path / "etcd-data"))
         for old, new in ports.items():
             a = a.replace(old, new)
         return a.replace("0.0.0.0", "127.0.0.1").replace("//etcd:", "//localhost:")
@@ -223,37 +235,175 @@ def test_compose_etcd_command_and_healthcheck_work_with_mutual_tls(tmp_path: Pat
         proc.wait()
 
 
-def test_compose_redis_command_requires_the_password(tmp_path: Path) -> None:
-    """The official image's Redis command (sh, the password into a config file), run with the
-    bundled redis-server: without the password nothing is served; with it, PING answers."""
-    import redis
+def _redis_config(command: list[str], pki: Path, tmp: Path) -> tuple[dict[str, str], Path]:
+    """The config file the compose/Kubernetes Redis command writes (run with `cat` in place of
+    redis-server), parsed, and where it was written; /pki/ is that container's own directory."""
+    script = command[2].replace("$$", "$").replace("/pki/", f"{pki}/containers/redis/")
+    conf = tmp / "redis.conf"
+    script = script.replace("/tmp/redis.conf", str(conf)).replace("exec redis-server", "exec cat")
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30, check=True).stdout
+    return dict(line.split(" ", 1) for line in out.splitlines() if line.strip()), conf
 
+
+def test_compose_and_k8s_redis_serve_tls_only_with_client_certificates(tmp_path: Path) -> None:
+    """The official image's Redis config (compose and Kubernetes alike): no plaintext port, TLS
+    on 6379 with the files the pki job writes for Redis's container, client certificates
+    required, the password required, written owner-only. The bundled redis-server has no TLS,
+    so the same certificate, key and CA are then served by the stack's TLS front in front of it,
+    with the config's password: no client certificate is refused, the platform's works."""
+    import redis
+    from cryptography import x509
+
+    from microco.common.identity import Identity
     from microco.services.stack import free_port
     from microco.services.stack._servers import redis_binary
 
     pki = _pki(tmp_path)
-    port = free_port()
-    script = compose()["services"]["redis"]["command"][2].replace("$$", "$").replace("/pki/", f"{pki}/")
-    script = script.replace("/tmp/redis.conf", str(tmp_path / "redis.conf")).replace("6379", str(port))
-    script = script.replace("exec redis-server", f"exec {redis_binary()}")
-    proc = subprocess.Popen(["sh", "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    [k8s_redis] = [c for c in k8s_containers() if c["name"] == "redis"]
+    compose_redis = compose()["services"]["redis"]
+    assert k8s_redis["image"] == compose_redis["image"]
+    configs = [_redis_config(compose_redis["command"], pki, tmp_path)]
+    configs.append(_redis_config(k8s_redis["command"], pki, tmp_path))
+    assert configs[0][0] == configs[1][0]
+    conf, path = configs[0]
+    password = (pki / "containers" / "redis" / "redis.password").read_text().strip()
+    assert conf["port"] == "0" and conf["tls-port"] == "6379" and conf["tls-auth-clients"] == "yes"
+    assert conf["requirepass"] == password and conf["protected-mode"] == "yes"
+    assert path.stat().st_mode & 0o077 == 0  # the password's file stays private
+    cert = x509.load_pem_x509_certificate(Path(conf["tls-cert-file"]).read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"redis", "redis.microco.svc"} <= set(names.get_values_for_type(x509.DNSName))
+    for probe in (compose_redis["healthcheck"]["test"][1], k8s_redis["readinessProbe"]["exec"]["command"][2]):
+        assert "--tls --cert /pki/cert.pem --key /pki/key.pem --cacert /pki/ca.pem" in probe
+    # the same files served: the stack's TLS front before the bundled server, with that password
+    port, sock = free_port(), tmp_path / "s" / "redis.sock"
+    sock.parent.mkdir(mode=0o700)
+    auth = tmp_path / "auth.conf"
+    auth.write_text(f"requirepass {password}\n")
+    front = Path(__file__).resolve().parents[3] / "services" / "stack" / "_redis_tls.py"
+    proc = subprocess.Popen(
+        [sys.executable, str(front), "--listen", f"127.0.0.1:{port}", "--unix", str(sock),
+         "--cert", conf["tls-cert-file"], "--key", conf["tls-key-file"], "--ca", conf["tls-ca-cert-file"],
+         "--", redis_binary(), str(auth), "--port", "0", "--unixsocket", str(sock), "--save", ""],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
     try:
-        password = (pki / "redis.password").read_text().strip()
-        good = redis.Redis(port=port, password=password, socket_timeout=2)
-        for _ in range(100):
+        cache = pki / "containers" / "cache" / "credentials.pem"
+        ident = Identity.from_pem(cache.read_bytes())
+        tls = {"ssl_certfile": str(cache), "ssl_ca_data": ident.ca_pem.decode(), "ssl_check_hostname": True}
+        good = redis.Redis.from_url(
+            f"rediss://127.0.0.1:{port}/0", password=password, socket_timeout=5, **tls
+        )
+        for _ in range(200):
             try:
                 assert good.ping()
                 break
             except redis.ConnectionError:
                 assert proc.poll() is None
-                time.sleep(0.1)
+                time.sleep(0.05)
         assert good.ping()
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        once = {"password": password, "socket_timeout": 5, "retry": Retry(NoBackoff(), 0)}
+        with pytest.raises(redis.ConnectionError):  # no client certificate
+            redis.Redis.from_url(f"rediss://127.0.0.1:{port}/0", ssl_cert_reqs="none", **once).ping()
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(port=port, socket_timeout=2).get("x")
-        assert (tmp_path / "redis.conf").stat().st_mode & 0o077 == 0  # the password file stays private
+            redis.Redis.from_url(f"rediss://127.0.0.1:{port}/0", socket_timeout=5, **tls).get("x")
     finally:
-        proc.kill()
-        proc.wait()
+        proc.terminate()
+        proc.wait(15)
+
+
+# Which identity each container is: compose service or Kubernetes workload -> its service name.
+_K8S_IDENTITY = {"store-coordinator": "store"}
+
+
+def _own(name: str) -> str:
+    return "store-node" if name.startswith("store-node") else _K8S_IDENTITY.get(name, name)
+
+
+def _identities_in(directory: Path) -> tuple[set[str], bool]:
+    """The identities whose private keys a directory of credentials holds (by the certificate
+    each key belongs to), and whether it holds Redis's password."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    from microco.common.identity import _pem_blocks, peer_name
+
+    certs, keys = {}, []
+    for f in directory.iterdir():
+        if f.suffix == ".pem":
+            for kind, block in _pem_blocks(f.read_bytes()):
+                if kind == "CERTIFICATE":
+                    cert = x509.load_pem_x509_certificate(block)
+                    certs[
+                        cert.public_key().public_bytes(
+                            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+                        )
+                    ] = block
+                elif kind.endswith("PRIVATE KEY"):
+                    keys.append(block)
+    names = set()
+    for key_pem in keys:
+        pub = (
+            serialization.load_pem_private_key(key_pem, None)
+            .public_key()
+            .public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        )
+        name, admin = peer_name(certs[pub])
+        names.add(name + (" (admin)" if admin else ""))
+    return names, (directory / "redis.password").exists()
+
+
+def test_each_container_holds_only_its_own_credentials(tmp_path: Path) -> None:
+    """No container mounts another service's key or an administrator's: compose gives each its
+    own volume pki-<service> (the pki job writes only that service's files there), Kubernetes
+    each pod its own Secret microco-pki-<service>; only the scheduler (and etcd's roles job)
+    mounts the CA, and Redis's password goes only where Redis is used."""
+    from microco.services.stack.__main__ import REDIS_CLIENTS, SERVER_HOSTS
+
+    services = compose()["services"]
+    pki_cmd = services["pki"]["command"]
+    issued = [*_flag_values(pki_cmd, "--service"), "redis"]
+    out = tmp_path / "pki"
+    from microco.services.stack.__main__ import make_pki
+
+    assert make_pki(out, _flag_values(pki_cmd, "--service"), _flag_values(pki_cmd, "--admin"), out / "c") == 0
+    for name in issued:  # what the pki job writes for each container: its own key, nothing else
+        keys, password = _identities_in(out / "c" / name)
+        assert keys == {f"service:{name}"}, (name, keys)
+        assert password == (name in REDIS_CLIENTS or name == "redis"), name
+    per_container = _flag_values(pki_cmd, "--per-container")[0]
+    job_mounts = {v.split(":")[0]: v.split(":")[1] for v in services["pki"]["volumes"]}
+    for name, svc in services.items():
+        if name == "pki":
+            continue
+        pki_volumes = {v.split(":")[0]: v for v in svc.get("volumes", []) if v.startswith("pki")}
+        ca = {"pki-ca"} if name in ("scheduler", "etcd-roles") else set()
+        if name == "etcd-roles":
+            assert set(pki_volumes) == ca, name
+            continue
+        own = f"pki-{_own(name)}"
+        assert set(pki_volumes) == {own} | ca, (name, pki_volumes)
+        assert job_mounts[own] == f"{per_container}/{_own(name)}", name  # the pki job fills it
+        assert pki_volumes[own].split(":")[1:] == ["/pki", "ro"], name
+    env = services["scheduler"]["environment"]
+    assert env["MICROCO_CA_DIR"] == "/pki-ca" and services["cache"]["environment"][
+        "MICROCO_REDIS"
+    ].startswith("rediss://")
+    # Kubernetes: each pod mounts its own Secret (and the scheduler the CA's), nothing else.
+    for doc in _workloads():
+        name = doc["metadata"]["name"]
+        pod = doc["spec"]["template"]["spec"]
+        secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+        expected = {f"microco-pki-{_own(name)}"} | ({"microco-ca"} if name == "scheduler" else set())
+        assert secrets == expected, (name, secrets)
+        for c in pod["containers"]:
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            if c["image"] == IMAGE:
+                assert env["MICROCO_CREDENTIALS"] == "/pki/credentials.pem", name
+    assert set(SERVER_HOSTS) == {"etcd", "redis"}
 
 
 def test_dockerfile_copies_what_exists() -> None:
@@ -280,6 +430,7 @@ def test_k8s_manifests_carry_what_a_cluster_needs() -> None:
     assert ("DaemonSet", "agent") in kinds and ("DaemonSet", "cache") in kinds
     assert ("StatefulSet", "etcd") in kinds and ("StatefulSet", "store-node") in kinds
     services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    redis_image = compose()["services"]["redis"]["image"]
     for doc in _workloads():
         name = doc["metadata"]["name"]
         labels = doc["spec"]["template"]["metadata"]["labels"]
@@ -287,7 +438,7 @@ def test_k8s_manifests_carry_what_a_cluster_needs() -> None:
         if doc["kind"] == "StatefulSet":  # its governing Service exists and is headless
             assert services[doc["spec"]["serviceName"]]["spec"]["clusterIP"] == "None", name
         for c in doc["spec"]["template"]["spec"]["containers"]:
-            assert c["image"] == IMAGE
+            assert c["image"] == (redis_image if name == "redis" else IMAGE)
             assert c["readinessProbe"] and c["livenessProbe"], name
             res = c["resources"]
             assert {"cpu", "memory"} <= set(res["requests"]), name
@@ -295,6 +446,13 @@ def test_k8s_manifests_carry_what_a_cluster_needs() -> None:
                 assert "nvidia.com/gpu" in res["limits"]
             else:
                 assert {"cpu", "memory"} <= set(res["limits"]), name
+    # Only the platform's own pods reach its ports; others the console's HTTP and metrics alone.
+    [internal] = [d for d in docs if d["kind"] == "NetworkPolicy" and d["spec"]["podSelector"] == {}]
+    assert internal["spec"]["policyTypes"] == ["Ingress"]
+    for rule in internal["spec"]["ingress"]:
+        assert rule["from"] == [{"podSelector": {}}] or [p["port"] for p in rule["ports"]] == [9090], rule
+    opened = [d for d in docs if d["kind"] == "NetworkPolicy" and d is not internal]
+    assert [d["spec"]["podSelector"] for d in opened] == [{"matchLabels": {"app": "console"}}]
     coordinator = next(d for d in _workloads() if d["metadata"]["name"] == "store-coordinator")
     # The coordinators elect a leader (services/store/_standby.py): two give a hot standby.
     assert coordinator["spec"]["replicas"] == 2
