@@ -233,6 +233,23 @@ def _torchvision_cases() -> list[Case]:
             images,
             ce,
         ),
+        # ViT-tiny's shape (ViT-Ti/16 has width 192, 3 heads, 12 layers) cut to 2 layers of width
+        # 64 at 32x32 with 8x8 patches: 16 tokens and a class token, torchvision's own code.
+        Case(
+            "tv-vit-tiny",
+            "torchvision.models.VisionTransformer",
+            lambda: tv.models.VisionTransformer(
+                image_size=S,
+                patch_size=8,
+                num_layers=2,
+                num_heads=2,
+                hidden_dim=64,
+                mlp_dim=128,
+                num_classes=10,
+            ),  # fmt: skip
+            images,
+            ce,
+        ),
     ]
 
 
