@@ -152,9 +152,10 @@ class XlaCostModel:
     def rate(self, kind: str = "loop") -> float:
         """ms per HLO instruction for modules of ``kind``: the median measured rate, scaled from
         the load each was measured at to the load now (``_compile_costs.contention``), else the
-        cold prior."""
+        cold prior, scaled the same way."""
         got = self._samples.get(kind)
-        return statistics.median(got) * _compile_costs.contention() if got else self.cold_rate
+        # The cold prior too: it was measured with the 2 cores nearly to itself (load 1.4-5.5).
+        return (statistics.median(got) if got else self.cold_rate) * _compile_costs.contention()
 
     def estimate(self, instructions: int, kind: str = "loop") -> float:
         """Expected compile time (ms) of a ``kind`` module of ``instructions`` HLO instructions."""

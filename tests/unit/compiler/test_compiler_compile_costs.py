@@ -81,7 +81,7 @@ def test_a_price_learned_under_load_is_scaled_to_the_load_now(tmp_path, monkeypa
     """Issue 18: XLA's compile measured 35.1 s at load 35 priced it out of a run at load 13-20,
     where it took 10.5 s. A measurement keeps its contention (runnable threads per core); an
     estimate scales it to the contention now. Both cost models, no timing."""
-    from microco.clients.compiler import _compile_costs
+    from microco.clients.compiler import _compile_costs, _tf_cost
     from microco.clients.compiler._tf_cost import XlaCostModel
 
     load = {"c": 8.0}
@@ -99,3 +99,5 @@ def test_a_price_learned_under_load_is_scaled_to_the_load_now(tmp_path, monkeypa
     )  # other kinds' rate
     assert xla.rate() == pytest.approx(2.0)
     assert XlaCostModel("cpu", tmp_path / "x.json").rate() == pytest.approx(2.0)  # persisted alone
+    cold = XlaCostModel("other-cpu", tmp_path / "x.json")
+    assert cold.rate() == pytest.approx(2.0 * _tf_cost.COLD_MS_PER_INSTRUCTION)  # the cold prior too
