@@ -146,7 +146,7 @@ def test_module_sizes_are_counted_once_per_model_and_host(tmp_path, monkeypatch)
     other, _ = first_step(4)
     assert len(counted) == 4 and other != sizes
     stored = json.loads(path.read_text())["hw"]
-    assert len(stored["module_sizes"]) == 2 and "ms_per_instruction" in stored
+    assert len(stored["module_sizes"]) == 2 and "ms_per_instruction_alone" in stored
     # A rate measured later keeps the sizes (and the other way round).
     model = XlaCostModel("hw", path)
     assert model.observe(1_000, 500.0)
