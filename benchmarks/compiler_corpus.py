@@ -233,6 +233,23 @@ def _torchvision_cases() -> list[Case]:
             images,
             ce,
         ),
+        # ViT-tiny's shape (ViT-Ti/16 has width 192, 3 heads, 12 layers) cut to 2 layers of width
+        # 64 at 32x32 with 8x8 patches: 16 tokens and a class token, torchvision's own code.
+        Case(
+            "tv-vit-tiny",
+            "torchvision.models.VisionTransformer",
+            lambda: tv.models.VisionTransformer(
+                image_size=S,
+                patch_size=8,
+                num_layers=2,
+                num_heads=2,
+                hidden_dim=64,
+                mlp_dim=128,
+                num_classes=10,
+            ),  # fmt: skip
+            images,
+            ce,
+        ),
     ]
 
 
@@ -308,11 +325,13 @@ def corpus() -> list[Case]:
     return _torch_cases() + _torchvision_cases() + _hf_cases() + _keras_cases()
 
 
-# --quick: the two whose baselines compile in seconds: torch's LSTM (dynamo does not trace torch's
-# RNN modules, so torch.compile leaves it eager) and the custom Keras RNN cell (XLA compiles its
-# while loop once). The CNNs' and transformers' cold torch.compile took minutes here (4-7 for the
-# transformers at load 7-20; mobilenet_v3_small had not finished after 15 minutes at load 30-49).
-QUICK = ("torch-lstm", "keras-sublstm")
+# --quick: torch's LSTM (dynamo does not trace torch's RNN modules, so torch.compile leaves it
+# eager), the custom Keras RNN cell (XLA compiles its while loop once), and the smallest of the
+# public vision models per framework: torchvision's ViT at 2 layers and Keras' MobileNetV3Small
+# (keras.applications). The CNNs' and transformers' cold torch.compile took minutes here (4-7 for
+# the transformers at load 7-20; mobilenet_v3_small had not finished after 15 minutes at load
+# 30-49, resnet18 after 24 at load 21-27): the full corpus runs them.
+QUICK = ("torch-lstm", "keras-sublstm", "tv-vit-tiny", "keras-mobilenet-v3-small")
 
 
 def _interleaved(fns: dict[str, Callable[[], Any]], rounds: int, per_round: int) -> dict[str, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Protocol
 
 from microco.clients.compiler.explore.types import HOLD_TRIAL, LOAD_DEPENDENT, Config, GraphSpec, TrialReport
@@ -51,6 +52,17 @@ def runnable_threads() -> int:
             return int(f.read().split()[3].split("/")[0])
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def idle_cores() -> float:
+    """Cores with nothing to run beside this process's running thread: the cores less the larger
+    of the 1-minute load average and the threads runnable now (both count this process's
+    running thread). Negative on an oversubscribed machine."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return float(os.cpu_count() or 1) - max(load, float(runnable_threads()))
 
 
 def baseline(spec: GraphSpec) -> Config:

@@ -13,7 +13,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import tensorflow as tf
 
@@ -69,7 +69,7 @@ def _xla_cell_step(cg: CellGraph, batch: bool) -> Callable[..., Any]:
         cg.xla_steps[batch] = tf.function(
             lambda xp, state, x_t: _cell_step(cg, xp, state, x_t, batch), jit_compile=True
         )
-    return cg.xla_steps[batch]
+    return cast(Callable[..., Any], cg.xla_steps[batch])
 
 
 def run_model(
@@ -117,7 +117,9 @@ def _run_model_loop(model: Any, graphs: list[CellGraph], x: tf.Tensor, hoist: bo
         xp_all = _project(cg.x_kernels, seq, batch) if hoist else None
         outs = tf.TensorArray(seq.dtype, size=steps, element_shape=cg.h_shape)
 
-        def body(t, state, outs, cg=cg, seq=seq, xp_all=xp_all):
+        def body(
+            t: Any, state: Any, outs: Any, cg: CellGraph = cg, seq: Any = seq, xp_all: Any = xp_all
+        ) -> Any:
             x_t = seq[t]
             xp = (
                 {k: v[t] for k, v in xp_all.items()}
@@ -183,7 +185,10 @@ class AstraTF(SessionBacked):
         # cannot be rewritten then makes the model unstructured, run as it is.
         cells = getattr(model, "cells", None)
         self.structured = (
-            bool(cells) and hasattr(model, "head") and all(hasattr(c, "zero_state") for c in cells)
+            cells is not None
+            and bool(cells)
+            and hasattr(model, "head")
+            and all(hasattr(c, "zero_state") for c in cells)
         )
         self.structure = ""  # what the analysis found, or why the model is run as it is
         self.total_steps = total_steps
@@ -292,8 +297,8 @@ class AstraTF(SessionBacked):
             # Keras layers take the training flag (dropout, batch norm); a plain tf.Module does not.
             kwargs = {"training": True} if isinstance(model, tf.keras.layers.Layer) else {}
 
-            @tf.function(jit_compile=xla)
-            def train_step(x, y):
+            @tf.function(jit_compile=xla)  # type: ignore[untyped-decorator]
+            def train_step(x: Any, y: Any) -> Any:
                 with tf.GradientTape() as tape:
                     if structured:
                         out = run_model(model, x, hoist, batch, xla_cell, loop)

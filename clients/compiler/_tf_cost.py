@@ -22,6 +22,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from . import _compile_costs
+
 # Cold prior (ms per HLO instruction: trace + lowering + XLA CPU compile of a training step),
 # measured on the shared 2-core development machine, zoo cells at sequence 16, batch 16, input
 # 32, hidden 64: 2.8 (sru, load 1.4) to 8.8 (lstm, load 5.5) ms per instruction for both the
@@ -34,6 +36,7 @@ COLD_MS_PER_INSTRUCTION = 5.0
 _RATE_BOUNDS = (0.05, 200.0)
 _KEEP = 16  # latest samples kept per hardware id
 _KEEP_SIZES = 256  # models whose module sizes are remembered per hardware id
+_RATES_KEY = "ms_per_instruction_alone"  # rates as if alone on the machine (see ``observe``)
 
 
 def hlo_instruction_count(hlo_text: str) -> int:
@@ -119,7 +122,9 @@ class XlaCostModel:
 
     def _load(self) -> None:
         mine = self._read().get(self.hardware, {})
-        kinds = mine.get("ms_per_instruction", {}) if isinstance(mine, dict) else {}
+        # Rates alone on the machine (divided by the contention they were measured at); the
+        # older "ms_per_instruction" (load not recorded) is not read: a host measures again.
+        kinds = mine.get(_RATES_KEY, {}) if isinstance(mine, dict) else {}
         if not isinstance(kinds, dict):
             kinds = {}
         self._samples = {
@@ -145,10 +150,12 @@ class XlaCostModel:
         return list(self._samples.get(kind, []))
 
     def rate(self, kind: str = "loop") -> float:
-        """ms per HLO instruction for modules of ``kind``: the median measured rate, else the
-        cold prior."""
+        """ms per HLO instruction for modules of ``kind``: the median measured rate, scaled from
+        the load each was measured at to the load now (``_compile_costs.contention``), else the
+        cold prior, scaled the same way."""
         got = self._samples.get(kind)
-        return statistics.median(got) if got else self.cold_rate
+        # The cold prior too: it was measured with the 2 cores nearly to itself (load 1.4-5.5).
+        return (statistics.median(got) if got else self.cold_rate) * _compile_costs.contention()
 
     def estimate(self, instructions: int, kind: str = "loop") -> float:
         """Expected compile time (ms) of a ``kind`` module of ``instructions`` HLO instructions."""
@@ -162,7 +169,8 @@ class XlaCostModel:
         r = compile_ms / instructions
         if not _RATE_BOUNDS[0] <= r <= _RATE_BOUNDS[1]:
             return False
-        self._samples[kind] = (self._samples.get(kind, []) + [r])[-_KEEP:]
+        alone = r / _compile_costs.contention()
+        self._samples[kind] = (self._samples.get(kind, []) + [alone])[-_KEEP:]
         self._save()
         return True
 
@@ -180,7 +188,7 @@ class XlaCostModel:
                 while len(sizes) > _KEEP_SIZES:
                     sizes.pop(next(iter(sizes)))
                 self._sizes = sizes
-                data[self.hardware] = {"ms_per_instruction": self._samples, "module_sizes": sizes}
+                data[self.hardware] = {_RATES_KEY: self._samples, "module_sizes": sizes}
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_text(json.dumps(data, indent=1))

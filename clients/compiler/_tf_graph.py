@@ -31,14 +31,22 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
 # Ops the replay re-creates by hand or skips; every other op goes through ``tf.raw_ops``.
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _do_not_convert(fn: _F) -> _F:
+    """AutoGraph's ``do_not_convert``, typed: the decorated function keeps its signature."""
+    return cast(_F, tf.autograph.experimental.do_not_convert(fn))
+
+
 _SKIPPED = {"NoOp"}
 # Op types whose graphs are not replayed: nested functions and control flow carry function
 # attributes the replay does not re-trace. Stateful ops (random draws, variable updates) are
@@ -94,7 +102,7 @@ class CellGraph:
     def zero_state(self, batch: Any) -> Any:
         return self.cell.zero_state(batch)
 
-    @tf.autograph.experimental.do_not_convert  # plain ops in order: nothing for AutoGraph to convert
+    @_do_not_convert  # plain ops in order: nothing for AutoGraph to convert
     def replay(
         self, x_t: tf.Tensor, state: Sequence[tf.Tensor], values: dict[str, tf.Tensor] | None = None
     ) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
@@ -182,7 +190,7 @@ def _planned(op: tf.Operation, reads: dict[str, tf.Variable]) -> Any:
     attrs = {k: op.get_attr(k) for k in op.node_def.attr if k in params and k not in taken}
     single = len(op.outputs) == 1
 
-    @tf.autograph.experimental.do_not_convert
+    @_do_not_convert
     def emit(env: dict[str, tf.Tensor]) -> list[Any]:
         kwargs: dict[str, Any] = dict(attrs)
         for arg, first, n in layout:
@@ -309,10 +317,10 @@ def _summary(cg: CellGraph) -> str:
 
 def structure_of(cell: Any) -> CellGraph | None:
     """The analysis cached on the cell by :func:`analyse_model` (None: not analysed, or opaque)."""
-    return cell.__dict__.get("_microco_graph")
+    return cast(CellGraph | None, cell.__dict__.get("_microco_graph"))
 
 
-@tf.autograph.experimental.do_not_convert  # called from traced steps; plain Python, run as it is
+@_do_not_convert  # called from traced steps; plain Python, run as it is
 def analyse_model(model: Any, x: tf.Tensor) -> tuple[bool, str]:
     """Analyse each of ``model.cells`` on its step input (``x`` is time-major ``[T, B, F]``;
     layer ``k > 0`` reads layer ``k - 1``'s output) and cache the result on the cell. Returns

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import logging
+import math
 import os
 import platform
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import fx, nn
@@ -25,6 +27,7 @@ from microco.clients.compiler.explore.types import (
     Variable,
 )
 
+from . import _session
 from . import _torch_fx as tfx
 from ._background import BackgroundCompiler
 from ._compile_costs import HostCompileCosts
@@ -202,7 +205,9 @@ class CellRunner:
             self._variants[(self.batch, self.hoist, self.compile)] = (plan, plan.s_gm)
             return plan.s_gm(*x_vals, *p_vals, *args[1:])
 
-    def _hoisted(self, plan: tfx.CellPlan, x: torch.Tensor, p_vals: tuple[Any, ...], token: int | None):
+    def _hoisted(
+        self, plan: tfx.CellPlan, x: torch.Tensor, p_vals: tuple[Any, ...], token: int | None
+    ) -> tuple[Any, ...]:
         x_gm = plan.x_gm
         assert x_gm is not None
         found = tfx.find_time_slice(x)
@@ -346,6 +351,7 @@ class AstraTorch(SessionBacked):
         # around each step only, the user's count restored after it (issue 18: a process-wide
         # setting left behind leaked into the user's later work).
         self._threads: int | None = None
+        self._threads_refused = ""  # why this step's thread count was not set (a refused trial)
         self._user_threads: int | None = None
         # The job's telemetry stream (``microco.clients.telemetry``), when a scheduler hook
         # drives one: the step is then timed there once, this wrapper adds its regions' times
@@ -456,8 +462,17 @@ class AstraTorch(SessionBacked):
         if self._repeat is not None:
             self._apply_values(self._repeat)
         self._user_threads = torch.get_num_threads()
+        self._threads_refused = ""
         if self._threads is not None and self._threads != self._user_threads:
-            torch.set_num_threads(self._threads)
+            extra = self._threads - self._user_threads
+            idle = _session.idle_cores() if extra > 0 and self._trial_running() else math.inf
+            if idle < extra:
+                # More intra-op threads than idle cores: the trial is refused, not run (it runs
+                # the user's count and is reported failed). Measured on 2 cores at load 12-35:
+                # one 2-thread step took 31-67x the 1-thread step, a fifth of a 300-step run.
+                self._threads_refused = f"threads: {extra} more than the idle cores ({idle:.1f})"
+            else:
+                torch.set_num_threads(self._threads)
         # Armed under a configuration that changes the model's code; the model's state is kept
         # at its first call in the step (_guard_forward), when the inputs' shapes are known.
         self._snap = StepSnapshot(self.model) if self._risky(self._applied) else None
@@ -469,6 +484,11 @@ class AstraTorch(SessionBacked):
         self.clock.sync()
         if self._stream is None:
             self._step_started = time.perf_counter()
+
+    def _trial_running(self) -> bool:
+        """Is the configuration in force an exploration trial (not a commit, not a hold)?"""
+        cfg = self.session.current
+        return cfg is not None and not cfg.committed and not cfg.hold and cfg.trial >= 0
 
     def _end_step(self, timed: bool = True) -> float:
         """The step's time (ms, the guard's own copies excluded); the user's thread count back.
@@ -512,7 +532,10 @@ class AstraTorch(SessionBacked):
                 self._apply(self.session.current)
             if ok:
                 return
-        failed = "; ".join(f"{r.region}: {r.failed}" for r in self.runners.values() if r.failed)
+        failed = "; ".join(
+            [f"{r.region}: {r.failed}" for r in self.runners.values() if r.failed]
+            + ([self._threads_refused] if self._threads_refused else [])
+        )
         kind = whole_kind(self.session.values)  # what the configuration asked for (ran or failed)
         if kind and self.whole_failed.get(kind):
             failed = f"model: {self.whole_failed[kind]}"
@@ -618,7 +641,7 @@ class AstraTorch(SessionBacked):
             for v in variables
             if v.name not in WHOLE.values()
         ] + [{"whole": "inductor" in self.compile_choices}]
-        fingerprint = tfx.hashlib.sha256(
+        fingerprint = hashlib.sha256(
             f"{type(self.model).__name__}|{params}|{fingerprints}|{space}".encode()
         ).hexdigest()[:24]
         spec = GraphSpec(
@@ -787,8 +810,8 @@ class AstraTorch(SessionBacked):
 
     def _plain_forward(self) -> Callable[..., Any]:
         if self._own_forward is not None:
-            return self._own_forward
-        return type(self.model).forward.__get__(self.model)
+            return cast(Callable[..., Any], self._own_forward)
+        return cast(Callable[..., Any], type(self.model).forward.__get__(self.model))
 
     def _guarded(self, compiled: Callable[..., Any], kind: str) -> Callable[..., Any]:
         plain = self._plain_forward()
@@ -839,8 +862,8 @@ class AstraTorch(SessionBacked):
             regional = tuple(v.name for v in out if v.region)
             # The rewrite where the step repeats cells and (when the probe asked) its passes
             # changed something; without, it would compile the plain step again.
-            kinds = WHOLE if self._recurrent and self.whole_rewrites != 0 else ("plain",)
-            for kind in kinds:
+            whole_kinds = WHOLE if self._recurrent and self.whole_rewrites != 0 else ("plain",)
+            for kind in whole_kinds:
                 hit = self.whole_cache.get(kind) == "hit"  # found compiled: what it cost, measured
                 learned = None
                 if not hit and not self._off_critical_path:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 
 class _Refused(Exception):
@@ -53,26 +53,26 @@ class WholeStepBackend:
         if self.compiler is not None:
             from torch._dynamo import lookup_backend
 
-            return lookup_backend(self.compiler)(gm, example_inputs)
+            return cast(Callable[..., Any], lookup_backend(self.compiler)(gm, list(example_inputs)))
         if not self.cache_only:
-            return compile_fx(gm, example_inputs)
+            return cast(Callable[..., Any], compile_fx(gm, list(example_inputs)))
         if not self.available:
             self.cold += 1
-            return gm.forward
+            return cast(Callable[..., Any], gm.forward)
         refused: list[bool] = []
         try:
             with _no_codegen(refused):
-                compiled = compile_fx(gm, example_inputs)
+                compiled = compile_fx(gm, list(example_inputs))
         except Exception:
             if not refused:
                 raise  # a real failure, for the caller's guard to handle
             self.cold += 1
-            return gm.forward
+            return cast(Callable[..., Any], gm.forward)
         if refused:  # refused inside, then recovered by a fallback: not a cache hit
             self.cold += 1
-            return gm.forward
+            return cast(Callable[..., Any], gm.forward)
         self.hits += 1
-        return compiled
+        return cast(Callable[..., Any], compiled)
 
 
 def _codegen_hook() -> Any:
@@ -111,6 +111,7 @@ def _no_codegen(refused: list[bool]) -> Iterator[None]:
         raise _Refused()
 
     def load_or_refuse(*args: Any, **kwargs: Any) -> Any:
+        assert real_load is not None  # only installed where the cache has try_load
         compiled_fn, aot_config = real_load.__func__(*args, **kwargs)
         if compiled_fn is None:
             refused.append(True)

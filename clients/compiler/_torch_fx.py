@@ -149,7 +149,7 @@ def _side_streams(device: torch.device, n: int) -> list[Any]:
     """``n`` side streams of ``device``, created once and reused by every call."""
     pool = _SIDE_STREAMS.setdefault(device, [])
     while len(pool) < n:
-        pool.append(torch.cuda.Stream(device=device))
+        pool.append(torch.cuda.Stream(device=device))  # type: ignore[no-untyped-call]
     return pool[:n]
 
 
@@ -271,7 +271,9 @@ def split_cell(gm: fx.GraphModule, hoist: bool) -> CellPlan:
     return CellPlan(p_gm=p_gm, x_gm=x_gm, s_gm=s_gm, n_x=len(x_out), n_p=len(p_out))
 
 
-def _extract(gm: fx.GraphModule, body: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node] | None):
+def _extract(
+    gm: fx.GraphModule, body: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node] | None
+) -> fx.GraphModule:
     """Copy ``body`` (in order) into a new graph whose placeholders are ``inputs``.
 
     ``outputs=None`` keeps the original output node (with its nested structure).
@@ -494,7 +496,9 @@ def batch_shared_inputs(gm: fx.GraphModule) -> int:
         biases = tuple(n.args[2] if len(n.args) > 2 else None for n in nodes)
         sizes = [_leading(cast(fx.Node, w)) for w in weights]
         params = [p for p in weights + biases if p is not None]
-        if any(s is None for s in sizes) or any(p.op != "placeholder" for p in params):
+        if any(s is None for s in sizes) or any(
+            not isinstance(p, fx.Node) or p.op != "placeholder" for p in params
+        ):
             continue  # parameters enter dynamo's graph as inputs; anything else is left alone
         all_bias = all(b is not None for b in biases)
         key = weights + (biases if all_bias else ())

@@ -22,7 +22,7 @@ def _zeros(n: int, value: float = 0.0) -> tf.Variable:
     return tf.Variable(np.full((n,), value, np.float32))
 
 
-class TFCell(tf.Module):
+class TFCell(tf.Module):  # type: ignore[misc]
     """Base: per gate an input kernel ``wx[g]`` (with bias ``bx[g]`` unless ``x_bias`` is
     false) and a recurrent kernel ``wh[g]``; each cell's ``__call__`` is its step."""
 
@@ -60,10 +60,10 @@ class TFCell(tf.Module):
 
 
 class LSTMCell(TFCell):
-    def __init__(self, input_size, hidden, rng):
+    def __init__(self, input_size: int, hidden: int, rng: np.random.Generator) -> None:
         super().__init__(input_size, hidden, rng, ("i", "f", "g", "o"))
 
-    def __call__(self, x, state):
+    def __call__(self, x: tf.Tensor, state: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
         h, c = state
         i = tf.sigmoid(self.xw(x, "i") + tf.matmul(h, self.wh["i"]))
         f = tf.sigmoid(self.xw(x, "f") + tf.matmul(h, self.wh["f"]))
@@ -75,13 +75,13 @@ class LSTMCell(TFCell):
 
 
 class MILSTMCell(TFCell):
-    def __init__(self, input_size, hidden, rng):
+    def __init__(self, input_size: int, hidden: int, rng: np.random.Generator) -> None:
         super().__init__(input_size, hidden, rng, ("i", "f", "g", "o"))
         self.alpha = tf.Variable(np.ones((4, hidden), np.float32))
         self.beta1 = tf.Variable(np.full((4, hidden), 0.5, np.float32))
         self.beta2 = tf.Variable(np.full((4, hidden), 0.5, np.float32))
 
-    def __call__(self, x, state):
+    def __call__(self, x: tf.Tensor, state: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
         h, c = state
         pre = []
         for k, g in enumerate(("i", "f", "g", "o")):
@@ -96,10 +96,10 @@ class MILSTMCell(TFCell):
 class GRUCell(TFCell):
     state_size = 1
 
-    def __init__(self, input_size, hidden, rng):
+    def __init__(self, input_size: int, hidden: int, rng: np.random.Generator) -> None:
         super().__init__(input_size, hidden, rng, ("r", "z", "n"))
 
-    def __call__(self, x, state):
+    def __call__(self, x: tf.Tensor, state: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
         (h,) = state
         r = tf.sigmoid(self.xw(x, "r") + tf.matmul(h, self.wh["r"]))
         z = tf.sigmoid(self.xw(x, "z") + tf.matmul(h, self.wh["z"]))
@@ -108,21 +108,21 @@ class GRUCell(TFCell):
         return h, (h,)
 
 
-def _layer_norm(v, gamma, beta, eps=1e-5):
+def _layer_norm(v: tf.Tensor, gamma: tf.Tensor, beta: tf.Tensor, eps: float = 1e-5) -> tf.Tensor:
     mean, var = tf.nn.moments(v, axes=[-1], keepdims=True)
     return (v - mean) * tf.math.rsqrt(var + eps) * gamma + beta
 
 
 class LayerNormLSTMCell(TFCell):
-    def __init__(self, input_size, hidden, rng):
+    def __init__(self, input_size: int, hidden: int, rng: np.random.Generator) -> None:
         super().__init__(input_size, hidden, rng, ("i", "f", "g", "o"), x_bias=False)
         self.gamma = {k: _zeros(hidden, 1.0) for k in ("i", "f", "g", "o", "c")}
         self.beta = {k: _zeros(hidden) for k in ("i", "f", "g", "o", "c")}
 
-    def __call__(self, x, state):
+    def __call__(self, x: tf.Tensor, state: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
         h, c = state
 
-        def gate(k):
+        def gate(k: str) -> tf.Tensor:
             return _layer_norm(self.xw(x, k) + tf.matmul(h, self.wh[k]), self.gamma[k], self.beta[k])
 
         i, f, g, o = tf.sigmoid(gate("i")), tf.sigmoid(gate("f")), tf.tanh(gate("g")), tf.sigmoid(gate("o"))
@@ -134,13 +134,13 @@ class LayerNormLSTMCell(TFCell):
 class SRUCell(TFCell):
     state_size = 1
 
-    def __init__(self, input_size, hidden, rng):
+    def __init__(self, input_size: int, hidden: int, rng: np.random.Generator) -> None:
         super().__init__(input_size, hidden, rng, ("x", "f", "r", "skip"), h_gates=())
         del self.bx["skip"]
         self.vf = _zeros(hidden)
         self.vr = _zeros(hidden)
 
-    def __call__(self, x, state):
+    def __call__(self, x: tf.Tensor, state: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
         (c,) = state
         f = tf.sigmoid(self.xw(x, "f") + self.vf * c)
         r = tf.sigmoid(self.xw(x, "r") + self.vr * c)
@@ -152,12 +152,12 @@ class SRUCell(TFCell):
 CELLS = {"lstm": LSTMCell, "milstm": MILSTMCell, "gru": GRUCell, "lnlstm": LayerNormLSTMCell, "sru": SRUCell}
 
 
-class RecurrentClassifier(tf.Module):
+class RecurrentClassifier(tf.Module):  # type: ignore[misc]
     """Stacked recurrent layers over ``[T, B, input_size]``, then a linear classifier."""
 
     def __init__(
         self, cell: str, input_size: int, hidden: int, layers: int = 1, classes: int = 10, seed: int = 0
-    ):
+    ) -> None:
         super().__init__()
         if cell not in CELLS:
             raise ValueError(f"unknown cell {cell!r}; choose one of {sorted(CELLS)}")
@@ -167,10 +167,10 @@ class RecurrentClassifier(tf.Module):
         self.head_w = _glorot(rng, hidden, classes)
         self.head_b = _zeros(classes)
 
-    def head(self, h):
+    def head(self, h: tf.Tensor) -> tf.Tensor:
         return tf.matmul(h, self.head_w) + self.head_b
 
-    def __call__(self, x):
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
         """The user's own forward: each cell called once per time step."""
         seq = x
         for cell in self.cells:
@@ -185,16 +185,18 @@ class RecurrentClassifier(tf.Module):
 
 def make_model(
     cell: str, input_size: int = 32, hidden: int = 64, layers: int = 1, classes: int = 10, seed: int = 0
-):
+) -> RecurrentClassifier:
     return RecurrentClassifier(cell, input_size, hidden, layers, classes, seed)
 
 
-def synthetic_batch(steps: int, batch: int, input_size: int, classes: int = 10, seed: int = 0):
+def synthetic_batch(
+    steps: int, batch: int, input_size: int, classes: int = 10, seed: int = 0
+) -> tuple[tf.Tensor, tf.Tensor]:
     rng = np.random.default_rng(seed)
     x = tf.constant(rng.standard_normal((steps, batch, input_size)).astype(np.float32))
     y = tf.constant(rng.integers(0, classes, (batch,)).astype(np.int32))
     return x, y
 
 
-def loss_fn(logits, y):
+def loss_fn(logits: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))

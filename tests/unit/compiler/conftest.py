@@ -21,3 +21,9 @@ def _steady_load(monkeypatch):
     from microco.clients.compiler import _session
 
     monkeypatch.setattr(_session, "runnable_threads", lambda: 1)
+    # and idle cores for every thread-count trial (tests of the refusal set it themselves)
+    monkeypatch.setattr(_session, "idle_cores", lambda: 64.0)
+    # and compile prices at the load they were measured at (tests of the scaling set it)
+    from microco.clients.compiler import _compile_costs
+
+    monkeypatch.setattr(_compile_costs, "contention", lambda: 1.0)

@@ -75,3 +75,29 @@ def test_the_wrapper_prices_a_whole_step_compile_by_what_this_host_measured(tmp_
     region = next(v for v in astra.spec().variables if v.name.endswith(".compile") and v.region)
     assert not region.prior_calibrated  # no region compile measured here: the core's prior
     astra.restore()
+
+
+def test_a_price_learned_under_load_is_scaled_to_the_load_now(tmp_path, monkeypatch):
+    """Issue 18: XLA's compile measured 35.1 s at load 35 priced it out of a run at load 13-20,
+    where it took 10.5 s. A measurement keeps its contention (runnable threads per core); an
+    estimate scales it to the contention now. Both cost models, no timing."""
+    from microco.clients.compiler import _compile_costs, _tf_cost
+    from microco.clients.compiler._tf_cost import XlaCostModel
+
+    load = {"c": 8.0}
+    monkeypatch.setattr(_compile_costs, "contention", lambda: load["c"])
+    costs = HostCompileCosts(tmp_path / "c.json", host="h1")
+    costs.record("cpu", "torch:whole:plain", 40_000.0, size=400)
+    xla = XlaCostModel("cpu", tmp_path / "x.json")
+    assert xla.observe(1_000, 8_000.0)  # 8 ms per instruction at contention 8
+    assert costs.estimate("cpu", "torch:whole:plain") == pytest.approx(40_000.0)  # same load
+    load["c"] = 2.0  # a quarter of the contention: a quarter of the time
+    assert costs.estimate("cpu", "torch:whole:plain") == pytest.approx(10_000.0)
+    assert costs.estimate("cpu", "torch:whole:plain", size=200) == pytest.approx(5_000.0)
+    assert costs.estimate("cpu", "torch:whole:rewrite", size=400) == pytest.approx(
+        10_000.0
+    )  # other kinds' rate
+    assert xla.rate() == pytest.approx(2.0)
+    assert XlaCostModel("cpu", tmp_path / "x.json").rate() == pytest.approx(2.0)  # persisted alone
+    cold = XlaCostModel("other-cpu", tmp_path / "x.json")
+    assert cold.rate() == pytest.approx(2.0 * _tf_cost.COLD_MS_PER_INSTRUCTION)  # the cold prior too

@@ -160,3 +160,63 @@ def test_the_dynamo_backend_restores_the_callers_thread_count():
     finally:
         torch._dynamo.reset()
         torch.set_num_threads(old)
+
+
+class _ThreadTrial:
+    """Hands out one trial of 2 intra-op threads, then commits the baseline; keeps the reports."""
+
+    def __init__(self):
+        self.reports = []
+
+    def register(self, spec):
+        from microco.clients.compiler.explore import Config
+
+        self.base = {v.name: v.choices[0] for v in spec.variables}
+        return Config(spec.key, {**self.base, "threads": "2"}, trial=0, steps=1)
+
+    def report(self, key, rep):
+        from microco.clients.compiler.explore import Config
+
+        self.reports.append(rep)
+        return Config(key, self.base, trial=-1, committed=True)
+
+
+@pytest.mark.parametrize(("idle", "refused"), [(0.2, True), (4.0, False)])
+def test_a_thread_count_trial_beyond_the_idle_cores_is_refused_not_run(monkeypatch, idle, refused):
+    """Issue 18: on 2 cores at load 12-35 one 2-thread step took 31-67x the 1-thread step. A
+    trial asking for more intra-op threads than there are idle cores runs the user's count and
+    is reported failed; with the cores idle it runs as asked."""
+    import torch
+    from torch import nn
+
+    from microco.clients.compiler import AstraTorch, _session
+
+    monkeypatch.setattr(_session, "idle_cores", lambda: idle)
+    user = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        explorer = _ThreadTrial()
+        astra = AstraTorch(model, explorer, threads=("1", "2"), compile_choices=("eager",), total_steps=100)
+        seen = []
+        x, y = torch.randn(5, 4), torch.randint(0, 2, (5,))
+        for _ in range(3):  # the probe step, the trial's step(s), a committed step
+            with astra.step():
+                seen.append(torch.get_num_threads())
+                loss = nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            assert torch.get_num_threads() == 1  # the user's count after every step
+        assert len(explorer.reports) == 1
+        rep = explorer.reports[0]
+        if refused:
+            assert seen == [1, 1, 1]
+            assert rep.failed and "idle cores" in rep.error
+        else:
+            assert seen[1] == 2
+            assert not rep.failed
+    finally:
+        torch.set_num_threads(user)

@@ -100,7 +100,7 @@ def test_cost_model_calibrates_and_persists(tmp_path):
     assert again.estimate(2_000) == pytest.approx(1_000.0)
     assert again.estimate(2_000, "unrolled") == pytest.approx(18_000.0)
     assert XlaCostModel("cpu-b", path).rate() == COLD_MS_PER_INSTRUCTION  # other hardware: cold
-    assert json.loads(path.read_text())["cpu-a"]["ms_per_instruction"]["loop"] == [0.5]
+    assert json.loads(path.read_text())["cpu-a"]["ms_per_instruction_alone"]["loop"] == [0.5]
     (tmp_path / "bad.json").write_text("{not json")
     assert XlaCostModel("cpu-a", tmp_path / "bad.json").rate() == COLD_MS_PER_INSTRUCTION
 
@@ -146,7 +146,7 @@ def test_module_sizes_are_counted_once_per_model_and_host(tmp_path, monkeypatch)
     other, _ = first_step(4)
     assert len(counted) == 4 and other != sizes
     stored = json.loads(path.read_text())["hw"]
-    assert len(stored["module_sizes"]) == 2 and "ms_per_instruction" in stored
+    assert len(stored["module_sizes"]) == 2 and "ms_per_instruction_alone" in stored
     # A rate measured later keeps the sizes (and the other way round).
     model = XlaCostModel("hw", path)
     assert model.observe(1_000, 500.0)
