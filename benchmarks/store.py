@@ -62,6 +62,15 @@ def parquet_rows(path: Path) -> int:
     return int(pq.ParquetFile(path).metadata.num_rows)
 
 
+LOAD_MB_PER_S = 0.5  # the slowest load rate a file's append deadline allows (a loaded 2-core machine)
+
+
+def load_timeout(path: Path) -> float:
+    """Seconds the append of a Parquet file may take: the client's 600 s default, or more for a
+    big file (scale factor 10's lineitem, 2.5 GB, took over 600 s to load here and hit it)."""
+    return max(600.0, path.stat().st_size / 1e6 / LOAD_MB_PER_S)
+
+
 def load_parquet(path: Path) -> Any:
     import pyarrow.parquet as pq
 
@@ -142,7 +151,7 @@ def tpch_queries(
             continue
         path = data / f"{name}.parquet"
         client.create_table(name, parquet_schema(path), [r.replace(":hash:4", f":hash:{P}") for r in reps])
-        client.append(name, path)
+        client.append(name, path, timeout=load_timeout(path))
     out = []
     for q, sql in sorted(TPCH.items()):
         row: dict[str, Any] = {
@@ -506,8 +515,8 @@ def main(argv: list[str] | None = None) -> int:
             parquet_schema(lineitem),
             [f"l_orderkey:hash:{P}", f"l_partkey:hash:{P}", f"l_suppkey:hash:{P}"],
         )
-        client.append("orders", orders)
-        client.append("lineitem", lineitem)
+        client.append("orders", orders, timeout=load_timeout(orders))
+        client.append("lineitem", lineitem, timeout=load_timeout(lineitem))
         result["load_s"] = round(time.perf_counter() - t0, 3)
         result["rows"] = {"orders": parquet_rows(orders), "lineitem": parquet_rows(lineitem)}
         _log(
