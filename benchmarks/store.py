@@ -62,6 +62,15 @@ def parquet_rows(path: Path) -> int:
     return int(pq.ParquetFile(path).metadata.num_rows)
 
 
+LOAD_MB_PER_S = 0.5  # the slowest load rate a file's append deadline allows (a loaded 2-core machine)
+
+
+def load_timeout(path: Path) -> float:
+    """Seconds the append of a Parquet file may take: the client's 600 s default, or more for a
+    big file (scale factor 10's lineitem, 2.5 GB, took over 600 s to load here and hit it)."""
+    return max(600.0, path.stat().st_size / 1e6 / LOAD_MB_PER_S)
+
+
 def load_parquet(path: Path) -> Any:
     import pyarrow.parquet as pq
 
@@ -142,7 +151,7 @@ def tpch_queries(
             continue
         path = data / f"{name}.parquet"
         client.create_table(name, parquet_schema(path), [r.replace(":hash:4", f":hash:{P}") for r in reps])
-        client.append(name, path)
+        client.append(name, path, timeout=load_timeout(path))
     out = []
     for q, sql in sorted(TPCH.items()):
         row: dict[str, Any] = {
@@ -165,7 +174,8 @@ def tpch_queries(
                 a == b if "order by" in sql.lower() else sorted(a, key=repr) == sorted(b, key=repr)
             )
             row["store_over_duckdb"] = round(store_s / duck_s, 2)
-            row.update(fixed_cost(client, con, sql, TRIALS))
+            if TRIALS:  # --trials 0 leaves the fixed-cost figures out (scale factor 10's time)
+                row.update(fixed_cost(client, con, sql, TRIALS))
             if spark is not None:
                 spark_s = spark.time(sql, repeat)
                 if spark_s is not None:
@@ -404,10 +414,25 @@ def main(argv: list[str] | None = None) -> int:
         "--trials",
         type=int,
         default=3,
-        help="interleaved trials per TPC-H query of the fixed cost and plan cache figures (medians)",
+        help="interleaved trials per TPC-H query of the fixed cost and plan cache figures (medians); "
+        "0 leaves them out",
+    )
+    ap.add_argument(
+        "--node-cache-mb",
+        type=float,
+        default=None,
+        help="each store node's cache of decompressed extent batches, MiB (default: the node's own); "
+        "lower it to bound the cluster's memory at large scale factors",
     )
     ap.add_argument(
         "--data-dir", default=os.path.expanduser("~/.cache/microco/tpch"), help="where TPC-H is cached"
+    )
+    ap.add_argument(
+        "--super-extent-rows",
+        type=int,
+        default=10_000_000,
+        help="rows per super-extent (the coordinator holds one while it loads: its memory; "
+        "co-partitioned extents co-locate whatever the size)",
     )
     ap.add_argument("--json", action="store_true", help="JSON only on stdout (it is always JSON)")
     ap.add_argument(
@@ -419,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     sf = args.sf if args.sf is not None else (0.01 if args.quick else 1.0)
     repeat = args.repeat or (1 if args.quick else 2)
     global WARM, TRIALS
-    TRIALS = max(1, args.trials)
+    TRIALS = max(0, args.trials)
     WARM = not args.quick  # --quick: one warm-up per engine instead of one per query
 
     import duckdb
@@ -445,10 +470,11 @@ def main(argv: list[str] | None = None) -> int:
         work / "store",
         nodes,
         lease_ttl_s=2,
+        node_args=[] if args.node_cache_mb is None else ["--extent-cache-mb", f"{args.node_cache_mb:g}"],
         # one super-extent per table at these sizes: orders and lineitem partitions co-locate
         coordinator_args=[
             "--super-extent-rows",
-            "10000000",
+            str(args.super_extent_rows),
             "--recovery-rate-mb",
             "0",
             "--recovery-grace-s",
@@ -465,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
         "partitions_per_replica": P,
         "repeat": repeat,
         "warm_up_per_query": WARM,
+        "trials": TRIALS,
+        "node_cache_mb": args.node_cache_mb,
+        "super_extent_rows": args.super_extent_rows,
         "cores": os.cpu_count(),
         "load_average_at_start": os.getloadavg()[0],
     }
@@ -486,8 +515,8 @@ def main(argv: list[str] | None = None) -> int:
             parquet_schema(lineitem),
             [f"l_orderkey:hash:{P}", f"l_partkey:hash:{P}", f"l_suppkey:hash:{P}"],
         )
-        client.append("orders", orders)
-        client.append("lineitem", lineitem)
+        client.append("orders", orders, timeout=load_timeout(orders))
+        client.append("lineitem", lineitem, timeout=load_timeout(lineitem))
         result["load_s"] = round(time.perf_counter() - t0, 3)
         result["rows"] = {"orders": parquet_rows(orders), "lineitem": parquet_rows(lineitem)}
         _log(
@@ -592,7 +621,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             times = spark.run(qs, repeat)  # the JSON-model queries' SQL (TPC-H ran interleaved)
             for r in result["queries"]:
-                r["spark_s"] = round(times[r["name"]], 4) if times.get(r["name"]) is not None else None
+                took = times.get(r["name"])
+                r["spark_s"] = round(took, 4) if took is not None else None
             result["spark_ready_at_s"] = round(spark.ready_s, 1) if spark.ready_s else None
         except Exception as exc:  # noqa: BLE001 - report, keep the measured figures
             result["spark_error"] = f"{type(exc).__name__}: {exc}"[:500]

@@ -26,12 +26,14 @@ class StoreCluster:
         lease_ttl_s: int = 2,
         coordinator_args: Sequence[str] = (),
         log_level: str = "warning",
+        node_args: Sequence[str] = (),
     ) -> None:
         self.etcd = etcd
         self.root = Path(root)
         self.node_specs = list(nodes)
         self.lease_ttl_s = lease_ttl_s
         self.coordinator_args = list(coordinator_args)
+        self.node_args = list(node_args)  # extra flags of every store node (e.g. --extent-cache-mb)
         self.log_level = log_level
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.kv = EtcdKV(etcd)
@@ -49,7 +51,9 @@ class StoreCluster:
         )
 
     def start_node(self, name: str, domain: str) -> None:
-        self.procs[name] = self._spawn(name, ["node", *self._common(name), "--fault-domain", domain])
+        self.procs[name] = self._spawn(
+            name, ["node", *self._common(name), "--fault-domain", domain, *self.node_args]
+        )
 
     def start(self, timeout: float = 60.0) -> StoreCluster:
         for name, domain in self.node_specs:

@@ -97,10 +97,10 @@ def parse(sql: str) -> exp.Query:
         ) from None
     except RecursionError:
         raise InvalidArgument("SQL is nested too deeply") from None
-    trees = [t for t in trees if t is not None]
-    if len(trees) != 1:
-        raise InvalidArgument(f"give exactly one SQL statement, got {len(trees)}")
-    tree = trees[0]
+    found = [t for t in trees if t is not None]
+    if len(found) != 1:
+        raise InvalidArgument(f"give exactly one SQL statement, got {len(found)}")
+    tree = found[0]
     if not isinstance(tree, exp.Query):
         raise InvalidArgument(f"only queries (SELECT) are accepted, not {tree.key.upper()}")
     for node in tree.walk():
@@ -131,11 +131,11 @@ def _paren_depth(sql: str) -> int:
     return deepest
 
 
-def _cte_names(tree: exp.Expression) -> set[str]:
+def _cte_names(tree: exp.Expr) -> set[str]:
     return {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
 
 
-def table_refs(tree: exp.Expression) -> list[exp.Table]:
+def table_refs(tree: exp.Expr) -> list[exp.Table]:
     """Every base-table reference (CTE references excluded); table functions are refused."""
     ctes = _cte_names(tree)
     out = []
@@ -153,7 +153,7 @@ def table_refs(tree: exp.Expression) -> list[exp.Table]:
 
 
 # ---------------------------------------------------------------------------------- analysis
-def _used_names(tree: exp.Expression) -> set[str] | None:
+def _used_names(tree: exp.Expr) -> set[str] | None:
     """Lower-case column names the query uses anywhere, or None when it selects ``*`` (every
     column). ``count(*)`` and ``EXISTS (SELECT * ...)`` read no column through their star."""
     for s in tree.find_all(exp.Star):
@@ -165,7 +165,7 @@ def _used_names(tree: exp.Expression) -> set[str] | None:
     return {c.name.lower() for c in tree.find_all(exp.Column)}
 
 
-def _needed_columns(tree: exp.Expression, schema: pa.Schema, names: set[str] | None = ...) -> list[str]:  # type: ignore[assignment]
+def _needed_columns(tree: exp.Expr, schema: pa.Schema, names: set[str] | None = ...) -> list[str]:  # type: ignore[assignment]
     if names is ...:
         names = _used_names(tree)
     if names is None:
@@ -174,7 +174,7 @@ def _needed_columns(tree: exp.Expression, schema: pa.Schema, names: set[str] | N
     return cols or [schema.names[0]]  # count(*) still needs the rows
 
 
-def _conjuncts(e: exp.Expression | None) -> list[exp.Expression]:
+def _conjuncts(e: exp.Expr | None) -> list[exp.Expr]:
     if e is None:
         return []
     return list(e.flatten()) if isinstance(e, exp.And) else [e]
@@ -197,7 +197,7 @@ def _owned(col: exp.Column, alias: str, cols: set[str], others: set[str]) -> boo
     return name in cols and name not in others
 
 
-def pushable(tree: exp.Expression, ref: exp.Table, cols: set[str], others: set[str]) -> list[exp.Expression]:
+def pushable(tree: exp.Expr, ref: exp.Table, cols: set[str], others: set[str]) -> list[exp.Expr]:
     """Conjuncts of the WHERE around ``ref`` that touch only its table, when filtering the table
     first is exactly equivalent: it is referenced once, directly in the FROM of a SELECT with only
     inner joins, and the conjunct has no subquery, aggregate or window."""
@@ -215,7 +215,7 @@ def pushable(tree: exp.Expression, ref: exp.Table, cols: set[str], others: set[s
     return out
 
 
-def _unqualify(e: exp.Expression) -> exp.Expression:
+def _unqualify(e: exp.Expr) -> exp.Expr:
     return e.copy().transform(
         lambda n: exp.Column(this=n.this.copy()) if isinstance(n, exp.Column) and n.table else n
     )
@@ -239,7 +239,7 @@ def duck() -> duckdb.DuckDBPyConnection:
         return _DB.cursor()
 
 
-def _constant(e: exp.Expression) -> Any:
+def _constant(e: exp.Expr) -> Any:
     """The value of a column-free expression (``date '1994-01-01' + interval '1' year``), by DuckDB."""
     if isinstance(e, exp.Literal):  # the common case, without a DuckDB round trip
         if e.is_string:
@@ -263,7 +263,8 @@ def _folded(text: str) -> Any:
     planner asks for the same constants once per replica it scores)."""
     con = duck()
     try:
-        v = con.execute(f"SELECT {text}").fetchone()[0]
+        row = con.execute(f"SELECT {text}").fetchone()
+        v = row[0] if row is not None else None
     finally:
         con.close()
     if isinstance(v, dt.datetime):
@@ -277,13 +278,13 @@ def _folded(text: str) -> Any:
     return v
 
 
-def triples(conjuncts: list[exp.Expression], partition_cols: set[str]) -> list[tuple[str, str, Any]]:
+def triples(conjuncts: list[exp.Expr], partition_cols: set[str]) -> list[tuple[str, str, Any]]:
     """``(column, op, value)`` filters on partition columns, for pruning (the SQL filter itself
     runs on the nodes, so a conjunct left out here costs pruning, never correctness)."""
     out: list[tuple[str, str, Any]] = []
     for c in conjuncts:
         try:
-            if type(c) in _CMP:
+            if isinstance(c, exp.Binary) and type(c) in _CMP:
                 left, right, op = c.this, c.expression, _CMP[type(c)]
                 if isinstance(right, exp.Column) and not isinstance(left, exp.Column):
                     left, right, op = right, left, _FLIP[op]
@@ -325,7 +326,7 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _scan_sql(name: str, cols: list[str], conds: list[exp.Expression]) -> str:
+def _scan_sql(name: str, cols: list[str], conds: list[exp.Expr]) -> str:
     """``SELECT cols FROM name WHERE conds``, written directly (building a sqlglot SELECT and
     generating it cost ~10 ms a table under load; only the conditions need the generator)."""
     text = f"SELECT {', '.join(_ident(c) for c in cols)} FROM {_ident(name)}"
@@ -379,7 +380,7 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
             "filtered next to the data, and DuckDB runs the whole SQL at the coordinator"
         )
     ]
-    replicas = {}
+    replicas: dict[str, int] = {}
     for name, occ in sorted(by_name.items()):
         t = ctx.tables[name]
         others = set().union(*(v for k, v in colsets.items() if k != name and k in by_name))
@@ -388,8 +389,8 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
         pcols = {s.column for s in t.specs}
         where = triples(conds, pcols)
         # every replica moves what it reads to the coordinator: the cheapest read wins
-        r, cost, units, allowed = cheapest_replica(t, where, cols, ctx.live, ctx.addresses)
-        why = pruned_partitions(t, r, where)[1]
+        rep, cost, units, allowed = cheapest_replica(t, where, cols, ctx.live, ctx.addresses)
+        why = pruned_partitions(t, rep, where)[1]
         groups = _by_node(units)
         if not groups:
             groups = {min(ctx.live) if ctx.live else "": []}
@@ -397,9 +398,9 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
         for node, srcs in groups.items():
             tasks.append((node, {"op": "sql", "inputs": {t.name: _side(t, cols, srcs)}, "sql": sql}))
             inputs.append(t.name)
-        replicas[t.name] = r
+        replicas[t.name] = rep
         explain.append(
-            f"  {t.name}: replica {r} ({t.specs[r].describe()}), {len(cols)} of {len(t.schema)} columns, "
+            f"  {t.name}: replica {rep} ({t.specs[rep].describe()}), {len(cols)} of {len(t.schema)} columns, "
             f"{len(units)} extent units, {sum(u.bytes for u in units) / 1e6:.2f} MB on {len(groups)} nodes"
             + (
                 f"; pruned to partitions {sorted(allowed)} by {' and '.join(why)}"
@@ -420,7 +421,7 @@ def _by_node(units: list[Unit]) -> dict[str, list[dict[str, Any]]]:
     return dict(sorted(out.items()))
 
 
-def _simple_select(tree: exp.Expression) -> exp.Select | None:
+def _simple_select(tree: exp.Expr) -> exp.Select | None:
     """``tree`` as one SELECT without CTEs, set operations, subqueries or windows, else None."""
     if not isinstance(tree, exp.Select) or tree.args.get("with"):
         return None
@@ -714,13 +715,13 @@ def _partial_agg(
     explain: list[str],
 ) -> SqlPlan | None:
     gmap: dict[str, str] = {}  # group column (sql) -> __gi
-    node_items: list[exp.Expression] = []
+    node_items: list[exp.Expr] = []
     for i, g in enumerate(group):
         gmap[g.sql(DIALECT)] = f"__g{i}"
         gmap.setdefault(g.name, f"__g{i}")
         node_items.append(exp.alias_(g.copy(), f"__g{i}"))
-    amap: dict[str, exp.Expression] = {}  # aggregate (sql) -> merged expression
-    merge_items: list[exp.Expression] = [exp.column(f"__g{i}") for i in range(len(group))]
+    amap: dict[str, exp.Expr] = {}  # aggregate (sql) -> merged expression
+    merge_items: list[exp.Expr] = [exp.column(f"__g{i}") for i in range(len(group))]
     for a in aggs:
         key = a.sql(DIALECT)
         if key in amap:
@@ -747,10 +748,10 @@ def _partial_agg(
         )
     aliases = {e.alias.lower() for e in sel.expressions if isinstance(e, exp.Alias)}
 
-    def rewrite(e: exp.Expression, allow_alias: bool) -> exp.Expression | None:
+    def rewrite(e: exp.Expr, allow_alias: bool) -> exp.Expr | None:
         bad = []
 
-        def fn(n: exp.Expression) -> exp.Expression:
+        def fn(n: exp.Expr) -> exp.Expr:
             if isinstance(n, exp.AggFunc):
                 return amap[n.sql(DIALECT)].copy()
             if isinstance(n, exp.Column):
@@ -877,7 +878,7 @@ def parsed(sql: str, key: bytes | None = None) -> exp.Query:
 _TREES: _plancache.LRU[exp.Query] = _plancache.LRU(64)
 
 
-def _ref_names(tree: exp.Expression) -> tuple[str, ...]:
+def _ref_names(tree: exp.Expr) -> tuple[str, ...]:
     return tuple(dict.fromkeys(r.name.lower() for r in table_refs(tree)))
 
 
