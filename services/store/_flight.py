@@ -83,11 +83,49 @@ _OPTS = OPTIONS
 MAX_TICKET_BYTES = 64 << 20  # a task ticket lists its sources: large for big tables, never unbounded
 
 
-def _request(raw: bytes | str, what: str) -> dict[str, Any]:
+class _Fields(dict[str, Any]):
+    """A request's JSON object: a field it lacks is the caller's error (INVALID_ARGUMENT naming
+    the field), not a ``KeyError`` from deep in the node's code."""
+
+    what = "request"
+
+    def __missing__(self, key: str) -> Any:
+        raise InvalidArgument(f"{self.what} has no {key!r} field")
+
+
+def _request(
+    raw: bytes | str, what: str, fields: dict[str, type | tuple[type, ...]] | None = None
+) -> dict[str, Any]:
+    """``raw`` as a JSON object, bounded; ``fields``: those it must have, with their types."""
     d = load_json(raw, what, max_bytes=MAX_TICKET_BYTES, max_depth=16)
     if not isinstance(d, dict):
         raise InvalidArgument(f"{what} must be a JSON object")
-    return d
+    req = _Fields(d)
+    req.what = what
+    _check_fields(req, fields or {})
+    return req
+
+
+def _check_fields(req: dict[str, Any], fields: dict[str, type | tuple[type, ...]]) -> None:
+    for name, kind in fields.items():
+        value = req[name]  # (missing: InvalidArgument)
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            want = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise InvalidArgument(f"{getattr(req, 'what', 'request')}: {name!r} must be a {want}")
+
+
+# The fields each ticket op and node action must carry (the rest is checked where it is used).
+_TICKET_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "read": {"table": str, "extent": str},
+    "shuffle_take": {"qid": str, "tag": str, "bucket": int},
+}
+_ACTION_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "rebuild": {"specs": list, "replica": int, "sources": list, "rows": int, "extent": str},
+    "delete": {"table": str, "extent": str},
+    "drop_table": {"table": str},
+    "shuffle_drop": {"qid": str},
+    "verify": {"table": str, "extent": str, "checksum": str},
+}
 
 
 def flight_get(clients: _Clients, address: str, ticket: dict[str, Any]) -> pa.Table:
@@ -166,7 +204,9 @@ class StoreFlightServer(flight.FlightServerBase):
         try:
             require_flight_service(context, (COORDINATOR,), "write extents to a store node")
             t0 = time.perf_counter()
-            req = _request(descriptor.command, "extent descriptor")
+            req = _request(
+                descriptor.command, "extent descriptor", {"table": str, "extent": str, "buckets": list}
+            )
             rows = reader.read_all()
             t1 = time.perf_counter()
             res = self.store.put_extent(req["table"], req["extent"], rows, req["buckets"])
@@ -187,6 +227,7 @@ class StoreFlightServer(flight.FlightServerBase):
         try:
             req = _request(ticket.ticket, "ticket")
             op = req.get("op")
+            _check_fields(req, _TICKET_FIELDS.get(op, {}) if isinstance(op, str) else {})
             # A read and a fragment (a structured scan and filter, what PlanRead hands a client)
             # are any authenticated caller's; SQL, shuffle and reduce tasks the coordinator's
             # and its nodes'.
@@ -234,7 +275,11 @@ class StoreFlightServer(flight.FlightServerBase):
 
         try:
             require_flight_service(context, (COORDINATOR,), f"run the store-node action {short(action.type)}")
-            body = _request(action.body.to_pybytes() or b"{}", "action body")
+            body = _request(
+                action.body.to_pybytes() or b"{}",
+                f"{short(action.type)} action",
+                _ACTION_FIELDS.get(action.type),
+            )
             res = node_action(self.store, action.type, body)
             yield flight.Result(pa.py_buffer(json.dumps(res).encode()))
         except Exception as exc:  # noqa: BLE001

@@ -731,3 +731,28 @@ def test_a_jobs_credentials_work_until_it_ends_and_are_refused_after(platform):
         identity.set_revoked({})
         auth._ended_jobs = frozenset()
         core.cancel(other.id)
+
+
+def test_malformed_store_node_requests_get_invalid_argument_naming_the_field(store_node):
+    """Found by a hand probe as the coordinator (issue 16's fuzzing of Flight): tickets and
+    actions without their fields, or with fields of the wrong type, were answered with a
+    Python ``KeyError``; each is now the caller's error, saying which field."""
+    server, _ = store_node
+    client = flight_client(f"127.0.0.1:{server.port}", issued("service:store"))
+    try:
+        for ticket, field in (
+            ({"op": "sql"}, "has no '"),
+            ({"op": "read"}, "'table'"),
+            ({"op": "read", "table": "t", "extent": 5}, "'extent'"),
+        ):
+            with pytest.raises(flight.FlightError, match=f"InvalidArgument: .*{field}"):
+                client.do_get(flight.Ticket(json.dumps(ticket))).read_all()
+        for name, body, field in (
+            ("rebuild", {}, "'specs'"),
+            ("delete", {}, "'table'"),
+            ("verify", {"table": 5, "extent": "e", "checksum": "c"}, "'table' must be a str"),
+        ):
+            with pytest.raises(flight.FlightError, match=f"InvalidArgument: .*{field}"):
+                _action(client, name, body)
+    finally:
+        client.close()
