@@ -89,15 +89,39 @@ def slice_victims(
         (tab.state[:n] == RUNNING) & tab.preemptible[:n] & ((now - tab.last_change[:n]) >= min_run_s)
     )
     views = tab.views
-    vs = [views[i] for i in rows.tolist()]
+    pr = tab.priority[rows]
     if las:
-        a = (tab.attained[rows] + (now - tab.hold_since[rows]) * tab.ndev[rows]).tolist()
-        keyed = sorted(
-            (v.priority, -ai, v.id, ai, v) for v, ai in zip(vs, a, strict=True) if v.id not in acted
-        )
-        return [k[4] for k in keyed], {k[2]: k[3] for k in keyed}
-    keyed2 = sorted((v.priority, v.last_change_at, v.id, v) for v in vs if v.id not in acted)
-    return [k[3] for k in keyed2], {}
+        a = tab.attained[rows] + (now - tab.hold_since[rows]) * tab.ndev[rows]
+        second = -a
+    else:
+        second = tab.last_change[rows]
+    # (priority, second key) by a stable sort; rows equal on both are then put in id order,
+    # so the order is the sort on (priority, second key, id) of the views
+    order = np.lexsort((second, pr))
+    pr_s, k_s = pr[order], second[order]
+    rs = rows[order].tolist()
+    vs = [views[i] for i in rs]
+    same = np.flatnonzero((pr_s[1:] == pr_s[:-1]) & (k_s[1:] == k_s[:-1]))
+    if same.size:
+        start = None
+        tied = same.tolist()
+        for n_i, i in enumerate(tied):
+            if start is None:
+                start = i
+            if n_i + 1 < len(tied) and tied[n_i + 1] == i + 1:
+                continue
+            vs[start : i + 2] = sorted(vs[start : i + 2], key=lambda v: v.id)
+            start = None
+    if las:
+        att = dict(zip([v.id for v in vs], (-k_s).tolist(), strict=True))
+        if acted:
+            vs = [v for v in vs if v.id not in acted]
+            for jid in acted:
+                att.pop(jid, None)
+        return vs, att
+    if acted:
+        vs = [v for v in vs if v.id not in acted]
+    return vs, {}
 
 
 def single_slots(

@@ -166,11 +166,14 @@ class ClusterIndex:
       ``shared``: the devices with two or more holders; ``n_held``: devices held;
     * ``order``: a job's position key in the view (increasing along ``jobs``);
     * ``table``: the holding jobs as columns (:class:`HolderTable`), or None where the
-      mechanism keeps none (a policy then reads ``holding``).
+      mechanism keeps none (a policy then reads ``holding``);
+    * ``free_by_node``: the free devices by node, nodes in device order, those with none
+      left out (what ``Occupancy.free_by_node`` builds), or None; read it, do not change it.
     """
 
     __slots__ = (
         "elastic",
+        "free_by_node",
         "holders",
         "holding",
         "jobs",
@@ -197,6 +200,7 @@ class ClusterIndex:
         n_held: int,
         order: Mapping[str, int],
         table: HolderTable | None = None,
+        free_by_node: Mapping[str, list[str]] | None = None,
     ) -> None:
         self.jobs = jobs
         self.waiting = waiting
@@ -209,6 +213,7 @@ class ClusterIndex:
         self.n_held = n_held
         self.order = order
         self.table = table
+        self.free_by_node = free_by_node
 
     def in_view_order(self, jobs: Mapping[str, JobView]) -> list[JobView]:
         """``jobs``' views in the view's order."""

@@ -404,6 +404,13 @@ class Simulator:
         self._ix_n_held = 0
         self._ix_order: dict[str, int] = {}
         self._ix_table = HolderTable(len(self.devices) + 16)
+        # free devices by node, as Occupancy.free_by_node builds it (nodes in device order,
+        # those with none left out), kept per node for the nodes a change touched
+        self._node_devs: dict[str, list[str]] = {}
+        for d in self.devices:
+            self._node_devs.setdefault(d.node, []).append(d.id)
+        self._node_free: dict[str, list[str]] = {n: list(v) for n, v in self._node_devs.items()}
+        self._ix_fbn: dict[str, list[str]] = dict(self._node_free)
         self._idx_dirty: set[str] = set()
         self._arrivals = 0
         self.min_tick_s = 1.0
@@ -753,6 +760,7 @@ class Simulator:
             self._jobs_tuple = None
         if self._idx_dirty:
             hx, shared = self._ix_holders, self._ix_shared
+            nodes = {self.dev_node[d] for d in self._idx_dirty}
             for d in self._idx_dirty:
                 hs = self.holders[d]
                 before = hx[d]
@@ -765,6 +773,11 @@ class Simulator:
                     shared.discard(d)
                 self._ix_n_held += bool(hx[d]) - bool(before)
             self._idx_dirty.clear()
+            nf = self._node_free
+            for n in nodes:
+                nf[n] = [d for d in self._node_devs[n] if not hx[d]]
+            # a new dict (a policy may hold the last one): nodes in order, with free devices
+            self._ix_fbn = {n: f for n, f in nf.items() if f}
         jobs = self._jobs_tuple
         if jobs is None:
             jobs = self._jobs_tuple = tuple(self._views.values())
@@ -780,6 +793,7 @@ class Simulator:
             n_held=self._ix_n_held,
             order=self._ix_order,
             table=self._ix_table,
+            free_by_node=self._ix_fbn,
         )
         return IndexedClusterView(now=self.now, devices=self.devices, jobs=jobs, index=index)
 
