@@ -216,7 +216,7 @@ def test_holder_table_decides_as_the_views(opts) -> None:
     """gandiva reading the simulator's HolderTable (wake-ups, time-slice victims, pack
     slots, spread jobs) decides as it does from plain views, under non-default options
     too (the default options: the test above)."""
-    trace = _trace(120, 5)
+    trace = _trace(80, 5)
     cluster = ClusterSpec.for_gpus(16, 8, ("v100", "p100"))
 
     def run(sim_type):
