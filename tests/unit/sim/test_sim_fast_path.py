@@ -207,15 +207,17 @@ def test_precheck_sees_a_device_shared_by_running_jobs() -> None:
 @pytest.mark.parametrize(
     "opts",
     [
+        {},
         {"slice_order": "round_robin"},
         {"slice_packs": False, "pack_observe_s": 30.0},
         {"finish_grace_s": 60.0, "max_jobs_per_device": 3},
     ],
 )
-def test_holder_table_decides_as_the_views(opts) -> None:
+def test_holder_table_decides_as_the_views(monkeypatch, opts) -> None:
     """gandiva reading the simulator's HolderTable (wake-ups, time-slice victims, pack
     slots, spread jobs) decides as it does from plain views, under non-default options
-    too (the default options: the test above)."""
+    too. (Read from any size here; by default only from ``table_min_rows`` holders on.)"""
+    monkeypatch.setattr(G.GandivaPolicy, "table_min_rows", 0)
     trace = _trace(80, 5)
     cluster = ClusterSpec.for_gpus(16, 8, ("v100", "p100"))
 
