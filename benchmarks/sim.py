@@ -30,6 +30,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from microco.cli.sim import (
     add_hp_arguments,
@@ -47,12 +48,12 @@ STRICT = "fifo[strict]"  # fifo without backfilling: pure first come, first serv
 TRIAL = "gandiva[no trial packs]"  # pack_unprofiled=False: the default before session 3's follow-up
 # the placement defaults before session 7: packs of two only, multi-device jobs spread at once
 PAIRS = "gandiva[pairs, spread]"
-PAIRS_OPTS = {"max_jobs_per_device": 2, "allow_spread": True}
+PAIRS_OPTS: dict[str, Any] = {"max_jobs_per_device": 2, "allow_spread": True}
 GRACE = "gandiva[finish grace 60 s]"  # finish_grace_s=60, run with --ablations
 # ASHA settings swept (reduction factor, minimum resource as a fraction of training, configs)
 HP_SWEEP = ((3, 1 / 27, 81), (3, 1 / 81, 81), (4, 1 / 64, 81), (3, 1 / 81, 243), (4, 1 / 16, 64))
 HP_SEEDS = tuple(range(8))  # loss draws for the search's seed sweep (seed 0 is the headline run)
-ABLATIONS = {
+ABLATIONS: dict[str, dict[str, Any]] = {
     "gandiva[time-slicing only]": {
         "enable_packing": False,
         "enable_migration": False,
@@ -327,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             print("microco bench sim: --sweep-only needs --sweep-gpus", file=sys.stderr)
             return 2
         t0 = time.perf_counter()
-        out = {"trace": str(path), "jobs": len(jobs)}
+        out: dict[str, Any] = {"trace": str(path), "jobs": len(jobs)}
         out["cost_profiles"] = {}
         for pname, costs in profiles.items():
             out["cost_profiles"][pname] = {
@@ -348,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         per_profile[pname] = part
         plotted = results
     primary = list(profiles)[-1]  # the measured profile when --costs-from is given
-    out: dict = {
+    out = {
         "trace": str(path),
         "jobs": len(jobs),
         "gpus": gpus,
@@ -688,7 +689,9 @@ def _run_profile(args, jobs, cluster, models, perf, costs, pname: str) -> tuple[
         out["ratios"]["gandiva_finish_grace_vs_fifo"] = _ratios(results[GRACE], f)
     targets = {
         "gandiva_utilization_plus_26pct_vs_fifo": (
-            g.gpu_utilization_load is not None and g.gpu_utilization_load >= 1.26 * f.gpu_utilization_load
+            g.gpu_utilization_load is not None
+            and f.gpu_utilization_load is not None
+            and g.gpu_utilization_load >= 1.26 * f.gpu_utilization_load
         ),
         "gandiva_utilization_plus_26pct_vs_fifo_whole_arrival_span": g.gpu_utilization_window
         >= 1.26 * f.gpu_utilization_window,

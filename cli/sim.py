@@ -387,13 +387,13 @@ def run(args: argparse.Namespace) -> int:
         gpus = args.gpus or default_gpus(args.trace)
         cluster = ClusterSpec.for_gpus(gpus, args.gpus_per_node, models)
         try:
-            res = simulate(
+            sim_res = simulate(
                 policy, jobs, cluster, perf=perf, costs=resolve_costs(args), tick_s=args.tick, **models_kw
             )
         except ValueError as exc:  # UnknownModelError, a model map onto an unmeasured model
             print(f"microco sim: {exc}", file=sys.stderr)
             return 2
-        out = res.to_dict()
+        out = sim_res.to_dict()
         out["trace"] = str(path)
     # the process's CPU seconds for the run (loading the trace and the model included)
     out["cpu_s"] = round(time.process_time() - cpu0, 3)

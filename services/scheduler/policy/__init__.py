@@ -25,7 +25,7 @@ from ._convert import (
 )
 from ._fifo import FifoConfig, FifoPolicy
 from ._gandiva import GandivaConfig, GandivaPolicy, busy_fraction, packed_progress
-from ._index import ClusterIndex, IndexedClusterView, index_of
+from ._index import ClusterIndex, HolderTable, IndexedClusterView, index_of
 from ._las import LasConfig, LasPolicy
 from ._registry import Policy, available_policies, make_policy, policy_config_type, register_policy
 from ._types import (
@@ -62,6 +62,7 @@ __all__ = [
     "FifoPolicy",
     "GandivaConfig",
     "GandivaPolicy",
+    "HolderTable",
     "IndexedClusterView",
     "JobFacts",
     "JobPhase",

@@ -60,7 +60,8 @@ class Occupancy:
         occ.holders = dict(index.holders)
         occ.shared = set(index.shared)
         occ._n_free = len(occ.holders) - index.n_held
-        occ._fbn = None
+        fbn = index.free_by_node
+        occ._fbn = None if fbn is None else dict(fbn)  # (the lists are shared: read only)
         occ.version = 0
         return occ
 

@@ -26,6 +26,7 @@ from microco.services.scheduler.policy import (
     ClusterIndex,
     ClusterView,
     DeviceView,
+    HolderTable,
     IndexedClusterView,
     JobFacts,
     JobPhase,
@@ -363,7 +364,7 @@ class Simulator:
         self._int_queue = 0.0
         self._int_util_q = 0.0
         self._time_q = 0.0
-        self._t_last = None
+        self._t_last = 0.0  # (set by run() to the first arrival)
         # Utilisation over one window common to every policy (default: first to last
         # arrival of the trace; set by run()): a policy's own makespan is no fair yardstick.
         self.util_window = util_window
@@ -374,7 +375,8 @@ class Simulator:
         # integral under its own key
         self.load_fraction = load_fraction
         self.load_window: tuple[float, float] | None = None
-        self._windows: dict[object, tuple[float, float]] = dict(self.extra_windows)
+        self._windows: dict[object, tuple[float, float]] = {}
+        self._windows.update(self.extra_windows)
         self._int_extra: dict[object, float] = {k: 0.0 for k in self._windows}
         self._series: list[tuple[float, float, int, int]] = []
         self._tick_pending = False
@@ -401,6 +403,14 @@ class Simulator:
         self._ix_shared: set[str] = set()
         self._ix_n_held = 0
         self._ix_order: dict[str, int] = {}
+        self._ix_table = HolderTable(len(self.devices) + 16)
+        # free devices by node, as Occupancy.free_by_node builds it (nodes in device order,
+        # those with none left out), kept per node for the nodes a change touched
+        self._node_devs: dict[str, list[str]] = {}
+        for d in self.devices:
+            self._node_devs.setdefault(d.node, []).append(d.id)
+        self._node_free: dict[str, list[str]] = {n: list(v) for n, v in self._node_devs.items()}
+        self._ix_fbn: dict[str, list[str]] = dict(self._node_free)
         self._idx_dirty: set[str] = set()
         self._arrivals = 0
         self.min_tick_s = 1.0
@@ -535,10 +545,11 @@ class Simulator:
             if self.waiting:
                 self._int_util_q += self._util_now * dt
                 self._time_q += dt
-            w0, w1 = self.util_window
-            overlap = min(t, w1) - max(self._t_last, w0)
-            if overlap > 0:
-                self._int_util_w += self._util_now * overlap
+            uw = self.util_window
+            if uw is not None:  # (set by run())
+                overlap = min(t, uw[1]) - max(self._t_last, uw[0])
+                if overlap > 0:
+                    self._int_util_w += self._util_now * overlap
             for name, (e0, e1) in self._windows.items():
                 ov = min(t, e1) - max(self._t_last, e0)
                 if ov > 0:
@@ -711,10 +722,12 @@ class Simulator:
                 self._ix_multi,
                 self._ix_packed,
             )
+            table = self._ix_table
             for jid in stale:
                 for ix in (wt, hd, el, mu):
                     ix.pop(jid, None)
                 pk.discard(jid)
+                table.drop(jid)
                 j = self.jobs[jid]
                 if jid not in self.active:
                     views.pop(jid, None)
@@ -727,6 +740,13 @@ class Simulator:
                 st = j.phase
                 if j.devices:
                     hd[jid] = v
+                    table.put(
+                        v,
+                        attained=j.attained,
+                        hold_since=j.hold_since,
+                        dev0=self._dev_index[j.devices[0]],
+                        spread=len({self.dev_node[d] for d in j.devices}) > 1,
+                    )
                     if st is JobPhase.RUNNING:
                         if j.t.elastic:
                             el[jid] = v
@@ -740,6 +760,7 @@ class Simulator:
             self._jobs_tuple = None
         if self._idx_dirty:
             hx, shared = self._ix_holders, self._ix_shared
+            nodes = {self.dev_node[d] for d in self._idx_dirty}
             for d in self._idx_dirty:
                 hs = self.holders[d]
                 before = hx[d]
@@ -752,6 +773,11 @@ class Simulator:
                     shared.discard(d)
                 self._ix_n_held += bool(hx[d]) - bool(before)
             self._idx_dirty.clear()
+            nf = self._node_free
+            for n in nodes:
+                nf[n] = [d for d in self._node_devs[n] if not hx[d]]
+            # a new dict (a policy may hold the last one): nodes in order, with free devices
+            self._ix_fbn = {n: f for n, f in nf.items() if f}
         jobs = self._jobs_tuple
         if jobs is None:
             jobs = self._jobs_tuple = tuple(self._views.values())
@@ -766,6 +792,8 @@ class Simulator:
             shared=self._ix_shared,
             n_held=self._ix_n_held,
             order=self._ix_order,
+            table=self._ix_table,
+            free_by_node=self._ix_fbn,
         )
         return IndexedClusterView(now=self.now, devices=self.devices, jobs=jobs, index=index)
 
@@ -1009,9 +1037,10 @@ class Simulator:
 
     def _result(self, first_submit: float, wall: float, cpu: float) -> SimResult:
         done = [j for j in self.jobs.values() if j.finished is not None]
-        jct = sorted(j.finished - j.t.submit_time for j in done)
-        ttff = sorted(j.first_feedback - j.t.submit_time for j in done if j.first_feedback is not None)
-        end = max((j.finished for j in done), default=first_submit)
+        finished = [(j, f) for j in done if (f := j.finished) is not None]
+        jct = sorted(f - j.t.submit_time for j, f in finished)
+        ttff = sorted(ff - j.t.submit_time for j in done if (ff := j.first_feedback) is not None)
+        end = max((f for _, f in finished), default=first_submit)
         span = max(end - first_submit, _EPS)
         n = max(len(self.devices), 1)
 
@@ -1020,6 +1049,7 @@ class Simulator:
                 return 0.0
             return xs[min(len(xs) - 1, math.ceil(q * len(xs)) - 1)]
 
+        uw = self.util_window if self.util_window is not None else (first_submit, first_submit)
         series: dict[str, list[float]] = {}
         if self._series:
             # thin by time, not by index: a sparse quiet period must keep its points
@@ -1045,12 +1075,8 @@ class Simulator:
             gpu_utilization=self._int_util / (n * span),
             gpu_allocation=self._int_alloc / (n * span),
             gpu_utilization_while_queued=(self._int_util_q / (n * self._time_q)) if self._time_q else 0.0,
-            gpu_utilization_window=(
-                self._int_util_w / (n * (self.util_window[1] - self.util_window[0]))
-                if self.util_window[1] > self.util_window[0]
-                else 0.0
-            ),
-            util_window_s=(float(self.util_window[0]), float(self.util_window[1])),
+            gpu_utilization_window=(self._int_util_w / (n * (uw[1] - uw[0])) if uw[1] > uw[0] else 0.0),
+            util_window_s=(float(uw[0]), float(uw[1])),
             gpu_utilization_extra={
                 k: (self._int_extra[k] / (n * (e1 - e0)) if e1 > e0 else 0.0)
                 for k, (e0, e1) in self.extra_windows.items()

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from microco.services.scheduler.policy import Policy
@@ -167,8 +167,9 @@ class AshaSearcher:
         self.rung_of = {jid: 0 for jid in final}  # rungs reached so far
         self.stopped: set[str] = set()
         self.decided_at: dict[str, float] = {}  # stopped, or passed the last rung
-        self.set_priority = None  # bound to the simulator's once it exists
-        self.on_identified = None  # called once (now) when every configuration is decided
+        self.set_priority: Callable[[str, int], None] | None = None  # bound to the simulator's once it exists
+        # called once (now) when every configuration is decided
+        self.on_identified: Callable[[float], None] | None = None
 
     def on_rung(self, job_id: str, now: float) -> bool:
         k = self.rung_of[job_id]
@@ -252,11 +253,12 @@ def run_hp_search(
 
     search.on_identified = identified
     res = sim.run()
-    best = min(final, key=final.get)
+    best = min(final, key=final.__getitem__)
     pj = res.per_job[best]
-    found = not pj["stopped_early"] and pj["finished"] is not None
-    t_end = max(v["finished"] for v in res.per_job.values() if v["finished"] is not None)
-    t_best = pj["finished"] if found else t_end
+    fin = pj["finished"]
+    found = not pj["stopped_early"] and fin is not None
+    t_end = max(f for v in res.per_job.values() if (f := v["finished"]) is not None)
+    t_best = fin if found and fin is not None else t_end
     finalists = [j for j in final if j not in search.stopped]
     t_identify = max(search.decided_at.values()) if len(search.decided_at) == n_configs else float("inf")
     answer = min(finalists, key=lambda j: search.loss[j][-1]) if finalists else None
@@ -365,8 +367,8 @@ class AshaPromotion:
 
     def on_segment_end(self, job_id: str, now: float) -> list[tuple[str, int]]:
         """A segment ended: the (configuration, next segment) pairs to submit."""
-        config, k = job_id.rsplit("@", 1)
-        k = int(k)
+        config, seg = job_id.rsplit("@", 1)
+        k = int(seg)
         if k == len(self.rungs):  # the last segment: trained in full
             self.trained[config] = now
             return []
@@ -428,13 +430,13 @@ def run_asha_promotion(
 
     sim.on_finish = ended
     res = sim.run()
-    best = min(final, key=final.get)
+    best = min(final, key=final.__getitem__)
     reached = [t for c, t in search.trained.items() if final[c] <= target]
     # first feedback of a configuration: its first segment's
     ttff = [
-        v["first_feedback"] - v["submit"]
+        ff - sub
         for jid, v in res.per_job.items()
-        if jid.endswith("@0") and v["first_feedback"] is not None
+        if jid.endswith("@0") and (ff := v["first_feedback"]) is not None and (sub := v["submit"]) is not None
     ]
     return PromotionSearchResult(
         policy=res.policy,

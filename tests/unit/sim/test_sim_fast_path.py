@@ -202,3 +202,32 @@ def test_precheck_sees_a_device_shared_by_running_jobs() -> None:
     assert pol._may_act(view, 3) and pol.decide(view)
     alone = ClusterView(now=1000.0, devices=devs, jobs=jobs[:2])
     assert not pol._may_act(alone, 3) and pol.decide(alone) == []
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"slice_order": "round_robin"},
+        {"slice_packs": False, "pack_observe_s": 30.0},
+        {"finish_grace_s": 60.0, "max_jobs_per_device": 3},
+    ],
+)
+def test_holder_table_decides_as_the_views(monkeypatch, opts) -> None:
+    """gandiva reading the simulator's HolderTable (wake-ups, time-slice victims, pack
+    slots, spread jobs) decides as it does from plain views, under non-default options
+    too. (Read from any size here; by default only from ``table_min_rows`` holders on.)"""
+    monkeypatch.setattr(G.GandivaPolicy, "table_min_rows", 0)
+    trace = _trace(80, 5)
+    cluster = ClusterSpec.for_gpus(16, 8, ("v100", "p100"))
+
+    def run(sim_type):
+        log = _Log(make_policy("gandiva", **opts))
+        r = sim_type(log, trace, cluster, perf=PERF, check_invariants=False).run()
+        return log.seen, r
+
+    fast_seen, fast = run(Simulator)
+    ref_seen, ref = run(_RefSimulator)
+    assert fast.preemptions and fast.packs
+    assert fast_seen == ref_seen
+    assert fast.per_job == ref.per_job
