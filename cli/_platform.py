@@ -188,6 +188,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt  # stop as Ctrl-C does (a stack still starting stops what it started)
 
     signal.signal(signal.SIGTERM, on_term)
+    # Ctrl-C stops the stack even when this process was started with SIGINT ignored (a script's
+    # background `&` without job control ignores it): "Ctrl-C to stop" is the supervisor's interface.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     t0 = time.monotonic()
     stack.start(timeout=args.timeout)
     print_table(stack_rows(stack))

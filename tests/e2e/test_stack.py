@@ -74,6 +74,8 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
         [*MICROCO, "up", "--home", str(home), "--console-port", "0", "--devices", "2", "--store-nodes", "3"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        # started as a script's background `&` starts it (SIGINT ignored): Ctrl-C still stops it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
         state = wait_for_state(home, up)

@@ -6,7 +6,6 @@ leader's lease is gone. The real processes and a client across a SIGKILL fail-ov
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -37,14 +36,12 @@ def wait_for(cond: Any, what: str, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-@dataclass(frozen=True)
-class Settings:
-    labels: dict[str, str] = field(default_factory=dict)
-
-
 def runtime() -> Any:
-    """What the election touches of a ServiceRuntime: the settings' labels (not registered yet)."""
-    return SimpleNamespace(settings=Settings({"node": "h"}), registration=None)
+    """A service runtime as the election finds it: built, not started (not registered yet)."""
+    from microco.services.runtime.server import ServiceRuntime
+    from microco.services.runtime.settings import ServiceSettings
+
+    return ServiceRuntime(ServiceSettings(name="store", metrics_port=-1, labels={"node": "h"}))
 
 
 def role(election: CoordinatorElection) -> str:
