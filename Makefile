@@ -40,9 +40,13 @@ demo: install
 up: install
 	$(VENV)/bin/microco up $(ARGS)
 
+# Bytecode is written (an environment's PYTHONDONTWRITEBYTECODE is dropped for the run): every
+# service and job process the suite starts then loads microco compiled instead of compiling it
+# again (~0.3 CPU-s a process), and pytest keeps its rewritten test modules (collection in each
+# worker: 33 -> 21 CPU-s). __pycache__ is ignored by git.
 test: install browser
 	$(PY) protos/generate.py --check
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 $(PYTEST_ARGS)
 
 # Lint and types: ruff's rules and formatting, mypy over every package (strict on microco.common).
 lint: install
