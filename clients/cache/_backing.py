@@ -12,6 +12,10 @@ import threading
 import time
 from typing import Protocol
 
+from microco.common.errors import FailedPrecondition
+
+from ._digest import digest
+
 
 class BackingStore(Protocol):
     """Read-only access to a dataset's files by path relative to its root."""
@@ -154,3 +158,12 @@ def open_store(url: str) -> BackingStore:
     if url.startswith("file://"):
         return LocalStore(url[len("file://") :])
     return FsspecStore(url)
+
+
+def read_checked(store: BackingStore, path: str, want: str) -> bytes:
+    """A sample's bytes from the backing store, refused unless they hash to ``want`` (the
+    digest the dataset was registered with)."""
+    data = store.read(path)
+    if digest(data) != want:
+        raise FailedPrecondition(f"sample {path!r} changed since the dataset was registered: re-register it")
+    return data

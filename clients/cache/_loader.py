@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from microco.clients import telemetry
-from microco.common.errors import FailedPrecondition, MicrocoError, Unavailable
+from microco.common.errors import MicrocoError, Unavailable
 
-from ._backing import BackingStore
+from ._backing import BackingStore, read_checked
 from ._client import CacheClient
 from ._digest import digest
 from ._exchange import Exchange, ExchangeSampler, check_resumable
@@ -339,12 +339,7 @@ class QuiverLoader:
     # -- reading
     def _read_backing(self, i: int) -> bytes:
         ref = self.index.samples[i]
-        data = self.store.read(ref.path)
-        if digest(data) != ref.digest:
-            raise FailedPrecondition(
-                f"sample {ref.path!r} changed since the dataset was registered: re-register it"
-            )
-        return data
+        return read_checked(self.store, ref.path, ref.digest)
 
     def _read_direct(self, srv: CacheClient, hits: Sequence[int]) -> dict[int, bytes] | None:
         """Hits read from granted chunk files; None when ``srv`` is not on this host."""

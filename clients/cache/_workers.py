@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from microco.common.errors import FailedPrecondition, MicrocoError
+from microco.common.errors import MicrocoError
 
-from ._backing import BackingStore
+from ._backing import BackingStore, read_checked
 from ._client import CacheClient
 from ._digest import digest
 from ._index import DatasetIndex
@@ -104,12 +104,7 @@ class WorkerReader:
 
     def _backing(self, i: int) -> bytes:
         ref = self.index.samples[i]
-        data = self.store.read(ref.path)
-        if digest(data) != ref.digest:
-            raise FailedPrecondition(
-                f"sample {ref.path!r} changed since the dataset was registered: re-register it"
-            )
-        return data
+        return read_checked(self.store, ref.path, ref.digest)
 
     def _cached(self, plan: ReadPlan, report: ReadReport) -> dict[int, bytes]:
         out: dict[int, bytes] = dict(plan.inline)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from microco.common import identity as ident_mod
 from microco.common.errors import FailedPrecondition, Unavailable
@@ -168,15 +168,7 @@ class EtcdServer(_ChildServer):
             hosts = tuple(sorted({self.host, self.advertise_host, "127.0.0.1", "localhost"}))
             ident = ca.issue("service:etcd", hosts=hosts) if ca else ident_mod.service_identity("etcd")
         assert ident is not None
-        d = self.data_dir / "tls"
-        d.mkdir(parents=True, exist_ok=True)
-        os.chmod(d, 0o700)
-        files = {"cert.pem": ident.cert_pem, "key.pem": ident.key_pem, "ca.pem": ident.ca_pem}
-        for name, data in files.items():
-            fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-        cert, key, ca_file = (str(d / n) for n in files)
+        cert, key, ca_file = _write_tls_files(self.data_dir, ident)
         return [
             "--client-cert-auth", "--trusted-ca-file", ca_file, "--cert-file", cert, "--key-file", key,
             "--peer-client-cert-auth", "--peer-trusted-ca-file", ca_file,
@@ -293,16 +285,7 @@ class RedisServer(_ChildServer):
             hosts = tuple(sorted({self.host, "127.0.0.1", "localhost"}))
             ident = ca.issue("service:redis", hosts=hosts) if ca else ident_mod.service_identity("redis")
         assert ident is not None
-        d = self.data_dir / "tls"
-        d.mkdir(parents=True, exist_ok=True)
-        os.chmod(d, 0o700)
-        files = {"cert.pem": ident.cert_pem, "key.pem": ident.key_pem, "ca.pem": ident.ca_pem}
-        for name, data in files.items():
-            fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-        cert, key, ca_file = (str(d / n) for n in files)
-        return cert, key, ca_file
+        return _write_tls_files(self.data_dir, ident)
 
     def command(self) -> list[str]:
         common = [
@@ -338,3 +321,18 @@ class RedisServer(_ChildServer):
             sys.executable, "-I", "-S", str(front), "--listen", f"{self.host}:{self.port}", "--unix", str(sock),
             "--cert", cert, "--key", key, "--ca", ca, "--", *server,
         ]  # fmt: skip
+
+
+def _write_tls_files(data_dir: Path, ident: Any) -> tuple[str, str, str]:
+    """``ident``'s certificate, key and CA written owner-only under ``data_dir/tls`` (a server
+    binary reads them from files): their paths."""
+    d = data_dir / "tls"
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    files = {"cert.pem": ident.cert_pem, "key.pem": ident.key_pem, "ca.pem": ident.ca_pem}
+    for name, data in files.items():
+        fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    cert, key, ca_file = (str(d / n) for n in files)
+    return cert, key, ca_file
