@@ -169,12 +169,21 @@ class Job:
     migrate_waits: list[float] = field(default_factory=list)
     hits: int = 0
     misses: int = 0
+    stall_s: float = 0.0  # waiting for data in its steps
 
 
 class Platform:
     """Two hosts' cache servers (in-process gRPC), the link, and optionally the followers."""
 
-    def __init__(self, tmp: Path, sc: Scenario, codesign: bool, datasets: dict[str, Any], link: Any) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        sc: Scenario,
+        codesign: bool,
+        datasets: dict[str, Any],
+        link: Any,
+        account: Any = None,
+    ) -> None:
         from microco.common import MemoryKV
         from microco.services.cache import (
             CacheCore,
@@ -190,22 +199,34 @@ class Platform:
         self._servers = []
         self.followers = []
         for node in ("h1", "h2"):
-            core = CacheCore(
-                ChunkStore(str(tmp / f"cache-{node}")),
-                sc.cache_bytes,
-                "coordinated",
-                node=node,
-                job_ttl_s=sc.quantum_s,
-                probe_bytes=sc.cache_bytes // 8,
-            )
+            core_args = (ChunkStore(str(tmp / f"cache-{node}")), sc.cache_bytes, "coordinated")
+            core_kw = {"node": node, "job_ttl_s": sc.quantum_s, "probe_bytes": sc.cache_bytes // 8}
+            if account is not None:
+                from .codesign_account import AccountedStore, accounted_core
+
+                core = accounted_core(account, *core_args, **core_kw)
+                store = AccountedStore(link, account, f"follower-{node}", node)
+            else:
+                core, store = CacheCore(*core_args, **core_kw), link
             server, address = serve_in_process(CacheServicer(core))
             self._servers.append(server)
             self.cores[node], self.address[node] = core, address
             if codesign:
                 f = SchedulerFollower(
-                    core, self.kv, node, open_dataset=lambda name: (datasets[name], link), lend=sc.lend
+                    core,
+                    self.kv,
+                    node,
+                    open_dataset=lambda name, store=store: (datasets[name], store),
+                    lend=sc.lend,
+                    peer_chunks=self._peer_chunks,  # (the other host's server, over gRPC)
                 )
                 self.followers.append(f.start())
+
+    def _peer_chunks(self, node: str, digests: list[str], job_id: str) -> dict[str, bytes]:
+        from microco.clients.cache import CacheClient
+
+        with CacheClient(self.address[node]) as client:
+            return client.read_chunks(digests, job_id=job_id)
 
     def close(self) -> None:
         for f in self.followers:
@@ -215,7 +236,12 @@ class Platform:
 
 
 def _run_mode(
-    mode: str, sc: Scenario, root: Path, datasets: dict[str, Any], files: dict[str, list[bytes]]
+    mode: str,
+    sc: Scenario,
+    root: Path,
+    datasets: dict[str, Any],
+    files: dict[str, list[bytes]],
+    account: Any = None,
 ) -> dict:
     from microco.clients.cache import LocalStore, QuiverLoader, ThrottledStore
     from microco.clients.scheduler import PhasePublisher
@@ -228,6 +254,7 @@ def _run_mode(
         Start,
         Suspend,
         make_policy,
+        next_to_run,
     )
 
     codesign, affinity = MODES[mode]
@@ -243,7 +270,7 @@ def _run_mode(
 
     tmp = Path(tempfile.mkdtemp(prefix="codesign-", dir=root))
     link = ThrottledStore(LocalStore(str(root / "data")), sc.link_bytes_per_s)
-    plat = Platform(tmp, sc, codesign, datasets, link)
+    plat = Platform(tmp, sc, codesign, datasets, link, account)
     publisher = PhasePublisher(plat.kv) if codesign else None
     jobs = [
         Job(name, ds, datasets[ds], Model(len(datasets[ds].samples)), order=i)
@@ -268,15 +295,22 @@ def _run_mode(
                 }
                 for j in jobs
             ]
-        publisher.publish(recs, now)
+        # The jobs the policy itself will run next (what the cache prefetches for): a forecast
+        # from the policy, not the least-served waiting job it may pass over.
+        publisher.publish(recs, now, next_to_run(policy, view(now)))
 
     def train(job: Job) -> None:
         epoch = 0
         position: dict | None = None
         while epoch < sc.epochs:
+            store: Any = link
+            if account is not None:
+                from .codesign_account import AccountedStore
+
+                store = AccountedStore(link, account, job.name, job.node)
             loader = QuiverLoader(
                 job.index,
-                link,
+                store,
                 batch_size=sc.batch_size,
                 dataset=job.dataset,
                 job_id=job.name,
@@ -322,6 +356,7 @@ def _run_mode(
             finally:
                 job.hits += loader.stats.hits
                 job.misses += loader.stats.misses
+                job.stall_s += loader.stats.stall_s
                 loader.close()
             if moved:
                 time.sleep(sc.restart_s)  # checkpoint, exit, start again on the new host
@@ -348,6 +383,8 @@ def _run_mode(
             j.migrate_decided = time.monotonic()  # on its new host's devices from now
         elif how == "resume":
             j.resumed_at = time.monotonic()
+        if account is not None:
+            account.event(j.node, "state", j.name, "running")
         publish()
         j.allowed.set()
         if how == "start":
@@ -362,6 +399,8 @@ def _run_mode(
         with lock:
             out.attained_s += time.monotonic() - out.last_change
             out.state, out.last_change, out.device = "suspended", time.monotonic(), ""
+        if account is not None:
+            account.event(out.node, "state", out.name, "suspended")
         if out is migrating and not migrated and out.slices >= sc.migrate_after_slices:
             migrated = True
             out.migrate_to = "h2"
@@ -434,10 +473,32 @@ def _run_mode(
         },
         "resumes": len(resumes),
         "prefetched_bytes": sum(f.prefetched_bytes for f in plat.followers),
+        # a migrating job's working set brought from its old host's cache (not the link)
+        "copied_bytes": sum(f.copied_bytes for f in plat.followers),
         # slices in which two or more running jobs read one dataset, of all slices
         "shared_slices": sum(1 for sl in slices if len({by_name[n].dataset for n in sl}) < len(sl)),
         "slices": len(slices),
     }
+    if account is not None:
+        from .codesign_account import summarise
+
+        chunk_of = {
+            s.path: c.digest for idx in datasets.values() for c in idx.chunks for s in idx.samples_of(c)
+        }
+        ds_of = {c.digest: name for name, idx in datasets.items() for c in idx.chunks}
+        result["account"] = summarise(account, chunk_of, ds_of)
+        result["account"]["jobs"] = {
+            j.name: {
+                "jct_s": round(j.finished_at, 3),
+                "running_s": round(j.attained_s, 3),
+                "waiting_s": round(j.finished_at - j.attained_s, 3),
+                "stall_s": round(j.stall_s, 3),
+                "slices": j.slices,
+            }
+            for j in jobs
+        }
+        result["account"]["link_busy_s"] = round(link.bytes_read / sc.link_bytes_per_s, 3)
+        result["account"]["makespan_s"] = round(max(j.finished_at for j in jobs), 3)
     shutil.rmtree(tmp, ignore_errors=True)
     return result
 
@@ -465,7 +526,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
 
 
-def run(sc: Scenario, rounds: int, modes: tuple[str, ...] = ("independent", "codesign")) -> dict:
+def run(
+    sc: Scenario, rounds: int, modes: tuple[str, ...] = ("independent", "codesign"), account: bool = False
+) -> dict:
     root = Path(tempfile.mkdtemp(prefix="microco-bench-codesign-"))
     from microco.common.identity import private_ca
 
@@ -476,7 +539,12 @@ def run(sc: Scenario, rounds: int, modes: tuple[str, ...] = ("independent", "cod
         for r in range(rounds):
             order = modes if r % 2 == 0 else tuple(reversed(modes))  # ABBA...
             for mode in order:
-                runs[mode].append(_run_mode(mode, sc, root, datasets, files))
+                acc = None
+                if account:
+                    from .codesign_account import Account
+
+                    acc = Account()
+                runs[mode].append(_run_mode(mode, sc, root, datasets, files, acc))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     out: dict[str, Any] = {"scenario": sc.__dict__, "rounds": rounds}
@@ -539,6 +607,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also run independent with dataset affinity and co-designed without it",
     )
+    p.add_argument(
+        "--account",
+        action="store_true",
+        help="record every backing-store read and cache insert/eviction; classify why each read missed",
+    )
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the smoke test's size
     p.add_argument("--json", action="store_true", help="JSON on stdout (always JSON; kept for symmetry)")
     args = p.parse_args(argv)
@@ -572,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     sc.lend = not args.keep_pins
     rounds = args.rounds if args.rounds is not None else (1 if args.tiny else 4 if args.quick else 6)
     modes = tuple(MODES) if args.ablation else ("independent", "codesign")
-    out = run(sc, rounds, modes)
+    out = run(sc, rounds, modes, account=args.account)
     json.dump(out, sys.stdout, indent=2, default=float)
     print()
     return 0

@@ -71,11 +71,15 @@ def phase_key(job_id: str) -> str:
     return PHASES_PREFIX + job_id
 
 
-def job_phases(records: Iterable[Mapping[str, Any]], now: float) -> dict[str, JobPhase]:
+def job_phases(
+    records: Iterable[Mapping[str, Any]], now: float, next_jobs: Iterable[str] | None = None
+) -> dict[str, JobPhase]:
     """The phase of every job record. Of the jobs waiting for devices (queued or suspended)
-    the one that would get the next time slice, least attained service first (Gandiva's
-    order; the earliest changed among equals), is ``resuming`` whenever some job runs: its
-    data can be brought in while the others' slice ends."""
+    the one that would get the next time slice is ``resuming`` whenever some job runs: its
+    data can be brought in while the others' slice ends. ``next_jobs``: the ones the policy
+    says it will run next (``microco.services.scheduler.policy.next_to_run``), all of them
+    ``resuming``; without it, the least attained service first (Gandiva's order; the earliest
+    changed among equals)."""
     out: dict[str, JobPhase] = {}
     waiting: list[Mapping[str, Any]] = []
     running = False
@@ -89,7 +93,13 @@ def job_phases(records: Iterable[Mapping[str, Any]], now: float) -> dict[str, Jo
         if phase in (WAITING, SUSPENDED):
             waiting.append(rec)
         running = running or phase == RUNNING
-    if running and waiting:
+    if next_jobs is not None:
+        chosen = set(next_jobs)
+        for rec in waiting:
+            if running and rec["id"] in chosen:
+                p = out[rec["id"]]
+                out[rec["id"]] = JobPhase(p.job_id, RESUMING, p.node, p.target, now)
+    elif running and waiting:
         nxt = min(
             waiting,
             key=lambda r: (
@@ -112,8 +122,10 @@ class PhasePublisher:
         self._last: dict[str, JobPhase] = {}
         self.writes = 0
 
-    def publish(self, records: Iterable[Mapping[str, Any]], now: float) -> None:
-        phases = job_phases(records, now)
+    def publish(
+        self, records: Iterable[Mapping[str, Any]], now: float, next_jobs: Iterable[str] | None = None
+    ) -> None:
+        phases = job_phases(records, now, next_jobs)
         for job_id, p in phases.items():
             last = self._last.get(job_id)
             if p.phase == MIGRATING and last is not None and last.phase == MIGRATING and not p.target:

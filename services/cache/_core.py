@@ -105,7 +105,7 @@ class CacheCore:
         self.held: set[str] = set()
         # Suspended jobs' progress, set aside: while a job does not run, the chunks only it still
         # needs are lent to the jobs that run (evictable); its progress comes back on resume.
-        self._lent: dict[str, _JobProgress] = {}
+        self._lent: dict[str, _JobProgress] = self.consumption.lent  # (evicted last: _eviction)
         # Union-find over dataset names that share bytes: one content group, one allocation.
         self._parent: dict[str, str] = {}
         self._members_of: dict[str, frozenset[str]] = {}  # allocation label -> dataset names

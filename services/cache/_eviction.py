@@ -125,6 +125,10 @@ class ConsumptionTracker:
         # and consumption reports): a chunk is pinned by every job on any of them, whichever
         # name inserted it (content, not names).
         self.contains: dict[str, set[str]] = {}
+        # Jobs that are alive but do not run now (a scheduler-aware cache lends their pins to
+        # the running jobs): their progress no longer pins, but what they have still to read
+        # this epoch is evicted last (``wanted_later``).
+        self.lent: dict[str, _JobProgress] = {}
 
     def report(self, job: str, dataset: str, epoch: int, consumed: Iterable[str], now: float) -> None:
         p = self.jobs.get(job)
@@ -156,6 +160,24 @@ class ConsumptionTracker:
         return all(
             key in p.consumed
             for p in self.jobs.values()
+            if p.dataset == dataset or (names is not None and p.dataset in names)
+        )
+
+    def in_use(self, dataset: str) -> bool:
+        """Some job reads ``dataset``: one that runs, or one that does not run now (lent)."""
+        return any(p.dataset == dataset for p in self.jobs.values()) or any(
+            p.dataset == dataset for p in self.lent.values()
+        )
+
+    def wanted_later(self, dataset: str, key: str) -> bool:
+        """True when a job that does not run now (lent) has still to read ``key`` this epoch:
+        the chunk is evictable, but a hit waits for it when that job resumes."""
+        if not self.lent:
+            return False
+        names = self.contains.get(key)
+        return any(
+            key not in p.consumed
+            for p in self.lent.values()
             if p.dataset == dataset or (names is not None and p.dataset in names)
         )
 
@@ -263,9 +285,16 @@ class CoordinatedPolicy(EvictionPolicy):
         group = _group(quotas, dataset)
         own_used = sum(ledger.used_by(d) for d in group)
         # Chunks that may leave: no job needs them again this epoch. Those of datasets nobody
-        # uses go first, then the longest-consumed (earliest inserted) ones.
+        # uses go first, then the longest-consumed (earliest inserted) ones; of those, the ones
+        # a suspended job (lent: not pinning) has still to read this epoch go last.
         evictable = _evictable(ledger, consumption)
-        evictable.sort(key=lambda e: (bool(consumption.jobs_on(e.dataset)), e.inserted))
+        evictable.sort(
+            key=lambda e: (
+                consumption.in_use(e.dataset),
+                consumption.wanted_later(e.dataset, e.key),
+                e.inserted,
+            )
+        )
         victims: list[str] = []
         freed = 0
         own_freed = 0

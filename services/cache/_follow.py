@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 JOBS_PREFIX = JOB_DATASETS_PREFIX  # job id -> {"dataset", "node"} (clients/cache/_jobs.py)
 
 OpenDataset = Callable[[str], tuple[DatasetIndex, Any]]
+PeerChunks = Callable[[str, list[str], str], dict[str, bytes]]
 _RUNNING = JobPhase("", "running")
 
 
@@ -72,12 +73,17 @@ class SchedulerFollower:
         dataset_wait_s: float = 30.0,
         lend: bool = True,
         publish_interval_s: float = 2.0,
+        peer_chunks: PeerChunks | None = None,
     ) -> None:
         self.core, self.kv, self.node = core, kv, node
         # A suspended job's pins are lent to the running jobs and restored (prefetched) when it
         # is about to resume; ``lend=False`` keeps them for it instead.
         self.lend = lend
         self.open_dataset = open_dataset or self._open_from_etcd
+        # (node, digests, job) -> the chunks that node's cache server holds: a job moving here
+        # brings its working set from the cache of the host it leaves, not from the backing
+        # store (default: that node's server found in the registry, over gRPC).
+        self.peer_chunks = peer_chunks or self._peer_chunks
         self.dataset_wait_s = dataset_wait_s
         self._cancel: Callable[[], None] | None = None
         self._lock = threading.Lock()
@@ -89,6 +95,9 @@ class SchedulerFollower:
         self._stop = threading.Event()
         self.prefetched_chunks = 0
         self.prefetched_bytes = 0
+        self._peers: dict[str, Any] = {}  # address -> CacheClient
+        self.copied_chunks = 0  # brought from the cache of the host a job moved from
+        self.copied_bytes = 0
         self.phases: dict[str, JobPhase] = {}
 
     # -- lifecycle
@@ -114,6 +123,9 @@ class SchedulerFollower:
             threads, self._threads = self._threads, []
         for t in threads:
             t.join(timeout=30)
+        for client in self._peers.values():
+            client.close()
+        self._peers.clear()
 
     def idle(self) -> bool:
         """No prefetch under way (for tests and the benchmark)."""
@@ -156,7 +168,7 @@ class SchedulerFollower:
                 self._prefetch(job_id)
         elif phase.phase == "migrating":
             if phase.target == self.node:
-                self._prefetch(job_id)
+                self._prefetch(job_id, source=phase.node)
             elif phase.node == self.node:
                 self._stop_prefetch(job_id)
                 self.core.forget_job(job_id)
@@ -201,13 +213,16 @@ class SchedulerFollower:
         return ""
 
     # -- prefetch
-    def _prefetch(self, job_id: str) -> None:
+    def _prefetch(self, job_id: str, source: str = "") -> None:
         with self._lock:
             if job_id in self._prefetching and not self._prefetching[job_id].is_set():
                 return
             stop = self._prefetching[job_id] = threading.Event()
             t = threading.Thread(
-                target=self._prefetch_run, args=(job_id, stop), name=f"follow-{job_id}", daemon=True
+                target=self._prefetch_run,
+                args=(job_id, stop, source),
+                name=f"follow-{job_id}",
+                daemon=True,
             )
             self._threads = [x for x in self._threads if x.is_alive()] + [t]
         t.start()
@@ -218,7 +233,7 @@ class SchedulerFollower:
         if ev is not None:
             ev.set()
 
-    def _prefetch_run(self, job_id: str, stop: threading.Event) -> None:
+    def _prefetch_run(self, job_id: str, stop: threading.Event, source: str = "") -> None:
         try:
             ds = self._dataset_for(job_id, stop)
             if not ds:
@@ -231,6 +246,9 @@ class SchedulerFollower:
             self.core.hold(job_id)
             consumed = self.core.consumed_by(job_id)
             present = set(self.core.lookup([c.digest for c in index.chunks], ds))
+            if source and source != self.node:
+                wanted = [c for c in index.chunks if c.digest not in consumed and c.digest not in present]
+                present |= self._copy_from(source, job_id, ds, wanted, stop)
             for chunk in index.chunks:
                 if stop.is_set():
                     return
@@ -251,6 +269,50 @@ class SchedulerFollower:
             with self._lock:
                 if self._prefetching.get(job_id) is stop:
                     del self._prefetching[job_id]
+
+    def _copy_from(
+        self, source: str, job_id: str, ds: str, wanted: list[Any], stop: threading.Event
+    ) -> set[str]:
+        """Bring ``wanted`` chunks the cache on ``source`` (the host ``job_id`` leaves) holds
+        into this one, as far as there is room: host to host, not over the backing store's
+        link. The digests stored (each verified by ``put``); nothing when that host's server
+        is unknown or does not answer (the backing store then serves, as before)."""
+        got: set[str] = set()
+        try:
+            for i in range(0, len(wanted), 16):
+                if stop.is_set():
+                    break
+                part = wanted[i : i + 16]
+                held = self.peer_chunks(source, [c.digest for c in part], job_id)
+                for c in part:
+                    data = held.get(c.digest)
+                    if data is None:
+                        continue
+                    if self.core.room(ds) < len(data):
+                        return got
+                    r = self.core.put(c.digest, data, ds)
+                    if r.outcome == "stored":
+                        got.add(c.digest)
+                        self.copied_chunks += 1
+                        self.copied_bytes += len(data)
+                    elif r.outcome != "present":
+                        return got
+        except MicrocoError as exc:
+            log.info("job %s: cannot copy its working set from %s: %s", job_id, source, exc)
+        return got
+
+    def _peer_chunks(self, node: str, digests: list[str], job_id: str) -> dict[str, bytes]:
+        """The chunks of ``digests`` held by ``node``'s cache server (from the registry)."""
+        from microco.clients.cache import CacheClient
+        from microco.common.registry import discover
+
+        address = next((r.address for r in discover(self.kv, "cache") if r.labels.get("node") == node), None)
+        if address is None:
+            return {}
+        client = self._peers.get(address)
+        if client is None:
+            client = self._peers[address] = CacheClient(address, timeout=10)
+        return client.read_chunks(digests, job_id=job_id)
 
     def _dataset(self, name: str) -> tuple[DatasetIndex, Any]:
         if name not in self._datasets:

@@ -27,6 +27,7 @@ from ._fifo import FifoConfig, FifoPolicy
 from ._gandiva import GandivaConfig, GandivaPolicy, busy_fraction, packed_progress
 from ._index import ClusterIndex, HolderTable, IndexedClusterView, index_of
 from ._las import LasConfig, LasPolicy
+from ._next import next_to_run
 from ._registry import Policy, available_policies, make_policy, policy_config_type, register_policy
 from ._types import (
     DECISION_TYPES,
@@ -92,6 +93,7 @@ __all__ = [
     "index_of",
     "job_view_from_dict",
     "make_policy",
+    "next_to_run",
     "packed_progress",
     "policy_config_type",
     "register_policy",
