@@ -42,6 +42,7 @@ measured is the cache's side of the co-design.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import shutil
@@ -172,6 +173,10 @@ class Job:
     stall_s: float = 0.0  # waiting for data in its steps
 
 
+def _open(datasets: dict[str, Any], store: Any, name: str) -> tuple[Any, Any]:
+    return datasets[name], store
+
+
 class Platform:
     """Two hosts' cache servers (in-process gRPC), the link, and optionally the followers."""
 
@@ -200,14 +205,19 @@ class Platform:
         self.followers = []
         for node in ("h1", "h2"):
             core_args = (ChunkStore(str(tmp / f"cache-{node}")), sc.cache_bytes, "coordinated")
-            core_kw = {"node": node, "job_ttl_s": sc.quantum_s, "probe_bytes": sc.cache_bytes // 8}
+            core_kw: dict[str, Any] = {
+                "node": node,
+                "job_ttl_s": sc.quantum_s,
+                "probe_bytes": sc.cache_bytes // 8,
+            }
+            store: Any = link
             if account is not None:
                 from .codesign_account import AccountedStore, accounted_core
 
                 core = accounted_core(account, *core_args, **core_kw)
                 store = AccountedStore(link, account, f"follower-{node}", node)
             else:
-                core, store = CacheCore(*core_args, **core_kw), link
+                core = CacheCore(*core_args, **core_kw)
             server, address = serve_in_process(CacheServicer(core))
             self._servers.append(server)
             self.cores[node], self.address[node] = core, address
@@ -216,7 +226,7 @@ class Platform:
                     core,
                     self.kv,
                     node,
-                    open_dataset=lambda name, store=store: (datasets[name], store),
+                    open_dataset=functools.partial(_open, datasets, store),
                     lend=sc.lend,
                     peer_chunks=self._peer_chunks,  # (the other host's server, over gRPC)
                 )

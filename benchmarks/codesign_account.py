@@ -127,6 +127,7 @@ def summarise(account: Account, chunk_of: dict[str, str], dataset_of_chunk: dict
         "refused_why": defaultdict(int),
         "by_reader": defaultdict(int),
         "by_dataset_class": defaultdict(int),
+        "read_while_not_running": defaultdict(int),
         "overlapping_by_class": defaultdict(int),
         "by_host_dataset": defaultdict(int),
         "overlapping_bytes": 0,
@@ -169,6 +170,8 @@ def summarise(account: Account, chunk_of: dict[str, str], dataset_of_chunk: dict
         out["bytes"][cls] += n
         out["by_dataset_class"][f"{dataset_of_chunk.get(c, '?')}:{cls}"] += n
         out["by_reader"][f"{who}:{why}"] += n
+        if why != "follower" and not ran_at(who, t):  # (a parked job's loader threads read on)
+            out["read_while_not_running"][why] += n
         out["by_host_dataset"][f"{host}:{dataset_of_chunk.get(c, '?')}"] += n
         prev = last_read.get(path)
         if prev is not None and prev[1] != who and t - prev[0] < account_overlap_s:

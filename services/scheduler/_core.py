@@ -49,7 +49,7 @@ from ._reconcile import Reconciler
 from ._record import JobRecord
 from ._store import JobStore
 from ._view import build_view
-from .policy import ClusterView, Decision, Policy
+from .policy import ClusterView, Decision, Policy, next_to_run
 
 __all__ = ["PROFILES_PREFIX", "SchedulerCore"]
 
@@ -218,8 +218,22 @@ class SchedulerCore:
                 self.history.refused(d, exc)
             self.reconciler.refresh_packing(now)
         if self.is_leader():
-            H.publish_phases(self.phases, self.store.jobs.values(), now)
+            datasets = {j.id: j.dataset for j in view.jobs if j.dataset}  # (read once a tick)
+            H.publish_phases(self.phases, self.store.jobs.values(), now, self._next_jobs(now, datasets))
         return applied
+
+    def _next_jobs(self, now: float, datasets: dict[str, str]) -> tuple[str, ...] | None:
+        """The jobs the policy will run at its next decision point, seen from the state the
+        tick's decisions left (what the caches prefetch for); None (the phases' default
+        order) when it cannot say."""
+        if not hasattr(self.policy, "wakeup_at"):
+            return None
+        try:
+            view = build_view(now, self.io.nodes, self.store.jobs.values(), self.profiles, datasets)
+            return next_to_run(self.policy, view)
+        except (MicrocoError, ValueError) as exc:  # advice only: never fail a tick
+            log.warning("cannot forecast the next jobs: %s", exc)
+            return None
 
     # ------------------------------------------------------------------ policy input
     def observe(self, now: float | None = None) -> ClusterView:

@@ -52,10 +52,13 @@ def count_states(records: Iterable[JobRecord]) -> None:
         M.JOBS.labels(state).set(counts.get(state, 0))
 
 
-def publish_phases(phases: PhasePublisher, records: Iterable[JobRecord], now: float) -> None:
-    """The jobs' phases for the cache (advice: a failure never fails a tick)."""
+def publish_phases(
+    phases: PhasePublisher, records: Iterable[JobRecord], now: float, next_jobs: Iterable[str] | None = None
+) -> None:
+    """The jobs' phases for the cache (advice: a failure never fails a tick). ``next_jobs``:
+    the jobs the policy will run next (``policy.next_to_run``), published as ``resuming``."""
     try:
-        phases.publish([_phase_input(r) for r in records], now)
+        phases.publish([_phase_input(r) for r in records], now, next_jobs)
     except MicrocoError as exc:
         log.warning("cannot publish job phases: %s", exc)
 
