@@ -95,7 +95,7 @@ class SchedulerFollower:
         self._stop = threading.Event()
         self.prefetched_chunks = 0
         self.prefetched_bytes = 0
-        self._peers: dict[str, Any] = {}  # address -> CacheClient
+        self._peers: dict[str, Any] = {}  # node -> its cache server's CacheClient
         self.copied_chunks = 0  # brought from the cache of the host a job moved from
         self.copied_bytes = 0
         self.phases: dict[str, JobPhase] = {}
@@ -306,13 +306,20 @@ class SchedulerFollower:
         from microco.clients.cache import CacheClient
         from microco.common.registry import discover
 
-        address = next((r.address for r in discover(self.kv, "cache") if r.labels.get("node") == node), None)
-        if address is None:
-            return {}
-        client = self._peers.get(address)
+        client = self._peers.get(node)
         if client is None:
-            client = self._peers[address] = CacheClient(address, timeout=10)
-        return client.read_chunks(digests, job_id=job_id)
+            address = next(
+                (r.address for r in discover(self.kv, "cache") if r.labels.get("node") == node), None
+            )
+            if address is None:
+                return {}
+            client = self._peers[node] = CacheClient(address, timeout=10)
+        try:
+            return client.read_chunks(digests, job_id=job_id)
+        except MicrocoError:
+            self._peers.pop(node, None)  # (found again in the registry next time)
+            client.close()
+            raise
 
     def _dataset(self, name: str) -> tuple[DatasetIndex, Any]:
         if name not in self._datasets:
