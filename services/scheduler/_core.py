@@ -227,7 +227,7 @@ class SchedulerCore:
         tick's decisions left (what the caches prefetch for); None (the phases' default
         order) when it cannot say."""
         if not hasattr(self.policy, "wakeup_at"):
-            return None
+            return None  # (no decision point to forecast at: not worth a view)
         try:
             view = build_view(now, self.io.nodes, self.store.jobs.values(), self.profiles, datasets)
             return next_to_run(self.policy, view)

@@ -20,15 +20,16 @@ from ._registry import Policy
 from ._types import HOLDING_PHASES, ClusterView, Resume, Start
 
 
-def next_to_run(policy: Policy, view: ClusterView, horizon_s: float | None = None) -> tuple[str, ...]:
+def next_to_run(policy: Policy, view: ClusterView, horizon_s: float | None = None) -> tuple[str, ...] | None:
     """The ids of the jobs ``policy`` would start or resume at its next decision point, in
-    its order. The point is ``policy.wakeup_at(view)`` when the policy has it and names one,
-    else ``view.now + horizon_s`` (none given: no forecast, an empty tuple)."""
+    its order (empty: it would start none there). The point is ``policy.wakeup_at(view)`` when
+    the policy has it and names one, else ``view.now + horizon_s``; None when there is no such
+    point (only an event can change the policy's answer: no forecast)."""
     wake = getattr(policy, "wakeup_at", None)
     at = wake(view) if wake is not None else None
     if at is None:
         if horizon_s is None:
-            return ()
+            return None
         at = view.now + horizon_s
     dt = max(0.0, at - view.now)
     later = ClusterView(

@@ -83,7 +83,8 @@ def test_the_job_published_as_resuming_is_the_one_the_policy_runs_next():
 
 def test_no_forecast_without_a_decision_point():
     view = ClusterView(now=0.0, devices=(DeviceView("g0", "n0"),), jobs=())
-    assert next_to_run(make_policy("fifo"), view) == ()
+    assert next_to_run(make_policy("fifo"), view) is None  # (the phases' default order then)
+    assert next_to_run(make_policy("fifo"), view, horizon_s=1.0) == ()  # it would start none
 
 
 def _dataset(root, n=16, size=100, chunk_bytes=400):
