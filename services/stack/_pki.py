@@ -15,8 +15,10 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from microco.common import identity
+from microco.common.errors import MicrocoError
 from microco.common.etcd_roles import ENV_ETCD_ROLES
 from microco.common.hotstate import ENV_REDIS_PASSWORD
 from microco.common.identity import CertificateAuthority
@@ -36,6 +38,24 @@ def private_dirs(home: Path) -> None:
     for d in (home, home / "logs", home / "data", home / "pki", home / "pki" / "services"):
         d.mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o700)
+    job = job_user()
+    if job is not None:
+        # The agent's jobs run as a user of their own (services/agent/_runas.py), which must
+        # reach its directories under <home>/data: that user's group passes through (0710),
+        # nobody else; logs/ and pki/ stay 0700.
+        for d in (home, home / "data"):
+            os.chown(d, -1, job.gid)
+            os.chmod(d, 0o710)
+
+
+def job_user() -> Any:
+    """The user the stack's agents run jobs as (``MICROCO_RUN_AS``, default ``auto``), or None."""
+    from microco.services.agent import ENV_RUN_AS, resolve_run_as
+
+    try:
+        return resolve_run_as(os.environ.get(ENV_RUN_AS, "auto"))
+    except MicrocoError:
+        return None  # the agent refuses it itself, saying why
 
 
 def ca_dir(home: Path) -> Path:
