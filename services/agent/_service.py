@@ -24,7 +24,9 @@ from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.api.common.v1 import common_pb2
 from microco.clients.agent import NODES_PREFIX
 from microco.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from microco.common.hotstate import ENV_REDIS_PASSWORD, redis_password
 from microco.common.kv import KV, dumps
+from microco.common.redis_acl import ENV_REDIS_USER
 from microco.services.runtime.auth import caller, require_job_access
 from microco.services.runtime.server import ServiceContext, ServiceRuntime
 
@@ -399,7 +401,13 @@ def setup(ctx: ServiceContext) -> None:
         labels=s.labels,
         instance_id=s.instance_id,
         preload=parse_preload(ctx.args.preload),
-        platform_env={"MICROCO_ETCD": s.etcd, "MICROCO_REDIS": s.redis},
+        platform_env={
+            "MICROCO_ETCD": s.etcd,
+            "MICROCO_REDIS": s.redis,
+            # Redis's job user, in the environment: a job as another user cannot read the file
+            ENV_REDIS_PASSWORD: (redis_password() or "") if s.redis else "",
+            ENV_REDIS_USER: os.environ.get(ENV_REDIS_USER, ""),
+        },
         run_as=run_as,
     )
     agent.attach(ctx.runtime)

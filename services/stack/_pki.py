@@ -22,6 +22,7 @@ from microco.common.errors import MicrocoError
 from microco.common.etcd_roles import ENV_ETCD_ROLES
 from microco.common.hotstate import ENV_REDIS_PASSWORD
 from microco.common.identity import CertificateAuthority
+from microco.common.redis_acl import ENV_REDIS_USER, service_redis_env
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +157,11 @@ class StackPki:
         if path is None:
             path = self.ca.issue(f"service:{service}").write(self.home / "pki" / "services" / f"{name}.pem")
             self._files[name] = path
+        user, password = service_redis_env(self.redis_password, service)
         return {
-            ENV_REDIS_PASSWORD: self.redis_password,
+            # Redis only to its clients, each as its own ACL user (common/redis_acl.py)
+            ENV_REDIS_PASSWORD: password,
+            ENV_REDIS_USER: user,
             identity.ENV_CREDENTIALS: str(path),
             identity.ENV_CREDENTIALS_PEM: "",
             identity.ENV_INSECURE: "",
