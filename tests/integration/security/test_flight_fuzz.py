@@ -108,7 +108,7 @@ def answered(run: Any, what: Any) -> None:
 
 
 FUZZ = settings(
-    max_examples=int(os.environ.get("MICROCO_FUZZ_EXAMPLES", "40")),  # more for a longer search
+    max_examples=int(os.environ.get("MICROCO_FUZZ_EXAMPLES", "25")),  # more for a longer search
     deadline=None,
     derandomize=True,  # the same examples every run: a failure is reproducible, never flaky
     database=None,
