@@ -17,7 +17,7 @@ from ._lazy import PolicyFlag
 if TYPE_CHECKING:
     from microco.services.stack import Stack, StackOptions
 
-BENCHMARKS = ("scheduler", "sim", "cache", "store", "compiler", "codesign")
+BENCHMARKS = ("scheduler", "sim", "cache", "store", "compiler", "codesign", "faults")
 
 
 def register(sub: Any) -> None:

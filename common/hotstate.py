@@ -27,9 +27,15 @@ def connect_redis(url: str, check: bool = True, timeout: float = 2.0) -> Any:
     Unless in insecure mode, a TCP connection is mutual TLS whatever the scheme says: the
     server's certificate must be one of the platform's CA naming the host dialled, and this
     process presents its own credentials (``microco.common.identity``); plus Redis's password."""
+    import os
+
     import redis
 
+    from .redis_acl import ENV_REDIS_USER
+
     extra: dict[str, Any] = {} if "@" in url.split("//", 1)[-1] else {"password": redis_password()}
+    if os.environ.get(ENV_REDIS_USER) and "password" in extra:
+        extra["username"] = os.environ[ENV_REDIS_USER]  # this client's ACL user (common/redis_acl)
     extra.update(redis_tls_options(url))
     if extra.get("ssl_certfile") and url.startswith("redis://"):
         url = "rediss://" + url[len("redis://") :]

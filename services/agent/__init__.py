@@ -10,14 +10,18 @@ from microco.clients.agent import NODES_PREFIX
 
 from ._devices import DeviceInfo, discover_devices
 from ._procs import ManagedProcess, ProcessManager
+from ._runas import ENV_RUN_AS, JobUser, resolve_run_as
 from ._service import NodeAgent, NodeAgentServicer
 
 __all__ = [
+    "ENV_RUN_AS",
     "NODES_PREFIX",
     "DeviceInfo",
+    "JobUser",
     "ManagedProcess",
     "NodeAgent",
     "NodeAgentServicer",
     "ProcessManager",
     "discover_devices",
+    "resolve_run_as",
 ]

@@ -39,6 +39,7 @@ from microco.clients.scheduler import (
 from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from ._devices import DeviceInfo
+from ._runas import AGENT_ONLY, JobControl, JobUser, give, traversable
 from ._warm import ForkedProcess, Zygote, python_target
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def job_command(command: list[str], python: str = sys.executable) -> list[str]:
     return list(command)
 
 
-_AGENT_ONLY = frozenset({"MICROCO_CREDENTIALS", "MICROCO_CREDENTIALS_PEM", "MICROCO_CA_DIR"})
+_AGENT_ONLY = AGENT_ONLY
 
 
 def job_environment(
@@ -270,8 +271,11 @@ class ProcessManager:
         pin_cpus: bool = True,
         preload: list[str] | None = None,
         platform_env: dict[str, str] | None = None,
+        run_as: JobUser | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        # The user every job runs as (None: the agent's own; see _runas).
+        self.run_as = run_as
         # What every job is told about the platform (MICROCO_ETCD, MICROCO_REDIS, MICROCO_NODE).
         self.platform_env = dict(platform_env or {})
         self.devices = {d.id: d for d in devices}
@@ -288,7 +292,7 @@ class ProcessManager:
         if preload:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             self.zygote = Zygote(
-                preload, launch=self._spawner.call, stderr_path=self.data_dir / "zygote.log"
+                preload, launch=self._spawner.call, stderr_path=self.data_dir / "zygote.log", run_as=run_as
             ).start()
 
     def _check_devices(self, device_ids: list[str]) -> None:
@@ -357,6 +361,18 @@ class ProcessManager:
             ckpt = Path(checkpoint_dir) if checkpoint_dir else self.checkpoint_root / job_id
             ckpt.mkdir(parents=True, exist_ok=True)
             log_path = job_dir / f"attempt-{attempt}.log"
+            user = self.run_as
+            job_home: dict[str, str] = {}
+            if user is not None:
+                # The job's own directories are the job user's; the way to them it may pass only.
+                self.data_dir.mkdir(parents=True, exist_ok=True)
+                for d in (self.data_dir, self.data_dir / "jobs", job_dir, self.checkpoint_root):
+                    if d.is_dir():
+                        traversable(d, user)
+                give(control_dir, user)
+                give(ckpt, user)
+                give(job_dir / "home", user)
+                job_home = {"HOME": str(job_dir / "home")}
             full_env = {
                 **job_environment(dict(os.environ), self.platform_env, env),
                 **self._device_env(device_ids),
@@ -364,6 +380,7 @@ class ProcessManager:
                 ENV_ATTEMPT: str(attempt),
                 ENV_CONTROL_DIR: str(control_dir),
                 ENV_CHECKPOINT_DIR: str(ckpt),
+                **job_home,
             }
             logf = open(log_path, "wb")
             me = os.getpid()
@@ -387,6 +404,10 @@ class ProcessManager:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     preexec_fn=preexec,
+                    # the job's user (set before the death signal: a change of user clears it)
+                    user=user.uid if user is not None else None,
+                    group=user.gid if user is not None else None,
+                    extra_groups=[] if user is not None else None,
                 )
 
             popen: subprocess.Popen[bytes] | ForkedProcess | None = None
@@ -414,7 +435,7 @@ class ProcessManager:
                 list(command),
                 list(device_ids),
                 popen,
-                ControlChannel(control_dir),
+                ControlChannel(control_dir) if user is None else JobControl(control_dir, user),
                 ckpt,
                 log_path,
                 time.time(),

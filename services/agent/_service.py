@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,13 +24,24 @@ from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.api.common.v1 import common_pb2
 from microco.clients.agent import NODES_PREFIX
 from microco.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from microco.common.hotstate import ENV_REDIS_PASSWORD, redis_password
 from microco.common.kv import KV, dumps
+from microco.common.redis_acl import ENV_REDIS_USER
 from microco.services.runtime.auth import caller, require_job_access
 from microco.services.runtime.server import ServiceContext, ServiceRuntime
 
 from ._devices import DeviceInfo, discover_devices
 from ._fence import FencedLease
 from ._procs import ManagedProcess, ProcessManager, tail_offset
+from ._runas import (
+    DEFAULT_JOB_UID,
+    ENV_RUN_AS,
+    JOB_USER_NAME,
+    JobUser,
+    blocked,
+    resolve_run_as,
+    warn_if_shared,
+)
 from ._warm import parse_preload
 
 log = logging.getLogger(__name__)
@@ -205,6 +217,7 @@ class NodeAgent:
         instance_id: str = "",
         preload: list[str] | None = None,
         platform_env: dict[str, str] | None = None,
+        run_as: JobUser | None = None,
     ) -> None:
         self.kv, self.node, self.lease_ttl_s = kv, node, lease_ttl_s
         self.labels = dict(labels or {})
@@ -216,6 +229,7 @@ class NodeAgent:
             checkpoint_root,
             preload=preload,
             platform_env={"MICROCO_NODE": node, **(platform_env or {})},
+            run_as=run_as,
         )
         self.address = ""
         # The node record lives under the agent's lease; cut off from etcd, the agent stops
@@ -344,6 +358,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="modules a warm zygote imports once so Python jobs start by fork in milliseconds "
         "(comma-separated; 'auto': numpy and torch when installed; 'none': start every job by exec)",
     )
+    g.add_argument(
+        "--run-as",
+        default=os.environ.get(ENV_RUN_AS, "auto"),
+        help="the user jobs run as, apart from the agent so that a job cannot read the agent's key: "
+        f"'auto' (as root: the user {JOB_USER_NAME}, else uid/gid {DEFAULT_JOB_UID}; otherwise the "
+        "agent's own user, with a warning), 'self' (the agent's own user), a user name, or uid[:gid] "
+        f"(env {ENV_RUN_AS})",
+    )
 
 
 def setup(ctx: ServiceContext) -> None:
@@ -352,17 +374,41 @@ def setup(ctx: ServiceContext) -> None:
         raise InvalidArgument("--virtual-devices must be >= 0")
     if ctx.args.node_lease_ttl_s < 1:
         raise InvalidArgument("--node-lease-ttl-s must be at least 1")
+    run_as = resolve_run_as(ctx.args.run_as)
+    data_dir = s.resolved_data_dir()
+    if run_as is not None:
+        ckpt = Path(ctx.args.checkpoint_root) if ctx.args.checkpoint_root else data_dir / "checkpoints"
+        stop = blocked(run_as, [Path(sys.executable), data_dir, ckpt], [data_dir, ckpt])
+        if stop and ctx.args.run_as.strip() == "auto":
+            log.warning(
+                "cannot run jobs as %s: it may not pass %s (the platform's interpreter %s, the data "
+                "directory and the checkpoints must be reachable to it)",
+                run_as,
+                stop,
+                sys.executable,
+            )
+            run_as = None
+        elif stop:
+            raise InvalidArgument(f"--run-as {ctx.args.run_as}: {run_as} may not pass {stop}")
+    warn_if_shared(run_as, os.environ.get("MICROCO_CREDENTIALS", ""))
     agent = NodeAgent(
         ctx.kv,
         s.node,
-        str(s.resolved_data_dir()),
+        str(data_dir),
         virtual_devices=ctx.args.virtual_devices or None,
         checkpoint_root=ctx.args.checkpoint_root or None,
         lease_ttl_s=ctx.args.node_lease_ttl_s,
         labels=s.labels,
         instance_id=s.instance_id,
         preload=parse_preload(ctx.args.preload),
-        platform_env={"MICROCO_ETCD": s.etcd, "MICROCO_REDIS": s.redis},
+        platform_env={
+            "MICROCO_ETCD": s.etcd,
+            "MICROCO_REDIS": s.redis,
+            # Redis's job user, in the environment: a job as another user cannot read the file
+            ENV_REDIS_PASSWORD: (redis_password() or "") if s.redis else "",
+            ENV_REDIS_USER: os.environ.get(ENV_REDIS_USER, ""),
+        },
+        run_as=run_as,
     )
     agent.attach(ctx.runtime)
     # Register the node once the server is bound (the address includes the chosen port).

@@ -24,6 +24,8 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from ._runas import AGENT_ONLY
+
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
@@ -100,8 +102,10 @@ class Zygote:
         launch: Callable[[Callable[[], subprocess.Popen[bytes]]], subprocess.Popen[bytes]] | None = None,
         stderr_path: str | os.PathLike[str] | None = None,
         python: str = sys.executable,
+        run_as: Any = None,
     ) -> None:
         self.preload = list(preload)
+        self.run_as = run_as  # a JobUser each job becomes after the fork (None: the zygote's own)
         self.python = python
         self._launch = launch or (lambda fn: fn())
         self._stderr_path = stderr_path
@@ -128,7 +132,8 @@ class Zygote:
             if setpriv:
                 argv = [setpriv, "--pdeathsig", "KILL", "--", *argv]
             env = {
-                **os.environ,
+                # never the agent's credentials: a job forked from here shares this memory
+                **{k: v for k, v in os.environ.items() if k not in AGENT_ONLY},
                 # One thread for everything the zygote imports: NumPy's OpenBLAS then starts no
                 # thread pool, so the zygote is single-threaded when it forks.
                 "OMP_NUM_THREADS": "1",
@@ -209,6 +214,8 @@ class Zygote:
             "log": str(log_path),
             "cpus": sorted(cpus or ()),
         }
+        if self.run_as is not None:
+            req.update(uid=self.run_as.uid, gid=self.run_as.gid)
         with self._lock:
             popen = self._popen
             if popen is None or popen.stdin is None:

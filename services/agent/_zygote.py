@@ -76,6 +76,13 @@ def _child(req: dict, keep_close: list[int], zygote_pid: int, libc) -> None:
         os.dup2(log_fd, 2)
         os.close(log_fd)
         os.close(null_fd)
+        if req.get("uid") is not None:  # the job's own user (services/agent/_runas.py)
+            os.setgroups([])
+            os.setgid(req["gid"])
+            os.setuid(req["uid"])
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # a change of user cleared it
+            if os.getppid() != zygote_pid:
+                os._exit(1)
         if req.get("cpus"):
             try:
                 os.sched_setaffinity(0, set(req["cpus"]))

@@ -120,6 +120,7 @@ def make_pki(
     directory: Path, services: list[str], admins: list[str], per_container: Path | None = None
 ) -> int:
     from microco.common.identity import CertificateAuthority, Identity
+    from microco.common.redis_acl import acl_config, service_redis_env
 
     from ._pki import _redis_password
 
@@ -153,8 +154,13 @@ def make_pki(
                 _write_parts(d, ident)
             if name != "redis":
                 ident.write(d / "credentials.pem")
-            if name in REDIS_CLIENTS or name == "redis":
+            if name == "redis":  # the administrator's password, and every client's ACL user
                 _write_private(d / "redis.password", (password + "\n").encode())
+                _write_private(
+                    d / "redis-users.conf", "".join(f"{x}\n" for x in acl_config(password)).encode()
+                )
+            elif name in REDIS_CLIENTS:  # its own ACL user's password (common/redis_acl.py)
+                _write_private(d / "redis.password", (service_redis_env(password, name)[1] + "\n").encode())
     print(f"PKI in {directory}: {len(services)} services, {len(admins)} administrators")
     return 0
 

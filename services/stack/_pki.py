@@ -15,11 +15,14 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from microco.common import identity
+from microco.common.errors import MicrocoError
 from microco.common.etcd_roles import ENV_ETCD_ROLES
 from microco.common.hotstate import ENV_REDIS_PASSWORD
 from microco.common.identity import CertificateAuthority
+from microco.common.redis_acl import ENV_REDIS_USER, service_redis_env
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,24 @@ def private_dirs(home: Path) -> None:
     for d in (home, home / "logs", home / "data", home / "pki", home / "pki" / "services"):
         d.mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o700)
+    job = job_user()
+    if job is not None:
+        # The agent's jobs run as a user of their own (services/agent/_runas.py), which must
+        # reach its directories under <home>/data: that user's group passes through (0710),
+        # nobody else; logs/ and pki/ stay 0700.
+        for d in (home, home / "data"):
+            os.chown(d, -1, job.gid)
+            os.chmod(d, 0o710)
+
+
+def job_user() -> Any:
+    """The user the stack's agents run jobs as (``MICROCO_RUN_AS``, default ``auto``), or None."""
+    from microco.services.agent import ENV_RUN_AS, resolve_run_as
+
+    try:
+        return resolve_run_as(os.environ.get(ENV_RUN_AS, "auto"))
+    except MicrocoError:
+        return None  # the agent refuses it itself, saying why
 
 
 def ca_dir(home: Path) -> Path:
@@ -136,8 +157,11 @@ class StackPki:
         if path is None:
             path = self.ca.issue(f"service:{service}").write(self.home / "pki" / "services" / f"{name}.pem")
             self._files[name] = path
+        user, password = service_redis_env(self.redis_password, service)
         return {
-            ENV_REDIS_PASSWORD: self.redis_password,
+            # Redis only to its clients, each as its own ACL user (common/redis_acl.py)
+            ENV_REDIS_PASSWORD: password,
+            ENV_REDIS_USER: user,
             identity.ENV_CREDENTIALS: str(path),
             identity.ENV_CREDENTIALS_PEM: "",
             identity.ENV_INSECURE: "",

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from microco.common import identity as ident_mod
 from microco.common.errors import FailedPrecondition, Unavailable
 from microco.common.identity import Identity
+from microco.common.redis_acl import acl_config
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -275,6 +276,8 @@ class RedisServer(_ChildServer):
         fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(f"requirepass {self.password}\n")
+            # each kind of client its own ACL user (common/redis_acl.py)
+            f.write("".join(line + "\n" for line in acl_config(self.password)))
         return [str(conf)]
 
     def _tls_files(self) -> tuple[str, str, str]:

@@ -118,13 +118,61 @@ def _check_fields(req: dict[str, Any], fields: dict[str, type | tuple[type, ...]
 _TICKET_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "read": {"table": str, "extent": str},
     "shuffle_take": {"qid": str, "tag": str, "bucket": int},
+    "sql": {"inputs": dict, "sql": str},
+    "fragment": {"left": dict},
+    "map": {"side": dict, "key": list, "n": int, "qid": str, "tag": str},
+    "reduce": {"qid": str, "bucket": int, "peers": dict},
 }
+MAX_SHUFFLE_BUCKETS = 1 << 16
+# What interpreting a task a node was sent raises when the task is malformed (a field of the
+# wrong shape deep inside it): the caller's error, not the node's (found by the Flight fuzz,
+# tests/integration/security/test_flight_fuzz.py).
+_MALFORMED = (KeyError, TypeError, AttributeError, IndexError, ValueError, pa.ArrowException)
+
+
+def _interpret(what: str, run: Any) -> Any:
+    """``run()``; a request the node cannot interpret (a task or an action body malformed deep
+    inside) is ``InvalidArgument``, logged with its traceback so that a coordinator's bug stays
+    visible in the node's log."""
+    try:
+        return run()
+    except MicrocoError:
+        raise
+    except _MALFORMED as exc:
+        log.warning("malformed %s", what, exc_info=True)
+        raise InvalidArgument(f"malformed {what}: {type(exc).__name__}: {short(str(exc), 200)}") from exc
+
+
+def _run_task(store: NodeStore, req: dict[str, Any]) -> pa.Table:
+    """A query task's rows."""
+    if req["op"] == "map" and not 0 < req["n"] <= MAX_SHUFFLE_BUCKETS:
+        raise InvalidArgument(f"map task: 'n' must be 1..{MAX_SHUFFLE_BUCKETS}, got {short(req['n'])}")
+    return _interpret(f"{req['op']} task", lambda: store.run(req))  # type: ignore[no-any-return]
+
+
+def _check_buckets(buckets: list[Any], rows: int) -> None:
+    """An extent's buckets: ``[partition, sub-bucket, rows]`` each (non-negative integers), whose
+    rows add up to the rows sent."""
+    for b in buckets:
+        if not (
+            isinstance(b, list)
+            and len(b) == 3
+            and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 62 for x in b)
+        ):
+            raise InvalidArgument(
+                f"extent descriptor: a bucket is [partition, sub-bucket, rows], got {short(b)}"
+            )
+    if sum(b[2] for b in buckets) != rows:
+        raise InvalidArgument(f"extent descriptor: the buckets' rows do not add up to the {rows} rows sent")
+
+
 _ACTION_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "rebuild": {"specs": list, "replica": int, "sources": list, "rows": int, "extent": str},
     "delete": {"table": str, "extent": str},
     "drop_table": {"table": str},
     "shuffle_drop": {"qid": str},
     "verify": {"table": str, "extent": str, "checksum": str},
+    "collect_garbage": {"keep": dict, "min_age_s": (int, float)},
 }
 
 
@@ -208,6 +256,7 @@ class StoreFlightServer(flight.FlightServerBase):
                 descriptor.command, "extent descriptor", {"table": str, "extent": str, "buckets": list}
             )
             rows = reader.read_all()
+            _check_buckets(req["buckets"], rows.num_rows)
             t1 = time.perf_counter()
             res = self.store.put_extent(req["table"], req["extent"], rows, req["buckets"])
             log.info(
@@ -227,7 +276,6 @@ class StoreFlightServer(flight.FlightServerBase):
         try:
             req = _request(ticket.ticket, "ticket")
             op = req.get("op")
-            _check_fields(req, _TICKET_FIELDS.get(op, {}) if isinstance(op, str) else {})
             # A read and a fragment (a structured scan and filter, what PlanRead hands a client)
             # are any authenticated caller's; SQL, shuffle and reduce tasks the coordinator's
             # and its nodes'.
@@ -238,6 +286,7 @@ class StoreFlightServer(flight.FlightServerBase):
             else:
                 self._check_read_grant(context, req)
             req.pop("grant", None)
+            _check_fields(req, _TICKET_FIELDS.get(op, {}) if isinstance(op, str) else {})
             if op == "read":
                 t = self.store.read(
                     req["table"], req["extent"], req.get("bucket"), req.get("columns"), req.get("checksum")
@@ -245,7 +294,7 @@ class StoreFlightServer(flight.FlightServerBase):
             elif op == "shuffle_take":
                 t = self.store.shuffle_take(req["qid"], req["tag"], req["bucket"])
             elif op in ("fragment", "map", "reduce", "sql"):
-                t = self.store.run(req)
+                t = _run_task(self.store, req)
             else:
                 raise InvalidArgument(f"unknown ticket op {short(op)}")
             return flight.RecordBatchStream(t)
@@ -280,7 +329,9 @@ class StoreFlightServer(flight.FlightServerBase):
                 f"{short(action.type)} action",
                 _ACTION_FIELDS.get(action.type),
             )
-            res = node_action(self.store, action.type, body)
+            res = _interpret(
+                f"{short(action.type)} action", lambda: node_action(self.store, action.type, body)
+            )
             yield flight.Result(pa.py_buffer(json.dumps(res).encode()))
         except Exception as exc:  # noqa: BLE001
             log.warning("action %s failed: %s", action.type, exc)

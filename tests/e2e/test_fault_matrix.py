@@ -285,11 +285,21 @@ def test_store_coordinator_killed_between_appends(up: Up) -> None:
         kv.close()
 
 
-def test_compiler_killed(up: Up) -> None:
-    p = kill(up, "compiler")
+def test_compiler_and_the_standbys_killed(up: Up) -> None:
+    """The compiler, and each elected service's standby killed while standing by, at once (one
+    recovery wait for all three): every one back, and the leaders keep leading."""
+    leaders = {
+        svc: next(p for p in (svc, f"{svc}-standby") if _is_leader(up, p, svc))
+        for svc in ("scheduler", "store")
+    }
+    standbys = [f"{svc}-standby" if leader == svc else svc for svc, leader in leaders.items()]
+    killed = {name: kill(up, name) for name in ["compiler", *standbys]}
     t0 = time.monotonic()
-    truthful_after_kill(up, "compiler", p)
-    recovered(up, "compiler SIGKILL", t0)
+    for name, p in killed.items():
+        truthful_after_kill(up, name, p)
+    recovered(up, "compiler + scheduler and store standbys SIGKILL", t0)
+    for svc, leader in leaders.items():
+        assert _is_leader(up, leader, svc), f"{svc}: the leader changed when its standby was killed"
 
 
 def test_redis_paused(up: Up) -> None:

@@ -40,6 +40,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     kv.put(agent.key, dumps(agent.record()))  # the node as the scheduler sees it
     core = SchedulerCore(kv, make_policy("fifo"), check_commands=False)
     runtimes = []
+    store = StoreServicer(StoreCore(kv, FlightTransport(kv)))
 
     def serve(name: str, add: Any, servicer: Any) -> str:
         rt = ServiceRuntime(ServiceSettings(name=name, metrics_port=-1))
@@ -63,8 +64,9 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         "store": serve(
             "store",
             store_pb2_grpc.add_StoreCoordinatorServiceServicer_to_server,
-            StoreServicer(StoreCore(kv, FlightTransport(kv))),
+            store,
         ),
+        "store_servicer": store,
         "compiler": serve(
             "compiler",
             compiler_pb2_grpc.add_CompilerServiceServicer_to_server,

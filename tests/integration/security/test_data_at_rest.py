@@ -21,7 +21,7 @@ def mode(p: Path) -> int:
 
 
 def test_the_stacks_home_pki_and_credentials_are_private(tmp_path, monkeypatch):
-    from microco.services.stack._pki import StackPki
+    from microco.services.stack._pki import StackPki, job_user
 
     home = tmp_path / "home"
     home.mkdir(mode=0o755)  # an existing home is made private too
@@ -30,8 +30,12 @@ def test_the_stacks_home_pki_and_credentials_are_private(tmp_path, monkeypatch):
     monkeypatch.setattr(identity, "use", lambda ident: None)  # keep this process's identity
     pki = StackPki.set_up(home, False, lambda msg: None)
     pki.child_env("cache-0", "cache")
+    job = job_user()  # as root: the jobs' own user, whose group passes through home and data
     for d in (home, home / "logs", home / "data", home / "pki", home / "pki" / "services"):
-        assert mode(d) == 0o700, d
+        if job is not None and d in (home, home / "data"):
+            assert mode(d) == 0o710 and d.stat().st_gid == job.gid, d
+        else:
+            assert mode(d) == 0o700, d
     secrets = [
         home / "credentials.pem",
         home / "pki" / "redis.password",

@@ -1,8 +1,8 @@
 """RPC fuzzing (issue 16): random well-typed messages, built by hypothesis from each method's
 protobuf descriptor (every field, nested messages, repeated fields and maps, odd strings and
-extreme numbers), sent to the scheduler, a node agent, the store coordinator, the compiler and a
-cache server serving over mutual TLS (the ``platform`` fixture) as an administrator. Every
-answer is a result or a clean status: never INTERNAL or UNKNOWN (an unhandled error), never a
+extreme numbers), sent to the scheduler, a node agent, the store coordinator, the compiler, a
+cache server and the ``InfoService`` every service serves, over mutual TLS (the ``platform``
+fixture) as an administrator. Every answer is a result or a clean status: never INTERNAL or UNKNOWN (an unhandled error), never a
 hang."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from microco.api.agent.v1 import agent_pb2
 from microco.api.cache.v1 import cache_pb2
+from microco.api.common.v1 import common_pb2
 from microco.api.compiler.v1 import compiler_pb2
 from microco.api.scheduler.v1 import scheduler_pb2
 from microco.api.store.v1 import store_pb2
@@ -126,7 +127,9 @@ SERVICES = {
     "store": store_pb2.DESCRIPTOR.services_by_name["StoreCoordinatorService"],
     "cache": cache_pb2.DESCRIPTOR.services_by_name["CacheService"],
     "compiler": compiler_pb2.DESCRIPTOR.services_by_name["CompilerService"],
+    "info": common_pb2.DESCRIPTOR.services_by_name["InfoService"],  # every service's; the scheduler's here
 }
+ADDRESS = {"info": "scheduler"}  # the platform's server that answers a service above
 METHODS = [(server, m) for server, svc in SERVICES.items() for m in svc.methods]
 CLEAN_FAILURES = set(grpc.StatusCode) - {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 
@@ -134,7 +137,7 @@ CLEAN_FAILURES = set(grpc.StatusCode) - {grpc.StatusCode.INTERNAL, grpc.StatusCo
 @pytest.fixture(scope="module")
 def channels(platform: dict[str, Any]) -> dict[str, grpc.Channel]:
     admin = issued("user:fuzz-admin", admin=True)
-    return {server: dial(platform[server], identity=admin) for server in SERVICES}
+    return {server: dial(platform[ADDRESS.get(server, server)], identity=admin) for server in SERVICES}
 
 
 def watches(method: d.MethodDescriptor) -> bool:

@@ -1,0 +1,192 @@
+"""The user a node agent runs its jobs as (``--run-as``).
+
+A job must not read its agent's credentials (the agent's key acts as ``service:agent``), yet a
+process can read every file of its own user. So an agent running as root starts each job as an
+unprivileged user of its own (by default the dedicated uid/gid ``DEFAULT_JOB_UID``, or the user
+``microco-job`` where the system has one): the job cannot read the agent's 0600 files, nor
+signal or trace the agent. The directories a job needs (its control directory, checkpoint
+directory and a home) are given to that user; the ones on the way there are opened to its group
+for traversal only (0710), never for listing. An agent that does not run as root cannot change
+user: it runs jobs as itself and says so loudly at start (docs/security.md)."""
+
+from __future__ import annotations
+
+import grp
+import json
+import logging
+import os
+import pwd
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from microco.clients.scheduler import ACTIONS, ControlChannel
+from microco.common.errors import InvalidArgument
+
+log = logging.getLogger(__name__)
+
+ENV_RUN_AS = "MICROCO_RUN_AS"
+JOB_USER_NAME = "microco-job"
+DEFAULT_JOB_UID = 64_000  # a uid no login uses, when the system has no ``microco-job`` user
+SELF = ("self", "")
+#: The agent's credentials in its environment: never passed on to a job or to the zygote.
+AGENT_ONLY = frozenset({"MICROCO_CREDENTIALS", "MICROCO_CREDENTIALS_PEM", "MICROCO_CA_DIR"})
+
+
+@dataclass(frozen=True)
+class JobUser:
+    uid: int
+    gid: int
+
+    def __str__(self) -> str:
+        return f"uid {self.uid} gid {self.gid}"
+
+
+def resolve_run_as(spec: str, euid: int | None = None) -> JobUser | None:
+    """The user jobs run as for ``--run-as spec``: ``auto`` (as root, ``microco-job`` or the
+    dedicated ``DEFAULT_JOB_UID``; otherwise the agent's own user), ``self`` (the agent's own
+    user: ``None``), a user name, or ``uid[:gid]``."""
+    euid = os.geteuid() if euid is None else euid
+    spec = spec.strip()
+    if spec in SELF:
+        return None
+    if spec == "auto":
+        if euid != 0:
+            return None
+        try:
+            pw = pwd.getpwnam(JOB_USER_NAME)
+            return JobUser(pw.pw_uid, pw.pw_gid)
+        except KeyError:
+            return JobUser(DEFAULT_JOB_UID, DEFAULT_JOB_UID)
+    uid_s, _, gid_s = spec.partition(":")
+    try:
+        if uid_s.isdigit():
+            uid = int(uid_s)
+            gid = int(gid_s) if gid_s else _primary_gid(uid)
+        else:
+            pw = pwd.getpwnam(uid_s)
+            uid = pw.pw_uid
+            gid = (int(gid_s) if gid_s.isdigit() else grp.getgrnam(gid_s).gr_gid) if gid_s else pw.pw_gid
+    except (KeyError, ValueError):
+        raise InvalidArgument(f"--run-as {spec!r}: no such user or group (a name, or uid[:gid])") from None
+    if uid == 0 or gid == 0:
+        raise InvalidArgument(
+            "--run-as must name an unprivileged user: a job as root could read the agent's key"
+        )
+    if euid != 0 and uid != euid:
+        raise InvalidArgument(
+            f"--run-as {spec!r}: only an agent running as root can run jobs as another user"
+        )
+    return None if uid == euid else JobUser(uid, gid)
+
+
+def blocked(user: JobUser, paths: list[Path], own: list[Path]) -> str:
+    """The first directory on the way to one of ``paths`` (or the file itself, when it is to be
+    run: ``sys.executable``) that ``user`` may not pass; ``own``: directories the agent opens for
+    it itself (``traversable``). '' when none."""
+    for target in paths:
+        target = target.resolve()
+        parts = [*reversed(target.parents), target]
+        for p in parts:
+            if any(p == o or o in p.parents for o in own):
+                break  # the agent's own: made traversable for the job
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                break  # made later, by the agent
+            bits = (
+                (st.st_mode >> 6)
+                if st.st_uid == user.uid
+                else (st.st_mode >> 3 if st.st_gid == user.gid else st.st_mode)
+            )
+            if not bits & 0o1:
+                return str(p)
+    return ""
+
+
+def _primary_gid(uid: int) -> int:
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return uid
+
+
+def warn_if_shared(user: JobUser | None, credentials: str = "") -> None:
+    """Say loudly, at start, that jobs run as the agent's own user and may read its key."""
+    if user is not None:
+        log.info("jobs run as %s, apart from the agent (uid %d)", user, os.geteuid())
+        return
+    log.warning(
+        "JOBS RUN AS THIS AGENT'S OWN USER (uid %d): a job can read the agent's credentials%s and act "
+        "as service:agent. Run the agent as root to start each job as a separate user (--run-as, "
+        "docs/security.md)",
+        os.geteuid(),
+        f" ({credentials})" if credentials else "",
+    )
+
+
+def traversable(path: Path, user: JobUser) -> None:
+    """Let ``user``'s group pass through ``path`` (0710, group ``user.gid``): not list it, not read
+    what it holds unless that is theirs. Directories of others are left as they are."""
+    st = path.stat()
+    if st.st_uid != os.geteuid():
+        return
+    if st.st_gid != user.gid:
+        os.chown(path, -1, user.gid)
+    mode = st.st_mode & 0o7777
+    if mode & 0o070 != 0o010 or mode & 0o007:
+        os.chmod(path, (mode & 0o700) | 0o010)
+
+
+def give(path: Path, user: JobUser, mode: int = 0o700) -> None:
+    """``path`` (a directory) becomes ``user``'s own, with what is directly in it."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chown(path, user.uid, user.gid)
+    os.chmod(path, mode)
+    for entry in path.iterdir():
+        try:
+            os.chown(entry, user.uid, user.gid, follow_symlinks=False)
+        except OSError:
+            pass
+
+
+class JobControl(ControlChannel):
+    """The agent's end of a job's control directory when the job runs as another user: each
+    command file is the job's own (written as the agent, given to the job before it is renamed
+    into place, so the job never sees one it cannot read)."""
+
+    def __init__(self, directory: str | os.PathLike[str], user: JobUser) -> None:
+        super().__init__(directory)
+        self.user = user
+
+    def send(self, action: str, devices: list[str] | None = None) -> int:
+        if action not in ACTIONS:
+            raise ValueError(f"unknown control action {action!r}; expected one of {ACTIONS}")
+        try:
+            current = json.loads(self.command_path.read_text())
+        except (FileNotFoundError, ValueError):
+            current = {}
+        seq = int(current.get("seq", 0)) + 1
+        _write_owned(
+            self.command_path,
+            {"seq": seq, "action": action, "devices": devices, "sent_at": time.time()},
+            self.user,
+        )
+        return seq
+
+
+def _write_owned(path: Path, value: Any, user: JobUser) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchown(fd, user.uid, user.gid)
+        with os.fdopen(fd, "w") as f:
+            json.dump(value, f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,135 @@
+"""A job runs as a user of its own (issue 16): an agent running as root starts each job as an
+unprivileged user (``--run-as``), so the job cannot read the agent's credentials; its own
+directories (control, checkpoints, home) are the job user's. Run as root where the suite runs as
+root; elsewhere the separation cannot be made (and the agent says so at start)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from _support import wait_until
+
+from microco.common.errors import InvalidArgument
+from microco.services.agent._devices import discover_devices
+from microco.services.agent._procs import ProcessManager
+from microco.services.agent._runas import DEFAULT_JOB_UID, JobUser, blocked, resolve_run_as, warn_if_shared
+
+pytestmark = pytest.mark.integration
+
+PROBE = """
+import json, os, sys
+out = {"uid": os.getuid(), "gid": os.getgid(), "groups": sorted({os.getgid(), *os.getgroups()})}
+for name in sys.argv[1:]:
+    try:
+        open(name).read()
+        out[name] = "read"
+    except PermissionError:
+        out[name] = "denied"
+for var in ("MICROCO_CONTROL_DIR", "MICROCO_CHECKPOINT_DIR", "HOME"):
+    path = os.path.join(os.environ[var], "probe")
+    with open(path, "w") as f:
+        f.write("x")
+    out[var] = "written"
+print("PROBE", json.dumps(out))
+"""
+# The same probe by exec, in sh: here the platform's interpreter lies under /root (0700), which
+# the job user may not enter (an agent in ``auto`` then keeps jobs as itself, saying why).
+SH_PROBE = """
+r() { if cat "$1" >/dev/null 2>&1; then echo read; else echo denied; fi; }
+w() { if echo x > "$1/probe" 2>/dev/null; then echo written; else echo failed; fi; }
+printf 'PROBE {"uid": %s, "gid": %s, "groups": [%s], "%s": "%s", "%s": "%s", "MICROCO_CONTROL_DIR": "%s", \
+"MICROCO_CHECKPOINT_DIR": "%s", "HOME": "%s"}\n' "$(id -u)" "$(id -g)" "$(id -G | tr ' ' ,)" \
+"$1" "$(r "$1")" "$2" "$(r "$2")" "$(w "$MICROCO_CONTROL_DIR")" "$(w "$MICROCO_CHECKPOINT_DIR")" "$(w "$HOME")"
+"""
+
+
+def test_the_job_user_follows_run_as():
+    assert resolve_run_as("self", euid=0) is None
+    assert resolve_run_as("auto", euid=1000) is None  # not root: no separation (warned)
+    auto = resolve_run_as("auto", euid=0)
+    assert auto is not None and auto.uid not in (0, 1000)
+    assert resolve_run_as("64001:64002", euid=0) == JobUser(64001, 64002)
+    assert resolve_run_as("1000", euid=1000) is None  # itself
+    for bad in ("root", "0", "64001:0", "no-such-user-xyz"):
+        with pytest.raises(InvalidArgument):
+            resolve_run_as(bad, euid=0)
+    with pytest.raises(InvalidArgument, match="only an agent running as root"):
+        resolve_run_as("64001", euid=1000)
+
+
+def test_a_directory_the_job_user_may_not_pass_is_named():
+    user = JobUser(DEFAULT_JOB_UID, DEFAULT_JOB_UID)
+    base = Path(tempfile.mkdtemp(prefix="microco-runas-"))  # (pytest's own root is 0700)
+    try:
+        base.chmod(0o755)
+        closed = base / "closed"
+        (closed / "data").mkdir(parents=True)
+        closed.chmod(0o700)
+        assert blocked(user, [closed / "data" / "agent"], []) == str(closed)
+        assert blocked(user, [closed / "data" / "agent"], [closed]) == ""  # the agent opens its own
+        assert blocked(user, [base], []) == ""
+    finally:
+        shutil.rmtree(base)
+
+
+def test_an_agent_not_running_as_root_warns_that_jobs_share_its_user(caplog):
+    warn_if_shared(None, "/etc/agent.pem")
+    assert "JOBS RUN AS THIS AGENT'S OWN USER" in caplog.text and "/etc/agent.pem" in caplog.text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can run a job as another user")
+@pytest.mark.parametrize("zygote", [False, True], ids=["exec", "zygote"])
+def test_a_job_cannot_read_the_agents_key(zygote):
+    # Not under pytest's 0700 temporary root: the job user must be able to reach its directories.
+    base = Path(tempfile.mkdtemp(prefix="microco-runas-"))
+    secret = Path(tempfile.mkdtemp(prefix="microco-agent-pki-"))
+    user = JobUser(DEFAULT_JOB_UID, DEFAULT_JOB_UID)
+    procs = None
+    try:
+        key = secret / "agent.pem"  # as the stack writes it: 0600 in a 0700 directory
+        key.write_text("-----BEGIN PRIVATE KEY-----\n")
+        key.chmod(0o600)
+        inside = base / "agent-state.json"  # a file of the agent's next to the jobs' directories
+        inside.write_text("{}")
+        inside.chmod(0o600)
+        script = base / "probe.py"
+        script.write_text(PROBE)
+        script.chmod(0o644)
+        procs = ProcessManager(
+            base,
+            discover_devices("n", 1),
+            pin_cpus=False,
+            preload=["json"] if zygote else None,
+            run_as=user,
+        )
+        if zygote:
+            wait_until(procs.zygote.ready.is_set, 60, "the zygote")
+        if zygote:
+            command = [sys.executable, str(script), str(key), str(inside)]
+        else:
+            command = ["/bin/sh", "-c", SH_PROBE, "sh", str(key), str(inside)]
+        proc = procs.start("j-1", command, {}, ["n/0"])
+        assert proc.forked == zygote
+        wait_until(lambda: proc.poll() is not None, 60, "the job to exit")
+        text = proc.log_path.read_text()
+        assert proc.exit_code == 0, text
+        out = json.loads(text.split("PROBE ", 1)[1])
+        assert (out["uid"], out["gid"], out["groups"]) == (user.uid, user.gid, [user.gid]), out
+        assert out[str(key)] == "denied" and out[str(inside)] == "denied", out
+        assert {out[v] for v in ("MICROCO_CONTROL_DIR", "MICROCO_CHECKPOINT_DIR", "HOME")} == {"written"}
+        # the agent's commands are files the job may read
+        proc2 = procs.start("j-2", ["/bin/sh", "-c", "sleep 60"], {}, ["n/0"])
+        proc2.control.send("checkpoint")
+        assert proc2.control.command_path.stat().st_uid == user.uid
+        procs.stop("j-2", grace_s=0.1)
+    finally:
+        if procs is not None:
+            procs.shutdown()
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(secret, ignore_errors=True)
