@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 from typing import Any
 
@@ -35,12 +34,19 @@ def register(sub: Any) -> None:
     r.add_argument("name", help="dataset name (letters, digits, - _ .)")
     r.add_argument("path", help="local directory or fsspec URL of the data")
     r.add_argument("--chunk-size", default="4M", help="target chunk size (e.g. 4M, 512K)")
-    r.add_argument("--owner", default="", help="who registers it (default: current user)")
+    r.add_argument(
+        "--owner",
+        default="",
+        help="whose dataset it is (default: yours: the user your credentials name, or the system user "
+        "without them); another user's only as an administrator. Each user's datasets are readable only "
+        "by them, their jobs, administrators and the cache service",
+    )
     r.add_argument("--json", action="store_true", help="print the record as JSON")
     r.set_defaults(func=cmd_register)
 
-    d = s.add_parser("datasets", help="list registered datasets")
+    d = s.add_parser("datasets", help="list your registered datasets (--all: every user's)")
     d.add_argument("--json", action="store_true")
+    d.add_argument("--all", action="store_true", help="every user's datasets (administrators only)")
     d.set_defaults(func=cmd_datasets)
 
     st = s.add_parser("stats", help="capacity, use, hits and misses of every cache server")
@@ -96,7 +102,7 @@ def cmd_register(args: argparse.Namespace) -> int:
                 kv,
                 args.name,
                 args.path,
-                owner=args.owner or getpass.getuser(),
+                owner=args.owner or None,
                 chunk_bytes=chunk,
                 progress=bar.update,
                 home=str(args.home) if args.home else None,
@@ -120,7 +126,7 @@ def cmd_datasets(args: argparse.Namespace) -> int:
 
     kv = _kv(args)
     try:
-        recs = list_datasets(kv)
+        recs = list_datasets(kv, everyone=args.all)
     finally:
         kv.close()
     if args.json:

@@ -9,9 +9,10 @@ name*. So every identity of the platform is an etcd user of its own name (``serv
   and administrators;
 - ``service-<name>``: the registry, elections and the deny-list, the job records' owners (read),
   and that service's own prefixes (:data:`SERVICE_PREFIXES`);
-- ``platform-user`` (users and jobs): discovery (read), dataset registrations and the compiler's
-  exploration store; never the job records (their environments), the store's catalog or another
-  service's state.
+- ``platform-user`` (users and jobs): discovery (read) and the compiler's exploration store;
+  never the job records (their environments), the store's catalog or another service's state;
+- ``user-<name>`` (user ``name`` and the jobs they own): ``name``'s dataset registrations
+  (``/microco/cache/datasets/<name>/``), no other user's.
 
 Managed through etcd's Auth API over gRPC (``pyetcd``'s generated stubs, on a channel of the
 platform's TLS); users have no password (``no_password``): they log in with their certificate
@@ -62,14 +63,13 @@ SERVICE_PREFIXES: dict[str, list[tuple[str, int]]] = {
     "console": [("/microco/", READ)],
     "etcd": [],
 }
-#: Users and jobs: discovery, dataset registrations, the compiler's exploration store.
+#: Users and jobs: discovery, the compiler's exploration store (not the job phases: every job's
+#: id and node, which only the services read).
 USER_PREFIXES = [
     (REGISTRY, READ),
     (LEADERS, READ),
     (NODES, READ),
-    (DATASETS, READWRITE),
     (COMPILER, READWRITE),
-    (PHASES, READ),
 ]
 ROOT_SERVICES = frozenset({"stack", "scheduler"})
 USER_ROLE = "platform-user"
@@ -80,6 +80,15 @@ def _end(prefix: str) -> bytes:
     b = bytearray(prefix.encode())
     b[-1] += 1
     return bytes(b)
+
+
+def owner_role(user: str) -> str:
+    """The role that reaches ``user``'s own data (their dataset registrations)."""
+    return f"user-{user}"
+
+
+def owner_prefixes(user: str) -> list[tuple[str, int]]:
+    return [(f"{DATASETS}{user}/", READWRITE)]
 
 
 def role_of(name: str, admin: bool = False) -> str:
@@ -147,6 +156,11 @@ class EtcdAuth:
         self._call("UserAdd", raw)
         self._call("UserGrantRole", rpc_pb2.AuthUserGrantRoleRequest(user=name, role=role))
 
+    def grant(self, name: str, role: str) -> None:
+        from pyetcd.etcdrpc import rpc_pb2
+
+        self._call("UserGrantRole", rpc_pb2.AuthUserGrantRoleRequest(user=name, role=role))
+
     def users(self) -> list[str]:
         from pyetcd.etcdrpc import rpc_pb2
 
@@ -184,9 +198,16 @@ class EtcdAuth:
         self.enable()
         log.info("etcd authentication on: %d service users, %d administrators", len(services), len(admins))
 
-    def add_identity(self, name: str, admin: bool = False) -> None:
-        """A user or a job as an etcd user of its certificate's name (auth already on)."""
-        self.add_user(name, role_of(name, admin))
+    def add_identity(self, name: str, admin: bool = False, owner: str = "") -> None:
+        """A user or a job as an etcd user of its certificate's name (auth already on); a user
+        also reaches their own data, a job its ``owner``'s."""
+        role = role_of(name, admin)
+        self.add_user(name, role)
+        kind, subject = split_name(name)
+        user = subject if kind == "user" else owner if kind == "job" else ""
+        if role != "root" and user:
+            self.add_role(owner_role(user), owner_prefixes(user))
+            self.grant(name, owner_role(user))
 
 
 def _auth_for(kv: Any) -> EtcdAuth | None:
@@ -224,13 +245,14 @@ def remove_job_users(kv: Any, keep: set[str] | frozenset[str]) -> list[str]:
     return gone
 
 
-def add_job_user(kv: Any, job_id: str) -> None:
-    """Make ``job:<job_id>`` an etcd user (the scheduler, before it starts the job), when this
-    process runs against an etcd with roles (``MICROCO_ETCD_ROLES``); else nothing."""
+def add_job_user(kv: Any, job_id: str, owner: str = "") -> None:
+    """Make ``job:<job_id>`` an etcd user (the scheduler, before it starts the job), reaching
+    its ``owner``'s data, when this process runs against an etcd with roles
+    (``MICROCO_ETCD_ROLES``); else nothing."""
     auth = _auth_for(kv)
     if auth is None:
         return
     try:
-        auth.add_identity(f"job:{job_id}")
+        auth.add_identity(f"job:{job_id}", owner=owner)
     finally:
         auth.close()

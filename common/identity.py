@@ -33,6 +33,9 @@ ENV_CREDENTIALS = "MICROCO_CREDENTIALS"
 ENV_CREDENTIALS_PEM = "MICROCO_CREDENTIALS_PEM"
 ENV_INSECURE = "MICROCO_INSECURE"
 ENV_CA_DIR = "MICROCO_CA_DIR"
+#: The user a job acts for, set by the scheduler in every job's environment (a job's bare
+#: dataset names are its owner's: ``clients/cache``).
+ENV_JOB_OWNER = "MICROCO_JOB_OWNER"
 SERVICE_NAME = "microco.service"  # the DNS name in every service certificate, checked by clients
 ADMIN_UNIT = "admin"
 KINDS = ("service", "user", "job")
@@ -441,11 +444,12 @@ def channel_credentials(identity: Identity) -> object:
     )
 
 
-def job_credentials_env(job_id: str) -> dict[str, str]:
-    """The environment entry that hands a job's processes their credentials (empty when this
-    process cannot issue them)."""
+def job_credentials_env(job_id: str, owner: str = "") -> dict[str, str]:
+    """The environment entries that hand a job's processes their credentials (none when this
+    process cannot issue them) and name the user it acts for (``owner``, when known)."""
     ident = job_identity(job_id)
-    return {ENV_CREDENTIALS_PEM: ident.to_pem().decode()} if ident is not None else {}
+    env = {ENV_CREDENTIALS_PEM: ident.to_pem().decode()} if ident is not None else {}
+    return {**env, ENV_JOB_OWNER: owner} if owner else env
 
 
 def private_ca(

@@ -26,7 +26,15 @@ from typing import Any
 
 from ._backing import BackingStore, FsspecStore, LocalStore, ThrottledStore, open_store
 from ._client import CacheClient, Grant
-from ._datasets import DatasetRecord, get_dataset, list_datasets, load_index, register_dataset
+from ._datasets import (
+    ENV_JOB_OWNER,
+    DatasetRecord,
+    caller_owner,
+    get_dataset,
+    list_datasets,
+    load_index,
+    register_dataset,
+)
 from ._digest import digest, directory_locator, file_locator, is_digest
 from ._directory import RedisDirectory
 from ._exchange import Exchange, ExchangeSampler, ThreadExchange, TorchExchange
@@ -120,7 +128,8 @@ def open_loader(
         from microco.common.hotstate import connect_redis
 
         kwargs["peers"] = Peers(connect_redis(redis_url, check=False), kv, exclude=server)
-    return QuiverLoader(index, store, dataset=name, server=cache, **kwargs)
+    # (reported as ``owner/name``: two users' datasets of one name are two datasets to the cache)
+    return QuiverLoader(index, store, dataset=rec.qualified, server=cache, **kwargs)
 
 
 def find_server(kv: Any, node: str | None = None) -> str | None:
@@ -139,6 +148,7 @@ def find_server(kv: Any, node: str | None = None) -> str | None:
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "ENV_JOB_OWNER",
     "JOB_DATASETS_PREFIX",
     "BackingStore",
     "Batch",
@@ -171,6 +181,7 @@ __all__ = [
     "allocation_to_dict",
     "build_index",
     "cache_overview",
+    "caller_owner",
     "chunk_owner",
     "decode_sample",
     "digest",

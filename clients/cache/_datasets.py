@@ -1,18 +1,37 @@
 """Dataset registration: index once, keep the index in the cache's state, metadata in etcd.
 
-etcd holds ``/microco/cache/datasets/<name>`` -> {url, index digest, sizes, owner}; the
-index itself (which names every chunk, and so grants the right to read it) is kept by the
+etcd holds ``/microco/cache/datasets/<owner>/<name>`` -> {url, index digest, sizes, owner};
+each user's registrations under a prefix of their own, which etcd lets only that user (and the
+jobs they own, administrators and the cache service) read and write (``common/etcd_roles``,
+docs/security.md). A name without an owner (``digits``) is the caller's own: a user's, or for a
+job its owner's (``MICROCO_JOB_OWNER``, set by the scheduler); ``alice/digits`` names another
+user's, for those allowed to read it. The index itself (which names every chunk, and so grants the right to read it) is kept by the
 cache under ``MICROCO_HOME`` (see ``_indexstore``), no more readable than the data; nothing
 is ever written into the data folder.
 """
 
 from __future__ import annotations
 
+import getpass
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from microco.common.errors import InvalidArgument, NotFound
+from microco.common.identity import ENV_JOB_OWNER, current, split_name
+
+__all__ = [
+    "ENV_JOB_OWNER",
+    "PREFIX",
+    "DatasetRecord",
+    "caller_owner",
+    "dataset_key",
+    "get_dataset",
+    "list_datasets",
+    "load_index",
+    "register_dataset",
+]
 from microco.common.kv import KV
 
 from ._backing import open_store
@@ -36,11 +55,49 @@ class DatasetRecord:
     owner: str = ""
     registered_at: float = 0.0
 
+    @property
+    def qualified(self) -> str:
+        """``owner/name``: the dataset's name across users (what a job reports to the cache)."""
+        return f"{self.owner}/{self.name}" if self.owner else self.name
 
-def _check_name(name: str) -> None:
+
+def caller_owner() -> str:
+    """Whose datasets a bare name means for this process: a job's owner (``MICROCO_JOB_OWNER``),
+    else the user this process authenticates as (``user:<name>``), else (development mode
+    without identities, or a service) the operating system's user."""
+    owner = os.environ.get(ENV_JOB_OWNER, "")
+    if owner:
+        return owner
+    me = current()
+    if me is not None:
+        kind, subject = split_name(me.name)
+        if kind == "user":
+            return subject
+    return getpass.getuser()
+
+
+def _split(name: str, owner: str | None = None) -> tuple[str, str]:
+    """(owner, name) of ``name`` (``owner/name`` or a bare name: ``owner``, default the caller's)."""
+    if "/" in name:
+        who, _, short = name.partition("/")
+        _check_name(who, "owner")
+    else:
+        who, short = (owner or caller_owner()), name
+    _check_name(short)
+    _check_name(who, "owner")
+    return who, short
+
+
+def dataset_key(name: str, owner: str | None = None) -> str:
+    """The etcd key of dataset ``name`` (see :func:`_split`)."""
+    who, short = _split(name, owner)
+    return f"{PREFIX}{who}/{short}"
+
+
+def _check_name(name: str, what: str = "dataset name") -> None:
     if not name or "/" in name or len(name) > 200 or name.startswith("."):
         shown = repr(name) if len(name) <= 60 else f"{name[:40]!r}... ({len(name)} characters; at most 200)"
-        raise InvalidArgument(f"bad dataset name {shown}: use letters, digits, '-', '_' or '.'")
+        raise InvalidArgument(f"bad {what} {shown}: use letters, digits, '-', '_' or '.'")
 
 
 def register_dataset(
@@ -48,16 +105,17 @@ def register_dataset(
     name: str,
     url: str,
     *,
-    owner: str = "",
+    owner: str | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     progress: Callable[[int], None] | None = None,
     home: str | None = None,
 ) -> tuple[DatasetRecord, DatasetIndex]:
-    """Index the dataset at ``url`` and record it as ``name``. Re-registering the same bytes
-    under the same name is a no-op (it also puts the index in this host's cache state if it
-    was missing); other bytes under a taken name are refused, leaving nothing behind.
+    """Index the dataset at ``url`` and record it as ``name`` under ``owner`` (default: the
+    caller, :func:`caller_owner`; another user's prefix only for an administrator). Re-registering
+    the same bytes under the same name is a no-op (it also puts the index in this host's cache
+    state if it was missing); other bytes under a taken name are refused, leaving nothing behind.
     ``home``: the MICROCO_HOME whose cache keeps the index (default: the environment's)."""
-    _check_name(name)
+    owner, name = _split(name, owner)
     store = open_store(url)
     index = index_store(store, chunk_bytes, progress)
     raw = index.to_bytes()
@@ -72,7 +130,7 @@ def register_dataset(
         owner=owner,
         registered_at=time.time(),
     )
-    key = PREFIX + name
+    key = dataset_key(name, owner)
     existing = kv.get_json(key)
     if existing is not None and not (
         existing.get("index_digest") == rec.index_digest and existing.get("url") == rec.url
@@ -90,15 +148,22 @@ def register_dataset(
     return rec, index
 
 
-def get_dataset(kv: KV, name: str) -> DatasetRecord:
-    doc = kv.get_json(PREFIX + name)
+def get_dataset(kv: KV, name: str, owner: str | None = None) -> DatasetRecord:
+    """The record of dataset ``name``: ``owner/name``, or a bare name among ``owner``'s
+    (default: the caller's, :func:`caller_owner`)."""
+    who, short = _split(name, owner)
+    doc = kv.get_json(f"{PREFIX}{who}/{short}")
     if doc is None:
-        raise NotFound(f"no dataset named {name!r} (see `microco cache datasets`)")
+        raise NotFound(f"no dataset named {short!r} of {who!r} (see `microco cache datasets`)")
     return DatasetRecord(**doc)
 
 
-def list_datasets(kv: KV) -> list[DatasetRecord]:
-    return sorted((DatasetRecord(**doc) for _, doc in kv.get_prefix_json(PREFIX)), key=lambda r: r.name)
+def list_datasets(kv: KV, owner: str | None = None, everyone: bool = False) -> list[DatasetRecord]:
+    """``owner``'s datasets (default: the caller's); ``everyone``: every user's (for those etcd
+    lets read them all: administrators and the platform's services)."""
+    prefix = PREFIX if everyone else f"{PREFIX}{_split('x', owner)[0]}/"
+    recs = (DatasetRecord(**doc) for k, doc in kv.get_prefix_json(prefix) if "/" in k[len(PREFIX) :])
+    return sorted(recs, key=lambda r: (r.owner, r.name))
 
 
 def load_index(  # type: ignore[no-untyped-def]

@@ -188,9 +188,10 @@ class DecisionApplier:
         spec = rec.spec
         started: list[str] = []
         try:
-            add_job_user(self.store.kv, rec.id)  # its etcd user, when etcd has roles (docs/security.md)
+            # its etcd user (reaching its owner's datasets), when etcd has roles (docs/security.md)
+            add_job_user(self.store.kv, rec.id, spec.user)
             for rank, (n, ds) in enumerate(placement):
-                env = {**dict(spec.env), **job_credentials_env(rec.id)}
+                env = {**dict(spec.env), **job_credentials_env(rec.id, spec.user)}
                 if world > 1:
                     env.update(MICROCO_RANK=str(rank), MICROCO_WORLD_SIZE=str(world))
                 self.io.agents.start(

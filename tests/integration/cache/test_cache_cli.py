@@ -25,6 +25,8 @@ def test_cli_register_list_stats_allocations(
     rec = json.loads(capsys.readouterr().out)
     assert rec["num_samples"] == 12 and rec["num_chunks"] == 3 and rec["owner"] == "ann"
     assert main([*e, "datasets"]) == 0
+    assert "mnist" not in capsys.readouterr().out  # ann's, not the caller's own
+    assert main([*e, "datasets", "--all"]) == 0  # (the tester is an administrator)
     assert "mnist" in capsys.readouterr().out
     with CacheClient(server.address) as c:
         c.report_progress(
@@ -39,7 +41,7 @@ def test_cli_register_list_stats_allocations(
     assert main([*e, "allocations"]) == 0
     out = capsys.readouterr().out
     assert "mnist" in out and "rank 1 by benefit per byte" in out
-    assert main([*e, "register", "bad/name", str(tmp_path / "d")]) == 1
+    assert main([*e, "register", "bad/name/x", str(tmp_path / "d")]) == 1
     assert "bad dataset name" in capsys.readouterr().err
     assert main([*e, "register", "x", str(tmp_path / "missing")]) == 1
     assert "does not exist" in capsys.readouterr().err

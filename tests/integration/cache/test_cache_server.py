@@ -47,19 +47,32 @@ def test_two_users_share_one_copy_and_directory_lists_it(
         etcd_kv, "imgs-bob", str(tmp_path / "bob-copy"), owner="bob", chunk_bytes=16_000
     )
     assert [c.digest for c in idx_a.chunks] == [c.digest for c in idx_b.chunks]
-    assert {r.name for r in list_datasets(etcd_kv)} == {"imgs-alice", "imgs-bob"}
-    register_dataset(etcd_kv, "imgs-alice", str(tmp_path / "alice-data"), chunk_bytes=16_000)  # idempotent
+    assert {r.qualified for r in list_datasets(etcd_kv, everyone=True)} >= {
+        "alice/imgs-alice",
+        "bob/imgs-bob",
+    }
+    register_dataset(
+        etcd_kv, "alice/imgs-alice", str(tmp_path / "alice-data"), chunk_bytes=16_000
+    )  # idempotent
     with pytest.raises(AlreadyExists):
-        register_dataset(etcd_kv, "imgs-alice", str(tmp_path / "alice-data"), chunk_bytes=8_000)
+        register_dataset(etcd_kv, "alice/imgs-alice", str(tmp_path / "alice-data"), chunk_bytes=8_000)
     with pytest.raises(NotFound):
         open_loader(etcd_kv, "nope", server=server.address, batch_size=4, job_id="x")
 
-    a = open_loader(etcd_kv, "imgs-alice", server=server.address, batch_size=8, job_id="job-a", user="alice")
+    a = open_loader(
+        etcd_kv, "alice/imgs-alice", server=server.address, batch_size=8, job_id="job-a", user="alice"
+    )
     assert a.warm() == len(idx_a.chunks)
     _check_epoch(a, files, 0)
     assert a.stats.hit_rate == 1.0
     b = open_loader(
-        etcd_kv, "imgs-bob", server=server.address, batch_size=8, job_id="job-b", user="bob", prefetch=False
+        etcd_kv,
+        "bob/imgs-bob",
+        server=server.address,
+        batch_size=8,
+        job_id="job-b",
+        user="bob",
+        prefetch=False,
     )
     _check_epoch(b, files, 0)
     with CacheClient(server.address) as c:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from microco.clients.cache import CacheClient, open_loader, register_dataset, stats_to_dict
+from microco.clients.cache import CacheClient, get_dataset, open_loader, register_dataset, stats_to_dict
 from microco.services.cache import digest
 from microco.services.console._proto import to_dict
 from microco.services.console._views import per_job_counters
@@ -48,4 +48,8 @@ def test_get_stats_reports_hits_misses_and_bytes_per_job(make_dataset, tmp_path,
     with CacheClient(server.address) as c:
         mine = next(j for j in c.stats().job_stats if j.job_id == "loader-job")
     # (same-host direct reads through OpenChunks grants are not bytes the server sent)
-    assert mine.dataset == "imgs" and mine.hits + mine.misses == len(files) and mine.hits > 0
+    assert (
+        mine.dataset == get_dataset(etcd_kv, "imgs").qualified
+        and mine.hits + mine.misses == len(files)
+        and mine.hits > 0
+    )

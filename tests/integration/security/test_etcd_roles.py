@@ -6,6 +6,7 @@ its own prefixes, a certificate of nobody etcd knows nothing at all."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 from typing import Any
 
 import pytest
@@ -29,7 +30,9 @@ def etcd_with_roles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         # what `microco user add` and the scheduler do for a user and a job
         auth = EtcdAuth(server.endpoint, issued("service:scheduler"))
         auth.add_identity("user:alice")
-        auth.add_identity("job:j-1")
+        auth.add_identity("user:bob")
+        auth.add_identity("job:j-1", owner="alice")
+        auth.add_identity("job:j-2", owner="bob")
         auth.close()
         yield server.endpoint
     finally:
@@ -76,8 +79,8 @@ def test_each_identity_reaches_only_its_own_prefixes(etcd_with_roles):
         assert denied(c, "get", "/microco/store/catalog/t"), who
         assert denied(c, "put", "/microco/services/cache/c-1"), who  # no posing as a service
         assert denied(c, "put", "/microco/security/revoked/user:alice"), who
+        assert denied(c, "get", "/microco/scheduler/phases/j-2"), who  # every job's id and node
         assert c.get("/microco/services/cache/c-1")[0] == b"{}"  # discovery works
-        c.put("/microco/cache/datasets/ds", b"{}")  # and dataset registration
     cache = client(ep, "service:cache")
     assert denied(cache, "get", "/microco/store/catalog/t")
     assert denied(cache, "put", "/microco/scheduler/jobs/j-1")
@@ -86,6 +89,50 @@ def test_each_identity_reaches_only_its_own_prefixes(etcd_with_roles):
     # a certificate whose name etcd does not know gets nothing; an administrator everything
     assert denied(client(ep, "user:mallory"), "get", "/microco/services/cache/c-1")
     assert client(ep, "user:root", admin=True).get("/microco/store/catalog/t")[0] == b"{}"
+
+
+def test_a_users_datasets_reach_only_them_their_jobs_admins_and_the_cache(etcd_with_roles, tmp_path):
+    """Issue 16: dataset registrations (names, URLs, owners) were readable by every user."""
+    from microco.clients.cache import get_dataset, list_datasets, register_dataset
+    from microco.common import identity
+    from microco.common.errors import MicrocoError, NotFound
+    from microco.common.kv import EtcdKV
+
+    ep = etcd_with_roles
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.bin").write_bytes(b"alice's sample")
+    identity.use(issued("user:alice"))  # `microco cache register private DIR` as alice
+    try:
+        with closing(EtcdKV(ep)) as kv:
+            rec, _ = register_dataset(kv, "private", str(data), home=str(tmp_path / "home"))
+            assert [r.qualified for r in list_datasets(kv)] == ["alice/private"]
+    finally:
+        identity.use(None)
+    assert rec.owner == "alice" and rec.qualified == "alice/private"
+    key = "/microco/cache/datasets/alice/private"
+    for who in ("user:bob", "job:j-2"):  # another user, another user's job
+        c = client(ep, who)
+        assert denied(c, "get", key), who
+        assert denied(c, "put", key), who  # nor overwrite it
+        assert denied(c, "get", "/microco/cache/datasets/"), who  # nor list them
+        c.put("/microco/cache/datasets/bob/ds", b"{}")  # their own
+    alices_job = client(ep, "job:j-1")
+    assert b"private" in alices_job.get(key)[0]
+    assert denied(alices_job, "put", "/microco/cache/datasets/bob/ds")
+    for who, admin in (("service:cache", False), ("user:root", True)):
+        assert b"private" in client(ep, who, admin).get(key)[0]
+    identity.use(issued("user:bob"))  # through the client library: bob's own only
+    try:
+        with closing(EtcdKV(ep)) as kv:
+            with pytest.raises(NotFound):
+                get_dataset(kv, "private")  # a bare name is bob's own
+            with pytest.raises(MicrocoError, match="(?i)permission"):
+                get_dataset(kv, "alice/private")
+            with pytest.raises(MicrocoError, match="(?i)permission"):
+                list_datasets(kv, everyone=True)
+    finally:
+        identity.use(None)
 
 
 def test_an_ended_jobs_etcd_user_is_removed(etcd_with_roles, monkeypatch):
@@ -103,10 +150,10 @@ def test_an_ended_jobs_etcd_user_is_removed(etcd_with_roles, monkeypatch):
         add_job_user(kv, "j-live")
         add_job_user(kv, "j-done")
         assert client(ep, "job:j-done").get("/microco/services/cache/c-1") is not None
-        assert remove_job_users(kv, {"j-live", "j-1"}) == ["job:j-done"]
+        assert remove_job_users(kv, {"j-live", "j-1", "j-2"}) == ["job:j-done"]
         assert denied(client(ep, "job:j-done"), "get", "/microco/services/cache/c-1")
         assert client(ep, "job:j-live").get("/microco/services/cache/c-1") is not None
-        assert remove_job_users(kv, {"j-live", "j-1"}) == []  # nothing left to remove
+        assert remove_job_users(kv, {"j-live", "j-1", "j-2"}) == []  # nothing left to remove
     finally:
         identity.use(None)
         kv.close()

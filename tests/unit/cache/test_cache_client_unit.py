@@ -52,7 +52,9 @@ def test_register_in_memory_kv(tmp_path):
     with pytest.raises(NotFound):
         get_dataset(kv, "six")
     with pytest.raises(InvalidArgument):
-        register_dataset(kv, "a/b", str(tmp_path / "d"))
+        register_dataset(kv, "a/b/c", str(tmp_path / "d"))
+    with pytest.raises(InvalidArgument):
+        register_dataset(kv, "/b", str(tmp_path / "d"))
     with pytest.raises(NotFound):
         register_dataset(kv, "x", str(tmp_path / "nope"))
 
