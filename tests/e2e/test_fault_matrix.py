@@ -129,7 +129,9 @@ def submit(up: Up, steps: int) -> str:
         "-m",
         "microco.examples.synthetic_job",
         "--compute-ms",
-        "20",
+        "5",  # (a mini-batch of ~20 ms, mostly waiting: the suite's CPU goes to the faults)
+        "--io-ms",
+        "15",
         "--steps",
         str(steps),
     ]
