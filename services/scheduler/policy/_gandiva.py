@@ -58,6 +58,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
+from typing import Any
 
 from . import _gandiva_table as T
 from ._index import ClusterIndex, HolderTable, index_of
@@ -296,7 +297,7 @@ class GandivaPolicy:
         # the holders when taken). ``tests/unit/sim/test_sim_fast_path.py`` checks it.
         victims: list[JobView] = []
         pack_victims: dict[str, list[JobView]] = {}
-        pack_slots: list = []
+        pack_slots: Any = []  # (a list, or the table's SlotList)
         max_victim, min_victim_prio = -1.0, 0
         ready = False
         acted0 = set(acted)
@@ -326,14 +327,24 @@ class GandivaPolicy:
                     victims.sort(key=lambda j: (j.priority, -att[j.id], j.id))
                 else:
                     victims.sort(key=lambda j: (j.priority, j.last_change_at, j.id))
-            # packs whose quantum is over: device -> its members (one time-slice participant)
-            if cfg.enable_time_slicing and cfg.slice_packs and any_packed:
-                pack_victims = self._pack_victims(occ, jobs, acted, now)
-            packed_victims = [m for ms in pack_victims.values() for m in ms]
-            if cfg.enable_packing:
-                pack_slots = self._pack_slots(occ, jobs, acted, now, holders, tab)
+            want_pv = cfg.enable_time_slicing and cfg.slice_packs and any_packed
+            if tab is not None and idx is not None and idx.holder_count is not None:
+                # from the mechanism's table: the same victims and slots (session 28)
+                pack_victims, pack_slots, pv_att = self._packs_from_table(
+                    view, occ, jobs, acted, now, tab, idx.holder_count, want_pv, cfg.enable_packing
+                )
+                packed_att = [pv_att[m.id] for ms in pack_victims.values() for m in ms]
+                packed_victims = [m for ms in pack_victims.values() for m in ms]
+            else:
+                # packs whose quantum is over: device -> its members (one time-slice participant)
+                if want_pv:
+                    pack_victims = self._pack_victims(occ, jobs, acted, now)
+                packed_victims = [m for ms in pack_victims.values() for m in ms]
+                if cfg.enable_packing:
+                    pack_slots = self._pack_slots(occ, jobs, acted, now, holders, tab)
+                packed_att = [m.attained_service_s for m in packed_victims]
             served = att.values() if las else [v.attained_service_s for v in victims]
-            max_victim = max(chain(served, (m.attained_service_s for m in packed_victims)), default=-1.0)
+            max_victim = max(chain(served, packed_att), default=-1.0)
             min_victim_prio = min((v.priority for v in victims + packed_victims), default=0)
 
         # Dataset affinity reorders the waiting jobs (within the slack): a later job may then
@@ -591,6 +602,86 @@ class GandivaPolicy:
             ms.sort(key=lambda m: (m.priority, -m.attained_service_s, m.id))  # worst first
             out[dev] = ms
         return out
+
+    def _packs_from_table(
+        self,
+        view: ClusterView,
+        occ: Occupancy,
+        jobs: Mapping[str, JobView],
+        acted: set,
+        now: float,
+        tab: HolderTable,
+        count,
+        want_victims: bool,
+        want_slots: bool,
+    ) -> tuple[dict[str, list[JobView]], Any, dict[str, float]]:
+        """:meth:`_pack_victims` and :meth:`_pack_slots` at once, from the mechanism's table
+        (issue 23): the packs are visited in one pass over the shared devices, the members'
+        attained service read from the table's columns (the views' values, bit for bit),
+        and the devices held by one job found and sorted by array operations
+        (:func:`_gandiva_table.single_slots_sorted`). Returns the pack victims, the pack
+        slots (fullest first) and the pack victims' attained service by id: the same as the
+        two methods."""
+        cfg = self.config
+        pv: dict[str, list[JobView]] = {}
+        slots: Any = []
+        pv_att: dict[str, float] = {}
+        max_n = cfg.max_jobs_per_device
+        want_slots = want_slots and max_n >= 2
+        if not (want_victims or want_slots):
+            return pv, slots, pv_att
+        q = cfg.quantum_s - _EPS
+        observe = cfg.pack_observe_s - _EPS
+        limit = cfg.pack_share_limit
+        hx = occ.holders
+        shared = occ.shared_in_order()
+        att = tab.attained_at(now).tolist() if shared and want_victims else []
+        row = tab.row
+        packed = JobPhase.PACKED
+        extra: list[tuple[float, str, tuple[str, ...]]] = []
+        for dev in shared:  # (the devices with two or more holders)
+            hs = hx[dev]
+            n = len(hs)
+            if n < 2:
+                continue
+            ms = [m for h in hs if (m := jobs.get(h)) is not None]
+            if len(ms) < n:
+                continue
+            ok, pre, last = True, True, -math.inf
+            for m in ms:
+                if m.state is not packed or len(m.devices) != 1 or m.id in acted:
+                    ok = False
+                    break
+                if not m.preemptible:
+                    pre = False
+                if m.last_change_at > last:
+                    last = m.last_change_at
+            if not ok:
+                continue
+            # (``now - x`` falls as x grows: ``now - max(x) < t`` iff some ``now - x < t``)
+            if want_victims and pre and now - last >= q:
+                a = {m.id: att[row[m.id]] for m in ms}
+                pv_att.update(a)
+                pv[dev] = sorted(ms, key=lambda m: (m.priority, -a[m.id], m.id))  # worst first
+            if want_slots and n < max_n and now - last >= observe and packed_progress(ms) is not None:
+                busy = float(sum(busy_fraction(r) for r in ms))
+                if busy < limit:
+                    extra.append((busy, dev, tuple(hs)))
+        if want_slots:
+            slots = T.single_slots_sorted(
+                tab,
+                now,
+                observe,
+                limit,
+                acted,
+                hx,
+                count,
+                occ.changed,
+                view.devices,
+                _topology(view.devices)[2],
+                extra,
+            )
+        return pv, slots, pv_att
 
     def _swap_into_pack(
         self,

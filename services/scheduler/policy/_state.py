@@ -23,7 +23,19 @@ class Occupancy:
     the first ``free_by_node`` after a change, then reused until the next change).
     """
 
-    __slots__ = ("_fbn", "_n_free", "_order", "holders", "node_of", "nodes", "shared", "version")
+    __slots__ = (
+        "_fbn",
+        "_fbn_base",
+        "_fbn_dirty",
+        "_n_free",
+        "_order",
+        "changed",
+        "holders",
+        "node_of",
+        "nodes",
+        "shared",
+        "version",
+    )
 
     def __init__(self, view: ClusterView) -> None:
         # node_of, nodes and _order depend on the devices alone: shared, read-only, between
@@ -49,7 +61,10 @@ class Occupancy:
         # free devices, counted once here and kept by take/release (the only writers)
         self._n_free = len(holders) - held
         self._fbn: dict[str, list[str]] | None = None
+        self._fbn_base: dict[str, list[str]] | None = None  # the last one built, for its clean nodes
         self.version = 0  # bumped by every take/release that changes a device
+        self.changed: set[str] = set()  # the devices take/release changed since it was built
+        self._fbn_dirty: set[str] = set()  # ... since ``_fbn_base`` was built
 
     @classmethod
     def from_index(cls, view: ClusterView, index: ClusterIndex) -> Occupancy:
@@ -62,7 +77,10 @@ class Occupancy:
         occ._n_free = len(occ.holders) - index.n_held
         fbn = index.free_by_node
         occ._fbn = None if fbn is None else dict(fbn)  # (the lists are shared: read only)
+        occ._fbn_base = occ._fbn
         occ.version = 0
+        occ.changed = set()
+        occ._fbn_dirty = set()
         return occ
 
     # -- queries
@@ -79,11 +97,27 @@ class Occupancy:
         if fbn is None:
             fbn = {}
             holders = self.holders
-            for node, devs in self.nodes.items():
-                f = [d for d in devs if not holders[d]]
-                if f:
-                    fbn[node] = f
-            self._fbn = fbn
+            base = self._fbn_base
+            if base is None:
+                for node, devs in self.nodes.items():
+                    f = [d for d in devs if not holders[d]]
+                    if f:
+                        fbn[node] = f
+            else:
+                # only the nodes of the devices changed since ``base`` was built are
+                # rescanned; the others keep their (read-only) lists: the same dict
+                node_of = self.node_of
+                dirty = {node_of[d] for d in self._fbn_dirty}
+                get = base.get
+                for node, devs in self.nodes.items():
+                    if node in dirty:
+                        f = [d for d in devs if not holders[d]]
+                    else:
+                        f = get(node)
+                    if f:
+                        fbn[node] = f
+            self._fbn = self._fbn_base = fbn
+            self._fbn_dirty.clear()
         return fbn
 
     def nodes_of(self, devices: Iterable[str]) -> set[str]:
@@ -108,6 +142,8 @@ class Occupancy:
                 h = h[:i] + h[i + 1 :]
                 holders[d] = h
                 self._fbn = None
+                self.changed.add(d)
+                self._fbn_dirty.add(d)
                 self.version += 1
                 if not h:
                     self._n_free += 1
@@ -124,6 +160,8 @@ class Occupancy:
                 self.shared.add(d)
             holders[d] = (*h, job_id)
             self._fbn = None
+            self.changed.add(d)
+            self._fbn_dirty.add(d)
             self.version += 1
 
 
