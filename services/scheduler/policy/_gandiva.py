@@ -345,7 +345,11 @@ class GandivaPolicy:
                 packed_att = [m.attained_service_s for m in packed_victims]
             served = att.values() if las else [v.attained_service_s for v in victims]
             max_victim = max(chain(served, packed_att), default=-1.0)
-            min_victim_prio = min((v.priority for v in victims + packed_victims), default=0)
+            # (the victims are sorted by priority first: the first has the lowest)
+            min_victim_prio = min(
+                chain((victims[0].priority,) if victims else (), (m.priority for m in packed_victims)),
+                default=0,
+            )
 
         # Dataset affinity reorders the waiting jobs (within the slack): a later job may then
         # have less service than an earlier one, so the shortcuts below that rely on the

@@ -29,6 +29,7 @@ class Occupancy:
         "_fbn_dirty",
         "_n_free",
         "_order",
+        "_own",
         "changed",
         "holders",
         "node_of",
@@ -65,18 +66,23 @@ class Occupancy:
         self.version = 0  # bumped by every take/release that changes a device
         self.changed: set[str] = set()  # the devices take/release changed since it was built
         self._fbn_dirty: set[str] = set()  # ... since ``_fbn_base`` was built
+        self._own = True  # holders and shared are this occupancy's own (else the index's)
 
     @classmethod
     def from_index(cls, view: ClusterView, index: ClusterIndex) -> Occupancy:
         """The same occupancy as ``Occupancy(view)``, copied from the mechanism's index of
-        the view (no pass over its jobs)."""
+        the view (no pass over its jobs). The index's holders and shared devices are read
+        in place until the first ``take`` / ``release``, which copies them (a decision that
+        changes nothing, most of a simulator's, copies nothing: a 10,000-device dict)."""
         occ = cls.__new__(cls)
         occ.node_of, occ.nodes, occ._order = _topology(view.devices)
-        occ.holders = dict(index.holders)
-        occ.shared = set(index.shared)
+        occ.holders = index.holders  # type: ignore[assignment]  # (copied before a write)
+        occ.shared = index.shared  # type: ignore[assignment]
+        occ._own = False
         occ._n_free = len(occ.holders) - index.n_held
         fbn = index.free_by_node
-        occ._fbn = None if fbn is None else dict(fbn)  # (the lists are shared: read only)
+        # (never changed in place: a change builds a new one; the lists are read only)
+        occ._fbn = None if fbn is None else fbn  # type: ignore[assignment]
         occ._fbn_base = occ._fbn
         occ.version = 0
         occ.changed = set()
@@ -110,12 +116,9 @@ class Occupancy:
                 dirty = {node_of[d] for d in self._fbn_dirty}
                 get = base.get
                 for node, devs in self.nodes.items():
-                    if node in dirty:
-                        f = [d for d in devs if not holders[d]]
-                    else:
-                        f = get(node)
-                    if f:
-                        fbn[node] = f
+                    got = [d for d in devs if not holders[d]] if node in dirty else get(node)
+                    if got:
+                        fbn[node] = got
             self._fbn = self._fbn_base = fbn
             self._fbn_dirty.clear()
         return fbn
@@ -133,7 +136,14 @@ class Occupancy:
         return sorted(self.shared, key=order.__getitem__)
 
     # -- updates
+    def _make_own(self) -> None:
+        self.holders = dict(self.holders)
+        self.shared = set(self.shared)
+        self._own = True
+
     def release(self, job_id: str, devices: Iterable[str]) -> None:
+        if not self._own:
+            self._make_own()
         holders = self.holders
         for d in devices:
             h = holders.get(d)
@@ -151,6 +161,8 @@ class Occupancy:
                     self.shared.discard(d)
 
     def take(self, job_id: str, devices: Iterable[str]) -> None:
+        if not self._own:
+            self._make_own()
         holders = self.holders
         for d in devices:
             h = holders[d]
