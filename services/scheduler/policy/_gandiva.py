@@ -641,36 +641,25 @@ class GandivaPolicy:
         shared = occ.shared_in_order()
         att = tab.attained_at(now).tolist() if shared and want_victims else []
         row = tab.row
-        packed = JobPhase.PACKED
         extra: list[tuple[float, str, tuple[str, ...]]] = []
         for dev in shared:  # (the devices with two or more holders)
             hs = hx[dev]
             n = len(hs)
             if n < 2:
                 continue
-            ms = [m for h in hs if (m := jobs.get(h)) is not None]
-            if len(ms) < n:
+            facts = _pack_facts(hs, jobs)
+            # (every member known, PACKED on one device, none acted on: a member's id is
+            # its holder id)
+            if facts is None or not acted.isdisjoint(hs):
                 continue
-            ok, pre, last = True, True, -math.inf
-            for m in ms:
-                if m.state is not packed or len(m.devices) != 1 or m.id in acted:
-                    ok = False
-                    break
-                if not m.preemptible:
-                    pre = False
-                if m.last_change_at > last:
-                    last = m.last_change_at
-            if not ok:
-                continue
+            ms, pre, last, measured, busy = facts
             # (``now - x`` falls as x grows: ``now - max(x) < t`` iff some ``now - x < t``)
             if want_victims and pre and now - last >= q:
                 a = {m.id: att[row[m.id]] for m in ms}
                 pv_att.update(a)
                 pv[dev] = sorted(ms, key=lambda m: (m.priority, -a[m.id], m.id))  # worst first
-            if want_slots and n < max_n and now - last >= observe and packed_progress(ms) is not None:
-                busy = float(sum(busy_fraction(r) for r in ms))
-                if busy < limit:
-                    extra.append((busy, dev, tuple(hs)))
+            if want_slots and n < max_n and now - last >= observe and measured and busy < limit:
+                extra.append((busy, dev, tuple(hs)))
         if want_slots:
             slots = T.single_slots_sorted(
                 tab,
@@ -937,18 +926,17 @@ class GandivaPolicy:
             hs = occ.holders[dev]
             if len(hs) < 2:
                 continue
-            group = tuple(sorted(hs))
+            group, members, prog = _judged(hs, jobs)
             if group in seen:
                 continue
             seen.add(group)
-            members = [jobs[h] for h in group if h in jobs]
-            if any(view.now - m.last_change_at < cfg.pack_observe_s - _EPS for m in members):
-                continue
-            prog = packed_progress(members)
+            # (the cheaper test first: both only skip the device)
             if prog is not None and prog >= cfg.pack_keep_ratio and cfg.enable_packing:
                 continue
             if prog is None and cfg.enable_packing:
                 continue  # not measured yet
+            if any(view.now - m.last_change_at < cfg.pack_observe_s - _EPS for m in members):
+                continue
 
             # Undo: move out the job that suffers most (lowest alone/observed), newest first.
             def speed(m: JobView) -> float:
@@ -1218,6 +1206,62 @@ class GandivaPolicy:
             acted.add(j.id)
             if occ.n_free() == 0:
                 return
+
+
+# Facts about a device's holders that depend on their views alone (session 28): a view is
+# never changed (a mechanism builds a new one when a job changes; only a simulator's
+# attained service and steps move with its clock, and they are not used here), so they are
+# remembered per holder tuple and reused while every holder's view is the same object (a
+# simulator's packs change at a few of its thousands of decisions). Forgotten in bulk.
+_PACK_MEMO: dict[tuple[str, ...], tuple] = {}
+_JUDGE_MEMO: dict[tuple[str, ...], tuple] = {}
+_MEMO_MAX = 4096
+
+
+def _same_views(hs: tuple[str, ...], views: tuple, jobs: Mapping[str, JobView]) -> bool:
+    for h, v in zip(hs, views, strict=True):
+        if jobs.get(h) is not v:
+            return False
+    return True
+
+
+def _pack_facts(hs: tuple[str, ...], jobs: Mapping[str, JobView]) -> tuple | None:
+    """For a device's holders ``hs``: None unless every one is in ``jobs``, PACKED on one
+    device; else (their views in ``hs`` order, whether all are preemptible, their latest
+    ``last_change_at``, whether the pack is measured (:func:`packed_progress` not None),
+    their summed busy fraction): what the pack victims and pack slots read."""
+    got = _PACK_MEMO.get(hs)
+    if got is not None and _same_views(hs, got[0], jobs):
+        return got[1]
+    ms = [m for h in hs if (m := jobs.get(h)) is not None]
+    facts: tuple | None = None
+    if len(ms) == len(hs) and all(m.state is JobPhase.PACKED and len(m.devices) == 1 for m in ms):
+        facts = (
+            ms,
+            all(m.preemptible for m in ms),
+            max(m.last_change_at for m in ms),
+            packed_progress(ms) is not None,
+            float(sum(busy_fraction(r) for r in ms)),
+        )
+    if len(_PACK_MEMO) >= _MEMO_MAX:
+        _PACK_MEMO.clear()
+    _PACK_MEMO[hs] = (tuple(jobs.get(h) for h in hs), facts)
+    return facts
+
+
+def _judged(hs: tuple[str, ...], jobs: Mapping[str, JobView]) -> tuple:
+    """(the holder ids sorted, the views of those in ``jobs`` in that order, their
+    :func:`packed_progress`): what the pack judge reads of a shared device."""
+    got = _JUDGE_MEMO.get(hs)
+    if got is not None and _same_views(hs, got[0], jobs):
+        return got[1]
+    group = tuple(sorted(hs))
+    members = [jobs[h] for h in group if h in jobs]
+    facts = (group, members, packed_progress(members))
+    if len(_JUDGE_MEMO) >= _MEMO_MAX:
+        _JUDGE_MEMO.clear()
+    _JUDGE_MEMO[hs] = (tuple(jobs.get(h) for h in hs), facts)
+    return facts
 
 
 def _reads(jobs: Mapping[str, JobView], members: tuple[str, ...], dataset: str) -> bool:

@@ -303,7 +303,12 @@ def preempt_for(
     devs = place(occ.free_by_node(), k, allow_spread=allow_spread)
     if devs is not None:
         return devs, []
-    if occ.n_free() + sum(len(v.devices) for v in victims) < k:
+    need, total = k - occ.n_free(), 0
+    for v in victims:  # (summed only as far as it matters: lengths are >= 0)
+        total += len(v.devices)
+        if total >= need:
+            break
+    if total < need:
         return None  # even stopping every victim would not free enough devices
     used: list[JobView] = []
     for v in victims:
