@@ -58,6 +58,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
+from typing import Any
 
 from . import _gandiva_table as T
 from ._index import ClusterIndex, HolderTable, index_of
@@ -296,7 +297,7 @@ class GandivaPolicy:
         # the holders when taken). ``tests/unit/sim/test_sim_fast_path.py`` checks it.
         victims: list[JobView] = []
         pack_victims: dict[str, list[JobView]] = {}
-        pack_slots: list = []
+        pack_slots: Any = []  # (a list, or the table's SlotList)
         max_victim, min_victim_prio = -1.0, 0
         ready = False
         acted0 = set(acted)
@@ -326,15 +327,29 @@ class GandivaPolicy:
                     victims.sort(key=lambda j: (j.priority, -att[j.id], j.id))
                 else:
                     victims.sort(key=lambda j: (j.priority, j.last_change_at, j.id))
-            # packs whose quantum is over: device -> its members (one time-slice participant)
-            if cfg.enable_time_slicing and cfg.slice_packs and any_packed:
-                pack_victims = self._pack_victims(occ, jobs, acted, now)
-            packed_victims = [m for ms in pack_victims.values() for m in ms]
-            if cfg.enable_packing:
-                pack_slots = self._pack_slots(occ, jobs, acted, now, holders, tab)
+            want_pv = cfg.enable_time_slicing and cfg.slice_packs and any_packed
+            if tab is not None and idx is not None and idx.holder_count is not None:
+                # from the mechanism's table: the same victims and slots (session 28)
+                pack_victims, pack_slots, pv_att = self._packs_from_table(
+                    view, occ, jobs, acted, now, tab, idx.holder_count, want_pv, cfg.enable_packing
+                )
+                packed_att = [pv_att[m.id] for ms in pack_victims.values() for m in ms]
+                packed_victims = [m for ms in pack_victims.values() for m in ms]
+            else:
+                # packs whose quantum is over: device -> its members (one time-slice participant)
+                if want_pv:
+                    pack_victims = self._pack_victims(occ, jobs, acted, now)
+                packed_victims = [m for ms in pack_victims.values() for m in ms]
+                if cfg.enable_packing:
+                    pack_slots = self._pack_slots(occ, jobs, acted, now, holders, tab)
+                packed_att = [m.attained_service_s for m in packed_victims]
             served = att.values() if las else [v.attained_service_s for v in victims]
-            max_victim = max(chain(served, (m.attained_service_s for m in packed_victims)), default=-1.0)
-            min_victim_prio = min((v.priority for v in victims + packed_victims), default=0)
+            max_victim = max(chain(served, packed_att), default=-1.0)
+            # (the victims are sorted by priority first: the first has the lowest)
+            min_victim_prio = min(
+                chain((victims[0].priority,) if victims else (), (m.priority for m in packed_victims)),
+                default=0,
+            )
 
         # Dataset affinity reorders the waiting jobs (within the slack): a later job may then
         # have less service than an earlier one, so the shortcuts below that rely on the
@@ -592,6 +607,75 @@ class GandivaPolicy:
             out[dev] = ms
         return out
 
+    def _packs_from_table(
+        self,
+        view: ClusterView,
+        occ: Occupancy,
+        jobs: Mapping[str, JobView],
+        acted: set,
+        now: float,
+        tab: HolderTable,
+        count,
+        want_victims: bool,
+        want_slots: bool,
+    ) -> tuple[dict[str, list[JobView]], Any, dict[str, float]]:
+        """:meth:`_pack_victims` and :meth:`_pack_slots` at once, from the mechanism's table
+        (issue 23): the packs are visited in one pass over the shared devices, the members'
+        attained service read from the table's columns (the views' values, bit for bit),
+        and the devices held by one job found and sorted by array operations
+        (:func:`_gandiva_table.single_slots_sorted`). Returns the pack victims, the pack
+        slots (fullest first) and the pack victims' attained service by id: the same as the
+        two methods."""
+        cfg = self.config
+        pv: dict[str, list[JobView]] = {}
+        slots: Any = []
+        pv_att: dict[str, float] = {}
+        max_n = cfg.max_jobs_per_device
+        want_slots = want_slots and max_n >= 2
+        if not (want_victims or want_slots):
+            return pv, slots, pv_att
+        q = cfg.quantum_s - _EPS
+        observe = cfg.pack_observe_s - _EPS
+        limit = cfg.pack_share_limit
+        hx = occ.holders
+        shared = occ.shared_in_order()
+        att = tab.attained_at(now).tolist() if shared and want_victims else []
+        row = tab.row
+        extra: list[tuple[float, str, tuple[str, ...]]] = []
+        for dev in shared:  # (the devices with two or more holders)
+            hs = hx[dev]
+            n = len(hs)
+            if n < 2:
+                continue
+            facts = _pack_facts(hs, jobs)
+            # (every member known, PACKED on one device, none acted on: a member's id is
+            # its holder id)
+            if facts is None or not acted.isdisjoint(hs):
+                continue
+            ms, pre, last, measured, busy = facts
+            # (``now - x`` falls as x grows: ``now - max(x) < t`` iff some ``now - x < t``)
+            if want_victims and pre and now - last >= q:
+                a = {m.id: att[row[m.id]] for m in ms}
+                pv_att.update(a)
+                pv[dev] = sorted(ms, key=lambda m: (m.priority, -a[m.id], m.id))  # worst first
+            if want_slots and n < max_n and now - last >= observe and measured and busy < limit:
+                extra.append((busy, dev, tuple(hs)))
+        if want_slots:
+            slots = T.single_slots_sorted(
+                tab,
+                now,
+                observe,
+                limit,
+                acted,
+                hx,
+                count,
+                occ.changed,
+                view.devices,
+                _topology(view.devices)[2],
+                extra,
+            )
+        return pv, slots, pv_att
+
     def _swap_into_pack(
         self,
         w: JobView,
@@ -842,18 +926,17 @@ class GandivaPolicy:
             hs = occ.holders[dev]
             if len(hs) < 2:
                 continue
-            group = tuple(sorted(hs))
+            group, members, prog = _judged(hs, jobs)
             if group in seen:
                 continue
             seen.add(group)
-            members = [jobs[h] for h in group if h in jobs]
-            if any(view.now - m.last_change_at < cfg.pack_observe_s - _EPS for m in members):
-                continue
-            prog = packed_progress(members)
+            # (the cheaper test first: both only skip the device)
             if prog is not None and prog >= cfg.pack_keep_ratio and cfg.enable_packing:
                 continue
             if prog is None and cfg.enable_packing:
                 continue  # not measured yet
+            if any(view.now - m.last_change_at < cfg.pack_observe_s - _EPS for m in members):
+                continue
 
             # Undo: move out the job that suffers most (lowest alone/observed), newest first.
             def speed(m: JobView) -> float:
@@ -1123,6 +1206,62 @@ class GandivaPolicy:
             acted.add(j.id)
             if occ.n_free() == 0:
                 return
+
+
+# Facts about a device's holders that depend on their views alone (session 28): a view is
+# never changed (a mechanism builds a new one when a job changes; only a simulator's
+# attained service and steps move with its clock, and they are not used here), so they are
+# remembered per holder tuple and reused while every holder's view is the same object (a
+# simulator's packs change at a few of its thousands of decisions). Forgotten in bulk.
+_PACK_MEMO: dict[tuple[str, ...], tuple] = {}
+_JUDGE_MEMO: dict[tuple[str, ...], tuple] = {}
+_MEMO_MAX = 4096
+
+
+def _same_views(hs: tuple[str, ...], views: tuple, jobs: Mapping[str, JobView]) -> bool:
+    for h, v in zip(hs, views, strict=True):
+        if jobs.get(h) is not v:
+            return False
+    return True
+
+
+def _pack_facts(hs: tuple[str, ...], jobs: Mapping[str, JobView]) -> tuple | None:
+    """For a device's holders ``hs``: None unless every one is in ``jobs``, PACKED on one
+    device; else (their views in ``hs`` order, whether all are preemptible, their latest
+    ``last_change_at``, whether the pack is measured (:func:`packed_progress` not None),
+    their summed busy fraction): what the pack victims and pack slots read."""
+    got = _PACK_MEMO.get(hs)
+    if got is not None and _same_views(hs, got[0], jobs):
+        return got[1]
+    ms = [m for h in hs if (m := jobs.get(h)) is not None]
+    facts: tuple | None = None
+    if len(ms) == len(hs) and all(m.state is JobPhase.PACKED and len(m.devices) == 1 for m in ms):
+        facts = (
+            ms,
+            all(m.preemptible for m in ms),
+            max(m.last_change_at for m in ms),
+            packed_progress(ms) is not None,
+            float(sum(busy_fraction(r) for r in ms)),
+        )
+    if len(_PACK_MEMO) >= _MEMO_MAX:
+        _PACK_MEMO.clear()
+    _PACK_MEMO[hs] = (tuple(jobs.get(h) for h in hs), facts)
+    return facts
+
+
+def _judged(hs: tuple[str, ...], jobs: Mapping[str, JobView]) -> tuple:
+    """(the holder ids sorted, the views of those in ``jobs`` in that order, their
+    :func:`packed_progress`): what the pack judge reads of a shared device."""
+    got = _JUDGE_MEMO.get(hs)
+    if got is not None and _same_views(hs, got[0], jobs):
+        return got[1]
+    group = tuple(sorted(hs))
+    members = [jobs[h] for h in group if h in jobs]
+    facts = (group, members, packed_progress(members))
+    if len(_JUDGE_MEMO) >= _MEMO_MAX:
+        _JUDGE_MEMO.clear()
+    _JUDGE_MEMO[hs] = (tuple(jobs.get(h) for h in hs), facts)
+    return facts
 
 
 def _reads(jobs: Mapping[str, JobView], members: tuple[str, ...], dataset: str) -> bool:

@@ -169,11 +169,14 @@ class ClusterIndex:
       mechanism keeps none (a policy then reads ``holding``);
     * ``free_by_node``: the free devices by node, nodes in device order, those with none
       left out (what ``Occupancy.free_by_node`` builds), or None; read it, do not change it.
+    * ``holder_count``: how many jobs hold each device (``len(holders[d])``), a numpy
+      integer array by the device's position in the view's devices, or None (session 28).
     """
 
     __slots__ = (
         "elastic",
         "free_by_node",
+        "holder_count",
         "holders",
         "holding",
         "jobs",
@@ -201,6 +204,7 @@ class ClusterIndex:
         order: Mapping[str, int],
         table: HolderTable | None = None,
         free_by_node: Mapping[str, list[str]] | None = None,
+        holder_count: np.ndarray | None = None,
     ) -> None:
         self.jobs = jobs
         self.waiting = waiting
@@ -214,6 +218,7 @@ class ClusterIndex:
         self.order = order
         self.table = table
         self.free_by_node = free_by_node
+        self.holder_count = holder_count
 
     def in_view_order(self, jobs: Mapping[str, JobView]) -> list[JobView]:
         """``jobs``' views in the view's order."""

@@ -23,7 +23,20 @@ class Occupancy:
     the first ``free_by_node`` after a change, then reused until the next change).
     """
 
-    __slots__ = ("_fbn", "_n_free", "_order", "holders", "node_of", "nodes", "shared", "version")
+    __slots__ = (
+        "_fbn",
+        "_fbn_base",
+        "_fbn_dirty",
+        "_n_free",
+        "_order",
+        "_own",
+        "changed",
+        "holders",
+        "node_of",
+        "nodes",
+        "shared",
+        "version",
+    )
 
     def __init__(self, view: ClusterView) -> None:
         # node_of, nodes and _order depend on the devices alone: shared, read-only, between
@@ -49,20 +62,31 @@ class Occupancy:
         # free devices, counted once here and kept by take/release (the only writers)
         self._n_free = len(holders) - held
         self._fbn: dict[str, list[str]] | None = None
+        self._fbn_base: dict[str, list[str]] | None = None  # the last one built, for its clean nodes
         self.version = 0  # bumped by every take/release that changes a device
+        self.changed: set[str] = set()  # the devices take/release changed since it was built
+        self._fbn_dirty: set[str] = set()  # ... since ``_fbn_base`` was built
+        self._own = True  # holders and shared are this occupancy's own (else the index's)
 
     @classmethod
     def from_index(cls, view: ClusterView, index: ClusterIndex) -> Occupancy:
         """The same occupancy as ``Occupancy(view)``, copied from the mechanism's index of
-        the view (no pass over its jobs)."""
+        the view (no pass over its jobs). The index's holders and shared devices are read
+        in place until the first ``take`` / ``release``, which copies them (a decision that
+        changes nothing, most of a simulator's, copies nothing: a 10,000-device dict)."""
         occ = cls.__new__(cls)
         occ.node_of, occ.nodes, occ._order = _topology(view.devices)
-        occ.holders = dict(index.holders)
-        occ.shared = set(index.shared)
+        occ.holders = index.holders  # type: ignore[assignment]  # (copied before a write)
+        occ.shared = index.shared  # type: ignore[assignment]
+        occ._own = False
         occ._n_free = len(occ.holders) - index.n_held
         fbn = index.free_by_node
-        occ._fbn = None if fbn is None else dict(fbn)  # (the lists are shared: read only)
+        # (never changed in place: a change builds a new one; the lists are read only)
+        occ._fbn = None if fbn is None else fbn  # type: ignore[assignment]
+        occ._fbn_base = occ._fbn
         occ.version = 0
+        occ.changed = set()
+        occ._fbn_dirty = set()
         return occ
 
     # -- queries
@@ -79,11 +103,24 @@ class Occupancy:
         if fbn is None:
             fbn = {}
             holders = self.holders
-            for node, devs in self.nodes.items():
-                f = [d for d in devs if not holders[d]]
-                if f:
-                    fbn[node] = f
-            self._fbn = fbn
+            base = self._fbn_base
+            if base is None:
+                for node, devs in self.nodes.items():
+                    f = [d for d in devs if not holders[d]]
+                    if f:
+                        fbn[node] = f
+            else:
+                # only the nodes of the devices changed since ``base`` was built are
+                # rescanned; the others keep their (read-only) lists: the same dict
+                node_of = self.node_of
+                dirty = {node_of[d] for d in self._fbn_dirty}
+                get = base.get
+                for node, devs in self.nodes.items():
+                    got = [d for d in devs if not holders[d]] if node in dirty else get(node)
+                    if got:
+                        fbn[node] = got
+            self._fbn = self._fbn_base = fbn
+            self._fbn_dirty.clear()
         return fbn
 
     def nodes_of(self, devices: Iterable[str]) -> set[str]:
@@ -99,7 +136,14 @@ class Occupancy:
         return sorted(self.shared, key=order.__getitem__)
 
     # -- updates
+    def _make_own(self) -> None:
+        self.holders = dict(self.holders)
+        self.shared = set(self.shared)
+        self._own = True
+
     def release(self, job_id: str, devices: Iterable[str]) -> None:
+        if not self._own:
+            self._make_own()
         holders = self.holders
         for d in devices:
             h = holders.get(d)
@@ -108,6 +152,8 @@ class Occupancy:
                 h = h[:i] + h[i + 1 :]
                 holders[d] = h
                 self._fbn = None
+                self.changed.add(d)
+                self._fbn_dirty.add(d)
                 self.version += 1
                 if not h:
                     self._n_free += 1
@@ -115,6 +161,8 @@ class Occupancy:
                     self.shared.discard(d)
 
     def take(self, job_id: str, devices: Iterable[str]) -> None:
+        if not self._own:
+            self._make_own()
         holders = self.holders
         for d in devices:
             h = holders[d]
@@ -124,6 +172,8 @@ class Occupancy:
                 self.shared.add(d)
             holders[d] = (*h, job_id)
             self._fbn = None
+            self.changed.add(d)
+            self._fbn_dirty.add(d)
             self.version += 1
 
 
@@ -253,7 +303,12 @@ def preempt_for(
     devs = place(occ.free_by_node(), k, allow_spread=allow_spread)
     if devs is not None:
         return devs, []
-    if occ.n_free() + sum(len(v.devices) for v in victims) < k:
+    need, total = k - occ.n_free(), 0
+    for v in victims:  # (summed only as far as it matters: lengths are >= 0)
+        total += len(v.devices)
+        if total >= need:
+            break
+    if total < need:
         return None  # even stopping every victim would not free enough devices
     used: list[JobView] = []
     for v in victims:

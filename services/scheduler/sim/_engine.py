@@ -19,8 +19,8 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import reduce
-from operator import add
+
+import numpy as np
 
 from microco.services.scheduler.policy import (
     ClusterIndex,
@@ -336,7 +336,7 @@ class Simulator:
         # (min(1, its holders' summed busy fractions); 0.0 when free) by device index, and
         # whether it is held, recomputed only for the devices a change touched (_dirty).
         self._dev_index = {d.id: i for i, d in enumerate(self.devices)}
-        self._dev_busy = [0.0] * len(self.devices)
+        self._dev_busy = np.zeros(len(self.devices), dtype=np.float64)
         self._dev_held = [False] * len(self.devices)
         self._n_held = 0
         self._dirty: set[str] = set()
@@ -404,6 +404,7 @@ class Simulator:
         self._ix_n_held = 0
         self._ix_order: dict[str, int] = {}
         self._ix_table = HolderTable(len(self.devices) + 16)
+        self._ix_count = np.zeros(len(self.devices), dtype=np.int64)  # holders per device
         # free devices by node, as Occupancy.free_by_node builds it (nodes in device order,
         # those with none left out), kept per node for the nodes a change touched
         self._node_devs: dict[str, list[str]] = {}
@@ -647,7 +648,9 @@ class Simulator:
                     held[i] = False
                     self._n_held -= 1
         self._dirty.clear()
-        util = reduce(add, busy, 0.0)  # plain left-to-right float addition, as a loop does
+        # plain left-to-right float addition, as a loop does: ``accumulate`` adds in order
+        # (unlike numpy's pairwise ``sum``), and 0.0 + b0 is b0 (every share is >= 0.0)
+        util = float(np.add.accumulate(busy)[-1]) if len(busy) else 0.0
         alloc = self._n_held
         self._util_now = util
         self._alloc_now = alloc
@@ -760,6 +763,7 @@ class Simulator:
             self._jobs_tuple = None
         if self._idx_dirty:
             hx, shared = self._ix_holders, self._ix_shared
+            count, dev_index = self._ix_count, self._dev_index
             nodes = {self.dev_node[d] for d in self._idx_dirty}
             for d in self._idx_dirty:
                 hs = self.holders[d]
@@ -771,6 +775,7 @@ class Simulator:
                 else:
                     hx[d] = (hs[0].id,) if hs else ()
                     shared.discard(d)
+                count[dev_index[d]] = len(hs)
                 self._ix_n_held += bool(hx[d]) - bool(before)
             self._idx_dirty.clear()
             nf = self._node_free
@@ -794,6 +799,7 @@ class Simulator:
             order=self._ix_order,
             table=self._ix_table,
             free_by_node=self._ix_fbn,
+            holder_count=self._ix_count,
         )
         return IndexedClusterView(now=self.now, devices=self.devices, jobs=jobs, index=index)
 

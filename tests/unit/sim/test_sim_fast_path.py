@@ -42,9 +42,14 @@ class _RefOccupancy:
         return sum(1 for h in self.holders.values() if not h)
 
     def free_by_node(self):
+        return self._free_by_node_of(self)
+
+    @staticmethod
+    def _free_by_node_of(occ):
+        """Free devices by node of any occupancy, by a scan of every device."""
         out = {}
-        for node, devs in self.nodes.items():
-            f = [d for d in devs if not self.holders[d]]
+        for node, devs in occ.nodes.items():
+            f = [d for d in devs if not occ.holders[d]]
             if f:
                 out[node] = f
         return out
@@ -231,3 +236,32 @@ def test_holder_table_decides_as_the_views(monkeypatch, opts) -> None:
     assert fast.preemptions and fast.packs
     assert fast_seen == ref_seen
     assert fast.per_job == ref.per_job
+
+
+def test_occupancy_free_by_node_kept_per_node() -> None:
+    """``Occupancy.free_by_node`` rescans only the nodes changed since the last one it
+    built (session 28): after any sequence of take / release it equals a full scan, and a
+    dict handed out earlier is not changed."""
+    from microco.services.scheduler.policy._state import Occupancy
+
+    rng = random.Random(7)
+    devs = tuple(DeviceView(f"n{n}/{i}", f"n{n}") for n in range(12) for i in range(4))
+    view = ClusterView(now=0.0, devices=devs, jobs=())
+    occ = Occupancy(view)
+    held: dict[str, tuple[str, ...]] = {}
+    for step in range(400):
+        if held and rng.random() < 0.45:
+            jid = rng.choice(sorted(held))
+            occ.release(jid, held.pop(jid))
+        else:
+            jid = f"j{step}"
+            held[jid] = tuple(rng.sample([d.id for d in devs], rng.choice((1, 1, 2, 4))))
+            occ.take(jid, held[jid])
+        if rng.random() < 0.5:
+            before = occ.free_by_node()
+            snapshot = {n: list(v) for n, v in before.items()}
+            assert before == _RefOccupancy._free_by_node_of(occ)
+            occ.take("probe", (devs[rng.randrange(len(devs))].id,))
+            occ.release("probe", [d.id for d in devs])
+            assert before == snapshot  # (a dict handed out is never changed)
+    assert occ.free_by_node() == _RefOccupancy._free_by_node_of(occ)
