@@ -90,13 +90,22 @@ class HostCompileCosts:
         return f"{self.host}|{hardware}"
 
     # -- API
-    def record(self, hardware: str, kind: str, ms: float, size: int = 0) -> None:
-        """Keep one measured compile of ``kind`` (``size``: nodes of the graph compiled, 0 unknown)."""
+    def record(
+        self, hardware: str, kind: str, ms: float, size: int = 0, graph: str = "", warm: bool = False
+    ) -> None:
+        """Keep one measured compile of ``kind`` (``size``: nodes of the graph compiled, 0 unknown;
+        ``graph``: which graph, see :meth:`estimate`; ``warm``: the compile was served by the
+        compiler's caches, a load and not a compile)."""
         if not ms > 0:
             return
         data = self._load()
         rows = data.setdefault(self._key(hardware), {}).setdefault(kind, [])
-        rows.append({"ms": float(ms), "size": int(size), "at": time.time(), "contention": contention()})
+        row: dict[str, Any] = {"ms": float(ms), "size": int(size), "at": time.time(), "contention": contention()}
+        if graph:
+            row["graph"] = graph
+        if warm:
+            row["warm"] = True
+        rows.append(row)
         del rows[:-KEEP]
         self._save(data)
 
@@ -114,11 +123,29 @@ class HostCompileCosts:
             out.append({**r, "ms": float(r.get("ms", 0.0)) * scale})
         return out
 
-    def estimate(self, hardware: str, kind: str, size: int = 0) -> float | None:
+    def estimate(
+        self, hardware: str, kind: str, size: int = 0, graph: str = "", warm: bool = False
+    ) -> float | None:
         """The expected compile time (ms) of a graph of ``size`` nodes of ``kind`` on this host,
         from its measurements scaled to the machine's load now; None when none was measured
-        here."""
-        rows = self._at_load(self.measurements(hardware, kind), contention())
+        here.
+
+        ``graph`` given (session 11): only that graph's own measurements count, and only those of
+        the same temperature (``warm``: served by the caches; cold: compiled). A price is not
+        borrowed across graphs: found in the corpus, a rate learned on recurrent cells priced a
+        CNN's compile that then took minutes, and a cache hit's lookup priced a trial whose load
+        and warm-up cost far more. None: the caller's prior for a graph never compiled here.
+        Without ``graph`` (older callers), the rows of every graph, as before."""
+        if graph:
+            now = contention()
+            own = [
+                r["ms"]
+                for r in self._at_load(self.measurements(hardware, kind), now)
+                if r.get("graph") == graph and bool(r.get("warm")) == warm
+            ]
+            return _median(own) if own else None
+        rows = [r for r in self.measurements(hardware, kind) if not r.get("warm")]
+        rows = self._at_load(rows, contention())
         if not rows:
             return self._other_kinds_estimate(hardware, kind, size)
         sized = [r["ms"] / r["size"] for r in rows if r.get("size", 0) > 0]
@@ -142,6 +169,6 @@ class HostCompileCosts:
             for k, rows in self._load().get(self._key(hardware), {}).items()
             if k != kind and k.startswith(family)
             for r in self._at_load(rows, now)
-            if r.get("size", 0) > 0 and r.get("ms", 0) > 0
+            if r.get("size", 0) > 0 and r.get("ms", 0) > 0 and not r.get("warm")
         ]
         return _median(rates) * size if rates else None

@@ -275,7 +275,7 @@ class AstraTorch(SessionBacked):
         self.compile_costs = compile_costs if compile_costs is not None else HostCompileCosts()
         self._hw = hardware_id()
         self._whole_nodes: dict[str, int] = {}  # FX nodes of dynamo's whole-step graph, by kind (probe)
-        self._pending_whole: tuple[str, float] | None = None  # (kind, its warm-up step's ms)
+        self._pending_whole: tuple[str, float, bool] | None = None  # (kind, warm-up step's ms, warm)
         self._recorded_regions: set[int] = set()
         self._graph_rewrites = -1  # products dynamo's captured step offers the passes (-1: not asked)
         self.name = name or type(model).__name__
@@ -840,7 +840,11 @@ class AstraTorch(SessionBacked):
             if any(k == "X" and tfx._is_linear_module(gm, n) for n, k in kinds.items()):
                 out.append(Variable(f"{region}.hoist", ("off", "on"), region, STAGE_STRUCTURE))
             if len(self.compile_choices) > 1:
-                learned = None if self._off_critical_path else self._learned("torch:region:inductor", gm)
+                learned = (
+                    None
+                    if self._off_critical_path
+                    else self._learned("torch:region:inductor", gm, self._cost_graph(region))
+                )
                 out.append(
                     Variable(
                         f"{region}.compile",
@@ -866,12 +870,24 @@ class AstraTorch(SessionBacked):
             for kind in whole_kinds:
                 hit = self.whole_cache.get(kind) == "hit"  # found compiled: what it cost, measured
                 learned = None
-                if not hit and not self._off_critical_path:
+                if not self._off_critical_path or hit:
+                    # This graph's own compiles, cold or warm as the cache says it will be
+                    # (session 11: not another graph's, and a hit priced as a load, not a compile).
                     learned = self.compile_costs.estimate(
-                        self._hw, f"torch:whole:{kind}", self._whole_nodes.get(kind, 0)
+                        self._hw,
+                        f"torch:whole:{kind}",
+                        self._whole_nodes.get(kind, 0),
+                        graph=self._cost_graph(),
+                        warm=hit,
                     )
                 if hit:
-                    prior = max(1.0, self.whole_probe_ms.get(kind, 0.0))
+                    # The lookup the probe ran, and what a load of this graph cost its trials
+                    # here (its warm-up step: loading and the first run of the compiled code);
+                    # never measured: the lookup plus the warm load's prior.
+                    probe = self.whole_probe_ms.get(kind, 0.0)
+                    warm = learned if learned is not None else probe + self.WHOLE_WARM_PRIOR_MS
+                    prior = max(1.0, probe, warm)
+                    learned = prior
                 else:
                     prior = learned if learned is not None else cold
                 out.append(
@@ -931,9 +947,20 @@ class AstraTorch(SessionBacked):
         return sum(counts)
 
     # -- compile costs learned on this host (issue 18)
-    def _learned(self, kind: str, gm: fx.GraphModule | None = None) -> float | None:
+    def _learned(self, kind: str, gm: fx.GraphModule | None = None, graph: str = "") -> float | None:
         size = len(gm.graph.nodes) if gm is not None else 0
-        return self.compile_costs.estimate(self._hw, kind, size)
+        return self.compile_costs.estimate(self._hw, kind, size, graph=graph)
+
+    def _cost_graph(self, region: str = "") -> str:
+        """What a compile price is kept by (session 11): the model's class, its parameters'
+        shapes and the step's input shapes (the whole step), or a cell region's structure
+        fingerprint and the input shapes (a region). Prices are not borrowed across graphs."""
+        if region:
+            what = f"region|{region}|{self._input_shapes}"
+        else:
+            params = ";".join(f"{n}:{tuple(p.shape)}" for n, p in self.model.named_parameters())
+            what = f"whole|{type(self.model).__name__}|{params}|{self._input_shapes}"
+        return hashlib.sha256(what.encode()).hexdigest()[:24]
 
     def _record_compiles(self, ok: bool, ms: float, built: bool) -> None:
         """Keep what this step's compiles cost on this host: a cell region's build (timed by
@@ -947,15 +974,31 @@ class AstraTorch(SessionBacked):
                     self._recorded_regions.add(id(fn))
                     if fn.compiler == "inductor":
                         size = len(plan.s_gm.graph.nodes)
-                        self.compile_costs.record(self._hw, "torch:region:inductor", fn.compile_s * 1e3, size)
+                        self.compile_costs.record(
+                            self._hw,
+                            "torch:region:inductor",
+                            fn.compile_s * 1e3,
+                            size,
+                            graph=self._cost_graph(runner.region),
+                            warm=self._off_critical_path,  # after a background compile: a load
+                        )
         running = self._whole_kind
         pending, self._pending_whole = self._pending_whole, None
         if pending is not None and running == pending[0] and not built:
             self.compile_costs.record(
-                self._hw, f"torch:whole:{running}", pending[1] - ms, self._whole_nodes.get(running, 0)
+                self._hw,
+                f"torch:whole:{running}",
+                pending[1] - ms,
+                self._whole_nodes.get(running, 0),
+                graph=self._cost_graph(),
+                warm=pending[2],
             )
-        if built and running and self.whole_cache.get(running) != "hit":
-            self._pending_whole = (running, ms)  # a cold compile: priced by the next step
+        if built and running:
+            # Priced by the next step: a cold compile, or (a cache hit) the load, whose step
+            # carries the probe's lookup too (``_probe_charge_ms``): kept apart (session 11).
+            # (After a background compile the in-process one is a load too.)
+            warm = self.whole_cache.get(running) == "hit" or self._off_critical_path
+            self._pending_whole = (running, ms, warm)
 
     # -- the step guard (issue 18)
     # A configuration is trusted, and its steps no longer copied, after this many steps without
