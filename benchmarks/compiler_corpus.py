@@ -716,7 +716,7 @@ def run(args: Any) -> dict[str, Any]:
     else:
         lengths = RUN_LENGTHS
     run_steps = lengths[0]
-    rounds = 3 if args.quick else 10
+    rounds = 10  # --quick too (session 11): at 3 rounds contenders running the same code measured 1.5x apart
     started = time.time()
     models = []
     for case in cases:
