@@ -27,26 +27,15 @@ optimiser variable) compiles in line as before.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-DEADLINE_FACTOR = 3.0  # a priori: a price within 3x of the truth is a price; beyond, a guess
-MIN_DEADLINE_MS = 10_000.0  # a priori: below ~10 s, thread start and tracing noise dominate
+from ._compile_costs import DEADLINE_FACTOR, MIN_DEADLINE_MS, compile_deadline_ms
 
-
-def compile_deadline_ms(price_ms: float, steps_left: int, base_ms: float | None) -> float:
-    """How long a trial's compile may run before it is abandoned: ``DEADLINE_FACTOR`` x its
-    price (at least ``MIN_DEADLINE_MS``), and never longer than the most it could save over the
-    ``steps_left`` at the baseline's typical step ``base_ms`` (at best twice as fast: half a step
-    saved a step). ``base_ms`` unknown: the factor alone."""
-    allowed = max(MIN_DEADLINE_MS, DEADLINE_FACTOR * max(0.0, price_ms))
-    if base_ms is not None and math.isfinite(base_ms) and base_ms > 0:
-        allowed = min(allowed, 0.5 * base_ms * max(0, steps_left))
-    return allowed
+__all__ = ["DEADLINE_FACTOR", "MIN_DEADLINE_MS", "XlaWarmer", "compile_deadline_ms", "shadow_inputs"]
 
 
 def _tf_variable(v: Any) -> Any:

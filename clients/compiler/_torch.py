@@ -30,7 +30,8 @@ from microco.clients.compiler.explore.types import (
 from . import _session
 from . import _torch_fx as tfx
 from ._background import BackgroundCompiler
-from ._compile_costs import HostCompileCosts
+from ._compile_costs import HostCompileCosts, compile_deadline_ms
+from ._deadline import CompileDeadline, DeadlineTimer
 from ._guard import StepSnapshot
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
@@ -310,6 +311,9 @@ class AstraTorch(SessionBacked):
         self._snapshot: nn.Module | None = None
         self._example_args: tuple[Any, ...] | None = None
         self._whole_built: set[str] = set()  # whole-step kinds compiled in this process
+        # A trial's in-line whole-step compile runs under a deadline (``_deadline``, session 11).
+        self._deadline = DeadlineTimer()
+        self._deadline_kind = ""
         self._probe_calls: dict[str, int] | None = None
         self._hooks: list[Any] = []
         self._input_shapes = ""
@@ -504,6 +508,7 @@ class AstraTorch(SessionBacked):
         return ms
 
     def _after(self, ok: bool) -> None:
+        self._disarm_deadline()
         stream = self._stream
         if stream is None or not ok:
             self._finish_step(ok, self._end_step(timed=stream is None))
@@ -819,6 +824,8 @@ class AstraTorch(SessionBacked):
         def forward(*args: Any, **kwargs: Any) -> Any:
             if self.whole_failed.get(kind):
                 return plain(*args, **kwargs)
+            if kind not in self._whole_built and self._whole_fresh and self._trial_running():
+                self._arm_deadline(kind)  # this call compiles (or loads): bounded by its price
             try:
                 return compiled(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - a failing compile must never stop training
@@ -829,6 +836,39 @@ class AstraTorch(SessionBacked):
                 return plain(*args, **kwargs)
 
         return forward
+
+    # -- the in-line compile's deadline (session 11)
+    def _arm_deadline(self, kind: str) -> None:
+        spec, s = self.session.spec, self.session
+        if spec is None:
+            return
+        price = next((v.compile_prior_ms for v in spec.variables if v.name == WHOLE.get(kind)), 0.0)
+        base = s.base_ms if s.base_ms is not None else s.best_ms
+        deadline = compile_deadline_ms(price, self.total_steps - s.steps, base)
+        if self._deadline.arm(deadline, f"whole-step compile ({kind})"):
+            self._deadline_kind = kind
+
+    def _disarm_deadline(self) -> None:
+        elapsed = self._deadline.disarm()
+        kind, self._deadline_kind = self._deadline_kind, ""
+        if not (kind and self._deadline.fired):
+            return
+        self._deadline.fired = False
+        # Abandoned (in the forward or in the backward's lazy compile): the trial fails, the
+        # kind is not run again in this process, and this graph costs at least that here.
+        why = f"{CompileDeadline.__name__}: compile abandoned after {elapsed / 1e3:.1f} s (its deadline)"
+        self.whole_failed.setdefault(kind, why)
+        self._pending_whole = None
+        self.compile_costs.record(
+            self._hw,
+            f"torch:whole:{kind}",
+            elapsed,
+            self._whole_nodes.get(kind, 0),
+            graph=self._cost_graph(),
+            warm=self.whole_cache.get(kind) == "hit" or self._off_critical_path,
+            floor=True,
+        )
+        log.warning("astra: %s: %s", kind, why)
 
     def _variables(self) -> list[Variable]:
         out: list[Variable] = []
