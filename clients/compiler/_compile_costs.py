@@ -124,7 +124,12 @@ class HostCompileCosts:
             return
         data = self._load()
         rows = data.setdefault(self._key(hardware), {}).setdefault(kind, [])
-        row: dict[str, Any] = {"ms": float(ms), "size": int(size), "at": time.time(), "contention": contention()}
+        row: dict[str, Any] = {
+            "ms": float(ms),
+            "size": int(size),
+            "at": time.time(),
+            "contention": contention(),
+        }
         if graph:
             row["graph"] = graph
         if warm:

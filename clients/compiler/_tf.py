@@ -21,8 +21,8 @@ from microco.clients.compiler.explore.types import STAGE_STRUCTURE, GraphSpec, V
 
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._tf_cost import XlaCostModel, default_cost_file, step_hlo_profile, unrolled_hlo_profile
-from ._tf_warm import XlaWarmer, compile_deadline_ms
 from ._tf_graph import CellGraph, analyse_model, require_structure
+from ._tf_warm import XlaWarmer, compile_deadline_ms
 
 log = logging.getLogger(__name__)
 

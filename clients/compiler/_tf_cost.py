@@ -57,7 +57,16 @@ def hlo_instruction_count(hlo_text: str) -> int:
 # (convolutions), which then compiled for 360-835 s at load 20-28. Rates are kept per class; a
 # module of a class this hardware never compiled is priced by the cold prior, not by another
 # class's measured rate.
-_CLASS_OPCODES = ("convolution", "dot", "while", "reduce-window", "select-and-scatter", "sort", "scatter", "gather")
+_CLASS_OPCODES = (
+    "convolution",
+    "dot",
+    "while",
+    "reduce-window",
+    "select-and-scatter",
+    "sort",
+    "scatter",
+    "gather",
+)
 _OPCODE = re.compile(r"\b(" + "|".join(re.escape(o) for o in _CLASS_OPCODES) + r")\(")
 
 
@@ -198,7 +207,9 @@ class XlaCostModel:
         got = self._sizes.get(key)
         return dict(got) if got else None
 
-    def remember_module_sizes(self, key: str, sizes: dict[str, int], classes: dict[str, str] | None = None) -> None:
+    def remember_module_sizes(
+        self, key: str, sizes: dict[str, int], classes: dict[str, str] | None = None
+    ) -> None:
         self._sizes.pop(key, None)  # re-inserted last: the most recent
         self._sizes[key] = {k: int(n) for k, n in sizes.items()}
         if classes:

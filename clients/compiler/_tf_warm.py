@@ -31,9 +31,9 @@ import threading
 import time
 from typing import Any
 
-log = logging.getLogger(__name__)
-
 from ._compile_costs import DEADLINE_FACTOR, MIN_DEADLINE_MS, compile_deadline_ms
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEADLINE_FACTOR", "MIN_DEADLINE_MS", "XlaWarmer", "compile_deadline_ms", "shadow_inputs"]
 
@@ -167,7 +167,7 @@ class XlaWarmer:
         def run() -> None:
             t0 = time.perf_counter()
             try:
-                concrete._call_flat([x, y], shadows)  # noqa: SLF001 - the one way to swap captures
+                concrete._call_flat([x, y], shadows)
                 job.ms = (time.perf_counter() - t0) * 1e3
             except Exception as exc:  # noqa: BLE001 - reported; the trial compiles in line
                 job.error = f"{type(exc).__name__}: {exc}"[:300]

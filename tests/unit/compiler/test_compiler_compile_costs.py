@@ -71,7 +71,9 @@ def test_the_wrapper_prices_a_whole_step_compile_by_what_this_host_measured(tmp_
         model = zm.make_model("gru", 4, 4)
         x, y = zm.synthetic_batch(3, 2, 4)
         # A short run: the cache probe (a dynamo trace) is not worth it, the prior decides alone.
-        astra = AstraTorch(model, _Null(), threads=("1",), total_steps=2, background=False, compile_costs=costs)
+        astra = AstraTorch(
+            model, _Null(), threads=("1",), total_steps=2, background=False, compile_costs=costs
+        )
         with astra.step():
             zm.loss_fn(model(x), y).backward()
         whole = next(v for v in astra.spec().variables if v.name == "model.compile")

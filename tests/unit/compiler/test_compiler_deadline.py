@@ -12,12 +12,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from microco.clients.compiler import _torch  # noqa: E402
-from microco.clients.compiler._compile_costs import HostCompileCosts  # noqa: E402
-from microco.clients.compiler._deadline import CompileDeadline, DeadlineTimer  # noqa: E402
-from microco.clients.compiler._torch import AstraTorch  # noqa: E402
-from microco.clients.compiler.explore import Config, GraphSpec, TrialReport  # noqa: E402
-from microco.clients.compiler.zoo import torch_models as zm  # noqa: E402
+from microco.clients.compiler import _torch
+from microco.clients.compiler._compile_costs import HostCompileCosts
+from microco.clients.compiler._deadline import CompileDeadline, DeadlineTimer
+from microco.clients.compiler._torch import AstraTorch
+from microco.clients.compiler.explore import Config, GraphSpec, TrialReport
+from microco.clients.compiler.zoo import torch_models as zm
 
 SLOW = "microco_test_never_done"
 
@@ -89,9 +89,7 @@ def test_an_in_line_compile_past_its_deadline_is_abandoned_and_training_goes_on(
     costs = HostCompileCosts(tmp_path / "c.json", host="h")
     explorer = _TrialExplorer()
     # A short run: no cache probe or graph capture at the probe step (the trial is handed out).
-    astra = AstraTorch(
-        model, explorer, threads=("1",), total_steps=2, background=False, compile_costs=costs
-    )
+    astra = AstraTorch(model, explorer, threads=("1",), total_steps=2, background=False, compile_costs=costs)
     for _ in range(3):  # the probe step, then the trial's steps (the first one compiles)
         ref = _loss_and_grads(eager, x, y)
         got = astra.run(_loss_and_grads, model, x, y)

@@ -178,7 +178,9 @@ def test_tiny_model_tries_xla_only_when_its_estimated_compile_pays_back(tmp_path
     assert bool(xla_trials) is tried
     # measured compiles move the rate of their kind and class (and this graph's own price)
     classes = astra.hlo_classes
-    assert bool(cost.samples("loop", classes["loop"]) or cost.samples("unrolled", classes["unrolled"])) is tried
+    assert (
+        bool(cost.samples("loop", classes["loop"]) or cost.samples("unrolled", classes["unrolled"])) is tried
+    )
     assert (cost.measured(astra.graph_key, "loop") or cost.measured(astra.graph_key, "unrolled")) is tried
     if not tried:
         assert any("cannot repay" in p for p in state.pruned)
