@@ -274,6 +274,6 @@ def test_a_run_too_short_to_repay_the_hlo_count_does_not_price_xla(tmp_path):
         astra.step(x, y)
     assert astra.hlo_instructions == {} and astra._unpriced_ms > 0
     (xla,) = astra.session.spec.variables
-    assert xla.name == "xla" and xla.compile_prior_ms == pytest.approx(astra._unpriced_ms, rel=1e-3)
+    assert xla.name == "xla" and xla.compile_prior_ms == pytest.approx(astra._unpriced_ms, abs=0.1)
     state = astra.session.explorer.core.get(astra.session.spec.key)
     assert {t.values["xla"] for t in state.trials} == {"off"}
