@@ -425,6 +425,7 @@ class AstraTorch(SessionBacked):
 
     def restore(self) -> None:
         """Undo the instrumentation: the model runs plain eager code again."""
+        self._disarm_deadline()
         if self._stop_listening is not None:
             self._stop_listening()
             self._stop_listening, self._stream = None, None
@@ -1079,6 +1080,7 @@ class AstraTorch(SessionBacked):
         """A step raised: roll it back and mark its configuration failed when the compiler's
         configuration may be the cause (True: the caller repeats or skips the step); False when
         the error is the user's own (plain eager code, or nothing of the model ran yet)."""
+        self._disarm_deadline()  # an armed compile deadline must not fire in the repeated step
         snap = self._snap
         if snap is None or not snap.taken or not isinstance(exc, Exception):
             self._after(False)

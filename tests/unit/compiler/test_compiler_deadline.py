@@ -100,4 +100,9 @@ def test_an_in_line_compile_past_its_deadline_is_abandoned_and_training_goes_on(
     floor = costs.estimate(astra._hw, "torch:whole:plain", graph=astra._cost_graph())
     assert floor is not None and floor > 0
     assert DeadlineTimer.available()
+    # A step that fails while a deadline is armed (another failure, in the backward say) leaves
+    # no timer behind to fire in the repeated step, under eager code.
+    assert astra._deadline.arm(60_000.0, "whole-step compile (plain)")
+    astra._recover(RuntimeError("a failure of the trial's backward"))
+    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0 and DeadlineTimer.available()
     astra.restore()
