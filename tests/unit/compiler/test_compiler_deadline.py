@@ -100,9 +100,21 @@ def test_an_in_line_compile_past_its_deadline_is_abandoned_and_training_goes_on(
     floor = costs.estimate(astra._hw, "torch:whole:plain", graph=astra._cost_graph())
     assert floor is not None and floor > 0
     assert DeadlineTimer.available()
+
     # A step that fails while a deadline is armed (another failure, in the backward say) leaves
     # no timer behind to fire in the repeated step, under eager code.
+    class _Taken:  # the step's snapshot was taken: the step is rolled back and repeated
+        taken = True
+        cost_s = 0.0
+
+        def restore(self):
+            pass
+
+        def close(self):
+            pass
+
     assert astra._deadline.arm(60_000.0, "whole-step compile (plain)")
-    astra._recover(RuntimeError("a failure of the trial's backward"))
+    astra._snap = _Taken()
+    assert astra._recover(RuntimeError("a failure of the trial's backward"))
     assert signal.getitimer(signal.ITIMER_REAL)[0] == 0 and DeadlineTimer.available()
     astra.restore()
