@@ -37,6 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 RUN_LENGTHS = (300, 1000, 5000)
+# Corpus models not built in this process, with the reason (a missing optional package).
+SKIPPED: dict[str, str] = {}
+TORCHVISION_MODELS = ("tv-resnet18", "tv-mobilenet-v3-small", "tv-vit-tiny")
 
 
 @dataclass
@@ -110,7 +113,9 @@ def _torch_cases() -> list[Case]:
 def _hf_cases() -> list[Case]:
     try:
         import transformers as tr
-    except ImportError:
+    except ImportError as exc:
+        why = f"transformers is not importable ({exc}); extra microco[corpus]"
+        SKIPPED.update(dict.fromkeys(("hf-gpt2", "hf-bert", "hf-t5"), why))
         return []
     import torch
 
@@ -204,7 +209,10 @@ def import_torchvision() -> Any:
 def _torchvision_cases() -> list[Case]:
     try:
         tv = import_torchvision()
-    except ImportError:
+    except ImportError as exc:
+        # Skipped with the reason (the JSON's ``skipped``): the corpus must say what it did not run.
+        why = f"torchvision is not importable ({exc}); install it beside torch (extra microco[corpus])"
+        SKIPPED.update(dict.fromkeys(TORCHVISION_MODELS, why))
         return []
     import torch
     from torch import nn
@@ -257,7 +265,9 @@ def _keras_cases() -> list[Case]:
     try:
         import keras
         import tensorflow as tf
-    except ImportError:
+    except ImportError as exc:
+        why = f"tensorflow/keras is not importable ({exc})"
+        SKIPPED.update(dict.fromkeys(("keras-sublstm", "keras-mobilenet-v3-small"), why))
         return []
 
     T, B, D, H = 16, 16, 32, 64
@@ -325,13 +335,15 @@ def corpus() -> list[Case]:
     return _torch_cases() + _torchvision_cases() + _hf_cases() + _keras_cases()
 
 
-# --quick: torch's LSTM (dynamo does not trace torch's RNN modules, so torch.compile leaves it
-# eager), the custom Keras RNN cell (XLA compiles its while loop once), and the smallest of the
-# public vision models per framework: torchvision's ViT at 2 layers and Keras' MobileNetV3Small
-# (keras.applications). The CNNs' and transformers' cold torch.compile took minutes here (4-7 for
-# the transformers at load 7-20; mobilenet_v3_small had not finished after 15 minutes at load
-# 30-49, resnet18 after 24 at load 21-27): the full corpus runs them.
-QUICK = ("torch-lstm", "keras-sublstm", "tv-vit-tiny", "keras-mobilenet-v3-small")
+# --quick: a subset that finishes in five minutes on an idle 2-core machine (session 11; the
+# previous one took 40 minutes at load 20-28, most of it the CNNs' and the ViT's cold compiles,
+# XLA's of MobileNetV3Small alone 460 s): torch's LSTM (dynamo does not trace torch's RNN
+# modules, so torch.compile leaves it eager), torch's TransformerEncoder (a whole-step Inductor
+# compile of seconds, not minutes) and the custom Keras RNN cell (XLA compiles its while loop
+# once); microco explores once, told QUICK_RUN_STEPS steps, and the three run lengths' totals
+# reuse that exploration. The full corpus runs the CNNs, the ViT and the transformers.
+QUICK = ("torch-lstm", "torch-transformer", "keras-sublstm")
+QUICK_RUN_STEPS = 300
 
 
 def _interleaved(fns: dict[str, Callable[[], Any]], rounds: int, per_round: int) -> dict[str, float]:
@@ -684,7 +696,7 @@ def run(args: Any) -> dict[str, Any]:
     names = [c.name for c in cases]
     if args.models:
         wanted = args.models.split(",")
-        unknown = [w for w in wanted if w not in names]
+        unknown = [w for w in wanted if w not in names and w not in SKIPPED]
         if unknown:
             raise SystemExit(f"unknown corpus models {unknown}; the corpus: {names}")
         cases = [c for c in cases if c.name in wanted]
@@ -697,9 +709,14 @@ def run(args: Any) -> dict[str, Any]:
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     # Each run length explored by a run told that length (issue 18: exploration bounded by the
     # run's remaining steps); --run-steps N: one exploration, used for every length.
-    lengths = (args.run_steps,) if args.run_steps else RUN_LENGTHS
+    if args.run_steps:
+        lengths: tuple[int, ...] = (args.run_steps,)
+    elif args.quick and not args.models:
+        lengths = (QUICK_RUN_STEPS,)
+    else:
+        lengths = RUN_LENGTHS
     run_steps = lengths[0]
-    rounds = 3 if args.quick else 10
+    rounds = 10  # --quick too (session 11): at 3 rounds contenders running the same code measured 1.5x apart
     started = time.time()
     models = []
     for case in cases:
@@ -720,6 +737,7 @@ def run(args: Any) -> dict[str, Any]:
         },
         "threads": args.threads,
         "run_lengths_explored": list(lengths),
+        "skipped": {k: v for k, v in SKIPPED.items() if not args.models or k in args.models.split(",")},
         "models": models,
         "summary": {
             "models": len(models),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import tempfile
@@ -33,6 +34,22 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 KEEP = 20
+
+# A trial's compile is abandoned past its deadline (session 11; TF: ``_tf_warm``, PyTorch:
+# ``AstraTorch``'s in-line compile timer).
+DEADLINE_FACTOR = 3.0  # a priori: a price within 3x of the truth is a price; beyond, a guess
+MIN_DEADLINE_MS = 10_000.0  # a priori: below ~10 s, thread start and tracing noise dominate
+
+
+def compile_deadline_ms(price_ms: float, steps_left: int, base_ms: float | None) -> float:
+    """How long a trial's compile may run before it is abandoned: ``DEADLINE_FACTOR`` x its
+    price (at least ``MIN_DEADLINE_MS``), and never longer than the most it could save over the
+    ``steps_left`` at the baseline's typical step ``base_ms`` (at best twice as fast: half a step
+    saved a step). ``base_ms`` unknown: the factor alone."""
+    allowed = max(MIN_DEADLINE_MS, DEADLINE_FACTOR * max(0.0, price_ms))
+    if base_ms is not None and math.isfinite(base_ms) and base_ms > 0:
+        allowed = min(allowed, 0.5 * base_ms * max(0, steps_left))
+    return allowed
 
 
 def default_path() -> Path:
@@ -90,13 +107,36 @@ class HostCompileCosts:
         return f"{self.host}|{hardware}"
 
     # -- API
-    def record(self, hardware: str, kind: str, ms: float, size: int = 0) -> None:
-        """Keep one measured compile of ``kind`` (``size``: nodes of the graph compiled, 0 unknown)."""
+    def record(
+        self,
+        hardware: str,
+        kind: str,
+        ms: float,
+        size: int = 0,
+        graph: str = "",
+        warm: bool = False,
+        floor: bool = False,
+    ) -> None:
+        """Keep one measured compile of ``kind`` (``size``: nodes of the graph compiled, 0 unknown;
+        ``graph``: which graph, see :meth:`estimate`; ``warm``: the compile was served by the
+        compiler's caches, a load and not a compile)."""
         if not ms > 0:
             return
         data = self._load()
         rows = data.setdefault(self._key(hardware), {}).setdefault(kind, [])
-        rows.append({"ms": float(ms), "size": int(size), "at": time.time(), "contention": contention()})
+        row: dict[str, Any] = {
+            "ms": float(ms),
+            "size": int(size),
+            "at": time.time(),
+            "contention": contention(),
+        }
+        if graph:
+            row["graph"] = graph
+        if warm:
+            row["warm"] = True
+        if floor:
+            row["floor"] = True  # abandoned at its deadline after ``ms``: it costs at least that
+        rows.append(row)
         del rows[:-KEEP]
         self._save(data)
 
@@ -114,11 +154,34 @@ class HostCompileCosts:
             out.append({**r, "ms": float(r.get("ms", 0.0)) * scale})
         return out
 
-    def estimate(self, hardware: str, kind: str, size: int = 0) -> float | None:
+    def estimate(
+        self, hardware: str, kind: str, size: int = 0, graph: str = "", warm: bool = False
+    ) -> float | None:
         """The expected compile time (ms) of a graph of ``size`` nodes of ``kind`` on this host,
         from its measurements scaled to the machine's load now; None when none was measured
-        here."""
-        rows = self._at_load(self.measurements(hardware, kind), contention())
+        here.
+
+        ``graph`` given (session 11): only that graph's own measurements count, and only those of
+        the same temperature (``warm``: served by the caches; cold: compiled). A price is not
+        borrowed across graphs: found in the corpus, a rate learned on recurrent cells priced a
+        CNN's compile that then took minutes, and a cache hit's lookup priced a trial whose load
+        and warm-up cost far more. None: the caller's prior for a graph never compiled here.
+        Without ``graph`` (older callers), the rows of every graph, as before."""
+        if graph:
+            now = contention()
+            mine = [
+                r
+                for r in self._at_load(self.measurements(hardware, kind), now)
+                if r.get("graph") == graph and bool(r.get("warm")) == warm
+            ]
+            own = [r["ms"] for r in mine if not r.get("floor")]
+            floors = [r["ms"] for r in mine if r.get("floor")]
+            if not own and not floors:
+                return None
+            # A compile abandoned at its deadline cost at least that: never priced below it.
+            return max(_median(own) if own else 0.0, max(floors) if floors else 0.0)
+        rows = [r for r in self.measurements(hardware, kind) if not r.get("warm") and not r.get("floor")]
+        rows = self._at_load(rows, contention())
         if not rows:
             return self._other_kinds_estimate(hardware, kind, size)
         sized = [r["ms"] / r["size"] for r in rows if r.get("size", 0) > 0]
@@ -142,6 +205,6 @@ class HostCompileCosts:
             for k, rows in self._load().get(self._key(hardware), {}).items()
             if k != kind and k.startswith(family)
             for r in self._at_load(rows, now)
-            if r.get("size", 0) > 0 and r.get("ms", 0) > 0
+            if r.get("size", 0) > 0 and r.get("ms", 0) > 0 and not r.get("warm") and not r.get("floor")
         ]
         return _median(rates) * size if rates else None

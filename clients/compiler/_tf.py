@@ -20,8 +20,9 @@ import tensorflow as tf
 from microco.clients.compiler.explore.types import STAGE_STRUCTURE, GraphSpec, Variable
 
 from ._session import ExplorationSession, Explorer, SessionBacked
-from ._tf_cost import XlaCostModel, default_cost_file, step_hlo_instructions, unrolled_hlo_instructions
+from ._tf_cost import XlaCostModel, default_cost_file, step_hlo_profile, unrolled_hlo_profile
 from ._tf_graph import CellGraph, analyse_model, require_structure
+from ._tf_warm import XlaWarmer, compile_deadline_ms
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,7 @@ class AstraTF(SessionBacked):
         xla: bool = True,
         retry_every: int = 50,
         cost_model: XlaCostModel | None = None,
+        background: bool = True,
     ) -> None:
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.name = name or type(model).__name__
@@ -205,6 +207,18 @@ class AstraTF(SessionBacked):
         self.hlo_instructions: dict[str, int] = {}
         self._first_call: dict[int, tuple[str, float]] = {}  # id(variant) -> (size kind, first ms)
         self._called: set[int] = set()
+        # The model's graph on this hardware (structure and input shapes) and the class of each
+        # XLA module (``_tf_cost.hlo_class``): what its compile prices are kept and looked up by.
+        self.graph_key = ""
+        self.hlo_classes: dict[str, str] = {}
+        # Trials' XLA compiles run in a background thread with a deadline (``_tf_warm``).
+        self.background = background
+        self.warmer: XlaWarmer | None = None
+        self._example: tuple[Any, Any] = (None, None)
+        # Steps run before registering (a model without cells whose XLA module was never counted
+        # here): the first traces the step, the second is a step; see ``XLA_PRICING_SHARE``.
+        self._pre_ms: list[float] = []
+        self._unpriced_ms = 0.0  # > 0: XLA was not priced (the count could not pay): this prior
         self._build_optimizer()
 
     def _build_optimizer(self) -> None:
@@ -235,7 +249,11 @@ class AstraTF(SessionBacked):
         cost = self.cost_model or XlaCostModel(tf_hardware_id(), None)
 
         def prior(kind: str) -> float:
-            return round(cost.estimate(sizes[kind], kind), 1) if kind in sizes else 0.0
+            if self._unpriced_ms > 0:
+                return round(self._unpriced_ms, 1)
+            if kind not in sizes:
+                return 0.0
+            return round(cost.estimate(sizes[kind], kind, self.graph_key, self.hlo_classes.get(kind, "")), 1)
 
         def priced(
             name: str, choices: tuple[str, ...], stage: int, kind: str, subsumes: tuple[str, ...] = ()
@@ -329,10 +347,43 @@ class AstraTF(SessionBacked):
             return self.variant(hoist, batch, False, xla_cell=True), "loop"
         return self.variant(hoist, batch, False), ""
 
-    def _register(self, x: tf.Tensor, y: tf.Tensor) -> None:
+    # Counting the HLO of a model's whole step (to price XLA over it) traces the step a second
+    # time and lowers it: measured 28 s for MobileNetV3Small at load ~12, against a 300-step run
+    # of 35 s (session 11). It is done only where the run could repay it, like PyTorch's cache
+    # probe (``AstraTorch.CACHE_PROBE_SHARE``): when this share of the run's time at the plain
+    # step exceeds the first step's trace. Otherwise XLA stays in the space (the key does not
+    # move with the run's length) priced at the whole run, which no compile can repay.
+    XLA_PRICING_SHARE = 0.05
+
+    def _size_key(self, x: tf.Tensor, y: tf.Tensor) -> str:
+        shapes = ";".join(f"{tuple(v.shape)}" for v in self.model.trainable_variables)
+        cells = self.structure if self.structured else "-"
+        input_shapes = f"{tuple(x.shape)}:{x.dtype.name};{tuple(y.shape)}:{y.dtype.name}"
+        structure = f"{type(self.model).__name__}|{cells}|{shapes}|{input_shapes}"
+        return hashlib.sha256(structure.encode()).hexdigest()[:24]
+
+    def _build(self, x: tf.Tensor) -> None:
         if not self.model.trainable_variables:
             self.model(x)  # a Keras model builds its weights on its first call: outside any trace
             self._build_optimizer()
+
+    def _needs_pre_step(self, x: tf.Tensor, y: tf.Tensor) -> bool:
+        """Run the plain step unregistered (twice) to learn its trace and step times first?"""
+        if not self.xla or self.structured or len(self._pre_ms) >= 2:
+            return False
+        self._build(x)
+        if self.cost_model is None:
+            self.cost_model = XlaCostModel(tf_hardware_id(), default_cost_file())
+        return self.cost_model.module_sizes(self._size_key(x, y)) is None
+
+    def _pre_step(self, x: tf.Tensor, y: tf.Tensor) -> float:
+        t0 = time.perf_counter()
+        loss = float(self.variant(False, False, False)(x, y).numpy())
+        self._pre_ms.append((time.perf_counter() - t0) * 1e3)
+        return loss
+
+    def _register(self, x: tf.Tensor, y: tf.Tensor) -> None:
+        self._build(x)
         if self.structured:
             # The space comes from each cell's captured graph (its products of the step input
             # and of the state by its variables); a cell the rewrite cannot replay is run as it is.
@@ -350,25 +401,40 @@ class AstraTF(SessionBacked):
             # traced and lowered to HLO, not compiled (the loop's trace stays with its variant;
             # the unrolled size is extrapolated from one- and two-step traces), unless a run of
             # the same model and shapes on this host counted them already.
-            structure = f"{type(self.model).__name__}|{cells}|{shapes}|{input_shapes}"
-            size_key = hashlib.sha256(structure.encode()).hexdigest()[:24]
+            size_key = self._size_key(x, y)
+            self.graph_key = f"{hardware}|{size_key}"
             known = self.cost_model.module_sizes(size_key)
             kinds = {"loop", "unrolled"} if self.structured else {"unrolled"}
+            profiles: dict[str, tuple[int, str]] = {}
             if known is not None and set(known) == kinds:
                 self.hlo_instructions = known
+                self.hlo_classes = self.cost_model.module_classes(size_key)
+            elif not self.structured and len(self._pre_ms) >= 2 and not self._worth_pricing():
+                step_ms = self._pre_ms[1]
+                self._unpriced_ms = max(1.0, self.total_steps * step_ms)
+                log.info(
+                    "astra-tf: %s: XLA not priced (a trace of %.0f ms against a run of %.0f ms)",
+                    self.name,
+                    self._pre_ms[0] - step_ms,
+                    self._unpriced_ms,
+                )
             elif self.structured:
-                self.hlo_instructions = {
-                    "loop": step_hlo_instructions(self.variant(False, False, True, loop=True), x, y),
-                    "unrolled": unrolled_hlo_instructions(self.variant(False, False, True), x, y),
+                profiles = {
+                    "loop": step_hlo_profile(self.variant(False, False, True, loop=True), x, y),
+                    "unrolled": unrolled_hlo_profile(self.variant(False, False, True), x, y),
                 }
-                self.cost_model.remember_module_sizes(size_key, self.hlo_instructions)
             else:
                 # The whole step, traced and lowered once (the trace stays with the variant the
                 # `xla=plain` trial runs); "unrolled" is the kind of a whole-step module.
-                self.hlo_instructions = {
-                    "unrolled": step_hlo_instructions(self.variant(False, False, True), x, y)
-                }
-                self.cost_model.remember_module_sizes(size_key, self.hlo_instructions)
+                profiles = {"unrolled": step_hlo_profile(self.variant(False, False, True), x, y)}
+            if profiles:
+                self.hlo_instructions = {k: n for k, (n, _) in profiles.items()}
+                self.hlo_classes = {k: c for k, (_, c) in profiles.items()}
+                self.cost_model.remember_module_sizes(size_key, self.hlo_instructions, self.hlo_classes)
+            if self.background:
+                self._example = (x, y)
+                self.warmer = XlaWarmer(self)
+                self.session.warmer = self.warmer
         variables = self.variables(self.hlo_instructions)
         # The space without its priors: a prior moves with the measured rate, and the key (which
         # finds the committed configuration of an earlier run) must not move with it.
@@ -388,28 +454,70 @@ class AstraTF(SessionBacked):
         )
         self.session.register(spec)
 
+    def _worth_pricing(self) -> bool:
+        trace_ms = max(0.0, self._pre_ms[0] - self._pre_ms[1])
+        return self.total_steps * self._pre_ms[1] * self.XLA_PRICING_SHARE > trace_ms
+
     def _observe_compile(self, fn: Callable[..., Any], kind: str, ms: float) -> None:
         """A variant's first call compiles (and traces); its second is a plain step: their
-        difference is one measured compile, a sample of this hardware's ms per instruction."""
+        difference is one measured compile, a sample of this hardware's ms per instruction. Not
+        where the compile ran in the background: the first call was then a cache hit."""
         fid = id(fn)
         if fid not in self._called:
             self._called.add(fid)
-            if kind and self.cost_model is not None and kind in self.hlo_instructions:
+            warmed = self.warmer is not None and fid in self.warmer.done
+            if kind and self.cost_model is not None and kind in self.hlo_instructions and not warmed:
                 self._first_call[fid] = (kind, ms)
             return
         pending = self._first_call.pop(fid, None)
         if pending is not None and self.cost_model is not None:
             k, first = pending
-            self.cost_model.observe(self.hlo_instructions[k], first - ms, k)
+            self.cost_model.observe(
+                self.hlo_instructions[k], first - ms, k, self.graph_key, self.hlo_classes.get(k, "")
+            )
+
+    # -- background compiles (``_tf_warm``)
+    def _all_variables(self) -> list[Any]:
+        """The model's and the optimiser's variables (what a training step captures)."""
+        opt_vars = getattr(self.optimizer, "variables", [])
+        if callable(opt_vars):
+            opt_vars = opt_vars()
+        return list(self.model.variables) + list(opt_vars)
+
+    def _price_ms(self, kind: str) -> float:
+        if self.cost_model is None or kind not in self.hlo_instructions:
+            return 0.0
+        return self.cost_model.estimate(
+            self.hlo_instructions[kind], kind, self.graph_key, self.hlo_classes.get(kind, "")
+        )
+
+    def _compile_deadline_ms(self, kind: str) -> float:
+        s = self.session
+        base = s.base_ms if s.base_ms is not None else s.best_ms
+        return compile_deadline_ms(self._price_ms(kind), self.total_steps - s.steps, base)
+
+    def _observe_background_compile(self, kind: str, ms: float) -> None:
+        if self.cost_model is not None and kind in self.hlo_instructions:
+            self.cost_model.observe(
+                self.hlo_instructions[kind], ms, kind, self.graph_key, self.hlo_classes.get(kind, "")
+            )
+
+    def _observe_abandoned_compile(self, kind: str, ms: float) -> None:
+        if self.cost_model is not None:
+            self.cost_model.observe_abandoned(self.graph_key, kind, ms)
 
     def step(self, x: tf.Tensor, y: tf.Tensor) -> float:
         """One training step (forward, backward, optimizer update); returns the loss."""
         if self.session.spec is None:
+            if self._needs_pre_step(x, y):
+                return self._pre_step(x, y)
             self._register(x, y)
         fn, kind = self._mode(self.session.values)
         t0 = time.perf_counter()
-        failed = ""
+        failed = self.warmer.abandoned.get(id(fn), "") if self.warmer is not None else ""
         try:
+            if failed:  # its compile was abandoned at its deadline: the trial fails, training goes on
+                fn = self.variant(False, False, False)
             loss = float(fn(x, y).numpy())  # .numpy() is the barrier: the step has finished
         except Exception as exc:  # a variant that fails must not stop training: run the baseline
             if fn is self.variant(False, False, False):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import threading
 from pathlib import Path
@@ -50,6 +51,38 @@ def hlo_instruction_count(hlo_text: str) -> int:
     return n
 
 
+# Opcodes whose presence sets a module's *class* for pricing (session 11): XLA's compile time per
+# instruction is a property of what the module does, not only of its size. Found in the corpus: a
+# rate measured on recurrent cells (dots and while loops) priced MobileNetV3Small's step
+# (convolutions), which then compiled for 360-835 s at load 20-28. Rates are kept per class; a
+# module of a class this hardware never compiled is priced by the cold prior, not by another
+# class's measured rate.
+_CLASS_OPCODES = (
+    "convolution",
+    "dot",
+    "while",
+    "reduce-window",
+    "select-and-scatter",
+    "sort",
+    "scatter",
+    "gather",
+)
+_OPCODE = re.compile(r"\b(" + "|".join(re.escape(o) for o in _CLASS_OPCODES) + r")\(")
+
+
+def hlo_class(hlo_text: str) -> str:
+    """The module's class: the class-setting opcodes it contains, sorted and joined by ``+``
+    (``"elementwise"`` when it has none)."""
+    found = sorted(set(_OPCODE.findall(hlo_text)))
+    return "+".join(found) or "elementwise"
+
+
+def step_hlo_profile(fn: Any, *args: Any) -> tuple[int, str]:
+    """(instructions, class) of ``fn``'s XLA module on ``args`` (see :func:`step_hlo_instructions`)."""
+    text = fn.experimental_get_compiler_ir(*args)(stage="hlo")
+    return hlo_instruction_count(text), hlo_class(text)
+
+
 def step_hlo_instructions(fn: Any, *args: Any) -> int:
     """HLO instruction count of ``fn`` (a ``tf.function(jit_compile=True)``) on ``args``: traces it
     (the trace is kept by ``fn`` and reused when it runs) and lowers it to HLO, compiling no code."""
@@ -63,12 +96,17 @@ def unrolled_hlo_instructions(fn: Any, x: Any, y: Any) -> int:
     at 16 steps, milstm 655 + 15 x 450 = 7405), and two traces of one and two steps give it.
     Tracing 16 steps took 5.5-13 s on the loaded machine (11 s for milstm), the two short
     traces 2-3 s; the estimate is needed before the explorer decides whether to compile at all."""
+    return unrolled_hlo_profile(fn, x, y)[0]
+
+
+def unrolled_hlo_profile(fn: Any, x: Any, y: Any) -> tuple[int, str]:
+    """(instructions, class) of the unrolled step (see :func:`unrolled_hlo_instructions`)."""
     steps = int(x.shape[0])
     if steps <= 2:
-        return step_hlo_instructions(fn, x, y)
-    one = step_hlo_instructions(fn, x[:1], y)
-    two = step_hlo_instructions(fn, x[:2], y)
-    return one + (steps - 1) * (two - one)
+        return step_hlo_profile(fn, x, y)
+    one, cls = step_hlo_profile(fn, x[:1], y)
+    two, _ = step_hlo_profile(fn, x[:2], y)
+    return one + (steps - 1) * (two - one), cls
 
 
 def default_cost_file() -> Path:
@@ -109,6 +147,12 @@ class XlaCostModel:
         self._samples: dict[str, list[float]] = {}
         # HLO sizes of the XLA modules of models seen on this host (see ``module_sizes``).
         self._sizes: dict[str, dict[str, int]] = {}
+        # Per graph (a model's structure and input shapes: the key of ``module_sizes``), per kind:
+        # the compiles of that very module measured here (ms alone on the machine), and a lower
+        # bound where one was abandoned at its deadline (``observe_abandoned``).
+        self._graphs: dict[str, dict[str, list[float]]] = {}
+        self._floors: dict[str, dict[str, float]] = {}
+        self._classes: dict[str, dict[str, str]] = {}
         self._load()
 
     def _read(self) -> dict[str, Any]:
@@ -133,6 +177,28 @@ class XlaCostModel:
             if isinstance(v, list)
         }
         self._sizes = _parse_sizes(mine.get("module_sizes") if isinstance(mine, dict) else None)
+        raw = mine.get("graph_ms_alone", {}) if isinstance(mine, dict) else {}
+        self._graphs = {
+            str(g): {
+                str(k): [float(x) for x in v if isinstance(x, (int, float))][-_KEEP:]
+                for k, v in kinds.items()
+                if isinstance(v, list)
+            }
+            for g, kinds in (raw.items() if isinstance(raw, dict) else ())
+            if isinstance(kinds, dict)
+        }
+        raw = mine.get("module_classes", {}) if isinstance(mine, dict) else {}
+        self._classes = {
+            str(g): {str(k): str(v) for k, v in kinds.items() if isinstance(v, str)}
+            for g, kinds in (raw.items() if isinstance(raw, dict) else ())
+            if isinstance(kinds, dict)
+        }
+        raw = mine.get("graph_floor_ms_alone", {}) if isinstance(mine, dict) else {}
+        self._floors = {
+            str(g): {str(k): float(v) for k, v in kinds.items() if isinstance(v, (int, float))}
+            for g, kinds in (raw.items() if isinstance(raw, dict) else ())
+            if isinstance(kinds, dict)
+        }
 
     def module_sizes(self, key: str) -> dict[str, int] | None:
         """The HLO instruction counts remembered for ``key`` (a model's structure and input
@@ -141,38 +207,77 @@ class XlaCostModel:
         got = self._sizes.get(key)
         return dict(got) if got else None
 
-    def remember_module_sizes(self, key: str, sizes: dict[str, int]) -> None:
+    def remember_module_sizes(
+        self, key: str, sizes: dict[str, int], classes: dict[str, str] | None = None
+    ) -> None:
         self._sizes.pop(key, None)  # re-inserted last: the most recent
         self._sizes[key] = {k: int(n) for k, n in sizes.items()}
+        if classes:
+            self._classes.pop(key, None)
+            self._classes[key] = {k: str(c) for k, c in classes.items()}
         self._save()
 
-    def samples(self, kind: str = "loop") -> list[float]:
-        return list(self._samples.get(kind, []))
+    def module_classes(self, key: str) -> dict[str, str]:
+        """The classes (:func:`hlo_class`) of ``key``'s XLA modules, where a run counted them."""
+        return dict(self._classes.get(key, {}))
 
-    def rate(self, kind: str = "loop") -> float:
-        """ms per HLO instruction for modules of ``kind``: the median measured rate, scaled from
-        the load each was measured at to the load now (``_compile_costs.contention``), else the
-        cold prior, scaled the same way."""
-        got = self._samples.get(kind)
+    def samples(self, kind: str = "loop", op_class: str = "") -> list[float]:
+        return list(self._samples.get(_bucket(kind, op_class), []))
+
+    def rate(self, kind: str = "loop", op_class: str = "") -> float:
+        """ms per HLO instruction for modules of ``kind`` (and of ``op_class``, see
+        :func:`hlo_class`, where given: rates are not borrowed across classes): the median
+        measured rate, scaled from the load each was measured at to the load now
+        (``_compile_costs.contention``), else the cold prior, scaled the same way."""
+        got = self._samples.get(_bucket(kind, op_class))
         # The cold prior too: it was measured with the 2 cores nearly to itself (load 1.4-5.5).
         return (statistics.median(got) if got else self.cold_rate) * _compile_costs.contention()
 
-    def estimate(self, instructions: int, kind: str = "loop") -> float:
-        """Expected compile time (ms) of a ``kind`` module of ``instructions`` HLO instructions."""
-        return max(1, instructions) * self.rate(kind)
+    def estimate(self, instructions: int, kind: str = "loop", graph: str = "", op_class: str = "") -> float:
+        """Expected compile time (ms) of a ``kind`` module of ``instructions`` HLO instructions:
+        what compiles of this very ``graph`` measured here (median), else the rate of its class;
+        never below what an abandoned compile of the graph was seen to exceed. Scaled to the
+        load now."""
+        c = _compile_costs.contention()
+        own = self._graphs.get(graph, {}).get(kind) if graph else None
+        ms = statistics.median(own) * c if own else max(1, instructions) * self.rate(kind, op_class)
+        floor = self._floors.get(graph, {}).get(kind) if graph else None
+        return max(ms, floor * c) if floor else ms
 
-    def observe(self, instructions: int, compile_ms: float, kind: str = "loop") -> bool:
-        """Record a measured compile (ms) of a ``kind`` module of ``instructions`` instructions;
-        ``False`` if the sample was discarded as out of bounds."""
+    def measured(self, graph: str, kind: str) -> bool:
+        """Has a compile of this graph's ``kind`` module been measured (or abandoned) here?"""
+        return bool(self._graphs.get(graph, {}).get(kind)) or kind in self._floors.get(graph, {})
+
+    def observe(
+        self, instructions: int, compile_ms: float, kind: str = "loop", graph: str = "", op_class: str = ""
+    ) -> bool:
+        """Record a measured compile (ms) of a ``kind`` module of ``instructions`` instructions
+        (of ``graph``, of ``op_class``); ``False`` if the sample was discarded as out of bounds."""
         if instructions <= 0 or not compile_ms > 0:
             return False
         r = compile_ms / instructions
         if not _RATE_BOUNDS[0] <= r <= _RATE_BOUNDS[1]:
             return False
-        alone = r / _compile_costs.contention()
-        self._samples[kind] = (self._samples.get(kind, []) + [alone])[-_KEEP:]
+        c = _compile_costs.contention()
+        b = _bucket(kind, op_class)
+        self._samples[b] = (self._samples.get(b, []) + [r / c])[-_KEEP:]
+        if graph:
+            mine = self._graphs.setdefault(graph, {})
+            mine[kind] = (mine.get(kind, []) + [compile_ms / c])[-_KEEP:]
+            self._floors.get(graph, {}).pop(kind, None)  # measured: a lower bound says no more
         self._save()
         return True
+
+    def observe_abandoned(self, graph: str, kind: str, elapsed_ms: float) -> None:
+        """A compile of ``graph``'s ``kind`` module was abandoned after ``elapsed_ms`` without
+        finishing: it costs at least that (at today's load). Kept as the graph's lower bound, so
+        the next run prices it at no less, and no rate is learned from it (it is censored)."""
+        if not graph or not elapsed_ms > 0:
+            return
+        alone = elapsed_ms / _compile_costs.contention()
+        mine = self._floors.setdefault(graph, {})
+        mine[kind] = max(mine.get(kind, 0.0), alone)
+        self._save()
 
     def _save(self) -> None:
         if self.path is None:
@@ -188,10 +293,34 @@ class XlaCostModel:
                 while len(sizes) > _KEEP_SIZES:
                     sizes.pop(next(iter(sizes)))
                 self._sizes = sizes
-                data[self.hardware] = {_RATES_KEY: self._samples, "module_sizes": sizes}
+                graphs = _merge_graphs(old, "graph_ms_alone", self._graphs)
+                floors = _merge_graphs(old, "graph_floor_ms_alone", self._floors)
+                classes = _merge_graphs(old, "module_classes", self._classes)
+                self._graphs, self._floors, self._classes = graphs, floors, classes
+                data[self.hardware] = {
+                    _RATES_KEY: self._samples,
+                    "module_sizes": sizes,
+                    "graph_ms_alone": graphs,
+                    "graph_floor_ms_alone": floors,
+                    "module_classes": classes,
+                }
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_text(json.dumps(data, indent=1))
                 tmp.replace(self.path)
             except OSError:
                 pass  # the rate is an optimisation: a read-only home must not stop training
+
+
+def _bucket(kind: str, op_class: str) -> str:
+    return f"{kind}|{op_class}" if op_class else kind
+
+
+def _merge_graphs(old: Any, field: str, mine: dict[str, Any]) -> dict[str, Any]:
+    """Another process's per-graph entries, then this one's (its latest last), bounded."""
+    theirs = old.get(field) if isinstance(old, dict) else None
+    theirs = theirs if isinstance(theirs, dict) else {}
+    merged = {k: v for k, v in theirs.items() if k not in mine and isinstance(v, dict)} | mine
+    while len(merged) > _KEEP_SIZES:
+        merged.pop(next(iter(merged)))
+    return merged

@@ -30,7 +30,8 @@ from microco.clients.compiler.explore.types import (
 from . import _session
 from . import _torch_fx as tfx
 from ._background import BackgroundCompiler
-from ._compile_costs import HostCompileCosts
+from ._compile_costs import HostCompileCosts, compile_deadline_ms
+from ._deadline import CompileDeadline, DeadlineTimer
 from ._guard import StepSnapshot
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
@@ -275,7 +276,7 @@ class AstraTorch(SessionBacked):
         self.compile_costs = compile_costs if compile_costs is not None else HostCompileCosts()
         self._hw = hardware_id()
         self._whole_nodes: dict[str, int] = {}  # FX nodes of dynamo's whole-step graph, by kind (probe)
-        self._pending_whole: tuple[str, float] | None = None  # (kind, its warm-up step's ms)
+        self._pending_whole: tuple[str, float, bool] | None = None  # (kind, warm-up step's ms, warm)
         self._recorded_regions: set[int] = set()
         self._graph_rewrites = -1  # products dynamo's captured step offers the passes (-1: not asked)
         self.name = name or type(model).__name__
@@ -310,6 +311,9 @@ class AstraTorch(SessionBacked):
         self._snapshot: nn.Module | None = None
         self._example_args: tuple[Any, ...] | None = None
         self._whole_built: set[str] = set()  # whole-step kinds compiled in this process
+        # A trial's in-line whole-step compile runs under a deadline (``_deadline``, session 11).
+        self._deadline = DeadlineTimer()
+        self._deadline_kind = ""
         self._probe_calls: dict[str, int] | None = None
         self._hooks: list[Any] = []
         self._input_shapes = ""
@@ -421,6 +425,7 @@ class AstraTorch(SessionBacked):
 
     def restore(self) -> None:
         """Undo the instrumentation: the model runs plain eager code again."""
+        self._disarm_deadline()
         if self._stop_listening is not None:
             self._stop_listening()
             self._stop_listening, self._stream = None, None
@@ -504,6 +509,7 @@ class AstraTorch(SessionBacked):
         return ms
 
     def _after(self, ok: bool) -> None:
+        self._disarm_deadline()
         stream = self._stream
         if stream is None or not ok:
             self._finish_step(ok, self._end_step(timed=stream is None))
@@ -819,6 +825,8 @@ class AstraTorch(SessionBacked):
         def forward(*args: Any, **kwargs: Any) -> Any:
             if self.whole_failed.get(kind):
                 return plain(*args, **kwargs)
+            if kind not in self._whole_built and self._whole_fresh and self._trial_running():
+                self._arm_deadline(kind)  # this call compiles (or loads): bounded by its price
             try:
                 return compiled(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - a failing compile must never stop training
@@ -830,6 +838,39 @@ class AstraTorch(SessionBacked):
 
         return forward
 
+    # -- the in-line compile's deadline (session 11)
+    def _arm_deadline(self, kind: str) -> None:
+        spec, s = self.session.spec, self.session
+        if spec is None:
+            return
+        price = next((v.compile_prior_ms for v in spec.variables if v.name == WHOLE.get(kind)), 0.0)
+        base = s.base_ms if s.base_ms is not None else s.best_ms
+        deadline = compile_deadline_ms(price, self.total_steps - s.steps, base)
+        if self._deadline.arm(deadline, f"whole-step compile ({kind})"):
+            self._deadline_kind = kind
+
+    def _disarm_deadline(self) -> None:
+        elapsed = self._deadline.disarm()
+        kind, self._deadline_kind = self._deadline_kind, ""
+        if not (kind and self._deadline.fired):
+            return
+        self._deadline.fired = False
+        # Abandoned (in the forward or in the backward's lazy compile): the trial fails, the
+        # kind is not run again in this process, and this graph costs at least that here.
+        why = f"{CompileDeadline.__name__}: compile abandoned after {elapsed / 1e3:.1f} s (its deadline)"
+        self.whole_failed.setdefault(kind, why)
+        self._pending_whole = None
+        self.compile_costs.record(
+            self._hw,
+            f"torch:whole:{kind}",
+            elapsed,
+            self._whole_nodes.get(kind, 0),
+            graph=self._cost_graph(),
+            warm=self.whole_cache.get(kind) == "hit" or self._off_critical_path,
+            floor=True,
+        )
+        log.warning("astra: %s: %s", kind, why)
+
     def _variables(self) -> list[Variable]:
         out: list[Variable] = []
         for region, names in sorted(self._regions.items()):
@@ -840,7 +881,11 @@ class AstraTorch(SessionBacked):
             if any(k == "X" and tfx._is_linear_module(gm, n) for n, k in kinds.items()):
                 out.append(Variable(f"{region}.hoist", ("off", "on"), region, STAGE_STRUCTURE))
             if len(self.compile_choices) > 1:
-                learned = None if self._off_critical_path else self._learned("torch:region:inductor", gm)
+                learned = (
+                    None
+                    if self._off_critical_path
+                    else self._learned("torch:region:inductor", gm, self._cost_graph(region))
+                )
                 out.append(
                     Variable(
                         f"{region}.compile",
@@ -866,12 +911,24 @@ class AstraTorch(SessionBacked):
             for kind in whole_kinds:
                 hit = self.whole_cache.get(kind) == "hit"  # found compiled: what it cost, measured
                 learned = None
-                if not hit and not self._off_critical_path:
+                if not self._off_critical_path or hit:
+                    # This graph's own compiles, cold or warm as the cache says it will be
+                    # (session 11: not another graph's, and a hit priced as a load, not a compile).
                     learned = self.compile_costs.estimate(
-                        self._hw, f"torch:whole:{kind}", self._whole_nodes.get(kind, 0)
+                        self._hw,
+                        f"torch:whole:{kind}",
+                        self._whole_nodes.get(kind, 0),
+                        graph=self._cost_graph(),
+                        warm=hit,
                     )
                 if hit:
-                    prior = max(1.0, self.whole_probe_ms.get(kind, 0.0))
+                    # The lookup the probe ran, and what a load of this graph cost its trials
+                    # here (its warm-up step: loading and the first run of the compiled code);
+                    # never measured: the lookup plus the warm load's prior.
+                    probe = self.whole_probe_ms.get(kind, 0.0)
+                    warm = learned if learned is not None else probe + self.WHOLE_WARM_PRIOR_MS
+                    prior = max(1.0, probe, warm)
+                    learned = prior
                 else:
                     prior = learned if learned is not None else cold
                 out.append(
@@ -931,9 +988,20 @@ class AstraTorch(SessionBacked):
         return sum(counts)
 
     # -- compile costs learned on this host (issue 18)
-    def _learned(self, kind: str, gm: fx.GraphModule | None = None) -> float | None:
+    def _learned(self, kind: str, gm: fx.GraphModule | None = None, graph: str = "") -> float | None:
         size = len(gm.graph.nodes) if gm is not None else 0
-        return self.compile_costs.estimate(self._hw, kind, size)
+        return self.compile_costs.estimate(self._hw, kind, size, graph=graph)
+
+    def _cost_graph(self, region: str = "") -> str:
+        """What a compile price is kept by (session 11): the model's class, its parameters'
+        shapes and the step's input shapes (the whole step), or a cell region's structure
+        fingerprint and the input shapes (a region). Prices are not borrowed across graphs."""
+        if region:
+            what = f"region|{region}|{self._input_shapes}"
+        else:
+            params = ";".join(f"{n}:{tuple(p.shape)}" for n, p in self.model.named_parameters())
+            what = f"whole|{type(self.model).__name__}|{params}|{self._input_shapes}"
+        return hashlib.sha256(what.encode()).hexdigest()[:24]
 
     def _record_compiles(self, ok: bool, ms: float, built: bool) -> None:
         """Keep what this step's compiles cost on this host: a cell region's build (timed by
@@ -947,15 +1015,31 @@ class AstraTorch(SessionBacked):
                     self._recorded_regions.add(id(fn))
                     if fn.compiler == "inductor":
                         size = len(plan.s_gm.graph.nodes)
-                        self.compile_costs.record(self._hw, "torch:region:inductor", fn.compile_s * 1e3, size)
+                        self.compile_costs.record(
+                            self._hw,
+                            "torch:region:inductor",
+                            fn.compile_s * 1e3,
+                            size,
+                            graph=self._cost_graph(runner.region),
+                            warm=self._off_critical_path,  # after a background compile: a load
+                        )
         running = self._whole_kind
         pending, self._pending_whole = self._pending_whole, None
         if pending is not None and running == pending[0] and not built:
             self.compile_costs.record(
-                self._hw, f"torch:whole:{running}", pending[1] - ms, self._whole_nodes.get(running, 0)
+                self._hw,
+                f"torch:whole:{running}",
+                pending[1] - ms,
+                self._whole_nodes.get(running, 0),
+                graph=self._cost_graph(),
+                warm=pending[2],
             )
-        if built and running and self.whole_cache.get(running) != "hit":
-            self._pending_whole = (running, ms)  # a cold compile: priced by the next step
+        if built and running:
+            # Priced by the next step: a cold compile, or (a cache hit) the load, whose step
+            # carries the probe's lookup too (``_probe_charge_ms``): kept apart (session 11).
+            # (After a background compile the in-process one is a load too.)
+            warm = self.whole_cache.get(running) == "hit" or self._off_critical_path
+            self._pending_whole = (running, ms, warm)
 
     # -- the step guard (issue 18)
     # A configuration is trusted, and its steps no longer copied, after this many steps without
@@ -996,6 +1080,7 @@ class AstraTorch(SessionBacked):
         """A step raised: roll it back and mark its configuration failed when the compiler's
         configuration may be the cause (True: the caller repeats or skips the step); False when
         the error is the user's own (plain eager code, or nothing of the model ran yet)."""
+        self._disarm_deadline()  # an armed compile deadline must not fire in the repeated step
         snap = self._snap
         if snap is None or not snap.taken or not isinstance(exc, Exception):
             self._after(False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from microco.clients.compiler import _compile_costs
 from microco.clients.compiler._compile_costs import KEEP, HostCompileCosts
 
 
@@ -48,12 +49,14 @@ def test_a_corrupt_record_is_an_empty_one(tmp_path):
 
 
 def test_the_wrapper_prices_a_whole_step_compile_by_what_this_host_measured(tmp_path):
+    """By this graph's own cold compiles on this host (session 11): not another graph's (a rate
+    learned on recurrent cells priced a CNN's compile that then took minutes), not a load."""
     pytest.importorskip("torch")
     from microco.clients.compiler._torch import AstraTorch, hardware_id
     from microco.clients.compiler.zoo import torch_models as zm
 
     costs = HostCompileCosts(tmp_path / "c.json", host="h1")
-    costs.record(hardware_id(), "torch:whole:plain", 12_345.0)
+    costs.record(hardware_id(), "torch:whole:plain", 99_999.0, size=10, graph="another-model")
 
     class _Null:
         def register(self, spec):
@@ -64,17 +67,48 @@ def test_the_wrapper_prices_a_whole_step_compile_by_what_this_host_measured(tmp_
         def report(self, key, rep):
             return None
 
-    model = zm.make_model("gru", 4, 4)
-    x, y = zm.synthetic_batch(3, 2, 4)
-    # A short run: the cache probe (a dynamo trace) is not worth it, the prior decides alone.
-    astra = AstraTorch(model, _Null(), threads=("1",), total_steps=2, background=False, compile_costs=costs)
-    with astra.step():
-        zm.loss_fn(model(x), y).backward()
-    whole = next(v for v in astra.spec().variables if v.name == "model.compile")
+    def whole_prior():
+        model = zm.make_model("gru", 4, 4)
+        x, y = zm.synthetic_batch(3, 2, 4)
+        # A short run: the cache probe (a dynamo trace) is not worth it, the prior decides alone.
+        astra = AstraTorch(
+            model, _Null(), threads=("1",), total_steps=2, background=False, compile_costs=costs
+        )
+        with astra.step():
+            zm.loss_fn(model(x), y).backward()
+        whole = next(v for v in astra.spec().variables if v.name == "model.compile")
+        region = next(v for v in astra.spec().variables if v.name.endswith(".compile") and v.region)
+        assert not region.prior_calibrated  # no region compile measured here: the core's prior
+        # Had the cache probe found the step compiled (50 ms to ask): priced as a load of it.
+        astra.whole_cache["plain"], astra.whole_probe_ms["plain"] = "hit", 50.0
+        hit = next(v for v in astra._variables() if v.name == "model.compile")
+        astra.restore()
+        return whole, hit, astra._cost_graph()
+
+    whole, hit, graph = whole_prior()
+    assert whole.compile_prior_ms == AstraTorch.WHOLE_COMPILE_PRIOR_MS and not whole.prior_calibrated
+    # No load of this graph measured yet: the lookup plus the warm load's prior, not the lookup alone.
+    assert hit.compile_prior_ms == 50.0 + AstraTorch.WHOLE_WARM_PRIOR_MS and hit.prior_calibrated
+    costs.record(hardware_id(), "torch:whole:plain", 12_345.0, graph=graph)
+    costs.record(hardware_id(), "torch:whole:plain", 300.0, graph=graph, warm=True)  # a cache hit's load
+    whole, hit, again = whole_prior()
+    assert again == graph  # the same model and shapes: the same graph
     assert whole.compile_prior_ms == 12_345.0 and whole.prior_calibrated
-    region = next(v for v in astra.spec().variables if v.name.endswith(".compile") and v.region)
-    assert not region.prior_calibrated  # no region compile measured here: the core's prior
-    astra.restore()
+    assert hit.compile_prior_ms == 300.0  # a hit: what loading this graph cost here
+
+
+def test_cold_and_warm_compiles_of_a_graph_are_priced_apart(tmp_path, monkeypatch):
+    monkeypatch.setattr(_compile_costs, "contention", lambda: 1.0)
+    costs = HostCompileCosts(tmp_path / "c.json", host="h1")
+    costs.record("cpu", "torch:whole:plain", 200_000.0, size=100, graph="vit")
+    costs.record("cpu", "torch:whole:plain", 9_000.0, size=100, graph="vit", warm=True)
+    costs.record("cpu", "torch:whole:plain", 11_000.0, size=100, graph="vit", warm=True)
+    assert costs.estimate("cpu", "torch:whole:plain", 100, graph="vit") == 200_000.0
+    assert costs.estimate("cpu", "torch:whole:plain", 100, graph="vit", warm=True) == 10_000.0
+    assert costs.estimate("cpu", "torch:whole:plain", 100, graph="resnet") is None  # not borrowed
+    assert costs.estimate("cpu", "torch:whole:plain", 100, graph="resnet", warm=True) is None
+    # Callers that name no graph: cold compiles only (a load is not a compile's price).
+    assert costs.estimate("cpu", "torch:whole:plain", 100) == 200_000.0
 
 
 def test_a_price_learned_under_load_is_scaled_to_the_load_now(tmp_path, monkeypatch):

@@ -284,3 +284,20 @@ def test_a_challenger_measured_beside_more_runnable_work_is_retimed_whatever_its
     # The share travels with the state (JSON) and the wire.
     again = json.loads(json.dumps(state.to_json()))
     assert {t["runnable"] for t in again["trials"]} == {1.2}
+
+
+def test_a_whole_step_compile_planned_on_the_typical_step_is_not_dropped_at_its_first_hold():
+    # Session 11 (TF's background XLA compile): the baseline's fastest step is an outlier (2 ms)
+    # and its typical step 10 ms; the whole-step compile (2 s) was planned against the typical
+    # step, then dropped at its first hold report by a bound capped at the fastest step.
+    xla = Variable("xla", ("off", "plain"), "", STAGE_COMPILE, True, 2000.0, prior_calibrated=True)
+    state = start(GraphSpec("fp", "x", "cpu", (xla,), total_steps=1000), POLICY)
+    cfg = next_config(state, POLICY)
+    assert cfg.values == {"xla": "off"}
+    cfg = report(state, TrialReport(cfg.trial, [12.0, 2.0, 10.0, 10.0]), POLICY)
+    assert cfg.values == {"xla": "plain"} and not cfg.hold
+    cfg = report(state, TrialReport(cfg.trial, [], pending=True), POLICY)
+    assert cfg.hold
+    cfg = report(state, TrialReport(HOLD_TRIAL, [10.0] * cfg.steps, pending=False), POLICY)
+    assert not any("dropped while compiling" in p for p in state.pruned), state.pruned
+    assert cfg.values == {"xla": "plain"} and not cfg.hold

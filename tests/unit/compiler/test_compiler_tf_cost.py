@@ -113,6 +113,7 @@ def _tiny_astra(cell, cost, total_steps):
         LocalExplorer(policy=ExplorationPolicy(measure_steps=1)),
         total_steps=total_steps,
         cost_model=cost,
+        background=False,  # compiles in line: the trials' own steps measure them (the pricing tested here)
     )
 
 
@@ -122,14 +123,18 @@ def test_module_sizes_are_counted_once_per_model_and_host(tmp_path, monkeypatch)
     import microco.clients.compiler._tf as tf_mod
 
     counted = []
-    real = tf_mod.step_hlo_instructions
+    real = tf_mod.step_hlo_profile
 
     def counting(fn, x, y):
         counted.append(int(x.shape[0]))
         return real(fn, x, y)
 
-    monkeypatch.setattr(tf_mod, "step_hlo_instructions", counting)
-    monkeypatch.setattr(tf_mod, "unrolled_hlo_instructions", lambda fn, x, y: 5 * counting(fn, x, y))
+    def unrolled(fn, x, y):
+        n, cls = counting(fn, x, y)
+        return 5 * n, cls
+
+    monkeypatch.setattr(tf_mod, "step_hlo_profile", counting)
+    monkeypatch.setattr(tf_mod, "unrolled_hlo_profile", unrolled)
     path = tmp_path / "rate.json"
 
     def first_step(seq):
@@ -171,7 +176,12 @@ def test_tiny_model_tries_xla_only_when_its_estimated_compile_pays_back(tmp_path
         t for t in state.trials if any(t.values[k] != "off" for k in ("xla", "xla_loop", "xla_cell"))
     ]
     assert bool(xla_trials) is tried
-    assert bool(cost.samples("loop") or cost.samples("unrolled")) is tried  # measured compiles move the rate
+    # measured compiles move the rate of their kind and class (and this graph's own price)
+    classes = astra.hlo_classes
+    assert (
+        bool(cost.samples("loop", classes["loop"]) or cost.samples("unrolled", classes["unrolled"])) is tried
+    )
+    assert (cost.measured(astra.graph_key, "loop") or cost.measured(astra.graph_key, "unrolled")) is tried
     if not tried:
         assert any("cannot repay" in p for p in state.pruned)
 

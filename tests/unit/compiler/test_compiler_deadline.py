@@ -1,0 +1,120 @@
+"""A trial's in-line whole-step compile is abandoned at its deadline (issue 18, session 11):
+training goes on (the step runs eagerly, the loss is eager's), the trial fails, and the graph's
+price on this host is raised to at least what it ran. The compile here is a backend that only
+sleeps: no Inductor, no timing asserted."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from microco.clients.compiler import _torch
+from microco.clients.compiler._compile_costs import HostCompileCosts
+from microco.clients.compiler._deadline import CompileDeadline, DeadlineTimer
+from microco.clients.compiler._torch import AstraTorch
+from microco.clients.compiler.explore import Config, GraphSpec, TrialReport
+from microco.clients.compiler.zoo import torch_models as zm
+
+SLOW = "microco_test_never_done"
+
+
+def _never_done(gm, example_inputs):
+    time.sleep(600)  # a compile far past any deadline; interrupted by the timer
+    return gm.forward
+
+
+class _TrialExplorer:
+    """Hands out the whole-step compile as trial 0 and records what the trial reported."""
+
+    def __init__(self):
+        self.reports: list[TrialReport] = []
+
+    def register(self, spec: GraphSpec) -> Config:
+        values = {v.name: v.choices[0] for v in spec.variables}
+        values["model.compile"] = "inductor"
+        return Config(spec.key, values, trial=0, steps=3)
+
+    def report(self, key: str, report: TrialReport) -> Config:
+        self.reports.append(report)
+        return Config(key, {"model.compile": "eager"}, trial=-1, committed=True)
+
+
+def _loss_and_grads(model, x, y):
+    model.zero_grad()
+    loss = zm.loss_fn(model(x), y)
+    loss.backward()
+    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.fixture(autouse=True)
+def _no_alarm_handler():
+    """pytest-timeout keeps a SIGALRM handler (and timer) in this process; the deadline only
+    arms where the process has none, so each test runs without it and gets it back."""
+    handler = signal.getsignal(signal.SIGALRM)
+    left, interval = signal.getitimer(signal.ITIMER_REAL)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGALRM, handler)
+    if left > 0:
+        signal.setitimer(signal.ITIMER_REAL, left, interval)
+
+
+def test_the_timer_interrupts_a_sleeping_call_and_restores_the_handler():
+    timer = DeadlineTimer()
+    assert timer.arm(20.0, "test")
+    with pytest.raises(CompileDeadline):
+        time.sleep(60)
+    assert timer.fired and timer.disarm() > 0
+    assert DeadlineTimer.available()  # the default handler is back
+    assert not DeadlineTimer().arm(0.0, "no deadline")
+
+
+def test_an_in_line_compile_past_its_deadline_is_abandoned_and_training_goes_on(tmp_path, monkeypatch):
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if SLOW not in _BACKENDS:
+        register_backend(compiler_fn=_never_done, name=SLOW)
+    monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", SLOW)
+    monkeypatch.setattr(_torch, "compile_deadline_ms", lambda price, left, base: 200.0)
+    torch._dynamo.reset()
+    torch.set_num_threads(1)
+    x, y = zm.synthetic_batch(2, 2, 4)
+    eager = zm.make_model("gru", 4, 4)
+    model = zm.make_model("gru", 4, 4)
+    model.load_state_dict(eager.state_dict())
+    costs = HostCompileCosts(tmp_path / "c.json", host="h")
+    explorer = _TrialExplorer()
+    # A short run: no cache probe or graph capture at the probe step (the trial is handed out).
+    astra = AstraTorch(model, explorer, threads=("1",), total_steps=2, background=False, compile_costs=costs)
+    for _ in range(3):  # the probe step, then the trial's steps (the first one compiles)
+        ref = _loss_and_grads(eager, x, y)
+        got = astra.run(_loss_and_grads, model, x, y)
+        assert torch.allclose(ref[0], got[0])
+    assert "CompileDeadline" in astra.whole_failed["plain"]
+    assert explorer.reports and explorer.reports[0].failed
+    # This graph now costs at least what the abandoned compile ran, here.
+    floor = costs.estimate(astra._hw, "torch:whole:plain", graph=astra._cost_graph())
+    assert floor is not None and floor > 0
+    assert DeadlineTimer.available()
+
+    # A step that fails while a deadline is armed (another failure, in the backward say) leaves
+    # no timer behind to fire in the repeated step, under eager code.
+    class _Taken:  # the step's snapshot was taken: the step is rolled back and repeated
+        taken = True
+        cost_s = 0.0
+
+        def restore(self):
+            pass
+
+        def close(self):
+            pass
+
+    assert astra._deadline.arm(60_000.0, "whole-step compile (plain)")
+    astra._snap = _Taken()
+    assert astra._recover(RuntimeError("a failure of the trial's backward"))
+    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0 and DeadlineTimer.available()
+    astra.restore()
