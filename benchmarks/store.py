@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from microco.benchmarks.store_tpch import QUERIES as TPCH
+from microco.clients.store import file_deadline_s
 from microco.common.identity import private_ca
 
 P = 8  # hash partitions per replica
@@ -62,13 +63,11 @@ def parquet_rows(path: Path) -> int:
     return int(pq.ParquetFile(path).metadata.num_rows)
 
 
-LOAD_MB_PER_S = 0.5  # the slowest load rate a file's append deadline allows (a loaded 2-core machine)
-
-
 def load_timeout(path: Path) -> float:
     """Seconds the append of a Parquet file may take: the client's 600 s default, or more for a
-    big file (scale factor 10's lineitem, 2.5 GB, took over 600 s to load here and hit it)."""
-    return max(600.0, path.stat().st_size / 1e6 / LOAD_MB_PER_S)
+    big file (scale factor 10's lineitem, 2.5 GB, took over 600 s to load here and hit it); the
+    client's own rule for a file (``file_deadline_s``), which ``microco store load`` uses too."""
+    return file_deadline_s(path)
 
 
 def load_parquet(path: Path) -> Any:
