@@ -439,7 +439,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the 22 TPC-H queries beside DuckDB and PySpark (no JSON-model queries or recovery)",
     )
+    ap.add_argument(
+        "--no-tpch",
+        action="store_true",
+        help="only the JSON-model queries (matched replica vs shuffle) and recovery: no TPC-H queries, "
+        "so only orders and lineitem are loaded (large scale factors, whose TPC-H figures a run "
+        "with --tpch-only gives)",
+    )
     args = ap.parse_args(argv)
+    if args.tpch_only and args.no_tpch:
+        ap.error("--tpch-only and --no-tpch leave nothing to run")
     sf = args.sf if args.sf is not None else (0.01 if args.quick else 1.0)
     repeat = args.repeat or (1 if args.quick else 2)
     global WARM, TRIALS
@@ -563,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         result["queries"] = rows
         if spark is not None:
             spark.ready()  # not timed: its start and warm-up overlap the load
-        result["tpch"] = tpch_queries(client, con, data, sf, repeat, spark)
+        result["tpch"] = [] if args.no_tpch else tpch_queries(client, con, data, sf, repeat, spark)
         # every TPC-H table is loaded now: what the store holds on disk against three Parquet copies
         result["storage"] = storage_report(client.list_tables(), {f.stem: f for f in data.glob("*.parquet")})
 

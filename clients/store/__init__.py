@@ -12,7 +12,7 @@ builder for queries::
     print(orders.group_by("o_custkey").agg(n=("count", "*")).explain())
 """
 
-from ._client import RELAX_METADATA, Frame, StoreClient, iter_file, load_file, parse_partitioning
+from ._client import RELAX_METADATA, Frame, StoreClient, ipc_chunks, iter_file, load_file, parse_partitioning
 from ._flight import OPTIONS as FLIGHT_OPTIONS
 from ._flight import FlightClients, from_flight_error
 from ._flight_tls import (
@@ -45,6 +45,7 @@ __all__ = [
     "flight_scheme",
     "from_flight_error",
     "grant_ticket",
+    "ipc_chunks",
     "iter_file",
     "load_deadline_s",
     "load_file",

@@ -168,6 +168,29 @@ def ipc_chunks(
         sent = True
 
 
+class PiecesReader(io.RawIOBase):
+    """A stream of byte pieces (gRPC messages' payloads) as a readable file, each piece pulled
+    when the reader gets to it."""
+
+    def __init__(self, pieces: Iterator[bytes]) -> None:
+        self._buf = memoryview(b"")
+        self._pieces = pieces
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            nxt = next(self._pieces, None)
+            if nxt is None:
+                return 0
+            self._buf = memoryview(nxt)
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
 class StoreClient(ServiceClient):
     """Typed client of the store coordinator (one method per RPC, keyword ``timeout``)."""
 
@@ -303,10 +326,11 @@ class StoreClient(ServiceClient):
         started = time.monotonic()
         deadline = started + (timeout or max(self.default_timeout, 600))
         while True:
-            buf = io.BytesIO()
             received = False
-            try:
-                for k, resp in enumerate(self._stub.Query(req, timeout=deadline - time.monotonic())):
+
+            def pieces(responses: Iterator[pb.QueryResponse]) -> Iterator[bytes]:
+                nonlocal received
+                for k, resp in enumerate(responses):
                     received = True
                     if k == 0:
                         self.last_plan = {
@@ -314,15 +338,20 @@ class StoreClient(ServiceClient):
                             "explain": resp.explain,
                             "replicas": json.loads(resp.replicas_json or "{}"),
                         }
-                    buf.write(resp.arrow_ipc)
                     self.last_plan["moved_bytes"] = resp.moved_bytes
+                    yield resp.arrow_ipc
+
+            try:
+                responses = self._stub.Query(req, timeout=deadline - time.monotonic())
+                # decoded as the pieces arrive: the result's bytes are never all held beside it
+                raw = io.BufferedReader(PiecesReader(pieces(responses)), buffer_size=1 << 20)
+                return pa.ipc.open_stream(raw).read_all()
             except grpc.RpcError as exc:
                 err = from_rpc_error(exc)
                 # a query only reads: sent again (to the new leader) unless part of it arrived
                 if not received and self._failover(err, True, started, deadline):
                     continue
                 raise err from None
-            return pa.ipc.open_stream(pa.py_buffer(buf.getvalue())).read_all()
 
     def sql(self, sql: str, *, timeout: float | None = None) -> pa.Table:
         """Run a SQL query (SELECT; TPC-H's dialect and DuckDB's functions). The plan (kind:

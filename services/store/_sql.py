@@ -30,7 +30,9 @@ import json
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -38,9 +40,9 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from microco.common.errors import InvalidArgument, NotFound, Unavailable
+from microco.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 
-from . import _exec, _plancache
+from . import _plancache
 from ._catalog import Catalog, TableInfo
 from ._limits import MAX_SQL_BYTES, MAX_SQL_DEPTH, MAX_SQL_LIST, short
 from ._placement import REPLICAS
@@ -223,6 +225,25 @@ def _unqualify(e: exp.Expr) -> exp.Expr:
 
 _DB: duckdb.DuckDBPyConnection | None = None
 _DB_LOCK = threading.Lock()
+_DB_CONFIG: dict[str, str] = {}  # set by ``configure`` before the database is opened
+
+
+def configure(memory_mb: float | None = None, temp_dir: str | Path | None = None) -> None:
+    """Bound this process's DuckDB: at most ``memory_mb`` MiB of its own memory (tables it holds,
+    hash tables, sorts), spilling beyond to files under ``temp_dir`` (``None``: DuckDB's defaults,
+    80% of the machine's memory). Queries from now on run in a database opened with these
+    settings; those in flight finish in the one they started in."""
+    global _DB
+    if memory_mb and memory_mb < 16:
+        raise InvalidArgument(f"a DuckDB memory limit below 16 MiB cannot run queries (got {memory_mb:g})")
+    with _DB_LOCK:
+        _DB = None  # the next ``duck()`` opens the database anew (open cursors keep the old one)
+        _DB_CONFIG.clear()
+        if memory_mb:
+            _DB_CONFIG["memory_limit"] = f"{int(memory_mb)}MiB"
+        if temp_dir is not None:
+            Path(temp_dir).mkdir(parents=True, exist_ok=True)
+            _DB_CONFIG["temp_directory"] = str(temp_dir)
 
 
 def duck() -> duckdb.DuckDBPyConnection:
@@ -232,7 +253,7 @@ def duck() -> duckdb.DuckDBPyConnection:
     global _DB
     with _DB_LOCK:
         if _DB is None:
-            db = duckdb.connect()
+            db = duckdb.connect(config=dict(_DB_CONFIG))
             db.execute("SET enable_external_access = false")
             db.execute("SET lock_configuration = true")
             _DB = db
@@ -820,20 +841,68 @@ def _partial_agg(
 
 # ---------------------------------------------------------------------------------- running
 def finish_sql(plan: SqlPlan, outs: list[pa.Table]) -> pa.Table:
-    """The coordinator's part: register the fragments' outputs and run ``plan.final_sql``."""
-    by: dict[str, list[pa.Table]] = defaultdict(list)
-    for name, t in zip(plan.inputs, outs, strict=True):
-        by[name].append(t)
+    """The coordinator's part over the fragments' outputs as tables (``finish_sql_streams``)."""
+    return finish_sql_streams(plan, [(t.schema, iter(t.to_batches())) for t in outs])
+
+
+def finish_sql_streams(plan: SqlPlan, streams: list[tuple[pa.Schema, Iterator[pa.RecordBatch]]]) -> pa.Table:
+    """The coordinator's part: the fragments' outputs, streamed batch by batch into DuckDB tables
+    of this query's own connection (one per input name), then ``plan.final_sql`` over them.
+
+    Nothing holds a fragment's output whole in Arrow: each batch is copied into DuckDB as it
+    arrives and dropped, so the merge's memory is DuckDB's, within its limit (``configure``),
+    beyond which its tables, hash tables and sorts spill to disk. DuckDB also knows the tables'
+    sizes, so it orders the joins (an Arrow stream it could scan only once, and blindly)."""
+    by: dict[str, list[tuple[pa.Schema, Iterator[pa.RecordBatch]]]] = defaultdict(list)
+    for name, st in zip(plan.inputs, streams, strict=True):
+        by[name].append(st)
     con = duck()
     try:
-        for name, parts in by.items():
-            con.register(name, _exec.concat(parts))
         try:
+            for name, parts in by.items():
+                _ingest(con, name, parts)
             return con.sql(plan.final_sql).to_arrow_table()
+        except duckdb.OutOfMemoryException as exc:
+            raise ResourceExhausted(
+                f"the query needs more memory than the coordinator's SQL limit (--sql-memory-mb) and "
+                f"what it could spill: {short(str(exc), 300)}"
+            ) from None
         except duckdb.Error as exc:
             raise InvalidArgument(f"SQL error: {short(str(exc), 400)}") from None
     finally:
-        con.close()
+        con.close()  # drops the query's tables
+
+
+def _ingest(
+    con: duckdb.DuckDBPyConnection, name: str, parts: list[tuple[pa.Schema, Iterator[pa.RecordBatch]]]
+) -> None:
+    schema = parts[0][0].remove_metadata()  # a fragment reads at least one column (_needed_columns)
+    table = _ident(name)
+    con.register("__microco_in", schema.empty_table())
+    con.execute(f"CREATE TEMP TABLE {table} AS SELECT * FROM __microco_in")
+    for part_schema, batches in parts:
+        # one INSERT per stream, DuckDB pulling its batches (a statement per batch cost ~1 ms each:
+        # several CPU-seconds for a gather of small batches); an error of the stream (a node lost
+        # half-way) comes back out of DuckDB as itself, for the query's retry
+        failed: list[BaseException] = []
+
+        def guarded(
+            batches: Iterator[pa.RecordBatch] = batches, failed: list[BaseException] = failed
+        ) -> Iterator[pa.RecordBatch]:
+            try:
+                yield from batches
+            except BaseException as exc:
+                failed.append(exc)
+                raise
+
+        con.register("__microco_in", pa.RecordBatchReader.from_batches(part_schema, guarded()))
+        try:
+            con.execute(f"INSERT INTO {table} SELECT * FROM __microco_in")
+        except duckdb.Error:
+            if failed:
+                raise failed[0] from None
+            raise
+    con.unregister("__microco_in")
 
 
 def run_fragment(inputs: dict[str, pa.Table], sql: str) -> pa.Table:
