@@ -150,3 +150,11 @@ def test_cli_load_passes_the_files_deadline_and_shows_progress(tmp_path, monkeyp
     with pytest.raises(InvalidArgument, match="--timeout must be positive"):
         args = build_parser().parse_args(["store", "load", "t", str(f), "--timeout", "0"])
         args.func(args)
+
+
+def test_bench_refuses_a_run_with_nothing_to_run(capsys):
+    from microco.benchmarks.store import main
+
+    with pytest.raises(SystemExit):
+        main(["--tpch-only", "--no-tpch"])
+    assert "leave nothing to run" in capsys.readouterr().err
