@@ -374,11 +374,17 @@ class StoreCore:
             plan = _sql.build(self, text, exclude)
             nodes = plan.nodes
             t1 = time.perf_counter()
-            # the fragments' results stream into the merge batch by batch, never gathered whole
-            streams = self._run_stage_streams(plan.tasks, nodes)
-            t2 = time.perf_counter()
-            node = [_exec.fragment_timings(schema.empty_table()) for schema, _ in streams]
-            out = _sql.finish_sql_streams(plan, streams)
+            if plan.streams_merge:
+                # big inputs stream into the merge batch by batch, never gathered whole
+                streams = self._run_stage_streams(plan.tasks, nodes)
+                t2 = time.perf_counter()
+                node = [_exec.fragment_timings(schema.empty_table()) for schema, _ in streams]
+                out = _sql.finish_sql_streams(plan, streams)
+            else:
+                outs = self._run_stage(plan.tasks, nodes)
+                t2 = time.perf_counter()
+                node = [_exec.fragment_timings(o) for o in outs]
+                out = _sql.finish_sql(plan, outs)
             plan.timings = {
                 "plan": t1 - t0,
                 "fragments": t2 - t1,

@@ -87,7 +87,8 @@ class _BreakingTransport(LocalTransport):
         return schema, breaking()
 
 
-def test_a_stream_broken_half_way_retries_the_query_without_the_node(tmp_path):
+def test_a_stream_broken_half_way_retries_the_query_without_the_node(tmp_path, monkeypatch):
+    monkeypatch.setattr(_sql, "STREAM_MERGE_BYTES", 0)  # every gather streams (big ones do)
     tr = _BreakingTransport(str(tmp_path), [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)])
     core = StoreCore(MemoryKV(), tr, super_extent_rows=5000, recovery_rate_bytes=0)
     n = np.arange(20_000)
@@ -102,8 +103,38 @@ def test_a_stream_broken_half_way_retries_the_query_without_the_node(tmp_path):
     core.append("t", t)
     # a subquery: the gather plan (every fragment's rows stream into the coordinator's merge)
     got, plan = core.sql("select count(*) n from t where v > (select avg(v) from t)")
-    assert plan.kind == "gather" and len(tr.broken) == 1
+    assert plan.kind == "gather" and plan.streams_merge and len(tr.broken) == 1
+    assert "streamed into DuckDB" in plan.explain_text()
     assert got.to_pylist() == [{"n": int((t["v"].to_numpy() > t["v"].to_numpy().mean()).sum())}]
+
+
+def test_small_gathers_are_held_as_arrow_big_ones_streamed(tmp_path, monkeypatch):
+    tr = LocalTransport(str(tmp_path), [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)])
+    core = StoreCore(MemoryKV(), tr, super_extent_rows=5000, recovery_rate_bytes=0)
+    n = np.arange(5000)
+    t = pa.table(
+        {"k": pa.array(n, pa.int64()), "v": pa.array(n % 7, pa.int64()), "g": pa.array(n % 3, pa.int64())}
+    )
+    core.create_table(
+        "t",
+        t.schema,
+        [PartitionSpec("k", "hash", 4), PartitionSpec("v", "hash", 4), PartitionSpec("g", "hash", 2)],
+    )
+    core.append("t", t)
+    sql = "select count(*) n from t where v > (select avg(v) from t)"
+    small = core.explain_sql(sql)
+    assert small.gathered_bytes > 0 and not small.streams_merge and "held as Arrow" in small.explain_text()
+    want, _ = core.sql(sql)
+    monkeypatch.setattr(_sql, "STREAM_MERGE_BYTES", small.gathered_bytes - 1)
+    assert core.explain_sql("/* anew */ " + sql).streams_merge
+    got, plan = core.sql("/* anew */ " + sql)
+    assert plan.streams_merge and got.equals(want)
+    # the threshold is a quarter of the SQL memory bound
+    try:
+        _sql.configure(400)
+        assert _sql.STREAM_MERGE_BYTES == 100 << 20
+    finally:
+        _sql.configure()
 
 
 def test_query_results_are_sent_and_read_in_pieces():
