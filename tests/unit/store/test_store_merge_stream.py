@@ -90,8 +90,8 @@ class _BreakingTransport(LocalTransport):
 def test_a_stream_broken_half_way_retries_the_query_without_the_node(tmp_path, monkeypatch):
     monkeypatch.setattr(_sql, "STREAM_MERGE_BYTES", 0)  # every gather streams (big ones do)
     tr = _BreakingTransport(str(tmp_path), [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)])
-    core = StoreCore(MemoryKV(), tr, super_extent_rows=5000, recovery_rate_bytes=0)
-    n = np.arange(20_000)
+    core = StoreCore(MemoryKV(), tr, super_extent_rows=2000, recovery_rate_bytes=0)
+    n = np.arange(4000)
     t = pa.table(
         {"k": pa.array(n, pa.int64()), "v": pa.array(n % 97, pa.int64()), "g": pa.array(n % 13, pa.int64())}
     )
@@ -137,8 +137,9 @@ def test_small_gathers_are_held_as_arrow_big_ones_streamed(tmp_path, monkeypatch
         _sql.configure()
 
 
-def test_query_results_are_sent_and_read_in_pieces():
-    table = pa.table({"k": pa.array(range(1_200_000), pa.int64())})  # 9.6 MB: three 4 MiB pieces
+def test_query_results_are_sent_and_read_in_pieces(monkeypatch):
+    monkeypatch.setattr("microco.clients.store._client.CHUNK", 4096)  # pieces of 4 kB
+    table = pa.table({"k": pa.array(range(1200), pa.int64())})  # 9.6 kB: three pieces
     plan = types.SimpleNamespace(
         kind="gather", explain_text=lambda: "plan: x", replicas={"t": 0}, moved_bytes=7
     )
@@ -147,7 +148,7 @@ def test_query_results_are_sent_and_read_in_pieces():
     servicer._check_read = lambda *a: None
     request = types.SimpleNamespace(query_json='{"sql": "select k from t"}')
     msgs = list(servicer.Query(request, None))
-    assert len(msgs) == 3 and all(len(m.arrow_ipc) <= 4 << 20 for m in msgs)
+    assert len(msgs) == 3 and all(len(m.arrow_ipc) <= 4096 for m in msgs)
     assert msgs[0].plan_kind == "gather" and [m.moved_bytes for m in msgs] == [0, 0, 7]
     back = pa.ipc.open_stream(io.BufferedReader(PiecesReader(m.arrow_ipc for m in msgs))).read_all()
     assert back.equals(table)

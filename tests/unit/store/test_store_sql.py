@@ -218,7 +218,9 @@ def test_pruning_reads_only_matching_partitions(store, duck):
         ("select " + "(" * 100_000 + "1" + ")" * 100_000, InvalidArgument, "nested|syntax"),
         ("", InvalidArgument, "empty"),
         (
-            "select o_orderkey from orders where o_custkey in (" + ",".join(map(str, range(20_000))) + ")",
+            "select o_orderkey from orders where o_custkey in ("
+            + ",".join(map(str, range(10_001)))
+            + ")",  # one over
             InvalidArgument,
             "limit is 10000",
         ),
@@ -271,12 +273,11 @@ def test_an_empty_table_answers_with_its_schema(tmp_path):
         assert [tuple(r.values()) for r in got.to_pylist()] == rows, sql
 
 
-@pytest.mark.parametrize("q", [2, 13, 21])
-def test_gathers_streamed_into_duckdb_match(store, duck, monkeypatch, q):
-    # big gathers stream their inputs into DuckDB tables (a subquery, an outer join, a table used
-    # three times); at SF 0.01 every gather is small and held as Arrow unless told otherwise
+def test_a_gather_streamed_into_duckdb_matches(store, duck, monkeypatch):
+    # big gathers stream their inputs into DuckDB tables (Q21: subqueries, a table used three
+    # times); at SF 0.01 every gather is small and held as Arrow unless told otherwise
     from microco.services.store import _sql
 
     core, _ = store
     monkeypatch.setattr(_sql, "STREAM_MERGE_BYTES", 0)
-    assert check(core, duck, f"/* streamed */ {QUERIES[q]}").streams_merge
+    assert check(core, duck, f"/* streamed */ {QUERIES[21]}").streams_merge
