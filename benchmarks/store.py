@@ -446,6 +446,12 @@ def main(argv: list[str] | None = None) -> int:
         "so only orders and lineitem are loaded (large scale factors, whose TPC-H figures a run "
         "with --tpch-only gives)",
     )
+    ap.add_argument(
+        "--no-model-queries",
+        action="store_true",
+        help="skip the JSON-model queries (with --no-tpch: load, storage and recovery only; their "
+        "shuffle plans hold the most memory at large scale factors)",
+    )
     args = ap.parse_args(argv)
     if args.tpch_only and args.no_tpch:
         ap.error("--tpch-only and --no-tpch leave nothing to run")
@@ -539,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         client.query(qs[0]["frame"])  # warm-up of the store's connections
         con.sql("select count(*) from lineitem").fetchall()
         rows = []
-        for q in [] if args.tpch_only else qs:
+        for q in [] if args.tpch_only or args.no_model_queries else qs:
             matched_s, m = _time(lambda q=q: client.query(q["frame"]), repeat)
             matched_plan = dict(client.last_plan)
             shuffle_s, s = _time(
