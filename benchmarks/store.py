@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from microco.benchmarks.store_tpch import QUERIES as TPCH
+from microco.clients.store import file_deadline_s
 from microco.common.identity import private_ca
 
 P = 8  # hash partitions per replica
@@ -62,13 +63,11 @@ def parquet_rows(path: Path) -> int:
     return int(pq.ParquetFile(path).metadata.num_rows)
 
 
-LOAD_MB_PER_S = 0.5  # the slowest load rate a file's append deadline allows (a loaded 2-core machine)
-
-
 def load_timeout(path: Path) -> float:
     """Seconds the append of a Parquet file may take: the client's 600 s default, or more for a
-    big file (scale factor 10's lineitem, 2.5 GB, took over 600 s to load here and hit it)."""
-    return max(600.0, path.stat().st_size / 1e6 / LOAD_MB_PER_S)
+    big file (scale factor 10's lineitem, 2.5 GB, took over 600 s to load here and hit it); the
+    client's own rule for a file (``file_deadline_s``), which ``microco store load`` uses too."""
+    return file_deadline_s(path)
 
 
 def load_parquet(path: Path) -> Any:
@@ -440,7 +439,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the 22 TPC-H queries beside DuckDB and PySpark (no JSON-model queries or recovery)",
     )
+    ap.add_argument(
+        "--no-tpch",
+        action="store_true",
+        help="only the JSON-model queries (matched replica vs shuffle) and recovery: no TPC-H queries, "
+        "so only orders and lineitem are loaded (large scale factors, whose TPC-H figures a run "
+        "with --tpch-only gives)",
+    )
+    ap.add_argument(
+        "--no-model-queries",
+        action="store_true",
+        help="skip the JSON-model queries (with --no-tpch: load, storage and recovery only; their "
+        "shuffle plans hold the most memory at large scale factors)",
+    )
     args = ap.parse_args(argv)
+    if args.tpch_only and args.no_tpch:
+        ap.error("--tpch-only and --no-tpch leave nothing to run")
     sf = args.sf if args.sf is not None else (0.01 if args.quick else 1.0)
     repeat = args.repeat or (1 if args.quick else 2)
     global WARM, TRIALS
@@ -531,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         client.query(qs[0]["frame"])  # warm-up of the store's connections
         con.sql("select count(*) from lineitem").fetchall()
         rows = []
-        for q in [] if args.tpch_only else qs:
+        for q in [] if args.tpch_only or args.no_model_queries else qs:
             matched_s, m = _time(lambda q=q: client.query(q["frame"]), repeat)
             matched_plan = dict(client.last_plan)
             shuffle_s, s = _time(
@@ -564,9 +578,14 @@ def main(argv: list[str] | None = None) -> int:
         result["queries"] = rows
         if spark is not None:
             spark.ready()  # not timed: its start and warm-up overlap the load
-        result["tpch"] = tpch_queries(client, con, data, sf, repeat, spark)
+        result["tpch"] = [] if args.no_tpch else tpch_queries(client, con, data, sf, repeat, spark)
         # every TPC-H table is loaded now: what the store holds on disk against three Parquet copies
-        result["storage"] = storage_report(client.list_tables(), {f.stem: f for f in data.glob("*.parquet")})
+        # (the tables loaded: with --no-tpch only orders and lineitem)
+        tables = client.list_tables()
+        loaded = {t["name"] for t in tables}
+        result["storage"] = storage_report(
+            tables, {f.stem: f for f in data.glob("*.parquet") if f.stem in loaded}
+        )
 
         if args.tpch_only:
             if spark is not None:

@@ -50,6 +50,12 @@ def register(sub: Any) -> None:
     ld = s.add_parser("load", help="append a Parquet or CSV file to a table (all rows or none)")
     ld.add_argument("name")
     ld.add_argument("file")
+    ld.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds the load may take (default: 600, more for a big file: its size at 0.5 MB/s)",
+    )
     ld.set_defaults(func=cmd_load)
 
     for name, fn, hlp in (
@@ -238,15 +244,22 @@ def cmd_create(args: argparse.Namespace) -> int:
 def cmd_load(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from microco.clients.store import LoadProgress, file_deadline_s, file_rows
+    from microco.common.errors import InvalidArgument
+
     from ._format import count, size
 
+    if args.timeout is not None and args.timeout <= 0:
+        raise InvalidArgument(f"--timeout must be positive (got {args.timeout:g})")
+    timeout = args.timeout if args.timeout is not None else file_deadline_s(args.file)
     t0 = time.monotonic()
-    with tqdm(total=2, desc=f"load {args.file}", unit="step", file=sys.stderr) as bar:
+    # rows sent, of the file's rows when its footer says (Parquet); a CSV file counts up
+    with tqdm(
+        total=file_rows(args.file), desc=f"load {args.file}", unit=" rows", unit_scale=True, file=sys.stderr
+    ) as bar:
+        progress = LoadProgress(bar.total, on_batch=bar.update)
         with _client(args) as c:
-            bar.update(1)
-            res = c.append(args.name, args.file)  # streamed from the file, batch by batch
-        bar.update(1)
-        bar.set_postfix(rows=res["rows"])
+            res = c.append(args.name, args.file, timeout=timeout, progress=progress)
     print(
         f"loaded {count(res['rows'])} rows into {args.name} ({size(res['bytes'])} in 3 replicas, "
         f"super-extents {res['super_extents']}) in {time.monotonic() - t0:.1f}s"

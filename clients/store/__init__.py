@@ -12,7 +12,7 @@ builder for queries::
     print(orders.group_by("o_custkey").agg(n=("count", "*")).explain())
 """
 
-from ._client import RELAX_METADATA, Frame, StoreClient, iter_file, load_file, parse_partitioning
+from ._client import RELAX_METADATA, Frame, StoreClient, ipc_chunks, iter_file, load_file, parse_partitioning
 from ._flight import OPTIONS as FLIGHT_OPTIONS
 from ._flight import FlightClients, from_flight_error
 from ._flight_tls import (
@@ -25,21 +25,29 @@ from ._flight_tls import (
     server_options,
 )
 from ._flight_tls import scheme as flight_scheme
+from ._load import LOAD_FLOOR_S, LOAD_MIN_MB_PER_S, LoadProgress, file_deadline_s, file_rows, load_deadline_s
 from ._storage import storage_report
 
 __all__ = [
     "FLIGHT_OPTIONS",
+    "LOAD_FLOOR_S",
+    "LOAD_MIN_MB_PER_S",
     "RELAX_METADATA",
     "FlightClients",
     "Frame",
+    "LoadProgress",
     "StoreClient",
     "check_grant",
+    "file_deadline_s",
+    "file_rows",
     "flight_caller",
     "flight_client",
     "flight_scheme",
     "from_flight_error",
     "grant_ticket",
+    "ipc_chunks",
     "iter_file",
+    "load_deadline_s",
     "load_file",
     "parse_partitioning",
     "require_flight_service",

@@ -17,7 +17,9 @@ from microco.api.store.v1 import store_pb2 as pb
 from microco.api.store.v1 import store_pb2_grpc as pb_grpc
 from microco.common import ServiceClient
 from microco.common.calls import never_served
-from microco.common.errors import InvalidArgument, from_rpc_error
+from microco.common.errors import DeadlineExceeded, InvalidArgument, from_rpc_error
+
+from ._load import LoadProgress, file_deadline_s
 
 CHUNK = 4 << 20
 
@@ -166,6 +168,29 @@ def ipc_chunks(
         sent = True
 
 
+class PiecesReader(io.RawIOBase):
+    """A stream of byte pieces (gRPC messages' payloads) as a readable file, each piece pulled
+    when the reader gets to it."""
+
+    def __init__(self, pieces: Iterator[bytes]) -> None:
+        self._buf = memoryview(b"")
+        self._pieces = pieces
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            nxt = next(self._pieces, None)
+            if nxt is None:
+                return 0
+            self._buf = memoryview(nxt)
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
 class StoreClient(ServiceClient):
     """Typed client of the store coordinator (one method per RPC, keyword ``timeout``)."""
 
@@ -250,18 +275,29 @@ class StoreClient(ServiceClient):
         data: pa.Table | pa.RecordBatch | str | Path | pa.RecordBatchReader | Iterable[pa.RecordBatch],
         *,
         timeout: float | None = None,
+        progress: LoadProgress | None = None,
     ) -> dict[str, Any]:
         """Append rows; all become visible at once. ``data``: an Arrow table or batch; a Parquet or
         CSV file; or a stream (a ``RecordBatchReader``, or any iterable of record batches, e.g. a
         generator): files and streams are sent batch by batch as they are read, so the client
-        holds one batch, and the coordinator one super-extent, never the whole table."""
+        holds one batch, and the coordinator one super-extent, never the whole table.
+
+        Without ``timeout`` a file gets ``file_deadline_s`` (grows with its size), anything else
+        ``max(default_timeout, 600)`` s. ``progress`` counts the rows sent (a progress bar's hook);
+        a load that runs out of time says how far it got."""
         # Data that can be read again (a table, a batch, a file) is sent again after a fail-over
         # that refused it unread; a one-shot stream is not (part of it may be gone).
         again = isinstance(data, (pa.Table, pa.RecordBatch, str, Path))
         started = time.monotonic()
-        deadline = started + (timeout or max(self.default_timeout, 600))
+        if timeout is None and isinstance(data, (str, Path)):
+            timeout = max(self.default_timeout, file_deadline_s(data))
+        allowed = timeout or max(self.default_timeout, 600)
+        deadline = started + allowed
         while True:
             schema, batches = record_batches(data)
+            if progress is not None:
+                progress.rows = progress.batches = 0  # a resend after a fail-over starts again
+                batches = progress.wrap(batches)
 
             def requests(
                 schema: pa.Schema = schema, batches: Iterator[pa.RecordBatch] = batches
@@ -275,6 +311,12 @@ class StoreClient(ServiceClient):
                 err = from_rpc_error(exc)
                 if again and never_served(err) and self._failover(err, False, started, deadline):
                     continue
+                if isinstance(err, DeadlineExceeded):
+                    sent = f"; {progress.describe()}" if progress is not None else ""
+                    raise DeadlineExceeded(
+                        f"append to {name} ran out of its {allowed:.0f} s deadline{sent}; nothing was "
+                        f"committed (give a longer timeout: `microco store load --timeout S`): {err}"
+                    ) from None
                 raise err from None
             return {"rows": resp.rows, "bytes": resp.bytes, "super_extents": list(resp.super_extents)}
 
@@ -284,10 +326,11 @@ class StoreClient(ServiceClient):
         started = time.monotonic()
         deadline = started + (timeout or max(self.default_timeout, 600))
         while True:
-            buf = io.BytesIO()
             received = False
-            try:
-                for k, resp in enumerate(self._stub.Query(req, timeout=deadline - time.monotonic())):
+
+            def pieces(responses: Iterator[pb.QueryResponse]) -> Iterator[bytes]:
+                nonlocal received
+                for k, resp in enumerate(responses):
                     received = True
                     if k == 0:
                         self.last_plan = {
@@ -295,15 +338,20 @@ class StoreClient(ServiceClient):
                             "explain": resp.explain,
                             "replicas": json.loads(resp.replicas_json or "{}"),
                         }
-                    buf.write(resp.arrow_ipc)
                     self.last_plan["moved_bytes"] = resp.moved_bytes
+                    yield resp.arrow_ipc
+
+            try:
+                responses = self._stub.Query(req, timeout=deadline - time.monotonic())
+                # decoded as the pieces arrive: the result's bytes are never all held beside it
+                raw = io.BufferedReader(PiecesReader(pieces(responses)), buffer_size=1 << 20)
+                return pa.ipc.open_stream(raw).read_all()
             except grpc.RpcError as exc:
                 err = from_rpc_error(exc)
                 # a query only reads: sent again (to the new leader) unless part of it arrived
                 if not received and self._failover(err, True, started, deadline):
                     continue
                 raise err from None
-            return pa.ipc.open_stream(pa.py_buffer(buf.getvalue())).read_all()
 
     def sql(self, sql: str, *, timeout: float | None = None) -> pa.Table:
         """Run a SQL query (SELECT; TPC-H's dialect and DuckDB's functions). The plan (kind:

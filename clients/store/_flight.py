@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -25,6 +26,9 @@ ERRORS: dict[str, type[MicrocoError]] = {
 }
 
 OPTIONS = flight.FlightCallOptions(timeout=120)
+# A stream read batch by batch as its reader consumes it (``do_get_stream``) may be held while
+# the reader takes other streams first: its deadline is the whole query's, not one read's.
+STREAM_OPTIONS = flight.FlightCallOptions(timeout=3600)
 
 
 def from_flight_error(
@@ -86,3 +90,32 @@ class FlightClients:
             if isinstance(exc, flight.FlightUnavailableError):
                 self.drop(address)
             raise from_flight_error(exc, address, self.errors) from None
+
+    def do_get_stream(
+        self, address: str, ticket: bytes | dict[str, Any]
+    ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        """The stream a ticket reads, not gathered into a table: its schema (once the server has
+        answered: a task has run), then its record batches as they are consumed (one at a time in
+        memory). Errors, at the start or half-way, are the microco errors ``do_get`` raises."""
+        raw = ticket if isinstance(ticket, bytes) else json.dumps(ticket, default=str).encode()
+        try:
+            reader = self.get(address).do_get(flight.Ticket(raw), STREAM_OPTIONS)
+            schema = reader.schema
+        except flight.FlightError as exc:
+            if isinstance(exc, flight.FlightUnavailableError):
+                self.drop(address)
+            raise from_flight_error(exc, address, self.errors) from None
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            try:
+                for chunk in reader:
+                    if chunk.data is not None:
+                        yield chunk.data
+            except flight.FlightError as exc:
+                if isinstance(exc, flight.FlightUnavailableError):
+                    self.drop(address)
+                raise from_flight_error(exc, address, self.errors) from None
+            finally:
+                reader.cancel()  # no-op once read to the end; frees the call when abandoned
+
+        return schema, batches()

@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -52,6 +52,10 @@ class Transport(Protocol):
     ) -> dict: ...
 
     def run_task(self, node: NodeInfo, task: dict[str, Any]) -> pa.Table: ...
+
+    def run_task_stream(
+        self, node: NodeInfo, task: dict[str, Any]
+    ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]: ...
 
     def action(self, node: NodeInfo, name: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -370,10 +374,17 @@ class StoreCore:
             plan = _sql.build(self, text, exclude)
             nodes = plan.nodes
             t1 = time.perf_counter()
-            outs = self._run_stage(plan.tasks, nodes)
-            t2 = time.perf_counter()
-            node = [_exec.fragment_timings(o) for o in outs]
-            out = _sql.finish_sql(plan, outs)
+            if plan.streams_merge:
+                # big inputs stream into the merge batch by batch, never gathered whole
+                streams = self._run_stage_streams(plan.tasks, nodes)
+                t2 = time.perf_counter()
+                node = [_exec.fragment_timings(schema.empty_table()) for schema, _ in streams]
+                out = _sql.finish_sql_streams(plan, streams)
+            else:
+                outs = self._run_stage(plan.tasks, nodes)
+                t2 = time.perf_counter()
+                node = [_exec.fragment_timings(o) for o in outs]
+                out = _sql.finish_sql(plan, outs)
             plan.timings = {
                 "plan": t1 - t0,
                 "fragments": t2 - t1,
@@ -441,6 +452,46 @@ class StoreCore:
 
         futs = [self._pool.submit(one, n, t) for n, t in tasks]
         return [f.result() for f in futs]
+
+    def _run_stage_streams(
+        self, tasks: list[tuple[str, dict[str, Any]]], nodes: dict[str, NodeInfo]
+    ) -> list[tuple[pa.Schema, Iterator[pa.RecordBatch]]]:
+        """``_run_stage``, each task's result as its schema (once the task has run: all run at
+        once) and a stream of its batches, consumed later one batch at a time; a node's error,
+        at the start or half-way through its stream, is a ``NodeFailure`` (so the query retries)."""
+
+        def guarded(node: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            try:
+                yield from batches
+            except NodeFailure:
+                raise
+            except Exception as exc:
+                raise NodeFailure(node, exc) from exc
+
+        def one(node: str, task: dict[str, Any]) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+            if node not in nodes:
+                raise NodeFailure(node, Unavailable("not live"))
+            try:
+                schema, batches = self.transport.run_task_stream(nodes[node], task)
+            except NodeFailure:
+                raise
+            except Exception as exc:
+                raise NodeFailure(node, exc) from exc
+            return schema, guarded(node, batches)
+
+        futs = [self._pool.submit(one, n, t) for n, t in tasks]
+        out = []
+        try:
+            for f in futs:
+                out.append(f.result())
+        except BaseException:
+            for f in futs:  # release the streams that did start (their calls are cancelled)
+                if not f.cancel() and f.exception() is None:
+                    close = getattr(f.result()[1], "close", None)
+                    if close is not None:
+                        close()
+            raise
+        return out
 
     def _execute(self, plan: Plan) -> pa.Table:
         nodes = {n.name: n for n in self.transport.live_nodes()}
@@ -680,6 +731,12 @@ class LocalTransport:
 
     def run_task(self, node: NodeInfo, task: dict[str, Any]) -> pa.Table:
         return self._store(node.name).run(task)
+
+    def run_task_stream(
+        self, node: NodeInfo, task: dict[str, Any]
+    ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        t = self.run_task(node, task)
+        return t.schema, iter(t.to_batches())
 
     def action(self, node: NodeInfo, name: str, body: dict[str, Any]) -> dict[str, Any]:
         return node_action(self._store(node.name), name, body)

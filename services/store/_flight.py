@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -427,6 +428,11 @@ class FlightTransport:
 
     def run_task(self, node: NodeInfo, task: dict[str, Any]) -> pa.Table:
         return flight_get(self.clients, node.address, task)
+
+    def run_task_stream(
+        self, node: NodeInfo, task: dict[str, Any]
+    ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        return self.clients.do_get_stream(node.address, task)
 
     def action(self, node: NodeInfo, name: str, body: dict[str, Any]) -> dict[str, Any]:
         try:

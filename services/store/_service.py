@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import logging
 import threading
@@ -18,7 +19,7 @@ from prometheus_client import Counter, Gauge
 
 from microco.api.store.v1 import store_pb2 as pb
 from microco.api.store.v1 import store_pb2_grpc as pb_grpc
-from microco.clients.store import RELAX_METADATA, grant_ticket, secure_location
+from microco.clients.store import RELAX_METADATA, grant_ticket, ipc_chunks, secure_location
 from microco.common.errors import InvalidArgument, PermissionDenied
 from microco.common.identity import service_identity
 from microco.services.runtime.auth import caller
@@ -37,7 +38,6 @@ from ._standby import CoordinatorElection
 log = logging.getLogger(__name__)
 
 SERVICE = "store"
-CHUNK = 4 << 20
 
 QUERIES = Counter("microco_store_queries_total", "queries run, by plan kind", ["kind"])
 LOST = Gauge("microco_store_unavailable_extents", "extents on dead nodes or corrupt")
@@ -66,16 +66,7 @@ def schema_from_bytes(raw: bytes) -> pa.Schema:
         raise InvalidArgument(f"arrow_schema is not an IPC-serialised schema: {exc}") from None
 
 
-def ipc_bytes(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue()
-
-
-def chunks(raw: bytes) -> Iterator[bytes]:
-    for off in range(0, max(len(raw), 1), CHUNK):
-        yield raw[off : off + CHUNK]
+RESULT_BATCH_ROWS = 65_536  # a query result is serialised this many rows at a time
 
 
 def parse_request(query_json: str) -> tuple[str | None, Query | None]:
@@ -237,18 +228,25 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
         self._check_read(context, sql, q)
         table, plan = self.core.sql(sql) if sql is not None else self.core.query(q)
         QUERIES.labels(plan.kind).inc()
-        pieces = list(chunks(ipc_bytes(table)))
-        for k, chunk in enumerate(pieces):
-            msg = pb.QueryResponse(arrow_ipc=chunk)
+        # the result is serialised as it is sent, a batch at a time (not into one buffer and
+        # then a list of its pieces: two more copies of the result)
+        pieces = ipc_chunks(table.schema, table.to_batches(max_chunksize=RESULT_BATCH_ROWS))
+        piece = next(pieces)
+        for k in itertools.count():
+            msg = pb.QueryResponse(arrow_ipc=piece)
             if k == 0:
                 msg.plan_kind, msg.explain, msg.replicas_json = (
                     plan.kind,
                     plan.explain_text(),
                     json.dumps(plan.replicas),
                 )
-            if k == len(pieces) - 1:
+            after = next(pieces, None)
+            if after is None:
                 msg.moved_bytes = plan.moved_bytes
+                yield msg
+                return
             yield msg
+            piece = after
 
     def Explain(self, request, context):
         sql, q = parse_request(request.query_json)
@@ -475,6 +473,13 @@ def _coordinator_args(p: argparse.ArgumentParser) -> None:
         help="SQL plans kept for reuse by the same text on the same catalog version (0: none)",
     )
     g.add_argument(
+        "--sql-memory-mb",
+        type=float,
+        default=SQL_MEMORY_MB,
+        help="DuckDB's memory here, MiB (SQL merges and fragments; beyond it, spill files under the "
+        "data directory's sql-spill/); 0: DuckDB's default, 80%% of the machine's memory",
+    )
+    g.add_argument(
         "--flight-sql-port",
         type=int,
         default=0,
@@ -482,8 +487,18 @@ def _coordinator_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+SQL_MEMORY_MB = 2048.0  # DuckDB's memory in a store process (a gather merge at SF 10 reached ~6 GB)
+
+
+def _configure_sql(ctx: ServiceContext) -> None:
+    from . import _sql
+
+    _sql.configure(ctx.args.sql_memory_mb or None, ctx.settings.resolved_data_dir() / "sql-spill")
+
+
 def _setup_coordinator(ctx: ServiceContext) -> None:
     a = ctx.args
+    _configure_sql(ctx)
     transport = FlightTransport(ctx.kv)
     core = StoreCore(
         ctx.kv,
@@ -554,6 +569,13 @@ def _node_args(p: argparse.ArgumentParser) -> None:
         help="codec of the extents this node writes (extents written with another stay readable)",
     )
     g.add_argument(
+        "--sql-memory-mb",
+        type=float,
+        default=SQL_MEMORY_MB,
+        help="DuckDB's memory here, MiB (SQL merges and fragments; beyond it, spill files under the "
+        "data directory's sql-spill/); 0: DuckDB's default, 80%% of the machine's memory",
+    )
+    g.add_argument(
         "--extent-cache-mb",
         type=float,
         default=CACHE_BYTES / (1 << 20),
@@ -572,7 +594,7 @@ def _setup_node(ctx: ServiceContext) -> None:
         compression=ctx.args.extent_compression,
         cache_bytes=int(ctx.args.extent_cache_mb * (1 << 20)),
     )
-    from . import _sql  # noqa: F401 - DuckDB and sqlglot load at start-up, not in the first query
+    _configure_sql(ctx)  # DuckDB and sqlglot load at start-up, not in the first query
 
     server = StoreFlightServer(store, f"grpc://{s.host}:{ctx.args.flight_port}", kv=ctx.kv)
     threading.Thread(target=server.serve, name="flight", daemon=True).start()

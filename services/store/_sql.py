@@ -30,7 +30,9 @@ import json
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -38,7 +40,7 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from microco.common.errors import InvalidArgument, NotFound, Unavailable
+from microco.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 
 from . import _exec, _plancache
 from ._catalog import Catalog, TableInfo
@@ -71,6 +73,13 @@ class SqlPlan:
     timings: dict[str, float] = field(default_factory=dict)
     nodes: dict[str, Any] = field(default_factory=dict)  # the live nodes it was planned on, by name
     cached: bool = False  # reused from the plan cache (``_plancache``)
+    # the estimated bytes the fragments bring to the coordinator (gather: the tables' columns
+    # read; 0: small, e.g. partial aggregates); above ``STREAM_MERGE_BYTES`` the merge streams
+    gathered_bytes: float = 0.0
+
+    @property
+    def streams_merge(self) -> bool:
+        return self.gathered_bytes > STREAM_MERGE_BYTES
 
     def explain_text(self) -> str:
         lines = list(self.explain)
@@ -223,6 +232,30 @@ def _unqualify(e: exp.Expr) -> exp.Expr:
 
 _DB: duckdb.DuckDBPyConnection | None = None
 _DB_LOCK = threading.Lock()
+_DB_CONFIG: dict[str, str] = {}  # set by ``configure`` before the database is opened
+# A gather whose inputs are estimated above this streams them into DuckDB (bounded memory, one
+# more copy); below it they are fetched in parallel and scanned in place as Arrow (faster: at
+# scale factor 1 streaming cost the gather plans ~30% of their time). A quarter of the bound.
+STREAM_MERGE_BYTES = 512 << 20
+
+
+def configure(memory_mb: float | None = None, temp_dir: str | Path | None = None) -> None:
+    """Bound this process's DuckDB: at most ``memory_mb`` MiB of its own memory (tables it holds,
+    hash tables, sorts), spilling beyond to files under ``temp_dir`` (``None``: DuckDB's defaults,
+    80% of the machine's memory). Queries from now on run in a database opened with these
+    settings; those in flight finish in the one they started in."""
+    global _DB, STREAM_MERGE_BYTES
+    if memory_mb and memory_mb < 16:
+        raise InvalidArgument(f"a DuckDB memory limit below 16 MiB cannot run queries (got {memory_mb:g})")
+    with _DB_LOCK:
+        _DB = None  # the next ``duck()`` opens the database anew (open cursors keep the old one)
+        _DB_CONFIG.clear()
+        STREAM_MERGE_BYTES = int((memory_mb or 2048) * (1 << 20)) // 4
+        if memory_mb:
+            _DB_CONFIG["memory_limit"] = f"{int(memory_mb)}MiB"
+        if temp_dir is not None:
+            Path(temp_dir).mkdir(parents=True, exist_ok=True)
+            _DB_CONFIG["temp_directory"] = str(temp_dir)
 
 
 def duck() -> duckdb.DuckDBPyConnection:
@@ -232,7 +265,7 @@ def duck() -> duckdb.DuckDBPyConnection:
     global _DB
     with _DB_LOCK:
         if _DB is None:
-            db = duckdb.connect()
+            db = duckdb.connect(config=dict(_DB_CONFIG))
             db.execute("SET enable_external_access = false")
             db.execute("SET lock_configuration = true")
             _DB = db
@@ -381,6 +414,7 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
         )
     ]
     replicas: dict[str, int] = {}
+    gathered = 0.0
     for name, occ in sorted(by_name.items()):
         t = ctx.tables[name]
         others = set().union(*(v for k, v in colsets.items() if k != name and k in by_name))
@@ -399,6 +433,7 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
             tasks.append((node, {"op": "sql", "inputs": {t.name: _side(t, cols, srcs)}, "sql": sql}))
             inputs.append(t.name)
         replicas[t.name] = rep
+        gathered += cost.bytes_read
         explain.append(
             f"  {t.name}: replica {rep} ({t.specs[rep].describe()}), {len(cols)} of {len(t.schema)} columns, "
             f"{len(units)} extent units, {sum(u.bytes for u in units) / 1e6:.2f} MB on {len(groups)} nodes"
@@ -410,7 +445,15 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
             + (f"; {len(conds)} filters pushed to the nodes" if conds else "")
             + f"; cost: ~{cost.rows} rows, {cost.bytes_read / 1e6:.2f} MB of its columns read (the least of its replicas)"
         )
-    return SqlPlan("gather", tasks, ctx.tree.sql(DIALECT), inputs, explain, replicas)
+    explain.append(
+        f"  merge: ~{gathered / 1e6:.2f} MB to the coordinator, "
+        + (
+            "streamed into DuckDB (above the merge's Arrow threshold)"
+            if gathered > STREAM_MERGE_BYTES
+            else "held as Arrow (below the merge's streaming threshold)"
+        )
+    )
+    return SqlPlan("gather", tasks, ctx.tree.sql(DIALECT), inputs, explain, replicas, gathered_bytes=gathered)
 
 
 def _by_node(units: list[Unit]) -> dict[str, list[dict[str, Any]]]:
@@ -820,7 +863,9 @@ def _partial_agg(
 
 # ---------------------------------------------------------------------------------- running
 def finish_sql(plan: SqlPlan, outs: list[pa.Table]) -> pa.Table:
-    """The coordinator's part: register the fragments' outputs and run ``plan.final_sql``."""
+    """The coordinator's part over the fragments' outputs fetched whole: registered as Arrow
+    (scanned in place) and ``plan.final_sql`` run over them (small inputs; else
+    ``finish_sql_streams``)."""
     by: dict[str, list[pa.Table]] = defaultdict(list)
     for name, t in zip(plan.inputs, outs, strict=True):
         by[name].append(t)
@@ -828,12 +873,80 @@ def finish_sql(plan: SqlPlan, outs: list[pa.Table]) -> pa.Table:
     try:
         for name, parts in by.items():
             con.register(name, _exec.concat(parts))
-        try:
-            return con.sql(plan.final_sql).to_arrow_table()
-        except duckdb.Error as exc:
-            raise InvalidArgument(f"SQL error: {short(str(exc), 400)}") from None
+        return _final(con, plan)
     finally:
         con.close()
+
+
+def finish_sql_streams(plan: SqlPlan, streams: list[tuple[pa.Schema, Iterator[pa.RecordBatch]]]) -> pa.Table:
+    """The coordinator's part: the fragments' outputs, streamed batch by batch into DuckDB tables
+    of this query's own connection (one per input name), then ``plan.final_sql`` over them.
+
+    Nothing holds a fragment's output whole in Arrow: each batch is copied into DuckDB as it
+    arrives and dropped, so the merge's memory is DuckDB's, within its limit (``configure``),
+    beyond which its tables, hash tables and sorts spill to disk. DuckDB also knows the tables'
+    sizes, so it orders the joins (an Arrow stream it could scan only once, and blindly)."""
+    by: dict[str, list[tuple[pa.Schema, Iterator[pa.RecordBatch]]]] = defaultdict(list)
+    for name, st in zip(plan.inputs, streams, strict=True):
+        by[name].append(st)
+    con = duck()
+    try:
+        try:
+            for name, parts in by.items():
+                _ingest(con, name, parts)
+        except duckdb.Error as exc:
+            raise _sql_error(exc) from None
+        return _final(con, plan)
+    finally:
+        con.close()  # drops the query's tables
+
+
+def _final(con: duckdb.DuckDBPyConnection, plan: SqlPlan) -> pa.Table:
+    try:
+        return con.sql(plan.final_sql).to_arrow_table()
+    except duckdb.Error as exc:
+        raise _sql_error(exc) from None
+
+
+def _sql_error(exc: duckdb.Error) -> Exception:
+    if isinstance(exc, duckdb.OutOfMemoryException):
+        return ResourceExhausted(
+            f"the query needs more memory than the coordinator's SQL limit (--sql-memory-mb) and "
+            f"what it could spill: {short(str(exc), 300)}"
+        )
+    return InvalidArgument(f"SQL error: {short(str(exc), 400)}")
+
+
+def _ingest(
+    con: duckdb.DuckDBPyConnection, name: str, parts: list[tuple[pa.Schema, Iterator[pa.RecordBatch]]]
+) -> None:
+    schema = parts[0][0].remove_metadata()  # a fragment reads at least one column (_needed_columns)
+    table = _ident(name)
+    con.register("__microco_in", schema.empty_table())
+    con.execute(f"CREATE TEMP TABLE {table} AS SELECT * FROM __microco_in")
+    for part_schema, batches in parts:
+        # one INSERT per stream, DuckDB pulling its batches (a statement per batch cost ~1 ms each:
+        # several CPU-seconds for a gather of small batches); an error of the stream (a node lost
+        # half-way) comes back out of DuckDB as itself, for the query's retry
+        failed: list[BaseException] = []
+
+        def guarded(
+            batches: Iterator[pa.RecordBatch] = batches, failed: list[BaseException] = failed
+        ) -> Iterator[pa.RecordBatch]:
+            try:
+                yield from batches
+            except BaseException as exc:
+                failed.append(exc)
+                raise
+
+        con.register("__microco_in", pa.RecordBatchReader.from_batches(part_schema, guarded()))
+        try:
+            con.execute(f"INSERT INTO {table} SELECT * FROM __microco_in")
+        except duckdb.Error:
+            if failed:
+                raise failed[0] from None
+            raise
+    con.unregister("__microco_in")
 
 
 def run_fragment(inputs: dict[str, pa.Table], sql: str) -> pa.Table:
