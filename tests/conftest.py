@@ -42,6 +42,11 @@ def _session_pki() -> None:
         ca.issue("user:tester", admin=True).write(Path(root, "tester.pem"))
     os.environ["MICROCO_CA_DIR"] = str(Path(root, "ca"))
     os.environ["MICROCO_CREDENTIALS"] = str(Path(root, "tester.pem"))
+    # Agents the tests start run jobs as the tests' own user: a test's data and working folders
+    # are under pytest's 0700 temporary directory, which a separate job user (what an agent
+    # running as root picks by default, where that user can reach the interpreter) cannot read.
+    # The separation itself is tested with an explicit user: tests/integration/security/test_job_user.py.
+    os.environ.setdefault("MICROCO_RUN_AS", "self")
 
 
 _session_pki()

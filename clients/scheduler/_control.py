@@ -41,11 +41,15 @@ ACTIONS = (SUSPEND, RESUME, CHECKPOINT, STOP, RESIZE)
 EXIT_CHECKPOINTED = 75
 
 
-def write_json_atomic(path: Path, value: Any) -> None:
-    """Replace ``path`` with ``value`` as JSON in one step (readers see old or new, never half)."""
+def write_json_atomic(path: Path, value: Any, owner: tuple[int, int] | None = None) -> None:
+    """Replace ``path`` with ``value`` as JSON in one step (readers see old or new, never half).
+    ``owner``: (uid, gid) the file is given to before it is renamed into place (so a reader of
+    that user never sees one it cannot read)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        if owner is not None:
+            os.fchown(fd, *owner)
         with os.fdopen(fd, "w") as f:
             json.dump(value, f)
         os.replace(tmp, path)
@@ -74,6 +78,8 @@ class ControlChannel:
         self.status_path = self.dir / STATUS_FILE
         self._seen_mtime: int | None = None
         self._last_command: dict[str, Any] | None = None
+        #: (uid, gid) the command files are given to (the job's user, when it is not the agent's)
+        self.file_owner: tuple[int, int] | None = None
 
     # ---- agent side
     def send(self, action: str, devices: list[str] | None = None) -> int:
@@ -83,7 +89,9 @@ class ControlChannel:
         current = read_json(self.command_path) or {}
         seq = int(current.get("seq", 0)) + 1
         write_json_atomic(
-            self.command_path, {"seq": seq, "action": action, "devices": devices, "sent_at": time.time()}
+            self.command_path,
+            {"seq": seq, "action": action, "devices": devices, "sent_at": time.time()},
+            self.file_owner,
         )
         return seq
 

@@ -12,17 +12,13 @@ user: it runs jobs as itself and says so loudly at start (docs/security.md)."""
 from __future__ import annotations
 
 import grp
-import json
 import logging
 import os
 import pwd
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from microco.clients.scheduler import ACTIONS, ControlChannel
+from microco.clients.scheduler import ControlChannel
 from microco.common.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -160,33 +156,4 @@ class JobControl(ControlChannel):
     def __init__(self, directory: str | os.PathLike[str], user: JobUser) -> None:
         super().__init__(directory)
         self.user = user
-
-    def send(self, action: str, devices: list[str] | None = None) -> int:
-        if action not in ACTIONS:
-            raise ValueError(f"unknown control action {action!r}; expected one of {ACTIONS}")
-        try:
-            current = json.loads(self.command_path.read_text())
-        except (FileNotFoundError, ValueError):
-            current = {}
-        seq = int(current.get("seq", 0)) + 1
-        _write_owned(
-            self.command_path,
-            {"seq": seq, "action": action, "devices": devices, "sent_at": time.time()},
-            self.user,
-        )
-        return seq
-
-
-def _write_owned(path: Path, value: Any, user: JobUser) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchown(fd, user.uid, user.gid)
-        with os.fdopen(fd, "w") as f:
-            json.dump(value, f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        self.file_owner = (user.uid, user.gid)

@@ -433,6 +433,17 @@ class RecoveryLoop:
 
 
 # ------------------------------------------------------------------------------ processes
+def _sql_memory_arg(g: Any) -> None:
+    """``--sql-memory-mb``, on the coordinator and on every node."""
+    g.add_argument(
+        "--sql-memory-mb",
+        type=float,
+        default=SQL_MEMORY_MB,
+        help="DuckDB's memory here, MiB (SQL merges and fragments; beyond it, spill files under the "
+        "data directory's sql-spill/); 0: DuckDB's default, 80%% of the machine's memory",
+    )
+
+
 def _coordinator_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("store coordinator")
     g.add_argument("--super-extent-rows", type=int, default=4_000_000, help="rows per super-extent")
@@ -472,13 +483,7 @@ def _coordinator_args(p: argparse.ArgumentParser) -> None:
         default=256,
         help="SQL plans kept for reuse by the same text on the same catalog version (0: none)",
     )
-    g.add_argument(
-        "--sql-memory-mb",
-        type=float,
-        default=SQL_MEMORY_MB,
-        help="DuckDB's memory here, MiB (SQL merges and fragments; beyond it, spill files under the "
-        "data directory's sql-spill/); 0: DuckDB's default, 80%% of the machine's memory",
-    )
+    _sql_memory_arg(g)
     g.add_argument(
         "--flight-sql-port",
         type=int,
@@ -568,13 +573,7 @@ def _node_args(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_COMPRESSION,
         help="codec of the extents this node writes (extents written with another stay readable)",
     )
-    g.add_argument(
-        "--sql-memory-mb",
-        type=float,
-        default=SQL_MEMORY_MB,
-        help="DuckDB's memory here, MiB (SQL merges and fragments; beyond it, spill files under the "
-        "data directory's sql-spill/); 0: DuckDB's default, 80%% of the machine's memory",
-    )
+    _sql_memory_arg(g)
     g.add_argument(
         "--extent-cache-mb",
         type=float,
