@@ -80,7 +80,6 @@ def _split(name: str, owner: str | None = None) -> tuple[str, str]:
     """(owner, name) of ``name`` (``owner/name`` or a bare name: ``owner``, default the caller's)."""
     if "/" in name:
         who, _, short = name.partition("/")
-        _check_name(who, "owner")
     else:
         who, short = (owner or caller_owner()), name
     _check_name(short)
