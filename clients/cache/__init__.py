@@ -117,11 +117,11 @@ def open_loader(
     elif server is False:
         cache = server = None
     elif server is None:
-        # Found in etcd, and found again there if it stops answering (restarted elsewhere).
+        # Found in etcd, and found again there if it stops answering (restarted elsewhere) or
+        # if none is registered yet (the loader reads the backing store until one is).
         node = kwargs.get("node")
         cache = server = find_server(kv, node)
-        if server is not None:
-            kwargs.setdefault("resolve_server", lambda: find_server(kv, node))
+        kwargs.setdefault("resolve_server", lambda: find_server(kv, node))
     elif not isinstance(server, str):
         raise InvalidArgument("server must be an address, None (find one) or False (no cache)")
     if redis_url and "peers" not in kwargs:

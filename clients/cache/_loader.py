@@ -179,6 +179,9 @@ class QuiverLoader:
         self.client: CacheClient | SpreadCache | None = (
             CacheClient(server) if isinstance(server, str) else server
         )
+        # No server known yet but a way to find one (etcd): the loader reads the backing store
+        # and keeps looking (``_server``), so a cache registered late is still used.
+        will_cache = self.client is not None or resolve_server is not None
         # A cache spread over hosts: chunks are placed on their owners (``_spread``).
         self.spread = self.client if isinstance(self.client, SpreadCache) else None
         if self.spread is not None:  # owners with bounded loads: few chunks are not lumped
@@ -189,7 +192,7 @@ class QuiverLoader:
         self.insert_misses = insert_misses
         # Quiver: a miss fetches its whole chunk when the cache has room for it; the chunk's
         # other samples are then hits later this epoch (substitutable), so nothing is read twice.
-        self.chunk_fetch = (substitutable and self.client is not None) if chunk_fetch is None else chunk_fetch
+        self.chunk_fetch = (substitutable and will_cache) if chunk_fetch is None else chunk_fetch
         # Bytes each server (by placement key; "" for a single server) could admit now.
         self._room: dict[str, int] = {}
         self._puts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quiver-put")
@@ -202,7 +205,7 @@ class QuiverLoader:
         # Other hosts' servers (through the Redis directory), and where remote chunks were seen.
         self.peers = peers
         self._remote: dict[str, CacheClient] = {}
-        self.prefetch = prefetch and self.client is not None
+        self.prefetch = prefetch and will_cache
         self.direct_read = direct_read
         self.node = node if node is not None else os.environ.get("MICROCO_NODE", socket.gethostname())
         self.probe_batches = probe_batches
@@ -251,8 +254,10 @@ class QuiverLoader:
 
     # -- server access, failing soft
     def _server(self) -> CacheClient | SpreadCache | None:
-        if self.client is None or time.monotonic() < self._down_until:
+        if time.monotonic() < self._down_until:
             return None
+        if self.client is None:
+            return self._find_server_first()
         if self._reresolve:
             self._find_server_again()
         return self.client
@@ -278,6 +283,27 @@ class QuiverLoader:
             sizes = {c.digest: c.size for c in self.index.chunks}
             self._owned = (key, owned_bytes(sizes, list(key)))
         return self._owned[1]
+
+    def _find_server_first(self) -> CacheClient | None:
+        """No server was registered when the loader opened: ask etcd again (at most once per
+        ``retry_server_s``) and use the one found from then on."""
+        if self._resolve_server is None:
+            return None
+        with self._lock:
+            if self.client is not None:
+                return self.client if isinstance(self.client, CacheClient) else None
+            self._down_until = time.monotonic() + self.retry_server_s
+            try:
+                address = self._resolve_server()
+            except Exception as exc:  # noqa: BLE001 - etcd trouble: read the backing store meanwhile
+                log.warning("cannot look the cache server up: %s", exc)
+                return None
+            if not address:
+                return None
+            self.client = CacheClient(address)
+            self._down_until = 0.0
+        log.info("cache server found: %s", address)
+        return self.client
 
     def _find_server_again(self) -> None:
         """After UNAVAILABLE: ask etcd where the server is now and switch to it if it moved."""
@@ -1095,9 +1121,12 @@ class QuiverLoader:
             try:
                 present, rooms = self._lookup(srv, [self.index.chunks[c].digest for c in window])
             except MicrocoError as exc:
+                # The server did not answer (slow or gone): ask about these chunks again on a
+                # later pass (when waiting for room; ``warm`` gives up at once).
                 self._server_failed(exc)
+                deferred.extend(window)
                 continue
-            for c in window:
+            for at, c in enumerate(window):
                 if stop.is_set():
                     return
                 chunk = self.index.chunks[c]
@@ -1117,28 +1146,35 @@ class QuiverLoader:
                         continue
                     return
                 try:
-                    if not self._insert_one(srv, c, stop, wait_when_full and self.spread is None):
-                        if self.spread is None:
-                            return
-                        deferred.append(c)
-                        continue
+                    done = self._insert_one(srv, c, stop, wait_when_full and self.spread is None)
                 finally:
                     with self._lock:
                         self._inflight.discard(c)
+                if done is None:  # the server failed: this chunk and the window's rest later
+                    if not wait_when_full:
+                        return
+                    deferred.extend(window[at:])
+                    break
+                if not done:
+                    if self.spread is None:
+                        return
+                    deferred.append(c)
+                    continue
                 rooms[k] = rooms.get(k, 0) - chunk.size
 
     def _insert_one(
         self, srv: CacheClient | SpreadCache, c: int, stop: threading.Event, wait_when_full: bool
-    ) -> bool:
+    ) -> bool | None:
         """Read chunk ``c`` from the backing store once the cache has room, and insert it.
-        False to stop inserting (server gone, or full and not waiting)."""
+        False to stop inserting (full and not waiting); None when the server did not answer
+        (the chunk is to be tried again later)."""
         chunk = self.index.chunks[c]
         while not stop.is_set():
             try:
                 present, rooms = self._lookup(srv, [chunk.digest])
             except MicrocoError as exc:
                 self._server_failed(exc)
-                return False
+                return None
             with self._lock:
                 untouched = 0 < self._consumed_left[c] == self._share[c]
             if present or not untouched:
@@ -1170,7 +1206,9 @@ class QuiverLoader:
             with self._lock:
                 if self._consumed_left[c] > 0:
                     self._staged[chunk.digest] = data
-            return r is not None and wait_when_full
+            if r is None:
+                return None  # (the staged copy serves this job; other chunks are tried later)
+            return wait_when_full
         return True
 
     def finish(self) -> None:

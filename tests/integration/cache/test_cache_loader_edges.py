@@ -97,3 +97,56 @@ def test_open_loader_server_false_means_no_cache(make_dataset, tmp_path, monkeyp
         assert asked and loader.client is not None
     finally:
         loader.close()
+
+
+def test_a_server_that_does_not_answer_for_a_while_still_gets_the_epochs_chunks(
+    make_dataset, tmp_path, inproc_cache
+):
+    # A CI run at load 17: the cache's lookups timed out while the prefetcher asked about its
+    # window of chunks; the window was dropped for the epoch and two jobs on one single-chunk
+    # dataset both read every sample from the backing store (hit rates 0%, 0%). The chunks a
+    # failed lookup or insert asked about are asked about again on a later pass.
+    from microco.common.errors import Unavailable
+
+    make_dataset(tmp_path / "d", n=80, size=2000)
+    address, core = inproc_cache(1 << 20)
+    idx, loader = _loader(tmp_path / "d", address, retry_server_s=0.01)
+    real = loader.client.lookup_room
+    failures = [3]
+
+    def flaky(*a, **kw):
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise Unavailable("deadline exceeded (a test's fault)")
+        return real(*a, **kw)
+
+    loader.client.lookup_room = flaky
+    try:
+        loader._start_epoch(0)  # the epoch's shares, as its first batch would set them
+        loader._prefetch_loop(0, __import__("threading").Event())
+        assert failures == [0] and loader.stats.server_failures == 3
+        held = core.lookup([c.digest for c in idx.chunks])
+        assert sorted(held) == sorted(c.digest for c in idx.chunks)  # every chunk, none dropped
+        assert loader.stats.backing_bytes == idx.total_bytes  # each read once
+    finally:
+        loader.close()
+
+
+def test_a_cache_registered_after_the_loader_opened_is_used(make_dataset, tmp_path, inproc_cache):
+    # No cache server in etcd when a job opened its loader (its lease briefly lapsed, or the
+    # job started first): the loader read the backing store for the whole run. It now keeps
+    # looking and uses the server once one is registered.
+    make_dataset(tmp_path / "d", n=80, size=2000)
+    address, core = inproc_cache(1 << 20)
+    registered: list[str | None] = [None]
+    idx, loader = _loader(tmp_path / "d", None, resolve_server=lambda: registered[0], retry_server_s=0.0)
+    try:
+        assert sum(len(b) for _, b in loader.epoch(0)) == 80
+        assert loader.stats.hits == 0 and core.lookup([c.digest for c in idx.chunks]) == []
+        registered[0] = address
+        assert sum(len(b) for _, b in loader.epoch(1)) == 80
+        assert sum(len(b) for _, b in loader.epoch(2)) == 80
+        assert loader.stats.hits > 0  # epoch 1 filled the cache, epoch 2 read from it
+        assert core.lookup([c.digest for c in idx.chunks])
+    finally:
+        loader.close()
