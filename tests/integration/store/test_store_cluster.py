@@ -63,7 +63,7 @@ def cluster(etcd_endpoint, tmp_path_factory):
             "--recovery-interval-s",
             "1",
             "--super-extent-rows",
-            "1500",
+            "3000",
         ],
     ).start()
     client = StoreClient.from_address(c.coordinator_address)
