@@ -735,8 +735,8 @@ class LocalTransport:
     def run_task_stream(
         self, node: NodeInfo, task: dict[str, Any]
     ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-        t = self.run_task(node, task)
-        return t.schema, iter(t.to_batches())
+        reader = self._store(node.name).run_stream(task)
+        return reader.schema, iter(reader)
 
     def action(self, node: NodeInfo, name: str, body: dict[str, Any]) -> dict[str, Any]:
         return node_action(self._store(node.name), name, body)

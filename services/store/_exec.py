@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -305,6 +305,39 @@ def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
             left = join(left, right, j["left_on"], j["right_on"])
         return post_ops(left, task.get("post"))
     raise ValueError(f"unknown task op {op!r}")
+
+
+def run_task_stream(env: Env, task: dict[str, Any]) -> pa.RecordBatchReader:
+    """``run_task`` as record batches: a ``sql`` task's result streams out of DuckDB a batch at
+    a time (the node never holds it whole; its inputs, the extents read, are held as before);
+    the other tasks' results, small by construction (pre-aggregated, or a shuffle's bucket
+    counts) or a ``fragment`` of the JSON model, are served from their table."""
+    if task["op"] == "sql":
+        from ._sql import run_fragment_stream
+
+        t0 = time.perf_counter()
+        inputs = {name: scan_side(env, side) for name, side in task["inputs"].items()}
+        t1 = time.perf_counter()
+        # "run" is DuckDB's time to the start of the stream (planning; a pipeline breaker such as
+        # a group-by or sort runs to its end before the first batch)
+        reader = run_fragment_stream(inputs, task["sql"])
+        took = json.dumps({"read": t1 - t0, "run": time.perf_counter() - t1}).encode()
+        return _with_metadata(reader, {TIMINGS_META: took})
+    t = run_task(env, task)
+    return pa.RecordBatchReader.from_batches(t.schema, t.to_batches())
+
+
+def _with_metadata(reader: pa.RecordBatchReader, meta: dict[bytes, bytes]) -> pa.RecordBatchReader:
+    schema = reader.schema.with_metadata({**(reader.schema.metadata or {}), **meta})
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        try:
+            for b in reader:
+                yield b.replace_schema_metadata(schema.metadata)
+        finally:
+            reader.close()
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
 
 
 ReadFn = Callable[[dict[str, Any], Sequence[str] | None], pa.Table]

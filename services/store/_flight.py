@@ -144,11 +144,11 @@ def _interpret(what: str, run: Any) -> Any:
         raise InvalidArgument(f"malformed {what}: {type(exc).__name__}: {short(str(exc), 200)}") from exc
 
 
-def _run_task(store: NodeStore, req: dict[str, Any]) -> pa.Table:
-    """A query task's rows."""
+def _run_task(store: NodeStore, req: dict[str, Any]) -> pa.RecordBatchReader:
+    """A query task's rows, as a stream (a SQL fragment's result leaves DuckDB a batch at a time)."""
     if req["op"] == "map" and not 0 < req["n"] <= MAX_SHUFFLE_BUCKETS:
         raise InvalidArgument(f"map task: 'n' must be 1..{MAX_SHUFFLE_BUCKETS}, got {short(req['n'])}")
-    return _interpret(f"{req['op']} task", lambda: store.run(req))  # type: ignore[no-any-return]
+    return _interpret(f"{req['op']} task", lambda: store.run_stream(req))  # type: ignore[no-any-return]
 
 
 def _check_buckets(buckets: list[Any], rows: int) -> None:

@@ -260,6 +260,11 @@ class NodeStore:
     def run(self, task: dict[str, Any]) -> pa.Table:
         return _exec.run_task(_NodeEnv(self, task.get("addresses", {})), task)
 
+    def run_stream(self, task: dict[str, Any]) -> pa.RecordBatchReader:
+        """``run`` as record batches (a ``sql`` task's result is never held whole: what Flight
+        serves)."""
+        return _exec.run_task_stream(_NodeEnv(self, task.get("addresses", {})), task)
+
     def shuffle_take(self, qid: str, tag: str, bucket: int) -> pa.Table:
         with self._lock:
             t = self._shuffle.pop((qid, tag, bucket), None)

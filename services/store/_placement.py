@@ -1,13 +1,16 @@
 """Super-extent placement: which node holds each extent, so that no node and no fault domain ever
 holds two copies of a row.
 
-Fault domains are split into three disjoint groups. Replica ``r`` of super-extent ``s`` lives on
-group ``(r + s) mod 3``, so consecutive super-extents rotate the groups and every node carries a
-share of every replica (load spreads), while inside one super-extent the three copies of any row
-sit on three disjoint groups. Within a group, extent ``p`` goes to node ``(p + s) mod size``.
-Co-located placement (``homes``) pins the first replica of each partition function to one group
-and partition ``p`` to one node of it, for every table and super-extent, so co-partitioned joins
-read only local extents. Pure functions of (live nodes, super-extent index, partition counts).
+Fault domains are split into three disjoint groups. Every replica of a table lives on one group
+and partition ``p`` of it on one node of that group, **whatever the super-extent**: so a
+partition's rows, however many super-extents they were appended in, sit on one node, and a
+group-by on a replica's partition column aggregates each group on one node (no merge of partials
+at the coordinator), and a join of co-partitioned, co-located replicas reads only local extents.
+The three replicas of a table take three disjoint groups, so the three copies of any row sit on
+three nodes in three fault domains. Co-located placement (``homes``) sends the first replica of
+each partition function to the group that function hashes to, and partition ``p`` to node
+``p mod size`` of it, for every table, so such partitions of different tables share a node.
+Pure functions of (live nodes, partition counts, homes).
 """
 
 from __future__ import annotations
@@ -63,32 +66,39 @@ def place_super_extent(
 ) -> dict[tuple[int, int], str]:
     """Node name for every extent ``(replica, partition)`` of super-extent ``super_extent``.
 
+    The answer does not depend on ``super_extent`` (kept so callers say which one they place):
+    replica ``r`` goes to one group and partition ``p`` to one node of it for every super-extent,
+    so each partition of each replica stays on one node as a table grows (until the live nodes
+    change: a new group layout places later super-extents anew).
+
     ``homes[r]``, when given, names replica ``r``'s partition function (``PartitionSpec.function_key``):
     such a replica is *co-located*: it goes to the group that key hashes to, and partition ``p``
-    to node ``p mod size`` of that group, whatever the super-extent and the table. So partition
-    ``p`` of every table partitioned by the same function sits on one node, and a join on those
-    keys moves no bytes. The other replicas take the remaining groups in rotation order (each
-    super-extent still puts its three replicas on three disjoint groups)."""
+    to node ``p mod size`` of that group, whatever the table. So partition ``p`` of every table
+    partitioned by the same function sits on one node, and a join on those keys moves no bytes.
+    The other replicas take the remaining groups in replica order, partition ``p`` on node
+    ``(p + r) mod size`` (the replica number spreads partitions that do not divide evenly)."""
+    del super_extent  # placement is the same for every super-extent (see above)
     groups = domain_groups(nodes)
     homes = list(homes) if homes is not None else [None] * len(partition_counts)
     taken: dict[int, int] = {}  # replica -> group
+    homed: set[int] = set()
     for r, key in enumerate(homes):
         if key is not None:
             g = zlib.crc32(key.encode()) % REPLICAS
             if g not in taken.values():
                 taken[r] = g
+                homed.add(r)
     for r in range(len(partition_counts)):
         if r in taken:
             continue
-        g = (r + super_extent) % REPLICAS
+        g = r % REPLICAS
         while g in taken.values():
             g = (g + 1) % REPLICAS
         taken[r] = g
     out: dict[tuple[int, int], str] = {}
     for r, count in enumerate(partition_counts):
         group = groups[taken[r]]
-        homed = homes[r] is not None and taken[r] == zlib.crc32(str(homes[r]).encode()) % REPLICAS
-        shift = 0 if homed else super_extent
+        shift = 0 if r in homed else r
         for p in range(count):
             out[(r, p)] = group[(p + shift) % len(group)].name
     return out

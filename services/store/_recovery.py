@@ -3,7 +3,8 @@
 A lost extent ``(s, r, p)`` (its node is dead, or its checksum failed) is rebuilt from another
 replica ``r2`` of super-extent ``s``: the bucket ``p`` (under ``r``'s function) of every extent of
 ``r2``. Those buckets hold exactly the lost rows, so bytes read per byte lost is about 1, and they
-come from many nodes. The target node must not hold, nor share a fault domain with, any other copy
+come from many nodes (``r2`` alternates between the two other replicas, so both of their node
+groups serve reads). The target node must not hold, nor share a fault domain with, any other copy
 of those rows. Pure function of (catalog, live nodes, fault domains).
 
 When an extent cannot be rebuilt now it is *stuck*, with a reason and what an operator can do
@@ -115,7 +116,11 @@ def plan_recovery(
             s = next(x for x in t.super_extents if x.id == sid)
             r, p = e.replica, e.partition
             chosen = None
-            for r2 in others(r):
+            # alternate the source replica between the two others (by super-extent and
+            # partition): each replica lives on one group of nodes (placement), so always taking
+            # the first would read every rebuild from one group while the other's nodes idle
+            a2, b2 = others(r)
+            for r2 in (a2, b2) if (sid + p) % 2 == 0 else (b2, a2):
                 needed = [x for x in s.replica(r2) if x.bucket_rows(r, p) > 0]
                 if needed and all(x.node in live and x.state == "ok" for x in needed):
                     chosen = (r2, needed)

@@ -63,7 +63,7 @@ def cluster(etcd_endpoint, tmp_path_factory):
             "--recovery-interval-s",
             "1",
             "--super-extent-rows",
-            "1500",
+            "3000",
         ],
     ).start()
     client = StoreClient.from_address(c.coordinator_address)
@@ -540,7 +540,7 @@ def test_a_table_is_a_training_dataset_read_through_the_cache(fresh, tmp_path):
     from microco.services.cache import CacheCore, CacheServicer, ChunkStore, serve_in_process
 
     _, client = fresh
-    cols = ["l_id", "l_qty"]
+    cols = ["o_id", "o_cust"]  # orders: 12 extents a replica (items has 80 after the kill test)
 
     class Counted(StoreTable):
         reads = 0
@@ -550,28 +550,28 @@ def test_a_table_is_a_training_dataset_read_through_the_cache(fresh, tmp_path):
             return super().read(path)
 
     live = [n["address"] for n in client.nodes() if n["alive"]]  # an earlier test kills a node
-    src = Counted(live[0], "items", replica=1, columns=cols)
+    src = Counted(live[0], "orders", replica=1, columns=cols)
     index = index_store_table(src)
     assert len(index.chunks) == len(index.samples) > 1  # one chunk per extent
-    assert index_store_table(StoreTable(live[1], "items", replica=1, columns=cols)) == index
-    expected = client.read("items", columns=cols).sort_by("l_id")
+    assert index_store_table(StoreTable(live[1], "orders", replica=1, columns=cols)) == index
+    expected = client.read("orders", columns=cols).sort_by("o_id")
     core = CacheCore(ChunkStore(str(tmp_path / "cache")), 2 * index.total_bytes, "coordinated")
     server, address = serve_in_process(CacheServicer(core))
     try:
         for job in ("first", "second"):
             Counted.reads = 0
             loader = QuiverLoader(
-                index, src, batch_size=2, dataset="items", job_id=job, server=address, insert_misses=True
+                index, src, batch_size=2, dataset="orders", job_id=job, server=address, insert_misses=True
             )
             try:
                 got = [decode_sample(d) for _, batch in loader.epoch(0) for d in batch]
             finally:
                 loader.close()
-            assert pa.concat_tables(got).sort_by("l_id").equals(expected)  # every row, once
+            assert pa.concat_tables(got).sort_by("o_id").equals(expected)  # every row, once
             if job == "first":
                 digests = [c.digest for c in index.chunks]
                 deadline = time.monotonic() + 60
-                while len(core.lookup(digests, "items")) < len(digests):  # written behind
+                while len(core.lookup(digests, "orders")) < len(digests):  # written behind
                     assert time.monotonic() < deadline, "the first job's reads never reached the cache"
                     time.sleep(0.05)
             else:
