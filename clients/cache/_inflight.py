@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 class InFlight:
     """Mixin of ``QuiverLoader``: the attributes below are the loader's."""
 
+    #: Claim chunks read whole, and wait for those other jobs claimed (False: read as before).
+    CLAIMS = True
     #: A claim's lease (seconds): a holder that dies delays the others at most this long.
     CLAIM_LEASE_S = 10.0
     #: How long a batch waits at most for chunks another job has in flight.
@@ -60,6 +62,8 @@ class InFlight:
         self.claim_waited = 0  # samples those waits then read as hits
 
     def _note_in_flight(self, asked: Sequence[str], in_flight: set[str]) -> None:
+        if not self.CLAIMS:
+            return
         with self._lock:
             self._elsewhere.difference_update(asked)
             self._elsewhere |= in_flight
@@ -70,7 +74,7 @@ class InFlight:
 
     def _claimer(self) -> CacheClient | None:
         srv = self._server()
-        return srv if isinstance(srv, CacheClient) and self.job_id else None
+        return srv if isinstance(srv, CacheClient) and self.job_id and self.CLAIMS else None
 
     def _claim_whole(self, whole: set[int], rest: Sequence[int]) -> tuple[set[int], set[int]]:
         """Claim the chunks about to be read whole; (those granted, the chunks of ``rest`` to
@@ -84,7 +88,13 @@ class InFlight:
             asked = sorted(by_digest)
             try:
                 ans = srv.lookup_claim(
-                    asked, self.dataset, self.job_id, claim=asked, lease_s=self.CLAIM_LEASE_S, timeout=5, retry=False
+                    asked,
+                    self.dataset,
+                    self.job_id,
+                    claim=asked,
+                    lease_s=self.CLAIM_LEASE_S,
+                    timeout=5,
+                    retry=False,
                 )
             except MicrocoError as exc:
                 self._server_failed(exc)
@@ -114,7 +124,9 @@ class InFlight:
             return {}
         asked = sorted({self.index.chunk_of(i).digest for i in late})
         try:
-            ans = srv.lookup_claim(asked, self.dataset, self.job_id, wait_s=self.CLAIM_WAIT_S, timeout=5, retry=False)
+            ans = srv.lookup_claim(
+                asked, self.dataset, self.job_id, wait_s=self.CLAIM_WAIT_S, timeout=5, retry=False
+            )
         except MicrocoError as exc:
             self._server_failed(exc)
             return {}
@@ -127,7 +139,7 @@ class InFlight:
     def _claim_one(self, srv: CacheClient | SpreadCache, chunk_digest: str) -> bool:
         """Claim one chunk before a prefetch reads it; False when another job has it in flight
         or it is held (nothing to read)."""
-        if not isinstance(srv, CacheClient) or not self.job_id:
+        if not isinstance(srv, CacheClient) or not self.job_id or not self.CLAIMS:
             return True
         try:
             ans = srv.lookup_claim(

@@ -35,8 +35,8 @@ from ._backing import BackingStore, read_checked
 from ._client import CacheClient
 from ._digest import digest
 from ._exchange import Exchange, ExchangeSampler, check_resumable
-from ._inflight import InFlight
 from ._index import DatasetIndex
+from ._inflight import InFlight
 from ._peers import Peers
 from ._position import ints, job_seen, merge_positions
 from ._sampler import BatchMode, SubstitutableSampler
@@ -106,6 +106,9 @@ class QuiverLoader(InFlight):
     trade substitutable hits (``ExchangeSampler``; ``TorchExchange()`` under
     ``torch.distributed``); world size and rank are then the exchange's.
     """
+
+    #: How the benefit estimate prices a miss (``_stall.PRICES``): the step's stall, or the link's time.
+    MISS_PRICE = "stall"
 
     def __init__(
         self,
@@ -243,7 +246,7 @@ class QuiverLoader(InFlight):
         self.resume_epoch: int | None = None  # after ``load_state_dict``: the epoch to continue
         # Samples read with a whole chunk for a later batch (their wait is carried to it).
         self._read_ahead: set[int] = set()
-        self._meter = StallMeter()
+        self._meter = StallMeter(price=self.MISS_PRICE)
         # Batches read in DataLoader worker processes (``plan_read``/``delivered``): each
         # batch's finished chunks, held until the batch reaches the step; plans in flight.
         self._held: list[list[str]] | None = None

@@ -68,7 +68,9 @@ def test_a_refused_put_ends_the_claim_so_its_waiters_read_it_themselves(tmp_path
 def test_a_waiting_lookup_wakes_when_the_chunk_is_put(core):
     core.lookup_claim([DA], "d", job="j1", claim=[DA])
     answers = []
-    waiter = threading.Thread(target=lambda: answers.append(core.lookup_claim([DA], "d", job="j2", wait_s=60)))
+    waiter = threading.Thread(
+        target=lambda: answers.append(core.lookup_claim([DA], "d", job="j2", wait_s=60))
+    )
     core.max_wait_s = 60
     waiter.start()
     _until(lambda: core._waiters == 1, "the lookup did not wait")
