@@ -6,7 +6,10 @@ from __future__ import annotations
 import threading
 import time
 
-from microco.clients.cache import QuiverLoader
+import pytest
+
+from microco.clients.cache import CacheClient, QuiverLoader, digest
+from microco.common.errors import InvalidArgument
 from microco.services.cache import LocalStore, build_index
 
 
@@ -83,3 +86,16 @@ def test_a_chunk_in_flight_for_one_job_is_not_read_by_the_other(make_dataset, tm
         gate.set()
         first.close()
         second.close()
+
+
+def test_a_claim_needs_a_job_and_bounded_seconds_over_grpc(inproc_cache):
+    address, _core = inproc_cache(1 << 20)
+    d = digest(b"x")
+    with CacheClient(address) as c:
+        ans = c.lookup_claim([d], "d", "j1", claim=[d], lease_s=5)
+        assert ans.claimed == {d} and not ans.present and not ans.in_flight
+        assert c.lookup_claim([d], "d", "j2", claim=[d]).in_flight == {d}
+        with pytest.raises(InvalidArgument, match="job_id"):
+            c.lookup_claim([d], "d", "", claim=[d])
+        with pytest.raises(InvalidArgument, match="wait_s"):
+            c.lookup_claim([d], "d", "j2", wait_s=-1)
