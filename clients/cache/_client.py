@@ -73,10 +73,14 @@ class CacheClient(ServiceClient):
         *,
         timeout: float | None = None,
         retry: bool = True,
+        in_flight: set[str] | None = None,
     ) -> tuple[set[str], int]:
-        """Like ``lookup``, plus the bytes of ``dataset`` the server could admit now."""
+        """Like ``lookup``, plus the bytes of ``dataset`` the server could admit now; the
+        chunks another job has in flight (``lookup_claim``) are added to ``in_flight`` if given."""
         req = cache_pb2.LookupRequest(dataset=dataset, digests=list(digests), job_id=job_id)
         r = self._call(self._stub.Lookup, req, timeout=timeout, idempotent=True, retry=retry)
+        if in_flight is not None:
+            in_flight.update(r.in_flight)
         return set(r.present), r.room_bytes
 
     def lookup_claim(

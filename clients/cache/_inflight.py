@@ -138,7 +138,7 @@ class InFlight:
 
     def _claim_one(self, srv: CacheClient | SpreadCache, chunk_digest: str) -> bool:
         """Claim one chunk before a prefetch reads it; False when another job has it in flight
-        or it is held (nothing to read)."""
+        or it is held (nothing to read), True to read it (claimed, or the server did not answer)."""
         if not isinstance(srv, CacheClient) or not self.job_id or not self.CLAIMS:
             return True
         try:
@@ -152,7 +152,9 @@ class InFlight:
                 retry=False,
             )
         except MicrocoError as exc:
+            # Not answered: read it unclaimed (a claim only saves a second read; the insert
+            # that follows meets the same server and says what to do).
             self._server_failed(exc)
-            return False
+            return True
         self._note_in_flight([chunk_digest], ans.in_flight)
         return chunk_digest not in ans.in_flight and chunk_digest not in ans.present

@@ -268,9 +268,12 @@ class QuiverLoader(InFlight):
         """(chunks held, room per server) from the server, or from each chunk's owner."""
         if isinstance(srv, SpreadCache):
             return srv.lookup_rooms(chunks, self.dataset, self.job_id)
-        ans = srv.lookup_claim(chunks, self.dataset, self.job_id, timeout=5, retry=False)
-        self._note_in_flight(chunks, ans.in_flight)
-        return ans.present, {"": ans.room}
+        in_flight: set[str] = set()
+        held, room = srv.lookup_room(
+            chunks, self.dataset, self.job_id, timeout=5, retry=False, in_flight=in_flight
+        )
+        self._note_in_flight(chunks, in_flight)
+        return held, {"": room}
 
     def _room_key(self, chunk_digest: str) -> str:
         return self.spread.owner_key(chunk_digest) if self.spread is not None else ""
