@@ -1,6 +1,7 @@
 """Quiver benchmark: ``microco bench cache [--quick] [--json]``.
 
-Everything real: etcd, Redis and cache server processes; the backing store is a directory
+Everything real: etcd, Redis and cache server processes (``--in-process``: servers in this
+process, to check the benchmark's code quickly, not for figures); the backing store is a directory
 behind a token bucket (``ThrottledStore``) with a set bandwidth, shared by every reader, like
 a remote blob store's link. The dataset is about twice the cache (samples of DLIO's image
 shape, ~110 KB). One run measures, side by side:
@@ -147,6 +148,33 @@ class _Server:
             return c.stats()
 
 
+class _InProcessServer:
+    """A cache server in this process (``--in-process``): the same core and servicer, no etcd
+    or Redis, no process to start. For a check of the benchmark's code, not for its figures
+    (the server then shares this process's interpreter with the loaders)."""
+
+    def __init__(self, tmp: Path, name: str, capacity: int, policy: str) -> None:
+        import socket
+
+        from microco.services.cache import CacheCore, CacheServicer, ChunkStore, serve_in_process
+
+        node = os.environ.get("MICROCO_NODE", socket.gethostname())  # (the loaders' default)
+        core = CacheCore(ChunkStore(str(tmp / f"server-{name}")), capacity, policy, node=node)
+        self._server, self.address = serve_in_process(CacheServicer(core))
+
+    def wait_ready(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        self._server.stop(0)
+
+    def stats(self) -> Any:
+        from microco.clients.cache import CacheClient
+
+        with CacheClient(self.address) as c:
+            return c.stats()
+
+
 def _run_epoch(loader: Any, e: int, compute_s: float, seen: list[int] | None = None) -> dict[str, float]:
     """Run epoch ``e``, sleeping ``compute_s`` per batch (the training step): its wall time,
     hit rate and backing-store bytes (``seen`` collects the indices read)."""
@@ -200,10 +228,11 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         total = _make_dataset(data, n, sample)
         capacity = total // 2
         private_ca(tmp / "pki")  # the servers it starts are its own: so are their identities
-        etcd = EtcdServer(tmp / "etcd").start()
-        stack.callback(etcd.stop)
-        redis = RedisServer(tmp / "redis").start()
-        stack.callback(redis.stop)
+        if not args.in_process:
+            etcd = EtcdServer(tmp / "etcd").start()
+            stack.callback(etcd.stop)
+            redis = RedisServer(tmp / "redis").start()
+            stack.callback(redis.stop)
         names = {
             "lru": ("lru", capacity),
             "quiver": ("coordinated", capacity),
@@ -252,8 +281,10 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             for p in ("ddp", "io")
             for k in (f"{p}2a", f"{p}2b", f"{p}2ha", f"{p}2hb", f"{p}2sa", f"{p}2sb")
         }
-        servers = {
-            k: _Server(tmp, k, etcd.endpoint, redis.url, cap, pol, extra.get(k, ()))
+        servers: dict[str, _Server | _InProcessServer] = {
+            k: _InProcessServer(tmp, k, cap, pol)
+            if args.in_process
+            else _Server(tmp, k, etcd.endpoint, redis.url, cap, pol, extra.get(k, ()))
             for k, (pol, cap) in names.items()
         }
         for s in servers.values():
@@ -706,7 +737,16 @@ def main(argv: list[str] | None = None) -> int:
         choices=["one_job", "two_jobs", "prefetch", "allocation", "ddp", "serving"],
         help="run only this section (repeatable); default all",
     )
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="cache servers in this process, no etcd or Redis: a check of the benchmark, not its figures (not ddp)",
+    )
     args = p.parse_args(argv)
+    if args.in_process and (args.only is None or "ddp" in args.only):
+        p.error(
+            "--in-process cannot run the ddp section (its spread cache needs etcd): name the others with --only"
+        )
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     result = run(args.quick, args)
     print(json.dumps(result, indent=None if args.json else 2, default=float))

@@ -94,13 +94,35 @@ class Scenario:
         return [(f"shared{i}", "shared") for i in range(self.shared_jobs)] + [("own", "own")]
 
 
-# name -> (cache servers follow the scheduler, the policy's dataset affinity)
+# name -> (cache servers follow the scheduler, the policy's dataset affinity, the loaders claim
+# chunks they read whole (in-flight claims, a cache feature: on both sides), how the loaders
+# price a miss for the allocation: "stall" or "link", ``clients/cache/_stall.py``)
 MODES = {
-    "independent": (False, False),
-    "codesign": (True, True),
-    "independent_affinity": (False, True),
-    "codesign_no_affinity": (True, False),
+    "independent": (False, False, True, "stall"),
+    "codesign": (True, True, True, "stall"),
+    "independent_affinity": (False, True, True, "stall"),
+    "codesign_no_affinity": (True, False, True, "stall"),
+    "independent_no_claims": (False, False, False, "stall"),
+    "codesign_no_claims": (True, True, False, "stall"),
+    "independent_link": (False, False, True, "link"),
+    "codesign_link": (True, True, True, "link"),
 }
+ABLATIONS = {
+    "ablation": ("independent_affinity", "codesign_no_affinity"),
+    "claims_ablation": ("independent_no_claims", "codesign_no_claims"),
+    "price_ablation": ("independent_link", "codesign_link"),
+}
+# (prefix of the ratios, base mode, mode compared with it), when both ran
+COMPARISONS = (
+    ("", "independent", "codesign"),
+    ("affinity_alone_", "independent", "independent_affinity"),  # the policy alone
+    ("affinity_in_codesign_", "codesign_no_affinity", "codesign"),  # the policy in the platform
+    ("claims_in_independent_", "independent_no_claims", "independent"),
+    ("claims_in_codesign_", "codesign_no_claims", "codesign"),
+    ("without_claims_", "independent_no_claims", "codesign_no_claims"),  # as before claims
+    ("link_price_in_independent_", "independent", "independent_link"),
+    ("link_price_in_codesign_", "codesign", "codesign_link"),
+)
 
 
 def _features(data: bytes) -> tuple[np.ndarray, float]:
@@ -267,7 +289,8 @@ def _run_mode(
         next_to_run,
     )
 
-    codesign, affinity = MODES[mode]
+    codesign, affinity, claims, price = MODES[mode]
+    loader_class = type("Loader", (QuiverLoader,), {"CLAIMS": claims, "MISS_PRICE": price})
     policy = make_policy(
         "gandiva",
         quantum_s=sc.quantum_s,
@@ -318,7 +341,7 @@ def _run_mode(
                 from .codesign_account import AccountedStore
 
                 store = AccountedStore(link, account, job.name, job.node)
-            loader = QuiverLoader(
+            loader = loader_class(
                 job.index,
                 store,
                 batch_size=sc.batch_size,
@@ -575,11 +598,7 @@ def run(
         out[mode] = agg
     # Ratios per round (its two runs side by side, in alternating order), then their median:
     # load on the machine that drifts between rounds falls on both sides of each ratio.
-    comparisons = [("", "independent", "codesign")]
-    if "independent_affinity" in runs:  # what the policy alone does, without the cache's part
-        comparisons.append(("affinity_alone_", "independent", "independent_affinity"))
-    if "codesign_no_affinity" in runs:  # what the policy adds to the co-designed cache
-        comparisons.append(("affinity_in_codesign_", "codesign_no_affinity", "codesign"))
+    comparisons = [(p, a, b) for p, a, b in COMPARISONS if a in runs and b in runs]
     for prefix, base, new in comparisons:
         pairs = list(zip(runs[base], runs[new], strict=True))
         for name, key in (("jct_speedup", "avg_jct_s"), ("backing_bytes_reduction", "backing_bytes")):
@@ -618,6 +637,16 @@ def main(argv: list[str] | None = None) -> int:
         help="also run independent with dataset affinity and co-designed without it",
     )
     p.add_argument(
+        "--claims-ablation",
+        action="store_true",
+        help="also run both sides with the loaders' in-flight claims off (as before them)",
+    )
+    p.add_argument(
+        "--price-ablation",
+        action="store_true",
+        help="also run both sides with a miss priced by the link's time (MISS_PRICE='link')",
+    )
+    p.add_argument(
         "--account",
         action="store_true",
         help="record every backing-store read and cache insert/eviction; classify why each read missed",
@@ -654,7 +683,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     sc.lend = not args.keep_pins
     rounds = args.rounds if args.rounds is not None else (1 if args.tiny else 4 if args.quick else 6)
-    modes = tuple(MODES) if args.ablation else ("independent", "codesign")
+    modes = ("independent", "codesign") + tuple(
+        m for flag, ms in ABLATIONS.items() if getattr(args, flag) for m in ms
+    )
     out = run(sc, rounds, modes, account=args.account)
     json.dump(out, sys.stdout, indent=2, default=float)
     print()

@@ -28,6 +28,16 @@ class Grant:
     size: int
 
 
+@dataclass(frozen=True)
+class LookupAnswer:
+    """Chunks held, room for the dataset, chunks another job has in flight, claims granted."""
+
+    present: set[str]
+    room: int
+    in_flight: set[str]
+    claimed: set[str]
+
+
 class CacheClient(ServiceClient):
     """Client of the cache server at ``address`` (``host:port``); errors are ``MicrocoError``s."""
 
@@ -63,11 +73,43 @@ class CacheClient(ServiceClient):
         *,
         timeout: float | None = None,
         retry: bool = True,
+        in_flight: set[str] | None = None,
     ) -> tuple[set[str], int]:
-        """Like ``lookup``, plus the bytes of ``dataset`` the server could admit now."""
+        """Like ``lookup``, plus the bytes of ``dataset`` the server could admit now; the
+        chunks another job has in flight (``lookup_claim``) are added to ``in_flight`` if given."""
         req = cache_pb2.LookupRequest(dataset=dataset, digests=list(digests), job_id=job_id)
         r = self._call(self._stub.Lookup, req, timeout=timeout, idempotent=True, retry=retry)
+        if in_flight is not None:
+            in_flight.update(r.in_flight)
         return set(r.present), r.room_bytes
+
+    def lookup_claim(
+        self,
+        digests: Sequence[str],
+        dataset: str = "",
+        job_id: str = "",
+        *,
+        claim: Sequence[str] = (),
+        lease_s: float = 0.0,
+        wait_s: float = 0.0,
+        timeout: float | None = None,
+        retry: bool = True,
+    ) -> LookupAnswer:
+        """``lookup_room`` that also claims ``claim`` for ``job_id`` (chunks it is about to read
+        whole from the backing store: other jobs see them in flight until put or until the
+        lease ends) and, with ``wait_s``, waits that long at most for those of ``digests``
+        another job has in flight."""
+        req = cache_pb2.LookupRequest(
+            dataset=dataset,
+            digests=list(digests),
+            job_id=job_id,
+            claim=list(claim),
+            claim_lease_s=lease_s,
+            wait_s=wait_s,
+        )
+        t = self._t(timeout) + wait_s
+        r = self._call(self._stub.Lookup, req, timeout=t, idempotent=True, retry=retry)
+        return LookupAnswer(set(r.present), r.room_bytes, set(r.in_flight), set(r.claimed))
 
     def read_samples(
         self, reads: Sequence[tuple[str, int, int, str]], job_id: str = "", *, timeout: float | None = None

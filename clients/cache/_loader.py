@@ -36,6 +36,7 @@ from ._client import CacheClient
 from ._digest import digest
 from ._exchange import Exchange, ExchangeSampler, check_resumable
 from ._index import DatasetIndex
+from ._inflight import InFlight
 from ._peers import Peers
 from ._position import ints, job_seen, merge_positions
 from ._sampler import BatchMode, SubstitutableSampler
@@ -90,7 +91,7 @@ class LoaderStats:
         return max(0.0, (m - self.all_hit_batch_s) / m) if m > 0 else 0.0
 
 
-class QuiverLoader:
+class QuiverLoader(InFlight):
     """Reads a registered dataset through a cache server with substitutable hits.
 
     ``index``/``store``: the dataset's verified index and its backing store. ``server``: the
@@ -105,6 +106,9 @@ class QuiverLoader:
     trade substitutable hits (``ExchangeSampler``; ``TorchExchange()`` under
     ``torch.distributed``); world size and rank are then the exchange's.
     """
+
+    #: How the benefit estimate prices a miss (``_stall.PRICES``): the step's stall, or the link's time.
+    MISS_PRICE = "stall"
 
     def __init__(
         self,
@@ -202,6 +206,7 @@ class QuiverLoader:
         self._fetched: set[int] = set()
         # Chunks fetched whole and on their way into the cache: served from here meanwhile.
         self._staged: dict[str, bytes] = {}
+        self._claims_init()  # chunks other jobs read whole now (``_inflight``)
         # Other hosts' servers (through the Redis directory), and where remote chunks were seen.
         self.peers = peers
         self._remote: dict[str, CacheClient] = {}
@@ -244,7 +249,7 @@ class QuiverLoader:
         self.resume_epoch: int | None = None  # after ``load_state_dict``: the epoch to continue
         # Samples read with a whole chunk for a later batch (their wait is carried to it).
         self._read_ahead: set[int] = set()
-        self._meter = StallMeter()
+        self._meter = StallMeter(price=self.MISS_PRICE)
         # Batches read in DataLoader worker processes (``plan_read``/``delivered``): each
         # batch's finished chunks, held until the batch reaches the step; plans in flight.
         self._held: list[list[str]] | None = None
@@ -268,7 +273,11 @@ class QuiverLoader:
         """(chunks held, room per server) from the server, or from each chunk's owner."""
         if isinstance(srv, SpreadCache):
             return srv.lookup_rooms(chunks, self.dataset, self.job_id)
-        held, room = srv.lookup_room(chunks, self.dataset, self.job_id, timeout=5, retry=False)
+        in_flight: set[str] = set()
+        held, room = srv.lookup_room(
+            chunks, self.dataset, self.job_id, timeout=5, retry=False, in_flight=in_flight
+        )
+        self._note_in_flight(chunks, in_flight)
         return held, {"": room}
 
     def _room_key(self, chunk_digest: str) -> str:
@@ -517,12 +526,26 @@ class QuiverLoader:
         rest = [i for i in indices if i not in got]
         self.stats.hit_fallbacks += sum(1 for i in rest if i in hit_set)
         whole = self._chunks_to_fetch(rest, indices)
-        wanted = [i for i in rest if self.index.samples[i].chunk not in whole]
+        # Claimed first: a chunk another job reads whole now is waited for, not read again.
+        whole, waiting = self._claim_whole(whole, rest)
+        wanted = [i for i in rest if self.index.samples[i].chunk not in whole | waiting]
         for c in sorted(whole):
             wanted.extend(s.index for s in self.index.samples_of(self.index.chunks[c]))
         t0 = time.perf_counter()
-        fetched = dict(zip(wanted, self._pool.map(self._read_backing, wanted), strict=True))
-        t_back = time.perf_counter() - t0
+        reads = [self._pool.submit(self._read_backing, i) for i in wanted]
+        if waiting:  # (while this batch's own reads go on)
+            late = [i for i in rest if self.index.samples[i].chunk in waiting]
+            tw = time.perf_counter()
+            arrived = self._await_chunks(late)
+            t_hits += time.perf_counter() - tw  # what the hits among them cost
+            got.update(arrived)
+            rest = [i for i in rest if i not in arrived]
+            more = [i for i in late if i not in arrived]
+            wanted += more
+            reads += [self._pool.submit(self._read_backing, i) for i in more]
+            t0 += time.perf_counter() - tw
+        fetched = dict(zip(wanted, (f.result() for f in reads), strict=True))
+        t_back = max(0.0, time.perf_counter() - t0)
         fetched_bytes = sum(map(len, fetched.values()))
         self.stats.backing_bytes += fetched_bytes
         # The fetch's wall time, apportioned by bytes: samples used now carry their share into
@@ -835,7 +858,7 @@ class QuiverLoader:
                 if isinstance(self.sampler, ExchangeSampler):
                     batch = self.sampler.next_batch(self.cached, mode, self._hit_order, self._fetcher)
                 else:
-                    batch = self.sampler.next_batch(self.cached, mode, self._hit_order)
+                    batch = self.sampler.next_batch(self.cached, mode, self._hit_order, self._miss_order)
                 now = time.perf_counter()
                 # The previous batch has been read by now: its finished chunks may go.
                 self._report(done)
@@ -1187,6 +1210,8 @@ class QuiverLoader:
             stop.wait(0.05)
         else:
             return False
+        if not self._claim_one(srv, chunk.digest):
+            return True  # held by now, or another job reads it now
         try:
             data = b"".join(self.store.read(s.path) for s in self.index.samples_of(chunk))
         except OSError as exc:

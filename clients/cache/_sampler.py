@@ -133,11 +133,14 @@ class SubstitutableSampler:
         is_cached: IsCached,
         mode: BatchMode = BatchMode.PREFER_HITS,
         hit_order: Callable[[int], float] | None = None,
+        miss_order: Callable[[int], float] | None = None,
     ) -> Batch | None:
         """The next mini-batch, or None when the epoch is over.
 
         ``hit_order(i)`` ranks the window's hits (lowest first); the loader passes how many
-        samples of ``i``'s chunk are still unread, so chunks finish early and free room."""
+        samples of ``i``'s chunk are still unread, so chunks finish early and free room.
+        ``miss_order(i)`` ranks its misses likewise (ties oldest first); the loader ranks
+        those another job is reading into the cache now last."""
         if self.epoch < 0:
             raise RuntimeError("call start_epoch() first")
         b = self.batch_size
@@ -149,6 +152,8 @@ class SubstitutableSampler:
         misses = [i for i in window if i not in cached]
         if hit_order is not None:
             hits.sort(key=hit_order)  # stable: ties keep the epoch's random order
+        if miss_order is not None:
+            misses.sort(key=miss_order)
         if mode is BatchMode.MISSES_ONLY:
             chosen = misses[:b] + hits[: max(0, b - len(misses))]
         elif mode is BatchMode.HITS_ONLY:

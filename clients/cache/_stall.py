@@ -40,6 +40,11 @@ from dataclasses import dataclass
 
 Timing = tuple[float, float, int, int]  # (hit fraction, seconds, batch bytes, samples)
 
+#: How a miss is priced: ``stall``, what the step waits for it (the default, above); ``link``,
+#: the whole read as if the step waited for all of it, even when a reader ahead hides it: the
+#: time the read holds the backing store's link, which other jobs sharing the link pay for.
+PRICES = ("stall", "link")
+
 
 @dataclass(frozen=True)
 class BatchRead:
@@ -65,7 +70,10 @@ class StallMeter:
     last ``window`` batches' read costs of each kind, and the read cost of samples fetched
     ahead until the batch that uses them."""
 
-    def __init__(self, window: int = 16) -> None:
+    def __init__(self, window: int = 16, price: str = "stall") -> None:
+        if price not in PRICES:
+            raise ValueError(f"price must be one of {', '.join(PRICES)}, not {price!r}")
+        self.price = price
         self.carry: dict[int, float] = {}
         self._hit: deque[tuple[float, float]] = deque(maxlen=window)  # (seconds, bytes or samples)
         self._miss: deque[tuple[float, float]] = deque(maxlen=window)
@@ -119,7 +127,7 @@ class StallMeter:
         ):
             if r is None:
                 continue
-            stall = max(0.0, r - compute_s) if read.overlapped else r
+            stall = max(0.0, r - compute_s) if read.overlapped and self.price == "stall" else r
             out.append((h, compute_s + stall, read.batch_bytes, count))
         return out
 

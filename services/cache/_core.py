@@ -19,6 +19,7 @@ from microco.common.errors import InvalidArgument, NotFound
 
 from ._allocation import Allocation, JobDemand, allocate, estimate_benefit
 from ._chunkstore import ChunkStore, DigestMismatch
+from ._claims import MAX_WAIT_S, Claims
 from ._eviction import ConsumptionTracker, EvictionPolicy, Ledger, Outcome, _JobProgress, make_policy
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,21 @@ MAX_JOB_COUNTERS = 1024
 
 
 @dataclass(frozen=True)
+class LookupResult:
+    """A lookup's answer: chunks held, chunks another job is reading whole from the backing
+    store now (claimed, not yet inserted), and the claims this call was granted."""
+
+    present: list[str]
+    in_flight: list[str]
+    claimed: list[str]
+
+
+# Lookups waiting for chunks in flight at once, at most (each holds a server thread); past
+# this a lookup answers at once and its job reads the chunk itself.
+MAX_WAITERS = 4
+
+
+@dataclass(frozen=True)
 class PutResult:
     digest: str
     outcome: str  # "stored", "present", or a rejection reason
@@ -95,6 +111,11 @@ class CacheCore:
         self.counters = Counters(corrupt_dropped=store.dropped_on_start)
         self.job_counters: OrderedDict[str, JobCounters] = OrderedDict()
         self._lock = threading.RLock()
+        # In-flight claims (``_claims``): a put, a release or a forgotten holder wakes waiters.
+        self.claims = Claims()
+        self._claims_changed = threading.Condition(self._lock)
+        self._waiters = 0
+        self.max_wait_s = MAX_WAIT_S  # longest a lookup waits for chunks in flight
         self.ledger = Ledger()
         self.consumption = ConsumptionTracker(ttl_s=job_ttl_s)
         self.jobs: dict[str, _JobInfo] = {}
@@ -122,6 +143,57 @@ class CacheCore:
         with self._lock:
             self._learn(digests, dataset)
             return [d for d in digests if d in self.ledger]
+
+    def lookup_claim(
+        self,
+        digests: Sequence[str],
+        dataset: str = "",
+        job: str = "",
+        claim: Sequence[str] = (),
+        lease_s: float = 0.0,
+        wait_s: float = 0.0,
+    ) -> LookupResult:
+        """``lookup`` that also claims ``claim`` for ``job`` (the chunks it is about to read
+        whole from the backing store; held ones are not claimed) and, with ``wait_s``, waits
+        up to that long (at most ``max_wait_s``) for those of ``digests`` another job has in
+        flight to be put (or their claims to end)."""
+        deadline = time.monotonic() + min(max(0.0, wait_s), self.max_wait_s)
+        with self._lock:
+            self._learn(digests, dataset)
+            self._learn(claim, dataset)
+            now = self.clock()
+            self.claims.expire(now)
+            wanted = [d for d in claim if is_digest(d) and d not in self.ledger]
+            claimed = self.claims.claim(wanted, job, now, lease_s)
+            if wait_s > 0 and self._waiters < MAX_WAITERS:
+                self._waiters += 1
+                try:
+                    while True:
+                        now = self.clock()
+                        # (A chunk in the ledger may still be being written: wait for its put.)
+                        pending = self.claims.in_flight(digests, job, now)
+                        left = deadline - time.monotonic()
+                        if not pending or left <= 0:
+                            break
+                        lease_end = min(self.claims.until(d) or now for d in pending) - now
+                        self._claims_changed.wait(max(0.001, min(left, lease_end)))
+                finally:
+                    self._waiters -= 1
+            now = self.clock()
+            present = [d for d in digests if d in self.ledger]
+            in_flight = [d for d in self.claims.in_flight(digests, job, now) if d not in self.ledger]
+            return LookupResult(present, in_flight, claimed)
+
+    def _release(self, digests: Iterable[str]) -> None:
+        """End the claims on ``digests`` and wake the lookups waiting for them."""
+        with self._lock:
+            if self.claims.release(digests):
+                self._claims_changed.notify_all()
+
+    def _forget_claims(self, jobs: Iterable[str]) -> None:
+        """Call with the lock held."""
+        if self.claims.forget(jobs):
+            self._claims_changed.notify_all()
 
     # -- content: which dataset names hold which bytes
     def _find(self, ds: str) -> str:
@@ -273,9 +345,11 @@ class CacheCore:
             )
             if adm.outcome is Outcome.PRESENT:
                 self.ledger.touch(d)
+                self._release((d,))
                 return PutResult(d, "present")
             if not adm.admitted:
                 self.counters.rejected += 1
+                self._release((d,))  # its waiters read it themselves
                 return PutResult(d, adm.outcome.value, adm.reason)
             # Reserve the room now so that concurrent puts see it taken.
             for v in adm.victims:
@@ -292,11 +366,15 @@ class CacheCore:
             with self._lock:
                 self.ledger.remove(d)
                 self.counters.rejected += 1
+            self._release((d,))
             return PutResult(d, "digest_mismatch", str(exc))
         except BaseException:
             with self._lock:
                 self.ledger.remove(d)
+            self._release((d,))
             raise
+        # Released once the bytes are on disk: a waiter woken now reads them.
+        self._release((d,))
         if self.directory is not None:
             self.directory.add([d])
         return PutResult(d, "stored")
@@ -326,6 +404,7 @@ class CacheCore:
             if finished:
                 self.consumption.forget(job)
                 self.jobs.pop(job, None)
+                self._forget_claims((job,))
                 self._reallocate()
                 return None
             consumed = list(consumed)
@@ -351,8 +430,10 @@ class CacheCore:
                     info.batch_bytes = nbytes
             if dataset_bytes > 0:
                 self.dataset_bytes[dataset] = dataset_bytes
-            for gone in self.consumption.expire(now, keep=self.held):
+            gone_jobs = self.consumption.expire(now, keep=self.held)
+            for gone in gone_jobs:
                 self.jobs.pop(gone, None)
+            self._forget_claims(gone_jobs)
             self._reallocate()
             return next((a for a in self.allocations if dataset in self._members_of.get(a.dataset, ())), None)
 
@@ -406,11 +487,13 @@ class CacheCore:
         """The job is gone (finished, failed, cancelled, moved away): its pins and its share
         of the allocation go at once, not after the TTL."""
         with self._lock:
-            for name in self.job_names(job):
+            names = self.job_names(job)
+            for name in names:
                 self.consumption.forget(name)
                 self.jobs.pop(name, None)
                 self.held.discard(name)
                 self._lent.pop(name, None)
+            self._forget_claims([*names, job])
             self._reallocate()
 
     def consumed_by(self, job: str) -> set[str]:

@@ -256,6 +256,13 @@ class SchedulerFollower:
                     continue
                 if self.core.room(ds) < chunk.size:
                     return  # its allocation is full (or nothing is evictable): done
+                # Claimed like a job's whole-chunk read: a job missing it now waits for this
+                # read instead of making a second one (and one it has in flight is skipped).
+                claim = self.core.lookup_claim(
+                    [chunk.digest], ds, job=f"prefetch:{job_id}", claim=[chunk.digest]
+                )
+                if not claim.claimed:
+                    continue
                 data = b"".join(store.read(s.path) for s in index.samples_of(chunk))
                 r = self.core.put(chunk.digest, data, ds)
                 if r.outcome == "stored":

@@ -66,3 +66,10 @@ def sample_read(i: int, chunk: str, offset: int, length: int, sample_digest: str
             f"samples[{i}]: length {length} or offset {offset} out of range "
             f"(a sample is at most {MAX_SAMPLE_BYTES} bytes)"
         )
+
+
+def seconds(value: float, field: str) -> float:
+    """A duration: finite and not negative (the core caps it)."""
+    if not value >= 0 or value == float("inf"):
+        raise InvalidArgument(f"{field} must be a finite number of seconds, not negative")
+    return value

@@ -44,8 +44,19 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
         lim.name(request.job_id, "job_id")
         # only the dataset's owner teaches the server which digests the name holds
         learn = dataset if self.datasets.owns(caller(context), dataset) else ""
+        claim = lim.digests(list(request.claim), "claim")
+        if not request.job_id and claim:
+            raise InvalidArgument("job_id is required to claim chunks")
+        r = self.core.lookup_claim(
+            digests,
+            learn,
+            job=request.job_id,
+            claim=claim,
+            lease_s=lim.seconds(request.claim_lease_s, "claim_lease_s"),
+            wait_s=lim.seconds(request.wait_s, "wait_s"),
+        )
         return cache_pb2.LookupResponse(
-            present=self.core.lookup(digests, learn), room_bytes=self.core.room(dataset)
+            present=r.present, room_bytes=self.core.room(dataset), in_flight=r.in_flight, claimed=r.claimed
         )
 
     def ReadSamples(

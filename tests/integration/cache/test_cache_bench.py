@@ -23,6 +23,10 @@ def test_bench_cache_smoke(capsys):
         "2",
         "--compute-ms",
         "0",
+        # Servers in this process: no etcd, Redis or nine server processes to start (they took
+        # 47 of this test's 57 s on a loaded machine); the servers' processes have tests of
+        # their own (test_cache_server.py).
+        "--in-process",
         # Every section but ddp (its 8 servers would double this test's time; the spread cache
         # and exchanging ranks have tests of their own in test_cache_spread.py).
         *("--only", "one_job", "--only", "two_jobs", "--only", "prefetch"),

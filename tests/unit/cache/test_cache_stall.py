@@ -5,6 +5,8 @@ the step's compute seconds); these tests give them directly."""
 
 from __future__ import annotations
 
+import pytest
+
 from microco.clients.cache._stall import BatchRead, StallMeter, stall_timings
 from microco.services.cache._allocation import JobDemand, allocate, estimate_benefit
 
@@ -191,3 +193,12 @@ def test_a_reads_fixed_cost_per_batch_is_not_scaled_up_by_batches_with_few_hits(
         if p[0] == 1.0
     ]
     assert abs(hit[1] - 0.084) < 1e-9, hit
+
+
+def test_a_miss_priced_by_the_link_counts_its_whole_read_even_when_hidden():
+    r = BatchRead(6, 2, 0.01, 0.09, 8000, miss_bytes=2000)  # read ahead of the step
+    (hit, miss) = StallMeter(price="link").timings(r, compute_s=0.2)
+    assert abs(hit[1] - (0.2 + 8000 * 0.01 / 6000)) < 1e-12  # not hidden behind the compute
+    assert abs(miss[1] - 0.56) < 1e-12  # 0.2 + 0.36: the link is held 0.36 s, hidden or not
+    with pytest.raises(ValueError, match="price"):
+        StallMeter(price="wait")

@@ -7,22 +7,32 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class LookupRequest(_message.Message):
-    __slots__ = ("dataset", "digests", "job_id")
+    __slots__ = ("dataset", "digests", "job_id", "claim", "claim_lease_s", "wait_s")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     DIGESTS_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     digests: _containers.RepeatedScalarFieldContainer[str]
     job_id: str
-    def __init__(self, dataset: _Optional[str] = ..., digests: _Optional[_Iterable[str]] = ..., job_id: _Optional[str] = ...) -> None: ...
+    claim: _containers.RepeatedScalarFieldContainer[str]
+    claim_lease_s: float
+    wait_s: float
+    def __init__(self, dataset: _Optional[str] = ..., digests: _Optional[_Iterable[str]] = ..., job_id: _Optional[str] = ..., claim: _Optional[_Iterable[str]] = ..., claim_lease_s: _Optional[float] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("present", "room_bytes")
+    __slots__ = ("present", "room_bytes", "in_flight", "claimed")
     PRESENT_FIELD_NUMBER: _ClassVar[int]
     ROOM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_FIELD_NUMBER: _ClassVar[int]
     present: _containers.RepeatedScalarFieldContainer[str]
     room_bytes: int
-    def __init__(self, present: _Optional[_Iterable[str]] = ..., room_bytes: _Optional[int] = ...) -> None: ...
+    in_flight: _containers.RepeatedScalarFieldContainer[str]
+    claimed: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, present: _Optional[_Iterable[str]] = ..., room_bytes: _Optional[int] = ..., in_flight: _Optional[_Iterable[str]] = ..., claimed: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SampleRead(_message.Message):
     __slots__ = ("chunk", "offset", "length", "digest")
