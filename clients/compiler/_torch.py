@@ -709,6 +709,7 @@ class AstraTorch(SessionBacked):
         self.clock.sync()
         self.whole_probe_ms[kind] = (time.perf_counter() - started) * 1e3
         backend.cache_only = False  # from now on (a recompile for new guards), Inductor proper
+        backend.deadline = self._deadline  # ... under the trial's deadline
         self._whole_nodes[kind] = backend.nodes
         if kind == "rewrite":
             self.whole_rewrites = backend.rewrites
@@ -783,13 +784,13 @@ class AstraTorch(SessionBacked):
     REGION_WARM_PRIOR_MS = 1500.0
     # "" is Inductor, as torch.compile runs it (WholeStepBackend); tests name a cheaper backend.
     WHOLE_COMPILE_BACKEND = ""
-    # The in-line compile's deadline (``_deadline``) is off by default: its SIGALRM handler
-    # raises wherever the main thread is when the timer fires, and a raise inside Dynamo's
-    # tracing (Python called back from C++) aborted a process ("Fatal Python error: Aborted",
-    # a CI run on 2026-12-02); the timer also stays armed through the user's own forward and
-    # backward. Until the deadline covers only the backend's compile call, a whole-step compile
-    # is bounded by the background compile (``_background``) and the price floor instead.
-    INLINE_DEADLINE = False
+    # The in-line compile's deadline (``_deadline``). Its timer runs only inside the backend's
+    # compile call (``WholeStepBackend``, around Inductor's ``compile_fx``, the backward compiled
+    # there too), never in Dynamo's tracing nor the user's forward and backward: armed from the
+    # forward's call (session 11) it fired in Dynamo's tracing, and a raise there aborted a CI
+    # worker ("Fatal Python error: Aborted"), so it was off until the second session of
+    # 2026-12-02. A trial's call allows the deadline; the backend arms it only if it compiles.
+    INLINE_DEADLINE = True
 
     def _set_whole_compile(self, kind: str | None) -> None:
         """Run the whole step compiled (``kind``: "plain" or "rewrite"), or (None) the cells'
@@ -805,6 +806,7 @@ class AstraTorch(SessionBacked):
                 self._whole_fresh = True  # compiles on its first call, the next step
                 rewrite = kind == "rewrite"
                 backend = WholeStepBackend(rewrite, self.WHOLE_COMPILE_BACKEND or None)
+                backend.deadline = self._deadline  # runs only inside its compile call
                 self._compiled_forward[kind] = self._guarded(
                     torch.compile(self._plain_forward(), backend=backend, dynamic=False), kind
                 )
@@ -832,8 +834,10 @@ class AstraTorch(SessionBacked):
         def forward(*args: Any, **kwargs: Any) -> Any:
             if self.whole_failed.get(kind):
                 return plain(*args, **kwargs)
-            if kind not in self._whole_built and self._whole_fresh and self._trial_running():
-                self._arm_deadline(kind)  # this call compiles (or loads): bounded by its price
+            if self._trial_running():
+                # Whatever this call compiles (the first compile, or a recompile for guards the
+                # probe's graph does not pass: another memory format) is bounded by its price.
+                self._arm_deadline(kind)
             try:
                 return compiled(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - a failing compile must never stop training
@@ -853,13 +857,16 @@ class AstraTorch(SessionBacked):
         price = next((v.compile_prior_ms for v in spec.variables if v.name == WHOLE.get(kind)), 0.0)
         base = s.base_ms if s.base_ms is not None else s.best_ms
         deadline = compile_deadline_ms(price, self.total_steps - s.steps, base)
-        if self._deadline.arm(deadline, f"whole-step compile ({kind})"):
+        if self._deadline_kind != kind:  # once per step: what the step's compiles may take in all
+            self._deadline.allow(deadline, f"whole-step compile ({kind})")
             self._deadline_kind = kind
 
     def _disarm_deadline(self) -> None:
-        elapsed = self._deadline.disarm()
+        elapsed = self._deadline.disarm() or self._deadline.last_ms
+        self._deadline.allow(0.0, "")
         kind, self._deadline_kind = self._deadline_kind, ""
         if not (kind and self._deadline.fired):
+            self._deadline.fired = False
             return
         self._deadline.fired = False
         # Abandoned (in the forward or in the backward's lazy compile): the trial fails, the
