@@ -32,6 +32,7 @@ from . import _torch_fx as tfx
 from ._background import BackgroundCompiler
 from ._compile_costs import HostCompileCosts, compile_deadline_ms
 from ._deadline import CompileDeadline, DeadlineTimer
+from ._whole_price import probed_memory_format
 from ._guard import StepSnapshot
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
@@ -935,6 +936,8 @@ class AstraTorch(SessionBacked):
                         graph=self._cost_graph(),
                         warm=hit,
                     )
+                holds_for: tuple[str, ...] = ()
+                otherwise = 0.0
                 if hit:
                     # The lookup the probe ran, and what a load of this graph cost its trials
                     # here (its warm-up step: loading and the first run of the compiled code);
@@ -943,6 +946,12 @@ class AstraTorch(SessionBacked):
                     warm = learned if learned is not None else probe + self.WHOLE_WARM_PRIOR_MS
                     prior = max(1.0, probe, warm)
                     learned = prior
+                    # ... only for the configuration the probe ran: under another memory format
+                    # or thread count Dynamo recompiles (tv-mobilenet, session 11: the hit priced
+                    # a compile over channels_last that ran ~300 s cold).
+                    holds_for = self._probed_configuration()
+                    if holds_for:
+                        otherwise = self._cold_whole_price(kind, cold)
                 else:
                     prior = learned if learned is not None else cold
                 out.append(
@@ -957,6 +966,8 @@ class AstraTorch(SessionBacked):
                         # dynamo traces the cells' plain code: the region rewrites do nothing under
                         # it; the rewritten step replaces the plain one (the widest scope runs).
                         subsumes=regional + (("model.compile",) if kind == "rewrite" else ()),
+                        prior_holds_for=holds_for,
+                        prior_otherwise_ms=otherwise,
                     )
                 )
         if self._channels_last:
@@ -966,6 +977,24 @@ class AstraTorch(SessionBacked):
             # is recompiled when it changes (measured: a 186 s recompile of the whole step).
             out.append(Variable("threads", self.thread_values, "", STAGE_STRUCTURE))
         return out
+
+    def _probed_configuration(self) -> tuple[str, ...]:
+        """The structure variables' choices the whole-step cache probe ran under (the model as
+        given: its memory format, the thread count at registration)."""
+        holds: list[str] = []
+        if self._channels_last:
+            holds.append(f"memory_format={probed_memory_format(self.model)}")
+        if len(self.thread_values) > 1 and str(torch.get_num_threads()) in self.thread_values:
+            holds.append(f"threads={torch.get_num_threads()}")
+        return tuple(holds)
+
+    def _cold_whole_price(self, kind: str, cold: float) -> float:
+        """A whole-step compile of this graph that is not the probe's hit: its cold compiles
+        measured here, else the cold prior."""
+        measured = self.compile_costs.estimate(
+            self._hw, f"torch:whole:{kind}", self._whole_nodes.get(kind, 0), graph=self._cost_graph(), warm=False
+        )
+        return measured if measured is not None else cold
 
     # -- recurrent structure from the captured graph (issue 18)
     @property
