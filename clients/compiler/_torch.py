@@ -32,11 +32,11 @@ from . import _torch_fx as tfx
 from ._background import BackgroundCompiler
 from ._compile_costs import HostCompileCosts, compile_deadline_ms
 from ._deadline import CompileDeadline, DeadlineTimer
-from ._whole_price import probed_memory_format
 from ._guard import StepSnapshot
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
 from ._torch_cache import WholeStepBackend
+from ._whole_price import probed_memory_format
 
 log = logging.getLogger(__name__)
 
@@ -992,7 +992,11 @@ class AstraTorch(SessionBacked):
         """A whole-step compile of this graph that is not the probe's hit: its cold compiles
         measured here, else the cold prior."""
         measured = self.compile_costs.estimate(
-            self._hw, f"torch:whole:{kind}", self._whole_nodes.get(kind, 0), graph=self._cost_graph(), warm=False
+            self._hw,
+            f"torch:whole:{kind}",
+            self._whole_nodes.get(kind, 0),
+            graph=self._cost_graph(),
+            warm=False,
         )
         return measured if measured is not None else cold
 

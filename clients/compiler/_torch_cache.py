@@ -81,7 +81,6 @@ class WholeStepBackend:
         self.hits += 1
         return cast(Callable[..., Any], compiled)
 
-
     @contextlib.contextmanager
     def _bounded(self) -> Iterator[None]:
         """The compile call under the deadline the wrapper allowed (if any), with the backward

@@ -1239,7 +1239,9 @@ def calibration(state: Exploration) -> float:
     return min(hi, max(lo, _median(ratios)))
 
 
-def _choice_estimate(state: Exploration, v: Variable, choice: str, values: dict[str, str] | None = None) -> float:
+def _choice_estimate(
+    state: Exploration, v: Variable, choice: str, values: dict[str, str] | None = None
+) -> float:
     if values is not None and not v.holds_for(values):
         # Not the configuration the prior (and a compile measured under it) was found for: a
         # probe's cache hit under one memory format says nothing of a compile under another.

@@ -316,7 +316,9 @@ def test_a_background_compile_is_dropped_once_its_charge_exceeds_the_expected_sa
     assert cfg.values == {"xla": "plain"} and not cfg.hold  # planned: 2 s < ~2.5 s expected
     cfg = report(state, TrialReport(cfg.trial, [], pending=True), POLICY)
     assert cfg.hold
-    cfg = report(state, TrialReport(HOLD_TRIAL, [10.0 + 1000.0 / cfg.steps] * cfg.steps, pending=True), POLICY)
+    cfg = report(
+        state, TrialReport(HOLD_TRIAL, [10.0 + 1000.0 / cfg.steps] * cfg.steps, pending=True), POLICY
+    )
     dropped = [p for p in state.pruned if "dropped while compiling" in p]
     assert dropped and "expected saving" in dropped[0], state.pruned
     assert not cfg.hold and cfg.values == {"xla": "off"}
