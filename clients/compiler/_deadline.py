@@ -10,12 +10,12 @@ goes on). Only in the main thread, and only where the process has no ``SIGALRM``
 own; elsewhere the compile runs without a deadline, as before. A compiler child process that was
 running (Inductor's C++ build) is left to finish; its output is not used.
 
-The timer runs only inside the backend's compile call (:meth:`DeadlineTimer.within`, around
-Inductor's ``compile_fx`` in ``WholeStepBackend``), never while Dynamo traces the step nor while
-the user's forward and backward run: armed from the forward's call (session 11) it fired in
-Dynamo's tracing, and a raise there aborted a CI worker ("Fatal Python error: Aborted"). The
-backward graph is compiled inside that same call (``force_non_lazy_backward_lowering``), not
-lazily in the autograd engine during the backward.
+The timer runs only inside the compile calls (:meth:`DeadlineTimer.within`, around each of
+Inductor's per-graph compiles, ``compile_fx_inner``, in ``WholeStepBackend``), never while
+Dynamo traces the step nor while the user's own code runs: armed from the forward's call
+(session 11) it fired in Dynamo's tracing, and a raise there aborted a CI worker ("Fatal Python
+error: Aborted"). The backward graph's compile, which AOTAutograd runs lazily at the step's
+first backward, runs under what is left of the same deadline.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class WholeStepBackend:
         self.compiler = compiler  # another backend than Inductor (tests); no cache to ask then
         self.nodes = 0  # FX nodes of the graphs dynamo handed over: the size a compile is priced by
         # The in-line compile's deadline (``_deadline``): its timer runs only inside the compile
-        # call below, never while dynamo traces; None: no deadline.
+        # calls below (each graph's), never while dynamo traces; None: no deadline.
         self.deadline: DeadlineTimer | None = None
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Callable[..., Any]:
@@ -61,8 +61,9 @@ class WholeStepBackend:
             with self._bounded():
                 return cast(Callable[..., Any], lookup_backend(self.compiler)(gm, list(example_inputs)))
         if not self.cache_only:
-            with self._bounded():
+            if self.deadline is None or not self.deadline.budget_ms > 0:
                 return cast(Callable[..., Any], compile_fx(gm, list(example_inputs)))
+            return cast(Callable[..., Any], compile_fx(gm, list(example_inputs), inner_compile=self._inner()))
         if not self.available:
             self.cold += 1
             return cast(Callable[..., Any], gm.forward)
@@ -83,15 +84,27 @@ class WholeStepBackend:
 
     @contextlib.contextmanager
     def _bounded(self) -> Iterator[None]:
-        """The compile call under the deadline the wrapper allowed (if any), with the backward
-        graph compiled here too rather than lazily at the first backward, outside the window."""
-        if self.deadline is None or not self.deadline.budget_ms > 0:
+        """A compile call under the deadline the wrapper allowed (if any)."""
+        if self.deadline is None:
             yield
             return
-        import torch._functorch.config as functorch_config
-
-        with functorch_config.patch(force_non_lazy_backward_lowering=True), self.deadline.within():
+        with self.deadline.within():
             yield
+
+    def _inner(self) -> Any:
+        """Inductor's per-graph compile (``compile_fx_inner``), each call under the deadline the
+        wrapper allows at that moment: the forward graph's in the backend's call, the backward
+        graph's when AOTAutograd compiles it, lazily, at the step's first backward. The timer
+        runs only there, never over Dynamo's trace or the user's code. (Not AOTAutograd's
+        ``force_non_lazy_backward_lowering``: it is part of AOTAutograd's cache key, so the
+        caches a plain ``torch.compile`` or an earlier run filled would no longer be found.)"""
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            with self._bounded():
+                return compile_fx_inner(*args, **kwargs)
+
+        return inner
 
 
 def _codegen_hook() -> Any:

@@ -139,3 +139,46 @@ def test_an_in_line_compile_past_its_deadline_is_abandoned_and_training_goes_on(
     assert astra._recover(RuntimeError("a failure of the trial's backward"))
     assert signal.getitimer(signal.ITIMER_REAL)[0] == 0 and DeadlineTimer.available()
     astra.restore()
+
+
+def test_inductors_own_compile_is_bounded_in_its_per_graph_compile(tmp_path, monkeypatch):
+    """The production path: Inductor (no test backend), a cold private cache, a 1 ms deadline.
+    The timer runs in Inductor's per-graph compile (``compile_fx_inner``), never in Dynamo's
+    trace; the compile is abandoned there and the step runs eagerly."""
+    from torch._dynamo.symbolic_convert import InstructionTranslatorBase
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(_torch, "compile_deadline_ms", lambda price, left, base: 1.0)
+    timers: list[DeadlineTimer] = []
+    armed_in_trace: list[bool] = []
+    real_step = InstructionTranslatorBase.step
+
+    def step(self):
+        armed_in_trace.append(any(t._armed for t in timers))
+        return real_step(self)
+
+    monkeypatch.setattr(InstructionTranslatorBase, "step", step)
+    torch._dynamo.reset()
+    torch.set_num_threads(1)
+    x, y = zm.synthetic_batch(2, 2, 4)
+    eager = zm.make_model("gru", 4, 4)
+    model = zm.make_model("gru", 4, 4)
+    model.load_state_dict(eager.state_dict())
+    explorer = _TrialExplorer()
+    astra = AstraTorch(
+        model,
+        explorer,
+        threads=("1",),
+        total_steps=2,
+        background=False,
+        compile_costs=HostCompileCosts(tmp_path / "c.json", host="h"),
+    )
+    timers.append(astra._deadline)
+    for _ in range(3):
+        ref = _loss_and_grads(eager, x, y)
+        got = astra.run(_loss_and_grads, model, x, y)
+        assert torch.allclose(ref[0], got[0])
+    assert "CompileDeadline" in astra.whole_failed["plain"]
+    assert explorer.reports and explorer.reports[0].failed
+    assert armed_in_trace and not any(armed_in_trace)
+    assert DeadlineTimer.available()
