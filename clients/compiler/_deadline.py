@@ -9,13 +9,22 @@ run eagerly or repeated on the last good configuration; the trial is reported fa
 goes on). Only in the main thread, and only where the process has no ``SIGALRM`` handler of its
 own; elsewhere the compile runs without a deadline, as before. A compiler child process that was
 running (Inductor's C++ build) is left to finish; its output is not used.
+
+The timer runs only inside the compile calls (:meth:`DeadlineTimer.within`, around each of
+Inductor's per-graph compiles, ``compile_fx_inner``, in ``WholeStepBackend``), never while
+Dynamo traces the step nor while the user's own code runs: armed from the forward's call
+(session 11) it fired in Dynamo's tracing, and a raise there aborted a CI worker ("Fatal Python
+error: Aborted"). The backward graph's compile, which AOTAutograd runs lazily at the step's
+first backward, runs under what is left of the same deadline.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -32,8 +41,12 @@ class DeadlineTimer:
         self.deadline_ms = 0.0
         self.what = ""
         self.fired = False
+        self.last_ms = 0.0  # how long the latest armed window lasted
         self._previous: Any = None
         self._armed = False
+        # The window :meth:`within` arms for (0: none): set by the wrapper for a trial's compile.
+        self.budget_ms = 0.0
+        self.budget_what = ""
 
     @staticmethod
     def available() -> bool:
@@ -59,7 +72,27 @@ class DeadlineTimer:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, self._previous if self._previous is not None else signal.SIG_DFL)
         self._armed = False
-        return (time.perf_counter() - self.armed_at) * 1e3
+        self.last_ms = (time.perf_counter() - self.armed_at) * 1e3
+        return self.last_ms
+
+    def allow(self, deadline_ms: float, what: str) -> None:
+        """Let the next compile calls run under a deadline of ``deadline_ms`` in all (0: none)."""
+        self.budget_ms, self.budget_what = max(0.0, deadline_ms), what
+
+    @contextlib.contextmanager
+    def within(self) -> Iterator[None]:
+        """Run the body (a backend's compile call) under what is left of the allowed deadline;
+        several calls (a graph break, a recompile) share it. Without one allowed, or where the
+        timer is not available, the body runs without a deadline."""
+        fired = self.fired  # one window that fired is not forgotten by the next
+        if not self.budget_ms > 0 or self._armed or not self.arm(self.budget_ms, self.budget_what):
+            yield
+            return
+        try:
+            yield
+        finally:
+            self.budget_ms = max(1.0, self.budget_ms - self.disarm())
+            self.fired = self.fired or fired
 
     def _fire(self, signum: int, frame: FrameType | None) -> None:
         self.fired = True

@@ -36,6 +36,7 @@ from ._guard import StepSnapshot
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
 from ._torch_cache import WholeStepBackend
+from ._whole_price import probed_memory_format
 
 log = logging.getLogger(__name__)
 
@@ -709,6 +710,7 @@ class AstraTorch(SessionBacked):
         self.clock.sync()
         self.whole_probe_ms[kind] = (time.perf_counter() - started) * 1e3
         backend.cache_only = False  # from now on (a recompile for new guards), Inductor proper
+        backend.deadline = self._deadline  # ... under the trial's deadline
         self._whole_nodes[kind] = backend.nodes
         if kind == "rewrite":
             self.whole_rewrites = backend.rewrites
@@ -783,13 +785,13 @@ class AstraTorch(SessionBacked):
     REGION_WARM_PRIOR_MS = 1500.0
     # "" is Inductor, as torch.compile runs it (WholeStepBackend); tests name a cheaper backend.
     WHOLE_COMPILE_BACKEND = ""
-    # The in-line compile's deadline (``_deadline``) is off by default: its SIGALRM handler
-    # raises wherever the main thread is when the timer fires, and a raise inside Dynamo's
-    # tracing (Python called back from C++) aborted a process ("Fatal Python error: Aborted",
-    # a CI run on 2026-12-02); the timer also stays armed through the user's own forward and
-    # backward. Until the deadline covers only the backend's compile call, a whole-step compile
-    # is bounded by the background compile (``_background``) and the price floor instead.
-    INLINE_DEADLINE = False
+    # The in-line compile's deadline (``_deadline``). Its timer runs only inside the backend's
+    # compile call (``WholeStepBackend``, around Inductor's ``compile_fx``, the backward compiled
+    # there too), never in Dynamo's tracing nor the user's forward and backward: armed from the
+    # forward's call (session 11) it fired in Dynamo's tracing, and a raise there aborted a CI
+    # worker ("Fatal Python error: Aborted"), so it was off until the second session of
+    # 2026-12-02. A trial's call allows the deadline; the backend arms it only if it compiles.
+    INLINE_DEADLINE = True
 
     def _set_whole_compile(self, kind: str | None) -> None:
         """Run the whole step compiled (``kind``: "plain" or "rewrite"), or (None) the cells'
@@ -805,6 +807,7 @@ class AstraTorch(SessionBacked):
                 self._whole_fresh = True  # compiles on its first call, the next step
                 rewrite = kind == "rewrite"
                 backend = WholeStepBackend(rewrite, self.WHOLE_COMPILE_BACKEND or None)
+                backend.deadline = self._deadline  # runs only inside its compile call
                 self._compiled_forward[kind] = self._guarded(
                     torch.compile(self._plain_forward(), backend=backend, dynamic=False), kind
                 )
@@ -832,8 +835,10 @@ class AstraTorch(SessionBacked):
         def forward(*args: Any, **kwargs: Any) -> Any:
             if self.whole_failed.get(kind):
                 return plain(*args, **kwargs)
-            if kind not in self._whole_built and self._whole_fresh and self._trial_running():
-                self._arm_deadline(kind)  # this call compiles (or loads): bounded by its price
+            if self._trial_running():
+                # Whatever this call compiles (the first compile, or a recompile for guards the
+                # probe's graph does not pass: another memory format) is bounded by its price.
+                self._arm_deadline(kind)
             try:
                 return compiled(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - a failing compile must never stop training
@@ -853,13 +858,16 @@ class AstraTorch(SessionBacked):
         price = next((v.compile_prior_ms for v in spec.variables if v.name == WHOLE.get(kind)), 0.0)
         base = s.base_ms if s.base_ms is not None else s.best_ms
         deadline = compile_deadline_ms(price, self.total_steps - s.steps, base)
-        if self._deadline.arm(deadline, f"whole-step compile ({kind})"):
+        if self._deadline_kind != kind:  # once per step: what the step's compiles may take in all
+            self._deadline.allow(deadline, f"whole-step compile ({kind})")
             self._deadline_kind = kind
 
     def _disarm_deadline(self) -> None:
-        elapsed = self._deadline.disarm()
+        elapsed = self._deadline.disarm() or self._deadline.last_ms
+        self._deadline.allow(0.0, "")
         kind, self._deadline_kind = self._deadline_kind, ""
         if not (kind and self._deadline.fired):
+            self._deadline.fired = False
             return
         self._deadline.fired = False
         # Abandoned (in the forward or in the backward's lazy compile): the trial fails, the
@@ -928,6 +936,8 @@ class AstraTorch(SessionBacked):
                         graph=self._cost_graph(),
                         warm=hit,
                     )
+                holds_for: tuple[str, ...] = ()
+                otherwise = 0.0
                 if hit:
                     # The lookup the probe ran, and what a load of this graph cost its trials
                     # here (its warm-up step: loading and the first run of the compiled code);
@@ -936,6 +946,12 @@ class AstraTorch(SessionBacked):
                     warm = learned if learned is not None else probe + self.WHOLE_WARM_PRIOR_MS
                     prior = max(1.0, probe, warm)
                     learned = prior
+                    # ... only for the configuration the probe ran: under another memory format
+                    # or thread count Dynamo recompiles (tv-mobilenet, session 11: the hit priced
+                    # a compile over channels_last that ran ~300 s cold).
+                    holds_for = self._probed_configuration()
+                    if holds_for:
+                        otherwise = self._cold_whole_price(kind, cold)
                 else:
                     prior = learned if learned is not None else cold
                 out.append(
@@ -950,6 +966,8 @@ class AstraTorch(SessionBacked):
                         # dynamo traces the cells' plain code: the region rewrites do nothing under
                         # it; the rewritten step replaces the plain one (the widest scope runs).
                         subsumes=regional + (("model.compile",) if kind == "rewrite" else ()),
+                        prior_holds_for=holds_for,
+                        prior_otherwise_ms=otherwise,
                     )
                 )
         if self._channels_last:
@@ -959,6 +977,28 @@ class AstraTorch(SessionBacked):
             # is recompiled when it changes (measured: a 186 s recompile of the whole step).
             out.append(Variable("threads", self.thread_values, "", STAGE_STRUCTURE))
         return out
+
+    def _probed_configuration(self) -> tuple[str, ...]:
+        """The structure variables' choices the whole-step cache probe ran under (the model as
+        given: its memory format, the thread count at registration)."""
+        holds: list[str] = []
+        if self._channels_last:
+            holds.append(f"memory_format={probed_memory_format(self.model)}")
+        if len(self.thread_values) > 1 and str(torch.get_num_threads()) in self.thread_values:
+            holds.append(f"threads={torch.get_num_threads()}")
+        return tuple(holds)
+
+    def _cold_whole_price(self, kind: str, cold: float) -> float:
+        """A whole-step compile of this graph that is not the probe's hit: its cold compiles
+        measured here, else the cold prior."""
+        measured = self.compile_costs.estimate(
+            self._hw,
+            f"torch:whole:{kind}",
+            self._whole_nodes.get(kind, 0),
+            graph=self._cost_graph(),
+            warm=False,
+        )
+        return measured if measured is not None else cold
 
     # -- recurrent structure from the captured graph (issue 18)
     @property

@@ -17,6 +17,8 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
+from ._deadline import DeadlineTimer
+
 
 class _Refused(Exception):
     """Inductor was about to generate code: the graph is not in its caches."""
@@ -41,6 +43,9 @@ class WholeStepBackend:
         self.rewrites = 0
         self.compiler = compiler  # another backend than Inductor (tests); no cache to ask then
         self.nodes = 0  # FX nodes of the graphs dynamo handed over: the size a compile is priced by
+        # The in-line compile's deadline (``_deadline``): its timer runs only inside the compile
+        # calls below (each graph's), never while dynamo traces; None: no deadline.
+        self.deadline: DeadlineTimer | None = None
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         from torch._inductor.compile_fx import compile_fx
@@ -53,9 +58,12 @@ class WholeStepBackend:
         if self.compiler is not None:
             from torch._dynamo import lookup_backend
 
-            return cast(Callable[..., Any], lookup_backend(self.compiler)(gm, list(example_inputs)))
+            with self._bounded():
+                return cast(Callable[..., Any], lookup_backend(self.compiler)(gm, list(example_inputs)))
         if not self.cache_only:
-            return cast(Callable[..., Any], compile_fx(gm, list(example_inputs)))
+            if self.deadline is None or not self.deadline.budget_ms > 0:
+                return cast(Callable[..., Any], compile_fx(gm, list(example_inputs)))
+            return cast(Callable[..., Any], compile_fx(gm, list(example_inputs), inner_compile=self._inner()))
         if not self.available:
             self.cold += 1
             return cast(Callable[..., Any], gm.forward)
@@ -73,6 +81,30 @@ class WholeStepBackend:
             return cast(Callable[..., Any], gm.forward)
         self.hits += 1
         return cast(Callable[..., Any], compiled)
+
+    @contextlib.contextmanager
+    def _bounded(self) -> Iterator[None]:
+        """A compile call under the deadline the wrapper allowed (if any)."""
+        if self.deadline is None:
+            yield
+            return
+        with self.deadline.within():
+            yield
+
+    def _inner(self) -> Any:
+        """Inductor's per-graph compile (``compile_fx_inner``), each call under the deadline the
+        wrapper allows at that moment: the forward graph's in the backend's call, the backward
+        graph's when AOTAutograd compiles it, lazily, at the step's first backward. The timer
+        runs only there, never over Dynamo's trace or the user's code. (Not AOTAutograd's
+        ``force_non_lazy_backward_lowering``: it is part of AOTAutograd's cache key, so the
+        caches a plain ``torch.compile`` or an earlier run filled would no longer be found.)"""
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            with self._bounded():
+                return compile_fx_inner(*args, **kwargs)
+
+        return inner
 
 
 def _codegen_hook() -> Any:

@@ -43,6 +43,16 @@ class Variable:
     # (dynamo + Inductor over the cells' plain code) makes every region rewrite inert. The core
     # treats configurations that differ only in subsumed variables as one (their baseline).
     subsumes: tuple[str, ...] = ()
+    # Where ``compile_prior_ms`` holds only for some configurations ("name=choice" each: a cache
+    # hit found for the memory format and thread count the probe ran under), what a compile costs
+    # in any other (a cold compile: Dynamo recompiles for the other strides or threads); 0 there
+    # = the framework's default, calibrated. Empty: the prior holds for every configuration.
+    prior_holds_for: tuple[str, ...] = ()
+    prior_otherwise_ms: float = 0.0
+
+    def holds_for(self, values: dict[str, str]) -> bool:
+        """Does ``compile_prior_ms`` price a compile of this variable in configuration ``values``?"""
+        return all(values.get(k) == c for k, _, c in (h.partition("=") for h in self.prior_holds_for))
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -59,6 +69,11 @@ class Variable:
             d["subsumes"] = list(self.subsumes)
         else:
             d.pop("subsumes")
+        if self.prior_holds_for:  # absent when unconditional: older states and fingerprints unchanged
+            d["prior_holds_for"] = list(self.prior_holds_for)
+        else:
+            d.pop("prior_holds_for")
+            d.pop("prior_otherwise_ms")
         return d
 
     @classmethod
@@ -72,6 +87,8 @@ class Variable:
             float(d.get("compile_prior_ms", 0.0)),
             bool(d.get("prior_calibrated", False)),
             tuple(d.get("subsumes", ())),
+            tuple(d.get("prior_holds_for", ())),
+            float(d.get("prior_otherwise_ms", 0.0)),
         )
 
 

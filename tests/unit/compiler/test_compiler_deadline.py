@@ -1,7 +1,8 @@
 """A trial's in-line whole-step compile is abandoned at its deadline (issue 18, session 11):
 training goes on (the step runs eagerly, the loss is eager's), the trial fails, and the graph's
 price on this host is raised to at least what it ran. The compile here is a backend that only
-sleeps: no Inductor, no timing asserted."""
+sleeps: no Inductor, no timing asserted. The timer runs only inside the backend's call, never
+while Dynamo traces (a raise there aborted a CI worker)."""
 
 from __future__ import annotations
 
@@ -22,11 +23,11 @@ from microco.clients.compiler.zoo import torch_models as zm
 SLOW = "microco_test_never_done"
 
 
+ARMED_IN_BACKEND: list[bool] = []
+
+
 def _never_done(gm, example_inputs):
-    # The deadline set at the forward's call was minutes; cut to 0.2 s here, in the backend,
-    # so that the timer fires in this sleep (interruptible) and never in Dynamo's tracing
-    # before it (a raise there, called back from C++, can abort the process).
-    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    ARMED_IN_BACKEND.append(signal.getitimer(signal.ITIMER_REAL)[0] > 0)
     time.sleep(600)  # a compile far past any deadline; interrupted by the timer
     return gm.forward
 
@@ -61,6 +62,7 @@ def _no_alarm_handler():
     handler = signal.getsignal(signal.SIGALRM)
     left, interval = signal.getitimer(signal.ITIMER_REAL)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.setitimer(signal.ITIMER_REAL, 0)  # (given back below): a running timer is ours alone
     yield
     signal.signal(signal.SIGALRM, handler)
     if left > 0:
@@ -79,12 +81,24 @@ def test_the_timer_interrupts_a_sleeping_call_and_restores_the_handler():
 
 def test_an_in_line_compile_past_its_deadline_is_abandoned_and_training_goes_on(tmp_path, monkeypatch):
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
+    from torch._dynamo.symbolic_convert import InstructionTranslatorBase
 
     if SLOW not in _BACKENDS:
         register_backend(compiler_fn=_never_done, name=SLOW)
     monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", SLOW)
-    monkeypatch.setattr(AstraTorch, "INLINE_DEADLINE", True)  # (off by default: see AstraTorch)
-    monkeypatch.setattr(_torch, "compile_deadline_ms", lambda price, left, base: 600_000.0)
+    assert AstraTorch.INLINE_DEADLINE  # on by default
+    # A deadline shorter than Dynamo's trace of the step: armed before the trace (session 11),
+    # the timer fired in Dynamo's tracing, where a raise can abort the process (a CI worker did).
+    monkeypatch.setattr(_torch, "compile_deadline_ms", lambda price, left, base: 200.0)
+    armed_in_trace: list[bool] = []
+    real_step = InstructionTranslatorBase.step
+
+    def step(self):  # each bytecode instruction Dynamo traces: is a timer running?
+        armed_in_trace.append(signal.getitimer(signal.ITIMER_REAL)[0] > 0)
+        return real_step(self)
+
+    monkeypatch.setattr(InstructionTranslatorBase, "step", step)
+    ARMED_IN_BACKEND.clear()
     torch._dynamo.reset()
     torch.set_num_threads(1)
     x, y = zm.synthetic_batch(2, 2, 4)
@@ -100,6 +114,8 @@ def test_an_in_line_compile_past_its_deadline_is_abandoned_and_training_goes_on(
         got = astra.run(_loss_and_grads, model, x, y)
         assert torch.allclose(ref[0], got[0])
     assert "CompileDeadline" in astra.whole_failed["plain"]
+    assert ARMED_IN_BACKEND == [True]  # the timer ran in the compile call ...
+    assert armed_in_trace and not any(armed_in_trace)  # ... and never while Dynamo traced
     assert explorer.reports and explorer.reports[0].failed
     # This graph now costs at least what the abandoned compile ran, here.
     floor = costs.estimate(astra._hw, "torch:whole:plain", graph=astra._cost_graph())
@@ -123,3 +139,46 @@ def test_an_in_line_compile_past_its_deadline_is_abandoned_and_training_goes_on(
     assert astra._recover(RuntimeError("a failure of the trial's backward"))
     assert signal.getitimer(signal.ITIMER_REAL)[0] == 0 and DeadlineTimer.available()
     astra.restore()
+
+
+def test_inductors_own_compile_is_bounded_in_its_per_graph_compile(tmp_path, monkeypatch):
+    """The production path: Inductor (no test backend), a cold private cache, a 1 ms deadline.
+    The timer runs in Inductor's per-graph compile (``compile_fx_inner``), never in Dynamo's
+    trace; the compile is abandoned there and the step runs eagerly."""
+    from torch._dynamo.symbolic_convert import InstructionTranslatorBase
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(_torch, "compile_deadline_ms", lambda price, left, base: 1.0)
+    timers: list[DeadlineTimer] = []
+    armed_in_trace: list[bool] = []
+    real_step = InstructionTranslatorBase.step
+
+    def step(self):
+        armed_in_trace.append(any(t._armed for t in timers))
+        return real_step(self)
+
+    monkeypatch.setattr(InstructionTranslatorBase, "step", step)
+    torch._dynamo.reset()
+    torch.set_num_threads(1)
+    x, y = zm.synthetic_batch(2, 2, 4)
+    eager = zm.make_model("gru", 4, 4)
+    model = zm.make_model("gru", 4, 4)
+    model.load_state_dict(eager.state_dict())
+    explorer = _TrialExplorer()
+    astra = AstraTorch(
+        model,
+        explorer,
+        threads=("1",),
+        total_steps=2,
+        background=False,
+        compile_costs=HostCompileCosts(tmp_path / "c.json", host="h"),
+    )
+    timers.append(astra._deadline)
+    for _ in range(3):
+        ref = _loss_and_grads(eager, x, y)
+        got = astra.run(_loss_and_grads, model, x, y)
+        assert torch.allclose(ref[0], got[0])
+    assert "CompileDeadline" in astra.whole_failed["plain"]
+    assert explorer.reports and explorer.reports[0].failed
+    assert armed_in_trace and not any(armed_in_trace)
+    assert DeadlineTimer.available()

@@ -96,7 +96,7 @@ def test_a_background_compile_that_costs_more_than_it_can_save_is_dropped_while_
         ms = step_ms(cfg.values)
         cfg = report(state, TrialReport(cfg.trial, [ms] * 3, {"A": ms / 3}), POLICY)
     assert cfg.values["A.compile"] == "eager"
-    assert holds <= 3  # dropped as soon as its charge exceeded the best-case saving
+    assert holds <= 3  # dropped as soon as its charge exceeded the expected saving
     assert any("dropped while compiling" in p for p in state.pruned)
     assert not any(t.values["A.compile"] == "inductor" for t in state.trials)
 
@@ -301,3 +301,24 @@ def test_a_whole_step_compile_planned_on_the_typical_step_is_not_dropped_at_its_
     cfg = report(state, TrialReport(HOLD_TRIAL, [10.0] * cfg.steps, pending=False), POLICY)
     assert not any("dropped while compiling" in p for p in state.pruned), state.pruned
     assert cfg.values == {"xla": "plain"} and not cfg.hold
+
+
+def test_a_background_compile_is_dropped_once_its_charge_exceeds_the_expected_saving():
+    # The plan admits a compile on half its best-case saving (``expected_gain_share``); the
+    # slowdown beside it is dropped against that same share (session 11: keras-mobilenet's
+    # background compile slowed 277 steps 5.8x and stayed within the best case). Here: best case
+    # ~5 s over the run, expected ~2.5 s, a 2 s compile (planned), then 1 s of slowdown at the
+    # first hold: 3 s > 2.5 s expected, though below the best case.
+    xla = Variable("xla", ("off", "plain"), "", STAGE_COMPILE, True, 2000.0, prior_calibrated=True)
+    state = start(GraphSpec("fp", "x", "cpu", (xla,), total_steps=1000), POLICY)
+    cfg = next_config(state, POLICY)
+    cfg = report(state, TrialReport(cfg.trial, [12.0, 10.0, 10.0, 10.0]), POLICY)
+    assert cfg.values == {"xla": "plain"} and not cfg.hold  # planned: 2 s < ~2.5 s expected
+    cfg = report(state, TrialReport(cfg.trial, [], pending=True), POLICY)
+    assert cfg.hold
+    cfg = report(
+        state, TrialReport(HOLD_TRIAL, [10.0 + 1000.0 / cfg.steps] * cfg.steps, pending=True), POLICY
+    )
+    dropped = [p for p in state.pruned if "dropped while compiling" in p]
+    assert dropped and "expected saving" in dropped[0], state.pruned
+    assert not cfg.hold and cfg.values == {"xla": "off"}

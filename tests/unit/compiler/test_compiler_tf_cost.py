@@ -166,16 +166,24 @@ def test_tiny_model_tries_xla_only_when_its_estimated_compile_pays_back(tmp_path
     cost = XlaCostModel("hw", tmp_path / "rate.json", cold_rate=ms_per_instruction)
     x, y = zt.synthetic_batch(2, 4, 4)
     astra = _tiny_astra("sru", cost, total_steps=2_000)
+
+    def xla_trials():
+        state = astra.session.explorer.core.get(astra.session.spec.key)
+        return [t for t in state.trials if any(t.values[k] != "off" for k in ("xla", "xla_loop", "xla_cell"))]
+
+    def calibrated():
+        classes = astra.hlo_classes
+        return bool(cost.samples("loop", classes["loop"]) or cost.samples("unrolled", classes["unrolled"]))
+
     losses = [astra.step(x, y)]
-    while not astra.committed and len(losses) < 300:  # stops at the commit
+    # Stops at the commit, or (cheap rate) once an XLA trial has been compiled and its compile
+    # measured: every further XLA trial is another compile (most of this test's time).
+    while not astra.committed and len(losses) < 300 and not (tried and xla_trials() and calibrated()):
         losses.append(astra.step(x, y))
-    assert astra.committed and losses[-1] < losses[0]
+    assert (astra.committed or tried) and losses[-1] < losses[0]
     assert astra.hlo_instructions["loop"] > 0 and astra.hlo_instructions["unrolled"] > 0
     state = astra.session.explorer.core.get(astra.session.spec.key)
-    xla_trials = [
-        t for t in state.trials if any(t.values[k] != "off" for k in ("xla", "xla_loop", "xla_cell"))
-    ]
-    assert bool(xla_trials) is tried
+    assert bool(xla_trials()) is tried
     # measured compiles move the rate of their kind and class (and this graph's own price)
     classes = astra.hlo_classes
     assert (

@@ -125,7 +125,7 @@ def test_a_supplied_product_is_not_computed_again():
 
 def test_every_choice_over_the_analysed_graph_matches_the_users_own_step():
     model = Stack(MinimalGatedCell)
-    x, y = _batch()
+    x, y = _batch(steps=2)  # two time steps, two layers: a state carried, a stacked output read (8 traces)
     with tf.GradientTape() as tape:
         loss = _loss(model(x), y)
     ref_loss, ref = loss.numpy(), [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
