@@ -22,6 +22,7 @@ from microco.clients.agent import NODES_PREFIX, AgentDirectory
 from microco.clients.scheduler import SchedulerClient, make_spec
 from microco.common import channel_for
 from microco.common.kv import EtcdKV
+from microco.common.registry import discover
 from microco.services.stack import EtcdServer
 
 pytestmark = pytest.mark.integration
@@ -99,7 +100,10 @@ def test_scheduler_places_moves_and_survives_a_host_cut_off(bed, tmp_path):
         return wait_for_jobs(cond, kv, timeout, what)
 
     wait(lambda: all(kv.get(NODES_PREFIX + h) for h in "bc"), 30, "agents on b and c")
+    # The election is won before the instance registers its address (it registers once its
+    # gRPC server listens), so wait for both: the leader key alone raced the dial below in CI.
     wait(lambda: kv.get("/microco/leader/scheduler"), 30, "a scheduler leader on ctl")
+    wait(lambda: discover(kv, "scheduler"), 30, "the scheduler registered on ctl")
     nodes = AgentDirectory(kv).nodes()
     assert {h: nodes[h]["address"].rsplit(":", 1)[0] for h in "bc"} == {h: bed.addr(h) for h in "bc"}
     client = SchedulerClient(channel_for(kv, "scheduler"))
