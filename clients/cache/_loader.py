@@ -37,6 +37,7 @@ from ._digest import digest
 from ._exchange import Exchange, ExchangeSampler, check_resumable
 from ._index import DatasetIndex
 from ._inflight import InFlight
+from ._origin import OriginPeer
 from ._peers import Peers
 from ._position import ints, job_seen, merge_positions
 from ._sampler import BatchMode, SubstitutableSampler
@@ -64,6 +65,7 @@ class LoaderStats:
     # served later from that copy: misses (their bytes came from the backing store), not hits.
     chunk_fetched: int = 0
     remote_hits: int = 0  # served by another host's cache server
+    peer_chunks: int = 0  # chunks the prefetcher copied from another host's cache, not the backing store
     staged_served: int = 0
     # Seconds the training step waited for data (with prefetch_batches > 0, only what the
     # reader ahead of it could not hide), and seconds it computed between batches.
@@ -109,6 +111,9 @@ class QuiverLoader(InFlight):
 
     #: How the benefit estimate prices a miss (``_stall.PRICES``): the step's stall, or the link's time.
     MISS_PRICE = "stall"
+    #: Resumed from a position taken on another host's cache (``load_state_dict``): ask that
+    #: cache for the chunks this host's lacks (``_origin``), when no other peers are given.
+    FOLLOW_ORIGIN = True
 
     def __init__(
         self,
@@ -208,7 +213,7 @@ class QuiverLoader(InFlight):
         self._staged: dict[str, bytes] = {}
         self._claims_init()  # chunks other jobs read whole now (``_inflight``)
         # Other hosts' servers (through the Redis directory), and where remote chunks were seen.
-        self.peers = peers
+        self.peers: Peers | OriginPeer | None = peers
         self._remote: dict[str, CacheClient] = {}
         self.prefetch = prefetch and will_cache
         self.direct_read = direct_read
@@ -931,6 +936,8 @@ class QuiverLoader(InFlight):
                 "base": sorted(self._base),
                 "job_seen": sorted(self._job_seen | self._seen_in_epoch | self._base),
                 "job_complete": self.exchange is not None or self.world_size == 1,
+                # where its working set is cached: a loader resumed on another host asks it
+                "cache_server": self.client.address if isinstance(self.client, CacheClient) else "",
             }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
@@ -947,6 +954,7 @@ class QuiverLoader(InFlight):
         n, seen = state.get("num_samples"), state.get("seen")
         if n != len(self.index) or not isinstance(seen, list):
             raise ValueError(f"the saved position is for {n} samples; this dataset has {len(self.index)}")
+        self._follow_origin(state.get("cache_server"))
         epoch = int(state.get("epoch", -1))  # type: ignore[call-overload]
         if epoch < 0:
             self._resume, self.resume_epoch = None, 0
@@ -979,6 +987,15 @@ class QuiverLoader(InFlight):
                 len(self.index) - len(whole), self.batch_size, self.world_size, self.sampler.drop_last, epoch
             )
         self._resume, self.resume_epoch = (epoch, whole, set()), epoch
+
+    def _follow_origin(self, origin: object) -> None:
+        """The position was taken reading through the cache server ``origin``: when that is
+        not this loader's, it becomes this loader's peer (unless peers were given)."""
+        if not self.FOLLOW_ORIGIN or not isinstance(origin, str) or not origin or self.peers is not None:
+            return
+        mine = self.client.address if isinstance(self.client, CacheClient) else ""
+        if origin != mine:
+            self.peers = OriginPeer(origin, self.dataset)
 
     def _start_epoch(self, epoch: int) -> None:
         self._epoch = epoch
@@ -1212,12 +1229,14 @@ class QuiverLoader(InFlight):
             return False
         if not self._claim_one(srv, chunk.digest):
             return True  # held by now, or another job reads it now
-        try:
-            data = b"".join(self.store.read(s.path) for s in self.index.samples_of(chunk))
-        except OSError as exc:
-            log.warning("prefetch read failed: %s", exc)
-            return True
-        self.stats.backing_bytes += len(data)
+        data = self._from_peer(chunk.digest)
+        if data is None:
+            try:
+                data = b"".join(self.store.read(s.path) for s in self.index.samples_of(chunk))
+            except OSError as exc:
+                log.warning("prefetch read failed: %s", exc)
+                return True
+            self.stats.backing_bytes += len(data)
         try:
             r = srv.put_chunks([(chunk.digest, data)], self.dataset, timeout=30)
         except MicrocoError as exc:
@@ -1235,6 +1254,24 @@ class QuiverLoader(InFlight):
                 return None  # (the staged copy serves this job; other chunks are tried later)
             return wait_when_full
         return True
+
+    def _from_peer(self, chunk_digest: str) -> bytes | None:
+        """Chunk ``chunk_digest`` whole from a peer holding it (checked), else None."""
+        if self.peers is None:
+            return None
+        peer = self.peers.holders([chunk_digest]).get(chunk_digest)
+        if peer is None:
+            return None
+        try:
+            data = peer.read_chunks([chunk_digest], job_id=self.job_id, timeout=30).get(chunk_digest)
+        except MicrocoError as exc:
+            log.warning("peer cache server failed, reading from the backing store: %s", exc)
+            self.peers.failed(peer)
+            return None
+        if data is None or digest(data) != chunk_digest:
+            return None
+        self.stats.peer_chunks += 1
+        return data
 
     def finish(self) -> None:
         """Tell the server this job is done (it pins nothing any more) and stop background work."""

@@ -1,0 +1,109 @@
+"""A job resumed on another host reads its working set from the cache it moved from (issue
+21: state that follows a job): the loader's position names the cache server it read through,
+and a loader resumed from it elsewhere asks that server for what its own cache lacks (hits
+over the network, and chunks its prefetch copies), not the backing store. Two in-process
+cache servers (the core behind the real gRPC servicer), no processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from microco.clients.cache import LocalStore, QuiverLoader
+from microco.services.cache import CacheCore, CacheServicer, ChunkStore, build_index, serve_in_process
+
+
+class Counting:
+    """The backing store, counting the samples read from it."""
+
+    def __init__(self, store: LocalStore) -> None:
+        self.store = store
+        self.url = store.url
+        self.reads: list[str] = []
+
+    def read(self, path: str) -> bytes:
+        self.reads.append(path)
+        return self.store.read(path)
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    for i in range(32):
+        (root / f"s{i:03d}").write_bytes(bytes([i]) * 100)
+    store = LocalStore(str(root))
+    index = build_index(store.list_files(), store.read, 400)
+    cores, servers, address = {}, [], {}
+    for node in ("h1", "h2"):
+        cores[node] = CacheCore(ChunkStore(str(tmp_path / f"cache-{node}")), 1 << 20, node=node)
+        server, address[node] = serve_in_process(CacheServicer(cores[node]))
+        servers.append(server)
+    # The old host's cache holds the whole dataset (the other jobs of the dataset keep it warm).
+    for c in index.chunks:
+        data = b"".join(store.read(s.path) for s in index.samples_of(c))
+        assert cores["h1"].put(c.digest, data, "ds").outcome == "stored"
+    yield index, store, cores, address
+    for s in servers:
+        s.stop(0)
+
+
+def _position(index, store, address) -> dict:
+    """The checkpoint of a job that read one batch through h1's cache."""
+    first = QuiverLoader(index, store, batch_size=4, dataset="ds", job_id="j", server=address["h1"], prefetch=False)
+    try:
+        next(iter(first.epoch(0)))
+        state = first.state_dict()
+    finally:
+        first.close()
+    assert state["cache_server"] == address["h1"]
+    return state
+
+
+@pytest.mark.parametrize("follow", [True, False])
+def test_a_job_resumed_on_another_host_reads_what_its_old_hosts_cache_holds(hosts, follow):
+    index, store, _cores, address = hosts
+    state = _position(index, store, address)
+    counting = Counting(store)
+    cls = type("Loader", (QuiverLoader,), {"FOLLOW_ORIGIN": follow})
+    moved = cls(index, counting, batch_size=4, dataset="ds", job_id="j", server=address["h2"], prefetch=False)
+    try:
+        moved.load_state_dict(state)
+        got = [i for indices, _ in moved.epoch(moved.resume_epoch or 0) for i in indices]
+    finally:
+        moved.close()
+    assert len(got) == len(index) - len(state["seen"])  # the rest of the epoch, once each
+    if follow:
+        assert counting.reads == [] and moved.stats.remote_hits == len(got)
+    else:  # (without it: h2's cache is cold, every sample comes from the backing store)
+        assert len(counting.reads) >= len(got) and moved.stats.remote_hits == 0
+
+
+def test_the_moved_jobs_prefetch_copies_chunks_from_its_old_hosts_cache(hosts):
+    index, store, cores, address = hosts
+    state = _position(index, store, address)
+    counting = Counting(store)
+    moved = QuiverLoader(index, counting, batch_size=4, dataset="ds", job_id="j", server=address["h2"], prefetch=False)
+    try:
+        moved.load_state_dict(state)
+        assert moved.warm() == len(index.chunks)
+    finally:
+        moved.close()
+    assert counting.reads == [] and moved.stats.peer_chunks == len(index.chunks)
+    assert set(cores["h2"].lookup([c.digest for c in index.chunks])) == {c.digest for c in index.chunks}
+
+
+def test_a_position_from_the_same_cache_or_a_gone_one_costs_nothing(hosts):
+    index, store, _cores, address = hosts
+    state = _position(index, store, address)
+    same = QuiverLoader(index, store, batch_size=4, dataset="ds", job_id="j", server=address["h1"], prefetch=False)
+    same.load_state_dict(state)
+    assert same.peers is None
+    same.close()
+    gone = QuiverLoader(index, Counting(store), batch_size=4, dataset="ds", job_id="j", server=address["h2"], prefetch=False)
+    gone.load_state_dict({**state, "cache_server": "127.0.0.1:1"})  # nothing listens there
+    try:
+        got = [i for indices, _ in gone.epoch(gone.resume_epoch or 0) for i in indices]
+    finally:
+        gone.close()
+    assert len(got) == len(index) - len(state["seen"])  # read from the backing store instead
+    assert gone.peers is not None and not gone.peers.usable
