@@ -414,6 +414,8 @@ def _run_mode(
             j.slices += 1
         if j.migrate_to:
             j.migrate_decided = time.monotonic()  # on its new host's devices from now
+            with lock:
+                j.node = j.migrate_to  # (where the scheduler publishes it running from now)
         elif how == "resume":
             j.resumed_at = time.monotonic()
         if account is not None:
@@ -618,6 +620,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds of each (default 6, quick 4)")
     p.add_argument("--restart-s", type=float, default=Scenario.restart_s, help="modelled process restart")
     p.add_argument(
+        "--quantum-s", type=float, default=Scenario.quantum_s, help="the policy's time slice (both sides)"
+    )
+    p.add_argument(
         "--keep-pins",
         action="store_true",
         help="co-designed: keep a suspended job's pins (default: lend them)",
@@ -663,7 +668,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.epochs < 1:
             p.error("--epochs must be at least 1")
         epochs = args.epochs
-    sc = Scenario(restart_s=args.restart_s, epochs=epochs, kind=args.scenario)
+    if args.quantum_s <= 0:
+        p.error("--quantum-s must be positive")
+    sc = Scenario(restart_s=args.restart_s, epochs=epochs, kind=args.scenario, quantum_s=args.quantum_s)
     if args.tiny:
         sc = Scenario(
             shared_samples=64,

@@ -33,9 +33,7 @@ MAX_FAILURES = 3
 class OriginPeer:
     """The cache server at ``address``, asked for chunks of ``dataset`` this host lacks."""
 
-    def __init__(
-        self, address: str, dataset: str, *, retry_s: float = 5.0, timeout_s: float = 2.0
-    ) -> None:
+    def __init__(self, address: str, dataset: str, *, retry_s: float = 5.0, timeout_s: float = 2.0) -> None:
         self.address = address
         self.dataset = dataset
         self.retry_s = retry_s

@@ -127,6 +127,9 @@ class CacheCore:
         # Suspended jobs' progress, set aside: while a job does not run, the chunks only it still
         # needs are lent to the jobs that run (evictable); its progress comes back on resume.
         self._lent: dict[str, _JobProgress] = self.consumption.lent  # (evicted last: _eviction)
+        # Jobs the scheduler moved to another host (``forget_job(moved=True)``), until they
+        # arrive here again: what they still report here (late) is ignored.
+        self._away: OrderedDict[str, None] = OrderedDict()
         # Union-find over dataset names that share bytes: one content group, one allocation.
         self._parent: dict[str, str] = {}
         self._members_of: dict[str, frozenset[str]] = {}  # allocation label -> dataset names
@@ -409,7 +412,20 @@ class CacheCore:
                 return None
             consumed = list(consumed)
             self._learn(consumed, dataset)
-            self.consumption.report(job, dataset, epoch, consumed, now)
+            if job in self._away:
+                # Moved to another host (the scheduler said so): a late report (its parked
+                # loader's read-ahead, say) must not make it pin this host's cache again.
+                return None
+            lent = self._lent.get(job)
+            if lent is not None:
+                # Suspended: its progress stays lent (it pins nothing while it does not run;
+                # its loader may still report the batches it had read ahead).
+                if lent.dataset != dataset or lent.epoch != epoch:
+                    lent = self._lent[job] = _JobProgress(dataset, epoch)
+                lent.consumed.update(consumed)
+                lent.seen_at = now
+            else:
+                self.consumption.report(job, dataset, epoch, consumed, now)
             for d in consumed:
                 e = self.ledger.entries.get(d)
                 if e is not None and not e.dataset:
@@ -483,9 +499,10 @@ class CacheCore:
                     self.consumption.jobs[name] = p
             self._reallocate()
 
-    def forget_job(self, job: str) -> None:
+    def forget_job(self, job: str, moved: bool = False) -> None:
         """The job is gone (finished, failed, cancelled, moved away): its pins and its share
-        of the allocation go at once, not after the TTL."""
+        of the allocation go at once, not after the TTL. ``moved``: it runs on another host now;
+        its reports here are ignored until it arrives again (``arrive``)."""
         with self._lock:
             names = self.job_names(job)
             for name in names:
@@ -494,7 +511,19 @@ class CacheCore:
                 self.held.discard(name)
                 self._lent.pop(name, None)
             self._forget_claims([*names, job])
+            for name in {*names, job}:
+                self._away.pop(name, None)
+                if moved:
+                    self._away[name] = None
+            while len(self._away) > MAX_JOB_COUNTERS:
+                self._away.popitem(last=False)
             self._reallocate()
+
+    def arrive(self, job: str) -> None:
+        """The job runs (or is about to run) on this host: its reports count again."""
+        with self._lock:
+            for name in [n for n in self._away if n == job or n.startswith(job + "/")]:
+                del self._away[name]
 
     def consumed_by(self, job: str) -> set[str]:
         """Chunks every rank of ``job`` has consumed in its current epoch."""

@@ -151,11 +151,13 @@ class SchedulerFollower:
         self.phases[job_id] = phase
         here = phase.node in ("", self.node)
         if phase.phase == "running":
+            if here:
+                self.core.arrive(job_id)
             self.core.restore(job_id)
             self.core.hold(job_id, False)  # it reports again: the TTL applies
             if not here:
                 self._stop_prefetch(job_id)
-                self.core.forget_job(job_id)
+                self.core.forget_job(job_id, moved=True)
         elif phase.phase in ("suspended", "waiting"):
             self._stop_prefetch(job_id)
             if self.lend:
@@ -165,13 +167,15 @@ class SchedulerFollower:
             self.core.restore(job_id)
             self.core.hold(job_id)
             if here:
+                self.core.arrive(job_id)
                 self._prefetch(job_id)
         elif phase.phase == "migrating":
             if phase.target == self.node:
+                self.core.arrive(job_id)
                 self._prefetch(job_id, source=phase.node)
             elif phase.node == self.node:
                 self._stop_prefetch(job_id)
-                self.core.forget_job(job_id)
+                self.core.forget_job(job_id, moved=True)
 
     def _publish_dataset(self, job_id: str) -> None:
         """Tell the other hosts which dataset a job reads (a host it moves to warms it) and

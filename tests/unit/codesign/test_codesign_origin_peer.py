@@ -49,7 +49,9 @@ def hosts(tmp_path):
 
 def _position(index, store, address) -> dict:
     """The checkpoint of a job that read one batch through h1's cache."""
-    first = QuiverLoader(index, store, batch_size=4, dataset="ds", job_id="j", server=address["h1"], prefetch=False)
+    first = QuiverLoader(
+        index, store, batch_size=4, dataset="ds", job_id="j", server=address["h1"], prefetch=False
+    )
     try:
         next(iter(first.epoch(0)))
         state = first.state_dict()
@@ -82,7 +84,9 @@ def test_the_moved_jobs_prefetch_copies_chunks_from_its_old_hosts_cache(hosts):
     index, store, cores, address = hosts
     state = _position(index, store, address)
     counting = Counting(store)
-    moved = QuiverLoader(index, counting, batch_size=4, dataset="ds", job_id="j", server=address["h2"], prefetch=False)
+    moved = QuiverLoader(
+        index, counting, batch_size=4, dataset="ds", job_id="j", server=address["h2"], prefetch=False
+    )
     try:
         moved.load_state_dict(state)
         assert moved.warm() == len(index.chunks)
@@ -95,11 +99,15 @@ def test_the_moved_jobs_prefetch_copies_chunks_from_its_old_hosts_cache(hosts):
 def test_a_position_from_the_same_cache_or_a_gone_one_costs_nothing(hosts):
     index, store, _cores, address = hosts
     state = _position(index, store, address)
-    same = QuiverLoader(index, store, batch_size=4, dataset="ds", job_id="j", server=address["h1"], prefetch=False)
+    same = QuiverLoader(
+        index, store, batch_size=4, dataset="ds", job_id="j", server=address["h1"], prefetch=False
+    )
     same.load_state_dict(state)
     assert same.peers is None
     same.close()
-    gone = QuiverLoader(index, Counting(store), batch_size=4, dataset="ds", job_id="j", server=address["h2"], prefetch=False)
+    gone = QuiverLoader(
+        index, Counting(store), batch_size=4, dataset="ds", job_id="j", server=address["h2"], prefetch=False
+    )
     gone.load_state_dict({**state, "cache_server": "127.0.0.1:1"})  # nothing listens there
     try:
         got = [i for indices, _ in gone.epoch(gone.resume_epoch or 0) for i in indices]
