@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from microco.clients.cache._sampler import BatchMode, SubstitutableSampler
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=110, deadline=None)
 @given(
     n=st.integers(0, 300),
     batch=st.integers(1, 40),
