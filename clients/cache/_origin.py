@@ -11,7 +11,8 @@ background prefetch copies them into the new host's cache. No directory is neede
 
 Bounded: one lookup per batch of misses; a server that does not answer is asked again only
 after ``retry_s``, and after ``MAX_FAILURES`` failures never again (a restarted or removed
-server at a stale address costs at most that many short calls).
+server at a stale address costs at most that many short calls); one that held none of the
+chunks asked for ``MAX_EMPTY`` times in a row is not asked again (the working set has left it).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 
 #: Failures after which the old server is not asked again.
 MAX_FAILURES = 3
+#: Answers in a row holding none of the chunks asked for, after which it is not asked again.
+MAX_EMPTY = 64
 
 
 class OriginPeer:
@@ -39,12 +42,15 @@ class OriginPeer:
         self.retry_s = retry_s
         self.timeout_s = timeout_s
         self.failures = 0
+        self.empty = 0  # answers in a row that held none of the chunks asked for
         self._down_until = 0.0
         self._client: CacheClient | None = None
 
     @property
     def usable(self) -> bool:
-        return self.failures < MAX_FAILURES and time.monotonic() >= self._down_until
+        return (
+            self.failures < MAX_FAILURES and self.empty < MAX_EMPTY and time.monotonic() >= self._down_until
+        )
 
     def _get(self) -> CacheClient:
         if self._client is None:
@@ -63,6 +69,7 @@ class OriginPeer:
             log.warning("the cache this job moved from does not answer: %s", exc)
             self.failed(client)
             return {}
+        self.empty = 0 if held else self.empty + 1
         return dict.fromkeys(held, client)
 
     def failed(self, client: CacheClient, retry_s: float | None = None) -> None:

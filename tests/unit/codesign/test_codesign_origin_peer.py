@@ -115,3 +115,24 @@ def test_a_position_from_the_same_cache_or_a_gone_one_costs_nothing(hosts):
         gone.close()
     assert len(got) == len(index) - len(state["seen"])  # read from the backing store instead
     assert gone.peers is not None and not gone.peers.usable
+
+
+def test_the_old_cache_is_not_asked_once_the_working_set_has_left_it():
+    from microco.clients.cache._origin import MAX_EMPTY, OriginPeer
+
+    class Client:
+        calls = 0
+        held: set[str] = set()
+
+        def lookup(self, digests, dataset, timeout=None, retry=True):
+            Client.calls += 1
+            return Client.held & set(digests)
+
+    peer = OriginPeer("127.0.0.1:1", "ds")
+    peer._client = Client()  # type: ignore[assignment]
+    Client.held = {"a"}
+    assert list(peer.holders(["a", "b"])) == ["a"]
+    Client.held = set()  # the other jobs of the dataset finished there: nothing held
+    for _ in range(MAX_EMPTY + 10):
+        assert peer.holders(["a", "b"]) == {}
+    assert Client.calls == 1 + MAX_EMPTY and not peer.usable
