@@ -28,7 +28,7 @@ def spawn_agent(
     # its jobs) at 3/4 of it without a confirmed keep-alive, which a loaded machine must not cause.
     lease_ttl_s: int = 3,
     log_path: str | os.PathLike[str] | None = None,
-    timeout: float = 30.0,
+    timeout: float = 90.0,  # to be registered: a loaded machine starts a Python service slowly
     preload: str = "none",
     wait_warm: bool = False,
 ) -> subprocess.Popen[bytes]:
@@ -88,7 +88,7 @@ def spawn_scheduler(
     instance_id: str = "",
     log_path: str | os.PathLike[str] | None = None,
     wait_leader: bool = True,
-    timeout: float = 30.0,
+    timeout: float = 90.0,  # to be registered: a loaded machine starts a Python service slowly
     extra_args: list[str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """A scheduler process; when ``kv`` is given waits until it is registered (and, with

@@ -97,7 +97,7 @@ def cache_server(tmp_path: Path, etcd_endpoint: str, redis_url: str) -> Iterator
         address = f"127.0.0.1:{port}"
         server = ServerProc(proc, address, data, log)
         started.append(server)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         with dial(address) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
             while True:

@@ -67,7 +67,7 @@ class Service:
             self.proc = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
             )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         with dial(self.address) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
             while True:

@@ -76,7 +76,7 @@ def test_cache_view_reads_the_real_server_and_plots_hit_rate(platform: Platform)
                 dataset_bytes=len(chunk),
             )
 
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     server: dict = {}
     while time.monotonic() < deadline:
         read_some()

@@ -118,7 +118,7 @@ def test_store_tables_replicas_nodes_and_recovery(platform: Platform, systems: d
     from microco.clients.store import StoreClient
 
     client = StoreClient.from_etcd(platform.kv)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while sum(n["alive"] for n in client.nodes()) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)
     schema = pa.schema([("k", pa.int64()), ("c", pa.int64()), ("d", pa.string())])
@@ -141,7 +141,7 @@ def test_store_tables_replicas_nodes_and_recovery(platform: Platform, systems: d
     assert all(nodes[p.name]["alive"] for p in systems["store-node"])
     assert {nodes[p.name]["fault_domain"] for p in systems["store-node"]} == {"fd-0", "fd-1", "fd-2"}
     assert body["recovery"] is not None and body["recovery"]["unavailable_extents"] == 0
-    deadline = time.monotonic() + 15  # the console samples recovery figures for its plot
+    deadline = time.monotonic() + 60  # the console samples recovery figures for its plot
     while not body["recovery_history"] and time.monotonic() < deadline:
         time.sleep(0.5)
         body = httpx.get(platform.url + "/api/v1/store", headers=ADMIN).json()

@@ -206,7 +206,7 @@ SUPERVISOR = textwrap.dedent(
 def test_down_counts_what_a_foreground_up_stopped(tmp_path: Path, capsys) -> None:
     up = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(tmp_path)])
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while not (tmp_path / "stack.json").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         state = json.loads((tmp_path / "stack.json").read_text())
