@@ -33,6 +33,7 @@ from ._background import BackgroundCompiler
 from ._compile_costs import HostCompileCosts, compile_deadline_ms
 from ._deadline import CompileDeadline, DeadlineTimer
 from ._guard import StepSnapshot
+from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
 from ._torch_cache import WholeStepBackend
@@ -264,7 +265,7 @@ class AstraTorch(SessionBacked):
         explorer: Explorer | None = None,  # None: the exploration core in-process
         *,
         name: str = "",
-        total_steps: int = 1000,
+        total_steps: int | None = None,  # None: $MICROCO_TOTAL_STEPS, else 1000 (_run_length)
         compile_choices: tuple[str, ...] | None = None,
         threads: tuple[str, ...] | None = None,
         retry_every: int = 50,
@@ -281,7 +282,7 @@ class AstraTorch(SessionBacked):
         self._recorded_regions: set[int] = set()
         self._graph_rewrites = -1  # products dynamo's captured step offers the passes (-1: not asked)
         self.name = name or type(model).__name__
-        self.total_steps = total_steps
+        self.total_steps = run_length(total_steps)
         self.clock = _StepClock()
         gpu = torch.cuda.is_available()
         if compile_choices is None:
@@ -365,6 +366,10 @@ class AstraTorch(SessionBacked):
         self._stop_listening: Callable[[], None] | None = None
         self._deferred: float | None = None  # a finished step waiting for its record (guard ms)
         self._stream_unused = False  # a stream that ended no step: timed alone from then on
+        # Committed to the model's own code (every variable but the thread count at its
+        # baseline) with nothing left to report: each step calls the user's code directly,
+        # with the committed thread count around it and nothing else (issue 18; see _go_direct).
+        self.direct = False
 
     # -- public
     def spec(self) -> GraphSpec | None:
@@ -384,6 +389,14 @@ class AstraTorch(SessionBacked):
         gradients, buffers, optimiser state, random streams as before the step) and marked
         failed; since Python cannot run a ``with`` body twice, that mini-batch is then skipped
         (``skipped_steps``). :meth:`run` / :meth:`wrap` repeat it instead."""
+        if self.direct:
+            user = self._direct_threads()
+            try:
+                yield
+            finally:
+                if user is not None:
+                    torch.set_num_threads(user)
+            return
         self._before()
         try:
             yield
@@ -405,6 +418,14 @@ class AstraTorch(SessionBacked):
         ran a step without failing (or plain eager): the loss curve is the one of a run without
         the compiler. ``fn`` should change nothing but the model and its optimisers (what is
         rolled back), e.g. not append to a list before it fails."""
+        if self.direct:
+            user = self._direct_threads()
+            if user is None:
+                return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                torch.set_num_threads(user)
         while True:
             self._before()
             try:
@@ -439,6 +460,50 @@ class AstraTorch(SessionBacked):
             self._guard_hook = None
         if self.background is not None:
             self.background.close()
+
+    # -- the committed model's own code: the user's step, called directly
+    def _direct_threads(self) -> int | None:
+        """Set the committed thread count for a direct step; the user's count to restore after
+        it (None: nothing was changed)."""
+        threads = self._threads
+        if threads is None:
+            return None
+        user = torch.get_num_threads()
+        if user == threads:
+            return None
+        torch.set_num_threads(threads)
+        return user
+
+    def _runs_own_code(self) -> bool:
+        """Is the configuration in force for good, and is it the model's own code (nothing but
+        a thread count chosen)? Then the wrapper has nothing to do in a step but set threads."""
+        return (
+            self.session.settled
+            and self._repeat is None
+            and self._probe_calls is None
+            and self._deferred is None
+            and self._whole_kind is None
+            and not self._risky(self._applied)
+        )
+
+    def _go_direct(self) -> None:
+        """From now on each step calls the user's code directly (issue 18: the wrapper cost
+        every step its bookkeeping once the exploration had committed plain eager code). Its
+        instrumentation comes off: the model's guard hook, the cells' runners (their forwards
+        back to the cells' own), the telemetry subscription (no regions to add, no trial to
+        record). The explorer hands a settled session nothing else in this process."""
+        self._disarm_deadline()
+        if self._stop_listening is not None:
+            self._stop_listening()
+            self._stop_listening, self._stream = None, None
+        for r in self.runners.values():
+            r.restore()
+        if self._guard_hook is not None:
+            self._guard_hook.remove()
+            self._guard_hook = None
+        if self.background is not None:
+            self.background.close()
+        self.direct = True
 
     # -- per step
     def _use_stream(self) -> None:
@@ -558,6 +623,8 @@ class AstraTorch(SessionBacked):
         new = self.session.record(ms if ok else float("nan"), region_ms, failed, built)
         if new is not None:
             self._apply(new)
+        if self._runs_own_code():
+            self._go_direct()
 
     # -- discovery
     def _start_probe(self) -> None:
