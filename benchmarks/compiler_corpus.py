@@ -404,16 +404,35 @@ def _micro_run(
     except Exception as exc:  # noqa: BLE001 - what would have ended the user's training
         stopped, error = True, f"{type(exc).__name__}: {exc}"
         traceback.print_exc(file=sys.stderr)
+    explore_s = time.perf_counter() - t0
     return {
         "step": step,
         "astra": astra,
-        "explore_s": time.perf_counter() - t0,
+        "explore_s": explore_s,
+        "wrapper_us": _wrapper_cost_us(astra) if not stopped else None,
         "explore_steps": steps,
         "trial_steps": astra.explore_steps,
         "committed": astra.committed,
         "stopped": stopped,
         "error": error,
     }
+
+
+def _wrapper_cost_us(astra: Any, calls: int = 2000) -> float | None:
+    """What the wrapper itself costs a step once settled on its commit: CPU microseconds per
+    call of a step that does nothing (PyTorch's ``run``; None for a wrapper without one, and
+    before the commit is settled, when those calls' times would be reported as the run's)."""
+    run = getattr(astra, "run", None)
+    if run is None or not astra.session.settled:
+        return None
+
+    def nothing() -> None:
+        return None
+
+    c0 = time.process_time()
+    for _ in range(calls):
+        run(nothing)
+    return round((time.process_time() - c0) / calls * 1e6, 2)
 
 
 def bench_case(
@@ -517,6 +536,7 @@ def bench_case(
                 "trial_steps": r["trial_steps"],
                 "s": round(r["explore_s"], 3),
                 "committed": r["committed"],
+                "wrapper_us": r["wrapper_us"],  # CPU per step of the committed wrapper, beyond the step
                 "config": {k: v for k, v in r["astra"].config.items() if v not in ("off", "eager")},
             }
             for n, r in explored.items()
