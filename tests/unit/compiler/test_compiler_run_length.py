@@ -103,3 +103,31 @@ def test_every_wrapper_takes_the_run_length_from_the_environment(monkeypatch):
     assert AstraTorch(torch.nn.Linear(2, 2), explorer, total_steps=300, background=False).total_steps == 300
     assert MicrocoBackend(explorer).total_steps == 5000
     astra.restore()
+
+
+def test_a_long_run_asks_inductors_cache_at_what_asking_cost_on_this_host(tmp_path):
+    """The cache probe (a dynamo trace and a lookup) runs where 5% of the run's eager time repays
+    it: priced by the asks measured on this host (this graph's, else any graph's), else 3 s."""
+    torch = pytest.importorskip("torch")
+    from microco.clients.compiler._compile_costs import HostCompileCosts
+    from microco.clients.compiler._torch import AstraTorch
+
+    costs = HostCompileCosts(tmp_path / "costs.json")
+
+    def astra(n):
+        a = AstraTorch(
+            torch.nn.Linear(2, 2), LocalExplorer(), total_steps=n, compile_costs=costs, background=False
+        )
+        a._example_args, a._input_shapes = (torch.randn(4, 2),), "(4, 2):torch.float32"
+        return a
+
+    step_ms = 10.0  # 5,000 steps: 50 s of eager, 2.5 s for the ask
+    assert not astra(5000)._worth_cache_probe(step_ms)  # nothing measured: the 3 s prior
+    for ms in (900.0, 1400.0):  # asks of other graphs measured here
+        costs.record(astra(1)._hw, AstraTorch.PROBE_KIND, ms, graph="another graph")
+    assert astra(5000)._probe_price_ms() == pytest.approx(1150.0)
+    assert astra(5000)._worth_cache_probe(step_ms)
+    assert not astra(300)._worth_cache_probe(step_ms)  # 150 ms of the run's time: never
+    a = astra(5000)
+    costs.record(a._hw, AstraTorch.PROBE_KIND, 4000.0, graph=a._cost_graph())  # this graph's own
+    assert not a._worth_cache_probe(step_ms)
