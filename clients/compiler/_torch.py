@@ -312,6 +312,10 @@ class AstraTorch(SessionBacked):
         self.session = ExplorationSession(explorer, retry_every=retry_every, warmer=self.background)
         self._snapshot: nn.Module | None = None
         self._example_args: tuple[Any, ...] | None = None
+        # ... and its keyword arguments (a Hugging Face model is called ``model(input_ids=...)``:
+        # until the third session of 2026-12-02 the probe called such a forward without them,
+        # and Inductor's cache, asked about another graph, answered cold)
+        self._example_kwargs: dict[str, Any] = {}
         self._whole_built: set[str] = set()  # whole-step kinds compiled in this process
         # A trial's in-line whole-step compile runs under a deadline (``_deadline``, session 11).
         self._deadline = DeadlineTimer()
@@ -636,15 +640,25 @@ class AstraTorch(SessionBacked):
             n = names[mod]
             calls[n] = calls.get(n, 0) + 1
 
-        def shapes(mod: nn.Module, args: Any) -> None:
-            self._input_shapes = ";".join(
+        def shapes(mod: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+            sig = [
                 f"{tuple(a.shape)}:{a.dtype}" for a in tfx.flatten_args(args) if isinstance(a, torch.Tensor)
-            )
+            ]
+            sig += [  # keyword inputs by name (none: the key as before)
+                f"{k}={tuple(a.shape)}:{a.dtype}"
+                for k, v in sorted(kwargs.items())
+                for a in tfx.flatten_args((v,))
+                if isinstance(a, torch.Tensor)
+            ]
+            self._input_shapes = ";".join(sig)
             if self.background is not None or "inductor" in self.compile_choices:
                 # inputs of these shapes: for the background compiles, and the cache probe
-                self._example_args = tuple(
-                    a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args
-                )
+
+                def keep(a: Any) -> Any:
+                    return a.detach().clone() if isinstance(a, torch.Tensor) else a
+
+                self._example_args = tuple(keep(a) for a in args)
+                self._example_kwargs = {k: keep(v) for k, v in kwargs.items()}
 
         if self.background is not None and self._background_auto and not spare_core():
             # Measured on the oversubscribed 2-core machine: a compile worker either slows the
@@ -655,7 +669,7 @@ class AstraTorch(SessionBacked):
             self._snapshot = self._take_snapshot()
 
         self._hooks = [m.register_forward_pre_hook(count) for n, m in self.model.named_modules() if n]
-        self._hooks.append(self.model.register_forward_pre_hook(shapes))
+        self._hooks.append(self.model.register_forward_pre_hook(shapes, with_kwargs=True))
 
     def _finish_probe(self, step_ms: float) -> None:
         calls, self._probe_calls = self._probe_calls or {}, None
@@ -780,7 +794,7 @@ class AstraTorch(SessionBacked):
             # the random streams and the buffers (running statistics) as they were: the probe
             # leaves no trace in training.
             with torch.random.fork_rng(), torch.enable_grad():
-                compiled(*(self._example_args or ()))
+                compiled(*(self._example_args or ()), **self._example_kwargs)
         except Exception as exc:  # noqa: BLE001 - an untraceable step keeps its cold price
             log.info("whole-step cache probe failed (%s); the whole-step compile keeps its cold price", exc)
             backend.cold += 1
@@ -831,6 +845,7 @@ class AstraTorch(SessionBacked):
         return {
             "model": self._snapshot,
             "args": self._example_args,
+            "kwargs": self._example_kwargs,
             "values": dict(values),
             "threads": int(values.get("threads", torch.get_num_threads())),
             "compile_choices": list(self.compile_choices),
@@ -1109,7 +1124,7 @@ class AstraTorch(SessionBacked):
         try:
             with torch.random.fork_rng(), torch.enable_grad():
                 torch.compile(self._plain_forward(), backend=backend, dynamic=False)(
-                    *(self._example_args or ())
+                    *(self._example_args or ()), **self._example_kwargs
                 )
         except Exception as exc:  # noqa: BLE001 - an untraceable step: the module tree decides
             log.info("the step could not be captured (%s)", exc)
