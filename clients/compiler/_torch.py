@@ -789,12 +789,14 @@ class AstraTorch(SessionBacked):
         compiled = torch.compile(self._plain_forward(), backend=backend, dynamic=False)
         buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
         started = time.perf_counter()
+        asked = False
         try:
             # A forward only, under autograd (the training graph, as a trial compiles it), with
             # the random streams and the buffers (running statistics) as they were: the probe
             # leaves no trace in training.
             with torch.random.fork_rng(), torch.enable_grad():
                 compiled(*(self._example_args or ()), **self._example_kwargs)
+            asked = True
         except Exception as exc:  # noqa: BLE001 - an untraceable step keeps its cold price
             log.info("whole-step cache probe failed (%s); the whole-step compile keeps its cold price", exc)
             backend.cold += 1
@@ -804,10 +806,12 @@ class AstraTorch(SessionBacked):
                     b.copy_(buffers[n])
         self.clock.sync()
         self.whole_probe_ms[kind] = (time.perf_counter() - started) * 1e3
-        # (a hit's ask includes the load of the compile it found: what asking costs, either way)
-        self.compile_costs.record(
-            self._hw, self.PROBE_KIND, self.whole_probe_ms[kind], backend.nodes, graph=self._cost_graph()
-        )
+        # (a hit's ask includes the load of the compile it found: what asking costs, either way;
+        # a forward that raised asked nothing, in a millisecond: not a price)
+        if asked:
+            self.compile_costs.record(
+                self._hw, self.PROBE_KIND, self.whole_probe_ms[kind], backend.nodes, graph=self._cost_graph()
+            )
         backend.cache_only = False  # from now on (a recompile for new guards), Inductor proper
         backend.deadline = self._deadline  # ... under the trial's deadline
         self._whole_nodes[kind] = backend.nodes
