@@ -23,6 +23,7 @@ from torch import fx
 
 from microco.clients.compiler.explore.types import STAGE_COMPILE, STAGE_FINE, GraphSpec, Variable
 
+from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch import hardware_id, thread_choices
 
@@ -40,7 +41,7 @@ class MicrocoBackend(SessionBacked):
         explorer: Explorer | None = None,
         *,
         name: str = "",
-        total_steps: int = 1000,
+        total_steps: int | None = None,  # None: $MICROCO_TOTAL_STEPS, else 1000 (_run_length)
         compile_choices: tuple[str, ...] = ("eager", "inductor"),
         threads: tuple[str, ...] | None = None,
         retry_every: int = 50,
@@ -50,7 +51,7 @@ class MicrocoBackend(SessionBacked):
 
             explorer = LocalExplorer.on_disk()  # this host's state: a second run starts tuned
         self.session = ExplorationSession(explorer, retry_every=retry_every)
-        self.name, self.total_steps = name, total_steps
+        self.name, self.total_steps = name, run_length(total_steps)
         self.compile_choices = compile_choices
         self.thread_values = threads if threads is not None else thread_choices()
         self.graphs = 0

@@ -48,7 +48,7 @@ def compile_in_background(payload: dict[str, Any]) -> float:
     from microco.clients.compiler._torch import AstraTorch
 
     torch.set_num_threads(int(payload.get("threads", 1)))
-    model, args = payload["model"], payload["args"]
+    model, args, kwargs = payload["model"], payload["args"], payload.get("kwargs") or {}
     astra = AstraTorch(
         model,
         _Fixed(payload["values"]),
@@ -60,7 +60,7 @@ def compile_in_background(payload: dict[str, Any]) -> float:
     t0 = time.perf_counter()
     for _ in range(2):  # the probe step (finds the regions), then one step that compiles
         with astra.step():
-            loss = _loss(model(*args))
+            loss = _loss(model(*args, **kwargs))
             if loss is not None and hasattr(loss, "backward"):
                 loss.backward()
     failed = [r.failed for r in astra.runners.values() if r.failed] + (list(astra.whole_failed.values()))

@@ -134,6 +134,14 @@ class ExplorationSession:
     def committed(self) -> bool:
         return bool(self.current and self.current.committed)
 
+    @property
+    def settled(self) -> bool:
+        """Committed, with nothing left to tell the explorer: no run-start report of the commit
+        pending (``_warm_report``) and the explorer not lost (a lost one is registered again).
+        From here on the explorer hands this process nothing else, and ``record`` does nothing
+        but count the step."""
+        return self.committed and not self.lost and not self._warm_report
+
     def register(self, spec: GraphSpec) -> Config:
         self.spec = spec
         cfg = self._accept(self._call_register())

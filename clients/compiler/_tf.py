@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from microco.clients.compiler.explore.types import STAGE_STRUCTURE, GraphSpec, Variable
 
+from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._tf_cost import XlaCostModel, default_cost_file, step_hlo_profile, unrolled_hlo_profile
 from ._tf_graph import CellGraph, analyse_model, require_structure
@@ -174,7 +175,7 @@ class AstraTF(SessionBacked):
         explorer: Explorer | None = None,
         *,
         name: str = "",
-        total_steps: int = 1000,
+        total_steps: int | None = None,  # None: $MICROCO_TOTAL_STEPS, else 1000 (_run_length)
         xla: bool = True,
         retry_every: int = 50,
         cost_model: XlaCostModel | None = None,
@@ -193,7 +194,7 @@ class AstraTF(SessionBacked):
             and all(hasattr(c, "zero_state") for c in cells)
         )
         self.structure = ""  # what the analysis found, or why the model is run as it is
-        self.total_steps = total_steps
+        self.total_steps = run_length(total_steps)
         self.xla = xla
         if explorer is None:
             from .explore import LocalExplorer

@@ -33,6 +33,7 @@ from ._background import BackgroundCompiler
 from ._compile_costs import HostCompileCosts, compile_deadline_ms
 from ._deadline import CompileDeadline, DeadlineTimer
 from ._guard import StepSnapshot
+from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
 from ._torch_cache import WholeStepBackend
@@ -264,7 +265,7 @@ class AstraTorch(SessionBacked):
         explorer: Explorer | None = None,  # None: the exploration core in-process
         *,
         name: str = "",
-        total_steps: int = 1000,
+        total_steps: int | None = None,  # None: $MICROCO_TOTAL_STEPS, else 1000 (_run_length)
         compile_choices: tuple[str, ...] | None = None,
         threads: tuple[str, ...] | None = None,
         retry_every: int = 50,
@@ -281,7 +282,7 @@ class AstraTorch(SessionBacked):
         self._recorded_regions: set[int] = set()
         self._graph_rewrites = -1  # products dynamo's captured step offers the passes (-1: not asked)
         self.name = name or type(model).__name__
-        self.total_steps = total_steps
+        self.total_steps = run_length(total_steps)
         self.clock = _StepClock()
         gpu = torch.cuda.is_available()
         if compile_choices is None:
@@ -311,6 +312,10 @@ class AstraTorch(SessionBacked):
         self.session = ExplorationSession(explorer, retry_every=retry_every, warmer=self.background)
         self._snapshot: nn.Module | None = None
         self._example_args: tuple[Any, ...] | None = None
+        # ... and its keyword arguments (a Hugging Face model is called ``model(input_ids=...)``:
+        # until the third session of 2026-12-02 the probe called such a forward without them,
+        # and Inductor's cache, asked about another graph, answered cold)
+        self._example_kwargs: dict[str, Any] = {}
         self._whole_built: set[str] = set()  # whole-step kinds compiled in this process
         # A trial's in-line whole-step compile runs under a deadline (``_deadline``, session 11).
         self._deadline = DeadlineTimer()
@@ -365,6 +370,10 @@ class AstraTorch(SessionBacked):
         self._stop_listening: Callable[[], None] | None = None
         self._deferred: float | None = None  # a finished step waiting for its record (guard ms)
         self._stream_unused = False  # a stream that ended no step: timed alone from then on
+        # Committed to the model's own code (every variable but the thread count at its
+        # baseline) with nothing left to report: each step calls the user's code directly,
+        # with the committed thread count around it and nothing else (issue 18; see _go_direct).
+        self.direct = False
 
     # -- public
     def spec(self) -> GraphSpec | None:
@@ -384,6 +393,14 @@ class AstraTorch(SessionBacked):
         gradients, buffers, optimiser state, random streams as before the step) and marked
         failed; since Python cannot run a ``with`` body twice, that mini-batch is then skipped
         (``skipped_steps``). :meth:`run` / :meth:`wrap` repeat it instead."""
+        if self.direct:
+            user = self._direct_threads()
+            try:
+                yield
+            finally:
+                if user is not None:
+                    torch.set_num_threads(user)
+            return
         self._before()
         try:
             yield
@@ -405,6 +422,14 @@ class AstraTorch(SessionBacked):
         ran a step without failing (or plain eager): the loss curve is the one of a run without
         the compiler. ``fn`` should change nothing but the model and its optimisers (what is
         rolled back), e.g. not append to a list before it fails."""
+        if self.direct:
+            user = self._direct_threads()
+            if user is None:
+                return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                torch.set_num_threads(user)
         while True:
             self._before()
             try:
@@ -439,6 +464,50 @@ class AstraTorch(SessionBacked):
             self._guard_hook = None
         if self.background is not None:
             self.background.close()
+
+    # -- the committed model's own code: the user's step, called directly
+    def _direct_threads(self) -> int | None:
+        """Set the committed thread count for a direct step; the user's count to restore after
+        it (None: nothing was changed)."""
+        threads = self._threads
+        if threads is None:
+            return None
+        user = torch.get_num_threads()
+        if user == threads:
+            return None
+        torch.set_num_threads(threads)
+        return user
+
+    def _runs_own_code(self) -> bool:
+        """Is the configuration in force for good, and is it the model's own code (nothing but
+        a thread count chosen)? Then the wrapper has nothing to do in a step but set threads."""
+        return (
+            self.session.settled
+            and self._repeat is None
+            and self._probe_calls is None
+            and self._deferred is None
+            and self._whole_kind is None
+            and not self._risky(self._applied)
+        )
+
+    def _go_direct(self) -> None:
+        """From now on each step calls the user's code directly (issue 18: the wrapper cost
+        every step its bookkeeping once the exploration had committed plain eager code). Its
+        instrumentation comes off: the model's guard hook, the cells' runners (their forwards
+        back to the cells' own), the telemetry subscription (no regions to add, no trial to
+        record). The explorer hands a settled session nothing else in this process."""
+        self._disarm_deadline()
+        if self._stop_listening is not None:
+            self._stop_listening()
+            self._stop_listening, self._stream = None, None
+        for r in self.runners.values():
+            r.restore()
+        if self._guard_hook is not None:
+            self._guard_hook.remove()
+            self._guard_hook = None
+        if self.background is not None:
+            self.background.close()
+        self.direct = True
 
     # -- per step
     def _use_stream(self) -> None:
@@ -558,6 +627,8 @@ class AstraTorch(SessionBacked):
         new = self.session.record(ms if ok else float("nan"), region_ms, failed, built)
         if new is not None:
             self._apply(new)
+        if self._runs_own_code():
+            self._go_direct()
 
     # -- discovery
     def _start_probe(self) -> None:
@@ -569,15 +640,25 @@ class AstraTorch(SessionBacked):
             n = names[mod]
             calls[n] = calls.get(n, 0) + 1
 
-        def shapes(mod: nn.Module, args: Any) -> None:
-            self._input_shapes = ";".join(
+        def shapes(mod: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+            sig = [
                 f"{tuple(a.shape)}:{a.dtype}" for a in tfx.flatten_args(args) if isinstance(a, torch.Tensor)
-            )
+            ]
+            sig += [  # keyword inputs by name (none: the key as before)
+                f"{k}={tuple(a.shape)}:{a.dtype}"
+                for k, v in sorted(kwargs.items())
+                for a in tfx.flatten_args((v,))
+                if isinstance(a, torch.Tensor)
+            ]
+            self._input_shapes = ";".join(sig)
             if self.background is not None or "inductor" in self.compile_choices:
                 # inputs of these shapes: for the background compiles, and the cache probe
-                self._example_args = tuple(
-                    a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args
-                )
+
+                def keep(a: Any) -> Any:
+                    return a.detach().clone() if isinstance(a, torch.Tensor) else a
+
+                self._example_args = tuple(keep(a) for a in args)
+                self._example_kwargs = {k: keep(v) for k, v in kwargs.items()}
 
         if self.background is not None and self._background_auto and not spare_core():
             # Measured on the oversubscribed 2-core machine: a compile worker either slows the
@@ -588,7 +669,7 @@ class AstraTorch(SessionBacked):
             self._snapshot = self._take_snapshot()
 
         self._hooks = [m.register_forward_pre_hook(count) for n, m in self.model.named_modules() if n]
-        self._hooks.append(self.model.register_forward_pre_hook(shapes))
+        self._hooks.append(self.model.register_forward_pre_hook(shapes, with_kwargs=True))
 
     def _finish_probe(self, step_ms: float) -> None:
         calls, self._probe_calls = self._probe_calls or {}, None
@@ -671,11 +752,25 @@ class AstraTorch(SessionBacked):
     # a 16-step loop (18 ms a step, 5.4 s in all) spent 20 s in the capture and two cache asks,
     # for a compile that could never pay back; the target is to stay within 5% of eager.
     CACHE_PROBE_SHARE = 0.05
+    # What each ask cost is kept in this host's record (``HostCompileCosts``) under its own
+    # family, so that no compile is priced by an ask's per-node rate (``_other_kinds_estimate``).
+    PROBE_KIND = "probe:torch:whole"
 
     def _worth_cache_probe(self, step_ms: float) -> bool:
         if "inductor" not in self.compile_choices or self._example_args is None or self.WHOLE_COMPILE_BACKEND:
             return False  # (another whole-step backend than Inductor: no Inductor cache to ask)
-        return self.total_steps * step_ms * self.CACHE_PROBE_SHARE > self.WHOLE_WARM_PRIOR_MS
+        return self.total_steps * step_ms * self.CACHE_PROBE_SHARE > self._probe_price_ms()
+
+    def _probe_price_ms(self) -> float:
+        """What asking Inductor's caches for the whole step costs on this host (issue 18, third
+        session of 2026-12-02): this graph's asks measured here, else the median of every ask
+        measured here, both at today's load; else ``WHOLE_WARM_PRIOR_MS``. With the flat 3 s a run
+        of 5,000 steps of 10 ms never asked, and hf-bert's and tv-vit-tiny's whole steps, in the
+        caches and paying at 5,000 steps, were priced cold and not tried."""
+        own = self.compile_costs.estimate(self._hw, self.PROBE_KIND, graph=self._cost_graph())
+        if own is None:
+            own = self.compile_costs.estimate(self._hw, self.PROBE_KIND)
+        return own if own is not None else self.WHOLE_WARM_PRIOR_MS
 
     def _worth_graph_capture(self, step_ms: float) -> bool:
         """Is a whole-step compile in the space, and is the run long enough to afford the trace?"""
@@ -694,12 +789,14 @@ class AstraTorch(SessionBacked):
         compiled = torch.compile(self._plain_forward(), backend=backend, dynamic=False)
         buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
         started = time.perf_counter()
+        asked = False
         try:
             # A forward only, under autograd (the training graph, as a trial compiles it), with
             # the random streams and the buffers (running statistics) as they were: the probe
             # leaves no trace in training.
             with torch.random.fork_rng(), torch.enable_grad():
-                compiled(*(self._example_args or ()))
+                compiled(*(self._example_args or ()), **self._example_kwargs)
+            asked = True
         except Exception as exc:  # noqa: BLE001 - an untraceable step keeps its cold price
             log.info("whole-step cache probe failed (%s); the whole-step compile keeps its cold price", exc)
             backend.cold += 1
@@ -709,6 +806,12 @@ class AstraTorch(SessionBacked):
                     b.copy_(buffers[n])
         self.clock.sync()
         self.whole_probe_ms[kind] = (time.perf_counter() - started) * 1e3
+        # (a hit's ask includes the load of the compile it found: what asking costs, either way;
+        # a forward that raised asked nothing, in a millisecond: not a price)
+        if asked:
+            self.compile_costs.record(
+                self._hw, self.PROBE_KIND, self.whole_probe_ms[kind], backend.nodes, graph=self._cost_graph()
+            )
         backend.cache_only = False  # from now on (a recompile for new guards), Inductor proper
         backend.deadline = self._deadline  # ... under the trial's deadline
         self._whole_nodes[kind] = backend.nodes
@@ -746,6 +849,7 @@ class AstraTorch(SessionBacked):
         return {
             "model": self._snapshot,
             "args": self._example_args,
+            "kwargs": self._example_kwargs,
             "values": dict(values),
             "threads": int(values.get("threads", torch.get_num_threads())),
             "compile_choices": list(self.compile_choices),
@@ -1024,7 +1128,7 @@ class AstraTorch(SessionBacked):
         try:
             with torch.random.fork_rng(), torch.enable_grad():
                 torch.compile(self._plain_forward(), backend=backend, dynamic=False)(
-                    *(self._example_args or ())
+                    *(self._example_args or ()), **self._example_kwargs
                 )
         except Exception as exc:  # noqa: BLE001 - an untraceable step: the module tree decides
             log.info("the step could not be captured (%s)", exc)

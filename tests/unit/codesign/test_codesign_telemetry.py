@@ -121,8 +121,11 @@ def test_three_libraries_in_one_loop_measure_each_step_once(tmp_path, read_ahead
     for (_read, compute), rec in zip(meter, records, strict=True):
         assert compute == rec.compute_s
     assert loader.stats.compute_s == pytest.approx(sum(r.compute_s for r in records))
-    assert len(astra_ms) == steps - 1  # (the first step is the wrapper's probe)
-    for args, rec, guard in zip(astra_ms, records[1:], guard_ms[1:], strict=True):
+    # Every step is recorded (the first is the wrapper's probe) until the exploration commits
+    # the model's own code; from then on the wrapper calls the step directly, records nothing.
+    recorded = len(astra_ms)
+    assert recorded == steps - 1 or astra.direct and 1 <= recorded < steps - 1
+    for args, rec, guard in zip(astra_ms, records[1 : recorded + 1], guard_ms[1:], strict=True):
         assert args[0] == pytest.approx(rec.compute_s * 1e3 + guard, abs=1e-6)
     # The compiler's regions are in the stream's records (the LSTM cell runs as a region).
     assert any(r.regions_s for r in records[1:])

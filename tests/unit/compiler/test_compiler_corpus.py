@@ -45,6 +45,7 @@ def test_corpus_case_reports_every_field_and_never_stops():
         )
         assert r["explored_for"] == 40  # one exploration, told 40 steps
     assert 0 < m["explore_steps"] <= 40
+    assert m["explored"]["40"]["wrapper_us"] >= 0  # the committed wrapper's own cost per step
     # The second run over the same on-disk state starts from the commit: no exploration.
     assert m["rerun"]["committed_at_start"] and m["rerun"]["explore_steps"] == 0
 

@@ -110,6 +110,31 @@ def test_the_wrapper_offers_the_rewritten_step_for_a_loop_inside_forward_and_it_
     torch._dynamo.reset()
 
 
+class KeywordHighway(HighwayLoop):
+    """Called with keyword arguments only, as Hugging Face models are (``model(input_ids=...)``)."""
+
+    def forward(self, *, seq: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(seq)
+
+
+def test_a_model_called_with_keywords_is_captured_with_its_keyword_inputs(monkeypatch):
+    """The probe step keeps the forward's keyword inputs too: the graph capture (and the cache
+    probe, which calls the same forward) ran such a forward without them, found no graph, and
+    asked Inductor's cache about a graph that was not the step's (hf-bert, hf-t5: cold)."""
+    monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", "aot_eager")  # no Inductor cache probe
+    torch._dynamo.reset()
+    model = KeywordHighway(6, 8, 3)
+    astra = AstraTorch(model, FixedExplorer(), threads=("1",), total_steps=10**6, background=False)
+    x, y = torch.randn(4, 3, 6), torch.randint(0, 3, (4,))
+    with astra.step():
+        nn.functional.cross_entropy(model(seq=x), y).backward()
+    assert set(astra._example_kwargs) == {"seq"} and astra._example_args == ()
+    assert "seq=(4, 3, 6)" in astra._input_shapes  # the key sees the keyword input's shape
+    assert astra._graph_rewrites > 0  # captured with its input: the step's products found
+    astra.restore()
+    torch._dynamo.reset()
+
+
 class LinearLoop(nn.Module):
     """The time loop inside forward over nn.Linear layers: each layer is called once per step."""
 

@@ -115,6 +115,10 @@ def test_astra_prices_the_whole_step_by_the_probe_and_keys_ignore_priors(
     assert cold_astra.whole_cache["plain"] == "cold"
     assert not cold_var.prior_calibrated
     assert cold_var.compile_prior_ms == AstraTorch.WHOLE_COMPILE_PRIOR_MS  # nothing measured on this host
+    # What each ask cost is kept on this host: the next run's gate prices its ask by them.
+    asks = cold_astra.compile_costs.measurements(cold_astra._hw, AstraTorch.PROBE_KIND)
+    assert len(asks) == len(cold_astra.whole_probe_ms) >= 1
+    assert cold_astra._probe_price_ms() != AstraTorch.WHOLE_WARM_PRIOR_MS
     cold_astra.restore()
 
     _fill(fresh_inductor_cache, compiled_gru_cache)  # as torch.compile of the same step leaves it

@@ -1,0 +1,133 @@
+"""Issue 18: the exploration knows how long the run is. A compile that repays its price only
+over 5,000 steps is tried and committed in a run that long, and not in one of 300 or 1,000;
+the length comes from the wrapper's ``total_steps``, else the job's ``$MICROCO_TOTAL_STEPS``.
+Priced inputs and a fake clock: no compile, no timing."""
+
+from __future__ import annotations
+
+import pytest
+
+from microco.clients.compiler import ExplorationSession
+from microco.clients.compiler._run_length import DEFAULT_TOTAL_STEPS, ENV_TOTAL_STEPS, run_length
+from microco.clients.compiler._session import compiled_choices
+from microco.clients.compiler.explore import (
+    STAGE_COMPILE,
+    STAGE_STRUCTURE,
+    ExplorationPolicy,
+    GraphSpec,
+    LocalExplorer,
+    Variable,
+)
+
+BASE_MS, COMPILED_MS, COMPILE_MS = 30.0, 15.0, 20_000.0  # a 20 s compile that halves the step
+
+
+def _spec(total_steps: int) -> GraphSpec:
+    return GraphSpec(
+        fingerprint="run-length",
+        input_shapes="(16, 16, 32)",
+        hardware="cpu",
+        variables=(
+            Variable("threads", ("1",), "", STAGE_STRUCTURE),
+            Variable(
+                "model.compile",
+                ("eager", "inductor"),
+                "",
+                STAGE_COMPILE,
+                compiles=True,
+                compile_prior_ms=COMPILE_MS,  # as this host measured it
+                prior_calibrated=True,
+            ),
+        ),
+        total_steps=total_steps,
+    )
+
+
+def _run(n: int) -> tuple[float, bool, ExplorationSession]:
+    """A run of ``n`` steps: its total (ms, the compile included) and whether it compiled."""
+    spec = _spec(n)
+    s = ExplorationSession(LocalExplorer(policy=ExplorationPolicy()))
+    s.register(spec)
+    compiled, total = False, 0.0
+    for _ in range(n):
+        on = bool(compiled_choices(spec, s.values))
+        ms = COMPILED_MS if on else BASE_MS
+        first = on and not compiled
+        if first:
+            ms += COMPILE_MS
+            compiled = True
+        total += ms
+        s.record(ms, {}, may_compile=first)
+    return total, compiled, s
+
+
+@pytest.mark.parametrize("n", [300, 1000])
+def test_a_compile_that_pays_only_over_5000_steps_is_not_tried_in_a_shorter_run(n):
+    # Best case over 1,000 steps: 15 s saved, half of it expected, against a 20 s compile.
+    total, compiled, s = _run(n)
+    assert s.committed and not compiled
+    assert s.values["model.compile"] == "eager"
+    assert total <= 1.05 * n * BASE_MS
+
+
+def test_a_compile_that_pays_over_5000_steps_is_tried_and_committed_in_a_run_that_long():
+    total, compiled, s = _run(5000)
+    assert compiled and s.committed and s.values["model.compile"] == "inductor"
+    eager, static = 5000 * BASE_MS, COMPILE_MS + 5000 * COMPILED_MS
+    assert total < eager and total <= 1.05 * static, (total, eager, static)
+
+
+def test_the_run_length_is_said_by_the_wrapper_else_the_jobs_environment(monkeypatch):
+    monkeypatch.delenv(ENV_TOTAL_STEPS, raising=False)
+    assert run_length() == DEFAULT_TOTAL_STEPS
+    monkeypatch.setenv(ENV_TOTAL_STEPS, "5000")
+    assert run_length() == 5000
+    assert run_length(300) == 300  # the wrapper's argument wins
+    for bad in ("-1", "0", "lots", "1e4"):
+        monkeypatch.setenv(ENV_TOTAL_STEPS, bad)
+        with pytest.raises(ValueError, match=ENV_TOTAL_STEPS):
+            run_length()
+    with pytest.raises(ValueError, match="total_steps"):
+        run_length(0)
+
+
+def test_every_wrapper_takes_the_run_length_from_the_environment(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from microco.clients.compiler import MicrocoBackend
+    from microco.clients.compiler._torch import AstraTorch
+
+    monkeypatch.setenv(ENV_TOTAL_STEPS, "5000")
+    explorer = LocalExplorer()
+    astra = AstraTorch(torch.nn.Linear(2, 2), explorer, background=False)
+    assert astra.total_steps == 5000
+    assert AstraTorch(torch.nn.Linear(2, 2), explorer, total_steps=300, background=False).total_steps == 300
+    assert MicrocoBackend(explorer).total_steps == 5000
+    astra.restore()
+
+
+def test_a_long_run_asks_inductors_cache_at_what_asking_cost_on_this_host(tmp_path):
+    """The cache probe (a dynamo trace and a lookup) runs where 5% of the run's eager time repays
+    it: priced by the asks measured on this host (this graph's, else any graph's), else 3 s."""
+    torch = pytest.importorskip("torch")
+    from microco.clients.compiler._compile_costs import HostCompileCosts
+    from microco.clients.compiler._torch import AstraTorch
+
+    costs = HostCompileCosts(tmp_path / "costs.json")
+
+    def astra(n):
+        a = AstraTorch(
+            torch.nn.Linear(2, 2), LocalExplorer(), total_steps=n, compile_costs=costs, background=False
+        )
+        a._example_args, a._input_shapes = (torch.randn(4, 2),), "(4, 2):torch.float32"
+        return a
+
+    step_ms = 10.0  # 5,000 steps: 50 s of eager, 2.5 s for the ask
+    assert not astra(5000)._worth_cache_probe(step_ms)  # nothing measured: the 3 s prior
+    for ms in (900.0, 1400.0):  # asks of other graphs measured here
+        costs.record(astra(1)._hw, AstraTorch.PROBE_KIND, ms, graph="another graph")
+    assert astra(5000)._probe_price_ms() == pytest.approx(1150.0)
+    assert astra(5000)._worth_cache_probe(step_ms)
+    assert not astra(300)._worth_cache_probe(step_ms)  # 150 ms of the run's time: never
+    a = astra(5000)
+    costs.record(a._hw, AstraTorch.PROBE_KIND, 4000.0, graph=a._cost_graph())  # this graph's own
+    assert not a._worth_cache_probe(step_ms)
