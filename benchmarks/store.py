@@ -372,10 +372,10 @@ class _SparkSession:
             finally:
                 self._forked.set()
 
-        gateway.Popen = popen_then_signal
+        gateway.Popen = popen_then_signal  # type: ignore[misc,assignment]
         try:
             _log("starting PySpark local[2] (in the background)")
-            spark = (
+            builder = (
                 SparkSession.builder.master("local[2]")
                 .appName("microco-bench-store")
                 .config("spark.ui.enabled", "false")
@@ -384,10 +384,10 @@ class _SparkSession:
                 .config("spark.driver.memory", "4g")
             )
             if self.small:
-                spark = spark.config(
+                builder = builder.config(
                     "spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
                 )
-            spark = spark.getOrCreate()
+            spark = builder.getOrCreate()
             spark.sparkContext.setLogLevel("ERROR")
             self.spark = spark
             for f in sorted(self.data.glob("*.parquet")):
@@ -400,7 +400,7 @@ class _SparkSession:
         except BaseException as exc:  # noqa: BLE001 - reported in the JSON
             self.error = exc
         finally:
-            gateway.Popen = popen
+            gateway.Popen = popen  # type: ignore[misc]
             self._forked.set()
 
     def ready(self) -> bool:

@@ -559,13 +559,14 @@ def _semi_joins(
                             "conds": [_unqualify(x).sql(DIALECT) for x in ft.conds],
                         }
                     )
-    first = {c["keys_from"] for c in cands}
-    out, seen = [], set()
-    for c in cands:
-        k = (c["table"], c["column"], c["keys_from"], c["key_column"])
-        if c["table"] not in first and k not in seen:
+    first = {sj["keys_from"] for sj in cands}
+    out: list[dict[str, Any]] = []
+    seen = set()
+    for sj in cands:
+        k = (sj["table"], sj["column"], sj["keys_from"], sj["key_column"])
+        if sj["table"] not in first and k not in seen:
             seen.add(k)
-            out.append(c)
+            out.append(sj)
     return out
 
 
