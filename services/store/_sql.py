@@ -515,58 +515,117 @@ def _semi_joins(
     """Semi-join reductions for a gather: ``T.a = S.b`` a conjunct (WHERE, or an inner join's ON)
     of the SELECT whose FROM has both ``T`` and ``S`` directly, both referenced once in the query
     (so the gathered ``T`` feeds only that SELECT), ``S`` with filters of its own and at most
-    ``SEMI_JOIN_SHARE`` of ``T``'s bytes, ``T`` at least ``SEMI_JOIN_MIN_BYTES``. Then a row of
-    ``T`` whose ``a`` is not among the ``b`` of ``S``'s filtered rows joins no row of ``S``, so
-    the inner join drops it anyway (NULL keys too): exact. ``S`` is read first and is itself not
-    reduced (one level)."""
+    ``SEMI_JOIN_SHARE`` of ``T``'s bytes, ``T`` at least ``min_bytes``. Then a row of ``T`` whose
+    ``a`` is not among the ``b`` of ``S``'s filtered rows joins no row of ``S``, so the inner join
+    drops it anyway (NULL keys too): exact. ``S`` is read first and is itself not reduced (one
+    level). Once some ``S`` is read first (its round trip paid), every other table joined to it
+    that way takes its keys too, whatever their sizes."""
+    cands = _semi_pairs(facts, colsets, min_bytes, SEMI_JOIN_SHARE, None)
+    first = {sj["keys_from"] for sj in cands}
+    kept = [sj for sj in cands if sj["table"] not in first]
+    if kept:
+        first = {sj["keys_from"] for sj in kept}
+        more = _semi_pairs(facts, colsets, 0.0, float("inf"), first)
+        kept += [sj for sj in more if sj["table"] not in first]
+    out: list[dict[str, Any]] = []
+    seen = set()
+    for sj in kept:
+        k = (sj["table"], sj["column"], sj["keys_from"], sj["key_column"])
+        if k not in seen:
+            seen.add(k)
+            out.append(sj)
+    return out
+
+
+def _semi_pairs(
+    facts: dict[str, _Gathered],
+    colsets: dict[str, set[str]],
+    min_bytes: float,
+    share: float,
+    sources: set[str] | None,
+) -> list[dict[str, Any]]:
+    """Every ``T.a = S.b`` pair of ``_semi_joins``: ``T`` at least ``min_bytes``, ``S`` filtered,
+    at most ``share`` of ``T``'s bytes and (when ``sources`` is given) among those tables. The
+    equality may be a chain of the SELECT's column equalities (``ps_partkey = l_partkey and
+    l_partkey = p_partkey``: every joined row has ``ps_partkey = p_partkey``) when every column of
+    the chain belongs to a table referenced once and all have one type (so no cast in between)."""
     cands: list[dict[str, Any]] = []
     for tname, ft in facts.items():
         sel = _scope(ft.ref)
         if sel is None or ft.bytes < min_bytes:
             continue
-        where = sel.args.get("where")
-        conj = _conjuncts(where.this if where else None)
-        for j in sel.args.get("joins") or []:
-            conj += _conjuncts(j.args.get("on"))
-        for c in conj:
-            if not (
-                isinstance(c, exp.EQ)
-                and isinstance(c.this, exp.Column)
-                and isinstance(c.expression, exp.Column)
+        for a, sname, b in _equal_columns(facts, colsets, sel).get(tname, []):
+            fs = facts[sname]
+            if (
+                sname == tname
+                or not fs.conds
+                or (sources is not None and fs.t.name not in sources)
+                or fs.bytes > share * ft.bytes
             ):
                 continue
-            for mine, theirs in ((c.this, c.expression), (c.expression, c.this)):
-                if not _owned(mine, ft.ref.alias_or_name, colsets[tname], ft.others):
+            cands.append(
+                {
+                    "table": ft.t.name,
+                    "column": a,
+                    "keys_from": fs.t.name,
+                    "key_column": b,
+                    "cols": ft.cols,
+                    "conds": [_unqualify(x).sql(DIALECT) for x in ft.conds],
+                }
+            )
+    return cands
+
+
+def _equal_columns(
+    facts: dict[str, _Gathered], colsets: dict[str, set[str]], sel: exp.Select
+) -> dict[str, list[tuple[str, str, str]]]:
+    """For each table referenced once directly in ``sel``'s FROM: ``(its column a, other table,
+    its column b)`` with ``a = b`` implied by ``sel``'s column equalities (WHERE and inner joins'
+    ON), directly or through a chain of columns of such tables, all of one type."""
+    where = sel.args.get("where")
+    conj = _conjuncts(where.this if where else None)
+    for j in sel.args.get("joins") or []:
+        conj += _conjuncts(j.args.get("on"))
+    here = {n: f for n, f in facts.items() if _scope(f.ref) is sel}
+
+    def owner(col: exp.Column) -> tuple[str, str] | None:
+        for n, f in here.items():
+            if _owned(col, f.ref.alias_or_name, colsets[n], f.others):
+                return n, next(c for c in f.t.schema.names if c.lower() == col.name.lower())
+        return None
+
+    parent: dict[Any, Any] = {}
+
+    def find(x: Any) -> Any:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    direct: set[frozenset[Any]] = set()
+    for c in conj:
+        if not (
+            isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)
+        ):
+            continue
+        x, y = owner(c.this), owner(c.expression)
+        kx = x if x is not None else ("?", c.this.sql(DIALECT))
+        ky = y if y is not None else ("?", c.expression.sql(DIALECT))
+        parent[find(kx)] = find(ky)
+        if x is not None and y is not None:
+            direct.add(frozenset((x, y)))
+    classes: dict[Any, list[Any]] = defaultdict(list)
+    for k in list(parent):
+        classes[find(k)].append(k)
+    out: dict[str, list[tuple[str, str, str]]] = defaultdict(list)
+    for members in classes.values():
+        typed = {here[m[0]].t.schema.field(m[1]).type for m in members if m[0] != "?"}
+        chain_ok = all(m[0] != "?" for m in members) and len(typed) == 1
+        for x in members:
+            for y in members:
+                if x == y or x[0] == "?" or y[0] == "?" or x[0] == y[0]:
                     continue
-                for sname, fs in facts.items():
-                    if (
-                        sname == tname
-                        or not fs.conds
-                        or fs.bytes > SEMI_JOIN_SHARE * ft.bytes
-                        or _scope(fs.ref) is not sel
-                        or not _owned(theirs, fs.ref.alias_or_name, colsets[sname], fs.others)
-                    ):
-                        continue
-                    a = next(n for n in ft.t.schema.names if n.lower() == mine.name.lower())
-                    b = next(n for n in fs.t.schema.names if n.lower() == theirs.name.lower())
-                    cands.append(
-                        {
-                            "table": ft.t.name,
-                            "column": a,
-                            "keys_from": fs.t.name,
-                            "key_column": b,
-                            "cols": ft.cols,
-                            "conds": [_unqualify(x).sql(DIALECT) for x in ft.conds],
-                        }
-                    )
-    first = {sj["keys_from"] for sj in cands}
-    out: list[dict[str, Any]] = []
-    seen = set()
-    for sj in cands:
-        k = (sj["table"], sj["column"], sj["keys_from"], sj["key_column"])
-        if sj["table"] not in first and k not in seen:
-            seen.add(k)
-            out.append(sj)
+                if chain_ok or frozenset((x, y)) in direct:
+                    out[x[0]].append((x[1], y[0], y[1]))
     return out
 
 

@@ -291,19 +291,23 @@ def test_semi_joins_filter_big_gathered_tables_by_their_partners_keys(store, duc
     from microco.services.store import _sql
 
     core, _ = store
-    monkeypatch.setattr(core, "sql_semi_join_bytes", 1.0)
-    monkeypatch.setattr(_sql, "SEMI_JOIN_SHARE", 1e9)
 
     def semi(plan):
         return {(s["table"], s["column"], s["keys_from"]) for s in plan.semi}
 
-    # Q9: lineitem by the keys of the filtered part (p_name), fetched whole; here a p_name no part
-    # has: an empty key set answers the empty join
+    # Q9 (lineitem ~4 MB here, over a 1 MB threshold): lineitem by the keys of the filtered part
+    # (p_name); then, part's round trip paid, partsupp by them too, through the chain
+    # ps_partkey = l_partkey = p_partkey; fetched whole
+    monkeypatch.setattr(core, "sql_semi_join_bytes", 1e6)
+    plan = check(core, duck, f"/* semi */ {QUERIES[9]}")
+    assert semi(plan) == {("lineitem", "l_partkey", "part"), ("partsupp", "ps_partkey", "part")}
+    assert not plan.streams_merge and "first stage" in plan.timings
+    assert "semi-join run: partsupp.ps_partkey IN" in plan.explain_text()
+    # an empty key set answers the empty join
     plan = check(core, duck, "/* semi empty */ " + QUERIES[9].replace("%green%", "%no such part%"))
-    assert ("lineitem", "l_partkey", "part") in semi(plan) and not plan.streams_merge
-    assert (
-        "first stage" in plan.timings and "semi-join run: lineitem.l_partkey IN 0 keys" in plan.explain_text()
-    )
+    assert "semi-join run: lineitem.l_partkey IN 0 keys" in plan.explain_text()
+    monkeypatch.setattr(core, "sql_semi_join_bytes", 1.0)
+    monkeypatch.setattr(_sql, "SEMI_JOIN_SHARE", 1e9)
     # a table used twice (Q17's lineitem) feeds other references: never reduced
     assert not any(t == "lineitem" for t, _, _ in semi(core.explain_sql(f"/* semi */ {QUERIES[17]}")))
     # Q8, its inputs streamed into DuckDB: lineitem by part (p_type) and orders (o_orderdate) keys
