@@ -121,6 +121,27 @@ def queries(client: Any) -> list[dict[str, Any]]:
             "sql": "select o_orderpriority, sum(l_quantity) qty from orders join lineitem on o_orderkey = l_orderkey "
             "group by o_orderpriority",
         },
+        # filters on a replica's partition column: the matching replica reads the partitions the
+        # filter leaves (pruning), another replica scans everything and filters ("shuffle_s" is
+        # then that plan: a scan of a replica not partitioned on the column)
+        {
+            "name": "orders_filter_orderdate_1995",
+            "kind": "filter",
+            "frame": o.filter("o_orderdate", ">=", "1995-01-01")
+            .filter("o_orderdate", "<", "1996-01-01")
+            .group_by("o_orderpriority")
+            .agg(n=("count", "*"), total=("sum", "o_totalprice")),
+            "shuffle_replica": 0,
+            "sql": "select o_orderpriority, count(*) n, sum(o_totalprice) total from orders "
+            "where o_orderdate >= date '1995-01-01' and o_orderdate < date '1996-01-01' group by o_orderpriority",
+        },
+        {
+            "name": "lineitem_filter_partkey",
+            "kind": "filter",
+            "frame": li.filter("l_partkey", "=", 1234).select("l_orderkey", "l_quantity", "l_extendedprice"),
+            "shuffle_replica": 0,
+            "sql": "select l_orderkey, l_quantity, l_extendedprice from lineitem where l_partkey = 1234",
+        },
     ]
 
 
@@ -281,6 +302,33 @@ def _time(fn: Any, repeat: int) -> tuple[float, Any]:
     return best, out
 
 
+def _interleaved(fns: list[Any], repeat: int, client: Any) -> list[tuple[float, Any, dict[str, Any]]]:
+    """Each of ``fns`` warmed up once, then ``repeat`` rounds, each running every one of them
+    once in a rotating order; per function the best time, its last result, and the client's plan
+    of its last run (``{}`` for a function that is not the store's)."""
+    n = len(fns)
+    best = [float("inf")] * n
+    outs: list[Any] = [None] * n
+    plans: list[dict[str, Any]] = [{} for _ in range(n)]
+
+    def run(i: int) -> float:
+        before = client.last_plan
+        t0 = time.perf_counter()
+        outs[i] = fns[i]()
+        took = time.perf_counter() - t0
+        if client.last_plan is not before:
+            plans[i] = dict(client.last_plan)
+        return took
+
+    if WARM:
+        for i in range(n):
+            run(i)
+    for k in range(max(1, repeat)):
+        for i in [(k + j) % n for j in range(n)]:
+            best[i] = min(best[i], run(i))
+    return [(best[i], outs[i], plans[i]) for i in range(n)]
+
+
 WARM_UP_SQL = (
     "select o_orderpriority, sum(l_quantity) qty from orders join lineitem on o_orderkey = l_orderkey "
     "group by o_orderpriority"
@@ -324,10 +372,10 @@ class _SparkSession:
             finally:
                 self._forked.set()
 
-        gateway.Popen = popen_then_signal
+        gateway.Popen = popen_then_signal  # type: ignore[misc,assignment]
         try:
             _log("starting PySpark local[2] (in the background)")
-            spark = (
+            builder = (
                 SparkSession.builder.master("local[2]")
                 .appName("microco-bench-store")
                 .config("spark.ui.enabled", "false")
@@ -336,10 +384,10 @@ class _SparkSession:
                 .config("spark.driver.memory", "4g")
             )
             if self.small:
-                spark = spark.config(
+                builder = builder.config(
                     "spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
                 )
-            spark = spark.getOrCreate()
+            spark = builder.getOrCreate()
             spark.sparkContext.setLogLevel("ERROR")
             self.spark = spark
             for f in sorted(self.data.glob("*.parquet")):
@@ -352,7 +400,7 @@ class _SparkSession:
         except BaseException as exc:  # noqa: BLE001 - reported in the JSON
             self.error = exc
         finally:
-            gateway.Popen = popen
+            gateway.Popen = popen  # type: ignore[misc]
             self._forked.set()
 
     def ready(self) -> bool:
@@ -546,17 +594,22 @@ def main(argv: list[str] | None = None) -> int:
         con.sql("select count(*) from lineitem").fetchall()
         rows = []
         for q in [] if args.tpch_only or args.no_model_queries else qs:
-            matched_s, m = _time(lambda q=q: client.query(q["frame"]), repeat)
-            matched_plan = dict(client.last_plan)
-            shuffle_s, s = _time(
-                lambda q=q: client.query(q["frame"].on_replica(q["shuffle_replica"])), repeat
+            # the three interleaved, a trial each in turn, in a rotating order (best of
+            # ``repeat`` each): all three see the same machine load
+            (matched_s, m, matched_plan), (shuffle_s, s, shuffle_plan), (duck_s, d, _) = _interleaved(
+                [
+                    lambda q=q: client.query(q["frame"]),
+                    lambda q=q: client.query(q["frame"].on_replica(q["shuffle_replica"])),
+                    lambda q=q: con.sql(q["sql"]).to_arrow_table(),
+                ],
+                repeat,
+                client,
             )
-            shuffle_plan = dict(client.last_plan)
-            duck_s, d = _time(lambda q=q: con.sql(q["sql"]).to_arrow_table(), repeat)
             same = m.num_rows == s.num_rows == d.num_rows
             rows.append(
                 {
                     "name": q["name"],
+                    "kind": q.get("kind", "group_by" if "join" not in q["name"] else "join"),
                     "matched_s": round(matched_s, 4),
                     "shuffle_s": round(shuffle_s, 4),
                     "duckdb_s": round(duck_s, 4),
@@ -662,6 +715,17 @@ def _summary(result: dict[str, Any]) -> int:
         for peer in ("duckdb_s", "spark_s"):
             if r[peer]:
                 r[f"matched_over_{peer[:-2]}"] = round(r["matched_s"] / r[peer], 2)
+    ratios = [r for r in result["queries"] if r.get("shuffle_over_matched")]
+    if ratios:
+        # matched replica vs the plan on a replica not partitioned on the key: over every query,
+        # and over the group-bys and the join alone (the partition-keyed filters prune, so
+        # their ratio is the fraction of partitions read)
+        result["queries_summary"] = {
+            "geomean_shuffle_over_matched": _geomean([r["shuffle_over_matched"] for r in ratios]),
+            "geomean_shuffle_over_matched_group_by_join": _geomean(
+                [r["shuffle_over_matched"] for r in ratios if r.get("kind") != "filter"] or [1.0]
+            ),
+        }
     ok = [r for r in result["tpch"] if r["correct"] and r["store_s"] and r["duckdb_s"]]
     if ok:
         import math

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from microco.common import identity
-from microco.common.errors import PermissionDenied, Unauthenticated
+from microco.common.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from microco.common.identity import Identity
 
 CERT_HEADER = "x-microco-cert"
@@ -223,8 +223,14 @@ def require_flight_service(context: Any, services: tuple[str, ...], what: str) -
 # get_flight_info). docs/security.md.
 
 
+# Fields of a ticket its grant does not sign: ``units`` only narrows what a node reads for the
+# ticket to some of its sources (``narrow_to_units``: a subset of what was granted), so a
+# client may cut one granted fragment into several (the Spark connector: one per partition).
+UNSIGNED = ("grant", "units")
+
+
 def _grant_message(task: dict[str, Any], caller: str, exp: str) -> bytes:
-    body = {k: v for k, v in task.items() if k != "grant"}
+    body = {k: v for k, v in task.items() if k not in UNSIGNED}
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
     return _GRANT_CONTEXT + caller.encode() + b"|" + exp.encode() + b"|" + canonical.encode()
 
@@ -244,6 +250,28 @@ def grant_ticket(ident: Identity | None, task: dict[str, Any], caller: str) -> b
         "sig": base64.b64encode(sig).decode(),
     }
     return json.dumps(task).encode()
+
+
+def narrow_to_units(task: dict[str, Any]) -> dict[str, Any]:
+    """A ``fragment`` ticket's ``units`` (``[[replica, partition], ...]``, unsigned) applied: its
+    sources cut to those of these units (none may be added). Without ``units``: as it is."""
+    units = task.pop("units", None)
+    if units is None:
+        return task
+    if (
+        task.get("op") != "fragment"
+        or not isinstance(units, list)
+        or not all(isinstance(u, list) and len(u) == 2 and all(type(x) is int for x in u) for u in units)
+    ):
+        raise InvalidArgument("ticket: 'units' must be [[replica, partition], ...] on a fragment")
+    left = task.get("left")
+    if not isinstance(left, dict) or not isinstance(left.get("sources"), list):
+        raise InvalidArgument("ticket: a fragment's 'left' must have 'sources'")
+    task["left"] = {
+        **left,
+        "sources": [s for s in left["sources"] if isinstance(s, dict) and s.get("unit") in units],
+    }
+    return task
 
 
 def check_grant(ca_pem: bytes, task: dict[str, Any], caller: str) -> None:

@@ -175,8 +175,10 @@ def split_by_partition(
             r, p = src["unit"]
             replica = r
             by_part[p].append(src)
-        for p, srcs in sorted(by_part.items()):
-            one = {**task, "left": {**side, "sources": srcs}}
+        for p in sorted(by_part):
+            # the ticket as granted (its signature covers it), narrowed by the node to the
+            # sources of this partition (``units``: unsigned, it can only drop sources)
+            one = {**task, "units": [[replica, p]]}
             out[p].append((address, json.dumps(one, default=str)))
     return replica, dict(out)
 

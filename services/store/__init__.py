@@ -15,6 +15,7 @@ the services (``python -m microco.services.store`` for the coordinator,
 from ._catalog import Catalog, SuperExtent, TableInfo
 from ._core import AppendResult, LocalTransport, StoreCore, Transport, conform, finish
 from ._exec import to_plain_strings
+from ._flight import FlightTransport
 from ._layout import ExtentMeta
 from ._nodestore import CorruptExtent, NodeStore
 from ._partition import HASH, RANGE, PartitionSpec, partition_ids
@@ -33,6 +34,7 @@ __all__ = [
     "Catalog",
     "CorruptExtent",
     "ExtentMeta",
+    "FlightTransport",
     "Join",
     "LocalTransport",
     "NodeInfo",

@@ -141,8 +141,12 @@ class StoreCore:
         recovery_rate_bytes: float = 200e6,
         gc_min_age_s: float = 1800.0,
         sql_plan_cache: int = 256,
+        sql_semi_join_bytes: float | None = None,
     ) -> None:
         self.kv = kv
+        # a gathered table at least this big is semi-joined to its smaller filtered partners
+        # (``_sql.SEMI_JOIN_MIN_BYTES`` when None; 0 or less: never)
+        self.sql_semi_join_bytes = sql_semi_join_bytes
         self.catalog = Catalog(kv)
         self.transport = transport
         self.super_extent_rows = super_extent_rows
@@ -374,19 +378,42 @@ class StoreCore:
             plan = _sql.build(self, text, exclude)
             nodes = plan.nodes
             t1 = time.perf_counter()
+            tasks: list[tuple[int, tuple[str, dict[str, Any]]]] = list(enumerate(plan.tasks))
+            firsts: dict[int, pa.Table] = {}
+            if plan.semi:
+                # semi-joins: the key tables first, then the big tables filtered by their keys
+                ids = _sql.semi_first(plan)
+                firsts = dict(zip(ids, self._run_stage([plan.tasks[i] for i in ids], nodes), strict=True))
+                tasks, notes = _sql.keyed_tasks(plan, firsts)
+                plan.explain.extend(notes)
+            t_first = time.perf_counter() - t1
             if plan.streams_merge:
                 # big inputs stream into the merge batch by batch, never gathered whole
-                streams = self._run_stage_streams(plan.tasks, nodes)
+                run = dict(
+                    zip(
+                        (i for i, _ in tasks),
+                        self._run_stage_streams([t for _, t in tasks], nodes),
+                        strict=True,
+                    )
+                )
+                streams = [
+                    run[i] if i in run else (firsts[i].schema, iter(firsts[i].to_batches()))
+                    for i in range(len(plan.tasks))
+                ]
                 t2 = time.perf_counter()
                 node = [_exec.fragment_timings(schema.empty_table()) for schema, _ in streams]
                 out = _sql.finish_sql_streams(plan, streams)
             else:
-                outs = self._run_stage(plan.tasks, nodes)
+                got = dict(
+                    zip((i for i, _ in tasks), self._run_stage([t for _, t in tasks], nodes), strict=True)
+                )
+                outs = [got[i] if i in got else firsts[i] for i in range(len(plan.tasks))]
                 t2 = time.perf_counter()
                 node = [_exec.fragment_timings(o) for o in outs]
                 out = _sql.finish_sql(plan, outs)
             plan.timings = {
                 "plan": t1 - t0,
+                **({"first stage": t_first} if plan.semi else {}),
                 "fragments": t2 - t1,
                 "slowest fragment read": max((n.get("read", 0.0) for n in node), default=0.0),
                 "slowest fragment run": max((n.get("run", 0.0) for n in node), default=0.0),

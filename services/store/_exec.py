@@ -265,10 +265,11 @@ def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
     """Run one plan task; returns its output rows (for ``map``: rows per bucket)."""
     op = task["op"]
     if op == "sql":
-        from ._sql import run_fragment
+        from ._sql import run_fragment, task_keys
 
         t0 = time.perf_counter()
         inputs = {name: scan_side(env, side) for name, side in task["inputs"].items()}
+        inputs.update(task_keys(task))  # a semi-join's key values, sent with the task
         t1 = time.perf_counter()
         out = run_fragment(inputs, task["sql"])
         # the node's own seconds (read the inputs, run the SQL) travel with the result
@@ -313,10 +314,11 @@ def run_task_stream(env: Env, task: dict[str, Any]) -> pa.RecordBatchReader:
     the other tasks' results, small by construction (pre-aggregated, or a shuffle's bucket
     counts) or a ``fragment`` of the JSON model, are served from their table."""
     if task["op"] == "sql":
-        from ._sql import run_fragment_stream
+        from ._sql import run_fragment_stream, task_keys
 
         t0 = time.perf_counter()
         inputs = {name: scan_side(env, side) for name, side in task["inputs"].items()}
+        inputs.update(task_keys(task))
         t1 = time.perf_counter()
         # "run" is DuckDB's time to the start of the stream (planning; a pipeline breaker such as
         # a group-by or sort runs to its end before the first batch)

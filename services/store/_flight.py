@@ -27,6 +27,7 @@ from microco.clients.store import (
     check_grant,
     flight_caller,
     grant_ticket,
+    narrow_to_units,
     require_flight_service,
     secure_location,
     server_options,
@@ -287,6 +288,7 @@ class StoreFlightServer(flight.FlightServerBase):
             else:
                 self._check_read_grant(context, req)
             req.pop("grant", None)
+            req = narrow_to_units(req)  # (unsigned: it only ever drops granted sources)
             _check_fields(req, _TICKET_FIELDS.get(op, {}) if isinstance(op, str) else {})
             if op == "read":
                 t = self.store.read(

@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from microco.common.errors import InvalidArgument
 
 MAX_QUERY_BYTES = 1 << 20  # a query's JSON or SQL text
@@ -47,8 +49,9 @@ def json_depth(obj: Any, limit: int = MAX_DEPTH) -> int:
     return deepest
 
 
-def _text_depth(text: str, limit: int) -> int:
-    """Bracket nesting of JSON text, counted before parsing (json.loads recurses per level)."""
+def _text_depth_slow(text: str, limit: int) -> int:
+    """``_text_depth`` character by character in Python (the reference its tests compare with;
+    ~1 s a 5 MB ticket on a loaded node, paid by every fragment before it started)."""
     depth = deepest = 0
     in_str = esc = False
     for ch in text:
@@ -70,6 +73,26 @@ def _text_depth(text: str, limit: int) -> int:
         elif ch in "]}":
             depth -= 1
     return deepest
+
+
+# a JSON string (escapes included), or an unterminated one running to the end of the text
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def _text_depth(text: str, limit: int) -> int:
+    """Bracket nesting of JSON text, counted before parsing (json.loads recurses per level):
+    strings cut out and the brackets' running depth summed, in C (regular expressions, numpy),
+    not a Python loop over every character of a ticket."""
+    if "[" not in text and "{" not in text:
+        return 0
+    skeleton = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)).encode()
+    if not skeleton:
+        return 0
+    b = np.frombuffer(skeleton, dtype=np.uint8)
+    step = np.where((b == ord("[")) | (b == ord("{")), 1, -1).astype(np.int64)
+    deepest = int(np.cumsum(step).max())
+    return max(deepest, 0)
 
 
 def load_json(

@@ -485,6 +485,13 @@ def _coordinator_args(p: argparse.ArgumentParser) -> None:
     )
     _sql_memory_arg(g)
     g.add_argument(
+        "--sql-semi-join-mb",
+        type=float,
+        default=32.0,
+        help="a table a SQL gather reads, estimated at least this big, is read after the smaller "
+        "filtered tables it is inner-joined to and filtered by their keys at its nodes (0: never)",
+    )
+    g.add_argument(
         "--flight-sql-port",
         type=int,
         default=0,
@@ -512,6 +519,7 @@ def _setup_coordinator(ctx: ServiceContext) -> None:
         recovery_rate_bytes=a.recovery_rate_mb * 1e6,
         gc_min_age_s=a.gc_min_age_s,
         sql_plan_cache=a.sql_plan_cache,
+        sql_semi_join_bytes=a.sql_semi_join_mb * 1e6,
     )
     servicer = StoreServicer(core)
 

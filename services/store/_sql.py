@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import sqlglot
 from sqlglot import exp
 
@@ -76,6 +77,9 @@ class SqlPlan:
     # the estimated bytes the fragments bring to the coordinator (gather: the tables' columns
     # read; 0: small, e.g. partial aggregates); above ``STREAM_MERGE_BYTES`` the merge streams
     gathered_bytes: float = 0.0
+    # gather only: big tables filtered by the join keys of smaller filtered tables read first
+    # (``_semi_joins``; run by ``keyed_tasks``)
+    semi: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def streams_merge(self) -> bool:
@@ -359,12 +363,14 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _scan_sql(name: str, cols: list[str], conds: list[exp.Expr]) -> str:
+def _scan_sql(name: str, cols: list[str], conds: list[exp.Expr] | list[str]) -> str:
     """``SELECT cols FROM name WHERE conds``, written directly (building a sqlglot SELECT and
     generating it cost ~10 ms a table under load; only the conditions need the generator)."""
     text = f"SELECT {', '.join(_ident(c) for c in cols)} FROM {_ident(name)}"
     if conds:
-        text += " WHERE " + " AND ".join(f"({_unqualify(c).sql(DIALECT)})" for c in conds)
+        text += " WHERE " + " AND ".join(
+            f"({c if isinstance(c, str) else _unqualify(c).sql(DIALECT)})" for c in conds
+        )
     return text
 
 
@@ -415,6 +421,7 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
     ]
     replicas: dict[str, int] = {}
     gathered = 0.0
+    facts: dict[str, _Gathered] = {}
     for name, occ in sorted(by_name.items()):
         t = ctx.tables[name]
         others = set().union(*(v for k, v in colsets.items() if k != name and k in by_name))
@@ -424,6 +431,8 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
         where = triples(conds, pcols)
         # every replica moves what it reads to the coordinator: the cheapest read wins
         rep, cost, units, allowed = cheapest_replica(t, where, cols, ctx.live, ctx.addresses)
+        if len(occ) == 1:
+            facts[name] = _Gathered(occ[0], t, cols, conds, others, float(cost.bytes_read))
         why = pruned_partitions(t, rep, where)[1]
         groups = _by_node(units)
         if not groups:
@@ -445,6 +454,14 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
             + (f"; {len(conds)} filters pushed to the nodes" if conds else "")
             + f"; cost: ~{cost.rows} rows, {cost.bytes_read / 1e6:.2f} MB of its columns read (the least of its replicas)"
         )
+    semi = _semi_joins(facts, colsets, semi_join_bytes(ctx.core))
+    for sj in semi:
+        explain.append(
+            f"  semi-join: {sj['table']} read after {sj['keys_from']}, filtered next to the data by "
+            f"{sj['column']} IN the {sj['key_column']} values {sj['keys_from']} brings "
+            f"(inner-joined on them; ~{facts[sj['table']].bytes / 1e6:.2f} MB before the filter; no "
+            f"filter if over {SEMI_JOIN_MAX_KEYS:,} keys)"
+        )
     explain.append(
         f"  merge: ~{gathered / 1e6:.2f} MB to the coordinator, "
         + (
@@ -453,7 +470,225 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
             else "held as Arrow (below the merge's streaming threshold)"
         )
     )
-    return SqlPlan("gather", tasks, ctx.tree.sql(DIALECT), inputs, explain, replicas, gathered_bytes=gathered)
+    return SqlPlan(
+        "gather", tasks, ctx.tree.sql(DIALECT), inputs, explain, replicas, gathered_bytes=gathered, semi=semi
+    )
+
+
+# A gathered table estimated at least this big (its needed columns) is read after the smaller
+# tables it is inner-joined to that have filters of their own, and filtered next to the data by
+# their join keys (a semi-join reduction): one more round trip, for a fraction of its bytes.
+SEMI_JOIN_MIN_BYTES = 32e6
+SEMI_JOIN_SHARE = 0.25  # ... when the key table is at most this share of it
+SEMI_JOIN_MAX_KEYS = 250_000  # distinct keys beyond this: no filter (every node gets the keys)
+SEMI_JOIN_MAX_KEY_BYTES = 4e6  # ... or keys taking more bytes (they travel in the task's ticket)
+
+
+@dataclass
+class _Gathered:
+    """A table referenced once in a gather: its reference, needed columns, pushed conditions,
+    every other table's column names, and the estimated bytes of its read."""
+
+    ref: exp.Table
+    t: TableInfo
+    cols: list[str]
+    conds: list[exp.Expr]
+    others: set[str]
+    bytes: float
+
+
+def _scope(ref: exp.Table) -> exp.Select | None:
+    sel = ref.parent.parent if isinstance(ref.parent, (exp.From, exp.Join)) else None
+    return sel if isinstance(sel, exp.Select) and _only_inner(sel) else None
+
+
+def semi_join_bytes(core: Any) -> float:
+    """The core's semi-join threshold (``StoreCore.sql_semi_join_bytes``; 0 or less: none)."""
+    v = getattr(core, "sql_semi_join_bytes", None)
+    v = SEMI_JOIN_MIN_BYTES if v is None else v
+    return v if v > 0 else float("inf")
+
+
+def _semi_joins(
+    facts: dict[str, _Gathered], colsets: dict[str, set[str]], min_bytes: float
+) -> list[dict[str, Any]]:
+    """Semi-join reductions for a gather: ``T.a = S.b`` a conjunct (WHERE, or an inner join's ON)
+    of the SELECT whose FROM has both ``T`` and ``S`` directly, both referenced once in the query
+    (so the gathered ``T`` feeds only that SELECT), ``S`` with filters of its own and at most
+    ``SEMI_JOIN_SHARE`` of ``T``'s bytes, ``T`` at least ``min_bytes``. Then a row of ``T`` whose
+    ``a`` is not among the ``b`` of ``S``'s filtered rows joins no row of ``S``, so the inner join
+    drops it anyway (NULL keys too): exact. ``S`` is read first and is itself not reduced (one
+    level). Once some ``S`` is read first (its round trip paid), every other table joined to it
+    that way takes its keys too, whatever their sizes."""
+    cands = _semi_pairs(facts, colsets, min_bytes, SEMI_JOIN_SHARE, None)
+    first = {sj["keys_from"] for sj in cands}
+    kept = [sj for sj in cands if sj["table"] not in first]
+    if kept:
+        first = {sj["keys_from"] for sj in kept}
+        more = _semi_pairs(facts, colsets, 0.0, float("inf"), first)
+        kept += [sj for sj in more if sj["table"] not in first]
+    out: list[dict[str, Any]] = []
+    seen = set()
+    for sj in kept:
+        k = (sj["table"], sj["column"], sj["keys_from"], sj["key_column"])
+        if k not in seen:
+            seen.add(k)
+            out.append(sj)
+    return out
+
+
+def _semi_pairs(
+    facts: dict[str, _Gathered],
+    colsets: dict[str, set[str]],
+    min_bytes: float,
+    share: float,
+    sources: set[str] | None,
+) -> list[dict[str, Any]]:
+    """Every ``T.a = S.b`` pair of ``_semi_joins``: ``T`` at least ``min_bytes``, ``S`` filtered,
+    at most ``share`` of ``T``'s bytes and (when ``sources`` is given) among those tables. The
+    equality may be a chain of the SELECT's column equalities (``ps_partkey = l_partkey and
+    l_partkey = p_partkey``: every joined row has ``ps_partkey = p_partkey``) when every column of
+    the chain belongs to a table referenced once and all have one type (so no cast in between)."""
+    cands: list[dict[str, Any]] = []
+    for tname, ft in facts.items():
+        sel = _scope(ft.ref)
+        if sel is None or ft.bytes < min_bytes:
+            continue
+        for a, sname, b in _equal_columns(facts, colsets, sel).get(tname, []):
+            fs = facts[sname]
+            if (
+                sname == tname
+                or not fs.conds
+                or (sources is not None and fs.t.name not in sources)
+                or fs.bytes > share * ft.bytes
+            ):
+                continue
+            cands.append(
+                {
+                    "table": ft.t.name,
+                    "column": a,
+                    "keys_from": fs.t.name,
+                    "key_column": b,
+                    "cols": ft.cols,
+                    "conds": [_unqualify(x).sql(DIALECT) for x in ft.conds],
+                }
+            )
+    return cands
+
+
+def _equal_columns(
+    facts: dict[str, _Gathered], colsets: dict[str, set[str]], sel: exp.Select
+) -> dict[str, list[tuple[str, str, str]]]:
+    """For each table referenced once directly in ``sel``'s FROM: ``(its column a, other table,
+    its column b)`` with ``a = b`` implied by ``sel``'s column equalities (WHERE and inner joins'
+    ON), directly or through a chain of columns of such tables, all of one type."""
+    where = sel.args.get("where")
+    conj = _conjuncts(where.this if where else None)
+    for j in sel.args.get("joins") or []:
+        conj += _conjuncts(j.args.get("on"))
+    here = {n: f for n, f in facts.items() if _scope(f.ref) is sel}
+
+    def owner(col: exp.Column) -> tuple[str, str] | None:
+        for n, f in here.items():
+            if _owned(col, f.ref.alias_or_name, colsets[n], f.others):
+                return n, next(c for c in f.t.schema.names if c.lower() == col.name.lower())
+        return None
+
+    parent: dict[Any, Any] = {}
+
+    def find(x: Any) -> Any:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    direct: set[frozenset[Any]] = set()
+    for c in conj:
+        if not (
+            isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)
+        ):
+            continue
+        x, y = owner(c.this), owner(c.expression)
+        kx = x if x is not None else ("?", c.this.sql(DIALECT))
+        ky = y if y is not None else ("?", c.expression.sql(DIALECT))
+        parent[find(kx)] = find(ky)
+        if x is not None and y is not None:
+            direct.add(frozenset((x, y)))
+    classes: dict[Any, list[Any]] = defaultdict(list)
+    for k in list(parent):
+        classes[find(k)].append(k)
+    out: dict[str, list[tuple[str, str, str]]] = defaultdict(list)
+    for members in classes.values():
+        typed = {here[m[0]].t.schema.field(m[1]).type for m in members if m[0] != "?"}
+        chain_ok = all(m[0] != "?" for m in members) and len(typed) == 1
+        for x in members:
+            for y in members:
+                if x == y or x[0] == "?" or y[0] == "?" or x[0] == y[0]:
+                    continue
+                if chain_ok or frozenset((x, y)) in direct:
+                    out[x[0]].append((x[1], y[0], y[1]))
+    return out
+
+
+def semi_first(plan: SqlPlan) -> list[int]:
+    """The tasks a gather with semi-joins runs first: those of the tables that give keys."""
+    first = {sj["keys_from"] for sj in plan.semi}
+    return [i for i, name in enumerate(plan.inputs) if name in first]
+
+
+def keyed_tasks(
+    plan: SqlPlan, first: dict[int, pa.Table]
+) -> tuple[list[tuple[int, tuple[str, dict[str, Any]]]], list[str]]:
+    """The rest of a semi-joined gather's tasks (index, task), each reduced table's scan
+    filtered by the distinct key values of the first tasks' outputs (``first``: index ->
+    output); and a line per filter for EXPLAIN."""
+    by: dict[str, list[pa.Table]] = defaultdict(list)
+    for i, out in first.items():
+        by[plan.inputs[i]].append(out)
+    extra: dict[str, list[str]] = defaultdict(list)
+    keys: dict[str, dict[str, str]] = defaultdict(dict)
+    notes = []
+    for sj in plan.semi:
+        col = _exec.concat(by[sj["keys_from"]]).column(sj["key_column"])
+        values = pc.unique(col.drop_null() if col.null_count else col)
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        if len(values) > SEMI_JOIN_MAX_KEYS or values.nbytes > SEMI_JOIN_MAX_KEY_BYTES:
+            notes.append(
+                f"semi-join run: {sj['table']}.{sj['column']} not filtered ({len(values):,} keys, "
+                f"{values.nbytes / 1e6:.1f} MB: over {SEMI_JOIN_MAX_KEYS:,} keys or "
+                f"{SEMI_JOIN_MAX_KEY_BYTES / 1e6:.0f} MB)"
+            )
+            continue
+        t = sj["table"]
+        name = f"__microco_keys_{len(keys[t])}"
+        while name.lower() == t.lower():
+            name += "_"
+        sink = pa.BufferOutputStream()
+        kt = pa.table({"k": values})
+        with pa.ipc.new_stream(sink, kt.schema) as w:
+            w.write_table(kt)
+        keys[t][name] = base64.b64encode(sink.getvalue().to_pybytes()).decode()
+        extra[t].append(f"{_ident(sj['column'])} IN (SELECT k FROM {_ident(name)})")
+        notes.append(f"semi-join run: {t}.{sj['column']} IN {len(values):,} keys of {sj['keys_from']}")
+    base = {sj["table"]: sj for sj in plan.semi}
+    rest = []
+    for i, (node, task) in enumerate(plan.tasks):
+        if i in first:
+            continue
+        t = plan.inputs[i]
+        if extra.get(t):
+            sj = base[t]
+            task = {**task, "sql": _scan_sql(t, sj["cols"], sj["conds"] + extra[t]), "keys": keys[t]}
+        rest.append((i, (node, task)))
+    return rest, notes
+
+
+def task_keys(task: dict[str, Any]) -> dict[str, pa.Table]:
+    """A fragment's key tables (``keyed_tasks``), decoded."""
+    return {
+        name: pa.ipc.open_stream(pa.py_buffer(base64.b64decode(b))).read_all()
+        for name, b in (task.get("keys") or {}).items()
+    }
 
 
 def _by_node(units: list[Unit]) -> dict[str, list[dict[str, Any]]]:
@@ -1082,6 +1317,7 @@ def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan
         f"{n.name}\0{n.address}\0{n.domain}" for n in sorted(live, key=lambda x: x.name)
     ]
     env.append(f"broadcast {BROADCAST_BYTES!r} {BROADCAST_SHARE!r}")  # the planner's settings
+    env.append(f"semi {semi_join_bytes(core)!r} {SEMI_JOIN_SHARE!r}")
     tree = None
     if hit is not None:
         refs = hit.refs

@@ -87,7 +87,7 @@ def spark() -> Iterator[Any]:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[1]")
         .appName("microco-store-connector")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

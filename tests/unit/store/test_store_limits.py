@@ -119,3 +119,24 @@ def test_store_errors_do_not_echo_huge_ids(tmp_path):
     with pytest.raises(FailedPrecondition) as ei:
         node_action(core.transport.stores["n0"], "x" * 1_000_000, {})
     assert len(str(ei.value)) < 400
+
+
+def test_json_depth_counted_before_parsing_agrees_with_the_character_loop():
+    # the nesting check every ticket passes (a semi-join's keys make tickets megabytes long)
+    # counts in C: the same depth as the character-by-character reference, strings (escaped
+    # quotes, brackets inside, unterminated) included
+    import random
+
+    from microco.services.store._limits import _text_depth, _text_depth_slow, load_json
+
+    rng = random.Random(19)
+    for _ in range(1000):
+        text = "".join(rng.choice('[]{}"\\ax\n') for _ in range(rng.randint(0, 30)))
+        for limit in (0, 2, 16):
+            assert min(_text_depth(text, limit), limit + 1) == min(
+                _text_depth_slow(text, limit), limit + 1
+            ), text
+    assert _text_depth('{"a": "[[[[\\"[[", "b": [[1]]}', 16) == 3
+    assert load_json(json.dumps({"keys": "x" * 100_000, "s": [[1], {"t": "]]]}"}]}), "t", max_depth=3)
+    with pytest.raises(InvalidArgument, match="nested more than 2"):
+        load_json('{"a": [{"b": 1}], "s": "{{"}', "t", max_depth=2)

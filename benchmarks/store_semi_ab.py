@@ -1,0 +1,135 @@
+"""The SQL gather's semi-join reduction, before/after in one run: the 22 TPC-H queries on a store
+cluster of real processes (as ``microco bench store`` loads it), each run by two coordinators'
+cores in this process over the same nodes (Flight, mutual TLS), one with semi-joins off
+(``sql_semi_join_bytes=0``: the plans before) and one with the default, and by DuckDB on the
+same Parquet files; trials interleaved in a rotating order, medians kept. JSON on stdout.
+
+    python -m microco.benchmarks.store_semi_ab --sf 1 [--trials 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from microco.benchmarks.store import P, _geomean, _log, _norm, generate, load_timeout, parquet_schema
+from microco.benchmarks.store_tpch import QUERIES, REPLICAS
+from microco.common.identity import private_ca
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="store_semi_ab", description=__doc__)
+    ap.add_argument("--sf", type=float, default=1.0)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--nodes", type=int, default=6)
+    ap.add_argument("--data-dir", default=os.path.expanduser("~/.cache/microco/tpch"))
+    ap.add_argument("--queries", default="", help="comma-separated query numbers (default: all 22)")
+    args = ap.parse_args(argv)
+
+    import duckdb
+
+    from microco.clients.store import StoreClient
+    from microco.common.kv import EtcdKV
+    from microco.services.stack import EtcdServer
+    from microco.services.store import FlightTransport, StoreCluster, StoreCore
+
+    data = generate(args.sf, Path(args.data_dir))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    work = Path(tempfile.mkdtemp(prefix="microco-bench-semi-"))
+    private_ca(work / "pki")
+    etcd = EtcdServer(work / "etcd").start()
+    cluster = StoreCluster(
+        etcd.endpoint,
+        work / "store",
+        [(f"store-{i}", f"rack{i % 3}") for i in range(args.nodes)],
+        lease_ttl_s=2,
+        coordinator_args=["--recovery-interval-s", "3600"],
+    )
+    qs = [int(x) for x in args.queries.split(",") if x] or sorted(QUERIES)
+    result: dict[str, Any] = {"benchmark": "store_semi_ab", "scale_factor": args.sf, "trials": args.trials}
+    result["load_average_at_start"] = os.getloadavg()[0]
+    try:
+        cluster.start(timeout=300)
+        client = StoreClient.from_address(cluster.coordinator_address, default_timeout=600)
+        bounds = ",".join(f"{y}-01-01" for y in range(1993, 1999))
+        reps = dict(REPLICAS)
+        reps["orders"] = [f"o_orderkey:hash:{P}", f"o_custkey:hash:{P}", f"o_orderdate:range:{bounds}"]
+        reps["lineitem"] = [f"l_orderkey:hash:{P}", f"l_partkey:hash:{P}", f"l_suppkey:hash:{P}"]
+        t0 = time.perf_counter()
+        for name, rs in reps.items():
+            path = data / f"{name}.parquet"
+            client.create_table(name, parquet_schema(path), [r.replace(":hash:4", f":hash:{P}") for r in rs])
+            client.append(name, path, timeout=load_timeout(path))
+        result["load_s"] = round(time.perf_counter() - t0, 1)
+        _log(f"loaded in {result['load_s']} s")
+        con = duckdb.connect()
+        con.execute("SET threads TO 2")
+        for f in sorted(data.glob("*.parquet")):
+            con.execute(f"create view {f.stem} as select * from read_parquet('{f}')")
+        kv = EtcdKV(etcd.endpoint)
+        transport = FlightTransport(kv)
+        before = StoreCore(kv, transport, sql_semi_join_bytes=0)
+        after = StoreCore(kv, transport)
+        rows = []
+        for q in qs:
+            sql = QUERIES[q]
+            steps = {
+                "before": lambda sql=sql: before.sql(sql),
+                "after": lambda sql=sql: after.sql(sql),
+                "duckdb": lambda sql=sql: con.sql(sql).to_arrow_table(),
+            }
+            for fn in steps.values():
+                fn()  # warm-up
+            times: dict[str, list[float]] = {k: [] for k in steps}
+            names = list(steps)
+            outs: dict[str, Any] = {}
+            for k in range(args.trials):
+                for name in names[k % 3 :] + names[: k % 3]:
+                    t = time.perf_counter()
+                    outs[name] = steps[name]()
+                    times[name].append(time.perf_counter() - t)
+            got, plan = outs["after"]
+            want = outs["duckdb"]
+            a = _norm([tuple(r.values()) for r in got.to_pylist()])
+            b = _norm([tuple(r.values()) for r in want.to_pylist()])
+            med = {k: statistics.median(v) for k, v in times.items()}
+            row = {
+                "query": q,
+                "plan": plan.kind,
+                "correct": a == b
+                if "order by" in sql.lower()
+                else sorted(a, key=repr) == sorted(b, key=repr),
+                "semi_joins": [f"{s['table']}.{s['column']} by {s['keys_from']}" for s in plan.semi],
+                **{f"{k}_s": round(v, 4) for k, v in med.items()},
+                "before_over_duckdb": round(med["before"] / med["duckdb"], 2),
+                "after_over_duckdb": round(med["after"] / med["duckdb"], 2),
+            }
+            _log(f"q{q}: {row}")
+            rows.append(row)
+        result["tpch"] = rows
+        result["geomean_before_over_duckdb"] = _geomean([r["before_over_duckdb"] for r in rows])
+        result["geomean_after_over_duckdb"] = _geomean([r["after_over_duckdb"] for r in rows])
+        result["correct"] = sum(r["correct"] for r in rows)
+        result["load_average_at_end"] = os.getloadavg()[0]
+        transport.close()
+        client.close()
+    finally:
+        cluster.stop()
+        etcd.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    json.dump(result, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
