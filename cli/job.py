@@ -58,7 +58,12 @@ def register(sub: Any) -> None:
     )
     sb.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment for the job")
     sb.add_argument("--workdir", default="", help="working directory on the node")
-    sb.add_argument("--total-steps", type=int, default=0, help="mini-batches the job will run (for progress)")
+    sb.add_argument(
+        "--total-steps",
+        type=int,
+        default=0,
+        help="mini-batches the job will run (for progress, and the compiler's exploration budget: the job sees it as $MICROCO_TOTAL_STEPS)",
+    )
     sb.add_argument("--model", default="", help="model name: jobs of one model share a speed profile")
     sb.add_argument("--wait", action="store_true", help="follow the job until it ends (progress bar)")
     sb.add_argument("--json", action="store_true", help="print the job as JSON")

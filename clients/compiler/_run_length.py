@@ -3,17 +3,18 @@ repay, are shares of it (issue 18: a compile that pays only over 5,000 steps mus
 run that long, and not in one of 300).
 
 Said by the user (the wrappers' ``total_steps``), else by the job's environment
-(``MICROCO_TOTAL_STEPS``: ``microco job submit --env MICROCO_TOTAL_STEPS=5000``, or whatever
-launches the training process), else :data:`DEFAULT_TOTAL_STEPS`."""
+(``MICROCO_TOTAL_STEPS``: the scheduler sets it from the job's ``total_steps``, as in
+``microco job submit --total-steps 5000``; or whatever launches the training process sets it),
+else :data:`DEFAULT_TOTAL_STEPS`."""
 
 from __future__ import annotations
 
 import logging
 import os
 
-log = logging.getLogger(__name__)
+from microco.clients.scheduler import ENV_TOTAL_STEPS  # set by the scheduler from the job's spec
 
-ENV_TOTAL_STEPS = "MICROCO_TOTAL_STEPS"
+log = logging.getLogger(__name__)
 # Unsaid: the wrappers' default before the environment was read (sessions 1-11).
 DEFAULT_TOTAL_STEPS = 1000
 

@@ -27,6 +27,7 @@ from ._job import (
     ENV_DEVICES,
     ENV_JOB_ID,
     ENV_RANK,
+    ENV_TOTAL_STEPS,
     ENV_WORLD_SIZE,
     JobContext,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "ENV_DEVICES",
     "ENV_JOB_ID",
     "ENV_RANK",
+    "ENV_TOTAL_STEPS",
     "ENV_WORLD_SIZE",
     "EXIT_CHECKPOINTED",
     "PHASES",

@@ -41,6 +41,9 @@ ENV_CHECKPOINT_EVERY_S = "MICROCO_CHECKPOINT_EVERY_S"
 # A job spread over several nodes runs one process per node (rank); see ``init_distributed``.
 ENV_RANK = "MICROCO_RANK"
 ENV_WORLD_SIZE = "MICROCO_WORLD_SIZE"
+# The run's declared length in steps (the spec's ``total_steps``, unless the job's own environment
+# says otherwise): what the compiler's exploration may spend and a compile must repay.
+ENV_TOTAL_STEPS = "MICROCO_TOTAL_STEPS"
 
 # Actions as small integers, for agreeing on one across ranks (0: nothing to do).
 _ACTION_CODES = {SUSPEND: 1, RESUME: 2, CHECKPOINT: 3, STOP: 4, RESIZE: 5}

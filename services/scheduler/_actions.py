@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, replace
 
-from microco.clients.scheduler import EXIT_CHECKPOINTED, PhasePublisher
+from microco.clients.scheduler import ENV_TOTAL_STEPS, EXIT_CHECKPOINTED, PhasePublisher
 from microco.common.errors import FailedPrecondition, InvalidArgument, MicrocoError
 from microco.common.etcd_roles import add_job_user
 from microco.common.identity import job_credentials_env
@@ -192,6 +192,8 @@ class DecisionApplier:
             add_job_user(self.store.kv, rec.id, spec.user)
             for rank, (n, ds) in enumerate(placement):
                 env = {**dict(spec.env), **job_credentials_env(rec.id, spec.user)}
+                if spec.total_steps > 0:  # the compiler's exploration is a share of the run
+                    env.setdefault(ENV_TOTAL_STEPS, str(spec.total_steps))
                 if world > 1:
                     env.update(MICROCO_RANK=str(rank), MICROCO_WORLD_SIZE=str(world))
                 self.io.agents.start(
