@@ -28,8 +28,9 @@ from microco.services.store._flight import NODE_SERVICE, FlightTransport, StoreF
 from microco.services.store._nodestore import NodeStore
 from microco.services.store._service import StoreServicer
 
-# the limit is for a hung JVM: Spark alone took 80-100 s to start on this loaded 2-core machine
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+# the limit is for a hung JVM: Spark alone took 80-100 s to start on this loaded 2-core machine.
+# Slow: dealt to a worker first (a JVM's start-up, ~40 s idle, must not be the suite's tail).
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 RNG = np.random.default_rng(19)
 N = 3000
