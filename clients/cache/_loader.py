@@ -114,6 +114,9 @@ class QuiverLoader(InFlight):
     #: Resumed from a position taken on another host's cache (``load_state_dict``): ask that
     #: cache for the chunks this host's lacks (``_origin``), when no other peers are given.
     FOLLOW_ORIGIN = True
+    #: How long a lookup, open or report to the cache server may take before the loader reads
+    #: the backing store instead (the server is then left alone for ``retry_server_s``).
+    RPC_TIMEOUT_S = 5.0
 
     def __init__(
         self,
@@ -280,7 +283,7 @@ class QuiverLoader(InFlight):
             return srv.lookup_rooms(chunks, self.dataset, self.job_id)
         in_flight: set[str] = set()
         held, room = srv.lookup_room(
-            chunks, self.dataset, self.job_id, timeout=5, retry=False, in_flight=in_flight
+            chunks, self.dataset, self.job_id, timeout=self.RPC_TIMEOUT_S, retry=False, in_flight=in_flight
         )
         self._note_in_flight(chunks, in_flight)
         return held, {"": room}
@@ -386,7 +389,7 @@ class QuiverLoader(InFlight):
         chunks = sorted({self.index.chunk_of(i).digest for i in hits})
         # One call per batch for every chunk read, even with grants at hand: it is also how
         # the server learns of these hits (recency for LRU; a grant for what it still holds).
-        node, grants = srv.open_chunks(chunks, timeout=5, retry=False)
+        node, grants = srv.open_chunks(chunks, timeout=self.RPC_TIMEOUT_S, retry=False)
         if node != self.node:
             return None
         with self._lock:
@@ -425,7 +428,7 @@ class QuiverLoader(InFlight):
         with self._lock:
             self._grants.pop(c, None)
         try:
-            if srv.report_corrupt(c, timeout=5, retry=False):
+            if srv.report_corrupt(c, timeout=self.RPC_TIMEOUT_S, retry=False):
                 self.stats.corrupt_reported += 1
         except MicrocoError:
             pass
@@ -1097,7 +1100,7 @@ class QuiverLoader(InFlight):
                     timings,
                     user=self.user,
                     dataset_bytes=self.index.total_bytes,
-                    timeout=5,
+                    timeout=self.RPC_TIMEOUT_S,
                     retry=False,
                 )
         except MicrocoError as exc:
@@ -1280,7 +1283,12 @@ class QuiverLoader(InFlight):
         if srv is not None:
             try:
                 srv.report_progress(
-                    self.job_id, self.dataset, self._epoch, finished=True, timeout=5, retry=False
+                    self.job_id,
+                    self.dataset,
+                    self._epoch,
+                    finished=True,
+                    timeout=self.RPC_TIMEOUT_S,
+                    retry=False,
                 )
             except MicrocoError:
                 pass
