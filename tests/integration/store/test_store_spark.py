@@ -82,6 +82,10 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
+    import shutil
+
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        pytest.skip("Spark needs a Java runtime (17 or newer) on PATH or in JAVA_HOME")
     from pyspark.sql import SparkSession
 
     from microco.clients.store.spark import StoreDataSource
