@@ -494,10 +494,13 @@ def _account_hold(state: Exploration, rep: TrialReport, policy: ExplorationPolic
     keep = []
     for item in state.deferred:
         item["background_ms"] = float(item.get("background_ms", 0.0)) + share
-        # Charged so far plus the in-process load still to come, against what the steps left
-        # could gain: a compile that waits too long (a starved background process) runs out of
-        # steps to repay it just as one that slows training too much does.
-        cost = item["background_ms"] + _new_compiles_estimate(state, item["values"])
+        # Charged so far, against what the steps left could gain: a compile that waits too long
+        # (a starved background process) runs out of steps to repay it just as one that slows
+        # training too much does. Not its compile price on top: it compiles off the critical
+        # path, and what it costs the path is the slowdown charged here as it happens (and the
+        # warm-up's excess once it runs, ``report``). Adding the price counted it twice
+        # (keras-sublstm, 2026-12-02: 5.5 s slowdown + 8.4 s price > 13.9 s saving: dropped).
+        cost = item["background_ms"]
         # Against the saving the plan admitted it on (the best case x ``expected_gain_share``),
         # not the best case alone: keras-mobilenet at 5,000 steps (session 11, 2 cores, load 10)
         # slowed 277 steps 5.8x (158 s) beside its compile and stayed within the best case.
@@ -506,9 +509,8 @@ def _account_hold(state: Exploration, rep: TrialReport, policy: ExplorationPolic
         )
         if cost > saving:
             state.pruned.append(
-                f"stage {state.stage}: {item['values']}: background compile cost {item['background_ms']:.0f} ms "
-                f"+ load {cost - item['background_ms']:.0f} ms > expected saving {saving:.0f} ms "
-                "(dropped while compiling)"
+                f"stage {state.stage}: {item['values']}: background compile cost {cost:.0f} ms "
+                f"> expected saving {saving:.0f} ms (dropped while compiling)"
             )
             continue
         keep.append(item)
@@ -516,15 +518,6 @@ def _account_hold(state: Exploration, rep: TrialReport, policy: ExplorationPolic
     if not rep.pending:
         state.queue[:0] = state.deferred  # compiled: they run next, in their planned order
         state.deferred = []
-
-
-def _new_compiles_estimate(state: Exploration, values: dict[str, str]) -> float:
-    """Estimated compile time of the compiled choices in ``values`` not compiled yet."""
-    new = set(compiled_choices(state.spec, values)) - set(state.compiled_here)
-    choices = [
-        (v, values[v.name]) for v in state.spec.variables if choice_key(v.name, values.get(v.name, "")) in new
-    ]
-    return compile_estimate(state, choices, values)
 
 
 def _typical_ms(t: TrialRecord) -> float:
