@@ -779,7 +779,7 @@ def _correlated_exists(
     EXISTS and NOT EXISTS are exact per partition. Returns the subqueries and, for the first,
     the split pair with its replicas and a description; ``((), None)`` when there is none."""
     tree = ctx.tree
-    if not isinstance(tree, exp.Select):
+    if not isinstance(tree, exp.Select) or not getattr(ctx.core, "sql_subquery_pushdown", True):
         return (), None
     colsets = _columns_of(ctx.tables)
     outer = [r for r in refs if _scope(r) is tree]
