@@ -4,7 +4,7 @@ cores in this process over the same nodes (Flight, mutual TLS), one with semi-jo
 (``sql_semi_join_bytes=0``: the plans before) and one with the default, and by DuckDB on the
 same Parquet files; trials interleaved in a rotating order, medians kept. JSON on stdout.
 
-    python -m microco.benchmarks.store_semi_ab --sf 1 [--trials 3]
+    python -m microco.benchmarks.store_semi_ab --sf 1 [--trials 3] [--ab semi|subquery]
 """
 
 from __future__ import annotations
@@ -32,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--nodes", type=int, default=6)
     ap.add_argument("--data-dir", default=os.path.expanduser("~/.cache/microco/tpch"))
+    ap.add_argument(
+        "--ab",
+        choices=("semi", "subquery"),
+        default="semi",
+        help="what 'before' turns off: semi-join reduction, or correlated EXISTS run per partition",
+    )
     ap.add_argument("--queries", default="", help="comma-separated query numbers (default: all 22)")
     args = ap.parse_args(argv)
 
@@ -77,7 +83,12 @@ def main(argv: list[str] | None = None) -> int:
             con.execute(f"create view {f.stem} as select * from read_parquet('{f}')")
         kv = EtcdKV(etcd.endpoint)
         transport = FlightTransport(kv)
-        before = StoreCore(kv, transport, sql_semi_join_bytes=0)
+        if args.ab == "semi":
+            before = StoreCore(kv, transport, sql_semi_join_bytes=0)
+        else:
+            before = StoreCore(kv, transport)
+            before.sql_subquery_pushdown = False
+        result["ab"] = args.ab
         after = StoreCore(kv, transport)
         rows = []
         for q in qs:
@@ -105,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             row = {
                 "query": q,
                 "plan": plan.kind,
+                "plan_before": outs["before"][1].kind,
                 "correct": a == b
                 if "order by" in sql.lower()
                 else sorted(a, key=repr) == sorted(b, key=repr),

@@ -699,13 +699,17 @@ def _by_node(units: list[Unit]) -> dict[str, list[dict[str, Any]]]:
     return dict(sorted(out.items()))
 
 
-def _simple_select(tree: exp.Expr) -> exp.Select | None:
-    """``tree`` as one SELECT without CTEs, set operations, subqueries or windows, else None."""
+def _simple_select(tree: exp.Expr, allowed: tuple[exp.Exists, ...] = ()) -> exp.Select | None:
+    """``tree`` as one SELECT without CTEs, set operations, subqueries or windows, else None
+    (the subqueries in ``allowed`` excepted: their insides are not looked at)."""
     if not isinstance(tree, exp.Select) or tree.args.get("with"):
         return None
+    inside = {id(x) for a in allowed for x in a.walk()}
     for n in tree.walk():
-        if n is not tree and isinstance(
-            n, (exp.Select, exp.Subquery, exp.Exists, exp.Window, exp.SetOperation)
+        if (
+            n is not tree
+            and id(n) not in inside
+            and isinstance(n, (exp.Select, exp.Subquery, exp.Exists, exp.Window, exp.SetOperation))
         ):
             return None
     if not _only_inner(tree):
@@ -764,8 +768,91 @@ def _replica_bytes(t: TableInfo) -> float:
     return t.bytes / REPLICAS
 
 
+def _correlated_exists(
+    ctx: _Ctx, refs: list[exp.Table]
+) -> tuple[tuple[exp.Exists, ...], tuple[list[exp.Table], dict[str, int], str] | None]:
+    """The WHERE's ``[NOT] EXISTS (SELECT ... FROM t WHERE t.k = outer.k' AND ...)`` conjuncts
+    that can run per partition: the subquery reads one table (no join, aggregate, window or
+    nested subquery) and is correlated by an equality of ``k``, a partition column of a replica
+    of ``t``, and ``k'``, a partition column of an outer table's replica partitioned by the same
+    function. An outer row of partition p then matches only subquery rows of partition p, so
+    EXISTS and NOT EXISTS are exact per partition. Returns the subqueries and, for the first,
+    the split pair with its replicas and a description; ``((), None)`` when there is none."""
+    tree = ctx.tree
+    if not isinstance(tree, exp.Select) or not getattr(ctx.core, "sql_subquery_pushdown", True):
+        return (), None
+    colsets = _columns_of(ctx.tables)
+    outer = [r for r in refs if _scope(r) is tree]
+    found: list[exp.Exists] = []
+    split: tuple[list[exp.Table], dict[str, int], str] | None = None
+    for c in _conjuncts(tree.args["where"].this if tree.args.get("where") else None):
+        e = c.this if isinstance(c, exp.Not) else c
+        if not isinstance(e, exp.Exists) or not isinstance(e.this, exp.Select):
+            continue
+        sub = e.this
+        inner = [r for r in refs if r.find_ancestor(exp.Exists) is e]
+        if (
+            len(inner) != 1
+            or _scope(inner[0]) is not sub
+            or sub.args.get("joins")
+            or any(sub.args.get(k) for k in ("with", "group", "having", "qualify", "distinct", "limit"))
+            or any(
+                n is not sub
+                and isinstance(n, (exp.Select, exp.Subquery, exp.Exists, exp.Window, exp.AggFunc))
+                for n in sub.walk()
+            )
+        ):
+            continue
+        iref = inner[0]
+        ti = ctx.tables[iref.name.lower()]
+        icols = colsets[ti.name.lower()]
+        pair = None
+        for q in _conjuncts(sub.args["where"].this if sub.args.get("where") else None):
+            if not (
+                isinstance(q, exp.EQ)
+                and isinstance(q.this, exp.Column)
+                and isinstance(q.expression, exp.Column)
+            ):
+                continue
+            for a, b in ((q.this, q.expression), (q.expression, q.this)):
+                if (
+                    not _owned(a, iref.alias_or_name, icols, set())
+                    or (not b.table and b.name.lower() in icols)
+                    or (b.table and b.table.lower() == iref.alias_or_name.lower())
+                ):
+                    continue  # a must be the inner table's, b surely not
+                for oref in outer:
+                    to = ctx.tables[oref.name.lower()]
+                    ocols = colsets[to.name.lower()]
+                    rest = set().union(*(colsets[r.name.lower()] for r in outer if r is not oref))
+                    if to.name == ti.name or not _owned(b, oref.alias_or_name, ocols, rest):
+                        continue
+                    for ro in range(REPLICAS):
+                        for ri in range(REPLICAS):
+                            so, si = to.specs[ro], ti.specs[ri]
+                            if (
+                                so.column.lower() == b.name.lower()
+                                and si.column.lower() == a.name.lower()
+                                and so.same_function(si)
+                                and pair is None
+                            ):
+                                pair = (
+                                    [oref, iref],
+                                    {to.name: ro, ti.name: ri},
+                                    f"{ti.name}.{si.column} = {to.name}.{so.column}",
+                                )
+        if pair is None:
+            continue
+        found.append(e)
+        split = split or pair
+    if len(found) != 1:
+        return (), None  # several: each would need its own pair to match the split (not built)
+    return tuple(found), split
+
+
 def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
-    sel = _simple_select(ctx.tree)
+    subs, sub_split = _correlated_exists(ctx, refs)
+    sel = _simple_select(ctx.tree, subs)
     if sel is None or not refs:
         return None
     names = [r.name.lower() for r in refs]
@@ -780,6 +867,13 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     # biggest table; every other table must be small enough to be read whole by each fragment
     split: list[exp.Table] | None = None
     best = -1.0
+    if sub_split is not None:
+        split, chosen, how = sub_split
+        best = float("inf")  # the subquery's table is split with its outer partner
+        explain.append(
+            f"subquery: correlated EXISTS on {how}: co-partitioned replicas, so it runs per partition "
+            "next to the data (an outer row of partition p matches only rows of partition p)"
+        )
     for i in range(len(refs)):
         for j in range(i + 1, len(refs)):
             co = _copartition(ctx, sel, [refs[i], refs[j]])
@@ -787,9 +881,10 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
             if co is not None and size > best:
                 split, chosen, how, best = [refs[i], refs[j]], co[0], co[1], size
     if split is not None:
-        explain.append(
-            f"join {how}: co-partitioned replicas, so partition p joins only partition p (no shuffle)"
-        )
+        if sub_split is None:
+            explain.append(
+                f"join {how}: co-partitioned replicas, so partition p joins only partition p (no shuffle)"
+            )
     else:
         big = max(range(len(refs)), key=lambda k: _replica_bytes(ctx.tables[names[k]]))
         split = [refs[big]]
@@ -864,6 +959,9 @@ def _units_by_partition(
         t = ctx.tables[n]
         others = set().union(*(v for m, v in colsets.items() if m != n))
         conds = pushable(ctx.tree, ref, colsets[n], others)
+        sub = ref.find_ancestor(exp.Exists)
+        if sub is not None and isinstance(sub.parent, exp.Not):
+            continue  # NOT EXISTS: an outer row of a partition its filters prune is kept, not dropped
         a, w = pruned_partitions(t, chosen[t.name], triples(conds, {s.column for s in t.specs}))
         if a is not None:
             allowed = a if allowed is None else allowed & a

@@ -112,9 +112,44 @@ def test_plans_push_work_to_the_replicas(store):
     for q in (5, 10, 19):
         plan = plan_of(QUERIES[q])
         assert plan.kind == "partial_agg" and "broadcast" in plan.explain_text()
-    # subqueries: gathered, whole SQL at the coordinator
-    for q in (2, 4, 17, 20, 21):
+    # subqueries: gathered, whole SQL at the coordinator (Q4's EXISTS runs per partition: below)
+    for q in (2, 17, 20, 21):
         assert plan_of(QUERIES[q]).kind == "gather"
+
+
+@pytest.mark.parametrize(
+    "sql, kind",
+    [
+        (QUERIES[4], "partial_agg"),  # EXISTS correlated on orderkey, grouped off the key
+        (  # NOT EXISTS, grouped by the key: whole groups per partition
+            "select o_orderkey, count(*) as n from orders where o_totalprice > 100000 and not exists "
+            "(select * from lineitem where l_orderkey = o_orderkey and l_shipdate > date '1998-06-01') "
+            "group by o_orderkey order by o_orderkey limit 20",
+            "partition_local",
+        ),
+        (  # NOT EXISTS whose filter is on the partition key: it must not prune the outer rows
+            "select count(*) as n from orders where not exists "
+            "(select * from lineitem where l_orderkey = o_orderkey and l_orderkey < 100)",
+            "partial_agg",
+        ),
+        (  # a scan, qualified names, the outer table aliased
+            "select o.o_orderkey, o.o_orderdate from orders o where exists (select * from lineitem li "
+            "where li.l_orderkey = o.o_orderkey and li.l_quantity > 49) order by o.o_orderkey limit 30",
+            "partition_local",
+        ),
+        (  # correlated on a column that is not a partition key: stays a gather
+            "select count(*) as n from orders where exists "
+            "(select * from lineitem where l_suppkey = o_custkey)",
+            "gather",
+        ),
+    ],
+)
+def test_correlated_exists_on_a_partition_key_runs_per_partition(store, duck, sql, kind):
+    core, _ = store
+    plan = check(core, duck, sql)
+    assert plan.kind == kind, plan.explain_text()
+    if kind != "gather":
+        assert "subquery: correlated EXISTS on lineitem.l_orderkey = orders.o_orderkey" in plan.explain_text()
 
 
 def test_tables_too_big_to_broadcast_are_gathered(store, duck, monkeypatch):
