@@ -4,9 +4,9 @@ A job about to read a whole chunk from the backing store claims it at the server
 with ``claim``). While the claim holds, a lookup by any other job answers the chunk as *in
 flight*: its substitutable sampler takes other misses first and reads the chunk as a hit once
 inserted, or waits for it (bounded) when it has nothing else to take. A claim ends when the
-chunk is put (stored, present or refused: a refused chunk's waiters read it themselves), when
-its holder is forgotten (finished, gone past the job TTL), or when its lease runs out (a holder
-that died, or a read slower than the lease). A claim decides only who reads first: a chunk is
+chunk is put (stored, present or refused: a refused chunk is kept briefly for its waiters,
+``_transient``), when its holder is forgotten (finished, gone past the job TTL), or when its
+lease runs out (a holder that died, or a read slower than the lease). A claim decides only who reads first: a chunk is
 never refused to a reader because of one, and an expired claim is a second read, never a lost
 chunk.
 

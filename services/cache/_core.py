@@ -21,6 +21,7 @@ from ._allocation import Allocation, JobDemand, allocate, estimate_benefit
 from ._chunkstore import ChunkStore, DigestMismatch
 from ._claims import MAX_WAIT_S, Claims
 from ._eviction import ConsumptionTracker, EvictionPolicy, Ledger, Outcome, _JobProgress, make_policy
+from ._transient import Transient
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,8 @@ class CacheCore:
         self._claims_changed = threading.Condition(self._lock)
         self._waiters = 0
         self.max_wait_s = MAX_WAIT_S  # longest a lookup waits for chunks in flight
+        # Claimed chunks the cache refused, kept briefly (bounded) for the jobs waiting on them.
+        self.transient = Transient()
         self.ledger = Ledger()
         self.consumption = ConsumptionTracker(ttl_s=job_ttl_s)
         self.jobs: dict[str, _JobInfo] = {}
@@ -145,7 +148,8 @@ class CacheCore:
     def lookup(self, digests: Sequence[str], dataset: str = "") -> list[str]:
         with self._lock:
             self._learn(digests, dataset)
-            return [d for d in digests if d in self.ledger]
+            self.transient.expire(self.clock())
+            return [d for d in digests if d in self.ledger or d in self.transient]
 
     def lookup_claim(
         self,
@@ -166,7 +170,8 @@ class CacheCore:
             self._learn(claim, dataset)
             now = self.clock()
             self.claims.expire(now)
-            wanted = [d for d in claim if is_digest(d) and d not in self.ledger]
+            self.transient.expire(now)
+            wanted = [d for d in claim if is_digest(d) and d not in self.ledger and d not in self.transient]
             claimed = self.claims.claim(wanted, job, now, lease_s)
             if wait_s > 0 and self._waiters < MAX_WAITERS:
                 self._waiters += 1
@@ -183,8 +188,13 @@ class CacheCore:
                 finally:
                     self._waiters -= 1
             now = self.clock()
-            present = [d for d in digests if d in self.ledger]
-            in_flight = [d for d in self.claims.in_flight(digests, job, now) if d not in self.ledger]
+            self.transient.expire(now)
+            present = [d for d in digests if d in self.ledger or d in self.transient]
+            in_flight = [
+                d
+                for d in self.claims.in_flight(digests, job, now)
+                if d not in self.ledger and d not in self.transient
+            ]
             return LookupResult(present, in_flight, claimed)
 
     def _release(self, digests: Iterable[str]) -> None:
@@ -266,8 +276,15 @@ class CacheCore:
                 held = e is not None and offset >= 0 and 0 <= length and offset + length <= e.size
                 if held:
                     self.ledger.touch(chunk)
+                    kept = None
+                else:
+                    kept = self.transient.get(chunk, self.clock())
             data = None
-            if held:
+            if kept is not None:
+                part = kept[offset : offset + length] if 0 <= offset and 0 <= length else b""
+                if len(part) == length and digest(part) == sample_digest:
+                    data = part
+            elif held:
                 try:
                     data = self.store.read(chunk, offset, length)
                 except (NotFound, OSError):  # vanished underneath us: a miss
@@ -286,8 +303,9 @@ class CacheCore:
         for d in digests:
             with self._lock:
                 held = d in self.ledger
-            data = None
-            if held:
+                kept = None if held else self.transient.get(d, self.clock())
+            data = kept
+            if kept is None and held:
                 if self.store.verify(d):
                     data = self.store.read(d)
                 else:
@@ -348,11 +366,17 @@ class CacheCore:
             )
             if adm.outcome is Outcome.PRESENT:
                 self.ledger.touch(d)
+                self.transient.drop(d)
                 self._release((d,))
                 return PutResult(d, "present")
             if not adm.admitted:
                 self.counters.rejected += 1
-                self._release((d,))  # its waiters read it themselves
+                now = self.clock()
+                if self.claims.holder(d, now) is not None:
+                    # Jobs may be waiting on its claim: keep it for them briefly, outside the
+                    # allocation (``_transient``), so that none reads it from the backing store.
+                    self.transient.keep(d, data, now)
+                self._release((d,))
                 return PutResult(d, adm.outcome.value, adm.reason)
             # Reserve the room now so that concurrent puts see it taken.
             for v in adm.victims:
@@ -361,6 +385,7 @@ class CacheCore:
                 self.store.drop(v)
                 self.counters.evictions += 1
             self.ledger.add(d, len(data), dataset)
+            self.transient.drop(d)
         if self.directory is not None and adm.victims:
             self.directory.remove(adm.victims)
         try:

@@ -57,12 +57,55 @@ def test_a_claimed_chunk_is_in_flight_to_other_jobs_only_until_it_is_put(core):
     assert len(core.claims) == 1  # DB's
 
 
-def test_a_refused_put_ends_the_claim_so_its_waiters_read_it_themselves(tmp_path):
-    core = CacheCore(ChunkStore(str(tmp_path / "c")), 50)  # smaller than the chunk
+def test_a_refused_claimed_chunk_is_kept_briefly_for_its_waiters(tmp_path):
+    """The cache refuses a claimed chunk (smaller than it): the job waiting on the claim gets
+    the bytes from the server, not from the backing store, for a bounded time and memory."""
+    clock = _Clock()
+    core = CacheCore(ChunkStore(str(tmp_path / "c")), 50, clock=clock)  # smaller than the chunk
+    core.max_wait_s = 60
     core.lookup_claim([DA], "d", job="j1", claim=[DA])
+    answers = []
+    waiter = threading.Thread(
+        target=lambda: answers.append(core.lookup_claim([DA], "d", job="j2", wait_s=60))
+    )
+    waiter.start()
+    _until(lambda: core._waiters == 1, "the lookup did not wait")
     assert core.put(DA, A, "d").outcome != "stored"
-    r = core.lookup_claim([DA], "d", job="j2", wait_s=30)  # answers at once: nothing in flight
-    assert r.present == [] and r.in_flight == []
+    waiter.join(30)
+    # Woken by the refusal, the waiter finds it present (not in flight, not to read itself).
+    assert answers and answers[0].present == [DA] and answers[0].in_flight == []
+    assert core.lookup_claim([DA], "d", job="j3", claim=[DA]).claimed == []  # nothing to read
+    assert dict(core.read_chunks([DA], job="j2")) == {DA: A}
+    assert list(core.read_samples([(DA, 10, 5, digest(A[10:15]))], job="j3")) == [(0, A[10:15])]
+    # A range outside it or bytes that do not match the sample's digest are a miss.
+    assert list(core.read_samples([(DA, 98, 5, digest(A[98:]))])) == [(0, None)]
+    assert core.ledger.used == 0 and core.transient.used == len(A)  # outside the allocation
+    clock.t += core.transient.ttl_s  # bounded in time: then the backing store, as before
+    assert core.lookup_claim([DA], "d", job="j2").present == []
+    assert dict(core.read_chunks([DA])) == {DA: None} and core.transient.used == 0
+
+
+def test_a_refused_chunk_nobody_claimed_is_not_kept_and_the_memory_is_bounded(tmp_path):
+    core = CacheCore(ChunkStore(str(tmp_path / "c")), 50)
+    assert core.put(DA, A, "d").outcome != "stored"  # no claim, nobody waits: not kept
+    assert core.lookup([DA]) == [] and len(core.transient) == 0
+    core.transient.max_bytes = 150  # room for one chunk of 100 bytes
+    core.lookup_claim([DA, DB], "d", job="j1", claim=[DA, DB])
+    core.put(DA, A, "d")
+    core.put(DB, B, "d")
+    assert core.lookup([DA, DB]) == [DB] and core.transient.used == 100  # the oldest went first
+    big = b"c" * 200  # larger than the bound: not kept at all
+    core.lookup_claim([digest(big)], "d", job="j1", claim=[digest(big)])
+    core.put(digest(big), big, "d")
+    assert core.lookup([digest(big), DB]) == [DB] and core.transient.used == 100
+
+
+def test_a_chunk_kept_for_waiters_is_dropped_once_stored(tmp_path):
+    core = CacheCore(ChunkStore(str(tmp_path / "c")), 150)
+    core.lookup_claim([DA], "d", job="j1", claim=[DA])
+    core.transient.keep(DA, A, core.clock())
+    assert core.put(DA, A, "d").outcome == "stored"
+    assert len(core.transient) == 0 and core.transient.used == 0 and core.lookup([DA]) == [DA]
 
 
 def test_a_waiting_lookup_wakes_when_the_chunk_is_put(core):
