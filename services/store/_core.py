@@ -147,8 +147,8 @@ class StoreCore:
         # a gathered table at least this big is semi-joined to its smaller filtered partners
         # (``_sql.SEMI_JOIN_MIN_BYTES`` when None; 0 or less: never)
         self.sql_semi_join_bytes = sql_semi_join_bytes
-        # a correlated [NOT] EXISTS on a co-partitioned partition key runs per partition
-        # (``_sql._correlated_exists``); False: such queries gather (the plans before; A/B benchmark)
+        # subqueries keyed to a co-partitioned partition column ([NOT] EXISTS, [NOT] IN, scalar)
+        # run per partition (``_sql._subqueries``); False: such queries gather (A/B benchmark)
         self.sql_subquery_pushdown = True
         self.catalog = Catalog(kv)
         self.transport = transport

@@ -3,7 +3,9 @@
 A query takes one of three shapes (the first that fits; EXPLAIN says which and why):
 
 - ``partition_local``: one table, or two inner-joined on keys whose replicas are co-partitioned by
-  the same function, with no subquery, and either no aggregate (a scan: filter, project, top-k)
+  the same function, with no subquery save those keyed to the split's partition column
+  (``_subqueries``: correlated [NOT] EXISTS, [NOT] IN and scalar subqueries, ``IN (SELECT k ...
+  GROUP BY k ...)``, which then run per partition too), and either no aggregate (a scan: filter, project, top-k)
   or a GROUP BY that contains the partition column. Every output row (every group) then comes
   from one partition, so the whole query (less the final ORDER BY/LIMIT, which each fragment
   applies as a top-k) runs per partition on a store node and the coordinator concatenates and
@@ -26,6 +28,7 @@ import base64
 import datetime as dt
 import decimal
 import functools
+import itertools
 import json
 import logging
 import threading
@@ -383,6 +386,8 @@ class _Ctx:
     addresses: dict[str, str]
     # tables every fragment reads whole (small dimension tables joined to the split table(s))
     broadcast: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # ids of table references whose filters must not prune the split (``_subqueries``)
+    noprune: set[int] = field(default_factory=set)
     _names: Any = ...
 
     def needed(self, schema: pa.Schema) -> list[str]:
@@ -699,7 +704,7 @@ def _by_node(units: list[Unit]) -> dict[str, list[dict[str, Any]]]:
     return dict(sorted(out.items()))
 
 
-def _simple_select(tree: exp.Expr, allowed: tuple[exp.Exists, ...] = ()) -> exp.Select | None:
+def _simple_select(tree: exp.Expr, allowed: tuple[exp.Expr, ...] = ()) -> exp.Select | None:
     """``tree`` as one SELECT without CTEs, set operations, subqueries or windows, else None
     (the subqueries in ``allowed`` excepted: their insides are not looked at)."""
     if not isinstance(tree, exp.Select) or tree.args.get("with"):
@@ -726,15 +731,32 @@ def _simple_select(tree: exp.Expr, allowed: tuple[exp.Exists, ...] = ()) -> exp.
     return tree
 
 
-def _copartition(ctx: _Ctx, sel: exp.Select, refs: list[exp.Table]) -> tuple[dict[str, int], str] | None:
-    """For two tables joined by an equality of partition columns co-partitioned by one function:
-    ``({table: replica}, description)``; None otherwise."""
-    a, b = refs
+def _same_domain(a: pa.DataType, b: pa.DataType) -> bool:
+    """Equal values of columns of these types fall in equal partitions of one function: one type,
+    both integers (hashed as 64-bit integers), or both strings. (A string and an integer column
+    can compare equal in SQL, ``'5' = 5``, yet hash apart.)"""
+    if a == b:
+        return True
+    if pa.types.is_integer(a) and pa.types.is_integer(b):
+        return True
+    strings = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+    return any(f(a) for f in strings) and any(f(b) for f in strings)
+
+
+def _field_type(t: TableInfo, column: str) -> pa.DataType:
+    return t.schema.field(column).type
+
+
+def _copart_options(ctx: _Ctx, sel: exp.Select, a: exp.Table, b: exp.Table) -> list[tuple[int, int, str]]:
+    """Every ``(replica of a, replica of b, description)`` that co-partitions ``a`` and ``b``:
+    ``sel``'s WHERE or an inner join's ON holds an equality of their two replicas' partition
+    columns, and the replicas partition by one function."""
     ta, tb = ctx.tables[a.name.lower()], ctx.tables[b.name.lower()]
     cols_a, cols_b = _columns_of({"a": ta})["a"], _columns_of({"b": tb})["b"]
     conds = _conjuncts(sel.args["where"].this if sel.args.get("where") else None)
     for j in sel.args.get("joins") or []:
         conds += _conjuncts(j.args.get("on"))
+    out: list[tuple[int, int, str]] = []
     for c in conds:
         if (
             not isinstance(c, exp.EQ)
@@ -752,12 +774,21 @@ def _copartition(ctx: _Ctx, sel: exp.Select, refs: list[exp.Table]) -> tuple[dic
                             sa.column.lower() == p.name.lower()
                             and sb.column.lower() == q.name.lower()
                             and sa.same_function(sb)
+                            and _same_domain(_field_type(ta, sa.column), _field_type(tb, sb.column))
                         ):
-                            return {
-                                ta.name: ra,
-                                tb.name: rb,
-                            }, f"{ta.name}.{sa.column} = {tb.name}.{sb.column}"
-    return None
+                            out.append((ra, rb, f"{ta.name}.{sa.column} = {tb.name}.{sb.column}"))
+    return out
+
+
+def _copartition(ctx: _Ctx, sel: exp.Select, refs: list[exp.Table]) -> tuple[dict[str, int], str] | None:
+    """For two tables joined by an equality of partition columns co-partitioned by one function:
+    ``({table: replica}, description)``; None otherwise."""
+    a, b = refs
+    opts = _copart_options(ctx, sel, a, b)
+    if not opts:
+        return None
+    ra, rb, how = opts[0]
+    return {ctx.tables[a.name.lower()].name: ra, ctx.tables[b.name.lower()].name: rb}, how
 
 
 BROADCAST_BYTES = 64e6  # a joined table at most this big (one replica) may be read whole by every fragment
@@ -768,46 +799,114 @@ def _replica_bytes(t: TableInfo) -> float:
     return t.bytes / REPLICAS
 
 
-def _correlated_exists(
-    ctx: _Ctx, refs: list[exp.Table]
-) -> tuple[tuple[exp.Exists, ...], tuple[list[exp.Table], dict[str, int], str] | None]:
-    """The WHERE's ``[NOT] EXISTS (SELECT ... FROM t WHERE t.k = outer.k' AND ...)`` conjuncts
-    that can run per partition: the subquery reads one table (no join, aggregate, window or
-    nested subquery) and is correlated by an equality of ``k``, a partition column of a replica
-    of ``t``, and ``k'``, a partition column of an outer table's replica partitioned by the same
-    function. An outer row of partition p then matches only subquery rows of partition p, so
-    EXISTS and NOT EXISTS are exact per partition. Returns the subqueries and, for the first,
-    the split pair with its replicas and a description; ``((), None)`` when there is none."""
+@dataclass
+class _SubLink:
+    """A subquery conjunct of the outer WHERE that can run per partition: ``node`` (the
+    ``Exists`` or ``Subquery`` the SELECT check lets through), its table reference ``iref``, and
+    every way it is keyed to an outer table: ``(outer reference, its replica, iref's replica,
+    description)``. ``prunes``: its own filters may prune partitions (EXISTS, IN: an outer row
+    of a pruned partition finds no match and is dropped anyway; not so for NOT EXISTS, NOT IN
+    or a scalar subquery, whose empty answer can still keep the row)."""
+
+    kind: str
+    node: exp.Expr
+    iref: exp.Table
+    options: list[tuple[exp.Table, int, int, str]]
+    prunes: bool
+
+
+@dataclass
+class _Subs:
+    """The subqueries of a query that runs per partition with them (``_subqueries``)."""
+
+    nodes: tuple[exp.Expr, ...]
+    split: list[exp.Table]  # the outer split tables, then each subquery's table
+    chosen: dict[str, int]
+    explain: list[str]
+    noprune: set[int]  # ids of table references whose filters must not prune partitions
+
+
+def _subquery_conjunct(c: exp.Expr) -> tuple[str, exp.Expr, exp.Select, exp.Column | None] | None:
+    """``(kind, node, its SELECT, the outer column of an IN)`` of a WHERE conjunct holding a
+    subquery in one of the shapes that can run per partition, else None."""
+    neg = isinstance(c, exp.Not)
+    e = c.this if neg else c
+    if isinstance(e, exp.Exists) and isinstance(e.this, exp.Select):
+        return ("NOT EXISTS" if neg else "EXISTS"), e, e.this, None
+    if (
+        isinstance(e, exp.In)
+        and isinstance(e.args.get("query"), exp.Subquery)
+        and isinstance(e.args["query"].this, exp.Select)
+        and isinstance(e.this, exp.Column)
+    ):
+        return ("NOT IN" if neg else "IN"), e.args["query"], e.args["query"].this, e.this
+    if not neg and type(e) in _CMP:
+        sides = [s for s in (e.this, e.expression) if isinstance(s, exp.Subquery)]
+        other = e.expression if sides and sides[0] is e.this else e.this
+        if (
+            len(sides) == 1
+            and isinstance(sides[0].this, exp.Select)
+            and not other.find(exp.Select, exp.Subquery, exp.Exists)
+        ):
+            return "scalar", sides[0], sides[0].this, None
+    return None
+
+
+def _subqueries(ctx: _Ctx, refs: list[exp.Table]) -> _Subs | None:
+    """The subqueries of the outer WHERE when the whole query can run per partition with them:
+    every conjunct holding a subquery is ``[NOT] EXISTS``, ``x [NOT] IN (SELECT ...)`` or a
+    comparison with a scalar subquery, over one table (no join or nested subquery), and
+
+    - *correlated* by an equality of ``k``, the partition column of a replica of its table, and
+      ``k'``, the partition column of an outer table's replica partitioned by the same function
+      (further conditions, equalities or not, may follow); then an outer row of partition p
+      sees only subquery rows with ``k = k'``, all in partition p, so whatever the subquery
+      computes over them (EXISTS, an aggregate, a GROUP BY, an IN list) is the same in the
+      fragment of partition p as over the whole table (DuckDB decorrelates it there: a grouped
+      aggregate joined back);
+    - or ``x IN (SELECT k ... [GROUP BY ..., k, ...])`` with ``x`` an outer partition column and
+      ``k`` the subquery's, partitioned by the same function: a value ``v`` it returns comes
+      from rows (a group) with ``k = v``, all in partition f(v), which is where the outer rows
+      with ``x = v`` are (NULLs make a positive IN no truer; so NOT IN takes only the first way).
+
+    The outer tables so keyed are split with the subqueries' tables (at most two outer ones,
+    co-partitioned by a join equality; one may bring its co-partitioned join partner), every
+    reference of a table with one replica; the other outer tables must be broadcast. None when
+    there is no such subquery, or one that does not fit (the query then gathers)."""
     tree = ctx.tree
     if not isinstance(tree, exp.Select) or not getattr(ctx.core, "sql_subquery_pushdown", True):
-        return (), None
+        return None
+    where = tree.args.get("where")
     colsets = _columns_of(ctx.tables)
     outer = [r for r in refs if _scope(r) is tree]
-    found: list[exp.Exists] = []
-    split: tuple[list[exp.Table], dict[str, int], str] | None = None
-    for c in _conjuncts(tree.args["where"].this if tree.args.get("where") else None):
-        e = c.this if isinstance(c, exp.Not) else c
-        if not isinstance(e, exp.Exists) or not isinstance(e.this, exp.Select):
+    links: list[_SubLink] = []
+    for c in _conjuncts(where.this if where else None):
+        if not c.find(exp.Select, exp.Subquery, exp.Exists):
             continue
-        sub = e.this
-        inner = [r for r in refs if r.find_ancestor(exp.Exists) is e]
+        shape = _subquery_conjunct(c)
+        if shape is None:
+            return None
+        kind, node, sub, x = shape
+        inner = [r for r in refs if _within(r, node)]
         if (
             len(inner) != 1
             or _scope(inner[0]) is not sub
             or sub.args.get("joins")
-            or any(sub.args.get(k) for k in ("with", "group", "having", "qualify", "distinct", "limit"))
+            or any(sub.args.get(k) for k in ("with", "qualify"))
             or any(
                 n is not sub
-                and isinstance(n, (exp.Select, exp.Subquery, exp.Exists, exp.Window, exp.AggFunc))
+                and isinstance(n, (exp.Select, exp.Subquery, exp.Exists, exp.Window, exp.SetOperation))
                 for n in sub.walk()
             )
         ):
-            continue
+            return None
         iref = inner[0]
         ti = ctx.tables[iref.name.lower()]
         icols = colsets[ti.name.lower()]
-        pair = None
-        for q in _conjuncts(sub.args["where"].this if sub.args.get("where") else None):
+        options: list[tuple[exp.Table, int, int, str]] = []
+
+        swhere = sub.args.get("where")
+        for q in _conjuncts(swhere.this if swhere else None):
             if not (
                 isinstance(q, exp.EQ)
                 and isinstance(q.this, exp.Column)
@@ -816,50 +915,171 @@ def _correlated_exists(
                 continue
             for a, b in ((q.this, q.expression), (q.expression, q.this)):
                 if (
-                    not _owned(a, iref.alias_or_name, icols, set())
-                    or (not b.table and b.name.lower() in icols)
-                    or (b.table and b.table.lower() == iref.alias_or_name.lower())
+                    _owned(a, iref.alias_or_name, icols, set())
+                    and not (not b.table and b.name.lower() in icols)
+                    and not (b.table and b.table.lower() == iref.alias_or_name.lower())
                 ):
-                    continue  # a must be the inner table's, b surely not
-                for oref in outer:
-                    to = ctx.tables[oref.name.lower()]
-                    ocols = colsets[to.name.lower()]
-                    rest = set().union(*(colsets[r.name.lower()] for r in outer if r is not oref))
-                    if to.name == ti.name or not _owned(b, oref.alias_or_name, ocols, rest):
-                        continue
-                    for ro in range(REPLICAS):
-                        for ri in range(REPLICAS):
-                            so, si = to.specs[ro], ti.specs[ri]
-                            if (
-                                so.column.lower() == b.name.lower()
-                                and si.column.lower() == a.name.lower()
-                                and so.same_function(si)
-                                and pair is None
-                            ):
-                                pair = (
-                                    [oref, iref],
-                                    {to.name: ro, ti.name: ri},
-                                    f"{ti.name}.{si.column} = {to.name}.{so.column}",
-                                )
-        if pair is None:
+                    options += _keyings(
+                        ctx, outer, iref, a, b, f"correlated {kind}"
+                    )  # a surely the subquery table's, b surely not: a correlation
+        if kind == "IN" and x is not None and not sub.args.get("limit") and not sub.args.get("offset"):
+            (k,) = sub.expressions if len(sub.expressions) == 1 else (None,)
+            group = sub.args.get("group")
+            gnames = {
+                g.name.lower() for g in (group.expressions if group else []) if isinstance(g, exp.Column)
+            }
+            if (
+                isinstance(k, exp.Column)
+                and _owned(k, iref.alias_or_name, icols, set())
+                and (not sub.find(exp.AggFunc) or k.name.lower() in gnames)
+                and not (group is not None and group.args.get("all"))
+            ):
+                options += _keyings(ctx, outer, iref, k, x, f"IN (SELECT {k.name} ...)")
+        if not options:
+            return None
+        links.append(_SubLink(kind, node, iref, options, kind in ("EXISTS", "IN")))
+    if not links:
+        return None
+    best: tuple[float, _Subs] | None = None
+    for combo in itertools.product(*(lk.options for lk in links)):
+        found = _sub_split(ctx, tree, outer, links, combo)
+        if found is not None and (best is None or found[0] > best[0]):
+            best = found
+    return best[1] if best is not None else None
+
+
+def _keyings(
+    ctx: _Ctx, outer: list[exp.Table], iref: exp.Table, a: exp.Column, b: exp.Column, label: str
+) -> list[tuple[exp.Table, int, int, str]]:
+    """``(outer reference, its replica, ti's replica, description)`` for each outer table ``b``
+    surely belongs to, and each pair of replicas partitioned on ``b`` and on ``a`` (``ti``'s
+    column) by one function."""
+    ti = ctx.tables[iref.name.lower()]
+    colsets = _columns_of(ctx.tables)
+    out = []
+    for oref in outer:
+        to = ctx.tables[oref.name.lower()]
+        rest = set().union(*(colsets[r.name.lower()] for r in outer if r is not oref))
+        if not _owned(b, oref.alias_or_name, colsets[to.name.lower()], rest):
             continue
-        found.append(e)
-        split = split or pair
-    if len(found) != 1:
-        return (), None  # several: each would need its own pair to match the split (not built)
-    return tuple(found), split
+        for ro in range(REPLICAS):
+            for ri in range(REPLICAS):
+                so, si = to.specs[ro], ti.specs[ri]
+                if (
+                    so.column.lower() == b.name.lower()
+                    and si.column.lower() == a.name.lower()
+                    and so.same_function(si)
+                    and _same_domain(_field_type(to, so.column), _field_type(ti, si.column))
+                ):
+                    out.append(
+                        (
+                            oref,
+                            ro,
+                            ri,
+                            f"{label} on {_named(iref, ti, si.column)} = {_named(oref, to, so.column)}",
+                        )
+                    )
+    return out
+
+
+def _named(ref: exp.Table, t: TableInfo, column: str) -> str:
+    alias = ref.alias_or_name
+    return f"{t.name}.{column}" + (f" (as {alias})" if alias.lower() != t.name.lower() else "")
+
+
+def _within(ref: exp.Table, node: exp.Expr) -> bool:
+    p = ref.parent
+    while p is not None:
+        if p is node:
+            return True
+        p = p.parent
+    return False
+
+
+def _sub_split(
+    ctx: _Ctx,
+    tree: exp.Select,
+    outer: list[exp.Table],
+    links: list[_SubLink],
+    combo: tuple[tuple[exp.Table, int, int, str], ...],
+) -> tuple[float, _Subs] | None:
+    """One choice of each subquery's keying (``combo``) as a split, with its size, or None when
+    the choices disagree (a table on two replicas, partition functions that differ, more than
+    two outer tables or two not co-partitioned)."""
+    chosen: dict[str, int] = {}
+    orefs: list[exp.Table] = []
+    for lk, (oref, ro, ri, _how) in zip(links, combo, strict=True):
+        for ref, r in ((oref, ro), (lk.iref, ri)):
+            if chosen.setdefault(ctx.tables[ref.name.lower()].name, r) != r:
+                return None
+        if all(oref is not o for o in orefs):
+            orefs.append(oref)
+    specs = [ctx.tables[n.lower()].specs[r] for n, r in chosen.items()]
+    if not all(specs[0].same_function(s) for s in specs[1:]):
+        return None
+    explain = [
+        f"subquery: {how}: co-partitioned replicas, so it runs per partition next to the data (an outer "
+        "row of partition p matches only rows of partition p)"
+        for (_o, _ro, _ri, how) in combo
+    ]
+    tname = {id(r): ctx.tables[r.name.lower()].name for r in outer}
+    if len(orefs) > 2:
+        return None
+    if len(orefs) == 2:
+        a, b = orefs
+        opts = [
+            how
+            for ra, rb, how in _copart_options(ctx, tree, a, b)
+            if (ra, rb) == (chosen[tname[id(a)]], chosen[tname[id(b)]])
+        ]
+        if not opts:
+            return None
+        explain.append(
+            f"join {opts[0]}: co-partitioned replicas, so partition p joins only partition p (no shuffle)"
+        )
+    else:
+        (a,) = orefs
+        partner = None
+        for c in outer:
+            if c is a:
+                continue
+            for ra, rc, how in _copart_options(ctx, tree, a, c):
+                if ra != chosen[tname[id(a)]] or chosen.get(tname[id(c)], rc) != rc:
+                    continue
+                size = _replica_bytes(ctx.tables[c.name.lower()])
+                if partner is None or size > partner[0]:
+                    partner = (size, c, rc, how)
+        if partner is not None:
+            _s, c, rc, how = partner
+            orefs.append(c)
+            chosen[tname[id(c)]] = rc
+            explain.append(
+                f"join {how}: co-partitioned replicas, so partition p joins only partition p (no shuffle)"
+            )
+    # a table is one input of a fragment: split whole or broadcast whole, not both
+    if any(tname[id(r)] in chosen for r in outer if all(r is not o for o in orefs)):
+        return None
+    noprune = {id(lk.iref) for lk in links if not lk.prunes}
+    size = sum(_replica_bytes(ctx.tables[n.lower()]) for n in chosen)
+    split = orefs + [lk.iref for lk in links]
+    return size, _Subs(tuple(lk.node for lk in links), split, chosen, explain, noprune)
 
 
 def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
-    subs, sub_split = _correlated_exists(ctx, refs)
-    sel = _simple_select(ctx.tree, subs)
+    subs = _subqueries(ctx, refs)
+    sel = _simple_select(ctx.tree, subs.nodes if subs else ())
     if sel is None or not refs:
         return None
+    inside = {id(x) for a in (subs.nodes if subs else ()) for x in a.walk()}
     names = [r.name.lower() for r in refs]
-    if len(set(names)) != len(names):
+    outer_names = [r.name.lower() for r in refs if id(r) not in inside]
+    if len(set(outer_names)) != len(outer_names):
+        return None  # a table twice in the FROM: one input per table name (its replica, its filters)
+    if subs is None and len(set(names)) != len(names):
         return None
+    ctx.noprune = subs.noprune if subs else set()
     colsets = _columns_of(ctx.tables)
-    aggs = [a for a in sel.find_all(exp.AggFunc)]
+    aggs = [a for a in sel.find_all(exp.AggFunc) if id(a) not in inside]  # the outer SELECT's own
     group = [g for g in (sel.args["group"].expressions if sel.args.get("group") else [])]
     is_agg = bool(aggs) or bool(group)
     explain: list[str] = []
@@ -867,25 +1087,21 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     # biggest table; every other table must be small enough to be read whole by each fragment
     split: list[exp.Table] | None = None
     best = -1.0
-    if sub_split is not None:
-        split, chosen, how = sub_split
-        best = float("inf")  # the subquery's table is split with its outer partner
-        explain.append(
-            f"subquery: correlated EXISTS on {how}: co-partitioned replicas, so it runs per partition "
-            "next to the data (an outer row of partition p matches only rows of partition p)"
-        )
-    for i in range(len(refs)):
-        for j in range(i + 1, len(refs)):
-            co = _copartition(ctx, sel, [refs[i], refs[j]])
-            size = _replica_bytes(ctx.tables[names[i]]) + _replica_bytes(ctx.tables[names[j]])
-            if co is not None and size > best:
-                split, chosen, how, best = [refs[i], refs[j]], co[0], co[1], size
-    if split is not None:
-        if sub_split is None:
+    if subs is not None:  # the subqueries' tables are split with the outer tables they are keyed to
+        split, chosen = subs.split, dict(subs.chosen)
+        explain += subs.explain
+    else:
+        for i in range(len(refs)):
+            for j in range(i + 1, len(refs)):
+                co = _copartition(ctx, sel, [refs[i], refs[j]])
+                size = _replica_bytes(ctx.tables[names[i]]) + _replica_bytes(ctx.tables[names[j]])
+                if co is not None and size > best:
+                    split, chosen, how, best = [refs[i], refs[j]], co[0], co[1], size
+        if split is not None:
             explain.append(
                 f"join {how}: co-partitioned replicas, so partition p joins only partition p (no shuffle)"
             )
-    else:
+    if split is None:
         big = max(range(len(refs)), key=lambda k: _replica_bytes(ctx.tables[names[k]]))
         split = [refs[big]]
         t = ctx.tables[names[big]]
@@ -900,7 +1116,7 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
             f"table {t.name}: replica {r} ({t.specs[r].describe()})"
             + (": " + "; ".join(reasons) if reasons else "")
         )
-    split_bytes = sum(_replica_bytes(ctx.tables[r.name.lower()]) for r in split)
+    split_bytes = sum(_replica_bytes(ctx.tables[n]) for n in {r.name.lower() for r in split})
     ctx.broadcast = {}
     for ref in refs:
         if any(ref is x for x in split):
@@ -958,10 +1174,9 @@ def _units_by_partition(
         n = ref.name.lower()
         t = ctx.tables[n]
         others = set().union(*(v for m, v in colsets.items() if m != n))
+        if id(ref) in ctx.noprune:
+            continue  # NOT EXISTS, NOT IN, scalar: an outer row of a partition its filters prune is kept
         conds = pushable(ctx.tree, ref, colsets[n], others)
-        sub = ref.find_ancestor(exp.Exists)
-        if sub is not None and isinstance(sub.parent, exp.Not):
-            continue  # NOT EXISTS: an outer row of a partition its filters prune is kept, not dropped
         a, w = pruned_partitions(t, chosen[t.name], triples(conds, {s.column for s in t.specs}))
         if a is not None:
             allowed = a if allowed is None else allowed & a
@@ -1068,7 +1283,7 @@ def _partition_local(
         node_sel.set("offset", None)
         if lim is not None:
             node_sel = node_sel.limit(exp.Add(this=lim.expression.copy(), expression=off.copy()), copy=False)
-    per_partition = len(refs) == 2 or bool(sel.args.get("group"))
+    per_partition = len(refs) >= 2 or bool(sel.args.get("group"))
     tasks, moved = _fragment_tasks(ctx, refs, chosen, sel, node_sel.sql(DIALECT), per_partition, explain)
     what = "groups are whole within a partition" if sel.args.get("group") else "rows are independent"
     explain.append(
@@ -1184,7 +1399,7 @@ def _partial_agg(
         node_sel.set("where", sel.args["where"].copy())
     if group:
         node_sel = node_sel.group_by(*[exp.column(f"__g{i}") for i in range(len(group))])
-    tasks, moved = _fragment_tasks(ctx, refs, chosen, sel, node_sel.sql(DIALECT), len(refs) == 2, explain)
+    tasks, moved = _fragment_tasks(ctx, refs, chosen, sel, node_sel.sql(DIALECT), len(refs) >= 2, explain)
     explain.append(
         f"plan: partial aggregation: {len(tasks)} fragments aggregate next to the data (DuckDB over the extents); "
         f"the coordinator merges {len(amap)} partial aggregates"

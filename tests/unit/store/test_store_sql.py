@@ -112,8 +112,12 @@ def test_plans_push_work_to_the_replicas(store):
     for q in (5, 10, 19):
         plan = plan_of(QUERIES[q])
         assert plan.kind == "partial_agg" and "broadcast" in plan.explain_text()
-    # subqueries: gathered, whole SQL at the coordinator (Q4's EXISTS runs per partition: below)
-    for q in (2, 17, 20, 21):
+    # subqueries keyed to a partition column run per partition (Q4: below; the shapes on other
+    # tables: test_store_sql_subquery.py); the others are gathered, whole SQL at the coordinator
+    for q, kind in ((17, "partial_agg"), (18, "partition_local"), (21, "partial_agg")):
+        plan = plan_of(QUERIES[q])
+        assert plan.kind == kind and "subquery: " in plan.explain_text(), plan.explain_text()
+    for q in (2, 20, 22):
         assert plan_of(QUERIES[q]).kind == "gather"
 
 
@@ -149,7 +153,8 @@ def test_correlated_exists_on_a_partition_key_runs_per_partition(store, duck, sq
     plan = check(core, duck, sql)
     assert plan.kind == kind, plan.explain_text()
     if kind != "gather":
-        assert "subquery: correlated EXISTS on lineitem.l_orderkey = orders.o_orderkey" in plan.explain_text()
+        text = plan.explain_text()
+        assert "EXISTS on lineitem.l_orderkey" in text and "= orders.o_orderkey" in text, text
 
 
 def test_tables_too_big_to_broadcast_are_gathered(store, duck, monkeypatch):
@@ -310,13 +315,14 @@ def test_an_empty_table_answers_with_its_schema(tmp_path):
 
 
 def test_a_gather_streamed_into_duckdb_matches(store, duck, monkeypatch):
-    # big gathers stream their inputs into DuckDB tables (Q21: subqueries, a table used three
-    # times); at SF 0.01 every gather is small and held as Arrow unless told otherwise
+    # big gathers stream their inputs into DuckDB tables (Q2: subqueries, tables used twice); at
+    # SF 0.01 every gather is small and held as Arrow unless told otherwise
     from microco.services.store import _sql
 
     core, _ = store
     monkeypatch.setattr(_sql, "STREAM_MERGE_BYTES", 0)
-    assert check(core, duck, f"/* streamed */ {QUERIES[21]}").streams_merge
+    plan = check(core, duck, f"/* streamed */ {QUERIES[2]}")
+    assert plan.kind == "gather" and plan.streams_merge
 
 
 def test_semi_joins_filter_big_gathered_tables_by_their_partners_keys(store, duck, monkeypatch):
