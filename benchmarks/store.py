@@ -13,6 +13,7 @@ against what a full scan of the source replica would read. JSON on stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,66 @@ def generate(sf: float, out: Path) -> Path:
 
     _log(f"TPC-H sf={sf:g} in {out}")
     return tpch_generate(sf, out)
+
+
+def tpch_specs(name: str) -> list[str]:
+    """The benchmark's partitionings of a TPC-H table: ``P`` hash partitions (shared keys hashed
+    alike, so joins on them can be co-partitioned); orders also by year, lineitem by its three
+    keys."""
+    from microco.benchmarks.store_tpch import REPLICAS
+
+    if name == "orders":
+        bounds = ",".join(f"{y}-01-01" for y in range(1993, 1999))
+        return [f"o_orderkey:hash:{P}", f"o_custkey:hash:{P}", f"o_orderdate:range:{bounds}"]
+    if name == "lineitem":
+        return [f"l_orderkey:hash:{P}", f"l_partkey:hash:{P}", f"l_suppkey:hash:{P}"]
+    return [r.replace(":hash:4", f":hash:{P}") for r in REPLICAS[name]]
+
+
+def load_tables(client: Any, data: Path, names: Sequence[str]) -> None:
+    """Create and load these TPC-H tables from their Parquet files, partitioned by ``tpch_specs``."""
+    for name in names:
+        path = data / f"{name}.parquet"
+        client.create_table(name, parquet_schema(path), tpch_specs(name))
+        client.append(name, path, timeout=load_timeout(path))
+
+
+@contextlib.contextmanager
+def bench_cluster(
+    prefix: str,
+    nodes: int,
+    coordinator_args: Sequence[str],
+    node_args: Sequence[str] = (),
+    lease_ttl_s: int = 2,
+) -> Iterator[Any]:
+    """A store cluster of real processes of the benchmark's own (its CA, etcd, ``nodes`` store
+    nodes in three fault domains, a coordinator) under a fresh directory, started; stopped and
+    removed on leaving, SIGTERM included (``timeout`` runs the clean-up instead of orphaning it)."""
+    from microco.services.stack import EtcdServer
+    from microco.services.store import StoreCluster
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    private_ca(work / "pki")  # the servers it starts are its own: so are their identities
+    etcd = EtcdServer(work / "etcd").start()
+    cluster = StoreCluster(
+        etcd.endpoint,
+        work / "store",
+        [(f"store-{i}", f"rack{i % 3}") for i in range(nodes)],
+        lease_ttl_s=lease_ttl_s,
+        node_args=node_args,
+        coordinator_args=coordinator_args,
+    )
+    try:
+        _log(f"starting etcd and {nodes} store nodes + a coordinator")
+        cluster.start(timeout=300)  # six processes (and a JVM beside) starting on a loaded 2-core machine
+        _log("cluster ready")
+        yield cluster
+    finally:
+        cluster.stop()
+        etcd.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        _log("cluster stopped")
 
 
 def parquet_schema(path: Path) -> Any:
@@ -166,12 +228,7 @@ def tpch_queries(
     from microco.benchmarks.store_tpch import REPLICAS
 
     have = {t["name"] for t in client.list_tables()}
-    for name, reps in REPLICAS.items():
-        if name in have:
-            continue
-        path = data / f"{name}.parquet"
-        client.create_table(name, parquet_schema(path), [r.replace(":hash:4", f":hash:{P}") for r in reps])
-        client.append(name, path, timeout=load_timeout(path))
+    load_tables(client, data, [n for n in REPLICAS if n not in have])
     out = []
     for q, sql in sorted(TPCH.items()):
         row: dict[str, Any] = {
@@ -512,8 +569,6 @@ def main(argv: list[str] | None = None) -> int:
     import duckdb
 
     from microco.clients.store import StoreClient, storage_report
-    from microco.services.stack import EtcdServer
-    from microco.services.store import StoreCluster
 
     data = generate(sf, Path(args.data_dir))
     # Spark starts now, beside the store's start and load (its start-up is most of a quick run's
@@ -521,30 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     # the store, DuckDB and Spark one after the other, so all three see the same machine load.
     small = sf < 0.5
     spark = None if args.no_spark else _SparkSession(data, small=small)
-    # SIGTERM (e.g. `timeout`) runs the clean-up below instead of orphaning the cluster
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    work = Path(tempfile.mkdtemp(prefix="microco-bench-store-"))
-    private_ca(work / "pki")  # the servers it starts are its own: so are their identities
-    etcd = EtcdServer(work / "etcd").start()
     nodes = [(f"store-{i}", f"rack{i % 3}") for i in range(args.nodes)]
-    cluster = StoreCluster(
-        etcd.endpoint,
-        work / "store",
-        nodes,
-        lease_ttl_s=2,
-        node_args=[] if args.node_cache_mb is None else ["--extent-cache-mb", f"{args.node_cache_mb:g}"],
-        # one super-extent per table at these sizes: orders and lineitem partitions co-locate
-        coordinator_args=[
-            "--super-extent-rows",
-            str(args.super_extent_rows),
-            "--recovery-rate-mb",
-            "0",
-            "--recovery-grace-s",
-            "0",
-            "--recovery-interval-s",
-            "3600",
-        ],
-    )
     result: dict[str, Any] = {
         "benchmark": "store",
         "scale_factor": sf,
@@ -559,26 +591,26 @@ def main(argv: list[str] | None = None) -> int:
         "cores": os.cpu_count(),
         "load_average_at_start": os.getloadavg()[0],
     }
-    try:
-        _log(f"starting etcd and {args.nodes} store nodes + a coordinator")
-        cluster.start(timeout=300)  # six processes and a JVM starting on a loaded 2-core machine
-        _log("cluster ready")
+    with bench_cluster(
+        "microco-bench-store-",
+        args.nodes,
+        node_args=[] if args.node_cache_mb is None else ["--extent-cache-mb", f"{args.node_cache_mb:g}"],
+        # one super-extent per table at these sizes: orders and lineitem partitions co-locate
+        coordinator_args=[
+            "--super-extent-rows",
+            str(args.super_extent_rows),
+            "--recovery-rate-mb",
+            "0",
+            "--recovery-grace-s",
+            "0",
+            "--recovery-interval-s",
+            "3600",
+        ],
+    ) as cluster:
         client = StoreClient.from_address(cluster.coordinator_address, default_timeout=600)
-        bounds = ",".join(f"{y}-01-01" for y in range(1993, 1999))
         t0 = time.perf_counter()
         orders, lineitem = data / "orders.parquet", data / "lineitem.parquet"
-        client.create_table(
-            "orders",
-            parquet_schema(orders),
-            [f"o_orderkey:hash:{P}", f"o_custkey:hash:{P}", f"o_orderdate:range:{bounds}"],
-        )
-        client.create_table(
-            "lineitem",
-            parquet_schema(lineitem),
-            [f"l_orderkey:hash:{P}", f"l_partkey:hash:{P}", f"l_suppkey:hash:{P}"],
-        )
-        client.append("orders", orders, timeout=load_timeout(orders))
-        client.append("lineitem", lineitem, timeout=load_timeout(lineitem))
+        load_tables(client, data, ["orders", "lineitem"])
         result["load_s"] = round(time.perf_counter() - t0, 3)
         result["rows"] = {"orders": parquet_rows(orders), "lineitem": parquet_rows(lineitem)}
         _log(
@@ -683,11 +715,6 @@ def main(argv: list[str] | None = None) -> int:
         # a query after recovery still answers
         client.query(qs[0]["frame"])
         client.close()
-    finally:
-        cluster.stop()
-        etcd.stop()
-        shutil.rmtree(work, ignore_errors=True)
-        _log("cluster stopped")
 
     if spark is not None:
         try:

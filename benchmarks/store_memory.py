@@ -14,20 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from microco.benchmarks.store import P, _log, _norm, generate, load_timeout, parquet_schema
+from microco.benchmarks.store import _log, _norm, bench_cluster, generate, load_tables
 from microco.benchmarks.store_tpch import QUERIES, REPLICAS
-from microco.common.identity import private_ca
 
 # the gather plans of TPC-H (the rest split over partitions: their coordinator merges little)
-GATHER = (2, 4, 7, 8, 9, 11, 13, 15, 16, 17, 18, 20, 21, 22)
+GATHER = (2, 7, 8, 9, 11, 13, 15, 16, 20, 22)
 
 
 def proc_status(pid: int) -> dict[str, int]:
@@ -46,16 +42,6 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def specs(name: str) -> list[str]:
-    """The benchmark's partitionings (``microco bench store``)."""
-    if name == "orders":
-        bounds = ",".join(f"{y}-01-01" for y in range(1993, 1999))
-        return [f"o_orderkey:hash:{P}", f"o_custkey:hash:{P}", f"o_orderdate:range:{bounds}"]
-    if name == "lineitem":
-        return [f"l_orderkey:hash:{P}", f"l_partkey:hash:{P}", f"l_suppkey:hash:{P}"]
-    return [r.replace(":hash:4", f":hash:{P}") for r in REPLICAS[name]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,26 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     import duckdb
 
     from microco.clients.store import StoreClient
-    from microco.services.stack import EtcdServer
-    from microco.services.store import StoreCluster
 
     data = generate(args.sf, Path(args.data_dir))
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    work = Path(tempfile.mkdtemp(prefix="microco-bench-store-memory-"))
-    private_ca(work / "pki")
-    etcd = EtcdServer(work / "etcd").start()
-    cluster = StoreCluster(
-        etcd.endpoint,
-        work / "store",
-        [(f"store-{i}", f"rack{i % 3}") for i in range(args.nodes)],
-        coordinator_args=[
-            "--super-extent-rows",
-            str(args.super_extent_rows),
-            "--recovery-interval-s",
-            "3600",
-            *args.coordinator_arg,
-        ],
-    )
     result: dict[str, Any] = {
         "benchmark": "store_memory",
         "scale_factor": args.sf,
@@ -109,14 +77,20 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_at_start": os.getloadavg()[0],
         "queries": [],
     }
-    try:
-        cluster.start(timeout=300)
+    with bench_cluster(
+        "microco-bench-store-memory-",
+        args.nodes,
+        coordinator_args=[
+            "--super-extent-rows",
+            str(args.super_extent_rows),
+            "--recovery-interval-s",
+            "3600",
+            *args.coordinator_arg,
+        ],
+    ) as cluster:
         client = StoreClient.from_address(cluster.coordinator_address, default_timeout=600)
         t0 = time.perf_counter()
-        for name in REPLICAS:
-            path = data / f"{name}.parquet"
-            client.create_table(name, parquet_schema(path), specs(name))
-            client.append(name, path, timeout=load_timeout(path))
+        load_tables(client, data, list(REPLICAS))
         client.close()
         result["load_s"] = round(time.perf_counter() - t0, 1)
         _log(f"loaded sf {args.sf:g} in {result['load_s']}s")
@@ -151,10 +125,6 @@ def main(argv: list[str] | None = None) -> int:
             client.close()
             _log(f"q{q}: {row}")
             result["queries"].append(row)
-    finally:
-        cluster.stop()
-        etcd.stop()
-        shutil.rmtree(work, ignore_errors=True)
     peaks = [r["coordinator_peak_rss_mb"] for r in result["queries"] if "coordinator_peak_rss_mb" in r]
     result["max_coordinator_peak_rss_mb"] = max(peaks, default=None)
     print(json.dumps(result, indent=2))

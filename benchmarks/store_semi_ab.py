@@ -12,18 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from microco.benchmarks.store import P, _geomean, _log, _norm, generate, load_timeout, parquet_schema
+from microco.benchmarks.store import _geomean, _log, _norm, bench_cluster, generate, load_tables
 from microco.benchmarks.store_tpch import QUERIES, REPLICAS
-from microco.common.identity import private_ca
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,43 +41,25 @@ def main(argv: list[str] | None = None) -> int:
 
     from microco.clients.store import StoreClient
     from microco.common.kv import EtcdKV
-    from microco.services.stack import EtcdServer
-    from microco.services.store import FlightTransport, StoreCluster, StoreCore
+    from microco.services.store import FlightTransport, StoreCore
 
     data = generate(args.sf, Path(args.data_dir))
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    work = Path(tempfile.mkdtemp(prefix="microco-bench-semi-"))
-    private_ca(work / "pki")
-    etcd = EtcdServer(work / "etcd").start()
-    cluster = StoreCluster(
-        etcd.endpoint,
-        work / "store",
-        [(f"store-{i}", f"rack{i % 3}") for i in range(args.nodes)],
-        lease_ttl_s=2,
-        coordinator_args=["--recovery-interval-s", "3600"],
-    )
     qs = [int(x) for x in args.queries.split(",") if x] or sorted(QUERIES)
     result: dict[str, Any] = {"benchmark": "store_semi_ab", "scale_factor": args.sf, "trials": args.trials}
     result["load_average_at_start"] = os.getloadavg()[0]
-    try:
-        cluster.start(timeout=300)
+    with bench_cluster(
+        "microco-bench-semi-", args.nodes, coordinator_args=["--recovery-interval-s", "3600"]
+    ) as cluster:
         client = StoreClient.from_address(cluster.coordinator_address, default_timeout=600)
-        bounds = ",".join(f"{y}-01-01" for y in range(1993, 1999))
-        reps = dict(REPLICAS)
-        reps["orders"] = [f"o_orderkey:hash:{P}", f"o_custkey:hash:{P}", f"o_orderdate:range:{bounds}"]
-        reps["lineitem"] = [f"l_orderkey:hash:{P}", f"l_partkey:hash:{P}", f"l_suppkey:hash:{P}"]
         t0 = time.perf_counter()
-        for name, rs in reps.items():
-            path = data / f"{name}.parquet"
-            client.create_table(name, parquet_schema(path), [r.replace(":hash:4", f":hash:{P}") for r in rs])
-            client.append(name, path, timeout=load_timeout(path))
+        load_tables(client, data, list(REPLICAS))
         result["load_s"] = round(time.perf_counter() - t0, 1)
         _log(f"loaded in {result['load_s']} s")
         con = duckdb.connect()
         con.execute("SET threads TO 2")
         for f in sorted(data.glob("*.parquet")):
             con.execute(f"create view {f.stem} as select * from read_parquet('{f}')")
-        kv = EtcdKV(etcd.endpoint)
+        kv = EtcdKV(cluster.etcd)
         transport = FlightTransport(kv)
         if args.ab == "semi":
             before = StoreCore(kv, transport, sql_semi_join_bytes=0)
@@ -134,10 +112,6 @@ def main(argv: list[str] | None = None) -> int:
         result["load_average_at_end"] = os.getloadavg()[0]
         transport.close()
         client.close()
-    finally:
-        cluster.stop()
-        etcd.stop()
-        shutil.rmtree(work, ignore_errors=True)
     json.dump(result, sys.stdout, indent=2)
     print()
     return 0
