@@ -4,7 +4,12 @@ cores in this process over the same nodes (Flight, mutual TLS), one with semi-jo
 (``sql_semi_join_bytes=0``: the plans before) and one with the default, and by DuckDB on the
 same Parquet files; trials interleaved in a rotating order, medians kept. JSON on stdout.
 
-    python -m microco.benchmarks.store_semi_ab --sf 1 [--trials 3] [--ab semi|subquery]
+    python -m microco.benchmarks.store_semi_ab --sf 1 [--trials 3] [--ab semi|subquery|partagg]
+
+``--ab subquery``: "before" runs subqueries keyed to a partition column as gathers. ``--ab
+partagg``: the JSON-model queries of ``microco bench store`` instead (only orders and lineitem
+loaded), "before" aggregating a node's partitions together in a group-by on the partition column,
+"after" each partition alone; the forced shuffle plan and DuckDB run in the same rotation.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from microco.benchmarks.store import _geomean, _log, _norm, bench_cluster, generate, load_tables
+from microco.benchmarks.store import _geomean, _log, _norm, bench_cluster, generate, load_tables, queries
 from microco.benchmarks.store_tpch import QUERIES, REPLICAS
 
 
@@ -30,9 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", default=os.path.expanduser("~/.cache/microco/tpch"))
     ap.add_argument(
         "--ab",
-        choices=("semi", "subquery"),
+        choices=("semi", "subquery", "partagg"),
         default="semi",
-        help="what 'before' turns off: semi-join reduction, or correlated EXISTS run per partition",
+        help="what 'before' turns off: semi-join reduction, subqueries run per partition, or a "
+        "partition-local group-by aggregating each partition alone (the JSON-model queries)",
     )
     ap.add_argument("--queries", default="", help="comma-separated query numbers (default: all 22)")
     args = ap.parse_args(argv)
@@ -52,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ) as cluster:
         client = StoreClient.from_address(cluster.coordinator_address, default_timeout=600)
         t0 = time.perf_counter()
-        load_tables(client, data, list(REPLICAS))
+        load_tables(client, data, ["orders", "lineitem"] if args.ab == "partagg" else list(REPLICAS))
         result["load_s"] = round(time.perf_counter() - t0, 1)
         _log(f"loaded in {result['load_s']} s")
         con = duckdb.connect()
@@ -63,11 +69,23 @@ def main(argv: list[str] | None = None) -> int:
         transport = FlightTransport(kv)
         if args.ab == "semi":
             before = StoreCore(kv, transport, sql_semi_join_bytes=0)
+        elif args.ab == "partagg":
+            before = StoreCore(kv, transport)
+            before.agg_by_partition = False
         else:
             before = StoreCore(kv, transport)
             before.sql_subquery_pushdown = False
         result["ab"] = args.ab
         after = StoreCore(kv, transport)
+        if args.ab == "partagg":
+            result["queries"] = _model_ab(before, StoreCore(kv, transport), client, con, args.trials)
+            result["geomean_shuffle_over_matched_before"] = _geomean(
+                [r["shuffle_over_matched_before"] for r in result["queries"] if r["kind"] != "filter"]
+            )
+            result["geomean_shuffle_over_matched_after"] = _geomean(
+                [r["shuffle_over_matched_after"] for r in result["queries"] if r["kind"] != "filter"]
+            )
+            qs = []
         rows = []
         for q in qs:
             sql = QUERIES[q]
@@ -105,16 +123,59 @@ def main(argv: list[str] | None = None) -> int:
             }
             _log(f"q{q}: {row}")
             rows.append(row)
-        result["tpch"] = rows
-        result["geomean_before_over_duckdb"] = _geomean([r["before_over_duckdb"] for r in rows])
-        result["geomean_after_over_duckdb"] = _geomean([r["after_over_duckdb"] for r in rows])
-        result["correct"] = sum(r["correct"] for r in rows)
+        if rows:
+            result["tpch"] = rows
+            result["geomean_before_over_duckdb"] = _geomean([r["before_over_duckdb"] for r in rows])
+            result["geomean_after_over_duckdb"] = _geomean([r["after_over_duckdb"] for r in rows])
+            result["correct"] = sum(r["correct"] for r in rows)
         result["load_average_at_end"] = os.getloadavg()[0]
         transport.close()
         client.close()
     json.dump(result, sys.stdout, indent=2)
     print()
     return 0
+
+
+def _model_ab(before: Any, after: Any, client: Any, con: Any, trials: int) -> list[dict[str, Any]]:
+    """The JSON-model queries: matched plan before and after, the shuffle plan (after's core),
+    DuckDB; a warm-up each, then ``trials`` in a rotating order; medians."""
+    from microco.services.store import Query
+
+    out = []
+    for q in queries(client):
+        matched = Query.from_json(q["frame"].to_json())
+        shuffle = Query.from_json(q["frame"].on_replica(q["shuffle_replica"]).to_json())
+        steps = {
+            "before": lambda m=matched: before.query(m),
+            "after": lambda m=matched: after.query(m),
+            "shuffle": lambda s=shuffle: after.query(s),
+            "duckdb": lambda q=q: (con.sql(q["sql"]).to_arrow_table(), None),
+        }
+        for fn in steps.values():
+            fn()
+        times: dict[str, list[float]] = {k: [] for k in steps}
+        names = list(steps)
+        outs: dict[str, Any] = {}
+        for k in range(trials):
+            for name in names[k % 4 :] + names[: k % 4]:
+                t = time.perf_counter()
+                outs[name] = steps[name]()
+                times[name].append(time.perf_counter() - t)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        rows = {k: outs[k][0].num_rows for k in steps}
+        row = {
+            "name": q["name"],
+            "kind": q.get("kind", "group_by"),
+            "plan": outs["after"][1].kind,
+            "shuffle_plan": outs["shuffle"][1].kind,
+            **{f"{k}_s": round(v, 4) for k, v in med.items()},
+            "shuffle_over_matched_before": round(med["shuffle"] / med["before"], 2),
+            "shuffle_over_matched_after": round(med["shuffle"] / med["after"], 2),
+            "rows_agree": len(set(rows.values())) == 1,
+        }
+        _log(f"{q['name']}: {row}")
+        out.append(row)
+    return out
 
 
 if __name__ == "__main__":

@@ -150,6 +150,9 @@ class StoreCore:
         # subqueries keyed to a co-partitioned partition column ([NOT] EXISTS, [NOT] IN, scalar)
         # run per partition (``_sql._subqueries``); False: such queries gather (A/B benchmark)
         self.sql_subquery_pushdown = True
+        # a group-by on the partition column aggregates each partition alone on its node
+        # (``_exec._by_partition``); False: the node's partitions together (A/B benchmark)
+        self.agg_by_partition = True
         self.catalog = Catalog(kv)
         self.transport = transport
         self.super_extent_rows = super_extent_rows
@@ -360,7 +363,14 @@ class StoreCore:
         for n in names:
             tables[n] = self.catalog.table(n)
         live = [n for n in self.live_nodes() if n.name not in exclude]
-        return plan_query(q, tables, [n.name for n in live], {n.name: n.address for n in live}, qid or "q")
+        return plan_query(
+            q,
+            tables,
+            [n.name for n in live],
+            {n.name: n.address for n in live},
+            qid or "q",
+            by_partition=self.agg_by_partition,
+        )
 
     def explain(self, q: Query) -> str:
         return self.plan(q).explain_text()

@@ -276,6 +276,8 @@ def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
         took = json.dumps({"read": t1 - t0, "run": time.perf_counter() - t1}).encode()
         return out.replace_schema_metadata({**(out.schema.metadata or {}), TIMINGS_META: took})
     if op == "fragment":
+        if task.get("by_partition") and task.get("right") is None and task["left"]["sources"]:
+            return _by_partition(env, task)
         t = scan_side(env, task["left"])
         if task.get("right") is not None:
             r = scan_side(env, task["right"])
@@ -306,6 +308,21 @@ def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
             left = join(left, right, j["left_on"], j["right_on"])
         return post_ops(left, task.get("post"))
     raise ValueError(f"unknown task op {op!r}")
+
+
+def _by_partition(env: Env, task: dict[str, Any]) -> pa.Table:
+    """A group-by on the replica's partition column (``agg_local``), one partition at a time:
+    every group lies in one partition, so each partition's rows aggregate alone (a hash table of
+    its groups, not of the node's; one partition's columns held at a time) and the outputs
+    concatenate, with no merge."""
+    side = task["left"]
+    parts: dict[Any, list[dict[str, Any]]] = {}
+    for src in side["sources"]:
+        unit = src.get("unit")
+        parts.setdefault(unit[1] if unit else None, []).append(src)
+    return concat(
+        [post_ops(scan_side(env, {**side, "sources": srcs}), task.get("post")) for srcs in parts.values()]
+    )
 
 
 def run_task_stream(env: Env, task: dict[str, Any]) -> pa.RecordBatchReader:

@@ -475,13 +475,15 @@ def plan_query(
     live: Iterable[str],
     addresses: dict[str, str],
     qid: str = "q",
+    by_partition: bool = True,
 ) -> Plan:
     """Plan ``q`` over the committed catalog ``tables`` with the live store nodes ``live``:
-    ``bind`` (columns), ``choose`` (replicas and strategy by estimated cost), ``fragments``."""
+    ``bind`` (columns), ``choose`` (replicas and strategy by estimated cost), ``fragments``
+    (``by_partition``: an ``agg_local`` fragment aggregates each partition alone)."""
     live = set(live)
     bound = bind(q, tables)
     choice = choose(bound, live, addresses)
-    return fragments(bound, choice, live, addresses, qid)
+    return fragments(bound, choice, live, addresses, qid, by_partition)
 
 
 def _cost_lines(choice: Choice) -> list[str]:
@@ -492,7 +494,12 @@ def _cost_lines(choice: Choice) -> list[str]:
 
 
 def fragments(
-    bound: Bound, choice: Choice, live: set[str], addresses: dict[str, str], qid: str = "q"
+    bound: Bound,
+    choice: Choice,
+    live: set[str],
+    addresses: dict[str, str],
+    qid: str = "q",
+    by_partition: bool = True,
 ) -> Plan:
     """The chosen plan as tasks for the store nodes (and the coordinator's final merge)."""
     q, a, b = bound.q, bound.a, bound.b
@@ -704,7 +711,8 @@ def fragments(
                 f"plan: shuffle-free aggregation: {len(groups)} nodes aggregate whole partitions; "
                 "the coordinator only concatenates"
             )
-        return Plan("agg_local", qid, [fragments_of(agg_post)], final_agg(bool(split)), explain, {a.name: r})
+        tasks = [(node, {**task, "by_partition": by_partition}) for node, task in fragments_of(agg_post)]
+        return Plan("agg_local", qid, [tasks], final_agg(bool(split)), explain, {a.name: r})
     reducers = sorted(groups)
     n = len(reducers)
     maps = [
