@@ -711,10 +711,10 @@ def fragments(
                 f"plan: shuffle-free aggregation: {len(groups)} nodes aggregate whole partitions; "
                 "the coordinator only concatenates"
             )
-        tasks: list[tuple[str, dict[str, Any]]] = [
+        local_tasks: list[tuple[str, dict[str, Any]]] = [
             (node, {**task, "by_partition": by_partition}) for node, task in fragments_of(agg_post)
         ]
-        return Plan("agg_local", qid, [tasks], final_agg(bool(split)), explain, {a.name: r})
+        return Plan("agg_local", qid, [local_tasks], final_agg(bool(split)), explain, {a.name: r})
     reducers = sorted(groups)
     n = len(reducers)
     maps = [
