@@ -276,8 +276,10 @@ def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
         took = json.dumps({"read": t1 - t0, "run": time.perf_counter() - t1}).encode()
         return out.replace_schema_metadata({**(out.schema.metadata or {}), TIMINGS_META: took})
     if op == "fragment":
-        if task.get("by_partition") and task.get("right") is None and task["left"]["sources"]:
-            return _by_partition(env, task)
+        if task.get("by_partition"):
+            out = _by_partition(env, task)
+            if out is not None:
+                return out
         t = scan_side(env, task["left"])
         if task.get("right") is not None:
             r = scan_side(env, task["right"])
@@ -310,19 +312,35 @@ def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
     raise ValueError(f"unknown task op {op!r}")
 
 
-def _by_partition(env: Env, task: dict[str, Any]) -> pa.Table:
-    """A group-by on the replica's partition column (``agg_local``), one partition at a time:
-    every group lies in one partition, so each partition's rows aggregate alone (a hash table of
-    its groups, not of the node's; one partition's columns held at a time) and the outputs
-    concatenate, with no merge."""
-    side = task["left"]
+def _units(sources: Sequence[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
     parts: dict[Any, list[dict[str, Any]]] = {}
-    for src in side["sources"]:
+    for src in sources:
         unit = src.get("unit")
         parts.setdefault(unit[1] if unit else None, []).append(src)
-    return concat(
-        [post_ops(scan_side(env, {**side, "sources": srcs}), task.get("post")) for srcs in parts.values()]
-    )
+    return parts
+
+
+def _by_partition(env: Env, task: dict[str, Any]) -> pa.Table | None:
+    """A fragment whose every group (or joined row) lies in one partition, one partition at a
+    time: a group-by on the replica's partition column (``agg_local``), or a co-partitioned join
+    (``join_copart``: partition p of one side joins only partition p of the other) followed by
+    an aggregate. Each partition's rows are read, joined and aggregated alone (hash tables of one
+    partition's keys, not of the node's; one partition's columns held at a time) and the outputs
+    concatenate (the coordinator merges partial aggregates as it would the node's). None when it
+    does not apply (no partition read on both sides: the plain path keeps the result's schema)."""
+    left = _units(task["left"]["sources"])
+    right = _units(task["right"]["sources"]) if task.get("right") is not None else None
+    keys = [p for p in left if right is None or p in right]
+    if not keys or None in keys:
+        return None
+    outs = []
+    for p in keys:
+        t = scan_side(env, {**task["left"], "sources": left[p]})
+        if right is not None:
+            j = task["join"]
+            t = join(t, scan_side(env, {**task["right"], "sources": right[p]}), j["left_on"], j["right_on"])
+        outs.append(post_ops(t, task.get("post")))
+    return concat(outs)
 
 
 def run_task_stream(env: Env, task: dict[str, Any]) -> pa.RecordBatchReader:

@@ -566,6 +566,8 @@ def fragments(
                         "right": side_spec(b, keep_b, read_b, q.join.where, right),
                         "join": {"left_on": q.join.left_on, "right_on": q.join.right_on},
                         "post": post,
+                        # joined and aggregated a partition at a time (a scan's top-k stays per node)
+                        "by_partition": by_partition and is_agg,
                     },
                 )
                 for node, (left, right) in sorted(per_node.items())
