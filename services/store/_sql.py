@@ -747,6 +747,20 @@ def _field_type(t: TableInfo, column: str) -> pa.DataType:
     return t.schema.field(column).type
 
 
+def _replica_pairs(ta: TableInfo, ca: str, tb: TableInfo, cb: str) -> list[tuple[int, int]]:
+    """Every ``(replica of ta, replica of tb)`` partitioned on ``ca`` and on ``cb`` by one function,
+    the two columns' types hashing alike: equal values of the two columns are in equal partitions."""
+    return [
+        (ra, rb)
+        for ra in range(REPLICAS)
+        for rb in range(REPLICAS)
+        if ta.specs[ra].column.lower() == ca.lower()
+        and tb.specs[rb].column.lower() == cb.lower()
+        and ta.specs[ra].same_function(tb.specs[rb])
+        and _same_domain(_field_type(ta, ta.specs[ra].column), _field_type(tb, tb.specs[rb].column))
+    ]
+
+
 def _copart_options(ctx: _Ctx, sel: exp.Select, a: exp.Table, b: exp.Table) -> list[tuple[int, int, str]]:
     """Every ``(replica of a, replica of b, description)`` that co-partitions ``a`` and ``b``:
     ``sel``'s WHERE or an inner join's ON holds an equality of their two replicas' partition
@@ -767,16 +781,8 @@ def _copart_options(ctx: _Ctx, sel: exp.Select, a: exp.Table, b: exp.Table) -> l
         x, y = c.this, c.expression
         for p, q in ((x, y), (y, x)):
             if _owned(p, a.alias_or_name, cols_a, cols_b) and _owned(q, b.alias_or_name, cols_b, cols_a):
-                for ra in range(REPLICAS):
-                    for rb in range(REPLICAS):
-                        sa, sb = ta.specs[ra], tb.specs[rb]
-                        if (
-                            sa.column.lower() == p.name.lower()
-                            and sb.column.lower() == q.name.lower()
-                            and sa.same_function(sb)
-                            and _same_domain(_field_type(ta, sa.column), _field_type(tb, sb.column))
-                        ):
-                            out.append((ra, rb, f"{ta.name}.{sa.column} = {tb.name}.{sb.column}"))
+                for ra, rb in _replica_pairs(ta, p.name, tb, q.name):
+                    out.append((ra, rb, f"{ta.name}.{ta.specs[ra].column} = {tb.name}.{tb.specs[rb].column}"))
     return out
 
 
@@ -962,23 +968,11 @@ def _keyings(
         rest = set().union(*(colsets[r.name.lower()] for r in outer if r is not oref))
         if not _owned(b, oref.alias_or_name, colsets[to.name.lower()], rest):
             continue
-        for ro in range(REPLICAS):
-            for ri in range(REPLICAS):
-                so, si = to.specs[ro], ti.specs[ri]
-                if (
-                    so.column.lower() == b.name.lower()
-                    and si.column.lower() == a.name.lower()
-                    and so.same_function(si)
-                    and _same_domain(_field_type(to, so.column), _field_type(ti, si.column))
-                ):
-                    out.append(
-                        (
-                            oref,
-                            ro,
-                            ri,
-                            f"{label} on {_named(iref, ti, si.column)} = {_named(oref, to, so.column)}",
-                        )
-                    )
+        for ro, ri in _replica_pairs(to, b.name, ti, a.name):
+            so, si = to.specs[ro], ti.specs[ri]
+            out.append(
+                (oref, ro, ri, f"{label} on {_named(iref, ti, si.column)} = {_named(oref, to, so.column)}")
+            )
     return out
 
 
