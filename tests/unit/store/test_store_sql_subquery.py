@@ -58,22 +58,11 @@ def _tables() -> dict[str, pa.Table]:
     return {"accounts": accounts, "payments": payments, "refunds": refunds}
 
 
+# (column, hash partitions) of each table's three replicas: acct_id keyed alike everywhere
 SPECS = {
-    "accounts": [
-        PartitionSpec("acct_id", "hash", 3),
-        PartitionSpec("region", "hash", 2),
-        PartitionSpec("tier", "hash", 2),
-    ],
-    "payments": [
-        PartitionSpec("pay_id", "hash", 3),
-        PartitionSpec("acct_id", "hash", 3),
-        PartitionSpec("channel", "hash", 2),
-    ],
-    "refunds": [
-        PartitionSpec("acct_code", "hash", 3),
-        PartitionSpec("acct_id", "hash", 3),
-        PartitionSpec("reason", "hash", 2),
-    ],
+    "accounts": [("acct_id", 3), ("region", 2), ("tier", 2)],
+    "payments": [("pay_id", 3), ("acct_id", 3), ("channel", 2)],
+    "refunds": [("acct_code", 3), ("acct_id", 3), ("reason", 2)],
 }
 
 
@@ -89,17 +78,19 @@ def core(data, tmp_path_factory):
     )
     c = StoreCore(MemoryKV(), tr, super_extent_rows=1500, recovery_rate_bytes=0)  # several super-extents
     for name, t in data.items():
-        c.create_table(name, t.schema, SPECS[name])
+        c.create_table(name, t.schema, [PartitionSpec(col, "hash", n) for col, n in SPECS[name]])
         c.append(name, t)
     return c
 
 
 @pytest.fixture(scope="module")
 def duck(data):
-    con = duckdb.connect()
-    for name, t in data.items():
-        con.register(name, t)
-    return con
+    return (
+        duckdb.connect()
+        .register("accounts", data["accounts"])
+        .register("payments", data["payments"])
+        .register("refunds", data["refunds"])
+    )
 
 
 def check(core, duck, sql):
