@@ -3,18 +3,18 @@
 A query takes one of three shapes (the first that fits; EXPLAIN says which and why):
 
 - ``partition_local``: one table, or two inner-joined on keys whose replicas are co-partitioned by
-  the same function, with no subquery save those keyed to the split's partition column
-  (``_subqueries``: correlated [NOT] EXISTS, [NOT] IN and scalar subqueries, ``IN (SELECT k ...
-  GROUP BY k ...)``, which then run per partition too), and either no aggregate (a scan: filter, project, top-k)
-  or a GROUP BY that contains the partition column. Every output row (every group) then comes
+  the same function (small tables broadcast beside them), with no subquery save those keyed to
+  the split's partition column (``_subqueries``: correlated [NOT] EXISTS, [NOT] IN and scalar
+  subqueries, ``IN (SELECT k ... GROUP BY k ...)``, which then run per partition too), and either
+  no aggregate (a scan: filter, project, top-k) or a GROUP BY that contains the partition column. Every output row (every group) then comes
   from one partition, so the whole query (less the final ORDER BY/LIMIT, which each fragment
   applies as a top-k) runs per partition on a store node and the coordinator concatenates and
   orders. COUNT(DISTINCT), HAVING, CASE... all run next to the data.
 - ``partial_agg``: the same tables, aggregates that decompose (sum, count, avg, min, max) and a
   GROUP BY of plain columns: fragments compute partial aggregates next to the data, the
   coordinator merges them with DuckDB and evaluates the SELECT, HAVING, ORDER BY, LIMIT.
-- ``gather``: anything else (subqueries, outer joins, three or more tables, count distinct off the
-  partition key...): each table's needed columns are read from one replica (pruned by partition
+- ``gather``: anything else (other subqueries, outer joins, a table too big to broadcast, count
+  distinct off the partition key...): each table's needed columns are read from one replica (pruned by partition
   filters, filtered next to the data by the conjuncts that only touch that table), and the whole
   SQL runs in DuckDB at the coordinator. Correct first; the same pushdowns keep it lean.
 
