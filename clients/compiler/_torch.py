@@ -1058,6 +1058,9 @@ class AstraTorch(SessionBacked):
                         otherwise = self._cold_whole_price(kind, cold)
                 else:
                     prior = learned if learned is not None else cold
+                    if learned is None and not self._off_critical_path:
+                        prior = self._first_whole_price(kind, cold)
+                        learned = prior  # as given: no other choice's compile scales it down
                 out.append(
                     Variable(
                         WHOLE[kind],
@@ -1094,7 +1097,7 @@ class AstraTorch(SessionBacked):
 
     def _cold_whole_price(self, kind: str, cold: float) -> float:
         """A whole-step compile of this graph that is not the probe's hit: its cold compiles
-        measured here, else the cold prior."""
+        measured here, else its first price (``_first_whole_price``)."""
         measured = self.compile_costs.estimate(
             self._hw,
             f"torch:whole:{kind}",
@@ -1102,7 +1105,16 @@ class AstraTorch(SessionBacked):
             graph=self._cost_graph(),
             warm=False,
         )
-        return measured if measured is not None else cold
+        return measured if measured is not None else self._first_whole_price(kind, cold)
+
+    def _first_whole_price(self, kind: str, cold: float) -> float:
+        """The first cold compile of a whole-step graph never compiled here (issue 18, fourth
+        session of 2026-12-02): its size (FX nodes, known when the probe traced it) at the highest
+        per-node rate this host measured for whole-step compiles; else the cold prior. Sent as calibrated, so the core uses it as given:
+        scaled by other choices' compiles (a cell region's, a cache load's), the 60 s prior fell
+        to ~19 s for hf-t5's rewritten step, which was tried and abandoned at its 57.6 s deadline."""
+        first = self.compile_costs.first_price(self._hw, f"torch:whole:{kind}", self._whole_nodes.get(kind, 0))
+        return first if first is not None else cold
 
     # -- recurrent structure from the captured graph (issue 18)
     @property
