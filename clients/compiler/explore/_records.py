@@ -80,7 +80,10 @@ def trial_records(state: Exploration, policy: ExplorationPolicy | None = None) -
     for r in state.confirm_log:
         rec = {
             "against": "baseline",
-            "ratio": _r(float(r["ratio"])),  # baseline median / this one's: > 1 is faster
+            "ratio": _r(float(r["ratio"])),  # baseline median / this one's, by ``measure``: > 1 is faster
+            "wall_ratio": _r(float(r.get("wall_ratio", r["ratio"]))),
+            # the sign test on wall times (wins, pairs, p), kept where CPU time judged
+            "wall_sign": r.get("wall_sign"),
             "ms": _r(float(r["best_ms"])),
             "other_ms": _r(float(r["baseline_ms"])),
             "wins": r["wins"],
