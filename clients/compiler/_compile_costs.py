@@ -204,8 +204,8 @@ class HostCompileCosts:
         family = kind.rsplit(":", 1)[0] + ":"
         by_kind = self._load().get(self._key(hardware), {})
         for kinds in ([kind], [k for k in by_kind if k != kind and k.startswith(family)]):
-            rates = [
-                r["ms"] / r["size"]
+            rates: list[float] = [
+                float(r["ms"]) / float(r["size"])
                 for k in kinds
                 for r in self._at_load(by_kind.get(k, []), now)
                 if r.get("size", 0) > 0 and r.get("ms", 0) > 0 and not r.get("warm")
