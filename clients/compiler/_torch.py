@@ -325,6 +325,7 @@ class AstraTorch(SessionBacked):
         self._input_shapes = ""
         self._step_started = 0.0
         self._cpu_started = 0.0  # the step's start on this thread's CPU clock (time.thread_time)
+        self._process_started = 0.0  # ... and on the process's (time.process_time)
         self._step_cpu_ms = math.nan  # the last step's thread CPU time (NaN: not measured)
         self._regions: dict[str, list[str]] = {}  # region -> runner names
         self._channels_last = any(isinstance(m, nn.Conv2d) for m in model.modules())
@@ -562,6 +563,7 @@ class AstraTorch(SessionBacked):
         if self._stream is None:
             self._step_started = time.perf_counter()
             self._cpu_started = time.thread_time()
+            self._process_started = time.process_time()
 
     def _trial_running(self) -> bool:
         """Is the configuration in force an exploration trial (not a commit, not a hold)?"""
@@ -579,6 +581,10 @@ class AstraTorch(SessionBacked):
         # the core. Not with more threads (their work is elsewhere) nor on an accelerator.
         one = timed and torch.get_num_threads() == 1 and self._stream is None and not self.clock.barrier
         cpu = (time.thread_time() - self._cpu_started) * 1e3 if one else math.nan
+        if one and (time.process_time() - self._process_started) * 1e3 > 1.5 * cpu + 1.0:
+            # Other threads of this process worked during the step (a kernel compiled for more
+            # threads, the user's own threads): this thread's time is not the step's work.
+            cpu = math.nan
         self.clock.in_step = False
         if self._snap is not None:
             self._snap.close()
