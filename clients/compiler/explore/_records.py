@@ -79,6 +79,7 @@ def trial_records(state: Exploration, policy: ExplorationPolicy | None = None) -
     inter: dict[str, list[dict[str, Any]]] = {}
     for r in state.confirm_log:
         rec = {
+            "kind": "confirm",
             "against": "baseline",
             "ratio": _r(float(r["ratio"])),  # baseline median / this one's, by ``measure``: > 1 is faster
             "wall_ratio": _r(float(r.get("wall_ratio", r["ratio"]))),
@@ -96,18 +97,25 @@ def trial_records(state: Exploration, policy: ExplorationPolicy | None = None) -
     lost_retime: dict[str, dict[str, Any]] = {}
     for r in state.retime_log:
         a, b = state.trials[r["best"]], state.trials[r["runner_up"]]
-        for me, other, my_ms, other_ms in (
-            (b, a, r["runner_up_ms"], r["best_ms"]),
-            (a, b, r["best_ms"], r["runner_up_ms"]),
+        cpu = r.get("best_cpu_ms") is not None
+        for me, other, my_ms, other_ms, mine, theirs in (
+            (b, a, r["runner_up_ms"], r["best_ms"], "runner_up", "best"),
+            (a, b, r["best_ms"], r["runner_up_ms"], "best", "runner_up"),
         ):
+            # the ratio by the measure that judged (thread CPU medians where it did)
+            num, den = (r[f"{theirs}_cpu_ms"], r[f"{mine}_cpu_ms"]) if cpu else (other_ms, my_ms)
             rec = {
+                "kind": "retime",
                 "against": changed.get(_values_id(other.values)) or "baseline",
-                "ratio": _r(other_ms / my_ms) if my_ms and math.isfinite(other_ms) else None,
+                "ratio": _r(num / den) if den and math.isfinite(num) else None,
+                "wall_ratio": _r(other_ms / my_ms) if my_ms and math.isfinite(other_ms) else None,
                 "ms": _r(my_ms),
                 "other_ms": _r(other_ms),
                 "wins": r["wins"] if me is b else r["pairs"] - r["wins"],
                 "pairs": r["pairs"],
-                "p": _r(float(r["p"]), 4) if me is b else None,
+                # the test that the challenger is faster (for both sides: it is the pair's test)
+                "p": _r(float(r["p"]), 4),
+                "challenger": me is b,
                 "significant": r["winner"] == me.trial and me is b,
                 "measure": r.get("measure", "wall"),
             }
@@ -132,7 +140,7 @@ def trial_records(state: Exploration, policy: ExplorationPolicy | None = None) -
         tests = inter.get(vid, [])
         if vid == best_vid and state.committed:
             verdict = "committed"
-            conf = [x for x in tests if x["against"] == "baseline" and x["significant"]]
+            conf = [x for x in tests if x["kind"] == "confirm" and x["significant"]]
             if vid == base_vid:
                 reason = "nothing else was shown faster than the baseline"
             elif conf:
@@ -152,8 +160,8 @@ def trial_records(state: Exploration, policy: ExplorationPolicy | None = None) -
             reason = failed[-1].error or "the trial's step raised"
         elif not done:
             verdict, reason = "pending", "planned or running"
-        elif any(x["against"] == "baseline" and not x["significant"] for x in tests):
-            c = [x for x in tests if x["against"] == "baseline"][-1]
+        elif any(x["kind"] == "confirm" and not x["significant"] for x in tests):
+            c = [x for x in tests if x["kind"] == "confirm"][-1]
             verdict = "not significant"
             reason = (
                 f"interleaved against the baseline: {c['ratio']}x ({c['measure']}), sign test "

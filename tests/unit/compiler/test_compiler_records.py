@@ -102,3 +102,26 @@ def test_a_trial_abandoned_at_its_deadline_says_so():
     )
     on = _by_config(rec)[json.dumps({"A.hoist": "on"})]
     assert on["verdict"] == "abandoned at deadline" and "57.6" in on["reason"]
+
+
+def test_a_re_timing_against_the_baseline_is_listed_apart_from_the_confirmation():
+    """A re-timing pair that includes the baseline is also the candidate's confirmation: the
+    verdict reads the confirmation (with its p), the re-timing is listed with the pair's p."""
+    state = _explore(
+        lambda side, k: [10.0, 10.0] if side == "off" else ([8.0, 8.0] if k % 2 else [12.0, 12.0])
+    )
+    # the candidate's trial within the re-timing margin of the baseline: one pair, both logs
+    state.retime_log.append(
+        {"best": 0, "runner_up": 1, "best_ms": 10.0, "runner_up_ms": 10.2, "winner": 0, "wins": 3,
+         "pairs": 6, "p": 0.65, "measure": "thread_cpu", "best_cpu_ms": 8.0, "runner_up_cpu_ms": 8.1}
+    )  # fmt: skip
+    rec = trial_records(state, POLICY)
+    on = _by_config(rec)[json.dumps({"A.hoist": "on"})]
+    assert on["verdict"] == "not significant" and "p=None" not in on["reason"]
+    kinds = {x["kind"]: x for x in on["interleaved"]}
+    assert set(kinds) == {"confirm", "retime"} and kinds["retime"]["p"] == 0.65
+    assert kinds["retime"]["ratio"] == round(8.0 / 8.1, 3) and kinds["retime"]["wall_ratio"] == round(
+        10.0 / 10.2, 3
+    )
+    base = _by_config(rec)['"baseline"']["interleaved"]
+    assert [x["kind"] for x in base] == ["retime"] and base[0]["p"] == 0.65
