@@ -8,6 +8,18 @@ from microco.clients.compiler import _compile_costs
 from microco.clients.compiler._compile_costs import KEEP, HostCompileCosts
 
 
+class _Null:
+    """An explorer that hands out the baseline and ignores reports."""
+
+    def register(self, spec):
+        from microco.clients.compiler import baseline
+
+        return baseline(spec)
+
+    def report(self, key, rep):
+        return None
+
+
 def test_the_estimate_follows_the_recorded_measurements(tmp_path):
     costs = HostCompileCosts(tmp_path / "c.json", host="h1")
     assert costs.estimate("cpu", "torch:whole:plain") is None  # nothing measured: the caller's prior
@@ -57,15 +69,6 @@ def test_the_wrapper_prices_a_whole_step_compile_by_what_this_host_measured(tmp_
 
     costs = HostCompileCosts(tmp_path / "c.json", host="h1")
     costs.record(hardware_id(), "torch:whole:plain", 99_999.0, size=10, graph="another-model")
-
-    class _Null:
-        def register(self, spec):
-            from microco.clients.compiler import baseline
-
-            return baseline(spec)
-
-        def report(self, key, rep):
-            return None
 
     def whole_prior():
         model = zm.make_model("gru", 4, 4)
@@ -171,15 +174,6 @@ def test_an_unrepayable_first_compile_is_not_tried_whatever_other_compiles_cost(
     from microco.clients.compiler.zoo import torch_models as zm
 
     costs = HostCompileCosts(tmp_path / "c.json", host="h1")
-
-    class _Null:
-        def register(self, spec):
-            from microco.clients.compiler import baseline
-
-            return baseline(spec)
-
-        def report(self, key, rep):
-            return None
 
     model = zm.make_model("gru", 4, 4)
     x, y = zm.synthetic_batch(3, 2, 4)
