@@ -91,6 +91,7 @@ def trial_records(state: Exploration, policy: ExplorationPolicy | None = None) -
             "pairs": r["pairs"],
             "p": _r(float(r["p"]), 4),
             "significant": bool(r["confirmed"]),
+            "alpha": r.get("alpha", policy.confirm_alpha),
             "measure": r.get("measure", "wall"),
         }
         inter.setdefault(r["values"], []).append(rec)
@@ -165,7 +166,7 @@ def trial_records(state: Exploration, policy: ExplorationPolicy | None = None) -
             verdict = "not significant"
             reason = (
                 f"interleaved against the baseline: {c['ratio']}x ({c['measure']}), sign test "
-                f"{c['wins']}/{c['pairs']} pairs, p={c['p']} > {policy.confirm_alpha}"
+                f"{c['wins']}/{c['pairs']} pairs, p={c['p']} > {c['alpha']}"
             )
         elif vid in lost_retime:
             c = lost_retime[vid]
