@@ -672,8 +672,19 @@ class AstraTorch(SessionBacked):
             if self.background is not None or "inductor" in self.compile_choices:
                 # inputs of these shapes: for the background compiles, and the cache probe
 
+                # One copy per tensor, not per argument: a tensor passed twice (a language
+                # model's ``input_ids=x, labels=x``) stays one input, as dynamo traced it in the
+                # user's call. Two copies made the probe's graph another graph (one more input,
+                # 372 nodes against 371), and Inductor's caches missed the compile the user's
+                # own ``torch.compile`` had left (hf-t5: asked, "cold", in every corpus run).
+                copies: dict[int, torch.Tensor] = {}
+
                 def keep(a: Any) -> Any:
-                    return a.detach().clone() if isinstance(a, torch.Tensor) else a
+                    if not isinstance(a, torch.Tensor):
+                        return a
+                    if id(a) not in copies:
+                        copies[id(a)] = a.detach().clone()
+                    return copies[id(a)]
 
                 self._example_args = tuple(keep(a) for a in args)
                 self._example_kwargs = {k: keep(v) for k, v in kwargs.items()}
