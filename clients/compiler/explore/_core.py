@@ -753,6 +753,9 @@ def _extend_interleaved(
     need = 2 * rounds * policy.retime_steps
     if _remaining(state) < 2 * need:
         return False
+    budget = policy.max_explore_fraction * max(1, state.spec.total_steps)
+    if not r.get("confirm") and state.explore_steps - state.budget_base + need > budget:
+        return False  # a re-timing is exploration: only within the run's share (as planned)
     base_ms = base_step_ms(state)
     if base_ms is not None:
         ms = _latest_ms(state)
