@@ -406,6 +406,7 @@ def _micro_run(
         traceback.print_exc(file=sys.stderr)
     explore_s = time.perf_counter() - t0
     return {
+        "trials": _trials(astra, explorer),
         "step": step,
         "astra": astra,
         "explore_s": explore_s,
@@ -416,6 +417,26 @@ def _micro_run(
         "stopped": stopped,
         "error": error,
     }
+
+
+def _trials(astra: Any, explorer: Any) -> dict[str, Any] | None:
+    """The exploration's trial records (``explore.trial_records``: each candidate, its steps, its
+    interleaved A/B ratios and sign tests, compile seconds, its verdict and reason) and, for
+    PyTorch, what asking Inductor's caches answered and cost (``probe``)."""
+    from microco.clients.compiler.explore import trial_records
+
+    spec = astra.spec() if callable(getattr(astra, "spec", None)) else astra.session.spec
+    state = explorer.core.get(spec.key) if spec is not None else None
+    if state is None:
+        return None
+    out = trial_records(state, explorer.core.policy)
+    answers = getattr(astra, "whole_cache", None)
+    if answers is not None:
+        out["probe"] = {
+            kind: {"answer": answer, "s": round(astra.whole_probe_ms.get(kind, 0.0) / 1e3, 3)}
+            for kind, answer in answers.items()
+        }
+    return out
 
 
 def _wrapper_cost_us(astra: Any, calls: int = 2000) -> float | None:
@@ -538,6 +559,7 @@ def bench_case(
                 "committed": r["committed"],
                 "wrapper_us": r["wrapper_us"],  # CPU per step of the committed wrapper, beyond the step
                 "config": {k: v for k, v in r["astra"].config.items() if v not in ("off", "eager")},
+                "trials": r["trials"],
             }
             for n, r in explored.items()
         },

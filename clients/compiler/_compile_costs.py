@@ -189,6 +189,31 @@ class HostCompileCosts:
             return _median(sized) * size
         return _median([r["ms"] for r in rows])
 
+    def first_price(self, hardware: str, kind: str, size: int) -> float | None:
+        """A conservative price for the first compile of a graph never compiled here (issue 18,
+        fourth session of 2026-12-02): ``size`` nodes at the *highest* per-node rate this host
+        measured for ``kind`` (compiles, and compiles abandoned at their deadline, whose rate
+        is a lower bound), else for the other kinds of its family (``torch:whole:*``), at
+        today's load; None (the caller's cold prior) where none was measured or the size is
+        unknown. The highest, not the median: an underpriced compile is tried and can cost the
+        run minutes (hf-t5: priced ~19 s, abandoned at its 57.6 s deadline after 151 s of
+        exploration), an overpriced one only waits for a longer run or a cache hit."""
+        if size <= 0:
+            return None
+        now = contention()
+        family = kind.rsplit(":", 1)[0] + ":"
+        by_kind = self._load().get(self._key(hardware), {})
+        for kinds in ([kind], [k for k in by_kind if k != kind and k.startswith(family)]):
+            rates: list[float] = [
+                float(r["ms"]) / float(r["size"])
+                for k in kinds
+                for r in self._at_load(by_kind.get(k, []), now)
+                if r.get("size", 0) > 0 and r.get("ms", 0) > 0 and not r.get("warm")
+            ]
+            if rates:
+                return max(rates) * size
+        return None
+
     def _other_kinds_estimate(self, hardware: str, kind: str, size: int) -> float | None:
         """A kind not compiled here yet, for a graph of known size: the per-node rate this host
         measured for the *other* kinds of the same framework (``torch:...``), times ``size``.

@@ -115,6 +115,7 @@ class ExplorationSession:
         # beside more runnable work than the best's ran beside other processes (the explorer
         # re-times it rather than trust its slowdown).
         self._runnable: list[int] = []
+        self._cpu: list[float] = []  # each step's thread CPU time (ms; NaN: not measured)
         self._failed = ""
         self._since_lost = 0
         # A run that starts from a committed configuration with compiled choices reports its
@@ -248,6 +249,7 @@ class ExplorationSession:
     def _reset_trial(self) -> None:
         self._times, self._regions, self._failed = [], [], ""
         self._runnable = []
+        self._cpu = []
 
     def _mean_runnable(self) -> float:
         """Mean runnable threads over the trial's measured steps (0: unknown)."""
@@ -257,12 +259,19 @@ class ExplorationSession:
         return sum(measured) / len(measured)
 
     def record(
-        self, step_ms: float, region_ms: dict[str, float], failed: str = "", may_compile: bool = True
+        self,
+        step_ms: float,
+        region_ms: dict[str, float],
+        failed: str = "",
+        may_compile: bool = True,
+        cpu_ms: float = math.nan,
     ) -> Config | None:
         """Account one finished mini-batch; returns a new configuration when it changes.
 
         ``may_compile=False`` says the configuration compiles nothing, so its first step is a
         measurement like the others (not a warm-up) and a hopeless trial can stop after it.
+        ``cpu_ms``: the step's CPU time on the one thread that ran it (NaN: not measured, e.g.
+        more than one intra-op thread); reported when every step of the trial has it.
         """
         self.steps += 1
         cur = self.current
@@ -287,6 +296,7 @@ class ExplorationSession:
             return None
         self.explore_steps += 1
         self._times.append(step_ms)
+        self._cpu.append(cpu_ms)
         self._regions.append(region_ms)
         self._runnable.append(runnable_threads())
         if failed:
@@ -310,6 +320,7 @@ class ExplorationSession:
             failed=bad,
             error=self._failed or ("step raised" if bad else ""),
             runnable=self._mean_runnable(),
+            step_cpu_ms=list(self._cpu) if not bad and all(math.isfinite(c) for c in self._cpu) else [],
         )
         if not bad and len(report.step_ms) > 1:
             self.best_ms = min(self.best_ms, min(report.step_ms[1:]))

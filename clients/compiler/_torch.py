@@ -324,6 +324,9 @@ class AstraTorch(SessionBacked):
         self._hooks: list[Any] = []
         self._input_shapes = ""
         self._step_started = 0.0
+        self._cpu_started = 0.0  # the step's start on this thread's CPU clock (time.thread_time)
+        self._process_started = 0.0  # ... and on the process's (time.process_time)
+        self._step_cpu_ms = math.nan  # the last step's thread CPU time (NaN: not measured)
         self._regions: dict[str, list[str]] = {}  # region -> runner names
         self._channels_last = any(isinstance(m, nn.Conv2d) for m in model.modules())
         # The whole-step compiles are part of the space, by kind (``WHOLE``): "plain", the
@@ -559,6 +562,8 @@ class AstraTorch(SessionBacked):
         self.clock.sync()
         if self._stream is None:
             self._step_started = time.perf_counter()
+            self._cpu_started = time.thread_time()
+            self._process_started = time.process_time()
 
     def _trial_running(self) -> bool:
         """Is the configuration in force an exploration trial (not a commit, not a hold)?"""
@@ -570,10 +575,22 @@ class AstraTorch(SessionBacked):
         ``timed=False`` (the stream times the step): minus the guard's copies only."""
         self.clock.sync()
         ms = (time.perf_counter() - self._step_started) * 1e3 if timed else 0.0
+        # The step's CPU time on this thread, where it ran on this thread alone: one intra-op
+        # thread, CPU tensors (autograd runs a CPU backward on the calling thread). What the
+        # interleaved A/B judges by (issue 18): it leaves out the time other processes held
+        # the core. Not with more threads (their work is elsewhere) nor on an accelerator.
+        one = timed and torch.get_num_threads() == 1 and self._stream is None and not self.clock.barrier
+        cpu = (time.thread_time() - self._cpu_started) * 1e3 if one else math.nan
+        if one and (time.process_time() - self._process_started) * 1e3 > 1.5 * cpu + 1.0:
+            # Other threads of this process worked during the step (a kernel compiled for more
+            # threads, the user's own threads): this thread's time is not the step's work.
+            cpu = math.nan
         self.clock.in_step = False
         if self._snap is not None:
             self._snap.close()
             ms -= self._snap.cost_s * 1e3
+            cpu -= self._snap.cost_s * 1e3
+        self._step_cpu_ms = cpu
         if self._user_threads is not None and torch.get_num_threads() != self._user_threads:
             torch.set_num_threads(self._user_threads)
         return ms
@@ -591,6 +608,7 @@ class AstraTorch(SessionBacked):
 
     def _finish_step(self, ok: bool, ms: float) -> None:
         self._snap = None
+        cpu, self._step_cpu_ms = self._step_cpu_ms + self._probe_charge_ms, math.nan
         ms, self._probe_charge_ms = ms + self._probe_charge_ms, 0.0
         if self._probe_calls is not None:
             self._finish_probe(ms if ok else 0.0)
@@ -624,7 +642,7 @@ class AstraTorch(SessionBacked):
         running = self._whole_kind  # what ran (a kind whose compile failed runs the plain forward)
         if ok and running and self.model.__dict__.get("forward") is self._compiled_forward.get(running):
             self._whole_built.add(running)
-        new = self.session.record(ms if ok else float("nan"), region_ms, failed, built)
+        new = self.session.record(ms if ok else float("nan"), region_ms, failed, built, cpu_ms=cpu)
         if new is not None:
             self._apply(new)
         if self._runs_own_code():
@@ -654,8 +672,19 @@ class AstraTorch(SessionBacked):
             if self.background is not None or "inductor" in self.compile_choices:
                 # inputs of these shapes: for the background compiles, and the cache probe
 
+                # One copy per tensor, not per argument: a tensor passed twice (a language
+                # model's ``input_ids=x, labels=x``) stays one input, as dynamo traced it in the
+                # user's call. Two copies made the probe's graph another graph (one more input,
+                # 372 nodes against 371), and Inductor's caches missed the compile the user's
+                # own ``torch.compile`` had left (hf-t5: asked, "cold", in every corpus run).
+                copies: dict[int, torch.Tensor] = {}
+
                 def keep(a: Any) -> Any:
-                    return a.detach().clone() if isinstance(a, torch.Tensor) else a
+                    if not isinstance(a, torch.Tensor):
+                        return a
+                    if id(a) not in copies:
+                        copies[id(a)] = a.detach().clone()
+                    return copies[id(a)]
 
                 self._example_args = tuple(keep(a) for a in args)
                 self._example_kwargs = {k: keep(v) for k, v in kwargs.items()}
@@ -1058,6 +1087,9 @@ class AstraTorch(SessionBacked):
                         otherwise = self._cold_whole_price(kind, cold)
                 else:
                     prior = learned if learned is not None else cold
+                    if learned is None and not self._off_critical_path:
+                        prior = self._first_whole_price(kind, cold)
+                        learned = prior  # as given: no other choice's compile scales it down
                 out.append(
                     Variable(
                         WHOLE[kind],
@@ -1094,7 +1126,7 @@ class AstraTorch(SessionBacked):
 
     def _cold_whole_price(self, kind: str, cold: float) -> float:
         """A whole-step compile of this graph that is not the probe's hit: its cold compiles
-        measured here, else the cold prior."""
+        measured here, else its first price (``_first_whole_price``)."""
         measured = self.compile_costs.estimate(
             self._hw,
             f"torch:whole:{kind}",
@@ -1102,7 +1134,18 @@ class AstraTorch(SessionBacked):
             graph=self._cost_graph(),
             warm=False,
         )
-        return measured if measured is not None else cold
+        return measured if measured is not None else self._first_whole_price(kind, cold)
+
+    def _first_whole_price(self, kind: str, cold: float) -> float:
+        """The first cold compile of a whole-step graph never compiled here (issue 18, fourth
+        session of 2026-12-02): its size (FX nodes, known when the probe traced it) at the highest
+        per-node rate this host measured for whole-step compiles; else the cold prior. Sent as calibrated, so the core uses it as given:
+        scaled by other choices' compiles (a cell region's, a cache load's), the 60 s prior fell
+        to ~19 s for hf-t5's rewritten step, which was tried and abandoned at its 57.6 s deadline."""
+        first = self.compile_costs.first_price(
+            self._hw, f"torch:whole:{kind}", self._whole_nodes.get(kind, 0)
+        )
+        return first if first is not None else cold
 
     # -- recurrent structure from the captured graph (issue 18)
     @property

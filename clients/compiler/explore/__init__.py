@@ -10,6 +10,7 @@ service.
 """
 
 from ._core import Exploration, ExplorationPolicy, TrialRecord, commit, next_config, report, start
+from ._records import trial_records
 from ._store import COMMITTED, EXPLORATIONS, CompilerCore, LocalExplorer, committed_record
 from .types import (
     HOLD_TRIAL,
@@ -45,4 +46,5 @@ __all__ = [
     "next_config",
     "report",
     "start",
+    "trial_records",
 ]

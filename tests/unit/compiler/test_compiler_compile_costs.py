@@ -8,6 +8,18 @@ from microco.clients.compiler import _compile_costs
 from microco.clients.compiler._compile_costs import KEEP, HostCompileCosts
 
 
+class _Null:
+    """An explorer that hands out the baseline and ignores reports."""
+
+    def register(self, spec):
+        from microco.clients.compiler import baseline
+
+        return baseline(spec)
+
+    def report(self, key, rep):
+        return None
+
+
 def test_the_estimate_follows_the_recorded_measurements(tmp_path):
     costs = HostCompileCosts(tmp_path / "c.json", host="h1")
     assert costs.estimate("cpu", "torch:whole:plain") is None  # nothing measured: the caller's prior
@@ -58,15 +70,6 @@ def test_the_wrapper_prices_a_whole_step_compile_by_what_this_host_measured(tmp_
     costs = HostCompileCosts(tmp_path / "c.json", host="h1")
     costs.record(hardware_id(), "torch:whole:plain", 99_999.0, size=10, graph="another-model")
 
-    class _Null:
-        def register(self, spec):
-            from microco.clients.compiler import baseline
-
-            return baseline(spec)
-
-        def report(self, key, rep):
-            return None
-
     def whole_prior():
         model = zm.make_model("gru", 4, 4)
         x, y = zm.synthetic_batch(3, 2, 4)
@@ -86,7 +89,9 @@ def test_the_wrapper_prices_a_whole_step_compile_by_what_this_host_measured(tmp_
         return whole, hit, astra._cost_graph()
 
     whole, hit, graph = whole_prior()
-    assert whole.compile_prior_ms == AstraTorch.WHOLE_COMPILE_PRIOR_MS and not whole.prior_calibrated
+    # (the graph's size unknown without the probe: the cold prior, as given: see the test of
+    # first prices below)
+    assert whole.compile_prior_ms == AstraTorch.WHOLE_COMPILE_PRIOR_MS and whole.prior_calibrated
     # No load of this graph measured yet: the lookup plus the warm load's prior, not the lookup alone.
     assert hit.compile_prior_ms == 50.0 + AstraTorch.WHOLE_WARM_PRIOR_MS and hit.prior_calibrated
     costs.record(hardware_id(), "torch:whole:plain", 12_345.0, graph=graph)
@@ -135,3 +140,59 @@ def test_a_price_learned_under_load_is_scaled_to_the_load_now(tmp_path, monkeypa
     assert XlaCostModel("cpu", tmp_path / "x.json").rate() == pytest.approx(2.0)  # persisted alone
     cold = XlaCostModel("other-cpu", tmp_path / "x.json")
     assert cold.rate() == pytest.approx(2.0 * _tf_cost.COLD_MS_PER_INSTRUCTION)  # the cold prior too
+
+
+def test_the_first_price_of_an_unseen_graph_is_its_size_at_the_highest_rate_seen_here(tmp_path, monkeypatch):
+    """Issue 18 (hf-t5: a rewritten step never compiled here priced ~19 s, abandoned at its
+    57.6 s deadline after 151 s of exploration): a graph with no compile of its own on this host
+    is priced by its size at the highest per-node rate this host measured for the kind (its
+    family's, else), deadline floors included (a lower bound); loads are not compiles."""
+    monkeypatch.setattr(_compile_costs, "contention", lambda: 1.0)
+    costs = HostCompileCosts(tmp_path / "c.json", host="h1")
+    assert costs.first_price("cpu", "torch:whole:rewrite", 1000) is None  # nothing here: the prior
+    costs.record("cpu", "torch:whole:plain", 10_000.0, size=500, graph="a")  # 20 ms a node
+    costs.record("cpu", "torch:whole:plain", 300.0, size=500, graph="a", warm=True)  # a load
+    assert costs.first_price("cpu", "torch:whole:plain", 1000) == pytest.approx(20_000.0)
+    costs.record("cpu", "torch:whole:plain", 30_000.0, size=500, graph="b", floor=True)  # >= 60 ms a node
+    assert costs.first_price("cpu", "torch:whole:plain", 1000) == pytest.approx(60_000.0)
+    # A kind never compiled here: its family's highest rate; another family's never.
+    costs.record("cpu", "torch:region:inductor", 90_000.0, size=10, graph="cell")
+    assert costs.first_price("cpu", "torch:whole:rewrite", 1000) == pytest.approx(60_000.0)
+    costs.record("cpu", "torch:whole:rewrite", 5_000.0, size=500, graph="c")  # its own kind first
+    assert costs.first_price("cpu", "torch:whole:rewrite", 1000) == pytest.approx(10_000.0)
+    assert costs.first_price("cpu", "torch:whole:plain", 0) is None  # size unknown
+
+
+def test_an_unrepayable_first_compile_is_not_tried_whatever_other_compiles_cost(tmp_path):
+    """The wrapper sends the first price of an unseen whole-step graph as calibrated: the core
+    uses it as given. Before, the 60 s cold prior went uncalibrated and a cheap compile of
+    another choice (a cell region's, 2 s against its 8 s prior) scaled it to 15 s, which a
+    5,000-step run of 20 ms steps (expected saving 25 s) planned, and then could not repay."""
+    pytest.importorskip("torch")
+    from microco.clients.compiler._torch import AstraTorch, hardware_id
+    from microco.clients.compiler.explore import GraphSpec, _core
+    from microco.clients.compiler.zoo import torch_models as zm
+
+    costs = HostCompileCosts(tmp_path / "c.json", host="h1")
+
+    model = zm.make_model("gru", 4, 4)
+    x, y = zm.synthetic_batch(3, 2, 4)
+    astra = AstraTorch(model, _Null(), threads=("1",), total_steps=2, background=False, compile_costs=costs)
+    with astra.step():
+        zm.loss_fn(model(x), y).backward()
+    astra._whole_nodes["plain"] = 2000  # what the probe's trace counts for a large graph
+    whole = next(v for v in astra._variables() if v.name == "model.compile")
+    assert whole.compile_prior_ms == AstraTorch.WHOLE_COMPILE_PRIOR_MS and whole.prior_calibrated
+    costs.record(hardware_id(), "torch:whole:plain", 20_000.0, size=1000, graph="another-model")  # 20 ms/node
+    whole = next(v for v in astra._variables() if v.name == "model.compile")
+    region = next(v for v in astra._variables() if v.name.endswith(".compile") and v.region)
+    astra.restore()
+    assert whole.compile_prior_ms == pytest.approx(40_000.0) and whole.prior_calibrated
+    spec = GraphSpec("fp", "(3, 2, 4)", "cpu", (region, whole), "gru", "torch", 5000)
+    state = _core.start(spec, _core.ExplorationPolicy())
+    state.compile_costs[f"{region.name}=inductor"] = 2_000.0  # a cheap cell compile measured here
+    assert _core.compile_estimate(state, [(whole, "inductor")]) == pytest.approx(40_000.0)
+    state.trials.append(_core.TrialRecord(0, {}, 0, "baseline", steps=[20.0] * 6, step_ms=20.0, done=True))
+    state.best = 0
+    reason = _core._prune_reason(state, _core.ExplorationPolicy(), "", [whole], {whole.name: "inductor"})
+    assert "cannot repay" in reason  # 40 s > 20 ms x 5,000 x 0.5 x 0.5 = 25 s

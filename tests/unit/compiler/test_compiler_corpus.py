@@ -46,6 +46,15 @@ def test_corpus_case_reports_every_field_and_never_stops():
         assert r["explored_for"] == 40  # one exploration, told 40 steps
     assert 0 < m["explore_steps"] <= 40
     assert m["explored"]["40"]["wrapper_us"] >= 0  # the committed wrapper's own cost per step
+    # The exploration's trial records (issue 18): each candidate with its steps and verdict.
+    rec = m["explored"]["40"]["trials"]
+    verdicts = {c["verdict"] for c in rec["candidates"]}
+    assert rec["candidates"][0]["config"] == "baseline" and rec["candidates"][0]["steps"] > 0
+    assert "committed" in verdicts and rec["committed"] is not None
+    for c in rec["candidates"]:
+        assert c["verdict"] and c["reason"] and "interleaved" in c and "compile_s" in c
+    assert sum(c["steps"] for c in rec["candidates"]) == rec["explore_steps"]
+    assert isinstance(rec["pruned"], list) and "probe" in rec
     # The second run over the same on-disk state starts from the commit: no exploration.
     assert m["rerun"]["committed_at_start"] and m["rerun"]["explore_steps"] == 0
 

@@ -113,7 +113,7 @@ def test_astra_prices_the_whole_step_by_the_probe_and_keys_ignore_priors(
 
     cold_astra, cold_var = first_step(zm.make_model("gru", 4, 4))
     assert cold_astra.whole_cache["plain"] == "cold"
-    assert not cold_var.prior_calibrated
+    assert cold_var.prior_calibrated  # the first price of a graph never compiled here, used as given
     assert cold_var.compile_prior_ms == AstraTorch.WHOLE_COMPILE_PRIOR_MS  # nothing measured on this host
     # What each ask cost is kept on this host: the next run's gate prices its ask by them.
     asks = cold_astra.compile_costs.measurements(cold_astra._hw, AstraTorch.PROBE_KIND)

@@ -59,11 +59,12 @@ def test_exploration_trains_every_step_commits_and_is_reused_with_zero_explorati
     ref_model = zm.make_model("lstm", 6, 8)
     # Exploration, re-timing of close candidates included, ends within its budget (0.3 x 200
     # steps) plus one interleaved confirmation of the best against the baseline (2 x rounds x
-    # steps); how many steps it takes depends on how close the measured candidates come.
-    ref = train(ref_model, AstraTorch(ref_model, _Null(), threads=("1",), compile_choices=("eager",)), 70)
-    losses = train(model, astra, 70)
+    # steps) and its second look when the first came close (2 x extend rounds x steps); how
+    # many steps it takes depends on how close the measured candidates come.
+    ref = train(ref_model, AstraTorch(ref_model, _Null(), threads=("1",), compile_choices=("eager",)), 100)
+    losses = train(model, astra, 100)
     assert astra.committed
-    confirm = 2 * POLICY.retime_rounds * POLICY.retime_steps
+    confirm = 2 * (POLICY.retime_rounds + POLICY.confirm_extend_rounds) * POLICY.retime_steps
     assert 0 < astra.explore_steps <= 0.3 * 200 + confirm
     # Exploration is training: the same losses as plain eager, step for step.
     assert all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5) for a, b in zip(ref, losses))

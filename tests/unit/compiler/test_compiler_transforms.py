@@ -341,7 +341,7 @@ def test_a_failing_whole_step_rewrite_keeps_training_and_fails_its_trial(monkeyp
     monkeypatch.setattr(tfx, "hoist_time_slices", broken)
     model, astra, x, y, ref = _whole_step_run(monkeypatch, FixedExplorer({"model.rewrite": "inductor"}))
     reports = []
-    astra.session.record = lambda ms, regions, failed, built=False: reports.append(failed)
+    astra.session.record = lambda ms, regions, failed, built=False, **kw: reports.append(failed)
     for _ in range(2):
         with astra.step():
             _assert_same(ref, _loss_and_grads(model, x, y))  # the plain forward ran instead
