@@ -98,24 +98,33 @@ class Scenario:
 # chunks they read whole (in-flight claims, a cache feature: on both sides), how the loaders
 # price a miss for the allocation: "stall" or "link", ``clients/cache/_stall.py``, the
 # allocation adds what a job's misses cost the others on the shared link (a cache feature:
-# on both sides; ``services/cache/_allocation.py``))
+# on both sides; ``services/cache/_allocation.py``), a dataset within its allocation may
+# take the room others hold beyond theirs (``bind``, off by default: ``CacheCore(bind_allocation)``,
+# ``services/cache/_eviction.py``))
 MODES = {
-    "independent": (False, False, True, "stall", True),
-    "codesign": (True, True, True, "stall", True),
-    "independent_affinity": (False, True, True, "stall", True),
-    "codesign_no_affinity": (True, False, True, "stall", True),
-    "independent_no_claims": (False, False, False, "stall", True),
-    "codesign_no_claims": (True, True, False, "stall", True),
-    "independent_link": (False, False, True, "link", True),
-    "codesign_link": (True, True, True, "link", True),
-    "independent_own_cost": (False, False, True, "stall", False),
-    "codesign_own_cost": (True, True, True, "stall", False),
+    "independent": (False, False, True, "stall", True, False),
+    "codesign": (True, True, True, "stall", True, False),
+    "independent_affinity": (False, True, True, "stall", True, False),
+    "codesign_no_affinity": (True, False, True, "stall", True, False),
+    "independent_no_claims": (False, False, False, "stall", True, False),
+    "codesign_no_claims": (True, True, False, "stall", True, False),
+    "independent_link": (False, False, True, "link", True, False),
+    "codesign_link": (True, True, True, "link", True, False),
+    "independent_own_cost": (False, False, True, "stall", False, False),  # before the link's price
+    "codesign_own_cost": (True, True, True, "stall", False, False),
+    "independent_bind": (False, False, True, "stall", True, True),  # and the allocation bound
+    "codesign_bind": (True, True, True, "stall", True, True),
 }
 ABLATIONS = {
     "ablation": ("independent_affinity", "codesign_no_affinity"),
     "claims_ablation": ("independent_no_claims", "codesign_no_claims"),
     "price_ablation": ("independent_link", "codesign_link"),
-    "allocation_ablation": ("independent_own_cost", "codesign_own_cost"),
+    "allocation_ablation": (
+        "independent_own_cost",
+        "codesign_own_cost",
+        "independent_no_bind",
+        "codesign_no_bind",
+    ),
 }
 # (prefix of the ratios, base mode, mode compared with it), when both ran
 COMPARISONS = (
@@ -131,6 +140,8 @@ COMPARISONS = (
     ("shared_link_in_independent_", "independent_own_cost", "independent"),
     ("shared_link_in_codesign_", "codesign_own_cost", "codesign"),
     ("without_shared_link_", "independent_own_cost", "codesign_own_cost"),  # as before it
+    ("bind_in_independent_", "independent", "independent_bind"),
+    ("bind_in_codesign_", "codesign", "codesign_bind"),
 )
 
 
@@ -220,6 +231,7 @@ class Platform:
         link: Any,
         account: Any = None,
         shared_link: bool = True,
+        bind: bool = True,
     ) -> None:
         from microco.common import MemoryKV
         from microco.services.cache import (
@@ -251,6 +263,7 @@ class Platform:
                 store = AccountedStore(link, account, f"follower-{node}", node)
             else:
                 core = CacheCore(*core_args, **core_kw)
+            core.policy.bind = bind  # (as ``CacheCore(bind_allocation=...)`` sets it)
             server, address = serve_in_process(CacheServicer(core))
             self._servers.append(server)
             self.cores[node], self.address[node] = core, address
@@ -300,7 +313,7 @@ def _run_mode(
         next_to_run,
     )
 
-    codesign, affinity, claims, price, shared_link = MODES[mode]
+    codesign, affinity, claims, price, shared_link, bind = MODES[mode]
     loader_class = type("Loader", (QuiverLoader,), {"CLAIMS": claims, "MISS_PRICE": price})
     policy = make_policy(
         "gandiva",
@@ -314,7 +327,7 @@ def _run_mode(
 
     tmp = Path(tempfile.mkdtemp(prefix="codesign-", dir=root))
     link = ThrottledStore(LocalStore(str(root / "data")), sc.link_bytes_per_s)
-    plat = Platform(tmp, sc, codesign, datasets, link, account, shared_link)
+    plat = Platform(tmp, sc, codesign, datasets, link, account, shared_link, bind)
     publisher = PhasePublisher(plat.kv) if codesign else None
     jobs = [
         Job(name, ds, datasets[ds], Model(len(datasets[ds].samples)), order=i)
@@ -712,8 +725,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--allocation-ablation",
         action="store_true",
-        help="also run both sides with the allocation valuing a job by its own step time only "
-        "(as before the shared link's price: ``CacheCore(shared_link=False)``)",
+        help="also run both sides with the cache as before the shared link's price (``*_own_cost``), "
+        "and with the allocation bound both ways (``*_bind``: CacheCore(bind_allocation=True))",
     )
     p.add_argument(
         "--account",

@@ -101,12 +101,15 @@ class CacheCore:
         job_ttl_s: float = 60.0,
         probe_bytes: int = 64 << 20,
         shared_link: bool = True,
+        bind_allocation: bool = False,
     ) -> None:
         if capacity_bytes <= 0:
             raise InvalidArgument("cache capacity must be positive")
         self.store = store
         self.capacity = capacity_bytes
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        if bind_allocation:  # (coordinated: a dataset within its allocation takes others' excess)
+            self.policy.bind = True  # type: ignore[attr-defined]
         self.directory = directory
         self.node = node
         self.clock = clock
