@@ -8,8 +8,11 @@ loader reports the read of one all-miss batch (``miss_read_s``); the allocation 
 
 from __future__ import annotations
 
+import pytest
+
 from microco.clients.cache import CacheClient
 from microco.clients.cache._stall import BatchRead, StallMeter
+from microco.common.errors import InvalidArgument
 from microco.services.cache import CacheCore, CacheServicer, ChunkStore, serve_in_process
 from microco.services.cache._allocation import BenefitEstimate, JobDemand, allocate, link_costs
 from microco.services.cache._eviction import ConsumptionTracker, CoordinatedPolicy, Ledger, Outcome
@@ -139,6 +142,8 @@ def test_the_loaders_figure_reaches_the_allocation_over_grpc(tmp_path):
                 miss_read_s=0.016,
             )
             allocs = {a.dataset: a for a in c.allocations().allocations}
+            with pytest.raises(InvalidArgument):
+                c.report_progress("own", "own", 0, miss_read_s=float("nan"), retry=False)
         assert allocs["own"].bytes == 100 and "shared link" in allocs["own"].reason
         # A server told its jobs do not share a link (`--no-shared-link`) values them as before.
         core.shared_link = False
