@@ -96,21 +96,35 @@ class Scenario:
 
 # name -> (cache servers follow the scheduler, the policy's dataset affinity, the loaders claim
 # chunks they read whole (in-flight claims, a cache feature: on both sides), how the loaders
-# price a miss for the allocation: "stall" or "link", ``clients/cache/_stall.py``)
+# price a miss for the allocation: "stall" or "link", ``clients/cache/_stall.py``, the
+# allocation adds what a job's misses cost the others on the shared link (a cache feature:
+# on both sides; ``services/cache/_allocation.py``), a dataset within its allocation may
+# take the room others hold beyond theirs (``bind``, off by default: ``CacheCore(bind_allocation)``,
+# ``services/cache/_eviction.py``))
 MODES = {
-    "independent": (False, False, True, "stall"),
-    "codesign": (True, True, True, "stall"),
-    "independent_affinity": (False, True, True, "stall"),
-    "codesign_no_affinity": (True, False, True, "stall"),
-    "independent_no_claims": (False, False, False, "stall"),
-    "codesign_no_claims": (True, True, False, "stall"),
-    "independent_link": (False, False, True, "link"),
-    "codesign_link": (True, True, True, "link"),
+    "independent": (False, False, True, "stall", True, False),
+    "codesign": (True, True, True, "stall", True, False),
+    "independent_affinity": (False, True, True, "stall", True, False),
+    "codesign_no_affinity": (True, False, True, "stall", True, False),
+    "independent_no_claims": (False, False, False, "stall", True, False),
+    "codesign_no_claims": (True, True, False, "stall", True, False),
+    "independent_link": (False, False, True, "link", True, False),
+    "codesign_link": (True, True, True, "link", True, False),
+    "independent_own_cost": (False, False, True, "stall", False, False),  # before the link's price
+    "codesign_own_cost": (True, True, True, "stall", False, False),
+    "independent_bind": (False, False, True, "stall", True, True),  # and the allocation bound
+    "codesign_bind": (True, True, True, "stall", True, True),
 }
 ABLATIONS = {
     "ablation": ("independent_affinity", "codesign_no_affinity"),
     "claims_ablation": ("independent_no_claims", "codesign_no_claims"),
     "price_ablation": ("independent_link", "codesign_link"),
+    "allocation_ablation": (
+        "independent_own_cost",
+        "codesign_own_cost",
+        "independent_no_bind",
+        "codesign_no_bind",
+    ),
 }
 # (prefix of the ratios, base mode, mode compared with it), when both ran
 COMPARISONS = (
@@ -122,6 +136,12 @@ COMPARISONS = (
     ("without_claims_", "independent_no_claims", "codesign_no_claims"),  # as before claims
     ("link_price_in_independent_", "independent", "independent_link"),
     ("link_price_in_codesign_", "codesign", "codesign_link"),
+    # the shared link's price in the allocation: before (own cost only) vs after
+    ("shared_link_in_independent_", "independent_own_cost", "independent"),
+    ("shared_link_in_codesign_", "codesign_own_cost", "codesign"),
+    ("without_shared_link_", "independent_own_cost", "codesign_own_cost"),  # as before it
+    ("bind_in_independent_", "independent", "independent_bind"),
+    ("bind_in_codesign_", "codesign", "codesign_bind"),
 )
 
 
@@ -210,6 +230,8 @@ class Platform:
         datasets: dict[str, Any],
         link: Any,
         account: Any = None,
+        shared_link: bool = True,
+        bind: bool = True,
     ) -> None:
         from microco.common import MemoryKV
         from microco.services.cache import (
@@ -231,6 +253,7 @@ class Platform:
                 "node": node,
                 "job_ttl_s": sc.quantum_s,
                 "probe_bytes": sc.cache_bytes // 8,
+                "shared_link": shared_link,
             }
             store: Any = link
             if account is not None:
@@ -240,6 +263,7 @@ class Platform:
                 store = AccountedStore(link, account, f"follower-{node}", node)
             else:
                 core = CacheCore(*core_args, **core_kw)
+            core.policy.bind = bind  # (as ``CacheCore(bind_allocation=...)`` sets it)
             server, address = serve_in_process(CacheServicer(core))
             self._servers.append(server)
             self.cores[node], self.address[node] = core, address
@@ -289,7 +313,7 @@ def _run_mode(
         next_to_run,
     )
 
-    codesign, affinity, claims, price = MODES[mode]
+    codesign, affinity, claims, price, shared_link, bind = MODES[mode]
     loader_class = type("Loader", (QuiverLoader,), {"CLAIMS": claims, "MISS_PRICE": price})
     policy = make_policy(
         "gandiva",
@@ -303,7 +327,7 @@ def _run_mode(
 
     tmp = Path(tempfile.mkdtemp(prefix="codesign-", dir=root))
     link = ThrottledStore(LocalStore(str(root / "data")), sc.link_bytes_per_s)
-    plat = Platform(tmp, sc, codesign, datasets, link, account)
+    plat = Platform(tmp, sc, codesign, datasets, link, account, shared_link, bind)
     publisher = PhasePublisher(plat.kv) if codesign else None
     jobs = [
         Job(name, ds, datasets[ds], Model(len(datasets[ds].samples)), order=i)
@@ -468,7 +492,11 @@ def _run_mode(
             )
 
     slices: list[list[str]] = []  # who ran together: each time the running set changed
+    most_allocated: dict[str, int] = {}  # the most a dataset was allocated on a host
     while any(j.finished_at == 0.0 for j in jobs):
+        for core in plat.cores.values():
+            for a in core.allocations:
+                most_allocated[a.dataset] = max(most_allocated.get(a.dataset, 0), a.bytes)
         now = time.monotonic()
         for j in jobs:
             if j.finished_at and j.state != "finished":
@@ -513,6 +541,7 @@ def _run_mode(
         # slices in which two or more running jobs read one dataset, of all slices
         "shared_slices": sum(1 for sl in slices if len({by_name[n].dataset for n in sl}) < len(sl)),
         "slices": len(slices),
+        "most_allocated_bytes": most_allocated,
     }
     if account is not None:
         from .codesign_account import summarise
@@ -612,6 +641,48 @@ def run(
     return out
 
 
+#: ``--sweep``: the shared dataset's size over a host's cache, and the jobs reading it (with
+#: the one job on its own dataset, on the same two devices). 1.9x and 3 jobs is the default.
+SWEEP_RATIOS = (1.2, 1.9, 3.0)
+SWEEP_SHARED_JOBS = (3, 6)
+
+
+def sweep(sc: Scenario, rounds: int) -> dict:
+    """Both sides at each point of a small grid, each point its own interleaved rounds: where
+    the co-design saves bytes and time and where it does not (docs/codesign.md)."""
+    shared_bytes = sc.shared_samples * sc.sample_bytes
+    points = []
+    for ratio in SWEEP_RATIOS:
+        for n in SWEEP_SHARED_JOBS:
+            cache = int(shared_bytes / ratio)
+            point = Scenario(**{**sc.__dict__, "cache_bytes": cache, "shared_jobs": n})
+            got = run(point, rounds)
+            points.append(
+                {
+                    "cache_ratio": ratio,
+                    "shared_jobs": n,
+                    "cache_bytes": cache,
+                    **{
+                        side: {
+                            k: got[side][k]
+                            for k in ("avg_jct_s", "backing_bytes", "hit_rate", "losses_identical")
+                        }
+                        for side in ("independent", "codesign")
+                    },
+                    **{
+                        k: got[k]
+                        for k in (
+                            "jct_speedup",
+                            "jct_speedup_per_round",
+                            "backing_bytes_reduction",
+                            "backing_bytes_reduction_per_round",
+                        )
+                    },
+                }
+            )
+    return {"scenario": sc.__dict__, "rounds": rounds, "sweep": points}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="microco bench codesign", description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -652,9 +723,21 @@ def main(argv: list[str] | None = None) -> int:
         help="also run both sides with a miss priced by the link's time (MISS_PRICE='link')",
     )
     p.add_argument(
+        "--allocation-ablation",
+        action="store_true",
+        help="also run both sides with the cache as before the shared link's price (``*_own_cost``), "
+        "and with the allocation bound both ways (``*_bind``: CacheCore(bind_allocation=True))",
+    )
+    p.add_argument(
         "--account",
         action="store_true",
         help="record every backing-store read and cache insert/eviction; classify why each read missed",
+    )
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="both sides over a grid instead: the shared dataset 1.2x, 1.9x, 3x a host's cache, "
+        "read by 3 and 6 jobs (rounds per point: 3, quick 2)",
     )
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the smoke test's size
     p.add_argument("--json", action="store_true", help="JSON on stdout (always JSON; kept for symmetry)")
@@ -689,6 +772,11 @@ def main(argv: list[str] | None = None) -> int:
             kind=args.scenario,
         )
     sc.lend = not args.keep_pins
+    if args.sweep:
+        rounds = args.rounds if args.rounds is not None else (1 if args.tiny else 2 if args.quick else 3)
+        json.dump(sweep(sc, rounds), sys.stdout, indent=2, default=float)
+        print()
+        return 0
     rounds = args.rounds if args.rounds is not None else (1 if args.tiny else 4 if args.quick else 6)
     modes = ("independent", "codesign") + tuple(
         m for flag, ms in ABLATIONS.items() if getattr(args, flag) for m in ms

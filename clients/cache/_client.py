@@ -204,11 +204,13 @@ class CacheClient(ServiceClient):
         user: str = "",
         dataset_bytes: int = 0,
         finished: bool = False,
+        miss_read_s: float = 0.0,
         timeout: float | None = None,
         retry: bool = True,
     ) -> cache_pb2.ReportProgressResponse:
         """Progress of a job this epoch (consumed chunks) and its mini-batch timings
-        (hit fraction, seconds, bytes, samples); answers the dataset's allocation."""
+        (hit fraction, seconds, bytes, samples); answers the dataset's allocation.
+        ``miss_read_s``: the backing store's read of one all-miss batch (0: not measured)."""
         req = cache_pb2.ReportProgressRequest(
             job_id=job_id,
             dataset=dataset,
@@ -220,6 +222,7 @@ class CacheClient(ServiceClient):
             ],
             dataset_bytes=dataset_bytes,
             finished=finished,
+            miss_read_s=miss_read_s,
         )
         # Re-sending consumed chunks is harmless (a set union), and timings are samples.
         resp: cache_pb2.ReportProgressResponse = self._call(

@@ -1090,6 +1090,7 @@ class QuiverLoader(InFlight):
                     timings,
                     user=self.user,
                     dataset_bytes=self._owned_bytes,
+                    miss_read_s=self._meter.miss_read_s,
                 )
             else:
                 srv.report_progress(
@@ -1100,6 +1101,7 @@ class QuiverLoader(InFlight):
                     timings,
                     user=self.user,
                     dataset_bytes=self.index.total_bytes,
+                    miss_read_s=self._meter.miss_read_s,
                     timeout=self.RPC_TIMEOUT_S,
                     retry=False,
                 )

@@ -253,6 +253,7 @@ class SpreadCache:
         user: str = "",
         dataset_bytes: int | Callable[[list[str]], Mapping[str, int]] = 0,
         finished: bool = False,
+        miss_read_s: float = 0.0,
         **_kw: Any,
     ) -> None:
         """To every live server: the consumed chunks (so that each evicts only what every job
@@ -275,6 +276,7 @@ class SpreadCache:
                     user=user,
                     dataset_bytes=size,
                     finished=finished,
+                    miss_read_s=miss_read_s,
                     timeout=5,
                     retry=False,
                 )

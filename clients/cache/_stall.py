@@ -74,6 +74,10 @@ class StallMeter:
         if price not in PRICES:
             raise ValueError(f"price must be one of {', '.join(PRICES)}, not {price!r}")
         self.price = price
+        #: The latest cost of reading one whole batch as misses, hidden behind compute or not:
+        #: the time the job's misses hold the backing store (reported for the shared link's
+        #: price in the allocation, ``services/cache/_allocation.py``); 0 until measured.
+        self.miss_read_s = 0.0
         self.carry: dict[int, float] = {}
         self._hit: deque[tuple[float, float]] = deque(maxlen=window)  # (seconds, bytes or samples)
         self._miss: deque[tuple[float, float]] = deque(maxlen=window)
@@ -127,6 +131,8 @@ class StallMeter:
         ):
             if r is None:
                 continue
+            if h == 0.0:
+                self.miss_read_s = r
             stall = max(0.0, r - compute_s) if read.overlapped and self.price == "stall" else r
             out.append((h, compute_s + stall, read.batch_bytes, count))
         return out

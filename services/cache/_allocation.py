@@ -15,6 +15,19 @@ often), and a job measured while the machine was busier is not preferred for its
 seconds. Capacity is then a fractional knapsack: fill datasets in order of that density,
 each up to its size. A compute-bound job (no measurable gain) gets only room nobody else
 wants; a job not yet measured gets a probe-sized share first so that it can be measured.
+
+*The shared link* (``shared_link=True``, the default). The jobs reporting to one cache server
+read their misses from a backing store over a link they share. A job whose reader hides its
+misses behind its compute gains little itself, but the time its misses hold the link is
+time the other jobs' misses wait for it. So a job's benefit adds what its misses cost the
+others: ``link_share x others_wait``, where ``link_share = miss_read_s / t_miss`` is the
+share of its all-miss running time its misses hold the backing store (``miss_read_s``: the
+loader's measured read of one all-miss batch, hidden or not) and ``others_wait`` the sum of
+the other measured jobs' gains (the share of their step time spent waiting for reads: a
+second of link taken from them is a second each of those waiting loses). Both are shares of
+running time, so it is on the gain's footing, and the 5% rule applies to the sum: a job is
+compute-bound when neither its own steps nor the others' would move. A job alone, or beside
+jobs that do not wait, is valued as before.
 """
 
 from __future__ import annotations
@@ -69,6 +82,23 @@ class JobDemand:
     dataset: str
     batch_bytes: int
     estimate: BenefitEstimate | None = None
+    miss_read_s: float = 0.0  # backing-store seconds to read one all-miss batch (0: not measured)
+
+    @property
+    def link_share(self) -> float:
+        """Share of its all-miss running time the job's misses hold the backing store."""
+        est = self.estimate
+        if est is None or est.t_miss <= 0 or self.miss_read_s <= 0:
+            return 0.0
+        return min(1.0, self.miss_read_s / est.t_miss)
+
+
+def link_costs(jobs: Sequence[JobDemand]) -> dict[str, float]:
+    """Per job, what its misses cost the other jobs on the shared link, as a share of its own
+    running time: ``link_share x`` the other measured jobs' gains (module doc)."""
+    gains = {j.job_id: j.estimate.gain for j in jobs if j.estimate is not None}
+    waiting = sum(gains.values())
+    return {j.job_id: j.link_share * (waiting - gains.get(j.job_id, 0.0)) for j in jobs}
 
 
 @dataclass(frozen=True)
@@ -90,8 +120,11 @@ def allocate(
     *,
     min_gain: float = 0.05,
     probe_bytes: int = 64 << 20,
+    shared_link: bool = True,
 ) -> list[Allocation]:
-    """Divide ``capacity`` among the datasets of ``jobs``; one entry per dataset, largest first."""
+    """Divide ``capacity`` among the datasets of ``jobs``; one entry per dataset, largest first.
+    ``shared_link``: a job's benefit includes what its misses cost the others (module doc)."""
+    ext = link_costs(jobs) if shared_link else {}
     by_ds: dict[str, list[JobDemand]] = {}
     for j in jobs:
         by_ds.setdefault(j.dataset, []).append(j)
@@ -114,13 +147,17 @@ def allocate(
             if size <= 0:
                 parts.append(f"{j.job_id} gain {est.gain:.0%}, dataset size not reported")
                 continue
-            if est.gain < min_gain:
+            others = ext.get(j.job_id, 0.0)
+            if est.gain + others < min_gain:
                 parts.append(f"{j.job_id} compute-bound (gain {est.gain:.0%})")
                 continue
-            d += est.gain / size
+            d += (est.gain + others) / size
             if j.batch_bytes > 0:
-                s_per_byte += (est.t_miss - est.t_hit) / j.batch_bytes
-            parts.append(f"{j.job_id} saves {est.t_miss - est.t_hit:.3g}s/batch ({est.gain:.0%})")
+                s_per_byte += (est.t_miss - est.t_hit + others * est.t_miss) / j.batch_bytes
+            why_j = f"{j.job_id} saves {est.t_miss - est.t_hit:.3g}s/batch ({est.gain:.0%})"
+            if others > 0:
+                why_j += f" and the others {others:.0%} of its time on the shared link"
+            parts.append(why_j)
         density[ds] = d
         seconds[ds] = s_per_byte
         why[ds] = "; ".join(parts)

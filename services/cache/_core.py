@@ -32,6 +32,7 @@ class _JobInfo:
     user: str = ""
     batch_bytes: int = 0
     timings: deque = field(default_factory=lambda: deque(maxlen=256))
+    miss_read_s: float = 0.0  # the loader's latest read of one all-miss batch
 
 
 @dataclass
@@ -99,16 +100,21 @@ class CacheCore:
         clock: Callable[[], float] = time.monotonic,
         job_ttl_s: float = 60.0,
         probe_bytes: int = 64 << 20,
+        shared_link: bool = True,
+        bind_allocation: bool = False,
     ) -> None:
         if capacity_bytes <= 0:
             raise InvalidArgument("cache capacity must be positive")
         self.store = store
         self.capacity = capacity_bytes
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        if bind_allocation:  # (coordinated: a dataset within its allocation takes others' excess)
+            self.policy.bind = True  # type: ignore[attr-defined]
         self.directory = directory
         self.node = node
         self.clock = clock
         self.probe_bytes = probe_bytes
+        self.shared_link = shared_link  # a job's misses priced by what they cost the others too
         self.counters = Counters(corrupt_dropped=store.dropped_on_start)
         self.job_counters: OrderedDict[str, JobCounters] = OrderedDict()
         self._lock = threading.RLock()
@@ -424,6 +430,7 @@ class CacheCore:
         user: str = "",
         dataset_bytes: int = 0,
         finished: bool = False,
+        miss_read_s: float = 0.0,
     ) -> Allocation | None:
         if not job or not dataset:
             raise InvalidArgument("job_id and dataset are required")
@@ -471,6 +478,8 @@ class CacheCore:
                     info.batch_bytes = nbytes
             if dataset_bytes > 0:
                 self.dataset_bytes[dataset] = dataset_bytes
+            if miss_read_s > 0:
+                info.miss_read_s = miss_read_s
             gone_jobs = self.consumption.expire(now, keep=self.held)
             for gone in gone_jobs:
                 self.jobs.pop(gone, None)
@@ -575,12 +584,20 @@ class CacheCore:
             for ds in group:
                 label_of[ds] = label
         demands = [
-            JobDemand(job, label_of[info.dataset], info.batch_bytes, estimate_benefit(info.timings))
+            JobDemand(
+                job,
+                label_of[info.dataset],
+                info.batch_bytes,
+                estimate_benefit(info.timings),
+                info.miss_read_s,
+            )
             for job, info in sorted(self.jobs.items())
             if job not in self._lent  # a suspended job's share is lent too (restored on resume)
         ]
         self._members_of = members
-        self.allocations = allocate(self.capacity, sizes, demands, probe_bytes=self.probe_bytes)
+        self.allocations = allocate(
+            self.capacity, sizes, demands, probe_bytes=self.probe_bytes, shared_link=self.shared_link
+        )
 
     def _quotas(self) -> dict[str, int] | None:
         # Quotas apply only to datasets the manager knows; chunks of others are not limited

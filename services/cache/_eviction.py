@@ -8,8 +8,13 @@ them the same way.
 
 * ``coordinated`` (Quiver): a chunk leaves only once every job sharing its dataset has
   consumed it this epoch, and a dataset stays within the allocation the manager gave it. A
-  chunk nobody needs any more makes room first. If nothing may leave, the insert is refused
-  (the client then reads that data from the backing store: a cost, never a loss).
+  chunk nobody needs any more makes room first. With ``bind`` (off by default: measured
+  not to pay in issue 21's benchmark, docs/codesign.md) the allocation binds both ways: a
+  dataset within its allocation may also take the room another dataset holds beyond its own
+  (its chunks the fewest jobs still need first), consumed or not, so that room the manager
+  moved to it is not kept by the pins of the dataset it moved from. If nothing may leave,
+  the insert is refused (the client then reads that data from the backing store: a cost,
+  never a loss).
 * ``lru``: the generic cache of the same capacity: always admit, evict least-recently-used.
 """
 
@@ -163,6 +168,15 @@ class ConsumptionTracker:
             if p.dataset == dataset or (names is not None and p.dataset in names)
         )
 
+    def wanting(self, dataset: str, key: str) -> int:
+        """How many jobs pinning ``key`` (as ``fully_consumed`` counts them) still need it."""
+        names = self.contains.get(key)
+        return sum(
+            1
+            for p in self.jobs.values()
+            if (p.dataset == dataset or (names is not None and p.dataset in names)) and key not in p.consumed
+        )
+
     def in_use(self, dataset: str) -> bool:
         """Some job reads ``dataset``: one that runs, or one that does not run now (lent)."""
         return any(p.dataset == dataset for p in self.jobs.values()) or any(
@@ -244,6 +258,40 @@ def _group(quotas: Mapping[str, int] | None, dataset: str) -> frozenset[str]:
     return group(dataset) if group is not None else frozenset((dataset,))
 
 
+def _beyond_allocation(
+    ledger: Ledger,
+    quotas: Mapping[str, int],
+    group: frozenset[str],
+    consumption: ConsumptionTracker,
+    gone: set[str],
+) -> list[Entry]:
+    """Chunks other datasets hold beyond their allocation (not counting ``gone``, which leave
+    anyway), the fewest-wanted first: the room a dataset within its own may take. A dataset
+    the manager does not know has no bound (``quotas`` answers a huge quota for it)."""
+    by_group: dict[frozenset[str], list[Entry]] = {}
+    for e in ledger.entries.values():
+        if e.key not in gone and e.dataset not in group:
+            by_group.setdefault(_group(quotas, e.dataset), []).append(e)
+    out: list[Entry] = []
+    for members, entries in by_group.items():
+        over = sum(e.size for e in entries) - min(quotas.get(d, 1 << 62) for d in members)
+        if over <= 0:
+            continue
+        entries.sort(
+            key=lambda e: (
+                consumption.wanting(e.dataset, e.key),
+                consumption.wanted_later(e.dataset, e.key),
+                e.inserted,
+            )
+        )
+        for e in entries:
+            if over <= 0:
+                break
+            out.append(e)
+            over -= e.size
+    return out
+
+
 def _precheck(ledger: Ledger, capacity: int, key: str, size: int) -> Admission | None:
     if key in ledger:
         return Admission(Outcome.PRESENT)
@@ -273,9 +321,13 @@ class LRUPolicy(EvictionPolicy):
 
 
 class CoordinatedPolicy(EvictionPolicy):
-    """Quiver: evict only chunks every sharing job has consumed this epoch; honour quotas."""
+    """Quiver: evict only chunks every sharing job has consumed this epoch; honour quotas.
+    ``bind``: a dataset within its allocation may take what others hold beyond theirs."""
 
     name = "coordinated"
+
+    def __init__(self, bind: bool = False) -> None:
+        self.bind = bind
 
     def admit(self, ledger, capacity, key, size, dataset, consumption, quotas=None):  # type: ignore[no-untyped-def]
         pre = _precheck(ledger, capacity, key, size)
@@ -319,6 +371,13 @@ class CoordinatedPolicy(EvictionPolicy):
             if e.key not in victims:
                 victims.append(e.key)
                 freed += e.size
+        if ledger.used - freed + size > capacity and quotas is not None and self.bind:
+            # Within its allocation (checked above): what others hold beyond theirs is its room.
+            for e in _beyond_allocation(ledger, quotas, group, consumption, set(victims)):
+                if ledger.used - freed + size <= capacity:
+                    break
+                victims.append(e.key)
+                freed += e.size
         if ledger.used - freed + size > capacity:
             return Admission(
                 Outcome.NO_EVICTABLE,
@@ -331,6 +390,12 @@ class CoordinatedPolicy(EvictionPolicy):
         room = capacity - ledger.used + sum(e.size for e in evictable)
         if quotas is not None:
             group = _group(quotas, dataset)
+            gone = {e.key for e in evictable}
+            room += (
+                0
+                if not self.bind
+                else sum(e.size for e in _beyond_allocation(ledger, quotas, group, consumption, gone))
+            )
             own_evictable = sum(e.size for e in evictable if e.dataset in group)
             own_used = sum(ledger.used_by(d) for d in group)
             room = min(room, quotas.get(dataset, 0) - own_used + own_evictable)

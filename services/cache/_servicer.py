@@ -162,6 +162,8 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
         lim.count(request.timings, "timings", lim.MAX_TIMINGS)
         if request.dataset_bytes < 0 or request.epoch < -1:
             raise InvalidArgument("dataset_bytes and epoch must not be negative")
+        if not 0.0 <= request.miss_read_s < 3600.0:  # (NaN fails too)
+            raise InvalidArgument("miss_read_s must be seconds, at least 0")
         who = caller(context)
         user = self.reports.check(who, request.job_id, request.user)
         if not self.datasets.owns(who, request.dataset):
@@ -178,6 +180,7 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
             user=user,
             dataset_bytes=request.dataset_bytes,
             finished=request.finished,
+            miss_read_s=request.miss_read_s,
         )
         self._publish()
         if alloc is None:
@@ -300,6 +303,13 @@ def add_arguments(parser: Any) -> None:
         help="ignore the scheduler's job phases in etcd (no prefetch for the job about to resume, "
         "suspended jobs' pins kept only for the TTL, finished jobs' pins kept until it runs out)",
     )
+    g.add_argument(
+        "--no-shared-link",
+        dest="shared_link",
+        action="store_false",
+        help="the jobs here do not share a link to their backing store: value a job's caching by "
+        "its own step time only, not also by what its misses cost the others (docs/cache.md)",
+    )
 
 
 def setup(ctx: Any) -> None:
@@ -324,6 +334,7 @@ def setup(ctx: Any) -> None:
         directory=directory,
         node=s.node,
         job_ttl_s=args.job_ttl_s,
+        shared_link=getattr(args, "shared_link", True),
     )
     servicer = CacheServicer(core, redis, s.instance_id, kv=ctx.kv)
     if getattr(args, "follow_scheduler", True) and ctx.kv is not None:

@@ -28,3 +28,18 @@ def test_the_benchmark_reports_both_sides_and_identical_losses(capsys):
         assert got["migrate_to_first_batch_s"] is not None  # the migration happened
     ind, co = out["independent"]["runs"][0], out["codesign"]["runs"][0]  # one round: its ratio
     assert out["jct_speedup"] == round(ind["avg_jct_s"] / co["avg_jct_s"], 3)
+
+
+def test_the_sweep_reports_both_sides_at_every_point_of_the_grid(capsys):
+    assert codesign.main(["--tiny", "--sweep", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    grid = {(p["cache_ratio"], p["shared_jobs"]) for p in out["sweep"]}
+    assert grid == {(r, n) for r in codesign.SWEEP_RATIOS for n in codesign.SWEEP_SHARED_JOBS}
+    shared_bytes = out["scenario"]["shared_samples"] * out["scenario"]["sample_bytes"]
+    for p in out["sweep"]:
+        assert p["cache_bytes"] == int(shared_bytes / p["cache_ratio"])
+        for side in ("independent", "codesign"):
+            assert p[side]["losses_identical"] is True and p[side]["backing_bytes"] > 0
+        assert p["backing_bytes_reduction"] == round(
+            p["independent"]["backing_bytes"] / p["codesign"]["backing_bytes"], 3
+        )

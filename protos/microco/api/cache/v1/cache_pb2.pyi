@@ -169,7 +169,7 @@ class BatchTiming(_message.Message):
     def __init__(self, hit_fraction: _Optional[float] = ..., seconds: _Optional[float] = ..., bytes: _Optional[int] = ..., samples: _Optional[int] = ..., probe: _Optional[bool] = ...) -> None: ...
 
 class ReportProgressRequest(_message.Message):
-    __slots__ = ("job_id", "dataset", "user", "epoch", "consumed", "timings", "dataset_bytes", "finished")
+    __slots__ = ("job_id", "dataset", "user", "epoch", "consumed", "timings", "dataset_bytes", "finished", "miss_read_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +178,7 @@ class ReportProgressRequest(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     DATASET_BYTES_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    MISS_READ_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     dataset: str
     user: str
@@ -186,7 +187,8 @@ class ReportProgressRequest(_message.Message):
     timings: _containers.RepeatedCompositeFieldContainer[BatchTiming]
     dataset_bytes: int
     finished: bool
-    def __init__(self, job_id: _Optional[str] = ..., dataset: _Optional[str] = ..., user: _Optional[str] = ..., epoch: _Optional[int] = ..., consumed: _Optional[_Iterable[str]] = ..., timings: _Optional[_Iterable[_Union[BatchTiming, _Mapping]]] = ..., dataset_bytes: _Optional[int] = ..., finished: _Optional[bool] = ...) -> None: ...
+    miss_read_s: float
+    def __init__(self, job_id: _Optional[str] = ..., dataset: _Optional[str] = ..., user: _Optional[str] = ..., epoch: _Optional[int] = ..., consumed: _Optional[_Iterable[str]] = ..., timings: _Optional[_Iterable[_Union[BatchTiming, _Mapping]]] = ..., dataset_bytes: _Optional[int] = ..., finished: _Optional[bool] = ..., miss_read_s: _Optional[float] = ...) -> None: ...
 
 class ReportProgressResponse(_message.Message):
     __slots__ = ("allocation_bytes", "reason")
