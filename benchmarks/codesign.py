@@ -102,28 +102,28 @@ class Scenario:
 # take the room others hold beyond theirs (``bind``, off by default: ``CacheCore(bind_allocation)``,
 # ``services/cache/_eviction.py``))
 MODES = {
-    "independent": (False, False, True, "stall", True, False),
-    "codesign": (True, True, True, "stall", True, False),
-    "independent_affinity": (False, True, True, "stall", True, False),
-    "codesign_no_affinity": (True, False, True, "stall", True, False),
-    "independent_no_claims": (False, False, False, "stall", True, False),
-    "codesign_no_claims": (True, True, False, "stall", True, False),
-    "independent_link": (False, False, True, "link", True, False),
-    "codesign_link": (True, True, True, "link", True, False),
-    "independent_own_cost": (False, False, True, "stall", False, False),  # before the link's price
-    "codesign_own_cost": (True, True, True, "stall", False, False),
-    "independent_bind": (False, False, True, "stall", True, True),  # and the allocation bound
-    "codesign_bind": (True, True, True, "stall", True, True),
+    "independent": (False, False, True, "stall", False, False),
+    "codesign": (True, True, True, "stall", False, False),
+    "independent_affinity": (False, True, True, "stall", False, False),
+    "codesign_no_affinity": (True, False, True, "stall", False, False),
+    "independent_no_claims": (False, False, False, "stall", False, False),
+    "codesign_no_claims": (True, True, False, "stall", False, False),
+    "independent_link": (False, False, True, "link", False, False),
+    "codesign_link": (True, True, True, "link", False, False),
+    "independent_shared_link": (False, False, True, "stall", True, False),  # the link's price on
+    "codesign_shared_link": (True, True, True, "stall", True, False),
+    "independent_bind": (False, False, True, "stall", False, True),  # the allocation bound
+    "codesign_bind": (True, True, True, "stall", False, True),
 }
 ABLATIONS = {
     "ablation": ("independent_affinity", "codesign_no_affinity"),
     "claims_ablation": ("independent_no_claims", "codesign_no_claims"),
     "price_ablation": ("independent_link", "codesign_link"),
     "allocation_ablation": (
-        "independent_own_cost",
-        "codesign_own_cost",
-        "independent_no_bind",
-        "codesign_no_bind",
+        "independent_shared_link",
+        "codesign_shared_link",
+        "independent_bind",
+        "codesign_bind",
     ),
 }
 # (prefix of the ratios, base mode, mode compared with it), when both ran
@@ -136,10 +136,10 @@ COMPARISONS = (
     ("without_claims_", "independent_no_claims", "codesign_no_claims"),  # as before claims
     ("link_price_in_independent_", "independent", "independent_link"),
     ("link_price_in_codesign_", "codesign", "codesign_link"),
-    # the shared link's price in the allocation: before (own cost only) vs after
-    ("shared_link_in_independent_", "independent_own_cost", "independent"),
-    ("shared_link_in_codesign_", "codesign_own_cost", "codesign"),
-    ("without_shared_link_", "independent_own_cost", "codesign_own_cost"),  # as before it
+    # the shared link's price in the allocation (off by default): without vs with it
+    ("shared_link_in_independent_", "independent", "independent_shared_link"),
+    ("shared_link_in_codesign_", "codesign", "codesign_shared_link"),
+    ("with_shared_link_", "independent_shared_link", "codesign_shared_link"),
     ("bind_in_independent_", "independent", "independent_bind"),
     ("bind_in_codesign_", "codesign", "codesign_bind"),
 )
@@ -230,8 +230,8 @@ class Platform:
         datasets: dict[str, Any],
         link: Any,
         account: Any = None,
-        shared_link: bool = True,
-        bind: bool = True,
+        shared_link: bool = False,
+        bind: bool = False,
     ) -> None:
         from microco.common import MemoryKV
         from microco.services.cache import (
@@ -725,8 +725,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--allocation-ablation",
         action="store_true",
-        help="also run both sides with the cache as before the shared link's price (``*_own_cost``), "
-        "and with the allocation bound both ways (``*_bind``: CacheCore(bind_allocation=True))",
+        help="also run both sides with the shared link's price in the allocation (``*_shared_link``: "
+        "CacheCore(shared_link=True)) and with the allocation bound both ways (``*_bind``: "
+        "CacheCore(bind_allocation=True)); both are off by default",
     )
     p.add_argument(
         "--account",

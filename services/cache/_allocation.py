@@ -16,7 +16,8 @@ seconds. Capacity is then a fractional knapsack: fill datasets in order of that 
 each up to its size. A compute-bound job (no measurable gain) gets only room nobody else
 wants; a job not yet measured gets a probe-sized share first so that it can be measured.
 
-*The shared link* (``shared_link=True``, the default). The jobs reporting to one cache server
+*The shared link* (``shared_link=True``; off by default: in the co-design benchmark it did not
+reduce the backing store's bytes, docs/codesign.md). The jobs reporting to one cache server
 read their misses from a backing store over a link they share. A job whose reader hides its
 misses behind its compute gains little itself, but the time its misses hold the link is
 time the other jobs' misses wait for it. So a job's benefit adds what its misses cost the
@@ -120,7 +121,7 @@ def allocate(
     *,
     min_gain: float = 0.05,
     probe_bytes: int = 64 << 20,
-    shared_link: bool = True,
+    shared_link: bool = False,
 ) -> list[Allocation]:
     """Divide ``capacity`` among the datasets of ``jobs``; one entry per dataset, largest first.
     ``shared_link``: a job's benefit includes what its misses cost the others (module doc)."""

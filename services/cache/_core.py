@@ -100,7 +100,7 @@ class CacheCore:
         clock: Callable[[], float] = time.monotonic,
         job_ttl_s: float = 60.0,
         probe_bytes: int = 64 << 20,
-        shared_link: bool = True,
+        shared_link: bool = False,
         bind_allocation: bool = False,
     ) -> None:
         if capacity_bytes <= 0:

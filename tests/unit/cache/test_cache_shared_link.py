@@ -43,7 +43,7 @@ def test_a_job_hiding_its_misses_is_valued_by_what_they_cost_the_others():
     costs = link_costs(_jobs())
     assert abs(costs["own"] - 0.016 / 0.0205 * 2 * (1 / 3)) < 1e-9
     assert abs(costs["shared0"] - 0.016 / 0.030 * (1 / 3 + HIDDEN.gain)) < 1e-9
-    new = {a.dataset: a for a in allocate(300, sizes, _jobs())}
+    new = {a.dataset: a for a in allocate(300, sizes, _jobs(), shared_link=True)}
     assert new["own"].bytes == 100 and "rank 1" in new["own"].reason
     assert "shared link" in new["own"].reason
     assert new["shared"].bytes == 200 and sum(a.bytes for a in new.values()) <= 300
@@ -52,7 +52,7 @@ def test_a_job_hiding_its_misses_is_valued_by_what_they_cost_the_others():
 def test_the_five_percent_rule_applies_to_the_job_and_the_others_together():
     sizes = {"shared": 300, "own": 100}
     # Not measured (an old loader, or no miss yet): valued as before.
-    unmeasured = {a.dataset: a for a in allocate(300, sizes, _jobs(miss_read_s=0.0))}
+    unmeasured = {a.dataset: a for a in allocate(300, sizes, _jobs(miss_read_s=0.0), shared_link=True)}
     assert unmeasured["own"].bytes == 0 and "compute-bound" in unmeasured["own"].reason
     # Beside jobs that do not wait for reads, a job's misses cost nobody anything: a job
     # whose own gain is under 5% stays compute-bound however long its misses hold the link.
@@ -62,7 +62,7 @@ def test_the_five_percent_rule_applies_to_the_job_and_the_others_together():
         JobDemand("own", "own", 1000, HIDDEN, miss_read_s=0.02),
     ]
     assert link_costs(jobs)["own"] < 0.01
-    allocs = {a.dataset: a for a in allocate(100, {"text": 100, "own": 100}, jobs)}
+    allocs = {a.dataset: a for a in allocate(100, {"text": 100, "own": 100}, jobs, shared_link=True)}
     assert all("compute-bound" in a.reason for a in allocs.values())
     # Alone on the server: nobody to delay.
     assert link_costs([JobDemand("own", "own", 1000, HIDDEN, miss_read_s=0.02)]) == {"own": 0.0}
@@ -120,7 +120,7 @@ def test_the_meter_keeps_the_read_a_reader_ahead_hides():
 
 
 def test_the_loaders_figure_reaches_the_allocation_over_grpc(tmp_path):
-    core = CacheCore(ChunkStore(str(tmp_path / "cache")), 300)
+    core = CacheCore(ChunkStore(str(tmp_path / "cache")), 300, shared_link=True)
     server, address = serve_in_process(CacheServicer(core))
     try:
         with CacheClient(address) as c:
@@ -145,7 +145,7 @@ def test_the_loaders_figure_reaches_the_allocation_over_grpc(tmp_path):
             with pytest.raises(InvalidArgument):
                 c.report_progress("own", "own", 0, miss_read_s=float("nan"), retry=False)
         assert allocs["own"].bytes == 100 and "shared link" in allocs["own"].reason
-        # A server told its jobs do not share a link (`--no-shared-link`) values them as before.
+        # A server not told its jobs share a link (the default) values them by their own steps.
         core.shared_link = False
         core.report_progress("own", "own", 0, [], dataset_bytes=100)
         assert {a.dataset: a.bytes for a in core.allocations}["own"] == 0
