@@ -62,7 +62,7 @@ from ._placement import owner as chunk_owner
 from ._position import merge_positions
 from ._sampler import Batch, BatchMode, SubstitutableSampler
 from ._spread import Member, SpreadCache, members_from_records
-from ._table import StoreTable, decode_sample, index_store_table
+from ._table import StoreTable, decode_sample, index_store_table, materialise_query, query_table
 
 _LAZY = {
     "QuiverBatchSampler": "_torch",
@@ -108,7 +108,7 @@ def open_loader(
 
     kv = kv if kv is not None else connect_etcd()
     rec = get_dataset(kv, name)
-    store = store or open_store(rec.url)
+    store = store or open_store(rec.url, kv)
     index = load_index(rec, store)
     cache: Any = server
     if spread:
@@ -199,12 +199,14 @@ __all__ = [
     "list_datasets",
     "load_index",
     "make_dataloader",
+    "materialise_query",
     "members_from_records",
     "merge_positions",
     "open_loader",
     "open_store",
     "owned_bytes",
     "publish_job_dataset",
+    "query_table",
     "quiver_tf_dataset",
     "register_dataset",
     "stats_to_dict",

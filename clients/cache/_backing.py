@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from microco.common.errors import FailedPrecondition
 
@@ -151,8 +151,14 @@ class ThrottledStore:
         return data
 
 
-def open_store(url: str) -> BackingStore:
-    """A store for a local path, ``file://`` URL or any other fsspec URL."""
+def open_store(url: str, kv: Any = None) -> BackingStore:
+    """A store for a local path, ``file://`` URL, ``store://`` URL (a store table,
+    ``StoreTable.from_url``: its nodes found through the etcd ``kv``, else the platform's) or
+    any other fsspec URL."""
+    if url.startswith("store://"):
+        from ._table import StoreTable
+
+        return StoreTable.from_url(url, kv)
     if "://" not in url:
         return LocalStore(url)
     if url.startswith("file://"):

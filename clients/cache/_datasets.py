@@ -115,7 +115,7 @@ def register_dataset(
     state if it was missing); other bytes under a taken name are refused, leaving nothing behind.
     ``home``: the MICROCO_HOME whose cache keeps the index (default: the environment's)."""
     owner, name = _split(name, owner)
-    store = open_store(url)
+    store = open_store(url, kv)
     index = index_store(store, chunk_bytes, progress)
     raw = index.to_bytes()
     rec = DatasetRecord(

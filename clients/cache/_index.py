@@ -186,12 +186,17 @@ def build_index(
 
 
 def index_store(store, chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress=None) -> DatasetIndex:  # type: ignore[no-untyped-def]
-    """Index every file of a backing store."""
+    """Index every file of a backing store. A store whose ``chunk_per_file`` is true (a store
+    table: its files' sizes are known only once read) makes each file a chunk of its own."""
     files = store.list_files()
     if not files:
         from microco.common.errors import InvalidArgument
 
         raise InvalidArgument(f"dataset at {store.url!r} has no files")
+    if getattr(store, "chunk_per_file", False):
+        # (any listed size of at least the chunk size makes every file a chunk of its own; the
+        # index records the sizes read)
+        files, chunk_bytes = [(path, 1) for path, _ in files], 1
     return build_index(files, store.read, chunk_bytes, progress)
 
 

@@ -531,53 +531,171 @@ def test_scrub_finds_bit_rot_with_the_mtime_restored(fresh, capsys):
     check_queries(client, ORDERS_QUERIES)
 
 
-def test_a_table_is_a_training_dataset_read_through_the_cache(fresh, tmp_path):
-    """Issue 21: a store table as a Quiver dataset. Each extent of the replica partitioned by
-    the job's key is one content-addressed chunk, read over Flight from the node holding it;
-    a job's loader gets every row once an epoch through a cache server, and the next job
-    reads the table from the cache, not the store."""
-    from microco.clients.cache import QuiverLoader, StoreTable, decode_sample, index_store_table
+class Counted:
+    """A ``StoreTable`` whose reads (extents fetched from the store) are counted."""
+
+    reads = 0
+
+    @staticmethod
+    def wrap(src):
+        from microco.clients.cache import StoreTable
+
+        class _Counted(StoreTable):
+            def read(self, path: str) -> bytes:
+                Counted.reads += 1
+                return super().read(path)
+
+        return _Counted(src.node, src.table, replica=src.replica, columns=src.columns)
+
+
+def read_twice_through_a_cache(index, src, dataset: str, key: str, expected: pa.Table, tmp_path) -> None:
+    """Two jobs read ``src`` through a real cache server: each gets every row of ``expected``
+    (sorted by ``key``) exactly once an epoch; the second is served wholly from the cache."""
+    from microco.clients.cache import QuiverLoader, decode_sample
     from microco.services.cache import CacheCore, CacheServicer, ChunkStore, serve_in_process
 
-    _, client = fresh
-    cols = ["o_id", "o_cust"]  # orders: 12 extents a replica (items has 80 after the kill test)
-
-    class Counted(StoreTable):
-        reads = 0
-
-        def read(self, path: str) -> bytes:
-            Counted.reads += 1
-            return super().read(path)
-
-    live = [n["address"] for n in client.nodes() if n["alive"]]  # an earlier test kills a node
-    src = Counted(live[0], "orders", replica=1, columns=cols)
-    index = index_store_table(src)
-    assert len(index.chunks) == len(index.samples) > 1  # one chunk per extent
-    assert index_store_table(StoreTable(live[1], "orders", replica=1, columns=cols)) == index
-    expected = client.read("orders", columns=cols).sort_by("o_id")
+    src = Counted.wrap(src)
     core = CacheCore(ChunkStore(str(tmp_path / "cache")), 2 * index.total_bytes, "coordinated")
     server, address = serve_in_process(CacheServicer(core))
     try:
         for job in ("first", "second"):
             Counted.reads = 0
             loader = QuiverLoader(
-                index, src, batch_size=2, dataset="orders", job_id=job, server=address, insert_misses=True
+                index, src, batch_size=2, dataset=dataset, job_id=job, server=address, insert_misses=True
             )
             try:
                 got = [decode_sample(d) for _, batch in loader.epoch(0) for d in batch]
             finally:
                 loader.close()
-            assert pa.concat_tables(got).sort_by("o_id").equals(expected)  # every row, once
+            assert pa.concat_tables(got).sort_by(key).equals(expected)  # every row, once
             if job == "first":
                 digests = [c.digest for c in index.chunks]
                 deadline = time.monotonic() + 60
-                while len(core.lookup(digests, "orders")) < len(digests):  # written behind
+                while len(core.lookup(digests, dataset)) < len(digests):  # written behind
                     assert time.monotonic() < deadline, "the first job's reads never reached the cache"
                     time.sleep(0.05)
             else:
                 assert loader.stats.hits == len(index.samples) and Counted.reads == 0
     finally:
         server.stop(0)
+
+
+def test_a_table_is_a_training_dataset_read_through_the_cache(fresh, tmp_path):
+    """Issue 21: a store table as a Quiver dataset. Each extent of the replica partitioned by
+    the job's key is one content-addressed chunk, read over Flight from the node holding it;
+    a job's loader gets every row once an epoch through a cache server, and the next job
+    reads the table from the cache, not the store."""
+    from microco.clients.cache import StoreTable, index_store_table
+
+    _, client = fresh
+    cols = ["o_id", "o_cust"]  # orders: 12 extents a replica (items has 80 after the kill test)
+    live = [n["address"] for n in client.nodes() if n["alive"]]  # an earlier test kills a node
+    src = StoreTable(live[0], "orders", replica=1, columns=cols)
+    index = index_store_table(src)
+    assert len(index.chunks) == len(index.samples) > 1  # one chunk per extent
+    assert index_store_table(StoreTable(live[1], "orders", replica=1, columns=cols)) == index
+    expected = client.read("orders", columns=cols).sort_by("o_id")
+    read_twice_through_a_cache(index, src, "orders", "o_id", expected, tmp_path)
+
+
+QUERY = "select o_id, o_cust, o_price, o_flag from orders where o_price > 100 and o_flag <> 'C'"
+
+
+def test_a_query_result_is_a_training_dataset_read_through_the_cache(fresh, tmp_path):
+    """Issue 21: a query's result as a Quiver dataset, written back to the store once as a
+    table cut into samples of at most ``rows_per_sample`` rows; the same query on the same data
+    gives the same table and the same digests (so two jobs share cache hits), and materialising
+    it again elsewhere gives the same bytes; every row once an epoch through a cache server."""
+    from microco.clients.cache import decode_sample, index_store_table, materialise_query, query_table
+
+    _, client = fresh
+    src = query_table(client, QUERY, rows_per_sample=100)
+    assert src.table.startswith("q_") and src.replica == 0 and "_sample" not in (src.columns or [])
+    index = index_store_table(src)
+    want = duck(QUERY)
+    assert len(index.samples) >= -(-len(want) // 100) > 1 and len(index.chunks) == len(index.samples)
+    assert max(decode_sample(src.read(s.path)).num_rows for s in index.samples) <= 100
+    # the same query on the same data: the same table, not a second copy; the same index
+    assert query_table(client, QUERY, rows_per_sample=100).table == src.table
+    assert index_store_table(query_table(client, QUERY, rows_per_sample=100)) == index
+    # written again under another name (the order the query gives is not the order written)
+    again = query_table(
+        client, QUERY.replace("select o_id, o_cust", "select o_cust, o_id"), rows_per_sample=100
+    )
+    assert again.table != src.table
+    copy = materialise_query(client, QUERY + " order by o_price desc", rows_per_sample=100, table="qcopy")
+    assert copy == "qcopy" and client.get_table("qcopy")["rows"] == len(want)
+    other = index_store_table(query_table(client, QUERY, rows_per_sample=100, table="qcopy"))
+    assert sorted(s.digest for s in other.samples) == sorted(s.digest for s in index.samples)
+    assert sorted(c.digest for c in other.chunks) == sorted(c.digest for c in index.chunks)
+    # another sample size: another table
+    assert query_table(client, QUERY, rows_per_sample=300).table != src.table
+    whole = pa.concat_tables([decode_sample(src.read(s.path)) for s in index.samples])
+    assert same(rows(whole), want)
+    read_twice_through_a_cache(index, src, src.table, "o_id", whole.sort_by("o_id"), tmp_path)
+
+
+def test_a_store_table_and_a_query_result_open_by_name(fresh, etcd_endpoint, tmp_path, monkeypatch):
+    """``store://`` URLs in etcd's dataset records: ``open_loader`` opens a registered table
+    (or a query's materialised table) as it opens a directory, nodes found through etcd."""
+    from microco.clients.cache import decode_sample, open_loader, query_table, register_dataset
+    from microco.services.cache import CacheCore, CacheServicer, ChunkStore, serve_in_process
+
+    monkeypatch.setenv("MICROCO_HOME", str(tmp_path / "home"))
+    _, client = fresh
+    kv = EtcdKV(etcd_endpoint)
+    core = CacheCore(ChunkStore(str(tmp_path / "cache")), 1 << 30, "coordinated")
+    server, address = serve_in_process(CacheServicer(core))
+    try:
+        q = query_table(client, QUERY, rows_per_sample=250)
+        cases = [
+            (
+                "orders-by-cust",
+                "store://orders?replica=1&columns=o_id,o_cust",
+                client.read("orders", columns=["o_id", "o_cust"]),
+            ),
+            ("big-orders", q.url, client.sql(QUERY)),
+        ]
+        for name, url, want in cases:
+            rec, index = register_dataset(kv, name, url)
+            assert rec.url == url and rec.num_chunks == len(index.samples) > 1
+            assert register_dataset(kv, name, url)[0] == rec  # the same bytes again: a no-op
+            loader = open_loader(kv, name, server=address, batch_size=4, job_id=f"job-{name}")
+            try:
+                got = pa.concat_tables([decode_sample(d) for _, b in loader.epoch(0) for d in b])
+            finally:
+                loader.close()
+            assert same(rows(got), rows(want)), name
+        with pytest.raises(NotFound, match="nosuch"):
+            register_dataset(kv, "nosuch", "store://nosuch?replica=1")
+        with pytest.raises(InvalidArgument, match="replica"):
+            register_dataset(kv, "bad", "store://orders?replica=7")
+        with pytest.raises(InvalidArgument, match="unknown"):
+            register_dataset(kv, "bad", "store://orders?where=x")
+    finally:
+        server.stop(0)
+        kv.close()
+
+
+def test_bad_query_datasets_are_refused_clearly(fresh):
+    from microco.clients.cache import StoreTable, materialise_query, query_table
+
+    _, client = fresh
+    with pytest.raises(InvalidArgument, match="only a SELECT"):
+        materialise_query(client, "drop table orders")
+    with pytest.raises(InvalidArgument, match="only a SELECT"):
+        materialise_query(client, "")
+    assert client.get_table("orders")["rows"] == N
+    with pytest.raises((NotFound, InvalidArgument), match="nosuch"):
+        query_table(client, "select * from nosuch")
+    with pytest.raises(InvalidArgument, match="no rows"):
+        query_table(client, "select o_id from orders where o_price < 0")
+    with pytest.raises(InvalidArgument, match="rows_per_sample"):
+        query_table(client, QUERY, rows_per_sample=0)
+    live = [n["address"] for n in client.nodes() if n["alive"]]
+    with pytest.raises(NotFound, match="nosuch"):
+        StoreTable(live[0], "nosuch").list_files()
+    assert not [t for t in client.list_tables() if "nosuch" in t["name"]]
 
 
 def test_flight_sql_endpoint_is_registered_and_answers_adbc(fresh):
