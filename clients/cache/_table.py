@@ -190,6 +190,7 @@ def materialise_query(
     name already there is the result (a second job, or one materialising it at the same time:
     waited for, up to ``timeout_s``, until its rows are committed)."""
     import blake3
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -231,7 +232,7 @@ def materialise_query(
         ) from None
     rows = result.take(order)
     n = rows.num_rows
-    rows = rows.append_column(SAMPLE_COLUMN, pa.array([i // rows_per_sample for i in range(n)], pa.int64()))
+    rows = rows.append_column(SAMPLE_COLUMN, pa.array(np.arange(n, dtype=np.int64) // rows_per_sample))
     samples = -(-n // rows_per_sample)
     bounds = ",".join(str(k) for k in range(1, samples))
     by_sample = f"{SAMPLE_COLUMN}:range:{bounds}" if bounds else f"{SAMPLE_COLUMN}:hash:1"
