@@ -25,7 +25,7 @@ class CompilerServicer(pb_grpc.CompilerServiceServicer):
             spec = wire.spec_from_proto(request)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
-        cfg = self.core.register(spec)
+        cfg = self.core.register(spec, job_id=request.job_id)
         log.info(
             "graph registered", extra={"key": spec.key, "model": spec.model_name, "committed": cfg.committed}
         )
