@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from typing import Any
@@ -75,6 +76,9 @@ class RemoteExplorer(ServiceClient):
         through etcd when built with :meth:`from_etcd`): this is how a client that lost the
         service finds it again."""
         req = wire.spec_to_proto(spec)
+        # The scheduler's job this process runs as (the node agent sets it): the service keeps it
+        # with the graph, which is how the console links a job to its configuration.
+        req.job_id = os.environ.get("MICROCO_JOB_ID", "")
         try:
             m = self._call(self._stub.RegisterGraph, req, timeout=timeout, idempotent=True)
         except Unavailable:

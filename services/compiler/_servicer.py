@@ -10,6 +10,7 @@ from microco.api.compiler.v1 import compiler_pb2 as pb
 from microco.api.compiler.v1 import compiler_pb2_grpc as pb_grpc
 from microco.clients.compiler.explore import CompilerCore, ExplorationPolicy, wire
 from microco.common import InvalidArgument
+from microco.services.runtime.auth import caller
 from microco.services.runtime.server import ServiceContext
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,11 @@ class CompilerServicer(pb_grpc.CompilerServiceServicer):
             spec = wire.spec_from_proto(request)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
-        cfg = self.core.register(spec)
+        # The job the graph runs in: a job's own certificate names it (a field naming another job
+        # is ignored); a user's or a service's process may name one (``$MICROCO_JOB_ID``).
+        who = caller(context)
+        job_id = who.subject if who.kind == "job" else request.job_id
+        cfg = self.core.register(spec, job_id=job_id)
         log.info(
             "graph registered", extra={"key": spec.key, "model": spec.model_name, "committed": cfg.committed}
         )

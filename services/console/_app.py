@@ -42,6 +42,7 @@ from ._models import (
     Health,
     JobControl,
     JobDetail,
+    JobLinks,
     JobLog,
     JobRecord,
     JobsResponse,
@@ -372,6 +373,13 @@ def create_app(
     def job(job_id: JobId, role: Reader, window_s: WindowS = 3600.0) -> dict[str, Any]:
         """One job: its state, timeline and progress over the window (steps and mini-batch time)."""
         return views.get_job(gateway, series, job_id, window_s=window_s)
+
+    @app.get(f"{api}/jobs/{{job_id}}/links", response_model=JobLinks, tags=["jobs"], responses=_CHANGE_ERRORS)
+    def job_links(job_id: JobId, role: Reader, window_s: WindowS = 3600.0) -> dict[str, Any]:
+        """One job across the systems: its device timeline and scheduler history, its cache hits,
+        misses and bytes per dataset, and the compiler graphs it registered (configuration,
+        trials, speedup)."""
+        return views.job_links(gateway, series, job_id, window_s=window_s)
 
     @app.get(f"{api}/jobs/{{job_id}}/log", response_model=JobLog, tags=["jobs"], responses=_CHANGE_ERRORS)
     def job_log(job_id: JobId, role: Reader, tail: LogTail = 200) -> dict[str, Any]:

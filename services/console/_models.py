@@ -288,6 +288,42 @@ class CompilerResponse(Availability, Page):
     graphs: list[GraphView] = []
 
 
+class JobCacheDataset(_Open):
+    dataset: str = ""
+    hits: int = 0
+    misses: int = 0
+    bytes_served: int = 0
+    hit_rate: float | None = Field(None, description="hits / (hits + misses); null before any lookup")
+
+
+class JobCacheLinks(Availability):
+    datasets: list[JobCacheDataset] = []
+    hits: int = 0
+    misses: int = 0
+    bytes_served: int = 0
+    hit_rate: float | None = None
+
+
+class JobGraphView(GraphView):
+    job: dict[str, Any] = Field(
+        default_factory=dict,
+        description="this job's registration: registered_at, committed (started committed)",
+    )
+
+
+class JobCompilerLinks(Availability):
+    graphs: list[JobGraphView] = []
+
+
+class JobLinks(BaseModel):
+    """One job across the systems: timeline and scheduler history, cache hits, compiler graphs."""
+
+    job: JobDetail
+    cache: JobCacheLinks
+    compiler: JobCompilerLinks
+    at: float = 0.0
+
+
 class Record(_Open):
     """A system object as its service returns it."""
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from microco.common.errors import InvalidArgument, MicrocoError, NotFound
 
+from . import _links as links
 from ._gateway import SYSTEMS, Gateway
 from ._limits import DEFAULT_PAGE, paginate
 from ._proto import enum_number, to_dict
@@ -733,3 +734,43 @@ def compiler_view(gw: Gateway, limit: int = DEFAULT_PAGE, cursor: str = "") -> d
 def compiler_graph(gw: Gateway, key: str) -> dict[str, Any]:
     compiler = gw.compiler()  # Unimplemented when not in this build
     return _graph_summary(to_dict(compiler.get_graph(key)))
+
+
+# --------------------------------------------------------------------------- one job's links
+
+
+def job_links(gw: Gateway, series: SeriesStore, job_id: str, *, window_s: float = 3600.0) -> dict[str, Any]:
+    """One job across the systems: its timeline and scheduler history (as ``get_job``), its cache
+    hits per dataset (every cache server's ``job_stats``) with its hit rate over the window per
+    server, and the compiler graphs it registered (``_links.job_links`` joins them)."""
+    job = get_job(gw, series, job_id, window_s=window_s)  # NotFound for an unknown job
+    ok, reason = gw.availability("cache")
+    cache: dict[str, Any] = {"available": ok, "reason": reason, "servers": []}
+    hit_rate: dict[str, list[dict[str, Any]]] = {}
+    if ok:
+        start, gap = time.time() - window_s, _gap_s(gw)
+        for record in gw.services("cache"):
+            entry: dict[str, Any] = {"instance_id": record.instance_id, "error": ""}
+            try:
+                entry["stats"] = to_dict(gw.cache(record).stats())
+            except MicrocoError as exc:
+                entry["error"] = str(exc)
+            cache["servers"].append(entry)
+            points = in_window(
+                hit_rate_series(series.read(_cache_job_stats_name(record.instance_id, job["id"]), last=500)),
+                start,
+            )
+            if points:
+                hit_rate[record.instance_id] = mark_gaps(points, gap)
+    ok, reason = gw.availability("compiler")
+    compiler: dict[str, Any] = {"available": ok, "reason": reason, "graphs": []}
+    if ok:
+        try:
+            compiler["graphs"] = [_graph_summary(to_dict(g)) for g in gw.compiler().list_graphs()]
+        except MicrocoError as exc:
+            compiler = {"available": False, "reason": f"compiler: {exc}", "graphs": []}
+    out = links.job_links(job, cache, compiler)
+    if out["cache"]["available"]:
+        out["cache"]["hit_rate_series"] = hit_rate
+    out["at"] = time.time()
+    return out

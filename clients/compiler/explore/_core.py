@@ -236,6 +236,9 @@ class Exploration:
     # Load-dependent choices measured again because a later run found another load:
     # [{"then", "now": runnable threads, "trial": the committed trial}].
     revalidations: list[dict[str, Any]] = field(default_factory=list)
+    # The scheduler jobs that registered this graph, newest last ({"job_id", "registered_at",
+    # "committed"}, at most ``MAX_JOBS``): what links a job to its configuration in the console.
+    jobs: list[dict[str, Any]] = field(default_factory=list)
 
     # -- derived
     @property
@@ -310,6 +313,19 @@ class Exploration:
             trials.append(TrialRecord(**t))
         fields = {k: v for k, v in d.items() if k not in ("spec", "trials")}
         return cls(spec=spec, trials=trials, **fields)
+
+
+MAX_JOBS = 100
+
+
+def note_job(state: Exploration, job_id: str, at: float) -> None:
+    """Record that scheduler job ``job_id`` registered this graph now (once per job, latest time)."""
+    if not job_id:
+        return
+    job_id = job_id[:200]
+    state.jobs = [j for j in state.jobs if j.get("job_id") != job_id]
+    state.jobs.append({"job_id": job_id, "registered_at": at, "committed": state.committed})
+    del state.jobs[:-MAX_JOBS]
 
 
 def _finite(d: dict[str, Any]) -> dict[str, Any]:

@@ -67,8 +67,9 @@ class CompilerCore:
             self.kv.put_json(COMMITTED + state.key, committed_record(state))
 
     # -- operations
-    def register(self, spec: GraphSpec) -> Config:
-        """Start or resume the exploration of ``spec``; a committed key answers at once."""
+    def register(self, spec: GraphSpec, job_id: str = "") -> Config:
+        """Start or resume the exploration of ``spec``; a committed key answers at once.
+        ``job_id``: the scheduler job registering it (kept in ``Exploration.jobs``)."""
         _check_spec(spec)
         with self._lock:
             committed = self.kv.get_json(COMMITTED + spec.key)
@@ -98,6 +99,7 @@ class CompilerCore:
                 _core.maybe_reopen(state, self.policy, spec.total_steps)
             state.runs += 1
             cfg = _core.next_config(state, self.policy)
+            _core.note_job(state, job_id, time.time())
             self._save(state)
             return cfg
 

@@ -148,6 +148,14 @@ def state_to_proto(s: Exploration) -> pb.GraphState:
         wait_steps=s.wait_steps,
         wait_ms=s.wait_ms,
         deferred=len(s.deferred),
+        jobs=[
+            pb.GraphJob(
+                job_id=j["job_id"],
+                registered_at=j.get("registered_at", 0.0),
+                committed=j.get("committed", False),
+            )
+            for j in s.jobs
+        ],
         retimes=[
             f"trial {r['best']} ({_f(r['best_ms']):.2f} ms) vs trial {r['runner_up']} "
             f"({_f(r['runner_up_ms']):.2f} ms): trial {r['winner']} kept"

@@ -189,8 +189,14 @@
       })
     );
     if (selectedJob) {
-      const d = await api("/jobs/" + encodeURIComponent(selectedJob) + "?window_s=" + win());
+      // the job across the systems (GET /jobs/{id}/links): its timeline and scheduler history,
+      // its cache hits per dataset and the compiler graphs its training step ran under
+      const links = await api("/jobs/" + encodeURIComponent(selectedJob) + "/links?window_s=" + win());
+      const d = links.job;
       $("job-detail").hidden = false;
+      P.timeline($("job-links-timeline"), [{ id: d.id, label: d.id, periods: d.timeline }], { empty: "no periods yet" });
+      showJobCache(links.cache);
+      showJobCompiler(links.compiler);
       $("job-detail-title").textContent = `${(d.spec && d.spec.name) || d.id} (${d.state})`;
       P.line($("job-steps"), [{ name: "step", points: d.progress.map((p) => [p.at, p.step, undefined, p.gap]) }], {
         time: true,
@@ -224,6 +230,66 @@
     } else {
       $("job-detail").hidden = true;
     }
+  }
+
+  // the selected job's cache hits, misses and bytes served per dataset (all cache servers summed)
+  function showJobCache(c) {
+    const note = $("job-cache-note");
+    const table = $("job-cache");
+    table.hidden = !c.available || !c.datasets.length;
+    const pct = (r) => (r === null || r === undefined ? "" : Math.round(r * 100) + "%");
+    if (!c.available) {
+      note.textContent = c.reason;
+      fill(table.tBodies[0], []);
+      return;
+    }
+    const errors = (c.errors || []).map((e) => `${e.instance_id}: ${e.error}`);
+    note.textContent =
+      (c.datasets.length
+        ? `${c.hits} hits, ${c.misses} misses (${pct(c.hit_rate)}), ${c.bytes_served} bytes served`
+        : "no cache server has counted a lookup of this job") + (errors.length ? ` · not read: ${errors.join("; ")}` : "");
+    fill(
+      table.tBodies[0],
+      c.datasets.map((ds) =>
+        h(
+          "tr",
+          { "data-dataset": ds.dataset },
+          h("td", { class: "mono" }, ds.dataset),
+          h("td", {}, ds.hits),
+          h("td", {}, ds.misses),
+          h("td", {}, pct(ds.hit_rate)),
+          h("td", {}, ds.bytes_served),
+          h("td", { class: "mono" }, ds.servers.join(", "))
+        )
+      )
+    );
+  }
+
+  // the compiler graphs the selected job registered, with their configuration and trials
+  function showJobCompiler(c) {
+    const box = $("job-compiler");
+    if (!c.available) {
+      box.replaceChildren(h("p", { class: "unavailable" }, c.reason));
+      return;
+    }
+    if (!c.graphs.length) {
+      box.replaceChildren(h("p", { class: "unavailable" }, "this job registered no compiler graph"));
+      return;
+    }
+    box.replaceChildren(
+      ...c.graphs.map((g) =>
+        graphCard(
+          g,
+          box,
+          h(
+            "div",
+            { class: "job-registration" },
+            `registered by this job at ${new Date(g.job.registered_at * 1000).toLocaleTimeString()}` +
+              (g.job.committed ? " · started from the committed configuration (no exploration)" : "")
+          )
+        )
+      )
+    );
   }
 
   // the last 200 lines of the selected job's output, from the node that keeps it
@@ -543,6 +609,51 @@
     }
   }
 
+  // one compiler graph: its exploration curve and its committed (or best so far) configuration;
+  // `extra`: elements shown under the title (the Jobs tab says when the job registered it)
+  function graphCard(g, box, extra) {
+    const plot = h("div", { class: "plot" });
+    const best = g.best && g.best.values ? g.best.values : {};
+    const card = h(
+      "div",
+      { class: "card compiler-graph" },
+      h("h3", {}, `${g.model_name || "graph"} `, h("small", { class: "mono" }, `${g.framework || ""} ${String(g.key).slice(0, 40)}`)),
+      extra || null,
+      h(
+        "div",
+        {},
+        `${g.committed ? "committed" : "exploring"} · ${g.explore_steps || 0} exploration steps · first ${Number(g.first_step_ms).toFixed(2)} ms → best ${Number(g.best_step_ms).toFixed(2)} ms` +
+          (g.speedup ? ` (${g.speedup.toFixed(2)}x)` : "")
+      ),
+      h("h4", {}, "Step time per trial"),
+      plot,
+      h("h4", {}, g.committed ? "Committed configuration" : "Best so far"),
+      h("table", { class: "grid" }, h("tbody", {}, Object.keys(best).map((k) => h("tr", {}, h("td", {}, k), h("td", { class: "mono" }, best[k])))))
+    );
+    // one series per kind of trial (baseline, explore, compose, committed): the exploration curve
+    const kinds = {};
+    (g.trials || [])
+      .filter((t) => t.step_ms > 0 && !t.failed)
+      .forEach((t) => {
+        const k = t.kind || "trial";
+        (kinds[k] = kinds[k] || []).push([Number(t.trial), t.step_ms, JSON.stringify(t.values)]);
+      });
+    const all = Object.values(kinds).flat().sort((a, b) => a[0] - b[0]);
+    let low = Infinity;
+    const bestSoFar = all.map((p) => [p[0], (low = Math.min(low, p[1]))]);
+    const series = Object.keys(kinds).map((k) => ({ name: k, points: kinds[k], pointsOnly: true }));
+    // drawn first, so the measured points stay visible on top of it
+    if (bestSoFar.length) series.unshift({ name: "best so far", points: bestSoFar, color: "#212529", pointsOnly: false });
+    P.line(plot, series, {
+      width: plotWidth(box),
+      xLabel: "trial (number)",
+      yLabel: "ms per step",
+      legend: true,
+      empty: "no trial measured yet",
+    });
+    return card;
+  }
+
   async function showCompiler() {
     const data = await api("/compiler");
     const box = $("compiler-graphs");
@@ -554,49 +665,7 @@
       box.replaceChildren(h("p", { class: "unavailable" }, "no graphs registered yet"));
       return;
     }
-    box.replaceChildren(
-      ...data.graphs.map((g) => {
-        const plot = h("div", { class: "plot" });
-        const best = g.best && g.best.values ? g.best.values : {};
-        const card = h(
-          "div",
-          { class: "card compiler-graph" },
-          h("h3", {}, `${g.model_name || "graph"} `, h("small", { class: "mono" }, `${g.framework || ""} ${String(g.key).slice(0, 40)}`)),
-          h(
-            "div",
-            {},
-            `${g.committed ? "committed" : "exploring"} · ${g.explore_steps || 0} exploration steps · first ${Number(g.first_step_ms).toFixed(2)} ms → best ${Number(g.best_step_ms).toFixed(2)} ms` +
-              (g.speedup ? ` (${g.speedup.toFixed(2)}x)` : "")
-          ),
-          h("h4", {}, "Step time per trial"),
-          plot,
-          h("h4", {}, g.committed ? "Committed configuration" : "Best so far"),
-          h("table", { class: "grid" }, h("tbody", {}, Object.keys(best).map((k) => h("tr", {}, h("td", {}, k), h("td", { class: "mono" }, best[k])))))
-        );
-        // one series per kind of trial (baseline, explore, compose, committed): the exploration curve
-        const kinds = {};
-        (g.trials || [])
-          .filter((t) => t.step_ms > 0 && !t.failed)
-          .forEach((t) => {
-            const k = t.kind || "trial";
-            (kinds[k] = kinds[k] || []).push([Number(t.trial), t.step_ms, JSON.stringify(t.values)]);
-          });
-        const all = Object.values(kinds).flat().sort((a, b) => a[0] - b[0]);
-        let low = Infinity;
-        const bestSoFar = all.map((p) => [p[0], (low = Math.min(low, p[1]))]);
-        const series = Object.keys(kinds).map((k) => ({ name: k, points: kinds[k], pointsOnly: true }));
-        // drawn first, so the measured points stay visible on top of it
-        if (bestSoFar.length) series.unshift({ name: "best so far", points: bestSoFar, color: "#212529", pointsOnly: false });
-        P.line(plot, series, {
-          width: plotWidth(box),
-          xLabel: "trial (number)",
-          yLabel: "ms per step",
-          legend: true,
-          empty: "no trial measured yet",
-        });
-        return card;
-      })
-    );
+    box.replaceChildren(...data.graphs.map((g) => graphCard(g, box)));
   }
 
   const VIEWS = { services: showServices, jobs: showJobs, nodes: showNodes, cache: showCache, store: showStore, compiler: showCompiler };

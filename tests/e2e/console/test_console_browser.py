@@ -115,7 +115,7 @@ def test_sign_in_submit_and_watch_a_job(platform: Platform, page, artifacts_dir:
     expect(page.locator(f'svg.timeline g[data-job-id="{job_id}"] rect.period-running').first).to_be_visible()
     page.screenshot(path=str(artifacts_dir / "console-job-running.png"), full_page=True)
     expect(row).to_have_attribute("data-state", "finished", timeout=90_000)
-    timeline = page.locator(f'svg.timeline g[data-job-id="{job_id}"] rect.period')
+    timeline = page.locator(f'#jobs-timeline svg.timeline g[data-job-id="{job_id}"] rect.period')
     states = [timeline.nth(i).get_attribute("data-state") for i in range(timeline.count())]
     assert states[0] == "queued" and "running" in states and states[-1] == "finished", states
     other_row = page.locator(f'#jobs-table tr[data-job-id="{other_id}"]')
@@ -129,6 +129,13 @@ def test_sign_in_submit_and_watch_a_job(platform: Platform, page, artifacts_dir:
     # the scheduler's decisions about it, newest first, under the policy that made them
     expect(page.locator("#job-decisions tbody tr").first).to_have_attribute("data-state", "finished")
     expect(page.locator("#job-decisions")).to_contain_text("suspend")
+    # the job across the systems on the same view (GET /jobs/{id}/links): its own timeline, and
+    # the cache and compiler, which this platform does not run, saying so rather than showing zeros
+    mine = page.locator(f'#job-links-timeline svg.timeline g[data-job-id="{job_id}"] rect.period')
+    expect(mine.last).to_have_attribute("data-state", "finished")
+    assert mine.first.get_attribute("data-state") == "queued"
+    expect(page.locator("#job-cache-note")).to_contain_text("cache: no live instance is registered")
+    expect(page.locator("#job-compiler")).to_contain_text("compiler: no live instance is registered")
     expect(page.locator("#jobs-policy")).to_contain_text("scheduling policy gandiva")
     # with the settings in force: those given at start-up (conftest) and the defaults
     expect(page.locator("#jobs-policy")).to_contain_text("quantum_s 1.5")

@@ -103,7 +103,13 @@ class _Store:
 class _Compiler:
     def list_graphs(self) -> list[Any]:
         return [
-            compiler_pb2.GraphState(key=f"g{i}", model_name="m", baseline_ms=2.0, best_ms=1.0)
+            compiler_pb2.GraphState(
+                key=f"g{i}",
+                model_name="m",
+                baseline_ms=2.0,
+                best_ms=1.0,
+                jobs=[compiler_pb2.GraphJob(job_id=f"j-{i}")],
+            )
             for i in range(3)
         ]
 
@@ -135,7 +141,7 @@ def no_internal_error(ctx, response, case):
 # the endpoints that reach a system (the rest are fuzzed in test_console_fuzz.py); not the log,
 # which reads an agent there is no stand-in for
 SYSTEM_PATHS = (
-    r"^/api/v1/(jobs|jobs/\{job_id\}|jobs/\{job_id\}/cancel|nodes|devices|cache|store.*|compiler.*)$"
+    r"^/api/v1/(jobs|jobs/\{job_id\}|jobs/\{job_id\}/(cancel|links)|nodes|devices|cache|store.*|compiler.*)$"
 )
 
 

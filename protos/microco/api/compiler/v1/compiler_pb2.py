@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&microco/api/compiler/v1/compiler.proto\x12\x17microco.api.compiler.v1\"\xa0\x01\n\x08Variable\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63hoices\x18\x02 \x03(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\r\n\x05stage\x18\x04 \x01(\x05\x12\x10\n\x08\x63ompiles\x18\x05 \x01(\x08\x12\x18\n\x10\x63ompile_prior_ms\x18\x06 \x01(\x01\x12\x18\n\x10prior_calibrated\x18\x07 \x01(\x08\x12\x10\n\x08subsumes\x18\x08 \x03(\t\"\xc5\x01\n\x14RegisterGraphRequest\x12\x13\n\x0b\x66ingerprint\x18\x01 \x01(\t\x12\x14\n\x0cinput_shapes\x18\x02 \x01(\t\x12\x10\n\x08hardware\x18\x03 \x01(\t\x12\x34\n\tvariables\x18\x04 \x03(\x0b\x32!.microco.api.compiler.v1.Variable\x12\x12\n\nmodel_name\x18\x05 \x01(\t\x12\x11\n\tframework\x18\x06 \x01(\t\x12\x13\n\x0btotal_steps\x18\x07 \x01(\x03\"\xc0\x01\n\x06\x43onfig\x12\x0b\n\x03key\x18\x01 \x01(\t\x12;\n\x06values\x18\x02 \x03(\x0b\x32+.microco.api.compiler.v1.Config.ValuesEntry\x12\x11\n\tcommitted\x18\x03 \x01(\x08\x12\r\n\x05trial\x18\x04 \x01(\x03\x12\r\n\x05steps\x18\x05 \x01(\x05\x12\x0c\n\x04hold\x18\x06 \x01(\x08\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\" \n\x11NextConfigRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"*\n\x0cRegionTiming\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\n\n\x02ms\x18\x02 \x01(\x01\"\xbd\x01\n\x14ReportTimingsRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05trial\x18\x02 \x01(\x03\x12\x0f\n\x07step_ms\x18\x03 \x03(\x01\x12\x36\n\x07regions\x18\x04 \x03(\x0b\x32%.microco.api.compiler.v1.RegionTiming\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\x08\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x0f\n\x07pending\x18\x07 \x01(\x08\x12\x10\n\x08runnable\x18\x08 \x01(\x01\"\xc9\x02\n\x05Trial\x12\r\n\x05trial\x18\x01 \x01(\x03\x12:\n\x06values\x18\x02 \x03(\x0b\x32*.microco.api.compiler.v1.Trial.ValuesEntry\x12\x0f\n\x07step_ms\x18\x03 \x01(\x01\x12\x12\n\ncompile_ms\x18\x04 \x01(\x01\x12\r\n\x05steps\x18\x05 \x03(\x01\x12\x36\n\x07regions\x18\x06 \x03(\x0b\x32%.microco.api.compiler.v1.RegionTiming\x12\x0c\n\x04\x64one\x18\x07 \x01(\x08\x12\x0e\n\x06\x66\x61iled\x18\x08 \x01(\x08\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\r\n\x05stage\x18\n \x01(\x05\x12\x0c\n\x04kind\x18\x0b \x01(\t\x12\x10\n\x08runnable\x18\x0c \x01(\x01\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xab\x05\n\nGraphState\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x11\n\tframework\x18\x03 \x01(\t\x12\x34\n\tvariables\x18\x04 \x03(\x0b\x32!.microco.api.compiler.v1.Variable\x12.\n\x06trials\x18\x05 \x03(\x0b\x32\x1e.microco.api.compiler.v1.Trial\x12-\n\x04\x62\x65st\x18\x06 \x01(\x0b\x32\x1f.microco.api.compiler.v1.Config\x12\x11\n\tcommitted\x18\x07 \x01(\x08\x12\x15\n\rexplore_steps\x18\x08 \x01(\x03\x12\x12\n\nexplore_ms\x18\t \x01(\x01\x12\x12\n\ncompile_ms\x18\n \x01(\x01\x12\x13\n\x0b\x62\x61seline_ms\x18\x0b \x01(\x01\x12\x0f\n\x07\x62\x65st_ms\x18\x0c \x01(\x01\x12\x0f\n\x07speedup\x18\r \x01(\x01\x12\x0e\n\x06pruned\x18\x0e \x03(\t\x12\x13\n\x0b\x66ingerprint\x18\x0f \x01(\t\x12\x14\n\x0cinput_shapes\x18\x10 \x01(\t\x12\x10\n\x08hardware\x18\x11 \x01(\t\x12\x13\n\x0btotal_steps\x18\x12 \x01(\x03\x12\x0c\n\x04runs\x18\x13 \x01(\x03\x12L\n\rcompile_costs\x18\x14 \x03(\x0b\x32\x35.microco.api.compiler.v1.GraphState.CompileCostsEntry\x12\x10\n\x08reopened\x18\x15 \x01(\x03\x12\x12\n\nwait_steps\x18\x16 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x17 \x01(\x01\x12\x10\n\x08\x64\x65\x66\x65rred\x18\x18 \x01(\x05\x12\x0f\n\x07retimes\x18\x19 \x03(\t\x1a\x33\n\x11\x43ompileCostsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x1e\n\x0fGetGraphRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x13\n\x11ListGraphsRequest\"I\n\x12ListGraphsResponse\x12\x33\n\x06graphs\x18\x01 \x03(\x0b\x32#.microco.api.compiler.v1.GraphState2\xf0\x03\n\x0f\x43ompilerService\x12_\n\rRegisterGraph\x12-.microco.api.compiler.v1.RegisterGraphRequest\x1a\x1f.microco.api.compiler.v1.Config\x12Y\n\nNextConfig\x12*.microco.api.compiler.v1.NextConfigRequest\x1a\x1f.microco.api.compiler.v1.Config\x12_\n\rReportTimings\x12-.microco.api.compiler.v1.ReportTimingsRequest\x1a\x1f.microco.api.compiler.v1.Config\x12Y\n\x08GetGraph\x12(.microco.api.compiler.v1.GetGraphRequest\x1a#.microco.api.compiler.v1.GraphState\x12\x65\n\nListGraphs\x12*.microco.api.compiler.v1.ListGraphsRequest\x1a+.microco.api.compiler.v1.ListGraphsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&microco/api/compiler/v1/compiler.proto\x12\x17microco.api.compiler.v1\"\xa0\x01\n\x08Variable\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63hoices\x18\x02 \x03(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\r\n\x05stage\x18\x04 \x01(\x05\x12\x10\n\x08\x63ompiles\x18\x05 \x01(\x08\x12\x18\n\x10\x63ompile_prior_ms\x18\x06 \x01(\x01\x12\x18\n\x10prior_calibrated\x18\x07 \x01(\x08\x12\x10\n\x08subsumes\x18\x08 \x03(\t\"\xd5\x01\n\x14RegisterGraphRequest\x12\x13\n\x0b\x66ingerprint\x18\x01 \x01(\t\x12\x14\n\x0cinput_shapes\x18\x02 \x01(\t\x12\x10\n\x08hardware\x18\x03 \x01(\t\x12\x34\n\tvariables\x18\x04 \x03(\x0b\x32!.microco.api.compiler.v1.Variable\x12\x12\n\nmodel_name\x18\x05 \x01(\t\x12\x11\n\tframework\x18\x06 \x01(\t\x12\x13\n\x0btotal_steps\x18\x07 \x01(\x03\x12\x0e\n\x06job_id\x18\x08 \x01(\t\"\xc0\x01\n\x06\x43onfig\x12\x0b\n\x03key\x18\x01 \x01(\t\x12;\n\x06values\x18\x02 \x03(\x0b\x32+.microco.api.compiler.v1.Config.ValuesEntry\x12\x11\n\tcommitted\x18\x03 \x01(\x08\x12\r\n\x05trial\x18\x04 \x01(\x03\x12\r\n\x05steps\x18\x05 \x01(\x05\x12\x0c\n\x04hold\x18\x06 \x01(\x08\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\" \n\x11NextConfigRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"*\n\x0cRegionTiming\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\n\n\x02ms\x18\x02 \x01(\x01\"\xbd\x01\n\x14ReportTimingsRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05trial\x18\x02 \x01(\x03\x12\x0f\n\x07step_ms\x18\x03 \x03(\x01\x12\x36\n\x07regions\x18\x04 \x03(\x0b\x32%.microco.api.compiler.v1.RegionTiming\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\x08\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x0f\n\x07pending\x18\x07 \x01(\x08\x12\x10\n\x08runnable\x18\x08 \x01(\x01\"\xc9\x02\n\x05Trial\x12\r\n\x05trial\x18\x01 \x01(\x03\x12:\n\x06values\x18\x02 \x03(\x0b\x32*.microco.api.compiler.v1.Trial.ValuesEntry\x12\x0f\n\x07step_ms\x18\x03 \x01(\x01\x12\x12\n\ncompile_ms\x18\x04 \x01(\x01\x12\r\n\x05steps\x18\x05 \x03(\x01\x12\x36\n\x07regions\x18\x06 \x03(\x0b\x32%.microco.api.compiler.v1.RegionTiming\x12\x0c\n\x04\x64one\x18\x07 \x01(\x08\x12\x0e\n\x06\x66\x61iled\x18\x08 \x01(\x08\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\r\n\x05stage\x18\n \x01(\x05\x12\x0c\n\x04kind\x18\x0b \x01(\t\x12\x10\n\x08runnable\x18\x0c \x01(\x01\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xdc\x05\n\nGraphState\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x11\n\tframework\x18\x03 \x01(\t\x12\x34\n\tvariables\x18\x04 \x03(\x0b\x32!.microco.api.compiler.v1.Variable\x12.\n\x06trials\x18\x05 \x03(\x0b\x32\x1e.microco.api.compiler.v1.Trial\x12-\n\x04\x62\x65st\x18\x06 \x01(\x0b\x32\x1f.microco.api.compiler.v1.Config\x12\x11\n\tcommitted\x18\x07 \x01(\x08\x12\x15\n\rexplore_steps\x18\x08 \x01(\x03\x12\x12\n\nexplore_ms\x18\t \x01(\x01\x12\x12\n\ncompile_ms\x18\n \x01(\x01\x12\x13\n\x0b\x62\x61seline_ms\x18\x0b \x01(\x01\x12\x0f\n\x07\x62\x65st_ms\x18\x0c \x01(\x01\x12\x0f\n\x07speedup\x18\r \x01(\x01\x12\x0e\n\x06pruned\x18\x0e \x03(\t\x12\x13\n\x0b\x66ingerprint\x18\x0f \x01(\t\x12\x14\n\x0cinput_shapes\x18\x10 \x01(\t\x12\x10\n\x08hardware\x18\x11 \x01(\t\x12\x13\n\x0btotal_steps\x18\x12 \x01(\x03\x12\x0c\n\x04runs\x18\x13 \x01(\x03\x12L\n\rcompile_costs\x18\x14 \x03(\x0b\x32\x35.microco.api.compiler.v1.GraphState.CompileCostsEntry\x12\x10\n\x08reopened\x18\x15 \x01(\x03\x12\x12\n\nwait_steps\x18\x16 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x17 \x01(\x01\x12\x10\n\x08\x64\x65\x66\x65rred\x18\x18 \x01(\x05\x12\x0f\n\x07retimes\x18\x19 \x03(\t\x12/\n\x04jobs\x18\x1a \x03(\x0b\x32!.microco.api.compiler.v1.GraphJob\x1a\x33\n\x11\x43ompileCostsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"D\n\x08GraphJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rregistered_at\x18\x02 \x01(\x01\x12\x11\n\tcommitted\x18\x03 \x01(\x08\"\x1e\n\x0fGetGraphRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x13\n\x11ListGraphsRequest\"I\n\x12ListGraphsResponse\x12\x33\n\x06graphs\x18\x01 \x03(\x0b\x32#.microco.api.compiler.v1.GraphState2\xf0\x03\n\x0f\x43ompilerService\x12_\n\rRegisterGraph\x12-.microco.api.compiler.v1.RegisterGraphRequest\x1a\x1f.microco.api.compiler.v1.Config\x12Y\n\nNextConfig\x12*.microco.api.compiler.v1.NextConfigRequest\x1a\x1f.microco.api.compiler.v1.Config\x12_\n\rReportTimings\x12-.microco.api.compiler.v1.ReportTimingsRequest\x1a\x1f.microco.api.compiler.v1.Config\x12Y\n\x08GetGraph\x12(.microco.api.compiler.v1.GetGraphRequest\x1a#.microco.api.compiler.v1.GraphState\x12\x65\n\nListGraphs\x12*.microco.api.compiler.v1.ListGraphsRequest\x1a+.microco.api.compiler.v1.ListGraphsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,31 +40,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VARIABLE']._serialized_start=68
   _globals['_VARIABLE']._serialized_end=228
   _globals['_REGISTERGRAPHREQUEST']._serialized_start=231
-  _globals['_REGISTERGRAPHREQUEST']._serialized_end=428
-  _globals['_CONFIG']._serialized_start=431
-  _globals['_CONFIG']._serialized_end=623
-  _globals['_CONFIG_VALUESENTRY']._serialized_start=578
-  _globals['_CONFIG_VALUESENTRY']._serialized_end=623
-  _globals['_NEXTCONFIGREQUEST']._serialized_start=625
-  _globals['_NEXTCONFIGREQUEST']._serialized_end=657
-  _globals['_REGIONTIMING']._serialized_start=659
-  _globals['_REGIONTIMING']._serialized_end=701
-  _globals['_REPORTTIMINGSREQUEST']._serialized_start=704
-  _globals['_REPORTTIMINGSREQUEST']._serialized_end=893
-  _globals['_TRIAL']._serialized_start=896
-  _globals['_TRIAL']._serialized_end=1225
-  _globals['_TRIAL_VALUESENTRY']._serialized_start=578
-  _globals['_TRIAL_VALUESENTRY']._serialized_end=623
-  _globals['_GRAPHSTATE']._serialized_start=1228
-  _globals['_GRAPHSTATE']._serialized_end=1911
-  _globals['_GRAPHSTATE_COMPILECOSTSENTRY']._serialized_start=1860
-  _globals['_GRAPHSTATE_COMPILECOSTSENTRY']._serialized_end=1911
-  _globals['_GETGRAPHREQUEST']._serialized_start=1913
-  _globals['_GETGRAPHREQUEST']._serialized_end=1943
-  _globals['_LISTGRAPHSREQUEST']._serialized_start=1945
-  _globals['_LISTGRAPHSREQUEST']._serialized_end=1964
-  _globals['_LISTGRAPHSRESPONSE']._serialized_start=1966
-  _globals['_LISTGRAPHSRESPONSE']._serialized_end=2039
-  _globals['_COMPILERSERVICE']._serialized_start=2042
-  _globals['_COMPILERSERVICE']._serialized_end=2538
+  _globals['_REGISTERGRAPHREQUEST']._serialized_end=444
+  _globals['_CONFIG']._serialized_start=447
+  _globals['_CONFIG']._serialized_end=639
+  _globals['_CONFIG_VALUESENTRY']._serialized_start=594
+  _globals['_CONFIG_VALUESENTRY']._serialized_end=639
+  _globals['_NEXTCONFIGREQUEST']._serialized_start=641
+  _globals['_NEXTCONFIGREQUEST']._serialized_end=673
+  _globals['_REGIONTIMING']._serialized_start=675
+  _globals['_REGIONTIMING']._serialized_end=717
+  _globals['_REPORTTIMINGSREQUEST']._serialized_start=720
+  _globals['_REPORTTIMINGSREQUEST']._serialized_end=909
+  _globals['_TRIAL']._serialized_start=912
+  _globals['_TRIAL']._serialized_end=1241
+  _globals['_TRIAL_VALUESENTRY']._serialized_start=594
+  _globals['_TRIAL_VALUESENTRY']._serialized_end=639
+  _globals['_GRAPHSTATE']._serialized_start=1244
+  _globals['_GRAPHSTATE']._serialized_end=1976
+  _globals['_GRAPHSTATE_COMPILECOSTSENTRY']._serialized_start=1925
+  _globals['_GRAPHSTATE_COMPILECOSTSENTRY']._serialized_end=1976
+  _globals['_GRAPHJOB']._serialized_start=1978
+  _globals['_GRAPHJOB']._serialized_end=2046
+  _globals['_GETGRAPHREQUEST']._serialized_start=2048
+  _globals['_GETGRAPHREQUEST']._serialized_end=2078
+  _globals['_LISTGRAPHSREQUEST']._serialized_start=2080
+  _globals['_LISTGRAPHSREQUEST']._serialized_end=2099
+  _globals['_LISTGRAPHSRESPONSE']._serialized_start=2101
+  _globals['_LISTGRAPHSRESPONSE']._serialized_end=2174
+  _globals['_COMPILERSERVICE']._serialized_start=2177
+  _globals['_COMPILERSERVICE']._serialized_end=2673
 # @@protoc_insertion_point(module_scope)

@@ -27,7 +27,7 @@ class Variable(_message.Message):
     def __init__(self, name: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., region: _Optional[str] = ..., stage: _Optional[int] = ..., compiles: _Optional[bool] = ..., compile_prior_ms: _Optional[float] = ..., prior_calibrated: _Optional[bool] = ..., subsumes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterGraphRequest(_message.Message):
-    __slots__ = ("fingerprint", "input_shapes", "hardware", "variables", "model_name", "framework", "total_steps")
+    __slots__ = ("fingerprint", "input_shapes", "hardware", "variables", "model_name", "framework", "total_steps", "job_id")
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     INPUT_SHAPES_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class RegisterGraphRequest(_message.Message):
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     FRAMEWORK_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     fingerprint: str
     input_shapes: str
     hardware: str
@@ -42,7 +43,8 @@ class RegisterGraphRequest(_message.Message):
     model_name: str
     framework: str
     total_steps: int
-    def __init__(self, fingerprint: _Optional[str] = ..., input_shapes: _Optional[str] = ..., hardware: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., model_name: _Optional[str] = ..., framework: _Optional[str] = ..., total_steps: _Optional[int] = ...) -> None: ...
+    job_id: str
+    def __init__(self, fingerprint: _Optional[str] = ..., input_shapes: _Optional[str] = ..., hardware: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., model_name: _Optional[str] = ..., framework: _Optional[str] = ..., total_steps: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class Config(_message.Message):
     __slots__ = ("key", "values", "committed", "trial", "steps", "hold")
@@ -137,7 +139,7 @@ class Trial(_message.Message):
     def __init__(self, trial: _Optional[int] = ..., values: _Optional[_Mapping[str, str]] = ..., step_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ..., steps: _Optional[_Iterable[float]] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., done: _Optional[bool] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., stage: _Optional[int] = ..., kind: _Optional[str] = ..., runnable: _Optional[float] = ...) -> None: ...
 
 class GraphState(_message.Message):
-    __slots__ = ("key", "model_name", "framework", "variables", "trials", "best", "committed", "explore_steps", "explore_ms", "compile_ms", "baseline_ms", "best_ms", "speedup", "pruned", "fingerprint", "input_shapes", "hardware", "total_steps", "runs", "compile_costs", "reopened", "wait_steps", "wait_ms", "deferred", "retimes")
+    __slots__ = ("key", "model_name", "framework", "variables", "trials", "best", "committed", "explore_steps", "explore_ms", "compile_ms", "baseline_ms", "best_ms", "speedup", "pruned", "fingerprint", "input_shapes", "hardware", "total_steps", "runs", "compile_costs", "reopened", "wait_steps", "wait_ms", "deferred", "retimes", "jobs")
     class CompileCostsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +172,7 @@ class GraphState(_message.Message):
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     DEFERRED_FIELD_NUMBER: _ClassVar[int]
     RETIMES_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
     key: str
     model_name: str
     framework: str
@@ -195,7 +198,18 @@ class GraphState(_message.Message):
     wait_ms: float
     deferred: int
     retimes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, key: _Optional[str] = ..., model_name: _Optional[str] = ..., framework: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., trials: _Optional[_Iterable[_Union[Trial, _Mapping]]] = ..., best: _Optional[_Union[Config, _Mapping]] = ..., committed: _Optional[bool] = ..., explore_steps: _Optional[int] = ..., explore_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ..., baseline_ms: _Optional[float] = ..., best_ms: _Optional[float] = ..., speedup: _Optional[float] = ..., pruned: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[str] = ..., input_shapes: _Optional[str] = ..., hardware: _Optional[str] = ..., total_steps: _Optional[int] = ..., runs: _Optional[int] = ..., compile_costs: _Optional[_Mapping[str, float]] = ..., reopened: _Optional[int] = ..., wait_steps: _Optional[int] = ..., wait_ms: _Optional[float] = ..., deferred: _Optional[int] = ..., retimes: _Optional[_Iterable[str]] = ...) -> None: ...
+    jobs: _containers.RepeatedCompositeFieldContainer[GraphJob]
+    def __init__(self, key: _Optional[str] = ..., model_name: _Optional[str] = ..., framework: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., trials: _Optional[_Iterable[_Union[Trial, _Mapping]]] = ..., best: _Optional[_Union[Config, _Mapping]] = ..., committed: _Optional[bool] = ..., explore_steps: _Optional[int] = ..., explore_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ..., baseline_ms: _Optional[float] = ..., best_ms: _Optional[float] = ..., speedup: _Optional[float] = ..., pruned: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[str] = ..., input_shapes: _Optional[str] = ..., hardware: _Optional[str] = ..., total_steps: _Optional[int] = ..., runs: _Optional[int] = ..., compile_costs: _Optional[_Mapping[str, float]] = ..., reopened: _Optional[int] = ..., wait_steps: _Optional[int] = ..., wait_ms: _Optional[float] = ..., deferred: _Optional[int] = ..., retimes: _Optional[_Iterable[str]] = ..., jobs: _Optional[_Iterable[_Union[GraphJob, _Mapping]]] = ...) -> None: ...
+
+class GraphJob(_message.Message):
+    __slots__ = ("job_id", "registered_at", "committed")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_AT_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    registered_at: float
+    committed: bool
+    def __init__(self, job_id: _Optional[str] = ..., registered_at: _Optional[float] = ..., committed: _Optional[bool] = ...) -> None: ...
 
 class GetGraphRequest(_message.Message):
     __slots__ = ("key",)
