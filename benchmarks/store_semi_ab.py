@@ -4,12 +4,14 @@ cores in this process over the same nodes (Flight, mutual TLS), one with semi-jo
 (``sql_semi_join_bytes=0``: the plans before) and one with the default, and by DuckDB on the
 same Parquet files; trials interleaved in a rotating order, medians kept. JSON on stdout.
 
-    python -m microco.benchmarks.store_semi_ab --sf 1 [--trials 3] [--ab semi|subquery|partagg]
+    python -m microco.benchmarks.store_semi_ab --sf 1 [--trials 3] [--ab semi|subquery|partagg|plancache]
 
 ``--ab subquery``: "before" runs subqueries keyed to a partition column as gathers. ``--ab
 partagg``: the JSON-model queries of ``microco bench store`` instead (only orders and lineitem
 loaded), "before" aggregating a node's partitions together in a group-by on the partition column,
 "after" each partition alone; the forced shuffle plan and DuckDB run in the same rotation.
+``--ab plancache``: the same queries, "before" planning every query anew (``model_plan_cache=0``),
+"after" reusing a plan made on the same catalog version; the shuffle plan runs on both cores.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", default=os.path.expanduser("~/.cache/microco/tpch"))
     ap.add_argument(
         "--ab",
-        choices=("semi", "subquery", "partagg"),
+        choices=("semi", "subquery", "partagg", "plancache"),
         default="semi",
         help="what 'before' turns off: semi-join reduction, subqueries run per partition, or a "
-        "partition-local group-by aggregating each partition alone (the JSON-model queries)",
+        "partition-local group-by aggregating each partition alone, or the JSON-model plan cache "
+        "(both: the JSON-model queries)",
     )
     ap.add_argument("--queries", default="", help="comma-separated query numbers (default: all 22)")
     args = ap.parse_args(argv)
@@ -58,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     ) as cluster:
         client = StoreClient.from_address(cluster.coordinator_address, default_timeout=600)
         t0 = time.perf_counter()
-        load_tables(client, data, ["orders", "lineitem"] if args.ab == "partagg" else list(REPLICAS))
+        model = args.ab in ("partagg", "plancache")
+        load_tables(client, data, ["orders", "lineitem"] if model else list(REPLICAS))
         result["load_s"] = round(time.perf_counter() - t0, 1)
         _log(f"loaded in {result['load_s']} s")
         con = duckdb.connect()
@@ -72,13 +76,22 @@ def main(argv: list[str] | None = None) -> int:
         elif args.ab == "partagg":
             before = StoreCore(kv, transport)
             before.agg_by_partition = False
+        elif args.ab == "plancache":
+            before = StoreCore(kv, transport, model_plan_cache=0)
         else:
             before = StoreCore(kv, transport)
             before.sql_subquery_pushdown = False
         result["ab"] = args.ab
         after = StoreCore(kv, transport)
-        if args.ab == "partagg":
-            result["queries"] = _model_ab(before, StoreCore(kv, transport), client, con, args.trials)
+        if model:
+            result["queries"] = _model_ab(
+                before,
+                StoreCore(kv, transport),
+                client,
+                con,
+                args.trials,
+                shuffle_both=args.ab == "plancache",
+            )
             result["geomean_shuffle_over_matched_before"] = _geomean(
                 [r["shuffle_over_matched_before"] for r in result["queries"] if r["kind"] != "filter"]
             )
@@ -136,9 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _model_ab(before: Any, after: Any, client: Any, con: Any, trials: int) -> list[dict[str, Any]]:
-    """The JSON-model queries: matched plan before and after, the shuffle plan (after's core),
-    DuckDB; a warm-up each, then ``trials`` in a rotating order; medians."""
+def _model_ab(
+    before: Any, after: Any, client: Any, con: Any, trials: int, shuffle_both: bool = False
+) -> list[dict[str, Any]]:
+    """The JSON-model queries: matched plan before and after, the shuffle plan (after's core;
+    ``shuffle_both``: before's too, for a change that touches both plans), DuckDB; a warm-up
+    each, then ``trials`` in a rotating order; medians."""
     from microco.services.store import Query
 
     out = []
@@ -151,13 +167,15 @@ def _model_ab(before: Any, after: Any, client: Any, con: Any, trials: int) -> li
             "shuffle": lambda s=shuffle: after.query(s),
             "duckdb": lambda q=q: (con.sql(q["sql"]).to_arrow_table(), None),
         }
+        if shuffle_both:
+            steps["shuffle_before"] = lambda s=shuffle: before.query(s)
         for fn in steps.values():
             fn()
         times: dict[str, list[float]] = {k: [] for k in steps}
         names = list(steps)
         outs: dict[str, Any] = {}
         for k in range(trials):
-            for name in names[k % 4 :] + names[: k % 4]:
+            for name in names[k % len(names) :] + names[: k % len(names)]:
                 t = time.perf_counter()
                 outs[name] = steps[name]()
                 times[name].append(time.perf_counter() - t)
@@ -169,7 +187,9 @@ def _model_ab(before: Any, after: Any, client: Any, con: Any, trials: int) -> li
             "plan": outs["after"][1].kind,
             "shuffle_plan": outs["shuffle"][1].kind,
             **{f"{k}_s": round(v, 4) for k, v in med.items()},
-            "shuffle_over_matched_before": round(med["shuffle"] / med["before"], 2),
+            "shuffle_over_matched_before": round(
+                med.get("shuffle_before", med["shuffle"]) / med["before"], 2
+            ),
             "shuffle_over_matched_after": round(med["shuffle"] / med["after"], 2),
             "rows_agree": len(set(rows.values())) == 1,
         }

@@ -141,6 +141,7 @@ class StoreCore:
         recovery_rate_bytes: float = 200e6,
         gc_min_age_s: float = 1800.0,
         sql_plan_cache: int = 256,
+        model_plan_cache: int = 256,
         sql_semi_join_bytes: float | None = None,
     ) -> None:
         self.kv = kv
@@ -163,6 +164,8 @@ class StoreCore:
         self._seen: dict[str, Any] = {}  # NODES_SEEN as last read or written here (live_nodes)
         # SQL plans by normalised text, each with the catalog version it was made on (_plancache)
         self.sql_plans: LRU[Any] = LRU(sql_plan_cache)
+        # JSON-model plans by (query, live nodes, settings), each with its catalog token (``plan``)
+        self.model_plans: LRU[tuple[bytes, Plan]] = LRU(model_plan_cache)
 
     # ------------------------------------------------------------------ nodes
     def live_nodes(self) -> list[NodeInfo]:
@@ -358,12 +361,24 @@ class StoreCore:
 
     # ------------------------------------------------------------------ queries
     def plan(self, q: Query, exclude: set[str] = frozenset(), qid: str | None = None) -> Plan:  # type: ignore[assignment]
+        """The plan of ``q`` on the live nodes but ``exclude``: reused from ``model_plans`` when
+        the same query was planned on the same catalog version (its token, read before anything
+        the plan is made from, so a plan is never tagged newer than its records) and the same live
+        nodes, else planned from the table records (and kept). A hit reads the token and the node
+        registry; a miss the table's record and super-extents besides."""
+        token = self.catalog.version() if self.model_plans.size > 0 else None
+        live = [n for n in self.live_nodes() if n.name not in exclude]
+        nodes = {n.name: n for n in live}
+        env = tuple((n.name, n.address, n.domain) for n in sorted(live, key=lambda x: x.name))
+        key = (repr(q), env, self.agg_by_partition)
+        hit = self.model_plans.get(key) if token is not None else None
+        if hit is not None and hit[0] == token:
+            return hit[1].reused(qid or "q", nodes)
         names = [q.table] + ([q.join.table] if q.join else [])
         tables = {}
         for n in names:
             tables[n] = self.catalog.table(n)
-        live = [n for n in self.live_nodes() if n.name not in exclude]
-        return plan_query(
+        plan = plan_query(
             q,
             tables,
             [n.name for n in live],
@@ -371,6 +386,10 @@ class StoreCore:
             qid or "q",
             by_partition=self.agg_by_partition,
         )
+        plan.nodes = nodes
+        if token is not None:
+            self.model_plans.put(key, (token, plan.reused(plan.qid, {})))
+        return plan
 
     def explain(self, q: Query) -> str:
         return self.plan(q).explain_text()
@@ -534,7 +553,8 @@ class StoreCore:
         return out
 
     def _execute(self, plan: Plan) -> pa.Table:
-        nodes = {n.name: n for n in self.transport.live_nodes()}
+        # the nodes the plan was made for (no second registry read); one dead since is a failed task
+        nodes = plan.nodes or {n.name: n for n in self.transport.live_nodes()}
         try:
             outs: list[pa.Table] = []
             for k, stage in enumerate(plan.stages):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import base64
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -65,9 +65,22 @@ class Plan:
     # bytes the plan moves between nodes: whole co-partitioned extents read from a peer (known
     # when planning); the shuffle's exchanged buckets are added when it runs
     moved_bytes: int = 0
+    cached: bool = False  # reused from the coordinator's plan cache (``StoreCore.plan``)
+    nodes: dict[str, Any] = field(default_factory=dict, repr=False)  # what the run calls: name -> NodeInfo
 
     def explain_text(self) -> str:
-        return "\n".join(self.explain)
+        lines = self.explain + (
+            ["plan cache: reused (same query, catalog version and live nodes)"] if self.cached else []
+        )
+        return "\n".join(lines)
+
+    def reused(self, qid: str, nodes: dict[str, Any]) -> Plan:
+        """This (cached) plan for another run: its own query id in every task that names one (a
+        shuffle's buckets are kept by it), its own task dicts, bytes moved as planned."""
+        stages = [
+            [(n, {**t, "qid": qid} if "qid" in t else dict(t)) for n, t in stage] for stage in self.stages
+        ]
+        return replace(self, qid=qid, stages=stages, explain=list(self.explain), cached=True, nodes=nodes)
 
 
 def _schema_b64(schema: pa.Schema) -> str:

@@ -483,6 +483,13 @@ def _coordinator_args(p: argparse.ArgumentParser) -> None:
         default=256,
         help="SQL plans kept for reuse by the same text on the same catalog version (0: none)",
     )
+    g.add_argument(
+        "--model-plan-cache",
+        type=int,
+        default=256,
+        help="JSON-model query plans kept for reuse by the same query on the same catalog version "
+        "and live nodes (0: none)",
+    )
     _sql_memory_arg(g)
     g.add_argument(
         "--sql-semi-join-mb",
@@ -519,6 +526,7 @@ def _setup_coordinator(ctx: ServiceContext) -> None:
         recovery_rate_bytes=a.recovery_rate_mb * 1e6,
         gc_min_age_s=a.gc_min_age_s,
         sql_plan_cache=a.sql_plan_cache,
+        model_plan_cache=a.model_plan_cache,
         sql_semi_join_bytes=a.sql_semi_join_mb * 1e6,
     )
     servicer = StoreServicer(core)

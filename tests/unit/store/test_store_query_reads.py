@@ -65,3 +65,25 @@ def test_a_sql_query_reads_each_table_once_and_the_nodes_seen_only_when_they_cha
     core.live_nodes()
     assert kv.reads == ["/microco/store/nodes/*"]
     assert kv.get_json("/microco/store/nodes/n1") == {"domain": "rack1", "address": "elsewhere"}
+
+
+def test_a_json_model_query_reads_its_table_once_and_a_cached_plan_the_version_only(tmp_path: Any) -> None:
+    from microco.services.store._query import Agg, Query
+
+    kv = CountingKV()
+    tr = LocalTransport(str(tmp_path), NODES)
+    a = pa.table({"k": pa.array(range(100), pa.int64()), "v": pa.array(range(100), pa.int64())})
+    core = StoreCore(kv, tr, model_plan_cache=0)  # every query planned anew
+    core.create_table("a", a.schema, [PartitionSpec(c, "hash", 2) for c in ("k", "v", "k")])
+    core.append("a", a)
+    q = Query("a", group_by=("k",), aggs=(Agg("sum", "v", "s"),))
+    want = core.query(q)[0]
+    kv.reads.clear()
+    core.query(q)
+    assert sorted(kv.reads) == ["/microco/store/superextents/a/*", "/microco/store/tables/a"]
+    cached = StoreCore(kv, tr)
+    cached.query(q)
+    kv.reads.clear()
+    got, plan = cached.query(q)
+    assert plan.cached and got.sort_by("k").equals(want.sort_by("k"))
+    assert kv.reads == ["/microco/store/catalog-version"]
