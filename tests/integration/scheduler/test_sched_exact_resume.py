@@ -1,6 +1,10 @@
-"""A job suspended and resumed N times, grown onto a second device and shrunk back, and moved
-once (checkpoint, exit, restart from the checkpoint), ends with exactly the same parameters and
-loss curve as an uninterrupted run with the same seed. Real training processes (PyTorch, Keras on TensorFlow), real control files."""
+"""A job suspended and resumed N times and moved once (checkpoint, exit, restart from the
+checkpoint) has exactly the same loss curve as an uninterrupted run with the same seed; grown
+onto a second device and shrunk back afterwards, it goes on the same training, equal up to
+float summation order (a resize changes a CPU job's compute threads, and on some CPUs a matmul
+or reduction sums in another order with two threads: seen on an AMD EPYC, where one step at two
+threads moved later losses by one float32 ulp). Real training processes (PyTorch, Keras on
+TensorFlow), real control files."""
 
 from __future__ import annotations
 
@@ -70,19 +74,13 @@ def run_interrupted(module, tmp_path, reference=None):
         time.sleep(0.3)
         assert ch1.status()["step"] == parked_step  # no progress while parked
         ch1.wait_ack(ch1.send("resume"), 30)
-    # ...grown onto a second device and shrunk back in place (an elastic job's resize: the
-    # hook changes the compute threads with the devices)...
-    ch1.wait_ack(ch1.send("resize", ["vdev/0", "vdev/1"]), 60)
-    wait_step(ch1, 11)
-    st = ch1.wait_ack(ch1.send("resize", ["vdev/0"]), 60)
-    assert st["state"] == "running" and st["devices"] == ["vdev/0"], st
     # ...then checkpoint-and-move: the process exits and a new one continues from the checkpoint.
-    wait_step(ch1, 14)
+    wait_step(ch1, 12)
     ch1.send("stop")
     out1, _ = p1.communicate(timeout=60)
     assert p1.returncode == EXIT_CHECKPOINTED, out1
     moved_at = ch1.status()["checkpoint_step"]
-    assert 14 <= moved_at < STEPS
+    assert 12 <= moved_at < STEPS
     ch2 = ControlChannel(tmp_path / "ctl2")
     p2 = launch(module, tmp_path, tmp_path / "b.json", control=ch2.dir, ckpt=ckpt, sleep_ms=40)
     # and once more suspended / resumed after the move
@@ -90,6 +88,12 @@ def run_interrupted(module, tmp_path, reference=None):
     assert st["restored_from_step"] == moved_at
     ch2.wait_ack(ch2.send("suspend"), 60)
     ch2.wait_ack(ch2.send("resume"), 30)
+    # ...and last, grown onto a second device and shrunk back in place (an elastic job's
+    # resize: the hook changes the compute threads with the devices).
+    grown_at = ch2.wait_ack(ch2.send("resize", ["vdev/0", "vdev/1"]), 60)["step"]
+    wait_step(ch2, grown_at + 3)
+    st = ch2.wait_ack(ch2.send("resize", ["vdev/0"]), 60)
+    assert st["state"] == "running" and st["devices"] == ["vdev/0"], st
     out2, _ = p2.communicate(timeout=120)
     assert p2.returncode == 0, out2
     if baseline is not None:
@@ -102,8 +106,13 @@ def run_interrupted(module, tmp_path, reference=None):
     b = json.loads((tmp_path / "b.json").read_text())
     assert b["restored_from_step"] == moved_at
     assert len(a["losses"]) == len(b["losses"]) == STEPS
-    assert a["losses"] == b["losses"]  # bit-for-bit, every step
-    assert a["params_sha256"] == b["params_sha256"]
+    assert moved_at + 2 <= grown_at < STEPS
+    # bit for bit, every step before the grow (both suspensions, the move, one more suspension)
+    assert a["losses"][:grown_at] == b["losses"][:grown_at]
+    # from the grow on, the same training up to float summation order
+    assert b["losses"][grown_at:] == pytest.approx(a["losses"][grown_at:], rel=1e-5, abs=1e-7)
+    if a["losses"] == b["losses"]:  # where two threads sum as one does, nothing moved at all
+        assert a["params_sha256"] == b["params_sha256"]
     final = ch2.status()
     assert final["state"] == "finished" and final["step"] == STEPS
 
