@@ -13,8 +13,8 @@ same data."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -202,6 +202,7 @@ def derive(tpch_dir: Path, out: Path) -> Path:
         return out
     out.mkdir(parents=True, exist_ok=True)
     con = duckdb.connect()
+    con.execute("set enable_progress_bar = false")
     for t in _SOURCES:
         con.execute(f"create view {t} as select * from read_parquet('{Path(tpch_dir) / t}.parquet')")
     for t in TABLES:
@@ -301,27 +302,40 @@ def main(argv: list[str] | None = None) -> int:
     con.execute("set threads = 2")
     for t in TABLES:
         con.execute(f"create view \"{t}\" as select * from read_parquet('{data / t}.parquet')")
-    result: dict[str, Any] = {"sf": args.sf, "nodes": args.nodes, "runs": []}
+    result: dict[str, Any] = {
+        "sf": args.sf,
+        "nodes": args.nodes,
+        "start_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "load_average_at_start": os.getloadavg()[0],
+        "runs": [],
+    }
+    coordinator_args = [
+        *("--super-extent-rows", "100000000"),  # one super-extent per table: partitions co-locate
+        *("--recovery-rate-mb", "0", "--recovery-interval-s", "3600"),
+    ]
     for part in args.partitioning or sorted(PARTITIONINGS):
-        with bench_cluster("microco-bench-ssb-", args.nodes, []) as cluster:
-            client = StoreClient(cluster.etcd_endpoints)
-            with contextlib.closing(client):
-                t0 = time.perf_counter()
-                for t in TABLES:
-                    path = data / f"{t}.parquet"
-                    client.create_table(t, parquet_schema(path), PARTITIONINGS[part][t])
-                    client.append(t, path, timeout=load_timeout(path))
-                _log(f"{part}: loaded in {time.perf_counter() - t0:.1f} s")
-                rows = run_suite(client, con, args.repeat)
+        with bench_cluster("microco-bench-ssb-", args.nodes, coordinator_args) as cluster:
+            client = StoreClient.from_address(cluster.coordinator_address, default_timeout=600)
+            t0 = time.perf_counter()
+            for t in TABLES:
+                path = data / f"{t}.parquet"
+                client.create_table(t, parquet_schema(path), PARTITIONINGS[part][t])
+                client.append(t, path, timeout=load_timeout(path))
+            load_s = time.perf_counter() - t0
+            _log(f"{part}: loaded in {load_s:.1f} s")
+            rows = run_suite(client, con, args.repeat)
         ok = [r for r in rows if r["correct"]]
         result["runs"].append(
             {
                 "partitioning": part,
+                "load_s": round(load_s, 1),
                 "correct": f"{len(ok)}/{len(rows)}",
                 "geomean_store_over_duckdb": _geomean([r["store_over_duckdb"] for r in ok]) if ok else None,
                 "queries": rows,
             }
         )
+    result["end_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    result["load_average_at_end"] = os.getloadavg()[0]
     print(json.dumps(result, indent=1) if args.json else result)
     return 0 if all(r["correct"] == f"{len(QUERIES)}/{len(QUERIES)}" for r in result["runs"]) else 1
 
