@@ -6,8 +6,8 @@ letters of the nation and a digit; ``part`` its manufacturer, category and brand
 ``MFGR#mc``, ``MFGR#mcb``; ``date`` one row per day of 1992-1998).
 
 A query suite the store's SQL was not written against (the held-out check of docs/store.md): the
-unit test runs it at SF 0.01 in process with several partitionings, ``python -m
-microco.benchmarks.store_ssb`` on a cluster of real processes, each result against DuckDB on the
+unit test runs it at SF 0.05 in process under each partitioning, ``microco bench store --ssb``
+(``python -m microco.benchmarks.store_ssb``) on a cluster of real processes, each result against DuckDB on the
 same data."""
 
 from __future__ import annotations
@@ -289,12 +289,19 @@ def main(argv: list[str] | None = None) -> int:
     from microco.benchmarks.store import _geomean, bench_cluster, load_timeout, parquet_schema
     from microco.clients.store import StoreClient
 
-    ap = argparse.ArgumentParser(prog="python -m microco.benchmarks.store_ssb")
-    ap.add_argument("--sf", type=float, default=0.1)
+    ap = argparse.ArgumentParser(prog="microco bench store --ssb", description=__doc__)
+    ap.add_argument("--sf", type=float, default=0.1, help="scale factor of the TPC-H data it derives from")
     ap.add_argument("--nodes", type=int, default=6)
     ap.add_argument("--repeat", type=int, default=2, help="timed runs per query after a warm-up (best)")
-    ap.add_argument("--partitioning", action="append", choices=sorted(PARTITIONINGS))
-    ap.add_argument("--data", type=Path, default=Path("/tmp/microco-bench-tpch"))
+    ap.add_argument(
+        "--partitioning", action="append", choices=sorted(PARTITIONINGS), help="repeatable; default: each"
+    )
+    ap.add_argument(
+        "--data",
+        type=Path,
+        default=Path("/tmp/microco-bench-tpch"),
+        help="where TPC-H and SSB files are kept",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     data = generate(args.sf, args.data)
