@@ -502,8 +502,18 @@ class _SparkSession:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--ssb" in argv:  # the Star Schema Benchmark instead (its own options: --ssb --help)
+        from microco.benchmarks.store_ssb import main as ssb_main
+
+        return ssb_main([a for a in argv if a != "--ssb"])
     ap = argparse.ArgumentParser(
         prog="microco bench store", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--ssb",
+        action="store_true",
+        help="run the Star Schema Benchmark's 13 queries instead (benchmarks/store_ssb.py; see --ssb --help)",
     )
     ap.add_argument("--quick", action="store_true", help="scale factor 0.01, one timed run (under a minute)")
     ap.add_argument(

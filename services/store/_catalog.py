@@ -36,6 +36,7 @@ RECOVERY = ROOT + "recovery"
 # A token written anew, in the same transaction, by every change of a table or super-extent
 # record (a drop: once its deletes are done): equal tokens, equal catalog (the SQL plan cache)
 VERSION = ROOT + "catalog-version"
+TXN_DELETES = 100  # deletes per etcd transaction (etcd takes 128 operations in one by default)
 
 
 def _new_version() -> bytes:
@@ -188,10 +189,29 @@ class Catalog:
         )
 
     def drop_table(self, name: str) -> TableInfo:
-        info = self.table(name)
-        self.kv.delete_prefix(f"{SUPER}{name}/")
-        self.kv.delete(TABLES + name)
-        self.kv.put(VERSION, _new_version())
+        """Delete a table's records. Its record goes in the same transaction as the new catalog
+        version (with as many of its super-extent records as one transaction takes), so a reader
+        sees the table and the old version, or neither: a plan cached on the old version is never
+        reused once the table is gone (it was, between the deletes and the version's write). The
+        super-extent records left over (a table of many) are unreachable without the table's
+        record and deleted after, batch by batch while the name stays free (a table re-created
+        under it keeps its own)."""
+        for _ in range(50):
+            rec, raw = self.table_record(name)
+            supers = self.super_records(name)
+            info = self.assemble(name, rec, [r for _, r in supers])
+            keys = [k for k, _ in supers]
+            if self.kv.commit(
+                checks=[(TABLES + name, raw)],
+                puts={VERSION: _new_version()},
+                deletes=[TABLES + name, *keys[: TXN_DELETES - 1]],
+            ):
+                break
+        else:
+            raise Aborted(f"table {short(name)} is being changed concurrently; retry")
+        for i in range(TXN_DELETES - 1, len(keys), TXN_DELETES):
+            if not self.kv.commit(checks=[(TABLES + name, None)], deletes=keys[i : i + TXN_DELETES]):
+                break
         return info
 
     def reserve_super_extents(self, name: str, count: int) -> int:

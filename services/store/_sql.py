@@ -388,6 +388,7 @@ class _Ctx:
     broadcast: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # ids of table references whose filters must not prune the split (``_subqueries``)
     noprune: set[int] = field(default_factory=set)
+    text: str = ""  # the SQL as written (what DuckDB names unnamed outputs from)
     _names: Any = ...
 
     def needed(self, schema: pa.Schema) -> list[str]:
@@ -1059,10 +1060,41 @@ def _sub_split(
     return size, _Subs(tuple(lk.node for lk in links), split, chosen, explain, noprune)
 
 
+def _name_outputs(ctx: _Ctx, sel: exp.Select) -> bool:
+    """Give each unnamed output of ``sel`` (``sum(lo_revenue)``, ``a + 1``) DuckDB's own name for
+    it as an alias, so that a plan which computes it in fragments and selects it by name at the
+    coordinator answers with the columns DuckDB would: the names come from DuckDB binding the query
+    as written over empty tables of the same schemas (nothing runs). False when they cannot be had."""
+    items = sel.expressions
+    if all(isinstance(e, (exp.Alias, exp.Column)) for e in items):
+        return True
+    if any(isinstance(e, exp.Star) for e in items) or not ctx.text:
+        return False
+    con = duck()
+    try:
+        for t in ctx.tables.values():
+            con.register(t.name, t.schema.empty_table())
+        names = con.sql(ctx.text).columns
+    except duckdb.Error:
+        return False
+    finally:
+        con.close()
+    if len(names) != len(items):
+        return False
+    sel.set(
+        "expressions",
+        [
+            e if isinstance(e, (exp.Alias, exp.Column)) else exp.alias_(e, n, quoted=True)
+            for e, n in zip(items, names)
+        ],
+    )
+    return True
+
+
 def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     subs = _subqueries(ctx, refs)
     sel = _simple_select(ctx.tree, subs.nodes if subs else ())
-    if sel is None or not refs:
+    if sel is None or not refs or not _name_outputs(ctx, sel):
         return None
     inside = {id(x) for a in (subs.nodes if subs else ()) for x in a.walk()}
     names = [r.name.lower() for r in refs]
@@ -1651,7 +1683,7 @@ def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan
     tables = {n: Catalog.assemble(name, json.loads(raw), supers) for n, (name, raw, supers) in found.items()}
     if not live:
         raise Unavailable("no live store nodes")
-    ctx = _Ctx(core, tree, tables, {n.name for n in live}, {n.name: n.address for n in live})
+    ctx = _Ctx(core, tree, tables, {n.name for n in live}, {n.name: n.address for n in live}, text=sql)
     _volatile.seen = False
     plan = plan_sql(ctx)
     plan.nodes = {n.name: n for n in live}  # what the run calls: no second registry read
