@@ -77,7 +77,17 @@ def test_torchrun_ddp_job_is_time_sliced_survives_a_killed_rank_and_is_exact(
     )
     try:
         agents("n1", devices=2)
-        c = sched({"quantum_s": 1.0, "enable_packing": False, "enable_grow_shrink": False})
+        # Round robin rather than least-attained-service first: the DDP job is charged its
+        # start-up (three torch imports) as service, and under LAS the other job (a busy loop
+        # burning a core) would hold the devices that long before the DDP job resumed.
+        c = sched(
+            {
+                "quantum_s": 1.0,
+                "slice_order": "round_robin",
+                "enable_packing": False,
+                "enable_grow_shrink": False,
+            }
+        )
         out = tmp_path / "out.json"
         job_env = {"MICROCO_CHECKPOINT_EVERY_S": "0.5"}
         j = c.submit(make_spec(ddp_cmd(out), devices=2, name="ddp", total_steps=STEPS, env=job_env)).id

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from microco.benchmarks import codesign
+
+# Both scenarios are run for real (stacks of threads, training jobs): ~35 s of the suite's
+# time together, so the file is dealt out with the slow ones (tests/conftest.py) rather than
+# last, where it would keep one worker busy after the others have finished.
+pytestmark = pytest.mark.slow
 
 
 def test_the_benchmark_reports_both_sides_and_identical_losses(capsys):
