@@ -817,16 +817,16 @@ class AstraTorch(SessionBacked):
             return True
         policy = ExplorationPolicy()
         saving = self.total_steps * step_ms * (1.0 - 1.0 / policy.max_speedup) * policy.expected_gain_share
-        if self._off_critical_path:
-            price = self.WHOLE_WARM_PRIOR_MS  # compiled in the background: its load on the path
-        else:
+        price: float | None = self.WHOLE_WARM_PRIOR_MS  # in the background: its load on the path
+        if not self._off_critical_path:
             size = self._whole_nodes.get("plain", 0)  # the rewrite's graph: at least the plain one's
             price = self.compile_costs.estimate(
                 self._hw, "torch:whole:rewrite", size, graph=self._cost_graph(), warm=False
             )
             if price is None:
-                first = self.compile_costs.first_price(self._hw, "torch:whole:rewrite", size)
-                price = first if first is not None else self.WHOLE_COMPILE_PRIOR_MS
+                price = self.compile_costs.first_price(self._hw, "torch:whole:rewrite", size)
+        if price is None:
+            price = self.WHOLE_COMPILE_PRIOR_MS
         if saving >= price:
             return True
         log.info(
