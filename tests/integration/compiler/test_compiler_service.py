@@ -211,15 +211,8 @@ def test_thread_cpu_times_cross_the_wire_and_decide_a_remote_exploration(service
 
     def explore(fingerprint: str, with_cpu: bool):
         explorer = RemoteExplorer.from_address(service.address, default_timeout=30.0)
-        spec = GraphSpec(
-            fingerprint,
-            "(4, 8)",
-            "cpu",
-            (Variable("A.hoist", ("off", "on"), "A", STAGE_STRUCTURE),),
-            "m",
-            "torch",
-            100_000,
-        )
+        hoist = Variable("A.hoist", ("off", "on"), "A", STAGE_STRUCTURE)
+        spec = GraphSpec(fingerprint, "(4, 8)", "cpu", (hoist,), "remote", "torch", total_steps=100_000)
         cfg, i = explorer.register(spec), 0
         for _ in range(400):
             if cfg.committed:
