@@ -254,7 +254,23 @@ class AstraTF(SessionBacked):
                 return round(self._unpriced_ms, 1)
             if kind not in sizes:
                 return 0.0
-            return round(cost.estimate(sizes[kind], kind, self.graph_key, self.hlo_classes.get(kind, "")), 1)
+            # What the compile costs the run. In line: its wall time at today's load. In the
+            # background (``_tf_warm``): the training runs on beside it, and the compile can take
+            # from it at most its own work, what it costs alone (issue 18, afternoon of
+            # 2026-12-02: keras-sublstm's XLA, 2.3 s alone by this host's measured compiles,
+            # was priced 2.9-7.1 s at loads 3.5-4, scaled as if it stopped the training; one
+            # compile measured 2.7 s of CPU over its threads and 19.5 s of wall at load 16.6).
+            # The deadline stays on the wall time at load (``_compile_deadline_ms``).
+            return round(
+                cost.estimate(
+                    sizes[kind],
+                    kind,
+                    self.graph_key,
+                    self.hlo_classes.get(kind, ""),
+                    at_load=not self.background,
+                ),
+                1,
+            )
 
         def priced(
             name: str, choices: tuple[str, ...], stage: int, kind: str, subsumes: tuple[str, ...] = ()

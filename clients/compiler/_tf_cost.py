@@ -229,18 +229,29 @@ class XlaCostModel:
         :func:`hlo_class`, where given: rates are not borrowed across classes): the median
         measured rate, scaled from the load each was measured at to the load now
         (``_compile_costs.contention``), else the cold prior, scaled the same way."""
+        return self._rate_alone(kind, op_class) * _compile_costs.contention()
+
+    def _rate_alone(self, kind: str, op_class: str) -> float:
         got = self._samples.get(_bucket(kind, op_class))
         # The cold prior too: it was measured with the 2 cores nearly to itself (load 1.4-5.5).
-        return (statistics.median(got) if got else self.cold_rate) * _compile_costs.contention()
+        return statistics.median(got) if got else self.cold_rate
 
-    def estimate(self, instructions: int, kind: str = "loop", graph: str = "", op_class: str = "") -> float:
+    def estimate(
+        self,
+        instructions: int,
+        kind: str = "loop",
+        graph: str = "",
+        op_class: str = "",
+        at_load: bool = True,
+    ) -> float:
         """Expected compile time (ms) of a ``kind`` module of ``instructions`` HLO instructions:
         what compiles of this very ``graph`` measured here (median), else the rate of its class;
         never below what an abandoned compile of the graph was seen to exceed. Scaled to the
-        load now."""
-        c = _compile_costs.contention()
+        load now; ``at_load=False``: the compile alone on the machine, its work (what a compile
+        in the background can take from the training beside it, see ``AstraTF.variables``)."""
+        c = _compile_costs.contention() if at_load else 1.0
         own = self._graphs.get(graph, {}).get(kind) if graph else None
-        ms = statistics.median(own) * c if own else max(1, instructions) * self.rate(kind, op_class)
+        ms = (statistics.median(own) if own else max(1, instructions) * self._rate_alone(kind, op_class)) * c
         floor = self._floors.get(graph, {}).get(kind) if graph else None
         return max(ms, floor * c) if floor else ms
 

@@ -19,6 +19,7 @@ import torch
 from torch import fx, nn
 
 from microco.clients import telemetry
+from microco.clients.compiler.explore import ExplorationPolicy
 from microco.clients.compiler.explore.types import (
     STAGE_COMPILE,
     STAGE_STRUCTURE,
@@ -717,6 +718,8 @@ class AstraTorch(SessionBacked):
             # On the plain model, before the cells are instrumented; the rewrite only where the
             # step repeats cells or its captured graph has products to hoist or batch.
             for kind in WHOLE if self._recurrent else ("plain",):
+                if kind == "rewrite" and not self._worth_rewrite_ask(step_ms):
+                    continue
                 self._probe_whole_cache(kind)
         fingerprints = []
         for name in outer:
@@ -788,7 +791,34 @@ class AstraTorch(SessionBacked):
     def _worth_cache_probe(self, step_ms: float) -> bool:
         if "inductor" not in self.compile_choices or self._example_args is None or self.WHOLE_COMPILE_BACKEND:
             return False  # (another whole-step backend than Inductor: no Inductor cache to ask)
-        return self.total_steps * step_ms * self.CACHE_PROBE_SHARE > self._probe_price_ms()
+        price = self._probe_price_ms()
+        if self.total_steps * step_ms * self.CACHE_PROBE_SHARE > price:
+            return True
+        # This graph's whole step was loaded from the caches on this host before (a warm load
+        # measured here, ``_record_compiles``): the ask is expected to find it again, and is worth
+        # what the compiled step may save, the core's own optimistic bound over the run, less the
+        # load (issue 18, afternoon of 2026-12-02: hf-t5 at 5,000 steps, loaded here before,
+        # asked nothing at load 3.7, its ask priced 8 s against 5% of the run, 5.5 s; the
+        # static compiler loaded the same compile and ran 1.6x faster).
+        loads = [
+            est
+            for kind in WHOLE
+            if (
+                est := self.compile_costs.estimate(
+                    self._hw, f"torch:whole:{kind}", graph=self._cost_graph(), warm=True
+                )
+            )
+            is not None
+        ]
+        if not loads:
+            return False
+        return self._optimistic_saving_ms(step_ms) > price + min(loads)
+
+    def _optimistic_saving_ms(self, step_ms: float) -> float:
+        """What a compiled whole step may save over the run at ``step_ms`` a step: the core's own
+        bound (``ExplorationPolicy``'s defaults: twice as fast, half of that expected)."""
+        policy = ExplorationPolicy()
+        return self.total_steps * step_ms * (1.0 - 1.0 / policy.max_speedup) * policy.expected_gain_share
 
     def _probe_price_ms(self) -> float:
         """What asking Inductor's caches for the whole step costs on this host (issue 18, third
@@ -800,6 +830,38 @@ class AstraTorch(SessionBacked):
         if own is None:
             own = self.compile_costs.estimate(self._hw, self.PROBE_KIND)
         return own if own is not None else self.WHOLE_WARM_PRIOR_MS
+
+    def _worth_rewrite_ask(self, step_ms: float) -> bool:
+        """Ask the caches for the rewritten step too? Not once the plain step was found compiled
+        (a hit, priced as a load) where the run could not repay the rewrite's compile if the ask
+        answered cold (issue 18, hf-t5 at 5,000 steps: the rewrite's ask, 5.3 s, answered cold,
+        and its 60 s cold price was pruned at once, against a static compiler's 7.7 s load). The
+        bound is the core's own optimistic one (``ExplorationPolicy``'s defaults: twice as fast,
+        half of that expected) over the whole run at the probe step's time, against the rewrite's
+        cold price (its compiles measured here, else its first price at the plain graph's size);
+        a cold plain step keeps both asks (a hit of either is the only way either is tried)."""
+        if self.whole_cache.get("plain") != "hit":
+            return True
+        saving = self._optimistic_saving_ms(step_ms)
+        price: float | None = self.WHOLE_WARM_PRIOR_MS  # in the background: its load on the path
+        if not self._off_critical_path:
+            size = self._whole_nodes.get("plain", 0)  # the rewrite's graph: at least the plain one's
+            price = self.compile_costs.estimate(
+                self._hw, "torch:whole:rewrite", size, graph=self._cost_graph(), warm=False
+            )
+            if price is None:
+                price = self.compile_costs.first_price(self._hw, "torch:whole:rewrite", size)
+        if price is None:
+            price = self.WHOLE_COMPILE_PRIOR_MS
+        if saving >= price:
+            return True
+        log.info(
+            "the rewritten step is not asked for: the plain step is in the caches and a cold "
+            "rewrite (est. %.0f ms) cannot be repaid (expected saving %.0f ms)",
+            price,
+            saving,
+        )
+        return False
 
     def _worth_graph_capture(self, step_ms: float) -> bool:
         """Is a whole-step compile in the space, and is the run long enough to afford the trace?"""

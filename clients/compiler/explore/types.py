@@ -154,6 +154,6 @@ class TrialReport:
     # Each step's CPU time on the thread that ran it (ms), where the whole step ran on that one
     # thread (one intra-op thread, CPU tensors); empty where not measured. What the interleaved
     # A/B judges by when both sides carry it (issue 18, fourth session of 2026-12-02): it leaves
-    # out the time other processes held the core. Not on the gRPC wire yet (a remote explorer
-    # judges by wall time).
+    # out the time other processes held the core. On the gRPC wire too
+    # (``ReportTimingsRequest.step_cpu_ms``): a remote explorer judges as a local one does.
     step_cpu_ms: list[float] = field(default_factory=list)

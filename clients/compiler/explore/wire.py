@@ -83,6 +83,7 @@ def report_to_proto(key: str, r: TrialReport) -> pb.ReportTimingsRequest:
         error=r.error,
         pending=r.pending,
         runnable=r.runnable,
+        step_cpu_ms=list(r.step_cpu_ms),
     )
 
 
@@ -95,6 +96,7 @@ def report_from_proto(m: pb.ReportTimingsRequest) -> TrialReport:
         error=m.error,
         pending=m.pending,
         runnable=m.runnable,
+        step_cpu_ms=list(m.step_cpu_ms),
     )
 
 
@@ -124,6 +126,7 @@ def state_to_proto(s: Exploration) -> pb.GraphState:
                 stage=t.stage,
                 kind=t.kind,
                 runnable=t.runnable,
+                cpu_steps=t.cpu_steps,
             )
             for t in s.trials
         ],

@@ -198,3 +198,41 @@ def test_bad_requests_get_clear_errors(service):
         explorer.get_graph("no-such-key")
     with pytest.raises(InvalidArgument):
         explorer.register(GraphSpec("", "", "", (Variable("a", ("x",)),)))
+
+
+def test_thread_cpu_times_cross_the_wire_and_decide_a_remote_exploration(service):
+    """Issue 18: a step's thread CPU time (``TrialReport.step_cpu_ms``) is what the interleaved
+    A/B judges by where both sides carry it. Through the service it must cross the gRPC wire:
+    a candidate 5.4 against 7.7 ms of CPU, whose wall times do not show it (other processes held
+    the core as long as it saved: both sides' wall times alike, spiked 2-5x on one step in five),
+    is committed by CPU time, and the service's trials carry the CPU times. By wall time alone
+    (the report without them) the same steps are not shown faster."""
+    from microco.clients.compiler.explore import STAGE_STRUCTURE, TrialReport
+
+    def explore(fingerprint: str, with_cpu: bool):
+        explorer = RemoteExplorer.from_address(service.address, default_timeout=30.0)
+        hoist = Variable("A.hoist", ("off", "on"), "A", STAGE_STRUCTURE)
+        spec = GraphSpec(fingerprint, "(4, 8)", "cpu", (hoist,), "remote", "torch", total_steps=100_000)
+        cfg, i = explorer.register(spec), 0
+        for _ in range(400):
+            if cfg.committed:
+                break
+            wall, cpu = [], []
+            for _ in range(cfg.steps):
+                w = 7.7 + 0.05 * (i % 3)
+                wall.append(w + (w * (2 + i % 4) if i % 5 == 1 else 0.0))
+                cpu.append((7.7 if cfg.values["A.hoist"] == "off" else 5.4) + 0.05 * (i % 3))
+                i += 1
+            rep = TrialReport(cfg.trial, wall, step_cpu_ms=cpu if with_cpu else [])
+            cfg = explorer.report(spec.key, rep)
+        assert cfg.committed
+        return cfg, explorer.get_graph(spec.key)
+
+    cfg, graph = explore("cpu-wire", True)
+    assert cfg.values == {"A.hoist": "on"}
+    measured = [t for t in graph.trials if t.done and len(t.steps) > 0]
+    assert measured and all(len(t.cpu_steps) == len(t.steps) for t in measured)
+    assert graph.speedup == pytest.approx(7.75 / 5.45, rel=0.05)  # the CPU medians' ratio
+    cfg, graph = explore("wall-wire", False)
+    assert cfg.values == {"A.hoist": "off"}
+    assert all(len(t.cpu_steps) == 0 for t in graph.trials)

@@ -40,9 +40,11 @@ def test_corpus_case_reports_every_field_and_never_stops():
     assert m["loss_rel_diff"] < 1e-5  # same weights, same batch, as many steps
     assert set(m["runs"]) == {str(n) for n in RUN_LENGTHS}
     for r in m["runs"].values():
+        cpu = r.pop("by_cpu")  # the same totals, the remaining steps at the CPU-time medians
         assert set(r) == {"eager_s", "static_s", "microco_s", "explored_for"} and all(
             v > 0 for v in r.values()
         )
+        assert set(cpu) == {"eager_s", "static_s", "microco_s"} and all(v > 0 for v in cpu.values())
         assert r["explored_for"] == 40  # one exploration, told 40 steps
     assert 0 < m["explore_steps"] <= 40
     assert m["explored"]["40"]["wrapper_us"] >= 0  # the committed wrapper's own cost per step

@@ -131,3 +131,30 @@ def test_a_long_run_asks_inductors_cache_at_what_asking_cost_on_this_host(tmp_pa
     a = astra(5000)
     costs.record(a._hw, AstraTorch.PROBE_KIND, 4000.0, graph=a._cost_graph())  # this graph's own
     assert not a._worth_cache_probe(step_ms)
+
+
+def test_a_graph_loaded_from_the_caches_here_before_is_asked_for_when_its_step_can_repay_it(tmp_path):
+    """hf-t5 at 5,000 steps (issue 18, afternoon of 2026-12-02): its whole step had been loaded
+    from Inductor's caches on this host, but at load 3.7 its ask was priced 8 s against 5% of
+    the run (5.5 s) and never ran; the static compiler loaded the same compile. A graph loaded
+    here before is asked for where the core's optimistic saving repays the ask and the load;
+    never where it cannot, and a graph never loaded here keeps the 5% gate."""
+    torch = pytest.importorskip("torch")
+    from microco.clients.compiler._compile_costs import HostCompileCosts
+    from microco.clients.compiler._torch import AstraTorch
+
+    costs = HostCompileCosts(tmp_path / "costs.json")
+
+    def astra(n):
+        a = AstraTorch(
+            torch.nn.Linear(2, 2), LocalExplorer(), total_steps=n, compile_costs=costs, background=False
+        )
+        a._example_args, a._input_shapes = (torch.randn(4, 2),), "(4, 2):torch.float32"
+        return a
+
+    step_ms, a = 22.0, astra(5000)  # 110 s of eager; 5% is 5.5 s
+    costs.record(a._hw, AstraTorch.PROBE_KIND, 8000.0, graph=a._cost_graph())  # its asks: 8 s
+    assert not a._worth_cache_probe(step_ms)  # never loaded here: the 5% gate
+    costs.record(a._hw, "torch:whole:plain", 4400.0, graph=a._cost_graph(), warm=True)  # loaded here
+    assert a._worth_cache_probe(step_ms)  # 27.5 s of optimistic saving > 8 s + 4.4 s
+    assert not astra(1000)._worth_cache_probe(step_ms)  # 5.5 s < 12.4 s: not repaid

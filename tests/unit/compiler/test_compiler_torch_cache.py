@@ -165,3 +165,31 @@ def test_the_rewritten_whole_step_is_found_in_the_caches_once_compiled(fresh_ind
     assert loss == pytest.approx(ref[0], rel=1e-4, abs=1e-5)
     for g, r in zip(grads, ref[1]):
         assert torch.allclose(g, r, rtol=1e-4, atol=1e-5)
+
+
+def test_the_rewrite_is_not_asked_for_once_the_plain_step_hits_and_a_cold_rewrite_cannot_pay(
+    fresh_inductor_cache, compiled_gru_cache, monkeypatch
+):
+    """hf-t5 at 5,000 steps (issue 18): the plain step was in the caches (a hit), then the
+    rewritten step's ask (5.3 s) answered cold and its cold price was pruned at once. With the
+    plain step a hit and a run too short to repay a cold rewrite, the rewrite is not asked for;
+    in a run long enough to repay it, it still is. (The ask gate is opened: the host's ask price
+    is not what this test is about.)"""
+    monkeypatch.setattr(AstraTorch, "_probe_price_ms", lambda self: 0.0)
+    x, y = zm.synthetic_batch(2, 2, 4)
+    _fill(fresh_inductor_cache, compiled_gru_cache)
+
+    def first_step(total_steps):
+        torch._dynamo.reset()
+        model = zm.make_model("gru", 4, 4)
+        astra = AstraTorch(model, LocalExplorer(), threads=("1",), total_steps=total_steps, background=False)
+        with astra.step():
+            zm.loss_fn(model(x), y).backward()
+        astra.restore()
+        return astra
+
+    # 1,000 steps of the tiny gru: its eager time is a fraction of the 60 s cold prior.
+    short = first_step(1000)
+    assert short.whole_cache == {"plain": "hit"} and "rewrite" not in short.whole_probe_ms
+    long = first_step(10**9)
+    assert long.whole_cache["plain"] == "hit" and long.whole_cache["rewrite"] == "cold"

@@ -84,7 +84,7 @@ class RegionTiming(_message.Message):
     def __init__(self, region: _Optional[str] = ..., ms: _Optional[float] = ...) -> None: ...
 
 class ReportTimingsRequest(_message.Message):
-    __slots__ = ("key", "trial", "step_ms", "regions", "failed", "error", "pending", "runnable")
+    __slots__ = ("key", "trial", "step_ms", "regions", "failed", "error", "pending", "runnable", "step_cpu_ms")
     KEY_FIELD_NUMBER: _ClassVar[int]
     TRIAL_FIELD_NUMBER: _ClassVar[int]
     STEP_MS_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class ReportTimingsRequest(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
     RUNNABLE_FIELD_NUMBER: _ClassVar[int]
+    STEP_CPU_MS_FIELD_NUMBER: _ClassVar[int]
     key: str
     trial: int
     step_ms: _containers.RepeatedScalarFieldContainer[float]
@@ -101,10 +102,11 @@ class ReportTimingsRequest(_message.Message):
     error: str
     pending: bool
     runnable: float
-    def __init__(self, key: _Optional[str] = ..., trial: _Optional[int] = ..., step_ms: _Optional[_Iterable[float]] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., pending: _Optional[bool] = ..., runnable: _Optional[float] = ...) -> None: ...
+    step_cpu_ms: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, key: _Optional[str] = ..., trial: _Optional[int] = ..., step_ms: _Optional[_Iterable[float]] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., pending: _Optional[bool] = ..., runnable: _Optional[float] = ..., step_cpu_ms: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Trial(_message.Message):
-    __slots__ = ("trial", "values", "step_ms", "compile_ms", "steps", "regions", "done", "failed", "error", "stage", "kind", "runnable")
+    __slots__ = ("trial", "values", "step_ms", "compile_ms", "steps", "regions", "done", "failed", "error", "stage", "kind", "runnable", "cpu_steps")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +126,7 @@ class Trial(_message.Message):
     STAGE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     RUNNABLE_FIELD_NUMBER: _ClassVar[int]
+    CPU_STEPS_FIELD_NUMBER: _ClassVar[int]
     trial: int
     values: _containers.ScalarMap[str, str]
     step_ms: float
@@ -136,7 +139,8 @@ class Trial(_message.Message):
     stage: int
     kind: str
     runnable: float
-    def __init__(self, trial: _Optional[int] = ..., values: _Optional[_Mapping[str, str]] = ..., step_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ..., steps: _Optional[_Iterable[float]] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., done: _Optional[bool] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., stage: _Optional[int] = ..., kind: _Optional[str] = ..., runnable: _Optional[float] = ...) -> None: ...
+    cpu_steps: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, trial: _Optional[int] = ..., values: _Optional[_Mapping[str, str]] = ..., step_ms: _Optional[float] = ..., compile_ms: _Optional[float] = ..., steps: _Optional[_Iterable[float]] = ..., regions: _Optional[_Iterable[_Union[RegionTiming, _Mapping]]] = ..., done: _Optional[bool] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., stage: _Optional[int] = ..., kind: _Optional[str] = ..., runnable: _Optional[float] = ..., cpu_steps: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class GraphState(_message.Message):
     __slots__ = ("key", "model_name", "framework", "variables", "trials", "best", "committed", "explore_steps", "explore_ms", "compile_ms", "baseline_ms", "best_ms", "speedup", "pruned", "fingerprint", "input_shapes", "hardware", "total_steps", "runs", "compile_costs", "reopened", "wait_steps", "wait_ms", "deferred", "retimes", "jobs")
