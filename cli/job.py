@@ -290,9 +290,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     agents = AgentDirectory(kv, timeout_s=args.timeout)
     out = sys.stdout.buffer
     try:
-        node, first, rest = agents.open_log(
-            job["id"], first_node=job["node"], attempt=args.attempt, tail_lines=args.tail, follow=args.follow
-        )
+        node, first, rest = _open_log(agents, client, job, args)
         others = [a for a in first.attempts if a != first.attempt]
         print(
             f"[{job['id']} attempt {first.attempt} on {node}"
@@ -308,6 +306,33 @@ def cmd_logs(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # the way to stop following
         pass
     return 0
+
+
+def _open_log(agents: Any, client: Any, job: dict[str, Any], args: argparse.Namespace) -> Any:
+    """The job's log from the node that keeps it. Following a job that has not ended, a log not
+    there yet is waited for: the scheduler names the job's node when it places it, and the node
+    creates the log when it starts the process, a moment later (longer on a loaded machine)."""
+    from microco.clients.scheduler import job_to_dict
+    from microco.common.errors import NotFound
+
+    said = False
+    while True:
+        try:
+            return agents.open_log(
+                job["id"],
+                first_node=job["node"],
+                attempt=args.attempt,
+                tail_lines=args.tail,
+                follow=args.follow,
+            )
+        except NotFound:
+            if not args.follow or job["state"] in _STATES[5:]:
+                raise  # (an ended job: asked again after it ended, so a log written at its end is read)
+        if not said:
+            print(f"[{job['id']} is {job['state']}; waiting for its log]", file=sys.stderr, flush=True)
+            said = True
+        time.sleep(0.5)
+        job = job_to_dict(client.get(job["id"]))
 
 
 def _wait_started(client: Any, job: dict[str, Any]) -> dict[str, Any]:
