@@ -108,18 +108,14 @@ def test_every_wrapper_takes_the_run_length_from_the_environment(monkeypatch):
 def test_a_long_run_asks_inductors_cache_at_what_asking_cost_on_this_host(tmp_path):
     """The cache probe (a dynamo trace and a lookup) runs where 5% of the run's eager time repays
     it: priced by the asks measured on this host (this graph's, else any graph's), else 3 s."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from microco.clients.compiler._compile_costs import HostCompileCosts
     from microco.clients.compiler._torch import AstraTorch
 
     costs = HostCompileCosts(tmp_path / "costs.json")
 
     def astra(n):
-        a = AstraTorch(
-            torch.nn.Linear(2, 2), LocalExplorer(), total_steps=n, compile_costs=costs, background=False
-        )
-        a._example_args, a._input_shapes = (torch.randn(4, 2),), "(4, 2):torch.float32"
-        return a
+        return _probing_astra(costs, n)
 
     step_ms = 10.0  # 5,000 steps: 50 s of eager, 2.5 s for the ask
     assert not astra(5000)._worth_cache_probe(step_ms)  # nothing measured: the 3 s prior
@@ -139,18 +135,14 @@ def test_a_graph_loaded_from_the_caches_here_before_is_asked_for_when_its_step_c
     the run (5.5 s) and never ran; the static compiler loaded the same compile. A graph loaded
     here before is asked for where the core's optimistic saving repays the ask and the load;
     never where it cannot, and a graph never loaded here keeps the 5% gate."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from microco.clients.compiler._compile_costs import HostCompileCosts
     from microco.clients.compiler._torch import AstraTorch
 
     costs = HostCompileCosts(tmp_path / "costs.json")
 
     def astra(n):
-        a = AstraTorch(
-            torch.nn.Linear(2, 2), LocalExplorer(), total_steps=n, compile_costs=costs, background=False
-        )
-        a._example_args, a._input_shapes = (torch.randn(4, 2),), "(4, 2):torch.float32"
-        return a
+        return _probing_astra(costs, n)
 
     step_ms, a = 22.0, astra(5000)  # 110 s of eager; 5% is 5.5 s
     costs.record(a._hw, AstraTorch.PROBE_KIND, 8000.0, graph=a._cost_graph())  # its asks: 8 s
@@ -158,3 +150,16 @@ def test_a_graph_loaded_from_the_caches_here_before_is_asked_for_when_its_step_c
     costs.record(a._hw, "torch:whole:plain", 4400.0, graph=a._cost_graph(), warm=True)  # loaded here
     assert a._worth_cache_probe(step_ms)  # 27.5 s of optimistic saving > 8 s + 4.4 s
     assert not astra(1000)._worth_cache_probe(step_ms)  # 5.5 s < 12.4 s: not repaid
+
+
+def _probing_astra(costs, n):
+    """A wrapper over a tiny model, told it runs ``n`` steps, whose probe inputs are set."""
+    import torch
+
+    from microco.clients.compiler._torch import AstraTorch
+
+    a = AstraTorch(
+        torch.nn.Linear(2, 2), LocalExplorer(), total_steps=n, compile_costs=costs, background=False
+    )
+    a._example_args, a._input_shapes = (torch.randn(4, 2),), "(4, 2):torch.float32"
+    return a
