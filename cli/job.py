@@ -95,7 +95,12 @@ def register(sub: Any) -> None:
         "scheduler's --log-retention-s (a day by default) after it ends.",
     )
     lg.add_argument("job_id")
-    lg.add_argument("-f", "--follow", action="store_true", help="keep printing while the process runs")
+    lg.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing while the process runs (a job not started yet is waited for)",
+    )
     lg.add_argument("--tail", type=int, default=0, metavar="N", help="start N lines before the end")
     lg.add_argument("--attempt", type=int, default=0, help="which (re)start of the job (default: latest)")
     lg.set_defaults(func=cmd_logs)
