@@ -5,6 +5,7 @@ import io
 import itertools
 import json
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +17,6 @@ import pyarrow as pa
 from microco.api.store.v1 import store_pb2 as pb
 from microco.api.store.v1 import store_pb2_grpc as pb_grpc
 from microco.common import ServiceClient
-from microco.common.calls import never_served
 from microco.common.errors import DeadlineExceeded, InvalidArgument, from_rpc_error
 
 from ._load import LoadProgress, file_deadline_s
@@ -276,6 +276,7 @@ class StoreClient(ServiceClient):
         *,
         timeout: float | None = None,
         progress: LoadProgress | None = None,
+        token: str | None = None,
     ) -> dict[str, Any]:
         """Append rows; all become visible at once. ``data``: an Arrow table or batch; a Parquet or
         CSV file; or a stream (a ``RecordBatchReader``, or any iterable of record batches, e.g. a
@@ -284,10 +285,20 @@ class StoreClient(ServiceClient):
 
         Without ``timeout`` a file gets ``file_deadline_s`` (grows with its size), anything else
         ``max(default_timeout, 600)`` s. ``progress`` counts the rows sent (a progress bar's hook);
-        a load that runs out of time says how far it got."""
+        a load that runs out of time says how far it got.
+
+        Every append carries an idempotency ``token`` (a fresh random one unless given): the
+        coordinator records it with the commit, so when the answer is lost with a coordinator
+        (its fate unknown: ``Stream removed``, a reset connection) the append is sent again,
+        with the same token, to whichever coordinator serves next (a client from
+        ``from_etcd``), and one that had committed answers with that commit's result instead
+        of appending twice. Give your own ``token`` to make a re-run of the same load (e.g. a
+        job restarted) append once; tokens are honoured for a day."""
         # Data that can be read again (a table, a batch, a file) is sent again after a fail-over
-        # that refused it unread; a one-shot stream is not (part of it may be gone).
+        # (refused unread, or cut off with its fate unknown: the token makes that safe); a
+        # one-shot stream is not (part of it may be gone).
         again = isinstance(data, (pa.Table, pa.RecordBatch, str, Path))
+        token = token or uuid.uuid4().hex
         started = time.monotonic()
         if timeout is None and isinstance(data, (str, Path)):
             timeout = max(self.default_timeout, file_deadline_s(data))
@@ -303,13 +314,16 @@ class StoreClient(ServiceClient):
                 schema: pa.Schema = schema, batches: Iterator[pa.RecordBatch] = batches
             ) -> Iterator[pb.AppendRequest]:
                 for k, piece in enumerate(ipc_chunks(schema, batches)):
-                    yield pb.AppendRequest(table=name if k == 0 else "", arrow_ipc=piece)
+                    if k == 0:
+                        yield pb.AppendRequest(table=name, arrow_ipc=piece, idempotency_token=token)
+                    else:
+                        yield pb.AppendRequest(arrow_ipc=piece)
 
             try:
                 resp = self._stub.Append(requests(), timeout=deadline - time.monotonic())
             except grpc.RpcError as exc:
                 err = from_rpc_error(exc)
-                if again and never_served(err) and self._failover(err, False, started, deadline):
+                if again and self._failover(err, True, started, deadline):
                     continue
                 if isinstance(err, DeadlineExceeded):
                     sent = f"; {progress.describe()}" if progress is not None else ""

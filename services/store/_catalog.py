@@ -7,6 +7,10 @@ Layout (under ``/microco/store/``):
   extents written to nodes but not referenced here do not exist (a crash leaves only orphan files).
 - ``superextents/<table>/<sid>``: every extent of one super-extent (replica, partition, node,
   rows, bytes, checksum, sub-buckets). Recovery and re-placement rewrite it with CAS.
+- ``appends/<table>/<token>``: the result of an append committed with a client's idempotency
+  token (rows, bytes, super-extent ids, wall time), written in the commit's transaction: an append
+  sent again with that token (its answer was lost with a coordinator) is acknowledged from it and
+  not appended twice, by whichever coordinator serves. Kept ``APPEND_TOKEN_TTL_S``.
 - ``recovery``: progress of the current recovery (for ``microco store recovery``).
 
 A restarted coordinator rebuilds everything from these keys.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +38,10 @@ ROOT = "/microco/store/"
 TABLES = ROOT + "tables/"
 SUPER = ROOT + "superextents/"
 RECOVERY = ROOT + "recovery"
+APPENDS = ROOT + "appends/"
+# How long a committed append's token is honoured: a client resends within its call's deadline
+# (minutes); a day leaves room for a load re-run by hand with the same token.
+APPEND_TOKEN_TTL_S = 24 * 3600.0
 # A token written anew, in the same transaction, by every change of a table or super-extent
 # record (a drop: once its deletes are done): equal tokens, equal catalog (the SQL plan cache)
 VERSION = ROOT + "catalog-version"
@@ -41,6 +50,14 @@ TXN_DELETES = 100  # deletes per etcd transaction (etcd takes 128 operations in 
 
 def _new_version() -> bytes:
     return uuid.uuid4().hex.encode()
+
+
+def append_key(table: str, token: str) -> str:
+    """The etcd key of an append's idempotency token (checked: at most 128 letters, digits, '-'
+    or '_'; a table's tokens are left to expire after a drop, being random, not swept)."""
+    if not 0 < len(token) <= 128 or not all(c.isalnum() or c in "-_" for c in token):
+        raise InvalidArgument(f"idempotency token {short(token)} must be 1-128 letters, digits, '-' or '_'")
+    return f"{APPENDS}{table}/{token}"
 
 
 def schema_to_b64(schema: pa.Schema) -> str:
@@ -226,8 +243,15 @@ class Catalog:
                 return first
         raise Aborted(f"table {short(name)} is being changed concurrently; retry")
 
-    def commit_super_extents(self, name: str, supers: list[SuperExtent]) -> None:
-        """Make written super-extents part of the table, atomically (the commit point)."""
+    def commit_super_extents(
+        self, name: str, supers: list[SuperExtent], token: str = "", result: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """Make written super-extents part of the table, atomically (the commit point). With an
+        idempotency ``token``, ``result`` is recorded under it in the same transaction, which
+        also checks that the token is not recorded yet: returns None when this call committed,
+        or the recorded result when an earlier send of the same append did (then nothing is
+        committed, and the super-extents written for this one are orphans)."""
+        key = append_key(name, token) if token else ""
         for _ in range(50):
             rec, raw = self.table_record(name)
             rec["super_extents"] = rec["super_extents"] + [s.id for s in supers]
@@ -236,9 +260,28 @@ class Catalog:
             puts = {f"{SUPER}{name}/{s.id:08d}": dumps(s.to_json()) for s in supers}
             puts[TABLES + name] = dumps(rec)
             puts[VERSION] = _new_version()
-            if self.kv.commit(checks=[(TABLES + name, raw)], puts=puts):
-                return
+            checks: list[tuple[str, bytes | None]] = [(TABLES + name, raw)]
+            if key:
+                puts[key] = dumps({**(result or {}), "at": time.time()})
+                checks.append((key, None))
+            if self.kv.commit(checks=checks, puts=puts):
+                return None
+            if key and (done := self.committed_append(name, token)) is not None:
+                return done
         raise Aborted(f"table {short(name)} is being changed concurrently; retry")
+
+    def committed_append(self, name: str, token: str) -> dict[str, Any] | None:
+        """The result recorded for an append committed with ``token``, or None."""
+        got: dict[str, Any] | None = self.kv.get_json(append_key(name, token))
+        return got
+
+    def expire_append_tokens(self, ttl_s: float = APPEND_TOKEN_TTL_S, now: float | None = None) -> int:
+        """Delete the append tokens recorded more than ``ttl_s`` ago; returns how many."""
+        now = time.time() if now is None else now
+        old = [k for k, v in self.kv.get_prefix_json(APPENDS) if now - float(v.get("at", 0)) > ttl_s]
+        for i in range(0, len(old), TXN_DELETES):
+            self.kv.commit(deletes=old[i : i + TXN_DELETES])
+        return len(old)
 
     def replace_extent(self, table: str, sid: int, old_id: str, new: ExtentMeta) -> bool:
         """Swap one extent's record (after a rebuild); False if the super-extent changed meanwhile."""

@@ -75,6 +75,10 @@ class AppendResult:
     bytes: int
 
 
+def _append_result(rec: dict[str, Any]) -> AppendResult:
+    return AppendResult(int(rec["rows"]), [int(i) for i in rec["super_extents"]], int(rec["bytes"]))
+
+
 def conform(table: pa.Table, schema: pa.Schema, specs: Sequence[PartitionSpec], name: str) -> pa.Table:
     """``table`` with the table's column order and types, or a clear ``InvalidArgument``."""
     table = _exec.to_plain_strings(table)
@@ -244,14 +248,23 @@ class StoreCore:
             assign_partitions(data.slice(0, 1), info.specs)
         return self.append_batches(name, [data])
 
-    def append_batches(self, name: str, batches: Iterable[pa.RecordBatch | pa.Table]) -> AppendResult:
+    def append_batches(
+        self, name: str, batches: Iterable[pa.RecordBatch | pa.Table], token: str = ""
+    ) -> AppendResult:
         """Append a stream of rows, holding at most one super-extent of them: each super-extent is
         written to the nodes as soon as its rows have arrived, and all are committed in one etcd
         transaction at the end (the commit point: nothing is visible before, all rows after). If
         the stream fails or a piece does not fit the schema, nothing is committed; the super-extents
-        already written are orphans, deleted by garbage collection (``collect_garbage``)."""
+        already written are orphans, deleted by garbage collection (``collect_garbage``).
+
+        ``token`` (a client's idempotency token): an append already committed with it is answered
+        with that commit's result, reading nothing; the commit records it (``Catalog``), so of two
+        sends of one append (one cut off with a coordinator, sent again to the next) one commits."""
         t0 = time.perf_counter()
         info = self.catalog.table(name)
+        if token and (done := self.catalog.committed_append(name, token)) is not None:
+            log.info("append %s: token %s was committed already; nothing appended", name, token)
+            return _append_result(done)
         supers: list[SuperExtent] = []
         pending: list[pa.Table] = []
         held = 0
@@ -280,8 +293,14 @@ class StoreCore:
             flush(_concat(pending))
         if not supers:
             return AppendResult(0, [], 0)
-        self.catalog.commit_super_extents(name, supers)
         nbytes = sum(e.stored_bytes for s in supers for e in s.extents)
+        mine = {"rows": total, "bytes": nbytes, "super_extents": [s.id for s in supers]}
+        done = self.catalog.commit_super_extents(name, supers, token, mine)
+        if done is not None:  # an earlier send of this append committed meanwhile
+            log.info(
+                "append %s: token %s committed by another send; this one's extents are orphans", name, token
+            )
+            return _append_result(done)
         log.info(
             "append %s: %d rows, %d extent bytes in %.2fs",
             name,
@@ -689,6 +708,7 @@ class StoreCore:
         elsewhere) once older than ``min_age_s`` (so an append or rebuild still in flight keeps
         its uncommitted extents). Returns ``{"deleted": [...], "bytes": n, "errors": [...]}``."""
         min_age_s = self.gc_min_age_s if min_age_s is None else min_age_s
+        self.catalog.expire_append_tokens()
         keep: dict[str, dict[str, list[str]]] = {}
         for t in self.tables():
             for e in t.extents():

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from microco.common.channel import pick_instance
+from microco.common.election import LEADER_PREFIX
 from microco.common.errors import Unavailable
 from microco.common.kv import EtcdKV
 from microco.common.registry import discover
@@ -87,10 +88,35 @@ class StoreCluster:
         """The leading coordinator's address (a standby refuses calls)."""
         return pick_instance(self.kv, "store").address
 
-    def start_standby(self, timeout: float = 60.0) -> str:
-        """Start a second coordinator (``coordinator-standby``): it stands by while the first
-        leads. Returns its address once it is registered."""
-        name = "coordinator-standby"
+    def leader(self) -> str | None:
+        """The process name (``coordinator``, ``coordinator-standby``) of the coordinator the
+        election key names, if it is registered and its process alive; else None."""
+        raw = self.kv.get(LEADER_PREFIX + "store")
+        for r in discover(self.kv, "store"):
+            name = r.labels.get("node", "")
+            if raw is not None and r.instance_id == raw.decode() and name in self.procs:
+                return name if self.procs[name].poll() is None else None
+        return None
+
+    def wait_leader(self, timeout: float = 120.0) -> str:
+        """Wait until a live coordinator leads (after a kill: its lease expires and a standby takes
+        over); start one when no coordinator process is left. Returns the leader's address."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            alive = [n for n in ("coordinator", "coordinator-standby") if n in self.procs]
+            if all(self.procs[n].poll() is not None for n in alive):
+                self.procs["coordinator"] = self._spawn(
+                    "coordinator", self._common("coordinator") + self.coordinator_args
+                )
+            if self.leader() is not None:
+                return self.coordinator_address
+            time.sleep(0.1)
+        raise Unavailable(f"no live store coordinator leads after {timeout}s; logs in {self.root}")
+
+    def start_standby(self, timeout: float = 60.0, name: str = "coordinator-standby") -> str:
+        """Start a second coordinator (``name``: ``coordinator-standby``, or ``coordinator`` again
+        once that one was killed): it stands by while the other leads. Returns its address once
+        it is registered."""
         self.procs[name] = self._spawn(name, self._common(name) + self.coordinator_args)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -214,7 +214,7 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
             reader = pa.ipc.open_stream(io.BufferedReader(body, buffer_size=1 << 20))
         except (pa.ArrowInvalid, OSError) as exc:
             raise InvalidArgument(f"append body is not an Arrow IPC stream: {exc}") from None
-        res = self.core.append_batches(table, _ipc_batches(reader))
+        res = self.core.append_batches(table, _ipc_batches(reader), first.idempotency_token)
         log.info(
             "append %s: %d bytes of Arrow IPC received and written in %.2fs",
             table,

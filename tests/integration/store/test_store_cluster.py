@@ -362,33 +362,95 @@ def test_kill9_during_queries_and_append_loses_nothing(cluster):
     assert not nodes["n1"]["alive"] and nodes["n1"]["extents"] == 0
 
 
+def failover_files(c: StoreCluster) -> set[str]:
+    """The extent files of table ``failover`` on the nodes' disks (committed or not)."""
+    return {p.name for p in Path(c.root).glob("n*/tables/failover/*.arrow")}
+
+
+def committed_ids(c: StoreCluster, table: str) -> set[str]:
+    kv = EtcdKV(c.etcd)
+    try:
+        return {f"{e.id}.arrow" for e in Catalog(kv).table(table).extents()}
+    finally:
+        kv.close()
+
+
 def test_standby_coordinator_takes_over_and_loses_nothing(cluster):
     """Two coordinators on one etcd: only the leader acts, the standby refuses naming it. SIGKILL
-    the leader: the standby (a new process, everything from etcd) leads once the leader's lease
-    expires, and a client that follows the leader (``from_etcd``) appends and queries across the
-    fail-over without being rebuilt; no acknowledged row is lost."""
+    the leader while an append is in flight: the standby (a new process, everything from etcd)
+    leads once the leader's lease expires, and the client that follows the leader (``from_etcd``)
+    sends the append of unknown fate again with its idempotency token: it commits once, every row
+    exactly once. A resend of a committed token appends nothing. Then the new leader is killed
+    just before an append (the CI failure: the call went out on the dead connection, ``Stream
+    removed``): it is sent again to the next leader and commits once."""
     c, _ = cluster
-    standby_address = c.start_standby()
+    c.wait_leader()  # whatever an earlier test left: a live leader, else one started
+    leader = c.leader()
+    other = "coordinator-standby" if leader == "coordinator" else "coordinator"
+    if other in c.procs and c.procs[other].poll() is None:
+        c.kill(other)  # a leftover standby: start this test's own
+    standby_address = c.start_standby(name=other)
     follower = StoreClient.from_etcd(c.kv)
     standby = StoreClient.from_address(standby_address)
     batch = pa.table({"k": pa.array(range(500), pa.int64()), "v": pa.array([2] * 500, pa.int64())})
+
+    def keys(lo: int, hi: int) -> pa.Table:
+        return pa.table(
+            {"k": pa.array(range(lo, hi), pa.int64()), "v": pa.array([2] * (hi - lo), pa.int64())}
+        )
+
+    def exactly(hi: int) -> None:  # keys 0..hi-1, each once
+        got = follower.sql("select count(k) as n, count(distinct k) as d, sum(k) as s from failover")
+        assert got.to_pylist() == [{"n": hi, "d": hi, "s": sum(range(hi))}]
+
     try:
         assert c.coordinator_address != standby_address
+        if "failover" in {t["name"] for t in follower.list_tables()}:
+            follower.drop_table("failover")  # a rerun's leftover
         with pytest.raises(Unavailable, match="not the leader; the leader is "):
             standby.create_table("failover", batch.schema, ["k:hash:2", "v:hash:2", "k:hash:3"])
         with pytest.raises(Unavailable, match="not the leader"):
             standby.append("orders", ORDERS.slice(0, 10))
         follower.create_table("failover", batch.schema, ["k:hash:2", "v:hash:2", "k:hash:3"])
-        follower.append("failover", batch)
-        c.kill("coordinator")  # no goodbye: its leader key goes with its lease (2 s)
-        # through the same client: the append waits for the new leader and is sent there
-        follower.append("failover", batch.set_column(0, "k", pa.array(range(500, 1000), pa.int64())))
+        first = follower.append("failover", batch, token="failover-first")
+        before = failover_files(c)
+        # kill the leader while an append is in flight: once the coordinator has written a
+        # super-extent of it (3,000 rows each), long before it commits the 20th
+        errors: list[BaseException] = []
+        result: dict = {}
+
+        def append() -> None:
+            try:
+                result.update(follower.append("failover", keys(500, 60_500)))
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        t = threading.Thread(target=append)
+        t.start()
+        deadline = time.monotonic() + 120
+        while not (failover_files(c) - before) and t.is_alive():
+            assert time.monotonic() < deadline, "the append wrote no extent in 120 s"
+            time.sleep(0.01)
+        c.kill(leader)  # no goodbye: its leader key goes with its lease (2 s)
+        t.join(120)
+        assert not t.is_alive() and not errors, errors
+        assert result["rows"] == 60_000
         assert c.coordinator_address == standby_address
-        got = follower.table("failover").agg(n=("count", "k"), s=("sum", "k")).collect().to_pylist()
-        assert got == [{"n": 1000, "s": sum(range(1000))}]
+        # the first send was cut off before its commit: its extents are orphans (not committed)
+        assert failover_files(c) - before - committed_ids(c, "failover")
+        exactly(60_500)
+        # a committed token sent again (its answer lost) appends nothing, on the new leader too
+        assert follower.append("failover", batch, token="failover-first") == first
+        exactly(60_500)
         assert follower.get_table("orders")["rows"] == N
         check_queries(follower, [QUERIES[0], QUERIES[1], QUERIES[3]])  # items grew in the kill test
-        assert standby.get_table("failover")["rows"] == 1000  # it leads now: it serves
+        assert standby.get_table("failover")["rows"] == 60_500  # it leads now: it serves
+        # the new leader dies just before the next append: sent again to the next leader, once
+        c.start_standby(name=leader)
+        c.kill(other)
+        follower.append("failover", keys(60_500, 61_000))
+        exactly(61_000)
+        follower.drop_table("failover")
     finally:
         follower.close()
         standby.close()
@@ -399,7 +461,7 @@ def fresh(cluster):
     """A client of the current coordinator (an earlier test restarts it; items grew in the kill
     test, so these tests compare items only with the store's own answers)."""
     c, _ = cluster
-    client = StoreClient.from_address(c.coordinator_address)
+    client = StoreClient.from_address(c.wait_leader())
     yield c, client
     client.close()
 

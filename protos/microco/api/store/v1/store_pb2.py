@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n microco/api/store/v1/store.proto\x12\x14microco.api.store.v1\"{\n\x0cPartitioning\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\x31\n\x04kind\x18\x02 \x01(\x0e\x32#.microco.api.store.v1.PartitionKind\x12\x12\n\npartitions\x18\x03 \x01(\x05\x12\x14\n\x0crange_bounds\x18\x04 \x03(\t\"\xdb\x01\n\x05Table\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rrow_schema\x18\x02 \x01(\x0c\x12\x34\n\x08replicas\x18\x03 \x03(\x0b\x32\".microco.api.store.v1.Partitioning\x12\x0c\n\x04rows\x18\x04 \x01(\x03\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\x12\x15\n\rsuper_extents\x18\x06 \x01(\x05\x12\x0f\n\x07\x65xtents\x18\x07 \x01(\x05\x12\x1b\n\x13unavailable_extents\x18\x08 \x01(\x05\x12\x16\n\x0eplacement_json\x18\t \x01(\t\"n\n\x12\x43reateTableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rrow_schema\x18\x02 \x01(\x0c\x12\x34\n\x08replicas\x18\x03 \x03(\x0b\x32\".microco.api.store.v1.Partitioning\" \n\x10\x44ropTableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11\x44ropTableResponse\"2\n\x0fGetTableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tplacement\x18\x02 \x01(\x08\"\x13\n\x11ListTablesRequest\"A\n\x12ListTablesResponse\x12+\n\x06tables\x18\x01 \x03(\x0b\x32\x1b.microco.api.store.v1.Table\"v\n\tStoreNode\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x66light_address\x18\x02 \x01(\t\x12\x14\n\x0c\x66\x61ult_domain\x18\x03 \x01(\t\x12\r\n\x05\x61live\x18\x04 \x01(\x08\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\x12\x0f\n\x07\x65xtents\x18\x06 \x01(\x05\"\x17\n\x15ListStoreNodesRequest\"H\n\x16ListStoreNodesResponse\x12.\n\x05nodes\x18\x01 \x03(\x0b\x32\x1f.microco.api.store.v1.StoreNode\"1\n\rAppendRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x11\n\tarrow_ipc\x18\x02 \x01(\x0c\"D\n\x0e\x41ppendResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x15\n\rsuper_extents\x18\x03 \x03(\x03\"\"\n\x0cQueryRequest\x12\x12\n\nquery_json\x18\x01 \x01(\t\"r\n\rQueryResponse\x12\x11\n\tarrow_ipc\x18\x01 \x01(\x0c\x12\x11\n\tplan_kind\x18\x02 \x01(\t\x12\x0f\n\x07\x65xplain\x18\x03 \x01(\t\x12\x15\n\rreplicas_json\x18\x04 \x01(\t\x12\x13\n\x0bmoved_bytes\x18\x05 \x01(\x03\"I\n\x0f\x45xplainResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\tplan_kind\x18\x02 \x01(\t\x12\x15\n\rreplicas_json\x18\x03 \x01(\t\"1\n\x0e\x46lightEndpoint\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0e\n\x06ticket\x18\x02 \x01(\x0c\"r\n\x10PlanReadResponse\x12\x37\n\tendpoints\x18\x01 \x03(\x0b\x32$.microco.api.store.v1.FlightEndpoint\x12\x0f\n\x07\x65xplain\x18\x02 \x01(\t\x12\x14\n\x0c\x61rrow_schema\x18\x03 \x01(\x0c\"\x14\n\x12GetRecoveryRequest\"\x16\n\x14StartRecoveryRequest\";\n\x0eRecoveryStatus\x12\x0c\n\x04json\x18\x01 \x01(\t\x12\x1b\n\x13unavailable_extents\x18\x02 \x01(\x05\"\x0e\n\x0cScrubRequest\"O\n\rScrubResponse\x12\x0f\n\x07\x63orrupt\x18\x01 \x03(\t\x12\x17\n\x0forphans_deleted\x18\x02 \x03(\t\x12\x14\n\x0corphan_bytes\x18\x03 \x01(\x03\"0\n\x11TableGrantRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\"\'\n\x16ListTableGrantsRequest\x12\r\n\x05table\x18\x01 \x01(\t\":\n\x0bTableGrants\x12\r\n\x05table\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\r\n\x05users\x18\x03 \x03(\t*b\n\rPartitionKind\x12\x1e\n\x1aPARTITION_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13PARTITION_KIND_HASH\x10\x01\x12\x18\n\x14PARTITION_KIND_RANGE\x10\x02\x32\xf9\n\n\x17StoreCoordinatorService\x12T\n\x0b\x43reateTable\x12(.microco.api.store.v1.CreateTableRequest\x1a\x1b.microco.api.store.v1.Table\x12\\\n\tDropTable\x12&.microco.api.store.v1.DropTableRequest\x1a\'.microco.api.store.v1.DropTableResponse\x12N\n\x08GetTable\x12%.microco.api.store.v1.GetTableRequest\x1a\x1b.microco.api.store.v1.Table\x12_\n\nListTables\x12\'.microco.api.store.v1.ListTablesRequest\x1a(.microco.api.store.v1.ListTablesResponse\x12k\n\x0eListStoreNodes\x12+.microco.api.store.v1.ListStoreNodesRequest\x1a,.microco.api.store.v1.ListStoreNodesResponse\x12U\n\x06\x41ppend\x12#.microco.api.store.v1.AppendRequest\x1a$.microco.api.store.v1.AppendResponse(\x01\x12R\n\x05Query\x12\".microco.api.store.v1.QueryRequest\x1a#.microco.api.store.v1.QueryResponse0\x01\x12T\n\x07\x45xplain\x12\".microco.api.store.v1.QueryRequest\x1a%.microco.api.store.v1.ExplainResponse\x12V\n\x08PlanRead\x12\".microco.api.store.v1.QueryRequest\x1a&.microco.api.store.v1.PlanReadResponse\x12]\n\x0bGetRecovery\x12(.microco.api.store.v1.GetRecoveryRequest\x1a$.microco.api.store.v1.RecoveryStatus\x12\x61\n\rStartRecovery\x12*.microco.api.store.v1.StartRecoveryRequest\x1a$.microco.api.store.v1.RecoveryStatus\x12P\n\x05Scrub\x12\".microco.api.store.v1.ScrubRequest\x1a#.microco.api.store.v1.ScrubResponse\x12\\\n\x0eGrantTableRead\x12\'.microco.api.store.v1.TableGrantRequest\x1a!.microco.api.store.v1.TableGrants\x12]\n\x0fRevokeTableRead\x12\'.microco.api.store.v1.TableGrantRequest\x1a!.microco.api.store.v1.TableGrants\x12\x62\n\x0fListTableGrants\x12,.microco.api.store.v1.ListTableGrantsRequest\x1a!.microco.api.store.v1.TableGrantsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n microco/api/store/v1/store.proto\x12\x14microco.api.store.v1\"{\n\x0cPartitioning\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\x31\n\x04kind\x18\x02 \x01(\x0e\x32#.microco.api.store.v1.PartitionKind\x12\x12\n\npartitions\x18\x03 \x01(\x05\x12\x14\n\x0crange_bounds\x18\x04 \x03(\t\"\xdb\x01\n\x05Table\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rrow_schema\x18\x02 \x01(\x0c\x12\x34\n\x08replicas\x18\x03 \x03(\x0b\x32\".microco.api.store.v1.Partitioning\x12\x0c\n\x04rows\x18\x04 \x01(\x03\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\x12\x15\n\rsuper_extents\x18\x06 \x01(\x05\x12\x0f\n\x07\x65xtents\x18\x07 \x01(\x05\x12\x1b\n\x13unavailable_extents\x18\x08 \x01(\x05\x12\x16\n\x0eplacement_json\x18\t \x01(\t\"n\n\x12\x43reateTableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rrow_schema\x18\x02 \x01(\x0c\x12\x34\n\x08replicas\x18\x03 \x03(\x0b\x32\".microco.api.store.v1.Partitioning\" \n\x10\x44ropTableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11\x44ropTableResponse\"2\n\x0fGetTableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tplacement\x18\x02 \x01(\x08\"\x13\n\x11ListTablesRequest\"A\n\x12ListTablesResponse\x12+\n\x06tables\x18\x01 \x03(\x0b\x32\x1b.microco.api.store.v1.Table\"v\n\tStoreNode\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x66light_address\x18\x02 \x01(\t\x12\x14\n\x0c\x66\x61ult_domain\x18\x03 \x01(\t\x12\r\n\x05\x61live\x18\x04 \x01(\x08\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\x12\x0f\n\x07\x65xtents\x18\x06 \x01(\x05\"\x17\n\x15ListStoreNodesRequest\"H\n\x16ListStoreNodesResponse\x12.\n\x05nodes\x18\x01 \x03(\x0b\x32\x1f.microco.api.store.v1.StoreNode\"L\n\rAppendRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x11\n\tarrow_ipc\x18\x02 \x01(\x0c\x12\x19\n\x11idempotency_token\x18\x03 \x01(\t\"D\n\x0e\x41ppendResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x15\n\rsuper_extents\x18\x03 \x03(\x03\"\"\n\x0cQueryRequest\x12\x12\n\nquery_json\x18\x01 \x01(\t\"r\n\rQueryResponse\x12\x11\n\tarrow_ipc\x18\x01 \x01(\x0c\x12\x11\n\tplan_kind\x18\x02 \x01(\t\x12\x0f\n\x07\x65xplain\x18\x03 \x01(\t\x12\x15\n\rreplicas_json\x18\x04 \x01(\t\x12\x13\n\x0bmoved_bytes\x18\x05 \x01(\x03\"I\n\x0f\x45xplainResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\tplan_kind\x18\x02 \x01(\t\x12\x15\n\rreplicas_json\x18\x03 \x01(\t\"1\n\x0e\x46lightEndpoint\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0e\n\x06ticket\x18\x02 \x01(\x0c\"r\n\x10PlanReadResponse\x12\x37\n\tendpoints\x18\x01 \x03(\x0b\x32$.microco.api.store.v1.FlightEndpoint\x12\x0f\n\x07\x65xplain\x18\x02 \x01(\t\x12\x14\n\x0c\x61rrow_schema\x18\x03 \x01(\x0c\"\x14\n\x12GetRecoveryRequest\"\x16\n\x14StartRecoveryRequest\";\n\x0eRecoveryStatus\x12\x0c\n\x04json\x18\x01 \x01(\t\x12\x1b\n\x13unavailable_extents\x18\x02 \x01(\x05\"\x0e\n\x0cScrubRequest\"O\n\rScrubResponse\x12\x0f\n\x07\x63orrupt\x18\x01 \x03(\t\x12\x17\n\x0forphans_deleted\x18\x02 \x03(\t\x12\x14\n\x0corphan_bytes\x18\x03 \x01(\x03\"0\n\x11TableGrantRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\"\'\n\x16ListTableGrantsRequest\x12\r\n\x05table\x18\x01 \x01(\t\":\n\x0bTableGrants\x12\r\n\x05table\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\r\n\x05users\x18\x03 \x03(\t*b\n\rPartitionKind\x12\x1e\n\x1aPARTITION_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13PARTITION_KIND_HASH\x10\x01\x12\x18\n\x14PARTITION_KIND_RANGE\x10\x02\x32\xf9\n\n\x17StoreCoordinatorService\x12T\n\x0b\x43reateTable\x12(.microco.api.store.v1.CreateTableRequest\x1a\x1b.microco.api.store.v1.Table\x12\\\n\tDropTable\x12&.microco.api.store.v1.DropTableRequest\x1a\'.microco.api.store.v1.DropTableResponse\x12N\n\x08GetTable\x12%.microco.api.store.v1.GetTableRequest\x1a\x1b.microco.api.store.v1.Table\x12_\n\nListTables\x12\'.microco.api.store.v1.ListTablesRequest\x1a(.microco.api.store.v1.ListTablesResponse\x12k\n\x0eListStoreNodes\x12+.microco.api.store.v1.ListStoreNodesRequest\x1a,.microco.api.store.v1.ListStoreNodesResponse\x12U\n\x06\x41ppend\x12#.microco.api.store.v1.AppendRequest\x1a$.microco.api.store.v1.AppendResponse(\x01\x12R\n\x05Query\x12\".microco.api.store.v1.QueryRequest\x1a#.microco.api.store.v1.QueryResponse0\x01\x12T\n\x07\x45xplain\x12\".microco.api.store.v1.QueryRequest\x1a%.microco.api.store.v1.ExplainResponse\x12V\n\x08PlanRead\x12\".microco.api.store.v1.QueryRequest\x1a&.microco.api.store.v1.PlanReadResponse\x12]\n\x0bGetRecovery\x12(.microco.api.store.v1.GetRecoveryRequest\x1a$.microco.api.store.v1.RecoveryStatus\x12\x61\n\rStartRecovery\x12*.microco.api.store.v1.StartRecoveryRequest\x1a$.microco.api.store.v1.RecoveryStatus\x12P\n\x05Scrub\x12\".microco.api.store.v1.ScrubRequest\x1a#.microco.api.store.v1.ScrubResponse\x12\\\n\x0eGrantTableRead\x12\'.microco.api.store.v1.TableGrantRequest\x1a!.microco.api.store.v1.TableGrants\x12]\n\x0fRevokeTableRead\x12\'.microco.api.store.v1.TableGrantRequest\x1a!.microco.api.store.v1.TableGrants\x12\x62\n\x0fListTableGrants\x12,.microco.api.store.v1.ListTableGrantsRequest\x1a!.microco.api.store.v1.TableGrantsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'microco.api.store.v1.store_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PARTITIONKIND']._serialized_start=1801
-  _globals['_PARTITIONKIND']._serialized_end=1899
+  _globals['_PARTITIONKIND']._serialized_start=1828
+  _globals['_PARTITIONKIND']._serialized_end=1926
   _globals['_PARTITIONING']._serialized_start=58
   _globals['_PARTITIONING']._serialized_end=181
   _globals['_TABLE']._serialized_start=184
@@ -56,35 +56,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTSTORENODESRESPONSE']._serialized_start=857
   _globals['_LISTSTORENODESRESPONSE']._serialized_end=929
   _globals['_APPENDREQUEST']._serialized_start=931
-  _globals['_APPENDREQUEST']._serialized_end=980
-  _globals['_APPENDRESPONSE']._serialized_start=982
-  _globals['_APPENDRESPONSE']._serialized_end=1050
-  _globals['_QUERYREQUEST']._serialized_start=1052
-  _globals['_QUERYREQUEST']._serialized_end=1086
-  _globals['_QUERYRESPONSE']._serialized_start=1088
-  _globals['_QUERYRESPONSE']._serialized_end=1202
-  _globals['_EXPLAINRESPONSE']._serialized_start=1204
-  _globals['_EXPLAINRESPONSE']._serialized_end=1277
-  _globals['_FLIGHTENDPOINT']._serialized_start=1279
-  _globals['_FLIGHTENDPOINT']._serialized_end=1328
-  _globals['_PLANREADRESPONSE']._serialized_start=1330
-  _globals['_PLANREADRESPONSE']._serialized_end=1444
-  _globals['_GETRECOVERYREQUEST']._serialized_start=1446
-  _globals['_GETRECOVERYREQUEST']._serialized_end=1466
-  _globals['_STARTRECOVERYREQUEST']._serialized_start=1468
-  _globals['_STARTRECOVERYREQUEST']._serialized_end=1490
-  _globals['_RECOVERYSTATUS']._serialized_start=1492
-  _globals['_RECOVERYSTATUS']._serialized_end=1551
-  _globals['_SCRUBREQUEST']._serialized_start=1553
-  _globals['_SCRUBREQUEST']._serialized_end=1567
-  _globals['_SCRUBRESPONSE']._serialized_start=1569
-  _globals['_SCRUBRESPONSE']._serialized_end=1648
-  _globals['_TABLEGRANTREQUEST']._serialized_start=1650
-  _globals['_TABLEGRANTREQUEST']._serialized_end=1698
-  _globals['_LISTTABLEGRANTSREQUEST']._serialized_start=1700
-  _globals['_LISTTABLEGRANTSREQUEST']._serialized_end=1739
-  _globals['_TABLEGRANTS']._serialized_start=1741
-  _globals['_TABLEGRANTS']._serialized_end=1799
-  _globals['_STORECOORDINATORSERVICE']._serialized_start=1902
-  _globals['_STORECOORDINATORSERVICE']._serialized_end=3303
+  _globals['_APPENDREQUEST']._serialized_end=1007
+  _globals['_APPENDRESPONSE']._serialized_start=1009
+  _globals['_APPENDRESPONSE']._serialized_end=1077
+  _globals['_QUERYREQUEST']._serialized_start=1079
+  _globals['_QUERYREQUEST']._serialized_end=1113
+  _globals['_QUERYRESPONSE']._serialized_start=1115
+  _globals['_QUERYRESPONSE']._serialized_end=1229
+  _globals['_EXPLAINRESPONSE']._serialized_start=1231
+  _globals['_EXPLAINRESPONSE']._serialized_end=1304
+  _globals['_FLIGHTENDPOINT']._serialized_start=1306
+  _globals['_FLIGHTENDPOINT']._serialized_end=1355
+  _globals['_PLANREADRESPONSE']._serialized_start=1357
+  _globals['_PLANREADRESPONSE']._serialized_end=1471
+  _globals['_GETRECOVERYREQUEST']._serialized_start=1473
+  _globals['_GETRECOVERYREQUEST']._serialized_end=1493
+  _globals['_STARTRECOVERYREQUEST']._serialized_start=1495
+  _globals['_STARTRECOVERYREQUEST']._serialized_end=1517
+  _globals['_RECOVERYSTATUS']._serialized_start=1519
+  _globals['_RECOVERYSTATUS']._serialized_end=1578
+  _globals['_SCRUBREQUEST']._serialized_start=1580
+  _globals['_SCRUBREQUEST']._serialized_end=1594
+  _globals['_SCRUBRESPONSE']._serialized_start=1596
+  _globals['_SCRUBRESPONSE']._serialized_end=1675
+  _globals['_TABLEGRANTREQUEST']._serialized_start=1677
+  _globals['_TABLEGRANTREQUEST']._serialized_end=1725
+  _globals['_LISTTABLEGRANTSREQUEST']._serialized_start=1727
+  _globals['_LISTTABLEGRANTSREQUEST']._serialized_end=1766
+  _globals['_TABLEGRANTS']._serialized_start=1768
+  _globals['_TABLEGRANTS']._serialized_end=1826
+  _globals['_STORECOORDINATORSERVICE']._serialized_start=1929
+  _globals['_STORECOORDINATORSERVICE']._serialized_end=3330
 # @@protoc_insertion_point(module_scope)

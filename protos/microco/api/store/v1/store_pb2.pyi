@@ -115,12 +115,14 @@ class ListStoreNodesResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[StoreNode, _Mapping]]] = ...) -> None: ...
 
 class AppendRequest(_message.Message):
-    __slots__ = ("table", "arrow_ipc")
+    __slots__ = ("table", "arrow_ipc", "idempotency_token")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     table: str
     arrow_ipc: bytes
-    def __init__(self, table: _Optional[str] = ..., arrow_ipc: _Optional[bytes] = ...) -> None: ...
+    idempotency_token: str
+    def __init__(self, table: _Optional[str] = ..., arrow_ipc: _Optional[bytes] = ..., idempotency_token: _Optional[str] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
     __slots__ = ("rows", "bytes", "super_extents")
