@@ -427,52 +427,60 @@ class StoreCore:
         def attempt(exclude: set[str]) -> tuple[pa.Table, Any]:
             t0 = time.perf_counter()
             plan = _sql.build(self, text, exclude)
-            nodes = plan.nodes
-            t1 = time.perf_counter()
-            tasks: list[tuple[int, tuple[str, dict[str, Any]]]] = list(enumerate(plan.tasks))
-            firsts: dict[int, pa.Table] = {}
-            if plan.semi:
-                # semi-joins: the key tables first, then the big tables filtered by their keys
-                ids = _sql.semi_first(plan)
-                firsts = dict(zip(ids, self._run_stage([plan.tasks[i] for i in ids], nodes), strict=True))
-                tasks, notes = _sql.keyed_tasks(plan, firsts)
-                plan.explain.extend(notes)
-            t_first = time.perf_counter() - t1
-            if plan.streams_merge:
-                # big inputs stream into the merge batch by batch, never gathered whole
-                run = dict(
-                    zip(
-                        (i for i, _ in tasks),
-                        self._run_stage_streams([t for _, t in tasks], nodes),
-                        strict=True,
-                    )
-                )
-                streams = [
-                    run[i] if i in run else (firsts[i].schema, iter(firsts[i].to_batches()))
-                    for i in range(len(plan.tasks))
-                ]
-                t2 = time.perf_counter()
-                node = [_exec.fragment_timings(schema.empty_table()) for schema, _ in streams]
-                out = _sql.finish_sql_streams(plan, streams)
-            else:
-                got = dict(
-                    zip((i for i, _ in tasks), self._run_stage([t for _, t in tasks], nodes), strict=True)
-                )
-                outs = [got[i] if i in got else firsts[i] for i in range(len(plan.tasks))]
-                t2 = time.perf_counter()
-                node = [_exec.fragment_timings(o) for o in outs]
-                out = _sql.finish_sql(plan, outs)
-            plan.timings = {
-                "plan": t1 - t0,
-                **({"first stage": t_first} if plan.semi else {}),
-                "fragments": t2 - t1,
-                "slowest fragment read": max((n.get("read", 0.0) for n in node), default=0.0),
-                "slowest fragment run": max((n.get("run", 0.0) for n in node), default=0.0),
-                "merge": time.perf_counter() - t2,
-            }
-            return out, plan
+            return self._run_sql_plan(plan, plan.nodes, t0), plan
 
         return self._with_retries(attempt)
+
+    def _run_sql_plan(self, plan: Any, nodes: dict[str, Any], t0: float) -> pa.Table:
+        """Run a built SQL plan: its sub-plans first (``staged``: each distributed on its own,
+        its result an input of the coordinator's SQL), then its fragments and the merge; its
+        seconds per phase go to ``plan.timings``."""
+        from . import _sql
+
+        t_plan = time.perf_counter()
+        staged = {name: self._run_sql_plan(sub, nodes, time.perf_counter()) for name, sub in plan.stages}
+        t1 = time.perf_counter()
+        tasks: list[tuple[int, tuple[str, dict[str, Any]]]] = list(enumerate(plan.tasks))
+        firsts: dict[int, pa.Table] = {}
+        if plan.semi:
+            # semi-joins: the key tables first, then the big tables filtered by their keys
+            ids = _sql.semi_first(plan)
+            firsts = dict(zip(ids, self._run_stage([plan.tasks[i] for i in ids], nodes), strict=True))
+            tasks, notes = _sql.keyed_tasks(plan, firsts)
+            plan.explain.extend(notes)
+        t_first = time.perf_counter() - t1
+        if plan.streams_merge:
+            # big inputs stream into the merge batch by batch, never gathered whole
+            run = dict(
+                zip(
+                    (i for i, _ in tasks),
+                    self._run_stage_streams([t for _, t in tasks], nodes),
+                    strict=True,
+                )
+            )
+            streams = [
+                run[i] if i in run else (firsts[i].schema, iter(firsts[i].to_batches()))
+                for i in range(len(plan.tasks))
+            ]
+            t2 = time.perf_counter()
+            node = [_exec.fragment_timings(schema.empty_table()) for schema, _ in streams]
+            out = _sql.finish_sql_streams(plan, streams, staged)
+        else:
+            got = dict(zip((i for i, _ in tasks), self._run_stage([t for _, t in tasks], nodes), strict=True))
+            outs = [got[i] if i in got else firsts[i] for i in range(len(plan.tasks))]
+            t2 = time.perf_counter()
+            node = [_exec.fragment_timings(o) for o in outs]
+            out = _sql.finish_sql(plan, outs, staged)
+        plan.timings = {
+            "plan": t_plan - t0,
+            **({"stages": t1 - t_plan} if plan.stages else {}),
+            **({"first stage": t_first} if plan.semi else {}),
+            "fragments": t2 - t1,
+            "slowest fragment read": max((n.get("read", 0.0) for n in node), default=0.0),
+            "slowest fragment run": max((n.get("run", 0.0) for n in node), default=0.0),
+            "merge": time.perf_counter() - t2,
+        }
+        return out
 
     def explain_sql(self, text: str) -> Any:
         from . import _sql

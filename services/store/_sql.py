@@ -83,6 +83,9 @@ class SqlPlan:
     # gather only: big tables filtered by the join keys of smaller filtered tables read first
     # (``_semi_joins``; run by ``keyed_tasks``)
     semi: list[dict[str, Any]] = field(default_factory=list)
+    # staged only: sub-plans (name, plan) run first, each distributed on its own; their results
+    # are inputs of this plan's ``final_sql`` under their names (``_staged``)
+    stages: list[tuple[str, SqlPlan]] = field(default_factory=list)
 
     @property
     def streams_merge(self) -> bool:
@@ -404,7 +407,97 @@ def plan_sql(ctx: _Ctx) -> SqlPlan:
     plan = _distributed(ctx, refs)
     if plan is not None:
         return plan
+    staged = _staged(ctx)
+    if staged is not None:
+        return staged
     return _gather(ctx, refs)
+
+
+STAGE = "__microco_stage"  # the name a sub-plan's result has in the coordinator's SQL
+
+
+def _unwrap(q: exp.Expr) -> exp.Expr:
+    while isinstance(q, exp.Subquery) and not q.args.get("alias"):
+        q = q.this
+    return q
+
+
+def _staged(ctx: _Ctx) -> SqlPlan | None:
+    """A query that does not split whole, cut into parts that do: each CTE body, branch of a
+    set operation (UNION [ALL], INTERSECT, EXCEPT) and derived table in a FROM that splits on
+    its own (``_distributed``: partition-local or partial aggregation) runs as its own
+    distributed sub-plan, looked at top-down (a part that does not split is searched for parts
+    of its own). None of these positions can be correlated with an enclosing query (no LATERAL
+    is followed), so a part's result is the same wherever it is computed. Each part is replaced
+    in the query by a scan of its result (``__microco_stageK``), and the rest is a gather: the
+    tables it still reads are gathered as ``_gather`` does, and DuckDB runs the rest at the
+    coordinator over them and the parts' results. None when no part splits."""
+    tree = ctx.tree.copy()
+    outer_ctes = _cte_names(tree)
+    stages: list[tuple[str, SqlPlan]] = []
+
+    def split(q: exp.Expr) -> bool:
+        if not isinstance(q, exp.Select) or q.args.get("with"):
+            return False
+        if any(t.name.lower() in outer_ctes for t in q.find_all(exp.Table)):
+            return False  # reads a CTE: not a store table's fragments
+        if any(isinstance(x, exp.Lateral) for x in q.walk()):
+            return False
+        refs = table_refs(q)
+        if not refs or any(r.name.lower() not in ctx.tables for r in refs):
+            return False
+        sub = _Ctx(ctx.core, q.copy(), ctx.tables, ctx.live, ctx.addresses, text=q.sql(DIALECT))
+        plan = _distributed(sub, table_refs(sub.tree))
+        if plan is None:
+            return False
+        name = f"{STAGE}{len(stages)}"
+        stages.append((name, plan))
+        q.replace(exp.select("*").from_(name))
+        return True
+
+    def visit(q: exp.Expr) -> None:
+        q = _unwrap(q)
+        if split(q):
+            return
+        w = q.args.get("with")
+        for cte in w.expressions if w else []:
+            visit(cte.this)
+        if isinstance(q, exp.SetOperation):
+            visit(q.left)
+            visit(q.right)
+        elif isinstance(q, exp.Select):
+            sources = [q.args[_FROM].this] if q.args.get(_FROM) else []
+            sources += [j.this for j in q.args.get("joins") or []]
+            for src in sources:
+                if isinstance(src, exp.Subquery):
+                    visit(src.this)
+
+    visit(tree)
+    if not stages:
+        return None
+    rest = _Ctx(ctx.core, tree, ctx.tables, ctx.live, ctx.addresses, text="")
+    plan = _gather(rest, [r for r in table_refs(tree) if not r.name.startswith(STAGE)])
+    explain = [
+        f"plan: staged: {len(stages)} parts of the query (CTEs, set-operation branches, derived tables) "
+        "split over partitions, each its own distributed sub-plan; DuckDB runs the rest at the "
+        "coordinator over their results"
+        + (f" and {len(set(plan.inputs))} gathered tables" if plan.inputs else "")
+    ]
+    for name, sub in stages:
+        explain.append(f"  {name}: {sub.kind}")
+        explain += [f"    {line}" for line in sub.explain]
+    explain += plan.explain[1:]
+    replicas = dict(plan.replicas)
+    for _, sub in stages:
+        replicas.update(sub.replicas)
+    return replace(
+        plan,
+        kind="staged",
+        explain=explain,
+        replicas=replicas,
+        moved_bytes=plan.moved_bytes + sum(sub.moved_bytes for _, sub in stages),
+        stages=stages,
+    )
 
 
 def _columns_of(tables: dict[str, TableInfo]) -> dict[str, set[str]]:
@@ -1436,10 +1529,10 @@ def _partial_agg(
 
 
 # ---------------------------------------------------------------------------------- running
-def finish_sql(plan: SqlPlan, outs: list[pa.Table]) -> pa.Table:
+def finish_sql(plan: SqlPlan, outs: list[pa.Table], staged: dict[str, pa.Table] | None = None) -> pa.Table:
     """The coordinator's part over the fragments' outputs fetched whole: registered as Arrow
     (scanned in place) and ``plan.final_sql`` run over them (small inputs; else
-    ``finish_sql_streams``)."""
+    ``finish_sql_streams``); ``staged``: the results of its sub-plans, by name."""
     by: dict[str, list[pa.Table]] = defaultdict(list)
     for name, t in zip(plan.inputs, outs, strict=True):
         by[name].append(t)
@@ -1447,12 +1540,18 @@ def finish_sql(plan: SqlPlan, outs: list[pa.Table]) -> pa.Table:
     try:
         for name, parts in by.items():
             con.register(name, _exec.concat(parts))
+        for name, t in (staged or {}).items():
+            con.register(name, t)
         return _final(con, plan)
     finally:
         con.close()
 
 
-def finish_sql_streams(plan: SqlPlan, streams: list[tuple[pa.Schema, Iterator[pa.RecordBatch]]]) -> pa.Table:
+def finish_sql_streams(
+    plan: SqlPlan,
+    streams: list[tuple[pa.Schema, Iterator[pa.RecordBatch]]],
+    staged: dict[str, pa.Table] | None = None,
+) -> pa.Table:
     """The coordinator's part: the fragments' outputs, streamed batch by batch into DuckDB tables
     of this query's own connection (one per input name), then ``plan.final_sql`` over them.
 
@@ -1470,6 +1569,8 @@ def finish_sql_streams(plan: SqlPlan, streams: list[tuple[pa.Schema, Iterator[pa
                 _ingest(con, name, parts)
         except duckdb.Error as exc:
             raise _sql_error(exc) from None
+        for name, t in (staged or {}).items():
+            con.register(name, t)
         return _final(con, plan)
     finally:
         con.close()  # drops the query's tables
