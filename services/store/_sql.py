@@ -61,6 +61,7 @@ DIALECT = "duckdb"
 _DECOMPOSABLE = (exp.Sum, exp.Count, exp.Avg, exp.Min, exp.Max)
 _CMP = {exp.EQ: "=", exp.NEQ: "!=", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
 _FROM = "from_" if "from_" in exp.Select.arg_types else "from"  # renamed in sqlglot 28
+_WITH = "with_" if "with_" in exp.Select.arg_types else "with"  # likewise
 _FLIP = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
 
@@ -422,13 +423,39 @@ def _unwrap(q: exp.Expr) -> exp.Expr:
     return q
 
 
+def _uncorrelated(q: exp.Select, tables: dict[str, TableInfo]) -> bool:
+    """Whether ``q`` refers to nothing outside itself: every qualified column's qualifier is a
+    table or alias of a FROM inside it, and every unqualified column is a column of a table read
+    inside it (SQL resolves a name to the innermost scope that has it). Conservative: a table
+    that is not a store table (a CTE) inside, or a star, counts as correlated."""
+    names: set[str] = set()
+    cols: set[str] = set()
+    for t in q.find_all(exp.Table):
+        info = tables.get(t.name.lower())
+        if info is None:
+            return False
+        names |= {t.name.lower(), t.alias_or_name.lower()}
+        cols |= {c.lower() for c in info.schema.names}
+    aliases = {e.alias.lower() for e in q.find_all(exp.Alias)} | {
+        s.alias.lower() for s in q.find_all(exp.Subquery) if s.alias
+    }
+    for c in q.find_all(exp.Column):
+        if c.table:
+            if c.table.lower() not in names | aliases:
+                return False
+        elif c.name.lower() not in cols | aliases:
+            return False
+    return True
+
+
 def _staged(ctx: _Ctx) -> SqlPlan | None:
     """A query that does not split whole, cut into parts that do: each CTE body, branch of a
     set operation (UNION [ALL], INTERSECT, EXCEPT) and derived table in a FROM that splits on
     its own (``_distributed``: partition-local or partial aggregation) runs as its own
     distributed sub-plan, looked at top-down (a part that does not split is searched for parts
-    of its own). None of these positions can be correlated with an enclosing query (no LATERAL
-    is followed), so a part's result is the same wherever it is computed. Each part is replaced
+    of its own); then each subquery in an expression (scalar, IN, EXISTS) that is not correlated
+    (``_uncorrelated``). None of the first positions can be correlated with an enclosing query
+    (no LATERAL is followed), so a part's result is the same wherever it is computed. Each part is replaced
     in the query by a scan of its result (``__microco_stageK``), and the rest is a gather: the
     tables it still reads are gathered as ``_gather`` does, and DuckDB runs the rest at the
     coordinator over them and the parts' results. None when no part splits."""
@@ -437,7 +464,7 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
     stages: list[tuple[str, SqlPlan]] = []
 
     def split(q: exp.Expr) -> bool:
-        if not isinstance(q, exp.Select) or q.args.get("with"):
+        if not isinstance(q, exp.Select) or q.args.get(_WITH):
             return False
         if any(t.name.lower() in outer_ctes for t in q.find_all(exp.Table)):
             return False  # reads a CTE: not a store table's fragments
@@ -459,7 +486,7 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
         q = _unwrap(q)
         if split(q):
             return
-        w = q.args.get("with")
+        w = q.args.get(_WITH)
         for cte in w.expressions if w else []:
             visit(cte.this)
         if isinstance(q, exp.SetOperation):
@@ -473,6 +500,10 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
                     visit(src.this)
 
     visit(tree)
+    # then subqueries in expressions (scalar, IN, EXISTS) that are not correlated, outermost first
+    for q in list(tree.find_all(exp.Select)):
+        if q is not tree and q.root() is tree and _uncorrelated(q, ctx.tables):
+            split(q)
     if not stages:
         return None
     rest = _Ctx(ctx.core, tree, ctx.tables, ctx.live, ctx.addresses, text="")
@@ -801,7 +832,7 @@ def _by_node(units: list[Unit]) -> dict[str, list[dict[str, Any]]]:
 def _simple_select(tree: exp.Expr, allowed: tuple[exp.Expr, ...] = ()) -> exp.Select | None:
     """``tree`` as one SELECT without CTEs, set operations, subqueries or windows, else None
     (the subqueries in ``allowed`` excepted: their insides are not looked at)."""
-    if not isinstance(tree, exp.Select) or tree.args.get("with"):
+    if not isinstance(tree, exp.Select) or tree.args.get(_WITH):
         return None
     inside = {id(x) for a in allowed for x in a.walk()}
     for n in tree.walk():
@@ -992,7 +1023,7 @@ def _subqueries(ctx: _Ctx, refs: list[exp.Table]) -> _Subs | None:
             len(inner) != 1
             or _scope(inner[0]) is not sub
             or sub.args.get("joins")
-            or any(sub.args.get(k) for k in ("with", "qualify"))
+            or any(sub.args.get(k) for k in (_WITH, "qualify"))
             or any(
                 n is not sub
                 and isinstance(n, (exp.Select, exp.Subquery, exp.Exists, exp.Window, exp.SetOperation))
