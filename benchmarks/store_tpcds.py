@@ -75,7 +75,11 @@ def obtain(data: Path, sf: float, site: str | None) -> str | None:
             )
     _log(f"generating TPC-DS at SF {sf} into {data}")
     r = subprocess.run(
-        [sys.executable, "-c", GENERATE, str(data), str(sf)], env=env, capture_output=True, text=True
+        [sys.executable, "-c", GENERATE, str(data), str(sf)],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     if r.returncode != 0 or not (data / "queries.json").exists():
         return f"generating TPC-DS failed: {r.stderr.strip()[-300:]}"
@@ -192,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sf", type=float, default=0.1)
     ap.add_argument("--data", type=Path, help="folder of the tables (Parquet) and queries.json")
     ap.add_argument("--site", help="a folder with a DuckDB and its tpcds extension (pip install --target)")
-    ap.add_argument("--variant", action="append", choices=["first", "last"], help="repeatable; default: first")
+    ap.add_argument(
+        "--variant", action="append", choices=["first", "last"], help="repeatable; default: first"
+    )
     ap.add_argument("--repeat", type=int, default=1, help="timed runs per query after a warm-up (best)")
     ap.add_argument("--nodes", type=int, default=6)
     ap.add_argument("--query", action="append", help="only these query numbers (repeatable)")
