@@ -448,6 +448,135 @@ def _uncorrelated(q: exp.Select, tables: dict[str, TableInfo]) -> bool:
     return True
 
 
+def _group_columns(group: exp.Group) -> list[exp.Column] | None:
+    """The plain columns of a GROUP BY, ROLLUP and CUBE included, or None (an expression, an
+    ordinal, GROUPING SETS, GROUP BY ALL)."""
+    if group.args.get("all") or group.args.get("grouping_sets"):
+        return None
+    out: list[exp.Column] = []
+    for g in group.expressions:
+        items = g.expressions if isinstance(g, (exp.Rollup, exp.Cube)) else [g]
+        for c in items:
+            if not isinstance(c, exp.Column):
+                return None
+            if all(c != o for o in out):
+                out.append(c)
+    for key in ("rollup", "cube"):
+        for r in group.args.get(key) or []:
+            for c in getattr(r, "expressions", []):
+                if not isinstance(c, exp.Column):
+                    return None
+                if all(c != o for o in out):
+                    out.append(c)
+    return out
+
+
+def _preaggregate(q: exp.Select) -> exp.Select | None:
+    """A grouped SELECT that does not split as written (a window over its groups, a ROLLUP or
+    CUBE, an aggregate of aggregates), rewritten in place to run over a pre-aggregation: the
+    returned inner SELECT groups the same rows by the same columns (finest grouping) with
+    partial aggregates (sum, count, min, max; avg as sum and count), and ``q`` becomes the same
+    query over it (``FROM (inner) __pre``), its aggregates merged from the partials (a sum of
+    sums, of counts; min of mins...), so its windows, ROLLUP/CUBE, HAVING and ORDER BY run over
+    the few pre-aggregated rows. The inner SELECT is an ordinary grouped query, which splits.
+    None (``q`` unchanged) when an aggregate does not decompose or an output is unnamed."""
+    group = q.args.get("group")
+    if group is None or q.args.get("qualify") or q.find(exp.Filter, exp.WithinGroup):
+        return None
+    cols = _group_columns(group)
+    if not cols:
+        return None
+    for n in q.walk():
+        if n is not q and isinstance(n, (exp.Select, exp.Subquery)):
+            return None
+    if not _only_inner(q):
+        return None
+    windowed = {id(w.this) for w in q.find_all(exp.Window)}
+    aggs = [a for a in q.find_all(exp.AggFunc) if id(a) not in windowed and not isinstance(a, exp.Grouping)]
+    for a in aggs:
+        if not isinstance(a, _DECOMPOSABLE) or a.find(exp.Distinct):
+            return None
+        if any(isinstance(x, exp.AggFunc) for x in a.this.walk()) if a.this is not None else False:
+            return None
+    out_items = []
+    for e in q.expressions:
+        if isinstance(e, exp.Column):
+            e = exp.alias_(e.copy(), e.name, quoted=True)
+        elif not isinstance(e, exp.Alias):
+            return None  # an unnamed expression: its output name would change
+        out_items.append(e)
+    gmap = {c.sql(DIALECT): f"__p_g{i}" for i, c in enumerate(cols)}
+    for i, c in enumerate(cols):
+        gmap.setdefault(c.name, f"__p_g{i}")
+    inner_items: list[exp.Expr] = [exp.alias_(c.copy(), f"__p_g{i}") for i, c in enumerate(cols)]
+    merged: dict[str, exp.Expr] = {}
+    for a in aggs:
+        key = a.sql(DIALECT)
+        if key in merged:
+            continue
+        k = len(merged)
+        if isinstance(a, exp.Avg):
+            inner_items += [
+                exp.alias_(exp.Sum(this=a.this.copy()), f"__p_a{k}s"),
+                exp.alias_(exp.Count(this=a.this.copy()), f"__p_a{k}n"),
+            ]
+            merged[key] = sqlglot.parse_one(
+                f"CAST(SUM(__p_a{k}s) AS DOUBLE) / NULLIF(SUM(__p_a{k}n), 0)", read=DIALECT
+            )
+        elif isinstance(a, exp.Count):
+            inner_items.append(exp.alias_(a.copy(), f"__p_a{k}"))
+            merged[key] = sqlglot.parse_one(f"CAST(COALESCE(SUM(__p_a{k}), 0) AS BIGINT)", read=DIALECT)
+        else:
+            inner_items.append(exp.alias_(a.copy(), f"__p_a{k}"))
+            fn = exp.Sum if isinstance(a, exp.Sum) else type(a)
+            merged[key] = fn(this=exp.column(f"__p_a{k}"))
+    aliases = {e.alias.lower() for e in out_items}
+    bad: list[exp.Expr] = []
+    agg_ids = {id(a) for a in aggs}
+
+    def fn(n: exp.Expr) -> exp.Expr:
+        if id(n) in agg_ids:
+            return merged[n.sql(DIALECT)].copy()
+        if isinstance(n, exp.Column):
+            g = gmap.get(n.sql(DIALECT)) or (gmap.get(n.name) if not n.table else None)
+            if g:
+                return exp.column(g)
+            if n.table or n.name.lower() not in aliases:
+                bad.append(n)
+        return n
+
+    def rewrite(e: exp.Expr) -> exp.Expr:
+        # transform() rebuilds parents, so map by identity on the original before copying
+        return e.transform(fn, copy=False)
+
+    inner = exp.select(*inner_items)
+    inner.set(_FROM, q.args[_FROM].copy())
+    if q.args.get("joins"):
+        inner.set("joins", [j.copy() for j in q.args["joins"]])
+    if q.args.get("where"):
+        inner.set("where", q.args["where"].copy())
+    inner = inner.group_by(*[c.copy() for c in cols])
+    outer = q.copy()
+    # work on q itself (the identities of its aggregates are what ``fn`` knows), then restore
+    new_items = [rewrite(e) for e in out_items]
+    new_group = rewrite(q.args["group"])
+    new_having = rewrite(q.args["having"]) if q.args.get("having") else None
+    new_order = rewrite(q.args["order"]) if q.args.get("order") else None
+    if bad:
+        q.replace(outer)  # leave the query as it was
+        return None
+    q.set("expressions", new_items)
+    q.set("group", new_group)
+    q.set("having", new_having)
+    q.set("order", new_order)
+    q.set("where", None)
+    q.set("joins", None)
+    q.set(
+        _FROM, exp.From(this=exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier("__pre"))))
+    )
+    return inner
+
+
 def _staged(ctx: _Ctx) -> SqlPlan | None:
     """A query that does not split whole, cut into parts that do: each CTE body, branch of a
     set operation (UNION [ALL], INTERSECT, EXCEPT) and derived table in a FROM that splits on
@@ -463,7 +592,7 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
     outer_ctes = _cte_names(tree)
     stages: list[tuple[str, SqlPlan]] = []
 
-    def split(q: exp.Expr) -> bool:
+    def split(q: exp.Expr, pre: bool = True) -> bool:
         if not isinstance(q, exp.Select) or q.args.get(_WITH):
             return False
         if any(t.name.lower() in outer_ctes for t in q.find_all(exp.Table)):
@@ -476,7 +605,15 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
         sub = _Ctx(ctx.core, q.copy(), ctx.tables, ctx.live, ctx.addresses, text=q.sql(DIALECT))
         plan = _distributed(sub, table_refs(sub.tree))
         if plan is None:
-            return False
+            if not pre:
+                return False
+            trial = q.copy()  # over a pre-aggregation that splits, else q as it was
+            inner = _preaggregate(trial)
+            if inner is None or not split(inner, pre=False):
+                return False
+            for k in list(set(q.args) | set(trial.args)):
+                q.set(k, trial.args.get(k))
+            return True
         name = f"{STAGE}{len(stages)}"
         stages.append((name, plan))
         q.replace(exp.select("*").from_(name))
