@@ -105,6 +105,35 @@ CASES = [
 ]
 
 
+PRE_AGGREGATED = [
+    # a window over the groups (a ratio to the class total): grouped rows pre-aggregated apart
+    "select s_cust, d_week, sum(s_amt) as amt, "
+    "sum(s_amt) * 100 / sum(sum(s_amt)) over (partition by d_week) as share "
+    "from sales, days where s_day = d_day group by s_cust, d_week order by d_week, share desc, s_cust limit 40",
+    # ROLLUP with grouping(), avg, count, min and max, HAVING, a rank within each level
+    "select d_week, s_day, avg(s_amt) as a, count(*) as n, min(s_amt) as lo, max(s_amt) as hi, "
+    "grouping(d_week) + grouping(s_day) as lvl, "
+    "rank() over (partition by grouping(d_week) + grouping(s_day) order by count(*) desc, d_week, s_day) as rk "
+    "from sales, days where s_day = d_day group by rollup(d_week, s_day) having count(*) > 10 "
+    "order by lvl desc, d_week nulls first, s_day nulls first",
+    # CUBE over two dimensions of the fact table, counts of a column with NULLs none
+    "select s_day, d_week, count(s_amt) as n, sum(s_amt) as amt from sales join days on s_day = d_day "
+    "where s_amt > 50 group by cube(s_day, d_week) order by s_day nulls first, d_week nulls first",
+]
+
+
+@pytest.mark.parametrize("sql", PRE_AGGREGATED)
+def test_windows_and_rollups_run_over_a_pre_aggregation_that_splits(store, sql):
+    core, con = store
+    got, plan = core.sql(sql)
+    want = con.sql(sql).to_arrow_table()
+    assert ordered(got) == ordered(want)
+    assert got.schema.names == want.schema.names and got.schema.types == want.schema.types
+    kinds = [s.kind for _, s in plan.stages]  # partition-local when grouped by s_cust (a partition key)
+    assert plan.kind == "staged" and kinds in (["partial_agg"], ["partition_local"]), plan.explain_text()
+    assert "__pre" in plan.final_sql  # the coordinator's part reads the pre-aggregated rows
+
+
 @pytest.mark.parametrize("sql, stages", CASES)
 def test_parts_that_split_run_distributed_and_the_answer_is_duckdbs(store, sql, stages):
     core, con = store
