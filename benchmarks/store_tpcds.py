@@ -132,7 +132,9 @@ def _best(fn: Any, repeat: int) -> tuple[float, Any]:
     return best, out
 
 
-def run(data: Path, variant: str, repeat: int, only: list[str] | None, nodes: int) -> dict[str, Any]:
+def run(
+    data: Path, variant: str, repeat: int, only: list[str] | None, nodes: int, ab: bool = False
+) -> dict[str, Any]:
     import duckdb
     import pyarrow.parquet as pq
 
@@ -164,6 +166,13 @@ def run(data: Path, variant: str, repeat: int, only: list[str] | None, nodes: in
                 continue
             row: dict[str, Any] = {"query": int(q), "correct": False}
             try:
+                if ab:  # the same query without staged plans (gathered whole), interleaved
+                    core.sql_staging = False
+                    off_s, (off, off_plan) = _best(
+                        lambda sql=sql: core.sql(f"/* no staging */ {sql}"), repeat
+                    )
+                    core.sql_staging = True
+                    row.update(unstaged_plan=off_plan.kind, unstaged_s=round(off_s, 4))
                 store_s, (got, plan) = _best(lambda sql=sql: core.sql(sql), repeat)
                 duck_s, want = _best(lambda sql=sql: con.sql(sql).to_arrow_table(), repeat)
                 row.update(
@@ -180,8 +189,14 @@ def run(data: Path, variant: str, repeat: int, only: list[str] | None, nodes: in
             rows.append(row)
     timed = [r for r in rows if r.get("store_s") and r.get("duckdb_s")]
     geo = math.exp(sum(math.log(r["store_s"] / r["duckdb_s"]) for r in timed) / len(timed)) if timed else None
+    both = [r for r in timed if r.get("unstaged_s") and r.get("plan") == "staged"]
+    staged_gain = (
+        math.exp(sum(math.log(r["unstaged_s"] / r["store_s"]) for r in both) / len(both)) if both else None
+    )
     return {
         "variant": variant,
+        "staged_speedup_vs_gather": round(staged_gain, 3) if staged_gain else None,
+        "staged_timed": len(both),
         "queries": rows,
         "correct": sum(r["correct"] for r in rows),
         "total": len(rows),
@@ -202,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="timed runs per query after a warm-up (best)")
     ap.add_argument("--nodes", type=int, default=6)
     ap.add_argument("--query", action="append", help="only these query numbers (repeatable)")
+    ap.add_argument(
+        "--ab", action="store_true", help="also time each query without staged plans (interleaved)"
+    )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     data = a.data or Path(tempfile.gettempdir()) / f"microco-tpcds-sf{a.sf}"
@@ -210,14 +228,15 @@ def main(argv: list[str] | None = None) -> int:
         out: dict[str, Any] = {"skipped": why}
         print(json.dumps(out) if a.json else f"skipped: {why}")
         return 0
-    results = [run(data, v, a.repeat, a.query, a.nodes) for v in a.variant or ["first"]]
+    results = [run(data, v, a.repeat, a.query, a.nodes, a.ab) for v in a.variant or ["first"]]
     if a.json:
         print(json.dumps({"sf": a.sf, "results": results}, indent=1))
     else:
         for r in results:
             print(
                 f"{r['variant']}: {r['correct']}/{r['total']} correct, plans {r['plans']}, "
-                f"geomean store/DuckDB {r['geomean_store_over_duckdb']}"
+                f"geomean store/DuckDB {r['geomean_store_over_duckdb']}, "
+                f"staged vs gathered {r['staged_speedup_vs_gather']}x over {r['staged_timed']} queries"
             )
     return 0
 

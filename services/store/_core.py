@@ -155,6 +155,8 @@ class StoreCore:
         # subqueries keyed to a co-partitioned partition column ([NOT] EXISTS, [NOT] IN, scalar)
         # run per partition (``_sql._subqueries``); False: such queries gather (A/B benchmark)
         self.sql_subquery_pushdown = True
+        # staged SQL plans (``_sql._staged``): parts of a query that split run as sub-plans
+        self.sql_staging = True
         # a group-by on the partition column aggregates each partition alone on its node
         # (``_exec._by_partition``); False: the node's partitions together (A/B benchmark)
         self.agg_by_partition = True

@@ -408,7 +408,7 @@ def plan_sql(ctx: _Ctx) -> SqlPlan:
     plan = _distributed(ctx, refs)
     if plan is not None:
         return plan
-    staged = _staged(ctx)
+    staged = _staged(ctx) if getattr(ctx.core, "sql_staging", True) else None
     if staged is not None:
         return staged
     return _gather(ctx, refs)
@@ -479,7 +479,8 @@ def _preaggregate(q: exp.Select) -> exp.Select | None:
     query over it (``FROM (inner) __pre``), its aggregates merged from the partials (a sum of
     sums, of counts; min of mins...), so its windows, ROLLUP/CUBE, HAVING and ORDER BY run over
     the few pre-aggregated rows. The inner SELECT is an ordinary grouped query, which splits.
-    None (``q`` unchanged) when an aggregate does not decompose or an output is unnamed."""
+    None when an aggregate does not decompose or an output is unnamed (``q`` may then be
+    half rewritten: give a copy)."""
     group = q.args.get("group")
     if group is None or q.args.get("qualify") or q.find(exp.Filter, exp.WithinGroup):
         return None
@@ -528,8 +529,8 @@ def _preaggregate(q: exp.Select) -> exp.Select | None:
             merged[key] = sqlglot.parse_one(f"CAST(COALESCE(SUM(__p_a{k}), 0) AS BIGINT)", read=DIALECT)
         else:
             inner_items.append(exp.alias_(a.copy(), f"__p_a{k}"))
-            fn = exp.Sum if isinstance(a, exp.Sum) else type(a)
-            merged[key] = fn(this=exp.column(f"__p_a{k}"))
+            merge = exp.Sum if isinstance(a, exp.Sum) else type(a)
+            merged[key] = merge(this=exp.column(f"__p_a{k}"))
     aliases = {e.alias.lower() for e in out_items}
     bad: list[exp.Expr] = []
     agg_ids = {id(a) for a in aggs}
@@ -556,14 +557,13 @@ def _preaggregate(q: exp.Select) -> exp.Select | None:
     if q.args.get("where"):
         inner.set("where", q.args["where"].copy())
     inner = inner.group_by(*[c.copy() for c in cols])
-    outer = q.copy()
-    # work on q itself (the identities of its aggregates are what ``fn`` knows), then restore
+    # q itself is rewritten (the identities of its aggregates are what ``fn`` knows): the
+    # caller gives a copy, kept only when the inner part splits
     new_items = [rewrite(e) for e in out_items]
     new_group = rewrite(q.args["group"])
     new_having = rewrite(q.args["having"]) if q.args.get("having") else None
     new_order = rewrite(q.args["order"]) if q.args.get("order") else None
     if bad:
-        q.replace(outer)  # leave the query as it was
         return None
     q.set("expressions", new_items)
     q.set("group", new_group)

@@ -113,12 +113,15 @@ def test_plans_push_work_to_the_replicas(store):
         plan = plan_of(QUERIES[q])
         assert plan.kind == "partial_agg" and "broadcast" in plan.explain_text()
     # subqueries keyed to a partition column run per partition (Q4: below; the shapes on other
-    # tables: test_store_sql_subquery.py); the others are gathered, whole SQL at the coordinator
+    # tables: test_store_sql_subquery.py); in the others the parts that split on their own run
+    # as sub-plans (staged: uncorrelated subqueries, derived tables) and the rest is gathered
     for q, kind in ((17, "partial_agg"), (18, "partition_local"), (21, "partial_agg")):
         plan = plan_of(QUERIES[q])
         assert plan.kind == kind and "subquery: " in plan.explain_text(), plan.explain_text()
-    for q in (2, 20, 22):
-        assert plan_of(QUERIES[q]).kind == "gather"
+    for q in (20, 22):
+        plan = plan_of(QUERIES[q])
+        assert plan.kind == "staged" and plan.stages and plan.tasks, plan.explain_text()
+    assert plan_of(QUERIES[2]).kind == "gather"  # its subquery is correlated (p_partkey)
 
 
 @pytest.mark.parametrize(
@@ -340,6 +343,7 @@ def test_semi_joins_filter_big_gathered_tables_by_their_partners_keys(store, duc
     # (p_name); then, part's round trip paid, partsupp by them too, through the chain
     # ps_partkey = l_partkey = p_partkey; fetched whole
     monkeypatch.setattr(core, "sql_semi_join_bytes", 1e6)
+    monkeypatch.setattr(core, "sql_staging", False)  # Q9's derived table would be a sub-plan
     plan = check(core, duck, f"/* semi */ {QUERIES[9]}")
     assert semi(plan) == {("lineitem", "l_partkey", "part"), ("partsupp", "ps_partkey", "part")}
     assert not plan.streams_merge and "first stage" in plan.timings

@@ -227,7 +227,9 @@ def test_subqueries_keyed_to_a_partition_column_run_per_partition(core, duck, sq
 )
 def test_subqueries_that_cannot_split_are_gathered(core, duck, sql):
     plan = check(core, duck, sql)
-    assert plan.kind == "gather", plan.explain_text()
+    # the outer query's tables are gathered; an uncorrelated subquery that splits on its own
+    # runs first as a sub-plan (staged), its result an input of the coordinator's SQL
+    assert plan.kind == "gather" or (plan.kind == "staged" and plan.tasks), plan.explain_text()
 
 
 def test_subquery_pushdown_off_gathers(core, duck):
