@@ -440,7 +440,14 @@ class StoreCore:
         from . import _sql
 
         t_plan = time.perf_counter()
-        staged = {name: self._run_sql_plan(sub, nodes, time.perf_counter()) for name, sub in plan.stages}
+        staged: dict[str, pa.Table] = {}
+        if plan.stages:  # independent of each other: run side by side
+            with ThreadPoolExecutor(len(plan.stages), thread_name_prefix="sql-stage") as pool:
+                futures = {
+                    name: pool.submit(self._run_sql_plan, sub, nodes, time.perf_counter())
+                    for name, sub in plan.stages
+                }
+                staged = {name: f.result() for name, f in futures.items()}
         t1 = time.perf_counter()
         tasks: list[tuple[int, tuple[str, dict[str, Any]]]] = list(enumerate(plan.tasks))
         firsts: dict[int, pa.Table] = {}

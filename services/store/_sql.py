@@ -583,7 +583,9 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
     its own (``_distributed``: partition-local or partial aggregation) runs as its own
     distributed sub-plan, looked at top-down (a part that does not split is searched for parts
     of its own); then each subquery in an expression (scalar, IN, EXISTS) that is not correlated
-    (``_uncorrelated``). None of the first positions can be correlated with an enclosing query
+    (``_uncorrelated``). Only parts that reduce what reaches the coordinator (an aggregate, a
+    GROUP BY, a LIMIT) are staged: a scan's rows would come whole, as gathered. The sub-plans
+    run side by side, before the rest. None of the first positions can be correlated with an enclosing query
     (no LATERAL is followed), so a part's result is the same wherever it is computed. Each part is replaced
     in the query by a scan of its result (``__microco_stageK``), and the rest is a gather: the
     tables it still reads are gathered as ``_gather`` does, and DuckDB runs the rest at the
@@ -602,6 +604,8 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
         refs = table_refs(q)
         if not refs or any(r.name.lower() not in ctx.tables for r in refs):
             return False
+        if not (q.args.get("group") or q.args.get("limit") or q.find(exp.AggFunc)):
+            return False  # a scan brings every row it reads to the coordinator: no gain on a gather
         sub = _Ctx(ctx.core, q.copy(), ctx.tables, ctx.live, ctx.addresses, text=q.sql(DIALECT))
         plan = _distributed(sub, table_refs(sub.tree))
         if plan is None:

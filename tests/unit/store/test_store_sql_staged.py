@@ -81,11 +81,13 @@ CASES = [
         ") x group by channel order by channel",
         ["partial_agg", "partial_agg"],
     ),
-    # INTERSECT / EXCEPT branches: each a partition-local scan
+    # INTERSECT / EXCEPT branches, each grouped by its partition key; a scan is not a stage
+    # (its rows would reach the coordinator whole either way): gathered
     (
-        "select s_cust from sales where s_amt > 90 intersect select r_cust from returns where r_amt > 40 "
+        "select s_cust from sales group by s_cust having sum(s_amt) > 2500 "
+        "intersect select r_cust from returns group by r_cust having count(*) > 5 "
         "except select s_cust from sales where s_amt < 1",
-        ["partition_local", "partition_local", "partition_local"],  # scans
+        ["partition_local", "partition_local"],
     ),
     # an uncorrelated scalar subquery and an uncorrelated IN: each its own sub-plan
     (
