@@ -1,6 +1,6 @@
 """SQL over the store: parsed with sqlglot, planned onto the replica-aware planner, run with DuckDB.
 
-A query takes one of three shapes (the first that fits; EXPLAIN says which and why):
+A query takes one of four shapes (the first that fits; EXPLAIN says which and why):
 
 - ``partition_local``: one table, or two inner-joined on keys whose replicas are co-partitioned by
   the same function (small tables broadcast beside them), with no subquery save those keyed to
@@ -13,6 +13,12 @@ A query takes one of three shapes (the first that fits; EXPLAIN says which and w
 - ``partial_agg``: the same tables, aggregates that decompose (sum, count, avg, min, max) and a
   GROUP BY of plain columns: fragments compute partial aggregates next to the data, the
   coordinator merges them with DuckDB and evaluates the SELECT, HAVING, ORDER BY, LIMIT.
+- ``staged``: a query that does not split whole, cut into the parts that do (``_staged``: CTE
+  bodies, set-operation branches, derived tables, uncorrelated subqueries; a grouped query with
+  windows over its groups, ROLLUP/CUBE or aggregates of aggregates over a pre-aggregation by its
+  finest grouping, ``_preaggregate``), each part a distributed sub-plan of one of the shapes
+  above, run side by side; the rest runs at the coordinator over their results (and gathers the
+  tables it still reads, as below).
 - ``gather``: anything else (other subqueries, outer joins, a table too big to broadcast, count
   distinct off the partition key...): each table's needed columns are read from one replica (pruned by partition
   filters, filtered next to the data by the conjuncts that only touch that table), and the whole
