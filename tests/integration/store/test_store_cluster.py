@@ -78,6 +78,17 @@ def cluster(etcd_endpoint, tmp_path_factory):
     c.stop()
 
 
+@pytest.fixture()
+def fresh(cluster):
+    """A client of the coordinator that leads now (the fail-over test kills the first one, and
+    should it fail half-way, this waits for a live leader or starts one; items grew in the kill
+    test, so the tests after it compare items only with the store's own answers)."""
+    c, _ = cluster
+    client = StoreClient.from_address(c.wait_leader())
+    yield c, client
+    client.close()
+
+
 def duck(sql: str, extra: dict | None = None) -> list[tuple]:
     con = duckdb.connect()
     con.register("orders", ORDERS)
@@ -176,8 +187,8 @@ def wait_recovered(client: StoreClient, timeout: float = 60) -> dict:
     raise AssertionError(f"recovery did not finish: {client.recovery()}")
 
 
-def test_queries_match_duckdb_on_every_replica(cluster):
-    c, client = cluster
+def test_queries_match_duckdb_on_every_replica(fresh):
+    c, client = fresh
     kinds = check_queries(client)
     assert {"agg_local", "agg_shuffle", "join_copart", "join_shuffle", "scan"} <= kinds
     got = client.read("orders", where=[["o_cust", "in", [1, 2]]], columns=["o_id", "o_cust"])
@@ -189,8 +200,8 @@ def test_queries_match_duckdb_on_every_replica(cluster):
     assert len(nodes) == 6 and all(n["alive"] and n["extents"] > 0 for n in nodes)
 
 
-def test_bad_input_changes_nothing(cluster):
-    _, client = cluster
+def test_bad_input_changes_nothing(fresh):
+    _, client = fresh
     before = client.get_table("orders")
     with pytest.raises(InvalidArgument, match="partitioning column 'o_cust'"):
         client.append("orders", ORDERS.drop_columns(["o_cust"]))
@@ -211,12 +222,12 @@ def test_bad_input_changes_nothing(cluster):
     assert [t["name"] for t in client.list_tables()] == ["items", "orders"]
 
 
-def test_cli_create_load_query_explain_nodes_recovery(cluster, tmp_path, capsys):
+def test_cli_create_load_query_explain_nodes_recovery(fresh, tmp_path, capsys):
     import pyarrow.csv as pcsv
 
     from microco.cli import main
 
-    c, client = cluster
+    c, client = fresh
     csv = tmp_path / "cust.csv"
     cust = pa.table({"c_id": np.arange(500), "c_nation": np.arange(500) % 25, "c_bal": np.arange(500) * 1.5})
     pcsv.write_csv(cust, csv)
@@ -274,8 +285,8 @@ def test_cli_create_load_query_explain_nodes_recovery(cluster, tmp_path, capsys)
     client.drop_table("cust")
 
 
-def test_corrupt_extent_detected_and_rebuilt(cluster):
-    c, client = cluster
+def test_corrupt_extent_detected_and_rebuilt(fresh):
+    c, client = fresh
     kv = EtcdKV(c.etcd)
     try:
         e = Catalog(kv).table("orders").super_extents[0].replica(1)[0]
@@ -305,8 +316,8 @@ def test_corrupt_extent_detected_and_rebuilt(cluster):
     check_queries(client)
 
 
-def test_kill9_during_queries_and_append_loses_nothing(cluster):
-    c, client = cluster
+def test_kill9_during_queries_and_append_loses_nothing(fresh):
+    c, client = fresh
     more = pa.table(
         {
             "l_id": np.arange(M, M + 30000, dtype=np.int64),
@@ -454,16 +465,6 @@ def test_standby_coordinator_takes_over_and_loses_nothing(cluster):
     finally:
         follower.close()
         standby.close()
-
-
-@pytest.fixture()
-def fresh(cluster):
-    """A client of the current coordinator (an earlier test restarts it; items grew in the kill
-    test, so these tests compare items only with the store's own answers)."""
-    c, _ = cluster
-    client = StoreClient.from_address(c.wait_leader())
-    yield c, client
-    client.close()
 
 
 ORDERS_QUERIES = [QUERIES[0], QUERIES[1], QUERIES[3]]
