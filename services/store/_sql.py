@@ -488,8 +488,8 @@ def _preaggregate(q: exp.Select) -> exp.Select | None:
     None when an aggregate does not decompose or an output is unnamed (``q`` may then be
     half rewritten: give a copy)."""
     group = q.args.get("group")
-    if group is None or q.args.get("qualify") or q.find(exp.Filter, exp.WithinGroup):
-        return None
+    if group is None or q.args.get("qualify") or q.args.get("windows") or q.find(exp.Filter, exp.WithinGroup):
+        return None  # (a named WINDOW clause is not rewritten)
     cols = _group_columns(group)
     if not cols:
         return None
