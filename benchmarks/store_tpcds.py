@@ -139,8 +139,7 @@ def run(
     import pyarrow.parquet as pq
 
     from microco.common.kv import MemoryKV
-    from microco.services.store import LocalTransport, NodeInfo, StoreCore, to_plain_strings
-    from microco.services.store._partition import PartitionSpec
+    from microco.services.store import LocalTransport, NodeInfo, PartitionSpec, StoreCore, to_plain_strings
 
     queries = json.loads((data / "queries.json").read_text())
     tables = {p.stem: to_plain_strings(pq.read_table(p)) for p in sorted(data.glob("*.parquet"))}
