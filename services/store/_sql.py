@@ -454,6 +454,27 @@ def _uncorrelated(q: exp.Select, tables: dict[str, TableInfo]) -> bool:
     return True
 
 
+def _group_map(cols: list[exp.Column], prefix: str) -> tuple[dict[str, str], list[exp.Expr]]:
+    """Names ``prefix0``, ``prefix1``... for group columns: the map from each column (its SQL,
+    and its bare name) to its name, and the SELECT items that compute them."""
+    gmap: dict[str, str] = {}
+    for i, g in enumerate(cols):
+        gmap[g.sql(DIALECT)] = f"{prefix}{i}"
+        gmap.setdefault(g.name, f"{prefix}{i}")
+    return gmap, [exp.alias_(g.copy(), f"{prefix}{i}") for i, g in enumerate(cols)]
+
+
+def _partial_items(a: exp.AggFunc, name: str) -> list[exp.Expr]:
+    """The partial aggregates of ``a`` that a part computes: an average as its sum and count
+    (``name``s, ``name``n), any other as itself (``name``)."""
+    if isinstance(a, exp.Avg):
+        return [
+            exp.alias_(exp.Sum(this=a.this.copy()), f"{name}s"),
+            exp.alias_(exp.Count(this=a.this.copy()), f"{name}n"),
+        ]
+    return [exp.alias_(a.copy(), name)]
+
+
 def _group_columns(group: exp.Group) -> list[exp.Column] | None:
     """The plain columns of a GROUP BY, ROLLUP and CUBE included, or None (an expression, an
     ordinal, GROUPING SETS, GROUP BY ALL)."""
@@ -512,29 +533,21 @@ def _preaggregate(q: exp.Select) -> exp.Select | None:
         elif not isinstance(e, exp.Alias):
             return None  # an unnamed expression: its output name would change
         out_items.append(e)
-    gmap = {c.sql(DIALECT): f"__p_g{i}" for i, c in enumerate(cols)}
-    for i, c in enumerate(cols):
-        gmap.setdefault(c.name, f"__p_g{i}")
-    inner_items: list[exp.Expr] = [exp.alias_(c.copy(), f"__p_g{i}") for i, c in enumerate(cols)]
+    gmap, inner_items = _group_map(cols, "__p_g")
     merged: dict[str, exp.Expr] = {}
     for a in aggs:
         key = a.sql(DIALECT)
         if key in merged:
             continue
         k = len(merged)
+        inner_items += _partial_items(a, f"__p_a{k}")
         if isinstance(a, exp.Avg):
-            inner_items += [
-                exp.alias_(exp.Sum(this=a.this.copy()), f"__p_a{k}s"),
-                exp.alias_(exp.Count(this=a.this.copy()), f"__p_a{k}n"),
-            ]
             merged[key] = sqlglot.parse_one(
                 f"CAST(SUM(__p_a{k}s) AS DOUBLE) / NULLIF(SUM(__p_a{k}n), 0)", read=DIALECT
             )
         elif isinstance(a, exp.Count):
-            inner_items.append(exp.alias_(a.copy(), f"__p_a{k}"))
             merged[key] = sqlglot.parse_one(f"CAST(COALESCE(SUM(__p_a{k}), 0) AS BIGINT)", read=DIALECT)
         else:
-            inner_items.append(exp.alias_(a.copy(), f"__p_a{k}"))
             merge = exp.Sum if isinstance(a, exp.Sum) else type(a)
             merged[key] = merge(this=exp.column(f"__p_a{k}"))
     aliases = {e.alias.lower() for e in out_items}
@@ -1602,12 +1615,7 @@ def _partial_agg(
     aggs: list[exp.AggFunc],
     explain: list[str],
 ) -> SqlPlan | None:
-    gmap: dict[str, str] = {}  # group column (sql) -> __gi
-    node_items: list[exp.Expr] = []
-    for i, g in enumerate(group):
-        gmap[g.sql(DIALECT)] = f"__g{i}"
-        gmap.setdefault(g.name, f"__g{i}")
-        node_items.append(exp.alias_(g.copy(), f"__g{i}"))
+    gmap, node_items = _group_map(group, "__g")  # group column (sql) -> __gi
     amap: dict[str, exp.Expr] = {}  # aggregate (sql) -> merged expression
     merge_items: list[exp.Expr] = [exp.column(f"__g{i}") for i in range(len(group))]
     for a in aggs:
@@ -1615,18 +1623,14 @@ def _partial_agg(
         if key in amap:
             continue
         k = len(amap)
+        node_items += _partial_items(a, f"__a{k}")
         if isinstance(a, exp.Avg):
-            node_items += [
-                exp.alias_(exp.Sum(this=a.this.copy()), f"__a{k}s"),
-                exp.alias_(exp.Count(this=a.this.copy()), f"__a{k}n"),
-            ]
             merge_items += [
                 exp.alias_(exp.Sum(this=exp.column(f"__a{k}s")), f"__a{k}s"),
                 exp.alias_(exp.Sum(this=exp.column(f"__a{k}n")), f"__a{k}n"),
             ]
             amap[key] = sqlglot.parse_one(f"CAST(__a{k}s AS DOUBLE) / NULLIF(__a{k}n, 0)", read=DIALECT)
             continue
-        node_items.append(exp.alias_(a.copy(), f"__a{k}"))
         fn = exp.Sum if isinstance(a, (exp.Sum, exp.Count)) else type(a)
         merge_items.append(exp.alias_(fn(this=exp.column(f"__a{k}")), f"__a{k}"))
         amap[key] = (
