@@ -1071,10 +1071,12 @@ class AstraTorch(SessionBacked):
         def forward(*args: Any, **kwargs: Any) -> Any:
             if self.whole_failed.get(kind):
                 return plain(*args, **kwargs)
-            if self._trial_running():
-                # Whatever this call compiles (the first compile, or a recompile for guards the
-                # probe's graph does not pass: another memory format) is bounded by its price.
-                self._arm_deadline(kind)
+            if self._trial_running() and not self._arm_deadline(kind):
+                # Its price is more than the most it could save: it would be abandoned at its
+                # deadline; not started (the trial fails, the step runs the plain forward).
+                self.whole_failed[kind] = "not started: its price exceeds the most it could save"
+                log.warning("astra: %s: %s", kind, self.whole_failed[kind])
+                return plain(*args, **kwargs)
             try:
                 return compiled(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - a failing compile must never stop training
@@ -1087,16 +1089,25 @@ class AstraTorch(SessionBacked):
         return forward
 
     # -- the in-line compile's deadline (session 11)
-    def _arm_deadline(self, kind: str) -> None:
+    def _arm_deadline(self, kind: str) -> bool:
+        """Whatever a trial's call compiles (the first compile, or a recompile for guards the
+        probe's graph does not pass: another memory format) is bounded by its price. False: a
+        compile not done yet whose price exceeds the most it could save over the steps left
+        (twice as fast, the deadline's own bound): it would be abandoned at a deadline known
+        to be too short, and is not started (issue 18, evening of 2026-12-02)."""
         spec, s = self.session.spec, self.session
         if spec is None or not self.INLINE_DEADLINE:
-            return
+            return True
         price = next((v.compile_prior_ms for v in spec.variables if v.name == WHOLE.get(kind)), 0.0)
         base = s.base_ms if s.base_ms is not None else s.best_ms
-        deadline = compile_deadline_ms(price, self.total_steps - s.steps, base)
+        left = self.total_steps - s.steps
+        if kind not in self._whole_built and math.isfinite(base) and price > 0.5 * base * max(0, left):
+            return False
+        deadline = compile_deadline_ms(price, left, base)
         if self._deadline_kind != kind:  # once per step: what the step's compiles may take in all
             self._deadline.allow(deadline, f"whole-step compile ({kind})")
             self._deadline_kind = kind
+        return True
 
     def _disarm_deadline(self) -> None:
         elapsed = self._deadline.disarm() or self._deadline.last_ms

@@ -182,3 +182,43 @@ def test_inductors_own_compile_is_bounded_in_its_per_graph_compile(tmp_path, mon
     assert explorer.reports and explorer.reports[0].failed
     assert armed_in_trace and not any(armed_in_trace)
     assert DeadlineTimer.available()
+
+
+def test_a_compile_whose_price_exceeds_what_it_could_save_is_not_started(tmp_path, monkeypatch):
+    """A trial's compile is abandoned once it has run what it could save over the steps left
+    (its deadline's bound). Where its price already exceeds that bound, the deadline is known to
+    be too short: the compile is not started (before, it ran to the deadline; issue 18, evening
+    of 2026-12-02), the trial fails and the step runs the plain forward."""
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if SLOW not in _BACKENDS:
+        register_backend(compiler_fn=_never_done, name=SLOW)
+    monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", SLOW)
+    ARMED_IN_BACKEND.clear()
+    torch._dynamo.reset()
+    torch.set_num_threads(1)
+    x, y = zm.synthetic_batch(2, 2, 4)
+    eager = zm.make_model("gru", 4, 4)
+    model = zm.make_model("gru", 4, 4)
+    model.load_state_dict(eager.state_dict())
+    explorer = _TrialExplorer()
+    astra = AstraTorch(
+        model,
+        explorer,
+        threads=("1",),
+        total_steps=2,
+        background=False,
+        compile_costs=HostCompileCosts(tmp_path / "c.json", host="h"),
+    )
+    for i in range(3):  # the probe step (the trial handed out), then the trial's steps
+        if i == 1:
+            # The baseline measured at 20 ms a step: 2 steps could save 20 ms at most, the
+            # compile is priced at the 60 s cold prior.
+            astra.session.base_ms = 20.0
+        ref = _loss_and_grads(eager, x, y)
+        got = astra.run(_loss_and_grads, model, x, y)
+        assert torch.allclose(ref[0], got[0])
+    assert astra.whole_failed["plain"].startswith("not started")
+    assert ARMED_IN_BACKEND == []  # the backend never ran: nothing compiled, nothing abandoned
+    assert explorer.reports and explorer.reports[0].failed
+    astra.restore()
