@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     args = list(argv if argv is not None else sys.argv[1:])
-    runs = RUNS
+    runs: tuple[tuple[int, int], ...] = RUNS
     if "--runs" in args:
         i = args.index("--runs")
         runs = tuple(
