@@ -32,7 +32,7 @@ from microco.clients.compiler.explore.types import (
 from . import _session
 from . import _torch_fx as tfx
 from ._background import BackgroundCompiler
-from ._compile_costs import HostCompileCosts, compile_deadline_ms
+from ._compile_costs import HostCompileCosts, compile_deadline_ms, contention
 from ._deadline import CompileDeadline, DeadlineTimer
 from ._guard import StepSnapshot
 from ._run_length import run_length
@@ -351,9 +351,10 @@ class AstraTorch(SessionBacked):
         # each, they are bounded by CACHE_PROBE_SHARE of the run's eager time (issue 18, evening
         # of 2026-12-02: a capture and two asks, each under the bound, took 79 s of a 375 s run).
         self._probe_spent_ms = 0.0
-        # The probe step's wall time over its process CPU time (at least 1): how much slower
-        # than alone this process runs on this host now. Priors (what a trace or a compile
-        # takes alone) are scaled by it, as the steps whose saving they are weighed against are.
+        # The probe step's wall time over its process CPU time, at least the machine's
+        # contention (and 1): how much slower than alone this process runs on this host now.
+        # Priors (what a trace or a compile takes alone) are scaled by it, as the steps whose
+        # saving they are weighed against are.
         self._slowdown = 1.0
         self._probe_unused: set[str] = set()
         # The step guard (issue 18, _guard.py): a step run under a configuration that changes the
@@ -593,8 +594,11 @@ class AstraTorch(SessionBacked):
         cpu = (time.thread_time() - self._cpu_started) * 1e3 if one else math.nan
         if timed and self._probe_calls is not None and not self.clock.barrier:
             # (on the CPU only: an accelerator's step waits on the device, not on the host's load)
+            # ... and at least the machine's contention (the load over the cores), which scales
+            # this host's measured costs (``HostCompileCosts``): one step's own ratio is noisy
+            # (BART at load ~10: its ask priced 6 s alone at a ratio near 1 took 23.8 s).
             proc = (time.process_time() - self._process_started) * 1e3
-            self._slowdown = max(1.0, ms / proc) if proc > 0 else 1.0
+            self._slowdown = max(1.0, ms / proc if proc > 0 else 1.0, contention())
         if one and (time.process_time() - self._process_started) * 1e3 > 1.5 * cpu + 1.0:
             # Other threads of this process worked during the step (a kernel compiled for more
             # threads, the user's own threads): this thread's time is not the step's work.
