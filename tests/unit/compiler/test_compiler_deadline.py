@@ -55,6 +55,27 @@ def _loss_and_grads(model, x, y):
     return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
+def _trial_run(tmp_path):
+    """A gru and its eager twin, and a 2-step AstraTorch whose explorer hands out the whole-step
+    compile as the first trial (a short run: no cache probe at the probe step)."""
+    torch._dynamo.reset()
+    torch.set_num_threads(1)
+    batch = zm.synthetic_batch(2, 2, 4)
+    eager = zm.make_model("gru", 4, 4)
+    model = zm.make_model("gru", 4, 4)
+    model.load_state_dict(eager.state_dict())
+    explorer = _TrialExplorer()
+    astra = AstraTorch(
+        model,
+        explorer,
+        threads=("1",),
+        total_steps=2,
+        background=False,
+        compile_costs=HostCompileCosts(tmp_path / "c.json", host="h"),
+    )
+    return eager, model, explorer, astra, batch
+
+
 @pytest.fixture(autouse=True)
 def _no_alarm_handler():
     """pytest-timeout keeps a SIGALRM handler (and timer) in this process; the deadline only
@@ -158,21 +179,7 @@ def test_inductors_own_compile_is_bounded_in_its_per_graph_compile(tmp_path, mon
         return real_step(self)
 
     monkeypatch.setattr(InstructionTranslatorBase, "step", step)
-    torch._dynamo.reset()
-    torch.set_num_threads(1)
-    x, y = zm.synthetic_batch(2, 2, 4)
-    eager = zm.make_model("gru", 4, 4)
-    model = zm.make_model("gru", 4, 4)
-    model.load_state_dict(eager.state_dict())
-    explorer = _TrialExplorer()
-    astra = AstraTorch(
-        model,
-        explorer,
-        threads=("1",),
-        total_steps=2,
-        background=False,
-        compile_costs=HostCompileCosts(tmp_path / "c.json", host="h"),
-    )
+    eager, model, explorer, astra, (x, y) = _trial_run(tmp_path)
     timers.append(astra._deadline)
     for _ in range(3):
         ref = _loss_and_grads(eager, x, y)
@@ -195,21 +202,7 @@ def test_a_compile_whose_price_exceeds_what_it_could_save_is_not_started(tmp_pat
         register_backend(compiler_fn=_never_done, name=SLOW)
     monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", SLOW)
     ARMED_IN_BACKEND.clear()
-    torch._dynamo.reset()
-    torch.set_num_threads(1)
-    x, y = zm.synthetic_batch(2, 2, 4)
-    eager = zm.make_model("gru", 4, 4)
-    model = zm.make_model("gru", 4, 4)
-    model.load_state_dict(eager.state_dict())
-    explorer = _TrialExplorer()
-    astra = AstraTorch(
-        model,
-        explorer,
-        threads=("1",),
-        total_steps=2,
-        background=False,
-        compile_costs=HostCompileCosts(tmp_path / "c.json", host="h"),
-    )
+    eager, model, explorer, astra, (x, y) = _trial_run(tmp_path)
     for i in range(3):  # the probe step (the trial handed out), then the trial's steps
         if i == 1:
             # The baseline measured at 20 ms a step: 2 steps could save 20 ms at most, the
