@@ -3,9 +3,12 @@
 BartForConditionalGeneration from tiny configs, no weights), each trained through ``AstraTorch``
 beside eager on the same initial weights and batch. Reports per model and run length: stopped or
 not, the losses against eager's step by step (identical, largest relative difference), what was
-committed, the cache's answers and the run's wall time. Prints one JSON line per run.
+committed, the cache's answers and the run's wall time, beside eager's for the same steps, and
+each run's projected total (the steps run, then the rest at the median of the last steps run)
+over eager's. Prints one JSON line per run.
 
-``python -m microco.benchmarks.compiler_heldout [llama,distilbert,bart]``
+``python -m microco.benchmarks.compiler_heldout [llama,distilbert,bart] [--runs 300:300,5000:120]``
+(``--runs``: run length told : steps run, per run)
 """
 
 from __future__ import annotations
@@ -77,20 +80,28 @@ def run(name: str, total: int, steps: int) -> dict[str, Any]:
         return m, o, step
 
     _, _, eager_step = make()
+    t0 = time.perf_counter()
     eager = [eager_step() for _ in range(steps)]
+    eager_s = time.perf_counter() - t0
     torch._dynamo.reset()
     model, _, step = make()
     astra = AstraTorch(model, LocalExplorer(), name=f"heldout-{name}", total_steps=total)
     got: list[float] = []
+    times: list[float] = []
     error = ""
     t0 = time.perf_counter()
     try:
         for _ in range(steps):
+            t = time.perf_counter()
             got.append(astra.run(step))
+            times.append(time.perf_counter() - t)
     except Exception as exc:  # noqa: BLE001 - a stopped run is the finding, reported
         error = f"{type(exc).__name__}: {exc}"[:300]
     wall = time.perf_counter() - t0
     astra.restore()
+    last = sorted(times[-20:])
+    rest = (total - steps) * (last[len(last) // 2] if last else 0.0)
+    eager_total = eager_s / steps * total
     return {
         "model": name,
         "total_steps": total,
@@ -106,6 +117,9 @@ def run(name: str, total: int, steps: int) -> dict[str, Any]:
         "whole_cache": dict(astra.whole_cache),
         "whole_probe_ms": {k: round(v) for k, v in astra.whole_probe_ms.items()},
         "wall_s": round(wall, 2),
+        "eager_s": round(eager_s, 2),
+        # the run's projected total over eager's (eager: its steps' mean over the whole run)
+        "projected_total_ratio": round((wall + rest) / eager_total, 3) if eager_total > 0 else None,
     }
 
 
@@ -113,9 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    names = (argv if argv is not None else sys.argv[1:]) or ["llama,distilbert,bart"]
+    args = list(argv if argv is not None else sys.argv[1:])
+    runs: tuple[tuple[int, int], ...] = RUNS
+    if "--runs" in args:
+        i = args.index("--runs")
+        runs = tuple(
+            (int(a), int(b)) for a, b in (r.split(":") for r in args[i + 1].split(","))
+        )  # fmt: skip
+        del args[i : i + 2]
+    names = args or ["llama,distilbert,bart"]
     for name in names[0].split(","):
-        for total, steps in RUNS:
+        for total, steps in runs:
             print(json.dumps(run(name, total, steps)), flush=True)
     return 0
 

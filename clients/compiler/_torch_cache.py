@@ -41,6 +41,11 @@ class WholeStepBackend:
         # dynamo's graph first; :attr:`rewrites` counts the products they changed.
         self.rewrite = rewrite
         self.rewrites = 0
+        # ``count_offered`` (a plain step's cache ask, issue 18): also count, on a copy, the
+        # products the passes *would* change in dynamo's graph, so that the one trace of the ask
+        # tells whether the rewritten step is worth offering (no separate capture of the step).
+        self.count_offered = False
+        self.offered = 0
         self.compiler = compiler  # another backend than Inductor (tests); no cache to ask then
         self.nodes = 0  # FX nodes of the graphs dynamo handed over: the size a compile is priced by
         # The in-line compile's deadline (``_deadline``): its timer runs only inside the compile
@@ -55,6 +60,11 @@ class WholeStepBackend:
             from ._torch_fx import batch_shared_inputs, hoist_time_slices
 
             self.rewrites += hoist_time_slices(gm) + batch_shared_inputs(gm)
+        elif self.count_offered:
+            from ._torch_fx import count_rewrites
+
+            with contextlib.suppress(Exception):  # a graph the passes cannot read offers nothing
+                self.offered += count_rewrites(gm)
         if self.compiler is not None:
             from torch._dynamo import lookup_backend
 

@@ -55,6 +55,27 @@ def _loss_and_grads(model, x, y):
     return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
+def _trial_run(tmp_path):
+    """A gru and its eager twin, and a 2-step AstraTorch whose explorer hands out the whole-step
+    compile as the first trial (a short run: no cache probe at the probe step)."""
+    torch._dynamo.reset()
+    torch.set_num_threads(1)
+    batch = zm.synthetic_batch(2, 2, 4)
+    eager = zm.make_model("gru", 4, 4)
+    model = zm.make_model("gru", 4, 4)
+    model.load_state_dict(eager.state_dict())
+    explorer = _TrialExplorer()
+    astra = AstraTorch(
+        model,
+        explorer,
+        threads=("1",),
+        total_steps=2,
+        background=False,
+        compile_costs=HostCompileCosts(tmp_path / "c.json", host="h"),
+    )
+    return eager, model, explorer, astra, batch
+
+
 @pytest.fixture(autouse=True)
 def _no_alarm_handler():
     """pytest-timeout keeps a SIGALRM handler (and timer) in this process; the deadline only
@@ -158,21 +179,7 @@ def test_inductors_own_compile_is_bounded_in_its_per_graph_compile(tmp_path, mon
         return real_step(self)
 
     monkeypatch.setattr(InstructionTranslatorBase, "step", step)
-    torch._dynamo.reset()
-    torch.set_num_threads(1)
-    x, y = zm.synthetic_batch(2, 2, 4)
-    eager = zm.make_model("gru", 4, 4)
-    model = zm.make_model("gru", 4, 4)
-    model.load_state_dict(eager.state_dict())
-    explorer = _TrialExplorer()
-    astra = AstraTorch(
-        model,
-        explorer,
-        threads=("1",),
-        total_steps=2,
-        background=False,
-        compile_costs=HostCompileCosts(tmp_path / "c.json", host="h"),
-    )
+    eager, model, explorer, astra, (x, y) = _trial_run(tmp_path)
     timers.append(astra._deadline)
     for _ in range(3):
         ref = _loss_and_grads(eager, x, y)
@@ -182,3 +189,29 @@ def test_inductors_own_compile_is_bounded_in_its_per_graph_compile(tmp_path, mon
     assert explorer.reports and explorer.reports[0].failed
     assert armed_in_trace and not any(armed_in_trace)
     assert DeadlineTimer.available()
+
+
+def test_a_compile_whose_price_exceeds_what_it_could_save_is_not_started(tmp_path, monkeypatch):
+    """A trial's compile is abandoned once it has run what it could save over the steps left
+    (its deadline's bound). Where its price already exceeds that bound, the deadline is known to
+    be too short: the compile is not started (before, it ran to the deadline; issue 18, evening
+    of 2026-12-02), the trial fails and the step runs the plain forward."""
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if SLOW not in _BACKENDS:
+        register_backend(compiler_fn=_never_done, name=SLOW)
+    monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", SLOW)
+    ARMED_IN_BACKEND.clear()
+    eager, model, explorer, astra, (x, y) = _trial_run(tmp_path)
+    for i in range(3):  # the probe step (the trial handed out), then the trial's steps
+        if i == 1:
+            # The baseline measured at 20 ms a step: 2 steps could save 20 ms at most, the
+            # compile is priced at the 60 s cold prior.
+            astra.session.base_ms = 20.0
+        ref = _loss_and_grads(eager, x, y)
+        got = astra.run(_loss_and_grads, model, x, y)
+        assert torch.allclose(ref[0], got[0])
+    assert astra.whole_failed["plain"].startswith("not started")
+    assert ARMED_IN_BACKEND == []  # the backend never ran: nothing compiled, nothing abandoned
+    assert explorer.reports and explorer.reports[0].failed
+    astra.restore()

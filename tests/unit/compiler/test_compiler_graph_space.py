@@ -205,3 +205,31 @@ def test_a_tensor_passed_twice_stays_one_input_of_the_probe():
     assert astra._example_kwargs["seq"] is not astra._example_kwargs["target"]  # two tensors: two inputs
     astra.restore()
     torch._dynamo.reset()
+
+
+def test_the_plain_steps_ask_finds_the_rewrites_without_a_capture_of_its_own(monkeypatch, tmp_path):
+    """A step with its time loop inside ``forward`` (no module repeats): the plain step's cache
+    ask counts the products the passes would rewrite in the graph it traces, so the step is
+    traced once, not captured first and traced again to ask (issue 18, evening of 2026-12-02:
+    Llama's capture took 35 s of a 79 s probe step at a slowdown of 6)."""
+    from microco.clients.compiler._compile_costs import HostCompileCosts
+
+    captures = []
+    real = AstraTorch._count_graph_rewrites
+
+    def spy(self):
+        captures.append(1)
+        return real(self)
+
+    monkeypatch.setattr(AstraTorch, "_count_graph_rewrites", spy)
+    model, x, y = HighwayLoop(6, 8, 3), torch.randn(4, 3, 6), torch.randint(0, 3, (4,))
+    costs = HostCompileCosts(tmp_path / "costs.json")
+    astra = AstraTorch(
+        model, FixedExplorer(), threads=("1",), total_steps=10**7, background=False, compile_costs=costs
+    )
+    with astra.step():
+        _loss_and_grads(model, x, y)
+    astra.restore()
+    assert "plain" in astra.whole_probe_ms  # asked
+    assert not captures  # no capture alone
+    assert astra._graph_rewrites > 0 and "rewrite" in astra.whole_probe_ms  # found by the ask

@@ -163,3 +163,51 @@ def _probing_astra(costs, n):
     )
     a._example_args, a._input_shapes = (torch.randn(4, 2),), "(4, 2):torch.float32"
     return a
+
+
+def test_the_probes_capture_and_asks_share_one_budget(tmp_path):
+    """Llama at 5,000 steps (issue 18, evening of 2026-12-02): a capture of the step and two
+    cache asks, each priced under 5% of the run's eager time, took 79 s of a 375 s run in all.
+    They share one budget: with 3 s of a 5 s budget spent, an ask of 3 s is not started."""
+    pytest.importorskip("torch")
+    from microco.clients.compiler._compile_costs import HostCompileCosts
+    from microco.clients.compiler._torch import AstraTorch
+
+    costs = HostCompileCosts(tmp_path / "costs.json")
+    a = _probing_astra(costs, 5000)  # 20 ms steps: 100 s of eager, 5 s for the probe
+    costs.record(a._hw, AstraTorch.PROBE_KIND, 3000.0, graph=a._cost_graph())  # asks: 3 s here
+    costs.record(a._hw, AstraTorch.CAPTURE_KIND, 3000.0, graph=a._cost_graph())  # a capture: 3 s
+    assert a._worth_cache_probe(20.0) and a._worth_graph_capture(20.0)
+    a._probe_spent_ms = 3000.0  # the first ask ran and cost its price
+    assert not a._worth_cache_probe(20.0) and not a._worth_graph_capture(20.0)
+
+
+def test_probe_and_compile_priors_are_at_the_process_measured_slowdown(tmp_path):
+    """Llama at 5,000 steps on a loaded core (issue 18, evening of 2026-12-02: steps 75 ms wall
+    for 12 ms of CPU): asks priced by the flat 3 s prior took 16-26 s, a capture 35 s, and the
+    rewritten step's cold compile, priced at the flat 60 s prior against a 94 s optimistic
+    saving, ran 231 s and was abandoned. The priors are what a trace or a compile takes alone,
+    at the slowdown this process measured (its probe step's wall over its CPU time), as the
+    steps they are weighed against are: at a slowdown of 6 none of them is started."""
+    pytest.importorskip("torch")
+    from microco.clients.compiler._compile_costs import HostCompileCosts
+    from microco.clients.compiler.explore import GraphSpec, _core
+
+    costs = HostCompileCosts(tmp_path / "costs.json")  # nothing measured on this host
+    a = _probing_astra(costs, 5000)
+    a._first_trace_ms = lambda: 0.0  # this process has traced before (the imports are paid)
+    step_ms = 60.0  # 300 s of eager steps: 15 s for the probe
+    assert a._worth_cache_probe(step_ms) and a._worth_graph_capture(step_ms)  # alone: 3 s each
+    a._slowdown = 6.0
+    assert not a._worth_cache_probe(step_ms) and not a._worth_graph_capture(step_ms)  # 18 s each
+    # The whole step's cold compile, in line: 60 s alone, 360 s at this slowdown; the core's
+    # optimistic saving over 5,000 steps of 75 ms is 94 s: not tried.
+    a.session.spec = None
+    whole = next(v for v in a._variables() if v.name == "model.compile")
+    assert whole.compile_prior_ms == pytest.approx(6.0 * a.WHOLE_COMPILE_PRIOR_MS) and whole.prior_calibrated
+    spec = GraphSpec("fp", "(4, 32)", "cpu", (whole,), "llama", "torch", 5000)
+    state = _core.start(spec, _core.ExplorationPolicy())
+    state.trials.append(_core.TrialRecord(0, {}, 0, "baseline", steps=[75.0] * 6, step_ms=75.0, done=True))
+    state.best = 0
+    reason = _core._prune_reason(state, _core.ExplorationPolicy(), "", [whole], {whole.name: "inductor"})
+    assert "cannot repay" in reason
