@@ -100,21 +100,29 @@ class Scenario:
 # allocation adds what a job's misses cost the others on the shared link (a cache feature:
 # on both sides; ``services/cache/_allocation.py``), a dataset within its allocation may
 # take the room others hold beyond theirs (``bind``, off by default: ``CacheCore(bind_allocation)``,
-# ``services/cache/_eviction.py``))
+# ``services/cache/_eviction.py``), the policy's finish grace fed by each job's step telemetry
+# (``grace``: a running job that will finish within ``GRACE_QUANTA`` quanta at its observed
+# pace is not time-sliced out; ``GandivaConfig.finish_grace_s``))
 MODES = {
-    "independent": (False, False, True, "stall", False, False),
-    "codesign": (True, True, True, "stall", False, False),
-    "independent_affinity": (False, True, True, "stall", False, False),
-    "codesign_no_affinity": (True, False, True, "stall", False, False),
-    "independent_no_claims": (False, False, False, "stall", False, False),
-    "codesign_no_claims": (True, True, False, "stall", False, False),
-    "independent_link": (False, False, True, "link", False, False),
-    "codesign_link": (True, True, True, "link", False, False),
-    "independent_shared_link": (False, False, True, "stall", True, False),  # the link's price on
-    "codesign_shared_link": (True, True, True, "stall", True, False),
-    "independent_bind": (False, False, True, "stall", False, True),  # the allocation bound
-    "codesign_bind": (True, True, True, "stall", False, True),
+    "independent": (False, False, True, "stall", False, False, False),
+    "codesign": (True, True, True, "stall", False, False, True),
+    "independent_affinity": (False, True, True, "stall", False, False, False),
+    "codesign_no_affinity": (True, False, True, "stall", False, False, True),
+    "independent_no_claims": (False, False, False, "stall", False, False, False),
+    "codesign_no_claims": (True, True, False, "stall", False, False, True),
+    "independent_link": (False, False, True, "link", False, False, False),
+    "codesign_link": (True, True, True, "link", False, False, True),
+    "independent_shared_link": (False, False, True, "stall", True, False, False),  # the link's price on
+    "codesign_shared_link": (True, True, True, "stall", True, False, True),
+    "independent_bind": (False, False, True, "stall", False, True, False),  # the allocation bound
+    "codesign_bind": (True, True, True, "stall", False, True, True),
+    "independent_grace": (False, False, True, "stall", False, False, True),  # the grace alone
+    "codesign_no_grace": (True, True, True, "stall", False, False, False),  # as before the grace
 }
+#: The finish grace in quanta: at most this much longer a waiting job waits for its slice
+#: (per running job that keeps its device), for a job that would otherwise be suspended with
+#: less than this left and wait a whole slice to finish (its working set gone by then).
+GRACE_QUANTA = 0.5
 ABLATIONS = {
     "ablation": ("independent_affinity", "codesign_no_affinity"),
     "claims_ablation": ("independent_no_claims", "codesign_no_claims"),
@@ -125,6 +133,7 @@ ABLATIONS = {
         "independent_bind",
         "codesign_bind",
     ),
+    "grace_ablation": ("independent_grace", "codesign_no_grace"),
 }
 # (prefix of the ratios, base mode, mode compared with it), when both ran
 COMPARISONS = (
@@ -142,6 +151,9 @@ COMPARISONS = (
     ("with_shared_link_", "independent_shared_link", "codesign_shared_link"),
     ("bind_in_independent_", "independent", "independent_bind"),
     ("bind_in_codesign_", "codesign", "codesign_bind"),
+    ("grace_alone_", "independent", "independent_grace"),  # the policy's grace alone
+    ("grace_in_codesign_", "codesign_no_grace", "codesign"),
+    ("without_grace_", "independent", "codesign_no_grace"),  # the co-design as before the grace
 )
 
 
@@ -213,6 +225,17 @@ class Job:
     hits: int = 0
     misses: int = 0
     stall_s: float = 0.0  # waiting for data in its steps
+    # What its step telemetry tells the scheduler (as the hook's reports do): the steps it has
+    # trained of ``total_steps``, and its recent mini-batch time (boundary to boundary, so the
+    # waits for data are in it: the pace it will finish at).
+    steps_done: int = 0
+    total_steps: int = 0
+    step_times: list[float] = field(default_factory=list)
+
+    @property
+    def minibatch_ms(self) -> float | None:
+        recent = self.step_times[-8:]
+        return 1000.0 * statistics.median(recent) if recent else None
 
 
 def _open(datasets: dict[str, Any], store: Any, name: str) -> tuple[Any, Any]:
@@ -313,7 +336,7 @@ def _run_mode(
         next_to_run,
     )
 
-    codesign, affinity, claims, price, shared_link, bind = MODES[mode]
+    codesign, affinity, claims, price, shared_link, bind, grace = MODES[mode]
     loader_class = type("Loader", (QuiverLoader,), {"CLAIMS": claims, "MISS_PRICE": price})
     policy = make_policy(
         "gandiva",
@@ -322,6 +345,7 @@ def _run_mode(
         enable_migration=False,  # (the benchmark moves one job itself, at a set point)
         enable_grow_shrink=False,
         dataset_affinity=affinity,
+        finish_grace_s=GRACE_QUANTA * sc.quantum_s if grace else 0.0,
     )
     devices = tuple(DeviceView(f"d{i}", "local", kind="virtual") for i in range(sc.devices))
 
@@ -333,6 +357,8 @@ def _run_mode(
         Job(name, ds, datasets[ds], Model(len(datasets[ds].samples)), order=i)
         for i, (name, ds) in enumerate(sc.jobs())
     ]
+    for j in jobs:
+        j.total_steps = sc.epochs * -(-len(j.index.samples) // sc.batch_size)
     migrating = jobs[1]  # (mixed: a job of the shared dataset) moves to the second host
     t_start = time.monotonic()
     lock = threading.Lock()
@@ -357,6 +383,12 @@ def _run_mode(
         publisher.publish(recs, now, next_to_run(policy, view(now)))
 
     def train(job: Job) -> None:
+        from microco.clients.telemetry import StepTelemetry
+
+        # The job's step telemetry (the hook's stream; not installed: jobs here are threads of
+        # one process): one record per mini-batch, its pace read by the scheduler's views.
+        tel = StepTelemetry()
+        per_epoch = -(-len(job.index.samples) // sc.batch_size)
         epoch = 0
         position: dict | None = None
         while epoch < sc.epochs:
@@ -394,11 +426,16 @@ def _run_mode(
                         for i, d in zip(indices, data, strict=True):
                             job.model.add(i, d)
                         time.sleep(sc.compute_s)  # the device computes
+                        rec = tel.end_step(job.steps_done)
+                        with lock:
+                            job.steps_done += 1
+                            job.step_times.append(rec.step_s)
                         # The mini-batch boundary: obey the scheduler.
                         if not job.allowed.is_set():
                             job.parked.set()
                             job.allowed.wait()
                             job.parked.clear()
+                            tel.mark()  # (the park belongs to no mini-batch)
                             if job.migrate_to:
                                 moved = True
                                 break
@@ -407,6 +444,8 @@ def _run_mode(
                             position = loader.state_dict()
                         else:  # as today: the epoch starts again from its boundary's state
                             job.model.restart_epoch()
+                            with lock:
+                                job.steps_done = epoch * per_epoch
                         break
                     job.model.end_epoch()
                     epoch += 1
@@ -418,6 +457,7 @@ def _run_mode(
             if moved:
                 time.sleep(sc.restart_s)  # checkpoint, exit, start again on the new host
                 job.node, job.migrate_to = job.migrate_to, ""
+                tel.mark()
         job.finished_at = time.monotonic() - t_start
         job.parked.set()
 
@@ -485,6 +525,11 @@ def _run_mode(
                         + (now - j.last_change if j.state == "running" else 0.0),
                         last_change_at=j.last_change,
                         dataset=j.dataset,  # the name its loader registers with the cache
+                        # its telemetry, as the hook reports it (both sides; only a policy
+                        # with a finish grace acts on it)
+                        steps_done=j.steps_done,
+                        total_steps=j.total_steps,
+                        minibatch_ms=j.minibatch_ms,
                     )
                     for j in jobs
                     if j.state != "finished"
@@ -728,6 +773,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also run both sides with the shared link's price in the allocation (``*_shared_link``: "
         "CacheCore(shared_link=True)) and with the allocation bound both ways (``*_bind``: "
         "CacheCore(bind_allocation=True)); both are off by default",
+    )
+    p.add_argument(
+        "--grace-ablation",
+        action="store_true",
+        help="also run independent with the policy's finish grace (``independent_grace``) and "
+        "co-designed without it (``codesign_no_grace``)",
     )
     p.add_argument(
         "--account",
