@@ -693,16 +693,18 @@ SWEEP_RATIOS = (1.2, 1.9, 3.0)
 SWEEP_SHARED_JOBS = (3, 6)
 
 
-def sweep(sc: Scenario, rounds: int) -> dict:
+def sweep(sc: Scenario, rounds: int, modes: tuple[str, ...] = ("independent", "codesign")) -> dict:
     """Both sides at each point of a small grid, each point its own interleaved rounds: where
-    the co-design saves bytes and time and where it does not (docs/codesign.md)."""
+    the co-design saves bytes and time and where it does not (docs/codesign.md). ``modes``
+    beyond the two sides (an ablation's) are reported per point too, with their ratios."""
     shared_bytes = sc.shared_samples * sc.sample_bytes
     points = []
+    ratio_keys = ("jct_speedup", "backing_bytes_reduction")
     for ratio in SWEEP_RATIOS:
         for n in SWEEP_SHARED_JOBS:
             cache = int(shared_bytes / ratio)
             point = Scenario(**{**sc.__dict__, "cache_bytes": cache, "shared_jobs": n})
-            got = run(point, rounds)
+            got = run(point, rounds, modes)
             points.append(
                 {
                     "cache_ratio": ratio,
@@ -713,16 +715,12 @@ def sweep(sc: Scenario, rounds: int) -> dict:
                             k: got[side][k]
                             for k in ("avg_jct_s", "backing_bytes", "hit_rate", "losses_identical")
                         }
-                        for side in ("independent", "codesign")
+                        for side in modes
                     },
                     **{
-                        k: got[k]
-                        for k in (
-                            "jct_speedup",
-                            "jct_speedup_per_round",
-                            "backing_bytes_reduction",
-                            "backing_bytes_reduction_per_round",
-                        )
+                        k: v
+                        for k, v in got.items()
+                        if any(k.endswith(r) or k.endswith(r + "_per_round") for r in ratio_keys)
                     },
                 }
             )
@@ -825,15 +823,15 @@ def main(argv: list[str] | None = None) -> int:
             kind=args.scenario,
         )
     sc.lend = not args.keep_pins
-    if args.sweep:
-        rounds = args.rounds if args.rounds is not None else (1 if args.tiny else 2 if args.quick else 3)
-        json.dump(sweep(sc, rounds), sys.stdout, indent=2, default=float)
-        print()
-        return 0
-    rounds = args.rounds if args.rounds is not None else (1 if args.tiny else 4 if args.quick else 6)
     modes = ("independent", "codesign") + tuple(
         m for flag, ms in ABLATIONS.items() if getattr(args, flag) for m in ms
     )
+    if args.sweep:
+        rounds = args.rounds if args.rounds is not None else (1 if args.tiny else 2 if args.quick else 3)
+        json.dump(sweep(sc, rounds, modes), sys.stdout, indent=2, default=float)
+        print()
+        return 0
+    rounds = args.rounds if args.rounds is not None else (1 if args.tiny else 4 if args.quick else 6)
     out = run(sc, rounds, modes, account=args.account)
     json.dump(out, sys.stdout, indent=2, default=float)
     print()
