@@ -100,21 +100,30 @@ class Scenario:
 # allocation adds what a job's misses cost the others on the shared link (a cache feature:
 # on both sides; ``services/cache/_allocation.py``), a dataset within its allocation may
 # take the room others hold beyond theirs (``bind``, off by default: ``CacheCore(bind_allocation)``,
-# ``services/cache/_eviction.py``))
+# ``services/cache/_eviction.py``), the policy's finish grace fed by each job's step telemetry
+# (``grace``: a running job that will finish within ``GRACE_QUANTA`` quanta at its observed
+# pace is not time-sliced out; ``GandivaConfig.finish_grace_s``))
 MODES = {
-    "independent": (False, False, True, "stall", False, False),
-    "codesign": (True, True, True, "stall", False, False),
-    "independent_affinity": (False, True, True, "stall", False, False),
-    "codesign_no_affinity": (True, False, True, "stall", False, False),
-    "independent_no_claims": (False, False, False, "stall", False, False),
-    "codesign_no_claims": (True, True, False, "stall", False, False),
-    "independent_link": (False, False, True, "link", False, False),
-    "codesign_link": (True, True, True, "link", False, False),
-    "independent_shared_link": (False, False, True, "stall", True, False),  # the link's price on
-    "codesign_shared_link": (True, True, True, "stall", True, False),
-    "independent_bind": (False, False, True, "stall", False, True),  # the allocation bound
-    "codesign_bind": (True, True, True, "stall", False, True),
+    "independent": (False, False, True, "stall", False, False, False),
+    "codesign": (True, True, True, "stall", False, False, False),
+    "independent_affinity": (False, True, True, "stall", False, False, False),
+    "codesign_no_affinity": (True, False, True, "stall", False, False, False),
+    "independent_no_claims": (False, False, False, "stall", False, False, False),
+    "codesign_no_claims": (True, True, False, "stall", False, False, False),
+    "independent_link": (False, False, True, "link", False, False, False),
+    "codesign_link": (True, True, True, "link", False, False, False),
+    "independent_shared_link": (False, False, True, "stall", True, False, False),  # the link's price on
+    "codesign_shared_link": (True, True, True, "stall", True, False, False),
+    "independent_bind": (False, False, True, "stall", False, True, False),  # the allocation bound
+    "codesign_bind": (True, True, True, "stall", False, True, False),
+    # the policy's finish grace (a scheduler option, off by default: on neither side's default)
+    "independent_grace": (False, False, True, "stall", False, False, True),
+    "codesign_grace": (True, True, True, "stall", False, False, True),
 }
+#: The finish grace in quanta: at most this much longer a waiting job waits for its slice
+#: (per running job that keeps its device), for a job that would otherwise be suspended with
+#: less than this left and wait a whole slice to finish (its working set gone by then).
+GRACE_QUANTA = 0.5
 ABLATIONS = {
     "ablation": ("independent_affinity", "codesign_no_affinity"),
     "claims_ablation": ("independent_no_claims", "codesign_no_claims"),
@@ -125,6 +134,7 @@ ABLATIONS = {
         "independent_bind",
         "codesign_bind",
     ),
+    "grace_ablation": ("independent_grace", "codesign_grace"),
 }
 # (prefix of the ratios, base mode, mode compared with it), when both ran
 COMPARISONS = (
@@ -142,6 +152,9 @@ COMPARISONS = (
     ("with_shared_link_", "independent_shared_link", "codesign_shared_link"),
     ("bind_in_independent_", "independent", "independent_bind"),
     ("bind_in_codesign_", "codesign", "codesign_bind"),
+    ("grace_in_independent_", "independent", "independent_grace"),  # the policy's grace alone
+    ("grace_in_codesign_", "codesign", "codesign_grace"),
+    ("with_grace_", "independent_grace", "codesign_grace"),  # the co-design's part, both graced
 )
 
 
@@ -213,6 +226,17 @@ class Job:
     hits: int = 0
     misses: int = 0
     stall_s: float = 0.0  # waiting for data in its steps
+    # What its step telemetry tells the scheduler (as the hook's reports do): the steps it has
+    # trained of ``total_steps``, and its recent mini-batch time (boundary to boundary, so the
+    # waits for data are in it: the pace it will finish at).
+    steps_done: int = 0
+    total_steps: int = 0
+    step_times: list[float] = field(default_factory=list)
+
+    @property
+    def minibatch_ms(self) -> float | None:
+        recent = self.step_times[-8:]
+        return 1000.0 * statistics.median(recent) if recent else None
 
 
 def _open(datasets: dict[str, Any], store: Any, name: str) -> tuple[Any, Any]:
@@ -313,7 +337,7 @@ def _run_mode(
         next_to_run,
     )
 
-    codesign, affinity, claims, price, shared_link, bind = MODES[mode]
+    codesign, affinity, claims, price, shared_link, bind, grace = MODES[mode]
     loader_class = type("Loader", (QuiverLoader,), {"CLAIMS": claims, "MISS_PRICE": price})
     policy = make_policy(
         "gandiva",
@@ -322,6 +346,7 @@ def _run_mode(
         enable_migration=False,  # (the benchmark moves one job itself, at a set point)
         enable_grow_shrink=False,
         dataset_affinity=affinity,
+        finish_grace_s=GRACE_QUANTA * sc.quantum_s if grace else 0.0,
     )
     devices = tuple(DeviceView(f"d{i}", "local", kind="virtual") for i in range(sc.devices))
 
@@ -333,6 +358,8 @@ def _run_mode(
         Job(name, ds, datasets[ds], Model(len(datasets[ds].samples)), order=i)
         for i, (name, ds) in enumerate(sc.jobs())
     ]
+    for j in jobs:
+        j.total_steps = sc.epochs * -(-len(j.index.samples) // sc.batch_size)
     migrating = jobs[1]  # (mixed: a job of the shared dataset) moves to the second host
     t_start = time.monotonic()
     lock = threading.Lock()
@@ -357,6 +384,12 @@ def _run_mode(
         publisher.publish(recs, now, next_to_run(policy, view(now)))
 
     def train(job: Job) -> None:
+        from microco.clients.telemetry import StepTelemetry
+
+        # The job's step telemetry (the hook's stream; not installed: jobs here are threads of
+        # one process): one record per mini-batch, its pace read by the scheduler's views.
+        tel = StepTelemetry()
+        per_epoch = -(-len(job.index.samples) // sc.batch_size)
         epoch = 0
         position: dict | None = None
         while epoch < sc.epochs:
@@ -394,11 +427,16 @@ def _run_mode(
                         for i, d in zip(indices, data, strict=True):
                             job.model.add(i, d)
                         time.sleep(sc.compute_s)  # the device computes
+                        rec = tel.end_step(job.steps_done)
+                        with lock:
+                            job.steps_done += 1
+                            job.step_times.append(rec.step_s)
                         # The mini-batch boundary: obey the scheduler.
                         if not job.allowed.is_set():
                             job.parked.set()
                             job.allowed.wait()
                             job.parked.clear()
+                            tel.mark()  # (the park belongs to no mini-batch)
                             if job.migrate_to:
                                 moved = True
                                 break
@@ -407,6 +445,8 @@ def _run_mode(
                             position = loader.state_dict()
                         else:  # as today: the epoch starts again from its boundary's state
                             job.model.restart_epoch()
+                            with lock:
+                                job.steps_done = epoch * per_epoch
                         break
                     job.model.end_epoch()
                     epoch += 1
@@ -418,6 +458,7 @@ def _run_mode(
             if moved:
                 time.sleep(sc.restart_s)  # checkpoint, exit, start again on the new host
                 job.node, job.migrate_to = job.migrate_to, ""
+                tel.mark()
         job.finished_at = time.monotonic() - t_start
         job.parked.set()
 
@@ -485,6 +526,11 @@ def _run_mode(
                         + (now - j.last_change if j.state == "running" else 0.0),
                         last_change_at=j.last_change,
                         dataset=j.dataset,  # the name its loader registers with the cache
+                        # its telemetry, as the hook reports it (both sides; only a policy
+                        # with a finish grace acts on it)
+                        steps_done=j.steps_done,
+                        total_steps=j.total_steps,
+                        minibatch_ms=j.minibatch_ms,
                     )
                     for j in jobs
                     if j.state != "finished"
@@ -647,16 +693,18 @@ SWEEP_RATIOS = (1.2, 1.9, 3.0)
 SWEEP_SHARED_JOBS = (3, 6)
 
 
-def sweep(sc: Scenario, rounds: int) -> dict:
+def sweep(sc: Scenario, rounds: int, modes: tuple[str, ...] = ("independent", "codesign")) -> dict:
     """Both sides at each point of a small grid, each point its own interleaved rounds: where
-    the co-design saves bytes and time and where it does not (docs/codesign.md)."""
+    the co-design saves bytes and time and where it does not (docs/codesign.md). ``modes``
+    beyond the two sides (an ablation's) are reported per point too, with their ratios."""
     shared_bytes = sc.shared_samples * sc.sample_bytes
     points = []
+    ratio_keys = ("jct_speedup", "backing_bytes_reduction")
     for ratio in SWEEP_RATIOS:
         for n in SWEEP_SHARED_JOBS:
             cache = int(shared_bytes / ratio)
             point = Scenario(**{**sc.__dict__, "cache_bytes": cache, "shared_jobs": n})
-            got = run(point, rounds)
+            got = run(point, rounds, modes)
             points.append(
                 {
                     "cache_ratio": ratio,
@@ -667,16 +715,12 @@ def sweep(sc: Scenario, rounds: int) -> dict:
                             k: got[side][k]
                             for k in ("avg_jct_s", "backing_bytes", "hit_rate", "losses_identical")
                         }
-                        for side in ("independent", "codesign")
+                        for side in modes
                     },
                     **{
-                        k: got[k]
-                        for k in (
-                            "jct_speedup",
-                            "jct_speedup_per_round",
-                            "backing_bytes_reduction",
-                            "backing_bytes_reduction_per_round",
-                        )
+                        k: v
+                        for k, v in got.items()
+                        if any(k.endswith(r) or k.endswith(r + "_per_round") for r in ratio_keys)
                     },
                 }
             )
@@ -730,6 +774,12 @@ def main(argv: list[str] | None = None) -> int:
         "CacheCore(bind_allocation=True)); both are off by default",
     )
     p.add_argument(
+        "--grace-ablation",
+        action="store_true",
+        help="also run both sides with the policy's finish grace (``*_grace``: a running job that "
+        "will finish within half a quantum at its telemetry's pace is not time-sliced out)",
+    )
+    p.add_argument(
         "--account",
         action="store_true",
         help="record every backing-store read and cache insert/eviction; classify why each read missed",
@@ -773,15 +823,15 @@ def main(argv: list[str] | None = None) -> int:
             kind=args.scenario,
         )
     sc.lend = not args.keep_pins
-    if args.sweep:
-        rounds = args.rounds if args.rounds is not None else (1 if args.tiny else 2 if args.quick else 3)
-        json.dump(sweep(sc, rounds), sys.stdout, indent=2, default=float)
-        print()
-        return 0
-    rounds = args.rounds if args.rounds is not None else (1 if args.tiny else 4 if args.quick else 6)
     modes = ("independent", "codesign") + tuple(
         m for flag, ms in ABLATIONS.items() if getattr(args, flag) for m in ms
     )
+    if args.sweep:
+        rounds = args.rounds if args.rounds is not None else (1 if args.tiny else 2 if args.quick else 3)
+        json.dump(sweep(sc, rounds, modes), sys.stdout, indent=2, default=float)
+        print()
+        return 0
+    rounds = args.rounds if args.rounds is not None else (1 if args.tiny else 4 if args.quick else 6)
     out = run(sc, rounds, modes, account=args.account)
     json.dump(out, sys.stdout, indent=2, default=float)
     print()

@@ -37,6 +37,20 @@ def test_the_benchmark_reports_both_sides_and_identical_losses(capsys):
     assert out["jct_speedup"] == round(ind["avg_jct_s"] / co["avg_jct_s"], 3)
 
 
+def test_the_grace_ablation_runs_both_sides_with_the_finish_grace(capsys):
+    assert codesign.main(["--tiny", "--grace-ablation", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for side in ("independent", "codesign", "independent_grace", "codesign_grace"):
+        assert out[side]["losses_identical"] is True and out[side]["backing_bytes"] > 0
+    for prefix, base, new in (
+        ("grace_in_independent_", "independent", "independent_grace"),
+        ("grace_in_codesign_", "codesign", "codesign_grace"),
+        ("with_grace_", "independent_grace", "codesign_grace"),
+    ):
+        a, b = out[base]["runs"][0], out[new]["runs"][0]
+        assert out[prefix + "jct_speedup"] == round(a["avg_jct_s"] / b["avg_jct_s"], 3)
+
+
 def test_the_sweep_reports_both_sides_at_every_point_of_the_grid(capsys):
     assert codesign.main(["--tiny", "--sweep", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
