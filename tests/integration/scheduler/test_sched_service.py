@@ -23,6 +23,13 @@ def job_cmd(steps=100000, compute_ms=10.0, io_ms=0.0):
     return synthetic_job(steps, compute_ms, io_ms)
 
 
+def waiting_job():
+    """A long job that mostly waits (1 ms of CPU in 10): for the tests where only its steps
+    matter. A busy loop until cancelled takes a core for the test's whole length on a 2-core
+    machine, and longer the busier the machine is (docs/testing.md)."""
+    return job_cmd(compute_ms=1, io_ms=9)
+
+
 @pytest.fixture
 def scheduler(etcd_endpoint, etcd_kv, tmp_path):
     procs = []
@@ -103,7 +110,7 @@ def test_time_slicing_four_jobs_on_two_devices(agents, scheduler, etcd_kv):
         {"quantum_s": 1.0, "enable_packing": False, "enable_migration": False, "enable_grow_shrink": False},
     )
     c = client(etcd_kv)
-    ids = [c.submit(make_spec(job_cmd(compute_ms=5), devices=1, name=f"ts{i}")).id for i in range(4)]
+    ids = [c.submit(make_spec(waiting_job(), devices=1, name=f"ts{i}")).id for i in range(4)]
 
     def all_sliced():
         js = jobs(c, ids)
@@ -185,9 +192,9 @@ def test_failover_and_kills_lose_nothing(agents, scheduler, etcd_kv, etcd_endpoi
     leader = etcd_kv.get("/microco/leader/scheduler").decode()
     c = client(etcd_kv)
     env = {"MICROCO_CHECKPOINT_EVERY_S": "0.3"}
-    a = c.submit(make_spec(job_cmd(compute_ms=5), devices=1, name="a", env=env)).id
-    b = c.submit(make_spec(job_cmd(compute_ms=5), devices=1, name="b", env=env)).id
-    q = c.submit(make_spec(job_cmd(compute_ms=5), devices=2, name="q", env=env)).id
+    a = c.submit(make_spec(waiting_job(), devices=1, name="a", env=env)).id
+    b = c.submit(make_spec(waiting_job(), devices=1, name="b", env=env)).id
+    q = c.submit(make_spec(waiting_job(), devices=2, name="q", env=env)).id
     wait_for(
         lambda: all(j["state"] == "running" and j["step"] > 5 for j in jobs(c, [a, b]).values()),
         30,
