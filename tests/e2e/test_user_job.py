@@ -46,6 +46,10 @@ def _cli(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.Co
 
 def _wait_ended(env: dict[str, str], job_id: str, timeout: float = 240) -> dict:
     deadline = time.monotonic() + timeout
+    # One `job logs -f` (it returns when the job's process ends) rather than a `job show` every
+    # half second meanwhile: a CLI process costs ~0.5 CPU-s, and a job's torch start-up on a
+    # loaded machine took dozens of them. Then `job show` until the scheduler records the end.
+    _cli(env, "job", "logs", "-f", job_id, timeout=timeout)
     while time.monotonic() < deadline:
         job = json.loads(_cli(env, "job", "show", job_id, "--json").stdout)
         if job["state"] in ("finished", "failed", "cancelled"):

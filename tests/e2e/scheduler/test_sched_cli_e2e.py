@@ -34,7 +34,8 @@ def test_submit_list_show_cancel(etcd_endpoint, etcd_kv, tmp_path):
     agent = spawn_agent(etcd_endpoint, "e2e", tmp_path / "agent", devices=1, kv=etcd_kv)
     sched = spawn_scheduler(etcd_endpoint, tmp_path / "sched", policy="fifo", tick_s=0.2, kv=etcd_kv)
     try:
-        job = [sys.executable, "-m", "microco.examples.synthetic_job", "--compute-ms", "1"]
+        # mostly waiting: the long job below would otherwise busy a core until it is cancelled
+        job = [sys.executable, "-m", "microco.examples.synthetic_job", "--compute-ms", "1", "--io-ms", "4"]
         r = microco(
             etcd_endpoint,
             "job",

@@ -58,7 +58,9 @@ def test_operator_suspends_resumes_migrates_and_resizes(etcd_endpoint, etcd_kv, 
             "-m",
             "microco.examples.synthetic_job",
             "--compute-ms",
-            "2",
+            "1",
+            "--io-ms",
+            "9",  # mostly waiting: two busy loops until cancelled would take both cores
             "--steps",
             "100000",
         ]

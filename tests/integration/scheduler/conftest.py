@@ -11,10 +11,15 @@ from microco.services.scheduler._local import spawn_agent, spawn_scheduler, stop
 
 @pytest.fixture
 def agents(etcd_endpoint, etcd_kv, tmp_path):
-    """``start(node, devices=2)`` -> Popen of a real agent sharing one checkpoint root."""
+    """``start(node, devices=2)`` -> Popen of a real agent sharing one checkpoint root.
+    ``preload="auto"`` gives it the warm zygote (torch imported once; its Python jobs are
+    forked from it) and returns once the zygote is warm: for tests that start torch processes
+    on one node again and again (each exec'd start imports torch and torch._dynamo, ~5 CPU-s).
+    ``lease_ttl_s``: longer for tests that do not lose nodes, so an agent starved of CPU on a
+    loaded machine is not taken as lost (it fences its jobs at 3/4 of it)."""
     procs = []
 
-    def start(node: str, devices: int = 2):
+    def start(node: str, devices: int = 2, preload: str = "none", lease_ttl_s: int = 3):
         p = spawn_agent(
             etcd_endpoint,
             node,
@@ -23,6 +28,9 @@ def agents(etcd_endpoint, etcd_kv, tmp_path):
             checkpoint_root=tmp_path / "checkpoints",
             kv=etcd_kv,
             log_path=tmp_path / f"agent-{node}.log",
+            preload=preload,
+            wait_warm=preload != "none",
+            lease_ttl_s=lease_ttl_s,
         )
         procs.append(p)
         return p

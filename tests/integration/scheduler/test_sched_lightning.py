@@ -53,8 +53,11 @@ def record(kv, j):
 def test_lightning_ddp_job_parks_in_place_is_moved_and_finishes(agents, sched, etcd_kv, tmp_path):
     if importlib.util.find_spec("pytorch_lightning") is None:  # (not imported here: seconds)
         pytest.skip("pytorch_lightning is not installed")
-    with ThreadPoolExecutor(2) as pool:  # the two agents start side by side
-        list(pool.map(lambda node: agents(node, devices=2), ["n1", "n2"]))
+    # The two agents start side by side. Their node leases are 10 s, not 3: no node is lost here,
+    # and beside the suite (load 8-14) an agent whose two ranks were importing Lightning missed
+    # its 3 s lease and its job restarted from the beginning (18:20 UTC, 2026-12-02).
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda node: agents(node, devices=2, lease_ttl_s=10), ["n1", "n2"]))
     # The policy moves nothing by itself: the moves below are the operator's.
     c = sched({"enable_packing": False, "enable_grow_shrink": False, "enable_migration": False})
     out = tmp_path / "out.json"

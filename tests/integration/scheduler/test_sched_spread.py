@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from _support import wait_for_jobs as wait_for
@@ -36,8 +37,11 @@ def need(module: str) -> None:
 
 def test_spread_job_is_consolidated_and_continues(agents, etcd_endpoint, etcd_kv, tmp_path):
     need("torch")
-    agents("n1", devices=1)
-    agents("n2", devices=1)
+    # Warm zygotes on n1 and n2 (started side by side): the ranks of the first two attempts are
+    # forked from them instead of four processes importing torch (n3's are started the ordinary
+    # way: the policy consolidates onto it as soon as it registers, before a zygote is warm).
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda node: agents(node, devices=1, preload="auto"), ["n1", "n2"]))
     sched = spawn_scheduler(
         etcd_endpoint,
         tmp_path / "sched",
