@@ -41,15 +41,22 @@ DEADLINE_FACTOR = 3.0  # a priori: a price within 3x of the truth is a price; be
 MIN_DEADLINE_MS = 10_000.0  # a priori: below ~10 s, thread start and tracing noise dominate
 
 
+def most_saving_ms(steps_left: int, base_ms: float | None) -> float | None:
+    """The most a compile could save over the ``steps_left`` at the baseline's typical step
+    ``base_ms`` (at best twice as fast: half a step saved a step); None when ``base_ms`` is
+    unknown."""
+    if base_ms is None or not math.isfinite(base_ms) or base_ms <= 0:
+        return None
+    return 0.5 * base_ms * max(0, steps_left)
+
+
 def compile_deadline_ms(price_ms: float, steps_left: int, base_ms: float | None) -> float:
     """How long a trial's compile may run before it is abandoned: ``DEADLINE_FACTOR`` x its
-    price (at least ``MIN_DEADLINE_MS``), and never longer than the most it could save over the
-    ``steps_left`` at the baseline's typical step ``base_ms`` (at best twice as fast: half a step
-    saved a step). ``base_ms`` unknown: the factor alone."""
+    price (at least ``MIN_DEADLINE_MS``), and never longer than the most it could save
+    (``most_saving_ms``). ``base_ms`` unknown: the factor alone."""
     allowed = max(MIN_DEADLINE_MS, DEADLINE_FACTOR * max(0.0, price_ms))
-    if base_ms is not None and math.isfinite(base_ms) and base_ms > 0:
-        allowed = min(allowed, 0.5 * base_ms * max(0, steps_left))
-    return allowed
+    most = most_saving_ms(steps_left, base_ms)
+    return allowed if most is None else min(allowed, most)
 
 
 def default_path() -> Path:

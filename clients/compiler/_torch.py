@@ -32,7 +32,7 @@ from microco.clients.compiler.explore.types import (
 from . import _session
 from . import _torch_fx as tfx
 from ._background import BackgroundCompiler
-from ._compile_costs import HostCompileCosts, compile_deadline_ms, contention
+from ._compile_costs import HostCompileCosts, compile_deadline_ms, contention, most_saving_ms
 from ._deadline import CompileDeadline, DeadlineTimer
 from ._guard import StepSnapshot
 from ._run_length import run_length
@@ -1097,7 +1097,7 @@ class AstraTorch(SessionBacked):
         """Whatever a trial's call compiles (the first compile, or a recompile for guards the
         probe's graph does not pass: another memory format) is bounded by its price. False: a
         compile not done yet whose price exceeds the most it could save over the steps left
-        (twice as fast, the deadline's own bound): it would be abandoned at a deadline known
+        (``most_saving_ms``, the deadline's own bound): it would be abandoned at a deadline known
         to be too short, and is not started (issue 18, evening of 2026-12-02)."""
         spec, s = self.session.spec, self.session
         if spec is None or not self.INLINE_DEADLINE:
@@ -1105,7 +1105,8 @@ class AstraTorch(SessionBacked):
         price = next((v.compile_prior_ms for v in spec.variables if v.name == WHOLE.get(kind)), 0.0)
         base = s.base_ms if s.base_ms is not None else s.best_ms
         left = self.total_steps - s.steps
-        if kind not in self._whole_built and math.isfinite(base) and price > 0.5 * base * max(0, left):
+        most = most_saving_ms(left, base)
+        if kind not in self._whole_built and most is not None and price > most:
             return False
         deadline = compile_deadline_ms(price, left, base)
         if self._deadline_kind != kind:  # once per step: what the step's compiles may take in all
