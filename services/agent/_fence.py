@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 #: (the rest of the TTL is left for stopping the jobs). Keep-alives go out every TTL/6, so
 #: two or three slow or lost keep-alives in a row do not fence.
 FENCE_AT = 0.75
+#: Fraction of the TTL before the lease may expire by which a fenced job is killed
+#: (``FencedLease.kill_grace``): half of what the fence leaves.
+KILL_MARGIN = 0.5 * (1.0 - FENCE_AT)
 #: How often the watchdog looks at the clock, at most (seconds).
 WATCH_S = 0.05
 
@@ -77,6 +80,7 @@ class FencedLease:
         self.fences = 0  # how many times the agent fenced (observable in tests and status)
         self._lease: Lease | None = None
         self._deadline = float("inf")  # the lease lives at least until then (monotonic)
+        self._expires_by = float("inf")  # at a fence: the deadline it was reached against
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -176,6 +180,15 @@ class FencedLease:
     def _fence_time(self) -> float:
         return self._deadline - (1.0 - self.fence_at) * self.ttl
 
+    def kill_grace(self, wanted_s: float) -> float:
+        """How long a fenced job may take to stop after SIGTERM before it is killed: at most
+        ``wanted_s``, and never past the moment the lease may expire less ``KILL_MARGIN`` of
+        its TTL for the kill to land. A fence reached late (a watchdog starved on a loaded
+        machine) kills at once: with a 3 s lease, a fixed 0.6 s grace after a fence due 0.75 s
+        before expiry left the job alive 0.64 s after its lease had gone (CI, 2026-12-02)."""
+        left = self._expires_by - self.clock() - KILL_MARGIN * self.ttl
+        return max(0.0, min(wanted_s, left))
+
     def _fence(self, why: str) -> None:
         with self._lock:
             if self.fenced:
@@ -183,7 +196,7 @@ class FencedLease:
             self.fenced = True
             self.fences += 1
             old, self._lease = self._lease, None
-            self._deadline = float("inf")
+            self._expires_by, self._deadline = self._deadline, float("inf")
         if old is not None:
             # best effort, not waited for: if etcd is reachable after all (a slow keep-alive,
             # not a partition) the record goes now and the scheduler moves the jobs at once

@@ -272,14 +272,14 @@ class NodeAgent:
         """Stop every job now (SIGTERM, SIGKILL after a short grace): the scheduler may start
         them elsewhere once the lease expires. Repeated until none is left, so a start that
         passed the gate just before the fence is stopped too."""
-        grace = min(1.0, 0.2 * self.lease_ttl_s)
         for _ in range(5):
             live = [p for p in self.procs.list() if p.exit_code is None]
             if not live:
                 return
             for p in live:
                 try:
-                    self.procs.stop(p.job_id, grace)
+                    # killed before the lease can expire, however late the fence came
+                    self.procs.stop(p.job_id, self._leased.kill_grace(min(1.0, 0.2 * self.lease_ttl_s)))
                 except Exception:
                     log.exception("fence: stopping %s", p.job_id)
             time.sleep(0.05)

@@ -9,7 +9,7 @@ import pytest
 
 from microco.common.errors import Unavailable
 from microco.common.kv import MemoryKV
-from microco.services.agent._fence import FENCE_AT, FencedLease
+from microco.services.agent._fence import FENCE_AT, KILL_MARGIN, FencedLease
 from microco.services.agent._service import NodeAgent
 
 
@@ -40,6 +40,32 @@ def test_fences_before_the_lease_can_expire_and_once() -> None:
     fl._put_new()  # etcd answers again: a new lease, a new epoch, the fence lifted
     assert not fl.fenced and fl.epoch not in (0, epoch) and kv.get("/n/a") == b"rec"
     fl.stop()
+
+
+def test_a_fenced_jobs_grace_ends_before_the_lease_can_expire() -> None:
+    """A fence reached on time leaves the grace asked for where the lease allows it; one reached
+    late (the watchdog starved) kills at once (CI, 2026-12-02: a 0.6 s grace after a fence due
+    0.75 s before expiry left the job alive after its lease had gone)."""
+    kv, clock = MemoryKV(), _Clock()
+    fl = FencedLease(kv, "/n/g", lambda: b"x", 10, lambda: None, clock=clock)
+    fl._put_new()  # the lease lives at least until 110
+    assert fl.kill_grace(1.0) == 1.0  # not fenced: nothing known to bound it but what is asked
+    clock.t = 100.0 + FENCE_AT * 10  # fenced on time: 2.5 s left, 1.25 s of it for the kill
+    fl.check()
+    assert (
+        fl.fenced
+        and fl.kill_grace(1.0) == 1.0
+        and fl.kill_grace(2.0) == pytest.approx(2.5 - KILL_MARGIN * 10)
+    )
+    clock.t = 109.0  # the same fence, its jobs stopped late: killed at once
+    assert fl.kill_grace(1.0) == 0.0
+    fl3 = FencedLease(kv, "/n/h", lambda: b"x", 3, lambda: None, clock=clock)
+    fl3._put_new()  # 3 s lease sent at 109: lives until 112; fenced at 111.25
+    clock.t = 109.0 + FENCE_AT * 3
+    fl3.check()
+    assert fl3.kill_grace(0.6) == pytest.approx(0.75 - KILL_MARGIN * 3)  # under the 0.6 s asked
+    fl.stop()
+    fl3.stop()
 
 
 def test_a_confirmed_keepalive_moves_the_deadline_from_its_send_time() -> None:
