@@ -7,15 +7,41 @@ the steps, so a run that was suspended, moved and resumed must end with the same
 uninterrupted one.
 
     python -m microco.examples.synthetic_job --steps 100 --compute-ms 10 --io-ms 10
+
+With ``--device-locks DIR`` each mini-batch's compute also holds an exclusive lock on a file
+per device it was given (``DIR/<device id>``), as an accelerator runs one job's kernels at a
+time: jobs packed on one device then share it whatever else the host runs (on a busy host a
+core is shared with everything, so two packed CPU-bound jobs may lose nothing against one).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
+import os
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def _devices_held(lock_dir: str | None) -> Iterator[None]:
+    """Hold an exclusive lock on each of this process's devices (``MICROCO_DEVICES``), in
+    order; nothing without ``lock_dir``."""
+    if not lock_dir:
+        yield
+        return
+    from microco.clients.scheduler import ENV_DEVICES
+
+    with contextlib.ExitStack() as stack:
+        for dev in sorted(d for d in os.environ.get(ENV_DEVICES, "").split(",") if d):
+            f = stack.enter_context(open(Path(lock_dir) / dev.replace("/", "_"), "a"))
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--compute-ms", type=float, default=10.0, help="CPU-busy time per mini-batch")
     p.add_argument("--io-ms", type=float, default=0.0, help="idle (input-wait) time per mini-batch")
+    p.add_argument(
+        "--device-locks",
+        metavar="DIR",
+        help="hold a lock per device (a file in DIR) while computing: packed jobs share their device",
+    )
     p.add_argument("--fail-at", type=int, default=-1, help="exit 3 at this step (tests)")
     p.add_argument("--out", help="write the final digest and steps here (JSON)")
     args = p.parse_args(argv)
@@ -46,10 +77,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"failing at step {step}, as asked (--fail-at)", file=sys.stderr, flush=True)
             raise SystemExit(3)
         # CPU time, not wall time: on a shared core the work takes longer, as real compute does.
-        t_end = time.thread_time() + args.compute_ms / 1000.0
-        x = 0
-        while time.thread_time() < t_end:
-            x += 1
+        with _devices_held(args.device_locks):
+            t_end = time.thread_time() + args.compute_ms / 1000.0
+            x = 0
+            while time.thread_time() < t_end:
+                x += 1
         if args.io_ms:
             time.sleep(args.io_ms / 1000.0)
         state["digest"] = hashlib.sha256(f"{state['digest']}:{step}".encode()).hexdigest()
