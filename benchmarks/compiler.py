@@ -495,24 +495,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--cold-cache",
         action="store_true",
-        help="compile into a fresh, empty Inductor cache (a machine's first run); default: the "
-        "user's cache, warm after a previous run",
+        help="compile into a fresh, empty Inductor cache (a machine's first run); with --corpus, one "
+        "per contender (the static compiler, microco per run length); default: the user's cache, "
+        "warm after a previous run",
     )
     p.add_argument("--measure-run", action="store_true", help="also time whole runs of every variant (slow)")
     p.add_argument(
         "--corpus",
-        choices=("zoo", "public"),
+        choices=("zoo", "public", "heldout"),
         default="zoo",
         help="public: models the project did not write (benchmarks/compiler_corpus.py; --models "
-        "picks from it, --run-steps sizes exploration, default 1000)",
+        "picks from it, --run-steps sizes exploration, default 1000); heldout: public models outside "
+        "that corpus, by the same runner (benchmarks/compiler_heldout.py)",
     )
     args = p.parse_args(argv)
     args.argv = argv
-    if args.corpus == "public":
-        from . import compiler_corpus
+    if args.corpus in ("public", "heldout"):
+        from . import compiler_corpus, compiler_heldout
 
         os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-        print(json.dumps(compiler_corpus.run(args), indent=None if args.json else 2, default=float))
+        cases = compiler_corpus.corpus if args.corpus == "public" else compiler_heldout.heldout
+        result = compiler_corpus.run(args, cases, args.corpus)
+        print(json.dumps(result, indent=None if args.json else 2, default=float))
         return 0
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     if args.cold_cache:

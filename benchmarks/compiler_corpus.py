@@ -25,6 +25,7 @@ For TensorFlow, "eager" is the user's step under ``tf.function`` and "static" is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -32,7 +33,7 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -456,8 +457,25 @@ def _wrapper_cost_us(astra: Any, calls: int = 2000) -> float | None:
     return round((time.process_time() - c0) / calls * 1e6, 2)
 
 
+@contextlib.contextmanager
+def _compile_cache(framework: str, directory: str | None) -> Iterator[None]:
+    """Inductor's caches in ``directory`` (a fresh one: a first compile on this machine) while a
+    contender compiles; None: the user's cache as it is. TensorFlow's XLA keeps no cache on disk."""
+    if directory is None or framework != "torch":
+        yield
+        return
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    with temporary_cache_dir(directory):
+        yield
+
+
 def bench_case(
-    case: Case, run_steps: int, rounds: int, lengths: tuple[int, ...] | None = None
+    case: Case,
+    run_steps: int,
+    rounds: int,
+    lengths: tuple[int, ...] | None = None,
+    cold_cache: bool = False,
 ) -> dict[str, Any]:
     """Eager, the static compiler and microco side by side on one corpus model.
 
@@ -465,14 +483,26 @@ def bench_case(
     on this machine (an empty state of its own) told that length, so its exploration is the one
     that length allows; then a second run of the first length over the same state (it should
     start tuned: ``rerun``). The contenders then run interleaved, and each run length's total is
-    each contender's measured first steps plus the remaining steps at its interleaved median."""
+    each contender's measured first steps plus the remaining steps at its interleaved median.
+
+    ``cold_cache``: the static compiler and each microco run told a length compile into Inductor
+    caches of their own, fresh (the rerun into its first run's): run in one process against the
+    user's cache, a graph the static contender compiled is a cache hit for microco's ask, which a
+    model never compiled on this machine would not give it."""
     import tempfile
 
     lengths = tuple(lengths or (run_steps,))
     adapter = _torch_adapter(case) if case.framework == "torch" else _tf_adapter(case)
     out: dict[str, Any] = {"name": case.name, "framework": case.framework, "source": case.source}
     contenders: dict[str, _Contender] = {"eager": adapter["eager"]()}
-    static, static_error = adapter["static"]()
+    fresh = tempfile.mkdtemp(prefix="microco-corpus-inductor-") if cold_cache else None
+
+    def cache(tag: str) -> Any:
+        return _compile_cache(case.framework, os.path.join(fresh, tag) if fresh else None)
+
+    out["inductor_cache"] = "fresh per contender" if fresh else "the user's"
+    with cache("static"):
+        static, static_error = adapter["static"]()
     if static is not None:
         contenders["static"] = static
     else:
@@ -484,7 +514,8 @@ def bench_case(
     explorers: dict[int, Any] = {}
     for n in lengths:
         explorers[n] = LocalExplorer.on_disk(os.path.join(state_dir, f"{case.name}-{n}.json"))
-        explored[n] = _micro_run(case, adapter["micro"], n, explorers[n], f"microco@{n}")
+        with cache(f"microco@{n}"):
+            explored[n] = _micro_run(case, adapter["micro"], n, explorers[n], f"microco@{n}")
         if not explored[n]["stopped"]:
             e = explored[n]
             contenders[f"microco@{n}"] = _Contender(e["step"], e["explore_s"], e["explore_steps"])
@@ -492,7 +523,8 @@ def bench_case(
     first = lengths[0]
     rerun: dict[str, Any] = {}
     if not explored[first]["stopped"]:
-        again = _micro_run(case, adapter["micro"], first, explorers[first], "rerun")
+        with cache(f"microco@{first}"):
+            again = _micro_run(case, adapter["micro"], first, explorers[first], "rerun")
         rerun = {
             "run_steps": first,
             "committed_at_start": bool(again["trial_steps"] == 0 and again["committed"]),
@@ -529,6 +561,9 @@ def bench_case(
     runs: dict[str, dict[str, Any]] = {}
     for n in RUN_LENGTHS:
         r: dict[str, Any] = {"eager_s": total(contenders["eager"], ms["eager"], n)}
+        r["measured_steps"] = {
+            c: min(n, contenders[c].first_steps) for c in ("eager", "static", micro_key[n]) if c in ms
+        }
         if "static" in ms:
             r["static_s"] = total(contenders["static"], ms["static"], n)
         k = micro_key[n]
@@ -754,17 +789,28 @@ def _best_baseline_s(r: dict[str, Any]) -> float:
     return min(r[k] for k in ("eager_s", "static_s") if k in r)
 
 
-def run(args: Any) -> dict[str, Any]:
+# How each run length's totals are made (carried in the JSON): no contender runs 5,000 steps here.
+TOTALS = (
+    "measured first steps (the static compile, microco's exploration to its commit, one warm-up "
+    "step; wall) plus the remaining steps of the run at the contender's interleaved median per "
+    "step (runs[n]: wall medians; runs[n].by_cpu: process CPU medians); measured_steps gives each "
+    "contender's measured prefix"
+)
+
+
+def run(args: Any, cases_of: Callable[[], list[Case]] = corpus, name: str = "public") -> dict[str, Any]:
+    """The corpus runner over ``cases_of()`` (default: the public corpus; the held-out models:
+    ``compiler_heldout.heldout``), reported under ``corpus: name``."""
     import torch
 
     torch.set_num_threads(args.threads)
-    cases = corpus()
+    cases = cases_of()
     names = [c.name for c in cases]
     if args.models:
         wanted = args.models.split(",")
         unknown = [w for w in wanted if w not in names and w not in SKIPPED]
         if unknown:
-            raise SystemExit(f"unknown corpus models {unknown}; the corpus: {names}")
+            raise SystemExit(f"unknown {name} models {unknown}; the {name} corpus: {names}")
         cases = [c for c in cases if c.name in wanted]
     elif args.quick:
         cases = [c for c in cases if c.name in QUICK]
@@ -787,14 +833,15 @@ def run(args: Any) -> dict[str, Any]:
     models = []
     for case in cases:
         print(f"[bench compiler --corpus] {case.name}", file=sys.stderr, flush=True)
-        models.append(bench_case(case, run_steps, rounds, lengths))
+        models.append(bench_case(case, run_steps, rounds, lengths, getattr(args, "cold_cache", False)))
         # each model's result as it is done, on stderr: a run cut short keeps what it measured
         print(json.dumps(models[-1], default=float), file=sys.stderr, flush=True)
     ok = [m for m in models if m["microco_ms"] is not None]
     return {
         "benchmark": "compiler",
-        "corpus": "public",
+        "corpus": name,
         "quick": args.quick,
+        "totals": TOTALS,
         "command": "microco bench compiler " + " ".join(sys.argv[1:] if args.argv is None else args.argv),
         "machine": {
             "cpus": os.cpu_count(),

@@ -30,17 +30,20 @@ def test_corpus_case_reports_every_field_and_never_stops():
     case = Case("tiny-gru", "torch.nn.GRU", Tiny, batch, lambda m, x, y: nn.functional.cross_entropy(m(x), y))
     old = torch.get_num_threads()
     try:
-        m = bench_case(case, run_steps=40, rounds=1)
+        m = bench_case(case, run_steps=40, rounds=1, cold_cache=True)
     finally:
         torch.set_num_threads(old)
     for key in ("name", "framework", "eager_ms", "static_ms", "microco_ms", "stopped", "loss_rel_diff"):
         assert key in m
     assert m["name"] == "tiny-gru" and m["framework"] == "torch"
+    assert m["inductor_cache"] == "fresh per contender"  # (the static compile's not microco's)
     assert m["stopped"] is False and not m["error"]
     assert m["loss_rel_diff"] < 1e-5  # same weights, same batch, as many steps
     assert set(m["runs"]) == {str(n) for n in RUN_LENGTHS}
     for r in m["runs"].values():
         cpu = r.pop("by_cpu")  # the same totals, the remaining steps at the CPU-time medians
+        measured = r.pop("measured_steps")  # each contender's measured prefix (the rest extrapolated)
+        assert set(measured) == {"eager", "static", "microco@40"} and all(v >= 1 for v in measured.values())
         assert set(r) == {"eager_s", "static_s", "microco_s", "explored_for"} and all(
             v > 0 for v in r.values()
         )
@@ -85,3 +88,19 @@ def test_the_corpus_names_public_code():
     names = [c.name for c in _torch_cases()]  # (the transformers cases: an import of seconds)
     assert {"torch-lstm", "torch-gru", "torch-lstmcell-loop", "torch-transformer"} <= set(names)
     assert len(names) == len(set(names))
+
+
+def test_the_heldout_models_are_cases_of_the_corpus_runner():
+    """The held-out check runs through the corpus runner (eager, torch.compile and microco
+    interleaved; session of 2026-12-03): its models are that runner's cases, each a public model
+    built from a tiny config whose training loss is a finite scalar."""
+    pytest.importorskip("transformers")
+    from microco.benchmarks.compiler_heldout import MODELS, heldout
+
+    cases = heldout()
+    assert [c.name for c in cases] == list(MODELS)
+    for c in cases:
+        assert isinstance(c, Case) and c.framework == "torch"
+        x, y = c.batch()
+        loss = c.loss(c.make(), x, y)
+        assert loss.dim() == 0 and torch.isfinite(loss)
