@@ -46,10 +46,11 @@ def heldout() -> list[Case]:
         return tr.LlamaForCausalLM(cfg)
 
     def distilbert() -> Any:
-        cfg = tr.DistilBertConfig(
+        kw: dict[str, Any] = dict(
             vocab_size=V, dim=64, hidden_dim=128, n_layers=2, n_heads=2, max_position_embeddings=L,
             num_labels=3, dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0,
         )  # fmt: skip
+        cfg = tr.DistilBertConfig(**kw)  # (num_labels: the base config's keyword argument)
         return tr.DistilBertForSequenceClassification(cfg)
 
     def bart() -> Any:
