@@ -1117,10 +1117,14 @@ class AstraTorch(SessionBacked):
         if self._deadline_kind != kind:  # once per step: what the step's compiles may take in all
             self._deadline.allow(deadline, f"whole-step compile ({kind})")
             self._deadline_kind = kind
+        if kind not in self._whole_built:
+            self._deadline.begin()  # the trace before the compile calls counts toward it too
         return True
 
     def _disarm_deadline(self) -> None:
-        elapsed = self._deadline.disarm() or self._deadline.last_ms
+        self._deadline.disarm()
+        # what the abandoned compile ran in all, Dynamo's trace and AOTAutograd included
+        elapsed = self._deadline.spent_ms()
         self._deadline.allow(0.0, "")
         kind, self._deadline_kind = self._deadline_kind, ""
         if not (kind and self._deadline.fired):

@@ -162,6 +162,58 @@ def test_an_in_line_compile_past_its_deadline_is_abandoned_and_training_goes_on(
     astra.restore()
 
 
+TIMER_LEFT_IN_BACKEND: list[float] = []
+
+
+def _never_done_timed(gm, example_inputs):
+    TIMER_LEFT_IN_BACKEND.append(signal.getitimer(signal.ITIMER_REAL)[0])
+    time.sleep(600)  # interrupted by the timer
+    return gm.forward
+
+
+def test_the_trace_before_the_compile_counts_toward_its_deadline_and_its_floor(tmp_path, monkeypatch):
+    """Llama's rewritten step at a slowdown of 6 (issue 18, evening of 2026-12-02): abandoned at
+    its 178.6 s deadline, after Dynamo's trace and AOTAutograd had run 52 s outside the timer,
+    unbounded, and left out of the floor recorded for that graph. The trace cannot be interrupted
+    (a raise in it aborted a CI worker), but from the compiled call's start it counts: here a
+    trace of at least 2 s against a 200 ms deadline leaves the compile call 1 ms, and the floor
+    kept for the graph is at least what the trace took."""
+    import json
+
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+    from torch._dynamo.symbolic_convert import InstructionTranslatorBase
+
+    name = SLOW + "_timed"
+    if name not in _BACKENDS:
+        register_backend(compiler_fn=_never_done_timed, name=name)
+    monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", name)
+    monkeypatch.setattr(_torch, "compile_deadline_ms", lambda price, left, base: 200.0)
+    TIMER_LEFT_IN_BACKEND.clear()
+    eager, model, explorer, astra, (x, y) = _trial_run(tmp_path)
+    slept: list[bool] = []
+    real_step = InstructionTranslatorBase.step
+
+    def step(self):  # a slow trace: its first instruction under the trial's deadline takes 2 s
+        if astra._deadline.budget_ms > 0 and not slept:
+            slept.append(True)
+            time.sleep(2.0)
+        return real_step(self)
+
+    monkeypatch.setattr(InstructionTranslatorBase, "step", step)
+    for _ in range(3):
+        ref = _loss_and_grads(eager, x, y)
+        got = astra.run(_loss_and_grads, model, x, y)
+        assert torch.allclose(ref[0], got[0])
+    assert slept and "CompileDeadline" in astra.whole_failed["plain"]
+    assert len(TIMER_LEFT_IN_BACKEND) == 1 and 0 < TIMER_LEFT_IN_BACKEND[0] <= 0.001
+    records = json.loads((tmp_path / "c.json").read_text())
+    floors = [e for hw in records.values() for e in hw.get("torch:whole:plain", []) if e.get("floor")]
+    assert floors and floors[-1]["ms"] >= 2000.0
+    assert explorer.reports and explorer.reports[0].failed
+    assert DeadlineTimer.available()
+    astra.restore()
+
+
 def test_inductors_own_compile_is_bounded_in_its_per_graph_compile(tmp_path, monkeypatch):
     """The production path: Inductor (no test backend), a cold private cache, a 1 ms deadline.
     The timer runs in Inductor's per-graph compile (``compile_fx_inner``), never in Dynamo's
