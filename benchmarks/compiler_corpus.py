@@ -111,21 +111,34 @@ def _torch_cases() -> list[Case]:
     ]
 
 
-def _hf_cases() -> list[Case]:
+HF_VOCAB, HF_BATCH, HF_LEN = 256, 4, 32  # the transformers models' tiny configs and batch
+
+
+def transformers_or_skip(names: tuple[str, ...]) -> Any:
+    """``transformers``, or None with ``names`` reported skipped (the reason in ``SKIPPED``)."""
     try:
-        import transformers as tr
+        import transformers
     except ImportError as exc:
         why = f"transformers is not importable ({exc}); extra microco[corpus]"
-        SKIPPED.update(dict.fromkeys(("hf-gpt2", "hf-bert", "hf-t5"), why))
-        return []
+        SKIPPED.update(dict.fromkeys(names, why))
+        return None
+    return transformers
+
+
+def hf_ids() -> tuple[Any, ...]:
+    """The transformers models' batch: token ids, and a label per sequence (3 classes)."""
     import torch
 
-    V, B, L = 256, 4, 32
+    g = torch.Generator().manual_seed(2)
+    x = torch.randint(0, HF_VOCAB, (HF_BATCH, HF_LEN), generator=g)
+    return x, torch.randint(0, 3, (HF_BATCH,), generator=g)
 
-    def ids() -> tuple[Any, ...]:
-        g = torch.Generator().manual_seed(2)
-        x = torch.randint(0, V, (B, L), generator=g)
-        return x, torch.randint(0, 3, (B,), generator=g)
+
+def _hf_cases() -> list[Case]:
+    tr = transformers_or_skip(("hf-gpt2", "hf-bert", "hf-t5"))
+    if tr is None:
+        return []
+    V, L, ids = HF_VOCAB, HF_LEN, hf_ids
 
     def gpt2() -> Any:
         cfg = tr.GPT2Config(

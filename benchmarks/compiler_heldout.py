@@ -16,27 +16,16 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .compiler_corpus import SKIPPED, Case
+from .compiler_corpus import HF_LEN, HF_VOCAB, Case, hf_ids, transformers_or_skip
 
 MODELS = ("hf-llama", "hf-distilbert", "hf-bart")
 
 
 def heldout() -> list[Case]:
-    try:
-        import transformers as tr
-    except ImportError as exc:
-        SKIPPED.update(
-            dict.fromkeys(MODELS, f"transformers is not importable ({exc}); extra microco[corpus]")
-        )
+    tr = transformers_or_skip(MODELS)
+    if tr is None:
         return []
-    import torch
-
-    V, B, L = 256, 4, 32
-
-    def ids() -> tuple[Any, ...]:
-        g = torch.Generator().manual_seed(2)
-        x = torch.randint(0, V, (B, L), generator=g)
-        return x, torch.randint(0, 3, (B,), generator=g)
+    V, L, ids = HF_VOCAB, HF_LEN, hf_ids
 
     def llama() -> Any:
         cfg = tr.LlamaConfig(
