@@ -196,6 +196,25 @@ class HostCompileCosts:
             return _median(sized) * size
         return _median([r["ms"] for r in rows])
 
+    # -- what a compile gained here (issue 18, session of 2026-12-03)
+    def record_gain(self, hardware: str, kind: str, ratio: float, graph: str) -> None:
+        """Keep the speedup a compile of ``kind`` gave ``graph`` on this host: the baseline's step
+        over the compiled one's, measured interleaved (the exploration's confirming A/B), at one
+        load: a ratio, not scaled by the load as a compile time is."""
+        if not (ratio > 0 and math.isfinite(ratio)) or not graph:
+            return
+        data = self._load()
+        rows = data.setdefault(self._key(hardware), {}).setdefault(f"gain:{kind}", [])
+        rows.append({"ratio": float(ratio), "at": time.time(), "graph": graph})
+        del rows[:-KEEP]
+        self._save(data)
+
+    def gain(self, hardware: str, kind: str, graph: str) -> float | None:
+        """The median speedup a compile of ``kind`` gave ``graph`` here; None: never measured."""
+        rows = [r for r in self.measurements(hardware, f"gain:{kind}") if r.get("graph") == graph]
+        ratios = [float(r["ratio"]) for r in rows if isinstance(r.get("ratio"), (int, float))]
+        return _median(ratios) if ratios else None
+
     def first_price(self, hardware: str, kind: str, size: int) -> float | None:
         """A conservative price for the first compile of a graph never compiled here (issue 18,
         fourth session of 2026-12-02): ``size`` nodes at the *highest* per-node rate this host

@@ -49,6 +49,11 @@ class Variable:
     # = the framework's default, calibrated. Empty: the prior holds for every configuration.
     prior_holds_for: tuple[str, ...] = ()
     prior_otherwise_ms: float = 0.0
+    # The speedup this host measured for this variable's compiled choice on this graph (the
+    # interleaved A/B of an earlier run, kept with its compile costs; 0: never measured): the
+    # core then expects that saving, not its optimistic bound times ``expected_gain_share``.
+    # (Not on the wire, as ``prior_holds_for``: a remote core uses the bound.)
+    measured_speedup: float = 0.0
 
     def holds_for(self, values: dict[str, str]) -> bool:
         """Does ``compile_prior_ms`` price a compile of this variable in configuration ``values``?"""
@@ -74,6 +79,8 @@ class Variable:
         else:
             d.pop("prior_holds_for")
             d.pop("prior_otherwise_ms")
+        if not self.measured_speedup:  # absent when never measured: older states unchanged
+            d.pop("measured_speedup")
         return d
 
     @classmethod
@@ -89,6 +96,7 @@ class Variable:
             tuple(d.get("subsumes", ())),
             tuple(d.get("prior_holds_for", ())),
             float(d.get("prior_otherwise_ms", 0.0)),
+            float(d.get("measured_speedup", 0.0)),
         )
 
 

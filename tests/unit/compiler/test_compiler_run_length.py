@@ -232,3 +232,54 @@ def test_probe_and_compile_priors_are_at_the_process_measured_slowdown(tmp_path)
     state.best = 0
     reason = _core._prune_reason(state, _core.ExplorationPolicy(), "", [whole], {whole.name: "inductor"})
     assert "cannot repay" in reason
+
+
+def test_a_compile_gain_measured_here_replaces_the_optimistic_expectation(tmp_path):
+    """hf-t5 at 1,000 steps (issue 18, session of 2026-12-03): its compiled whole step ran 1.83x
+    interleaved at 5,000 steps, but a run of 1,000 expected a quarter of its 13.5 s saved (twice
+    as fast, half of that expected: 3.4 s), below its ask (about 4 s), and ran eager code
+    against a static compiler that loaded the same compile (1.17x). What this host measured the
+    graph's compile to gain is kept at the commit and expected in place of the bound: by the ask
+    gate and by the core's pruning."""
+    pytest.importorskip("torch")
+    from dataclasses import replace
+
+    from microco.clients.compiler._compile_costs import HostCompileCosts
+    from microco.clients.compiler._torch import AstraTorch
+    from microco.clients.compiler.explore import GraphSpec, TrialReport, _core
+
+    costs = HostCompileCosts(tmp_path / "costs.json")
+    a = _probing_astra(costs, 1000)
+    costs.record(a._hw, AstraTorch.PROBE_KIND, 4000.0, graph=a._cost_graph())
+    costs.record(a._hw, "torch:whole:plain", 4000.0, graph=a._cost_graph(), warm=True)  # loaded here
+    step_ms = 13.5
+    assert not a._worth_cache_probe(step_ms)  # 3.4 s expected < 4 s
+
+    # An earlier run committed the compiled step after an interleaved A/B (10 against 5.5 ms).
+    whole = Variable("model.compile", ("eager", "inductor"), "", 1, compiles=True, compile_prior_ms=1.0)
+    spec = GraphSpec("fp", "(4, 2)", "cpu", (whole,), "m", "torch", 100_000)
+    explorer = LocalExplorer()
+    cfg = explorer.register(spec)
+    while not cfg.committed:
+        on = cfg.values["model.compile"] == "inductor"
+        steps = [50.0] + [5.5 if on else 10.0] * 4
+        cfg = explorer.report(spec.key, TrialReport(cfg.trial, steps))
+    assert cfg.values["model.compile"] == "inductor"
+    a.session.explorer, a.session.spec = explorer, spec
+    a._learn_gain()
+    gain = costs.gain(a._hw, "torch:whole:plain", a._cost_graph())
+    assert gain == pytest.approx(explorer.core.get(spec.key).speedup) and gain > 1.5
+
+    assert a._worth_cache_probe(step_ms)  # 13.5 s x (1 - 1/1.8) > 4 s
+    a.session.spec = None
+    mine = next(v for v in a._variables() if v.name == "model.compile")
+    assert mine.measured_speedup == pytest.approx(gain)
+    # The core: the hit priced 4 s against 1,000 steps of 13.5 ms, tried only with the gain.
+    run = GraphSpec("fp", "(4, 2)", "cpu", (replace(mine, compile_prior_ms=4000.0),), "t5", "torch", 1000)
+    state = _core.start(run, _core.ExplorationPolicy())
+    state.trials.append(_core.TrialRecord(0, {}, 0, "baseline", steps=[13.5] * 6, step_ms=13.5, done=True))
+    state.best = 0
+    combo = {"model.compile": "inductor"}
+    assert _core._prune_reason(state, _core.ExplorationPolicy(), "", list(run.variables), combo) == ""
+    bound = [replace(v, measured_speedup=0.0) for v in run.variables]
+    assert "cannot repay" in _core._prune_reason(state, _core.ExplorationPolicy(), "", bound, combo)
