@@ -22,7 +22,7 @@ interrupted, but it is counted (issue 18, session of 2026-12-03: at a slowdown o
 52 s beside an abandoned compile's 179 s, neither bounded nor in the floor recorded for it):
 from :meth:`DeadlineTimer.begin`, called where the compiled step is first called, the deadline
 is the wall time since then, so each compile call gets what the trace left (1 ms where the trace
-took it all), and :attr:`DeadlineTimer.spent_ms` is what the abandoned compile ran in all.
+took it all), and :meth:`DeadlineTimer.spent_ms` is what the abandoned compile ran in all.
 """
 
 from __future__ import annotations
