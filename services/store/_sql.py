@@ -637,10 +637,13 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
             for k in list(set(q.args) | set(trial.args)):
                 q.set(k, trial.args.get(k))
             return True
+        q.replace(exp.select("*").from_(stage(plan)))
+        return True
+
+    def stage(plan: SqlPlan) -> str:
         name = f"{STAGE}{len(stages)}"
         stages.append((name, plan))
-        q.replace(exp.select("*").from_(name))
-        return True
+        return name
 
     def visit(q: exp.Expr) -> None:
         q = _unwrap(q)
@@ -660,6 +663,15 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
                     visit(src.this)
 
     visit(tree)
+    # uncorrelated scalar aggregates over one table, several to a table: one sub-plan (one scan) each
+    for combined, uses in _batched_scalars(tree, ctx.tables):
+        sub = _Ctx(ctx.core, combined, ctx.tables, ctx.live, ctx.addresses, text=combined.sql(DIALECT))
+        plan = _distributed(sub, table_refs(sub.tree))
+        if plan is None:
+            continue
+        name = stage(plan)
+        for q, column in uses:
+            q.replace(exp.select(exp.column(column)).from_(name))
     # then subqueries in expressions (scalar, IN, EXISTS) that are not correlated, outermost first
     for q in list(tree.find_all(exp.Select)):
         if q is not tree and q.root() is tree and _uncorrelated(q, ctx.tables):
@@ -689,6 +701,101 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
         moved_bytes=plan.moved_bytes + sum(sub.moved_bytes for _, sub in stages),
         stages=stages,
     )
+
+
+BATCHED = "__microco_b"  # a batched scalar subquery's column in its stage's one row
+_BATCHABLE_AGGS = (exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Count)
+
+
+def _scalar_aggregate(q: exp.Select, tree: exp.Expr, tables: dict[str, TableInfo]) -> tuple[str, str] | None:
+    """The (table, alias) of ``q`` when it is an uncorrelated scalar subquery in an expression
+    that aggregates one store table to one value: ``(select <expr of sum/avg/min/max/count> from
+    t [where cond])``, no DISTINCT, FILTER, GROUP BY, HAVING, ORDER BY, LIMIT, window or nested
+    subquery, every column inside an aggregate. Else None."""
+    sub = q.parent
+    if not isinstance(sub, exp.Subquery) or sub.args.get("alias") or q.root() is not tree:
+        return None
+    if isinstance(sub.parent, (exp.In, exp.Exists, exp.Any, exp.All, exp.From, exp.Join)):
+        return None
+    if {k for k, v in q.args.items() if v} - {"expressions", _FROM, "where"}:
+        return None
+    src = q.args.get(_FROM)
+    if src is None or not isinstance(src.this, exp.Table) or src.this.name.lower() not in tables:
+        return None
+    if len(q.expressions) != 1 or not _uncorrelated(q, tables):
+        return None
+    item = q.expressions[0]
+    value = item.this if isinstance(item, exp.Alias) else item
+    aggs = list(value.find_all(exp.AggFunc))
+    if not aggs or any(type(a) not in _BATCHABLE_AGGS or a.find(exp.Distinct) for a in aggs):
+        return None
+    if any(x is not q for x in q.find_all(exp.Select)) or q.find(exp.Window, exp.Filter):
+        return None
+    where = q.args.get("where")
+    if where is not None and where.find(exp.AggFunc):
+        return None
+    for c in value.find_all(exp.Column):
+        if c.find_ancestor(exp.AggFunc) is None:
+            return None
+    return src.this.name.lower(), src.this.alias_or_name.lower()
+
+
+def _batched_scalars(
+    tree: exp.Expr, tables: dict[str, TableInfo]
+) -> list[tuple[exp.Select, list[tuple[exp.Select, str]]]]:
+    """Uncorrelated scalar aggregates over the same table (TPC-DS Q9: fifteen of them over
+    ``store_sales``, each its own sub-plan and scan before), batched: one SELECT per table whose
+    columns are the subqueries' values, each aggregate restricted to its own subquery's rows
+    (``agg(x) where c`` as ``agg(case when c then x end)``; ``count(*)`` as ``count(case when c
+    then 1 end)``: aggregates skip NULLs, so each value is exactly its subquery's, NULL or 0 over
+    no rows alike), and the rows read cut to the union of the conditions. Returns each combined
+    SELECT with the subqueries it answers and the column of each (identical subqueries share
+    one). Only tables with two subqueries or more."""
+    groups: dict[tuple[str, str], list[exp.Select]] = defaultdict(list)
+    for q in tree.find_all(exp.Select):
+        key = _scalar_aggregate(q, tree, tables)
+        if key is not None:
+            groups[key].append(q)
+    out = []
+    for subs in groups.values():
+        if len(subs) < 2:
+            continue
+        items: list[exp.Expr] = []
+        conds: list[exp.Expr] = []
+        seen: dict[str, str] = {}
+        uses = []
+        for q in subs:
+            text = q.sql(DIALECT)
+            if text not in seen:
+                seen[text] = f"{BATCHED}{len(seen)}"
+                where = q.args.get("where")
+                cond = where.this.copy() if where is not None else None
+                item = q.expressions[0]
+                value = (item.this if isinstance(item, exp.Alias) else item).copy()
+                if cond is not None:
+                    conds.append(exp.paren(cond.copy(), copy=False))
+                    value = _restricted(value, cond)
+                items.append(exp.alias_(value, seen[text]))
+            uses.append((q, seen[text]))
+        combined = exp.select(*items).from_(subs[0].args[_FROM].this.copy())
+        if len(conds) == len(seen):  # every subquery filters: read only rows one of them keeps
+            combined = combined.where(exp.or_(*conds, copy=False), copy=False)
+        out.append((combined, uses))
+    return out
+
+
+def _restricted(value: exp.Expr, cond: exp.Expr) -> exp.Expr:
+    """``value`` with every aggregate's input limited to the rows where ``cond`` holds."""
+
+    def fn(n: exp.Expr) -> exp.Expr:
+        if not isinstance(n, _BATCHABLE_AGGS):
+            return n
+        arg = n.this
+        inner = exp.Literal.number(1) if arg is None or isinstance(arg, exp.Star) else arg.copy()
+        case = exp.Case(ifs=[exp.If(this=cond.copy(), true=inner)])
+        return n.__class__(this=case, **{k: v for k, v in n.args.items() if k != "this"})
+
+    return value.transform(fn, copy=False)
 
 
 def _columns_of(tables: dict[str, TableInfo]) -> dict[str, set[str]]:
