@@ -289,3 +289,41 @@ def test_a_partition_read_on_one_side_only_joins_nothing():
     assert out.to_pylist() == [{"k": 1, "s": 3}, {"k": 2, "s": 3}]
     task["by_partition"] = False
     assert _exec.run_task(Env(), task).sort_by("k").equals(out)
+
+
+@pytest.mark.parametrize(
+    "q",
+    [
+        Query("items", group_by=("l_oid",), aggs=(Agg("sum", "l_qty", "q"),)),
+        Query("orders", join=Join("items", "o_id", "l_oid"), group_by=("o_cust",), aggs=(Agg("max", "l_qty", "m"),)),
+    ],
+)
+def test_a_matched_fragments_partitions_run_side_by_side(core, q):
+    """A matched fragment's partitions are disjoint in their groups (joined rows), so a node runs
+    them on several threads at once, each aggregation single-threaded (no per-thread hash tables
+    to merge); they ran one after another. Two partitions of one fragment must be read at the
+    same time: a barrier of two parties in the node's reads passes only then (a 60 s deadline,
+    not a timing)."""
+    import threading
+
+    from microco.services.store import _exec
+
+    plan = core.plan(q)
+    node, task = max(plan.stages[0], key=lambda nt: len({s["unit"][1] for s in nt[1]["left"]["sources"]}))
+    assert len({s["unit"][1] for s in task["left"]["sources"]}) >= 2 and task["by_partition"]
+    store = core.transport.stores[node]
+    barrier = threading.Barrier(2, timeout=60)
+    seen: set[int] = set()
+
+    class Env:  # the node's own reads, with a meeting point for the first two partitions
+        def read_source(self, source, columns):
+            p = source["unit"][1]
+            if source["table"] == q.table and p not in seen and len(seen) < 2:
+                seen.add(p)
+                barrier.wait()
+            return store.read_source(source, columns)
+
+    out = _exec.run_task(Env(), task)
+    assert len(seen) == 2 and not barrier.broken
+    order = [(c, "ascending") for c in out.column_names]
+    assert out.sort_by(order).equals(store.run(task).sort_by(order))
