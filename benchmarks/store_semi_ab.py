@@ -4,14 +4,12 @@ cores in this process over the same nodes (Flight, mutual TLS), one with semi-jo
 (``sql_semi_join_bytes=0``: the plans before) and one with the default, and by DuckDB on the
 same Parquet files; trials interleaved in a rotating order, medians kept. JSON on stdout.
 
-    python -m microco.benchmarks.store_semi_ab --sf 1 [--trials 3] [--ab semi|subquery|partagg|parallel|plancache]
+    python -m microco.benchmarks.store_semi_ab --sf 1 [--trials 3] [--ab semi|subquery|partagg|plancache]
 
 ``--ab subquery``: "before" runs subqueries keyed to a partition column as gathers. ``--ab
 partagg``: the JSON-model queries of ``microco bench store`` instead (only orders and lineitem
 loaded), "before" aggregating a node's partitions together in a group-by on the partition column,
 "after" each partition alone; the forced shuffle plan and DuckDB run in the same rotation.
-``--ab parallel``: the same queries, "before" running a matched fragment's partitions one after
-another (each aggregation on the node's threads), "after" side by side, one thread each.
 ``--ab plancache``: the same queries, "before" planning every query anew (``model_plan_cache=0``),
 "after" reusing a plan made on the same catalog version; the shuffle plan runs on both cores.
 """
@@ -39,11 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", default=os.path.expanduser("~/.cache/microco/tpch"))
     ap.add_argument(
         "--ab",
-        choices=("semi", "subquery", "partagg", "parallel", "plancache"),
+        choices=("semi", "subquery", "partagg", "plancache"),
         default="semi",
         help="what 'before' turns off: semi-join reduction, subqueries run per partition, or a "
-        "partition-local group-by aggregating each partition alone, or a matched fragment's partitions "
-        "side by side, or the JSON-model plan cache (the last three: the JSON-model queries)",
+        "partition-local group-by aggregating each partition alone, or the JSON-model plan cache "
+        "(both: the JSON-model queries)",
     )
     ap.add_argument("--queries", default="", help="comma-separated query numbers (default: all 22)")
     args = ap.parse_args(argv)
@@ -63,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ) as cluster:
         client = StoreClient.from_address(cluster.coordinator_address, default_timeout=600)
         t0 = time.perf_counter()
-        model = args.ab in ("partagg", "parallel", "plancache")
+        model = args.ab in ("partagg", "plancache")
         load_tables(client, data, ["orders", "lineitem"] if model else list(REPLICAS))
         result["load_s"] = round(time.perf_counter() - t0, 1)
         _log(f"loaded in {result['load_s']} s")
@@ -78,9 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         elif args.ab == "partagg":
             before = StoreCore(kv, transport)
             before.agg_by_partition = False
-        elif args.ab == "parallel":
-            before = StoreCore(kv, transport)
-            before.agg_by_partition = "serial"
         elif args.ab == "plancache":
             before = StoreCore(kv, transport, model_plan_cache=0)
         else:

@@ -157,10 +157,9 @@ class StoreCore:
         self.sql_subquery_pushdown = True
         # staged SQL plans (``_sql._staged``): parts of a query that split run as sub-plans
         self.sql_staging = True
-        # a group-by on the partition column aggregates each partition alone on its node, the
-        # node's partitions side by side (``_exec._by_partition``); "serial": one after another,
-        # False: the node's partitions together (A/B benchmarks)
-        self.agg_by_partition: bool | str = True
+        # a group-by on the partition column aggregates each partition alone on its node
+        # (``_exec._by_partition``); False: the node's partitions together (A/B benchmark)
+        self.agg_by_partition = True
         self.catalog = Catalog(kv)
         self.transport = transport
         self.super_extent_rows = super_extent_rows

@@ -6,7 +6,6 @@ Arrow Flight, or an in-process cluster in the unit tests)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,9 +19,6 @@ from ._partition import _literal_array, _mix, hash_codes
 from ._query import Agg
 
 _READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="store-read")
-# a matched fragment's partitions, side by side (``_by_partition``); never submits to itself
-PARTITION_WORKERS = min(8, max(2, os.cpu_count() or 2))
-_PARTITIONS = ThreadPoolExecutor(max_workers=PARTITION_WORKERS, thread_name_prefix="store-partition")
 TIMINGS_META = b"microco.timings"  # a fragment's own seconds, in its result's schema metadata
 
 
@@ -84,9 +80,7 @@ def _agg_inputs(aggs: Sequence[Agg]) -> list[tuple[str, str, str]]:
     return out
 
 
-def _group(
-    table: pa.Table, keys: Sequence[str], triples: Sequence[tuple[str, str, str]], use_threads: bool = True
-) -> pa.Table:
+def _group(table: pa.Table, keys: Sequence[str], triples: Sequence[tuple[str, str, str]]) -> pa.Table:
     specs: list[tuple[Any, str]] = []
     names: list[str] = []
     for col, fn, _ in triples:
@@ -94,7 +88,7 @@ def _group(
         if spec not in specs:
             specs.append(spec)
             names.append("count_all" if col == "*" else f"{col}_{fn}")
-    res = table.group_by(list(keys), use_threads=use_threads).aggregate(specs)
+    res = table.group_by(list(keys), use_threads=True).aggregate(specs)
     cols = [res.column(k) for k in keys]
     out_names = list(keys)
     for col, fn, out in triples:
@@ -107,11 +101,9 @@ def _group(
     return pa.table(cols, names=out_names)
 
 
-def partial_agg(
-    table: pa.Table, keys: Sequence[str], aggs: Sequence[Agg], use_threads: bool = True
-) -> pa.Table:
+def partial_agg(table: pa.Table, keys: Sequence[str], aggs: Sequence[Agg]) -> pa.Table:
     """Per-group partial aggregates (sums, counts, min, max; a mean as sum and count)."""
-    return _group(table, keys, _agg_inputs(aggs), use_threads)
+    return _group(table, keys, _agg_inputs(aggs))
 
 
 def _merge_triples(aggs: Sequence[Agg]) -> list[tuple[str, str, str]]:
@@ -126,11 +118,9 @@ def _merge_triples(aggs: Sequence[Agg]) -> list[tuple[str, str, str]]:
     return out
 
 
-def combine_partials(
-    partials: pa.Table, keys: Sequence[str], aggs: Sequence[Agg], use_threads: bool = True
-) -> pa.Table:
+def combine_partials(partials: pa.Table, keys: Sequence[str], aggs: Sequence[Agg]) -> pa.Table:
     """Merge partial aggregates of the same groups (from different extents or nodes)."""
-    return _group(partials, keys, _merge_triples(aggs), use_threads)
+    return _group(partials, keys, _merge_triples(aggs))
 
 
 def finalize_agg(partials: pa.Table, keys: Sequence[str], aggs: Sequence[Agg]) -> pa.Table:
@@ -169,15 +159,15 @@ def hash_split(table: pa.Table, keys: Sequence[str], n: int) -> list[pa.Table]:
     return out
 
 
-def join(left: pa.Table, right: pa.Table, left_on: str, right_on: str, use_threads: bool = True) -> pa.Table:
+def join(left: pa.Table, right: pa.Table, left_on: str, right_on: str) -> pa.Table:
     """Inner equi-join; output columns: left's, then right's without its key.
 
     Acero builds its hash table on the right input, so the smaller side goes right; contiguous
     inputs (one chunk) join several times faster than the many small sub-bucket batches."""
     left, right = left.combine_chunks(), right.combine_chunks()
     if left.num_rows >= right.num_rows:
-        return left.join(right, keys=left_on, right_keys=right_on, join_type="inner", use_threads=use_threads)
-    out = right.join(left, keys=right_on, right_keys=left_on, join_type="inner", use_threads=use_threads)
+        return left.join(right, keys=left_on, right_keys=right_on, join_type="inner", use_threads=True)
+    out = right.join(left, keys=right_on, right_keys=left_on, join_type="inner", use_threads=True)
     out = out.rename_columns([left_on if c == right_on else c for c in out.column_names])
     cols = list(left.column_names) + [c for c in right.column_names if c != right_on]
     return out.select(cols)
@@ -247,7 +237,7 @@ def _aggs(spec: dict[str, Any]) -> list[Agg]:
     return [Agg(*a) for a in spec.get("aggs", [])]
 
 
-def post_ops(table: pa.Table, post: dict[str, Any] | None, use_threads: bool = True) -> pa.Table:
+def post_ops(table: pa.Table, post: dict[str, Any] | None) -> pa.Table:
     """After the scan or join: aggregate (partial, or merge of partials), or top-k / limit."""
     if not post:
         return table
@@ -255,8 +245,8 @@ def post_ops(table: pa.Table, post: dict[str, Any] | None, use_threads: bool = T
         agg = post["agg"]
         keys, aggs = agg.get("keys", []), _aggs(agg)
         if agg.get("input") == "partial":
-            return combine_partials(table, keys, aggs, use_threads)
-        return partial_agg(table, keys, aggs, use_threads)
+            return combine_partials(table, keys, aggs)
+        return partial_agg(table, keys, aggs)
     if post.get("select") is not None:
         table = table.select(post["select"])
     return order_limit(table, [tuple(o) for o in post.get("order_by", [])], post.get("limit"))
@@ -335,35 +325,22 @@ def _by_partition(env: Env, task: dict[str, Any]) -> pa.Table | None:
     time: a group-by on the replica's partition column (``agg_local``), or a co-partitioned join
     (``join_copart``: partition p of one side joins only partition p of the other) followed by
     an aggregate. Each partition's rows are read, joined and aggregated alone (hash tables of one
-    partition's keys, not of the node's) and the outputs concatenate (the coordinator merges
-    partial aggregates as it would the node's). None when it does not apply (no partition read on
-    both sides: the plain path keeps the result's schema).
-
-    The partitions run side by side, each on one thread (``PARTITION_WORKERS`` at a time, in
-    order of their outputs): their groups are disjoint, so the node's cores share the work with
-    no merge, where one multi-threaded hash aggregation over the node's rows (the shuffle's
-    pre-aggregation) builds a table per thread and merges them. At most that many partitions'
-    columns are held at once."""
+    partition's keys, not of the node's; one partition's columns held at a time) and the outputs
+    concatenate (the coordinator merges partial aggregates as it would the node's). None when it
+    does not apply (no partition read on both sides: the plain path keeps the result's schema)."""
     left = _units(task["left"]["sources"])
     right = _units(task["right"]["sources"]) if task.get("right") is not None else None
     keys = [p for p in left if right is None or p in right]
     if not keys or None in keys:
         return None
-    # one partition, or "serial" (the A/B benchmark's before): one after another, each
-    # aggregation on the node's threads
-    threads = len(keys) == 1 or task.get("by_partition") == "serial"
-
-    def one(p: Any) -> pa.Table:
+    outs = []
+    for p in keys:
         t = scan_side(env, {**task["left"], "sources": left[p]})
         if right is not None:
             j = task["join"]
-            r = scan_side(env, {**task["right"], "sources": right[p]})
-            t = join(t, r, j["left_on"], j["right_on"], use_threads=threads)
-        return post_ops(t, task.get("post"), use_threads=threads)
-
-    if threads:
-        return concat([one(p) for p in keys])
-    return concat(list(_PARTITIONS.map(one, keys)))
+            t = join(t, scan_side(env, {**task["right"], "sources": right[p]}), j["left_on"], j["right_on"])
+        outs.append(post_ops(t, task.get("post")))
+    return concat(outs)
 
 
 def run_task_stream(env: Env, task: dict[str, Any]) -> pa.RecordBatchReader:

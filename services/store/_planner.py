@@ -488,7 +488,7 @@ def plan_query(
     live: Iterable[str],
     addresses: dict[str, str],
     qid: str = "q",
-    by_partition: bool | str = True,
+    by_partition: bool = True,
 ) -> Plan:
     """Plan ``q`` over the committed catalog ``tables`` with the live store nodes ``live``:
     ``bind`` (columns), ``choose`` (replicas and strategy by estimated cost), ``fragments``
@@ -512,7 +512,7 @@ def fragments(
     live: set[str],
     addresses: dict[str, str],
     qid: str = "q",
-    by_partition: bool | str = True,
+    by_partition: bool = True,
 ) -> Plan:
     """The chosen plan as tasks for the store nodes (and the coordinator's final merge)."""
     q, a, b = bound.q, bound.a, bound.b
@@ -580,7 +580,7 @@ def fragments(
                         "join": {"left_on": q.join.left_on, "right_on": q.join.right_on},
                         "post": post,
                         # joined and aggregated a partition at a time (a scan's top-k stays per node)
-                        "by_partition": by_partition if is_agg else False,
+                        "by_partition": by_partition and is_agg,
                     },
                 )
                 for node, (left, right) in sorted(per_node.items())
