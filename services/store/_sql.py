@@ -187,8 +187,18 @@ def _used_names(tree: exp.Expr) -> set[str] | None:
             continue
         if isinstance(s.parent, exp.Select) and isinstance(s.parent.parent, exp.Exists):
             continue
+        if _reads_a_stage(s.parent):
+            continue  # a staged part's result (``_staged``: SELECT * FROM __microco_stageK)
         return None
     return {c.name.lower() for c in tree.find_all(exp.Column)}
+
+
+def _reads_a_stage(q: exp.Expr | None) -> bool:
+    """Whether ``q`` is a SELECT from a staged part's result alone (no store table's columns)."""
+    if not isinstance(q, exp.Select) or q.args.get("joins"):
+        return False
+    src = q.args.get(_FROM)
+    return src is not None and isinstance(src.this, exp.Table) and src.this.name.startswith(STAGE)
 
 
 def _needed_columns(tree: exp.Expr, schema: pa.Schema, names: set[str] | None = ...) -> list[str]:  # type: ignore[assignment]
@@ -415,9 +425,20 @@ def plan_sql(ctx: _Ctx) -> SqlPlan:
     if plan is not None:
         return plan
     staged = _staged(ctx) if getattr(ctx.core, "sql_staging", True) else None
-    if staged is not None:
+    gathered = _gather(ctx, refs)
+    if staged is not None and staged.gathered_bytes < gathered.gathered_bytes:
         return staged
-    return _gather(ctx, refs)
+    if staged is not None:
+        # the stages would leave the gather as big as it is (the rest reads the same columns of
+        # the same tables: TPC-DS Q70's IN list over store_sales, whose outer query gathers
+        # store_sales anyway): they would only add a round of fragments
+        gathered.explain.insert(
+            1,
+            f"staging not chosen: the rest would still gather ~{staged.gathered_bytes / 1e6:.2f} MB "
+            f"(the whole query: ~{gathered.gathered_bytes / 1e6:.2f} MB); its {len(staged.stages)} "
+            "parts would only add a round of fragments",
+        )
+    return gathered
 
 
 STAGE = "__microco_stage"  # the name a sub-plan's result has in the coordinator's SQL
