@@ -686,11 +686,11 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
     visit(tree)
     # uncorrelated scalar aggregates over one table, several to a table: one sub-plan (one scan) each
     for combined, uses in _batched_scalars(tree, ctx.tables):
-        sub = _Ctx(ctx.core, combined, ctx.tables, ctx.live, ctx.addresses, text=combined.sql(DIALECT))
-        plan = _distributed(sub, table_refs(sub.tree))
-        if plan is None:
+        batch = _Ctx(ctx.core, combined, ctx.tables, ctx.live, ctx.addresses, text=combined.sql(DIALECT))
+        batched = _distributed(batch, table_refs(batch.tree))
+        if batched is None:
             continue
-        name = stage(plan)
+        name = stage(batched)
         for q, column in uses:
             q.replace(exp.select(exp.column(column)).from_(name))
     # then subqueries in expressions (scalar, IN, EXISTS) that are not correlated, outermost first
