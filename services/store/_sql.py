@@ -631,6 +631,16 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
     tables it still reads are gathered as ``_gather`` does, and DuckDB runs the rest at the
     coordinator over them and the parts' results. None when no part splits."""
     tree = ctx.tree.copy()
+    first = tree
+    while isinstance(_unwrap(first), exp.SetOperation):
+        first = _unwrap(first).left
+    first = _unwrap(first)
+    # an unnamed output is named by DuckDB after its text (`(SELECT avg(x) FROM t)`), which the
+    # parts' replacements would change: each gets DuckDB's name for it first
+    if isinstance(first, exp.Select) and not _name_outputs(
+        _Ctx(ctx.core, tree, ctx.tables, ctx.live, ctx.addresses, text=ctx.text), first
+    ):
+        return None
     outer_ctes = _cte_names(tree)
     stages: list[tuple[str, SqlPlan]] = []
 

@@ -263,3 +263,22 @@ def test_the_rest_of_a_staged_plan_gathers_only_the_columns_it_uses(store):
     assert plan.kind == "staged", plan.explain_text()
     reads = {n: side["read"] for _, task in plan.tasks for n, side in task["inputs"].items()}
     assert sorted(reads["sales"]) == ["s_amt", "s_cust", "s_day"], reads
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "select (select avg(r_amt) from returns) from days where d_day = 1",
+        "select d_day, (select count(*) from sales where s_day < 5), (select sum(s_amt) from sales where s_day < 9) "
+        "from days where d_day < 3 order by d_day",
+    ],
+)
+def test_a_staged_subquerys_unnamed_output_keeps_duckdbs_name(store, sql):
+    """An unnamed scalar subquery in the SELECT list is named by DuckDB after its text; staged,
+    it was named after its replacement (``(SELECT * FROM __microco_stage0)``)."""
+    core, con = store
+    got, plan = core.sql(sql)
+    want = con.sql(sql).to_arrow_table()
+    assert plan.kind == "staged", plan.explain_text()
+    assert got.schema.names == want.schema.names
+    assert ordered(got) == ordered(want)
