@@ -637,8 +637,11 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
     first = _unwrap(first)
     # an unnamed output is named by DuckDB after its text (`(SELECT avg(x) FROM t)`), which the
     # parts' replacements would change: each gets DuckDB's name for it first
-    if isinstance(first, exp.Select) and not _name_outputs(
-        _Ctx(ctx.core, tree, ctx.tables, ctx.live, ctx.addresses, text=ctx.text), first
+    named = (exp.Alias, exp.Column, exp.Star)  # a star's names are its sources', a stage's too
+    if (
+        isinstance(first, exp.Select)
+        and not all(isinstance(e, named) for e in first.expressions)
+        and not _name_outputs(_Ctx(ctx.core, tree, ctx.tables, ctx.live, ctx.addresses, text=ctx.text), first)
     ):
         return None
     outer_ctes = _cte_names(tree)
