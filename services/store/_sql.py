@@ -749,8 +749,8 @@ def _scalar_aggregate(q: exp.Select, tree: exp.Expr, tables: dict[str, TableInfo
     sub = q.parent
     if not isinstance(sub, exp.Subquery) or sub.args.get("alias") or q.root() is not tree:
         return None
-    if isinstance(sub.parent, (exp.In, exp.Exists, exp.Any, exp.All, exp.From, exp.Join)):
-        return None
+    if isinstance(sub.parent, (exp.In, exp.Exists, exp.Any, exp.All, exp.From, exp.Join, exp.SetOperation)):
+        return None  # a row source, not a value
     if {k for k, v in q.args.items() if v} - {"expressions", _FROM, "where"}:
         return None
     src = q.args.get(_FROM)
