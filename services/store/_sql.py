@@ -631,10 +631,9 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
     tables it still reads are gathered as ``_gather`` does, and DuckDB runs the rest at the
     coordinator over them and the parts' results. None when no part splits."""
     tree = ctx.tree.copy()
-    first = tree
-    while isinstance(_unwrap(first), exp.SetOperation):
-        first = _unwrap(first).left
-    first = _unwrap(first)
+    first: exp.Expr = _unwrap(tree)
+    while isinstance(first, exp.SetOperation):
+        first = _unwrap(first.left)
     # an unnamed output is named by DuckDB after its text (`(SELECT avg(x) FROM t)`), which the
     # parts' replacements would change: each gets DuckDB's name for it first
     named = (exp.Alias, exp.Column, exp.Star)  # a star's names are its sources', a stage's too

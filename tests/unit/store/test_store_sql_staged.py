@@ -65,6 +65,15 @@ def rows(t: pa.Table) -> list[tuple]:
     return sorted(ordered(t), key=repr)
 
 
+def answered(store, sql: str):
+    """The store's plan of ``sql``, once its answer is DuckDB's (rows in order, names)."""
+    core, con = store
+    got, plan = core.sql(sql)
+    want = con.sql(sql).to_arrow_table()
+    assert ordered(got) == ordered(want) and got.schema.names == want.schema.names
+    return plan
+
+
 CASES = [
     # a CTE aggregated off its partition key, read twice by the rest (one correlated on the CTE)
     (
@@ -215,14 +224,12 @@ def test_uncorrelated_scalar_aggregates_over_one_table_share_one_stage(store, sq
 
 
 def test_scalar_subqueries_that_do_not_batch_stay_apart(store):
-    core, con = store
-    sql = (
+    plan = answered(
+        store,
         "select (select count(distinct s_cust) from sales where s_day < 9) as a, "
         "(select sum(s_amt) from sales group by s_day order by 1 desc limit 1) as b, "
-        "(select sum(s_amt) from sales where s_day < 9) as c"
+        "(select sum(s_amt) from sales where s_day < 9) as c",
     )
-    got, plan = core.sql(sql)
-    assert ordered(got) == ordered(con.sql(sql).to_arrow_table())
     assert all(s.kind != "gather" for _, s in plan.stages)
     assert len(plan.stages) >= 2  # the DISTINCT one and the grouped one are not batched with c
 
@@ -232,23 +239,20 @@ def test_staging_that_leaves_the_gather_as_big_is_not_chosen(store):
     round of fragments) while the outer query, which does not split, gathered the same columns
     of the same table anyway: 2.1x the gathered plan's time. A staged plan is chosen only when
     the rest gathers fewer bytes than the whole query would."""
-    core, con = store
-    same_columns = (
+    plan = answered(
+        store,
         "select s_day, count(distinct s_cust) as n from sales "
         "where s_day in (select s_day from sales group by s_day having max(s_cust) > 45) "
-        "group by s_day order by s_day"
+        "group by s_day order by s_day",
     )
-    got, plan = core.sql(same_columns)
-    assert ordered(got) == ordered(con.sql(same_columns).to_arrow_table())
     assert plan.kind == "gather" and "staging not chosen" in plan.explain_text(), plan.explain_text()
     # the rest gathers less (the subquery's table is not read by the rest): staged
-    fewer = (
+    plan = answered(
+        store,
         "select d_week, count(distinct d_day) as n from days "
         "where d_day in (select s_day from sales group by s_day having max(s_cust) > 45) "
-        "group by d_week order by d_week"
+        "group by d_week order by d_week",
     )
-    got, plan = core.sql(fewer)
-    assert ordered(got) == ordered(con.sql(fewer).to_arrow_table())
     assert plan.kind == "staged", plan.explain_text()
 
 
@@ -259,7 +263,7 @@ def test_the_rest_of_a_staged_plan_gathers_only_the_columns_it_uses(store):
     core, con = store
     sql = CASES[3][0]  # the rest gathers days and sales beside two staged subqueries over returns
     got, plan = core.sql(sql)
-    assert rows(got) == rows(con.sql(sql).to_arrow_table())
+    assert rows(got) == rows(con.sql(sql).to_arrow_table())  # unordered: rows() sorts
     assert plan.kind == "staged", plan.explain_text()
     reads = {n: side["read"] for _, task in plan.tasks for n, side in task["inputs"].items()}
     assert sorted(reads["sales"]) == ["s_amt", "s_cust", "s_day"], reads
@@ -276,9 +280,4 @@ def test_the_rest_of_a_staged_plan_gathers_only_the_columns_it_uses(store):
 def test_a_staged_subquerys_unnamed_output_keeps_duckdbs_name(store, sql):
     """An unnamed scalar subquery in the SELECT list is named by DuckDB after its text; staged,
     it was named after its replacement (``(SELECT * FROM __microco_stage0)``)."""
-    core, con = store
-    got, plan = core.sql(sql)
-    want = con.sql(sql).to_arrow_table()
-    assert plan.kind == "staged", plan.explain_text()
-    assert got.schema.names == want.schema.names
-    assert ordered(got) == ordered(want)
+    assert answered(store, sql).kind == "staged"  # answered: names and rows are DuckDB's
