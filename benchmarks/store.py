@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import threading
@@ -359,12 +360,13 @@ def _time(fn: Any, repeat: int) -> tuple[float, Any]:
     return best, out
 
 
-def _interleaved(fns: list[Any], repeat: int, client: Any) -> list[tuple[float, Any, dict[str, Any]]]:
+def _interleaved(fns: list[Any], repeat: int, client: Any) -> list[tuple[float, Any, dict[str, Any], float]]:
     """Each of ``fns`` warmed up once, then ``repeat`` rounds, each running every one of them
-    once in a rotating order; per function the best time, its last result, and the client's plan
-    of its last run (``{}`` for a function that is not the store's)."""
+    once in a rotating order; per function the best time, its last result, the client's plan
+    of its last run (``{}`` for a function that is not the store's) and the median time."""
     n = len(fns)
     best = [float("inf")] * n
+    times: list[list[float]] = [[] for _ in range(n)]
     outs: list[Any] = [None] * n
     plans: list[dict[str, Any]] = [{} for _ in range(n)]
 
@@ -382,8 +384,9 @@ def _interleaved(fns: list[Any], repeat: int, client: Any) -> list[tuple[float, 
             run(i)
     for k in range(max(1, repeat)):
         for i in [(k + j) % n for j in range(n)]:
-            best[i] = min(best[i], run(i))
-    return [(best[i], outs[i], plans[i]) for i in range(n)]
+            times[i].append(run(i))
+            best[i] = min(best[i], times[i][-1])
+    return [(best[i], outs[i], plans[i], statistics.median(times[i])) for i in range(n)]
 
 
 WARM_UP_SQL = (
@@ -643,7 +646,16 @@ def main(argv: list[str] | None = None) -> int:
         for q in [] if args.tpch_only or args.no_model_queries else qs:
             # the three interleaved, a trial each in turn, in a rotating order (best of
             # ``repeat`` each): all three see the same machine load
-            (matched_s, m, matched_plan), (shuffle_s, s, shuffle_plan), (duck_s, d, _) = _interleaved(
+            (
+                (matched_s, m, matched_plan, matched_med),
+                (shuffle_s, s, shuffle_plan, shuffle_med),
+                (
+                    duck_s,
+                    d,
+                    _,
+                    duck_med,
+                ),
+            ) = _interleaved(
                 [
                     lambda q=q: client.query(q["frame"]),
                     lambda q=q: client.query(q["frame"].on_replica(q["shuffle_replica"])),
@@ -662,6 +674,11 @@ def main(argv: list[str] | None = None) -> int:
                     "duckdb_s": round(duck_s, 4),
                     "spark_s": None,
                     "shuffle_over_matched": round(shuffle_s / matched_s, 2),
+                    # the medians of the same interleaved trials
+                    "matched_median_s": round(matched_med, 4),
+                    "shuffle_median_s": round(shuffle_med, 4),
+                    "duckdb_median_s": round(duck_med, 4),
+                    "shuffle_over_matched_median": round(shuffle_med / matched_med, 2),
                     "matched_moved_bytes": matched_plan.get("moved_bytes", 0),
                     "shuffle_moved_bytes": shuffle_plan.get("moved_bytes", 0),
                     "matched_plan": matched_plan["kind"],
@@ -764,6 +781,18 @@ def _summary(result: dict[str, Any]) -> int:
             "geomean_shuffle_over_matched": _geomean([r["shuffle_over_matched"] for r in ratios]),
             "geomean_shuffle_over_matched_group_by_join": _geomean(
                 [r["shuffle_over_matched"] for r in ratios if r.get("kind") != "filter"] or [1.0]
+            ),
+            "geomean_shuffle_over_matched_median": _geomean(
+                [r["shuffle_over_matched_median"] for r in ratios if r.get("shuffle_over_matched_median")]
+                or [1.0]
+            ),
+            "geomean_shuffle_over_matched_median_group_by_join": _geomean(
+                [
+                    r["shuffle_over_matched_median"]
+                    for r in ratios
+                    if r.get("kind") != "filter" and r.get("shuffle_over_matched_median")
+                ]
+                or [1.0]
             ),
         }
     ok = [r for r in result["tpch"] if r["correct"] and r["store_s"] and r["duckdb_s"]]

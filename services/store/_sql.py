@@ -187,8 +187,18 @@ def _used_names(tree: exp.Expr) -> set[str] | None:
             continue
         if isinstance(s.parent, exp.Select) and isinstance(s.parent.parent, exp.Exists):
             continue
+        if _reads_a_stage(s.parent):
+            continue  # a staged part's result (``_staged``: SELECT * FROM __microco_stageK)
         return None
     return {c.name.lower() for c in tree.find_all(exp.Column)}
+
+
+def _reads_a_stage(q: exp.Expr | None) -> bool:
+    """Whether ``q`` is a SELECT from a staged part's result alone (no store table's columns)."""
+    if not isinstance(q, exp.Select) or q.args.get("joins"):
+        return False
+    src = q.args.get(_FROM)
+    return src is not None and isinstance(src.this, exp.Table) and src.this.name.startswith(STAGE)
 
 
 def _needed_columns(tree: exp.Expr, schema: pa.Schema, names: set[str] | None = ...) -> list[str]:  # type: ignore[assignment]
@@ -415,9 +425,20 @@ def plan_sql(ctx: _Ctx) -> SqlPlan:
     if plan is not None:
         return plan
     staged = _staged(ctx) if getattr(ctx.core, "sql_staging", True) else None
-    if staged is not None:
+    gathered = _gather(ctx, refs)
+    if staged is not None and staged.gathered_bytes < gathered.gathered_bytes:
         return staged
-    return _gather(ctx, refs)
+    if staged is not None:
+        # the stages would leave the gather as big as it is (the rest reads the same columns of
+        # the same tables: TPC-DS Q70's IN list over store_sales, whose outer query gathers
+        # store_sales anyway): they would only add a round of fragments
+        gathered.explain.insert(
+            1,
+            f"staging not chosen: the rest would still gather ~{staged.gathered_bytes / 1e6:.2f} MB "
+            f"(the whole query: ~{gathered.gathered_bytes / 1e6:.2f} MB); its {len(staged.stages)} "
+            "parts would only add a round of fragments",
+        )
+    return gathered
 
 
 STAGE = "__microco_stage"  # the name a sub-plan's result has in the coordinator's SQL
@@ -610,6 +631,18 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
     tables it still reads are gathered as ``_gather`` does, and DuckDB runs the rest at the
     coordinator over them and the parts' results. None when no part splits."""
     tree = ctx.tree.copy()
+    first: exp.Expr = _unwrap(tree)
+    while isinstance(first, exp.SetOperation):
+        first = _unwrap(first.left)
+    # an unnamed output is named by DuckDB after its text (`(SELECT avg(x) FROM t)`), which the
+    # parts' replacements would change: each gets DuckDB's name for it first
+    named = (exp.Alias, exp.Column, exp.Star)  # a star's names are its sources', a stage's too
+    if (
+        isinstance(first, exp.Select)
+        and not all(isinstance(e, named) for e in first.expressions)
+        and not _name_outputs(_Ctx(ctx.core, tree, ctx.tables, ctx.live, ctx.addresses, text=ctx.text), first)
+    ):
+        return None
     outer_ctes = _cte_names(tree)
     stages: list[tuple[str, SqlPlan]] = []
 
@@ -637,10 +670,13 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
             for k in list(set(q.args) | set(trial.args)):
                 q.set(k, trial.args.get(k))
             return True
+        q.replace(exp.select("*").from_(stage(plan)))
+        return True
+
+    def stage(plan: SqlPlan) -> str:
         name = f"{STAGE}{len(stages)}"
         stages.append((name, plan))
-        q.replace(exp.select("*").from_(name))
-        return True
+        return name
 
     def visit(q: exp.Expr) -> None:
         q = _unwrap(q)
@@ -660,6 +696,15 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
                     visit(src.this)
 
     visit(tree)
+    # uncorrelated scalar aggregates over one table, several to a table: one sub-plan (one scan) each
+    for combined, uses in _batched_scalars(tree, ctx.tables):
+        batch = _Ctx(ctx.core, combined, ctx.tables, ctx.live, ctx.addresses, text=combined.sql(DIALECT))
+        batched = _distributed(batch, table_refs(batch.tree))
+        if batched is None:
+            continue
+        name = stage(batched)
+        for q, column in uses:
+            q.replace(exp.select(exp.column(column)).from_(name))
     # then subqueries in expressions (scalar, IN, EXISTS) that are not correlated, outermost first
     for q in list(tree.find_all(exp.Select)):
         if q is not tree and q.root() is tree and _uncorrelated(q, ctx.tables):
@@ -689,6 +734,101 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
         moved_bytes=plan.moved_bytes + sum(sub.moved_bytes for _, sub in stages),
         stages=stages,
     )
+
+
+BATCHED = "__microco_b"  # a batched scalar subquery's column in its stage's one row
+_BATCHABLE_AGGS = (exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Count)
+
+
+def _scalar_aggregate(q: exp.Select, tree: exp.Expr, tables: dict[str, TableInfo]) -> tuple[str, str] | None:
+    """The (table, alias) of ``q`` when it is an uncorrelated scalar subquery in an expression
+    that aggregates one store table to one value: ``(select <expr of sum/avg/min/max/count> from
+    t [where cond])``, no DISTINCT, FILTER, GROUP BY, HAVING, ORDER BY, LIMIT, window or nested
+    subquery, every column inside an aggregate. Else None."""
+    sub = q.parent
+    if not isinstance(sub, exp.Subquery) or sub.args.get("alias") or q.root() is not tree:
+        return None
+    if isinstance(sub.parent, (exp.In, exp.Exists, exp.Any, exp.All, exp.From, exp.Join, exp.SetOperation)):
+        return None  # a row source, not a value
+    if {k for k, v in q.args.items() if v} - {"expressions", _FROM, "where"}:
+        return None
+    src = q.args.get(_FROM)
+    if src is None or not isinstance(src.this, exp.Table) or src.this.name.lower() not in tables:
+        return None
+    if len(q.expressions) != 1 or not _uncorrelated(q, tables):
+        return None
+    item = q.expressions[0]
+    value = item.this if isinstance(item, exp.Alias) else item
+    aggs = list(value.find_all(exp.AggFunc))
+    if not aggs or any(type(a) not in _BATCHABLE_AGGS or a.find(exp.Distinct) for a in aggs):
+        return None
+    if any(x is not q for x in q.find_all(exp.Select)) or q.find(exp.Window, exp.Filter):
+        return None
+    where = q.args.get("where")
+    if where is not None and where.find(exp.AggFunc):
+        return None
+    for c in value.find_all(exp.Column):
+        if c.find_ancestor(exp.AggFunc) is None:
+            return None
+    return src.this.name.lower(), src.this.alias_or_name.lower()
+
+
+def _batched_scalars(
+    tree: exp.Expr, tables: dict[str, TableInfo]
+) -> list[tuple[exp.Select, list[tuple[exp.Select, str]]]]:
+    """Uncorrelated scalar aggregates over the same table (TPC-DS Q9: fifteen of them over
+    ``store_sales``, each its own sub-plan and scan before), batched: one SELECT per table whose
+    columns are the subqueries' values, each aggregate restricted to its own subquery's rows
+    (``agg(x) where c`` as ``agg(case when c then x end)``; ``count(*)`` as ``count(case when c
+    then 1 end)``: aggregates skip NULLs, so each value is exactly its subquery's, NULL or 0 over
+    no rows alike), and the rows read cut to the union of the conditions. Returns each combined
+    SELECT with the subqueries it answers and the column of each (identical subqueries share
+    one). Only tables with two subqueries or more."""
+    groups: dict[tuple[str, str], list[exp.Select]] = defaultdict(list)
+    for q in tree.find_all(exp.Select):
+        key = _scalar_aggregate(q, tree, tables)
+        if key is not None:
+            groups[key].append(q)
+    out = []
+    for subs in groups.values():
+        if len(subs) < 2:
+            continue
+        items: list[exp.Expr] = []
+        conds: list[exp.Expr] = []
+        seen: dict[str, str] = {}
+        uses = []
+        for q in subs:
+            text = q.sql(DIALECT)
+            if text not in seen:
+                seen[text] = f"{BATCHED}{len(seen)}"
+                where = q.args.get("where")
+                cond = where.this.copy() if where is not None else None
+                item = q.expressions[0]
+                value = (item.this if isinstance(item, exp.Alias) else item).copy()
+                if cond is not None:
+                    conds.append(exp.paren(cond.copy(), copy=False))
+                    value = _restricted(value, cond)
+                items.append(exp.alias_(value, seen[text]))
+            uses.append((q, seen[text]))
+        combined = exp.select(*items).from_(subs[0].args[_FROM].this.copy())
+        if len(conds) == len(seen):  # every subquery filters: read only rows one of them keeps
+            combined = combined.where(exp.or_(*conds, copy=False), copy=False)
+        out.append((combined, uses))
+    return out
+
+
+def _restricted(value: exp.Expr, cond: exp.Expr) -> exp.Expr:
+    """``value`` with every aggregate's input limited to the rows where ``cond`` holds."""
+
+    def fn(n: exp.Expr) -> exp.Expr:
+        if not isinstance(n, _BATCHABLE_AGGS):
+            return n
+        arg = n.this
+        inner = exp.Literal.number(1) if arg is None or isinstance(arg, exp.Star) else arg.copy()
+        case = exp.Case(ifs=[exp.If(this=cond.copy(), true=inner)])
+        return n.__class__(this=case, **{k: v for k, v in n.args.items() if k != "this"})
+
+    return value.transform(fn, copy=False)
 
 
 def _columns_of(tables: dict[str, TableInfo]) -> dict[str, set[str]]:
