@@ -1,0 +1,219 @@
+"""Issue 21 on the live platform: real etcd, a real scheduler, two node agents and a cache
+server on each of their nodes (separate processes on free ports), and a real training job
+(PyTorch, the scheduler hook, the cache loader) submitted as a user submits one.
+
+The operator migrates the job to the other node mid-epoch. What must be true for a user:
+
+* the new node's cache server is warmed with the job's dataset by the scheduler's phases alone
+  (the job, restarted there, reads nothing until the warm shows: a deadline, not a sleep);
+* the job continues its epoch where its sampler left it: every sample of every epoch trained
+  on exactly once across the move;
+* the cache it left drops the job at once, and so does the new one when it finishes (both
+  servers' job TTL is ten minutes, so only the scheduler's phases can drop it);
+* in the job, the hook's stream is the one measurement: one record per mini-batch, and the
+  cache loader's benefit-estimate input (its compute time) is the records' own figure.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from _support import wait_for_jobs
+
+from microco.clients.cache import CacheClient, register_dataset
+from microco.clients.scheduler import SchedulerClient, make_spec
+from microco.common import channel_for
+from microco.common.registry import discover
+from microco.services.runtime.launch import start_service, stop_process
+from microco.services.scheduler._local import spawn_agent, spawn_scheduler
+from microco.services.stack import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
+
+JOBS = "/microco/scheduler/jobs/"
+PHASES = "/microco/scheduler/phases/"
+SAMPLES, EPOCHS, BATCH = 48, 2, 2
+POLICY = {"quantum_s": 1000, "enable_packing": False, "enable_grow_shrink": False, "enable_migration": False}
+
+# The user's job: a model, the hook (with the loader as its sampler, so the checkpoint holds the
+# loader's place in its epoch), the loader from the dataset registered in etcd through this
+# node's cache server. Each step's samples are written down before ``step_end`` (which may
+# checkpoint and exit for the migration). After a restore it waits for its new node's cache to
+# hold chunks of its dataset before reading anything (what a test can see of the warm).
+JOB = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import torch
+    from microco.clients import telemetry
+    from microco.clients.cache import CacheClient, find_server, open_loader
+    from microco.clients.scheduler import TorchHook
+    from microco.common.discovery import connect_etcd
+
+    out, dataset, epochs, step_sleep, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+    node = os.environ["MICROCO_NODE"]
+    kv = connect_etcd()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = open_loader(kv, dataset, batch_size=batch, job_id=os.environ["MICROCO_JOB_ID"])
+    hook = TorchHook(model, opt, sampler=loader)
+    stream = telemetry.current()
+    records = []
+    stream.subscribe(records.append)
+    start = hook.restore()
+    log = open(out, "a")
+    warm = None
+    if start:
+        server = find_server(kv)
+        with CacheClient(server) as cache:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                warm = {d.dataset: d.chunks for d in cache.stats().datasets}
+                if any(warm.values()):
+                    break
+                time.sleep(0.1)
+    log.write(json.dumps({"host": node, "restored_from": start, "warm": warm, "server": find_server(kv)}) + "\\n")
+    log.flush()
+    first = loader.resume_epoch or 0
+    for epoch in range(first, epochs):
+        for indices, _data in loader.epoch(epoch):
+            x = torch.ones(len(indices), 8) * torch.tensor(indices, dtype=torch.float32)[:, None]
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            time.sleep(step_sleep)
+            log.write(json.dumps({"host": node, "step": hook.step + 1, "epoch": epoch, "indices": indices}) + "\\n")
+            log.flush()
+            hook.step_end()
+    compute = sum(r.compute_s for r in records)
+    summary = {
+        "host": node, "done": True, "records": len(records), "published": stream.published,
+        "loader_compute_s": loader.stats.compute_s, "records_compute_s": compute,
+        "hook_last_ms": hook.context._last_ms, "last_record_ms": records[-1].step_s * 1000.0,
+    }
+    log.write(json.dumps(summary) + "\\n")
+    log.flush()
+    loader.close()
+    hook.finish()
+    """
+)
+
+
+def _cache(tmp_path: Path, etcd: str, node: str):
+    port = free_port()
+    proc = start_service(
+        "microco.services.cache",
+        [
+            "--port", str(port), "--etcd", etcd, "--node", node, "--capacity", "16M",
+            "--job-ttl-s", "600", "--data-dir", str(tmp_path / f"cache-{node}"),
+            "--instance-id", f"cache-{node}", "--metrics-port", "-1", "--log-format", "text",
+        ],
+        log_path=tmp_path / f"cache-{node}.log",
+    )  # fmt: skip
+    return proc
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def test_a_migrated_job_finds_its_data_warm_and_continues_its_epoch(etcd_endpoint, etcd_kv, tmp_path):
+    kv = etcd_kv
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(SAMPLES):
+        (data / f"s{i:03d}").write_bytes(bytes([i]) * 1500)
+    rec, index = register_dataset(kv, "codesign-live", str(data), chunk_bytes=6000)
+    assert len(index.chunks) > 4
+    procs = []
+    try:
+        for node in ("na", "nb"):
+            procs.append(_cache(tmp_path, etcd_endpoint, node))
+        for node in ("na", "nb"):
+            procs.append(
+                spawn_agent(
+                    etcd_endpoint,
+                    node,
+                    tmp_path / "agents" / node,
+                    devices=1,
+                    checkpoint_root=tmp_path / "checkpoints",
+                    kv=kv,
+                    log_path=tmp_path / f"agent-{node}.log",
+                    lease_ttl_s=10,
+                )  # fmt: skip
+            )
+        procs.append(
+            spawn_scheduler(
+                etcd_endpoint,
+                tmp_path / "sched",
+                policy_config=POLICY,
+                kv=kv,
+                log_path=tmp_path / "sched.log",
+            )
+        )
+
+        def wait(cond, what, timeout=120.0):
+            return wait_for_jobs(cond, kv, timeout, what)
+
+        wait(lambda: len({r.labels.get("node") for r in discover(kv, "cache")}) == 2, "both cache servers")
+        caches = {r.labels["node"]: r.address for r in discover(kv, "cache")}
+        client = SchedulerClient(channel_for(kv, "scheduler"))
+        out = tmp_path / "job.jsonl"
+        script = tmp_path / "job.py"
+        script.write_text(JOB)
+        cmd = [sys.executable, str(script), str(out), rec.qualified, str(EPOCHS), "0.15", str(BATCH)]
+        job = client.submit(make_spec(cmd, devices=1, name="codesign-live")).id
+
+        def record():
+            return kv.get_json(JOBS + job) or {}
+
+        r = wait(
+            lambda: (r := record()).get("state") == "running" and r.get("step", 0) >= 6 and r, "job at step 6"
+        )
+        old = r["devices"][0].split("/", 1)[0]  # device ids are <node>/<index>
+        new = "nb" if old == "na" else "na"
+        # the job read through its node's cache server (which published its dataset in etcd)
+        wait(lambda: job in CacheClient(caches[old]).stats().jobs, "the job known to its node's cache")
+        client.control(job, "migrate", devices=[f"{new}/0"])
+        # the cache it leaves forgets it at once (its TTL is ten minutes)
+        wait(lambda: job not in CacheClient(caches[old]).stats().jobs, "the old cache drops the moved job")
+        wait(lambda: record().get("state") in ("finished", "failed", "cancelled"), "the job ended", 240)
+        assert record()["state"] == "finished", (record().get("message"), out.read_text())
+        # and the new one forgets it at once when it ends
+        wait(lambda: job not in CacheClient(caches[new]).stats().jobs, "the new cache drops the finished job")
+        assert kv.get_json(PHASES + job)["phase"] == "finished"
+
+        lines = _lines(out)
+        starts = [x for x in lines if "restored_from" in x]
+        assert [s["host"] for s in starts] == [old, new], starts
+        moved = starts[1]
+        assert moved["restored_from"] >= 6 and moved["server"] == caches[new]
+        # warmed before the job read a byte there: the follower's doing
+        assert moved["warm"] and any(moved["warm"].values()), moved
+        # its epoch continued where the sampler left it: every sample once an epoch
+        steps: dict[int, dict] = {}
+        for x in lines:
+            if "step" in x:
+                steps[x["step"]] = x  # a step redone after the checkpoint counts once (its last)
+        assert sorted(steps) == list(range(1, EPOCHS * SAMPLES // BATCH + 1))
+        for epoch in range(EPOCHS):
+            seen = sorted(i for x in steps.values() if x["epoch"] == epoch for i in x["indices"])
+            assert seen == list(range(SAMPLES)), (epoch, seen)
+        assert {x["host"] for x in steps.values() if x["step"] > moved["restored_from"]} == {new}
+        # one measurement per step in the job: the loader's benefit input is the stream's figure
+        [summary] = [x for x in lines if x.get("done")]
+        assert summary["host"] == new
+        assert (
+            summary["records"] == summary["published"] == EPOCHS * SAMPLES // BATCH - moved["restored_from"]
+        )
+        assert summary["loader_compute_s"] == pytest.approx(summary["records_compute_s"], rel=1e-9)
+        assert summary["hook_last_ms"] == summary["last_record_ms"]
+        client.close()
+    finally:
+        for p in procs:
+            stop_process(p)
