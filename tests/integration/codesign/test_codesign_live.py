@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -54,12 +56,13 @@ JOB = textwrap.dedent(
     from microco.common.discovery import connect_etcd
 
     out, dataset, epochs, step_sleep, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+    prefetch = sys.argv[6] == "1"  # the loader's own background prefetch
     node = os.environ["MICROCO_NODE"]
     kv = connect_etcd()
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = open_loader(kv, dataset, batch_size=batch, job_id=os.environ["MICROCO_JOB_ID"])
+    loader = open_loader(kv, dataset, batch_size=batch, job_id=os.environ["MICROCO_JOB_ID"], prefetch=prefetch)
     hook = TorchHook(model, opt, sampler=loader)
     stream = telemetry.current()
     records = []
@@ -104,13 +107,13 @@ JOB = textwrap.dedent(
 )
 
 
-def _cache(tmp_path: Path, etcd: str, node: str):
+def _cache(tmp_path: Path, etcd: str, node: str, ttl_s: float):
     port = free_port()
     proc = start_service(
         "microco.services.cache",
         [
             "--port", str(port), "--etcd", etcd, "--node", node, "--capacity", "16M",
-            "--job-ttl-s", "600", "--data-dir", str(tmp_path / f"cache-{node}"),
+            "--job-ttl-s", str(ttl_s), "--data-dir", str(tmp_path / f"cache-{node}"),
             "--instance-id", f"cache-{node}", "--metrics-port", "-1", "--log-format", "text",
         ],
         log_path=tmp_path / f"cache-{node}.log",
@@ -118,26 +121,26 @@ def _cache(tmp_path: Path, etcd: str, node: str):
     return proc
 
 
-def _lines(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-
-
-def test_a_migrated_job_finds_its_data_warm_and_continues_its_epoch(etcd_endpoint, etcd_kv, tmp_path):
-    kv = etcd_kv
-    data = tmp_path / "data"
+def _dataset(kv, tmp_path: Path, name: str, samples: int, chunk_bytes: int):
+    data = tmp_path / name
     data.mkdir()
-    for i in range(SAMPLES):
-        (data / f"s{i:03d}").write_bytes(bytes([i]) * 1500)
-    rec, index = register_dataset(kv, "codesign-live", str(data), chunk_bytes=6000)
-    assert len(index.chunks) > 4
+    for i in range(samples):
+        (data / f"s{i:03d}").write_bytes(bytes([i % 256]) * 1500)
+    return register_dataset(kv, name, str(data), chunk_bytes=chunk_bytes)
+
+
+@contextmanager
+def _platform(kv, etcd: str, tmp_path: Path, nodes: tuple[str, ...], policy: dict, ttl_s: float):
+    """A cache server and a one-device agent on each node, and a scheduler: separate processes.
+    Yields (scheduler client, {node: cache server address})."""
     procs = []
     try:
-        for node in ("na", "nb"):
-            procs.append(_cache(tmp_path, etcd_endpoint, node))
-        for node in ("na", "nb"):
+        for node in nodes:
+            procs.append(_cache(tmp_path, etcd, node, ttl_s))
+        for node in nodes:
             procs.append(
                 spawn_agent(
-                    etcd_endpoint,
+                    etcd,
                     node,
                     tmp_path / "agents" / node,
                     devices=1,
@@ -149,25 +152,59 @@ def test_a_migrated_job_finds_its_data_warm_and_continues_its_epoch(etcd_endpoin
             )
         procs.append(
             spawn_scheduler(
-                etcd_endpoint,
-                tmp_path / "sched",
-                policy_config=POLICY,
-                kv=kv,
-                log_path=tmp_path / "sched.log",
+                etcd, tmp_path / "sched", policy_config=policy, kv=kv, log_path=tmp_path / "sched.log"
             )
         )
+        wait_for_jobs(
+            lambda: len({r.labels.get("node") for r in discover(kv, "cache")}) == len(nodes),
+            kv,
+            120,
+            "caches",
+        )
+        caches = {r.labels["node"]: r.address for r in discover(kv, "cache")}
+        client = SchedulerClient(channel_for(kv, "scheduler"))
+        try:
+            yield client, caches
+        finally:
+            client.close()
+    finally:
+        for p in procs:
+            stop_process(p)
+
+
+def _submit(
+    client, tmp_path: Path, name: str, dataset: str, epochs: int, batch: int, prefetch: bool = True
+) -> tuple[str, Path]:
+    out = tmp_path / f"{name}.jsonl"
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    cmd = [
+        sys.executable,
+        str(script),
+        str(out),
+        dataset,
+        str(epochs),
+        "0.15",
+        str(batch),
+        "1" if prefetch else "0",
+    ]
+    return client.submit(make_spec(cmd, devices=1, name=name)).id, out
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def test_a_migrated_job_finds_its_data_warm_and_continues_its_epoch(etcd_endpoint, etcd_kv, tmp_path):
+    kv = etcd_kv
+    rec, index = _dataset(kv, tmp_path, "codesign-live", SAMPLES, 6000)
+    assert len(index.chunks) > 4
+    with _platform(kv, etcd_endpoint, tmp_path, ("na", "nb"), POLICY, ttl_s=600) as (client, caches):
 
         def wait(cond, what, timeout=120.0):
             return wait_for_jobs(cond, kv, timeout, what)
 
-        wait(lambda: len({r.labels.get("node") for r in discover(kv, "cache")}) == 2, "both cache servers")
-        caches = {r.labels["node"]: r.address for r in discover(kv, "cache")}
-        client = SchedulerClient(channel_for(kv, "scheduler"))
-        out = tmp_path / "job.jsonl"
-        script = tmp_path / "job.py"
-        script.write_text(JOB)
-        cmd = [sys.executable, str(script), str(out), rec.qualified, str(EPOCHS), "0.15", str(BATCH)]
-        job = client.submit(make_spec(cmd, devices=1, name="codesign-live")).id
+        job, out = _submit(client, tmp_path, "codesign-live", rec.qualified, EPOCHS, BATCH)
 
         def record():
             return kv.get_json(JOBS + job) or {}
@@ -213,7 +250,57 @@ def test_a_migrated_job_finds_its_data_warm_and_continues_its_epoch(etcd_endpoin
         )
         assert summary["loader_compute_s"] == pytest.approx(summary["records_compute_s"], rel=1e-9)
         assert summary["hook_last_ms"] == summary["last_record_ms"]
-        client.close()
-    finally:
-        for p in procs:
-            stop_process(p)
+
+
+def test_a_time_sliced_job_keeps_its_share_and_is_prefetched_before_its_slice(
+    etcd_endpoint, etcd_kv, tmp_path
+):
+    """Two jobs on one device, time-sliced by the live scheduler (Gandiva, 8 s quantum), each
+    reading its own dataset through the node's cache server (job TTL 1.5 s). While the first is
+    suspended (parked) and next to run, the cache keeps it past the TTL and brings in the chunks
+    of its dataset it has not read this epoch (its loader's own prefetch is off, so only the
+    scheduler's phases can bring them); both are dropped when they finish."""
+    kv = etcd_kv
+    ra, ia = _dataset(kv, tmp_path, "slice-a", 240, 15000)  # 24 chunks of 10 samples
+    rb, _ = _dataset(kv, tmp_path, "slice-b", 240, 15000)
+    policy = {**POLICY, "quantum_s": 8}
+    with _platform(kv, etcd_endpoint, tmp_path, ("ns",), policy, ttl_s=1.5) as (client, caches):
+        cache = CacheClient(caches["ns"])
+
+        def wait(cond, what, timeout=120.0):
+            return wait_for_jobs(cond, kv, timeout, what)
+
+        def state(job):
+            return (kv.get_json(JOBS + job) or {}).get("state")
+
+        def held(dataset):
+            return {d.dataset: d.chunks for d in cache.stats().datasets}.get(dataset, 0)
+
+        a, out_a = _submit(client, tmp_path, "slice-a", ra.qualified, 1, BATCH, prefetch=False)
+        wait(lambda: (kv.get_json(JOBS + a) or {}).get("step", 0) >= 2, "a trains")
+        b, out_b = _submit(client, tmp_path, "slice-b", rb.qualified, 1, BATCH, prefetch=False)
+
+        def while_a_waits(cond):
+            def check():
+                return state(a) == "suspended" and cond() and state(a) == "suspended"
+
+            return check
+
+        wait(lambda: (kv.get_json(PHASES + a) or {}).get("phase") == "resuming", "a suspended, next to run")
+        assert state(b) == "running"
+        # the chunks it has not read this epoch are brought in for it while it waits
+        wait(while_a_waits(lambda: held(ra.qualified) == len(ia.chunks)), "a's unread chunks prefetched")
+        # and it stays known past the TTL, silent (parked) longer than it
+        since = time.monotonic()
+        wait(
+            while_a_waits(lambda: time.monotonic() - since > 3.0 and a in cache.stats().jobs),
+            "a kept past the TTL",
+        )
+        for job in (a, b):
+            wait(lambda job=job: state(job) in ("finished", "failed", "cancelled"), f"{job} ended", 240)
+            assert state(job) == "finished", kv.get_json(JOBS + job)
+        wait(lambda: not {a, b} & set(cache.stats().jobs), "both dropped when they finished")
+        for out in (out_a, out_b):  # each job's one epoch: every sample once, across its slices
+            seen = sorted(i for x in _lines(out) if "step" in x for i in x["indices"])
+            assert seen == list(range(240))
+        cache.close()
