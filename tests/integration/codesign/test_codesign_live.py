@@ -10,8 +10,9 @@ The operator migrates the job to the other node mid-epoch. What must be true for
   on exactly once across the move;
 * the cache it left drops the job at once, and so does the new one when it finishes (both
   servers' job TTL is ten minutes, so only the scheduler's phases can drop it);
-* in the job, the hook's stream is the one measurement: one record per mini-batch, and the
-  cache loader's benefit-estimate input (its compute time) is the records' own figure.
+* in the job, the hook's stream is the one measurement: one record per mini-batch, the cache
+  loader's benefit-estimate input (its compute time) is the records' own figure, and the
+  mini-batch time the scheduler shows for the job is one the hook computed from them.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ JOB = textwrap.dedent(
             log.write(json.dumps({"host": node, "step": hook.step + 1, "epoch": epoch, "indices": indices}) + "\\n")
             log.flush()
             hook.step_end()
+            log.write(json.dumps({"mb": hook.context.minibatch_ms()}) + "\\n")  # what it reports
+            log.flush()
     compute = sum(r.compute_s for r in records)
     summary = {
         "host": node, "done": True, "records": len(records), "published": stream.published,
@@ -250,6 +253,8 @@ def test_a_migrated_job_finds_its_data_warm_and_continues_its_epoch(etcd_endpoin
         )
         assert summary["loader_compute_s"] == pytest.approx(summary["records_compute_s"], rel=1e-9)
         assert summary["hook_last_ms"] == summary["last_record_ms"]
+        # the scheduler's introspection shows a figure the hook computed from those records
+        assert record()["minibatch_ms"] in {x["mb"] for x in lines if "mb" in x}, record()["minibatch_ms"]
 
 
 def test_a_time_sliced_job_keeps_its_share_and_is_prefetched_before_its_slice(
