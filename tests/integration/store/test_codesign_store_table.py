@@ -47,16 +47,13 @@ def _pets() -> pa.Table:
 @pytest.fixture(scope="module")
 def pets(etcd_endpoint, tmp_path_factory):
     kv = EtcdKV(etcd_endpoint)
-    kv.delete_prefix("/microco/store/")
-    kv.delete_prefix("/microco/services/store")
+    for prefix in ("/microco/store/", "/microco/services/store"):  # another module's store's
+        kv.delete_prefix(prefix)
     kv.close()
-    nodes = [(f"p{i}", f"rack{i}") for i in range(3)]
-    c = StoreCluster(
-        etcd_endpoint,
-        tmp_path_factory.mktemp("pets-store"),
-        nodes,
-        coordinator_args=["--super-extent-rows", "600"],
-    ).start()
+    # three nodes in three fault domains; super-extents of 600 rows, so four of them
+    racks = [(f"p{i}", f"rack{i}") for i in range(3)]
+    root = tmp_path_factory.mktemp("pets-store")
+    c = StoreCluster(etcd_endpoint, root, racks, coordinator_args=["--super-extent-rows", "600"]).start()
     client = StoreClient.from_address(c.coordinator_address)
     table = _pets()
     client.create_table("pets", table.schema, ["shard:hash:3", "label:range:dog,eel,fox", "feat:hash:2"])
