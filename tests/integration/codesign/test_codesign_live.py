@@ -13,6 +13,10 @@ The operator migrates the job to the other node mid-epoch. What must be true for
 * in the job, the hook's stream is the one measurement: one record per mini-batch, the cache
   loader's benefit-estimate input (its compute time) is the records' own figure, and the
   mini-batch time the scheduler shows for the job is one the hook computed from them.
+
+Then two jobs time-sliced on one device (the cache keeps the suspended one and brings in its
+unread chunks before its slice), and one training loop against a live cache server and a live
+compiler service (the compiler's stored step times are the stream's figures).
 """
 
 from __future__ import annotations
@@ -309,3 +313,114 @@ def test_a_time_sliced_job_keeps_its_share_and_is_prefetched_before_its_slice(
             seen = sorted(i for x in _lines(out) if "step" in x for i in x["indices"])
             assert seen == list(range(240))
         cache.close()
+
+
+def test_one_loop_measures_each_step_once_for_the_live_cache_and_compiler(etcd_endpoint, etcd_kv, tmp_path):
+    """The three client libraries in one training loop against a cache server and a compiler
+    service (separate processes): one stream record per step, and the step times the compiler
+    service holds for the job's graph, read back over gRPC, are the wrapper's figures taken
+    from those records (its compute time plus the rollback copies it adds), no clock of its
+    own; the cache server counted the loader's reports."""
+    import torch
+
+    from microco.clients import telemetry
+    from microco.clients.cache import QuiverLoader
+    from microco.clients.compiler import RemoteExplorer
+    from microco.clients.compiler._torch import AstraTorch
+    from microco.clients.compiler.zoo import torch_models as zm
+    from microco.clients.scheduler import TorchHook
+    from microco.services.cache import LocalStore, build_index
+
+    kv = etcd_kv
+    port = free_port()
+    compiler = start_service(
+        "microco.services.compiler",
+        [
+            "--port",
+            str(port),
+            "--etcd",
+            etcd_endpoint,
+            "--metrics-port",
+            "-1",
+            "--data-dir",
+            str(tmp_path / "c"),
+        ],
+        log_path=tmp_path / "compiler.log",
+    )
+    cache = _cache(tmp_path, etcd_endpoint, "nt", 600)
+    procs = [compiler, cache]
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        wait_for_jobs(
+            lambda: discover(kv, "cache") and discover(kv, "compiler"), kv, 120, "cache and compiler"
+        )
+        data = tmp_path / "data"
+        data.mkdir()
+        for i in range(24):
+            (data / f"f{i:03d}").write_bytes(bytes([i]) * 200)
+        store = LocalStore(str(data))
+        index = build_index(store.list_files(), store.read, 800)
+        torch.manual_seed(0)
+        model = zm.make_model("lstm", 6, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        hook = TorchHook(model, opt, job_id="loop-job")
+        stream = hook.context.telemetry
+        records: list[telemetry.StepRecord] = []
+        stream.subscribe(records.append)
+        address = discover(kv, "cache")[0].address
+        loader = QuiverLoader(index, store, batch_size=4, dataset="loop", job_id="loop-job", server=address)
+        explorer = RemoteExplorer.from_address(discover(kv, "compiler")[0].address, default_timeout=10.0)
+        astra = AstraTorch(
+            model, explorer, name="loop-lstm", total_steps=400, threads=("1",), compile_choices=("eager",),
+            background=False,
+        )  # fmt: skip
+        wrapper_ms: list[float] = []  # what the wrapper hands its session: from the records
+        real_record = astra.session.record
+
+        def record(ms, *args, **kwargs):
+            wrapper_ms.append(ms)
+            return real_record(ms, *args, **kwargs)
+
+        astra.session.record = record
+        guards: list[float] = []  # what it adds for its rollback copies, at each record it reads
+        on_step = astra._on_step
+
+        def spy_on_step(rec):
+            guards.append(astra._deferred)
+            on_step(rec)
+
+        astra._on_step = spy_on_step
+        x, y = zm.synthetic_batch(4, 8, 6, seed=0)
+        steps = 0
+        for epoch in range(4):
+            for _indices, _data in loader.epoch(epoch):
+                with astra.step():
+                    loss = zm.loss_fn(model(x), y)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                hook.step_end()
+                steps += 1
+        hook.finish()
+        assert steps == len(records) == stream.published == 24
+        assert loader.stats.compute_s == pytest.approx(sum(r.compute_s for r in records), rel=1e-9)
+        key = astra.spec().key
+        astra.restore()
+        loader.close()
+        # every step time the compiler service holds is one the wrapper took from a record
+        held = [ms for t in explorer.get_graph(key).trials for ms in t.steps]
+        assert held and set(held) <= set(wrapper_ms), (held, wrapper_ms)
+        # (the first step is the wrapper's probe; then a step recorded per record until it commits)
+        pairs = list(zip(records[1:], guards[1:], strict=True))[: len(wrapper_ms)]
+        assert len(pairs) == len(wrapper_ms)
+        for ms, (rec, guard) in zip(wrapper_ms, pairs, strict=True):
+            assert ms == pytest.approx(rec.compute_s * 1e3 + guard, abs=1e-6)
+        # and the cache server counted this job's reports (the batches it was told of by then)
+        [job] = [j for j in CacheClient(address).stats().job_stats if j.job_id == "loop-job"]
+        assert job.dataset == "loop" and 0 < job.hits + job.misses <= loader.stats.hits + loader.stats.misses
+        explorer.close()
+    finally:
+        torch.set_num_threads(old_threads)
+        for p in procs:
+            stop_process(p)
