@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
 
 JOBS = "/microco/scheduler/jobs/"
 PHASES = "/microco/scheduler/phases/"
-SAMPLES, EPOCHS, BATCH = 48, 2, 2
+SAMPLES, EPOCHS, BATCH = 48, 3, 2
 POLICY = {"quantum_s": 1000, "enable_packing": False, "enable_grow_shrink": False, "enable_migration": False}
 
 # The user's job: a model, the hook (with the loader as its sampler, so the checkpoint holds the
@@ -206,7 +206,8 @@ def test_a_migrated_job_finds_its_data_warm_and_continues_its_epoch(etcd_endpoin
     kv = etcd_kv
     rec, index = _dataset(kv, tmp_path, "codesign-live", SAMPLES, 6000)
     assert len(index.chunks) > 4
-    with _platform(kv, etcd_endpoint, tmp_path, ("na", "nb"), POLICY, ttl_s=600) as (client, caches):
+    with _platform(kv, etcd_endpoint, tmp_path, ("na", "nb"), POLICY, ttl_s=600) as (client, addresses):
+        caches = {node: CacheClient(address) for node, address in addresses.items()}
 
         def wait(cond, what, timeout=120.0):
             return wait_for_jobs(cond, kv, timeout, what)
@@ -222,21 +223,21 @@ def test_a_migrated_job_finds_its_data_warm_and_continues_its_epoch(etcd_endpoin
         old = r["devices"][0].split("/", 1)[0]  # device ids are <node>/<index>
         new = "nb" if old == "na" else "na"
         # the job read through its node's cache server (which published its dataset in etcd)
-        wait(lambda: job in CacheClient(caches[old]).stats().jobs, "the job known to its node's cache")
+        wait(lambda: job in caches[old].stats().jobs, "the job known to its node's cache")
         client.control(job, "migrate", devices=[f"{new}/0"])
         # the cache it leaves forgets it at once (its TTL is ten minutes)
-        wait(lambda: job not in CacheClient(caches[old]).stats().jobs, "the old cache drops the moved job")
+        wait(lambda: job not in caches[old].stats().jobs, "the old cache drops the moved job")
         wait(lambda: record().get("state") in ("finished", "failed", "cancelled"), "the job ended", 240)
         assert record()["state"] == "finished", (record().get("message"), out.read_text())
         # and the new one forgets it at once when it ends
-        wait(lambda: job not in CacheClient(caches[new]).stats().jobs, "the new cache drops the finished job")
+        wait(lambda: job not in caches[new].stats().jobs, "the new cache drops the finished job")
         assert kv.get_json(PHASES + job)["phase"] == "finished"
 
         lines = _lines(out)
         starts = [x for x in lines if "restored_from" in x]
         assert [s["host"] for s in starts] == [old, new], starts
         moved = starts[1]
-        assert moved["restored_from"] >= 6 and moved["server"] == caches[new]
+        assert moved["restored_from"] >= 6 and moved["server"] == addresses[new]
         # warmed before the job read a byte there: the follower's doing
         assert moved["warm"] and any(moved["warm"].values()), moved
         # its epoch continued where the sampler left it: every sample once an epoch
@@ -259,6 +260,8 @@ def test_a_migrated_job_finds_its_data_warm_and_continues_its_epoch(etcd_endpoin
         assert summary["hook_last_ms"] == summary["last_record_ms"]
         # the scheduler's introspection shows a figure the hook computed from those records
         assert record()["minibatch_ms"] in {x["mb"] for x in lines if "mb" in x}, record()["minibatch_ms"]
+        for c in caches.values():
+            c.close()
 
 
 def test_a_time_sliced_job_keeps_its_share_and_is_prefetched_before_its_slice(
@@ -295,8 +298,10 @@ def test_a_time_sliced_job_keeps_its_share_and_is_prefetched_before_its_slice(
 
             return check
 
-        wait(lambda: (kv.get_json(PHASES + a) or {}).get("phase") == "resuming", "a suspended, next to run")
-        assert state(b) == "running"
+        wait(
+            lambda: (kv.get_json(PHASES + a) or {}).get("phase") == "resuming" and state(b) == "running",
+            "a suspended, next to run, b running",
+        )
         # the chunks it has not read this epoch are brought in for it while it waits
         wait(while_a_waits(lambda: held(ra.qualified) == len(ia.chunks)), "a's unread chunks prefetched")
         # and it stays known past the TTL, silent (parked) longer than it
