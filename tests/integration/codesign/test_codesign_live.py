@@ -15,7 +15,8 @@ The operator migrates the job to the other node mid-epoch. What must be true for
   mini-batch time the scheduler shows for the job is one the hook computed from them.
 
 Then two jobs time-sliced on one device (the cache keeps the suspended one and brings in its
-unread chunks before its slice), and one training loop against a live cache server and a live
+unread chunks before its slice), three (the one waiting behind another lends its allocation
+share until it is next), and one training loop against a live cache server and a live
 compiler service (the compiler's stored step times are the stream's figures).
 """
 
@@ -132,7 +133,7 @@ def _dataset(kv, tmp_path: Path, name: str, samples: int, chunk_bytes: int):
     data = tmp_path / name
     data.mkdir()
     for i in range(samples):
-        (data / f"s{i:03d}").write_bytes(bytes([i % 256]) * 1500)
+        (data / f"s{i:03d}").write_bytes((f"{name}/{i:04d};".encode() * 150)[:1500])  # its own bytes
     return register_dataset(kv, name, str(data), chunk_bytes=chunk_bytes)
 
 
@@ -436,3 +437,60 @@ def test_one_loop_measures_each_step_once_for_the_live_cache_and_compiler(etcd_e
         torch.set_num_threads(old_threads)
         for p in procs:
             stop_process(p)
+
+
+def test_a_suspended_job_lends_its_share_until_it_is_next(etcd_endpoint, etcd_kv, tmp_path):
+    """Three jobs on one device, time-sliced by the live scheduler, each with its own dataset.
+    While the first waits with another job ahead of it, it is kept past the cache's TTL but its
+    allocation share is lent (its dataset's allocation does not count it); once it is the next
+    to run, the share is restored and its unread chunks are brought in. Cancelled jobs are
+    dropped at once."""
+    kv = etcd_kv
+    names = ("lend-a", "lend-b", "lend-c")
+    regs = {n: _dataset(kv, tmp_path, n, 240, 15000) for n in names}
+    policy = {**POLICY, "quantum_s": 8}
+    with _platform(kv, etcd_endpoint, tmp_path, ("nl",), policy, ttl_s=1.5) as (client, caches):
+        cache = CacheClient(caches["nl"])
+
+        def wait(cond, what, timeout=120.0):
+            return wait_for_jobs(cond, kv, timeout, what)
+
+        def state(job):
+            return (kv.get_json(JOBS + job) or {}).get("state")
+
+        def phase(job):
+            return (kv.get_json(PHASES + job) or {}).get("phase")
+
+        def counted(job, dataset):
+            return any(job in al.jobs for al in cache.allocations().allocations if al.dataset == dataset)
+
+        jobs = {}
+        for n in names:
+            jobs[n], _ = _submit(client, tmp_path, n, regs[n][0].qualified, 1, BATCH, prefetch=False)
+            if n == "lend-a":
+                wait(lambda: (kv.get_json(JOBS + jobs["lend-a"]) or {}).get("step", 0) >= 2, "a trains")
+        a, b, c = (jobs[n] for n in names)
+        ds_a, index_a = regs["lend-a"][0].qualified, regs["lend-a"][1]
+        # b runs, c (never run: the least served) is next, a waits behind it: lent
+        wait(
+            lambda: state(b) == "running" and phase(c) == "resuming" and phase(a) == "suspended", "b's slice"
+        )
+        since = time.monotonic()
+
+        def lent():
+            ok = time.monotonic() - since > 3.0 and a in cache.stats().jobs and not counted(a, ds_a)
+            return ok and phase(a) == "suspended"
+
+        wait(lent, "a kept past the TTL with its share lent")
+        # later another job runs and a is next: its share is back, its unread chunks come in
+        wait(lambda: state(a) == "suspended" and phase(a) == "resuming", "a next to run")
+
+        def restored():
+            held = {d.dataset: d.chunks for d in cache.stats().datasets}.get(ds_a, 0)
+            return counted(a, ds_a) and held == len(index_a.chunks) and state(a) == "suspended"
+
+        wait(restored, "a's share restored and its unread chunks brought in")
+        for job in (a, b, c):
+            client.cancel(job)
+        wait(lambda: not {a, b, c} & set(cache.stats().jobs), "the cancelled jobs dropped at once")
+        cache.close()
