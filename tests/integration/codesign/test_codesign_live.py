@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from _codesign import spy_wrapper, train
 from _support import wait_for_jobs
 
 from microco.clients.cache import CacheClient, register_dataset
@@ -342,7 +343,7 @@ def test_one_loop_measures_each_step_once_for_the_live_cache_and_compiler(etcd_e
     from microco.clients.compiler._torch import AstraTorch
     from microco.clients.compiler.zoo import torch_models as zm
     from microco.clients.scheduler import TorchHook
-    from microco.services.cache import LocalStore, build_index
+    from microco.services.cache import LocalStore
 
     kv = etcd_kv
     port = free_port()
@@ -368,12 +369,8 @@ def test_one_loop_measures_each_step_once_for_the_live_cache_and_compiler(etcd_e
         wait_for_jobs(
             lambda: discover(kv, "cache") and discover(kv, "compiler"), kv, 120, "cache and compiler"
         )
-        data = tmp_path / "data"
-        data.mkdir()
-        for i in range(24):
-            (data / f"f{i:03d}").write_bytes(bytes([i]) * 200)
-        store = LocalStore(str(data))
-        index = build_index(store.list_files(), store.read, 800)
+        _rec, index = _dataset(kv, tmp_path, "loop", 24, 6000)  # 6 batches an epoch
+        store = LocalStore(str(tmp_path / "loop"))
         torch.manual_seed(0)
         model = zm.make_model("lstm", 6, 8)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -388,34 +385,10 @@ def test_one_loop_measures_each_step_once_for_the_live_cache_and_compiler(etcd_e
             model, explorer, name="loop-lstm", total_steps=400, threads=("1",), compile_choices=("eager",),
             background=False,
         )  # fmt: skip
-        wrapper_ms: list[float] = []  # what the wrapper hands its session: from the records
-        real_record = astra.session.record
-
-        def record(ms, *args, **kwargs):
-            wrapper_ms.append(ms)
-            return real_record(ms, *args, **kwargs)
-
-        astra.session.record = record
-        guards: list[float] = []  # what it adds for its rollback copies, at each record it reads
-        on_step = astra._on_step
-
-        def spy_on_step(rec):
-            guards.append(astra._deferred)
-            on_step(rec)
-
-        astra._on_step = spy_on_step
-        x, y = zm.synthetic_batch(4, 8, 6, seed=0)
-        steps = 0
-        for epoch in range(4):
-            for _indices, _data in loader.epoch(epoch):
-                with astra.step():
-                    loss = zm.loss_fn(model(x), y)
-                    opt.zero_grad()
-                    loss.backward()
-                    opt.step()
-                hook.step_end()
-                steps += 1
+        recorded, guards = spy_wrapper(astra)  # (guards: what it adds for its rollback copies)
+        steps = train(loader, astra, hook, model, opt, zm.synthetic_batch(4, 8, 6, seed=0), 4)
         hook.finish()
+        wrapper_ms = [args[0] for args in recorded]
         assert steps == len(records) == stream.published == 24
         assert loader.stats.compute_s == pytest.approx(sum(r.compute_s for r in records), rel=1e-9)
         key = astra.spec().key
