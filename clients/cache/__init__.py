@@ -62,7 +62,14 @@ from ._placement import owner as chunk_owner
 from ._position import merge_positions
 from ._sampler import Batch, BatchMode, SubstitutableSampler
 from ._spread import Member, SpreadCache, members_from_records
-from ._table import StoreTable, decode_sample, index_store_table, materialise_query, query_table
+from ._table import (
+    StoreTable,
+    decode_sample,
+    index_store_table,
+    materialise_query,
+    query_table,
+    replica_partitioned_by,
+)
 
 _LAZY = {
     "QuiverBatchSampler": "_torch",
@@ -209,5 +216,6 @@ __all__ = [
     "query_table",
     "quiver_tf_dataset",
     "register_dataset",
+    "replica_partitioned_by",
     "stats_to_dict",
 ]

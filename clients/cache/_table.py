@@ -73,20 +73,24 @@ class StoreTable:
         if parts.scheme != "store" or not parts.netloc or parts.path not in ("", "/"):
             raise InvalidArgument(f"bad store table URL {url!r}: store://<table>?replica=R&columns=a,b")
         args = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-        unknown = set(args) - {"replica", "columns"}
+        unknown = set(args) - {"replica", "columns", "partitioned_by"}
         if unknown:
             raise InvalidArgument(f"bad store table URL {url!r}: unknown {', '.join(sorted(unknown))}")
+        if "replica" in args and "partitioned_by" in args:
+            raise InvalidArgument(f"bad store table URL {url!r}: replica or partitioned_by, not both")
         try:
             replica = int(args["replica"]) if "replica" in args else None
         except ValueError:
             raise InvalidArgument(f"bad replica in {url!r}: 0, 1 or 2") from None
         columns = [c for c in args["columns"].split(",") if c] if "columns" in args else None
-        if node is None:
+        if node is None or "partitioned_by" in args:
             from microco.clients.store import StoreClient
 
             client = StoreClient.from_etcd(kv)
             try:
-                node = live_node(client, url)
+                if "partitioned_by" in args:
+                    replica = replica_partitioned_by(client, parts.netloc, args["partitioned_by"])
+                node = node or live_node(client, url)
             finally:
                 client.close()
         return cls(node, parts.netloc, replica=replica, columns=columns)
@@ -264,6 +268,21 @@ def query_table(
     name = materialise_query(client, sql, rows_per_sample=rows_per_sample, table=table)
     columns = [f.name for f in client.get_table(name)["schema"] if f.name != SAMPLE_COLUMN]
     return StoreTable(node or live_node(client, name), name, replica=0, columns=columns)
+
+
+def replica_partitioned_by(client: Any, table: str, column: str) -> int:
+    """The replica of ``table`` partitioned by ``column`` (the job's label or shard key): each of
+    its extents, one sample of the dataset, holds the rows of one range or hash bucket of that
+    column. ``client``: a ``StoreClient``. ``store://<table>?partitioned_by=<column>`` asks for
+    it by name."""
+    from microco.common.errors import InvalidArgument
+
+    replicas = client.get_table(table)["replicas"]
+    for i, r in enumerate(replicas):
+        if r["column"] == column:
+            return i
+    by = ", ".join(f"{i}: {r['column']} ({r['kind']})" for i, r in enumerate(replicas))
+    raise InvalidArgument(f"no replica of table {table!r} is partitioned by {column!r} (replicas: {by})")
 
 
 def live_node(client: Any, what: str) -> str:

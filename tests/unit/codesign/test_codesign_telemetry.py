@@ -8,6 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _codesign import spy_wrapper, train
+
 from microco.clients import telemetry
 from microco.clients.cache import QuiverLoader
 from microco.clients.compiler._torch import AstraTorch
@@ -83,29 +85,10 @@ def test_three_libraries_in_one_loop_measure_each_step_once(tmp_path, read_ahead
     astra = _astra(model)
     records: list[telemetry.StepRecord] = []
     stream.subscribe(records.append)
-    astra_ms: list = []
-    _spy(astra.session, "record", astra_ms)
+    astra_ms, guard_ms = spy_wrapper(astra)  # (guard: what it adds for its rollback copies)
     meter: list = []
     _spy(loader._meter, "timings", meter)
-    guard_ms: list[float] = []  # what the wrapper deducts for its rollback copies, per step
-    on_step = astra._on_step
-
-    def spy_on_step(rec):
-        guard_ms.append(astra._deferred)
-        on_step(rec)
-
-    astra._on_step = spy_on_step
-    x, y = zm.synthetic_batch(4, 8, 6, seed=0)
-    steps = 0
-    for epoch in range(2):
-        for _indices, _data in loader.epoch(epoch):
-            with astra.step():
-                loss = zm.loss_fn(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            hook.step_end()
-            steps += 1
+    steps = train(loader, astra, hook, model, opt, zm.synthetic_batch(4, 8, 6, seed=0), 2)
     hook.finish()
     assert steps == 12
     # One clock reading per step (plus the stream's start), one record per step.
