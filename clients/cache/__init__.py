@@ -49,10 +49,14 @@ from ._index import (
 )
 from ._jobs import (
     JOB_DATASETS_PREFIX,
+    WARM_PREFIX,
     forget_job_dataset,
+    forget_warm,
     job_dataset,
     job_datasets,
     publish_job_dataset,
+    report_warm,
+    warm_report,
 )
 from ._loader import LoaderStats, QuiverLoader
 from ._overview import allocation_to_dict, cache_overview, stats_to_dict
@@ -157,6 +161,7 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "ENV_JOB_OWNER",
     "JOB_DATASETS_PREFIX",
+    "WARM_PREFIX",
     "BackingStore",
     "Batch",
     "BatchMode",
@@ -196,6 +201,7 @@ __all__ = [
     "file_locator",
     "find_server",
     "forget_job_dataset",
+    "forget_warm",
     "get_dataset",
     "index_path",
     "index_store",
@@ -217,5 +223,7 @@ __all__ = [
     "quiver_tf_dataset",
     "register_dataset",
     "replica_partitioned_by",
+    "report_warm",
     "stats_to_dict",
+    "warm_report",
 ]

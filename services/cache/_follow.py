@@ -11,8 +11,10 @@ running, waiting, suspended, resuming, migrating, finished). This server acts on
   chunks only it still needs are lent to the running jobs (no longer pinned for it) and
   restored when it is about to resume (``lend=False``: kept pinned for it instead);
 * **migrating** to this host: the job's dataset is warmed here before it restarts (its dataset
-  is found under ``/microco/cache/jobs/<job>``, written by the host it ran on); migrating away
-  from this host, or **finished** (or its key deleted): its pins and allocation go at once.
+  is found under ``/microco/cache/jobs/<job>``, written by the host it ran on), and the warm's
+  end is reported under ``/microco/cache/warm/<job>`` (the scheduler holds the job's restart
+  here until then, or a deadline); migrating away from this host, or **finished** (or its key
+  deleted): its pins and allocation go at once.
 
 It also tells the others which dataset each job it serves reads (``/microco/cache/jobs/<job>``,
 ``clients/cache/_jobs.py``), every ``publish_interval_s`` and at each phase change, and
@@ -35,11 +37,13 @@ from microco.clients.cache import (
     JOB_DATASETS_PREFIX,
     DatasetIndex,
     forget_job_dataset,
+    forget_warm,
     get_dataset,
     job_dataset,
     load_index,
     open_store,
     publish_job_dataset,
+    report_warm,
 )
 from microco.clients.scheduler import JobPhase, read_phases, watch_phases
 from microco.common.errors import MicrocoError
@@ -146,6 +150,7 @@ class SchedulerFollower:
             self.core.forget_job(job_id)
             self._published.discard(job_id)
             forget_job_dataset(self.kv, job_id)  # (idempotent: every host may say so)
+            forget_warm(self.kv, job_id)
             return
         self._publish_dataset(job_id)
         self.phases[job_id] = phase
@@ -172,7 +177,7 @@ class SchedulerFollower:
         elif phase.phase == "migrating":
             if phase.target == self.node:
                 self.core.arrive(job_id)
-                self._prefetch(job_id, source=phase.node)
+                self._prefetch(job_id, source=phase.node, report=True)
             elif phase.node == self.node:
                 self._stop_prefetch(job_id)
                 self.core.forget_job(job_id, moved=True)
@@ -217,14 +222,14 @@ class SchedulerFollower:
         return ""
 
     # -- prefetch
-    def _prefetch(self, job_id: str, source: str = "") -> None:
+    def _prefetch(self, job_id: str, source: str = "", report: bool = False) -> None:
         with self._lock:
             if job_id in self._prefetching and not self._prefetching[job_id].is_set():
                 return
             stop = self._prefetching[job_id] = threading.Event()
             t = threading.Thread(
                 target=self._prefetch_run,
-                args=(job_id, stop, source),
+                args=(job_id, stop, source, report),
                 name=f"follow-{job_id}",
                 daemon=True,
             )
@@ -237,49 +242,65 @@ class SchedulerFollower:
         if ev is not None:
             ev.set()
 
-    def _prefetch_run(self, job_id: str, stop: threading.Event, source: str = "") -> None:
+    def _prefetch_run(
+        self, job_id: str, stop: threading.Event, source: str = "", report: bool = False
+    ) -> None:
+        """Bring in the job's unconsumed chunks; with ``report`` (a job moving here), tell the
+        scheduler when that is over (``report_warm``), unless it was called off."""
+        error, held = "", 0
         try:
-            ds = self._dataset_for(job_id, stop)
-            if not ds:
-                log.info("job %s: its dataset is not known here yet; nothing to prefetch", job_id)
-                return
-            index, store = self._dataset(ds)
-            if not self.core.job_names(job_id):
-                # New here (moving in): the job pins what comes, and has its allocation share.
-                self.core.report_progress(job_id, ds, 0, [], dataset_bytes=index.total_bytes)
-            self.core.hold(job_id)
-            consumed = self.core.consumed_by(job_id)
-            present = set(self.core.lookup([c.digest for c in index.chunks], ds))
-            if source and source != self.node:
-                wanted = [c for c in index.chunks if c.digest not in consumed and c.digest not in present]
-                present |= self._copy_from(source, job_id, ds, wanted, stop)
-            for chunk in index.chunks:
-                if stop.is_set():
-                    return
-                if chunk.digest in consumed or chunk.digest in present:
-                    continue
-                if self.core.room(ds) < chunk.size:
-                    return  # its allocation is full (or nothing is evictable): done
-                # Claimed like a job's whole-chunk read: a job missing it now waits for this
-                # read instead of making a second one (and one it has in flight is skipped).
-                claim = self.core.lookup_claim(
-                    [chunk.digest], ds, job=f"prefetch:{job_id}", claim=[chunk.digest]
-                )
-                if not claim.claimed:
-                    continue
-                data = b"".join(store.read(s.path) for s in index.samples_of(chunk))
-                r = self.core.put(chunk.digest, data, ds)
-                if r.outcome == "stored":
-                    self.prefetched_chunks += 1
-                    self.prefetched_bytes += len(data)
-                elif r.outcome != "present":
-                    return
+            error, held = self._fill(job_id, stop, source)
         except (MicrocoError, OSError) as exc:
             log.warning("prefetch for job %s stopped: %s", job_id, exc)
+            error = str(exc) or type(exc).__name__
         finally:
             with self._lock:
                 if self._prefetching.get(job_id) is stop:
                     del self._prefetching[job_id]
+        if report and not stop.is_set():
+            try:
+                report_warm(self.kv, job_id, self.node, held, error)
+            except MicrocoError as exc:  # advice only: the scheduler's deadline then passes
+                log.warning("cannot report the warm for job %s: %s", job_id, exc)
+
+    def _fill(self, job_id: str, stop: threading.Event, source: str) -> tuple[str, int]:
+        """The prefetch itself: "" (or why nothing could be done) and the chunks of the job's
+        dataset held here when it ends (its allocation full, or every chunk it needs in)."""
+        ds = self._dataset_for(job_id, stop)
+        if not ds:
+            log.info("job %s: its dataset is not known here yet; nothing to prefetch", job_id)
+            return "its dataset is not known to the cache servers", 0
+        index, store = self._dataset(ds)
+        digests = [c.digest for c in index.chunks]
+        if not self.core.job_names(job_id):
+            # New here (moving in): the job pins what comes, and has its allocation share.
+            self.core.report_progress(job_id, ds, 0, [], dataset_bytes=index.total_bytes)
+        self.core.hold(job_id)
+        consumed = self.core.consumed_by(job_id)
+        present = set(self.core.lookup(digests, ds))
+        if source and source != self.node:
+            wanted = [c for c in index.chunks if c.digest not in consumed and c.digest not in present]
+            present |= self._copy_from(source, job_id, ds, wanted, stop)
+        for chunk in index.chunks:
+            if stop.is_set():
+                break
+            if chunk.digest in consumed or chunk.digest in present:
+                continue
+            if self.core.room(ds) < chunk.size:
+                break  # its allocation is full (or nothing is evictable): done
+            # Claimed like a job's whole-chunk read: a job missing it now waits for this
+            # read instead of making a second one (and one it has in flight is skipped).
+            claim = self.core.lookup_claim([chunk.digest], ds, job=f"prefetch:{job_id}", claim=[chunk.digest])
+            if not claim.claimed:
+                continue
+            data = b"".join(store.read(s.path) for s in index.samples_of(chunk))
+            r = self.core.put(chunk.digest, data, ds)
+            if r.outcome == "stored":
+                self.prefetched_chunks += 1
+                self.prefetched_bytes += len(data)
+            elif r.outcome != "present":
+                break
+        return "", len(self.core.lookup(digests, ds))
 
     def _copy_from(
         self, source: str, job_id: str, ds: str, wanted: list[Any], stop: threading.Event

@@ -5,8 +5,12 @@ processes through the node agents.
 other records hold (``policy.check``, the validator the simulator uses too), refusing one that
 went stale, then acts: a start or resume places the job's processes (one per node when spreading
 is allowed), a suspend parks the process at its next mini-batch boundary, a migrate or resize
-re-pins in place on the same node or checkpoints and restarts elsewhere. Every change of a
-record goes through the tick's table (``JobStore.keep`` / ``save``): the record is frozen.
+re-pins in place on the same node or checkpoints and restarts elsewhere. A job migrated to
+another node restarts there once that node's cache server reports the job's working set warm
+(``clients/cache`` ``warm_report``), or ``warm_wait_s`` after its checkpoint, whichever comes
+first: the record waits (``Pending("warm")``) and each tick looks again, so no tick blocks on
+it. Every change of a record goes through the tick's table (``JobStore.keep`` / ``save``): the
+record is frozen.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, replace
 
+from microco.clients.cache import forget_warm, warm_report
 from microco.clients.scheduler import ENV_TOTAL_STEPS, EXIT_CHECKPOINTED, PhasePublisher
 from microco.common.errors import FailedPrecondition, InvalidArgument, MicrocoError
 from microco.common.etcd_roles import add_job_user
@@ -36,6 +41,9 @@ class MechanismSettings:
     max_restarts: int = 5  # restarts after a lost process before the job fails
     hook_grace_s: float = 120.0  # no report through the hook this long after its start: no hook
     allow_spread: bool = False  # may a multi-device job run one process per node?
+    # A job migrated to another node restarts there once its cache reports the job's working
+    # set warm, or this long after its checkpoint (0: at once, as before).
+    warm_wait_s: float = 5.0
 
 
 class DecisionApplier:
@@ -245,6 +253,7 @@ class DecisionApplier:
     def move(self, rec: JobRecord, devices: list[str], now: float, reason: str) -> None:
         rec = self.store.keep(rec.with_state(MIGRATING, f"migrating to {', '.join(devices)}: {reason}", now))
         with contextlib.suppress(MicrocoError):  # the new host's cache warms while the job stops
+            forget_warm(self.store.kv, rec.id)  # (a report from now on is for this move)
             self.phases.moving(rec.id, rec.node, self.io.node_of(devices), now)
         self.stop_then_start(rec, devices, now, "migrated")
 
@@ -256,6 +265,49 @@ class DecisionApplier:
         if p is not None and p.exit_code == EXIT_CHECKPOINTED:
             rec = replace(
                 rec, checkpoint_step=max(rec.checkpoint_step, int(p.checkpoint_step)), step=int(p.step)
-            ).released()
-            self.start_process(self.store.keep(rec), devices, now, how)
+            )
+            self.restart_moved(self.store.keep(rec), devices, now, how)
         # Otherwise the next ticks see the exit and finish the move (see ``Reconciler``).
+
+    def restart_moved(self, rec: JobRecord, devices: list[str], now: float, how: str) -> JobRecord:
+        """A job whose process checkpointed and exited to move to ``devices``: started there,
+        or, when it is migrating to another node, once that node's cache server reports the
+        job's working set warm or ``warm_wait_s`` after the checkpoint (until then the record
+        waits with ``Pending("warm")``, and the job's history says so; the reconciler calls
+        this again each tick). A missing cache server or a failed warm only costs the wait."""
+        wait = self.settings.warm_wait_s
+        try:
+            target = self.io.node_of(devices)
+        except MicrocoError:
+            target = ""  # (the start refuses it, as before)
+        if rec.state == MIGRATING and wait > 0 and target and target != rec.node:
+            pending = rec.pending
+            held = pending is not None and pending.op == "warm"
+            try:
+                report = warm_report(self.store.kv, rec.id)
+            except MicrocoError:
+                report = None
+            if report is not None and report.get("node") != target:
+                report = None
+            since = pending.since if held and pending is not None else now
+            if report is not None:
+                after = f" after {now - since:.1f} s" if held else ""
+                if report.get("ok"):
+                    note = f"cache on {target} warm{after} ({report.get('chunks', 0)} chunks of its dataset there)"
+                else:
+                    note = f"cache on {target} could not warm ({report.get('error', '')}); going on{after}"
+            elif not held:
+                rec = replace(rec, pending=Pending("warm", 0, now, then="move", devices=tuple(devices)))
+                note = (
+                    f"checkpointed at step {rec.checkpoint_step}; waiting for the cache on {target} to warm"
+                )
+                return self.store.save(rec.noted(f"{note} (at most {wait:g} s)", now))
+            elif now - since >= wait:
+                note = (
+                    f"went on without a warm cache on {target} after {now - since:.1f} s (no report from it)"
+                )
+            else:
+                return rec  # still waiting
+            rec = rec.noted(note, now)
+        rec = rec.released().with_state(SUSPENDED, f"checkpointed at step {rec.checkpoint_step}", now)
+        return self.start_process(self.store.keep(rec), devices, now, how)

@@ -76,6 +76,7 @@ class SchedulerCore:
         allow_spread: bool = False,
         log_retention_s: float = 86400.0,
         hook_grace_s: float = 120.0,
+        warm_wait_s: float = 5.0,
     ) -> None:
         self.kv, self.policy, self.clock, self.is_leader = kv, policy, clock, is_leader
         self.check_commands = check_commands
@@ -84,12 +85,14 @@ class SchedulerCore:
         # May a multi-device job run as one process per node when no node has room? (Its
         # consolidation onto one node later is the policy's Migrate.) A job process that has
         # not reported through the hook ``hook_grace_s`` after its start is taken to run
-        # without it: not preemptible (see ``Reconciler``).
+        # without it: not preemptible (see ``Reconciler``). A job migrated to another node
+        # restarts once that node's cache is warm for it, or ``warm_wait_s`` after its checkpoint.
         self.settings = MechanismSettings(
             op_timeout_s=op_timeout_s,
             max_restarts=max_restarts,
             hook_grace_s=hook_grace_s,
             allow_spread=allow_spread,
+            warm_wait_s=warm_wait_s,
         )
         self.store = JobStore(kv)
         self.io = NodeIO(agents or AgentDirectory(kv), op_wait_s)

@@ -133,10 +133,9 @@ class Reconciler:
             pending = rec.pending
             then = pending.then if pending is not None else ""
             devices = list(pending.devices) if pending is not None else []
-            rec = rec.released().with_state(SUSPENDED, f"checkpointed at step {rec.checkpoint_step}", now)
-            if then == "move" and devices:
-                rec = self.actions.start_process(self.store.keep(rec), devices, now, "moved")
-            return rec
+            if then == "move" and devices:  # (a migration may wait for its new host's cache)
+                return self.actions.restart_moved(rec, devices, now, "moved")
+            return rec.released().with_state(SUSPENDED, f"checkpointed at step {rec.checkpoint_step}", now)
         if code < 0:
             # the agent's line says more when a launcher's rank vanished (see ``_ranks``)
             why = p.message if p.message and not p.message.startswith("killed by") else ""

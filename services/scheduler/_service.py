@@ -117,6 +117,7 @@ class Scheduler:
         gc_interval_s: float = 60.0,
         log_retention_s: float = 86400.0,
         hook_grace_s: float = 120.0,
+        warm_wait_s: float = 5.0,
     ) -> None:
         self.policy_name = policy
         self.election = LeaderElection(
@@ -145,6 +146,7 @@ class Scheduler:
             allow_spread=bool(config.get("allow_spread", False)),
             log_retention_s=log_retention_s,
             hook_grace_s=hook_grace_s,
+            warm_wait_s=warm_wait_s,
         )
         self.tick_s = tick_s
         self.runtime: ServiceRuntime | None = None
@@ -240,6 +242,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "its start is shown and treated as not preemptible",
     )
     g.add_argument(
+        "--cache-warm-wait-s",
+        type=float,
+        default=5.0,
+        help="a job migrated to another node restarts there once that node's cache server "
+        "reports its working set warm, or this long after its checkpoint (0: at once)",
+    )
+    g.add_argument(
         "--gc-interval-s",
         type=float,
         default=60.0,
@@ -277,6 +286,8 @@ def setup(ctx: ServiceContext) -> None:
         raise InvalidArgument("--tick-s must be > 0")
     if args.hook_grace_s <= 0:
         raise InvalidArgument("--hook-grace-s must be > 0")
+    if args.cache_warm_wait_s < 0:
+        raise InvalidArgument("--cache-warm-wait-s must be >= 0")
     if args.failed_retention_s < 0 or args.log_retention_s < 0 or args.gc_interval_s <= 0:
         raise InvalidArgument(
             "--failed-retention-s and --log-retention-s must be >= 0 and --gc-interval-s > 0"
@@ -294,6 +305,7 @@ def setup(ctx: ServiceContext) -> None:
             args.gc_interval_s,
             args.log_retention_s,
             hook_grace_s=args.hook_grace_s,
+            warm_wait_s=args.cache_warm_wait_s,
         )
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"bad policy config for {args.policy}: {exc}") from None

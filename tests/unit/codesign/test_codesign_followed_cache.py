@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from microco.clients.cache import warm_report
 from microco.clients.scheduler import PhasePublisher, job_phases, phase_key, read_phases
 from microco.common import MemoryKV
 from microco.services.cache import CacheCore, ChunkStore, LocalStore, build_index
@@ -159,12 +160,28 @@ def test_a_migrating_job_warms_the_new_host_and_leaves_the_old_one(tmp_path):
     pub = PhasePublisher(kv)
     pub.publish([_record("j", "running")], 1.0)
     assert kv.get_json(JOBS_PREFIX + "j") == {"dataset": "ds", "node": "h1"}
+    assert warm_report(kv, "j") is None
     pub.moving("j", "h1", "h2", 2.0)
     _wait(f_new.idle)
     assert len(new.lookup([c.digest for c in index.chunks], "ds")) == len(index.chunks)
     assert "j" in new.jobs and "j" not in old.jobs  # pinned for it there, dropped here
+    # the new host reports the warm over (the scheduler holds the restart until then)
+    _wait(lambda: warm_report(kv, "j") is not None)
+    assert warm_report(kv, "j") == {"node": "h2", "ok": True, "chunks": len(index.chunks), "error": ""}
+    pub.publish([_record("j", "finished", node="h2")], 3.0)
+    _wait(lambda: warm_report(kv, "j") is None)  # gone with the job
     f_old.stop()
     f_new.stop()
+
+
+def test_a_job_moving_in_whose_dataset_is_unknown_is_reported_not_warm(tmp_path):
+    _index, _store, _core, kv, follower, _ = _setup(tmp_path, node="h2")
+    follower.dataset_wait_s = 0.0
+    PhasePublisher(kv).moving("ghost", "h1", "h2", 1.0)
+    _wait(lambda: warm_report(kv, "ghost") is not None)
+    report = warm_report(kv, "ghost")
+    assert report is not None and report["node"] == "h2" and not report["ok"] and report["error"]
+    follower.stop()
 
 
 @pytest.mark.parametrize("phase", ["waiting", "resuming"])
