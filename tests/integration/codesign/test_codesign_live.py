@@ -51,8 +51,9 @@ POLICY = {"quantum_s": 1000, "enable_packing": False, "enable_grow_shrink": Fals
 # The user's job: a model, the hook (with the loader as its sampler, so the checkpoint holds the
 # loader's place in its epoch), the loader from the dataset registered in etcd through this
 # node's cache server. Each step's samples are written down before ``step_end`` (which may
-# checkpoint and exit for the migration). After a restore it waits for its new node's cache to
-# hold chunks of its dataset before reading anything (what a test can see of the warm).
+# checkpoint and exit for the migration). After a restore, before it reads anything, it writes
+# down once (no waiting) what its new node's cache server reported of the warm in etcd and what
+# that server holds: the scheduler started it only after that report.
 JOB = textwrap.dedent(
     """
     import json, os, sys, time
@@ -76,17 +77,13 @@ JOB = textwrap.dedent(
     stream.subscribe(records.append)
     start = hook.restore()
     log = open(out, "a")
-    warm = None
+    warm = report = None
     if start:
-        server = find_server(kv)
-        with CacheClient(server) as cache:
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline:
-                warm = {d.dataset: d.chunks for d in cache.stats().datasets}
-                if any(warm.values()):
-                    break
-                time.sleep(0.1)
-    log.write(json.dumps({"host": node, "restored_from": start, "warm": warm, "server": find_server(kv)}) + "\\n")
+        report = kv.get_json("/microco/cache/warm/" + os.environ["MICROCO_JOB_ID"])
+        with CacheClient(find_server(kv)) as cache:
+            warm = {d.dataset: d.chunks for d in cache.stats().datasets}
+    line = {"host": node, "restored_from": start, "warm": warm, "report": report, "server": find_server(kv)}
+    log.write(json.dumps(line) + "\\n")
     log.flush()
     first = loader.resume_epoch or 0
     for epoch in range(first, epochs):
@@ -116,6 +113,58 @@ JOB = textwrap.dedent(
 )
 
 
+# A job tuned by the compiler service (AstraTorch, through the scheduler's hook): on its first
+# node it trains until the service commits a configuration for its graph, then on (slowly) until
+# it is moved; restored on another node, it writes down after a few steps whether it runs the
+# committed configuration and how many exploration steps it took there.
+TUNED_JOB = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import torch
+    from microco.clients.compiler import RemoteExplorer
+    from microco.clients.compiler._torch import AstraTorch
+    from microco.clients.compiler.zoo import torch_models as zm
+    from microco.clients.scheduler import TorchHook
+    from microco.common.discovery import connect_etcd
+
+    out = sys.argv[1]
+    node = os.environ["MICROCO_NODE"]
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = zm.make_model("lstm", 6, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    hook = TorchHook(model, opt)
+    astra = AstraTorch(
+        model, RemoteExplorer.from_etcd(connect_etcd(), default_timeout=30.0), name="codesign-tuned",
+        total_steps=400, threads=("1",), compile_choices=("eager",), background=False,
+    )
+    x, y = zm.synthetic_batch(4, 8, 6, seed=0)
+    start = hook.restore()
+    log = open(out, "a")
+    log.write(json.dumps({"host": node, "restored_from": start}) + "\\n")
+    log.flush()
+    said = False
+    for step in range(start, start + 3000):
+        with astra.step():
+            loss = zm.loss_fn(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        if astra.committed and not said and (start == 0 or step >= start + 3):
+            said = True
+            line = {"host": node, "committed": True, "explore_steps": astra.explore_steps, "config": astra.config}
+            log.write(json.dumps(line) + "\\n")
+            log.flush()
+            if start:
+                break  # (moved: done)
+        if astra.committed:
+            time.sleep(0.05)  # (a boundary a step for the move)
+        hook.step_end()
+    hook.finish()
+    """
+)
+
+
 def _cache(tmp_path: Path, etcd: str, node: str, ttl_s: float):
     port = free_port()
     proc = start_service(
@@ -139,12 +188,24 @@ def _dataset(kv, tmp_path: Path, name: str, samples: int, chunk_bytes: int):
 
 
 @contextmanager
-def _platform(kv, etcd: str, tmp_path: Path, nodes: tuple[str, ...], policy: dict, ttl_s: float):
-    """A cache server and a one-device agent on each node, and a scheduler: separate processes.
-    Yields (scheduler client, {node: cache server address})."""
+def _platform(
+    kv,
+    etcd: str,
+    tmp_path: Path,
+    nodes: tuple[str, ...],
+    policy: dict,
+    ttl_s: float,
+    *,
+    cache_nodes: tuple[str, ...] | None = None,
+    scheduler_args: tuple[str, ...] = (),
+):
+    """A cache server (on ``cache_nodes``, default every node) and a one-device agent on each
+    node, and a scheduler: separate processes. Yields (scheduler client, {node: cache server
+    address})."""
+    cache_nodes = nodes if cache_nodes is None else cache_nodes
     procs = []
     try:
-        for node in nodes:
+        for node in cache_nodes:
             procs.append(_cache(tmp_path, etcd, node, ttl_s))
         for node in nodes:
             procs.append(
@@ -161,11 +222,16 @@ def _platform(kv, etcd: str, tmp_path: Path, nodes: tuple[str, ...], policy: dic
             )
         procs.append(
             spawn_scheduler(
-                etcd, tmp_path / "sched", policy_config=policy, kv=kv, log_path=tmp_path / "sched.log"
+                etcd,
+                tmp_path / "sched",
+                policy_config=policy,
+                kv=kv,
+                log_path=tmp_path / "sched.log",
+                extra_args=list(scheduler_args),
             )
         )
         wait_for_jobs(
-            lambda: len({r.labels.get("node") for r in discover(kv, "cache")}) == len(nodes),
+            lambda: len({r.labels.get("node") for r in discover(kv, "cache")}) == len(cache_nodes),
             kv,
             120,
             "caches",
@@ -200,6 +266,13 @@ def _submit(
     return client.submit(make_spec(cmd, devices=1, name=name)).id, out
 
 
+def _first(history: list[str], words: str) -> int:
+    """The index of the first history message with ``words`` (fails when none has)."""
+    found = [i for i, message in enumerate(history) if words in message]
+    assert found, (words, history)
+    return found[0]
+
+
 def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
@@ -208,7 +281,17 @@ def test_a_migrated_job_finds_its_data_warm_and_continues_its_epoch(etcd_endpoin
     kv = etcd_kv
     rec, index = _dataset(kv, tmp_path, "codesign-live", SAMPLES, 6000)
     assert len(index.chunks) > 4
-    with _platform(kv, etcd_endpoint, tmp_path, ("na", "nb"), POLICY, ttl_s=600) as (client, addresses):
+    # The restart waits for the warm's report (the deadline only for a cache that never reports).
+    platform = _platform(
+        kv,
+        etcd_endpoint,
+        tmp_path,
+        ("na", "nb"),
+        POLICY,
+        ttl_s=600,
+        scheduler_args=("--cache-warm-wait-s", "90"),
+    )
+    with platform as (client, addresses):
         caches = {node: CacheClient(address) for node, address in addresses.items()}
 
         def wait(cond, what, timeout=120.0):
@@ -240,8 +323,18 @@ def test_a_migrated_job_finds_its_data_warm_and_continues_its_epoch(etcd_endpoin
         assert [s["host"] for s in starts] == [old, new], starts
         moved = starts[1]
         assert moved["restored_from"] >= 6 and moved["server"] == addresses[new]
-        # warmed before the job read a byte there: the follower's doing
-        assert moved["warm"] and any(moved["warm"].values()), moved
+        # warmed before the job read a byte there: the follower's doing, reported before the
+        # job's first read there (the job read the report first), and the scheduler started
+        # the job there only after that report (the order of its history)
+        report = moved["report"]
+        assert report and report["node"] == new and report["ok"] and report["chunks"] > 0, moved
+        assert moved["warm"][rec.qualified] >= report["chunks"], moved
+        history = [message for _at, _state, message in record()["history"]]
+        # (it waited, unless the report was in before its checkpoint: the warm started first)
+        waited = [i for i, m in enumerate(history) if f"waiting for the cache on {new} to warm" in m]
+        warmed = _first(history, f"cache on {new} warm")
+        assert all(i < warmed for i in waited) and warmed < _first(history, f"on {new}/0 (attempt 2)")
+        assert not any("without a warm cache" in m for m in history), history
         # its epoch continued where the sampler left it: every sample once an epoch
         steps: dict[int, dict] = {}
         for x in lines:
@@ -467,3 +560,58 @@ def test_a_suspended_job_lends_its_share_until_it_is_next(etcd_endpoint, etcd_kv
             client.cancel(job)
         wait(lambda: not {a, b, c} & set(cache.stats().jobs), "the cancelled jobs dropped at once")
         cache.close()
+
+
+def test_a_tuned_job_moved_to_a_node_without_a_cache_restarts_after_the_deadline_tuned(
+    etcd_endpoint, etcd_kv, tmp_path
+):
+    """A job whose graph the live compiler service tuned (AstraTorch committed a configuration)
+    is migrated by the operator to the other node, where no cache server runs: the scheduler
+    waits for that node's cache to report the warm, none comes, and it restarts the job there
+    after its deadline (the history says so). Restored there, the job runs the committed
+    configuration from its first step: zero exploration steps (the configuration followed it,
+    through the compiler service's commit for the graph and this hardware)."""
+    kv = etcd_kv
+    compiler = start_service(
+        "microco.services.compiler",
+        ["--port", str(free_port()), "--etcd", etcd_endpoint, "--metrics-port", "-1", "--data-dir",
+         str(tmp_path / "compiler"), "--measure-steps", "1"],
+        log_path=tmp_path / "compiler.log",
+    )  # fmt: skip
+    platform = _platform(
+        kv, etcd_endpoint, tmp_path, ("na", "nb"), POLICY, 600, cache_nodes=(),
+        scheduler_args=("--cache-warm-wait-s", "2"),
+    )  # fmt: skip
+    try:
+        with platform as (client, _caches):
+            wait_for_jobs(lambda: discover(kv, "compiler"), kv, 120, "compiler")
+            out = tmp_path / "tuned.jsonl"
+            script = tmp_path / "tuned.py"
+            script.write_text(TUNED_JOB)
+            job = client.submit(
+                make_spec([sys.executable, str(script), str(out)], devices=1, name="tuned")
+            ).id
+
+            def record():
+                return kv.get_json(JOBS + job) or {}
+
+            wait_for_jobs(lambda: any(x.get("committed") for x in _lines(out)), kv, 120, "a committed config")
+            [tuned] = [x for x in _lines(out) if x.get("committed")]
+            assert tuned["explore_steps"] > 0  # (tuned on its first node: it explored)
+            old = tuned["host"]
+            new = "nb" if old == "na" else "na"
+            client.control(job, "migrate", devices=[f"{new}/0"])
+            wait_for_jobs(
+                lambda: record().get("state") in ("finished", "failed", "cancelled"), kv, 240, "end"
+            )
+            assert record()["state"] == "finished", (record().get("message"), out.read_text())
+            history = [message for _at, _state, message in record()["history"]]
+            waited = _first(history, f"waiting for the cache on {new} to warm")
+            went_on = _first(history, f"went on without a warm cache on {new}")
+            assert waited < went_on < _first(history, f"on {new}/0 (attempt 2)")
+            lines = _lines(out)
+            assert [x["host"] for x in lines if "restored_from" in x] == [old, new]
+            [moved] = [x for x in lines if x.get("committed") and x["host"] == new]
+            assert moved["explore_steps"] == 0 and moved["config"] == tuned["config"], (tuned, moved)
+    finally:
+        stop_process(compiler)
