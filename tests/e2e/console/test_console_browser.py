@@ -1,11 +1,15 @@
 """The console in a real headless browser (Debian's chromium driven by Playwright): sign in, see
 the services, submit a job from the page and watch it appear and change state on its device
-timeline. Screenshots are kept under test-artifacts/."""
+timeline; then, with a cache server and a compiler service added, one job's page with its
+timeline, its cache hits and its compiler configuration together. Screenshots are kept under
+test-artifacts/."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -27,7 +31,7 @@ sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
 )
 
-from console_harness import Platform
+from console_harness import LINKS_JOB, Platform, links_servers
 
 from microco.services.console import DEFAULT_DEV_TOKEN
 from microco.services.console._gateway import SYSTEMS
@@ -160,3 +164,57 @@ def test_sign_in_submit_and_watch_a_job(platform: Platform, page, artifacts_dir:
     assert [e for e in page.errors if "401" not in e] == [], page.errors
     # everything the page loaded came from the console itself: it works offline
     assert page.requested_hosts <= {urlparse(platform.url).netloc}, page.requested_hosts
+
+
+def test_a_jobs_page_shows_its_timeline_cache_hits_and_compiler_configuration(
+    platform: Platform, page, artifacts_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 21's page for a job in the browser, filled from real services: a job run by the
+    scheduler reads through a cache server (3 of 4 samples hit) and has its training step tuned
+    by the compiler service (``console_harness.LINKS_JOB``, the job of the API's test); its page
+    shows its device timeline, those hits and the committed configuration."""
+    if not all(SYSTEMS[s].in_build() for s in ("scheduler", "agent", "cache", "compiler")):
+        pytest.skip("the scheduler, agent, cache or compiler is not part of this build")
+    expect = sync_api.expect
+    with links_servers(platform) as servers:
+        cache, compiler = servers["cache"], servers["compiler"]
+        assert cache.record is not None and compiler.record is not None
+        script = tmp_path / "links_job.py"
+        script.write_text(LINKS_JOB)
+        tag = f"b{int(time.time() * 1000) % 10**9}"
+        command = [sys.executable, str(script), cache.record.address, compiler.record.address, tag]
+        r = httpx.post(
+            platform.url + "/api/v1/jobs",
+            headers={"Authorization": f"Bearer {DEFAULT_DEV_TOKEN}"},
+            json={"name": "browser-links", "command": command, "devices": 1},
+            timeout=30,
+        )
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+
+        page.goto(platform.url + "/")
+        page.fill("#login-token", DEFAULT_DEV_TOKEN)
+        page.click("#login-button")
+        expect(page.locator("#login")).to_be_hidden()
+        page.click('#tabs a[data-tab="jobs"]')
+        row = page.locator(f'#jobs-table tr[data-job-id="{job_id}"]')
+        expect(row).to_have_attribute("data-state", "finished", timeout=120_000)
+        row.click()
+        expect(page.locator("#job-detail")).to_be_visible()
+        # its devices' timeline: queued, then running, then finished
+        mine = page.locator(f'#job-links-timeline svg.timeline g[data-job-id="{job_id}"] rect.period')
+        expect(mine.last).to_have_attribute("data-state", "finished")
+        assert mine.first.get_attribute("data-state") == "queued"
+        assert "running" in [mine.nth(i).get_attribute("data-state") for i in range(mine.count())]
+        # its cache hits, counted by the cache server it read through
+        expect(page.locator("#job-cache-note")).to_contain_text("3 hits, 1 misses (75%)")
+        dataset = page.locator(f'#job-cache tr[data-dataset="links-{tag}"]')
+        expect(dataset).to_be_visible()
+        expect(dataset).to_contain_text(cache.name)
+        # its compiler configuration: the graph its step registered, committed, with the values
+        graph = page.locator("#job-compiler .compiler-graph", has_text="links-model")
+        expect(graph).to_contain_text("committed")
+        expect(graph.locator(".job-registration")).to_contain_text("registered by this job")
+        expect(graph.locator("table tr", has_text="fusion")).to_contain_text("fused")
+        page.screenshot(path=str(artifacts_dir / "console-job-links.png"), full_page=True)
+        assert page.errors == [], page.errors

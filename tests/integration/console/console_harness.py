@@ -8,7 +8,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,3 +191,76 @@ def _wait_jobs_available(platform: Platform, timeout: float = 60.0) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"scheduler not ready with devices in {timeout:.0f}s: {body}")
+
+
+# What the job does: put a chunk of its dataset and read it back (bytes served to the job),
+# report a mini-batch's hits the way its loader does (3 of 4 samples cached), and register its
+# training step at the compiler, reporting trials until the configuration is committed. It also
+# registers a second graph naming another job: a job's own certificate decides which job it is.
+LINKS_JOB = textwrap.dedent(
+    """
+    import os, sys
+    import blake3
+    from microco.api.compiler.v1 import compiler_pb2 as pb
+    from microco.clients.cache import CacheClient
+    from microco.clients.compiler import RemoteExplorer
+    from microco.clients.compiler.explore import wire
+    from microco.clients.compiler.explore.types import GraphSpec, TrialReport, Variable
+
+    cache_address, compiler_address, tag = sys.argv[1:4]
+    job = os.environ["MICROCO_JOB_ID"]
+    chunk = (tag * 512).encode()
+    digest = blake3.blake3(chunk).hexdigest()
+    with CacheClient(cache_address) as cache:
+        cache.put_chunks([(digest, chunk)], dataset="links-" + tag)
+        assert cache.read_chunks([digest], job_id=job) == {digest: chunk}
+        cache.report_progress(job, "links-" + tag, epoch=0, timings=[(0.75, 0.01, len(chunk), 4)])
+    explorer = RemoteExplorer.from_address(compiler_address, default_timeout=10.0)
+    spec = GraphSpec(
+        "links-graph-" + tag, "[8,16]", "cpu-links", (Variable("fusion", ("off", "fused")),),
+        model_name="links-model", total_steps=100000,
+    )
+    config = explorer.register(spec)
+    for _ in range(40):
+        if config.committed:
+            break
+        ms = 5.0 if config.values.get("fusion") == "fused" else 9.0
+        steps = max(config.steps, 2)
+        config = explorer.report(config.key, TrialReport(config.trial, [ms * 3] + [ms] * (steps - 1)))
+    forged = wire.spec_to_proto(GraphSpec("links-forged-" + tag, "[1]", "cpu-links", ()))
+    forged.job_id = "someone-elses-job"
+    explorer._stub.RegisterGraph(forged, timeout=10)
+    print("registered", config.key, "committed" if config.committed else "exploring")
+    """
+)
+
+
+@contextmanager
+def links_servers(platform: Platform) -> Iterator[dict[str, Proc]]:
+    """A compiler, and a cache server on the agent's node: a cache server counts the reports of
+    the jobs that run on its own host only (the scheduler's phases say where each job runs)."""
+    agent = platform.others["agent"].record
+    assert agent is not None
+    node = agent.labels.get("node") or "node-" + platform.url.rsplit(":", 1)[1]
+    common = {"etcd": platform.etcd, "redis": platform.redis, "home": platform.home}
+    procs = {
+        "compiler": spawn(
+            "microco.services.compiler", ["--metrics-port", "-1"], instance_id="compiler-links", **common
+        ),
+        "cache": spawn(
+            "microco.services.cache",
+            ["--capacity", "8M", "--node", node],
+            instance_id="cache-links",
+            **common,
+        ),
+    }
+    try:
+        for service, p in procs.items():
+            wait_registered(platform.kv, service, p)
+        yield procs
+    finally:
+        for p in procs.values():
+            if p.proc.poll() is None:
+                p.proc.terminate()
+        for p in procs.values():
+            p.stop()
