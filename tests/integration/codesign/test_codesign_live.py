@@ -45,6 +45,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
 
 JOBS = "/microco/scheduler/jobs/"
 PHASES = "/microco/scheduler/phases/"
+JOB_DATASETS = "/microco/cache/jobs/"
 SAMPLES, EPOCHS, BATCH = 48, 3, 2
 POLICY = {"quantum_s": 1000, "enable_packing": False, "enable_grow_shrink": False, "enable_migration": False}
 
@@ -198,10 +199,11 @@ def _platform(
     *,
     cache_nodes: tuple[str, ...] | None = None,
     scheduler_args: tuple[str, ...] = (),
+    devices: int = 1,
 ):
-    """A cache server (on ``cache_nodes``, default every node) and a one-device agent on each
-    node, and a scheduler: separate processes. Yields (scheduler client, {node: cache server
-    address})."""
+    """A cache server (on ``cache_nodes``, default every node) and an agent of ``devices``
+    virtual devices on each node, and a scheduler: separate processes. Yields (scheduler
+    client, {node: cache server address})."""
     cache_nodes = nodes if cache_nodes is None else cache_nodes
     procs = []
     try:
@@ -213,7 +215,7 @@ def _platform(
                     etcd,
                     node,
                     tmp_path / "agents" / node,
-                    devices=1,
+                    devices=devices,
                     checkpoint_root=tmp_path / "checkpoints",
                     kv=kv,
                     log_path=tmp_path / f"agent-{node}.log",
@@ -615,3 +617,62 @@ def test_a_tuned_job_moved_to_a_node_without_a_cache_restarts_after_the_deadline
             assert moved["explore_steps"] == 0 and moved["config"] == tuned["config"], (tuned, moved)
     finally:
         stop_process(compiler)
+
+
+def test_dataset_affinity_gives_a_free_device_to_the_job_of_a_running_dataset(
+    etcd_endpoint, etcd_kv, tmp_path
+):
+    """Gandiva's ``dataset_affinity`` on the live scheduler, its datasets from the cache server
+    (which learns each job's from its loader and publishes it in etcd). On a node of two
+    devices, a1 (dataset A) runs; b1 (dataset B) and a2 (A) have each run (so the cache knows
+    their datasets) and wait, b1 with less attained service than a2. When a device frees,
+    Gandiva's order (least attained service) would give it to b1; with the setting, a2 goes
+    first, its dataset being read by a1, which keeps its device. (The scene is set with
+    operator suspends and resumes, no slicing: the quantum is long.)"""
+    kv = etcd_kv
+    regs = {n: _dataset(kv, tmp_path, n, 48, 6000)[0] for n in ("aff-a", "aff-b")}
+    policy = {**POLICY, "dataset_affinity": True}
+    with _platform(kv, etcd_endpoint, tmp_path, ("nd",), policy, 600, devices=2) as (client, _caches):
+
+        def job(name, ds):
+            return _submit(client, tmp_path, name, regs[ds].qualified, 40, BATCH, prefetch=False)[0]
+
+        def rec(j):
+            return kv.get_json(JOBS + j) or {}
+
+        def running(j, steps=1):
+            def check():
+                r = rec(j)
+                return r.get("state") == "running" and r.get("step", 0) >= steps
+
+            return check
+
+        def known(j):  # the cache server published the job's dataset
+            return bool(kv.get_json(JOB_DATASETS + j))
+
+        def wait(cond, what):
+            return wait_for_jobs(cond, kv, 120, what)
+
+        def suspend(j):
+            client.control(j, "suspend")
+            wait(lambda: rec(j).get("state") == "suspended", f"{j} suspended")
+
+        a1, b1 = job("a1", "aff-a"), job("b1", "aff-b")
+        wait(lambda: running(a1)() and running(b1)() and known(a1) and known(b1), "a1 and b1 read")
+        suspend(b1)  # (held by the operator)
+        a2 = job("a2", "aff-a")
+        wait(lambda: running(a2)() and known(a2), "a2 reads")
+        wait(lambda: rec(a2)["attained_service_s"] > rec(b1)["attained_service_s"] + 1.0, "a2 served more")
+        suspend(a2)
+        filler = job("f", "aff-b")  # holds the free device while both are let go
+        wait(running(filler), "the filler runs")
+        for j in (b1, a2):
+            client.control(j, "resume")  # (the policy places them: no device is free)
+        wait(lambda: all(not rec(j).get("operator") for j in (b1, a2)), "both back to the policy")
+        assert rec(b1)["state"] == rec(a2)["state"] == "suspended"
+        assert rec(b1)["attained_service_s"] < rec(a2)["attained_service_s"]
+        client.cancel(filler)
+        wait(lambda: "running" in (rec(b1)["state"], rec(a2)["state"]), "a freed device taken")
+        assert rec(a2)["state"] == "running" and rec(b1)["state"] == "suspended", (rec(a2), rec(b1))
+        for j in (a1, b1, a2):
+            client.cancel(j)
