@@ -23,6 +23,7 @@ from microco.clients.scheduler import ENV_TOTAL_STEPS, EXIT_CHECKPOINTED, PhaseP
 from microco.common.errors import FailedPrecondition, InvalidArgument, MicrocoError
 from microco.common.etcd_roles import add_job_user
 from microco.common.identity import job_credentials_env
+from microco.common.registry import discover
 
 from . import _transitions as T
 from ._nodes import EXITED, NodeIO
@@ -274,7 +275,8 @@ class DecisionApplier:
         or, when it is migrating to another node, once that node's cache server reports the
         job's working set warm or ``warm_wait_s`` after the checkpoint (until then the record
         waits with ``Pending("warm")``, and the job's history says so; the reconciler calls
-        this again each tick). A missing cache server or a failed warm only costs the wait."""
+        this again each tick). With no cache server registered on the new node it does not
+        wait; one that does not report, or a failed warm, only costs the wait."""
         wait = self.settings.warm_wait_s
         try:
             target = self.io.node_of(devices)
@@ -296,6 +298,8 @@ class DecisionApplier:
                     note = f"cache on {target} warm{after} ({report.get('chunks', 0)} chunks of its dataset there)"
                 else:
                     note = f"cache on {target} could not warm ({report.get('error', '')}); going on{after}"
+            elif not held and not self._cache_on(target):
+                note = f"no cache server on {target}: restarting without waiting for a warm cache"
             elif not held:
                 rec = replace(rec, pending=Pending("warm", 0, now, then="move", devices=tuple(devices)))
                 note = (
@@ -311,3 +315,10 @@ class DecisionApplier:
             rec = rec.noted(note, now)
         rec = rec.released().with_state(SUSPENDED, f"checkpointed at step {rec.checkpoint_step}", now)
         return self.start_process(self.store.keep(rec), devices, now, how)
+
+    def _cache_on(self, node: str) -> bool:
+        """Is a cache server registered on ``node`` (one that may report a warm)?"""
+        try:
+            return any(r.labels.get("node") == node for r in discover(self.store.kv, "cache"))
+        except MicrocoError:
+            return True  # (not known: wait, bounded)

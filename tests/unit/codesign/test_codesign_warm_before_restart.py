@@ -1,9 +1,9 @@
 """A job migrated to another node restarts there only once that node's cache server reports
 the job's working set warm (``/microco/cache/warm/<job>``), or ``warm_wait_s`` after its
-checkpoint when no report comes; the job's history says which. A real ``SchedulerCore`` over
-``MemoryKV`` with fake agents (the process checkpoints and exits at once); each tick's
-reconciliation looks again, never blocking (the live test is
-``tests/integration/codesign/test_codesign_live.py``)."""
+checkpoint when no report comes (and not at all with no cache server registered on the new
+node); the job's history says which. A real ``SchedulerCore`` over ``MemoryKV`` with fake
+agents (the process checkpoints and exits at once); each tick's reconciliation looks again,
+never blocking (the live tests are in ``tests/integration/codesign/test_codesign_live.py``)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from microco.clients.agent import AgentDirectory
 from microco.clients.cache import report_warm, warm_report
 from microco.clients.scheduler import EXIT_CHECKPOINTED, read_phases
 from microco.common.kv import MemoryKV
+from microco.common.registry import ServiceRecord
 from microco.services.scheduler import SchedulerCore
 from microco.services.scheduler import _jobs as J
 from microco.services.scheduler._nodes import EXITED
@@ -43,11 +44,15 @@ class FakeAgents:
         self.sent.append(("stop", address))
 
 
-def _moved(wait_s: float = 5.0):
-    """A job running on n1, migrated by the scheduler to n2: its process checkpointed and exited."""
+def _moved(wait_s: float = 5.0, cache_on_n2: bool = True):
+    """A job running on n1, migrated by the scheduler to n2 (where a cache server is registered,
+    unless told otherwise): its process checkpointed and exited."""
     kv = MemoryKV()
     put_node(kv, "n1", devices=1)
     put_node(kv, "n2", devices=1)
+    if cache_on_n2:
+        cache = ServiceRecord("cache", "cache-n2", "n2:2", labels={"node": "n2"})
+        kv.put(cache.key, cache.to_json())
     core = SchedulerCore(kv, make_policy("gandiva"), warm_wait_s=wait_s)
     core.io.agents = FakeAgents(AgentDirectory(kv))
     core.io.nodes = core.agents.nodes()
@@ -121,3 +126,10 @@ def test_with_no_wait_set_the_job_restarts_at_once():
     rec = core.store.jobs[job]
     assert core.agents.sent[-1] == ("start", "n2:1") and rec.state == J.RUNNING
     assert not _said(rec, "warm")
+
+
+def test_with_no_cache_server_on_the_new_node_the_job_restarts_at_once():
+    core, _kv, job = _moved(cache_on_n2=False)
+    rec = core.store.jobs[job]
+    assert core.agents.sent[-1] == ("start", "n2:1") and rec.state == J.RUNNING
+    assert _said(rec, "no cache server on n2: restarting without waiting")
