@@ -92,6 +92,7 @@ class SchedulerFollower:
         self._cancel: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self._prefetching: dict[str, threading.Event] = {}  # job -> stop
+        self._to_report: set[str] = set()  # jobs moving here: report the warm's end (scheduler)
         self._threads: list[threading.Thread] = []
         self._datasets: dict[str, tuple[DatasetIndex, Any]] = {}
         self._published: set[str] = set()
@@ -223,13 +224,17 @@ class SchedulerFollower:
 
     # -- prefetch
     def _prefetch(self, job_id: str, source: str = "", report: bool = False) -> None:
+        """Start bringing in ``job_id``'s chunks (from ``source``'s cache first); ``report``:
+        tell the scheduler when that is over (a prefetch already under way for it reports)."""
         with self._lock:
+            if report:
+                self._to_report.add(job_id)
             if job_id in self._prefetching and not self._prefetching[job_id].is_set():
                 return
             stop = self._prefetching[job_id] = threading.Event()
             t = threading.Thread(
                 target=self._prefetch_run,
-                args=(job_id, stop, source, report),
+                args=(job_id, stop, source),
                 name=f"follow-{job_id}",
                 daemon=True,
             )
@@ -238,16 +243,15 @@ class SchedulerFollower:
 
     def _stop_prefetch(self, job_id: str) -> None:
         with self._lock:
+            self._to_report.discard(job_id)
             ev = self._prefetching.pop(job_id, None)
         if ev is not None:
             ev.set()
 
-    def _prefetch_run(
-        self, job_id: str, stop: threading.Event, source: str = "", report: bool = False
-    ) -> None:
-        """Bring in the job's unconsumed chunks; with ``report`` (a job moving here), tell the
-        scheduler when that is over (``report_warm``), unless it was called off."""
-        error, held = "", 0
+    def _prefetch_run(self, job_id: str, stop: threading.Event, source: str = "") -> None:
+        """Bring in the job's unconsumed chunks; for a job moving here, tell the scheduler
+        when that is over (``report_warm``), unless it was called off."""
+        error, held, report = "", 0, False
         try:
             error, held = self._fill(job_id, stop, source)
         except (MicrocoError, OSError) as exc:
@@ -257,7 +261,9 @@ class SchedulerFollower:
             with self._lock:
                 if self._prefetching.get(job_id) is stop:
                     del self._prefetching[job_id]
-        if report and not stop.is_set():
+                    report = job_id in self._to_report and not stop.is_set()
+                    self._to_report.discard(job_id)
+        if report:
             try:
                 report_warm(self.kv, job_id, self.node, held, error)
             except MicrocoError as exc:  # advice only: the scheduler's deadline then passes
