@@ -1302,24 +1302,41 @@ class AstraTorch(SessionBacked):
             self._hw,
             f"background:torch:whole:{kind}",
             wall_ms,
-            size=self._whole_nodes.get(kind, 0),
+            size=self._worker_size(kind),
             graph=self._cost_graph(),
             floor=bool(entry.get("cancelled")),
         )
+
+    def _worker_size(self, kind: str) -> int:
+        """The nodes a worker of ``kind`` compiles, for its per-node rate: the probe's count, or
+        for the rewritten step, when it was not counted, the plain step's (at least that many)."""
+        return self._whole_nodes.get(kind, 0) or self._whole_nodes.get("plain", 0)
 
     def _background_wait_ms(self, kind: str) -> float:
         """How long a trial of this whole-step compile would wait for its background worker
         (issue 18, 2026-12-03: Llama's worker took 30 s wall for the plain step and 38 s for the
         rewrite, DistilBERT's more than 15 s, against eager runs of 5,000 steps of 28 and 20 s;
         a trial whose worker outlasts the run's steps cannot gain, and the steps beside the
-        worker ran up to 2x slower). This graph's worker times here (cancelled ones as floors),
-        else the highest per-node rate of this host's workers, else this graph's in-process
-        cold compile (a worker takes at least that), else its first price; 0: nothing known."""
-        size, graph = self._whole_nodes.get(kind, 0), self._cost_graph()
+        worker ran up to 2x slower). This graph's finished workers here; where it has only
+        floors (workers cancelled early) or nothing, the larger of its floors and the highest
+        per-node rate of this host's whole-step workers; else this graph's in-process cold
+        compile (a worker takes at least that), else its first price; 0: nothing known."""
+        size, graph = self._worker_size(kind), self._cost_graph()
         bg = f"background:torch:whole:{kind}"
         wait = self.compile_costs.estimate(self._hw, bg, size, graph=graph)
-        if wait is None:
-            wait = self.compile_costs.first_price(self._hw, bg, size)
+        rows = [r for r in self.compile_costs.measurements(self._hw, bg) if r.get("graph") == graph]
+        if all(r.get("floor") for r in rows):
+            # Only floors (workers cancelled early) or nothing: a floor is a lower bound, the
+            # rate of this host's finished workers the estimate (Llama, 2026-12-03: the plain
+            # step's worker cancelled at 6.1 s when the run committed the rewrite, whose worker
+            # took 48.9 s; priced at the floor, the plain step was tried at 5,000 steps and lost).
+            # (each kind's: ``first_price`` stops at the first kind with any row, a floor too)
+            rates = [
+                self.compile_costs.first_price(self._hw, f"background:torch:whole:{k}", size) for k in WHOLE
+            ]
+            known = [r for r in rates if r is not None]
+            if known:
+                wait = max(wait or 0.0, *known)
         if wait is None:
             wait = self.compile_costs.estimate(self._hw, f"torch:whole:{kind}", size, graph=graph)
         if wait is None:

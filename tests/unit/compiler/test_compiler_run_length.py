@@ -346,6 +346,19 @@ def test_a_background_compile_is_priced_with_the_wait_for_its_worker(tmp_path):
     # 5,000 steps of 5 ms: 25 s, a quarter expected (6.25 s) < 3 s + a quarter of the wait.
     assert not planned(mine, 5000)
     assert planned(whole(wrapper(50_000)), 50_000)
+    # Only a floor for this kind (its worker cancelled early when the run committed another):
+    # the rate of this host's finished workers prices it, not the floor (Llama: 6.1 s floor for
+    # the plain step, 48.9 s for the rewrite's finished worker, the same graph).
+    fresh = HostCompileCosts(tmp_path / "fresh.json")
+    b = wrapper(5000)
+    b.compile_costs, b._whole_nodes = fresh, {"plain": 176}
+    b._record_background(
+        {"values": {"model.rewrite": "inductor"}, "wall_s": 48.9, "rc": 0, "cancelled": False}
+    )
+    b._record_background(
+        {"values": {"model.compile": "inductor"}, "wall_s": 6.1, "rc": -9, "cancelled": True}
+    )
+    assert b._background_wait_ms("plain") >= 40_000.0
     # Before, the load alone was the price, and the compile was planned at 5,000.
     from dataclasses import replace
 
