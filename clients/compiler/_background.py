@@ -54,9 +54,13 @@ class BackgroundCompiler:
         self,
         needs_compile: Callable[[dict[str, str]], bool],
         payload: Callable[[dict[str, str]], dict[str, Any] | None],
+        on_done: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.needs_compile = needs_compile
         self.payload = payload
+        # Told each finished or cancelled compile's log entry (the wrapper keeps the worker's
+        # wall time: how long a trial waits for its background compile).
+        self.on_done = on_done
         self.enabled = True
         self._done: set[str] = set()
         self._queue: list[dict[str, str]] = []
@@ -176,6 +180,11 @@ class BackgroundCompiler:
             or ("" if proc.returncode == 0 else err.decode(errors="replace")),
         }
         self.log.append(entry)
+        if self.on_done is not None:
+            try:
+                self.on_done(entry)
+            except Exception as exc:  # noqa: BLE001 - a record not kept must not stop training
+                log.info("background compile not recorded (%s)", exc)
         if cancelled:
             return
         if proc.returncode != 0 or entry["error"]:

@@ -101,6 +101,11 @@ class ExplorationSession:
         # and runs once its compile is done, as a warm load. None: compiles happen in line.
         self.warmer = warmer
         self.wait_steps = 0  # steps run under a hold while trials waited for background compiles
+        # The configurations handed to the warmer and not run yet: a hold ends as soon as one of
+        # them is ready, not when the warmer's whole queue is done (Llama, 2026-12-03: the
+        # rewrite's compile done at 38 s waited 30 s more for a second compile of the plain
+        # step, which was then priced out without running).
+        self._deferred: list[dict[str, str]] = []
         self.retry_every = retry_every
         self.best_ms = math.inf  # fastest measured step of any finished trial this session ran
         self.spec: GraphSpec | None = None
@@ -177,10 +182,13 @@ class ExplorationSession:
                 return cfg
             if cfg.committed:
                 self.warmer.cancel()  # nothing left to compile for
+                self._deferred = []
                 return cfg
             if cfg.hold or cfg.trial < 0 or self.warmer.ready(cfg.values):
                 return cfg
             self.warmer.start(cfg.values)
+            if cfg.values not in self._deferred:
+                self._deferred.append(dict(cfg.values))
             try:
                 cfg = self.explorer.report(cfg.key, TrialReport(cfg.trial, [], pending=True))
             except Exception as exc:  # noqa: BLE001 - training goes on under the trial's configuration
@@ -190,11 +198,16 @@ class ExplorationSession:
 
     def _record_hold(self, cur: Config, step_ms: float) -> Config | None:
         """A step under a hold: counted as waiting, reported every ``cur.steps`` steps or as soon
-        as the background compiles are done."""
+        as one of the deferred trials' compiles is done (the explorer then hands the deferred
+        trials out again: the ready one runs, the others wait again)."""
         self.wait_steps += 1
         if not math.isnan(step_ms):
             self._times.append(step_ms)
         busy = self.warmer.busy() if self.warmer is not None else False
+        if self.warmer is not None:
+            ready = [v for v in self._deferred if self.warmer.ready(v)]
+            self._deferred = [v for v in self._deferred if v not in ready]
+            busy = busy and not ready
         if busy and len(self._times) < cur.steps:
             return None
         rep = TrialReport(trial=HOLD_TRIAL, step_ms=list(self._times), pending=busy)

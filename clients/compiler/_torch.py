@@ -306,7 +306,7 @@ class AstraTorch(SessionBacked):
         # that fills Inductor's on-disk caches while training runs the best configuration; the
         # trial then loads them (see _background).
         self.background = (
-            BackgroundCompiler(self._needs_compile, self._background_payload)
+            BackgroundCompiler(self._needs_compile, self._background_payload, self._record_background)
             if background is not False
             else None
         )
@@ -850,11 +850,16 @@ class AstraTorch(SessionBacked):
         """What a compiled whole step may save over the run at ``step_ms`` a step: what this host
         measured it to gain on this graph (``_measured_gain``), else the core's own bound
         (``ExplorationPolicy``'s defaults: twice as fast, half of that expected)."""
+        return self.total_steps * step_ms * self._gain_fraction(kind)
+
+    def _gain_fraction(self, kind: str) -> float:
+        """The share of each step a compiled whole step (``kind``) is expected to save: what
+        this host measured it to gain (``_measured_gain``), else the core's bound."""
         gain = self._measured_gain(kind)
         if gain is not None:
-            return self.total_steps * step_ms * max(0.0, 1.0 - 1.0 / gain)
+            return max(0.0, 1.0 - 1.0 / gain)
         policy = ExplorationPolicy()
-        return self.total_steps * step_ms * (1.0 - 1.0 / policy.max_speedup) * policy.expected_gain_share
+        return (1.0 - 1.0 / policy.max_speedup) * policy.expected_gain_share
 
     def _measured_gain(self, kind: str) -> float | None:
         """The speedup this graph's compiled whole step (``kind``) gave on this host, measured
@@ -1252,6 +1257,13 @@ class AstraTorch(SessionBacked):
                     if learned is None and not self._off_critical_path:
                         prior = self._first_whole_price(kind, cold)
                         learned = prior  # as given: no other choice's compile scales it down
+                    wait = self._background_wait_ms(kind) if self._off_critical_path else 0.0
+                    if wait > 0:
+                        # What the steps run while the trial waits for its worker would have
+                        # gained: lost with the wait (as given: this host's measured times, not
+                        # scaled by other choices' compiles)
+                        prior += wait * self._gain_fraction(kind)
+                        learned = prior
                 out.append(
                     Variable(
                         WHOLE[kind],
@@ -1276,6 +1288,60 @@ class AstraTorch(SessionBacked):
             # is recompiled when it changes (measured: a 186 s recompile of the whole step).
             out.append(Variable("threads", self.thread_values, "", STAGE_STRUCTURE))
         return out
+
+    def _record_background(self, entry: dict[str, Any]) -> None:
+        """Keep a background worker's wall time for a whole-step compile (``background:torch:
+        whole:<kind>``, this graph): how long a trial waits for it. A worker cancelled before it
+        finished (its trial dropped, the run committed) ran at least that long: a floor."""
+        kind = whole_kind(entry.get("values", {}))
+        wall_ms = float(entry.get("wall_s") or 0.0) * 1e3
+        failed = not entry.get("cancelled") and (entry.get("rc") != 0 or entry.get("error"))
+        if kind is None or failed or wall_ms <= 0:
+            return
+        self.compile_costs.record(
+            self._hw,
+            f"background:torch:whole:{kind}",
+            wall_ms,
+            size=self._worker_size(kind),
+            graph=self._cost_graph(),
+            floor=bool(entry.get("cancelled")),
+        )
+
+    def _worker_size(self, kind: str) -> int:
+        """The nodes a worker of ``kind`` compiles, for its per-node rate: the probe's count, or
+        for the rewritten step, when it was not counted, the plain step's (at least that many)."""
+        return self._whole_nodes.get(kind, 0) or self._whole_nodes.get("plain", 0)
+
+    def _background_wait_ms(self, kind: str) -> float:
+        """How long a trial of this whole-step compile would wait for its background worker
+        (issue 18, 2026-12-03: Llama's worker took 30 s wall for the plain step and 38 s for the
+        rewrite, DistilBERT's more than 15 s, against eager runs of 5,000 steps of 28 and 20 s;
+        a trial whose worker outlasts the run's steps cannot gain, and the steps beside the
+        worker ran up to 2x slower). This graph's finished workers here; where it has only
+        floors (workers cancelled early) or nothing, the larger of its floors and the highest
+        per-node rate of this host's whole-step workers; else this graph's in-process cold
+        compile (a worker takes at least that), else its first price; 0: nothing known."""
+        size, graph = self._worker_size(kind), self._cost_graph()
+        bg = f"background:torch:whole:{kind}"
+        wait = self.compile_costs.estimate(self._hw, bg, size, graph=graph)
+        rows = [r for r in self.compile_costs.measurements(self._hw, bg) if r.get("graph") == graph]
+        if all(r.get("floor") for r in rows):
+            # Only floors (workers cancelled early) or nothing: a floor is a lower bound, the
+            # rate of this host's finished workers the estimate (Llama, 2026-12-03: the plain
+            # step's worker cancelled at 6.1 s when the run committed the rewrite, whose worker
+            # took 48.9 s; priced at the floor, the plain step was tried at 5,000 steps and lost).
+            # (each kind's: ``first_price`` stops at the first kind with any row, a floor too)
+            rates = [
+                self.compile_costs.first_price(self._hw, f"background:torch:whole:{k}", size) for k in WHOLE
+            ]
+            known = [r for r in rates if r is not None]
+            if known:
+                wait = max(wait or 0.0, *known)
+        if wait is None:
+            wait = self.compile_costs.estimate(self._hw, f"torch:whole:{kind}", size, graph=graph)
+        if wait is None:
+            wait = self.compile_costs.first_price(self._hw, f"torch:whole:{kind}", size)
+        return wait or 0.0
 
     def _probed_configuration(self) -> tuple[str, ...]:
         """The structure variables' choices the whole-step cache probe ran under (the model as

@@ -183,6 +183,9 @@ class TrialRecord:
     # Slowdown (ms) of the steps that ran beside this trial's background compile: part of what
     # the compile cost the critical path, with the warm-up step's excess (``compile_ms``).
     background_ms: float = 0.0
+    # The slowdown of every step run while this trial waited for its compile, the compiles
+    # queued before its own included: what waiting for it cost (``_account_hold``).
+    waited_ms: float = 0.0
     runnable: float = 0.0  # runnable threads on the client's machine during the measured steps (0: unknown)
     cpu_steps: list[float] = field(default_factory=list)  # each step's thread CPU time (ms); [] unknown
 
@@ -218,7 +221,7 @@ class Exploration:
     run_first: int = 0  # index in trials of this run's first trial (its cost is this run's)
     reopened: int = 0  # times a committed exploration was reopened for a candidate that now pays
     # Trials waiting for their compile, running in the background on the client: planned items
-    # ({"values", "kind", "steps", "background_ms"}), run again once the client says it is done.
+    # ({"values", "kind", "steps", "background_ms", "waited_ms"}), run again once the client says it is done.
     deferred: list[dict[str, Any]] = field(default_factory=list)
     wait_steps: int = 0  # mini-batches run under the best configuration while trials waited
     wait_ms: float = 0.0
@@ -428,6 +431,7 @@ def _run(state: Exploration, policy: ExplorationPolicy, item: dict[str, Any]) ->
         kind=item["kind"],
         planned_steps=int(item.get("steps", 0)),
         background_ms=float(item.get("background_ms", 0.0)),
+        waited_ms=float(item.get("waited_ms", 0.0)),
     )
     state.trials.append(rec)
     state.current = rec.trial
@@ -499,7 +503,13 @@ def _defer(state: Exploration, t: TrialRecord, rep: TrialReport) -> None:
     if state.trials and state.trials[-1] is t:
         state.trials.pop()
     state.deferred.append(
-        {"values": dict(t.values), "kind": t.kind, "steps": t.planned_steps, "background_ms": t.background_ms}
+        {
+            "values": dict(t.values),
+            "kind": t.kind,
+            "steps": t.planned_steps,
+            "background_ms": t.background_ms,
+            "waited_ms": t.waited_ms,
+        }
     )
     state.wait_steps += len(rep.step_ms)
     state.wait_ms += sum(rep.step_ms)
@@ -522,13 +532,18 @@ def _account_hold(state: Exploration, rep: TrialReport, policy: ExplorationPolic
     keep = []
     for item in state.deferred:
         item["background_ms"] = float(item.get("background_ms", 0.0)) + share
+        # Each deferred trial waits through every compile queued before its own (one worker at
+        # a time), so waiting for it has cost the whole slowdown so far, not its share (BART at
+        # 5,000 steps, 2026-12-03: two compiles deferred, the first charged half of the steps'
+        # slowdown and kept). The share is what its compile is recorded to have cost.
+        item["waited_ms"] = float(item.get("waited_ms", 0.0)) + slow
         # Charged so far, against what the steps left could gain: a compile that waits too long
         # (a starved background process) runs out of steps to repay it just as one that slows
         # training too much does. Not its compile price on top: it compiles off the critical
         # path, and what it costs the path is the slowdown charged here as it happens (and the
         # warm-up's excess once it runs, ``report``). Adding the price counted it twice
         # (keras-sublstm, 2026-12-02: 5.5 s slowdown + 8.4 s price > 13.9 s saving: dropped).
-        cost = item["background_ms"]
+        cost = max(item["background_ms"], item["waited_ms"])
         # Against the saving the plan admitted it on (the best case x ``expected_gain_share``),
         # not the best case alone: keras-mobilenet at 5,000 steps (session 11, 2 cores, load 10)
         # slowed 277 steps 5.8x (158 s) beside its compile and stayed within the best case.

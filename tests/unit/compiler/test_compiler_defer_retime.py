@@ -348,3 +348,43 @@ def test_a_background_compile_is_charged_its_slowdown_not_its_price_as_well():
     )
     dropped = [p for p in state.pruned if "dropped while compiling" in p]
     assert dropped and not state.deferred and not cfg.hold, state.pruned
+
+
+def test_each_deferred_compile_is_weighed_against_the_whole_slowdown_it_waited_through():
+    # BART at 5,000 steps (2026-12-03, background forced): two whole-step compiles deferred, one
+    # worker at a time; the steps beside the first ran up to 3.5x slower, and each deferred trial
+    # was charged half of that slowdown, so neither was dropped. A trial waits through every
+    # compile queued before its own: waiting for it cost the whole slowdown. Here the expected
+    # saving is ~2.5 s each (10 ms steps, 1,000 left, a quarter), and 3 s of slowdown: all are
+    # dropped (before: 3 s over the deferred trials, 1-1.5 s each, all kept). What each compile is recorded to cost stays its
+    # share.
+    a = Variable("a", ("off", "on"), "", STAGE_COMPILE, True, 100.0, prior_calibrated=True)
+    b = Variable("b", ("off", "on"), "", STAGE_COMPILE, True, 100.0, prior_calibrated=True)
+    state = start(GraphSpec("fp", "x", "cpu", (a, b), total_steps=1000), POLICY)
+    cfg = next_config(state, POLICY)
+    cfg = report(state, TrialReport(cfg.trial, [10.0] * 4), POLICY)
+    while not cfg.hold:
+        assert "on" in cfg.values.values()
+        cfg = report(state, TrialReport(cfg.trial, [], pending=True), POLICY)
+    waiting = len(state.deferred)
+    assert waiting >= 2
+    cfg = report(
+        state, TrialReport(HOLD_TRIAL, [10.0 + 3000.0 / cfg.steps] * cfg.steps, pending=True), POLICY
+    )
+    dropped = [p for p in state.pruned if "dropped while compiling" in p]
+    assert len(dropped) == waiting, state.pruned
+    assert not cfg.hold and cfg.committed is not None
+
+
+def test_a_deferred_trial_handed_out_again_keeps_what_it_waited_through():
+    a = Variable("a", ("off", "on"), "", STAGE_COMPILE, True, 100.0, prior_calibrated=True)
+    state = start(GraphSpec("fp", "x", "cpu", (a,), total_steps=100_000), POLICY)
+    cfg = next_config(state, POLICY)
+    cfg = report(state, TrialReport(cfg.trial, [10.0] * 4), POLICY)
+    cfg = report(state, TrialReport(cfg.trial, [], pending=True), POLICY)
+    cfg = report(state, TrialReport(HOLD_TRIAL, [12.0] * cfg.steps, pending=False), POLICY)
+    assert cfg.values == {"a": "on"} and not cfg.hold  # handed out again: not ready after all
+    cfg = report(state, TrialReport(cfg.trial, [], pending=True), POLICY)
+    assert state.deferred[0]["waited_ms"] == 2.0 * POLICY.hold_steps
+    again = Exploration.from_json(json.loads(json.dumps(state.to_json())))
+    assert again.deferred[0]["waited_ms"] == 2.0 * POLICY.hold_steps

@@ -118,3 +118,68 @@ def test_the_runnable_thread_count_is_read_from_the_machine():
     if not sys.platform.startswith("linux"):
         pytest.skip("the runnable-thread count is read from /proc/loadavg")
     assert runnable_threads() >= 1  # this test's own thread runs
+
+
+class _FifoWarmer:
+    """Stands in for ``BackgroundCompiler``: one compile at a time, in the order started; each
+    takes ``polls[i]`` calls of ``busy()`` (one per waiting step)."""
+
+    def __init__(self, polls):
+        self.polls, self.queue, self.done, self.left = list(polls), [], [], 0
+
+    def ready(self, values):
+        return "inductor" not in values.values() or values in self.done
+
+    def start(self, values):
+        if values not in self.queue and values not in self.done:
+            self.queue.append(dict(values))
+            if len(self.queue) == 1:
+                self.left = self.polls.pop(0) if self.polls else 5
+
+    def busy(self):
+        if self.queue:
+            self.left -= 1
+            if self.left <= 0:
+                self.done.append(self.queue.pop(0))
+                self.left = (self.polls.pop(0) if self.polls else 5) if self.queue else 0
+        return bool(self.queue)
+
+    def cancel(self):
+        self.queue = []
+
+
+def test_a_trial_whose_background_compile_is_done_runs_without_waiting_for_the_next_compile():
+    # Llama at 15,000 steps (2026-12-03): two whole-step compiles deferred; the first done after
+    # 38 s, but the hold reported pending until the second was done too (30 s more), and the
+    # first trial, 1.7x faster, waited ~5,000 steps. Here the first compile takes 5 waiting
+    # steps and the second 500: the first trial must run while the second still compiles.
+    from microco.clients.compiler.explore import STAGE_COMPILE
+
+    policy = ExplorationPolicy(measure_steps=2, max_explore_fraction=1.0, retime_rounds=0)
+    explorer = LocalExplorer(MemoryKV(), policy)
+    whole = dict(compiles=True, compile_prior_ms=100.0, prior_calibrated=True)
+    spec = GraphSpec(
+        "fp",
+        "(2,)",
+        "cpu",
+        (
+            Variable("model.rewrite", ("eager", "inductor"), "", STAGE_COMPILE, **whole),
+            Variable("model.compile", ("eager", "inductor"), "", STAGE_COMPILE, **whole),
+        ),
+        total_steps=1_000_000,
+    )
+    warmer = _FifoWarmer([5, 500])
+    session = ExplorationSession(explorer, warmer=warmer)
+    session.register(spec)
+    first_compiled_at = None
+    for i in range(2_000):
+        if session.committed:
+            break
+        values = session.values
+        compiled = "inductor" in values.values()
+        if compiled and first_compiled_at is None and not session.current.hold:
+            first_compiled_at = i
+        session.record(5.0 if compiled else 10.0, {})
+    assert first_compiled_at is not None
+    assert first_compiled_at < 100, first_compiled_at  # before: after the second compile, ~505
+    assert session.committed
