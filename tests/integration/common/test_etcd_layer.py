@@ -140,6 +140,9 @@ def test_a_client_is_back_within_seconds_of_an_etcd_pause(tmp_path) -> None:
         kv.put("/k", b"before")
         server.proc.send_signal(signal.SIGSTOP)
         try:
+            # (kill() returns before the target is stopped: a read served in that moment
+            # would not raise; wait until the kernel shows it stopped)
+            assert wait_for(lambda: _stopped(server.proc.pid), 10), "etcd never stopped"
             with pytest.raises(Unavailable):
                 kv.get("/k")
         finally:
@@ -150,6 +153,11 @@ def test_a_client_is_back_within_seconds_of_an_etcd_pause(tmp_path) -> None:
     finally:
         kv.close()
         server.stop()
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
 def _reads(kv: EtcdKV) -> bytes | None:
