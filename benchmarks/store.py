@@ -220,7 +220,13 @@ def _norm(rows: list[tuple]) -> list[tuple]:
 
 
 def tpch_queries(
-    client: Any, con: Any, data: Path, sf: float, repeat: int, spark: _SparkSession | None = None
+    client: Any,
+    con: Any,
+    data: Path,
+    sf: float,
+    repeat: int,
+    spark: _SparkSession | None = None,
+    only: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
     """The 22 TPC-H queries through the store's SQL, each checked against DuckDB on the same Parquet
     files and timed beside it, then in PySpark (interleaved: store, DuckDB, Spark per query; orders
@@ -232,6 +238,8 @@ def tpch_queries(
     load_tables(client, data, [n for n in REPLICAS if n not in have])
     out = []
     for q, sql in sorted(TPCH.items()):
+        if only and q not in only:
+            continue
         row: dict[str, Any] = {
             "query": q,
             "scale": sf,
@@ -504,6 +512,18 @@ class _SparkSession:
             self.spark.stop()
 
 
+def _query_numbers(text: str) -> list[int]:
+    """``--tpch-queries``: comma-separated TPC-H query numbers, each 1-22."""
+    try:
+        got = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of query numbers: {text!r}") from None
+    bad = [q for q in got if q not in TPCH]
+    if not got or bad:
+        raise argparse.ArgumentTypeError(f"TPC-H queries are 1-22, got {text!r}")
+    return got
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--ssb" in argv:  # the Star Schema Benchmark instead (its own options: --ssb --help)
@@ -569,6 +589,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip the JSON-model queries (with --no-tpch: load, storage and recovery only; their "
         "shuffle plans hold the most memory at large scale factors)",
+    )
+    ap.add_argument(
+        "--tpch-queries",
+        type=_query_numbers,
+        default=None,
+        metavar="N,N,...",
+        help="run only these TPC-H queries (e.g. 1,6: a re-measurement of some at a large scale "
+        "factor); default all 22",
     )
     args = ap.parse_args(argv)
     if args.tpch_only and args.no_tpch:
@@ -693,7 +721,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{q['name']}: matched {matched_s:.3f}s ({matched_plan['kind']}), shuffle {shuffle_s:.3f}s, duckdb {duck_s:.3f}s"
             )
         result["queries"] = rows
-        result["tpch"] = [] if args.no_tpch else tpch_queries(client, con, data, sf, repeat, spark)
+        result["tpch"] = (
+            [] if args.no_tpch else tpch_queries(client, con, data, sf, repeat, spark, args.tpch_queries)
+        )
         # every TPC-H table is loaded now: what the store holds on disk against three Parquet copies
         # (the tables loaded: with --no-tpch only orders and lineitem)
         tables = client.list_tables()
