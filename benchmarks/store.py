@@ -220,7 +220,13 @@ def _norm(rows: list[tuple]) -> list[tuple]:
 
 
 def tpch_queries(
-    client: Any, con: Any, data: Path, sf: float, repeat: int, spark: _SparkSession | None = None
+    client: Any,
+    con: Any,
+    data: Path,
+    sf: float,
+    repeat: int,
+    spark: _SparkSession | None = None,
+    only: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
     """The 22 TPC-H queries through the store's SQL, each checked against DuckDB on the same Parquet
     files and timed beside it, then in PySpark (interleaved: store, DuckDB, Spark per query; orders
@@ -232,6 +238,8 @@ def tpch_queries(
     load_tables(client, data, [n for n in REPLICAS if n not in have])
     out = []
     for q, sql in sorted(TPCH.items()):
+        if only and q not in only:
+            continue
         row: dict[str, Any] = {
             "query": q,
             "scale": sf,
@@ -241,11 +249,18 @@ def tpch_queries(
             "spark_s": None,
         }
         try:
-            store_s, got = _time(lambda sql=sql: client.sql(sql), repeat)
-            row["plan"] = client.last_plan.get("kind")
-            row.update(_phases(client.last_plan.get("explain", "")))
-            duck_s, want = _time(lambda sql=sql: con.sql(sql).to_arrow_table(), repeat)
+            # store, DuckDB and PySpark interleaved, a trial each in turn in a rotating order
+            # (every engine warmed up once first, unless --quick): all see the same load
+            fns = [lambda sql=sql: client.sql(sql), lambda sql=sql: con.sql(sql).to_arrow_table()]
+            if spark is not None and spark.ready():
+                fns.append(lambda sql=sql: spark.fetch(sql))
+            timed = _interleaved(fns, repeat, client)
+            (store_s, got, plan, store_med), (duck_s, want, _, duck_med) = timed[:2]
+            row["plan"] = plan.get("kind")
+            row.update(_phases(plan.get("explain", "")))
             row["store_s"], row["duckdb_s"] = round(store_s, 4), round(duck_s, 4)
+            # the medians of the same interleaved trials (fixed_cost's ``*_median_s`` are its own)
+            row["median_store_s"], row["median_duckdb_s"] = round(store_med, 4), round(duck_med, 4)
             a = _norm([tuple(r.values()) for r in got.to_pylist()])
             b = _norm([tuple(r.values()) for r in want.to_pylist()])
             row["correct"] = (
@@ -254,11 +269,11 @@ def tpch_queries(
             row["store_over_duckdb"] = round(store_s / duck_s, 2)
             if TRIALS:  # --trials 0 leaves the fixed-cost figures out (scale factor 10's time)
                 row.update(fixed_cost(client, con, sql, TRIALS))
-            if spark is not None:
-                spark_s = spark.time(sql, repeat)
-                if spark_s is not None:
-                    row["spark_s"] = round(spark_s, 4)
-                    row["store_over_spark"] = round(store_s / spark_s, 2)
+            if len(timed) > 2:
+                spark_s, spark_med = timed[2][0], timed[2][3]
+                row["spark_s"], row["median_spark_s"] = round(spark_s, 4), round(spark_med, 4)
+                row["store_over_spark"] = round(store_s / spark_s, 2)
+                row["median_store_over_spark"] = round(store_med / spark_med, 2)
         except Exception as exc:  # noqa: BLE001 - reported per query
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         _log(f"tpch q{q}: {row}")
@@ -472,13 +487,10 @@ class _SparkSession:
             raise RuntimeError(f"PySpark did not start: {self.error}")
         return True
 
-    def time(self, sql: str, repeat: int) -> float | None:
-        """Best of ``repeat`` runs of ``sql`` with every row fetched as Arrow (None: no PySpark)."""
-        if not self.ready():
-            return None
-        spark = self.spark
-        t, _ = _time(lambda: spark.sql(sql).toArrow(), repeat)
-        return t
+    def fetch(self, sql: str) -> Any:
+        """``sql``'s every row, fetched as Arrow (after :meth:`ready`)."""
+        assert self.spark is not None
+        return self.spark.sql(sql).toArrow()
 
     def run(self, qs: list[dict[str, Any]], repeat: int) -> dict[str, float | None]:
         if not self.ready():
@@ -502,6 +514,18 @@ class _SparkSession:
         self._thread.join()
         if self.spark is not None:
             self.spark.stop()
+
+
+def _query_numbers(text: str) -> list[int]:
+    """``--tpch-queries``: comma-separated TPC-H query numbers, each 1-22."""
+    try:
+        got = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of query numbers: {text!r}") from None
+    bad = [q for q in got if q not in TPCH]
+    if not got or bad:
+        raise argparse.ArgumentTypeError(f"TPC-H queries are 1-22, got {text!r}")
+    return got
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -569,6 +593,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip the JSON-model queries (with --no-tpch: load, storage and recovery only; their "
         "shuffle plans hold the most memory at large scale factors)",
+    )
+    ap.add_argument(
+        "--tpch-queries",
+        type=_query_numbers,
+        default=None,
+        metavar="N,N,...",
+        help="run only these TPC-H queries (e.g. 1,6: a re-measurement of some at a large scale "
+        "factor); default all 22",
     )
     args = ap.parse_args(argv)
     if args.tpch_only and args.no_tpch:
@@ -693,7 +725,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{q['name']}: matched {matched_s:.3f}s ({matched_plan['kind']}), shuffle {shuffle_s:.3f}s, duckdb {duck_s:.3f}s"
             )
         result["queries"] = rows
-        result["tpch"] = [] if args.no_tpch else tpch_queries(client, con, data, sf, repeat, spark)
+        result["tpch"] = (
+            [] if args.no_tpch else tpch_queries(client, con, data, sf, repeat, spark, args.tpch_queries)
+        )
         # every TPC-H table is loaded now: what the store holds on disk against three Parquet copies
         # (the tables loaded: with --no-tpch only orders and lineitem)
         tables = client.list_tables()
@@ -805,6 +839,9 @@ def _summary(result: dict[str, Any]) -> int:
             "geomean_store_over_duckdb": round(
                 math.exp(sum(math.log(r["store_s"] / r["duckdb_s"]) for r in ok) / len(ok)), 2
             ),
+            "median_geomean_store_over_duckdb": _geomean(
+                [r["median_store_s"] / r["median_duckdb_s"] for r in ok]
+            ),
         }
         timed = [r for r in ok if r.get("store_median_s") and r.get("duckdb_median_s")]
         if timed:
@@ -826,6 +863,9 @@ def _summary(result: dict[str, Any]) -> int:
             )
             result["tpch_summary"]["slower_than_spark"] = [
                 r["query"] for r in with_spark if r["store_s"] > r["spark_s"]
+            ]
+            result["tpch_summary"]["median_slower_than_spark"] = [
+                r["query"] for r in with_spark if r["median_store_s"] > r["median_spark_s"]
             ]
     print(json.dumps(result, indent=2))
     return 0

@@ -159,3 +159,13 @@ def test_bench_refuses_a_run_with_nothing_to_run(capsys):
     with pytest.raises(SystemExit):
         main(["--tpch-only", "--no-tpch"])
     assert "leave nothing to run" in capsys.readouterr().err
+
+
+def test_bench_runs_a_chosen_subset_of_tpch_and_refuses_unknown_query_numbers(capsys):
+    from microco.benchmarks.store import _query_numbers, main
+
+    assert _query_numbers("6,1") == [6, 1]
+    for bad in ("0", "23", "q6", ""):
+        with pytest.raises(SystemExit):
+            main(["--tpch-only", "--tpch-queries", bad])
+        assert "--tpch-queries" in capsys.readouterr().err
