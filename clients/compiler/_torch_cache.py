@@ -385,7 +385,7 @@ def model_source_files(model: Any) -> set[str]:
 def matches(step: CompiledStep, shapes: Counter[str], extra: int, files: set[str]) -> bool:
     """Is ``step`` the whole step of a model with these input ``shapes`` (plus at most ``extra``
     lifted buffers) and module source ``files``? Compiled by this torch, every one of the shapes
-    among its inputs, some of the files traced, the lines it traced from them unchanged, and
+    among its inputs, some of the files traced, the code it traced from them still there, and
     keyed by this process's thread count."""
     import torch
 
@@ -396,15 +396,27 @@ def matches(step: CompiledStep, shapes: Counter[str], extra: int, files: set[str
     have = Counter(step.shapes)
     if any(have[s] < n for s, n in shapes.items()) or len(step.shapes) > sum(shapes.values()) + extra:
         return False
-    traced = {os.path.realpath(f): v for f, v in step.lines.items()}
-    mine = [f for f in traced if f in files]
+    # Files by name, not path: the key holds neither, and the same code compiled from another
+    # checkout is the same graph (measured: torch-transformer, compiled from another worktree,
+    # asked and hit). The code it traced is still in the file, wherever (an edit elsewhere that
+    # moved the lines keeps the cache's answer).
+    by_name: dict[str, list[str]] = {}
+    for f in files:
+        by_name.setdefault(os.path.basename(f), []).append(f)
+    mine = [
+        (code, by_name[os.path.basename(f)])
+        for f, traced in step.lines.items()
+        if os.path.basename(f) in by_name
+        for _, code in traced
+    ]
     if not mine:
         return False
-    for f in mine:
-        linecache.checkcache(f)
-        if any(linecache.getline(f, n).strip() != code for n, code in traced[f]):
-            return False  # the source changed since: another graph
-    return True
+    return all(any(code in _code_lines(f) for f in candidates) for code, candidates in mine)
+
+
+def _code_lines(path: str) -> set[str]:
+    linecache.checkcache(path)
+    return {line.strip() for line in linecache.getlines(path)}
 
 
 def warm_signal(
