@@ -22,6 +22,13 @@ from microco.clients.compiler.explore import (
 BASE_MS, COMPILED_MS, COMPILE_MS = 30.0, 15.0, 20_000.0  # a 20 s compile that halves the step
 
 
+@pytest.fixture(autouse=True)
+def _empty_inductor_cache(tmp_path, monkeypatch):
+    """No Inductor cache holds these tests' models: the ask gate's prices are what they test, not
+    a compile some other program left in the machine's cache (``_torch_cache.warm_signal``)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+
 def _spec(total_steps: int) -> GraphSpec:
     return GraphSpec(
         fingerprint="run-length",
