@@ -836,7 +836,8 @@ class AstraTorch(SessionBacked):
             # 2026-12-03 morning: Llama and DistilBERT at 5,000 steps never asked and ran eager
             # code against a torch.compile that loaded the same compile and won by 1.48x, 1.32x).
             right = self.compile_costs.signal_precision(self._hw, self.PROBE_KIND, self.WARM_SIGNAL_PRIOR)
-            return right * self._optimistic_saving_ms(step_ms) > self._probe_spent_ms + price
+            if right * self._optimistic_saving_ms(step_ms) > self._probe_spent_ms + price:
+                return True
         # This graph's whole step was loaded from the caches on this host before (a warm load
         # measured here, ``_record_compiles``): the ask is expected to find it again, and is worth
         # what the compiled step may save, the core's own optimistic bound over the run, less the
