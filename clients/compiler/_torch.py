@@ -828,15 +828,17 @@ class AstraTorch(SessionBacked):
         price = self._probe_price_ms()
         if self.total_steps * step_ms * self.CACHE_PROBE_SHARE > self._probe_spent_ms + price:
             return True
-        if kind == "plain" and self._warm_signal():
-            # Inductor's caches hold a compile of this model's whole step that some program left
-            # here (``_torch_cache.warm_signal``, read without a trace): the ask is worth what the
-            # compiled step may save times the chance that the signal is right (this host's
-            # signalled asks that hit), against what asking costs (issue 18, session of
-            # 2026-12-03 morning: Llama and DistilBERT at 5,000 steps never asked and ran eager
-            # code against a torch.compile that loaded the same compile and won by 1.48x, 1.32x).
-            right = self.compile_costs.signal_precision(self._hw, self.PROBE_KIND, self.WARM_SIGNAL_PRIOR)
-            if right * self._optimistic_saving_ms(step_ms) > self._probe_spent_ms + price:
+        # Inductor's caches hold a compile of this model's whole step that some program left
+        # here (``_torch_cache.warm_signal``, read without a trace): the ask is worth what the
+        # compiled step may save times the chance that the signal is right (this host's
+        # signalled asks that hit), against what asking costs (issue 18, session of 2026-12-03
+        # morning: Llama and DistilBERT at 5,000 steps never asked and ran eager code against a
+        # torch.compile that loaded the same compile and won by 1.48x, 1.32x). The caches are
+        # read only where a signal would open the gate, for at most what the ask costs.
+        right = self.compile_costs.signal_precision(self._hw, self.PROBE_KIND, self.WARM_SIGNAL_PRIOR)
+        worth = right * self._optimistic_saving_ms(step_ms)
+        if kind == "plain" and worth > self._probe_spent_ms + price and self._warm_signal(price):
+            if worth > self._probe_spent_ms + price:  # (the read spent too)
                 return True
         # This graph's whole step was loaded from the caches on this host before (a warm load
         # measured here, ``_record_compiles``): the ask is expected to find it again, and is worth
@@ -871,15 +873,20 @@ class AstraTorch(SessionBacked):
     # another program".
     WARM_SIGNAL_PRIOR = (3.0, 1.0)
 
-    def _warm_signal(self) -> bool:
+    def _warm_signal(self, budget_ms: float) -> bool:
         """Do Inductor's caches here hold a compile of this model's whole step, by any program
-        (``_torch_cache.warm_signal``)? Read once per run; its time is the probe's."""
+        (``_torch_cache.warm_signal``, reading for at most ``budget_ms``)? Read once per run; its
+        time is the probe's."""
         if self.warm_signal is None:
             started = time.perf_counter()
             try:
                 index = self.compile_costs.path.parent / "inductor_steps.json"
                 self.warm_signal = warm_signal(
-                    self.model, self._example_args or (), self._example_kwargs, index=index
+                    self.model,
+                    self._example_args or (),
+                    self._example_kwargs,
+                    index=index,
+                    budget_ms=budget_ms,
                 )
             except Exception as exc:  # noqa: BLE001 - an unreadable cache signals nothing
                 log.info("Inductor's caches not read (%s)", exc)

@@ -17,9 +17,11 @@ import contextlib
 import inspect
 import json
 import linecache
+import math
 import os
 import re
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -280,6 +282,7 @@ class CompiledSteps:
         self.root = root
         self.index = index
         self.read = 0  # entries read this scan (not found in the index)
+        self.truncated = False  # entries left unread this scan (its budget spent)
 
     def _load_index(self) -> dict[str, Any]:
         if self.index is None:
@@ -324,22 +327,33 @@ class CompiledSteps:
                     return step
         return None
 
-    def scan(self) -> list[CompiledStep]:
+    def scan(self, budget_ms: float = math.inf) -> list[CompiledStep]:
+        """The compiled steps the caches hold. Entries not in the index are read newest first,
+        and only while ``budget_ms`` lasts (a large cache is read over several runs, never more
+        than the caller can pay in one: :attr:`truncated` says some were left)."""
         aot = self.root / "aotautograd"
         try:
             entries = [e for d in aot.iterdir() if d.is_dir() for e in d.iterdir() if e.is_file()]
         except OSError:
             return []
-        known, now, out = self._load_index(), {}, []
-        self.read = 0
+        stamped = []
         for e in entries:
             try:
                 st = e.stat()
             except OSError:
                 continue
-            stamp = [st.st_size, st.st_mtime_ns]
+            stamped.append((st.st_mtime_ns, st.st_size, e))
+        stamped.sort(key=lambda t: t[0], reverse=True)
+        known, now, out = self._load_index(), {}, []
+        self.read, self.truncated = 0, False
+        started = time.perf_counter()
+        for mtime, size, e in stamped:
+            stamp = [size, mtime]
             row = known.get(str(e))
             if not (isinstance(row, dict) and row.get("stamp") == stamp):
+                if (time.perf_counter() - started) * 1e3 >= budget_ms:
+                    self.truncated = True
+                    continue
                 try:
                     step = self._forward_of(e)
                 except OSError:
@@ -425,12 +439,14 @@ def warm_signal(
     kwargs: dict[str, Any],
     root: Path | None = None,
     index: Path | None = None,
+    budget_ms: float = math.inf,
 ) -> bool:
-    """Does Inductor's cache here hold a compile of ``model``'s whole step (see above)?"""
+    """Does Inductor's cache here hold a compile of ``model``'s whole step (see above)? Entries
+    not read within ``budget_ms`` count as not holding it (:meth:`CompiledSteps.scan`)."""
     root = root if root is not None else inductor_cache_dir()
     if root is None:
         return False
-    steps = CompiledSteps(root, index).scan()
+    steps = CompiledSteps(root, index).scan(budget_ms)
     if not steps:
         return False
     shapes = model_inputs_shapes(model, args, kwargs)

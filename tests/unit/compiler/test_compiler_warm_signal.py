@@ -81,6 +81,11 @@ def test_the_caches_show_the_compiled_step_without_a_trace(
     steps = CompiledSteps(root, index)
     assert steps.scan() and steps.read == 0
     assert Counter(steps.scan()[0].shapes)["4"] >= 1
+    # Read within a budget: none left, nothing read (and no signal), the next scan reads them.
+    fresh = CompiledSteps(root, tmp_path / "another-index.json")
+    assert fresh.scan(budget_ms=0) == [] and fresh.read == 0 and fresh.truncated
+    assert not warm_signal(zm.make_model("gru", 4, 4), (x,), {}, root=root, budget_ms=0)
+    assert fresh.scan() and fresh.read >= 1 and not fresh.truncated
 
 
 def _first_step(total_steps: int) -> AstraTorch:
@@ -121,8 +126,7 @@ def test_a_signal_is_weighed_by_how_often_it_was_right_here(
     wrong answers the same run does not ask."""
     monkeypatch.setattr(AstraTorch, "CACHE_PROBE_SHARE", 0.0)
     shutil.copytree(compiled_by_another_program, inductor_cache, dirs_exist_ok=True)
-    steps = 2000  # the tiny gru: its optimistic saving is a fraction of a second
-    a = _first_step(steps)
+    a = _first_step(10**7)
     assert a.warm_signal is True
     costs = HostCompileCosts()
     p0 = costs.signal_precision(a._hw, AstraTorch.PROBE_KIND, AstraTorch.WARM_SIGNAL_PRIOR)
