@@ -388,9 +388,9 @@ def model_inputs_shapes(model: Any, args: Sequence[Any], kwargs: dict[str, Any])
 def model_source_files(model: Any) -> set[str]:
     """The source files of the classes of ``model``'s modules (torch's own layers included)."""
     files: set[str] = set()
-    for m in model.modules():
+    for cls in {type(m) for m in model.modules()}:
         with contextlib.suppress(TypeError, OSError):
-            f = inspect.getsourcefile(type(m))
+            f = inspect.getsourcefile(cls)
             if f:
                 files.add(os.path.realpath(f))
     return files
