@@ -834,11 +834,26 @@ class AstraTorch(SessionBacked):
         # signalled asks that hit), against what asking costs (issue 18, session of 2026-12-03
         # morning: Llama and DistilBERT at 5,000 steps never asked and ran eager code against a
         # torch.compile that loaded the same compile and won by 1.48x, 1.32x). The caches are
-        # read only where a signal would open the gate, for at most what the ask costs.
+        # read only where a signal would open the gate, for at most what the ask costs. And only
+        # where the core would try what a hit finds: it prices a load never measured here at the
+        # ask plus ``WHOLE_WARM_PRIOR_MS`` and prunes it where the run cannot repay that (BART at
+        # 1,000 steps, same session: asked on a signal, hit in 2.2 s, pruned, 1.17x eager).
         right = self.compile_costs.signal_precision(self._hw, self.PROBE_KIND, self.WARM_SIGNAL_PRIOR)
-        worth = right * self._optimistic_saving_ms(step_ms)
-        if kind == "plain" and worth > self._probe_spent_ms + price and self._warm_signal(price):
-            if worth > self._probe_spent_ms + price:  # (the read spent too)
+        saving = self._optimistic_saving_ms(step_ms)
+        tried = saving > price + self.WHOLE_WARM_PRIOR_MS
+        if (
+            kind == "plain"
+            and tried
+            and right * saving > self._probe_spent_ms + price
+            and self._warm_signal(price)
+        ):
+            log.info(
+                "Inductor's caches hold this step (signal right %.2f): expected saving %.0f ms, ask %.0f ms",
+                right,
+                saving,
+                price,
+            )
+            if right * saving > self._probe_spent_ms + price:  # (the read spent too)
                 return True
         # This graph's whole step was loaded from the caches on this host before (a warm load
         # measured here, ``_record_compiles``): the ask is expected to find it again, and is worth
