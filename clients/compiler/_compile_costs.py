@@ -215,6 +215,23 @@ class HostCompileCosts:
         ratios = [float(r["ratio"]) for r in rows if isinstance(r.get("ratio"), (int, float))]
         return _median(ratios) if ratios else None
 
+    # -- how often a signal that a cache holds a graph was right (session of 2026-12-03 morning)
+    def record_signal(self, hardware: str, kind: str, right: bool) -> None:
+        """Keep the answer of one ask of ``kind`` that a signal read from the caches led to:
+        ``right``, the caches held the graph (a hit)."""
+        data = self._load()
+        rows = data.setdefault(self._key(hardware), {}).setdefault(f"signal:{kind}", [])
+        rows.append({"right": bool(right), "at": time.time()})
+        del rows[:-KEEP]
+        self._save(data)
+
+    def signal_precision(self, hardware: str, kind: str, prior: tuple[float, float]) -> float:
+        """The chance that the next signal of ``kind`` is right: the last ``KEEP`` answers kept
+        here, counted with ``prior`` (right, wrong) as pseudo-answers (Laplace's rule)."""
+        rows = self.measurements(hardware, f"signal:{kind}")
+        right = sum(1 for r in rows if r.get("right"))
+        return (right + prior[0]) / (len(rows) + prior[0] + prior[1])
+
     def first_price(self, hardware: str, kind: str, size: int) -> float | None:
         """A conservative price for the first compile of a graph never compiled here (issue 18,
         fourth session of 2026-12-02): ``size`` nodes at the *highest* per-node rate this host

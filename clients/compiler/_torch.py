@@ -38,7 +38,7 @@ from ._guard import StepSnapshot
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
-from ._torch_cache import WholeStepBackend
+from ._torch_cache import WholeStepBackend, warm_signal
 from ._whole_price import probed_memory_format
 
 log = logging.getLogger(__name__)
@@ -345,6 +345,9 @@ class AstraTorch(SessionBacked):
         # and what asking cost (see _torch_cache): a hit prices that compile at what it cost.
         self.whole_cache: dict[str, str] = {}
         self.whole_probe_ms: dict[str, float] = {}
+        # Does Inductor's cache hold this model's whole step, compiled by any program (read without
+        # a trace, ``_warm_signal``)? None: not read.
+        self.warm_signal: bool | None = None
         self.whole_rewrites = -1  # products the graph passes changed at the probe (-1: not asked)
         self._probe_charge_ms = 0.0  # the probe's cost, charged to the first step that uses it
         # What the probe step's capture and cache asks have spent so far (ms): together, not
@@ -741,7 +744,11 @@ class AstraTorch(SessionBacked):
             # step repeats cells or its captured graph has products to hoist or batch, and where
             # what is left of the budget (or its warm load) pays for a second ask.
             self._probe_whole_cache("plain")
-            if self._recurrent and self._worth_rewrite_ask(step_ms) and self._worth_cache_probe(step_ms):
+            if (
+                self._recurrent
+                and self._worth_rewrite_ask(step_ms)
+                and self._worth_cache_probe(step_ms, "rewrite")
+            ):
                 self._probe_whole_cache("rewrite")
         fingerprints = []
         for name in outer:
@@ -815,12 +822,39 @@ class AstraTorch(SessionBacked):
     # family, so that no compile is priced by an ask's per-node rate (``_other_kinds_estimate``).
     PROBE_KIND = "probe:torch:whole"
 
-    def _worth_cache_probe(self, step_ms: float) -> bool:
+    def _worth_cache_probe(self, step_ms: float, kind: str = "plain") -> bool:
         if "inductor" not in self.compile_choices or self._example_args is None or self.WHOLE_COMPILE_BACKEND:
             return False  # (another whole-step backend than Inductor: no Inductor cache to ask)
         price = self._probe_price_ms()
         if self.total_steps * step_ms * self.CACHE_PROBE_SHARE > self._probe_spent_ms + price:
             return True
+        # Inductor's caches hold a compile of this model's whole step that some program left
+        # here (``_torch_cache.warm_signal``, read without a trace): the ask is worth what the
+        # compiled step may save times the chance that the signal is right (this host's
+        # signalled asks that hit), against what asking costs (issue 18, session of 2026-12-03
+        # morning: Llama and DistilBERT at 5,000 steps never asked and ran eager code against a
+        # torch.compile that loaded the same compile and won by 1.48x, 1.32x). The caches are
+        # read only where a signal would open the gate, for at most what the ask costs. And only
+        # where the core would try what a hit finds: it prices a load never measured here at the
+        # ask plus ``WHOLE_WARM_PRIOR_MS`` and prunes it where the run cannot repay that (BART at
+        # 1,000 steps, same session: asked on a signal, hit in 2.2 s, pruned, 1.17x eager).
+        right = self.compile_costs.signal_precision(self._hw, self.PROBE_KIND, self.WARM_SIGNAL_PRIOR)
+        saving = self._optimistic_saving_ms(step_ms)
+        tried = saving > price + self.WHOLE_WARM_PRIOR_MS
+        if (
+            kind == "plain"
+            and tried
+            and right * saving > self._probe_spent_ms + price
+            and self._warm_signal(price)
+        ):
+            log.info(
+                "Inductor's caches hold this step (signal right %.2f): expected saving %.0f ms, ask %.0f ms",
+                right,
+                saving,
+                price,
+            )
+            if right * saving > self._probe_spent_ms + price:  # (the read spent too)
+                return True
         # This graph's whole step was loaded from the caches on this host before (a warm load
         # measured here, ``_record_compiles``): the ask is expected to find it again, and is worth
         # what the compiled step may save, the core's own optimistic bound over the run, less the
@@ -845,6 +879,35 @@ class AstraTorch(SessionBacked):
         # steps, asks of 6.1 s recorded as loads of 6.1 s, weighed as 12.1 s against 8.5 s, ran
         # eager code against a static compiler that loaded the same compile and won by 1.24x).
         return self._optimistic_saving_ms(step_ms) > self._probe_spent_ms + max(price, min(loads))
+
+    # What a signal is worth before this host has kept any signalled ask's answer: 3 hits in 4
+    # (Laplace's rule over one miss, three hits). A signal matches every parameter's and input's
+    # shape, the source lines traced, the torch and the thread count of the cache key; one is
+    # wrong where the same model and batch were compiled into another graph (another loss, other
+    # dynamo or Inductor settings). Measured here: see docs/compiler.md, "A cache warmed by
+    # another program".
+    WARM_SIGNAL_PRIOR = (3.0, 1.0)
+
+    def _warm_signal(self, budget_ms: float) -> bool:
+        """Do Inductor's caches here hold a compile of this model's whole step, by any program
+        (``_torch_cache.warm_signal``, reading for at most ``budget_ms``)? Read once per run; its
+        time is the probe's."""
+        if self.warm_signal is None:
+            started = time.perf_counter()
+            try:
+                index = self.compile_costs.path.parent / "inductor_steps.json"
+                self.warm_signal = warm_signal(
+                    self.model,
+                    self._example_args or (),
+                    self._example_kwargs,
+                    index=index,
+                    budget_ms=budget_ms,
+                )
+            except Exception as exc:  # noqa: BLE001 - an unreadable cache signals nothing
+                log.info("Inductor's caches not read (%s)", exc)
+                self.warm_signal = False
+            self._probe_spent_ms += (time.perf_counter() - started) * 1e3
+        return self.warm_signal
 
     def _optimistic_saving_ms(self, step_ms: float, kind: str = "plain") -> float:
         """What a compiled whole step may save over the run at ``step_ms`` a step: what this host
@@ -992,6 +1055,10 @@ class AstraTorch(SessionBacked):
         self._whole_nodes[kind] = backend.nodes
         if kind == "rewrite":
             self.whole_rewrites = backend.rewrites
+        if asked and kind == "plain" and self.warm_signal:  # (a signal read: its answer, for its price)
+            self.compile_costs.record_signal(
+                self._hw, self.PROBE_KIND, bool(backend.hits and not backend.cold)
+            )
         if backend.hits and not backend.cold:
             self.whole_cache[kind] = "hit"
             self._compiled_forward[kind] = self._guarded(compiled, kind)

@@ -22,6 +22,13 @@ from microco.clients.compiler.explore import (
 BASE_MS, COMPILED_MS, COMPILE_MS = 30.0, 15.0, 20_000.0  # a 20 s compile that halves the step
 
 
+@pytest.fixture(autouse=True)
+def _empty_inductor_cache(tmp_path, monkeypatch):
+    """No Inductor cache holds these tests' models: the ask gate's prices are what they test, not
+    a compile some other program left in the machine's cache (``_torch_cache.warm_signal``)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+
 def _spec(total_steps: int) -> GraphSpec:
     return GraphSpec(
         fingerprint="run-length",
@@ -363,3 +370,25 @@ def test_a_background_compile_is_priced_with_the_wait_for_its_worker(tmp_path):
     from dataclasses import replace
 
     assert planned(replace(mine, compile_prior_ms=AstraTorch.WHOLE_WARM_PRIOR_MS), 5000)
+
+
+def test_a_signalled_ask_is_made_only_where_the_core_would_try_what_it_finds(tmp_path):
+    """BART at 1,000 steps (issue 18, session of 2026-12-03 morning): Inductor's caches signalled
+    its step, the ask (2.2 s) hit, and the core pruned the load it found (priced at the ask plus
+    the warm prior, 3 s, above what 1,000 steps could save): 1.17x eager. A signal opens the ask
+    only where the run's optimistic saving also repays that price; priced inputs, the signal
+    given (no cache read)."""
+    pytest.importorskip("torch")
+    from microco.clients.compiler._compile_costs import HostCompileCosts
+    from microco.clients.compiler._torch import AstraTorch
+
+    costs = HostCompileCosts(tmp_path / "costs.json")
+    a = _probing_astra(costs, 1000)
+    costs.record(a._hw, AstraTorch.PROBE_KIND, 1600.0, graph=a._cost_graph())  # this graph's ask
+    a.warm_signal = True
+    step_ms = 12.5  # 1,000 steps: 3.1 s of optimistic saving, 2.3 s expected at p = 0.75
+    assert a._optimistic_saving_ms(step_ms) == pytest.approx(3125.0)
+    assert not a._worth_cache_probe(step_ms)  # 3.1 s < 1.6 s + 3 s: a hit would be pruned
+    long = _probing_astra(costs, 5000)
+    long.warm_signal = True
+    assert long._worth_cache_probe(step_ms)  # 15.6 s > 4.6 s, and 11.7 s expected > 1.6 s
