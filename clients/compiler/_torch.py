@@ -23,6 +23,7 @@ from microco.clients import telemetry
 from microco.clients.compiler.explore import ExplorationPolicy
 from microco.clients.compiler.explore.types import (
     STAGE_COMPILE,
+    STAGE_FINE,
     STAGE_STRUCTURE,
     Config,
     GraphSpec,
@@ -35,6 +36,7 @@ from ._background import BackgroundCompiler
 from ._compile_costs import HostCompileCosts, compile_deadline_ms, contention, most_saving_ms
 from ._deadline import CompileDeadline, DeadlineTimer
 from ._guard import StepSnapshot
+from ._optim import OPTIMIZER, StepOptimizers
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
@@ -377,6 +379,11 @@ class AstraTorch(SessionBacked):
         self._threads: int | None = None
         self._threads_refused = ""  # why this step's thread count was not set (a refused trial)
         self._user_threads: int | None = None
+        # The optimisers the step reaches (found at the probe step) and the implementation the
+        # configuration asks of them (``_optim``; None: as the user built them): set around each
+        # step only, the user's flags restored after it, as the thread count is.
+        self.optimizers = StepOptimizers(model)
+        self._optimizer: str | None = None
         # The job's telemetry stream (``microco.clients.telemetry``), when a scheduler hook
         # drives one: the step is then timed there once, this wrapper adds its regions' times
         # and records the trial from the stream's record at the hook's ``step_end``.
@@ -409,9 +416,11 @@ class AstraTorch(SessionBacked):
         (``skipped_steps``). :meth:`run` / :meth:`wrap` repeat it instead."""
         if self.direct:
             user = self._direct_threads()
+            self.optimizers.apply(self._optimizer)
             try:
                 yield
             finally:
+                self.optimizers.restore()
                 if user is not None:
                     torch.set_num_threads(user)
             return
@@ -438,12 +447,15 @@ class AstraTorch(SessionBacked):
         rolled back), e.g. not append to a list before it fails."""
         if self.direct:
             user = self._direct_threads()
-            if user is None:
+            if user is None and self._optimizer is None:
                 return fn(*args, **kwargs)
+            self.optimizers.apply(self._optimizer)
             try:
                 return fn(*args, **kwargs)
             finally:
-                torch.set_num_threads(user)
+                self.optimizers.restore()
+                if user is not None:
+                    torch.set_num_threads(user)
         while True:
             self._before()
             try:
@@ -494,14 +506,15 @@ class AstraTorch(SessionBacked):
 
     def _runs_own_code(self) -> bool:
         """Is the configuration in force for good, and is it the model's own code (nothing but
-        a thread count chosen)? Then the wrapper has nothing to do in a step but set threads."""
+        a thread count and an optimiser implementation chosen)? Then the wrapper has nothing to
+        do in a step but set them."""
         return (
             self.session.settled
             and self._repeat is None
             and self._probe_calls is None
             and self._deferred is None
             and self._whole_kind is None
-            and not self._risky(self._applied)
+            and not self._risky(self._applied, scoped=("threads", OPTIMIZER))
         )
 
     def _go_direct(self) -> None:
@@ -562,6 +575,7 @@ class AstraTorch(SessionBacked):
                 self._threads_refused = f"threads: {extra} more than the idle cores ({idle:.1f})"
             else:
                 torch.set_num_threads(self._threads)
+        self.optimizers.apply(self._optimizer)
         # Armed under a configuration that changes the model's code; the model's state is kept
         # at its first call in the step (_guard_forward), when the inputs' shapes are known.
         self._snap = StepSnapshot(self.model) if self._risky(self._applied) else None
@@ -609,6 +623,7 @@ class AstraTorch(SessionBacked):
             ms -= self._snap.cost_s * 1e3
             cpu -= self._snap.cost_s * 1e3
         self._step_cpu_ms = cpu
+        self.optimizers.restore()
         if self._user_threads is not None and torch.get_num_threads() != self._user_threads:
             torch.set_num_threads(self._user_threads)
         return ms
@@ -717,11 +732,13 @@ class AstraTorch(SessionBacked):
         if self.background is not None and self.background.enabled:
             self._snapshot = self._take_snapshot()
 
+        self.optimizers.watch()  # the optimisers the probe step reaches
         self._hooks = [m.register_forward_pre_hook(count) for n, m in self.model.named_modules() if n]
         self._hooks.append(self.model.register_forward_pre_hook(shapes, with_kwargs=True))
 
     def _finish_probe(self, step_ms: float) -> None:
         calls, self._probe_calls = self._probe_calls or {}, None
+        self.optimizers.stop()
         for h in self._hooks:
             h.remove()
         self._hooks = []
@@ -1287,6 +1304,11 @@ class AstraTorch(SessionBacked):
             # With the structure, before anything compiles: code compiled under one thread count
             # is recompiled when it changes (measured: a 186 s recompile of the whole step).
             out.append(Variable("threads", self.thread_values, "", STAGE_STRUCTURE))
+        impls = self.optimizers.choices()
+        if impls:
+            # The optimiser's implementation (``_optim``): the same update, no compile. Fine
+            # tuning, after the structure and the compiles, around the best of them.
+            out.append(Variable(OPTIMIZER, impls, "", STAGE_FINE))
         return out
 
     def _record_background(self, entry: dict[str, Any]) -> None:
@@ -1476,13 +1498,15 @@ class AstraTorch(SessionBacked):
     # first call, or at the first backward, in every failure seen.)
     TRUSTED_AFTER = 3
 
-    def _risky(self, values: dict[str, str]) -> bool:
-        """Does ``values`` run other code than the model's own (anything but a thread count)?"""
+    def _risky(self, values: dict[str, str], scoped: tuple[str, ...] = ("threads",)) -> bool:
+        """Does ``values`` run other code than the model's own (anything but the ``scoped``
+        variables: a thread count; for the direct path, an optimiser implementation too, which
+        the direct step sets around the user's step as it sets threads)?"""
         spec = self.session.spec
         if spec is None or not values:
             return False
         return any(
-            values.get(v.name, v.choices[0]) != v.choices[0] for v in spec.variables if v.name != "threads"
+            values.get(v.name, v.choices[0]) != v.choices[0] for v in spec.variables if v.name not in scoped
         )
 
     def _guard_forward(self, mod: nn.Module, args: Any) -> None:
@@ -1516,6 +1540,7 @@ class AstraTorch(SessionBacked):
         self._end_step()
         self._snap = None
         snap.restore()
+        self.optimizers.restore()  # (the snapshot kept the groups as the step ran them)
         self.rolled_back += 1
         failing = dict(self._applied)
         why = f"{type(exc).__name__}: {exc}"
@@ -1556,6 +1581,10 @@ class AstraTorch(SessionBacked):
             )
         # Set around each step (_before), restored after it: not left behind for the user's code.
         self._threads = int(values["threads"]) if "threads" in values else None
+        spec = self.session.spec
+        base = next((v.choices[0] for v in spec.variables if v.name == OPTIMIZER), None) if spec else None
+        choice = values.get(OPTIMIZER)
+        self._optimizer = None if choice is None or choice == base else choice
         if self._channels_last and "memory_format" in values:
             fmt = (
                 torch.channels_last if values["memory_format"] == "channels_last" else torch.contiguous_format
