@@ -19,12 +19,13 @@ anything but the default ``None``) is left as the user built it: no variable is 
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 # The variable's name in the exploration space, and its choices.
 OPTIMIZER = "optimizer"
@@ -81,26 +82,41 @@ class StepOptimizers:
     def __init__(self, model: nn.Module) -> None:
         self._param_ids = {id(p) for p in model.parameters()}
         self._found: list[weakref.ref[torch.optim.Optimizer]] = []
-        self._hook: Any = None
+        self._hooks: list[Any] = []
+        # What the optimisers' steps took while watched (ms, wall): the most a change of their
+        # implementation can act on.
+        self.step_ms = 0.0
+        self._started: dict[int, float] = {}
         # (group, foreach, fused) as the user left them before the step; () between steps
         self._saved: list[tuple[dict[str, Any], Any, Any]] = []
 
     # -- finding them (the probe step)
     def watch(self) -> None:
-        """Note each optimiser over the model's parameters whose ``step`` runs from now on."""
-        if self._hook is None:
-            self._hook = register_optimizer_step_pre_hook(self._seen)
+        """Note each optimiser over the model's parameters whose ``step`` runs from now on, and
+        time its steps."""
+        if not self._hooks:
+            self._hooks = [
+                register_optimizer_step_pre_hook(self._seen),
+                register_optimizer_step_post_hook(self._done),
+            ]
 
     def stop(self) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._started.clear()
 
     def _seen(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if any(r() is opt for r in self._found):
-            return
-        if any(id(p) in self._param_ids for g in opt.param_groups for p in g["params"]):
+        if not any(r() is opt for r in self._found):
+            if not any(id(p) in self._param_ids for g in opt.param_groups for p in g["params"]):
+                return  # another model's optimiser
             self._found.append(weakref.ref(opt))
+        self._started[id(opt)] = time.perf_counter()
+
+    def _done(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        t0 = self._started.pop(id(opt), None)
+        if t0 is not None:
+            self.step_ms += (time.perf_counter() - t0) * 1e3
 
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:

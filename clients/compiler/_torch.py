@@ -384,6 +384,7 @@ class AstraTorch(SessionBacked):
         # step only, the user's flags restored after it, as the thread count is.
         self.optimizers = StepOptimizers(model)
         self._optimizer: str | None = None
+        self._probe_step_ms = 0.0  # the probe step's time: what exploring the optimiser is priced by
         # The job's telemetry stream (``microco.clients.telemetry``), when a scheduler hook
         # drives one: the step is then timed there once, this wrapper adds its regions' times
         # and records the trial from the stream's record at the hook's ``step_end``.
@@ -739,6 +740,7 @@ class AstraTorch(SessionBacked):
     def _finish_probe(self, step_ms: float) -> None:
         calls, self._probe_calls = self._probe_calls or {}, None
         self.optimizers.stop()
+        self._probe_step_ms = step_ms
         for h in self._hooks:
             h.remove()
         self._hooks = []
@@ -798,8 +800,12 @@ class AstraTorch(SessionBacked):
                 if k not in ("compile_prior_ms", "prior_calibrated", "subsumes")
             }
             for v in variables
-            if v.name not in WHOLE.values()
+            if v.name not in WHOLE.values() and v.name != OPTIMIZER
         ] + [{"whole": "inductor" in self.compile_choices}]
+        # (the optimiser's implementations as the optimisers allow them, not whether this run's
+        # length offers them: ``_optimizer_pays``)
+        if self.optimizers.choices():
+            space.append({OPTIMIZER: list(self.optimizers.choices())})
         fingerprint = hashlib.sha256(
             f"{type(self.model).__name__}|{params}|{fingerprints}|{space}".encode()
         ).hexdigest()[:24]
@@ -1305,11 +1311,41 @@ class AstraTorch(SessionBacked):
             # is recompiled when it changes (measured: a 186 s recompile of the whole step).
             out.append(Variable("threads", self.thread_values, "", STAGE_STRUCTURE))
         impls = self.optimizers.choices()
-        if impls:
+        if impls and self._optimizer_pays(len(impls)):
             # The optimiser's implementation (``_optim``): the same update, no compile. Fine
             # tuning, after the structure and the compiles, around the best of them.
             out.append(Variable(OPTIMIZER, impls, "", STAGE_FINE))
         return out
+
+    # What one explored step costs beyond the step itself, as a share of the step: the guard's
+    # copies (measured ~3x the optimiser's own step on the held-out models) and the trial's
+    # bookkeeping between steps. Measured 25-29% (2026-12-03, Llama, DistilBERT, BART: 49-67
+    # steps of exploring the optimiser took 1.05-2.7 ms a step above their median step).
+    EXPLORED_STEP_COST = 0.3
+
+    def _optimizer_pays(self, choices: int) -> bool:
+        """Is the run long enough for the optimiser's implementation to repay exploring it? Its
+        best case, the core's own bound (twice as fast, half of that expected) on the optimiser's
+        step over the run, against the steps its exploration takes (a trial per choice, a
+        confirming A/B and one re-timing, at the policy's defaults) at ``EXPLORED_STEP_COST``
+        of the probe step each. Measured at 300 steps (2026-12-03): exploring it took 49-67
+        steps and 6-8% of the run, for an optimiser step of 5-10% of the step."""
+        policy = ExplorationPolicy()
+        bound = (1.0 - 1.0 / policy.max_speedup) * policy.expected_gain_share
+        saving = self.total_steps * self.optimizers.step_ms * bound
+        steps = (choices - 1) * policy.steps_per_trial + 4 * policy.retime_rounds * policy.retime_steps
+        cost = steps * self._probe_step_ms * self.EXPLORED_STEP_COST
+        if saving >= cost:
+            return True
+        log.info(
+            "the optimiser's implementation is not explored: at most %.0f ms to save over %d steps "
+            "(its step %.2f ms), against %.0f ms of exploring it",
+            saving,
+            self.total_steps,
+            self.optimizers.step_ms,
+            cost,
+        )
+        return False
 
     def _record_background(self, entry: dict[str, Any]) -> None:
         """Keep a background worker's wall time for a whole-step compile (``background:torch:

@@ -159,6 +159,22 @@ def test_a_users_explicit_choice_is_not_overridden():
     astra.restore()
 
 
+def test_a_run_too_short_to_repay_exploring_it_is_not_offered_it_and_keeps_the_key():
+    x, y = _batch()
+    specs = {}
+    for n in (10, 100_000):
+        model = _mlp()
+        astra = _astra(model, total_steps=n)
+        astra.run(_step(model, torch.optim.SGD(model.parameters(), lr=0.01), x, y, []))
+        specs[n] = astra.spec()
+        astra.restore()
+    # 10 steps cannot repay the ~48 steps its exploration takes; 100,000 can
+    assert OPTIMIZER not in {v.name for v in specs[10].variables}
+    assert OPTIMIZER in {v.name for v in specs[100_000].variables}
+    # one key: what the optimisers allow enters it, not what the run's length offers
+    assert specs[10].key == specs[100_000].key
+
+
 # A fake cost model for the commit (behaviour, not timing): ms per step of each implementation.
 COST = {"loop": 10.0, "foreach": 5.0, "fused": 8.0}
 
@@ -179,7 +195,7 @@ def test_a_committed_implementation_is_recorded_and_replayed_by_the_next_run(mon
         m.setattr(AstraTorch, "_finish_step", priced)
         model = _mlp()
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        first = AstraTorch(model, name="mlp", total_steps=2000, threads=("1",), compile_choices=("eager",))
+        first = AstraTorch(model, name="mlp", total_steps=100_000, threads=("1",), compile_choices=("eager",))
         for _ in range(120):
             first.run(_step(model, opt, x, y, []))
             if first.committed:
@@ -191,7 +207,7 @@ def test_a_committed_implementation_is_recorded_and_replayed_by_the_next_run(mon
     # step (on the direct path too, once settled) and the user's flags after each.
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    second = AstraTorch(model, name="mlp", total_steps=2000, threads=("1",), compile_choices=("eager",))
+    second = AstraTorch(model, name="mlp", total_steps=100_000, threads=("1",), compile_choices=("eager",))
     inside: list[list[tuple]] = []
     for _ in range(8):
         second.run(_step(model, opt, x, y, inside))
