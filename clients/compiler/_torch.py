@@ -36,7 +36,7 @@ from ._background import BackgroundCompiler
 from ._compile_costs import HostCompileCosts, compile_deadline_ms, contention, most_saving_ms
 from ._deadline import CompileDeadline, DeadlineTimer
 from ._guard import StepSnapshot
-from ._optim import OPTIMIZER, StepOptimizers
+from ._optim import FOREACH, FUSED, OPTIMIZER, StepOptimizers
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
@@ -1620,7 +1620,7 @@ class AstraTorch(SessionBacked):
         spec = self.session.spec
         base = next((v.choices[0] for v in spec.variables if v.name == OPTIMIZER), None) if spec else None
         choice = values.get(OPTIMIZER)
-        self._optimizer = None if choice is None or choice == base else choice
+        self._optimizer = choice if choice in (FOREACH, FUSED) and choice != base else None
         if self._channels_last and "memory_format" in values:
             fmt = (
                 torch.channels_last if values["memory_format"] == "channels_last" else torch.contiguous_format
