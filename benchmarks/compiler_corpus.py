@@ -616,13 +616,13 @@ def bench_case(
                 "s": round(r["explore_s"], 3),
                 "committed": r["committed"],
                 "wrapper_us": r["wrapper_us"],  # CPU per step of the committed wrapper, beyond the step
-                "config": {k: v for k, v in r["astra"].config.items() if v not in ("off", "eager")},
+                "config": {k: v for k, v in r["astra"].config.items() if v not in ("off", "eager", "loop")},
                 "trials": r["trials"],
             }
             for n, r in explored.items()
         },
         committed=last["committed"],
-        config={k: v for k, v in astra.config.items() if v not in ("off", "eager")},
+        config={k: v for k, v in astra.config.items() if v not in ("off", "eager", "loop")},
         variables=[v.name for v in spec.variables] if spec is not None else [],
         structure=adapter["structure"](astra),
         interleaved_speedup=round(state.speedup, 3) if state is not None else None,

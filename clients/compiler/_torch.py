@@ -23,6 +23,7 @@ from microco.clients import telemetry
 from microco.clients.compiler.explore import ExplorationPolicy
 from microco.clients.compiler.explore.types import (
     STAGE_COMPILE,
+    STAGE_FINE,
     STAGE_STRUCTURE,
     Config,
     GraphSpec,
@@ -35,6 +36,7 @@ from ._background import BackgroundCompiler
 from ._compile_costs import HostCompileCosts, compile_deadline_ms, contention, most_saving_ms
 from ._deadline import CompileDeadline, DeadlineTimer
 from ._guard import StepSnapshot
+from ._optim import FOREACH, FUSED, OPTIMIZER, StepOptimizers
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
@@ -380,6 +382,12 @@ class AstraTorch(SessionBacked):
         self._threads: int | None = None
         self._threads_refused = ""  # why this step's thread count was not set (a refused trial)
         self._user_threads: int | None = None
+        # The optimisers the step reaches (found at the probe step) and the implementation the
+        # configuration asks of them (``_optim``; None: as the user built them): set around each
+        # step only, the user's flags restored after it, as the thread count is.
+        self.optimizers = StepOptimizers(model)
+        self._optimizer: str | None = None
+        self._probe_step_ms = 0.0  # the probe step's time: what exploring the optimiser is priced by
         # The job's telemetry stream (``microco.clients.telemetry``), when a scheduler hook
         # drives one: the step is then timed there once, this wrapper adds its regions' times
         # and records the trial from the stream's record at the hook's ``step_end``.
@@ -412,9 +420,11 @@ class AstraTorch(SessionBacked):
         (``skipped_steps``). :meth:`run` / :meth:`wrap` repeat it instead."""
         if self.direct:
             user = self._direct_threads()
+            self.optimizers.apply(self._optimizer)
             try:
                 yield
             finally:
+                self.optimizers.restore()
                 if user is not None:
                     torch.set_num_threads(user)
             return
@@ -441,12 +451,15 @@ class AstraTorch(SessionBacked):
         rolled back), e.g. not append to a list before it fails."""
         if self.direct:
             user = self._direct_threads()
-            if user is None:
+            if user is None and self._optimizer is None:
                 return fn(*args, **kwargs)
+            self.optimizers.apply(self._optimizer)
             try:
                 return fn(*args, **kwargs)
             finally:
-                torch.set_num_threads(user)
+                self.optimizers.restore()
+                if user is not None:
+                    torch.set_num_threads(user)
         while True:
             self._before()
             try:
@@ -497,14 +510,15 @@ class AstraTorch(SessionBacked):
 
     def _runs_own_code(self) -> bool:
         """Is the configuration in force for good, and is it the model's own code (nothing but
-        a thread count chosen)? Then the wrapper has nothing to do in a step but set threads."""
+        a thread count and an optimiser implementation chosen)? Then the wrapper has nothing to
+        do in a step but set them."""
         return (
             self.session.settled
             and self._repeat is None
             and self._probe_calls is None
             and self._deferred is None
             and self._whole_kind is None
-            and not self._risky(self._applied)
+            and not self._risky(self._applied, scoped=("threads", OPTIMIZER))
         )
 
     def _go_direct(self) -> None:
@@ -565,6 +579,7 @@ class AstraTorch(SessionBacked):
                 self._threads_refused = f"threads: {extra} more than the idle cores ({idle:.1f})"
             else:
                 torch.set_num_threads(self._threads)
+        self.optimizers.apply(self._optimizer)
         # Armed under a configuration that changes the model's code; the model's state is kept
         # at its first call in the step (_guard_forward), when the inputs' shapes are known.
         self._snap = StepSnapshot(self.model) if self._risky(self._applied) else None
@@ -612,6 +627,7 @@ class AstraTorch(SessionBacked):
             ms -= self._snap.cost_s * 1e3
             cpu -= self._snap.cost_s * 1e3
         self._step_cpu_ms = cpu
+        self.optimizers.restore()
         if self._user_threads is not None and torch.get_num_threads() != self._user_threads:
             torch.set_num_threads(self._user_threads)
         return ms
@@ -720,11 +736,14 @@ class AstraTorch(SessionBacked):
         if self.background is not None and self.background.enabled:
             self._snapshot = self._take_snapshot()
 
+        self.optimizers.watch()  # the optimisers the probe step reaches
         self._hooks = [m.register_forward_pre_hook(count) for n, m in self.model.named_modules() if n]
         self._hooks.append(self.model.register_forward_pre_hook(shapes, with_kwargs=True))
 
     def _finish_probe(self, step_ms: float) -> None:
         calls, self._probe_calls = self._probe_calls or {}, None
+        self.optimizers.stop()
+        self._probe_step_ms = step_ms
         for h in self._hooks:
             h.remove()
         self._hooks = []
@@ -788,8 +807,12 @@ class AstraTorch(SessionBacked):
                 if k not in ("compile_prior_ms", "prior_calibrated", "subsumes")
             }
             for v in variables
-            if v.name not in WHOLE.values()
+            if v.name not in WHOLE.values() and v.name != OPTIMIZER
         ] + [{"whole": "inductor" in self.compile_choices}]
+        # (the optimiser's implementations as the optimisers allow them, not whether this run's
+        # length offers them: ``_optimizer_pays``)
+        if self.optimizers.choices():
+            space.append({OPTIMIZER: list(self.optimizers.choices())})
         fingerprint = hashlib.sha256(
             f"{type(self.model).__name__}|{params}|{fingerprints}|{space}".encode()
         ).hexdigest()[:24]
@@ -1354,7 +1377,42 @@ class AstraTorch(SessionBacked):
             # With the structure, before anything compiles: code compiled under one thread count
             # is recompiled when it changes (measured: a 186 s recompile of the whole step).
             out.append(Variable("threads", self.thread_values, "", STAGE_STRUCTURE))
+        impls = self.optimizers.choices()
+        if impls and self._optimizer_pays(len(impls)):
+            # The optimiser's implementation (``_optim``): the same update, no compile. Fine
+            # tuning, after the structure and the compiles, around the best of them.
+            out.append(Variable(OPTIMIZER, impls, "", STAGE_FINE))
         return out
+
+    # What one explored step costs beyond the step itself, as a share of the step: the guard's
+    # copies (measured ~3x the optimiser's own step on the held-out models) and the trial's
+    # bookkeeping between steps. Measured 25-29% (2026-12-03, Llama, DistilBERT, BART: 49-67
+    # steps of exploring the optimiser took 1.05-2.7 ms a step above their median step).
+    EXPLORED_STEP_COST = 0.3
+
+    def _optimizer_pays(self, choices: int) -> bool:
+        """Is the run long enough for the optimiser's implementation to repay exploring it? Its
+        best case, the core's own bound (twice as fast, half of that expected) on the optimiser's
+        step over the run, against the steps its exploration takes (a trial per choice, a
+        confirming A/B and one re-timing, at the policy's defaults) at ``EXPLORED_STEP_COST``
+        of the probe step each. Measured at 300 steps (2026-12-03): exploring it took 49-67
+        steps and 6-8% of the run, for an optimiser step of 5-10% of the step."""
+        policy = ExplorationPolicy()
+        bound = (1.0 - 1.0 / policy.max_speedup) * policy.expected_gain_share
+        saving = self.total_steps * self.optimizers.step_ms * bound
+        steps = (choices - 1) * policy.steps_per_trial + 4 * policy.retime_rounds * policy.retime_steps
+        cost = steps * self._probe_step_ms * self.EXPLORED_STEP_COST
+        if saving >= cost:
+            return True
+        log.info(
+            "the optimiser's implementation is not explored: at most %.0f ms to save over %d steps "
+            "(its step %.2f ms), against %.0f ms of exploring it",
+            saving,
+            self.total_steps,
+            self.optimizers.step_ms,
+            cost,
+        )
+        return False
 
     def _record_background(self, entry: dict[str, Any]) -> None:
         """Keep a background worker's wall time for a whole-step compile (``background:torch:
@@ -1543,13 +1601,15 @@ class AstraTorch(SessionBacked):
     # first call, or at the first backward, in every failure seen.)
     TRUSTED_AFTER = 3
 
-    def _risky(self, values: dict[str, str]) -> bool:
-        """Does ``values`` run other code than the model's own (anything but a thread count)?"""
+    def _risky(self, values: dict[str, str], scoped: tuple[str, ...] = ("threads",)) -> bool:
+        """Does ``values`` run other code than the model's own (anything but the ``scoped``
+        variables: a thread count; for the direct path, an optimiser implementation too, which
+        the direct step sets around the user's step as it sets threads)?"""
         spec = self.session.spec
         if spec is None or not values:
             return False
         return any(
-            values.get(v.name, v.choices[0]) != v.choices[0] for v in spec.variables if v.name != "threads"
+            values.get(v.name, v.choices[0]) != v.choices[0] for v in spec.variables if v.name not in scoped
         )
 
     def _guard_forward(self, mod: nn.Module, args: Any) -> None:
@@ -1583,6 +1643,7 @@ class AstraTorch(SessionBacked):
         self._end_step()
         self._snap = None
         snap.restore()
+        self.optimizers.restore()  # (the snapshot kept the groups as the step ran them)
         self.rolled_back += 1
         failing = dict(self._applied)
         why = f"{type(exc).__name__}: {exc}"
@@ -1623,6 +1684,10 @@ class AstraTorch(SessionBacked):
             )
         # Set around each step (_before), restored after it: not left behind for the user's code.
         self._threads = int(values["threads"]) if "threads" in values else None
+        spec = self.session.spec
+        base = next((v.choices[0] for v in spec.variables if v.name == OPTIMIZER), None) if spec else None
+        choice = values.get(OPTIMIZER)
+        self._optimizer = choice if choice in (FOREACH, FUSED) and choice != base else None
         if self._channels_last and "memory_format" in values:
             fmt = (
                 torch.channels_last if values["memory_format"] == "channels_last" else torch.contiguous_format

@@ -27,3 +27,24 @@ def _steady_load(monkeypatch):
     from microco.clients.compiler import _compile_costs
 
     monkeypatch.setattr(_compile_costs, "contention", lambda: 1.0)
+
+
+def _intra_op_threads(n):
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (the count is process-wide), the old count after it."""
+    yield from _intra_op_threads(1)
+
+
+@pytest.fixture
+def two_threads():
+    """Two intra-op threads for the test, the old count after it."""
+    yield from _intra_op_threads(2)

@@ -39,14 +39,6 @@ class _Committed:
         return self.cfg
 
 
-@pytest.fixture
-def two_threads():
-    old = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(old)
-
-
 def _make(explorer):
     torch.manual_seed(0)
     model = zm.make_model("lstm", 6, 8)

@@ -127,7 +127,7 @@ def test_explorer_unreachable_from_the_start_runs_eager():
     model, astra = make(MemoryKV(), explorer=_Flaky(None, ok=0))
     losses = train(model, astra, 4)
     assert len(losses) == 4 and astra.session.lost and not astra.committed
-    assert set(astra.config.values()) <= {"off", "eager", "1"}
+    assert set(astra.config.values()) <= {"off", "eager", "1", "loop"}
 
 
 def test_lost_explorer_is_retried_and_resumes():
