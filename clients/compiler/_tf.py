@@ -211,7 +211,8 @@ class AstraTF(SessionBacked):
         # HLO instructions of each XLA choice's module ("loop", "unrolled"), counted at
         # registration; what a measured compile of that choice is divided by to get a rate.
         self.hlo_instructions: dict[str, int] = {}
-        self._first_call: dict[int, tuple[str, float]] = {}  # id(variant) -> (size kind, first ms)
+        # id(variant) -> (size kind, its first call's ms of wall and of this thread's CPU)
+        self._first_call: dict[int, tuple[str, float, float]] = {}
         self._called: set[int] = set()
         # The model's graph on this hardware (structure and input shapes) and the class of each
         # XLA module (``_tf_cost.hlo_class``): what its compile prices are kept and looked up by.
@@ -480,22 +481,28 @@ class AstraTF(SessionBacked):
         trace_ms = max(0.0, self._pre_ms[0] - self._pre_ms[1])
         return self.total_steps * self._pre_ms[1] * self.XLA_PRICING_SHARE > trace_ms
 
-    def _observe_compile(self, fn: Callable[..., Any], kind: str, ms: float) -> None:
+    def _observe_compile(self, fn: Callable[..., Any], kind: str, ms: float, cpu_ms: float) -> None:
         """A variant's first call compiles (and traces); its second is a plain step: their
-        difference is one measured compile, a sample of this hardware's ms per instruction. Not
-        where the compile ran in the background: the first call was then a cache hit."""
+        difference is one measured compile, a sample of this hardware's ms per instruction (of
+        wall, and of the calling thread's CPU: XLA compiles in it). Not where the compile ran
+        in the background: the first call was then a cache hit."""
         fid = id(fn)
         if fid not in self._called:
             self._called.add(fid)
             warmed = self.warmer is not None and fid in self.warmer.done
             if kind and self.cost_model is not None and kind in self.hlo_instructions and not warmed:
-                self._first_call[fid] = (kind, ms)
+                self._first_call[fid] = (kind, ms, cpu_ms)
             return
         pending = self._first_call.pop(fid, None)
         if pending is not None and self.cost_model is not None:
-            k, first = pending
+            k, first, first_cpu = pending
             self.cost_model.observe(
-                self.hlo_instructions[k], first - ms, k, self.graph_key, self.hlo_classes.get(k, "")
+                self.hlo_instructions[k],
+                first - ms,
+                k,
+                self.graph_key,
+                self.hlo_classes.get(k, ""),
+                cpu_ms=first_cpu - cpu_ms,
             )
 
     # -- background compiles (``_tf_warm``)
@@ -518,10 +525,15 @@ class AstraTF(SessionBacked):
         base = s.base_ms if s.base_ms is not None else s.best_ms
         return compile_deadline_ms(self._price_ms(kind), self.total_steps - s.steps, base)
 
-    def _observe_background_compile(self, kind: str, ms: float) -> None:
+    def _observe_background_compile(self, kind: str, ms: float, cpu_ms: float | None = None) -> None:
         if self.cost_model is not None and kind in self.hlo_instructions:
             self.cost_model.observe(
-                self.hlo_instructions[kind], ms, kind, self.graph_key, self.hlo_classes.get(kind, "")
+                self.hlo_instructions[kind],
+                ms,
+                kind,
+                self.graph_key,
+                self.hlo_classes.get(kind, ""),
+                cpu_ms=cpu_ms,
             )
 
     def _observe_abandoned_compile(self, kind: str, ms: float) -> None:
@@ -537,7 +549,7 @@ class AstraTF(SessionBacked):
                 return self._pre_step(x, y)
             self._register(x, y)
         fn, kind = self._mode(self.session.values)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         failed = self.warmer.abandoned.get(id(fn), "") if self.warmer is not None else ""
         try:
             if failed:  # its compile was abandoned at its deadline: the trial fails, training goes on
@@ -550,7 +562,7 @@ class AstraTF(SessionBacked):
             loss = float(self.variant(False, False, False)(x, y).numpy())
         ms = (time.perf_counter() - t0) * 1e3
         if not failed:
-            self._observe_compile(fn, kind, ms)
+            self._observe_compile(fn, kind, ms, (time.thread_time() - c0) * 1e3)
         self.session.record(ms, {}, failed)
         if not failed and self.session.settled and self._mode(self.session.values)[0] is fn:
             self.direct = fn  # its compile observed; the explorer hands a settled session nothing
