@@ -15,7 +15,9 @@ in-process, each step through ``astra.run`` so that a failed trial is repeated, 
 microco runs once per run length (300, 1,000, 5,000; or ``--run-steps N`` alone), each a first
 run on this machine told that length, and explores until it commits; a second run of the first
 length over the same on-disk state shows whether it starts tuned (``rerun``). Then all run
-interleaved round-robin and the medians of their step times are reported. ``stopped`` is true
+interleaved, with an A/A control (``aa``: a second eager instance, built last), in rounds whose
+orders put each contender after each other equally often (``balanced_orders``), and the medians
+of their step times are reported. ``stopped`` is true
 when an exception escaped microco's step (the user's training would have ended);
 ``loss_rel_diff`` compares microco's loss after its steps with eager's after as many steps.
 ``runs`` gives each contender's total for runs of 300, 1,000 and 5,000 steps: its measured first
