@@ -216,15 +216,7 @@ def test_a_background_xla_compile_is_priced_at_its_work_alone_an_inline_one_at_t
     monkeypatch.setattr(_compile_costs, "contention", lambda: 1.0)
     assert cost.observe(1_000, 2_300.0, "unrolled", "g", "dot+while")  # measured alone: 2.3 s
     monkeypatch.setattr(_compile_costs, "contention", lambda: 4.0)  # the machine at load 8 on 2 cores
-    astra = AstraTF(
-        zt.make_model("gru", 4, 6),
-        tf.keras.optimizers.SGD(0.05),
-        zt.loss_fn,
-        LocalExplorer(),
-        total_steps=1_000,
-        cost_model=cost,
-        background=background,
-    )
+    astra = _gru_astra(cost_model=cost, background=background)
     astra.graph_key, astra.hlo_classes = "g", {"unrolled": "dot+while", "loop": "dot+while"}
     priors = {v.name: v.compile_prior_ms for v in astra.variables({"unrolled": 1_000, "loop": 400})}
     assert priors["xla"] == pytest.approx(2_300.0 * factor)
@@ -245,13 +237,7 @@ def test_an_xla_gain_measured_here_replaces_the_optimistic_expectation(tmp_path)
     from microco.clients.compiler._tf import tf_hardware_id
     from microco.clients.compiler.explore import GraphSpec, TrialReport, Variable, _core
 
-    astra = AstraTF(
-        zt.make_model("gru", 4, 6),
-        tf.keras.optimizers.SGD(0.05),
-        zt.loss_fn,
-        LocalExplorer(),
-        total_steps=1_000,
-    )
+    astra = _gru_astra()
     astra.graph_key = "g"
     assert astra._measured_gain("xla") is None
     # An earlier run committed XLA over the plain step after an interleaved A/B (2.52 vs 1.56 ms).
@@ -271,13 +257,27 @@ def test_an_xla_gain_measured_here_replaces_the_optimistic_expectation(tmp_path)
     mine = next(v for v in astra.variables({"unrolled": 708, "loop": 300}) if v.name == "xla")
     assert mine.measured_speedup == pytest.approx(gain)
     # The core: XLA priced 0.8 s against 1,000 steps of 2.52 ms, tried only with the gain.
-    run = GraphSpec(
-        "fp", "(16, 16, 32)", "cpu", (replace(mine, compile_prior_ms=800.0),), "m", "tensorflow", 1000
+    priced = replace(mine, compile_prior_ms=800.0)
+    state = _core.start(
+        GraphSpec("fp", "(16, 16, 32)", "cpu", (priced,), "m", "tensorflow", 1000), _core.ExplorationPolicy()
     )
-    state = _core.start(run, _core.ExplorationPolicy())
     state.trials.append(_core.TrialRecord(0, {}, 0, "baseline", steps=[2.52] * 6, step_ms=2.52, done=True))
     state.best = 0
-    combo = {"xla": "plain"}
-    assert _core._prune_reason(state, _core.ExplorationPolicy(), "", list(run.variables), combo) == ""
-    bound = [replace(v, measured_speedup=0.0) for v in run.variables]
-    assert "cannot repay" in _core._prune_reason(state, _core.ExplorationPolicy(), "", bound, combo)
+    why = {
+        g: _core._prune_reason(
+            state, _core.ExplorationPolicy(), "", [replace(priced, measured_speedup=g)], {"xla": "plain"}
+        )
+        for g in (gain, 0.0)
+    }
+    assert why[gain] == "" and "cannot repay" in why[0.0]
+
+
+def _gru_astra(**kwargs):
+    return AstraTF(
+        zt.make_model("gru", 4, 6),
+        tf.keras.optimizers.SGD(0.05),
+        zt.loss_fn,
+        LocalExplorer(),
+        total_steps=1_000,
+        **kwargs,
+    )
