@@ -258,6 +258,10 @@ class XlaCostModel:
             return None
         return self._cpu_graphs.get(graph, {}).get(kind) or self._graphs.get(graph, {}).get(kind)
 
+    def compiled_here(self, graph: str, kind: str) -> bool:
+        """Has a compile of this graph's ``kind`` module finished here (not only been abandoned)?"""
+        return bool(self._own(graph, kind))
+
     def measured(self, graph: str, kind: str) -> bool:
         """Has a compile of this graph's ``kind`` module been measured (or abandoned) here?"""
         return bool(self._own(graph, kind)) or kind in self._floors.get(graph, {})

@@ -272,6 +272,32 @@ def test_an_xla_gain_measured_here_replaces_the_optimistic_expectation(tmp_path)
     assert why[gain] == "" and "cannot repay" in why[0.0]
 
 
+def test_a_compile_measured_here_runs_in_line_where_no_core_is_idle(tmp_path, monkeypatch):
+    """keras-sublstm at 5,000 steps (2026-12-03, load ~4 on 2 cores): its XLA compile (0.28 s of
+    its thread's CPU) ran 1.28 s of wall beside the training, the run held 310 steps for it and
+    committed after 2.9 s, against the static contender's 1.7 s compile in line (1.06x). Where
+    no core is idle and this graph's compile was measured here, the trial compiles in line,
+    priced at its wall time at the load; otherwise in the background, at its work alone."""
+    from microco.clients.compiler import _compile_costs, _session
+
+    cost = XlaCostModel("hw", tmp_path / "rate.json", cold_rate=1.0)
+    astra = _gru_astra(cost_model=cost)
+    astra.graph_key, astra.hlo_classes = "g", {"unrolled": "dot+while", "loop": "dot+while"}
+    monkeypatch.setattr(_compile_costs, "contention", lambda: 2.0)
+    monkeypatch.setattr(_session, "idle_cores", lambda: -1.0)
+    assert not astra.compiles_in_line("unrolled")  # never compiled here: the background's deadline
+    cost.observe_abandoned("g", "unrolled", 5_000.0)
+    assert not astra.compiles_in_line("unrolled")  # abandoned: a floor, not a measure
+    assert cost.observe(1_000, 1_300.0, "unrolled", "g", "dot+while", cpu_ms=280.0)
+    assert astra.compiles_in_line("unrolled") and not astra.compiles_in_line("loop")
+    priors = {v.name: v.compile_prior_ms for v in astra.variables({"unrolled": 1_000, "loop": 400})}
+    assert priors["xla"] == pytest.approx(280.0 * 2.0)  # in line: its work at the load
+    assert priors["xla_loop"] == pytest.approx(400.0 * 1.0)  # the background's: the rate alone
+    monkeypatch.setattr(_session, "idle_cores", lambda: 1.5)  # a core beside the training
+    assert not astra.compiles_in_line("unrolled")
+    assert astra.variables({"unrolled": 1_000})[-1].compile_prior_ms == pytest.approx(280.0)
+
+
 def _gru_astra(**kwargs):
     return AstraTF(
         zt.make_model("gru", 4, 6),

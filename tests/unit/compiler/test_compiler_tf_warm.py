@@ -104,6 +104,7 @@ class _Owner:
         self.abandoned: list[tuple[str, float]] = []
         self.compiled: list[tuple[str, float]] = []
         self.compiled_cpu: list[float | None] = []
+        self.in_line = False  # what ``AstraTF.compiles_in_line`` answers
 
     def _mode(self, values):
         return (self.xla, "unrolled") if values.get("xla") == "plain" else (self.plain, "")
@@ -113,6 +114,9 @@ class _Owner:
 
     def _compile_deadline_ms(self, kind):
         return self.deadline_ms
+
+    def compiles_in_line(self, kind):
+        return self.in_line
 
     def _observe_abandoned_compile(self, kind, ms):
         self.abandoned.append((kind, ms))
@@ -159,6 +163,15 @@ def test_a_compile_done_before_its_deadline_is_measured_and_the_trial_runs_warm(
     # with the compiling thread's CPU time, its work (this one waited: next to none of it)
     assert owner.compiled_cpu[0] is not None and 0 <= owner.compiled_cpu[0] <= owner.compiled[0][1]
     assert warmer.log[0]["compile_cpu_s"] is not None
+
+
+def test_a_compile_the_owner_runs_in_line_is_ready_at_once_and_never_launched():
+    owner = _Owner(deadline_ms=10**9)
+    owner.in_line = True
+    warmer = XlaWarmer(owner)
+    assert warmer.ready({"xla": "plain"})  # the trial runs now, compiling in its first step
+    assert not warmer.busy() and owner.xla.concrete.calls == 0 and id(owner.xla) in warmer.inline
+    assert [e["outcome"] for e in warmer.log] == ["in line"]
 
 
 def test_a_compile_timed_by_its_threads_cpu_is_priced_at_that_not_at_its_wall_over_the_load(tmp_path):
