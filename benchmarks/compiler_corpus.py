@@ -388,7 +388,7 @@ def balanced_orders(names: list[str]) -> list[list[str]]:
 
 
 def _interleaved(
-    fns: dict[str, Callable[[], Any]], rounds: int, per_round: int
+    fns: dict[str, Callable[[], Any]], rounds: int, per_round: int, settle: int = 1
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Interleaved blocks of ``per_round`` steps, the rounds' orders balanced
     (:func:`balanced_orders`; ``rounds`` rounded up to whole designs): the contender that runs
@@ -397,7 +397,11 @@ def _interleaved(
     20, 27 and 28 ms under a fixed order; 1.10x under the rotation that kept predecessors).
     Medians per step of wall time and of the process's CPU time (ms): on the shared machine the
     wall time of the same code moves with the load by more than the gaps measured; the CPU
-    time moves less (it leaves out the time other processes held the cores)."""
+    time moves less (it leaves out the time other processes held the cores).
+
+    Each block first runs ``settle`` untimed steps: the first step after a switch pays for the
+    switch (measured on torch-transformer, 2026-12-03: 3-8% more CPU after another eager
+    instance, 11-24% after the static compiler's step), which no run of one model pays."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     cpu: dict[str, list[float]] = {k: [] for k in fns}
     orders = balanced_orders(list(fns))
@@ -405,6 +409,8 @@ def _interleaved(
     for r in range(rounds):
         for name in orders[r % len(orders)]:
             fn = fns[name]
+            for _ in range(settle):
+                fn()
             for _ in range(per_round):
                 c0, t0 = time.process_time(), time.perf_counter()
                 fn()
