@@ -400,8 +400,8 @@ def _interleaved(
     time moves less (it leaves out the time other processes held the cores).
 
     Each block first runs ``settle`` untimed steps: the first step after a switch pays for the
-    switch (measured on torch-transformer, 2026-12-03: 3-8% more CPU after another eager
-    instance, 11-24% after the static compiler's step), which no run of one model pays."""
+    switch (measured on torch-transformer, 2026-12-03: up to 8% more CPU after another
+    eager instance, 4-24% after the static compiler's step), which no run of one model pays."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     cpu: dict[str, list[float]] = {k: [] for k in fns}
     orders = balanced_orders(list(fns))

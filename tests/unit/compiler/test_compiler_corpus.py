@@ -97,8 +97,8 @@ def test_the_interleaving_puts_every_contender_after_every_other_equally_often(c
 
 
 def test_the_first_step_after_a_switch_is_not_timed(monkeypatch):
-    """The first step of a block pays for the contender before it (torch-transformer: 11-24% more
-    CPU right after the static compiler's step, 3-8% after another eager instance), which a run
+    """The first step of a block pays for the contender before it (torch-transformer: 4-24% more
+    CPU right after the static compiler's step, up to 8% after another eager instance), which a run
     of one model never pays: it runs untimed, and the medians are those of the steps after it."""
     from microco.benchmarks import compiler_corpus as cc
 
