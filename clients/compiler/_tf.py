@@ -213,7 +213,7 @@ class AstraTF(SessionBacked):
         # HLO instructions of each XLA choice's module ("loop", "unrolled"), counted at
         # registration; what a measured compile of that choice is divided by to get a rate.
         self.hlo_instructions: dict[str, int] = {}
-        # id(variant) -> (size kind, its first call's ms of wall and of this thread's CPU)
+        # id(variant) -> (size kind, its first call's ms of wall and of the process's CPU)
         self._first_call: dict[int, tuple[str, float, float]] = {}
         self._called: set[int] = set()
         # The model's graph on this hardware (structure and input shapes) and the class of each
@@ -508,8 +508,9 @@ class AstraTF(SessionBacked):
     def _observe_compile(self, fn: Callable[..., Any], kind: str, ms: float, cpu_ms: float) -> None:
         """A variant's first call compiles (and traces); its second is a plain step: their
         difference is one measured compile, a sample of this hardware's ms per instruction (of
-        wall, and of the calling thread's CPU: XLA compiles in it). Not where the compile ran
-        in the background: the first call was then a cache hit."""
+        wall, and of the process's CPU: its work, on every thread; XLA's compile ran 0.44 of its
+        1.56 s of CPU in the calling thread, keras-sublstm, 2026-12-03). Not where the compile
+        ran in the background: the first call was then a cache hit."""
         fid = id(fn)
         if fid not in self._called:
             self._called.add(fid)
@@ -578,8 +579,7 @@ class AstraTF(SessionBacked):
         In line where no core is idle beside the training (``_session.idle_cores``) and a compile
         of this very graph finished here before (its price is a measurement, not a guess that
         the background's deadline must guard). Measured on keras-sublstm at 5,000 steps (load
-        ~4 on 2 cores, 2026-12-03): its compile, 0.28 s of its thread's CPU, took 1.28 s of wall
-        beside the training, the run held 310 steps for it and reached its commit after 2.9 s,
+        ~4 on 2 cores, 2026-12-03): its compile took 1.28 s of wall beside the training, the run held 310 steps for it and reached its commit after 2.9 s,
         where the static contender compiled the same step in line in 1.7 s: beside the training
         on an oversubscribed machine a compile slows the steps beside it more than it costs in
         the step (PyTorch's background worker stays off there too: ``_torch.spare_core``)."""
@@ -594,15 +594,12 @@ class AstraTF(SessionBacked):
         base = s.base_ms if s.base_ms is not None else s.best_ms
         return compile_deadline_ms(self._price_ms(kind), self.total_steps - s.steps, base)
 
-    def _observe_background_compile(self, kind: str, ms: float, cpu_ms: float | None = None) -> None:
+    def _observe_background_compile(self, kind: str, ms: float) -> None:
+        # Wall time (over the load): its CPU time would include the training's steps beside it,
+        # whose kernels run in TensorFlow's pool threads as the compile's do.
         if self.cost_model is not None and kind in self.hlo_instructions:
             self.cost_model.observe(
-                self.hlo_instructions[kind],
-                ms,
-                kind,
-                self.graph_key,
-                self.hlo_classes.get(kind, ""),
-                cpu_ms=cpu_ms,
+                self.hlo_instructions[kind], ms, kind, self.graph_key, self.hlo_classes.get(kind, "")
             )
 
     def _observe_abandoned_compile(self, kind: str, ms: float) -> None:
@@ -618,7 +615,7 @@ class AstraTF(SessionBacked):
                 return self._pre_step(x, y)
             self._register(x, y)
         fn, kind = self._mode(self.session.values)
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0, c0 = time.perf_counter(), time.process_time()
         failed = self.warmer.abandoned.get(id(fn), "") if self.warmer is not None else ""
         try:
             if failed:  # its compile was abandoned at its deadline: the trial fails, training goes on
@@ -631,7 +628,7 @@ class AstraTF(SessionBacked):
             loss = float(self.variant(False, False, False)(x, y).numpy())
         ms = (time.perf_counter() - t0) * 1e3
         if not failed:
-            self._observe_compile(fn, kind, ms, (time.thread_time() - c0) * 1e3)
+            self._observe_compile(fn, kind, ms, (time.process_time() - c0) * 1e3)
         self.session.record(ms, {}, failed)
         if self.session.committed and not self._gain_learned:
             self._learn_gain()

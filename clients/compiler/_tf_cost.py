@@ -38,11 +38,11 @@ _RATE_BOUNDS = (0.05, 200.0)
 _KEEP = 16  # latest samples kept per hardware id
 _KEEP_SIZES = 256  # models whose module sizes are remembered per hardware id
 _RATES_KEY = "ms_per_instruction_alone"  # rates as if alone on the machine (see ``observe``)
-# The same from compiles timed by the CPU time of the thread that compiled (``observe(cpu_ms=)``):
-# a compile's own work, whatever ran beside it. Preferred where present (session of 2026-12-03
-# morning): the wall time divided by the load average priced keras-sublstm's XLA at 1.0-1.6 s
-# alone from compiles run in the background beside the training (samples 0.44-2.4 s), where its
-# compile in line took 0.89 s of wall at load ~4, and its thread's CPU about 0.35-0.5 s.
+# The same from compiles timed by the process's CPU time over an in-line compile (``observe(
+# cpu_ms=)``): a compile's own work, on every thread, whatever else ran on the machine. Preferred
+# where present (session of 2026-12-03 morning): the wall time divided by the load average of
+# compiles run in the background beside the training priced keras-sublstm's XLA at 0.44-2.4 s
+# alone (median 1.0 s). Not the compiling thread's CPU: XLA ran 0.44 of its 1.56 s of CPU there.
 _CPU_RATES_KEY = "ms_per_instruction_cpu"
 _CPU_GRAPHS_KEY = "graph_cpu_ms"
 
@@ -160,7 +160,7 @@ class XlaCostModel:
         self._graphs: dict[str, dict[str, list[float]]] = {}
         self._floors: dict[str, dict[str, float]] = {}
         self._classes: dict[str, dict[str, str]] = {}
-        # The same two, from compiles timed by their thread's CPU time (preferred; see observe).
+        # The same two, from compiles timed by the process's CPU time (preferred; see observe).
         self._cpu_samples: dict[str, list[float]] = {}
         self._cpu_graphs: dict[str, dict[str, list[float]]] = {}
         self._load()
@@ -277,9 +277,9 @@ class XlaCostModel:
     ) -> bool:
         """Record a measured compile (ms of wall at today's load) of a ``kind`` module of
         ``instructions`` instructions (of ``graph``, of ``op_class``); ``False`` if the sample
-        was discarded as out of bounds. ``cpu_ms``: the CPU time of the thread that compiled,
-        its work alone whatever ran beside it, kept apart and preferred to the wall time
-        divided by the load average (which a compile beside the training overstates)."""
+        was discarded as out of bounds. ``cpu_ms``: the process's CPU time over the compile (in
+        line, nothing else running in the process), its work alone whatever else ran on the
+        machine, kept apart and preferred to the wall time divided by the load average."""
         if instructions <= 0 or not compile_ms > 0:
             return False
         r = compile_ms / instructions

@@ -77,7 +77,6 @@ class _Job:
         self.values, self.fid, self.kind, self.deadline_ms = values, fid, kind, deadline_ms
         self.started = time.perf_counter()
         self.ms: float | None = None
-        self.cpu_ms: float | None = None  # the compiling thread's CPU time: the compile's work
         self.error = ""
         self.thread: threading.Thread | None = None
 
@@ -176,12 +175,9 @@ class XlaWarmer:
         job = _Job(values, fid, kind, owner._compile_deadline_ms(kind))
 
         def run() -> None:
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0 = time.perf_counter()
             try:
                 concrete._call_flat([x, y], shadows)
-                # XLA compiles in the calling thread: its CPU time is the compile's own work,
-                # which the wall time beside the training (and other jobs) overstates.
-                job.cpu_ms = (time.thread_time() - c0) * 1e3
                 job.ms = (time.perf_counter() - t0) * 1e3
             except Exception as exc:  # noqa: BLE001 - reported; the trial compiles in line
                 job.error = f"{type(exc).__name__}: {exc}"[:300]
@@ -198,7 +194,7 @@ class XlaWarmer:
             self.log.append(self._entry(job, "failed"))
             return
         self.done.add(job.fid)
-        self.owner._observe_background_compile(job.kind, job.ms, job.cpu_ms)
+        self.owner._observe_background_compile(job.kind, job.ms)
         self.log.append(self._entry(job, "done"))
 
     def _abandon(self, job: _Job) -> None:
@@ -220,7 +216,6 @@ class XlaWarmer:
             "outcome": outcome,
             "elapsed_s": round(job.elapsed_ms() / 1e3, 3),
             "compile_s": round(job.ms / 1e3, 3) if job.ms is not None else None,
-            "compile_cpu_s": round(job.cpu_ms / 1e3, 3) if job.cpu_ms is not None else None,
             "deadline_s": round(job.deadline_ms / 1e3, 3),
             "error": job.error,
         }

@@ -273,8 +273,8 @@ def test_an_xla_gain_measured_here_replaces_the_optimistic_expectation(tmp_path)
 
 
 def test_a_compile_measured_here_runs_in_line_where_no_core_is_idle(tmp_path, monkeypatch):
-    """keras-sublstm at 5,000 steps (2026-12-03, load ~4 on 2 cores): its XLA compile (0.28 s of
-    its thread's CPU) ran 1.28 s of wall beside the training, the run held 310 steps for it and
+    """keras-sublstm at 5,000 steps (2026-12-03, load ~4 on 2 cores): its XLA compile ran 1.28 s
+    of wall beside the training, the run held 310 steps for it and
     committed after 2.9 s, against the static contender's 1.7 s compile in line (1.06x). Where
     no core is idle and this graph's compile was measured here, the trial compiles in line,
     priced at its wall time at the load; otherwise in the background, at its work alone."""

@@ -103,7 +103,6 @@ class _Owner:
         self.deadline_ms = deadline_ms
         self.abandoned: list[tuple[str, float]] = []
         self.compiled: list[tuple[str, float]] = []
-        self.compiled_cpu: list[float | None] = []
         self.in_line = False  # what ``AstraTF.compiles_in_line`` answers
 
     def _mode(self, values):
@@ -121,9 +120,8 @@ class _Owner:
     def _observe_abandoned_compile(self, kind, ms):
         self.abandoned.append((kind, ms))
 
-    def _observe_background_compile(self, kind, ms, cpu_ms=None):
+    def _observe_background_compile(self, kind, ms):
         self.compiled.append((kind, ms))
-        self.compiled_cpu.append(cpu_ms)
 
 
 def _wait(cond, seconds=60.0):
@@ -160,9 +158,6 @@ def test_a_compile_done_before_its_deadline_is_measured_and_the_trial_runs_warm(
     assert id(owner.xla) in warmer.done and warmer.ready({"xla": "plain"})
     assert [k for k, _ in owner.compiled] == ["unrolled"] and not owner.abandoned
     assert [e["outcome"] for e in warmer.log] == ["done"]
-    # with the compiling thread's CPU time, its work (this one waited: next to none of it)
-    assert owner.compiled_cpu[0] is not None and 0 <= owner.compiled_cpu[0] <= owner.compiled[0][1]
-    assert warmer.log[0]["compile_cpu_s"] is not None
 
 
 def test_a_compile_the_owner_runs_in_line_is_ready_at_once_and_never_launched():
@@ -174,13 +169,12 @@ def test_a_compile_the_owner_runs_in_line_is_ready_at_once_and_never_launched():
     assert [e["outcome"] for e in warmer.log] == ["in line"]
 
 
-def test_a_compile_timed_by_its_threads_cpu_is_priced_at_that_not_at_its_wall_over_the_load(tmp_path):
+def test_a_compile_timed_by_its_cpu_is_priced_at_that_not_at_its_wall_over_the_load(tmp_path):
     """keras-sublstm (issue 18, 2026-12-03): its XLA compiles ran in the background beside the
-    training, and their wall time over the load average (0.44-2.4 s, median 1.0 s; 1.57 s the
-    day before) priced XLA above what a run of 1,000 steps of 2.5 ms is expected to save (0.63 s)
-    while its compile in line took 0.89 s of wall at load ~4. A compile timed by the CPU time of
-    the thread that compiled is its own work: it is kept apart and preferred, here and in the
-    next run, to the wall-based samples, for the graph and for its class's rate."""
+    training, and their wall time over the load average priced it at 0.44-2.4 s alone (median
+    1.0 s; 1.57 s the day before), a spread of 5x for one compile. A compile timed by the
+    process's CPU time (in line) is its own work: it is kept apart and preferred, here and in
+    the next run, to the wall-based samples, for the graph and for its class's rate."""
     path = tmp_path / "x.json"
     cost = XlaCostModel("cpu", path)
     for wall in (2_358.0, 1_004.0, 1_400.0):  # the wall-based samples of the host's record
