@@ -15,7 +15,9 @@ in-process, each step through ``astra.run`` so that a failed trial is repeated, 
 microco runs once per run length (300, 1,000, 5,000; or ``--run-steps N`` alone), each a first
 run on this machine told that length, and explores until it commits; a second run of the first
 length over the same on-disk state shows whether it starts tuned (``rerun``). Then all run
-interleaved round-robin and the medians of their step times are reported. ``stopped`` is true
+interleaved, with an A/A control (``aa``: a second eager instance, built last), in rounds whose
+orders put each contender after each other equally often (``balanced_orders``), and the medians
+of their step times are reported. ``stopped`` is true
 when an exception escaped microco's step (the user's training would have ended);
 ``loss_rel_diff`` compares microco's loss after its steps with eager's after as many steps.
 ``runs`` gives each contender's total for runs of 300, 1,000 and 5,000 steps: its measured first
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 RUN_LENGTHS = (300, 1000, 5000)
+AA = "eager_aa"  # the A/A control: a second eager instance, built last (``bench_case``)
 # Corpus models not built in this process, with the reason (a missing optional package).
 SKIPPED: dict[str, str] = {}
 TORCHVISION_MODELS = ("tv-resnet18", "tv-mobilenet-v3-small", "tv-vit-tiny")
@@ -363,21 +366,51 @@ QUICK = ("torch-lstm", "torch-transformer", "keras-sublstm")
 QUICK_RUN_LENGTHS = (300, 5000)
 
 
+def balanced_orders(names: list[str]) -> list[list[str]]:
+    """The rounds' orders of an interleaved comparison: a Williams design, in which every
+    contender runs in every position equally often and right after every other contender
+    equally often (once each for an even count, twice for an odd one: its rows and their
+    mirror images). Until 2026-12-03 the runner rotated one order every round, which keeps each
+    contender's predecessor fixed: the first microco instance always ran right after the
+    static compiler's steps and paid for whatever they leave behind (torch-transformer: the
+    same eager code as eager's, 1.10x by wall and by CPU, the contender after it 0.98x)."""
+    n = len(names)
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        if len(first) % 2:
+            first, lo = first + [lo], lo + 1
+        else:
+            first, hi = first + [hi], hi - 1
+    rows = [[(v + i) % n for v in first] for i in range(n)]
+    if n % 2:
+        rows += [r[::-1] for r in rows]
+    return [[names[v] for v in r] for r in rows]
+
+
 def _interleaved(
-    fns: dict[str, Callable[[], Any]], rounds: int, per_round: int
+    fns: dict[str, Callable[[], Any]], rounds: int, per_round: int, settle: int = 1
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Round-robin, the order rotated every round: the contender that runs right after another
-    model's steps pays for the caches that model evicted, and a fixed order puts that on one
-    (seen: three contenders running the same eager code measured 20, 27 and 28 ms).
+    """Interleaved blocks of ``per_round`` steps, the rounds' orders balanced
+    (:func:`balanced_orders`; ``rounds`` rounded up to whole designs): the contender that runs
+    right after another model's steps pays for what that model left in the caches, and a fixed
+    predecessor puts that on one (seen: three contenders running the same eager code measured
+    20, 27 and 28 ms under a fixed order; 1.10x under the rotation that kept predecessors).
     Medians per step of wall time and of the process's CPU time (ms): on the shared machine the
     wall time of the same code moves with the load by more than the gaps measured; the CPU
-    time moves less (it leaves out the time other processes held the cores)."""
+    time moves less (it leaves out the time other processes held the cores).
+
+    Each block first runs ``settle`` untimed steps: the first step after a switch pays for the
+    switch (measured on torch-transformer, 2026-12-03: up to 8% more CPU after another
+    eager instance, 4-24% after the static compiler's step), which no run of one model pays."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     cpu: dict[str, list[float]] = {k: [] for k in fns}
-    names = list(fns)
+    orders = balanced_orders(list(fns))
+    rounds = -(-max(rounds, 1) // len(orders)) * len(orders)
     for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+        for name in orders[r % len(orders)]:
             fn = fns[name]
+            for _ in range(settle):
+                fn()
             for _ in range(per_round):
                 c0, t0 = time.process_time(), time.perf_counter()
                 fn()
@@ -546,6 +579,11 @@ def bench_case(
             "stopped": again["stopped"],
         }
         adapter["restore"](again["astra"])
+    # The A/A control: a second instance of the eager contender, built last (after the static
+    # compile and microco's runs, where microco's own instances are built), interleaved like
+    # the rest. Its ratio to eager is the runner's own spread between two instances of the
+    # same code: a microco figure within it says nothing about microco.
+    contenders[AA] = adapter["eager"](AA)
     steps_fns = {k: c.step for k, c in contenders.items()}
     stopped = any(r["stopped"] for r in explored.values())
     error = "; ".join(r["error"] for r in explored.values() if r["error"])
@@ -605,6 +643,7 @@ def bench_case(
         microco_ms=round(micro_ms, 3) if micro_ms is not None else None,
         microco_ms_by_length={str(n): round(ms[f"microco@{n}"], 3) for n in lengths if f"microco@{n}" in ms},
         cpu_ms={k: round(v, 3) for k, v in cpu_ms.items()},  # per step, interleaved medians
+        aa=_aa(ms, cpu_ms),
         static_compile_s=round(contenders["static"].first_s, 3) if "static" in contenders else None,
         explore_steps=last["explore_steps"],
         trial_steps=last["trial_steps"],
@@ -683,9 +722,9 @@ def _torch_adapter(case: Case) -> dict[str, Any]:
         fn()
         return time.perf_counter() - t0
 
-    def eager() -> _Contender:
+    def eager(name: str = "eager") -> _Contender:
         m, o = make()
-        fn = counted("eager", m, plain(m, o))
+        fn = counted(name, m, plain(m, o))
         return _Contender(fn, timed_first(fn), 1, m)
 
     def static() -> tuple[_Contender | None, str]:
@@ -779,13 +818,25 @@ def _tf_adapter(case: Case) -> dict[str, Any]:
         return abs(a - b) / max(abs(a), 1e-12)
 
     return {
-        "eager": lambda: fixed(False, "eager"),
+        "eager": lambda name="eager": fixed(False, name),
         "static": static,
         "micro": micro,
         "loss_rel": loss_rel,
         "structure": lambda astra: {"structured": astra.structured, "structure": astra.structure},
         "restore": lambda astra: None,
         "reset": lambda: None,
+    }
+
+
+def _aa(ms: dict[str, float], cpu_ms: dict[str, float]) -> dict[str, float] | None:
+    """The A/A control's medians against eager's (ratios above 1: the later instance slower)."""
+    if AA not in ms:
+        return None
+    return {
+        "eager_ms": round(ms["eager"], 3),
+        "eager_aa_ms": round(ms[AA], 3),
+        "ratio": round(ms[AA] / ms["eager"], 3),
+        "cpu_ratio": round(cpu_ms[AA] / cpu_ms["eager"], 3),
     }
 
 
@@ -892,6 +943,8 @@ def run(args: Any, cases_of: Callable[[], list[Case]] = corpus, name: str = "pub
                 ]
                 for n in RUN_LENGTHS
             },
+            # the A/A control per model: eager's second instance over its first (wall, CPU)
+            "aa_spread": {m["name"]: [m["aa"]["ratio"], m["aa"]["cpu_ratio"]] for m in models if m.get("aa")},
             "second_run_started_tuned": [
                 m["name"] for m in models if m.get("rerun", {}).get("committed_at_start")
             ],

@@ -3,7 +3,8 @@ in the corpus (``transformers``' LlamaForCausalLM, DistilBertForSequenceClassifi
 BartForConditionalGeneration from tiny configs, no weights), measured by the same runner as the
 corpus (``compiler_corpus.bench_case``): eager, ``torch.compile`` and microco per run length
 (300, 1,000, 5,000), each a first run on this machine told that length, then all interleaved
-(the order rotated every round, medians of wall and of process CPU time per step); each run
+with an A/A control (a second eager instance; the rounds' orders balanced so that each runs
+after each other equally often; medians of wall and of process CPU time per step); each run
 length's total is a contender's measured first steps (compile, exploration, a warm-up step)
 plus the remaining steps at its interleaved median (the JSON's ``totals``).
 

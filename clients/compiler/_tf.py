@@ -19,6 +19,8 @@ import tensorflow as tf
 
 from microco.clients.compiler.explore.types import STAGE_STRUCTURE, GraphSpec, Variable
 
+from . import _session
+from ._compile_costs import HostCompileCosts
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._tf_cost import XlaCostModel, default_cost_file, step_hlo_profile, unrolled_hlo_profile
@@ -211,7 +213,8 @@ class AstraTF(SessionBacked):
         # HLO instructions of each XLA choice's module ("loop", "unrolled"), counted at
         # registration; what a measured compile of that choice is divided by to get a rate.
         self.hlo_instructions: dict[str, int] = {}
-        self._first_call: dict[int, tuple[str, float]] = {}  # id(variant) -> (size kind, first ms)
+        # id(variant) -> (size kind, its first call's ms of wall and of the process's CPU)
+        self._first_call: dict[int, tuple[str, float, float]] = {}
         self._called: set[int] = set()
         # The model's graph on this hardware (structure and input shapes) and the class of each
         # XLA module (``_tf_cost.hlo_class``): what its compile prices are kept and looked up by.
@@ -225,6 +228,11 @@ class AstraTF(SessionBacked):
         # here): the first traces the step, the second is a step; see ``XLA_PRICING_SHARE``.
         self._pre_ms: list[float] = []
         self._unpriced_ms = 0.0  # > 0: XLA was not priced (the count could not pay): this prior
+        # This host's record of what compiles gained (``HostCompileCosts.record_gain``): an XLA
+        # choice committed here leaves its interleaved speedup for this graph, and a later run
+        # expects that, not the core's optimistic bound (``_learn_gain``, ``_measured_gain``).
+        self.compile_costs = HostCompileCosts()
+        self._gain_learned = False
         self._build_optimizer()
 
     def _build_optimizer(self) -> None:
@@ -272,7 +280,7 @@ class AstraTF(SessionBacked):
                     kind,
                     self.graph_key,
                     self.hlo_classes.get(kind, ""),
-                    at_load=not self.background,
+                    at_load=not self.background or self.compiles_in_line(kind),
                 ),
                 1,
             )
@@ -285,7 +293,17 @@ class AstraTF(SessionBacked):
             # the other kind (looped compiles measured below their estimate would otherwise pull
             # the unrolled estimate down and get a losing unrolled compile tried).
             ms = prior(kind)
-            return Variable(name, choices, "", stage, True, ms, prior_calibrated=ms > 0, subsumes=subsumes)
+            return Variable(
+                name,
+                choices,
+                "",
+                stage,
+                True,
+                ms,
+                prior_calibrated=ms > 0,
+                subsumes=subsumes,
+                measured_speedup=self._measured_gain(name) or 0.0,
+            )
 
         st = self.STAGES
         if not self.structured:
@@ -460,8 +478,13 @@ class AstraTF(SessionBacked):
         variables = self.variables(self.hlo_instructions)
         # The space without its priors: a prior moves with the measured rate, and the key (which
         # finds the committed configuration of an earlier run) must not move with it.
+        # Nor with what this host measured a compile to gain (``measured_speedup``).
         space = [
-            {k: d for k, d in v.to_dict().items() if k not in ("compile_prior_ms", "prior_calibrated")}
+            {
+                k: d
+                for k, d in v.to_dict().items()
+                if k not in ("compile_prior_ms", "prior_calibrated", "measured_speedup")
+            }
             for v in variables
         ]
         fp = hashlib.sha256(f"{type(self.model).__name__}|{cells}|{shapes}|{space}".encode()).hexdigest()[:24]
@@ -475,28 +498,66 @@ class AstraTF(SessionBacked):
             total_steps=self.total_steps,
         )
         self.session.register(spec)
+        # Committed at the start (an earlier run's commit): its A/B is that run's, learned then.
+        self._gain_learned = self.session.committed
 
     def _worth_pricing(self) -> bool:
         trace_ms = max(0.0, self._pre_ms[0] - self._pre_ms[1])
         return self.total_steps * self._pre_ms[1] * self.XLA_PRICING_SHARE > trace_ms
 
-    def _observe_compile(self, fn: Callable[..., Any], kind: str, ms: float) -> None:
+    def _observe_compile(self, fn: Callable[..., Any], kind: str, ms: float, cpu_ms: float) -> None:
         """A variant's first call compiles (and traces); its second is a plain step: their
-        difference is one measured compile, a sample of this hardware's ms per instruction. Not
-        where the compile ran in the background: the first call was then a cache hit."""
+        difference is one measured compile, a sample of this hardware's ms per instruction (of
+        wall, and of the process's CPU: its work, on every thread; XLA's compile ran 0.44 of its
+        1.56 s of CPU in the calling thread, keras-sublstm, 2026-12-03). Not where the compile
+        ran in the background: the first call was then a cache hit."""
         fid = id(fn)
         if fid not in self._called:
             self._called.add(fid)
             warmed = self.warmer is not None and fid in self.warmer.done
             if kind and self.cost_model is not None and kind in self.hlo_instructions and not warmed:
-                self._first_call[fid] = (kind, ms)
+                self._first_call[fid] = (kind, ms, cpu_ms)
             return
         pending = self._first_call.pop(fid, None)
         if pending is not None and self.cost_model is not None:
-            k, first = pending
+            k, first, first_cpu = pending
             self.cost_model.observe(
-                self.hlo_instructions[k], first - ms, k, self.graph_key, self.hlo_classes.get(k, "")
+                self.hlo_instructions[k],
+                first - ms,
+                k,
+                self.graph_key,
+                self.hlo_classes.get(k, ""),
+                cpu_ms=first_cpu - cpu_ms,
             )
+
+    # -- what an XLA choice gained here (issue 18, session of 2026-12-03 morning)
+    XLA_CHOICES = ("xla", "xla_loop", "xla_cell")  # widest scope first (see ``_mode``)
+
+    def _measured_gain(self, name: str) -> float | None:
+        """The speedup XLA choice ``name`` gave this graph on this host, measured interleaved
+        against the baseline by an earlier run's exploration; None: never measured."""
+        if not self.graph_key:
+            return None
+        return self.compile_costs.gain(tf_hardware_id(), f"tf:{name}", self.graph_key)
+
+    def _learn_gain(self) -> None:
+        """At a commit of an XLA choice: keep its interleaved speedup for this graph on this host
+        (keras-sublstm: XLA ran 1.6x its plain step at 5,000 steps, while a run of 1,000
+        expected a quarter of its time saved, 0.63 s, below its compile's price, and stayed
+        plain against a static XLA run 1.13x faster). As PyTorch's whole-step compiles
+        (``AstraTorch._learn_gain``); only an in-process explorer shows its state."""
+        self._gain_learned = True
+        core, spec = getattr(self.session.explorer, "core", None), self.session.spec
+        if core is None or spec is None or not self.graph_key:
+            return
+        try:
+            state = core.get(spec.key)
+        except Exception:  # noqa: BLE001 - no state kept: nothing learned
+            return
+        values = state.best_values
+        on = [n for n in self.XLA_CHOICES if values.get(n, "off") != "off"]
+        if on and state.interleaved is not None:
+            self.compile_costs.record_gain(tf_hardware_id(), f"tf:{on[0]}", state.speedup, self.graph_key)
 
     # -- background compiles (``_tf_warm``)
     def _all_variables(self) -> list[Any]:
@@ -513,12 +574,29 @@ class AstraTF(SessionBacked):
             self.hlo_instructions[kind], kind, self.graph_key, self.hlo_classes.get(kind, "")
         )
 
+    def compiles_in_line(self, kind: str) -> bool:
+        """Does a trial's XLA compile of ``kind`` run in the training step rather than beside it?
+        In line where no core is idle beside the training (``_session.idle_cores``) and a compile
+        of this very graph finished here before (its price is a measurement, not a guess that
+        the background's deadline must guard). Measured on keras-sublstm at 5,000 steps (load
+        ~4 on 2 cores, 2026-12-03): its compile took 1.28 s of wall beside the training, the run held 310 steps for it and reached its commit after 2.9 s,
+        where the static contender compiled the same step in line in 1.7 s: beside the training
+        on an oversubscribed machine a compile slows the steps beside it more than it costs in
+        the step (PyTorch's background worker stays off there too: ``_torch.spare_core``)."""
+        if not self.background:
+            return True
+        if self.cost_model is None or not self.graph_key:
+            return False
+        return self.cost_model.compiled_here(self.graph_key, kind) and _session.idle_cores() < 1.0
+
     def _compile_deadline_ms(self, kind: str) -> float:
         s = self.session
         base = s.base_ms if s.base_ms is not None else s.best_ms
         return compile_deadline_ms(self._price_ms(kind), self.total_steps - s.steps, base)
 
     def _observe_background_compile(self, kind: str, ms: float) -> None:
+        # Wall time (over the load): its CPU time would include the training's steps beside it,
+        # whose kernels run in TensorFlow's pool threads as the compile's do.
         if self.cost_model is not None and kind in self.hlo_instructions:
             self.cost_model.observe(
                 self.hlo_instructions[kind], ms, kind, self.graph_key, self.hlo_classes.get(kind, "")
@@ -537,7 +615,7 @@ class AstraTF(SessionBacked):
                 return self._pre_step(x, y)
             self._register(x, y)
         fn, kind = self._mode(self.session.values)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         failed = self.warmer.abandoned.get(id(fn), "") if self.warmer is not None else ""
         try:
             if failed:  # its compile was abandoned at its deadline: the trial fails, training goes on
@@ -550,8 +628,10 @@ class AstraTF(SessionBacked):
             loss = float(self.variant(False, False, False)(x, y).numpy())
         ms = (time.perf_counter() - t0) * 1e3
         if not failed:
-            self._observe_compile(fn, kind, ms)
+            self._observe_compile(fn, kind, ms, (time.process_time() - c0) * 1e3)
         self.session.record(ms, {}, failed)
+        if self.session.committed and not self._gain_learned:
+            self._learn_gain()
         if not failed and self.session.settled and self._mode(self.session.values)[0] is fn:
             self.direct = fn  # its compile observed; the explorer hands a settled session nothing
         return loss

@@ -38,6 +38,13 @@ _RATE_BOUNDS = (0.05, 200.0)
 _KEEP = 16  # latest samples kept per hardware id
 _KEEP_SIZES = 256  # models whose module sizes are remembered per hardware id
 _RATES_KEY = "ms_per_instruction_alone"  # rates as if alone on the machine (see ``observe``)
+# The same from compiles timed by the process's CPU time over an in-line compile (``observe(
+# cpu_ms=)``): a compile's own work, on every thread, whatever else ran on the machine. Preferred
+# where present (session of 2026-12-03 morning): the wall time divided by the load average of
+# compiles run in the background beside the training priced keras-sublstm's XLA at 0.44-2.4 s
+# alone (median 1.0 s). Not the compiling thread's CPU: XLA ran 0.44 of its 1.56 s of CPU there.
+_CPU_RATES_KEY = "ms_per_instruction_cpu"
+_CPU_GRAPHS_KEY = "graph_cpu_ms"
 
 
 def hlo_instruction_count(hlo_text: str) -> int:
@@ -153,6 +160,9 @@ class XlaCostModel:
         self._graphs: dict[str, dict[str, list[float]]] = {}
         self._floors: dict[str, dict[str, float]] = {}
         self._classes: dict[str, dict[str, str]] = {}
+        # The same two, from compiles timed by the process's CPU time (preferred; see observe).
+        self._cpu_samples: dict[str, list[float]] = {}
+        self._cpu_graphs: dict[str, dict[str, list[float]]] = {}
         self._load()
 
     def _read(self) -> dict[str, Any]:
@@ -168,25 +178,11 @@ class XlaCostModel:
         mine = self._read().get(self.hardware, {})
         # Rates alone on the machine (divided by the contention they were measured at); the
         # older "ms_per_instruction" (load not recorded) is not read: a host measures again.
-        kinds = mine.get(_RATES_KEY, {}) if isinstance(mine, dict) else {}
-        if not isinstance(kinds, dict):
-            kinds = {}
-        self._samples = {
-            str(k): [float(r) for r in v if isinstance(r, (int, float))][-_KEEP:]
-            for k, v in kinds.items()
-            if isinstance(v, list)
-        }
+        self._samples = _parse_samples(mine, _RATES_KEY)
+        self._cpu_samples = _parse_samples(mine, _CPU_RATES_KEY)
         self._sizes = _parse_sizes(mine.get("module_sizes") if isinstance(mine, dict) else None)
-        raw = mine.get("graph_ms_alone", {}) if isinstance(mine, dict) else {}
-        self._graphs = {
-            str(g): {
-                str(k): [float(x) for x in v if isinstance(x, (int, float))][-_KEEP:]
-                for k, v in kinds.items()
-                if isinstance(v, list)
-            }
-            for g, kinds in (raw.items() if isinstance(raw, dict) else ())
-            if isinstance(kinds, dict)
-        }
+        self._graphs = _parse_graphs(mine, "graph_ms_alone")
+        self._cpu_graphs = _parse_graphs(mine, _CPU_GRAPHS_KEY)
         raw = mine.get("module_classes", {}) if isinstance(mine, dict) else {}
         self._classes = {
             str(g): {str(k): str(v) for k, v in kinds.items() if isinstance(v, str)}
@@ -222,7 +218,8 @@ class XlaCostModel:
         return dict(self._classes.get(key, {}))
 
     def samples(self, kind: str = "loop", op_class: str = "") -> list[float]:
-        return list(self._samples.get(_bucket(kind, op_class), []))
+        b = _bucket(kind, op_class)
+        return list(self._cpu_samples.get(b) or self._samples.get(b, []))
 
     def rate(self, kind: str = "loop", op_class: str = "") -> float:
         """ms per HLO instruction for modules of ``kind`` (and of ``op_class``, see
@@ -232,7 +229,7 @@ class XlaCostModel:
         return self._rate_alone(kind, op_class) * _compile_costs.contention()
 
     def _rate_alone(self, kind: str, op_class: str) -> float:
-        got = self._samples.get(_bucket(kind, op_class))
+        got = self.samples(kind, op_class)
         # The cold prior too: it was measured with the 2 cores nearly to itself (load 1.4-5.5).
         return statistics.median(got) if got else self.cold_rate
 
@@ -250,31 +247,53 @@ class XlaCostModel:
         load now; ``at_load=False``: the compile alone on the machine, its work (what a compile
         in the background can take from the training beside it, see ``AstraTF.variables``)."""
         c = _compile_costs.contention() if at_load else 1.0
-        own = self._graphs.get(graph, {}).get(kind) if graph else None
+        own = self._own(graph, kind)
         ms = (statistics.median(own) if own else max(1, instructions) * self._rate_alone(kind, op_class)) * c
         floor = self._floors.get(graph, {}).get(kind) if graph else None
         return max(ms, floor * c) if floor else ms
 
+    def _own(self, graph: str, kind: str) -> list[float] | None:
+        """This graph's measured compiles of ``kind`` (ms alone): by CPU time where any was."""
+        if not graph:
+            return None
+        return self._cpu_graphs.get(graph, {}).get(kind) or self._graphs.get(graph, {}).get(kind)
+
+    def compiled_here(self, graph: str, kind: str) -> bool:
+        """Has a compile of this graph's ``kind`` module finished here (not only been abandoned)?"""
+        return bool(self._own(graph, kind))
+
     def measured(self, graph: str, kind: str) -> bool:
         """Has a compile of this graph's ``kind`` module been measured (or abandoned) here?"""
-        return bool(self._graphs.get(graph, {}).get(kind)) or kind in self._floors.get(graph, {})
+        return bool(self._own(graph, kind)) or kind in self._floors.get(graph, {})
 
     def observe(
-        self, instructions: int, compile_ms: float, kind: str = "loop", graph: str = "", op_class: str = ""
+        self,
+        instructions: int,
+        compile_ms: float,
+        kind: str = "loop",
+        graph: str = "",
+        op_class: str = "",
+        cpu_ms: float | None = None,
     ) -> bool:
-        """Record a measured compile (ms) of a ``kind`` module of ``instructions`` instructions
-        (of ``graph``, of ``op_class``); ``False`` if the sample was discarded as out of bounds."""
+        """Record a measured compile (ms of wall at today's load) of a ``kind`` module of
+        ``instructions`` instructions (of ``graph``, of ``op_class``); ``False`` if the sample
+        was discarded as out of bounds. ``cpu_ms``: the process's CPU time over the compile (in
+        line, nothing else running in the process), its work alone whatever else ran on the
+        machine, kept apart and preferred to the wall time divided by the load average."""
         if instructions <= 0 or not compile_ms > 0:
             return False
         r = compile_ms / instructions
         if not _RATE_BOUNDS[0] <= r <= _RATE_BOUNDS[1]:
             return False
-        c = _compile_costs.contention()
+        if cpu_ms is not None and cpu_ms > 0 and _RATE_BOUNDS[0] <= cpu_ms / instructions:
+            samples, graphs, alone = self._cpu_samples, self._cpu_graphs, cpu_ms
+        else:
+            samples, graphs, alone = self._samples, self._graphs, compile_ms / _compile_costs.contention()
         b = _bucket(kind, op_class)
-        self._samples[b] = (self._samples.get(b, []) + [r / c])[-_KEEP:]
+        samples[b] = (samples.get(b, []) + [alone / instructions])[-_KEEP:]
         if graph:
-            mine = self._graphs.setdefault(graph, {})
-            mine[kind] = (mine.get(kind, []) + [compile_ms / c])[-_KEEP:]
+            mine = graphs.setdefault(graph, {})
+            mine[kind] = (mine.get(kind, []) + [alone])[-_KEEP:]
             self._floors.get(graph, {}).pop(kind, None)  # measured: a lower bound says no more
         self._save()
         return True
@@ -305,11 +324,14 @@ class XlaCostModel:
                     sizes.pop(next(iter(sizes)))
                 self._sizes = sizes
                 graphs = _merge_graphs(old, "graph_ms_alone", self._graphs)
+                self._cpu_graphs = _merge_graphs(old, _CPU_GRAPHS_KEY, self._cpu_graphs)
                 floors = _merge_graphs(old, "graph_floor_ms_alone", self._floors)
                 classes = _merge_graphs(old, "module_classes", self._classes)
                 self._graphs, self._floors, self._classes = graphs, floors, classes
                 data[self.hardware] = {
                     _RATES_KEY: self._samples,
+                    _CPU_RATES_KEY: self._cpu_samples,
+                    _CPU_GRAPHS_KEY: self._cpu_graphs,
                     "module_sizes": sizes,
                     "graph_ms_alone": graphs,
                     "graph_floor_ms_alone": floors,
@@ -325,6 +347,30 @@ class XlaCostModel:
 
 def _bucket(kind: str, op_class: str) -> str:
     return f"{kind}|{op_class}" if op_class else kind
+
+
+def _parse_samples(mine: Any, field: str) -> dict[str, list[float]]:
+    """Rates per bucket as stored (the latest ``_KEEP``); malformed ones left out."""
+    raw = mine.get(field, {}) if isinstance(mine, dict) else {}
+    return {
+        str(k): [float(r) for r in v if isinstance(r, (int, float))][-_KEEP:]
+        for k, v in (raw.items() if isinstance(raw, dict) else ())
+        if isinstance(v, list)
+    }
+
+
+def _parse_graphs(mine: Any, field: str) -> dict[str, dict[str, list[float]]]:
+    """Per graph, per kind, the latest measured compiles (ms) as stored; malformed ones left out."""
+    raw = mine.get(field, {}) if isinstance(mine, dict) else {}
+    return {
+        str(g): {
+            str(k): [float(x) for x in v if isinstance(x, (int, float))][-_KEEP:]
+            for k, v in kinds.items()
+            if isinstance(v, list)
+        }
+        for g, kinds in (raw.items() if isinstance(raw, dict) else ())
+        if isinstance(kinds, dict)
+    }
 
 
 def _merge_graphs(old: Any, field: str, mine: dict[str, Any]) -> dict[str, Any]:

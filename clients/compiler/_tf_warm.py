@@ -102,13 +102,23 @@ class XlaWarmer:
     def ready(self, values: dict[str, str]) -> bool:
         fn, kind = self.owner._mode(values)
         fid = id(fn)
-        return (
+        if (
             not kind
             or fid in self.owner._called
             or fid in self.done
             or fid in self.abandoned
             or fid in self.inline
+        ):
+            return True
+        queued = (self._job is not None and self._job.fid == fid) or any(
+            id(self.owner._mode(v)[0]) == fid for v in self._queue
         )
+        if not queued and self.owner.compiles_in_line(kind):
+            # Its compile runs in the trial's first step (``AstraTF.compiles_in_line``).
+            self.inline.add(fid)
+            self.log.append({"values": dict(values), "kind": kind, "outcome": "in line"})
+            return True
+        return False
 
     def start(self, values: dict[str, str]) -> None:
         fid = id(self.owner._mode(values)[0])

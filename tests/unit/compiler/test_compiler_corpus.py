@@ -39,6 +39,10 @@ def test_corpus_case_reports_every_field_and_never_stops():
     assert m["inductor_cache"] == "fresh per contender"  # (the static compile's not microco's)
     assert m["stopped"] is False and not m["error"]
     assert m["loss_rel_diff"] < 1e-5  # same weights, same batch, as many steps
+    # The A/A control: a second eager instance, interleaved with the rest, against eager.
+    aa = m["aa"]
+    assert aa["eager_aa_ms"] > 0 and aa["ratio"] > 0 and aa["cpu_ratio"] > 0
+    assert set(m["cpu_ms"]) == {"eager", "static", "microco@40", "eager_aa"}
     assert set(m["runs"]) == {str(n) for n in RUN_LENGTHS}
     for r in m["runs"].values():
         cpu = r.pop("by_cpu")  # the same totals, the remaining steps at the CPU-time medians
@@ -62,6 +66,59 @@ def test_corpus_case_reports_every_field_and_never_stops():
     assert isinstance(rec["pruned"], list) and "probe" in rec
     # The second run over the same on-disk state starts from the commit: no exploration.
     assert m["rerun"]["committed_at_start"] and m["rerun"]["explore_steps"] == 0
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 6])
+def test_the_interleaving_puts_every_contender_after_every_other_equally_often(count):
+    """torch-transformer (issue 18, 2026-12-03): the runner rotated one order every round, which
+    keeps every contender's predecessor: the first microco instance always ran right after the
+    static compiler's steps, and measured the eager code it ran 1.10x eager's own. Now every
+    contender runs right after every other equally often, and in every position equally often."""
+    from collections import Counter
+
+    from microco.benchmarks.compiler_corpus import _interleaved
+
+    names = [f"c{i}" for i in range(count)]
+    seen: list[str] = []
+    fns = {k: (lambda k=k: seen.append(k)) for k in names}
+    _interleaved(fns, rounds=10, per_round=3)
+    blocks = seen[::4]
+    assert seen == [b for b in blocks for _ in range(4)]  # blocks of a settling step and 3 timed
+    assert len(blocks) % count == 0 and len(blocks) // count >= 10
+    rounds = [blocks[i : i + count] for i in range(0, len(blocks), count)]
+    assert all(sorted(r) == names for r in rounds)
+    after = Counter((a, b) for r in rounds for a, b in zip(r, r[1:]))
+    assert set(after) == {(a, b) for a in names for b in names if a != b}
+    assert len(set(after.values())) == 1  # each ordered pair equally often
+    for pos in range(count):
+        assert (
+            len(set(Counter(r[pos] for r in rounds).values())) == 1 and len({r[pos] for r in rounds}) == count
+        )
+
+
+def test_the_first_step_after_a_switch_is_not_timed(monkeypatch):
+    """The first step of a block pays for the contender before it (torch-transformer: 4-24% more
+    CPU right after the static compiler's step, up to 8% after another eager instance), which a run
+    of one model never pays: it runs untimed, and the medians are those of the steps after it."""
+    from microco.benchmarks import compiler_corpus as cc
+
+    class Clock:  # each step advances both clocks: 10 ms right after a switch, else 1 ms
+        now, last = 0.0, ""
+
+        def perf_counter(self):
+            return self.now
+
+        process_time = perf_counter
+
+    clock = Clock()
+    monkeypatch.setattr(cc, "time", clock)
+
+    def step(name):
+        clock.now += 0.010 if clock.last != name else 0.001
+        clock.last = name
+
+    ms, cpu = cc._interleaved({k: (lambda k=k: step(k)) for k in ("a", "b", "c")}, rounds=6, per_round=2)
+    assert ms == pytest.approx({"a": 1.0, "b": 1.0, "c": 1.0}) and cpu == ms
 
 
 def test_torchvision_imports_beside_a_cpu_torch():

@@ -216,15 +216,7 @@ def test_a_background_xla_compile_is_priced_at_its_work_alone_an_inline_one_at_t
     monkeypatch.setattr(_compile_costs, "contention", lambda: 1.0)
     assert cost.observe(1_000, 2_300.0, "unrolled", "g", "dot+while")  # measured alone: 2.3 s
     monkeypatch.setattr(_compile_costs, "contention", lambda: 4.0)  # the machine at load 8 on 2 cores
-    astra = AstraTF(
-        zt.make_model("gru", 4, 6),
-        tf.keras.optimizers.SGD(0.05),
-        zt.loss_fn,
-        LocalExplorer(),
-        total_steps=1_000,
-        cost_model=cost,
-        background=background,
-    )
+    astra = _gru_astra(cost_model=cost, background=background)
     astra.graph_key, astra.hlo_classes = "g", {"unrolled": "dot+while", "loop": "dot+while"}
     priors = {v.name: v.compile_prior_ms for v in astra.variables({"unrolled": 1_000, "loop": 400})}
     assert priors["xla"] == pytest.approx(2_300.0 * factor)
@@ -232,3 +224,86 @@ def test_a_background_xla_compile_is_priced_at_its_work_alone_an_inline_one_at_t
     # The deadline of a compile in the background is still on its wall time at the load.
     astra.hlo_instructions = {"unrolled": 1_000}
     assert astra._price_ms("unrolled") == pytest.approx(2_300.0 * 4.0)
+
+
+def test_an_xla_gain_measured_here_replaces_the_optimistic_expectation(tmp_path):
+    """keras-sublstm at 1,000 steps (issue 18, 2026-12-03): XLA ran 1.6x its plain step (2.52
+    against 1.56 ms of CPU) at 5,000 steps, but a run of 1,000 expected a quarter of its time
+    saved (0.63 s), below the compile's price, and stayed plain against a static XLA run 1.13x
+    faster. At a commit of an XLA choice its interleaved speedup is kept for the graph on this
+    host (as PyTorch's whole-step compiles), and a later run's core expects it."""
+    from dataclasses import replace
+
+    from microco.clients.compiler._tf import tf_hardware_id
+    from microco.clients.compiler.explore import GraphSpec, TrialReport, Variable, _core
+
+    astra = _gru_astra()
+    astra.graph_key = "g"
+    assert astra._measured_gain("xla") is None
+    # An earlier run committed XLA over the plain step after an interleaved A/B (2.52 vs 1.56 ms).
+    xla = Variable("xla", ("off", "on", "plain"), "", 3, compiles=True, compile_prior_ms=1.0)
+    spec = GraphSpec("fp", "(16, 16, 32)", "cpu", (xla,), "m", "tensorflow", 100_000)
+    explorer = LocalExplorer()
+    cfg = explorer.register(spec)
+    while not cfg.committed:
+        on = cfg.values["xla"] != "off"
+        cfg = explorer.report(spec.key, TrialReport(cfg.trial, [50.0] + [1.56 if on else 2.52] * 4))
+    assert cfg.values["xla"] != "off"
+    astra.session.explorer, astra.session.spec = explorer, spec
+    astra._learn_gain()
+    gain = astra.compile_costs.gain(tf_hardware_id(), "tf:xla", "g")
+    assert gain == pytest.approx(explorer.core.get(spec.key).speedup) and gain > 1.4
+    # The next run's variable carries it.
+    mine = next(v for v in astra.variables({"unrolled": 708, "loop": 300}) if v.name == "xla")
+    assert mine.measured_speedup == pytest.approx(gain)
+    # The core: XLA priced 0.8 s against 1,000 steps of 2.52 ms, tried only with the gain.
+    priced = replace(mine, compile_prior_ms=800.0)
+    state = _core.start(
+        GraphSpec("fp", "(16, 16, 32)", "cpu", (priced,), "m", "tensorflow", 1000), _core.ExplorationPolicy()
+    )
+    state.trials.append(_core.TrialRecord(0, {}, 0, "baseline", steps=[2.52] * 6, step_ms=2.52, done=True))
+    state.best = 0
+    why = {
+        g: _core._prune_reason(
+            state, _core.ExplorationPolicy(), "", [replace(priced, measured_speedup=g)], {"xla": "plain"}
+        )
+        for g in (gain, 0.0)
+    }
+    assert why[gain] == "" and "cannot repay" in why[0.0]
+
+
+def test_a_compile_measured_here_runs_in_line_where_no_core_is_idle(tmp_path, monkeypatch):
+    """keras-sublstm at 5,000 steps (2026-12-03, load ~4 on 2 cores): its XLA compile ran 1.28 s
+    of wall beside the training, the run held 310 steps for it and
+    committed after 2.9 s, against the static contender's 1.7 s compile in line (1.06x). Where
+    no core is idle and this graph's compile was measured here, the trial compiles in line,
+    priced at its wall time at the load; otherwise in the background, at its work alone."""
+    from microco.clients.compiler import _compile_costs, _session
+
+    cost = XlaCostModel("hw", tmp_path / "rate.json", cold_rate=1.0)
+    astra = _gru_astra(cost_model=cost)
+    astra.graph_key, astra.hlo_classes = "g", {"unrolled": "dot+while", "loop": "dot+while"}
+    monkeypatch.setattr(_compile_costs, "contention", lambda: 2.0)
+    monkeypatch.setattr(_session, "idle_cores", lambda: -1.0)
+    assert not astra.compiles_in_line("unrolled")  # never compiled here: the background's deadline
+    cost.observe_abandoned("g", "unrolled", 5_000.0)
+    assert not astra.compiles_in_line("unrolled")  # abandoned: a floor, not a measure
+    assert cost.observe(1_000, 1_300.0, "unrolled", "g", "dot+while", cpu_ms=280.0)
+    assert astra.compiles_in_line("unrolled") and not astra.compiles_in_line("loop")
+    priors = {v.name: v.compile_prior_ms for v in astra.variables({"unrolled": 1_000, "loop": 400})}
+    assert priors["xla"] == pytest.approx(280.0 * 2.0)  # in line: its work at the load
+    assert priors["xla_loop"] == pytest.approx(400.0 * 1.0)  # the background's: the rate alone
+    monkeypatch.setattr(_session, "idle_cores", lambda: 1.5)  # a core beside the training
+    assert not astra.compiles_in_line("unrolled")
+    assert astra.variables({"unrolled": 1_000})[-1].compile_prior_ms == pytest.approx(280.0)
+
+
+def _gru_astra(**kwargs):
+    return AstraTF(
+        zt.make_model("gru", 4, 6),
+        tf.keras.optimizers.SGD(0.05),
+        zt.loss_fn,
+        LocalExplorer(),
+        total_steps=1_000,
+        **kwargs,
+    )
