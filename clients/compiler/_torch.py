@@ -1335,6 +1335,12 @@ class AstraTorch(SessionBacked):
                     probe = self.whole_probe_ms.get(kind, 0.0)
                     warm = learned if learned is not None else probe + self.WHOLE_WARM_PRIOR_MS
                     prior = max(1.0, probe, warm)
+                    if kind in self._probe_unused:
+                        # The ask is paid and its loaded compile kept ready: trying it costs
+                        # what a load cost here beyond its ask (a sunk ask priced again pruned
+                        # hf-t5's hit at load 6.7: 6.5 s against 5.6 s saved, 1.68x eager;
+                        # issue 18, session of 2026-12-03 morning)
+                        prior = max(1.0, warm - probe)
                     learned = prior
                     # ... only for the configuration the probe ran: under another memory format
                     # or thread count Dynamo recompiles (tv-mobilenet, session 11: the hit priced

@@ -148,10 +148,13 @@ def test_astra_prices_the_whole_step_by_the_probe_and_keys_ignore_priors(
     model = zm.make_model("gru", 4, 4)
     astra, var = first_step(model)
     assert astra.whole_cache["plain"] == "hit" and var.prior_calibrated
-    # A load, priced as one (session 11): the lookup plus the warm load's prior while no load of
-    # this graph was measured here (before: the lookup alone, far below what the trial then cost).
+    # A load, priced as one (session 11: the lookup alone was far below what the trial then
+    # cost), and the ask already paid is not priced again (issue 18, 2026-12-03: a sunk ask in
+    # the price pruned hf-t5's hit): the warm load's prior while no load of this graph was
+    # measured here, beyond the lookup the probe ran.
     probe = astra.whole_probe_ms["plain"]
-    assert var.compile_prior_ms == pytest.approx(max(1.0, probe + AstraTorch.WHOLE_WARM_PRIOR_MS))
+    assert probe > 0
+    assert var.compile_prior_ms == pytest.approx(max(1.0, AstraTorch.WHOLE_WARM_PRIOR_MS))
     assert var.compile_prior_ms < cold_var.compile_prior_ms
     assert astra.spec().key == cold_astra.spec().key  # priors are not part of the key
     astra._set_whole_compile("plain")  # the trial: the probe's loaded compile, nothing rebuilt
