@@ -292,6 +292,44 @@ def test_a_compile_gain_measured_here_replaces_the_optimistic_expectation(tmp_pa
     assert "cannot repay" in _core._prune_reason(state, _core.ExplorationPolicy(), "", bound, combo)
 
 
+
+def test_a_compile_measured_slower_here_is_not_asked_for_again(tmp_path):
+    """torch-transformer (issue 18, session of 2026-12-03 morning): its compiled whole step ran
+    0.94x eager's, measured interleaved against the baseline at 5,000 steps, and was not
+    committed; only committed gains were kept, so the next run of 300 steps expected the
+    optimistic bound, asked the caches (a signal: the static contender had compiled the step),
+    loaded the compile, lost again and ran 1.30x eager's total. What an uncommitted compile was
+    measured to give is kept too, and expected by the next run."""
+    pytest.importorskip("torch")
+
+    from microco.clients.compiler._compile_costs import HostCompileCosts
+    from microco.clients.compiler.explore import GraphSpec, TrialReport
+
+    costs = HostCompileCosts(tmp_path / "costs.json")
+    a = _probing_astra(costs, 100_000)
+    step_ms = 10.0
+    assert a._optimistic_saving_ms(step_ms) > 0  # the bound: nothing measured here
+
+    # An earlier run tried the compiled step, A/B'd it against the baseline, and committed eager.
+    whole = Variable("model.compile", ("eager", "inductor"), "", 1, compiles=True, compile_prior_ms=1.0)
+    spec = GraphSpec("fp", "(4, 2)", "cpu", (whole,), "m", "torch", 100_000)
+    explorer = LocalExplorer()
+    cfg = explorer.register(spec)
+    while not cfg.committed:
+        on = cfg.values["model.compile"] == "inductor"
+        steps = [50.0] + [10.6 if on else 10.0] * 4
+        cfg = explorer.report(spec.key, TrialReport(cfg.trial, steps))
+    assert cfg.values["model.compile"] == "eager"
+    state = explorer.core.get(spec.key)
+    assert any(r["values"] == "model.compile=inductor" for r in state.confirm_log)  # it was measured
+    a.session.explorer, a.session.spec = explorer, spec
+    a._learn_gain()
+    gain = costs.gain(a._hw, "torch:whole:plain", a._cost_graph())
+    assert gain is not None and gain < 1.0
+    assert a._optimistic_saving_ms(step_ms) == 0.0  # nothing to gain: no ask, no trial
+    assert not a._worth_cache_probe(step_ms)
+
+
 def test_a_background_compile_is_priced_with_the_wait_for_its_worker(tmp_path):
     """The held-out models at 5,000 steps (issue 18, 2026-12-03), background compiles forced:
     Llama's worker compiled the plain step for 30 s wall (38 s the rewrite), DistilBERT's ran
