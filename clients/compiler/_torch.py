@@ -983,7 +983,9 @@ class AstraTorch(SessionBacked):
             values = dict(part.split("=", 1) for part in str(r["values"]).split(";") if "=" in part)
             lost = whole_kind(values)
             if lost:
-                self.compile_costs.record_gain(self._hw, f"torch:whole:{lost}", float(r["ratio"]), self._cost_graph())
+                self.compile_costs.record_gain(
+                    self._hw, f"torch:whole:{lost}", float(r["ratio"]), self._cost_graph()
+                )
 
     def _probe_price_ms(self) -> float:
         """What asking Inductor's caches for the whole step costs on this host (issue 18, third

@@ -292,7 +292,6 @@ def test_a_compile_gain_measured_here_replaces_the_optimistic_expectation(tmp_pa
     assert "cannot repay" in _core._prune_reason(state, _core.ExplorationPolicy(), "", bound, combo)
 
 
-
 def test_a_compile_measured_slower_here_is_not_asked_for_again(tmp_path):
     """torch-transformer (issue 18, session of 2026-12-03 morning): its compiled whole step ran
     0.94x eager's, measured interleaved against the baseline at 5,000 steps, and was not
