@@ -241,6 +241,23 @@ def test_probe_and_compile_priors_are_at_the_process_measured_slowdown(tmp_path)
     assert "cannot repay" in reason
 
 
+def _explored_whole_compile(compiled_ms, eager_ms):
+    """An earlier run's exploration of the whole-step compile, to its commit: the compiled step
+    at ``compiled_ms`` a step, eager at ``eager_ms`` (an interleaved A/B decides)."""
+    from microco.clients.compiler.explore import GraphSpec, TrialReport
+
+    whole = Variable("model.compile", ("eager", "inductor"), "", 1, compiles=True, compile_prior_ms=1.0)
+    spec = GraphSpec("fp", "(4, 2)", "cpu", (whole,), "m", "torch", 100_000)
+    explorer = LocalExplorer()
+    cfg = explorer.register(spec)
+    while not cfg.committed:
+        on = cfg.values["model.compile"] == "inductor"
+        cfg = explorer.report(
+            spec.key, TrialReport(cfg.trial, [50.0] + [compiled_ms if on else eager_ms] * 4)
+        )
+    return explorer, spec
+
+
 def test_a_compile_gain_measured_here_replaces_the_optimistic_expectation(tmp_path):
     """hf-t5 at 1,000 steps (issue 18, session of 2026-12-03): its compiled whole step ran 1.83x
     interleaved at 5,000 steps, but a run of 1,000 expected a quarter of its 13.5 s saved (twice
@@ -253,7 +270,7 @@ def test_a_compile_gain_measured_here_replaces_the_optimistic_expectation(tmp_pa
 
     from microco.clients.compiler._compile_costs import HostCompileCosts
     from microco.clients.compiler._torch import AstraTorch
-    from microco.clients.compiler.explore import GraphSpec, TrialReport, _core
+    from microco.clients.compiler.explore import GraphSpec, _core
 
     costs = HostCompileCosts(tmp_path / "costs.json")
     a = _probing_astra(costs, 1000)
@@ -263,15 +280,8 @@ def test_a_compile_gain_measured_here_replaces_the_optimistic_expectation(tmp_pa
     assert not a._worth_cache_probe(step_ms)  # 3.4 s expected < 4 s
 
     # An earlier run committed the compiled step after an interleaved A/B (10 against 5.5 ms).
-    whole = Variable("model.compile", ("eager", "inductor"), "", 1, compiles=True, compile_prior_ms=1.0)
-    spec = GraphSpec("fp", "(4, 2)", "cpu", (whole,), "m", "torch", 100_000)
-    explorer = LocalExplorer()
-    cfg = explorer.register(spec)
-    while not cfg.committed:
-        on = cfg.values["model.compile"] == "inductor"
-        steps = [50.0] + [5.5 if on else 10.0] * 4
-        cfg = explorer.report(spec.key, TrialReport(cfg.trial, steps))
-    assert cfg.values["model.compile"] == "inductor"
+    explorer, spec = _explored_whole_compile(compiled_ms=5.5, eager_ms=10.0)
+    assert explorer.core.get(spec.key).best_values["model.compile"] == "inductor"
     a.session.explorer, a.session.spec = explorer, spec
     a._learn_gain()
     gain = costs.gain(a._hw, "torch:whole:plain", a._cost_graph())
@@ -302,7 +312,6 @@ def test_a_compile_measured_slower_here_is_not_asked_for_again(tmp_path):
     pytest.importorskip("torch")
 
     from microco.clients.compiler._compile_costs import HostCompileCosts
-    from microco.clients.compiler.explore import GraphSpec, TrialReport
 
     costs = HostCompileCosts(tmp_path / "costs.json")
     a = _probing_astra(costs, 100_000)
@@ -310,15 +319,8 @@ def test_a_compile_measured_slower_here_is_not_asked_for_again(tmp_path):
     assert a._optimistic_saving_ms(step_ms) > 0  # the bound: nothing measured here
 
     # An earlier run tried the compiled step, A/B'd it against the baseline, and committed eager.
-    whole = Variable("model.compile", ("eager", "inductor"), "", 1, compiles=True, compile_prior_ms=1.0)
-    spec = GraphSpec("fp", "(4, 2)", "cpu", (whole,), "m", "torch", 100_000)
-    explorer = LocalExplorer()
-    cfg = explorer.register(spec)
-    while not cfg.committed:
-        on = cfg.values["model.compile"] == "inductor"
-        steps = [50.0] + [10.6 if on else 10.0] * 4
-        cfg = explorer.report(spec.key, TrialReport(cfg.trial, steps))
-    assert cfg.values["model.compile"] == "eager"
+    explorer, spec = _explored_whole_compile(compiled_ms=10.6, eager_ms=10.0)
+    assert explorer.core.get(spec.key).best_values["model.compile"] == "eager"
     state = explorer.core.get(spec.key)
     assert any(r["values"] == "model.compile=inductor" for r in state.confirm_log)  # it was measured
     a.session.explorer, a.session.spec = explorer, spec
