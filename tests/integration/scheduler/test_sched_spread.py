@@ -127,7 +127,9 @@ def test_spread_job_is_consolidated_and_continues(agents, etcd_endpoint, etcd_kv
         )
         assert rec["ranks"] == [] and sorted(rec["devices"]) == ["n3/0", "n3/1"] and rec["attempt"] == 3
         left_at = rec["checkpoint_step"]
-        assert left_at >= 30
+        # it trained on after its restore before it moved (a bound of 30 steps here was a
+        # figure of the machine's speed: 28 in a CI run of 2026-12-03)
+        assert left_at > p0.restored_from_step
         p = wait_for(
             lambda: [
                 p for p in d.list_processes(d.nodes()["n3"]["address"]) if p.job_id == j and p.job_state
