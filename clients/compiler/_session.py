@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Protocol
+from typing import Any, Protocol
 
 from microco.clients.compiler.explore.types import HOLD_TRIAL, LOAD_DEPENDENT, Config, GraphSpec, TrialReport
 
@@ -385,6 +385,18 @@ class SessionBacked:
     about its exploration; the wrapper holds its ``ExplorationSession`` as ``self.session``."""
 
     session: ExplorationSession
+
+    def _explored_state(self) -> Any:
+        """This graph's exploration state (``explore._core.Exploration``), where the explorer runs
+        in this process (``LocalExplorer.core``); None where it does not show it (a remote one)
+        or keeps none."""
+        core, spec = getattr(self.session.explorer, "core", None), self.session.spec
+        if core is None or spec is None:
+            return None
+        try:
+            return core.get(spec.key)
+        except Exception:  # noqa: BLE001 - no state kept
+            return None
 
     @property
     def config(self) -> dict[str, str]:

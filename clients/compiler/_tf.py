@@ -547,13 +547,9 @@ class AstraTF(SessionBacked):
         plain against a static XLA run 1.13x faster). As PyTorch's whole-step compiles
         (``AstraTorch._learn_gain``); only an in-process explorer shows its state."""
         self._gain_learned = True
-        core, spec = getattr(self.session.explorer, "core", None), self.session.spec
-        if core is None or spec is None or not self.graph_key:
-            return
-        try:
-            state = core.get(spec.key)
-        except Exception:  # noqa: BLE001 - no state kept: nothing learned
-            return
+        state = self._explored_state()
+        if state is None or not self.graph_key:
+            return  # nothing learned
         values = state.best_values
         on = [n for n in self.XLA_CHOICES if values.get(n, "off") != "off"]
         if on and state.interleaved is not None:

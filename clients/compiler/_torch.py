@@ -962,13 +962,9 @@ class AstraTorch(SessionBacked):
         1,000 expected a quarter of its time saved, 1.33x, and ran eager code against a static
         compiler that loaded the same compile). Only an explorer in this process shows its
         state (``LocalExplorer.core``); a remote one keeps the bound."""
-        core, spec = getattr(self.session.explorer, "core", None), self.session.spec
-        if core is None or spec is None:
-            return
-        try:
-            state = core.get(spec.key)
-        except Exception:  # noqa: BLE001 - no state kept: nothing learned
-            return
+        state = self._explored_state()
+        if state is None:
+            return  # nothing learned
         kind = whole_kind(state.best_values)
         if kind and state.interleaved is not None:
             self.compile_costs.record_gain(self._hw, f"torch:whole:{kind}", state.speedup, self._cost_graph())
@@ -976,13 +972,10 @@ class AstraTorch(SessionBacked):
         # committed gave: the next run expects that, not the optimistic bound (issue 18, session
         # of 2026-12-03 morning: torch-transformer's compiled step ran 0.94x eager's at 5,000
         # steps; the next run of 300 asked the cache on the bound, loaded it and lost 0.38 s, 1.30x)
-        best = ";".join(f"{k}={v}" for k, v in sorted(state.best_values.items()))
         for r in state.confirm_log:
-            if r.get("values") == best or not r.get("pairs"):
-                continue
-            values = dict(part.split("=", 1) for part in str(r["values"]).split(";") if "=" in part)
+            values = state.trials[r["best"]].values
             lost = whole_kind(values)
-            if lost:
+            if lost and r.get("pairs") and values != state.best_values:
                 self.compile_costs.record_gain(
                     self._hw, f"torch:whole:{lost}", float(r["ratio"]), self._cost_graph()
                 )
