@@ -41,6 +41,9 @@ from typing import Any
 
 RUN_LENGTHS = (300, 1000, 5000)
 AA = "eager_aa"  # the A/A control: a second eager instance, built last (``bench_case``)
+# A variable's value that is the model as built (left out of a reported configuration, so that
+# ``nothing_to_do`` still means "nothing but a thread count")
+AS_BUILT = ("off", "eager", "loop")
 # Corpus models not built in this process, with the reason (a missing optional package).
 SKIPPED: dict[str, str] = {}
 TORCHVISION_MODELS = ("tv-resnet18", "tv-mobilenet-v3-small", "tv-vit-tiny")
@@ -655,13 +658,13 @@ def bench_case(
                 "s": round(r["explore_s"], 3),
                 "committed": r["committed"],
                 "wrapper_us": r["wrapper_us"],  # CPU per step of the committed wrapper, beyond the step
-                "config": {k: v for k, v in r["astra"].config.items() if v not in ("off", "eager", "loop")},
+                "config": {k: v for k, v in r["astra"].config.items() if v not in AS_BUILT},
                 "trials": r["trials"],
             }
             for n, r in explored.items()
         },
         committed=last["committed"],
-        config={k: v for k, v in astra.config.items() if v not in ("off", "eager", "loop")},
+        config={k: v for k, v in astra.config.items() if v not in AS_BUILT},
         variables=[v.name for v in spec.variables] if spec is not None else [],
         structure=adapter["structure"](astra),
         interleaved_speedup=round(state.speedup, 3) if state is not None else None,
