@@ -6,9 +6,17 @@ from __future__ import annotations
 import logging
 import math
 import os
+from statistics import median as _median
 from typing import Any, Protocol
 
-from microco.clients.compiler.explore.types import HOLD_TRIAL, LOAD_DEPENDENT, Config, GraphSpec, TrialReport
+from microco.clients.compiler.explore.types import (
+    HOLD_TRIAL,
+    LOAD_DEPENDENT,
+    Config,
+    GraphSpec,
+    TrialReport,
+    excess_ms,
+)
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +116,7 @@ class ExplorationSession:
         self._deferred: list[dict[str, str]] = []
         self.retry_every = retry_every
         self.best_ms = math.inf  # fastest measured step of any finished trial this session ran
+        self.best_cpu_ms = math.inf  # ... in thread CPU time (where its trial carried it)
         self.spec: GraphSpec | None = None
         self.current: Config | None = None
         self.lost = False
@@ -128,8 +137,10 @@ class ExplorationSession:
         # far cheaper than the first compile), so the explorer prices compiles by real costs.
         self._warm_report = False
         # The baseline's typical step (median of its measured steps) and what the trials run
-        # since cost beyond it: the run's exploration cost, as the core counts it.
+        # since cost beyond it: the run's exploration cost, as the core counts it (by thread CPU
+        # time where the steps carry it: ``types.excess_ms``).
         self.base_ms: float | None = None
+        self.base_cpu_ms: float | None = None
         self.excess_ms = 0.0
 
     @property
@@ -315,7 +326,13 @@ class ExplorationSession:
         if failed:
             self._failed = failed
         judged = len(self._times) >= (1 if not may_compile else 2)
-        hopeless = judged and min(self._times) > self.abort_factor * self.best_ms
+        # (not for a stall: where every step carries its thread CPU time, that must say so too)
+        cpu_known = all(math.isfinite(c) for c in self._cpu) and math.isfinite(self.best_cpu_ms)
+        hopeless = (
+            judged
+            and min(self._times) > self.abort_factor * self.best_ms
+            and (not cpu_known or min(self._cpu) > self.abort_factor * self.best_cpu_ms)
+        )
         if len(self._times) < cur.steps and not (
             failed or math.isnan(step_ms) or hopeless or self._over_cost(cur, may_compile)
         ):
@@ -337,6 +354,8 @@ class ExplorationSession:
         )
         if not bad and len(report.step_ms) > 1:
             self.best_ms = min(self.best_ms, min(report.step_ms[1:]))
+            if len(report.step_cpu_ms) > 1:
+                self.best_cpu_ms = min(self.best_cpu_ms, min(report.step_cpu_ms[1:]))
         self._account_cost(cur, report)
         self._reset_trial()
         self.trials_run += 1
@@ -358,10 +377,12 @@ class ExplorationSession:
         if self.base_ms is None or self._is_baseline(cur.values):
             return False
         compiles = may_compile or (self.spec is not None and bool(compiled_choices(self.spec, cur.values)))
-        measured = self._times[1:] if compiles else self._times
+        skip = 1 if compiles else 0
+        measured = self._times[skip:]
         if not measured or any(math.isnan(t) for t in measured):
             return False
-        trial = sum(measured) - len(measured) * self.base_ms
+        cpu = self._cpu[skip:] if all(math.isfinite(c) for c in self._cpu) else []
+        trial = excess_ms(measured, cpu, self.base_ms, self.base_cpu_ms)
         return trial > 0 and self.excess_ms + trial > self.cost_budget_ms()
 
     def _account_cost(self, cur: Config, report: TrialReport) -> None:
@@ -370,14 +391,16 @@ class ExplorationSession:
             return
         if self._is_baseline(cur.values):
             if self.base_ms is None:
-                measured = sorted(steps[1:] if len(steps) > 1 else steps)
-                n = len(measured)
-                self.base_ms = measured[n // 2] if n % 2 else 0.5 * (measured[n // 2 - 1] + measured[n // 2])
+                self.base_ms = _median(steps[1:] if len(steps) > 1 else steps)
+                cpu = report.step_cpu_ms
+                self.base_cpu_ms = _median(cpu[1:] if len(cpu) > 1 else cpu) if cpu else None
             return
         if self.base_ms is not None:
-            if self.spec is not None and compiled_choices(self.spec, cur.values):
-                steps = steps[1:]  # a compile's warm-up: priced by what it can save (the core)
-            self.excess_ms += sum(steps) - len(steps) * self.base_ms
+            # a compile's warm-up is priced by what it can save (the core)
+            skip = 1 if self.spec is not None and compiled_choices(self.spec, cur.values) else 0
+            self.excess_ms += excess_ms(
+                steps[skip:], report.step_cpu_ms[skip:], self.base_ms, self.base_cpu_ms
+            )
 
 
 class SessionBacked:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .types import HOLD_TRIAL, LOAD_DEPENDENT, Config, GraphSpec, TrialReport, Variable
+from .types import HOLD_TRIAL, LOAD_DEPENDENT, Config, GraphSpec, TrialReport, Variable, excess_ms
 
 # What one compile costs before anything was measured (ms); replaced by measurements. Torch:
 # one cell region's forward and backward through Inductor's graph compiler, measured 3-16 s on
@@ -936,18 +936,26 @@ def base_step_ms(state: Exploration) -> float | None:
 def explore_excess_ms(state: Exploration) -> float:
     """What this run's trials cost beyond the baseline's speed: for every finished trial since
     the run's exploration (re)started, the sum of its steps minus as many baseline steps (a
-    faster trial counts negative: it saved time). The warm-up step of a trial that compiles is
+    faster trial counts negative: it saved time; judged by thread CPU time where the steps carry
+    it: ``types.excess_ms``). The warm-up step of a trial that compiles is
     left out: its compile was priced against what it can save (``_prune_reason``), and counting
     it here too would let one compile that pays stop every later trial."""
     base = base_step_ms(state)
     if base is None:
         return 0.0
+    base_cpu = _typical_cpu_ms(state.baseline) if state.baseline is not None else None
     out = 0.0
     for t in state.trials[state.run_first :]:
         if t.done and t.kind != "baseline" and t.steps:
-            steps = t.steps[1:] if compiled_choices(state.spec, t.values) else t.steps
-            out += sum(steps) - len(steps) * base
+            skip = 1 if compiled_choices(state.spec, t.values) else 0
+            out += excess_ms(t.steps[skip:], t.cpu_steps[skip:], base, base_cpu)
     return out
+
+
+def _typical_cpu_ms(t: TrialRecord) -> float | None:
+    """A trial's typical measured step in thread CPU time (median; None where not measured)."""
+    measured = t.cpu_steps[1:] if len(t.cpu_steps) > 1 else t.cpu_steps
+    return _median(measured) if measured else None
 
 
 def cost_budget_ms(state: Exploration, policy: ExplorationPolicy) -> float:

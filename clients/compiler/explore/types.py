@@ -165,3 +165,16 @@ class TrialReport:
     # out the time other processes held the core. On the gRPC wire too
     # (``ReportTimingsRequest.step_cpu_ms``): a remote explorer judges as a local one does.
     step_cpu_ms: list[float] = field(default_factory=list)
+
+
+def excess_ms(steps: list[float], cpu: list[float], base_ms: float, base_cpu_ms: float | None) -> float:
+    """What ``steps`` cost the run beyond as many steps at the baseline's ``base_ms``. Where every
+    step carries its thread CPU time (``cpu``, as long as ``steps``) and the baseline's typical
+    CPU step is known (``base_cpu_ms``), each step is judged by it, as the interleaved A/B is,
+    and expressed at the baseline's wall speed: ``(cpu / base_cpu - 1) x base_ms``. A step that
+    waited while other processes held the core (a 100 ms stall beside a 3 ms step on a busy
+    machine) is not the configuration's cost; counted in wall time, one such stall spent a
+    whole run's exploration budget (0.03 x 400 steps x 2.8 ms = 34 ms) after one trial."""
+    if base_cpu_ms is not None and base_cpu_ms > 0 and cpu and len(cpu) == len(steps):
+        return sum((c / base_cpu_ms - 1.0) * base_ms for c in cpu)
+    return sum(steps) - len(steps) * base_ms

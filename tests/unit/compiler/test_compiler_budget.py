@@ -146,6 +146,59 @@ def test_the_core_counts_the_runs_cost_and_stops_planning_when_it_is_spent():
     assert not cfg.committed
 
 
+def test_a_stall_of_other_processes_is_not_counted_as_a_trials_cost():
+    """CI's case (stop 33): a 100 ms step of a trial whose thread ran 3 ms of it (other processes
+    held the core) spent the run's whole budget in wall time, and the exploration committed after
+    one trial. Judged by the steps' thread CPU time, the stall is not the trial's; without CPU
+    times the wall time is all there is, and it still counts."""
+    policy = ExplorationPolicy(measure_steps=2, retime_rounds=0)
+    spec = _spec(100, 1e9)
+
+    def run(cpu: bool):
+        state = _core.start(spec, policy)
+        cfg = _core.next_config(state, policy)
+        base = [10.0, 10.0, 10.0]
+        cfg = _core.report(state, _core.TrialReport(cfg.trial, base, step_cpu_ms=base if cpu else []), policy)
+        wall, own = [10.0, 110.0, 10.0], [10.0, 10.5, 10.0]
+        cfg = _core.report(state, _core.TrialReport(cfg.trial, wall, step_cpu_ms=own if cpu else []), policy)
+        return state, cfg
+
+    state, cfg = run(cpu=True)
+    assert _core.explore_excess_ms(state) == pytest.approx(0.5)  # 10.5 / 10 - 1, at 10 ms a step
+    assert not cfg.committed and not state.pruned
+    state, cfg = run(cpu=False)
+    assert _core.explore_excess_ms(state) == pytest.approx(100.0) and cfg.committed
+
+
+def test_the_client_does_not_cut_a_trial_for_a_stall_its_thread_did_not_run():
+    class _Explorer:
+        def __init__(self):
+            self.reports = []
+
+        def register(self, spec):
+            return _core.Config(
+                spec.key, {"threads": "1", "r.hoist": "off", "model.compile": "eager"}, 0, steps=4
+            )
+
+        def report(self, key, rep):
+            self.reports.append(rep)
+            return _core.Config(key, {"threads": "1", "r.hoist": "on", "model.compile": "eager"}, 1, steps=4)
+
+    ex = _Explorer()
+    s = ExplorationSession(ex)
+    s.register(_spec(100, 1e9))
+    for _ in range(4):
+        s.record(10.0, {}, may_compile=False, cpu_ms=10.0)
+    assert s.base_ms == 10.0 and s.base_cpu_ms == 10.0 and s.cost_budget_ms() == pytest.approx(30.0)
+    s.record(110.0, {}, may_compile=False, cpu_ms=10.0)  # waited 100 ms for the core: not cut
+    assert len(ex.reports) == 1
+    for _ in range(3):
+        s.record(10.0, {}, may_compile=False, cpu_ms=11.0)
+    assert len(ex.reports) == 2 and s.excess_ms == pytest.approx(3.0)
+    s.record(110.0, {}, may_compile=False)  # no CPU time for this step: its wall time counts
+    assert len(ex.reports) == 3
+
+
 def test_the_client_cuts_a_trial_that_would_overrun_the_budget():
     class _Explorer:
         def __init__(self):
