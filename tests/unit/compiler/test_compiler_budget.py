@@ -170,21 +170,28 @@ def test_a_stall_of_other_processes_is_not_counted_as_a_trials_cost():
     assert _core.explore_excess_ms(state) == pytest.approx(100.0) and cfg.committed
 
 
+class _ScriptedExplorer:
+    """Hands out the baseline for ``steps`` steps, then each of ``trials`` (changes from the
+    baseline) in turn, then commits the baseline; keeps the reports it gets."""
+
+    BASE = {"threads": "1", "r.hoist": "off", "model.compile": "eager"}
+
+    def __init__(self, steps, trials):
+        self.steps, self.trials, self.reports = steps, trials, []
+
+    def register(self, spec):
+        return _core.Config(spec.key, dict(self.BASE), 0, steps=self.steps)
+
+    def report(self, key, rep):
+        self.reports.append(rep)
+        n = len(self.reports)
+        if n <= len(self.trials):
+            return _core.Config(key, {**self.BASE, **self.trials[n - 1]}, n, steps=self.steps)
+        return _core.Config(key, dict(self.BASE), -1, True)
+
+
 def test_the_client_does_not_cut_a_trial_for_a_stall_its_thread_did_not_run():
-    class _Explorer:
-        def __init__(self):
-            self.reports = []
-
-        def register(self, spec):
-            return _core.Config(
-                spec.key, {"threads": "1", "r.hoist": "off", "model.compile": "eager"}, 0, steps=4
-            )
-
-        def report(self, key, rep):
-            self.reports.append(rep)
-            return _core.Config(key, {"threads": "1", "r.hoist": "on", "model.compile": "eager"}, 1, steps=4)
-
-    ex = _Explorer()
+    ex = _ScriptedExplorer(4, [{"r.hoist": "on"}] * 3)
     s = ExplorationSession(ex)
     s.register(_spec(100, 1e9))
     for _ in range(4):
@@ -200,24 +207,7 @@ def test_the_client_does_not_cut_a_trial_for_a_stall_its_thread_did_not_run():
 
 
 def test_the_client_cuts_a_trial_that_would_overrun_the_budget():
-    class _Explorer:
-        def __init__(self):
-            self.reports = []
-
-        def register(self, spec):
-            return _core.Config(
-                spec.key, {"threads": "1", "r.hoist": "off", "model.compile": "eager"}, 0, steps=6
-            )
-
-        def report(self, key, rep):
-            self.reports.append(rep)
-            if len(self.reports) == 1:
-                return _core.Config(
-                    key, {"threads": "2", "r.hoist": "off", "model.compile": "eager"}, 1, steps=6
-                )
-            return _core.Config(key, {"threads": "1", "r.hoist": "off", "model.compile": "eager"}, -1, True)
-
-    ex = _Explorer()
+    ex = _ScriptedExplorer(6, [{"threads": "2"}])
     s = ExplorationSession(ex)
     s.register(_spec(100, 1e9))
     for _ in range(6):
