@@ -124,11 +124,13 @@ class HostCompileCosts:
         warm: bool = False,
         floor: bool = False,
         ask: float | None = None,
+        step: float = 0.0,
     ) -> None:
         """Keep one measured compile of ``kind`` (``size``: nodes of the graph compiled, 0 unknown;
         ``graph``: which graph, see :meth:`estimate`; ``warm``: the compile was served by the
         compiler's caches, a load and not a compile; ``ask``: of a load's ``ms``, what the ask
-        that found it in the caches cost, 0 where none did, see :meth:`warm_load`)."""
+        that found it in the caches cost, 0 where none did, see :meth:`warm_load`; ``step``: the
+        eager step's ms of the graph traced, see :meth:`per_step`)."""
         if not ms > 0:
             return
         data = self._load()
@@ -147,6 +149,8 @@ class HostCompileCosts:
             row["floor"] = True  # abandoned at its deadline after ``ms``: it costs at least that
         if ask is not None:
             row["ask"] = float(ask)
+        if step > 0:
+            row["step"] = float(step)
         rows.append(row)
         del rows[:-KEEP]
         self._save(data)
@@ -237,6 +241,22 @@ class HostCompileCosts:
         if size > 0 and sized:
             return _median(sized) * size
         return _median([ms for ms, _ in beyond])
+
+    def per_step(self, hardware: str, kind: str, step_ms: float) -> float | None:
+        """A trace of a graph never traced here (``kind``: a cache ask, a capture), priced by the
+        other graphs' traces here relative to their eager step (``step``, timed beside it, so at
+        its load): the median ratio times ``step_ms``, this graph's step now (issue 18, session
+        22: dynamo's trace walks the Python the eager step runs; measured here 150-220 steps a
+        trace on four models where the traces themselves ran 0.8-4.5 s). None: no trace here
+        recorded its step."""
+        if not step_ms > 0:
+            return None
+        ratios = [
+            float(r["ms"]) / float(r["step"])
+            for r in self.measurements(hardware, kind)
+            if isinstance(r.get("step"), (int, float)) and r["step"] > 0 and not r.get("floor")
+        ]
+        return _median(ratios) * step_ms if ratios else None
 
     def last_size(self, hardware: str, kind: str, graph: str) -> int:
         """The size (nodes) ``graph``'s last measurement of ``kind`` here had; 0: none known."""

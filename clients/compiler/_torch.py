@@ -1009,19 +1009,27 @@ class AstraTorch(SessionBacked):
 
     def _probe_price_ms(self) -> float:
         """What asking Inductor's caches for the whole step costs on this host (issue 18, third
-        session of 2026-12-02): this graph's asks measured here, else the median of every ask
-        measured here, both at today's load; else ``WHOLE_WARM_PRIOR_MS``. With the flat 3 s a run
+        session of 2026-12-02): this graph's asks measured here, else (``_traced_price_ms``) the
+        other graphs' asks here per step of their eager step, else their median; else
+        ``WHOLE_WARM_PRIOR_MS``. With the flat 3 s a run
         of 5,000 steps of 10 ms never asked, and hf-bert's and tv-vit-tiny's whole steps, in the
         caches and paying at 5,000 steps, were priced cold and not tried."""
         return self._traced_price_ms(self.PROBE_KIND)
 
     def _traced_price_ms(self, kind: str) -> float:
-        """A trace of the step (``kind``: a cache ask, a capture): this graph's measured here,
-        else the median of every one measured here, both at today's load; else the prior
+        """A trace of the step (``kind``: a cache ask, a capture): this graph's measured here, at
+        today's load; else the other graphs' traces here, per step of their eager step (at their
+        load) times this graph's probe step (at today's); else the median of every one measured
+        here, at today's load; else the prior
         (``WHOLE_WARM_PRIOR_MS``, plus ``FIRST_TRACE_PRIOR_MS`` where nothing has traced in this
         process yet) at this process's measured slowdown (issue 18, evening of 2026-12-02: at a
         slowdown of 6 an ask priced 3 s took 26 s and a capture 35 s)."""
         own = self.compile_costs.estimate(self._hw, kind, graph=self._cost_graph())
+        if own is None:
+            # (another graph's trace costs what its size does: the eager step says this one's
+            # before it is traced, ``HostCompileCosts.per_step``; a median across graphs priced
+            # DistilBERT's ask by hf-t5's twelve, 2.4 s against its own 0.8 s)
+            own = self.compile_costs.per_step(self._hw, kind, self._probe_step_ms)
         if own is None:
             own = self.compile_costs.estimate(self._hw, kind)
         if own is not None:
@@ -1108,7 +1116,12 @@ class AstraTorch(SessionBacked):
         # a forward that raised asked nothing, in a millisecond: not a price)
         if asked:
             self.compile_costs.record(
-                self._hw, self.PROBE_KIND, self.whole_probe_ms[kind], backend.nodes, graph=self._cost_graph()
+                self._hw,
+                self.PROBE_KIND,
+                self.whole_probe_ms[kind],
+                backend.nodes,
+                graph=self._cost_graph(),
+                step=self._probe_step_ms,
             )
         backend.cache_only = False  # from now on (a recompile for new guards), Inductor proper
         backend.deadline = self._deadline  # ... under the trial's deadline
@@ -1581,7 +1594,9 @@ class AstraTorch(SessionBacked):
         ms = (time.perf_counter() - started) * 1e3
         self._probe_spent_ms += ms
         if counts:  # what capturing cost here: the next capture's price
-            self.compile_costs.record(self._hw, self.CAPTURE_KIND, ms, graph=self._cost_graph())
+            self.compile_costs.record(
+                self._hw, self.CAPTURE_KIND, ms, graph=self._cost_graph(), step=self._probe_step_ms
+            )
         return sum(counts)
 
     # -- compile costs learned on this host (issue 18)

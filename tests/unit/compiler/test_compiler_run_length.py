@@ -222,6 +222,31 @@ def test_a_signalled_ask_is_priced_by_the_loads_measured_here(tmp_path):
     assert not a._worth_cache_probe(step_ms)
 
 
+def test_an_ask_never_made_for_this_graph_is_priced_by_its_eager_step(tmp_path):
+    """DistilBERT at 1,000 steps (issue 18, session 22): its step was never asked for here, and
+    its ask was priced at the median of every ask this host had measured, twelve of hf-t5's
+    among them: 2.4 s against its own 0.8 s, above what the run could save. Asks of other graphs
+    are taken per step of their eager step (dynamo's trace walks the step's Python), times this
+    graph's step; this graph's own asks first; the median only where no ask kept its step."""
+    pytest.importorskip("torch")
+    from microco.clients.compiler._compile_costs import HostCompileCosts
+    from microco.clients.compiler._torch import AstraTorch
+
+    costs = HostCompileCosts(tmp_path / "costs.json")
+    a = _probing_astra(costs, 1000)
+    a._probe_step_ms = 4.0
+    hw = a._hw
+    for _ in range(3):  # the median of every ask: 4.5 s
+        costs.record(hw, AstraTorch.PROBE_KIND, 4500.0, graph="big")
+    assert a._probe_price_ms() == pytest.approx(4500.0)
+    costs.record(hw, AstraTorch.PROBE_KIND, 4600.0, graph="big", step=23.0)  # 200 steps an ask
+    costs.record(hw, AstraTorch.PROBE_KIND, 900.0, graph="small", step=5.0)  # 180
+    costs.record(hw, AstraTorch.PROBE_KIND, 2200.0, graph="mid", step=10.0)  # 220
+    assert a._probe_price_ms() == pytest.approx(800.0)  # 200 steps of 4 ms
+    costs.record(hw, AstraTorch.PROBE_KIND, 300.0, graph=a._cost_graph(), step=4.0)  # its own
+    assert a._probe_price_ms() == pytest.approx(300.0)
+
+
 def _probing_astra(costs, n):
     """A wrapper over a tiny model, told it runs ``n`` steps, whose probe inputs are set."""
     import torch
