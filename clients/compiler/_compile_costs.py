@@ -214,7 +214,8 @@ class HostCompileCosts:
         beyond that ask, learned across graphs: each load's ``ms`` less its ask (kept with the
         load; in an older row, its graph's ``ask_kind`` row just before it, else none), at
         today's load; per node times ``size`` where it and the loads' sizes are known, else the
-        median. None: no load measured here (the caller's prior)."""
+        median. Loads no ask found (after a background compile: their trace is in them) do not
+        count. None: no load measured here (the caller's prior)."""
         rows = self.measurements(hardware, kind)
         asks = self.measurements(hardware, ask_kind)
         now = contention()
@@ -232,6 +233,8 @@ class HostCompileCosts:
                     and 0.0 <= at - float(a.get("at", 0.0)) <= self.ASK_PAIRED_WITHIN_S
                 ]
                 ask = float(max(before, key=lambda a: float(a.get("at", 0.0)))["ms"]) if before else 0.0
+            if not ask > 0:
+                continue  # a load no ask found (after a background compile): its trace is in it
             then = r.get("contention")
             scale = now / then if isinstance(then, (int, float)) and then > 0 else 1.0
             beyond.append((max(0.0, float(r.get("ms", 0.0)) - float(ask)) * scale, int(r.get("size", 0))))

@@ -211,6 +211,8 @@ def test_a_load_beyond_its_ask_is_learned_across_graphs_per_node_at_the_load_now
     costs = HostCompileCosts(path, host="h1")
     assert costs.warm_load("cpu", "torch:whole:plain", "probe:torch:whole") is None
     costs.record("cpu", "torch:whole:plain", 9_000.0, size=100, graph="a")  # a compile: not a load
+    costs.record("cpu", "torch:whole:plain", 4_000.0, size=100, graph="a", warm=True, ask=0.0)  # nor one
+    assert costs.warm_load("cpu", "torch:whole:plain", "probe:torch:whole") is None  # no ask found it
     costs.record("cpu", "torch:whole:plain", 1_600.0, size=100, graph="a", warm=True, ask=600.0)
     costs.record("cpu", "probe:torch:whole", 800.0, size=300, graph="b")  # an older row's ask ...
     costs.record("cpu", "torch:whole:plain", 3_800.0, size=300, graph="b", warm=True)  # ... and its load
