@@ -249,9 +249,9 @@ class HostCompileCosts:
         """A trace of a graph never traced here (``kind``: a cache ask, a capture), priced by the
         other graphs' traces here relative to their eager step (``step``, timed beside it, so at
         its load): the median ratio times ``step_ms``, this graph's step now (issue 18, session
-        22: dynamo's trace walks the Python the eager step runs; measured here 150-220 steps a
-        trace on four models where the traces themselves ran 0.8-4.5 s). None: no trace here
-        recorded its step."""
+        22: dynamo's trace walks the Python the eager step runs; measured here, the held-out
+        Llama, DistilBERT and BART, 82-224 probe steps an ask, median 134-140, where the asks
+        themselves ran 0.9-2.5 s). None: no trace here recorded its step."""
         if not step_ms > 0:
             return None
         ratios = [
