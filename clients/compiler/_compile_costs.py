@@ -123,10 +123,14 @@ class HostCompileCosts:
         graph: str = "",
         warm: bool = False,
         floor: bool = False,
+        ask: float | None = None,
+        step: float = 0.0,
     ) -> None:
         """Keep one measured compile of ``kind`` (``size``: nodes of the graph compiled, 0 unknown;
         ``graph``: which graph, see :meth:`estimate`; ``warm``: the compile was served by the
-        compiler's caches, a load and not a compile)."""
+        compiler's caches, a load and not a compile; ``ask``: of a load's ``ms``, what the ask
+        that found it in the caches cost, 0 where none did, see :meth:`warm_load`; ``step``: the
+        eager step's ms of the graph traced, see :meth:`per_step`)."""
         if not ms > 0:
             return
         data = self._load()
@@ -143,6 +147,10 @@ class HostCompileCosts:
             row["warm"] = True
         if floor:
             row["floor"] = True  # abandoned at its deadline after ``ms``: it costs at least that
+        if ask is not None:
+            row["ask"] = float(ask)
+        if step > 0:
+            row["step"] = float(step)
         rows.append(row)
         del rows[:-KEEP]
         self._save(data)
@@ -195,6 +203,68 @@ class HostCompileCosts:
         if size > 0 and sized:
             return _median(sized) * size
         return _median([r["ms"] for r in rows])
+
+    # -- what loading a compile found in the caches costs here (issue 18, session 22)
+    # An old load row (before ``ask`` was kept) carries the ask of its graph recorded at most this
+    # long before it: the ask and the trial's first compiled step are one run's, seconds apart.
+    ASK_PAIRED_WITHIN_S = 300.0
+
+    def warm_load(self, hardware: str, kind: str, ask_kind: str, size: int = 0) -> float | None:
+        """What loading a compile of ``kind`` that an ask found in the caches cost this host
+        beyond that ask, learned across graphs: each load's ``ms`` less its ask (kept with the
+        load; in an older row, its graph's ``ask_kind`` row just before it, else none), at
+        today's load; per node times ``size`` where it and the loads' sizes are known, else the
+        median. Loads no ask found (after a background compile: their trace is in them) do not
+        count. None: no load measured here (the caller's prior)."""
+        rows = self.measurements(hardware, kind)
+        asks = self.measurements(hardware, ask_kind)
+        now = contention()
+        beyond: list[tuple[float, int]] = []
+        for r in rows:
+            if not r.get("warm") or r.get("floor") or not r.get("graph"):
+                continue
+            ask = r.get("ask")
+            if not isinstance(ask, (int, float)):
+                at = float(r.get("at", 0.0))
+                before = [
+                    a
+                    for a in asks
+                    if a.get("graph") == r["graph"]
+                    and 0.0 <= at - float(a.get("at", 0.0)) <= self.ASK_PAIRED_WITHIN_S
+                ]
+                ask = float(max(before, key=lambda a: float(a.get("at", 0.0)))["ms"]) if before else 0.0
+            if not ask > 0:
+                continue  # a load no ask found (after a background compile): its trace is in it
+            then = r.get("contention")
+            scale = now / then if isinstance(then, (int, float)) and then > 0 else 1.0
+            beyond.append((max(0.0, float(r.get("ms", 0.0)) - float(ask)) * scale, int(r.get("size", 0))))
+        if not beyond:
+            return None
+        sized = [ms / n for ms, n in beyond if n > 0]
+        if size > 0 and sized:
+            return _median(sized) * size
+        return _median([ms for ms, _ in beyond])
+
+    def per_step(self, hardware: str, kind: str, step_ms: float) -> float | None:
+        """A trace of a graph never traced here (``kind``: a cache ask, a capture), priced by the
+        other graphs' traces here relative to their eager step (``step``, timed beside it, so at
+        its load): the median ratio times ``step_ms``, this graph's step now (issue 18, session
+        22: dynamo's trace walks the Python the eager step runs; measured here, the held-out
+        Llama, DistilBERT and BART, 82-224 probe steps an ask, median 134-140, where the asks
+        themselves ran 0.9-2.5 s). None: no trace here recorded its step."""
+        if not step_ms > 0:
+            return None
+        ratios = [
+            float(r["ms"]) / float(r["step"])
+            for r in self.measurements(hardware, kind)
+            if isinstance(r.get("step"), (int, float)) and r["step"] > 0 and not r.get("floor")
+        ]
+        return _median(ratios) * step_ms if ratios else None
+
+    def last_size(self, hardware: str, kind: str, graph: str) -> int:
+        """The size (nodes) ``graph``'s last measurement of ``kind`` here had; 0: none known."""
+        sizes = [int(r.get("size", 0)) for r in self.measurements(hardware, kind) if r.get("graph") == graph]
+        return sizes[-1] if sizes else 0
 
     # -- what a compile gained here (issue 18, session of 2026-12-03)
     def record_gain(self, hardware: str, kind: str, ratio: float, graph: str) -> None:

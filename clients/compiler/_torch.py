@@ -282,7 +282,8 @@ class AstraTorch(SessionBacked):
         self.compile_costs = compile_costs if compile_costs is not None else HostCompileCosts()
         self._hw = hardware_id()
         self._whole_nodes: dict[str, int] = {}  # FX nodes of dynamo's whole-step graph, by kind (probe)
-        self._pending_whole: tuple[str, float, bool] | None = None  # (kind, warm-up step's ms, warm)
+        # (kind, warm-up step's ms, warm, the ask that step carries)
+        self._pending_whole: tuple[str, float, bool, float] | None = None
         self._recorded_regions: set[int] = set()
         self._graph_rewrites = -1  # products dynamo's captured step offers the passes (-1: not asked)
         self.name = name or type(model).__name__
@@ -645,8 +646,9 @@ class AstraTorch(SessionBacked):
 
     def _finish_step(self, ok: bool, ms: float) -> None:
         self._snap = None
-        cpu, self._step_cpu_ms = self._step_cpu_ms + self._probe_charge_ms, math.nan
-        ms, self._probe_charge_ms = ms + self._probe_charge_ms, 0.0
+        charged = self._probe_charge_ms
+        cpu, self._step_cpu_ms = self._step_cpu_ms + charged, math.nan
+        ms, self._probe_charge_ms = ms + charged, 0.0
         if self._probe_calls is not None:
             self._finish_probe(ms if ok else 0.0)
             return
@@ -675,7 +677,7 @@ class AstraTorch(SessionBacked):
         # it was a warm-up, not a measurement (a structural rewrite alone costs tens of ms).
         built = self.clock.built or self._whole_fresh
         self._whole_fresh = False
-        self._record_compiles(ok, ms, built)
+        self._record_compiles(ok, ms, built, charged)
         running = self._whole_kind  # what ran (a kind whose compile failed runs the plain forward)
         if ok and running and self.model.__dict__.get("forward") is self._compiled_forward.get(running):
             self._whole_built.add(running)
@@ -861,12 +863,13 @@ class AstraTorch(SessionBacked):
         # morning: Llama and DistilBERT at 5,000 steps never asked and ran eager code against a
         # torch.compile that loaded the same compile and won by 1.48x, 1.32x). The caches are
         # read only where a signal would open the gate, for at most what the ask costs. And only
-        # where the core would try what a hit finds: it prices a load never measured here at the
-        # ask plus ``WHOLE_WARM_PRIOR_MS`` and prunes it where the run cannot repay that (BART at
-        # 1,000 steps, same session: asked on a signal, hit in 2.2 s, pruned, 1.17x eager).
+        # where the core would try what a hit finds: it prices the hit at the ask and the load
+        # beyond it (``_hit_price_ms``: as measured here, else ``WHOLE_WARM_PRIOR_MS``) and
+        # prunes it where the run cannot repay that (BART at 1,000 steps, same session: asked on
+        # a signal, hit in 2.2 s, pruned, 1.17x eager).
         right = self.compile_costs.signal_precision(self._hw, self.PROBE_KIND, self.WARM_SIGNAL_PRIOR)
         saving = self._optimistic_saving_ms(step_ms)
-        tried = saving > price + self.WHOLE_WARM_PRIOR_MS
+        tried = saving > self._hit_price_ms(price)
         if (
             kind == "plain"
             and tried
@@ -980,21 +983,53 @@ class AstraTorch(SessionBacked):
                     self._hw, f"torch:whole:{lost}", float(r["ratio"]), self._cost_graph()
                 )
 
+    def _hit_price_ms(self, ask_ms: float, kind: str = "plain") -> float:
+        """What an ask that hits and the load of the compile it finds cost, as the core will
+        price the trial (``_variables``): this graph's loads measured here (each carries the ask
+        that found it), at least the ask; else the ask and the load beyond it learned here
+        (``_warm_load_ms``)."""
+        own = self.compile_costs.estimate(
+            self._hw, f"torch:whole:{kind}", graph=self._cost_graph(), warm=True
+        )
+        return max(ask_ms, own) if own is not None else ask_ms + self._warm_load_ms(kind)
+
+    def _warm_load_ms(self, kind: str) -> float:
+        """A load of this step's compile found in the caches, beyond the ask that found it, where
+        this graph's was never measured here: what this host's loads of other graphs cost beyond
+        their asks (``HostCompileCosts.warm_load``: per node at this graph's size where known, at
+        today's load), else ``WHOLE_WARM_PRIOR_MS`` (issue 18, session 22: DistilBERT at 1,000
+        steps did not ask, its saving, 0.95 s, against the ask and a 3 s prior, while this
+        host's loads had cost their asks and a few ms more; the static contender loaded the
+        same compile in 1.0 s and won by 1.09x)."""
+        size = self._whole_nodes.get(kind, 0) or self.compile_costs.last_size(
+            self._hw, self.PROBE_KIND, self._cost_graph()
+        )
+        learned = self.compile_costs.warm_load(self._hw, f"torch:whole:{kind}", self.PROBE_KIND, size)
+        return learned if learned is not None else self.WHOLE_WARM_PRIOR_MS
+
     def _probe_price_ms(self) -> float:
         """What asking Inductor's caches for the whole step costs on this host (issue 18, third
-        session of 2026-12-02): this graph's asks measured here, else the median of every ask
-        measured here, both at today's load; else ``WHOLE_WARM_PRIOR_MS``. With the flat 3 s a run
+        session of 2026-12-02): this graph's asks measured here, else (``_traced_price_ms``) the
+        other graphs' asks here per step of their eager step, else their median; else
+        ``WHOLE_WARM_PRIOR_MS``. With the flat 3 s a run
         of 5,000 steps of 10 ms never asked, and hf-bert's and tv-vit-tiny's whole steps, in the
         caches and paying at 5,000 steps, were priced cold and not tried."""
         return self._traced_price_ms(self.PROBE_KIND)
 
     def _traced_price_ms(self, kind: str) -> float:
-        """A trace of the step (``kind``: a cache ask, a capture): this graph's measured here,
-        else the median of every one measured here, both at today's load; else the prior
+        """A trace of the step (``kind``: a cache ask, a capture): this graph's measured here, at
+        today's load; else the other graphs' traces here, per step of their eager step (at their
+        load) times this graph's probe step (at today's); else the median of every one measured
+        here, at today's load; else the prior
         (``WHOLE_WARM_PRIOR_MS``, plus ``FIRST_TRACE_PRIOR_MS`` where nothing has traced in this
         process yet) at this process's measured slowdown (issue 18, evening of 2026-12-02: at a
         slowdown of 6 an ask priced 3 s took 26 s and a capture 35 s)."""
         own = self.compile_costs.estimate(self._hw, kind, graph=self._cost_graph())
+        if own is None:
+            # (another graph's trace costs what its size does: the eager step says this one's
+            # before it is traced, ``HostCompileCosts.per_step``; a median across graphs priced
+            # DistilBERT's ask by hf-t5's twelve, 2.4 s against its own 0.8 s)
+            own = self.compile_costs.per_step(self._hw, kind, self._probe_step_ms)
         if own is None:
             own = self.compile_costs.estimate(self._hw, kind)
         if own is not None:
@@ -1081,7 +1116,12 @@ class AstraTorch(SessionBacked):
         # a forward that raised asked nothing, in a millisecond: not a price)
         if asked:
             self.compile_costs.record(
-                self._hw, self.PROBE_KIND, self.whole_probe_ms[kind], backend.nodes, graph=self._cost_graph()
+                self._hw,
+                self.PROBE_KIND,
+                self.whole_probe_ms[kind],
+                backend.nodes,
+                graph=self._cost_graph(),
+                step=self._probe_step_ms,
             )
         backend.cache_only = False  # from now on (a recompile for new guards), Inductor proper
         backend.deadline = self._deadline  # ... under the trial's deadline
@@ -1341,9 +1381,10 @@ class AstraTorch(SessionBacked):
                 if hit:
                     # The lookup the probe ran, and what a load of this graph cost its trials
                     # here (its warm-up step: loading and the first run of the compiled code);
-                    # never measured: the lookup plus the warm load's prior.
+                    # never measured: the lookup plus the load beyond it learned across graphs
+                    # here, else the warm load's prior (``_warm_load_ms``).
                     probe = self.whole_probe_ms.get(kind, 0.0)
-                    warm = learned if learned is not None else probe + self.WHOLE_WARM_PRIOR_MS
+                    warm = learned if learned is not None else probe + self._warm_load_ms(kind)
                     prior = max(1.0, probe, warm)
                     if kind in self._probe_unused:
                         # The ask is paid and its loaded compile kept ready: trying it costs
@@ -1553,7 +1594,9 @@ class AstraTorch(SessionBacked):
         ms = (time.perf_counter() - started) * 1e3
         self._probe_spent_ms += ms
         if counts:  # what capturing cost here: the next capture's price
-            self.compile_costs.record(self._hw, self.CAPTURE_KIND, ms, graph=self._cost_graph())
+            self.compile_costs.record(
+                self._hw, self.CAPTURE_KIND, ms, graph=self._cost_graph(), step=self._probe_step_ms
+            )
         return sum(counts)
 
     # -- compile costs learned on this host (issue 18)
@@ -1572,9 +1615,10 @@ class AstraTorch(SessionBacked):
             what = f"whole|{type(self.model).__name__}|{params}|{self._input_shapes}"
         return hashlib.sha256(what.encode()).hexdigest()[:24]
 
-    def _record_compiles(self, ok: bool, ms: float, built: bool) -> None:
+    def _record_compiles(self, ok: bool, ms: float, built: bool, asked: float = 0.0) -> None:
         """Keep what this step's compiles cost on this host: a cell region's build (timed by
-        the region), a whole step's compile (its warm-up step's excess over the next step)."""
+        the region), a whole step's compile (its warm-up step's excess over the next step; a
+        load's with the ask ``asked`` that step carries, ``warm_load``)."""
         if not ok:
             self._pending_whole = None
             return
@@ -1602,13 +1646,14 @@ class AstraTorch(SessionBacked):
                 self._whole_nodes.get(running, 0),
                 graph=self._cost_graph(),
                 warm=pending[2],
+                ask=pending[3] if pending[2] else None,
             )
         if built and running:
             # Priced by the next step: a cold compile, or (a cache hit) the load, whose step
             # carries the probe's lookup too (``_probe_charge_ms``): kept apart (session 11).
             # (After a background compile the in-process one is a load too.)
             warm = self.whole_cache.get(running) == "hit" or self._off_critical_path
-            self._pending_whole = (running, ms, warm)
+            self._pending_whole = (running, ms, warm, asked)
 
     # -- the step guard (issue 18)
     # A configuration is trusted, and its steps no longer copied, after this many steps without

@@ -198,3 +198,29 @@ def test_an_unrepayable_first_compile_is_not_tried_whatever_other_compiles_cost(
     state.best = 0
     reason = _core._prune_reason(state, _core.ExplorationPolicy(), "", [whole], {whole.name: "inductor"})
     assert "cannot repay" in reason  # 40 s > 20 ms x 5,000 x 0.5 x 0.5 = 25 s
+
+
+def test_a_load_beyond_its_ask_is_learned_across_graphs_per_node_at_the_load_now(tmp_path, monkeypatch):
+    """Issue 18, session 22: what loading a compile an ask found cost beyond that ask, learned
+    from this host's loads of any graph: each load less its ask (kept with it; an older row's
+    paired with its graph's ask just before it), per node where sizes are known, at today's
+    load, persisted; None where nothing was loaded here (the caller's prior)."""
+    load = {"c": 1.0}
+    monkeypatch.setattr(_compile_costs, "contention", lambda: load["c"])
+    path = tmp_path / "c.json"
+    costs = HostCompileCosts(path, host="h1")
+    assert costs.warm_load("cpu", "torch:whole:plain", "probe:torch:whole") is None
+    costs.record("cpu", "torch:whole:plain", 9_000.0, size=100, graph="a")  # a compile: not a load
+    costs.record("cpu", "torch:whole:plain", 4_000.0, size=100, graph="a", warm=True, ask=0.0)  # nor one
+    assert costs.warm_load("cpu", "torch:whole:plain", "probe:torch:whole") is None  # no ask found it
+    costs.record("cpu", "torch:whole:plain", 1_600.0, size=100, graph="a", warm=True, ask=600.0)
+    costs.record("cpu", "probe:torch:whole", 800.0, size=300, graph="b")  # an older row's ask ...
+    costs.record("cpu", "torch:whole:plain", 3_800.0, size=300, graph="b", warm=True)  # ... and its load
+    assert costs.warm_load("cpu", "torch:whole:plain", "probe:torch:whole") == pytest.approx(2_000.0)
+    # 10 ms a node beyond the ask: a graph of 50 nodes is priced at 0.5 s
+    assert costs.warm_load("cpu", "torch:whole:plain", "probe:torch:whole", 50) == pytest.approx(500.0)
+    load["c"] = 2.0
+    again = HostCompileCosts(path, host="h1")  # read back from the file, at twice the load
+    assert again.warm_load("cpu", "torch:whole:plain", "probe:torch:whole", 50) == pytest.approx(1_000.0)
+    assert again.last_size("cpu", "probe:torch:whole", "b") == 300
+    assert again.last_size("cpu", "probe:torch:whole", "c") == 0

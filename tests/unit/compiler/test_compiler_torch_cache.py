@@ -139,6 +139,7 @@ def test_astra_prices_the_whole_step_by_the_probe_and_keys_ignore_priors(
     # What each ask cost is kept on this host: the next run's gate prices its ask by them.
     asks = cold_astra.compile_costs.measurements(cold_astra._hw, AstraTorch.PROBE_KIND)
     assert len(asks) == len(cold_astra.whole_probe_ms) >= 1
+    assert all(r["step"] > 0 for r in asks)  # with the eager step they traced: another graph's price
     assert cold_astra._probe_price_ms() != AstraTorch.WHOLE_WARM_PRIOR_MS
     cold_astra.restore()
 
