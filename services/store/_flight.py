@@ -1,8 +1,9 @@
 """Arrow Flight: the store node's data-plane server, and the coordinator's transport to it.
 
 Node server:
-- ``DoPut`` with a command descriptor ``{"table", "extent", "buckets"}``: write one extent; the
-  reply metadata is ``{"bytes", "checksum", "buckets", "rows"}``.
+- ``DoPut`` with a command descriptor ``{"table", "extent", "buckets", "codec"}``: write one extent
+  (``codec``: its replica's, "" or absent: the node's ``--extent-compression``); the reply
+  metadata is ``{"bytes", "checksum", "buckets", "rows", "codec"}``.
 - ``DoGet`` with a JSON ticket: ``{"op": "read", ...}`` an extent or one bucket of it;
   ``fragment`` / ``map`` / ``reduce`` a query task; ``shuffle_take`` a shuffle bucket.
 - ``DoAction``: ``rebuild``, ``delete``, ``drop_table``, ``shuffle_drop``, ``verify``, ``stats``.
@@ -260,7 +261,10 @@ class StoreFlightServer(flight.FlightServerBase):
             rows = reader.read_all()
             _check_buckets(req["buckets"], rows.num_rows)
             t1 = time.perf_counter()
-            res = self.store.put_extent(req["table"], req["extent"], rows, req["buckets"])
+            codec = req.get("codec") or ""
+            if not isinstance(codec, str):
+                raise InvalidArgument("extent descriptor: codec must be a string")
+            res = self.store.put_extent(req["table"], req["extent"], rows, req["buckets"], codec)
             log.info(
                 "extent %s/%s: %d bytes received in %.2fs, written in %.2fs",
                 req["table"],
@@ -411,9 +415,11 @@ class FlightTransport:
     def live_nodes(self) -> list[NodeInfo]:
         return _live(self.kv)
 
-    def put_extent(self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list) -> dict:
+    def put_extent(
+        self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list, codec: str = ""
+    ) -> dict:
         desc = flight.FlightDescriptor.for_command(
-            json.dumps({"table": table, "extent": extent_id, "buckets": buckets})
+            json.dumps({"table": table, "extent": extent_id, "buckets": buckets, "codec": codec})
         )
         try:
             writer, meta = self.clients.get(node.address).do_put(desc, rows.schema, _OPTS)

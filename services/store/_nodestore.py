@@ -27,6 +27,7 @@ from ._layout import (
     DEFAULT_COMPRESSION,
     OpenExtent,
     bucketed_extents,
+    check_codec,
     file_checksum,
     open_extent,
     write_extent,
@@ -91,14 +92,21 @@ class NodeStore:
         return safe_path(self.data_dir, "tables", table, extent_id + ".arrow")
 
     def put_extent(
-        self, table: str, extent_id: str, rows: pa.Table, buckets: list[list[int]]
+        self, table: str, extent_id: str, rows: pa.Table, buckets: list[list[int]], codec: str = ""
     ) -> dict[str, Any]:
+        """Write an extent with ``codec`` (its replica's, from the catalog; "": this node's
+        ``compression``, the default)."""
         p = self.path(table, extent_id)
-        size, checksum, sized = write_extent(p, rows, buckets, self.compression)
+        codec = codec or self.compression or "none"
+        try:
+            check_codec(codec)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        size, checksum, sized = write_extent(p, rows, buckets, codec)
         st = p.stat()
         with self._lock:
             self._verified[str(p)] = (st.st_mtime_ns, st.st_size, checksum)
-        return {"bytes": size, "checksum": checksum, "buckets": sized, "rows": rows.num_rows}
+        return {"bytes": size, "checksum": checksum, "buckets": sized, "rows": rows.num_rows, "codec": codec}
 
     def verify(self, table: str, extent_id: str, checksum: str | None, force: bool = False) -> Path:
         """The extent's path once its bytes match ``checksum``. Reads trust a cached verification
@@ -298,7 +306,8 @@ class NodeStore:
 
     # ------------------------------------------------------------------ recovery
     def rebuild(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Rebuild extent ``req['extent']`` (replica ``r``) from buckets of another replica."""
+        """Rebuild extent ``req['extent']`` (replica ``r``) from buckets of another replica (or,
+        recoding, from the extent itself), written with ``req['codec']`` (its replica's)."""
         specs = [PartitionSpec.from_json(s) for s in req["specs"]]
         r = req["replica"]
         parts = [self.read_source(src, None) for src in req["sources"]]
@@ -314,7 +323,7 @@ class NodeStore:
                 f"rebuild of {req['extent']}: rows do not all fall in partition {req['partition']}"
             )
         ((_, (ordered, index)),) = ext.items()
-        out = self.put_extent(req["table"], req["new_extent"], ordered, index)
+        out = self.put_extent(req["table"], req["new_extent"], ordered, index, req.get("codec") or "")
         out["bytes_read"] = bytes_read
         return out
 

@@ -17,16 +17,18 @@ PARTITION_KIND_HASH: PartitionKind
 PARTITION_KIND_RANGE: PartitionKind
 
 class Partitioning(_message.Message):
-    __slots__ = ("column", "kind", "partitions", "range_bounds")
+    __slots__ = ("column", "kind", "partitions", "range_bounds", "codec")
     COLUMN_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     RANGE_BOUNDS_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
     column: str
     kind: PartitionKind
     partitions: int
     range_bounds: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, column: _Optional[str] = ..., kind: _Optional[_Union[PartitionKind, str]] = ..., partitions: _Optional[int] = ..., range_bounds: _Optional[_Iterable[str]] = ...) -> None: ...
+    codec: str
+    def __init__(self, column: _Optional[str] = ..., kind: _Optional[_Union[PartitionKind, str]] = ..., partitions: _Optional[int] = ..., range_bounds: _Optional[_Iterable[str]] = ..., codec: _Optional[str] = ...) -> None: ...
 
 class Table(_message.Message):
     __slots__ = ("name", "arrow_schema", "replicas", "rows", "bytes", "super_extents", "extents", "unavailable_extents", "placement_json")
@@ -197,6 +199,16 @@ class RecoveryStatus(_message.Message):
     json: str
     unavailable_extents: int
     def __init__(self, json: _Optional[str] = ..., unavailable_extents: _Optional[int] = ...) -> None: ...
+
+class RecodeRequest(_message.Message):
+    __slots__ = ("table", "replica", "codec")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    replica: int
+    codec: str
+    def __init__(self, table: _Optional[str] = ..., replica: _Optional[int] = ..., codec: _Optional[str] = ...) -> None: ...
 
 class ScrubRequest(_message.Message):
     __slots__ = ()
