@@ -209,3 +209,15 @@ def test_bad_codec_names_elsewhere_are_clear_errors(tmp_path):
     ]
     with pytest.raises(InvalidArgument, match="unknown extent codec 'zip'"):
         tr.stores["n0"].put_extent("t", "x", DATA.slice(0, 10), [[0, 0, 10]], codec="zip")
+
+
+def test_the_benchmark_takes_codecs_per_replica_and_defaults_to_none():
+    import argparse
+
+    from microco.benchmarks.store import REPLICA_CODECS, parse_replica_codecs
+
+    assert REPLICA_CODECS == {}  # the default: zstd for every replica, no table singled out
+    assert parse_replica_codecs("lineitem=zstd,lz4,zstd") == ("lineitem", ["zstd", "lz4", "zstd"])
+    for bad, match in (("lineitem=zstd,lz4", "one per replica"), ("lineitem=zstd,gz,zstd", "'gz'")):
+        with pytest.raises(argparse.ArgumentTypeError, match=match):
+            parse_replica_codecs(bad)
