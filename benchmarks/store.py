@@ -278,6 +278,7 @@ def tpch_queries(
             timed = _interleaved(fns, repeat, client)
             (store_s, got, plan, store_med), (duck_s, want, _, duck_med) = timed[:2]
             row["plan"] = plan.get("kind")
+            row["replicas"] = plan.get("replicas")
             row.update(_phases(plan.get("explain", "")))
             row["store_s"], row["duckdb_s"] = round(store_s, 4), round(duck_s, 4)
             # the medians of the same interleaved trials (fixed_cost's ``*_median_s`` are its own)

@@ -253,9 +253,10 @@ MOVE_WEIGHT = 4.0
 # ``bytes``: what a read yields) per codec: every column of 64-batch extents of 1M synthetic rows
 # (integers, floats, decimals, dates, strings; no benchmark's table), read as a node reads them
 # (``open_extent(...).select``, one thread), process CPU, median of 7 interleaved rounds. Measured
-# on this host with ``python -m microco.benchmarks.store_codecs`` (docs/store.md, "Codecs per
-# replica"; re-run it on other hardware and put its ``cpu_s_per_byte`` here).
-DECODE_S_PER_BYTE = {"zstd": 1.94e-9, "lz4": 1.00e-9, "none": 0.10e-9}
+# on this host with ``python -m microco.benchmarks.store_codecs`` (2026-12-03 06:29 UTC, load
+# average 3.2; docs/store.md, "Codecs per replica"). Re-run it on other hardware and put its
+# ``cpu_s_per_byte`` here. Not the disk: an uncompressed extent's bytes are mapped, not decoded.
+DECODE_S_PER_BYTE = {"zstd": 1.31e-9, "lz4": 0.60e-9, "none": 0.036e-9}
 # The cost unit of ``Cost.total`` is a byte read from an extent of the default codec: its
 # decoding is most of a read's time (docs/store.md, "Reading extents at scale factor 10"). A
 # byte of another codec costs its decode time in those units (lz4: about half a unit).
