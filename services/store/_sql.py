@@ -1529,7 +1529,8 @@ def _split_replica(ctx: _Ctx, t: TableInfo, where: list[Any], gcols: list[str]) 
     on its partition column, pruning); among equal matches the one whose read decodes least
     (``decode_estimate``: its codec's rate over the bytes it reads; the plans' shapes, and so the
     bytes they move, are the same), the lower number unless another saves more than
-    ``COST_TIE``. Returns it with the decoding reason for EXPLAIN (none when not weighed)."""
+    ``COST_TIE``. Returns it with the decoding reason for EXPLAIN (none when the tied replicas'
+    codecs are the same)."""
     scores = {x: _score(t, x, where, gcols)[0] for x in range(REPLICAS)}
     top = max(scores.values())
     tied = [x for x in range(REPLICAS) if scores[x] == top]
@@ -1542,8 +1543,8 @@ def _split_replica(ctx: _Ctx, t: TableInfo, where: list[Any], gcols: list[str]) 
         except Unavailable:
             continue
         decode[x] = decode_estimate(t, units, ctx.needed(t.schema))
-    if not decode:
-        return tied[0], []
+    if len({c for _, c in decode.values()}) < 2:
+        return tied[0], []  # one codec for all: their reads decode alike (ties: the lower number)
     floor = min(d for d, _ in decode.values())
     r = min(x for x, (d, _) in decode.items() if d <= floor * (1 + COST_TIE))
     others = ", ".join(f"replica {x} ~{d:.2f} s ({c})" for x, (d, c) in sorted(decode.items()) if x != r)

@@ -221,3 +221,17 @@ def test_the_benchmark_takes_codecs_per_replica_and_defaults_to_none():
     for bad, match in (("lineitem=zstd,lz4", "one per replica"), ("lineitem=zstd,gz,zstd", "'gz'")):
         with pytest.raises(argparse.ArgumentTypeError, match=match):
             parse_replica_codecs(bad)
+
+
+def test_a_gathered_table_reads_the_cheapest_replica_but_never_more_bytes_for_a_faster_codec(tmp_path):
+    from microco.services.store._planner import cheapest_replica
+
+    core, tr = _core(tmp_path, ["zstd", "zstd", "lz4"])
+    t = core.table("t")
+    live = {n.name for n in tr.live_nodes()}
+    r, cost, _units, _allowed = cheapest_replica(t, [], ["v", "s"], live, {})
+    assert r == 2 and "lz4" in cost.describe()
+    # a filter on replica 0's key prunes it to one partition of four: the lz4 replica would read
+    # (and move) four times the bytes, which its faster decoding does not pay for
+    r, cost, _units, allowed = cheapest_replica(t, [("k", "=", 5)], ["v", "s"], live, {})
+    assert r == 0 and allowed is not None and len(allowed) == 1
