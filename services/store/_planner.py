@@ -284,7 +284,7 @@ class Cost:
         return self.read_units + MOVE_WEIGHT * self.bytes_moved
 
     def describe(self) -> str:
-        decode = "" if self.decode_s is None else f", ~{self.decode_s:.2f} CPU s decoding ({self.codecs})"
+        decode = "" if self.decode_s is None else f", ~{self.decode_s:.3g} CPU s decoding ({self.codecs})"
         return f"~{self.rows} rows, {_mb(self.bytes_read)} read{decode}, {_mb(self.bytes_moved)} moved"
 
     def plus(self, other: Cost, moved: int) -> Cost:
@@ -740,7 +740,8 @@ def fragments(
     groups = _group_sources(units)
     head = f"table {a.name}: replica {r} ({a.specs[r].describe()})"
     reasons = choice.reasons
-    explain.append(head + (": " + "; ".join(reasons) if reasons else ": no replica matches better; default"))
+    fallback = ": no replica matches better; the cheapest to read (cost below)"
+    explain.append(head + (": " + "; ".join(reasons) if reasons else fallback))
     explain.append(
         f"reads {len(units)} extent units, {sum(u.bytes for u in units) / 1e6:.2f} MB on {len(groups)} nodes"
         + (f" (pruned to partitions {sorted(allowed)})" if allowed is not None else "")

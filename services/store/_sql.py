@@ -1547,10 +1547,10 @@ def _split_replica(ctx: _Ctx, t: TableInfo, where: list[Any], gcols: list[str]) 
         return tied[0], []  # one codec for all: their reads decode alike (ties: the lower number)
     floor = min(d for d, _ in decode.values())
     r = min(x for x, (d, _) in decode.items() if d <= floor * (1 + COST_TIE))
-    others = ", ".join(f"replica {x} ~{d:.2f} s ({c})" for x, (d, c) in sorted(decode.items()) if x != r)
+    others = ", ".join(f"replica {x} ~{d:.3g} s ({c})" for x, (d, c) in sorted(decode.items()) if x != r)
     d, c = decode[r]
     return r, [
-        f"decoding its read ~{d:.2f} CPU s ({c}) against {others}: no replica matches the query better"
+        f"decoding its read ~{d:.3g} CPU s ({c}) against {others}: no replica matches the query better"
     ]
 
 
