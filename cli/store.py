@@ -470,6 +470,8 @@ def cmd_recode(args: argparse.Namespace) -> int:
     )
     for item in rec.get("errors") or []:
         print(f"error: {item}")
+    if rec.get("state") == "interrupted":
+        print("interrupted (its coordinator stopped): run the same recode again to finish it")
     return 0 if rec.get("state") in ("running", "done", "idle") else 1
 
 

@@ -805,7 +805,13 @@ class StoreCore:
         return progress
 
     def recode_progress(self, name: str) -> dict[str, Any]:
+        """The progress record of ``name``'s last recode (``idle``: none). A record left
+        ``running`` while no recode runs here (its coordinator died or lost the lead) reads as
+        ``interrupted``: the extents rewritten so far are switched, the rest are not; running
+        the recode again finishes it."""
         got: dict[str, Any] | None = self.kv.get_json(RECODE + name)
+        if got and got.get("state") == "running" and not self._recode_lock.locked():
+            got["state"] = "interrupted"
         return got or {"state": "idle", "table": name}
 
     def _recode(self, name: str, replica: int, codec: str, progress: dict[str, Any]) -> dict[str, Any]:

@@ -235,3 +235,16 @@ def test_a_gathered_table_reads_the_cheapest_replica_but_never_more_bytes_for_a_
     # (and move) four times the bytes, which its faster decoding does not pay for
     r, cost, _units, allowed = cheapest_replica(t, [("k", "=", 5)], ["v", "s"], live, {})
     assert r == 0 and allowed is not None and len(allowed) == 1
+
+
+def test_a_recode_whose_coordinator_died_reads_as_interrupted_and_a_rerun_finishes(tmp_path):
+    core, tr = _core(tmp_path)
+    rep = core.recode("t", 0, "lz4", background=False)
+    assert rep["state"] == "done"
+    # a coordinator that died mid-recode left its record "running"; another one reads it
+    core.kv.put_json("/microco/store/recode/t", {**rep, "state": "running", "codec": "none"})
+    core.catalog.set_replica_codec("t", 0, "none")
+    other = StoreCore(core.kv, tr, super_extent_rows=3000, recovery_rate_bytes=0)
+    assert other.recode_progress("t")["state"] == "interrupted"
+    assert other.recode("t", 0, "none", background=False)["state"] == "done"
+    assert _codecs_by_replica(other, tr)[0] == {"none"}
