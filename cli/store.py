@@ -372,6 +372,20 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
         cols = ["name", "alive", "fault_domain", "extents", "bytes", "address"]
         print_table(nodes, cols, formats=_store_formats(), right=("bytes",))
+        from ._format import size
+
+        by_table: dict[str, list[int]] = {}
+        for n in nodes:
+            for t, per in (n.get("read_by_replica") or {}).items():
+                acc = by_table.setdefault(t, [0, 0, 0])
+                for r, b in enumerate(per[:3]):
+                    acc[r] += b
+        if by_table:
+            print(
+                "read since the nodes started, by replica (the one serving the most is the one to give lz4):"
+            )
+            for t, per in sorted(by_table.items()):
+                print(f"  {t}: " + ", ".join(f"replica {r} {size(b)}" for r, b in enumerate(per)))
     return 0
 
 

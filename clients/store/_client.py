@@ -302,6 +302,7 @@ class StoreClient(ServiceClient):
                 "alive": n.alive,
                 "extents": n.extents,
                 "bytes": n.bytes,
+                "read_by_replica": json.loads(n.read_by_replica_json) if n.read_by_replica_json else {},
             }
             for n in resp.nodes
         ]

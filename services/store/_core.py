@@ -203,6 +203,12 @@ class StoreCore:
                 h = held.setdefault(e.node, [0, 0])
                 h[0] += 1
                 h[1] += e.stored_bytes
+        reads: dict[str, dict[str, list[int]]] = {}
+        for n, info in live.items():
+            try:
+                reads[n] = self.transport.action(info, "reads", {}).get("read_by_replica", {})
+            except Exception as exc:  # noqa: BLE001 - a node that cannot say shows none
+                log.warning("reads of %s: %s", n, exc)
         out = []
         for name, v in sorted(self.kv.get_prefix_json(NODES_SEEN)):
             n = name[len(NODES_SEEN) :]
@@ -215,6 +221,8 @@ class StoreCore:
                     "alive": node is not None,
                     "extents": held.get(n, [0, 0])[0],
                     "bytes": held.get(n, [0, 0])[1],
+                    # table -> Arrow bytes read per replica here since the node started
+                    "read_by_replica": reads.get(n, {}),
                 }
             )
         return out
@@ -1010,6 +1018,9 @@ def node_action(store: NodeStore, name: str, body: dict[str, Any]) -> dict[str, 
             return {"ok": False, "error": str(exc)}
     if name == "stats":
         return store.stats()
+    if name == "reads":
+        with store._lock:
+            return {"read_by_replica": {t: list(v) for t, v in store.read_by_replica.items()}}
     if name == "collect_garbage":
         return store.collect_garbage(body.get("keep", {}), float(body.get("min_age_s", 1800.0)))
     raise FailedPrecondition(f"unknown store node action {short(name)}")

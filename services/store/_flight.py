@@ -6,7 +6,8 @@ Node server:
   metadata is ``{"bytes", "checksum", "buckets", "rows", "codec"}``.
 - ``DoGet`` with a JSON ticket: ``{"op": "read", ...}`` an extent or one bucket of it;
   ``fragment`` / ``map`` / ``reduce`` a query task; ``shuffle_take`` a shuffle bucket.
-- ``DoAction``: ``rebuild``, ``delete``, ``drop_table``, ``shuffle_drop``, ``verify``, ``stats``.
+- ``DoAction``: ``rebuild``, ``delete``, ``drop_table``, ``shuffle_drop``, ``verify``, ``stats``,
+  ``reads``.
 
 Errors cross Flight as ``FlightServerError("<Type>: message")`` and are turned back into the
 same microco error on the caller's side."""
@@ -352,6 +353,7 @@ class StoreFlightServer(flight.FlightServerBase):
             ("shuffle_drop", ""),
             ("verify", "check an extent's checksum"),
             ("stats", ""),
+            ("reads", "Arrow bytes read per table and replica since the node started"),
             ("collect_garbage", "delete unreferenced extent files older than min_age_s"),
         ]
 

@@ -53,6 +53,14 @@ class CorruptExtent(MicrocoError):
     http_status = 500
 
 
+def extent_replica(extent_id: str) -> int | None:
+    """The replica of an extent by its id (``s000001-r2-p0003-...``, ``new_extent_id``)."""
+    parts = extent_id.split("-")
+    if len(parts) > 1 and parts[1][:1] == "r" and parts[1][1:] in ("0", "1", "2"):
+        return int(parts[1][1:])
+    return None
+
+
 class NodeStore:
     def __init__(
         self,
@@ -84,6 +92,10 @@ class NodeStore:
         self._shuffle: dict[tuple[str, str, int], pa.Table] = {}
         self._lock = threading.Lock()
         self.bytes_read = 0
+        # table -> [replica 0, 1, 2]: Arrow bytes of the columns read from its extents here
+        # (decoded, or from the cache), since the node started: which replica serves the reads
+        # (``microco store nodes``; an operator choosing which replica to give a faster codec)
+        self.read_by_replica: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------------ extents
     def path(self, table: str, extent_id: str) -> Path:
@@ -143,8 +155,11 @@ class NodeStore:
         p = self.verify(table, extent_id, checksum)
         ext = self._opened(p)
         t, n = ext.select(tuple(bucket) if bucket is not None else None, columns)  # type: ignore[arg-type]
+        replica = extent_replica(extent_id)
         with self._lock:
             self.bytes_read += n
+            if replica is not None:
+                self.read_by_replica.setdefault(table, [0, 0, 0])[replica] += t.nbytes
             self._charge(str(p), ext)
         return t
 

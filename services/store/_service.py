@@ -198,6 +198,7 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
                     alive=n["alive"],
                     bytes=n["bytes"],
                     extents=n["extents"],
+                    read_by_replica_json=json.dumps(n["read_by_replica"]) if n["read_by_replica"] else "",
                 )
                 for n in self.core.nodes()
             ]

@@ -248,3 +248,14 @@ def test_a_recode_whose_coordinator_died_reads_as_interrupted_and_a_rerun_finish
     assert other.recode_progress("t")["state"] == "interrupted"
     assert other.recode("t", 0, "none", background=False)["state"] == "done"
     assert _codecs_by_replica(other, tr)[0] == {"none"}
+
+
+def test_the_nodes_say_which_replica_serves_the_reads(tmp_path):
+    core, _tr = _core(tmp_path, ["zstd", "zstd", "lz4"])
+    core.sql(SUM_SQL)  # unkeyed: the lz4 replica
+    core.sql("select g, count(*) from t group by g")  # keyed: replica 1
+    totals = [0, 0, 0]
+    for n in core.nodes():
+        for r, b in enumerate(n["read_by_replica"].get("t", [0, 0, 0])):
+            totals[r] += b
+    assert totals[0] == 0 and totals[1] > 0 and totals[2] > 0

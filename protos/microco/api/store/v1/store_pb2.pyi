@@ -91,20 +91,22 @@ class ListTablesResponse(_message.Message):
     def __init__(self, tables: _Optional[_Iterable[_Union[Table, _Mapping]]] = ...) -> None: ...
 
 class StoreNode(_message.Message):
-    __slots__ = ("name", "flight_address", "fault_domain", "alive", "bytes", "extents")
+    __slots__ = ("name", "flight_address", "fault_domain", "alive", "bytes", "extents", "read_by_replica_json")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FLIGHT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     FAULT_DOMAIN_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     EXTENTS_FIELD_NUMBER: _ClassVar[int]
+    READ_BY_REPLICA_JSON_FIELD_NUMBER: _ClassVar[int]
     name: str
     flight_address: str
     fault_domain: str
     alive: bool
     bytes: int
     extents: int
-    def __init__(self, name: _Optional[str] = ..., flight_address: _Optional[str] = ..., fault_domain: _Optional[str] = ..., alive: _Optional[bool] = ..., bytes: _Optional[int] = ..., extents: _Optional[int] = ...) -> None: ...
+    read_by_replica_json: str
+    def __init__(self, name: _Optional[str] = ..., flight_address: _Optional[str] = ..., fault_domain: _Optional[str] = ..., alive: _Optional[bool] = ..., bytes: _Optional[int] = ..., extents: _Optional[int] = ..., read_by_replica_json: _Optional[str] = ...) -> None: ...
 
 class ListStoreNodesRequest(_message.Message):
     __slots__ = ()
