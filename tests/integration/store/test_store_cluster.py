@@ -824,6 +824,8 @@ def test_codecs_per_replica_and_a_live_recode_over_the_wire(fresh, capsys):
     assert same(rows(client.sql(sql)), want)
     assert client.last_plan["replicas"] == {"coded": 1}
     assert "decoding" in client.explain_sql(sql) and "lz4" in client.explain_sql(sql)
+    read = [sum(n["read_by_replica"].get("coded", [0, 0, 0])[r] for n in client.nodes()) for r in range(3)]
+    assert read[1] > 0 and read[0] == read[2] == 0  # the nodes say which replica served the reads
     # recode replica 2 to lz4 on the live table, followed to its end by the CLI
     assert main([*base, "recode", "coded", "2", "lz4", "--watch", "--json"]) == 0
     rec = json.loads(capsys.readouterr().out)
