@@ -381,9 +381,7 @@ def cmd_nodes(args: argparse.Namespace) -> int:
                 for r, b in enumerate(per[:3]):
                     acc[r] += b
         if by_table:
-            print(
-                "read since the nodes started, by replica (the one serving the most is the one to give lz4):"
-            )
+            print("read since the nodes started, by replica (choosing a codec: docs/store.md):")
             for t, per in sorted(by_table.items()):
                 print(f"  {t}: " + ", ".join(f"replica {r} {size(b)}" for r, b in enumerate(per)))
     return 0
