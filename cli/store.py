@@ -13,7 +13,8 @@ from ._platform import add_etcd_arguments
 HELP = """Instalytics store: each table is kept as three replicas, each partitioned on a different
 column (hash or range). Queries go to the replica whose partitioning matches them.
 
-Partitioning specs (--replica, three times): COLUMN[:hash[:PARTITIONS]] or COLUMN:range:B1,B2,...
+Partitioning specs (--replica, three times): COLUMN[:hash[:PARTITIONS]] or COLUMN:range:B1,B2,...,
+each optionally @CODEC (zstd, lz4, none: that replica's extent codec; default zstd)
 examples:
   microco store create orders --from orders.parquet --replica o_orderkey --replica o_custkey:hash:16 \\
         --replica o_orderdate:range:1994-01-01,1996-01-01
