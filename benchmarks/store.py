@@ -63,11 +63,32 @@ def tpch_specs(name: str) -> list[str]:
     return [r.replace(":hash:4", f":hash:{P}") for r in REPLICAS[name]]
 
 
+# table -> its replicas' extent codecs (``--replica-codecs``); a table not named: the default
+# (zstd) for every replica. The operator's layout choice, like the partitionings: none by default.
+REPLICA_CODECS: dict[str, list[str]] = {}
+
+
+def parse_replica_codecs(text: str) -> tuple[str, list[str]]:
+    """``TABLE=C0,C1,C2`` (``--replica-codecs``), each codec zstd, lz4 or none."""
+    from microco.clients.store._client import check_codec
+    from microco.common.errors import InvalidArgument
+
+    name, sep, rest = text.partition("=")
+    codecs = [c.strip() for c in rest.split(",")]
+    if not sep or not name.strip() or len(codecs) != 3:
+        raise argparse.ArgumentTypeError(f"give TABLE=CODEC,CODEC,CODEC (one per replica), got {text!r}")
+    try:
+        return name.strip(), [check_codec(c) for c in codecs]
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def load_tables(client: Any, data: Path, names: Sequence[str]) -> None:
-    """Create and load these TPC-H tables from their Parquet files, partitioned by ``tpch_specs``."""
+    """Create and load these TPC-H tables from their Parquet files, partitioned by ``tpch_specs``
+    (with their replicas' codecs from ``REPLICA_CODECS`` where given)."""
     for name in names:
         path = data / f"{name}.parquet"
-        client.create_table(name, parquet_schema(path), tpch_specs(name))
+        client.create_table(name, parquet_schema(path), tpch_specs(name), codecs=REPLICA_CODECS.get(name))
         client.append(name, path, timeout=load_timeout(path))
 
 
@@ -257,6 +278,7 @@ def tpch_queries(
             timed = _interleaved(fns, repeat, client)
             (store_s, got, plan, store_med), (duck_s, want, _, duck_med) = timed[:2]
             row["plan"] = plan.get("kind")
+            row["replicas"] = plan.get("replicas")
             row.update(_phases(plan.get("explain", "")))
             row["store_s"], row["duckdb_s"] = round(store_s, 4), round(duck_s, 4)
             # the medians of the same interleaved trials (fixed_cost's ``*_median_s`` are its own)
@@ -602,7 +624,18 @@ def main(argv: list[str] | None = None) -> int:
         help="run only these TPC-H queries (e.g. 1,6: a re-measurement of some at a large scale "
         "factor); default all 22",
     )
+    ap.add_argument(
+        "--replica-codecs",
+        type=parse_replica_codecs,
+        action="append",
+        default=[],
+        metavar="TABLE=C0,C1,C2",
+        help="a table's replicas' extent codecs (zstd, lz4, none), e.g. lineitem=zstd,lz4,zstd (its "
+        "l_partkey replica in lz4); repeatable; default zstd for every replica of every table",
+    )
     args = ap.parse_args(argv)
+    REPLICA_CODECS.clear()
+    REPLICA_CODECS.update(dict(args.replica_codecs))
     if args.tpch_only and args.no_tpch:
         ap.error("--tpch-only and --no-tpch leave nothing to run")
     sf = args.sf if args.sf is not None else (0.01 if args.quick else 1.0)
@@ -633,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         "trials": TRIALS,
         "node_cache_mb": args.node_cache_mb,
         "super_extent_rows": args.super_extent_rows,
+        "replica_codecs": dict(REPLICA_CODECS),
         "cores": os.cpu_count(),
         "load_average_at_start": os.getloadavg()[0],
     }
@@ -735,6 +769,12 @@ def main(argv: list[str] | None = None) -> int:
         result["storage"] = storage_report(
             tables, {f.stem: f for f in data.glob("*.parquet") if f.stem in loaded}
         )
+        # per table (a codec per replica changes its table's ratio): the two big ones, and any
+        # table given codecs
+        result["storage"]["tables"] = {
+            n: storage_report(tables, {n: data / f"{n}.parquet"})
+            for n in sorted({"orders", "lineitem", *REPLICA_CODECS} & loaded)
+        }
 
         if args.tpch_only:
             if spark is not None:

@@ -13,7 +13,8 @@ from ._platform import add_etcd_arguments
 HELP = """Instalytics store: each table is kept as three replicas, each partitioned on a different
 column (hash or range). Queries go to the replica whose partitioning matches them.
 
-Partitioning specs (--replica, three times): COLUMN[:hash[:PARTITIONS]] or COLUMN:range:B1,B2,...
+Partitioning specs (--replica, three times): COLUMN[:hash[:PARTITIONS]] or COLUMN:range:B1,B2,...,
+each optionally @CODEC (zstd, lz4, none: that replica's extent codec; default zstd)
 examples:
   microco store create orders --from orders.parquet --replica o_orderkey --replica o_custkey:hash:16 \\
         --replica o_orderdate:range:1994-01-01,1996-01-01
@@ -23,6 +24,7 @@ examples:
   microco store query orders --join lineitem --on o_orderkey=l_orderkey --group-by o_orderpriority --agg sum:l_quantity
   microco store sql "select o_orderpriority, count(*) n from orders group by o_orderpriority order by n desc"
   microco store nodes ; microco store recovery --watch
+  microco store recode lineitem 1 lz4 --watch   # one replica's extent codec, rewritten live
   microco store grant orders bob ; microco store grants orders ; microco store revoke orders bob
 """
 
@@ -43,7 +45,16 @@ def register(sub: Any) -> None:
     c.add_argument("--from", dest="source", help="take the schema from this Parquet/CSV file")
     c.add_argument("--schema", help="schema as NAME:TYPE,... (int64, float64, string, date32, bool)")
     c.add_argument(
-        "--replica", action="append", default=[], required=True, help="partitioning spec (three times)"
+        "--replica",
+        action="append",
+        default=[],
+        required=True,
+        help="partitioning spec (three times); a suffix @CODEC sets that replica's extent codec",
+    )
+    c.add_argument(
+        "--codecs",
+        default="",
+        help="the replicas' extent codecs, e.g. zstd,lz4,zstd (zstd, lz4 or none; default zstd for each)",
     )
     c.set_defaults(func=cmd_create)
 
@@ -109,6 +120,17 @@ def register(sub: Any) -> None:
     r.add_argument("--watch", action="store_true", help="follow until nothing is left to rebuild")
     r.add_argument("--json", action="store_true", help="print the coordinator's progress record as JSON")
     r.set_defaults(func=cmd_recovery)
+
+    rc = s.add_parser(
+        "recode",
+        help="change a replica's extent codec on a live table (rewritten in the background)",
+    )
+    rc.add_argument("table")
+    rc.add_argument("replica", type=int, choices=[0, 1, 2])
+    rc.add_argument("codec", nargs="?", default="", help="zstd, lz4 or none; omitted: show progress")
+    rc.add_argument("--watch", action="store_true", help="follow until the recode ends")
+    rc.add_argument("--json", action="store_true", help="print the progress record as JSON")
+    rc.set_defaults(func=cmd_recode)
 
     sc = s.add_parser(
         "scrub",
@@ -233,10 +255,14 @@ def cmd_create(args: argparse.Namespace) -> int:
         schema = _parse_schema(args.schema)
     else:
         raise InvalidArgument("give the schema with --from FILE or --schema NAME:TYPE,...")
+    codecs = [x.strip() for x in args.codecs.split(",")] if args.codecs else None
+    if codecs is not None and len(codecs) != 3:
+        raise InvalidArgument(f"give --codecs as three codecs, e.g. zstd,lz4,zstd (got {args.codecs!r})")
     with _client(args) as c:
-        t = c.create_table(args.name, schema, args.replica)
+        t = c.create_table(args.name, schema, args.replica, codecs=codecs)
     print(
-        f"created {t['name']}: replicas " + ", ".join(f"{r['column']} ({r['kind']})" for r in t["replicas"])
+        f"created {t['name']}: replicas "
+        + ", ".join(f"{r['column']} ({r['kind']}, {r['codec']})" for r in t["replicas"])
     )
     return 0
 
@@ -347,6 +373,18 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
         cols = ["name", "alive", "fault_domain", "extents", "bytes", "address"]
         print_table(nodes, cols, formats=_store_formats(), right=("bytes",))
+        from ._format import size
+
+        by_table: dict[str, list[int]] = {}
+        for n in nodes:
+            for t, per in (n.get("read_by_replica") or {}).items():
+                acc = by_table.setdefault(t, [0, 0, 0])
+                for r, b in enumerate(per[:3]):
+                    acc[r] += b
+        if by_table:
+            print("read since the nodes started, by replica (choosing a codec: docs/store.md):")
+            for t, per in sorted(by_table.items()):
+                print(f"  {t}: " + ", ".join(f"replica {r} {size(b)}" for r, b in enumerate(per)))
     return 0
 
 
@@ -360,7 +398,7 @@ def cmd_tables(args: argparse.Namespace) -> int:
             "bytes": t["bytes"],
             "extents": t["extents"],
             "unavailable": t["unavailable_extents"],
-            "replicas": "; ".join(f"{r['column']}:{r['kind']}" for r in t["replicas"]),
+            "replicas": "; ".join(f"{r['column']}:{r['kind']}@{r['codec']}" for r in t["replicas"]),
         }
         for t in tables
     ]
@@ -420,6 +458,34 @@ def cmd_recovery(args: argparse.Namespace) -> int:
     for item in rec.get("errors") or []:
         print(f"error: {item}")
     return 0
+
+
+def cmd_recode(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        rec = c.recode(args.table, args.replica, args.codec)
+        if args.watch:
+            from tqdm import tqdm
+
+            with tqdm(desc=f"recode {args.table}", unit="extent", file=sys.stderr) as bar:
+                while rec.get("state") == "running":
+                    time.sleep(0.5)
+                    rec = c.recode(args.table, args.replica)
+                    bar.total = rec.get("extents") or bar.total
+                    bar.n = rec.get("recoded", 0)
+                    bar.refresh()
+    if args.json:
+        print(json.dumps(rec, indent=2))
+        return 0
+    print(
+        f"recode {rec.get('table')} replica {rec.get('replica', args.replica)} to {rec.get('codec', '-')}: "
+        f"{rec.get('state')}, {rec.get('recoded', 0)} of {rec.get('extents', 0)} extents, "
+        f"{rec.get('bytes_before', 0)} -> {rec.get('bytes_after', 0)} bytes in {rec.get('seconds', 0):.1f}s"
+    )
+    for item in rec.get("errors") or []:
+        print(f"error: {item}")
+    if rec.get("state") == "interrupted":
+        print("interrupted (its coordinator stopped): run the same recode again to finish it")
+    return 0 if rec.get("state") in ("running", "done", "idle") else 1
 
 
 def cmd_scrub(args: argparse.Namespace) -> int:

@@ -28,8 +28,26 @@ CHUNK = 4 << 20
 RELAX_METADATA = "microco-relax-fault-domains"
 
 
-def parse_partitioning(text: str, default_partitions: int = 8) -> pb.Partitioning:
-    """``col``, ``col:hash``, ``col:hash:16`` or ``col:range:b1,b2,...``."""
+# extent codecs a replica may have (``services.store._layout.CODECS``; the client does not import
+# the service's modules)
+CODECS = ("zstd", "lz4", "none")
+
+
+def check_codec(codec: str) -> str:
+    if codec not in CODECS:
+        raise InvalidArgument(f"unknown extent codec {codec!r}: one of {', '.join(CODECS)}")
+    return codec
+
+
+def parse_partitioning(text: str, default_partitions: int = 8, codec: str = "") -> pb.Partitioning:
+    """``col``, ``col:hash``, ``col:hash:16`` or ``col:range:b1,b2,...``, each optionally with
+    its replica's extent codec as a suffix, ``col:hash:16@lz4`` (else ``codec``; "": the node's
+    default, zstd)."""
+    if "@" in text:
+        text, codec = text.rsplit("@", 1)
+        codec = check_codec(codec.strip())
+    elif codec:
+        check_codec(codec)
     parts = text.split(":", 2)
     col = parts[0].strip()
     kind = parts[1].strip() if len(parts) > 1 and parts[1].strip() else "hash"
@@ -40,10 +58,10 @@ def parse_partitioning(text: str, default_partitions: int = 8) -> pb.Partitionin
             n = int(parts[2]) if len(parts) > 2 else default_partitions
         except ValueError:
             raise InvalidArgument(f"bad partition count in {text!r}") from None
-        return pb.Partitioning(column=col, kind=pb.PARTITION_KIND_HASH, partitions=n)
+        return pb.Partitioning(column=col, kind=pb.PARTITION_KIND_HASH, partitions=n, codec=codec)
     if kind == "range":
         bounds = [b.strip() for b in parts[2].split(",")] if len(parts) > 2 else []
-        return pb.Partitioning(column=col, kind=pb.PARTITION_KIND_RANGE, range_bounds=bounds)
+        return pb.Partitioning(column=col, kind=pb.PARTITION_KIND_RANGE, range_bounds=bounds, codec=codec)
     raise InvalidArgument(f"bad partitioning {text!r}: kind must be hash or range")
 
 
@@ -58,6 +76,7 @@ def _table_dict(t: pb.Table) -> dict[str, Any]:
                 "kind": kinds.get(r.kind, "hash"),
                 "partitions": r.partitions,
                 "bounds": list(r.range_bounds),
+                "codec": r.codec or "zstd",
             }
             for r in t.replicas
         ],
@@ -216,11 +235,30 @@ class StoreClient(ServiceClient):
         schema: pa.Schema,
         replicas: Sequence[str | pb.Partitioning],
         *,
+        codecs: Sequence[str] | None = None,
         timeout: float | None = None,
     ) -> dict[str, Any]:
         """Create ``name`` with three partitionings, e.g. ``["o_orderkey", "o_custkey:hash:16",
-        "o_orderdate:range:1994-01-01,1996-01-01"]``."""
-        parts = [parse_partitioning(r) if isinstance(r, str) else r for r in replicas]
+        "o_orderdate:range:1994-01-01,1996-01-01"]``, and optionally each replica's extent codec
+        (``codecs``, e.g. ``["zstd", "lz4", "zstd"]``, or a ``@lz4`` suffix on a partitioning;
+        default: zstd for every replica)."""
+        if codecs is not None and len(codecs) != len(replicas):
+            raise InvalidArgument(f"give one codec per replica ({len(replicas)}), got {len(codecs)}")
+        parts = []
+        for i, r in enumerate(replicas):
+            c = codecs[i] if codecs is not None else ""
+            if isinstance(r, str):
+                parts.append(parse_partitioning(r, codec=c))
+            else:
+                if c:
+                    r = pb.Partitioning(
+                        column=r.column,
+                        kind=r.kind,
+                        partitions=r.partitions,
+                        range_bounds=list(r.range_bounds),
+                        codec=check_codec(c),
+                    )
+                parts.append(r)
         req = pb.CreateTableRequest(name=name, arrow_schema=schema.serialize().to_pybytes(), replicas=parts)
         return _table_dict(self._call(self._stub.CreateTable, req, timeout=timeout, idempotent=False))
 
@@ -264,6 +302,7 @@ class StoreClient(ServiceClient):
                 "alive": n.alive,
                 "extents": n.extents,
                 "bytes": n.bytes,
+                "read_by_replica": json.loads(n.read_by_replica_json) if n.read_by_replica_json else {},
             }
             for n in resp.nodes
         ]
@@ -444,6 +483,21 @@ class StoreClient(ServiceClient):
             method = functools.partial(method, metadata=((RELAX_METADATA, "1"),))
         r = self._call(method, pb.StartRecoveryRequest(), timeout=timeout, idempotent=True)
         return {**json.loads(r.json or "{}"), "unavailable_extents": r.unavailable_extents}
+
+    def recode(
+        self, table: str, replica: int, codec: str = "", *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Change replica ``replica`` of ``table`` to extent codec ``codec`` (zstd, lz4, none):
+        its extents are rewritten in the background; the answer is the recode's progress
+        record. Without ``codec``: the progress of the table's last recode."""
+        if codec:
+            check_codec(codec)
+        if replica not in (0, 1, 2):
+            raise InvalidArgument(f"replica must be 0, 1 or 2, got {replica}")
+        req = pb.RecodeRequest(table=table, replica=replica, codec=codec)
+        res = self._call(self._stub.Recode, req, timeout=timeout, idempotent=not codec)
+        out: dict[str, Any] = json.loads(res.json)
+        return out
 
     def scrub(self, *, timeout: float | None = None, report: bool = False) -> list[str] | dict[str, Any]:
         """Verify every extent's checksum (corrupt ones are rebuilt) and delete orphan extent files.

@@ -30,7 +30,7 @@ import pyarrow as pa
 from microco.common.errors import Aborted, AlreadyExists, InvalidArgument, NotFound
 from microco.common.kv import KV, dumps
 
-from ._layout import ExtentMeta
+from ._layout import CODECS, DEFAULT_COMPRESSION, ExtentMeta
 from ._limits import check_name, short
 from ._partition import PartitionSpec, range_bounds
 
@@ -102,6 +102,13 @@ class TableInfo:
     super_extents: list[SuperExtent] = field(default_factory=list)
     rows: int = 0
     bytes: int = 0
+    # each replica's extent codec (a layout choice, like its partitioning); "": the writing
+    # node's default (``--extent-compression``, zstd), as for tables created without codecs
+    codecs: list[str] = field(default_factory=lambda: [""] * 3)
+
+    def codec(self, replica: int) -> str:
+        """Replica ``replica``'s codec as the planner estimates it (the default when unset)."""
+        return self.codecs[replica] or DEFAULT_COMPRESSION
 
     def extents(self) -> list[ExtentMeta]:
         return [e for s in self.super_extents for e in s.extents]
@@ -111,6 +118,20 @@ class TableInfo:
         """Bytes of its extent files on the nodes (all three replicas, compressed); ``bytes`` is
         the Arrow data's size, which the planner's estimates use."""
         return sum(e.stored_bytes for e in self.extents())
+
+
+def validate_codecs(codecs: list[str] | None) -> list[str]:
+    """Three replica codecs ("" each when None), each one of ``CODECS`` or "" (the default)."""
+    if codecs is None or not any(codecs):
+        return [""] * 3
+    if len(codecs) != 3:
+        raise InvalidArgument(
+            f"a table has three replicas: give a codec for each (or none), got {len(codecs)}"
+        )
+    for c in codecs:
+        if c and c not in CODECS:
+            raise InvalidArgument(f"unknown extent codec {short(c)}: one of {', '.join(CODECS)}")
+    return list(codecs)
 
 
 def validate_table(name: str, schema: pa.Schema, specs: list[PartitionSpec]) -> None:
@@ -139,9 +160,12 @@ class Catalog:
         self.kv = kv
 
     # ------------------------------------------------------------------ tables
-    def create_table(self, name: str, schema: pa.Schema, specs: list[PartitionSpec]) -> dict[str, Any]:
+    def create_table(
+        self, name: str, schema: pa.Schema, specs: list[PartitionSpec], codecs: list[str] | None = None
+    ) -> dict[str, Any]:
         validate_table(name, schema, specs)
-        rec = {
+        codecs = validate_codecs(codecs)
+        rec: dict[str, Any] = {
             "name": name,
             "schema": schema_to_b64(schema),
             "specs": [s.to_json() for s in specs],
@@ -150,6 +174,8 @@ class Catalog:
             "rows": 0,
             "bytes": 0,
         }
+        if any(codecs):  # a record without it reads as the node default for every replica
+            rec["replica_codecs"] = codecs
         if not self.kv.commit(
             checks=[(TABLES + name, None)], puts={TABLES + name: dumps(rec), VERSION: _new_version()}
         ):
@@ -203,7 +229,25 @@ class Catalog:
             super_extents=committed,
             rows=rec["rows"],
             bytes=rec["bytes"],
+            codecs=list(rec.get("replica_codecs") or [""] * 3),
         )
+
+    def set_replica_codec(self, name: str, replica: int, codec: str) -> list[str]:
+        """Record ``codec`` as replica ``replica``'s (what appends and rebuilds write from now
+        on; a recode rewrites its extents); returns the table's codecs."""
+        if replica not in (0, 1, 2):
+            raise InvalidArgument(f"replica must be 0, 1 or 2, got {short(replica)}")
+        validate_codecs([codec, "", ""])
+        for _ in range(50):
+            rec, raw = self.table_record(name)
+            codecs = list(rec.get("replica_codecs") or [""] * 3)
+            codecs[replica] = codec
+            rec["replica_codecs"] = codecs
+            if self.kv.commit(
+                checks=[(TABLES + name, raw)], puts={TABLES + name: dumps(rec), VERSION: _new_version()}
+            ):
+                return codecs
+        raise Aborted(f"table {short(name)} is being changed concurrently; retry")
 
     def drop_table(self, name: str) -> TableInfo:
         """Delete a table's records. Its record goes in the same transaction as the new catalog

@@ -27,8 +27,8 @@ from microco.common.kv import KV
 
 from . import _exec
 from ._catalog import ROOT, Catalog, SuperExtent, TableInfo
-from ._layout import ExtentMeta, assign_partitions, bucketed_extents, new_extent_id
-from ._limits import short
+from ._layout import CODECS, ExtentMeta, assign_partitions, bucketed_extents, new_extent_id
+from ._limits import check_name, short
 from ._nodestore import CorruptExtent, NodeStore
 from ._partition import PartitionSpec
 from ._placement import NodeInfo, place_super_extent
@@ -40,6 +40,7 @@ from ._recovery import plan_recovery
 log = logging.getLogger(__name__)
 
 NODES_SEEN = ROOT + "nodes/"
+RECODE = ROOT + "recode/"  # recode/<table>: progress of that table's last recode (``StoreCore.recode``)
 
 
 class Transport(Protocol):
@@ -48,7 +49,7 @@ class Transport(Protocol):
     def live_nodes(self) -> list[NodeInfo]: ...
 
     def put_extent(
-        self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list
+        self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list, codec: str = ""
     ) -> dict: ...
 
     def run_task(self, node: NodeInfo, task: dict[str, Any]) -> pa.Table: ...
@@ -166,6 +167,7 @@ class StoreCore:
         self.recovery_rate_bytes = recovery_rate_bytes
         self.gc_min_age_s = gc_min_age_s
         self._recovery_lock = threading.Lock()
+        self._recode_lock = threading.Lock()  # one recode at a time
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="store-core")
         self._seen: dict[str, Any] = {}  # NODES_SEEN as last read or written here (live_nodes)
         # SQL plans by normalised text, each with the catalog version it was made on (_plancache)
@@ -201,6 +203,12 @@ class StoreCore:
                 h = held.setdefault(e.node, [0, 0])
                 h[0] += 1
                 h[1] += e.stored_bytes
+        reads: dict[str, dict[str, list[int]]] = {}
+        for n, info in live.items():
+            try:
+                reads[n] = self.transport.action(info, "reads", {}).get("read_by_replica", {})
+            except Exception as exc:  # noqa: BLE001 - a node that cannot say shows none
+                log.warning("reads of %s: %s", n, exc)
         out = []
         for name, v in sorted(self.kv.get_prefix_json(NODES_SEEN)):
             n = name[len(NODES_SEEN) :]
@@ -213,14 +221,24 @@ class StoreCore:
                     "alive": node is not None,
                     "extents": held.get(n, [0, 0])[0],
                     "bytes": held.get(n, [0, 0])[1],
+                    # table -> Arrow bytes read per replica here since the node started
+                    "read_by_replica": reads.get(n, {}),
                 }
             )
         return out
 
     # ------------------------------------------------------------------ tables
-    def create_table(self, name: str, schema: pa.Schema, specs: Sequence[PartitionSpec]) -> TableInfo:
+    def create_table(
+        self,
+        name: str,
+        schema: pa.Schema,
+        specs: Sequence[PartitionSpec],
+        codecs: Sequence[str] | None = None,
+    ) -> TableInfo:
+        """Create a table with three partitionings and, optionally, each replica's extent codec
+        (``codecs``: zstd, lz4 or none each; "" or None: the writing node's default)."""
         schema = _exec.to_plain_strings(schema.empty_table()).schema.remove_metadata()
-        self.catalog.create_table(name, schema, list(specs))
+        self.catalog.create_table(name, schema, list(specs), list(codecs) if codecs is not None else None)
         return self.catalog.table(name)
 
     def drop_table(self, name: str) -> None:
@@ -336,7 +354,12 @@ class StoreCore:
                 eid = new_extent_id(sid, r, p)
                 jobs.append((r, p, node, eid, ext_rows, index))
             futures = [
-                (j, self._pool.submit(self.transport.put_extent, j[2], info.name, j[3], j[4], j[5]))
+                (
+                    j,
+                    self._pool.submit(
+                        self.transport.put_extent, j[2], info.name, j[3], j[4], j[5], info.codecs[j[0]]
+                    ),
+                )
                 for j in jobs
             ]
             metas, failed = [], set()
@@ -355,6 +378,7 @@ class StoreCore:
                             res["checksum"],
                             res["buckets"],
                             file_bytes=res["bytes"],
+                            codec=res.get("codec", ""),
                         )
                     )
                 except Exception as exc:  # noqa: BLE001 - any failure excludes the node and retries
@@ -662,46 +686,20 @@ class StoreCore:
         self.catalog.put_recovery(progress)
         t0 = time.perf_counter()
         for task in tasks:
-            info = tinfo[task.table]
-            new_id = new_extent_id(task.super_extent, task.lost.replica, task.lost.partition)
-            req = {
-                "table": task.table,
-                "extent": task.lost.id,
-                "new_extent": new_id,
-                "replica": task.lost.replica,
-                "partition": task.lost.partition,
-                "rows": task.lost.rows,
-                "specs": [s.to_json() for s in info.specs],
-                "sources": task.sources,
-            }
             try:
-                res = self.transport.action(by_name[task.target], "rebuild", req)
+                replaced, res = self._rewrite_extent(
+                    tinfo[task.table],
+                    task.super_extent,
+                    task.lost,
+                    by_name[task.target],
+                    task.sources,
+                    task.in_place,
+                )
             except Exception as exc:  # noqa: BLE001 - recorded; the next pass retries
                 progress["errors"].append(f"{task.table}/{task.lost.id}: {exc}")
                 continue
-            meta = ExtentMeta(
-                new_id,
-                task.super_extent,
-                task.lost.replica,
-                task.lost.partition,
-                task.target,
-                res["rows"],
-                data_bytes(res),
-                res["checksum"],
-                res["buckets"],
-                file_bytes=res["bytes"],
-            )
-            if self.catalog.replace_extent(task.table, task.super_extent, task.lost.id, meta):
+            if replaced:
                 progress["rebuilt"] += 1
-                if task.in_place:
-                    try:
-                        self.transport.action(
-                            by_name[task.target], "delete", {"table": task.table, "extent": task.lost.id}
-                        )
-                    except Exception:  # noqa: BLE001, S110 - best-effort clean-up; the rebuild is retried
-                        pass
-            else:
-                self.transport.action(by_name[task.target], "delete", {"table": task.table, "extent": new_id})
             progress["bytes_read"] += res["bytes_read"]
             elapsed = time.perf_counter() - t0
             progress["seconds"] = elapsed
@@ -717,6 +715,166 @@ class StoreCore:
             progress["bytes_read"] / progress["bytes_lost"] if progress["bytes_lost"] else None
         )
         self.catalog.put_recovery(progress)
+        return progress
+
+    def _rewrite_extent(
+        self,
+        info: TableInfo,
+        sid: int,
+        old: ExtentMeta,
+        target: NodeInfo,
+        sources: list[dict[str, Any]],
+        in_place: bool,
+    ) -> tuple[bool, dict[str, Any]]:
+        """Write a new copy of extent ``old`` on ``target`` from ``sources`` (buckets of another
+        replica, for a rebuild; the extent itself, for a recode) with its replica's codec as the
+        catalog has it now, then switch the catalog to it (compare-and-swap on the super-extent
+        record) and delete the old file when it sits on a live node (``in_place``). The old
+        extent stays referenced until the new one is durable and the switch committed: a failure
+        at any point leaves the table as it was (the new file an orphan, collected later).
+        Returns (switched, the node's answer)."""
+        new_id = new_extent_id(sid, old.replica, old.partition)
+        req = {
+            "table": info.name,
+            "extent": old.id,
+            "new_extent": new_id,
+            "replica": old.replica,
+            "partition": old.partition,
+            "rows": old.rows,
+            "specs": [s.to_json() for s in info.specs],
+            "sources": sources,
+            "codec": info.codecs[old.replica],  # a rewritten extent has its replica's codec
+        }
+        res = self.transport.action(target, "rebuild", req)
+        meta = ExtentMeta(
+            new_id,
+            sid,
+            old.replica,
+            old.partition,
+            target.name,
+            res["rows"],
+            data_bytes(res),
+            res["checksum"],
+            res["buckets"],
+            file_bytes=res["bytes"],
+            codec=res.get("codec", ""),
+        )
+        if self.catalog.replace_extent(info.name, sid, old.id, meta):
+            if in_place:
+                try:
+                    self.transport.action(target, "delete", {"table": info.name, "extent": old.id})
+                except Exception:  # noqa: BLE001, S110 - an orphan then, collected later
+                    pass
+            return True, res
+        try:
+            self.transport.action(target, "delete", {"table": info.name, "extent": new_id})
+        except Exception:  # noqa: BLE001, S110 - an orphan then, collected later
+            pass
+        return False, res
+
+    # ------------------------------------------------------------------ recode
+    def recode(self, name: str, replica: int, codec: str, background: bool = True) -> dict[str, Any]:
+        """Change replica ``replica`` of table ``name`` to ``codec``: recorded in the catalog at
+        once (appends and rebuilds write it from then on), then each of the replica's extents
+        not yet in it is rewritten on its node from its own rows (``_rewrite_extent``, recovery's
+        rebuild) and switched in the catalog. In the background unless ``background`` is False;
+        returns the progress record (``recode_progress``). Extents on dead nodes are left to
+        recovery, which rebuilds them in the new codec; a failed extent is reported and
+        rewritten by running the recode again."""
+        check_name(name, "table name")
+        if codec not in CODECS:
+            raise InvalidArgument(f"unknown extent codec {short(codec)}: one of {', '.join(CODECS)}")
+        if not self._recode_lock.acquire(blocking=False):
+            raise FailedPrecondition(
+                "another recode is running (one at a time): wait for it (microco store recode TABLE R)"
+            )
+        try:
+            self.catalog.set_replica_codec(name, replica, codec)
+            progress = {
+                "state": "running",
+                "table": name,
+                "replica": replica,
+                "codec": codec,
+                "extents": 0,
+                "recoded": 0,
+                "bytes_before": 0,
+                "bytes_after": 0,
+                "started": time.time(),
+                "seconds": 0.0,
+                "errors": [],
+            }
+            self.kv.put_json(RECODE + name, progress)
+        except BaseException:
+            self._recode_lock.release()
+            raise
+        if not background:
+            return self._recode(name, replica, codec, progress)
+        self._pool.submit(self._recode, name, replica, codec, progress)
+        return progress
+
+    def recode_progress(self, name: str) -> dict[str, Any]:
+        """The progress record of ``name``'s last recode (``idle``: none). A record left
+        ``running`` while no recode runs here (its coordinator died or lost the lead) reads as
+        ``interrupted``: the extents rewritten so far are switched, the rest are not; running
+        the recode again finishes it."""
+        got: dict[str, Any] | None = self.kv.get_json(RECODE + name)
+        if got and got.get("state") == "running" and not self._recode_lock.locked():
+            got["state"] = "interrupted"
+        return got or {"state": "idle", "table": name}
+
+    def _recode(self, name: str, replica: int, codec: str, progress: dict[str, Any]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        try:
+            info = self.catalog.table(name)
+            live = {n.name: n for n in self.live_nodes()}
+            todo = [
+                (s.id, e) for s in info.super_extents for e in s.replica(replica) if e.written_codec != codec
+            ]
+            progress["extents"] = len(todo)
+            self.kv.put_json(RECODE + name, progress)
+            done = 0
+            for sid, e in todo:
+                node = live.get(e.node)
+                if node is None or e.state != "ok":
+                    progress["errors"].append(f"{name}/{e.id}: on a dead node or corrupt: left to recovery")
+                    continue
+                src = {
+                    "table": name,
+                    "extent": e.id,
+                    "node": e.node,
+                    "address": node.address,
+                    "bucket": None,
+                    "bytes": e.bytes,
+                    "checksum": e.checksum,
+                }
+                try:
+                    replaced, res = self._rewrite_extent(info, sid, e, node, [src], in_place=True)
+                except Exception as exc:  # noqa: BLE001 - reported; running the recode again retries
+                    progress["errors"].append(f"{name}/{e.id}: {exc}")
+                    continue
+                if not replaced:
+                    progress["errors"].append(f"{name}/{e.id}: changed meanwhile (rebuilt or dropped)")
+                    continue
+                progress["recoded"] += 1
+                progress["bytes_before"] += e.stored_bytes
+                progress["bytes_after"] += int(res["bytes"])
+                done += e.bytes
+                progress["seconds"] = time.perf_counter() - t0
+                self.kv.put_json(RECODE + name, progress)
+                rate = self.recovery_rate_bytes
+                if rate and rate > 0:  # as recovery: queries keep their share of the disks
+                    ahead = done / rate - (time.perf_counter() - t0)
+                    if ahead > 0:
+                        time.sleep(ahead)
+            progress["state"] = "done" if not progress["errors"] else "partial"
+        except Exception as exc:  # reported in the progress record
+            log.exception("recode of %s failed", name)
+            progress["state"] = "failed"
+            progress["errors"].append(str(exc))
+        finally:
+            progress["seconds"] = time.perf_counter() - t0
+            self.kv.put_json(RECODE + name, progress)
+            self._recode_lock.release()
         return progress
 
     def collect_garbage(self, min_age_s: float | None = None) -> dict[str, Any]:
@@ -823,8 +981,10 @@ class LocalTransport:
     def live_nodes(self) -> list[NodeInfo]:
         return [n for k, n in sorted(self.infos.items()) if k not in self.dead]
 
-    def put_extent(self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list) -> dict:
-        return self._store(node.name).put_extent(table, extent_id, rows, buckets)
+    def put_extent(
+        self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list, codec: str = ""
+    ) -> dict:
+        return self._store(node.name).put_extent(table, extent_id, rows, buckets, codec)
 
     def run_task(self, node: NodeInfo, task: dict[str, Any]) -> pa.Table:
         return self._store(node.name).run(task)
@@ -858,6 +1018,9 @@ def node_action(store: NodeStore, name: str, body: dict[str, Any]) -> dict[str, 
             return {"ok": False, "error": str(exc)}
     if name == "stats":
         return store.stats()
+    if name == "reads":
+        with store._lock:
+            return {"read_by_replica": {t: list(v) for t, v in store.read_by_replica.items()}}
     if name == "collect_garbage":
         return store.collect_garbage(body.get("keep", {}), float(body.get("min_age_s", 1800.0)))
     raise FailedPrecondition(f"unknown store node action {short(name)}")

@@ -1,11 +1,13 @@
 """Arrow Flight: the store node's data-plane server, and the coordinator's transport to it.
 
 Node server:
-- ``DoPut`` with a command descriptor ``{"table", "extent", "buckets"}``: write one extent; the
-  reply metadata is ``{"bytes", "checksum", "buckets", "rows"}``.
+- ``DoPut`` with a command descriptor ``{"table", "extent", "buckets", "codec"}``: write one extent
+  (``codec``: its replica's, "" or absent: the node's ``--extent-compression``); the reply
+  metadata is ``{"bytes", "checksum", "buckets", "rows", "codec"}``.
 - ``DoGet`` with a JSON ticket: ``{"op": "read", ...}`` an extent or one bucket of it;
   ``fragment`` / ``map`` / ``reduce`` a query task; ``shuffle_take`` a shuffle bucket.
-- ``DoAction``: ``rebuild``, ``delete``, ``drop_table``, ``shuffle_drop``, ``verify``, ``stats``.
+- ``DoAction``: ``rebuild``, ``delete``, ``drop_table``, ``shuffle_drop``, ``verify``, ``stats``,
+  ``reads``.
 
 Errors cross Flight as ``FlightServerError("<Type>: message")`` and are turned back into the
 same microco error on the caller's side."""
@@ -260,7 +262,10 @@ class StoreFlightServer(flight.FlightServerBase):
             rows = reader.read_all()
             _check_buckets(req["buckets"], rows.num_rows)
             t1 = time.perf_counter()
-            res = self.store.put_extent(req["table"], req["extent"], rows, req["buckets"])
+            codec = req.get("codec") or ""
+            if not isinstance(codec, str):
+                raise InvalidArgument("extent descriptor: codec must be a string")
+            res = self.store.put_extent(req["table"], req["extent"], rows, req["buckets"], codec)
             log.info(
                 "extent %s/%s: %d bytes received in %.2fs, written in %.2fs",
                 req["table"],
@@ -348,6 +353,7 @@ class StoreFlightServer(flight.FlightServerBase):
             ("shuffle_drop", ""),
             ("verify", "check an extent's checksum"),
             ("stats", ""),
+            ("reads", "Arrow bytes read per table and replica since the node started"),
             ("collect_garbage", "delete unreferenced extent files older than min_age_s"),
         ]
 
@@ -411,9 +417,11 @@ class FlightTransport:
     def live_nodes(self) -> list[NodeInfo]:
         return _live(self.kv)
 
-    def put_extent(self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list) -> dict:
+    def put_extent(
+        self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list, codec: str = ""
+    ) -> dict:
         desc = flight.FlightDescriptor.for_command(
-            json.dumps({"table": table, "extent": extent_id, "buckets": buckets})
+            json.dumps({"table": table, "extent": extent_id, "buckets": buckets, "codec": codec})
         )
         try:
             writer, meta = self.clients.get(node.address).do_put(desc, rows.schema, _OPTS)

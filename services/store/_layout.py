@@ -41,12 +41,18 @@ TABLES_KEPT = 8  # column sets of whole-extent reads kept assembled per open ext
 ZSTD_LEVEL = 1  # measured: level 3 is 0.5% smaller on TPC-H lineitem and writes ~2x slower
 
 
+def check_codec(codec: str, what: str = "extent codec") -> str:
+    """``codec`` when it names one of ``CODECS``; else a clear ``ValueError``."""
+    if codec not in CODECS:
+        raise ValueError(f"unknown {what} {codec!r}: one of {', '.join(CODECS)}")
+    return codec
+
+
 def write_options(compression: str | None) -> pa.ipc.IpcWriteOptions:
     """IPC write options for ``compression`` (``zstd``, ``lz4``, ``none``/None)."""
     if compression in (None, "", "none"):
         return pa.ipc.IpcWriteOptions()
-    if compression not in CODECS:
-        raise ValueError(f"unknown extent compression {compression!r}: one of {', '.join(CODECS)}")
+    check_codec(compression, "extent compression")
     codec = pa.Codec("zstd", ZSTD_LEVEL) if compression == "zstd" else pa.Codec("lz4_frame")
     return pa.ipc.IpcWriteOptions(compression=codec)
 
@@ -76,10 +82,18 @@ class ExtentMeta:
     # the file's size on its node (compressed); 0 in records written before compression, whose
     # files were the uncompressed ``bytes``. ``bytes`` is the Arrow data's size, what a read yields.
     file_bytes: int = 0
+    # the codec its file was written with ("" in records written before codecs per replica)
+    codec: str = ""
 
     @property
     def stored_bytes(self) -> int:
         return self.file_bytes or self.bytes
+
+    @property
+    def written_codec(self) -> str:
+        """Its file's codec; in older records, what their node wrote then (uncompressed files
+        before compression, whose ``file_bytes`` is 0; the default codec after)."""
+        return self.codec or (DEFAULT_COMPRESSION if self.file_bytes else "none")
 
     def to_json(self) -> dict[str, Any]:
         # what ``dataclasses.asdict`` gives, written out: asdict deep-copies field by field, and
@@ -96,6 +110,7 @@ class ExtentMeta:
             "buckets": [list(b) for b in self.buckets],
             "state": self.state,
             "file_bytes": self.file_bytes,
+            "codec": self.codec,
         }
 
     @classmethod

@@ -27,6 +27,7 @@ from ._layout import (
     DEFAULT_COMPRESSION,
     OpenExtent,
     bucketed_extents,
+    check_codec,
     file_checksum,
     open_extent,
     write_extent,
@@ -50,6 +51,14 @@ class CorruptExtent(MicrocoError):
 
     grpc_code = grpc.StatusCode.DATA_LOSS
     http_status = 500
+
+
+def extent_replica(extent_id: str) -> int | None:
+    """The replica of an extent by its id (``s000001-r2-p0003-...``, ``new_extent_id``)."""
+    parts = extent_id.split("-")
+    if len(parts) > 1 and parts[1][:1] == "r" and parts[1][1:] in ("0", "1", "2"):
+        return int(parts[1][1:])
+    return None
 
 
 class NodeStore:
@@ -83,6 +92,10 @@ class NodeStore:
         self._shuffle: dict[tuple[str, str, int], pa.Table] = {}
         self._lock = threading.Lock()
         self.bytes_read = 0
+        # table -> [replica 0, 1, 2]: Arrow bytes of the columns read from its extents here
+        # (decoded, or from the cache), since the node started: which replica serves the reads
+        # (``microco store nodes``; an operator choosing which replica to give a faster codec)
+        self.read_by_replica: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------------ extents
     def path(self, table: str, extent_id: str) -> Path:
@@ -91,14 +104,21 @@ class NodeStore:
         return safe_path(self.data_dir, "tables", table, extent_id + ".arrow")
 
     def put_extent(
-        self, table: str, extent_id: str, rows: pa.Table, buckets: list[list[int]]
+        self, table: str, extent_id: str, rows: pa.Table, buckets: list[list[int]], codec: str = ""
     ) -> dict[str, Any]:
+        """Write an extent with ``codec`` (its replica's, from the catalog; "": this node's
+        ``compression``, the default)."""
         p = self.path(table, extent_id)
-        size, checksum, sized = write_extent(p, rows, buckets, self.compression)
+        codec = codec or self.compression or "none"
+        try:
+            check_codec(codec)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        size, checksum, sized = write_extent(p, rows, buckets, codec)
         st = p.stat()
         with self._lock:
             self._verified[str(p)] = (st.st_mtime_ns, st.st_size, checksum)
-        return {"bytes": size, "checksum": checksum, "buckets": sized, "rows": rows.num_rows}
+        return {"bytes": size, "checksum": checksum, "buckets": sized, "rows": rows.num_rows, "codec": codec}
 
     def verify(self, table: str, extent_id: str, checksum: str | None, force: bool = False) -> Path:
         """The extent's path once its bytes match ``checksum``. Reads trust a cached verification
@@ -135,8 +155,11 @@ class NodeStore:
         p = self.verify(table, extent_id, checksum)
         ext = self._opened(p)
         t, n = ext.select(tuple(bucket) if bucket is not None else None, columns)  # type: ignore[arg-type]
+        replica = extent_replica(extent_id)
         with self._lock:
             self.bytes_read += n
+            if replica is not None:
+                self.read_by_replica.setdefault(table, [0, 0, 0])[replica] += t.nbytes
             self._charge(str(p), ext)
         return t
 
@@ -298,7 +321,8 @@ class NodeStore:
 
     # ------------------------------------------------------------------ recovery
     def rebuild(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Rebuild extent ``req['extent']`` (replica ``r``) from buckets of another replica."""
+        """Rebuild extent ``req['extent']`` (replica ``r``) from buckets of another replica (or,
+        recoding, from the extent itself), written with ``req['codec']`` (its replica's)."""
         specs = [PartitionSpec.from_json(s) for s in req["specs"]]
         r = req["replica"]
         parts = [self.read_source(src, None) for src in req["sources"]]
@@ -314,7 +338,7 @@ class NodeStore:
                 f"rebuild of {req['extent']}: rows do not all fall in partition {req['partition']}"
             )
         ((_, (ordered, index)),) = ext.items()
-        out = self.put_extent(req["table"], req["new_extent"], ordered, index)
+        out = self.put_extent(req["table"], req["new_extent"], ordered, index, req.get("codec") or "")
         out["bytes_read"] = bytes_read
         return out
 

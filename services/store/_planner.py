@@ -33,7 +33,7 @@ import pyarrow as pa
 from microco.common.errors import NotFound, Unavailable
 
 from ._catalog import TableInfo
-from ._layout import ExtentMeta, others
+from ._layout import DEFAULT_COMPRESSION, ExtentMeta, others
 from ._partition import partitions_for_predicate
 from ._placement import REPLICAS
 from ._query import Query
@@ -249,21 +249,49 @@ def bind(q: Query, tables: dict[str, TableInfo]) -> Bound:
 MOVE_WEIGHT = 4.0
 
 
+# CPU seconds a store node spends decoding one byte of an extent's Arrow data (the catalog's
+# ``bytes``: what a read yields) per codec: every column of 64-batch extents of 1M synthetic rows
+# (integers, floats, decimals, dates, strings; no benchmark's table), read as a node reads them
+# (``open_extent(...).select``, one thread), process CPU, median of 7 interleaved rounds. Measured
+# on this host with ``python -m microco.benchmarks.store_codecs`` (2026-12-03 06:29 UTC, load
+# average 3.2; docs/store.md, "Codecs per replica"). Re-run it on other hardware and put its
+# ``cpu_s_per_byte`` here. Not the disk: an uncompressed extent's bytes are mapped, not decoded.
+DECODE_S_PER_BYTE = {"zstd": 1.31e-9, "lz4": 0.60e-9, "none": 0.036e-9}
+# The cost unit of ``Cost.total`` is a byte read from an extent of the default codec: its
+# decoding is most of a read's time (docs/store.md, "Reading extents at scale factor 10"). A
+# byte of another codec costs its decode time in those units (lz4: about half a unit).
+UNITS_PER_DECODE_S = 1 / DECODE_S_PER_BYTE[DEFAULT_COMPRESSION]
+
+
 @dataclass(frozen=True)
 class Cost:
     """A plan's estimated work: rows and bytes read from extents (after pruning, needed columns
-    only), and bytes moved between nodes."""
+    only), bytes moved between nodes, and the CPU seconds decoding what is read at the codecs
+    of the extents read (``decode_s``; None: not estimated, a read counts its bytes)."""
 
     rows: int
     bytes_read: int
     bytes_moved: int
+    decode_s: float | None = None
+    codecs: str = ""  # the codecs read, for EXPLAIN
+
+    @property
+    def read_units(self) -> float:
+        return self.bytes_read if self.decode_s is None else self.decode_s * UNITS_PER_DECODE_S
 
     @property
     def total(self) -> float:
-        return self.bytes_read + MOVE_WEIGHT * self.bytes_moved
+        return self.read_units + MOVE_WEIGHT * self.bytes_moved
 
     def describe(self) -> str:
-        return f"~{self.rows} rows, {_mb(self.bytes_read)} read, {_mb(self.bytes_moved)} moved"
+        decode = "" if self.decode_s is None else f", ~{self.decode_s:.3g} CPU s decoding ({self.codecs})"
+        return f"~{self.rows} rows, {_mb(self.bytes_read)} read{decode}, {_mb(self.bytes_moved)} moved"
+
+    def plus(self, other: Cost, moved: int) -> Cost:
+        """Two sides read together, ``moved`` bytes moved."""
+        decode = None if self.decode_s is None or other.decode_s is None else self.decode_s + other.decode_s
+        codecs = "; ".join(x for x in (self.codecs, other.codecs) if x)
+        return Cost(self.rows + other.rows, self.bytes_read + other.bytes_read, moved, decode, codecs)
 
 
 def column_share(t: TableInfo, cols: Sequence[str]) -> float:
@@ -303,12 +331,40 @@ def _read_cost(t: TableInfo, units: Sequence[Unit], cols: Sequence[str]) -> tupl
     return rows, round(nbytes * column_share(t, cols))
 
 
+def extent_codec(t: TableInfo, e: ExtentMeta) -> str:
+    """The codec a read of ``e`` decodes: its file's as written (records carry it), else its
+    replica's in the catalog (the default, zstd, when unset)."""
+    return e.codec or t.codec(e.replica)
+
+
+def decode_estimate(t: TableInfo, units: Sequence[Unit], cols: Sequence[str]) -> tuple[float, str]:
+    """CPU seconds decoding what a side reads (each source's bytes of ``cols`` at its extent's
+    codec rate, ``DECODE_S_PER_BYTE``), and the codecs read (for EXPLAIN)."""
+    share = column_share(t, cols)
+    codec_of = {e.id: extent_codec(t, e) for e in t.extents()}
+    by_codec: dict[str, float] = defaultdict(float)
+    for u in units:
+        for src in u.sources:
+            by_codec[codec_of.get(src["extent"], t.codec(0))] += src["bytes"] * share
+    seconds = sum(n * DECODE_S_PER_BYTE[c] for c, n in by_codec.items())
+    return seconds, "/".join(sorted(by_codec)) or t.codec(0)
+
+
+def side_cost(t: TableInfo, units: Sequence[Unit], cols: Sequence[str], moved: int = 0) -> Cost:
+    """The cost of reading ``units`` of ``t`` (columns ``cols``), decoding included."""
+    rows, nbytes = _read_cost(t, units, cols)
+    decode, codecs = decode_estimate(t, units, cols)
+    return Cost(rows, nbytes, moved, decode, f"{t.name} {codecs}")
+
+
 def cheapest_replica(
     t: TableInfo, where: Sequence[Any], cols: Sequence[str], live: set[str], addresses: dict[str, str]
 ) -> tuple[int, Cost, list[Unit], set[int] | None]:
-    """The replica that reads the fewest bytes of ``cols`` after pruning by ``where`` (ties: the
-    lower replica), for plans that move what they read whatever the replica (SQL's gathered and
-    broadcast tables): ``(replica, cost, units, allowed partitions)``. A replica that cannot be
+    """The replica cheapest to read ``cols`` of after pruning by ``where`` (its bytes, decoded at
+    its codec's rate, and moved; ties: the lower replica), for plans that move what they read
+    whatever the replica (SQL's gathered and broadcast tables): ``(replica, cost, units, allowed
+    partitions)``. A replica that reads more bytes wins only if its decoding saves more than
+    moving those bytes costs (``Cost.total``). A replica that cannot be
     read at all (not even degraded) is skipped; if none can, its error is raised."""
     best = None
     last: Exception | None = None
@@ -319,9 +375,10 @@ def cheapest_replica(
         except Unavailable as exc:
             last = exc
             continue
-        rows, nbytes = _read_cost(t, units, cols)
-        if best is None or nbytes < best[1].bytes_read:
-            best = (r, Cost(rows, nbytes, nbytes), units, allowed)
+        c = side_cost(t, units, cols)
+        cost = replace(c, bytes_moved=c.bytes_read)
+        if best is None or cost.total < best[1].total:
+            best = (r, cost, units, allowed)
     if best is None:
         raise last or Unavailable(f"table {t.name!r} cannot be read")
     return best
@@ -360,7 +417,7 @@ def choose(bound: Bound, live: set[str], addresses: dict[str, str]) -> Choice:
     for r in options:
         allowed, why = pruned_partitions(a, r, q.where)
         units = replica_units(a, r, live, addresses, allowed)
-        rows, nbytes = _read_cost(a, units, bound.read_a)
+        read = side_cost(a, units, bound.read_a)
         kind = _single_kind(bound, r)
         moved = 0
         if kind == "agg_shuffle":
@@ -381,7 +438,7 @@ def choose(bound: Bound, live: set[str], addresses: dict[str, str]) -> Choice:
             Choice(
                 kind,
                 {a.name: r},
-                Cost(rows, nbytes, moved),
+                replace(read, bytes_moved=moved),
                 reasons,
                 units={a.name: units},
                 allowed={a.name: allowed},
@@ -415,8 +472,6 @@ def _choose_join(bound: Bound, live: set[str], addresses: dict[str, str]) -> Cho
             )
             ua = replica_units(a, ra, live, addresses, allowed)
             ub = replica_units(b, rb, live, addresses, allowed)
-            rows_a, bytes_a = _read_cost(a, ua, bound.read_a)
-            rows_b, bytes_b = _read_cost(b, ub, bound.read_b)
             moved = sum(
                 round(src["bytes"] * (share_a if src["table"] == a.name else share_b))
                 for _p, srcs, node in _copart_tasks(ua, ub)
@@ -427,7 +482,7 @@ def _choose_join(bound: Bound, live: set[str], addresses: dict[str, str]) -> Cho
                 Choice(
                     "join_copart",
                     {a.name: ra, b.name: rb},
-                    Cost(rows_a + rows_b, bytes_a + bytes_b, moved),
+                    side_cost(a, ua, bound.read_a).plus(side_cost(b, ub, bound.read_b), moved),
                     units={a.name: ua, b.name: ub},
                     allowed={a.name: allowed, b.name: allowed},
                 )
@@ -436,19 +491,19 @@ def _choose_join(bound: Bound, live: set[str], addresses: dict[str, str]) -> Cho
     # the shuffle join on the replicas that read least
     def cheapest(
         t: TableInfo, opts: list[int], where: Sequence[Any], cols: list[str]
-    ) -> tuple[int, Any, Any, int, int]:
+    ) -> tuple[int, Any, Any, Cost]:
         best = None
         for r in opts:
             allowed, _ = pruned_partitions(t, r, where)
             units = replica_units(t, r, live, addresses, allowed)
-            rows, nbytes = _read_cost(t, units, cols)
-            if best is None or nbytes < best[4]:
-                best = (r, units, allowed, rows, nbytes)
+            cost = side_cost(t, units, cols)
+            if best is None or cost.total < best[3].total:
+                best = (r, units, allowed, cost)
         assert best is not None
         return best
 
-    ra, ua, al_a, rows_a, bytes_a = cheapest(a, ra_opts, q.where, bound.read_a)
-    rb, ub, al_b, rows_b, bytes_b = cheapest(b, rb_opts, q.join.where, bound.read_b)
+    ra, ua, al_a, cost_a = cheapest(a, ra_opts, q.where, bound.read_a)
+    rb, ub, al_b, cost_b = cheapest(b, rb_opts, q.join.where, bound.read_b)
     n = max(len(set(_group_sources(ua)) | set(_group_sources(ub))), 1)
     keep_bytes = sum(u.bytes for u in ua) * column_share(a, bound.keep_a) + sum(
         u.bytes for u in ub
@@ -457,7 +512,7 @@ def _choose_join(bound: Bound, live: set[str], addresses: dict[str, str]) -> Cho
         Choice(
             "join_shuffle",
             {a.name: ra, b.name: rb},
-            Cost(rows_a + rows_b, bytes_a + bytes_b, round(keep_bytes * (n - 1) / n)),
+            cost_a.plus(cost_b, round(keep_bytes * (n - 1) / n)),
             units={a.name: ua, b.name: ub},
             allowed={a.name: al_a, b.name: al_b},
         )
@@ -685,7 +740,8 @@ def fragments(
     groups = _group_sources(units)
     head = f"table {a.name}: replica {r} ({a.specs[r].describe()})"
     reasons = choice.reasons
-    explain.append(head + (": " + "; ".join(reasons) if reasons else ": no replica matches better; default"))
+    fallback = ": no replica matches better; the cheapest to read (cost below)"
+    explain.append(head + (": " + "; ".join(reasons) if reasons else fallback))
     explain.append(
         f"reads {len(units)} extent units, {sum(u.bytes for u in units) / 1e6:.2f} MB on {len(groups)} nodes"
         + (f" (pruned to partitions {sorted(allowed)})" if allowed is not None else "")

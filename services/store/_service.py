@@ -46,9 +46,13 @@ REBUILT = Counter("microco_store_extents_rebuilt_total", "extents rebuilt by rec
 _KIND_TO_PB = {HASH: pb.PARTITION_KIND_HASH, RANGE: pb.PARTITION_KIND_RANGE}
 
 
-def spec_to_pb(s: PartitionSpec) -> pb.Partitioning:
+def spec_to_pb(s: PartitionSpec, codec: str = "") -> pb.Partitioning:
     return pb.Partitioning(
-        column=s.column, kind=_KIND_TO_PB[s.kind], partitions=s.partitions, range_bounds=list(s.bounds)
+        column=s.column,
+        kind=_KIND_TO_PB[s.kind],
+        partitions=s.partitions,
+        range_bounds=list(s.bounds),
+        codec=codec,
     )
 
 
@@ -141,7 +145,7 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
         return pb.Table(
             name=t.name,
             arrow_schema=t.schema.serialize().to_pybytes(),
-            replicas=[spec_to_pb(s) for s in t.specs],
+            replicas=[spec_to_pb(s, c) for s, c in zip(t.specs, t.codecs, strict=True)],
             rows=t.rows,
             bytes=t.stored_bytes,  # on the nodes' disks; the planner's t.bytes is the Arrow data's size
             super_extents=len(t.super_extents),
@@ -152,7 +156,8 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
 
     def CreateTable(self, request, context):
         specs = [spec_from_pb(p) for p in request.replicas]
-        self.core.create_table(request.name, schema_from_bytes(request.arrow_schema), specs)
+        codecs = [p.codec for p in request.replicas]
+        self.core.create_table(request.name, schema_from_bytes(request.arrow_schema), specs, codecs)
         self.owners.created(caller(context), request.name)
         return self._table_pb(request.name)
 
@@ -193,6 +198,7 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
                     alive=n["alive"],
                     bytes=n["bytes"],
                     extents=n["extents"],
+                    read_by_replica_json=json.dumps(n["read_by_replica"]) if n["read_by_replica"] else "",
                 )
                 for n in self.core.nodes()
             ]
@@ -299,6 +305,16 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
         else:
             self.core.recover(relax_domains=relax)
         return self.GetRecovery(request, context)
+
+    def Recode(self, request, context):
+        # an empty codec reads the progress (a reader of the table may); a change is its owner's
+        if not request.codec:
+            self.owners.check_read(caller(context), [request.table])
+            self.core.catalog.table_record(request.table)
+            return pb.RecoveryStatus(json=json.dumps(self.core.recode_progress(request.table)))
+        self.owners.check(caller(context), request.table, "recode")
+        progress = self.core.recode(request.table, request.replica, request.codec)
+        return pb.RecoveryStatus(json=json.dumps(progress))
 
     def Scrub(self, request, context):
         bad = self.core.scrub()

@@ -56,7 +56,16 @@ from . import _exec, _plancache
 from ._catalog import Catalog, TableInfo
 from ._limits import MAX_SQL_BYTES, MAX_SQL_DEPTH, MAX_SQL_LIST, short
 from ._placement import REPLICAS
-from ._planner import Unit, _nodes_by_bytes, _score, cheapest_replica, pruned_partitions, replica_units
+from ._planner import (
+    COST_TIE,
+    Unit,
+    _nodes_by_bytes,
+    _score,
+    cheapest_replica,
+    decode_estimate,
+    pruned_partitions,
+    replica_units,
+)
 
 if TYPE_CHECKING:
     from ._core import StoreCore
@@ -1515,6 +1524,36 @@ def _name_outputs(ctx: _Ctx, sel: exp.Select) -> bool:
     return True
 
 
+def _split_replica(ctx: _Ctx, t: TableInfo, where: list[Any], gcols: list[str]) -> tuple[int, list[str]]:
+    """The replica of the one table a query splits over: the best match (``_score``: a group-by
+    on its partition column, pruning); among equal matches the one whose read decodes least
+    (``decode_estimate``: its codec's rate over the bytes it reads; the plans' shapes, and so the
+    bytes they move, are the same), the lower number unless another saves more than
+    ``COST_TIE``. Returns it with the decoding reason for EXPLAIN (none when the tied replicas'
+    codecs are the same)."""
+    scores = {x: _score(t, x, where, gcols)[0] for x in range(REPLICAS)}
+    top = max(scores.values())
+    tied = [x for x in range(REPLICAS) if scores[x] == top]
+    if len(tied) == 1:
+        return tied[0], []
+    decode: dict[int, tuple[float, str]] = {}
+    for x in tied:
+        try:
+            units = replica_units(t, x, ctx.live, ctx.addresses, pruned_partitions(t, x, where)[0])
+        except Unavailable:
+            continue
+        decode[x] = decode_estimate(t, units, ctx.needed(t.schema))
+    if len({c for _, c in decode.values()}) < 2:
+        return tied[0], []  # one codec for all: their reads decode alike (ties: the lower number)
+    floor = min(d for d, _ in decode.values())
+    r = min(x for x, (d, _) in decode.items() if d <= floor * (1 + COST_TIE))
+    others = ", ".join(f"replica {x} ~{d:.3g} s ({c})" for x, (d, c) in sorted(decode.items()) if x != r)
+    d, c = decode[r]
+    return r, [
+        f"decoding its read ~{d:.3g} CPU s ({c}) against {others}: no replica matches the query better"
+    ]
+
+
 def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     subs = _subqueries(ctx, refs)
     sel = _simple_select(ctx.tree, subs.nodes if subs else ())
@@ -1559,9 +1598,9 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
         conds = pushable(ctx.tree, refs[big], colsets[names[big]], others)
         where = triples(conds, {s.column for s in t.specs})
         gcols = [g.name for g in group if isinstance(g, exp.Column)]
-        r = max(range(REPLICAS), key=lambda x: (_score(t, x, where, gcols)[0], -x))
+        r, decoding = _split_replica(ctx, t, where, gcols)
         chosen = {t.name: r}
-        reasons = _score(t, r, where, gcols)[1]
+        reasons = _score(t, r, where, gcols)[1] + decoding
         explain.append(
             f"table {t.name}: replica {r} ({t.specs[r].describe()})"
             + (": " + "; ".join(reasons) if reasons else "")

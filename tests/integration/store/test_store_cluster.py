@@ -785,3 +785,64 @@ def test_flight_sql_endpoint_is_registered_and_answers_adbc(fresh):
         cur.execute(sql)
         got = cur.fetch_arrow_table()
     assert same(rows(got), rows(client.sql(sql))) and same(rows(got), duck(sql))
+
+
+def _file_codecs(cluster: StoreCluster, table: str) -> dict[int, set[str]]:
+    """Each replica's codecs as its extent files on the nodes' disks say."""
+    from microco.services.store._layout import COMPRESSION_META
+
+    kv = EtcdKV(cluster.etcd)
+    try:
+        info = Catalog(kv).table(table)
+    finally:
+        kv.close()
+    out: dict[int, set[str]] = defaultdict(set)
+    for e in info.extents():
+        path = Path(cluster.root) / e.node / "tables" / table / f"{e.id}.arrow"
+        meta = pa.ipc.open_file(pa.memory_map(str(path))).schema.metadata or {}
+        out[e.replica].add(meta.get(COMPRESSION_META, b"none").decode())
+    return dict(out)
+
+
+def test_codecs_per_replica_and_a_live_recode_over_the_wire(fresh, capsys):
+    from microco.api.store.v1 import store_pb2 as pb
+    from microco.cli import main
+
+    c, client = fresh
+    base = ["store", "--coordinator", c.coordinator_address]
+    schema_arg = "o_id:int64,o_cust:int64,o_price:float64"
+    data = ORDERS.select(["o_id", "o_cust", "o_price"])
+    create = [*base, "create", "coded", "--schema", schema_arg, "--replica", "o_id:hash:4"]
+    assert main([*create, "--replica", "o_cust:hash:4@lz4", "--replica", "o_price:range:300,600"]) == 0
+    assert "(hash, lz4)" in capsys.readouterr().out
+    client.append("coded", data)
+    assert _file_codecs(c, "coded") == {0: {"zstd"}, 1: {"lz4"}, 2: {"zstd"}}
+    assert [r["codec"] for r in client.get_table("coded")["replicas"]] == ["zstd", "lz4", "zstd"]
+    # a scan no replica's partitioning matches reads the lz4 replica, and EXPLAIN says why
+    sql = "select count(*) as n, sum(o_price) as p from coded where o_price > 10"
+    want = duck(sql.replace("coded", "orders"))
+    assert same(rows(client.sql(sql)), want)
+    assert client.last_plan["replicas"] == {"coded": 1}
+    assert "decoding" in client.explain_sql(sql) and "lz4" in client.explain_sql(sql)
+    read = [sum(n["read_by_replica"].get("coded", [0, 0, 0])[r] for n in client.nodes()) for r in range(3)]
+    assert read[1] > 0 and read[0] == read[2] == 0  # the nodes say which replica served the reads
+    # recode replica 2 to lz4 on the live table, followed to its end by the CLI
+    assert main([*base, "recode", "coded", "2", "lz4", "--watch", "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["state"] == "done" and rec["recoded"] == rec["extents"] > 0, rec
+    assert _file_codecs(c, "coded") == {0: {"zstd"}, 1: {"lz4"}, 2: {"lz4"}}
+    assert client.recode("coded", 2)["state"] == "done"
+    assert same(rows(client.sql(sql)), want)
+    assert same(
+        rows(client.table("coded").on_replica(2).collect()), duck("select o_id, o_cust, o_price from orders")
+    )
+    # bad codecs: refused by the client, and by the coordinator when a request carries one
+    with pytest.raises(InvalidArgument, match="unknown extent codec 'gzip'"):
+        client.recode("coded", 1, "gzip")
+    with pytest.raises(InvalidArgument, match="unknown extent codec 'gzip'"):
+        client.create_table(
+            "bad", data.schema, ["o_id", "o_cust", pb.Partitioning(column="o_price", codec="gzip")]
+        )
+    assert main([*create, "--replica", "o_cust", "--replica", "o_price", "--codecs", "zstd,lz4"]) == 1
+    assert "three codecs" in capsys.readouterr().err
+    client.drop_table("coded")

@@ -17,16 +17,18 @@ PARTITION_KIND_HASH: PartitionKind
 PARTITION_KIND_RANGE: PartitionKind
 
 class Partitioning(_message.Message):
-    __slots__ = ("column", "kind", "partitions", "range_bounds")
+    __slots__ = ("column", "kind", "partitions", "range_bounds", "codec")
     COLUMN_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     RANGE_BOUNDS_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
     column: str
     kind: PartitionKind
     partitions: int
     range_bounds: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, column: _Optional[str] = ..., kind: _Optional[_Union[PartitionKind, str]] = ..., partitions: _Optional[int] = ..., range_bounds: _Optional[_Iterable[str]] = ...) -> None: ...
+    codec: str
+    def __init__(self, column: _Optional[str] = ..., kind: _Optional[_Union[PartitionKind, str]] = ..., partitions: _Optional[int] = ..., range_bounds: _Optional[_Iterable[str]] = ..., codec: _Optional[str] = ...) -> None: ...
 
 class Table(_message.Message):
     __slots__ = ("name", "arrow_schema", "replicas", "rows", "bytes", "super_extents", "extents", "unavailable_extents", "placement_json")
@@ -89,20 +91,22 @@ class ListTablesResponse(_message.Message):
     def __init__(self, tables: _Optional[_Iterable[_Union[Table, _Mapping]]] = ...) -> None: ...
 
 class StoreNode(_message.Message):
-    __slots__ = ("name", "flight_address", "fault_domain", "alive", "bytes", "extents")
+    __slots__ = ("name", "flight_address", "fault_domain", "alive", "bytes", "extents", "read_by_replica_json")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FLIGHT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     FAULT_DOMAIN_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     EXTENTS_FIELD_NUMBER: _ClassVar[int]
+    READ_BY_REPLICA_JSON_FIELD_NUMBER: _ClassVar[int]
     name: str
     flight_address: str
     fault_domain: str
     alive: bool
     bytes: int
     extents: int
-    def __init__(self, name: _Optional[str] = ..., flight_address: _Optional[str] = ..., fault_domain: _Optional[str] = ..., alive: _Optional[bool] = ..., bytes: _Optional[int] = ..., extents: _Optional[int] = ...) -> None: ...
+    read_by_replica_json: str
+    def __init__(self, name: _Optional[str] = ..., flight_address: _Optional[str] = ..., fault_domain: _Optional[str] = ..., alive: _Optional[bool] = ..., bytes: _Optional[int] = ..., extents: _Optional[int] = ..., read_by_replica_json: _Optional[str] = ...) -> None: ...
 
 class ListStoreNodesRequest(_message.Message):
     __slots__ = ()
@@ -197,6 +201,16 @@ class RecoveryStatus(_message.Message):
     json: str
     unavailable_extents: int
     def __init__(self, json: _Optional[str] = ..., unavailable_extents: _Optional[int] = ...) -> None: ...
+
+class RecodeRequest(_message.Message):
+    __slots__ = ("table", "replica", "codec")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    replica: int
+    codec: str
+    def __init__(self, table: _Optional[str] = ..., replica: _Optional[int] = ..., codec: _Optional[str] = ...) -> None: ...
 
 class ScrubRequest(_message.Message):
     __slots__ = ()

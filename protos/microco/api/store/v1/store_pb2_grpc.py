@@ -94,6 +94,11 @@ class StoreCoordinatorServiceStub:
                 request_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubRequest.SerializeToString,
                 response_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubResponse.FromString,
                 _registered_method=True)
+        self.Recode = channel.unary_unary(
+                '/microco.api.store.v1.StoreCoordinatorService/Recode',
+                request_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.RecodeRequest.SerializeToString,
+                response_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.RecoveryStatus.FromString,
+                _registered_method=True)
         self.GrantTableRead = channel.unary_unary(
                 '/microco.api.store.v1.StoreCoordinatorService/GrantTableRead',
                 request_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.TableGrantRequest.SerializeToString,
@@ -192,6 +197,15 @@ class StoreCoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Recode(self, request, context):
+        """Change one replica's codec on a live table: recorded at once (appends and rebuilds write
+        it), and the replica's extents rewritten in the background, each kept until its new copy
+        is durable and the catalog switched. An empty codec only reports the recode's progress.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GrantTableRead(self, request, context):
         """Sharing a table (docs/security.md): its owner or an administrator lets another user (and
         that user's jobs) read it, or withdraws that; the answer is the table's grants after it.
@@ -274,6 +288,11 @@ def add_StoreCoordinatorServiceServicer_to_server(servicer, server):
                     servicer.Scrub,
                     request_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubRequest.FromString,
                     response_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubResponse.SerializeToString,
+            ),
+            'Recode': grpc.unary_unary_rpc_method_handler(
+                    servicer.Recode,
+                    request_deserializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.RecodeRequest.FromString,
+                    response_serializer=microco_dot_api_dot_store_dot_v1_dot_store__pb2.RecoveryStatus.SerializeToString,
             ),
             'GrantTableRead': grpc.unary_unary_rpc_method_handler(
                     servicer.GrantTableRead,
@@ -615,6 +634,33 @@ class StoreCoordinatorService:
             '/microco.api.store.v1.StoreCoordinatorService/Scrub',
             microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubRequest.SerializeToString,
             microco_dot_api_dot_store_dot_v1_dot_store__pb2.ScrubResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Recode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/microco.api.store.v1.StoreCoordinatorService/Recode',
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.RecodeRequest.SerializeToString,
+            microco_dot_api_dot_store_dot_v1_dot_store__pb2.RecoveryStatus.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,145 @@
+"""What decoding an extent costs per codec on this host: the figures behind the planner's
+``DECODE_S_PER_BYTE`` (services/store/_planner.py). JSON on stdout.
+
+    python -m microco.benchmarks.store_codecs [--rows 1000000] [--rounds 7] [--parquet FILE]
+
+The rows are cut as a node's extents are (``write_extent``: one record batch per sub-bucket,
+``--batches`` of them) and read as a node reads them (``open_extent`` then ``select`` of every
+column: each column of each batch decoded once, on the reading thread). Per codec: process CPU
+seconds per byte of decoded Arrow data (the catalog's ``bytes``, what the planner's estimates
+count), the median of ``--rounds`` rounds, the codecs interleaved in a rotating order. The data
+is synthetic and seeded (integers, prices, decimals, dates and strings of several
+cardinalities, none of them a benchmark's table), or ``--parquet FILE``'s rows."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import tempfile
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from microco.services.store import to_plain_strings
+from microco.services.store._layout import CODECS, open_extent, write_extent
+
+WORDS = [
+    "amber", "basalt", "cinder", "delta", "ember", "fjord", "granite", "harbor", "island", "juniper",
+    "kestrel", "lagoon", "meadow", "nectar", "orchid", "prairie", "quartz", "ridge", "summit", "tundra",
+]  # fmt: skip
+
+
+def synthetic(rows: int, seed: int = 7) -> pa.Table:
+    """Mixed columns of the kinds analytic tables hold, seeded (no benchmark's data)."""
+    rng = np.random.default_rng(seed)
+    words = np.array(WORDS)
+    start = datetime.date(2000, 1, 1).toordinal() - datetime.date(1970, 1, 1).toordinal()
+    cents = rng.integers(100, 10_000_000, rows)
+    return pa.table(
+        {
+            "id": pa.array(np.arange(rows, dtype=np.int64) * 3 + rng.integers(0, 3, rows)),
+            "ref": pa.array(rng.integers(0, rows // 4 + 1, rows, dtype=np.int64)),
+            "count": pa.array(rng.integers(1, 100, rows, dtype=np.int64)),
+            "amount": pa.array(cents / 100.0),
+            "price": pa.array([Decimal(int(c)).scaleb(-2) for c in cents], pa.decimal128(15, 2)),
+            "ratio": pa.array(rng.random(rows)),
+            "day": pa.array((start + rng.integers(0, 3650, rows)).astype(np.int32), pa.date32()),
+            "flag": pa.array(words[rng.integers(0, 3, rows)]),
+            "kind": pa.array(words[rng.integers(0, len(WORDS), rows)]),
+            "label": pa.array(
+                [
+                    " ".join(x)
+                    for x in words[rng.integers(0, len(WORDS), (rows, 3))].tolist()  # free text
+                ]
+            ),
+        }
+    )
+
+
+def _buckets(rows: int, batches: int) -> list[list[int]]:
+    size = -(-rows // batches)
+    return [[k, 0, min(size, rows - k * size)] for k in range(batches) if k * size < rows]
+
+
+def measure(table: pa.Table, rounds: int, batches: int, directory: Path) -> dict[str, Any]:
+    buckets = _buckets(table.num_rows, batches)
+    cut = table.combine_chunks()
+    pieces, off = [], 0
+    for b in buckets:
+        pieces.append(cut.slice(off, b[2]).combine_chunks().to_batches()[0])
+        off += b[2]
+    rows = pa.Table.from_batches(pieces)
+    files: dict[str, Path] = {}
+    sizes: dict[str, int] = {}
+    data_bytes = 0
+    for codec in CODECS:
+        p = directory / f"{codec}.arrow"
+        size, _checksum, sized = write_extent(p, rows, buckets, codec)
+        files[codec], sizes[codec] = p, size
+        data_bytes = sum(b[3] for b in sized)
+    cpu: dict[str, list[float]] = {c: [] for c in CODECS}
+    for k in range(rounds + 1):  # the first round warms the page cache and the code paths
+        order = CODECS[k % len(CODECS) :] + CODECS[: k % len(CODECS)]
+        for codec in order:
+            t0 = time.process_time()
+            table_read, _n = open_extent(files[codec]).select(None, None)
+            _ = [c.chunks for c in table_read.columns]
+            dt = time.process_time() - t0
+            if k:
+                cpu[codec].append(dt)
+    return {
+        "rows": table.num_rows,
+        "columns": table.num_columns,
+        "batches": len(buckets),
+        "data_bytes": data_bytes,
+        "codecs": {
+            c: {
+                "file_bytes": sizes[c],
+                "cpu_s": statistics.median(cpu[c]),
+                "cpu_s_per_byte": statistics.median(cpu[c]) / data_bytes,
+                "rounds": cpu[c],
+            }
+            for c in CODECS
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m microco.benchmarks.store_codecs", description=__doc__)
+    ap.add_argument("--rows", type=int, default=1_000_000, help="synthetic rows (default 1M)")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--batches", type=int, default=64, help="record batches (sub-buckets) per extent")
+    ap.add_argument("--parquet", default="", help="measure this file's rows instead of synthetic ones")
+    args = ap.parse_args(argv)
+    if args.parquet:
+        # the first rows, in the types the store keeps (plain strings: a string_view slice
+        # counts the whole shared buffers in its nbytes)
+        first = next(pq.ParquetFile(args.parquet).iter_batches(batch_size=args.rows))
+        table = to_plain_strings(pa.Table.from_batches([first]))
+    else:
+        table = synthetic(args.rows)
+    started = datetime.datetime.now(datetime.UTC)
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as d:
+        out = measure(table, args.rounds, args.batches, Path(d))
+    out.update(
+        benchmark="store_codecs",
+        data=args.parquet or "synthetic",
+        started_utc=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        load_start=load,
+        load_end=os.getloadavg()[0],
+    )
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
