@@ -70,7 +70,7 @@ REPLICA_CODECS: dict[str, list[str]] = {}
 
 def parse_replica_codecs(text: str) -> tuple[str, list[str]]:
     """``TABLE=C0,C1,C2`` (``--replica-codecs``), each codec zstd, lz4 or none."""
-    from microco.clients.store._client import check_codec
+    from microco.clients.store import check_codec
     from microco.common.errors import InvalidArgument
 
     name, sep, rest = text.partition("=")

@@ -28,8 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from microco.services.store import to_plain_strings
-from microco.services.store._layout import CODECS, open_extent, write_extent
+from microco.services.store import CODECS, open_extent, to_plain_strings, write_extent
 
 WORDS = [
     "amber", "basalt", "cinder", "delta", "ember", "fjord", "granite", "harbor", "island", "juniper",

@@ -1330,7 +1330,10 @@ class AstraTorch(SessionBacked):
         # Abandoned (in the forward or in the backward's lazy compile): the trial fails, the
         # kind is not run again in this process, and this graph costs at least that here.
         why = f"{CompileDeadline.__name__}: compile abandoned after {elapsed / 1e3:.1f} s (its deadline)"
-        self.whole_failed.setdefault(kind, why)
+        # The deadline is the cause, whatever the guard caught: Dynamo wraps what a backend raises
+        # (BackendCompilerFailed), and on a busy machine the timer can fire where a caller turns
+        # it into another error (a CI run at load ~9: the guard kept the wrapper's message).
+        self.whole_failed[kind] = why
         self._pending_whole = None
         self.compile_costs.record(
             self._hw,

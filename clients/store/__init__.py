@@ -12,7 +12,16 @@ builder for queries::
     print(orders.group_by("o_custkey").agg(n=("count", "*")).explain())
 """
 
-from ._client import RELAX_METADATA, Frame, StoreClient, ipc_chunks, iter_file, load_file, parse_partitioning
+from ._client import (
+    RELAX_METADATA,
+    Frame,
+    StoreClient,
+    check_codec,
+    ipc_chunks,
+    iter_file,
+    load_file,
+    parse_partitioning,
+)
 from ._flight import OPTIONS as FLIGHT_OPTIONS
 from ._flight import FlightClients, from_flight_error
 from ._flight_tls import (
@@ -38,6 +47,7 @@ __all__ = [
     "Frame",
     "LoadProgress",
     "StoreClient",
+    "check_codec",
     "check_grant",
     "file_deadline_s",
     "file_rows",

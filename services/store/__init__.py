@@ -16,7 +16,7 @@ from ._catalog import Catalog, SuperExtent, TableInfo
 from ._core import AppendResult, LocalTransport, StoreCore, Transport, conform, finish
 from ._exec import to_plain_strings
 from ._flight import FlightTransport
-from ._layout import ExtentMeta
+from ._layout import CODECS, ExtentMeta, open_extent, write_extent
 from ._nodestore import CorruptExtent, NodeStore
 from ._partition import HASH, RANGE, PartitionSpec, partition_ids
 from ._placement import NodeInfo, check_row_copies, place_super_extent
@@ -27,6 +27,7 @@ from ._recovery import RebuildTask, plan_recovery
 from ._sql import duck
 
 __all__ = [
+    "CODECS",
     "HASH",
     "RANGE",
     "Agg",
@@ -52,9 +53,11 @@ __all__ = [
     "conform",
     "duck",
     "finish",
+    "open_extent",
     "partition_ids",
     "place_super_extent",
     "plan_query",
     "plan_recovery",
     "to_plain_strings",
+    "write_extent",
 ]

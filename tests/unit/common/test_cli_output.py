@@ -65,7 +65,10 @@ class _FakeTables:
         pass
 
     def list_tables(self) -> list[dict[str, Any]]:
-        replicas = [{"column": "trip_id", "kind": "hash"}, {"column": "city", "kind": "hash"}]
+        replicas = [
+            {"column": "trip_id", "kind": "hash", "codec": "zstd"},
+            {"column": "city", "kind": "hash", "codec": "lz4"},
+        ]
         return [
             {"name": "trips", "rows": 200_000, "bytes": 7_340_032, "extents": 48, "unavailable_extents": 0,
              "replicas": replicas},

@@ -267,3 +267,21 @@ def test_a_compile_whose_price_exceeds_what_it_could_save_is_not_started(tmp_pat
     assert ARMED_IN_BACKEND == []  # the backend never ran: nothing compiled, nothing abandoned
     assert explorer.reports and explorer.reports[0].failed
     astra.restore()
+
+
+def test_a_fired_deadline_is_the_failure_whatever_the_guard_caught(tmp_path):
+    """CI at load ~9: Inductor's compile was abandoned at its deadline (logged), but the guard
+    had caught Dynamo's wrapper (BackendCompilerFailed) first and kept its message, so the trial's
+    failure did not say why. A fired deadline is the cause: its message replaces the guard's, and
+    the graph's floor price is kept."""
+    import json
+
+    _eager, _model, _explorer, astra, _batch = _trial_run(tmp_path)
+    astra.whole_failed["plain"] = "BackendCompilerFailed: backend='WholeStepBackend' raised: KeyError"
+    astra._deadline_kind = "plain"
+    astra._deadline.fired, astra._deadline.last_ms = True, 1.5  # fired 1.5 ms into the compile
+    astra._disarm_deadline()
+    assert astra.whole_failed["plain"].startswith("CompileDeadline: compile abandoned")
+    records = json.loads((tmp_path / "c.json").read_text())
+    assert [e for hw in records.values() for e in hw.get("torch:whole:plain", []) if e.get("floor")]
+    assert not astra._deadline.fired
