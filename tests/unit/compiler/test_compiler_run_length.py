@@ -517,7 +517,7 @@ def test_the_asks_saving_is_priced_by_the_typical_step_an_earlier_run_measured(t
         torch.manual_seed(0)
         model = zm.make_model("lstm", 6, 8)  # a cell called per time step: a space to explore
         astra = AstraTorch(
-            model, LocalExplorer(), total_steps=300, compile_costs=HostCompileCosts(path),
+            model, LocalExplorer(), total_steps=60, compile_costs=HostCompileCosts(path),
             compile_choices=("eager",), threads=("1",), background=False,
         )  # fmt: skip
         priced: list[float] = []
@@ -535,7 +535,7 @@ def test_the_asks_saving_is_priced_by_the_typical_step_an_earlier_run_measured(t
                 opt.step()
         return astra, priced
 
-    first, priced = run(300)
+    first, priced = run(60)
     assert first.committed and first.session.base_ms is not None
     assert priced == [pytest.approx(first._probe_step_ms)]  # nothing measured before: the first step
     [row] = HostCompileCosts(path).measurements(first._hw, f"gain:{AstraTorch.FIRST_STEP_KIND}")
