@@ -1407,10 +1407,10 @@ class AstraTorch(SessionBacked):
                     # The lookup the probe ran, and what a load of this graph cost its trials
                     # here (its warm-up step: loading and the first run of the compiled code);
                     # never measured: the lookup plus the load beyond it learned across graphs
-                    # here, else the warm load's prior (``_warm_load_ms``).
+                    # here, else the warm load's prior (``_hit_price_ms``, the gate's price too).
                     probe = self.whole_probe_ms.get(kind, 0.0)
-                    warm = learned if learned is not None else probe + self._warm_load_ms(kind)
-                    prior = max(1.0, probe, warm)
+                    warm = self._hit_price_ms(probe, kind)
+                    prior = max(1.0, warm)
                     if kind in self._probe_unused:
                         # The ask is paid and its loaded compile kept ready: trying it costs
                         # what a load cost here beyond its ask (a sunk ask priced again pruned
