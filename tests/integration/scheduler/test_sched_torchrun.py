@@ -49,7 +49,19 @@ def ddp_cmd(out, steps=STEPS, sleep_ms=20, extra=()):
 
 
 def synthetic_cmd():
-    return [sys.executable, "-m", "microco.examples.synthetic_job", "--steps", "100000", "--compute-ms", "2"]
+    # Only holds the devices for its slices: it waits (9 ms a step) rather than burn a core the
+    # DDP job's ranks need while they start and resume (docs/testing.md, "CPU that grows").
+    return [
+        sys.executable,
+        "-m",
+        "microco.examples.synthetic_job",
+        "--steps",
+        "100000",
+        "--compute-ms",
+        "1",
+        "--io-ms",
+        "9",
+    ]
 
 
 def need_torch():

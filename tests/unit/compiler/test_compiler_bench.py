@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("tensorflow")
-
-from microco.benchmarks.compiler import bench_tf
-
+# TensorFlow is imported by the test, not at collection: every xdist worker collects every file,
+# and an import of TensorFlow (~8 CPU-s) in each was the slowest part of collecting the suite.
 pytestmark = pytest.mark.tensorflow
 
 
 def test_tf_benchmark_reports_every_field_and_a_next_run_at_the_commit():
+    pytest.importorskip("tensorflow")
+    from microco.benchmarks.compiler import bench_tf
+
     sizes = {"T": 2, "B": 2, "I": 4, "H": 4, "layers": 1}
     m = bench_tf("gru", sizes, run_steps=300, rounds=1, next_run=True)
     for key in ("name", "framework", "eager_ms", "static_ms", "microco_ms", "explore_steps", "explore_s"):
