@@ -360,13 +360,18 @@ def corpus() -> list[Case]:
 # XLA's of MobileNetV3Small alone 460 s): torch's LSTM (dynamo does not trace torch's RNN
 # modules, so torch.compile leaves it eager), torch's TransformerEncoder (a whole-step Inductor
 # compile of seconds, not minutes) and the custom Keras RNN cell (XLA compiles its while loop
-# once); microco explores once per length in QUICK_RUN_LENGTHS, each a run told that length
-# (1,000 steps reuse the 300-step run's: the nearest). Until issue 18's third session of
-# 2026-12-02 it explored once, told 300 steps, for all three lengths: a compile that pays only
-# over 5,000 steps was then never tried. The full corpus runs the CNNs, the ViT and the
-# transformers.
+# once). microco explores once per run length, each a run told that length, as in the full
+# corpus (:func:`explored_lengths`). The full corpus runs the CNNs, the ViT and the transformers.
 QUICK = ("torch-lstm", "torch-transformer", "keras-sublstm")
-QUICK_RUN_LENGTHS = (300, 5000)
+
+
+def explored_lengths(run_steps: int | None) -> tuple[int, ...]:
+    """The run lengths microco explores, each a first run told that length: ``--run-steps N``
+    alone (one exploration, whose totals serve every length), else all of :data:`RUN_LENGTHS`,
+    ``--quick`` included. Until 2026-12-03 (session 23) ``--quick`` explored 300 and 5,000 and
+    totalled 1,000 from the run told 300: a figure no 1,000-step run gives, since the core
+    prices every compile against the steps it is told remain (keras-sublstm: plain, 1.07x)."""
+    return (run_steps,) if run_steps else RUN_LENGTHS
 
 
 def balanced_orders(names: list[str]) -> list[list[str]]:
@@ -888,12 +893,7 @@ def run(args: Any, cases_of: Callable[[], list[Case]] = corpus, name: str = "pub
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     # Each run length explored by a run told that length (issue 18: exploration bounded by the
     # run's remaining steps); --run-steps N: one exploration, used for every length.
-    if args.run_steps:
-        lengths: tuple[int, ...] = (args.run_steps,)
-    elif args.quick and not args.models:
-        lengths = QUICK_RUN_LENGTHS
-    else:
-        lengths = RUN_LENGTHS
+    lengths = explored_lengths(args.run_steps)
     run_steps = lengths[0]
     rounds = 10  # --quick too (session 11): at 3 rounds contenders running the same code measured 1.5x apart
     started = time.time()
