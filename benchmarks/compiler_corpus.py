@@ -548,6 +548,13 @@ def bench_case(
     lengths = tuple(lengths or (run_steps,))
     adapter = _torch_adapter(case) if case.framework == "torch" else _tf_adapter(case)
     out: dict[str, Any] = {"name": case.name, "framework": case.framework, "source": case.source}
+    # What only the first contender in this process would pay (not a cost of one way of running
+    # the model), paid before any contender is timed; its seconds are reported.
+    warm = adapter.get("warm")
+    if warm is not None:
+        t0 = time.perf_counter()
+        warm()
+        out["process_warmup_s"] = round(time.perf_counter() - t0, 3)
     contenders: dict[str, _Contender] = {"eager": adapter["eager"]()}
     fresh = tempfile.mkdtemp(prefix="microco-corpus-inductor-") if cold_cache else None
 
@@ -812,6 +819,18 @@ def _tf_adapter(case: Case) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - XLA's own failure is reported, not ours
             return None, f"{type(exc).__name__}: {exc}"[:300]
 
+    def warm() -> None:
+        # TensorFlow's once-per-process work, which the runner's first contender (eager) alone
+        # paid, though a run of any contender in its own process pays it (session 23,
+        # 2026-12-03, keras-sublstm: eager's first step 0.7-3.9 s against microco's 7 steps,
+        # its own trace of the same step included, 0.3-1.2 s; a second instance's trace in one
+        # process took 0.54-0.59 s of CPU against the first's 0.78-0.80 s): autograph's
+        # conversion of the model's Python code and Keras' first trace, by a throwaway eager
+        # instance's step, and XLA's first compile, by a one-op function's.
+        fixed(False, "warm-up")
+        one = tf.constant([[1.0]])
+        tf.function(lambda v: v * 2.0, jit_compile=True)(one).numpy()
+
     def micro(n: int, explorer: Any, tag: str) -> tuple[Callable[[], Any], Any]:
         m = make()
         astra = AstraTF(m, opt(), case.loss, explorer, name=case.name, total_steps=n)
@@ -828,6 +847,7 @@ def _tf_adapter(case: Case) -> dict[str, Any]:
     return {
         "eager": lambda name="eager": fixed(False, name),
         "static": static,
+        "warm": warm,
         "micro": micro,
         "loss_rel": loss_rel,
         "structure": lambda astra: {"structured": astra.structured, "structure": astra.structure},
