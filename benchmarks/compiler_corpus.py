@@ -360,13 +360,18 @@ def corpus() -> list[Case]:
 # XLA's of MobileNetV3Small alone 460 s): torch's LSTM (dynamo does not trace torch's RNN
 # modules, so torch.compile leaves it eager), torch's TransformerEncoder (a whole-step Inductor
 # compile of seconds, not minutes) and the custom Keras RNN cell (XLA compiles its while loop
-# once); microco explores once per length in QUICK_RUN_LENGTHS, each a run told that length
-# (1,000 steps reuse the 300-step run's: the nearest). Until issue 18's third session of
-# 2026-12-02 it explored once, told 300 steps, for all three lengths: a compile that pays only
-# over 5,000 steps was then never tried. The full corpus runs the CNNs, the ViT and the
-# transformers.
+# once). microco explores once per run length, each a run told that length, as in the full
+# corpus (:func:`explored_lengths`). The full corpus runs the CNNs, the ViT and the transformers.
 QUICK = ("torch-lstm", "torch-transformer", "keras-sublstm")
-QUICK_RUN_LENGTHS = (300, 5000)
+
+
+def explored_lengths(run_steps: int | None) -> tuple[int, ...]:
+    """The run lengths microco explores, each a first run told that length: ``--run-steps N``
+    alone (one exploration, whose totals serve every length), else all of :data:`RUN_LENGTHS`,
+    ``--quick`` included. Until 2026-12-03 (session 23) ``--quick`` explored 300 and 5,000 and
+    totalled 1,000 from the run told 300: a figure no 1,000-step run gives, since the core
+    prices every compile against the steps it is told remain (keras-sublstm: plain, 1.07x)."""
+    return (run_steps,) if run_steps else RUN_LENGTHS
 
 
 def balanced_orders(names: list[str]) -> list[list[str]]:
@@ -543,6 +548,13 @@ def bench_case(
     lengths = tuple(lengths or (run_steps,))
     adapter = _torch_adapter(case) if case.framework == "torch" else _tf_adapter(case)
     out: dict[str, Any] = {"name": case.name, "framework": case.framework, "source": case.source}
+    # What only the first contender in this process would pay (not a cost of one way of running
+    # the model), paid before any contender is timed; its seconds are reported.
+    warm = adapter.get("warm")
+    if warm is not None:
+        t0 = time.perf_counter()
+        warm()
+        out["process_warmup_s"] = round(time.perf_counter() - t0, 3)
     contenders: dict[str, _Contender] = {"eager": adapter["eager"]()}
     fresh = tempfile.mkdtemp(prefix="microco-corpus-inductor-") if cold_cache else None
 
@@ -807,6 +819,18 @@ def _tf_adapter(case: Case) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - XLA's own failure is reported, not ours
             return None, f"{type(exc).__name__}: {exc}"[:300]
 
+    def warm() -> None:
+        # TensorFlow's once-per-process work, which the runner's first contender (eager) alone
+        # paid, though a run of any contender in its own process pays it (session 23,
+        # 2026-12-03, keras-sublstm: eager's first step 0.7-3.9 s against microco's 7 steps,
+        # its own trace of the same step included, 0.3-1.2 s; a second instance's trace in one
+        # process took 0.54-0.59 s of CPU against the first's 0.78-0.80 s): autograph's
+        # conversion of the model's Python code and Keras' first trace, by a throwaway eager
+        # instance's step, and XLA's first compile, by a one-op function's.
+        fixed(False, "warm-up")
+        one = tf.constant([[1.0]])
+        tf.function(lambda v: v * 2.0, jit_compile=True)(one).numpy()
+
     def micro(n: int, explorer: Any, tag: str) -> tuple[Callable[[], Any], Any]:
         m = make()
         astra = AstraTF(m, opt(), case.loss, explorer, name=case.name, total_steps=n)
@@ -823,6 +847,7 @@ def _tf_adapter(case: Case) -> dict[str, Any]:
     return {
         "eager": lambda name="eager": fixed(False, name),
         "static": static,
+        "warm": warm,
         "micro": micro,
         "loss_rel": loss_rel,
         "structure": lambda astra: {"structured": astra.structured, "structure": astra.structure},
@@ -888,12 +913,7 @@ def run(args: Any, cases_of: Callable[[], list[Case]] = corpus, name: str = "pub
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     # Each run length explored by a run told that length (issue 18: exploration bounded by the
     # run's remaining steps); --run-steps N: one exploration, used for every length.
-    if args.run_steps:
-        lengths: tuple[int, ...] = (args.run_steps,)
-    elif args.quick and not args.models:
-        lengths = QUICK_RUN_LENGTHS
-    else:
-        lengths = RUN_LENGTHS
+    lengths = explored_lengths(args.run_steps)
     run_steps = lengths[0]
     rounds = 10  # --quick too (session 11): at 3 rounds contenders running the same code measured 1.5x apart
     started = time.time()

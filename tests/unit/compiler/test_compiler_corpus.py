@@ -68,6 +68,73 @@ def test_corpus_case_reports_every_field_and_never_stops():
     assert m["rerun"]["committed_at_start"] and m["rerun"]["explore_steps"] == 0
 
 
+@pytest.mark.parametrize("quick", [True, False])
+def test_every_run_length_is_explored_by_a_run_told_that_length(monkeypatch, quick):
+    """keras-sublstm at 1,000 (session 23): ``--quick`` explored 300 and 5,000 and totalled
+    1,000 from the run told 300, whose core priced XLA's compile against 300 steps: a figure no
+    run of 1,000 steps gives. Every run length, ``--quick`` too, is now a run told that length;
+    ``--run-steps N`` alone explores once."""
+    import argparse
+
+    from microco.benchmarks import compiler_corpus as cc
+
+    told: list[tuple[int, ...]] = []
+
+    def bench(case, run_steps, rounds, lengths=None, cold_cache=False):
+        told.append(tuple(lengths))
+        return {"name": case.name, "microco_ms": None, "stopped": False, "config": {}}
+
+    monkeypatch.setattr(cc, "bench_case", bench)
+    case = Case("torch-lstm", "stand-in", lambda: None, lambda: (), lambda m: None)  # a --quick name
+    old = torch.get_num_threads()
+    try:
+        for run_steps, want in ((None, RUN_LENGTHS), (300, (300,))):
+            args = argparse.Namespace(threads=1, models=None, quick=quick, run_steps=run_steps, argv=[])
+            out = cc.run(args, lambda: [case])
+            assert told[-1] == want and out["run_lengths_explored"] == list(want)
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_the_process_is_warmed_before_any_contender_is_timed(monkeypatch):
+    """keras-sublstm (session 23): the runner's first contender, eager, paid TensorFlow's
+    once-per-process work (autograph's conversion of the cell, Keras' first trace): its first step
+    0.7-3.9 s against microco's whole exploration, its own trace included, 0.3-1.2 s. A run of
+    any contender in its own process pays that once; the runner now pays it before timing any."""
+    from microco.benchmarks import compiler_corpus as cc
+
+    order: list[str] = []
+
+    class Built(Exception):
+        pass
+
+    def eager(name="eager"):
+        order.append(name)
+        raise Built
+
+    monkeypatch.setattr(
+        cc, "_torch_adapter", lambda case: {"warm": lambda: order.append("warm"), "eager": eager}
+    )
+    case = Case("any", "stand-in", lambda: None, lambda: (), lambda m: None)
+    with pytest.raises(Built):
+        cc.bench_case(case, run_steps=10, rounds=1)
+    assert order == ["warm", "eager"]
+
+
+def test_the_keras_adapter_warms_tensorflow_on_a_throwaway_instance():
+    pytest.importorskip("tensorflow")
+    from microco.benchmarks.compiler_corpus import _keras_cases, _tf_adapter
+
+    case = next(c for c in _keras_cases() if c.name == "keras-sublstm")
+    adapter = _tf_adapter(case)
+    adapter["warm"]()  # the model's step traced and run once, and a one-op XLA compile
+    first = adapter["eager"]()  # the contenders are built after it, from the same seed
+    again = adapter["eager"]("eager_aa")
+    assert [w.numpy().tolist() for w in first.model.weights] == [
+        w.numpy().tolist() for w in again.model.weights
+    ]
+
+
 @pytest.mark.parametrize("count", [2, 3, 4, 5, 6])
 def test_the_interleaving_puts_every_contender_after_every_other_equally_often(count):
     """torch-transformer (issue 18, 2026-12-03): the runner rotated one order every round, which

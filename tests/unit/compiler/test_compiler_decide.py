@@ -252,3 +252,31 @@ def test_a_candidate_that_is_not_faster_is_not_committed_after_a_second_look():
     assert cfg.values == {"A.hoist": "off"}
     r = state.confirm_log[-1]
     assert r["pairs"] == 12 and r["wins"] == 8 and not r["confirmed"]  # 5 of 6, then 3 of 6
+
+
+def test_a_retime_that_confirms_the_best_against_the_baseline_gets_its_second_look_too():
+    """keras-sublstm at 5,000 steps (session 23, load 12): the baseline's trial ran beside other
+    work, so it was re-timed as the challenger of XLA's step; XLA won every pair (5 of 5, one tie
+    dropped), which as its confirmation against the baseline is p = 1/32, above the two-look
+    0.025. The second look was only ever offered to a challenger that came close, not to the
+    best the re-timing confirms: the baseline was committed, 1.15x behind the static compiler.
+    The side a re-timing against the baseline confirms gets the second look as a challenger does."""
+    state = start(_spec(), POLICY)
+    cfg = next_config(state, POLICY)
+    blocks = {"off": itertools.count(), "on": itertools.count()}
+    while not cfg.committed:
+        side, kind = cfg.values["A.hoist"], state.trials[cfg.trial].kind
+        if kind in ("retime", "confirm"):
+            k = next(blocks[side])
+            steps = [50.0] + ([10.0, 10.0] if side == "off" else [5.0, 5.0])
+            if k == 0:
+                steps[1] = 5.0  # a tie in the first block: 5 pairs, not 6
+            runnable = 3.0
+        else:
+            steps = [50.0] + [10.0 if side == "off" else 5.0] * POLICY.measure_steps
+            runnable = 5.0 if side == "off" else 3.0  # the baseline's trial beside other work
+        cfg = report(state, TrialReport(cfg.trial, steps, runnable=runnable), POLICY)
+    assert cfg.values == {"A.hoist": "on"}
+    r = state.interleaved
+    assert r["confirmed"] and (r["wins"], r["pairs"]) == (11, 11)  # 5 at the first look, 6 more
+    assert r["p"] <= POLICY.confirm_alpha / 2 and len(state.confirm_log) == 1
