@@ -611,6 +611,15 @@ def fragments(
         ua, ub = choice.units[a.name], choice.units[b.name]
         post = agg_post if is_agg else rows_post
         combine = is_agg and q.join.left_on not in q.group_by
+        # the side a node holds whole while the other streams through the join (its hash
+        # table's side): the one with fewer bytes of the columns it keeps
+        kept_a = sum(u.bytes for u in ua) * column_share(a, keep_a)
+        kept_b = sum(u.bytes for u in ub) * column_share(b, keep_b)
+        join_spec = {
+            "left_on": q.join.left_on,
+            "right_on": q.join.right_on,
+            "build": "L" if kept_a < kept_b else "R",
+        }
         if choice.kind == "join_copart":
             # each partition joins on the node holding most of its bytes; the partitions a node
             # runs form one fragment (rows of different partitions differ in the join key, so the
@@ -632,7 +641,7 @@ def fragments(
                         "op": "fragment",
                         "left": side_spec(a, keep_a, read_a, q.where, left),
                         "right": side_spec(b, keep_b, read_b, q.join.where, right),
-                        "join": {"left_on": q.join.left_on, "right_on": q.join.right_on},
+                        "join": join_spec,
                         "post": post,
                         # joined and aggregated a partition at a time (a scan's top-k stays per node)
                         "by_partition": by_partition and is_agg,
@@ -699,7 +708,7 @@ def fragments(
                     "bucket": i,
                     "peers": {"L": peers_l, "R": peers_r},
                     "addresses": {p: addresses.get(p, "") for p in set(peers_l) | set(peers_r)},
-                    "join": {"left_on": q.join.left_on, "right_on": q.join.right_on},
+                    "join": join_spec,
                     "post": post,
                 },
             )
