@@ -458,17 +458,23 @@ def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
             }
         )
     if op == "reduce":
-        qid, i = task["qid"], task["bucket"]
-        peers = task["peers"]
+        qid, peers = task["qid"], task["peers"]
+        # bucket i of n reducers; in rounds, its sub-buckets i + n * m, one at a time
+        n, rounds = int(task.get("reducers", 1)), int(task.get("rounds", 1))
+        outs = []
+        for m in range(rounds):
+            i = task["bucket"] + m * n
 
-        def bucket(tag: str) -> Stream:
-            # the peers' buckets a peer at a time (each taken from its peer as it is consumed)
-            return peeked(env.shuffle_get(p, qid, tag, i) for p in peers[tag])
+            def bucket(tag: str, i: int = i) -> Stream:
+                # the peers' buckets a peer at a time (each taken from its peer as it is consumed)
+                return peeked(env.shuffle_get(p, qid, tag, i) for p in peers[tag])
 
-        if task.get("join") is not None:
-            j = task["join"]
-            return join_post(bucket("L"), bucket("R"), j, task.get("post"), j.get("build", "R"))
-        return stream_post(bucket("L"), task.get("post"))
+            if task.get("join") is not None:
+                j = task["join"]
+                outs.append(join_post(bucket("L"), bucket("R"), j, task.get("post"), j.get("build", "R")))
+            else:
+                outs.append(stream_post(bucket("L"), task.get("post")))
+        return concat(outs)
     raise ValueError(f"unknown task op {op!r}")
 
 

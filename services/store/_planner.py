@@ -537,6 +537,13 @@ def _copart_tasks(ua: Sequence[Unit], ub: Sequence[Unit]) -> list[tuple[int, lis
     return out
 
 
+# The bytes of a shuffle join's build side (the columns it keeps) one reducer holds at once: a
+# reducer whose share is larger takes it in rounds, a sub-bucket at a time (its hash table is
+# some 3-5x these bytes in Acero). Scale factor 10's orders⋈lineitem: 2-3 rounds a reducer.
+JOIN_BUILD_BYTES = 64 << 20
+MAX_ROUNDS = 64
+
+
 def plan_query(
     q: Query,
     tables: dict[str, TableInfo],
@@ -544,14 +551,16 @@ def plan_query(
     addresses: dict[str, str],
     qid: str = "q",
     by_partition: bool = True,
+    join_build_bytes: int = JOIN_BUILD_BYTES,
 ) -> Plan:
     """Plan ``q`` over the committed catalog ``tables`` with the live store nodes ``live``:
     ``bind`` (columns), ``choose`` (replicas and strategy by estimated cost), ``fragments``
-    (``by_partition``: an ``agg_local`` fragment aggregates each partition alone)."""
+    (``by_partition``: an ``agg_local`` fragment aggregates each partition alone;
+    ``join_build_bytes``: what a shuffle join's reducer holds of its build side at once)."""
     live = set(live)
     bound = bind(q, tables)
     choice = choose(bound, live, addresses)
-    return fragments(bound, choice, live, addresses, qid, by_partition)
+    return fragments(bound, choice, live, addresses, qid, by_partition, join_build_bytes)
 
 
 def _cost_lines(choice: Choice) -> list[str]:
@@ -568,6 +577,7 @@ def fragments(
     addresses: dict[str, str],
     qid: str = "q",
     by_partition: bool = True,
+    join_build_bytes: int = JOIN_BUILD_BYTES,
 ) -> Plan:
     """The chosen plan as tasks for the store nodes (and the coordinator's final merge)."""
     q, a, b = bound.q, bound.a, bound.b
@@ -676,6 +686,9 @@ def fragments(
         ga, gb = _group_sources(ua), _group_sources(ub)
         reducers = sorted(set(ga) | set(gb)) or sorted(live)[:1]
         n = len(reducers)
+        # a reducer's share of the build side over the bound: its buckets in rounds, a
+        # sub-bucket each (bucket i + n * m of n * rounds), the build side of one held at a time
+        rounds = min(MAX_ROUNDS, max(1, -(-round(min(kept_a, kept_b)) // (n * max(join_build_bytes, 1)))))
         maps = []
         for tag, t, groups, keep, read, where, key in (
             ("L", a, ga, keep_a, read_a, q.where, q.join.left_on),
@@ -693,7 +706,7 @@ def fragments(
                             "tag": tag,
                             "side": side_spec(t, keep, read, where, srcs),
                             "key": [key],
-                            "n": n,
+                            "n": n * rounds,
                         },
                     )
                 )
@@ -706,6 +719,8 @@ def fragments(
                     "op": "reduce",
                     "qid": qid,
                     "bucket": i,
+                    "reducers": n,
+                    "rounds": rounds,
                     "peers": {"L": peers_l, "R": peers_r},
                     "addresses": {p: addresses.get(p, "") for p in set(peers_l) | set(peers_r)},
                     "join": join_spec,
@@ -725,6 +740,12 @@ def fragments(
             + f" (using {a.name} replica {ra}: {a.specs[ra].describe()}, "
             f"{b.name} replica {rb}: {b.specs[rb].describe()}): shuffle both sides by the join key "
             f"into {n} buckets"
+            + (
+                f" of {rounds} sub-buckets, joined a sub-bucket at a time (the build side's ~{_mb(round(min(kept_a, kept_b)))} "
+                f"over {n} reducers is over {_mb(join_build_bytes)} each)"
+                if rounds > 1
+                else ""
+            )
         )
         explain.append(
             f"shuffle: {sum(u.bytes for u in list(ua) + list(ub)) / 1e6:.2f} MB scanned on {len(set(ga) | set(gb))} nodes, "

@@ -153,3 +153,29 @@ def test_a_shuffle_map_splits_its_sources_one_at_a_time(loaded):
     # the buckets it keeps for the reducers, plus an extent or two being split (1.09x the
     # buckets, measured); before, the node's rows read whole and their reordered copy (2.5x)
     assert res["peak"] < 1.5 * held, (res["peak"], held)
+
+
+def test_a_shuffle_join_reducer_over_its_bound_joins_a_sub_bucket_at_a_time(loaded):
+    core, _root, want = loaded
+    q = Query(
+        "o",
+        join=Join("li", "o_key", "l_key", replica=1),
+        group_by=("o_prio",),
+        aggs=(Agg("sum", "l_qty", "q"),),
+    )
+    _, whole = core.query(q)
+    assert all(t.get("rounds", 1) == 1 for _, t in whole.stages[1])  # orders' ~0.5 MB: one round
+    core.join_build_bytes = 16 << 10
+    try:
+        got, plan = core.query(q)
+    finally:
+        core.join_build_bytes = 64 << 20
+    reduces = [t for _, t in plan.stages[1]]
+    rounds = reduces[0]["rounds"]
+    # each reducer's share of the build side (orders' two kept columns) over 16 kB
+    assert rounds > 2 and all(t["rounds"] == rounds for t in reduces)
+    assert all(t["n"] == len(reduces) * rounds for _, t in plan.stages[0])
+    assert "joined a sub-bucket at a time" in plan.explain_text()
+    assert dict(zip(got["o_prio"].to_pylist(), got["q"].to_pylist(), strict=True)) == want
+    # the same rows cross, in more pieces (a string column's offsets: 4 bytes more a piece)
+    assert whole.moved_bytes <= plan.moved_bytes < whole.moved_bytes * 1.001
