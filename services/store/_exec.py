@@ -5,6 +5,7 @@ Arrow Flight, or an in-process cluster in the unit tests)."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import time
 from collections import deque
@@ -20,6 +21,10 @@ from pyarrow import acero
 from ._partition import _literal_array, _mix, hash_codes
 from ._query import Agg
 
+try:
+    _LIBC: Any = ctypes.CDLL("libc.so.6")
+except OSError:  # not glibc
+    _LIBC = None
 _READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="store-read")
 TIMINGS_META = b"microco.timings"  # a fragment's own seconds, in its result's schema metadata
 
@@ -542,7 +547,28 @@ def run_task_stream(env: Env, task: dict[str, Any]) -> pa.RecordBatchReader:
         took = json.dumps({"read": t1 - t0, "run": time.perf_counter() - t1}).encode()
         return _with_metadata(reader, {TIMINGS_META: took})
     t = run_task(env, task)
-    return pa.RecordBatchReader.from_batches(t.schema, t.to_batches())
+    schema, left = t.schema, deque(t.to_batches())
+    del t
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        try:
+            while left:
+                yield left.popleft()
+        finally:
+            left.clear()
+            release_unused()
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
+
+
+def release_unused() -> None:
+    """Hand the memory Arrow's pool keeps for reuse back to the system once a task's result has
+    gone: mimalloc keeps freed pages, so a node's resident memory otherwise stays at the largest
+    working set of any task it ran (summed over a cluster's processes on one machine, what ran
+    it out of memory at scale factor 10)."""
+    pa.default_memory_pool().release_unused()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)  # what Acero's threads allocated outside the pool (glibc arenas)
 
 
 def _with_metadata(reader: pa.RecordBatchReader, meta: dict[bytes, bytes]) -> pa.RecordBatchReader:
@@ -554,6 +580,7 @@ def _with_metadata(reader: pa.RecordBatchReader, meta: dict[bytes, bytes]) -> pa
                 yield b.replace_schema_metadata(schema.metadata)
         finally:
             reader.close()
+            release_unused()
 
     return pa.RecordBatchReader.from_batches(schema, batches())
 
