@@ -82,24 +82,9 @@ def loaded(tmp_path_factory):
     tr = LocalTransport(str(root), NODES)
     # many super-extents: a partition's probe side is many extents, as at scale
     core = StoreCore(MemoryKV(), tr, super_extent_rows=125_000, recovery_rate_bytes=0)
-    core.create_table(
-        "o",
-        orders.schema,
-        [
-            PartitionSpec("o_key", "hash", 2),
-            PartitionSpec("o_cust", "hash", 2),
-            PartitionSpec("o_prio", "hash", 2),
-        ],
-    )
-    core.create_table(
-        "li",
-        items.schema,
-        [
-            PartitionSpec("l_key", "hash", 2),
-            PartitionSpec("l_part", "hash", 2),
-            PartitionSpec("l_qty", "hash", 2),
-        ],
-    )
+    for name, t in (("o", orders), ("li", items)):
+        # replica 0 on the join key (hashed alike: co-partitioned), the others on other columns
+        core.create_table(name, t.schema, [PartitionSpec(c, "hash", 2) for c in t.column_names])
     core.append("o", orders)
     core.append("li", items)
     want: dict[str, int] = {}
@@ -110,6 +95,10 @@ def loaded(tmp_path_factory):
 
 
 JOIN = Query("o", join=Join("li", "o_key", "l_key"), group_by=("o_prio",), aggs=(Agg("sum", "l_qty", "q"),))
+# the same join on a replica of lineitem not partitioned on the key: a shuffle join
+SHUFFLED = Query(
+    "o", join=Join("li", "o_key", "l_key", replica=1), group_by=("o_prio",), aggs=(Agg("sum", "l_qty", "q"),)
+)
 
 
 def test_a_copartitioned_join_holds_its_build_side_not_its_probe_side(loaded):
@@ -135,13 +124,7 @@ def test_a_copartitioned_join_holds_its_build_side_not_its_probe_side(loaded):
 
 def test_a_shuffle_map_splits_its_sources_one_at_a_time(loaded):
     core, root, want = loaded
-    q = Query(
-        "o",
-        join=Join("li", "o_key", "l_key", replica=1),
-        group_by=("o_prio",),
-        aggs=(Agg("sum", "l_qty", "q"),),
-    )
-    got, plan = core.query(q)
+    got, plan = core.query(SHUFFLED)
     assert plan.kind == "join_shuffle"
     assert dict(zip(got["o_prio"].to_pylist(), got["q"].to_pylist(), strict=True)) == want
     node, task = max(
@@ -157,17 +140,11 @@ def test_a_shuffle_map_splits_its_sources_one_at_a_time(loaded):
 
 def test_a_shuffle_join_reducer_over_its_bound_joins_a_sub_bucket_at_a_time(loaded):
     core, _root, want = loaded
-    q = Query(
-        "o",
-        join=Join("li", "o_key", "l_key", replica=1),
-        group_by=("o_prio",),
-        aggs=(Agg("sum", "l_qty", "q"),),
-    )
-    _, whole = core.query(q)
+    _, whole = core.query(SHUFFLED)
     assert all(t.get("rounds", 1) == 1 for _, t in whole.stages[1])  # orders' ~0.5 MB: one round
     core.join_build_bytes = 16 << 10
     try:
-        got, plan = core.query(q)
+        got, plan = core.query(SHUFFLED)
     finally:
         core.join_build_bytes = 64 << 20
     reduces = [t for _, t in plan.stages[1]]
