@@ -255,7 +255,7 @@ def side_tables(env: Env, side: dict[str, Any]) -> Iterator[pa.Table]:
         return
     it = iter(sources)
     window: deque[Future[pa.Table]] = deque(
-        _READERS.submit(one, src) for src, _ in zip(it, range(PREFETCH + 1))
+        _READERS.submit(one, src) for _, src in zip(range(PREFETCH + 1), it)
     )
     while window:
         got = window.popleft().result()

@@ -156,3 +156,22 @@ def test_a_shuffle_join_reducer_over_its_bound_joins_a_sub_bucket_at_a_time(load
     assert dict(zip(got["o_prio"].to_pylist(), got["q"].to_pylist(), strict=True)) == want
     # the same rows cross, in more pieces (a string column's offsets: 4 bytes more a piece)
     assert whole.moved_bytes <= plan.moved_bytes < whole.moved_bytes * 1.001
+
+
+def test_a_streamed_side_reads_every_source_once_wherever_they_are():
+    from microco.services.store import _exec
+
+    read = []
+
+    class Env:
+        def read_source(self, source, columns):
+            read.append(source["id"])
+            return pa.table({"k": [source["id"]], "v": [1]})
+
+    for nodes in (["n0"], ["n0", "n1", "n2"]):  # local reads, and peers' read ahead in parallel
+        read.clear()
+        side = {"sources": [{"id": i, "node": nodes[i % len(nodes)]} for i in range(9)], "keep": None}
+        got = [t["k"][0].as_py() for t in _exec.side_tables(Env(), side)]
+        assert got == list(range(9)) and sorted(read) == list(range(9))
+        post = {"agg": {"keys": [], "aggs": [["sum", "v", "n"]]}}
+        assert _exec.stream_post(_exec.side_stream(Env(), side), post)["n"].to_pylist() == [9]
