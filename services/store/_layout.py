@@ -14,6 +14,7 @@ before it serves the extent, so a corrupt file is detected and not served.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -373,6 +374,10 @@ def open_extent(path: Path) -> OpenExtent:
     codec = (reader.schema.metadata or {}).get(COMPRESSION_META, b"none")
     if codec != b"none":
         source = pa.OSFile(str(path), "r")
+        with contextlib.suppress(AttributeError, OSError):  # no fadvise: read-ahead stays on
+            # no read-ahead on this file's reads: between one needed buffer and the next lie a
+            # few kB of other columns, which the kernel's read-ahead would read too
+            os.posix_fadvise(source.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
         reader = pa.ipc.open_file(source)
     return OpenExtent(source, reader, compressed=codec != b"none")
 
