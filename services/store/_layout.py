@@ -364,11 +364,12 @@ class OpenExtent:
 
 def open_extent(path: Path) -> OpenExtent:
     """Open an extent file: memory-mapped when uncompressed (its batches are views of the map);
-    compressed, through positioned reads of the buffers a query selects. A map would fault in
-    the pages of a column subset's buffers, which lie between every other column's in each
-    sub-bucket's batch, and the kernel's read-ahead around them: a cold query read the whole file
-    from disk (scale factor 10's Q6: 3.8-4.6 GB for four of `lineitem`'s sixteen columns, where
-    DuckDB read 0.62 GB of Parquet; docs/store.md)."""
+    compressed, through positioned reads of the buffers a query selects, read-ahead off. A map
+    would fault in the pages of a column subset's buffers, which lie between every other
+    column's in each sub-bucket's batch, and the kernel's read-ahead around them (so would reads
+    with read-ahead on): a cold query read the whole file from disk (scale factor 10's Q6:
+    3.8-4.6 GB for four of `lineitem`'s sixteen columns, where DuckDB read 0.62 GB of Parquet;
+    docs/store.md)."""
     source: Any = pa.memory_map(str(path), "r")
     reader = pa.ipc.open_file(source)
     codec = (reader.schema.metadata or {}).get(COMPRESSION_META, b"none")
