@@ -14,7 +14,6 @@ before it serves the extent, so a corrupt file is detected and not served.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
@@ -258,7 +257,9 @@ class OpenExtent:
     (``NodeStore``). So a query decompresses only the columns it reads, and a recovery read of
     one bucket only that bucket's batches."""
 
-    def __init__(self, source: pa.NativeFile, reader: pa.ipc.RecordBatchFileReader, compressed: bool) -> None:
+    def __init__(
+        self, source: pa.MemoryMappedFile, reader: pa.ipc.RecordBatchFileReader, compressed: bool
+    ) -> None:
         schema = reader.schema
         index = json.loads((schema.metadata or {}).get(BUCKETS_META, b"[]"))
         n = reader.num_record_batches
@@ -363,23 +364,11 @@ class OpenExtent:
 
 
 def open_extent(path: Path) -> OpenExtent:
-    """Open an extent file: memory-mapped when uncompressed (its batches are views of the map);
-    compressed, through positioned reads of the buffers a query selects, read-ahead off. A map
-    would fault in the pages of a column subset's buffers, which lie between every other
-    column's in each sub-bucket's batch, and the kernel's read-ahead around them (so would reads
-    with read-ahead on): a cold query read the whole file from disk (scale factor 10's Q6:
-    3.8-4.6 GB for four of `lineitem`'s sixteen columns, where DuckDB read 0.62 GB of Parquet;
-    docs/store.md)."""
-    source: Any = pa.memory_map(str(path), "r")
+    """Open an extent file, memory-mapped: only the batches (and, compressed, the columns of
+    them) a query selects are touched."""
+    source = pa.memory_map(str(path), "r")
     reader = pa.ipc.open_file(source)
     codec = (reader.schema.metadata or {}).get(COMPRESSION_META, b"none")
-    if codec != b"none":
-        source = pa.OSFile(str(path), "r")
-        with contextlib.suppress(AttributeError, OSError):  # no fadvise: read-ahead stays on
-            # no read-ahead on this file's reads: between one needed buffer and the next lie a
-            # few kB of other columns, which the kernel's read-ahead would read too
-            os.posix_fadvise(source.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
-        reader = pa.ipc.open_file(source)
     return OpenExtent(source, reader, compressed=codec != b"none")
 
 
