@@ -33,7 +33,7 @@ from ._nodestore import CorruptExtent, NodeStore
 from ._partition import PartitionSpec
 from ._placement import NodeInfo, place_super_extent
 from ._plancache import LRU
-from ._planner import Plan, plan_query
+from ._planner import JOIN_BUILD_BYTES, Plan, plan_query
 from ._query import Agg, Query
 from ._recovery import plan_recovery
 
@@ -161,6 +161,8 @@ class StoreCore:
         # a group-by on the partition column aggregates each partition alone on its node
         # (``_exec._by_partition``); False: the node's partitions together (A/B benchmark)
         self.agg_by_partition = True
+        # what a shuffle join's reducer holds of its build side at once (``_planner``)
+        self.join_build_bytes = JOIN_BUILD_BYTES
         self.catalog = Catalog(kv)
         self.transport = transport
         self.super_extent_rows = super_extent_rows
@@ -415,7 +417,7 @@ class StoreCore:
         live = [n for n in self.live_nodes() if n.name not in exclude]
         nodes = {n.name: n for n in live}
         env = tuple((n.name, n.address, n.domain) for n in sorted(live, key=lambda x: x.name))
-        key = (repr(q), env, self.agg_by_partition)
+        key = (repr(q), env, self.agg_by_partition, self.join_build_bytes)
         hit = self.model_plans.get(key) if token is not None else None
         if hit is not None and hit[0] == token:
             return hit[1].reused(qid or "q", nodes)
@@ -430,6 +432,7 @@ class StoreCore:
             {n.name: n.address for n in live},
             qid or "q",
             by_partition=self.agg_by_partition,
+            join_build_bytes=self.join_build_bytes,
         )
         plan.nodes = nodes
         if token is not None:
@@ -620,13 +623,14 @@ class StoreCore:
             for k, stage in enumerate(plan.stages):
                 outs = self._run_stage(stage, nodes)
                 if plan.shuffle and k == 0 and len(plan.stages) > 1:
-                    # map outputs: bytes per bucket; bucket i goes to the i-th reducer
+                    # map outputs: bytes per bucket; bucket i goes to the (i mod n)-th of the n
+                    # reducers (in rounds: sub-bucket i + n * m is reducer i's m-th)
                     reducers = [node for node, _ in plan.stages[1]]
                     for (mapper, _), out in zip(stage, outs, strict=True):
                         for i, b in zip(
                             out.column("bucket").to_pylist(), out.column("bytes").to_pylist(), strict=True
                         ):
-                            if reducers[i] != mapper:
+                            if reducers[i % len(reducers)] != mapper:
                                 plan.moved_bytes += b
         finally:
             if plan.shuffle:

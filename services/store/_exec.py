@@ -5,19 +5,26 @@ Arrow Flight, or an in-process cluster in the unit tests)."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyarrow import acero
 
 from ._partition import _literal_array, _mix, hash_codes
 from ._query import Agg
 
+try:
+    _LIBC: Any = ctypes.CDLL("libc.so.6")
+except OSError:  # not glibc
+    _LIBC = None
 _READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="store-read")
 TIMINGS_META = b"microco.timings"  # a fragment's own seconds, in its result's schema metadata
 
@@ -159,20 +166,6 @@ def hash_split(table: pa.Table, keys: Sequence[str], n: int) -> list[pa.Table]:
     return out
 
 
-def join(left: pa.Table, right: pa.Table, left_on: str, right_on: str) -> pa.Table:
-    """Inner equi-join; output columns: left's, then right's without its key.
-
-    Acero builds its hash table on the right input, so the smaller side goes right; contiguous
-    inputs (one chunk) join several times faster than the many small sub-bucket batches."""
-    left, right = left.combine_chunks(), right.combine_chunks()
-    if left.num_rows >= right.num_rows:
-        return left.join(right, keys=left_on, right_keys=right_on, join_type="inner", use_threads=True)
-    out = right.join(left, keys=right_on, right_keys=left_on, join_type="inner", use_threads=True)
-    out = out.rename_columns([left_on if c == right_on else c for c in out.column_names])
-    cols = list(left.column_names) + [c for c in right.column_names if c != right_on]
-    return out.select(cols)
-
-
 def order_limit(table: pa.Table, order_by: Sequence[Sequence[Any]], limit: int | None) -> pa.Table:
     """Sort and cut. With a limit k smaller than the rows, a select-k (a heap: O(n log k), no
     full sort) picks the k rows first and only those are sorted; nulls last either way."""
@@ -211,8 +204,7 @@ class Env(Protocol):
     def shuffle_get(self, peer: str, qid: str, tag: str, bucket: int) -> pa.Table: ...
 
 
-def scan_side(env: Env, side: dict[str, Any]) -> pa.Table:
-    """Read a side's sources (read columns only), filter, and keep the columns downstream needs."""
+def _side_one(env: Env, side: dict[str, Any]) -> Callable[[dict[str, Any]], pa.Table]:
     read_cols = side.get("read")
     keep = side.get("keep")
 
@@ -220,17 +212,172 @@ def scan_side(env: Env, side: dict[str, Any]) -> pa.Table:
         t = apply_where(env.read_source(src, read_cols), side.get("where", []))
         return t.select(keep) if keep is not None else t
 
+    return one
+
+
+def _side_schema(side: dict[str, Any]) -> pa.Schema | None:
+    if not side.get("schema"):
+        return None
+    import base64
+
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(side["schema"])))
+
+
+def scan_side(env: Env, side: dict[str, Any]) -> pa.Table:
+    """Read a side's sources (read columns only), filter, and keep the columns downstream needs."""
+    one = _side_one(env, side)
     sources = side["sources"]
     if len(sources) > 1 and len({s.get("node") for s in sources}) > 1:
         # sources on peers are fetched over the network: all at once, not one after another
         parts = list(_READERS.map(one, sources))
     else:
         parts = [one(src) for src in sources]
-    if not parts and side.get("schema"):
-        import base64
-
-        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(side["schema"]))).empty_table()
+    schema = _side_schema(side)
+    if not parts and schema is not None:
+        return schema.empty_table()
     return concat(parts)
+
+
+# sources of a streamed side read ahead of the one being consumed (peers' reads overlap; at most
+# this many read tables wait besides the one in use)
+PREFETCH = 2
+
+
+def side_tables(env: Env, side: dict[str, Any]) -> Iterator[pa.Table]:
+    """A side's sources as tables, one source (an extent, or a bucket of one) at a time: what a
+    streamed fragment holds of its input is the one being consumed and ``PREFETCH`` read ahead
+    (from peers: read in parallel), never the side whole."""
+    one = _side_one(env, side)
+    sources = side["sources"]
+    if len({s.get("node") for s in sources}) <= 1:
+        for src in sources:
+            yield one(src)
+        return
+    it = iter(sources)
+    window: deque[Future[pa.Table]] = deque(
+        _READERS.submit(one, src) for _, src in zip(range(PREFETCH + 1), it)
+    )
+    while window:
+        got = window.popleft().result()
+        nxt = next(it, None)
+        if nxt is not None:
+            window.append(_READERS.submit(one, nxt))
+        yield got
+
+
+Stream = tuple[pa.Schema, Iterator[pa.Table]]
+
+
+def peeked(tables: Iterable[pa.Table], schema: pa.Schema | None = None) -> Stream:
+    """``(schema, tables)``: the schema given, or the first table's (read to learn it, and put
+    back in front)."""
+    it = iter(tables)
+    if schema is None:
+        first = next(it, None)
+        if first is None:
+            return pa.schema([]), iter(())
+        schema = first.schema
+
+        def again() -> Iterator[pa.Table]:
+            yield first
+            yield from it
+
+        return schema.remove_metadata(), again()
+    return schema.remove_metadata(), it
+
+
+def side_stream(env: Env, side: dict[str, Any]) -> Stream:
+    return peeked(side_tables(env, side), _side_schema(side))
+
+
+def _acero_source(stream: Stream) -> acero.Declaration:
+    """A stream of tables as an Acero source: Acero pulls the next batch when it wants one, so a
+    plan over it holds a few batches, not the stream."""
+    schema, tables = stream
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for t in tables:
+            for b in t.to_batches():
+                yield pa.RecordBatch.from_arrays(b.columns, schema=schema)
+
+    reader = pa.RecordBatchReader.from_batches(schema, batches())
+    return acero.Declaration("record_batch_reader_source", acero.RecordBatchReaderSourceNodeOptions(reader))
+
+
+def _aggregated(
+    decl: acero.Declaration, keys: Sequence[str], triples: Sequence[tuple[str, str, str]]
+) -> pa.Table:
+    """Run ``decl`` into Acero's aggregation (one plan: its input streams through the hash
+    aggregation, never materialised), shaped as ``_group`` shapes a table's aggregates."""
+    specs: list[tuple[str, str]] = []
+    for col, fn, _ in triples:
+        if (col, fn) not in specs:
+            specs.append((col, fn))
+    names = [f"__agg{i}" for i in range(len(specs))]
+    prefix = "hash_" if keys else ""
+    aggs = [
+        ([] if col == "*" else col, prefix + fn, None, n) for (col, fn), n in zip(specs, names, strict=True)
+    ]
+    agg = acero.Declaration("aggregate", acero.AggregateNodeOptions(aggs, keys=list(keys)), inputs=[decl])
+    res = agg.to_table(use_threads=True)
+    cols = [res.column(k) for k in keys]
+    for col, fn, _ in triples:
+        arr = res.column(names[specs.index((col, fn))])
+        cols.append(arr.cast(pa.int64()) if fn in ("count", "count_all") else arr)
+    return pa.table(cols, names=list(keys) + [out for _, _, out in triples])
+
+
+def _agg_of(post: dict[str, Any] | None) -> tuple[list[str], list[tuple[str, str, str]]] | None:
+    """(keys, triples) of a post-step that aggregates (partials of rows, or a merge of
+    partials); None when it does not."""
+    agg = (post or {}).get("agg")
+    if agg is None:
+        return None
+    aggs = _aggs(agg)
+    triples = _merge_triples(aggs) if agg.get("input") == "partial" else _agg_inputs(aggs)
+    return list(agg.get("keys", [])), triples
+
+
+def stream_post(stream: Stream, post: dict[str, Any] | None) -> pa.Table:
+    """``post_ops`` over a stream of tables: an aggregate consumes it a batch at a time (Acero's
+    hash aggregation holds the groups, not the rows); other post-steps take the rows whole."""
+    agg = _agg_of(post)
+    schema, tables = stream
+    if agg is None or not schema.names:
+        # rows (the result is the rows), or rows without columns (count(*) alone: a batch of
+        # no columns would lose its row count in Acero's source)
+        return post_ops(concat(list(tables), schema), post)
+    return _aggregated(_acero_source(stream), *agg)
+
+
+def join_post(
+    left: Stream, right: Stream, j: dict[str, Any], post: dict[str, Any] | None, build: str = "R"
+) -> pa.Table:
+    """``post_ops(join(left, right))`` with the ``build`` side ("L" or "R") held whole and the
+    other streamed through Acero's hash join; an aggregate consumes the joined rows in the same
+    plan as they come (the join's output is never materialised). What is held: the build side,
+    its hash table, a few batches of the probe side, and the groups."""
+    left_on, right_on = j["left_on"], j["right_on"]
+    (b_schema, b_tables), probe = (right, left) if build == "R" else (left, right)
+    b_on, p_on = (right_on, left_on) if build == "R" else (left_on, right_on)
+    built = concat(list(b_tables), b_schema)
+    # the join's output: left's columns, then right's without its key
+    cols = list(left[0].names) + [c for c in right[0].names if c != right_on]
+    agg = _agg_of(post)
+    if agg is not None:
+        needed = set(agg[0]) | {col for col, _, _ in agg[1] if col != "*"}
+        cols = [c for c in cols if c in needed] or [left_on]
+    l_out = [c for c in left[0].names if c in cols]
+    r_out = [c for c in right[0].names if c != right_on and c in cols]
+    p_out, b_out = (l_out, r_out) if build == "R" else (r_out, l_out)
+    decl = acero.Declaration(
+        "hashjoin",
+        acero.HashJoinNodeOptions("inner", [p_on], [b_on], left_output=p_out, right_output=b_out),
+        inputs=[_acero_source(probe), acero.Declaration("table_source", acero.TableSourceNodeOptions(built))],
+    )
+    if agg is not None:
+        return _aggregated(decl, *agg)
+    return post_ops(decl.to_table(use_threads=True).select(cols), post)
 
 
 def _aggs(spec: dict[str, Any]) -> list[Agg]:
@@ -280,17 +427,32 @@ def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
             out = _by_partition(env, task)
             if out is not None:
                 return out
-        t = scan_side(env, task["left"])
         if task.get("right") is not None:
-            r = scan_side(env, task["right"])
             j = task["join"]
-            t = join(t, r, j["left_on"], j["right_on"])
-        return post_ops(t, task.get("post"))
+            return join_post(
+                side_stream(env, task["left"]),
+                side_stream(env, task["right"]),
+                j,
+                task.get("post"),
+                _build_side(j, task["left"]["sources"], task["right"]["sources"]),
+            )
+        return stream_post(side_stream(env, task["left"]), task.get("post"))
     if op == "map":
-        t = scan_side(env, task["side"])
+        n = task["n"]
         if task.get("pre") is not None:
-            t = post_ops(t, task["pre"])
-        parts = hash_split(t, task["key"], task["n"])
+            # pre-aggregated as the sources stream (the partials held, not the rows), then split
+            tables: Iterable[pa.Table] = [stream_post(side_stream(env, task["side"]), task["pre"])]
+        else:
+            tables = side_tables(env, task["side"])
+        # split a source at a time: a bucket is its pieces (no copy of the node's rows whole)
+        pieces: list[list[pa.Table]] = [[] for _ in range(n)]
+        schema = _side_schema(task["side"]) if task.get("pre") is None else None
+        for t in tables:
+            schema = t.schema
+            for i, part in enumerate(hash_split(t, task["key"], n)):
+                if part.num_rows:
+                    pieces[i].append(part)
+        parts = [concat(p, schema) for p in pieces]
         for i, part in enumerate(parts):
             env.shuffle_put(task["qid"], task["tag"], i, part)
         return pa.table(
@@ -301,15 +463,32 @@ def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
             }
         )
     if op == "reduce":
-        qid, i = task["qid"], task["bucket"]
-        peers = task["peers"]
-        left = concat([env.shuffle_get(p, qid, "L", i) for p in peers["L"]])
-        if task.get("join") is not None:
-            right = concat([env.shuffle_get(p, qid, "R", i) for p in peers["R"]])
-            j = task["join"]
-            left = join(left, right, j["left_on"], j["right_on"])
-        return post_ops(left, task.get("post"))
+        qid, peers = task["qid"], task["peers"]
+        # bucket i of n reducers; in rounds, its sub-buckets i + n * m, one at a time
+        n, rounds = int(task.get("reducers", 1)), int(task.get("rounds", 1))
+        outs = []
+        for m in range(rounds):
+            i = task["bucket"] + m * n
+
+            def bucket(tag: str, i: int = i) -> Stream:
+                # the peers' buckets a peer at a time (each taken from its peer as it is consumed)
+                return peeked(env.shuffle_get(p, qid, tag, i) for p in peers[tag])
+
+            if task.get("join") is not None:
+                j = task["join"]
+                outs.append(join_post(bucket("L"), bucket("R"), j, task.get("post"), j.get("build", "R")))
+            else:
+                outs.append(stream_post(bucket("L"), task.get("post")))
+        return concat(outs)
     raise ValueError(f"unknown task op {op!r}")
+
+
+def _build_side(j: dict[str, Any], left: Sequence[dict[str, Any]], right: Sequence[dict[str, Any]]) -> str:
+    """The side a join holds whole (its hash table's): the plan's choice, else the side whose
+    sources are fewer bytes."""
+    if j.get("build") in ("L", "R"):
+        return str(j["build"])
+    return "L" if sum(s.get("bytes", 0) for s in left) < sum(s.get("bytes", 0) for s in right) else "R"
 
 
 def _units(sources: Sequence[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
@@ -324,10 +503,12 @@ def _by_partition(env: Env, task: dict[str, Any]) -> pa.Table | None:
     """A fragment whose every group (or joined row) lies in one partition, one partition at a
     time: a group-by on the replica's partition column (``agg_local``), or a co-partitioned join
     (``join_copart``: partition p of one side joins only partition p of the other) followed by
-    an aggregate. Each partition's rows are read, joined and aggregated alone (hash tables of one
-    partition's keys, not of the node's; one partition's columns held at a time) and the outputs
-    concatenate (the coordinator merges partial aggregates as it would the node's). None when it
-    does not apply (no partition read on both sides: the plain path keeps the result's schema)."""
+    an aggregate. Each partition's rows stream through its aggregation (a join: one side's
+    partition held whole, the other's extents streamed through the hash join into the
+    aggregation), so a node holds one partition's hash tables and a few extents' columns, not
+    its partitions' rows; the outputs concatenate (the coordinator merges partial aggregates as
+    it would the node's). None when it does not apply (no partition read on both sides: the
+    plain path keeps the result's schema)."""
     left = _units(task["left"]["sources"])
     right = _units(task["right"]["sources"]) if task.get("right") is not None else None
     keys = [p for p in left if right is None or p in right]
@@ -335,11 +516,16 @@ def _by_partition(env: Env, task: dict[str, Any]) -> pa.Table | None:
         return None
     outs = []
     for p in keys:
-        t = scan_side(env, {**task["left"], "sources": left[p]})
+        lside = {**task["left"], "sources": left[p]}
         if right is not None:
             j = task["join"]
-            t = join(t, scan_side(env, {**task["right"], "sources": right[p]}), j["left_on"], j["right_on"])
-        outs.append(post_ops(t, task.get("post")))
+            rside = {**task["right"], "sources": right[p]}
+            build = _build_side(j, left[p], right[p])
+            outs.append(
+                join_post(side_stream(env, lside), side_stream(env, rside), j, task.get("post"), build)
+            )
+        else:
+            outs.append(stream_post(side_stream(env, lside), task.get("post")))
     return concat(outs)
 
 
@@ -361,7 +547,28 @@ def run_task_stream(env: Env, task: dict[str, Any]) -> pa.RecordBatchReader:
         took = json.dumps({"read": t1 - t0, "run": time.perf_counter() - t1}).encode()
         return _with_metadata(reader, {TIMINGS_META: took})
     t = run_task(env, task)
-    return pa.RecordBatchReader.from_batches(t.schema, t.to_batches())
+    schema, left = t.schema, deque(t.to_batches())
+    del t
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        try:
+            while left:
+                yield left.popleft()
+        finally:
+            left.clear()
+            release_unused()
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
+
+
+def release_unused() -> None:
+    """Hand the memory Arrow's pool keeps for reuse back to the system once a task's result has
+    gone: mimalloc keeps freed pages, so a node's resident memory otherwise stays at the largest
+    working set of any task it ran (summed over a cluster's processes on one machine, what ran
+    it out of memory at scale factor 10)."""
+    pa.default_memory_pool().release_unused()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)  # what Acero's threads allocated outside the pool (glibc arenas)
 
 
 def _with_metadata(reader: pa.RecordBatchReader, meta: dict[bytes, bytes]) -> pa.RecordBatchReader:
@@ -373,6 +580,7 @@ def _with_metadata(reader: pa.RecordBatchReader, meta: dict[bytes, bytes]) -> pa
                 yield b.replace_schema_metadata(schema.metadata)
         finally:
             reader.close()
+            release_unused()
 
     return pa.RecordBatchReader.from_batches(schema, batches())
 

@@ -537,6 +537,13 @@ def _copart_tasks(ua: Sequence[Unit], ub: Sequence[Unit]) -> list[tuple[int, lis
     return out
 
 
+# The bytes of a shuffle join's build side (the columns it keeps) one reducer holds at once: a
+# reducer whose share is larger takes it in rounds, a sub-bucket at a time (its hash table is
+# some 3-5x these bytes in Acero). Scale factor 10's orders⋈lineitem: 2-3 rounds a reducer.
+JOIN_BUILD_BYTES = 64 << 20
+MAX_ROUNDS = 64
+
+
 def plan_query(
     q: Query,
     tables: dict[str, TableInfo],
@@ -544,14 +551,16 @@ def plan_query(
     addresses: dict[str, str],
     qid: str = "q",
     by_partition: bool = True,
+    join_build_bytes: int = JOIN_BUILD_BYTES,
 ) -> Plan:
     """Plan ``q`` over the committed catalog ``tables`` with the live store nodes ``live``:
     ``bind`` (columns), ``choose`` (replicas and strategy by estimated cost), ``fragments``
-    (``by_partition``: an ``agg_local`` fragment aggregates each partition alone)."""
+    (``by_partition``: an ``agg_local`` fragment aggregates each partition alone;
+    ``join_build_bytes``: what a shuffle join's reducer holds of its build side at once)."""
     live = set(live)
     bound = bind(q, tables)
     choice = choose(bound, live, addresses)
-    return fragments(bound, choice, live, addresses, qid, by_partition)
+    return fragments(bound, choice, live, addresses, qid, by_partition, join_build_bytes)
 
 
 def _cost_lines(choice: Choice) -> list[str]:
@@ -568,6 +577,7 @@ def fragments(
     addresses: dict[str, str],
     qid: str = "q",
     by_partition: bool = True,
+    join_build_bytes: int = JOIN_BUILD_BYTES,
 ) -> Plan:
     """The chosen plan as tasks for the store nodes (and the coordinator's final merge)."""
     q, a, b = bound.q, bound.a, bound.b
@@ -611,6 +621,15 @@ def fragments(
         ua, ub = choice.units[a.name], choice.units[b.name]
         post = agg_post if is_agg else rows_post
         combine = is_agg and q.join.left_on not in q.group_by
+        # the side a node holds whole while the other streams through the join (its hash
+        # table's side): the one with fewer bytes of the columns it keeps
+        kept_a = sum(u.bytes for u in ua) * column_share(a, keep_a)
+        kept_b = sum(u.bytes for u in ub) * column_share(b, keep_b)
+        join_spec = {
+            "left_on": q.join.left_on,
+            "right_on": q.join.right_on,
+            "build": "L" if kept_a < kept_b else "R",
+        }
         if choice.kind == "join_copart":
             # each partition joins on the node holding most of its bytes; the partitions a node
             # runs form one fragment (rows of different partitions differ in the join key, so the
@@ -632,7 +651,7 @@ def fragments(
                         "op": "fragment",
                         "left": side_spec(a, keep_a, read_a, q.where, left),
                         "right": side_spec(b, keep_b, read_b, q.join.where, right),
-                        "join": {"left_on": q.join.left_on, "right_on": q.join.right_on},
+                        "join": join_spec,
                         "post": post,
                         # joined and aggregated a partition at a time (a scan's top-k stays per node)
                         "by_partition": by_partition and is_agg,
@@ -667,6 +686,9 @@ def fragments(
         ga, gb = _group_sources(ua), _group_sources(ub)
         reducers = sorted(set(ga) | set(gb)) or sorted(live)[:1]
         n = len(reducers)
+        # a reducer's share of the build side over the bound: its buckets in rounds, a
+        # sub-bucket each (bucket i + n * m of n * rounds), the build side of one held at a time
+        rounds = min(MAX_ROUNDS, max(1, -(-round(min(kept_a, kept_b)) // (n * max(join_build_bytes, 1)))))
         maps = []
         for tag, t, groups, keep, read, where, key in (
             ("L", a, ga, keep_a, read_a, q.where, q.join.left_on),
@@ -684,7 +706,7 @@ def fragments(
                             "tag": tag,
                             "side": side_spec(t, keep, read, where, srcs),
                             "key": [key],
-                            "n": n,
+                            "n": n * rounds,
                         },
                     )
                 )
@@ -697,9 +719,11 @@ def fragments(
                     "op": "reduce",
                     "qid": qid,
                     "bucket": i,
+                    "reducers": n,
+                    "rounds": rounds,
                     "peers": {"L": peers_l, "R": peers_r},
                     "addresses": {p: addresses.get(p, "") for p in set(peers_l) | set(peers_r)},
-                    "join": {"left_on": q.join.left_on, "right_on": q.join.right_on},
+                    "join": join_spec,
                     "post": post,
                 },
             )
@@ -716,6 +740,12 @@ def fragments(
             + f" (using {a.name} replica {ra}: {a.specs[ra].describe()}, "
             f"{b.name} replica {rb}: {b.specs[rb].describe()}): shuffle both sides by the join key "
             f"into {n} buckets"
+            + (
+                f" of {rounds} sub-buckets, joined a sub-bucket at a time (the build side's ~{_mb(round(min(kept_a, kept_b)))} "
+                f"over {n} reducers is over {_mb(join_build_bytes)} each)"
+                if rounds > 1
+                else ""
+            )
         )
         explain.append(
             f"shuffle: {sum(u.bytes for u in list(ua) + list(ub)) / 1e6:.2f} MB scanned on {len(set(ga) | set(gb))} nodes, "
