@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 import pytest
+from _support import synthetic_job
 from _support import wait_for_jobs as wait_for
 
 from microco.clients.scheduler import job_to_dict, make_spec
@@ -51,17 +52,7 @@ def ddp_cmd(out, steps=STEPS, sleep_ms=20, extra=()):
 def synthetic_cmd():
     # Only holds the devices for its slices: it waits (9 ms a step) rather than burn a core the
     # DDP job's ranks need while they start and resume (docs/testing.md, "CPU that grows").
-    return [
-        sys.executable,
-        "-m",
-        "microco.examples.synthetic_job",
-        "--steps",
-        "100000",
-        "--compute-ms",
-        "1",
-        "--io-ms",
-        "9",
-    ]
+    return synthetic_job(100000, 1, 9)
 
 
 def need_torch():
