@@ -175,3 +175,38 @@ def test_a_streamed_side_reads_every_source_once_wherever_they_are():
         assert got == list(range(9)) and sorted(read) == list(range(9))
         post = {"agg": {"keys": [], "aggs": [["sum", "v", "n"]]}}
         assert _exec.stream_post(_exec.side_stream(Env(), side), post)["n"].to_pylist() == [9]
+
+
+def test_a_tasks_result_reaches_the_reader_without_waiting_for_the_memorys_release(loaded, monkeypatch):
+    """A node hands its freed memory back after serving a task's result (``_exec.release_unused``,
+    called as the stream Flight serves ends) on a thread of its own: ``malloc_trim`` walks every
+    arena, and was on every query's path, before the end of each fragment's result reached the
+    coordinator. Here the release is held: the result is still read to its end."""
+    import threading
+
+    from microco.services.store import _exec
+
+    core, _root, _want = loaded
+    _got, plan = core.query(JOIN)
+    node, task = plan.stages[0][0]
+    alone = core.transport._store(node).run(task)
+    asked, held = threading.Event(), threading.Event()
+
+    def release() -> None:
+        asked.set()
+        held.wait(120)
+
+    monkeypatch.setattr(_exec, "_release", release)
+    done: list[pa.Table] = []
+    reader = threading.Thread(
+        target=lambda: done.append(core.transport._store(node).run_stream(task).read_all())
+    )
+    try:
+        reader.start()
+        reader.join(60)  # (before: the stream's end waited for the release, held here)
+        keys = [(c, "ascending") for c in alone.column_names]  # (groups come in any order)
+        assert done and done[0].sort_by(keys).equals(alone.sort_by(keys))
+        assert asked.wait(60)  # the release was asked for (and is still held)
+    finally:
+        held.set()
+        reader.join(120)
