@@ -343,16 +343,27 @@ class EtcdKV(KV):
     def _strip(self, raw_key: bytes) -> str:
         return raw_key.decode()[len(self.namespace) :]
 
+    # etcd refuses a request authorised before its auth store changed ("auth: revision in header
+    # is old": a user or role added or removed meanwhile, e.g. the scheduler's user for each job)
+    # and applies nothing of it; etcd's own client sends it again, and so does this one.
+    OLD_AUTH_REVISION = "revision in header is old"
+    OLD_AUTH_RETRIES = 8
+
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Unavailable:
-            raise
-        except Exception as exc:
-            name = type(exc).__name__
-            if "Connection" in name or "Timeout" in name or "NoServer" in name or "RpcError" in name:
-                raise Unavailable(f"etcd at {self.address}: {name} {exc}".strip()) from exc
-            raise
+        for attempt in range(self.OLD_AUTH_RETRIES + 1):
+            try:
+                return fn(*args, **kwargs)
+            except Unavailable:
+                raise
+            except Exception as exc:
+                if self.OLD_AUTH_REVISION in str(exc) and attempt < self.OLD_AUTH_RETRIES:
+                    time.sleep(0.01 * attempt)  # (the auth store changes in bursts)
+                    continue
+                name = type(exc).__name__
+                if "Connection" in name or "Timeout" in name or "NoServer" in name or "RpcError" in name:
+                    raise Unavailable(f"etcd at {self.address}: {name} {exc}".strip()) from exc
+                raise
+        raise AssertionError("unreachable")  # (the last attempt returns or raises)
 
     def get(self, key: str) -> bytes | None:
         value, _ = self._call(self._client.get, self._k(key))

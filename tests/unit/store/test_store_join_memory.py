@@ -117,8 +117,10 @@ def test_a_copartitioned_join_holds_its_build_side_not_its_probe_side(loaded):
     assert parts and all(want[k] >= v for k, v in parts.items())
     # streamed: a partition's orders, their hash table and a few extents' columns (6.2 MB
     # measured, 0.38x the probe side); before, the probe side read, a combined copy of it and
-    # the joined rows (54.3 MB, 3.4x)
-    assert res["peak"] < probe, (res["peak"], probe)
+    # the joined rows (54.3 MB, 3.4x). The bound holds however the threads run: Acero queues the
+    # probe batches that arrive while its hash table is built (18.7 MB, 1.16x, in a CI run on a
+    # busy machine), at worst the probe side once, never a copy of it or the joined rows.
+    assert res["peak"] < 2 * probe, (res["peak"], probe)
     assert task["join"].get("build") == "L"  # the plan's choice: the side of fewer bytes kept
 
 
