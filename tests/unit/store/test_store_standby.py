@@ -29,6 +29,9 @@ class Loop:
         self.log.append(f"stop {self.who}")
 
 
+TTL_S = 5
+
+
 def wait_for(cond: Any, what: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -55,8 +58,11 @@ def servicer() -> SimpleNamespace:
 def test_one_coordinator_acts_the_other_refuses_then_takes_over() -> None:
     kv = MemoryKV()
     log: list[str] = []
-    a = CoordinatorElection(kv, "coord-a", 1, lambda: Loop(log, "a"), runtime()).start()
-    b = CoordinatorElection(kv, "coord-b", 1, lambda: Loop(log, "b"), runtime()).start()
+    # Leases of 5 s: the hand-over below is the leader's lease revoked, not one run out; with
+    # 1 s leases, on a machine busy enough to delay a keep-alive, the new leader lost its own
+    # lease too and the two changed places again (a CI run of 2026-12-03, session 23)
+    a = CoordinatorElection(kv, "coord-a", TTL_S, lambda: Loop(log, "a"), runtime()).start()
+    b = CoordinatorElection(kv, "coord-b", TTL_S, lambda: Loop(log, "b"), runtime()).start()
     try:
         assert a.is_leader and not b.is_leader
         assert (role(a), role(b)) == ("leader", "standby")  # what the registration advertises
