@@ -350,7 +350,8 @@ class EtcdKV(KV):
     OLD_AUTH_RETRIES = 8
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        for attempt in range(self.OLD_AUTH_RETRIES + 1):
+        attempt = 0
+        while True:
             try:
                 return fn(*args, **kwargs)
             except Unavailable:
@@ -358,12 +359,12 @@ class EtcdKV(KV):
             except Exception as exc:
                 if self.OLD_AUTH_REVISION in str(exc) and attempt < self.OLD_AUTH_RETRIES:
                     time.sleep(0.01 * attempt)  # (the auth store changes in bursts)
+                    attempt += 1
                     continue
                 name = type(exc).__name__
                 if "Connection" in name or "Timeout" in name or "NoServer" in name or "RpcError" in name:
                     raise Unavailable(f"etcd at {self.address}: {name} {exc}".strip()) from exc
                 raise
-        raise AssertionError("unreachable")  # (the last attempt returns or raises)
 
     def get(self, key: str) -> bytes | None:
         value, _ = self._call(self._client.get, self._k(key))
