@@ -3,12 +3,35 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+class lazy_import:
+    """A module imported at the first use of one of its attributes. Every xdist worker collects
+    every test module, so a framework imported at a module's top is paid by each worker
+    (TensorFlow: ~9 CPU-s); through this, only by the worker that runs the module's tests."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):  # what pytest's collector asks of every module global
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self._name), attr)
+
+
+def needs(module: str) -> Any:
+    """A skip mark for tests that need ``module``, found without importing it."""
+    import pytest
+
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"{module} is not installed")
 
 
 def wait_for(cond: Callable[[], T], timeout: float = 10.0, interval: float = 0.05) -> T | None:

@@ -7,22 +7,25 @@ import itertools
 
 import numpy as np
 import pytest
+from _support import lazy_import, needs
 
-tf = pytest.importorskip("tensorflow")
-
-from microco.clients.compiler._tf import AstraTF, run_model
 from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 from microco.clients.compiler.zoo import CELL_NAMES
-from microco.clients.compiler.zoo import tf_models as zt
 from microco.common import MemoryKV
 
-pytestmark = pytest.mark.tensorflow
+# TensorFlow and the modules that import it are imported by the first test that uses them, not
+# when each xdist worker collects this file (_support.lazy_import).
+tf = lazy_import("tensorflow")
+_tf = lazy_import("microco.clients.compiler._tf")
+zt = lazy_import("microco.clients.compiler.zoo._tf_models")
+
+pytestmark = [pytest.mark.tensorflow, needs("tensorflow")]
 
 
 def loss_and_grads(model, x, y, hoist, batch, xla=False, xla_cell=False):
     def f(x, y):
         with tf.GradientTape() as tape:
-            loss = zt.loss_fn(run_model(model, x, hoist, batch, xla_cell), y)
+            loss = zt.loss_fn(_tf.run_model(model, x, hoist, batch, xla_cell), y)
         return loss, tape.gradient(loss, model.trainable_variables)
 
     # Eager execution runs the same operators as the traced step; only XLA needs a trace.
@@ -70,7 +73,7 @@ def test_wrapper_explores_commits_and_reuses_with_zero_exploration():
 
     def run(steps):
         model = zt.make_model("sru", 4, 6)
-        astra = AstraTF(
+        astra = _tf.AstraTF(
             model,
             tf.keras.optimizers.SGD(0.05),
             zt.loss_fn,
@@ -117,7 +120,7 @@ def test_any_keras_model_is_explored_over_xla_on_its_own_forward(tmp_path, monke
     kv = MemoryKV()
 
     def astra(**kw):
-        return AstraTF(
+        return _tf.AstraTF(
             _mlp(),
             tf.keras.optimizers.SGD(0.05),
             zt.loss_fn,
@@ -172,7 +175,9 @@ def test_any_keras_model_is_explored_over_xla_on_its_own_forward(tmp_path, monke
         def __call__(self, x):
             return x @ self.w
 
-    module = AstraTF(Linear(), tf.keras.optimizers.SGD(0.5), zt.loss_fn, LocalExplorer(MemoryKV()), xla=False)
+    module = _tf.AstraTF(
+        Linear(), tf.keras.optimizers.SGD(0.5), zt.loss_fn, LocalExplorer(MemoryKV()), xla=False
+    )
     losses = [module.step(x, y) for _ in range(5)]
     assert module.committed and losses[-1] < losses[0]
 
@@ -186,7 +191,7 @@ def test_plain_whole_step_xla_is_tried_whenever_its_compile_can_pay_back(total_s
     from microco.clients.compiler.explore import GraphSpec, TrialReport, next_config, report, start
 
     cost = XlaCostModel("hw", None, cold_rate=4.0)
-    astra = AstraTF(
+    astra = _tf.AstraTF(
         zt.make_model("gru", 4, 6), tf.keras.optimizers.SGD(0.05), zt.loss_fn, _NoExplorer(), cost_model=cost
     )
     variables = tuple(astra.variables({"loop": 1_100, "unrolled": 2_500}))
@@ -223,7 +228,7 @@ def test_the_cell_cluster_is_tried_only_where_the_xla_loop_did_not_win():
     from microco.clients.compiler._tf_cost import XlaCostModel
     from microco.clients.compiler.explore import GraphSpec, TrialReport, next_config, report, start
 
-    astra = AstraTF(
+    astra = _tf.AstraTF(
         zt.make_model("gru", 4, 6),
         tf.keras.optimizers.SGD(0.05),
         zt.loss_fn,
@@ -273,7 +278,7 @@ def test_a_run_too_short_to_repay_the_hlo_count_does_not_price_xla(tmp_path):
 
     x = tf.random.normal([8, 12], seed=1)
     y = tf.constant(np.arange(8) % 10)
-    astra = AstraTF(
+    astra = _tf.AstraTF(
         _mlp(),
         tf.keras.optimizers.SGD(0.05),
         zt.loss_fn,
@@ -311,7 +316,7 @@ def test_a_committed_step_calls_the_committed_function_directly():
     4.19 ms through ``AstraTF.step`` against 3.95 ms called directly. Once the session is
     settled, each step calls the committed step function and nothing else."""
     x, y = zt.synthetic_batch(2, 4, 4)
-    astra = AstraTF(
+    astra = _tf.AstraTF(
         zt.make_model("sru", 4, 6), tf.keras.optimizers.SGD(0.05), zt.loss_fn, _Committed(), xla=False
     )
     astra.step(x, y)  # registers, runs the committed step once (its first call observed)

@@ -8,10 +8,8 @@ import json
 
 import numpy as np
 import pytest
+from _support import lazy_import, needs
 
-tf = pytest.importorskip("tensorflow")
-
-from microco.clients.compiler._tf import AstraTF, run_model
 from microco.clients.compiler._tf_cost import (
     COLD_MS_PER_INSTRUCTION,
     XlaCostModel,
@@ -21,9 +19,14 @@ from microco.clients.compiler._tf_cost import (
 )
 from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 from microco.clients.compiler.zoo import CELL_NAMES
-from microco.clients.compiler.zoo import tf_models as zt
 
-pytestmark = pytest.mark.tensorflow
+# TensorFlow and the modules that import it are imported by the first test that uses them, not
+# when each xdist worker collects this file (_support.lazy_import).
+tf = lazy_import("tensorflow")
+_tf = lazy_import("microco.clients.compiler._tf")
+zt = lazy_import("microco.clients.compiler.zoo._tf_models")
+
+pytestmark = [pytest.mark.tensorflow, needs("tensorflow")]
 
 
 def _grads(model, x, y, **choices):
@@ -31,7 +34,7 @@ def _grads(model, x, y, **choices):
 
     def f(x, y):
         with tf.GradientTape() as tape:
-            loss = zt.loss_fn(run_model(model, x, **choices), y)
+            loss = zt.loss_fn(_tf.run_model(model, x, **choices), y)
         return loss, tape.gradient(loss, model.trainable_variables)
 
     loss, grads = tf.function(f, jit_compile=True)(x, y) if jit else f(x, y)
@@ -66,12 +69,12 @@ def test_hlo_size_grows_with_the_unrolled_graph_not_with_the_loop():
     x6, y6 = zt.synthetic_batch(6, 2, 4)
 
     def size(x, y, loop):
-        a = AstraTF(zt.make_model("gru", 4, 6), tf.keras.optimizers.SGD(0.1), zt.loss_fn, _NoExplorer())
+        a = _tf.AstraTF(zt.make_model("gru", 4, 6), tf.keras.optimizers.SGD(0.1), zt.loss_fn, _NoExplorer())
         return step_hlo_instructions(a.variant(False, False, True, loop=loop), x, y)
 
     unrolled2, unrolled6 = size(x2, y2, False), size(x6, y6, False)
     assert 0 < unrolled2 < unrolled6  # one cell copy per time step
-    a = AstraTF(zt.make_model("gru", 4, 6), tf.keras.optimizers.SGD(0.1), zt.loss_fn, _NoExplorer())
+    a = _tf.AstraTF(zt.make_model("gru", 4, 6), tf.keras.optimizers.SGD(0.1), zt.loss_fn, _NoExplorer())
     assert unrolled_hlo_instructions(a.variant(False, False, True), x6, y6) == unrolled6  # linear in T
     assert size(x2, y2, True) == size(x6, y6, True)  # one loop body, whatever the sequence length
     assert (
@@ -106,7 +109,7 @@ def test_cost_model_calibrates_and_persists(tmp_path):
 
 
 def _tiny_astra(cell, cost, total_steps):
-    return AstraTF(
+    return _tf.AstraTF(
         zt.make_model(cell, 4, 6),
         tf.keras.optimizers.SGD(0.05),
         zt.loss_fn,
@@ -299,7 +302,7 @@ def test_a_compile_measured_here_runs_in_line_where_no_core_is_idle(tmp_path, mo
 
 
 def _gru_astra(**kwargs):
-    return AstraTF(
+    return _tf.AstraTF(
         zt.make_model("gru", 4, 6),
         tf.keras.optimizers.SGD(0.05),
         zt.loss_fn,

@@ -8,56 +8,19 @@ import itertools
 
 import numpy as np
 import pytest
+from _support import lazy_import, needs
 
-tf = pytest.importorskip("tensorflow")
-
-from microco.clients.compiler._tf import AstraTF, run_model
-from microco.clients.compiler._tf_graph import NotReplayable, analyse_cell, analyse_model, structure_of
 from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
-from microco.clients.compiler.zoo import tf_models as zt
 from microco.common import MemoryKV
 
-pytestmark = pytest.mark.tensorflow
+# TensorFlow, the modules that import it and the cells written for these tests are imported by
+# the first test that uses them, not when each xdist worker collects this file.
+tf = lazy_import("tensorflow")
+_tf = lazy_import("microco.clients.compiler._tf")
+_graph = lazy_import("microco.clients.compiler._tf_graph")
+cells = lazy_import("_tf_cells")
 
-
-def _var(rng, *shape, scale=0.3):
-    return tf.Variable((rng.standard_normal(shape) * scale).astype(np.float32))
-
-
-class MinimalGatedCell(tf.Module):
-    """A user's own cell: a gated unit whose candidate reads ``r * h`` (a product of an
-    intermediate, which stays in the replayed graph), with the input projection used twice."""
-
-    def __init__(self, inp, hidden, rng):
-        super().__init__()
-        self.hidden = hidden
-        self.w_gate, self.b_gate = _var(rng, inp, hidden), _var(rng, hidden)
-        self.u_gate = _var(rng, hidden, hidden)
-        self.w_cand = _var(rng, inp, hidden)
-        self.u_cand = _var(rng, hidden, hidden)
-        self.peep = _var(rng, hidden)
-
-    def zero_state(self, batch):
-        return (tf.zeros((batch, self.hidden)),)
-
-    def __call__(self, x, state):
-        (h,) = state
-        gate = tf.sigmoid(tf.matmul(x, self.w_gate) + self.b_gate + tf.matmul(h, self.u_gate) + self.peep * h)
-        cand = tf.tanh(tf.matmul(x, self.w_cand) + tf.matmul(gate * h, self.u_cand))
-        skip = tf.matmul(x, self.w_cand)  # the same product again: one product, two uses
-        h = (1 - gate) * h + gate * cand + 0.1 * skip
-        return h, (h,)
-
-
-class Stack(zt.RecurrentClassifier):
-    """The zoo model's own forward (each cell called once per time step, then the head) over
-    cells of the test's class."""
-
-    def __init__(self, cell_cls, inp=5, hidden=7, layers=2, classes=3, seed=0):
-        tf.Module.__init__(self)
-        rng = np.random.default_rng(seed)
-        self.cells = [cell_cls(inp if k == 0 else hidden, hidden, rng) for k in range(layers)]
-        self.head_w, self.head_b = _var(rng, hidden, classes), _var(rng, classes)
+pytestmark = [pytest.mark.tensorflow, needs("tensorflow")]
 
 
 def _loss(logits, y):
@@ -71,8 +34,8 @@ def _batch(steps=4, batch=3, inp=5, classes=3):
 
 
 def test_products_of_a_hand_written_cell_are_found_in_its_graph():
-    cell = MinimalGatedCell(5, 7, np.random.default_rng(0))
-    cg = analyse_cell(cell, [3, 5])
+    cell = cells.MinimalGatedCell(5, 7, np.random.default_rng(0))
+    cg = _graph.analyse_cell(cell, [3, 5])
     # Input products: the biased gate projection and the candidate projection (used twice, one
     # product); the recurrent product of h; `(gate * h) @ u_cand` reads an intermediate: not one.
     assert {(p.kernel.ref(), p.bias is not None) for p in cg.x_products.values()} == {
@@ -86,8 +49,8 @@ def test_products_of_a_hand_written_cell_are_found_in_its_graph():
 
 
 def test_replay_computes_the_cell_and_uses_the_values_it_is_given():
-    cell = MinimalGatedCell(5, 7, np.random.default_rng(0))
-    cg = analyse_cell(cell, [3, 5])
+    cell = cells.MinimalGatedCell(5, 7, np.random.default_rng(0))
+    cg = _graph.analyse_cell(cell, [3, 5])
     x = tf.constant(np.random.default_rng(2).standard_normal((3, 5)).astype(np.float32))
     h0 = tf.constant(np.random.default_rng(3).standard_normal((3, 7)).astype(np.float32))
     direct, _ = cell(x, (h0,))
@@ -102,8 +65,8 @@ def test_replay_computes_the_cell_and_uses_the_values_it_is_given():
 
 
 def test_a_supplied_product_is_not_computed_again():
-    cell = MinimalGatedCell(5, 7, np.random.default_rng(0))
-    cg = analyse_cell(cell, [3, 5])
+    cell = cells.MinimalGatedCell(5, 7, np.random.default_rng(0))
+    cg = _graph.analyse_cell(cell, [3, 5])
     products = {**cg.x_products, **cg.h_products[0]}
 
     def traced(supply):
@@ -124,7 +87,7 @@ def test_a_supplied_product_is_not_computed_again():
 
 
 def test_every_choice_over_the_analysed_graph_matches_the_users_own_step():
-    model = Stack(MinimalGatedCell)
+    model = cells.Stack(cells.MinimalGatedCell)
     x, y = _batch(steps=2)  # two time steps, two layers: a state carried, a stacked output read (8 traces)
     with tf.GradientTape() as tape:
         loss = _loss(model(x), y)
@@ -134,7 +97,7 @@ def test_every_choice_over_the_analysed_graph_matches_the_users_own_step():
         @tf.function
         def step(x, y, hoist=hoist, batch=batch, loop=loop):
             with tf.GradientTape() as tape:
-                loss = _loss(run_model(model, x, hoist, batch, loop=loop), y)
+                loss = _loss(_tf.run_model(model, x, hoist, batch, loop=loop), y)
             return loss, tape.gradient(loss, model.trainable_variables)
 
         loss, grads = step(x, y)
@@ -144,38 +107,17 @@ def test_every_choice_over_the_analysed_graph_matches_the_users_own_step():
             np.testing.assert_allclose(a.numpy(), b, atol=1e-5, rtol=1e-4)
 
 
-class RandomCell(MinimalGatedCell):
-    """A cell drawing random numbers in its step (a stateful op the replay would redraw)."""
-
-    def __call__(self, x, state):
-        h, state = super().__call__(x, state)
-        return h + tf.random.uniform(tf.shape(h), maxval=1e-3), state
-
-
-class NoProductCell(tf.Module):
-    def __init__(self, inp, hidden, rng):
-        super().__init__()
-        self.hidden, self.scale = hidden, _var(rng, hidden)
-
-    def zero_state(self, batch):
-        return (tf.zeros((batch, self.hidden)),)
-
-    def __call__(self, x, state):
-        h = tf.tanh(state[0] * self.scale + tf.reduce_sum(x, -1, keepdims=True))
-        return h, (h,)
-
-
-@pytest.mark.parametrize("cell_cls, why", [(RandomCell, "RandomUniform"), (NoProductCell, "no product")])
+@pytest.mark.parametrize("cell_cls, why", [("RandomCell", "RandomUniform"), ("NoProductCell", "no product")])
 def test_a_cell_the_rewrite_cannot_replay_is_run_as_it_is(cell_cls, why):
-    model = Stack(cell_cls)
+    model = cells.Stack(getattr(cells, cell_cls))
     x, y = _batch()
-    ok, reason = analyse_model(model, x)
+    ok, reason = _graph.analyse_model(model, x)
     assert not ok and why in reason
-    assert structure_of(model.cells[0]) is None
-    with pytest.raises(NotReplayable):
-        run_model(model, x, False, False)
+    assert _graph.structure_of(model.cells[0]) is None
+    with pytest.raises(_graph.NotReplayable):
+        _tf.run_model(model, x, False, False)
     # The wrapper trains it all the same, over XLA alone (off / plain), on the user's forward.
-    astra = AstraTF(
+    astra = _tf.AstraTF(
         model,
         tf.keras.optimizers.SGD(0.05),
         _loss,
@@ -190,9 +132,9 @@ def test_a_cell_the_rewrite_cannot_replay_is_run_as_it_is(cell_cls, why):
 
 
 def test_the_wrapper_explores_the_space_found_in_the_graph():
-    model = Stack(MinimalGatedCell, layers=1)
+    model = cells.Stack(cells.MinimalGatedCell, layers=1)
     x, y = _batch()
-    astra = AstraTF(
+    astra = _tf.AstraTF(
         model,
         tf.keras.optimizers.SGD(0.05),
         _loss,
