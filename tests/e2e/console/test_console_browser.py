@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from _support import synthetic_job
+from _support import lazy_import, needs, synthetic_job
 
 CHROMIUM = os.environ.get("MICROCO_CHROMIUM", "/usr/bin/chromium")
 
@@ -25,11 +25,11 @@ pytestmark = [
         not (Path(CHROMIUM).exists() or shutil.which("chromium")),
         reason="chromium is not installed (apt-get install chromium)",
     ),
+    needs("playwright"),
 ]
 
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
-)
+# Imported by the first test (1.7 s), not at every xdist worker's collection.
+sync_api = lazy_import("playwright.sync_api")
 
 from console_harness import LINKS_JOB, Platform, links_servers
 
