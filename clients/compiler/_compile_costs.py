@@ -125,12 +125,14 @@ class HostCompileCosts:
         floor: bool = False,
         ask: float | None = None,
         step: float = 0.0,
+        cpu: float = math.nan,
     ) -> None:
         """Keep one measured compile of ``kind`` (``size``: nodes of the graph compiled, 0 unknown;
         ``graph``: which graph, see :meth:`estimate`; ``warm``: the compile was served by the
         compiler's caches, a load and not a compile; ``ask``: of a load's ``ms``, what the ask
         that found it in the caches cost, 0 where none did, see :meth:`warm_load`; ``step``: the
-        eager step's ms of the graph traced, see :meth:`per_step`)."""
+        eager step's ms of the graph traced, see :meth:`per_step`; ``cpu``: of a load's ``ms``,
+        the CPU time of the thread that ran it, see :meth:`_at_load`)."""
         if not ms > 0:
             return
         data = self._load()
@@ -151,6 +153,8 @@ class HostCompileCosts:
             row["ask"] = float(ask)
         if step > 0:
             row["step"] = float(step)
+        if warm and math.isfinite(cpu) and cpu > 0:
+            row["cpu"] = float(cpu)
         rows.append(row)
         del rows[:-KEEP]
         self._save(data)
@@ -161,12 +165,28 @@ class HostCompileCosts:
     @staticmethod
     def _at_load(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
         """The rows' times scaled from the contention each was measured at to ``now``'s (a row
-        that did not record it is taken as measured at ``now``'s)."""
+        that did not record it is taken as measured at ``now``'s).
+
+        A load (``warm``) is never priced below what it took alone (issue 18, session 24): the
+        contention a row keeps is the 1-minute load average, which lags (a load recorded at 1.55
+        just after the static contender's compile had met no other work: Llama's, 1,345 ms,
+        priced 868 ms at 1.0, took 1,323-1,691 ms there). Measured here on loads alone
+        (docs/compiler.md, "A warm load's price"): a load's wall time is its thread's CPU time
+        times the runnable threads per core it met, not times the load average kept with it.
+        So a load that kept its CPU time is priced at that CPU time at ``now``'s contention;
+        one that did not, at its own time scaled up to ``now`` and never down."""
         out = []
         for r in rows:
             then = r.get("contention")
             scale = now / then if isinstance(then, (int, float)) and then > 0 else 1.0
-            out.append({**r, "ms": float(r.get("ms", 0.0)) * scale})
+            ms = float(r.get("ms", 0.0)) * scale
+            if r.get("warm"):
+                cpu = r.get("cpu")
+                if isinstance(cpu, (int, float)) and cpu > 0:
+                    ms = float(cpu) * max(1.0, now)
+                else:
+                    ms = float(r.get("ms", 0.0)) * max(1.0, scale)
+            out.append({**r, "ms": ms})
         return out
 
     def estimate(
@@ -214,8 +234,8 @@ class HostCompileCosts:
         beyond that ask, learned across graphs: each load's ``ms`` less its ask (kept with the
         load; in an older row, its graph's ``ask_kind`` row just before it, else none), at
         today's load; per node times ``size`` where it and the loads' sizes are known, else the
-        median. Loads no ask found (after a background compile: their trace is in them) do not
-        count. None: no load measured here (the caller's prior)."""
+        median, never below what it took (``_at_load``). Loads no ask found (after a background
+        compile: their trace is in them) do not count. None: no load measured here (the caller's prior)."""
         rows = self.measurements(hardware, kind)
         asks = self.measurements(hardware, ask_kind)
         now = contention()
@@ -236,7 +256,8 @@ class HostCompileCosts:
             if not ask > 0:
                 continue  # a load no ask found (after a background compile): its trace is in it
             then = r.get("contention")
-            scale = now / then if isinstance(then, (int, float)) and then > 0 else 1.0
+            # (never below what it took: the contention kept with it lags, ``_at_load``)
+            scale = max(1.0, now / then) if isinstance(then, (int, float)) and then > 0 else 1.0
             beyond.append((max(0.0, float(r.get("ms", 0.0)) - float(ask)) * scale, int(r.get("size", 0))))
         if not beyond:
             return None

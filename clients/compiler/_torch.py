@@ -283,7 +283,7 @@ class AstraTorch(SessionBacked):
         self._hw = hardware_id()
         self._whole_nodes: dict[str, int] = {}  # FX nodes of dynamo's whole-step graph, by kind (probe)
         # (kind, warm-up step's ms, warm, the ask that step carries)
-        self._pending_whole: tuple[str, float, bool, float] | None = None
+        self._pending_whole: tuple[str, float, bool, float, float] | None = None
         self._recorded_regions: set[int] = set()
         self._graph_rewrites = -1  # products dynamo's captured step offers the passes (-1: not asked)
         self.name = name or type(model).__name__
@@ -348,11 +348,15 @@ class AstraTorch(SessionBacked):
         # and what asking cost (see _torch_cache): a hit prices that compile at what it cost.
         self.whole_cache: dict[str, str] = {}
         self.whole_probe_ms: dict[str, float] = {}
+        # ... and the CPU time of the thread that asked (NaN where other threads of this process
+        # worked meanwhile): a load's price at another contention (``HostCompileCosts._at_load``)
+        self.whole_probe_cpu_ms: dict[str, float] = {}
         # Does Inductor's cache hold this model's whole step, compiled by any program (read without
         # a trace, ``_warm_signal``)? None: not read.
         self.warm_signal: bool | None = None
         self.whole_rewrites = -1  # products the graph passes changed at the probe (-1: not asked)
         self._probe_charge_ms = 0.0  # the probe's cost, charged to the first step that uses it
+        self._probe_charge_cpu_ms = 0.0  # ... its thread's CPU time
         # What the probe step's capture and cache asks have spent so far (ms): together, not
         # each, they are bounded by CACHE_PROBE_SHARE of the run's eager time (issue 18, evening
         # of 2026-12-02: a capture and two asks, each under the bound, took 79 s of a 375 s run).
@@ -646,9 +650,10 @@ class AstraTorch(SessionBacked):
 
     def _finish_step(self, ok: bool, ms: float) -> None:
         self._snap = None
-        charged = self._probe_charge_ms
-        cpu, self._step_cpu_ms = self._step_cpu_ms + charged, math.nan
-        ms, self._probe_charge_ms = ms + charged, 0.0
+        charged, charged_cpu = self._probe_charge_ms, self._probe_charge_cpu_ms
+        step_cpu, self._step_cpu_ms = self._step_cpu_ms, math.nan
+        cpu = step_cpu + charged
+        ms, self._probe_charge_ms, self._probe_charge_cpu_ms = ms + charged, 0.0, 0.0
         if self._probe_calls is not None:
             self._finish_probe(ms if ok else 0.0)
             return
@@ -677,7 +682,7 @@ class AstraTorch(SessionBacked):
         # it was a warm-up, not a measurement (a structural rewrite alone costs tens of ms).
         built = self.clock.built or self._whole_fresh
         self._whole_fresh = False
-        self._record_compiles(ok, ms, built, charged)
+        self._record_compiles(ok, ms, built, charged, step_cpu + charged_cpu)
         running = self._whole_kind  # what ran (a kind whose compile failed runs the plain forward)
         if ok and running and self.model.__dict__.get("forward") is self._compiled_forward.get(running):
             self._whole_built.add(running)
@@ -1106,6 +1111,7 @@ class AstraTorch(SessionBacked):
         compiling (see _torch_cache). A hit is the compile, done: it is kept for the trial, and
         that whole-step compile is priced at what the probe cost. A miss leaves the cold price."""
         started = time.perf_counter()  # (the backend's first import of Inductor is the ask's too)
+        cpu_started, proc_started = time.thread_time(), time.process_time()
         backend = WholeStepBackend(rewrite=kind == "rewrite")
         if not backend.available:
             return
@@ -1131,6 +1137,10 @@ class AstraTorch(SessionBacked):
                     b.copy_(buffers[n])
         self.clock.sync()
         self.whole_probe_ms[kind] = (time.perf_counter() - started) * 1e3
+        cpu = (time.thread_time() - cpu_started) * 1e3
+        # (other threads of this process worked meanwhile: this thread's time is not the ask's)
+        alone = (time.process_time() - proc_started) * 1e3 <= 1.5 * cpu + 1.0
+        self.whole_probe_cpu_ms[kind] = cpu if alone else math.nan
         self._probe_spent_ms += self.whole_probe_ms[kind]
         if asked and backend.count_offered:
             self._graph_rewrites = backend.offered
@@ -1244,6 +1254,7 @@ class AstraTorch(SessionBacked):
                 self._probe_unused.discard(kind)
                 self._whole_fresh = True
                 self._probe_charge_ms = self.whole_probe_ms.get(kind, 0.0)
+                self._probe_charge_cpu_ms = self.whole_probe_cpu_ms.get(kind, math.nan)
             if kind not in self._compiled_forward:
                 self._whole_fresh = True  # compiles on its first call, the next step
                 rewrite = kind == "rewrite"
@@ -1640,10 +1651,13 @@ class AstraTorch(SessionBacked):
             what = f"whole|{type(self.model).__name__}|{params}|{self._input_shapes}"
         return hashlib.sha256(what.encode()).hexdigest()[:24]
 
-    def _record_compiles(self, ok: bool, ms: float, built: bool, asked: float = 0.0) -> None:
+    def _record_compiles(
+        self, ok: bool, ms: float, built: bool, asked: float = 0.0, cpu: float = math.nan
+    ) -> None:
         """Keep what this step's compiles cost on this host: a cell region's build (timed by
         the region), a whole step's compile (its warm-up step's excess over the next step; a
-        load's with the ask ``asked`` that step carries, ``warm_load``)."""
+        load's with the ask ``asked`` that step carries, ``warm_load``, and its thread's CPU
+        time, ``cpu``: the step's and the ask's, NaN where unknown)."""
         if not ok:
             self._pending_whole = None
             return
@@ -1672,13 +1686,14 @@ class AstraTorch(SessionBacked):
                 graph=self._cost_graph(),
                 warm=pending[2],
                 ask=pending[3] if pending[2] else None,
+                cpu=pending[4] - cpu,  # (NaN where either step's is unknown: not kept)
             )
         if built and running:
             # Priced by the next step: a cold compile, or (a cache hit) the load, whose step
             # carries the probe's lookup too (``_probe_charge_ms``): kept apart (session 11).
             # (After a background compile the in-process one is a load too.)
             warm = self.whole_cache.get(running) == "hit" or self._off_critical_path
-            self._pending_whole = (running, ms, warm, asked)
+            self._pending_whole = (running, ms, warm, asked, cpu)
 
     # -- the step guard (issue 18)
     # A configuration is trusted, and its steps no longer copied, after this many steps without

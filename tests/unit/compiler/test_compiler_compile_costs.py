@@ -224,3 +224,28 @@ def test_a_load_beyond_its_ask_is_learned_across_graphs_per_node_at_the_load_now
     assert again.warm_load("cpu", "torch:whole:plain", "probe:torch:whole", 50) == pytest.approx(1_000.0)
     assert again.last_size("cpu", "probe:torch:whole", "b") == 300
     assert again.last_size("cpu", "probe:torch:whole", "c") == 0
+
+
+def test_a_load_is_priced_by_its_cpu_time_at_the_contention_now_and_never_below_what_it_took(
+    tmp_path, monkeypatch
+):
+    """Issue 18, session 24: the contention a row keeps is the 1-minute load average, which lags;
+    measured on loads alone, a load's time is its thread's CPU time times the contention it met.
+    A load that kept its CPU time is priced at that at today's contention; one that did not (and
+    the load beyond an ask, ``warm_load``) is scaled up to a higher contention, never down. A
+    compile (not a load) is scaled both ways, as before."""
+    load = {"c": 2.0}
+    monkeypatch.setattr(_compile_costs, "contention", lambda: load["c"])
+    costs = HostCompileCosts(tmp_path / "c.json", host="h1")
+    costs.record("cpu", "torch:whole:plain", 20_000.0, size=100, graph="g")  # a compile at 2.0
+    costs.record("cpu", "torch:whole:plain", 1_600.0, size=100, graph="g", warm=True, ask=600.0)
+    costs.record("cpu", "torch:whole:plain", 3_000.0, size=100, graph="h", warm=True, cpu=1_400.0)
+    load["c"] = 1.0
+    assert costs.estimate("cpu", "torch:whole:plain", graph="g") == pytest.approx(10_000.0)
+    assert costs.estimate("cpu", "torch:whole:plain", graph="g", warm=True) == pytest.approx(1_600.0)
+    assert costs.warm_load("cpu", "torch:whole:plain", "probe:torch:whole") == pytest.approx(1_000.0)
+    assert costs.estimate("cpu", "torch:whole:plain", graph="h", warm=True) == pytest.approx(1_400.0)
+    load["c"] = 4.0
+    assert costs.estimate("cpu", "torch:whole:plain", graph="g", warm=True) == pytest.approx(3_200.0)
+    assert costs.estimate("cpu", "torch:whole:plain", graph="h", warm=True) == pytest.approx(5_600.0)
+    assert costs.warm_load("cpu", "torch:whole:plain", "probe:torch:whole") == pytest.approx(2_000.0)

@@ -548,3 +548,55 @@ def test_the_asks_saving_is_priced_by_the_typical_step_an_earlier_run_measured(t
     HostCompileCosts(path).record_gain(second._hw, AstraTorch.FIRST_STEP_KIND, 50.0, second._cost_graph())
     HostCompileCosts(path).record_gain(second._hw, AstraTorch.FIRST_STEP_KIND, 50.0, second._cost_graph())
     assert second._typical_step_ms(10.0) == pytest.approx(10.0)
+
+
+def test_a_load_recorded_at_a_higher_load_average_is_not_priced_below_what_it_took(tmp_path, monkeypatch):
+    """Llama's second run of 300 steps (issue 18, session 23): its load of 1,345 ms was kept at
+    contention 1.55 (the 1-minute load average, still high from the static contender's compile),
+    priced at 868 ms at contention 1.0, where it then took 1,323-1,691 ms; below the run's saving,
+    the ask was made and the run lost 1.20-1.22x. Measured on loads alone (session 24), a load's
+    time is its thread's CPU time times the contention it met, not the load average kept with it:
+    a load is priced at its CPU time at today's contention where it kept it, else never below
+    what it took. Priced inputs, no compile."""
+    pytest.importorskip("torch")
+    from microco.clients.compiler import _compile_costs
+    from microco.clients.compiler._compile_costs import HostCompileCosts
+    from microco.clients.compiler._torch import AstraTorch
+
+    load = {"c": 1.55}
+    monkeypatch.setattr(_compile_costs, "contention", lambda: load["c"])
+    path = tmp_path / "costs.json"
+    costs = HostCompileCosts(path)
+    a = _probing_astra(costs, 300)
+    a.warm_signal = False  # (the branch of a graph loaded here before; no cache read)
+    graph = a._cost_graph()
+    costs.record(a._hw, AstraTorch.PROBE_KIND, 1049.0, graph=graph)  # its ask, at 1.55 too
+    costs.record(a._hw, "torch:whole:plain", 1345.0, graph=graph, warm=True, ask=1049.0)  # no CPU kept
+    costs.record_gain(a._hw, "torch:whole:plain", 1.8, graph)  # pass 1's gain: 44% of a step saved
+    load["c"] = 1.0
+    step_ms = 8.0  # 300 steps: 1.07 s saved at best; 5% of the run (0.12 s) is no budget
+    assert a._optimistic_saving_ms(step_ms) == pytest.approx(1066.7, rel=1e-3)
+    assert a._hit_price_ms(a._probe_price_ms()) == pytest.approx(1345.0)  # was 868
+    assert not a._worth_cache_probe(step_ms)  # 1.07 s < 1.35 s: not asked (before: asked)
+    longer = _probing_astra(costs, 1000)
+    longer.warm_signal = False
+    assert longer._worth_cache_probe(step_ms)  # 3.6 s > 1.35 s: asked
+    # ... at a higher contention now, scaled up as before
+    load["c"] = 2.0
+    assert a._hit_price_ms(0.0) == pytest.approx(1345.0 * 2.0 / 1.55)
+    # A load that kept its thread's CPU time, as a run records it (the warm-up step carrying its
+    # ask, then the next step), is priced at that CPU time at the contention now.
+    load["c"] = 1.55
+    a._whole_kind, a.whole_cache["plain"] = "plain", "hit"
+    a._record_compiles(True, 1353.0, built=True, asked=1049.0, cpu=1304.0)
+    a._record_compiles(True, 8.0, built=False, cpu=7.0)
+    row = HostCompileCosts(path).measurements(a._hw, "torch:whole:plain")[-1]
+    assert row["ms"] == pytest.approx(1345.0) and row["cpu"] == pytest.approx(1297.0)
+    assert row["contention"] == pytest.approx(1.55)
+    load["c"] = 1.0
+    assert costs.estimate(a._hw, "torch:whole:plain", graph=graph, warm=True) == pytest.approx(
+        0.5 * (1345.0 + 1297.0)
+    )  # the median of the two: 1,345 as it took, 1,297 of CPU at 1.0
+    load["c"] = 3.0
+    [_, timed] = HostCompileCosts(path)._at_load(costs.measurements(a._hw, "torch:whole:plain"), 3.0)
+    assert timed["ms"] == pytest.approx(1297.0 * 3.0)
