@@ -15,6 +15,7 @@ before it serves the extent, so a corrupt file is detected and not served.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import threading
 import uuid
@@ -233,7 +234,9 @@ def _columnar_parts(
     schema_hex = schema.serialize().to_pybytes().hex()
 
     def header_for(columns: list[list[int]]) -> bytes:
-        return json.dumps({"layout": 2, "schema": schema_hex, "columns": columns}).encode()
+        return json.dumps(
+            {"layout": 2, "schema": schema_hex, "batches": len(batches), "columns": columns}
+        ).encode()
 
     # the header's size depends on the offsets it lists, which depend on its size: lay the
     # segments out after a header sized with room to spare, then write it padded to that room
@@ -352,20 +355,23 @@ class _ColumnMajor:
     """Layout 2's columns: each one its own Arrow IPC file (the extent's batches of that column)
     at a byte range the header gives, so a read of k columns touches k ranges of the file."""
 
-    def __init__(self, path: Path, source: pa.MemoryMappedFile, header: dict[str, Any], size: int) -> None:
+    def __init__(self, path: Path, header: dict[str, Any], size: int) -> None:
         self._path = path
-        self._source = source
-        source.seek(0)
-        self._whole = source.read_buffer()  # zero-copy: the map
         self.schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(header["schema"])))
         self.ranges: list[tuple[int, int]] = [(int(o), int(n)) for o, n in header["columns"]]
         if len(self.ranges) != len(self.schema) or any(o < 0 or o + n > size for o, n in self.ranges):
             raise ValueError(f"extent {path}: its header's column ranges do not fit the file")
+        self.num_batches = int(header["batches"])
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        # No read-around on a fault: the kernel's (here 8 MiB: read_ahead_kb) would bring in the
+        # neighbouring columns, which is what this layout avoids. The selected columns' ranges
+        # are read ahead explicitly, whole (``prefetch``); a fault outside them (a column's
+        # footer) reads its page alone.
+        if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+            self._map.madvise(mmap.MADV_RANDOM)
+        self._whole = pa.py_buffer(self._map)  # zero-copy: the map
         self._readers: dict[int, pa.ipc.RecordBatchFileReader] = {}
-        counts = {self._reader(i).num_record_batches for i in range(len(self.schema))} if self.ranges else {0}
-        if len(counts) != 1:
-            raise ValueError(f"extent {path}: its columns hold different numbers of batches")
-        self.num_batches = counts.pop()
 
     def _reader(self, i: int) -> pa.ipc.RecordBatchFileReader:
         reader = self._readers.get(i)
@@ -373,9 +379,10 @@ class _ColumnMajor:
             off, n = self.ranges[i]
             # one thread, as layout 1's reads (above)
             opts = pa.ipc.IpcReadOptions(use_threads=False)
-            reader = self._readers[i] = pa.ipc.open_file(
-                pa.BufferReader(self._whole.slice(off, n)), options=opts
-            )
+            reader = pa.ipc.open_file(pa.BufferReader(self._whole.slice(off, n)), options=opts)
+            if reader.num_record_batches != self.num_batches:
+                raise ValueError(f"extent {self._path}: column {i} holds {reader.num_record_batches} batches")
+            self._readers[i] = reader
         return reader
 
     def batch(self, k: int) -> pa.RecordBatch:
@@ -502,6 +509,7 @@ class OpenExtent:
     def batches(self) -> tuple[pa.RecordBatch, ...]:
         everything = range(len(self.schema))
         with self._lock:
+            self._cols.prefetch(everything)
             if self.compressed:
                 self._load(everything, range(len(self.index)))
             return tuple(self._batch(k, everything) for k in range(len(self.index)))
@@ -529,8 +537,9 @@ class OpenExtent:
             if bucket is None and key in self._tables:
                 self._tables.move_to_end(key)
                 return self._tables[key], read
-            if bucket is None:  # a whole column's range: read it ahead (column-major only)
-                self._cols.prefetch(fields)
+            # the selected columns' ranges read ahead, whole (column-major only): a bucket's
+            # batches are a part of them, but read so are never slower than read by faults
+            self._cols.prefetch(fields)
             if self.compressed and fields:
                 self._load(fields, keep)
             batches = [self._batch(k, fields) for k in keep]
@@ -555,7 +564,6 @@ def open_extent(path: Path) -> OpenExtent:
     the columns of them) a query selects are touched. Every read of an extent's rows goes
     through here (``NodeStore.read``: queries, the Flight endpoints, rebuilds and recodes)."""
     path = Path(path)
-    source = pa.memory_map(str(path), "r")
     with open(path, "rb") as f:
         head = f.read(16)
         if head[: len(COLUMNAR_MAGIC)] == COLUMNAR_MAGIC:
@@ -566,7 +574,8 @@ def open_extent(path: Path) -> OpenExtent:
             header = json.loads(f.read(n))
             if header.get("layout") != 2:
                 raise ValueError(f"extent {path}: unknown layout {header.get('layout')!r}")
-            return OpenExtent(_ColumnMajor(path, source, header, size), 2)
+            return OpenExtent(_ColumnMajor(path, header, size), 2)
+    source = pa.memory_map(str(path), "r")
     return OpenExtent(_BatchMajor(source, pa.ipc.open_file(source)), 1)
 
 
