@@ -385,11 +385,6 @@ class _ColumnMajor:
             self._readers[i] = reader
         return reader
 
-    def batch(self, k: int) -> pa.RecordBatch:
-        return pa.RecordBatch.from_arrays(
-            [self._reader(i).get_batch(k).column(0) for i in range(len(self.schema))], schema=self.schema
-        )
-
     def read(self, fields: tuple[int, ...], keep: Sequence[int]) -> dict[int, list[pa.Array]]:
         out: dict[int, list[pa.Array]] = {k: [] for k in keep}
         whole = len(keep) == self.num_batches
@@ -454,8 +449,13 @@ class OpenExtent:
         self._batches: list[pa.RecordBatch | None] = [None] * n  # uncompressed: views of the map
         self._columns: list[dict[int, pa.Array]] = [{} for _ in range(n)]  # compressed: decoded ones
         self.resident = 0  # bytes of decompressed columns held
+        # columns taken as reads select them: every compressed extent, and a column-major one
+        # whatever its codec (its columns' views of the map built up front would read every
+        # column's footer); a batch-major uncompressed one's batches are views built here
+        self._lazy = self.compressed or layout == 2
         sized = len(index) == n and all(len(ix) >= 4 for ix in index)
-        if not self.compressed:
+        if not self._lazy:
+            assert isinstance(columns, _BatchMajor)
             for k in range(n):
                 self._batches[k] = columns.batch(k).replace_schema_metadata(self.schema.metadata)
         if len(index) != n:  # an extent without a bucket index: no bucket selects anything
@@ -469,7 +469,7 @@ class OpenExtent:
 
     def _load(self, fields: Sequence[int], keep: Sequence[int]) -> None:
         """Decode the columns ``fields`` of the batches ``keep`` not decoded yet. Under
-        ``_lock``, compressed extents only."""
+        ``_lock``, lazily decoded extents only."""
         missing = tuple(sorted({i for k in keep for i in fields if i not in self._columns[k]}))
         if not missing:
             return
@@ -480,12 +480,13 @@ class OpenExtent:
             for i, col in zip(missing, cols, strict=True):
                 if i not in have:
                     have[i] = col
-                    self.resident += int(col.nbytes)
+                    if self.compressed:  # an uncompressed column is a view of the map
+                        self.resident += int(col.nbytes)
 
     def _batch(self, k: int, fields: Sequence[int]) -> pa.RecordBatch:
         """Batch ``k`` with ``fields`` (indices into the schema, in that order). Under ``_lock``
-        for compressed extents."""
-        if not self.compressed:
+        for lazily decoded extents."""
+        if not self._lazy:
             b = self._batches[k]
             assert b is not None
             return (
@@ -510,7 +511,7 @@ class OpenExtent:
         everything = range(len(self.schema))
         with self._lock:
             self._cols.prefetch(everything)
-            if self.compressed:
+            if self._lazy:
                 self._load(everything, range(len(self.index)))
             return tuple(self._batch(k, everything) for k in range(len(self.index)))
 
@@ -540,7 +541,7 @@ class OpenExtent:
             # the selected columns' ranges read ahead, whole (column-major only): a bucket's
             # batches are a part of them, but read so are never slower than read by faults
             self._cols.prefetch(fields)
-            if self.compressed and fields:
+            if self._lazy and fields:
                 self._load(fields, keep)
             batches = [self._batch(k, fields) for k in keep]
         out = pa.schema([self.schema.field(i) for i in fields], metadata=self.schema.metadata)
