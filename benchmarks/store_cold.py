@@ -155,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
             for q in queries
         }
         answers: dict[int, dict[str, Any]] = {q: {} for q in queries}
+        # each layout's plan (the same replica and kind are expected: the catalog records the same
+        # rows and Arrow bytes for both)
+        result["explain"] = {
+            f"q{q} l{x}": client.explain_sql(renamed(QUERIES[q], f"_l{x}")) for q in queries for x in layouts
+        }
         for trial in range(args.trials):
             order = engines[trial % len(engines) :] + engines[: trial % len(engines)]
             for q in queries:
