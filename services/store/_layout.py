@@ -15,6 +15,7 @@ before it serves the extent, so a corrupt file is detected and not served.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import threading
 import uuid
@@ -38,6 +39,16 @@ COMPRESSION_META = b"microco.compression"
 CODECS = ("zstd", "lz4", "none")
 DEFAULT_COMPRESSION = "zstd"
 TABLES_KEPT = 8  # column sets of whole-extent reads kept assembled per open extent
+# Extent file layouts. 1: an Arrow IPC file of the sub-bucket batches, each batch holding every
+# column's buffers side by side (row-major by batch: a read of a few columns touches pages all
+# over the file). 2: column-major, each column its own contiguous Arrow IPC file of the same
+# sub-bucket batches, behind a header (``COLUMNAR_MAGIC``) giving each column's byte range: a
+# read of k columns reads k ranges. Both stay readable; nodes write ``EXTENT_LAYOUT`` unless told
+# (``--extent-layout``). docs/store.md, "Column-major extents".
+LAYOUTS = (1, 2)
+EXTENT_LAYOUT = 2
+COLUMNAR_MAGIC = b"MCOEXT2\x00"  # 8 bytes; a layout-1 file starts with Arrow's b"ARROW1\x00\x00"
+_ALIGN = 64  # each column's segment starts at a multiple of it (Arrow's buffer alignment)
 ZSTD_LEVEL = 1  # measured: level 3 is 0.5% smaller on TPC-H lineitem and writes ~2x slower
 
 
@@ -193,13 +204,69 @@ def extent_path(data_dir: str | Path, table: str, extent_id: str) -> Path:
     return Path(data_dir) / "tables" / table / f"{extent_id}.arrow"
 
 
+def check_layout(layout: int) -> int:
+    """``layout`` when it is one of ``LAYOUTS``; else a clear ``ValueError``."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown extent layout {layout!r}: one of {', '.join(map(str, LAYOUTS))}")
+    return layout
+
+
+def _pad(n: int) -> bytes:
+    return b"\x00" * (-n % _ALIGN)
+
+
+def _columnar_parts(
+    schema: pa.Schema, batches: list[pa.RecordBatch], options: pa.ipc.IpcWriteOptions
+) -> list[Any]:
+    """Layout 2's bytes, as a list of buffers to write one after another: the magic, the header's
+    length (8 bytes, little-endian) and the header (JSON: the schema with its metadata, Arrow IPC
+    serialised and hex-encoded; ``columns``: each column's ``[offset, length]`` in the file), then
+    each column's segment (an Arrow IPC file of that one column, one batch per sub-bucket),
+    every one starting at a multiple of ``_ALIGN``."""
+    segments = []
+    for i, f in enumerate(schema):
+        one = pa.schema([f])
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, one, options=options) as writer:
+            for batch in batches:
+                writer.write_batch(pa.RecordBatch.from_arrays([batch.column(i)], schema=one))
+        segments.append(sink.getvalue())
+    schema_hex = schema.serialize().to_pybytes().hex()
+
+    def header_for(columns: list[list[int]]) -> bytes:
+        return json.dumps(
+            {"layout": 2, "schema": schema_hex, "batches": len(batches), "columns": columns}
+        ).encode()
+
+    # the header's size depends on the offsets it lists, which depend on its size: lay the
+    # segments out after a header sized with room to spare, then write it padded to that room
+    guess = header_for([[2**40, 2**40] for _ in segments])
+    start = 16 + len(guess) + len(_pad(16 + len(guess)))
+    columns, off = [], start
+    for seg in segments:
+        columns.append([off, seg.size])
+        off += seg.size + len(_pad(seg.size))
+    header = header_for(columns)
+    header += b" " * (len(guess) - len(header))
+    parts: list[Any] = [COLUMNAR_MAGIC, len(header).to_bytes(8, "little"), header, _pad(16 + len(header))]
+    for seg in segments:
+        parts += [seg, _pad(seg.size)]
+    return parts
+
+
 def write_extent(
-    path: Path, rows: pa.Table, buckets: list[list[int]], compression: str | None = DEFAULT_COMPRESSION
+    path: Path,
+    rows: pa.Table,
+    buckets: list[list[int]],
+    compression: str | None = DEFAULT_COMPRESSION,
+    layout: int = EXTENT_LAYOUT,
 ) -> tuple[int, str, list[list[int]]]:
     """Write an extent file (one record batch per sub-bucket, each compressed with
-    ``compression``), fsync it, and return ``(file bytes, checksum, buckets with their
-    uncompressed byte sizes)``. Written to a temporary name and renamed, so a crash never leaves
-    a half-written file under the extent's name."""
+    ``compression``; ``layout`` 2: column-major, 1: batch-major, see ``LAYOUTS``), fsync it, and
+    return ``(file bytes, checksum, buckets with their uncompressed byte sizes)``. Written to a
+    temporary name and renamed, so a crash never leaves a half-written file under the extent's
+    name."""
+    check_layout(layout)
     path.parent.mkdir(parents=True, exist_ok=True)
     batches = rows.to_batches()
     if len(batches) != len(buckets):
@@ -218,19 +285,27 @@ def write_extent(
     schema = rows.schema.with_metadata(meta)
     # Serialise in memory and hash those bytes, then write them once: hashing the file after
     # writing it read every byte back (a second pass over the extent on every append).
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, schema, options=options) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
-    buf = sink.getvalue()
-    checksum = blake3.blake3(memoryview(buf)).hexdigest()
+    if layout == 1:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, schema, options=options) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+        parts: list[Any] = [sink.getvalue()]
+    else:
+        parts = _columnar_parts(schema, batches, options)
+    h = blake3.blake3()
+    size = 0
     tmp = path.with_suffix(f".tmp-{uuid.uuid4().hex[:6]}")
     with open(tmp, "wb") as f:
-        f.write(memoryview(buf))
+        for part in parts:
+            view = memoryview(part)
+            h.update(view)
+            f.write(view)
+            size += view.nbytes
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    return buf.size, checksum, sized
+    return size, h.hexdigest(), sized
 
 
 def file_checksum(path: Path) -> str:
@@ -246,6 +321,104 @@ def _strip(schema: pa.Schema) -> pa.Schema:
     return schema.with_metadata(meta) if meta else schema.remove_metadata()
 
 
+class _BatchMajor:
+    """Layout 1's columns: an Arrow IPC file whose batches hold every column; a read of some
+    columns goes through a reader that decodes only those (``included_fields``)."""
+
+    def __init__(self, source: pa.MemoryMappedFile, reader: pa.ipc.RecordBatchFileReader) -> None:
+        self._source = source
+        self._readers: dict[tuple[int, ...], pa.ipc.RecordBatchFileReader] = {(): reader}
+        self.schema = reader.schema  # with the extent's metadata
+        self.num_batches = reader.num_record_batches
+
+    def batch(self, k: int) -> pa.RecordBatch:
+        """Batch ``k`` whole (an uncompressed extent's: views of the map)."""
+        return self._readers[()].get_batch(k)
+
+    def read(self, fields: tuple[int, ...], keep: Sequence[int]) -> dict[int, list[pa.Array]]:
+        """``{batch: [column of each field]}`` for the batches ``keep``, decoded."""
+        reader = self._readers.get(fields)
+        if reader is None:
+            # one thread: a batch's buffers are a sub-bucket's (tens of kB each), and Arrow's
+            # pool costs more to hand them out than it saves (measured: 28% less CPU to read
+            # four lineitem columns of 512 batches; docs/store.md)
+            opts = pa.ipc.IpcReadOptions(included_fields=list(fields), use_threads=False)
+            reader = self._readers[fields] = pa.ipc.open_file(self._source, options=opts)
+        return {k: reader.get_batch(k).columns for k in keep}
+
+    def prefetch(self, fields: Sequence[int]) -> None:
+        """Nothing: a column's buffers are spread over the file (the kernel's read-ahead around
+        each brings in the other columns' too; docs/store.md)."""
+
+
+class _ColumnMajor:
+    """Layout 2's columns: each one its own Arrow IPC file (the extent's batches of that column)
+    at a byte range the header gives, so a read of k columns touches k ranges of the file."""
+
+    def __init__(self, path: Path, header: dict[str, Any], size: int) -> None:
+        self._path = path
+        self.schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(header["schema"])))
+        self.ranges: list[tuple[int, int]] = [(int(o), int(n)) for o, n in header["columns"]]
+        if len(self.ranges) != len(self.schema) or any(o < 0 or o + n > size for o, n in self.ranges):
+            raise ValueError(f"extent {path}: its header's column ranges do not fit the file")
+        self.num_batches = int(header["batches"])
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        # No read-around on a fault: the kernel's (here 8 MiB: read_ahead_kb) would bring in the
+        # neighbouring columns, which is what this layout avoids. The selected columns' ranges
+        # are read ahead explicitly, whole (``prefetch``); a fault outside them (a column's
+        # footer) reads its page alone.
+        if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+            self._map.madvise(mmap.MADV_RANDOM)
+        self._whole = pa.py_buffer(self._map)  # zero-copy: the map
+        self._readers: dict[int, pa.ipc.RecordBatchFileReader] = {}
+
+    def _reader(self, i: int) -> pa.ipc.RecordBatchFileReader:
+        reader = self._readers.get(i)
+        if reader is None:
+            off, n = self.ranges[i]
+            # one thread, as layout 1's reads (above)
+            opts = pa.ipc.IpcReadOptions(use_threads=False)
+            reader = pa.ipc.open_file(pa.BufferReader(self._whole.slice(off, n)), options=opts)
+            if reader.num_record_batches != self.num_batches:
+                raise ValueError(f"extent {self._path}: column {i} holds {reader.num_record_batches} batches")
+            self._readers[i] = reader
+        return reader
+
+    def read(self, fields: tuple[int, ...], keep: Sequence[int]) -> dict[int, list[pa.Array]]:
+        out: dict[int, list[pa.Array]] = {k: [] for k in keep}
+        whole = len(keep) == self.num_batches
+        for i in fields:
+            reader = self._reader(i)
+            chunks = reader.read_all().column(0).chunks if whole else None
+            if chunks is not None and len(chunks) == self.num_batches:
+                for k in keep:  # keep is every batch, in order
+                    out[k].append(chunks[k])
+            else:
+                for k in keep:
+                    out[k].append(reader.get_batch(k).column(0))
+        return out
+
+    def prefetch(self, fields: Sequence[int]) -> None:
+        """Ask the kernel to read the ranges of ``fields`` now, all of them at once and ahead of
+        their decoding (``POSIX_FADV_WILLNEED``: asynchronous; the map's faults then find the
+        pages in the page cache). A hint: where it is not available, the faults read them."""
+        if not hasattr(os, "posix_fadvise"):
+            return
+        try:
+            fd = os.open(self._path, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            for i in fields:
+                off, n = self.ranges[i]
+                os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 class OpenExtent:
     """An extent file opened once (memory-mapped): its sub-bucket index and its batches. Extent
     files are immutable (written to a temporary name, renamed), so an open extent stays valid for
@@ -255,18 +428,19 @@ class OpenExtent:
     extent decompresses a column of a batch the first time a read selects both, and keeps it:
     ``resident`` counts those bytes, which the node's cache of open extents bounds
     (``NodeStore``). So a query decompresses only the columns it reads, and a recovery read of
-    one bucket only that bucket's batches."""
+    one bucket only that bucket's batches. Either layout (``LAYOUTS``) reads the same; a
+    column-major one (2) touches only the selected columns' bytes of the file."""
 
-    def __init__(
-        self, source: pa.MemoryMappedFile, reader: pa.ipc.RecordBatchFileReader, compressed: bool
-    ) -> None:
-        schema = reader.schema
-        index = json.loads((schema.metadata or {}).get(BUCKETS_META, b"[]"))
-        n = reader.num_record_batches
+    def __init__(self, columns: _BatchMajor | _ColumnMajor, layout: int) -> None:
+        schema = columns.schema
+        meta = schema.metadata or {}
+        index = json.loads(meta.get(BUCKETS_META, b"[]"))
+        n = columns.num_batches
+        self.layout = layout
+        self.codec = meta.get(COMPRESSION_META, b"none").decode()
+        self.compressed = self.codec != "none"
         self.schema = _strip(schema)  # without the bucket index metadata
-        self.compressed = compressed
-        self._source = source
-        self._readers: dict[tuple[int, ...], pa.ipc.RecordBatchFileReader] = {(): reader}
+        self._cols = columns
         self._lock = threading.Lock()
         # whole-extent reads by their columns: the table assembled once (views of the batches'
         # columns, no copy), so a repeated query's read builds no batch objects (a few µs each,
@@ -275,10 +449,15 @@ class OpenExtent:
         self._batches: list[pa.RecordBatch | None] = [None] * n  # uncompressed: views of the map
         self._columns: list[dict[int, pa.Array]] = [{} for _ in range(n)]  # compressed: decoded ones
         self.resident = 0  # bytes of decompressed columns held
+        # columns taken as reads select them: every compressed extent, and a column-major one
+        # whatever its codec (its columns' views of the map built up front would read every
+        # column's footer); a batch-major uncompressed one's batches are views built here
+        self._lazy = self.compressed or layout == 2
         sized = len(index) == n and all(len(ix) >= 4 for ix in index)
-        if not compressed:
+        if not self._lazy:
+            assert isinstance(columns, _BatchMajor)
             for k in range(n):
-                self._batches[k] = reader.get_batch(k).replace_schema_metadata(self.schema.metadata)
+                self._batches[k] = columns.batch(k).replace_schema_metadata(self.schema.metadata)
         if len(index) != n:  # an extent without a bucket index: no bucket selects anything
             index = [[-1, -1] for _ in range(n)]
         self.index: tuple[tuple[int, ...], ...] = tuple(tuple(ix) for ix in index)
@@ -288,10 +467,26 @@ class OpenExtent:
             for k, ix in enumerate(index)
         )
 
+    def _load(self, fields: Sequence[int], keep: Sequence[int]) -> None:
+        """Decode the columns ``fields`` of the batches ``keep`` not decoded yet. Under
+        ``_lock``, lazily decoded extents only."""
+        missing = tuple(sorted({i for k in keep for i in fields if i not in self._columns[k]}))
+        if not missing:
+            return
+        # the batches lacking any of them (a column is decoded for the batches read so far)
+        todo = [k for k in keep if any(i not in self._columns[k] for i in missing)]
+        for k, cols in self._cols.read(missing, todo).items():
+            have = self._columns[k]
+            for i, col in zip(missing, cols, strict=True):
+                if i not in have:
+                    have[i] = col
+                    if self.compressed:  # an uncompressed column is a view of the map
+                        self.resident += int(col.nbytes)
+
     def _batch(self, k: int, fields: Sequence[int]) -> pa.RecordBatch:
         """Batch ``k`` with ``fields`` (indices into the schema, in that order). Under ``_lock``
-        for compressed extents."""
-        if not self.compressed:
+        for lazily decoded extents."""
+        if not self._lazy:
             b = self._batches[k]
             assert b is not None
             return (
@@ -305,19 +500,7 @@ class OpenExtent:
             rows = ix[2] if len(ix) > 2 else len(next(iter(have.values())))
             empty = pa.RecordBatch.from_arrays([pa.nulls(rows)], names=["_"]).select([])
             return empty.replace_schema_metadata(self.schema.metadata)
-        missing = tuple(sorted({i for i in fields if i not in have}))
-        if missing:
-            reader = self._readers.get(missing)
-            if reader is None:
-                # one thread: a batch's buffers are a sub-bucket's (tens of kB each), and
-                # Arrow's pool costs more to hand them out than it saves (measured: 28% less
-                # CPU to read four lineitem columns of 512 batches; docs/store.md)
-                opts = pa.ipc.IpcReadOptions(included_fields=list(missing), use_threads=False)
-                reader = self._readers[missing] = pa.ipc.open_file(self._source, options=opts)
-            got = reader.get_batch(k)
-            for i, col in zip(missing, got.columns, strict=True):
-                have[i] = col
-                self.resident += int(col.nbytes)
+        self._load(fields, [k])
         return pa.RecordBatch.from_arrays(
             [have[i] for i in fields],
             schema=pa.schema([self.schema.field(i) for i in fields], metadata=self.schema.metadata),
@@ -327,6 +510,9 @@ class OpenExtent:
     def batches(self) -> tuple[pa.RecordBatch, ...]:
         everything = range(len(self.schema))
         with self._lock:
+            self._cols.prefetch(everything)
+            if self._lazy:
+                self._load(everything, range(len(self.index)))
             return tuple(self._batch(k, everything) for k in range(len(self.index)))
 
     def select(
@@ -352,6 +538,11 @@ class OpenExtent:
             if bucket is None and key in self._tables:
                 self._tables.move_to_end(key)
                 return self._tables[key], read
+            # the selected columns' ranges read ahead, whole (column-major only): a bucket's
+            # batches are a part of them, but read so are never slower than read by faults
+            self._cols.prefetch(fields)
+            if self._lazy and fields:
+                self._load(fields, keep)
             batches = [self._batch(k, fields) for k in keep]
         out = pa.schema([self.schema.field(i) for i in fields], metadata=self.schema.metadata)
         table = pa.Table.from_batches(batches, schema=out)
@@ -363,13 +554,30 @@ class OpenExtent:
         return table, read
 
 
+def extent_layout(path: Path) -> int:
+    """The layout (``LAYOUTS``) of an extent file, by its first bytes."""
+    with open(path, "rb") as f:
+        return 2 if f.read(len(COLUMNAR_MAGIC)) == COLUMNAR_MAGIC else 1
+
+
 def open_extent(path: Path) -> OpenExtent:
-    """Open an extent file, memory-mapped: only the batches (and, compressed, the columns of
-    them) a query selects are touched."""
+    """Open an extent file of either layout, memory-mapped: only the batches (and, compressed,
+    the columns of them) a query selects are touched. Every read of an extent's rows goes
+    through here (``NodeStore.read``: queries, the Flight endpoints, rebuilds and recodes)."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        head = f.read(16)
+        if head[: len(COLUMNAR_MAGIC)] == COLUMNAR_MAGIC:
+            n = int.from_bytes(head[8:16], "little")
+            size = os.fstat(f.fileno()).st_size
+            if n > size - 16:
+                raise ValueError(f"extent {path}: its header is cut off")
+            header = json.loads(f.read(n))
+            if header.get("layout") != 2:
+                raise ValueError(f"extent {path}: unknown layout {header.get('layout')!r}")
+            return OpenExtent(_ColumnMajor(path, header, size), 2)
     source = pa.memory_map(str(path), "r")
-    reader = pa.ipc.open_file(source)
-    codec = (reader.schema.metadata or {}).get(COMPRESSION_META, b"none")
-    return OpenExtent(source, reader, compressed=codec != b"none")
+    return OpenExtent(_BatchMajor(source, pa.ipc.open_file(source)), 1)
 
 
 def read_extent(

@@ -25,9 +25,11 @@ from microco.common.errors import InvalidArgument, MicrocoError, NotFound
 from . import _exec
 from ._layout import (
     DEFAULT_COMPRESSION,
+    EXTENT_LAYOUT,
     OpenExtent,
     bucketed_extents,
     check_codec,
+    check_layout,
     file_checksum,
     open_extent,
     write_extent,
@@ -70,6 +72,7 @@ class NodeStore:
         compression: str | None = DEFAULT_COMPRESSION,
         cache_bytes: int = CACHE_BYTES,
         open_extents: int = OPEN_EXTENTS,
+        layout: int = EXTENT_LAYOUT,
     ) -> None:
         self.name = name
         self.data_dir = Path(data_dir)
@@ -79,6 +82,7 @@ class NodeStore:
         self.fetch = fetch
         write_options(compression)  # an unknown codec fails here, not at the first write
         self.compression = compression
+        self.layout = check_layout(layout)  # of the extent files it writes (either reads)
         self._verified: dict[str, tuple[int, int, str]] = {}
         # open extents by path, each with the file version (mtime, size) it was opened from:
         # a hot extent is not re-opened (footer, index) nor decompressed again per query. LRU,
@@ -114,7 +118,7 @@ class NodeStore:
             check_codec(codec)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
-        size, checksum, sized = write_extent(p, rows, buckets, codec)
+        size, checksum, sized = write_extent(p, rows, buckets, codec, self.layout)
         st = p.stat()
         with self._lock:
             self._verified[str(p)] = (st.st_mtime_ns, st.st_size, checksum)

@@ -28,7 +28,7 @@ from microco.services.runtime.server import ServiceContext, run_service
 from ._authz import TableOwners, sql_tables
 from ._core import StoreCore
 from ._flight import NODE_SERVICE, FlightTransport, StoreFlightServer
-from ._layout import CODECS, DEFAULT_COMPRESSION
+from ._layout import CODECS, DEFAULT_COMPRESSION, EXTENT_LAYOUT, LAYOUTS
 from ._limits import check_keys, load_json
 from ._nodestore import CACHE_BYTES, NodeStore
 from ._partition import HASH, RANGE, PartitionSpec
@@ -605,6 +605,15 @@ def _node_args(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_COMPRESSION,
         help="codec of the extents this node writes (extents written with another stay readable)",
     )
+    g.add_argument(
+        "--extent-layout",
+        type=int,
+        choices=LAYOUTS,
+        default=EXTENT_LAYOUT,
+        help="layout of the extent files this node writes: 2 column-major (a read of some columns "
+        "reads only theirs), 1 batch-major (what nodes wrote before; for nodes of an older version "
+        "reading this data directory). Extents of either layout stay readable",
+    )
     _sql_memory_arg(g)
     g.add_argument(
         "--extent-cache-mb",
@@ -623,6 +632,7 @@ def _setup_node(ctx: ServiceContext) -> None:
         name,
         s.resolved_data_dir(),
         compression=ctx.args.extent_compression,
+        layout=ctx.args.extent_layout,
         cache_bytes=int(ctx.args.extent_cache_mb * (1 << 20)),
     )
     _configure_sql(ctx)  # DuckDB and sqlglot load at start-up, not in the first query

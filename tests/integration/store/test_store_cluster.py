@@ -789,7 +789,7 @@ def test_flight_sql_endpoint_is_registered_and_answers_adbc(fresh):
 
 def _file_codecs(cluster: StoreCluster, table: str) -> dict[int, set[str]]:
     """Each replica's codecs as its extent files on the nodes' disks say."""
-    from microco.services.store._layout import COMPRESSION_META
+    from microco.services.store._layout import open_extent
 
     kv = EtcdKV(cluster.etcd)
     try:
@@ -799,8 +799,7 @@ def _file_codecs(cluster: StoreCluster, table: str) -> dict[int, set[str]]:
     out: dict[int, set[str]] = defaultdict(set)
     for e in info.extents():
         path = Path(cluster.root) / e.node / "tables" / table / f"{e.id}.arrow"
-        meta = pa.ipc.open_file(pa.memory_map(str(path))).schema.metadata or {}
-        out[e.replica].add(meta.get(COMPRESSION_META, b"none").decode())
+        out[e.replica].add(open_extent(path).codec)
     return dict(out)
 
 

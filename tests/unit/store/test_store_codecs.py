@@ -13,7 +13,7 @@ from microco.clients.store._client import parse_partitioning
 from microco.common.errors import FailedPrecondition, InvalidArgument
 from microco.common.kv import MemoryKV
 from microco.services.store import Agg, LocalTransport, NodeInfo, PartitionSpec, Query, StoreCore
-from microco.services.store._layout import COMPRESSION_META
+from microco.services.store._layout import open_extent
 
 N = 12_000
 RNG = np.random.default_rng(11)
@@ -39,9 +39,7 @@ def _core(tmp_path, codecs=None) -> tuple[StoreCore, LocalTransport]:
 
 
 def _file_codec(tr: LocalTransport, node: str, extent_id: str) -> str:
-    path = tr.stores[node].path("t", extent_id)
-    meta = pa.ipc.open_file(pa.memory_map(str(path))).schema.metadata or {}
-    return meta.get(COMPRESSION_META, b"none").decode()
+    return open_extent(tr.stores[node].path("t", extent_id)).codec
 
 
 def _codecs_by_replica(core: StoreCore, tr: LocalTransport) -> dict[int, set[str]]:

@@ -39,8 +39,7 @@ def test_extents_are_compressed_by_default_and_old_uncompressed_ones_stay_readab
     packed = new.put_extent("t", "new", data, _buckets(N, 4))
     assert packed["bytes"] < plain["bytes"] / 2
     assert (open_extent(new.path("t", "new")).schema.metadata or {}).get(COMPRESSION_META) is None
-    meta = pa.ipc.open_file(pa.memory_map(str(new.path("t", "new")))).schema.metadata
-    assert meta[COMPRESSION_META] == b"zstd"
+    assert open_extent(new.path("t", "new")).codec == "zstd"
     # bucket sizes (recovery's accounting) are the uncompressed bytes either way
     assert [b[3] for b in packed["buckets"]] == [b[3] for b in plain["buckets"]]
     for eid, res in (("old", plain), ("new", packed)):
