@@ -90,6 +90,13 @@ def thread_choices(cpus: int | None = None) -> tuple[str, ...]:
     return tuple(str(c) for c in out)
 
 
+def _ran_alone(process_ms: float, thread_ms: float) -> bool:
+    """Did this thread do (nearly) all of its process's CPU work over a span: the process's CPU
+    time within 1.5x the thread's (and a millisecond)? Else other threads worked meanwhile, and
+    the thread's CPU time is not the span's work."""
+    return process_ms <= 1.5 * thread_ms + 1.0
+
+
 def spare_core() -> bool:
     """Is at least one core idle (1-minute load average) beside this process's own threads?
 
@@ -622,7 +629,7 @@ class AstraTorch(SessionBacked):
             # (BART at load ~10: its ask priced 6 s alone at a ratio near 1 took 23.8 s).
             proc = (time.process_time() - self._process_started) * 1e3
             self._slowdown = max(1.0, ms / proc if proc > 0 else 1.0, contention())
-        if one and (time.process_time() - self._process_started) * 1e3 > 1.5 * cpu + 1.0:
+        if one and not _ran_alone((time.process_time() - self._process_started) * 1e3, cpu):
             # Other threads of this process worked during the step (a kernel compiled for more
             # threads, the user's own threads): this thread's time is not the step's work.
             cpu = math.nan
@@ -1139,7 +1146,7 @@ class AstraTorch(SessionBacked):
         self.whole_probe_ms[kind] = (time.perf_counter() - started) * 1e3
         cpu = (time.thread_time() - cpu_started) * 1e3
         # (other threads of this process worked meanwhile: this thread's time is not the ask's)
-        alone = (time.process_time() - proc_started) * 1e3 <= 1.5 * cpu + 1.0
+        alone = _ran_alone((time.process_time() - proc_started) * 1e3, cpu)
         self.whole_probe_cpu_ms[kind] = cpu if alone else math.nan
         self._probe_spent_ms += self.whole_probe_ms[kind]
         if asked and backend.count_offered:

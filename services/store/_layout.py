@@ -473,6 +473,9 @@ class OpenExtent:
         missing = tuple(sorted({i for k in keep for i in fields if i not in self._columns[k]}))
         if not missing:
             return
+        # their ranges read ahead, whole (column-major only; in the order selected): a bucket's
+        # batches are a part of them, but read so are never slower than read by faults
+        self._cols.prefetch([i for i in dict.fromkeys(fields) if i in missing])
         # the batches lacking any of them (a column is decoded for the batches read so far)
         todo = [k for k in keep if any(i not in self._columns[k] for i in missing)]
         for k, cols in self._cols.read(missing, todo).items():
@@ -510,7 +513,6 @@ class OpenExtent:
     def batches(self) -> tuple[pa.RecordBatch, ...]:
         everything = range(len(self.schema))
         with self._lock:
-            self._cols.prefetch(everything)
             if self._lazy:
                 self._load(everything, range(len(self.index)))
             return tuple(self._batch(k, everything) for k in range(len(self.index)))
@@ -538,9 +540,6 @@ class OpenExtent:
             if bucket is None and key in self._tables:
                 self._tables.move_to_end(key)
                 return self._tables[key], read
-            # the selected columns' ranges read ahead, whole (column-major only): a bucket's
-            # batches are a part of them, but read so are never slower than read by faults
-            self._cols.prefetch(fields)
             if self._lazy and fields:
                 self._load(fields, keep)
             batches = [self._batch(k, fields) for k in keep]
