@@ -136,3 +136,69 @@ def test_the_old_cache_is_not_asked_once_the_working_set_has_left_it():
     for _ in range(MAX_EMPTY + 10):
         assert peer.holders(["a", "b"]) == {}
     assert Client.calls == 1 + MAX_EMPTY and not peer.usable
+
+
+class SlowDoor:
+    """A TCP relay to ``upstream`` that holds each new connection ``delay`` seconds before
+    passing bytes: a connection (TLS handshake included) as slow as a busy host's."""
+
+    def __init__(self, upstream: str, delay: float) -> None:
+        import socket
+        import threading
+
+        self.upstream, self.delay = upstream, delay
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+        import time
+
+        while not self.closed:
+            try:
+                inner, _ = self.sock.accept()
+            except OSError:
+                return
+            time.sleep(self.delay)
+            host, port = self.upstream.rsplit(":", 1)
+            outer = socket.create_connection((host, int(port)))
+            for a, b in ((inner, outer), (outer, inner)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a, b) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(2)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.closed = True
+        self.sock.close()
+
+
+def test_a_slow_connection_to_the_old_host_is_waited_for_apart_from_the_lookups_deadline(hosts):
+    """Found in CI: the first lookup's 2 s deadline included the new channel's connection, so a
+    busy host's slow handshake put the old cache aside and every chunk came from the store."""
+    from microco.clients.cache._origin import OriginPeer
+
+    index, _store, _cores, address = hosts
+    door = SlowDoor(address["h1"], delay=3.0)  # longer than the lookup's own deadline
+    peer = OriginPeer(door.address, "ds", timeout_s=2.0, connect_s=60.0)
+    try:
+        digests = [c.digest for c in index.chunks]
+        assert set(peer.holders(digests)) == set(digests)
+        assert peer.failures == 0 and peer.usable
+    finally:
+        peer.close()
+        door.close()
