@@ -276,12 +276,11 @@ class NodeAgent:
             live = [p for p in self.procs.list() if p.exit_code is None]
             if not live:
                 return
-            for p in live:
-                try:
-                    # killed before the lease can expire, however late the fence came
-                    self.procs.stop(p.job_id, self._leased.kill_grace(min(1.0, 0.2 * self.lease_ttl_s)))
-                except Exception:
-                    log.exception("fence: stopping %s", p.job_id)
+            try:
+                # all at once, killed before the lease can expire however late the fence came
+                self.procs.stop_all(live, self._leased.kill_grace(min(1.0, 0.2 * self.lease_ttl_s)))
+            except Exception:
+                log.exception("fence: stopping %s", [p.job_id for p in live])
             time.sleep(0.05)
 
     def record(self) -> dict[str, Any]:

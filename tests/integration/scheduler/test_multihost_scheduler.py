@@ -27,7 +27,9 @@ from microco.services.stack import EtcdServer
 
 pytestmark = pytest.mark.integration
 
-TTL = 3  # the agents' lease (s): they fence at 0.75 of it after the last confirmed keep-alive
+TTL = 6  # the agents' lease (s): they fence at 0.75 of it after the last confirmed keep-alive, and
+# their jobs are dead 0.125 of it (0.75 s) before it can expire: a margin a loaded CI host
+# keeps (with 3 s, one run killed 0.33 s after the expiry)
 JOBS = "/microco/scheduler/jobs/"
 # a mini-batch of 2 ms of CPU and 8 ms of input wait; steps enough never to finish here
 JOB = [sys.executable, "-m", "microco.examples.synthetic_job", "--compute-ms", "2", "--io-ms", "8"]

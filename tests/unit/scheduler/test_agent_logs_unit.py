@@ -96,3 +96,32 @@ def test_followed_logs_are_capped_so_the_agent_keeps_workers_for_the_scheduler(t
     assert next(servicer.ReadLog(agent_pb2.ReadLogRequest(job_id="ended", attempt=1), ctx)).data == b"first\n"
     held.pop().close()  # a follower leaves (the client hung up)
     assert next(servicer.ReadLog(follow, ctx)).data == b"second\n"
+
+
+def test_jobs_that_ignore_sigterm_are_killed_together_within_one_grace(tmp_path: Path, monkeypatch) -> None:
+    """A fence stops every job of the node within one grace, not one grace per job in a row:
+    with a lease of a few seconds, jobs stopped one after another outlived it (CI)."""
+    import sys
+    import time
+
+    from microco.services.agent import _procs
+
+    pm = ProcessManager(tmp_path / "agent", discover_devices("n", 3), tmp_path / "ckpt")
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"
+    procs = [pm.start(f"j{i}", [sys.executable, "-c", deaf], {}, [f"n/{i}"]) for i in range(3)]
+    for p in procs:  # SIGTERM ignored from here on
+        while "up" not in p.log_path.read_text():
+            assert p.poll() is None, p.log_path.read_text()
+            time.sleep(0.02)
+    killed: list[int] = []
+    real = _procs._kill_group
+
+    def record(pid: int, sig: int) -> None:
+        killed.append(sig)
+        real(pid, sig)
+
+    monkeypatch.setattr(_procs, "_kill_group", record)
+    pm.stop_all(procs, grace_s=1.0)
+    assert all(p.exit_code is not None for p in procs)
+    # every SIGTERM went out before the first SIGKILL: the graces ran side by side
+    assert killed == [15, 15, 15, 9, 9, 9]
