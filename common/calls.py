@@ -9,6 +9,7 @@ import grpc
 
 from .election import NOT_LEADER
 from .errors import MicrocoError, Unavailable, from_rpc_error
+from .forkgate import GATE
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,8 @@ def call_with_retry(
 
             raise DeadlineExceeded(f"deadline of {timeout:.1f}s spent after {attempt - 1} attempts")
         try:
-            return fn(request, timeout=remaining)
+            with GATE.held():  # a fork waits for the call (common/forkgate.py)
+                return fn(request, timeout=remaining)
         except grpc.RpcError as exc:
             err = from_rpc_error(exc)
             if not idempotent or exc.code() not in RETRYABLE or attempt >= attempts:

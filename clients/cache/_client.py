@@ -15,6 +15,7 @@ import grpc
 from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
 from microco.common import ServiceClient, dial
 from microco.common.errors import from_rpc_error
+from microco.common.forkgate import GATE
 
 _PART = 4 << 20
 
@@ -121,10 +122,11 @@ class CacheClient(ServiceClient):
         )
         out: list[bytes | None] = [None] * len(reads)
         try:
-            for batch in self._stub.ReadSamples(req, timeout=self._t(timeout)):
-                for s in batch.samples:
-                    if not s.missing:
-                        out[s.position] = s.data
+            with GATE.held():  # a fork waits for the stream (common/forkgate.py)
+                for batch in self._stub.ReadSamples(req, timeout=self._t(timeout)):
+                    for s in batch.samples:
+                        if not s.missing:
+                            out[s.position] = s.data
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
         return out
@@ -137,14 +139,16 @@ class CacheClient(ServiceClient):
         parts: dict[str, list[bytes]] = {}
         out: dict[str, bytes] = {}
         try:
-            for m in self._stub.ReadChunks(
-                cache_pb2.ReadChunksRequest(digests=list(digests), job_id=job_id), timeout=self._t(timeout)
-            ):
-                if m.missing:
-                    continue
-                parts.setdefault(m.digest, []).append(m.data)
-                if m.last:
-                    out[m.digest] = b"".join(parts.pop(m.digest))
+            with GATE.held():
+                for m in self._stub.ReadChunks(
+                    cache_pb2.ReadChunksRequest(digests=list(digests), job_id=job_id),
+                    timeout=self._t(timeout),
+                ):
+                    if m.missing:
+                        continue
+                    parts.setdefault(m.digest, []).append(m.data)
+                    if m.last:
+                        out[m.digest] = b"".join(parts.pop(m.digest))
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
         return out
@@ -180,7 +184,8 @@ class CacheClient(ServiceClient):
                     )
 
         try:
-            resp: cache_pb2.PutChunksResponse = self._stub.PutChunks(gen(), timeout=self._t(timeout))
+            with GATE.held():
+                resp: cache_pb2.PutChunksResponse = self._stub.PutChunks(gen(), timeout=self._t(timeout))
             return resp
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
