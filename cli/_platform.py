@@ -49,6 +49,14 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--cache-capacity-mb", type=int, default=256, help="cache server capacity (default 256)")
     p.add_argument(
+        "--preload",
+        default="auto",
+        metavar="MODULES",
+        help="what the node agent imports once for Python jobs to start from by fork: auto (NumPy and "
+        "PyTorch when installed), none (each job starts its own interpreter), or a comma-separated "
+        "module list (default auto)",
+    )
+    p.add_argument(
         "--console-port",
         type=int,
         default=None,
@@ -165,6 +173,7 @@ def stack_options(args: argparse.Namespace) -> StackOptions:
         etcd_port=args.etcd_port,
         redis_port=args.redis_port,
         devices=args.devices,
+        preload=args.preload,
         store_nodes=args.store_nodes,
         cache_capacity_mb=args.cache_capacity_mb,
         console_port=_console_port(args.console_port),

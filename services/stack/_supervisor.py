@@ -67,6 +67,9 @@ class StackOptions:
     etcd_port: int = 0
     redis_port: int = 0
     devices: int = 4  # virtual devices the node agent offers on a host without GPUs
+    # What the node agent's warm zygote imports for Python jobs to fork from (``auto``: NumPy
+    # and PyTorch when installed; ``none``: no zygote, every job execs its own interpreter).
+    preload: str = "auto"
     store_nodes: int = 6  # three node groups of two: any single node loss can be re-replicated
     cache_capacity_mb: int = 256
     console_port: int = 8080
@@ -99,7 +102,12 @@ def platform_processes(opts: StackOptions) -> list[ProcessSpec]:
             if opts.standbys
             else []
         ),
-        ProcessSpec("agent", "agent", "microco.services.agent", ("--devices", str(opts.devices))),
+        ProcessSpec(
+            "agent",
+            "agent",
+            "microco.services.agent",
+            ("--devices", str(opts.devices), "--preload", opts.preload),
+        ),
         ProcessSpec("cache", "cache", "microco.services.cache", ("--capacity", f"{opts.cache_capacity_mb}M")),
         ProcessSpec("store", "store", "microco.services.store", ("coordinator",), elected=True),
         *(

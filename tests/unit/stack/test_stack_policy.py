@@ -103,3 +103,16 @@ def test_up_says_which_policy_runs() -> None:
         describe_policy("las", {"min_run_s": 7.5, "allow_spread": False})
         == "las (allow_spread=no, min_run_s=7.5)"
     )
+
+
+@pytest.mark.parametrize(
+    "flags,preload", [((), "auto"), (("--preload", "none"), "none"), (("--preload", "numpy"), "numpy")]
+)
+def test_preload_reaches_the_node_agent(tmp_path: Path, flags: tuple[str, ...], preload: str) -> None:
+    """``microco up --preload``: what the agent's warm zygote imports (none: no zygote)."""
+    from microco.services.agent._service import add_arguments as agent_arguments
+
+    agent = next(s for s in platform_processes(stack_options(_up(tmp_path, *flags))) if s.name == "agent")
+    parser = argparse.ArgumentParser()
+    agent_arguments(parser)
+    assert parser.parse_known_args(list(agent.args))[0].preload == preload
