@@ -48,7 +48,19 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     log = home.parent / "up.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [*MICROCO, "up", "--home", str(home), "--no-console", "--devices", "1", "--store-nodes", "4"],
+            [
+                *MICROCO,
+                "up",
+                "--home",
+                str(home),
+                "--no-console",
+                "--devices",
+                "1",
+                "--store-nodes",
+                "4",
+                "--preload",
+                "none",
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
         )

@@ -63,7 +63,19 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     log = home.parent / "up.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [*MICROCO, "up", "--home", str(home), "--no-console", "--devices", "1", "--store-nodes", "3"],
+            [
+                *MICROCO,
+                "up",
+                "--home",
+                str(home),
+                "--no-console",
+                "--devices",
+                "1",
+                "--store-nodes",
+                "3",
+                "--preload",
+                "none",
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -177,7 +189,7 @@ def test_a_detached_stack_is_supervised_and_down_stops_everything(tmp_path: Path
     home = tmp_path / "home"
     up = subprocess.run(
         [*MICROCO, "up", "--home", str(home), "--no-console", "--no-standby", "--detach", "--devices", "1",
-         "--store-nodes", "3"],
+         "--store-nodes", "3", "--preload", "none"],
         capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
     try:

@@ -121,7 +121,19 @@ def test_a_second_ctrl_c_while_stopping_still_leaves_nothing_behind(tmp_path: Pa
     # is killed at once instead of etcd and Redis (each in its own session) being orphaned.
     home = tmp_path / "home"
     up = subprocess.Popen(
-        [*MICROCO, "up", "--home", str(home), "--no-console", "--devices", "1", "--store-nodes", "3"],
+        [
+            *MICROCO,
+            "up",
+            "--home",
+            str(home),
+            "--no-console",
+            "--devices",
+            "1",
+            "--store-nodes",
+            "3",
+            "--preload",
+            "none",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
