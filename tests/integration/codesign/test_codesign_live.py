@@ -202,11 +202,14 @@ def _platform(
     scheduler_args: tuple[str, ...] = (),
     devices: int = 1,
     follow: bool = True,
+    preload: str = "none",
 ):
     """A cache server (on ``cache_nodes``, default every node; ``follow``: following the
     scheduler's phases) and an agent of ``devices``
     virtual devices on each node, and a scheduler: separate processes. Yields (scheduler
-    client, {node: cache server address})."""
+    client, {node: cache server address}). ``preload="auto"``: the agents' warm zygote (torch
+    imported once a node, its jobs forked from it), for a test that starts several torch jobs
+    on one node."""
     cache_nodes = nodes if cache_nodes is None else cache_nodes
     procs = []
     try:
@@ -223,6 +226,8 @@ def _platform(
                     kv=kv,
                     log_path=tmp_path / f"agent-{node}.log",
                     lease_ttl_s=10,
+                    preload=preload,
+                    wait_warm=preload != "none",
                 )  # fmt: skip
             )
         procs.append(
@@ -377,7 +382,10 @@ def test_a_time_sliced_job_keeps_its_share_and_is_prefetched_before_its_slice(
     ra, ia = _dataset(kv, tmp_path, "slice-a", 240, 15000)  # 24 chunks of 10 samples
     rb, _ = _dataset(kv, tmp_path, "slice-b", 240, 15000)
     policy = {**POLICY, "quantum_s": 8}
-    with _platform(kv, etcd_endpoint, tmp_path, ("ns",), policy, ttl_s=1.5) as (client, caches):
+    with _platform(kv, etcd_endpoint, tmp_path, ("ns",), policy, ttl_s=1.5, preload="auto") as (
+        client,
+        caches,
+    ):
         cache = CacheClient(caches["ns"])
 
         def wait(cond, what, timeout=120.0):
@@ -522,7 +530,10 @@ def test_a_suspended_job_lends_its_share_until_it_is_next(etcd_endpoint, etcd_kv
     names = ("lend-a", "lend-b", "lend-c")
     regs = {n: _dataset(kv, tmp_path, n, 240, 15000) for n in names}
     policy = {**POLICY, "quantum_s": 8}
-    with _platform(kv, etcd_endpoint, tmp_path, ("nl",), policy, ttl_s=1.5) as (client, caches):
+    with _platform(kv, etcd_endpoint, tmp_path, ("nl",), policy, ttl_s=1.5, preload="auto") as (
+        client,
+        caches,
+    ):
         cache = CacheClient(caches["nl"])
 
         def wait(cond, what, timeout=120.0):
@@ -638,7 +649,10 @@ def test_dataset_affinity_gives_a_free_device_to_the_job_of_a_running_dataset(
     kv = etcd_kv
     regs = {n: _dataset(kv, tmp_path, n, 48, 6000)[0] for n in ("aff-a", "aff-b")}
     policy = {**POLICY, "dataset_affinity": True}
-    with _platform(kv, etcd_endpoint, tmp_path, ("nd",), policy, 600, devices=2) as (client, _caches):
+    with _platform(kv, etcd_endpoint, tmp_path, ("nd",), policy, 600, devices=2, preload="auto") as (
+        client,
+        _caches,
+    ):
 
         def job(name, ds):
             return _submit(client, tmp_path, name, regs[ds].qualified, 40, BATCH, prefetch=False)[0]
