@@ -161,7 +161,8 @@ def start_platform(
         )
         others["agent"] = spawn(
             "microco.services.agent",
-            ["--virtual-devices", "1", "--node", f"node-{port}", "--metrics-port", "-1"],
+            # (its jobs are framework-free: no warm zygote importing torch for them)
+            ["--virtual-devices", "1", "--node", f"node-{port}", "--metrics-port", "-1", "--preload", "none"],
             instance_id=f"agent-{port}",
             **common,
         )
