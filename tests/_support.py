@@ -8,6 +8,7 @@ import importlib.util
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -115,3 +116,10 @@ def put_node(kv: Any, name: str = "n1", devices: int = 2, address: str = "127.0.
             ],
         },
     )
+
+
+def small_stack(home: Path, *flags: str, store_nodes: int = 3) -> list[str]:
+    """The command of ``microco up`` for a small stack whose jobs use no framework: no console,
+    one device, ``store_nodes`` store nodes, and no warm zygote (it would import torch for them)."""
+    return [sys.executable, "-m", "microco.cli", "up", "--home", str(home), "--no-console", "--devices", "1",
+            "--store-nodes", str(store_nodes), "--preload", "none", *flags]  # fmt: skip

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from test_self_healing import MICROCO, Up, wait_until
+from _support import small_stack
+from test_self_healing import Up, wait_until
 from test_stack import stop_leftovers
 
 from microco.cli import main as cli_main
@@ -48,19 +49,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     log = home.parent / "up.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [
-                *MICROCO,
-                "up",
-                "--home",
-                str(home),
-                "--no-console",
-                "--devices",
-                "1",
-                "--store-nodes",
-                "4",
-                "--preload",
-                "none",
-            ],
+            small_stack(home, store_nodes=4),
             stdout=out,
             stderr=subprocess.STDOUT,
         )

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _support import small_stack
 from test_stack import pid_alive, stop_leftovers, wait_for_state
 
 from microco.cli import main as cli_main
@@ -63,19 +64,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     log = home.parent / "up.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [
-                *MICROCO,
-                "up",
-                "--home",
-                str(home),
-                "--no-console",
-                "--devices",
-                "1",
-                "--store-nodes",
-                "3",
-                "--preload",
-                "none",
-            ],
+            small_stack(home),
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -188,8 +177,7 @@ def test_killing_the_leader_hands_over_to_the_standby(up: Up) -> None:
 def test_a_detached_stack_is_supervised_and_down_stops_everything(tmp_path: Path) -> None:
     home = tmp_path / "home"
     up = subprocess.run(
-        [*MICROCO, "up", "--home", str(home), "--no-console", "--no-standby", "--detach", "--devices", "1",
-         "--store-nodes", "3", "--preload", "none"],
+        small_stack(home, "--no-standby", "--detach"),
         capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
     try:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _support import small_stack
 
 from microco.services.stack import StackOptions, platform_processes
 
@@ -121,19 +122,7 @@ def test_a_second_ctrl_c_while_stopping_still_leaves_nothing_behind(tmp_path: Pa
     # is killed at once instead of etcd and Redis (each in its own session) being orphaned.
     home = tmp_path / "home"
     up = subprocess.Popen(
-        [
-            *MICROCO,
-            "up",
-            "--home",
-            str(home),
-            "--no-console",
-            "--devices",
-            "1",
-            "--store-nodes",
-            "3",
-            "--preload",
-            "none",
-        ],
+        small_stack(home),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
