@@ -6,8 +6,10 @@ TPC-H (``tpchgen-cli``, offline) is loaded into a store cluster of real processe
 three fault domains, a coordinator, etcd). Each group-by and join query runs on the replica whose
 partitioning matches it (``matched_s``) and forced onto a replica that does not (``shuffle_s``),
 and DuckDB and PySpark (``local[2]``) run the same query on the same Parquet files. Then one store
-node is killed with SIGKILL and recovery is timed: bytes read per byte lost (bucketed rebuild)
-against what a full scan of the source replica would read. JSON on stdout.
+node is killed with SIGKILL while a group-by that reads from it is in flight (``node_loss``: that
+query's time against its healthy median, and its answer against the healthy one;
+``store_node_loss.py``), and the node's recovery is timed: bytes read per byte lost (bucketed
+rebuild) against what a full scan of the source replica would read. JSON on stdout.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from microco.benchmarks.store_node_loss import query_at_node_loss
 from microco.benchmarks.store_tpch import QUERIES as TPCH
 from microco.clients.store import file_deadline_s
 from microco.common.identity import private_ca
@@ -782,11 +785,16 @@ def main(argv: list[str] | None = None) -> int:
                 spark.stop()
                 spark = None
             return _summary(result)
-        # ---- recovery of one node (before Spark, which needs the cores)
-        victim = nodes[1][0]
+        # ---- a query in flight when a node dies, then the recovery of that node (before Spark,
+        # which needs the cores)
         before = {n["name"]: n for n in client.nodes()}
-        cluster.kill(victim)
-        t_kill = time.perf_counter()
+        by_name = {q["name"]: q["frame"] for q in qs}
+        loss = query_at_node_loss(
+            client, cluster, "lineitem_groupby_orderkey", by_name["lineitem_groupby_orderkey"], nodes[1][0],
+            max(3, repeat), log=_log,
+        )  # fmt: skip
+        victim, t_kill = loss["node"], loss.pop("_killed_at")
+        result["node_loss"] = loss
         cluster.wait_gone(victim)
         t_gone = time.perf_counter()
         rec = client.start_recovery()

@@ -1,0 +1,86 @@
+"""A query in flight when a store node dies (issue 19: it should finish within ~2x its healthy
+time): the same query timed healthy (``trials`` runs, the median), then once more with one of
+the nodes its plan reads from killed (SIGKILL, no goodbye) part-way through. The query's tasks
+on the dead node fail, are retried without it, and its extents are read degraded from the other
+replicas; the answer must equal the healthy one. A node can die only once, so the in-flight
+figure is one trial, reported as such beside the healthy trials."""
+
+from __future__ import annotations
+
+import re
+import statistics
+import threading
+import time
+from typing import Any
+
+
+def _rows(table: Any) -> list[tuple]:
+    cols = table.column_names
+    return sorted(tuple(r[c] for c in cols) for r in table.to_pylist())
+
+
+def _victim(explain: str, names: list[str], fallback: str) -> tuple[str, bool]:
+    """A node the plan reads from (the first of ``names`` its EXPLAIN names), else ``fallback``."""
+    for name in names:
+        if re.search(rf"\b{re.escape(name)}\b", explain):
+            return name, True
+    return fallback, False
+
+
+def query_at_node_loss(
+    client: Any,
+    cluster: Any,
+    name: str,
+    frame: Any,
+    fallback: str,
+    trials: int = 3,
+    at: float = 0.4,
+    log: Any = print,
+) -> dict[str, Any]:
+    """Time ``frame`` healthy ``trials`` times, then once with a node it reads from killed after
+    ``at`` of the healthy median. Returns the figures (``cluster.kill`` has killed the node)."""
+    healthy: list[float] = []
+    expected = None
+    for _ in range(max(1, trials)):
+        t0 = time.perf_counter()
+        table = client.query(frame)
+        healthy.append(time.perf_counter() - t0)
+        expected = _rows(table) if expected is None else expected
+    median = statistics.median(healthy)
+    names = sorted(n["name"] for n in client.nodes())
+    victim, named = _victim(str(client.last_plan.get("explain", "")), names, fallback)
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        t0 = time.perf_counter()
+        try:
+            box["rows"] = _rows(client.query(frame))
+        except Exception as exc:  # noqa: BLE001 - reported: a query lost to a node loss is the finding
+            box["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        box["s"] = time.perf_counter() - t0
+
+    thread = threading.Thread(target=run, name="query-at-node-loss")
+    start = time.perf_counter()
+    thread.start()
+    time.sleep(at * median)
+    killed_after = time.perf_counter() - start
+    cluster.kill(victim)
+    killed_at = time.perf_counter()
+    thread.join(timeout=max(600.0, 20 * median))
+    took = box.get("s")
+    out = {
+        "query": name,
+        "node": victim,
+        "node_named_by_plan": named,
+        "healthy_s": [round(t, 4) for t in healthy],
+        "healthy_median_s": round(median, 4),
+        "killed_after_s": round(killed_after, 4),
+        "at_node_loss_s": round(took, 4) if took is not None else None,
+        "over_healthy_median": round(took / median, 2) if took is not None else None,
+        "correct": box.get("rows") == expected if "rows" in box else False,
+        "error": box.get("error"),
+        "finished": took is not None,
+    }
+    log(f"query at node loss: {out}")
+    out["_killed_at"] = killed_at  # (for the recovery that follows; not reported)
+    return out
