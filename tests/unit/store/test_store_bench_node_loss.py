@@ -49,5 +49,6 @@ def test_the_query_in_flight_is_timed_and_its_answer_checked():
     out = query_at_node_loss(store, store, "q", None, "store-1", trials=3, log=lambda _: None)
     assert store.killed == ["store-2"] and out["node"] == "store-2" and out["node_named_by_plan"]
     assert out["finished"] and out["correct"] and out["error"] is None and len(out["healthy_s"]) == 3
+    assert len(out["after_loss_s"]) == 2 and out["after_loss_correct"]
     wrong = _Store(wrong=True)
     assert not query_at_node_loss(wrong, wrong, "q", None, "store-1", trials=3, log=lambda _: None)["correct"]
