@@ -89,6 +89,12 @@ def query_at_node_loss(
         "correct": box.get("rows") == expected if "rows" in box else False,
         "after_loss_s": [round(t, 4) for t in degraded],
         "after_loss_correct": same,
+        # how it read with the node dead: the plan's kind, bytes moved between nodes, EXPLAIN
+        "after_loss_plan": {
+            "kind": client.last_plan.get("kind"),
+            "moved_bytes": client.last_plan.get("moved_bytes"),
+            "explain": str(client.last_plan.get("explain", ""))[:3000],
+        },
         "error": box.get("error"),
         "finished": took is not None,
     }
