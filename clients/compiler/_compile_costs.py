@@ -319,10 +319,19 @@ class HostCompileCosts:
         self._save(data)
 
     def step_ms(self, hardware: str, kind: str, graph: str) -> float | None:
-        """The median typical step of ``graph`` the runs here kept (:meth:`record_step`), as they
-        measured it (not scaled by the load); None: never kept."""
-        rows = [r for r in self.measurements(hardware, f"step:{kind}") if r.get("graph") == graph]
-        ms = [float(r["ms"]) for r in rows if isinstance(r.get("ms"), (int, float)) and r["ms"] > 0]
+        """The median typical step of ``graph`` the runs here kept (:meth:`record_step`), each
+        scaled up to today's contention where that is higher than the one it was kept at, never
+        down (a step under more runnable threads a core takes longer; one kept under a higher
+        load average says little of what it takes alone, as a load's time, ``_at_load``);
+        None: never kept."""
+        now = contention()
+        ms = []
+        for r in self.measurements(hardware, f"step:{kind}"):
+            if r.get("graph") != graph or not isinstance(r.get("ms"), (int, float)) or not r["ms"] > 0:
+                continue
+            then = r.get("contention")
+            scale = now / then if isinstance(then, (int, float)) and then > 0 else 1.0
+            ms.append(float(r["ms"]) * max(1.0, scale))
         return _median(ms) if ms else None
 
     # -- how often a signal that a cache holds a graph was right (session of 2026-12-03 morning)

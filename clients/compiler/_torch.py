@@ -973,9 +973,10 @@ class AstraTorch(SessionBacked):
         25), so a slow first step times the usual ratio still prices a saving the run's steps do
         not hold (session 24: Llama's second run of 300 steps, a first step of 17.1 ms against
         its first run's 10.5, priced at 15.2 ms where its steps took about 10; it asked, loaded
-        the compile in 1.7 s and ran 1.33x the better contender). Not scaled by the load: a
-        saving priced low costs an ask that would have paid, on a run long enough (1,000 steps
-        and more) to pay at the lower price too; one priced high costs the ask and its load."""
+        the compile in 1.7 s and ran 1.33x the better contender). Each kept step is scaled up to
+        today's contention where it is higher than the one it was kept at (never down: the
+        1-minute load average lags): under more load the steps take longer, and an ask's price
+        is scaled up with it (``_traced_price_ms``)."""
         graph = self._cost_graph()
         ratio = self.compile_costs.gain(self._hw, self.FIRST_STEP_KIND, graph)
         typical = first_ms * min(1.0, ratio) if ratio is not None and ratio > 0 else first_ms

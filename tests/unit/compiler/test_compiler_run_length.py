@@ -591,6 +591,14 @@ def test_the_asks_saving_is_never_priced_above_the_typical_step_earlier_runs_mea
     # Another graph's typical step is not this one's.
     costs.record_step(a._hw, "eager:typical", 1.0, "another graph")
     assert a._typical_step_ms(17.1) == pytest.approx(10.1)
+    # Kept at contention 1.0: at 2.0 now, scaled up (20.2 ms: the first step's 15.2 is lower)...
+    monkeypatch.setattr(_compile_costs, "contention", lambda: 2.0)
+    assert costs.step_ms(a._hw, AstraTorch.TYPICAL_STEP_KIND, graph) == pytest.approx(20.2)
+    assert a._typical_step_ms(17.1) == pytest.approx(15.22, rel=1e-3)
+    # ... and one kept at 2.0 is not scaled down at 1.0.
+    costs.record_step(a._hw, AstraTorch.TYPICAL_STEP_KIND, 30.0, graph)
+    monkeypatch.setattr(_compile_costs, "contention", lambda: 1.0)
+    assert costs.step_ms(a._hw, AstraTorch.TYPICAL_STEP_KIND, graph) == pytest.approx(0.5 * (10.1 + 10.4))
 
 
 def test_a_load_recorded_at_a_higher_load_average_is_not_priced_below_what_it_took(tmp_path, monkeypatch):
