@@ -306,6 +306,34 @@ class HostCompileCosts:
         ratios = [float(r["ratio"]) for r in rows if isinstance(r.get("ratio"), (int, float))]
         return _median(ratios) if ratios else None
 
+    # -- a graph's typical step here (issue 18, session 25)
+    def record_step(self, hardware: str, kind: str, ms: float, graph: str) -> None:
+        """Keep a run's typical step of ``graph`` (``kind``: which step, e.g. the eager baseline's
+        median over its trial): many steps' median, where a run's first step is one sample."""
+        if not (ms > 0 and math.isfinite(ms)) or not graph:
+            return
+        data = self._load()
+        rows = data.setdefault(self._key(hardware), {}).setdefault(f"step:{kind}", [])
+        rows.append({"ms": float(ms), "at": time.time(), "graph": graph, "contention": contention()})
+        del rows[:-KEEP]
+        self._save(data)
+
+    def step_ms(self, hardware: str, kind: str, graph: str) -> float | None:
+        """The median typical step of ``graph`` the runs here kept (:meth:`record_step`), each
+        scaled up to today's contention where that is higher than the one it was kept at, never
+        down (a step under more runnable threads a core takes longer; one kept under a higher
+        load average says little of what it takes alone, as a load's time, ``_at_load``);
+        None: never kept."""
+        now = contention()
+        ms = []
+        for r in self.measurements(hardware, f"step:{kind}"):
+            if r.get("graph") != graph or not isinstance(r.get("ms"), (int, float)) or not r["ms"] > 0:
+                continue
+            then = r.get("contention")
+            scale = now / then if isinstance(then, (int, float)) and then > 0 else 1.0
+            ms.append(float(r["ms"]) * max(1.0, scale))
+        return _median(ms) if ms else None
+
     # -- how often a signal that a cache holds a graph was right (session of 2026-12-03 morning)
     def record_signal(self, hardware: str, kind: str, right: bool) -> None:
         """Keep the answer of one ask of ``kind`` that a signal read from the caches led to:

@@ -956,14 +956,32 @@ class AstraTorch(SessionBacked):
     # autograd's first graph), and a saving priced by it is too large.
     FIRST_STEP_KIND = "eager:first_step"
 
+    # The typical eager step itself (the baseline's median, ms), kept per graph at each commit
+    # (``HostCompileCosts.record_step``).
+    TYPICAL_STEP_KIND = "eager:typical"
+
     def _typical_step_ms(self, first_ms: float) -> float:
         """This run's typical step, expected from its first (``first_ms``, the probe's): as an
         earlier run of this graph here measured the two, never above the first; the first where
         none did (issue 18, session 22: Llama's second run of 300 steps, first step 11.0 ms
         against a typical 7.2, expected 1.4 s saved by a cache hit where 0.9 s was to be had,
-        asked for 1.5 s and ran 1.35x the better contender)."""
-        ratio = self.compile_costs.gain(self._hw, self.FIRST_STEP_KIND, self._cost_graph())
-        return first_ms * min(1.0, ratio) if ratio is not None and ratio > 0 else first_ms
+        asked for 1.5 s and ran 1.35x the better contender).
+
+        And never above the typical step the earlier runs of this graph here measured (each a
+        median of its baseline's steps): a first step is one sample, and its ratio to the typical
+        one varies from run to run (0.53-2.1 over one host's record of three models, session
+        25), so a slow first step times the usual ratio still prices a saving the run's steps do
+        not hold (session 24: Llama's second run of 300 steps, a first step of 17.1 ms against
+        its first run's 10.5, priced at 15.2 ms where its steps took about 10; it asked, loaded
+        the compile in 1.7 s and ran 1.33x the better contender). Each kept step is scaled up to
+        today's contention where it is higher than the one it was kept at (never down: the
+        1-minute load average lags): under more load the steps take longer, and an ask's price
+        is scaled up with it (``_traced_price_ms``)."""
+        graph = self._cost_graph()
+        ratio = self.compile_costs.gain(self._hw, self.FIRST_STEP_KIND, graph)
+        typical = first_ms * min(1.0, ratio) if ratio is not None and ratio > 0 else first_ms
+        measured = self.compile_costs.step_ms(self._hw, self.TYPICAL_STEP_KIND, graph)
+        return min(typical, measured) if measured is not None else typical
 
     def _optimistic_saving_ms(self, step_ms: float, kind: str = "plain") -> float:
         """What a compiled whole step may save over the run at ``step_ms`` a step: what this host
@@ -999,6 +1017,8 @@ class AstraTorch(SessionBacked):
             self.compile_costs.record_gain(
                 self._hw, self.FIRST_STEP_KIND, base / self._probe_step_ms, self._cost_graph()
             )
+        if base is not None:
+            self.compile_costs.record_step(self._hw, self.TYPICAL_STEP_KIND, base, self._cost_graph())
         state = self._explored_state()
         if state is None:
             return  # nothing learned

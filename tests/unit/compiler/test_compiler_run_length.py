@@ -541,13 +541,64 @@ def test_the_asks_saving_is_priced_by_the_typical_step_an_earlier_run_measured(t
     [row] = HostCompileCosts(path).measurements(first._hw, f"gain:{AstraTorch.FIRST_STEP_KIND}")
     ratio = row["ratio"]
     assert ratio == pytest.approx(first.session.base_ms / first._probe_step_ms)
+    # ... and its typical step itself (session 25), which the next run's price never exceeds
+    [kept] = HostCompileCosts(path).measurements(first._hw, f"step:{AstraTorch.TYPICAL_STEP_KIND}")
+    assert kept["ms"] == pytest.approx(first.session.base_ms)
     second, priced = run(1)
-    assert priced == [pytest.approx(second._probe_step_ms * min(1.0, ratio))]
-    assert second._typical_step_ms(10.0) == pytest.approx(10.0 * min(1.0, ratio))
+    assert priced == [pytest.approx(min(second._probe_step_ms * min(1.0, ratio), kept["ms"]))]
+    big = 1e3 * kept["ms"]  # a first step far above the typical one: priced at the typical one
+    assert second._typical_step_ms(big) == pytest.approx(kept["ms"])
+    small = kept["ms"] / 10.0
+    assert second._typical_step_ms(small) == pytest.approx(small * min(1.0, ratio))
     # A first step that was the faster one (ratio above 1) is not inflated.
     HostCompileCosts(path).record_gain(second._hw, AstraTorch.FIRST_STEP_KIND, 50.0, second._cost_graph())
     HostCompileCosts(path).record_gain(second._hw, AstraTorch.FIRST_STEP_KIND, 50.0, second._cost_graph())
-    assert second._typical_step_ms(10.0) == pytest.approx(10.0)
+    assert second._typical_step_ms(small) == pytest.approx(small)
+
+
+def test_the_asks_saving_is_never_priced_above_the_typical_step_earlier_runs_measured(tmp_path, monkeypatch):
+    """Llama's second run of 300 steps (issue 18, session 24): its first step took 17.1 ms (its
+    first run's 10.5), priced at 17.1 x 0.89 (the typical-over-first ratio the earlier runs kept)
+    = 15.2 ms where its steps took about 10; 300 steps at its measured gain of 1.66 were expected
+    to save 1.8 s against a load priced 1.37 s, so it asked, loaded in 1.7 s and ran 1.33x the
+    better contender. A first step is one sample (its ratio to the typical step ran 0.53-2.1 in
+    one host's record): the saving is priced by no more than the typical step the earlier runs
+    of the graph measured here, each its baseline's median. Priced inputs, no compile."""
+    pytest.importorskip("torch")
+    from microco.clients.compiler import _compile_costs
+    from microco.clients.compiler._compile_costs import HostCompileCosts
+    from microco.clients.compiler._torch import AstraTorch
+
+    monkeypatch.setattr(_compile_costs, "contention", lambda: 1.0)
+    costs = HostCompileCosts(tmp_path / "costs.json")
+    a = _probing_astra(costs, 300)
+    a.warm_signal = False  # (the branch of a graph loaded here before; no cache read)
+    graph = a._cost_graph()
+    costs.record(a._hw, AstraTorch.PROBE_KIND, 1000.0, graph=graph, cpu=1000.0)
+    costs.record(a._hw, "torch:whole:plain", 1370.0, graph=graph, warm=True, ask=1000.0, cpu=1370.0)
+    costs.record_gain(a._hw, "torch:whole:plain", 1.66, graph)
+    assert a._typical_step_ms(17.1) == pytest.approx(17.1)  # nothing kept: the first step
+    assert a._worth_cache_probe(17.1)  # 2.0 s > 1.37 s: asked
+    for ms in (10.4, 9.8, 10.1):  # the earlier runs' commits: a baseline 0.89x its first step
+        a.session.base_ms, a._probe_step_ms = ms, ms / 0.89
+        a._learn_gain()
+    assert a._typical_step_ms(17.1) == pytest.approx(10.1)  # before: 17.1 x 0.89 = 15.2
+    assert not a._worth_cache_probe(a._typical_step_ms(17.1))  # 1.21 s < 1.37 s: not asked
+    assert a._typical_step_ms(8.0) == pytest.approx(8.0 * 0.89)  # a quick first step: as before
+    longer = _probing_astra(costs, 1000)
+    longer.warm_signal = False
+    assert longer._worth_cache_probe(longer._typical_step_ms(17.1))  # 4.0 s > 1.37 s: asked
+    # Another graph's typical step is not this one's.
+    costs.record_step(a._hw, "eager:typical", 1.0, "another graph")
+    assert a._typical_step_ms(17.1) == pytest.approx(10.1)
+    # Kept at contention 1.0: at 2.0 now, scaled up (20.2 ms: the first step's 15.2 is lower)...
+    monkeypatch.setattr(_compile_costs, "contention", lambda: 2.0)
+    assert costs.step_ms(a._hw, AstraTorch.TYPICAL_STEP_KIND, graph) == pytest.approx(20.2)
+    assert a._typical_step_ms(17.1) == pytest.approx(15.22, rel=1e-3)
+    # ... and one kept at 2.0 is not scaled down at 1.0.
+    costs.record_step(a._hw, AstraTorch.TYPICAL_STEP_KIND, 30.0, graph)
+    monkeypatch.setattr(_compile_costs, "contention", lambda: 1.0)
+    assert costs.step_ms(a._hw, AstraTorch.TYPICAL_STEP_KIND, graph) == pytest.approx(0.5 * (10.1 + 10.4))
 
 
 def test_a_load_recorded_at_a_higher_load_average_is_not_priced_below_what_it_took(tmp_path, monkeypatch):
