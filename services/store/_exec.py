@@ -371,14 +371,55 @@ def join_post(
     l_out = [c for c in left[0].names if c in cols]
     r_out = [c for c in right[0].names if c != right_on and c in cols]
     p_out, b_out = (l_out, r_out) if build == "R" else (r_out, l_out)
+    coded: dict[str, pa.Array] = {}
+    if agg is not None and ENCODE_BUILD_KEYS:
+        built, coded = _coded_keys(built, b_out, agg[0], {col for col, _, _ in agg[1]})
     decl = acero.Declaration(
         "hashjoin",
         acero.HashJoinNodeOptions("inner", [p_on], [b_on], left_output=p_out, right_output=b_out),
         inputs=[_acero_source(probe), acero.Declaration("table_source", acero.TableSourceNodeOptions(built))],
     )
     if agg is not None:
-        return _aggregated(decl, *agg)
+        out = _aggregated(decl, *agg)
+        for name, dictionary in coded.items():
+            i = out.schema.get_field_index(name)
+            out = out.set_column(i, name, dictionary.take(out.column(name)))
+        return out
     return post_ops(decl.to_table(use_threads=True).select(cols), post)
+
+
+# a join's aggregation groups on the build side's string keys by their codes (see _coded_keys)
+ENCODE_BUILD_KEYS = True
+
+
+def _coded_keys(
+    built: pa.Table, kept: Sequence[str], keys: Sequence[str], agg_inputs: set[str]
+) -> tuple[pa.Table, dict[str, pa.Array]]:
+    """``built`` with each of its string (or binary) group keys replaced by its dictionary's
+    indices, and those dictionaries by name. The join then carries an integer per joined row
+    instead of a string, and the aggregation hashes integers (the groups are the same: equal
+    strings get equal codes, a null a null code); the codes are mapped back after the
+    aggregation, once per group. A key that is also an aggregate's input stays as it is."""
+    coded: dict[str, pa.Array] = {}
+    for name in keys:
+        if name not in kept or name in agg_inputs or name not in built.schema.names:
+            continue
+        col = built.column(name)
+        if not (
+            pa.types.is_string(col.type)
+            or pa.types.is_large_string(col.type)
+            or pa.types.is_binary(col.type)
+            or pa.types.is_large_binary(col.type)
+        ):
+            continue
+        enc = (
+            col.combine_chunks().dictionary_encode()
+            if col.num_chunks != 1
+            else col.chunk(0).dictionary_encode()
+        )
+        coded[name] = enc.dictionary
+        built = built.set_column(built.schema.get_field_index(name), name, enc.indices)
+    return built, coded
 
 
 def _aggs(spec: dict[str, Any]) -> list[Agg]:
