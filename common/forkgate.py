@@ -73,7 +73,10 @@ class ForkGate:
         me = threading.get_ident()
         with self._cond:
             self._forking = True
-            others = lambda: sum(n for t, n in self._inside.items() if t != me)  # noqa: E731
+
+            def others() -> int:
+                return sum(n for t, n in self._inside.items() if t != me)
+
             if not self._cond.wait_for(lambda: others() == 0, timeout=self.wait_s):
                 log.warning(
                     "forking while %d background gRPC call(s) are still under way after %.0f s",
