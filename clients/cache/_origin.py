@@ -12,9 +12,10 @@ background prefetch copies them into the new host's cache. No directory is neede
 Bounded: one lookup per batch of misses; the first waits for the connection (TLS included)
 for at most ``connect_s``, apart from the lookup's own deadline ``timeout_s`` (a handshake slowed
 by a busy host is not a server that does not answer; a refused connection fails at once); a
-server that does not answer is asked again only after ``retry_s``, and after ``MAX_FAILURES`` failures never again (a restarted or removed
-server at a stale address costs at most that many short calls); one that held none of the
-chunks asked for ``MAX_EMPTY`` times in a row is not asked again (the working set has left it).
+server that does not answer is asked again only after ``retry_s``, and after ``MAX_FAILURES``
+failures never again (a restarted or removed server at a stale address costs at most that many
+short calls); one that held none of the chunks asked for ``MAX_EMPTY`` times in a row is not
+asked again (the working set has left it).
 """
 
 from __future__ import annotations
