@@ -70,17 +70,12 @@ class ForkGate:
             return sum(n for t, n in self._inside.items() if t != me)
 
     def _before(self) -> None:
-        me = threading.get_ident()
-        with self._cond:
+        with self._cond:  # (an RLock: ``inside`` takes it again)
             self._forking = True
-
-            def others() -> int:
-                return sum(n for t, n in self._inside.items() if t != me)
-
-            if not self._cond.wait_for(lambda: others() == 0, timeout=self.wait_s):
+            if not self._cond.wait_for(lambda: self.inside == 0, timeout=self.wait_s):
                 log.warning(
                     "forking while %d background gRPC call(s) are still under way after %.0f s",
-                    others(),
+                    self.inside,
                     self.wait_s,
                 )
 

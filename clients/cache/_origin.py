@@ -107,12 +107,8 @@ class OriginPeer:
                 state.append(now)
                 settled.set()
 
-        try:
-            channel = client._channel
-            channel.subscribe(watch, try_to_connect=True)
-        except (AttributeError, NotImplementedError):  # a channel that cannot be watched: call it
-            self._connected = True
-            return True
+        channel = client._channel
+        channel.subscribe(watch, try_to_connect=True)
         try:
             settled.wait(self.connect_s)
         finally:

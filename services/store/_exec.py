@@ -372,7 +372,7 @@ def join_post(
     r_out = [c for c in right[0].names if c != right_on and c in cols]
     p_out, b_out = (l_out, r_out) if build == "R" else (r_out, l_out)
     coded: dict[str, pa.Array] = {}
-    if agg is not None and ENCODE_BUILD_KEYS:
+    if agg is not None:
         built, coded = _coded_keys(built, b_out, agg[0], {col for col, _, _ in agg[1]})
     decl = acero.Declaration(
         "hashjoin",
@@ -386,10 +386,6 @@ def join_post(
             out = out.set_column(i, name, dictionary.take(out.column(name)))
         return out
     return post_ops(decl.to_table(use_threads=True).select(cols), post)
-
-
-# a join's aggregation groups on the build side's string keys by their codes (see _coded_keys)
-ENCODE_BUILD_KEYS = True
 
 
 def _coded_keys(

@@ -130,6 +130,7 @@ def test_the_old_cache_is_not_asked_once_the_working_set_has_left_it():
 
     peer = OriginPeer("127.0.0.1:1", "ds")
     peer._client = Client()  # type: ignore[assignment]
+    peer._connected = True  # (a fake: no channel to wait for)
     Client.held = {"a"}
     assert list(peer.holders(["a", "b"])) == ["a"]
     Client.held = set()  # the other jobs of the dataset finished there: nothing held
