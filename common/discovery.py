@@ -60,6 +60,8 @@ def pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(")")[-1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):  # reaped after the kill(0), or between open and read
+        return False
     except OSError:
         return True
 

@@ -14,23 +14,12 @@ from pathlib import Path
 import pytest
 from _support import small_stack
 
+from microco.common.discovery import pid_alive
 from microco.services.stack import StackOptions, platform_processes
 
 pytestmark = pytest.mark.e2e
 
 MICROCO = [sys.executable, "-m", "microco.cli"]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_for_state(home: Path, proc: subprocess.Popen, timeout: float = 150) -> dict:

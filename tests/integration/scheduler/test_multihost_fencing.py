@@ -19,6 +19,7 @@ from _support import issued, wait_until
 from microco.api.agent.v1 import agent_pb2, agent_pb2_grpc
 from microco.clients.agent import NODES_PREFIX
 from microco.common.channel import dial
+from microco.common.discovery import pid_alive
 from microco.common.kv import EtcdKV
 from microco.services.stack import EtcdServer
 
@@ -35,14 +36,6 @@ def bed():
         pytest.skip(f"no multi-host test bed here: {why}")
     with NetnsBed(["ctl", "b", "c"]) as b:
         yield b
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between it and the read
-        return False
 
 
 def _procs(stub, job_id):
@@ -95,7 +88,7 @@ def test_a_host_cut_off_fences_its_job_which_moves_to_another_host(bed, tmp_path
     cut_at = time.monotonic()
     dead_at = gone_at = None
     while time.monotonic() - cut_at < 3 * TTL and (dead_at is None or gone_at is None):
-        if dead_at is None and not _alive(pid_b):
+        if dead_at is None and not pid_alive(pid_b):
             dead_at = time.monotonic()
         if gone_at is None and kv.get(NODES_PREFIX + "b") is None:
             gone_at = time.monotonic()
@@ -124,7 +117,7 @@ def test_a_host_cut_off_fences_its_job_which_moves_to_another_host(bed, tmp_path
         timeout=20,
         what="b rejoins",
     )
-    assert rec["epoch"] and not _alive(pid_b)
+    assert rec["epoch"] and not pid_alive(pid_b)
     # A fresh channel: the old one to b is in gRPC's reconnect back-off after the cut.
     sb = agent_pb2_grpc.NodeAgentServiceStub(dial(rec["address"], identity=scheduler))
     back = wait_until(lambda: _answers(sb, "j1"), timeout=30, what="b's agent answers again")

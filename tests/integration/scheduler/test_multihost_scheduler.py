@@ -21,6 +21,7 @@ from _support import wait_for_jobs, wait_until
 from microco.clients.agent import NODES_PREFIX, AgentDirectory
 from microco.clients.scheduler import SchedulerClient, make_spec
 from microco.common import channel_for
+from microco.common.discovery import pid_alive
 from microco.common.kv import EtcdKV
 from microco.common.registry import discover
 from microco.services.stack import EtcdServer
@@ -45,14 +46,6 @@ def bed():
         pytest.skip(f"no multi-host test bed here: {why}")
     with NetnsBed(["ctl", "b", "c"]) as b:
         yield b
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _kv(endpoint):
@@ -146,7 +139,7 @@ def test_scheduler_places_moves_and_survives_a_host_cut_off(bed, tmp_path):
     cut_at = time.monotonic()
     dead_at = gone_at = None
     while time.monotonic() - cut_at < 3 * TTL and (dead_at is None or gone_at is None):
-        if dead_at is None and not any(_alive(p) for p in pids):
+        if dead_at is None and not any(pid_alive(p) for p in pids):
             dead_at = time.monotonic()
         if gone_at is None and kv.get(NODES_PREFIX + victim) is None:
             gone_at = time.monotonic()

@@ -15,6 +15,7 @@ import pytest
 from _support import issued, wait_until
 
 from microco.common.channel import dial
+from microco.common.discovery import pid_alive
 from microco.services.agent import ProcessManager, discover_devices
 
 
@@ -33,14 +34,6 @@ SYN = [sys.executable, "-m", "microco.examples.synthetic_job"]
 
 
 wait = functools.partial(wait_until, interval=0.02)
-
-
-def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 @pytest.fixture
@@ -144,7 +137,7 @@ def test_jobs_die_with_the_zygote_which_comes_back(pm):
     wait(lambda: p.poll() is not None, what="reported")
     assert p.exit_code == -9
     wait(
-        lambda: gone(p.pid),
+        lambda: not pid_alive(p.pid),
         10,
         "job gone with its zygote",
     )
@@ -185,6 +178,6 @@ def test_forked_jobs_die_with_a_killed_agent(etcd_endpoint, etcd_kv, tmp_path):
         assert p.forked
         os.kill(agent.pid, signal.SIGKILL)
         agent.wait()
-        wait(lambda: gone(p.pid), 10, "forked job outlived its agent")
+        wait(lambda: not pid_alive(p.pid), 10, "forked job outlived its agent")
     finally:
         stop_process(agent)

@@ -105,3 +105,32 @@ def test_typed_clients_discover_when_given_no_etcd(monkeypatch: pytest.MonkeyPat
     ):
         with pytest.raises(PlatformNotFound, match="MICROCO_ETCD"):
             make()
+
+
+def test_a_process_reaped_between_the_check_and_the_read_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill(0) can succeed and the /proc read then fail with ESRCH when the process is reaped in
+    between (CI, stop 36): that is a process gone, not an error and not one alive."""
+    import builtins
+
+    from microco.common.discovery import pid_alive
+
+    real_open = builtins.open
+
+    class _Reaped:
+        def __enter__(self) -> _Reaped:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def read(self) -> str:
+            raise ProcessLookupError(3, "No such process")
+
+    def fake_open(path: object, *args: object, **kwargs: object) -> object:
+        if str(path) == f"/proc/{os.getpid()}/stat":
+            return _Reaped()
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    assert pid_alive(os.getpid())
+    monkeypatch.setattr(builtins, "open", fake_open)
+    assert not pid_alive(os.getpid())
