@@ -12,9 +12,10 @@ import abc
 import itertools
 import json
 import logging
+import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -264,16 +265,136 @@ def parse_endpoints(endpoints: str | Iterable[str]) -> list[tuple[str, int]]:
     return out
 
 
+class _KeepAlives:
+    """One ``LeaseKeepAlive`` stream per client, carrying the refreshes of all its leases, as
+    etcd's own clients keep it. pyetcd opens a new stream (and a thread to feed it) for every
+    refresh: 2.3 ms of CPU between client and etcd each, a sizeable part of an idle service's
+    CPU (docs/testing.md, "Idle services"). The stream opens at the first refresh; a refresh
+    that gets no answer within the client's timeout, or a stream that ends, fails the refreshes
+    waiting on it (``Unavailable``) and the next refresh opens a new one (on the endpoint the
+    client fails over to)."""
+
+    def __init__(self, client: Any, timeout: float) -> None:
+        self._client, self._timeout = client, timeout
+        self._lock = threading.Lock()
+        self._requests: queue.SimpleQueue[Any] | None = None
+        self._call: Any = None
+        self._generation = 0
+        self._waiting: dict[int, list[_Refresh]] = {}
+        self._closed = False
+        self.opened = 0  # streams opened so far (one while etcd stays up)
+
+    def refresh(self, lease_id: int) -> int:
+        """The lease's remaining TTL after this refresh (0: it had expired)."""
+        from pyetcd import etcdrpc
+
+        waiter = _Refresh()
+        with self._lock:
+            if self._closed:
+                raise Unavailable("etcd client closed")
+            if self._requests is None:
+                self._open()
+            assert self._requests is not None
+            self._waiting.setdefault(lease_id, []).append(waiter)
+            self._requests.put(etcdrpc.LeaseKeepAliveRequest(ID=lease_id))
+            generation = self._generation
+        if not waiter.done.wait(self._timeout):
+            self._end(generation, Unavailable(f"etcd lease refresh: no answer within {self._timeout:g} s"))
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.ttl
+
+    def _open(self) -> None:
+        requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+        def feed() -> Iterator[Any]:
+            while (request := requests.get()) is not None:
+                yield request
+
+        client = self._client
+        try:
+            call = client.leasestub.LeaseKeepAlive(
+                feed(), credentials=client.call_credentials, metadata=client.metadata
+            )
+        except Exception as exc:  # no endpoint to open it on: this refresh fails, the next tries again
+            raise Unavailable(f"etcd lease keep-alive stream: {type(exc).__name__} {exc}".strip()) from exc
+        self._generation += 1
+        self._requests, self._call = requests, call
+        self.opened += 1
+        threading.Thread(
+            target=self._read, args=(call, self._generation), name="etcd-keepalive", daemon=True
+        ).start()
+
+    def _read(self, call: Any, generation: int) -> None:
+        error: Exception = Unavailable("etcd ended the lease keep-alive stream")
+        try:
+            for response in call:
+                with self._lock:
+                    waiters = self._waiting.get(response.ID)
+                    waiter = waiters.pop(0) if waiters else None
+                if waiter is not None:
+                    waiter.ttl = int(response.TTL)
+                    waiter.done.set()
+        except Exception as exc:  # noqa: BLE001 - any end of the stream fails its waiters
+            error = Unavailable(f"etcd lease keep-alive stream: {_rpc_error(self._client, exc)}")
+        self._end(generation, error)
+
+    def _end(self, generation: int, error: Exception) -> None:
+        """Close stream ``generation`` (if still the current one) and fail what waits on it."""
+        with self._lock:
+            if generation != self._generation or self._requests is None:
+                return
+            requests, call, waiting = self._requests, self._call, self._waiting
+            self._requests, self._call, self._waiting = None, None, {}
+        requests.put(None)
+        try:
+            call.cancel()
+        except Exception:  # noqa: BLE001, S110 - a stream already over has nothing to cancel
+            pass
+        for waiters in waiting.values():
+            for waiter in waiters:
+                waiter.error = error
+                waiter.done.set()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            generation = self._generation
+        self._end(generation, Unavailable("etcd client closed"))
+
+
+class _Refresh:
+    """One refresh waiting for its answer on the keep-alive stream."""
+
+    __slots__ = ("done", "error", "ttl")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.ttl = 0
+        self.error: Exception | None = None
+
+
+def _rpc_error(client: Any, exc: Exception) -> str:
+    """``exc`` named; an RPC error also marks the endpoint failed, as pyetcd does for its own
+    calls, so the next stream opens on another endpoint if there is one."""
+    import grpc
+
+    if isinstance(exc, grpc.RpcError):
+        try:
+            client._manage_grpc_errors(exc)
+        except Exception:  # noqa: BLE001, S110 - it raises its mapped error: the mark is what counts
+            pass
+        return f"{exc.code()} {exc.details()}"  # type: ignore[attr-defined]
+    return f"{type(exc).__name__} {exc}".strip()
+
+
 class _EtcdLease(Lease):
-    def __init__(self, raw: Any, ttl: int) -> None:
+    def __init__(self, raw: Any, ttl: int, keepalives: _KeepAlives) -> None:
         self.raw, self.id, self.ttl = raw, raw.id, ttl
+        self._keepalives = keepalives
 
     def refresh(self) -> bool:
-        try:
-            responses = list(self.raw.refresh())
-        except Exception as exc:  # pyetcd raises its own tree; all mean "not refreshed"
-            raise Unavailable(f"etcd lease refresh failed: {exc}") from exc
-        return bool(responses) and responses[0].TTL > 0
+        return self._keepalives.refresh(self.id) > 0
 
     def revoke(self) -> None:
         try:
@@ -321,6 +442,7 @@ class EtcdKV(KV):
         eps = [pyetcd.Endpoint(h, p, time_retry=ENDPOINT_RETRY_S, **tls) for h, p in self.endpoints]
         self._client = pyetcd.MultiEndpointEtcd3Client(endpoints=eps, timeout=timeout, failover=True)
         self._watch_ids: set[Any] = set()
+        self._keepalives = _KeepAlives(self._client, timeout)
         if check:
             self.check()
 
@@ -433,9 +555,10 @@ class EtcdKV(KV):
 
     def lease(self, ttl: int) -> Lease:
         raw = self._call(self._client.lease, int(ttl))
-        return _EtcdLease(raw, int(ttl))
+        return _EtcdLease(raw, int(ttl), self._keepalives)
 
     def close(self) -> None:
+        self._keepalives.close()
         for wid in list(self._watch_ids):
             try:
                 self._client.cancel_watch(wid)

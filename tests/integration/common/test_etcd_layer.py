@@ -56,6 +56,68 @@ def test_lease_expires_without_refresh(namespaced_kv: EtcdKV) -> None:
     assert wait_for(lambda: namespaced_kv.get("/leased") is None, timeout=6)
 
 
+def test_refreshes_of_every_lease_share_one_keep_alive_stream(namespaced_kv: EtcdKV) -> None:
+    """Two leases refreshed again and again, from two threads, past their TTL: they live, on the
+    one stream the client opened (not a stream and a thread per refresh); a lease etcd has
+    already dropped answers False on that stream."""
+    kv = namespaced_kv
+    leases = [kv.lease(2), kv.lease(2)]
+    kv.put("/a", b"1", lease=leases[0])
+    kv.put("/b", b"2", lease=leases[1])
+
+    def keep(lease, n=15) -> None:
+        for _ in range(n):
+            assert lease.refresh()
+            time.sleep(0.2)
+
+    threads = [threading.Thread(target=keep, args=(lease,)) for lease in leases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert kv.get("/a") == b"1" and kv.get("/b") == b"2"  # 3 s of refreshes, longer than the TTL
+    assert kv._keepalives.opened == 1
+    leases[0].revoke()
+    assert leases[0].refresh() is False
+    assert leases[1].refresh() is True
+    assert kv._keepalives.opened == 1
+
+
+def test_a_keep_alive_stream_lost_with_etcd_is_opened_again(tmp_path) -> None:
+    """etcd paused longer than a refresh's deadline: that refresh fails (``Unavailable``); once
+    etcd continues, a refresh opens a new stream and the lease is alive again."""
+    import signal
+
+    from microco.services.stack import EtcdServer
+
+    server = EtcdServer(tmp_path / "etcd").start()
+    kv = EtcdKV(server.endpoint, timeout=1.0)
+    try:
+        lease = kv.lease(30)
+        assert lease.refresh()
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            assert wait_for(lambda: _stopped(server.proc.pid), 10), "etcd never stopped"
+            with pytest.raises(Unavailable):
+                lease.refresh()
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: _refreshes(lease), 10), "no refresh within 10 s after etcd continues"
+        assert kv._keepalives.opened >= 2
+    finally:
+        kv.close()
+        server.stop()
+    with pytest.raises(Unavailable, match="closed"):
+        lease.refresh()
+
+
+def _refreshes(lease) -> bool:
+    try:
+        return lease.refresh()
+    except Unavailable:
+        return False
+
+
 def test_unreachable_etcd_names_the_address() -> None:
     from microco.services.stack import free_port
 
