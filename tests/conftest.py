@@ -149,3 +149,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = str(item.path)
         file_weight[path] = min(file_weight.get(path, len(_HEAVY_FIRST)), _weight(item))
     items.sort(key=lambda item: file_weight[str(item.path)])
+
+
+# Files that import TensorFlow into the worker itself (~8 CPU-s a worker). Under ``--dist
+# loadfile`` each file went to whichever worker was free, so every worker paid the import; dealt
+# as one unit, one worker does (docs/testing.md, "TensorFlow in one worker").
+ONE_WORKER = {
+    "tensorflow-in-process": (
+        "tests/unit/compiler/test_compiler_tf.py",
+        "tests/unit/compiler/test_compiler_tf_cost.py",
+        "tests/unit/compiler/test_compiler_tf_graph.py",
+        "tests/unit/compiler/test_compiler_bench.py",
+        "tests/unit/compiler/test_compiler_corpus.py",
+        "tests/integration/cache/test_cache_frameworks.py",
+    ),
+}
+_UNIT_OF = {path: unit for unit, paths in ONE_WORKER.items() for path in paths}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadfile``, except that the files of an ``ONE_WORKER`` entry are one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return _UNIT_OF.get(path, path)
+
+    return Scheduling(config, log)

@@ -1,0 +1,43 @@
+"""The suite's own dealing (tests/conftest.py): under ``--dist loadfile`` the files of a
+``ONE_WORKER`` unit go to one worker together; every other file is its own unit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import conftest
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_every_file_of_a_unit_exists() -> None:
+    for paths in conftest.ONE_WORKER.values():
+        for path in paths:
+            assert (REPO / path).is_file(), f"{path} is in ONE_WORKER but not in the tree"
+
+
+def test_the_units_files_share_one_scope_and_others_keep_their_own(pytestconfig: pytest.Config) -> None:
+    pytest.importorskip("xdist")
+
+    class Config:
+        """This run's configuration, dealing by file."""
+
+        def __init__(self, dist: str) -> None:
+            self.dist = dist
+
+        def getvalue(self, name: str) -> object:
+            return {"dist": self.dist, "tx": ["popen"]}.get(name) or pytestconfig.getvalue(name)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(pytestconfig, name)
+
+    sched = conftest.pytest_xdist_make_scheduler(Config("loadfile"), None)  # type: ignore[arg-type]
+    if sched is None:
+        pytest.fail("no scheduler for --dist loadfile")
+    unit = conftest.ONE_WORKER["tensorflow-in-process"]
+    scopes = {sched._split_scope(f"{path}::test_x") for path in unit}  # type: ignore[attr-defined]
+    assert scopes == {"tensorflow-in-process"}
+    other = "tests/unit/common/test_protos.py"
+    assert sched._split_scope(f"{other}::test_y") == other  # type: ignore[attr-defined]
+    assert conftest.pytest_xdist_make_scheduler(Config("load"), None) is None  # type: ignore[arg-type]
