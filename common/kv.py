@@ -384,7 +384,7 @@ def _rpc_error(client: Any, exc: Exception) -> str:
             client._manage_grpc_errors(exc)
         except Exception:  # noqa: BLE001, S110 - it raises its mapped error: the mark is what counts
             pass
-        return f"{exc.code()} {exc.details()}"  # type: ignore[attr-defined]
+        return f"{exc.code()} {exc.details()}"
     return f"{type(exc).__name__} {exc}".strip()
 
 
