@@ -4,13 +4,14 @@ processes) and in-process (``LocalTransport``: node stores called directly, for 
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -443,9 +444,14 @@ class StoreCore:
         return self.plan(q).explain_text()
 
     def query(self, q: Query) -> tuple[pa.Table, Plan]:
+        # this query's tasks by (node, task), across its attempts: a task of the retry identical
+        # to one of the failed attempt's on a node still up (the surviving nodes' partitions after
+        # a node loss) takes that one's result, running or done, instead of running again
+        tasks: dict[tuple[str, str], Future[pa.Table]] = {}
+
         def attempt(exclude: set[str]) -> tuple[pa.Table, Plan]:
             plan = self.plan(q, exclude, qid=uuid.uuid4().hex[:12])
-            return self._execute(plan), plan
+            return self._execute(plan, tasks), plan
 
         return self._with_retries(attempt)
 
@@ -560,8 +566,16 @@ class StoreCore:
                 log.warning("extent %s/%s marked corrupt", table, eid)
 
     def _run_stage(
-        self, tasks: list[tuple[str, dict[str, Any]]], nodes: dict[str, NodeInfo]
+        self,
+        tasks: list[tuple[str, dict[str, Any]]],
+        nodes: dict[str, NodeInfo],
+        earlier: dict[tuple[str, str], Future[pa.Table]] | None = None,
     ) -> list[pa.Table]:
+        """Run ``tasks`` at once; the first to fail raises at once (the query's retry need not
+        wait for the others). ``earlier``: the tasks an earlier attempt of the same query started,
+        by (node, task): one of them that has not failed is reused, and the ones started here
+        are added."""
+
         def one(node: str, task: dict[str, Any]) -> pa.Table:
             if node not in nodes:
                 raise NodeFailure(node, Unavailable("not live"))
@@ -572,7 +586,16 @@ class StoreCore:
             except Exception as exc:
                 raise NodeFailure(node, exc) from exc
 
-        futs = [self._pool.submit(one, n, t) for n, t in tasks]
+        futs = []
+        for n, t in tasks:
+            key = (n, json.dumps(t, sort_keys=True, default=str)) if earlier is not None else None
+            f = earlier.get(key) if earlier is not None and key is not None else None
+            if f is None or (f.done() and f.exception() is not None):
+                f = self._pool.submit(one, n, t)
+                if earlier is not None and key is not None:
+                    earlier[key] = f
+            futs.append(f)
+        wait(futs, return_when=FIRST_EXCEPTION)
         return [f.result() for f in futs]
 
     def _run_stage_streams(
@@ -615,13 +638,18 @@ class StoreCore:
             raise
         return out
 
-    def _execute(self, plan: Plan) -> pa.Table:
+    def _execute(
+        self, plan: Plan, earlier: dict[tuple[str, str], Future[pa.Table]] | None = None
+    ) -> pa.Table:
+        """Run ``plan``; ``earlier``: the tasks of this query's earlier attempts (``_run_stage``),
+        for a plan of one stage without a shuffle (a shuffle's tasks are the query id's)."""
         # the nodes the plan was made for (no second registry read); one dead since is a failed task
         nodes = plan.nodes or {n.name: n for n in self.transport.live_nodes()}
+        reuse = earlier if len(plan.stages) == 1 and not plan.shuffle else None
         try:
             outs: list[pa.Table] = []
             for k, stage in enumerate(plan.stages):
-                outs = self._run_stage(stage, nodes)
+                outs = self._run_stage(stage, nodes, reuse)
                 if plan.shuffle and k == 0 and len(plan.stages) > 1:
                     # map outputs: bytes per bucket; bucket i goes to the (i mod n)-th of the n
                     # reducers (in rounds: sub-bucket i + n * m is reducer i's m-th)

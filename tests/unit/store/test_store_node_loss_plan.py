@@ -70,3 +70,44 @@ def test_a_lost_partition_is_aggregated_whole_on_one_node_and_nothing_is_merged(
     want = duckdb.sql("select k, sum(v) s, count(*) n from data group by k").to_arrow_table()
     rows = lambda t: sorted((r["k"], r["s"], r["n"]) for r in t.to_pylist())  # noqa: E731
     assert rows(got) == rows(want) == rows(healthy)
+
+
+class _DiesInQuery(LocalTransport):
+    """Node stores in this process, where node ``victim`` dies as the query's task reaches it
+    (after the plan was made with it live); every task each node runs is counted."""
+
+    def __init__(self, root: str, nodes: list[NodeInfo]) -> None:
+        super().__init__(root, nodes)
+        self.victim: str | None = None
+        self.ran: list[str] = []
+
+    def run_task(self, node: NodeInfo, task: dict) -> pa.Table:
+        if node.name == self.victim:
+            self.kill(node.name)
+        self.ran.append(node.name)
+        return super().run_task(node, task)
+
+
+def test_the_retry_after_a_node_dies_in_flight_reruns_only_the_lost_work(tmp_path):
+    """A query whose task on one node fails (the node died) is planned again without the node;
+    the surviving nodes' tasks of the first attempt, unchanged in the new plan, are reused,
+    running or done (before: every task ran again, beside the ones still running)."""
+    data = _data()
+    tr = _DiesInQuery(str(tmp_path), NODES)
+    core = StoreCore(MemoryKV(), tr, super_extent_rows=10_000, recovery_rate_bytes=0)
+    core.create_table("t", data.schema, SPECS)
+    core.append("t", data)
+    q = Query("t", group_by=("k",), aggs=(Agg("sum", "v", "s"), Agg("count", "*", "n")))
+    healthy, plan = core.query(q)
+    holders = sorted(node for node, _ in plan.stages[0])
+    assert len(holders) == 2
+    tr.victim, survivor = holders
+    tr.ran.clear()
+    got, plan = core.query(q)
+    assert "degraded" in plan.explain_text()
+    # the survivor's task ran once (the first attempt's, reused by the retry); the victim's
+    # partitions were read degraded by the other replica's nodes in the retry
+    assert tr.ran.count(survivor) == 1, tr.ran
+    assert tr.ran.count(tr.victim) == 1 and len(tr.ran) > 2, tr.ran
+    rows = lambda t: sorted((r["k"], r["s"], r["n"]) for r in t.to_pylist())  # noqa: E731
+    assert rows(got) == rows(healthy)
