@@ -832,6 +832,7 @@ def fragments(
         return Plan("agg_global", qid, [fragments_of(agg_post)], final_agg(True), explain, {a.name: r})
     if choice.kind == "agg_local":
         whole, split, moved = _whole_partitions(units)
+        moved = round(moved * column_share(a, read_a))  # the columns read cross, not whole rows
         if whole:
             groups = whole
         explain.append(
@@ -842,7 +843,7 @@ def fragments(
             explain.append(
                 f"partitions {split} span nodes (degraded reads, or super-extents on different nodes): "
                 f"each is aggregated whole on one of them, which reads {_mb(moved)} of the others' "
-                "extents from its peers"
+                "extents (the columns read) from its peers"
             )
         local_tasks: list[tuple[str, dict[str, Any]]] = [
             (node, {**task, "by_partition": by_partition}) for node, task in fragments_of(agg_post)
