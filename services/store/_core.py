@@ -40,6 +40,11 @@ from ._recovery import plan_recovery
 
 log = logging.getLogger(__name__)
 
+# seconds a node a query found unreachable is left out of the next queries' plans (its extents
+# read degraded): about a store node's registration lease (``--lease-ttl-s``, 5 s by default),
+# after which a node that really died is gone from the registry anyway
+SUSPECT_S = 10.0
+
 NODES_SEEN = ROOT + "nodes/"
 RECODE = ROOT + "recode/"  # recode/<table>: progress of that table's last recode (``StoreCore.recode``)
 
@@ -173,6 +178,12 @@ class StoreCore:
         self._recode_lock = threading.Lock()  # one recode at a time
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="store-core")
         self._seen: dict[str, Any] = {}  # NODES_SEEN as last read or written here (live_nodes)
+        # nodes a query found unreachable, by name: when (monotonic). Left out of the next queries'
+        # plans for ``suspect_s`` (a node that died stays registered until its lease runs out:
+        # each query planned on it meanwhile would call it, fail and run again without it)
+        self._suspects: dict[str, float] = {}
+        self._suspects_lock = threading.Lock()
+        self.suspect_s = SUSPECT_S
         # SQL plans by normalised text, each with the catalog version it was made on (_plancache)
         self.sql_plans: LRU[Any] = LRU(sql_plan_cache)
         # JSON-model plans by (query, live nodes, settings), each with its catalog token (``plan``)
@@ -529,14 +540,33 @@ class StoreCore:
 
         return _sql.build(self, text)
 
+    def suspected(self) -> set[str]:
+        """The nodes a query found unreachable in the last ``suspect_s`` seconds."""
+        now = time.monotonic()
+        with self._suspects_lock:
+            for name, since in list(self._suspects.items()):
+                if now - since >= self.suspect_s:
+                    self._suspects.pop(name, None)
+            return set(self._suspects)
+
     def _with_retries(self, attempt: Any) -> Any:
         """Run ``attempt(excluded nodes)``; a node failure is handled (corrupt or missing extent
-        marked for rebuild and read degraded, unreachable node excluded) and the query re-planned."""
-        exclude: set[str] = set()
+        marked for rebuild and read degraded, unreachable node excluded, and left out of the
+        next queries' plans for ``suspect_s``) and the query re-planned. Nodes found unreachable
+        by recent queries are left out from the start; if the query cannot be planned without
+        them, it is planned with them."""
+        suspects = self.suspected()
+        exclude: set[str] = set(suspects)
         last: Exception | None = None
         for _attempt in range(4):
             try:
                 return attempt(exclude)
+            except Unavailable:
+                if not suspects & exclude:
+                    raise
+                exclude -= suspects  # (not plannable without them: try them)
+                suspects = set()
+                continue
             except NodeFailure as exc:
                 if isinstance(exc.cause, InvalidArgument):
                     raise exc.cause from None  # the query's own error (e.g. SQL), not the node's
@@ -550,6 +580,9 @@ class StoreCore:
                     self._mark_corrupt(str(exc.cause), "has no extent ")
                 else:
                     exclude.add(exc.node)
+                    if isinstance(exc.cause, Unavailable):
+                        with self._suspects_lock:
+                            self._suspects[exc.node] = time.monotonic()
                 log.warning("query retry after %s", exc)
         raise Unavailable(f"query failed after retries: {last}")
 

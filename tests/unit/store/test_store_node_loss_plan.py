@@ -111,3 +111,43 @@ def test_the_retry_after_a_node_dies_in_flight_reruns_only_the_lost_work(tmp_pat
     assert tr.ran.count(tr.victim) == 1 and len(tr.ran) > 2, tr.ran
     rows = lambda t: sorted((r["k"], r["s"], r["n"]) for r in t.to_pylist())  # noqa: E731
     assert rows(got) == rows(healthy)
+
+
+class _StillRegistered(_DiesInQuery):
+    """A dead node stays in the registry (``live_nodes``) until its lease runs out, which here
+    it never does; the calls made to it are counted (``ran``, as every node's tasks)."""
+
+    def live_nodes(self) -> list[NodeInfo]:
+        return [n for _, n in sorted(self.infos.items())]
+
+
+def test_a_node_found_dead_is_not_called_by_the_next_queries_while_still_registered(tmp_path):
+    """The query that finds a node dead (its task fails: unreachable) leaves it out of the next
+    queries' plans for ``suspect_s``: they read its extents degraded from the start instead of
+    each calling it, failing and running again (before: one failed call per query until the
+    node's lease ran out). A query that cannot be planned without a suspect is planned with it."""
+    data = _data()
+    tr = _StillRegistered(str(tmp_path), NODES)
+    core = StoreCore(MemoryKV(), tr, super_extent_rows=10_000, recovery_rate_bytes=0)
+    core.create_table("t", data.schema, SPECS)
+    core.append("t", data)
+    q = Query("t", group_by=("k",), aggs=(Agg("sum", "v", "s"), Agg("count", "*", "n")))
+    healthy, plan = core.query(q)
+    tr.victim = sorted(node for node, _ in plan.stages[0])[0]
+    core.query(q)  # finds it dead
+    tr.ran.clear()
+    for _ in range(2):
+        got, plan = core.query(q)
+        assert "degraded" in plan.explain_text()
+        assert sorted((r["k"], r["s"]) for r in got.to_pylist()) == sorted(
+            (r["k"], r["s"]) for r in healthy.to_pylist()
+        )
+    assert tr.ran and tr.victim not in tr.ran, tr.ran
+    assert core.suspected() == {tr.victim}
+    # once suspect_s has passed, it is tried again (and, still dead, suspected again)
+    core.suspect_s = 0.0
+    assert core.suspected() == set()
+    core.suspect_s = 60.0
+    tr.ran.clear()
+    core.query(q)
+    assert tr.ran.count(tr.victim) == 1 and core.suspected() == {tr.victim}
