@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from microco.benchmarks.store_node_loss import query_at_node_loss
+from microco.benchmarks.store_node_loss import plan_nodes, query_at_node_loss
 from microco.benchmarks.store_tpch import QUERIES as TPCH
 from microco.clients.store import file_deadline_s
 from microco.common.identity import private_ca
@@ -790,7 +790,9 @@ def main(argv: list[str] | None = None) -> int:
         before = {n["name"]: n for n in client.nodes()}
         by_name = {q["name"]: q["frame"] for q in qs}
         loss = query_at_node_loss(
-            client, cluster, "lineitem_groupby_orderkey", by_name["lineitem_groupby_orderkey"], nodes[1][0],
+            client, cluster, "lineitem_groupby_orderkey", by_name["lineitem_groupby_orderkey"],
+            # a node the healthy plan read from (its replica's extents are there)
+            lambda: (plan_nodes(client, "lineitem") or [nodes[1][0]])[0],
             max(3, repeat), log=_log,
         )  # fmt: skip
         victim, t_kill = loss["node"], loss.pop("_killed_at")

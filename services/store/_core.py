@@ -4,13 +4,14 @@ processes) and in-process (``LocalTransport``: node stores called directly, for 
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,6 +39,11 @@ from ._query import Agg, Query
 from ._recovery import plan_recovery
 
 log = logging.getLogger(__name__)
+
+# seconds a node a query found unreachable is left out of the next queries' plans (its extents
+# read degraded): about a store node's registration lease (``--lease-ttl-s``, 5 s by default),
+# after which a node that really died is gone from the registry anyway
+SUSPECT_S = 10.0
 
 NODES_SEEN = ROOT + "nodes/"
 RECODE = ROOT + "recode/"  # recode/<table>: progress of that table's last recode (``StoreCore.recode``)
@@ -172,6 +178,12 @@ class StoreCore:
         self._recode_lock = threading.Lock()  # one recode at a time
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="store-core")
         self._seen: dict[str, Any] = {}  # NODES_SEEN as last read or written here (live_nodes)
+        # nodes a query found unreachable, by name: when (monotonic). Left out of the next queries'
+        # plans for ``suspect_s`` (a node that died stays registered until its lease runs out:
+        # each query planned on it meanwhile would call it, fail and run again without it)
+        self._suspects: dict[str, float] = {}
+        self._suspects_lock = threading.Lock()
+        self.suspect_s = SUSPECT_S
         # SQL plans by normalised text, each with the catalog version it was made on (_plancache)
         self.sql_plans: LRU[Any] = LRU(sql_plan_cache)
         # JSON-model plans by (query, live nodes, settings), each with its catalog token (``plan``)
@@ -443,9 +455,14 @@ class StoreCore:
         return self.plan(q).explain_text()
 
     def query(self, q: Query) -> tuple[pa.Table, Plan]:
+        # this query's tasks by (node, task), across its attempts: a task of the retry identical
+        # to one of the failed attempt's on a node still up (the surviving nodes' partitions after
+        # a node loss) takes that one's result, running or done, instead of running again
+        tasks: dict[tuple[str, str], Future[pa.Table]] = {}
+
         def attempt(exclude: set[str]) -> tuple[pa.Table, Plan]:
             plan = self.plan(q, exclude, qid=uuid.uuid4().hex[:12])
-            return self._execute(plan), plan
+            return self._execute(plan, tasks), plan
 
         return self._with_retries(attempt)
 
@@ -523,14 +540,33 @@ class StoreCore:
 
         return _sql.build(self, text)
 
+    def suspected(self) -> set[str]:
+        """The nodes a query found unreachable in the last ``suspect_s`` seconds."""
+        now = time.monotonic()
+        with self._suspects_lock:
+            for name, since in list(self._suspects.items()):
+                if now - since >= self.suspect_s:
+                    self._suspects.pop(name, None)
+            return set(self._suspects)
+
     def _with_retries(self, attempt: Any) -> Any:
         """Run ``attempt(excluded nodes)``; a node failure is handled (corrupt or missing extent
-        marked for rebuild and read degraded, unreachable node excluded) and the query re-planned."""
-        exclude: set[str] = set()
+        marked for rebuild and read degraded, unreachable node excluded, and left out of the
+        next queries' plans for ``suspect_s``) and the query re-planned. Nodes found unreachable
+        by recent queries are left out from the start; if the query cannot be planned without
+        them, it is planned with them."""
+        suspects = self.suspected()
+        exclude: set[str] = set(suspects)
         last: Exception | None = None
         for _attempt in range(4):
             try:
                 return attempt(exclude)
+            except Unavailable:
+                if not suspects & exclude:
+                    raise
+                exclude -= suspects  # (not plannable without them: try them)
+                suspects = set()
+                continue
             except NodeFailure as exc:
                 if isinstance(exc.cause, InvalidArgument):
                     raise exc.cause from None  # the query's own error (e.g. SQL), not the node's
@@ -544,6 +580,9 @@ class StoreCore:
                     self._mark_corrupt(str(exc.cause), "has no extent ")
                 else:
                     exclude.add(exc.node)
+                    if isinstance(exc.cause, Unavailable):
+                        with self._suspects_lock:
+                            self._suspects[exc.node] = time.monotonic()
                 log.warning("query retry after %s", exc)
         raise Unavailable(f"query failed after retries: {last}")
 
@@ -560,8 +599,16 @@ class StoreCore:
                 log.warning("extent %s/%s marked corrupt", table, eid)
 
     def _run_stage(
-        self, tasks: list[tuple[str, dict[str, Any]]], nodes: dict[str, NodeInfo]
+        self,
+        tasks: list[tuple[str, dict[str, Any]]],
+        nodes: dict[str, NodeInfo],
+        earlier: dict[tuple[str, str], Future[pa.Table]] | None = None,
     ) -> list[pa.Table]:
+        """Run ``tasks`` at once; the first to fail raises at once (the query's retry need not
+        wait for the others). ``earlier``: the tasks an earlier attempt of the same query started,
+        by (node, task): one of them that has not failed is reused, and the ones started here
+        are added."""
+
         def one(node: str, task: dict[str, Any]) -> pa.Table:
             if node not in nodes:
                 raise NodeFailure(node, Unavailable("not live"))
@@ -572,7 +619,16 @@ class StoreCore:
             except Exception as exc:
                 raise NodeFailure(node, exc) from exc
 
-        futs = [self._pool.submit(one, n, t) for n, t in tasks]
+        futs = []
+        for n, t in tasks:
+            key = (n, json.dumps(t, sort_keys=True, default=str)) if earlier is not None else None
+            f = earlier.get(key) if earlier is not None and key is not None else None
+            if f is None or (f.done() and f.exception() is not None):
+                f = self._pool.submit(one, n, t)
+                if earlier is not None and key is not None:
+                    earlier[key] = f
+            futs.append(f)
+        wait(futs, return_when=FIRST_EXCEPTION)
         return [f.result() for f in futs]
 
     def _run_stage_streams(
@@ -615,13 +671,18 @@ class StoreCore:
             raise
         return out
 
-    def _execute(self, plan: Plan) -> pa.Table:
+    def _execute(
+        self, plan: Plan, earlier: dict[tuple[str, str], Future[pa.Table]] | None = None
+    ) -> pa.Table:
+        """Run ``plan``; ``earlier``: the tasks of this query's earlier attempts (``_run_stage``),
+        for a plan of one stage without a shuffle (a shuffle's tasks are the query id's)."""
         # the nodes the plan was made for (no second registry read); one dead since is a failed task
         nodes = plan.nodes or {n.name: n for n in self.transport.live_nodes()}
+        reuse = earlier if len(plan.stages) == 1 and not plan.shuffle else None
         try:
             outs: list[pa.Table] = []
             for k, stage in enumerate(plan.stages):
-                outs = self._run_stage(stage, nodes)
+                outs = self._run_stage(stage, nodes, reuse)
                 if plan.shuffle and k == 0 and len(plan.stages) > 1:
                     # map outputs: bytes per bucket; bucket i goes to the (i mod n)-th of the n
                     # reducers (in rounds: sub-bucket i + n * m is reducer i's m-th)

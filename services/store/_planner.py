@@ -179,6 +179,40 @@ def _nodes_by_bytes(sources: Iterable[dict[str, Any]]) -> list[str]:
     return sorted(by, key=lambda n: (-by[n], n))
 
 
+def _whole_partitions(units: Iterable[Unit]) -> tuple[dict[str, list[dict[str, Any]]], list[int], int]:
+    """The sources of an ``agg_local`` plan by node, each partition whole on one node: a partition
+    whose rows lie on several nodes (degraded reads of a lost extent: the matching buckets of
+    another replica's extents, on that replica's nodes; or super-extents placed on different
+    nodes) goes to the node where the work ends soonest (the bytes it has already, then the
+    partition's; more of the partition's bytes local, then the name, breaking ties), which
+    reads the rest from its peers. So every group is aggregated once, on one node, and the
+    coordinator only concatenates (no merge of partial aggregates of a million groups at one
+    process). Returns (sources by node, the partitions read from several nodes, the bytes read
+    from peers)."""
+    by_part: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for u in units:
+        by_part[u.partition].extend(u.sources)
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    load: dict[str, int] = defaultdict(int)
+    spread = {p for p, srcs in by_part.items() if len({s["node"] for s in srcs}) > 1}
+    for p in sorted(set(by_part) - spread):
+        node = by_part[p][0]["node"]
+        groups[node] += by_part[p]
+        load[node] += sum(s["bytes"] for s in by_part[p])
+    moved = 0
+    for p in sorted(spread, key=lambda p: (-sum(s["bytes"] for s in by_part[p]), p)):
+        srcs = by_part[p]
+        held: dict[str, int] = defaultdict(int)
+        for s in srcs:
+            held[s["node"]] += s["bytes"]
+        node = min(held, key=lambda n: (load[n], -held[n], n))
+        groups[node] += srcs
+        total = sum(held.values())
+        load[node] += total
+        moved += total - held[node]
+    return dict(sorted(groups.items())), sorted(spread), moved
+
+
 def _group_sources(units: Iterable[Unit]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for u in units:
@@ -797,25 +831,26 @@ def fragments(
         explain.append(f"plan: global aggregate: {len(groups)} partial aggregates merged by the coordinator")
         return Plan("agg_global", qid, [fragments_of(agg_post)], final_agg(True), explain, {a.name: r})
     if choice.kind == "agg_local":
-        nodes_of_part: dict[int, set[str]] = defaultdict(set)
-        for u in units:
-            for s in u.sources:
-                nodes_of_part[u.partition].add(s["node"])
-        split = sorted(p for p, ns in nodes_of_part.items() if len(ns) > 1)
+        whole, split, moved = _whole_partitions(units)
+        moved = round(moved * column_share(a, read_a))  # the columns read cross, not whole rows
+        if whole:
+            groups = whole
+        explain.append(
+            f"plan: shuffle-free aggregation: {len(groups)} nodes aggregate whole partitions; "
+            "the coordinator only concatenates"
+        )
         if split:
             explain.append(
-                f"plan: shuffle-free aggregation: {len(groups)} nodes aggregate their partitions; partitions "
-                f"{split} span nodes (several super-extents or degraded reads), so the coordinator merges groups"
-            )
-        else:
-            explain.append(
-                f"plan: shuffle-free aggregation: {len(groups)} nodes aggregate whole partitions; "
-                "the coordinator only concatenates"
+                f"partitions {split} span nodes (degraded reads, or super-extents on different nodes): "
+                f"each is aggregated whole on one of them, which reads {_mb(moved)} of the others' "
+                "extents (the columns read) from its peers"
             )
         local_tasks: list[tuple[str, dict[str, Any]]] = [
             (node, {**task, "by_partition": by_partition}) for node, task in fragments_of(agg_post)
         ]
-        return Plan("agg_local", qid, [local_tasks], final_agg(bool(split)), explain, {a.name: r})
+        return Plan(
+            "agg_local", qid, [local_tasks], final_agg(False), explain, {a.name: r}, moved_bytes=moved
+        )
     reducers = sorted(groups)
     n = len(reducers)
     maps = [
