@@ -628,7 +628,10 @@ class StoreCore:
                 if earlier is not None and key is not None:
                     earlier[key] = f
             futs.append(f)
-        wait(futs, return_when=FIRST_EXCEPTION)
+        done, _ = wait(futs, return_when=FIRST_EXCEPTION)
+        for f in done:  # the failure first, not after the tasks listed before it
+            if (exc := f.exception()) is not None:
+                raise exc
         return [f.result() for f in futs]
 
     def _run_stage_streams(
