@@ -307,27 +307,42 @@ class HostCompileCosts:
         return _median(ratios) if ratios else None
 
     # -- a graph's typical step here (issue 18, session 25)
-    def record_step(self, hardware: str, kind: str, ms: float, graph: str) -> None:
+    def record_step(self, hardware: str, kind: str, ms: float, graph: str, cpu: float = math.nan) -> None:
         """Keep a run's typical step of ``graph`` (``kind``: which step, e.g. the eager baseline's
-        median over its trial): many steps' median, where a run's first step is one sample."""
+        median over its trial): many steps' median, where a run's first step is one sample;
+        ``cpu``: the same steps' thread CPU time, where known (the step alone, :meth:`step_ms`)."""
         if not (ms > 0 and math.isfinite(ms)) or not graph:
             return
         data = self._load()
         rows = data.setdefault(self._key(hardware), {}).setdefault(f"step:{kind}", [])
-        rows.append({"ms": float(ms), "at": time.time(), "graph": graph, "contention": contention()})
+        row: dict[str, Any] = {"ms": float(ms), "at": time.time(), "graph": graph, "contention": contention()}
+        if math.isfinite(cpu) and cpu > 0:
+            row["cpu"] = float(cpu)
+        rows.append(row)
         del rows[:-KEEP]
         self._save(data)
 
-    def step_ms(self, hardware: str, kind: str, graph: str) -> float | None:
+    def step_ms(
+        self, hardware: str, kind: str, graph: str, slowdown: float | None = None
+    ) -> float | None:
         """The median typical step of ``graph`` the runs here kept (:meth:`record_step`), each
         scaled up to today's contention where that is higher than the one it was kept at, never
         down (a step under more runnable threads a core takes longer; one kept under a higher
         load average says little of what it takes alone, as a load's time, ``_at_load``);
-        None: never kept."""
+        None: never kept.
+
+        ``slowdown`` given (the caller's, at which it prices what the step is weighed against):
+        a step that kept its CPU time is priced at what it took alone (its CPU time, at most its
+        wall) times ``slowdown``, up or down (CPU time does not lag as the load average does);
+        one that did not, as above (issue 18, session 26)."""
         now = contention()
         ms = []
         for r in self.measurements(hardware, f"step:{kind}"):
             if r.get("graph") != graph or not isinstance(r.get("ms"), (int, float)) or not r["ms"] > 0:
+                continue
+            cpu = r.get("cpu")
+            if slowdown is not None and isinstance(cpu, (int, float)) and cpu > 0:
+                ms.append(min(float(r["ms"]), float(cpu)) * max(1.0, slowdown))
                 continue
             then = r.get("contention")
             scale = now / then if isinstance(then, (int, float)) and then > 0 else 1.0
