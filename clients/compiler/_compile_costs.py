@@ -322,9 +322,7 @@ class HostCompileCosts:
         del rows[:-KEEP]
         self._save(data)
 
-    def step_ms(
-        self, hardware: str, kind: str, graph: str, slowdown: float | None = None
-    ) -> float | None:
+    def step_ms(self, hardware: str, kind: str, graph: str, slowdown: float | None = None) -> float | None:
         """The median typical step of ``graph`` the runs here kept (:meth:`record_step`), each
         scaled up to today's contention where that is higher than the one it was kept at, never
         down (a step under more runnable threads a core takes longer; one kept under a higher
