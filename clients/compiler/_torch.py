@@ -775,6 +775,17 @@ class AstraTorch(SessionBacked):
         # (issue 18), by the plain step's ask when it runs (one trace), else by a capture alone.
         typical = self._typical_step_ms(step_ms)
         asks = self._worth_cache_probe(typical)
+        log.info(
+            "probe: first step %.1f ms (its own slowdown %.2f, the process's %.2f), priced at %.1f ms "
+            "a step over %d steps; the ask priced %.0f ms: %s",
+            step_ms,
+            self._step_slowdown,
+            self._slowdown,
+            typical,
+            self.total_steps,
+            self._probe_price_ms(),
+            "asked" if asks else "not asked",
+        )
         if self._region_calls <= 1 and not asks and self._worth_graph_capture(typical):
             self._graph_rewrites = self._count_graph_rewrites()
         if asks:
