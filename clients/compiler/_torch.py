@@ -897,7 +897,7 @@ class AstraTorch(SessionBacked):
         # a signal, hit in 2.2 s, pruned, 1.17x eager).
         right = self.compile_costs.signal_precision(self._hw, self.PROBE_KIND, self.WARM_SIGNAL_PRIOR)
         saving = self._optimistic_saving_ms(step_ms)
-        tried = saving > self._hit_price_ms(price)
+        tried = saving > self._hit_price_ms(price, slowdown=self._slowdown)  # (the saving's footing)
         if (
             kind == "plain"
             and tried
@@ -1081,17 +1081,21 @@ class AstraTorch(SessionBacked):
                     self._hw, f"torch:whole:{lost}", float(r["ratio"]), self._cost_graph()
                 )
 
-    def _hit_price_ms(self, ask_ms: float, kind: str = "plain") -> float:
+    def _hit_price_ms(self, ask_ms: float, kind: str = "plain", slowdown: float | None = None) -> float:
         """What an ask that hits and the load of the compile it finds cost, as the core will
         price the trial (``_variables``): this graph's loads measured here (each carries the ask
         that found it), at least the ask; else the ask and the load beyond it learned here
-        (``_warm_load_ms``)."""
+        (``_warm_load_ms``, its prior at ``slowdown``: by default the probe step's own, the
+        footing of the measured steps the core weighs the trial against; the probe's gate
+        passes the process's, its saving's, ``_typical_step_ms``)."""
         own = self.compile_costs.estimate(
             self._hw, f"torch:whole:{kind}", graph=self._cost_graph(), warm=True
         )
-        return max(ask_ms, own) if own is not None else ask_ms + self._warm_load_ms(kind)
+        if own is not None:
+            return max(ask_ms, own)
+        return ask_ms + self._warm_load_ms(kind, self._step_slowdown if slowdown is None else slowdown)
 
-    def _warm_load_ms(self, kind: str) -> float:
+    def _warm_load_ms(self, kind: str, slowdown: float = 1.0) -> float:
         """A load of this step's compile found in the caches, beyond the ask that found it, where
         this graph's was never measured here: what this host's loads of other graphs cost beyond
         their asks (``HostCompileCosts.warm_load``: per node at this graph's size where known, at
@@ -1103,9 +1107,8 @@ class AstraTorch(SessionBacked):
             self._hw, self.PROBE_KIND, self._cost_graph()
         )
         learned = self.compile_costs.warm_load(self._hw, f"torch:whole:{kind}", self.PROBE_KIND, size)
-        # (the prior is a load alone: at this process's slowdown, as the ask's prior and the saving
-        # it is weighed against are, ``_typical_step_ms``)
-        return learned if learned is not None else self.WHOLE_WARM_PRIOR_MS * self._slowdown
+        # (the prior is a load alone: at the slowdown of the saving it is weighed against)
+        return learned if learned is not None else self.WHOLE_WARM_PRIOR_MS * max(1.0, slowdown)
 
     def _probe_price_ms(self) -> float:
         """What asking Inductor's caches for the whole step costs on this host (issue 18, third
