@@ -923,7 +923,11 @@ class AstraTorch(SessionBacked):
             for kind in WHOLE
             if (
                 est := self.compile_costs.estimate(
-                    self._hw, f"torch:whole:{kind}", graph=self._cost_graph(), warm=True
+                    self._hw,
+                    f"torch:whole:{kind}",
+                    graph=self._cost_graph(),
+                    warm=True,
+                    slowdown=self._slowdown,  # (the saving's, ``_typical_step_ms``)
                 )
             )
             is not None
@@ -1088,12 +1092,15 @@ class AstraTorch(SessionBacked):
         (``_warm_load_ms``, its prior at ``slowdown``: by default the probe step's own, the
         footing of the measured steps the core weighs the trial against; the probe's gate
         passes the process's, its saving's, ``_typical_step_ms``)."""
+        at = self._step_slowdown if slowdown is None else slowdown
+        # (a load measured here that kept its CPU time: that time at the same slowdown; measured
+        # beside nice-19 busy loops, at the contention the core pruned the hits the gate asked for)
         own = self.compile_costs.estimate(
-            self._hw, f"torch:whole:{kind}", graph=self._cost_graph(), warm=True
+            self._hw, f"torch:whole:{kind}", graph=self._cost_graph(), warm=True, slowdown=at
         )
         if own is not None:
             return max(ask_ms, own)
-        return ask_ms + self._warm_load_ms(kind, self._step_slowdown if slowdown is None else slowdown)
+        return ask_ms + self._warm_load_ms(kind, at)
 
     def _warm_load_ms(self, kind: str, slowdown: float = 1.0) -> float:
         """A load of this step's compile found in the caches, beyond the ask that found it, where

@@ -728,6 +728,11 @@ def test_an_ask_under_load_is_weighed_against_its_saving_at_one_slowdown(tmp_pat
     # the process's it pruned 8 of the 10 hits the gate asked for at contention 3.3-5.7, beside
     # busy loops at nice 19 that took the process's steps no time)
     assert a._hit_price_ms(500.0) == pytest.approx(500.0 + 3000.0 * 1.1)
+    # ... and a load measured here that kept its CPU time (1.2 s), at each one's
+    # slowdown: the gate's 2.4, the core's 1.1 (before: at the contention, 2.4, in both).
+    costs.record(a._hw, "torch:whole:plain", 2000.0, graph=a._cost_graph(), warm=True, ask=800.0, cpu=1200.0)
+    assert a._hit_price_ms(800.0, slowdown=a._slowdown) == pytest.approx(1200.0 * 2.4)
+    assert a._hit_price_ms(800.0) == pytest.approx(1200.0 * 1.1)
     # A kept step that kept its CPU time is that time at the slowdown now (not its wall at the
     # load average it was kept at): 7.8 ms alone, the median, at 2.4.
     assert costs.step_ms(a._hw, AstraTorch.TYPICAL_STEP_KIND, a._cost_graph(), slowdown=2.4) == (
