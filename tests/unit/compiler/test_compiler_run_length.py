@@ -725,7 +725,7 @@ def test_an_ask_under_load_is_weighed_against_its_saving_at_one_slowdown(tmp_pat
     assert a._optimistic_saving_ms(step) > hit
     # The core weighs the hit's trial against the baseline's steps as measured (at the probe
     # step's own slowdown, 1.1): the load's prior at that one there (session 26, measured: at
-    # the process's it pruned 8 of the 10 hits the gate asked for at contention 3.3-5.7, beside
+    # the process's it pruned 8 of the 11 hits the gate asked for at contention 3.3-7.0, beside
     # busy loops at nice 19 that took the process's steps no time)
     assert a._hit_price_ms(500.0) == pytest.approx(500.0 + 3000.0 * 1.1)
     # ... and a load measured here that kept its CPU time (1.2 s), at each one's
