@@ -163,7 +163,9 @@ class HostCompileCosts:
         return list(self._load().get(self._key(hardware), {}).get(kind, []))
 
     @staticmethod
-    def _at_load(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    def _at_load(
+        rows: list[dict[str, Any]], now: float, slowdown: float | None = None
+    ) -> list[dict[str, Any]]:
         """The rows' times scaled from the contention each was measured at to ``now``'s (a row
         that did not record it is taken as measured at ``now``'s).
 
@@ -174,7 +176,9 @@ class HostCompileCosts:
         (docs/compiler.md, "A warm load's price"): a load's wall time is its thread's CPU time
         times the runnable threads per core it met, not times the load average kept with it.
         So a load that kept its CPU time is priced at that CPU time at ``now``'s contention;
-        one that did not, at its own time scaled up to ``now`` and never down."""
+        one that did not, at its own time scaled up to ``now`` and never down. ``slowdown`` given
+        (the caller's, at which it prices the saving it weighs a load against; issue 18, session
+        26): a load that kept its CPU time at that, not at ``now``."""
         out = []
         for r in rows:
             then = r.get("contention")
@@ -183,14 +187,20 @@ class HostCompileCosts:
             if r.get("warm"):
                 cpu = r.get("cpu")
                 if isinstance(cpu, (int, float)) and cpu > 0:
-                    ms = float(cpu) * max(1.0, now)
+                    ms = float(cpu) * max(1.0, now if slowdown is None else slowdown)
                 else:
                     ms = float(r.get("ms", 0.0)) * max(1.0, scale)
             out.append({**r, "ms": ms})
         return out
 
     def estimate(
-        self, hardware: str, kind: str, size: int = 0, graph: str = "", warm: bool = False
+        self,
+        hardware: str,
+        kind: str,
+        size: int = 0,
+        graph: str = "",
+        warm: bool = False,
+        slowdown: float | None = None,
     ) -> float | None:
         """The expected compile time (ms) of a graph of ``size`` nodes of ``kind`` on this host,
         from its measurements scaled to the machine's load now; None when none was measured
@@ -201,12 +211,13 @@ class HostCompileCosts:
         borrowed across graphs: found in the corpus, a rate learned on recurrent cells priced a
         CNN's compile that then took minutes, and a cache hit's lookup priced a trial whose load
         and warm-up cost far more. None: the caller's prior for a graph never compiled here.
-        Without ``graph`` (older callers), the rows of every graph, as before."""
+        Without ``graph`` (older callers), the rows of every graph, as before. ``slowdown``: a
+        load's CPU time at that (``_at_load``)."""
         if graph:
             now = contention()
             mine = [
                 r
-                for r in self._at_load(self.measurements(hardware, kind), now)
+                for r in self._at_load(self.measurements(hardware, kind), now, slowdown)
                 if r.get("graph") == graph and bool(r.get("warm")) == warm
             ]
             own = [r["ms"] for r in mine if not r.get("floor")]
@@ -307,27 +318,40 @@ class HostCompileCosts:
         return _median(ratios) if ratios else None
 
     # -- a graph's typical step here (issue 18, session 25)
-    def record_step(self, hardware: str, kind: str, ms: float, graph: str) -> None:
+    def record_step(self, hardware: str, kind: str, ms: float, graph: str, cpu: float = math.nan) -> None:
         """Keep a run's typical step of ``graph`` (``kind``: which step, e.g. the eager baseline's
-        median over its trial): many steps' median, where a run's first step is one sample."""
+        median over its trial): many steps' median, where a run's first step is one sample;
+        ``cpu``: the same steps' thread CPU time, where known (the step alone, :meth:`step_ms`)."""
         if not (ms > 0 and math.isfinite(ms)) or not graph:
             return
         data = self._load()
         rows = data.setdefault(self._key(hardware), {}).setdefault(f"step:{kind}", [])
-        rows.append({"ms": float(ms), "at": time.time(), "graph": graph, "contention": contention()})
+        row: dict[str, Any] = {"ms": float(ms), "at": time.time(), "graph": graph, "contention": contention()}
+        if math.isfinite(cpu) and cpu > 0:
+            row["cpu"] = float(cpu)
+        rows.append(row)
         del rows[:-KEEP]
         self._save(data)
 
-    def step_ms(self, hardware: str, kind: str, graph: str) -> float | None:
+    def step_ms(self, hardware: str, kind: str, graph: str, slowdown: float | None = None) -> float | None:
         """The median typical step of ``graph`` the runs here kept (:meth:`record_step`), each
         scaled up to today's contention where that is higher than the one it was kept at, never
         down (a step under more runnable threads a core takes longer; one kept under a higher
         load average says little of what it takes alone, as a load's time, ``_at_load``);
-        None: never kept."""
+        None: never kept.
+
+        ``slowdown`` given (the caller's, at which it prices what the step is weighed against):
+        a step that kept its CPU time is priced at what it took alone (its CPU time, at most its
+        wall) times ``slowdown``, up or down (CPU time does not lag as the load average does);
+        one that did not, as above (issue 18, session 26)."""
         now = contention()
         ms = []
         for r in self.measurements(hardware, f"step:{kind}"):
             if r.get("graph") != graph or not isinstance(r.get("ms"), (int, float)) or not r["ms"] > 0:
+                continue
+            cpu = r.get("cpu")
+            if slowdown is not None and isinstance(cpu, (int, float)) and cpu > 0:
+                ms.append(min(float(r["ms"]), float(cpu)) * max(1.0, slowdown))
                 continue
             then = r.get("contention")
             scale = now / then if isinstance(then, (int, float)) and then > 0 else 1.0

@@ -370,9 +370,12 @@ class AstraTorch(SessionBacked):
         self._probe_spent_ms = 0.0
         # The probe step's wall time over its process CPU time, at least the machine's
         # contention (and 1): how much slower than alone this process runs on this host now.
-        # Priors (what a trace or a compile takes alone) are scaled by it, as the steps whose
-        # saving they are weighed against are.
+        # Priors (what a trace or a compile takes alone) are scaled by it, and so is the step the
+        # probe's gate prices an ask's saving by (``_typical_step_ms``): both sides at one slowdown.
         self._slowdown = 1.0
+        # ... and the probe step's own wall over its process CPU time (at least 1): the slowdown
+        # its time was measured at, which the gate takes out before scaling it to ``_slowdown``.
+        self._step_slowdown = 1.0
         self._probe_unused: set[str] = set()
         # The step guard (issue 18, _guard.py): a step run under a configuration that changes the
         # model's code is rolled back when it fails anywhere, and run again under the last good
@@ -628,7 +631,8 @@ class AstraTorch(SessionBacked):
             # this host's measured costs (``HostCompileCosts``): one step's own ratio is noisy
             # (BART at load ~10: its ask priced 6 s alone at a ratio near 1 took 23.8 s).
             proc = (time.process_time() - self._process_started) * 1e3
-            self._slowdown = max(1.0, ms / proc if proc > 0 else 1.0, contention())
+            self._step_slowdown = max(1.0, ms / proc if proc > 0 else 1.0)
+            self._slowdown = max(self._step_slowdown, contention())
         if one and not _ran_alone((time.process_time() - self._process_started) * 1e3, cpu):
             # Other threads of this process worked during the step (a kernel compiled for more
             # threads, the user's own threads): this thread's time is not the step's work.
@@ -771,6 +775,17 @@ class AstraTorch(SessionBacked):
         # (issue 18), by the plain step's ask when it runs (one trace), else by a capture alone.
         typical = self._typical_step_ms(step_ms)
         asks = self._worth_cache_probe(typical)
+        log.info(
+            "probe: first step %.1f ms (its own slowdown %.2f, the process's %.2f), priced at %.1f ms "
+            "a step over %d steps; the ask priced %.0f ms: %s",
+            step_ms,
+            self._step_slowdown,
+            self._slowdown,
+            typical,
+            self.total_steps,
+            self._probe_price_ms(),
+            "asked" if asks else "not asked",
+        )
         if self._region_calls <= 1 and not asks and self._worth_graph_capture(typical):
             self._graph_rewrites = self._count_graph_rewrites()
         if asks:
@@ -882,7 +897,7 @@ class AstraTorch(SessionBacked):
         # a signal, hit in 2.2 s, pruned, 1.17x eager).
         right = self.compile_costs.signal_precision(self._hw, self.PROBE_KIND, self.WARM_SIGNAL_PRIOR)
         saving = self._optimistic_saving_ms(step_ms)
-        tried = saving > self._hit_price_ms(price)
+        tried = saving > self._hit_price_ms(price, slowdown=self._slowdown)  # (the saving's footing)
         if (
             kind == "plain"
             and tried
@@ -908,7 +923,11 @@ class AstraTorch(SessionBacked):
             for kind in WHOLE
             if (
                 est := self.compile_costs.estimate(
-                    self._hw, f"torch:whole:{kind}", graph=self._cost_graph(), warm=True
+                    self._hw,
+                    f"torch:whole:{kind}",
+                    graph=self._cost_graph(),
+                    warm=True,
+                    slowdown=self._slowdown,  # (the saving's, ``_typical_step_ms``)
                 )
             )
             is not None
@@ -976,12 +995,32 @@ class AstraTorch(SessionBacked):
         the compile in 1.7 s and ran 1.33x the better contender). Each kept step is scaled up to
         today's contention where it is higher than the one it was kept at (never down: the
         1-minute load average lags): under more load the steps take longer, and an ask's price
-        is scaled up with it (``_traced_price_ms``)."""
+        is scaled up with it (``_traced_price_ms``).
+
+        Both at the slowdown the ask's price is scaled by (``_slowdown``; issue 18, session 26):
+        the first step at its own measured slowdown taken out (``_at_slowdown``), a kept step by
+        the CPU time it kept where it did (``HostCompileCosts.step_ms``). Before, the price's
+        prior was scaled by the process's slowdown, at least the machine's contention, while the
+        saving stayed at the step's own: Llama and DistilBERT at 5,000 steps on a second run at
+        load 4.4-7.9 (contention 2.2-2.6; the eager steps' wall 1.1-1.4x their CPU time) never
+        asked, the ask's prior at the contention against a saving at the step's own slowdown,
+        and ran eager code 1.50x and 1.88x the static contender, which loaded the same compile
+        (session 25's B2)."""
         graph = self._cost_graph()
         ratio = self.compile_costs.gain(self._hw, self.FIRST_STEP_KIND, graph)
-        typical = first_ms * min(1.0, ratio) if ratio is not None and ratio > 0 else first_ms
-        measured = self.compile_costs.step_ms(self._hw, self.TYPICAL_STEP_KIND, graph)
+        first = self._at_slowdown(first_ms)
+        typical = first * min(1.0, ratio) if ratio is not None and ratio > 0 else first
+        measured = self.compile_costs.step_ms(
+            self._hw, self.TYPICAL_STEP_KIND, graph, slowdown=self._slowdown
+        )
         return min(typical, measured) if measured is not None else typical
+
+    def _at_slowdown(self, ms: float) -> float:
+        """A time of this run's probe step, measured at its own slowdown (``_step_slowdown``: its
+        wall over its CPU time), at the slowdown the probe's priors are scaled by (``_slowdown``:
+        at least the machine's contention), so that a saving and the price it is weighed against
+        are at one slowdown: what the step takes alone, times the same factor as the prior."""
+        return ms * max(1.0, self._slowdown) / max(1.0, self._step_slowdown)
 
     def _optimistic_saving_ms(self, step_ms: float, kind: str = "plain") -> float:
         """What a compiled whole step may save over the run at ``step_ms`` a step: what this host
@@ -1018,7 +1057,16 @@ class AstraTorch(SessionBacked):
                 self._hw, self.FIRST_STEP_KIND, base / self._probe_step_ms, self._cost_graph()
             )
         if base is not None:
-            self.compile_costs.record_step(self._hw, self.TYPICAL_STEP_KIND, base, self._cost_graph())
+            # (with its thread's CPU time where the baseline kept it: the step alone, which the
+            # next run's gate scales to its own slowdown, ``_typical_step_ms``)
+            cpu = self.session.base_cpu_ms
+            self.compile_costs.record_step(
+                self._hw,
+                self.TYPICAL_STEP_KIND,
+                base,
+                self._cost_graph(),
+                cpu=cpu if cpu is not None else math.nan,
+            )
         state = self._explored_state()
         if state is None:
             return  # nothing learned
@@ -1037,17 +1085,24 @@ class AstraTorch(SessionBacked):
                     self._hw, f"torch:whole:{lost}", float(r["ratio"]), self._cost_graph()
                 )
 
-    def _hit_price_ms(self, ask_ms: float, kind: str = "plain") -> float:
+    def _hit_price_ms(self, ask_ms: float, kind: str = "plain", slowdown: float | None = None) -> float:
         """What an ask that hits and the load of the compile it finds cost, as the core will
         price the trial (``_variables``): this graph's loads measured here (each carries the ask
         that found it), at least the ask; else the ask and the load beyond it learned here
-        (``_warm_load_ms``)."""
+        (``_warm_load_ms``, its prior at ``slowdown``: by default the probe step's own, the
+        footing of the measured steps the core weighs the trial against; the probe's gate
+        passes the process's, its saving's, ``_typical_step_ms``)."""
+        at = self._step_slowdown if slowdown is None else slowdown
+        # (a load measured here that kept its CPU time: that time at the same slowdown; measured
+        # beside nice-19 busy loops, at the contention the core pruned the hits the gate asked for)
         own = self.compile_costs.estimate(
-            self._hw, f"torch:whole:{kind}", graph=self._cost_graph(), warm=True
+            self._hw, f"torch:whole:{kind}", graph=self._cost_graph(), warm=True, slowdown=at
         )
-        return max(ask_ms, own) if own is not None else ask_ms + self._warm_load_ms(kind)
+        if own is not None:
+            return max(ask_ms, own)
+        return ask_ms + self._warm_load_ms(kind, at)
 
-    def _warm_load_ms(self, kind: str) -> float:
+    def _warm_load_ms(self, kind: str, slowdown: float = 1.0) -> float:
         """A load of this step's compile found in the caches, beyond the ask that found it, where
         this graph's was never measured here: what this host's loads of other graphs cost beyond
         their asks (``HostCompileCosts.warm_load``: per node at this graph's size where known, at
@@ -1059,7 +1114,8 @@ class AstraTorch(SessionBacked):
             self._hw, self.PROBE_KIND, self._cost_graph()
         )
         learned = self.compile_costs.warm_load(self._hw, f"torch:whole:{kind}", self.PROBE_KIND, size)
-        return learned if learned is not None else self.WHOLE_WARM_PRIOR_MS
+        # (the prior is a load alone: at the slowdown of the saving it is weighed against)
+        return learned if learned is not None else self.WHOLE_WARM_PRIOR_MS * max(1.0, slowdown)
 
     def _probe_price_ms(self) -> float:
         """What asking Inductor's caches for the whole step costs on this host (issue 18, third
@@ -1083,7 +1139,8 @@ class AstraTorch(SessionBacked):
             # (another graph's trace costs what its size does: the eager step says this one's
             # before it is traced, ``HostCompileCosts.per_step``; a median across graphs priced
             # DistilBERT's ask by hf-t5's twelve, 2.4 s against its own 0.8 s)
-            own = self.compile_costs.per_step(self._hw, kind, self._probe_step_ms)
+            # (at the slowdown of the saving it is weighed against, ``_at_slowdown``)
+            own = self.compile_costs.per_step(self._hw, kind, self._at_slowdown(self._probe_step_ms))
         if own is None:
             own = self.compile_costs.estimate(self._hw, kind)
         if own is not None:

@@ -86,18 +86,21 @@ def test_the_wrapper_prices_a_whole_step_compile_by_what_this_host_measured(tmp_
         astra.whole_cache["plain"], astra.whole_probe_ms["plain"] = "hit", 50.0
         hit = next(v for v in astra._variables() if v.name == "model.compile")
         astra.restore()
-        return whole, hit, astra._cost_graph(), astra._slowdown
+        return whole, hit, astra._cost_graph(), astra._slowdown, astra._step_slowdown
 
-    whole, hit, graph, slowdown = whole_prior()
+    whole, hit, graph, slowdown, own = whole_prior()
     # (the graph's size unknown without the probe: the cold prior, as given, at this process's
     # measured slowdown: see the test of first prices below)
     assert whole.compile_prior_ms == pytest.approx(AstraTorch.WHOLE_COMPILE_PRIOR_MS * slowdown)
     assert whole.prior_calibrated
     # No load of this graph measured yet: the lookup plus the warm load's prior, not the lookup alone.
-    assert hit.compile_prior_ms == 50.0 + AstraTorch.WHOLE_WARM_PRIOR_MS and hit.prior_calibrated
+    # (a prior alone, at the probe step's own measured slowdown, the footing of the steps the
+    # core weighs it against: session 26)
+    assert hit.compile_prior_ms == pytest.approx(50.0 + AstraTorch.WHOLE_WARM_PRIOR_MS * own)
+    assert hit.prior_calibrated
     costs.record(hardware_id(), "torch:whole:plain", 12_345.0, graph=graph)
     costs.record(hardware_id(), "torch:whole:plain", 300.0, graph=graph, warm=True)  # a cache hit's load
-    whole, hit, again, _ = whole_prior()
+    whole, hit, again, _, _ = whole_prior()
     assert again == graph  # the same model and shapes: the same graph
     assert whole.compile_prior_ms == 12_345.0 and whole.prior_calibrated
     assert hit.compile_prior_ms == 300.0  # a hit: what loading this graph cost here
