@@ -5,19 +5,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import conftest
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def test_every_file_of_a_unit_exists() -> None:
+@pytest.fixture
+def conftest(pytestconfig: pytest.Config) -> object:
+    """tests/conftest.py as pytest loaded it (``import conftest`` may find another folder's)."""
+    path = REPO / "tests" / "conftest.py"
+    for plugin in pytestconfig.pluginmanager.get_plugins():
+        if getattr(plugin, "__file__", None) and Path(plugin.__file__).resolve() == path:
+            return plugin
+    pytest.fail(f"{path} is not loaded")
+
+
+def test_every_file_of_a_unit_exists(conftest) -> None:
     for paths in conftest.ONE_WORKER.values():
         for path in paths:
             assert (REPO / path).is_file(), f"{path} is in ONE_WORKER but not in the tree"
 
 
-def test_the_units_files_share_one_scope_and_others_keep_their_own(pytestconfig: pytest.Config) -> None:
+def test_the_units_files_share_one_scope_and_others_keep_their_own(
+    conftest, pytestconfig: pytest.Config
+) -> None:
     pytest.importorskip("xdist")
 
     class Config:
