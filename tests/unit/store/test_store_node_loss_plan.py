@@ -35,13 +35,19 @@ def _data() -> pa.Table:
     )
 
 
-def test_a_lost_partition_is_aggregated_whole_on_one_node_and_nothing_is_merged(tmp_path):
-    data = _data()
-    tr = LocalTransport(str(tmp_path), NODES)
+def _loaded(tr: LocalTransport, data: pa.Table) -> tuple[StoreCore, Query]:
+    """A store over ``tr`` holding ``data`` as table ``t``, and the group-by on its replica 0's
+    partition column the tests run."""
     core = StoreCore(MemoryKV(), tr, super_extent_rows=10_000, recovery_rate_bytes=0)
     core.create_table("t", data.schema, SPECS)
     core.append("t", data)
-    q = Query("t", group_by=("k",), aggs=(Agg("sum", "v", "s"), Agg("count", "*", "n")))
+    return core, Query("t", group_by=("k",), aggs=(Agg("sum", "v", "s"), Agg("count", "*", "n")))
+
+
+def test_a_lost_partition_is_aggregated_whole_on_one_node_and_nothing_is_merged(tmp_path):
+    data = _data()
+    tr = LocalTransport(str(tmp_path), NODES)
+    core, q = _loaded(tr, data)
     healthy, plan = core.query(q)
     assert plan.kind == "agg_local" and plan.replicas == {"t": 0} and plan.final["combine"] is False
 
@@ -94,10 +100,7 @@ def test_the_retry_after_a_node_dies_in_flight_reruns_only_the_lost_work(tmp_pat
     running or done (before: every task ran again, beside the ones still running)."""
     data = _data()
     tr = _DiesInQuery(str(tmp_path), NODES)
-    core = StoreCore(MemoryKV(), tr, super_extent_rows=10_000, recovery_rate_bytes=0)
-    core.create_table("t", data.schema, SPECS)
-    core.append("t", data)
-    q = Query("t", group_by=("k",), aggs=(Agg("sum", "v", "s"), Agg("count", "*", "n")))
+    core, q = _loaded(tr, data)
     healthy, plan = core.query(q)
     holders = sorted(node for node, _ in plan.stages[0])
     assert len(holders) == 2
@@ -128,10 +131,7 @@ def test_a_node_found_dead_is_not_called_by_the_next_queries_while_still_registe
     node's lease ran out). A query that cannot be planned without a suspect is planned with it."""
     data = _data()
     tr = _StillRegistered(str(tmp_path), NODES)
-    core = StoreCore(MemoryKV(), tr, super_extent_rows=10_000, recovery_rate_bytes=0)
-    core.create_table("t", data.schema, SPECS)
-    core.append("t", data)
-    q = Query("t", group_by=("k",), aggs=(Agg("sum", "v", "s"), Agg("count", "*", "n")))
+    core, q = _loaded(tr, data)
     healthy, plan = core.query(q)
     tr.victim = sorted(node for node, _ in plan.stages[0])[0]
     core.query(q)  # finds it dead
