@@ -6,6 +6,7 @@ into an Arrow table, and Flight errors turned back into the microco errors the s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -35,7 +36,15 @@ def from_flight_error(
     exc: BaseException, where: str, errors: dict[str, type[MicrocoError]] | None = None
 ) -> MicrocoError:
     """The microco error a Flight error stands for (``errors``: more server error types by name)."""
-    if isinstance(exc, (flight.FlightUnavailableError, flight.FlightTimedOutError, ConnectionError)):
+    if isinstance(
+        exc,
+        (
+            flight.FlightUnavailableError,
+            flight.FlightTimedOutError,
+            flight.FlightCancelledError,
+            ConnectionError,
+        ),
+    ):  # (cancelled: by ``abort``, the peer gone, or by the server going down)
         return Unavailable(f"{where}: {exc}")
     text = str(exc)
     for name, cls in {**(errors or {}), **ERRORS}.items():
@@ -57,6 +66,8 @@ class FlightClients:
     ) -> None:
         self._clients: dict[str, flight.FlightClient] = {}
         self._lock = threading.Lock()
+        # the readers being read, by address (``abort`` cancels them)
+        self._reading: dict[str, set[Any]] = {}
         self.errors = errors or {}
         self.ident = ident  # whom this side calls as (None: the process's own identity; TLS unless insecure)
 
@@ -81,11 +92,44 @@ class FlightClients:
         for a in list(self._clients):
             self.drop(a)
 
+    def abort(self, address: str) -> None:
+        """Cancel every read in progress from ``address`` (its server left the cluster: one that
+        stopped answering without a reset would hold them to their deadline); the readers raise
+        ``Unavailable``. A call still waiting for its first message has no reader yet and is not
+        reached (pyarrow's Flight client cannot cancel it)."""
+        with self._lock:
+            readers = list(self._reading.get(address, ()))
+        for r in readers:
+            try:
+                r.cancel()
+            except Exception:  # noqa: BLE001, S110 - a reader that has just finished
+                pass
+
+    @contextlib.contextmanager
+    def _read(self, address: str, reader: Any) -> Iterator[Any]:
+        with self._lock:
+            self._reading.setdefault(address, set()).add(reader)
+        try:
+            yield reader
+        finally:
+            with self._lock:
+                held = self._reading.get(address)
+                if held is not None:
+                    held.discard(reader)
+                    if not held:
+                        del self._reading[address]
+
     def do_get(self, address: str, ticket: bytes | dict[str, Any]) -> pa.Table:
         """The table a ticket (raw bytes, or a JSON object) reads from the server at ``address``."""
         raw = ticket if isinstance(ticket, bytes) else json.dumps(ticket, default=str).encode()
         try:
-            return self.get(address).do_get(flight.Ticket(raw), OPTIONS).read_all()
+            reader = self.get(address).do_get(flight.Ticket(raw), OPTIONS)
+            with self._read(address, reader):
+                # a batch at a time, not ``read_all``: a ``read_all`` cancelled by ``abort``
+                # raises KeyboardInterrupt in the main thread (pyarrow 26 takes the cancellation
+                # for Ctrl-C); ``read_chunk`` raises FlightCancelledError in the reading thread
+                batches = [chunk.data for chunk in reader if chunk.data is not None]
+                return pa.Table.from_batches(batches, schema=reader.schema)
         except flight.FlightError as exc:
             if isinstance(exc, flight.FlightUnavailableError):
                 self.drop(address)
@@ -108,9 +152,10 @@ class FlightClients:
 
         def batches() -> Iterator[pa.RecordBatch]:
             try:
-                for chunk in reader:
-                    if chunk.data is not None:
-                        yield chunk.data
+                with self._read(address, reader):
+                    for chunk in reader:
+                        if chunk.data is not None:
+                            yield chunk.data
             except flight.FlightError as exc:
                 if isinstance(exc, flight.FlightUnavailableError):
                     self.drop(address)

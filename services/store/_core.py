@@ -30,6 +30,7 @@ from . import _exec
 from ._catalog import ROOT, Catalog, SuperExtent, TableInfo
 from ._layout import CODECS, ExtentMeta, assign_partitions, bucketed_extents, new_extent_id
 from ._limits import check_name, short
+from ._liveness import NodeWatch, Watched, nodes_used
 from ._nodestore import CorruptExtent, NodeStore
 from ._partition import PartitionSpec
 from ._placement import NodeInfo, place_super_extent
@@ -65,6 +66,9 @@ class Transport(Protocol):
     ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]: ...
 
     def action(self, node: NodeInfo, name: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    def abandon(self, node: NodeInfo) -> None:
+        """Give up the calls in progress to ``node``, which left the cluster (``_liveness``)."""
 
 
 class NodeFailure(MicrocoError):
@@ -184,6 +188,9 @@ class StoreCore:
         self._suspects: dict[str, float] = {}
         self._suspects_lock = threading.Lock()
         self.suspect_s = SUSPECT_S
+        # the nodes queries wait on, against the registry while they wait (a node that stops
+        # answering without a reset is dropped from it when its lease runs out)
+        self.node_watch = NodeWatch(self._live_names, getattr(self.transport, "abandon", None))
         # SQL plans by normalised text, each with the catalog version it was made on (_plancache)
         self.sql_plans: LRU[Any] = LRU(sql_plan_cache)
         # JSON-model plans by (query, live nodes, settings), each with its catalog token (``plan``)
@@ -540,6 +547,9 @@ class StoreCore:
 
         return _sql.build(self, text)
 
+    def _live_names(self) -> set[str]:
+        return {n.name for n in self.transport.live_nodes()}
+
     def suspected(self) -> set[str]:
         """The nodes a query found unreachable in the last ``suspect_s`` seconds."""
         now = time.monotonic()
@@ -628,11 +638,28 @@ class StoreCore:
                 if earlier is not None and key is not None:
                     earlier[key] = f
             futs.append(f)
-        done, _ = wait(futs, return_when=FIRST_EXCEPTION)
-        for f in done:  # the failure first, not after the tasks listed before it
-            if (exc := f.exception()) is not None:
-                raise exc
+        self._wait_stage(futs, tasks, nodes)
         return [f.result() for f in futs]
+
+    def _wait_stage(
+        self, futs: list[Future[Any]], tasks: list[tuple[str, dict[str, Any]]], nodes: dict[str, NodeInfo]
+    ) -> None:
+        """Wait for a stage's tasks; the first to fail raises at once (not after the tasks listed
+        before it), and so does a node the tasks use leaving the cluster meanwhile (its lease
+        ran out: ``_liveness``), which would otherwise hold the stage until its calls' deadline."""
+        pending: set[Future[Any]] = set(futs)
+        used = {n: nodes.get(n) for n in nodes_used(tasks)}
+        with self.node_watch.register(used, start=False) as watched:
+            while pending:
+                done, pending = wait(pending, timeout=self.node_watch.poll_s, return_when=FIRST_EXCEPTION)
+                if pending and not done:  # (a stage of short tasks never starts the watch's thread)
+                    self.node_watch.start()
+                if watched.lost:
+                    node = min(watched.lost)
+                    raise NodeFailure(node, Unavailable(f"{node} left the cluster during the query"))
+                for f in done:
+                    if (exc := f.exception()) is not None:
+                        raise exc
 
     def _run_stage_streams(
         self, tasks: list[tuple[str, dict[str, Any]]], nodes: dict[str, NodeInfo]
@@ -642,12 +669,20 @@ class StoreCore:
         at the start or half-way through its stream, is a ``NodeFailure`` (so the query retries)."""
 
         def guarded(node: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            # read later, while the node is watched: one that leaves has its stream cancelled
+            watched: Watched | None = None
             try:
+                watched = self.node_watch.register({node: nodes.get(node)})
                 yield from batches
             except NodeFailure:
                 raise
             except Exception as exc:
+                if watched is not None and watched.lost:
+                    raise NodeFailure(node, Unavailable(f"{node} left the cluster during the query")) from exc
                 raise NodeFailure(node, exc) from exc
+            finally:
+                if watched is not None:
+                    watched.close()
 
         def one(node: str, task: dict[str, Any]) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
             if node not in nodes:
@@ -663,6 +698,7 @@ class StoreCore:
         futs = [self._pool.submit(one, n, t) for n, t in tasks]
         out = []
         try:
+            self._wait_stage(futs, tasks, nodes)
             for f in futs:
                 out.append(f.result())
         except BaseException:
@@ -698,13 +734,23 @@ class StoreCore:
                                 plan.moved_bytes += b
         finally:
             if plan.shuffle:
-                for n in {node for stage in plan.stages for node, _ in stage}:
-                    if n in nodes:
+                # not waited for: a node that stopped answering would hold the query to the
+                # call's deadline (the buckets taken by the reducers are gone already; a drop
+                # that fails leaves the rest on its node, as before)
+                suspects = self.suspected()
+                for n in sorted({node for stage in plan.stages for node, _ in stage}):
+                    if n in nodes and n not in suspects:
                         try:
-                            self.transport.action(nodes[n], "shuffle_drop", {"qid": plan.qid})
-                        except Exception:  # noqa: BLE001, S110 - buckets of a dead query are dropped later
-                            pass
+                            self._pool.submit(self._drop_shuffle, nodes[n], plan.qid)
+                        except RuntimeError:  # (the core is closing: its nodes' buckets go with them)
+                            break
         return finish(plan.final, outs)
+
+    def _drop_shuffle(self, node: NodeInfo, qid: str) -> None:
+        try:
+            self.transport.action(node, "shuffle_drop", {"qid": qid})
+        except Exception:  # noqa: BLE001, S110 - a failed drop leaves the query's buckets on the node
+            pass
 
     # ------------------------------------------------------------------ recovery
     def recover(
@@ -1065,6 +1111,9 @@ class LocalTransport:
 
     def action(self, node: NodeInfo, name: str, body: dict[str, Any]) -> dict[str, Any]:
         return node_action(self._store(node.name), name, body)
+
+    def abandon(self, node: NodeInfo) -> None:
+        """Nothing to give up: an in-process call has no connection to hang on."""
 
 
 def node_action(store: NodeStore, name: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -457,5 +457,9 @@ class FlightTransport:
             raise from_flight_error(exc, node.name) from None
         return json.loads(results[0].body.to_pybytes()) if results else {}
 
+    def abandon(self, node: NodeInfo) -> None:
+        """``node`` left the cluster: cancel the streams being read from it (``_liveness``)."""
+        self.clients.abort(node.address)
+
     def close(self) -> None:
         self.clients.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 from collections import defaultdict
@@ -19,6 +20,7 @@ import pytest
 from microco.clients.store import StoreClient
 from microco.common.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
 from microco.common.kv import EtcdKV
+from microco.common.registry import discover
 from microco.services.store import check_row_copies
 from microco.services.store._catalog import Catalog
 from microco.services.store._layout import read_extent
@@ -766,7 +768,6 @@ def test_flight_sql_endpoint_is_registered_and_answers_adbc(fresh):
     driver reaches it with the platform credentials and gets the SQL path's answer."""
     dbapi = pytest.importorskip("adbc_driver_flightsql.dbapi")
     from microco.common import identity
-    from microco.common.registry import discover
 
     c, client = fresh
     uri = discover(c.kv, "store")[0].labels["flight_sql"]  # as c.coordinator_address is found
@@ -845,3 +846,36 @@ def test_codecs_per_replica_and_a_live_recode_over_the_wire(fresh, capsys):
     assert main([*create, "--replica", "o_cust", "--replica", "o_price", "--codecs", "zstd,lz4"]) == 1
     assert "three codecs" in capsys.readouterr().err
     client.drop_table("coded")
+
+
+def test_a_paused_node_does_not_hold_a_query_to_its_calls_deadline(fresh):
+    """A node that stops answering without closing its connections (SIGSTOP here; a host that
+    lost power or its network alike) held a query in flight until its calls' 120 s deadline
+    (measured: 121 s). The coordinator now sees the node leave the registry when its lease runs
+    out (2 s here) and retries the query without it. Last in the module: it leaves a node dead."""
+    c, client = fresh
+    build, sql = QUERIES[0]  # group-by o_cust: agg_local on replica 1, partitioned on o_cust
+    want = duck(sql)
+    placement = client.get_table("orders", placement=True)["placement"]
+    held = sorted({n for sx in placement.values() for n in sx.get("1", {}).values()})
+    live = {r.instance_id for r in discover(c.kv, "store-node")}
+    victim = next(n for n in held if n in live)
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["rows"] = rows(build(client).on_replica(1).collect())
+        except Exception as exc:  # noqa: BLE001 - reported below
+            box["error"] = exc
+
+    os.kill(c.procs[victim].pid, signal.SIGSTOP)
+    thread = threading.Thread(target=run)
+    try:
+        thread.start()  # planned with the paused node while its lease lasts
+        thread.join(90)
+        assert not thread.is_alive(), "the query still waits on a paused node"
+    finally:
+        c.kill(victim)  # (SIGKILL ends a stopped process too)
+        thread.join()
+    assert "error" not in box, box.get("error")
+    assert same(box["rows"], want)
