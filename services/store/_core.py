@@ -11,7 +11,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ALL_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -383,8 +383,15 @@ class StoreCore:
                 )
                 for j in jobs
             ]
+            # a node that stops answering is given up when its lease runs out (not at the
+            # write's deadline) and the super-extent re-placed without it, as after a failure
+            lost = self._await([(j[2].name, f) for j, f in futures], {j[2].name: j[2] for j in jobs}, False)
             metas, failed = [], set()
             for (r, p, node, eid, ext_rows, _), fut in futures:
+                if node.name in lost and not fut.done():
+                    failed.add(node.name)
+                    last = Unavailable(f"{node.name} left the cluster during the append")
+                    continue
                 try:
                     res = fut.result()
                     metas.append(
@@ -647,19 +654,42 @@ class StoreCore:
         """Wait for a stage's tasks; the first to fail raises at once (not after the tasks listed
         before it), and so does a node the tasks use leaving the cluster meanwhile (its lease
         ran out: ``_liveness``), which would otherwise hold the stage until its calls' deadline."""
-        pending: set[Future[Any]] = set(futs)
-        used = {n: nodes.get(n) for n in nodes_used(tasks)}
+        lost = self._await(
+            [(n, f) for (n, _), f in zip(tasks, futs, strict=True)],
+            {n: nodes.get(n) for n in nodes_used(tasks)},
+        )
+        if lost:
+            node = min(lost)
+            raise NodeFailure(node, Unavailable(f"{node} left the cluster during the query"))
+        for f in futs:
+            if f.done() and (exc := f.exception()) is not None:
+                raise exc
+
+    def _await(
+        self, futs: list[tuple[str, Future[Any]]], used: dict[str, Any], first_failure: bool = True
+    ) -> set[str]:
+        """Wait for calls to nodes (``futs``: each call's node and future) while watching the
+        nodes they use (``used``: name -> NodeInfo; ``_liveness``) against the registry: until
+        all are done, or one failed (``first_failure``), or a node of ``used`` left the cluster
+        (its lease ran out: dead, paused or cut off, which would hold its calls to their
+        deadline). Returns the nodes that left while calls were waiting: with ``first_failure``
+        the wait ends at the first; without, it goes on for the calls to the other nodes."""
+        node_of = {f: n for n, f in futs}
+        pending: set[Future[Any]] = set(node_of)
+        when = FIRST_EXCEPTION if first_failure else ALL_COMPLETED
         with self.node_watch.register(used, start=False) as watched:
             while pending:
-                done, pending = wait(pending, timeout=self.node_watch.poll_s, return_when=FIRST_EXCEPTION)
-                if pending and not done:  # (a stage of short tasks never starts the watch's thread)
+                done, pending = wait(pending, timeout=self.node_watch.poll_s, return_when=when)
+                if pending:  # (calls that end within one poll never start the watch's thread)
                     self.node_watch.start()
                 if watched.lost:
-                    node = min(watched.lost)
-                    raise NodeFailure(node, Unavailable(f"{node} left the cluster during the query"))
-                for f in done:
-                    if (exc := f.exception()) is not None:
-                        raise exc
+                    if first_failure:
+                        return set(watched.lost)
+                    pending = {f for f in pending if node_of[f] not in watched.lost}
+                if first_failure and any(f.exception() is not None for f in done):
+                    return set()
+            # (every call ended: with ``first_failure``, a node that left after it served no one)
+            return set() if first_failure else set(watched.lost)
 
     def _run_stage_streams(
         self, tasks: list[tuple[str, dict[str, Any]]], nodes: dict[str, NodeInfo]

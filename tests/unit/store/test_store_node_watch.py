@@ -45,8 +45,41 @@ class Hanging(LocalTransport):
             raise Unavailable(f"{node.name}: deadline exceeded")
         return super().run_task(node, task)
 
+    def put_extent(
+        self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list, codec: str = ""
+    ) -> dict:
+        if node.name == self.hang:
+            self.kill(node.name)
+            self.release.wait(120)
+            raise Unavailable(f"{node.name}: deadline exceeded")
+        return super().put_extent(node, table, extent_id, rows, buckets, codec)
+
     def abandon(self, node: NodeInfo) -> None:
         self.abandoned.append(node.name)
+
+
+def _in_thread(fn: Any, tr: Hanging) -> Any:
+    """``fn()`` in a thread, waited for while the hung node's calls hang (released after)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["out"] = fn()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            box["error"] = exc
+
+    thread = threading.Thread(target=run)
+    try:
+        thread.start()
+        # without the watch the call waits for the hung one (released at the end, or by its
+        # 120 s deadline); with it, it goes on as soon as the node is seen gone
+        thread.join(60)
+        assert not thread.is_alive(), "still waiting on a node that left the cluster"
+    finally:
+        tr.release.set()
+        thread.join()
+    assert "error" not in box, box.get("error")
+    return box["out"]
 
 
 def test_a_query_waiting_on_a_node_that_leaves_the_cluster_is_retried_without_it(tmp_path):
@@ -62,33 +95,23 @@ def test_a_query_waiting_on_a_node_that_leaves_the_cluster_is_retried_without_it
     healthy, plan = core.query(q)
     # a node that runs one of the plan's tasks
     tr.hang = sorted({node for stage in plan.stages for node, _ in stage})[0]
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["table"] = core.query(q)[0]
-        except Exception as exc:  # noqa: BLE001 - reported below
-            box["error"] = exc
-
-    thread = threading.Thread(target=run)
-    try:
-        thread.start()
-        # without the watch the query waits for the hung call (released at the end, or by its
-        # 120 s deadline); with it, it is done as soon as the node is seen gone and the retry runs
-        thread.join(60)
-        assert not thread.is_alive(), "the query still waits on a node that left the cluster"
-    finally:
-        tr.release.set()
-        thread.join()
-    assert "error" not in box, box.get("error")
-    key = ["k"]
-    assert (
-        box["table"]
-        .sort_by([(c, "ascending") for c in key])
-        .equals(healthy.sort_by([(c, "ascending") for c in key]))
-    )
+    got = _in_thread(lambda: core.query(q)[0], tr)
+    assert got.sort_by("k").equals(healthy.sort_by("k"))
     assert tr.hang in core.suspected()  # left out of the next queries' plans for a while
     assert tr.abandoned == [tr.hang]  # its calls handed to the transport to give up
+
+
+def test_an_append_writing_to_a_node_that_leaves_the_cluster_places_its_extents_elsewhere(tmp_path):
+    data = pa.table({"k": np.arange(3000), "g": np.arange(3000) % 97, "h": np.arange(3000) % 13})
+    tr = Hanging(str(tmp_path), NODES)
+    core = StoreCore(MemoryKV(), tr, super_extent_rows=10_000, recovery_rate_bytes=0)
+    core.node_watch.poll_s = 0.05
+    core.create_table("t", data.schema, SPECS)
+    tr.hang = "n0"
+    assert _in_thread(lambda: core.append("t", data), tr).rows == 3000
+    assert "n0" not in {e.node for e in core.catalog.table("t").extents()}
+    got, _ = core.query(Query("t", aggs=(Agg("count", "*", "n"), Agg("sum", "k", "s"))))
+    assert got.to_pylist() == [{"n": 3000, "s": sum(range(3000))}]
 
 
 def test_the_nodes_a_stage_uses_are_its_runners_and_those_it_reads_from():
