@@ -199,7 +199,13 @@ def _used_names(tree: exp.Expr) -> set[str] | None:
         if _reads_a_stage(s.parent):
             continue  # a staged part's result (``_staged``: SELECT * FROM __microco_stageK)
         return None
-    return {c.name.lower() for c in tree.find_all(exp.Column)}
+    names = {c.name.lower() for c in tree.find_all(exp.Column)}
+    for j in tree.find_all(exp.Join):
+        if str(j.args.get("method") or "").upper() == "NATURAL":
+            return None  # (joins on every column the two sides share)
+        # ``JOIN ... USING (k)`` names its key as an identifier, not a column
+        names.update(u.name.lower() for u in j.args.get("using") or [])
+    return names
 
 
 def _reads_a_stage(q: exp.Expr | None) -> bool:
@@ -1204,6 +1210,14 @@ def _copart_options(ctx: _Ctx, sel: exp.Select, a: exp.Table, b: exp.Table) -> l
     conds = _conjuncts(sel.args["where"].this if sel.args.get("where") else None)
     for j in sel.args.get("joins") or []:
         conds += _conjuncts(j.args.get("on"))
+        for u in j.args.get("using") or []:  # ``USING (k)`` of the two: a.k = b.k
+            if u.name.lower() in cols_a and u.name.lower() in cols_b:
+                conds.append(
+                    exp.EQ(
+                        this=exp.column(u.name, table=a.alias_or_name),
+                        expression=exp.column(u.name, table=b.alias_or_name),
+                    )
+                )
     out: list[tuple[int, int, str]] = []
     for c in conds:
         if (
