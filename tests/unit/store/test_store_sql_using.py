@@ -12,8 +12,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from microco.clients.store import parse_partitioning
 from microco.common.kv import MemoryKV
-from microco.services.store import LocalTransport, NodeInfo, PartitionSpec, StoreCore
+from microco.services.store import LocalTransport, NodeInfo, StoreCore
+from microco.services.store._service import spec_from_pb
 
 RNG = np.random.default_rng(11)
 N = 3000
@@ -34,20 +36,13 @@ def store(tmp_path_factory):
         str(tmp_path_factory.mktemp("using")), [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)]
     )
     core = StoreCore(MemoryKV(), tr, super_extent_rows=1000, recovery_rate_bytes=0)
-    h = [
-        PartitionSpec("UserID", "hash", 4),
-        PartitionSpec("CounterID", "hash", 4),
-        PartitionSpec("WatchID", "hash", 2),
-    ]
-    u = [
-        PartitionSpec("UserID", "hash", 4),
-        PartitionSpec("Region", "hash", 2),
-        PartitionSpec("UserID", "hash", 2),
-    ]
-    core.create_table("hits", HITS.schema, h)
-    core.append("hits", HITS)
-    core.create_table("users", USERS.schema, u)
-    core.append("users", USERS)
+    # (the replicas as a user writes them: column:kind:partitions)
+    for name, data, replicas in (
+        ("hits", HITS, ("UserID:hash:4", "CounterID:hash:4", "WatchID:hash:2")),
+        ("users", USERS, ("UserID:hash:4", "Region:hash:2", "UserID:hash:2")),
+    ):
+        core.create_table(name, data.schema, [spec_from_pb(parse_partitioning(r)) for r in replicas])
+        core.append(name, data)
     con = duckdb.connect()
     con.register("hits", HITS)
     con.register("users", USERS)
