@@ -180,7 +180,10 @@ class StoreCore:
         self.gc_min_age_s = gc_min_age_s
         self._recovery_lock = threading.Lock()
         self._recode_lock = threading.Lock()  # one recode at a time
-        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="store-core")
+        # the calls to the nodes, threads made as calls need them (32 until 2026-12-03: a call
+        # given up on a node that stopped answering holds its thread to the call's deadline,
+        # ``_liveness``; the bound leaves room for as many of those besides the queries' own)
+        self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="store-core")
         self._seen: dict[str, Any] = {}  # NODES_SEEN as last read or written here (live_nodes)
         # nodes a query found unreachable, by name: when (monotonic). Left out of the next queries'
         # plans for ``suspect_s`` (a node that died stays registered until its lease runs out:
