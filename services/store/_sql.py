@@ -199,7 +199,12 @@ def _used_names(tree: exp.Expr) -> set[str] | None:
         if _reads_a_stage(s.parent):
             continue  # a staged part's result (``_staged``: SELECT * FROM __microco_stageK)
         return None
-    names = {c.name.lower() for c in tree.find_all(exp.Column)}
+    names: set[str] = set()
+    for c in tree.find_all(exp.Column):
+        names.add(c.name.lower())
+        # ``meta.b`` is a column's struct field as often as a table's column: its qualifier
+        # may name a column (reading one more column where it names a table's alias instead)
+        names.update(part.lower() for part in (c.table, c.db, c.catalog) if part)
     for j in tree.find_all(exp.Join):
         if str(j.args.get("method") or "").upper() == "NATURAL":
             return None  # (joins on every column the two sides share)
