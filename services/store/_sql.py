@@ -145,7 +145,30 @@ def parse(sql: str) -> exp.Query:
             raise InvalidArgument(
                 f"a list in the SQL has {len(node.expressions)} items; the limit is {MAX_SQL_LIST}"
             )
+    for sel in tree.find_all(exp.Select):
+        _name_group_columns(sel)
     return tree
+
+
+def _name_group_columns(sel: exp.Select) -> None:
+    """``GROUP BY 1, 2`` and ``GROUP BY ALL`` written out as the columns they stand for, where
+    those are plain columns (the same query: a plain column GROUP BY splits over the replicas,
+    an ordinal did not and was gathered whole); anything else is left as written."""
+    group = sel.args.get("group")
+    if group is None or group.args.get("grouping_sets") or group.args.get("rollup") or group.args.get("cube"):
+        return
+    items = [i.this if isinstance(i, exp.Alias) else i for i in sel.expressions]
+    if group.args.get("all"):
+        keys = [i for i in items if not i.find(exp.AggFunc, exp.Window)]
+        if keys and all(isinstance(k, exp.Column) for k in keys):
+            group.set("all", None)
+            group.set("expressions", [k.copy() for k in keys])
+        return
+    for g in group.expressions:
+        if isinstance(g, exp.Literal) and g.is_int and 1 <= int(g.this) <= len(items):
+            item = items[int(g.this) - 1]
+            if isinstance(item, exp.Column):
+                g.replace(item.copy())
 
 
 def _paren_depth(sql: str) -> int:

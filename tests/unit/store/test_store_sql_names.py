@@ -92,6 +92,28 @@ def test_using_natural_and_struct_fields_match_duckdb(store, sql):
     assert _rows([tuple(r.values()) for r in got.to_pylist()]) == _rows(con.sql(sql).fetchall())
 
 
+@pytest.mark.parametrize(
+    ("sql", "kind"),
+    [
+        ("select Width, count(*) as n from hits group by 1", "partial_agg"),
+        ("select UserID as u, sum(Width) as w from hits group by 1 having count(*) > 10", "partition_local"),
+        ("select CounterID, UserID, count(*) as n from hits group by all", "partition_local"),
+        (
+            "select CounterID % 3 as c, count(*) as n from hits group by 1",
+            None,
+        ),  # (an expression: as written)
+    ],
+)
+def test_group_by_ordinals_and_all_split_like_the_columns_they_name(store, sql, kind):
+    """``GROUP BY 1`` / ``GROUP BY ALL`` over plain columns were gathered whole to the
+    coordinator (only a GROUP BY of columns splits); they are those columns' GROUP BY now."""
+    core, con = store
+    got, plan = core.sql(sql)
+    assert _rows([tuple(r.values()) for r in got.to_pylist()]) == _rows(con.sql(sql).fetchall())
+    if kind is not None:
+        assert plan.kind == kind, plan.explain_text()
+
+
 def test_a_using_join_of_co_partitioned_replicas_is_planned_like_its_on_join(store):
     core, _ = store
     _, using = core.sql("select Region, count(*) as n from hits join users using (UserID) group by Region")
