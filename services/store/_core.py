@@ -461,7 +461,9 @@ class StoreCore:
         tasks: dict[tuple[str, str], Future[pa.Table]] = {}
 
         def attempt(exclude: set[str]) -> tuple[pa.Table, Plan]:
+            t0 = time.perf_counter()
             plan = self.plan(q, exclude, qid=uuid.uuid4().hex[:12])
+            plan.timings = {"plan": time.perf_counter() - t0}
             return self._execute(plan, tasks), plan
 
         return self._with_retries(attempt)
@@ -682,10 +684,18 @@ class StoreCore:
         # the nodes the plan was made for (no second registry read); one dead since is a failed task
         nodes = plan.nodes or {n.name: n for n in self.transport.live_nodes()}
         reuse = earlier if len(plan.stages) == 1 and not plan.shuffle else None
+        timings: dict[str, float] = {}
         try:
             outs: list[pa.Table] = []
             for k, stage in enumerate(plan.stages):
+                t0 = time.perf_counter()
                 outs = self._run_stage(stage, nodes, reuse)
+                # a stage's wall time (its tasks run at once, their results received here), and
+                # its slowest task's own run on its node (the rest: waiting, Flight, the result's IPC)
+                timings["fragments" if k == 0 else f"stage {k + 1}"] = time.perf_counter() - t0
+                timings["slowest fragment run" if k == 0 else f"stage {k + 1} slowest run"] = max(
+                    (_exec.fragment_timings(o).get("run", 0.0) for o in outs), default=0.0
+                )
                 if plan.shuffle and k == 0 and len(plan.stages) > 1:
                     # map outputs: bytes per bucket; bucket i goes to the (i mod n)-th of the n
                     # reducers (in rounds: sub-bucket i + n * m is reducer i's m-th)
@@ -704,7 +714,10 @@ class StoreCore:
                             self.transport.action(nodes[n], "shuffle_drop", {"qid": plan.qid})
                         except Exception:  # noqa: BLE001, S110 - buckets of a dead query are dropped later
                             pass
-        return finish(plan.final, outs)
+        t0 = time.perf_counter()
+        out = finish(plan.final, outs)
+        plan.timings = {**plan.timings, **timings, "merge": time.perf_counter() - t0}
+        return out
 
     # ------------------------------------------------------------------ recovery
     def recover(
@@ -1003,7 +1016,7 @@ class StoreCore:
 
 def finish(final: dict[str, Any], outs: Sequence[pa.Table]) -> pa.Table:
     """The coordinator's merge of the last stage's outputs."""
-    t = _exec.concat(list(outs))
+    t = _exec.without_timings(_exec.concat(list(outs)))
     if final["kind"] == "agg":
         keys = final["keys"]
         aggs = [Agg(*a) for a in final["aggs"]]
