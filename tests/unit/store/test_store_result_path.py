@@ -59,8 +59,12 @@ def store(tmp_path_factory):
 
 
 GROUP_ON_KEY = Query("items", group_by=("l_oid",), aggs=(Agg("sum", "l_qty", "q"), Agg("count", "*", "n")))
+# on replica 0 (by l_oid): a group-by off its partition column, a shuffle
 GROUP_OFF_KEY = Query(
-    "items", group_by=("l_part",), aggs=(Agg("sum", "l_qty", "q"), Agg("mean", "l_qty", "m"))
+    "items",
+    group_by=("l_part",),
+    aggs=(Agg("sum", "l_qty", "q"), Agg("mean", "l_qty", "m")),
+    replica=0,
 )
 JOIN = Query(
     "orders",
@@ -91,3 +95,22 @@ def test_a_run_reports_its_phases_and_the_result_carries_none(store, q):
     # a plan from the cache reports its own run, not the one it was cached from
     again, plan2 = store.query(q)
     assert plan2.cached and plan2 is not plan and "timings: " in plan2.explain_text()
+
+
+def test_the_benchmark_reads_a_model_plans_phases(store):
+    """``microco bench store`` records each plan's phases from its EXPLAIN (``_phases``): a
+    shuffle's second stage too."""
+    from microco.benchmarks.store import _phases
+
+    _, plan = store.query(GROUP_OFF_KEY)
+    assert plan.kind == "agg_shuffle"
+    got = _phases(plan.explain_text())
+    for k in (
+        "plan_s",
+        "fragments_s",
+        "slowest_fragment_run_s",
+        "stage_2_s",
+        "stage_2_slowest_run_s",
+        "merge_s",
+    ):
+        assert k in got and got[k] >= 0.0, got
