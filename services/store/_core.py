@@ -689,7 +689,8 @@ class StoreCore:
             outs: list[pa.Table] = []
             for k, stage in enumerate(plan.stages):
                 t0 = time.perf_counter()
-                outs = self._run_stage(stage, nodes, reuse)
+                # each task's own seconds come back with its result (``_exec.run_task``)
+                outs = self._run_stage([(n, {**t, "timings": True}) for n, t in stage], nodes, reuse)
                 # a stage's wall time (its tasks run at once, their results received here), and
                 # its slowest task's own run on its node (the rest: waiting, Flight, the result's IPC)
                 timings["fragments" if k == 0 else f"stage {k + 1}"] = time.perf_counter() - t0

@@ -448,8 +448,9 @@ def fragment_timings(t: pa.Table) -> dict[str, float]:
 
 def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
     """Run one plan task; returns its output rows (for ``map``: rows per bucket). A task of the
-    JSON model's plans carries its own seconds (``run``) in its result's metadata."""
-    if task["op"] == "sql":
+    JSON model's plans that asks (``timings``: the coordinator's, not a ``PlanRead`` client's,
+    whose rows are the table's) carries its own seconds (``run``) in its result's metadata."""
+    if task["op"] == "sql" or not task.get("timings"):
         return _run_task(env, task)
     t0 = time.perf_counter()
     out = _run_task(env, task)

@@ -114,3 +114,16 @@ def test_the_benchmark_reads_a_model_plans_phases(store):
         "merge_s",
     ):
         assert k in got and got[k] >= 0.0, got
+
+
+def test_a_task_carries_its_seconds_only_when_the_coordinator_asks(store):
+    """The coordinator's tasks bring their seconds back; the same task as a ``PlanRead`` client
+    reads it (the plan's task as planned) brings the rows alone."""
+    plan = store.plan(GROUP_ON_KEY)
+    node, task = plan.stages[0][0]
+    info = plan.nodes[node]
+    plain = store.transport.run_task(info, task)
+    assert TIMINGS_META not in (plain.schema.metadata or {})
+    asked = store.transport.run_task(info, {**task, "timings": True})
+    assert TIMINGS_META in (asked.schema.metadata or {})
+    assert asked.select(plain.schema.names).equals(plain)
