@@ -1,6 +1,5 @@
 """The JSON model's result path: what a run reports of its phases, and the shapes a result takes
-from the nodes to the coordinator and to the client (docs/store.md, "The matched plans' result
-path")."""
+from the nodes to the coordinator (docs/store.md, "Where a matched plan's time goes")."""
 
 from __future__ import annotations
 
