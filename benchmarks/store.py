@@ -748,6 +748,12 @@ def main(argv: list[str] | None = None) -> int:
                     "shuffle_median_s": round(shuffle_med, 4),
                     "duckdb_median_s": round(duck_med, 4),
                     "shuffle_over_matched_median": round(shuffle_med / matched_med, 2),
+                    # where the last run's time went, by the coordinator (EXPLAIN's timings):
+                    # plan, fragments (the nodes' tasks and their results received), the slowest
+                    # fragment's own run on its node, a shuffle's second stage, merge; the rest
+                    # of a run's time is the result's way to the client (gRPC, IPC)
+                    "matched_phases": _phases(matched_plan.get("explain", "")),
+                    "shuffle_phases": _phases(shuffle_plan.get("explain", "")),
                     "matched_moved_bytes": matched_plan.get("moved_bytes", 0),
                     "shuffle_moved_bytes": shuffle_plan.get("moved_bytes", 0),
                     "matched_plan": matched_plan["kind"],

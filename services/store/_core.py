@@ -478,7 +478,9 @@ class StoreCore:
         tasks: dict[tuple[str, str], Future[pa.Table]] = {}
 
         def attempt(exclude: set[str]) -> tuple[pa.Table, Plan]:
+            t0 = time.perf_counter()
             plan = self.plan(q, exclude, qid=uuid.uuid4().hex[:12])
+            plan.timings = {"plan": time.perf_counter() - t0}
             return self._execute(plan, tasks), plan
 
         return self._with_retries(attempt)
@@ -751,10 +753,19 @@ class StoreCore:
         # the nodes the plan was made for (no second registry read); one dead since is a failed task
         nodes = plan.nodes or {n.name: n for n in self.transport.live_nodes()}
         reuse = earlier if len(plan.stages) == 1 and not plan.shuffle else None
+        timings: dict[str, float] = {}
         try:
             outs: list[pa.Table] = []
             for k, stage in enumerate(plan.stages):
-                outs = self._run_stage(stage, nodes, reuse)
+                t0 = time.perf_counter()
+                # each task's own seconds come back with its result (``_exec.run_task``)
+                outs = self._run_stage([(n, {**t, "timings": True}) for n, t in stage], nodes, reuse)
+                # a stage's wall time (its tasks run at once, their results received here), and
+                # its slowest task's own run on its node (the rest: waiting, Flight, the result's IPC)
+                timings["fragments" if k == 0 else f"stage {k + 1}"] = time.perf_counter() - t0
+                timings["slowest fragment run" if k == 0 else f"stage {k + 1} slowest run"] = max(
+                    (_exec.fragment_timings(o).get("run", 0.0) for o in outs), default=0.0
+                )
                 if plan.shuffle and k == 0 and len(plan.stages) > 1:
                     # map outputs: bytes per bucket; bucket i goes to the (i mod n)-th of the n
                     # reducers (in rounds: sub-bucket i + n * m is reducer i's m-th)
@@ -777,7 +788,10 @@ class StoreCore:
                             self._pool.submit(self._drop_shuffle, nodes[n], plan.qid)
                         except RuntimeError:  # (the core is closing: its nodes' buckets go with them)
                             break
-        return finish(plan.final, outs)
+        t0 = time.perf_counter()
+        out = finish(plan.final, outs)
+        plan.timings = {**plan.timings, **timings, "merge": time.perf_counter() - t0}
+        return out
 
     def _drop_shuffle(self, node: NodeInfo, qid: str) -> None:
         try:
@@ -1082,7 +1096,7 @@ class StoreCore:
 
 def finish(final: dict[str, Any], outs: Sequence[pa.Table]) -> pa.Table:
     """The coordinator's merge of the last stage's outputs."""
-    t = _exec.concat(list(outs))
+    t = _exec.without_timings(_exec.concat(list(outs)))
     if final["kind"] == "agg":
         keys = final["keys"]
         aggs = [Agg(*a) for a in final["aggs"]]

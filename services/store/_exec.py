@@ -447,7 +447,27 @@ def fragment_timings(t: pa.Table) -> dict[str, float]:
 
 
 def run_task(env: Env, task: dict[str, Any]) -> pa.Table:
-    """Run one plan task; returns its output rows (for ``map``: rows per bucket)."""
+    """Run one plan task; returns its output rows (for ``map``: rows per bucket). A task of the
+    JSON model's plans that asks (``timings``: the coordinator's, not a ``PlanRead`` client's,
+    whose rows are the table's) carries its own seconds (``run``) in its result's metadata."""
+    if task["op"] == "sql" or not task.get("timings"):
+        return _run_task(env, task)
+    t0 = time.perf_counter()
+    out = _run_task(env, task)
+    took = json.dumps({"run": time.perf_counter() - t0}).encode()
+    return out.replace_schema_metadata({**(out.schema.metadata or {}), TIMINGS_META: took})
+
+
+def without_timings(t: pa.Table) -> pa.Table:
+    """``t`` without a fragment's ``TIMINGS_META`` (what a result carries out is its own)."""
+    meta = t.schema.metadata
+    if not meta or TIMINGS_META not in meta:
+        return t
+    rest = {k: v for k, v in meta.items() if k != TIMINGS_META}
+    return t.replace_schema_metadata(rest or None)
+
+
+def _run_task(env: Env, task: dict[str, Any]) -> pa.Table:
     op = task["op"]
     if op == "sql":
         from ._sql import run_fragment, task_keys

@@ -67,11 +67,16 @@ class Plan:
     moved_bytes: int = 0
     cached: bool = False  # reused from the coordinator's plan cache (``StoreCore.plan``)
     nodes: dict[str, Any] = field(default_factory=dict, repr=False)  # what the run calls: name -> NodeInfo
+    # seconds per phase of the last run (``StoreCore.query``): plan, fragments (the nodes' tasks,
+    # their results received), the slowest fragment's own run, merge; EXPLAIN's ``timings:`` line
+    timings: dict[str, float] = field(default_factory=dict)
 
     def explain_text(self) -> str:
         lines = self.explain + (
             ["plan cache: reused (same query, catalog version and live nodes)"] if self.cached else []
         )
+        if self.timings:
+            lines.append("timings: " + ", ".join(f"{k} {v:.4f} s" for k, v in self.timings.items()))
         return "\n".join(lines)
 
     def reused(self, qid: str, nodes: dict[str, Any]) -> Plan:
@@ -80,7 +85,9 @@ class Plan:
         stages = [
             [(n, {**t, "qid": qid} if "qid" in t else dict(t)) for n, t in stage] for stage in self.stages
         ]
-        return replace(self, qid=qid, stages=stages, explain=list(self.explain), cached=True, nodes=nodes)
+        return replace(
+            self, qid=qid, stages=stages, explain=list(self.explain), cached=True, nodes=nodes, timings={}
+        )
 
 
 def _schema_b64(schema: pa.Schema) -> str:
