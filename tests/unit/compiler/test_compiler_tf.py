@@ -337,3 +337,37 @@ def test_a_committed_step_calls_the_committed_function_directly():
     astra.session.record = refuse
     loss = astra.step(x, y)
     assert calls == [1] and isinstance(loss, float) and np.isfinite(loss)
+
+
+def test_a_model_whose_input_is_a_dict_of_named_tensors_trains(tmp_path):
+    """Issue 18, session 27: keras-hub's models take a dict of named inputs (token ids and a
+    padding mask); the graph's key read ``x.shape`` and the first step raised AttributeError,
+    ending the user's training. The key now reads each named input's shape and dtype; the step
+    trains as the same model called directly does."""
+    from microco.clients.compiler._tf_cost import XlaCostModel
+
+    keras = tf.keras
+    ids = keras.Input((6,), dtype="int32", name="token_ids")
+    mask = keras.Input((6,), dtype="int32", name="padding_mask")
+    h = keras.layers.Embedding(20, 8)(ids)
+    out = keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(h, mask=mask))
+    tf.random.set_seed(0)
+    model = keras.Model({"token_ids": ids, "padding_mask": mask}, out)
+    x = {
+        "token_ids": tf.constant(np.arange(24).reshape(4, 6) % 20, tf.int32),
+        "padding_mask": tf.ones((4, 6), tf.int32),
+    }
+    y = tf.constant([0, 1, 2, 0])
+    astra = _tf.AstraTF(
+        model,
+        keras.optimizers.SGD(0.5),
+        zt.loss_fn,
+        LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1)),
+        total_steps=3,
+        cost_model=XlaCostModel("hw", tmp_path / "rate.json"),
+    )
+    astra.XLA_PRICING_SHARE = 0.0  # XLA unpriced, so pruned: no compile in a unit test
+    losses = [astra.step(x, y) for _ in range(5)]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+    assert "token_ids=(4, 6):int32" in astra.session.spec.input_shapes
+    assert _tf.input_signature(tf.zeros((2, 3))) == "(2, 3):float32"  # a tensor's, as before
