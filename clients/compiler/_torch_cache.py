@@ -443,13 +443,29 @@ def warm_signal(
 ) -> bool:
     """Does Inductor's cache here hold a compile of ``model``'s whole step (see above)? Entries
     not read within ``budget_ms`` count as not holding it (:meth:`CompiledSteps.scan`)."""
+    return read_signal(model, args, kwargs, root, index, budget_ms)[0]
+
+
+def read_signal(
+    model: Any,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    root: Path | None = None,
+    index: Path | None = None,
+    budget_ms: float = math.inf,
+) -> tuple[bool, bool]:
+    """(the signal, whether the cache was read whole): :func:`warm_signal`, and whether its
+    "no" is an answer: every entry read within ``budget_ms`` (a cache left partly unread, or
+    none found, says nothing of the entries not read)."""
     root = root if root is not None else inductor_cache_dir()
     if root is None:
-        return False
-    steps = CompiledSteps(root, index).scan(budget_ms)
+        return False, False
+    scanner = CompiledSteps(root, index)
+    steps = scanner.scan(budget_ms)
+    complete = not scanner.truncated
     if not steps:
-        return False
+        return False, complete
     shapes = model_inputs_shapes(model, args, kwargs)
     extra = sum(1 for _ in model.buffers())
     files = model_source_files(model)
-    return any(matches(s, shapes, extra, files) for s in steps)
+    return any(matches(s, shapes, extra, files) for s in steps), complete
