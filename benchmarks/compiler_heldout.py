@@ -1,7 +1,8 @@
 """Held-out models for the compiler's public-corpus runner (issue 18): public models that are not
 in the corpus (``transformers``' LlamaForCausalLM, DistilBertForSequenceClassification and
 BartForConditionalGeneration from tiny configs, no weights; since session 27 lucidrains'
-``x-transformers`` (a decoder-only LM with rotary embeddings, and an encoder with other options)
+``x-transformers`` (a decoder-only LM with rotary embeddings, the same with its layers' weights
+tied, and an encoder with other options)
 and ``keras-hub`` (GPT-2 causal LM and a BERT classifier from 2-layer configs), each skipped
 with the reason when its package is not importable), measured by the same runner as the
 corpus (``compiler_corpus.bench_case``): eager, ``torch.compile`` and microco per run length
@@ -12,7 +13,7 @@ length's total is a contender's measured first steps (compile, exploration, a wa
 plus the remaining steps at its interleaved median (the JSON's ``totals``).
 
 ``microco bench compiler --corpus heldout [--models hf-llama,hf-distilbert,hf-bart,xt-decoder,xt-encoder,
-khub-gpt2,khub-bert] --json``,
+xt-tied,khub-gpt2,khub-bert] --json``,
 or ``python -m microco.benchmarks.compiler_heldout [the same options]``.
 """
 
@@ -24,7 +25,7 @@ from typing import Any
 from .compiler_corpus import HF_BATCH, HF_LEN, HF_VOCAB, SKIPPED, Case, hf_ids, transformers_or_skip
 
 HF_MODELS = ("hf-llama", "hf-distilbert", "hf-bart")
-XT_MODELS = ("xt-decoder", "xt-encoder")  # lucidrains' x-transformers (PyPI: x-transformers)
+XT_MODELS = ("xt-decoder", "xt-encoder", "xt-tied")  # lucidrains' x-transformers (PyPI: x-transformers)
 KHUB_MODELS = ("khub-gpt2", "khub-bert")  # keras-hub (PyPI: keras-hub), TensorFlow backend
 MODELS = HF_MODELS + XT_MODELS + KHUB_MODELS
 
@@ -107,6 +108,15 @@ def _xt_heldout() -> list[Case]:
         )  # fmt: skip
         return xt.AutoregressiveWrapper(net)
 
+    def tied() -> Any:
+        # One attention block and one feed-forward, their weights tied across 4 layers: the same
+        # modules called 4 times a step (x-transformers' ``weight_tie_layers``)
+        net = xt.TransformerWrapper(
+            num_tokens=V, max_seq_len=L,
+            attn_layers=xt.Decoder(dim=64, depth=4, heads=4, weight_tie_layers=True, rotary_pos_emb=True),
+        )  # fmt: skip
+        return xt.AutoregressiveWrapper(net)
+
     class Classifier(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -142,6 +152,13 @@ def _xt_heldout() -> list[Case]:
             Classifier,
             ids,
             cls,
+        ),
+        Case(
+            "xt-tied",
+            "x_transformers.TransformerWrapper(Decoder, weight_tie_layers) + AutoregressiveWrapper",
+            tied,
+            ids,
+            lm,
         ),
     ]
 
