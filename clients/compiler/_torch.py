@@ -361,8 +361,9 @@ class AstraTorch(SessionBacked):
         # Does Inductor's cache hold this model's whole step, compiled by any program (read without
         # a trace, ``_warm_signal``)? None: not read.
         self.warm_signal: bool | None = None
-        # ... and whether that read covered the whole cache (its "no" then an answer: no program
-        # compiled this step here, and an ask would find it cold)
+        # ... and whether its "no" is certain (``read_signal``: the whole cache read, and no entry
+        # traced from the model's source files): no program compiled this step here, and an ask
+        # would find it cold
         self.warm_signal_complete = False
         self.whole_rewrites = -1  # products the graph passes changed at the probe (-1: not asked)
         self._probe_charge_ms = 0.0  # the probe's cost, charged to the first step that uses it
@@ -893,12 +894,12 @@ class AstraTorch(SessionBacked):
                 and self._cache_lacks_step(price)
             ):
                 # What the ask can find: a hit, or a cold answer, which leaves the compile at its
-                # cold price. The caches, read whole without a trace, hold no compile of this step
-                # (a "no" the signal gave on 3 of 3 cold asks, and a "yes" on 7 of 7 hits: "A cache
-                # warmed by another program"), and no cold compile of it could be repaid by this
-                # run: the ask would buy nothing (issue 18, session 27: x-transformers' decoder at
-                # 5,000 steps, never compiled here, asked in 4.7 s, 6% of its run, answered cold;
-                # its compile priced 94 s before and after against 19 s to save).
+                # cold price. The caches, read whole without a trace, surely hold no compile of
+                # this step (no entry traced a line of the model's source files), and no cold
+                # compile of it could be repaid by this run: the ask would buy nothing (issue
+                # 18, session 27: x-transformers' decoder at 5,000 steps, never compiled here,
+                # asked in 4.7 s, 6% of its run, answered cold; its compile priced 94 s before
+                # and after against 19 s to save).
                 log.info(
                     "whole-step compile (plain): not asked, the caches hold no compile of this "
                     "step and a cold compile cannot be repaid (ask %.0f ms)",
@@ -991,7 +992,8 @@ class AstraTorch(SessionBacked):
         return self._optimistic_saving_ms(step_ms, kind) > price
 
     def _cache_lacks_step(self, budget_ms: float) -> bool:
-        """Did a read of Inductor's caches, whole, find no compile of this step (``read_signal``)?"""
+        """Did a read of Inductor's caches find surely no compile of this step (``read_signal``:
+        read whole, and no entry traced from the model's source files)?"""
         return not self._warm_signal(budget_ms) and self.warm_signal_complete
 
     def _warm_signal(self, budget_ms: float) -> bool:

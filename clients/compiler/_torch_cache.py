@@ -454,9 +454,10 @@ def read_signal(
     index: Path | None = None,
     budget_ms: float = math.inf,
 ) -> tuple[bool, bool]:
-    """(the signal, whether the cache was read whole): :func:`warm_signal`, and whether its
-    "no" is an answer: every entry read within ``budget_ms`` (a cache left partly unread, or
-    none found, says nothing of the entries not read)."""
+    """(the signal, whether the caches surely hold no compile of ``model``): :func:`warm_signal`,
+    and whether its "no" is certain: every entry was read within ``budget_ms`` and none traced a
+    line of any of the model's source files (by name, torch's own layers' included). A "no" of the
+    signal alone is not: a step dynamo split into several graphs matches no one graph's inputs."""
     root = root if root is not None else inductor_cache_dir()
     if root is None:
         return False, False
@@ -468,4 +469,8 @@ def read_signal(
     shapes = model_inputs_shapes(model, args, kwargs)
     extra = sum(1 for _ in model.buffers())
     files = model_source_files(model)
-    return any(matches(s, shapes, extra, files) for s in steps), complete
+    if any(matches(s, shapes, extra, files) for s in steps):
+        return True, False
+    names = {os.path.basename(f) for f in files}
+    related = any(os.path.basename(f) in names for s in steps for f in s.lines)
+    return False, complete and not related

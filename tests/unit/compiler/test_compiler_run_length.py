@@ -256,14 +256,18 @@ def test_an_ask_never_made_for_this_graph_is_priced_by_its_eager_step(tmp_path):
     assert a._probe_price_ms() == pytest.approx(300.0)
 
 
-def test_an_ask_that_can_only_answer_cold_for_a_compile_no_run_repays_is_not_made(tmp_path):
+def test_an_ask_that_can_only_answer_cold_for_a_compile_no_run_repays_is_not_made(tmp_path, monkeypatch):
     """x-transformers' decoder at 5,000 steps (issue 18, session 27): never compiled here, its
     ask fit 5% of the run and was made (4.7 s, 6% of the run), answered cold, and its compile
     stayed priced at 94 s against 19 s to save: an ask that bought nothing. The caches, read whole
     without a trace, hold no compile of the step (an empty Inductor cache here), and no cold
     compile of it can be repaid: no ask, and no capture (what it finds is a cold compile too).
-    Where one can be repaid, or where the read did not cover the cache, both run as before."""
-    pytest.importorskip("torch")
+    Where one can be repaid, where the read did not cover the cache, or where the cache holds a
+    graph traced from the model's source files, the ask runs as before."""
+    import inspect
+    import os
+
+    torch = pytest.importorskip("torch")
     from microco.clients.compiler._compile_costs import HostCompileCosts
     from microco.clients.compiler._torch import AstraTorch
 
@@ -281,6 +285,20 @@ def test_an_ask_that_can_only_answer_cold_for_a_compile_no_run_repays_is_not_mad
     b = _probing_astra(costs, 5000)
     b.warm_signal, b.warm_signal_complete = False, False
     assert b._worth_cache_probe(step_ms)
+    # A cache holding a graph dynamo traced from one of the model's source files (here
+    # ``nn.Linear``'s), though no one graph matches the model (a step split by graph breaks, say):
+    # it may be this model's, asked; one traced only from another model's files says nothing of it
+    from microco.clients.compiler import _torch_cache
+
+    def asks_with_cache_of(path):
+        step = _torch_cache.CompiledStep(("9,9",), {path: [(1, "return x")]}, torch.__version__)
+        with monkeypatch.context() as m:
+            m.setattr(_torch_cache.CompiledSteps, "scan", lambda self, budget_ms=0: [step])
+            return _probing_astra(costs, 5000)._worth_cache_probe(step_ms)
+
+    linear_py = os.path.basename(inspect.getsourcefile(torch.nn.Linear))
+    assert asks_with_cache_of(f"/elsewhere/{linear_py}")
+    assert not asks_with_cache_of("/elsewhere/another_model.py")
     # A cold compile this host measured for the graph at 5 s, which the run repays: asked, captured
     costs.record(hw, "torch:whole:plain", 5000.0, graph=graph)
     costs.record(hw, "torch:whole:rewrite", 5000.0, graph=graph)
