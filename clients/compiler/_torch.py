@@ -364,7 +364,7 @@ class AstraTorch(SessionBacked):
         # ... and whether its "no" is certain (``read_signal``: the whole cache read, and no entry
         # traced from the model's source files): no program compiled this step here, and an ask
         # would find it cold
-        self.warm_signal_complete = False
+        self.warm_absent = False
         self.whole_rewrites = -1  # products the graph passes changed at the probe (-1: not asked)
         self._probe_charge_ms = 0.0  # the probe's cost, charged to the first step that uses it
         self._probe_charge_cpu_ms = 0.0  # ... its thread's CPU time
@@ -994,7 +994,7 @@ class AstraTorch(SessionBacked):
     def _cache_lacks_step(self, budget_ms: float) -> bool:
         """Did a read of Inductor's caches find surely no compile of this step (``read_signal``:
         read whole, and no entry traced from the model's source files)?"""
-        return not self._warm_signal(budget_ms) and self.warm_signal_complete
+        return not self._warm_signal(budget_ms) and self.warm_absent
 
     def _warm_signal(self, budget_ms: float) -> bool:
         """Do Inductor's caches here hold a compile of this model's whole step, by any program
@@ -1004,7 +1004,7 @@ class AstraTorch(SessionBacked):
             started = time.perf_counter()
             try:
                 index = self.compile_costs.path.parent / "inductor_steps.json"
-                self.warm_signal, self.warm_signal_complete = read_signal(
+                self.warm_signal, self.warm_absent = read_signal(
                     self.model,
                     self._example_args or (),
                     self._example_kwargs,
@@ -1013,7 +1013,7 @@ class AstraTorch(SessionBacked):
                 )
             except Exception as exc:  # noqa: BLE001 - an unreadable cache signals nothing
                 log.info("Inductor's caches not read (%s)", exc)
-                self.warm_signal, self.warm_signal_complete = False, False
+                self.warm_signal, self.warm_absent = False, False
             self._probe_spent_ms += (time.perf_counter() - started) * 1e3
         return self.warm_signal
 

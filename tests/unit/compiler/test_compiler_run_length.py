@@ -279,11 +279,11 @@ def test_an_ask_that_can_only_answer_cold_for_a_compile_no_run_repays_is_not_mad
             costs.record(hw, kind, ms, graph="another graph")
     step_ms = 10.0  # 5,000 steps: 50 s; 2.5 s for the probe, 12.5 s the optimistic saving
     assert not a._worth_cache_probe(step_ms)  # before: asked
-    assert a.warm_signal is False and a.warm_signal_complete  # the caches read, whole: no compile
+    assert a.warm_signal is False and a.warm_absent  # the caches surely hold no compile of it
     assert not a._worth_graph_capture(step_ms)  # before: captured
     # A read that did not cover the cache says nothing: asked
     b = _probing_astra(costs, 5000)
-    b.warm_signal, b.warm_signal_complete = False, False
+    b.warm_signal, b.warm_absent = False, False
     assert b._worth_cache_probe(step_ms)
     # A cache holding a graph dynamo traced from one of the model's source files (here
     # ``nn.Linear``'s), though no one graph matches the model (a step split by graph breaks, say):
