@@ -1,6 +1,10 @@
 """Held-out models for the compiler's public-corpus runner (issue 18): public models that are not
 in the corpus (``transformers``' LlamaForCausalLM, DistilBertForSequenceClassification and
-BartForConditionalGeneration from tiny configs, no weights), measured by the same runner as the
+BartForConditionalGeneration from tiny configs, no weights; since session 27 lucidrains'
+``x-transformers`` (a decoder-only LM with rotary embeddings, the same with its layers' weights
+tied, and an encoder with other options)
+and ``keras-hub`` (GPT-2 causal LM and a BERT classifier from 2-layer configs), each skipped
+with the reason when its package is not importable), measured by the same runner as the
 corpus (``compiler_corpus.bench_case``): eager, ``torch.compile`` and microco per run length
 (300, 1,000, 5,000), each a first run on this machine told that length, then all interleaved
 with an A/A control (a second eager instance; the rounds' orders balanced so that each runs
@@ -8,7 +12,8 @@ after each other equally often; medians of wall and of process CPU time per step
 length's total is a contender's measured first steps (compile, exploration, a warm-up step)
 plus the remaining steps at its interleaved median (the JSON's ``totals``).
 
-``microco bench compiler --corpus heldout [--models hf-llama,hf-distilbert,hf-bart] --json``,
+``microco bench compiler --corpus heldout [--models hf-llama,hf-distilbert,hf-bart,xt-decoder,xt-encoder,
+xt-tied,khub-gpt2,khub-bert] --json``,
 or ``python -m microco.benchmarks.compiler_heldout [the same options]``.
 """
 
@@ -17,13 +22,32 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .compiler_corpus import HF_LEN, HF_VOCAB, Case, hf_ids, transformers_or_skip
+from .compiler_corpus import HF_BATCH, HF_LEN, HF_VOCAB, SKIPPED, Case, hf_ids, transformers_or_skip
 
-MODELS = ("hf-llama", "hf-distilbert", "hf-bart")
+HF_MODELS = ("hf-llama", "hf-distilbert", "hf-bart")
+XT_MODELS = ("xt-decoder", "xt-encoder", "xt-tied")  # lucidrains' x-transformers (PyPI: x-transformers)
+KHUB_MODELS = ("khub-gpt2", "khub-bert")  # keras-hub (PyPI: keras-hub), TensorFlow backend
+MODELS = HF_MODELS + XT_MODELS + KHUB_MODELS
 
 
 def heldout() -> list[Case]:
-    tr = transformers_or_skip(MODELS)
+    return _hf_heldout() + _xt_heldout() + _khub_heldout()
+
+
+def _import_or_skip(module: str, names: tuple[str, ...], pip: str) -> Any:
+    """``module`` imported, or None with ``names`` reported skipped (the reason in ``SKIPPED``)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a package that fails as it imports
+        why = f"{module} is not importable ({type(exc).__name__}: {exc}); pip install {pip}"
+        SKIPPED.update(dict.fromkeys(names, why))
+        return None
+
+
+def _hf_heldout() -> list[Case]:
+    tr = transformers_or_skip(HF_MODELS)
     if tr is None:
         return []
     V, L, ids = HF_VOCAB, HF_LEN, hf_ids
@@ -61,6 +85,130 @@ def heldout() -> list[Case]:
         Case("hf-llama", "transformers.LlamaForCausalLM", llama, ids, lm),
         Case("hf-distilbert", "transformers.DistilBertForSequenceClassification", distilbert, ids, cls),
         Case("hf-bart", "transformers.BartForConditionalGeneration", bart, ids, lm),
+    ]
+
+
+def _xt_heldout() -> list[Case]:
+    """x-transformers' own wrappers from small configs: a decoder-only LM with rotary position
+    embeddings trained by the package's ``AutoregressiveWrapper`` (its next-token loss), and an
+    encoder with GLU feed-forwards, RMSNorm, T5's relative position bias and memory key/values,
+    mean-pooled into a 3-class head (the head the only code written here)."""
+    xt = _import_or_skip("x_transformers", XT_MODELS, "x-transformers")
+    if xt is None:
+        return []
+    import torch
+    from torch import nn
+
+    V, L, ids = HF_VOCAB, HF_LEN, hf_ids
+
+    def decoder() -> Any:
+        net = xt.TransformerWrapper(
+            num_tokens=V, max_seq_len=L,
+            attn_layers=xt.Decoder(dim=64, depth=2, heads=4, rotary_pos_emb=True),
+        )  # fmt: skip
+        return xt.AutoregressiveWrapper(net)
+
+    def tied() -> Any:
+        # One attention block and one feed-forward, their weights tied across 4 layers: the same
+        # modules called 4 times a step (x-transformers' ``weight_tie_layers``)
+        net = xt.TransformerWrapper(
+            num_tokens=V, max_seq_len=L,
+            attn_layers=xt.Decoder(dim=64, depth=4, heads=4, weight_tie_layers=True, rotary_pos_emb=True),
+        )  # fmt: skip
+        return xt.AutoregressiveWrapper(net)
+
+    class Classifier(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc = xt.TransformerWrapper(
+                num_tokens=V, max_seq_len=L, return_only_embed=True,
+                attn_layers=xt.Encoder(
+                    dim=64, depth=2, heads=4, ff_glu=True, use_rmsnorm=True, rel_pos_bias=True,
+                    attn_num_mem_kv=4,
+                ),
+            )  # fmt: skip
+            self.head = nn.Linear(64, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.enc(x).mean(1))
+
+    def lm(m: Any, x: Any, y: Any) -> Any:
+        return m(x)
+
+    def cls(m: Any, x: Any, y: Any) -> Any:
+        return nn.functional.cross_entropy(m(x), y)
+
+    return [
+        Case(
+            "xt-decoder",
+            "x_transformers.TransformerWrapper(Decoder, rotary) + AutoregressiveWrapper",
+            decoder,
+            ids,
+            lm,
+        ),
+        Case(
+            "xt-encoder",
+            "x_transformers.TransformerWrapper(Encoder, glu/rmsnorm/rel-pos/mem-kv)",
+            Classifier,
+            ids,
+            cls,
+        ),
+        Case(
+            "xt-tied",
+            "x_transformers.TransformerWrapper(Decoder, weight_tie_layers) + AutoregressiveWrapper",
+            tied,
+            ids,
+            lm,
+        ),
+    ]
+
+
+def _khub_heldout() -> list[Case]:
+    """keras-hub's GPT-2 causal LM and BERT text classifier from 2-layer configs (no presets, no
+    weights, no preprocessor): the models take keras-hub's dict of token ids and padding mask
+    (and segment ids for BERT), as their own ``fit`` would be given."""
+    kh = _import_or_skip("keras_hub", KHUB_MODELS, "keras-hub")  # (it imports TensorFlow)
+    if kh is None:
+        return []
+    import keras
+    import tensorflow as tf
+
+    V, B, L = HF_VOCAB, HF_BATCH, HF_LEN
+    size: dict[str, Any] = dict(
+        vocabulary_size=V, num_layers=2, num_heads=2, hidden_dim=64, intermediate_dim=128,
+        max_sequence_length=L, dropout=0.0,
+    )  # fmt: skip
+
+    def gpt2() -> Any:
+        return kh.models.GPT2CausalLM(backbone=kh.models.GPT2Backbone(**size), preprocessor=None)
+
+    def bert() -> Any:
+        backbone = kh.models.BertBackbone(**size)
+        return kh.models.BertTextClassifier(backbone=backbone, num_classes=3, preprocessor=None, dropout=0.0)
+
+    def tokens(g: Any) -> Any:
+        return g.uniform((B, L), 0, V, dtype=tf.int32)
+
+    def lm_batch() -> tuple[Any, ...]:
+        g = tf.random.Generator.from_seed(6)
+        x = tokens(g)  # the labels: the next token (the last one wraps around)
+        return {"token_ids": x, "padding_mask": tf.ones((B, L), tf.int32)}, tf.roll(x, -1, axis=1)
+
+    def cls_batch() -> tuple[Any, ...]:
+        g = tf.random.Generator.from_seed(7)
+        x = {
+            "token_ids": tokens(g),
+            "padding_mask": tf.ones((B, L), tf.int32),
+            "segment_ids": tf.zeros((B, L), tf.int32),
+        }
+        return x, g.uniform((B,), 0, 3, dtype=tf.int32)
+
+    def ce(out: Any, y: Any) -> Any:
+        return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, out, from_logits=True))
+
+    return [
+        Case("khub-gpt2", "keras_hub.models.GPT2CausalLM", gpt2, lm_batch, ce, "tensorflow"),
+        Case("khub-bert", "keras_hub.models.BertTextClassifier", bert, cls_batch, ce, "tensorflow"),
     ]
 
 

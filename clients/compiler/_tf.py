@@ -140,6 +140,23 @@ def _run_model_loop(model: Any, graphs: list[CellGraph], x: tf.Tensor, hoist: bo
     return model.head(seq[-1])
 
 
+def input_signature(value: Any) -> str:
+    """The shapes and dtypes of a step's input (or labels), for the graph's key: a tensor's
+    ``(4, 32):int32``, as before, or for a nest of tensors (a Keras model's dict of named inputs,
+    keras-hub's ``{"token_ids": ..., "padding_mask": ...}``; a list, a tuple) each leaf's under its
+    name, in a fixed order. Issue 18, session 27: the key read ``x.shape`` and a dict input
+    stopped the user's training at the first step (``AttributeError``)."""
+    if isinstance(value, dict):
+        inner = ",".join(f"{k}={input_signature(value[k])}" for k in sorted(value, key=str))
+        return "{" + inner + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(input_signature(v) for v in value) + "]"
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None:
+        return type(value).__name__
+    return f"{tuple(shape)}:{getattr(dtype, 'name', dtype)}"
+
+
 def tf_hardware_id() -> str:
     import os
     import platform
@@ -398,7 +415,7 @@ class AstraTF(SessionBacked):
     def _size_key(self, x: tf.Tensor, y: tf.Tensor) -> str:
         shapes = ";".join(f"{tuple(v.shape)}" for v in self.model.trainable_variables)
         cells = self.structure if self.structured else "-"
-        input_shapes = f"{tuple(x.shape)}:{x.dtype.name};{tuple(y.shape)}:{y.dtype.name}"
+        input_shapes = f"{input_signature(x)};{input_signature(y)}"
         structure = f"{type(self.model).__name__}|{cells}|{shapes}|{input_shapes}"
         return hashlib.sha256(structure.encode()).hexdigest()[:24]
 
@@ -433,7 +450,7 @@ class AstraTF(SessionBacked):
         hardware = tf_hardware_id()
         shapes = ";".join(f"{tuple(v.shape)}" for v in self.model.trainable_variables)
         cells = self.structure if self.structured else "-"
-        input_shapes = f"{tuple(x.shape)}:{x.dtype.name};{tuple(y.shape)}:{y.dtype.name}"
+        input_shapes = f"{input_signature(x)};{input_signature(y)}"
         if self.xla:
             if self.cost_model is None:
                 self.cost_model = XlaCostModel(hardware, default_cost_file())

@@ -72,6 +72,16 @@ def shadow_inputs(concrete: Any, variables: list[Any]) -> list[Any] | None:
     return out
 
 
+def _flat_inputs(*values: Any) -> list[Any]:
+    """A step's inputs as its concrete function's flat arguments: a nest of tensors (a Keras
+    model's dict of named inputs) is several, in ``tf.nest``'s order (a dict's by sorted key)."""
+    if not any(isinstance(v, (dict, list, tuple)) for v in values):
+        return list(values)
+    import tensorflow as tf
+
+    return list(tf.nest.flatten(list(values), expand_composites=True))
+
+
 class _Job:
     def __init__(self, values: dict[str, str], fid: int, kind: str, deadline_ms: float) -> None:
         self.values, self.fid, self.kind, self.deadline_ms = values, fid, kind, deadline_ms
@@ -173,11 +183,14 @@ class XlaWarmer:
             self.inline.add(fid)
             return
         job = _Job(values, fid, kind, owner._compile_deadline_ms(kind))
+        flat_inputs = _flat_inputs(x, y)
 
         def run() -> None:
             t0 = time.perf_counter()
             try:
-                concrete._call_flat([x, y], shadows)
+                # (the step's inputs as the function's flat arguments: a dict of named inputs,
+                # keras-hub's, is several; passed as one, the call was refused, issue 18, session 27)
+                concrete._call_flat(flat_inputs, shadows)
                 job.ms = (time.perf_counter() - t0) * 1e3
             except Exception as exc:  # noqa: BLE001 - reported; the trial compiles in line
                 job.error = f"{type(exc).__name__}: {exc}"[:300]

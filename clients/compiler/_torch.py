@@ -30,17 +30,17 @@ from microco.clients.compiler.explore.types import (
     Variable,
 )
 
-from . import _session
+from . import _compile_costs, _session
 from . import _torch_fx as tfx
 from ._background import BackgroundCompiler
-from ._compile_costs import HostCompileCosts, compile_deadline_ms, contention, most_saving_ms
+from ._compile_costs import HostCompileCosts, compile_deadline_ms, most_saving_ms
 from ._deadline import CompileDeadline, DeadlineTimer
 from ._guard import StepSnapshot
 from ._optim import FOREACH, FUSED, OPTIMIZER, StepOptimizers
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch_aot import AotRegion
-from ._torch_cache import WholeStepBackend, warm_signal
+from ._torch_cache import WholeStepBackend, read_signal
 from ._whole_price import probed_memory_format
 
 log = logging.getLogger(__name__)
@@ -361,6 +361,10 @@ class AstraTorch(SessionBacked):
         # Does Inductor's cache hold this model's whole step, compiled by any program (read without
         # a trace, ``_warm_signal``)? None: not read.
         self.warm_signal: bool | None = None
+        # ... and whether its "no" is certain (``read_signal``: the whole cache read, and no entry
+        # traced from the model's source files): no program compiled this step here, and an ask
+        # would find it cold
+        self.warm_absent = False
         self.whole_rewrites = -1  # products the graph passes changed at the probe (-1: not asked)
         self._probe_charge_ms = 0.0  # the probe's cost, charged to the first step that uses it
         self._probe_charge_cpu_ms = 0.0  # ... its thread's CPU time
@@ -632,7 +636,8 @@ class AstraTorch(SessionBacked):
             # (BART at load ~10: its ask priced 6 s alone at a ratio near 1 took 23.8 s).
             proc = (time.process_time() - self._process_started) * 1e3
             self._step_slowdown = max(1.0, ms / proc if proc > 0 else 1.0)
-            self._slowdown = max(self._step_slowdown, contention())
+            # (through the module: a test that pins ``_compile_costs.contention`` pins it here too)
+            self._slowdown = max(self._step_slowdown, _compile_costs.contention())
         if one and not _ran_alone((time.process_time() - self._process_started) * 1e3, cpu):
             # Other threads of this process worked during the step (a kernel compiled for more
             # threads, the user's own threads): this thread's time is not the step's work.
@@ -883,6 +888,24 @@ class AstraTorch(SessionBacked):
             return False  # measured here not faster than the baseline: what it finds would lose
         price = self._probe_price_ms()
         if self.total_steps * step_ms * self.CACHE_PROBE_SHARE > self._probe_spent_ms + price:
+            if (
+                kind == "plain"
+                and not self._cold_compile_could_pay(step_ms, kind)
+                and self._cache_lacks_step(price)
+            ):
+                # What the ask can find: a hit, or a cold answer, which leaves the compile at its
+                # cold price. The caches, read whole without a trace, surely hold no compile of
+                # this step (no entry traced a line of the model's source files), and no cold
+                # compile of it could be repaid by this run: the ask would buy nothing (issue
+                # 18, session 27: x-transformers' decoder at 5,000 steps, never compiled here,
+                # asked in 4.7 s, 6% of its run, answered cold; its compile priced 94 s before
+                # and after against 19 s to save).
+                log.info(
+                    "whole-step compile (plain): not asked, the caches hold no compile of this "
+                    "step and a cold compile cannot be repaid (ask %.0f ms)",
+                    price,
+                )
+                return False
             return True
         # Inductor's caches hold a compile of this model's whole step that some program left
         # here (``_torch_cache.warm_signal``, read without a trace): the ask is worth what the
@@ -949,6 +972,30 @@ class AstraTorch(SessionBacked):
     # another program".
     WARM_SIGNAL_PRIOR = (3.0, 1.0)
 
+    def _cold_compile_could_pay(self, step_ms: float, kind: str) -> bool:
+        """Could a cold compile of the whole step (``kind``) be repaid by this run, at ``step_ms``
+        a step? The run's optimistic saving (``_optimistic_saving_ms``) against the least the core
+        would price it at: this graph's cold compiles measured here, else its first price at a
+        size no smaller than one FX node per parameter tensor (the graph's inputs; its true size,
+        known only after a trace, is larger), else the cold prior at this process's slowdown (as
+        ``_variables`` prices it). In the background the compile is off the path: it may pay."""
+        if self._off_critical_path:
+            return True
+        family = f"torch:whole:{kind}"
+        size = self._whole_nodes.get(kind, 0)
+        price = self.compile_costs.estimate(self._hw, family, size, graph=self._cost_graph(), warm=False)
+        if price is None:
+            least = size or sum(1 for _ in self.model.parameters())
+            price = self.compile_costs.first_price(self._hw, family, least)
+        if price is None:
+            price = self.WHOLE_COMPILE_PRIOR_MS * self._slowdown
+        return self._optimistic_saving_ms(step_ms, kind) > price
+
+    def _cache_lacks_step(self, budget_ms: float) -> bool:
+        """Did a read of Inductor's caches find surely no compile of this step (``read_signal``:
+        read whole, and no entry traced from the model's source files)?"""
+        return not self._warm_signal(budget_ms) and self.warm_absent
+
     def _warm_signal(self, budget_ms: float) -> bool:
         """Do Inductor's caches here hold a compile of this model's whole step, by any program
         (``_torch_cache.warm_signal``, reading for at most ``budget_ms``)? Read once per run; its
@@ -957,7 +1004,7 @@ class AstraTorch(SessionBacked):
             started = time.perf_counter()
             try:
                 index = self.compile_costs.path.parent / "inductor_steps.json"
-                self.warm_signal = warm_signal(
+                self.warm_signal, self.warm_absent = read_signal(
                     self.model,
                     self._example_args or (),
                     self._example_kwargs,
@@ -966,7 +1013,7 @@ class AstraTorch(SessionBacked):
                 )
             except Exception as exc:  # noqa: BLE001 - an unreadable cache signals nothing
                 log.info("Inductor's caches not read (%s)", exc)
-                self.warm_signal = False
+                self.warm_signal, self.warm_absent = False, False
             self._probe_spent_ms += (time.perf_counter() - started) * 1e3
         return self.warm_signal
 
@@ -1186,6 +1233,10 @@ class AstraTorch(SessionBacked):
     def _worth_graph_capture(self, step_ms: float) -> bool:
         """Is a whole-step compile in the space, and is the run long enough to afford the trace?"""
         if "inductor" not in self.compile_choices or self._example_args is None:
+            return False
+        if not self._cold_compile_could_pay(step_ms, "rewrite"):
+            # What a capture finds is offered as the rewritten step's compile, cold (no ask
+            # follows it): one the run cannot repay is pruned, and the capture bought nothing.
             return False
         price = self._traced_price_ms(self.CAPTURE_KIND)
         return self.total_steps * step_ms * self.CACHE_PROBE_SHARE > self._probe_spent_ms + price

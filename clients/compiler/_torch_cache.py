@@ -443,13 +443,34 @@ def warm_signal(
 ) -> bool:
     """Does Inductor's cache here hold a compile of ``model``'s whole step (see above)? Entries
     not read within ``budget_ms`` count as not holding it (:meth:`CompiledSteps.scan`)."""
+    return read_signal(model, args, kwargs, root, index, budget_ms)[0]
+
+
+def read_signal(
+    model: Any,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    root: Path | None = None,
+    index: Path | None = None,
+    budget_ms: float = math.inf,
+) -> tuple[bool, bool]:
+    """(the signal, whether the caches surely hold no compile of ``model``): :func:`warm_signal`,
+    and whether its "no" is certain: every entry was read within ``budget_ms`` and none traced a
+    line of any of the model's source files (by name, torch's own layers' included). A "no" of the
+    signal alone is not: a step dynamo split into several graphs matches no one graph's inputs."""
     root = root if root is not None else inductor_cache_dir()
     if root is None:
-        return False
-    steps = CompiledSteps(root, index).scan(budget_ms)
+        return False, False
+    scanner = CompiledSteps(root, index)
+    steps = scanner.scan(budget_ms)
+    complete = not scanner.truncated
     if not steps:
-        return False
+        return False, complete
     shapes = model_inputs_shapes(model, args, kwargs)
     extra = sum(1 for _ in model.buffers())
     files = model_source_files(model)
-    return any(matches(s, shapes, extra, files) for s in steps)
+    if any(matches(s, shapes, extra, files) for s in steps):
+        return True, False
+    names = {os.path.basename(f) for f in files}
+    related = any(os.path.basename(f) in names for s in steps for f in s.lines)
+    return False, complete and not related

@@ -252,3 +252,27 @@ def test_a_load_is_priced_by_its_cpu_time_at_the_contention_now_and_never_below_
     assert costs.estimate("cpu", "torch:whole:plain", graph="g", warm=True) == pytest.approx(3_200.0)
     assert costs.estimate("cpu", "torch:whole:plain", graph="h", warm=True) == pytest.approx(5_600.0)
     assert costs.warm_load("cpu", "torch:whole:plain", "probe:torch:whole") == pytest.approx(2_000.0)
+
+
+def test_the_pinned_contention_reaches_the_torch_wrapper(tmp_path, monkeypatch):
+    """The tests pin the machine's contention on ``_compile_costs`` (conftest: 1.0; the scaling
+    tests: their own); ``_torch`` imported the function by name, so its probe step's slowdown
+    read the real load average whatever a test pinned (session 27). Pinned far above any real
+    load, the wrapper's slowdown is that."""
+    torch = pytest.importorskip("torch")
+    from microco.clients.compiler._torch import AstraTorch
+
+    monkeypatch.setattr(_compile_costs, "contention", lambda: 1000.0)
+    model = torch.nn.Linear(3, 2)
+    astra = AstraTorch(
+        model,
+        _Null(),
+        threads=("1",),
+        total_steps=2,
+        background=False,
+        compile_costs=HostCompileCosts(tmp_path / "c.json", host="h1"),
+    )
+    with astra.step():
+        model(torch.ones(4, 3)).sum().backward()
+    astra.restore()
+    assert astra._slowdown == 1000.0

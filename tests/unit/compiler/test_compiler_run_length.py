@@ -126,6 +126,9 @@ def test_a_long_run_asks_inductors_cache_at_what_asking_cost_on_this_host(tmp_pa
 
     step_ms = 10.0  # 5,000 steps: 50 s of eager, 2.5 s for the ask
     assert not astra(5000)._worth_cache_probe(step_ms)  # nothing measured: the 3 s prior
+    # (a cold compile of this step measured here at 5 s, which 5,000 steps repay: the ask may
+    # lead to a compile tried whatever it answers; ``test_an_ask_that_can_only_answer_cold...``)
+    costs.record(astra(1)._hw, "torch:whole:plain", 5000.0, graph=astra(1)._cost_graph())
     for ms in (900.0, 1400.0):  # asks of other graphs measured here
         costs.record(astra(1)._hw, AstraTorch.PROBE_KIND, ms, graph="another graph")
     assert astra(5000)._probe_price_ms() == pytest.approx(1150.0)
@@ -253,6 +256,56 @@ def test_an_ask_never_made_for_this_graph_is_priced_by_its_eager_step(tmp_path):
     assert a._probe_price_ms() == pytest.approx(300.0)
 
 
+def test_an_ask_that_can_only_answer_cold_for_a_compile_no_run_repays_is_not_made(tmp_path, monkeypatch):
+    """x-transformers' decoder at 5,000 steps (issue 18, session 27): never compiled here, its
+    ask fit 5% of the run and was made (4.7 s, 6% of the run), answered cold, and its compile
+    stayed priced at 94 s against 19 s to save: an ask that bought nothing. The caches, read whole
+    without a trace, hold no compile of the step (an empty Inductor cache here), and no cold
+    compile of it can be repaid: no ask, and no capture (what it finds is a cold compile too).
+    Where one can be repaid, where the read did not cover the cache, or where the cache holds a
+    graph traced from the model's source files, the ask runs as before."""
+    import inspect
+    import os
+
+    torch = pytest.importorskip("torch")
+    from microco.clients.compiler._compile_costs import HostCompileCosts
+    from microco.clients.compiler._torch import AstraTorch
+
+    costs = HostCompileCosts(tmp_path / "costs.json")
+    a = _probing_astra(costs, 5000)
+    hw, graph = a._hw, a._cost_graph()
+    for kind in (AstraTorch.PROBE_KIND, AstraTorch.CAPTURE_KIND):  # each 1.15 s here: 5% pays it
+        for ms in (900.0, 1400.0):
+            costs.record(hw, kind, ms, graph="another graph")
+    step_ms = 10.0  # 5,000 steps: 50 s; 2.5 s for the probe, 12.5 s the optimistic saving
+    assert not a._worth_cache_probe(step_ms)  # before: asked
+    assert a.warm_signal is False and a.warm_absent  # the caches surely hold no compile of it
+    assert not a._worth_graph_capture(step_ms)  # before: captured
+    # A read that did not cover the cache says nothing: asked
+    b = _probing_astra(costs, 5000)
+    b.warm_signal, b.warm_absent = False, False
+    assert b._worth_cache_probe(step_ms)
+    # A cache holding a graph dynamo traced from one of the model's source files (here
+    # ``nn.Linear``'s), though no one graph matches the model (a step split by graph breaks, say):
+    # it may be this model's, asked; one traced only from another model's files says nothing of it
+    from microco.clients.compiler import _torch_cache
+
+    def asks_with_cache_of(path):
+        step = _torch_cache.CompiledStep(("9,9",), {path: [(1, "return x")]}, torch.__version__)
+        with monkeypatch.context() as m:
+            m.setattr(_torch_cache.CompiledSteps, "scan", lambda self, budget_ms=0: [step])
+            return _probing_astra(costs, 5000)._worth_cache_probe(step_ms)
+
+    linear_py = os.path.basename(inspect.getsourcefile(torch.nn.Linear))
+    assert asks_with_cache_of(f"/elsewhere/{linear_py}")
+    assert not asks_with_cache_of("/elsewhere/another_model.py")
+    # A cold compile this host measured for the graph at 5 s, which the run repays: asked, captured
+    costs.record(hw, "torch:whole:plain", 5000.0, graph=graph)
+    costs.record(hw, "torch:whole:rewrite", 5000.0, graph=graph)
+    c = _probing_astra(costs, 5000)
+    assert c._worth_cache_probe(step_ms) and c._worth_graph_capture(step_ms)
+
+
 def _probing_astra(costs, n):
     """A wrapper over a tiny model, told it runs ``n`` steps, whose probe inputs are set."""
     import torch
@@ -276,6 +329,8 @@ def test_the_probes_capture_and_asks_share_one_budget(tmp_path):
 
     costs = HostCompileCosts(tmp_path / "costs.json")
     a = _probing_astra(costs, 5000)  # 20 ms steps: 100 s of eager, 5 s for the probe
+    for kind in ("plain", "rewrite"):  # cold compiles that 5,000 steps repay (see below)
+        costs.record(a._hw, f"torch:whole:{kind}", 5000.0, graph=a._cost_graph())
     costs.record(a._hw, AstraTorch.PROBE_KIND, 3000.0, graph=a._cost_graph())  # asks: 3 s here
     costs.record(a._hw, AstraTorch.CAPTURE_KIND, 3000.0, graph=a._cost_graph())  # a capture: 3 s
     assert a._worth_cache_probe(20.0) and a._worth_graph_capture(20.0)
