@@ -433,17 +433,11 @@ def _code_lines(path: str) -> set[str]:
     return {line.strip() for line in linecache.getlines(path)}
 
 
-def warm_signal(
-    model: Any,
-    args: Sequence[Any],
-    kwargs: dict[str, Any],
-    root: Path | None = None,
-    index: Path | None = None,
-    budget_ms: float = math.inf,
-) -> bool:
-    """Does Inductor's cache here hold a compile of ``model``'s whole step (see above)? Entries
-    not read within ``budget_ms`` count as not holding it (:meth:`CompiledSteps.scan`)."""
-    return read_signal(model, args, kwargs, root, index, budget_ms)[0]
+def warm_signal(model: Any, args: Sequence[Any], kwargs: dict[str, Any], **where: Any) -> bool:
+    """Does Inductor's cache here hold a compile of ``model``'s whole step (see above)? ``where``:
+    :func:`read_signal`'s ``root``, ``index`` and ``budget_ms`` (entries not read within it count
+    as not holding it, :meth:`CompiledSteps.scan`)."""
+    return read_signal(model, args, kwargs, **where)[0]
 
 
 def read_signal(

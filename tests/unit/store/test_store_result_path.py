@@ -34,26 +34,15 @@ NODES = [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)]
 def store(tmp_path_factory):
     tr = LocalTransport(str(tmp_path_factory.mktemp("result-path")), NODES)
     core = StoreCore(MemoryKV(), tr, super_extent_rows=1500, recovery_rate_bytes=0)
-    core.create_table(
-        "orders",
-        ORDERS.schema,
-        [
-            PartitionSpec("o_id", "hash", 4),
-            PartitionSpec("o_cust", "hash", 4),
-            PartitionSpec("o_price", "hash", 2),
-        ],
-    )
-    core.create_table(
-        "items",
-        ITEMS.schema,
-        [
-            PartitionSpec("l_oid", "hash", 4),
-            PartitionSpec("l_part", "hash", 4),
-            PartitionSpec("l_qty", "hash", 2),
-        ],
-    )
-    core.append("orders", ORDERS)
-    core.append("items", ITEMS)
+    for name, data, columns in (
+        ("orders", ORDERS, ("o_id", "o_cust")),
+        ("items", ITEMS, ("l_oid", "l_part")),
+    ):  # (two replicas of 4 hash partitions, the third of 2 on the table's last column)
+        specs = [PartitionSpec(c, "hash", 4) for c in columns] + [
+            PartitionSpec(data.column_names[-1], "hash", 2)
+        ]
+        core.create_table(name, data.schema, specs)
+        core.append(name, data)
     return core
 
 
