@@ -7,7 +7,6 @@ import json
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -428,20 +427,15 @@ class StoreClient(ServiceClient):
         timeout: float | None = None,
     ) -> pa.Table:
         """Read (a filtered projection of) a table straight from the store nodes over Arrow Flight,
-        in parallel; the coordinator only plans which node serves what."""
-        from ._flight import FlightClients
+        in parallel; the coordinator only plans which node serves what. A node that fails or
+        stops answering half-way: the read starts over on a plan without it once the coordinator
+        sees it gone (``_read``)."""
+        from ._read import read_planned
 
-        plan = self.plan_read_pb(table, where, columns, timeout=timeout)
-        schema = pa.ipc.read_schema(pa.py_buffer(plan.arrow_schema))
-
-        clients = FlightClients()  # one connection per node, whatever the number of endpoints
-        try:
-            with ThreadPoolExecutor(max_workers=max(1, min(8, len(plan.endpoints)))) as pool:
-                parts = list(pool.map(lambda ep: clients.do_get(ep.address, ep.ticket), plan.endpoints))
-        finally:
-            clients.close()
-        parts = [p.select(schema.names) for p in parts if p.num_rows]
-        return pa.concat_tables(parts) if parts else schema.empty_table()
+        return read_planned(
+            lambda: self.plan_read_pb(table, where, columns, timeout=timeout),
+            lambda plan: pa.ipc.read_schema(pa.py_buffer(plan.arrow_schema)),
+        )
 
     def plan_read_pb(
         self,

@@ -24,9 +24,11 @@ def spawn_agent(
     devices: int = 2,
     checkpoint_root: str | os.PathLike[str] | None = None,
     kv: KV | None = None,
-    # Short, so a killed agent's node is lost within seconds; not shorter: an agent fences (stops
-    # its jobs) at 3/4 of it without a confirmed keep-alive, which a loaded machine must not cause.
-    lease_ttl_s: int = 3,
+    # The agent's own default (``--node-lease-ttl-s``): an agent fences (stops its jobs) at 3/4
+    # of it without a confirmed keep-alive. 3 s was too short on a loaded machine: at load 10-14
+    # on 2 cores a Keras job was SIGTERMed by its agent's fence 15 s after its start (session 27's
+    # CI beside two benchmarks). Callers that lose a node on purpose pass a short one.
+    lease_ttl_s: int = 10,
     log_path: str | os.PathLike[str] | None = None,
     timeout: float = 90.0,  # to be registered: a loaded machine starts a Python service slowly
     preload: str = "none",
