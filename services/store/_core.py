@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 # read degraded): about a store node's registration lease (``--lease-ttl-s``, 5 s by default),
 # after which a node that really died is gone from the registry anyway
 SUSPECT_S = 10.0
+# seconds a node has to say what it read, for the status of the nodes (``nodes``): status is
+# asked often (the console) and must not wait on a node that stopped answering
+STATUS_TIMEOUT_S = 5.0
 
 NODES_SEEN = ROOT + "nodes/"
 RECODE = ROOT + "recode/"  # recode/<table>: progress of that table's last recode (``StoreCore.recode``)
@@ -65,7 +68,10 @@ class Transport(Protocol):
         self, node: NodeInfo, task: dict[str, Any]
     ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]: ...
 
-    def action(self, node: NodeInfo, name: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    def action(
+        self, node: NodeInfo, name: str, body: dict[str, Any], timeout: float | None = None
+    ) -> dict[str, Any]:
+        """A node's action (``timeout``: seconds, else the transport's default deadline)."""
 
     def abandon(self, node: NodeInfo) -> None:
         """Give up the calls in progress to ``node``, which left the cluster (``_liveness``)."""
@@ -228,9 +234,18 @@ class StoreCore:
                 h[0] += 1
                 h[1] += e.stored_bytes
         reads: dict[str, dict[str, list[int]]] = {}
-        for n, info in live.items():
+
+        def ask(info: NodeInfo) -> dict[str, list[int]]:
+            return self.transport.action(info, "reads", {}, timeout=STATUS_TIMEOUT_S).get(
+                "read_by_replica", {}
+            )
+
+        # at once and briefly: a node that stopped answering within its lease held this (the
+        # console's store page, ``microco store nodes``) for the action's 120 s deadline
+        asked = {n: self._pool.submit(ask, info) for n, info in live.items()}
+        for n, f in asked.items():
             try:
-                reads[n] = self.transport.action(info, "reads", {}).get("read_by_replica", {})
+                reads[n] = f.result()
             except Exception as exc:  # noqa: BLE001 - a node that cannot say shows none
                 log.warning("reads of %s: %s", n, exc)
         out = []
@@ -1156,7 +1171,9 @@ class LocalTransport:
         reader = self._store(node.name).run_stream(task)
         return reader.schema, iter(reader)
 
-    def action(self, node: NodeInfo, name: str, body: dict[str, Any]) -> dict[str, Any]:
+    def action(
+        self, node: NodeInfo, name: str, body: dict[str, Any], timeout: float | None = None
+    ) -> dict[str, Any]:
         return node_action(self._store(node.name), name, body)
 
     def abandon(self, node: NodeInfo) -> None:

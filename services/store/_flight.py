@@ -444,11 +444,14 @@ class FlightTransport:
     ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         return self.clients.do_get_stream(node.address, task)
 
-    def action(self, node: NodeInfo, name: str, body: dict[str, Any]) -> dict[str, Any]:
+    def action(
+        self, node: NodeInfo, name: str, body: dict[str, Any], timeout: float | None = None
+    ) -> dict[str, Any]:
+        opts = _OPTS if timeout is None else flight.FlightCallOptions(timeout=timeout)
         try:
             results = list(
                 self.clients.get(node.address).do_action(
-                    flight.Action(name, json.dumps(body, default=str).encode()), _OPTS
+                    flight.Action(name, json.dumps(body, default=str).encode()), opts
                 )
             )
         except flight.FlightError as exc:

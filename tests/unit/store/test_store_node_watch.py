@@ -21,6 +21,7 @@ from microco.clients.store._flight import FlightClients
 from microco.common.errors import Unavailable
 from microco.common.kv import MemoryKV
 from microco.services.store import LocalTransport, NodeInfo, PartitionSpec, StoreCore
+from microco.services.store import _core as store_core
 from microco.services.store._liveness import NodeWatch, nodes_used
 from microco.services.store._query import Agg, Query
 
@@ -99,6 +100,39 @@ def test_a_query_waiting_on_a_node_that_leaves_the_cluster_is_retried_without_it
     assert got.sort_by("k").equals(healthy.sort_by("k"))
     assert tr.hang in core.suspected()  # left out of the next queries' plans for a while
     assert tr.abandoned == [tr.hang]  # its calls handed to the transport to give up
+
+
+class _Mute(LocalTransport):
+    """A node (``mute``) that takes an action and answers nothing until the caller's deadline
+    (``timeout``; without one, the Flight call's 120 s: 90 here), as a paused process does."""
+
+    mute = "n0"
+
+    def action(self, node: NodeInfo, name: str, body: dict[str, Any], timeout: float | None = None) -> dict:
+        if node.name == self.mute:
+            time.sleep(90 if timeout is None else timeout)
+            raise Unavailable(f"{node.name}: deadline exceeded")
+        return super().action(node, name, body, timeout)
+
+
+def test_the_nodes_status_does_not_wait_on_a_node_that_stopped_answering(tmp_path, monkeypatch):
+    """The nodes' status (the console's store page, ``microco store nodes``) asked each live node
+    what it read, one after another, each with the action's 120 s deadline: a node paused within
+    its lease held it that long. Now at once, each for at most ``STATUS_TIMEOUT_S``."""
+    monkeypatch.setattr(store_core, "STATUS_TIMEOUT_S", 0.5)
+    data = pa.table({"k": np.arange(300), "g": np.arange(300) % 7, "h": np.arange(300) % 5})
+    core = StoreCore(MemoryKV(), _Mute(str(tmp_path), NODES), super_extent_rows=10_000, recovery_rate_bytes=0)
+    core.create_table("t", data.schema, SPECS)
+    core.append("t", data)
+    box: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: box.update(out=core.nodes()), daemon=True)
+    thread.start()
+    thread.join(45)
+    assert not thread.is_alive(), "the status still waits on a node that stopped answering"
+    got = box["out"]
+    by_name = {n["name"]: n for n in got}
+    assert by_name["n0"]["alive"] and by_name["n0"]["read_by_replica"] == {}  # it could not say
+    assert all(by_name[f"n{i}"]["extents"] > 0 for i in range(6))
 
 
 def test_an_append_writing_to_a_node_that_leaves_the_cluster_places_its_extents_elsewhere(tmp_path):
