@@ -45,6 +45,15 @@ log = logging.getLogger(__name__)
 # read degraded): about a store node's registration lease (``--lease-ttl-s``, 5 s by default),
 # after which a node that really died is gone from the registry anyway
 SUSPECT_S = 10.0
+# An append places a super-extent over the nodes live at that instant, and the layout it picks is
+# the table's for as long as the live nodes stay the same: a node whose lease lapsed for a moment
+# (a loaded machine) left a table's replicas on one node each for its life (measured: `orders`
+# on 4 of 6 nodes, docs/store.md). So a node live within the last ``RETURNING_S``, not live now,
+# that still answers on its address (``PROBE_S``: a killed or paused node does not) is waited
+# for, at most ``RETURN_WAIT_S`` and once per append, before anything is placed without it.
+RETURNING_S = 30.0
+RETURN_WAIT_S = 10.0
+PROBE_S = 1.0
 # seconds a node has to say what it read, for the status of the nodes (``nodes``): status is
 # asked often (the console) and must not wait on a node that stopped answering
 STATUS_TIMEOUT_S = 5.0
@@ -191,6 +200,8 @@ class StoreCore:
         # ``_liveness``; the bound leaves room for as many of those besides the queries' own)
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="store-core")
         self._seen: dict[str, Any] = {}  # NODES_SEEN as last read or written here (live_nodes)
+        self._last_live: dict[str, float] = {}  # node -> when (monotonic) live_nodes last had it
+        self.return_wait_s = RETURN_WAIT_S
         # nodes a query found unreachable, by name: when (monotonic). Left out of the next queries'
         # plans for ``suspect_s`` (a node that died stays registered until its lease runs out:
         # each query planned on it meanwhile would call it, fail and run again without it)
@@ -208,6 +219,9 @@ class StoreCore:
     # ------------------------------------------------------------------ nodes
     def live_nodes(self) -> list[NodeInfo]:
         nodes = self.transport.live_nodes()
+        now = time.monotonic()
+        for n in nodes:
+            self._last_live[n.name] = now
         # what this process last read or wrote of the nodes seen: etcd is read again (and written)
         # only when a live node is not in it as it is now, not on every query
         if any(
@@ -328,10 +342,11 @@ class StoreCore:
         pending: list[pa.Table] = []
         held = 0
         total = 0
+        waited: set[str] = set()  # nodes this append has waited for (``_placement_nodes``)
 
         def flush(rows: pa.Table) -> None:
             sid = self.catalog.reserve_super_extents(name, 1)
-            supers.append(self._write_super_extent(info, sid, rows))
+            supers.append(self._write_super_extent(info, sid, rows, waited))
 
         for piece in batches:
             t = pa.Table.from_batches([piece]) if isinstance(piece, pa.RecordBatch) else piece
@@ -369,7 +384,51 @@ class StoreCore:
         )
         return AppendResult(total, [s.id for s in supers], nbytes)
 
-    def _write_super_extent(self, info: TableInfo, sid: int, rows: pa.Table) -> SuperExtent:
+    def _placement_nodes(self, waited: set[str]) -> list[NodeInfo]:
+        """The live nodes to place a super-extent over, once the nodes live a moment ago and not
+        now have had ``return_wait_s`` to come back (``RETURNING_S``; each waited for once per
+        append: ``waited``)."""
+        nodes = self.live_nodes()
+        now = time.monotonic()
+        live = {n.name for n in nodes}
+        returning = {
+            n
+            for n, at in self._last_live.items()
+            if n not in live and n not in waited and now - at < RETURNING_S
+        }
+        waited |= returning
+        returning = {n for n in returning if self._answers(n)}
+        if not returning:
+            return nodes
+        log.warning(
+            "append: waiting up to %.0fs for %s to come back before placing",
+            self.return_wait_s,
+            sorted(returning),
+        )
+        until = now + self.return_wait_s
+        while time.monotonic() < until:
+            time.sleep(0.2)
+            nodes = self.live_nodes()
+            if returning <= {n.name for n in nodes}:
+                break
+        return nodes
+
+    def _answers(self, name: str) -> bool:
+        """Does a node not registered now still answer on its last address (its lease lapsed,
+        the process lives), within ``PROBE_S``?"""
+        seen = self._seen.get(NODES_SEEN + name) or {}
+        if not seen.get("address"):
+            return False
+        node = NodeInfo(name, seen.get("domain", ""), seen["address"])
+        try:
+            self.transport.action(node, "reads", {}, timeout=PROBE_S)
+        except Exception:  # noqa: BLE001 - refused, reset or silent: not coming back soon
+            return False
+        return True
+
+    def _write_super_extent(
+        self, info: TableInfo, sid: int, rows: pa.Table, waited: set[str] | None = None
+    ) -> SuperExtent:
         t0 = time.perf_counter()
         extents = bucketed_extents(rows, info.specs)
         log.info(
@@ -381,8 +440,12 @@ class StoreCore:
         )
         excluded: set[str] = set()
         last: Exception | None = None
-        for _attempt in range(4):
-            nodes = [n for n in self.live_nodes() if n.name not in excluded]
+        for attempt in range(4):
+            if attempt == 0:
+                nodes = self._placement_nodes(waited if waited is not None else set())
+            else:
+                nodes = self.live_nodes()
+            nodes = [n for n in nodes if n.name not in excluded]
             placement = place_super_extent(
                 nodes, sid, [s.count for s in info.specs], colocated_homes(info.specs)
             )

@@ -239,3 +239,58 @@ def test_aborting_an_address_ends_the_reads_that_wait_on_it(monkeypatch, how):
         server.shutdown()
     assert isinstance(box.get("error"), Unavailable), box
     assert not clients._reading  # nothing left registered
+
+
+class _Lapsing(LocalTransport):
+    """Nodes whose registration lapsed (``lapsed``: not live) while their processes answer."""
+
+    def __init__(self, root: str, nodes: list[NodeInfo]) -> None:
+        super().__init__(root, nodes)
+        self.lapsed: set[str] = set()
+
+    def live_nodes(self) -> list[NodeInfo]:
+        return [n for n in super().live_nodes() if n.name not in self.lapsed]
+
+
+def test_an_append_waits_for_a_node_whose_lease_lapsed_a_moment_ago(tmp_path):
+    """A lease lapse of a moment (a loaded machine) at an append placed the table over the nodes
+    live then, for its life: measured, ``orders``' replicas 1 and 2 on one node each. Now a node
+    live a moment ago that still answers is waited for (once per append, ``return_wait_s`` at
+    most)."""
+    data = pa.table({"k": np.arange(3000), "g": np.arange(3000) % 97, "h": np.arange(3000) % 13})
+    tr = _Lapsing(str(tmp_path), NODES)
+    core = StoreCore(MemoryKV(), tr, super_extent_rows=10_000, recovery_rate_bytes=0)
+    core.return_wait_s = 30.0
+    core.create_table("t", data.schema, SPECS)
+    core.live_nodes()  # (any call: a query, the status) saw all six
+    tr.lapsed.add("n0")  # its lease lapsed, the process lives...
+    threading.Timer(0.5, lambda: tr.lapsed.discard("n0")).start()  # ...and registers again
+    core.append("t", data)
+    assert {e.node for e in core.catalog.table("t").extents()} == {n.name for n in NODES}
+
+
+def test_an_append_waits_once_for_a_node_that_answers_but_does_not_register(tmp_path, caplog):
+    data = pa.table({"k": np.arange(3000), "g": np.arange(3000) % 97, "h": np.arange(3000) % 13})
+    tr = _Lapsing(str(tmp_path), NODES)
+    core = StoreCore(MemoryKV(), tr, super_extent_rows=1000, recovery_rate_bytes=0)
+    core.return_wait_s = 0.3
+    core.create_table("t", data.schema, SPECS)
+    core.live_nodes()
+    tr.lapsed.add("n1")
+    with caplog.at_level("WARNING", logger="microco.services.store._core"):
+        assert core.append("t", data).rows == 3000  # three super-extents
+    assert "n1" not in {e.node for e in core.catalog.table("t").extents()}
+    assert sum("to come back" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_an_append_does_not_wait_for_a_node_that_died(tmp_path, caplog):
+    data = pa.table({"k": np.arange(3000), "g": np.arange(3000) % 97, "h": np.arange(3000) % 13})
+    tr = LocalTransport(str(tmp_path), NODES)
+    core = StoreCore(MemoryKV(), tr, super_extent_rows=10_000, recovery_rate_bytes=0)
+    core.return_wait_s = 60.0
+    core.create_table("t", data.schema, SPECS)
+    core.live_nodes()
+    tr.kill("n1")  # gone: its address answers nothing
+    with caplog.at_level("WARNING", logger="microco.services.store._core"):
+        assert core.append("t", data).rows == 3000
+    assert not any("to come back" in r.getMessage() for r in caplog.records)
