@@ -9,9 +9,11 @@ the same table-read authorisation applies as on the coordinator's ``Query`` RPC
 messages the Flight data carries. The protocol's messages are ``microco.api.flight.v1``
 (package ``arrow.flight.protocol`` and ``.sql``: Flight's and Flight SQL's names and numbers).
 
-Served: ``CommandStatementQuery`` and prepared statements without parameters
+Served: ``CommandStatementQuery`` and prepared statements
 (``CreatePreparedStatement``/``ClosePreparedStatement``, ``CommandPreparedStatementQuery``: what
-ADBC's ``cursor.execute`` sends), ``CommandGetCatalogs``, ``CommandGetDbSchemas``,
+ADBC's ``cursor.execute`` sends), with bound parameters (``?`` or ``$n``: a ``DoPut`` of the
+values, one row per execution, answered with a handle that carries them; ``_sqlparams``),
+``CommandGetCatalogs``, ``CommandGetDbSchemas``,
 ``CommandGetTables`` (``include_schema`` too), ``CommandGetTableTypes``, ``CommandGetSqlInfo``.
 Read-only: updates, ingestion, transactions and Substrait are refused with a clear error.
 
@@ -22,6 +24,7 @@ ticket whose result is gone runs its SQL again, checked again, as the caller who
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import json
 import logging
 import threading
@@ -46,6 +49,8 @@ from microco.common.errors import InvalidArgument, MicrocoError, NotFound, Unimp
 from microco.services.runtime.auth import caller
 from microco.services.runtime.server import ErrorAndMetricsInterceptor
 
+from ._sqlparams import bind
+
 log = logging.getLogger(__name__)
 
 
@@ -56,6 +61,9 @@ class Int32(int):
 CATALOG = "microco"
 DB_SCHEMA = "store"
 TABLE_TYPE = "TABLE"
+PARAM_ROWS = 100  # executions one DoPut of bound parameters may ask for (one query each)
+PARAM_BYTES = 1 << 20
+_BOUND = b"\x00microco-bound\x00"  # a prepared statement's handle with its parameters (``_bound``)
 RESULTS = 32  # query results held for their DoGet
 RESULT_TTL_S = 300.0
 RESULT_BYTES = 2 << 30  # and at most this much of them (Arrow bytes)
@@ -236,10 +244,25 @@ class FlightSqlServicer(fpb_grpc.FlightServiceServicer):
             total_bytes=-1,
         )
 
-    def _statement(self, context: Any, descriptor: fpb.FlightDescriptor, sql: str) -> fpb.FlightInfo:
-        table = self._run(context, sql)
+    def _run_all(self, context: Any, sqls: list[str]) -> pa.Table:
+        """One statement, or one per row of bound parameters, their results one after another."""
+        tables = [self._run(context, q) for q in sqls]
+        if len(tables) == 1:
+            return tables[0]
+        try:
+            return pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise InvalidArgument(
+                f"the executions of the bound rows give results of different types: {e}"
+            ) from None
+
+    def _statement(
+        self, context: Any, descriptor: fpb.FlightDescriptor, sql: str | list[str]
+    ) -> fpb.FlightInfo:
+        sqls = [sql] if isinstance(sql, str) else sql
+        table = self._run_all(context, sqls)
         key = self.results.put(caller(context).name, table)
-        handle = json.dumps({"result": key, "sql": sql}).encode()
+        handle = json.dumps({"result": key, "sql": sqls}).encode()
         ticket = pack(spb.TicketStatementQuery(statement_handle=handle))
         return self._info(descriptor, _plain(table.slice(0, 0)).schema, ticket, table.num_rows)
 
@@ -311,7 +334,7 @@ class FlightSqlServicer(fpb_grpc.FlightServiceServicer):
                 raise Unimplemented("transactions are not supported: the store is read-only over Flight SQL")
             return self._statement(context, request, cmd.query)
         if isinstance(cmd, spb.CommandPreparedStatementQuery):
-            return self._statement(context, request, _prepared_sql(cmd.prepared_statement_handle))
+            return self._statement(context, request, _prepared_sqls(cmd.prepared_statement_handle))
         table = self._metadata(context, cmd)  # checks the command before a ticket is handed out
         return self._info(request, table.schema, request.cmd, table.num_rows)
 
@@ -324,12 +347,13 @@ class FlightSqlServicer(fpb_grpc.FlightServiceServicer):
         if isinstance(cmd, spb.TicketStatementQuery):
             try:
                 handle = json.loads(cmd.statement_handle)
-                key, sql = str(handle["result"]), str(handle["sql"])
+                key, sql = str(handle["result"]), handle["sql"]
+                sqls = [str(q) for q in sql] if isinstance(sql, list) else [str(sql)]
             except (ValueError, KeyError, TypeError):
                 raise InvalidArgument("malformed statement ticket") from None
             table = self.results.take(key, caller(context).name)
             if table is None:  # expired, or asked for by another caller: run again, as them
-                table = self._run(context, sql)
+                table = self._run_all(context, sqls)
         else:
             table = self._metadata(context, cmd)
         yield from flight_data(table)
@@ -358,17 +382,98 @@ class FlightSqlServicer(fpb_grpc.FlightServiceServicer):
             yield fpb.ActionType(type=name, description=f"Flight SQL {name}")
 
     def DoPut(self, request_iterator, context):
-        raise Unimplemented(
-            "Flight SQL DoPut (updates, ingestion, bound parameters) is not supported: the store is "
-            "read-only over Flight SQL; load tables with `microco store load`"
-        )
+        """Bound parameters of a prepared query: the values (an Arrow stream, one row per
+        execution) are put in a new handle, sent back for the client to execute with (Flight
+        SQL's stateless prepared statements: nothing is kept here)."""
+        messages = iter(request_iterator)
+        first = next(messages, None)
+        if first is None or not first.HasField("flight_descriptor") or not first.flight_descriptor.cmd:
+            raise InvalidArgument("a Flight SQL DoPut starts with its command's descriptor")
+        cmd = unpack(first.flight_descriptor.cmd, "the DoPut descriptor")
+        if not isinstance(cmd, spb.CommandPreparedStatementQuery):
+            raise Unimplemented(
+                f"Flight SQL DoPut of {type(cmd).__name__} (updates, ingestion) is not supported: the "
+                "store is read-only over Flight SQL; load tables with `microco store load`"
+            )
+        sql, _ = _unbound(cmd.prepared_statement_handle)
+        params = _read_stream(first, messages)
+        if params.num_rows > PARAM_ROWS:
+            raise InvalidArgument(
+                f"at most {PARAM_ROWS} rows of parameters at once ({params.num_rows} bound)"
+            )
+        for row in _rows(params):
+            bind(sql, row)  # the count and the types checked now, not at execution
+        res = spb.DoPutPreparedStatementResult(prepared_statement_handle=_bound(sql, params))
+        yield fpb.PutResult(app_metadata=res.SerializeToString())  # (not in an Any: as ADBC reads it)
 
 
-def _prepared_sql(handle: bytes) -> str:
+def _bound(sql: str, params: pa.Table) -> bytes:
+    """A prepared statement's handle carrying its bound parameters."""
+    text = sql.encode()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, params.schema) as w:
+        w.write_table(params)
+    return _BOUND + len(text).to_bytes(4, "little") + text + sink.getvalue().to_pybytes()
+
+
+def _unbound(handle: bytes) -> tuple[str, pa.Table | None]:
+    """A handle's statement and its bound parameters (None: none bound)."""
     try:
-        return handle.decode()
-    except UnicodeDecodeError:
+        if not handle.startswith(_BOUND):
+            return handle.decode(), None
+        at = len(_BOUND)
+        n = int.from_bytes(handle[at : at + 4], "little")
+        sql = handle[at + 4 : at + 4 + n].decode()
+        params = pa.ipc.open_stream(pa.py_buffer(handle[at + 4 + n :])).read_all()
+        return sql, params
+    except (UnicodeDecodeError, pa.ArrowInvalid):
         raise NotFound("unknown prepared statement handle") from None
+
+
+def _prepared_sqls(handle: bytes) -> str | list[str]:
+    """What a prepared statement's handle executes: its statement, or one per bound row."""
+    sql, params = _unbound(handle)
+    if params is None:
+        return sql
+    return [bind(sql, row) for row in _rows(params)]
+
+
+def _rows(params: pa.Table) -> list[list[Any]]:
+    cols = [c.to_pylist() for c in params.itercolumns()]
+    return [[c[i] for c in cols] for i in range(params.num_rows)]
+
+
+def _read_stream(first: fpb.FlightData, rest: Iterator[fpb.FlightData]) -> pa.Table:
+    """The Arrow stream of a DoPut's data messages (the first carries the schema), at most
+    ``PARAM_BYTES``."""
+    size = 0
+    schema: pa.Schema | None = None
+    batches: list[pa.RecordBatch] = []
+    for m in itertools.chain([first], rest):
+        if not m.data_header:
+            continue
+        size += len(m.data_header) + len(m.data_body)
+        if size > PARAM_BYTES:
+            raise InvalidArgument(f"bound parameters over {PARAM_BYTES} bytes")
+        try:
+            msg = pa.ipc.read_message(_ipc_frame(m.data_header, m.data_body))
+            if schema is None:
+                schema = pa.ipc.read_schema(msg)
+            else:
+                batches.append(pa.ipc.read_record_batch(msg, schema))
+        except (pa.ArrowInvalid, OSError) as e:
+            raise InvalidArgument(f"bound parameters are not an Arrow stream: {e}") from None
+    if schema is None:
+        raise InvalidArgument("no bound parameters were sent")
+    return pa.Table.from_batches(batches, schema=schema)
+
+
+def _ipc_frame(header: bytes, body: bytes) -> pa.Buffer:
+    """One encapsulated IPC message (continuation, length, flatbuffer padded to 8, body)."""
+    pad = -len(header) % 8
+    return pa.py_buffer(
+        b"\xff\xff\xff\xff" + (len(header) + pad).to_bytes(4, "little") + header + b"\x00" * pad + body
+    )
 
 
 class FlightSqlServer:

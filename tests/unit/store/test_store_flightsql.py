@@ -121,6 +121,33 @@ def test_adbc_lists_tables_and_queries_as_grpc_does(endpoint, monkeypatch):
         _grpc_query(servicer, bob, SQL)
 
 
+def test_bound_parameters_are_values_whatever_they_hold(endpoint):
+    """``cursor.execute(sql, params)`` (DB-API, pandas' ``read_sql(params=)``): ADBC prepares the
+    statement and puts the values; they were refused ("DoPut ... not supported")."""
+    servicer, uri, alice, bob = endpoint
+    with _connect(uri, alice) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT g, count(*) AS n, sum(v) AS s FROM sales WHERE k < ? AND g <> ? GROUP BY g ORDER BY g",
+            (600, "g3"),
+        )
+        got = cur.fetch_arrow_table()
+        want = _grpc_query(
+            servicer,
+            alice,
+            "SELECT g, count(*) AS n, sum(v) AS s FROM sales WHERE k < 600 AND g <> 'g3' GROUP BY g ORDER BY g",
+        )
+        assert got.num_rows == 6 and got.equals(want)
+        cur.execute("SELECT count(*) AS n FROM sales WHERE g = ?", ("g1' OR '1'='1",))  # a value, not SQL
+        assert cur.fetchall() == [(0,)]
+        cur.execute("SELECT count(*) AS n FROM sales WHERE g = ? AND k >= ?", ("g1", None))  # NULL: no row
+        assert cur.fetchall() == [(0,)]
+        with pytest.raises(dbapi.Error, match="takes 1 parameter"):
+            cur.execute("SELECT count(*) AS n FROM sales WHERE k < ?", (1, 2))
+    with _connect(uri, bob) as conn, conn.cursor() as cur:
+        with pytest.raises(dbapi.Error, match="may not read table 'sales'"):
+            cur.execute("SELECT count(*) AS n FROM sales WHERE k < ?", (600,))
+
+
 def test_no_client_certificate_is_refused(endpoint):
     _, uri, alice, _ = endpoint
     conn = dbapi.connect(

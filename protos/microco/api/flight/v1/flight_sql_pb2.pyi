@@ -85,3 +85,9 @@ class CommandPreparedStatementQuery(_message.Message):
     PREPARED_STATEMENT_HANDLE_FIELD_NUMBER: _ClassVar[int]
     prepared_statement_handle: bytes
     def __init__(self, prepared_statement_handle: _Optional[bytes] = ...) -> None: ...
+
+class DoPutPreparedStatementResult(_message.Message):
+    __slots__ = ("prepared_statement_handle",)
+    PREPARED_STATEMENT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    prepared_statement_handle: bytes
+    def __init__(self, prepared_statement_handle: _Optional[bytes] = ...) -> None: ...

@@ -1,0 +1,69 @@
+"""Bound parameters (``services/store/_sqlparams.py``): placeholders replaced by literals in the
+parsed tree, in the order of the text."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+
+import duckdb
+import pytest
+
+from microco.common.errors import InvalidArgument
+from microco.services.store._sqlparams import bind, placeholders
+
+
+def test_question_marks_take_the_values_in_the_texts_order():
+    # the CTE's placeholder comes first in the text, not in the tree's walk; a ? in a string or
+    # a comment is not one
+    sql = "with c as (select '?' as q, a from t where a > ?) select q, ? as y from c where a < ? limit ? -- ?"
+    assert placeholders(sql) == 4
+    out = bind(sql, [1, "x", 9, 5])
+    assert "a > 1" in out and "'x' AS y" in out and "a < 9" in out and "LIMIT 5" in out and "'?'" in out
+
+
+def test_values_are_literals_of_their_type():
+    con = duckdb.connect()
+    values = [
+        None,
+        True,
+        3,
+        2.5,
+        decimal.Decimal("1.50"),
+        "it's; drop table t",
+        dt.date(2020, 1, 2),
+        dt.datetime(2020, 1, 2, 3, 4, 5),
+        dt.time(1, 2, 3),
+    ]
+    sql = "select " + ", ".join("?" for _ in values)
+    got = con.execute(bind(sql, values)).fetchone()
+    assert list(got) == [
+        None,
+        True,
+        3,
+        2.5,
+        decimal.Decimal("1.50"),
+        "it's; drop table t",
+        dt.date(2020, 1, 2),
+        dt.datetime(2020, 1, 2, 3, 4, 5),
+        dt.time(1, 2, 3),
+    ]
+
+
+def test_numbered_placeholders_may_repeat():
+    assert placeholders("select $2, $1, $2") == 2
+    assert duckdb.connect().execute(bind("select $2 as a, $1 as b, $2 as c", ["x", 7])).fetchone() == (7, "x", 7)
+
+
+@pytest.mark.parametrize(
+    ("sql", "values", "error"),
+    [
+        ("select ?", [], "takes 1 parameter"),
+        ("select ?, $1", [1], "mixed"),
+        ("select ?", [b"raw"], "not supported"),
+        ("select 1; select ?", [1], "one SQL statement"),
+    ],
+)
+def test_bad_bindings_are_clear_errors(sql, values, error):
+    with pytest.raises(InvalidArgument, match=error):
+        bind(sql, values)
