@@ -52,7 +52,8 @@ def test_values_are_literals_of_their_type():
 
 def test_numbered_placeholders_may_repeat():
     assert placeholders("select $2, $1, $2") == 2
-    assert duckdb.connect().execute(bind("select $2 as a, $1 as b, $2 as c", ["x", 7])).fetchone() == (7, "x", 7)
+    got = duckdb.connect().execute(bind("select $2 as a, $1 as b, $2 as c", ["x", 7])).fetchone()
+    assert got == (7, "x", 7)
 
 
 @pytest.mark.parametrize(
