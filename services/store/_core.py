@@ -567,17 +567,28 @@ class StoreCore:
         """Run a SQL query (see ``_sql``): returns the result and its plan (kind, explain, replicas)."""
         from . import _sql
 
+        # as ``query``'s: a retry's task identical to one of a failed attempt's on a node still
+        # up takes that one's result (the surviving partitions are not read and run again)
+        tasks: dict[tuple[str, str], Future[pa.Table]] = {}
+
         def attempt(exclude: set[str]) -> tuple[pa.Table, Any]:
             t0 = time.perf_counter()
             plan = _sql.build(self, text, exclude)
-            return self._run_sql_plan(plan, plan.nodes, t0), plan
+            return self._run_sql_plan(plan, plan.nodes, t0, tasks), plan
 
         return self._with_retries(attempt)
 
-    def _run_sql_plan(self, plan: Any, nodes: dict[str, Any], t0: float) -> pa.Table:
+    def _run_sql_plan(
+        self,
+        plan: Any,
+        nodes: dict[str, Any],
+        t0: float,
+        earlier: dict[tuple[str, str], Future[pa.Table]] | None = None,
+    ) -> pa.Table:
         """Run a built SQL plan: its sub-plans first (``staged``: each distributed on its own,
         its result an input of the coordinator's SQL), then its fragments and the merge; its
-        seconds per phase go to ``plan.timings``."""
+        seconds per phase go to ``plan.timings``. ``earlier``: the tasks of this query's earlier
+        attempts (``_run_stage``; a streamed merge's are not kept: a stream is read once)."""
         from . import _sql
 
         t_plan = time.perf_counter()
@@ -585,7 +596,7 @@ class StoreCore:
         if plan.stages:  # independent of each other: run side by side
             with ThreadPoolExecutor(len(plan.stages), thread_name_prefix="sql-stage") as pool:
                 futures = {
-                    name: pool.submit(self._run_sql_plan, sub, nodes, time.perf_counter())
+                    name: pool.submit(self._run_sql_plan, sub, nodes, time.perf_counter(), earlier)
                     for name, sub in plan.stages
                 }
                 staged = {name: f.result() for name, f in futures.items()}
@@ -595,7 +606,9 @@ class StoreCore:
         if plan.semi:
             # semi-joins: the key tables first, then the big tables filtered by their keys
             ids = _sql.semi_first(plan)
-            firsts = dict(zip(ids, self._run_stage([plan.tasks[i] for i in ids], nodes), strict=True))
+            firsts = dict(
+                zip(ids, self._run_stage([plan.tasks[i] for i in ids], nodes, earlier), strict=True)
+            )
             tasks, notes = _sql.keyed_tasks(plan, firsts)
             plan.explain.extend(notes)
         t_first = time.perf_counter() - t1
@@ -616,7 +629,11 @@ class StoreCore:
             node = [_exec.fragment_timings(schema.empty_table()) for schema, _ in streams]
             out = _sql.finish_sql_streams(plan, streams, staged)
         else:
-            got = dict(zip((i for i, _ in tasks), self._run_stage([t for _, t in tasks], nodes), strict=True))
+            got = dict(
+                zip(
+                    (i for i, _ in tasks), self._run_stage([t for _, t in tasks], nodes, earlier), strict=True
+                )
+            )
             outs = [got[i] if i in got else firsts[i] for i in range(len(plan.tasks))]
             t2 = time.perf_counter()
             node = [_exec.fragment_timings(o) for o in outs]

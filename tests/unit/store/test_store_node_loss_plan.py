@@ -116,6 +116,25 @@ def test_the_retry_after_a_node_dies_in_flight_reruns_only_the_lost_work(tmp_pat
     assert rows(got) == rows(healthy)
 
 
+def test_a_sql_querys_retry_after_a_node_dies_in_flight_reruns_only_the_lost_work(tmp_path):
+    """The same for SQL (``StoreCore.sql``), whose retry ran every fragment again."""
+    data = _data()
+    tr = _DiesInQuery(str(tmp_path), NODES)
+    core, _ = _loaded(tr, data)
+    sql = "select k, sum(v) as s, count(*) as n from t group by k"
+    healthy, plan = core.sql(sql)
+    holders = sorted(node for node, _ in plan.tasks)
+    assert plan.kind == "partition_local" and len(holders) == 2
+    tr.victim, survivor = holders
+    tr.ran.clear()
+    got, plan = core.sql(sql)
+    assert tr.victim not in {node for node, _ in plan.tasks}
+    assert tr.ran.count(survivor) == 1, tr.ran  # (twice on the code before)
+    assert tr.ran.count(tr.victim) == 1 and len(tr.ran) > 2, tr.ran
+    rows = lambda t: sorted((r["k"], r["s"], r["n"]) for r in t.to_pylist())  # noqa: E731
+    assert rows(got) == rows(healthy)
+
+
 class _StillRegistered(_DiesInQuery):
     """A dead node stays in the registry (``live_nodes``) until its lease runs out, which here
     it never does; the calls made to it are counted (``ran``, as every node's tasks)."""
