@@ -17,7 +17,6 @@ from typing import Any, ClassVar, cast
 
 import tensorflow as tf
 
-from microco.clients.compiler.explore import ExplorationPolicy
 from microco.clients.compiler.explore.types import STAGE_STRUCTURE, GraphSpec, Variable
 
 from . import _compile_costs, _session
@@ -527,30 +526,26 @@ class AstraTF(SessionBacked):
 
     def _calibrate_rates(self) -> None:
         """Where an XLA choice's module is of a class this host never compiled (no rate of its
-        kind and class, no compile of this graph measured), and the cold prior would price it
-        out of the run that a price at a rate measured here might not, compile a small step of
-        that class once (``_tf_cost.calibrate``) and keep its rate for the class (issue 18,
-        session 28: keras-hub's GPT-2 and BERT, 1,650 and 1,702 instructions of
-        ``dot+gather+scatter``, priced 8.3 and 8.5 s at the 5 ms prior against 6.5 and 5.8 s of
-        expected saving; the static contender compiled them in 2.6-5.3 s and ran 1.4-1.7x faster).
-        Only with the plain step's time known (``_pre_ms``), and only where the calibration's
-        price fits the share of the run a pricing trace may take (``XLA_PRICING_SHARE``). A rate
-        from a module smaller than the model's errs high (its compile's fixed part spread over
-        fewer instructions); the model's own compile, once measured, replaces it."""
+        kind and class, no compile of this graph measured), compile a small step of that class
+        once (``_tf_cost.calibrate``) and keep its rate for the class, in place of the cold prior
+        (issue 18, session 28: keras-hub's GPT-2 and BERT, 1,650 and 1,702 instructions of
+        ``dot+gather+scatter``, priced 8.3 and 8.5 s at the 5 ms prior against 5.8-7.3 s of
+        expected saving; the static contender compiled them in 2.6-6.3 s and ran 1.4-1.7x
+        faster). Either way the prior can be wrong (a class that compiles slower than the prior,
+        convolutions, was tried at it and ran minutes), so the calibration is not kept for the
+        cases the prior prunes: it runs wherever its price fits the share of the run a pricing
+        trace may take (``XLA_PRICING_SHARE``, at the plain step's time, ``_pre_ms``), once per
+        class on a host. A rate from a module smaller than the model's errs high (its compile's
+        fixed part spread over fewer instructions); the model's own compile, once measured,
+        replaces it."""
         cost = self.cost_model
         if cost is None or len(self._pre_ms) < 2:
             return
-        run_ms = self.total_steps * self._pre_ms[1]
-        policy = ExplorationPolicy()
-        saving = run_ms * (1.0 - 1.0 / policy.max_speedup) * policy.expected_gain_share
-        budget = run_ms * self.XLA_PRICING_SHARE
-        for kind, n in self.hlo_instructions.items():
+        budget = self.total_steps * self._pre_ms[1] * self.XLA_PRICING_SHARE
+        for kind in self.hlo_instructions:
             cls = self.hlo_classes.get(kind, "")
             if not cls or cost.has_rate(kind, cls) or cost.measured(self.graph_key, kind):
                 continue
-            at_load = not self.background or self.compiles_in_line(kind)
-            if cost.estimate(n, kind, self.graph_key, cls, at_load=at_load) <= saving:
-                continue  # priced in at the prior: a calibration changes nothing
             if self.CALIBRATION_PRICE_MS * _compile_costs.contention() > budget:
                 continue
             started = time.perf_counter()
