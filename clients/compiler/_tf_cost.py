@@ -8,7 +8,10 @@ instructions of the module XLA would compile (``experimental_get_compiler_ir(...
 lowers the traced step to HLO without compiling code) times a per-instruction rate: a cold prior
 measured on the development machine, replaced by the median of the rates measured on this
 hardware as compiles happen (kept on disk per hardware id, so the next job, any model, starts from
-the measured rate). Per exploration key the core calibrates further on its own (its measured
+the measured rate). A module of a class (its opcodes, ``hlo_class``) this hardware never compiled
+is priced, where the run affords it, by a calibration: a small step of that class compiled once
+(``calibrate``), its rate kept until the class's own compiles are measured (issue 18, session 28).
+Per exploration key the core calibrates further on its own (its measured
 compile costs against the priors handed to it), and a choice's own measured cost replaces its
 prior outright.
 """
@@ -68,8 +71,8 @@ def hlo_instruction_count(hlo_text: str) -> int:
 # instruction is a property of what the module does, not only of its size. Found in the corpus: a
 # rate measured on recurrent cells (dots and while loops) priced MobileNetV3Small's step
 # (convolutions), which then compiled for 360-835 s at load 20-28. Rates are kept per class; a
-# module of a class this hardware never compiled is priced by the cold prior, not by another
-# class's measured rate.
+# module of a class this hardware never compiled is priced by a calibration compile of the class
+# (``calibrate``) or the cold prior, not by another class's measured rate.
 _CLASS_OPCODES = (
     "convolution",
     "dot",
