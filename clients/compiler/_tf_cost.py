@@ -24,7 +24,6 @@ import re
 import statistics
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,9 +132,7 @@ def unrolled_hlo_profile(fn: Any, x: Any, y: Any) -> tuple[int, str]:
 CALIBRATION_DEPTH = 8
 
 
-def calibration_step(
-    op_class: str, depth: int = CALIBRATION_DEPTH
-) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+def calibration_step(op_class: str, depth: int = CALIBRATION_DEPTH) -> tuple[Any, tuple[Any, ...]]:
     """A small training step (a loss and its gradient) under ``tf.function(jit_compile=True)``
     whose XLA module has the opcodes of ``op_class`` (:func:`hlo_class`): ``depth`` matmuls (or
     products) with ``tanh``, an embedding lookup (``gather``; its gradient, ``scatter``), a while
