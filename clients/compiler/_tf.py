@@ -532,7 +532,7 @@ class AstraTF(SessionBacked):
         ``dot+gather+scatter``, priced 8.3 and 8.5 s at the 5 ms prior against 5.8-7.3 s of
         expected saving; the static contender compiled them in 2.6-6.3 s and ran 1.4-1.7x
         faster). Either way the prior can be wrong (a class that compiles slower than the prior,
-        convolutions, was tried at it and ran minutes), so the calibration is not kept for the
+        convolutions, was tried at it and ran minutes), so the calibration is not reserved for the
         cases the prior prunes: it runs wherever its price fits the share of the run a pricing
         trace may take (``XLA_PRICING_SHARE``, at the plain step's time, ``_pre_ms``), once per
         class on a host. A rate from a module smaller than the model's errs high (its compile's
