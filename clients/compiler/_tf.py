@@ -19,11 +19,11 @@ import tensorflow as tf
 
 from microco.clients.compiler.explore.types import STAGE_STRUCTURE, GraphSpec, Variable
 
-from . import _session
+from . import _compile_costs, _session
 from ._compile_costs import HostCompileCosts
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
-from ._tf_cost import XlaCostModel, default_cost_file, step_hlo_profile, unrolled_hlo_profile
+from ._tf_cost import XlaCostModel, calibrate, default_cost_file, step_hlo_profile, unrolled_hlo_profile
 from ._tf_graph import CellGraph, analyse_model, require_structure
 from ._tf_warm import XlaWarmer, compile_deadline_ms
 
@@ -488,6 +488,8 @@ class AstraTF(SessionBacked):
                 self.hlo_instructions = {k: n for k, (n, _) in profiles.items()}
                 self.hlo_classes = {k: c for k, (_, c) in profiles.items()}
                 self.cost_model.remember_module_sizes(size_key, self.hlo_instructions, self.hlo_classes)
+            if self.hlo_instructions and not self._unpriced_ms:
+                self._calibrate_rates()
             if self.background:
                 self._example = (x, y)
                 self.warmer = XlaWarmer(self)
@@ -517,6 +519,56 @@ class AstraTF(SessionBacked):
         self.session.register(spec)
         # Committed at the start (an earlier run's commit): its A/B is that run's, learned then.
         self._gain_learned = self.session.committed
+
+    # What a calibration compile (``_tf_cost.calibrate``) is priced at before it runs: its module
+    # of ~220-430 instructions at the cold prior's rate (measured 0.45-0.65 s here, 2026-12-04).
+    CALIBRATION_PRICE_MS = 1_000.0
+
+    def _calibrate_rates(self) -> None:
+        """Where an XLA choice's module is of a class this host never compiled (no rate of its
+        kind and class, no compile of this graph measured), compile a small step of that class
+        once (``_tf_cost.calibrate``) and keep its rate for the class, in place of the cold prior
+        (issue 18, session 28: keras-hub's GPT-2 and BERT, 1,650 and 1,702 instructions of
+        ``dot+gather+scatter``, priced 8.3 and 8.5 s at the 5 ms prior against 5.8-7.3 s of
+        expected saving; the static contender compiled them in 2.6-6.3 s and ran 1.4-1.7x
+        faster). Either way the prior can be wrong (a class that compiles slower than the prior,
+        convolutions, was tried at it and ran minutes), so the calibration is not reserved for the
+        cases the prior prunes: it runs wherever its price fits the share of the run a pricing
+        trace may take (``XLA_PRICING_SHARE``, at the plain step's time, ``_pre_ms``), once per
+        class on a host. A rate from a module smaller than the model's errs high (its compile's
+        fixed part spread over fewer instructions); the model's own compile, once measured,
+        replaces it."""
+        cost = self.cost_model
+        if cost is None or len(self._pre_ms) < 2:
+            return
+        budget = self.total_steps * self._pre_ms[1] * self.XLA_PRICING_SHARE
+        for kind in self.hlo_instructions:
+            cls = self.hlo_classes.get(kind, "")
+            if not cls or cost.has_rate(kind, cls) or cost.measured(self.graph_key, kind):
+                continue
+            if self.CALIBRATION_PRICE_MS * _compile_costs.contention() > budget:
+                continue
+            started = time.perf_counter()
+            try:
+                got = calibrate(cls)
+            except Exception as exc:  # noqa: BLE001 - a calibration that fails leaves the prior
+                log.info("astra-tf: %s: no calibration of %s (%s)", self.name, cls, exc)
+                continue
+            if got is None:
+                log.info("astra-tf: %s: no calibration step of class %s", self.name, cls)
+                continue
+            m, ms, cpu = got
+            cost.observe_calibration(m, ms, kind, cls, cpu_ms=cpu)
+            log.info(
+                "astra-tf: %s: calibrated %s (%s) on %d instructions: %.0f ms (%.0f ms CPU), %.0f ms in all",
+                self.name,
+                kind,
+                cls,
+                m,
+                ms,
+                cpu,
+                (time.perf_counter() - started) * 1e3,
+            )
 
     def _worth_pricing(self) -> bool:
         trace_ms = max(0.0, self._pre_ms[0] - self._pre_ms[1])

@@ -8,7 +8,10 @@ instructions of the module XLA would compile (``experimental_get_compiler_ir(...
 lowers the traced step to HLO without compiling code) times a per-instruction rate: a cold prior
 measured on the development machine, replaced by the median of the rates measured on this
 hardware as compiles happen (kept on disk per hardware id, so the next job, any model, starts from
-the measured rate). Per exploration key the core calibrates further on its own (its measured
+the measured rate). A module of a class (its opcodes, ``hlo_class``) this hardware never compiled
+is priced, where the run affords it, by a calibration: a small step of that class compiled once
+(``calibrate``), its rate kept until the class's own compiles are measured (issue 18, session 28).
+Per exploration key the core calibrates further on its own (its measured
 compile costs against the priors handed to it), and a choice's own measured cost replaces its
 prior outright.
 """
@@ -20,6 +23,7 @@ import os
 import re
 import statistics
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +49,10 @@ _RATES_KEY = "ms_per_instruction_alone"  # rates as if alone on the machine (see
 # alone (median 1.0 s). Not the compiling thread's CPU: XLA ran 0.44 of its 1.56 s of CPU there.
 _CPU_RATES_KEY = "ms_per_instruction_cpu"
 _CPU_GRAPHS_KEY = "graph_cpu_ms"
+# Rates from this host's calibration compiles (``calibrate``), per bucket: a small XLA step of a
+# class's opcodes, compiled once where no compile of that class was measured here (issue 18,
+# session 28). Used only until a compile of the class itself is measured.
+_CALIBRATED_KEY = "calibrated_ms_per_instruction"
 
 
 def hlo_instruction_count(hlo_text: str) -> int:
@@ -62,8 +70,8 @@ def hlo_instruction_count(hlo_text: str) -> int:
 # instruction is a property of what the module does, not only of its size. Found in the corpus: a
 # rate measured on recurrent cells (dots and while loops) priced MobileNetV3Small's step
 # (convolutions), which then compiled for 360-835 s at load 20-28. Rates are kept per class; a
-# module of a class this hardware never compiled is priced by the cold prior, not by another
-# class's measured rate.
+# module of a class this hardware never compiled is priced by a calibration compile of the class
+# (``calibrate``) or the cold prior, not by another class's measured rate.
 _CLASS_OPCODES = (
     "convolution",
     "dot",
@@ -116,6 +124,91 @@ def unrolled_hlo_profile(fn: Any, x: Any, y: Any) -> tuple[int, str]:
     return one + (steps - 1) * (two - one), cls
 
 
+# The calibration step's depth (matmul layers): ~220-430 HLO instructions whatever the class;
+# measured on this 2-core machine (load ~11, 2026-12-04) at 0.45 s for a ``dot+gather+scatter``
+# step of 226 instructions, against 1.0 s for one of 778 (a fixed ~0.2 s per compile and ~1 ms
+# an instruction): small, so that its compile is cheap, and its rate per instruction, which
+# carries the fixed part, errs high for a model's larger module rather than low.
+CALIBRATION_DEPTH = 8
+
+
+def calibration_step(op_class: str, depth: int = CALIBRATION_DEPTH) -> tuple[Any, tuple[Any, ...]]:
+    """A small training step (a loss and its gradient) under ``tf.function(jit_compile=True)``
+    whose XLA module has the opcodes of ``op_class`` (:func:`hlo_class`): ``depth`` matmuls (or
+    products) with ``tanh``, an embedding lookup (``gather``; its gradient, ``scatter``), a while
+    loop, a convolution and a pooling (``reduce-window``; max pooling's gradient,
+    ``select-and-scatter``), a sort, as the class names them; and the arguments to call it on.
+    Its class is not checked here (:func:`calibrate` does)."""
+    import tensorflow as tf
+
+    ops = set(op_class.split("+")) - {"elementwise"}
+    width, batch = 16, 8
+    rng = tf.random.Generator.from_seed(0)
+    params = [rng.normal((width, width)) * 0.1 for _ in range(depth)]
+    params.append(rng.normal((4 * width, width)) * 0.1)  # an embedding table
+    params.append(rng.normal((3, 3, 2, 2)) * 0.1)  # a convolution's kernel
+    x = rng.normal((batch, width))
+    ids = tf.constant([i % (4 * width) for i in range(batch)], tf.int32)
+    image = rng.normal((1, 8, 8, 2))
+
+    @tf.function(jit_compile=True)  # type: ignore[untyped-decorator]
+    def step(params: list[Any], x: Any, ids: Any, image: Any) -> Any:
+        with tf.GradientTape() as tape:
+            tape.watch(params)
+            h = x
+            if "gather" in ops:
+                table = params[depth] if "scatter" in ops else tf.stop_gradient(params[depth])
+                h = h + tf.gather(table, ids)
+            elif "scatter" in ops:
+                rows = tf.reshape(ids % batch, (-1, 1))
+                h = tf.tensor_scatter_nd_add(h, rows, h * params[depth][:batch])
+            for i in range(depth):
+                h = tf.matmul(h, params[i]) if "dot" in ops else h * params[i][0]
+                h = tf.tanh(h) + 0.5 * h
+            if "while" in ops:
+                h = tf.while_loop(
+                    lambda i, s: i < 3,
+                    lambda i, s: (i + 1, tf.tanh(s) * params[0][0]),
+                    (0, h),
+                    maximum_iterations=3,
+                )[1]
+            loss = tf.reduce_mean(h * h)
+            if ops & {"convolution", "reduce-window", "select-and-scatter"}:
+                img = image
+                if "convolution" in ops:
+                    img = tf.nn.conv2d(img, params[depth + 1], 1, "SAME")
+                if "select-and-scatter" in ops:
+                    img = tf.nn.max_pool2d(img, 2, 2, "VALID")
+                elif "reduce-window" in ops:
+                    img = tf.nn.avg_pool2d(img, 2, 2, "VALID")
+                loss = loss + tf.reduce_mean(img * img)
+            if "sort" in ops:
+                loss = loss + tf.reduce_mean(tf.sort(tf.stop_gradient(h), axis=-1)[:, :1])
+        grads = tape.gradient(loss, params, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return loss, [tf.convert_to_tensor(g) for g in grads]
+
+    return step, (params, x, ids, image)
+
+
+def calibrate(op_class: str, depth: int = CALIBRATION_DEPTH) -> tuple[int, float, float] | None:
+    """Compile :func:`calibration_step` of ``op_class`` once and time it: (HLO instructions,
+    compile ms of wall, compile ms of the process's CPU), each the first call (trace, lowering,
+    compile, run) less the second (a run); None where the step's module is not of that class
+    (a class this builder cannot make: the caller keeps its prior) or a time is not positive."""
+    fn, args = calibration_step(op_class, depth)
+    text = fn.experimental_get_compiler_ir(*args)(stage="hlo")
+    if hlo_class(text) != op_class:
+        return None
+    n = hlo_instruction_count(text)
+    t0, c0 = time.perf_counter(), time.process_time()
+    fn(*args)[0].numpy()
+    t1, c1 = time.perf_counter(), time.process_time()
+    fn(*args)[0].numpy()
+    t2, c2 = time.perf_counter(), time.process_time()
+    ms, cpu = ((t1 - t0) - (t2 - t1)) * 1e3, ((c1 - c0) - (c2 - c1)) * 1e3
+    return (n, ms, cpu) if n > 0 and ms > 0 else None
+
+
 def default_cost_file() -> Path:
     """``$MICROCO_XLA_COST_FILE``, else ``~/.cache/microco/xla_compile_rate.json``."""
     env = os.environ.get("MICROCO_XLA_COST_FILE")
@@ -163,6 +256,7 @@ class XlaCostModel:
         # The same two, from compiles timed by the process's CPU time (preferred; see observe).
         self._cpu_samples: dict[str, list[float]] = {}
         self._cpu_graphs: dict[str, dict[str, list[float]]] = {}
+        self._calibrated: dict[str, list[float]] = {}
         self._load()
 
     def _read(self) -> dict[str, Any]:
@@ -180,6 +274,7 @@ class XlaCostModel:
         # older "ms_per_instruction" (load not recorded) is not read: a host measures again.
         self._samples = _parse_samples(mine, _RATES_KEY)
         self._cpu_samples = _parse_samples(mine, _CPU_RATES_KEY)
+        self._calibrated = _parse_samples(mine, _CALIBRATED_KEY)
         self._sizes = _parse_sizes(mine.get("module_sizes") if isinstance(mine, dict) else None)
         self._graphs = _parse_graphs(mine, "graph_ms_alone")
         self._cpu_graphs = _parse_graphs(mine, _CPU_GRAPHS_KEY)
@@ -229,9 +324,33 @@ class XlaCostModel:
         return self._rate_alone(kind, op_class) * _compile_costs.contention()
 
     def _rate_alone(self, kind: str, op_class: str) -> float:
-        got = self.samples(kind, op_class)
+        got = self.samples(kind, op_class) or self._calibrated.get(_bucket(kind, op_class), [])
         # The cold prior too: it was measured with the 2 cores nearly to itself (load 1.4-5.5).
         return statistics.median(got) if got else self.cold_rate
+
+    def has_rate(self, kind: str, op_class: str) -> bool:
+        """Was a rate of ``kind`` and ``op_class`` measured here, by its compiles or by a
+        calibration (:meth:`observe_calibration`)? False: it is priced at the cold prior."""
+        b = _bucket(kind, op_class)
+        return bool(self.samples(kind, op_class) or self._calibrated.get(b))
+
+    def observe_calibration(
+        self, instructions: int, compile_ms: float, kind: str, op_class: str, cpu_ms: float | None = None
+    ) -> bool:
+        """Record a calibration compile (:func:`calibrate`) of ``op_class`` as the rate of
+        ``kind`` modules of that class, used until a compile of the class itself is measured
+        (``observe``); by its CPU time where given (its work alone), else its wall over the
+        load. ``False`` where the rate is out of bounds (a disturbed timing)."""
+        if instructions <= 0 or not compile_ms > 0 or not op_class:
+            return False
+        alone = cpu_ms if cpu_ms is not None and cpu_ms > 0 else compile_ms / _compile_costs.contention()
+        r = alone / instructions
+        if not _RATE_BOUNDS[0] <= r <= _RATE_BOUNDS[1]:
+            return False
+        b = _bucket(kind, op_class)
+        self._calibrated[b] = (self._calibrated.get(b, []) + [r])[-_KEEP:]
+        self._save()
+        return True
 
     def estimate(
         self,
@@ -331,6 +450,7 @@ class XlaCostModel:
                 data[self.hardware] = {
                     _RATES_KEY: self._samples,
                     _CPU_RATES_KEY: self._cpu_samples,
+                    _CALIBRATED_KEY: self._calibrated,
                     _CPU_GRAPHS_KEY: self._cpu_graphs,
                     "module_sizes": sizes,
                     "graph_ms_alone": graphs,

@@ -363,6 +363,44 @@ def test_a_model_whose_input_is_a_dict_of_named_tensors_trains(tmp_path):
     assert _tf.input_signature(tf.zeros((2, 3))) == "(2, 3):float32"  # a tensor's, as before
 
 
+@pytest.mark.parametrize("total_steps, calibrated", [(10**7, True), (2, False)])
+def test_an_xla_module_of_a_class_never_compiled_here_is_priced_by_a_calibration(
+    tmp_path, total_steps, calibrated
+):
+    """Issue 18, session 28: keras-hub's GPT-2 and BERT (``dot+gather+scatter``, a class this host
+    never compiled) were priced at the cold prior of 5 ms an instruction, 8.3-8.5 s, above the
+    run's expected saving, and XLA was never tried, though it compiled in 2.6-5.3 s and ran
+    1.4-1.7x faster. Where the prior prunes XLA in a run that could repay a price measured here,
+    a small step of the class is compiled once and its rate prices the model's module; in a run
+    too short for that, nothing is compiled and the prior stays."""
+    from microco.clients.compiler._tf_cost import XlaCostModel
+
+    cold = 1e6  # ms an instruction: prices XLA out of any run
+    cost = XlaCostModel("hw", tmp_path / "rate.json", cold_rate=cold)
+    model, x, y = _named_inputs_model()
+    astra = _tf.AstraTF(
+        model,
+        tf.keras.optimizers.SGD(0.5),
+        zt.loss_fn,
+        LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1)),
+        total_steps=total_steps,
+        cost_model=cost,
+        background=False,
+    )
+    astra.XLA_PRICING_SHARE = 1.0 if calibrated else 0.0
+    while astra.session.spec is None:  # two plain steps (the trace, a step), then the space
+        astra.step(x, y)
+    prior = {v.name: v.compile_prior_ms for v in astra.session.spec.variables}["xla"]
+    if calibrated:
+        assert prior < astra.hlo_instructions["unrolled"] * cold / 1_000  # a rate measured here
+        cls = astra.hlo_classes["unrolled"]
+        assert "gather" in cls and "dot" in cls
+        assert cost.has_rate("unrolled", cls)
+    else:
+        assert not any(cost.has_rate("unrolled", c) for c in ("dot+gather+scatter", "dot+gather"))
+        assert prior >= 1.0  # unpriced: the whole run (no compile of any kind ran)
+
+
 def _named_inputs_model():
     """A Keras functional model of two named int inputs (token ids and a padding mask, as
     keras-hub's take them), a batch for it and its labels."""

@@ -310,3 +310,39 @@ def _gru_astra(**kwargs):
         total_steps=1_000,
         **kwargs,
     )
+
+
+@pytest.mark.parametrize(
+    "op_class", ["dot+gather+scatter", "dot+while", "convolution+reduce-window", "elementwise"]
+)
+def test_the_calibration_step_has_the_opcodes_of_the_class_it_calibrates(op_class):
+    """Issue 18, session 28: a module of a class never compiled here is priced by a small step
+    of that class, compiled once (``calibrate``). The step's XLA module (lowered, not compiled)
+    has exactly the class's opcodes, so its rate is the class's."""
+    from microco.clients.compiler._tf_cost import calibration_step, hlo_class
+
+    fn, args = calibration_step(op_class)
+    text = fn.experimental_get_compiler_ir(*args)(stage="hlo")
+    assert hlo_class(text) == op_class
+    assert 100 < hlo_instruction_count(text) < 1_000  # small: its compile is cheap
+
+
+def test_a_calibrated_rate_prices_its_class_until_a_compile_of_the_class_is_measured(tmp_path):
+    """The calibration's rate replaces the cold prior for its kind and class only, is kept on
+    disk for the next job, and gives way to the class's own measured compiles."""
+    path = tmp_path / "rate.json"
+    cost = XlaCostModel("hw", path, cold_rate=5.0)
+    assert not cost.has_rate("unrolled", "dot+gather+scatter")
+    assert cost.observe_calibration(200, 400.0, "unrolled", "dot+gather+scatter", cpu_ms=300.0)
+    again = XlaCostModel("hw", path, cold_rate=5.0)
+    assert again.has_rate("unrolled", "dot+gather+scatter")
+    assert again.estimate(1_000, "unrolled", "g", "dot+gather+scatter") == pytest.approx(
+        1_500.0
+    )  # 1.5 ms (CPU)
+    assert again.estimate(1_000, "unrolled", "g", "dot+while") == pytest.approx(
+        5_000.0
+    )  # another class: the prior
+    assert again.estimate(1_000, "loop", "g", "dot+gather+scatter") == pytest.approx(5_000.0)  # another kind
+    assert again.observe(1_000, 900.0, "unrolled", "h", "dot+gather+scatter", cpu_ms=800.0)
+    assert again.estimate(1_000, "unrolled", "g", "dot+gather+scatter") == pytest.approx(800.0)  # measured
+    assert not again.observe_calibration(200, 1e9, "unrolled", "dot")  # a disturbed timing: no rate
