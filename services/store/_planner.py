@@ -306,13 +306,15 @@ UNITS_PER_DECODE_S = 1 / DECODE_S_PER_BYTE[DEFAULT_COMPRESSION]
 
 
 # Seconds a store node waits per byte of an extent file read from disk (not in the page cache):
-# the columns' ranges of a column-major extent read as a node reads them (``posix_fadvise``
-# WILLNEED, then the map's pages), after evicting them, one process. Measured on this host with
-# ``python -m microco.benchmarks.store_codecs --disk`` (docs/store.md, "Replicas in memory");
-# re-run it on other hardware. Counted with decoding in one unit (``Cost.total``): a read whose
-# bytes are on disk waits for them (the decoding of the first columns overlaps the reading of the
-# next only in part).
-DISK_S_PER_BYTE = 2.0e-9
+# a column subset of column-major extents read as a node reads it (``posix_fadvise`` WILLNEED,
+# then the map's pages), cold after evicting the file, less the same read warm, per byte read
+# from disk; medians of 5 rounds, zstd and lz4 interleaved. Measured on this host with
+# ``python -m microco.benchmarks.store_codecs --disk --rows 4000000 --rounds 5`` (2026-12-04
+# 04:46-04:48 UTC: 4.2e-9 (zstd) and 6.4e-9 (lz4) at load average 5-7; 8.8e-9 and 14.6e-9 at
+# load 10; docs/store.md, "Replicas in memory"); re-run it on other hardware. Counted with
+# decoding in one unit (``Cost.total``): a read whose bytes are on disk waits for them beyond its
+# decoding (the measurement is that difference).
+DISK_S_PER_BYTE = 5.0e-9
 
 
 @dataclass(frozen=True)
@@ -333,6 +335,8 @@ class Cost:
     disk_bytes: float = 0.0
     disk_s: float = 0.0
     in_memory: float | None = None
+    # with residency: CPU seconds decoding what the extent caches do not hold (else ``decode_s``)
+    todo_s: float | None = None
 
     @property
     def read_units(self) -> float:
@@ -340,20 +344,28 @@ class Cost:
 
     @property
     def base(self) -> float:
-        """The cost without the disk: what decides between plans of different shapes (a matched
-        replica against a shuffle), as it did before residency was known."""
+        """The cost without residency: what decides between plans of different shapes (a matched
+        replica against a shuffle, pruning), as it did before residency was known."""
         return self.read_units + MOVE_WEIGHT * self.bytes_moved
 
     @property
+    def read_s(self) -> float:
+        """Seconds reading: decoding what is not held decoded, and the disk."""
+        return (self.decode_s or 0.0) if self.todo_s is None else self.todo_s + self.disk_s
+
+    @property
     def total(self) -> float:
-        return self.base + self.disk_s * UNITS_PER_DECODE_S
+        if self.todo_s is None or self.decode_s is None:
+            return self.base
+        return self.read_s * UNITS_PER_DECODE_S + MOVE_WEIGHT * self.bytes_moved
 
     def describe(self) -> str:
         decode = "" if self.decode_s is None else f", ~{self.decode_s:.3g} CPU s decoding ({self.codecs})"
         disk = (
             ""
             if self.in_memory is None
-            else f", {self.in_memory:.0%} in memory, {_mb(round(self.disk_bytes))} from disk ~{self.disk_s:.3g} s"
+            else f" (~{self.todo_s or 0.0:.3g} s of it not held decoded), {self.in_memory:.0%} in memory, "
+            f"{_mb(round(self.disk_bytes))} from disk ~{self.disk_s:.3g} s"
         )
         return f"~{self.rows} rows, {_mb(self.bytes_read)} read{decode}{disk}, {_mb(self.bytes_moved)} moved"
 
@@ -364,6 +376,11 @@ class Cost:
         mem = self.in_memory if other.in_memory is None else other.in_memory
         if self.in_memory is not None and other.in_memory is not None:
             mem = min(self.in_memory, other.in_memory)
+        todo = None
+        if self.todo_s is not None or other.todo_s is not None:
+            todo = (self.todo_s if self.todo_s is not None else self.decode_s or 0.0) + (
+                other.todo_s if other.todo_s is not None else other.decode_s or 0.0
+            )
         return Cost(
             self.rows + other.rows,
             self.bytes_read + other.bytes_read,
@@ -373,6 +390,7 @@ class Cost:
             self.disk_bytes + other.disk_bytes,
             self.disk_s + other.disk_s,
             mem,
+            todo,
         )
 
 
@@ -424,15 +442,16 @@ class ReadEstimate:
     """What reading a side costs its nodes: CPU seconds decoding, and with residency known the
     file bytes read from disk, their seconds, and the share of the files' bytes read in memory."""
 
-    decode_s: float
+    decode_s: float  # decoding all of it (as without residency)
     codecs: str
     disk_bytes: float = 0.0
     disk_s: float = 0.0
     in_memory: float | None = None
+    todo_s: float | None = None  # decoding what the nodes' extent caches do not hold
 
     @property
     def seconds(self) -> float:
-        return self.decode_s + self.disk_s
+        return (self.decode_s if self.todo_s is None else self.todo_s) + self.disk_s
 
 
 def read_estimate(
@@ -449,7 +468,7 @@ def read_estimate(
     share = column_share(t, cols)
     meta = {e.id: e for e in t.extents()}
     by_codec: dict[str, float] = defaultdict(float)
-    seconds = disk = 0.0
+    todo_s = disk = 0.0
     file_total = file_mem = 0.0
     known = False
     for u in units:
@@ -457,13 +476,14 @@ def read_estimate(
             e = meta.get(src["extent"])
             codec = extent_codec(t, e) if e is not None else t.codec(0)
             by_codec[codec] += src["bytes"] * share
+            whole = src["bytes"] * share * DECODE_S_PER_BYTE[codec]
             r = resident.get(src["extent"]) if resident is not None else None
             if r is None:
-                seconds += src["bytes"] * share * DECODE_S_PER_BYTE[codec]
+                todo_s += whole
                 continue
             known = True
             todo = sum(n * (1 - r.decoded.get(c, 0.0)) for c, n in shares.items())
-            seconds += src["bytes"] * todo * DECODE_S_PER_BYTE[codec]
+            todo_s += src["bytes"] * todo * DECODE_S_PER_BYTE[codec]
             d = r.disk_bytes(list(shares))
             disk += d
             if r.columns is None:
@@ -472,11 +492,13 @@ def read_estimate(
                 size = float(sum(r.columns.get(c, (0, 0))[0] for c in shares))
             file_total += size
             file_mem += size * r.file_share(list(shares))
+    # summed per codec, as before residency (the same floats: equal replicas tie as they did)
+    seconds = sum(n * DECODE_S_PER_BYTE[c] for c, n in by_codec.items())
     codecs = "/".join(sorted(by_codec)) or t.codec(0)
     if not known:
         return ReadEstimate(seconds, codecs)
     mem = file_mem / file_total if file_total else 1.0
-    return ReadEstimate(seconds, codecs, disk, disk * DISK_S_PER_BYTE, mem)
+    return ReadEstimate(seconds, codecs, disk, disk * DISK_S_PER_BYTE, mem, todo_s)
 
 
 def decode_estimate(t: TableInfo, units: Sequence[Unit], cols: Sequence[str]) -> tuple[float, str]:
@@ -498,7 +520,15 @@ def side_cost(
     rows, nbytes = _read_cost(t, units, cols)
     est = read_estimate(t, units, cols, resident)
     return Cost(
-        rows, nbytes, moved, est.decode_s, f"{t.name} {est.codecs}", est.disk_bytes, est.disk_s, est.in_memory
+        rows,
+        nbytes,
+        moved,
+        est.decode_s,
+        f"{t.name} {est.codecs}",
+        est.disk_bytes,
+        est.disk_s,
+        est.in_memory,
+        est.todo_s,
     )
 
 
@@ -580,7 +610,7 @@ def _cheapest(cands: list[Choice], order: Callable[[Choice], Any]) -> Choice:
 
 
 def _read_s(c: Cost) -> float:
-    return (c.decode_s or 0.0) + c.disk_s
+    return c.read_s
 
 
 def _replica_text(replicas: dict[str, int]) -> str:
