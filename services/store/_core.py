@@ -275,6 +275,7 @@ class StoreCore:
         with self._residency_lock:
             kept = {t: self._residency.get(t) for t in names}
         stale = [t for t, hit in kept.items() if hit is None or now - hit[0] >= self.residency_max_age_s]
+        asked = None
         if stale:
             self.residency_asks += 1
             known = {n.lower(): n for n in self.catalog.table_names()}  # a node's directory: as created
@@ -297,6 +298,7 @@ class StoreCore:
                     fresh[t].merge({"tables": {real: answer.get("tables", {}).get(real, {})}})
                     fresh[t].nodes += 1
             done = time.monotonic()
+            asked = done - now
             with self._residency_lock:
                 for t, snap in fresh.items():
                     kept[t] = self._residency[t] = (done, snap)
@@ -307,6 +309,7 @@ class StoreCore:
             out.groups.update(hit[1].groups)
             out.nodes = max(out.nodes, hit[1].nodes)
             out.asked = max(out.asked, hit[1].asked)
+        out.ask_s = asked
         return out
 
     # ------------------------------------------------------------------ tables
@@ -515,7 +518,11 @@ class StoreCore:
         )
         hit = self.model_plans.get(key) if token is not None else None
         if hit is not None and hit[0] == token:
-            return hit[1].reused(qid or "q", nodes)
+            plan = hit[1].reused(qid or "q", nodes)
+            if resident is not None:
+                plan.explain = [x for x in plan.explain if not x.startswith("residency: ")]
+                plan.explain.append(resident.describe())
+            return plan
         tables = {}
         for n in names:
             tables[n] = self.catalog.table(n)
@@ -529,6 +536,8 @@ class StoreCore:
             join_build_bytes=self.join_build_bytes,
             resident=resident,
         )
+        if resident is not None:
+            plan.explain.append(resident.describe())
         plan.nodes = nodes
         if token is not None:
             self.model_plans.put(key, (token, plan.reused(plan.qid, {})))

@@ -180,6 +180,12 @@ class Residency:
         self.groups: dict[tuple[str, int], list[str]] = {}
         self.nodes = 0  # nodes that answered
         self.asked = 0  # nodes asked
+        self.ask_s: float | None = None  # seconds this plan waited asking (None: answers reused)
+
+    def describe(self) -> str:
+        """EXPLAIN's line: where the answers came from."""
+        how = "reused" if self.ask_s is None else f"asked now, {self.ask_s * 1e3:.1f} ms"
+        return f"residency: {self.nodes} of {self.asked} nodes said what of the tables is in memory ({how})"
 
     def get(self, extent_id: str) -> ExtentResidency | None:
         return self.extents.get(extent_id)

@@ -2204,9 +2204,10 @@ def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan
         snap = _snapshot(core, refs)
         version = _plancache.digest(*snap[0], "\0", *env)
     if hit is not None and hit.version == version:
-        return replace(
-            hit.plan, explain=list(hit.plan.explain), timings={}, nodes={n.name: n for n in live}, cached=True
-        )
+        lines = [x for x in hit.plan.explain if not x.startswith("residency: ")]
+        if resident is not None:
+            lines.append(resident.describe())
+        return replace(hit.plan, explain=lines, timings={}, nodes={n.name: n for n in live}, cached=True)
     if tree is None:
         tree = parsed(sql, key)
     _parts, found, missing = snap if snap is not None else _snapshot(core, refs)
@@ -2228,6 +2229,8 @@ def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan
     )
     _volatile.seen = False
     plan = plan_sql(ctx)
+    if resident is not None:
+        plan.explain.append(resident.describe())
     plan.nodes = {n.name: n for n in live}  # what the run calls: no second registry read
     if cache is not None and not _volatile.seen:
         cache.put(key, _Cached(refs, version, replace(plan, explain=list(plan.explain), timings={})))

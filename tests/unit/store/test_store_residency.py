@@ -82,6 +82,7 @@ def test_the_planner_prefers_the_replica_in_memory_when_costs_say_so(tmp_path):
     plan = core.explain_sql(UNKEYED_SQL)
     assert plan.replicas == {"t": 2}
     assert "100% in memory" in plan.explain_text() and "0% in memory" in plan.explain_text()
+    assert "residency: 6 of 6 nodes said what of the tables is in memory" in plan.explain_text()
     got, _ = core.sql(UNKEYED_SQL)
     want = DATA.filter(pa.compute.equal(DATA["s"], "beta"))
     assert got.to_pylist() == [{"total": pa.compute.sum(want["v"]).as_py(), "n": want.num_rows}]
