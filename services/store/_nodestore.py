@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 import pyarrow as pa
 
 from microco.common.errors import InvalidArgument, MicrocoError, NotFound
@@ -38,7 +37,7 @@ from ._layout import (
 )
 from ._limits import safe_path
 from ._partition import PartitionSpec
-from ._residency import column_ranges, range_bytes, resident_pages
+from ._residency import column_ranges, file_residency
 
 log = logging.getLogger(__name__)
 
@@ -295,18 +294,17 @@ class NodeStore:
                     continue
                 try:
                     st = de.stat()
-                    pages = resident_pages(de.path, st.st_size)
-                    if pages is None:
-                        continue
                     key = (st.st_mtime_ns, st.st_size)
                     hit = self._ranges.get(de.path)
                     if hit is None or hit[0] != key:
                         hit = (key, column_ranges(Path(de.path)))
                         self._ranges[de.path] = hit
+                    got = file_residency(de.path, st.st_size, hit[1][1] if hit[1] is not None else None)
+                    if got is None:
+                        continue
                 except (OSError, ValueError):
                     continue  # deleted or replaced meanwhile: not reported
-                cum = np.concatenate(([0], np.cumsum(pages, dtype=np.int64)))
-                resident = range_bytes(cum, 0, st.st_size)
+                resident, col_resident = got
                 decoded: dict[str, float] = {}
                 ext = open_now.get(de.path)
                 if ext is not None and ext.compressed:
@@ -315,7 +313,7 @@ class NodeStore:
                 if hit[1] is not None:
                     cols, ranges = hit[1]
                     rec[2] = [n for _, n in ranges]
-                    rec[3] = [range_bytes(cum, o, n) for o, n in ranges]
+                    rec[3] = col_resident
                     if names is None:
                         names = cols
                     if cols != names:

@@ -930,6 +930,12 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
             )
             + (f"; {len(conds)} filters pushed to the nodes" if conds else "")
             + f"; cost: ~{cost.rows} rows, {cost.bytes_read / 1e6:.2f} MB of its columns read (the least of its replicas)"
+            + (
+                ""
+                if cost.in_memory is None
+                else f", reading it ~{cost.read_s:.3g} s ({cost.in_memory:.0%} in memory, "
+                f"{cost.disk_bytes / 1e6:.1f} MB from disk), the cheapest of its replicas to read and move"
+            )
         )
     semi = _semi_joins(facts, colsets, semi_join_bytes(ctx.core))
     for sj in semi:

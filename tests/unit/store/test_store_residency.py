@@ -5,6 +5,7 @@ with its decoding, where the query does not tell the replicas apart, and EXPLAIN
 
 from __future__ import annotations
 
+import mmap
 import os
 import time
 from dataclasses import replace
@@ -16,7 +17,7 @@ import pytest
 from microco.common.kv import MemoryKV
 from microco.services.store import Agg, LocalTransport, NodeInfo, PartitionSpec, Query, StoreCore
 from microco.services.store._planner import plan_query
-from microco.services.store._residency import ExtentResidency, Residency, resident_pages
+from microco.services.store._residency import ExtentResidency, Residency, cached_bytes, resident_pages
 
 N = 12_000
 RNG = np.random.default_rng(5)
@@ -167,6 +168,7 @@ def test_nodes_report_the_page_cache_and_their_decoded_columns(tmp_path):
     node = NodeStore("solo", tmp_path / "solo")
     node.put_extent("u", "s000001-r0-p0000-x", big, [[0, 0, big.num_rows]])
     cold_path = node.path("u", "s000001-r0-p0000-x")
+    node.residency(["u"])  # its column ranges read from its header once, and kept
     _evict(cold_path)
     pages = resident_pages(cold_path)
     if pages is None or pages.any():
@@ -177,6 +179,15 @@ def test_nodes_report_the_page_cache_and_their_decoded_columns(tmp_path):
     rec = node.residency(["u"])["tables"]["u"]["extents"]["s000001-r0-p0000-x"]
     assert rec[3][1] == rec[2][1]  # "b" read whole
     assert rec[3][0] < rec[2][0] / 2 and rec[3][2] < rec[2][2] / 2  # the others mostly not
+    # cachestat(2) (what a node asks where the kernel has it) and mincore(2) agree
+    size = cold_path.stat().st_size
+    fd = os.open(cold_path, os.O_RDONLY)
+    try:
+        by_cachestat = cached_bytes(fd, [(0, size)])
+    finally:
+        os.close(fd)
+    by_mincore = int(resident_pages(cold_path).sum()) * mmap.PAGESIZE
+    assert by_cachestat is None or by_cachestat[0] == min(by_mincore, size)
     # the coordinator's estimate: the disk bytes of the columns read that are not in memory
     snap = Residency()
     snap.merge(
