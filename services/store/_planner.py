@@ -547,7 +547,7 @@ def cheapest_replica(
     moving those bytes costs (``Cost.total``; with the nodes' ``resident`` answer, the disk too).
     A replica that cannot be read at all (not even degraded) is skipped; if none can, its error
     is raised."""
-    best = None
+    options = []
     last: Exception | None = None
     for r in range(REPLICAS):
         allowed, _ = pruned_partitions(t, r, where)
@@ -557,12 +557,24 @@ def cheapest_replica(
             last = exc
             continue
         c = side_cost(t, units, cols, resident=resident)
-        cost = replace(c, bytes_moved=c.bytes_read)
-        if best is None or cost.total < best[1].total:
-            best = (r, cost, units, allowed)
-    if best is None:
+        options.append((r, replace(c, bytes_moved=c.bytes_read), units, allowed))
+    if not options:
         raise last or Unavailable(f"table {t.name!r} cannot be read")
-    return best
+    return options[resident_pick([o[1] for o in options])]
+
+
+def resident_pick(costs: Sequence[Cost]) -> int:
+    """Which of ``costs`` (one per replica, in replica order) to read: the cheapest without
+    residency (``Cost.base``; the first of equals), unless another of the same decoding cost
+    (``Cost.base`` within ``COST_TIE``: replicas of one codec) reads for less once what is in
+    memory is counted (``Cost.total``) by more than ``COST_TIE``. Residency does not trade
+    decoding for disk across codecs: measured at scale factor 10, a zstd replica in memory chosen
+    over an lz4 one on disk was slower (docs/store.md, "Replicas in memory")."""
+    first = min(range(len(costs)), key=lambda i: (costs[i].base, i))
+    b = costs[first]
+    near = [i for i, c in enumerate(costs) if c.base <= b.base * (1 + COST_TIE)]
+    low = min(near, key=lambda i: (costs[i].total, i))
+    return first if b.total <= costs[low].total * (1 + COST_TIE) else low
 
 
 def _single_kind(bound: Bound, r: int) -> str:
@@ -588,7 +600,13 @@ def _cheapest(cands: list[Choice], order: Callable[[Choice], Any]) -> Choice:
     floor = min(c.cost.base for c in cands)
     near = [c for c in cands if c.cost.base <= floor * (1 + COST_TIE)]
     best = min(near, key=lambda c: (c.kind.endswith("shuffle"), c.cost.base, order(c)))
-    same = [c for c in cands if c.kind == best.kind and c.reasons == best.reasons]
+    same = [
+        c
+        for c in cands
+        if c.kind == best.kind
+        and c.reasons == best.reasons
+        and c.cost.base <= best.cost.base * (1 + COST_TIE)
+    ]
     if best.cost.in_memory is None or len(same) < 2:
         return best
     low = min(same, key=lambda c: (c.cost.total, order(c)))
@@ -710,15 +728,12 @@ def _choose_join(
     def cheapest(
         t: TableInfo, opts: list[int], where: Sequence[Any], cols: list[str]
     ) -> tuple[int, Any, Any, Cost]:
-        best = None
+        options = []
         for r in opts:
             allowed, _ = pruned_partitions(t, r, where)
             units = replica_units(t, r, live, addresses, allowed)
-            cost = side_cost(t, units, cols, resident=resident)
-            if best is None or cost.total < best[3].total:
-                best = (r, units, allowed, cost)
-        assert best is not None
-        return best
+            options.append((r, units, allowed, side_cost(t, units, cols, resident=resident)))
+        return options[resident_pick([o[3] for o in options])]
 
     ra, ua, al_a, cost_a = cheapest(a, ra_opts, q.where, bound.read_a)
     rb, ub, al_b, cost_b = cheapest(b, rb_opts, q.join.where, bound.read_b)

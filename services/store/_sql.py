@@ -1601,8 +1601,16 @@ def _split_replica(ctx: _Ctx, t: TableInfo, where: list[Any], gcols: list[str]) 
     known = any(e.in_memory is not None for e in est.values())
     if not known and len({e.codecs for e in est.values()}) < 2:
         return tied[0], []  # one codec for all: their reads decode alike (ties: the lower number)
-    floor = min(e.seconds for e in est.values())
-    r = min(x for x, e in est.items() if e.seconds <= floor * (1 + COST_TIE))
+    # decoding first, as before residency: the replica that decodes least (the lower number
+    # unless another saves over ``COST_TIE``); then what is in memory, among those that decode
+    # alike (one codec: ``resident_pick``, which does not trade decoding for disk)
+    floor = min(e.decode_s for e in est.values())
+    r = min(x for x, e in est.items() if e.decode_s <= floor * (1 + COST_TIE))
+    if known:
+        alike = [x for x, e in sorted(est.items()) if e.decode_s <= est[r].decode_s * (1 + COST_TIE)]
+        low = min(alike, key=lambda x: (est[x].seconds, x))
+        if est[r].seconds > est[low].seconds * (1 + COST_TIE):
+            r = low
     if not known:
         others = ", ".join(
             f"replica {x} ~{e.decode_s:.3g} s ({e.codecs})" for x, e in sorted(est.items()) if x != r
@@ -1622,7 +1630,10 @@ def _split_replica(ctx: _Ctx, t: TableInfo, where: list[Any], gcols: list[str]) 
         )
 
     others = "; ".join(f"replica {x} {text(e)}" for x, e in sorted(est.items()) if x != r)
-    return r, [f"reading it {text(est[r])} against {others}: no replica matches the query better"]
+    return r, [
+        f"reading it {text(est[r])} against {others}: no replica matches the query better; the one "
+        "that decodes least, then of those decoding alike the one cheapest to read with what is in memory"
+    ]
 
 
 def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
