@@ -295,7 +295,10 @@ class StoreCore:
                     log.debug("residency of %s: %s", name, exc)
                     continue
                 for real, t in ask.items():
-                    fresh[t].merge({"tables": {real: answer.get("tables", {}).get(real, {})}})
+                    part = {"tables": {real: answer.get("tables", {}).get(real, {})}}
+                    if "cache_bytes" in answer:
+                        part["cache_bytes"] = answer["cache_bytes"]
+                    fresh[t].merge(part, name)
                     fresh[t].nodes += 1
             done = time.monotonic()
             asked = done - now
@@ -307,6 +310,7 @@ class StoreCore:
             assert hit is not None
             out.extents.update(hit[1].extents)
             out.groups.update(hit[1].groups)
+            out.cache_bytes.update(hit[1].cache_bytes)
             out.nodes = max(out.nodes, hit[1].nodes)
             out.asked = max(out.asked, hit[1].asked)
         out.ask_s = asked

@@ -320,7 +320,10 @@ class NodeStore:
                         rec.append(cols)
                 extents[de.name[: -len(".arrow")]] = rec
             out[table] = {"columns": names or [], "extents": extents}
-        return {"tables": out}
+        # the extent cache's capacity: a read of more decoded bytes than it holds evicts, as it goes,
+        # what it would find there (least recently used), so the planner counts what it holds only
+        # for reads that fit
+        return {"tables": out, "cache_bytes": self.cache_bytes}
 
     def stats(self) -> dict[str, Any]:
         n = size = 0

@@ -469,6 +469,15 @@ def read_estimate(
     meta = {e.id: e for e in t.extents()}
     by_codec: dict[str, float] = defaultdict(float)
     todo_s = disk = 0.0
+    # a node's extent cache helps a read only if the read's decoded bytes there fit in it: a
+    # larger one evicts, least recently used first, what it would find there before it gets to it
+    fits: dict[str, bool] = {}
+    if resident is not None and resident.cache_bytes:
+        on_node: dict[str, float] = defaultdict(float)
+        for u in units:
+            for src in u.sources:
+                on_node[src["node"]] += src["bytes"] * share
+        fits = {n: b <= resident.cache_bytes.get(n, 0) for n, b in on_node.items()}
     file_total = file_mem = 0.0
     known = False
     for u in units:
@@ -482,6 +491,8 @@ def read_estimate(
                 todo_s += whole
                 continue
             known = True
+            if not fits.get(src["node"], True):
+                r = replace(r, decoded={})
             todo = sum(n * (1 - r.decoded.get(c, 0.0)) for c, n in shares.items())
             todo_s += src["bytes"] * todo * DECODE_S_PER_BYTE[codec]
             d = r.disk_bytes(list(shares))

@@ -247,6 +247,7 @@ class Residency:
         self.extents: dict[str, ExtentResidency] = {}
         # (table, replica) -> its extents' ids, for ``signature``
         self.groups: dict[tuple[str, int], list[str]] = {}
+        self.cache_bytes: dict[str, int] = {}  # node -> its extent cache's capacity, as it said
         self.nodes = 0  # nodes that answered
         self.asked = 0  # nodes asked
         self.ask_s: float | None = None  # seconds this plan waited asking (None: answers reused)
@@ -259,8 +260,10 @@ class Residency:
     def get(self, extent_id: str) -> ExtentResidency | None:
         return self.extents.get(extent_id)
 
-    def merge(self, answer: dict[str, Any]) -> None:
+    def merge(self, answer: dict[str, Any], node: str = "") -> None:
         """Add one node's answer (``NodeStore.residency``)."""
+        if "cache_bytes" in answer:
+            self.cache_bytes[node] = int(answer["cache_bytes"])
         for table, t in answer.get("tables", {}).items():
             names = list(t.get("columns", []))
             for eid, rec in t.get("extents", {}).items():

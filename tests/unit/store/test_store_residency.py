@@ -219,3 +219,23 @@ def test_nodes_report_the_page_cache_and_their_decoded_columns(tmp_path):
         }
     )
     assert snap.get(e.id).disk_bytes(["k", "v"]) == col_bytes[0]  # "v" is held decoded
+
+
+def test_the_extent_cache_counts_only_for_reads_that_fit_in_it(tmp_path):
+    from microco.services.store._planner import read_estimate, replica_units
+
+    core, tr = _core(tmp_path)
+    t = core.table("t")
+    live = {n.name for n in NODES}
+    units = replica_units(t, 0, live, {n: "" for n in live})
+    snap = _only_in_memory(core, 0)
+    for eid, r in list(snap.extents.items()):
+        snap.extents[eid] = replace(r, decoded={c: 1.0 for c in DATA.schema.names})
+    answer = tr.stores["n0"].residency(["t"])
+    assert answer["cache_bytes"] == tr.stores["n0"].cache_bytes
+    snap.cache_bytes = {n.name: 1 << 30 for n in NODES}
+    held = read_estimate(t, units, ["v", "s"], snap)
+    assert held.todo_s == 0 and held.decode_s > 0
+    snap.cache_bytes = {n.name: 1000 for n in NODES}  # smaller than any node's read: evicted as read
+    spilled = read_estimate(t, units, ["v", "s"], snap)
+    assert spilled.todo_s == pytest.approx(spilled.decode_s)
