@@ -282,6 +282,10 @@ def tpch_queries(
             (store_s, got, plan, store_med), (duck_s, want, _, duck_med) = timed[:2]
             row["plan"] = plan.get("kind")
             row["replicas"] = plan.get("replicas")
+            # why a replica was read where memory decided (EXPLAIN's lines with the residency)
+            row["residency"] = [
+                line.strip()[:600] for line in plan.get("explain", "").splitlines() if "in memory" in line
+            ][:4]
             row.update(_phases(plan.get("explain", "")))
             row["store_s"], row["duckdb_s"] = round(store_s, 4), round(duck_s, 4)
             # the medians of the same interleaved trials (fixed_cost's ``*_median_s`` are its own)
@@ -636,6 +640,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a table's replicas' extent codecs (zstd, lz4, none), e.g. lineitem=zstd,lz4,zstd (its "
         "l_partkey replica in lz4); repeatable; default zstd for every replica of every table",
     )
+    ap.add_argument(
+        "--no-residency",
+        action="store_true",
+        help="the coordinator plans without asking the nodes what is in memory (an A/B setting: "
+        "--residency-max-age-s -1)",
+    )
     args = ap.parse_args(argv)
     REPLICA_CODECS.clear()
     REPLICA_CODECS.update(dict(args.replica_codecs))
@@ -670,6 +680,7 @@ def main(argv: list[str] | None = None) -> int:
         "node_cache_mb": args.node_cache_mb,
         "super_extent_rows": args.super_extent_rows,
         "replica_codecs": dict(REPLICA_CODECS),
+        "residency": not args.no_residency,
         "cores": os.cpu_count(),
         "load_average_at_start": os.getloadavg()[0],
     }
@@ -687,6 +698,7 @@ def main(argv: list[str] | None = None) -> int:
             "0",
             "--recovery-interval-s",
             "3600",
+            *(["--residency-max-age-s", "-1"] if args.no_residency else []),
         ],
     ) as cluster:
         client = StoreClient.from_address(cluster.coordinator_address, default_timeout=600)

@@ -2,6 +2,13 @@
 ``DECODE_S_PER_BYTE`` (services/store/_planner.py). JSON on stdout.
 
     python -m microco.benchmarks.store_codecs [--rows 1000000] [--rounds 7] [--parquet FILE]
+    python -m microco.benchmarks.store_codecs --disk [--rows 4000000] [--rounds 5]
+
+``--disk``: the figure behind the planner's ``DISK_S_PER_BYTE`` instead: a column subset (every
+other column) of column-major extents of each compressed codec read as a node reads it, cold
+(the file evicted from the page cache with ``posix_fadvise(DONTNEED)`` just before) and warm,
+interleaved; wall seconds per byte of the file read from disk, ``(cold - warm) / bytes read``
+(the time a read waits for the disk beyond its decoding), medians.
 
 The rows are cut as a node's extents are (``write_extent``: one record batch per sub-bucket,
 ``--batches`` of them) and read as a node reads them (``open_extent`` then ``select`` of every
@@ -111,12 +118,75 @@ def measure(table: pa.Table, rounds: int, batches: int, directory: Path) -> dict
     }
 
 
+def _evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _read_bytes() -> int:
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def measure_disk(table: pa.Table, rounds: int, batches: int, directory: Path) -> dict[str, Any]:
+    """Cold and warm wall seconds of reading every other column of one extent per compressed
+    codec (column-major, as nodes write), the codecs and cold/warm interleaved."""
+    buckets = _buckets(table.num_rows, batches)
+    cut = table.combine_chunks()
+    pieces, off = [], 0
+    for b in buckets:
+        pieces.append(cut.slice(off, b[2]).combine_chunks().to_batches()[0])
+        off += b[2]
+    rows = pa.Table.from_batches(pieces)
+    cols = rows.schema.names[::2]
+    codecs = [c for c in CODECS if c != "none"]
+    files = {}
+    for codec in codecs:
+        files[codec] = directory / f"{codec}.arrow"
+        write_extent(files[codec], rows, buckets, codec, 2)
+    runs: dict[str, dict[str, list[float]]] = {c: {"cold": [], "warm": [], "disk_bytes": []} for c in codecs}
+    for k in range(rounds + 1):
+        order = codecs[k % len(codecs) :] + codecs[: k % len(codecs)]
+        for codec in order:
+            for state in ("cold", "warm"):
+                if state == "cold":
+                    _evict(files[codec])
+                before = _read_bytes()
+                t0 = time.perf_counter()
+                got, _n = open_extent(files[codec]).select(None, cols)
+                _ = [c.chunks for c in got.columns]
+                dt = time.perf_counter() - t0
+                if k:  # the first round warms the code paths
+                    runs[codec][state].append(dt)
+                    if state == "cold":
+                        runs[codec]["disk_bytes"].append(_read_bytes() - before)
+    out: dict[str, Any] = {"rows": table.num_rows, "columns_read": cols, "codecs": {}}
+    for codec in codecs:
+        cold, warm = statistics.median(runs[codec]["cold"]), statistics.median(runs[codec]["warm"])
+        disk = statistics.median(runs[codec]["disk_bytes"])
+        out["codecs"][codec] = {
+            "cold_s": cold,
+            "warm_s": warm,
+            "disk_bytes": disk,
+            "disk_s_per_byte": (cold - warm) / disk if disk else None,
+            "rounds": runs[codec],
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m microco.benchmarks.store_codecs", description=__doc__)
     ap.add_argument("--rows", type=int, default=1_000_000, help="synthetic rows (default 1M)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--batches", type=int, default=64, help="record batches (sub-buckets) per extent")
     ap.add_argument("--parquet", default="", help="measure this file's rows instead of synthetic ones")
+    ap.add_argument("--disk", action="store_true", help="cold reads from disk instead (DISK_S_PER_BYTE)")
     args = ap.parse_args(argv)
     if args.parquet:
         # the first rows, in the types the store keeps (plain strings: a string_view slice
@@ -127,10 +197,14 @@ def main(argv: list[str] | None = None) -> int:
         table = synthetic(args.rows)
     started = datetime.datetime.now(datetime.UTC)
     load = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as d:
-        out = measure(table, args.rounds, args.batches, Path(d))
+    # on the disk (not a tmpfs /tmp: its pages cannot be evicted)
+    with tempfile.TemporaryDirectory(dir=os.path.expanduser("~")) as d:
+        if args.disk:
+            out = measure_disk(table, args.rounds, args.batches, Path(d))
+        else:
+            out = measure(table, args.rounds, args.batches, Path(d))
     out.update(
-        benchmark="store_codecs",
+        benchmark="store_codecs_disk" if args.disk else "store_codecs",
         data=args.parquet or "synthetic",
         started_utc=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         load_start=load,

@@ -38,6 +38,9 @@ from ._plancache import LRU
 from ._planner import JOIN_BUILD_BYTES, Plan, plan_query
 from ._query import Agg, Query
 from ._recovery import plan_recovery
+from ._residency import MAX_AGE_S as RESIDENCY_MAX_AGE_S
+from ._residency import TIMEOUT_S as RESIDENCY_TIMEOUT_S
+from ._residency import Residency
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +218,14 @@ class StoreCore:
         self.sql_plans: LRU[Any] = LRU(sql_plan_cache)
         # JSON-model plans by (query, live nodes, settings), each with its catalog token (``plan``)
         self.model_plans: LRU[tuple[bytes, Plan]] = LRU(model_plan_cache)
+        # what of each table's extents is in memory on their nodes, for the planner
+        # (``_residency``): table name -> (when asked, monotonic; the answers). None: not asked,
+        # plans as before residency was known (an A/B setting)
+        self.residency_max_age_s: float | None = RESIDENCY_MAX_AGE_S
+        self.residency_timeout_s = RESIDENCY_TIMEOUT_S
+        self._residency: dict[str, tuple[float, Residency]] = {}
+        self._residency_lock = threading.Lock()
+        self.residency_asks = 0  # fan-outs made (each asks every live node once)
 
     # ------------------------------------------------------------------ nodes
     def live_nodes(self) -> list[NodeInfo]:
@@ -278,6 +289,60 @@ class StoreCore:
                     "read_by_replica": reads.get(n, {}),
                 }
             )
+        return out
+
+    def residency(self, tables: Sequence[str], live: Sequence[NodeInfo]) -> Residency | None:
+        """What of ``tables``' extents is in memory on ``live`` nodes (``_residency``): the answers
+        kept for a table are reused for ``residency_max_age_s``; the tables whose answers are
+        older are asked of every live node at once, in parallel, waiting at most
+        ``residency_timeout_s`` (a node not answering by then is left unknown). None when
+        residency is off (``residency_max_age_s`` None) or there is nothing to ask."""
+        if self.residency_max_age_s is None or not tables or not live:
+            return None
+        names = sorted({t.lower() for t in tables})  # kept by the name as SQL folds it
+        now = time.monotonic()
+        with self._residency_lock:
+            kept = {t: self._residency.get(t) for t in names}
+        stale = [t for t, hit in kept.items() if hit is None or now - hit[0] >= self.residency_max_age_s]
+        asked = None
+        if stale:
+            self.residency_asks += 1
+            known = {n.lower(): n for n in self.catalog.table_names()}  # a node's directory: as created
+            ask = {known.get(t, t): t for t in stale}
+            fresh = {t: Residency() for t in stale}
+            calls = {
+                n.name: self._pool.submit(self.transport.action, n, "residency", {"tables": list(ask)})
+                for n in live
+            }
+            deadline = now + self.residency_timeout_s
+            for name, call in calls.items():
+                for snap in fresh.values():
+                    snap.asked += 1
+                try:
+                    answer = call.result(timeout=max(deadline - time.monotonic(), 0.0))
+                except Exception as exc:  # noqa: BLE001 - a node that cannot say is unknown
+                    log.debug("residency of %s: %s", name, exc)
+                    continue
+                for real, t in ask.items():
+                    part = {"tables": {real: answer.get("tables", {}).get(real, {})}}
+                    if "cache_bytes" in answer:
+                        part["cache_bytes"] = answer["cache_bytes"]
+                    fresh[t].merge(part, name)
+                    fresh[t].nodes += 1
+            done = time.monotonic()
+            asked = done - now
+            with self._residency_lock:
+                for t, snap in fresh.items():
+                    kept[t] = self._residency[t] = (done, snap)
+        out = Residency()
+        for hit in kept.values():
+            assert hit is not None
+            out.extents.update(hit[1].extents)
+            out.groups.update(hit[1].groups)
+            out.cache_bytes.update(hit[1].cache_bytes)
+            out.nodes = max(out.nodes, hit[1].nodes)
+            out.asked = max(out.asked, hit[1].asked)
+        out.ask_s = asked
         return out
 
     # ------------------------------------------------------------------ tables
@@ -524,11 +589,22 @@ class StoreCore:
         live = [n for n in self.live_nodes() if n.name not in exclude]
         nodes = {n.name: n for n in live}
         env = tuple((n.name, n.address, n.domain) for n in sorted(live, key=lambda x: x.name))
-        key = (repr(q), env, self.agg_by_partition, self.join_build_bytes)
+        names = [q.table] + ([q.join.table] if q.join else [])
+        resident = self.residency(names, live)
+        key = (
+            repr(q),
+            env,
+            self.agg_by_partition,
+            self.join_build_bytes,
+            resident.signature() if resident is not None else None,
+        )
         hit = self.model_plans.get(key) if token is not None else None
         if hit is not None and hit[0] == token:
-            return hit[1].reused(qid or "q", nodes)
-        names = [q.table] + ([q.join.table] if q.join else [])
+            plan = hit[1].reused(qid or "q", nodes)
+            if resident is not None:
+                plan.explain = [x for x in plan.explain if not x.startswith("residency: ")]
+                plan.explain.append(resident.describe())
+            return plan
         tables = {}
         for n in names:
             tables[n] = self.catalog.table(n)
@@ -540,7 +616,10 @@ class StoreCore:
             qid or "q",
             by_partition=self.agg_by_partition,
             join_build_bytes=self.join_build_bytes,
+            resident=resident,
         )
+        if resident is not None:
+            plan.explain.append(resident.describe())
         plan.nodes = nodes
         if token is not None:
             self.model_plans.put(key, (token, plan.reused(plan.qid, {})))
@@ -1279,6 +1358,8 @@ def node_action(store: NodeStore, name: str, body: dict[str, Any]) -> dict[str, 
             return {"ok": False, "error": str(exc)}
     if name == "stats":
         return store.stats()
+    if name == "residency":
+        return store.residency([str(t) for t in body.get("tables", [])])
     if name == "reads":
         with store._lock:
             return {"read_by_replica": {t: list(v) for t, v in store.read_by_replica.items()}}

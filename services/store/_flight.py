@@ -354,6 +354,7 @@ class StoreFlightServer(flight.FlightServerBase):
             ("verify", "check an extent's checksum"),
             ("stats", ""),
             ("reads", "Arrow bytes read per table and replica since the node started"),
+            ("residency", "what of the tables' extents is in the page cache and held decoded"),
             ("collect_garbage", "delete unreferenced extent files older than min_age_s"),
         ]
 

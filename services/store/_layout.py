@@ -467,6 +467,19 @@ class OpenExtent:
             for k, ix in enumerate(index)
         )
 
+    def decoded_shares(self) -> dict[str, float]:
+        """Per column held decoded, the share of the extent's batches it is held for (a column
+        not held: absent)."""
+        n = len(self._columns)
+        if not n:
+            return {}
+        with self._lock:
+            counts: dict[int, int] = {}
+            for have in self._columns:
+                for i in have:
+                    counts[i] = counts.get(i, 0) + 1
+        return {self.schema.field(i).name: c / n for i, c in counts.items()}
+
     def _load(self, fields: Sequence[int], keep: Sequence[int]) -> None:
         """Decode the columns ``fields`` of the batches ``keep`` not decoded yet. Under
         ``_lock``, lazily decoded extents only."""

@@ -37,6 +37,7 @@ from ._layout import (
 )
 from ._limits import safe_path
 from ._partition import PartitionSpec
+from ._residency import column_ranges, file_residency
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,9 @@ class NodeStore:
         self.compression = compression
         self.layout = check_layout(layout)  # of the extent files it writes (either reads)
         self._verified: dict[str, tuple[int, int, str]] = {}
+        # column-major extents' column names and ranges by path, with the file version they were
+        # read from (``residency``)
+        self._ranges: dict[str, tuple[tuple[int, int], Any]] = {}
         # open extents by path, each with the file version (mtime, size) it was opened from:
         # a hot extent is not re-opened (footer, index) nor decompressed again per query. LRU,
         # bounded twice: at most `open_extents` maps, and at most `cache_bytes` of decompressed
@@ -203,6 +207,7 @@ class NodeStore:
     def _forget(self, p: Path) -> None:
         with self._lock:
             self._verified.pop(str(p), None)
+            self._ranges.pop(str(p), None)
             self._drop_open(str(p))
 
     def delete(self, table: str, extent_id: str) -> bool:
@@ -265,6 +270,60 @@ class NodeStore:
             for k in [k for k in self._open if Path(k).parent == root]:
                 self._drop_open(k)
         shutil.rmtree(root, ignore_errors=True)
+
+    def residency(self, tables: Sequence[str]) -> dict[str, Any]:
+        """What of the extents of ``tables`` here is in memory (``_residency``): per table, the
+        column names of its column-major extents, and per extent file ``[size, bytes in the page
+        cache, each column's file bytes or None, each column's bytes in the page cache or None,
+        {column: share of its batches held decoded}, (its own column names, when not the
+        table's)]``. One ``mincore`` a file; the column ranges are read from a file's header once
+        per file version and kept."""
+        out: dict[str, Any] = {}
+        with self._lock:
+            open_now = {k: v[2] for k, v in self._open.items()}
+        for table in tables:
+            root = safe_path(self.data_dir, "tables", table)
+            try:
+                entries = list(os.scandir(root))
+            except OSError:
+                continue
+            names: list[str] | None = None
+            extents: dict[str, Any] = {}
+            for de in entries:
+                if not de.name.endswith(".arrow"):
+                    continue
+                try:
+                    st = de.stat()
+                    key = (st.st_mtime_ns, st.st_size)
+                    hit = self._ranges.get(de.path)
+                    if hit is None or hit[0] != key:
+                        hit = (key, column_ranges(Path(de.path)))
+                        self._ranges[de.path] = hit
+                    got = file_residency(de.path, st.st_size, hit[1][1] if hit[1] is not None else None)
+                    if got is None:
+                        continue
+                except (OSError, ValueError):
+                    continue  # deleted or replaced meanwhile: not reported
+                resident, col_resident = got
+                decoded: dict[str, float] = {}
+                ext = open_now.get(de.path)
+                if ext is not None and ext.compressed:
+                    decoded = ext.decoded_shares()
+                rec: list[Any] = [st.st_size, resident, None, None, decoded]
+                if hit[1] is not None:
+                    cols, ranges = hit[1]
+                    rec[2] = [n for _, n in ranges]
+                    rec[3] = col_resident
+                    if names is None:
+                        names = cols
+                    if cols != names:
+                        rec.append(cols)
+                extents[de.name[: -len(".arrow")]] = rec
+            out[table] = {"columns": names or [], "extents": extents}
+        # the extent cache's capacity: a read of more decoded bytes than it holds evicts, as it goes,
+        # what it would find there (least recently used), so the planner counts what it holds only
+        # for reads that fit
+        return {"tables": out, "cache_bytes": self.cache_bytes}
 
     def stats(self) -> dict[str, Any]:
         n = size = 0

@@ -37,6 +37,7 @@ from ._layout import DEFAULT_COMPRESSION, ExtentMeta, others
 from ._partition import partitions_for_predicate
 from ._placement import REPLICAS
 from ._query import Query
+from ._residency import Residency
 
 
 @dataclass
@@ -304,35 +305,95 @@ DECODE_S_PER_BYTE = {"zstd": 1.31e-9, "lz4": 0.60e-9, "none": 0.036e-9}
 UNITS_PER_DECODE_S = 1 / DECODE_S_PER_BYTE[DEFAULT_COMPRESSION]
 
 
+# Seconds a store node waits per byte of an extent file read from disk (not in the page cache):
+# a column subset of column-major extents read as a node reads it (``posix_fadvise`` WILLNEED,
+# then the map's pages), cold after evicting the file, less the same read warm, per byte read
+# from disk; medians of 5 rounds, zstd and lz4 interleaved. Measured on this host with
+# ``python -m microco.benchmarks.store_codecs --disk --rows 4000000 --rounds 5`` (2026-12-04
+# 04:46-04:48 UTC: 4.2e-9 (zstd) and 6.4e-9 (lz4) at load average 5-7; 8.8e-9 and 14.6e-9 at
+# load 10; docs/store.md, "Replicas in memory"); re-run it on other hardware. Counted with
+# decoding in one unit (``Cost.total``): a read whose bytes are on disk waits for them beyond its
+# decoding (the measurement is that difference). It ranks replicas that decode alike
+# (``resident_pick``); it does not trade decoding for disk across codecs: measured with one reader
+# on an idle CPU, it overweighed the disk for six nodes reading at once on two busy cores.
+DISK_S_PER_BYTE = 5.0e-9
+
+
 @dataclass(frozen=True)
 class Cost:
     """A plan's estimated work: rows and bytes read from extents (after pruning, needed columns
     only), bytes moved between nodes, and the CPU seconds decoding what is read at the codecs
-    of the extents read (``decode_s``; None: not estimated, a read counts its bytes)."""
+    of the extents read (``decode_s``; None: not estimated, a read counts its bytes). With the
+    nodes' residency (``_residency``): ``disk_bytes`` of the files read from disk (not in the page
+    cache) and their seconds (``disk_s``, ``DISK_S_PER_BYTE``), decoding only the columns not held
+    decoded in the nodes' extent caches, and ``in_memory`` the share of the files' bytes read
+    that is in the page cache (None: residency not known)."""
 
     rows: int
     bytes_read: int
     bytes_moved: int
     decode_s: float | None = None
     codecs: str = ""  # the codecs read, for EXPLAIN
+    disk_bytes: float = 0.0
+    disk_s: float = 0.0
+    in_memory: float | None = None
+    # with residency: CPU seconds decoding what the extent caches do not hold (else ``decode_s``)
+    todo_s: float | None = None
 
     @property
     def read_units(self) -> float:
         return self.bytes_read if self.decode_s is None else self.decode_s * UNITS_PER_DECODE_S
 
     @property
-    def total(self) -> float:
+    def base(self) -> float:
+        """The cost without residency: what decides between plans of different shapes (a matched
+        replica against a shuffle, pruning), as it did before residency was known."""
         return self.read_units + MOVE_WEIGHT * self.bytes_moved
+
+    @property
+    def read_s(self) -> float:
+        """Seconds reading: decoding what is not held decoded, and the disk."""
+        return (self.decode_s or 0.0) if self.todo_s is None else self.todo_s + self.disk_s
+
+    @property
+    def total(self) -> float:
+        if self.todo_s is None or self.decode_s is None:
+            return self.base
+        return self.read_s * UNITS_PER_DECODE_S + MOVE_WEIGHT * self.bytes_moved
 
     def describe(self) -> str:
         decode = "" if self.decode_s is None else f", ~{self.decode_s:.3g} CPU s decoding ({self.codecs})"
-        return f"~{self.rows} rows, {_mb(self.bytes_read)} read{decode}, {_mb(self.bytes_moved)} moved"
+        disk = (
+            ""
+            if self.in_memory is None
+            else f" (~{self.todo_s or 0.0:.3g} s of it not held decoded), {self.in_memory:.0%} in memory, "
+            f"{_mb(round(self.disk_bytes))} from disk ~{self.disk_s:.3g} s"
+        )
+        return f"~{self.rows} rows, {_mb(self.bytes_read)} read{decode}{disk}, {_mb(self.bytes_moved)} moved"
 
     def plus(self, other: Cost, moved: int) -> Cost:
         """Two sides read together, ``moved`` bytes moved."""
         decode = None if self.decode_s is None or other.decode_s is None else self.decode_s + other.decode_s
         codecs = "; ".join(x for x in (self.codecs, other.codecs) if x)
-        return Cost(self.rows + other.rows, self.bytes_read + other.bytes_read, moved, decode, codecs)
+        mem = self.in_memory if other.in_memory is None else other.in_memory
+        if self.in_memory is not None and other.in_memory is not None:
+            mem = min(self.in_memory, other.in_memory)
+        todo = None
+        if self.todo_s is not None or other.todo_s is not None:
+            todo = (self.todo_s if self.todo_s is not None else self.decode_s or 0.0) + (
+                other.todo_s if other.todo_s is not None else other.decode_s or 0.0
+            )
+        return Cost(
+            self.rows + other.rows,
+            self.bytes_read + other.bytes_read,
+            moved,
+            decode,
+            codecs,
+            self.disk_bytes + other.disk_bytes,
+            self.disk_s + other.disk_s,
+            mem,
+            todo,
+        )
 
 
 def column_share(t: TableInfo, cols: Sequence[str]) -> float:
@@ -378,36 +439,128 @@ def extent_codec(t: TableInfo, e: ExtentMeta) -> str:
     return e.codec or t.codec(e.replica)
 
 
+@dataclass(frozen=True)
+class ReadEstimate:
+    """What reading a side costs its nodes: CPU seconds decoding, and with residency known the
+    file bytes read from disk, their seconds, and the share of the files' bytes read in memory."""
+
+    decode_s: float  # decoding all of it (as without residency)
+    codecs: str
+    disk_bytes: float = 0.0
+    disk_s: float = 0.0
+    in_memory: float | None = None
+    todo_s: float | None = None  # decoding what the nodes' extent caches do not hold
+
+    @property
+    def seconds(self) -> float:
+        return (self.decode_s if self.todo_s is None else self.todo_s) + self.disk_s
+
+
+def read_estimate(
+    t: TableInfo, units: Sequence[Unit], cols: Sequence[str], resident: Residency | None = None
+) -> ReadEstimate:
+    """Decoding what a side reads (each source's bytes of ``cols`` at its extent's codec rate,
+    ``DECODE_S_PER_BYTE``) and, with the nodes' ``resident`` answer, reading it from disk: a
+    column held decoded in its node's extent cache costs neither; of the others, the file bytes
+    not in the page cache cost ``DISK_S_PER_BYTE`` each (a column-major extent's columns' ranges;
+    a batch-major one's whole file; a bucket read, degraded, reads its columns whole). An extent
+    its node did not report (no answer in time, or written since) costs its decoding only, as
+    without residency."""
+    shares = {c: column_share(t, [c]) for c in dict.fromkeys(cols)}
+    share = column_share(t, cols)
+    meta = {e.id: e for e in t.extents()}
+    by_codec: dict[str, float] = defaultdict(float)
+    todo_s = disk = 0.0
+    # a node's extent cache helps a read only if the read's decoded bytes there fit in it: a
+    # larger one evicts, least recently used first, what it would find there before it gets to it
+    fits: dict[str, bool] = {}
+    if resident is not None and resident.cache_bytes:
+        on_node: dict[str, float] = defaultdict(float)
+        for u in units:
+            for src in u.sources:
+                on_node[src["node"]] += src["bytes"] * share
+        fits = {n: b <= resident.cache_bytes.get(n, 0) for n, b in on_node.items()}
+    file_total = file_mem = 0.0
+    known = False
+    for u in units:
+        for src in u.sources:
+            e = meta.get(src["extent"])
+            codec = extent_codec(t, e) if e is not None else t.codec(0)
+            by_codec[codec] += src["bytes"] * share
+            whole = src["bytes"] * share * DECODE_S_PER_BYTE[codec]
+            r = resident.get(src["extent"]) if resident is not None else None
+            if r is None:
+                todo_s += whole
+                continue
+            known = True
+            if not fits.get(src["node"], True):
+                r = replace(r, decoded={})
+            todo = sum(n * (1 - r.decoded.get(c, 0.0)) for c, n in shares.items())
+            todo_s += src["bytes"] * todo * DECODE_S_PER_BYTE[codec]
+            d = r.disk_bytes(list(shares))
+            disk += d
+            if r.columns is None:
+                size = float(r.size)
+            else:
+                size = float(sum(r.columns.get(c, (0, 0))[0] for c in shares))
+            file_total += size
+            file_mem += size * r.file_share(list(shares))
+    # summed per codec, as before residency (the same floats: equal replicas tie as they did)
+    seconds = sum(n * DECODE_S_PER_BYTE[c] for c, n in by_codec.items())
+    codecs = "/".join(sorted(by_codec)) or t.codec(0)
+    if not known:
+        return ReadEstimate(seconds, codecs)
+    mem = file_mem / file_total if file_total else 1.0
+    return ReadEstimate(seconds, codecs, disk, disk * DISK_S_PER_BYTE, mem, todo_s)
+
+
 def decode_estimate(t: TableInfo, units: Sequence[Unit], cols: Sequence[str]) -> tuple[float, str]:
     """CPU seconds decoding what a side reads (each source's bytes of ``cols`` at its extent's
     codec rate, ``DECODE_S_PER_BYTE``), and the codecs read (for EXPLAIN)."""
-    share = column_share(t, cols)
-    codec_of = {e.id: extent_codec(t, e) for e in t.extents()}
-    by_codec: dict[str, float] = defaultdict(float)
-    for u in units:
-        for src in u.sources:
-            by_codec[codec_of.get(src["extent"], t.codec(0))] += src["bytes"] * share
-    seconds = sum(n * DECODE_S_PER_BYTE[c] for c, n in by_codec.items())
-    return seconds, "/".join(sorted(by_codec)) or t.codec(0)
+    est = read_estimate(t, units, cols)
+    return est.decode_s, est.codecs
 
 
-def side_cost(t: TableInfo, units: Sequence[Unit], cols: Sequence[str], moved: int = 0) -> Cost:
-    """The cost of reading ``units`` of ``t`` (columns ``cols``), decoding included."""
+def side_cost(
+    t: TableInfo,
+    units: Sequence[Unit],
+    cols: Sequence[str],
+    moved: int = 0,
+    resident: Residency | None = None,
+) -> Cost:
+    """The cost of reading ``units`` of ``t`` (columns ``cols``), decoding included, and the disk
+    with the nodes' ``resident`` answer."""
     rows, nbytes = _read_cost(t, units, cols)
-    decode, codecs = decode_estimate(t, units, cols)
-    return Cost(rows, nbytes, moved, decode, f"{t.name} {codecs}")
+    est = read_estimate(t, units, cols, resident)
+    return Cost(
+        rows,
+        nbytes,
+        moved,
+        est.decode_s,
+        f"{t.name} {est.codecs}",
+        est.disk_bytes,
+        est.disk_s,
+        est.in_memory,
+        est.todo_s,
+    )
 
 
 def cheapest_replica(
-    t: TableInfo, where: Sequence[Any], cols: Sequence[str], live: set[str], addresses: dict[str, str]
+    t: TableInfo,
+    where: Sequence[Any],
+    cols: Sequence[str],
+    live: set[str],
+    addresses: dict[str, str],
+    resident: Residency | None = None,
 ) -> tuple[int, Cost, list[Unit], set[int] | None]:
     """The replica cheapest to read ``cols`` of after pruning by ``where`` (its bytes, decoded at
     its codec's rate, and moved; ties: the lower replica), for plans that move what they read
     whatever the replica (SQL's gathered and broadcast tables): ``(replica, cost, units, allowed
     partitions)``. A replica that reads more bytes wins only if its decoding saves more than
-    moving those bytes costs (``Cost.total``). A replica that cannot be
-    read at all (not even degraded) is skipped; if none can, its error is raised."""
-    best = None
+    moving those bytes costs (``Cost.total``; with the nodes' ``resident`` answer, the disk too).
+    A replica that cannot be read at all (not even degraded) is skipped; if none can, its error
+    is raised."""
+    options = []
     last: Exception | None = None
     for r in range(REPLICAS):
         allowed, _ = pruned_partitions(t, r, where)
@@ -416,13 +569,25 @@ def cheapest_replica(
         except Unavailable as exc:
             last = exc
             continue
-        c = side_cost(t, units, cols)
-        cost = replace(c, bytes_moved=c.bytes_read)
-        if best is None or cost.total < best[1].total:
-            best = (r, cost, units, allowed)
-    if best is None:
+        c = side_cost(t, units, cols, resident=resident)
+        options.append((r, replace(c, bytes_moved=c.bytes_read), units, allowed))
+    if not options:
         raise last or Unavailable(f"table {t.name!r} cannot be read")
-    return best
+    return options[resident_pick([o[1] for o in options])]
+
+
+def resident_pick(costs: Sequence[Cost]) -> int:
+    """Which of ``costs`` (one per replica, in replica order) to read: the cheapest without
+    residency (``Cost.base``; the first of equals), unless another of the same decoding cost
+    (``Cost.base`` within ``COST_TIE``: replicas of one codec) reads for less once what is in
+    memory is counted (``Cost.total``) by more than ``COST_TIE``. Residency does not trade
+    decoding for disk across codecs: measured at scale factor 10, a zstd replica in memory chosen
+    over an lz4 one on disk was slower (docs/store.md, "Replicas in memory")."""
+    first = min(range(len(costs)), key=lambda i: (costs[i].base, i))
+    b = costs[first]
+    near = [i for i, c in enumerate(costs) if c.base <= b.base * (1 + COST_TIE)]
+    low = min(near, key=lambda i: (costs[i].total, i))
+    return first if b.total <= costs[low].total * (1 + COST_TIE) else low
 
 
 def _single_kind(bound: Bound, r: int) -> str:
@@ -440,25 +605,64 @@ COST_TIE = 0.02
 
 
 def _cheapest(cands: list[Choice], order: Callable[[Choice], Any]) -> Choice:
-    """The cheapest candidate; among those within ``COST_TIE`` of it, one without a shuffle, then
-    the lower replica numbers (``order``)."""
-    floor = min(c.cost.total for c in cands)
-    near = [c for c in cands if c.cost.total <= floor * (1 + COST_TIE)]
-    return min(near, key=lambda c: (c.kind.endswith("shuffle"), c.cost.total, order(c)))
+    """The cheapest candidate without the disk (``Cost.base``: the plans' shapes decide, a
+    matched replica stays matched); among those within ``COST_TIE`` of it, one without a shuffle,
+    then the lower replica numbers (``order``). Then, among the candidates of the same plan as
+    that one (its kind, its pruning: replicas the query does not tell apart), the cheapest with
+    the disk (``Cost.total``: the nodes' residency), unless within ``COST_TIE`` of it."""
+    floor = min(c.cost.base for c in cands)
+    near = [c for c in cands if c.cost.base <= floor * (1 + COST_TIE)]
+    best = min(near, key=lambda c: (c.kind.endswith("shuffle"), c.cost.base, order(c)))
+    same = [
+        c
+        for c in cands
+        if c.kind == best.kind
+        and c.reasons == best.reasons
+        and c.cost.base <= best.cost.base * (1 + COST_TIE)
+    ]
+    if best.cost.in_memory is None or len(same) < 2:
+        return best
+    low = min(same, key=lambda c: (c.cost.total, order(c)))
+    if best.cost.total <= low.cost.total * (1 + COST_TIE):
+        low = best
+    if all(c.cost.total <= low.cost.total * (1 + COST_TIE) for c in same):
+        return low  # residency tells them apart by no more than a tie
+    others = ", ".join(
+        f"{_replica_text(c.replicas)} ~{_read_s(c.cost):.3g} s ({c.cost.in_memory:.0%} in memory)"
+        for c in same
+        if c is not low
+    )
+    low.reasons.append(
+        f"reading it ~{_read_s(low.cost):.3g} s ({low.cost.in_memory:.0%} of its files' bytes in memory, "
+        f"{_mb(round(low.cost.disk_bytes))} from disk) against {others}: the same plan on each, "
+        "the one cheapest to read"
+    )
+    return low
 
 
-def choose(bound: Bound, live: set[str], addresses: dict[str, str]) -> Choice:
+def _read_s(c: Cost) -> float:
+    return c.read_s
+
+
+def _replica_text(replicas: dict[str, int]) -> str:
+    return ", ".join(f"{t} replica {r}" for t, r in replicas.items())
+
+
+def choose(
+    bound: Bound, live: set[str], addresses: dict[str, str], resident: Residency | None = None
+) -> Choice:
     """Every candidate plan (replica, or replica pair and join strategy) with its estimated cost;
-    the cheapest wins (ties: no shuffle, then the lower replica number)."""
+    the cheapest wins (ties: no shuffle, then the lower replica number; ``_cheapest``, where the
+    nodes' ``resident`` answer decides among replicas planned alike)."""
     q, a, b = bound.q, bound.a, bound.b
     if q.join is not None and b is not None:
-        return _choose_join(bound, live, addresses)
+        return _choose_join(bound, live, addresses, resident)
     options = [q.replica] if q.replica is not None else list(range(REPLICAS))
     cands = []
     for r in options:
         allowed, why = pruned_partitions(a, r, q.where)
         units = replica_units(a, r, live, addresses, allowed)
-        read = side_cost(a, units, bound.read_a)
+        read = side_cost(a, units, bound.read_a, resident=resident)
         kind = _single_kind(bound, r)
         moved = 0
         if kind == "agg_shuffle":
@@ -492,7 +696,9 @@ def choose(bound: Bound, live: set[str], addresses: dict[str, str]) -> Choice:
     return best
 
 
-def _choose_join(bound: Bound, live: set[str], addresses: dict[str, str]) -> Choice:
+def _choose_join(
+    bound: Bound, live: set[str], addresses: dict[str, str], resident: Residency | None = None
+) -> Choice:
     q, a, b = bound.q, bound.a, bound.b
     assert q.join is not None and b is not None
     ra_opts = [q.replica] if q.replica is not None else list(range(REPLICAS))
@@ -523,7 +729,9 @@ def _choose_join(bound: Bound, live: set[str], addresses: dict[str, str]) -> Cho
                 Choice(
                     "join_copart",
                     {a.name: ra, b.name: rb},
-                    side_cost(a, ua, bound.read_a).plus(side_cost(b, ub, bound.read_b), moved),
+                    side_cost(a, ua, bound.read_a, resident=resident).plus(
+                        side_cost(b, ub, bound.read_b, resident=resident), moved
+                    ),
                     units={a.name: ua, b.name: ub},
                     allowed={a.name: allowed, b.name: allowed},
                 )
@@ -533,15 +741,12 @@ def _choose_join(bound: Bound, live: set[str], addresses: dict[str, str]) -> Cho
     def cheapest(
         t: TableInfo, opts: list[int], where: Sequence[Any], cols: list[str]
     ) -> tuple[int, Any, Any, Cost]:
-        best = None
+        options = []
         for r in opts:
             allowed, _ = pruned_partitions(t, r, where)
             units = replica_units(t, r, live, addresses, allowed)
-            cost = side_cost(t, units, cols)
-            if best is None or cost.total < best[3].total:
-                best = (r, units, allowed, cost)
-        assert best is not None
-        return best
+            options.append((r, units, allowed, side_cost(t, units, cols, resident=resident)))
+        return options[resident_pick([o[3] for o in options])]
 
     ra, ua, al_a, cost_a = cheapest(a, ra_opts, q.where, bound.read_a)
     rb, ub, al_b, cost_b = cheapest(b, rb_opts, q.join.where, bound.read_b)
@@ -593,6 +798,7 @@ def plan_query(
     qid: str = "q",
     by_partition: bool = True,
     join_build_bytes: int = JOIN_BUILD_BYTES,
+    resident: Residency | None = None,
 ) -> Plan:
     """Plan ``q`` over the committed catalog ``tables`` with the live store nodes ``live``:
     ``bind`` (columns), ``choose`` (replicas and strategy by estimated cost), ``fragments``
@@ -600,7 +806,7 @@ def plan_query(
     ``join_build_bytes``: what a shuffle join's reducer holds of its build side at once)."""
     live = set(live)
     bound = bind(q, tables)
-    choice = choose(bound, live, addresses)
+    choice = choose(bound, live, addresses, resident)
     return fragments(bound, choice, live, addresses, qid, by_partition, join_build_bytes)
 
 

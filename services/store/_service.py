@@ -508,6 +508,13 @@ def _coordinator_args(p: argparse.ArgumentParser) -> None:
     )
     _sql_memory_arg(g)
     g.add_argument(
+        "--residency-max-age-s",
+        type=float,
+        default=1.0,
+        help="the planner asks the nodes what of a table's extents is in memory (page cache, extent "
+        "cache) when its last answer is older than this, to prefer replicas in memory (negative: never)",
+    )
+    g.add_argument(
         "--sql-semi-join-mb",
         type=float,
         default=32.0,
@@ -545,6 +552,7 @@ def _setup_coordinator(ctx: ServiceContext) -> None:
         model_plan_cache=a.model_plan_cache,
         sql_semi_join_bytes=a.sql_semi_join_mb * 1e6,
     )
+    core.residency_max_age_s = a.residency_max_age_s if a.residency_max_age_s >= 0 else None
     servicer = StoreServicer(core)
 
     def start_recovery() -> RecoveryLoop:

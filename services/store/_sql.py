@@ -58,14 +58,16 @@ from ._limits import MAX_SQL_BYTES, MAX_SQL_DEPTH, MAX_SQL_LIST, short
 from ._placement import REPLICAS
 from ._planner import (
     COST_TIE,
+    ReadEstimate,
     Unit,
     _nodes_by_bytes,
     _score,
     cheapest_replica,
-    decode_estimate,
     pruned_partitions,
+    read_estimate,
     replica_units,
 )
+from ._residency import Residency
 
 if TYPE_CHECKING:
     from ._core import StoreCore
@@ -452,6 +454,8 @@ class _Ctx:
     # ids of table references whose filters must not prune the split (``_subqueries``)
     noprune: set[int] = field(default_factory=set)
     text: str = ""  # the SQL as written (what DuckDB names unnamed outputs from)
+    # what of the tables' extents is in memory on their nodes (``_residency``; None: not known)
+    resident: Residency | None = None
     _names: Any = ...
 
     def needed(self, schema: pa.Schema) -> list[str]:
@@ -903,7 +907,7 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
         pcols = {s.column for s in t.specs}
         where = triples(conds, pcols)
         # every replica moves what it reads to the coordinator: the cheapest read wins
-        rep, cost, units, allowed = cheapest_replica(t, where, cols, ctx.live, ctx.addresses)
+        rep, cost, units, allowed = cheapest_replica(t, where, cols, ctx.live, ctx.addresses, ctx.resident)
         if len(occ) == 1:
             facts[name] = _Gathered(occ[0], t, cols, conds, others, float(cost.bytes_read))
         why = pruned_partitions(t, rep, where)[1]
@@ -926,6 +930,12 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
             )
             + (f"; {len(conds)} filters pushed to the nodes" if conds else "")
             + f"; cost: ~{cost.rows} rows, {cost.bytes_read / 1e6:.2f} MB of its columns read (the least of its replicas)"
+            + (
+                ""
+                if cost.in_memory is None
+                else f", reading it ~{cost.read_s:.3g} s ({cost.in_memory:.0%} in memory, "
+                f"{cost.disk_bytes / 1e6:.1f} MB from disk), the cheapest of its replicas to read and move"
+            )
         )
     semi = _semi_joins(facts, colsets, semi_join_bytes(ctx.core))
     for sj in semi:
@@ -1568,31 +1578,61 @@ def _name_outputs(ctx: _Ctx, sel: exp.Select) -> bool:
 
 def _split_replica(ctx: _Ctx, t: TableInfo, where: list[Any], gcols: list[str]) -> tuple[int, list[str]]:
     """The replica of the one table a query splits over: the best match (``_score``: a group-by
-    on its partition column, pruning); among equal matches the one whose read decodes least
-    (``decode_estimate``: its codec's rate over the bytes it reads; the plans' shapes, and so the
-    bytes they move, are the same), the lower number unless another saves more than
-    ``COST_TIE``. Returns it with the decoding reason for EXPLAIN (none when the tied replicas'
-    codecs are the same)."""
+    on its partition column, pruning); among equal matches the one whose read costs least
+    (``read_estimate``: its codec's decoding rate over the bytes it reads and, with the nodes'
+    residency known, its file bytes not in memory at the disk's rate; the plans' shapes, and so
+    the bytes they move, are the same), the lower number unless another saves more than
+    ``COST_TIE``. Returns it with the reason for EXPLAIN (none when the tied replicas read alike:
+    one codec, nothing known of memory)."""
     scores = {x: _score(t, x, where, gcols)[0] for x in range(REPLICAS)}
     top = max(scores.values())
     tied = [x for x in range(REPLICAS) if scores[x] == top]
     if len(tied) == 1:
         return tied[0], []
-    decode: dict[int, tuple[float, str]] = {}
+    est: dict[int, ReadEstimate] = {}
     for x in tied:
         try:
             units = replica_units(t, x, ctx.live, ctx.addresses, pruned_partitions(t, x, where)[0])
         except Unavailable:
             continue
-        decode[x] = decode_estimate(t, units, ctx.needed(t.schema))
-    if len({c for _, c in decode.values()}) < 2:
+        est[x] = read_estimate(t, units, ctx.needed(t.schema), ctx.resident)
+    if not est:
+        return tied[0], []
+    known = any(e.in_memory is not None for e in est.values())
+    if not known and len({e.codecs for e in est.values()}) < 2:
         return tied[0], []  # one codec for all: their reads decode alike (ties: the lower number)
-    floor = min(d for d, _ in decode.values())
-    r = min(x for x, (d, _) in decode.items() if d <= floor * (1 + COST_TIE))
-    others = ", ".join(f"replica {x} ~{d:.3g} s ({c})" for x, (d, c) in sorted(decode.items()) if x != r)
-    d, c = decode[r]
+    # decoding first, as before residency: the replica that decodes least (the lower number
+    # unless another saves over ``COST_TIE``); then what is in memory, among those that decode
+    # alike (one codec: ``resident_pick``, which does not trade decoding for disk)
+    floor = min(e.decode_s for e in est.values())
+    r = min(x for x, e in est.items() if e.decode_s <= floor * (1 + COST_TIE))
+    if known:
+        alike = [x for x, e in sorted(est.items()) if e.decode_s <= est[r].decode_s * (1 + COST_TIE)]
+        low = min(alike, key=lambda x: (est[x].seconds, x))
+        if est[r].seconds > est[low].seconds * (1 + COST_TIE):
+            r = low
+    if not known:
+        others = ", ".join(
+            f"replica {x} ~{e.decode_s:.3g} s ({e.codecs})" for x, e in sorted(est.items()) if x != r
+        )
+        e = est[r]
+        return r, [
+            f"decoding its read ~{e.decode_s:.3g} CPU s ({e.codecs}) against {others}: "
+            "no replica matches the query better"
+        ]
+
+    def text(e: ReadEstimate) -> str:
+        mem = "?" if e.in_memory is None else f"{e.in_memory:.0%}"
+        return (
+            f"~{e.seconds:.3g} s: decoding ~{e.seconds - e.disk_s:.3g} CPU s ({e.codecs}; "
+            f"the rest held decoded), "
+            f"{e.disk_bytes / 1e6:.1f} MB from disk ~{e.disk_s:.3g} s, {mem} in memory"
+        )
+
+    others = "; ".join(f"replica {x} {text(e)}" for x, e in sorted(est.items()) if x != r)
     return r, [
-        f"decoding its read ~{d:.3g} CPU s ({c}) against {others}: no replica matches the query better"
+        f"reading it {text(est[r])} against {others}: no replica matches the query better; the one "
+        "that decodes least, then of those decoding alike the one cheapest to read with what is in memory"
     ]
 
 
@@ -1658,7 +1698,9 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
             return None
         others = set().union(*(colsets[m] for m in names if m != n))
         where = triples(pushable(ctx.tree, ref, colsets[n], others), {s.column for s in t.specs})
-        r, _cost, units, _allowed = cheapest_replica(t, where, ctx.needed(t.schema), ctx.live, ctx.addresses)
+        r, _cost, units, _allowed = cheapest_replica(
+            t, where, ctx.needed(t.schema), ctx.live, ctx.addresses, ctx.resident
+        )
         ctx.broadcast[t.name] = [s for u in units for s in u.sources]
         chosen = {**chosen, t.name: r}
     if ctx.broadcast:
@@ -2167,6 +2209,11 @@ def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan
     else:
         tree = parsed(sql, key)
         refs = _ref_names(tree)
+    # what of the tables is in memory on their nodes (a cached plan holds while each replica's
+    # share stays in the same step: ``Residency.signature``)
+    resident = core.residency(refs, live) if hasattr(core, "residency") else None
+    if resident is not None:
+        env.append("resident " + resident.signature())
     snap = None
     if token is not None:
         version = _plancache.digest(token, *refs, "\0", *env)
@@ -2174,9 +2221,10 @@ def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan
         snap = _snapshot(core, refs)
         version = _plancache.digest(*snap[0], "\0", *env)
     if hit is not None and hit.version == version:
-        return replace(
-            hit.plan, explain=list(hit.plan.explain), timings={}, nodes={n.name: n for n in live}, cached=True
-        )
+        lines = [x for x in hit.plan.explain if not x.startswith("residency: ")]
+        if resident is not None:
+            lines.append(resident.describe())
+        return replace(hit.plan, explain=lines, timings={}, nodes={n.name: n for n in live}, cached=True)
     if tree is None:
         tree = parsed(sql, key)
     _parts, found, missing = snap if snap is not None else _snapshot(core, refs)
@@ -2187,9 +2235,19 @@ def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan
     tables = {n: Catalog.assemble(name, json.loads(raw), supers) for n, (name, raw, supers) in found.items()}
     if not live:
         raise Unavailable("no live store nodes")
-    ctx = _Ctx(core, tree, tables, {n.name for n in live}, {n.name: n.address for n in live}, text=sql)
+    ctx = _Ctx(
+        core,
+        tree,
+        tables,
+        {n.name for n in live},
+        {n.name: n.address for n in live},
+        text=sql,
+        resident=resident,
+    )
     _volatile.seen = False
     plan = plan_sql(ctx)
+    if resident is not None:
+        plan.explain.append(resident.describe())
     plan.nodes = {n.name: n for n in live}  # what the run calls: no second registry read
     if cache is not None and not _volatile.seen:
         cache.put(key, _Cached(refs, version, replace(plan, explain=list(plan.explain), timings={})))
