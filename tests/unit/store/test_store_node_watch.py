@@ -252,17 +252,24 @@ class _Lapsing(LocalTransport):
         return [n for n in super().live_nodes() if n.name not in self.lapsed]
 
 
+def _seen_all(tr: LocalTransport, super_extent_rows: int, wait_s: float) -> tuple[StoreCore, pa.Table]:
+    """A store over ``tr`` with table ``t`` created (not appended), having seen all six nodes
+    live (as any query or the status does), and the rows to append."""
+    data = pa.table({"k": np.arange(3000), "g": np.arange(3000) % 97, "h": np.arange(3000) % 13})
+    core = StoreCore(MemoryKV(), tr, super_extent_rows=super_extent_rows, recovery_rate_bytes=0)
+    core.return_wait_s = wait_s
+    core.create_table("t", data.schema, SPECS)
+    core.live_nodes()
+    return core, data
+
+
 def test_an_append_waits_for_a_node_whose_lease_lapsed_a_moment_ago(tmp_path):
     """A lease lapse of a moment (a loaded machine) at an append placed the table over the nodes
     live then, for its life: measured, ``orders``' replicas 1 and 2 on one node each. Now a node
     live a moment ago that still answers is waited for (once per append, ``return_wait_s`` at
     most)."""
-    data = pa.table({"k": np.arange(3000), "g": np.arange(3000) % 97, "h": np.arange(3000) % 13})
     tr = _Lapsing(str(tmp_path), NODES)
-    core = StoreCore(MemoryKV(), tr, super_extent_rows=10_000, recovery_rate_bytes=0)
-    core.return_wait_s = 30.0
-    core.create_table("t", data.schema, SPECS)
-    core.live_nodes()  # (any call: a query, the status) saw all six
+    core, data = _seen_all(tr, super_extent_rows=10_000, wait_s=30.0)
     tr.lapsed.add("n0")  # its lease lapsed, the process lives...
     threading.Timer(0.5, lambda: tr.lapsed.discard("n0")).start()  # ...and registers again
     core.append("t", data)
@@ -270,12 +277,8 @@ def test_an_append_waits_for_a_node_whose_lease_lapsed_a_moment_ago(tmp_path):
 
 
 def test_an_append_waits_once_for_a_node_that_answers_but_does_not_register(tmp_path, caplog):
-    data = pa.table({"k": np.arange(3000), "g": np.arange(3000) % 97, "h": np.arange(3000) % 13})
     tr = _Lapsing(str(tmp_path), NODES)
-    core = StoreCore(MemoryKV(), tr, super_extent_rows=1000, recovery_rate_bytes=0)
-    core.return_wait_s = 0.3
-    core.create_table("t", data.schema, SPECS)
-    core.live_nodes()
+    core, data = _seen_all(tr, super_extent_rows=1000, wait_s=0.3)
     tr.lapsed.add("n1")
     with caplog.at_level("WARNING", logger="microco.services.store._core"):
         assert core.append("t", data).rows == 3000  # three super-extents
@@ -284,12 +287,8 @@ def test_an_append_waits_once_for_a_node_that_answers_but_does_not_register(tmp_
 
 
 def test_an_append_does_not_wait_for_a_node_that_died(tmp_path, caplog):
-    data = pa.table({"k": np.arange(3000), "g": np.arange(3000) % 97, "h": np.arange(3000) % 13})
     tr = LocalTransport(str(tmp_path), NODES)
-    core = StoreCore(MemoryKV(), tr, super_extent_rows=10_000, recovery_rate_bytes=0)
-    core.return_wait_s = 60.0
-    core.create_table("t", data.schema, SPECS)
-    core.live_nodes()
+    core, data = _seen_all(tr, super_extent_rows=10_000, wait_s=60.0)
     tr.kill("n1")  # gone: its address answers nothing
     with caplog.at_level("WARNING", logger="microco.services.store._core"):
         assert core.append("t", data).rows == 3000

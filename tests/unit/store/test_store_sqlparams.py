@@ -37,17 +37,7 @@ def test_values_are_literals_of_their_type():
     ]
     sql = "select " + ", ".join("?" for _ in values)
     got = con.execute(bind(sql, values)).fetchone()
-    assert list(got) == [
-        None,
-        True,
-        3,
-        2.5,
-        decimal.Decimal("1.50"),
-        "it's; drop table t",
-        dt.date(2020, 1, 2),
-        dt.datetime(2020, 1, 2, 3, 4, 5),
-        dt.time(1, 2, 3),
-    ]
+    assert list(got) == values
 
 
 def test_numbered_placeholders_may_repeat():
