@@ -75,14 +75,19 @@ def _buckets(rows: int, batches: int) -> list[list[int]]:
     return [[k, 0, min(size, rows - k * size)] for k in range(batches) if k * size < rows]
 
 
-def measure(table: pa.Table, rounds: int, batches: int, directory: Path) -> dict[str, Any]:
+def _bucketed(table: pa.Table, batches: int) -> tuple[list[list[int]], pa.Table]:
+    """``table`` cut in ``batches`` record batches, as an extent's buckets, and those buckets."""
     buckets = _buckets(table.num_rows, batches)
     cut = table.combine_chunks()
     pieces, off = [], 0
     for b in buckets:
         pieces.append(cut.slice(off, b[2]).combine_chunks().to_batches()[0])
         off += b[2]
-    rows = pa.Table.from_batches(pieces)
+    return buckets, pa.Table.from_batches(pieces)
+
+
+def measure(table: pa.Table, rounds: int, batches: int, directory: Path) -> dict[str, Any]:
+    buckets, rows = _bucketed(table, batches)
     files: dict[str, Path] = {}
     sizes: dict[str, int] = {}
     data_bytes = 0
@@ -137,13 +142,7 @@ def _read_bytes() -> int:
 def measure_disk(table: pa.Table, rounds: int, batches: int, directory: Path) -> dict[str, Any]:
     """Cold and warm wall seconds of reading every other column of one extent per compressed
     codec (column-major, as nodes write), the codecs and cold/warm interleaved."""
-    buckets = _buckets(table.num_rows, batches)
-    cut = table.combine_chunks()
-    pieces, off = [], 0
-    for b in buckets:
-        pieces.append(cut.slice(off, b[2]).combine_chunks().to_batches()[0])
-        off += b[2]
-    rows = pa.Table.from_batches(pieces)
+    buckets, rows = _bucketed(table, batches)
     cols = rows.schema.names[::2]
     codecs = [c for c in CODECS if c != "none"]
     files = {}

@@ -14,33 +14,17 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from microco.common.kv import MemoryKV
-from microco.services.store import Agg, LocalTransport, NodeInfo, PartitionSpec, Query, StoreCore
+from microco.services.store import Agg, Query, StoreCore
 from microco.services.store._planner import plan_query
 from microco.services.store._residency import ExtentResidency, Residency, cached_bytes, resident_pages
-
-N = 12_000
-RNG = np.random.default_rng(5)
-DATA = pa.table(
-    {
-        "k": np.arange(N, dtype=np.int64),
-        "g": RNG.integers(0, 50, N),
-        "v": RNG.integers(0, 1000, N),
-        "s": pa.array(RNG.choice(["alpha", "beta", "gamma"], N)),
-    }
+from tests.unit.store.test_store_codecs import (  # one small table, every replica zstd unless told
+    DATA,
+    NODES,
+    _core,
 )
-SPECS = [PartitionSpec("k", "hash", 4), PartitionSpec("g", "hash", 4), PartitionSpec("v", "hash", 3)]
-NODES = [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)]
+
+RNG = np.random.default_rng(5)
 UNKEYED_SQL = "select sum(v) as total, count(*) as n from t where s = 'beta'"
-
-
-def _core(tmp_path, codecs=None) -> tuple[StoreCore, LocalTransport]:
-    tr = LocalTransport(str(tmp_path), NODES)
-    core = StoreCore(MemoryKV(), tr, super_extent_rows=3000, recovery_rate_bytes=0)
-    # every replica zstd unless told: only memory tells them apart
-    core.create_table("t", DATA.schema, SPECS, codecs=codecs)
-    core.append("t", DATA)
-    return core, tr
 
 
 def _only_in_memory(core: StoreCore, replica: int) -> Residency:
