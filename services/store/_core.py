@@ -311,7 +311,10 @@ class StoreCore:
             ask = {known.get(t, t): t for t in stale}
             fresh = {t: Residency() for t in stale}
             calls = {
-                n.name: self._pool.submit(self.transport.action, n, "residency", {"tables": list(ask)})
+                # each call bounded too: a node that stopped answering holds no pool thread long
+                n.name: self._pool.submit(
+                    self.transport.action, n, "residency", {"tables": list(ask)}, self.residency_timeout_s
+                )
                 for n in live
             }
             deadline = now + self.residency_timeout_s
