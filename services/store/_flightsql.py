@@ -435,6 +435,8 @@ def _prepared_sqls(handle: bytes) -> str | list[str]:
     sql, params = _unbound(handle)
     if params is None:
         return sql
+    if params.num_rows > PARAM_ROWS:  # (a handle is the client's to send: checked again here)
+        raise InvalidArgument(f"at most {PARAM_ROWS} rows of parameters at once ({params.num_rows} bound)")
     return [bind(sql, row) for row in _rows(params)]
 
 

@@ -16,7 +16,7 @@ flightsql = pytest.importorskip("adbc_driver_flightsql")
 dbapi = pytest.importorskip("adbc_driver_flightsql.dbapi")
 
 from microco.api.store.v1 import store_pb2 as pb
-from microco.common.errors import PermissionDenied
+from microco.common.errors import InvalidArgument, PermissionDenied
 from microco.common.identity import SERVICE_NAME
 from microco.common.kv import MemoryKV
 from microco.services.runtime.auth import Caller
@@ -208,3 +208,15 @@ def test_a_ticket_runs_as_whoever_presents_it(endpoint, monkeypatch):
         list(fsql.DoGet(first, _Context(bob)))
     fsql.GetFlightInfo(desc, _Context(alice))  # evicts the first result (RESULTS = 1)
     assert len(list(fsql.DoGet(first, _Context(alice)))) == 2  # run again: schema and one batch
+
+
+def test_a_bound_handle_is_checked_when_executed_as_when_bound():
+    """A handle is the client's to send back: one crafted with too many rows is refused when
+    executed, not only at the DoPut; a fair one runs one statement per row."""
+    assert _flightsql._prepared_sqls(_flightsql._bound("select ? as a", pa.table({"a": [1, 2]}))) == [
+        "SELECT 1 AS a",
+        "SELECT 2 AS a",
+    ]
+    crafted = _flightsql._bound("select ?", pa.table({"a": list(range(_flightsql.PARAM_ROWS + 1))}))
+    with pytest.raises(InvalidArgument, match="at most"):
+        _flightsql._prepared_sqls(crafted)
