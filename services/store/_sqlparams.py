@@ -18,17 +18,7 @@ from sqlglot.tokens import TokenType
 
 from microco.common.errors import InvalidArgument
 
-from ._sql import DIALECT
-
-
-def _parse(sql: str) -> exp.Expr:
-    try:
-        trees = sqlglot.parse(sql, read=DIALECT)
-    except sqlglot.errors.ParseError as e:
-        raise InvalidArgument(f"SQL parse error: {e}") from None
-    if len(trees) != 1 or trees[0] is None:
-        raise InvalidArgument("one SQL statement at a time")
-    return trees[0]
+from ._sql import DIALECT, parse  # the guarded parse (size, depth, one query)
 
 
 def _numbered(sql: str) -> str:
@@ -53,7 +43,7 @@ def _numbered(sql: str) -> str:
 
 def placeholders(sql: str) -> int:
     """How many values ``sql`` takes (``?`` each one; ``$n`` up to the highest ``n``)."""
-    found = [p for p in _parse(_numbered(sql)).find_all(exp.Placeholder) if str(p.this or "").isdigit()]
+    found = [p for p in parse(_numbered(sql)).find_all(exp.Placeholder) if str(p.this or "").isdigit()]
     return max((int(p.this) for p in found), default=0)
 
 
@@ -81,7 +71,7 @@ def _literal(value: Any) -> exp.Expr:
 def bind(sql: str, values: Sequence[Any]) -> str:
     """``sql`` with its placeholders replaced by ``values`` (Python values: None, bool, int,
     float, Decimal, str, date, datetime, time), as SQL text of the store's dialect."""
-    tree = _parse(_numbered(sql))
+    tree = parse(_numbered(sql))
     found = list(tree.find_all(exp.Placeholder))
     if any(not str(p.this or "").isdigit() for p in found):
         raise InvalidArgument("only ? and $n placeholders can be bound")
