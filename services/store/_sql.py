@@ -149,7 +149,31 @@ def parse(sql: str) -> exp.Query:
             )
     for sel in tree.find_all(exp.Select):
         _name_group_columns(sel)
+    aggregates = _engine_aggregates()
+    for f in list(tree.find_all(exp.Anonymous)):
+        if isinstance(f.this, str) and f.this.lower() in aggregates:
+            f.replace(exp.AnonymousAggFunc(this=f.this, expressions=f.expressions))
     return tree
+
+
+@functools.lru_cache(maxsize=1)
+def _engine_aggregates() -> frozenset[str]:
+    """The names of the aggregate functions of the engine the fragments run on (DuckDB's
+    catalog, aliases included). sqlglot knows many aggregates by name, not all: ``mean``,
+    ``product``, ``histogram``, ``fsum``, ``entropy``, ``mad``, ``arbitrary`` ... parse as
+    anonymous functions, and a query over one with no GROUP BY was planned as if its rows were
+    independent, each fragment answering its own aggregate (issue 19, session 29: ``select
+    histogram(l_linenumber) from lineitem`` answered one histogram per fragment). ``parse``
+    makes each such call an aggregate node (``exp.AnonymousAggFunc``: not decomposable, so it is
+    split only where its groups are whole in a partition)."""
+    con = duck()
+    try:
+        rows = con.sql(
+            "select distinct lower(function_name) from duckdb_functions() where function_type = 'aggregate'"
+        ).fetchall()
+    finally:
+        con.close()
+    return frozenset(r[0] for r in rows)
 
 
 def _name_group_columns(sel: exp.Select) -> None:
@@ -285,6 +309,8 @@ def pushable(tree: exp.Expr, ref: exp.Table, cols: set[str], others: set[str]) -
     sel = ref.parent.parent if isinstance(ref.parent, (exp.From, exp.Join)) else None
     if not isinstance(sel, exp.Select) or not _only_inner(sel):
         return []
+    if sel.find(exp.TableSample):
+        return []  # DuckDB samples the FROM's rows before the WHERE filters them
     where = sel.args.get("where")
     out = []
     for c in _conjuncts(where.this if where else None):
@@ -1202,6 +1228,8 @@ def _simple_select(tree: exp.Expr, allowed: tuple[exp.Expr, ...] = ()) -> exp.Se
         return None
     if tree.args.get("distinct") or tree.args.get("qualify"):
         return None
+    if tree.find(exp.TableSample):
+        return None  # a sample of the whole table, not of each fragment's rows
     group = tree.args.get("group")
     if group is not None and (
         group.args.get("all") or not all(isinstance(g, exp.Column) for g in group.expressions)
@@ -1845,7 +1873,9 @@ def _keyed_to(tree: exp.Select, table: exp.Table, column: str) -> bool:
     a DISTINCT outputs it; no aggregate without a GROUP BY, no LIMIT below the outermost SELECT,
     no join, set operation or subquery outside FROM, no CTE."""
     for node in tree.walk():
-        if isinstance(node, (exp.SetOperation, exp.Exists, exp.Join, exp.Lateral, exp.Unnest)):
+        if isinstance(
+            node, (exp.SetOperation, exp.Exists, exp.Join, exp.Lateral, exp.Unnest, exp.TableSample)
+        ):
             return False
         if isinstance(node, exp.Subquery) and not isinstance(node.parent, exp.From):
             return False  # a scalar or IN subquery: it would see one partition's rows

@@ -106,3 +106,37 @@ def test_a_query_combining_rows_across_the_key_is_not_run_per_partition(store, s
     got, plan = core.sql(sql)
     assert _rows(got) == _rows(con.sql(sql).to_arrow_table())
     assert plan.kind != "partition_local", plan.explain_text()
+
+
+@pytest.mark.parametrize(
+    ("sql", "split"),
+    [
+        # aggregates sqlglot knows only as anonymous functions: each fragment answered its own
+        ("select histogram(v1) as h from x", False),
+        ("select mean(v1) as m, product(v1 % 2 + 1) as p, fsum(v1) as s from x where id6 < 60", False),
+        ("select id6, mean(v1) as m, entropy(v1) as e from x group by id6", True),
+        ("select id1, kurtosis_pop(v1) as k from x group by id1", True),
+    ],
+)
+def test_an_aggregate_the_engine_knows_is_one_whatever_its_name(store, sql, split):
+    core, con = store
+    got, plan = core.sql(sql)
+    want = con.sql(sql).to_arrow_table()
+    assert got.num_rows == want.num_rows
+    a, b = _rows(got), _rows(want)
+    assert all(
+        x == pytest.approx(y, rel=1e-9) if isinstance(x, float) else x == y
+        for ra, rb in zip(a, b)
+        for x, y in zip(ra, rb)
+    )
+    assert (plan.kind == "partition_local") is split, plan.explain_text()
+
+
+def test_a_sample_is_of_the_whole_table(store):
+    """``USING SAMPLE n ROWS`` ran in each fragment (n rows each, concatenated)."""
+    core, _ = store
+    got, plan = core.sql("select * from x using sample 10 rows")
+    assert got.num_rows == 10, plan.explain_text()
+    # (DuckDB samples the FROM's rows, then the WHERE filters them: at most 7)
+    got, plan = core.sql("select id6, v3 from x using sample 7 rows where v1 > 1")
+    assert got.num_rows <= 7, plan.explain_text()
