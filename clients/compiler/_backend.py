@@ -110,7 +110,23 @@ class _GraphRunner:
         if self._compiled is None:
             from torch._inductor.compile_fx import compile_fx
 
-            self._compiled = cast(Callable[..., Any], compile_fx(self.gm, self.example_inputs))
+            from ._rng import draws_random, faithful_random
+
+            faithful = draws_random(self.gm)  # a graph that draws random numbers draws eager's
+
+            def inner(*args: Any, **kwargs: Any) -> Any:
+                from torch._inductor.compile_fx import compile_fx_inner
+
+                with faithful_random(faithful):  # (the backward's compile is lazy)
+                    return compile_fx_inner(*args, **kwargs)
+
+            with faithful_random(faithful):
+                self._compiled = cast(
+                    Callable[..., Any],
+                    compile_fx(
+                        self.gm, self.example_inputs, **({"inner_compile": inner} if faithful else {})
+                    ),
+                )
         return self._compiled
 
     def __call__(self, *args: Any) -> Any:

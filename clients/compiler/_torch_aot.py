@@ -27,6 +27,8 @@ import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ._rng import draws_random, faithful_random
+
 log = logging.getLogger(__name__)
 
 
@@ -56,6 +58,8 @@ class AotRegion:
         # graphs must not close over real tensors, and gradients must reach the parameters.
         self._names = [n for n, _ in gm.named_parameters()] + [n for n, _ in gm.named_buffers()]
         self._tensors = [t for _, t in gm.named_parameters()] + [t for _, t in gm.named_buffers()]
+        # a region that draws random numbers draws eager's, compiled (``_rng``)
+        self._faithful = compiler != "aot-eager" and draws_random(gm)
 
     # -- build
     def _compile_graph(self, g: fx.GraphModule, example: list[Any]) -> Callable[[list[Any]], Any]:
@@ -68,7 +72,10 @@ class AotRegion:
             # on this project's CPU it generated the same code as plain Inductor.
             # Plain "inductor" leaves Inductor's configuration as the user set it.
             autotune = self.compiler == "inductor-autotune"
-            with config.patch(max_autotune=True) if autotune else contextlib.nullcontext():
+            with (
+                config.patch(max_autotune=True) if autotune else contextlib.nullcontext(),
+                faithful_random(self._faithful),
+            ):
                 compiled: Callable[[list[Any]], Any] = compile_fx_inner(g, example)
                 return compiled
         from functorch.compile import make_boxed_func
@@ -149,7 +156,8 @@ class AotRegion:
             else:
                 flat.append(a)
         if self._fw is None:
-            self._build(flat, tree_flatten(args)[1])
+            with faithful_random(self._faithful):  # (the decompositions are chosen by it too)
+                self._build(flat, tree_flatten(args)[1])
             self._flat_len = len(flat)
         if len(flat) != self._flat_len:
             return self.gm(*args)

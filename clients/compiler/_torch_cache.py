@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ._deadline import DeadlineTimer
+from ._rng import draws_random, faithful_random
 
 
 class _Refused(Exception):
@@ -81,17 +82,27 @@ class WholeStepBackend:
 
             with self._bounded():
                 return cast(Callable[..., Any], lookup_backend(self.compiler)(gm, list(example_inputs)))
+        # A graph that draws random numbers draws eager's (``_rng``): set over the joint trace
+        # here and over each graph's compile (the backward's is lazy: ``_inner``)
+        faithful = draws_random(gm)
         if not self.cache_only:
-            if self.deadline is None or not self.deadline.budget_ms > 0:
+            bounded = self.deadline is not None and self.deadline.budget_ms > 0
+            if not faithful and not bounded:
                 return cast(Callable[..., Any], compile_fx(gm, list(example_inputs)))
-            return cast(Callable[..., Any], compile_fx(gm, list(example_inputs), inner_compile=self._inner()))
+            inner = self._inner(faithful, bounded)
+            with faithful_random(faithful):
+                return cast(Callable[..., Any], compile_fx(gm, list(example_inputs), inner_compile=inner))
         if not self.available:
             self.cold += 1
             return cast(Callable[..., Any], gm.forward)
         refused: list[bool] = []
         try:
-            with _no_codegen(refused):
-                compiled = compile_fx(gm, list(example_inputs))
+            with _no_codegen(refused), faithful_random(faithful):
+                compiled = compile_fx(
+                    gm,
+                    list(example_inputs),
+                    **({"inner_compile": self._inner(True, False)} if faithful else {}),
+                )
         except Exception:
             if not refused:
                 raise  # a real failure, for the caller's guard to handle
@@ -112,7 +123,7 @@ class WholeStepBackend:
         with self.deadline.within():
             yield
 
-    def _inner(self) -> Any:
+    def _inner(self, faithful: bool = False, bounded: bool = True) -> Any:
         """Inductor's per-graph compile (``compile_fx_inner``), each call under the deadline the
         wrapper allows at that moment: the forward graph's in the backend's call, the backward
         graph's when AOTAutograd compiles it, lazily, at the step's first backward. The timer
@@ -122,7 +133,7 @@ class WholeStepBackend:
         from torch._inductor.compile_fx import compile_fx_inner
 
         def inner(*args: Any, **kwargs: Any) -> Any:
-            with self._bounded():
+            with self._bounded() if bounded else contextlib.nullcontext(), faithful_random(faithful):
                 return compile_fx_inner(*args, **kwargs)
 
         return inner
