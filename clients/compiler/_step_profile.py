@@ -105,43 +105,19 @@ def _profiler() -> Any:
     return torch.autograd.profiler.profile(use_cpu=True, use_kineto=True, record_shapes=False)
 
 
-_OVERHEAD_US: list[float] = []  # the profiler's cost per op event in this process (measured once)
-
-
-def event_overhead_us() -> float:
-    """What the profiler adds to a step per op event it records (µs), measured once per process:
-    ``PROBE_OPS`` tiny additions timed plain and profiled, the least of three rounds each (a
-    few ms in all). A profiled step's wall less ``events`` x this is the step's own."""
-    if _OVERHEAD_US:
-        return _OVERHEAD_US[0]
-    x = torch.zeros(1)
-
-    def ops() -> float:
-        started = time.perf_counter()
-        for _ in range(PROBE_OPS):
-            torch.add(x, 1.0)
-        return time.perf_counter() - started
-
-    try:
-        plain = min(ops() for _ in range(3))
-        profiled = []
-        for _ in range(3):
-            with _profiler():
-                profiled.append(ops())
-        per = max(0.0, (min(profiled) - plain) / PROBE_OPS * 1e6)
-    except Exception:  # noqa: BLE001 - no profiler: nothing to take out
-        per = 0.0
-    _OVERHEAD_US.append(per)
-    return per
-
-
-PROBE_OPS = 200
+# What the profiler adds to a step per op event it records (µs): measured on the 2-core VM
+# (issue 18, session 29: 10 eager steps unprofiled and 10 profiled, interleaved, one thread, of
+# four held-out models: 0.35-0.66 µs an event, 0.9-3.0 ms a step of 2,500-4,450 events, 10-14% of
+# the step). A prior: a calibration by tiny ops timed plain and profiled, tried first, read 2.1 µs
+# a call, 3-6x the cost in a real step, and took out more than the profiler added (the GEMM share
+# of xt-tied's step read 0.45 against 0.31 unprofiled).
+EVENT_US = 0.5
 
 
 class StepProfiler:
     """Profile one step: ``start()`` before it, ``stop(step_ms)`` after it, with the step's wall
     time as the caller measured it (the profiler's own per-op cost is in it, and is taken out:
-    ``event_overhead_us``). ``stop`` returns None where the profile could not be read or the
+    ``EVENT_US`` an event). ``stop`` returns None where the profile could not be read or the
     step failed (``step_ms`` 0)."""
 
     def __init__(self) -> None:
@@ -178,6 +154,7 @@ class StepProfiler:
             gemm = sum(_union_ms(iv) for iv in by_thread.values())
         except Exception:  # noqa: BLE001 - an unreadable profile leaves the prior
             return None
-        per = event_overhead_us()
         cost = (time.perf_counter() - started) * 1e3
-        return StepProfile(step_ms=step_ms, gemm_ms=gemm, events=n, cost_ms=cost, overhead_ms=n * per / 1e3)
+        return StepProfile(
+            step_ms=step_ms, gemm_ms=gemm, events=n, cost_ms=cost, overhead_ms=n * EVENT_US / 1e3
+        )
