@@ -1146,14 +1146,17 @@ class AstraTorch(SessionBacked):
 
     def _profiled_gain_fraction(self) -> float | None:
         """The share of each step a whole-step compile is expected to save by the gain rule, from
-        the probe step's GEMM share, the rule calibrated by this host's graphs that have both a
-        kept share and a measured whole-step gain; None: the step was not profiled."""
+        the GEMM share of this graph's probe steps kept here (their median, this run's included:
+        one first step can be an outlier, e.g. xt-tied's second run at 0.80 against 0.29-0.33 in
+        five runs before it, session 29), the rule calibrated by this host's graphs that have
+        both a kept share and a measured whole-step gain; None: the step was not profiled."""
         if self.step_profile is None:
             return None
         shares = self.compile_costs.shares(self._hw, self.GEMM_SHARE_KIND)
         gains = self.compile_costs.gains(self._hw, "torch:whole:plain")
         pairs = [(shares[g], gains[g]) for g in shares if g in gains]
-        return self.GAIN_RULE.expected_share(self.step_profile.gemm_share, pairs)
+        share = shares.get(self._cost_graph(), self.step_profile.gemm_share)
+        return self.GAIN_RULE.expected_share(share, pairs)
 
     def _expected_speedup(self, kind: str) -> float:
         """The speedup the core is told to expect of a whole-step compile never measured here:

@@ -166,6 +166,10 @@ def test_the_gain_rule_is_amdahls_bound_times_a_fraction_calibrated_by_this_host
     low = rule.fraction([(0.2, 1.1), (0.3, 1.05)])
     assert low < rule.prior_fraction
     assert a._gain_fraction("plain") == pytest.approx(low * rule.bound(share))
+    # This graph's shares kept here by earlier runs: their median, not one first step's
+    for s in (0.9, 0.9):
+        costs.record_share(a._hw, AstraTorch.GEMM_SHARE_KIND, s, a._cost_graph())
+    assert a._gain_fraction("plain") == pytest.approx(low * rule.bound(0.9))
     costs.record_gain(a._hw, "torch:whole:plain", 1.6, a._cost_graph())  # measured on this graph
     assert a._gain_fraction("plain") == pytest.approx(1.0 - 1.0 / 1.6)
     assert a._expected_speedup("plain") == 0.0  # the core takes the measured gain
