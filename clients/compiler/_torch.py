@@ -1160,11 +1160,12 @@ class AstraTorch(SessionBacked):
 
     def _expected_speedup(self, kind: str) -> float:
         """The speedup the core is told to expect of a whole-step compile never measured here:
-        the profiled gain fraction as a speedup (0: none, the core's own bound)."""
+        the profiled gain fraction as a speedup (1: nothing expected; 0: no estimate, the core's
+        own bound)."""
         if self._measured_gain(kind) is not None:
             return 0.0
         share = self._profiled_gain_fraction()
-        return 1.0 / (1.0 - share) if share is not None and 0.0 < share < 1.0 else 0.0
+        return 1.0 / (1.0 - share) if share is not None and 0.0 <= share < 1.0 else 0.0
 
     def _measured_gain(self, kind: str) -> float | None:
         """The speedup this graph's compiled whole step (``kind``) gave on this host, measured
