@@ -317,6 +317,34 @@ class HostCompileCosts:
         ratios = [float(r["ratio"]) for r in rows if isinstance(r.get("ratio"), (int, float))]
         return _median(ratios) if ratios else None
 
+    def gains(self, hardware: str, kind: str) -> dict[str, float]:
+        """Every graph's median speedup of a compile of ``kind`` here (:meth:`gain`), by graph."""
+        by: dict[str, list[float]] = {}
+        for r in self.measurements(hardware, f"gain:{kind}"):
+            if r.get("graph") and isinstance(r.get("ratio"), (int, float)):
+                by.setdefault(str(r["graph"]), []).append(float(r["ratio"]))
+        return {g: _median(v) for g, v in by.items()}
+
+    # -- a graph's eager step profile here (issue 18, session 29)
+    def record_share(self, hardware: str, kind: str, share: float, graph: str) -> None:
+        """Keep a share of ``graph``'s eager step measured here (``kind``: which, e.g. the time in
+        GEMM-like kernels, ``_step_profile``), 0-1."""
+        if not (0.0 <= share <= 1.0) or not graph:
+            return
+        data = self._load()
+        rows = data.setdefault(self._key(hardware), {}).setdefault(f"share:{kind}", [])
+        rows.append({"share": float(share), "at": time.time(), "graph": graph})
+        del rows[:-KEEP]
+        self._save(data)
+
+    def shares(self, hardware: str, kind: str) -> dict[str, float]:
+        """Every graph's median share of ``kind`` kept here (:meth:`record_share`), by graph."""
+        by: dict[str, list[float]] = {}
+        for r in self.measurements(hardware, f"share:{kind}"):
+            if r.get("graph") and isinstance(r.get("share"), (int, float)):
+                by.setdefault(str(r["graph"]), []).append(float(r["share"]))
+        return {g: _median(v) for g, v in by.items()}
+
     # -- a graph's typical step here (issue 18, session 25)
     def record_step(self, hardware: str, kind: str, ms: float, graph: str, cpu: float = math.nan) -> None:
         """Keep a run's typical step of ``graph`` (``kind``: which step, e.g. the eager baseline's

@@ -35,10 +35,12 @@ from . import _torch_fx as tfx
 from ._background import BackgroundCompiler
 from ._compile_costs import HostCompileCosts, compile_deadline_ms, most_saving_ms
 from ._deadline import CompileDeadline, DeadlineTimer
+from ._gain_rule import CompileGainRule
 from ._guard import StepSnapshot
 from ._optim import FOREACH, FUSED, OPTIMIZER, StepOptimizers
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
+from ._step_profile import StepProfile, StepProfiler
 from ._torch_aot import AotRegion
 from ._torch_cache import WholeStepBackend, read_signal
 from ._whole_price import probed_memory_format
@@ -407,6 +409,11 @@ class AstraTorch(SessionBacked):
         self.optimizers = StepOptimizers(model)
         self._optimizer: str | None = None
         self._probe_step_ms = 0.0  # the probe step's time: what exploring the optimiser is priced by
+        # The probe step's op-level profile (``_step_profile``: its share in GEMM-like kernels),
+        # where a whole-step compile is among the choices and the step runs on the CPU; what a
+        # compile never measured here is expected to save follows from it (``_gain_fraction``).
+        self._profiler: StepProfiler | None = None
+        self.step_profile: StepProfile | None = None
         # The job's telemetry stream (``microco.clients.telemetry``), when a scheduler hook
         # drives one: the step is then timed there once, this wrapper adds its regions' times
         # and records the trial from the stream's record at the hook's ``step_end``.
@@ -762,10 +769,52 @@ class AstraTorch(SessionBacked):
         self.optimizers.watch()  # the optimisers the probe step reaches
         self._hooks = [m.register_forward_pre_hook(count) for n, m in self.model.named_modules() if n]
         self._hooks.append(self.model.register_forward_pre_hook(shapes, with_kwargs=True))
+        if self._profiles_step():
+            profiler = StepProfiler()
+            if profiler.start():  # (started before the step's clock: its start is not the step's)
+                self._profiler = profiler
+
+    def _profiles_step(self) -> bool:
+        """Is the probe step profiled? Where a whole-step Inductor compile is among the choices
+        and the model's parameters are on the CPU (on an accelerator the CPU's op times are
+        launches, not kernels)."""
+        if "inductor" not in self.compile_choices or self.WHOLE_COMPILE_BACKEND:
+            return False
+        return all(p.device.type == "cpu" for p in self.model.parameters())
+
+    def _finish_profile(self, step_ms: float) -> float:
+        """Read the probe step's profile (None where none ran or the step failed) and return the
+        step's time less what profiling it added. What reading it cost is the probe's spending
+        (``_probe_spent_ms``); its GEMM share is kept for this graph (``record_share``), which a
+        later run's gain rule is calibrated by."""
+        profiler, self._profiler = self._profiler, None
+        if profiler is None:
+            return step_ms
+        profile = profiler.stop(step_ms)
+        if profile is None:
+            return step_ms
+        self.step_profile = profile
+        self._probe_spent_ms += profile.cost_ms
+        self.compile_costs.record_share(
+            self._hw, self.GEMM_SHARE_KIND, profile.gemm_share, self._cost_graph()
+        )
+        log.info(
+            "probe profile: %.1f ms a step (%.1f ms of it profiling, %d op events), %.1f ms in GEMM-like "
+            "kernels (share %.2f); read in %.1f ms; a whole-step compile expected to save %.2f of a step",
+            profile.own_ms,
+            profile.overhead_ms,
+            profile.events,
+            profile.gemm_ms,
+            profile.gemm_share,
+            profile.cost_ms,
+            self._gain_fraction("plain"),
+        )
+        return profile.own_ms
 
     def _finish_probe(self, step_ms: float) -> None:
         calls, self._probe_calls = self._probe_calls or {}, None
         self.optimizers.stop()
+        step_ms = self._finish_profile(step_ms)
         self._probe_step_ms = step_ms
         for h in self._hooks:
             h.remove()
@@ -1075,14 +1124,48 @@ class AstraTorch(SessionBacked):
         (``ExplorationPolicy``'s defaults: twice as fast, half of that expected)."""
         return self.total_steps * step_ms * self._gain_fraction(kind)
 
+    # The share of the eager step in GEMM-like kernels (``_step_profile``), kept per graph
+    GEMM_SHARE_KIND = "torch:gemm"
+    # What a whole-step compile never measured here is expected to save, from that share
+    # (policy: ``_gain_rule``; issue 18, session 29)
+    GAIN_RULE = CompileGainRule()
+
     def _gain_fraction(self, kind: str) -> float:
         """The share of each step a compiled whole step (``kind``) is expected to save: what
-        this host measured it to gain (``_measured_gain``), else the core's bound."""
+        this host measured it to gain (``_measured_gain``), else what the gain rule expects of
+        this run's eager step from its profile (``_profiled_gain_fraction``), else the core's
+        bound (twice as fast at best, half of that expected: a quarter)."""
         gain = self._measured_gain(kind)
         if gain is not None:
             return max(0.0, 1.0 - 1.0 / gain)
+        profiled = self._profiled_gain_fraction()
+        if profiled is not None:
+            return profiled
         policy = ExplorationPolicy()
         return (1.0 - 1.0 / policy.max_speedup) * policy.expected_gain_share
+
+    def _profiled_gain_fraction(self) -> float | None:
+        """The share of each step a whole-step compile is expected to save by the gain rule, from
+        the GEMM share of this graph's probe steps kept here (their median, this run's included:
+        one first step can be an outlier, e.g. xt-tied's second run at 0.80 against 0.29-0.33 in
+        five runs before it, session 29), the rule calibrated by this host's graphs that have
+        both a kept share and a measured whole-step gain; None: the step was not profiled."""
+        if self.step_profile is None:
+            return None
+        shares = self.compile_costs.shares(self._hw, self.GEMM_SHARE_KIND)
+        gains = self.compile_costs.gains(self._hw, "torch:whole:plain")
+        pairs = [(shares[g], gains[g]) for g in shares if g in gains]
+        share = shares.get(self._cost_graph(), self.step_profile.gemm_share)
+        return self.GAIN_RULE.expected_share(share, pairs)
+
+    def _expected_speedup(self, kind: str) -> float:
+        """The speedup the core is told to expect of a whole-step compile never measured here:
+        the profiled gain fraction as a speedup (1: nothing expected; 0: no estimate, the core's
+        own bound)."""
+        if self._measured_gain(kind) is not None:
+            return 0.0
+        share = self._profiled_gain_fraction()
+        return 1.0 / (1.0 - share) if share is not None and 0.0 <= share < 1.0 else 0.0
 
     def _measured_gain(self, kind: str) -> float | None:
         """The speedup this graph's compiled whole step (``kind``) gave on this host, measured
@@ -1597,6 +1680,7 @@ class AstraTorch(SessionBacked):
                         prior_holds_for=holds_for,
                         prior_otherwise_ms=otherwise,
                         measured_speedup=self._measured_gain(kind) or 0.0,
+                        expected_speedup=self._expected_speedup(kind),
                     )
                 )
         if self._channels_last:

@@ -1117,7 +1117,9 @@ def with_run_priors(spec: GraphSpec, run: GraphSpec) -> GraphSpec:
     A client that measured on its own host what a compile will cost there (an XLA rate, an
     Inductor cache found holding the graph) knows better than any earlier run; a prior it did not
     calibrate stays as stored, as do variables that differ in anything but their prior."""
-    mine = {v.name: v for v in run.variables if v.prior_calibrated or v.measured_speedup}
+    mine = {
+        v.name: v for v in run.variables if v.prior_calibrated or v.measured_speedup or v.expected_speedup
+    }
     if not mine:
         return spec
     out = []
@@ -1128,6 +1130,8 @@ def with_run_priors(spec: GraphSpec, run: GraphSpec) -> GraphSpec:
                 v = replace(v, compile_prior_ms=m.compile_prior_ms, prior_calibrated=True)
             if m.measured_speedup:  # what this host measured it to gain, as the client knows it now
                 v = replace(v, measured_speedup=m.measured_speedup)
+            if m.expected_speedup:  # ... or what this run's client expects of it
+                v = replace(v, expected_speedup=m.expected_speedup)
         out.append(v)
     return replace(spec, variables=tuple(out))
 
@@ -1248,12 +1252,22 @@ def _prune_reason(
         for v in variables
         if v.compiles and combo.get(v.name, v.choices[0]) != v.choices[0]
     ]
+    expected = [
+        v.expected_speedup
+        for v in variables
+        if v.compiles and combo.get(v.name, v.choices[0]) != v.choices[0]
+    ]
     if measured and all(m > 0 for m in measured):
         # What this host measured the compile to gain on this graph, interleaved, in an earlier
         # run, in place of the optimistic bound and its share (issue 18, session of 2026-12-03:
         # hf-t5's compiled step, 1.83x, expected at a quarter of the run's time, 1.33x).
         bound = 1.0 - 1.0 / policy.max_speedup
         saving = _max_saving(state, policy, region, remaining) / bound * max(0.0, 1.0 - 1.0 / min(measured))
+    elif expected and all(e > 0 for e in expected):
+        # Never measured here: what the client expects of it from this run's eager step (its
+        # profile, issue 18, session 29), in place of the fixed bound and its share.
+        bound = 1.0 - 1.0 / policy.max_speedup
+        saving = _max_saving(state, policy, region, remaining) / bound * max(0.0, 1.0 - 1.0 / min(expected))
     est = _combo_compile_estimate(state, variables, combo)
     if planned_ms > 0 and saving < est + planned_ms:
         return (

@@ -54,6 +54,12 @@ class Variable:
     # core then expects that saving, not its optimistic bound times ``expected_gain_share``.
     # (Not on the wire, as ``prior_holds_for``: a remote core uses the bound.)
     measured_speedup: float = 0.0
+    # Where none was measured: the speedup the client expects of the compiled choice from this
+    # run's own eager step (its profile's share outside the GEMM-like kernels, under the
+    # client's gain rule, ``_gain_rule``; issue 18, session 29; 0: no estimate). The core then
+    # expects that saving in place of its optimistic bound times ``expected_gain_share``. (Not on
+    # the wire either.)
+    expected_speedup: float = 0.0
 
     def holds_for(self, values: dict[str, str]) -> bool:
         """Does ``compile_prior_ms`` price a compile of this variable in configuration ``values``?"""
@@ -81,6 +87,8 @@ class Variable:
             d.pop("prior_otherwise_ms")
         if not self.measured_speedup:  # absent when never measured: older states unchanged
             d.pop("measured_speedup")
+        if not self.expected_speedup:  # absent without an estimate: older states unchanged
+            d.pop("expected_speedup")
         return d
 
     @classmethod
@@ -97,6 +105,7 @@ class Variable:
             tuple(d.get("prior_holds_for", ())),
             float(d.get("prior_otherwise_ms", 0.0)),
             float(d.get("measured_speedup", 0.0)),
+            float(d.get("expected_speedup", 0.0)),
         )
 
 
