@@ -121,12 +121,11 @@ class _GraphRunner:
                     return compile_fx_inner(*args, **kwargs)
 
             with faithful_random(faithful):
-                self._compiled = cast(
-                    Callable[..., Any],
-                    compile_fx(
-                        self.gm, self.example_inputs, **({"inner_compile": inner} if faithful else {})
-                    ),
-                )
+                if faithful:
+                    compiled = compile_fx(self.gm, self.example_inputs, inner_compile=inner)
+                else:
+                    compiled = compile_fx(self.gm, self.example_inputs)
+                self._compiled = cast(Callable[..., Any], compiled)
         return self._compiled
 
     def __call__(self, *args: Any) -> Any:
