@@ -563,6 +563,10 @@ def main(argv: list[str] | None = None) -> int:
         from microco.benchmarks.store_ssb import main as ssb_main
 
         return ssb_main([a for a in argv if a != "--ssb"])
+    if "--h2o" in argv:  # the h2o.ai db-benchmark's questions instead (--h2o --help)
+        from microco.benchmarks.store_h2o import main as h2o_main
+
+        return h2o_main([a for a in argv if a != "--h2o"])
     ap = argparse.ArgumentParser(
         prog="microco bench store", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -570,6 +574,11 @@ def main(argv: list[str] | None = None) -> int:
         "--ssb",
         action="store_true",
         help="run the Star Schema Benchmark's 13 queries instead (benchmarks/store_ssb.py; see --ssb --help)",
+    )
+    ap.add_argument(
+        "--h2o",
+        action="store_true",
+        help="run the h2o.ai db-benchmark's group-by and join questions instead (benchmarks/store_h2o.py; --h2o --help)",
     )
     ap.add_argument("--quick", action="store_true", help="scale factor 0.01, one timed run (under a minute)")
     ap.add_argument(
