@@ -189,3 +189,33 @@ def test_no_profile_where_no_whole_step_compile_is_a_choice(tmp_path):
         model(x).sum().backward()
     assert a.step_profile is None
     assert a._gain_fraction("plain") == pytest.approx(PRIOR)
+
+
+def test_profiling_the_probe_step_prints_nothing_into_the_jobs_output():
+    """Kineto printed two ``USDT: ... profiler_start`` lines to stderr at each profile: into
+    every training job's output at its probe step. In a fresh process (Kineto reads its level
+    once, at its first start), with the user's own level respected."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from microco.clients.compiler._step_profile import StepProfiler\n"
+        "p = StepProfiler(); assert p.start()\n"
+        "torch.randn(8, 8).mm(torch.randn(8, 8))\n"
+        "assert p.stop(1.0) is not None\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    quiet = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "profiler_start" not in quiet.stderr + quiet.stdout
+    told = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "KINETO_LOG_LEVEL": "0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert told.returncode == 0, told.stderr
+    assert "profiler_start" in told.stderr  # (the user asked for Kineto's lines)
