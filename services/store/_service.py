@@ -515,6 +515,13 @@ def _coordinator_args(p: argparse.ArgumentParser) -> None:
         "cache) when its last answer is older than this, to prefer replicas in memory (negative: never)",
     )
     g.add_argument(
+        "--no-hedge",
+        action="store_true",
+        help="never hedge a query's straggling node (by default, once a node's fragments run well "
+        "past the other nodes' of their stage, the query is planned again without it and the first "
+        "plan to answer is used: docs/store.md, 'Hedged fragments')",
+    )
+    g.add_argument(
         "--sql-semi-join-mb",
         type=float,
         default=32.0,
@@ -553,6 +560,8 @@ def _setup_coordinator(ctx: ServiceContext) -> None:
         sql_semi_join_bytes=a.sql_semi_join_mb * 1e6,
     )
     core.residency_max_age_s = a.residency_max_age_s if a.residency_max_age_s >= 0 else None
+    if a.no_hedge:
+        core.hedge = None
     servicer = StoreServicer(core)
 
     def start_recovery() -> RecoveryLoop:
