@@ -123,7 +123,14 @@ def bench_cluster(
     )
     try:
         _log(f"starting etcd and {nodes} store nodes + a coordinator")
-        cluster.start(timeout=300)  # six processes (and a JVM beside) starting on a loaded 2-core machine
+        try:
+            cluster.start(timeout=300)  # six processes (and a JVM beside) starting on a loaded 2-core machine
+        except Exception:
+            for f in sorted((work / "store").glob("*.log")):  # (removed below: what failed, kept in the log)
+                tail = f.read_text(errors="replace").strip().splitlines()[-5:]
+                if tail:
+                    _log(f"{f.name}: " + " | ".join(tail)[-1500:])
+            raise
         _log("cluster ready")
         yield cluster
     finally:

@@ -35,6 +35,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from microco.common.errors import Unavailable
+
 
 def _rows(table: Any) -> list[tuple]:
     cols = table.column_names
@@ -216,19 +218,20 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg[:400], file=sys.stderr, flush=True)
 
+    import shutil
+    import tempfile
+
+    from microco.common.identity import private_ca
+
+    # one CA for every cluster of the run: the first cluster's would be named for this process
+    # (``MICROCO_CA_DIR``) and removed with that cluster's directory, and the next could not start
+    ca_dir = tempfile.mkdtemp(prefix="microco-bench-nodeloss-ca-")
+    private_ca(ca_dir)
     runs = []
-    for r in range(args.rounds):
-        # alternated: on then off, then off then on (a drift in the machine's load favours neither)
-        for hedge in (True, False) if r % 2 == 0 else (False, True):
-            started = time.strftime("%H:%M:%S", time.gmtime())
-            load = os.getloadavg()[0]
-            out = one_cluster(args.rows, hedge, args.fault, args.trials, args.lease_ttl_s, log)
-            out.update(
-                utc=f"{started}-{time.strftime('%H:%M:%S', time.gmtime())}", load=[load, os.getloadavg()[0]]
-            )
-            out.pop("after_loss_plan", None)
-            runs.append(out)
-            print(json.dumps(out), flush=True)
+    try:
+        _rounds(args, runs, log)
+    finally:
+        shutil.rmtree(ca_dir, ignore_errors=True)
     summary = {
         ("on" if h else "off"): {
             "over_healthy_median": [x["over_healthy_median"] for x in runs if x["hedging"] == h],
@@ -245,6 +248,28 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps({"fault": args.fault, "rows": args.rows, "summary": summary}), flush=True)
     return 0
+
+
+def _rounds(args: Any, runs: list[dict[str, Any]], log: Any) -> None:
+    for r in range(args.rounds):
+        # alternated: on then off, then off then on (a drift in the machine's load favours neither)
+        for hedge in (True, False) if r % 2 == 0 else (False, True):
+            started = time.strftime("%H:%M:%S", time.gmtime())
+            load = os.getloadavg()[0]
+            for tries in range(3):
+                try:
+                    out = one_cluster(args.rows, hedge, args.fault, args.trials, args.lease_ttl_s, log)
+                    break
+                except Unavailable as exc:  # a cluster that did not start (logged): a fresh one
+                    log(f"cluster did not start ({exc}); try {tries + 2} of 3")
+            else:
+                raise Unavailable("three clusters in a row did not start")
+            out.update(
+                utc=f"{started}-{time.strftime('%H:%M:%S', time.gmtime())}", load=[load, os.getloadavg()[0]]
+            )
+            out.pop("after_loss_plan", None)
+            runs.append(out)
+            print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":
