@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     # (``MICROCO_CA_DIR``) and removed with that cluster's directory, and the next could not start
     ca_dir = tempfile.mkdtemp(prefix="microco-bench-nodeloss-ca-")
     private_ca(ca_dir)
-    runs = []
+    runs: list[dict[str, Any]] = []
     try:
         _rounds(args, runs, log)
     finally:
