@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import threading
 import time
 import uuid
@@ -109,6 +110,9 @@ class Superseded(Exception):  # (a signal between a query's attempts, not an err
     """Another attempt of the same query answered (``_QueryRun``): this one stops waiting."""
 
 
+USED = "this plan answered first and its answer was used"
+
+
 class _QueryRun:
     """One query's attempts (``StoreCore._with_retries``): the first plan, its retries after a
     node failure, and the hedges started while one of them waits on a straggling node.
@@ -140,12 +144,15 @@ class _QueryRun:
         self.started.setdefault(f, time.monotonic())
         f.add_done_callback(lambda done: self.ended.setdefault(done, time.monotonic()))
 
-    def offer(self, answer: Any, who: str) -> bool:
-        """Take ``answer`` (an attempt's whole result) unless another was taken; stop the others."""
+    def offer(self, answer: Any, who: str, rec: dict[str, Any] | None = None) -> bool:
+        """Take ``answer`` (an attempt's whole result) unless another was taken; stop the others.
+        ``rec``: the hedge it is the answer of, marked used before any other attempt wakes."""
         with self.lock:
             if self.answer is not None:
                 return False
             self.answer, self.winner = answer, who
+            if rec is not None:
+                rec["outcome"] = USED
         self.stop.set_exception(Superseded())
         return True
 
@@ -927,7 +934,7 @@ class StoreCore:
             rec: dict[str, Any] = {
                 "nodes": sorted(new),
                 "after_s": round(max(running[n] for n in new), 4),
-                "siblings_median_s": round(sorted(finished.values())[len(finished) // 2], 4),
+                "siblings_median_s": round(statistics.median(finished.values()), 4),
                 "bar_s": round(bar, 4),
                 "outcome": "running",
             }
@@ -940,20 +947,20 @@ class StoreCore:
             try:
                 out = run.attempt(exclude, _Attempt(run, hedge=True))
             except Superseded:
-                rec["outcome"] = "stopped: the first plan answered first"
+                with run.lock:
+                    rec["outcome"] = "stopped: the first plan answered first"
                 done.set_result(False)
                 return
             except Exception as exc:  # noqa: BLE001 - a hedge that fails leaves the first plan to answer
-                rec["outcome"] = f"failed ({short(f'{type(exc).__name__}: {exc}', 200)}): not used"
+                with run.lock:
+                    rec["outcome"] = f"failed ({short(f'{type(exc).__name__}: {exc}', 200)}): not used"
                 log.warning("query: hedge of %s failed: %s", rec["nodes"], exc)
                 done.set_result(False)
                 return
-            used = run.offer(out, "hedge")
-            rec["outcome"] = (
-                "this plan answered first and its answer was used"
-                if used
-                else "not used: the first plan answered first"
-            )
+            used = run.offer(out, "hedge", rec)
+            if not used:
+                with run.lock:
+                    rec["outcome"] = "not used: the first plan answered first"
             done.set_result(used)
 
         threading.Thread(target=go, name="store-hedge", daemon=True).start()
