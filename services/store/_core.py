@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 import threading
 import time
 import uuid
@@ -36,7 +35,7 @@ from microco.common.kv import KV
 
 from . import _exec
 from ._catalog import ROOT, Catalog, SuperExtent, TableInfo
-from ._hedge import HedgePolicy
+from ._hedge import Fragment, HedgePolicy, shape, weight
 from ._layout import CODECS, ExtentMeta, assign_partitions, bucketed_extents, new_extent_id
 from ._limits import check_name, short
 from ._liveness import NodeWatch, Watched, nodes_used
@@ -913,35 +912,31 @@ class StoreCore:
             plan.explain.append(f"hedge: answer used: {used} (one plan's whole answer)")
         return table, plan
 
-    def _hedge(
-        self,
-        att: _Attempt,
-        nodes: set[str],
-        bar: float,
-        running: dict[str, float],
-        finished: dict[str, float],
-    ) -> None:
-        """Start a hedge of ``nodes`` (straggling in ``att``'s stage): the query planned again
+    def _hedge(self, att: _Attempt, late: dict[str, tuple[float, float, float]]) -> None:
+        """Start a hedge of the nodes of ``late`` (straggling in ``att``'s stage: each with how
+        long its fragment ran, its bar and what its like fragments gave): the query planned again
         without them, in its own thread, its answer offered to the run (``_QueryRun.offer``).
         At most one per node per query; none once the run has its answer."""
         run = att.run
         with run.lock:
-            new = nodes - run.hedged
+            new = set(late) - run.hedged
             if not new or run.answer is not None:
                 return
             run.hedged |= new
             exclude = set(run.exclude) | run.hedged
             rec: dict[str, Any] = {
                 "nodes": sorted(new),
-                "after_s": round(max(running[n] for n in new), 4),
-                "siblings_median_s": round(statistics.median(finished.values()), 4),
-                "bar_s": round(bar, 4),
+                "after_s": round(max(late[n][0] for n in new), 4),
+                "siblings_median_s": round(max(late[n][2] for n in new), 4),
+                "bar_s": round(max(late[n][1] for n in new), 4),
                 "outcome": "running",
             }
             run.hedges.append(rec)
             done: Future[bool] = Future()
             run.hedge_done.append(done)
-        log.warning("query: hedging %s (straggling %.2fs, bar %.2fs)", sorted(new), rec["after_s"], bar)
+        log.warning(
+            "query: hedging %s (straggling %.2fs, bar %.2fs)", sorted(new), rec["after_s"], rec["bar_s"]
+        )
 
         def go() -> None:
             try:
@@ -1029,6 +1024,7 @@ class StoreCore:
             [(n, f) for (n, _), f in zip(tasks, futs, strict=True)],
             {n: nodes.get(n) for n in nodes_used(tasks)},
             att=att,
+            tasks=[t for _, t in tasks],
         )
         if lost:
             node = min(lost)
@@ -1043,6 +1039,7 @@ class StoreCore:
         used: dict[str, Any],
         first_failure: bool = True,
         att: _Attempt | None = None,
+        tasks: list[dict[str, Any]] | None = None,
     ) -> set[str]:
         """Wait for calls to nodes (``futs``: each call's node and future) while watching the
         nodes they use (``used``: name -> NodeInfo; ``_liveness``) against the registry: until
@@ -1053,20 +1050,27 @@ class StoreCore:
 
         ``att``: the query's attempt the calls are a stage of: the wait ends with ``Superseded``
         once another attempt's answer is taken, and (unless ``att`` is itself a hedge) a node
-        whose calls straggle behind the others' (``hedge``'s policy) is hedged (``_hedge``)."""
+        whose calls straggle behind the others' (``hedge``'s policy, given each call's task:
+        ``tasks``) is hedged (``_hedge``)."""
         node_of = {f: n for n, f in futs}
         pending: set[Future[Any]] = set(node_of)
+        hedging = att is not None and not att.hedge and self.hedge is not None and tasks is not None
+        # each call's node, future, and what the hedging policy compares it by (``_hedge``)
+        calls = (
+            [(n, f, shape(t), weight(t)) for (n, f), t in zip(futs, tasks, strict=True)]
+            if hedging and tasks is not None
+            else []
+        )
         # with an attempt: woken by each call's end (to compare the nodes' times) and by ``stop``
         when = (FIRST_COMPLETED if att is not None else FIRST_EXCEPTION) if first_failure else ALL_COMPLETED
         stop: set[Future[Any]] = {att.run.stop} if att is not None else set()
-        hedging = att is not None and not att.hedge and self.hedge is not None
         began = time.monotonic()
         with self.node_watch.register(used, start=False) as watched:
             while pending:
                 timeout = self.node_watch.poll_s
                 if hedging:
                     assert att is not None
-                    due = self._stragglers(att, node_of)
+                    due = self._stragglers(att, calls)
                     if due is not None:
                         timeout = min(timeout, max(due, 0.01))
                 done, rest = wait(pending | stop, timeout=timeout, return_when=when)
@@ -1085,33 +1089,40 @@ class StoreCore:
             # (every call ended: with ``first_failure``, a node that left after it served no one)
             return set() if first_failure else set(watched.lost)
 
-    def _stragglers(self, att: _Attempt, node_of: dict[Future[Any], str]) -> float | None:
-        """Compare the nodes' times in a stage (``node_of``: each call's node) and hedge those
-        that straggle (``hedge``'s policy; nodes not hedged yet in the query). Returns the
-        seconds until the next node still running would straggle, if the policy can tell."""
+    def _stragglers(self, att: _Attempt, calls: list[tuple[str, Future[Any], str, float]]) -> float | None:
+        """Compare a stage's fragments (``calls``: each one's node, future, ``_hedge.shape`` and
+        ``_hedge.weight``) and hedge the nodes whose fragments straggle (``hedge``'s policy;
+        nodes not hedged yet in the query). Returns the seconds until the next fragment still
+        running would straggle, if the policy can tell."""
         assert self.hedge is not None
         run, now = att.run, time.monotonic()
-        calls: dict[str, list[Future[Any]]] = {}
-        for f, n in node_of.items():
-            calls.setdefault(n, []).append(f)
-        running: dict[str, float] = {}
-        finished: dict[str, float] = {}
-        for n, fs in calls.items():
-            start = min(run.started.get(f, now) for f in fs)
-            if all(f.done() for f in fs):
-                if all(f.exception() is None for f in fs):  # (a failure is the retry's business)
-                    finished[n] = max(run.ended.get(f, now) for f in fs) - start
+        frags = []
+        for node, f, kind, w in calls:
+            start = run.started.get(f, now)
+            if f.done():
+                if f.exception() is not None:  # (a failure is the retry's business)
+                    continue
+                frags.append(Fragment(node, kind, w, run.ended.get(f, now) - start, True))
             else:
-                running[n] = now - start
-        bar = self.hedge.bar(finished, len(running))
-        if bar is None:
+                frags.append(Fragment(node, kind, w, now - start, False))
+        bars = self.hedge.bars(frags)
+        if not bars:
             return None
         with run.lock:
-            open_ = {n: s for n, s in running.items() if n not in run.hedged and n not in run.exclude}
-        late = {n for n, s in open_.items() if s >= bar}
+            skip = run.hedged | run.exclude
+        late: dict[str, tuple[float, float, float]] = {}  # node -> (ran, bar, expected)
+        rest = []
+        for i, (bar, expect) in bars.items():
+            fr = frags[i]
+            if fr.node in skip:
+                continue
+            if fr.seconds >= bar:
+                if fr.node not in late or fr.seconds > late[fr.node][0]:
+                    late[fr.node] = (fr.seconds, bar, expect)
+            else:
+                rest.append(bar - fr.seconds)
         if late:
-            self._hedge(att, late, bar, running, finished)
-        rest = [bar - s for n, s in open_.items() if n not in late]
+            self._hedge(att, late)
         return min(rest) if rest else None
 
     def _run_stage_streams(

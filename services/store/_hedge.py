@@ -10,14 +10,15 @@ planned again as if that node were lost (its share read from the other replicas;
 nodes' fragments, identical in the new plan, kept) and the first of the two plans to answer is
 used (``StoreCore._with_retries``: the mechanism).
 
-This module is the policy only: given how long each node's fragments of a stage have run (those
-still running) and took (those finished), which nodes straggle. Constants, with why:"""
+This module is the policy only: given how long each fragment of a stage has run (those still
+running) or took (those finished), which nodes straggle. Constants, with why:"""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # Never hedge a node's fragments before they have run this long. Below it a second plan costs
 # about what it could save (a re-plan, and the node's share run again on nodes that are busy with
@@ -38,24 +39,98 @@ MULTIPLE = 1.5
 QUORUM = 0.5
 
 
+# Fragments compare only with their like: the same operation and SQL over the same tables
+# (``shape``); a gather's fragment of a small table finishes in milliseconds beside the big
+# table's, which is no straggler. Among alike fragments each is expected to take the finished
+# ones' seconds per byte read (``weight``: the bytes of its sources), so a node holding three
+# partitions is not a straggler beside one holding two; fragments that read no planned bytes
+# (a shuffle's reducers) compare by their seconds alone.
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """One task of a stage as the policy sees it."""
+
+    node: str
+    shape: str  # which fragments are alike (``shape``)
+    weight: float  # the bytes it reads (``weight``; 0: unknown)
+    seconds: float  # how long it has run (running) or took (finished)
+    done: bool
+
+
+def shape(task: dict[str, Any]) -> str:
+    """What a task is, leaving out where its data lies: its operation, SQL and the tables its
+    sources read."""
+    tables: set[str] = set()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if k == "sources" and isinstance(v, list):
+                    tables.update(str(src.get("table")) for src in v if isinstance(src, dict))
+                else:
+                    walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(task)
+    return f"{task.get('op')}\0{task.get('sql', '')}\0{','.join(sorted(tables))}"
+
+
+def weight(task: dict[str, Any]) -> float:
+    """The bytes a task's sources read, wherever they sit in it (0 when it has none)."""
+    total = 0.0
+
+    def walk(x: Any) -> None:
+        nonlocal total
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if k == "sources" and isinstance(v, list):
+                    total += sum(float(src.get("bytes") or 0) for src in v if isinstance(src, dict))
+                else:
+                    walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(task)
+    return total
+
+
 @dataclass(frozen=True)
 class HedgePolicy:
     floor_s: float = FLOOR_S
     multiple: float = MULTIPLE
     quorum: float = QUORUM
 
-    def bar(self, finished: Mapping[str, float], running: int) -> float | None:
-        """Seconds a node's fragments may run before they are hedged, given the finished nodes'
-        times and the number of nodes still running; None while too few have finished."""
-        total = len(finished) + running
-        if not finished or not running or len(finished) < self.quorum * total:
-            return None
-        return max(self.floor_s, self.multiple * statistics.median(finished.values()))
+    def bars(self, fragments: Sequence[Fragment]) -> dict[int, tuple[float, float]]:
+        """For each running fragment (by its index) whose like fragments (same ``shape``, on other
+        nodes) have finished in quorum: the seconds it may run before its node is hedged,
+        ``multiple`` times what the finished ones' median seconds per byte give for its bytes,
+        and no less than ``floor_s``; each as (bar, what the finished ones give: expected)."""
+        out: dict[int, tuple[float, float]] = {}
+        groups: dict[str, list[int]] = {}
+        for i, f in enumerate(fragments):
+            groups.setdefault(f.shape, []).append(i)
+        for idx in groups.values():
+            for i in idx:
+                f = fragments[i]
+                if f.done:
+                    continue
+                others = [fragments[j] for j in idx if fragments[j].node != f.node]
+                finished = [o for o in others if o.done]
+                if not finished or len(finished) < self.quorum * (len(others) + 1):
+                    continue
+                if f.weight > 0 and all(o.weight > 0 for o in finished):
+                    expect = statistics.median(o.seconds / o.weight for o in finished) * f.weight
+                else:
+                    expect = statistics.median(o.seconds for o in finished)
+                out[i] = (max(self.floor_s, self.multiple * expect), expect)
+        return out
 
-    def stragglers(self, running: Mapping[str, float], finished: Mapping[str, float]) -> set[str]:
-        """The nodes of ``running`` (node -> seconds its fragments of the stage have run so far)
-        to hedge, given ``finished`` (node -> seconds its fragments took)."""
-        bar = self.bar(finished, len(running))
-        if bar is None:
-            return set()
-        return {n for n, s in running.items() if s >= bar}
+    def stragglers(self, fragments: Sequence[Fragment]) -> set[str]:
+        """The nodes with a running fragment past its bar (``bars``)."""
+        return {
+            fragments[i].node for i, (bar, _) in self.bars(fragments).items() if fragments[i].seconds >= bar
+        }

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from microco.common.kv import MemoryKV
 from microco.services.store import LocalTransport, NodeInfo, PartitionSpec, StoreCore
-from microco.services.store._hedge import HedgePolicy
+from microco.services.store._hedge import Fragment, HedgePolicy, shape, weight
 from microco.services.store._query import Agg, Query
 
 NODES = [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)]
@@ -103,16 +103,40 @@ def _run(fn: Any, tr: Stalling, wait_s: float = 30.0) -> Any:
 
 def test_the_policy_hedges_a_node_far_behind_its_finished_siblings():
     p = HedgePolicy(floor_s=0.5, multiple=1.5, quorum=0.5)
-    # siblings took 0.2 s (median): the bar is the floor, 0.5 s
-    assert p.stragglers({"a": 0.6}, {"b": 0.2, "c": 0.25}) == {"a"}
-    assert p.stragglers({"a": 0.4}, {"b": 0.2, "c": 0.25}) == set()
-    # siblings took 1 s: the bar is 1.5 s
-    assert p.stragglers({"a": 1.4}, {"b": 1.0}) == set()
-    assert p.stragglers({"a": 1.6}, {"b": 1.0}) == {"a"}
+    run = lambda node, s: Fragment(node, "agg t", 0.0, s, False)  # noqa: E731
+    done = lambda node, s: Fragment(node, "agg t", 0.0, s, True)  # noqa: E731
+    # like fragments took 0.2 s (median): the bar is the floor, 0.5 s
+    assert p.stragglers([run("a", 0.6), done("b", 0.2), done("c", 0.25)]) == {"a"}
+    assert p.stragglers([run("a", 0.4), done("b", 0.2), done("c", 0.25)]) == set()
+    # they took 1 s: the bar is 1.5 s
+    assert p.stragglers([run("a", 1.4), done("b", 1.0)]) == set()
+    assert p.stragglers([run("a", 1.6), done("b", 1.0)]) == {"a"}
     # too few finished to compare with: nothing is hedged however long it runs
-    assert p.stragglers({"a": 9.0, "b": 9.0, "c": 1.0}, {"d": 0.1}) == set()
-    assert p.stragglers({"a": 9.0}, {}) == set()
-    assert p.bar({"b": 0.1}, 1) == 0.5 and p.bar({}, 2) is None
+    assert p.stragglers([run("a", 9.0), run("b", 9.0), run("c", 1.0), done("d", 0.1)]) == set()
+    assert p.stragglers([run("a", 9.0)]) == set()
+    # a node's own finished fragment is no sibling of its running one
+    assert p.stragglers([run("a", 9.0), done("a", 0.1)]) == set()
+
+
+def test_the_policy_compares_only_like_fragments_and_weighs_them_by_their_bytes():
+    p = HedgePolicy(floor_s=0.5, multiple=1.5, quorum=0.5)
+    # a gather: the small table's fragment ends at once; the big table's is no straggler for it
+    small = Fragment(
+        "b", shape({"op": "sql", "sql": "q1", "inputs": {"n": {"sources": [{"table": "n"}]}}}), 0, 0.01, True
+    )
+    big = Fragment(
+        "a", shape({"op": "sql", "sql": "q2", "inputs": {"l": {"sources": [{"table": "l"}]}}}), 0, 3.0, False
+    )
+    assert small.shape != big.shape and p.stragglers([big, small]) == set()
+    # three partitions' bytes against two: expected 1.5x the time of the node with two
+    task = {
+        "op": "fragment",
+        "left": {"sources": [{"table": "t", "bytes": 100}, {"table": "t", "bytes": 200}]},
+    }
+    assert weight(task) == 300.0 and shape(task) == shape({**task, "left": {"sources": [{"table": "t"}]}})
+    two = Fragment("b", "t", 200.0, 1.0, True)
+    assert p.stragglers([Fragment("a", "t", 300.0, 2.2, False), two]) == set()  # bar 2.25 s
+    assert p.stragglers([Fragment("a", "t", 300.0, 2.3, False), two]) == {"a"}
 
 
 def test_a_sql_query_with_a_node_that_stopped_answering_is_answered_by_its_hedge(tmp_path):
