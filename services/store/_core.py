@@ -46,7 +46,6 @@ from ._plancache import LRU
 from ._planner import JOIN_BUILD_BYTES, Plan, plan_query
 from ._query import Agg, Query
 from ._recovery import plan_recovery
-from ._residency import MAX_AGE_S as RESIDENCY_MAX_AGE_S
 from ._residency import TIMEOUT_S as RESIDENCY_TIMEOUT_S
 from ._residency import Residency
 
@@ -294,9 +293,11 @@ class StoreCore:
         # JSON-model plans by (query, live nodes, settings), each with its catalog token (``plan``)
         self.model_plans: LRU[tuple[bytes, Plan]] = LRU(model_plan_cache)
         # what of each table's extents is in memory on their nodes, for the planner
-        # (``_residency``): table name -> (when asked, monotonic; the answers). None: not asked,
-        # plans as before residency was known (an A/B setting)
-        self.residency_max_age_s: float | None = RESIDENCY_MAX_AGE_S
+        # (``_residency``): table name -> (when asked, monotonic; the answers). None (the
+        # default since 2026-12-04: it cost each plan its asks and changed no choice where
+        # measured, docs/store.md "Replicas in memory"): not asked, plans without it; on:
+        # ``_residency.MAX_AGE_S`` (``--residency-max-age-s 1``)
+        self.residency_max_age_s: float | None = None
         self.residency_timeout_s = RESIDENCY_TIMEOUT_S
         self._residency: dict[str, tuple[float, Residency]] = {}
         self._residency_lock = threading.Lock()

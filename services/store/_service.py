@@ -510,9 +510,11 @@ def _coordinator_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--residency-max-age-s",
         type=float,
-        default=1.0,
+        default=-1.0,
         help="the planner asks the nodes what of a table's extents is in memory (page cache, extent "
-        "cache) when its last answer is older than this, to prefer replicas in memory (negative: never)",
+        "cache) when its last answer is older than this, to prefer replicas in memory (negative, the "
+        "default: never; it cost every plan its asks and changed no choice where measured: "
+        "docs/store.md 'Replicas in memory'; 1 asks at most once a second)",
     )
     g.add_argument(
         "--no-hedge",
