@@ -12,15 +12,30 @@ what reading its extents degraded costs, apart from the in-flight query's failur
 Only the query is timed: each answer is compared with the healthy one after its clock has
 stopped (the group-by on ``l_orderkey`` answers 1.5M groups at scale factor 1, whose conversion
 to Python rows and sort took 3.7-9 s here, which the first version timed with the query after
-the loss, not the healthy ones: the 8.6-14x it reported was that)."""
+the loss, not the healthy ones: the 8.6-14x it reported was that).
+
+``fault="pause"``: the node is sent SIGSTOP instead (a hung process, a long GC pause, a host cut
+off: no TCP reset), which the coordinator notices only by its lease running out, or by hedging
+its straggling share (``services/store/_hedge.py``). Run alone (``main``), it A/Bs hedging on a
+synthetic table: fresh clusters, hedging on and off alternated, the SQL group-by on the
+partition column in flight at the fault:
+
+    python -m microco.benchmarks.store_node_loss --fault pause --rounds 3 --rows 12000000
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from microco.common.errors import Unavailable
 
 
 def _rows(table: Any) -> list[tuple]:
@@ -48,11 +63,13 @@ def query_at_node_loss(
     at: float = 0.4,
     log: Any = print,
     clock: Any = time.perf_counter,
+    fault: str = "kill",
 ) -> dict[str, Any]:
     """Time ``frame`` healthy ``trials`` times, then once with node ``victim`` (or the one
-    ``victim()`` names once the healthy runs are done, e.g. from their plan) killed after ``at``
-    of the healthy median. Returns the figures (``cluster.kill`` has killed the node). Each time
-    is the query's alone (``clock``'s seconds around ``client.query``)."""
+    ``victim()`` names once the healthy runs are done, e.g. from their plan) killed (``fault``
+    "kill": ``cluster.kill``) or paused (``"pause"``: ``cluster.pause``, SIGSTOP) after ``at``
+    of the healthy median. Returns the figures. Each time is the query's alone (``clock``'s
+    seconds around ``client.query``)."""
     healthy: list[float] = []
     expected = None
     for _ in range(max(1, trials)):
@@ -70,6 +87,7 @@ def query_at_node_loss(
         t0 = clock()
         try:
             box["table"] = client.query(frame)
+            box["explain"] = str(client.last_plan.get("explain", ""))
         except Exception as exc:  # noqa: BLE001 - reported: a query lost to a node loss is the finding
             box["error"] = f"{type(exc).__name__}: {exc}"[:500]
         box["s"] = clock() - t0
@@ -79,7 +97,7 @@ def query_at_node_loss(
     thread.start()
     time.sleep(at * median)
     killed_after = time.perf_counter() - start
-    cluster.kill(victim)
+    getattr(cluster, fault)(victim)
     killed_at = time.perf_counter()
     thread.join(timeout=max(600.0, 20 * median))
     took = box.get("s")
@@ -102,9 +120,11 @@ def query_at_node_loss(
         box["rows"] = _rows(box.pop("table"))
     same = all(_rows(t) == expected for t in tables)
     del tables
+    hedges = [x for x in str(box.get("explain", "")).splitlines() if x.startswith("hedge:")]
     out = {
         "query": name,
         "node": victim,
+        "fault": fault,
         "healthy_s": [round(t, 4) for t in healthy],
         "healthy_median_s": round(median, 4),
         "killed_after_s": round(killed_after, 4),
@@ -123,7 +143,134 @@ def query_at_node_loss(
         },
         "error": box.get("error"),
         "finished": took is not None,
+        # the in-flight query's EXPLAIN lines on hedges (``_hedge``): none, or which answer was used
+        "hedges": hedges,
+        "hedge_answered": any("answer used: the hedge's" in x for x in hedges),
     }
     log(f"query at node loss: {out}")
     out["_killed_at"] = killed_at  # (for the recovery that follows; not reported)
     return out
+
+
+def _synthetic(rows: int) -> Any:
+    """The A/B's table: ``k`` (1M keys), ``g`` (50), ``v`` (integers: sums exact whatever the order, so answers compare equal), seeded."""
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng(1)
+    return pa.table(
+        {
+            "k": rng.integers(0, 1_000_000, rows),
+            "g": rng.integers(0, 50, rows),
+            "v": rng.integers(0, 1000, rows),
+        }
+    )
+
+
+def one_cluster(
+    rows: int, hedge: bool, fault: str, trials: int, lease_ttl_s: int, log: Any
+) -> dict[str, Any]:
+    """A fresh cluster (the benchmark's: six store nodes in three fault domains, a coordinator,
+    etcd, mutual TLS), the synthetic table loaded, the SQL group-by on its partition column timed
+    healthy and once in flight at ``fault`` on a node its plan runs on (``query_at_node_loss``)."""
+    from microco.benchmarks.store import bench_cluster
+    from microco.clients.store import StoreClient
+
+    args = ["--recovery-grace-s", "300", "--recovery-interval-s", "600"] + ([] if hedge else ["--no-hedge"])
+    with bench_cluster(
+        "microco-bench-nodeloss-", 6, coordinator_args=args, lease_ttl_s=lease_ttl_s
+    ) as cluster:
+        client = StoreClient.from_address(cluster.coordinator_address, default_timeout=600)
+        victim: list[str] = []
+        try:
+            data = _synthetic(rows)
+            client.create_table("t", data.schema, ["k:hash:8", "g:hash:4", "v:range:500"])
+            client.append("t", data)
+            del data
+            sql = json.dumps({"sql": "select k, sum(v) s, count(*) c from t group by k"})
+
+            def pick() -> str:
+                victim.append(plan_nodes(client, "t")[0])
+                return victim[0]
+
+            out = query_at_node_loss(
+                client, cluster, "sql_groupby_k", sql, pick, trials, log=log, fault=fault
+            )
+            out.pop("_killed_at", None)
+            out["hedging"] = hedge
+            out["rows"] = rows
+            return out
+        finally:
+            if victim and fault == "pause":
+                cluster.kill(victim[0])  # (a stopped process ignores SIGTERM until continued)
+            client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m microco.benchmarks.store_node_loss", description=__doc__)
+    ap.add_argument("--fault", choices=("pause", "kill"), default="pause")
+    ap.add_argument("--rows", type=int, default=12_000_000)
+    ap.add_argument("--rounds", type=int, default=3, help="pairs of fresh clusters, hedging on and off")
+    ap.add_argument("--trials", type=int, default=5, help="healthy runs per cluster (the median kept)")
+    ap.add_argument("--lease-ttl-s", type=int, default=5, help="the store nodes' lease (the default's)")
+    args = ap.parse_args(argv)
+
+    def log(msg: str) -> None:
+        print(msg[:400], file=sys.stderr, flush=True)
+
+    import shutil
+    import tempfile
+
+    from microco.common.identity import private_ca
+
+    # one CA for every cluster of the run: the first cluster's would be named for this process
+    # (``MICROCO_CA_DIR``) and removed with that cluster's directory, and the next could not start
+    ca_dir = tempfile.mkdtemp(prefix="microco-bench-nodeloss-ca-")
+    private_ca(ca_dir)
+    runs: list[dict[str, Any]] = []
+    try:
+        _rounds(args, runs, log)
+    finally:
+        shutil.rmtree(ca_dir, ignore_errors=True)
+    summary = {
+        ("on" if h else "off"): {
+            "over_healthy_median": [x["over_healthy_median"] for x in runs if x["hedging"] == h],
+            "median_over_healthy": statistics.median(
+                [x["over_healthy_median"] for x in runs if x["hedging"] == h and x["over_healthy_median"]]
+                or [0]
+            ),
+            "healthy_median_s": [x["healthy_median_s"] for x in runs if x["hedging"] == h],
+            "at_fault_s": [x["at_node_loss_s"] for x in runs if x["hedging"] == h],
+            "correct": all(x["correct"] for x in runs if x["hedging"] == h),
+            "hedge_answered": [x["hedge_answered"] for x in runs if x["hedging"] == h],
+        }
+        for h in (True, False)
+    }
+    print(json.dumps({"fault": args.fault, "rows": args.rows, "summary": summary}), flush=True)
+    return 0
+
+
+def _rounds(args: Any, runs: list[dict[str, Any]], log: Any) -> None:
+    for r in range(args.rounds):
+        # alternated: on then off, then off then on (a drift in the machine's load favours neither)
+        for hedge in (True, False) if r % 2 == 0 else (False, True):
+            started = time.strftime("%H:%M:%S", time.gmtime())
+            load = os.getloadavg()[0]
+            for tries in range(3):
+                try:
+                    out = one_cluster(args.rows, hedge, args.fault, args.trials, args.lease_ttl_s, log)
+                    break
+                except Unavailable as exc:  # a cluster that did not start (logged): a fresh one
+                    log(f"cluster did not start ({exc}); try {tries + 2} of 3")
+            else:
+                raise Unavailable("three clusters in a row did not start")
+            out.update(
+                utc=f"{started}-{time.strftime('%H:%M:%S', time.gmtime())}", load=[load, os.getloadavg()[0]]
+            )
+            out.pop("after_loss_plan", None)
+            runs.append(out)
+            print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -12,6 +12,10 @@ loaded), "before" aggregating a node's partitions together in a group-by on the 
 "after" each partition alone; the forced shuffle plan and DuckDB run in the same rotation.
 ``--ab plancache``: the same queries, "before" planning every query anew (``model_plan_cache=0``),
 "after" reusing a plan made on the same catalog version; the shuffle plan runs on both cores.
+``--ab residency``: the 22 TPC-H queries, "before" planning without asking the nodes what is in
+memory (``residency_max_age_s=None``), "after" with it (the planner's residency, ``_residency``:
+``--residency-max-age-s`` 1 s); give ``--replica-codecs lineitem=zstd,zstd,zstd`` so that it can
+trade between replicas that decode alike. Each row also says which replicas each core's plan read.
 """
 
 from __future__ import annotations
@@ -25,7 +29,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from microco.benchmarks.store import _geomean, _log, _norm, bench_cluster, generate, load_tables, queries
+from microco.benchmarks.store import (
+    REPLICA_CODECS,
+    _geomean,
+    _log,
+    _norm,
+    bench_cluster,
+    generate,
+    load_tables,
+    parse_replica_codecs,
+    queries,
+)
 from microco.benchmarks.store_tpch import QUERIES, REPLICAS
 
 
@@ -37,14 +51,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", default=os.path.expanduser("~/.cache/microco/tpch"))
     ap.add_argument(
         "--ab",
-        choices=("semi", "subquery", "partagg", "plancache"),
+        choices=("semi", "subquery", "partagg", "plancache", "residency"),
         default="semi",
         help="what 'before' turns off: semi-join reduction, subqueries run per partition, or a "
         "partition-local group-by aggregating each partition alone, or the JSON-model plan cache "
         "(both: the JSON-model queries)",
     )
     ap.add_argument("--queries", default="", help="comma-separated query numbers (default: all 22)")
+    ap.add_argument(
+        "--replica-codecs",
+        type=parse_replica_codecs,
+        action="append",
+        default=[],
+        metavar="TABLE=C0,C1,C2",
+        help="a table's replicas' extent codecs (as microco bench store's)",
+    )
     args = ap.parse_args(argv)
+    REPLICA_CODECS.clear()
+    REPLICA_CODECS.update(dict(args.replica_codecs))
 
     import duckdb
 
@@ -78,11 +102,19 @@ def main(argv: list[str] | None = None) -> int:
             before.agg_by_partition = False
         elif args.ab == "plancache":
             before = StoreCore(kv, transport, model_plan_cache=0)
+        elif args.ab == "residency":
+            before = StoreCore(kv, transport)
+            before.residency_max_age_s = None
         else:
             before = StoreCore(kv, transport)
             before.sql_subquery_pushdown = False
         result["ab"] = args.ab
+        result["replica_codecs"] = dict(REPLICA_CODECS)
         after = StoreCore(kv, transport)
+        if args.ab == "residency":  # (on, whatever the core's default)
+            from microco.services.store._residency import MAX_AGE_S
+
+            after.residency_max_age_s = MAX_AGE_S
         if model:
             result["queries"] = _model_ab(
                 before,
@@ -130,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                 if "order by" in sql.lower()
                 else sorted(a, key=repr) == sorted(b, key=repr),
                 "semi_joins": [f"{s['table']}.{s['column']} by {s['keys_from']}" for s in plan.semi],
+                "replicas_before": outs["before"][1].replicas,
+                "replicas_after": plan.replicas,
                 **{f"{k}_s": round(v, 4) for k, v in med.items()},
                 "before_over_duckdb": round(med["before"] / med["duckdb"], 2),
                 "after_over_duckdb": round(med["after"] / med["duckdb"], 2),

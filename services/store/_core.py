@@ -11,7 +11,14 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ALL_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import (
+    ALL_COMPLETED,
+    FIRST_COMPLETED,
+    FIRST_EXCEPTION,
+    Future,
+    ThreadPoolExecutor,
+    wait,
+)
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,6 +35,7 @@ from microco.common.kv import KV
 
 from . import _exec
 from ._catalog import ROOT, Catalog, SuperExtent, TableInfo
+from ._hedge import Fragment, HedgePolicy, shape, weight
 from ._layout import CODECS, ExtentMeta, assign_partitions, bucketed_extents, new_extent_id
 from ._limits import check_name, short
 from ._liveness import NodeWatch, Watched, nodes_used
@@ -38,7 +46,6 @@ from ._plancache import LRU
 from ._planner import JOIN_BUILD_BYTES, Plan, plan_query
 from ._query import Agg, Query
 from ._recovery import plan_recovery
-from ._residency import MAX_AGE_S as RESIDENCY_MAX_AGE_S
 from ._residency import TIMEOUT_S as RESIDENCY_TIMEOUT_S
 from ._residency import Residency
 
@@ -95,6 +102,73 @@ class NodeFailure(MicrocoError):
     def __init__(self, node: str, cause: BaseException) -> None:
         super().__init__(f"store node {node}: {cause}")
         self.node, self.cause = node, cause
+
+
+class Superseded(Exception):  # (a signal between a query's attempts, not an error)
+    """Another attempt of the same query answered (``_QueryRun``): this one stops waiting."""
+
+
+USED = "this plan answered first and its answer was used"
+
+
+class _QueryRun:
+    """One query's attempts (``StoreCore._with_retries``): the first plan, its retries after a
+    node failure, and the hedges started while one of them waits on a straggling node.
+
+    ``tasks``: the tasks the attempts started, by (node, task): an attempt's task identical to
+    one another attempt started (the surviving nodes' fragments in a plan made without a lost or
+    straggling node) takes that one's result, running or done, instead of running again; a
+    task's submission and end times (``started``, ``ended``) are what the hedging policy reads.
+    The answer taken is one attempt's whole result (``offer``: the first to answer), never parts
+    of two plans; ``stop`` is completed (with ``Superseded``) when it is taken, which wakes every
+    other attempt's wait (``StoreCore._await``) and ends it."""
+
+    def __init__(self, attempt: Any) -> None:
+        self.attempt = attempt  # attempt(exclude, _Attempt) -> (table, plan)
+        self.tasks: dict[tuple[str, str], Future[Any]] = {}
+        self.started: dict[Future[Any], float] = {}
+        self.ended: dict[Future[Any], float] = {}
+        self.lock = threading.Lock()
+        self.exclude: set[str] = set()  # the nodes the current (not hedged) attempt is planned without
+        self.hedged: set[str] = set()  # at most one hedge per node per query
+        self.hedges: list[dict[str, Any]] = []  # what each hedge was, and what came of it
+        self.hedge_done: list[Future[bool]] = []  # each hedge's end: True when its answer was taken
+        self.stop: Future[None] = Future()
+        self.answer: Any = None
+        self.winner = ""
+
+    def track(self, f: Future[Any]) -> None:
+        """Record when task ``f`` was submitted and (by callback) when it ends."""
+        self.started.setdefault(f, time.monotonic())
+        f.add_done_callback(lambda done: self.ended.setdefault(done, time.monotonic()))
+
+    def offer(self, answer: Any, who: str, rec: dict[str, Any] | None = None) -> bool:
+        """Take ``answer`` (an attempt's whole result) unless another was taken; stop the others.
+        ``rec``: the hedge it is the answer of, marked used before any other attempt wakes."""
+        with self.lock:
+            if self.answer is not None:
+                return False
+            self.answer, self.winner = answer, who
+            if rec is not None:
+                rec["outcome"] = USED
+        self.stop.set_exception(Superseded())
+        return True
+
+    def wait_hedges(self) -> bool:
+        """Wait for the hedges started (none: at once): was one's answer taken?"""
+        with self.lock:
+            pending = list(self.hedge_done)
+        for f in pending:
+            f.result()
+        return self.answer is not None
+
+
+@dataclass
+class _Attempt:
+    """One attempt of a query run: a hedge's attempt does not hedge again."""
+
+    run: _QueryRun
+    hedge: bool = False
 
 
 @dataclass
@@ -219,13 +293,18 @@ class StoreCore:
         # JSON-model plans by (query, live nodes, settings), each with its catalog token (``plan``)
         self.model_plans: LRU[tuple[bytes, Plan]] = LRU(model_plan_cache)
         # what of each table's extents is in memory on their nodes, for the planner
-        # (``_residency``): table name -> (when asked, monotonic; the answers). None: not asked,
-        # plans as before residency was known (an A/B setting)
-        self.residency_max_age_s: float | None = RESIDENCY_MAX_AGE_S
+        # (``_residency``): table name -> (when asked, monotonic; the answers). None (the
+        # default since 2026-12-04: it cost each plan its asks and changed no choice where
+        # measured, docs/store.md "Replicas in memory"): not asked, plans without it; on:
+        # ``_residency.MAX_AGE_S`` (``--residency-max-age-s 1``)
+        self.residency_max_age_s: float | None = None
         self.residency_timeout_s = RESIDENCY_TIMEOUT_S
         self._residency: dict[str, tuple[float, Residency]] = {}
         self._residency_lock = threading.Lock()
         self.residency_asks = 0  # fan-outs made (each asks every live node once)
+        # when a node's fragments straggle behind their siblings', the query is planned again
+        # without it and the first plan to answer is used (``_hedge``); None: never (A/B setting)
+        self.hedge: HedgePolicy | None = HedgePolicy()
 
     # ------------------------------------------------------------------ nodes
     def live_nodes(self) -> list[NodeInfo]:
@@ -632,16 +711,15 @@ class StoreCore:
         return self.plan(q).explain_text()
 
     def query(self, q: Query) -> tuple[pa.Table, Plan]:
-        # this query's tasks by (node, task), across its attempts: a task of the retry identical
-        # to one of the failed attempt's on a node still up (the surviving nodes' partitions after
-        # a node loss) takes that one's result, running or done, instead of running again
-        tasks: dict[tuple[str, str], Future[pa.Table]] = {}
+        # the query's attempts share their tasks by (node, task) (``_QueryRun``): a task of a
+        # retry or hedge identical to one of another attempt's on a node still up (the surviving
+        # nodes' partitions after a node loss) takes that one's result, running or done
 
-        def attempt(exclude: set[str]) -> tuple[pa.Table, Plan]:
+        def attempt(exclude: set[str], att: _Attempt) -> tuple[pa.Table, Plan]:
             t0 = time.perf_counter()
             plan = self.plan(q, exclude, qid=uuid.uuid4().hex[:12])
             plan.timings = {"plan": time.perf_counter() - t0}
-            return self._execute(plan, tasks), plan
+            return self._execute(plan, att), plan
 
         return self._with_retries(attempt)
 
@@ -649,14 +727,13 @@ class StoreCore:
         """Run a SQL query (see ``_sql``): returns the result and its plan (kind, explain, replicas)."""
         from . import _sql
 
-        # as ``query``'s: a retry's task identical to one of a failed attempt's on a node still
-        # up takes that one's result (the surviving partitions are not read and run again)
-        tasks: dict[tuple[str, str], Future[pa.Table]] = {}
+        # as ``query``'s: a retry's or hedge's task identical to one of another attempt's on a
+        # node still up takes that one's result (the surviving partitions are not run again)
 
-        def attempt(exclude: set[str]) -> tuple[pa.Table, Any]:
+        def attempt(exclude: set[str], att: _Attempt) -> tuple[pa.Table, Any]:
             t0 = time.perf_counter()
             plan = _sql.build(self, text, exclude)
-            return self._run_sql_plan(plan, plan.nodes, t0, tasks), plan
+            return self._run_sql_plan(plan, plan.nodes, t0, att), plan
 
         return self._with_retries(attempt)
 
@@ -665,20 +742,23 @@ class StoreCore:
         plan: Any,
         nodes: dict[str, Any],
         t0: float,
-        earlier: dict[tuple[str, str], Future[pa.Table]] | None = None,
+        att: _Attempt | None = None,
     ) -> pa.Table:
         """Run a built SQL plan: its sub-plans first (``staged``: each distributed on its own,
         its result an input of the coordinator's SQL), then its fragments and the merge; its
-        seconds per phase go to ``plan.timings``. ``earlier``: the tasks of this query's earlier
-        attempts (``_run_stage``; a streamed merge's are not kept: a stream is read once)."""
+        seconds per phase go to ``plan.timings``. ``att``: the attempt of the query it is, whose
+        run holds the tasks of the query's other attempts (``_run_stage``; a streamed merge's are
+        not shared: a stream is read once)."""
         from . import _sql
+
+        earlier = att.run.tasks if att is not None else None
 
         t_plan = time.perf_counter()
         staged: dict[str, pa.Table] = {}
         if plan.stages:  # independent of each other: run side by side
             with ThreadPoolExecutor(len(plan.stages), thread_name_prefix="sql-stage") as pool:
                 futures = {
-                    name: pool.submit(self._run_sql_plan, sub, nodes, time.perf_counter(), earlier)
+                    name: pool.submit(self._run_sql_plan, sub, nodes, time.perf_counter(), att)
                     for name, sub in plan.stages
                 }
                 staged = {name: f.result() for name, f in futures.items()}
@@ -689,7 +769,7 @@ class StoreCore:
             # semi-joins: the key tables first, then the big tables filtered by their keys
             ids = _sql.semi_first(plan)
             firsts = dict(
-                zip(ids, self._run_stage([plan.tasks[i] for i in ids], nodes, earlier), strict=True)
+                zip(ids, self._run_stage([plan.tasks[i] for i in ids], nodes, earlier, att), strict=True)
             )
             tasks, notes = _sql.keyed_tasks(plan, firsts)
             plan.explain.extend(notes)
@@ -699,7 +779,7 @@ class StoreCore:
             run = dict(
                 zip(
                     (i for i, _ in tasks),
-                    self._run_stage_streams([t for _, t in tasks], nodes),
+                    self._run_stage_streams([t for _, t in tasks], nodes, att),
                     strict=True,
                 )
             )
@@ -713,7 +793,9 @@ class StoreCore:
         else:
             got = dict(
                 zip(
-                    (i for i, _ in tasks), self._run_stage([t for _, t in tasks], nodes, earlier), strict=True
+                    (i for i, _ in tasks),
+                    self._run_stage([t for _, t in tasks], nodes, earlier, att),
+                    strict=True,
                 )
             )
             outs = [got[i] if i in got else firsts[i] for i in range(len(plan.tasks))]
@@ -749,24 +831,38 @@ class StoreCore:
             return set(self._suspects)
 
     def _with_retries(self, attempt: Any) -> Any:
-        """Run ``attempt(excluded nodes)``; a node failure is handled (corrupt or missing extent
-        marked for rebuild and read degraded, unreachable node excluded, and left out of the
-        next queries' plans for ``suspect_s``) and the query re-planned. Nodes found unreachable
-        by recent queries are left out from the start; if the query cannot be planned without
-        them, it is planned with them."""
+        """Run ``attempt(excluded nodes, _Attempt)``; a node failure is handled (corrupt or
+        missing extent marked for rebuild and read degraded, unreachable node excluded, and left
+        out of the next queries' plans for ``suspect_s``) and the query re-planned. Nodes found
+        unreachable by recent queries are left out from the start; if the query cannot be
+        planned without them, it is planned with them.
+
+        While an attempt waits on a node whose fragments straggle (``hedge``'s policy, checked
+        in ``_await``), a hedge is started beside it: the same ``attempt`` planned without that
+        node, in its own thread (``_hedge``). The first of them to answer is taken whole
+        (``_QueryRun.offer``) and the other stops waiting; an attempt that fails while a hedge
+        runs waits for the hedge before it is retried."""
+        run = _QueryRun(attempt)
         suspects = self.suspected()
         exclude: set[str] = set(suspects)
         last: Exception | None = None
         for _attempt in range(4):
+            run.exclude = set(exclude)
             try:
-                return attempt(exclude)
+                out = attempt(exclude, _Attempt(run))
+            except Superseded:
+                return self._answered(run)
             except Unavailable:
+                if run.wait_hedges():  # a hedge answered (planned without what failed here)
+                    return self._answered(run)
                 if not suspects & exclude:
                     raise
                 exclude -= suspects  # (not plannable without them: try them)
                 suspects = set()
                 continue
             except NodeFailure as exc:
+                if run.wait_hedges():
+                    return self._answered(run)
                 if isinstance(exc.cause, InvalidArgument):
                     raise exc.cause from None  # the query's own error (e.g. SQL), not the node's
                 last = exc
@@ -783,7 +879,87 @@ class StoreCore:
                         with self._suspects_lock:
                             self._suspects[exc.node] = time.monotonic()
                 log.warning("query retry after %s", exc)
+                continue
+            run.offer(out, "first")
+            return self._answered(run)
         raise Unavailable(f"query failed after retries: {last}")
+
+    def _answered(self, run: _QueryRun) -> Any:
+        """The answer ``run`` took, its plan's EXPLAIN saying what each hedge was and which plan's
+        answer was used (``hedges``, the same as dicts)."""
+        table, plan = run.answer
+        with run.lock:
+            hedges = [dict(h) for h in run.hedges]
+        for h in hedges:
+            if h.get("outcome") == "running":
+                h["outcome"] = "not used: the first plan answered first"
+        plan.hedges = hedges
+        for h in hedges:
+            plan.explain.append(
+                f"hedge: {', '.join(h['nodes'])} still ran {h['after_s']:.2f} s into a stage whose other "
+                f"nodes took {h['siblings_median_s']:.2f} s (median; hedged past {h['bar_s']:.2f} s): "
+                f"planned again without {'it' if len(h['nodes']) == 1 else 'them'}, run on the other "
+                f"replicas; {h['outcome']}"
+            )
+        if run.winner == "hedge":
+            # a plan without them answered before they did: left out of the next queries' plans
+            # for ``suspect_s``, as a node found unreachable (each would be hedged again meanwhile)
+            now = time.monotonic()
+            with self._suspects_lock:
+                for n in run.hedged:
+                    self._suspects[n] = now
+        if hedges:
+            used = "the hedge's" if run.winner == "hedge" else "the first plan's"
+            plan.explain.append(f"hedge: answer used: {used} (one plan's whole answer)")
+        return table, plan
+
+    def _hedge(self, att: _Attempt, late: dict[str, tuple[float, float, float]]) -> None:
+        """Start a hedge of the nodes of ``late`` (straggling in ``att``'s stage: each with how
+        long its fragment ran, its bar and what its like fragments gave): the query planned again
+        without them, in its own thread, its answer offered to the run (``_QueryRun.offer``).
+        At most one per node per query; none once the run has its answer."""
+        run = att.run
+        with run.lock:
+            new = set(late) - run.hedged
+            if not new or run.answer is not None:
+                return
+            run.hedged |= new
+            exclude = set(run.exclude) | run.hedged
+            rec: dict[str, Any] = {
+                "nodes": sorted(new),
+                "after_s": round(max(late[n][0] for n in new), 4),
+                "siblings_median_s": round(max(late[n][2] for n in new), 4),
+                "bar_s": round(max(late[n][1] for n in new), 4),
+                "outcome": "running",
+            }
+            run.hedges.append(rec)
+            done: Future[bool] = Future()
+            run.hedge_done.append(done)
+        log.warning(
+            "query: hedging %s (straggling %.2fs, bar %.2fs)", sorted(new), rec["after_s"], rec["bar_s"]
+        )
+
+        def go() -> None:
+            try:
+                out = run.attempt(exclude, _Attempt(run, hedge=True))
+            except Superseded:
+                with run.lock:
+                    rec["outcome"] = "stopped: the first plan answered first"
+                done.set_result(False)
+                return
+            except Exception as exc:  # noqa: BLE001 - a hedge that fails leaves the first plan to answer
+                with run.lock:
+                    rec["outcome"] = f"failed ({short(f'{type(exc).__name__}: {exc}', 200)}): not used"
+                log.warning("query: hedge of %s failed: %s", rec["nodes"], exc)
+                done.set_result(False)
+                return
+            used = run.offer(out, "hedge", rec)
+            if not used:
+                with run.lock:
+                    rec["outcome"] = "not used: the first plan answered first"
+            done.set_result(used)
+
+        threading.Thread(target=go, name="store-hedge", daemon=True).start()
 
     def _mark_corrupt(self, message: str, marker: str) -> None:
         # "corrupt extent <table>/<extent> on node <n>: ..." or "node <n> has no extent <table>/<extent>"
@@ -802,11 +978,13 @@ class StoreCore:
         tasks: list[tuple[str, dict[str, Any]]],
         nodes: dict[str, NodeInfo],
         earlier: dict[tuple[str, str], Future[pa.Table]] | None = None,
+        att: _Attempt | None = None,
     ) -> list[pa.Table]:
         """Run ``tasks`` at once; the first to fail raises at once (the query's retry need not
-        wait for the others). ``earlier``: the tasks an earlier attempt of the same query started,
+        wait for the others). ``earlier``: the tasks another attempt of the same query started,
         by (node, task): one of them that has not failed is reused, and the ones started here
-        are added."""
+        are added. ``att``: the query's attempt this stage is of (its tasks' times kept for the
+        hedging policy; ``_await``)."""
 
         def one(node: str, task: dict[str, Any]) -> pa.Table:
             if node not in nodes:
@@ -826,19 +1004,28 @@ class StoreCore:
                 f = self._pool.submit(one, n, t)
                 if earlier is not None and key is not None:
                     earlier[key] = f
+            if att is not None:
+                att.run.track(f)
             futs.append(f)
-        self._wait_stage(futs, tasks, nodes)
+        self._wait_stage(futs, tasks, nodes, att)
         return [f.result() for f in futs]
 
     def _wait_stage(
-        self, futs: list[Future[Any]], tasks: list[tuple[str, dict[str, Any]]], nodes: dict[str, NodeInfo]
+        self,
+        futs: list[Future[Any]],
+        tasks: list[tuple[str, dict[str, Any]]],
+        nodes: dict[str, NodeInfo],
+        att: _Attempt | None = None,
     ) -> None:
         """Wait for a stage's tasks; the first to fail raises at once (not after the tasks listed
         before it), and so does a node the tasks use leaving the cluster meanwhile (its lease
-        ran out: ``_liveness``), which would otherwise hold the stage until its calls' deadline."""
+        ran out: ``_liveness``), which would otherwise hold the stage until its calls' deadline;
+        another attempt of the query answering raises ``Superseded`` (``att``)."""
         lost = self._await(
             [(n, f) for (n, _), f in zip(tasks, futs, strict=True)],
             {n: nodes.get(n) for n in nodes_used(tasks)},
+            att=att,
+            tasks=[t for _, t in tasks],
         )
         if lost:
             node = min(lost)
@@ -848,21 +1035,51 @@ class StoreCore:
                 raise exc
 
     def _await(
-        self, futs: list[tuple[str, Future[Any]]], used: dict[str, Any], first_failure: bool = True
+        self,
+        futs: list[tuple[str, Future[Any]]],
+        used: dict[str, Any],
+        first_failure: bool = True,
+        att: _Attempt | None = None,
+        tasks: list[dict[str, Any]] | None = None,
     ) -> set[str]:
         """Wait for calls to nodes (``futs``: each call's node and future) while watching the
         nodes they use (``used``: name -> NodeInfo; ``_liveness``) against the registry: until
         all are done, or one failed (``first_failure``), or a node of ``used`` left the cluster
         (its lease ran out: dead, paused or cut off, which would hold its calls to their
         deadline). Returns the nodes that left while calls were waiting: with ``first_failure``
-        the wait ends at the first; without, it goes on for the calls to the other nodes."""
+        the wait ends at the first; without, it goes on for the calls to the other nodes.
+
+        ``att``: the query's attempt the calls are a stage of: the wait ends with ``Superseded``
+        once another attempt's answer is taken, and (unless ``att`` is itself a hedge) a node
+        whose calls straggle behind the others' (``hedge``'s policy, given each call's task:
+        ``tasks``) is hedged (``_hedge``)."""
         node_of = {f: n for n, f in futs}
         pending: set[Future[Any]] = set(node_of)
-        when = FIRST_EXCEPTION if first_failure else ALL_COMPLETED
+        hedging = att is not None and not att.hedge and self.hedge is not None and tasks is not None
+        # each call's node, future, and what the hedging policy compares it by (``_hedge``)
+        calls = (
+            [(n, f, shape(t), weight(t)) for (n, f), t in zip(futs, tasks, strict=True)]
+            if hedging and tasks is not None
+            else []
+        )
+        # with an attempt: woken by each call's end (to compare the nodes' times) and by ``stop``
+        when = (FIRST_COMPLETED if att is not None else FIRST_EXCEPTION) if first_failure else ALL_COMPLETED
+        stop: set[Future[Any]] = {att.run.stop} if att is not None else set()
+        began = time.monotonic()
         with self.node_watch.register(used, start=False) as watched:
             while pending:
-                done, pending = wait(pending, timeout=self.node_watch.poll_s, return_when=when)
-                if pending:  # (calls that end within one poll never start the watch's thread)
+                timeout = self.node_watch.poll_s
+                if hedging:
+                    assert att is not None
+                    due = self._stragglers(att, calls)
+                    if due is not None:
+                        timeout = min(timeout, max(due, 0.01))
+                done, rest = wait(pending | stop, timeout=timeout, return_when=when)
+                if att is not None and att.run.stop.done():
+                    raise Superseded()
+                pending = rest - stop
+                # (calls that end within one poll never start the watch's thread)
+                if pending and time.monotonic() - began >= self.node_watch.poll_s:
                     self.node_watch.start()
                 if watched.lost:
                     if first_failure:
@@ -873,8 +1090,47 @@ class StoreCore:
             # (every call ended: with ``first_failure``, a node that left after it served no one)
             return set() if first_failure else set(watched.lost)
 
+    def _stragglers(self, att: _Attempt, calls: list[tuple[str, Future[Any], str, float]]) -> float | None:
+        """Compare a stage's fragments (``calls``: each one's node, future, ``_hedge.shape`` and
+        ``_hedge.weight``) and hedge the nodes whose fragments straggle (``hedge``'s policy;
+        nodes not hedged yet in the query). Returns the seconds until the next fragment still
+        running would straggle, if the policy can tell."""
+        assert self.hedge is not None
+        run, now = att.run, time.monotonic()
+        frags = []
+        for node, f, kind, w in calls:
+            start = run.started.get(f, now)
+            if f.done():
+                if f.exception() is not None:  # (a failure is the retry's business)
+                    continue
+                frags.append(Fragment(node, kind, w, run.ended.get(f, now) - start, True))
+            else:
+                frags.append(Fragment(node, kind, w, now - start, False))
+        bars = self.hedge.bars(frags)
+        if not bars:
+            return None
+        with run.lock:
+            skip = run.hedged | run.exclude
+        late: dict[str, tuple[float, float, float]] = {}  # node -> (ran, bar, expected)
+        rest = []
+        for i, (bar, expect) in bars.items():
+            fr = frags[i]
+            if fr.node in skip:
+                continue
+            if fr.seconds >= bar:
+                if fr.node not in late or fr.seconds > late[fr.node][0]:
+                    late[fr.node] = (fr.seconds, bar, expect)
+            else:
+                rest.append(bar - fr.seconds)
+        if late:
+            self._hedge(att, late)
+        return min(rest) if rest else None
+
     def _run_stage_streams(
-        self, tasks: list[tuple[str, dict[str, Any]]], nodes: dict[str, NodeInfo]
+        self,
+        tasks: list[tuple[str, dict[str, Any]]],
+        nodes: dict[str, NodeInfo],
+        att: _Attempt | None = None,
     ) -> list[tuple[pa.Schema, Iterator[pa.RecordBatch]]]:
         """``_run_stage``, each task's result as its schema (once the task has run: all run at
         once) and a stream of its batches, consumed later one batch at a time; a node's error,
@@ -908,27 +1164,35 @@ class StoreCore:
             return schema, guarded(node, batches)
 
         futs = [self._pool.submit(one, n, t) for n, t in tasks]
+        if att is not None:
+            for f in futs:
+                att.run.track(f)
         out = []
         try:
-            self._wait_stage(futs, tasks, nodes)
+            self._wait_stage(futs, tasks, nodes, att)
             for f in futs:
                 out.append(f.result())
         except BaseException:
-            for f in futs:  # release the streams that did start (their calls are cancelled)
-                if not f.cancel() and f.exception() is None:
+
+            def release(f: Future[Any]) -> None:
+                if not f.cancelled() and f.exception() is None:
                     close = getattr(f.result()[1], "close", None)
                     if close is not None:
                         close()
+
+            for f in futs:  # release the streams that did start (their calls are cancelled),
+                if not f.cancel():  # those still starting once they do: not waited for here (a
+                    f.add_done_callback(release)  # paused node's would hold this to its lease)
             raise
         return out
 
-    def _execute(
-        self, plan: Plan, earlier: dict[tuple[str, str], Future[pa.Table]] | None = None
-    ) -> pa.Table:
-        """Run ``plan``; ``earlier``: the tasks of this query's earlier attempts (``_run_stage``),
-        for a plan of one stage without a shuffle (a shuffle's tasks are the query id's)."""
+    def _execute(self, plan: Plan, att: _Attempt | None = None) -> pa.Table:
+        """Run ``plan``; ``att``: the query's attempt it is, whose run holds the tasks of the
+        query's other attempts (``_run_stage``), shared for a plan of one stage without a shuffle
+        (a shuffle's tasks are the query id's)."""
         # the nodes the plan was made for (no second registry read); one dead since is a failed task
         nodes = plan.nodes or {n.name: n for n in self.transport.live_nodes()}
+        earlier = att.run.tasks if att is not None else None
         reuse = earlier if len(plan.stages) == 1 and not plan.shuffle else None
         timings: dict[str, float] = {}
         try:
@@ -936,7 +1200,7 @@ class StoreCore:
             for k, stage in enumerate(plan.stages):
                 t0 = time.perf_counter()
                 # each task's own seconds come back with its result (``_exec.run_task``)
-                outs = self._run_stage([(n, {**t, "timings": True}) for n, t in stage], nodes, reuse)
+                outs = self._run_stage([(n, {**t, "timings": True}) for n, t in stage], nodes, reuse, att)
                 # a stage's wall time (its tasks run at once, their results received here), and
                 # its slowest task's own run on its node (the rest: waiting, Flight, the result's IPC)
                 timings["fragments" if k == 0 else f"stage {k + 1}"] = time.perf_counter() - t0

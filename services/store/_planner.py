@@ -72,6 +72,9 @@ class Plan:
     # their results received), the slowest fragment's own run, merge; EXPLAIN's ``timings:`` line
     timings: dict[str, float] = field(default_factory=dict)
 
+    # the hedges of stragglers its run started (``StoreCore._with_retries``, ``_hedge``)
+    hedges: list[dict[str, Any]] = field(default_factory=list)
+
     def explain_text(self) -> str:
         lines = self.explain + (
             ["plan cache: reused (same query, catalog version and live nodes)"] if self.cached else []

@@ -149,6 +149,11 @@ class StoreCluster:
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=10)
 
+    def pause(self, name: str) -> None:
+        """SIGSTOP: the process stops answering without closing its connections (a hung process,
+        a long GC pause, a host cut off); its lease runs out. ``kill`` ends it (SIGKILL)."""
+        self.procs[name].send_signal(signal.SIGSTOP)
+
     def wait_gone(self, name: str, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -510,9 +510,18 @@ def _coordinator_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--residency-max-age-s",
         type=float,
-        default=1.0,
+        default=-1.0,
         help="the planner asks the nodes what of a table's extents is in memory (page cache, extent "
-        "cache) when its last answer is older than this, to prefer replicas in memory (negative: never)",
+        "cache) when its last answer is older than this, to prefer replicas in memory (negative, the "
+        "default: never; it cost every plan its asks and changed no choice where measured: "
+        "docs/store.md 'Replicas in memory'; 1 asks at most once a second)",
+    )
+    g.add_argument(
+        "--no-hedge",
+        action="store_true",
+        help="never hedge a query's straggling node (by default, once a node's fragments run well "
+        "past the other nodes' of their stage, the query is planned again without it and the first "
+        "plan to answer is used: docs/store.md, 'Hedged fragments')",
     )
     g.add_argument(
         "--sql-semi-join-mb",
@@ -553,6 +562,8 @@ def _setup_coordinator(ctx: ServiceContext) -> None:
         sql_semi_join_bytes=a.sql_semi_join_mb * 1e6,
     )
     core.residency_max_age_s = a.residency_max_age_s if a.residency_max_age_s >= 0 else None
+    if a.no_hedge:
+        core.hedge = None
     servicer = StoreServicer(core)
 
     def start_recovery() -> RecoveryLoop:

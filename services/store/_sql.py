@@ -104,6 +104,8 @@ class SqlPlan:
     # staged only: sub-plans (name, plan) run first, each distributed on its own; their results
     # are inputs of this plan's ``final_sql`` under their names (``_staged``)
     stages: list[tuple[str, SqlPlan]] = field(default_factory=list)
+    # the hedges of stragglers its run started (``StoreCore._with_retries``, ``_hedge``)
+    hedges: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def streams_merge(self) -> bool:

@@ -30,6 +30,7 @@ UNKEYED_SQL = "select sum(v) as total, count(*) as n from t where s = 'beta'"
 def _only_in_memory(core: StoreCore, replica: int) -> Residency:
     """The nodes' real answer, with every extent of the other replicas out of the page cache and
     of the extent cache (what a cold node holds for them): the planner's input, set."""
+    core.residency_max_age_s = 3600.0  # (on: off by default since 2026-12-04)
     real = core.residency(["t"], core.live_nodes())
     assert real is not None and real.nodes == len(NODES)
     out = Residency()
@@ -223,3 +224,22 @@ def test_the_extent_cache_counts_only_for_reads_that_fit_in_it(tmp_path):
     snap.cache_bytes = {n.name: 1000 for n in NODES}  # smaller than any node's read: evicted as read
     spilled = read_estimate(t, units, ["v", "s"], snap)
     assert spilled.todo_s == pytest.approx(spilled.decode_s)
+
+
+def test_the_coordinator_does_not_ask_by_default(tmp_path):
+    """Off by default since 2026-12-04 (docs/store.md, "Replicas in memory": at scale factor 1,
+    all replicas zstd, it changed no replica choice and cost ~5% geomean): a query asks no node
+    what is in memory and EXPLAIN has no ``residency:`` line; on, it asks."""
+    import argparse
+
+    from microco.services.store._service import _coordinator_args
+
+    core, _tr = _core(tmp_path)
+    plan = core.explain_sql(UNKEYED_SQL)
+    assert core.residency_asks == 0 and "residency:" not in plan.explain_text()
+    parser = argparse.ArgumentParser()
+    _coordinator_args(parser)
+    assert parser.parse_args([]).residency_max_age_s < 0  # the coordinator's flag: never
+    core.residency_max_age_s = 1.0
+    plan = core.explain_sql(UNKEYED_SQL.replace("beta", "gamma"))
+    assert core.residency_asks == 1 and "residency:" in plan.explain_text()

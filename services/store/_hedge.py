@@ -1,0 +1,136 @@
+"""When a query's share on one node is hedged: speculative re-execution of stragglers.
+
+A node that stops answering without a TCP reset (a paused or hung process, a long GC pause, a
+host cut off behind a switch) is noticed only when its registration lease runs out (``_liveness``:
+``--lease-ttl-s``, 5 s by default), which for a sub-second query is many times its healthy time.
+As MapReduce's backup tasks, Spark's speculation and Dean & Barroso's hedged requests ("The Tail
+at Scale", 2013) do, the coordinator does not wait for the lease: once a node's fragments of a
+stage are still running well after the other nodes' fragments of the stage finished, the query is
+planned again as if that node were lost (its share read from the other replicas; the other
+nodes' fragments, identical in the new plan, kept) and the first of the two plans to answer is
+used (``StoreCore._with_retries``: the mechanism).
+
+This module is the policy only: given how long each fragment of a stage has run (those still
+running) or took (those finished), which nodes straggle. Constants, with why:"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Never hedge a node's fragments before they have run this long. Below it a second plan costs
+# about what it could save (a re-plan, and the node's share run again on nodes that are busy with
+# their own), and on a loaded machine a fragment's run varies by a few hundred milliseconds
+# without anything being wrong (scheduling on 2 cores, a GC pause): hedging those would double
+# the work of healthy queries. Half a second is well under the 5 s lease a paused node holds a
+# query to otherwise.
+FLOOR_S = 0.5
+# ... nor before they have run this many times the median of the finished nodes' times: the
+# default multiplier of Spark's speculation (``spark.speculation.multiplier``). A node's share of
+# a hash-partitioned table differs from its siblings' by its partitions' sizes (a few percent);
+# 1.5x is beyond that, and a node that stopped answering passes it at once.
+MULTIPLE = 1.5
+# ... nor before at least this share of the stage's nodes have finished: there must be siblings
+# to compare with. Spark waits for 75% of a stage's tasks (``spark.speculation.quantile``); a
+# store plan on one replica runs on that replica's group, two or three nodes, so one finished
+# node of two must be enough.
+QUORUM = 0.5
+
+
+# Fragments compare only with their like: the same operation and SQL over the same tables
+# (``shape``); a gather's fragment of a small table finishes in milliseconds beside the big
+# table's, which is no straggler. Among alike fragments each is expected to take the finished
+# ones' seconds per byte read (``weight``: the bytes of its sources), so a node holding three
+# partitions is not a straggler beside one holding two; fragments that read no planned bytes
+# (a shuffle's reducers) compare by their seconds alone.
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """One task of a stage as the policy sees it."""
+
+    node: str
+    shape: str  # which fragments are alike (``shape``)
+    weight: float  # the bytes it reads (``weight``; 0: unknown)
+    seconds: float  # how long it has run (running) or took (finished)
+    done: bool
+
+
+def shape(task: dict[str, Any]) -> str:
+    """What a task is, leaving out where its data lies: its operation, SQL and the tables its
+    sources read."""
+    tables: set[str] = set()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if k == "sources" and isinstance(v, list):
+                    tables.update(str(src.get("table")) for src in v if isinstance(src, dict))
+                else:
+                    walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(task)
+    return f"{task.get('op')}\0{task.get('sql', '')}\0{','.join(sorted(tables))}"
+
+
+def weight(task: dict[str, Any]) -> float:
+    """The bytes a task's sources read, wherever they sit in it (0 when it has none)."""
+    total = 0.0
+
+    def walk(x: Any) -> None:
+        nonlocal total
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if k == "sources" and isinstance(v, list):
+                    total += sum(float(src.get("bytes") or 0) for src in v if isinstance(src, dict))
+                else:
+                    walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(task)
+    return total
+
+
+@dataclass(frozen=True)
+class HedgePolicy:
+    floor_s: float = FLOOR_S
+    multiple: float = MULTIPLE
+    quorum: float = QUORUM
+
+    def bars(self, fragments: Sequence[Fragment]) -> dict[int, tuple[float, float]]:
+        """For each running fragment (by its index) whose like fragments (same ``shape``, on other
+        nodes) have finished in quorum: the seconds it may run before its node is hedged,
+        ``multiple`` times what the finished ones' median seconds per byte give for its bytes,
+        and no less than ``floor_s``; each as (bar, what the finished ones give: expected)."""
+        out: dict[int, tuple[float, float]] = {}
+        groups: dict[str, list[int]] = {}
+        for i, f in enumerate(fragments):
+            groups.setdefault(f.shape, []).append(i)
+        for idx in groups.values():
+            for i in idx:
+                f = fragments[i]
+                if f.done:
+                    continue
+                others = [fragments[j] for j in idx if fragments[j].node != f.node]
+                finished = [o for o in others if o.done]
+                if not finished or len(finished) < self.quorum * (len(others) + 1):
+                    continue
+                if f.weight > 0 and all(o.weight > 0 for o in finished):
+                    expect = statistics.median(o.seconds / o.weight for o in finished) * f.weight
+                else:
+                    expect = statistics.median(o.seconds for o in finished)
+                out[i] = (max(self.floor_s, self.multiple * expect), expect)
+        return out
+
+    def stragglers(self, fragments: Sequence[Fragment]) -> set[str]:
+        """The nodes with a running fragment past its bar (``bars``)."""
+        return {
+            fragments[i].node for i, (bar, _) in self.bars(fragments).items() if fragments[i].seconds >= bar
+        }
