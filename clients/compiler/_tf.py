@@ -25,6 +25,7 @@ from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._tf_cost import XlaCostModel, calibrate, default_cost_file, step_hlo_profile, unrolled_hlo_profile
 from ._tf_graph import CellGraph, analyse_model, require_structure
+from ._tf_rng import draws_random
 from ._tf_warm import XlaWarmer, compile_deadline_ms
 
 log = logging.getLogger(__name__)
@@ -225,6 +226,7 @@ class AstraTF(SessionBacked):
         name: str = "",
         total_steps: int | None = None,  # None: $MICROCO_TOTAL_STEPS, else 1000 (_run_length)
         xla: bool = True,
+        exact_random: bool = True,
         retry_every: int = 50,
         cost_model: XlaCostModel | None = None,
         background: bool = True,
@@ -244,6 +246,10 @@ class AstraTF(SessionBacked):
         self.structure = ""  # what the analysis found, or why the model is run as it is
         self.total_steps = run_length(total_steps)
         self.xla = xla
+        # A step that draws random numbers is not offered XLA: its numbers would differ from the
+        # plain step's (``_tf_rng``); ``exact_random=False`` offers it anyway.
+        self.exact_random = exact_random
+        self.random_checked = False
         if explorer is None:
             from .explore import LocalExplorer
 
@@ -453,8 +459,30 @@ class AstraTF(SessionBacked):
             self.model(x)  # a Keras model builds its weights on its first call: outside any trace
             self._build_optimizer()
 
+    def _check_random(self, x: tf.Tensor, y: tf.Tensor) -> None:
+        """Once, before XLA is offered: drop it where the plain step draws random numbers and
+        ``exact_random`` holds (``_tf_rng``)."""
+        if self.random_checked or not self.xla or not self.exact_random:
+            return
+        self.random_checked = True
+        self._build(x)
+        try:
+            step: Any = self.variant(False, False, False)  # (a tf.function)
+            draws = draws_random(step.get_concrete_function(x, y))
+        except Exception as exc:  # noqa: BLE001 - a graph that cannot be read: XLA as before
+            log.info("astra-tf: %s: the step's random operators not read (%s)", self.name, exc)
+            return
+        if draws:
+            self.xla = False
+            log.info(
+                "astra-tf: %s: the step draws random numbers (dropout, noise); XLA would draw others, "
+                "so it is not offered (AstraTF(..., exact_random=False) offers it)",
+                self.name,
+            )
+
     def _needs_pre_step(self, x: tf.Tensor, y: tf.Tensor) -> bool:
         """Run the plain step unregistered (twice) to learn its trace and step times first?"""
+        self._check_random(x, y)
         if not self.xla or self.structured or len(self._pre_ms) >= 2:
             return False
         self._build(x)

@@ -60,3 +60,55 @@ def test_the_step_minimises_what_keras_fit_minimises(as_object):
     assert got == pytest.approx(want, rel=1e-5)
     for a, b in zip(model.get_weights(), ref.get_weights()):
         assert np.allclose(a, b, atol=1e-6)
+
+
+def test_a_step_that_draws_random_numbers_is_not_offered_xla_unless_allowed():
+    """XLA draws other numbers than TensorFlow's kernels for one seed tensor: with
+    ``Dropout(0.3)`` a step under XLA (a trial is enough) moved the weights 0.03 from the plain
+    step's. Such a step is run without XLA, and its weights are the plain loop's."""
+
+    def dropout_model():
+        keras.utils.set_random_seed(0)
+        return keras.Sequential(
+            [
+                keras.Input((6,)),
+                keras.layers.Dense(8, activation="relu"),
+                keras.layers.Dropout(0.3),
+                keras.layers.Dense(3),
+            ]
+        )
+
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    ref, opt = dropout_model(), keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def plain(x, y):
+        with tf.GradientTape() as tape:
+            value = loss(y, ref(x, training=True))
+        opt.apply_gradients(zip(tape.gradient(value, ref.trainable_variables), ref.trainable_variables))
+        return value
+
+    want = [float(plain(x, y)) for x, y in _batches()]
+
+    def astra(model, **kw):
+        return _tf.AstraTF(
+            model,
+            keras.optimizers.SGD(0.1),
+            loss,
+            LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0)),
+            total_steps=5,
+            **kw,
+        )
+
+    model = dropout_model()
+    exact = astra(model)
+    got = [exact.step(x, y) for x, y in _batches()]
+    assert not exact.xla  # (not offered)
+    assert got == pytest.approx(want, rel=1e-6)
+    assert all(np.allclose(a, b, atol=1e-6) for a, b in zip(model.get_weights(), ref.get_weights()))
+    allowed = astra(dropout_model(), exact_random=False)
+    allowed.step(*_batches()[0])
+    assert allowed.xla  # (the user allowed XLA's own numbers)
+    plain_model = astra(_model())  # (no random operator: XLA offered as before)
+    plain_model.step(*_batches()[0])
+    assert plain_model.xla
