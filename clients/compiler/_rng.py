@@ -56,9 +56,34 @@ def _sdpa_dropout(node: Any) -> bool:
     return not isinstance(p, (int, float)) or p > 0
 
 
+def _idle_dropout(node: Any, name: str) -> bool:
+    """A dropout that surely draws nothing: its probability a constant 0, or not training
+    (``F.dropout(x, p, training, inplace)`` and ATen's ``dropout``/``native_dropout(x, p,
+    train)`` as dynamo and AOTAutograd write them; an ``nn.Dropout`` module). x-transformers
+    keeps ``nn.Dropout(0.)`` in every layer: read as drawing, each of its steps was compiled under
+    ``fallback_random``, another cache key than a plain ``torch.compile`` of the same step, whose
+    compile an ask then could not find (issue 18, session 29)."""
+    if "dropout" not in name:
+        return False
+    if node.op == "call_module":
+        try:
+            mod = node.graph.owning_module.get_submodule(node.target)
+        except Exception:  # noqa: BLE001 - an unreadable module is not known to be idle
+            return False
+        p, training = getattr(mod, "p", None), getattr(mod, "training", True)
+    else:
+        args = node.args
+        p = node.kwargs.get("p", args[1] if len(args) > 1 else None)
+        training = node.kwargs.get("training", node.kwargs.get("train", args[2] if len(args) > 2 else True))
+    if isinstance(training, bool) and not training:
+        return True
+    return isinstance(p, (int, float)) and not isinstance(p, bool) and p == 0
+
+
 def draws_random(gm: Any) -> bool:
     """Whether the FX graph ``gm`` has an operator that draws random numbers (dropout, rand,
-    bernoulli, ...; scaled dot-product attention with a dropout probability above 0)."""
+    bernoulli, ...; scaled dot-product attention with a dropout probability above 0; not a
+    dropout of probability 0 or outside training)."""
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
@@ -66,6 +91,8 @@ def draws_random(gm: Any) -> bool:
         if "scaled_dot_product" in name:
             if _sdpa_dropout(node):
                 return True
+            continue
+        if _idle_dropout(node, name):
             continue
         if any(r in name for r in _RANDOM_NAMES) and "normalize" not in name:  # (F.normalize)
             return True

@@ -14,6 +14,7 @@ Inductor looks its graphs up, but generating code is refused, so a miss costs on
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import linecache
@@ -155,6 +156,19 @@ def _aot_cache() -> Any:
     return AOTAutogradCache if callable(getattr(AOTAutogradCache, "try_load", None)) else None
 
 
+def _aot_bypasses() -> int:
+    """How many graphs AOTAutograd's cache has bypassed in this process (its own counter)."""
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:  # noqa: BLE001 - no counter: no bypass seen
+        return 0
+    return int(counters["aot_autograd"]["autograd_cache_bypass"])
+
+
+def _has_field(obj: Any, name: str) -> bool:
+    return dataclasses.is_dataclass(obj) and any(f.name == name for f in dataclasses.fields(obj))
+
+
 @contextlib.contextmanager
 def _no_codegen(refused: list[bool]) -> Iterator[None]:
     """Inductor's cache lookups run as usual; a miss raises :class:`_Refused`.
@@ -176,8 +190,18 @@ def _no_codegen(refused: list[bool]) -> Iterator[None]:
 
     def load_or_refuse(*args: Any, **kwargs: Any) -> Any:
         assert real_load is not None  # only installed where the cache has try_load
+        bypassed = _aot_bypasses()
         compiled_fn, aot_config = real_load.__func__(*args, **kwargs)
         if compiled_fn is None:
+            if _aot_bypasses() > bypassed and _has_field(aot_config, "force_non_lazy_backward_lowering"):
+                # AOTAutograd's cache cannot hold this graph (a bypass, not a miss: e.g. a
+                # function dynamo kept as a call, einx's in x-transformers), so no program ever
+                # left an entry for it here; Inductor's FX graph cache may hold its forward and
+                # backward graphs all the same (issue 18, session 29: a torch.compile of
+                # xt-encoder loaded both from there). Each is looked up below, and the backward
+                # now, not lazily at the step's first backward, outside this refusal (the flag
+                # is part of AOTAutograd's key only, which a bypass does not use).
+                return None, dataclasses.replace(aot_config, force_non_lazy_backward_lowering=True)
             refused.append(True)
             raise _Refused()
         return compiled_fn, aot_config
@@ -199,9 +223,9 @@ def _no_codegen(refused: list[bool]) -> Iterator[None]:
 # more than 5% of a short run's eager time, so a run whose own record never asked for its graph
 # never asks, and stays eager against a ``torch.compile`` that loads the same compile in about a
 # second (Llama and DistilBERT at 5,000 steps: 1.48x and 1.32x). What such a compile leaves is
-# readable without a trace: an AOTAutograd entry (``aotautograd/<key>/<entry>``) names the FX
-# graph entries it is made of (``fxgraph/<2>/<key>/<entry>``), and the forward one holds Inductor's
-# generated code in plain text: ``assert_size_stride(primals_<i>, (shape), (stride), 'input')``
+# readable without a trace: the FX graph cache's entry of its forward graph
+# (``fxgraph/<2>/<key>/<entry>``, which an AOTAutograd entry names where that cache holds the
+# graph, and which is kept where it bypasses it) holds Inductor's generated code in plain text: ``assert_size_stride(primals_<i>, (shape), (stride), 'input')``
 # for every graph input (the parameters and the step's inputs, in that graph) and, from dynamo,
 # ``# File: <source file>:<line> in <function>, code: <the line>`` for the code it traced. A
 # model whose parameters' and inputs' shapes are all among one forward graph's inputs, and whose
@@ -214,7 +238,6 @@ _FILE = re.compile(rb"# File: ([^\n:]+):(\d+) in \w+, code: ([^\n]*)")
 _FORWARD = re.compile(rb"# AOT ID: \['\d+_forward'\]")
 _VERSION = re.compile(rb"# torch version: ([^\s]+)")
 _THREADS = re.compile(rb"cpp_runtime_thread_count: (\d+)")  # (in the key's details kept in the entry)
-_FX_KEY = re.compile(rb"f[a-z0-9]{51}")
 # The lines kept per source file of a graph, to check against the file as it is now.
 _LINES_KEPT = 8
 
@@ -284,10 +307,9 @@ def inductor_cache_dir() -> Path | None:
 
 
 class CompiledSteps:
-    """The forward graphs Inductor's caches in ``root`` hold whole (an AOTAutograd entry, what an
-    ask looks up first, and its forward FX graph entry), each read once: an index kept in
-    ``index`` (a JSON file, by entry path, size and modification time) makes a later scan a
-    listing of the directory."""
+    """The forward graphs Inductor's FX graph cache in ``root`` holds (whether or not an
+    AOTAutograd entry names them), each read once: an index kept in ``index`` (a JSON file, by
+    entry path, size and modification time) makes a later scan a listing of the directory."""
 
     def __init__(self, root: Path, index: Path | None = None) -> None:
         self.root = root
@@ -324,27 +346,27 @@ class CompiledSteps:
         except OSError:
             pass  # not kept: the next scan reads the entries again
 
-    def _forward_of(self, aot_entry: Path) -> CompiledStep | None:
-        data = aot_entry.read_bytes()
-        for key in dict.fromkeys(m.group(0).decode() for m in _FX_KEY.finditer(data)):
-            folder = self.root / "fxgraph" / key[1:3] / key
-            try:
-                entries = list(folder.iterdir())
-            except OSError:
-                continue
-            for e in entries:
-                step = read_forward_entry(e.read_bytes())
-                if step is not None:
-                    return step
-        return None
-
     def scan(self, budget_ms: float = math.inf) -> list[CompiledStep]:
         """The compiled steps the caches hold. Entries not in the index are read newest first,
         and only while ``budget_ms`` lasts (a large cache is read over several runs, never more
         than the caller can pay in one: :attr:`truncated` says some were left)."""
-        aot = self.root / "aotautograd"
+        # The FX graph cache's entries (``fxgraph/<2>/<key>/<entry>``), not only those an
+        # AOTAutograd entry names: a graph AOTAutograd's cache bypasses (x-transformers' steps,
+        # which call einx) has no AOTAutograd entry, while its forward and backward FX graphs are
+        # kept and an ask loads them (``_no_codegen``; issue 18, session 29: read through
+        # AOTAutograd entries alone, xt-encoder and xt-tied read as surely never compiled here,
+        # and were not asked, while torch.compile loaded both graphs of each in 7-29 s).
+        fx = self.root / "fxgraph"
         try:
-            entries = [e for d in aot.iterdir() if d.is_dir() for e in d.iterdir() if e.is_file()]
+            entries = [
+                e
+                for d in fx.iterdir()
+                if d.is_dir()
+                for k in d.iterdir()
+                if k.is_dir()
+                for e in k.iterdir()
+                if e.is_file()
+            ]
         except OSError:
             return []
         stamped = []
@@ -366,7 +388,7 @@ class CompiledSteps:
                     self.truncated = True
                     continue
                 try:
-                    step = self._forward_of(e)
+                    step = read_forward_entry(e.read_bytes())
                 except OSError:
                     continue
                 self.read += 1

@@ -51,6 +51,13 @@ class _Net(nn.Module):
         (lambda q: F.scaled_dot_product_attention(q, q, q), (torch.randn(1, 2, 3, 4),), False),
         (lambda q: F.normalize(F.layer_norm(q, (4,))), (torch.randn(2, 4),), False),
         (nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), (torch.randn(3, 4),), False),
+        # A dropout that draws nothing (x-transformers keeps ``nn.Dropout(0.)`` in its layers):
+        # probability 0, or not training; read as drawing, it changed the graph's cache key.
+        (_Net(0.0), (torch.randn(2, 8),), False),
+        (lambda q: F.dropout(q, 0.0), (torch.randn(3),), False),
+        (lambda q: F.dropout(q, p=0.0, training=True), (torch.randn(3),), False),
+        (lambda q: F.dropout(q, 0.3, training=False), (torch.randn(3),), False),
+        (lambda q: F.dropout(q, 0.3), (torch.randn(3),), True),
     ],
 )
 def test_a_graph_that_draws_random_numbers_is_found(fn, args, draws):

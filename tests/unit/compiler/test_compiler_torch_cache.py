@@ -312,3 +312,61 @@ def test_a_signal_is_weighed_by_how_often_it_was_right_here(
     for _ in range(20):
         costs.record_signal(a._hw, AstraTorch.PROBE_KIND, True)
     assert a._worth_cache_probe(10.0)  # right every time: nearly the whole saving
+
+
+def _kept_as_a_call(x):
+    return x.t()
+
+
+class _Bypassed(torch.nn.Module):
+    """A step whose graph AOTAutograd's cache bypasses: a function dynamo keeps as a call
+    (``allow_in_graph``, as einx's are in x-transformers), which that cache does not accept. Its
+    graphs are matrix products alone (no kernel to build: the test compiles in about a second)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 6, bias=False)
+
+    def forward(self, x):
+        return self.a(_kept_as_a_call(x))
+
+
+def test_a_step_aotautograds_cache_bypasses_is_read_and_asked_from_the_fx_graph_cache(
+    fresh_inductor_cache, tmp_path
+):
+    """Before: the read went through AOTAutograd's entries alone and answered "surely never
+    compiled here" (``read_signal``: (False, True)), and the ask refused the bypass as a miss
+    (cold), though torch.compile had left both graphs in the FX graph cache and loaded them.
+    Now: the signal, and the ask hits, forward and backward, with eager's gradients."""
+    from torch._dynamo.utils import counters
+
+    from microco.clients.compiler._torch_cache import read_signal
+
+    torch._dynamo.allow_in_graph(_kept_as_a_call)
+    torch.manual_seed(0)
+    model, x, grad = _Bypassed(), torch.randn(4, 3), torch.randn(3, 6)
+    ref = model(x)
+    ref.backward(grad)
+    ref_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    bypassed = counters["aot_autograd"]["autograd_cache_bypass"]
+    torch.compile(model)(x).backward(grad)  # the user's torch.compile fills the caches
+    assert counters["aot_autograd"]["autograd_cache_bypass"] > bypassed
+    assert not (fresh_inductor_cache / "aotautograd").exists()  # nothing there to read
+    model.zero_grad()
+
+    index = tmp_path / "index.json"
+    assert read_signal(model, (x,), {}, root=fresh_inductor_cache, index=index) == (True, False)
+
+    torch._dynamo.reset()
+    backend = WholeStepBackend()
+    backend.cache_only = True
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    with torch.enable_grad():
+        loss = compiled(x)
+    assert backend.hits == 1 and backend.cold == 0
+    loss.backward(grad)
+    assert torch.allclose(loss, ref, rtol=1e-5, atol=1e-6)
+    for g, r in zip([p.grad for p in model.parameters()], ref_grads):
+        assert torch.allclose(g, r, rtol=1e-5, atol=1e-6)
