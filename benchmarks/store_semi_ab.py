@@ -112,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         result["replica_codecs"] = dict(REPLICA_CODECS)
         after = StoreCore(kv, transport)
         if args.ab == "residency":  # (on, whatever the core's default)
-            from microco.services.store._residency import MAX_AGE_S
+            from microco.services.store import RESIDENCY_MAX_AGE_S
 
-            after.residency_max_age_s = MAX_AGE_S
+            after.residency_max_age_s = RESIDENCY_MAX_AGE_S
         if model:
             result["queries"] = _model_ab(
                 before,

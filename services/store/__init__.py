@@ -24,12 +24,14 @@ from ._planner import Plan, plan_query
 from ._procs import StoreCluster
 from ._query import Agg, Join, Query
 from ._recovery import RebuildTask, plan_recovery
+from ._residency import MAX_AGE_S as RESIDENCY_MAX_AGE_S
 from ._sql import duck
 
 __all__ = [
     "CODECS",
     "HASH",
     "RANGE",
+    "RESIDENCY_MAX_AGE_S",
     "Agg",
     "AppendResult",
     "Catalog",

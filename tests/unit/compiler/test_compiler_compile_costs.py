@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from microco.clients.compiler import _compile_costs
@@ -193,6 +195,10 @@ def test_an_unrepayable_first_compile_is_not_tried_whatever_other_compiles_cost(
     region = next(v for v in astra._variables() if v.name.endswith(".compile") and v.region)
     astra.restore()
     assert whole.compile_prior_ms == pytest.approx(40_000.0) and whole.prior_calibrated
+    # (the saving at the core's fixed bound, as the arithmetic below has it: the probe step's
+    # profiled estimate, ``expected_speedup``, moves with the machine's load; session 29 saw it
+    # plan the compile at load 11)
+    whole = replace(whole, expected_speedup=0.0)
     spec = GraphSpec("fp", "(3, 2, 4)", "cpu", (region, whole), "gru", "torch", 5000)
     state = _core.start(spec, _core.ExplorationPolicy())
     state.compile_costs[f"{region.name}=inductor"] = 2_000.0  # a cheap cell compile measured here
