@@ -16,7 +16,7 @@ running) or took (those finished), which nodes straggle. Constants, with why:"""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,44 +58,29 @@ class Fragment:
     done: bool
 
 
+def _sources(x: Any) -> Iterator[dict[str, Any]]:
+    """Every source (an extent read) of a task, wherever it sits in it (its sides, its inputs)."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            if k == "sources" and isinstance(v, list):
+                yield from (src for src in v if isinstance(src, dict))
+            else:
+                yield from _sources(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from _sources(v)
+
+
 def shape(task: dict[str, Any]) -> str:
     """What a task is, leaving out where its data lies: its operation, SQL and the tables its
     sources read."""
-    tables: set[str] = set()
-
-    def walk(x: Any) -> None:
-        if isinstance(x, dict):
-            for k, v in x.items():
-                if k == "sources" and isinstance(v, list):
-                    tables.update(str(src.get("table")) for src in v if isinstance(src, dict))
-                else:
-                    walk(v)
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
-
-    walk(task)
+    tables = {str(src.get("table")) for src in _sources(task)}
     return f"{task.get('op')}\0{task.get('sql', '')}\0{','.join(sorted(tables))}"
 
 
 def weight(task: dict[str, Any]) -> float:
     """The bytes a task's sources read, wherever they sit in it (0 when it has none)."""
-    total = 0.0
-
-    def walk(x: Any) -> None:
-        nonlocal total
-        if isinstance(x, dict):
-            for k, v in x.items():
-                if k == "sources" and isinstance(v, list):
-                    total += sum(float(src.get("bytes") or 0) for src in v if isinstance(src, dict))
-                else:
-                    walk(v)
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
-
-    walk(task)
-    return total
+    return sum(float(src.get("bytes") or 0) for src in _sources(task))
 
 
 @dataclass(frozen=True)
