@@ -18,15 +18,7 @@ from microco.clients.compiler._torch_aot import AotRegion
 from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 from microco.common import MemoryKV
 
-pytestmark = pytest.mark.torch
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_thread")]  # (conftest)
 
 
 class _ShapeEnvRegion(AotRegion):

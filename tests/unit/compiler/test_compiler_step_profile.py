@@ -17,16 +17,8 @@ from microco.clients.compiler._gain_rule import CompileGainRule
 from microco.clients.compiler._torch import AstraTorch
 from microco.clients.compiler.explore import ExplorationPolicy, GraphSpec, LocalExplorer, _core
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_thread")]  # (conftest)
 PRIOR = 0.25  # the core's fixed prior: (1 - 1/max_speedup) x expected_gain_share
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 class Elementwise(torch.nn.Module):

@@ -14,16 +14,8 @@ from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 from microco.clients.compiler.zoo import torch_models as zm
 from microco.common import MemoryKV
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_thread")]  # (conftest)
 POLICY = ExplorationPolicy(measure_steps=1)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def train(model, astra, steps, seed=0):

@@ -15,7 +15,7 @@ from microco.clients.compiler.explore import Config, GraphSpec, TrialReport
 from microco.clients.compiler.zoo import CELL_NAMES
 from microco.clients.compiler.zoo import torch_models as zm
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_thread")]  # (conftest)
 
 
 class FixedExplorer:
@@ -31,14 +31,6 @@ class FixedExplorer:
 
     def report(self, key: str, report: TrialReport) -> Config:  # pragma: no cover - committed
         raise AssertionError("a committed configuration reports nothing")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def _loss_and_grads(model, x, y):
