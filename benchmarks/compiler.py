@@ -501,6 +501,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--measure-run", action="store_true", help="also time whole runs of every variant (slow)")
     p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="with --corpus: where the PyTorch models train (cuda: the first GPU; the Keras models "
+        "are then reported skipped); default cpu",
+    )
+    p.add_argument(
         "--corpus",
         choices=("zoo", "public", "heldout"),
         default="zoo",

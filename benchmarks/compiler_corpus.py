@@ -396,7 +396,11 @@ def balanced_orders(names: list[str]) -> list[list[str]]:
 
 
 def _interleaved(
-    fns: dict[str, Callable[[], Any]], rounds: int, per_round: int, settle: int = 1
+    fns: dict[str, Callable[[], Any]],
+    rounds: int,
+    per_round: int,
+    settle: int = 1,
+    barrier: Callable[[], None] | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Interleaved blocks of ``per_round`` steps, the rounds' orders balanced
     (:func:`balanced_orders`; ``rounds`` rounded up to whole designs): the contender that runs
@@ -409,7 +413,12 @@ def _interleaved(
 
     Each block first runs ``settle`` untimed steps: the first step after a switch pays for the
     switch (measured on torch-transformer, 2026-12-03: up to 8% more CPU after another
-    eager instance, 4-24% after the static compiler's step), which no run of one model pays."""
+    eager instance, 4-24% after the static compiler's step), which no run of one model pays.
+
+    ``barrier`` (an accelerator's synchronize): each block is timed whole, from a barrier after
+    its settling steps to one after its last step, and each of its steps counts the block's
+    mean. A step timed alone between barriers would leave out of the contenders' times what a
+    training loop overlaps (the host queueing the next step while the device runs this one)."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     cpu: dict[str, list[float]] = {k: [] for k in fns}
     orders = balanced_orders(list(fns))
@@ -419,6 +428,15 @@ def _interleaved(
             fn = fns[name]
             for _ in range(settle):
                 fn()
+            if barrier is not None:
+                barrier()
+                c0, t0 = time.process_time(), time.perf_counter()
+                for _ in range(per_round):
+                    fn()
+                barrier()
+                times[name] += [(time.perf_counter() - t0) * 1e3 / per_round] * per_round
+                cpu[name] += [(time.process_time() - c0) * 1e3 / per_round] * per_round
+                continue
             for _ in range(per_round):
                 c0, t0 = time.process_time(), time.perf_counter()
                 fn()
@@ -446,6 +464,7 @@ def _micro_run(
     n: int,
     explorer: Any,
     tag: str,
+    barrier: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
     """One microco run told it is ``n`` steps long: its steps until it commits (exploration),
     timed; ``stopped`` when an exception escaped microco's step (the user's training ended)."""
@@ -459,6 +478,8 @@ def _micro_run(
     except Exception as exc:  # noqa: BLE001 - what would have ended the user's training
         stopped, error = True, f"{type(exc).__name__}: {exc}"
         traceback.print_exc(file=sys.stderr)
+    with contextlib.suppress(Exception):  # (a device error is the run's, reported above)
+        barrier()
     explore_s = time.perf_counter() - t0
     return {
         "trials": _trials(astra, explorer),
@@ -530,6 +551,7 @@ def bench_case(
     rounds: int,
     lengths: tuple[int, ...] | None = None,
     cold_cache: bool = False,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Eager, the static compiler and microco side by side on one corpus model.
 
@@ -542,12 +564,18 @@ def bench_case(
     ``cold_cache``: the static compiler and each microco run told a length compile into Inductor
     caches of their own, fresh (the rerun into its first run's): run in one process against the
     user's cache, a graph the static contender compiled is a cache hit for microco's ask, which a
-    model never compiled on this machine would not give it."""
+    model never compiled on this machine would not give it.
+
+    ``device``: where the PyTorch models and their batches live ("cuda": an accelerator; each
+    contender's first steps and the interleaved blocks end at a device barrier, see
+    :func:`_interleaved`)."""
     import tempfile
 
     lengths = tuple(lengths or (run_steps,))
-    adapter = _torch_adapter(case) if case.framework == "torch" else _tf_adapter(case)
+    adapter = _torch_adapter(case, device) if case.framework == "torch" else _tf_adapter(case)
     out: dict[str, Any] = {"name": case.name, "framework": case.framework, "source": case.source}
+    barrier = adapter.get("barrier")
+    out["device"] = adapter.get("device", "cpu")
     # What only the first contender in this process would pay (not a cost of one way of running
     # the model), paid before any contender is timed; its seconds are reported.
     warm = adapter.get("warm")
@@ -576,7 +604,9 @@ def bench_case(
     for n in lengths:
         explorers[n] = LocalExplorer.on_disk(os.path.join(state_dir, f"{case.name}-{n}.json"))
         with cache(f"microco@{n}"):
-            explored[n] = _micro_run(case, adapter["micro"], n, explorers[n], f"microco@{n}")
+            explored[n] = _micro_run(
+                case, adapter["micro"], n, explorers[n], f"microco@{n}", barrier or (lambda: None)
+            )
         if not explored[n]["stopped"]:
             e = explored[n]
             contenders[f"microco@{n}"] = _Contender(e["step"], e["explore_s"], e["explore_steps"])
@@ -585,7 +615,9 @@ def bench_case(
     rerun: dict[str, Any] = {}
     if not explored[first]["stopped"]:
         with cache(f"microco@{first}"):
-            again = _micro_run(case, adapter["micro"], first, explorers[first], "rerun")
+            again = _micro_run(
+                case, adapter["micro"], first, explorers[first], "rerun", barrier or (lambda: None)
+            )
         rerun = {
             "run_steps": first,
             "committed_at_start": bool(again["trial_steps"] == 0 and again["committed"]),
@@ -600,17 +632,20 @@ def bench_case(
     # same code: a microco figure within it says nothing about microco.
     contenders[AA] = adapter["eager"](AA)
     steps_fns = {k: c.step for k, c in contenders.items()}
+    # Steps per timed block: on an accelerator a block is timed whole (its barrier's own cost
+    # spread over more steps); on the CPU each step is timed alone.
+    per_round = 10 if barrier is not None else 3
     stopped = any(r["stopped"] for r in explored.values())
     error = "; ".join(r["error"] for r in explored.values() if r["error"])
     try:
         for fn in steps_fns.values():
             fn()
-        ms, cpu_ms = _interleaved(steps_fns, rounds, 3)
+        ms, cpu_ms = _interleaved(steps_fns, rounds, per_round, barrier=barrier)
     except Exception as exc:  # noqa: BLE001 - a microco step failing here stopped training too
         stopped, error = True, error + f"; {type(exc).__name__}: {exc}"
         traceback.print_exc(file=sys.stderr)
         steps_fns = {k: f for k, f in steps_fns.items() if not k.startswith("microco")}
-        ms, cpu_ms = _interleaved(steps_fns, rounds, 3)
+        ms, cpu_ms = _interleaved(steps_fns, rounds, per_round, barrier=barrier)
     for k in steps_fns:
         contenders[k].first_steps += 1  # the warm-up step before the interleaving (any state)
 
@@ -696,19 +731,27 @@ def bench_case(
     return out
 
 
-def _torch_adapter(case: Case) -> dict[str, Any]:
+def _torch_adapter(case: Case, device: str = "cpu") -> dict[str, Any]:
     import torch
 
     from microco.clients.compiler import AstraTorch
 
-    batch = case.batch()
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here")
+    # The batch is built on the CPU (the same numbers on every device) and moved.
+    batch = tuple(t.to(dev) for t in case.batch())
     torch._dynamo.reset()
 
     def make() -> tuple[Any, Any]:
-        torch.manual_seed(0)
-        model = case.make()
+        torch.manual_seed(0)  # built on the CPU, as seeded, then moved: the same initial weights
+        model = case.make().to(dev)
         model.train()
         return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def barrier() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
 
     def plain(model: Any, opt: Any, fwd: Any = None) -> Callable[[], Any]:
         def step() -> Any:
@@ -733,8 +776,10 @@ def _torch_adapter(case: Case) -> dict[str, Any]:
         return step
 
     def timed_first(fn: Callable[[], Any]) -> float:
+        barrier()
         t0 = time.perf_counter()
         fn()
+        barrier()
         return time.perf_counter() - t0
 
     def eager(name: str = "eager") -> _Contender:
@@ -767,6 +812,8 @@ def _torch_adapter(case: Case) -> dict[str, Any]:
         return abs(a - b) / max(abs(a), 1e-12)
 
     return {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "barrier": barrier if dev.type == "cuda" else None,
         "eager": eager,
         "static": static,
         "micro": micro,
@@ -906,6 +953,14 @@ def run(args: Any, cases_of: Callable[[], list[Case]] = corpus, name: str = "pub
         cases = [c for c in cases if c.name in wanted]
     elif args.quick:
         cases = [c for c in cases if c.name in QUICK]
+    device = getattr(args, "device", "cpu")
+    if device != "cpu":
+        # The device runs the PyTorch models; the Keras models' step stays a CPU one here (its
+        # accelerator placement is TensorFlow's own, not this runner's): reported skipped.
+        for c in cases:
+            if c.framework != "torch":
+                SKIPPED[c.name] = f"--device {device}: the accelerator table covers the PyTorch models"
+        cases = [c for c in cases if c.framework == "torch"]
     if "tensorflow" in sys.modules and any(c.framework == "tensorflow" for c in cases):
         import tensorflow as tf
 
@@ -920,7 +975,9 @@ def run(args: Any, cases_of: Callable[[], list[Case]] = corpus, name: str = "pub
     models = []
     for case in cases:
         print(f"[bench compiler --corpus] {case.name}", file=sys.stderr, flush=True)
-        models.append(bench_case(case, run_steps, rounds, lengths, getattr(args, "cold_cache", False)))
+        models.append(
+            bench_case(case, run_steps, rounds, lengths, getattr(args, "cold_cache", False), device=device)
+        )
         # each model's result as it is done, on stderr: a run cut short keeps what it measured
         print(json.dumps(models[-1], default=float), file=sys.stderr, flush=True)
     ok = [m for m in models if m["microco_ms"] is not None]
@@ -936,6 +993,7 @@ def run(args: Any, cases_of: Callable[[], list[Case]] = corpus, name: str = "pub
             "load_avg_1m": os.getloadavg()[0],
         },
         "threads": args.threads,
+        "device": models[0].get("device", device) if models else device,
         "run_lengths_explored": list(lengths),
         "skipped": {k: v for k, v in SKIPPED.items() if not args.models or k in args.models.split(",")},
         "models": models,

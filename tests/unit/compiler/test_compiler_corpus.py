@@ -80,7 +80,7 @@ def test_every_run_length_is_explored_by_a_run_told_that_length(monkeypatch, qui
 
     told: list[tuple[int, ...]] = []
 
-    def bench(case, run_steps, rounds, lengths=None, cold_cache=False):
+    def bench(case, run_steps, rounds, lengths=None, cold_cache=False, device="cpu"):
         told.append(tuple(lengths))
         return {"name": case.name, "microco_ms": None, "stopped": False, "config": {}}
 
@@ -113,7 +113,7 @@ def test_the_process_is_warmed_before_any_contender_is_timed(monkeypatch):
         raise Built
 
     monkeypatch.setattr(
-        cc, "_torch_adapter", lambda case: {"warm": lambda: order.append("warm"), "eager": eager}
+        cc, "_torch_adapter", lambda case, device: {"warm": lambda: order.append("warm"), "eager": eager}
     )
     case = Case("any", "stand-in", lambda: None, lambda: (), lambda m: None)
     with pytest.raises(Built):
@@ -186,6 +186,45 @@ def test_the_first_step_after_a_switch_is_not_timed(monkeypatch):
 
     ms, cpu = cc._interleaved({k: (lambda k=k: step(k)) for k in ("a", "b", "c")}, rounds=6, per_round=2)
     assert ms == pytest.approx({"a": 1.0, "b": 1.0, "c": 1.0}) and cpu == ms
+
+
+def test_on_an_accelerator_each_block_is_timed_whole_between_barriers(monkeypatch):
+    """``--device cuda`` (issue 18: the corpus on a lent GPU): a step's kernels run after the
+    call returns, so a step timed alone measures its launches, and a barrier after each step
+    would take from every contender the overlap a training loop has. Each block of steps is
+    timed from a barrier after its settling step to a barrier after its last step; each of its
+    steps counts the block's mean (here: the device's work is done at the barrier)."""
+    from microco.benchmarks import compiler_corpus as cc
+
+    class Clock:
+        now = 0.0
+
+        def perf_counter(self):
+            return self.now
+
+        process_time = perf_counter
+
+    clock = Clock()
+    monkeypatch.setattr(cc, "time", clock)
+    queued = {"work": 0.0}
+    log: list[str] = []
+
+    def step(name, device_s):  # returns at once; the device's work waits for the barrier
+        log.append(name)
+        clock.now += 0.0001
+        queued["work"] += device_s
+
+    def barrier():
+        log.append("|")
+        clock.now += queued["work"]
+        queued["work"] = 0.0
+
+    fns = {"a": lambda: step("a", 0.004), "b": lambda: step("b", 0.002)}
+    ms, _ = cc._interleaved(fns, rounds=2, per_round=4, barrier=barrier)
+    # a's 4 ms of device work per step, b's 2 ms (+0.1 ms of launching), the settling step's
+    # work done at the block's first barrier, not counted
+    assert ms["a"] == pytest.approx(4.1) and ms["b"] == pytest.approx(2.1)
+    assert log[:7] == ["a", "|", "a", "a", "a", "a", "|"]
 
 
 def test_torchvision_imports_beside_a_cpu_torch():
