@@ -59,6 +59,73 @@ def compile_deadline_ms(price_ms: float, steps_left: int, base_ms: float | None)
     return allowed if most is None else min(allowed, most)
 
 
+# How a cold Inductor compile of a whole training step (forward and backward) grows with its
+# graph: a fixed part and a part per FX node of the graphs dynamo hands over (issue 18, session
+# 30). Measured on reference graphs, not on any corpus model: a residual stack of Linear, GELU
+# and LayerNorm blocks of 16 to 148 nodes, each compiled cold into a fresh Inductor cache after a
+# first compile in the process, one thread (2-core VM, torch 2.13 CPU, load 0.4-0.8): 2.5-2.7 s
+# at 16 nodes, 4.0 s at 40, 5.8-6.3 s at 76, 9.2 s at 148: 1.8 s plus 50 ms a node. The shape
+# prices a graph by its size; its scale is this host's (``compile_scale``).
+WHOLE_FIXED_MS = 1800.0
+WHOLE_NODE_MS = 50.0
+# Inductor's first compile in a process pays once for what every later compile reuses (its code
+# generators' imports, the C++ toolchain's first calls): 6.3 s more for the same 16-node graph as
+# a process's first compile than as its second (8.9 against 2.6 s; 5.5 s in a second process).
+FIRST_IN_PROCESS_MS = 6000.0
+_inductor_compiled = False  # this process has compiled a graph with Inductor
+
+
+def compile_curve_ms(size: int) -> float:
+    """The reference shape of a cold whole-step compile of ``size`` FX nodes (ms, scale 1)."""
+    return WHOLE_FIXED_MS + WHOLE_NODE_MS * max(0, size)
+
+
+def mark_inductor_compiled() -> None:
+    """Note that this process has run an Inductor compile: the next pays no first-compile cost."""
+    global _inductor_compiled
+    _inductor_compiled = True
+
+
+def inductor_compiled() -> bool:
+    return _inductor_compiled
+
+
+# The host-speed probe: CPU time (ms, median) of one FX symbolic trace of a small reference
+# module, which runs the same kind of Python (graph building, dispatch, dictionaries) as most of
+# a compile. Measured on the reference host of ``compile_curve_ms``: 2.19-2.36 ms.
+SPEED_REFERENCE_MS = 2.3
+SPEED_KIND = "speed:fx-trace"
+
+
+def measure_host_speed(reps: int = 7) -> float:
+    """This host's compile speed against the reference host's (above 1: slower), from the CPU
+    time of ``reps`` FX traces of a reference module (the first, a warm-up, dropped); about
+    20 ms. CPU time, not wall: other processes' load is the caller's contention, not speed."""
+    import statistics
+
+    import torch
+    from torch import fx, nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lins = nn.ModuleList(nn.Linear(8, 8) for _ in range(8))
+            self.norm = nn.LayerNorm(8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for lin in self.lins:
+                x = self.norm(nn.functional.gelu(lin(x))) + x
+            return x
+
+    block = Block()
+    times = []
+    for _ in range(reps + 1):
+        c0 = time.process_time()
+        fx.symbolic_trace(block)
+        times.append((time.process_time() - c0) * 1e3)
+    return max(0.25, statistics.median(times[1:]) / SPEED_REFERENCE_MS)
+
+
 def default_path() -> Path:
     env = os.environ.get("MICROCO_COMPILE_COSTS")
     if env:
@@ -405,28 +472,65 @@ class HostCompileCosts:
 
     def first_price(self, hardware: str, kind: str, size: int) -> float | None:
         """A conservative price for the first compile of a graph never compiled here (issue 18,
-        fourth session of 2026-12-02): ``size`` nodes at the *highest* per-node rate this host
-        measured for ``kind`` (compiles, and compiles abandoned at their deadline, whose rate
-        is a lower bound), else for the other kinds of its family (``torch:whole:*``), at
-        today's load; None (the caller's cold prior) where none was measured or the size is
-        unknown. The highest, not the median: an underpriced compile is tried and can cost the
-        run minutes (hf-t5: priced ~19 s, abandoned at its 57.6 s deadline after 151 s of
-        exploration), an overpriced one only waits for a longer run or a cache hit."""
+        fourth session of 2026-12-02): ``size`` nodes on the reference curve
+        (``compile_curve_ms``: a fixed part and a part per node) at the *highest* scale this
+        host measured for ``kind`` (each compile's time over the curve at its size; compiles
+        abandoned at their deadline count, their scale a lower bound), else for the other kinds
+        of its family (``torch:whole:*``), at today's load; None (the caller's prior) where none
+        was measured or the size is unknown. The highest, not the median: an underpriced compile
+        is tried and can cost the run minutes (hf-t5: priced ~19 s, abandoned at its 57.6 s
+        deadline after 151 s of exploration), an overpriced one only waits for a longer run or a
+        cache hit. Until session 30 a scale per node (no fixed part): a small graph's compile,
+        mostly its fixed part, priced every larger graph at its high rate per node."""
         if size <= 0:
             return None
+        scale = self.compile_scale(hardware, kind)
+        return None if scale is None else scale * compile_curve_ms(size)
+
+    def compile_scale(self, hardware: str, kind: str) -> float | None:
+        """The highest ratio of a cold compile's time (at today's load) to the reference curve at
+        its size, over this host's compiles of ``kind``, else of its family; None: none here."""
         now = contention()
         family = kind.rsplit(":", 1)[0] + ":"
         by_kind = self._load().get(self._key(hardware), {})
         for kinds in ([kind], [k for k in by_kind if k != kind and k.startswith(family)]):
-            rates: list[float] = [
-                float(r["ms"]) / float(r["size"])
+            scales: list[float] = [
+                float(r["ms"]) / compile_curve_ms(int(r["size"]))
                 for k in kinds
                 for r in self._at_load(by_kind.get(k, []), now)
                 if r.get("size", 0) > 0 and r.get("ms", 0) > 0 and not r.get("warm")
             ]
-            if rates:
-                return max(rates) * size
+            if scales:
+                return max(scales)
         return None
+
+    def host_speed(self, hardware: str) -> float:
+        """This host's compile speed against the reference host's (``measure_host_speed``),
+        measured once per host and kept in its record."""
+        rows = self.measurements(hardware, SPEED_KIND)
+        if rows:
+            return float(rows[-1]["ms"])
+        speed = measure_host_speed()
+        self.record(hardware, SPEED_KIND, speed)
+        return speed
+
+    def size_prior(
+        self,
+        hardware: str,
+        size: int,
+        first_in_process: bool | None = None,
+        slowdown: float | None = None,
+    ) -> float | None:
+        """The price of a cold whole-step compile of ``size`` FX nodes on a host that has measured
+        no whole-step compile (issue 18, session 30; before, a flat 60 s whatever the graph): the
+        reference curve at this host's speed, plus Inductor's first compile in this process
+        where none ran yet (``first_in_process`` None: as this process stands), at the caller's
+        ``slowdown`` (default: today's contention). None where the size is unknown."""
+        if size <= 0:
+            return None
+        first = (not inductor_compiled()) if first_in_process is None else first_in_process
+        ms = compile_curve_ms(size) + (FIRST_IN_PROCESS_MS if first else 0.0)
+        return ms * self.host_speed(hardware) * (contention() if slowdown is None else slowdown)
 
     def _other_kinds_estimate(self, hardware: str, kind: str, size: int) -> float | None:
         """A kind not compiled here yet, for a graph of known size: the per-node rate this host

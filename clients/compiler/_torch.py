@@ -1035,7 +1035,7 @@ class AstraTorch(SessionBacked):
         price = self.compile_costs.estimate(self._hw, family, size, graph=self._cost_graph(), warm=False)
         if price is None:
             least = size or sum(1 for _ in self.model.parameters())
-            price = self.compile_costs.first_price(self._hw, family, least)
+            price = self._unseen_price(family, least)
         if price is None:
             price = self.WHOLE_COMPILE_PRIOR_MS * self._slowdown
         return self._optimistic_saving_ms(step_ms, kind) > price
@@ -1300,7 +1300,7 @@ class AstraTorch(SessionBacked):
                 self._hw, "torch:whole:rewrite", size, graph=self._cost_graph(), warm=False
             )
             if price is None:
-                price = self.compile_costs.first_price(self._hw, "torch:whole:rewrite", size)
+                price = self._unseen_price("torch:whole:rewrite", size)
         if price is None:
             price = self.WHOLE_COMPILE_PRIOR_MS * self._slowdown
         if saving >= price:
@@ -1804,14 +1804,24 @@ class AstraTorch(SessionBacked):
 
     def _first_whole_price(self, kind: str, cold: float) -> float:
         """The first cold compile of a whole-step graph never compiled here (issue 18, fourth
-        session of 2026-12-02): its size (FX nodes, known when the probe traced it) at the highest
-        per-node rate this host measured for whole-step compiles; else the cold prior. Sent as calibrated, so the core uses it as given:
+        session of 2026-12-02): its size (FX nodes, known when the probe traced it) priced as
+        ``_unseen_price`` does; the cold prior where the size is unknown. Sent as calibrated, so the core uses it as given:
         scaled by other choices' compiles (a cell region's, a cache load's), the 60 s prior fell
         to ~19 s for hf-t5's rewritten step, which was tried and abandoned at its 57.6 s deadline."""
-        first = self.compile_costs.first_price(
-            self._hw, f"torch:whole:{kind}", self._whole_nodes.get(kind, 0)
-        )
+        first = self._unseen_price(f"torch:whole:{kind}", self._whole_nodes.get(kind, 0))
         return first if first is not None else cold
+
+    def _unseen_price(self, kind: str, size: int) -> float | None:
+        """A cold compile of a graph of ``size`` nodes never compiled here: at this host's
+        measured scale of compiles of the kind (``first_price``), else, where this host measured
+        none, at its speed on the reference curve, with Inductor's first compile in this process
+        where none ran yet, at this process's slowdown (``size_prior``; issue 18, session 30:
+        before, the flat cold prior, 60 s, priced every graph of every size, and on a host that
+        never compiled a whole step no cold compile was ever tried); None: size unknown."""
+        first = self.compile_costs.first_price(self._hw, kind, size)
+        if first is not None:
+            return first
+        return self.compile_costs.size_prior(self._hw, size, slowdown=self._slowdown)
 
     # -- recurrent structure from the captured graph (issue 18)
     @property

@@ -27,6 +27,7 @@ import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from . import _compile_costs
 from ._rng import draws_random, faithful_random
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,8 @@ class AotRegion:
                 faithful_random(self._faithful),
             ):
                 compiled: Callable[[list[Any]], Any] = compile_fx_inner(g, example)
-                return compiled
+            _compile_costs.mark_inductor_compiled()
+            return compiled
         from functorch.compile import make_boxed_func
 
         boxed: Callable[[list[Any]], Any] = make_boxed_func(g.forward)  # "aot-eager": uncompiled graphs

@@ -148,25 +148,75 @@ def test_a_price_learned_under_load_is_scaled_to_the_load_now(tmp_path, monkeypa
     assert cold.rate() == pytest.approx(2.0 * _tf_cost.COLD_MS_PER_INSTRUCTION)  # the cold prior too
 
 
-def test_the_first_price_of_an_unseen_graph_is_its_size_at_the_highest_rate_seen_here(tmp_path, monkeypatch):
+def test_the_first_price_of_an_unseen_graph_is_its_size_on_the_curve_at_the_highest_scale_seen_here(
+    tmp_path, monkeypatch
+):
     """Issue 18 (hf-t5: a rewritten step never compiled here priced ~19 s, abandoned at its
     57.6 s deadline after 151 s of exploration): a graph with no compile of its own on this host
-    is priced by its size at the highest per-node rate this host measured for the kind (its
-    family's, else), deadline floors included (a lower bound); loads are not compiles."""
+    is priced by its size on the reference curve (a fixed part and a part per node,
+    ``compile_curve_ms``) at the highest scale this host measured for the kind (its family's,
+    else), deadline floors included (a lower bound); loads are not compiles. Session 30: the
+    scale was per node alone, and a small graph's compile, mostly its fixed part, priced a large
+    graph at several times what it took."""
+    from microco.clients.compiler._compile_costs import compile_curve_ms as curve
+
     monkeypatch.setattr(_compile_costs, "contention", lambda: 1.0)
     costs = HostCompileCosts(tmp_path / "c.json", host="h1")
     assert costs.first_price("cpu", "torch:whole:rewrite", 1000) is None  # nothing here: the prior
-    costs.record("cpu", "torch:whole:plain", 10_000.0, size=500, graph="a")  # 20 ms a node
+    costs.record("cpu", "torch:whole:plain", 10_000.0, size=500, graph="a")
     costs.record("cpu", "torch:whole:plain", 300.0, size=500, graph="a", warm=True)  # a load
-    assert costs.first_price("cpu", "torch:whole:plain", 1000) == pytest.approx(20_000.0)
-    costs.record("cpu", "torch:whole:plain", 30_000.0, size=500, graph="b", floor=True)  # >= 60 ms a node
-    assert costs.first_price("cpu", "torch:whole:plain", 1000) == pytest.approx(60_000.0)
-    # A kind never compiled here: its family's highest rate; another family's never.
+    assert costs.first_price("cpu", "torch:whole:plain", 1000) == pytest.approx(
+        10_000.0 / curve(500) * curve(1000)
+    )
+    costs.record("cpu", "torch:whole:plain", 30_000.0, size=500, graph="b", floor=True)  # at least
+    assert costs.first_price("cpu", "torch:whole:plain", 1000) == pytest.approx(
+        30_000.0 / curve(500) * curve(1000)
+    )
+    # A kind never compiled here: its family's highest scale; another family's never.
     costs.record("cpu", "torch:region:inductor", 90_000.0, size=10, graph="cell")
-    assert costs.first_price("cpu", "torch:whole:rewrite", 1000) == pytest.approx(60_000.0)
+    assert costs.first_price("cpu", "torch:whole:rewrite", 1000) == pytest.approx(
+        30_000.0 / curve(500) * curve(1000)
+    )
     costs.record("cpu", "torch:whole:rewrite", 5_000.0, size=500, graph="c")  # its own kind first
-    assert costs.first_price("cpu", "torch:whole:rewrite", 1000) == pytest.approx(10_000.0)
+    assert costs.first_price("cpu", "torch:whole:rewrite", 1000) == pytest.approx(
+        5_000.0 / curve(500) * curve(1000)
+    )
     assert costs.first_price("cpu", "torch:whole:plain", 0) is None  # size unknown
+    # A small graph's compile on the curve itself (16 nodes, 2.6 s) prices a graph of 372 nodes
+    # at the curve's 20.4 s, where a rate per node priced it at 60 s (measured: 17.5 s, xt-tied)
+    small = HostCompileCosts(tmp_path / "s.json", host="h1")
+    small.record("cpu", "torch:whole:plain", curve(16), size=16, graph="mlp")
+    assert small.first_price("cpu", "torch:whole:plain", 372) == pytest.approx(curve(372))
+    assert curve(372) < 0.4 * curve(16) / 16 * 372
+
+
+def test_a_graph_never_compiled_on_a_host_that_compiled_nothing_is_priced_by_its_size(tmp_path, monkeypatch):
+    """Issue 18, session 30: where this host measured no whole-step compile, a graph of known
+    size is priced on the reference curve at the host's speed (measured once, by the CPU time
+    of a reference trace, and kept), plus Inductor's first compile in the process where none
+    ran yet, at the caller's slowdown; before, a flat 60 s for every graph (so the held-out
+    x-transformers, 18 s to compile here, were never tried on a cold host)."""
+    from microco.clients.compiler._compile_costs import FIRST_IN_PROCESS_MS, SPEED_KIND
+    from microco.clients.compiler._compile_costs import compile_curve_ms as curve
+
+    monkeypatch.setattr(_compile_costs, "contention", lambda: 1.0)
+    costs = HostCompileCosts(tmp_path / "c.json", host="h1")
+    speed = costs.host_speed("cpu")  # measured here, once
+    assert speed > 0 and costs.measurements("cpu", SPEED_KIND)[-1]["ms"] == speed
+    assert HostCompileCosts(tmp_path / "c.json", host="h1").host_speed("cpu") == speed  # kept
+    costs.record("cpu", SPEED_KIND, 2.0)  # a host twice as slow as the reference
+    assert costs.size_prior("cpu", 0) is None  # size unknown: the caller's prior
+    assert costs.size_prior("cpu", 300, first_in_process=False) == pytest.approx(2.0 * curve(300))
+    assert costs.size_prior("cpu", 300, first_in_process=True, slowdown=1.5) == pytest.approx(
+        2.0 * 1.5 * (curve(300) + FIRST_IN_PROCESS_MS)
+    )
+    monkeypatch.setattr(_compile_costs, "_inductor_compiled", False)
+    assert costs.size_prior("cpu", 300) == pytest.approx(2.0 * (curve(300) + FIRST_IN_PROCESS_MS))
+    _compile_costs.mark_inductor_compiled()  # (monkeypatch restores the module's flag)
+    assert costs.size_prior("cpu", 300) == pytest.approx(2.0 * curve(300))
+    # once this host measured a whole-step compile, that is its scale
+    costs.record("cpu", "torch:whole:plain", 3.0 * curve(100), size=100, graph="a")
+    assert costs.first_price("cpu", "torch:whole:plain", 300) == pytest.approx(3.0 * curve(300))
 
 
 def test_an_unrepayable_first_compile_is_not_tried_whatever_other_compiles_cost(tmp_path):
@@ -188,13 +238,17 @@ def test_an_unrepayable_first_compile_is_not_tried_whatever_other_compiles_cost(
         zm.loss_fn(model(x), y).backward()
     astra._whole_nodes["plain"] = 2000  # what the probe's trace counts for a large graph
     whole = next(v for v in astra._variables() if v.name == "model.compile")
-    assert whole.compile_prior_ms == pytest.approx(AstraTorch.WHOLE_COMPILE_PRIOR_MS * astra._slowdown)
+    # (no whole-step compile measured here: its size at this host's speed, session 30)
+    assert whole.compile_prior_ms == pytest.approx(
+        costs.size_prior(hardware_id(), 2000, slowdown=astra._slowdown)
+    )
     assert whole.prior_calibrated
-    costs.record(hardware_id(), "torch:whole:plain", 20_000.0, size=1000, graph="another-model")  # 20 ms/node
+    costs.record(hardware_id(), "torch:whole:plain", 20_000.0, size=1000, graph="another-model")
     whole = next(v for v in astra._variables() if v.name == "model.compile")
     region = next(v for v in astra._variables() if v.name.endswith(".compile") and v.region)
     astra.restore()
-    assert whole.compile_prior_ms == pytest.approx(40_000.0) and whole.prior_calibrated
+    price = 20_000.0 / _compile_costs.compile_curve_ms(1000) * _compile_costs.compile_curve_ms(2000)
+    assert whole.compile_prior_ms == pytest.approx(price) and whole.prior_calibrated
     # (the saving at the core's fixed bound, as the arithmetic below has it: the probe step's
     # profiled estimate, ``expected_speedup``, moves with the machine's load; session 29 saw it
     # plan the compile at load 11)
@@ -202,11 +256,11 @@ def test_an_unrepayable_first_compile_is_not_tried_whatever_other_compiles_cost(
     spec = GraphSpec("fp", "(3, 2, 4)", "cpu", (region, whole), "gru", "torch", 5000)
     state = _core.start(spec, _core.ExplorationPolicy())
     state.compile_costs[f"{region.name}=inductor"] = 2_000.0  # a cheap cell compile measured here
-    assert _core.compile_estimate(state, [(whole, "inductor")]) == pytest.approx(40_000.0)
+    assert _core.compile_estimate(state, [(whole, "inductor")]) == pytest.approx(price)
     state.trials.append(_core.TrialRecord(0, {}, 0, "baseline", steps=[20.0] * 6, step_ms=20.0, done=True))
     state.best = 0
     reason = _core._prune_reason(state, _core.ExplorationPolicy(), "", [whole], {whole.name: "inductor"})
-    assert "cannot repay" in reason  # 40 s > 20 ms x 5,000 x 0.5 x 0.5 = 25 s
+    assert "cannot repay" in reason  # 39 s > 20 ms x 5,000 x 0.5 x 0.5 = 25 s
 
 
 def test_a_load_beyond_its_ask_is_learned_across_graphs_per_node_at_the_load_now(tmp_path, monkeypatch):

@@ -268,6 +268,7 @@ def test_an_ask_that_can_only_answer_cold_for_a_compile_no_run_repays_is_not_mad
     import os
 
     torch = pytest.importorskip("torch")
+    from microco.clients.compiler import _compile_costs
     from microco.clients.compiler._compile_costs import HostCompileCosts
     from microco.clients.compiler._torch import AstraTorch
 
@@ -277,6 +278,10 @@ def test_an_ask_that_can_only_answer_cold_for_a_compile_no_run_repays_is_not_mad
     for kind in (AstraTorch.PROBE_KIND, AstraTorch.CAPTURE_KIND):  # each 1.15 s here: 5% pays it
         for ms in (900.0, 1400.0):
             costs.record(hw, kind, ms, graph="another graph")
+    # A host 10x slower at compiling than the reference host (issue 18, session 30: a graph
+    # never compiled here is priced by its size on the reference curve at the host's speed):
+    # even the fewest nodes the step can have (one a parameter tensor) cost more than 12.5 s.
+    costs.record(hw, _compile_costs.SPEED_KIND, 10.0)
     step_ms = 10.0  # 5,000 steps: 50 s; 2.5 s for the probe, 12.5 s the optimistic saving
     assert not a._worth_cache_probe(step_ms)  # before: asked
     assert a.warm_signal is False and a.warm_absent  # the caches surely hold no compile of it
@@ -299,6 +304,14 @@ def test_an_ask_that_can_only_answer_cold_for_a_compile_no_run_repays_is_not_mad
     linear_py = os.path.basename(inspect.getsourcefile(torch.nn.Linear))
     assert asks_with_cache_of(f"/elsewhere/{linear_py}")
     assert not asks_with_cache_of("/elsewhere/another_model.py")
+    # On a host as fast as the reference one, a cold compile of so small a step could be repaid
+    # (its size prior, under 8 s with Inductor's first compile in the process, against 12.5 s):
+    # asked (before session 30 the flat 60 s prior kept every host from asking)
+    fast = HostCompileCosts(tmp_path / "fast.json")
+    fast.record(hw, _compile_costs.SPEED_KIND, 1.0)
+    for kind in (AstraTorch.PROBE_KIND, AstraTorch.CAPTURE_KIND):
+        fast.record(hw, kind, 1000.0, graph="another graph")
+    assert _probing_astra(fast, 5000)._worth_cache_probe(step_ms)
     # A cold compile this host measured for the graph at 5 s, which the run repays: asked, captured
     costs.record(hw, "torch:whole:plain", 5000.0, graph=graph)
     costs.record(hw, "torch:whole:rewrite", 5000.0, graph=graph)
