@@ -12,6 +12,13 @@ With ``--device-locks DIR`` each mini-batch's compute also holds an exclusive lo
 per device it was given (``DIR/<device id>``), as an accelerator runs one job's kernels at a
 time: jobs packed on one device then share it whatever else the host runs (on a busy host a
 core is shared with everything, so two packed CPU-bound jobs may lose nothing against one).
+
+``--device-ms`` is a mini-batch's accelerator time: the job holds its devices (their locks)
+for that long while its host thread waits, as a host waits for a GPU's kernels. Unlike
+``--compute-ms`` it is not stretched by the host's load: a job that keeps its device busy
+stays one on a busy machine (the scheduler's packing test, which on a loaded CI machine saw a
+CPU-bound job keep its device 14% busy). The job's utilization, read from its CPU time, does
+not see that time (a GPU's busy time is not measured either).
 """
 
 from __future__ import annotations
@@ -50,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compute-ms", type=float, default=10.0, help="CPU-busy time per mini-batch")
     p.add_argument("--io-ms", type=float, default=0.0, help="idle (input-wait) time per mini-batch")
     p.add_argument(
+        "--device-ms",
+        type=float,
+        default=0.0,
+        help="accelerator time per mini-batch: the devices held that long while the host waits",
+    )
+    p.add_argument(
         "--device-locks",
         metavar="DIR",
         help="hold a lock per device (a file in DIR) while computing: packed jobs share their device",
@@ -82,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             x = 0
             while time.thread_time() < t_end:
                 x += 1
+            if args.device_ms:
+                time.sleep(args.device_ms / 1000.0)
         if args.io_ms:
             time.sleep(args.io_ms / 1000.0)
         state["digest"] = hashlib.sha256(f"{state['digest']}:{step}".encode()).hexdigest()
