@@ -3,8 +3,9 @@
 Errors mapped to gRPC codes and back, the etcd key-value layer with leases, registration,
 discovery and leader election, finding the platform (argument, environment, the local stack's
 state file), Redis for hot state, structured logs, channels to a discovered
-service with deadline-bounded, allow-listed retries, and the health probe. Nothing here starts a
-server: the gRPC service lifecycle, settings and metrics live in :mod:`microco.services.runtime`,
+service with deadline-bounded, allow-listed retries, and the health probe (``.health``, imported
+where used: it needs gRPC's health-checking package, which a training process importing a
+client library does not). Nothing here starts a server: the gRPC service lifecycle, settings and metrics live in :mod:`microco.services.runtime`,
 so a training process that imports the client libraries loads no server code.
 """
 
@@ -38,7 +39,6 @@ from .errors import (
     Unimplemented,
     from_rpc_error,
 )
-from .health import check_health
 from .hotstate import connect_redis
 from .kv import KV, EtcdKV, Lease, LeaseKeeper, MemoryKV, WatchEvent
 from .logs import configure_logging
@@ -73,7 +73,6 @@ __all__ = [
     "WatchEvent",
     "call_with_retry",
     "channel_for",
-    "check_health",
     "configure_logging",
     "connect_etcd",
     "connect_redis",

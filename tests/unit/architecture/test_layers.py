@@ -93,7 +93,9 @@ def test_the_rule_catches_an_upward_import(tmp_path, monkeypatch):
 
 def test_a_training_process_loads_no_server_code():
     """A job that imports the scheduler hook, the cache loader and the compiler wrapper (and the
-    store client) pulls in nothing from ``microco.services`` and no server runtime."""
+    store client) pulls in nothing from ``microco.services`` and no server runtime, nor gRPC's
+    health-checking package (session 30: ``microco.common`` imported its health probe, and a GPU
+    machine whose image lacked that package could not import the compiler's client)."""
     code = (
         "import sys\n"
         "import microco.clients.scheduler as s, microco.clients.cache as c\n"
@@ -101,7 +103,7 @@ def test_a_training_process_loads_no_server_code():
         "from microco.clients.cache import _loader\n"
         "s.TorchHook, s.SchedulerCallback, s.SchedulerClient, c.open_loader, k.__name__\n"
         "bad = sorted(m for m in sys.modules if m.startswith('microco.services')"
-        " or m.startswith('prometheus_client'))\n"
+        " or m.startswith('prometheus_client') or m.startswith('grpc_health.v1'))\n"
         "print(bad)\n"
         "sys.exit(1 if bad else 0)\n"
     )
