@@ -14,6 +14,7 @@ priority); the slowdown it causes the training steps beside it is charged to the
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -117,21 +118,30 @@ class BackgroundCompiler:
             self._launch(values)
 
     def _launch(self, values: dict[str, str]) -> None:
+        path = ""
         try:
             payload = self.payload(values)
+            if payload is not None:
+                import torch
+
+                fd, path = tempfile.mkstemp(prefix="microco-bg-", suffix=".pt")
+                os.close(fd)
+                # The worker rebuilds the model from this file. A model another process cannot
+                # rebuild (a class defined inside a function: "Can't pickle local object") fails
+                # here: found on a GPU machine (session 30), where the background path is taken,
+                # the error escaped the training step and stopped the user's run.
+                torch.save(payload, path)
         except Exception as exc:  # noqa: BLE001 - the compile then happens in line, as before
             log.info("background compile unavailable (%s): compiling in line", exc)
             payload = None
         if payload is None:
+            if path:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
             self.enabled = False
             self._done.add(values_id(values))
             return
-        import torch
-
-        fd, path = tempfile.mkstemp(prefix="microco-bg-", suffix=".pt")
-        os.close(fd)
         out, errpath = path[:-3] + ".json", path[:-3] + ".err"
-        torch.save(payload, path)
         env = dict(os.environ)
         env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # one compile process, not a pool per core
         env["OMP_NUM_THREADS"] = str(payload.get("threads", 1))

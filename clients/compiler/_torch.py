@@ -397,6 +397,7 @@ class AstraTorch(SessionBacked):
         self._guard_hook: Any = None
         self.rolled_back = 0  # steps rolled back (and repeated or skipped)
         self.skipped_steps = 0  # rolled back under ``with step()``: the batch was not trained on
+        self.abandoned = ""  # why the wrapper gave up and left the model its own code (``_abandon``)
         # The intra-op thread count the configuration asks for (None: leave the user's): set
         # around each step only, the user's count restored after it (issue 18: a process-wide
         # setting left behind leaked into the user's later work).
@@ -454,7 +455,12 @@ class AstraTorch(SessionBacked):
                 if user is not None:
                     torch.set_num_threads(user)
             return
-        self._before()
+        try:
+            self._before()
+        except Exception as exc:  # noqa: BLE001 - the wrapper's own failure: never the user's step
+            self._abandon(exc)
+            yield
+            return
         try:
             yield
         except Exception as exc:
@@ -465,7 +471,10 @@ class AstraTorch(SessionBacked):
                 "the step was rolled back and its mini-batch skipped (use AstraTorch.run to repeat it)"
             )
             return
-        self._after(True)
+        try:
+            self._after(True)
+        except Exception as exc:  # noqa: BLE001 - (as above)
+            self._abandon(exc)
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)``, one whole training step, under the current configuration.
@@ -487,15 +496,47 @@ class AstraTorch(SessionBacked):
                 if user is not None:
                     torch.set_num_threads(user)
         while True:
-            self._before()
+            try:
+                self._before()
+            except Exception as exc:  # noqa: BLE001 - the wrapper's own failure: never the user's step
+                self._abandon(exc)
+                return fn(*args, **kwargs)
             try:
                 out = fn(*args, **kwargs)
             except Exception as exc:
                 if not self._recover(exc):
                     raise
                 continue  # again, under self._repeat
-            self._after(True)
+            try:
+                self._after(True)
+            except Exception as exc:  # noqa: BLE001 - (as above)
+                self._abandon(exc)
             return out
+
+    def _abandon(self, exc: Exception) -> None:
+        """The wrapper's own work around a step failed (its bookkeeping, the exploration, a
+        background compile's launch: not the user's forward, backward or optimiser, which
+        ``_recover`` handles). Training must not stop for it (issue 18: on a GPU machine in
+        session 30 a background payload that could not be written escaped the step and ended
+        the run): the model runs its own code from now on, its forward, optimisers and thread
+        count as the user set them, and the reason is kept (``abandoned``)."""
+        self.abandoned = f"{type(exc).__name__}: {exc}"
+        log.error(
+            "astra: the compiler failed around a step (%s); the model runs its own code", self.abandoned
+        )
+        undo: list[Callable[[], None]] = [
+            lambda: self._set_whole_compile(None),
+            self._go_direct,
+            self.optimizers.restore,
+        ]
+        for fn in undo:
+            with contextlib.suppress(Exception):
+                fn()
+        self.direct = True
+        self._threads, self._optimizer = None, None
+        user = getattr(self, "_user_threads", None)
+        if user:
+            torch.set_num_threads(user)
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``wrap(train_step)(*args)`` is ``run(train_step, *args)``."""
@@ -1399,8 +1440,12 @@ class AstraTorch(SessionBacked):
     # -- background compiles
     def _take_snapshot(self) -> nn.Module | None:
         """A copy of the plain model (before any instrumentation) for the background worker; None
-        when another process could not rebuild it (a class defined in ``__main__``)."""
-        if any(type(m).__module__ == "__main__" for m in self.model.modules()):
+        when another process could not rebuild it (a class defined in ``__main__``, or inside a
+        function, which pickle cannot name)."""
+        if any(
+            type(m).__module__ == "__main__" or "<locals>" in type(m).__qualname__
+            for m in self.model.modules()
+        ):
             return None
         try:
             return copy.deepcopy(self.model)

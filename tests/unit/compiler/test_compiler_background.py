@@ -95,3 +95,40 @@ def test_a_background_process_fills_inductors_cache_while_training_runs(tmp_path
         assert math.isfinite(loss.item())
     finally:
         torch.set_num_threads(old)
+
+
+def test_a_model_no_other_process_can_rebuild_never_stops_training(tmp_path, monkeypatch):
+    """Found on a GPU machine (issue 18, session 30: the public corpus's torch-transformer, whose
+    model class is defined inside a function, at 5,000 steps): with an idle core the background
+    path is taken, the worker's payload could not be pickled ("Can't pickle local object
+    '_torch_cases.<locals>.Encoder'"), and the error escaped the training step: the run
+    stopped. Now such a model is not snapshotted (compiles stay in line), and a payload that
+    cannot be written leaves the compile in line, whatever it holds."""
+
+    class Local(torch.nn.Module):  # defined in a function: pickle cannot name it
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x)
+
+    model = Local()
+    astra = AstraTorch(
+        model, _Commit(), threads=("1",), compile_choices=("eager", "inductor"), background=True
+    )
+    x = torch.randn(2, 4)
+    with astra.step():
+        model(x).sum().backward()
+    assert astra._take_snapshot() is None and not astra._off_critical_path
+    astra.restore()
+    # The compiler itself, handed such a payload: no exception, no worker, compiles in line,
+    # and no payload file left behind.
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    job = BackgroundCompiler(lambda values: True, lambda values: {"model": Local(), "args": (x,)})
+    values = {"model.compile": "inductor"}
+    job.start(values)
+    assert not job.busy() and job.ready(values) and not job.enabled
+    assert not list(tmp_path.glob("microco-bg-*"))

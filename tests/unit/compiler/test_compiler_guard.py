@@ -185,3 +185,49 @@ def test_a_failure_of_the_users_own_code_still_raises():
     astra = _astra(model)
     with pytest.raises(ZeroDivisionError):
         astra.run(lambda: 1 / 0)
+
+
+@pytest.mark.parametrize("form", ["run", "with"])
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_failure_of_the_wrappers_own_work_leaves_training_going_on_eager(monkeypatch, form, where):
+    """Issue 18, session 30, found on a GPU machine: the wrapper's own work around a step (there
+    a background compile's launch, inside the exploration's report after a step) raised, and the
+    exception escaped ``astra.run``: the user's run stopped. Now a failure of the wrapper itself,
+    before or after the user's step, leaves the model its own code (forward, optimiser, threads)
+    for the rest of the run, the step trained once, the losses and weights eager's."""
+    model = _model()
+    astra = _astra(model)
+    calls = {"n": 0, "armed": False}
+    name = "_use_stream" if where == "before" else "_finish_step"
+    real = getattr(astra, name)
+
+    def sometimes_broken(*a, **k):
+        if calls["armed"]:
+            calls["n"] += 1
+            calls["armed"] = False
+            raise RuntimeError(f"injected: the wrapper's own work failed ({where} the step)")
+        return real(*a, **k)
+
+    monkeypatch.setattr(astra, name, sometimes_broken)
+
+    steps = {"n": 0}
+    run, step_cm = astra.run, astra.step
+
+    def counted_run(fn, *a, **k):
+        steps["n"] += 1
+        calls["armed"] = calls["armed"] or steps["n"] == 6
+        return run(fn, *a, **k)
+
+    def counted_step():
+        steps["n"] += 1
+        calls["armed"] = calls["armed"] or steps["n"] == 6
+        return step_cm()
+
+    monkeypatch.setattr(astra, "run", counted_run)
+    monkeypatch.setattr(astra, "step", counted_step)
+    losses = _train(model, astra, 30, form=form)
+    assert calls["n"] == 1 and "injected" in astra.abandoned and astra.direct
+    assert astra.skipped_steps == 0
+    assert not any(isinstance(m.__dict__.get("forward"), CellRunner) for m in model.modules())
+    assert _same_weights(model, _reference(30))
+    assert losses == pytest.approx(_train(_model(), None, 30), rel=1e-4, abs=1e-5)
