@@ -19,7 +19,8 @@ interleaved, with an A/A control (``aa``: a second eager instance, built last), 
 orders put each contender after each other equally often (``balanced_orders``), and the medians
 of their step times are reported. ``stopped`` is true
 when an exception escaped microco's step (the user's training would have ended);
-``loss_rel_diff`` compares microco's loss after its steps with eager's after as many steps.
+``loss_rel_diff`` compares microco's loss after its steps with eager's after as many steps;
+``aa_loss_rel_diff`` the A/A control's with eager's, likewise (the floor: two runs of the same code).
 ``runs`` gives each contender's total for runs of 300, 1,000 and 5,000 steps: its measured first
 steps (compile, exploration, a warm-up step) plus the remaining steps at its interleaved median.
 For TensorFlow, "eager" is the user's step under ``tf.function`` and "static" is XLA.
@@ -686,6 +687,10 @@ def bench_case(
     loss_rel = float("nan")
     if not stopped and micro_ms is not None:
         loss_rel = adapter["loss_rel"](contenders, counts_of=main_k)
+    # The same comparison between the two eager instances (the A/A control): how far two runs of
+    # the same code end apart here, the floor below which a difference says nothing of microco
+    # (on a GPU, nondeterministic kernels: atomics in convolutions' backward, say).
+    aa_loss_rel = adapter["loss_rel"](contenders, counts_of=AA) if AA in contenders else float("nan")
     best_base = min(ms["eager"], ms.get("static", float("inf")))
     out.update(
         eager_ms=round(ms["eager"], 3),
@@ -722,6 +727,7 @@ def bench_case(
         error=error[:500],
         rolled_back=getattr(astra, "rolled_back", 0),
         loss_rel_diff=loss_rel,
+        aa_loss_rel_diff=aa_loss_rel,
         rerun=rerun,
         runs=runs,
     )
@@ -803,9 +809,7 @@ def _torch_adapter(case: Case, device: str = "cpu") -> dict[str, Any]:
         return counted(tag, m, lambda: astra.run(inner)), astra
 
     def loss_rel(contenders: dict[str, _Contender], counts_of: str) -> float:
-        eager_fn = contenders["eager"].step
-        while counts["eager"] < counts[counts_of]:
-            eager_fn()
+        _level(contenders, counts, counts_of)
         with torch.no_grad():
             a = float(case.loss(models["eager"], *batch))
             b = float(case.loss(models[counts_of], *batch))
@@ -884,9 +888,7 @@ def _tf_adapter(case: Case) -> dict[str, Any]:
         return counted(tag, m, lambda: astra.step(x, y)), astra
 
     def loss_rel(contenders: dict[str, _Contender], counts_of: str) -> float:
-        eager_fn = contenders["eager"].step
-        while counts["eager"] < counts[counts_of]:
-            eager_fn()
+        _level(contenders, counts, counts_of)
         a = float(case.loss(models["eager"](x, training=False), y))
         b = float(case.loss(models[counts_of](x, training=False), y))
         return abs(a - b) / max(abs(a), 1e-12)
@@ -901,6 +903,13 @@ def _tf_adapter(case: Case) -> dict[str, Any]:
         "restore": lambda astra: None,
         "reset": lambda: None,
     }
+
+
+def _level(contenders: dict[str, _Contender], counts: dict[str, int], name: str) -> None:
+    """Step eager or ``name``, whichever is behind, until both have run as many steps."""
+    for behind, ahead in (("eager", name), (name, "eager")):
+        while counts[behind] < counts[ahead]:
+            contenders[behind].step()
 
 
 def _aa(ms: dict[str, float], cpu_ms: dict[str, float]) -> dict[str, float] | None:

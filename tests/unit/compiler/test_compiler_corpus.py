@@ -39,6 +39,9 @@ def test_corpus_case_reports_every_field_and_never_stops():
     assert m["inductor_cache"] == "fresh per contender"  # (the static compile's not microco's)
     assert m["stopped"] is False and not m["error"]
     assert m["loss_rel_diff"] < 1e-5  # same weights, same batch, as many steps
+    # ... and the floor it is read against: the two eager instances after as many steps (on the
+    # CPU one thread's eager code is deterministic: equal)
+    assert m["aa_loss_rel_diff"] == 0.0
     # The A/A control: a second eager instance, interleaved with the rest, against eager.
     aa = m["aa"]
     assert aa["eager_aa_ms"] > 0 and aa["ratio"] > 0 and aa["cpu_ratio"] > 0
