@@ -815,8 +815,17 @@ def _torch_adapter(case: Case, device: str = "cpu") -> dict[str, Any]:
             b = float(case.loss(models[counts_of], *batch))
         return abs(a - b) / max(abs(a), 1e-12)
 
+    def warm() -> None:
+        # What the first contender in the process alone would pay, paid before any is timed: on
+        # a GPU the CUDA context, cuBLAS and cuDNN handles and the caching allocator's first
+        # blocks (session 30, H200: eager, built first, measured 1.97 s for a 300-step run of
+        # torch-transformer against microco's 1.67 s running the same eager code), on the CPU
+        # oneDNN's first primitives. A throwaway eager instance's step.
+        eager("warm-up")
+
     return {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "warm": warm,
         "barrier": barrier if dev.type == "cuda" else None,
         "eager": eager,
         "static": static,
