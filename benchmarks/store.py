@@ -32,7 +32,7 @@ from typing import Any
 from microco.benchmarks.store_node_loss import plan_nodes, query_at_node_loss
 from microco.benchmarks.store_tpch import QUERIES as TPCH
 from microco.clients.store import file_deadline_s
-from microco.common.identity import private_ca
+from microco.common.identity import private_ca_scope
 
 P = 8  # hash partitions per replica
 
@@ -111,33 +111,39 @@ def bench_cluster(
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix=prefix))
-    private_ca(work / "pki")  # the servers it starts are its own: so are their identities
-    etcd = EtcdServer(work / "etcd").start()
-    cluster = StoreCluster(
-        etcd.endpoint,
-        work / "store",
-        [(f"store-{i}", f"rack{i % 3}") for i in range(nodes)],
-        lease_ttl_s=lease_ttl_s,
-        node_args=node_args,
-        coordinator_args=coordinator_args,
-    )
-    try:
-        _log(f"starting etcd and {nodes} store nodes + a coordinator")
+    # The servers it starts are its own: so are their identities, for this cluster's life (a
+    # second cluster in the process found the first's CA, removed with its directory, named).
+    with private_ca_scope(work / "pki"):
+        etcd = EtcdServer(work / "etcd").start()
+        cluster = StoreCluster(
+            etcd.endpoint,
+            work / "store",
+            [(f"store-{i}", f"rack{i % 3}") for i in range(nodes)],
+            lease_ttl_s=lease_ttl_s,
+            node_args=node_args,
+            coordinator_args=coordinator_args,
+        )
         try:
-            cluster.start(timeout=300)  # six processes (and a JVM beside) starting on a loaded 2-core machine
-        except Exception:
-            for f in sorted((work / "store").glob("*.log")):  # (removed below: what failed, kept in the log)
-                tail = f.read_text(errors="replace").strip().splitlines()[-5:]
-                if tail:
-                    _log(f"{f.name}: " + " | ".join(tail)[-1500:])
-            raise
-        _log("cluster ready")
-        yield cluster
-    finally:
-        cluster.stop()
-        etcd.stop()
-        shutil.rmtree(work, ignore_errors=True)
-        _log("cluster stopped")
+            _log(f"starting etcd and {nodes} store nodes + a coordinator")
+            try:
+                cluster.start(
+                    timeout=300
+                )  # six processes (and a JVM beside) starting on a loaded 2-core machine
+            except Exception:
+                for f in sorted(
+                    (work / "store").glob("*.log")
+                ):  # (removed below: what failed, kept in the log)
+                    tail = f.read_text(errors="replace").strip().splitlines()[-5:]
+                    if tail:
+                        _log(f"{f.name}: " + " | ".join(tail)[-1500:])
+                raise
+            _log("cluster ready")
+            yield cluster
+        finally:
+            cluster.stop()
+            etcd.stop()
+            shutil.rmtree(work, ignore_errors=True)
+            _log("cluster stopped")
 
 
 def parquet_schema(path: Path) -> Any:

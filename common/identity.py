@@ -17,11 +17,13 @@ issues its jobs' credentials.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -450,6 +452,25 @@ def job_credentials_env(job_id: str, owner: str = "") -> dict[str, str]:
     ident = job_identity(job_id)
     env = {ENV_CREDENTIALS_PEM: ident.to_pem().decode()} if ident is not None else {}
     return {**env, ENV_JOB_OWNER: owner} if owner else env
+
+
+@contextlib.contextmanager
+def private_ca_scope(
+    directory: str | os.PathLike[str], who: str = "user:local-admin"
+) -> Iterator[CertificateAuthority | None]:
+    """:func:`private_ca` for the span of a block: on leaving it, ``MICROCO_CA_DIR`` and this
+    process's identity are what they were. For a program that starts clusters one after another,
+    each under a directory it removes: the second found the first's CA named (its directory
+    removed, the CA still cached) and its servers could not load it (session 30)."""
+    before_dir, before_used = os.environ.get(ENV_CA_DIR), _used
+    try:
+        yield private_ca(directory, who)
+    finally:
+        if before_dir is None:
+            os.environ.pop(ENV_CA_DIR, None)
+        else:
+            os.environ[ENV_CA_DIR] = before_dir
+        use(before_used)
 
 
 def private_ca(

@@ -112,3 +112,25 @@ def test_user_add_writes_a_users_credentials(tmp_path, monkeypatch, capsys):
     assert Identity.from_pem(path.read_bytes()).admin
     assert main(["user", "add", "a/b", "--home", str(tmp_path)]) == 1
     assert "may not" in capsys.readouterr().err
+
+
+def test_a_private_ca_for_a_block_leaves_the_process_as_it_was(tmp_path, monkeypatch):
+    """Session 30 (noticed in session 29): a benchmark that starts a cluster under a directory
+    it removes named its CA there for the rest of the process (``MICROCO_CA_DIR``, the CA cached
+    by directory), so a second cluster in the same process was handed the first's, its
+    directory gone. ``private_ca_scope`` names its CA for the block only: a second block gets a
+    CA of its own, and after both the variable and the identity are what they were."""
+    import shutil
+
+    monkeypatch.delenv(identity.ENV_CA_DIR, raising=False)
+    monkeypatch.delenv(identity.ENV_INSECURE, raising=False)
+    monkeypatch.setattr(identity, "_used", None)
+    seen = []
+    for name in ("first", "second"):
+        with identity.private_ca_scope(tmp_path / name) as ca:
+            assert identity.local_ca().cert_pem == ca.cert_pem  # the block's own, named
+            assert identity.current().ca_pem == ca.cert_pem and identity.current().admin
+            seen.append(ca.cert_pem)
+        shutil.rmtree(tmp_path / name)  # as the benchmark removes its directory
+        assert identity.ENV_CA_DIR not in __import__("os").environ and identity._used is None
+    assert seen[0] != seen[1]
