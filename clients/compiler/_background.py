@@ -36,6 +36,18 @@ log = logging.getLogger(__name__)
 NICE = 0
 
 
+def compile_threads() -> int:
+    """Inductor's compile workers for a background compile: the cores idle now beside the training
+    process, one left for it, at least one. On the 2-core VM that is one (a pool per core would
+    take the training's core); on a GPU host of 16 cores, where ``torch.compile`` compiles with a
+    worker a core, one thread had the worker compile its kernels one at a time with 14 cores idle
+    (session 30, H200: tv-resnet18's whole step waited 3,510 steps for its worker and was then
+    dropped; how much sooner it would have been ready is not measured)."""
+    from ._session import idle_cores
+
+    return max(1, int(idle_cores()) - 1)
+
+
 def values_id(values: dict[str, str]) -> str:
     return ";".join(f"{k}={v}" for k, v in sorted(values.items()))
 
@@ -143,7 +155,7 @@ class BackgroundCompiler:
             return
         out, errpath = path[:-3] + ".json", path[:-3] + ".err"
         env = dict(os.environ)
-        env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # one compile process, not a pool per core
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(compile_threads())
         env["OMP_NUM_THREADS"] = str(payload.get("threads", 1))
         env["MICROCO_BACKGROUND_NICE"] = str(NICE)
         with open(errpath, "wb") as err:  # a file, not a pipe: a chatty compile must not block

@@ -132,3 +132,14 @@ def test_a_model_no_other_process_can_rebuild_never_stops_training(tmp_path, mon
     job.start(values)
     assert not job.busy() and job.ready(values) and not job.enabled
     assert not list(tmp_path.glob("microco-bg-*"))
+
+
+def test_the_worker_compiles_with_the_idle_cores_but_one(monkeypatch):
+    """Session 30: the worker compiled with one Inductor thread whatever the host (16 cores on a
+    GPU machine, 14 of them idle); it now takes the idle cores less one for the training, at
+    least one (on the 2-core VM: one, as before)."""
+    from microco.clients.compiler import _background, _session
+
+    for idle, want in ((15.2, 14), (1.9, 1), (0.4, 1), (-3.0, 1)):
+        monkeypatch.setattr(_session, "idle_cores", lambda idle=idle: idle)
+        assert _background.compile_threads() == want
