@@ -136,7 +136,14 @@ class _GraphRunner:
                 b.session.record((now - b._last_start) * 1e3, {}, b._failed)
                 b._failed = ""
             b._last_start = now
-        fn = self._fn()
+        try:
+            fn = self._fn()
+        except Exception as exc:  # noqa: BLE001 - a compile that fails never stops training
+            # (issue 18, session 30: Inductor's compile of the trial's graph ran outside every
+            # guard, and its error ended the user's forward)
+            b._failed = f"compile: {type(exc).__name__}: {exc}"
+            log.warning("graph compile failed, running it eagerly: %s", b._failed)
+            self._compiled = fn = self.gm.forward
         # The thread count is set around this graph's call only and the caller's restored after
         # it (issue 18: a process-wide setting must not leak into the user's code). A dynamo
         # backend sees no more of the step than its graphs: autograd's backward runs outside.

@@ -131,3 +131,49 @@ def test_a_compiled_graph_whose_backward_fails_does_not_stop_training(monkeypatc
             assert torch.allclose(p, q, atol=1e-6)
     finally:
         torch._dynamo.reset()
+
+
+def test_a_compile_that_raises_does_not_stop_training(monkeypatch):
+    """The dynamo-backend form (issue 18, session 30): the compile of the trial's graph happened
+    outside the runner's guard, so an Inductor compile that raises (a lowering it cannot do, say)
+    ended the user's forward. Now the trial is failed, that graph runs eagerly, and the run's
+    losses are an eager run's."""
+    import torch._inductor.compile_fx as cfx
+
+    def broken_compile(gm, example_inputs, **kw):
+        raise RuntimeError("injected: Inductor cannot lower this graph")
+
+    monkeypatch.setattr(cfx, "compile_fx", broken_compile)
+    torch._dynamo.reset()
+    try:
+        x, y = zm.synthetic_batch(3, 4, 4)
+        ref_model = zm.make_model("gru", 4, 4)
+        ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.05)
+        ref = []
+        for _ in range(6):
+            loss = zm.loss_fn(ref_model(x), y)
+            ref_opt.zero_grad()
+            loss.backward()
+            ref_opt.step()
+            ref.append(loss.item())
+        model = zm.make_model("gru", 4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        backend = MicrocoBackend(
+            LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0)),
+            compile_choices=("eager", "inductor"),
+            threads=("1",),
+            total_steps=100_000,  # long enough to repay any compile price: the compile is tried
+        )
+        fwd = torch.compile(model, backend=backend)
+        losses = []
+        for _ in range(6):
+            loss = zm.loss_fn(fwd(x), y)  # raised the injected error before
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        failed = [t for t in backend.session.explorer.core.get(backend.session.spec.key).trials if t.failed]
+        assert failed and failed[0].values["graph.compile"] == "inductor"
+        assert all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6) for a, b in zip(ref, losses))
+    finally:
+        torch._dynamo.reset()
