@@ -195,6 +195,14 @@ def keras_loss_type() -> type:
         return tf.keras.losses.Loss  # type: ignore[no-any-return]
 
 
+class _StepRan(Exception):
+    """The wrapper's work after a step failed; the step itself ran, with this loss."""
+
+    def __init__(self, exc: Exception, loss: float) -> None:
+        super().__init__(str(exc))
+        self.exc, self.loss = exc, loss
+
+
 class AstraTF(SessionBacked):
     """One TensorFlow training step, run under the configuration the explorer picks::
 
@@ -261,6 +269,7 @@ class AstraTF(SessionBacked):
         # cost keras-sublstm's committed XLA step 4.19 against 3.95 ms called directly; PyTorch's
         # wrapper goes direct the same way, ``AstraTorch._go_direct``).
         self.direct: Callable[..., Any] | None = None
+        self.abandoned = ""  # why the wrapper gave up and left the step as written (``_abandon``)
         self.cost_model = cost_model
         # HLO instructions of each XLA choice's module ("loop", "unrolled"), counted at
         # registration; what a measured compile of that choice is divided by to get a rate.
@@ -732,11 +741,31 @@ class AstraTF(SessionBacked):
         """One training step (forward, backward, optimizer update); returns the loss."""
         if self.direct is not None:
             return float(self.direct(x, y).numpy())
-        if self.session.spec is None:
-            if self._needs_pre_step(x, y):
-                return self._pre_step(x, y)
-            self._register(x, y)
-        fn, kind = self._mode(self.session.values)
+        try:
+            if self.session.spec is None:
+                if self._needs_pre_step(x, y):
+                    return self._pre_step(x, y)
+                self._register(x, y)
+            fn, kind = self._mode(self.session.values)
+        except Exception as exc:  # noqa: BLE001 - the wrapper's own failure: never the user's step
+            return self._abandon(exc, x, y, ran=None)
+        try:
+            return self._step(fn, kind, x, y)
+        except _StepRan as ran:
+            return self._abandon(ran.exc, x, y, ran=ran.loss)
+
+    def _abandon(self, exc: Exception, x: tf.Tensor, y: tf.Tensor, ran: float | None) -> float:
+        """The wrapper's own work around a step failed (its analysis of the step, the exploration,
+        the bookkeeping after it; not the step itself, whose failure runs the baseline). Training
+        must not stop for it (issue 18, session 30; the same net as ``AstraTorch._abandon``):
+        the user's step as written, under ``tf.function``, runs from now on; ``ran``: the loss of
+        this step when it had already run (not run twice)."""
+        self.abandoned = f"{type(exc).__name__}: {exc}"
+        log.error("astra: the compiler failed around a step (%s); the step runs as written", self.abandoned)
+        self.direct = self.variant(False, False, False)
+        return ran if ran is not None else float(self.direct(x, y).numpy())
+
+    def _step(self, fn: Any, kind: str, x: tf.Tensor, y: tf.Tensor) -> float:
         t0, c0 = time.perf_counter(), time.process_time()
         failed = self.warmer.abandoned.get(id(fn), "") if self.warmer is not None else ""
         try:
@@ -749,11 +778,14 @@ class AstraTF(SessionBacked):
             failed = f"{type(exc).__name__}: {exc}"
             loss = float(self.variant(False, False, False)(x, y).numpy())
         ms = (time.perf_counter() - t0) * 1e3
-        if not failed:
-            self._observe_compile(fn, kind, ms, (time.process_time() - c0) * 1e3)
-        self.session.record(ms, {}, failed)
-        if self.session.committed and not self._gain_learned:
-            self._learn_gain()
-        if not failed and self.session.settled and self._mode(self.session.values)[0] is fn:
-            self.direct = fn  # its compile observed; the explorer hands a settled session nothing
+        try:
+            if not failed:
+                self._observe_compile(fn, kind, ms, (time.process_time() - c0) * 1e3)
+            self.session.record(ms, {}, failed)
+            if self.session.committed and not self._gain_learned:
+                self._learn_gain()
+            if not failed and self.session.settled and self._mode(self.session.values)[0] is fn:
+                self.direct = fn  # its compile observed; the explorer hands a settled session nothing
+        except Exception as exc:  # (the step ran: its loss stands)
+            raise _StepRan(exc, loss) from exc
         return loss
