@@ -95,6 +95,7 @@ def inductor_compiled() -> bool:
 # a compile. Measured on the reference host of ``compile_curve_ms``: 2.19-2.36 ms.
 SPEED_REFERENCE_MS = 2.3
 SPEED_KIND = "speed:fx-trace"
+SPEED_FLOOR = 0.25  # no host is taken as more than 4x the reference host's speed
 
 
 def measure_host_speed(reps: int = 7) -> float:
@@ -123,7 +124,7 @@ def measure_host_speed(reps: int = 7) -> float:
         c0 = time.process_time()
         fx.symbolic_trace(block)
         times.append((time.process_time() - c0) * 1e3)
-    return max(0.25, statistics.median(times[1:]) / SPEED_REFERENCE_MS)
+    return max(SPEED_FLOOR, statistics.median(times[1:]) / SPEED_REFERENCE_MS)
 
 
 def default_path() -> Path:
@@ -520,17 +521,20 @@ class HostCompileCosts:
         size: int,
         first_in_process: bool | None = None,
         slowdown: float | None = None,
+        speed: float | None = None,
     ) -> float | None:
         """The price of a cold whole-step compile of ``size`` FX nodes on a host that has measured
         no whole-step compile (issue 18, session 30; before, a flat 60 s whatever the graph): the
         reference curve at this host's speed, plus Inductor's first compile in this process
         where none ran yet (``first_in_process`` None: as this process stands), at the caller's
-        ``slowdown`` (default: today's contention). None where the size is unknown."""
+        ``slowdown`` (default: today's contention), at ``speed`` where given (default: this
+        host's, ``host_speed``). None where the size is unknown."""
         if size <= 0:
             return None
         first = (not inductor_compiled()) if first_in_process is None else first_in_process
         ms = compile_curve_ms(size) + (FIRST_IN_PROCESS_MS if first else 0.0)
-        return ms * self.host_speed(hardware) * (contention() if slowdown is None else slowdown)
+        speed = self.host_speed(hardware) if speed is None else speed
+        return ms * speed * (contention() if slowdown is None else slowdown)
 
     def _other_kinds_estimate(self, hardware: str, kind: str, size: int) -> float | None:
         """A kind not compiled here yet, for a graph of known size: the per-node rate this host

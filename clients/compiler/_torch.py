@@ -1074,12 +1074,13 @@ class AstraTorch(SessionBacked):
         family = f"torch:whole:{kind}"
         size = self._whole_nodes.get(kind, 0)
         price = self.compile_costs.estimate(self._hw, family, size, graph=self._cost_graph(), warm=False)
+        saving = self._optimistic_saving_ms(step_ms, kind)
         if price is None:
             least = size or sum(1 for _ in self.model.parameters())
-            price = self._unseen_price(family, least)
+            price = self._unseen_price(family, least, below=saving)
         if price is None:
             price = self.WHOLE_COMPILE_PRIOR_MS * self._slowdown
-        return self._optimistic_saving_ms(step_ms, kind) > price
+        return saving > price
 
     def _cache_lacks_step(self, budget_ms: float) -> bool:
         """Did a read of Inductor's caches find surely no compile of this step (``read_signal``:
@@ -1856,16 +1857,27 @@ class AstraTorch(SessionBacked):
         first = self._unseen_price(f"torch:whole:{kind}", self._whole_nodes.get(kind, 0))
         return first if first is not None else cold
 
-    def _unseen_price(self, kind: str, size: int) -> float | None:
+    def _unseen_price(self, kind: str, size: int, below: float | None = None) -> float | None:
         """A cold compile of a graph of ``size`` nodes never compiled here: at this host's
         measured scale of compiles of the kind (``first_price``), else, where this host measured
         none, at its speed on the reference curve, with Inductor's first compile in this process
         where none ran yet, at this process's slowdown (``size_prior``; issue 18, session 30:
         before, the flat cold prior, 60 s, priced every graph of every size, and on a host that
-        never compiled a whole step no cold compile was ever tried); None: size unknown."""
+        never compiled a whole step no cold compile was ever tried); None: size unknown.
+
+        ``below``: what the price is weighed against. Where even the fastest host's price is
+        not below it, that bound is returned and this host's speed is not measured (a short
+        run, which no compile can repay, pays no measurement: ~20 ms, 7% of torch-lstm's
+        300-step run)."""
         first = self.compile_costs.first_price(self._hw, kind, size)
         if first is not None:
             return first
+        if below is not None:
+            least = self.compile_costs.size_prior(
+                self._hw, size, slowdown=self._slowdown, speed=_compile_costs.SPEED_FLOOR
+            )
+            if least is not None and least >= below:
+                return least
         return self.compile_costs.size_prior(self._hw, size, slowdown=self._slowdown)
 
     # -- recurrent structure from the captured graph (issue 18)

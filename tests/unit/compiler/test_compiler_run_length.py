@@ -312,6 +312,12 @@ def test_an_ask_that_can_only_answer_cold_for_a_compile_no_run_repays_is_not_mad
     for kind in (AstraTorch.PROBE_KIND, AstraTorch.CAPTURE_KIND):
         fast.record(hw, kind, 1000.0, graph="another graph")
     assert _probing_astra(fast, 5000)._worth_cache_probe(step_ms)
+    # A run so short that no host compiles fast enough to repay it (300 steps of 1 ms: 75 ms to
+    # save) is refused without measuring this host's speed (~20 ms, 7% of such a run)
+    fresh = HostCompileCosts(tmp_path / "fresh.json")
+    short = _probing_astra(fresh, 300)
+    assert not short._cold_compile_could_pay(1.0, "plain")
+    assert fresh.measurements(hw, _compile_costs.SPEED_KIND) == []
     # A cold compile this host measured for the graph at 5 s, which the run repays: asked, captured
     costs.record(hw, "torch:whole:plain", 5000.0, graph=graph)
     costs.record(hw, "torch:whole:rewrite", 5000.0, graph=graph)
