@@ -40,6 +40,8 @@ def test_corpus_case_reports_every_field_and_never_stops():
     assert m["stopped"] is False and not m["error"]
     assert m["loss_rel_diff"] < 1e-5  # same weights, same batch, as many steps
     assert m["static_loss_rel_diff"] < 1e-4  # torch.compile's too (Inductor's float order alone)
+    # ... after as many steps as microco took: the difference moves with the step count
+    assert m["loss_steps"]["static"] == m["loss_steps"]["microco"] > 0
     # The A/A control: a second eager instance, interleaved with the rest, against eager.
     aa = m["aa"]
     assert aa["eager_aa_ms"] > 0 and aa["ratio"] > 0 and aa["cpu_ratio"] > 0
