@@ -41,6 +41,11 @@ _RANDOM_NAMES = (
 )
 
 
+def random_name(name: str) -> bool:
+    """Is ``name`` (lower case) the name of an operator that draws random numbers?"""
+    return any(r in name for r in _RANDOM_NAMES) and "normalize" not in name  # (F.normalize)
+
+
 def _target_name(node: Any) -> str:
     target = node.target
     if node.op == "call_module":
@@ -94,7 +99,7 @@ def draws_random(gm: Any) -> bool:
             continue
         if _idle_dropout(node, name):
             continue
-        if any(r in name for r in _RANDOM_NAMES) and "normalize" not in name:  # (F.normalize)
+        if random_name(name):
             return True
     return False
 

@@ -17,13 +17,21 @@ from typing import Any, ClassVar, cast
 
 import tensorflow as tf
 
+from microco.clients.compiler.explore import ExplorationPolicy
 from microco.clients.compiler.explore.types import STAGE_STRUCTURE, GraphSpec, Variable
 
 from . import _compile_costs, _session
 from ._compile_costs import HostCompileCosts
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
-from ._tf_cost import XlaCostModel, calibrate, default_cost_file, step_hlo_profile, unrolled_hlo_profile
+from ._tf_cost import (
+    XlaCostModel,
+    calibrate,
+    default_cost_file,
+    graph_ops,
+    step_hlo_profile,
+    unrolled_hlo_profile,
+)
 from ._tf_graph import CellGraph, analyse_model, require_structure
 from ._tf_rng import draws_random
 from ._tf_warm import XlaWarmer, compile_deadline_ms
@@ -532,7 +540,7 @@ class AstraTF(SessionBacked):
             if known is not None and set(known) == kinds:
                 self.hlo_instructions = known
                 self.hlo_classes = self.cost_model.module_classes(size_key)
-            elif not self.structured and len(self._pre_ms) >= 2 and not self._worth_pricing():
+            elif not self.structured and len(self._pre_ms) >= 2 and not self._worth_pricing(x, y):
                 step_ms = self._pre_ms[1]
                 self._unpriced_ms = max(1.0, self.total_steps * step_ms)
                 log.info(
@@ -636,9 +644,48 @@ class AstraTF(SessionBacked):
                 (time.perf_counter() - started) * 1e3,
             )
 
-    def _worth_pricing(self) -> bool:
-        trace_ms = max(0.0, self._pre_ms[0] - self._pre_ms[1])
-        return self.total_steps * self._pre_ms[1] * self.XLA_PRICING_SHARE > trace_ms
+    def _worth_pricing(self, x: tf.Tensor, y: tf.Tensor) -> bool:
+        """Count the step's XLA module (a second trace and a lowering)? Where this share of the
+        run at the plain step exceeds the step's trace, and where what the count can show could
+        get XLA tried: unless a calibration of the module's class fits the same share (then its
+        rate is unknown), the module is priced at no less than the step's computing ops
+        (``graph_ops``, read from the trace already made) at the lowest rate this host prices a
+        module of any class at, and that must be below what XLA is expected to save in this run
+        (this graph's gain measured here, else the core's bound: a quarter of the run). Issue 18,
+        session 30: keras-sublstm at 1,000 steps on a fresh record counted its module (168 ms,
+        12% of a 1.35 s run; at least 146 ops x 5 ms = 0.73 s) to price it at 3.5 s, against
+        0.3 s it could save, and ran 1.10x eager."""
+        step_ms = self._pre_ms[1]
+        budget = self.total_steps * step_ms * self.XLA_PRICING_SHARE
+        if budget <= max(0.0, self._pre_ms[0] - step_ms):
+            return False
+        if self.CALIBRATION_PRICE_MS * _compile_costs.contention() <= budget:
+            return True  # (a calibration may price its class at any rate: the count may pay)
+        cost = self.cost_model
+        if cost is None:
+            return True
+        try:
+            step: Any = self.variant(False, False, False)  # (a tf.function)
+            ops = graph_ops(step.get_concrete_function(x, y))
+        except Exception as exc:  # noqa: BLE001 - an unreadable graph: no bound, counted as before
+            log.info("astra-tf: %s: the step's ops not read (%s)", self.name, exc)
+            return True
+        least_ms = ops * cost.least_rate("unrolled")  # (alone: a background compile's price)
+        gain = self._measured_gain("xla")
+        policy = ExplorationPolicy()
+        share = (1.0 - 1.0 / gain) if gain else (1.0 - 1.0 / policy.max_speedup) * policy.expected_gain_share
+        saving = self.total_steps * step_ms * max(0.0, share)
+        if saving > least_ms:
+            return True
+        log.info(
+            "astra-tf: %s: XLA's module not counted: at least %d ops, %.0f ms to compile, against %.0f ms "
+            "it may save",
+            self.name,
+            ops,
+            least_ms,
+            saving,
+        )
+        return False
 
     def _observe_compile(self, fn: Callable[..., Any], kind: str, ms: float, cpu_ms: float) -> None:
         """A variant's first call compiles (and traces); its second is a plain step: their

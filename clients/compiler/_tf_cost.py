@@ -209,6 +209,33 @@ def calibrate(op_class: str, depth: int = CALIBRATION_DEPTH) -> tuple[int, float
     return (n, ms, cpu) if n > 0 and ms > 0 else None
 
 
+# TensorFlow ops that lower to no HLO instruction of their own (values, reads, renames)
+_FREE_OPS = frozenset(
+    {
+        "Const",
+        "Identity",
+        "IdentityN",
+        "NoOp",
+        "Placeholder",
+        "ReadVariableOp",
+        "StopGradient",
+        "_Arg",
+        "_Retval",
+    }
+)
+
+
+def graph_ops(concrete: Any) -> int:
+    """The computing ops of a traced step (a concrete function) and of the functions it calls
+    (a loop's bodies): each lowers to at least one HLO instruction, so XLA's module of the step
+    is no smaller (keras-sublstm: 146 ops, a module of 708 instructions). Read in about a
+    millisecond from the trace the step already made, against a count of the module itself
+    (a second trace and a lowering: 168 ms)."""
+    gd = concrete.graph.as_graph_def()
+    ops = sum(1 for n in gd.node if n.op not in _FREE_OPS)
+    return ops + sum(1 for f in gd.library.function for n in f.node_def if n.op not in _FREE_OPS)
+
+
 def default_cost_file() -> Path:
     """``$MICROCO_XLA_COST_FILE``, else ``~/.cache/microco/xla_compile_rate.json``."""
     env = os.environ.get("MICROCO_XLA_COST_FILE")
@@ -327,6 +354,19 @@ class XlaCostModel:
         got = self.samples(kind, op_class) or self._calibrated.get(_bucket(kind, op_class), [])
         # The cold prior too: it was measured with the 2 cores nearly to itself (load 1.4-5.5).
         return statistics.median(got) if got else self.cold_rate
+
+    def least_rate(self, kind: str) -> float:
+        """The lowest ms per instruction (alone) this host prices a ``kind`` module of any class
+        at: its measured and calibrated rates, and the cold prior (what a class never measured is
+        priced at). What a module whose class is not yet known cannot be priced below, unless a
+        calibration of its class is made."""
+        rates = [
+            statistics.median(v)
+            for store in (self._cpu_samples, self._samples, self._calibrated)
+            for b, v in store.items()
+            if v and (b == kind or b.startswith(f"{kind}|"))
+        ]
+        return min([self.cold_rate, *rates])
 
     def has_rate(self, kind: str, op_class: str) -> bool:
         """Was a rate of ``kind`` and ``op_class`` measured here, by its compiles or by a

@@ -31,7 +31,7 @@ from typing import Any, cast
 
 from . import _compile_costs
 from ._deadline import DeadlineTimer
-from ._rng import draws_random, faithful_random
+from ._rng import draws_random, faithful_random, random_name
 
 
 class _Refused(Exception):
@@ -242,6 +242,15 @@ _FILE = re.compile(rb"# File: ([^\n:]+):(\d+) in \w+, code: ([^\n]*)")
 _FORWARD = re.compile(rb"# AOT ID: \['\d+_forward'\]")
 _VERSION = re.compile(rb"# torch version: ([^\s]+)")
 _THREADS = re.compile(rb"cpp_runtime_thread_count: (\d+)")  # (in the key's details kept in the entry)
+# Inductor's ``fallback_random`` in the key's details, and the random operators of the graph's
+# code: Inductor's own random stream (its prims, what it lowers a random operator to without
+# ``fallback_random``) and ATen's random operators (kept as calls with it). ``_rng``.
+_FALLBACK = re.compile(rb"inductor_config\[fallback_random\]: (True|False)")
+_OWN_RANDOM = re.compile(rb"prims\.inductor_(?:random|randint|seeds|lookup_seed)\b")
+_ATEN_OP = re.compile(rb"torch\.ops\.aten\.(\w+)\.")
+# What an index row was read by: a row read by an older reader lacks what this one reads (the
+# key's ``fallback_random`` and the graph's random operators: version 2), and is read again.
+_READ_VERSION = 2
 # The lines kept per source file of a graph, to check against the file as it is now.
 _LINES_KEPT = 8
 
@@ -251,12 +260,15 @@ class CompiledStep:
     """What one compiled forward graph in Inductor's caches shows without a trace: its input
     shapes (``primals``, e.g. ``"4,32"``; ``""`` a scalar), the source lines dynamo traced
     (file -> up to ``_LINES_KEPT`` (line, code) pairs), the torch it was compiled by and the
-    intra-op thread count in its cache key (0: not shown)."""
+    intra-op thread count in its cache key (0: not shown), Inductor's ``fallback_random`` in its
+    key (None: not shown) and whether its graph draws random numbers (by either route)."""
 
     shapes: tuple[str, ...]
     lines: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     torch_version: str = ""
     threads: int = 0
+    fallback_random: bool | None = None
+    draws: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -264,13 +276,36 @@ class CompiledStep:
             "lines": self.lines,
             "torch": self.torch_version,
             "threads": self.threads,
+            "fallback_random": self.fallback_random,
+            "draws": self.draws,
         }
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> CompiledStep:
         lines = {f: [(int(n), str(c)) for n, c in v] for f, v in dict(d.get("lines", {})).items()}
         shapes = tuple(str(s) for s in d.get("shapes", []))
-        return CompiledStep(shapes, lines, str(d.get("torch", "")), int(d.get("threads", 0)))
+        fallback = d.get("fallback_random")
+        return CompiledStep(
+            shapes,
+            lines,
+            str(d.get("torch", "")),
+            int(d.get("threads", 0)),
+            fallback if isinstance(fallback, bool) else None,
+            bool(d.get("draws", False)),
+        )
+
+    def found_by_microco(self) -> bool:
+        """Would microco's compile of this graph use this entry's key as far as random numbers
+        go? It compiles a graph that draws with ``fallback_random`` (``_rng``) and any other with
+        Inductor's setting as it is; the setting is part of the key. An entry a plain
+        ``torch.compile`` left of a graph that draws (Inductor's own random stream) is one microco
+        never loads (issue 18, session 30: GPT-2 at its default dropout, compiled by
+        ``torch.compile``: read as warm, asked in 5.6 s, cold)."""
+        if self.fallback_random is None:
+            return True  # (not shown: not ruled out)
+        from torch._inductor import config
+
+        return self.fallback_random == (self.draws or bool(config.fallback_random))
 
 
 def _shape(dims: bytes | tuple[int, ...]) -> str:
@@ -295,9 +330,25 @@ def read_forward_entry(data: bytes) -> CompiledStep | None:
             continue
         seen.add((path, line))
         kept.append((line, m.group(3).decode(errors="replace").strip()))
-    version, threads = _VERSION.search(data), _THREADS.search(data)
+    version, threads, fallback = _VERSION.search(data), _THREADS.search(data), _FALLBACK.search(data)
     return CompiledStep(
-        shapes, lines, version.group(1).decode() if version else "", int(threads.group(1)) if threads else 0
+        shapes,
+        lines,
+        version.group(1).decode() if version else "",
+        int(threads.group(1)) if threads else 0,
+        fallback.group(1) == b"True" if fallback else None,
+        _draws(data),
+    )
+
+
+def _draws(data: bytes) -> bool:
+    """Does the graph an entry holds draw random numbers: Inductor's own random prims, or an ATen
+    random operator called as it is (``_rng``'s names; not a backward, nor ``normalize``)?"""
+    if _OWN_RANDOM.search(data):
+        return True
+    return any(
+        random_name(name) and not name.endswith("_backward")
+        for name in {m.decode(errors="replace").lower() for m in _ATEN_OP.findall(data)}
     )
 
 
@@ -385,7 +436,7 @@ class CompiledSteps:
         self.read, self.truncated = 0, False
         started = time.perf_counter()
         for mtime, size, e in stamped:
-            stamp = [size, mtime]
+            stamp = [size, mtime, _READ_VERSION]
             row = known.get(str(e))
             if not (isinstance(row, dict) and row.get("stamp") == stamp):
                 if (time.perf_counter() - started) * 1e3 >= budget_ms:
@@ -444,6 +495,8 @@ def matches(step: CompiledStep, shapes: Counter[str], extra: int, files: set[str
         return False
     if step.threads and step.threads != torch.get_num_threads():
         return False  # another key: Inductor's CPU code is keyed by the thread count
+    if not step.found_by_microco():
+        return False  # another key: random numbers drawn by another route (``_rng``)
     have = Counter(step.shapes)
     if any(have[s] < n for s, n in shapes.items()) or len(step.shapes) > sum(shapes.values()) + extra:
         return False

@@ -449,3 +449,41 @@ def test_the_xla_trial_of_a_model_of_named_inputs_compiles_in_the_background(tmp
     assert [e["outcome"] for e in astra.warmer.log] == ["done"], astra.warmer.log
     state = astra.session.explorer.core.get(astra.session.spec.key)
     assert {t.values["xla"] for t in state.trials} >= {"off", "plain"}
+
+
+@pytest.mark.parametrize("cold_rate", [0.001, 1e6])
+def test_xlas_module_is_counted_only_where_its_least_price_could_be_repaid(tmp_path, cold_rate):
+    """Issue 18, session 30: keras-sublstm at 1,000 steps on a fresh record counted its XLA
+    module (a second trace and a lowering, 168 ms, 12% of the run) to price its compile at 3.5 s
+    against 0.3 s it could save. The step's computing ops bound the module from below: at the
+    lowest rate this host prices any module at, a compile above the run's expected saving is
+    not counted (XLA stays priced at the whole run); at a rate that could pay, it is counted."""
+    from microco.clients.compiler._tf_cost import XlaCostModel
+
+    x = tf.random.normal([8, 12], seed=1)
+    y = tf.constant(np.arange(8) % 10)
+    cost = XlaCostModel("hw", tmp_path / "rate.json", cold_rate=cold_rate)
+    astra = _tf.AstraTF(
+        _mlp(),
+        tf.keras.optimizers.SGD(0.05),
+        zt.loss_fn,
+        LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1)),
+        total_steps=10**4,
+        cost_model=cost,
+        background=False,
+    )
+    astra.XLA_PRICING_SHARE = 1.0  # the trace alone allows the count (the rule before)
+    astra.CALIBRATION_PRICE_MS = float("inf")  # no calibration of the class fits the run
+    while astra.session.spec is None:  # two plain steps (the trace, a step), then the space
+        astra.step(x, y)
+    prior = {v.name: v.compile_prior_ms for v in astra.session.spec.variables}["xla"]
+    if cold_rate > 1:
+        assert not astra.hlo_instructions  # not counted
+        assert prior >= 1.0 and prior == round(astra._unpriced_ms, 1)  # priced at the whole run
+    else:
+        assert astra.hlo_instructions["unrolled"] > 0
+        assert prior == pytest.approx(astra.hlo_instructions["unrolled"] * cold_rate, rel=0.01, abs=0.1)
+    # The lowest rate: any class's measured or calibrated rate of the kind, or the cold prior.
+    assert cost.least_rate("unrolled") == cold_rate
+    assert cost.observe_calibration(100, 50.0, "unrolled", "dot", cpu_ms=50.0)
+    assert cost.least_rate("unrolled") == min(cold_rate, 0.5) and cost.least_rate("loop") == cold_rate

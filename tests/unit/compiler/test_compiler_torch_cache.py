@@ -129,6 +129,12 @@ def test_astra_prices_the_whole_step_by_the_probe_and_keys_ignore_priors(
             zm.loss_fn(model(x), y).backward()
         return astra, next(v for v in astra.spec().variables if v.name == "model.compile")
 
+    # This host's compile speed, as the reference host's (measured, it moves with the machine's
+    # load: the price below is checked against the flat prior)
+    from microco.clients.compiler import _compile_costs
+    from microco.clients.compiler._torch import hardware_id
+
+    HostCompileCosts().record(hardware_id(), _compile_costs.SPEED_KIND, 1.0)
     cold_astra, cold_var = first_step(zm.make_model("gru", 4, 4))
     assert cold_astra.whole_cache["plain"] == "cold"
     assert cold_var.prior_calibrated  # the first price of a graph never compiled here, used as given
@@ -375,3 +381,47 @@ def test_a_step_aotautograds_cache_bypasses_is_read_and_asked_from_the_fx_graph_
     assert torch.allclose(loss, ref, rtol=1e-5, atol=1e-6)
     for g, r in zip([p.grad for p in model.parameters()], ref_grads):
         assert torch.allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+class _Drops(torch.nn.Module):
+    """A step that draws random numbers (dropout while training): microco compiles it under
+    Inductor's ``fallback_random`` (``_rng``), a plain ``torch.compile`` with Inductor's own
+    random stream, two cache keys."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.drop = torch.nn.Linear(4, 6), torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(torch.relu(self.a(x)))
+
+
+def _ask(model, x):
+    """microco's cache-only ask of ``model``'s step: the backend after it."""
+    torch._dynamo.reset()
+    backend = WholeStepBackend()
+    backend.cache_only = True
+    with torch.enable_grad():
+        torch.compile(model, backend=backend, dynamic=False)(x).sum().backward()
+    return backend
+
+
+def test_a_plain_compile_of_a_step_that_draws_is_not_read_as_microcos(fresh_inductor_cache, tmp_path):
+    """Before: the read took a plain ``torch.compile``'s entry of a step with dropout for the
+    compile microco would load (``read_signal``: (True, False)), and the run asked, in 5.6 s for
+    GPT-2 at its default dropout, to be answered cold (its key has ``fallback_random``). Now that
+    entry does not signal; the one microco's own compile leaves does, and the ask then hits."""
+    from microco.clients.compiler._torch_cache import read_signal
+
+    torch.manual_seed(0)
+    model, x = _Drops(), torch.randn(3, 4)
+    torch.compile(model)(x).sum().backward()  # the user's torch.compile fills the caches
+    index = tmp_path / "index.json"
+    assert read_signal(model, (x,), {}, root=fresh_inductor_cache, index=index) == (False, False)
+    assert _ask(model, x).cold >= 1  # (what the signal would have promised: not there)
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=WholeStepBackend(), dynamic=False)(x).sum().backward()  # microco's compile
+    assert read_signal(model, (x,), {}, root=fresh_inductor_cache, index=index) == (True, False)
+    asked = _ask(model, x)
+    assert asked.hits == 1 and asked.cold == 0
