@@ -502,10 +502,12 @@ def _run_task(env: Env, task: dict[str, Any]) -> pa.Table:
             # filters and projection pushed to the node run in DuckDB, the rows then split
             from ._sql import run_fragment
 
-            tables = [run_fragment({task["table"]: scan_side(env, task["side"])}, task["sql"])]
+            tables: Iterable[pa.Table] = [
+                run_fragment({task["table"]: scan_side(env, task["side"])}, task["sql"])
+            ]
         elif task.get("pre") is not None:
             # pre-aggregated as the sources stream (the partials held, not the rows), then split
-            tables: Iterable[pa.Table] = [stream_post(side_stream(env, task["side"]), task["pre"])]
+            tables = [stream_post(side_stream(env, task["side"]), task["pre"])]
         else:
             tables = side_tables(env, task["side"])
         # split a source at a time: a bucket is its pieces (no copy of the node's rows whole)

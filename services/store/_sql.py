@@ -1804,19 +1804,19 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     split_bytes = sum(_replica_bytes(ctx.tables[n]) for n in {r.name.lower() for r in split})
     ctx.broadcast = {}
     ctx.exchange = None
-    big = [
+    too_big = [
         ref
         for ref in refs
         if not any(ref is x for x in split)
         and _replica_bytes(ctx.tables[ref.name.lower()]) > max(BROADCAST_BYTES, BROADCAST_SHARE * split_bytes)
     ]
-    if big:
+    if too_big:
         # two big tables not co-partitioned: both exchanged by the join key (the rest broadcast)
-        keys = _exchange_join_keys(ctx, sel, split, big) if subs is None else None
+        keys = _exchange_join_keys(ctx, sel, split, too_big) if subs is None else None
         if keys is None:
             return None
         ctx.exchange = keys
-        split = split + big
+        split = split + too_big
         explain.append(
             "join "
             + " = ".join(f"{n}.{k[0]}" for n, k in keys.items())
@@ -1874,17 +1874,17 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
         return None
     t = ctx.tables[refs[0].name.lower()]
     others = set().union(*(colsets[m] for m in names if m != t.name.lower()))
-    keys = [
+    gkeys = [
         _schema_name(t, g.name)
         for g in group
         if isinstance(g, exp.Column) and _owned(g, refs[0].alias_or_name, colsets[t.name.lower()], others)
     ]
-    if not keys:
+    if not gkeys:
         return None
     for e in sel.expressions:
         if not isinstance(e, (exp.Column, exp.Alias)) or isinstance(e, exp.Star):
             return None
-    ctx.exchange = {t.name: list(dict.fromkeys(keys))}
+    ctx.exchange = {t.name: list(dict.fromkeys(gkeys))}
     explain.append(
         f"group-by {[g.sql(DIALECT) for g in group]} is off the partition key and an aggregate does not "
         "decompose into partials"
