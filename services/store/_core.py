@@ -260,6 +260,11 @@ class StoreCore:
         self.sql_subquery_pushdown = True
         # staged SQL plans (``_sql._staged``): parts of a query that split run as sub-plans
         self.sql_staging = True
+        # SQL repartition exchanges (``_sql``): True always where one applies, False never (the
+        # gather: A/B), None by cost; a gather estimated under ``sql_exchange_bytes`` is kept
+        # (None: ``_sql.EXCHANGE_MIN_BYTES``)
+        self.sql_exchange: bool | None = None
+        self.sql_exchange_bytes: float | None = None
         # a group-by on the partition column aggregates each partition alone on its node
         # (``_exec._by_partition``); False: the node's partitions together (A/B benchmark)
         self.agg_by_partition = True
