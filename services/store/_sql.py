@@ -2533,8 +2533,9 @@ def _exchange_join(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     key: tuple[str, str] | None = None
     if len(joins) == 1 and not subqueries:
         j = joins[0]
-        if j.args.get("using") or not isinstance(j.this, exp.Table) or j.this is not b:
+        if not isinstance(j.this, exp.Table) or j.this is not b:
             return None
+        using = j.args.get("using") or []
         side, kind = (j.side or "").upper(), (j.kind or "").upper()
         if side == "LEFT" and kind in ("", "OUTER", "SEMI", "ANTI"):
             keep = "a"
@@ -2546,7 +2547,16 @@ def _exchange_join(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
             keep = None
         else:
             return None  # inner joins are the split plans' (``_distributed``)
-        key = _join_equality(tree, a, ta, b, tb, inner_only=False, on=j.args.get("on"))
+        if using:
+            # ``USING (k)``: a.k = b.k (one column; the output's k is the left's, coalesced in a
+            # FULL join, whose NULL-extended rows are whole either way)
+            names_a, names_b = _columns_of({"a": ta})["a"], _columns_of({"b": tb})["b"]
+            if len(using) != 1 or using[0].name.lower() not in names_a & names_b or j.args.get("on"):
+                return None
+            xs, ys = _schema_name(ta, using[0].name), _schema_name(tb, using[0].name)
+            key = (xs, ys) if _same_domain(_field_type(ta, xs), _field_type(tb, ys)) else None
+        else:
+            key = _join_equality(tree, a, ta, b, tb, inner_only=False, on=j.args.get("on"))
     elif not joins and len(subqueries) == 1:
         sub = subqueries[0]
         if (

@@ -45,12 +45,17 @@ B = pa.table(
         "q": RNG.integers(0, 100, M),
     }
 )
-PARTS = {"a": ("p:hash:4", "v:range:3", "p:hash:2"), "b": ("q:hash:4", "q:hash:3", "w:range:2")}
+C = B.rename_columns(["ak", "w", "q"])  # the join key under the same name: ``USING (ak)``
+PARTS = {
+    "a": ("p:hash:4", "v:range:3", "p:hash:2"),
+    "b": ("q:hash:4", "q:hash:3", "w:range:2"),
+    "c": ("q:hash:4", "q:hash:3", "w:range:2"),
+}
 
 
 def _core(tr: LocalTransport) -> StoreCore:
     core = StoreCore(MemoryKV(), tr, super_extent_rows=700, recovery_rate_bytes=0)
-    for name, t in (("a", A), ("b", B)):
+    for name, t in (("a", A), ("b", B), ("c", C)):
         core.create_table(name, t.schema, [spec_from_pb(parse_partitioning(r)) for r in PARTS[name]])
         core.append(name, t)
     core.sql_exchange_bytes = 0  # the tables are small: let the cost model compare the plans
@@ -67,6 +72,7 @@ def store(tmp_path_factory):
     con = duckdb.connect()
     con.register("a", A)
     con.register("b", B)
+    con.register("c", C)
     return core, con
 
 
@@ -104,6 +110,7 @@ SHAPES = [
     "select ak, v from a where ak in (select bk from b where q < 50) order by v, ak limit 40",
     "select ak, v from a anti join b on a.ak = b.bk order by v, ak limit 40",
     "select a.ak, count(*) as n, median(b.w) as m from a left join b on a.ak = b.bk group by a.ak",
+    "select ak, v, w from a full join c using (ak) order by w, v, ak limit 50",
 ]
 
 
