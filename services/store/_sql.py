@@ -1793,7 +1793,7 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
         others = set().union(*(colsets[m] for m in names if m != names[big]))
         conds = pushable(ctx.tree, refs[big], colsets[names[big]], others)
         where = triples(conds, {s.column for s in t.specs})
-        gcols = [g.name for g in group if isinstance(g, exp.Column)]
+        gcols = [g.name for g in _owned_group(group, refs[big], colsets, names)]
         r, decoding = _split_replica(ctx, t, where, gcols)
         chosen = {t.name: r}
         reasons = _score(t, r, where, gcols)[1] + decoding
@@ -1846,7 +1846,9 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     part_cols = {ctx.tables[n.lower()].specs[r].column.lower() for n, r in chosen.items() if n in split_names}
     if ctx.exchange is not None:  # the exchange's key splits the rows, not a replica's partitioning
         part_cols = {k.lower() for ks in ctx.exchange.values() for k in ks}
-    group_cols = {g.name.lower() for g in group if isinstance(g, exp.Column)}
+    # a group column of a split table (by name, a column of another table of the same name was
+    # taken for it: GROUP BY xj.id1 beside big partitioned on big.id1 ran per partition, wrong)
+    group_cols = {g.name.lower() for r in split for g in _owned_group(group, r, colsets, names)}
     local = (not is_agg) or bool(group_cols & part_cols)
     if local:
         for e in sel.expressions:
@@ -1893,6 +1895,17 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
 
 
 # --------------------------------------------------------- a whole query keyed to one partition
+def _owned_group(
+    group: list[exp.Expr], ref: exp.Table, colsets: dict[str, set[str]], names: list[str]
+) -> list[exp.Column]:
+    """The GROUP BY columns that surely are columns of ``ref``'s table (``_owned``)."""
+    n = ref.name.lower()
+    others = set().union(*(colsets[m] for m in names if m != n))
+    return [
+        g for g in group if isinstance(g, exp.Column) and _owned(g, ref.alias_or_name, colsets[n], others)
+    ]
+
+
 def _scope_of(node: exp.Expr) -> exp.Select | None:
     """The SELECT whose clause ``node`` is in (its nearest enclosing SELECT)."""
     q = node.parent

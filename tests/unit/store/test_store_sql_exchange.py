@@ -218,3 +218,27 @@ def test_a_node_lost_mid_exchange_is_retried_to_the_same_answer(tmp_path):
     tr.victim = sorted({n for n, _ in plan.exchange})[0]
     check(core, con, sql)
     assert tr.victim is None and tr.dead  # it did die mid-query
+
+
+def test_a_group_column_named_like_the_split_tables_partition_column_is_not_taken_for_it(tmp_path):
+    """Found by this work's benchmark (h2o tables: ``GROUP BY xj.id1`` beside ``big``
+    partitioned on ``big.id1``): the GROUP BY's columns were matched to the split table's
+    partition column by name alone, so a broadcast table's column of the same name made the
+    query partition-local, and its groups came back once per partition holding some of them."""
+    rng = np.random.default_rng(31)
+    big = pa.table(
+        {"k1": rng.integers(0, 10, 3000), "j": rng.integers(0, 100, 3000), "v": rng.integers(0, 9, 3000)}
+    )
+    small = pa.table({"j": np.arange(100), "k1": rng.integers(0, 10, 100)})
+    tr = LocalTransport(str(tmp_path), _nodes())
+    core = StoreCore(MemoryKV(), tr, super_extent_rows=500, recovery_rate_bytes=0)
+    for name, t, specs in (("big", big, ("k1:hash:4",) * 3), ("small", small, ("j:hash:2",) * 3)):
+        core.create_table(name, t.schema, [spec_from_pb(parse_partitioning(r)) for r in specs])
+        core.append(name, t)
+    con = duckdb.connect()
+    con.register("big", big)
+    con.register("small", small)
+    sql = (
+        "select small.k1, count(*) as n, sum(v) as s from big join small on big.j = small.j group by small.k1"
+    )
+    check(core, con, sql, "partial_agg")
