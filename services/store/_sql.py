@@ -1,6 +1,6 @@
 """SQL over the store: parsed with sqlglot, planned onto the replica-aware planner, run with DuckDB.
 
-A query takes one of four shapes (the first that fits; EXPLAIN says which and why):
+A query takes one of five shapes (the first that fits; EXPLAIN says which and why):
 
 - ``partition_local``: one table, or two inner-joined on keys whose replicas are co-partitioned by
   the same function (small tables broadcast beside them), with no subquery save those keyed to
@@ -19,6 +19,12 @@ A query takes one of four shapes (the first that fits; EXPLAIN says which and wh
   finest grouping, ``_preaggregate``), each part a distributed sub-plan of one of the shapes
   above, run side by side; the rest runs at the coordinator over their results (and gathers the
   tables it still reads, as below).
+- ``exchange``: a query whose groups or join keys no replica keeps whole in its partitions (an
+  aggregate that does not decompose grouped off the partition key; an outer, semi or anti join,
+  or two big tables joined, on keys no replica pair co-partitions): the nodes hash-split their
+  rows by the query's key over the JSON plans' shuffle transport, each reducer runs the query
+  (or its partial aggregation) on its bucket; chosen over ``gather`` by cost
+  (``_exchange_wins``), the gather kept for small tables.
 - ``gather``: anything else (other subqueries, outer joins, a table too big to broadcast, count
   distinct off the partition key...): each table's needed columns are read from one replica (pruned by partition
   filters, filtered next to the data by the conjuncts that only touch that table), and the whole
