@@ -58,7 +58,10 @@ def _core(tr: LocalTransport) -> StoreCore:
     for name, t in (("a", A), ("b", B), ("c", C)):
         core.create_table(name, t.schema, [spec_from_pb(parse_partitioning(r)) for r in PARTS[name]])
         core.append(name, t)
-    core.sql_exchange_bytes = 0  # the tables are small: let the cost model compare the plans
+    # the tables are small (the cost keeps most of these gathered): an exchange wherever one
+    # applies; the cost's own choices are tested below with ``sql_exchange = None``
+    core.sql_exchange = True
+    core.sql_exchange_bytes = 0
     return core
 
 
@@ -151,8 +154,17 @@ def test_shapes_a_bucket_cannot_answer_alone_stay_gathered(store, sql):
     check(core, con, sql, "gather")
 
 
+def test_the_cost_takes_the_exchange_where_little_comes_back(store, monkeypatch):
+    core, con = store
+    monkeypatch.setattr(core, "sql_exchange", None)
+    check(core, con, SHAPES[13])  # an anti join's top 40: the exchange moves less than the gather
+    text = core.explain_sql(SHAPES[13]).explain_text()
+    assert "cost: exchange:" in text and "rather than gather:" in text, text
+
+
 def test_small_tables_and_plain_scans_keep_the_gather(store, monkeypatch):
     core, con = store
+    monkeypatch.setattr(core, "sql_exchange", None)
     # an outer join's every row comes back: the exchange moves more than the gather
     got, plan = core.sql("select a.ak, b.w from a left join b on a.ak = b.bk")
     assert plan.kind == "gather" and "exchange not chosen: it would cost more" in plan.explain_text()
