@@ -120,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                 order = list(steps)
                 for k in range(args.trials):
                     for step in order[k % 3 :] + order[: k % 3]:
-                        t = time.perf_counter()
+                        t_start = time.perf_counter()
                         steps[step]()
-                        times[step].append(time.perf_counter() - t)
+                        times[step].append(time.perf_counter() - t_start)
                 med = {k: statistics.median(v) for k, v in times.items()}
                 want = outs["duckdb"][0]
                 plan = outs["exchange"][1]

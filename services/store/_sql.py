@@ -2534,7 +2534,9 @@ def _exchange_join(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     LEFT, SEMI or ANTI join; a FULL join none): a NULL-extended row's key is NULL in another
     bucket than the rows whose keys are NULL, which would split that group."""
     tree = ctx.tree
-    if not isinstance(tree, exp.Select) or tree.args.get(_WITH) or len(refs) != 2:
+    if not isinstance(tree, exp.Select) or tree.args.get(_WITH) or len(refs) < 2:
+        return None
+    if len({r.name.lower() for r in refs}) != len(refs):
         return None
     if tree.args.get("distinct") or tree.args.get("qualify") or tree.find(exp.TableSample):
         return None
@@ -2544,18 +2546,35 @@ def _exchange_join(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     a = frm.this if frm is not None else None
     if not isinstance(a, exp.Table) or not any(a is r for r in refs):
         return None
-    b = next(r for r in refs if r is not a)
-    ta, tb = ctx.tables[a.name.lower()], ctx.tables[b.name.lower()]
-    if ta.name == tb.name:
-        return None
     joins = tree.args.get("joins") or []
     subqueries = [n for n in tree.walk() if n is not tree and isinstance(n, exp.Select)]
+    # the one outer/semi/anti join (to b); any other join an inner join of a small table, read
+    # whole by every reducer (never NULL-extended: each output row still comes from one bucket)
+    outer = [j for j in joins if j.side or (j.kind and j.kind.upper() not in ("INNER", "CROSS"))]
+    dims = [j.this for j in joins if not any(j is o for o in outer)]
+    if subqueries and joins:
+        return None
+    if joins:
+        if len(outer) != 1 or not isinstance(outer[0].this, exp.Table):
+            return None
+        b = outer[0].this
+        if not all(isinstance(d, exp.Table) and any(d is r for r in refs) for d in dims):
+            return None
+    else:
+        if len(refs) != 2:
+            return None
+        b = next(r for r in refs if r is not a)
+    ta, tb = ctx.tables[a.name.lower()], ctx.tables[b.name.lower()]
+    if len(refs) != 2 + len(dims) and joins:
+        return None
+    split_bytes = _replica_bytes(ta) + _replica_bytes(tb)
+    for d in dims:
+        if _replica_bytes(ctx.tables[d.name.lower()]) > max(BROADCAST_BYTES, BROADCAST_SHARE * split_bytes):
+            return None
     keep = None  # the side whose key a GROUP BY may hold
     key: tuple[str, str] | None = None
-    if len(joins) == 1 and not subqueries:
-        j = joins[0]
-        if not isinstance(j.this, exp.Table) or j.this is not b:
-            return None
+    if joins and not subqueries:
+        j = outer[0]
         using = j.args.get("using") or []
         side, kind = (j.side or "").upper(), (j.kind or "").upper()
         if side == "LEFT" and kind in ("", "OUTER", "SEMI", "ANTI"):
@@ -2623,31 +2642,54 @@ def _exchange_join(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     if key is None:
         return None
     group = tree.args.get("group")
+    partial = False  # grouped off the kept key: partial aggregates per reducer, merged
     if group is not None or tree.find(exp.AggFunc):
-        if keep is None or group is None or group.args.get("all"):
+        if group is None or group.args.get("all"):
             return None
-        ref, t, col = (a, ta, key[0]) if keep == "a" else (b, tb, key[1])
-        cols_k = _columns_of({"k": t})["k"]
-        cols_o = _columns_of({"o": tb if keep == "a" else ta})["o"]
-        if not any(
-            isinstance(g, exp.Column)
-            and g.name.lower() == col.lower()
-            and _owned(g, ref.alias_or_name, cols_k, cols_o)
-            for g in group.expressions
-        ):
-            return None
+        colsets = _columns_of(ctx.tables)
+        names = [r.name.lower() for r in refs]
+        keyed = False
+        if keep is not None:
+            ref, col = (a, key[0]) if keep == "a" else (b, key[1])
+            keyed = any(
+                g.name.lower() == col.lower() for g in _owned_group(group.expressions, ref, colsets, names)
+            )
+        if not keyed:
+            aggs = list(tree.find_all(exp.AggFunc))
+            if not all(isinstance(g, exp.Column) for g in group.expressions) or not all(
+                isinstance(x, _DECOMPOSABLE)
+                and not x.find(exp.Distinct)
+                and not any(isinstance(y, exp.AggFunc) for y in x.find_all(exp.AggFunc) if y is not x)
+                for x in aggs
+            ):
+                return None
+            partial = True
     if not _name_outputs(ctx, tree):
         return None
     for e in tree.expressions:
         if not isinstance(e, (exp.Column, exp.Alias)) or isinstance(e, exp.Star):
             return None
     ctx.broadcast = {}
+    chosen: dict[str, int] = {}
+    colsets = _columns_of(ctx.tables)
+    for d in dims:
+        t = ctx.tables[d.name.lower()]
+        r, _cost, units, _allowed = cheapest_replica(
+            t, [], ctx.needed(t.schema), ctx.live, ctx.addresses, ctx.resident
+        )
+        ctx.broadcast[t.name] = [x for u in units for x in u.sources]
+        chosen[t.name] = r
     ctx.noprune = set()
     ctx.exchange = {ta.name: [key[0]], tb.name: [key[1]]}
     explain = [
         f"join {ta.name}.{key[0]} = {tb.name}.{key[1]} (outer, semi or anti): no plan splits it over partitions"
+        + (f"; {', '.join(sorted(ctx.broadcast))} read whole by every reducer (inner-joined)" if dims else "")
     ]
-    return _partial_exchange(ctx, _partition_local(ctx, tree, [a, b], {}, explain, per_partition=True))
+    if partial:
+        aggs = list(tree.find_all(exp.AggFunc))
+        gcols = [g for g in group.expressions if isinstance(g, exp.Column)]  # type: ignore[union-attr]
+        return _partial_exchange(ctx, _partial_agg(ctx, tree, [a, b], chosen, gcols, aggs, explain))
+    return _partial_exchange(ctx, _partition_local(ctx, tree, [a, b], chosen, explain, per_partition=True))
 
 
 # ---------------------------------------------------------------------------------- running
