@@ -760,6 +760,8 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
             return False  # a scan brings every row it reads to the coordinator: no gain on a gather
         sub = _Ctx(ctx.core, q.copy(), ctx.tables, ctx.live, ctx.addresses, text=q.sql(DIALECT))
         plan = _distributed(sub, table_refs(sub.tree))
+        if plan is None:
+            plan = _exchange_join(sub, table_refs(sub.tree))
         if plan is not None and plan.kind == "exchange":
             if not _exchange_wins(sub, plan, _gather(sub, table_refs(sub.tree))):
                 plan = None
@@ -2331,7 +2333,7 @@ def _join_equality(
     inner joins' ON) with types that hash alike: ``(x, y)`` as the schemas spell them."""
     cols_a, cols_b = _columns_of({"a": ta})["a"], _columns_of({"b": tb})["b"]
     if on is not None:
-        conds = _conjuncts(on)
+        conds = _conjuncts(on.unnest())  # ``ON (a = b AND c = d)``: TPC-DS writes them in parentheses
     else:
         conds = _conjuncts(where_of.args["where"].this if where_of.args.get("where") else None)
         for j in where_of.args.get("joins") or []:

@@ -137,6 +137,9 @@ SHAPES = [
     # a small table inner-joined beside the outer join, read whole by every reducer
     "select c.q, count(*) as n, max(b.w) as mw from a left join b on a.ak = b.bk, c "
     "where c.ak = a.ak and c.w < 1 group by c.q",
+    # TPC-DS Q40's shape: the ON in parentheses, two conditions
+    "select c.q, sum(case when b.w is null then a.v else a.v - b.w end) as s from a "
+    "left outer join b on (a.ak = b.bk and a.p > b.q), c where c.ak = a.ak group by c.q order by c.q limit 20",
 ]
 
 
