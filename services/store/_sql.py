@@ -2293,6 +2293,17 @@ EXCHANGE_QID = "__exchange__"  # the placeholder a plan holds; each run uses a f
 EXCHANGE_MIN_BYTES = 16e6
 
 
+# The exchange's own pass, in the planner's cost units (a byte read from a default-codec extent)
+# per byte its maps read: hashing each row's key, sorting the rows into buckets, writing and
+# reading the buckets, the reducers' second DuckDB ingestion, all of which the gather does not
+# do. Measured on this host: the exchange's median time over the gather's, less what the model
+# already counts for it, per byte read, over the six queries of ``benchmarks/store_exchange.py``
+# at 10^7 rows, six nodes (2026-12-04 13:38-13:39 UTC, load average 2-5: 1.5-3.7 units a byte,
+# median 2.9; docs/benchmarks/store.md, "Repartition exchange"). With it, no exchange pays on
+# this host (two cores under six nodes); re-measure on a cluster whose nodes have their own.
+EXCHANGE_PASS_UNITS = 2.9
+
+
 def exchange_bytes(core: Any) -> float:
     """The core's exchange threshold (``StoreCore.sql_exchange_bytes``; a negative value: never)."""
     v = getattr(core, "sql_exchange_bytes", None)
@@ -2480,8 +2491,9 @@ def _exchange_wins(ctx: _Ctx, exch: SqlPlan, gathered: SqlPlan) -> bool:
     """Whether the exchange is cheaper than the gather by the planner's cost (``Cost.total``,
     ``_planner``: bytes read plus ``MOVE_WEIGHT`` x bytes moved, summed over the nodes): the
     gather moves every byte it reads to the coordinator (G read, G moved); the exchange reads
-    the same B, moves the (n-1)/n of it that crosses to another reducer (and the broadcast
-    tables to each reducer) and then its results to the coordinator, estimated at most (the
+    the same B, passes it through its split (``EXCHANGE_PASS_UNITS`` a byte, measured), moves
+    the (n-1)/n of it that crosses to another reducer (and the broadcast tables to each reducer)
+    and then its results to the coordinator, estimated at most (the
     query's rows as read for a scan, the keys' share of B for an aggregate: a group a row;
     none under a LIMIT). EXPLAIN also shows the rows each plan processes in one process (all of
     them at the coordinator, ~1/n per reducer); they are not in the cost: on this host the
@@ -2493,12 +2505,12 @@ def _exchange_wins(ctx: _Ctx, exch: SqlPlan, gathered: SqlPlan) -> bool:
     g = gathered.gathered_bytes
     out = c.get("out", 0.0)
     cost_g = g + MOVE_WEIGHT * g
-    cost_e = c["read"] + MOVE_WEIGHT * (c["moved"] + out)
+    cost_e = (1 + EXCHANGE_PASS_UNITS) * c["read"] + MOVE_WEIGHT * (c["moved"] + out)
     small = g < exchange_bytes(ctx.core)
     mode = getattr(ctx.core, "sql_exchange", None)  # True: always, False: never, None: by cost
     wins = bool(mode) if mode is not None else (not small and cost_e < cost_g)
     e_line = (
-        f"exchange: ~{c['rows']:.0f} rows read ({c['read'] / 1e6:.2f} MB) on {n} nodes, "
+        f"exchange: ~{c['rows']:.0f} rows read and split ({c['read'] / 1e6:.2f} MB) on {n} nodes, "
         f"~{c['moved'] / 1e6:.2f} MB moved between nodes, ~{c['rows'] / n:.0f} rows per reducer, "
         f"~{out / 1e6:.2f} MB of results to the coordinator (at most): cost {cost_e / 1e6:.2f} M"
     )
