@@ -133,7 +133,13 @@ def _best(fn: Any, repeat: int) -> tuple[float, Any]:
 
 
 def run(
-    data: Path, variant: str, repeat: int, only: list[str] | None, nodes: int, ab: bool = False
+    data: Path,
+    variant: str,
+    repeat: int,
+    only: list[str] | None,
+    nodes: int,
+    ab: bool = False,
+    exchange: str = "auto",
 ) -> dict[str, Any]:
     import duckdb
     import pyarrow.parquet as pq
@@ -148,6 +154,9 @@ def run(
     with tempfile.TemporaryDirectory(prefix="store-tpcds-") as tmp:
         tr = LocalTransport(tmp, [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(nodes)])
         core = StoreCore(MemoryKV(), tr, super_extent_rows=1_000_000, recovery_rate_bytes=0)
+        # repartition exchanges: by cost (auto), wherever one applies (on: checks their answers
+        # on tables too small for the cost to choose them), or never (off: the gather)
+        core.sql_exchange = {"auto": None, "on": True, "off": False}[exchange]
         t0 = time.perf_counter()
         for name, t in tables.items():
             specs = []
@@ -201,6 +210,8 @@ def run(
         "total": len(rows),
         "plans": dict(Counter(r.get("plan", "error") for r in rows)),
         "gathered": sum(r.get("plan") == "gather" for r in rows),
+        "exchange": exchange,
+        "with_exchange": sum(r.get("plan") == "exchange" or "exchange" in r.get("stages", []) for r in rows),
         "geomean_store_over_duckdb": round(geo, 3) if geo else None,
     }
 
@@ -219,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--ab", action="store_true", help="also time each query without staged plans (interleaved)"
     )
+    ap.add_argument(
+        "--exchange",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="SQL repartition exchanges: by cost, wherever one applies, or never",
+    )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     data = a.data or Path(tempfile.gettempdir()) / f"microco-tpcds-sf{a.sf}"
@@ -227,13 +244,14 @@ def main(argv: list[str] | None = None) -> int:
         out: dict[str, Any] = {"skipped": why}
         print(json.dumps(out) if a.json else f"skipped: {why}")
         return 0
-    results = [run(data, v, a.repeat, a.query, a.nodes, a.ab) for v in a.variant or ["first"]]
+    results = [run(data, v, a.repeat, a.query, a.nodes, a.ab, a.exchange) for v in a.variant or ["first"]]
     if a.json:
         print(json.dumps({"sf": a.sf, "results": results}, indent=1))
     else:
         for r in results:
             print(
                 f"{r['variant']}: {r['correct']}/{r['total']} correct, plans {r['plans']}, "
+                f"{r['with_exchange']} with an exchange, "
                 f"geomean store/DuckDB {r['geomean_store_over_duckdb']}, "
                 f"staged vs gathered {r['staged_speedup_vs_gather']}x over {r['staged_timed']} queries"
             )

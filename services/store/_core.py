@@ -260,6 +260,11 @@ class StoreCore:
         self.sql_subquery_pushdown = True
         # staged SQL plans (``_sql._staged``): parts of a query that split run as sub-plans
         self.sql_staging = True
+        # SQL repartition exchanges (``_sql``): True always where one applies, False never (the
+        # gather: A/B), None by cost; a gather estimated under ``sql_exchange_bytes`` is kept
+        # (None: ``_sql.EXCHANGE_MIN_BYTES``)
+        self.sql_exchange: bool | None = None
+        self.sql_exchange_bytes: float | None = None
         # a group-by on the partition column aggregates each partition alone on its node
         # (``_exec._by_partition``); False: the node's partitions together (A/B benchmark)
         self.agg_by_partition = True
@@ -764,6 +769,32 @@ class StoreCore:
                 staged = {name: f.result() for name, f in futures.items()}
         t1 = time.perf_counter()
         tasks: list[tuple[int, tuple[str, dict[str, Any]]]] = list(enumerate(plan.tasks))
+        if plan.exchange:
+            # a repartition exchange: the maps hash-split each node's rows into buckets kept on
+            # it; the reducers (the plan's tasks) pull theirs. A fresh query id each run (the plan
+            # may be cached, and a retry's buckets are not the failed attempt's)
+            qid = uuid.uuid4().hex[:12]
+            try:
+                plan.moved_bytes = self._run_exchange(plan, qid, nodes, att)
+                tasks = [(i, (n, {**t, "qid": qid})) for i, (n, t) in tasks]
+                t_x = time.perf_counter()
+                out = self._run_sql_tasks(plan, tasks, nodes, earlier, att, staged)
+            finally:
+                suspects = self.suspected()
+                for n in sorted({n for n, _ in plan.exchange} | {n for n, _ in plan.tasks}):
+                    if n in nodes and n not in suspects:
+                        try:
+                            self._pool.submit(self._drop_shuffle, nodes[n], qid)
+                        except RuntimeError:
+                            break
+            t2 = time.perf_counter()
+            plan.timings = {
+                "plan": t_plan - t0,
+                **({"stages": t1 - t_plan} if plan.stages else {}),
+                "exchange maps": t_x - t1,
+                "reducers and merge": t2 - t_x,
+            }
+            return out
         firsts: dict[int, pa.Table] = {}
         if plan.semi:
             # semi-joins: the key tables first, then the big tables filtered by their keys
@@ -812,6 +843,37 @@ class StoreCore:
             "merge": time.perf_counter() - t2,
         }
         return out
+
+    def _run_exchange(self, plan: Any, qid: str, nodes: dict[str, NodeInfo], att: _Attempt | None) -> int:
+        """An exchange's maps (``plan.exchange``) under query id ``qid``; returns the bytes of the
+        buckets that go to a reducer on another node (bucket i is the i-th reducer's)."""
+        maps = [(n, {**t, "qid": qid}) for n, t in plan.exchange]
+        outs = self._run_stage(maps, nodes, None, att)
+        reducers = [n for n, _ in plan.tasks]
+        moved = 0
+        for (mapper, _), out in zip(maps, outs, strict=True):
+            for i, b in zip(out.column("bucket").to_pylist(), out.column("bytes").to_pylist(), strict=True):
+                if reducers[i % len(reducers)] != mapper:
+                    moved += b
+        return moved
+
+    def _run_sql_tasks(
+        self,
+        plan: Any,
+        tasks: list[tuple[int, tuple[str, dict[str, Any]]]],
+        nodes: dict[str, NodeInfo],
+        earlier: Any,
+        att: _Attempt | None,
+        staged: dict[str, pa.Table],
+    ) -> pa.Table:
+        """A plan's fragments (or an exchange's reducers) run, their outputs merged."""
+        from . import _sql
+
+        if plan.streams_merge:
+            streams = self._run_stage_streams([t for _, t in tasks], nodes, att)
+            return _sql.finish_sql_streams(plan, streams, staged)
+        outs = self._run_stage([t for _, t in tasks], nodes, earlier, att)
+        return _sql.finish_sql(plan, outs, staged)
 
     def explain_sql(self, text: str) -> Any:
         from . import _sql

@@ -497,9 +497,17 @@ def _run_task(env: Env, task: dict[str, Any]) -> pa.Table:
         return stream_post(side_stream(env, task["left"]), task.get("post"))
     if op == "map":
         n = task["n"]
-        if task.get("pre") is not None:
+        if task.get("sql") is not None:
+            # a SQL exchange's map (``_sql``'s ``exchange`` plan): the side's extents read, the
+            # filters and projection pushed to the node run in DuckDB, the rows then split
+            from ._sql import run_fragment
+
+            tables: Iterable[pa.Table] = [
+                run_fragment({task["table"]: scan_side(env, task["side"])}, task["sql"])
+            ]
+        elif task.get("pre") is not None:
             # pre-aggregated as the sources stream (the partials held, not the rows), then split
-            tables: Iterable[pa.Table] = [stream_post(side_stream(env, task["side"]), task["pre"])]
+            tables = [stream_post(side_stream(env, task["side"]), task["pre"])]
         else:
             tables = side_tables(env, task["side"])
         # split a source at a time: a bucket is its pieces (no copy of the node's rows whole)
@@ -524,6 +532,18 @@ def _run_task(env: Env, task: dict[str, Any]) -> pa.Table:
         qid, peers = task["qid"], task["peers"]
         # bucket i of n reducers; in rounds, its sub-buckets i + n * m, one at a time
         n, rounds = int(task.get("reducers", 1)), int(task.get("rounds", 1))
+        if task.get("sql") is not None:
+            # a SQL exchange's reducer: its bucket of each table from every node that mapped it
+            # (whole groups, whole join keys), the broadcast tables read whole, the SQL over them
+            from ._sql import run_fragment
+
+            i = task["bucket"]
+            inputs = {
+                name: concat([env.shuffle_get(p, qid, tag, i) for p in peers[tag]])
+                for tag, name in task["tables"].items()
+            }
+            inputs.update({name: scan_side(env, side) for name, side in (task.get("inputs") or {}).items()})
+            return run_fragment(inputs, task["sql"])
         outs = []
         for m in range(rounds):
             i = task["bucket"] + m * n

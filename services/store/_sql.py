@@ -1,6 +1,6 @@
 """SQL over the store: parsed with sqlglot, planned onto the replica-aware planner, run with DuckDB.
 
-A query takes one of four shapes (the first that fits; EXPLAIN says which and why):
+A query takes one of five shapes (the first that fits; EXPLAIN says which and why):
 
 - ``partition_local``: one table, or two inner-joined on keys whose replicas are co-partitioned by
   the same function (small tables broadcast beside them), with no subquery save those keyed to
@@ -19,6 +19,12 @@ A query takes one of four shapes (the first that fits; EXPLAIN says which and wh
   finest grouping, ``_preaggregate``), each part a distributed sub-plan of one of the shapes
   above, run side by side; the rest runs at the coordinator over their results (and gathers the
   tables it still reads, as below).
+- ``exchange``: a query whose groups or join keys no replica keeps whole in its partitions (an
+  aggregate that does not decompose grouped off the partition key; an outer, semi or anti join,
+  or two big tables joined, on keys no replica pair co-partitions): the nodes hash-split their
+  rows by the query's key over the JSON plans' shuffle transport, each reducer runs the query
+  (or its partial aggregation) on its bucket; chosen over ``gather`` by cost
+  (``_exchange_wins``), the gather kept for small tables.
 - ``gather``: anything else (other subqueries, outer joins, a table too big to broadcast, count
   distinct off the partition key...): each table's needed columns are read from one replica (pruned by partition
   filters, filtered next to the data by the conjuncts that only touch that table), and the whole
@@ -58,6 +64,7 @@ from ._limits import MAX_SQL_BYTES, MAX_SQL_DEPTH, MAX_SQL_LIST, short
 from ._placement import REPLICAS
 from ._planner import (
     COST_TIE,
+    MOVE_WEIGHT,
     ReadEstimate,
     Unit,
     _nodes_by_bytes,
@@ -106,6 +113,11 @@ class SqlPlan:
     stages: list[tuple[str, SqlPlan]] = field(default_factory=list)
     # the hedges of stragglers its run started (``StoreCore._with_retries``, ``_hedge``)
     hedges: list[dict[str, Any]] = field(default_factory=list)
+    # exchange only: the map tasks run first (each node's rows of a table, filtered and projected
+    # next to the data, hash-split by the query's key into one bucket per reducer); ``tasks``
+    # are then the reducers, each pulling its bucket from every map's node (``_exchange_tasks``).
+    # Their ``qid`` is ``EXCHANGE_QID``, replaced by a fresh one each run.
+    exchange: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     @property
     def streams_merge(self) -> bool:
@@ -484,6 +496,11 @@ class _Ctx:
     text: str = ""  # the SQL as written (what DuckDB names unnamed outputs from)
     # what of the tables' extents is in memory on their nodes (``_residency``; None: not known)
     resident: Residency | None = None
+    # an exchange being planned: table name -> the key columns its rows are hash-split by
+    # (``_fragment_tasks`` then builds maps and reducers; ``exchange_maps`` gets the maps)
+    exchange: dict[str, list[str]] | None = None
+    exchange_maps: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    exchange_cost: dict[str, float] = field(default_factory=dict)
     _names: Any = ...
 
     def needed(self, schema: pa.Schema) -> list[str]:
@@ -497,13 +514,18 @@ def plan_sql(ctx: _Ctx) -> SqlPlan:
     tree = ctx.tree
     refs = table_refs(tree)
     plan = _distributed(ctx, refs)
-    if plan is not None:
+    if plan is not None and plan.kind != "exchange":
         return plan
-    plan = _nested_local(ctx, refs)
-    if plan is not None:
-        return plan
-    staged = _staged(ctx) if getattr(ctx.core, "sql_staging", True) else None
+    exchanged = plan
+    if exchanged is None:
+        plan = _nested_local(ctx, refs)
+        if plan is not None:
+            return plan
+        exchanged = _exchange_join(ctx, refs)
     gathered = _gather(ctx, refs)
+    if exchanged is not None and _exchange_wins(ctx, exchanged, gathered):
+        return exchanged
+    staged = _staged(ctx) if getattr(ctx.core, "sql_staging", True) else None
     if staged is not None and staged.gathered_bytes < gathered.gathered_bytes:
         return staged
     if staged is not None:
@@ -738,6 +760,11 @@ def _staged(ctx: _Ctx) -> SqlPlan | None:
             return False  # a scan brings every row it reads to the coordinator: no gain on a gather
         sub = _Ctx(ctx.core, q.copy(), ctx.tables, ctx.live, ctx.addresses, text=q.sql(DIALECT))
         plan = _distributed(sub, table_refs(sub.tree))
+        if plan is None:
+            plan = _exchange_join(sub, table_refs(sub.tree))
+        if plan is not None and plan.kind == "exchange":
+            if not _exchange_wins(sub, plan, _gather(sub, table_refs(sub.tree))):
+                plan = None
         if plan is None:
             if not pre:
                 return False
@@ -1774,7 +1801,7 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
         others = set().union(*(colsets[m] for m in names if m != names[big]))
         conds = pushable(ctx.tree, refs[big], colsets[names[big]], others)
         where = triples(conds, {s.column for s in t.specs})
-        gcols = [g.name for g in group if isinstance(g, exp.Column)]
+        gcols = [g.name for g in _owned_group(group, refs[big], colsets, names)]
         r, decoding = _split_replica(ctx, t, where, gcols)
         chosen = {t.name: r}
         reasons = _score(t, r, where, gcols)[1] + decoding
@@ -1784,13 +1811,30 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
         )
     split_bytes = sum(_replica_bytes(ctx.tables[n]) for n in {r.name.lower() for r in split})
     ctx.broadcast = {}
+    ctx.exchange = None
+    too_big = [
+        ref
+        for ref in refs
+        if not any(ref is x for x in split)
+        and _replica_bytes(ctx.tables[ref.name.lower()]) > max(BROADCAST_BYTES, BROADCAST_SHARE * split_bytes)
+    ]
+    if too_big:
+        # two big tables not co-partitioned: both exchanged by the join key (the rest broadcast)
+        keys = _exchange_join_keys(ctx, sel, split, too_big) if subs is None else None
+        if keys is None:
+            return None
+        ctx.exchange = keys
+        split = split + too_big
+        explain.append(
+            "join "
+            + " = ".join(f"{n}.{k[0]}" for n, k in keys.items())
+            + ": no co-partitioned replica pair and neither table small enough to broadcast"
+        )
     for ref in refs:
         if any(ref is x for x in split):
             continue
         n = ref.name.lower()
         t = ctx.tables[n]
-        if _replica_bytes(t) > max(BROADCAST_BYTES, BROADCAST_SHARE * split_bytes):
-            return None
         others = set().union(*(colsets[m] for m in names if m != n))
         where = triples(pushable(ctx.tree, ref, colsets[n], others), {s.column for s in t.specs})
         r, _cost, units, _allowed = cheapest_replica(
@@ -1808,7 +1852,11 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     refs = split
     # partition columns of the split tables' replicas: a GROUP BY containing one keeps groups in one partition
     part_cols = {ctx.tables[n.lower()].specs[r].column.lower() for n, r in chosen.items() if n in split_names}
-    group_cols = {g.name.lower() for g in group if isinstance(g, exp.Column)}
+    if ctx.exchange is not None:  # the exchange's key splits the rows, not a replica's partitioning
+        part_cols = {k.lower() for ks in ctx.exchange.values() for k in ks}
+    # a group column of a split table (by name, a column of another table of the same name was
+    # taken for it: GROUP BY xj.id1 beside big partitioned on big.id1 ran per partition, wrong)
+    group_cols = {g.name.lower() for r in split for g in _owned_group(group, r, colsets, names)}
     local = (not is_agg) or bool(group_cols & part_cols)
     if local:
         for e in sel.expressions:
@@ -1816,7 +1864,7 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
                 return None  # the coordinator's ORDER BY needs named outputs
         plan = _partition_local(ctx, sel, refs, chosen, explain)
         if plan is not None:
-            return plan
+            return _partial_exchange(ctx, plan)
         return None
     if not all(isinstance(g, exp.Column) for g in group):
         return None
@@ -1826,11 +1874,46 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
             or a.find(exp.Distinct)
             or any(isinstance(x, exp.AggFunc) for x in a.find_all(exp.AggFunc) if x is not a)
         ):
+            break
+    else:
+        return _partial_exchange(ctx, _partial_agg(ctx, sel, refs, chosen, group, aggs, explain))
+    # an aggregate that does not decompose (median, count(distinct), quantiles, corr...), grouped
+    # off the partition key: exchange the split table's rows by its group columns, so each
+    # group is whole on one reducer, which runs the whole query on its bucket
+    if ctx.exchange is not None or len(refs) != 1 or subs is not None or not group:
+        return None
+    t = ctx.tables[refs[0].name.lower()]
+    others = set().union(*(colsets[m] for m in names if m != t.name.lower()))
+    gkeys = [
+        _schema_name(t, g.name)
+        for g in group
+        if isinstance(g, exp.Column) and _owned(g, refs[0].alias_or_name, colsets[t.name.lower()], others)
+    ]
+    if not gkeys:
+        return None
+    for e in sel.expressions:
+        if not isinstance(e, (exp.Column, exp.Alias)) or isinstance(e, exp.Star):
             return None
-    return _partial_agg(ctx, sel, refs, chosen, group, aggs, explain)
+    ctx.exchange = {t.name: list(dict.fromkeys(gkeys))}
+    explain.append(
+        f"group-by {[g.sql(DIALECT) for g in group]} is off the partition key and an aggregate does not "
+        "decompose into partials"
+    )
+    return _partial_exchange(ctx, _partition_local(ctx, sel, refs, chosen, explain, per_partition=True))
 
 
 # --------------------------------------------------------- a whole query keyed to one partition
+def _owned_group(
+    group: list[exp.Expr], ref: exp.Table, colsets: dict[str, set[str]], names: list[str]
+) -> list[exp.Column]:
+    """The GROUP BY columns that surely are columns of ``ref``'s table (``_owned``)."""
+    n = ref.name.lower()
+    others = set().union(*(colsets[m] for m in names if m != n))
+    return [
+        g for g in group if isinstance(g, exp.Column) and _owned(g, ref.alias_or_name, colsets[n], others)
+    ]
+
+
 def _scope_of(node: exp.Expr) -> exp.Select | None:
     """The SELECT whose clause ``node`` is in (its nearest enclosing SELECT)."""
     q = node.parent
@@ -1978,6 +2061,8 @@ def _fragment_tasks(
     per_partition: bool,
     explain: list[str],
 ) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+    if ctx.exchange is not None:
+        return _exchange_tasks(ctx, refs, chosen, node_sql, explain), 0
     parts, why, _allowed = _units_by_partition(ctx, refs, chosen, sel)
     cols = {ctx.tables[r.name.lower()].name: ctx.needed(ctx.tables[r.name.lower()].schema) for r in refs}
     tinfo = {t.name: t for t in ctx.tables.values()}
@@ -2187,6 +2272,438 @@ def _partial_agg(
         + " and evaluates SELECT/HAVING/ORDER BY/LIMIT"
     )
     return SqlPlan("partial_agg", tasks, final.sql(DIALECT), ["__parts"] * len(tasks), explain, chosen, moved)
+
+
+# ------------------------------------------------------------------ the repartition exchange
+# A query whose groups or join keys are not whole in any replica's partitions (an aggregate that
+# does not decompose grouped off the partition key; an outer, semi or anti join, or two big
+# tables joined, on keys no replica pair co-partitions) runs as an exchange rather than a gather:
+# each node reads its extents of each table (filters and projection pushed next to the data, as
+# a gather's), hash-splits the rows by the query's key (the group columns, or the join key) into
+# one bucket per reducer (``op: map`` with ``sql``), and every reducer pulls its bucket from
+# every node over the shuffle transport of the JSON plans (``op: reduce`` with ``sql``: the
+# same buckets, ``shuffle_take``) and runs the query's SQL on it in DuckDB. Rows with equal keys
+# hash alike (NULLs too: to one bucket), so every group and every key's join partners are on one
+# reducer and the query there is exact; the coordinator concatenates, orders and limits (as for
+# ``partition_local``), or merges partial aggregates (``partial_agg``'s merge, after a join).
+
+EXCHANGE_QID = "__exchange__"  # the placeholder a plan holds; each run uses a fresh query id
+# Below this many gathered bytes the gather is kept: the exchange's second round of tasks (maps,
+# then reducers) costs more than spreading the work saves (core attribute ``sql_exchange_bytes``).
+EXCHANGE_MIN_BYTES = 16e6
+
+
+# The exchange's own pass, in the planner's cost units (a byte read from a default-codec extent)
+# per byte its maps read: hashing each row's key, sorting the rows into buckets, writing and
+# reading the buckets, the reducers' second DuckDB ingestion, all of which the gather does not
+# do. Measured on this host: the exchange's median time over the gather's, less what the model
+# already counts for it, per byte read, over the six queries of ``benchmarks/store_exchange.py``
+# at 10^7 rows, six nodes (2026-12-04 13:38-13:39 UTC, load average 2-5: 1.5-3.7 units a byte,
+# median 2.9; docs/benchmarks/store.md, "Repartition exchange"). With it, no exchange pays on
+# this host (two cores under six nodes); re-measure on a cluster whose nodes have their own.
+EXCHANGE_PASS_UNITS = 2.9
+
+
+def exchange_bytes(core: Any) -> float:
+    """The core's exchange threshold (``StoreCore.sql_exchange_bytes``; a negative value: never)."""
+    v = getattr(core, "sql_exchange_bytes", None)
+    v = EXCHANGE_MIN_BYTES if v is None else v
+    return v if v >= 0 else float("inf")
+
+
+def _schema_name(t: TableInfo, name: str) -> str:
+    return next(c for c in t.schema.names if c.lower() == name.lower())
+
+
+def _exchange_join_keys(
+    ctx: _Ctx, sel: exp.Select, split: list[exp.Table], big: list[exp.Table]
+) -> dict[str, list[str]] | None:
+    """``{table: [key column]}`` for the two big tables of an inner join (the split table and
+    one too big to broadcast) joined by an equality of one column of each whose types hash
+    alike; None when there is no such pair."""
+    if len(split) != 1 or len(big) != 1:
+        return None
+    a, b = split[0], big[0]
+    ta, tb = ctx.tables[a.name.lower()], ctx.tables[b.name.lower()]
+    if ta.name == tb.name:
+        return None
+    key = _join_equality(sel, a, ta, b, tb, inner_only=True)
+    return None if key is None else {ta.name: [key[0]], tb.name: [key[1]]}
+
+
+def _join_equality(
+    where_of: exp.Select,
+    a: exp.Table,
+    ta: TableInfo,
+    b: exp.Table,
+    tb: TableInfo,
+    inner_only: bool,
+    on: exp.Expr | None = None,
+) -> tuple[str, str] | None:
+    """The first ``a.x = b.y`` among the conjuncts (``on``'s, else ``where_of``'s WHERE and its
+    inner joins' ON) with types that hash alike: ``(x, y)`` as the schemas spell them."""
+    cols_a, cols_b = _columns_of({"a": ta})["a"], _columns_of({"b": tb})["b"]
+    if on is not None:
+        conds = _conjuncts(on.unnest())  # ``ON (a = b AND c = d)``: TPC-DS writes them in parentheses
+    else:
+        conds = _conjuncts(where_of.args["where"].this if where_of.args.get("where") else None)
+        for j in where_of.args.get("joins") or []:
+            if inner_only:
+                conds += _conjuncts(j.args.get("on"))
+    for c in conds:
+        if not (
+            isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)
+        ):
+            continue
+        for p, q in ((c.this, c.expression), (c.expression, c.this)):
+            if _owned(p, a.alias_or_name, cols_a, cols_b) and _owned(q, b.alias_or_name, cols_b, cols_a):
+                x, y = _schema_name(ta, p.name), _schema_name(tb, q.name)
+                if _same_domain(_field_type(ta, x), _field_type(tb, y)):
+                    return x, y
+    return None
+
+
+def _exchange_tasks(
+    ctx: _Ctx, refs: list[exp.Table], chosen: dict[str, int], node_sql: str, explain: list[str]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The reducers of an exchange (``ctx.exchange``: each exchanged table's key columns), its
+    maps put in ``ctx.exchange_maps`` and its estimates in ``ctx.exchange_cost``. Each table is
+    read from its cheapest replica (every replica moves what it reads), filtered and projected
+    by its map; a node that holds extents of some table is a reducer (bucket ``i`` is the
+    ``i``-th's); broadcast tables are read whole by every reducer."""
+    assert ctx.exchange is not None
+    colsets = _columns_of(ctx.tables)
+    tinfo = {t.name: t for t in ctx.tables.values()}
+    sides = []
+    rows = read = 0.0
+    ncols = 0
+    for k, ref in enumerate(refs):
+        n = ref.name.lower()
+        t = ctx.tables[n]
+        others = set().union(*(v for m, v in colsets.items() if m != n))
+        conds = pushable(ctx.tree, ref, colsets[n], others)
+        cols = ctx.needed(t.schema)
+        ncols += len(cols)
+        where = triples(conds, {s.column for s in t.specs})
+        rep, cost, units, allowed = cheapest_replica(t, where, cols, ctx.live, ctx.addresses, ctx.resident)
+        chosen[t.name] = rep
+        rows += cost.rows
+        read += cost.bytes_read
+        groups = _by_node(units)
+        sides.append((f"T{k}", t, cols, conds, groups))
+        explain.append(
+            f"  {t.name}: replica {rep} ({t.specs[rep].describe()}), {len(cols)} of {len(t.schema)} columns, "
+            f"{len(units)} extent units on {len(groups)} nodes"
+            + (f", pruned to partitions {sorted(allowed)}" if allowed is not None else "")
+            + (f"; {len(conds)} filters pushed to the nodes" if conds else "")
+            + f"; hash-split by {ctx.exchange[t.name]}; ~{cost.rows} rows, {cost.bytes_read / 1e6:.2f} MB read"
+        )
+    reducers = sorted(set().union(*(g for *_, g in sides))) or [min(ctx.live) if ctx.live else ""]
+    nred = len(reducers)
+    maps: list[tuple[str, dict[str, Any]]] = []
+    peers: dict[str, list[str]] = {}
+    tables: dict[str, str] = {}
+    for tag, t, cols, conds, groups in sides:
+        groups = groups or {reducers[0]: []}  # an empty side still gives its buckets' schema
+        peers[tag] = sorted(groups)
+        tables[tag] = t.name
+        sql = _scan_sql(t.name, cols, conds)
+        for node, srcs in groups.items():
+            task = {
+                "op": "map",
+                "qid": EXCHANGE_QID,
+                "tag": tag,
+                "table": t.name,
+                "side": _side(t, cols, srcs),
+                "sql": sql,
+                "key": ctx.exchange[t.name],
+                "n": nred,
+            }
+            maps.append((node, task))
+    bcast = {n: _side(tinfo[n], ctx.needed(tinfo[n].schema), srcs) for n, srcs in ctx.broadcast.items()}
+    bbytes = sum(s["bytes"] for v in ctx.broadcast.values() for s in v)
+    everyone = sorted({p for v in peers.values() for p in v})
+    reduces = [
+        (
+            node,
+            {
+                "op": "reduce",
+                "qid": EXCHANGE_QID,
+                "bucket": i,
+                "peers": peers,
+                "addresses": {p: ctx.addresses.get(p, "") for p in everyone},
+                "tables": tables,
+                "inputs": bcast,
+                "sql": node_sql,
+            },
+        )
+        for i, node in enumerate(reducers)
+    ]
+    ctx.exchange_maps = maps
+    ctx.exchange_cost = {
+        "rows": rows,
+        "read": read,
+        "moved": read * (nred - 1) / nred + bbytes * nred,
+        "reducers": nred,
+        "cols": ncols,
+    }
+    return reduces
+
+
+def _partial_exchange(ctx: _Ctx, plan: SqlPlan | None) -> SqlPlan | None:
+    """``plan`` (partition-local or partial aggregation) as the exchange it was built as, when
+    ``ctx.exchange`` is set: kind ``exchange``, its maps, its estimated result bytes."""
+    if plan is None or ctx.exchange is None:
+        return plan
+    tree = ctx.tree
+    c = ctx.exchange_cost
+    grouped = bool(tree.args.get("group")) or bool(tree.find(exp.AggFunc))
+    if tree.args.get("limit") is not None:
+        out = 0.0  # k rows a reducer
+    elif grouped:
+        # at most a group a row: the keys' share of what is read (an upper bound)
+        out = c["read"] * sum(len(v) for v in ctx.exchange.values()) / max(c["cols"], 1)
+    else:
+        out = c["read"]  # the rows as read (a join's result may be more or fewer)
+    c["out"] = out
+    for k, line in enumerate(plan.explain):
+        if line.startswith("plan: "):
+            what = "partial aggregation" if plan.kind == "partial_agg" else "the whole query"
+            plan.explain[k] = (
+                f"plan: exchange: every node hash-splits its rows of "
+                f"{', '.join(f'{n} by {v}' for n, v in ctx.exchange.items())} into {c['reducers']} buckets; "
+                f"each reducer pulls its bucket from every node (the shuffle's Flight transport) and runs "
+                f"{what} over it in DuckDB (every group / join key whole on one reducer); the coordinator "
+                + (
+                    "merges the partial aggregates"
+                    if plan.kind == "partial_agg"
+                    else "concatenates and orders"
+                )
+            )
+    plan.kind = "exchange"
+    plan.exchange = ctx.exchange_maps
+    plan.moved_bytes = 0  # measured when it runs (the buckets that cross between nodes)
+    plan.gathered_bytes = out
+    return plan
+
+
+def _exchange_wins(ctx: _Ctx, exch: SqlPlan, gathered: SqlPlan) -> bool:
+    """Whether the exchange is cheaper than the gather by the planner's cost (``Cost.total``,
+    ``_planner``: bytes read plus ``MOVE_WEIGHT`` x bytes moved, summed over the nodes): the
+    gather moves every byte it reads to the coordinator (G read, G moved); the exchange reads
+    the same B, passes it through its split (``EXCHANGE_PASS_UNITS`` a byte, measured), moves
+    the (n-1)/n of it that crosses to another reducer (and the broadcast tables to each reducer)
+    and then its results to the coordinator, estimated at most (the
+    query's rows as read for a scan, the keys' share of B for an aggregate: a group a row;
+    none under a LIMIT). EXPLAIN also shows the rows each plan processes in one process (all of
+    them at the coordinator, ~1/n per reducer); they are not in the cost: on this host the
+    nodes share its cores, and measured there the spread did not pay for the exchange's extra
+    pass (docs/benchmarks/store.md, "Repartition exchange"). Below ``exchange_bytes`` gathered,
+    the gather is kept (a second round of tasks). Both estimates go to the chosen plan's EXPLAIN."""
+    c = dict(ctx.exchange_cost)
+    n = max(int(c["reducers"]), 1)
+    g = gathered.gathered_bytes
+    out = c.get("out", 0.0)
+    cost_g = g + MOVE_WEIGHT * g
+    cost_e = (1 + EXCHANGE_PASS_UNITS) * c["read"] + MOVE_WEIGHT * (c["moved"] + out)
+    small = g < exchange_bytes(ctx.core)
+    mode = getattr(ctx.core, "sql_exchange", None)  # True: always, False: never, None: by cost
+    wins = bool(mode) if mode is not None else (not small and cost_e < cost_g)
+    e_line = (
+        f"exchange: ~{c['rows']:.0f} rows read and split ({c['read'] / 1e6:.2f} MB) on {n} nodes, "
+        f"~{c['moved'] / 1e6:.2f} MB moved between nodes, ~{c['rows'] / n:.0f} rows per reducer, "
+        f"~{out / 1e6:.2f} MB of results to the coordinator (at most): cost {cost_e / 1e6:.2f} M"
+    )
+    g_line = (
+        f"gather: ~{g / 1e6:.2f} MB read and moved to the coordinator, which processes every row "
+        f"(~{c['rows']:.0f} of the exchanged tables): cost {cost_g / 1e6:.2f} M"
+    )
+    if wins:
+        exch.explain += [f"cost: {e_line}", f"  rather than {g_line}"]
+    else:
+        gathered.explain[1:1] = [
+            "exchange not chosen: "
+            + (
+                "turned off (StoreCore.sql_exchange = False)"
+                if mode is False
+                else f"the gather reads under {exchange_bytes(ctx.core) / 1e6:.0f} MB (a second round of "
+                "tasks costs more than it saves)"
+                if small
+                else "it would cost more"
+            ),
+            f"  cost: {g_line}",
+            f"  rather than {e_line}",
+        ]
+    return wins
+
+
+def _exchange_join(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
+    """An exchange for a join no other plan splits: one SELECT over two tables joined on an
+    equality of a column of each, as an outer join (LEFT, RIGHT, FULL), a SEMI or ANTI join,
+    ``EXISTS`` / ``NOT EXISTS`` (a subquery over the other table correlated by the equality),
+    or ``x IN (SELECT y ...)`` (not ``NOT IN``: one NULL among the ``y`` empties the answer,
+    and that NULL is in one bucket only). Both tables are hash-split by their key, so a key's
+    rows of both meet on one reducer, where the join (matched or not) is exact. With
+    aggregates, the GROUP BY holds the key of the side every output row keeps (the left of a
+    LEFT, SEMI or ANTI join; a FULL join none): a NULL-extended row's key is NULL in another
+    bucket than the rows whose keys are NULL, which would split that group."""
+    tree = ctx.tree
+    if not isinstance(tree, exp.Select) or tree.args.get(_WITH) or len(refs) < 2:
+        return None
+    if len({r.name.lower() for r in refs}) != len(refs):
+        return None
+    if tree.args.get("distinct") or tree.args.get("qualify") or tree.find(exp.TableSample):
+        return None
+    if tree.find(exp.Window, exp.SetOperation, exp.Filter, exp.WithinGroup):
+        return None
+    frm = tree.args.get(_FROM)
+    a = frm.this if frm is not None else None
+    if not isinstance(a, exp.Table) or not any(a is r for r in refs):
+        return None
+    joins = tree.args.get("joins") or []
+    subqueries = [n for n in tree.walk() if n is not tree and isinstance(n, exp.Select)]
+    # the one outer/semi/anti join (to b); any other join an inner join of a small table, read
+    # whole by every reducer (never NULL-extended: each output row still comes from one bucket)
+    outer = [j for j in joins if j.side or (j.kind and j.kind.upper() not in ("INNER", "CROSS"))]
+    dims = [j.this for j in joins if not any(j is o for o in outer)]
+    if subqueries and joins:
+        return None
+    if joins:
+        if len(outer) != 1 or not isinstance(outer[0].this, exp.Table):
+            return None
+        b = outer[0].this
+        if not all(isinstance(d, exp.Table) and any(d is r for r in refs) for d in dims):
+            return None
+    else:
+        if len(refs) != 2:
+            return None
+        b = next(r for r in refs if r is not a)
+    ta, tb = ctx.tables[a.name.lower()], ctx.tables[b.name.lower()]
+    if len(refs) != 2 + len(dims) and joins:
+        return None
+    split_bytes = _replica_bytes(ta) + _replica_bytes(tb)
+    for d in dims:
+        if _replica_bytes(ctx.tables[d.name.lower()]) > max(BROADCAST_BYTES, BROADCAST_SHARE * split_bytes):
+            return None
+    keep = None  # the side whose key a GROUP BY may hold
+    key: tuple[str, str] | None = None
+    if joins and not subqueries:
+        j = outer[0]
+        using = j.args.get("using") or []
+        side, kind = (j.side or "").upper(), (j.kind or "").upper()
+        if side == "LEFT" and kind in ("", "OUTER", "SEMI", "ANTI"):
+            keep = "a"
+        elif side == "" and kind in ("SEMI", "ANTI"):
+            keep = "a"
+        elif side == "RIGHT" and kind in ("", "OUTER"):
+            keep = "b"
+        elif side == "FULL" and kind in ("", "OUTER"):
+            keep = None
+        else:
+            return None  # inner joins are the split plans' (``_distributed``)
+        if using:
+            # ``USING (k)``: a.k = b.k (one column; the output's k is the left's, coalesced in a
+            # FULL join, whose NULL-extended rows are whole either way)
+            names_a, names_b = _columns_of({"a": ta})["a"], _columns_of({"b": tb})["b"]
+            if len(using) != 1 or using[0].name.lower() not in names_a & names_b or j.args.get("on"):
+                return None
+            xs, ys = _schema_name(ta, using[0].name), _schema_name(tb, using[0].name)
+            key = (xs, ys) if _same_domain(_field_type(ta, xs), _field_type(tb, ys)) else None
+        else:
+            key = _join_equality(tree, a, ta, b, tb, inner_only=False, on=j.args.get("on"))
+    elif not joins and len(subqueries) == 1:
+        sub = subqueries[0]
+        if (
+            sub.args.get("joins")
+            or sub.args.get("group")
+            or sub.args.get("limit")
+            or sub.args.get("having")
+            or sub.find(exp.AggFunc)
+            or b.parent is not sub.args.get(_FROM)
+        ):
+            return None
+        where = tree.args.get("where")
+        link = None
+        for c in _conjuncts(where.this if where else None):
+            if any(x is sub for x in c.walk()):
+                link = c
+        if link is None:
+            return None
+        node = link.this if isinstance(link, exp.Not) else link
+        if isinstance(node, exp.Exists) and node.this is sub:
+            key = _join_equality(sub, a, ta, b, tb, inner_only=True)
+        elif (
+            isinstance(link, exp.In)
+            and isinstance(link.this, exp.Column)
+            and isinstance(link.args.get("query"), exp.Subquery)
+            and link.args["query"].this is sub
+            and len(sub.expressions) == 1
+            and isinstance(sub.expressions[0], exp.Column)
+        ):
+            cols_a, cols_b = _columns_of({"a": ta})["a"], _columns_of({"b": tb})["b"]
+            x, y = link.this, sub.expressions[0]
+            if not (
+                _owned(x, a.alias_or_name, cols_a, cols_b) and _owned(y, b.alias_or_name, cols_b, cols_a)
+            ):
+                return None
+            xs, ys = _schema_name(ta, x.name), _schema_name(tb, y.name)
+            key = (xs, ys) if _same_domain(_field_type(ta, xs), _field_type(tb, ys)) else None
+        else:
+            return None
+        keep = "a"
+    else:
+        return None
+    if key is None:
+        return None
+    group = tree.args.get("group")
+    partial = False  # grouped off the kept key: partial aggregates per reducer, merged
+    if group is not None or tree.find(exp.AggFunc):
+        if group is None or group.args.get("all"):
+            return None
+        colsets = _columns_of(ctx.tables)
+        names = [r.name.lower() for r in refs]
+        keyed = False
+        if keep is not None:
+            ref, col = (a, key[0]) if keep == "a" else (b, key[1])
+            keyed = any(
+                g.name.lower() == col.lower() for g in _owned_group(group.expressions, ref, colsets, names)
+            )
+        if not keyed:
+            aggs = list(tree.find_all(exp.AggFunc))
+            if not all(isinstance(g, exp.Column) for g in group.expressions) or not all(
+                isinstance(x, _DECOMPOSABLE)
+                and not x.find(exp.Distinct)
+                and not any(isinstance(y, exp.AggFunc) for y in x.find_all(exp.AggFunc) if y is not x)
+                for x in aggs
+            ):
+                return None
+            partial = True
+    if not _name_outputs(ctx, tree):
+        return None
+    for e in tree.expressions:
+        if not isinstance(e, (exp.Column, exp.Alias)) or isinstance(e, exp.Star):
+            return None
+    ctx.broadcast = {}
+    chosen: dict[str, int] = {}
+    colsets = _columns_of(ctx.tables)
+    for d in dims:
+        t = ctx.tables[d.name.lower()]
+        r, _cost, units, _allowed = cheapest_replica(
+            t, [], ctx.needed(t.schema), ctx.live, ctx.addresses, ctx.resident
+        )
+        ctx.broadcast[t.name] = [x for u in units for x in u.sources]
+        chosen[t.name] = r
+    ctx.noprune = set()
+    ctx.exchange = {ta.name: [key[0]], tb.name: [key[1]]}
+    explain = [
+        f"join {ta.name}.{key[0]} = {tb.name}.{key[1]} (outer, semi or anti): no plan splits it over partitions"
+        + (f"; {', '.join(sorted(ctx.broadcast))} read whole by every reducer (inner-joined)" if dims else "")
+    ]
+    if partial:
+        aggs = list(tree.find_all(exp.AggFunc))
+        gcols = [g for g in group.expressions if isinstance(g, exp.Column)]  # type: ignore[union-attr]
+        return _partial_exchange(ctx, _partial_agg(ctx, tree, [a, b], chosen, gcols, aggs, explain))
+    return _partial_exchange(ctx, _partition_local(ctx, tree, [a, b], chosen, explain, per_partition=True))
 
 
 # ---------------------------------------------------------------------------------- running
@@ -2419,6 +2936,7 @@ def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan
     ]
     env.append(f"broadcast {BROADCAST_BYTES!r} {BROADCAST_SHARE!r}")  # the planner's settings
     env.append(f"semi {semi_join_bytes(core)!r} {SEMI_JOIN_SHARE!r}")
+    env.append(f"exchange {exchange_bytes(core)!r} {getattr(core, 'sql_exchange', None)!r}")
     tree = None
     if hit is not None:
         refs = hit.refs
