@@ -95,42 +95,7 @@ def test_a_compiled_graph_whose_backward_fails_does_not_stop_training(monkeypatc
         return run
 
     monkeypatch.setattr(cfx, "compile_fx", broken_compile)
-    torch._dynamo.reset()
-    try:
-        x, y = zm.synthetic_batch(3, 4, 4)
-        ref_model = zm.make_model("gru", 4, 4)
-        ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.05)
-        ref = []
-        for _ in range(6):
-            loss = zm.loss_fn(ref_model(x), y)
-            ref_opt.zero_grad()
-            loss.backward()
-            ref_opt.step()
-            ref.append(loss.item())
-        model = zm.make_model("gru", 4, 4)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        policy = ExplorationPolicy(measure_steps=1, retime_rounds=0)
-        backend = MicrocoBackend(
-            LocalExplorer(MemoryKV(), policy),
-            compile_choices=("eager", "inductor"),
-            threads=("1",),
-            total_steps=100_000,  # long enough to repay any compile price: the compile is tried
-        )
-        fwd = torch.compile(model, backend=backend)
-        losses = []
-        for _ in range(6):
-            loss = zm.loss_fn(fwd(x), y)
-            opt.zero_grad()
-            loss.backward()  # raised TypeError before the guard
-            opt.step()
-            losses.append(loss.item())
-        failed = [t for t in backend.session.explorer.core.get(backend.session.spec.key).trials if t.failed]
-        assert failed and failed[0].values["graph.compile"] == "inductor"
-        assert all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6) for a, b in zip(ref, losses))
-        for p, q in zip(model.parameters(), ref_model.parameters()):
-            assert torch.allclose(p, q, atol=1e-6)
-    finally:
-        torch._dynamo.reset()
+    _trains_as_eager_with_a_failed_compile_trial()  # its backward raised TypeError before the guard
 
 
 def test_a_compile_that_raises_does_not_stop_training(monkeypatch):
@@ -144,6 +109,12 @@ def test_a_compile_that_raises_does_not_stop_training(monkeypatch):
         raise RuntimeError("injected: Inductor cannot lower this graph")
 
     monkeypatch.setattr(cfx, "compile_fx", broken_compile)
+    _trains_as_eager_with_a_failed_compile_trial()  # raised the injected error before
+
+
+def _trains_as_eager_with_a_failed_compile_trial():
+    """Six steps through the microco backend (a run long enough to try the compile) and six of
+    plain eager: the compile's trial failed, the losses and weights eager's."""
     torch._dynamo.reset()
     try:
         x, y = zm.synthetic_batch(3, 4, 4)
@@ -167,7 +138,7 @@ def test_a_compile_that_raises_does_not_stop_training(monkeypatch):
         fwd = torch.compile(model, backend=backend)
         losses = []
         for _ in range(6):
-            loss = zm.loss_fn(fwd(x), y)  # raised the injected error before
+            loss = zm.loss_fn(fwd(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -175,5 +146,7 @@ def test_a_compile_that_raises_does_not_stop_training(monkeypatch):
         failed = [t for t in backend.session.explorer.core.get(backend.session.spec.key).trials if t.failed]
         assert failed and failed[0].values["graph.compile"] == "inductor"
         assert all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6) for a, b in zip(ref, losses))
+        for p, q in zip(model.parameters(), ref_model.parameters()):
+            assert torch.allclose(p, q, atol=1e-6)
     finally:
         torch._dynamo.reset()
