@@ -691,7 +691,7 @@ def bench_case(
         # The static contender's loss against eager's too (issue 18, session 30: xt-tied's
         # compiled step ended 2.4e-2 from eager's, and torch.compile's the same, bit for bit:
         # Inductor's float order, amplified where the loss falls steeply), each after as many
-        # steps as eager, the fewer steps first (eager only moves forward). The static
+        # steps as eager (``_level``: whichever of the two is behind takes steps). The static
         # contender first takes as many steps as microco took (its exploration included): the
         # difference moves with the step count (xt-tied: 2.2e-2 at 300 steps, 6e-6 at 5,000), and
         # compared at its own, fewer, steps it read 1.2e-7 where microco's read 9.2e-3.
