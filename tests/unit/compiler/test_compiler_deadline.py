@@ -205,7 +205,10 @@ def test_the_trace_before_the_compile_counts_toward_its_deadline_and_its_floor(t
         got = astra.run(_loss_and_grads, model, x, y)
         assert torch.allclose(ref[0], got[0])
     assert slept and "CompileDeadline" in astra.whole_failed["plain"]
-    assert len(TIMER_LEFT_IN_BACKEND) == 1 and 0 < TIMER_LEFT_IN_BACKEND[0] <= 0.001
+    # the compile call got at most the 1 ms the trace left (on a loaded machine that 1 ms can run
+    # out before the backend's first line: no reading then, as in a `.ci/run` at load ~6, session
+    # 30; the floor below still shows the trace counted)
+    assert len(TIMER_LEFT_IN_BACKEND) <= 1 and all(0 < t <= 0.001 for t in TIMER_LEFT_IN_BACKEND)
     records = json.loads((tmp_path / "c.json").read_text())
     floors = [e for hw in records.values() for e in hw.get("torch:whole:plain", []) if e.get("floor")]
     assert floors and floors[-1]["ms"] >= 2000.0

@@ -129,24 +129,25 @@ def test_astra_prices_the_whole_step_by_the_probe_and_keys_ignore_priors(
             zm.loss_fn(model(x), y).backward()
         return astra, next(v for v in astra.spec().variables if v.name == "model.compile")
 
-    # This host's compile speed, as the reference host's (measured, it moves with the machine's
-    # load: the price below is checked against the flat prior)
+    # This host's compile speed, pinned (measured, it moves with the machine's load): a slow
+    # host's, so that a cold compile of even this small step is priced far above a load, as the
+    # flat prior was (a CI run at load ~7 priced the hit's load at 9.9 s, the step's slowdown 3.3,
+    # and this step cold at 4.9 s at the reference speed)
     from microco.clients.compiler import _compile_costs
     from microco.clients.compiler._torch import hardware_id
 
-    HostCompileCosts().record(hardware_id(), _compile_costs.SPEED_KIND, 1.0)
+    HostCompileCosts().record(hardware_id(), _compile_costs.SPEED_KIND, 20.0)
     cold_astra, cold_var = first_step(zm.make_model("gru", 4, 4))
     assert cold_astra.whole_cache["plain"] == "cold"
     assert cold_var.prior_calibrated  # the first price of a graph never compiled here, used as given
     # nothing measured on this host: its size (the ask traced it) on the reference curve at this
     # host's speed, at this process's measured slowdown (issue 18, session 30; the flat 60 s
-    # prior before), a small graph priced below that prior
+    # prior before)
     nodes = cold_astra._whole_nodes["plain"]
     assert nodes > 0
     assert cold_var.compile_prior_ms == pytest.approx(
         cold_astra.compile_costs.size_prior(cold_astra._hw, nodes, slowdown=cold_astra._slowdown)
     )
-    assert cold_var.compile_prior_ms < AstraTorch.WHOLE_COMPILE_PRIOR_MS * cold_astra._slowdown
     # What each ask cost is kept on this host: the next run's gate prices its ask by them.
     asks = cold_astra.compile_costs.measurements(cold_astra._hw, AstraTorch.PROBE_KIND)
     assert len(asks) == len(cold_astra.whole_probe_ms) >= 1
