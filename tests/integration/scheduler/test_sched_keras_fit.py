@@ -41,10 +41,12 @@ def test_keras_fit_with_epochs_restarted_mid_epoch_equals_an_uninterrupted_run(t
         pytest.skip("tensorflow is not installed")
     ref = launch(tmp_path / "ref.json")
     ch1 = ControlChannel(tmp_path / "ctl1")
-    p1 = launch(tmp_path / "out.json", ch1.dir, tmp_path / "ckpt", sleep_ms=30)
+    p1 = launch(tmp_path / "out.json", ch1.dir, tmp_path / "ckpt", sleep_ms=60)
     try:
-        # the third epoch, a few batches in: the checkpoint is mid-epoch
-        ch1.wait_status(lambda s: s["step"] >= 2 * STEPS_PER_EPOCH + 4, 400)
+        # the third epoch's first batch: the checkpoint is mid-epoch. Nine batches of 60 ms for
+        # the stop to arrive before the epoch ends (a `.ci/run` at load ~5, session 30: with six
+        # of 30 ms the job was past the epoch's end, checkpointed at step 31)
+        ch1.wait_status(lambda s: s["step"] >= 2 * STEPS_PER_EPOCH + 1, 400)
         ch1.send("stop")
         out1, _ = p1.communicate(timeout=300)
         assert p1.returncode == EXIT_CHECKPOINTED, out1
