@@ -28,6 +28,7 @@ import os
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -505,14 +506,17 @@ class HostCompileCosts:
                 return max(scales)
         return None
 
-    def host_speed(self, hardware: str) -> float:
-        """This host's compile speed against the reference host's (``measure_host_speed``),
+    def host_speed(
+        self, hardware: str, kind: str = SPEED_KIND, measure: Callable[[], float] = measure_host_speed
+    ) -> float:
+        """This host's compile speed against the reference host's, by the probe ``measure`` of
+        ``kind`` (default ``measure_host_speed``, FX; TensorFlow's: ``_tf_cost.measure_tf_speed``),
         measured once per host and kept in its record."""
-        rows = self.measurements(hardware, SPEED_KIND)
+        rows = self.measurements(hardware, kind)
         if rows:
             return float(rows[-1]["ms"])
-        speed = measure_host_speed()
-        self.record(hardware, SPEED_KIND, speed)
+        speed = measure()
+        self.record(hardware, kind, speed)
         return speed
 
     def size_prior(

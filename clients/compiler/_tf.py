@@ -25,10 +25,12 @@ from ._compile_costs import HostCompileCosts
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._tf_cost import (
+    TF_SPEED_KIND,
     XlaCostModel,
     calibrate,
     default_cost_file,
     graph_ops,
+    measure_tf_speed,
     step_hlo_profile,
     unrolled_hlo_profile,
 )
@@ -504,7 +506,7 @@ class AstraTF(SessionBacked):
             return False
         self._build(x)
         if self.cost_model is None:
-            self.cost_model = XlaCostModel(tf_hardware_id(), default_cost_file())
+            self.cost_model = XlaCostModel(tf_hardware_id(), default_cost_file(), speed=self._tf_speed)
         return self.cost_model.module_sizes(self._size_key(x, y)) is None
 
     def _pre_step(self, x: tf.Tensor, y: tf.Tensor) -> float:
@@ -527,7 +529,7 @@ class AstraTF(SessionBacked):
         input_shapes = f"{input_signature(x)};{input_signature(y)}"
         if self.xla:
             if self.cost_model is None:
-                self.cost_model = XlaCostModel(hardware, default_cost_file())
+                self.cost_model = XlaCostModel(hardware, default_cost_file(), speed=self._tf_speed)
             # The size of what XLA would compile, for each XLA choice over the plain structure:
             # traced and lowered to HLO, not compiled (the loop's trace stays with its variant;
             # the unrolled size is extrapolated from one- and two-step traces), unless a run of
@@ -670,11 +672,11 @@ class AstraTF(SessionBacked):
         except Exception as exc:  # noqa: BLE001 - an unreadable graph: no bound, counted as before
             log.info("astra-tf: %s: the step's ops not read (%s)", self.name, exc)
             return True
-        least_ms = ops * cost.least_rate("unrolled")  # (alone: a background compile's price)
         gain = self._measured_gain("xla")
         policy = ExplorationPolicy()
         share = (1.0 - 1.0 / gain) if gain else (1.0 - 1.0 / policy.max_speedup) * policy.expected_gain_share
         saving = self.total_steps * step_ms * max(0.0, share)
+        least_ms = cost.least_ms(ops, "unrolled", below=saving)  # (alone: a background compile's price)
         if saving > least_ms:
             return True
         log.info(
@@ -744,6 +746,12 @@ class AstraTF(SessionBacked):
         if callable(opt_vars):
             opt_vars = opt_vars()
         return list(self.model.variables) + list(opt_vars)
+
+    def _tf_speed(self) -> float:
+        """This host's speed at a step's first call against the reference host's, measured once
+        per host (``_tf_cost.measure_tf_speed``, ~60 ms) and kept in its record: the scale of a
+        cold XLA compile priced by its size (``_tf_cost.xla_curve_ms``)."""
+        return self.compile_costs.host_speed(tf_hardware_id(), TF_SPEED_KIND, measure_tf_speed)
 
     def _price_ms(self, kind: str) -> float:
         if self.cost_model is None or kind not in self.hlo_instructions:

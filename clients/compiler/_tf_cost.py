@@ -19,11 +19,13 @@ prior outright.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,63 @@ from . import _compile_costs
 # unrolled and the while-loop step. The middle of that range, chosen a priori, not fitted to the
 # benchmark; measured rates replace it as soon as a compile on this hardware has been timed.
 COLD_MS_PER_INSTRUCTION = 5.0
+
+# How a cold XLA compile of a training step (its first call: trace, lowering and CPU compile)
+# grows with its module: a fixed part and a part per HLO instruction (issue 18, session 31).
+# Measured on reference graphs, not on any corpus model: Keras residual stacks of Dense, GELU and
+# LayerNorm blocks (654-18,200 instructions), of 3x3 convolutions (235-1,599), and a raw
+# ``tf.while_loop`` over 16 time steps with 2-24 products in its body (456-3,536), each the first
+# compile in a fresh process, by the process's CPU time; 28 compiles, 14:32-14:42 UTC 2026-12-04
+# on the 2-core VM (TensorFlow 2.21 CPU, loads 1.2-5.1): least squares 503 ms + 0.283 ms an
+# instruction, each compile within 0.72-1.37x of it (docs/benchmarks/compiler.md, session 31).
+# Its scale is this host's speed (``measure_tf_speed``). Where a host has a speed it replaces
+# the flat cold prior (``COLD_MS_PER_INSTRUCTION``, 5 ms an instruction: 5-19x those compiles).
+# Held out (Keras' own GRU, MultiHeadAttention blocks, a custom RNN cell): 1.2-2.1x the curve
+# (the cold prior: 3.0-4.1x over them); ``keras.applications.MobileNetV3Small`` (convolution):
+# 3.9-4.5x the curve. Convolutions' compile time follows more than their instruction count (the
+# small convolution references fit the curve), so a module with convolutions is not priced on
+# it (``CURVE_EXCLUDES``): the cold prior (3.3-3.8x over MobileNet's) or a calibration prices it.
+XLA_FIXED_MS = 500.0
+XLA_INSTRUCTION_MS = 0.28
+CURVE_EXCLUDES = frozenset({"convolution"})
+
+
+def xla_curve_ms(instructions: int) -> float:
+    """The reference shape of a cold XLA compile of ``instructions`` HLO instructions (ms, at the
+    reference host's speed: scale 1)."""
+    return XLA_FIXED_MS + XLA_INSTRUCTION_MS * max(0, instructions)
+
+
+# The host-speed probe for TensorFlow (a TF process need not import torch, whose FX probe
+# ``_compile_costs.measure_host_speed`` is): CPU time (ms, median) of tracing a small reference
+# step into a graph, the Python graph building that is much of a step's first call. Measured on
+# the reference host of ``xla_curve_ms`` (this 2-core VM), after a process's first trace.
+TF_SPEED_REFERENCE_MS = 6.9  # 6.35-7.62 ms over 9 readings, 14:42-14:43 UTC, load 3.3-3.7
+TF_SPEED_KIND = "speed:tf-trace"
+
+
+def measure_tf_speed(reps: int = 5) -> float:
+    """This host's speed at tracing against the reference host's (above 1: slower), from the CPU
+    time of ``reps`` traces of a reference step (a first one, a warm-up, dropped); about 60 ms
+    in a process that has traced before. CPU time, not wall: the load is the caller's
+    contention, not speed. Never below ``_compile_costs.SPEED_FLOOR``."""
+    import tensorflow as tf
+
+    ws = [tf.ones((8, 8)) for _ in range(8)]
+    spec = tf.TensorSpec((4, 8), tf.float32)
+    times = []
+    for _ in range(reps + 1):
+
+        def ref(h: Any) -> Any:
+            for w in ws:
+                h = tf.tanh(tf.matmul(h, w)) + h
+            return tf.reduce_mean(h)
+
+        c0 = time.process_time()
+        tf.function(ref).get_concrete_function(spec)
+        times.append((time.process_time() - c0) * 1e3)
+    return max(_compile_costs.SPEED_FLOOR, statistics.median(times[1:]) / TF_SPEED_REFERENCE_MS)
+
 
 # A measured rate (compile ms / instruction) counts only within these bounds: a sample far
 # outside means the timing was disturbed (a step stalled by another process), not a rate.
@@ -266,11 +325,19 @@ class XlaCostModel:
     _lock = threading.Lock()
 
     def __init__(
-        self, hardware: str, path: Path | str | None = None, cold_rate: float = COLD_MS_PER_INSTRUCTION
+        self,
+        hardware: str,
+        path: Path | str | None = None,
+        cold_rate: float = COLD_MS_PER_INSTRUCTION,
+        speed: Callable[[], float] | None = None,
     ):
         self.hardware = hardware
         self.path = Path(path) if path is not None else None
         self.cold_rate = cold_rate
+        # This host's speed (``measure_tf_speed``, measured once and kept by the caller): given, a
+        # module of a class never compiled or calibrated here is priced on ``xla_curve_ms`` at
+        # it, not at ``cold_rate`` an instruction (issue 18, session 31).
+        self.speed = speed
         self._samples: dict[str, list[float]] = {}
         # HLO sizes of the XLA modules of models seen on this host (see ``module_sizes``).
         self._sizes: dict[str, dict[str, int]] = {}
@@ -355,6 +422,38 @@ class XlaCostModel:
         # The cold prior too: it was measured with the 2 cores nearly to itself (load 1.4-5.5).
         return statistics.median(got) if got else self.cold_rate
 
+    def _cold_ms(self, instructions: int, op_class: str = "") -> float:
+        """A cold compile (alone) of a module of ``instructions`` of a class with no rate here: on
+        the size curve at this host's speed where it has one and the class is one the curve
+        prices (``CURVE_EXCLUDES``), else at the cold prior's rate."""
+        if self.speed is not None and not CURVE_EXCLUDES & set(op_class.split("+")):
+            return xla_curve_ms(instructions) * self.speed()
+        return max(1, instructions) * self.cold_rate
+
+    def _known_rate(self, kind: str, op_class: str) -> float | None:
+        got = self.samples(kind, op_class) or self._calibrated.get(_bucket(kind, op_class), [])
+        return statistics.median(got) if got else None
+
+    def least_ms(self, instructions: int, kind: str, below: float | None = None) -> float:
+        """The least this host prices (alone) a ``kind`` module of at least ``instructions``
+        instructions, whatever its class: at its lowest measured or calibrated rate of the kind,
+        and cold (``_cold_ms``). ``below``: what the price is weighed against; where even the
+        fastest host's curve is not below it, that is returned and this host's speed is not
+        asked for (its first measurement costs ~60 ms)."""
+        rates = [
+            statistics.median(v)
+            for store in (self._cpu_samples, self._samples, self._calibrated)
+            for b, v in store.items()
+            if v and (b == kind or b.startswith(f"{kind}|"))
+        ]
+        measured = min(rates) * max(1, instructions) if rates else math.inf
+        if self.speed is None:
+            return min(measured, max(1, instructions) * self.cold_rate)
+        floor = xla_curve_ms(instructions) * _compile_costs.SPEED_FLOOR
+        if below is not None and min(measured, floor) >= below:
+            return min(measured, floor)
+        return min(measured, self._cold_ms(instructions))
+
     def least_rate(self, kind: str) -> float:
         """The lowest ms per instruction (alone) this host prices a ``kind`` module of any class
         at: its measured and calibrated rates, and the cold prior (what a class never measured is
@@ -407,7 +506,12 @@ class XlaCostModel:
         in the background can take from the training beside it, see ``AstraTF.variables``)."""
         c = _compile_costs.contention() if at_load else 1.0
         own = self._own(graph, kind)
-        ms = (statistics.median(own) if own else max(1, instructions) * self._rate_alone(kind, op_class)) * c
+        if own:
+            alone = statistics.median(own)
+        else:
+            rate = self._known_rate(kind, op_class)
+            alone = max(1, instructions) * rate if rate is not None else self._cold_ms(instructions, op_class)
+        ms = alone * c
         floor = self._floors.get(graph, {}).get(kind) if graph else None
         return max(ms, floor * c) if floor else ms
 

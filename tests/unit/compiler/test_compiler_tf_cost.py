@@ -346,3 +346,90 @@ def test_a_calibrated_rate_prices_its_class_until_a_compile_of_the_class_is_meas
     assert again.observe(1_000, 900.0, "unrolled", "h", "dot+gather+scatter", cpu_ms=800.0)
     assert again.estimate(1_000, "unrolled", "g", "dot+gather+scatter") == pytest.approx(800.0)  # measured
     assert not again.observe_calibration(200, 1e9, "unrolled", "dot")  # a disturbed timing: no rate
+
+
+def test_a_class_never_compiled_is_priced_on_the_size_curve_at_the_hosts_speed(tmp_path):
+    """Issue 18, session 31: a module of a class this host never compiled nor calibrated was priced
+    at the flat cold prior, 5 ms an instruction (keras-sublstm's 708: 3.5 s, where it compiled in
+    0.6 s), so XLA was pruned at 5,000 steps. Given this host's speed, it is priced on the curve
+    measured on reference graphs (a fixed part and a part per instruction) at that speed; a rate
+    measured or calibrated for the class still replaces it, and without a speed the prior stays."""
+    from microco.clients.compiler._tf_cost import xla_curve_ms
+
+    cost = XlaCostModel("hw", tmp_path / "rate.json", speed=lambda: 2.0)
+    assert cost.estimate(10_000, "unrolled", "g", "dot", at_load=False) == pytest.approx(
+        2.0 * xla_curve_ms(10_000)
+    )
+    assert xla_curve_ms(10_000) < 10_000 * COLD_MS_PER_INSTRUCTION / 2  # a fixed part, a smaller slope
+    assert xla_curve_ms(200) > xla_curve_ms(100) > 0
+    assert cost.observe_calibration(100, 50.0, "unrolled", "dot", cpu_ms=50.0)  # 0.5 ms an instruction
+    assert cost.estimate(10_000, "unrolled", "g", "dot", at_load=False) == pytest.approx(5_000.0)
+    assert cost.estimate(10_000, "unrolled", "g", "dot+while", at_load=False) == pytest.approx(
+        2.0 * xla_curve_ms(10_000)
+    )  # (rates are not borrowed across classes)
+    # Convolutions: their compile follows more than their size (held out, MobileNetV3Small: 4x
+    # the curve): the cold prior.
+    assert cost.estimate(10_000, "unrolled", "g", "convolution+dot", at_load=False) == pytest.approx(
+        10_000 * COLD_MS_PER_INSTRUCTION
+    )
+    plain = XlaCostModel("hw", None)
+    assert plain.estimate(10_000, "unrolled", "g", "dot", at_load=False) == 10_000 * COLD_MS_PER_INSTRUCTION
+
+
+def test_the_least_price_asks_the_hosts_speed_only_where_the_fastest_host_would_not_settle_it():
+    """The count's gate (``AstraTF._worth_pricing``) prices a module from below: on the curve at
+    the fastest speed (``SPEED_FLOOR``) where that already exceeds what it is weighed against (the
+    host's speed, measured once, is not asked for); else at this host's speed; never above a rate
+    measured here for the kind."""
+    from microco.clients.compiler._compile_costs import SPEED_FLOOR
+    from microco.clients.compiler._tf_cost import xla_curve_ms
+
+    asked = []
+
+    def speed():
+        asked.append(1)
+        return 1.5
+
+    cost = XlaCostModel("hw", None, speed=speed)
+    assert cost.least_ms(200, "unrolled", below=1.0) == pytest.approx(SPEED_FLOOR * xla_curve_ms(200))
+    assert not asked
+    assert cost.least_ms(200, "unrolled", below=1e9) == pytest.approx(1.5 * xla_curve_ms(200))
+    assert asked
+    assert cost.observe_calibration(100, 10.0, "unrolled", "dot", cpu_ms=10.0)  # 0.1 ms an instruction
+    assert cost.least_ms(200, "unrolled", below=1e9) == pytest.approx(20.0)
+    assert XlaCostModel("hw", None, cold_rate=3.0).least_ms(200, "unrolled") == 600.0
+
+
+def test_tensorflows_speed_probe_is_measured_once_per_host_and_kept(tmp_path, monkeypatch):
+    """``measure_tf_speed`` (a reference step traced a few times, CPU time) gives a positive
+    speed; the host's record keeps it under its own kind, and ``AstraTF`` reads it from there
+    (the next run measures nothing)."""
+    from microco.clients.compiler._compile_costs import SPEED_FLOOR, HostCompileCosts
+    from microco.clients.compiler._tf_cost import TF_SPEED_KIND, measure_tf_speed
+
+    got = measure_tf_speed(reps=2)
+    assert got >= SPEED_FLOOR
+    costs = HostCompileCosts(tmp_path / "c.json", host="h1")
+    calls = []
+    assert costs.host_speed("cpu", TF_SPEED_KIND, lambda: calls.append(1) or 3.0) == 3.0
+    assert costs.host_speed("cpu", TF_SPEED_KIND, lambda: calls.append(1) or 9.0) == 3.0 and len(calls) == 1
+    assert HostCompileCosts(tmp_path / "c.json", host="h1").measurements("cpu", "speed:fx-trace") == []
+    astra = _tiny_astra("gru", XlaCostModel("hw", None), total_steps=100)
+    import microco.clients.compiler._tf as tf_mod
+
+    monkeypatch.setattr(tf_mod, "measure_tf_speed", lambda: 7.0)
+    assert astra._tf_speed() == 7.0
+    monkeypatch.setattr(tf_mod, "measure_tf_speed", lambda: 8.0)
+    assert astra._tf_speed() == 7.0  # kept in the host's record
+
+
+def test_the_cost_model_astra_builds_prices_cold_compiles_at_the_hosts_speed(tmp_path, monkeypatch):
+    """Where the caller hands no cost model, ``AstraTF`` builds one over the host's file with its
+    speed (``_tf_speed``): a class never compiled here is priced on the size curve."""
+    monkeypatch.setenv("MICROCO_XLA_COST_FILE", str(tmp_path / "xla.json"))
+    astra = _tiny_astra("gru", None, total_steps=100)
+    x, y = zt.synthetic_batch(3, 2, 4)
+    for _ in range(3):
+        astra.step(x, y)
+    assert astra.cost_model is not None
+    assert astra.cost_model.speed is not None and astra.cost_model.speed == astra._tf_speed
