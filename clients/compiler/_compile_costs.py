@@ -506,6 +506,12 @@ class HostCompileCosts:
                 return max(scales)
         return None
 
+    def known_speed(self, hardware: str, kind: str = SPEED_KIND) -> float | None:
+        """This host's speed by the probe of ``kind`` where it was measured (``host_speed``);
+        None: never measured here (nothing is measured by this call)."""
+        rows = self.measurements(hardware, kind)
+        return float(rows[-1]["ms"]) if rows else None
+
     def host_speed(
         self, hardware: str, kind: str = SPEED_KIND, measure: Callable[[], float] = measure_host_speed
     ) -> float:

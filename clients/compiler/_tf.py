@@ -676,7 +676,10 @@ class AstraTF(SessionBacked):
         policy = ExplorationPolicy()
         share = (1.0 - 1.0 / gain) if gain else (1.0 - 1.0 / policy.max_speedup) * policy.expected_gain_share
         saving = self.total_steps * step_ms * max(0.0, share)
-        least_ms = cost.least_ms(ops, "unrolled", below=saving)  # (alone: a background compile's price)
+        # (alone: a background compile's price; at this host's speed where it was measured)
+        least_ms = cost.least_ms(
+            ops, "unrolled", self.compile_costs.known_speed(tf_hardware_id(), TF_SPEED_KIND)
+        )
         if saving > least_ms:
             return True
         log.info(

@@ -68,13 +68,15 @@ def xla_curve_ms(instructions: int) -> float:
 # ``_compile_costs.measure_host_speed`` is): CPU time (ms, median) of tracing a small reference
 # step into a graph, the Python graph building that is much of a step's first call. Measured on
 # the reference host of ``xla_curve_ms`` (this 2-core VM), after a process's first trace.
-TF_SPEED_REFERENCE_MS = 6.9  # 6.35-7.62 ms over 9 readings, 14:42-14:43 UTC, load 3.3-3.7
+# 5.9-6.9 ms a trace (reps 2-5, 8 readings, 14:50 UTC 2026-12-04, load 2-3), 0.9x of what the
+# same probe read with autograph on beside the curve's compiles (6.35-7.62 ms, 14:42-14:43).
+TF_SPEED_REFERENCE_MS = 6.2
 TF_SPEED_KIND = "speed:tf-trace"
 
 
-def measure_tf_speed(reps: int = 5) -> float:
+def measure_tf_speed(reps: int = 3) -> float:
     """This host's speed at tracing against the reference host's (above 1: slower), from the CPU
-    time of ``reps`` traces of a reference step (a first one, a warm-up, dropped); about 60 ms
+    time of ``reps`` traces of a reference step (a first one, a warm-up, dropped); 25-55 ms
     in a process that has traced before. CPU time, not wall: the load is the caller's
     contention, not speed. Never below ``_compile_costs.SPEED_FLOOR``."""
     import tensorflow as tf
@@ -90,7 +92,7 @@ def measure_tf_speed(reps: int = 5) -> float:
             return tf.reduce_mean(h)
 
         c0 = time.process_time()
-        tf.function(ref).get_concrete_function(spec)
+        tf.function(ref, autograph=False).get_concrete_function(spec)
         times.append((time.process_time() - c0) * 1e3)
     return max(_compile_costs.SPEED_FLOOR, statistics.median(times[1:]) / TF_SPEED_REFERENCE_MS)
 
@@ -434,12 +436,13 @@ class XlaCostModel:
         got = self.samples(kind, op_class) or self._calibrated.get(_bucket(kind, op_class), [])
         return statistics.median(got) if got else None
 
-    def least_ms(self, instructions: int, kind: str, below: float | None = None) -> float:
+    def least_ms(self, instructions: int, kind: str, speed: float | None = None) -> float:
         """The least this host prices (alone) a ``kind`` module of at least ``instructions``
         instructions, whatever its class: at its lowest measured or calibrated rate of the kind,
-        and cold (``_cold_ms``). ``below``: what the price is weighed against; where even the
-        fastest host's curve is not below it, that is returned and this host's speed is not
-        asked for (its first measurement costs ~60 ms)."""
+        and cold, on the size curve at ``speed`` where this model has a speed (the caller's: the
+        host's where already measured; else the reference host's, 1, so that this gate, which
+        only decides whether a module is counted, never pays the probe: 30-80 ms, 3-6% of
+        keras-sublstm's 1,000-step run), else at the cold prior's rate."""
         rates = [
             statistics.median(v)
             for store in (self._cpu_samples, self._samples, self._calibrated)
@@ -449,10 +452,7 @@ class XlaCostModel:
         measured = min(rates) * max(1, instructions) if rates else math.inf
         if self.speed is None:
             return min(measured, max(1, instructions) * self.cold_rate)
-        floor = xla_curve_ms(instructions) * _compile_costs.SPEED_FLOOR
-        if below is not None and min(measured, floor) >= below:
-            return min(measured, floor)
-        return min(measured, self._cold_ms(instructions))
+        return min(measured, xla_curve_ms(instructions) * (1.0 if speed is None else speed))
 
     def least_rate(self, kind: str) -> float:
         """The lowest ms per instruction (alone) this host prices a ``kind`` module of any class

@@ -376,27 +376,20 @@ def test_a_class_never_compiled_is_priced_on_the_size_curve_at_the_hosts_speed(t
     assert plain.estimate(10_000, "unrolled", "g", "dot", at_load=False) == 10_000 * COLD_MS_PER_INSTRUCTION
 
 
-def test_the_least_price_asks_the_hosts_speed_only_where_the_fastest_host_would_not_settle_it():
-    """The count's gate (``AstraTF._worth_pricing``) prices a module from below: on the curve at
-    the fastest speed (``SPEED_FLOOR``) where that already exceeds what it is weighed against (the
-    host's speed, measured once, is not asked for); else at this host's speed; never above a rate
-    measured here for the kind."""
-    from microco.clients.compiler._compile_costs import SPEED_FLOOR
+def test_the_least_price_never_measures_the_hosts_speed():
+    """The count's gate (``AstraTF._worth_pricing``) prices a module from below, to decide whether
+    counting it may pay: on the curve at the speed it is handed (the host's where measured, else
+    the reference host's) and never above a rate measured here for the kind; it never runs the
+    speed probe (30-80 ms: on keras-sublstm at 1,000 steps it cost 3-6% of the run)."""
     from microco.clients.compiler._tf_cost import xla_curve_ms
 
     asked = []
-
-    def speed():
-        asked.append(1)
-        return 1.5
-
-    cost = XlaCostModel("hw", None, speed=speed)
-    assert cost.least_ms(200, "unrolled", below=1.0) == pytest.approx(SPEED_FLOOR * xla_curve_ms(200))
+    cost = XlaCostModel("hw", None, speed=lambda: asked.append(1) or 1.5)
+    assert cost.least_ms(200, "unrolled") == pytest.approx(xla_curve_ms(200))
+    assert cost.least_ms(200, "unrolled", 2.0) == pytest.approx(2.0 * xla_curve_ms(200))
     assert not asked
-    assert cost.least_ms(200, "unrolled", below=1e9) == pytest.approx(1.5 * xla_curve_ms(200))
-    assert asked
     assert cost.observe_calibration(100, 10.0, "unrolled", "dot", cpu_ms=10.0)  # 0.1 ms an instruction
-    assert cost.least_ms(200, "unrolled", below=1e9) == pytest.approx(20.0)
+    assert cost.least_ms(200, "unrolled") == pytest.approx(20.0)
     assert XlaCostModel("hw", None, cold_rate=3.0).least_ms(200, "unrolled") == 600.0
 
 
@@ -411,7 +404,9 @@ def test_tensorflows_speed_probe_is_measured_once_per_host_and_kept(tmp_path, mo
     assert got >= SPEED_FLOOR
     costs = HostCompileCosts(tmp_path / "c.json", host="h1")
     calls = []
+    assert costs.known_speed("cpu", TF_SPEED_KIND) is None
     assert costs.host_speed("cpu", TF_SPEED_KIND, lambda: calls.append(1) or 3.0) == 3.0
+    assert costs.known_speed("cpu", TF_SPEED_KIND) == 3.0
     assert costs.host_speed("cpu", TF_SPEED_KIND, lambda: calls.append(1) or 9.0) == 3.0 and len(calls) == 1
     assert HostCompileCosts(tmp_path / "c.json", host="h1").measurements("cpu", "speed:fx-trace") == []
     astra = _tiny_astra("gru", XlaCostModel("hw", None), total_steps=100)
