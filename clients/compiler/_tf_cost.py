@@ -68,7 +68,7 @@ def xla_curve_ms(instructions: int) -> float:
 # ``_compile_costs.measure_host_speed`` is): CPU time (ms, median) of tracing a small reference
 # step into a graph, the Python graph building that is much of a step's first call. Measured on
 # the reference host of ``xla_curve_ms`` (this 2-core VM), after a process's first trace.
-# 5.9-6.9 ms a trace (reps 2-5, 8 readings, 14:50 UTC 2026-12-04, load 2-3), 0.9x of what the
+# 5.9-6.9 ms a trace (reps 2-5, 8 readings, ~14:48 UTC 2026-12-04, load 2-3), 0.9x of what the
 # same probe read with autograph on beside the curve's compiles (6.35-7.62 ms, 14:42-14:43).
 TF_SPEED_REFERENCE_MS = 6.2
 TF_SPEED_KIND = "speed:tf-trace"

@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 def hardware_id() -> str:
     """What a committed configuration is only valid for: CPU model and count, device, versions."""
-    cpu = platform.processor() or platform.machine()
+    cpu = ""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -59,6 +59,9 @@ def hardware_id() -> str:
                     break
     except OSError:
         pass
+    # (only where /proc/cpuinfo names no model: on Linux ``platform.processor`` runs ``uname -p``
+    # in a subprocess, ~2 ms of a wrapper's first step; issue 18, session 31)
+    cpu = cpu or platform.processor() or platform.machine()
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     return f"{cpu}|cores={os.cpu_count()}|{dev}|torch={torch.__version__}"
 

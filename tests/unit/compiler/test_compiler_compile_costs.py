@@ -336,3 +336,25 @@ def test_the_pinned_contention_reaches_the_torch_wrapper(tmp_path, monkeypatch):
         model(torch.ones(4, 3)).sum().backward()
     astra.restore()
     assert astra._slowdown == 1000.0
+
+
+def test_the_hardware_id_runs_no_subprocess_where_proc_cpuinfo_names_the_cpu(monkeypatch):
+    """Issue 18, session 31: ``hardware_id`` called ``platform.processor()`` first, which on Linux
+    runs ``uname -p`` in a subprocess (~2 ms of a wrapper's first step), then overwrote it with
+    /proc/cpuinfo's model name. Where /proc/cpuinfo names one, no subprocess runs; the id is the
+    same."""
+    import platform
+    from pathlib import Path
+
+    from microco.clients.compiler._torch import hardware_id
+
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists() or "model name" not in cpuinfo.read_text():
+        pytest.skip("no /proc/cpuinfo model name here")
+    before = hardware_id()
+
+    def no_subprocess() -> str:
+        raise AssertionError("platform.processor() was called")
+
+    monkeypatch.setattr(platform, "processor", no_subprocess)
+    assert hardware_id() == before

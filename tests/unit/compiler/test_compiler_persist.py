@@ -150,3 +150,39 @@ def test_the_measured_price_reaches_the_core_and_prunes_by_it(tmp_path):
     # best case 20 ms x 1/2 saved per step, half of it expected: 5 ms x steps against 20 s
     assert not tried(1_000)
     assert tried(10_000)
+
+
+def test_an_exploration_in_progress_is_written_at_its_commit_not_after_every_trial(tmp_path, monkeypatch):
+    """Issue 18, session 31: the in-process explorer wrote the whole exploration to the state file
+    after every trial's report (the state as JSON, the file replaced: 4-65 ms of torch-lstm's
+    300-step run). Its progress is now held in memory and written at the commit, at ``flush``
+    or at exit; the commit itself is on disk at once, as before."""
+    from microco.clients.compiler import _session
+    from microco.clients.compiler.explore import EXPLORATIONS
+    from microco.clients.compiler.explore._filekv import FileKV
+
+    monkeypatch.setattr(_session, "runnable_threads", lambda: 1)
+    path = tmp_path / "state.json"
+    explorer = LocalExplorer.on_disk(str(path))
+    writes = []
+    real = FileKV._write
+    monkeypatch.setattr(FileKV, "_write", lambda self: writes.append(1) or real(self))
+    s = ExplorationSession(explorer)
+    s.register(SPEC)
+    for _ in range(3):  # a few trial steps, not yet committed
+        s.record(_ms(s.values), {}, may_compile=False)
+    assert not s.committed and s.explore_steps > 0
+    assert not writes and FileKV(path).get_prefix(EXPLORATIONS) == []  # nothing written per trial
+    assert explorer.core.get(SPEC.key).trials  # (held in memory)
+    explorer.flush()  # (what exit does)
+    stored = LocalExplorer.on_disk(str(path)).core.get(SPEC.key)
+    assert [t.values for t in stored.trials] == [t.values for t in explorer.core.get(SPEC.key).trials]
+    for _ in range(300):
+        s.record(_ms(s.values), {}, may_compile=False)
+        if s.committed:
+            break
+    assert s.committed
+    # Committed: on disk at once, without a flush (a process that dies now loses nothing).
+    again = ExplorationSession(LocalExplorer.on_disk(str(path)))
+    cfg = again.register(SPEC)
+    assert cfg.committed and cfg.values == s.values
