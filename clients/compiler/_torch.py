@@ -496,6 +496,8 @@ class AstraTorch(SessionBacked):
                 if user is not None:
                     torch.set_num_threads(user)
         while True:
+            if self.direct:  # (abandoned while recovering a step: the model's own code repeats it)
+                return fn(*args, **kwargs)
             try:
                 self._before()
             except Exception as exc:  # noqa: BLE001 - the wrapper's own failure: never the user's step
@@ -2021,16 +2023,37 @@ class AstraTorch(SessionBacked):
     def _recover(self, exc: BaseException) -> bool:
         """A step raised: roll it back and mark its configuration failed when the compiler's
         configuration may be the cause (True: the caller repeats or skips the step); False when
-        the error is the user's own (plain eager code, or nothing of the model ran yet)."""
-        self._disarm_deadline()  # an armed compile deadline must not fire in the repeated step
+        the error is the user's own (plain eager code, or nothing of the model ran yet).
+
+        The wrapper's own work in here (the step's bookkeeping, the exploration's record of the
+        failed trial, which may be a call to the service) failing must not stop the run either:
+        the step is still rolled back where its snapshot can be restored, and the model runs its
+        own code from then on (``_abandon``)."""
         snap = self._snap
-        if snap is None or not snap.taken or not isinstance(exc, Exception):
-            self._after(False)
-            return False
-        self._end_step()
-        self._snap = None
-        snap.restore()
-        self.optimizers.restore()  # (the snapshot kept the groups as the step ran them)
+        rolled = False
+        try:
+            self._disarm_deadline()  # an armed compile deadline must not fire in the repeated step
+            if snap is None or not snap.taken or not isinstance(exc, Exception):
+                self._after(False)
+                return False
+            self._end_step()
+            self._snap = None
+            snap.restore()
+            self.optimizers.restore()  # (the snapshot kept the groups as the step ran them)
+            rolled = True
+            self._mark_failed(exc)
+        except Exception as failed:  # noqa: BLE001 - the wrapper's own failure: never the user's step
+            if not rolled and snap is not None and snap.taken and isinstance(exc, Exception):
+                with contextlib.suppress(Exception):
+                    snap.restore()
+                    self.optimizers.restore()
+                    rolled = True
+            self._abandon(failed)
+        return rolled
+
+    def _mark_failed(self, exc: Exception) -> None:
+        """The rolled-back step's configuration is marked failed; the step is repeated (or, under
+        ``with``, skipped) on the last good configuration, or on the model's own code."""
         self.rolled_back += 1
         failing = dict(self._applied)
         why = f"{type(exc).__name__}: {exc}"
@@ -2045,7 +2068,6 @@ class AstraTorch(SessionBacked):
         if good is None or _values_id(good) in self._broken:
             good = baseline_values(self.session.spec) if self.session.spec is not None else {}
         self._repeat = good
-        return True
 
     def _apply(self, cfg: Config) -> None:
         values = dict(cfg.values)
