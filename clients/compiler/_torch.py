@@ -394,7 +394,8 @@ class AstraTorch(SessionBacked):
         self._snap: StepSnapshot | None = None
         self._repeat: dict[str, str] | None = None  # values to repeat a rolled-back step under
         self._step_inputs = ""
-        self._guard_hook: Any = None
+        self._guard_hook: Any = None  # (a hook on every module call: ``_before``)
+        self._module_ids: frozenset[int] = frozenset()
         self.rolled_back = 0  # steps rolled back (and repeated or skipped)
         self.skipped_steps = 0  # rolled back under ``with step()``: the batch was not trained on
         self.abandoned = ""  # why the wrapper gave up and left the model its own code (``_abandon``)
@@ -558,9 +559,7 @@ class AstraTorch(SessionBacked):
         for r in self.runners.values():
             r.restore()
         self.runners.clear()
-        if self._guard_hook is not None:
-            self._guard_hook.remove()
-            self._guard_hook = None
+        self._unhook_guard()
         if self.background is not None:
             self.background.close()
 
@@ -602,9 +601,7 @@ class AstraTorch(SessionBacked):
             self._stop_listening, self._stream = None, None
         for r in self.runners.values():
             r.restore()
-        if self._guard_hook is not None:
-            self._guard_hook.remove()
-            self._guard_hook = None
+        self._unhook_guard()
         if self.background is not None:
             self.background.close()
         self.direct = True
@@ -650,8 +647,14 @@ class AstraTorch(SessionBacked):
                 torch.set_num_threads(self._threads)
         self.optimizers.apply(self._optimizer)
         # Armed under a configuration that changes the model's code; the model's state is kept
-        # at its first call in the step (_guard_forward), when the inputs' shapes are known.
+        # at the first call of any of its modules in the step (_guard_forward), when the inputs'
+        # shapes are known: the model itself, or the modules a step calls without it (a GAN's
+        # two models in a ModuleDict, an encoder and a decoder called one by one). A hook on
+        # every module call, only until that first call (issue 18, session 31: a hook on the
+        # model alone kept nothing there, and a failed trial stopped the run).
         self._snap = StepSnapshot(self.model) if self._risky(self._applied) else None
+        if self._snap is not None and self._guard_hook is None:
+            self._guard_hook = nn.modules.module.register_module_forward_pre_hook(self._guard_any)
         self._step_inputs = ""
         self.clock.token += 1
         self.clock.in_step = True
@@ -693,6 +696,7 @@ class AstraTorch(SessionBacked):
             # threads, the user's own threads): this thread's time is not the step's work.
             cpu = math.nan
         self.clock.in_step = False
+        self._unhook_guard()
         if self._snap is not None:
             self._snap.close()
             ms -= self._snap.cost_s * 1e3
@@ -953,7 +957,7 @@ class AstraTorch(SessionBacked):
             total_steps=self.total_steps,
         )
         cfg = self.session.register(spec)
-        self._guard_hook = self.model.register_forward_pre_hook(self._guard_forward)
+        self._module_ids = frozenset(id(m) for m in self.model.modules())
         self._apply(cfg)
 
     # -- the whole-step compile: is it in Inductor's caches?
@@ -2001,8 +2005,21 @@ class AstraTorch(SessionBacked):
             values.get(v.name, v.choices[0]) != v.choices[0] for v in spec.variables if v.name not in scoped
         )
 
+    def _guard_any(self, mod: nn.Module, args: Any) -> None:
+        """A forward pre-hook on every module call, while a guarded step has kept nothing yet:
+        the first call of one of the model's modules keeps its state."""
+        if id(mod) not in self._module_ids:
+            return
+        self._unhook_guard()
+        self._guard_forward(mod, args)
+
+    def _unhook_guard(self) -> None:
+        if self._guard_hook is not None:
+            self._guard_hook.remove()
+            self._guard_hook = None
+
     def _guard_forward(self, mod: nn.Module, args: Any) -> None:
-        """The model's forward pre-hook: at its first call in a guarded step, keep its state."""
+        """At the first call of one of the model's modules in a guarded step, keep its state."""
         snap = self._snap
         if snap is None or snap.taken or not self.clock.in_step:
             return

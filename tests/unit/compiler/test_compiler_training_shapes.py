@@ -162,7 +162,39 @@ def _checkpointed(astra_on: bool):
     return m, astra, step
 
 
-@pytest.mark.parametrize("make", [_gan, _accumulating, _lbfgs, _mixed_precision, _checkpointed])
+class _EncoderDecoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc, self.dec = _MLP(12, 24, 6), _MLP(6, 24, 12)
+
+    def forward(self, x):
+        return self.dec(self.enc(x))
+
+
+def _parts_called_directly(astra_on: bool):
+    """A model with a ``forward`` the step never calls: its encoder and decoder are called one
+    by one (the encoder twice, on the input and on the reconstruction)."""
+    torch.manual_seed(0)
+    m = _EncoderDecoder()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    astra = _astra(m) if astra_on else None
+
+    def step(i):
+        x, _ = _batch(i)
+        z = m.enc(x)
+        r = m.dec(z)
+        loss = ((r - x) ** 2).mean() + ((m.enc(r) - z) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return m, astra, step
+
+
+@pytest.mark.parametrize(
+    "make", [_gan, _accumulating, _lbfgs, _mixed_precision, _checkpointed, _parts_called_directly]
+)
 def test_a_training_loop_of_another_shape_is_explored_and_ends_where_eager_ends(make):
     ref_model, _, ref_step = make(False)
     ref = [ref_step(i) for i in range(STEPS)]
@@ -170,6 +202,31 @@ def test_a_training_loop_of_another_shape_is_explored_and_ends_where_eager_ends(
     got = [astra.run(step, i) for i in range(STEPS)]
     assert not astra.abandoned and astra.rolled_back == 0
     assert astra.session.spec is not None and astra.session.trials_run > 1  # it explored
+    assert got == pytest.approx(ref, rel=1e-4, abs=1e-6)
+    for p, q in zip(ref_model.parameters(), model.parameters()):
+        assert torch.allclose(p, q, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [_gan, _parts_called_directly])
+def test_a_failed_trial_in_a_model_whose_own_forward_the_step_never_calls_is_rolled_back(monkeypatch, make):
+    """Issue 18, session 31 (held out): the step guard kept the model's state at the wrapped
+    module's first call in the step. A ``ModuleDict`` of a GAN's two models is never called
+    itself, nor is an encoder-decoder whose parts the step calls one by one: nothing was kept,
+    and a trial that failed (its hoisted region, here injected) read as the user's own error:
+    both runs stopped at step 3. Now the guard keeps the state at the first call of any of the
+    model's modules: the step is rolled back (every model, every optimiser) and repeated."""
+    from microco.clients.compiler._torch import CellRunner
+
+    def broken(self, plan, x, p_vals, token):
+        raise RuntimeError("injected: hoisted input projection failed")
+
+    monkeypatch.setattr(CellRunner, "_hoisted", broken)
+    ref_model, _, ref_step = make(False)
+    ref = [ref_step(i) for i in range(STEPS)]
+    model, astra, step = make(True)
+    got = [astra.run(step, i) for i in range(STEPS)]
+    assert astra.rolled_back >= 1 and not astra.abandoned
+    assert all(v == "off" for k, v in astra.running.items() if k.endswith(".hoist"))
     assert got == pytest.approx(ref, rel=1e-4, abs=1e-6)
     for p, q in zip(ref_model.parameters(), model.parameters()):
         assert torch.allclose(p, q, rtol=1e-4, atol=1e-5)
