@@ -806,6 +806,9 @@ class QuiverLoader(InFlight):
             stop.set()
             reader.join()
             self._pipelined = False
+            # The reader made the epoch's last report when it ran out of batches; the last
+            # batch's timings were taken after that, when its step ended.
+            self._flush_timings()
 
     def _listen(self, stream: telemetry.StepTelemetry) -> Callable[[], None]:
         """Take each step's wait and compute from the stream's record: the batch delivered
@@ -1278,9 +1281,17 @@ class QuiverLoader(InFlight):
         self.stats.peer_chunks += 1
         return data
 
+    def _flush_timings(self) -> None:
+        """Send the timings taken since the last progress report (none lost at an epoch's end)."""
+        with self._lock:
+            pending = bool(self._timings)
+        if pending:
+            self._report([])
+
     def finish(self) -> None:
         """Tell the server this job is done (it pins nothing any more) and stop background work."""
         self._prefetch_stop.set()
+        self._flush_timings()  # a finished job's report carries no timings: they go first
         srv = self._server()
         if srv is not None:
             try:

@@ -74,12 +74,14 @@ def shadow_inputs(concrete: Any, variables: list[Any]) -> list[Any] | None:
 
 def _flat_inputs(*values: Any) -> list[Any]:
     """A step's inputs as its concrete function's flat arguments: a nest of tensors (a Keras
-    model's dict of named inputs) is several, in ``tf.nest``'s order (a dict's by sorted key)."""
-    if not any(isinstance(v, (dict, list, tuple)) for v in values):
-        return list(values)
+    model's dict of named inputs) is several, in ``tf.nest``'s order (a dict's by sorted key),
+    each a tensor (``tf.function`` takes NumPy arrays and converts them; a concrete function's
+    flat call does not: issue 18, session 31, every background compile of a step fed NumPy
+    batches failed and compiled in the training step instead)."""
     import tensorflow as tf
 
-    return list(tf.nest.flatten(list(values), expand_composites=True))
+    flat = list(tf.nest.flatten(list(values), expand_composites=True))
+    return [v if isinstance(v, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(v) for v in flat]
 
 
 class _Job:

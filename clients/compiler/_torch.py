@@ -397,7 +397,8 @@ class AstraTorch(SessionBacked):
         self._snap: StepSnapshot | None = None
         self._repeat: dict[str, str] | None = None  # values to repeat a rolled-back step under
         self._step_inputs = ""
-        self._guard_hook: Any = None
+        self._guard_hook: Any = None  # (a hook on every module call: ``_before``)
+        self._module_ids: frozenset[int] = frozenset()
         self.rolled_back = 0  # steps rolled back (and repeated or skipped)
         self.skipped_steps = 0  # rolled back under ``with step()``: the batch was not trained on
         self.abandoned = ""  # why the wrapper gave up and left the model its own code (``_abandon``)
@@ -499,6 +500,8 @@ class AstraTorch(SessionBacked):
                 if user is not None:
                     torch.set_num_threads(user)
         while True:
+            if self.direct:  # (abandoned while recovering a step: the model's own code repeats it)
+                return fn(*args, **kwargs)
             try:
                 self._before()
             except Exception as exc:  # noqa: BLE001 - the wrapper's own failure: never the user's step
@@ -559,9 +562,7 @@ class AstraTorch(SessionBacked):
         for r in self.runners.values():
             r.restore()
         self.runners.clear()
-        if self._guard_hook is not None:
-            self._guard_hook.remove()
-            self._guard_hook = None
+        self._unhook_guard()
         if self.background is not None:
             self.background.close()
 
@@ -603,9 +604,7 @@ class AstraTorch(SessionBacked):
             self._stop_listening, self._stream = None, None
         for r in self.runners.values():
             r.restore()
-        if self._guard_hook is not None:
-            self._guard_hook.remove()
-            self._guard_hook = None
+        self._unhook_guard()
         if self.background is not None:
             self.background.close()
         self.direct = True
@@ -651,8 +650,14 @@ class AstraTorch(SessionBacked):
                 torch.set_num_threads(self._threads)
         self.optimizers.apply(self._optimizer)
         # Armed under a configuration that changes the model's code; the model's state is kept
-        # at its first call in the step (_guard_forward), when the inputs' shapes are known.
+        # at the first call of any of its modules in the step (_guard_forward), when the inputs'
+        # shapes are known: the model itself, or the modules a step calls without it (a GAN's
+        # two models in a ModuleDict, an encoder and a decoder called one by one). A hook on
+        # every module call, only until that first call (issue 18, session 31: a hook on the
+        # model alone kept nothing there, and a failed trial stopped the run).
         self._snap = StepSnapshot(self.model) if self._risky(self._applied) else None
+        if self._snap is not None and self._guard_hook is None:
+            self._guard_hook = nn.modules.module.register_module_forward_pre_hook(self._guard_any)
         self._step_inputs = ""
         self.clock.token += 1
         self.clock.in_step = True
@@ -694,6 +699,7 @@ class AstraTorch(SessionBacked):
             # threads, the user's own threads): this thread's time is not the step's work.
             cpu = math.nan
         self.clock.in_step = False
+        self._unhook_guard()
         if self._snap is not None:
             self._snap.close()
             ms -= self._snap.cost_s * 1e3
@@ -954,7 +960,7 @@ class AstraTorch(SessionBacked):
             total_steps=self.total_steps,
         )
         cfg = self.session.register(spec)
-        self._guard_hook = self.model.register_forward_pre_hook(self._guard_forward)
+        self._module_ids = frozenset(id(m) for m in self.model.modules())
         self._apply(cfg)
 
     # -- the whole-step compile: is it in Inductor's caches?
@@ -2002,8 +2008,21 @@ class AstraTorch(SessionBacked):
             values.get(v.name, v.choices[0]) != v.choices[0] for v in spec.variables if v.name not in scoped
         )
 
+    def _guard_any(self, mod: nn.Module, args: Any) -> None:
+        """A forward pre-hook on every module call, while a guarded step has kept nothing yet:
+        the first call of one of the model's modules keeps its state."""
+        if id(mod) not in self._module_ids:
+            return
+        self._unhook_guard()
+        self._guard_forward(mod, args)
+
+    def _unhook_guard(self) -> None:
+        if self._guard_hook is not None:
+            self._guard_hook.remove()
+            self._guard_hook = None
+
     def _guard_forward(self, mod: nn.Module, args: Any) -> None:
-        """The model's forward pre-hook: at its first call in a guarded step, keep its state."""
+        """At the first call of one of the model's modules in a guarded step, keep its state."""
         snap = self._snap
         if snap is None or snap.taken or not self.clock.in_step:
             return
@@ -2024,16 +2043,37 @@ class AstraTorch(SessionBacked):
     def _recover(self, exc: BaseException) -> bool:
         """A step raised: roll it back and mark its configuration failed when the compiler's
         configuration may be the cause (True: the caller repeats or skips the step); False when
-        the error is the user's own (plain eager code, or nothing of the model ran yet)."""
-        self._disarm_deadline()  # an armed compile deadline must not fire in the repeated step
+        the error is the user's own (plain eager code, or nothing of the model ran yet).
+
+        The wrapper's own work in here (the step's bookkeeping, the exploration's record of the
+        failed trial, which may be a call to the service) failing must not stop the run either:
+        the step is still rolled back where its snapshot can be restored, and the model runs its
+        own code from then on (``_abandon``)."""
         snap = self._snap
-        if snap is None or not snap.taken or not isinstance(exc, Exception):
-            self._after(False)
-            return False
-        self._end_step()
-        self._snap = None
-        snap.restore()
-        self.optimizers.restore()  # (the snapshot kept the groups as the step ran them)
+        rolled = False
+        try:
+            self._disarm_deadline()  # an armed compile deadline must not fire in the repeated step
+            if snap is None or not snap.taken or not isinstance(exc, Exception):
+                self._after(False)
+                return False
+            self._end_step()
+            self._snap = None
+            snap.restore()
+            self.optimizers.restore()  # (the snapshot kept the groups as the step ran them)
+            rolled = True
+            self._mark_failed(exc)
+        except Exception as failed:  # noqa: BLE001 - the wrapper's own failure: never the user's step
+            if not rolled and snap is not None and snap.taken and isinstance(exc, Exception):
+                with contextlib.suppress(Exception):
+                    snap.restore()
+                    self.optimizers.restore()
+                    rolled = True
+            self._abandon(failed)
+        return rolled
+
+    def _mark_failed(self, exc: Exception) -> None:
+        """The rolled-back step's configuration is marked failed; the step is repeated (or, under
+        ``with``, skipped) on the last good configuration, or on the model's own code."""
         self.rolled_back += 1
         failing = dict(self._applied)
         why = f"{type(exc).__name__}: {exc}"
@@ -2048,7 +2088,6 @@ class AstraTorch(SessionBacked):
         if good is None or _values_id(good) in self._broken:
             good = baseline_values(self.session.spec) if self.session.spec is not None else {}
         self._repeat = good
-        return True
 
     def _apply(self, cfg: Config) -> None:
         values = dict(cfg.values)

@@ -3,6 +3,8 @@ reads them."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from microco.clients.cache import CacheClient, get_dataset, open_loader, register_dataset, stats_to_dict
@@ -43,7 +45,8 @@ def test_get_stats_reports_hits_misses_and_bytes_per_job(make_dataset, tmp_path,
     loader = open_loader(etcd_kv, "imgs", server=server.address, batch_size=8, job_id="loader-job")
     loader.warm()
     for _ in loader.epoch(0):
-        pass
+        time.sleep(0.02)  # a training step: the reader ahead has made its last report by the
+        # time the last batch's step ends (that batch's timings come after it)
     loader.close()
     with CacheClient(server.address) as c:
         mine = next(j for j in c.stats().job_stats if j.job_id == "loader-job")

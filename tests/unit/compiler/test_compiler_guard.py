@@ -231,3 +231,58 @@ def test_a_failure_of_the_wrappers_own_work_leaves_training_going_on_eager(monke
     assert not any(isinstance(m.__dict__.get("forward"), CellRunner) for m in model.modules())
     assert _same_weights(model, _reference(30))
     assert losses == pytest.approx(_train(_model(), None, 30), rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("form", ["run", "with"])
+@pytest.mark.parametrize("where", ["record", "bookkeeping"])
+def test_a_failure_while_recovering_a_step_rolls_it_back_and_goes_on_eager(monkeypatch, form, where):
+    """Issue 18: the recovery of a failed trial step has work of the wrapper's own in it: the
+    step's bookkeeping, and the exploration's record of the failed trial (a call to the service
+    when the explorer is remote). Either raising escaped ``astra.run``: the user's run stopped.
+    Now the step is still rolled back, then repeated (``run``) or skipped (``with``) on the
+    model's own code, which it runs for the rest of the run."""
+
+    def broken(self, plan, x, p_vals, token):
+        raise RuntimeError("injected: hoisted input projection failed")
+
+    monkeypatch.setattr(CellRunner, "_hoisted", broken)
+    model = _model()
+    astra = _astra(model)
+    if where == "record":
+        real = astra.session.record
+
+        def record(ms, *a, **k):
+            if ms != ms:  # NaN: a failed trial's record
+                raise ConnectionError("injected: the explorer cannot be reached")
+            return real(ms, *a, **k)
+
+        monkeypatch.setattr(astra.session, "record", record)
+    else:
+        real_end = astra._end_step
+        recovering = {"on": False}
+        real_recover = astra._recover
+
+        def recover(exc):
+            recovering["on"] = True
+            try:
+                return real_recover(exc)
+            finally:
+                recovering["on"] = False
+
+        def end_step(*a, **k):
+            if recovering["on"]:
+                raise RuntimeError("injected: the step's bookkeeping failed")
+            return real_end(*a, **k)
+
+        monkeypatch.setattr(astra, "_recover", recover)
+        monkeypatch.setattr(astra, "_end_step", end_step)
+    losses = _train(model, astra, 30, form=form)
+    assert "injected" in astra.abandoned and astra.direct
+    assert not any(isinstance(m.__dict__.get("forward"), CellRunner) for m in model.modules())
+    if form == "run":
+        assert astra.skipped_steps == 0
+        assert _same_weights(model, _reference(30))
+        assert losses == pytest.approx(_train(_model(), None, 30), rel=1e-4, abs=1e-5)
+    else:
+        assert astra.skipped_steps == 1
+        assert _same_weights(model, _reference(29))

@@ -1,0 +1,232 @@
+"""Issue 18, held-out training loops: shapes of a training step the zoo and the corpus do not
+have, each explored (trials of the thread count and the optimiser's implementation run on
+some of its steps) and each ending where plain eager training ends.
+
+Tried in session 31 with every compile choice (`/tmp/w31/heldout.py`, outside the repository):
+none stopped; an L-BFGS run's trajectory left eager's after an Inductor trial's 4e-5 relative
+difference in one step (L-BFGS amplifies any float change; the same would follow any compile),
+so it is here without compiled trials, as are the others (compiles take tens of seconds)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn
+
+from microco.clients.compiler._torch import AstraTorch
+from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
+from microco.common import MemoryKV
+
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_thread")]  # (conftest)
+
+STEPS = 40
+
+
+class _MLP(nn.Module):
+    def __init__(self, d: int = 12, h: int = 24, o: int = 1) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(d, h), nn.Linear(h, h), nn.Linear(h, o)
+
+    def forward(self, x):
+        return self.c(torch.tanh(self.b(torch.relu(self.a(x)))))
+
+
+class _Checkpointed(_MLP):
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        h = checkpoint(lambda t: torch.relu(self.a(t)), x, use_reentrant=False)
+        return self.c(torch.tanh(self.b(h)))
+
+
+def _batch(i: int, n: int = 16, d: int = 12):
+    g = torch.Generator().manual_seed(i)
+    return torch.randn(n, d, generator=g), torch.randn(n, 1, generator=g)
+
+
+def _astra(model: nn.Module) -> AstraTorch:
+    return AstraTorch(
+        model,
+        LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0)),
+        total_steps=1_000_000,  # every candidate is worth its trial
+        threads=("1", "2"),
+        compile_choices=("eager",),
+        background=False,
+    )
+
+
+def _gan(astra_on: bool):
+    """Two models, two optimisers, two backward passes a step, the generator's output detached
+    for the discriminator's; the wrapper is given both models in one ``ModuleDict`` whose own
+    forward is never called."""
+    torch.manual_seed(0)
+    gen, disc = _MLP(4, 24, 12), _MLP(12, 24, 1)
+    both = nn.ModuleDict({"g": gen, "d": disc})
+    og = torch.optim.Adam(gen.parameters(), 1e-3)
+    od = torch.optim.Adam(disc.parameters(), 1e-3)
+    bce = nn.BCEWithLogitsLoss()
+    astra = _astra(both) if astra_on else None
+
+    def step(i):
+        real, _ = _batch(i)
+        z = torch.randn(16, 4, generator=torch.Generator().manual_seed(1000 + i))
+        fake = gen(z)
+        ld = bce(disc(real), torch.ones(16, 1)) + bce(disc(fake.detach()), torch.zeros(16, 1))
+        od.zero_grad()
+        ld.backward()
+        od.step()
+        lg = bce(disc(fake), torch.ones(16, 1))
+        og.zero_grad()
+        lg.backward()
+        og.step()
+        return lg.item()
+
+    return both, astra, step
+
+
+def _accumulating(astra_on: bool):
+    """Gradients accumulated over four mini-batches: the optimiser steps on one in four."""
+    torch.manual_seed(0)
+    m = _MLP()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    astra = _astra(m) if astra_on else None
+
+    def step(i):
+        x, y = _batch(i)
+        loss = ((m(x) - y) ** 2).mean() / 4
+        loss.backward()
+        if i % 4 == 3:
+            opt.step()
+            opt.zero_grad()
+        return loss.item()
+
+    return m, astra, step
+
+
+def _lbfgs(astra_on: bool):
+    """L-BFGS: the optimiser calls the user's closure (forward and backward) several times."""
+    torch.manual_seed(0)
+    m = _MLP()
+    opt = torch.optim.LBFGS(m.parameters(), lr=0.1, max_iter=4)
+    astra = _astra(m) if astra_on else None
+
+    def step(i):
+        x, y = _batch(i)
+
+        def closure():
+            opt.zero_grad()
+            loss = ((m(x) - y) ** 2).mean()
+            loss.backward()
+            return loss
+
+        return float(opt.step(closure).detach())
+
+    return m, astra, step
+
+
+def _mixed_precision(astra_on: bool):
+    """bfloat16 autocast on the CPU, AdamW."""
+    torch.manual_seed(0)
+    m = _MLP()
+    opt = torch.optim.AdamW(m.parameters(), 1e-3)
+    astra = _astra(m) if astra_on else None
+
+    def step(i):
+        x, y = _batch(i)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = ((m(x).float() - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return m, astra, step
+
+
+def _checkpointed(astra_on: bool):
+    """Activation checkpointing inside ``forward`` (its recomputation in the backward)."""
+    torch.manual_seed(0)
+    m = _Checkpointed()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    astra = _astra(m) if astra_on else None
+
+    def step(i):
+        x, y = _batch(i)
+        loss = ((m(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return m, astra, step
+
+
+class _EncoderDecoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc, self.dec = _MLP(12, 24, 6), _MLP(6, 24, 12)
+
+    def forward(self, x):
+        return self.dec(self.enc(x))
+
+
+def _parts_called_directly(astra_on: bool):
+    """A model with a ``forward`` the step never calls: its encoder and decoder are called one
+    by one (the encoder twice, on the input and on the reconstruction)."""
+    torch.manual_seed(0)
+    m = _EncoderDecoder()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    astra = _astra(m) if astra_on else None
+
+    def step(i):
+        x, _ = _batch(i)
+        z = m.enc(x)
+        r = m.dec(z)
+        loss = ((r - x) ** 2).mean() + ((m.enc(r) - z) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return m, astra, step
+
+
+@pytest.mark.parametrize(
+    "make", [_gan, _accumulating, _lbfgs, _mixed_precision, _checkpointed, _parts_called_directly]
+)
+def test_a_training_loop_of_another_shape_is_explored_and_ends_where_eager_ends(make):
+    ref_model, _, ref_step = make(False)
+    ref = [ref_step(i) for i in range(STEPS)]
+    model, astra, step = make(True)
+    got = [astra.run(step, i) for i in range(STEPS)]
+    assert not astra.abandoned and astra.rolled_back == 0
+    assert astra.session.spec is not None and astra.session.trials_run > 1  # it explored
+    assert got == pytest.approx(ref, rel=1e-4, abs=1e-6)
+    for p, q in zip(ref_model.parameters(), model.parameters()):
+        assert torch.allclose(p, q, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [_gan, _parts_called_directly])
+def test_a_failed_trial_in_a_model_whose_own_forward_the_step_never_calls_is_rolled_back(monkeypatch, make):
+    """Issue 18, session 31 (held out): the step guard kept the model's state at the wrapped
+    module's first call in the step. A ``ModuleDict`` of a GAN's two models is never called
+    itself, nor is an encoder-decoder whose parts the step calls one by one: nothing was kept,
+    and a trial that failed (its hoisted region, here injected) read as the user's own error:
+    both runs stopped at step 3. Now the guard keeps the state at the first call of any of the
+    model's modules: the step is rolled back (every model, every optimiser) and repeated."""
+    from microco.clients.compiler._torch import CellRunner
+
+    def broken(self, plan, x, p_vals, token):
+        raise RuntimeError("injected: hoisted input projection failed")
+
+    monkeypatch.setattr(CellRunner, "_hoisted", broken)
+    ref_model, _, ref_step = make(False)
+    ref = [ref_step(i) for i in range(STEPS)]
+    model, astra, step = make(True)
+    got = [astra.run(step, i) for i in range(STEPS)]
+    assert astra.rolled_back >= 1 and not astra.abandoned
+    assert all(v == "off" for k, v in astra.running.items() if k.endswith(".hoist"))
+    assert got == pytest.approx(ref, rel=1e-4, abs=1e-6)
+    for p, q in zip(ref_model.parameters(), model.parameters()):
+        assert torch.allclose(p, q, rtol=1e-4, atol=1e-5)
