@@ -4,6 +4,7 @@ processes) and in-process (``LocalTransport``: node stores called directly, for 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -16,10 +17,11 @@ from concurrent.futures import (
     FIRST_COMPLETED,
     FIRST_EXCEPTION,
     Future,
+    InvalidStateError,
     ThreadPoolExecutor,
     wait,
 )
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -34,8 +36,9 @@ from microco.common.errors import (
 from microco.common.kv import KV
 
 from . import _exec
+from ._cancel import TaskCancelled
 from ._catalog import ROOT, Catalog, SuperExtent, TableInfo
-from ._hedge import Fragment, HedgePolicy, shape, weight
+from ._hedge import Fragment, HedgePolicy, Rates, shape, weight
 from ._layout import CODECS, ExtentMeta, assign_partitions, bucketed_extents, new_extent_id
 from ._limits import check_name, short
 from ._liveness import NodeWatch, Watched, nodes_used
@@ -67,6 +70,15 @@ PROBE_S = 1.0
 # seconds a node has to say what it read, for the status of the nodes (``nodes``): status is
 # asked often (the console) and must not wait on a node that stopped answering
 STATUS_TIMEOUT_S = 5.0
+# Cancelling a losing attempt's tasks (``StoreCore._cancel_losers``): each node's cancel is one
+# action, given ``CANCEL_TIMEOUT_S`` to answer; one that does not (a paused node) is asked again
+# every ``CANCEL_RETRY_S`` while it is registered, for at most ``CANCEL_GIVE_UP_S`` (a node
+# paused longer than its lease is gone from the registry, and its calls with it). On threads of
+# their own (``CANCEL_THREADS``), never the queries'.
+CANCEL_TIMEOUT_S = 1.0
+CANCEL_RETRY_S = 0.5
+CANCEL_GIVE_UP_S = 30.0
+CANCEL_THREADS = 8
 
 NODES_SEEN = ROOT + "nodes/"
 RECODE = ROOT + "recode/"  # recode/<table>: progress of that table's last recode (``StoreCore.recode``)
@@ -136,19 +148,32 @@ class _QueryRun:
         self.stop: Future[None] = Future()
         self.answer: Any = None
         self.winner = ""
+        # every task call the attempts made: its future -> (node, task id); the winner's calls
+        # (``kept``: its own and those it shared) are not cancelled, the rest are once the run
+        # ends (``StoreCore._cancel_losers``); ``swept``: after that, a call is cancelled as it
+        # is made (a losing hedge still starting its stage)
+        self.calls: dict[Future[Any], tuple[NodeInfo, str]] = {}
+        self.kept: set[Future[Any]] = set()
+        self.swept = False
+        self.rated: set[Future[Any]] = set()  # calls whose time is counted in ``StoreCore.rates``
 
     def track(self, f: Future[Any]) -> None:
         """Record when task ``f`` was submitted and (by callback) when it ends."""
         self.started.setdefault(f, time.monotonic())
         f.add_done_callback(lambda done: self.ended.setdefault(done, time.monotonic()))
 
-    def offer(self, answer: Any, who: str, rec: dict[str, Any] | None = None) -> bool:
+    def offer(
+        self, answer: Any, who: str, rec: dict[str, Any] | None = None, att: _Attempt | None = None
+    ) -> bool:
         """Take ``answer`` (an attempt's whole result) unless another was taken; stop the others.
-        ``rec``: the hedge it is the answer of, marked used before any other attempt wakes."""
+        ``rec``: the hedge it is the answer of, marked used before any other attempt wakes;
+        ``att``: the attempt that answered (its calls are kept, the others' cancelled)."""
         with self.lock:
             if self.answer is not None:
                 return False
             self.answer, self.winner = answer, who
+            if att is not None:
+                self.kept = set(att.futs)
             if rec is not None:
                 rec["outcome"] = USED
         self.stop.set_exception(Superseded())
@@ -165,10 +190,12 @@ class _QueryRun:
 
 @dataclass
 class _Attempt:
-    """One attempt of a query run: a hedge's attempt does not hedge again."""
+    """One attempt of a query run: a hedge's attempt does not hedge again. ``futs``: the task
+    calls it waits on (its own, and those it shares with another attempt)."""
 
     run: _QueryRun
     hedge: bool = False
+    futs: set[Future[Any]] = field(default_factory=set)
 
 
 @dataclass
@@ -310,6 +337,13 @@ class StoreCore:
         # when a node's fragments straggle behind their siblings', the query is planned again
         # without it and the first plan to answer is used (``_hedge``); None: never (A/B setting)
         self.hedge: HedgePolicy | None = HedgePolicy()
+        # seconds per byte of the fragments that ended here, by shape: what a stage whose
+        # fragments all run on one node is expected to take (``_hedge.Rates``)
+        self.rates = Rates()
+        # the cancels of losing attempts' tasks (``_cancel_losers``), sent on threads of their own;
+        # ``cancels``: what each node answered (newest last, a few hundred kept)
+        self._canceller = ThreadPoolExecutor(CANCEL_THREADS, thread_name_prefix="store-cancel")
+        self.cancels: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ nodes
     def live_nodes(self) -> list[NodeInfo]:
@@ -905,13 +939,23 @@ class StoreCore:
         (``_QueryRun.offer``) and the other stops waiting; an attempt that fails while a hedge
         runs waits for the hedge before it is retried."""
         run = _QueryRun(attempt)
+        try:
+            return self._attempts(run)
+        finally:
+            # whatever ended the run (an answer, a failure, the caller gone), the tasks of its
+            # attempts that did not answer are cancelled on their nodes
+            self._cancel_losers(run)
+
+    def _attempts(self, run: _QueryRun) -> Any:
+        attempt = run.attempt
         suspects = self.suspected()
         exclude: set[str] = set(suspects)
         last: Exception | None = None
         for _attempt in range(4):
             run.exclude = set(exclude)
+            att = _Attempt(run)
             try:
-                out = attempt(exclude, _Attempt(run))
+                out = attempt(exclude, att)
             except Superseded:
                 return self._answered(run)
             except Unavailable:
@@ -942,7 +986,7 @@ class StoreCore:
                             self._suspects[exc.node] = time.monotonic()
                 log.warning("query retry after %s", exc)
                 continue
-            run.offer(out, "first")
+            run.offer(out, "first", att=att)
             return self._answered(run)
         raise Unavailable(f"query failed after retries: {last}")
 
@@ -1001,9 +1045,11 @@ class StoreCore:
             "query: hedging %s (straggling %.2fs, bar %.2fs)", sorted(new), rec["after_s"], rec["bar_s"]
         )
 
+        hatt = _Attempt(run, hedge=True)
+
         def go() -> None:
             try:
-                out = run.attempt(exclude, _Attempt(run, hedge=True))
+                out = run.attempt(exclude, hatt)
             except Superseded:
                 with run.lock:
                     rec["outcome"] = "stopped: the first plan answered first"
@@ -1015,7 +1061,7 @@ class StoreCore:
                 log.warning("query: hedge of %s failed: %s", rec["nodes"], exc)
                 done.set_result(False)
                 return
-            used = run.offer(out, "hedge", rec)
+            used = run.offer(out, "hedge", rec, hatt)
             if not used:
                 with run.lock:
                     rec["outcome"] = "not used: the first plan answered first"
@@ -1034,6 +1080,97 @@ class StoreCore:
             if s.find(eid):
                 self.catalog.mark_extent(table, s.id, eid, "corrupt")
                 log.warning("extent %s/%s marked corrupt", table, eid)
+
+    def _start(
+        self,
+        fn: Any,
+        node: str,
+        task: dict[str, Any],
+        nodes: dict[str, NodeInfo],
+        att: _Attempt | None,
+        orphan: Any = None,
+    ) -> Future[Any]:
+        """``fn(node, task)``, a call to a node, on a thread of its own (not the core's pool): a
+        call abandoned (``_abandon``) leaves no pool thread waiting on a node that stopped
+        answering. Within a query (``att``) the task is given an id (``tid``), by which the node
+        cancels it when its attempt loses (``_cancel_losers``). The future is running from the
+        start (``cancel`` does nothing); a result that comes after the call was abandoned goes
+        to ``orphan`` (a stream to close), else is dropped."""
+        f: Future[Any] = Future()
+        f.set_running_or_notify_cancel()
+        if att is not None and node in nodes:
+            tid = uuid.uuid4().hex[:24]
+            task = {**task, "tid": tid}
+            with att.run.lock:
+                att.run.calls[f] = (nodes[node], tid)
+                late = att.run.swept
+            if late:  # the run has ended: a losing attempt still starting its stage
+                self._abandon(f)
+                self._send_cancel(nodes[node], [tid])
+                return f
+
+        def go() -> None:
+            try:
+                out = fn(node, task)
+            except BaseException as exc:  # noqa: BLE001 - the call's error is its future's
+                with contextlib.suppress(InvalidStateError):
+                    f.set_exception(exc)
+                return
+            try:
+                f.set_result(out)
+            except InvalidStateError:
+                if orphan is not None:
+                    orphan(out)
+
+        threading.Thread(target=go, name="store-call", daemon=True).start()
+        return f
+
+    @staticmethod
+    def _abandon(f: Future[Any]) -> None:
+        """Stop waiting on a call: its future fails now (``TaskCancelled``); what the call's
+        thread gets later is dropped."""
+        with contextlib.suppress(InvalidStateError):
+            f.set_exception(TaskCancelled("the call's attempt lost: abandoned"))
+
+    def _cancel_losers(self, run: _QueryRun) -> None:
+        """The run ended: every call of its attempts that the answer did not use (not ``kept``)
+        and that is still running is abandoned here and cancelled on its node (``_cancel``;
+        one action per node, sent off this thread). A call that ended needs nothing."""
+        by_node: dict[str, tuple[NodeInfo, list[str]]] = {}
+        with run.lock:
+            run.swept = True
+            losers = [(f, c) for f, c in run.calls.items() if f not in run.kept and not f.done()]
+        for f, (node, tid) in losers:
+            self._abandon(f)
+            by_node.setdefault(node.name, (node, []))[1].append(tid)
+        for node, tids in by_node.values():
+            self._send_cancel(node, tids)
+
+    def _send_cancel(self, node: NodeInfo, tids: list[str]) -> None:
+        try:
+            self._canceller.submit(self._cancel_on, node, tids)
+        except RuntimeError:  # (the core is closing)
+            pass
+
+    def _cancel_on(self, node: NodeInfo, tids: list[str]) -> None:
+        """Ask ``node`` to cancel tasks ``tids``; asked again while it does not answer and is
+        still registered (a paused node answers once it runs again), at most ``CANCEL_GIVE_UP_S``."""
+        t0 = time.monotonic()
+        while True:
+            try:
+                got = self.transport.action(node, "cancel", {"tasks": tids}, timeout=CANCEL_TIMEOUT_S)
+                rec: dict[str, Any] = {"node": node.name, "tasks": list(tids), **got}
+                break
+            except Exception as exc:  # noqa: BLE001 - a node that does not answer: asked again
+                gone = node.name not in self._live_names()
+                if gone or time.monotonic() - t0 >= CANCEL_GIVE_UP_S:
+                    rec = {"node": node.name, "tasks": list(tids), "error": short(str(exc), 200)}
+                    break
+                time.sleep(CANCEL_RETRY_S)
+        with self._suspects_lock:
+            self.cancels.append(rec)
+            del self.cancels[:-256]
+        log.info("query: cancel of %d task(s) on %s: %s", len(tids), node.name, rec)
 
     def _run_stage(
         self,
@@ -1063,11 +1200,12 @@ class StoreCore:
             key = (n, json.dumps(t, sort_keys=True, default=str)) if earlier is not None else None
             f = earlier.get(key) if earlier is not None and key is not None else None
             if f is None or (f.done() and f.exception() is not None):
-                f = self._pool.submit(one, n, t)
+                f = self._start(one, n, t, nodes, att)
                 if earlier is not None and key is not None:
                     earlier[key] = f
             if att is not None:
                 att.run.track(f)
+                att.futs.add(f)
             futs.append(f)
         self._wait_stage(futs, tasks, nodes, att)
         return [f.result() for f in futs]
@@ -1127,6 +1265,11 @@ class StoreCore:
         # with an attempt: woken by each call's end (to compare the nodes' times) and by ``stop``
         when = (FIRST_COMPLETED if att is not None else FIRST_EXCEPTION) if first_failure else ALL_COMPLETED
         stop: set[Future[Any]] = {att.run.stop} if att is not None else set()
+        if att is not None and tasks is not None and self.hedge is not None:
+            # each fragment that ends well is one more measure of its shape's seconds per byte
+            # (``_hedge.Rates``: what a stage on one node is expected to take)
+            for (_, f), t in zip(futs, tasks, strict=True):
+                self._rate_when_done(att.run, f, shape(t), weight(t))
         began = time.monotonic()
         with self.node_watch.register(used, start=False) as watched:
             while pending:
@@ -1152,6 +1295,18 @@ class StoreCore:
             # (every call ended: with ``first_failure``, a node that left after it served no one)
             return set() if first_failure else set(watched.lost)
 
+    def _rate_when_done(self, run: _QueryRun, f: Future[Any], kind: str, w: float) -> None:
+        with run.lock:
+            if f in run.rated:
+                return
+            run.rated.add(f)
+
+        def done(f: Future[Any]) -> None:
+            if f.exception() is None and f in run.started:
+                self.rates.add(kind, w, run.ended.get(f, time.monotonic()) - run.started[f])
+
+        f.add_done_callback(done)
+
     def _stragglers(self, att: _Attempt, calls: list[tuple[str, Future[Any], str, float]]) -> float | None:
         """Compare a stage's fragments (``calls``: each one's node, future, ``_hedge.shape`` and
         ``_hedge.weight``) and hedge the nodes whose fragments straggle (``hedge``'s policy;
@@ -1168,7 +1323,7 @@ class StoreCore:
                 frags.append(Fragment(node, kind, w, run.ended.get(f, now) - start, True))
             else:
                 frags.append(Fragment(node, kind, w, now - start, False))
-        bars = self.hedge.bars(frags)
+        bars = self.hedge.bars(frags, self.rates.expect)
         if not bars:
             return None
         with run.lock:
@@ -1225,10 +1380,16 @@ class StoreCore:
                 raise NodeFailure(node, exc) from exc
             return schema, guarded(node, batches)
 
-        futs = [self._pool.submit(one, n, t) for n, t in tasks]
+        def orphan(out: tuple[pa.Schema, Iterator[pa.RecordBatch]]) -> None:
+            close = getattr(out[1], "close", None)  # (a stream whose call was abandoned)
+            if close is not None:
+                close()
+
+        futs = [self._start(one, n, t, nodes, att, orphan) for n, t in tasks]
         if att is not None:
             for f in futs:
                 att.run.track(f)
+                att.futs.add(f)
         out = []
         try:
             self._wait_stage(futs, tasks, nodes, att)
@@ -1237,7 +1398,7 @@ class StoreCore:
         except BaseException:
 
             def release(f: Future[Any]) -> None:
-                if not f.cancelled() and f.exception() is None:
+                if not f.cancelled() and f.exception() is None:  # (abandoned: ``orphan``'s)
                     close = getattr(f.result()[1], "close", None)
                     if close is not None:
                         close()
@@ -1679,6 +1840,8 @@ def node_action(store: NodeStore, name: str, body: dict[str, Any]) -> dict[str, 
         return {}
     if name == "shuffle_drop":
         return {"dropped": store.shuffle_drop(body["qid"])}
+    if name == "cancel":
+        return store.cancel(body["tasks"])
     if name == "verify":
         try:
             store.verify(body["table"], body["extent"], body["checksum"], force=bool(body.get("force", True)))
