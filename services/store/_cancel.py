@@ -17,6 +17,7 @@ The node's own record (``TaskRegistry.log``, ``stats``) says what became of each
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -28,6 +29,10 @@ EARLY_KEPT = 4096
 # the record of what became of cancelled tasks, newest kept
 LOG_KEPT = 1024
 MAX_CANCEL_IDS = 4096  # ids in one cancel action
+# a cancelled task's DuckDB connections are interrupted again this often while attached, for at
+# most this long (``CancelToken.cancel``)
+INTERRUPT_EVERY_S = 0.05
+INTERRUPT_FOR_S = 10.0
 
 
 class TaskCancelled(MicrocoError):
@@ -63,7 +68,15 @@ class CancelToken:
             self._conns.discard(con)
 
     def cancel(self) -> None:
+        """Set the token and interrupt the task's DuckDB connections, again every
+        ``INTERRUPT_EVERY_S`` while any is attached (at most ``INTERRUPT_FOR_S``): DuckDB clears a
+        connection's interrupt when a query starts, so one sent between the task's last check
+        and the start of its query would be lost (found by the Flight test: the query ran on)."""
         self.event.set()
+        if self._interrupt():
+            threading.Thread(target=self._keep_interrupting, name="store-interrupt", daemon=True).start()
+
+    def _interrupt(self) -> bool:
         with self._lock:
             conns = list(self._conns)
         for con in conns:
@@ -71,6 +84,14 @@ class CancelToken:
                 con.interrupt()
             except Exception:  # noqa: BLE001, S110 - a connection closing as its query ends
                 pass
+        return bool(conns)
+
+    def _keep_interrupting(self) -> None:
+        end = time.monotonic() + INTERRUPT_FOR_S
+        while time.monotonic() < end:
+            time.sleep(INTERRUPT_EVERY_S)
+            if not self._interrupt():
+                return
 
 
 class TaskRegistry:

@@ -2821,6 +2821,8 @@ def run_fragment(inputs: dict[str, pa.Table], sql: str, cancel: Any = None) -> p
     try:
         for name, t in inputs.items():
             con.register(name, t)
+        if cancel is not None:
+            cancel.check()
         try:
             return con.sql(sql).to_arrow_table()
         except duckdb.Error as exc:
@@ -2845,6 +2847,8 @@ def run_fragment_stream(inputs: dict[str, pa.Table], sql: str, cancel: Any = Non
     try:
         for name, t in inputs.items():
             con.register(name, t)
+        if cancel is not None:
+            cancel.check()
         try:
             reader = con.sql(sql).to_arrow_reader(FRAGMENT_BATCH_ROWS)
         except duckdb.Error as exc:
