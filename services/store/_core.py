@@ -72,9 +72,9 @@ PROBE_S = 1.0
 STATUS_TIMEOUT_S = 5.0
 # Cancelling a losing attempt's tasks (``StoreCore._cancel_losers``): each node's cancel is one
 # action, given ``CANCEL_TIMEOUT_S`` to answer; one that does not (a paused node) is asked again
-# every ``CANCEL_RETRY_S`` while it is registered, for at most ``CANCEL_GIVE_UP_S`` (a node
-# paused longer than its lease is gone from the registry, and its calls with it). On threads of
-# their own (``CANCEL_THREADS``), never the queries'.
+# every ``CANCEL_RETRY_S``, for at most ``CANCEL_GIVE_UP_S`` (one that refuses at once and is no
+# longer registered is dead: given up). On threads of their own (``CANCEL_THREADS``), never the
+# queries'.
 CANCEL_TIMEOUT_S = 1.0
 CANCEL_RETRY_S = 0.5
 CANCEL_GIVE_UP_S = 30.0
@@ -304,9 +304,9 @@ class StoreCore:
         self.gc_min_age_s = gc_min_age_s
         self._recovery_lock = threading.Lock()
         self._recode_lock = threading.Lock()  # one recode at a time
-        # the calls to the nodes, threads made as calls need them (32 until 2026-12-03: a call
-        # given up on a node that stopped answering holds its thread to the call's deadline,
-        # ``_liveness``; the bound leaves room for as many of those besides the queries' own)
+        # threads made as work needs them: node status, appends, recovery (a query's task calls
+        # run on threads of their own since 2026-12-04, ``_start``: an abandoned call waiting on a
+        # node that stopped answering holds no thread of this pool; 32 until 2026-12-03)
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="store-core")
         self._seen: dict[str, Any] = {}  # NODES_SEEN as last read or written here (live_nodes)
         self._last_live: dict[str, float] = {}  # node -> when (monotonic) live_nodes last had it
@@ -1153,16 +1153,21 @@ class StoreCore:
             pass
 
     def _cancel_on(self, node: NodeInfo, tids: list[str]) -> None:
-        """Ask ``node`` to cancel tasks ``tids``; asked again while it does not answer and is
-        still registered (a paused node answers once it runs again), at most ``CANCEL_GIVE_UP_S``."""
+        """Ask ``node`` to cancel tasks ``tids``; asked again while it does not answer (a paused
+        node answers once it runs again), for at most ``CANCEL_GIVE_UP_S``."""
         t0 = time.monotonic()
         while True:
+            asked = time.monotonic()
             try:
                 got = self.transport.action(node, "cancel", {"tasks": tids}, timeout=CANCEL_TIMEOUT_S)
                 rec: dict[str, Any] = {"node": node.name, "tasks": list(tids), **got}
                 break
             except Exception as exc:  # noqa: BLE001 - a node that does not answer: asked again
-                gone = node.name not in self._live_names()
+                # (also once its lease has run out: a paused node that runs again serves the
+                # calls queued for it, the loser's task among them, before it registers again;
+                # one that refused at once and is not registered is gone, its tasks with it)
+                refused = time.monotonic() - asked < CANCEL_TIMEOUT_S / 2
+                gone = refused and node.name not in self._live_names()
                 if gone or time.monotonic() - t0 >= CANCEL_GIVE_UP_S:
                     rec = {"node": node.name, "tasks": list(tids), "error": short(str(exc), 200)}
                     break
