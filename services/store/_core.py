@@ -1001,10 +1001,15 @@ class StoreCore:
                 h["outcome"] = "not used: the first plan answered first"
         plan.hedges = hedges
         for h in hedges:
+            basis = (
+                f"whose other nodes took {h['siblings_median_s']:.2f} s (median"
+                if h.get("expected_from") != "history"
+                else f"on it alone, expected to take {h['siblings_median_s']:.2f} s (its bytes at the "
+                "seconds per byte its shape's fragments took here lately"
+            )
             plan.explain.append(
-                f"hedge: {', '.join(h['nodes'])} still ran {h['after_s']:.2f} s into a stage whose other "
-                f"nodes took {h['siblings_median_s']:.2f} s (median; hedged past {h['bar_s']:.2f} s): "
-                f"planned again without {'it' if len(h['nodes']) == 1 else 'them'}, run on the other "
+                f"hedge: {', '.join(h['nodes'])} still ran {h['after_s']:.2f} s into a stage {basis}; "
+                f"hedged past {h['bar_s']:.2f} s): planned again without {'it' if len(h['nodes']) == 1 else 'them'}, run on the other "
                 f"replicas; {h['outcome']}"
             )
         if run.winner == "hedge":
@@ -1019,7 +1024,7 @@ class StoreCore:
             plan.explain.append(f"hedge: answer used: {used} (one plan's whole answer)")
         return table, plan
 
-    def _hedge(self, att: _Attempt, late: dict[str, tuple[float, float, float]]) -> None:
+    def _hedge(self, att: _Attempt, late: dict[str, tuple[float, float, float, bool]]) -> None:
         """Start a hedge of the nodes of ``late`` (straggling in ``att``'s stage: each with how
         long its fragment ran, its bar and what its like fragments gave): the query planned again
         without them, in its own thread, its answer offered to the run (``_QueryRun.offer``).
@@ -1036,6 +1041,9 @@ class StoreCore:
                 "after_s": round(max(late[n][0] for n in new), 4),
                 "siblings_median_s": round(max(late[n][2] for n in new), 4),
                 "bar_s": round(max(late[n][1] for n in new), 4),
+                # what the expected time came from: the stage's fragments on other nodes, or
+                # (a stage on one node) earlier fragments of the same shape (``_hedge.Rates``)
+                "expected_from": "history" if all(late[n][3] for n in new) else "siblings",
                 "outcome": "running",
             }
             run.hedges.append(rec)
@@ -1333,7 +1341,8 @@ class StoreCore:
             return None
         with run.lock:
             skip = run.hedged | run.exclude
-        late: dict[str, tuple[float, float, float]] = {}  # node -> (ran, bar, expected)
+        # node -> (ran, bar, expected, expected from history: no like fragment on another node)
+        late: dict[str, tuple[float, float, float, bool]] = {}
         rest = []
         for i, (bar, expect) in bars.items():
             fr = frags[i]
@@ -1341,7 +1350,8 @@ class StoreCore:
                 continue
             if fr.seconds >= bar:
                 if fr.node not in late or fr.seconds > late[fr.node][0]:
-                    late[fr.node] = (fr.seconds, bar, expect)
+                    alone = not any(o.shape == fr.shape and o.node != fr.node for o in frags)
+                    late[fr.node] = (fr.seconds, bar, expect, alone)
             else:
                 rest.append(bar - fr.seconds)
         if late:

@@ -173,4 +173,6 @@ def test_a_stage_on_one_node_with_its_node_stalled_is_answered_by_a_hedge(tmp_pa
     assert _rows(got) == _rows(healthy) == _want(data)
     [hedge] = plan.hedges
     assert hedge["nodes"] == [node] and "answer was used" in hedge["outcome"], hedge
+    assert hedge["expected_from"] == "history"
+    assert "on it alone, expected to take" in plan.explain_text()
     assert node not in {n for n, _ in plan.tasks}
