@@ -357,7 +357,7 @@ class NodeStore:
         try:
             token.check()
         except TaskCancelled as exc:
-            self.tasks.end(token, exc)
+            self._ended(token, exc)
             raise
         return token
 
@@ -369,7 +369,7 @@ class NodeStore:
                 token.check()
         except BaseException as exc:
             if token is not None:
-                self.tasks.end(token, exc)
+                self._ended(token, exc)
             raise
         if token is not None:
             self.tasks.end(token)
@@ -384,7 +384,7 @@ class NodeStore:
             reader = _exec.run_task_stream(_NodeEnv(self, task.get("addresses", {}), token), task)
         except BaseException as exc:
             if token is not None:
-                self.tasks.end(token, exc)
+                self._ended(token, exc)
             raise
         if token is None:
             return reader
@@ -401,9 +401,14 @@ class NodeStore:
                 raise
             finally:
                 reader.close()
-                self.tasks.end(tok, error)
+                self._ended(tok, error)
 
         return pa.RecordBatchReader.from_batches(reader.schema, batches())
+
+    def _ended(self, token: CancelToken, error: BaseException | None) -> None:
+        self.tasks.end(token, error)
+        if isinstance(error, TaskCancelled):
+            _exec.release_unused()  # (its inputs went with its frames: their memory handed back)
 
     def cancel(self, tids: Any) -> dict[str, Any]:
         """Cancel the query tasks ``tids`` (``_cancel``): those running stop where they stand,

@@ -32,7 +32,12 @@ class ReadStalling(Stalling):
     (a node stuck mid-task: a paused process, a hung disk): the task is running on the node when
     the hedge answers, so the node's own record shows whether it was cancelled."""
 
+    def __init__(self, root: str, nodes: list[NodeInfo]) -> None:
+        super().__init__(root, nodes)
+        self.callers: list[str] = []
+
     def stalled(self, node: NodeInfo) -> None:  # (the task starts; its reads stall instead)
+        self.callers.append(threading.current_thread().name)  # the coordinator's calling thread
         store = self.stores[node.name]
         if "read" not in vars(store):
             original = store.read
@@ -77,6 +82,9 @@ def test_a_losers_task_is_cancelled_on_its_node_and_the_winners_answer_is_exact(
     assert node.stats()["cancelled_running"] == 1
     assert all(c["node"] != survivor for c in core.cancels)
     assert tr.stores[survivor].tasks.stats()["cancelled_running"] == 0
+    # the call to the stalled node waited on a thread of its own, not one of the core's pool
+    # (which it held to the call's deadline before)
+    assert tr.callers and all(n.startswith("store-call") for n in tr.callers), tr.callers
 
 
 def test_a_query_without_a_hedge_cancels_nothing(tmp_path):
