@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from microco.common.errors import (
+    Cancelled,
     FailedPrecondition,
     InvalidArgument,
     MicrocoError,
@@ -156,6 +157,7 @@ class _QueryRun:
         self.kept: set[Future[Any]] = set()
         self.swept = False
         self.rated: set[Future[Any]] = set()  # calls whose time is counted in ``StoreCore.rates``
+        self.gone = False  # the caller went away (``abandon``)
 
     def track(self, f: Future[Any]) -> None:
         """Record when task ``f`` was submitted and (by callback) when it ends."""
@@ -169,15 +171,26 @@ class _QueryRun:
         ``rec``: the hedge it is the answer of, marked used before any other attempt wakes;
         ``att``: the attempt that answered (its calls are kept, the others' cancelled)."""
         with self.lock:
-            if self.answer is not None:
+            if self.answer is not None or self.gone:
                 return False
             self.answer, self.winner = answer, who
             if att is not None:
                 self.kept = set(att.futs)
             if rec is not None:
                 rec["outcome"] = USED
-        self.stop.set_exception(Superseded())
+        with contextlib.suppress(InvalidStateError):
+            self.stop.set_exception(Superseded())
         return True
+
+    def abandon(self) -> None:
+        """The query's caller went away: the attempts stop waiting (``Superseded``, with no
+        answer taken) and the run ends, its calls cancelled (``StoreCore._cancel_losers``)."""
+        with self.lock:
+            if self.answer is not None or self.stop.done():
+                return
+            self.gone = True
+        with contextlib.suppress(InvalidStateError):
+            self.stop.set_exception(Superseded())
 
     def wait_hedges(self) -> bool:
         """Wait for the hedges started (none: at once): was one's answer taken?"""
@@ -749,7 +762,7 @@ class StoreCore:
     def explain(self, q: Query) -> str:
         return self.plan(q).explain_text()
 
-    def query(self, q: Query) -> tuple[pa.Table, Plan]:
+    def query(self, q: Query, gone: Any = None) -> tuple[pa.Table, Plan]:
         # the query's attempts share their tasks by (node, task) (``_QueryRun``): a task of a
         # retry or hedge identical to one of another attempt's on a node still up (the surviving
         # nodes' partitions after a node loss) takes that one's result, running or done
@@ -760,10 +773,11 @@ class StoreCore:
             plan.timings = {"plan": time.perf_counter() - t0}
             return self._execute(plan, att), plan
 
-        return self._with_retries(attempt)
+        return self._with_retries(attempt, gone)
 
-    def sql(self, text: str) -> tuple[pa.Table, Any]:
-        """Run a SQL query (see ``_sql``): returns the result and its plan (kind, explain, replicas)."""
+    def sql(self, text: str, gone: Any = None) -> tuple[pa.Table, Any]:
+        """Run a SQL query (see ``_sql``): returns the result and its plan (kind, explain, replicas).
+        ``gone``: registers a callback for when the caller goes away (``_with_retries``)."""
         from . import _sql
 
         # as ``query``'s: a retry's or hedge's task identical to one of another attempt's on a
@@ -774,7 +788,7 @@ class StoreCore:
             plan = _sql.build(self, text, exclude)
             return self._run_sql_plan(plan, plan.nodes, t0, att), plan
 
-        return self._with_retries(attempt)
+        return self._with_retries(attempt, gone)
 
     def _run_sql_plan(
         self,
@@ -926,7 +940,7 @@ class StoreCore:
                     self._suspects.pop(name, None)
             return set(self._suspects)
 
-    def _with_retries(self, attempt: Any) -> Any:
+    def _with_retries(self, attempt: Any, gone: Any = None) -> Any:
         """Run ``attempt(excluded nodes, _Attempt)``; a node failure is handled (corrupt or
         missing extent marked for rebuild and read degraded, unreachable node excluded, and left
         out of the next queries' plans for ``suspect_s``) and the query re-planned. Nodes found
@@ -937,8 +951,15 @@ class StoreCore:
         in ``_await``), a hedge is started beside it: the same ``attempt`` planned without that
         node, in its own thread (``_hedge``). The first of them to answer is taken whole
         (``_QueryRun.offer``) and the other stops waiting; an attempt that fails while a hedge
-        runs waits for the hedge before it is retried."""
+        runs waits for the hedge before it is retried.
+
+        ``gone(callback)``: registers ``callback`` to be called when the query's caller goes away
+        (the gRPC handler's ``context.add_callback``, also called when the call ends normally:
+        then the answer is taken and it does nothing); the query then ends (``Cancelled``) and
+        its tasks are cancelled on their nodes."""
         run = _QueryRun(attempt)
+        if gone is not None:
+            gone(run.abandon)
         try:
             return self._attempts(run)
         finally:
@@ -957,6 +978,8 @@ class StoreCore:
             try:
                 out = attempt(exclude, att)
             except Superseded:
+                if run.gone:
+                    raise Cancelled("the query's caller went away") from None
                 return self._answered(run)
             except Unavailable:
                 if run.wait_hedges():  # a hedge answered (planned without what failed here)

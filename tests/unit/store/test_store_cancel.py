@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from test_store_hedge import NODES, SQL, Stalling, _data, _rows, _run, _store, _want
 
+from microco.common.errors import Cancelled
 from microco.common.kv import MemoryKV
 from microco.services.store import NodeInfo, NodeStore, PartitionSpec, StoreCore
 from microco.services.store._cancel import TaskCancelled
@@ -184,3 +185,44 @@ def test_a_stage_on_one_node_with_its_node_stalled_is_answered_by_a_hedge(tmp_pa
     assert hedge["expected_from"] == "history"
     assert "on it alone, expected to take" in plan.explain_text()
     assert node not in {n for n, _ in plan.tasks}
+
+
+def test_a_query_whose_caller_went_away_ends_and_its_tasks_are_cancelled(tmp_path):
+    """The gRPC handler registers ``gone`` (``context.add_callback``); when the caller goes away
+    mid-query, the query ends (``Cancelled``) instead of running on, and its running task on
+    the node is cancelled there. Hedging is off, so nothing but the caller's leaving ends it."""
+    tr = ReadStalling(str(tmp_path), NODES)
+    core = _store(tr)
+    core.hedge = None
+    _, plan = core.sql(SQL)
+    tr.stall = sorted(node for node, _ in plan.tasks)[0]
+    node = tr.stores[tr.stall]
+    callbacks: list[Any] = []
+    box: dict[str, Any] = {}
+
+    def go() -> None:
+        try:
+            box["out"] = core.sql(SQL, callbacks.append)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            box["error"] = exc
+
+    thread = threading.Thread(target=go, daemon=True)
+    try:
+        thread.start()
+        _until(lambda: node.tasks.stats()["tasks_running"] == 1, "the stalled task did not start")
+        [left] = callbacks
+        left()  # the caller went away (gRPC calls it then; also once the call ends, harmlessly)
+        thread.join(30)
+        assert not thread.is_alive(), "the query ran on after its caller went away"
+        assert isinstance(box.get("error"), Cancelled), box
+        _until(lambda: any(c["node"] == tr.stall for c in core.cancels), "no cancel sent")
+        [tid] = [t for c in core.cancels if c["node"] == tr.stall for t in c["cancelled"]]
+        assert node.tasks.log[tid] == "cancelled while running"
+    finally:
+        tr.release.set()
+        thread.join(30)
+    _until(lambda: node.tasks.log.get(tid) == "cancelled while running: stopped", "task did not stop")
+    # and a query that answered ignores the callback its call's end makes
+    got, _ = core.sql(SQL, callbacks.append)
+    callbacks[-1]()
+    assert got.num_rows > 0
