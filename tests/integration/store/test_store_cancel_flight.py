@@ -89,3 +89,62 @@ def test_only_the_coordinator_may_cancel_and_name_a_task(node):
     assert node.store.cancel(["g" * 24]) == {"cancelled": [], "not_running": ["g" * 24]}
     assert "g" * 24 not in {t for t in node.store.tasks.running}
     assert node.store.stats()["cancelled_running"] == 0
+
+
+def test_a_query_whose_grpc_caller_gives_up_is_cancelled_on_its_node(tmp_path):
+    """The coordinator's gRPC service (mutual TLS) over in-process nodes, one of which holds its
+    task (its extent reads wait, as a hung disk's): a client whose deadline passes leaves; the
+    service's query ends and the task is cancelled on its node (its own record), rather than the
+    query running on for nobody. Hedging is off, so nothing else ends it."""
+    import numpy as np
+    import pyarrow as pa
+
+    from microco.api.store.v1 import store_pb2_grpc
+    from microco.clients.store import StoreClient
+    from microco.common.errors import DeadlineExceeded, Unavailable
+    from microco.common.kv import MemoryKV
+    from microco.services.runtime import ServiceRuntime, ServiceSettings
+    from microco.services.store import LocalTransport, PartitionSpec, StoreCore
+    from microco.services.store._service import StoreServicer
+
+    nodes = [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)]
+    tr = LocalTransport(str(tmp_path), nodes)
+    core = StoreCore(MemoryKV(), tr, super_extent_rows=10_000, recovery_rate_bytes=0)
+    core.hedge = None
+    rng = np.random.default_rng(5)
+    data = pa.table(
+        {"k": rng.integers(0, 500, 4000), "g": rng.integers(0, 9, 4000), "v": rng.integers(0, 9, 4000)}
+    )
+    core.create_table(
+        "t",
+        data.schema,
+        [PartitionSpec("k", "hash", 4), PartitionSpec("g", "hash", 4), PartitionSpec("v", "hash", 2)],
+    )
+    core.append("t", data)
+    sql = "select k, sum(v) s from t group by k"
+    _, plan = core.sql(sql)
+    stalled = sorted(n for n, _ in plan.tasks)[0]
+    store, release = tr.stores[stalled], threading.Event()
+    original = store.read
+
+    def read(*args: Any, **kwargs: Any) -> Any:
+        release.wait(60)
+        return original(*args, **kwargs)
+
+    store.read = read  # type: ignore[method-assign]
+    rt = ServiceRuntime(ServiceSettings(name="store", metrics_port=-1))
+    rt.add_service(store_pb2_grpc.add_StoreCoordinatorServiceServicer_to_server, StoreServicer(core), "store")
+    rt.start(register=False)
+    client = StoreClient.from_address(rt.address)
+    try:
+        with pytest.raises((DeadlineExceeded, Unavailable)):
+            client.sql(sql, timeout=1.0)
+        _until(lambda: any(c["node"] == stalled for c in core.cancels), "the query ran on for nobody")
+        [tid] = [t for c in core.cancels if c["node"] == stalled for t in c["cancelled"]]
+        assert store.tasks.log[tid] == "cancelled while running"
+        release.set()
+        _until(lambda: store.tasks.log.get(tid) == "cancelled while running: stopped", "task did not stop")
+    finally:
+        release.set()
+        client.close()
+        rt.stop(grace=0)
