@@ -168,11 +168,13 @@ def _synthetic(rows: int) -> Any:
 
 
 def one_cluster(
-    rows: int, hedge: bool, fault: str, trials: int, lease_ttl_s: int, log: Any
+    rows: int, hedge: bool, fault: str, trials: int, lease_ttl_s: int, log: Any, partitions: int = 8
 ) -> dict[str, Any]:
     """A fresh cluster (the benchmark's: six store nodes in three fault domains, a coordinator,
     etcd, mutual TLS), the synthetic table loaded, the SQL group-by on its partition column timed
-    healthy and once in flight at ``fault`` on a node its plan runs on (``query_at_node_loss``)."""
+    healthy and once in flight at ``fault`` on a node its plan runs on (``query_at_node_loss``).
+    ``partitions``: of the replica partitioned on ``k`` (1: the whole query on one node, a stage
+    with no sibling to compare with)."""
     from microco.benchmarks.store import bench_cluster
     from microco.clients.store import StoreClient
 
@@ -184,7 +186,10 @@ def one_cluster(
         victim: list[str] = []
         try:
             data = _synthetic(rows)
-            client.create_table("t", data.schema, ["k:hash:8", "g:hash:4", "v:range:500"])
+            specs = [f"k:hash:{partitions}", "g:hash:4", "v:range:500"]
+            if partitions == 1:  # every replica on one node each: no plan spreads over siblings
+                specs = ["k:hash:1", "g:hash:1", "v:hash:1"]
+            client.create_table("t", data.schema, specs)
             client.append("t", data)
             del data
             sql = json.dumps({"sql": "select k, sum(v) s, count(*) c from t group by k"})
@@ -199,6 +204,7 @@ def one_cluster(
             out.pop("_killed_at", None)
             out["hedging"] = hedge
             out["rows"] = rows
+            out["partitions"] = partitions
             return out
         finally:
             if victim and fault == "pause":
@@ -213,6 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="pairs of fresh clusters, hedging on and off")
     ap.add_argument("--trials", type=int, default=5, help="healthy runs per cluster (the median kept)")
     ap.add_argument("--lease-ttl-s", type=int, default=5, help="the store nodes' lease (the default's)")
+    ap.add_argument(
+        "--partitions",
+        type=int,
+        default=8,
+        help="partitions of the replica on k (1: every replica on one node, the query a one-node stage)",
+    )
+    ap.add_argument(
+        "--hedge", choices=("both", "on", "off"), default="both", help="hedging on and off alternated, or one"
+    )
     args = ap.parse_args(argv)
 
     def log(msg: str) -> None:
@@ -253,12 +268,15 @@ def main(argv: list[str] | None = None) -> int:
 def _rounds(args: Any, runs: list[dict[str, Any]], log: Any) -> None:
     for r in range(args.rounds):
         # alternated: on then off, then off then on (a drift in the machine's load favours neither)
-        for hedge in (True, False) if r % 2 == 0 else (False, True):
+        both = (True, False) if r % 2 == 0 else (False, True)
+        for hedge in both if args.hedge == "both" else (args.hedge == "on",):
             started = time.strftime("%H:%M:%S", time.gmtime())
             load = os.getloadavg()[0]
             for tries in range(3):
                 try:
-                    out = one_cluster(args.rows, hedge, args.fault, args.trials, args.lease_ttl_s, log)
+                    out = one_cluster(
+                        args.rows, hedge, args.fault, args.trials, args.lease_ttl_s, log, args.partitions
+                    )
                     break
                 except Unavailable as exc:  # a cluster that did not start (logged): a fresh one
                     log(f"cluster did not start ({exc}); try {tries + 2} of 3")

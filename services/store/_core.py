@@ -4,6 +4,7 @@ processes) and in-process (``LocalTransport``: node stores called directly, for 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -16,15 +17,17 @@ from concurrent.futures import (
     FIRST_COMPLETED,
     FIRST_EXCEPTION,
     Future,
+    InvalidStateError,
     ThreadPoolExecutor,
     wait,
 )
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pyarrow as pa
 
 from microco.common.errors import (
+    Cancelled,
     FailedPrecondition,
     InvalidArgument,
     MicrocoError,
@@ -34,8 +37,9 @@ from microco.common.errors import (
 from microco.common.kv import KV
 
 from . import _exec
+from ._cancel import TaskCancelled
 from ._catalog import ROOT, Catalog, SuperExtent, TableInfo
-from ._hedge import Fragment, HedgePolicy, shape, weight
+from ._hedge import Fragment, HedgePolicy, Rates, shape, weight
 from ._layout import CODECS, ExtentMeta, assign_partitions, bucketed_extents, new_extent_id
 from ._limits import check_name, short
 from ._liveness import NodeWatch, Watched, nodes_used
@@ -67,6 +71,15 @@ PROBE_S = 1.0
 # seconds a node has to say what it read, for the status of the nodes (``nodes``): status is
 # asked often (the console) and must not wait on a node that stopped answering
 STATUS_TIMEOUT_S = 5.0
+# Cancelling a losing attempt's tasks (``StoreCore._cancel_losers``): each node's cancel is one
+# action, given ``CANCEL_TIMEOUT_S`` to answer; one that does not (a paused node) is asked again
+# every ``CANCEL_RETRY_S``, for at most ``CANCEL_GIVE_UP_S`` (one that refuses at once and is no
+# longer registered is dead: given up). On threads of their own (``CANCEL_THREADS``), never the
+# queries'.
+CANCEL_TIMEOUT_S = 1.0
+CANCEL_RETRY_S = 0.5
+CANCEL_GIVE_UP_S = 30.0
+CANCEL_THREADS = 8
 
 NODES_SEEN = ROOT + "nodes/"
 RECODE = ROOT + "recode/"  # recode/<table>: progress of that table's last recode (``StoreCore.recode``)
@@ -136,23 +149,48 @@ class _QueryRun:
         self.stop: Future[None] = Future()
         self.answer: Any = None
         self.winner = ""
+        # every task call the attempts made: its future -> (node, task id); the winner's calls
+        # (``kept``: its own and those it shared) are not cancelled, the rest are once the run
+        # ends (``StoreCore._cancel_losers``); ``swept``: after that, a call is cancelled as it
+        # is made (a losing hedge still starting its stage)
+        self.calls: dict[Future[Any], tuple[NodeInfo, str]] = {}
+        self.kept: set[Future[Any]] = set()
+        self.swept = False
+        self.rated: set[Future[Any]] = set()  # calls whose time is counted in ``StoreCore.rates``
+        self.gone = False  # the caller went away (``abandon``)
 
     def track(self, f: Future[Any]) -> None:
         """Record when task ``f`` was submitted and (by callback) when it ends."""
         self.started.setdefault(f, time.monotonic())
         f.add_done_callback(lambda done: self.ended.setdefault(done, time.monotonic()))
 
-    def offer(self, answer: Any, who: str, rec: dict[str, Any] | None = None) -> bool:
+    def offer(
+        self, answer: Any, who: str, rec: dict[str, Any] | None = None, att: _Attempt | None = None
+    ) -> bool:
         """Take ``answer`` (an attempt's whole result) unless another was taken; stop the others.
-        ``rec``: the hedge it is the answer of, marked used before any other attempt wakes."""
+        ``rec``: the hedge it is the answer of, marked used before any other attempt wakes;
+        ``att``: the attempt that answered (its calls are kept, the others' cancelled)."""
         with self.lock:
-            if self.answer is not None:
+            if self.answer is not None or self.gone:
                 return False
             self.answer, self.winner = answer, who
+            if att is not None:
+                self.kept = set(att.futs)
             if rec is not None:
                 rec["outcome"] = USED
-        self.stop.set_exception(Superseded())
+        with contextlib.suppress(InvalidStateError):
+            self.stop.set_exception(Superseded())
         return True
+
+    def abandon(self) -> None:
+        """The query's caller went away: the attempts stop waiting (``Superseded``, with no
+        answer taken) and the run ends, its calls cancelled (``StoreCore._cancel_losers``)."""
+        with self.lock:
+            if self.answer is not None or self.stop.done():
+                return
+            self.gone = True
+        with contextlib.suppress(InvalidStateError):
+            self.stop.set_exception(Superseded())
 
     def wait_hedges(self) -> bool:
         """Wait for the hedges started (none: at once): was one's answer taken?"""
@@ -165,10 +203,12 @@ class _QueryRun:
 
 @dataclass
 class _Attempt:
-    """One attempt of a query run: a hedge's attempt does not hedge again."""
+    """One attempt of a query run: a hedge's attempt does not hedge again. ``futs``: the task
+    calls it waits on (its own, and those it shares with another attempt)."""
 
     run: _QueryRun
     hedge: bool = False
+    futs: set[Future[Any]] = field(default_factory=set)
 
 
 @dataclass
@@ -277,9 +317,9 @@ class StoreCore:
         self.gc_min_age_s = gc_min_age_s
         self._recovery_lock = threading.Lock()
         self._recode_lock = threading.Lock()  # one recode at a time
-        # the calls to the nodes, threads made as calls need them (32 until 2026-12-03: a call
-        # given up on a node that stopped answering holds its thread to the call's deadline,
-        # ``_liveness``; the bound leaves room for as many of those besides the queries' own)
+        # threads made as work needs them: node status, appends, recovery (a query's task calls
+        # run on threads of their own since 2026-12-04, ``_start``: an abandoned call waiting on a
+        # node that stopped answering holds no thread of this pool; 32 until 2026-12-03)
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="store-core")
         self._seen: dict[str, Any] = {}  # NODES_SEEN as last read or written here (live_nodes)
         self._last_live: dict[str, float] = {}  # node -> when (monotonic) live_nodes last had it
@@ -310,6 +350,13 @@ class StoreCore:
         # when a node's fragments straggle behind their siblings', the query is planned again
         # without it and the first plan to answer is used (``_hedge``); None: never (A/B setting)
         self.hedge: HedgePolicy | None = HedgePolicy()
+        # seconds per byte of the fragments that ended here, by shape: what a stage whose
+        # fragments all run on one node is expected to take (``_hedge.Rates``)
+        self.rates = Rates()
+        # the cancels of losing attempts' tasks (``_cancel_losers``), sent on threads of their own;
+        # ``cancels``: what each node answered (newest last, a few hundred kept)
+        self._canceller = ThreadPoolExecutor(CANCEL_THREADS, thread_name_prefix="store-cancel")
+        self.cancels: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ nodes
     def live_nodes(self) -> list[NodeInfo]:
@@ -715,7 +762,7 @@ class StoreCore:
     def explain(self, q: Query) -> str:
         return self.plan(q).explain_text()
 
-    def query(self, q: Query) -> tuple[pa.Table, Plan]:
+    def query(self, q: Query, gone: Any = None) -> tuple[pa.Table, Plan]:
         # the query's attempts share their tasks by (node, task) (``_QueryRun``): a task of a
         # retry or hedge identical to one of another attempt's on a node still up (the surviving
         # nodes' partitions after a node loss) takes that one's result, running or done
@@ -726,10 +773,11 @@ class StoreCore:
             plan.timings = {"plan": time.perf_counter() - t0}
             return self._execute(plan, att), plan
 
-        return self._with_retries(attempt)
+        return self._with_retries(attempt, gone)
 
-    def sql(self, text: str) -> tuple[pa.Table, Any]:
-        """Run a SQL query (see ``_sql``): returns the result and its plan (kind, explain, replicas)."""
+    def sql(self, text: str, gone: Any = None) -> tuple[pa.Table, Any]:
+        """Run a SQL query (see ``_sql``): returns the result and its plan (kind, explain, replicas).
+        ``gone``: registers a callback for when the caller goes away (``_with_retries``)."""
         from . import _sql
 
         # as ``query``'s: a retry's or hedge's task identical to one of another attempt's on a
@@ -740,7 +788,7 @@ class StoreCore:
             plan = _sql.build(self, text, exclude)
             return self._run_sql_plan(plan, plan.nodes, t0, att), plan
 
-        return self._with_retries(attempt)
+        return self._with_retries(attempt, gone)
 
     def _run_sql_plan(
         self,
@@ -892,7 +940,7 @@ class StoreCore:
                     self._suspects.pop(name, None)
             return set(self._suspects)
 
-    def _with_retries(self, attempt: Any) -> Any:
+    def _with_retries(self, attempt: Any, gone: Any = None) -> Any:
         """Run ``attempt(excluded nodes, _Attempt)``; a node failure is handled (corrupt or
         missing extent marked for rebuild and read degraded, unreachable node excluded, and left
         out of the next queries' plans for ``suspect_s``) and the query re-planned. Nodes found
@@ -903,16 +951,35 @@ class StoreCore:
         in ``_await``), a hedge is started beside it: the same ``attempt`` planned without that
         node, in its own thread (``_hedge``). The first of them to answer is taken whole
         (``_QueryRun.offer``) and the other stops waiting; an attempt that fails while a hedge
-        runs waits for the hedge before it is retried."""
+        runs waits for the hedge before it is retried.
+
+        ``gone(callback)``: registers ``callback`` to be called when the query's caller goes away
+        (the gRPC handler's ``context.add_callback``, also called when the call ends normally:
+        then the answer is taken and it does nothing); the query then ends (``Cancelled``) and
+        its tasks are cancelled on their nodes."""
         run = _QueryRun(attempt)
+        if gone is not None:
+            gone(run.abandon)
+        try:
+            return self._attempts(run)
+        finally:
+            # whatever ended the run (an answer, a failure, the caller gone), the tasks of its
+            # attempts that did not answer are cancelled on their nodes
+            self._cancel_losers(run)
+
+    def _attempts(self, run: _QueryRun) -> Any:
+        attempt = run.attempt
         suspects = self.suspected()
         exclude: set[str] = set(suspects)
         last: Exception | None = None
         for _attempt in range(4):
             run.exclude = set(exclude)
+            att = _Attempt(run)
             try:
-                out = attempt(exclude, _Attempt(run))
+                out = attempt(exclude, att)
             except Superseded:
+                if run.gone:
+                    raise Cancelled("the query's caller went away") from None
                 return self._answered(run)
             except Unavailable:
                 if run.wait_hedges():  # a hedge answered (planned without what failed here)
@@ -942,7 +1009,7 @@ class StoreCore:
                             self._suspects[exc.node] = time.monotonic()
                 log.warning("query retry after %s", exc)
                 continue
-            run.offer(out, "first")
+            run.offer(out, "first", att=att)
             return self._answered(run)
         raise Unavailable(f"query failed after retries: {last}")
 
@@ -957,10 +1024,15 @@ class StoreCore:
                 h["outcome"] = "not used: the first plan answered first"
         plan.hedges = hedges
         for h in hedges:
+            basis = (
+                f"whose other nodes took {h['siblings_median_s']:.2f} s (median"
+                if h.get("expected_from") != "history"
+                else f"on it alone, expected to take {h['siblings_median_s']:.2f} s (its bytes at the "
+                "seconds per byte its shape's fragments took here lately"
+            )
             plan.explain.append(
-                f"hedge: {', '.join(h['nodes'])} still ran {h['after_s']:.2f} s into a stage whose other "
-                f"nodes took {h['siblings_median_s']:.2f} s (median; hedged past {h['bar_s']:.2f} s): "
-                f"planned again without {'it' if len(h['nodes']) == 1 else 'them'}, run on the other "
+                f"hedge: {', '.join(h['nodes'])} still ran {h['after_s']:.2f} s into a stage {basis}; "
+                f"hedged past {h['bar_s']:.2f} s): planned again without {'it' if len(h['nodes']) == 1 else 'them'}, run on the other "
                 f"replicas; {h['outcome']}"
             )
         if run.winner == "hedge":
@@ -975,7 +1047,7 @@ class StoreCore:
             plan.explain.append(f"hedge: answer used: {used} (one plan's whole answer)")
         return table, plan
 
-    def _hedge(self, att: _Attempt, late: dict[str, tuple[float, float, float]]) -> None:
+    def _hedge(self, att: _Attempt, late: dict[str, tuple[float, float, float, bool]]) -> None:
         """Start a hedge of the nodes of ``late`` (straggling in ``att``'s stage: each with how
         long its fragment ran, its bar and what its like fragments gave): the query planned again
         without them, in its own thread, its answer offered to the run (``_QueryRun.offer``).
@@ -992,6 +1064,9 @@ class StoreCore:
                 "after_s": round(max(late[n][0] for n in new), 4),
                 "siblings_median_s": round(max(late[n][2] for n in new), 4),
                 "bar_s": round(max(late[n][1] for n in new), 4),
+                # what the expected time came from: the stage's fragments on other nodes, or
+                # (a stage on one node) earlier fragments of the same shape (``_hedge.Rates``)
+                "expected_from": "history" if all(late[n][3] for n in new) else "siblings",
                 "outcome": "running",
             }
             run.hedges.append(rec)
@@ -1001,9 +1076,11 @@ class StoreCore:
             "query: hedging %s (straggling %.2fs, bar %.2fs)", sorted(new), rec["after_s"], rec["bar_s"]
         )
 
+        hatt = _Attempt(run, hedge=True)
+
         def go() -> None:
             try:
-                out = run.attempt(exclude, _Attempt(run, hedge=True))
+                out = run.attempt(exclude, hatt)
             except Superseded:
                 with run.lock:
                     rec["outcome"] = "stopped: the first plan answered first"
@@ -1015,7 +1092,7 @@ class StoreCore:
                 log.warning("query: hedge of %s failed: %s", rec["nodes"], exc)
                 done.set_result(False)
                 return
-            used = run.offer(out, "hedge", rec)
+            used = run.offer(out, "hedge", rec, hatt)
             if not used:
                 with run.lock:
                     rec["outcome"] = "not used: the first plan answered first"
@@ -1034,6 +1111,102 @@ class StoreCore:
             if s.find(eid):
                 self.catalog.mark_extent(table, s.id, eid, "corrupt")
                 log.warning("extent %s/%s marked corrupt", table, eid)
+
+    def _start(
+        self,
+        fn: Any,
+        node: str,
+        task: dict[str, Any],
+        nodes: dict[str, NodeInfo],
+        att: _Attempt | None,
+        orphan: Any = None,
+    ) -> Future[Any]:
+        """``fn(node, task)``, a call to a node, on a thread of its own (not the core's pool): a
+        call abandoned (``_abandon``) leaves no pool thread waiting on a node that stopped
+        answering. Within a query (``att``) the task is given an id (``tid``), by which the node
+        cancels it when its attempt loses (``_cancel_losers``). The future is running from the
+        start (``cancel`` does nothing); a result that comes after the call was abandoned goes
+        to ``orphan`` (a stream to close), else is dropped."""
+        f: Future[Any] = Future()
+        f.set_running_or_notify_cancel()
+        if att is not None and node in nodes:
+            tid = uuid.uuid4().hex[:24]
+            task = {**task, "tid": tid}
+            with att.run.lock:
+                att.run.calls[f] = (nodes[node], tid)
+                late = att.run.swept
+            if late:  # the run has ended: a losing attempt still starting its stage
+                self._abandon(f)
+                self._send_cancel(nodes[node], [tid])
+                return f
+
+        def go() -> None:
+            try:
+                out = fn(node, task)
+            except BaseException as exc:  # noqa: BLE001 - the call's error is its future's
+                with contextlib.suppress(InvalidStateError):
+                    f.set_exception(exc)
+                return
+            try:
+                f.set_result(out)
+            except InvalidStateError:
+                if orphan is not None:
+                    orphan(out)
+
+        threading.Thread(target=go, name="store-call", daemon=True).start()
+        return f
+
+    @staticmethod
+    def _abandon(f: Future[Any]) -> None:
+        """Stop waiting on a call: its future fails now (``TaskCancelled``); what the call's
+        thread gets later is dropped."""
+        with contextlib.suppress(InvalidStateError):
+            f.set_exception(TaskCancelled("the call's attempt lost: abandoned"))
+
+    def _cancel_losers(self, run: _QueryRun) -> None:
+        """The run ended: every call of its attempts that the answer did not use (not ``kept``)
+        and that is still running is abandoned here and cancelled on its node (``_cancel``;
+        one action per node, sent off this thread). A call that ended needs nothing."""
+        by_node: dict[str, tuple[NodeInfo, list[str]]] = {}
+        with run.lock:
+            run.swept = True
+            losers = [(f, c) for f, c in run.calls.items() if f not in run.kept and not f.done()]
+        for f, (node, tid) in losers:
+            self._abandon(f)
+            by_node.setdefault(node.name, (node, []))[1].append(tid)
+        for node, tids in by_node.values():
+            self._send_cancel(node, tids)
+
+    def _send_cancel(self, node: NodeInfo, tids: list[str]) -> None:
+        try:
+            self._canceller.submit(self._cancel_on, node, tids)
+        except RuntimeError:  # (the core is closing)
+            pass
+
+    def _cancel_on(self, node: NodeInfo, tids: list[str]) -> None:
+        """Ask ``node`` to cancel tasks ``tids``; asked again while it does not answer (a paused
+        node answers once it runs again), for at most ``CANCEL_GIVE_UP_S``."""
+        t0 = time.monotonic()
+        while True:
+            asked = time.monotonic()
+            try:
+                got = self.transport.action(node, "cancel", {"tasks": tids}, timeout=CANCEL_TIMEOUT_S)
+                rec: dict[str, Any] = {"node": node.name, "tasks": list(tids), **got}
+                break
+            except Exception as exc:  # noqa: BLE001 - a node that does not answer: asked again
+                # (also once its lease has run out: a paused node that runs again serves the
+                # calls queued for it, the loser's task among them, before it registers again;
+                # one that refused at once and is not registered is gone, its tasks with it)
+                refused = time.monotonic() - asked < CANCEL_TIMEOUT_S / 2
+                gone = refused and node.name not in self._live_names()
+                if gone or time.monotonic() - t0 >= CANCEL_GIVE_UP_S:
+                    rec = {"node": node.name, "tasks": list(tids), "error": short(str(exc), 200)}
+                    break
+                time.sleep(CANCEL_RETRY_S)
+        with self._suspects_lock:
+            self.cancels.append(rec)
+            del self.cancels[:-256]
+        log.info("query: cancel of %d task(s) on %s: %s", len(tids), node.name, rec)
 
     def _run_stage(
         self,
@@ -1063,11 +1236,12 @@ class StoreCore:
             key = (n, json.dumps(t, sort_keys=True, default=str)) if earlier is not None else None
             f = earlier.get(key) if earlier is not None and key is not None else None
             if f is None or (f.done() and f.exception() is not None):
-                f = self._pool.submit(one, n, t)
+                f = self._start(one, n, t, nodes, att)
                 if earlier is not None and key is not None:
                     earlier[key] = f
             if att is not None:
                 att.run.track(f)
+                att.futs.add(f)
             futs.append(f)
         self._wait_stage(futs, tasks, nodes, att)
         return [f.result() for f in futs]
@@ -1127,6 +1301,11 @@ class StoreCore:
         # with an attempt: woken by each call's end (to compare the nodes' times) and by ``stop``
         when = (FIRST_COMPLETED if att is not None else FIRST_EXCEPTION) if first_failure else ALL_COMPLETED
         stop: set[Future[Any]] = {att.run.stop} if att is not None else set()
+        if att is not None and tasks is not None and self.hedge is not None:
+            # each fragment that ends well is one more measure of its shape's seconds per byte
+            # (``_hedge.Rates``: what a stage on one node is expected to take)
+            for (_, f), t in zip(futs, tasks, strict=True):
+                self._rate_when_done(att.run, f, shape(t), weight(t))
         began = time.monotonic()
         with self.node_watch.register(used, start=False) as watched:
             while pending:
@@ -1152,6 +1331,18 @@ class StoreCore:
             # (every call ended: with ``first_failure``, a node that left after it served no one)
             return set() if first_failure else set(watched.lost)
 
+    def _rate_when_done(self, run: _QueryRun, f: Future[Any], kind: str, w: float) -> None:
+        with run.lock:
+            if f in run.rated:
+                return
+            run.rated.add(f)
+
+        def done(f: Future[Any]) -> None:
+            if f.exception() is None and f in run.started:
+                self.rates.add(kind, w, run.ended.get(f, time.monotonic()) - run.started[f])
+
+        f.add_done_callback(done)
+
     def _stragglers(self, att: _Attempt, calls: list[tuple[str, Future[Any], str, float]]) -> float | None:
         """Compare a stage's fragments (``calls``: each one's node, future, ``_hedge.shape`` and
         ``_hedge.weight``) and hedge the nodes whose fragments straggle (``hedge``'s policy;
@@ -1168,12 +1359,13 @@ class StoreCore:
                 frags.append(Fragment(node, kind, w, run.ended.get(f, now) - start, True))
             else:
                 frags.append(Fragment(node, kind, w, now - start, False))
-        bars = self.hedge.bars(frags)
+        bars = self.hedge.bars(frags, self.rates.expect)
         if not bars:
             return None
         with run.lock:
             skip = run.hedged | run.exclude
-        late: dict[str, tuple[float, float, float]] = {}  # node -> (ran, bar, expected)
+        # node -> (ran, bar, expected, expected from history: no like fragment on another node)
+        late: dict[str, tuple[float, float, float, bool]] = {}
         rest = []
         for i, (bar, expect) in bars.items():
             fr = frags[i]
@@ -1181,7 +1373,8 @@ class StoreCore:
                 continue
             if fr.seconds >= bar:
                 if fr.node not in late or fr.seconds > late[fr.node][0]:
-                    late[fr.node] = (fr.seconds, bar, expect)
+                    alone = not any(o.shape == fr.shape and o.node != fr.node for o in frags)
+                    late[fr.node] = (fr.seconds, bar, expect, alone)
             else:
                 rest.append(bar - fr.seconds)
         if late:
@@ -1225,10 +1418,16 @@ class StoreCore:
                 raise NodeFailure(node, exc) from exc
             return schema, guarded(node, batches)
 
-        futs = [self._pool.submit(one, n, t) for n, t in tasks]
+        def orphan(out: tuple[pa.Schema, Iterator[pa.RecordBatch]]) -> None:
+            close = getattr(out[1], "close", None)  # (a stream whose call was abandoned)
+            if close is not None:
+                close()
+
+        futs = [self._start(one, n, t, nodes, att, orphan) for n, t in tasks]
         if att is not None:
             for f in futs:
                 att.run.track(f)
+                att.futs.add(f)
         out = []
         try:
             self._wait_stage(futs, tasks, nodes, att)
@@ -1237,7 +1436,7 @@ class StoreCore:
         except BaseException:
 
             def release(f: Future[Any]) -> None:
-                if not f.cancelled() and f.exception() is None:
+                if not f.cancelled() and f.exception() is None:  # (abandoned: ``orphan``'s)
                     close = getattr(f.result()[1], "close", None)
                     if close is not None:
                         close()
@@ -1679,6 +1878,8 @@ def node_action(store: NodeStore, name: str, body: dict[str, Any]) -> dict[str, 
         return {}
     if name == "shuffle_drop":
         return {"dropped": store.shuffle_drop(body["qid"])}
+    if name == "cancel":
+        return store.cancel(body["tasks"])
     if name == "verify":
         try:
             store.verify(body["table"], body["extent"], body["checksum"], force=bool(body.get("force", True)))

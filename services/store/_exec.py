@@ -476,7 +476,7 @@ def _run_task(env: Env, task: dict[str, Any]) -> pa.Table:
         inputs = {name: scan_side(env, side) for name, side in task["inputs"].items()}
         inputs.update(task_keys(task))  # a semi-join's key values, sent with the task
         t1 = time.perf_counter()
-        out = run_fragment(inputs, task["sql"])
+        out = run_fragment(inputs, task["sql"], getattr(env, "cancel", None))
         # the node's own seconds (read the inputs, run the SQL) travel with the result
         took = json.dumps({"read": t1 - t0, "run": time.perf_counter() - t1}).encode()
         return out.replace_schema_metadata({**(out.schema.metadata or {}), TIMINGS_META: took})
@@ -503,7 +503,9 @@ def _run_task(env: Env, task: dict[str, Any]) -> pa.Table:
             from ._sql import run_fragment
 
             tables: Iterable[pa.Table] = [
-                run_fragment({task["table"]: scan_side(env, task["side"])}, task["sql"])
+                run_fragment(
+                    {task["table"]: scan_side(env, task["side"])}, task["sql"], getattr(env, "cancel", None)
+                )
             ]
         elif task.get("pre") is not None:
             # pre-aggregated as the sources stream (the partials held, not the rows), then split
@@ -543,7 +545,7 @@ def _run_task(env: Env, task: dict[str, Any]) -> pa.Table:
                 for tag, name in task["tables"].items()
             }
             inputs.update({name: scan_side(env, side) for name, side in (task.get("inputs") or {}).items()})
-            return run_fragment(inputs, task["sql"])
+            return run_fragment(inputs, task["sql"], getattr(env, "cancel", None))
         outs = []
         for m in range(rounds):
             i = task["bucket"] + m * n
@@ -621,7 +623,7 @@ def run_task_stream(env: Env, task: dict[str, Any]) -> pa.RecordBatchReader:
         t1 = time.perf_counter()
         # "run" is DuckDB's time to the start of the stream (planning; a pipeline breaker such as
         # a group-by or sort runs to its end before the first batch)
-        reader = run_fragment_stream(inputs, task["sql"])
+        reader = run_fragment_stream(inputs, task["sql"], getattr(env, "cancel", None))
         took = json.dumps({"read": t1 - t0, "run": time.perf_counter() - t1}).encode()
         return _with_metadata(reader, {TIMINGS_META: took})
     t = run_task(env, task)

@@ -6,8 +6,8 @@ Node server:
   metadata is ``{"bytes", "checksum", "buckets", "rows", "codec"}``.
 - ``DoGet`` with a JSON ticket: ``{"op": "read", ...}`` an extent or one bucket of it;
   ``fragment`` / ``map`` / ``reduce`` a query task; ``shuffle_take`` a shuffle bucket.
-- ``DoAction``: ``rebuild``, ``delete``, ``drop_table``, ``shuffle_drop``, ``verify``, ``stats``,
-  ``reads``.
+- ``DoAction``: ``rebuild``, ``delete``, ``drop_table``, ``shuffle_drop``, ``cancel`` (query tasks
+  by id: ``_cancel``), ``verify``, ``stats``, ``reads``.
 
 Errors cross Flight as ``FlightServerError("<Type>: message")`` and are turned back into the
 same microco error on the caller's side."""
@@ -48,6 +48,7 @@ from microco.common.identity import Identity, service_identity
 from microco.common.kv import KV
 from microco.common.registry import discover
 
+from ._cancel import TaskCancelled
 from ._limits import check_keys, load_json, short
 from ._nodestore import CorruptExtent, NodeStore
 from ._placement import NodeInfo
@@ -63,6 +64,7 @@ _ERRORS: dict[str, type[MicrocoError]] = {
     "FailedPrecondition": FailedPrecondition,
     "PermissionDenied": PermissionDenied,
     "Unauthenticated": Unauthenticated,
+    "TaskCancelled": TaskCancelled,
 }
 
 
@@ -175,6 +177,7 @@ _ACTION_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "delete": {"table": str, "extent": str},
     "drop_table": {"table": str},
     "shuffle_drop": {"qid": str},
+    "cancel": {"tasks": list},
     "verify": {"table": str, "extent": str, "checksum": str},
     "collect_garbage": {"keep": dict, "min_age_s": (int, float)},
 }
@@ -292,6 +295,13 @@ class StoreFlightServer(flight.FlightServerBase):
                 )
             else:
                 self._check_read_grant(context, req)
+            if (
+                "tid" in req
+                and self.identity is not None
+                and flight_caller(context)[0] != f"service:{COORDINATOR}"
+            ):
+                # a task id names a task the coordinator may cancel (``cancel``): its calls' alone
+                req.pop("tid")
             req.pop("grant", None)
             req = narrow_to_units(req)  # (unsigned: it only ever drops granted sources)
             _check_fields(req, _TICKET_FIELDS.get(op, {}) if isinstance(op, str) else {})
@@ -307,7 +317,9 @@ class StoreFlightServer(flight.FlightServerBase):
                 raise InvalidArgument(f"unknown ticket op {short(op)}")
             return flight.RecordBatchStream(t)
         except Exception as exc:
-            if not isinstance(exc, (CorruptExtent, NotFound, InvalidArgument, PermissionDenied)):
+            if not isinstance(
+                exc, (CorruptExtent, NotFound, InvalidArgument, PermissionDenied, TaskCancelled)
+            ):
                 log.exception("do_get failed")
             _raise_flight(exc)
 
@@ -351,6 +363,7 @@ class StoreFlightServer(flight.FlightServerBase):
             ("delete", ""),
             ("drop_table", ""),
             ("shuffle_drop", ""),
+            ("cancel", "stop query tasks by the ids the coordinator gave them (its attempt lost)"),
             ("verify", "check an extent's checksum"),
             ("stats", ""),
             ("reads", "Arrow bytes read per table and replica since the node started"),

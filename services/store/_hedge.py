@@ -16,7 +16,9 @@ running) or took (those finished), which nodes straggle. Constants, with why:"""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator, Sequence
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,17 @@ MULTIPLE = 1.5
 # store plan on one replica runs on that replica's group, two or three nodes, so one finished
 # node of two must be enough.
 QUORUM = 0.5
+# A stage whose like fragments all run on one node has no sibling to compare with. Its expected
+# time is then the plan's own estimate: its bytes read at the seconds per byte that fragments of
+# the same shape took on this coordinator lately (``Rates``: the median of the last ``RATES_KEPT``;
+# seconds alone for fragments that read no planned bytes), the same measure the siblings give,
+# taken from earlier queries instead of this one. Those ran under another moment's load, so the
+# bar is wider than a sibling's: ``PRIOR_MULTIPLE`` = 3 (twice Spark's multiplier; on this 2-core
+# machine one repeated query's fragment varies by up to ~2x with the load of its neighbours), and
+# never under ``FLOOR_S``. With no history of its shape (the first such query) nothing is hedged.
+PRIOR_MULTIPLE = 3.0
+RATES_KEPT = 8
+RATE_SHAPES = 1024  # shapes remembered (least recently seen forgotten first)
 
 
 # Fragments compare only with their like: the same operation and SQL over the same tables
@@ -83,17 +96,55 @@ def weight(task: dict[str, Any]) -> float:
     return sum(float(src.get("bytes") or 0) for src in _sources(task))
 
 
+class Rates:
+    """Seconds per byte read of the fragments that ended on this coordinator, by shape (the
+    last ``RATES_KEPT`` of each; a fragment that read no planned bytes counts its seconds): what
+    a fragment with no sibling on another node is expected to take (``HedgePolicy.bars``)."""
+
+    def __init__(self, kept: int = RATES_KEPT, shapes: int = RATE_SHAPES) -> None:
+        self.kept, self.shapes = kept, shapes
+        self._lock = threading.Lock()
+        self._by: OrderedDict[tuple[str, bool], deque[float]] = OrderedDict()
+
+    def add(self, kind: str, weight: float, seconds: float) -> None:
+        key = (kind, weight > 0)
+        with self._lock:
+            got = self._by.get(key)
+            if got is None:
+                got = self._by[key] = deque(maxlen=self.kept)
+            got.append(seconds / weight if weight > 0 else seconds)
+            self._by.move_to_end(key)
+            while len(self._by) > self.shapes:
+                self._by.popitem(last=False)
+
+    def expect(self, kind: str, weight: float) -> float | None:
+        """What a fragment of shape ``kind`` reading ``weight`` bytes is expected to take (s), or
+        None with no history of the shape."""
+        with self._lock:
+            got = self._by.get((kind, weight > 0))
+            if not got:
+                return None
+            rate = statistics.median(got)
+        return rate * weight if weight > 0 else rate
+
+
 @dataclass(frozen=True)
 class HedgePolicy:
     floor_s: float = FLOOR_S
     multiple: float = MULTIPLE
     quorum: float = QUORUM
+    prior_multiple: float = PRIOR_MULTIPLE
 
-    def bars(self, fragments: Sequence[Fragment]) -> dict[int, tuple[float, float]]:
+    def bars(
+        self, fragments: Sequence[Fragment], prior: Callable[[str, float], float | None] | None = None
+    ) -> dict[int, tuple[float, float]]:
         """For each running fragment (by its index) whose like fragments (same ``shape``, on other
         nodes) have finished in quorum: the seconds it may run before its node is hedged,
         ``multiple`` times what the finished ones' median seconds per byte give for its bytes,
-        and no less than ``floor_s``; each as (bar, what the finished ones give: expected)."""
+        and no less than ``floor_s``; each as (bar, what the finished ones give: expected). A
+        running fragment with no like fragment on another node is given, when ``prior`` (shape,
+        bytes -> expected seconds: ``Rates.expect``) knows its shape, ``prior_multiple`` times
+        that, no less than ``floor_s``."""
         out: dict[int, tuple[float, float]] = {}
         groups: dict[str, list[int]] = {}
         for i, f in enumerate(fragments):
@@ -104,6 +155,11 @@ class HedgePolicy:
                 if f.done:
                     continue
                 others = [fragments[j] for j in idx if fragments[j].node != f.node]
+                if not others and prior is not None:
+                    guess = prior(f.shape, f.weight)
+                    if guess is not None:
+                        out[i] = (max(self.floor_s, self.prior_multiple * guess), guess)
+                    continue
                 finished = [o for o in others if o.done]
                 if not finished or len(finished) < self.quorum * (len(others) + 1):
                     continue
@@ -114,8 +170,12 @@ class HedgePolicy:
                 out[i] = (max(self.floor_s, self.multiple * expect), expect)
         return out
 
-    def stragglers(self, fragments: Sequence[Fragment]) -> set[str]:
+    def stragglers(
+        self, fragments: Sequence[Fragment], prior: Callable[[str, float], float | None] | None = None
+    ) -> set[str]:
         """The nodes with a running fragment past its bar (``bars``)."""
         return {
-            fragments[i].node for i, (bar, _) in self.bars(fragments).items() if fragments[i].seconds >= bar
+            fragments[i].node
+            for i, (bar, _) in self.bars(fragments, prior).items()
+            if fragments[i].seconds >= bar
         }

@@ -13,7 +13,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import pyarrow as pa
 from microco.common.errors import InvalidArgument, MicrocoError, NotFound
 
 from . import _exec
+from ._cancel import MAX_CANCEL_IDS, CancelToken, TaskCancelled, TaskRegistry
 from ._layout import (
     DEFAULT_COMPRESSION,
     EXTENT_LAYOUT,
@@ -104,6 +105,8 @@ class NodeStore:
         # (decoded, or from the cache), since the node started: which replica serves the reads
         # (``microco store nodes``; an operator choosing which replica to give a faster codec)
         self.read_by_replica: dict[str, list[int]] = {}
+        # the query tasks running, by the id the coordinator gave them, to cancel (``_cancel``)
+        self.tasks = TaskRegistry()
 
     # ------------------------------------------------------------------ extents
     def path(self, table: str, extent_id: str) -> Path:
@@ -340,16 +343,84 @@ class NodeStore:
             "bytes_read": self.bytes_read,
             "open_extents": len(self._open),
             "cache_bytes": self.resident_bytes,
+            **self.tasks.stats(),
         }
 
     # ------------------------------------------------------------------ query tasks
+    def _token(self, task: dict[str, Any]) -> CancelToken | None:
+        tid = task.get("tid")
+        if tid is None:
+            return None
+        if not isinstance(tid, str) or not 0 < len(tid) <= 64:
+            raise InvalidArgument("a task's 'tid' must be a string of 1..64 characters")
+        token = self.tasks.start(tid)
+        try:
+            token.check()
+        except TaskCancelled as exc:
+            self._ended(token, exc)
+            raise
+        return token
+
     def run(self, task: dict[str, Any]) -> pa.Table:
-        return _exec.run_task(_NodeEnv(self, task.get("addresses", {})), task)
+        token = self._token(task)
+        try:
+            out = _exec.run_task(_NodeEnv(self, task.get("addresses", {}), token), task)
+            if token is not None:
+                token.check()
+        except BaseException as exc:
+            if token is not None:
+                self._ended(token, exc)
+            raise
+        if token is not None:
+            self.tasks.end(token)
+        return out
 
     def run_stream(self, task: dict[str, Any]) -> pa.RecordBatchReader:
         """``run`` as record batches (a ``sql`` task's result is never held whole: what Flight
-        serves)."""
-        return _exec.run_task_stream(_NodeEnv(self, task.get("addresses", {})), task)
+        serves). A task with an id (``tid``) runs until its stream is read to its end, dropped,
+        or cancelled (``cancel``: its next batch raises ``TaskCancelled``)."""
+        token = self._token(task)
+        try:
+            reader = _exec.run_task_stream(_NodeEnv(self, task.get("addresses", {}), token), task)
+        except BaseException as exc:
+            if token is not None:
+                self._ended(token, exc)
+            raise
+        if token is None:
+            return reader
+        tok: CancelToken = token
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            error: BaseException | None = None
+            try:
+                for b in reader:
+                    tok.check()
+                    yield b
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                reader.close()
+                self._ended(tok, error)
+
+        return pa.RecordBatchReader.from_batches(reader.schema, batches())
+
+    def _ended(self, token: CancelToken, error: BaseException | None) -> None:
+        self.tasks.end(token, error)
+        if isinstance(error, TaskCancelled):
+            _exec.release_unused()  # (its inputs went with its frames: their memory handed back)
+
+    def cancel(self, tids: Any) -> dict[str, Any]:
+        """Cancel the query tasks ``tids`` (``_cancel``): those running stop where they stand,
+        the others end at once if they still arrive. Harmless for a finished or unknown task."""
+        if not isinstance(tids, list) or len(tids) > MAX_CANCEL_IDS:
+            raise InvalidArgument(f"cancel: 'tasks' must be a list of at most {MAX_CANCEL_IDS} task ids")
+        if not all(isinstance(t, str) and 0 < len(t) <= 64 for t in tids):
+            raise InvalidArgument("cancel: each task id must be a string of 1..64 characters")
+        out = self.tasks.cancel(tids)
+        if out["cancelled"]:
+            log.info("node %s: cancelled %d running task(s)", self.name, len(out["cancelled"]))
+        return out
 
     def shuffle_take(self, qid: str, tag: str, bucket: int) -> pa.Table:
         with self._lock:
@@ -407,17 +478,30 @@ class NodeStore:
 
 
 class _NodeEnv:
-    def __init__(self, store: NodeStore, addresses: dict[str, str]) -> None:
-        self.store, self.addresses = store, addresses
+    """Where a task runs: its node's store, its peers' addresses and its cancel token, checked
+    before and after each piece it reads (an extent, a peer's bucket), so a cancelled task stops
+    between pieces; the token interrupts its DuckDB queries (``attach``)."""
+
+    def __init__(self, store: NodeStore, addresses: dict[str, str], token: CancelToken | None = None) -> None:
+        self.store, self.addresses, self.cancel = store, addresses, token
+
+    def check(self) -> None:
+        if self.cancel is not None:
+            self.cancel.check()
 
     def read_source(self, source: dict[str, Any], columns: Sequence[str] | None) -> pa.Table:
-        return self.store.read_source(source, columns)
+        self.check()
+        out = self.store.read_source(source, columns)
+        self.check()
+        return out
 
     def shuffle_put(self, qid: str, tag: str, bucket: int, table: pa.Table) -> None:
+        self.check()
         with self.store._lock:
             self.store._shuffle[(qid, tag, bucket)] = table
 
     def shuffle_get(self, peer: str, qid: str, tag: str, bucket: int) -> pa.Table:
+        self.check()
         if peer == self.store.name:
             return self.store.shuffle_take(qid, tag, bucket)
         if self.store.fetch is None:

@@ -232,7 +232,10 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
     def Query(self, request, context):
         sql, q = parse_request(request.query_json)
         self._check_read(context, sql, q)
-        table, plan = self.core.sql(sql) if sql is not None else self.core.query(q)
+        # a caller that goes away (cancels, its deadline passes, its connection drops) ends the
+        # query, its tasks cancelled on their nodes (``StoreCore._with_retries``)
+        gone = getattr(context, "add_callback", None)
+        table, plan = self.core.sql(sql, gone) if sql is not None else self.core.query(q, gone)
         QUERIES.labels(plan.kind).inc()
         # the result is serialised as it is sent, a batch at a time (not into one buffer and
         # then a list of its pieces: two more copies of the result)

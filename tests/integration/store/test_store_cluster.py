@@ -868,13 +868,33 @@ def test_a_paused_node_does_not_hold_a_query_to_its_calls_deadline(fresh):
         except Exception as exc:  # noqa: BLE001 - reported below
             box["error"] = exc
 
+    from microco.services.store._flight import FlightTransport
+    from microco.services.store._placement import NodeInfo
+
+    rec = next(r for r in discover(c.kv, "store-node") if r.instance_id == victim)
+    node = NodeInfo(victim, "", rec.labels["flight"])
+    asked = FlightTransport(c.kv)  # as the coordinator: the node's own record of its tasks
+    before = asked.action(node, "stats", {})
     os.kill(c.procs[victim].pid, signal.SIGSTOP)
     thread = threading.Thread(target=run)
     try:
         thread.start()  # planned with the paused node while its lease lasts
         thread.join(90)
         assert not thread.is_alive(), "the query still waits on a paused node"
+        # the losing attempt's task on the paused node is cancelled: the coordinator keeps
+        # asking until the node runs again, which then has the cancel in its own record (the
+        # task cancelled running, before it started, or found ended if it ran first)
+        os.kill(c.procs[victim].pid, signal.SIGCONT)
+        keys = ("cancelled_running", "cancelled_before_start", "cancel_not_running")
+        end = time.monotonic() + 30
+        while True:
+            now = asked.action(node, "stats", {})
+            if sum(now[k] for k in keys) > sum(before[k] for k in keys):
+                break
+            assert time.monotonic() < end, f"no cancel reached the node: {now}"
+            time.sleep(0.1)
     finally:
+        asked.close()
         c.kill(victim)  # (SIGKILL ends a stopped process too)
         thread.join()
     assert "error" not in box, box.get("error")

@@ -145,7 +145,7 @@ def test_query_results_are_sent_and_read_in_pieces(monkeypatch):
     plan = types.SimpleNamespace(
         kind="gather", explain_text=lambda: "plan: x", replicas={"t": 0}, moved_bytes=7
     )
-    core = types.SimpleNamespace(sql=lambda sql: (table, plan), kv=None)
+    core = types.SimpleNamespace(sql=lambda sql, gone=None: (table, plan), kv=None)
     servicer = StoreServicer(core)
     servicer._check_read = lambda *a: None
     request = types.SimpleNamespace(query_json='{"sql": "select k from t"}')
