@@ -229,7 +229,9 @@ class FlightSqlServicer(fpb_grpc.FlightServiceServicer):
         if not sql.strip():
             raise InvalidArgument("empty SQL query")
         self.store._check_read(context, sql, None)
-        table, plan = self.store.core.sql(sql)
+        # a client that goes away (or passes its deadline) ends the query, its tasks cancelled
+        # on their nodes, as the store's own gRPC endpoint does (``StoreCore._with_retries``)
+        table, plan = self.store.core.sql(sql, getattr(context, "add_callback", None))
         log.info("flight sql query (%s) by %s: %d rows", plan.kind, caller(context).name, table.num_rows)
         return table  # type: ignore[no-any-return]
 

@@ -220,3 +220,34 @@ def test_a_bound_handle_is_checked_when_executed_as_when_bound():
     crafted = _flightsql._bound("select ?", pa.table({"a": list(range(_flightsql.PARAM_ROWS + 1))}))
     with pytest.raises(InvalidArgument, match="at most"):
         _flightsql._prepared_sqls(crafted)
+
+
+class _LeftContext(_Context):
+    """A call whose client has gone away: gRPC runs a callback registered on it at once."""
+
+    def __init__(self, who) -> None:
+        super().__init__(who)
+        self.callbacks = 0
+
+    def add_callback(self, fn) -> bool:
+        self.callbacks += 1
+        fn()
+        return True
+
+
+def test_a_flight_sql_query_whose_client_went_away_ends_cancelled(endpoint):
+    """Issue 19, session 31: the store's gRPC endpoint ends a query whose caller went away and
+    cancels its tasks on their nodes; the Flight SQL endpoint ran its queries to the end. Now it
+    registers the same callback: a client gone ends the query (``Cancelled``)."""
+    from microco.api.flight.v1 import flight_pb2 as fpb
+    from microco.api.flight.v1 import flight_sql_pb2 as spb
+    from microco.common.errors import Cancelled
+
+    servicer, _, alice, _ = endpoint
+    fsql = FlightSqlServicer(servicer)
+    desc = fpb.FlightDescriptor(type=fpb.FlightDescriptor.CMD, cmd=pack(spb.CommandStatementQuery(query=SQL)))
+    ctx = _LeftContext(alice)
+    with pytest.raises(Cancelled):
+        fsql.GetFlightInfo(desc, ctx)
+    assert ctx.callbacks == 1
+    assert fsql.GetFlightInfo(desc, _Context(alice)).endpoint  # a client still there: answered
