@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from typing import Any
 
 import pyarrow.flight as flight
 import pytest
-from _support import issued
+from _support import issued, wait_until
 
 from microco.clients.store import flight_client
 from microco.services.store._cancel import TaskCancelled
@@ -35,10 +34,7 @@ def node(tmp_path):
 
 
 def _until(cond: Any, what: str, timeout_s: float = 30.0) -> None:
-    end = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < end, what
-        time.sleep(0.02)
+    wait_until(cond, timeout_s, what, interval=0.02)
 
 
 def test_the_coordinator_cancels_a_running_fragment_over_flight(node):

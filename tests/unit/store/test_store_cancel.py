@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from _support import wait_until
 from test_store_hedge import NODES, SQL, Stalling, _data, _rows, _run, _store, _want
 
 from microco.common.errors import Cancelled
@@ -22,10 +23,7 @@ from microco.services.store._hedge import Fragment, HedgePolicy, Rates
 
 
 def _until(cond: Any, what: str, timeout_s: float = 30.0) -> None:
-    end = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < end, what
-        time.sleep(0.02)
+    wait_until(cond, timeout_s, what, interval=0.02)
 
 
 class ReadStalling(Stalling):
