@@ -369,6 +369,7 @@ def test_a_background_compile_of_an_untraced_step_is_priced_with_the_steps_trace
     monkeypatch.setattr(_session, "idle_cores", lambda: 1.5)
     model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="tanh"), tf.keras.layers.Dense(3)])
     cost = XlaCostModel("hw", tmp_path / "rate.json", cold_rate=1.0)
+
     def mse(out, y):
         return tf.reduce_mean(tf.square(out - y))
 
