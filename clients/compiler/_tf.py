@@ -311,6 +311,7 @@ class AstraTF(SessionBacked):
         self._beside: list[tuple[int, float]] = []
         self._free_ms: dict[int, list[float]] = {}
         self._beside_idle: bool | None = None
+        self._judging: tuple[list[tuple[int, float]], float, bool] | None = None  # ended, not judged yet
         self.trace_ms = 0.0  # the plain step's trace, timed (``_check_random``); 0: not measured
         self._build_optimizer()
 
@@ -788,7 +789,8 @@ class AstraTF(SessionBacked):
 
     # What a background compile costs the training beside it (issue 18, session 31).
     BESIDE_KIND = "tf:xla"
-    BESIDE_MIN_STEPS = 5  # steps beside a compile, each with the same variant's free steps to judge it
+    BESIDE_MIN_STEPS = 5  # steps beside a compile, to judge what it took from them
+    BESIDE_FREE_STEPS = 5  # steps of the same variant with no compile beside them, after it
 
     def _background_price_ms(self, cost: XlaCostModel, kind: str, instructions: int) -> float:
         """A background compile's price to the run: what it takes from the training steps beside
@@ -828,23 +830,46 @@ class AstraTF(SessionBacked):
     def _note_step(self, fn: Any, ms: float, beside: bool) -> None:
         if beside:
             self._beside.append((id(fn), ms))
-        else:
-            free = self._free_ms.setdefault(id(fn), [])
-            free.append(ms)
-            del free[:-50]
+            return
+        free = self._free_ms.setdefault(id(fn), [])
+        free.append(ms)
+        del free[:-50]
+        if self._judging is not None:
+            self._judge_beside()
 
     def _learn_beside(self, compile_ms: float) -> None:
-        """A background compile ended (done or abandoned) after ``compile_ms`` of wall: keep what
-        it took from the steps beside it (their wall ms beyond the median of the same variant's
-        steps with no compile beside them, summed: the time the run lost), over ``compile_ms``
-        (``HostCompileCosts.record_beside``)."""
+        """A background compile ended (done or abandoned) after ``compile_ms`` of wall: what it
+        took from the steps beside it is judged once the variants they ran have run
+        ``BESIDE_FREE_STEPS`` steps with no compile beside them (``_judge_beside``). Not against
+        their steps before it: a variant's first steps after its trace ran slower than the
+        steps beside the compile (keras-hub's GPT-2 at load 1.5-2, session 31: its baseline's
+        five trial steps 7.2 ms median, the 287 steps beside its compile 4.8 ms)."""
         beside, self._beside = self._beside, []
         idle, self._beside_idle = self._beside_idle, None
-        judged = [(ms, self._free_ms[f]) for f, ms in beside if len(self._free_ms.get(f, ())) >= 3]
-        if len(judged) < self.BESIDE_MIN_STEPS or compile_ms <= 0 or idle is None:
+        if len(beside) < self.BESIDE_MIN_STEPS or compile_ms <= 0 or idle is None:
+            self._judging = None
             return
-        extra = sum(ms - statistics.median(free) for ms, free in judged) * len(beside) / len(judged)
-        share = max(0.0, extra) / compile_ms
+        for fid in {f for f, _ in beside}:
+            self._free_ms.pop(fid, None)  # the reference: steps after the compile
+        self._judging = (beside, compile_ms, idle)
+
+    def _judge_beside(self) -> None:
+        """Keep what the ended compile took from the steps beside it: their wall ms beyond the
+        median of the same variant's free steps, summed (the time the run lost), over the
+        compile's wall ms (``HostCompileCosts.record_beside``); steps of a variant with too few
+        free steps are counted at the judged steps' mean excess."""
+        assert self._judging is not None
+        beside, compile_ms, idle = self._judging
+        counts: dict[int, int] = {}
+        for f, _ in beside:
+            counts[f] = counts.get(f, 0) + 1
+        most = max(counts, key=lambda f: counts[f])
+        if len(self._free_ms.get(most, ())) < self.BESIDE_FREE_STEPS:
+            return
+        self._judging = None
+        ref = {f: statistics.median(v) for f, v in self._free_ms.items() if len(v) >= self.BESIDE_FREE_STEPS}
+        judged = [ms - ref[f] for f, ms in beside if f in ref]
+        share = max(0.0, sum(judged) * len(beside) / len(judged)) / compile_ms
         self.compile_costs.record_beside(tf_hardware_id(), self.BESIDE_KIND, share, idle)
         log.info(
             "astra-tf: %s: a background compile of %.0f ms took %.2f of it from the %d steps beside it",
@@ -856,7 +881,7 @@ class AstraTF(SessionBacked):
 
     def _observe_launch(self, kind: str) -> None:
         """A background compile starts: whether a core is idle beside the training now."""
-        self._beside, self._beside_idle = [], _session.idle_cores() >= 1.0
+        self._beside, self._beside_idle, self._judging = [], _session.idle_cores() >= 1.0, None
 
     def _compile_deadline_ms(self, kind: str) -> float:
         s = self.session

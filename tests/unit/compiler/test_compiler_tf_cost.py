@@ -335,9 +335,11 @@ def test_a_background_compile_is_priced_by_what_it_takes_from_the_steps_beside_i
 
 
 def test_what_a_background_compile_took_from_the_steps_beside_it_is_measured_and_kept(monkeypatch):
-    """The steps beside a background compile, against the same variant's steps with none beside
-    them: their excess wall time, summed over the compile's wall time, is kept for this host
-    (done or abandoned compiles alike); too few steps beside it say nothing."""
+    """The steps beside a background compile, against the same variant's steps after it with no
+    compile beside them (not its steps before: a variant's first steps after its trace ran
+    slower than those beside the compile, GPT-2, session 31): their excess wall time, summed,
+    over the compile's wall time, is kept for this host (done or abandoned compiles alike);
+    too few steps beside it say nothing."""
     from microco.clients.compiler import _session
 
     monkeypatch.setattr(_session, "idle_cores", lambda: -1.0)
@@ -345,17 +347,23 @@ def test_what_a_background_compile_took_from_the_steps_beside_it_is_measured_and
     hw, kind = _tf.tf_hardware_id(), astra.BESIDE_KIND
     held, other = object(), object()
     for _ in range(4):
-        astra._note_step(held, 2.0, beside=False)
+        astra._note_step(held, 9.0, beside=False)  # its first steps: slow, not the reference
     astra._observe_launch("unrolled")
-    for ms in (3.0, 5.0, 4.0, 3.0, 5.0, 4.0):  # 2 ms each over the held step's median
+    for ms in (3.0, 5.0, 4.0, 3.0, 5.0, 4.0):  # 2 ms each over the held step's median after
         astra._note_step(held, ms, beside=True)
     astra._note_step(other, 50.0, beside=True)  # a variant with no free steps: not judged, scaled
     astra._observe_abandoned_compile("unrolled", 28.0)
+    for _ in range(astra.BESIDE_FREE_STEPS - 1):
+        astra._note_step(held, 2.0, beside=False)
+    assert astra.compile_costs.beside(hw, kind, idle=False) is None  # not judged yet
+    astra._note_step(held, 2.0, beside=False)
     assert astra.compile_costs.beside(hw, kind, idle=False) == pytest.approx(12.0 * 7 / 6 / 28.0)
     assert astra.compile_costs.beside(hw, kind, idle=True) is None
     astra._observe_launch("unrolled")
     astra._note_step(held, 9.0, beside=True)  # one step: nothing learned
     astra._observe_background_compile("unrolled", 10.0)
+    for _ in range(10):
+        astra._note_step(held, 2.0, beside=False)
     assert len(astra.compile_costs.measurements(hw, f"beside:{kind}")) == 1
 
 
