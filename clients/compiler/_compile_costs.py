@@ -394,29 +394,6 @@ class HostCompileCosts:
                 by.setdefault(str(r["graph"]), []).append(float(r["ratio"]))
         return {g: _median(v) for g, v in by.items()}
 
-    # -- what a compile in the background costs the training beside it (issue 18, session 31)
-    def record_beside(self, hardware: str, kind: str, share: float, idle: bool) -> None:
-        """Keep what a background compile of ``kind`` took from the training steps beside it: the
-        steps' wall time beyond their typical step, over the compile's wall time (0: nothing,
-        1: as much as the compile in line would have; it may exceed 1). ``idle``: a core was
-        idle beside the training when the compile started (``_session.idle_cores``); the share
-        is kept apart for each, as it differs between a machine with a spare core and one
-        without."""
-        if not (share >= 0.0 and math.isfinite(share)):
-            return
-        data = self._load()
-        rows = data.setdefault(self._key(hardware), {}).setdefault(f"beside:{kind}", [])
-        rows.append({"share": float(share), "idle": bool(idle), "at": time.time()})
-        del rows[:-KEEP]
-        self._save(data)
-
-    def beside(self, hardware: str, kind: str, idle: bool) -> float | None:
-        """The median share kept by :meth:`record_beside` for a machine with (``idle``) or
-        without a spare core; None: never measured here."""
-        rows = [r for r in self.measurements(hardware, f"beside:{kind}") if bool(r.get("idle")) == idle]
-        shares = [float(r["share"]) for r in rows if isinstance(r.get("share"), (int, float))]
-        return _median(shares) if shares else None
-
     # -- a graph's eager step profile here (issue 18, session 29)
     def record_share(self, hardware: str, kind: str, share: float, graph: str) -> None:
         """Keep a share of ``graph``'s eager step measured here (``kind``: which, e.g. the time in

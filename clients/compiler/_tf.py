@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar, cast
@@ -305,14 +304,6 @@ class AstraTF(SessionBacked):
         # expects that, not the core's optimistic bound (``_learn_gain``, ``_measured_gain``).
         self.compile_costs = HostCompileCosts()
         self._gain_learned = False
-        # What a background compile costs the training beside it (``_learn_beside``): each step's
-        # wall ms beside a running compile, by the variant it ran, and the same variants' steps
-        # with no compile beside them; whether a core was idle when the compile started.
-        self._beside: list[tuple[int, float]] = []
-        self._free_ms: dict[int, list[float]] = {}
-        self._beside_idle: bool | None = None
-        self._judging: tuple[list[tuple[int, float]], float, bool] | None = None  # ended, not judged yet
-        self.trace_ms = 0.0  # the plain step's trace, timed (``_check_random``); 0: not measured
         self._build_optimizer()
 
     def _build_optimizer(self) -> None:
@@ -354,11 +345,16 @@ class AstraTF(SessionBacked):
             # was priced 2.9-7.1 s at loads 3.5-4, scaled as if it stopped the training; one
             # compile measured 2.7 s of CPU over its threads and 19.5 s of wall at load 16.6).
             # The deadline stays on the wall time at load (``_compile_deadline_ms``).
-            if not self.background or self.compiles_in_line(kind):
-                return round(
-                    cost.estimate(sizes[kind], kind, self.graph_key, self.hlo_classes.get(kind, "")), 1
-                )
-            return round(self._background_price_ms(cost, kind, sizes[kind]), 1)
+            return round(
+                cost.estimate(
+                    sizes[kind],
+                    kind,
+                    self.graph_key,
+                    self.hlo_classes.get(kind, ""),
+                    at_load=not self.background or self.compiles_in_line(kind),
+                ),
+                1,
+            )
 
         def priced(
             name: str, choices: tuple[str, ...], stage: int, kind: str, subsumes: tuple[str, ...] = ()
@@ -491,12 +487,7 @@ class AstraTF(SessionBacked):
         self._build(x)
         try:
             step: Any = self.variant(False, False, False)  # (a tf.function)
-            t0 = time.perf_counter()
-            concrete = step.get_concrete_function(x, y)
-            # The step's trace, measured: what tracing another variant of it costs the training
-            # (the background compile's trace runs in the training thread, ``_trace_price_ms``).
-            self.trace_ms = (time.perf_counter() - t0) * 1e3
-            draws = draws_random(concrete)
+            draws = draws_random(step.get_concrete_function(x, y))
         except Exception as exc:  # noqa: BLE001 - a graph that cannot be read: XLA as before
             log.info("astra-tf: %s: the step's random operators not read (%s)", self.name, exc)
             return
@@ -787,109 +778,12 @@ class AstraTF(SessionBacked):
             return False
         return self.cost_model.compiled_here(self.graph_key, kind) and _session.idle_cores() < 1.0
 
-    # What a background compile costs the training beside it (issue 18, session 31).
-    BESIDE_KIND = "tf:xla"
-    BESIDE_MIN_STEPS = 5  # steps beside a compile, to judge what it took from them
-    BESIDE_FREE_STEPS = 5  # steps of the same variant with no compile beside them, after it
-
-    def _background_price_ms(self, cost: XlaCostModel, kind: str, instructions: int) -> float:
-        """A background compile's price to the run: what it takes from the training steps beside
-        it, plus the trace of its variant, which runs in the training thread (``XlaWarmer``)
-        where the variant was not traced yet. What it takes: the share of its wall time at
-        today's load that compiles measured here took from the steps beside them
-        (``_learn_beside``, kept for a machine with a spare core and one without); never
-        measured, its work alone where a core is idle (as before) and its whole wall time at
-        the load where none is (it competes with the training for the cores, as it would in
-        line; ``compiles_in_line``). Issue 18, session 31: keras-hub's GPT-2 at 5,000 steps,
-        its XLA priced at its work alone (~1 s), compiled in 1.7 s beside 579 held steps and
-        its variant traced in the training thread; the exploration took 4.5 s."""
-        graph, cls = self.graph_key, self.hlo_classes.get(kind, "")
-        idle = _session.idle_cores() >= 1.0
-        share = self.compile_costs.beside(tf_hardware_id(), self.BESIDE_KIND, idle)
-        if share is None and idle:
-            ms = cost.estimate(instructions, kind, graph, cls, at_load=False)
-        else:
-            ms = (1.0 if share is None else share) * cost.estimate(instructions, kind, graph, cls)
-        return ms + self._trace_price_ms(kind)
-
-    def _trace_price_ms(self, kind: str) -> float:
-        """The trace a trial of ``kind`` makes in the training thread: the step's own trace
-        (``trace_ms``) where its XLA variant was not traced yet (the count traces it, see
-        ``_register``). Only the whole step's XLA over the plain step (``unrolled`` of a model
-        without cells) is known to be one trace of the step; the structured variants are
-        priced by their kind's compile (``variables``)."""
-        if kind != "unrolled" or self.structured:
-            return 0.0
-        fn: Any = self.variant(False, False, True)
-        try:
-            traced = int(fn.experimental_get_tracing_count()) > 0
-        except Exception:  # noqa: BLE001 - unknown: priced as untraced
-            traced = False
-        return 0.0 if traced else self.trace_ms
-
-    def _note_step(self, fn: Any, ms: float, beside: bool) -> None:
-        if beside:
-            self._beside.append((id(fn), ms))
-            return
-        free = self._free_ms.setdefault(id(fn), [])
-        free.append(ms)
-        del free[:-50]
-        if self._judging is not None:
-            self._judge_beside()
-
-    def _learn_beside(self, compile_ms: float) -> None:
-        """A background compile ended (done or abandoned) after ``compile_ms`` of wall: what it
-        took from the steps beside it is judged once the variants they ran have run
-        ``BESIDE_FREE_STEPS`` steps with no compile beside them (``_judge_beside``). Not against
-        their steps before it: a variant's first steps after its trace ran slower than the
-        steps beside the compile (keras-hub's GPT-2 at load 1.5-2, session 31: its baseline's
-        five trial steps 7.2 ms median, the 287 steps beside its compile 4.8 ms)."""
-        beside, self._beside = self._beside, []
-        idle, self._beside_idle = self._beside_idle, None
-        if len(beside) < self.BESIDE_MIN_STEPS or compile_ms <= 0 or idle is None:
-            self._judging = None
-            return
-        for fid in {f for f, _ in beside}:
-            self._free_ms.pop(fid, None)  # the reference: steps after the compile
-        self._judging = (beside, compile_ms, idle)
-
-    def _judge_beside(self) -> None:
-        """Keep what the ended compile took from the steps beside it: their wall ms beyond the
-        median of the same variant's free steps, summed (the time the run lost), over the
-        compile's wall ms (``HostCompileCosts.record_beside``); steps of a variant with too few
-        free steps are counted at the judged steps' mean excess."""
-        assert self._judging is not None
-        beside, compile_ms, idle = self._judging
-        counts: dict[int, int] = {}
-        for f, _ in beside:
-            counts[f] = counts.get(f, 0) + 1
-        most = max(counts, key=lambda f: counts[f])
-        if len(self._free_ms.get(most, ())) < self.BESIDE_FREE_STEPS:
-            return
-        self._judging = None
-        ref = {f: statistics.median(v) for f, v in self._free_ms.items() if len(v) >= self.BESIDE_FREE_STEPS}
-        judged = [ms - ref[f] for f, ms in beside if f in ref]
-        share = max(0.0, sum(judged) * len(beside) / len(judged)) / compile_ms
-        self.compile_costs.record_beside(tf_hardware_id(), self.BESIDE_KIND, share, idle)
-        log.info(
-            "astra-tf: %s: a background compile of %.0f ms took %.2f of it from the %d steps beside it",
-            self.name,
-            compile_ms,
-            share,
-            len(beside),
-        )
-
-    def _observe_launch(self, kind: str) -> None:
-        """A background compile starts: whether a core is idle beside the training now."""
-        self._beside, self._beside_idle, self._judging = [], _session.idle_cores() >= 1.0, None
-
     def _compile_deadline_ms(self, kind: str) -> float:
         s = self.session
         base = s.base_ms if s.base_ms is not None else s.best_ms
         return compile_deadline_ms(self._price_ms(kind), self.total_steps - s.steps, base)
 
     def _observe_background_compile(self, kind: str, ms: float) -> None:
-        self._learn_beside(ms)
         # Wall time (over the load): its CPU time would include the training's steps beside it,
         # whose kernels run in TensorFlow's pool threads as the compile's do.
         if self.cost_model is not None and kind in self.hlo_instructions:
@@ -898,7 +792,6 @@ class AstraTF(SessionBacked):
             )
 
     def _observe_abandoned_compile(self, kind: str, ms: float) -> None:
-        self._learn_beside(ms)
         if self.cost_model is not None:
             self.cost_model.observe_abandoned(self.graph_key, kind, ms)
 
@@ -933,7 +826,6 @@ class AstraTF(SessionBacked):
     def _step(self, fn: Any, kind: str, x: tf.Tensor, y: tf.Tensor) -> float:
         t0, c0 = time.perf_counter(), time.process_time()
         failed = self.warmer.abandoned.get(id(fn), "") if self.warmer is not None else ""
-        beside = self.warmer is not None and self.warmer.compiling()
         try:
             if failed:  # its compile was abandoned at its deadline: the trial fails, training goes on
                 fn = self.variant(False, False, False)
@@ -947,7 +839,6 @@ class AstraTF(SessionBacked):
         try:
             if not failed:
                 self._observe_compile(fn, kind, ms, (time.process_time() - c0) * 1e3)
-                self._note_step(fn, ms, beside)
             self.session.record(ms, {}, failed)
             if self.session.committed and not self._gain_learned:
                 self._learn_gain()

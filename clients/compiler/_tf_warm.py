@@ -141,10 +141,6 @@ class XlaWarmer:
         self._queue.append(dict(values))
         self._pump()
 
-    def compiling(self) -> bool:
-        """Is a compile of this warmer's running now (its own, not an abandoned one's)?"""
-        return self._job is not None
-
     def busy(self) -> bool:
         self._pump()
         return self._job is not None or bool(self._queue)
@@ -189,9 +185,6 @@ class XlaWarmer:
             self.inline.add(fid)
             return
         job = _Job(values, fid, kind, owner._compile_deadline_ms(kind))
-        observe = getattr(owner, "_observe_launch", None)
-        if observe is not None:
-            observe(kind)
         flat_inputs = _flat_inputs(x, y)
 
         def run() -> None:
