@@ -374,7 +374,9 @@ def next_config(state: Exploration, policy: ExplorationPolicy) -> Config:
                 # Priced again just before it runs: a compile measured since the stage was
                 # planned (the stage's first whole-step compile, say) may show this one cannot
                 # pay back after all.
-                reason = _outrun(state, policy, item) or _still_pays(state, policy, item["values"])
+                reason = _outrun(state, policy, item)
+                if not reason and not item.get("compiled"):
+                    reason = _still_pays(state, policy, item["values"])
                 if reason:
                     state.pruned.append(
                         f"stage {state.stage}: {item['values']}: {reason} (re-priced before running)"
@@ -559,6 +561,14 @@ def _account_hold(state: Exploration, rep: TrialReport, policy: ExplorationPolic
         keep.append(item)
     state.deferred = keep
     if not rep.pending:
+        if len(state.deferred) == 1:
+            # Its compile, the one the client waited for, is done: spent. It is not priced again
+            # by that compile before it runs (``next_config``): what it cost the run is charged
+            # (the held steps' slowdown) and the trial's steps are all that is left to pay (issue
+            # 18, session 31: keras-hub's GPT-2 at 5,000 steps, XLA compiled in the background
+            # beside 767 held steps, then pruned as it was handed out: its price against the
+            # saving of the steps left after the wait; the compile was wasted).
+            state.deferred[0]["compiled"] = True
         state.queue[:0] = state.deferred  # compiled: they run next, in their planned order
         state.deferred = []
 

@@ -303,6 +303,25 @@ def test_a_whole_step_compile_planned_on_the_typical_step_is_not_dropped_at_its_
     assert cfg.values == {"xla": "plain"} and not cfg.hold
 
 
+def test_a_trial_whose_background_compile_is_done_is_not_priced_again_by_that_compile():
+    # keras-hub's GPT-2 at 5,000 steps (issue 18, session 31): XLA planned against the saving of
+    # the steps left, compiled in the background while training held 767 steps, then pruned as
+    # it was handed out, re-priced by the compile it had just finished against the steps left
+    # after the wait. The compile is spent: the trial runs.
+    xla = Variable("xla", ("off", "plain"), "", STAGE_COMPILE, True, 2000.0, prior_calibrated=True)
+    state = start(GraphSpec("fp", "x", "cpu", (xla,), total_steps=1000), POLICY)
+    cfg = next_config(state, POLICY)
+    cfg = report(state, TrialReport(cfg.trial, [12.0, 10.0, 10.0, 10.0]), POLICY)
+    assert cfg.values == {"xla": "plain"} and not cfg.hold  # 2 s against ~2.5 s it may save
+    cfg = report(state, TrialReport(cfg.trial, [], pending=True), POLICY)
+    for _ in range(20):  # 200 steps at the best's typical step: nothing charged, the run shorter
+        assert cfg.hold
+        cfg = report(state, TrialReport(HOLD_TRIAL, [10.0] * cfg.steps, pending=True), POLICY)
+    cfg = report(state, TrialReport(HOLD_TRIAL, [10.0] * cfg.steps, pending=False), POLICY)
+    assert not any("re-priced" in p for p in state.pruned), state.pruned
+    assert cfg.values == {"xla": "plain"} and not cfg.hold and not cfg.committed
+
+
 def test_a_background_compile_is_dropped_once_its_charge_exceeds_the_expected_saving():
     # The plan admits a compile on half its best-case saving (``expected_gain_share``); the
     # slowdown beside it is dropped against that same share (session 11: keras-mobilenet's

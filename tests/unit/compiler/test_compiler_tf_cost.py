@@ -213,12 +213,15 @@ def test_a_background_xla_compile_is_priced_at_its_work_alone_an_inline_one_at_t
     priced 2.9-7.1 s at loads 3.5-4 (scaled as if it stopped the training) and pruned, though it
     compiles in the background while the training runs on: there it can take from the training
     at most its own work. In line, it stops the training for its wall time at today's load."""
-    from microco.clients.compiler import _compile_costs
+    from microco.clients.compiler import _compile_costs, _session
 
     cost = XlaCostModel("hw", tmp_path / "rate.json", cold_rate=1.0)
     monkeypatch.setattr(_compile_costs, "contention", lambda: 1.0)
     assert cost.observe(1_000, 2_300.0, "unrolled", "g", "dot+while")  # measured alone: 2.3 s
     monkeypatch.setattr(_compile_costs, "contention", lambda: 4.0)  # the machine at load 8 on 2 cores
+    # (a core idle beside the training: the compile stays in the background whatever the
+    # machine's own load; with no core idle, ``compiles_in_line`` answers from the load)
+    monkeypatch.setattr(_session, "idle_cores", lambda: 1.5)
     astra = _gru_astra(cost_model=cost, background=background)
     astra.graph_key, astra.hlo_classes = "g", {"unrolled": "dot+while", "loop": "dot+while"}
     priors = {v.name: v.compile_prior_ms for v in astra.variables({"unrolled": 1_000, "loop": 400})}
