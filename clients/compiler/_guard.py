@@ -10,7 +10,13 @@ step changes anything, :class:`StepSnapshot` keeps what the step may change:
 * parameters, their gradients and the buffers (running statistics), at the model's first call
   in the step (nothing of the model changes before it, and the input's shapes are known there);
 * each optimiser's state and hyper-parameters, at its ``step`` (a global pre-step hook, for any
-  optimiser over the model's parameters; one the step does not reach is not copied).
+  optimiser over the model's parameters; one the step does not reach is not copied);
+* a ``GradScaler`` stepping that optimiser (mixed precision's loop: scale, backward,
+  ``scaler.step(opt)``, ``update``): its scale and growth tracker, and, on a rollback, its record
+  of that optimiser back to "not unscaled yet". Without it a trial failing inside the optimiser's
+  step left the scaler's record "unscaled", the repeat's ``scaler.step`` skipped unscaling, and
+  the optimiser stepped on gradients still multiplied by the scale: silently wrong weights (issue
+  18, session 31, found with a held-out mixed-precision loop).
 
 :meth:`StepSnapshot.restore` puts all of it back, and may be called more than once (a repeat
 that fails again is rolled back again).
@@ -19,6 +25,7 @@ that fails again is rolled back again).
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from typing import Any
 
@@ -29,6 +36,25 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 def _clone(v: Any) -> Any:
     return v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+
+
+def _scaler_stepping(opt: torch.optim.Optimizer) -> Any:
+    """The ``GradScaler`` whose ``step`` calls ``opt.step`` now, found up the call stack (a few
+    frames: the optimiser's hook wrapper, then the scaler's ``_maybe_opt_step`` and ``step``); a
+    scaler keeps no registry of itself. None when the optimiser is stepped directly."""
+    try:
+        from torch.amp import GradScaler
+    except ImportError:  # (a torch without it: nothing to keep)
+        return None
+    frame: Any = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, GradScaler) and id(opt) in getattr(owner, "_per_optimizer_states", {}):
+            return owner
+        frame = frame.f_back
+    return None
 
 
 class StepSnapshot:
@@ -43,6 +69,10 @@ class StepSnapshot:
         self.optimizers: dict[
             int, tuple[torch.optim.Optimizer, dict[Any, dict[str, Any]], list[dict[str, Any]]]
         ] = {}
+        # GradScalers stepping the optimisers: (scaler, its scale, its growth tracker), and the
+        # (scaler, optimiser id) pairs whose record a rollback sets back to "not unscaled yet"
+        self.scalers: dict[int, tuple[Any, Any, Any]] = {}
+        self.scaled: list[tuple[Any, int]] = []
         self.cost_s = 0.0  # time spent taking it (not the step's: it is subtracted from the step's time)
         self._hook: Any = None
         self._param_ids: set[int] = set()
@@ -73,6 +103,16 @@ class StepSnapshot:
         state = {p: {k: _clone(v) for k, v in st.items()} for p, st in opt.state.items()}
         groups = [{k: _clone(v) for k, v in g.items() if k != "params"} for g in opt.param_groups]
         self.optimizers[id(opt)] = (opt, state, groups)
+        scaler = _scaler_stepping(opt)
+        if scaler is not None:
+            # (its scale is as at the step's start: ``scale`` reads it, ``update`` comes after)
+            if id(scaler) not in self.scalers:
+                self.scalers[id(scaler)] = (
+                    scaler,
+                    _clone(getattr(scaler, "_scale", None)),
+                    _clone(getattr(scaler, "_growth_tracker", None)),
+                )
+            self.scaled.append((scaler, id(opt)))
         self.cost_s += time.perf_counter() - t0
 
     def close(self) -> None:
@@ -98,3 +138,14 @@ class StepSnapshot:
                 opt.state[p] = {k: _clone(v) for k, v in st.items()}
             for g, saved in zip(opt.param_groups, groups):
                 g.update({k: _clone(v) for k, v in saved.items()})
+        for scaler, scale, growth in self.scalers.values():
+            for name, kept in (("_scale", scale), ("_growth_tracker", growth)):
+                now = getattr(scaler, name, None)
+                if isinstance(now, torch.Tensor) and isinstance(kept, torch.Tensor):
+                    with torch.no_grad():
+                        now.copy_(kept)
+        if self.scaled:
+            from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+            for scaler, opt_id in self.scaled:
+                scaler._per_optimizer_states[opt_id] = _refresh_per_optimizer_state()

@@ -286,3 +286,43 @@ def test_a_failure_while_recovering_a_step_rolls_it_back_and_goes_on_eager(monke
     else:
         assert astra.skipped_steps == 1
         assert _same_weights(model, _reference(29))
+
+
+def test_a_mixed_precision_step_failing_in_its_optimiser_is_rolled_back_with_its_grad_scaler():
+    """Issue 18, session 31 (a held-out mixed-precision loop: scale, backward, ``scaler.step``,
+    ``update``): a trial failing inside the optimiser's step left the GradScaler's record of that
+    optimiser "unscaled"; the repeat's ``scaler.step`` then skipped unscaling and the optimiser
+    stepped on gradients still multiplied by the scale, silently: the weights left eager's. Now
+    the rollback puts the scaler back too: the weights are eager's."""
+
+    def train(model, astra, steps):
+        torch.manual_seed(1)
+        from microco.clients.compiler.zoo import torch_models as zm
+
+        opt = _FlakyUnderTrials(model.parameters(), lr=0.05, momentum=0.9)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+        x, y = zm.synthetic_batch(4, 8, 6, seed=0)
+
+        def step():
+            loss = zm.loss_fn(model(x), y)
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            return loss.item()
+
+        return [astra.run(step) if astra is not None else step() for _ in range(steps)], scaler
+
+    ref = _model()
+    ref_losses, ref_scaler = train(ref, None, 30)
+    model = _model()
+    astra = _astra(model)
+    _FlakyUnderTrials.astra = astra
+    try:
+        losses, scaler = train(model, astra, 30)
+    finally:
+        _FlakyUnderTrials.astra = None
+    assert astra.rolled_back >= 1
+    assert _same_weights(model, ref)
+    assert losses == pytest.approx(ref_losses, rel=1e-4, abs=1e-5)
+    assert scaler.get_scale() == ref_scaler.get_scale()
