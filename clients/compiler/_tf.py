@@ -195,6 +195,29 @@ def total_loss(model: Any, loss_fn: Callable[..., Any], out: Any, y: Any) -> Any
     return loss
 
 
+def scaled_loss(optimizer: Any, loss: Any) -> Any:
+    """The loss the gradients are taken of, as Keras's own training step scales it for mixed
+    precision: a Keras 3 optimiser's ``scale_loss`` (a ``LossScaleOptimizer``'s dynamic scale, or
+    its ``loss_scale_factor``; the loss itself otherwise), tf.keras 2's ``get_scaled_loss``. Its
+    ``apply_gradients`` (Keras 3) or ``unscaled_gradients`` (tf.keras 2) divides it out again.
+    Before (issue 18, session 31, a held-out ``mixed_float16`` loop with a ``LossScaleOptimizer``)
+    the step took the gradients of the unscaled loss and the optimiser divided them by the scale
+    (32,768): the model barely trained, silently, losses 1.36x apart after 20 steps."""
+    if hasattr(optimizer, "scale_loss"):
+        return optimizer.scale_loss(loss)
+    if hasattr(optimizer, "get_scaled_loss"):
+        return optimizer.get_scaled_loss(loss)
+    return loss
+
+
+def unscaled_gradients(optimizer: Any, grads: Any) -> Any:
+    """tf.keras 2's ``LossScaleOptimizer`` leaves the unscaling to the step (Keras 3's
+    ``apply_gradients`` does it itself)."""
+    if not hasattr(optimizer, "scale_loss") and hasattr(optimizer, "get_unscaled_gradients"):
+        return optimizer.get_unscaled_gradients(grads)
+    return grads
+
+
 def keras_loss_type() -> type:
     """``keras.losses.Loss`` (Keras 3, or tf.keras's where that is what is installed)."""
     try:
@@ -434,8 +457,9 @@ class AstraTF(SessionBacked):
                     else:
                         out = model(x, **kwargs)
                     loss = total_loss(model, loss_fn, out, y)
+                    scaled = scaled_loss(opt, loss)
                 variables = model.trainable_variables
-                grads = tape.gradient(loss, variables)
+                grads = unscaled_gradients(opt, tape.gradient(scaled, variables))
                 opt.apply_gradients(zip(grads, variables))
                 return loss
 

@@ -493,3 +493,67 @@ def test_xlas_module_is_counted_only_where_its_least_price_could_be_repaid(tmp_p
     assert cost.least_rate("unrolled") == cold_rate
     assert cost.observe_calibration(100, 50.0, "unrolled", "dot", cpu_ms=50.0)
     assert cost.least_rate("unrolled") == min(cold_rate, 0.5) and cost.least_rate("loop") == cold_rate
+
+
+def test_a_mixed_precision_model_with_a_loss_scale_optimizer_trains_as_kerass_recipe(tmp_path):
+    """Issue 18, session 31 (a held-out Keras loop: ``mixed_float16`` with a
+    ``LossScaleOptimizer``): the step took the gradients of the unscaled loss and the optimiser
+    divided them by its scale (32,768): the model barely trained, silently (losses 1.36x apart
+    after 20 steps). The step now scales the loss as Keras's recipe does (``scale_loss``); the
+    losses and weights are the recipe's."""
+    from microco.clients.compiler._tf_cost import XlaCostModel
+
+    keras = tf.keras
+    rng = np.random.default_rng(0)
+    data = [
+        (
+            tf.constant(rng.normal(size=(16, 8)).astype("float32")),
+            tf.constant(rng.normal(size=(16, 1)).astype("float32")),
+        )
+        for _ in range(12)
+    ]
+
+    def loss_fn(out, y):
+        return tf.reduce_mean((tf.cast(out, tf.float32) - y) ** 2)
+
+    def make():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [
+                keras.Input((8,)),
+                keras.layers.Dense(16, activation="relu"),
+                keras.layers.Dense(1, dtype="float32"),
+            ]
+        )
+        return model, keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05))
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        ref, opt = make()
+
+        @tf.function
+        def recipe(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(ref(x, training=True), y)
+                scaled = opt.scale_loss(loss)
+            grads = tape.gradient(scaled, ref.trainable_variables)
+            opt.apply_gradients(zip(grads, ref.trainable_variables))
+            return loss
+
+        want = [float(recipe(x, y)) for x, y in data]
+        model, opt2 = make()
+        astra = _tf.AstraTF(
+            model,
+            opt2,
+            loss_fn,
+            LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1)),
+            total_steps=3,
+            cost_model=XlaCostModel("hw", tmp_path / "rate.json"),
+        )
+        astra.XLA_PRICING_SHARE = 0.0  # XLA unpriced, so pruned: no compile in a unit test
+        got = [astra.step(x, y) for x, y in data]
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert got == pytest.approx(want, rel=1e-6)
+    for a, b in zip(ref.trainable_variables, model.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
