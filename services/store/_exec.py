@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import queue
 import threading
 import time
 from collections import deque
@@ -648,20 +649,42 @@ def release_unused() -> None:
     it out of memory at scale factor 10). Done on a thread of its own, after the result's last
     batch is served, not before its end reaches the reader: ``malloc_trim`` walks every arena
     (15-18 ms after a join of 3M rows, measured here), which was on every query's path; requests
-    made while one is waiting to run are one release."""
-    if _RELEASE_QUEUED.acquire(blocking=False):
-        _RELEASER.submit(_release)
+    made while one is waiting to run are one release.
+
+    Safe anywhere, a generator's ``finally`` run by the garbage collector included (a result
+    stream dropped unread): it only puts a request on a ``queue.SimpleQueue``, whose ``put`` is
+    reentrant. Before (issue 19, session 31, a CI run): a stream finalised by the collector while
+    its thread was inside a ``ThreadPoolExecutor.submit`` called ``submit`` again, which waited
+    forever on the executors' global lock that thread already held (a query held 300 s, freed by
+    the test's timeout)."""
+    _RELEASE_REQUESTS.put(None)
+
+
+def _releaser() -> None:
+    global RELEASES
+    while True:
+        _RELEASE_REQUESTS.get()
+        while True:  # the requests made meanwhile are this one release
+            try:
+                _RELEASE_REQUESTS.get_nowait()
+            except queue.Empty:
+                break
+        try:
+            _release()
+        except Exception:  # noqa: BLE001, S110 - memory not handed back is kept, not an error
+            pass
+        RELEASES += 1
 
 
 def _release() -> None:
-    _RELEASE_QUEUED.release()  # (a request from here on queues the next release)
     pa.default_memory_pool().release_unused()
     if _LIBC is not None:
         _LIBC.malloc_trim(0)  # what Acero's threads allocated outside the pool (glibc arenas)
 
 
-_RELEASER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-release")
-_RELEASE_QUEUED = threading.Lock()  # held while a release waits to run
+RELEASES = 0  # releases done (by the releaser thread)
+_RELEASE_REQUESTS: queue.SimpleQueue[None] = queue.SimpleQueue()
+threading.Thread(target=_releaser, name="store-release", daemon=True).start()
 
 
 def _with_metadata(reader: pa.RecordBatchReader, meta: dict[bytes, bytes]) -> pa.RecordBatchReader:

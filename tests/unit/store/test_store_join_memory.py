@@ -212,3 +212,36 @@ def test_a_tasks_result_reaches_the_reader_without_waiting_for_the_memorys_relea
     finally:
         held.set()
         reader.join(120)
+
+
+_HELD_LOCK = """
+import concurrent.futures.thread as cft
+import time
+from microco.services.store import _exec
+before = _exec.RELEASES
+with cft._global_shutdown_lock:  # as inside a ThreadPoolExecutor.submit
+    _exec.release_unused()  # as a stream's finally run there by the garbage collector
+end = time.monotonic() + 60
+while _exec.RELEASES == before and time.monotonic() < end:
+    time.sleep(0.01)
+print("released" if _exec.RELEASES > before else "not released")
+"""
+
+
+def test_a_release_asked_while_an_executor_lock_is_held_neither_waits_nor_is_lost():
+    """Issue 19, session 31 (a CI run: a query held 300 s, freed only by the test's timeout): a
+    result stream dropped unread is closed by the garbage collector, whenever it runs; one ran
+    its ``finally`` while its thread was inside a ``ThreadPoolExecutor.submit``, and the release
+    it asks for called ``submit`` again, which waited forever on the executors' global lock that
+    thread held. Now the request is a reentrant queue's ``put``: asked with that lock held, it
+    returns at once and the release still happens (in a fresh process: before, it hung)."""
+    protos = Path(__file__).resolve().parents[3] / "protos"
+    out = subprocess.run(
+        [sys.executable, "-c", _HELD_LOCK],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(protos), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
+    assert out.stdout.strip() == "released", out.stderr[-2000:]
