@@ -98,7 +98,11 @@ class TaskRegistry:
     """A node's running tasks by id, and what became of the cancelled ones (``log``)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # reentrant: a result stream dropped unread ends its task (``end``) from its generator's
+        # ``finally``, which the garbage collector may run on a thread inside this very lock
+        # (its ``cancel`` or ``start``); a plain lock would wait there forever (the same hazard
+        # as the memory release's, ``_exec.release_unused``: issue 19, session 31)
+        self._lock = threading.RLock()
         self.running: dict[str, CancelToken] = {}
         self._early: OrderedDict[str, None] = OrderedDict()
         self.log: OrderedDict[str, str] = OrderedDict()  # tid -> what the cancel found / the end

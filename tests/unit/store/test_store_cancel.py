@@ -224,3 +224,25 @@ def test_a_query_whose_caller_went_away_ends_and_its_tasks_are_cancelled(tmp_pat
     got, _ = core.sql(SQL, callbacks.append)
     callbacks[-1]()
     assert got.num_rows > 0
+
+
+def test_a_task_ended_from_inside_the_registrys_own_lock_does_not_wait_for_itself():
+    """A result stream dropped unread ends its task from its generator's ``finally``, which the
+    garbage collector may run while that thread holds the task registry's lock (inside its
+    ``cancel`` or ``start``): the end must not wait for the lock its own thread holds (issue 19,
+    session 31; the registry's lock is reentrant)."""
+    from microco.services.store._cancel import TaskRegistry
+
+    reg = TaskRegistry()
+    token = reg.start("a" * 24)
+    done = threading.Event()
+
+    def inside() -> None:
+        with reg._lock:  # as a collector's finaliser run inside ``cancel``
+            reg.end(token)
+        done.set()
+
+    thread = threading.Thread(target=inside, daemon=True)
+    thread.start()
+    assert done.wait(10), "ending a task inside the registry's own lock waited for itself"
+    assert reg.stats()["tasks_running"] == 0
