@@ -88,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 f,
             )
+    # Every rank past its last collective before any tears its process group down: rank 0 hosts
+    # the rendezvous store, and a rank 0 that destroyed its group and exited while rank 1 was
+    # still in its last all-reduce was seen to abort in gloo's teardown ("terminate called
+    # without an active exception", SIGABRT after training; a CI run, 2026-12-04).
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
