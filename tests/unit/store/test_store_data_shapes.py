@@ -150,3 +150,26 @@ def test_a_wall_time_literal_against_a_zoned_column_prunes_nothing():
     assert partitions_for_predicate(spec, zoned, "<", "2024-02-01") is None
     assert partitions_for_predicate(spec, zoned, "<", "2024-02-01 00:00:00+00:00") == {0}
     assert partitions_for_predicate(spec, pa.timestamp("us"), "<", "2024-02-01") == {0}
+
+
+def test_a_fragment_input_of_small_chunks_reaches_duckdb_as_one():
+    """A table appended in small pieces is hundreds of sub-bucket batches of a few hundred rows;
+    DuckDB's Arrow scan pays per chunk and column, so such an input is combined first (a copy),
+    and one of chunks at least DuckDB's vector is passed as it is (no copy)."""
+    from microco.services.store._sql import DUCKDB_VECTOR_ROWS, rechunked, run_fragment
+
+    small = pa.Table.from_batches(
+        [
+            pa.record_batch({"k": pa.array(range(i * 50, i * 50 + 50)), "v": pa.array([1.5] * 50)})
+            for i in range(40)
+        ]
+    )
+    assert small.column(0).num_chunks == 40
+    one = rechunked(small)
+    assert one.column(0).num_chunks == 1 and one.equals(small)
+    big = pa.Table.from_batches(
+        [pa.record_batch({"k": pa.array(range(DUCKDB_VECTOR_ROWS))}) for _ in range(3)]
+    )
+    assert rechunked(big) is big
+    got = run_fragment({"t": small}, "select sum(k) s, count(*) c from t where v > 1")
+    assert got.to_pylist() == [{"s": sum(range(2000)), "c": 2000}]
