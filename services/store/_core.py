@@ -1834,7 +1834,12 @@ class LocalTransport:
         s = self._store(address)
         if req["op"] == "read":
             return s.read(
-                req["table"], req["extent"], req.get("bucket"), req.get("columns"), req.get("checksum")
+                req["table"],
+                req["extent"],
+                req.get("bucket"),
+                req.get("columns"),
+                req.get("checksum"),
+                req.get("rows"),
             )
         return s.shuffle_take(req["qid"], req["tag"], req["bucket"])
 

@@ -240,6 +240,69 @@ def scan_side(env: Env, side: dict[str, Any]) -> pa.Table:
     return concat(parts)
 
 
+# a late-materialized fragment's row locator: source index << 32 | row within that source's read
+LATE_LOCATOR = "__microco_loc"
+
+
+def sql_inputs(env: Env, task: dict[str, Any]) -> dict[str, pa.Table]:
+    """A ``sql`` task's inputs by name: each side read (``scan_side``), or, for a task the
+    planner marked ``late`` (a top-k whose other columns are many), its table's rows that can be
+    in the answer only (``late_rows``); its key tables besides."""
+    from ._sql import task_keys
+
+    keys = task_keys(task)
+    late = task.get("late")
+    inputs = {
+        name: late_rows(env, side, late, keys)
+        if late is not None and name == late["input"]
+        else scan_side(env, side)
+        for name, side in task["inputs"].items()
+    }
+    inputs.update(keys)
+    return inputs
+
+
+def late_rows(env: Env, side: dict[str, Any], late: dict[str, Any], keys: dict[str, pa.Table]) -> pa.Table:
+    """Late materialization of a top-k fragment: the columns its filter and order read
+    (``late["read"]``), with a locator, run through ``late["sql"]`` (the fragment with its select
+    list replaced by the locator: the rows of its top k); then every column the fragment needs,
+    read only from the sources those rows are in and taken from them. The fragment's own SQL over
+    these rows answers as over all of them: its top k are among them. A source's rows come in
+    the same order whatever columns are read (the same batches of the same extent)."""
+    from ._sql import run_fragment
+
+    sources = side["sources"]
+    narrow = list(late["read"])
+    cancel = getattr(env, "cancel", None)
+
+    def located(item: tuple[int, dict[str, Any]]) -> pa.Table:
+        i, src = item
+        t = env.read_source(src, narrow)
+        loc = np.arange(t.num_rows, dtype=np.int64) + (np.int64(i) << np.int64(32))
+        return t.append_column(LATE_LOCATOR, pa.array(loc))
+
+    items = list(enumerate(sources))
+    if len({s.get("node") for s in sources}) > 1:
+        parts = list(_READERS.map(located, items))
+    else:
+        parts = [located(it) for it in items]
+    schema = _side_schema(side)
+    if not parts:
+        return schema.empty_table() if schema is not None else pa.table({})
+    found = run_fragment({late["input"]: concat(parts), **keys}, late["sql"], cancel)
+    del parts
+    locs = np.asarray(found.column(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    rows: dict[int, list[int]] = {}
+    for v in sorted(set(locs.tolist())):
+        rows.setdefault(v >> 32, []).append(v & 0xFFFFFFFF)
+    wide = [env.read_source({**sources[i], "rows": r}, side.get("read")) for i, r in sorted(rows.items())]
+    keep = side.get("keep")
+    wide = [t.select(keep) if keep is not None else t for t in wide]
+    if not wide:
+        return schema.empty_table() if schema is not None else found.schema.empty_table()
+    return concat(wide, schema)
+
+
 # sources of a streamed side read ahead of the one being consumed (peers' reads overlap; at most
 # this many read tables wait besides the one in use)
 PREFETCH = 2
@@ -471,11 +534,10 @@ def without_timings(t: pa.Table) -> pa.Table:
 def _run_task(env: Env, task: dict[str, Any]) -> pa.Table:
     op = task["op"]
     if op == "sql":
-        from ._sql import run_fragment, task_keys
+        from ._sql import run_fragment
 
         t0 = time.perf_counter()
-        inputs = {name: scan_side(env, side) for name, side in task["inputs"].items()}
-        inputs.update(task_keys(task))  # a semi-join's key values, sent with the task
+        inputs = sql_inputs(env, task)  # with a semi-join's key values, sent with the task
         t1 = time.perf_counter()
         out = run_fragment(inputs, task["sql"], getattr(env, "cancel", None))
         # the node's own seconds (read the inputs, run the SQL) travel with the result
@@ -616,11 +678,10 @@ def run_task_stream(env: Env, task: dict[str, Any]) -> pa.RecordBatchReader:
     the other tasks' results, small by construction (pre-aggregated, or a shuffle's bucket
     counts) or a ``fragment`` of the JSON model, are served from their table."""
     if task["op"] == "sql":
-        from ._sql import run_fragment_stream, task_keys
+        from ._sql import run_fragment_stream
 
         t0 = time.perf_counter()
-        inputs = {name: scan_side(env, side) for name, side in task["inputs"].items()}
-        inputs.update(task_keys(task))
+        inputs = sql_inputs(env, task)
         t1 = time.perf_counter()
         # "run" is DuckDB's time to the start of the stream (planning; a pipeline breaker such as
         # a group-by or sort runs to its end before the first batch)

@@ -307,7 +307,12 @@ class StoreFlightServer(flight.FlightServerBase):
             _check_fields(req, _TICKET_FIELDS.get(op, {}) if isinstance(op, str) else {})
             if op == "read":
                 t = self.store.read(
-                    req["table"], req["extent"], req.get("bucket"), req.get("columns"), req.get("checksum")
+                    req["table"],
+                    req["extent"],
+                    req.get("bucket"),
+                    req.get("columns"),
+                    req.get("checksum"),
+                    req.get("rows"),
                 )
             elif op == "shuffle_take":
                 t = self.store.shuffle_take(req["qid"], req["tag"], req["bucket"])

@@ -530,23 +530,61 @@ class OpenExtent:
                 self._load(everything, range(len(self.index)))
             return tuple(self._batch(k, everything) for k in range(len(self.index)))
 
+    def _keep(self, bucket: tuple[int, int] | None) -> list[int]:
+        """The batches a read of ``bucket`` (None: the whole extent) selects, in order."""
+        if bucket is None:
+            return list(range(len(self.index)))
+        pos, part = bucket
+        return [k for k, ix in enumerate(self.index) if ix[pos] == part]
+
+    def _fields(self, columns: Sequence[str] | None) -> list[int]:
+        if columns is None:
+            return list(range(len(self.schema)))
+        fields = []
+        for c in columns:
+            i = self.schema.get_field_index(c)
+            if i < 0:
+                raise KeyError(f"no column {c!r} in this extent")
+            fields.append(i)
+        return fields
+
+    def _rows(self, k: int) -> int:
+        ix = self.index[k]
+        if len(ix) > 2 and ix[2] >= 0:
+            return int(ix[2])
+        with self._lock:
+            return self._batch(k, [0] if len(self.schema) else []).num_rows
+
+    def take(
+        self, bucket: tuple[int, int] | None, columns: Sequence[str] | None, positions: Sequence[int]
+    ) -> tuple[pa.Table, int]:
+        """The rows at ``positions`` (in ascending order, into what ``select(bucket, columns)``
+        returns) of ``columns``, decoding only the batches they are in (a late-materialized top-k
+        fetches its few winners' other columns: ``_exec.late_rows``). Returns ``(rows, bytes of
+        the batches read)``; a position outside the selection is an ``IndexError``."""
+        keep = self._keep(bucket)
+        fields = self._fields(columns)
+        starts = np.cumsum([0] + [self._rows(k) for k in keep])
+        pos = np.asarray(positions, dtype=np.int64)
+        if pos.size and (pos.min() < 0 or pos.max() >= starts[-1]):
+            raise IndexError(f"row positions outside the extent's {int(starts[-1])} rows")
+        which = np.searchsorted(starts, pos, side="right") - 1
+        need = sorted(set(which.tolist()))
+        with self._lock:
+            if self._lazy and fields:
+                self._load(fields, [keep[j] for j in need])
+            batches = [self._batch(keep[j], fields) for j in need]
+        out = pa.schema([self.schema.field(i) for i in fields], metadata=self.schema.metadata)
+        sub = pa.Table.from_batches(batches, schema=out)
+        offset = dict(zip(need, np.cumsum([0] + [b.num_rows for b in batches])[:-1].tolist(), strict=True))
+        at = [offset[j] + int(p - starts[j]) for p, j in zip(pos.tolist(), which.tolist(), strict=True)]
+        return sub.take(pa.array(at, pa.int64())), sum(self.sizes[keep[j]] for j in need)
+
     def select(
         self, bucket: tuple[int, int] | None = None, columns: Sequence[str] | None = None
     ) -> tuple[pa.Table, int]:
-        if bucket is None:
-            keep = list(range(len(self.index)))
-        else:
-            pos, part = bucket
-            keep = [k for k, ix in enumerate(self.index) if ix[pos] == part]
-        if columns is None:
-            fields: list[int] = list(range(len(self.schema)))
-        else:
-            fields = []
-            for c in columns:
-                i = self.schema.get_field_index(c)
-                if i < 0:
-                    raise KeyError(f"no column {c!r} in this extent")
-                fields.append(i)
+        keep = self._keep(bucket)
+        fields = self._fields(columns)
         read = sum(self.sizes[k] for k in keep)
         key = tuple(fields)
         with self._lock:

@@ -162,10 +162,25 @@ class NodeStore:
         bucket: Sequence[int] | None = None,
         columns: Sequence[str] | None = None,
         checksum: str | None = None,
+        rows: Sequence[int] | None = None,
     ) -> pa.Table:
+        """An extent's rows (of one sub-bucket selection ``bucket``; of ``columns``); with
+        ``rows``, only those (ascending positions into that selection), read from the batches
+        holding them (``OpenExtent.take``)."""
         p = self.verify(table, extent_id, checksum)
         ext = self._opened(p)
-        t, n = ext.select(tuple(bucket) if bucket is not None else None, columns)  # type: ignore[arg-type]
+        sel = tuple(bucket) if bucket is not None else None
+        if rows is None:
+            t, n = ext.select(sel, columns)  # type: ignore[arg-type]
+        else:
+            if not isinstance(rows, (list, tuple)) or not all(
+                isinstance(r, int) and not isinstance(r, bool) for r in rows
+            ):
+                raise InvalidArgument("a read's rows must be a list of row positions")
+            try:
+                t, n = ext.take(sel, columns, sorted(rows))  # type: ignore[arg-type]
+            except IndexError as exc:
+                raise InvalidArgument(f"extent {table}/{extent_id}: {exc}") from None
         replica = extent_replica(extent_id)
         with self._lock:
             self.bytes_read += n
@@ -438,7 +453,9 @@ class NodeStore:
 
     def read_source(self, src: dict[str, Any], columns: Sequence[str] | None) -> pa.Table:
         if src["node"] == self.name:
-            return self.read(src["table"], src["extent"], src.get("bucket"), columns, src.get("checksum"))
+            return self.read(
+                src["table"], src["extent"], src.get("bucket"), columns, src.get("checksum"), src.get("rows")
+            )
         if self.fetch is None:
             raise InvalidArgument(f"node {self.name} cannot read remote extent {src['extent']}")
         return self.fetch(
@@ -450,6 +467,7 @@ class NodeStore:
                 "bucket": src.get("bucket"),
                 "columns": list(columns) if columns is not None else None,
                 "checksum": src.get("checksum"),
+                "rows": src.get("rows"),
             },
         )
 

@@ -2159,6 +2159,16 @@ def _partition_local(
     if per_partition is None:
         per_partition = len(refs) >= 2 or bool(sel.args.get("group"))
     tasks, moved = _fragment_tasks(ctx, refs, chosen, sel, node_sel.sql(DIALECT), per_partition, explain)
+    late = _late(ctx, node_sel, refs, tasks)
+    if late is not None:
+        for _, task in tasks:
+            task["late"] = late
+        t = ctx.tables[refs[0].name.lower()]
+        explain.append(
+            f"late materialization: each fragment finds its top rows on {len(late['read'])} of the "
+            f"{len(ctx.needed(t.schema))} columns it uses ({', '.join(late['read'])}), then reads the "
+            "others from the extents holding those rows only"
+        )
     what = "groups are whole within a partition" if sel.args.get("group") else "rows are independent"
     explain.append(
         f"plan: partition-local: {what}, so the whole query runs next to the data in {len(tasks)} fragments "
@@ -2168,6 +2178,67 @@ def _partition_local(
     return SqlPlan(
         "partition_local", tasks, final.sql(DIALECT), ["__parts"] * len(tasks), explain, chosen, moved
     )
+
+
+# A top-k fragment over one table is materialized late (``_exec.late_rows``) when it reads at
+# least this many columns besides those its filter and order read, and keeps at most this many
+# rows (its limit and offset).
+LATE_MIN_OTHER_COLUMNS = 4
+LATE_MAX_ROWS = 10_000
+
+
+def _late(
+    ctx: _Ctx, node_sel: exp.Select, refs: list[exp.Table], tasks: list[tuple[str, dict[str, Any]]]
+) -> dict[str, Any] | None:
+    """The ``late`` marking of a partition-local top-k's tasks, or None where it does not apply:
+    one table (no broadcast, no exchange), no grouping, aggregate, window, DISTINCT or subquery;
+    the order by plain columns that no select alias shadows; a literal limit (and offset) of at
+    most ``LATE_MAX_ROWS``; at least ``LATE_MIN_OTHER_COLUMNS`` columns read besides the filter's
+    and the order's. Held out (ClickBench's ``SELECT * FROM hits WHERE URL LIKE '%google%'
+    ORDER BY EventTime LIMIT 10`` on a 105-column table): each fragment read and scanned every
+    column of every row to keep ten."""
+    order, limit = node_sel.args.get("order"), node_sel.args.get("limit")
+    if len(refs) != 1 or ctx.broadcast or ctx.exchange is not None or not order or limit is None or not tasks:
+        return None
+    if any(node_sel.args.get(k) for k in ("group", "having", "qualify", "distinct", _WITH, "joins")):
+        return None
+    if any(node_sel.find_all(exp.AggFunc, exp.Window, exp.Subquery)) or any(
+        x is not node_sel for x in node_sel.find_all(exp.Select)
+    ):
+        return None
+    try:
+        rows = int(_constant(limit.expression))
+    except (ValueError, TypeError, duckdb.Error):
+        return None
+    if rows > LATE_MAX_ROWS:
+        return None
+    aliases = {e.alias.lower(): e.this for e in node_sel.expressions if isinstance(e, exp.Alias) and e.alias}
+    for o in order.expressions:
+        k = o.this
+        if not isinstance(k, exp.Column):
+            return None
+        shadow = aliases.get(k.name.lower())
+        if shadow is not None and not (
+            isinstance(shadow, exp.Column) and shadow.name.lower() == k.name.lower()
+        ):
+            return None
+    t = ctx.tables[refs[0].name.lower()]
+    names = {f.name.lower(): f.name for f in t.schema}
+    used: list[str] = []
+    for part in (node_sel.args.get("where"), order):
+        if part is not None:
+            used.extend(c.name.lower() for c in part.find_all(exp.Column))
+    if any(u not in names for u in used):
+        return None
+    narrow = list(dict.fromkeys(names[u] for u in used))
+    wide = ctx.needed(t.schema)
+    if any(n not in wide for n in narrow) or len(wide) - len(narrow) < LATE_MIN_OTHER_COLUMNS:
+        return None
+    if any(set(task["inputs"]) != {t.name} for _, task in tasks):
+        return None
+    find = node_sel.copy()
+    find.set("expressions", [exp.column(_exec.LATE_LOCATOR, quoted=True)])
+    return {"input": t.name, "read": narrow, "sql": find.sql(DIALECT)}
 
 
 def _partial_agg(

@@ -496,6 +496,16 @@ def test_sql_through_the_client_and_the_cli(fresh, capsys):
     )
     assert same(rows(client.sql(join)), rows(frame.collect()))
     assert client.last_plan["kind"] == "join_copart"
+    # a top-k of a table of many columns, materialized late on the nodes (real Flight reads of
+    # the winners' rows): the same rows as DuckDB's
+    r = np.random.default_rng(5)
+    wide = pa.table({f"c{i}": r.integers(0, 1000, 4000) for i in range(8)} | {"id": np.arange(4000)})
+    client.create_table("wide", wide.schema, ["id:hash:4", "c0:hash:4", "c1:hash:2"])
+    client.append("wide", wide)
+    top = "select * from wide where c3 < 500 order by c2 desc, id limit 7"
+    assert "late materialization" in client.explain_sql(top)
+    assert rows(client.sql(top)) == duck(top, {"wide": wide})
+    client.drop_table("wide")
     client.sql(join)
     assert client.last_plan["kind"] == "partial_agg" and "co-partitioned" in client.last_plan["explain"]
     base = ["store", "--coordinator", c.coordinator_address]

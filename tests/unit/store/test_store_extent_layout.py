@@ -160,3 +160,32 @@ def test_extents_of_the_old_layout_read_as_before_and_as_the_new_one(tmp_path, c
     assert one["buckets"] == new["buckets"]
     with pytest.raises(ValueError, match="unknown extent layout"):
         NodeStore("n2", tmp_path / "x", layout=3)
+
+
+@pytest.mark.parametrize("codec", ["zstd", "none"])
+def test_rows_by_position_decode_only_their_batches(tmp_path, codec):
+    """``take``: rows at positions of a selection, their other columns decoded from the batches
+    holding them alone (what a late-materialized top-k fetches), equal to taking them from the
+    whole read; a position outside it is a clear error, through the node's read too."""
+    from microco.common.errors import InvalidArgument
+
+    s = NodeStore("n0", tmp_path, compression=codec)
+    data = _rows()
+    s.put_extent("t", "e", data, BUCKETS)
+    ext = open_extent(s.path("t", "e"))
+    positions = [2, 2999, 9001]  # batches 0 and 3 of four
+    got, nbytes = ext.take(None, ["note", "k", "price"], positions)
+    assert got.equals(data.select(["note", "k", "price"]).take(positions))
+    assert nbytes == sum(ext.sizes[k] for k in (0, 3)) < sum(ext.sizes)
+    if codec != "none":  # only those batches' columns were decoded
+        assert {k for k, have in enumerate(ext._columns) if have} == {0, 3}
+    # positions into one bucket's selection (batches 1 and 3: rows 3000-4999 and 9000-11999)
+    got, _ = ext.take((1, 1), ["k"], [0, 1999, 2000, 4999])
+    assert got.column("k").to_pylist() == [3000, 4999, 9000, 11999]
+    with pytest.raises(IndexError):
+        ext.take(None, ["k"], [N])
+    assert s.read("t", "e", columns=["k"], rows=[5, 7]).column("k").to_pylist() == [5, 7]
+    with pytest.raises(InvalidArgument):
+        s.read("t", "e", columns=["k"], rows=[N + 1])
+    with pytest.raises(InvalidArgument):
+        s.read("t", "e", columns=["k"], rows="0")
