@@ -254,6 +254,7 @@ def table_refs(tree: exp.Expr) -> list[exp.Table]:
 def _used_names(tree: exp.Expr) -> set[str] | None:
     """Lower-case column names the query uses anywhere, or None when it selects ``*`` (every
     column). ``count(*)`` and ``EXISTS (SELECT * ...)`` read no column through their star."""
+    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
     for s in tree.find_all(exp.Star):
         if isinstance(s.parent, exp.Count):
             continue
@@ -261,6 +262,8 @@ def _used_names(tree: exp.Expr) -> set[str] | None:
             continue
         if _reads_a_stage(s.parent):
             continue  # a staged part's result (``_staged``: SELECT * FROM __microco_stageK)
+        if _star_over_derived(s, ctes):
+            continue
         return None
     names: set[str] = set()
     for c in tree.find_all(exp.Column):
@@ -274,6 +277,31 @@ def _used_names(tree: exp.Expr) -> set[str] | None:
         # ``JOIN ... USING (k)`` names its key as an identifier, not a column
         names.update(u.name.lower() for u in j.args.get("using") or [])
     return names
+
+
+def _star_over_derived(star: exp.Star, ctes: set[str]) -> bool:
+    """Whether ``star`` (``*`` or ``t.*``) selects only from CTEs and derived tables, whose
+    columns are their own select lists' (counted where they are written; a star there is judged
+    there), so no table's every column. Held out (TPC-DS Q33, Q56, Q60: ``SELECT * FROM ss UNION
+    ALL SELECT * FROM cs ...`` over three CTEs) every column of six tables was read and gathered,
+    1.7 GB at scale factor 1 for a query that uses 15 columns."""
+    q = star.parent.parent if isinstance(star.parent, exp.Column) else star.parent
+    if not isinstance(q, exp.Select):
+        return False
+    sources: list[exp.Expr] = []
+    src = q.args.get(_FROM)
+    if src is not None:
+        sources.append(src.this)
+    sources.extend(j.this for j in q.args.get("joins") or [])
+    if isinstance(star.parent, exp.Column) and star.parent.table:
+        named = star.parent.table.lower()
+        sources = [x for x in sources if x.alias_or_name.lower() == named]
+    if not sources:
+        return False
+    return all(
+        isinstance(x, exp.Subquery) or (isinstance(x, exp.Table) and not x.db and x.name.lower() in ctes)
+        for x in sources
+    )
 
 
 def _reads_a_stage(q: exp.Expr | None) -> bool:
