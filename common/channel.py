@@ -40,6 +40,13 @@ def dial(
     )
 
 
+# The platform's own choices (which instance to dial) draw from a generator of their own: a
+# training job's seeded ``random`` stream (data order, augmentation) is the job's, and a client
+# that dialled with ``random.choice`` took a number from it (even of one instance), so the same
+# job drew other numbers with the platform than without it (held out, session 32).
+_CHOOSER = random.Random()
+
+
 def pick_instance(kv: KV, service: str, prefer_leader: bool = True) -> ServiceRecord:
     """A live instance of ``service`` found in etcd. For services that elect a leader, the
     instance the election key names (``/microco/leader/<service>``) is chosen when it is
@@ -55,7 +62,7 @@ def pick_instance(kv: KV, service: str, prefer_leader: bool = True) -> ServiceRe
         leaders = [r for r in records if r.labels.get("role") == "leader"]
         if leaders:
             records = leaders
-    return random.choice(records)
+    return _CHOOSER.choice(records)
 
 
 def channel_for(kv: KV, service: str, prefer_leader: bool = True) -> grpc.Channel:

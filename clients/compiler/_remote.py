@@ -16,6 +16,8 @@ from microco.common import ServiceClient, Unavailable, dial
 
 from .explore import wire
 
+_CHOOSER = random.Random()  # not the job's ``random`` stream (``microco.common.channel``)
+
 
 def _dial_own(address: str) -> grpc.Channel:
     """A channel with its own subchannels. gRPC shares subchannels between channels to the same
@@ -56,7 +58,7 @@ class RemoteExplorer(ServiceClient):
             records = discover(kv, cls.service_name)
             if not records:
                 raise Unavailable("no live 'compiler' service is registered in etcd")
-            return _dial_own(random.choice(records).address)
+            return _dial_own(_CHOOSER.choice(records).address)
 
         client = cls(dial_discovered(), default_timeout)
         client._redial = dial_discovered
