@@ -145,7 +145,10 @@ def hash_codes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
         raw = np.asarray(arr.cast(pa.int64()).fill_null(0))
     elif pa.types.is_floating(t):
         f = np.asarray(arr.cast(pa.float64()).fill_null(0.0)) + 0.0  # -0.0 and 0.0 hash alike
-        raw = f.view(np.int64)
+        # every NaN alike, whatever its sign and payload, as SQL groups and joins them (held out,
+        # session 32: a group-by on a float partition key split its NaNs over two partitions,
+        # two NaN groups where DuckDB has one)
+        raw = np.where(np.isnan(f), np.nan, f).view(np.int64)
     elif pa.types.is_decimal(t):
         raw = np.asarray(arr.cast(pa.float64()).fill_null(0.0)).view(np.int64)
     elif (
