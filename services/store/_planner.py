@@ -10,6 +10,10 @@ Plan kinds:
   (shuffle-free).
 - ``agg_shuffle``: group-by on another column: nodes pre-aggregate, hash-partition the partials
   by the group key and reducers pull their bucket from every node (a real exchange).
+- ``agg_one_node``: group-by on another column whose rows read are all on one node (a filter
+  pruned the replica to partitions of one node, or the replica lives on one node): that node
+  aggregates them completely in one fragment and the coordinator only concatenates (an exchange
+  among one node would be a second stage that moves nothing).
 - ``join_copart``: both tables have a replica partitioned on the join key by the same function,
   so partition ``p`` joins only partition ``p``; one task per partition, on the node holding most
   of its bytes (node-local when the two tables' partitions are co-located).
@@ -609,13 +613,13 @@ COST_TIE = 0.02
 
 def _cheapest(cands: list[Choice], order: Callable[[Choice], Any]) -> Choice:
     """The cheapest candidate without the disk (``Cost.base``: the plans' shapes decide, a
-    matched replica stays matched); among those within ``COST_TIE`` of it, one without a shuffle,
-    then the lower replica numbers (``order``). Then, among the candidates of the same plan as
+    matched replica stays matched); among those within ``COST_TIE`` of it, one without a shuffle
+    (and spread over nodes: ``_tie_rank``), then the lower replica numbers (``order``). Then, among the candidates of the same plan as
     that one (its kind, its pruning: replicas the query does not tell apart), the cheapest with
     the disk (``Cost.total``: the nodes' residency), unless within ``COST_TIE`` of it."""
     floor = min(c.cost.base for c in cands)
     near = [c for c in cands if c.cost.base <= floor * (1 + COST_TIE)]
-    best = min(near, key=lambda c: (c.kind.endswith("shuffle"), c.cost.base, order(c)))
+    best = min(near, key=lambda c: (_tie_rank(c.kind), c.cost.base, order(c)))
     same = [
         c
         for c in cands
@@ -643,6 +647,12 @@ def _cheapest(cands: list[Choice], order: Callable[[Choice], Any]) -> Choice:
     return low
 
 
+def _tie_rank(kind: str) -> int:
+    """Among plans whose costs tie: one without a shuffle first, and of those one whose work is
+    spread over the replica's nodes (a matched ``agg_local``) before one on a single node."""
+    return 2 if kind.endswith("shuffle") else 1 if kind == "agg_one_node" else 0
+
+
 def _read_s(c: Cost) -> float:
     return c.read_s
 
@@ -667,6 +677,8 @@ def choose(
         units = replica_units(a, r, live, addresses, allowed)
         read = side_cost(a, units, bound.read_a, resident=resident)
         kind = _single_kind(bound, r)
+        if kind == "agg_shuffle" and len(_group_sources(units)) <= 1:
+            kind = "agg_one_node"
         moved = 0
         if kind == "agg_shuffle":
             # upper bound: every row's group keys and aggregate inputs cross to another node
@@ -1067,6 +1079,13 @@ def fragments(
         return Plan(
             "agg_local", qid, [local_tasks], final_agg(False), explain, {a.name: r}, moved_bytes=moved
         )
+    if choice.kind == "agg_one_node":
+        node = next(iter(groups))
+        explain.append(
+            f"plan: one-node aggregation: the rows read are all on {node or 'one node'}, which aggregates "
+            "them completely (no exchange); the coordinator only concatenates"
+        )
+        return Plan("agg_one_node", qid, [fragments_of(agg_post)], final_agg(False), explain, {a.name: r})
     reducers = sorted(groups)
     n = len(reducers)
     maps = [

@@ -15,7 +15,7 @@ import pytest
 
 from microco.common.kv import MemoryKV
 from microco.services.store import LocalTransport, NodeInfo, StoreCore, _exec
-from microco.services.store._partition import PartitionSpec
+from microco.services.store._partition import PartitionSpec, partition_ids, partitions_for_predicate
 from microco.services.store._query import Query
 from microco.services.store._threads import CallThreads
 
@@ -237,3 +237,73 @@ def test_a_cached_plan_reads_version_and_live_nodes_in_one_request(tmp_path: Any
     finally:
         for r in regs:
             r.stop()
+
+
+def test_a_group_by_whose_rows_are_on_one_node_is_one_fragment_there(tmp_path: Any) -> None:
+    # two nodes per fault domain; replica 2 by range of d (one partition per quarter): a filter
+    # on d prunes it to one partition, on one node; a group-by on s then needs no exchange
+    tr = LocalTransport(str(tmp_path), [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)])
+    core = StoreCore(MemoryKV(), tr)
+    data = _rows()
+    bounds = ["1995-04-01", "1995-07-01", "1995-10-01", "1996-01-01"]
+    core.create_table(
+        "t",
+        data.schema,
+        [
+            PartitionSpec("k", "hash", 4),
+            PartitionSpec("f", "hash", 4),
+            PartitionSpec("d", "range", bounds=bounds),
+        ],
+    )
+    core.append("t", data)
+    where = [["d", ">=", "1995-04-01"], ["d", "<", "1995-07-01"]]
+    spec = {
+        "table": "t",
+        "where": where,
+        "group_by": ["s"],
+        "aggs": [["count", "*", "n"], ["sum", "f", "sf"]],
+    }
+    got, plan = core.query(Query.from_json(spec))
+    assert plan.kind == "agg_one_node" and plan.replicas == {"t": 2}
+    assert len(plan.stages) == 1 and len(plan.stages[0]) == 1 and not plan.shuffle
+    assert "one-node aggregation" in plan.explain_text()
+    # the same answer as the exchange on a replica spread over two nodes, and as pyarrow's
+    forced, fplan = core.query(Query.from_json({**spec, "replica": 0}))
+    assert fplan.kind == "agg_shuffle" and len(fplan.stages) == 2
+    rows = data.filter(_exec.where_mask(data, where))
+    want = rows.group_by("s").aggregate([([], "count_all"), ("f", "sum")])
+
+    def key(r: tuple[Any, ...]) -> tuple[bool, str]:
+        return r[0] is None, r[0] or ""
+
+    expect = sorted(
+        zip(want["s"].to_pylist(), want["count_all"].to_pylist(), want["f_sum"].to_pylist()), key=key
+    )
+
+    def norm(t: pa.Table) -> list[tuple[Any, ...]]:
+        return sorted(((r["s"], r["n"], r["sf"]) for r in t.to_pylist()), key=key)
+
+    assert [r[:2] for r in norm(got)] == [r[:2] for r in expect] == [r[:2] for r in norm(forced)]
+    assert [r[2] for r in norm(got)] == pytest.approx([r[2] for r in expect])
+    # without the filter the rows are on both nodes of the group: an exchange, as before
+    _, whole = core.query(Query.from_json({k: v for k, v in spec.items() if k != "where"}))
+    assert whole.kind == "agg_shuffle"
+
+
+@pytest.mark.parametrize("op", ["<", "<=", ">", ">=", "="])
+def test_range_pruning_keeps_the_partitions_that_can_hold_matches_and_not_the_next(op: str) -> None:
+    # a bound is where a partition starts: ``col < '1996-01-01'`` on partitions by year kept
+    # 1996's partition too before (its rows are read, filtered out)
+    bounds = ("1994-01-01", "1995-01-01", "1996-01-01")
+    spec = PartitionSpec("d", "range", bounds=bounds)
+    days = [datetime.date(1993, 6, 1) + datetime.timedelta(days=i) for i in range(1200)]
+    parts = partition_ids(spec, pa.array(days, pa.date32())).tolist()
+    compare = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b}
+    compare.update({">=": lambda a, b: a >= b, "=": lambda a, b: a == b})
+    for value in [*bounds, "1994-06-30", "1994-12-31", "1993-01-01", "1997-01-01"]:
+        x = datetime.date.fromisoformat(value)
+        holding = {p for d, p in zip(days, parts, strict=True) if compare[op](d, x)}
+        kept = partitions_for_predicate(spec, pa.date32(), op, value)
+        assert kept is not None and holding <= kept, (op, value)  # never a match missed
+        if op in ("<", "<=", ">=", "=") and value in bounds:
+            assert kept == holding, (op, value, kept)  # and at a bound, not one partition more
