@@ -47,7 +47,7 @@ from ._nodestore import CorruptExtent, NodeStore
 from ._partition import PartitionSpec
 from ._placement import NodeInfo, place_super_extent
 from ._plancache import LRU
-from ._planner import JOIN_BUILD_BYTES, Plan, plan_query
+from ._planner import BY_PARTITION_MIN_BYTES, JOIN_BUILD_BYTES, Plan, plan_query
 from ._query import Agg, Query
 from ._recovery import plan_recovery
 from ._residency import TIMEOUT_S as RESIDENCY_TIMEOUT_S
@@ -309,6 +309,8 @@ class StoreCore:
         # a group-by on the partition column aggregates each partition alone on its node
         # (``_exec._by_partition``); False: the node's partitions together (A/B benchmark)
         self.agg_by_partition = True
+        # ... when a node's sources reach this many bytes (``_planner.BY_PARTITION_MIN_BYTES``)
+        self.agg_by_partition_min_bytes = BY_PARTITION_MIN_BYTES
         # what a shuffle join's reducer holds of its build side at once (``_planner``)
         self.join_build_bytes = JOIN_BUILD_BYTES
         self.catalog = Catalog(kv)
@@ -746,6 +748,7 @@ class StoreCore:
             repr(q),
             env,
             self.agg_by_partition,
+            self.agg_by_partition_min_bytes,
             self.join_build_bytes,
             resident.signature() if resident is not None else None,
         )
@@ -766,6 +769,7 @@ class StoreCore:
             {n.name: n.address for n in live},
             qid or "q",
             by_partition=self.agg_by_partition,
+            by_partition_min_bytes=self.agg_by_partition_min_bytes,
             join_build_bytes=self.join_build_bytes,
             resident=resident,
         )

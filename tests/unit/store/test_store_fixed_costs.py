@@ -307,3 +307,58 @@ def test_range_pruning_keeps_the_partitions_that_can_hold_matches_and_not_the_ne
         assert kept is not None and holding <= kept, (op, value)  # never a match missed
         if op in ("<", "<=", ">=", "=") and value in bounds:
             assert kept == holding, (op, value, kept)  # and at a bound, not one partition more
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"table": "t", "group_by": ["k"], "aggs": [["sum", "f", "sf"], ["count", "*", "n"]]},
+        {
+            "table": "t",
+            "join": {"table": "u", "left_on": "k", "right_on": "uk"},
+            "group_by": ["s"],
+            "aggs": [["sum", "w", "sw"]],
+        },
+    ],
+    ids=["agg_local", "join_copart"],
+)
+def test_a_small_matched_fragment_is_one_pass_over_its_partitions(
+    tmp_path: Any, spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a node's partitions each in its own Acero plan bound big hash tables; on small inputs each
+    # was only one more plan to start. Under the bytes bound, one pass; at or over it, a pass a
+    # partition; the same answer either way
+    tr = LocalTransport(str(tmp_path), [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)])
+    core = StoreCore(MemoryKV(), tr)
+    data = _rows()
+    core.create_table(
+        "t",
+        data.schema,
+        [PartitionSpec("k", "hash", 4), PartitionSpec("s", "hash", 4), PartitionSpec("f", "hash", 4)],
+    )
+    core.append("t", data)
+    other = pa.table({"uk": pa.array(range(0, 4000, 3), pa.int64()), "w": pa.array([2] * 1334, pa.int64())})
+    core.create_table("u", other.schema, [PartitionSpec("uk", "hash", 4)] * 3)
+    core.append("u", other)
+    plans = {"aggregations": 0}
+    aggregated = _exec._aggregated
+
+    def counted(*a: Any, **k: Any) -> pa.Table:
+        plans["aggregations"] += 1
+        return aggregated(*a, **k)
+
+    monkeypatch.setattr(_exec, "_aggregated", counted)
+    q = Query.from_json(spec)
+    got, plan = core.query(q)
+    assert plan.kind in ("agg_local", "join_copart") and len(plan.stages[0]) == 2
+    assert not any(t["by_partition"] for _, t in plan.stages[0])
+    one_pass = plans["aggregations"]
+    core.agg_by_partition_min_bytes = 0  # (every size: a pass a partition, as before)
+    plans["aggregations"] = 0
+    each, plan_each = core.query(q)
+    assert all(t["by_partition"] for _, t in plan_each.stages[0])
+    if plan.kind == "agg_local":  # (a join's passes aggregate inside Acero's join plan)
+        assert one_pass == 2 and plans["aggregations"] == 4  # two nodes, two partitions each
+    keys = [(k, "ascending") for k in spec["group_by"]]
+    for g, e in zip(got.sort_by(keys).to_pylist(), each.sort_by(keys).to_pylist(), strict=True):
+        assert list(g.values()) == pytest.approx(list(e.values()))  # (floats summed in another order)
