@@ -106,6 +106,14 @@ class KV(abc.ABC):
     def get_prefix_json(self, prefix: str) -> list[tuple[str, Any]]:
         return [(k, json.loads(v)) for k, v in self.get_prefix(prefix)]
 
+    def get_many(
+        self, keys: Sequence[str] = (), prefixes: Sequence[str] = ()
+    ) -> tuple[list[bytes | None], list[list[tuple[str, bytes]]]]:
+        """``get`` of each of ``keys`` and ``get_prefix`` of each of ``prefixes``. A store that
+        can (etcd: one transaction of range reads; memory: under its lock) reads them all in one
+        request, at one revision; this default reads them one after another."""
+        return [self.get(k) for k in keys], [self.get_prefix(p) for p in prefixes]
+
 
 def dumps(value: Any) -> bytes:
     """Canonical JSON bytes (sorted keys), so equal values compare equal in compare-and-swap."""
@@ -177,6 +185,15 @@ class MemoryKV(KV):
         with self._lock:
             self._expire()
             return sorted((k, v) for k, (v, _) in self._data.items() if k.startswith(prefix))
+
+    def get_many(
+        self, keys: Sequence[str] = (), prefixes: Sequence[str] = ()
+    ) -> tuple[list[bytes | None], list[list[tuple[str, bytes]]]]:
+        with self._lock:  # (one state: as etcd's one revision)
+            self._expire()
+            values = [None if (item := self._data.get(k)) is None else item[0] for k in keys]
+            ranges = [sorted((k, v) for k, (v, _) in self._data.items() if k.startswith(p)) for p in prefixes]
+            return values, ranges
 
     def put(self, key: str, value: bytes, lease: Lease | None = None) -> None:
         self.commit(puts={key: value}, lease=lease)
@@ -495,6 +512,26 @@ class EtcdKV(KV):
     def get_prefix(self, prefix: str) -> list[tuple[str, bytes]]:
         items = self._call(lambda: list(self._client.get_prefix(self._k(prefix), sort_order="ascend")))
         return [(self._strip(meta.key), value) for value, meta in items]
+
+    def get_many(
+        self, keys: Sequence[str] = (), prefixes: Sequence[str] = ()
+    ) -> tuple[list[bytes | None], list[list[tuple[str, bytes]]]]:
+        """One transaction of range reads (no comparisons): one round trip to etcd, one revision,
+        where separate reads were a round trip each (a coordinator's query read the catalog's
+        version and the node registry, ~1 ms each on loopback with TLS: issue 19, session 32)."""
+        from pyetcd.utils import prefix_range_end
+
+        t = self._client.transactions
+        ops = [t.get(self._k(k).encode()) for k in keys]
+        ops += [t.get(self._k(p).encode(), prefix_range_end(self._k(p).encode())) for p in prefixes]
+        if not ops:
+            return [], []
+        _, responses = self._call(self._client.transaction, compare=[], success=ops, failure=[])
+        values: list[bytes | None] = [bytes(r[0][0]) if r else None for r in responses[: len(keys)]]
+        ranges = [
+            sorted((self._strip(meta.key), bytes(value)) for value, meta in r) for r in responses[len(keys) :]
+        ]
+        return values, ranges
 
     def put(self, key: str, value: bytes, lease: Lease | None = None) -> None:
         self._call(self._client.put, self._k(key), value, lease=lease.id if lease else None)

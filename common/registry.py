@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 from .errors import Unavailable
@@ -129,9 +129,20 @@ class Registration:
 
 def discover(kv: KV, name: str | None = None) -> list[ServiceRecord]:
     """Live instances of service ``name`` (all services when None), from etcd."""
-    prefix = SERVICES_PREFIX + (f"{name}/" if name else "")
+    prefix = service_prefix(name)
+    return service_records(prefix, kv.get_prefix(prefix))
+
+
+def service_prefix(name: str | None = None) -> str:
+    """The keys under which the instances of service ``name`` (all when None) register."""
+    return SERVICES_PREFIX + (f"{name}/" if name else "")
+
+
+def service_records(prefix: str, items: Iterable[tuple[str, bytes]]) -> list[ServiceRecord]:
+    """The records of the (key, value) pairs read under ``prefix`` (``discover``'s, from a read
+    made with other reads: ``KV.get_many``); malformed ones skipped."""
     out = []
-    for _, raw in kv.get_prefix(prefix):
+    for _, raw in items:
         try:
             out.append(ServiceRecord.from_json(raw))
         except (ValueError, TypeError):

@@ -38,7 +38,7 @@ from microco.common.kv import KV
 
 from . import _exec
 from ._cancel import TaskCancelled
-from ._catalog import ROOT, Catalog, SuperExtent, TableInfo
+from ._catalog import ROOT, VERSION, Catalog, SuperExtent, TableInfo
 from ._hedge import Fragment, HedgePolicy, Rates, shape, weight
 from ._layout import CODECS, ExtentMeta, assign_partitions, bucketed_extents, new_extent_id
 from ._limits import check_name, short
@@ -47,11 +47,12 @@ from ._nodestore import CorruptExtent, NodeStore
 from ._partition import PartitionSpec
 from ._placement import NodeInfo, place_super_extent
 from ._plancache import LRU
-from ._planner import JOIN_BUILD_BYTES, Plan, plan_query
+from ._planner import BY_PARTITION_MIN_BYTES, JOIN_BUILD_BYTES, Plan, plan_query
 from ._query import Agg, Query
 from ._recovery import plan_recovery
 from ._residency import TIMEOUT_S as RESIDENCY_TIMEOUT_S
 from ._residency import Residency
+from ._threads import CallThreads
 
 log = logging.getLogger(__name__)
 
@@ -308,6 +309,8 @@ class StoreCore:
         # a group-by on the partition column aggregates each partition alone on its node
         # (``_exec._by_partition``); False: the node's partitions together (A/B benchmark)
         self.agg_by_partition = True
+        # ... when a node's sources reach this many bytes (``_planner.BY_PARTITION_MIN_BYTES``)
+        self.agg_by_partition_min_bytes = BY_PARTITION_MIN_BYTES
         # what a shuffle join's reducer holds of its build side at once (``_planner``)
         self.join_build_bytes = JOIN_BUILD_BYTES
         self.catalog = Catalog(kv)
@@ -356,11 +359,27 @@ class StoreCore:
         # the cancels of losing attempts' tasks (``_cancel_losers``), sent on threads of their own;
         # ``cancels``: what each node answered (newest last, a few hundred kept)
         self._canceller = ThreadPoolExecutor(CANCEL_THREADS, thread_name_prefix="store-cancel")
+        # the threads of the calls to nodes (``_start``): one per call in flight, kept once idle
+        self._calls = CallThreads("store-call")
         self.cancels: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ nodes
     def live_nodes(self) -> list[NodeInfo]:
-        nodes = self.transport.live_nodes()
+        return self._noted(self.transport.live_nodes())
+
+    def version_and_live_nodes(self, version: bool = True) -> tuple[bytes | None, list[NodeInfo]]:
+        """The catalog's version token (None when ``version`` is False, or none is written yet)
+        and the live nodes: what a query's plan starts from. In one read of etcd where the
+        transport's registry shares the catalog's store (``live_nodes_with``), at one revision:
+        two round trips were ~2 ms of a small query's ~15-25 ms (issue 19, session 32)."""
+        both = getattr(self.transport, "live_nodes_with", None)
+        if version and both is not None and getattr(self.transport, "kv", None) is self.kv:
+            nodes, (token,) = both([VERSION])
+            return token, self._noted(nodes)
+        token = self.catalog.version() if version else None  # (read first: see ``plan``)
+        return token, self.live_nodes()
+
+    def _noted(self, nodes: list[NodeInfo]) -> list[NodeInfo]:
         now = time.monotonic()
         for n in nodes:
             self._last_live[n.name] = now
@@ -719,8 +738,8 @@ class StoreCore:
         the plan is made from, so a plan is never tagged newer than its records) and the same live
         nodes, else planned from the table records (and kept). A hit reads the token and the node
         registry; a miss the table's record and super-extents besides."""
-        token = self.catalog.version() if self.model_plans.size > 0 else None
-        live = [n for n in self.live_nodes() if n.name not in exclude]
+        token, live = self.version_and_live_nodes(self.model_plans.size > 0)
+        live = [n for n in live if n.name not in exclude]
         nodes = {n.name: n for n in live}
         env = tuple((n.name, n.address, n.domain) for n in sorted(live, key=lambda x: x.name))
         names = [q.table] + ([q.join.table] if q.join else [])
@@ -729,6 +748,7 @@ class StoreCore:
             repr(q),
             env,
             self.agg_by_partition,
+            self.agg_by_partition_min_bytes,
             self.join_build_bytes,
             resident.signature() if resident is not None else None,
         )
@@ -749,6 +769,7 @@ class StoreCore:
             {n.name: n.address for n in live},
             qid or "q",
             by_partition=self.agg_by_partition,
+            by_partition_min_bytes=self.agg_by_partition_min_bytes,
             join_build_bytes=self.join_build_bytes,
             resident=resident,
         )
@@ -1121,9 +1142,9 @@ class StoreCore:
         att: _Attempt | None,
         orphan: Any = None,
     ) -> Future[Any]:
-        """``fn(node, task)``, a call to a node, on a thread of its own (not the core's pool): a
-        call abandoned (``_abandon``) leaves no pool thread waiting on a node that stopped
-        answering. Within a query (``att``) the task is given an id (``tid``), by which the node
+        """``fn(node, task)``, a call to a node, on a thread of its own (not the core's pool; one
+        idle from an earlier call, ``_threads.CallThreads``): a call abandoned (``_abandon``)
+        leaves no pool thread waiting on a node that stopped answering. Within a query (``att``) the task is given an id (``tid``), by which the node
         cancels it when its attempt loses (``_cancel_losers``). The future is running from the
         start (``cancel`` does nothing); a result that comes after the call was abandoned goes
         to ``orphan`` (a stream to close), else is dropped."""
@@ -1153,7 +1174,7 @@ class StoreCore:
                 if orphan is not None:
                     orphan(out)
 
-        threading.Thread(target=go, name="store-call", daemon=True).start()
+        self._calls.run(go)  # (a thread idle from an earlier call, or a new one: ``_threads``)
         return f
 
     @staticmethod

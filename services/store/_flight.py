@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -46,7 +46,7 @@ from microco.common.errors import (
 )
 from microco.common.identity import Identity, service_identity
 from microco.common.kv import KV
-from microco.common.registry import discover
+from microco.common.registry import ServiceRecord, discover, service_prefix, service_records
 
 from ._cancel import TaskCancelled
 from ._limits import check_keys, load_json, short
@@ -378,8 +378,12 @@ class StoreFlightServer(flight.FlightServerBase):
 
 
 def _live(kv: KV) -> list[NodeInfo]:
+    return _nodes(discover(kv, NODE_SERVICE))
+
+
+def _nodes(records: Sequence[ServiceRecord]) -> list[NodeInfo]:
     out = []
-    for rec in discover(kv, NODE_SERVICE):
+    for rec in records:
         out.append(
             NodeInfo(rec.instance_id, rec.labels.get("fault_domain", ""), rec.labels.get("flight", ""))
         )
@@ -435,6 +439,13 @@ class FlightTransport:
 
     def live_nodes(self) -> list[NodeInfo]:
         return _live(self.kv)
+
+    def live_nodes_with(self, keys: Sequence[str]) -> tuple[list[NodeInfo], list[bytes | None]]:
+        """``live_nodes`` and the values of ``keys`` in the registry's store, read in one request
+        (``KV.get_many``): a query's plan reads the catalog's version with the live nodes."""
+        prefix = service_prefix(NODE_SERVICE)
+        values, (records,) = self.kv.get_many(keys, [prefix])
+        return _nodes(service_records(prefix, records)), values
 
     def put_extent(
         self, node: NodeInfo, table: str, extent_id: str, rows: pa.Table, buckets: list, codec: str = ""

@@ -267,6 +267,10 @@ def partitions_for_predicate(spec: PartitionSpec, type_: pa.DataType, op: str, v
     p = int(np.searchsorted(bounds, x, side="right"))
     if op == "=":
         return {p}
+    if op == "<" and p > 0 and bounds[p - 1] == x:
+        # x is partition p's lower bound: p holds no value below it (``col < '1996-01-01'`` on
+        # partitions by year read 1996's partition too before: issue 19, session 32)
+        return set(range(0, p))
     if op in ("<", "<="):
         # partition p holds x; partitions above p start at bounds >= ... > x
         return set(range(0, p + 1))

@@ -3067,13 +3067,18 @@ def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan
 
     The catalog version is its token (``_catalog.VERSION``, written anew by every change), read
     before anything the plan is made from, so a plan is never tagged newer than what it was made
-    of: a cache hit costs that one read and the node registry's. A catalog without a token
+    of: a cache hit costs that one read and the node registry's (one request for the two:
+    ``StoreCore.version_and_live_nodes``). A catalog without a token
     (written before there was one) is versioned by the digest of the raw records instead."""
     cache: _plancache.LRU[_Cached] | None = getattr(core, "sql_plans", None)
     key = _plancache.text_key(sql)
     hit = cache.get(key) if cache is not None else None
-    token = core.catalog.version()
-    live = [n for n in core.live_nodes() if n.name not in exclude]
+    both = getattr(core, "version_and_live_nodes", None)  # (one read of etcd for the two)
+    if both is not None:
+        token, live = both()
+    else:
+        token, live = core.catalog.version(), core.live_nodes()
+    live = [n for n in live if n.name not in exclude]
     env: list[bytes | str] = [
         f"{n.name}\0{n.address}\0{n.domain}" for n in sorted(live, key=lambda x: x.name)
     ]

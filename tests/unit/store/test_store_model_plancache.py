@@ -56,7 +56,9 @@ def test_a_repeated_query_reuses_its_plan_and_its_answer(tmp_path: Any) -> None:
 
 
 def test_a_reused_shuffle_plan_runs_under_its_own_query_id(tmp_path: Any) -> None:
-    tr = LocalTransport(str(tmp_path), NODES)
+    # two nodes per fault domain: a replica's partitions on two nodes, which exchange partials
+    # (on one node the group-by is one fragment there, ``agg_one_node``)
+    tr = LocalTransport(str(tmp_path), [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)])
     core = StoreCore(MemoryKV(), tr)
     _create(core, "t", _t(k=[i % 5 for i in range(50)], v=list(range(50))), ("v", "v", "v"), parts=3)
     q = Query("t", group_by=("k",), aggs=(Agg("sum", "v", "s"),))
