@@ -443,6 +443,15 @@ class AstraTF(SessionBacked):
         xla_cell = xla_cell and not xla  # inside a whole-step XLA cluster it is the same thing
         loop = loop and not xla_cell
         key = (hoist, batch, xla, xla_cell, loop)
+        if key not in self._variants and xla and not loop:
+            # The whole step under XLA is the same step's traced function (the variant without
+            # XLA, traced once for the baseline) called inside an XLA cluster, not a second trace
+            # of the user's Python: XLA compiles the call as one module. The trace is what a
+            # Keras model's first call spends (issue 18, session 32: keras-hub's GPT-2, the
+            # count's trace and lowering 180-240 ms against 470-540 ms re-traced, and the first
+            # XLA call after it 0.86-1.0 s against 1.1-1.7 s, load 4-7; see docs/compiler.md).
+            inner = self.variant(hoist, batch, False)
+            self._variants[key] = tf.function(lambda x, y: inner(x, y), jit_compile=True)
         if key not in self._variants:
             model, opt, loss_fn = self.model, self.optimizer, self.loss_fn
             structured = self.structured
