@@ -455,27 +455,35 @@ class AstraTF(SessionBacked):
             inner = self.variant(hoist, batch, False)
             self._variants[key] = tf.function(lambda x, y: inner(x, y), jit_compile=True)
         if key not in self._variants:
-            model, opt, loss_fn = self.model, self.optimizer, self.loss_fn
-            structured = self.structured
-            # Keras layers take the training flag (dropout, batch norm); a plain tf.Module does not.
-            kwargs = {"training": True} if isinstance(model, tf.keras.layers.Layer) else {}
-
-            @tf.function(jit_compile=xla)  # type: ignore[untyped-decorator]
-            def train_step(x: Any, y: Any) -> Any:
-                with tf.GradientTape() as tape:
-                    if structured:
-                        out = run_model(model, x, hoist, batch, xla_cell, loop)
-                    else:
-                        out = model(x, **kwargs)
-                    loss = total_loss(model, loss_fn, out, y)
-                    scaled = scaled_loss(opt, loss)
-                variables = model.trainable_variables
-                grads = unscaled_gradients(opt, tape.gradient(scaled, variables))
-                opt.apply_gradients(zip(grads, variables))
-                return loss
-
-            self._variants[key] = train_step
+            self._variants[key] = self.traced_step(hoist, batch, xla, xla_cell, loop)
         return self._variants[key]
+
+    def traced_step(
+        self, hoist: bool, batch: bool, xla: bool, xla_cell: bool = False, loop: bool = False
+    ) -> Callable[..., Any]:
+        """The training step for one set of choices as its own ``tf.function`` (a new one, not
+        cached), ``jit_compile=xla``: with ``xla``, what ``jit_compile=True`` on the user's step
+        runs (the benchmark's static contender); ``variant`` is what the wrapper runs."""
+        model, opt, loss_fn = self.model, self.optimizer, self.loss_fn
+        structured = self.structured
+        # Keras layers take the training flag (dropout, batch norm); a plain tf.Module does not.
+        kwargs = {"training": True} if isinstance(model, tf.keras.layers.Layer) else {}
+
+        @tf.function(jit_compile=xla)  # type: ignore[untyped-decorator]
+        def train_step(x: Any, y: Any) -> Any:
+            with tf.GradientTape() as tape:
+                if structured:
+                    out = run_model(model, x, hoist, batch, xla_cell, loop)
+                else:
+                    out = model(x, **kwargs)
+                loss = total_loss(model, loss_fn, out, y)
+                scaled = scaled_loss(opt, loss)
+            variables = model.trainable_variables
+            grads = unscaled_gradients(opt, tape.gradient(scaled, variables))
+            opt.apply_gradients(zip(grads, variables))
+            return loss
+
+        return train_step
 
     def _mode(self, v: dict[str, str]) -> tuple[Callable[..., Any], str]:
         """The variant a configuration runs, and the size kind its compile is priced by ("" when
