@@ -374,9 +374,7 @@ class AstraTF(SessionBacked):
                     kind,
                     self.graph_key,
                     self.hlo_classes.get(kind, ""),
-                    at_load=not self.background
-                    or self.compiles_in_line(kind)
-                    or self.waits_for_compile(kind),
+                    at_load=not self.background or self.compiles_in_line(kind),
                 ),
                 1,
             )
@@ -820,18 +818,6 @@ class AstraTF(SessionBacked):
         if self.cost_model is None or not self.graph_key:
             return False
         return self.cost_model.compiled_here(self.graph_key, kind) and _session.idle_cores() < 1.0
-
-    def waits_for_compile(self, kind: str) -> bool:
-        """Does the training wait for a trial's XLA compile of ``kind`` (on the compile thread, up
-        to its deadline) rather than run held steps beside it? Where no core is idle beside the
-        training (``_session.idle_cores``), also on a first run: the held steps and the compile
-        then share the cores, each slower (issue 18, session 31: keras-hub's GPT-2 held 287-415
-        steps of 4.3-5.9 ms beside a 1.5-1.8 s compile, against 2.3-2.4 ms a step alone), and
-        the exploration took 2.5-3 s where the static contender compiled in line in ~1.5 s. The
-        deadline still bounds it (``_tf_warm``): a compile priced low is abandoned there as in
-        the background, the training waiting no longer than the background would have let the
-        trial wait; what the wait costs is priced as an in-line compile, at today's load."""
-        return self.background and _session.idle_cores() < 1.0
 
     def _compile_deadline_ms(self, kind: str) -> float:
         s = self.session

@@ -108,7 +108,6 @@ class XlaWarmer:
         self._queue: list[dict[str, str]] = []
         self._job: _Job | None = None
         self._orphans: list[_Job] = []  # abandoned compiles still running (C++: not interruptible)
-        self._waiting = False  # the training thread is waiting for a compile (``_wait``)
         self.log: list[dict[str, Any]] = []
 
     # -- the Warmer protocol
@@ -131,9 +130,6 @@ class XlaWarmer:
             self.inline.add(fid)
             self.log.append({"values": dict(values), "kind": kind, "outcome": "in line"})
             return True
-        if not queued and not self._waiting and self._job is None and not self._orphans:
-            if self.owner.waits_for_compile(kind):
-                return self._wait(values, fid)
         return False
 
     def start(self, values: dict[str, str]) -> None:
@@ -159,27 +155,6 @@ class XlaWarmer:
             self._job = None
 
     # -- mechanism
-    def _wait(self, values: dict[str, str], fid: int) -> bool:
-        """Compile ``values``' step on the compile thread while the training thread waits for it,
-        up to its deadline (``AstraTF.waits_for_compile``: no core is idle, so steps held beside
-        the compile would share the cores with it); then ready: compiled (the trial runs warm),
-        abandoned at its deadline (the trial fails, as in the background), or in line where the
-        step cannot be shadowed."""
-        self._waiting = True
-        try:
-            self._queue.insert(0, dict(values))
-            self._pump()
-            job = self._job
-            if job is not None and job.fid == fid and job.thread is not None:
-                job.thread.join(max(0.0, job.deadline_ms - job.elapsed_ms()) / 1e3)
-                self._pump()
-                if fid in self.done:
-                    self.log[-1]["outcome"] = "waited"
-        finally:
-            self._waiting = False
-        self._queue = [v for v in self._queue if id(self.owner._mode(v)[0]) != fid]
-        return fid in self.done or fid in self.abandoned or fid in self.inline
-
     def _pump(self) -> None:
         job = self._job
         if job is not None:

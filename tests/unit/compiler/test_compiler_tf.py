@@ -114,11 +114,6 @@ def test_any_keras_model_is_explored_over_xla_on_its_own_forward(tmp_path, monke
     # off the critical path, not how fast: a deadline no loaded machine reaches (10 min).
     generous_ms = 600_000.0
     monkeypatch.setattr(_compile_costs, "MIN_DEADLINE_MS", generous_ms)
-    # (a core idle beside the training: in the background whatever the machine's load; with
-    # none idle the training waits for the compile, ``AstraTF.waits_for_compile``)
-    from microco.clients.compiler import _session
-
-    monkeypatch.setattr(_session, "idle_cores", lambda: 1.5)
 
     x = tf.random.normal([8, 12], seed=1)
     y = tf.constant(np.arange(8) % 10)
@@ -452,7 +447,6 @@ def test_the_xla_trial_of_a_model_of_named_inputs_compiles_in_the_background(tmp
         cost_model=XlaCostModel("hw", tmp_path / "rate.json", cold_rate=0.01),
     )
     astra.compiles_in_line = lambda kind: False  # (in the background whatever the machine's load)
-    astra.waits_for_compile = lambda kind: False
     losses = []
     until = time.monotonic() + generous_ms / 1e3 + 60.0
     while not astra.committed and time.monotonic() < until:

@@ -104,7 +104,6 @@ class _Owner:
         self.abandoned: list[tuple[str, float]] = []
         self.compiled: list[tuple[str, float]] = []
         self.in_line = False  # what ``AstraTF.compiles_in_line`` answers
-        self.waits = False  # what ``AstraTF.waits_for_compile`` answers
 
     def _mode(self, values):
         return (self.xla, "unrolled") if values.get("xla") == "plain" else (self.plain, "")
@@ -117,9 +116,6 @@ class _Owner:
 
     def compiles_in_line(self, kind):
         return self.in_line
-
-    def waits_for_compile(self, kind):
-        return self.waits
 
     def _observe_abandoned_compile(self, kind, ms):
         self.abandoned.append((kind, ms))
@@ -171,41 +167,6 @@ def test_a_compile_the_owner_runs_in_line_is_ready_at_once_and_never_launched():
     assert warmer.ready({"xla": "plain"})  # the trial runs now, compiling in its first step
     assert not warmer.busy() and owner.xla.concrete.calls == 0 and id(owner.xla) in warmer.inline
     assert [e["outcome"] for e in warmer.log] == ["in line"]
-
-
-def test_where_the_training_waits_for_a_compile_the_trial_is_ready_when_it_is_done_never_held():
-    """Issue 18, session 32: with no core idle (``AstraTF.waits_for_compile``) a first run's XLA
-    compile no longer runs beside held steps: the compile runs on its thread while the training
-    waits for it, and the trial runs warm next."""
-    owner = _Owner(deadline_ms=10**9)
-    owner.waits = True
-    warmer = XlaWarmer(owner)
-    assert warmer.ready({"xla": "off"})  # compiles nothing
-    releaser = threading.Timer(0.2, owner.release.set)
-    releaser.start()
-    try:
-        assert warmer.ready({"xla": "plain"})  # returns once the compile is done
-    finally:
-        releaser.cancel()
-        owner.release.set()
-    assert owner.xla.concrete.calls == 1 and id(owner.xla) in warmer.done and not warmer.busy()
-    assert [k for k, _ in owner.compiled] == ["unrolled"] and not owner.abandoned
-    assert [e["outcome"] for e in warmer.log] == ["waited"]
-    assert warmer.ready({"xla": "plain"}) and owner.xla.concrete.calls == 1  # compiled once
-
-
-def test_a_compile_the_training_waits_for_is_abandoned_at_its_deadline():
-    """The wait is bounded as the background is: past its deadline the compile is abandoned
-    (the trial fails and runs the baseline), the training waits no longer."""
-    owner = _Owner(deadline_ms=50.0)
-    owner.waits = True
-    warmer = XlaWarmer(owner)
-    try:
-        assert warmer.ready({"xla": "plain"})
-        assert id(owner.xla) in warmer.abandoned and [k for k, _ in owner.abandoned] == ["unrolled"]
-        assert not owner.compiled and [e["outcome"] for e in warmer.log] == ["abandoned"]
-    finally:
-        owner.release.set()
 
 
 def test_a_compile_timed_by_its_cpu_is_priced_at_that_not_at_its_wall_over_the_load(tmp_path):
