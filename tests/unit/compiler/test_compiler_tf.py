@@ -609,3 +609,39 @@ def test_the_whole_step_under_xla_calls_the_plain_steps_trace_not_the_users_pyth
     assert np.allclose(got, want, rtol=1e-5, atol=1e-6)
     for va, vb in zip(a.model.trainable_variables, b.model.trainable_variables):
         assert np.allclose(va.numpy(), vb.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_first_pre_steps_time_holds_the_steps_trace_when_the_random_check_made_it(tmp_path):
+    """Issue 18, session 32 (keras-hub's GPT-2, held out): the random check traced the plain step
+    before the first pre-step timed its call, which then found the trace made: the trace the
+    count's gate weighs read 160-195 ms against a first step of 430-445 ms, and the module was
+    counted at 1,000 steps. The first pre-step's time now holds the trace wherever it was made
+    (here a trace that sleeps 0.3 s: its time is at least that, whatever the machine's load)."""
+    import time
+
+    from microco.clients.compiler._tf_cost import XlaCostModel
+
+    class SlowTrace(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.body = _mlp()
+
+        def call(self, x, training=False):
+            time.sleep(0.3)  # Python: runs when the step is traced, not when the traced step runs
+            return self.body(x, training=training)
+
+    x = tf.random.normal([8, 12], seed=1)
+    y = tf.constant(np.arange(8) % 10)
+    model = SlowTrace()
+    model(x)  # built outside any trace
+    astra = _tf.AstraTF(
+        model,
+        tf.keras.optimizers.SGD(0.05),
+        zt.loss_fn,
+        LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1)),
+        total_steps=3,
+        cost_model=XlaCostModel("hw", tmp_path / "rate.json"),
+    )
+    astra.step(x, y)
+    assert astra.random_checked and len(astra._pre_ms) == 1
+    assert astra._pre_ms[0] >= 300.0
