@@ -484,7 +484,8 @@ class AstraTF(SessionBacked):
             opt.apply_gradients(zip(grads, variables))
             return loss
 
-        return train_step
+        step: Callable[..., Any] = train_step
+        return step
 
     def _mode(self, v: dict[str, str]) -> tuple[Callable[..., Any], str]:
         """The variant a configuration runs, and the size kind its compile is priced by ("" when
