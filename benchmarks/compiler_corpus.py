@@ -885,7 +885,9 @@ def _tf_adapter(case: Case) -> dict[str, Any]:
     def fixed(xla: bool, name: str) -> _Contender:
         # tf.function of the user's step, with or without XLA (``jit_compile=True``)
         m = make()
-        fn = AstraTF(m, opt(), case.loss, LocalExplorer(), xla=True).variant(False, False, xla)
+        # (``traced_step``: the user's step traced under ``jit_compile``, as they would write it;
+        # the wrapper's own XLA variant calls its plain step's trace inside the cluster)
+        fn = AstraTF(m, opt(), case.loss, LocalExplorer(), xla=True).traced_step(False, False, xla)
         step = counted(name, m, lambda: fn(x, y).numpy())
         t0 = time.perf_counter()
         step()
