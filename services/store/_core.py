@@ -1854,14 +1854,7 @@ class LocalTransport:
     def _fetch(self, address: str, req: dict[str, Any]) -> pa.Table:
         s = self._store(address)
         if req["op"] == "read":
-            return s.read(
-                req["table"],
-                req["extent"],
-                req.get("bucket"),
-                req.get("columns"),
-                req.get("checksum"),
-                req.get("rows"),
-            )
+            return s.read_request(req)
         return s.shuffle_take(req["qid"], req["tag"], req["bucket"])
 
     def kill(self, name: str) -> None:

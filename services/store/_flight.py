@@ -306,14 +306,7 @@ class StoreFlightServer(flight.FlightServerBase):
             req = narrow_to_units(req)  # (unsigned: it only ever drops granted sources)
             _check_fields(req, _TICKET_FIELDS.get(op, {}) if isinstance(op, str) else {})
             if op == "read":
-                t = self.store.read(
-                    req["table"],
-                    req["extent"],
-                    req.get("bucket"),
-                    req.get("columns"),
-                    req.get("checksum"),
-                    req.get("rows"),
-                )
+                t = self.store.read_request(req)
             elif op == "shuffle_take":
                 t = self.store.shuffle_take(req["qid"], req["tag"], req["bucket"])
             elif op in ("fragment", "map", "reduce", "sql"):

@@ -189,6 +189,18 @@ class NodeStore:
             self._charge(str(p), ext)
         return t
 
+    def read_request(self, req: dict[str, Any]) -> pa.Table:
+        """``read`` of a peer's request (``read_source``'s remote form: a Flight ticket, or the
+        in-process transport's call)."""
+        return self.read(
+            req["table"],
+            req["extent"],
+            req.get("bucket"),
+            req.get("columns"),
+            req.get("checksum"),
+            req.get("rows"),
+        )
+
     def _opened(self, p: Path) -> OpenExtent:
         st = p.stat()
         key = str(p)
