@@ -52,3 +52,15 @@ def test_the_units_files_share_one_scope_and_others_keep_their_own(
     other = "tests/unit/common/test_protos.py"
     assert sched._split_scope(f"{other}::test_y") == other  # type: ignore[attr-defined]
     assert conftest.pytest_xdist_make_scheduler(Config("load"), None) is None  # type: ignore[arg-type]
+
+
+def test_no_two_test_modules_share_a_basename() -> None:
+    """Test folders are not packages, so pytest imports each test file by its basename: a second
+    file of one name stops the whole suite's collection ("import file mismatch"; a merge brought
+    tests/unit/store/ and tests/integration/store/test_store_fixed_costs.py together, 2026-12-04)."""
+    seen: dict[str, Path] = {}
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        if "__pycache__" in path.parts or (path.parent / "__init__.py").exists():
+            continue
+        other = seen.setdefault(path.name, path)
+        assert other == path, f"{other.relative_to(REPO)} and {path.relative_to(REPO)} share a basename"
