@@ -282,3 +282,20 @@ def test_a_late_top_k_read_degraded_matches_duckdb(tables, duck, tmp_path):
     assert "late materialization" in text
     got, _ = core.sql(sql)
     assert _norm([tuple(r.values()) for r in got.to_pylist()]) == _norm(duck.sql(sql).fetchall())
+
+
+def test_columns_differing_only_in_case_are_refused_clearly(tmp_path):
+    """SQL reads ``"A"`` and ``a`` as one column: a table with both answered ``sum("A")`` with
+    column ``a``'s sum, silently (held out, session 32); it is refused at creation, naming both."""
+    from microco.common.errors import InvalidArgument
+
+    tr = LocalTransport(str(tmp_path), [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(6)])
+    core = StoreCore(MemoryKV(), tr, recovery_rate_bytes=0)
+    t = pa.table({"a": [1, 2], "A": [2, 4], "b": [1.0, 1.0]})
+    specs = [spec_from_pb(parse_partitioning(x)) for x in ("a:hash:2", "b:hash:2", "a:hash:4")]
+    with pytest.raises(InvalidArgument, match="'a' and 'A' differ only in case"):
+        core.create_table("t", t.schema, specs)
+    with pytest.raises(InvalidArgument, match="repeat"):
+        core.create_table("t", pa.schema([("a", pa.int64()), ("a", pa.int64()), ("b", pa.float64())]), specs)
+    good = pa.table({"a": [1, 2], "c": [2, 4], "b": [1.0, 1.0]})
+    core.create_table("t", good.schema, specs)  # nothing of the refused ones was left behind
