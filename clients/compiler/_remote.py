@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 from collections.abc import Callable
 from typing import Any
 
@@ -15,8 +14,6 @@ from microco.clients.compiler.explore.types import Config, GraphSpec, TrialRepor
 from microco.common import ServiceClient, Unavailable, dial
 
 from .explore import wire
-
-_CHOOSER = random.Random()  # not the job's ``random`` stream (``microco.common.channel``)
 
 
 def _dial_own(address: str) -> grpc.Channel:
@@ -53,12 +50,9 @@ class RemoteExplorer(ServiceClient):
             kv = connect_etcd()
 
         def dial_discovered() -> Any:
-            from microco.common.registry import discover
+            from microco.common.channel import pick_instance
 
-            records = discover(kv, cls.service_name)
-            if not records:
-                raise Unavailable("no live 'compiler' service is registered in etcd")
-            return _dial_own(_CHOOSER.choice(records).address)
+            return _dial_own(pick_instance(kv, cls.service_name, prefer_leader=False).address)
 
         client = cls(dial_discovered(), default_timeout)
         client._redial = dial_discovered

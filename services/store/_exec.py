@@ -283,15 +283,20 @@ def _side_schema(side: dict[str, Any]) -> pa.Schema | None:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(side["schema"])))
 
 
+def read_each(
+    sources: list[dict[str, Any]], read: Callable[[int, dict[str, Any]], pa.Table]
+) -> list[pa.Table]:
+    """``read(i, source)`` of each source, in order: all at once when they are on several nodes
+    (sources on peers are fetched over the network), else one after another."""
+    if len({s.get("node") for s in sources}) > 1:
+        return list(_READERS.map(read, range(len(sources)), sources))
+    return [read(i, src) for i, src in enumerate(sources)]
+
+
 def scan_side(env: Env, side: dict[str, Any]) -> pa.Table:
     """Read a side's sources (read columns only), filter, and keep the columns downstream needs."""
     one = _side_one(env, side)
-    sources = side["sources"]
-    if len(sources) > 1 and len({s.get("node") for s in sources}) > 1:
-        # sources on peers are fetched over the network: all at once, not one after another
-        parts = list(_READERS.map(one, sources))
-    else:
-        parts = [one(src) for src in sources]
+    parts = read_each(side["sources"], lambda _, src: one(src))
     schema = _side_schema(side)
     if not parts and schema is not None:
         return schema.empty_table()
@@ -333,17 +338,12 @@ def late_rows(env: Env, side: dict[str, Any], late: dict[str, Any], keys: dict[s
     narrow = list(late["read"])
     cancel = getattr(env, "cancel", None)
 
-    def located(item: tuple[int, dict[str, Any]]) -> pa.Table:
-        i, src = item
+    def located(i: int, src: dict[str, Any]) -> pa.Table:
         t = env.read_source(src, narrow)
         loc = np.arange(t.num_rows, dtype=np.int64) + (np.int64(i) << np.int64(32))
         return t.append_column(LATE_LOCATOR, pa.array(loc))
 
-    items = list(enumerate(sources))
-    if len({s.get("node") for s in sources}) > 1:
-        parts = list(_READERS.map(located, items))
-    else:
-        parts = [located(it) for it in items]
+    parts = read_each(sources, located)
     schema = _side_schema(side)
     if not parts:
         return schema.empty_table() if schema is not None else pa.table({})
