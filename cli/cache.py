@@ -35,6 +35,14 @@ def register(sub: Any) -> None:
     r.add_argument("path", help="local directory or fsspec URL of the data")
     r.add_argument("--chunk-size", default="4M", help="target chunk size (e.g. 4M, 512K)")
     r.add_argument(
+        "--records",
+        default="file",
+        metavar="FORMAT",
+        help="what a sample is: a whole file (file, the default) or each record of one: tfrecord "
+        "(TFRecord shards), tar (WebDataset shards: members sharing a key are one sample), lines "
+        "(JSON lines, text), npy (rows of a .npy array), fixed:N (every N bytes, e.g. token blocks)",
+    )
+    r.add_argument(
         "--owner",
         default="",
         help="whose dataset it is (default: yours: the user your credentials name, or the system user "
@@ -106,6 +114,7 @@ def cmd_register(args: argparse.Namespace) -> int:
                 chunk_bytes=chunk,
                 progress=bar.update,
                 home=str(args.home) if args.home else None,
+                records=args.records,
             )
     finally:
         kv.close()
@@ -113,7 +122,9 @@ def cmd_register(args: argparse.Namespace) -> int:
         print(json.dumps(asdict(rec), indent=2))
     else:
         print(
-            f"registered {rec.name}: {rec.num_samples} samples in {rec.num_chunks} chunks, "
+            f"registered {rec.name}: {rec.num_samples} samples"
+            + (f" ({rec.records} records)" if rec.records != "file" else "")
+            + f" in {rec.num_chunks} chunks, "
             f"{_human(rec.total_bytes)}, index {rec.index_digest[:16]}..."
         )
     return 0
@@ -139,12 +150,13 @@ def cmd_datasets(args: argparse.Namespace) -> int:
                 "samples": r.num_samples,
                 "chunks": r.num_chunks,
                 "size": _human(r.total_bytes),
+                "records": r.records,
                 "owner": r.owner,
                 "url": r.url,
             }
             for r in recs
         ],
-        ["name", "samples", "chunks", "size", "owner", "url"],
+        ["name", "samples", "chunks", "size", "records", "owner", "url"],
     )
     return 0
 

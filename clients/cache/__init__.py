@@ -1,7 +1,9 @@
 """Client side of Quiver, the shared training-data cache, and what both ends share.
 
 * Content addressing and indexing: ``digest``, ``DatasetIndex``, ``SampleRef``, ``ChunkRef``,
-  ``build_index``, ``index_store``; backing stores ``open_store``, ``LocalStore``,
+  ``build_index``, ``index_store``; record formats (a sample per TFRecord record, WebDataset
+  tar sample, line, ``.npy`` row or N bytes of a file: ``RECORD_FORMATS``, ``tar_sample``);
+  backing stores ``open_store``, ``LocalStore``,
   ``ThrottledStore``; the substitutable sampler core ``SubstitutableSampler``; the Redis
   directory of what is cached where, ``RedisDirectory``. The cache server builds on these.
 
@@ -64,6 +66,7 @@ from ._peers import Peers
 from ._placement import owned_bytes
 from ._placement import owner as chunk_owner
 from ._position import merge_positions
+from ._records import check_format, record_spans, tar_sample
 from ._sampler import Batch, BatchMode, SubstitutableSampler
 from ._spread import Member, SpreadCache, members_from_records
 from ._table import (
@@ -74,6 +77,8 @@ from ._table import (
     query_table,
     replica_partitioned_by,
 )
+
+RECORD_FORMATS = ("file", "lines", "tfrecord", "tar", "npy", "fixed:N")  # see check_format
 
 _LAZY = {
     "QuiverBatchSampler": "_torch",
@@ -161,6 +166,7 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "ENV_JOB_OWNER",
     "JOB_DATASETS_PREFIX",
+    "RECORD_FORMATS",
     "WARM_PREFIX",
     "BackingStore",
     "Batch",
@@ -194,6 +200,7 @@ __all__ = [
     "build_index",
     "cache_overview",
     "caller_owner",
+    "check_format",
     "chunk_owner",
     "decode_sample",
     "digest",
@@ -221,9 +228,11 @@ __all__ = [
     "publish_job_dataset",
     "query_table",
     "quiver_tf_dataset",
+    "record_spans",
     "register_dataset",
     "replica_partitioned_by",
     "report_warm",
     "stats_to_dict",
+    "tar_sample",
     "warm_report",
 ]

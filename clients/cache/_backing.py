@@ -1,7 +1,9 @@
 """Backing stores: where a dataset really lives (a local directory or any fsspec URL).
 
 The cache is only ever an optimisation over a backing store: every sample can always be
-read from here. ``ThrottledStore`` caps the bandwidth of another store (a token bucket
+read from here. A sample that is one record of a file (``_records``) is read by its byte
+range (``read_range``, where the store has one; else the file is read and sliced), and
+neighbouring records of one file are read together (``sample_runs``, ``read_run``). ``ThrottledStore`` caps the bandwidth of another store (a token bucket
 shared by every reader of it), so benchmarks can model a remote blob store on one machine.
 """
 
@@ -10,11 +12,20 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from microco.common.errors import FailedPrecondition
 
 from ._digest import digest
+
+if TYPE_CHECKING:
+    from ._index import SampleRef
+
+# Records of one file read in one request when the gap between them is at most this (TFRecord's
+# framing, a tar's headers, newlines) and the request at most RUN_BYTES.
+RUN_GAP_BYTES = 64 << 10
+RUN_BYTES = 16 << 20
 
 
 class BackingStore(Protocol):
@@ -58,6 +69,11 @@ class LocalStore:
         with open(self._full(path), "rb") as f:
             return f.read()
 
+    def read_range(self, path: str, start: int, size: int) -> bytes:
+        with open(self._full(path), "rb") as f:
+            f.seek(start)
+            return f.read(size)
+
     def write(self, path: str, data: bytes) -> None:
         full = self._full(path)
         os.makedirs(os.path.dirname(full), exist_ok=True)
@@ -100,6 +116,10 @@ class FsspecStore:
             data: bytes = f.read()
             return data
 
+    def read_range(self, path: str, start: int, size: int) -> bytes:
+        data: bytes = self.fs.cat_file(f"{self.root}/{path}", start=start, end=start + size)
+        return data
+
     def write(self, path: str, data: bytes) -> None:
         with self.fs.open(f"{self.root}/{path}", "wb") as f:
             f.write(data)
@@ -136,7 +156,12 @@ class ThrottledStore:
         self.inner.write(path, data)
 
     def read(self, path: str) -> bytes:
-        data = self.inner.read(path)
+        return self._paced(self.inner.read(path))
+
+    def read_range(self, path: str, start: int, size: int) -> bytes:
+        return self._paced(read_span(self.inner, path, start, size))
+
+    def _paced(self, data: bytes) -> bytes:
         # Reserve a slot on the shared link: readers queue behind one another, as on a real pipe.
         with self._lock:
             now = time.monotonic()
@@ -166,10 +191,63 @@ def open_store(url: str, kv: Any = None) -> BackingStore:
     return FsspecStore(url)
 
 
-def read_checked(store: BackingStore, path: str, want: str) -> bytes:
-    """A sample's bytes from the backing store, refused unless they hash to ``want`` (the
-    digest the dataset was registered with)."""
-    data = store.read(path)
-    if digest(data) != want:
-        raise FailedPrecondition(f"sample {path!r} changed since the dataset was registered: re-register it")
+def read_span(store: BackingStore, path: str, start: int, size: int) -> bytes:
+    """``size`` bytes of ``path`` from ``start``: by range where the store reads ranges, else
+    the whole file, sliced (a store of a user's own with only ``read``)."""
+    read_range = getattr(store, "read_range", None)
+    if read_range is not None:
+        data: bytes = read_range(path, start, size)
+        return data
+    return store.read(path)[start : start + size]
+
+
+def _changed(ref: SampleRef) -> FailedPrecondition:
+    where = f"{ref.path!r}" if ref.start < 0 else f"{ref.path!r} at byte {ref.start}"
+    return FailedPrecondition(f"sample {where} changed since the dataset was registered: re-register it")
+
+
+def read_checked(store: BackingStore, ref: SampleRef) -> bytes:
+    """A sample's bytes from the backing store (its file, or its record's range), refused
+    unless they hash to the digest the dataset was registered with."""
+    data = store.read(ref.path) if ref.start < 0 else read_span(store, ref.path, ref.start, ref.size)
+    if digest(data) != ref.digest:
+        raise _changed(ref)
     return data
+
+
+def sample_runs(refs: Sequence[SampleRef]) -> list[list[SampleRef]]:
+    """``refs`` grouped into reads: records of one file lying close together (gaps of at most
+    ``RUN_GAP_BYTES``, a run of at most ``RUN_BYTES``) form one run; a whole-file sample is a
+    run of its own."""
+    runs: list[list[SampleRef]] = []
+    for ref in sorted(refs, key=lambda r: (r.path, r.start, r.index)):
+        last = runs[-1] if runs else None
+        if (
+            last is not None
+            and ref.start >= 0
+            and last[-1].path == ref.path
+            and last[-1].start >= 0
+            and 0 <= ref.start - (last[-1].start + last[-1].size) <= RUN_GAP_BYTES
+            and ref.start + ref.size - last[0].start <= RUN_BYTES
+        ):
+            last.append(ref)
+        else:
+            runs.append([ref])
+    return runs
+
+
+def read_run(store: BackingStore, run: Sequence[SampleRef]) -> list[bytes]:
+    """The bytes of a run's samples (``sample_runs``), in its order, each checked against its
+    digest: one read for the whole run."""
+    if len(run) == 1:
+        return [read_checked(store, run[0])]
+    base = run[0].start
+    span = read_span(store, run[0].path, base, run[-1].start + run[-1].size - base)
+    view = memoryview(span)
+    out = []
+    for ref in run:
+        data = bytes(view[ref.start - base : ref.start - base + ref.size])
+        if digest(data) != ref.digest:
+            raise _changed(ref)
+        out.append(data)
+    return out

@@ -37,6 +37,7 @@ from microco.common.kv import KV
 from ._backing import open_store
 from ._index import DEFAULT_CHUNK_BYTES, DatasetIndex, index_store
 from ._indexstore import data_mode, index_file, read_index, write_index
+from ._records import check_format
 
 PREFIX = "/microco/cache/datasets/"
 
@@ -54,6 +55,7 @@ class DatasetRecord:
     chunk_bytes: int
     owner: str = ""
     registered_at: float = 0.0
+    records: str = "file"  # what a sample is: a whole file, or each record of one (``_records``)
 
     @property
     def qualified(self) -> str:
@@ -108,15 +110,19 @@ def register_dataset(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     progress: Callable[[int], None] | None = None,
     home: str | None = None,
+    records: str = "file",
 ) -> tuple[DatasetRecord, DatasetIndex]:
     """Index the dataset at ``url`` and record it as ``name`` under ``owner`` (default: the
-    caller, :func:`caller_owner`; another user's prefix only for an administrator). Re-registering
+    caller, :func:`caller_owner`; another user's prefix only for an administrator). ``records``:
+    what a sample is, a whole file (``file``) or each record of one (``tfrecord``, ``tar``,
+    ``lines``, ``npy``, ``fixed:N``; see ``_records``). Re-registering
     the same bytes under the same name is a no-op (it also puts the index in this host's cache
     state if it was missing); other bytes under a taken name are refused, leaving nothing behind.
     ``home``: the MICROCO_HOME whose cache keeps the index (default: the environment's)."""
     owner, name = _split(name, owner)
+    records = check_format(records)
     store = open_store(url, kv)
-    index = index_store(store, chunk_bytes, progress)
+    index = index_store(store, chunk_bytes, progress, records)
     raw = index.to_bytes()
     rec = DatasetRecord(
         name=name,
@@ -128,6 +134,7 @@ def register_dataset(
         chunk_bytes=chunk_bytes,
         owner=owner,
         registered_at=time.time(),
+        records=records,
     )
     key = dataset_key(name, owner)
     existing = kv.get_json(key)
@@ -181,7 +188,7 @@ def load_index(  # type: ignore[no-untyped-def]
         logging.getLogger(__name__).warning(
             "index of %r not on this host: indexing %s again (once)", record.name, record.url
         )
-        index = index_store(store, record.chunk_bytes)
+        index = index_store(store, record.chunk_bytes, records=record.records)
         if index.digest == record.index_digest:
             mode, gid = data_mode(store)
             write_index(index.to_bytes(), index.digest, mode, gid, home)

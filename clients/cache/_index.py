@@ -1,9 +1,10 @@
 """Dataset index: samples named by content, grouped deterministically into chunks.
 
-Indexing is a pure function of the bytes: files are taken in path order and cut into chunks
-of about ``chunk_bytes``; a chunk's bytes are its samples' bytes concatenated, and its name
-is their digest. So the same data registered twice, by anyone, yields the same digests, and
-one cached copy serves everyone who holds it.
+Indexing is a pure function of the bytes: files are taken in path order, each file is one
+sample or, under a record format (``_records``: TFRecord, WebDataset tar, lines, ...), many,
+and the samples are cut into chunks of about ``chunk_bytes``; a chunk's bytes are its samples'
+bytes concatenated, and its name is their digest. So the same data registered twice, by
+anyone, yields the same digests, and one cached copy serves everyone who holds it.
 """
 
 from __future__ import annotations
@@ -11,17 +12,21 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ._digest import digest, is_digest
+from ._records import check_format, record_spans
 
-INDEX_VERSION = 1
+INDEX_VERSION = 1  # one file, one sample (unchanged, so such indexes keep their digests)
+RECORDS_INDEX_VERSION = 2  # samples are byte ranges of their files
 DEFAULT_CHUNK_BYTES = 4 << 20
 INDEX_DIR = ".quiver"
 
 
 @dataclass(frozen=True)
 class SampleRef:
-    """Where a sample sits: its file, digest, chunk and byte range inside the chunk."""
+    """Where a sample sits: its file, digest, chunk and byte range inside the chunk; ``start``
+    its offset in the file when it is one record of many (-1: the whole file)."""
 
     index: int
     path: str
@@ -29,6 +34,7 @@ class SampleRef:
     size: int
     chunk: int
     offset: int
+    start: int = -1
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,7 @@ class DatasetIndex:
     samples: tuple[SampleRef, ...]
     chunks: tuple[ChunkRef, ...]
     chunk_bytes: int
+    records: str = "file"
     _by_chunk_digest: dict[str, ChunkRef] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -76,13 +83,23 @@ class DatasetIndex:
 
     def to_bytes(self) -> bytes:
         """Canonical serialisation; its digest names the index."""
-        doc = {
+        doc: dict[str, object] = {
             "version": INDEX_VERSION,
             "chunk_bytes": self.chunk_bytes,
             "samples": [[s.path, s.size, s.digest] for s in self.samples],
             "chunks": [c.count for c in self.chunks],
             "chunk_digests": [c.digest for c in self.chunks],
         }
+        if self.records != "file":
+            # Records: each path once, each sample (file number, offset in it, size, digest).
+            files = sorted({s.path for s in self.samples})
+            number = {p: i for i, p in enumerate(files)}
+            doc.update(
+                version=RECORDS_INDEX_VERSION,
+                records=self.records,
+                files=files,
+                samples=[[number[s.path], s.start, s.size, s.digest] for s in self.samples],
+            )
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
     @property
@@ -98,14 +115,21 @@ class DatasetIndex:
             raise FailedPrecondition(f"index does not match its digest {expect_digest[:12]}...")
         try:
             doc = json.loads(raw)
-            if doc.get("version") != INDEX_VERSION:
-                raise InvalidArgument(f"unsupported index version {doc.get('version')!r}")
-            rows = [(str(p), int(n), str(d)) for p, n, d in doc["samples"]]
+            version = doc.get("version")
+            if version == INDEX_VERSION:
+                records = "file"
+                rows = [(str(p), int(n), str(d), -1) for p, n, d in doc["samples"]]
+            elif version == RECORDS_INDEX_VERSION:
+                records = check_format(str(doc["records"]))
+                files = [str(p) for p in doc["files"]]
+                rows = [(files[int(f)], int(n), str(d), int(st)) for f, st, n, d in doc["samples"]]
+            else:
+                raise InvalidArgument(f"unsupported index version {version!r}")
             counts = [int(c) for c in doc["chunks"]]
             chunk_digests = [str(d) for d in doc["chunk_digests"]]
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise InvalidArgument(f"malformed dataset index: {exc}") from exc
-        return _assemble(rows, counts, chunk_digests, int(doc["chunk_bytes"]))
+        return _assemble(rows, counts, chunk_digests, int(doc["chunk_bytes"]), records)
 
 
 def plan_chunks(sizes: Sequence[int], chunk_bytes: int) -> list[int]:
@@ -127,10 +151,11 @@ def plan_chunks(sizes: Sequence[int], chunk_bytes: int) -> list[int]:
 
 
 def _assemble(
-    rows: Sequence[tuple[str, int, str]],
+    rows: Sequence[tuple[str, int, str, int]],
     counts: Sequence[int],
     chunk_digests: Sequence[str],
     chunk_bytes: int,
+    records: str = "file",
 ) -> DatasetIndex:
     from microco.common.errors import InvalidArgument
 
@@ -144,14 +169,14 @@ def _assemble(
             raise InvalidArgument(f"bad chunk digest {cd!r}")
         off = 0
         for _ in range(count):
-            path, size, sd = rows[i]
+            path, size, sd, start = rows[i]
             if not is_digest(sd):
                 raise InvalidArgument(f"bad sample digest {sd!r}")
-            samples.append(SampleRef(i, path, sd, size, ci, off))
+            samples.append(SampleRef(i, path, sd, size, ci, off, start))
             off += size
             i += 1
         chunks.append(ChunkRef(ci, cd, i - count, count, off))
-    return DatasetIndex(tuple(samples), tuple(chunks), chunk_bytes)
+    return DatasetIndex(tuple(samples), tuple(chunks), chunk_bytes, records)
 
 
 def build_index(
@@ -159,45 +184,76 @@ def build_index(
     read: Callable[[str], bytes],
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     progress: Callable[[int], None] | None = None,
+    records: str = "file",
 ) -> DatasetIndex:
     """Index a dataset: read each file once (``read(path)``), hash samples and chunks.
 
-    ``files`` is (path, size) sorted by path; ``progress(nbytes)`` is called per file.
+    ``files`` is (path, size), taken in path order; ``progress(nbytes)`` is called per file.
+    ``records``: what a sample is (``_records``): a whole file (``file``) or each record of a
+    file (``tfrecord``, ``tar``, ``lines``, ``npy``, ``fixed:N``). Chunks are cut as
+    ``plan_chunks`` cuts them, over the sizes read.
     """
     import blake3
 
-    files = sorted(files)
-    counts = plan_chunks([size for _, size in files], chunk_bytes)
-    rows: list[tuple[str, int, str]] = []
+    records = check_format(records)
+    if chunk_bytes <= 0:
+        raise ValueError("chunk_bytes must be positive")
+    whole = records == "file"
+    rows: list[tuple[str, int, str, int]] = []
+    counts: list[int] = []
     chunk_digests: list[str] = []
-    it = iter(files)
-    for count in counts:
-        h = blake3.blake3()
-        for _ in range(count):
-            path, _size = next(it)
-            data = read(path)
+    h, n, acc = blake3.blake3(), 0, 0
+    for path, _size in sorted(files):
+        data = read(path)
+        view = memoryview(data)
+        for start, length in record_spans(records, data):
+            if n and acc + length > chunk_bytes:
+                counts.append(n)
+                chunk_digests.append(h.hexdigest())
+                h, n, acc = blake3.blake3(), 0, 0
+            piece = view[start : start + length]
             # The size read wins over the listed one: the index describes the bytes hashed.
-            rows.append((path, len(data), digest(data)))
-            h.update(data)
-            if progress:
-                progress(len(data))
+            rows.append((path, length, digest(piece), -1 if whole else start))
+            h.update(piece)
+            n += 1
+            acc += length
+        if progress:
+            progress(len(data))
+    if n:
+        counts.append(n)
         chunk_digests.append(h.hexdigest())
-    return _assemble(rows, counts, chunk_digests, chunk_bytes)
+    if not rows:
+        from microco.common.errors import InvalidArgument
+
+        raise InvalidArgument(f"no {records} records in the dataset's files")
+    return _assemble(rows, counts, chunk_digests, chunk_bytes, records)
 
 
-def index_store(store, chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress=None) -> DatasetIndex:  # type: ignore[no-untyped-def]
-    """Index every file of a backing store. A store whose ``chunk_per_file`` is true (a store
-    table: its files' sizes are known only once read) makes each file a chunk of its own."""
+def index_store(
+    store: Any,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    progress: Callable[[int], None] | None = None,
+    records: str = "file",
+) -> DatasetIndex:
+    """Index every file of a backing store (``records``: see ``build_index``). A store whose
+    ``chunk_per_file`` is true (a store table: its files' sizes are known only once read)
+    makes each file a chunk of its own."""
     files = store.list_files()
     if not files:
         from microco.common.errors import InvalidArgument
 
         raise InvalidArgument(f"dataset at {store.url!r} has no files")
     if getattr(store, "chunk_per_file", False):
-        # (any listed size of at least the chunk size makes every file a chunk of its own; the
-        # index records the sizes read)
-        files, chunk_bytes = [(path, 1) for path, _ in files], 1
-    return build_index(files, store.read, chunk_bytes, progress)
+        if records != "file":
+            from microco.common.errors import InvalidArgument
+
+            raise InvalidArgument(
+                f"a store table's samples are its extents: record format {records!r} does not apply"
+            )
+        # (a chunk size of one byte makes every file a chunk of its own; the index records the
+        # sizes read)
+        chunk_bytes = 1
+    return build_index(files, store.read, chunk_bytes, progress, records)
 
 
 def index_path(index_digest: str) -> str:

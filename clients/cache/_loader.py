@@ -31,11 +31,11 @@ from typing import Any
 from microco.clients import telemetry
 from microco.common.errors import MicrocoError, Unavailable
 
-from ._backing import BackingStore, read_checked
+from ._backing import BackingStore, read_run, sample_runs
 from ._client import CacheClient
 from ._digest import digest
 from ._exchange import Exchange, ExchangeSampler, check_resumable
-from ._index import DatasetIndex
+from ._index import DatasetIndex, SampleRef
 from ._inflight import InFlight
 from ._origin import OriginPeer
 from ._peers import Peers
@@ -380,9 +380,11 @@ class QuiverLoader(InFlight):
         return {i for i in candidates if self.index.chunk_of(i).digest in present}
 
     # -- reading
-    def _read_backing(self, i: int) -> bytes:
-        ref = self.index.samples[i]
-        return read_checked(self.store, ref.path, ref.digest)
+    def _submit_reads(self, wanted: Sequence[int]) -> list[tuple[list[SampleRef], Future[list[bytes]]]]:
+        """The backing store's reads of ``wanted``, in parallel: a run of neighbouring records of
+        one file (``sample_runs``) in one read, a whole-file sample in one of its own."""
+        runs = sample_runs([self.index.samples[i] for i in wanted])
+        return [(run, self._pool.submit(read_run, self.store, run)) for run in runs]
 
     def _read_direct(self, srv: CacheClient, hits: Sequence[int]) -> dict[int, bytes] | None:
         """Hits read from granted chunk files; None when ``srv`` is not on this host."""
@@ -540,7 +542,7 @@ class QuiverLoader(InFlight):
         for c in sorted(whole):
             wanted.extend(s.index for s in self.index.samples_of(self.index.chunks[c]))
         t0 = time.perf_counter()
-        reads = [self._pool.submit(self._read_backing, i) for i in wanted]
+        reads = self._submit_reads(wanted)
         if waiting:  # (while this batch's own reads go on)
             late = [i for i in rest if self.index.samples[i].chunk in waiting]
             tw = time.perf_counter()
@@ -550,9 +552,9 @@ class QuiverLoader(InFlight):
             rest = [i for i in rest if i not in arrived]
             more = [i for i in late if i not in arrived]
             wanted += more
-            reads += [self._pool.submit(self._read_backing, i) for i in more]
+            reads += self._submit_reads(more)
             t0 += time.perf_counter() - tw
-        fetched = dict(zip(wanted, (f.result() for f in reads), strict=True))
+        fetched = {ref.index: data for run, f in reads for ref, data in zip(run, f.result(), strict=True)}
         t_back = max(0.0, time.perf_counter() - t0)
         fetched_bytes = sum(map(len, fetched.values()))
         self.stats.backing_bytes += fetched_bytes
@@ -1240,7 +1242,8 @@ class QuiverLoader(InFlight):
         data = self._from_peer(chunk.digest)
         if data is None:
             try:
-                data = b"".join(self.store.read(s.path) for s in self.index.samples_of(chunk))
+                runs = sample_runs(self.index.samples_of(chunk))
+                data = b"".join(b"".join(read_run(self.store, run)) for run in runs)
             except OSError as exc:
                 log.warning("prefetch read failed: %s", exc)
                 return True

@@ -23,7 +23,7 @@ from typing import Any
 
 from microco.common.errors import MicrocoError
 
-from ._backing import BackingStore, read_checked
+from ._backing import BackingStore, read_run, sample_runs
 from ._client import CacheClient
 from ._digest import digest
 from ._index import DatasetIndex
@@ -102,10 +102,6 @@ class WorkerReader:
             c = self._clients[address] = CacheClient(address)
         return c
 
-    def _backing(self, i: int) -> bytes:
-        ref = self.index.samples[i]
-        return read_checked(self.store, ref.path, ref.digest)
-
     def _cached(self, plan: ReadPlan, report: ReadReport) -> dict[int, bytes]:
         out: dict[int, bytes] = dict(plan.inline)
         for address, hits in plan.sources.items():
@@ -179,7 +175,14 @@ class WorkerReader:
         for c in sorted(plan.whole):
             wanted.extend(s.index for s in self.index.samples_of(self.index.chunks[c]))
         t0 = time.perf_counter()
-        fetched = dict(zip(wanted, self._pool.map(self._backing, wanted), strict=True))
+        runs = sample_runs([self.index.samples[i] for i in wanted])
+        fetched = {
+            ref.index: data
+            for run, got_run in zip(
+                runs, self._pool.map(lambda run: read_run(self.store, run), runs), strict=True
+            )
+            for ref, data in zip(run, got_run, strict=True)
+        }
         t_back = report.backing_read_s = time.perf_counter() - t0
         total = sum(map(len, fetched.values()))
         report.backing_bytes = total

@@ -1,0 +1,189 @@
+"""Record formats: the samples inside a dataset's files, when a file holds many.
+
+Public training sets are rarely one file per sample: TFRecord shards, WebDataset tar shards,
+JSON-lines files, flat token or feature arrays (``.bin``, ``.npy``). Registered with a record
+format, each *record* is a sample of its own, named by the digest of its bytes like a file is,
+so the substitutable sampler, the cache's chunks and their sharing work per sample whatever the
+container. Every function here is pure: a file's bytes in, the byte spans of its samples out.
+
+| format | a sample is | its bytes |
+|---|---|---|
+| ``file`` (default) | a whole file | the file |
+| ``lines`` | a non-empty line (``\\n``-separated; a ``\\r`` before it is kept) | the line, without its ``\\n`` |
+| ``tfrecord`` | a TFRecord record | its payload (e.g. a serialized ``tf.train.Example``) |
+| ``tar`` | consecutive members sharing a key (WebDataset: ``dir/key.ext``) | those members as a tar fragment: ``tar_sample`` reads it |
+| ``fixed:N`` | each N bytes | N bytes (the file's size must be a multiple of N) |
+| ``npy`` | a row of a C-ordered ``.npy`` array (along axis 0) | the row's raw bytes: ``np.frombuffer(b, dtype).reshape(shape[1:])`` |
+
+Spans are (offset in the file, length), in file order, never overlapping.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import struct
+import tarfile
+from collections.abc import Callable
+
+from microco.common.errors import InvalidArgument
+
+__all__ = ["FORMATS", "check_format", "record_spans", "tar_sample"]
+
+Spans = list[tuple[int, int]]
+
+
+def _lines(data: bytes) -> Spans:
+    out: Spans = []
+    start, n = 0, len(data)
+    while start < n:
+        end = data.find(b"\n", start)
+        if end < 0:
+            end = n
+        if end > start:
+            out.append((start, end - start))
+        start = end + 1
+    return out
+
+
+def _tfrecord(data: bytes) -> Spans:
+    # Each record: length (uint64 LE), masked CRC32C of the length, payload, masked CRC32C of it.
+    # (The CRCs are not checked: every sample is content-hashed at registration and at each read.)
+    if data[:2] == b"\x1f\x8b":
+        raise InvalidArgument(
+            "a gzip-compressed TFRecord file: decompress it first (records are read by range)"
+        )
+    out: Spans = []
+    pos, n = 0, len(data)
+    while pos < n:
+        if pos + 12 > n:
+            raise InvalidArgument(f"not a TFRecord file: {n - pos} stray bytes at offset {pos}")
+        (length,) = struct.unpack_from("<Q", data, pos)
+        if pos + 12 + length + 4 > n:
+            raise InvalidArgument(
+                f"not a TFRecord file: a record of {length} bytes at offset {pos} runs past its end"
+            )
+        out.append((pos + 12, length))
+        pos += 12 + length + 4
+    return out
+
+
+def _key(name: str) -> str:
+    """WebDataset's sample key: the member's path up to the first dot of its last component."""
+    head, _, base = name.rpartition("/")
+    key = base.split(".", 1)[0]
+    return f"{head}/{key}" if head else key
+
+
+def _tar(data: bytes) -> Spans:
+    try:
+        tf = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
+        members = [m for m in tf.getmembers() if m.isfile()]
+    except tarfile.TarError as exc:
+        raise InvalidArgument(f"not a tar file: {exc}") from exc
+    out: Spans = []
+    key, start, end = None, 0, 0
+    for m in members:
+        # m.offset: its first header (a long name's or pax header's included); data padded to 512.
+        stop = m.offset_data + ((m.size + 511) // 512) * 512
+        k = _key(m.name)
+        if k == key:
+            end = stop
+            continue
+        if key is not None:
+            out.append((start, end - start))
+        key, start, end = k, m.offset, stop
+    if key is not None:
+        out.append((start, end - start))
+    return out
+
+
+def tar_sample(raw: bytes) -> dict[str, bytes]:
+    """A ``tar`` sample's members: {extension (after the key's first dot): bytes}, as WebDataset
+    gives them (``{"jpg": ..., "cls": ...}``)."""
+    tf = tarfile.open(fileobj=io.BytesIO(raw), mode="r:")
+    out: dict[str, bytes] = {}
+    for m in tf.getmembers():
+        if m.isfile():
+            f = tf.extractfile(m)
+            assert f is not None
+            out[m.name.rpartition("/")[2].split(".", 1)[1] if "." in m.name.rpartition("/")[2] else ""] = (
+                f.read()
+            )
+    return out
+
+
+def _fixed(size: int) -> Callable[[bytes], Spans]:
+    def spans(data: bytes) -> Spans:
+        if len(data) % size:
+            raise InvalidArgument(f"a file of {len(data)} bytes is not a whole number of {size}-byte records")
+        return [(off, size) for off in range(0, len(data), size)]
+
+    return spans
+
+
+def _npy(data: bytes) -> Spans:
+    if data[:6] != b"\x93NUMPY":
+        raise InvalidArgument("not a .npy file (no NUMPY magic)")
+    major = data[6]
+    if major == 1:
+        (hlen,) = struct.unpack_from("<H", data, 8)
+        start = 10 + hlen
+    elif major in (2, 3):
+        (hlen,) = struct.unpack_from("<I", data, 8)
+        start = 12 + hlen
+    else:
+        raise InvalidArgument(f"unsupported .npy version {major}")
+    try:
+        header = ast.literal_eval(data[start - hlen : start].decode("latin1"))
+        shape, fortran, descr = tuple(header["shape"]), bool(header["fortran_order"]), header["descr"]
+    except (ValueError, SyntaxError, KeyError, TypeError) as exc:
+        raise InvalidArgument(f"bad .npy header: {exc}") from exc
+    if not isinstance(descr, str) or "O" in descr:
+        raise InvalidArgument("a .npy of Python objects or structured rows: save it as a plain numeric array")
+    if fortran and len(shape) > 1:
+        raise InvalidArgument("a Fortran-ordered .npy: its rows are not contiguous (save it C-ordered)")
+    if not shape:
+        raise InvalidArgument("a 0-d .npy array has no rows")
+    rows = shape[0]
+    body = len(data) - start
+    if rows == 0:
+        return []
+    if body % rows:
+        raise InvalidArgument(f".npy data of {body} bytes does not split into {rows} rows")
+    row = body // rows
+    return [(start + r * row, row) for r in range(rows)]
+
+
+FORMATS: dict[str, Callable[[bytes], Spans]] = {
+    "lines": _lines,
+    "tfrecord": _tfrecord,
+    "tar": _tar,
+    "npy": _npy,
+}
+
+
+def check_format(fmt: str) -> str:
+    """``fmt`` if it names a record format (``file``, ``lines``, ``tfrecord``, ``tar``, ``npy``,
+    ``fixed:N``), else ``InvalidArgument`` listing them."""
+    if fmt == "file" or fmt in FORMATS:
+        return fmt
+    if fmt.startswith("fixed:"):
+        try:
+            if int(fmt[6:]) > 0:
+                return f"fixed:{int(fmt[6:])}"
+        except ValueError:
+            pass
+    raise InvalidArgument(
+        f"unknown record format {fmt!r}: use file, lines, tfrecord, tar, npy or fixed:N (N bytes)"
+    )
+
+
+def record_spans(fmt: str, data: bytes) -> Spans:
+    """The (offset, length) of each sample in a file's ``data`` under record format ``fmt``."""
+    fmt = check_format(fmt)
+    if fmt == "file":
+        return [(0, len(data))]
+    if fmt.startswith("fixed:"):
+        return _fixed(int(fmt[6:]))(data)
+    return FORMATS[fmt](data)

@@ -1,0 +1,158 @@
+"""Record formats: a sample per record of a file (WebDataset tar, TFRecord, lines, .npy rows,
+fixed-size blocks), indexed, serialised and read back by byte range, each checked by digest.
+
+Before record formats a shard was one sample: a TFRecord file of 300 examples was indexed as
+one sample, so a loader's "batch" was the whole shard and nothing below it was substitutable."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import tarfile
+
+import numpy as np
+import pytest
+
+from microco.clients.cache import LocalStore, build_index, check_format, record_spans, tar_sample
+from microco.clients.cache._backing import read_checked, read_run, sample_runs
+from microco.clients.cache._index import DatasetIndex
+from microco.common.errors import FailedPrecondition, InvalidArgument
+
+
+def _tar(members: list[tuple[str, bytes]]) -> bytes:
+    """A tar shard as WebDataset's writer lays one out: ``key.ext`` members in sample order."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _tfrecord(payloads: list[bytes]) -> bytes:
+    # The framing TFRecordWriter writes (the CRCs are not read: samples are content-hashed).
+    return b"".join(struct.pack("<Q", len(p)) + b"\0" * 4 + p + b"\0" * 4 for p in payloads)
+
+
+def test_webdataset_tar_members_sharing_a_key_are_one_sample() -> None:
+    long_dir = "d" * 120  # a GNU long-name header before the member: still inside its sample
+    members = [
+        ("a/s1.jpg", b"J1" * 300),
+        ("a/s1.cls", b"3"),
+        ("a/s2.jpg", b"J2" * 10),
+        ("a/s2.cls", b"4"),
+        (f"{long_dir}/s3.seg.png", b"P3"),
+        (f"{long_dir}/s3.cls", b"5"),
+    ]
+    data = _tar(members)
+    spans = record_spans("tar", data)
+    assert len(spans) == 3
+    samples = [tar_sample(data[o : o + n]) for o, n in spans]
+    assert samples == [
+        {"jpg": b"J1" * 300, "cls": b"3"},
+        {"jpg": b"J2" * 10, "cls": b"4"},
+        {"seg.png": b"P3", "cls": b"5"},
+    ]
+    with pytest.raises(InvalidArgument, match="not a tar file"):
+        record_spans("tar", b"x" * 1000)
+
+
+def test_tfrecord_payloads_and_malformed_files() -> None:
+    payloads = [b"", b"one", b"x" * 5000]
+    data = _tfrecord(payloads)
+    assert [data[o : o + n] for o, n in record_spans("tfrecord", data)] == payloads
+    with pytest.raises(InvalidArgument, match="runs past its end"):
+        record_spans("tfrecord", data[:-1])
+    with pytest.raises(InvalidArgument, match="gzip"):
+        record_spans("tfrecord", b"\x1f\x8b" + data)
+
+
+def test_lines_npy_and_fixed_blocks() -> None:
+    text = b'{"a": 1}\r\n\n{"a": 2}\n{"a": 3}'
+    assert [text[o : o + n] for o, n in record_spans("lines", text)] == [
+        b'{"a": 1}\r',
+        b'{"a": 2}',
+        b'{"a": 3}',
+    ]
+    arr = np.arange(24, dtype=np.int16).reshape(4, 3, 2)
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    data = buf.getvalue()
+    rows = [np.frombuffer(data[o : o + n], np.int16).reshape(3, 2) for o, n in record_spans("npy", data)]
+    assert len(rows) == 4 and all(np.array_equal(r, arr[i]) for i, r in enumerate(rows))
+    buf = io.BytesIO()
+    np.save(buf, np.asfortranarray(arr))
+    with pytest.raises(InvalidArgument, match="Fortran"):
+        record_spans("npy", buf.getvalue())
+    assert record_spans("fixed:4", b"x" * 12) == [(0, 4), (4, 4), (8, 4)]
+    with pytest.raises(InvalidArgument, match="whole number of 4-byte"):
+        record_spans("fixed:4", b"x" * 10)
+    with pytest.raises(InvalidArgument, match="unknown record format"):
+        check_format("parquet")
+    with pytest.raises(InvalidArgument):
+        check_format("fixed:0")
+
+
+def test_index_of_records_round_trips_and_whole_file_indexes_keep_their_form(tmp_path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "b.jsonl").write_bytes(b"".join(b'{"i": %d}\n' % i for i in range(50)))
+    (tmp_path / "d" / "a.jsonl").write_bytes(b"".join(b'{"j": %d}\n' % i for i in range(30)))
+    store = LocalStore(str(tmp_path / "d"))
+    idx = build_index(store.list_files(), store.read, 100, records="lines")
+    assert len(idx) == 80 and idx.records == "lines"
+    assert [s.path for s in idx.samples[:30]] == ["a.jsonl"] * 30  # files in path order
+    assert all(s.start >= 0 for s in idx.samples)
+    assert sum(c.size for c in idx.chunks) == sum(s.size for s in idx.samples)
+    assert all(c.size <= 100 for c in idx.chunks)
+    again = DatasetIndex.from_bytes(idx.to_bytes(), idx.digest)
+    assert again == idx and again.records == "lines"
+    assert json.loads(idx.to_bytes())["version"] == 2
+    # One file, one sample: the form (and so the digest) of an index written before records.
+    whole = build_index(store.list_files(), store.read, 100)
+    doc = json.loads(whole.to_bytes())
+    assert doc["version"] == 1 and "records" not in doc and len(whole) == 2
+    assert DatasetIndex.from_bytes(whole.to_bytes(), whole.digest) == whole
+
+
+def test_records_read_back_by_range_together_and_checked(tmp_path) -> None:
+    payloads = [bytes([i]) * (10 + i) for i in range(40)]
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x.tfrecord").write_bytes(_tfrecord(payloads))
+    store = LocalStore(str(tmp_path / "d"))
+    idx = build_index(store.list_files(), store.read, 1 << 20, records="tfrecord")
+    assert [read_checked(store, s) for s in idx.samples] == payloads
+
+    class Counting:
+        url = store.url
+        calls = 0
+
+        def read_range(self, path: str, start: int, size: int) -> bytes:
+            Counting.calls += 1
+            return store.read_range(path, start, size)
+
+    refs = [idx.samples[i] for i in (7, 3, 4, 5, 30)]
+    runs = sample_runs(refs)
+    assert [[r.index for r in run] for run in runs] == [[3, 4, 5, 7, 30]]  # one file, small gaps
+    got = [b for run in runs for b in read_run(Counting(), run)]  # type: ignore[arg-type]
+    assert got == [payloads[i] for i in (3, 4, 5, 7, 30)] and Counting.calls == 1
+    # A record changed in place (same size) is refused, not served.
+    raw = bytearray((tmp_path / "d" / "x.tfrecord").read_bytes())
+    raw[idx.samples[4].start] ^= 0xFF
+    (tmp_path / "d" / "x.tfrecord").write_bytes(bytes(raw))
+    with pytest.raises(FailedPrecondition, match="at byte"):
+        read_run(store, runs[0])
+
+
+def test_records_through_an_fsspec_url_are_read_by_range() -> None:
+    import fsspec
+
+    from microco.clients.cache import open_store
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/recs-test/part-0.jsonl", b"".join(b'{"i": %d}\n' % i for i in range(20)))
+    store = open_store("memory://recs-test")
+    idx = build_index(store.list_files(), store.read, 64, records="lines")
+    assert [read_checked(store, s) for s in idx.samples] == [b'{"i": %d}' % i for i in range(20)]
+    fs.rm("/recs-test", recursive=True)
