@@ -42,7 +42,13 @@ def register(sub: Any) -> None:
 
     c = s.add_parser("create", help="create a table with three partitionings")
     c.add_argument("name")
-    c.add_argument("--from", dest="source", help="take the schema from this Parquet/CSV file")
+    c.add_argument(
+        "--from",
+        dest="source",
+        metavar="FILE",
+        help="take the schema from this file, folder or glob (Parquet, CSV/TSV/.tbl, JSON lines; text "
+        "may be .gz/.bz2/.zst/.lz4; a CSV's types are those every row fits, read through)",
+    )
     c.add_argument("--schema", help="schema as NAME:TYPE,... (int64, float64, string, date32, bool)")
     c.add_argument(
         "--replica",
@@ -58,9 +64,16 @@ def register(sub: Any) -> None:
     )
     c.set_defaults(func=cmd_create)
 
-    ld = s.add_parser("load", help="append a Parquet or CSV file to a table (all rows or none)")
+    ld = s.add_parser(
+        "load",
+        help="append a file, folder or glob to a table (all rows or none)",
+        description="Append the rows of FILE: Parquet, CSV (.csv, .tsv, .tbl) or JSON lines (.json, .jsonl, "
+        ".ndjson), text compressed or not (.gz, .bz2, .zst, .lz4); or a folder of such files (Hive-style "
+        "key=value folders give their columns; names starting with _ or . are skipped) or a quoted glob. "
+        "Rows are read with the table's column types and streamed: all become visible at once, or none.",
+    )
     ld.add_argument("name")
-    ld.add_argument("file")
+    ld.add_argument("file", metavar="FILE")
     ld.add_argument(
         "--timeout",
         type=float,
@@ -248,9 +261,9 @@ def cmd_create(args: argparse.Namespace) -> int:
     if len(args.replica) != 3:
         raise InvalidArgument(f"give --replica exactly three times (got {len(args.replica)})")
     if args.source:
-        from microco.clients.store import iter_file
+        from microco.clients.store import infer_schema
 
-        schema = iter_file(args.source)[0]  # the schema only: the rows are not read
+        schema = infer_schema(args.source)  # types every row fits (a CSV is read through, streaming)
     elif args.schema:
         schema = _parse_schema(args.schema)
     else:

@@ -22,6 +22,7 @@ from ._client import (
     load_file,
     parse_partitioning,
 )
+from ._files import infer_schema, read_source
 from ._flight import OPTIONS as FLIGHT_OPTIONS
 from ._flight import FlightClients, from_flight_error
 from ._flight_tls import (
@@ -56,12 +57,14 @@ __all__ = [
     "flight_scheme",
     "from_flight_error",
     "grant_ticket",
+    "infer_schema",
     "ipc_chunks",
     "iter_file",
     "load_deadline_s",
     "load_file",
     "narrow_to_units",
     "parse_partitioning",
+    "read_source",
     "require_flight_service",
     "secure_location",
     "server_options",

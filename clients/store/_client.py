@@ -16,8 +16,9 @@ import pyarrow as pa
 from microco.api.store.v1 import store_pb2 as pb
 from microco.api.store.v1 import store_pb2_grpc as pb_grpc
 from microco.common import ServiceClient
-from microco.common.errors import DeadlineExceeded, InvalidArgument, from_rpc_error
+from microco.common.errors import DeadlineExceeded, InvalidArgument, MicrocoError, from_rpc_error
 
+from ._files import read_source
 from ._load import LoadProgress, file_deadline_s
 
 CHUNK = 4 << 20
@@ -89,55 +90,33 @@ def _table_dict(t: pb.Table) -> dict[str, Any]:
 
 
 def load_file(path: str | Path) -> pa.Table:
-    """A Parquet or CSV file as an Arrow table."""
-    p = Path(path)
-    if not p.exists():
-        raise InvalidArgument(f"no such file: {p}")
-    if p.suffix.lower() in (".parquet", ".pq"):
-        import pyarrow.parquet as pq
-
-        return pq.read_table(p)
-    if p.suffix.lower() in (".csv", ".tsv", ".tbl"):
-        import pyarrow.csv as pcsv
-
-        delim = "\t" if p.suffix.lower() == ".tsv" else ("|" if p.suffix.lower() == ".tbl" else ",")
-        return pcsv.read_csv(p, parse_options=pcsv.ParseOptions(delimiter=delim))
-    raise InvalidArgument(f"{p}: only Parquet (.parquet) and CSV (.csv, .tsv, .tbl) files can be loaded")
+    """A file (or a directory or glob of them: ``_files.read_source``) as an Arrow table."""
+    schema, batches = read_source(path)
+    return pa.Table.from_batches(list(batches), schema=schema)
 
 
 def iter_file(
-    path: str | Path, batch_rows: int = 65_536, csv_block_bytes: int = 8 << 20
+    path: str | Path,
+    batch_rows: int = 65_536,
+    csv_block_bytes: int = 8 << 20,
+    schema: pa.Schema | None = None,
 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-    """A Parquet or CSV file as a schema and a stream of record batches, read as they are sent:
-    a load holds one batch in client memory, not the whole file."""
-    p = Path(path)
-    if not p.exists():
-        raise InvalidArgument(f"no such file: {p}")
-    if p.suffix.lower() in (".parquet", ".pq"):
-        import pyarrow.parquet as pq
-
-        f = pq.ParquetFile(p)
-        return f.schema_arrow, f.iter_batches(batch_size=batch_rows)
-    if p.suffix.lower() in (".csv", ".tsv", ".tbl"):
-        import pyarrow.csv as pcsv
-
-        delim = "\t" if p.suffix.lower() == ".tsv" else ("|" if p.suffix.lower() == ".tbl" else ",")
-        reader = pcsv.open_csv(
-            p,
-            read_options=pcsv.ReadOptions(block_size=csv_block_bytes),
-            parse_options=pcsv.ParseOptions(delimiter=delim),
-        )
-        return reader.schema, iter(reader)
-    raise InvalidArgument(f"{p}: only Parquet (.parquet) and CSV (.csv, .tsv, .tbl) files can be loaded")
+    """A file (Parquet, CSV, JSON lines; compressed; a directory or glob of them) as a schema and
+    a stream of record batches, read as they are sent: a load holds one batch in client memory,
+    not the whole file. With ``schema`` (the table's) every batch is conformed to it
+    (``_files.read_source``)."""
+    return read_source(path, schema, batch_rows=batch_rows, csv_block_bytes=csv_block_bytes)
 
 
 def record_batches(
     data: pa.Table | pa.RecordBatch | str | Path | pa.RecordBatchReader | Iterable[pa.RecordBatch],
+    schema: pa.Schema | None = None,
 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     """What ``StoreClient.append`` takes, as a schema and a lazy stream of record batches (an
-    iterable's schema is its first batch's; every batch must have it)."""
+    iterable's schema is its first batch's; every batch must have it). A file's rows are read
+    with ``schema``'s types (the table's) when it is given."""
     if isinstance(data, (str, Path)):
-        return iter_file(data)
+        return iter_file(data, schema=schema)
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if isinstance(data, pa.Table):
@@ -342,24 +321,41 @@ class StoreClient(ServiceClient):
             timeout = max(self.default_timeout, file_deadline_s(data))
         allowed = timeout or max(self.default_timeout, 600)
         deadline = started + allowed
+        # A file is read with the table's types (a CSV's later rows need not fit its first block's).
+        table_schema = self.get_table(name)["schema"] if isinstance(data, (str, Path)) else None
         while True:
-            schema, batches = record_batches(data)
+            try:
+                schema, batches = record_batches(data, table_schema)
+            except InvalidArgument as exc:  # (a reader parses its first block as it opens)
+                raise InvalidArgument(f"{exc}; nothing was appended") from None
             if progress is not None:
                 progress.rows = progress.batches = 0  # a resend after a fail-over starts again
                 batches = progress.wrap(batches)
+            failed: list[BaseException] = []
 
             def requests(
-                schema: pa.Schema = schema, batches: Iterator[pa.RecordBatch] = batches
+                schema: pa.Schema = schema,
+                batches: Iterator[pa.RecordBatch] = batches,
+                failed: list[BaseException] = failed,
             ) -> Iterator[pb.AppendRequest]:
-                for k, piece in enumerate(ipc_chunks(schema, batches)):
-                    if k == 0:
-                        yield pb.AppendRequest(table=name, arrow_ipc=piece, idempotency_token=token)
-                    else:
-                        yield pb.AppendRequest(arrow_ipc=piece)
+                try:
+                    for k, piece in enumerate(ipc_chunks(schema, batches)):
+                        if k == 0:
+                            yield pb.AppendRequest(table=name, arrow_ipc=piece, idempotency_token=token)
+                        else:
+                            yield pb.AppendRequest(arrow_ipc=piece)
+                except Exception as exc:  # (gRPC would only log it and cancel the call)
+                    failed.append(exc)
+                    raise
 
             try:
                 resp = self._stub.Append(requests(), timeout=deadline - time.monotonic())
             except grpc.RpcError as exc:
+                if failed:  # the data could not be read: nothing was committed
+                    sent = f" after {progress.describe()}" if progress is not None else ""
+                    if isinstance(failed[0], MicrocoError):
+                        raise type(failed[0])(f"{failed[0]}{sent}; nothing was appended") from None
+                    raise InvalidArgument(f"reading the rows to append failed{sent}: {failed[0]}") from None
                 err = from_rpc_error(exc)
                 if again and self._failover(err, True, started, deadline):
                     continue

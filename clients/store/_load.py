@@ -36,21 +36,23 @@ def load_deadline_s(
 
 
 def file_deadline_s(path: str | Path) -> float:
-    """``load_deadline_s`` of a file on disk (``InvalidArgument`` when it does not exist)."""
-    p = Path(path)
-    if not p.is_file():
-        raise InvalidArgument(f"no such file: {p}")
-    return load_deadline_s(p.stat().st_size)
+    """``load_deadline_s`` of the files a path names (one, a directory's, a glob's: their bytes
+    together; ``InvalidArgument`` when there are none)."""
+    from ._files import sources
+
+    return load_deadline_s(sum(f.stat().st_size for f in sources(path)[0]))
 
 
 def file_rows(path: str | Path) -> int | None:
-    """A Parquet file's row count from its footer (no data read); ``None`` for CSV (unknown until
-    read)."""
-    p = Path(path)
-    if p.suffix.lower() in (".parquet", ".pq"):
+    """Parquet files' row count from their footers (no data read); ``None`` for text (unknown
+    until read)."""
+    from ._files import file_kind, sources
+
+    files = sources(path)[0]
+    if all(file_kind(f) == "parquet" for f in files):
         import pyarrow.parquet as pq
 
-        return int(pq.ParquetFile(p).metadata.num_rows)
+        return sum(int(pq.ParquetFile(f).metadata.num_rows) for f in files)
     return None
 
 

@@ -909,3 +909,67 @@ def test_a_paused_node_does_not_hold_a_query_to_its_calls_deadline(fresh):
         thread.join()
     assert "error" not in box, box.get("error")
     assert same(box["rows"], want)
+
+
+def test_cli_loads_the_files_analysts_have(fresh, tmp_path, capsys):
+    """Held out (session 33): a Hive-partitioned folder of Parquet, a gzipped CSV and JSON lines
+    were refused; a CSV whose column turns from integers to halves after its first block made
+    `load` fail half-way with "Exception iterating requests!" and abort the process. Now each
+    loads, the type change is inferred at `create --from` over the whole file, and a file that
+    does not fit the table is refused naming the value, with nothing appended."""
+    import gzip
+
+    import pyarrow.csv as pcsv
+    import pyarrow.dataset as pds
+
+    from microco.cli import main
+
+    c, client = fresh
+    base = ["store", "--coordinator", c.coordinator_address]
+    trips = pa.table(
+        {"tid": np.arange(3000), "fare": np.arange(3000) * 0.25, "year": 2022 + np.arange(3000) % 2}
+    )
+    pds.write_dataset(
+        trips, tmp_path / "trips", format="parquet", partitioning=["year"], partitioning_flavor="hive"
+    )
+    pcsv.write_csv(trips, tmp_path / "t.csv")
+    with open(tmp_path / "t.csv", "rb") as f, gzip.open(tmp_path / "t.csv.gz", "wb") as g:
+        g.write(f.read())
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trips.to_pylist()))
+    reps = ["--replica", "tid", "--replica", "year:hash:2", "--replica", "fare:range:100,400"]
+    assert main([*base, "create", "trips", "--from", str(tmp_path / "trips"), *reps]) == 0
+    for source in (tmp_path / "trips", tmp_path / "t.csv.gz", tmp_path / "t.jsonl"):
+        assert main([*base, "load", "trips", str(source)]) == 0, source
+    capsys.readouterr()
+    got = client.sql("select year, count(*) n, sum(fare) s from trips group by year order by year")
+    assert got.to_pylist() == [
+        {
+            "year": y,
+            "n": 3 * 1500,
+            "s": 3 * float(trips.filter(pa.compute.equal(trips["year"], y))["fare"].to_numpy().sum()),
+        }
+        for y in (2022, 2023)
+    ]
+    with open(tmp_path / "drift.csv", "w") as f:
+        f.write("id,amount\n")
+        f.writelines(f"{i},{i if i < 30_000 else i + 0.5}\n" for i in range(40_000))
+    reps = ["--replica", "id", "--replica", "amount", "--replica", "id:range:1000"]
+    assert main([*base, "create", "drift", "--schema", "id:int64,amount:int64", *reps]) == 0
+    assert main([*base, "load", "drift", str(tmp_path / "drift.csv")]) == 1
+    err = capsys.readouterr().err
+    assert "drift.csv" in err and "'30000.5'" in err and "nothing was appended" in err
+    assert client.get_table("drift")["rows"] == 0
+    assert main([*base, "create", "drift2", "--from", str(tmp_path / "drift.csv"), *reps]) == 0
+    assert main([*base, "load", "drift2", str(tmp_path / "drift.csv")]) == 0
+    assert client.sql("select count(*) n, sum(amount) s from drift2").to_pylist() == [
+        {"n": 40_000, "s": sum(range(40_000)) + 0.5 * 10_000}
+    ]
+    # A stream that fails half-way (a reader's later block, a generator's error): the call is
+    # cancelled, and the error says why, with nothing appended.
+    def broken():
+        yield pa.record_batch({"id": pa.array([1], pa.int64()), "amount": pa.array([2], pa.int64())})
+        raise ValueError("the source went away")
+
+    with pytest.raises(InvalidArgument, match="reading the rows to append failed.*the source went away"):
+        client.append("drift", broken())
+    assert client.get_table("drift")["rows"] == 0

@@ -73,6 +73,12 @@ class _Stub:
     def __init__(self, fail=None, take=None):
         self.fail, self.take, self.timeouts = fail, take, []
 
+    def GetTable(self, req, *args, **kwargs):  # a file is read with the table's types
+        from microco.api.store.v1 import store_pb2 as pb
+
+        schema = pa.schema([("k", pa.int64())])
+        return pb.Table(name=req.name, arrow_schema=schema.serialize().to_pybytes())
+
     def Append(self, requests, timeout):
         self.timeouts.append(timeout)
         for k, _ in enumerate(requests):

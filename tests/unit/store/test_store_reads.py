@@ -99,9 +99,9 @@ def test_a_file_is_streamed_in_ipc_pieces_that_read_back_whole(tmp_path, monkeyp
         assert back.column("k").to_pylist() == list(range(5000))
     empty = list(_client.ipc_chunks(table.schema, iter([])))
     assert len(empty) == 1 and pa.ipc.open_stream(pa.py_buffer(empty[0])).read_all().num_rows == 0
-    (tmp_path / "t.json").write_text("{}")
+    (tmp_path / "t.xlsx").write_text("{}")
     with pytest.raises(InvalidArgument, match="only Parquet"):
-        _client.iter_file(tmp_path / "t.json")
+        _client.iter_file(tmp_path / "t.xlsx")
 
 
 def test_a_whole_extents_columns_are_assembled_once(tmp_path):
