@@ -140,7 +140,7 @@ def plan_chunks(sizes: Sequence[int], chunk_bytes: int) -> list[int]:
     counts: list[int] = []
     n = acc = 0
     for size in sizes:
-        if n and acc + size > chunk_bytes:
+        if _closes(n, acc, size, chunk_bytes):
             counts.append(n)
             n = acc = 0
         n += 1
@@ -148,6 +148,11 @@ def plan_chunks(sizes: Sequence[int], chunk_bytes: int) -> list[int]:
     if n:
         counts.append(n)
     return counts
+
+
+def _closes(n: int, acc: int, size: int, chunk_bytes: int) -> bool:
+    """Whether a chunk of ``n`` samples and ``acc`` bytes closes before a sample of ``size``."""
+    return n > 0 and acc + size > chunk_bytes
 
 
 def _assemble(
@@ -207,7 +212,7 @@ def build_index(
         data = read(path)
         view = memoryview(data)
         for start, length in record_spans(records, data):
-            if n and acc + length > chunk_bytes:
+            if _closes(n, acc, length, chunk_bytes):
                 counts.append(n)
                 chunk_digests.append(h.hexdigest())
                 h, n, acc = blake3.blake3(), 0, 0
