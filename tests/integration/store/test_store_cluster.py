@@ -964,6 +964,7 @@ def test_cli_loads_the_files_analysts_have(fresh, tmp_path, capsys):
     assert client.sql("select count(*) n, sum(amount) s from drift2").to_pylist() == [
         {"n": 40_000, "s": sum(range(40_000)) + 0.5 * 10_000}
     ]
+
     # A stream that fails half-way (a reader's later block, a generator's error): the call is
     # cancelled, and the error says why, with nothing appended.
     def broken():
