@@ -46,6 +46,7 @@ FORMATS = {
     ".ndjson": "json",
 }
 DELIMITERS = {".tsv": "\t", ".tbl": "|"}
+TBL_END = "__tbl_end"  # the empty field after a .tbl line's last delimiter
 _READ_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError)
 KINDS = "Parquet (.parquet), CSV (.csv, .tsv, .tbl) and JSON lines (.json, .jsonl, .ndjson), text compressed or not"
 
@@ -107,14 +108,29 @@ def _kind_of(files: list[Path]) -> str:
     return kinds.pop()
 
 
-def _csv_options(p: Path, types: dict[str, pa.DataType] | None, block: int) -> dict[str, Any]:
+def _csv_options(p: Path, schema: pa.Schema | None, block: int) -> dict[str, Any]:
+    """pyarrow's CSV options for ``p``, with ``schema``'s types (and, for a ``.tbl``, names)."""
     import pyarrow.csv as pcsv
 
     fmt, _ = _suffix(p)
+    types = {f.name: f.type for f in schema} if schema is not None else {}
+    read = pcsv.ReadOptions(block_size=block)
+    convert = pcsv.ConvertOptions(column_types=types, strings_can_be_null=True)
+    if fmt == ".tbl":
+        # TPC's dbgen layout (tpchgen's too): no header, and every line ends with the delimiter.
+        if schema is None:
+            raise InvalidArgument(
+                f"{p}: a .tbl file has no header to name its columns: create the table with "
+                "--schema NAME:TYPE,... and load the file into it"
+            )
+        read = pcsv.ReadOptions(block_size=block, column_names=[*schema.names, TBL_END])
+        convert = pcsv.ConvertOptions(
+            column_types=types, strings_can_be_null=True, include_columns=schema.names
+        )
     return {
-        "read_options": pcsv.ReadOptions(block_size=block),
+        "read_options": read,
         "parse_options": pcsv.ParseOptions(delimiter=DELIMITERS.get(fmt, ",")),
-        "convert_options": pcsv.ConvertOptions(column_types=types or {}, strings_can_be_null=True),
+        "convert_options": convert,
     }
 
 
@@ -130,8 +146,7 @@ def _one_file(
     if kind == "csv":
         import pyarrow.csv as pcsv
 
-        types = {f.name: f.type for f in schema} if schema is not None else None
-        reader = pcsv.open_csv(p, **_csv_options(p, types, block))
+        reader = pcsv.open_csv(p, **_csv_options(p, schema, block))
         return reader.schema, iter(reader)
     import pyarrow.json as pjson
 
@@ -140,35 +155,61 @@ def _one_file(
     return jreader.schema, iter(jreader)
 
 
-def _hive(files: list[Path], root: Path | None) -> bool:
-    return root is not None and any("=" in part for f in files for part in f.relative_to(root).parts[:-1])
+def _folder_columns(f: Path, root: Path | None) -> list[tuple[str, str]]:
+    """The ``key=value`` folders between ``root`` and file ``f`` (Hive's layout), in order."""
+    if root is None:
+        return []
+    out = []
+    for part in f.relative_to(root).parts[:-1]:
+        key, eq, value = part.partition("=")
+        if eq and key:
+            out.append((key, value))
+    return out
 
 
-def _dataset(files: list[Path], root: Path | None, schema: pa.Schema | None, block: int) -> Any:
-    import pyarrow.dataset as ds
+def _folder_type(values: list[str]) -> pa.DataType:
+    """A folder column's type: integers when every value is one, else strings."""
+    try:
+        for v in values:
+            int(v)
+    except ValueError:
+        return pa.string()
+    return pa.int64()
 
-    kind = _kind_of(files)
-    if kind == "parquet":
-        fmt: Any = ds.ParquetFileFormat()
-    elif kind == "csv":
-        import pyarrow.csv as pcsv
 
-        types = {f.name: f.type for f in schema} if schema is not None else None
-        o = _csv_options(files[0], types, block)
-        fmt = ds.CsvFileFormat(
-            parse_options=o["parse_options"],
-            convert_options=o["convert_options"],
-            read_options=pcsv.ReadOptions(block_size=block),
-        )
-    else:
-        fmt = ds.JsonFileFormat()
-    partitioning = ds.HivePartitioning.discover(infer_dictionary=False) if _hive(files, root) else None
-    return ds.dataset(
-        [str(f) for f in files],
-        format=fmt,
-        partitioning=partitioning,
-        partition_base_dir=str(root) if root is not None else None,
-    )
+def _exploded(
+    files: list[Path],
+    root: Path | None,
+    schema: pa.Schema | None,
+    batch_rows: int,
+    block: int,
+) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """Several files (or one under ``key=value`` folders) read one after another, each batch
+    with its folders' columns added (values as strings; typed by the table's schema, else
+    ``_folder_type``)."""
+    _kind_of(files)
+    folders = [_folder_columns(f, root) for f in files]
+    keys = list(dict.fromkeys(k for cols in folders for k, _ in cols))
+    for f, cols in zip(files, folders, strict=True):
+        if [k for k, _ in cols] != keys:
+            raise InvalidArgument(f"{f}: its folders name {[k for k, _ in cols]}, others {keys}")
+    # The files themselves hold the table's columns but the folders'.
+    inner = pa.schema([x for x in schema if x.name not in keys]) if schema is not None else None
+    first, _ = _one_file(files[0], inner, batch_rows, block)
+    types = {k: _folder_type([dict(cols)[k] for cols in folders]) for k in keys}
+    whole = pa.schema([*first, *(pa.field(k, types[k]) for k in keys)])
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for f, cols in zip(files, folders, strict=True):
+            _schema, it = _one_file(f, inner, batch_rows, block)
+            for b in it:
+                arrays = [
+                    *b.columns,
+                    *(pa.array([v] * b.num_rows, pa.string()).cast(types[k]) for k, v in cols),
+                ]
+                yield pa.RecordBatch.from_arrays(arrays, names=[*b.schema.names, *keys])
+
+    return whole, batches()
 
 
 def read_source(
@@ -181,19 +222,24 @@ def read_source(
     """``path``'s rows as a schema and a lazy stream of record batches. With ``schema`` (the
     table's), text is parsed with its types and every batch conformed to it (``conform``)."""
     files, root = sources(path)
-    single = len(files) == 1 and root is None
+    single = len(files) == 1 and not _folder_columns(files[0], root)
     label = str(files[0]) if single else f"{path} ({len(files)} files)"
     try:  # (a reader parses its first block as it opens)
         if single:
             got, batches = _one_file(files[0], schema, batch_rows, csv_block_bytes)
         else:
-            data = _dataset(files, root, schema, csv_block_bytes)
-            got, batches = data.schema, data.to_batches(batch_size=batch_rows)
+            got, batches = _exploded(files, root, schema, batch_rows, csv_block_bytes)
     except _READ_ERRORS as exc:
-        raise InvalidArgument(f"{label}: {exc}") from exc
+        raise InvalidArgument(f"{label}: {_first_line(exc)}") from exc
     if schema is None:
         return got, _explained(batches, label)
     return schema, (conform(b, schema, label) for b in _explained(batches, label))
+
+
+def _first_line(exc: BaseException) -> str:
+    """A reader's message without the data some of them quote after it."""
+    text = str(exc).strip().splitlines()
+    return text[0][:500] if text else type(exc).__name__
 
 
 def _explained(batches: Iterator[pa.RecordBatch], label: str) -> Iterator[pa.RecordBatch]:
@@ -202,7 +248,7 @@ def _explained(batches: Iterator[pa.RecordBatch], label: str) -> Iterator[pa.Rec
     try:
         yield from batches
     except _READ_ERRORS as exc:
-        raise InvalidArgument(f"{label}: {exc}") from exc
+        raise InvalidArgument(f"{label}: {_first_line(exc)}") from exc
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema, label: str = "") -> pa.RecordBatch:
@@ -270,9 +316,8 @@ def infer_schema(path: str | Path, *, csv_block_bytes: int = 8 << 20) -> pa.Sche
     p = files[0]
     schema = pcsv.open_csv(p, **_csv_options(p, None, csv_block_bytes)).schema
     for _ in range(2 * len(schema) + 1):
-        types = {f.name: f.type for f in schema}
         try:
-            for _batch in pcsv.open_csv(p, **_csv_options(p, types, csv_block_bytes)):
+            for _batch in pcsv.open_csv(p, **_csv_options(p, schema, csv_block_bytes)):
                 pass
             return schema
         except pa.ArrowInvalid as exc:

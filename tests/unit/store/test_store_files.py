@@ -107,3 +107,32 @@ def test_conform_by_name_with_exact_casts_only():
         conform(pa.record_batch({"a": [1], "c": [2]}), schema)
     with pytest.raises(InvalidArgument, match="column 'a' holds double values that are not int64"):
         conform(pa.record_batch({"a": [1.5], "b": ["x"]}), schema)
+
+
+def test_tpc_tbl_files_as_tpchgen_writes_them(tmp_path):
+    """``.tbl``: no header, and each line ends with the delimiter. Read as a CSV with a header,
+    its first row named the columns and the empty last field made one more."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = shutil.which("tpchgen-cli") or str(Path(sys.executable).with_name("tpchgen-cli"))
+    if not Path(exe).exists():
+        pytest.skip("tpchgen-cli is not installed (the analytics extra)")
+    subprocess.run(
+        [exe, "-s", "0.01", "-T", "nation", f"--output-dir={tmp_path}"], check=True, capture_output=True
+    )
+    nation = pa.schema(
+        [
+            ("n_nationkey", pa.int64()),
+            ("n_name", pa.string()),
+            ("n_regionkey", pa.int64()),
+            ("n_comment", pa.string()),
+        ]
+    )
+    got = _rows(read_source(tmp_path / "nation.tbl", nation))
+    assert got.num_rows == 25 and got.schema == nation
+    assert got.slice(0, 1).to_pylist()[0]["n_name"] == "ALGERIA"
+    with pytest.raises(InvalidArgument, match="no header.*--schema"):
+        infer_schema(tmp_path / "nation.tbl")
