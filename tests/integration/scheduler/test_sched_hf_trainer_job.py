@@ -41,10 +41,8 @@ def test_hf_trainer_job_parks_in_place_is_moved_and_ends_as_a_run_alone(agents, 
         agents(node, devices=1, lease_ttl_s=10)
     c = sched({"enable_packing": False, "enable_grow_shrink": False, "enable_migration": False})
     out = tmp_path / "out.json"
-    j = c.submit(make_spec(hf_cmd(out, 40), devices=1, name="hf-trainer", total_steps=STEPS)).id
-    # The reference: the same script alone, while the job starts (its result does not depend on time).
-    alone = tmp_path / "alone.json"
-    subprocess.run(hf_cmd(alone, 0), check=True, capture_output=True, timeout=300)
+    # (100 ms a step: the job must still run when the operator's commands come, on a busy machine)
+    j = c.submit(make_spec(hf_cmd(out, 100), devices=1, name="hf-trainer", total_steps=STEPS)).id
     wait_for(lambda: job_to_dict(c.get(j))["step"] >= 3, etcd_kv, 180, "the Trainer job trains")
     node = record(etcd_kv, j)["node"]
     other = "n2" if node == "n1" else "n1"
@@ -54,6 +52,9 @@ def test_hf_trainer_job_parks_in_place_is_moved_and_ends_as_a_run_alone(agents, 
     wait_for(lambda: record(etcd_kv, j)["state"] == "running", etcd_kv, 60, "resumed")
     c.control(j, "migrate", [f"{other}/0"])
     wait_for(lambda: (r := record(etcd_kv, j))["node"] == other and r["attempt"] == 2, etcd_kv, 120, "moved")
+    # The reference: the same script alone, while the job goes on (its result does not depend on time).
+    alone = tmp_path / "alone.json"
+    subprocess.run(hf_cmd(alone, 0), check=True, capture_output=True, timeout=300)
     wait_for(lambda: job_to_dict(c.get(j))["state"] == "finished", etcd_kv, 180, "the job finishes")
     rec = record(etcd_kv, j)
     assert rec["restarts"] == 0 and rec["step"] == STEPS, rec["history"]

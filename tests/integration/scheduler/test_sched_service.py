@@ -192,7 +192,8 @@ def test_packing_kept_only_while_it_beats_time_slicing(agents, scheduler, etcd_k
     assert any("below time-slicing" in r for r in reasons), reasons
     time.sleep(3)
     kept = jobs(c, [r, s])
-    assert all(j["state"] == "packed" for j in kept.values()), kept
+    why = {i: etcd_kv.get_json(f"/microco/scheduler/jobs/{i}")["history"] for i in (r, s)}
+    assert all(j["state"] == "packed" for j in kept.values()), (kept, why)  # (the histories say why)
     ids = [p, q, r, s]
     for i in ids:
         c.cancel(i)
