@@ -123,3 +123,14 @@ def small_stack(home: Path, *flags: str, store_nodes: int = 3) -> list[str]:
     one device, ``store_nodes`` store nodes, and no warm zygote (it would import torch for them)."""
     return [sys.executable, "-m", "microco.cli", "up", "--home", str(home), "--no-console", "--devices", "1",
             "--store-nodes", str(store_nodes), "--preload", "none", *flags]  # fmt: skip
+
+
+def params_sha256(model: Any) -> str:
+    """A digest of a torch module's state (parameters and buffers, in order): equal digests are
+    bit-equal weights."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in model.state_dict().values():
+        h.update(t.detach().cpu().numpy().tobytes())
+    return h.hexdigest()

@@ -7,10 +7,10 @@ resumes in place. Before this module a Trainer job could only run to its end or 
 
 from __future__ import annotations
 
-import hashlib
 import threading
 
 import pytest
+from _support import params_sha256
 
 from microco.clients.scheduler import EXIT_CHECKPOINTED, ControlChannel
 from microco.clients.scheduler._ranks import read_records
@@ -105,18 +105,11 @@ def _losses(trainer) -> list[float]:
     return [e["loss"] for e in trainer.state.log_history if "loss" in e]
 
 
-def _digest(model) -> str:
-    h = hashlib.sha256()
-    for t in model.state_dict().values():
-        h.update(t.detach().numpy().tobytes())
-    return h.hexdigest()
-
-
 @pytest.fixture(scope="module")
 def reference(run, tmp_path_factory):
     code, trainer, cb = run(tmp_path_factory.mktemp("ref"))
     assert code == 0 and cb.step == 3 * BATCHES and len(_losses(trainer)) == 3 * BATCHES
-    return _losses(trainer), _digest(trainer.model)
+    return _losses(trainer), params_sha256(trainer.model)
 
 
 def test_stop_mid_epoch_then_train_again_continues_exactly(run, tmp_path, reference):
@@ -132,14 +125,14 @@ def test_stop_mid_epoch_then_train_again_continues_exactly(run, tmp_path, refere
     code, trainer, cb = run(tmp_path, checkpoint_dir=ckpt, control_dir=tmp_path / "ctl2")
     assert code == 0 and cb.context.restored_from_step == stop and cb.step == 3 * BATCHES
     assert _losses(trainer) == reference[0]  # bit for bit: data order, dropout, LR schedule
-    assert _digest(trainer.model) == reference[1]
+    assert params_sha256(trainer.model) == reference[1]
 
 
 def test_suspend_parks_and_resumes_in_place_and_old_checkpoints_go(run, tmp_path, reference):
     ckpt, ctl = tmp_path / "ckpt", tmp_path / "ctl"
     code, trainer, cb = run(tmp_path, {3: "suspend", 12: "suspend"}, checkpoint_dir=ckpt, control_dir=ctl)
     assert code == 0 and cb.step == 3 * BATCHES
-    assert _losses(trainer) == reference[0] and _digest(trainer.model) == reference[1]
+    assert _losses(trainer) == reference[0] and params_sha256(trainer.model) == reference[1]
     # Each suspend wrote a checkpoint; only the one the job's file names is kept.
     assert sorted(p.name for p in (ckpt / "hf").iterdir()) == ["checkpoint-12"]
     assert cb.resume_from_checkpoint == str(ckpt / "hf" / "checkpoint-12")
@@ -157,7 +150,7 @@ def test_a_stop_inside_a_logging_window_logs_what_an_uninterrupted_run_logs(run,
     code, trainer, cb = run(tmp, logging_steps=4, checkpoint_dir=ckpt, control_dir=tmp / "ctl2")
     assert code == 0 and cb.context.restored_from_step == 14
     assert _losses(trainer) == _losses(ref)
-    assert _digest(trainer.model) == _digest(ref.model)
+    assert params_sha256(trainer.model) == params_sha256(ref.model)
 
 
 def test_the_callback_alone_asks_for_its_trainer(run, tmp_path):

@@ -8,9 +8,8 @@ platform in tests/integration/scheduler/test_sched_lightning.py."""
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
+from _support import params_sha256
 
 from microco.clients.scheduler import EXIT_CHECKPOINTED, ControlChannel
 from microco.clients.scheduler._ranks import read_records
@@ -96,18 +95,11 @@ def _exit(code: int) -> None:
     raise SystemExit(code)
 
 
-def _digest(model) -> str:
-    h = hashlib.sha256()
-    for t in model.state_dict().values():
-        h.update(t.detach().numpy().tobytes())
-    return h.hexdigest()
-
-
 @pytest.fixture(scope="module")
 def reference(fit):
     code, model, cb = fit(3)
     assert code == 0 and cb.step == 3 * BATCHES and len(model.losses) == 3 * BATCHES
-    return model.losses, _digest(model)
+    return model.losses, params_sha256(model)
 
 
 def test_stop_mid_epoch_then_fit_again_continues_exactly(fit, tmp_path, reference):
@@ -122,7 +114,7 @@ def test_stop_mid_epoch_then_fit_again_continues_exactly(fit, tmp_path, referenc
     code, model, cb = fit(3, checkpoint_dir=ckpt, control_dir=tmp_path / "ctl2")
     assert code == 0 and cb.context.restored_from_step == stop and cb.step == 3 * BATCHES
     assert model.losses == reference[0]  # bit-for-bit: data order, dropout, LR schedule
-    assert _digest(model) == reference[1]
+    assert params_sha256(model) == reference[1]
 
 
 def test_restore_from_a_checkpoint_at_an_epoch_end(fit, tmp_path, reference):
@@ -139,7 +131,7 @@ def test_restore_from_a_checkpoint_at_an_epoch_end(fit, tmp_path, reference):
     code, model, cb = fit(3, checkpoint_dir=ckpt)
     assert code == 0 and cb.context.restored_from_step == stop
     assert model.losses == reference[0]
-    assert _digest(model) == reference[1]
+    assert params_sha256(model) == reference[1]
 
 
 def test_without_the_scheduler_the_callback_only_counts(fit, reference):
