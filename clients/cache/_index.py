@@ -200,6 +200,8 @@ def build_index(
     """
     import blake3
 
+    from microco.common.errors import InvalidArgument
+
     records = check_format(records)
     if chunk_bytes <= 0:
         raise ValueError("chunk_bytes must be positive")
@@ -211,7 +213,11 @@ def build_index(
     for path, _size in sorted(files):
         data = read(path)
         view = memoryview(data)
-        for start, length in record_spans(records, data):
+        try:
+            spans = record_spans(records, data)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{path}: {exc} (registered with --records {records})") from None
+        for start, length in spans:
             if _closes(n, acc, length, chunk_bytes):
                 counts.append(n)
                 chunk_digests.append(h.hexdigest())
@@ -228,8 +234,6 @@ def build_index(
         counts.append(n)
         chunk_digests.append(h.hexdigest())
     if not rows:
-        from microco.common.errors import InvalidArgument
-
         raise InvalidArgument(f"no {records} records in the dataset's files")
     return _assemble(rows, counts, chunk_digests, chunk_bytes, records)
 

@@ -109,6 +109,10 @@ def test_index_of_records_round_trips_and_whole_file_indexes_keep_their_form(tmp
     again = DatasetIndex.from_bytes(idx.to_bytes(), idx.digest)
     assert again == idx and again.records == "lines"
     assert json.loads(idx.to_bytes())["version"] == 2
+    (tmp_path / "d" / "README").write_text("not a record file")
+    with pytest.raises(InvalidArgument, match="README: .*--records tfrecord"):
+        build_index(store.list_files(), store.read, 100, records="tfrecord")
+    (tmp_path / "d" / "README").unlink()
     # One file, one sample: the form (and so the digest) of an index written before records.
     whole = build_index(store.list_files(), store.read, 100)
     doc = json.loads(whole.to_bytes())
