@@ -559,7 +559,8 @@ class AstraTF(SessionBacked):
             )
 
     def _needs_pre_step(self, x: tf.Tensor, y: tf.Tensor) -> bool:
-        """Run the plain step unregistered (twice) to learn its trace and step times first?"""
+        """Run the plain step unregistered (``PRE_STEPS`` times) to learn its trace and step
+        times first?"""
         self._check_random(x, y)
         if not self.xla or self.structured or len(self._pre_ms) >= self.PRE_STEPS:
             return False
@@ -703,12 +704,12 @@ class AstraTF(SessionBacked):
 
     def _hlo_profiles(self, x: tf.Tensor, y: tf.Tensor) -> dict[str, tuple[int, str]]:
         """(instructions, class) of each XLA choice's module, traced and lowered to HLO (the
-        trace stays with the variant its trial runs). A step XLA cannot lower (tf2xla refuses
-        one of its operators: a Keras ``LSTM`` over a sequence of unknown length, whose gradient
-        reserves a list of a length only known at run time; issue 18, session 33, keras.io's
-        multi-input functional model) is not offered XLA: the plain step is all there is to run,
-        as ``jit_compile=True`` on the user's step would fail there. Before, the lowering's
-        error was the wrapper's own failure: logged as an error, the exploration dropped."""
+        trace stays with the variant its trial runs). A step XLA cannot lower however it is
+        traced (tf2xla refuses one of its operators: a ``StringLookup``'s table lookup) is not
+        offered XLA: the plain step is all there is to run, as ``jit_compile=True`` on the user's
+        step would fail there. Before (issue 18, session 33, keras.io's multi-input functional
+        model and a masked ``GRU``, see below), the lowering's error was the wrapper's own
+        failure: logged as an error, the exploration dropped."""
         try:
             if self.structured:
                 return {
