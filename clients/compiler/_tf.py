@@ -319,11 +319,16 @@ class AstraTF(SessionBacked):
         self.warmer: XlaWarmer | None = None
         self._example: tuple[Any, Any] = (None, None)
         # Steps run before registering (a model without cells whose XLA module was never counted
-        # here): the first traces the step, the second is a step; see ``XLA_PRICING_SHARE``.
+        # here): the first traces the step, the others are steps; see ``PRE_STEPS``.
         self._pre_ms: list[float] = []
         # The plain step's trace when ``_check_random`` made it, before the first pre-step timed
         # its call (that call then found the trace made): added to the first pre-step's time.
         self._checked_trace_ms = 0.0
+        # The inputs' shapes (``input_signature`` of the batch and its labels) of the steps run
+        # before registering, and of the one XLA's modules are traced for: XLA compiles one module
+        # per input shape (``_shapes_vary``).
+        self._signatures: set[str] = set()
+        self._xla_signature = ""
         self._unpriced_ms = 0.0  # > 0: XLA was not priced (the count could not pay): this prior
         # This host's record of what compiles gained (``HostCompileCosts.record_gain``): an XLA
         # choice committed here leaves its interleaved speedup for this graph, and a later run
@@ -333,9 +338,15 @@ class AstraTF(SessionBacked):
         self._build_optimizer()
 
     def _build_optimizer(self) -> None:
-        # The optimizer's slots are created outside any traced step, once the model has weights.
+        # The optimizer's slots are created outside any traced step, once the model has all its
+        # weights. A subclassed Keras model whose parts are built (a ``Sequential`` given its
+        # ``Input``) but whose own layers are not yet (built at its first call) has some weights
+        # only: an optimiser built on those fails every step ("Unknown variable"; issue 18,
+        # session 33, keras.io's VAE, whose encoder and decoder are built and whose latent
+        # ``Dense`` layers are not). Such a model's optimiser is built where the user's own step
+        # builds it: in the step's first trace (Keras' ``apply_gradients`` builds it there).
         ready = hasattr(self.optimizer, "build") and not getattr(self.optimizer, "built", False)
-        if ready and self.model.trainable_variables:
+        if ready and getattr(self.model, "built", True) and self.model.trainable_variables:
             self.optimizer.build(self.model.trainable_variables)
 
     # The XLA choices, each its own variable so that each is priced by the size of its own module,
@@ -548,16 +559,31 @@ class AstraTF(SessionBacked):
             )
 
     def _needs_pre_step(self, x: tf.Tensor, y: tf.Tensor) -> bool:
-        """Run the plain step unregistered (twice) to learn its trace and step times first?"""
+        """Run the plain step unregistered (``PRE_STEPS`` times) to learn its trace and step
+        times first?"""
         self._check_random(x, y)
-        if not self.xla or self.structured or len(self._pre_ms) >= 2:
+        if not self.xla or self.structured or len(self._pre_ms) >= self.PRE_STEPS:
             return False
         self._build(x)
         if self.cost_model is None:
             self.cost_model = XlaCostModel(tf_hardware_id(), default_cost_file(), speed=self._tf_speed)
         return self.cost_model.module_sizes(self._size_key(x, y)) is None
 
+    # Steps run before registering (a model whose XLA module was never counted here): the first
+    # traces the step, the others are steps, the fastest of them the plain step's time that the
+    # count's gate (``_worth_pricing``) and a calibration's budget weigh the run by. One step
+    # alone was that time until issue 18, session 33: on the shared machine one step in a few
+    # runs 10-25x its neighbours (keras-sublstm at 1,000 steps: a second step of 35 ms against
+    # 1.5 ms), and the gate then read a run 20x longer than it was and counted the module
+    # (280 ms of a 1.5 s run) to price XLA out at once. The fastest of two, as a trial's time
+    # is its fastest step; the extra step is a training step like the others.
+    PRE_STEPS = 3
+
+    def _pre_step_ms(self) -> float:
+        return min(self._pre_ms[1:])
+
     def _pre_step(self, x: tf.Tensor, y: tf.Tensor) -> float:
+        self._signatures.add(self._signature(x, y))
         t0 = time.perf_counter()
         loss = float(self.variant(False, False, False)(x, y).numpy())
         # The first call's time includes the step's trace, wherever it was made: when the random
@@ -581,6 +607,10 @@ class AstraTF(SessionBacked):
         shapes = ";".join(f"{tuple(v.shape)}" for v in self.model.trainable_variables)
         cells = self.structure if self.structured else "-"
         input_shapes = f"{input_signature(x)};{input_signature(y)}"
+        self._xla_signature = self._signature(x, y)
+        self._signatures.add(self._xla_signature)
+        if self.xla and len(self._signatures) > 1:
+            self._no_xla_for_varying_shapes()
         if self.xla:
             if self.cost_model is None:
                 self.cost_model = XlaCostModel(hardware, default_cost_file(), speed=self._tf_speed)
@@ -597,7 +627,7 @@ class AstraTF(SessionBacked):
                 self.hlo_instructions = known
                 self.hlo_classes = self.cost_model.module_classes(size_key)
             elif not self.structured and len(self._pre_ms) >= 2 and not self._worth_pricing(x, y):
-                step_ms = self._pre_ms[1]
+                step_ms = self._pre_step_ms()
                 self._unpriced_ms = max(1.0, self.total_steps * step_ms)
                 log.info(
                     "astra-tf: %s: XLA not priced (a trace of %.0f ms against a run of %.0f ms)",
@@ -605,22 +635,15 @@ class AstraTF(SessionBacked):
                     self._pre_ms[0] - step_ms,
                     self._unpriced_ms,
                 )
-            elif self.structured:
-                profiles = {
-                    "loop": step_hlo_profile(self.variant(False, False, True, loop=True), x, y),
-                    "unrolled": unrolled_hlo_profile(self.variant(False, False, True), x, y),
-                }
             else:
-                # The whole step, traced and lowered once (the trace stays with the variant the
-                # `xla=plain` trial runs); "unrolled" is the kind of a whole-step module.
-                profiles = {"unrolled": step_hlo_profile(self.variant(False, False, True), x, y)}
+                profiles = self._hlo_profiles(x, y)
             if profiles:
                 self.hlo_instructions = {k: n for k, (n, _) in profiles.items()}
                 self.hlo_classes = {k: c for k, (_, c) in profiles.items()}
                 self.cost_model.remember_module_sizes(size_key, self.hlo_instructions, self.hlo_classes)
             if self.hlo_instructions and not self._unpriced_ms:
                 self._calibrate_rates()
-            if self.background:
+            if self.background and self.xla:
                 self._example = (x, y)
                 self.warmer = XlaWarmer(self)
                 self.session.warmer = self.warmer
@@ -650,6 +673,76 @@ class AstraTF(SessionBacked):
         # Committed at the start (an earlier run's commit): its A/B is that run's, learned then.
         self._gain_learned = self.session.committed
 
+    @staticmethod
+    def _signature(x: Any, y: Any) -> str:
+        return f"{input_signature(x)};{input_signature(y)}"
+
+    # XLA (``jit_compile``) compiles one module per input shape, where ``tf.function`` only
+    # retraces: a step whose inputs change shape (a ``tf.data`` pipeline's ``padded_batch`` of
+    # sequences of varying length, batches of any size) compiles again at every new shape, a
+    # cost its price (one module) does not hold. Issue 18, session 33 (a held-out Keras text model
+    # fed by ``padded_batch``, 5,000 steps, 14 shapes): the XLA trial's steps each met a new shape
+    # and compiled it in the training step, 6.1 s of slow steps against the plain step's 2.9 s
+    # of retraces, 13.9 s in all against 10.6 s (1.31x); ``jit_compile=True`` on the user's own
+    # step took 16.4 s at 2,000 steps against 5.4 s. So a step seen with two input shapes before
+    # XLA is priced is not offered XLA, and an XLA trial step whose inputs are not of the shape
+    # its module was traced for runs the plain step and fails the trial (the core then commits
+    # no XLA choice). A committed XLA step is called as it is (what the user's own
+    # ``jit_compile=True`` step would do at a new shape: compile it).
+    def _shapes_vary(self, kind: str, x: Any, y: Any) -> bool:
+        return bool(kind) and bool(self._xla_signature) and self._signature(x, y) != self._xla_signature
+
+    def _no_xla_for_varying_shapes(self) -> None:
+        self.xla = False
+        log.info(
+            "astra-tf: %s: the step's input shapes vary (%d seen in %d steps); XLA compiles one module per "
+            "shape, so it is not offered",
+            self.name,
+            len(self._signatures),
+            len(self._pre_ms) + 1,
+        )
+
+    def _hlo_profiles(self, x: tf.Tensor, y: tf.Tensor) -> dict[str, tuple[int, str]]:
+        """(instructions, class) of each XLA choice's module, traced and lowered to HLO (the
+        trace stays with the variant its trial runs). A step XLA cannot lower however it is
+        traced (tf2xla refuses one of its operators: a ``StringLookup``'s table lookup) is not
+        offered XLA: the plain step is all there is to run, as ``jit_compile=True`` on the user's
+        step would fail there. Before (issue 18, session 33, keras.io's multi-input functional
+        model and a masked ``GRU``, see below), the lowering's error was the wrapper's own
+        failure: logged as an error, the exploration dropped."""
+        try:
+            if self.structured:
+                return {
+                    "loop": step_hlo_profile(self.variant(False, False, True, loop=True), x, y),
+                    "unrolled": unrolled_hlo_profile(self.variant(False, False, True), x, y),
+                }
+            # The whole step; "unrolled" is the kind of a whole-step module.
+            try:
+                return {"unrolled": step_hlo_profile(self.variant(False, False, True), x, y)}
+            except (ValueError, tf.errors.OpError) as exc:
+                # The XLA variant calls the plain step's trace (``variant``), made outside any XLA
+                # context: TensorFlow's while loops built there (a Keras ``GRU`` over an
+                # ``Embedding``) keep gradient lists of a run-time length that tf2xla refuses,
+                # where a trace made under ``jit_compile`` (the user's own ``jit_compile=True``
+                # step) bounds them and lowers (issue 18, session 33, held-out Keras text
+                # models). Then the step is traced under XLA itself, as the user's would be.
+                log.info(
+                    "astra-tf: %s: the plain step's trace does not lower (%s); traced under XLA",
+                    self.name,
+                    type(exc).__name__,
+                )
+                self._variants[(False, False, True, False, False)] = self.traced_step(False, False, True)
+                return {"unrolled": step_hlo_profile(self.variant(False, False, True), x, y)}
+        except (ValueError, tf.errors.OpError) as exc:
+            self.xla = False
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.info(
+                "astra-tf: %s: XLA cannot compile this step, so it is not offered (%s)",
+                self.name,
+                first[:300],
+            )
+            return {}
+
     # What a calibration compile (``_tf_cost.calibrate``) is priced at before it runs: its module
     # of ~220-430 instructions at the cold prior's rate (measured 0.45-0.65 s here, 2026-12-04).
     CALIBRATION_PRICE_MS = 1_000.0
@@ -671,7 +764,7 @@ class AstraTF(SessionBacked):
         cost = self.cost_model
         if cost is None or len(self._pre_ms) < 2:
             return
-        budget = self.total_steps * self._pre_ms[1] * self.XLA_PRICING_SHARE
+        budget = self.total_steps * self._pre_step_ms() * self.XLA_PRICING_SHARE
         for kind in self.hlo_instructions:
             cls = self.hlo_classes.get(kind, "")
             if not cls or cost.has_rate(kind, cls) or cost.measured(self.graph_key, kind):
@@ -711,7 +804,7 @@ class AstraTF(SessionBacked):
         session 30: keras-sublstm at 1,000 steps on a fresh record counted its module (168 ms,
         12% of a 1.35 s run; at least 146 ops x 5 ms = 0.73 s) to price it at 3.5 s, against
         0.3 s it could save, and ran 1.10x eager."""
-        step_ms = self._pre_ms[1]
+        step_ms = self._pre_step_ms()
         budget = self.total_steps * step_ms * self.XLA_PRICING_SHARE
         if budget <= max(0.0, self._pre_ms[0] - step_ms):
             return False
@@ -881,8 +974,10 @@ class AstraTF(SessionBacked):
         t0, c0 = time.perf_counter(), time.process_time()
         failed = self.warmer.abandoned.get(id(fn), "") if self.warmer is not None else ""
         try:
-            if failed:  # its compile was abandoned at its deadline: the trial fails, training goes on
-                fn = self.variant(False, False, False)
+            if not failed and self._shapes_vary(kind, x, y):
+                failed = f"input shapes vary ({self._signature(x, y)} against {self._xla_signature}): XLA compiles per shape"
+            if failed:  # its compile was abandoned at its deadline, or cannot serve this shape: the
+                fn = self.variant(False, False, False)  # trial fails, training goes on
             loss = float(fn(x, y).numpy())  # .numpy() is the barrier: the step has finished
         except Exception as exc:  # a variant that fails must not stop training: run the baseline
             if fn is self.variant(False, False, False):
