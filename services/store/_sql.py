@@ -1857,9 +1857,11 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     inside = {id(x) for a in (subs.nodes if subs else ()) for x in a.walk()}
     names = [r.name.lower() for r in refs]
     outer_names = [r.name.lower() for r in refs if id(r) not in inside]
-    if len(set(outer_names)) != len(outer_names):
-        return None  # a table twice in the FROM: one input per table name (its replica, its filters)
-    if subs is None and len(set(names)) != len(names):
+    # a table twice in the FROM: one input per table name (its replica, its filters), so it is
+    # never split; without subqueries it may be broadcast (read whole, unpruned, by every
+    # fragment: each occurrence joins the whole table), as TPC-DS's date_dim d1, d2, d3 are
+    twice = {n for n in names if names.count(n) > 1}
+    if subs is not None and len(set(outer_names)) != len(outer_names):
         return None
     ctx.noprune = subs.noprune if subs else set()
     colsets = _columns_of(ctx.tables)
@@ -1877,6 +1879,8 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     else:
         for i in range(len(refs)):
             for j in range(i + 1, len(refs)):
+                if names[i] in twice or names[j] in twice:
+                    continue
                 co = _copartition(ctx, sel, [refs[i], refs[j]])
                 size = _replica_bytes(ctx.tables[names[i]]) + _replica_bytes(ctx.tables[names[j]])
                 if co is not None and size > best:
@@ -1887,6 +1891,8 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
             )
     if split is None:
         big = max(range(len(refs)), key=lambda k: _replica_bytes(ctx.tables[names[k]]))
+        if names[big] in twice:
+            return None
         split = [refs[big]]
         t = ctx.tables[names[big]]
         others = set().union(*(colsets[m] for m in names if m != names[big]))
@@ -1909,6 +1915,8 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
         if not any(ref is x for x in split)
         and _replica_bytes(ctx.tables[ref.name.lower()]) > max(BROADCAST_BYTES, BROADCAST_SHARE * split_bytes)
     ]
+    if any(r.name.lower() in twice for r in too_big):
+        return None
     if too_big:
         # two big tables not co-partitioned: both exchanged by the join key (the rest broadcast)
         keys = _exchange_join_keys(ctx, sel, split, too_big) if subs is None else None
@@ -1926,8 +1934,14 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
             continue
         n = ref.name.lower()
         t = ctx.tables[n]
+        if t.name in ctx.broadcast:
+            continue  # (a table twice: read once, unpruned)
         others = set().union(*(colsets[m] for m in names if m != n))
-        where = triples(pushable(ctx.tree, ref, colsets[n], others), {s.column for s in t.specs})
+        where = (
+            []
+            if n in twice
+            else triples(pushable(ctx.tree, ref, colsets[n], others), {s.column for s in t.specs})
+        )
         r, _cost, units, _allowed = cheapest_replica(
             t, where, ctx.needed(t), ctx.live, ctx.addresses, ctx.resident
         )

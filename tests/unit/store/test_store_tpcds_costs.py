@@ -125,3 +125,44 @@ def test_a_gathered_read_with_nothing_to_do_skips_duckdb_on_the_node(store, monk
     plain = [t["sql"] for _, t in plan.tasks if " WHERE " not in t["sql"]]
     assert plain, [t["sql"] for _, t in plan.tasks]
     assert not set(plain) & set(ran), ran
+
+
+@pytest.mark.parametrize(
+    ("sql", "kind"),
+    [
+        (
+            "select d1.w_city as c1, d2.w_name as n2, count(*) as n, sum(s_qty) as q "
+            "from sales, warehouse d1, warehouse d2 "
+            "where s_wh = d1.w_sk and s_qty % 5 = d2.w_sk group by d1.w_city, d2.w_name",
+            "partial_agg",
+        ),
+        # a filter on one occurrence (one partition of warehouse's replicas) prunes neither
+        (
+            "select d1.w_name, count(*) as n from sales, warehouse d1, warehouse d2 "
+            "where s_wh = d1.w_sk and s_qty % 5 = d2.w_sk and d2.w_sk = 2 group by d1.w_name",
+            "partial_agg",
+        ),
+        (
+            "select s_id, d1.w_name as a, d2.w_name as b from sales join warehouse d1 on s_wh = d1.w_sk "
+            "join warehouse d2 on s_qty % 5 = d2.w_sk where s_id < 300",
+            "partition_local",
+        ),
+        # the split table itself twice: not split
+        (
+            "select a.s_wh, count(*) as n from sales a join sales b on a.s_id = b.s_id + 1 group by a.s_wh",
+            None,
+        ),
+    ],
+)
+def test_a_small_table_twice_in_the_from_is_broadcast(store, sql, kind):
+    """TPC-DS joins ``date_dim`` as d1, d2, d3 (Q25, Q29, Q50, Q85...): any table twice in one
+    FROM made the query a gather of every table's rows. A small table twice is broadcast now
+    (each fragment reads it whole, unpruned by either occurrence's filters), the big one split."""
+    core, con = store
+    got, plan = core.sql(sql)
+    assert _rows(got) == _rows(con.sql(sql).to_arrow_table())
+    if kind is not None:
+        assert plan.kind == kind, plan.explain_text()
+        assert "warehouse" in plan.explain_text().split("broadcast:")[1]
+    else:
+        assert plan.kind in ("gather", "staged", "exchange"), plan.explain_text()
