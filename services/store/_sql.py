@@ -268,8 +268,19 @@ def table_refs(tree: exp.Expr) -> list[exp.Table]:
 # ---------------------------------------------------------------------------------- analysis
 def _used_names(tree: exp.Expr) -> set[str] | None:
     """Lower-case column names the query uses anywhere, or None when it selects ``*`` (every
-    column). ``count(*)`` and ``EXISTS (SELECT * ...)`` read no column through their star."""
+    column) of some table: ``_used_columns`` without the tables a star reads whole."""
+    used = _used_columns(tree)
+    return None if used is None or used[1] else used[0]
+
+
+def _used_columns(tree: exp.Expr) -> tuple[set[str], set[str]] | None:
+    """Lower-case column names the query uses anywhere, and the lower-case names of the tables
+    whose every column a star selects (``SELECT *`` or ``t.*`` over them); None when a star's
+    sources are not known (every column of every table). ``count(*)`` and ``EXISTS (SELECT *
+    ...)`` read no column through their star; a star over CTEs and derived tables reads what
+    those select (``_star_over_derived``)."""
     ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
+    whole: set[str] = set()
     for s in tree.find_all(exp.Star):
         if isinstance(s.parent, exp.Count):
             continue
@@ -277,9 +288,10 @@ def _used_names(tree: exp.Expr) -> set[str] | None:
             continue
         if _reads_a_stage(s.parent):
             continue  # a staged part's result (``_staged``: SELECT * FROM __microco_stageK)
-        if _star_over_derived(s, ctes):
-            continue
-        return None
+        tables = _star_tables(s, ctes)
+        if tables is None:
+            return None
+        whole |= tables
     if tree.find(exp.Columns):
         return None  # DuckDB's ``COLUMNS('regex')``: the columns whose names match (held out, session 33)
     names: set[str] = set()
@@ -293,18 +305,15 @@ def _used_names(tree: exp.Expr) -> set[str] | None:
             return None  # (joins on every column the two sides share)
         # ``JOIN ... USING (k)`` names its key as an identifier, not a column
         names.update(u.name.lower() for u in j.args.get("using") or [])
-    return names
+    return names, whole
 
 
-def _star_over_derived(star: exp.Star, ctes: set[str]) -> bool:
-    """Whether ``star`` (``*`` or ``t.*``) selects only from CTEs and derived tables, whose
-    columns are their own select lists' (counted where they are written; a star there is judged
-    there), so no table's every column. Held out (TPC-DS Q33, Q56, Q60: ``SELECT * FROM ss UNION
-    ALL SELECT * FROM cs ...`` over three CTEs) every column of six tables was read and gathered,
-    1.7 GB at scale factor 1 for a query that uses 15 columns."""
+def _star_sources(star: exp.Star) -> list[exp.Expr] | None:
+    """What ``star`` (``*`` or ``t.*`` in a select list) selects from: the FROM's and joins'
+    sources it covers; None when it is not a select list's star."""
     q = star.parent.parent if isinstance(star.parent, exp.Column) else star.parent
     if not isinstance(q, exp.Select):
-        return False
+        return None
     sources: list[exp.Expr] = []
     src = q.args.get(_FROM)
     if src is not None:
@@ -313,12 +322,38 @@ def _star_over_derived(star: exp.Star, ctes: set[str]) -> bool:
     if isinstance(star.parent, exp.Column) and star.parent.table:
         named = star.parent.table.lower()
         sources = [x for x in sources if x.alias_or_name.lower() == named]
-    if not sources:
-        return False
-    return all(
-        isinstance(x, exp.Subquery) or (isinstance(x, exp.Table) and not x.db and x.name.lower() in ctes)
-        for x in sources
-    )
+    return sources or None
+
+
+def _star_over_derived(star: exp.Star, ctes: set[str]) -> bool:
+    """Whether ``star`` (``*`` or ``t.*``) selects only from CTEs and derived tables, whose
+    columns are their own select lists' (counted where they are written; a star there is judged
+    there), so no table's every column. Held out (TPC-DS Q33, Q56, Q60: ``SELECT * FROM ss UNION
+    ALL SELECT * FROM cs ...`` over three CTEs) every column of six tables was read and gathered,
+    1.7 GB at scale factor 1 for a query that uses 15 columns."""
+    return _star_tables(star, ctes) == set()
+
+
+def _star_tables(star: exp.Star, ctes: set[str]) -> set[str] | None:
+    """The store tables (lower-case names) whose every column ``star`` selects: those among its
+    sources (CTEs and derived tables add none: their columns are their select lists', judged
+    where they are written); None when its sources are not known (not a select list's star, or a
+    source that is neither a table nor a derived table). Held out (TPC-DS Q62, Q99: ``(SELECT
+    SUBSTRING(w_warehouse_name, 1, 20) w_substr, * FROM warehouse) sq1`` joined to
+    ``catalog_sales``) a star over a five-row table read and gathered all 34 columns of
+    ``catalog_sales`` too, 570 MB at scale factor 1 for the five columns the query uses."""
+    sources = _star_sources(star)
+    if sources is None:
+        return None
+    out: set[str] = set()
+    for x in sources:
+        if isinstance(x, exp.Subquery):
+            continue
+        if not isinstance(x, exp.Table) or x.db or not isinstance(x.this, exp.Identifier):
+            return None
+        if x.name.lower() not in ctes:
+            out.add(x.name.lower())
+    return out
 
 
 def _reads_a_stage(q: exp.Expr | None) -> bool:
@@ -329,10 +364,17 @@ def _reads_a_stage(q: exp.Expr | None) -> bool:
     return src is not None and isinstance(src.this, exp.Table) and src.this.name.startswith(STAGE)
 
 
-def _needed_columns(tree: exp.Expr, schema: pa.Schema, names: set[str] | None = ...) -> list[str]:  # type: ignore[assignment]
+def _needed_columns(
+    tree: exp.Expr,
+    schema: pa.Schema,
+    names: set[str] | None = ...,  # type: ignore[assignment]
+    whole: bool = False,
+) -> list[str]:
+    """The columns of ``schema`` the query uses (``names``: ``_used_names``, read from ``tree``
+    when not given); all of them when ``whole`` (a star selects the table's every column)."""
     if names is ...:
         names = _used_names(tree)
-    if names is None:
+    if names is None or whole:
         return list(schema.names)
     cols = [c for c in schema.names if c.lower() in names]
     return cols or [schema.names[0]]  # count(*) still needs the rows
@@ -548,11 +590,15 @@ class _Ctx:
     exchange_cost: dict[str, float] = field(default_factory=dict)
     _names: Any = ...
 
-    def needed(self, schema: pa.Schema) -> list[str]:
-        """The columns of a table with ``schema`` that the query uses (names resolved once)."""
+    def needed(self, t: TableInfo) -> list[str]:
+        """The columns of table ``t`` that the query uses (names resolved once): all of them where
+        a star selects from it."""
         if self._names is ...:
-            self._names = _used_names(self.tree)
-        return _needed_columns(self.tree, schema, self._names)
+            self._names = _used_columns(self.tree)
+        if self._names is None:
+            return list(t.schema.names)
+        names, whole = self._names
+        return _needed_columns(self.tree, t.schema, names, t.name.lower() in whole)
 
 
 def plan_sql(ctx: _Ctx) -> SqlPlan:
@@ -1006,7 +1052,7 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
         t = ctx.tables[name]
         others = set().union(*(v for k, v in colsets.items() if k != name and k in by_name))
         conds = pushable(ctx.tree, occ[0], colsets[name], others) if len(occ) == 1 else []
-        cols = ctx.needed(t.schema)
+        cols = ctx.needed(t)
         pcols = {s.column for s in t.specs}
         where = triples(conds, pcols)
         # every replica moves what it reads to the coordinator: the cheapest read wins
@@ -1762,7 +1808,7 @@ def _split_replica(ctx: _Ctx, t: TableInfo, where: list[Any], gcols: list[str]) 
             units = replica_units(t, x, ctx.live, ctx.addresses, pruned_partitions(t, x, where)[0])
         except Unavailable:
             continue
-        est[x] = read_estimate(t, units, ctx.needed(t.schema), ctx.resident)
+        est[x] = read_estimate(t, units, ctx.needed(t), ctx.resident)
     if not est:
         return tied[0], []
     known = any(e.in_memory is not None for e in est.values())
@@ -1811,9 +1857,11 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     inside = {id(x) for a in (subs.nodes if subs else ()) for x in a.walk()}
     names = [r.name.lower() for r in refs]
     outer_names = [r.name.lower() for r in refs if id(r) not in inside]
-    if len(set(outer_names)) != len(outer_names):
-        return None  # a table twice in the FROM: one input per table name (its replica, its filters)
-    if subs is None and len(set(names)) != len(names):
+    # a table twice in the FROM: one input per table name (its replica, its filters), so it is
+    # never split; without subqueries it may be broadcast (read whole, unpruned, by every
+    # fragment: each occurrence joins the whole table), as TPC-DS's date_dim d1, d2, d3 are
+    twice = {n for n in names if names.count(n) > 1}
+    if subs is not None and len(set(outer_names)) != len(outer_names):
         return None
     ctx.noprune = subs.noprune if subs else set()
     colsets = _columns_of(ctx.tables)
@@ -1831,6 +1879,8 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     else:
         for i in range(len(refs)):
             for j in range(i + 1, len(refs)):
+                if names[i] in twice or names[j] in twice:
+                    continue
                 co = _copartition(ctx, sel, [refs[i], refs[j]])
                 size = _replica_bytes(ctx.tables[names[i]]) + _replica_bytes(ctx.tables[names[j]])
                 if co is not None and size > best:
@@ -1841,6 +1891,8 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
             )
     if split is None:
         big = max(range(len(refs)), key=lambda k: _replica_bytes(ctx.tables[names[k]]))
+        if names[big] in twice:
+            return None
         split = [refs[big]]
         t = ctx.tables[names[big]]
         others = set().union(*(colsets[m] for m in names if m != names[big]))
@@ -1863,6 +1915,8 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
         if not any(ref is x for x in split)
         and _replica_bytes(ctx.tables[ref.name.lower()]) > max(BROADCAST_BYTES, BROADCAST_SHARE * split_bytes)
     ]
+    if any(r.name.lower() in twice for r in too_big):
+        return None
     if too_big:
         # two big tables not co-partitioned: both exchanged by the join key (the rest broadcast)
         keys = _exchange_join_keys(ctx, sel, split, too_big) if subs is None else None
@@ -1880,10 +1934,16 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
             continue
         n = ref.name.lower()
         t = ctx.tables[n]
+        if t.name in ctx.broadcast:
+            continue  # (a table twice: read once, unpruned)
         others = set().union(*(colsets[m] for m in names if m != n))
-        where = triples(pushable(ctx.tree, ref, colsets[n], others), {s.column for s in t.specs})
+        where = (
+            []
+            if n in twice
+            else triples(pushable(ctx.tree, ref, colsets[n], others), {s.column for s in t.specs})
+        )
         r, _cost, units, _allowed = cheapest_replica(
-            t, where, ctx.needed(t.schema), ctx.live, ctx.addresses, ctx.resident
+            t, where, ctx.needed(t), ctx.live, ctx.addresses, ctx.resident
         )
         ctx.broadcast[t.name] = [s for u in units for s in u.sources]
         chosen = {**chosen, t.name: r}
@@ -2109,9 +2169,9 @@ def _fragment_tasks(
     if ctx.exchange is not None:
         return _exchange_tasks(ctx, refs, chosen, node_sql, explain), 0
     parts, why, _allowed = _units_by_partition(ctx, refs, chosen, sel)
-    cols = {ctx.tables[r.name.lower()].name: ctx.needed(ctx.tables[r.name.lower()].schema) for r in refs}
+    cols = {ctx.tables[r.name.lower()].name: ctx.needed(ctx.tables[r.name.lower()]) for r in refs}
     tinfo = {t.name: t for t in ctx.tables.values()}
-    bcols = {n: ctx.needed(tinfo[n].schema) for n in ctx.broadcast}
+    bcols = {n: ctx.needed(tinfo[n]) for n in ctx.broadcast}
     if why:
         explain.append(f"pruning: {len(parts)} partitions survive ({' and '.join(why)})")
     tasks: list[tuple[str, dict[str, Any]]] = []
@@ -2211,7 +2271,7 @@ def _partition_local(
         t = ctx.tables[refs[0].name.lower()]
         explain.append(
             f"late materialization: each fragment finds its top rows on {len(late['read'])} of the "
-            f"{len(ctx.needed(t.schema))} columns it uses ({', '.join(late['read'])}), then reads the "
+            f"{len(ctx.needed(t))} columns it uses ({', '.join(late['read'])}), then reads the "
             "others from the extents holding those rows only"
         )
     what = "groups are whole within a partition" if sel.args.get("group") else "rows are independent"
@@ -2276,7 +2336,7 @@ def _late(
     if any(u not in names for u in used):
         return None
     narrow = list(dict.fromkeys(names[u] for u in used))
-    wide = ctx.needed(t.schema)
+    wide = ctx.needed(t)
     if any(n not in wide for n in narrow) or len(wide) - len(narrow) < LATE_MIN_OTHER_COLUMNS:
         return None
     if any(set(task["inputs"]) != {t.name} for _, task in tasks):
@@ -2498,7 +2558,7 @@ def _exchange_tasks(
         t = ctx.tables[n]
         others = set().union(*(v for m, v in colsets.items() if m != n))
         conds = pushable(ctx.tree, ref, colsets[n], others)
-        cols = ctx.needed(t.schema)
+        cols = ctx.needed(t)
         ncols += len(cols)
         where = triples(conds, {s.column for s in t.specs})
         rep, cost, units, allowed = cheapest_replica(t, where, cols, ctx.live, ctx.addresses, ctx.resident)
@@ -2536,7 +2596,7 @@ def _exchange_tasks(
                 "n": nred,
             }
             maps.append((node, task))
-    bcast = {n: _side(tinfo[n], ctx.needed(tinfo[n].schema), srcs) for n, srcs in ctx.broadcast.items()}
+    bcast = {n: _side(tinfo[n], ctx.needed(tinfo[n]), srcs) for n, srcs in ctx.broadcast.items()}
     bbytes = sum(s["bytes"] for v in ctx.broadcast.values() for s in v)
     everyone = sorted({p for v in peers.values() for p in v})
     reduces = [
@@ -2805,7 +2865,7 @@ def _exchange_join(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     for d in dims:
         t = ctx.tables[d.name.lower()]
         r, _cost, units, _allowed = cheapest_replica(
-            t, [], ctx.needed(t.schema), ctx.live, ctx.addresses, ctx.resident
+            t, [], ctx.needed(t), ctx.live, ctx.addresses, ctx.resident
         )
         ctx.broadcast[t.name] = [x for u in units for x in u.sources]
         chosen[t.name] = r
