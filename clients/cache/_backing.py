@@ -43,17 +43,24 @@ class BackingStore(Protocol):
 
 
 class LocalStore:
-    """A dataset in a local directory."""
+    """A dataset in a local directory, or one file (a shard of records: its folder is the root,
+    the file the dataset's only one)."""
 
     def __init__(self, root: str) -> None:
-        self.root = os.path.abspath(root)
-        self.url = self.root
+        path = os.path.abspath(root)
+        self.url = path
+        self.only: str | None = None
+        if os.path.isfile(path):
+            path, self.only = os.path.split(path)
+        self.root = path
         if not os.path.isdir(self.root):
             from microco.common.errors import NotFound
 
             raise NotFound(f"dataset directory {self.root!r} does not exist")
 
     def list_files(self) -> list[tuple[str, int]]:
+        if self.only is not None:
+            return [(self.only, os.path.getsize(os.path.join(self.root, self.only)))]
         out = []
         for dirpath, dirnames, filenames in os.walk(self.root):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))

@@ -160,3 +160,18 @@ def test_records_through_an_fsspec_url_are_read_by_range() -> None:
     idx = build_index(store.list_files(), store.read, 64, records="lines")
     assert [read_checked(store, s) for s in idx.samples] == [b'{"i": %d}' % i for i in range(20)]
     fs.rm("/recs-test", recursive=True)
+
+
+def test_one_shard_file_is_a_dataset(tmp_path):
+    """A single TFRecord or JSON-lines file registers as it is (its folder need not be the
+    dataset's): before, a file path was refused as 'dataset directory ... does not exist'."""
+    from microco.clients.cache import open_store
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "train.tfrecord").write_bytes(_tfrecord([b"a", b"bb", b"ccc"]))
+    (tmp_path / "d" / "other.tfrecord").write_bytes(_tfrecord([b"zzz"]))
+    store = open_store(str(tmp_path / "d" / "train.tfrecord"))
+    assert store.url == str(tmp_path / "d" / "train.tfrecord")
+    assert store.list_files() == [("train.tfrecord", len(_tfrecord([b"a", b"bb", b"ccc"])))]
+    idx = build_index(store.list_files(), store.read, 1 << 20, records="tfrecord")
+    assert [read_checked(open_store(store.url), s) for s in idx.samples] == [b"a", b"bb", b"ccc"]
