@@ -43,6 +43,13 @@ def register(sub: Any) -> None:
         "(JSON lines, text), npy (rows of a .npy array), fixed:N (every N bytes, e.g. token blocks)",
     )
     r.add_argument(
+        "--include",
+        default="",
+        metavar="GLOB",
+        help="only the files whose path or name matches GLOB, e.g. '*.tfrecord-*' in a folder TFDS wrote "
+        "(beside its dataset_info.json)",
+    )
+    r.add_argument(
         "--owner",
         default="",
         help="whose dataset it is (default: yours: the user your credentials name, or the system user "
@@ -97,10 +104,11 @@ def cmd_register(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from microco.clients.cache import open_store, register_dataset
+    from microco.clients.cache._index import included
     from microco.services.cache import parse_size
 
     chunk = parse_size(args.chunk_size)
-    total = sum(size for _, size in open_store(args.path).list_files())
+    total = sum(size for _, size in included(open_store(args.path).list_files(), args.include))
     kv = _kv(args)
     try:
         with tqdm(
@@ -115,6 +123,7 @@ def cmd_register(args: argparse.Namespace) -> int:
                 progress=bar.update,
                 home=str(args.home) if args.home else None,
                 records=args.records,
+                include=args.include,
             )
     finally:
         kv.close()

@@ -56,6 +56,7 @@ class DatasetRecord:
     owner: str = ""
     registered_at: float = 0.0
     records: str = "file"  # what a sample is: a whole file, or each record of one (``_records``)
+    include: str = ""  # a glob: only the files it matches ("": every file)
 
     @property
     def qualified(self) -> str:
@@ -111,18 +112,20 @@ def register_dataset(
     progress: Callable[[int], None] | None = None,
     home: str | None = None,
     records: str = "file",
+    include: str = "",
 ) -> tuple[DatasetRecord, DatasetIndex]:
     """Index the dataset at ``url`` and record it as ``name`` under ``owner`` (default: the
     caller, :func:`caller_owner`; another user's prefix only for an administrator). ``records``:
     what a sample is, a whole file (``file``) or each record of one (``tfrecord``, ``tar``,
-    ``lines``, ``npy``, ``fixed:N``; see ``_records``). Re-registering
+    ``lines``, ``npy``, ``fixed:N``; see ``_records``); ``include``: a glob, only the files it
+    matches (by path or name). Re-registering
     the same bytes under the same name is a no-op (it also puts the index in this host's cache
     state if it was missing); other bytes under a taken name are refused, leaving nothing behind.
     ``home``: the MICROCO_HOME whose cache keeps the index (default: the environment's)."""
     owner, name = _split(name, owner)
     records = check_format(records)
     store = open_store(url, kv)
-    index = index_store(store, chunk_bytes, progress, records)
+    index = index_store(store, chunk_bytes, progress, records, include)
     raw = index.to_bytes()
     rec = DatasetRecord(
         name=name,
@@ -135,6 +138,7 @@ def register_dataset(
         owner=owner,
         registered_at=time.time(),
         records=records,
+        include=include,
     )
     key = dataset_key(name, owner)
     existing = kv.get_json(key)
@@ -188,7 +192,7 @@ def load_index(  # type: ignore[no-untyped-def]
         logging.getLogger(__name__).warning(
             "index of %r not on this host: indexing %s again (once)", record.name, record.url
         )
-        index = index_store(store, record.chunk_bytes, records=record.records)
+        index = index_store(store, record.chunk_bytes, records=record.records, include=record.include)
         if index.digest == record.index_digest:
             mode, gid = data_mode(store)
             write_index(index.to_bytes(), index.digest, mode, gid, home)

@@ -238,20 +238,38 @@ def build_index(
     return _assemble(rows, counts, chunk_digests, chunk_bytes, records)
 
 
+def included(files: Sequence[tuple[str, int]], include: str) -> list[tuple[str, int]]:
+    """The (path, size) of ``files`` whose path or name matches the glob ``include`` (all of
+    them when it is empty)."""
+    import fnmatch
+
+    if not include:
+        return list(files)
+    return [
+        (p, n)
+        for p, n in files
+        if fnmatch.fnmatchcase(p, include) or fnmatch.fnmatchcase(p.rsplit("/", 1)[-1], include)
+    ]
+
+
 def index_store(
     store: Any,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     progress: Callable[[int], None] | None = None,
     records: str = "file",
+    include: str = "",
 ) -> DatasetIndex:
-    """Index every file of a backing store (``records``: see ``build_index``). A store whose
+    """Index every file of a backing store (``records``: see ``build_index``), or those whose
+    path (relative to the dataset's root) or name matches the glob ``include`` (a folder as
+    TFDS writes it: ``*.tfrecord-*`` beside ``dataset_info.json``). A store whose
     ``chunk_per_file`` is true (a store table: its files' sizes are known only once read)
     makes each file a chunk of its own."""
-    files = store.list_files()
+    files = included(store.list_files(), include)
     if not files:
         from microco.common.errors import InvalidArgument
 
-        raise InvalidArgument(f"dataset at {store.url!r} has no files")
+        which = f" matching {include!r}" if include else ""
+        raise InvalidArgument(f"dataset at {store.url!r} has no files{which}")
     if getattr(store, "chunk_per_file", False):
         if records != "file":
             from microco.common.errors import InvalidArgument

@@ -175,3 +175,33 @@ def test_one_shard_file_is_a_dataset(tmp_path):
     assert store.list_files() == [("train.tfrecord", len(_tfrecord([b"a", b"bb", b"ccc"])))]
     idx = build_index(store.list_files(), store.read, 1 << 20, records="tfrecord")
     assert [read_checked(open_store(store.url), s) for s in idx.samples] == [b"a", b"bb", b"ccc"]
+
+
+def test_a_folder_as_tfds_writes_it_takes_its_shards_by_glob(tmp_path):
+    """TFDS keeps ``dataset_info.json`` and ``features.json`` beside its ``*.tfrecord-NNNNN-of-M``
+    shards: registered with ``--records tfrecord`` the JSON files are no TFRecords, and the
+    registration was refused; ``include`` takes the shards only, and a record keeps it for
+    another host's re-index."""
+    from microco.clients.cache import get_dataset, load_index, register_dataset
+    from microco.common.kv import MemoryKV
+
+    d = tmp_path / "mnist" / "3.0.1"
+    d.mkdir(parents=True)
+    for k in range(2):
+        (d / f"mnist-train.tfrecord-0000{k}-of-00002").write_bytes(
+            _tfrecord([b"x%d%d" % (k, i) for i in range(5)])
+        )
+    (d / "dataset_info.json").write_text("{}")
+    (d / "features.json").write_text("{}")
+    kv = MemoryKV()
+    with pytest.raises(InvalidArgument, match="dataset_info.json"):
+        register_dataset(kv, "mnist", str(d), records="tfrecord", home=str(tmp_path / "h"))
+    rec, idx = register_dataset(
+        kv, "mnist", str(d), records="tfrecord", include="*.tfrecord-*", home=str(tmp_path / "h")
+    )
+    assert len(idx) == 10 and rec.include == "*.tfrecord-*"
+    # another host (no index kept): indexed again from the record, the same digest
+    again = load_index(get_dataset(kv, "mnist"), home=str(tmp_path / "elsewhere"))
+    assert again.digest == idx.digest
+    with pytest.raises(InvalidArgument, match="no files matching"):
+        register_dataset(kv, "none", str(d), include="*.parquet", home=str(tmp_path / "h"))
