@@ -1244,7 +1244,7 @@ class QuiverLoader(InFlight):
             try:
                 runs = sample_runs(self.index.samples_of(chunk))
                 data = b"".join(b"".join(read_run(self.store, run)) for run in runs)
-            except OSError as exc:
+            except (OSError, MicrocoError) as exc:  # (a sample changed since registration: the step says so)
                 log.warning("prefetch read failed: %s", exc)
                 return True
             self.stats.backing_bytes += len(data)

@@ -119,3 +119,33 @@ def test_webdataset_shards_read_by_dataloader_workers(tmp_path, etcd_kv, cache_s
             assert got == want, epoch  # every sample once, its members whole
     finally:
         loader.close()
+
+
+def test_a_record_changed_after_registration_is_refused_not_served(tmp_path, inproc_cache):
+    """A shard rewritten in place (the same size): the prefetcher skips the chunk it cannot
+    verify (it raised out of ``warm`` and ended the prefetch thread: found in review, session
+    33), and the epoch that meets the record says which one changed."""
+    import struct
+
+    from microco.clients.cache import QuiverLoader, build_index
+    from microco.clients.cache._backing import LocalStore
+    from microco.common.errors import FailedPrecondition
+
+    payloads = [bytes([i]) * 50 for i in range(40)]
+    raw = b"".join(struct.pack("<Q", len(p)) + b"\0" * 4 + p + b"\0" * 4 for p in payloads)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x.tfrecord").write_bytes(raw)
+    store = LocalStore(str(tmp_path / "d"))
+    idx = build_index(store.list_files(), store.read, 500, records="tfrecord")
+    changed = bytearray(raw)
+    changed[idx.samples[0].start] ^= 0xFF
+    (tmp_path / "d" / "x.tfrecord").write_bytes(bytes(changed))
+    address, _core = inproc_cache(1 << 20)
+    loader = QuiverLoader(idx, store, batch_size=8, dataset="d", job_id="j", server=address, prefetch=False)
+    try:
+        assert loader.warm() >= 0  # the other chunks are cached; the changed one is not
+        with pytest.raises(FailedPrecondition, match="x.tfrecord' at byte 12 changed"):
+            for _ in loader.epoch(0):
+                pass
+    finally:
+        loader.close()
