@@ -103,8 +103,7 @@ def cmd_register(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from microco.clients.cache import open_store, register_dataset
-    from microco.clients.cache._index import included
+    from microco.clients.cache import included, open_store, register_dataset
     from microco.services.cache import parse_size
 
     chunk = parse_size(args.chunk_size)

@@ -46,6 +46,7 @@ from ._index import (
     DatasetIndex,
     SampleRef,
     build_index,
+    included,
     index_path,
     index_store,
 )
@@ -210,6 +211,7 @@ __all__ = [
     "forget_job_dataset",
     "forget_warm",
     "get_dataset",
+    "included",
     "index_path",
     "index_store",
     "index_store_table",
