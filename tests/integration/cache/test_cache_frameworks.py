@@ -76,3 +76,40 @@ def test_tf_data_reads_every_sample_once(make_dataset, tmp_path, etcd_kv, cache_
     assert sorted(seen) == list(range(len(files)))
     assert loader.stats.hit_rate == 1.0
     loader.close()
+
+
+@pytest.mark.tensorflow
+def test_keras_fit_over_the_dataset_runs_a_new_epoch_each_pass(make_dataset, tmp_path, etcd_kv, cache_server):
+    """``model.fit(quiver_tf_dataset(loader), epochs=3)``, as Keras users write it: each pass is
+    the loader's next epoch (its own order), every sample once a pass. Before, every pass
+    replayed epoch 0's order."""
+    tf = pytest.importorskip("tensorflow")
+    import keras
+
+    from microco.clients.cache import quiver_tf_dataset
+
+    make_dataset(tmp_path / "d", n=48, size=64)
+    server = cache_server(capacity="1M")
+    register_dataset(etcd_kv, "fitds", str(tmp_path / "d"), chunk_bytes=512)
+    loader = open_loader(
+        etcd_kv, "fitds", server=server.address, batch_size=8, job_id="fit-job", prefetch=False
+    )
+
+    def features(indices, samples):
+        x = tf.cast(tf.io.decode_raw(samples, tf.uint8)[:, :8], tf.float32) / 255.0
+        return x, tf.cast(indices % 2, tf.float32)
+
+    ds = quiver_tf_dataset(loader).map(features)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    epochs = []
+
+    class Seen(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            epochs.append(loader._epoch)
+
+    model.fit(ds, epochs=3, verbose=0, callbacks=[Seen()])
+    assert epochs == [0, 1, 2]
+    resumed = quiver_tf_dataset(loader, first_epoch=5)
+    assert sum(int(tf.size(i)) for i, _ in resumed) == 48 and loader._epoch == 5
+    loader.close()
