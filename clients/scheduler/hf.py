@@ -170,9 +170,11 @@ class MicrocoTrainerCallback(TrainerCallback):
                 shutil.rmtree(old, ignore_errors=True)
 
     def _load(self, blob: bytes) -> int:
-        # The Trainer loads the checkpoint itself (``resume_from_checkpoint``); the hook needs
-        # only its step.
-        return int(json.loads(blob)["step"])
+        # The Trainer loaded a checkpoint itself (``resume_from_checkpoint``) before
+        # ``on_train_begin``: the step is the one it restored, whichever it was (the job's file's
+        # folder, one the script named, or none when that folder is gone: then 0, not the
+        # file's step).
+        return int(self.trainer.state.global_step)
 
 
 def train(trainer: Any, **train_kwargs: Any) -> Any:

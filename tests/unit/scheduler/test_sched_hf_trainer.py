@@ -153,6 +153,20 @@ def test_a_stop_inside_a_logging_window_logs_what_an_uninterrupted_run_logs(run,
     assert params_sha256(trainer.model) == params_sha256(ref.model)
 
 
+def test_a_checkpoint_whose_folder_is_gone_starts_the_run_again(run, tmp_path, reference):
+    """The job's file names a Trainer folder someone removed: the Trainer starts at step 0, and
+    so does the job's step (it said the file's step before, while training began again)."""
+    import shutil
+
+    ckpt, ctl = tmp_path / "ckpt", tmp_path / "ctl"
+    code, _, cb = run(tmp_path, {4: "stop"}, checkpoint_dir=ckpt, control_dir=ctl)
+    assert code == EXIT_CHECKPOINTED
+    shutil.rmtree(ckpt / "hf")
+    code, trainer, cb = run(tmp_path, checkpoint_dir=ckpt, control_dir=tmp_path / "ctl2")
+    assert code == 0 and cb.context.restored_from_step == 0 and cb.step == 3 * BATCHES
+    assert _losses(trainer) == reference[0]
+
+
 def test_the_callback_alone_asks_for_its_trainer(run, tmp_path):
     pytest.importorskip("transformers")
     import torch
