@@ -47,7 +47,8 @@ FORMATS = {
 }
 DELIMITERS = {".tsv": "\t", ".tbl": "|"}
 TBL_END = "__tbl_end"  # the empty field after a .tbl line's last delimiter
-_READ_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError)
+_CAST_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)  # a value that does not fit
+_READ_ERRORS = (*_CAST_ERRORS, OSError)  # ... or a file that cannot be read
 KINDS = "Parquet (.parquet), CSV (.csv, .tsv, .tbl) and JSON lines (.json, .jsonl, .ndjson), text compressed or not"
 
 
@@ -278,7 +279,7 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, label: str = "") -> pa.Rec
         if not col.type.equals(field.type):
             try:
                 col = col.cast(field.type, safe=True)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            except _CAST_ERRORS as exc:
                 raise InvalidArgument(
                     f"{where}column {field.name!r} holds {col.type} values that are not {field.type} "
                     f"(the table's type): {exc}"
