@@ -3,7 +3,9 @@ in the corpus (``transformers``' LlamaForCausalLM, DistilBertForSequenceClassifi
 BartForConditionalGeneration from tiny configs, no weights; since session 27 lucidrains'
 ``x-transformers`` (a decoder-only LM with rotary embeddings, the same with its layers' weights
 tied, and an encoder with other options)
-and ``keras-hub`` (GPT-2 causal LM and a BERT classifier from 2-layer configs), each skipped
+and ``keras-hub`` (GPT-2 causal LM and a BERT classifier from 2-layer configs), since session 34
+``timm`` (PyTorch Image Models: EfficientNet-B0, GhostNet, ConvNeXt-atto, ResNet10-T, a ViT-tiny
+and MobileViT-XXS, no weights, at 64x64 or 32x32), each skipped
 with the reason when its package is not importable), measured by the same runner as the
 corpus (``compiler_corpus.bench_case``): eager, ``torch.compile`` and microco per run length
 (300, 1,000, 5,000), each a first run on this machine told that length, then all interleaved
@@ -13,7 +15,7 @@ length's total is a contender's measured first steps (compile, exploration, a wa
 plus the remaining steps at its interleaved median (the JSON's ``totals``).
 
 ``microco bench compiler --corpus heldout [--models hf-llama,hf-distilbert,hf-bart,xt-decoder,xt-encoder,
-xt-tied,khub-gpt2,khub-bert] --json``,
+xt-tied,khub-gpt2,khub-bert,timm-efficientnet-b0,...] --json``,
 or ``python -m microco.benchmarks.compiler_heldout [the same options]``.
 """
 
@@ -22,16 +24,35 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .compiler_corpus import HF_BATCH, HF_LEN, HF_VOCAB, SKIPPED, Case, hf_ids, transformers_or_skip
+from .compiler_corpus import (
+    HF_BATCH,
+    HF_LEN,
+    HF_VOCAB,
+    SKIPPED,
+    Case,
+    hf_ids,
+    import_torchvision,
+    transformers_or_skip,
+)
 
 HF_MODELS = ("hf-llama", "hf-distilbert", "hf-bart")
 XT_MODELS = ("xt-decoder", "xt-encoder", "xt-tied")  # lucidrains' x-transformers (PyPI: x-transformers)
 KHUB_MODELS = ("khub-gpt2", "khub-bert")  # keras-hub (PyPI: keras-hub), TensorFlow backend
-MODELS = HF_MODELS + XT_MODELS + KHUB_MODELS
+# timm (PyPI: timm): name here -> (timm's model name, image side, its options)
+TIMM: dict[str, tuple[str, int, dict[str, Any]]] = {
+    "timm-efficientnet-b0": ("efficientnet_b0", 64, {}),
+    "timm-ghostnet": ("ghostnet_100", 64, {}),
+    "timm-convnext-atto": ("convnext_atto", 64, {}),
+    "timm-resnet10t": ("resnet10t", 64, {}),
+    "timm-vit-tiny": ("vit_tiny_patch16_224", 32, {"img_size": 32, "patch_size": 4}),
+    "timm-mobilevit-xxs": ("mobilevit_xxs", 64, {}),
+}
+TIMM_MODELS = tuple(TIMM)
+MODELS = HF_MODELS + XT_MODELS + KHUB_MODELS + TIMM_MODELS
 
 
 def heldout() -> list[Case]:
-    return _hf_heldout() + _xt_heldout() + _khub_heldout()
+    return _hf_heldout() + _xt_heldout() + _khub_heldout() + _timm_heldout()
 
 
 def _import_or_skip(module: str, names: tuple[str, ...], pip: str) -> Any:
@@ -210,6 +231,42 @@ def _khub_heldout() -> list[Case]:
         Case("khub-gpt2", "keras_hub.models.GPT2CausalLM", gpt2, lm_batch, ce, "tensorflow"),
         Case("khub-bert", "keras_hub.models.BertTextClassifier", bert, cls_batch, ce, "tensorflow"),
     ]
+
+
+def _timm_heldout() -> list[Case]:
+    """timm's image models as ``timm.create_model`` builds them (no weights, 10 classes, the
+    package's default drop rates), a batch of 8 random images, cross-entropy: convolution
+    networks with squeeze-excitation, ghost modules, depthwise 7x7 blocks with LayerNorm, a deep
+    stem, a ViT, and MobileViT's unfolded attention. timm imports torchvision (CUDA builds only on
+    this machine's index, imported as ``import_torchvision`` does)."""
+    try:
+        import_torchvision()
+    except Exception as exc:  # noqa: BLE001 - not installed, or failing as it imports
+        why = f"torchvision is not importable ({type(exc).__name__}: {exc}); pip install timm torchvision"
+        SKIPPED.update(dict.fromkeys(TIMM_MODELS, why))
+        return []
+    timm = _import_or_skip("timm", TIMM_MODELS, "timm")
+    if timm is None:
+        return []
+    import torch
+    from torch import nn
+
+    def case(name: str) -> Case:
+        model, side, options = TIMM[name]
+
+        def make() -> Any:
+            return timm.create_model(model, pretrained=False, num_classes=10, **options)
+
+        def images() -> tuple[Any, ...]:
+            g = torch.Generator().manual_seed(5)
+            return torch.randn(8, 3, side, side, generator=g), torch.randint(0, 10, (8,), generator=g)
+
+        def ce(m: Any, x: Any, y: Any) -> Any:
+            return nn.functional.cross_entropy(m(x), y)
+
+        return Case(name, f"timm.create_model({model!r}) at {side}x{side}", make, images, ce)
+
+    return [case(name) for name in TIMM_MODELS]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -282,8 +282,9 @@ def test_the_heldout_models_are_cases_of_the_corpus_runner():
 
 
 def test_a_heldout_model_whose_package_is_missing_is_skipped_with_the_reason(monkeypatch):
-    """x-transformers and keras-hub are not microco's dependencies: without them their models
-    are listed under ``skipped`` with what to install, and the rest of the held-out set runs."""
+    """x-transformers, keras-hub and timm are not microco's dependencies: without them their
+    models are listed under ``skipped`` with what to install, and the rest of the held-out set
+    runs."""
     import sys
 
     from microco.benchmarks import compiler_heldout as ho
@@ -291,8 +292,10 @@ def test_a_heldout_model_whose_package_is_missing_is_skipped_with_the_reason(mon
 
     monkeypatch.setitem(sys.modules, "x_transformers", None)  # (None: the import raises ImportError)
     monkeypatch.setitem(sys.modules, "keras_hub", None)
-    for name in ho.XT_MODELS + ho.KHUB_MODELS:
+    monkeypatch.setitem(sys.modules, "timm", None)
+    for name in ho.XT_MODELS + ho.KHUB_MODELS + ho.TIMM_MODELS:
         monkeypatch.delitem(SKIPPED, name, raising=False)
-    assert ho._xt_heldout() == [] and ho._khub_heldout() == []
+    assert ho._xt_heldout() == [] and ho._khub_heldout() == [] and ho._timm_heldout() == []
     assert all("pip install x-transformers" in SKIPPED[m] for m in ho.XT_MODELS)
     assert all("pip install keras-hub" in SKIPPED[m] for m in ho.KHUB_MODELS)
+    assert all("pip install timm" in SKIPPED[m] for m in ho.TIMM_MODELS)
