@@ -200,6 +200,7 @@ class Probes:
         self._rounds: list[_Round] = []  # undecided, oldest first
         self._last: float | None = None  # when the last round was sent
         self._sent = 0  # rounds sent (the witness rotates over them)
+        self._probing = False  # the last ``tick`` had nodes to probe
         self._waiting: dict[str, int] = {}  # node -> its asks not ended yet
         self._lock = threading.Lock()
         self._streak: dict[str, tuple[int, float, str | None]] = {}  # node -> (misses, first at, witness)
@@ -256,6 +257,7 @@ class Probes:
         for name in list(self._streak):
             if name not in probe:
                 del self._streak[name]
+        self._probing = bool(probe)
         if not probe or (self._last is not None and now - self._last < self.every_s):
             return
         others = [w for w in witnesses if w[0] not in probe]
@@ -276,6 +278,6 @@ class Probes:
     def next_due(self) -> float | None:
         """When (monotonic) ``tick`` next has something to do: a round to decide or to send."""
         due = [r.at + self.timeout_s for r in self._rounds[:1]]
-        if self._last is not None:
+        if self._last is not None and self._probing:
             due.append(self._last + self.every_s)
         return min(due) if due else None

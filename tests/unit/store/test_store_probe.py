@@ -167,3 +167,13 @@ def test_a_probe_that_never_returns_counts_as_unanswered_and_holds_few_threads()
         assert p.misses(time.monotonic())["a"][0] >= 5
     finally:
         gate.set()
+
+
+def test_nothing_is_due_once_no_node_is_left_to_probe():
+    """A stage whose probed node was hedged still waits on it: the wait must not be woken for
+    probes that will not be sent (it spun every 10 ms on the first version)."""
+    p = Probes(lambda node, tids, timeout: True, lambda fn: fn(), every_s=0.15, timeout_s=60.0)
+    p.tick(time.monotonic(), {"a": ("a", ["t"])}, [])
+    assert p.next_due() is not None
+    p.tick(time.monotonic(), {}, [])  # (decides the round: every ask ended)
+    assert p.next_due() is None
