@@ -1480,8 +1480,8 @@ class StoreCore:
         silent = {n: m for n, m in probes.misses(now).items() if n in ask and pol.silent(m[0])}
         if silent:
             self._hedge(att, {n: (ran[n], ran[n], 0.0, False) for n in silent}, probe=silent)
-        due = [d for d in (probes.next_due(),) if d is not None]
-        out = [d - now for d in due] + soon
+        due = probes.next_due()
+        out = soon + ([due - now] if due is not None else [])
         return min(out) if out else None
 
     def _probe(self, node: NodeInfo, tids: list[str], timeout: float) -> bool:
