@@ -11,7 +11,9 @@ nodes' fragments, identical in the new plan, kept) and the first of the two plan
 used (``StoreCore._with_retries``: the mechanism).
 
 This module is the policy only: given how long each fragment of a stage has run (those still
-running) or took (those finished), which nodes straggle. Constants, with why:"""
+running) or took (those finished), which nodes straggle; and when a node whose fragment runs long
+is asked whether it is there, and how many unanswered asks mean it has stopped (``probe``,
+``silent``; the asking is ``_liveness.Probes``). Constants, with why:"""
 
 from __future__ import annotations
 
