@@ -71,11 +71,16 @@ def query_at_node_loss(
     of the healthy median. Returns the figures. Each time is the query's alone (``clock``'s
     seconds around ``client.query``)."""
     healthy: list[float] = []
+    healthy_hedges: list[str] = []  # the healthy queries' EXPLAIN lines on hedges (none, healthy)
+    hedged = 0  # healthy queries that were hedged (a node taken for a straggler with none)
     expected = None
     for _ in range(max(1, trials)):
         t0 = clock()
         table = client.query(frame)
         healthy.append(clock() - t0)
+        lines = [x for x in str(client.last_plan.get("explain", "")).splitlines() if x.startswith("hedge:")]
+        hedged += bool(lines)
+        healthy_hedges += lines
         expected = _rows(table) if expected is None else expected
         del table
     median = statistics.median(healthy)
@@ -127,6 +132,8 @@ def query_at_node_loss(
         "fault": fault,
         "healthy_s": [round(t, 4) for t in healthy],
         "healthy_median_s": round(median, 4),
+        "healthy_hedged": hedged,
+        "healthy_hedges": healthy_hedges[:6],
         "killed_after_s": round(killed_after, 4),
         "at_node_loss_s": round(took, 4) if took is not None else None,
         "over_healthy_median": round(took / median, 2) if took is not None else None,
@@ -258,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
             "at_fault_s": [x["at_node_loss_s"] for x in runs if x["hedging"] == h],
             "correct": all(x["correct"] for x in runs if x["hedging"] == h),
             "hedge_answered": [x["hedge_answered"] for x in runs if x["hedging"] == h],
+            "healthy_hedged": [
+                f"{x['healthy_hedged']}/{len(x['healthy_s'])}" for x in runs if x["hedging"] == h
+            ],
         }
         for h in (True, False)
     }

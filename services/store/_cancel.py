@@ -12,7 +12,11 @@ task's inputs are then dropped with its frames and its memory handed back
 A cancel may arrive before its task starts (the node was paused with both queued, or the call
 is still on its way): the id is remembered (``EARLY_KEPT`` of them) and the task, when it
 arrives, ends at once. A cancel of a task that finished or was never seen does nothing else.
-The node's own record (``TaskRegistry.log``, ``stats``) says what became of each."""
+The node's own record (``TaskRegistry.log``, ``stats``) says what became of each.
+
+The coordinator also asks a node, while a fragment runs long, about its tasks (``probe``: which
+are running, for how long, what they have read): a node that answers is there, one that does not
+answer within the probe's short deadline may have stopped (``_liveness.Probes``)."""
 
 from __future__ import annotations
 
@@ -45,6 +49,8 @@ class CancelToken:
     def __init__(self, tid: str) -> None:
         self.tid = tid
         self.event = threading.Event()
+        self.started = time.monotonic()
+        self.bytes_read = 0  # what the task has read so far (``probe``)
         self._lock = threading.Lock()
         self._conns: set[Any] = set()
 
@@ -106,7 +112,12 @@ class TaskRegistry:
         self.running: dict[str, CancelToken] = {}
         self._early: OrderedDict[str, None] = OrderedDict()
         self.log: OrderedDict[str, str] = OrderedDict()  # tid -> what the cancel found / the end
-        self.counts = {"cancelled_running": 0, "cancelled_before_start": 0, "cancel_not_running": 0}
+        self.counts = {
+            "cancelled_running": 0,
+            "cancelled_before_start": 0,
+            "cancel_not_running": 0,
+            "probes": 0,  # probes answered (``probe``)
+        }
 
     def _note(self, tid: str, what: str) -> None:
         self.log[tid] = what
@@ -157,6 +168,24 @@ class TaskRegistry:
         for token in hit:
             token.cancel()
         return {"cancelled": [t.tid for t in hit], "not_running": missed}
+
+    def probe(self, tids: list[str]) -> dict[str, Any]:
+        """What the coordinator asks while tasks run long: which of ``tids`` are running here,
+        each with its seconds and bytes read so far, and which are not (finished, cancelled, or
+        not arrived yet). An answer at all says the node is there."""
+        now = time.monotonic()
+        running: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            self.counts["probes"] += 1
+            for tid in tids:
+                token = self.running.get(tid)
+                if token is not None:
+                    running[tid] = {
+                        "s": round(now - token.started, 3),
+                        "bytes_read": token.bytes_read,
+                        "cancelled": token.cancelled,
+                    }
+        return {"running": running, "not_running": [t for t in tids if t not in running]}
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

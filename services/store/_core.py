@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from microco.common.errors import (
     Cancelled,
+    DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
     MicrocoError,
@@ -42,7 +43,7 @@ from ._catalog import ROOT, VERSION, Catalog, SuperExtent, TableInfo
 from ._hedge import Fragment, HedgePolicy, Rates, shape, weight
 from ._layout import CODECS, ExtentMeta, assign_partitions, bucketed_extents, new_extent_id
 from ._limits import check_name, short
-from ._liveness import NodeWatch, Watched, nodes_used
+from ._liveness import NodeWatch, Probes, Watched, nodes_used
 from ._nodestore import CorruptExtent, NodeStore
 from ._partition import PartitionSpec
 from ._placement import NodeInfo, place_super_extent
@@ -362,6 +363,10 @@ class StoreCore:
         # the threads of the calls to nodes (``_start``): one per call in flight, kept once idle
         self._calls = CallThreads("store-call")
         self.cancels: list[dict[str, Any]] = []
+        # the liveness probes of nodes whose fragments run long (``_probe_stage``), each on a
+        # thread of its own, never the calls' or the pool's: a probe of a node that stopped
+        # answering waits out its short deadline there
+        self._probe_threads = CallThreads("store-probe")
 
     # ------------------------------------------------------------------ nodes
     def live_nodes(self) -> list[NodeInfo]:
@@ -1045,6 +1050,15 @@ class StoreCore:
                 h["outcome"] = "not used: the first plan answered first"
         plan.hedges = hedges
         for h in hedges:
+            them = "it" if len(h["nodes"]) == 1 else "them"
+            if h.get("expected_from") == "probe":
+                witness = f", while {h['witness']} answered" if h.get("witness") else ""
+                plan.explain.append(
+                    f"hedge: {', '.join(h['nodes'])} missed {h['probes_missed']} liveness probes in a "
+                    f"row ({h['silent_s']:.2f} s without an answer{witness}) {h['after_s']:.2f} s into "
+                    f"a stage: planned again without {them}, run on the other replicas; {h['outcome']}"
+                )
+                continue
             basis = (
                 f"whose other nodes took {h['siblings_median_s']:.2f} s (median"
                 if h.get("expected_from") != "history"
@@ -1053,7 +1067,7 @@ class StoreCore:
             )
             plan.explain.append(
                 f"hedge: {', '.join(h['nodes'])} still ran {h['after_s']:.2f} s into a stage {basis}; "
-                f"hedged past {h['bar_s']:.2f} s): planned again without {'it' if len(h['nodes']) == 1 else 'them'}, run on the other "
+                f"hedged past {h['bar_s']:.2f} s): planned again without {them}, run on the other "
                 f"replicas; {h['outcome']}"
             )
         if run.winner == "hedge":
@@ -1068,11 +1082,18 @@ class StoreCore:
             plan.explain.append(f"hedge: answer used: {used} (one plan's whole answer)")
         return table, plan
 
-    def _hedge(self, att: _Attempt, late: dict[str, tuple[float, float, float, bool]]) -> None:
+    def _hedge(
+        self,
+        att: _Attempt,
+        late: dict[str, tuple[float, float, float, bool]],
+        probe: dict[str, tuple[int, float, str | None]] | None = None,
+    ) -> None:
         """Start a hedge of the nodes of ``late`` (straggling in ``att``'s stage: each with how
         long its fragment ran, its bar and what its like fragments gave): the query planned again
         without them, in its own thread, its answer offered to the run (``_QueryRun.offer``).
-        At most one per node per query; none once the run has its answer."""
+        At most one per node per query; none once the run has its answer. ``probe``: the nodes
+        stopped answering their liveness probes (``_probe_stage``: each with the probes missed
+        in a row, the seconds since the first of them, the round's witness), not a bar."""
         run = att.run
         with run.lock:
             new = set(late) - run.hedged
@@ -1090,6 +1111,12 @@ class StoreCore:
                 "expected_from": "history" if all(late[n][3] for n in new) else "siblings",
                 "outcome": "running",
             }
+            if probe:
+                # not a bar: the node missed its liveness probes (``_liveness.Probes``)
+                rec["expected_from"] = "probe"
+                rec["probes_missed"] = max(probe[n][0] for n in new)
+                rec["silent_s"] = round(max(probe[n][1] for n in new), 4)
+                rec["witness"] = next((probe[n][2] for n in sorted(new) if probe[n][2]), None)
             run.hedges.append(rec)
             done: Future[bool] = Future()
             run.hedge_done.append(done)
@@ -1283,6 +1310,7 @@ class StoreCore:
             {n: nodes.get(n) for n in nodes_used(tasks)},
             att=att,
             tasks=[t for _, t in tasks],
+            peers=nodes,
         )
         if lost:
             node = min(lost)
@@ -1298,6 +1326,7 @@ class StoreCore:
         first_failure: bool = True,
         att: _Attempt | None = None,
         tasks: list[dict[str, Any]] | None = None,
+        peers: dict[str, NodeInfo] | None = None,
     ) -> set[str]:
         """Wait for calls to nodes (``futs``: each call's node and future) while watching the
         nodes they use (``used``: name -> NodeInfo; ``_liveness``) against the registry: until
@@ -1309,7 +1338,9 @@ class StoreCore:
         ``att``: the query's attempt the calls are a stage of: the wait ends with ``Superseded``
         once another attempt's answer is taken, and (unless ``att`` is itself a hedge) a node
         whose calls straggle behind the others' (``hedge``'s policy, given each call's task:
-        ``tasks``) is hedged (``_hedge``)."""
+        ``tasks``) is hedged (``_hedge``), and so is one that stops answering the liveness
+        probes sent while its calls run long (``_probe_stage``; ``peers``: the live nodes, of
+        which one not probed witnesses each round)."""
         node_of = {f: n for n, f in futs}
         pending: set[Future[Any]] = set(node_of)
         hedging = att is not None and not att.hedge and self.hedge is not None and tasks is not None
@@ -1328,6 +1359,13 @@ class StoreCore:
             for (_, f), t in zip(futs, tasks, strict=True):
                 self._rate_when_done(att.run, f, shape(t), weight(t))
         began = time.monotonic()
+        # the nodes whose fragments run long are asked whether they are there (``_probe_stage``)
+        pol = self.hedge
+        probes = (
+            Probes(self._probe, self._probe_threads.run, pol.probe_every_s, pol.probe_timeout_s)
+            if hedging and pol is not None and pol.probe_misses > 0
+            else None
+        )
         with self.node_watch.register(used, start=False) as watched:
             while pending:
                 timeout = self.node_watch.poll_s
@@ -1336,6 +1374,10 @@ class StoreCore:
                     due = self._stragglers(att, calls)
                     if due is not None:
                         timeout = min(timeout, max(due, 0.01))
+                    if probes is not None:
+                        due = self._probe_stage(att, calls, probes, peers or {})
+                        if due is not None:
+                            timeout = min(timeout, max(due, 0.01))
                 done, rest = wait(pending | stop, timeout=timeout, return_when=when)
                 if att is not None and att.run.stop.done():
                     raise Superseded()
@@ -1401,6 +1443,58 @@ class StoreCore:
         if late:
             self._hedge(att, late)
         return min(rest) if rest else None
+
+    def _probe_stage(
+        self,
+        att: _Attempt,
+        calls: list[tuple[str, Future[Any], str, float]],
+        probes: Probes,
+        peers: dict[str, NodeInfo],
+    ) -> float | None:
+        """Ask the nodes whose fragments of this stage have run past the policy's
+        ``probe_after_s`` whether they are there (``_liveness.Probes``: a round every
+        ``probe_every_s``, the fragments' task ids, a witness among the other live nodes), and
+        hedge at once a node that missed ``probe_misses`` in a row (``_hedge``). Returns the
+        seconds until there is something to do (a round to send or decide, a fragment to start
+        probing)."""
+        assert self.hedge is not None
+        pol, run, now = self.hedge, att.run, time.monotonic()
+        with run.lock:
+            skip = run.hedged | run.exclude
+            ids = {f: run.calls.get(f) for _, f, _, _ in calls}
+        ask: dict[str, tuple[NodeInfo, list[str]]] = {}
+        ran: dict[str, float] = {}
+        soon: list[float] = []
+        for node, f, _, _ in calls:
+            call = ids.get(f)
+            if f.done() or node in skip or call is None:
+                continue
+            took = now - run.started.get(f, now)
+            if not pol.probe(took):
+                soon.append(pol.probe_after_s - took)
+                continue
+            ask.setdefault(node, (call[0], []))[1].append(call[1])
+            ran[node] = max(ran.get(node, 0.0), took)
+        witnesses = sorted((n, info) for n, info in peers.items() if n not in skip and n not in ask)
+        probes.tick(now, ask, witnesses)
+        silent = {n: m for n, m in probes.misses(now).items() if n in ask and pol.silent(m[0])}
+        if silent:
+            self._hedge(att, {n: (ran[n], ran[n], 0.0, False) for n in silent}, probe=silent)
+        due = probes.next_due()
+        out = soon + ([due - now] if due is not None else [])
+        return min(out) if out else None
+
+    def _probe(self, node: NodeInfo, tids: list[str], timeout: float) -> bool:
+        """One liveness probe of ``node`` (its ``probe`` action, about tasks ``tids``) with its
+        own deadline: True when the node answered, anything (an error of its own included: it
+        is there), False when it could not be reached or the deadline passed."""
+        try:
+            self.transport.action(node, "probe", {"tasks": tids}, timeout=timeout)
+        except (Unavailable, DeadlineExceeded):
+            return False
+        except Exception:  # noqa: BLE001 - the node answered, with an error (e.g. an older node)
+            return True
+        return True
 
     def _run_stage_streams(
         self,
@@ -1899,6 +1993,8 @@ def node_action(store: NodeStore, name: str, body: dict[str, Any]) -> dict[str, 
         return {"dropped": store.shuffle_drop(body["qid"])}
     if name == "cancel":
         return store.cancel(body["tasks"])
+    if name == "probe":
+        return store.probe(body["tasks"])
     if name == "verify":
         try:
             store.verify(body["table"], body["extent"], body["checksum"], force=bool(body.get("force", True)))

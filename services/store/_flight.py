@@ -178,6 +178,7 @@ _ACTION_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "drop_table": {"table": str},
     "shuffle_drop": {"qid": str},
     "cancel": {"tasks": list},
+    "probe": {"tasks": list},
     "verify": {"table": str, "extent": str, "checksum": str},
     "collect_garbage": {"keep": dict, "min_age_s": (int, float)},
 }
@@ -362,6 +363,7 @@ class StoreFlightServer(flight.FlightServerBase):
             ("drop_table", ""),
             ("shuffle_drop", ""),
             ("cancel", "stop query tasks by the ids the coordinator gave them (its attempt lost)"),
+            ("probe", "which query tasks (by id) run here, for how long, what each has read"),
             ("verify", "check an extent's checksum"),
             ("stats", ""),
             ("reads", "Arrow bytes read per table and replica since the node started"),

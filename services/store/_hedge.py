@@ -11,7 +11,9 @@ nodes' fragments, identical in the new plan, kept) and the first of the two plan
 used (``StoreCore._with_retries``: the mechanism).
 
 This module is the policy only: given how long each fragment of a stage has run (those still
-running) or took (those finished), which nodes straggle. Constants, with why:"""
+running) or took (those finished), which nodes straggle; and when a node whose fragment runs long
+is asked whether it is there, and how many unanswered asks mean it has stopped (``probe``,
+``silent``; the asking is ``_liveness.Probes``). Constants, with why:"""
 
 from __future__ import annotations
 
@@ -49,6 +51,32 @@ QUORUM = 0.5
 # never under ``FLOOR_S``. With no history of its shape (the first such query) nothing is hedged.
 PRIOR_MULTIPLE = 3.0
 RATES_KEPT = 8
+# A node that has *stopped answering* (paused, hung, cut off) is told apart from one that is
+# merely slow by asking it (``_liveness.Probes``: the mechanism): while a stage's fragment on a
+# node has run ``PROBE_AFTER_S``, the coordinator asks the node about the fragment's task (the
+# ``probe`` action: is it running, what has it read) every ``PROBE_EVERY_S``, each ask given
+# ``PROBE_TIMEOUT_S`` to answer. A node that misses ``PROBE_MISSES`` probes in a row, each time
+# while another node (the round's witness) answered its own probe in time, is hedged at once,
+# without waiting for a bar above. Why these:
+# - after 0.2 s: a fragment that ends sooner is never asked (most of a small query's); a paused
+#   node is first asked 0.2 s into its fragment, well inside a sub-second query.
+# - every 0.15 s, 0.25 s each: a node that answers is answering within milliseconds here (a
+#   cheap action: a lookup under a lock, no disk); a quarter second is far above that on a
+#   loaded host (the gRPC server's threads are not the fragments'), and two of them in a row
+#   span 0.4 s of silence, under the 0.5 s ``FLOOR_S`` a slow fragment is given.
+# - 2 in a row (K): one missed probe is what a single stall of the node's process (a GC pause,
+#   a burst of scheduling on a loaded host) or a lost packet gives; two need 0.4 s of silence.
+#   More would add 0.15 s each to the detection of a node that is gone, the budget of a query
+#   that should end within about twice its healthy time.
+# - the witness: a probe that goes unanswered while a probe to another node in the same round
+#   answered in time says the node is silent, not that the coordinator (or its host, or its
+#   network) is too busy to hear anyone; a round where the witness is late too counts for
+#   nothing, so an overloaded coordinator does not hedge its healthy queries.
+# A node that answers its probes (alive, perhaps slow) is left to the bars above.
+PROBE_AFTER_S = 0.2
+PROBE_EVERY_S = 0.15
+PROBE_TIMEOUT_S = 0.25
+PROBE_MISSES = 2
 RATE_SHAPES = 1024  # shapes remembered (least recently seen forgotten first)
 
 
@@ -134,6 +162,19 @@ class HedgePolicy:
     multiple: float = MULTIPLE
     quorum: float = QUORUM
     prior_multiple: float = PRIOR_MULTIPLE
+    probe_after_s: float = PROBE_AFTER_S
+    probe_every_s: float = PROBE_EVERY_S
+    probe_timeout_s: float = PROBE_TIMEOUT_S
+    probe_misses: int = PROBE_MISSES  # 0: nodes are not probed (only the bars above)
+
+    def probe(self, ran_s: float) -> bool:
+        """Is a node whose fragment has run ``ran_s`` seconds to be probed?"""
+        return self.probe_misses > 0 and ran_s >= self.probe_after_s
+
+    def silent(self, misses: int) -> bool:
+        """Has a node that missed ``misses`` probes in a row (each while the round's witness
+        answered) stopped answering? Then it is hedged at once."""
+        return self.probe_misses > 0 and misses >= self.probe_misses
 
     def bars(
         self, fragments: Sequence[Fragment], prior: Callable[[str, float], float | None] | None = None

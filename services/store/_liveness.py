@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -149,3 +150,134 @@ class NodeWatch:
                     self._thread = None
                     return
             self.check()
+
+
+class _Ask:
+    """One probe of one node: ``when`` it answered (monotonic), None while it has not (or never
+    will: an error that says the node cannot be reached)."""
+
+    __slots__ = ("ended", "when")
+
+    def __init__(self) -> None:
+        self.ended = False  # the ask returned (answered, or failed)
+        self.when: float | None = None
+
+
+class _Round:
+    __slots__ = ("asks", "at", "witness")
+
+    def __init__(self, at: float, asks: dict[str, _Ask], witness: tuple[str, _Ask] | None) -> None:
+        self.at, self.asks, self.witness = at, asks, witness
+
+
+class Probes:
+    """Asks the nodes a stage's fragments still run on whether they are there (one stage's wait:
+    ``StoreCore._await``), in rounds: each round asks every node given at once, with the ids of
+    its tasks, and one witness (another node, with none), each ask on a thread of ``threads``
+    (never the queries'), and is decided when every ask ended or ``timeout_s`` passed. A node
+    *missed* a round when it did not answer within ``timeout_s`` while the round's witness did
+    (with no witness to ask: when it did not answer); a round whose witness was late too counts
+    neither way (the coordinator, or every node, is too busy to tell), an answer resets the
+    count. ``misses``: each node's misses in a row. At most ``outstanding`` asks of a node wait
+    at once (a call that outlives its deadline); a round that would ask it more counts as a
+    miss of its own. Mechanism only: when to probe and how many misses mean a node has stopped
+    answering are the policy's (``_hedge.HedgePolicy.probe``, ``silent``).
+
+    ``ask(node, tids, timeout_s)``: True when the node answered (what it said is the caller's),
+    False when it could not be reached; either may take longer than ``timeout_s`` (then it
+    counts as unanswered)."""
+
+    def __init__(
+        self,
+        ask: Callable[[Any, list[str], float], bool],
+        run: Callable[[Callable[[], None]], None],
+        every_s: float,
+        timeout_s: float,
+        outstanding: int = 4,
+    ) -> None:
+        self.ask, self.run = ask, run
+        self.every_s, self.timeout_s, self.outstanding = every_s, timeout_s, outstanding
+        self._rounds: list[_Round] = []  # undecided, oldest first
+        self._last: float | None = None  # when the last round was sent
+        self._sent = 0  # rounds sent (the witness rotates over them)
+        self._probing = False  # the last ``tick`` had nodes to probe
+        self._waiting: dict[str, int] = {}  # node -> its asks not ended yet
+        self._lock = threading.Lock()
+        self._streak: dict[str, tuple[int, float, str | None]] = {}  # node -> (misses, first at, witness)
+        self.rounds = 0  # rounds decided
+        self.answered: dict[str, int] = {}  # node -> probes it answered in time
+
+    def _send(self, name: str, node: Any, tids: list[str]) -> _Ask:
+        a = _Ask()
+        with self._lock:
+            if self._waiting.get(name, 0) >= self.outstanding:
+                return a  # (never ends: unanswered)
+            self._waiting[name] = self._waiting.get(name, 0) + 1
+
+        def go() -> None:
+            try:
+                ok = bool(self.ask(node, tids, self.timeout_s))
+            except Exception as exc:  # noqa: BLE001 - a failed ask is an unanswered one
+                log.debug("probe of %s: %s", name, exc)
+                ok = False
+            if ok:
+                a.when = time.monotonic()
+            a.ended = True
+            with self._lock:
+                self._waiting[name] -= 1
+
+        self.run(go)
+        return a
+
+    def _answered(self, r: _Round, a: _Ask) -> bool:
+        return a.when is not None and a.when <= r.at + self.timeout_s
+
+    def tick(
+        self, now: float, probe: dict[str, tuple[Any, list[str]]], witnesses: list[tuple[str, Any]]
+    ) -> None:
+        """Decide the rounds due by ``now``, then, ``every_s`` after the last, send a round to
+        the nodes of ``probe`` (name -> (what ``ask`` is given, its task ids)), its witness the
+        next of ``witnesses`` (name, what ``ask`` is given; none may be one of ``probe``'s).
+        A node no longer in ``probe`` is forgotten."""
+        while self._rounds:
+            r = self._rounds[0]
+            every = list(r.asks.values()) + ([r.witness[1]] if r.witness else [])
+            if now < r.at + self.timeout_s and not all(a.ended for a in every):
+                break
+            self._rounds.pop(0)
+            self.rounds += 1
+            heard = r.witness is None or self._answered(r, r.witness[1])
+            for name, a in r.asks.items():
+                if self._answered(r, a):
+                    self._streak.pop(name, None)
+                    self.answered[name] = self.answered.get(name, 0) + 1
+                elif heard:
+                    n, first, _ = self._streak.get(name, (0, r.at, None))
+                    self._streak[name] = (n + 1, first, r.witness[0] if r.witness else None)
+        for name in list(self._streak):
+            if name not in probe:
+                del self._streak[name]
+        self._probing = bool(probe)
+        if not probe or (self._last is not None and now - self._last < self.every_s):
+            return
+        others = [w for w in witnesses if w[0] not in probe]
+        witness = None
+        if others:
+            name, node = others[self._sent % len(others)]
+            witness = (name, self._send(name, node, []))
+        asks = {name: self._send(name, node, tids) for name, (node, tids) in probe.items()}
+        self._rounds.append(_Round(now, asks, witness))
+        self._last = now
+        self._sent += 1
+
+    def misses(self, now: float) -> dict[str, tuple[int, float, str | None]]:
+        """Each node's probes missed in a row: (how many, seconds since the first of them was
+        sent, the last round's witness)."""
+        return {n: (m, now - first, w) for n, (m, first, w) in self._streak.items()}
+
+    def next_due(self) -> float | None:
+        """When (monotonic) ``tick`` next has something to do: a round to decide or to send."""
+        due = [r.at + self.timeout_s for r in self._rounds[:1]]
+        if self._last is not None and self._probing:
+            due.append(self._last + self.every_s)
+        return min(due) if due else None

@@ -449,6 +449,16 @@ class NodeStore:
             log.info("node %s: cancelled %d running task(s)", self.name, len(out["cancelled"]))
         return out
 
+    def probe(self, tids: Any) -> dict[str, Any]:
+        """Which of the query tasks ``tids`` run here, for how long and what each has read
+        (``_cancel.TaskRegistry.probe``): the coordinator's question to a node whose fragment
+        runs long; answering at all says the node is there."""
+        if not isinstance(tids, list) or len(tids) > MAX_CANCEL_IDS:
+            raise InvalidArgument(f"probe: 'tasks' must be a list of at most {MAX_CANCEL_IDS} task ids")
+        if not all(isinstance(t, str) and 0 < len(t) <= 64 for t in tids):
+            raise InvalidArgument("probe: each task id must be a string of 1..64 characters")
+        return self.tasks.probe(tids)
+
     def shuffle_take(self, qid: str, tag: str, bucket: int) -> pa.Table:
         with self._lock:
             t = self._shuffle.pop((qid, tag, bucket), None)
@@ -523,6 +533,8 @@ class _NodeEnv:
         self.check()
         out = self.store.read_source(source, columns)
         self.check()
+        if self.cancel is not None:
+            self.cancel.bytes_read += out.nbytes  # (what a ``probe`` says it has read)
         return out
 
     def shuffle_put(self, qid: str, tag: str, bucket: int, table: pa.Table) -> None:

@@ -5,6 +5,7 @@ name a task by an id (a reader's id is dropped). A few seconds."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from typing import Any
@@ -144,3 +145,42 @@ def test_a_query_whose_grpc_caller_gives_up_is_cancelled_on_its_node(tmp_path):
         release.set()
         client.close()
         rt.stop(grace=0)
+
+
+def test_the_coordinator_probes_a_running_task_and_no_one_else_may(node):
+    """The liveness probe (``probe`` action, ``StoreCore._probe_stage``): the coordinator asks
+    a node about a fragment running long on it, with a short deadline of its own; the node says
+    it runs, for how long and what it has read. A node action: refused to anyone but
+    ``service:store``."""
+    from microco.common.kv import MemoryKV
+
+    transport = FlightTransport(MemoryKV())  # calls as service:store, the coordinator
+    info = NodeInfo("n1", "r0", f"grpc+tls://127.0.0.1:{node.port}")
+
+    def run() -> None:  # (cancelled at the end: its error is not this test's)
+        with contextlib.suppress(Exception):
+            transport.run_task(info, {"op": "sql", "inputs": {}, "sql": SLOW, "tid": "h" * 24})
+
+    thread = threading.Thread(target=run, daemon=True)
+    try:
+        thread.start()
+        _until(lambda: node.store.tasks.stats()["tasks_running"] == 1, "the task did not start")
+        got = transport.action(info, "probe", {"tasks": ["h" * 24, "i" * 24]}, timeout=5.0)
+        assert set(got["running"]) == {"h" * 24} and got["not_running"] == ["i" * 24], got
+        assert got["running"]["h" * 24]["s"] >= 0 and got["running"]["h" * 24]["cancelled"] is False
+        assert transport.action(info, "stats", {})["probes"] == 1
+        address = f"127.0.0.1:{node.port}"
+        for who in ("user:mallory", "service:store-node"):
+            client = flight_client(address, issued(who))
+            try:
+                with pytest.raises(flight.FlightUnauthorizedError, match="only service:store may"):
+                    list(client.do_action(flight.Action("probe", json.dumps({"tasks": ["h" * 24]}).encode())))
+            finally:
+                client.close()
+        assert node.store.stats()["probes"] == 1  # (the refused ones were never answered)
+        with pytest.raises(Exception, match="must be a list"):
+            transport.action(info, "probe", {"tasks": "h"}, timeout=5.0)
+    finally:
+        node.store.cancel(["h" * 24])
+        thread.join(60)
+        transport.close()

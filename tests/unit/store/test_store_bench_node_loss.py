@@ -96,3 +96,18 @@ def test_the_victim_may_be_chosen_after_the_healthy_runs():
 
     out = query_at_node_loss(store, store, "q", None, pick, trials=3, log=lambda _: None)
     assert seen == [3] and store.killed == ["store-4"] and out["node"] == "store-4"
+
+
+def test_the_healthy_queries_that_were_hedged_are_counted():
+    """How often healthy queries are hedged (a node taken for a straggler that was not one): each
+    healthy trial's EXPLAIN is read for hedge lines."""
+    store = _Store(trials=3)
+    plans = iter(["partial_agg", "partial_agg\nhedge: n1 missed 2 liveness probes", "partial_agg"])
+
+    def query(frame):
+        store.last_plan = {"explain": next(plans, "partial_agg")}
+        return _Store.query(store, frame)
+
+    store.query = query  # type: ignore[method-assign]
+    out = query_at_node_loss(store, store, "q", None, "store-2", trials=3, log=lambda _: None)
+    assert out["healthy_hedged"] == 1 and out["healthy_hedges"] == ["hedge: n1 missed 2 liveness probes"]
