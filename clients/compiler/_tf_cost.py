@@ -114,6 +114,12 @@ _CPU_GRAPHS_KEY = "graph_cpu_ms"
 # class's opcodes, compiled once where no compile of that class was measured here (issue 18,
 # session 28). Used only until a compile of the class itself is measured.
 _CALIBRATED_KEY = "calibrated_ms_per_instruction"
+# How many cores an in-line XLA compile kept busy here: its process CPU time over its wall time
+# alone (the wall divided by the contention it ran at), between 1 and the host's cores (issue
+# 18, session 34). XLA compiles on several threads (keras-sublstm's step on this 2-core VM:
+# 805-828 ms of wall for 1,251-1,276 ms of CPU, 1.5-1.6 cores), so a price in CPU time is not
+# what a compile in the training step costs the run: its wall is the CPU time over this.
+_PARALLEL_KEY = "inline_parallelism"
 
 
 def hlo_instruction_count(hlo_text: str) -> int:
@@ -353,6 +359,7 @@ class XlaCostModel:
         self._cpu_samples: dict[str, list[float]] = {}
         self._cpu_graphs: dict[str, dict[str, list[float]]] = {}
         self._calibrated: dict[str, list[float]] = {}
+        self._parallel: dict[str, list[float]] = {}  # one bucket, "xla": see ``parallelism``
         self._load()
 
     def _read(self) -> dict[str, Any]:
@@ -371,6 +378,7 @@ class XlaCostModel:
         self._samples = _parse_samples(mine, _RATES_KEY)
         self._cpu_samples = _parse_samples(mine, _CPU_RATES_KEY)
         self._calibrated = _parse_samples(mine, _CALIBRATED_KEY)
+        self._parallel = _parse_samples(mine, _PARALLEL_KEY)
         self._sizes = _parse_sizes(mine.get("module_sizes") if isinstance(mine, dict) else None)
         self._graphs = _parse_graphs(mine, "graph_ms_alone")
         self._cpu_graphs = _parse_graphs(mine, _CPU_GRAPHS_KEY)
@@ -503,15 +511,23 @@ class XlaCostModel:
         what compiles of this very ``graph`` measured here (median), else the rate of its class;
         never below what an abandoned compile of the graph was seen to exceed. Scaled to the
         load now; ``at_load=False``: the compile alone on the machine, its work (what a compile
-        in the background can take from the training beside it, see ``AstraTF.variables``)."""
+        in the background can take from the training beside it, see ``AstraTF.variables``).
+        At the load, a price measured in CPU time (the graph's own compiles, a class's rate, the
+        cold curve's) is the wall time of that work on the cores an in-line compile kept busy
+        here (``parallelism``)."""
         c = _compile_costs.contention() if at_load else 1.0
-        own = self._own(graph, kind)
+        own = self._cpu_graphs.get(graph, {}).get(kind) if graph else None
+        by_cpu = True
         if own:
             alone = statistics.median(own)
+        elif graph and self._graphs.get(graph, {}).get(kind):
+            alone, by_cpu = statistics.median(self._graphs[graph][kind]), False  # wall over the load
         else:
+            b = _bucket(kind, op_class)
+            by_cpu = not (self._samples.get(b) and not self._cpu_samples.get(b))
             rate = self._known_rate(kind, op_class)
             alone = max(1, instructions) * rate if rate is not None else self._cold_ms(instructions, op_class)
-        ms = alone * c
+        ms = alone * c / (self.parallelism() if at_load and by_cpu else 1.0)
         floor = self._floors.get(graph, {}).get(kind) if graph else None
         return max(ms, floor * c) if floor else ms
 
@@ -520,6 +536,12 @@ class XlaCostModel:
         if not graph:
             return None
         return self._cpu_graphs.get(graph, {}).get(kind) or self._graphs.get(graph, {}).get(kind)
+
+    def parallelism(self) -> float:
+        """The cores an in-line XLA compile kept busy on this host (the median of those
+        measured, ``observe``), 1 until one was measured."""
+        got = self._parallel.get("xla")
+        return statistics.median(got) if got else 1.0
 
     def compiled_here(self, graph: str, kind: str) -> bool:
         """Has a compile of this graph's ``kind`` module finished here (not only been abandoned)?"""
@@ -550,6 +572,9 @@ class XlaCostModel:
             return False
         if cpu_ms is not None and cpu_ms > 0 and _RATE_BOUNDS[0] <= cpu_ms / instructions:
             samples, graphs, alone = self._cpu_samples, self._cpu_graphs, cpu_ms
+            cores = float(os.cpu_count() or 1)
+            p = min(cores, max(1.0, cpu_ms * _compile_costs.contention() / compile_ms))
+            self._parallel["xla"] = (self._parallel.get("xla", []) + [p])[-_KEEP:]
         else:
             samples, graphs, alone = self._samples, self._graphs, compile_ms / _compile_costs.contention()
         b = _bucket(kind, op_class)
@@ -595,6 +620,7 @@ class XlaCostModel:
                     _RATES_KEY: self._samples,
                     _CPU_RATES_KEY: self._cpu_samples,
                     _CALIBRATED_KEY: self._calibrated,
+                    _PARALLEL_KEY: self._parallel,
                     _CPU_GRAPHS_KEY: self._cpu_graphs,
                     "module_sizes": sizes,
                     "graph_ms_alone": graphs,

@@ -232,6 +232,41 @@ def test_a_background_xla_compile_is_priced_at_its_work_alone_an_inline_one_at_t
     assert astra._price_ms("unrolled") == pytest.approx(2_300.0 * 4.0)
 
 
+def test_an_inline_compile_is_priced_at_its_wall_on_the_cores_it_kept_busy(tmp_path, monkeypatch):
+    """keras-sublstm (issue 18, session 34): its XLA compile, in line, took 585 ms of wall for
+    977 ms of the process's CPU (XLA compiles on both cores); priced at that CPU time, 1,011 ms,
+    against 980 ms of saving at 1,000 steps, it was never tried, where a static XLA run was 15%
+    faster than eager. A price in CPU time is the compile's wall on the cores its in-line
+    compiles kept busy here; the work alone (a background compile's share) stays its CPU time."""
+    import os
+
+    from microco.clients.compiler import _compile_costs
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(_compile_costs, "contention", lambda: 1.0)
+    path = tmp_path / "rate.json"
+    cost = XlaCostModel("hw", path, cold_rate=1.0)
+    assert cost.parallelism() == 1.0  # nothing measured: CPU time is wall time
+    assert cost.observe(1_000, 600.0, "unrolled", "g", "dot+while", cpu_ms=960.0)  # 1.6 cores busy
+    assert cost.parallelism() == pytest.approx(1.6)
+    assert cost.estimate(1_000, "unrolled", "g", "dot+while") == pytest.approx(600.0)
+    assert cost.estimate(1_000, "unrolled", "g", "dot+while", at_load=False) == pytest.approx(960.0)
+    assert cost.estimate(2_000, "unrolled", "g2", "dot+while") == pytest.approx(1_200.0)  # the class's rate
+    monkeypatch.setattr(_compile_costs, "contention", lambda: 2.0)  # each thread half a core
+    assert cost.estimate(1_000, "unrolled", "g", "dot+while") == pytest.approx(1_200.0)
+    # a background compile is timed by its wall (over the load): already a wall time
+    assert cost.observe(1_000, 1_600.0, "unrolled", "g3", "dot+while")  # 800 ms alone
+    assert cost.estimate(1_000, "unrolled", "g3", "dot+while") == pytest.approx(1_600.0)
+    assert cost.parallelism() == pytest.approx(1.6)  # (no CPU time: not a sample)
+    # kept for the next job on this host
+    assert XlaCostModel("hw", path, cold_rate=1.0).parallelism() == pytest.approx(1.6)
+    # never below one core nor above the host's cores
+    monkeypatch.setattr(_compile_costs, "contention", lambda: 1.0)
+    cost.observe(1_000, 600.0, "unrolled", "g4", "dot+while", cpu_ms=300.0)
+    cost.observe(1_000, 100.0, "unrolled", "g5", "dot+while", cpu_ms=900.0)
+    assert cost._parallel["xla"][-2:] == [1.0, 4.0]
+
+
 def test_an_xla_gain_measured_here_replaces_the_optimistic_expectation(tmp_path):
     """keras-sublstm at 1,000 steps (issue 18, 2026-12-03): XLA ran 1.6x its plain step (2.52
     against 1.56 ms of CPU) at 5,000 steps, but a run of 1,000 expected a quarter of its time
