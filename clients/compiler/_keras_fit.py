@@ -25,8 +25,10 @@ While exploring, the batch is taken from the iterator outside the step, so a tri
 (its trace, XLA's lowering or compile, or the step itself) is repeated on the same batch by the
 plain step after the variables it may have changed (the model's, the optimiser's, the metrics')
 are put back: ``fit`` goes on, each update applied once. Once the configuration is settled,
-``fit``'s ``train_function`` is Keras' own (``_make_function``, the iterator read in the graph,
-``steps_per_execution`` as Keras loops it) around the committed variant: no wrapper per step.
+``fit``'s ``train_function`` calls the committed variant with no wrapper per step: Keras' own
+function (``_make_function``, the iterator read in the graph, ``steps_per_execution`` as Keras
+loops it) around it where the batches' static shapes are those it was traced for, else the batch
+taken outside it (no second trace nor XLA compile for a general shape).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Any
 import tensorflow as tf
 
 from ._session import Explorer
-from ._tf import AstraTF
+from ._tf import AstraTF, input_signature
 
 log = logging.getLogger(__name__)
 
@@ -69,24 +71,22 @@ class AstraKerasFit(AstraTF):
         self._state_vars: list[Any] | None = None
         self._copy: Callable[[], Any] | None = None
         self._settled: Callable[[Any], Any] | None = None
+        self._data_signature = ""  # the shapes of the first batch (``_settle``)
 
     # -- AstraTF's step, Keras' body
     def traced_step(
         self, hoist: bool, batch: bool, xla: bool, xla_cell: bool = False, loop: bool = False
     ) -> Callable[..., Any]:
         """Keras' ``one_step_on_data`` (``keras/src/backend/tensorflow/trainer.py``): the model's
-        ``train_step`` under its distribution strategy, reduced per replica, as a
-        ``tf.function(reduce_retracing=True, jit_compile=xla)``."""
-        from keras.src.backend.tensorflow.trainer import reduce_per_replica
-
-        model = self.model
-        train_step = model.train_step
+        ``train_step`` as a ``tf.function(reduce_retracing=True, jit_compile=xla)``. Keras runs it
+        under the distribution strategy (``strategy.run``, then a reduction per replica); under
+        the default strategy, the only one explored (``AstraFit``), that is the step itself, and
+        the settled function (``_settle``) is Keras' own, which adds both around the variant."""
+        train_step = self.model.train_step
 
         @tf.autograph.experimental.do_not_convert  # type: ignore[untyped-decorator]
         def one_step_on_data(data: Any, _labels: Any) -> Any:
-            strategy = model.distribute_strategy
-            outputs = strategy.run(train_step, args=(data,))
-            return reduce_per_replica(outputs, strategy, reduction="auto")
+            return train_step(data)
 
         step: Callable[..., Any] = tf.function(one_step_on_data, reduce_retracing=True, jit_compile=xla)
         return step
@@ -137,12 +137,23 @@ class AstraKerasFit(AstraTF):
     # -- the function ``fit`` calls
     def train_function(self, iterator: Any) -> Any:
         """What ``fit`` calls per step (``steps_per_execution`` steps): the batch taken here, each
-        step through :meth:`AstraTF.step`; once settled, Keras' own function around the committed
-        variant."""
+        step through :meth:`AstraTF.step`; once settled, the committed variant without the
+        wrapper (``_settle``)."""
         if self.direct is not None:
-            settled = self._settle()
+            settled = self._settle(iterator)
             if settled is not None:
                 return settled(iterator)
+        return self._steps(iterator, self._explore_one)
+
+    def _explore_one(self, data: Any) -> Any:
+        if not self._data_signature:
+            self._data_signature = input_signature(data)
+        return self.step(data, ())
+
+    def _steps(self, iterator: Any, one: Callable[[Any], Any]) -> Any:
+        """``steps_per_execution`` steps of ``one`` over batches taken from ``iterator`` here (a
+        ``tf.data`` iterator, or the batches ``train_on_batch`` hands over), the last one's logs
+        returned, as Keras' own function does; ``StopIteration`` where there was no batch."""
         spe = max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
         logs = None
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
@@ -153,31 +164,42 @@ class AstraKerasFit(AstraTF):
                     if logs is None:
                         raise StopIteration from None
                     break
-                logs = self.step(data, ())
+                logs = one(data)
         else:
             for _, data in zip(range(spe), iterator):
-                logs = self.step(data, ())
+                logs = one(data)
         return logs
 
-    def _settle(self) -> Callable[[Any], Any] | None:
-        """Keras' own train function (``_make_function``) over the committed variant, installed as
-        the model's ``train_function`` (``fit`` reads it at every step): the iterator read inside
-        the graph and ``steps_per_execution`` looped there, as without Astra. The variant keeps its
-        trace and its XLA executable (the call from the new graph is to the same function)."""
+    def _settle(self, iterator: Any) -> Callable[[Any], Any] | None:
+        """Once committed, the model's ``train_function`` (``fit`` reads it at every step) calls
+        the committed variant with nothing around it. Where the iterator's batches are of the
+        very shapes the variant was traced for (its ``element_spec``), that is Keras' own train
+        function (``_make_function``: the batch read inside the graph, ``steps_per_execution``
+        looped there) around the variant, whose trace (and XLA executable) the new graph calls.
+        Otherwise (a ``tf.data`` pipeline whose batch dimension is unknown statically) the
+        graph's call would trace the variant again for the general shape and XLA compile it
+        again, so the batch is still taken here and the variant called on it."""
         if self._settled is None:
             model, fn = self.model, self.direct
-            make = getattr(model, "_make_function", None)
-            if fn is None or make is None:
+            if fn is None:
                 return None
-            old = getattr(model, "_jit_compile", None)
-            model._jit_compile = False  # (the variant carries its own jit_compile)
-            try:
-                self._settled = make(lambda data: fn(data, ()))
-            finally:
-                model._jit_compile = old
+            make = getattr(model, "_make_function", None)
+            spec = getattr(iterator, "element_spec", None)
+            same = spec is not None and input_signature(spec) == self._data_signature
+            if make is not None and same:
+                old = getattr(model, "_jit_compile", None)
+                model._jit_compile = False  # (the variant carries its own jit_compile)
+                try:
+                    self._settled = make(lambda data: fn(data, ()))
+                finally:
+                    model._jit_compile = old
+                how = "Keras' own train function"
+            else:
+                self._settled = lambda it: self._steps(it, lambda data: fn(data, ()))
+                how = "the batch taken outside the step"
             if getattr(model, "train_function", None) == self.train_function:
                 model.train_function = self._settled
-            log.info("astra-keras: %s settled on %s", self.name, self.config or "the plain step")
+            log.info("astra-keras: %s settled on %s (%s)", self.name, self.config or "the plain step", how)
         return self._settled
 
 

@@ -193,3 +193,53 @@ def test_what_exploring_did_is_in_the_summary_and_fit_runs_keras_own_function_af
     _same_weights(model, want_model, tol=1e-4)
     astra.detach()
     assert "make_train_function" not in model.__dict__ and model.train_function is None
+
+
+def test_a_dataset_of_unknown_batch_size_settles_without_a_second_trace(tmp_path):
+    """A ``tf.data`` pipeline's ``batch(8)`` has no static batch size: Keras' own function around
+    the committed variant would call it on the general shape and trace it (and compile XLA)
+    again. Settled, the variant keeps its one trace, the run is plain ``fit``'s."""
+    x, y = _data()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    want_model = _model()
+    want = want_model.fit(ds, epochs=3, verbose=0)
+    model = _model()
+    astra = _attach(model, tmp_path)
+    seen = {}
+
+    class Traces(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            direct = astra.astra.direct
+            if direct is not None and "at_commit" not in seen:
+                seen["at_commit"] = direct.experimental_get_tracing_count()
+
+    got = model.fit(ds, epochs=3, verbose=0, callbacks=[Traces()])
+    assert astra.summary()["settled"] and "at_commit" in seen
+    assert astra.astra.direct.experimental_get_tracing_count() == seen["at_commit"]
+    assert model.train_function is not astra.astra.train_function
+    for k in want.history:
+        np.testing.assert_allclose(got.history[k], want.history[k], rtol=1e-4, atol=1e-5)
+    _same_weights(model, want_model, tol=1e-4)
+
+
+def test_a_loss_scale_optimizer_and_a_short_last_batch_train_as_plain_fit(tmp_path):
+    """Mixed precision's ``LossScaleOptimizer`` (its scale in the step), and a last batch of each
+    epoch shorter than the others: Keras' own function around the settled variant traces it
+    again for that shape, inside Keras' replica context (before, the variant ran the strategy
+    again there and the ``LossScaleOptimizer`` refused it: ``fit`` stopped)."""
+
+    def build():
+        model = _model()
+        opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-2))
+        model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        return model
+
+    x, y = _data()
+    want_model = build()
+    want = want_model.fit(x[:44], y[:44], batch_size=8, epochs=3, verbose=0, shuffle=False)
+    model = build()
+    astra = _attach(model, tmp_path, xla=False)
+    got = model.fit(x[:44], y[:44], batch_size=8, epochs=3, verbose=0, shuffle=False)
+    assert astra.summary()["settled"]
+    assert got.history == want.history
+    _same_weights(model, want_model)
