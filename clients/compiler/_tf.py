@@ -231,7 +231,7 @@ def keras_loss_type() -> type:
 class _StepRan(Exception):
     """The wrapper's work after a step failed; the step itself ran, with this loss."""
 
-    def __init__(self, exc: Exception, loss: float) -> None:
+    def __init__(self, exc: Exception, loss: Any) -> None:
         super().__init__(str(exc))
         self.exc, self.loss = exc, loss
 
@@ -582,10 +582,10 @@ class AstraTF(SessionBacked):
     def _pre_step_ms(self) -> float:
         return min(self._pre_ms[1:])
 
-    def _pre_step(self, x: tf.Tensor, y: tf.Tensor) -> float:
+    def _pre_step(self, x: tf.Tensor, y: tf.Tensor) -> Any:
         self._signatures.add(self._signature(x, y))
         t0 = time.perf_counter()
-        loss = float(self.variant(False, False, False)(x, y).numpy())
+        loss = self._run(self.variant(False, False, False), x, y)
         # The first call's time includes the step's trace, wherever it was made: when the random
         # check traced it first, the call found it made (issue 18, session 32: keras-hub's
         # GPT-2 timed 160-195 ms against a first step of 430-445 ms; the count's gate then
@@ -942,10 +942,11 @@ class AstraTF(SessionBacked):
         if self.cost_model is not None:
             self.cost_model.observe_abandoned(self.graph_key, kind, ms)
 
-    def step(self, x: tf.Tensor, y: tf.Tensor) -> float:
-        """One training step (forward, backward, optimizer update); returns the loss."""
+    def step(self, x: tf.Tensor, y: tf.Tensor) -> Any:
+        """One training step (forward, backward, optimizer update); returns the loss (a float;
+        Keras' logs for :class:`AstraKerasFit`)."""
         if self.direct is not None:
-            return float(self.direct(x, y).numpy())
+            return self._run(self.direct, x, y)
         try:
             if self.session.spec is None:
                 if self._needs_pre_step(x, y):
@@ -959,7 +960,7 @@ class AstraTF(SessionBacked):
         except _StepRan as ran:
             return self._abandon(ran.exc, x, y, ran=ran.loss)
 
-    def _abandon(self, exc: Exception, x: tf.Tensor, y: tf.Tensor, ran: float | None) -> float:
+    def _abandon(self, exc: Exception, x: tf.Tensor, y: tf.Tensor, ran: Any) -> Any:
         """The wrapper's own work around a step failed (its analysis of the step, the exploration,
         the bookkeeping after it; not the step itself, whose failure runs the baseline). Training
         must not stop for it (issue 18, session 30; the same net as ``AstraTorch._abandon``):
@@ -968,22 +969,42 @@ class AstraTF(SessionBacked):
         self.abandoned = f"{type(exc).__name__}: {exc}"
         log.error("astra: the compiler failed around a step (%s); the step runs as written", self.abandoned)
         self.direct = self.variant(False, False, False)
-        return ran if ran is not None else float(self.direct(x, y).numpy())
+        return ran if ran is not None else self._run(self.direct, x, y)
 
-    def _step(self, fn: Any, kind: str, x: tf.Tensor, y: tf.Tensor) -> float:
+    def _run(self, fn: Any, x: Any, y: Any) -> Any:
+        """Call a step variant and wait for it: its loss as a float (``.numpy()`` is the barrier:
+        the step has finished). :class:`AstraKerasFit` returns Keras' logs instead."""
+        return float(fn(x, y).numpy())
+
+    def _snapshot(self) -> Any:
+        """What a trial step of a variant other than the plain one may change, kept before it runs
+        so that a failure inside it can be undone before the plain step repeats it (None: nothing
+        kept). Here nothing: ``AstraTF``'s variants differ only in XLA, which fails before it runs
+        (its trace, lowering or compile) or writes its variables at the end of its one cluster;
+        :class:`AstraKerasFit` keeps the variables, since a Keras step's failure is not known to
+        be of that kind."""
+        return None
+
+    def _restore(self, snapshot: Any, why: str) -> None:
+        """Put back what ``_snapshot`` kept (a trial step failed, ``why``: its partial work)."""
+
+    def _step(self, fn: Any, kind: str, x: tf.Tensor, y: tf.Tensor) -> Any:
+        plain = self.variant(False, False, False)
+        snapshot = self._snapshot() if fn is not plain else None
         t0, c0 = time.perf_counter(), time.process_time()
         failed = self.warmer.abandoned.get(id(fn), "") if self.warmer is not None else ""
         try:
             if not failed and self._shapes_vary(kind, x, y):
                 failed = f"input shapes vary ({self._signature(x, y)} against {self._xla_signature}): XLA compiles per shape"
             if failed:  # its compile was abandoned at its deadline, or cannot serve this shape: the
-                fn = self.variant(False, False, False)  # trial fails, training goes on
-            loss = float(fn(x, y).numpy())  # .numpy() is the barrier: the step has finished
+                fn = plain  # trial fails, training goes on
+            loss = self._run(fn, x, y)
         except Exception as exc:  # a variant that fails must not stop training: run the baseline
-            if fn is self.variant(False, False, False):
+            if fn is plain:
                 raise
             failed = f"{type(exc).__name__}: {exc}"
-            loss = float(self.variant(False, False, False)(x, y).numpy())
+            self._restore(snapshot, failed)
+            loss = self._run(plain, x, y)
         ms = (time.perf_counter() - t0) * 1e3
         try:
             if not failed:

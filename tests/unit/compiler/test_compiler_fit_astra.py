@@ -1,0 +1,245 @@
+"""A Keras user's own ``model.fit`` through Astra (``attach_fit``, issue 18, session 34): Keras'
+train step, metrics, validation, regularisers, callbacks and ``stop_training`` as without Astra;
+a trial that fails mid-fit neither stops ``fit`` nor applies an update twice; what exploring did
+is in ``summary()``. (New API: before it, none of these could run.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _support import lazy_import, needs
+
+from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
+from microco.common import MemoryKV
+
+tf = lazy_import("tensorflow")
+keras = lazy_import("keras")
+compiler = lazy_import("microco.clients.compiler")
+_keras_fit = lazy_import("microco.clients.compiler._keras_fit")
+_tf_cost = lazy_import("microco.clients.compiler._tf_cost")
+
+pytestmark = [pytest.mark.tensorflow, needs("tensorflow")]
+
+
+def _model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(8, activation="relu", kernel_regularizer=keras.regularizers.L2(0.05)),
+            keras.layers.Dense(3),
+        ]
+    )
+    model.compile(
+        keras.optimizers.Adam(1e-2),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(48, 6)).astype("float32"), rng.integers(0, 3, 48)
+
+
+def _attach(model, tmp_path, **options):
+    """Every candidate earns its trial (told a million steps), XLA compiled in line."""
+    explorer = LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0))
+    options.setdefault("total_steps", 10**6)
+    options.setdefault("background", False)
+    options.setdefault("cost_model", _tf_cost.XlaCostModel("hw", tmp_path / "rate.json"))
+    return compiler.attach_fit(model, explorer, **options)
+
+
+def _fit(model, tmp_path, name, **kw):
+    x, y = _data()
+    kw.setdefault("epochs", 3)
+    ckpt = keras.callbacks.ModelCheckpoint(str(tmp_path / f"{name}.weights.h5"), save_weights_only=True)
+    return model.fit(
+        x,
+        y,
+        batch_size=8,
+        verbose=0,
+        shuffle=False,
+        validation_data=(x[:16], y[:16]),
+        callbacks=[ckpt, *kw.pop("callbacks", [])],
+        **kw,
+    )
+
+
+def _same_weights(a, b, tol=0.0):
+    for p, q in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_allclose(p, q, rtol=tol, atol=tol)
+
+
+def test_fit_through_astra_on_the_plain_step_is_fits_own_run(tmp_path):
+    """History (loss, accuracy, val_*) and the final weights (the checkpoint's too) equal plain
+    ``fit``'s, with an L2 regulariser, metrics, validation, class weights and a callback."""
+    want_model = _model()
+    want = _fit(want_model, tmp_path, "plain", class_weight={0: 1.0, 1: 2.0, 2: 0.5})
+    model = _model()
+    astra = _attach(model, tmp_path, xla=False)
+    got = _fit(model, tmp_path, "astra", class_weight={0: 1.0, 1: 2.0, 2: 0.5})
+    assert astra.astra is not None and astra.committed
+    assert got.history == want.history
+    assert set(got.history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    _same_weights(model, want_model)
+    kept = _model()
+    kept.load_weights(str(tmp_path / "astra.weights.h5"))
+    _same_weights(kept, want_model)
+
+
+def test_steps_per_execution_runs_as_keras_loops_it(tmp_path):
+    want_model = _model()
+    want_model.steps_per_execution = 4
+    want = _fit(want_model, tmp_path, "plain")
+    model = _model()
+    model.steps_per_execution = 4
+    astra = _attach(model, tmp_path, xla=False)
+    got = _fit(model, tmp_path, "astra")
+    assert astra.committed
+    assert got.history == want.history
+    _same_weights(model, want_model)
+
+
+class _FailsAfterUpdate:
+    """A variant that runs its step (the update applied) and then raises: the worst place for a
+    trial to fail, where repeating the step would apply the update twice."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        self.fn(*args)
+        raise tf.errors.InternalError(None, None, "injected failure after the update")
+
+    def __getattr__(self, name):
+        return getattr(self.fn, name)
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_trial_that_fails_mid_fit_neither_stops_fit_nor_updates_twice(tmp_path, monkeypatch, where):
+    """The XLA trial raises (before it runs anything, or after its update): ``fit`` goes on, the
+    step is repeated on the plain step from the state before the trial, and the run is plain
+    ``fit``'s: history and weights equal."""
+    original = _keras_fit.AstraKerasFit.variant
+    failing = []
+
+    def variant(self, hoist, batch, xla, xla_cell=False, loop=False):
+        fn = original(self, hoist, batch, xla, xla_cell, loop)
+        if not xla:
+            return fn
+        if not failing:
+            if where == "after":
+                failing.append(_FailsAfterUpdate(fn))
+            else:
+
+                def raises(*args):
+                    raise ValueError("injected failure before the step")
+
+                failing.append(raises)
+        return failing[0]
+
+    # (its module is counted on the real XLA variant; the trial runs the failing one)
+    monkeypatch.setattr(_keras_fit.AstraKerasFit, "variant", variant)
+    monkeypatch.setattr(
+        _keras_fit.AstraKerasFit, "_hlo_profiles", lambda self, x, y: {"unrolled": (200, "dot")}
+    )
+    want_model = _model()
+    want = _fit(want_model, tmp_path, "plain")
+    model = _model()
+    astra = _attach(model, tmp_path)
+    got = _fit(model, tmp_path, "astra")
+    summary = astra.summary()
+    assert summary["failures"], summary  # the trial ran and failed
+    assert summary["config"] == {"xla": "off"} and summary["committed"]
+    assert any(t["failed"] and t["values"] == {"xla": "plain"} for t in summary["trials"])
+    assert got.history == want.history
+    _same_weights(model, want_model)
+
+
+def test_early_stopping_still_stops_fit(tmp_path):
+    stop = dict(monitor="loss", min_delta=10.0, patience=0)
+    want = _fit(_model(), tmp_path, "plain", epochs=6, callbacks=[keras.callbacks.EarlyStopping(**stop)])
+    model = _model()
+    _attach(model, tmp_path, xla=False)
+    got = _fit(model, tmp_path, "astra", epochs=6, callbacks=[keras.callbacks.EarlyStopping(**stop)])
+    assert len(want.history["loss"]) == 2
+    assert got.history == want.history
+
+
+def test_what_exploring_did_is_in_the_summary_and_fit_runs_keras_own_function_after(tmp_path):
+    """Told a million steps, XLA earns its trial here: the summary names Keras' own step as the
+    baseline, each trial, and the configuration committed; once settled, ``fit`` calls Keras'
+    own train function around the committed variant (no wrapper per step). The run equals plain
+    ``fit``'s within XLA's float order."""
+    want_model = _model()
+    want = _fit(want_model, tmp_path, "plain")
+    model = _model()
+    astra = _attach(model, tmp_path)
+    got = _fit(model, tmp_path, "astra")
+    summary = astra.summary()
+    assert summary["baseline"] == {"jit_compile": False}  # Keras' "auto" on a CPU-only host
+    assert summary["committed"] and summary["settled"]
+    tried = [t["values"] for t in summary["trials"]]
+    assert {"xla": "off"} in tried and {"xla": "plain"} in tried
+    assert summary["config"] in tried
+    assert model.train_function is not astra.astra.train_function  # Keras' own, settled
+    assert summary["explore_steps"] > 0
+    for k in want.history:
+        np.testing.assert_allclose(got.history[k], want.history[k], rtol=1e-4, atol=1e-5)
+    _same_weights(model, want_model, tol=1e-4)
+    astra.detach()
+    assert "make_train_function" not in model.__dict__ and model.train_function is None
+
+
+def test_a_dataset_of_unknown_batch_size_settles_without_a_second_trace(tmp_path):
+    """A ``tf.data`` pipeline's ``batch(8)`` has no static batch size: Keras' own function around
+    the committed variant would call it on the general shape and trace it (and compile XLA)
+    again. Settled, the variant keeps its one trace, the run is plain ``fit``'s."""
+    x, y = _data()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    want_model = _model()
+    want = want_model.fit(ds, epochs=3, verbose=0)
+    model = _model()
+    astra = _attach(model, tmp_path)
+    seen = {}
+
+    class Traces(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            direct = astra.astra.direct
+            if direct is not None and "at_commit" not in seen:
+                seen["at_commit"] = direct.experimental_get_tracing_count()
+
+    got = model.fit(ds, epochs=3, verbose=0, callbacks=[Traces()])
+    assert astra.summary()["settled"] and "at_commit" in seen
+    assert astra.astra.direct.experimental_get_tracing_count() == seen["at_commit"]
+    assert model.train_function is not astra.astra.train_function
+    for k in want.history:
+        np.testing.assert_allclose(got.history[k], want.history[k], rtol=1e-4, atol=1e-5)
+    _same_weights(model, want_model, tol=1e-4)
+
+
+def test_a_loss_scale_optimizer_and_a_short_last_batch_train_as_plain_fit(tmp_path):
+    """Mixed precision's ``LossScaleOptimizer`` (its scale in the step), and a last batch of each
+    epoch shorter than the others: Keras' own function around the settled variant traces it
+    again for that shape, inside Keras' replica context (before, the variant ran the strategy
+    again there and the ``LossScaleOptimizer`` refused it: ``fit`` stopped)."""
+
+    def build():
+        model = _model()
+        opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-2))
+        model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        return model
+
+    x, y = _data()
+    want_model = build()
+    want = want_model.fit(x[:44], y[:44], batch_size=8, epochs=3, verbose=0, shuffle=False)
+    model = build()
+    astra = _attach(model, tmp_path, xla=False)
+    got = model.fit(x[:44], y[:44], batch_size=8, epochs=3, verbose=0, shuffle=False)
+    assert astra.summary()["settled"]
+    assert got.history == want.history
+    _same_weights(model, want_model)
