@@ -516,12 +516,9 @@ class XlaCostModel:
         cold curve's) is the wall time of that work on the cores an in-line compile kept busy
         here (``parallelism``)."""
         c = _compile_costs.contention() if at_load else 1.0
-        own = self._cpu_graphs.get(graph, {}).get(kind) if graph else None
-        by_cpu = True
+        own, by_cpu = self._own_measured(graph, kind)
         if own:
             alone = statistics.median(own)
-        elif graph and self._graphs.get(graph, {}).get(kind):
-            alone, by_cpu = statistics.median(self._graphs[graph][kind]), False  # wall over the load
         else:
             b = _bucket(kind, op_class)
             by_cpu = not (self._samples.get(b) and not self._cpu_samples.get(b))
@@ -531,11 +528,17 @@ class XlaCostModel:
         floor = self._floors.get(graph, {}).get(kind) if graph else None
         return max(ms, floor * c) if floor else ms
 
+    def _own_measured(self, graph: str, kind: str) -> tuple[list[float] | None, bool]:
+        """This graph's measured compiles of ``kind`` (ms alone): by CPU time where any was
+        (then True), else wall times over the load they ran at (False)."""
+        if not graph:
+            return None, True
+        cpu = self._cpu_graphs.get(graph, {}).get(kind)
+        return (cpu, True) if cpu else (self._graphs.get(graph, {}).get(kind), False)
+
     def _own(self, graph: str, kind: str) -> list[float] | None:
         """This graph's measured compiles of ``kind`` (ms alone): by CPU time where any was."""
-        if not graph:
-            return None
-        return self._cpu_graphs.get(graph, {}).get(kind) or self._graphs.get(graph, {}).get(kind)
+        return self._own_measured(graph, kind)[0]
 
     def parallelism(self) -> float:
         """The cores an in-line XLA compile kept busy on this host (the median of those
