@@ -308,6 +308,30 @@ def _used_columns(tree: exp.Expr) -> tuple[set[str], set[str]] | None:
     return names, whole
 
 
+def _joined(source: exp.Expr) -> list[exp.Expr]:
+    """A FROM or join source as the sources a star over it covers: a parenthesized join, ``(a
+    CROSS JOIN b)`` (sqlglot: a subquery around a table that carries joins), is each of its tables
+    (nested ones too), not a derived table; anything else is itself. Held out (SQLite's
+    sqllogictest, ``SELECT * FROM ( tab0 cor0 CROSS JOIN tab1 cor1 )``): the star was taken for a
+    derived table's, so no column of either table was counted as needed, and the store answered
+    with one column of each, silently."""
+    inner = source.this if isinstance(source, exp.Subquery) else None
+    if isinstance(inner, (exp.Table, exp.Subquery)) and inner.args.get("joins"):
+        out = _joined(_without_joins(inner))
+        for j in inner.args["joins"]:
+            out.extend(_joined(j.this))
+        return out
+    if isinstance(inner, exp.Subquery):
+        return _joined(inner)
+    return [source]
+
+
+def _without_joins(node: exp.Expr) -> exp.Expr:
+    copy = node.copy()
+    copy.set("joins", None)
+    return copy
+
+
 def _star_sources(star: exp.Star) -> list[exp.Expr] | None:
     """What ``star`` (``*`` or ``t.*`` in a select list) selects from: the FROM's and joins'
     sources it covers; None when it is not a select list's star."""
@@ -317,8 +341,9 @@ def _star_sources(star: exp.Star) -> list[exp.Expr] | None:
     sources: list[exp.Expr] = []
     src = q.args.get(_FROM)
     if src is not None:
-        sources.append(src.this)
-    sources.extend(j.this for j in q.args.get("joins") or [])
+        sources.extend(_joined(src.this))
+    for j in q.args.get("joins") or []:
+        sources.extend(_joined(j.this))
     if isinstance(star.parent, exp.Column) and star.parent.table:
         named = star.parent.table.lower()
         sources = [x for x in sources if x.alias_or_name.lower() == named]
@@ -1102,8 +1127,12 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
             else "held as Arrow (below the merge's streaming threshold)"
         )
     )
+    final = ctx.tree
+    if _may_rename(ctx.text) and isinstance(final, exp.Select):
+        named = final.copy()  # outputs named as DuckDB names the text (a unary plus: ``_may_rename``)
+        final = named if _name_outputs(ctx, named) else final
     return SqlPlan(
-        "gather", tasks, ctx.tree.sql(DIALECT), inputs, explain, replicas, gathered_bytes=gathered, semi=semi
+        "gather", tasks, final.sql(DIALECT), inputs, explain, replicas, gathered_bytes=gathered, semi=semi
     )
 
 
@@ -1772,21 +1801,35 @@ def _name_outputs(ctx: _Ctx, sel: exp.Select) -> bool:
     if not _expand_stars(ctx, sel):
         return False
     items = sel.expressions
-    if all(isinstance(e, (exp.Alias, exp.Column)) for e in items):
+    if all(isinstance(e, (exp.Alias, exp.Column)) for e in items) and not _may_rename(ctx.text):
         return True
     if any(isinstance(e, exp.Star) for e in items) or not ctx.text:
         return False
     names = _bound_names(ctx)
     if names is None or len(names) != len(items):
         return False
-    sel.set(
-        "expressions",
-        [
-            e if isinstance(e, (exp.Alias, exp.Column)) else exp.alias_(e, n, quoted=True)
-            for e, n in zip(items, names)
-        ],
-    )
+    sel.set("expressions", [_as_bound(e, n) for e, n in zip(items, names)])
     return True
+
+
+def _may_rename(text: str | None) -> bool:
+    """Whether a select list's plain column may carry a name of DuckDB's other than its own: a
+    unary plus (``SELECT + col1``), which sqlglot drops, while DuckDB names the output
+    ``(+(col1))`` (held out, SQLite's sqllogictest: ``SELECT DISTINCT + col1, - col1 FROM tab2``
+    was refused, its fragments answering ``col1`` where the coordinator asked for ``(+(col1))``).
+    Only such texts pay for DuckDB's binding of the names."""
+    return bool(text) and "+" in str(text)
+
+
+def _as_bound(e: exp.Expr, name: str) -> exp.Expr:
+    """``e`` named ``name`` (DuckDB's name for it, from binding the text as written) where its
+    own name would differ: an unnamed expression, or a plain column whose text said more (a
+    unary plus: DuckDB's name of an expression is parenthesised, a column's never is)."""
+    if isinstance(e, exp.Alias):
+        return e
+    if isinstance(e, exp.Column) and (name == e.alias_or_name or not name.startswith("(")):
+        return e
+    return exp.alias_(e, name, quoted=True)
 
 
 def _split_replica(ctx: _Ctx, t: TableInfo, where: list[Any], gcols: list[str]) -> tuple[int, list[str]]:
@@ -2114,7 +2157,9 @@ def _nested_local(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
     if not options:
         return None
     names: list[str] | None = None
-    if not all(isinstance(e, (exp.Alias, exp.Column)) and not _is_star(e) for e in tree.expressions):
+    if _may_rename(ctx.text) or not all(
+        isinstance(e, (exp.Alias, exp.Column)) and not _is_star(e) for e in tree.expressions
+    ):
         # a star over a derived table, an unnamed output: the fragments answer with the names
         # DuckDB gives the query's outputs, and the coordinator selects those
         names = _bound_names(ctx)
@@ -2254,6 +2299,10 @@ def _partition_local(
     if sel.args.get("offset"):
         final = final.offset(sel.args["offset"].expression.copy())
     node_sel = sel.copy()
+    items = node_sel.expressions
+    if len(items) == len(out_names) and not any(_is_star(e) for e in items):
+        # the fragments answer with the names the coordinator selects (DuckDB's, where bound)
+        node_sel.set("expressions", [_as_bound(e, n) for e, n in zip(items, out_names)])
     if node_sel.args.get("offset"):
         # each fragment keeps its first offset+limit rows; the coordinator skips the offset
         off = node_sel.args["offset"].expression
