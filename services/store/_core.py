@@ -812,7 +812,10 @@ class StoreCore:
         def attempt(exclude: set[str], att: _Attempt) -> tuple[pa.Table, Any]:
             t0 = time.perf_counter()
             plan = _sql.build(self, text, exclude)
-            return self._run_sql_plan(plan, plan.nodes, t0, att), plan
+            out = self._run_sql_plan(plan, plan.nodes, t0, att)
+            if plan.names is not None and len(plan.names) == out.num_columns:
+                out = out.rename_columns(plan.names)  # DuckDB's names of the text as written
+            return out, plan
 
         return self._with_retries(attempt, gone)
 

@@ -118,6 +118,9 @@ class SqlPlan:
     # are then the reducers, each pulling its bucket from every map's node (``_exchange_tasks``).
     # Their ``qid`` is ``EXCHANGE_QID``, replaced by a fresh one each run.
     exchange: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    # the answer's column names as DuckDB binds the text as written, where sqlglot's rendering
+    # may name them otherwise (``_may_rename``); None: the plan's own names are DuckDB's
+    names: list[str] | None = None
 
     @property
     def streams_merge(self) -> bool:
@@ -1127,12 +1130,8 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
             else "held as Arrow (below the merge's streaming threshold)"
         )
     )
-    final = ctx.tree
-    if _may_rename(ctx.text) and isinstance(final, exp.Select):
-        named = final.copy()  # outputs named as DuckDB names the text (a unary plus: ``_may_rename``)
-        final = named if _name_outputs(ctx, named) else final
     return SqlPlan(
-        "gather", tasks, final.sql(DIALECT), inputs, explain, replicas, gathered_bytes=gathered, semi=semi
+        "gather", tasks, ctx.tree.sql(DIALECT), inputs, explain, replicas, gathered_bytes=gathered, semi=semi
     )
 
 
@@ -3254,6 +3253,8 @@ def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan
     )
     _volatile.seen = False
     plan = plan_sql(ctx)
+    if _may_rename(sql):
+        plan.names = _bound_names(ctx)
     if resident is not None:
         plan.explain.append(resident.describe())
     plan.nodes = {n.name: n for n in live}  # what the run calls: no second registry read

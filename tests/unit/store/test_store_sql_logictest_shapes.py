@@ -79,6 +79,7 @@ def test_a_star_over_a_parenthesized_join_is_every_column_of_its_tables(store, s
         "SELECT + c1 AS x, c0 FROM t0 ORDER BY x",
         "SELECT + c0, count(*) FROM t0 GROUP BY c0",
         "SELECT * FROM t0 WHERE + c1 > 5",
+        "SELECT DISTINCT + b.c0 FROM t0 AS a CROSS JOIN t1 AS b GROUP BY a.c2, b.c0",
     ],
 )
 def test_a_unary_plus_keeps_duckdbs_name_and_the_query_is_answered(store, sql):
