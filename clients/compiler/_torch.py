@@ -38,6 +38,7 @@ from ._deadline import CompileDeadline, DeadlineTimer
 from ._gain_rule import CompileGainRule
 from ._guard import StepSnapshot
 from ._optim import FOREACH, FUSED, OPTIMIZER, StepOptimizers
+from ._rng import layout_dependent_draw
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._step_profile import StepProfile, StepProfiler
@@ -346,6 +347,8 @@ class AstraTorch(SessionBacked):
         self._step_cpu_ms = math.nan  # the last step's thread CPU time (NaN: not measured)
         self._regions: dict[str, list[str]] = {}  # region -> runner names
         self._channels_last = any(isinstance(m, nn.Conv2d) for m in model.modules())
+        # the first dropout module the probe step saw drawing over feature maps ("": none)
+        self._layout_draws = ""
         # The whole-step compiles are part of the space, by kind (``WHOLE``): "plain", the
         # model's forward compiled by dynamo + Inductor with the cells' plain code inside it
         # (what torch.compile does); "rewrite", the same with the whole-step graph passes
@@ -776,6 +779,8 @@ class AstraTorch(SessionBacked):
         def count(mod: nn.Module, args: Any) -> None:
             n = names[mod]
             calls[n] = calls.get(n, 0) + 1
+            if not self._layout_draws and layout_dependent_draw(mod, args):
+                self._layout_draws = n  # channels-last would draw other masks (``_variables``)
 
         def shapes(mod: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
             sig = [
@@ -1738,7 +1743,15 @@ class AstraTorch(SessionBacked):
                         expected_speedup=self._expected_speedup(kind),
                     )
                 )
-        if self._channels_last:
+        if self._channels_last and self._layout_draws:
+            # its masks follow the layout: every channels-last step would drop other elements
+            # than the run without the compiler (``layout_dependent_draw``)
+            log.info(
+                "%s draws dropout masks over feature maps: channels-last is not offered (it would "
+                "draw other masks than the eager run)",
+                self._layout_draws,
+            )
+        elif self._channels_last:
             out.append(Variable("memory_format", ("contiguous", "channels_last"), "", STAGE_STRUCTURE))
         if len(self.thread_values) > 1:
             # With the structure, before anything compiles: code compiled under one thread count
@@ -1839,7 +1852,7 @@ class AstraTorch(SessionBacked):
         """The structure variables' choices the whole-step cache probe ran under (the model as
         given: its memory format, the thread count at registration)."""
         holds: list[str] = []
-        if self._channels_last:
+        if self._channels_last and not self._layout_draws:  # (the variable is offered)
             holds.append(f"memory_format={probed_memory_format(self.model)}")
         if len(self.thread_values) > 1 and str(torch.get_num_threads()) in self.thread_values:
             holds.append(f"threads={torch.get_num_threads()}")
