@@ -1824,7 +1824,7 @@ def _as_bound(e: exp.Expr, name: str) -> exp.Expr:
     """``e`` named ``name`` (DuckDB's name for it, from binding the text as written) where its
     own name would differ: an unnamed expression, or a plain column whose text said more (a
     unary plus: DuckDB's name of an expression is parenthesised, a column's never is)."""
-    if isinstance(e, exp.Alias):
+    if isinstance(e, exp.Alias) or not name:
         return e
     if isinstance(e, exp.Column) and (name == e.alias_or_name or not name.startswith("(")):
         return e
