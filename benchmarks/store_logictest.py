@@ -106,10 +106,8 @@ _UNORDERED_CONCAT = re.compile(r"\b(group_concat|string_agg)\s*\((?![^)]*\border
 
 def _cluster(ref: duckdb.DuckDBPyConnection, work: str) -> tuple[Any, set[str]]:
     """A fresh in-process store holding DuckDB's tables now; and the names of DuckDB's views."""
-    from microco.clients.store import parse_partitioning
     from microco.common.kv import MemoryKV
-    from microco.services.store import LocalTransport, NodeInfo, StoreCore
-    from microco.services.store._service import spec_from_pb
+    from microco.services.store import LocalTransport, NodeInfo, PartitionSpec, StoreCore
 
     tr = LocalTransport(work, [NodeInfo(f"n{i}", f"r{i % 3}") for i in range(NODES)])
     core = StoreCore(MemoryKV(), tr, recovery_rate_bytes=0)
@@ -119,8 +117,8 @@ def _cluster(ref: duckdb.DuckDBPyConnection, work: str) -> tuple[Any, set[str]]:
             continue
         t = ref.sql(f'SELECT * FROM "{name}"').to_arrow_table()
         cols = t.schema.names
-        specs = [f"{cols[k % len(cols)]}:hash:{PARTITIONS[k]}" for k in range(3)]
-        core.create_table(name, t.schema, [spec_from_pb(parse_partitioning(p)) for p in specs])
+        specs = [PartitionSpec(cols[k % len(cols)], partitions=PARTITIONS[k]) for k in range(3)]
+        core.create_table(name, t.schema, specs)
         if t.num_rows:
             core.append(name, t)
     return core, {n.lower() for n, kind in listed if kind == "VIEW"}
