@@ -1128,7 +1128,9 @@ def with_run_priors(spec: GraphSpec, run: GraphSpec) -> GraphSpec:
     Inductor cache found holding the graph) knows better than any earlier run; a prior it did not
     calibrate stays as stored, as do variables that differ in anything but their prior."""
     mine = {
-        v.name: v for v in run.variables if v.prior_calibrated or v.measured_speedup or v.expected_speedup
+        v.name: v
+        for v in run.variables
+        if v.prior_calibrated or v.measured_speedup or v.expected_speedup or v.runs_as
     }
     if not mine:
         return spec
@@ -1142,6 +1144,8 @@ def with_run_priors(spec: GraphSpec, run: GraphSpec) -> GraphSpec:
                 v = replace(v, measured_speedup=m.measured_speedup)
             if m.expected_speedup:  # ... or what this run's client expects of it
                 v = replace(v, expected_speedup=m.expected_speedup)
+            if m.runs_as != v.runs_as:  # ... and the kernels its compiled step runs, as it knows them now
+                v = replace(v, runs_as=m.runs_as)
         out.append(v)
     return replace(spec, variables=tuple(out))
 
@@ -1278,15 +1282,79 @@ def _prune_reason(
         # profile, issue 18, session 29), in place of the fixed bound and its share.
         bound = 1.0 - 1.0 / policy.max_speedup
         saving = _max_saving(state, policy, region, remaining) / bound * max(0.0, 1.0 - 1.0 / min(expected))
+    note = ""
+    if not (measured and all(m > 0 for m in measured)):
+        before = saving
+        saving = _as_run_saving(state, policy, region, variables, combo, remaining, saving)
+        if saving < before:
+            note = f" (its kernels run as a measured slower configuration: {before:.0f} ms at the best's)"
     est = _combo_compile_estimate(state, variables, combo)
     if planned_ms > 0 and saving < est + planned_ms:
         return (
             f"cannot repay compile time with the stage's other alternatives: est. {est:.0f} ms "
-            f"+ {planned_ms:.0f} ms planned > expected saving {saving:.0f} ms"
+            f"+ {planned_ms:.0f} ms planned > expected saving {saving:.0f} ms{note}"
         )
     if saving < est:
-        return f"cannot repay compile time: est. {est:.0f} ms > expected saving {saving:.0f} ms"
+        return f"cannot repay compile time: est. {est:.0f} ms > expected saving {saving:.0f} ms{note}"
     return ""
+
+
+def runs_as_ratio(state: Exploration, values: dict[str, str]) -> float:
+    """How much slower than the best this run measured the best's values with ``values`` set
+    (1.0: no slower, or not measured): the smaller of the two trials' ratios by their fastest and
+    by their typical (median) steps, so that noise in one reading does not make a choice look
+    slower than the other reading shows it."""
+    best = state.best_trial
+    if best is None or not math.isfinite(best.step_ms) or best.step_ms <= 0:
+        return 1.0
+    target = {**state.best_values, **values}
+    names = state.spec.variables
+    for t in state.trials:
+        if t.failed or not t.done or not math.isfinite(t.step_ms) or t is best:
+            continue
+        if all(t.values.get(v.name, v.choices[0]) == target.get(v.name, v.choices[0]) for v in names):
+            typical_best = _typical_ms(best)
+            ratios = [t.step_ms / best.step_ms]
+            if typical_best > 0 and math.isfinite(_typical_ms(t)):
+                ratios.append(_typical_ms(t) / typical_best)
+            return max(1.0, min(ratios))
+    return 1.0
+
+
+def _as_run_saving(
+    state: Exploration,
+    policy: ExplorationPolicy,
+    region: str,
+    variables: list[Variable],
+    combo: dict[str, str],
+    remaining: int,
+    saving: float,
+) -> float:
+    """``saving`` (what a compile of ``combo`` is expected to save over ``remaining`` steps, its
+    gain never measured here) where its compiled step runs the step's vendor kernels as another
+    configuration does (``Variable.runs_as``) and this run measured that configuration slower
+    than the best by ``r`` (``runs_as_ratio``): the compiled step is expected at ``r`` times the
+    best's step less the expected share, ``1 - r (1 - f)`` of a step saved for ``f`` expected of
+    the best's step (issue 18, session 35: torchvision's ResNet-18 on the CPU, whose channels-last
+    step ran 1.04-1.52x the contiguous one, expected 9% of a step from its profile and was
+    compiled by Inductor, whose layout optimisation runs convolutions channels-last, to a step
+    1.56x slower than eager's)."""
+    pairs: dict[str, str] = {}
+    for v in variables:
+        if v.compiles and combo.get(v.name, v.choices[0]) != v.choices[0]:
+            for p in v.runs_as:
+                name, _, choice = p.partition("=")
+                pairs[name] = choice
+    if not pairs or not saving > 0:
+        return saving
+    r = runs_as_ratio(state, pairs)
+    if r <= 1.0:
+        return saving
+    whole = _max_saving(state, policy, region, remaining) / (1.0 - 1.0 / policy.max_speedup)
+    if not (whole > 0 and math.isfinite(whole)):
+        return saving
+    f = saving / whole
+    return whole * max(0.0, 1.0 - r * (1.0 - f))
 
 
 def _compiled_changes(variables: list[Variable], combo: dict[str, str]) -> int:
