@@ -1128,7 +1128,9 @@ def with_run_priors(spec: GraphSpec, run: GraphSpec) -> GraphSpec:
     Inductor cache found holding the graph) knows better than any earlier run; a prior it did not
     calibrate stays as stored, as do variables that differ in anything but their prior."""
     mine = {
-        v.name: v for v in run.variables if v.prior_calibrated or v.measured_speedup or v.expected_speedup
+        v.name: v
+        for v in run.variables
+        if v.prior_calibrated or v.measured_speedup or v.expected_speedup or v.runs_as
     }
     if not mine:
         return spec
@@ -1142,6 +1144,8 @@ def with_run_priors(spec: GraphSpec, run: GraphSpec) -> GraphSpec:
                 v = replace(v, measured_speedup=m.measured_speedup)
             if m.expected_speedup:  # ... or what this run's client expects of it
                 v = replace(v, expected_speedup=m.expected_speedup)
+            if m.runs_as != v.runs_as:  # ... and the kernels its compiled step runs, as it knows them now
+                v = replace(v, runs_as=m.runs_as)
         out.append(v)
     return replace(spec, variables=tuple(out))
 
@@ -1156,6 +1160,8 @@ def _advance(state: Exploration, policy: ExplorationPolicy) -> bool:
             return True
     if not state.stages:
         return False
+    if _confirm_before_compiles(state, policy, state.stages[0]):
+        return True
     state.stage = state.stages.pop(0)
     state.phase = "explore"
     # Each candidate remembers the best it was planned on: should another trial of the stage
@@ -1278,15 +1284,128 @@ def _prune_reason(
         # profile, issue 18, session 29), in place of the fixed bound and its share.
         bound = 1.0 - 1.0 / policy.max_speedup
         saving = _max_saving(state, policy, region, remaining) / bound * max(0.0, 1.0 - 1.0 / min(expected))
+    note = ""
+    if not (measured and all(m > 0 for m in measured)):
+        before = saving
+        saving = _as_run_saving(state, policy, region, variables, combo, remaining, saving)
+        if saving < before:
+            note = f" (its kernels run as a measured slower configuration: {before:.0f} ms at the best's)"
     est = _combo_compile_estimate(state, variables, combo)
     if planned_ms > 0 and saving < est + planned_ms:
         return (
             f"cannot repay compile time with the stage's other alternatives: est. {est:.0f} ms "
-            f"+ {planned_ms:.0f} ms planned > expected saving {saving:.0f} ms"
+            f"+ {planned_ms:.0f} ms planned > expected saving {saving:.0f} ms{note}"
         )
     if saving < est:
-        return f"cannot repay compile time: est. {est:.0f} ms > expected saving {saving:.0f} ms"
+        return f"cannot repay compile time: est. {est:.0f} ms > expected saving {saving:.0f} ms{note}"
     return ""
+
+
+def runs_as_ratio(state: Exploration, values: dict[str, str]) -> float:
+    """How much slower than the best this run measured the best's values with ``values`` set
+    (1.0: no slower, or not measured): by their interleaved A/B where one was run (its medians,
+    the measure it judged by: the same load on both sides), else the smaller of the two trials'
+    ratios by their fastest and by their typical (median) steps, so that noise in one reading
+    does not make a choice look slower than the other reading shows it."""
+    best = state.best_trial
+    if best is None or not math.isfinite(best.step_ms) or best.step_ms <= 0:
+        return 1.0
+    target = {**state.best_values, **values}
+    names = state.spec.variables
+    for t in state.trials:
+        if t.failed or not t.done or not math.isfinite(t.step_ms) or t is best or t.kind in INTERLEAVED:
+            continue
+        if all(t.values.get(v.name, v.choices[0]) == target.get(v.name, v.choices[0]) for v in names):
+            interleaved = _interleaved_ratio(state, t, best)
+            if interleaved is not None:
+                return max(1.0, interleaved)
+            typical_best = _typical_ms(best)
+            ratios = [t.step_ms / best.step_ms]
+            if typical_best > 0 and math.isfinite(_typical_ms(t)):
+                ratios.append(_typical_ms(t) / typical_best)
+            return max(1.0, min(ratios))
+    return 1.0
+
+
+def _interleaved_ratio(state: Exploration, t: TrialRecord, other: TrialRecord) -> float | None:
+    """``t``'s step over ``other``'s as their latest interleaved A/B measured them (None: never
+    measured side by side)."""
+    found = None
+    for r in state.confirm_log:
+        ratio = float(r.get("ratio", 0.0))  # the baseline's median over the best's
+        if ratio > 0 and (r["best"], r["baseline"]) == (t.trial, other.trial):
+            found = 1.0 / ratio
+        elif ratio > 0 and (r["best"], r["baseline"]) == (other.trial, t.trial):
+            found = ratio
+    for r in state.retime_log:
+        cpu = r.get("best_cpu_ms") is not None and r.get("runner_up_cpu_ms") is not None
+        a_ms, b_ms = (r["best_cpu_ms"], r["runner_up_cpu_ms"]) if cpu else (r["best_ms"], r["runner_up_ms"])
+        if not (a_ms > 0 and b_ms > 0):
+            continue
+        if (r["runner_up"], r["best"]) == (t.trial, other.trial):
+            found = b_ms / a_ms
+        elif (r["best"], r["runner_up"]) == (t.trial, other.trial):
+            found = a_ms / b_ms
+    return found
+
+
+def _confirm_before_compiles(state: Exploration, policy: ExplorationPolicy, stage: int) -> bool:
+    """Before a stage whose compiles run their kernels as the best does (``Variable.runs_as``
+    holds in the best's values) while the best is not the baseline and is not confirmed against
+    it yet: run that confirmation first (it runs before any commit anyway), so that the compile
+    is priced on the configuration the run will keep, by an interleaved measurement, not on two
+    trials minutes apart (issue 18, session 35: ResNet-18's channels-last trial read 4% under a
+    baseline trial run at 62 ms where eager ran 48-51 ms, became the best, and the compile priced
+    on it was tried; interleaved, channels-last ran 1.8x the contiguous step)."""
+    best, base = state.best_trial, state.baseline
+    if best is None or base is None or best.values == base.values:
+        return False
+    if _values_id(best.values) in state.confirmed:
+        return False
+    for v in state.spec.variables:
+        if v.stage == stage and v.compiles and v.runs_as:
+            pairs = [p.partition("=") for p in v.runs_as]
+            if all(best.values.get(n) == c for n, _, c in pairs) and any(
+                base.values.get(n) != c for n, _, c in pairs
+            ):
+                return _plan_confirm(state, policy)
+    return False
+
+
+def _as_run_saving(
+    state: Exploration,
+    policy: ExplorationPolicy,
+    region: str,
+    variables: list[Variable],
+    combo: dict[str, str],
+    remaining: int,
+    saving: float,
+) -> float:
+    """``saving`` (what a compile of ``combo`` is expected to save over ``remaining`` steps, its
+    gain never measured here) where its compiled step runs the step's vendor kernels as another
+    configuration does (``Variable.runs_as``) and this run measured that configuration slower
+    than the best by ``r`` (``runs_as_ratio``): the compiled step is expected at ``r`` times the
+    best's step less the expected share, ``1 - r (1 - f)`` of a step saved for ``f`` expected of
+    the best's step (issue 18, session 35: torchvision's ResNet-18 on the CPU, whose channels-last
+    step ran 1.04-1.52x the contiguous one, expected 9% of a step from its profile and was
+    compiled by Inductor, whose layout optimisation runs convolutions channels-last, to a step
+    1.56x slower than eager's)."""
+    pairs: dict[str, str] = {}
+    for v in variables:
+        if v.compiles and combo.get(v.name, v.choices[0]) != v.choices[0]:
+            for p in v.runs_as:
+                name, _, choice = p.partition("=")
+                pairs[name] = choice
+    if not pairs or not saving > 0:
+        return saving
+    r = runs_as_ratio(state, pairs)
+    if r <= 1.0:
+        return saving
+    whole = _max_saving(state, policy, region, remaining) / (1.0 - 1.0 / policy.max_speedup)
+    if not (whole > 0 and math.isfinite(whole)):
+        return saving
+    f = saving / whole
+    return whole * max(0.0, 1.0 - r * (1.0 - f))
 
 
 def _compiled_changes(variables: list[Variable], combo: dict[str, str]) -> int:

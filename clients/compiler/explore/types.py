@@ -60,6 +60,14 @@ class Variable:
     # expects that saving in place of its optimistic bound times ``expected_gain_share``. (Not on
     # the wire either.)
     expected_speedup: float = 0.0
+    # Where the compiled choice runs the step's vendor kernels as another configuration runs them
+    # ("name=choice" each): Inductor on the CPU lays every convolution out channels-last whatever
+    # the model's memory format (its layout optimisation), so a compiled step of a convolutional
+    # model runs its convolutions as ``memory_format=channels_last`` does. Where the exploration
+    # measured that configuration (the best's values with these) slower than the best, the
+    # compile's expected saving is taken from the slower step (issue 18, session 35). Empty: the
+    # compile runs the best's kernels. (Not on the wire, as ``expected_speedup``.)
+    runs_as: tuple[str, ...] = ()
 
     def holds_for(self, values: dict[str, str]) -> bool:
         """Does ``compile_prior_ms`` price a compile of this variable in configuration ``values``?"""
@@ -89,6 +97,10 @@ class Variable:
             d.pop("measured_speedup")
         if not self.expected_speedup:  # absent without an estimate: older states unchanged
             d.pop("expected_speedup")
+        if self.runs_as:  # absent when empty: older states unchanged
+            d["runs_as"] = list(self.runs_as)
+        else:
+            d.pop("runs_as")
         return d
 
     @classmethod
@@ -106,6 +118,7 @@ class Variable:
             float(d.get("prior_otherwise_ms", 0.0)),
             float(d.get("measured_speedup", 0.0)),
             float(d.get("expected_speedup", 0.0)),
+            tuple(d.get("runs_as", ())),
         )
 
 
