@@ -185,6 +185,7 @@ class _QueryRun:
         self.warmed: set[str] = set()
         self.warms: list[dict[str, Any]] = []
         self.warm_calls: dict[str, list[Future[Any]]] = {}
+        self.warm_marks: dict[str, tuple[Any, int]] = {}  # node -> (its probes, answered then)
 
     def track(self, f: Future[Any]) -> None:
         """Record when task ``f`` was submitted and (by callback) when it ends."""
@@ -1088,12 +1089,16 @@ class StoreCore:
         for w in warms:
             if w["outcome"] == "warming":
                 w["outcome"] = "not needed: the first plan answered"
-            witness = f", while {w['witness']} answered" if w.get("witness") else ""
-            on = f"{w['extents']} extent reads, {w['bytes'] / 1e6:.0f} MB on disk, on {', '.join(w['on'])}"
+            witness = f" while {w['witness']} answered" if w.get("witness") else ""
+            on = (
+                f"{w['extents']} extent reads of {w['bytes'] / 1e6:.0f} MB, on {', '.join(w['on']) or 'none'}"
+            )
+            if w.get("decoded"):
+                on += f"; {w['decoded'] / 1e6:.0f} MB decoded"
             plan.explain.append(
-                f"warm: {', '.join(w['nodes'])} missed {w['probes_missed']} liveness probe "
-                f"({w['silent_s']:.2f} s without an answer{witness}) {w['after_s']:.2f} s into a stage: "
-                f"the reads of a plan without it decoded ahead of a hedge ({on}); {w['outcome']}"
+                f"warm: {', '.join(w['nodes'])} had not answered a liveness probe for {w['waited_s']:.2f} s"
+                f"{witness}, {w['after_s']:.2f} s into a stage: the reads of a plan without it decoded "
+                f"ahead of a hedge ({on}); {w['outcome']}"
             )
         for h in hedges:
             them = "it" if len(h["nodes"]) == 1 else "them"
@@ -1532,13 +1537,26 @@ class StoreCore:
         silent = {n: m for n, m in misses.items() if n in ask and pol.silent(m[0])}
         if silent:
             self._hedge(att, {n: (ran[n], ran[n], 0.0, False) for n in silent}, probe=silent)
-        # a first missed probe: the hedge's reads warmed ahead of it (``_warm``); a node warmed
-        # for that answers a probe again: its warm-up is cancelled
-        suspect = {n: m for n, m in misses.items() if n in ask and pol.warm(m[0])}
+        # a node whose probe goes unanswered while the witness answered (or that missed one), not
+        # yet silent: its hedge's reads warmed ahead of the hedge (``_warm``)
+        suspect: dict[str, tuple[float, str | None]] = {}
+        for n, (waited, took, w) in probes.waiting(now).items():
+            if n in ask and n not in silent and pol.warm(waited, took):
+                suspect[n] = (waited, w)
+        for n, (m, since, w) in misses.items():
+            if n in ask and n not in silent and m >= 1 and pol.warm(max(since, pol.probe_timeout_s), 0.0):
+                suspect.setdefault(n, (since, w))
         if suspect:
-            self._warm(att, suspect, ran)
+            self._warm(att, suspect, ran, probes)
+        # ... and cancelled once the node answers a probe in time after all (alive, not silent)
+        back = []
         with run.lock:
-            back = sorted(n for n in run.warm_calls if n in ask and n not in misses and n not in run.hedged)
+            for n in sorted(run.warm_calls):
+                if n not in ask or n in run.hedged:
+                    continue
+                seen, count = run.warm_marks.get(n, (None, 0))
+                if probes.answered.get(n, 0) > (count if seen is probes else 0):
+                    back.append(n)
         if back:
             self._unwarm(run, back)
         due = probes.next_due()
@@ -1546,26 +1564,32 @@ class StoreCore:
         return min(out) if out else None
 
     def _warm(
-        self, att: _Attempt, misses: dict[str, tuple[int, float, str | None]], ran: dict[str, float]
+        self,
+        att: _Attempt,
+        suspect: dict[str, tuple[float, str | None]],
+        ran: dict[str, float],
+        probes: Probes,
     ) -> None:
-        """Warm the reads of the hedge the nodes of ``misses`` would get (each missed a probe,
-        not yet enough to be hedged: ``_hedge.HedgePolicy.warm``): the query planned without them,
+        """Warm the reads of the hedge the nodes of ``suspect`` would get (each with how long its
+        probe has gone unanswered and the round's witness, which answered: not yet enough to be
+        hedged, ``_hedge.HedgePolicy.warm``): the query planned without them,
         as the hedge would be, in a thread of its own, whose first stage asks the nodes it reads
         from to decode those extents' columns (``_send_warms``) and runs nothing. At most one per
         node per query; none once the run has its answer or the node was hedged."""
         run = att.run
         with run.lock:
-            new = set(misses) - run.warmed - run.hedged
+            new = set(suspect) - run.warmed - run.hedged
             if not new or run.answer is not None:
                 return
             run.warmed |= new
+            for n in new:  # (its probes answered so far: one more cancels the warm-up)
+                run.warm_marks[n] = (probes, probes.answered.get(n, 0))
             exclude = set(run.exclude) | run.hedged | new
             rec: dict[str, Any] = {
                 "nodes": sorted(new),
                 "after_s": round(max(ran.get(n, 0.0) for n in new), 4),
-                "probes_missed": max(misses[n][0] for n in new),
-                "silent_s": round(max(misses[n][1] for n in new), 4),
-                "witness": next((misses[n][2] for n in sorted(new) if misses[n][2]), None),
+                "waited_s": round(max(suspect[n][0] for n in new), 4),
+                "witness": next((suspect[n][1] for n in sorted(new) if suspect[n][1]), None),
                 "on": [],
                 "extents": 0,
                 "bytes": 0,

@@ -1,6 +1,7 @@
 """Warming a hedge's reads ahead of it (``StoreCore._warm``, ``_send_warms``, ``_unwarm``; the
-node's ``warm`` action, ``NodeStore.warm``; the policy's ``_hedge.HedgePolicy.warm``): a node that
-misses a liveness probe, not yet enough to be hedged, has the plan its hedge would run made at
+node's ``warm`` action, ``NodeStore.warm``; the policy's ``_hedge.HedgePolicy.warm``; the
+mechanism's ``_liveness.Probes.waiting``): a node whose liveness probe goes unanswered while
+another node answered, not yet enough to be hedged, has the plan its hedge would run made at
 once, and the nodes that plan reads from decode those extents into their caches, nothing run and
 no answer made; the hedge, if it follows, finds them decoded. The node answering a probe again
 cancels the warm-up. Before: a hedge's rerun on a replica no query had read decoded its extents
@@ -10,11 +11,13 @@ registered (its lease never runs out)."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from _support import wait_until
 from test_store_cancel import SPECS_ONE
 from test_store_hedge import NODES, SQL, N, Stalling, _data, _rows, _run, _want
 
@@ -23,6 +26,7 @@ from microco.common.kv import MemoryKV
 from microco.services.store import NodeInfo, StoreCore
 from microco.services.store import _nodestore as nodestore_mod
 from microco.services.store._hedge import HedgePolicy, Rates
+from microco.services.store._liveness import Probes
 from microco.services.store._nodestore import NodeStore
 
 WAIT_S = 20.0  # the most any stand-in below waits for what it waits on
@@ -61,12 +65,12 @@ def _core(tr: Stalling, policy: HedgePolicy) -> StoreCore:
     return core
 
 
-def test_a_node_that_misses_a_probe_has_its_hedges_reads_warmed_before_the_hedge_runs(tmp_path):
+def test_a_node_whose_probe_goes_unanswered_has_its_hedges_reads_warmed_before_the_hedge_runs(tmp_path):
     data = _data()
     tr = Recording(str(tmp_path), NODES)
-    # hedged at the fourth probe missed in a row, warmed at the first: however late this busy
-    # machine's ticks decide the rounds, the warm-up comes before the hedge
-    core = _core(tr, HedgePolicy(probe_misses=4, warm_misses=1))
+    # hedged at the fourth probe missed in a row, warmed once one goes unanswered: however late
+    # this busy machine's ticks decide the rounds, the warm-up comes before the hedge
+    core = _core(tr, HedgePolicy(probe_misses=4))
     healthy, plan = core.sql(SQL)
     [node] = {n for n, _ in plan.tasks}
     core.rates = Rates()  # (no history: only the probes can hedge it)
@@ -89,12 +93,13 @@ def test_a_node_that_misses_a_probe_has_its_hedges_reads_warmed_before_the_hedge
     on_target = [what for what, n in tr.events if n == target and what in ("warm", "task")]
     assert on_target[:2] == ["warm", "task"], tr.events
     text = plan.explain_text()
-    assert f"warm: {node} missed " in text and "the hedge followed" in text, text
+    assert f"warm: {node} had not answered a liveness probe for " in text, text
+    assert "the hedge followed" in text, text
 
 
 class AnswersAgain(Stalling):
-    """Node ``stall`` misses its first probes, answering none until a warm-up of its hedge's
-    reads has reached another node, then every probe at once; its task waits until the warm-up
+    """Node ``stall`` answers no probe until a warm-up of its hedge's reads has reached another
+    node, then every probe at once; its task waits until the warm-up
     was cancelled. The warm-up's node takes the ``warm`` only once its cancel has come (so the
     cancel finds it not started: a node remembers it and ends the task as it starts)."""
 
@@ -131,7 +136,7 @@ def test_a_warm_up_is_cancelled_when_its_node_answers_a_probe_again(tmp_path):
     data = _data()
     tr = AnswersAgain(str(tmp_path), NODES)
     # never hedged within this test's waits: only the warm-up and its cancel are at stake
-    core = _core(tr, HedgePolicy(probe_misses=1000, warm_misses=1))
+    core = _core(tr, HedgePolicy(probe_misses=1000))
     healthy, plan = core.sql(SQL)
     [node] = {n for n, _ in plan.tasks}
     core.rates = Rates()
@@ -160,18 +165,43 @@ def test_a_healthy_query_warms_nothing(tmp_path):
     assert ("warm", "n0") not in tr.events and not any(what == "warm" for what, _ in tr.events)
 
 
-def test_the_policy_warms_at_the_first_miss_and_hedges_at_the_second():
+def test_the_policy_warms_a_probe_unanswered_a_tenth_of_a_second_while_the_witness_answered():
     p = HedgePolicy()
-    assert [p.warm(m) for m in range(4)] == [False, True, False, False]
-    assert [p.silent(m) for m in range(4)] == [False, False, True, True]
-    assert not any(HedgePolicy(warm_misses=0).warm(m) for m in range(4))
-    assert not any(HedgePolicy(probe_misses=0).warm(m) for m in range(4))
-    assert [HedgePolicy(probe_misses=3, warm_misses=1).warm(m) for m in range(4)] == [
-        False,
-        True,
-        True,
-        False,
-    ]
+    assert p.warm(0.1, 0.0) and p.warm(0.3, 0.1) and p.warm(0.25, 0.01)
+    assert not p.warm(0.09, 0.0)  # (not yet)
+    assert not p.warm(0.3, 0.2)  # (the witness was slow too: the coordinator may be the slow one)
+    assert not HedgePolicy(warm_after_s=0).warm(1.0, 0.0)
+    assert not HedgePolicy(probe_misses=0).warm(1.0, 0.0)
+
+
+def test_the_probes_tell_which_node_has_not_answered_while_the_witness_has():
+    """The mechanism alone: a round's asks, the witness's answered, the node's not (yet)."""
+    hold = threading.Event()
+
+    def ask(node: str, tids: list[str], timeout: float) -> bool:
+        if node == "a":
+            hold.wait(WAIT_S)
+        return True
+
+    started: list[threading.Thread] = []
+
+    def run(fn: Any) -> None:
+        t = threading.Thread(target=fn, daemon=True)
+        started.append(t)
+        t.start()
+
+    p = Probes(ask, run, every_s=60.0, timeout_s=60.0)
+    t0 = time.monotonic()
+    p.tick(t0, {"a": ("a", ["t1"]), "b": ("b", ["t2"])}, [("w", "w")])
+    wait_until(
+        lambda: set(p.waiting(time.monotonic())) == {"a"}, WAIT_S, "b's and w's answers", interval=0.01
+    )
+    got = p.waiting(t0 + 5.0)
+    assert set(got) == {"a"} and got["a"][0] == 5.0 and got["a"][2] == "w" and got["a"][1] >= 0, got
+    hold.set()
+    for t in started:
+        t.join(WAIT_S)
+    assert p.waiting(t0 + 5.0) == {}  # (answered: nothing waits)
 
 
 def _one_extent(tmp_path: Path) -> tuple[NodeStore, str]:
