@@ -260,3 +260,25 @@ def test_two_reads_of_one_cold_extent_at_once_open_and_decode_it_once(tmp_path, 
         t.join(WAIT_S * 2)
     assert len(got) == 2 and got[0] is got[1]
     assert len(store._open) == 1
+
+
+def test_a_json_model_query_warms_its_hedges_reads_the_same_way(tmp_path):
+    from microco.services.store._query import Agg, Query
+
+    tr = Recording(str(tmp_path), NODES)
+    core = _core(tr, HedgePolicy(probe_misses=4))
+    q = Query("t", group_by=("k",), aggs=(Agg("sum", "v", "s"), Agg("count", "*", "n")))
+    healthy, plan = core.query(q)
+    [node] = {n for stage in plan.stages for n, _ in stage}
+    core.rates = Rates()
+    tr.stall = node
+    with tr.lock:
+        tr.events.clear()
+    got, plan = _run(lambda: core.query(q), tr)
+    assert sorted(got.to_pylist(), key=str) == sorted(healthy.to_pylist(), key=str)
+    [hedge] = plan.hedges
+    [warm] = plan.warms
+    assert warm["nodes"] == [node] and warm["outcome"] == "the hedge followed", warm
+    [target] = warm["on"]
+    on_target = [what for what, n in tr.events if n == target and what in ("warm", "task")]
+    assert on_target[:2] == ["warm", "task"], tr.events
