@@ -73,6 +73,7 @@ def query_at_node_loss(
     healthy: list[float] = []
     healthy_hedges: list[str] = []  # the healthy queries' EXPLAIN lines on hedges (none, healthy)
     hedged = 0  # healthy queries that were hedged (a node taken for a straggler with none)
+    warmed = 0  # healthy queries that warmed a hedge's reads (a node missed a probe: ``_core._warm``)
     expected = None
     for _ in range(max(1, trials)):
         t0 = clock()
@@ -81,6 +82,7 @@ def query_at_node_loss(
         lines = [x for x in str(client.last_plan.get("explain", "")).splitlines() if x.startswith("hedge:")]
         hedged += bool(lines)
         healthy_hedges += lines
+        warmed += any(x.startswith("warm:") for x in str(client.last_plan.get("explain", "")).splitlines())
         expected = _rows(table) if expected is None else expected
         del table
     median = statistics.median(healthy)
@@ -126,6 +128,8 @@ def query_at_node_loss(
     same = all(_rows(t) == expected for t in tables)
     del tables
     hedges = [x for x in str(box.get("explain", "")).splitlines() if x.startswith("hedge:")]
+    warms = [x for x in str(box.get("explain", "")).splitlines() if x.startswith("warm:")]
+    timings = [x for x in str(box.get("explain", "")).splitlines() if x.startswith("timings:")]
     out = {
         "query": name,
         "node": victim,
@@ -134,6 +138,7 @@ def query_at_node_loss(
         "healthy_median_s": round(median, 4),
         "healthy_hedged": hedged,
         "healthy_hedges": healthy_hedges[:6],
+        "healthy_warmed": warmed,
         "killed_after_s": round(killed_after, 4),
         "at_node_loss_s": round(took, 4) if took is not None else None,
         "over_healthy_median": round(took / median, 2) if took is not None else None,
@@ -153,6 +158,10 @@ def query_at_node_loss(
         # the in-flight query's EXPLAIN lines on hedges (``_hedge``): none, or which answer was used
         "hedges": hedges,
         "hedge_answered": any("answer used: the hedge's" in x for x in hedges),
+        # its warm-up of the hedge's reads (a first missed probe: ``_core._warm``), and its
+        # answering plan's timings (its fragments' read and run on their node)
+        "warms": warms,
+        "in_flight_timings": timings[-1:],
     }
     log(f"query at node loss: {out}")
     out["_killed_at"] = killed_at  # (for the recovery that follows; not reported)
@@ -267,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
             "hedge_answered": [x["hedge_answered"] for x in runs if x["hedging"] == h],
             "healthy_hedged": [
                 f"{x['healthy_hedged']}/{len(x['healthy_s'])}" for x in runs if x["hedging"] == h
+            ],
+            "healthy_warmed": [
+                f"{x['healthy_warmed']}/{len(x['healthy_s'])}" for x in runs if x["hedging"] == h
             ],
         }
         for h in (True, False)

@@ -82,6 +82,25 @@ CANCEL_TIMEOUT_S = 1.0
 CANCEL_RETRY_S = 0.5
 CANCEL_GIVE_UP_S = 30.0
 CANCEL_THREADS = 8
+# A warm-up of a hedge's reads (``StoreCore._warm``) is one ``warm`` action per node read from,
+# each call given this deadline (the node decodes a share's extents: seconds at most; a call
+# that outlives the run is cancelled with the losers, on a thread of its own meanwhile)
+WARM_TIMEOUT_S = 60.0
+
+
+def _read_sides(x: Any) -> Iterator[dict[str, Any]]:
+    """Each part of a task that reads extents (a dict with ``sources``, its columns ``read``),
+    wherever it sits in the task (an input of its SQL, a side of a join, a map's side)."""
+    if isinstance(x, dict):
+        if isinstance(x.get("sources"), list):
+            yield x
+        for k, v in x.items():
+            if k != "sources":
+                yield from _read_sides(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from _read_sides(v)
+
 
 NODES_SEEN = ROOT + "nodes/"
 RECODE = ROOT + "recode/"  # recode/<table>: progress of that table's last recode (``StoreCore.recode``)
@@ -160,6 +179,13 @@ class _QueryRun:
         self.swept = False
         self.rated: set[Future[Any]] = set()  # calls whose time is counted in ``StoreCore.rates``
         self.gone = False  # the caller went away (``abandon``)
+        # the warm-ups of a hedge's reads (``StoreCore._warm``): at most one per node per query,
+        # what each was, and its ``warm`` calls by the node it was for (cancelled when that node
+        # answers a probe again)
+        self.warmed: set[str] = set()
+        self.warms: list[dict[str, Any]] = []
+        self.warm_calls: dict[str, list[Future[Any]]] = {}
+        self.warm_marks: dict[str, tuple[Any, int]] = {}  # node -> (its probes, answered then)
 
     def track(self, f: Future[Any]) -> None:
         """Record when task ``f`` was submitted and (by callback) when it ends."""
@@ -211,6 +237,15 @@ class _Attempt:
     run: _QueryRun
     hedge: bool = False
     futs: set[Future[Any]] = field(default_factory=set)
+    # a warm-up (``StoreCore._warm``): the nodes whose hedge's reads it warms, and its record; such
+    # an attempt plans as the hedge would, asks the nodes of its first stage to decode what that
+    # stage reads, and ends (``_Warmed``) without running a task
+    warm: frozenset[str] = frozenset()
+    warm_rec: dict[str, Any] | None = None
+
+
+class _Warmed(Exception):
+    """A warm-up attempt's end: its first stage's reads were sent to be warmed, nothing run."""
 
 
 @dataclass
@@ -1048,10 +1083,26 @@ class StoreCore:
         table, plan = run.answer
         with run.lock:
             hedges = [dict(h) for h in run.hedges]
+            warms = [dict(w) for w in run.warms]
         for h in hedges:
             if h.get("outcome") == "running":
                 h["outcome"] = "not used: the first plan answered first"
         plan.hedges = hedges
+        plan.warms = warms
+        for w in warms:
+            if w["outcome"] == "warming":
+                w["outcome"] = "not needed: the first plan answered"
+            witness = f" while {w['witness']} answered" if w.get("witness") else ""
+            on = (
+                f"{w['extents']} extent reads of {w['bytes'] / 1e6:.0f} MB, on {', '.join(w['on']) or 'none'}"
+            )
+            if w.get("decoded"):
+                on += f"; {w['decoded'] / 1e6:.0f} MB decoded"
+            plan.explain.append(
+                f"warm: {', '.join(w['nodes'])} had not answered a liveness probe for {w['waited_s']:.2f} s"
+                f"{witness}, {w['after_s']:.2f} s into a stage: the reads of a plan without it decoded "
+                f"ahead of a hedge ({on}); {w['outcome']}"
+            )
         for h in hedges:
             them = "it" if len(h["nodes"]) == 1 else "them"
             if h.get("expected_from") == "probe":
@@ -1121,6 +1172,9 @@ class StoreCore:
                 rec["silent_s"] = round(max(probe[n][1] for n in new), 4)
                 rec["witness"] = next((probe[n][2] for n in sorted(new) if probe[n][2]), None)
             run.hedges.append(rec)
+            for w in run.warms:
+                if set(w["nodes"]) & new and w["outcome"] == "warming":
+                    w["outcome"] = "the hedge followed"
             done: Future[bool] = Future()
             run.hedge_done.append(done)
         log.warning(
@@ -1282,6 +1336,8 @@ class StoreCore:
             except Exception as exc:
                 raise NodeFailure(node, exc) from exc
 
+        if att is not None and att.warm:
+            self._send_warms(tasks, nodes, earlier, att)
         futs = []
         for n, t in tasks:
             key = (n, json.dumps(t, sort_keys=True, default=str)) if earlier is not None else None
@@ -1480,12 +1536,172 @@ class StoreCore:
             ran[node] = max(ran.get(node, 0.0), took)
         witnesses = sorted((n, info) for n, info in peers.items() if n not in skip and n not in ask)
         probes.tick(now, ask, witnesses)
-        silent = {n: m for n, m in probes.misses(now).items() if n in ask and pol.silent(m[0])}
+        misses = probes.misses(now)
+        silent = {n: m for n, m in misses.items() if n in ask and pol.silent(m[0])}
         if silent:
             self._hedge(att, {n: (ran[n], ran[n], 0.0, False) for n in silent}, probe=silent)
+        # a node whose probe goes unanswered while the witness answered (or that missed one), not
+        # yet silent: its hedge's reads warmed ahead of the hedge (``_warm``)
+        suspect: dict[str, tuple[float, str | None]] = {}
+        for n, (waited, took, w) in probes.waiting(now).items():
+            if n in ask and n not in silent and pol.warm(waited, took):
+                suspect[n] = (waited, w)
+        for n, (m, since, w) in misses.items():
+            if n in ask and n not in silent and m >= 1 and pol.warm(max(since, pol.probe_timeout_s), 0.0):
+                suspect.setdefault(n, (since, w))
+        if suspect:
+            self._warm(att, suspect, ran, probes)
+        # ... and cancelled once the node answers a probe in time after all (alive, not silent)
+        back = []
+        with run.lock:
+            for n in sorted(run.warm_calls):
+                if n not in ask or n in run.hedged:
+                    continue
+                seen, count = run.warm_marks.get(n, (None, 0))
+                if probes.answered.get(n, 0) > (count if seen is probes else 0):
+                    back.append(n)
+        if back:
+            self._unwarm(run, back)
         due = probes.next_due()
         out = soon + ([due - now] if due is not None else [])
         return min(out) if out else None
+
+    def _warm(
+        self,
+        att: _Attempt,
+        suspect: dict[str, tuple[float, str | None]],
+        ran: dict[str, float],
+        probes: Probes,
+    ) -> None:
+        """Warm the reads of the hedge the nodes of ``suspect`` would get (each with how long its
+        probe has gone unanswered and the round's witness, which answered: not yet enough to be
+        hedged, ``_hedge.HedgePolicy.warm``): the query planned without them,
+        as the hedge would be, in a thread of its own, whose first stage asks the nodes it reads
+        from to decode those extents' columns (``_send_warms``) and runs nothing. At most one per
+        node per query; none once the run has its answer or the node was hedged."""
+        run = att.run
+        with run.lock:
+            new = set(suspect) - run.warmed - run.hedged
+            if not new or run.answer is not None:
+                return
+            run.warmed |= new
+            for n in new:  # (its probes answered so far: one more cancels the warm-up)
+                run.warm_marks[n] = (probes, probes.answered.get(n, 0))
+            exclude = set(run.exclude) | run.hedged | new
+            rec: dict[str, Any] = {
+                "nodes": sorted(new),
+                "after_s": round(max(ran.get(n, 0.0) for n in new), 4),
+                "waited_s": round(max(suspect[n][0] for n in new), 4),
+                "witness": next((suspect[n][1] for n in sorted(new) if suspect[n][1]), None),
+                "on": [],
+                "extents": 0,
+                "bytes": 0,
+                "outcome": "warming",
+            }
+            run.warms.append(rec)
+        log.info("query: warming the reads of a hedge of %s (a missed probe)", sorted(new))
+        watt = _Attempt(run, hedge=True, warm=frozenset(new), warm_rec=rec)
+
+        def go() -> None:
+            outcome = None
+            try:
+                run.attempt(exclude, watt)
+                outcome = "nothing warmed: the plan ran no stage"
+            except _Warmed:
+                return
+            except Superseded:
+                outcome = "nothing warmed: the query had answered"
+            except Exception as exc:  # noqa: BLE001 - a warm-up that cannot be planned warms nothing
+                outcome = f"nothing warmed ({short(f'{type(exc).__name__}: {exc}', 200)})"
+            with run.lock:
+                if rec["outcome"] == "warming":
+                    rec["outcome"] = outcome
+
+        threading.Thread(target=go, name="store-warm", daemon=True).start()
+
+    def _send_warms(
+        self,
+        tasks: list[tuple[str, dict[str, Any]]],
+        nodes: dict[str, NodeInfo],
+        earlier: dict[tuple[str, str], Future[Any]] | None,
+        att: _Attempt,
+    ) -> None:
+        """A warm-up attempt's first stage (``_warm``): each node the stage's new tasks read from
+        (a task identical to one already running or done is not: it would be shared, not run)
+        is asked to decode those reads into its cache (its ``warm`` action, a call of the run:
+        cancelled with the losers when the run ends, or when the node warmed for answers a probe
+        again: ``_unwarm``). Raises ``_Warmed``: nothing is run."""
+        run, rec = att.run, att.warm_rec
+        reads: dict[str, list[dict[str, Any]]] = {}
+        seen: set[tuple[str, str]] = set()
+        planned = 0
+        for n, t in tasks:
+            if earlier is not None:
+                f = earlier.get((n, json.dumps(t, sort_keys=True, default=str)))
+                if f is not None and not (f.done() and f.exception() is not None):
+                    continue
+            for side in _read_sides(t):
+                cols = side.get("read")
+                for src in side["sources"]:
+                    if (
+                        not isinstance(src, dict)
+                        or src.get("rows") is not None
+                        or src.get("node") not in nodes
+                    ):
+                        continue
+                    r = {
+                        "table": src.get("table"),
+                        "extent": src.get("extent"),
+                        "bucket": src.get("bucket"),
+                        "columns": list(cols) if cols is not None else None,
+                        "checksum": src.get("checksum"),
+                    }
+                    key = (str(src["node"]), json.dumps(r, sort_keys=True, default=str))
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    reads.setdefault(str(src["node"]), []).append(r)
+                    planned += int(src.get("bytes") or 0)
+
+        def call(node: str, body: dict[str, Any]) -> Any:
+            return self.transport.action(nodes[node], "warm", body, timeout=WARM_TIMEOUT_S)
+
+        futs = [self._start(call, n, {"reads": rs}, nodes, att) for n, rs in sorted(reads.items())]
+
+        def decoded(f: Future[Any]) -> None:  # (what the nodes say they decoded, for EXPLAIN)
+            if rec is not None and not f.cancelled() and f.exception() is None:
+                with run.lock:
+                    rec["decoded"] = rec.get("decoded", 0) + int((f.result() or {}).get("bytes") or 0)
+
+        for f in futs:
+            f.add_done_callback(decoded)
+        with run.lock:
+            for n in att.warm:
+                run.warm_calls.setdefault(n, []).extend(futs)
+            if rec is not None:
+                rec["on"] = sorted(set(rec["on"]) | set(reads))
+                rec["extents"] += sum(len(rs) for rs in reads.values())
+                rec["bytes"] += planned
+                if rec["outcome"] == "warming" and not reads:
+                    rec["outcome"] = "nothing to warm: the plan without it reads nothing new"
+        raise _Warmed()
+
+    def _unwarm(self, run: _QueryRun, back: list[str]) -> None:
+        """The nodes ``back`` answered a probe again: their warm-ups' calls still running are
+        abandoned and cancelled on the nodes doing them."""
+        by_node: dict[str, tuple[NodeInfo, list[str]]] = {}
+        with run.lock:
+            futs = [f for n in back for f in run.warm_calls.pop(n, [])]
+            for rec in run.warms:
+                if set(rec["nodes"]) & set(back) and rec["outcome"] == "warming":
+                    rec["outcome"] = f"cancelled: {', '.join(back)} answered a probe again"
+            calls = [(f, run.calls.get(f)) for f in futs if not f.done()]
+        for f, call in calls:
+            self._abandon(f)
+            if call is not None:
+                by_node.setdefault(call[0].name, (call[0], []))[1].append(call[1])
+        for node, tids in by_node.values():
+            self._send_cancel(node, tids)
 
     def _probe(self, node: NodeInfo, tids: list[str], timeout: float) -> bool:
         """One liveness probe of ``node`` (its ``probe`` action, about tasks ``tids``) with its
@@ -1541,6 +1757,8 @@ class StoreCore:
             if close is not None:
                 close()
 
+        if att is not None and att.warm:
+            self._send_warms(tasks, nodes, None, att)
         futs = [self._start(one, n, t, nodes, att, orphan) for n, t in tasks]
         if att is not None:
             for f in futs:
@@ -1998,6 +2216,8 @@ def node_action(store: NodeStore, name: str, body: dict[str, Any]) -> dict[str, 
         return store.cancel(body["tasks"])
     if name == "probe":
         return store.probe(body["tasks"])
+    if name == "warm":
+        return store.warm(body["reads"], body.get("tid"))
     if name == "verify":
         try:
             store.verify(body["table"], body["extent"], body["checksum"], force=bool(body.get("force", True)))

@@ -179,6 +179,7 @@ _ACTION_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "shuffle_drop": {"qid": str},
     "cancel": {"tasks": list},
     "probe": {"tasks": list},
+    "warm": {"reads": list},
     "verify": {"table": str, "extent": str, "checksum": str},
     "collect_garbage": {"keep": dict, "min_age_s": (int, float)},
 }
@@ -364,6 +365,7 @@ class StoreFlightServer(flight.FlightServerBase):
             ("shuffle_drop", ""),
             ("cancel", "stop query tasks by the ids the coordinator gave them (its attempt lost)"),
             ("probe", "which query tasks (by id) run here, for how long, what each has read"),
+            ("warm", "decode extents into the node's cache ahead of a hedge's reads (by task id)"),
             ("verify", "check an extent's checksum"),
             ("stats", ""),
             ("reads", "Arrow bytes read per table and replica since the node started"),

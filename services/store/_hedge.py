@@ -77,6 +77,22 @@ PROBE_AFTER_S = 0.2
 PROBE_EVERY_S = 0.15
 PROBE_TIMEOUT_S = 0.25
 PROBE_MISSES = 2
+# A node whose probe has gone unanswered for ``WARM_AFTER_S`` while the round's witness answered
+# within that time (or that has missed a probe), not yet silent, has its hedge's reads *warmed*:
+# the query is planned as the hedge would be (without the node) and the nodes that plan reads
+# from are asked to decode those extents' columns into their caches (the ``warm`` action),
+# nothing run, no answer made (``StoreCore._warm``). If the node goes on to miss its probes, the
+# hedge starts and finds its extents decoded, or being decoded (a hedge's rerun on a replica no
+# query has read spent about a third of its time decoding: docs/store.md, session 35); if the
+# node answers a probe in time, the warm-up is cancelled. Why 0.1 s: a node that is there
+# answers a probe within milliseconds (the witness's answer says the coordinator hears), so a
+# tenth of a second is still ~100x that, yet it comes ~0.3 s before the hedge (whose second
+# miss is decided ``PROBE_EVERY_S`` + ``PROBE_TIMEOUT_S`` after the first probe the node did not
+# answer), about a cold share's decoding. What a false one costs is stated and bounded: the
+# decoding of the share's columns on the nodes of another replica (into their caches, least
+# recently used evicted first; no query's answer, no network result), at most once per node per
+# query, counted (EXPLAIN's ``warm:`` lines; the benchmark's ``healthy_warmed``). 0: none.
+WARM_AFTER_S = 0.1
 RATE_SHAPES = 1024  # shapes remembered (least recently seen forgotten first)
 
 
@@ -166,6 +182,7 @@ class HedgePolicy:
     probe_every_s: float = PROBE_EVERY_S
     probe_timeout_s: float = PROBE_TIMEOUT_S
     probe_misses: int = PROBE_MISSES  # 0: nodes are not probed (only the bars above)
+    warm_after_s: float = WARM_AFTER_S  # 0: a hedge's reads are not warmed ahead of it
 
     def probe(self, ran_s: float) -> bool:
         """Is a node whose fragment has run ``ran_s`` seconds to be probed?"""
@@ -175,6 +192,17 @@ class HedgePolicy:
         """Has a node that missed ``misses`` probes in a row (each while the round's witness
         answered) stopped answering? Then it is hedged at once."""
         return self.probe_misses > 0 and misses >= self.probe_misses
+
+    def warm(self, waited_s: float, witness_s: float) -> bool:
+        """Are the reads of the hedge of a node whose probe has gone unanswered ``waited_s`` while
+        the round's witness answered in ``witness_s`` to be warmed ahead of it? (A node that
+        missed a probe has waited ``probe_timeout_s``.)"""
+        return (
+            self.probe_misses > 0
+            and self.warm_after_s > 0
+            and waited_s >= self.warm_after_s
+            and witness_s <= self.warm_after_s
+        )
 
     def bars(
         self, fragments: Sequence[Fragment], prior: Callable[[str, float], float | None] | None = None

@@ -275,6 +275,22 @@ class Probes:
         sent, the last round's witness)."""
         return {n: (m, now - first, w) for n, (m, first, w) in self._streak.items()}
 
+    def waiting(self, now: float) -> dict[str, tuple[float, float, str | None]]:
+        """The nodes whose ask in a round not decided yet is still unanswered while that round's
+        witness has answered: each with the seconds since the oldest such round was sent, the
+        seconds its witness took to answer and the witness's name (no witness to ask: 0 and
+        None). What a node that may have stopped shows before its round is decided a miss."""
+        out: dict[str, tuple[float, float, str | None]] = {}
+        for r in self._rounds:
+            w = r.witness
+            if w is not None and w[1].when is None:
+                continue  # (the witness has not answered either: nothing to tell yet)
+            took = w[1].when - r.at if w is not None and w[1].when is not None else 0.0
+            for name, a in r.asks.items():
+                if a.when is None and name not in out:
+                    out[name] = (now - r.at, took, w[0] if w is not None else None)
+        return out
+
     def next_due(self) -> float | None:
         """When (monotonic) ``tick`` next has something to do: a round to decide or to send."""
         due = [r.at + self.timeout_s for r in self._rounds[:1]]

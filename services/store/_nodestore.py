@@ -42,6 +42,8 @@ from ._residency import column_ranges, file_residency
 
 log = logging.getLogger(__name__)
 
+# extent reads one warm-up may ask for (``warm``)
+MAX_WARM_READS = 4096
 OPEN_EXTENTS = 256  # extents a node keeps open (memory-mapped) between queries
 # bytes of decompressed batches those open extents may hold together (--extent-cache-mb)
 CACHE_BYTES = 1 << 30
@@ -211,6 +213,13 @@ class NodeStore:
                 return hit[2]
         ext = open_extent(p)
         with self._lock:
+            hit = self._open.get(key)
+            if hit is not None and hit[:2] == (st.st_mtime_ns, st.st_size):
+                # another read opened it meanwhile (two reads of one cold extent at once: a query
+                # and a warm-up, ``warm``, or two queries): its batches are decoded once, there
+                # (each read waits on the extent's lock for the other's decoding), not twice
+                self._open.move_to_end(key)
+                return hit[2]
             self._drop_open(key)
             self._open[key] = (st.st_mtime_ns, st.st_size, ext)
             self._charge(key, ext)
@@ -448,6 +457,60 @@ class NodeStore:
         if out["cancelled"]:
             log.info("node %s: cancelled %d running task(s)", self.name, len(out["cancelled"]))
         return out
+
+    def warm(self, reads: Any, tid: Any = None) -> dict[str, Any]:
+        """Decode into this node's extent cache what ``reads`` select (each an extent of this node
+        with its ``bucket`` and ``columns``, as a task's source gives them), answering nothing
+        else: the coordinator's warm-up of a hedge's reads while the node a query waits on has
+        missed a liveness probe (``StoreCore._warm``), so that the hedge, if it comes, finds its
+        extents decoded. Under task id ``tid`` (``cancel`` stops it between extents; ``probe``
+        sees it). Reads nothing from peers; counts in no read statistic (``read_by_replica``:
+        the reads queries made). Returns the extents warmed and their decoded bytes."""
+        if not isinstance(reads, list) or len(reads) > MAX_WARM_READS:
+            raise InvalidArgument(f"warm: 'reads' must be a list of at most {MAX_WARM_READS} extent reads")
+        for r in reads:
+            if (
+                not isinstance(r, dict)
+                or not isinstance(r.get("table"), str)
+                or not isinstance(r.get("extent"), str)
+            ):
+                raise InvalidArgument("warm: each read names its 'table' and 'extent'")
+            b, cols = r.get("bucket"), r.get("columns")
+            if b is not None and not (
+                isinstance(b, list)
+                and len(b) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in b)
+            ):
+                raise InvalidArgument("warm: a read's 'bucket' is null or [position, partition]")
+            if cols is not None and not (isinstance(cols, list) and all(isinstance(c, str) for c in cols)):
+                raise InvalidArgument("warm: a read's 'columns' is null or a list of column names")
+        token = self._token({"tid": tid}) if tid is not None else None
+        extents = decoded = 0
+        try:
+            for r in reads:
+                if token is not None:
+                    token.check()
+                p = self.verify(r["table"], r["extent"], r.get("checksum"))
+                ext = self._opened(p)
+                b = r.get("bucket")
+                try:
+                    t, _ = ext.select(tuple(b) if b is not None else None, r.get("columns"))
+                except KeyError as exc:
+                    raise InvalidArgument(f"warm: extent {r['table']}/{r['extent']}: {exc}") from None
+                extents += 1
+                decoded += t.nbytes
+                with self._lock:
+                    self._charge(str(p), ext)
+                if token is not None:
+                    token.bytes_read += t.nbytes
+                del t
+        except BaseException as exc:
+            if token is not None:
+                self._ended(token, exc)
+            raise
+        if token is not None:
+            self.tasks.end(token)
+        return {"extents": extents, "bytes": decoded}
 
     def probe(self, tids: Any) -> dict[str, Any]:
         """Which of the query tasks ``tids`` run here, for how long and what each has read

@@ -184,3 +184,38 @@ def test_the_coordinator_probes_a_running_task_and_no_one_else_may(node):
         node.store.cancel(["h" * 24])
         thread.join(60)
         transport.close()
+
+
+def test_the_coordinator_warms_a_hedges_reads_and_no_one_else_may(node):
+    """The warm-up of a hedge's reads (``warm`` action, ``StoreCore._warm``): the coordinator asks
+    a node to decode extents' columns into its cache ahead of a hedge; the node answers what it
+    decoded and counts it as no query's read. A node action: refused to anyone but
+    ``service:store``."""
+    import pyarrow as pa
+
+    from microco.common.kv import MemoryKV
+
+    rows = pa.table({"k": list(range(4000)), "v": list(range(4000))})
+    eid = "s000000-r1-p0000-abcd"
+    node.store.put_extent("t", eid, rows, [[0, 0, 4000]])
+    transport = FlightTransport(MemoryKV())  # calls as service:store, the coordinator
+    info = NodeInfo("n1", "r0", f"grpc+tls://127.0.0.1:{node.port}")
+    read = {"table": "t", "extent": eid, "bucket": None, "columns": ["k"]}
+    try:
+        address = f"127.0.0.1:{node.port}"
+        for who in ("user:mallory", "service:store-node"):
+            client = flight_client(address, issued(who))
+            try:
+                with pytest.raises(flight.FlightUnauthorizedError, match="only service:store may"):
+                    list(client.do_action(flight.Action("warm", json.dumps({"reads": [read]}).encode())))
+            finally:
+                client.close()
+        assert node.store.stats()["open_extents"] == 0  # (the refused ones decoded nothing)
+        got = transport.action(info, "warm", {"reads": [read], "tid": "w" * 24}, timeout=10.0)
+        assert got["extents"] == 1 and got["bytes"] >= 4000 * 8, got
+        assert node.store.stats()["open_extents"] == 1 and node.store.stats()["tasks_running"] == 0
+        assert node.store.bytes_read == 0  # (no query read it)
+        with pytest.raises(Exception, match="must be a list"):
+            transport.action(info, "warm", {"reads": "t"}, timeout=5.0)
+    finally:
+        transport.close()

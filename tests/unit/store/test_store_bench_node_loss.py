@@ -111,3 +111,21 @@ def test_the_healthy_queries_that_were_hedged_are_counted():
     store.query = query  # type: ignore[method-assign]
     out = query_at_node_loss(store, store, "q", None, "store-2", trials=3, log=lambda _: None)
     assert out["healthy_hedged"] == 1 and out["healthy_hedges"] == ["hedge: n1 missed 2 liveness probes"]
+
+
+def test_the_healthy_queries_that_warmed_a_hedges_reads_are_counted():
+    """A warm-up of a hedge's reads (a node missed one liveness probe) is work a healthy query
+    did beyond its own: each healthy trial's EXPLAIN is read for warm lines, and the in-flight
+    query's are reported."""
+    store = _Store(trials=3)
+    warm = "warm: n1 missed 1 liveness probe (0.25 s without an answer) ...; not needed"
+    plans = iter([f"partial_agg\n{warm}", "partial_agg", "partial_agg", f"x\n{warm}\ntimings: plan 0.1 s"])
+
+    def query(frame):
+        store.last_plan = {"explain": next(plans, "partial_agg")}
+        return _Store.query(store, frame)
+
+    store.query = query  # type: ignore[method-assign]
+    out = query_at_node_loss(store, store, "q", None, "store-2", trials=3, log=lambda _: None)
+    assert out["healthy_warmed"] == 1 and out["healthy_hedged"] == 0
+    assert out["warms"] == [warm] and out["in_flight_timings"] == ["timings: plan 0.1 s"]
