@@ -1777,7 +1777,7 @@ class AstraTorch(SessionBacked):
         if not self._channels_last or not all(p.device.type == "cpu" for p in self.model.parameters()):
             return ()
         mkldnn = torch.backends.mkldnn
-        if not (mkldnn.enabled and mkldnn.is_available()):
+        if not (mkldnn.enabled and mkldnn.is_available()):  # type: ignore[no-untyped-call]
             return ()
         config = sys.modules.get("torch._inductor.config")
         if config is not None and not getattr(config, "layout_optimization", True):
