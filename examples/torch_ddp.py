@@ -14,6 +14,7 @@ differ), so an exact resume needs each rank's own RNG state back.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -92,7 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     # the rendezvous store, and a rank 0 that destroyed its group and exited while rank 1 was
     # still in its last all-reduce was seen to abort in gloo's teardown ("terminate called
     # without an active exception", SIGABRT after training; a CI run, 2026-12-04).
+    # Seen again beside the other suites (a CI run, 2026-12-05: rank 1 of the reference run
+    # aborted the same way after the barrier): DDP's reducer holds the process group, so
+    # ``destroy_process_group`` only unregistered it and gloo's threads were torn down by the
+    # interpreter's exit, in whatever order its objects went. The wrapper goes first, then the
+    # group is destroyed while every thread of it can still be joined.
     dist.barrier()
+    del ddp
+    gc.collect()
     dist.destroy_process_group()
     return 0
 
