@@ -399,16 +399,10 @@ class NodeStore:
 
     def run(self, task: dict[str, Any]) -> pa.Table:
         token = self._token(task)
-        try:
+        with self._running(token):
             out = _exec.run_task(_NodeEnv(self, task.get("addresses", {}), token), task)
             if token is not None:
                 token.check()
-        except BaseException as exc:
-            if token is not None:
-                self._ended(token, exc)
-            raise
-        if token is not None:
-            self.tasks.end(token)
         return out
 
     def run_stream(self, task: dict[str, Any]) -> pa.RecordBatchReader:
@@ -440,6 +434,19 @@ class NodeStore:
                 self._ended(tok, error)
 
         return pa.RecordBatchReader.from_batches(reader.schema, batches())
+
+    @contextlib.contextmanager
+    def _running(self, token: CancelToken | None) -> Iterator[None]:
+        """A task's work under its token (None: a task without one): ended with the error that
+        ends it, or as done when it returns."""
+        try:
+            yield
+        except BaseException as exc:
+            if token is not None:
+                self._ended(token, exc)
+            raise
+        if token is not None:
+            self.tasks.end(token)
 
     def _ended(self, token: CancelToken, error: BaseException | None) -> None:
         self.tasks.end(token, error)
@@ -486,7 +493,7 @@ class NodeStore:
                 raise InvalidArgument("warm: a read's 'columns' is null or a list of column names")
         token = self._token({"tid": tid}) if tid is not None else None
         extents = decoded = 0
-        try:
+        with self._running(token):
             for r in reads:
                 if token is not None:
                     token.check()
@@ -504,12 +511,6 @@ class NodeStore:
                 if token is not None:
                     token.bytes_read += t.nbytes
                 del t
-        except BaseException as exc:
-            if token is not None:
-                self._ended(token, exc)
-            raise
-        if token is not None:
-            self.tasks.end(token)
         return {"extents": extents, "bytes": decoded}
 
     def probe(self, tids: Any) -> dict[str, Any]:
