@@ -189,12 +189,12 @@ def test_torchrun_rank_that_raises_fails_the_job_with_one_clear_line(agents, sch
 
 
 SPAWN_JOB = """
-import socket, sys, time
+import os, sys, tempfile, time
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 from microco.clients.scheduler import TorchHook
 
-def work(rank, world, port):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def work(rank, world, init):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 2)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -208,8 +208,10 @@ def work(rank, world, port):
         hook.step_end(step + 1)
 
 if __name__ == "__main__":
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-    mp.spawn(work, args=(2, port), nprocs=2)
+    # a file rendezvous: a port picked free and closed again could be taken by another test's
+    # server before rank 0 bound it (a CI run, 2026-12-05: no rank ever reported a step)
+    init = "file://" + os.path.join(tempfile.mkdtemp(prefix="microco-rdzv-"), "store")
+    mp.spawn(work, args=(2, init), nprocs=2)
 """
 
 
@@ -243,6 +245,10 @@ def _park_resume_stop_two_ranks(cmd: list[str], tmp_path, extra_env: dict[str, s
         ch.wait_status(lambda s: s["step"] >= st["step"] + 3, 60)
         ch.send("stop")
         out, _ = p.communicate(timeout=120)
+    except TimeoutError as exc:  # (what the job printed says why: a failed start, a hang)
+        p.kill()
+        printed, _ = p.communicate(timeout=60)
+        raise AssertionError(f"{exc}; the job printed:\n{printed[-3000:]}") from None
     finally:
         if p.poll() is None:
             p.kill()
