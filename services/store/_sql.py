@@ -617,6 +617,7 @@ class _Ctx:
     exchange_maps: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     exchange_cost: dict[str, float] = field(default_factory=dict)
     _names: Any = ...
+    _bound: Any = ...  # the outputs' names as DuckDB binds ``text`` (``_bound_names``)
 
     def needed(self, t: TableInfo) -> list[str]:
         """The columns of table ``t`` that the query uses (names resolved once): all of them where
@@ -1778,14 +1779,19 @@ def _expand_stars(ctx: _Ctx, sel: exp.Select) -> bool:
 
 def _bound_names(ctx: _Ctx) -> list[str] | None:
     """The query's output names as DuckDB binds the SQL as written (``ctx.text``) over empty
-    tables of the same schemas (nothing runs); None when they cannot be had."""
-    if not ctx.text:
-        return None
+    tables of the same schemas (nothing runs); None when they cannot be had. Bound once per
+    planning (a plan may ask from several places: the split's outputs, the answer's names)."""
+    if ctx._bound is ...:
+        ctx._bound = _bind_names(ctx.text, ctx.tables) if ctx.text else None
+    return None if ctx._bound is None else list(ctx._bound)
+
+
+def _bind_names(text: str, tables: dict[str, TableInfo]) -> list[str] | None:
     con = duck()
     try:
-        for t in ctx.tables.values():
+        for t in tables.values():
             con.register(t.name, t.schema.empty_table())
-        return list(con.sql(ctx.text).columns)
+        return list(con.sql(text).columns)
     except duckdb.Error:
         return None
     finally:
