@@ -137,3 +137,150 @@ def faithful_random(on: bool) -> Iterator[None]:
 
     with config.patch(fallback_random=True):
         yield
+
+
+def _feature_maps(t: Any) -> bool:
+    """A tensor whose storage order differs between the contiguous and the channels-last
+    layouts: four dimensions, more than one channel and more than one spatial position."""
+    import torch
+
+    return isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[1] > 1 and t.shape[2] * t.shape[3] > 1
+
+
+def _flat(args: Any, kwargs: dict[str, Any]) -> list[Any]:
+    from torch.utils._pytree import tree_leaves
+
+    return list(tree_leaves((args, kwargs)))
+
+
+class LayoutDrawWatch:
+    """Watches the probe step's random draws (a ``TorchFunctionMode`` over it) for one whose
+    numbers follow its input's memory layout: a dropout called as a function (``F.dropout``
+    inside a ``forward``), a hand-written mask (``torch.rand_like(h) < p``,
+    ``torch.empty_like(h).bernoulli_(p)``), as much as the ``nn.Dropout`` modules
+    ``layout_dependent_draw`` sees by their hooks.
+
+    Which draws follow the layout is not listed here but asked of PyTorch, draw by draw: a
+    random call (``random_name``) with a feature-map argument (``_feature_maps``) is drawn
+    again, at the generator state it started from, over channels-last copies of its tensor
+    arguments; where the two draws differ, the channels-last trial would draw other numbers
+    than the eager run (``found`` names the call). The generator is then put back where the
+    real draw left it, so the step's own numbers are the eager run's. Measured with torch 2.13
+    (session 36): ``F.dropout``, ``F.alpha_dropout``, ``torch.rand_like`` and a ``bernoulli_``
+    over a map's shape differ; ``F.dropout2d`` and ``F.feature_alpha_dropout`` (one draw per
+    channel), ``torch.bernoulli(probabilities)``, a drop-path mask ``[B, 1, 1, 1]`` and
+    ``torch.rand(shape)`` draw the same. A draw into a fresh contiguous tensor
+    (``h.new_empty(h.shape).bernoulli_(p)``) is counted as following the layout (the watch
+    sees the draw, not where its tensor came from): a channels-last trial is then not offered,
+    never offered wrongly. ``cost_s`` is the redraws' time, taken off the probe step's.
+
+    Used only where no compiled code runs in the step: dynamo guards on the mode stack, and a
+    user's compiled module would be compiled again for the probe step alone."""
+
+    def __init__(self) -> None:
+        from torch.overrides import TorchFunctionMode
+
+        watch = self
+
+        class _Mode(TorchFunctionMode):
+            def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                return watch._call(func, args, kwargs or {})
+
+        self._mode = _Mode()
+        self._names: dict[Any, bool] = {}
+        self.found = ""
+        self.cost_s = 0.0
+        self.active = False
+
+    def start(self) -> None:
+        if not self.active:
+            self._mode.__enter__()  # type: ignore[no-untyped-call]
+            self.active = True
+
+    def stop(self) -> None:
+        if self.active:
+            self.active = False
+            self._mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+
+    def _random(self, func: Any) -> bool:
+        known = self._names.get(func)
+        if known is None:
+            known = self._names[func] = random_name((getattr(func, "__name__", None) or str(func)).lower())
+        return known
+
+    def _call(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        if self.found or not self._random(func):
+            return func(*args, **kwargs)
+        leaves = _flat(args, kwargs)
+        if not any(_feature_maps(t) for t in leaves):
+            return func(*args, **kwargs)
+        import time
+
+        started = time.perf_counter()
+        try:
+            again = self._prepare(leaves, args, kwargs)
+        except Exception:  # noqa: BLE001 - a draw it cannot repeat is counted as following the layout
+            again = None
+        self.cost_s += time.perf_counter() - started
+        out = func(*args, **kwargs)  # the step's own draw
+        started = time.perf_counter()
+        try:
+            self._compare(func, out, again)
+        except Exception:  # noqa: BLE001 - (as above)
+            self.found = self._name(func)
+        self.cost_s += time.perf_counter() - started
+        return out
+
+    @staticmethod
+    def _name(func: Any) -> str:
+        return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or str(func)
+
+    @staticmethod
+    def _prepare(leaves: list[Any], args: Any, kwargs: dict[str, Any]) -> Any:
+        """The generator and its state before the draw, and the call's arguments with each
+        feature map a channels-last copy (copied before the draw: an in-place draw overwrites
+        its tensor)."""
+        import torch
+        from torch.utils._pytree import tree_map
+
+        gen = kwargs.get("generator")
+        if gen is None:
+            devices = {t.device for t in leaves if isinstance(t, torch.Tensor)}
+            if len(devices) != 1:
+                return None
+            (device,) = devices
+            if device.type == "cpu":
+                gen = torch.default_generator
+            elif device.type == "cuda":
+                gen = torch.cuda.default_generators[device.index or 0]
+            else:
+                return None
+        with torch.no_grad():
+            copied = tree_map(
+                lambda t: t.clone(memory_format=torch.channels_last) if _feature_maps(t) else t,
+                (args, kwargs),
+            )
+        return gen, gen.get_state(), copied
+
+    def _compare(self, func: Any, out: Any, again: Any) -> None:
+        import torch
+
+        if again is None:
+            self.found = self._name(func)
+            return
+        gen, before, (args, kwargs) = again
+        after = gen.get_state()
+        try:
+            gen.set_state(before)
+            with torch.no_grad():
+                redrawn = func(*args, **kwargs)
+        finally:
+            gen.set_state(after)
+        mine = [t for t in _flat(out, {}) if isinstance(t, torch.Tensor)]
+        theirs = [t for t in _flat(redrawn, {}) if isinstance(t, torch.Tensor)]
+        same = len(mine) == len(theirs) and all(
+            a.shape == b.shape and torch.equal(a.detach(), b.detach())
+            for a, b in zip(mine, theirs, strict=True)
+        )
+        if not same:
+            self.found = self._name(func)

@@ -38,7 +38,7 @@ from ._deadline import CompileDeadline, DeadlineTimer
 from ._gain_rule import CompileGainRule
 from ._guard import StepSnapshot
 from ._optim import FOREACH, FUSED, OPTIMIZER, StepOptimizers
-from ._rng import layout_dependent_draw
+from ._rng import LayoutDrawWatch, layout_dependent_draw
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._step_profile import StepProfile, StepProfiler
@@ -101,6 +101,20 @@ def _ran_alone(process_ms: float, thread_ms: float) -> bool:
     time within 1.5x the thread's (and a millisecond)? Else other threads worked meanwhile, and
     the thread's CPU time is not the span's work."""
     return process_ms <= 1.5 * thread_ms + 1.0
+
+
+def _compiled_inside(model: nn.Module) -> bool:
+    """Does the model hold code compiled by dynamo (a module ``torch.compile`` wrapped, or a
+    compiled ``forward``)? Dynamo guards on the torch-function mode stack: a step run under
+    ``LayoutDrawWatch`` would compile the user's code once more, for that step alone."""
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except Exception:  # noqa: BLE001 - no dynamo: nothing compiled by it
+        return False
+    return any(
+        isinstance(m, OptimizedModule) or hasattr(getattr(m, "forward", None), "_torchdynamo_orig_callable")
+        for m in model.modules()
+    )
 
 
 def spare_core() -> bool:
@@ -347,8 +361,11 @@ class AstraTorch(SessionBacked):
         self._step_cpu_ms = math.nan  # the last step's thread CPU time (NaN: not measured)
         self._regions: dict[str, list[str]] = {}  # region -> runner names
         self._channels_last = any(isinstance(m, nn.Conv2d) for m in model.modules())
-        # the first dropout module the probe step saw drawing over feature maps ("": none)
+        # the first draw the probe step saw whose numbers follow the layout ("": none): a dropout
+        # module's name, or the random call ``LayoutDrawWatch`` saw draw otherwise over a
+        # channels-last copy
         self._layout_draws = ""
+        self._layout_watch: LayoutDrawWatch | None = None
         # The whole-step compiles are part of the space, by kind (``WHOLE``): "plain", the
         # model's forward compiled by dynamo + Inductor with the cells' plain code inside it
         # (what torch.compile does); "rewrite", the same with the whole-step graph passes
@@ -534,6 +551,7 @@ class AstraTorch(SessionBacked):
             "astra: the compiler failed around a step (%s); the model runs its own code", self.abandoned
         )
         undo: list[Callable[[], None]] = [
+            lambda: self._layout_watch.stop() if self._layout_watch is not None else None,
             lambda: self._set_whole_compile(None),
             self._go_direct,
             self.optimizers.restore,
@@ -703,6 +721,12 @@ class AstraTorch(SessionBacked):
             cpu = math.nan
         self.clock.in_step = False
         self._unhook_guard()
+        watch, self._layout_watch = self._layout_watch, None
+        if watch is not None:
+            watch.stop()
+            self._layout_draws = self._layout_draws or watch.found
+            ms -= watch.cost_s * 1e3  # (its redraws: not the step's work)
+            cpu -= watch.cost_s * 1e3
         if self._snap is not None:
             self._snap.close()
             ms -= self._snap.cost_s * 1e3
@@ -779,7 +803,7 @@ class AstraTorch(SessionBacked):
         def count(mod: nn.Module, args: Any) -> None:
             n = names[mod]
             calls[n] = calls.get(n, 0) + 1
-            if not self._layout_draws and layout_dependent_draw(mod, args):
+            if self._layout_watch is None and not self._layout_draws and layout_dependent_draw(mod, args):
                 self._layout_draws = n  # channels-last would draw other masks (``_variables``)
 
         def shapes(mod: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
@@ -821,6 +845,11 @@ class AstraTorch(SessionBacked):
         if self.background is not None and self.background.enabled:
             self._snapshot = self._take_snapshot()
 
+        if self._channels_last and not _compiled_inside(self.model):
+            # every random call of the step asked whether its numbers follow the layout (a
+            # functional dropout has no module to hook); the modules' hooks where it cannot run
+            self._layout_watch = LayoutDrawWatch()
+            self._layout_watch.start()
         self.optimizers.watch()  # the optimisers the probe step reaches
         self._hooks = [m.register_forward_pre_hook(count) for n, m in self.model.named_modules() if n]
         self._hooks.append(self.model.register_forward_pre_hook(shapes, with_kwargs=True))
@@ -1746,10 +1775,10 @@ class AstraTorch(SessionBacked):
                 )
         if self._channels_last and self._layout_draws:
             # its masks follow the layout: every channels-last step would drop other elements
-            # than the run without the compiler (``layout_dependent_draw``)
+            # than the run without the compiler (``layout_dependent_draw``, ``LayoutDrawWatch``)
             log.info(
-                "%s draws dropout masks over feature maps: channels-last is not offered (it would "
-                "draw other masks than the eager run)",
+                "%s draws random numbers over feature maps in their storage order: channels-last "
+                "is not offered (it would draw other numbers than the eager run)",
                 self._layout_draws,
             )
         elif self._channels_last:

@@ -1,0 +1,141 @@
+"""Random numbers drawn over feature maps by calls, not modules (issue 18, session 36): a
+``forward`` calling ``F.dropout`` on a feature map, or making its own mask with
+``torch.rand_like``, draws its numbers in the tensor's storage order just as an ``nn.Dropout``
+does, but no module hook sees it: before, channels-last was offered and its trials moved the
+losses from the eager run's. The probe step's ``LayoutDrawWatch`` redraws each random call over
+channels-last copies at the same generator state and asks PyTorch whether the numbers differ:
+those that draw one number per channel or per sample (``F.dropout2d``, a drop-path mask) keep
+channels-last on offer, and every run's losses are the eager run's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from microco.clients.compiler import AstraTorch
+from microco.clients.compiler._rng import LayoutDrawWatch
+from microco.clients.compiler.explore import LocalExplorer
+
+
+def _drop_path(h: torch.Tensor, p: float) -> torch.Tensor:
+    keep = h.new_empty((h.shape[0], 1, 1, 1)).bernoulli_(1 - p)  # (timm's, torchvision's shape)
+    return h * keep / (1 - p)
+
+
+# what the forward does to its first feature map -> is the mask's draw the layout's?
+_DRAWS = {
+    "functional-dropout": (lambda h, training: F.dropout(h, 0.3, training), True),
+    "rand-like-mask": (lambda h, training: h * (torch.rand_like(h) > 0.3) if training else h, True),
+    "alpha-dropout": (lambda h, training: F.alpha_dropout(h, 0.2, training), True),
+    "dropout2d": (lambda h, training: F.dropout2d(h, 0.3, training), False),
+    "drop-path": (lambda h, training: _drop_path(h, 0.3) if training else h, False),
+}
+
+
+class _Net(nn.Module):
+    def __init__(self, draw: str) -> None:
+        super().__init__()
+        self.draw = _DRAWS[draw][0]
+        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.draw(torch.relu(self.a(x)), self.training)
+        return self.head(torch.relu(self.b(h)).mean((2, 3)))
+
+
+def _train(draw: str, tmp_path, astra: bool, steps: int = 14):
+    torch.manual_seed(0)
+    model = _Net(draw)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    wrapped = (
+        AstraTorch(
+            model,
+            LocalExplorer.on_disk(str(tmp_path / f"explore-{draw}.json")),
+            threads=("1",),
+            compile_choices=("eager",),
+            background=False,
+            total_steps=5000,  # (told a long run: a short one would not try channels-last at all)
+        )
+        if astra
+        else None
+    )
+    g = torch.Generator().manual_seed(1)
+    data = [
+        (torch.randn(4, 3, 12, 12, generator=g), torch.randint(0, 4, (4,), generator=g)) for _ in range(3)
+    ]
+    torch.manual_seed(2)  # the draws' stream
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    losses = []
+    for i in range(steps):
+        x, y = data[i % len(data)]
+        losses.append(float(wrapped.run(step, x, y) if wrapped else step(x, y)))
+    offered = [v.name for v in wrapped.session.spec.variables] if wrapped else []
+    if wrapped:
+        wrapped.restore()
+    return losses, offered
+
+
+@pytest.mark.parametrize("draw", list(_DRAWS))
+def test_a_draw_that_follows_the_layout_keeps_channels_last_off_and_the_losses_eager(tmp_path, draw):
+    follows = _DRAWS[draw][1]
+    eager, _ = _train(draw, tmp_path, astra=False)
+    astra, offered = _train(draw, tmp_path, astra=True)
+    assert ("memory_format" in offered) is not follows
+    # the same numbers drawn: the losses differ by float order at most (channels-last convolutions)
+    assert astra == pytest.approx(eager, rel=1e-4)
+
+
+def test_the_watch_leaves_the_steps_own_numbers_and_the_generator_as_it_found_them():
+    x = torch.randn(2, 8, 5, 5)
+
+    def draws():
+        torch.manual_seed(3)
+        a = F.dropout(x, 0.5, True)
+        b = torch.rand_like(x)
+        c = torch.empty(2, 8, 5, 5).bernoulli_(0.5)
+        return a, b, c, torch.rand(4)  # the last: where the generator was left
+
+    plain = draws()
+    watch = LayoutDrawWatch()
+    watch.start()
+    try:
+        watched = draws()
+    finally:
+        watch.stop()
+    assert watch.found  # the first of them follows the layout
+    for p, w in zip(plain, watched, strict=True):
+        assert torch.equal(p, w)
+
+
+def test_the_watch_asks_pytorch_not_a_list_of_names():
+    """Which calls follow the layout is PyTorch's answer at the same generator state: one draw
+    per channel (``dropout2d``), per probability given (``torch.bernoulli``) or over an explicit
+    shape (``torch.rand``) draws the same numbers in either layout."""
+    x = torch.randn(2, 8, 5, 5)
+    for fn, follows in [
+        (lambda: F.dropout(x, 0.5, True), True),
+        (lambda: F.dropout(x, 0.5, False), False),  # not training: nothing drawn
+        (lambda: F.dropout2d(x, 0.5, True), False),
+        (lambda: F.feature_alpha_dropout(x, 0.5, True), False),
+        (lambda: torch.bernoulli(torch.sigmoid(x)), False),
+        (lambda: torch.rand(x.shape), False),
+        (lambda: F.dropout(x[:, :1], 0.5, True), False),  # one channel: one order
+        (lambda: F.dropout(x.flatten(1), 0.5, True), False),  # a vector per sample
+    ]:
+        watch = LayoutDrawWatch()
+        watch.start()
+        try:
+            fn()
+        finally:
+            watch.stop()
+        assert bool(watch.found) is follows, fn
