@@ -2184,6 +2184,7 @@ class AstraTorch(SessionBacked):
                 torch.channels_last if values["memory_format"] == "channels_last" else torch.contiguous_format
             )
             self.model.to(memory_format=fmt)  # type: ignore[call-overload]
+            self.optimizers.follow_layouts()  # (the fused updates pair elements in memory order)
 
 
 def _values_id(values: dict[str, str]) -> str:
