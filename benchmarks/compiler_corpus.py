@@ -62,6 +62,9 @@ class Case:
     # torch: (model, *batch) -> scalar loss; tensorflow: (model output, labels) -> scalar loss
     loss: Callable[..., Any]
     framework: str = "torch"
+    # the training loop's optimiser (torch): "sgd" (plain SGD, lr 0.01: no state) or "adamw"
+    # (AdamW, lr 1e-3: two moments a parameter, laid out as the parameter was when made)
+    optimizer: str = "sgd"
 
 
 def _torch_cases() -> list[Case]:
@@ -770,6 +773,8 @@ def _torch_adapter(case: Case, device: str = "cpu") -> dict[str, Any]:
         torch.manual_seed(0)  # built on the CPU, as seeded, then moved: the same initial weights
         model = case.make().to(dev)
         model.train()
+        if case.optimizer == "adamw":
+            return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
         return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
     def barrier() -> None:

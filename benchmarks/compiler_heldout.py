@@ -2,7 +2,8 @@
 in the corpus (``transformers``' LlamaForCausalLM, DistilBertForSequenceClassification and
 BartForConditionalGeneration from tiny configs, no weights; since session 27 lucidrains'
 ``x-transformers`` (a decoder-only LM with rotary embeddings, the same with its layers' weights
-tied, and an encoder with other options)
+tied, and an encoder with other options), since session 36 ``transformers``' ResNet and ConvNeXt
+trained with AdamW
 and ``keras-hub`` (GPT-2 causal LM and a BERT classifier from 2-layer configs), since session 34
 ``timm`` (PyTorch Image Models: EfficientNet-B0, GhostNet, ConvNeXt-atto, ResNet10-T, a ViT-tiny
 and MobileViT-XXS, no weights, at 64x64 or 32x32), each skipped
@@ -14,7 +15,7 @@ after each other equally often; medians of wall and of process CPU time per step
 length's total is a contender's measured first steps (compile, exploration, a warm-up step)
 plus the remaining steps at its interleaved median (the JSON's ``totals``).
 
-``microco bench compiler --corpus heldout [--models hf-llama,hf-distilbert,hf-bart,xt-decoder,xt-encoder,
+``microco bench compiler --corpus heldout [--models hf-llama,hf-distilbert,hf-bart,hf-resnet-adamw,xt-decoder,xt-encoder,
 xt-tied,khub-gpt2,khub-bert,timm-efficientnet-b0,...] --json``,
 or ``python -m microco.benchmarks.compiler_heldout [the same options]``.
 """
@@ -36,6 +37,9 @@ from .compiler_corpus import (
 )
 
 HF_MODELS = ("hf-llama", "hf-distilbert", "hf-bart")
+# transformers' vision models with convolutions, trained with AdamW (session 36: a stateful
+# optimiser beside a channels-last trial; the corpus's plain SGD has no state)
+HF_VISION_MODELS = ("hf-resnet-adamw", "hf-convnext-adamw")
 XT_MODELS = ("xt-decoder", "xt-encoder", "xt-tied")  # lucidrains' x-transformers (PyPI: x-transformers)
 KHUB_MODELS = ("khub-gpt2", "khub-bert")  # keras-hub (PyPI: keras-hub), TensorFlow backend
 # timm (PyPI: timm): name here -> (timm's model name, image side, its options)
@@ -48,11 +52,11 @@ TIMM: dict[str, tuple[str, int, dict[str, Any]]] = {
     "timm-mobilevit-xxs": ("mobilevit_xxs", 64, {}),
 }
 TIMM_MODELS = tuple(TIMM)
-MODELS = HF_MODELS + XT_MODELS + KHUB_MODELS + TIMM_MODELS
+MODELS = HF_MODELS + HF_VISION_MODELS + XT_MODELS + KHUB_MODELS + TIMM_MODELS
 
 
 def heldout() -> list[Case]:
-    return _hf_heldout() + _xt_heldout() + _khub_heldout() + _timm_heldout()
+    return _hf_heldout() + _hf_vision_heldout() + _xt_heldout() + _khub_heldout() + _timm_heldout()
 
 
 def _import_or_skip(module: str, names: tuple[str, ...], pip: str) -> Any:
@@ -107,6 +111,41 @@ def _hf_heldout() -> list[Case]:
         Case("hf-distilbert", "transformers.DistilBertForSequenceClassification", distilbert, ids, cls),
         Case("hf-bart", "transformers.BartForConditionalGeneration", bart, ids, lm),
     ]
+
+
+def _hf_vision_heldout() -> list[Case]:
+    """transformers' ResNet and ConvNeXt (drop-path 0.1) from small configs, no weights, a batch
+    of 8 random 64x64 images, their own classification loss, AdamW."""
+    tr = transformers_or_skip(HF_VISION_MODELS)
+    if tr is None:
+        return []
+    import torch
+
+    def resnet() -> Any:
+        cfg = tr.ResNetConfig(
+            embedding_size=16, hidden_sizes=[16, 32, 64, 64], depths=[1, 1, 1, 1], num_labels=10
+        )
+        return tr.ResNetForImageClassification(cfg)
+
+    def convnext() -> Any:
+        cfg = tr.ConvNextConfig(
+            hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 2, 1], drop_path_rate=0.1, num_labels=10
+        )
+        return tr.ConvNextForImageClassification(cfg)
+
+    def images() -> tuple[Any, ...]:
+        g = torch.Generator().manual_seed(5)
+        return torch.randn(8, 3, 64, 64, generator=g), torch.randint(0, 10, (8,), generator=g)
+
+    def cls(m: Any, x: Any, y: Any) -> Any:
+        return m(pixel_values=x, labels=y).loss
+
+    return [
+        Case("hf-resnet-adamw", "transformers.ResNetForImageClassification, AdamW", resnet, images, cls,
+             optimizer="adamw"),
+        Case("hf-convnext-adamw", "transformers.ConvNextForImageClassification, AdamW", convnext, images, cls,
+             optimizer="adamw"),
+    ]  # fmt: skip
 
 
 def _xt_heldout() -> list[Case]:
