@@ -803,7 +803,8 @@ class AstraTorch(SessionBacked):
         def count(mod: nn.Module, args: Any) -> None:
             n = names[mod]
             calls[n] = calls.get(n, 0) + 1
-            if self._layout_watch is None and not self._layout_draws and layout_dependent_draw(mod, args):
+            redraws = self._layout_watch is not None and self._layout_watch.redraws
+            if not redraws and not self._layout_draws and layout_dependent_draw(mod, args):
                 self._layout_draws = n  # channels-last would draw other masks (``_variables``)
 
         def shapes(mod: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
@@ -845,10 +846,11 @@ class AstraTorch(SessionBacked):
         if self.background is not None and self.background.enabled:
             self._snapshot = self._take_snapshot()
 
-        if self._channels_last and not _compiled_inside(self.model):
+        if self._channels_last:
             # every random call of the step asked whether its numbers follow the layout (a
-            # functional dropout has no module to hook); the modules' hooks where it cannot run
-            self._layout_watch = LayoutDrawWatch()
+            # functional dropout has no module to hook); where the model holds compiled code,
+            # which cannot be watched so, the modules' hooks and any draw at all
+            self._layout_watch = LayoutDrawWatch(redraw=not _compiled_inside(self.model))
             self._layout_watch.start()
         self.optimizers.watch()  # the optimisers the probe step reaches
         self._hooks = [m.register_forward_pre_hook(count) for n, m in self.model.named_modules() if n]

@@ -46,13 +46,15 @@ class _Net(nn.Module):
         return self.head(torch.relu(self.b(h)).mean((2, 3)))
 
 
-def _train(draw: str, tmp_path, astra: bool, steps: int = 14):
+def _train(draw: str, tmp_path, astra: bool, steps: int = 14, compiled: bool = False):
     torch.manual_seed(0)
     model = _Net(draw)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    # the user's own torch.compile (dynamo's graph run eagerly: the draws are eager's)
+    called = torch.compile(model, backend="eager") if compiled else model
     wrapped = (
         AstraTorch(
-            model,
+            called,
             LocalExplorer.on_disk(str(tmp_path / f"explore-{draw}.json")),
             threads=("1",),
             compile_choices=("eager",),
@@ -70,7 +72,7 @@ def _train(draw: str, tmp_path, astra: bool, steps: int = 14):
 
     def step(x, y):
         opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
+        loss = nn.functional.cross_entropy(called(x), y)
         loss.backward()
         opt.step()
         return loss.detach()
@@ -93,6 +95,30 @@ def test_a_draw_that_follows_the_layout_keeps_channels_last_off_and_the_losses_e
     assert ("memory_format" in offered) is not follows
     # the same numbers drawn: the losses differ by float order at most (channels-last convolutions)
     assert astra == pytest.approx(eager, rel=1e-4)
+
+
+@pytest.mark.parametrize("draw", ["functional-dropout", "drop-path"])
+def test_in_a_users_compiled_model_any_draw_keeps_channels_last_off(tmp_path, draw):
+    """A model holding the user's ``torch.compile`` is not watched call by call (dynamo guards on
+    the mode stack): there any draw in the probe step keeps channels-last off, a drop-path's
+    too (conservative: its draws are not redrawn), and the losses are the compiled run's."""
+    eager, _ = _train(draw, tmp_path, astra=False, compiled=True)
+    astra, offered = _train(draw, tmp_path, astra=True, compiled=True)
+    assert "memory_format" not in offered
+    assert astra == pytest.approx(eager, rel=1e-4)
+
+
+def test_a_watch_that_cannot_redraw_counts_any_advance_of_the_generator():
+    quiet = LayoutDrawWatch(redraw=False)
+    quiet.start()
+    torch.relu(torch.ones(2, 8, 4, 4))
+    quiet.stop()
+    assert not quiet.found
+    drawing = LayoutDrawWatch(redraw=False)
+    drawing.start()
+    torch.rand(3)
+    drawing.stop()
+    assert drawing.found == LayoutDrawWatch.COMPILED
 
 
 def test_the_watch_leaves_the_steps_own_numbers_and_the_generator_as_it_found_them():
