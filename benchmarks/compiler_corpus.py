@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 RUN_LENGTHS = (300, 1000, 5000)
+RNG_SEED = 123  # every torch contender's own random stream starts here (``_torch_adapter``)
 AA = "eager_aa"  # the A/A control: a second eager instance, built last (``bench_case``)
 # A variable's value that is the model as built (left out of a reported configuration, so that
 # ``nothing_to_do`` still means "nothing but a thread count")
@@ -793,13 +794,45 @@ def _torch_adapter(case: Case, device: str = "cpu") -> dict[str, Any]:
 
     counts: dict[str, int] = {}
     models: dict[str, Any] = {}
+    # Each contender draws its random numbers (dropout, drop-path) from a stream of its own,
+    # seeded alike, as in a run alone (session 36: the contenders, stepped in turns, shared the
+    # global generator, so a model that draws got other masks in each, and two eager instances
+    # ended 4.6e-4 apart: the loss comparison said nothing of whether microco keeps eager's
+    # numbers). The stream is swapped in around each of its steps (the default generators'
+    # states: a few kB copied, the same for every contender).
+    streams: dict[str, list[Any]] = {}
+
+    def rng_states() -> list[Any]:
+        out = [torch.random.get_rng_state()]
+        if dev.type == "cuda":
+            out.append(torch.cuda.get_rng_state(dev))
+        return out
+
+    def set_rng_states(states: list[Any]) -> None:
+        torch.random.set_rng_state(states[0])
+        if dev.type == "cuda":
+            torch.cuda.set_rng_state(states[1], dev)
+
+    def seeded_states() -> list[Any]:
+        saved = rng_states()
+        torch.manual_seed(RNG_SEED)
+        fresh = rng_states()
+        set_rng_states(saved)
+        return fresh
 
     def counted(name: str, model: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
         counts[name], models[name] = 0, model
+        streams[name] = seeded_states()
 
         def step() -> Any:
             counts[name] += 1
-            return fn()
+            outside = rng_states()
+            set_rng_states(streams[name])
+            try:
+                return fn()
+            finally:
+                streams[name] = rng_states()
+                set_rng_states(outside)
 
         return step
 
@@ -832,9 +865,16 @@ def _torch_adapter(case: Case, device: str = "cpu") -> dict[str, Any]:
 
     def loss_rel(contenders: dict[str, _Contender], counts_of: str) -> float:
         _level(contenders, counts, counts_of)
+        losses = []
         with torch.no_grad():
-            a = float(case.loss(models["eager"], *batch))
-            b = float(case.loss(models[counts_of], *batch))
+            for k in ("eager", counts_of):
+                outside = rng_states()
+                set_rng_states(seeded_states())  # (the same draws in both: a model in training mode)
+                try:
+                    losses.append(float(case.loss(models[k], *batch)))
+                finally:
+                    set_rng_states(outside)
+        a, b = losses
         return abs(a - b) / max(abs(a), 1e-12)
 
     def warm() -> None:
