@@ -106,11 +106,11 @@ HEDGE_AFTER_S = 0.2
 # nothing run, no answer made (``StoreCore._warm``). If the node goes on to miss its probes, the
 # hedge starts and finds its extents decoded, or being decoded (a hedge's rerun on a replica no
 # query has read spent about a third of its time decoding: docs/store.md, session 35); if the
-# node answers a probe in time, the warm-up is cancelled. Why 0.1 s: a node that is there
-# answers a probe within milliseconds (the witness's answer says the coordinator hears), so a
-# tenth of a second is still ~100x that, yet it comes ~0.3 s before the hedge (whose second
-# miss is decided ``PROBE_EVERY_S`` + ``PROBE_TIMEOUT_S`` after the first probe the node did not
-# answer), about a cold share's decoding. What a false one costs is stated and bounded: the
+# node answers a probe in time, the warm-up is cancelled. Why 0.05 s: a node that is there
+# answers a probe within milliseconds (the witness's answer, within ``PROMPT_S``, says the
+# coordinator hears), so a twentieth of a second is still ~50x that, and it comes 0.15 s before
+# the hedge (``HEDGE_AFTER_S``), which then waits on the decoding under way rather than
+# starting it (a cold share's decoding: 0.25-0.5 s here). What a false one costs is stated and bounded: the
 # decoding of the share's columns on the nodes of another replica (into their caches, least
 # recently used evicted first; no query's answer, no network result), at most once per node per
 # query, counted (EXPLAIN's ``warm:`` lines; the benchmark's ``healthy_warmed``). 0: none.
