@@ -1105,6 +1105,17 @@ class StoreCore:
             )
         for h in hedges:
             them = "it" if len(h["nodes"]) == 1 else "them"
+            if h.get("expected_from") == "probe" and h.get("probe_rule") == "unanswered":
+                witness = (
+                    f" while {h['witness']} answered in {h['witness_s']:.2f} s" if h.get("witness") else ""
+                )
+                plan.explain.append(
+                    f"hedge: {', '.join(h['nodes'])} had not answered a liveness probe for "
+                    f"{h['silent_s']:.2f} s{witness} ({h['probes_missed']} decided missed) "
+                    f"{h['after_s']:.2f} s into a stage: planned again without {them}, run on the "
+                    f"other replicas; {h['outcome']}"
+                )
+                continue
             if h.get("expected_from") == "probe":
                 witness = f", while {h['witness']} answered" if h.get("witness") else ""
                 plan.explain.append(
@@ -1141,13 +1152,17 @@ class StoreCore:
         att: _Attempt,
         late: dict[str, tuple[float, float, float, bool]],
         probe: dict[str, tuple[int, float, str | None]] | None = None,
+        unanswered: dict[str, float] | None = None,
     ) -> None:
         """Start a hedge of the nodes of ``late`` (straggling in ``att``'s stage: each with how
         long its fragment ran, its bar and what its like fragments gave): the query planned again
         without them, in its own thread, its answer offered to the run (``_QueryRun.offer``).
         At most one per node per query; none once the run has its answer. ``probe``: the nodes
         stopped answering their liveness probes (``_probe_stage``: each with the probes missed
-        in a row, the seconds since the first of them, the round's witness), not a bar."""
+        in a row, the seconds since the first of them, the round's witness), not a bar;
+        ``unanswered``: those hedged for a probe unanswered ``hedge_after_s`` while the witness
+        was prompt (each with the witness's seconds to answer; ``probe`` then holds the misses
+        decided so far and the seconds the probe has waited)."""
         run = att.run
         with run.lock:
             new = set(late) - run.hedged
@@ -1171,6 +1186,10 @@ class StoreCore:
                 rec["probes_missed"] = max(probe[n][0] for n in new)
                 rec["silent_s"] = round(max(probe[n][1] for n in new), 4)
                 rec["witness"] = next((probe[n][2] for n in sorted(new) if probe[n][2]), None)
+                if unanswered:
+                    # before the round was decided a miss: ``HedgePolicy.unanswered``
+                    rec["probe_rule"] = "unanswered"
+                    rec["witness_s"] = round(max(unanswered.get(n, 0.0) for n in new), 4)
             run.hedges.append(rec)
             for w in run.warms:
                 if set(w["nodes"]) & new and w["outcome"] == "warming":
@@ -1540,14 +1559,38 @@ class StoreCore:
         silent = {n: m for n, m in misses.items() if n in ask and pol.silent(m[0])}
         if silent:
             self._hedge(att, {n: (ran[n], ran[n], 0.0, False) for n in silent}, probe=silent)
+        waiting = probes.waiting(now)
+        # a node whose probe has gone unanswered ``hedge_after_s`` while the round's witness was
+        # prompt: hedged at once, before its round is decided a miss (``HedgePolicy.unanswered``)
+        quiet = {
+            n: (misses.get(n, (0,))[0], waited, w)
+            for n, (waited, took, w) in waiting.items()
+            if n in ask and n not in silent and n not in skip and pol.unanswered(waited, took)
+        }
+        if quiet:
+            self._hedge(
+                att,
+                {n: (ran[n], ran[n], 0.0, False) for n in quiet},
+                probe=quiet,
+                unanswered={n: waiting[n][1] for n in quiet},
+            )
         # a node whose probe goes unanswered while the witness answered (or that missed one), not
         # yet silent: its hedge's reads warmed ahead of the hedge (``_warm``)
         suspect: dict[str, tuple[float, str | None]] = {}
-        for n, (waited, took, w) in probes.waiting(now).items():
-            if n in ask and n not in silent and pol.warm(waited, took):
+        for n, (waited, took, w) in waiting.items():
+            if n not in ask or n in silent or n in quiet:
+                continue
+            if pol.warm(waited, took):
                 suspect[n] = (waited, w)
+            if took <= pol.prompt_s and (ahead := pol.due(waited)) is not None:
+                soon.append(ahead)  # (the wait looks again as the probe passes the next threshold)
         for n, (m, since, w) in misses.items():
-            if n in ask and n not in silent and m >= 1 and pol.warm(max(since, pol.probe_timeout_s), 0.0):
+            if (
+                n in ask
+                and n not in set(silent) | set(quiet)
+                and m >= 1
+                and pol.warm(max(since, pol.probe_timeout_s), 0.0)
+            ):
                 suspect.setdefault(n, (since, w))
         if suspect:
             self._warm(att, suspect, ran, probes)

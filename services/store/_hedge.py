@@ -74,9 +74,31 @@ RATES_KEPT = 8
 #   nothing, so an overloaded coordinator does not hedge its healthy queries.
 # A node that answers its probes (alive, perhaps slow) is left to the bars above.
 PROBE_AFTER_S = 0.2
-PROBE_EVERY_S = 0.15
+PROBE_EVERY_S = 0.05
 PROBE_TIMEOUT_S = 0.25
 PROBE_MISSES = 2
+# (``PROBE_EVERY_S`` was 0.15 s until session 36: a round's phase, up to the whole interval, is
+# part of the detection of a node that stops between two rounds; at 0.05 s it is at most a tenth
+# of a sub-second query's budget, for one cheap call to the node and one to the witness each
+# 0.05 s while a fragment runs past ``PROBE_AFTER_S``.)
+# A node is *prompt* when it answers a probe within ``PROMPT_S``: a node that is there answers in
+# milliseconds (a lookup under a lock), so an unanswered probe tells something only when the
+# round's witness answered within this (else the coordinator, its host or its network may be what
+# is slow, and the rules below wait for the rounds' deadlines: the misses above).
+PROMPT_S = 0.05
+# A node whose probe has gone unanswered ``HEDGE_AFTER_S`` while the round's witness was prompt is
+# hedged at once, without waiting for the round's deadline and a second round's (session 36: two
+# decided misses took 0.4 s of silence plus the rounds' phase, ~0.5 s after a pause, which is
+# most of a half-second query's budget of ~2x). The first answer wins, as Dean & Barroso's hedged
+# requests ("The Tail at Scale", 2013): the loser is cancelled. Why 0.2 s: four times the witness's
+# bound, ~100x a node's answer; a node that stalls that long while another answers within 50 ms
+# has stopped or is stalled as long as the fragment's own budget can bear; and the hedge started
+# then still finds its reads decoded by the warm-up begun at ``WARM_AFTER_S`` (a cold share's
+# decoding took 0.25-0.5 s here: the hedge's read waits on it rather than repeating it). Its
+# cost, a false hedge, is a second run of the share on another replica's node while the first
+# answers (cancelled when it does), counted (the benchmark's ``healthy_hedged``, measured beside
+# CPU burners). 0: only the misses hedge.
+HEDGE_AFTER_S = 0.2
 # A node whose probe has gone unanswered for ``WARM_AFTER_S`` while the round's witness answered
 # within that time (or that has missed a probe), not yet silent, has its hedge's reads *warmed*:
 # the query is planned as the hedge would be (without the node) and the nodes that plan reads
@@ -84,15 +106,19 @@ PROBE_MISSES = 2
 # nothing run, no answer made (``StoreCore._warm``). If the node goes on to miss its probes, the
 # hedge starts and finds its extents decoded, or being decoded (a hedge's rerun on a replica no
 # query has read spent about a third of its time decoding: docs/store.md, session 35); if the
-# node answers a probe in time, the warm-up is cancelled. Why 0.1 s: a node that is there
-# answers a probe within milliseconds (the witness's answer says the coordinator hears), so a
-# tenth of a second is still ~100x that, yet it comes ~0.3 s before the hedge (whose second
-# miss is decided ``PROBE_EVERY_S`` + ``PROBE_TIMEOUT_S`` after the first probe the node did not
-# answer), about a cold share's decoding. What a false one costs is stated and bounded: the
+# node answers a probe in time, the warm-up is cancelled. Why 0.05 s: a node that is there
+# answers a probe within milliseconds (the witness's answer, within ``PROMPT_S``, says the
+# coordinator hears), so a twentieth of a second is still ~50x that, and it comes 0.15 s before
+# the hedge (``HEDGE_AFTER_S``), which then waits on the decoding under way rather than
+# starting it (a cold share's decoding: 0.25-0.5 s here). What a false one costs is stated and bounded: the
 # decoding of the share's columns on the nodes of another replica (into their caches, least
 # recently used evicted first; no query's answer, no network result), at most once per node per
 # query, counted (EXPLAIN's ``warm:`` lines; the benchmark's ``healthy_warmed``). 0: none.
-WARM_AFTER_S = 0.1
+WARM_AFTER_S = 0.05
+# (0.1 s until session 36, checked only when a round was sent or decided: 0.15 s after the
+# unanswered probe. Now 0.05 s, the witness prompt, and the stage's wait wakes at that moment:
+# the warm-up starts ~0.1 s sooner, which the hedge at ``HEDGE_AFTER_S`` needs to find its reads
+# decoded.)
 RATE_SHAPES = 1024  # shapes remembered (least recently seen forgotten first)
 
 
@@ -183,6 +209,8 @@ class HedgePolicy:
     probe_timeout_s: float = PROBE_TIMEOUT_S
     probe_misses: int = PROBE_MISSES  # 0: nodes are not probed (only the bars above)
     warm_after_s: float = WARM_AFTER_S  # 0: a hedge's reads are not warmed ahead of it
+    prompt_s: float = PROMPT_S  # the witness must have answered within this (``warm``, ``unanswered``)
+    hedge_after_s: float = HEDGE_AFTER_S  # 0: only ``probe_misses`` decided misses hedge
 
     def probe(self, ran_s: float) -> bool:
         """Is a node whose fragment has run ``ran_s`` seconds to be probed?"""
@@ -201,8 +229,29 @@ class HedgePolicy:
             self.probe_misses > 0
             and self.warm_after_s > 0
             and waited_s >= self.warm_after_s
-            and witness_s <= self.warm_after_s
+            and witness_s <= self.prompt_s
         )
+
+    def unanswered(self, waited_s: float, witness_s: float) -> bool:
+        """Is a node whose probe has gone unanswered ``waited_s`` while the round's witness
+        answered in ``witness_s`` to be hedged at once, before its round is decided a miss?"""
+        return (
+            self.probe_misses > 0
+            and self.hedge_after_s > 0
+            and waited_s >= self.hedge_after_s
+            and witness_s <= self.prompt_s
+        )
+
+    def due(self, waited_s: float) -> float | None:
+        """Seconds until a probe unanswered ``waited_s`` (the witness prompt) passes the next of
+        ``warm_after_s`` and ``hedge_after_s``, when one is still ahead: when the stage's wait
+        is to look again."""
+        ahead = [
+            t - waited_s
+            for t in (self.warm_after_s, self.hedge_after_s)
+            if self.probe_misses > 0 and t > 0 and t > waited_s
+        ]
+        return min(ahead) if ahead else None
 
     def bars(
         self, fragments: Sequence[Fragment], prior: Callable[[str, float], float | None] | None = None

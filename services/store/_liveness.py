@@ -279,15 +279,21 @@ class Probes:
         """The nodes whose ask in a round not decided yet is still unanswered while that round's
         witness has answered: each with the seconds since the oldest such round was sent, the
         seconds its witness took to answer and the witness's name (no witness to ask: 0 and
-        None). What a node that may have stopped shows before its round is decided a miss."""
+        None). What a node that may have stopped shows before its round is decided a miss. A node
+        that answered a later round is not waiting (alive: the older ask is only slow)."""
         out: dict[str, tuple[float, float, str | None]] = {}
-        for r in self._rounds:
+        last: dict[str, int] = {}  # node -> the latest undecided round it answered
+        for i, r in enumerate(self._rounds):
+            for name, a in r.asks.items():
+                if a.when is not None:
+                    last[name] = i
+        for i, r in enumerate(self._rounds):
             w = r.witness
             if w is not None and w[1].when is None:
                 continue  # (the witness has not answered either: nothing to tell yet)
             took = w[1].when - r.at if w is not None and w[1].when is not None else 0.0
             for name, a in r.asks.items():
-                if a.when is None and name not in out:
+                if a.when is None and name not in out and last.get(name, -1) < i:
                     out[name] = (now - r.at, took, w[0] if w is not None else None)
         return out
 

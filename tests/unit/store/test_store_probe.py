@@ -17,7 +17,7 @@ from test_store_hedge import NODES, SQL, N, Stalling, _data, _rows, _run, _want
 
 from microco.common.kv import MemoryKV
 from microco.services.store import NodeInfo, StoreCore
-from microco.services.store._hedge import Rates
+from microco.services.store._hedge import HedgePolicy, Rates
 from microco.services.store._liveness import Probes
 
 
@@ -43,6 +43,7 @@ def test_a_one_node_stage_whose_node_stops_answering_probes_is_hedged_without_a_
     data = _data()
     tr = Silent(str(tmp_path), NODES)
     core = _one_node_store(tr)
+    core.hedge = HedgePolicy(hedge_after_s=0)  # (the misses alone: the rule below is its own test)
     healthy, plan = core.sql(SQL)
     [node] = {n for n, _ in plan.tasks}
     # no history of the query's shape: no bar could hedge it (on the code before, it waited
@@ -60,6 +61,47 @@ def test_a_one_node_stage_whose_node_stops_answering_probes_is_hedged_without_a_
     assert f"hedge: {node} missed 2 liveness probes in a row" in text, text
     assert node not in {n for n, _ in plan.tasks}  # the hedge's plan answered
     assert core.suspected() == {node}
+
+
+def test_a_node_whose_probe_goes_unanswered_while_the_witness_answers_is_hedged_before_a_miss(tmp_path):
+    """Session 36: the hedge starts once a probe has gone unanswered ``hedge_after_s`` while
+    the round's witness answered within ``prompt_s``, before its round is decided a miss (and a
+    second one). Here the misses could hedge only at the thousandth, and the witness's bound is
+    wide (a busy machine's witness is not what is tested): only the new rule can hedge. Before:
+    no such rule (nor the policy's fields); the query waited for the node."""
+    data = _data()
+    tr = Silent(str(tmp_path), NODES)
+    core = _one_node_store(tr)
+    core.hedge = HedgePolicy(probe_misses=1000, prompt_s=5.0, hedge_after_s=0.2)
+    healthy, plan = core.sql(SQL)
+    [node] = {n for n, _ in plan.tasks}
+    core.rates = Rates()  # (no history of the shape: no bar)
+    tr.stall = node
+    got, plan = _run(lambda: core.sql(SQL), tr)
+    assert _rows(got) == _rows(healthy) == _want(data)
+    assert sum(got.column("n").to_pylist()) == N  # every row once
+    [hedge] = plan.hedges
+    assert hedge["nodes"] == [node] and "answer was used" in hedge["outcome"], hedge
+    assert hedge["expected_from"] == "probe" and hedge["probe_rule"] == "unanswered", hedge
+    assert hedge["probes_missed"] < 1000 and hedge["silent_s"] >= 0.2, hedge
+    assert hedge["witness"] not in (None, node)
+    text = plan.explain_text()
+    assert f"hedge: {node} had not answered a liveness probe for " in text, text
+    assert f"while {hedge['witness']} answered in " in text, text
+    assert node not in {n for n, _ in plan.tasks}  # the hedge's plan answered
+    assert core.suspected() == {node}
+
+
+def test_the_policy_hedges_a_probe_unanswered_a_fifth_of_a_second_while_the_witness_was_prompt():
+    p = HedgePolicy()
+    assert p.unanswered(0.2, 0.0) and p.unanswered(0.5, 0.05)
+    assert not p.unanswered(0.19, 0.0)  # (not yet: a warm-up at most)
+    assert not p.unanswered(1.0, 0.06)  # (the witness was slow: left to the rounds' misses)
+    assert not HedgePolicy(hedge_after_s=0).unanswered(1.0, 0.0)
+    assert not HedgePolicy(probe_misses=0).unanswered(1.0, 0.0)
+    # when the stage's wait is to look again: the warm-up's threshold, then the hedge's
+    assert p.due(0.0) == 0.05 and abs(p.due(0.1) - 0.1) < 1e-9 and p.due(0.2) is None
+    assert HedgePolicy(probe_misses=0).due(0.0) is None
 
 
 class Slow(Stalling):
@@ -177,3 +219,40 @@ def test_nothing_is_due_once_no_node_is_left_to_probe():
     assert p.next_due() is not None
     p.tick(time.monotonic(), {}, [])  # (decides the round: every ask ended)
     assert p.next_due() is None
+
+
+def test_a_node_that_answered_a_later_round_is_not_waiting():
+    """Rounds every 0.05 s: a node whose older ask is slow but which answered a newer one is
+    alive, not a node that stopped (it must not be warmed for, nor hedged)."""
+    first = threading.Event()
+    calls: list[str] = []
+
+    def ask(node: str, tids: list[str], timeout: float) -> bool:
+        calls.append(node)
+        if node == "a" and calls.count("a") == 1:
+            first.wait(30)  # (its first ask is slow)
+        return True
+
+    threads: list[threading.Thread] = []
+
+    def run(fn: Any) -> None:
+        t = threading.Thread(target=fn, daemon=True)
+        threads.append(t)
+        t.start()
+
+    p = Probes(ask, run, every_s=0.0, timeout_s=60.0)
+    t0 = time.monotonic()
+    p.tick(t0, {"a": ("a", ["t"])}, [("w", "w")])
+    deadline = time.monotonic() + 20
+    while set(p.waiting(time.monotonic())) != {"a"} and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert set(p.waiting(time.monotonic())) == {"a"}  # (w answered, a not yet)
+    p.tick(t0 + 0.001, {"a": ("a", ["t"])}, [("w", "w")])  # a second round, which a answers
+    while not all(a.ended for a in p._rounds[-1].asks.values()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        assert p.waiting(time.monotonic()) == {}
+    finally:
+        first.set()
+        for t in threads:
+            t.join(30)

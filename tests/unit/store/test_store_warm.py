@@ -68,9 +68,10 @@ def _core(tr: Stalling, policy: HedgePolicy) -> StoreCore:
 def test_a_node_whose_probe_goes_unanswered_has_its_hedges_reads_warmed_before_the_hedge_runs(tmp_path):
     data = _data()
     tr = Recording(str(tmp_path), NODES)
-    # hedged at the fourth probe missed in a row, warmed once one goes unanswered: however late
-    # this busy machine's ticks decide the rounds, the warm-up comes before the hedge
-    core = _core(tr, HedgePolicy(probe_misses=4))
+    # hedged at the fourth probe missed in a row (not at an unanswered one: ``hedge_after_s``
+    # 0), warmed once one goes unanswered: however late this busy machine's ticks decide the
+    # rounds, the warm-up comes before the hedge
+    core = _core(tr, HedgePolicy(probe_misses=4, hedge_after_s=0))
     healthy, plan = core.sql(SQL)
     [node] = {n for n, _ in plan.tasks}
     core.rates = Rates()  # (no history: only the probes can hedge it)
@@ -136,7 +137,7 @@ def test_a_warm_up_is_cancelled_when_its_node_answers_a_probe_again(tmp_path):
     data = _data()
     tr = AnswersAgain(str(tmp_path), NODES)
     # never hedged within this test's waits: only the warm-up and its cancel are at stake
-    core = _core(tr, HedgePolicy(probe_misses=1000))
+    core = _core(tr, HedgePolicy(probe_misses=1000, hedge_after_s=0))
     healthy, plan = core.sql(SQL)
     [node] = {n for n, _ in plan.tasks}
     core.rates = Rates()
@@ -165,11 +166,11 @@ def test_a_healthy_query_warms_nothing(tmp_path):
     assert ("warm", "n0") not in tr.events and not any(what == "warm" for what, _ in tr.events)
 
 
-def test_the_policy_warms_a_probe_unanswered_a_tenth_of_a_second_while_the_witness_answered():
+def test_the_policy_warms_a_probe_unanswered_a_twentieth_of_a_second_while_the_witness_answered():
     p = HedgePolicy()
-    assert p.warm(0.1, 0.0) and p.warm(0.3, 0.1) and p.warm(0.25, 0.01)
-    assert not p.warm(0.09, 0.0)  # (not yet)
-    assert not p.warm(0.3, 0.2)  # (the witness was slow too: the coordinator may be the slow one)
+    assert p.warm(0.05, 0.0) and p.warm(0.3, 0.05) and p.warm(0.25, 0.01)
+    assert not p.warm(0.04, 0.0)  # (not yet)
+    assert not p.warm(0.3, 0.06)  # (the witness was slow too: the coordinator may be the slow one)
     assert not HedgePolicy(warm_after_s=0).warm(1.0, 0.0)
     assert not HedgePolicy(probe_misses=0).warm(1.0, 0.0)
 
@@ -266,7 +267,7 @@ def test_a_json_model_query_warms_its_hedges_reads_the_same_way(tmp_path):
     from microco.services.store._query import Agg, Query
 
     tr = Recording(str(tmp_path), NODES)
-    core = _core(tr, HedgePolicy(probe_misses=4))
+    core = _core(tr, HedgePolicy(probe_misses=4, hedge_after_s=0))
     q = Query("t", group_by=("k",), aggs=(Agg("sum", "v", "s"), Agg("count", "*", "n")))
     healthy, plan = core.query(q)
     [node] = {n for stage in plan.stages for n, _ in stage}
