@@ -1,0 +1,141 @@
+"""Issue 18, session 36: the baseline read again after the run's first other trial.
+
+The baseline trial is the run's first, and the first steps of a run read slow for reasons of
+their own (torchvision's ResNet-18 on the CPU: its baseline trial 63-94 ms a step where the same
+eager step ran 45-53 ms interleaved later; the allocator's first touches of fresh memory). Judged
+against that reading, a slower configuration looked as fast as the baseline (and got an A/B it
+did not need), and the trials' excess was hidden from the run's exploration budget. Scripted
+step times, the run's first six steps 1.4x slower whatever runs; nothing here reads a clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from microco.clients.compiler import ExplorationSession, _session
+from microco.clients.compiler.explore import (
+    STAGE_STRUCTURE,
+    ExplorationPolicy,
+    GraphSpec,
+    TrialReport,
+    Variable,
+    _core,
+    next_config,
+    report,
+    start,
+)
+
+POLICY = ExplorationPolicy()  # the defaults: 1 + 5 steps a trial, A/Bs of 3 x 3 steps
+FIRST = 6  # the run's first steps, slow whatever runs
+SLOW = 1.4
+
+
+def _spec(steps: int = 300) -> GraphSpec:
+    return GraphSpec(
+        "rebase",
+        "(8, 3, 32, 32)",
+        "cpu",
+        (Variable("v", ("a", "b", "c"), "", STAGE_STRUCTURE),),
+        total_steps=steps,
+    )
+
+
+def _explore(true_ms: dict[str, float], policy: ExplorationPolicy = POLICY):
+    """The exploration of a 300-step run whose configurations run ``true_ms`` a step, the first
+    ``FIRST`` steps of the run (the baseline trial's) ``SLOW`` times that."""
+    state = start(_spec(), policy)
+    cfg = next_config(state, policy)
+    i = 0
+    while not cfg.committed:
+        steps = []
+        for _ in range(cfg.steps):
+            steps.append(true_ms[cfg.values["v"]] * (SLOW if i < FIRST else 1.0))
+            i += 1
+        cfg = report(state, TrialReport(cfg.trial, steps), policy)
+    return state, cfg
+
+
+def test_a_configuration_slower_than_the_baseline_is_not_taken_for_a_faster_one():
+    """b runs 1.3x the baseline's step but 0.93x its slow first reading: it became the best, and
+    the A/B that refuted it cost 18 more steps. Against the baseline read again, it is slower
+    (beyond the re-timing margin): rejected on its trial, nothing interleaved."""
+    state, cfg = _explore({"a": 50.0, "b": 65.0, "c": 80.0})
+    assert cfg.values == {"v": "a"}
+    kinds = [t.kind for t in state.trials]
+    assert kinds == ["baseline", "explore", "rebase", "explore"]
+    assert not state.confirm_log and not state.retime_log
+    assert _core.base_step_ms(state) == pytest.approx(50.0)
+    assert state.baseline is state.trials[2] and state.best == 2
+    assert state.measured_ms() == (pytest.approx(50.0), pytest.approx(50.0))
+
+
+def test_a_slow_first_reading_does_not_hide_the_trials_cost_from_the_budget():
+    """b costs 80 ms a step over the baseline's true 50 (6 steps, 480 ms: past the run's 3% of
+    300 x 50 ms = 450 ms), but only 60 over the slow first reading (360 of a 630 ms budget), and
+    c ran. Counted against the baseline read again, the budget is spent and c is not tried."""
+    state, cfg = _explore({"a": 50.0, "b": 130.0, "c": 49.0})
+    assert cfg.values == {"v": "a"}
+    assert _core.explore_excess_ms(state) == pytest.approx(6 * 80.0)
+    assert _core.cost_budget_ms(state, POLICY) == pytest.approx(0.03 * 300 * 50.0)
+    assert [t.values["v"] for t in state.trials] == ["a", "b", "a"]
+    assert any("budget is spent" in p and "'c'" in p for p in state.pruned)
+
+
+def test_a_truly_faster_configuration_is_still_confirmed_and_committed():
+    """The re-measurement changes the reference, not the rule: c, 0.8x the baseline's true step,
+    is still the best, confirmed by its A/B against the baseline (read again) and committed."""
+    state, cfg = _explore({"a": 50.0, "b": 65.0, "c": 40.0})
+    assert cfg.values == {"v": "c"}
+    r = state.interleaved
+    assert r is not None and r["confirmed"] and r["baseline"] == state.baseline.trial == 2
+    assert state.speedup == pytest.approx(50.0 / 40.0)
+
+
+def test_off_it_runs_as_before():
+    state, cfg = _explore({"a": 50.0, "b": 65.0, "c": 80.0}, ExplorationPolicy(rebase=False))
+    assert "rebase" not in [t.kind for t in state.trials]
+    assert state.baseline is state.trials[0]
+
+
+class _Scripted:
+    """Hands out the baseline, then each of ``trials`` (changes from it; {} the baseline again),
+    ``steps`` steps each, then commits the baseline; keeps the reports."""
+
+    BASE = {"v": "a"}
+
+    def __init__(self, steps, trials):
+        self.steps, self.trials, self.reports = steps, trials, []
+
+    def register(self, spec):
+        return _core.Config(spec.key, dict(self.BASE), 0, steps=self.steps)
+
+    def report(self, key, rep):
+        self.reports.append(rep)
+        n = len(self.reports)
+        if n <= len(self.trials):
+            return _core.Config(key, {**self.BASE, **self.trials[n - 1]}, n, steps=self.steps)
+        return _core.Config(key, dict(self.BASE), -1, True)
+
+
+def test_the_client_counts_the_trials_cost_against_the_baseline_read_again(monkeypatch):
+    """The client cuts a trial by the same budget: its baseline is the later reading once the
+    explorer runs the baseline again for as many steps, and what the trials cost so far is
+    counted again against it (an interleaved block of the baseline, shorter, changes nothing)."""
+    monkeypatch.setattr(_session, "runnable_threads", lambda: 1)
+    ex = _Scripted(6, [{"v": "b"}, {}, {"v": "c"}])
+    s = ExplorationSession(ex)
+    s.register(_spec(300))
+    for ms in [70.0] * 6 + [65.0] * 6:  # the slow first reading, then b
+        s.record(ms, {}, may_compile=False)
+    assert s.base_ms == 70.0 and s.excess_ms == pytest.approx(-30.0)
+    for _ in range(6):  # the baseline again
+        s.record(50.0, {}, may_compile=False)
+    assert s.base_ms == 50.0 and s.excess_ms == pytest.approx(6 * 15.0)
+    assert s.cost_budget_ms() == pytest.approx(0.03 * 300 * 50.0)
+    assert len(ex.reports) == 3
+    # c, 3x the baseline's step: cut once its excess would take the run past 450 ms (90 + 4 x 100;
+    # against the first reading, 630 ms, its six steps were never cut: -30 + 6 x 80 = 450)
+    for _ in range(3):
+        s.record(150.0, {}, may_compile=False)
+    assert len(ex.reports) == 3
+    s.record(150.0, {}, may_compile=False)
+    assert len(ex.reports) == 4 and ex.reports[3].step_ms == [150.0] * 4
