@@ -139,14 +139,14 @@ class ExplorationSession:
         # The baseline's typical step (median of its measured steps) and what the trials run
         # since cost beyond it: the run's exploration cost, as the core counts it (by thread CPU
         # time where the steps carry it: ``types.excess_ms``).
-        # The baseline's reading is its first trial's until the explorer runs it again for as
-        # many steps (its re-measurement after the run's first other trial, the core's
-        # ``REBASE``: the first steps of a run read slow for reasons of their own); the trials'
-        # cost so far is then counted again against that later reading.
+        # The baseline's reading is its latest trial as long as its first (the first, then the
+        # core's re-readings after other trials, ``REBASE``: the first steps of a run read slow
+        # for reasons of their own; an interleaved block is shorter and does not count); the
+        # trials' cost so far is then counted again against that later reading.
         self.base_ms: float | None = None
         self.base_cpu_ms: float | None = None
         self.excess_ms = 0.0
-        self._base_steps = 0  # steps of the baseline trial read (0: none yet; -1: read again)
+        self._base_steps = 0  # steps of the baseline's first trial (0: not read yet)
         self._excess_trials: list[tuple[list[float], list[float]]] = []
 
     @property
@@ -398,10 +398,11 @@ class ExplorationSession:
         if self._is_baseline(cur.values):
             first = self.base_ms is None
             if first or (self._base_steps > 1 and len(steps) >= self._base_steps):
+                if first:
+                    self._base_steps = len(steps)
                 self.base_ms = _median(steps[1:] if len(steps) > 1 else steps)
                 cpu = report.step_cpu_ms
                 self.base_cpu_ms = _median(cpu[1:] if len(cpu) > 1 else cpu) if cpu else None
-                self._base_steps = len(steps) if first else -1
                 self.excess_ms = sum(
                     excess_ms(ms, cpu_ms, self.base_ms, self.base_cpu_ms)
                     for ms, cpu_ms in self._excess_trials

@@ -169,13 +169,16 @@ class ExplorationPolicy:
     # there where the same eager step ran 45-53 ms interleaved later. Every later trial was
     # judged against that inflated reading: a slower configuration looked as fast (and got an
     # A/B it did not need, or became the best and had the next stage composed and a compile
-    # priced on it), and the trials' excess was hidden from ``max_explore_cost``. So right after
-    # the run's first trial of another configuration that measured steps, the baseline runs one
-    # more trial (``steps_per_trial`` steps, ABA: it brackets that trial), and that later reading
+    # priced on it), and the trials' excess was hidden from ``max_explore_cost``. So after the
+    # run's first trial of another configuration that measured steps, the baseline runs one more
+    # trial (``steps_per_trial`` steps, ABA: it brackets that trial), and the latest reading
     # stands for the baseline from then on (its fastest step for the best, its median for the
-    # budget). Its steps run eager code: they cost the run nothing over eager. Off with
-    # ``retime_rounds = 0`` (every interleaved measurement off) or here.
-    rebase: bool = True
+    # budget). While a reading comes out faster than the one before by more than ``min_gain``
+    # (the first steps' slowness not over yet: ResNet-18's 5,000-step instance read 80, then 63,
+    # then 50 ms), the baseline is read again after the next such trial, at most this many times
+    # in all. Its steps run eager code: they cost the run nothing over eager. 0 (or
+    # ``retime_rounds = 0``, every interleaved measurement off) turns it off.
+    rebase_reads: int = 3
 
     @property
     def steps_per_trial(self) -> int:
@@ -528,20 +531,26 @@ def report(state: Exploration, rep: TrialReport, policy: ExplorationPolicy) -> C
 
 
 def _plan_rebase(state: Exploration, t: TrialRecord, policy: ExplorationPolicy) -> None:
-    """After the run's first finished trial of a configuration other than the baseline: run the
-    baseline again next (``ExplorationPolicy.rebase``), once per exploration, where the baseline
-    was this run's first trial (its first steps; a later run's reopened exploration starts from
-    a committed configuration, measured in steady state)."""
-    if not policy.rebase or policy.retime_rounds <= 0 or state.phase == "revalidate":
+    """After a finished trial of a configuration other than the baseline: run the baseline again
+    next (``ExplorationPolicy.rebase_reads``) where it has not been read again yet, or its latest
+    reading came out faster than the one before by more than ``min_gain`` (not settled), at most
+    ``rebase_reads`` times; only where the baseline was this run's first trial (its first steps:
+    a later run's reopened exploration starts from a committed configuration in steady state)."""
+    if policy.rebase_reads <= 0 or policy.retime_rounds <= 0 or state.phase == "revalidate":
         return
     if t.kind not in ("explore", "compose") or t.failed or len(t.steps) < 2:
         return
-    base = state.baseline
-    if base is None or base.kind != "baseline" or base.trial < state.run_first or t.values == base.values:
+    first = next((x for x in state.trials if x.kind == "baseline" and x.done and not x.failed), None)
+    if first is None or first.trial < state.run_first or t.values == first.values:
         return
-    if any(x.kind == REBASE for x in state.trials) or any(q.get("kind") == REBASE for q in state.queue):
+    if sum(1 for x in state.trials if x.kind == REBASE) >= policy.rebase_reads:
         return
-    state.queue.insert(0, {"values": dict(base.values), "kind": REBASE})
+    if any(q.get("kind") == REBASE for q in state.queue):
+        return
+    reads = [x for x in state.trials if x.kind in ("baseline", REBASE) and x.done and not x.failed]
+    if len(reads) >= 2 and not reads[-1].step_ms < reads[-2].step_ms * (1.0 - policy.min_gain):
+        return  # settled: the latest reading is no faster than the one before
+    state.queue.insert(0, {"values": dict(first.values), "kind": REBASE})
 
 
 def _rebase_best(state: Exploration, t: TrialRecord, policy: ExplorationPolicy) -> None:

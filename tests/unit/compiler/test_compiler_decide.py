@@ -138,7 +138,7 @@ def test_a_truly_faster_candidate_under_load_is_committed_by_its_thread_cpu_time
 
     # (the spikes fall on steps by their index from the run's start: the baseline's
     # re-measurement, six more steps before the A/B, is left out so that they fall as planned)
-    nore = replace(POLICY, rebase=False)
+    nore = replace(POLICY, rebase_reads=0)
     state, cfg = _explore_timed(step, nore)
     assert cfg.values == {"A.hoist": "on"}
     r = state.interleaved
