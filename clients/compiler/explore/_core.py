@@ -534,8 +534,9 @@ def _plan_rebase(state: Exploration, t: TrialRecord, policy: ExplorationPolicy) 
     """After a finished trial of a configuration other than the baseline: run the baseline again
     next (``ExplorationPolicy.rebase_reads``) where it has not been read again yet, or its latest
     reading came out faster than the one before by more than ``min_gain`` (not settled), at most
-    ``rebase_reads`` times; only where the baseline was this run's first trial (its first steps:
-    a later run's reopened exploration starts from a committed configuration in steady state)."""
+    ``rebase_reads`` times, and not once an A/B has run the baseline interleaved; only where the
+    baseline was this run's first trial (its first steps: a later run's reopened exploration
+    starts from a committed configuration in steady state)."""
     if policy.rebase_reads <= 0 or policy.retime_rounds <= 0 or state.phase == "revalidate":
         return
     if t.kind not in ("explore", "compose") or t.failed or len(t.steps) < 2:
@@ -547,6 +548,8 @@ def _plan_rebase(state: Exploration, t: TrialRecord, policy: ExplorationPolicy) 
         return
     if any(q.get("kind") == REBASE for q in state.queue):
         return
+    if any(x.kind in INTERLEAVED and x.values == first.values for x in state.trials):
+        return  # measured interleaved since: an A/B's baseline blocks ran beside the other side
     reads = [x for x in state.trials if x.kind in ("baseline", REBASE) and x.done and not x.failed]
     if len(reads) >= 2 and not reads[-1].step_ms < reads[-2].step_ms * (1.0 - policy.min_gain):
         return  # settled: the latest reading is no faster than the one before

@@ -122,6 +122,34 @@ def test_a_truly_faster_configuration_is_still_confirmed_and_committed():
     assert state.speedup == pytest.approx(50.0 / 40.0)
 
 
+def test_no_reading_after_an_ab_against_the_baseline():
+    """MobileNetV3 at 5,000 steps: the second reading came out 4.6% under the first (noise), the
+    channels-last best was confirmed against the baseline interleaved (before the compile stage,
+    whose compile runs channels-last), and the baseline was read once more after the next trial:
+    six contiguous steps at 1.45x the best's. An A/B's baseline blocks are a later reading
+    already: no re-reading after one."""
+    v = Variable("v", ("a", "b"), "", STAGE_STRUCTURE)
+    compile_v = Variable(
+        "model.compile", ("eager", "inductor"), "", 1, compiles=True, compile_prior_ms=1e9, runs_as=("v=b",)
+    )
+    w = Variable("w", ("x", "y"), "", 2)
+    spec = GraphSpec("rebase2", "(8, 3, 32, 32)", "cpu", (v, compile_v, w), total_steps=5000)
+    true = {("a", "x"): 50.0, ("b", "x"): 35.0, ("a", "y"): 51.0, ("b", "y"): 34.5}
+    state = start(spec, POLICY)
+    cfg = next_config(state, POLICY)
+    i = 0
+    while not cfg.committed:
+        steps = []
+        for _ in range(cfg.steps):
+            steps.append(true[(cfg.values["v"], cfg.values["w"])] * (1.1 if i < FIRST else 1.0))
+            i += 1
+        cfg = report(state, TrialReport(cfg.trial, steps), POLICY)
+    kinds = [t.kind for t in state.trials]
+    assert kinds[:4] == ["baseline", "explore", "rebase", "confirm"]
+    assert kinds.count("rebase") == 1 and "explore" in kinds[4:]  # (w's trial, after the A/B)
+    assert cfg.values["v"] == "b"
+
+
 def test_off_it_runs_as_before():
     state, cfg = _explore({"a": 50.0, "b": 65.0, "c": 80.0}, ExplorationPolicy(rebase_reads=0))
     assert "rebase" not in [t.kind for t in state.trials]
