@@ -65,8 +65,8 @@ def load_changed(then: float, now: float) -> bool:
 # Trial kinds of interleaved measurements (alternating blocks of two configurations): "retime",
 # the best against a close challenger; "confirm", the best against the baseline before commit.
 INTERLEAVED = ("retime", "confirm")
-# The baseline measured again after the run's first trial of another configuration
-# (``_plan_rebase``): from then on the baseline's reading is that one.
+# The baseline measured again after trials of other configurations (``_plan_rebase``): from then
+# on the baseline's reading is the latest one.
 REBASE = "rebase"
 
 
@@ -265,8 +265,8 @@ class Exploration:
     # -- derived
     @property
     def baseline(self) -> TrialRecord | None:
-        """The trial that stands for the baseline: its re-measurement after the run's first other
-        trial (``REBASE``) once that ran, else the baseline trial."""
+        """The trial that stands for the baseline: its latest re-reading (``REBASE``) once one
+        ran, else the baseline trial."""
         found = None
         for t in self.trials:
             if t.kind in ("baseline", REBASE) and t.done and not t.failed:
@@ -557,11 +557,22 @@ def _plan_rebase(state: Exploration, t: TrialRecord, policy: ExplorationPolicy) 
 
 
 def _rebase_best(state: Exploration, t: TrialRecord, policy: ExplorationPolicy) -> None:
-    """The baseline read again (``t``): it replaces the baseline as the best where the best was
-    the baseline, and where the best's trial no longer beats this reading by ``min_gain``."""
+    """The baseline read again (``t``): the best stays where it is another configuration that
+    beats this reading by ``min_gain``; else the fastest other trial that does, else ``t``."""
+    bar = t.step_ms * (1.0 - policy.min_gain)
+    beats = [
+        x
+        for x in state.trials
+        if x.done
+        and not x.failed
+        and x.kind not in (*INTERLEAVED, "baseline", REBASE)
+        and x.values != t.values
+        and x.step_ms < bar
+    ]
     best = state.best_trial
-    if best is None or best.values == t.values or not best.step_ms < t.step_ms * (1.0 - policy.min_gain):
-        state.best = t.trial
+    if best is not None and best in beats:
+        return
+    state.best = min(beats, key=lambda x: x.step_ms).trial if beats else t.trial
 
 
 def _defer(state: Exploration, t: TrialRecord, rep: TrialReport) -> None:

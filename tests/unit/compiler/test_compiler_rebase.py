@@ -150,6 +150,31 @@ def test_no_reading_after_an_ab_against_the_baseline():
     assert cfg.values["v"] == "b"
 
 
+def test_the_reading_keeps_or_hands_on_the_best():
+    """A best that no longer beats the baseline read again hands the best on to another trial
+    that does (here one measured before it that was not 3% faster than it), else to the
+    baseline; a best that still beats it stays."""
+    spec = _spec()
+    state = start(spec, POLICY)
+    mk = _core.TrialRecord
+    state.trials = [
+        mk(0, {"v": "a"}, -1, "baseline", steps=[70.0] * 6, step_ms=70.0, done=True),
+        mk(1, {"v": "b"}, 0, "explore", steps=[45.0] * 6, step_ms=45.0, done=True),
+        mk(2, {"v": "c"}, 0, "explore", steps=[44.5] * 6, step_ms=44.5, done=True),
+    ]
+    state.best = 1  # (c was not 3% under b)
+    reading = mk(3, {"v": "a"}, 0, "rebase", steps=[46.0] * 6, step_ms=46.0, done=True)
+    state.trials.append(reading)
+    _core._rebase_best(state, reading, POLICY)
+    assert state.best == 2  # c: 44.5 < 46 x 0.97; b: 45 is not
+    state.best = 2
+    _core._rebase_best(state, reading, POLICY)
+    assert state.best == 2
+    reading.step_ms = 40.0
+    _core._rebase_best(state, reading, POLICY)
+    assert state.best == 3
+
+
 def test_off_it_runs_as_before():
     state, cfg = _explore({"a": 50.0, "b": 65.0, "c": 80.0}, ExplorationPolicy(rebase_reads=0))
     assert "rebase" not in [t.kind for t in state.trials]
