@@ -139,9 +139,15 @@ class ExplorationSession:
         # The baseline's typical step (median of its measured steps) and what the trials run
         # since cost beyond it: the run's exploration cost, as the core counts it (by thread CPU
         # time where the steps carry it: ``types.excess_ms``).
+        # The baseline's reading is its latest trial as long as its first (the first, then the
+        # core's re-readings after other trials, ``REBASE``: the first steps of a run read slow
+        # for reasons of their own; an interleaved block is shorter and does not count); the
+        # trials' cost so far is then counted again against that later reading.
         self.base_ms: float | None = None
         self.base_cpu_ms: float | None = None
         self.excess_ms = 0.0
+        self._base_steps = 0  # steps of the baseline's first trial (0: not read yet)
+        self._excess_trials: list[tuple[list[float], list[float]]] = []
 
     @property
     def values(self) -> dict[str, str]:
@@ -390,14 +396,22 @@ class ExplorationSession:
         if report.failed or not steps:
             return
         if self._is_baseline(cur.values):
-            if self.base_ms is None:
+            first = self.base_ms is None
+            if first or (self._base_steps > 1 and len(steps) >= self._base_steps):
+                if first:
+                    self._base_steps = len(steps)
                 self.base_ms = _median(steps[1:] if len(steps) > 1 else steps)
                 cpu = report.step_cpu_ms
                 self.base_cpu_ms = _median(cpu[1:] if len(cpu) > 1 else cpu) if cpu else None
+                self.excess_ms = sum(
+                    excess_ms(ms, cpu_ms, self.base_ms, self.base_cpu_ms)
+                    for ms, cpu_ms in self._excess_trials
+                )
             return
         if self.base_ms is not None:
             # a compile's warm-up is priced by what it can save (the core)
             skip = 1 if self.spec is not None and compiled_choices(self.spec, cur.values) else 0
+            self._excess_trials.append((list(steps[skip:]), list(report.step_cpu_ms[skip:])))
             self.excess_ms += excess_ms(
                 steps[skip:], report.step_cpu_ms[skip:], self.base_ms, self.base_cpu_ms
             )
