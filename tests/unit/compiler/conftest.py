@@ -48,3 +48,32 @@ def one_thread():
 def two_threads():
     """Two intra-op threads for the test, the old count after it."""
     yield from _intra_op_threads(2)
+
+
+class ScriptedExplorer:
+    """An explorer that hands out ``base`` for ``steps`` steps, then each of ``trials`` (changes
+    from ``base``; {} the baseline again) in turn, ``steps`` steps each, then commits ``base``;
+    keeps the reports it gets. For tests of the client's session (``ExplorationSession``)."""
+
+    def __init__(self, steps, trials, base):
+        self.steps, self.trials, self.base, self.reports = steps, trials, dict(base), []
+
+    def register(self, spec):
+        from microco.clients.compiler.explore import _core
+
+        return _core.Config(spec.key, dict(self.base), 0, steps=self.steps)
+
+    def report(self, key, rep):
+        from microco.clients.compiler.explore import _core
+
+        self.reports.append(rep)
+        n = len(self.reports)
+        if n <= len(self.trials):
+            return _core.Config(key, {**self.base, **self.trials[n - 1]}, n, steps=self.steps)
+        return _core.Config(key, dict(self.base), -1, True)
+
+
+@pytest.fixture
+def scripted_explorer():
+    """``ScriptedExplorer``, the class (a test builds one with its own steps, trials, base)."""
+    return ScriptedExplorer

@@ -170,28 +170,12 @@ def test_a_stall_of_other_processes_is_not_counted_as_a_trials_cost():
     assert _core.explore_excess_ms(state) == pytest.approx(100.0) and cfg.committed
 
 
-class _ScriptedExplorer:
-    """Hands out the baseline for ``steps`` steps, then each of ``trials`` (changes from the
-    baseline) in turn, then commits the baseline; keeps the reports it gets."""
-
-    BASE = {"threads": "1", "r.hoist": "off", "model.compile": "eager"}
-
-    def __init__(self, steps, trials):
-        self.steps, self.trials, self.reports = steps, trials, []
-
-    def register(self, spec):
-        return _core.Config(spec.key, dict(self.BASE), 0, steps=self.steps)
-
-    def report(self, key, rep):
-        self.reports.append(rep)
-        n = len(self.reports)
-        if n <= len(self.trials):
-            return _core.Config(key, {**self.BASE, **self.trials[n - 1]}, n, steps=self.steps)
-        return _core.Config(key, dict(self.BASE), -1, True)
+# the explorer the client-side tests script (conftest ``ScriptedExplorer``): its baseline
+_BASE = {"threads": "1", "r.hoist": "off", "model.compile": "eager"}
 
 
-def test_the_client_does_not_cut_a_trial_for_a_stall_its_thread_did_not_run():
-    ex = _ScriptedExplorer(4, [{"r.hoist": "on"}] * 3)
+def test_the_client_does_not_cut_a_trial_for_a_stall_its_thread_did_not_run(scripted_explorer):
+    ex = scripted_explorer(4, [{"r.hoist": "on"}] * 3, _BASE)
     s = ExplorationSession(ex)
     s.register(_spec(100, 1e9))
     for _ in range(4):
@@ -206,8 +190,8 @@ def test_the_client_does_not_cut_a_trial_for_a_stall_its_thread_did_not_run():
     assert len(ex.reports) == 3
 
 
-def test_the_client_cuts_a_trial_that_would_overrun_the_budget():
-    ex = _ScriptedExplorer(6, [{"threads": "2"}])
+def test_the_client_cuts_a_trial_that_would_overrun_the_budget(scripted_explorer):
+    ex = scripted_explorer(6, [{"threads": "2"}], _BASE)
     s = ExplorationSession(ex)
     s.register(_spec(100, 1e9))
     for _ in range(6):

@@ -181,33 +181,13 @@ def test_off_it_runs_as_before():
     assert state.baseline is state.trials[0]
 
 
-class _Scripted:
-    """Hands out the baseline, then each of ``trials`` (changes from it; {} the baseline again),
-    ``steps`` steps each, then commits the baseline; keeps the reports."""
-
-    BASE = {"v": "a"}
-
-    def __init__(self, steps, trials):
-        self.steps, self.trials, self.reports = steps, trials, []
-
-    def register(self, spec):
-        return _core.Config(spec.key, dict(self.BASE), 0, steps=self.steps)
-
-    def report(self, key, rep):
-        self.reports.append(rep)
-        n = len(self.reports)
-        if n <= len(self.trials):
-            return _core.Config(key, {**self.BASE, **self.trials[n - 1]}, n, steps=self.steps)
-        return _core.Config(key, dict(self.BASE), -1, True)
-
-
-def test_the_client_counts_the_trials_cost_against_the_baseline_read_again(monkeypatch):
+def test_the_client_counts_the_trials_cost_against_the_baseline_read_again(monkeypatch, scripted_explorer):
     """The client cuts a trial by the same budget: its baseline is the latest reading once the
     explorer runs the baseline again for as many steps, and what the trials cost so far is
     counted again against it (an interleaved block of the baseline, shorter, would change
     nothing)."""
     monkeypatch.setattr(_session, "runnable_threads", lambda: 1)
-    ex = _Scripted(6, [{"v": "b"}, {}, {"v": "c"}])
+    ex = scripted_explorer(6, [{"v": "b"}, {}, {"v": "c"}], {"v": "a"})
     s = ExplorationSession(ex)
     s.register(_spec(300))
     for ms in [70.0] * 6 + [65.0] * 6:  # the slow first reading, then b
