@@ -39,21 +39,29 @@ def _one_node_store(tr: Stalling) -> StoreCore:
     return core
 
 
-def test_a_one_node_stage_whose_node_stops_answering_probes_is_hedged_without_a_bar(tmp_path):
+def _stalled_once(tmp_path, policy: HedgePolicy):
+    """The one-node store under ``policy`` answers the query healthy, then with its node's
+    probes stalled (no history of the query's shape: no bar could hedge it; on the code before,
+    it waited for the stalled node: here until released, 60 s): the core, the stalled node, the
+    second plan and its one hedge, the answer checked (equal to the healthy one, every row once)."""
     data = _data()
     tr = Silent(str(tmp_path), NODES)
     core = _one_node_store(tr)
-    core.hedge = HedgePolicy(hedge_after_s=0)  # (the misses alone: the rule below is its own test)
+    core.hedge = policy
     healthy, plan = core.sql(SQL)
     [node] = {n for n, _ in plan.tasks}
-    # no history of the query's shape: no bar could hedge it (on the code before, it waited
-    # for the stalled node: here until released, 60 s)
     core.rates = Rates()
     tr.stall = node
     got, plan = _run(lambda: core.sql(SQL), tr)
     assert _rows(got) == _rows(healthy) == _want(data)
     assert sum(got.column("n").to_pylist()) == N  # every row once
     [hedge] = plan.hedges
+    return core, node, plan, hedge
+
+
+def test_a_one_node_stage_whose_node_stops_answering_probes_is_hedged_without_a_bar(tmp_path):
+    # (the misses alone: the rule below is its own test)
+    core, node, plan, hedge = _stalled_once(tmp_path, HedgePolicy(hedge_after_s=0))
     assert hedge["nodes"] == [node] and "answer was used" in hedge["outcome"], hedge
     assert hedge["expected_from"] == "probe" and hedge["probes_missed"] == 2, hedge
     assert hedge["witness"] not in (None, node)
@@ -69,18 +77,8 @@ def test_a_node_whose_probe_goes_unanswered_while_the_witness_answers_is_hedged_
     second one). Here the misses could hedge only at the thousandth, and the witness's bound is
     wide (a busy machine's witness is not what is tested): only the new rule can hedge. Before:
     no such rule (nor the policy's fields); the query waited for the node."""
-    data = _data()
-    tr = Silent(str(tmp_path), NODES)
-    core = _one_node_store(tr)
-    core.hedge = HedgePolicy(probe_misses=1000, prompt_s=5.0, hedge_after_s=0.2)
-    healthy, plan = core.sql(SQL)
-    [node] = {n for n, _ in plan.tasks}
-    core.rates = Rates()  # (no history of the shape: no bar)
-    tr.stall = node
-    got, plan = _run(lambda: core.sql(SQL), tr)
-    assert _rows(got) == _rows(healthy) == _want(data)
-    assert sum(got.column("n").to_pylist()) == N  # every row once
-    [hedge] = plan.hedges
+    policy = HedgePolicy(probe_misses=1000, prompt_s=5.0, hedge_after_s=0.2)
+    core, node, plan, hedge = _stalled_once(tmp_path, policy)
     assert hedge["nodes"] == [node] and "answer was used" in hedge["outcome"], hedge
     assert hedge["expected_from"] == "probe" and hedge["probe_rule"] == "unanswered", hedge
     assert hedge["probes_missed"] < 1000 and hedge["silent_s"] >= 0.2, hedge
