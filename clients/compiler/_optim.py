@@ -89,6 +89,10 @@ class StepOptimizers:
         self._started: dict[int, float] = {}
         # (group, foreach, fused) as the user left them before the step; () between steps
         self._saved: list[tuple[dict[str, Any], Any, Any]] = []
+        # optimisers first seen stepping after the probe step (``keep_finding``): their state
+        # follows the layout too, nothing else is done to them
+        self._late: list[weakref.ref[torch.optim.Optimizer]] = []
+        self._finder: Any = None
 
     # -- finding them (the probe step)
     def watch(self) -> None:
@@ -117,6 +121,25 @@ class StepOptimizers:
         t0 = self._started.pop(id(opt), None)
         if t0 is not None:
             self.step_ms += (time.perf_counter() - t0) * 1e3
+
+    def keep_finding(self) -> None:
+        """From now on (after the probe step), note each optimiser over the model's parameters
+        that steps and was not found by the probe: one whose first step came later (a loop that
+        accumulates gradients over micro-batches, one per training step here, steps its
+        optimiser every k-th). Only :meth:`follow_layouts` acts on them."""
+        if self._finder is None:
+            self._finder = register_optimizer_step_pre_hook(self._late_seen)
+
+    def stop_finding(self) -> None:
+        if self._finder is not None:
+            self._finder.remove()
+            self._finder = None
+
+    def _late_seen(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if any(r() is opt for r in self._found) or any(r() is opt for r in self._late):
+            return
+        if any(id(p) in self._param_ids for g in opt.param_groups for p in g["params"]):
+            self._late.append(weakref.ref(opt))
 
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
@@ -147,7 +170,8 @@ class StepOptimizers:
         ``[8, 4, 3, 3]`` weight made channels-last after its first step is 4e-3 off the
         ``foreach`` step, which is exact). Only the layout moves, never a value."""
         moved = 0
-        for opt in self.optimizers:
+        late = [o for o in (r() for r in self._late) if o is not None]
+        for opt in self.optimizers + late:
             for g in opt.param_groups:
                 for p in g["params"]:
                     state = opt.state.get(p)

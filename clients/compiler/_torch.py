@@ -576,6 +576,7 @@ class AstraTorch(SessionBacked):
     def restore(self) -> None:
         """Undo the instrumentation: the model runs plain eager code again."""
         self._disarm_deadline()
+        self.optimizers.stop_finding()
         if self._stop_listening is not None:
             self._stop_listening()
             self._stop_listening, self._stream = None, None
@@ -620,6 +621,7 @@ class AstraTorch(SessionBacked):
         back to the cells' own), the telemetry subscription (no regions to add, no trial to
         record). The explorer hands a settled session nothing else in this process."""
         self._disarm_deadline()
+        self.optimizers.stop_finding()  # (no layout changes from now on)
         if self._stop_listening is not None:
             self._stop_listening()
             self._stop_listening, self._stream = None, None
@@ -900,6 +902,8 @@ class AstraTorch(SessionBacked):
     def _finish_probe(self, step_ms: float) -> None:
         calls, self._probe_calls = self._probe_calls or {}, None
         self.optimizers.stop()
+        if self._channels_last:
+            self.optimizers.keep_finding()  # (whose state a change of layout must move: ``_apply_values``)
         step_ms = self._finish_profile(step_ms)
         self._probe_step_ms = step_ms
         for h in self._hooks:

@@ -56,9 +56,13 @@ PRICE = {
 }
 
 
-def _train(astra: bool, monkeypatch, steps: int = 40) -> tuple[list[float], dict[str, str]]:
+def _train(
+    astra: bool, monkeypatch, steps: int = 40, every: int = 1, fused: bool | None = None
+) -> tuple[list[float], dict[str, str]]:
+    """``every``: the optimiser steps every ``every``-th training step (gradients accumulated
+    over the others); ``fused``: the user's own choice of the optimiser's implementation."""
     model = _net()
-    opt = torch.optim.AdamW(model.parameters(), lr=0.02)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.02, fused=fused)
     wrapped = None
     if astra:
         finish = AstraTorch._finish_step
@@ -79,17 +83,18 @@ def _train(astra: bool, monkeypatch, steps: int = 40) -> tuple[list[float], dict
             background=False,
         )
 
-    def step(x, y):
-        opt.zero_grad()
+    def step(i, x, y):
         loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
+        (loss / every).backward()
+        if (i + 1) % every == 0:
+            opt.step()
+            opt.zero_grad()
         return loss.item()
 
     data, losses = _data(), []
     for i in range(steps):
         x, y = data[i % len(data)]
-        losses.append(wrapped.run(step, x, y) if wrapped else step(x, y))
+        losses.append(wrapped.run(step, i, x, y) if wrapped else step(i, x, y))
     ran = dict(wrapped.running) if wrapped else {}
     if wrapped:
         wrapped.restore()
@@ -101,6 +106,18 @@ def test_a_fused_update_after_a_channels_last_commit_trains_as_eager(monkeypatch
     astra, ran = _train(True, monkeypatch)
     assert ran.get("memory_format") == "channels_last" and ran.get(OPTIMIZER) == FUSED  # the held-out path
     # the same updates: the losses differ by float order at most (channels-last convolutions)
+    assert astra == pytest.approx(eager, rel=1e-4)
+
+
+def test_an_optimiser_first_stepping_after_the_probe_step_has_its_state_moved_too(monkeypatch):
+    """Gradients accumulated over two training steps, each run by the wrapper: the probe step
+    (the first) runs no optimiser step, so the probe finds no optimiser (and offers no
+    implementation of it); the user's own fused AdamW steps from the second on. Its state must
+    follow the layout all the same: before, a channels-last commit left it contiguous, and the
+    user's fused update paired each weight with another element's moments."""
+    eager, _ = _train(False, monkeypatch, every=2, fused=True)
+    astra, ran = _train(True, monkeypatch, every=2, fused=True)
+    assert ran.get("memory_format") == "channels_last" and OPTIMIZER not in ran
     assert astra == pytest.approx(eager, rel=1e-4)
 
 
