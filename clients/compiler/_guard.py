@@ -74,8 +74,14 @@ class StepSnapshot:
         self.scalers: dict[int, tuple[Any, Any, Any]] = {}
         self.scaled: list[tuple[Any, int]] = []
         self.cost_s = 0.0  # time spent taking it (not the step's: it is subtracted from the step's time)
-        self._hook: Any = None
-        self._param_ids: set[int] = set()
+        # The optimisers are watched from the step's start, not from the model's first call: an
+        # optimiser stepped with a closure (``LBFGS.step(closure)``) calls the model inside its
+        # own step, after its pre-step hook has fired (issue 18, session 36: held out, LBFGS
+        # over a conv net; a channels-last trial failing in the step was rolled back without
+        # the optimiser's state, its evaluation counts and line-search history left as the
+        # failed attempt made them).
+        self._param_ids: set[int] = {id(p) for p in model.parameters()}
+        self._hook: Any = register_optimizer_step_pre_hook(self._before_optimizer)
 
     @property
     def taken(self) -> bool:
@@ -90,8 +96,6 @@ class StepSnapshot:
                 for p in self.model.parameters()
             ]
             self.buffers = [(b, b.detach().clone()) for b in self.model.buffers()]
-        self._param_ids = {id(p) for p, _, _ in self.params}
-        self._hook = register_optimizer_step_pre_hook(self._before_optimizer)
         self.cost_s += time.perf_counter() - t0
 
     def _before_optimizer(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

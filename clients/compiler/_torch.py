@@ -552,6 +552,7 @@ class AstraTorch(SessionBacked):
         )
         undo: list[Callable[[], None]] = [
             lambda: self._layout_watch.stop() if self._layout_watch is not None else None,
+            lambda: self._snap.close() if self._snap is not None else None,
             lambda: self._set_whole_compile(None),
             self._go_direct,
             self.optimizers.restore,
@@ -2104,6 +2105,7 @@ class AstraTorch(SessionBacked):
             and self.session.committed
         )
         if trusted:
+            snap.close()  # (it watches the optimisers from the step's start)
             self._snap = None
             return
         snap.take_model()

@@ -167,6 +167,61 @@ def test_an_optimiser_failure_restores_parameters_and_its_state_and_repeats():
     assert _same_weights(model, _reference(30))
 
 
+class _FlakyClosureUnderTrials(torch.optim.LBFGS):
+    """An optimiser stepped with a closure (the model is called inside its step, after its
+    pre-step hook) that fails once its step has updated its state and the parameters, while the
+    wrapped model runs a configuration that batches its products."""
+
+    astra: AstraTorch | None = None
+
+    def step(self, closure):
+        out = super().step(closure)
+        if self.astra is not None and any(
+            v == "on" for k, v in self.astra.running.items() if k.endswith(".batch")
+        ):
+            raise RuntimeError("injected: optimiser step failed")
+        return out
+
+
+def _train_lbfgs(model, astra, steps, opt_cls):
+    torch.manual_seed(1)
+    from microco.clients.compiler.zoo import torch_models as zm
+
+    opt = opt_cls(model.parameters(), lr=0.5, max_iter=3)
+    x, y = zm.synthetic_batch(4, 8, 6, seed=0)
+
+    def step():
+        def closure():
+            opt.zero_grad()
+            loss = zm.loss_fn(model(x), y)
+            loss.backward()
+            return loss
+
+        return float(opt.step(closure))
+
+    losses = [astra.run(step) if astra is not None else step() for _ in range(steps)]
+    state = opt.state[opt.param_groups[0]["params"][0]]
+    return losses, (state["n_iter"], state["func_evals"])
+
+
+def test_a_closure_optimisers_failure_restores_its_state_too():
+    """Held out (session 36): LBFGS calls the model inside its own step, so the model's first
+    call (where the step's state was kept) came after the optimiser's pre-step hook: its state
+    was never kept, and a rollback left it as the failed attempt made it (its line-search
+    history, its counts), the repeated step starting from there."""
+    model = _model()
+    astra = _astra(model)
+    _FlakyClosureUnderTrials.astra = astra
+    try:
+        losses, counts = _train_lbfgs(model, astra, 30, _FlakyClosureUnderTrials)
+    finally:
+        _FlakyClosureUnderTrials.astra = None
+    assert astra.rolled_back >= 1
+    ref_losses, ref_counts = _train_lbfgs(_model(), None, 30, torch.optim.LBFGS)
+    assert counts == ref_counts  # (n_iter, func_evals) as in the run without the compiler
+    assert losses == pytest.approx(ref_losses, rel=1e-4, abs=1e-5)
+
+
 def test_under_a_with_block_a_failed_step_is_rolled_back_and_skipped(monkeypatch):
     def broken(self, plan, x, p_vals, token):
         raise RuntimeError("injected")
