@@ -30,7 +30,7 @@ from microco.clients.compiler.explore.types import (
     Variable,
 )
 
-from . import _compile_costs, _session
+from . import _compile_costs, _equiv, _session
 from . import _torch_fx as tfx
 from ._background import BackgroundCompiler
 from ._compile_costs import HostCompileCosts, compile_deadline_ms, most_saving_ms
@@ -146,6 +146,11 @@ class _StepClock:
             torch.cuda.synchronize()
 
 
+class CompiledOtherwise(RuntimeError):
+    """A compiled variant returned, wrote or differentiated otherwise than the code it replaces
+    (``_equiv.differs``): it fails as a compile that raised does."""
+
+
 class CellRunner:
     """Replaces a repeated cell's ``forward``: runs the variant the configuration picks.
 
@@ -160,7 +165,9 @@ class CellRunner:
         self.n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
         self.batch, self.hoist, self.compile = "off", "off", "eager"
         self.failed: str = ""
-        self._variants: dict[tuple[str, str, str], tuple[tfx.CellPlan, Callable[..., Any]]] = {}
+        # (a variant None: it computed otherwise than the cell's own code, which runs instead)
+        self._variants: dict[tuple[str, str, str], tuple[tfx.CellPlan, Callable[..., Any] | None]] = {}
+        self._equivalent: set[tuple[Any, ...]] = set()  # (variant, inputs) checked (_equiv)
         self._p_cache: tuple[int, tuple[Any, ...]] | None = None
         self._x_cache: dict[tuple[int, int, int], tuple[torch.Tensor, tuple[Any, ...]]] = {}
         self._x_token = -1
@@ -176,7 +183,7 @@ class CellRunner:
         built = self._variants.get((batch, hoist, compile_mode))
         return built is not None and (not isinstance(built[1], AotRegion) or built[1].built)
 
-    def variant(self) -> tuple[tfx.CellPlan, Callable[..., Any]]:
+    def variant(self) -> tuple[tfx.CellPlan, Callable[..., Any] | None]:
         key = (self.batch, self.hoist, self.compile)
         if key not in self._variants:
             self.clock.built = True
@@ -217,6 +224,15 @@ class CellRunner:
 
     def _run(self, args: tuple[Any, ...]) -> Any:
         plan, fn = self.variant()
+        if fn is None:  # computed otherwise than the cell's own code: the cell's own code
+            return self.original_forward(*args)
+        key = (self.batch, self.hoist, self.compile)
+        if key != ("off", "off", "eager"):
+            sig = (key, _equiv.signature(args, {}))
+            if sig not in self._equivalent:
+                if not self._same_as_own(plan, fn, args):
+                    return self.original_forward(*args)
+                self._equivalent.add(sig)
         token = self.clock.token if self.clock.in_step else None
         if token is not None and self._p_cache is not None and self._p_cache[0] == token:
             p_vals = self._p_cache[1]
@@ -238,6 +254,29 @@ class CellRunner:
             log.warning("compiled region %s failed, running it eagerly: %s", self.region, self.failed)
             self._variants[(self.batch, self.hoist, self.compile)] = (plan, plan.s_gm)
             return plan.s_gm(*x_vals, *p_vals, *args[1:])
+
+    def _same_as_own(self, plan: tfx.CellPlan, fn: Callable[..., Any], args: tuple[Any, ...]) -> bool:
+        """Does the variant (a rewrite, a compiled region) compute what the cell's own forward
+        does on ``args`` (``_equiv.differs``: outputs, buffers, the cell's parameters'
+        gradients)? Once per variant and input signature; one that differs, or raises, is
+        failed and the cell's own code runs in its place from then on."""
+        self.clock.built = True  # (a step that checks is not a measurement)
+
+        def variant(*a: Any) -> Any:
+            p_vals = tuple(plan.p_gm())
+            x_vals = (a[0],) if plan.x_gm is None else tuple(plan.x_gm(a[0], *p_vals))
+            return fn(*x_vals, *p_vals, *a[1:])
+
+        try:
+            why = _equiv.differs(self.cell, self.original_forward, variant, args, {})
+        except Exception as exc:  # noqa: BLE001 - a variant that raises here is failed below
+            why = f"raised {type(exc).__name__}: {exc}"
+        if not why:
+            return True
+        self.failed = f"CompiledOtherwise: computes otherwise than the cell's own code: {why}"
+        log.warning("region %s: %s; running the cell's own code", self.region, self.failed)
+        self._variants[(self.batch, self.hoist, self.compile)] = (plan, None)
+        return False
 
     def _hoisted(
         self, plan: tfx.CellPlan, x: torch.Tensor, p_vals: tuple[Any, ...], token: int | None
@@ -372,6 +411,7 @@ class AstraTorch(SessionBacked):
         # (hoisting, batching) run on dynamo's graph before Inductor.
         self._own_forward = model.__dict__.get("forward")  # an instance-level forward, if any
         self._compiled_forward: dict[str, Callable[..., Any]] = {}
+        self._equivalent: set[tuple[Any, ...]] = set()  # (kind, inputs) checked against eager (_equiv)
         self._whole_kind: str | None = None  # the kind running now
         self._region_calls = 0  # cell calls per step, seen by the probe: sizes the compile prior
         self.whole_failed: dict[str, str] = {}  # kind -> why its compiled step failed
@@ -1608,6 +1648,15 @@ class AstraTorch(SessionBacked):
                 log.warning("astra: %s: %s", kind, self.whole_failed[kind])
                 return plain(*args, **kwargs)
             try:
+                sig = (kind, _equiv.signature(args, kwargs))
+                if sig not in self._equivalent:
+                    # Once per compiled variant and input signature in this process: the same
+                    # function as the model's own code, or the model's own code runs (a compiler
+                    # that computes otherwise is a failure like one that raises).
+                    why = _equiv.differs(self.model, plain, compiled, args, kwargs)
+                    if why:
+                        raise CompiledOtherwise(f"computes otherwise than the model's own code: {why}")
+                    self._equivalent.add(sig)
                 return compiled(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - a failing compile must never stop training
                 self.whole_failed[kind] = f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,196 @@
+"""Is a compiled variant of the model the same function as the model's own code? (issue 18)
+
+A compiler can be wrong. Held out in session 37: a VQ-VAE whose codebook is an exponential
+moving average updated inside ``forward`` (``embed_avg.mul_(0.99).add_(onehot.t() @ flat,
+alpha=0.01)``, as public VQ-VAE code writes it) trained otherwise under every Inductor trial:
+Inductor (torch 2.13 and 2.14, CPU) rewrites ``add(x, mm(a, b), alpha=c)`` into an ``addmm``
+that drops ``alpha`` (pytorch/pytorch#167313, #196577, open, "correctness (silent)"). After one
+compiled forward the codebook's average was 27 away from eager's and the encoder's gradients
+0.02-0.37 apart; a plain ``torch.compile`` of the model does the same. Astra compiles on its own
+initiative, so a silent miscompile would change a user's training without the user asking for
+a compiler at all.
+
+:func:`differs` runs the model's own forward and the variant from the same state (buffers,
+random streams) on the same inputs, detached from the step's graph, and compares what each
+returns, what each wrote into the buffers, and the parameters' gradients for one fixed random
+cotangent of the outputs (``torch.autograd.grad``: nothing accumulates into ``.grad``). The
+state is put back after each run, so the step itself then runs from where it was. The check is
+per compiled variant and input signature, once in a process (a second run that starts tuned is
+checked too); it costs one eager and one compiled forward and backward.
+
+Agreement is judged per tensor by the norm of the difference against the tensor's own norm
+(floor: a small share of the group's mean norm, so a gradient that is float noise, a bias before
+a batch norm, is not judged alone), at a tolerance set by the lowest-precision floating dtype in
+the outputs (float32 1e-3; bfloat16 and float16 5e-2): Inductor's float order moves a forward by
+~1e-6 and a gradient by ~1e-5 in float32. Integer outputs and buffers must be equal. A
+discontinuous model (an argmin over near ties) can differ beyond the tolerance by float order
+alone; it is then refused the compile, which keeps its training eager's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+RTOL = {torch.float32: 1e-3, torch.float64: 1e-6, torch.bfloat16: 5e-2, torch.float16: 5e-2}
+TENSOR_SHARE = 5e-2  # one tensor's difference: at most this share of its norm or its group's mean
+
+
+def signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """The inputs' shapes and dtypes (what a static-shape compile specialises on), and whether
+    gradients are on."""
+    leaves, _ = tree_flatten((args, kwargs))
+    return (torch.is_grad_enabled(),) + tuple(
+        (tuple(v.shape), v.dtype, v.device.type) if isinstance(v, torch.Tensor) else type(v).__name__
+        for v in leaves
+    )
+
+
+def differs(
+    model: nn.Module,
+    reference: Callable[..., Any],
+    variant: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> str:
+    """ "" when ``variant(*args, **kwargs)`` agrees with ``reference(...)`` on ``model`` (outputs,
+    buffer updates, parameter gradients), else what differs. The model's buffers and the random
+    streams are as before the call when it returns (or raises: the variant's own failure is the
+    caller's to handle, as for any compiled call)."""
+    args, kwargs = _detached((args, kwargs))
+    kept = _Buffers(model)
+    cpu_rng = torch.random.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def restore() -> None:
+        kept.restore()
+        torch.random.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+
+    try:
+        want = _run(reference, args, kwargs, params, kept)
+        restore()
+        got = _run(variant, args, kwargs, params, kept)
+    finally:
+        restore()
+    for what, a, b in (
+        ("output", want[0], got[0]),
+        ("buffer", want[1], got[1]),
+        ("gradient", want[2], got[2]),
+    ):
+        if len(a) != len(b):
+            return f"{what}s: {len(b)} against the model's own {len(a)}"
+        why = _compare(what, a, b, _rtol(want[0]))
+        if why:
+            return why
+    return ""
+
+
+def _detached(tree: Any) -> Any:
+    """``tree`` with each tensor detached (a leaf that requires grad where it did): the checks'
+    graphs end at the inputs, so the step's own graph (an RNN's earlier steps, a generator's
+    output) is neither walked nor freed by their backward."""
+    leaves, spec = tree_flatten(tree)
+    out = [v.detach().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v for v in leaves]
+    return spec.unflatten(out)
+
+
+def _run(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    params: list[nn.Parameter],
+    kept: _Buffers,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    out = fn(*args, **kwargs)
+    outputs = [v for v in tree_flatten(out)[0] if isinstance(v, torch.Tensor)]
+    buffers = kept.now()
+    grads: list[torch.Tensor] = []
+    diff = [v for v in outputs if v.requires_grad and v.is_floating_point()]
+    if diff and params and torch.is_grad_enabled():
+        g = torch.Generator(device="cpu").manual_seed(0)
+        cotangents = [torch.randn(v.shape, generator=g).to(v.device, v.dtype) for v in diff]
+        found = torch.autograd.grad(diff, params, cotangents, allow_unused=True)
+        grads = [torch.zeros_like(p) if d is None else d.detach() for p, d in zip(params, found, strict=True)]
+    return [v.detach() for v in outputs], buffers, grads
+
+
+def _rtol(outputs: list[torch.Tensor]) -> float:
+    floats = [v.dtype for v in outputs if v.is_floating_point()]
+    return max((RTOL.get(d, 5e-2) for d in floats), default=RTOL[torch.float32])
+
+
+def _norm(v: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(v.double())) if v.numel() else 0.0
+
+
+def _compare(what: str, want: list[torch.Tensor], got: list[torch.Tensor], rtol: float) -> str:
+    """The group as one vector within ``rtol`` of the model's own (relative norm), and each
+    tensor within ``TENSOR_SHARE`` of its own norm or the group's mean norm, whichever is larger
+    (a gradient that is mathematically zero, a bias before a batch norm, is float noise of the
+    size of the terms that cancel in it: judged against its group, not against itself)."""
+    norms: list[float] = []
+    diffs: list[float] = []
+    for i, (a, b) in enumerate(zip(want, got, strict=True)):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return (
+                f"{what} {i}: {tuple(b.shape)} {b.dtype} against the model's own {tuple(a.shape)} {a.dtype}"
+            )
+        if not a.is_floating_point():
+            if not torch.equal(a, b.to(a.device)):
+                return f"{what} {i}: integer values differ from the model's own"
+            continue
+        d = _norm(a.double() - b.to(a.device).double())
+        if not math.isfinite(d) and math.isfinite(_norm(a)):
+            return f"{what} {i} {tuple(a.shape)}: not finite where the model's own is"
+        norms.append(_norm(a))
+        diffs.append(d if math.isfinite(d) else 0.0)
+    if not norms:
+        return ""
+    mean = sum(norms) / len(norms)
+    for i, (n, d) in enumerate(zip(norms, diffs, strict=True)):
+        if d > TENSOR_SHARE * max(n, mean):
+            return f"{what} {i}: {d:.3g} apart, the model's own of norm {n:.3g} (group mean {mean:.3g})"
+    total, apart = math.sqrt(sum(n * n for n in norms)), math.sqrt(sum(d * d for d in diffs))
+    if apart > rtol * total:
+        return f"{what}s: {apart:.3g} apart in all, the model's own of norm {total:.3g} (tolerance {rtol:g})"
+    return ""
+
+
+class _Buffers:
+    """The model's buffers as they were, put back after each run (in place, where the module
+    still holds the same tensor; the tensor itself back where a forward replaced it), and the
+    modules' plain attributes (numbers, strings, flags: a step counter a forward advances)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.kept: list[tuple[nn.Module, str, torch.Tensor, torch.Tensor]] = []
+        self.plain: list[tuple[nn.Module, dict[str, Any]]] = []
+        for module in model.modules():
+            for name, b in module._buffers.items():
+                if b is not None:
+                    self.kept.append((module, name, b, b.detach().clone()))
+            self.plain.append((module, {k: v for k, v in vars(module).items() if isinstance(v, _PLAIN)}))
+
+    def now(self) -> list[torch.Tensor]:
+        return [
+            v.detach().clone() if isinstance(v := m._buffers.get(n), torch.Tensor) else torch.empty(0)
+            for m, n, _, _ in self.kept
+        ]
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for module, name, original, saved in self.kept:
+                module._buffers[name] = original
+                original.copy_(saved)
+        for module, attrs in self.plain:
+            module.__dict__.update(attrs)
+
+
+_PLAIN = (bool, int, float, str, type(None))
