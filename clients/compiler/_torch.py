@@ -268,7 +268,8 @@ class CellRunner:
             return fn(*x_vals, *p_vals, *a[1:])
 
         try:
-            why = _equiv.differs(self.cell, self.original_forward, variant, args, {})
+            twin = _equiv.float64_twin(self.cell, self.original_forward)
+            why = _equiv.differs(self.cell, self.original_forward, variant, args, {}, twin)
         except Exception as exc:  # noqa: BLE001 - a variant that raises here is failed below
             why = f"raised {type(exc).__name__}: {exc}"
         if not why:
@@ -1653,7 +1654,8 @@ class AstraTorch(SessionBacked):
                     # Once per compiled variant and input signature in this process: the same
                     # function as the model's own code, or the model's own code runs (a compiler
                     # that computes otherwise is a failure like one that raises).
-                    why = _equiv.differs(self.model, plain, compiled, args, kwargs)
+                    twin = _equiv.float64_twin(self.model, plain)
+                    why = _equiv.differs(self.model, plain, compiled, args, kwargs, twin)
                     if why:
                         raise CompiledOtherwise(f"computes otherwise than the model's own code: {why}")
                     self._equivalent.add(sig)

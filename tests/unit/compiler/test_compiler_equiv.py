@@ -247,3 +247,33 @@ def test_a_forwards_own_counter_is_put_back_after_the_check():
     x = torch.randn(2, 3)
     assert _equiv.differs(m, m.forward, m.forward, (x,), {}) == ""
     assert m.calls == 4
+
+
+def test_against_float64_a_more_exact_variant_agrees_and_a_miscompile_does_not():
+    """With the float64 twin the model's own error sets the scale: under bfloat16 autocast the
+    model's own gradients are percents from exact arithmetic, and a variant that computes the
+    same in float32 (closer to exact, as a fused compile is) agrees, where fixed tolerances
+    against the model's own results would refuse it. The codebook's dropped ``alpha`` is still
+    found, against a model's own error of ~1e-6."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 64, 4))
+    x = torch.randn(8, 3, 8, 8)
+
+    def bf16(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return m(x).float()
+
+    def fp32(x):
+        with torch.autocast("cpu", enabled=False):
+            return m(x)
+
+    twin = _equiv.float64_twin(m, m.forward)
+    assert twin is not None
+    assert _equiv.differs(m, bf16, fp32, (x,), {}) != ""  # fixed tolerances: refused
+    assert _equiv.differs(m, bf16, fp32, (x,), {}, twin) == ""
+    assert all(b.dtype != torch.float64 for b in m.buffers())  # (the twin is a copy)
+
+    c = Codebook()
+    x = _batches()[0]
+    why = _equiv.differs(c, c.forward, lambda x: _drops_alpha(c, x), (x,), {}, _equiv.float64_twin(c, c.forward))
+    assert why.startswith("buffer") and "float64" in why
