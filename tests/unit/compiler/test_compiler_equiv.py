@@ -256,7 +256,9 @@ def test_against_float64_a_more_exact_variant_agrees_and_a_miscompile_does_not()
     against the model's own results would refuse it. The codebook's dropped ``alpha`` is still
     found, against a model's own error of ~1e-6."""
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 64, 4))
+    m = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 64, 4)
+    )
     x = torch.randn(8, 3, 8, 8)
 
     def bf16(x):
@@ -275,5 +277,7 @@ def test_against_float64_a_more_exact_variant_agrees_and_a_miscompile_does_not()
 
     c = Codebook()
     x = _batches()[0]
-    why = _equiv.differs(c, c.forward, lambda x: _drops_alpha(c, x), (x,), {}, _equiv.float64_twin(c, c.forward))
+    why = _equiv.differs(
+        c, c.forward, lambda x: _drops_alpha(c, x), (x,), {}, _equiv.float64_twin(c, c.forward)
+    )
     assert why.startswith("buffer") and "float64" in why
