@@ -118,14 +118,10 @@ def differs(
         restore()
         if twin is not None:
             module, forward = twin
-            wide = _Buffers(module)
+            wide_args, wide_kwargs = _doubled((args, kwargs))
+            wide_params = [p for p in module.parameters() if p.requires_grad]
             with _no_autocast():
-                exact = _run(
-                    forward,
-                    *_doubled((args, kwargs)),
-                    [p for p in module.parameters() if p.requires_grad],
-                    wide,
-                )
+                exact = _run(forward, wide_args, wide_kwargs, wide_params, _Buffers(module))
             restore()
     finally:
         restore()
