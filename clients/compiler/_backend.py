@@ -23,6 +23,7 @@ from torch import fx
 
 from microco.clients.compiler.explore.types import STAGE_COMPILE, STAGE_FINE, GraphSpec, Variable
 
+from . import _equiv
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch import hardware_id, thread_choices
@@ -78,6 +79,7 @@ class _GraphRunner:
         self.primary = primary
         self._compiled: Callable[..., Any] | None = None
         self._good_backwards = 0  # backward passes of the compiled graph that succeeded
+        self._checked = False  # the compiled graph checked against the captured one (_equiv)
         if backend.session.spec is not None:
             return  # the step is registered already
         variables = []
@@ -144,6 +146,18 @@ class _GraphRunner:
             b._failed = f"compile: {type(exc).__name__}: {exc}"
             log.warning("graph compile failed, running it eagerly: %s", b._failed)
             self._compiled = fn = self.gm.forward
+        if fn != self.gm.forward and not self._checked:
+            # The compiled graph computes what the captured one does, once (``_equiv``: Inductor
+            # can be silently wrong, pytorch/pytorch#167313), or the captured graph runs.
+            self._checked = True
+            try:
+                why = _equiv.graph_differs(self.gm.forward, fn, args)
+            except Exception as exc:  # noqa: BLE001 - a compiled graph that raises here fails
+                why = f"raised {type(exc).__name__}: {exc}"
+            if why:
+                b._failed = f"CompiledOtherwise: computes otherwise than the captured graph: {why}"
+                log.warning("compiled graph failed its check, running it eagerly: %s", b._failed)
+                self._compiled = fn = self.gm.forward
         # The thread count is set around this graph's call only and the caller's restored after
         # it (issue 18: a process-wide setting must not leak into the user's code). A dynamo
         # backend sees no more of the step than its graphs: autograd's backward runs outside.
@@ -152,11 +166,11 @@ class _GraphRunner:
         if threads is not None and int(threads) != user:
             torch.set_num_threads(int(threads))
         try:
-            if fn is not self.gm.forward and self._guard_backward(args):
+            if fn != self.gm.forward and self._guard_backward(args):
                 return _guarded_call(self, fn, args)
             return fn(*args)
         except Exception as exc:
-            if fn is self.gm.forward:
+            if fn == self.gm.forward:
                 raise
             b._failed = f"{type(exc).__name__}: {exc}"
             log.warning("compiled graph failed, running it eagerly: %s", b._failed)

@@ -29,7 +29,9 @@ alone; it is then refused the compile, which keeps its training eager's.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import math
 from collections.abc import Callable
 from typing import Any
@@ -99,12 +101,62 @@ def differs(
     orders in float32, and bfloat16 autocast's tens of percent: the model's own error sets the
     scale). Without it, by fixed tolerances of the outputs' precision."""
     args, kwargs = _detached((args, kwargs))
-    kept = _Buffers(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    exact = None
+    if twin is not None:
+        module, forward = twin
+
+        def exact(wide: tuple[Any, ...]) -> tuple[list[torch.Tensor], ...] | None:
+            wide_params = [p for p in module.parameters() if p.requires_grad]
+            try:
+                return _run(forward, wide[0], wide[1], wide_params, _Buffers(module))
+            except Exception:  # noqa: BLE001 - a forward with float32 constants: no twin
+                return None
+
+    return _judge(_Buffers(model), params, reference, variant, (args, kwargs), exact)
+
+
+def graph_differs(gm: Callable[..., Any], compiled: Callable[..., Any], args: tuple[Any, ...]) -> str:
+    """``differs`` for a captured graph (``torch.compile(model, backend="microco")``'s): the
+    graph run as captured against its compiled code, on detached copies of its inputs (the
+    model's parameters and buffers among them), the inputs a graph mutates in place (running
+    statistics) put back after each run, gradients taken for the inputs that require them; the
+    float64 twin is the captured graph over float64 copies of the inputs (none where the graph
+    will not run so)."""
+    (inputs,) = _detached((args,))
+    tensors = [a for a in inputs if isinstance(a, torch.Tensor)]
+    params = [a for a in tensors if a.requires_grad]
+
+    def exact(wide: tuple[Any, ...]) -> tuple[list[torch.Tensor], ...] | None:
+        wide_args = wide[0]
+        wide_params = [a for a in wide_args if isinstance(a, torch.Tensor) and a.requires_grad]
+        kept = _Tensors([a for a in wide_args if isinstance(a, torch.Tensor)])
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # (FX prints a failing graph's line)
+                return _run(gm, wide_args, {}, wide_params, kept)
+        except Exception:  # noqa: BLE001 - a graph with float32 constants in it: no twin
+            return None
+
+    return _judge(_Tensors(tensors), params, gm, compiled, (tuple(inputs), {}), exact)
+
+
+def _judge(
+    kept: Any,
+    params: list[torch.Tensor],
+    reference: Callable[..., Any],
+    variant: Callable[..., Any],
+    inputs: tuple[tuple[Any, ...], dict[str, Any]],
+    exact_of: Callable[[tuple[Any, ...]], Any] | None,
+) -> str:
+    args, kwargs = inputs
     cpu_rng = torch.random.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    params = [p for p in model.parameters() if p.requires_grad]
+    grad_mode = torch.is_grad_enabled()
 
     def restore() -> None:
+        # (a captured graph sets grad mode by calls, not a context: one that raised inside a
+        # ``no_grad`` block, the float64 twin's, left gradients off for the step's own call)
+        torch.set_grad_enabled(grad_mode)
         kept.restore()
         torch.random.set_rng_state(cpu_rng)
         if cuda_rng is not None:
@@ -116,12 +168,9 @@ def differs(
         restore()
         got = _run(variant, args, kwargs, params, kept)
         restore()
-        if twin is not None:
-            module, forward = twin
-            wide_args, wide_kwargs = _doubled((args, kwargs))
-            wide_params = [p for p in module.parameters() if p.requires_grad]
+        if exact_of is not None:
             with _no_autocast():
-                exact = _run(forward, wide_args, wide_kwargs, wide_params, _Buffers(module))
+                exact = exact_of(_doubled((args, kwargs)))
             restore()
     finally:
         restore()
@@ -164,8 +213,8 @@ def _run(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    params: list[nn.Parameter],
-    kept: _Buffers,
+    params: list[Any],
+    kept: Any,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     out = fn(*args, **kwargs)
     outputs = [v for v in tree_flatten(out)[0] if isinstance(v, torch.Tensor)]
@@ -279,3 +328,18 @@ class _Buffers:
 
 
 _PLAIN = (bool, int, float, str, type(None))
+
+
+class _Tensors:
+    """A captured graph's input tensors as they were, put back (in place) after each run."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.kept = [(t, t.detach().clone()) for t in tensors]
+
+    def now(self) -> list[torch.Tensor]:
+        return [t.detach().clone() for t, _ in self.kept]
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for t, saved in self.kept:
+                t.copy_(saved)

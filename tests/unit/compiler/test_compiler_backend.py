@@ -78,8 +78,13 @@ class _BackwardRaises(torch.autograd.Function):
     def forward(ctx, x):
         return x.clone()
 
+    passes = 0  # backward passes let through first (the compiled graph's check takes one)
+
     @staticmethod
     def backward(ctx, g):
+        if _BackwardRaises.passes > 0:
+            _BackwardRaises.passes -= 1
+            return g
         raise TypeError("only integer tensors of a single element can be converted to an index")
 
 
@@ -95,7 +100,27 @@ def test_a_compiled_graph_whose_backward_fails_does_not_stop_training(monkeypatc
         return run
 
     monkeypatch.setattr(cfx, "compile_fx", broken_compile)
+    # (its outputs' backward passes in the check against the captured graph, then fails in the
+    # step's own backward: the guarded backward's case)
+    monkeypatch.setattr(_BackwardRaises, "passes", 1)
     _trains_as_eager_with_a_failed_compile_trial()  # its backward raised TypeError before the guard
+
+
+def test_a_compiled_graph_that_computes_otherwise_is_failed_at_its_first_call(monkeypatch):
+    """The dynamo-backend form of the equivalence check (session 37): a compiled graph whose
+    outputs are off (here scaled; Inductor's dropped ``alpha`` in a held-out VQ-VAE) is found at
+    its first call and the captured graph runs instead: the trial failed, the losses eager's.
+    Before, the trial's steps trained otherwise."""
+    import torch._inductor.compile_fx as cfx
+
+    def scaled(gm, example_inputs, **kw):
+        def run(*args):
+            return tuple(o * 1.25 if o.is_floating_point() else o for o in gm.forward(*args))
+
+        return run
+
+    monkeypatch.setattr(cfx, "compile_fx", scaled)
+    _trains_as_eager_with_a_failed_compile_trial()
 
 
 def test_a_compile_that_raises_does_not_stop_training(monkeypatch):

@@ -281,3 +281,38 @@ def test_against_float64_a_more_exact_variant_agrees_and_a_miscompile_does_not()
         c, c.forward, lambda x: _drops_alpha(c, x), (x,), {}, _equiv.float64_twin(c, c.forward)
     )
     assert why.startswith("buffer") and "float64" in why
+
+
+def test_through_the_microco_dynamo_backend_the_codebook_trains_as_eager():
+    """``torch.compile(model, backend=MicrocoBackend(...))``: the graph Inductor compiles drops
+    ``alpha`` as above; its check against the captured graph finds it and the captured graph
+    runs. (The check's float64 run of this graph raises inside its ``no_grad`` block, where a
+    captured graph turns gradients off by a call: left so, the step's own call then computed no
+    gradient for the encoder. Grad mode is put back.)"""
+    from microco.clients.compiler import MicrocoBackend
+    from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
+    from microco.common import MemoryKV
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = Codebook()
+    model = Codebook()
+    model.load_state_dict(eager.state_dict())
+    want = _train(eager, lambda one: one())
+    backend = MicrocoBackend(
+        LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0)),
+        threads=("1",),
+        total_steps=10**6,
+    )
+    compiled = torch.compile(model, backend=backend)
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    got = []
+    for x in _batches() * 3:
+        loss = compiled(x)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        got.append(loss.item())
+    torch._dynamo.reset()
+    assert got == pytest.approx(want, rel=1e-5)
+    assert all(p.grad is not None for p in model.parameters())
