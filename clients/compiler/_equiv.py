@@ -142,7 +142,7 @@ def graph_differs(gm: Callable[..., Any], compiled: Callable[..., Any], args: tu
 
 def _judge(
     kept: Any,
-    params: list[torch.Tensor],
+    params: list[Any],
     reference: Callable[..., Any],
     variant: Callable[..., Any],
     inputs: tuple[tuple[Any, ...], dict[str, Any]],
