@@ -433,35 +433,17 @@ def side_stream(env: Env, side: dict[str, Any]) -> Stream:
     return peeked(side_tables(env, side), _side_schema(side))
 
 
-def whole_batches(table: pa.Table) -> pa.Table:
-    """``table`` as one record batch when it is at most ``COMPACT_MAX_BYTES`` (one copy, none
-    when it is one already), else as ``compact`` leaves it. What an Acero plan is fed: an
-    extent read is one batch per sub-bucket (up to 64, each a few thousand rows at TPC-H SF 1),
-    and Acero's aggregation and hash join pay per batch they are given (the thread-local
-    states, the tasks); one batch an extent made a node's aggregation of TPC-H SF 1 `orders` by
-    `o_orderdate` ~15-30% cheaper than the 64k-row batches of ``compact`` (issue 19, session 37;
-    docs/store.md, "A node's aggregation fed whole extents")."""
-    batches = table.to_batches()
-    if len(batches) <= 1 or table.nbytes > COMPACT_MAX_BYTES:
-        return compact(table)
-    return table.combine_chunks()
-
-
-def _source_batches(stream: Stream) -> Iterator[pa.RecordBatch]:
-    """The batches an Acero source over ``stream`` is fed: each table of it as one batch (see
-    ``whole_batches``), none empty, with the stream's schema."""
-    schema, tables = stream
-    for t in tables:
-        for b in whole_batches(t).to_batches():
-            if b.num_rows:
-                yield pa.RecordBatch.from_arrays(b.columns, schema=schema)
-
-
 def _acero_source(stream: Stream) -> acero.Declaration:
     """A stream of tables as an Acero source: Acero pulls the next batch when it wants one, so a
-    plan over it holds a few batches (a source table each, bounded by ``COMPACT_MAX_BYTES``
-    when whole), not the stream."""
-    reader = pa.RecordBatchReader.from_batches(stream[0], _source_batches(stream))
+    plan over it holds a few batches, not the stream."""
+    schema, tables = stream
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for t in tables:
+            for b in compact(t).to_batches():
+                yield pa.RecordBatch.from_arrays(b.columns, schema=schema)
+
+    reader = pa.RecordBatchReader.from_batches(schema, batches())
     return acero.Declaration("record_batch_reader_source", acero.RecordBatchReaderSourceNodeOptions(reader))
 
 
