@@ -16,7 +16,7 @@ from ._catalog import Catalog, SuperExtent, TableInfo
 from ._core import AppendResult, LocalTransport, StoreCore, Transport, conform, finish
 from ._exec import to_plain_strings
 from ._flight import FlightTransport
-from ._layout import CODECS, ExtentMeta, open_extent, write_extent
+from ._layout import CODECS, ExtentMeta, bucketed_extents, open_extent, write_extent
 from ._nodestore import CorruptExtent, NodeStore
 from ._partition import HASH, RANGE, PartitionSpec, partition_ids
 from ._placement import NodeInfo, check_row_copies, place_super_extent
@@ -51,6 +51,7 @@ __all__ = [
     "SuperExtent",
     "TableInfo",
     "Transport",
+    "bucketed_extents",
     "check_row_copies",
     "conform",
     "duck",
