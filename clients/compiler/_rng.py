@@ -174,6 +174,14 @@ class LayoutDrawWatch:
     sees the draw, not where its tensor came from): a channels-last trial is then not offered,
     never offered wrongly. ``cost_s`` is the redraws' time, taken off the probe step's.
 
+    That answer is a guess about the channels-last run: it redraws over a channels-last copy of
+    any four-dimensional tensor, though under channels-last only what flows from the
+    convolutions changes layout (attention probabilities ``[B, heads, N, N]`` out of a matrix
+    product stay contiguous), and it looks at nothing of fewer dimensions (tokens flattened from
+    a channels-last map change layout too). So the watch also keeps every draw's layout
+    (``seen``: by call and shapes) and which of them the guess counted (``suspects``), and the
+    probe's end judges them against a channels-last forward (``layout_forward_check``).
+
     Where the model holds code compiled by dynamo (``redraw=False``) no mode is pushed (dynamo
     guards on the mode stack: the user's compiled module would be compiled again for the probe
     step alone), and its draws cannot be redrawn: there any advance of the default generators
