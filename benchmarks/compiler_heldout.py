@@ -3,7 +3,7 @@ in the corpus (``transformers``' LlamaForCausalLM, DistilBertForSequenceClassifi
 BartForConditionalGeneration from tiny configs, no weights; since session 27 lucidrains'
 ``x-transformers`` (a decoder-only LM with rotary embeddings, the same with its layers' weights
 tied, and an encoder with other options), since session 36 ``transformers``' ResNet and ConvNeXt
-trained with AdamW
+(and since session 37 MobileViT with attention dropout) trained with AdamW
 and ``keras-hub`` (GPT-2 causal LM and a BERT classifier from 2-layer configs), since session 34
 ``timm`` (PyTorch Image Models: EfficientNet-B0, GhostNet, ConvNeXt-atto, ResNet10-T, a ViT-tiny
 and MobileViT-XXS, no weights, at 64x64 or 32x32), each skipped
@@ -39,7 +39,9 @@ from .compiler_corpus import (
 HF_MODELS = ("hf-llama", "hf-distilbert", "hf-bart")
 # transformers' vision models with convolutions, trained with AdamW (session 36: a stateful
 # optimiser beside a channels-last trial; the corpus's plain SGD has no state)
-HF_VISION_MODELS = ("hf-resnet-adamw", "hf-convnext-adamw")
+# (session 37: and MobileViT, convolutions around attention blocks with attention dropout: the
+# dropout over ``[B, heads, N, N]`` probabilities beside channels-last convolutions)
+HF_VISION_MODELS = ("hf-resnet-adamw", "hf-convnext-adamw", "hf-mobilevit-adamw")
 XT_MODELS = ("xt-decoder", "xt-encoder", "xt-tied")  # lucidrains' x-transformers (PyPI: x-transformers)
 KHUB_MODELS = ("khub-gpt2", "khub-bert")  # keras-hub (PyPI: keras-hub), TensorFlow backend
 # timm (PyPI: timm): name here -> (timm's model name, image side, its options)
@@ -114,8 +116,9 @@ def _hf_heldout() -> list[Case]:
 
 
 def _hf_vision_heldout() -> list[Case]:
-    """transformers' ResNet and ConvNeXt (drop-path 0.1) from small configs, no weights, a batch
-    of 8 random 64x64 images, their own classification loss, AdamW."""
+    """transformers' ResNet, ConvNeXt (drop-path 0.1) and MobileViT (hidden, attention and
+    classifier dropout 0.1) from small configs, no weights, a batch of 8 random 64x64 images,
+    their own classification loss, AdamW."""
     tr = transformers_or_skip(HF_VISION_MODELS)
     if tr is None:
         return []
@@ -133,6 +136,18 @@ def _hf_vision_heldout() -> list[Case]:
         )
         return tr.ConvNextForImageClassification(cfg)
 
+    def mobilevit() -> Any:
+        cfg = tr.MobileViTConfig(
+            image_size=64,
+            hidden_sizes=[32, 48, 64],
+            neck_hidden_sizes=[8, 16, 24, 32, 48, 64, 80],
+            num_labels=10,
+            hidden_dropout_prob=0.1,
+            attention_probs_dropout_prob=0.1,
+            classifier_dropout_prob=0.1,
+        )
+        return tr.MobileViTForImageClassification(cfg)
+
     def images() -> tuple[Any, ...]:
         g = torch.Generator().manual_seed(5)
         return torch.randn(8, 3, 64, 64, generator=g), torch.randint(0, 10, (8,), generator=g)
@@ -145,6 +160,8 @@ def _hf_vision_heldout() -> list[Case]:
              optimizer="adamw"),
         Case("hf-convnext-adamw", "transformers.ConvNextForImageClassification, AdamW", convnext, images, cls,
              optimizer="adamw"),
+        Case("hf-mobilevit-adamw", "transformers.MobileViTForImageClassification (dropout 0.1), AdamW", mobilevit,
+             images, cls, optimizer="adamw"),
     ]  # fmt: skip
 
 

@@ -174,6 +174,14 @@ class LayoutDrawWatch:
     sees the draw, not where its tensor came from): a channels-last trial is then not offered,
     never offered wrongly. ``cost_s`` is the redraws' time, taken off the probe step's.
 
+    That answer is a guess about the channels-last run: it redraws over a channels-last copy of
+    any four-dimensional tensor, though under channels-last only what flows from the
+    convolutions changes layout (attention probabilities ``[B, heads, N, N]`` out of a matrix
+    product stay contiguous), and it looks at nothing of fewer dimensions (tokens flattened from
+    a channels-last map change layout too). So the watch also keeps every draw's layout
+    (``seen``: by call and shapes) and which of them the guess counted (``suspects``), and the
+    probe's end judges them against a channels-last forward (``layout_forward_check``).
+
     Where the model holds code compiled by dynamo (``redraw=False``) no mode is pushed (dynamo
     guards on the mode stack: the user's compiled module would be compiled again for the probe
     step alone), and its draws cannot be redrawn: there any advance of the default generators
@@ -184,19 +192,16 @@ class LayoutDrawWatch:
     COMPILED = "a random draw inside compiled code (not redrawn)"
 
     def __init__(self, redraw: bool = True) -> None:
-        from torch.overrides import TorchFunctionMode
-
-        watch = self
-
-        class _Mode(TorchFunctionMode):
-            def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-                return watch._call(func, args, kwargs or {})
-
-        self._mode = _Mode()
+        self._mode = _Mode(self._call)
         self.redraws = redraw
         self._names: dict[Any, bool] = {}
         self._states: list[Any] = []
         self.found = ""
+        # every random call of the step that drew over a tensor of two or more dimensions: (its
+        # name, its tensors' shapes) -> their strides (None: seen with two layouts); and those of
+        # them whose redraw over channels-last copies differed (``found`` is the first)
+        self.seen: dict[tuple[str, tuple[tuple[int, ...], ...]], tuple[tuple[int, ...], ...] | None] = {}
+        self.suspects: set[tuple[str, tuple[tuple[int, ...], ...]]] = set()
         self.cost_s = 0.0
         self.active = False
 
@@ -223,81 +228,228 @@ class LayoutDrawWatch:
         return known
 
     def _call(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        if self.found or not self._random(func):
-            return func(*args, **kwargs)
-        leaves = _flat(args, kwargs)
-        if not any(_feature_maps(t) for t in leaves):
+        if not self._random(func):
             return func(*args, **kwargs)
         import time
 
+        import torch
+
+        leaves = _flat(args, kwargs)
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        if not any(t.dim() >= 2 for t in tensors):
+            return func(*args, **kwargs)  # (an explicit shape, a scalar: one order in any layout)
         started = time.perf_counter()
+        maps = any(_feature_maps(t) for t in leaves)
         try:
-            again = self._prepare(leaves, args, kwargs)
+            gen = _generator(tensors, kwargs)
+            before = gen.get_state() if gen is not None else None
+            copied = _laid_out(args, kwargs, None) if maps and gen is not None else None
         except Exception:  # noqa: BLE001 - a draw it cannot repeat is counted as following the layout
-            again = None
+            gen = before = copied = None
         self.cost_s += time.perf_counter() - started
         out = func(*args, **kwargs)  # the step's own draw
         started = time.perf_counter()
         try:
-            self._compare(func, out, again)
+            after = gen.get_state() if gen is not None else None
+            drew = before is None or after is None or not torch.equal(before, after)
+            if drew:
+                self._record(func, tensors)
+            if maps and drew and not _same_draw(func, out, gen, before, after, copied):
+                self.suspects.add(_key(func, tensors))
+                self.found = self.found or self._name(func)
         except Exception:  # noqa: BLE001 - (as above)
-            self.found = self._name(func)
+            self.suspects.add(_key(func, tensors))
+            self.found = self.found or self._name(func)
         self.cost_s += time.perf_counter() - started
         return out
 
+    def _record(self, func: Any, tensors: list[Any]) -> None:
+        """The draw's tensors' strides, by its call and shapes (None: seen with two layouts)."""
+        key, strides = _key(func, tensors), tuple(t.stride() for t in tensors)
+        if key in self.seen and self.seen[key] != strides:
+            self.seen[key] = None
+        else:
+            self.seen[key] = strides
+
     @staticmethod
     def _name(func: Any) -> str:
-        return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or str(func)
+        return _name(func)
 
-    @staticmethod
-    def _prepare(leaves: list[Any], args: Any, kwargs: dict[str, Any]) -> Any:
-        """The generator and its state before the draw, and the call's arguments with each
-        feature map a channels-last copy (copied before the draw: an in-place draw overwrites
-        its tensor)."""
-        import torch
-        from torch.utils._pytree import tree_map
 
-        gen = kwargs.get("generator")
-        if gen is None:
-            devices = {t.device for t in leaves if isinstance(t, torch.Tensor)}
-            if len(devices) != 1:
-                return None
-            (device,) = devices
-            if device.type == "cpu":
-                gen = torch.default_generator
-            elif device.type == "cuda":
-                gen = torch.cuda.default_generators[device.index or 0]
-            else:
-                return None
+def _name(func: Any) -> str:
+    return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or str(func)
+
+
+def _key(func: Any, tensors: list[Any]) -> tuple[str, tuple[tuple[int, ...], ...]]:
+    return _name(func), tuple(tuple(t.shape) for t in tensors)
+
+
+def _generator(tensors: list[Any], kwargs: dict[str, Any]) -> Any:
+    """The generator a call over ``tensors`` draws from: its own, or its device's default (None
+    where its tensors are on several devices or one without a default generator here)."""
+    import torch
+
+    gen = kwargs.get("generator")
+    if gen is not None:
+        return gen
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        return None
+    (device,) = devices
+    if device.type == "cpu":
+        return torch.default_generator
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index or 0]
+    return None
+
+
+def _laid_out(args: Any, kwargs: dict[str, Any], strides: Any) -> tuple[Any, dict[str, Any]]:
+    """Copies of the call's tensor arguments (copied before the draw: an in-place draw
+    overwrites its tensor): each feature map channels-last (``strides`` None), or each tensor
+    with the strides given, in the order of its leaves."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    order = iter(strides or ())
+
+    def copy(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        if strides is None:
+            return t.clone(memory_format=torch.channels_last) if _feature_maps(t) else t
+        out = torch.empty_strided(t.shape, next(order), dtype=t.dtype, device=t.device)
+        return out.copy_(t)
+
+    with torch.no_grad():
+        return tree_map(copy, (args, kwargs))  # type: ignore[no-any-return]
+
+
+def _same_draw(func: Any, out: Any, gen: Any, before: Any, after: Any, copied: Any) -> bool:
+    """Does ``func`` over the ``copied`` arguments, drawn again from ``before``, give ``out``?
+    The generator is left at ``after`` (where the real draw left it)."""
+    import torch
+
+    if gen is None or before is None or copied is None:
+        return False
+    args, kwargs = copied
+    try:
+        gen.set_state(before)
         with torch.no_grad():
-            copied = tree_map(
-                lambda t: t.clone(memory_format=torch.channels_last) if _feature_maps(t) else t,
-                (args, kwargs),
-            )
-        return gen, gen.get_state(), copied
+            redrawn = func(*args, **kwargs)
+    finally:
+        gen.set_state(after)
+    mine = [t for t in _flat(out, {}) if isinstance(t, torch.Tensor)]
+    theirs = [t for t in _flat(redrawn, {}) if isinstance(t, torch.Tensor)]
+    return len(mine) == len(theirs) and all(
+        a.shape == b.shape and torch.equal(a.detach(), b.detach()) for a, b in zip(mine, theirs, strict=True)
+    )
 
-    def _compare(self, func: Any, out: Any, again: Any) -> None:
+
+class _Mode:
+    """A ``TorchFunctionMode`` calling ``on_call(func, args, kwargs)`` for every torch call."""
+
+    def __new__(cls, on_call: Any) -> Any:
+        from torch.overrides import TorchFunctionMode
+
+        class _Calls(TorchFunctionMode):
+            def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                return on_call(func, args, kwargs or {})
+
+        return _Calls()
+
+
+class _LayoutCheck:
+    """Each draw of a forward run under the other layout against the probe step's (``seen``)."""
+
+    def __init__(self, watch: LayoutDrawWatch) -> None:
+        self.seen = watch.seen
+        self.met: set[tuple[str, tuple[tuple[int, ...], ...]]] = set()
+        self.found = ""
+
+    def call(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        if self.found or not random_name(_name(func).lower()):
+            return func(*args, **kwargs)
         import torch
 
-        if again is None:
-            self.found = self._name(func)
-            return
-        gen, before, (args, kwargs) = again
+        tensors = [t for t in _flat(args, kwargs) if isinstance(t, torch.Tensor)]
+        if not any(t.dim() >= 2 for t in tensors):
+            return func(*args, **kwargs)
+        key = _key(func, tensors)
+        self.met.add(key)
+        eager = self.seen.get(key, ())
+        if eager == tuple(t.stride() for t in tensors):
+            return func(*args, **kwargs)  # laid out as the eager step's: the same numbers
+        gen = _generator(tensors, kwargs)
+        if gen is None:
+            self.found = _name(func)
+            return func(*args, **kwargs)
+        before = gen.get_state()
+        copied = _laid_out(args, kwargs, eager) if eager else None
+        out = func(*args, **kwargs)
         after = gen.get_state()
-        try:
-            gen.set_state(before)
-            with torch.no_grad():
-                redrawn = func(*args, **kwargs)
-        finally:
-            gen.set_state(after)
-        mine = [t for t in _flat(out, {}) if isinstance(t, torch.Tensor)]
-        theirs = [t for t in _flat(redrawn, {}) if isinstance(t, torch.Tensor)]
-        same = len(mine) == len(theirs) and all(
-            a.shape == b.shape and torch.equal(a.detach(), b.detach())
-            for a, b in zip(mine, theirs, strict=True)
+        if torch.equal(before, after):
+            return out  # nothing drawn
+        if not eager:
+            # a draw the probe step did not make over these shapes, or made over two layouts
+            self.found = f"{_name(func)} (not as the probe step drew)"
+        elif not _same_draw(func, out, gen, before, after, copied):
+            self.found = _name(func)
+        return out
+
+
+def layout_forward_check(model: Any, args: Any, kwargs: dict[str, Any], watch: LayoutDrawWatch) -> str:
+    """Does the model's forward under channels-last draw the probe step's numbers?
+
+    The forward runs once more on the probe step's inputs with the model's four-dimensional
+    parameters and buffers channels-last (copies, through ``functional_call``: the model's own
+    tensors, running statistics included, are not touched), under a mode that compares each
+    random call with the probe step's call of the same name and shapes (``watch.seen``): laid
+    out as there, it draws the same numbers; laid out otherwise, it is drawn again over copies
+    laid out as the eager step's were, at the same generator state, and PyTorch's two answers
+    compared. Attention probabilities ``[B, heads, N, N]`` come out of a matrix product laid out
+    contiguously in either layout and pass; a dropout over a convolution's output does not, nor
+    over tokens a channels-last map was flattened into (``h.flatten(2).transpose(1, 2)`` is
+    contiguous there, a transposed view in the eager step). A draw the forward makes that the
+    probe step did not (another name or shapes, or the probe saw two layouts) fails the check,
+    and so does a suspect of the probe step (``watch.suspects``) the forward does not make (a
+    draw outside the model's forward, in the user's loss, is not run here). The generators are
+    put back as they were. Returns "" where every draw is the eager step's, else the first call
+    that is not; raises where the forward cannot run so (the caller keeps its conservative
+    answer)."""
+    import torch
+    from torch.func import functional_call
+
+    check = _LayoutCheck(watch)
+    states = _generator_states()
+    with torch.no_grad():
+        tensors = {
+            n: t.detach().clone(memory_format=torch.channels_last) if t.dim() == 4 else t.detach()
+            for n, t in model.named_parameters()
+        }
+        tensors.update(
+            {
+                n: b.detach().clone(memory_format=torch.channels_last) if b.dim() == 4 else b.detach().clone()
+                for n, b in model.named_buffers()
+            }
         )
-        if not same:
-            self.found = self._name(func)
+    mode = _Mode(check.call)
+    try:
+        with mode:
+            functional_call(model, tensors, tuple(args), dict(kwargs))
+    finally:
+        _set_generator_states(states)
+    if check.found:
+        return check.found
+    missed = sorted(watch.suspects - check.met)
+    return f"{missed[0][0]} (outside the model's forward)" if missed else ""
+
+
+def _set_generator_states(states: list[Any]) -> None:
+    import torch
+
+    torch.default_generator.set_state(states[0])
+    for i, state in enumerate(states[1:]):
+        torch.cuda.set_rng_state(state, i)
 
 
 def _generator_states() -> list[Any]:

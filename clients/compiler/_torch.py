@@ -38,7 +38,7 @@ from ._deadline import CompileDeadline, DeadlineTimer
 from ._gain_rule import CompileGainRule
 from ._guard import StepSnapshot
 from ._optim import FOREACH, FUSED, OPTIMIZER, StepOptimizers
-from ._rng import LayoutDrawWatch, layout_dependent_draw
+from ._rng import LayoutDrawWatch, layout_dependent_draw, layout_forward_check
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._step_profile import StepProfile, StepProfiler
@@ -406,6 +406,10 @@ class AstraTorch(SessionBacked):
         # channels-last copy
         self._layout_draws = ""
         self._layout_watch: LayoutDrawWatch | None = None
+        # ... the probe step's watch, judged at the probe's end against a channels-last forward on
+        # the probe's inputs (kept for it: ``_judge_layout_draws``)
+        self._probe_watch: LayoutDrawWatch | None = None
+        self._layout_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         # The whole-step compiles are part of the space, by kind (``WHOLE``): "plain", the
         # model's forward compiled by dynamo + Inductor with the cells' plain code inside it
         # (what torch.compile does); "rewrite", the same with the whole-step graph passes
@@ -768,7 +772,10 @@ class AstraTorch(SessionBacked):
         watch, self._layout_watch = self._layout_watch, None
         if watch is not None:
             watch.stop()
-            self._layout_draws = self._layout_draws or watch.found
+            if watch.redraws and self._probe_calls is not None:
+                self._probe_watch = watch  # (judged with the probe: ``_judge_layout_draws``)
+            else:
+                self._layout_draws = self._layout_draws or watch.found
             ms -= watch.cost_s * 1e3  # (its redraws: not the step's work)
             cpu -= watch.cost_s * 1e3
         if self._snap is not None:
@@ -862,25 +869,27 @@ class AstraTorch(SessionBacked):
                 if isinstance(a, torch.Tensor)
             ]
             self._input_shapes = ";".join(sig)
+            # One copy per tensor, not per argument: a tensor passed twice (a language model's
+            # ``input_ids=x, labels=x``) stays one input, as dynamo traced it in the user's call.
+            # Two copies made the probe's graph another graph (one more input, 372 nodes against
+            # 371), and Inductor's caches missed the compile the user's own ``torch.compile`` had
+            # left (hf-t5: asked, "cold", in every corpus run).
+            copies: dict[int, torch.Tensor] = {}
+
+            def keep(a: Any) -> Any:
+                if not isinstance(a, torch.Tensor):
+                    return a
+                if id(a) not in copies:
+                    copies[id(a)] = a.detach().clone()
+                return copies[id(a)]
+
             if self.background is not None or "inductor" in self.compile_choices:
                 # inputs of these shapes: for the background compiles, and the cache probe
-
-                # One copy per tensor, not per argument: a tensor passed twice (a language
-                # model's ``input_ids=x, labels=x``) stays one input, as dynamo traced it in the
-                # user's call. Two copies made the probe's graph another graph (one more input,
-                # 372 nodes against 371), and Inductor's caches missed the compile the user's
-                # own ``torch.compile`` had left (hf-t5: asked, "cold", in every corpus run).
-                copies: dict[int, torch.Tensor] = {}
-
-                def keep(a: Any) -> Any:
-                    if not isinstance(a, torch.Tensor):
-                        return a
-                    if id(a) not in copies:
-                        copies[id(a)] = a.detach().clone()
-                    return copies[id(a)]
-
                 self._example_args = tuple(keep(a) for a in args)
                 self._example_kwargs = {k: keep(v) for k, v in kwargs.items()}
+            if self._layout_watch is not None and self._layout_watch.redraws:
+                # ... and for the channels-last forward its draws are judged by
+                self._layout_inputs = (tuple(keep(a) for a in args), {k: keep(v) for k, v in kwargs.items()})
 
         if self.background is not None and self._background_auto and not spare_core():
             # Measured on the oversubscribed 2-core machine: a compile worker either slows the
@@ -903,6 +912,36 @@ class AstraTorch(SessionBacked):
             profiler = StepProfiler()
             if profiler.start():  # (started before the step's clock: its start is not the step's)
                 self._profiler = profiler
+
+    def _judge_layout_draws(self) -> None:
+        """Would a channels-last step draw other numbers than the probe step drew? Where the
+        probe step drew over tensors of two or more dimensions, its model's forward runs once
+        more on the probe's inputs with its parameters channels-last (copies) and each draw is
+        compared with the probe step's (``layout_forward_check``): exact, where the probe's own
+        guess (``LayoutDrawWatch.found``: a draw over any four-dimensional tensor that a
+        channels-last copy of it would change) also counts attention probabilities, which stay
+        contiguous under channels-last. Where that forward cannot run (no inputs kept, the
+        model's forward not called in the step, an error), the guess stands."""
+        watch, self._probe_watch = self._probe_watch, None
+        inputs, self._layout_inputs = self._layout_inputs, None
+        if watch is None:
+            return
+        verdict = watch.found
+        if watch.seen and inputs is not None:
+            started = time.perf_counter()
+            try:
+                verdict = layout_forward_check(self.model, inputs[0], inputs[1], watch)
+            except Exception as exc:  # noqa: BLE001 - a forward that cannot run so: the guess stands
+                log.info("the channels-last draws could not be checked (%s): %s", exc, watch.found or "none")
+            spent = (time.perf_counter() - started) * 1e3
+            self._probe_spent_ms += spent
+            log.info(
+                "channels-last forward's draws checked in %.1f ms: %s (the probe's guess: %s)",
+                spent,
+                verdict or "the eager step's",
+                watch.found or "none",
+            )
+        self._layout_draws = self._layout_draws or verdict
 
     def _profiles_step(self) -> bool:
         """Is the probe step profiled? Where a whole-step Inductor compile is among the choices
@@ -951,6 +990,7 @@ class AstraTorch(SessionBacked):
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        self._judge_layout_draws()
         repeated = sorted(n for n, c in calls.items() if c > 1)
         # Outermost repeated modules only: a cell's own Linear layers repeat with it.
         outer = [n for n in repeated if not any(n.startswith(p + ".") for p in repeated if p != n)]

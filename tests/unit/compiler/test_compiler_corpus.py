@@ -335,3 +335,37 @@ def test_a_heldout_model_whose_package_is_missing_is_skipped_with_the_reason(mon
     assert all("pip install x-transformers" in SKIPPED[m] for m in ho.XT_MODELS)
     assert all("pip install keras-hub" in SKIPPED[m] for m in ho.KHUB_MODELS)
     assert all("pip install timm" in SKIPPED[m] for m in ho.TIMM_MODELS)
+
+
+def test_the_keras_contenders_draw_their_dropout_masks_as_in_a_run_alone():
+    """Session 37: the torch contenders were each given a random stream of their own (session
+    36); Keras 3's dropout layers need none, since each layer draws from a ``SeedGenerator`` of
+    its own, seeded as the model is built (``keras.utils.set_random_seed`` before each): two
+    eager instances of a Keras model with ``Dropout(0.3)``, stepped in turns, end equal, and
+    microco's steps drew eager's masks."""
+    pytest.importorskip("tensorflow")
+    import keras
+    import tensorflow as tf
+
+    def make():
+        return keras.Sequential(
+            [
+                keras.Input((16,)),
+                keras.layers.Dense(32, activation="relu"),
+                keras.layers.Dropout(0.3),
+                keras.layers.Dense(4),
+            ]
+        )
+
+    def batch():
+        g = tf.random.Generator.from_seed(7)
+        return g.normal((8, 16)), g.uniform((8,), 0, 4, dtype=tf.int32)
+
+    def ce(out, y):
+        return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, out, from_logits=True))
+
+    case = Case("keras-mlp-dropout", "keras.layers.Dropout", make, batch, ce, "tensorflow")
+    m = bench_case(case, run_steps=40, rounds=1, cold_cache=True)
+    assert m["stopped"] is False and not m["error"]
+    assert m["aa_loss_rel_diff"] == 0.0
+    assert m["loss_rel_diff"] < 1e-5

@@ -189,3 +189,115 @@ def test_which_calls_draw_a_mask_that_follows_the_layout():
     assert layout_dependent_draw(nn.Dropout2d(0.1), (torch.zeros(2, 8, 4, 4),))
     assert not layout_dependent_draw(nn.Dropout(0.2).eval(), (torch.zeros(2, 8, 4, 4),))
     assert not layout_dependent_draw(nn.ReLU(), (torch.zeros(2, 8, 4, 4),))
+
+
+class _Hybrid(nn.Module):
+    """Convolutions around a small self-attention block over the map's positions (MobileViT's
+    shape): its attention probabilities ``[B, heads, N, N]`` come out of a matrix product, laid
+    out contiguously whatever the convolutions' layout. ``tokens``: a dropout over the tokens
+    themselves, ``h.flatten(2).transpose(1, 2)``, a transposed view in the eager step but
+    contiguous under channels-last (the same numbers, drawn in memory order, fall elsewhere)."""
+
+    def __init__(self, tokens: bool = False) -> None:
+        super().__init__()
+        self.tokens, self.heads = tokens, 2
+        self.attn_p = 0.0 if tokens else 0.3  # (the tokens' draw alone)
+        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.qkv, self.out, self.head = nn.Linear(8, 24), nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        b, c, hh, ww = h.shape
+        t = h.flatten(2).transpose(1, 2)  # [B, N, C]
+        if self.tokens:
+            t = F.dropout(t, 0.2, self.training)
+        q, k, v = self.qkv(t).reshape(b, -1, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-2, -1) / (c // self.heads) ** 0.5).softmax(-1)
+        att = F.dropout(att, self.attn_p, self.training)  # [B, heads, N, N]
+        t = self.out((att @ v).transpose(1, 2).reshape(b, -1, c))
+        h = h + t.transpose(1, 2).reshape(b, c, hh, ww)
+        return self.head(torch.relu(self.b(h)).mean((2, 3)))
+
+
+def _train_hybrid(tmp_path, astra: bool, tokens: bool = False, steps: int = 16, cl: bool = False):
+    torch.manual_seed(0)
+    model = _Hybrid(tokens)
+    if cl:  # (plain channels-last, no compiler: what a channels-last commit trains as)
+        model = model.to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    wrapped = (
+        AstraTorch(
+            model,
+            LocalExplorer.on_disk(str(tmp_path / f"explore-hybrid-{tokens}.json")),
+            threads=("1",),
+            compile_choices=("eager",),
+            background=False,
+            total_steps=5000,
+        )
+        if astra
+        else None
+    )
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 4, (4,), generator=g)) for _ in range(3)]
+    torch.manual_seed(2)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    losses, formats = [], []
+    for i in range(steps):
+        x, y = data[i % len(data)]
+        losses.append(float(wrapped.run(step, x, y) if wrapped else step(x, y)))
+        formats.append(wrapped.running.get("memory_format") if wrapped else None)
+    offered = [v.name for v in wrapped.session.spec.variables] if wrapped else []
+    if wrapped:
+        wrapped.restore()
+    return losses, offered, formats
+
+
+def test_attention_dropout_beside_convolutions_keeps_channels_last_and_the_losses_eager(tmp_path):
+    """Issue 18, session 37: the probe's guess (a draw over any four-dimensional tensor that a
+    channels-last copy would change) counted the attention probabilities' dropout, and a hybrid
+    model (Hugging Face's or timm's MobileViT with attention dropout) lost channels-last. The
+    channels-last forward's own draws are the eager step's: offered, run, and the losses are the
+    eager run's (float order of the channels-last convolutions apart)."""
+    eager, _, _ = _train_hybrid(tmp_path, astra=False)
+    astra, offered, formats = _train_hybrid(tmp_path, astra=True)
+    assert "memory_format" in offered
+    assert "channels_last" in formats  # (tried: the exploration ran steps under it)
+    assert astra == pytest.approx(eager, rel=1e-4)
+
+
+def test_a_dropout_over_tokens_flattened_from_a_map_keeps_channels_last_off(tmp_path):
+    """Not four-dimensional, and still following the layout: tokens flattened from a
+    channels-last map are laid out otherwise than the eager step's (the probe's guess looked at
+    four-dimensional tensors only, and offered channels-last)."""
+    eager, _, _ = _train_hybrid(tmp_path, astra=False, tokens=True)
+    astra, offered, _ = _train_hybrid(tmp_path, astra=True, tokens=True)
+    assert eager != pytest.approx(_train_hybrid(tmp_path, astra=False, tokens=True, cl=True)[0], rel=1e-4)
+    assert "memory_format" not in offered
+    assert astra == pytest.approx(eager, rel=1e-4)
+
+
+def test_the_channels_last_check_leaves_the_model_and_the_generator_as_it_found_them():
+    from microco.clients.compiler._rng import layout_forward_check
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Dropout(0.5))
+    x = torch.randn(2, 3, 6, 6)
+    watch = LayoutDrawWatch()
+    watch.start()
+    try:
+        model(x)
+    finally:
+        watch.stop()
+    assert watch.found and watch.seen  # (a dropout over the maps: the guess and the check agree)
+    kept = {n: t.clone() for n, t in model.state_dict().items()}
+    state = torch.get_rng_state()
+    assert layout_forward_check(model, (x,), {}, watch) == "dropout"  # (its draw over channels-last maps)
+    assert torch.equal(torch.get_rng_state(), state)
+    for n, t in model.state_dict().items():
+        assert torch.equal(t, kept[n]) and t.stride() == kept[n].stride(), n
