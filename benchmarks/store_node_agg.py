@@ -14,6 +14,7 @@ long the runs of equal keys would be if each sub-bucket were sorted on the parti
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import tempfile
@@ -51,6 +52,11 @@ ROWS = {"lineitem": 4_000_000}
 COMPACT_BELOW_ROWS = 16_384
 COMPACT_BATCH_ROWS = 65_536
 COMPACT_MAX_BYTES = 64 << 20
+
+
+def _read_all(node: Any, sources: Any, cols: Any) -> list[Any]:
+    """Every source's columns read on the node (its warm reads)."""
+    return [node.read_source(s, cols) for s in sources]
 
 
 def slices(t: pa.Table) -> list[pa.RecordBatch]:
@@ -211,16 +217,15 @@ def measure(data: Path, rounds: int = 9) -> dict[str, Any]:
                         "rows": n,
                         "groups": answers["whole"].num_rows,
                         "extents": len(reads),
-                        "fragment_ms": _median_ms(lambda task=task: node.run(task), rounds),
+                        "fragment_ms": _median_ms(functools.partial(node.run, task), rounds),
                         "warm_reads_ms": _median_ms(
-                            lambda srcs=sources[r], cols=cols: [node.read_source(s, cols) for s in srcs],
-                            rounds,
+                            functools.partial(_read_all, node, sources[r], cols), rounds
                         ),
                         "agg_whole_ms": round(statistics.median(timed["whole"]) * 1e3, 2),
                         "agg_slices_ms": round(statistics.median(timed["slices"]) * 1e3, 2),
                         "sorted_subbucket_runs": runs,
                         "runs_prototype_ms": _median_ms(
-                            lambda o=ordered, k=key, v=values: runs_prototype(o, k, v), rounds
+                            functools.partial(runs_prototype, ordered, key, values), rounds
                         ),
                         "rows_per_run": round(n / runs, 2),
                         "rows_per_group": round(n / max(1, answers["whole"].num_rows), 2),

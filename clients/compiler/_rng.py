@@ -208,7 +208,7 @@ class LayoutDrawWatch:
     def start(self) -> None:
         if not self.active:
             if self.redraws:
-                self._mode.__enter__()  # type: ignore[no-untyped-call]
+                self._mode.__enter__()
             else:
                 self._states = _generator_states()
             self.active = True
@@ -217,7 +217,7 @@ class LayoutDrawWatch:
         if self.active:
             self.active = False
             if self.redraws:
-                self._mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+                self._mode.__exit__(None, None, None)
             elif not self.found and not _same_states(self._states, _generator_states()):
                 self.found = self.COMPILED
 
