@@ -238,6 +238,16 @@ def _norm(v: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(v.double())) if v.numel() else 0.0
 
 
+def _unlike(what: str, i: int, a: torch.Tensor, b: torch.Tensor) -> str:
+    """What makes ``b`` unlike the model's own ``a`` before any tolerance: its shape or dtype, or
+    (an integer tensor) any value."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return f"{what} {i}: {tuple(b.shape)} {b.dtype} against the model's own {tuple(a.shape)} {a.dtype}"
+    if not a.is_floating_point() and not torch.equal(a, b.to(a.device)):
+        return f"{what} {i}: integer values differ from the model's own"
+    return ""
+
+
 def _against(what: str, want: list[torch.Tensor], got: list[torch.Tensor], exact: list[torch.Tensor]) -> str:
     """Each tensor of the variant no further from float64's than ``ERROR_FACTOR`` times the model's
     own code is, or than ``FLOOR`` of its norm or its group's mean norm, whichever is larger.
@@ -245,13 +255,10 @@ def _against(what: str, want: list[torch.Tensor], got: list[torch.Tensor], exact
     norms = [_norm(t) for t in exact if t.is_floating_point()]
     mean = sum(norms) / len(norms) if norms else 0.0
     for i, (a, b, t) in enumerate(zip(want, got, exact, strict=True)):
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return (
-                f"{what} {i}: {tuple(b.shape)} {b.dtype} against the model's own {tuple(a.shape)} {a.dtype}"
-            )
+        why = _unlike(what, i, a, b)
+        if why:
+            return why
         if not a.is_floating_point():
-            if not torch.equal(a, b.to(a.device)):
-                return f"{what} {i}: integer values differ from the model's own"
             continue
         t = t.to(a.device).double()
         own, off = _norm(a.double() - t), _norm(b.to(a.device).double() - t)
@@ -273,13 +280,10 @@ def _compare(what: str, want: list[torch.Tensor], got: list[torch.Tensor], rtol:
     norms: list[float] = []
     diffs: list[float] = []
     for i, (a, b) in enumerate(zip(want, got, strict=True)):
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return (
-                f"{what} {i}: {tuple(b.shape)} {b.dtype} against the model's own {tuple(a.shape)} {a.dtype}"
-            )
+        why = _unlike(what, i, a, b)
+        if why:
+            return why
         if not a.is_floating_point():
-            if not torch.equal(a, b.to(a.device)):
-                return f"{what} {i}: integer values differ from the model's own"
             continue
         d = _norm(a.double() - b.to(a.device).double())
         if not math.isfinite(d) and math.isfinite(_norm(a)):

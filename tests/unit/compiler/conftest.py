@@ -77,3 +77,30 @@ class ScriptedExplorer:
 def scripted_explorer():
     """``ScriptedExplorer``, the class (a test builds one with its own steps, trials, base)."""
     return ScriptedExplorer
+
+
+class WholeCompileTrial:
+    """An explorer that hands out the whole model compiled as trial 0 (three steps), then
+    commits ``commit`` (``model.compile``'s choice); keeps the reports it gets."""
+
+    def __init__(self, commit="eager"):
+        self.commit, self.reports = commit, []
+
+    def register(self, spec):
+        from microco.clients.compiler.explore import Config
+
+        values = {v.name: v.choices[0] for v in spec.variables}
+        values["model.compile"] = "inductor"
+        return Config(spec.key, values, trial=0, steps=3)
+
+    def report(self, key, report):
+        from microco.clients.compiler.explore import Config
+
+        self.reports.append(report)
+        return Config(key, {"model.compile": self.commit}, trial=-1, committed=True)
+
+
+@pytest.fixture
+def whole_compile_trial():
+    """``WholeCompileTrial``, the class (a test builds one with what it commits)."""
+    return WholeCompileTrial

@@ -17,7 +17,6 @@ from microco.clients.compiler import _torch
 from microco.clients.compiler._compile_costs import HostCompileCosts
 from microco.clients.compiler._deadline import CompileDeadline, DeadlineTimer
 from microco.clients.compiler._torch import AstraTorch
-from microco.clients.compiler.explore import Config, GraphSpec, TrialReport
 from microco.clients.compiler.zoo import torch_models as zm
 
 SLOW = "microco_test_never_done"
@@ -32,22 +31,6 @@ def _never_done(gm, example_inputs):
     return gm.forward
 
 
-class _TrialExplorer:
-    """Hands out the whole-step compile as trial 0 and records what the trial reported."""
-
-    def __init__(self):
-        self.reports: list[TrialReport] = []
-
-    def register(self, spec: GraphSpec) -> Config:
-        values = {v.name: v.choices[0] for v in spec.variables}
-        values["model.compile"] = "inductor"
-        return Config(spec.key, values, trial=0, steps=3)
-
-    def report(self, key: str, report: TrialReport) -> Config:
-        self.reports.append(report)
-        return Config(key, {"model.compile": "eager"}, trial=-1, committed=True)
-
-
 def _loss_and_grads(model, x, y):
     model.zero_grad()
     loss = zm.loss_fn(model(x), y)
@@ -55,8 +38,8 @@ def _loss_and_grads(model, x, y):
     return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-def _trial_run(tmp_path):
-    """A gru and its eager twin, and a 2-step AstraTorch whose explorer hands out the whole-step
+def _trial_run(tmp_path, explorer):
+    """A gru and its eager twin, and a 2-step AstraTorch whose explorer (``whole_compile_trial``) hands out the whole-step
     compile as the first trial (a short run: no cache probe at the probe step)."""
     torch._dynamo.reset()
     torch.set_num_threads(1)
@@ -64,7 +47,6 @@ def _trial_run(tmp_path):
     eager = zm.make_model("gru", 4, 4)
     model = zm.make_model("gru", 4, 4)
     model.load_state_dict(eager.state_dict())
-    explorer = _TrialExplorer()
     astra = AstraTorch(
         model,
         explorer,
@@ -100,7 +82,9 @@ def test_the_timer_interrupts_a_sleeping_call_and_restores_the_handler():
     assert not DeadlineTimer().arm(0.0, "no deadline")
 
 
-def test_an_in_line_compile_past_its_deadline_is_abandoned_and_training_goes_on(tmp_path, monkeypatch):
+def test_an_in_line_compile_past_its_deadline_is_abandoned_and_training_goes_on(
+    tmp_path, monkeypatch, whole_compile_trial
+):
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
     from torch._dynamo.symbolic_convert import InstructionTranslatorBase
 
@@ -127,7 +111,7 @@ def test_an_in_line_compile_past_its_deadline_is_abandoned_and_training_goes_on(
     model = zm.make_model("gru", 4, 4)
     model.load_state_dict(eager.state_dict())
     costs = HostCompileCosts(tmp_path / "c.json", host="h")
-    explorer = _TrialExplorer()
+    explorer = whole_compile_trial()
     # A short run: no cache probe or graph capture at the probe step (the trial is handed out).
     astra = AstraTorch(model, explorer, threads=("1",), total_steps=2, background=False, compile_costs=costs)
     for _ in range(3):  # the probe step, then the trial's steps (the first one compiles)
@@ -171,7 +155,9 @@ def _never_done_timed(gm, example_inputs):
     return gm.forward
 
 
-def test_the_trace_before_the_compile_counts_toward_its_deadline_and_its_floor(tmp_path, monkeypatch):
+def test_the_trace_before_the_compile_counts_toward_its_deadline_and_its_floor(
+    tmp_path, monkeypatch, whole_compile_trial
+):
     """Llama's rewritten step at a slowdown of 6 (issue 18, evening of 2026-12-02): abandoned at
     its 178.6 s deadline, after Dynamo's trace and AOTAutograd had run 52 s outside the timer,
     unbounded, and left out of the floor recorded for that graph. The trace cannot be interrupted
@@ -189,7 +175,7 @@ def test_the_trace_before_the_compile_counts_toward_its_deadline_and_its_floor(t
     monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", name)
     monkeypatch.setattr(_torch, "compile_deadline_ms", lambda price, left, base: 200.0)
     TIMER_LEFT_IN_BACKEND.clear()
-    eager, model, explorer, astra, (x, y) = _trial_run(tmp_path)
+    eager, model, explorer, astra, (x, y) = _trial_run(tmp_path, whole_compile_trial())
     slept: list[bool] = []
     real_step = InstructionTranslatorBase.step
 
@@ -217,7 +203,9 @@ def test_the_trace_before_the_compile_counts_toward_its_deadline_and_its_floor(t
     astra.restore()
 
 
-def test_inductors_own_compile_is_bounded_in_its_per_graph_compile(tmp_path, monkeypatch):
+def test_inductors_own_compile_is_bounded_in_its_per_graph_compile(
+    tmp_path, monkeypatch, whole_compile_trial
+):
     """The production path: Inductor (no test backend), a cold private cache, a 1 ms deadline.
     The timer runs in Inductor's per-graph compile (``compile_fx_inner``), never in Dynamo's
     trace; the compile is abandoned there and the step runs eagerly."""
@@ -234,7 +222,7 @@ def test_inductors_own_compile_is_bounded_in_its_per_graph_compile(tmp_path, mon
         return real_step(self)
 
     monkeypatch.setattr(InstructionTranslatorBase, "step", step)
-    eager, model, explorer, astra, (x, y) = _trial_run(tmp_path)
+    eager, model, explorer, astra, (x, y) = _trial_run(tmp_path, whole_compile_trial())
     timers.append(astra._deadline)
     for _ in range(3):
         ref = _loss_and_grads(eager, x, y)
@@ -246,7 +234,9 @@ def test_inductors_own_compile_is_bounded_in_its_per_graph_compile(tmp_path, mon
     assert DeadlineTimer.available()
 
 
-def test_a_compile_whose_price_exceeds_what_it_could_save_is_not_started(tmp_path, monkeypatch):
+def test_a_compile_whose_price_exceeds_what_it_could_save_is_not_started(
+    tmp_path, monkeypatch, whole_compile_trial
+):
     """A trial's compile is abandoned once it has run what it could save over the steps left
     (its deadline's bound). Where its price already exceeds that bound, the deadline is known to
     be too short: the compile is not started (before, it ran to the deadline; issue 18, evening
@@ -257,7 +247,7 @@ def test_a_compile_whose_price_exceeds_what_it_could_save_is_not_started(tmp_pat
         register_backend(compiler_fn=_never_done, name=SLOW)
     monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", SLOW)
     ARMED_IN_BACKEND.clear()
-    eager, model, explorer, astra, (x, y) = _trial_run(tmp_path)
+    eager, model, explorer, astra, (x, y) = _trial_run(tmp_path, whole_compile_trial())
     for i in range(3):  # the probe step (the trial handed out), then the trial's steps
         if i == 1:
             # The baseline measured at 20 ms a step: 2 steps could save 20 ms at most, the
@@ -272,14 +262,14 @@ def test_a_compile_whose_price_exceeds_what_it_could_save_is_not_started(tmp_pat
     astra.restore()
 
 
-def test_a_fired_deadline_is_the_failure_whatever_the_guard_caught(tmp_path):
+def test_a_fired_deadline_is_the_failure_whatever_the_guard_caught(tmp_path, whole_compile_trial):
     """CI at load ~9: Inductor's compile was abandoned at its deadline (logged), but the guard
     had caught Dynamo's wrapper (BackendCompilerFailed) first and kept its message, so the trial's
     failure did not say why. A fired deadline is the cause: its message replaces the guard's, and
     the graph's floor price is kept."""
     import json
 
-    _eager, _model, _explorer, astra, _batch = _trial_run(tmp_path)
+    _eager, _model, _explorer, astra, _batch = _trial_run(tmp_path, whole_compile_trial())
     astra.whole_failed["plain"] = "BackendCompilerFailed: backend='WholeStepBackend' raised: KeyError"
     astra._deadline_kind = "plain"
     astra._deadline.fired, astra._deadline.last_ms = True, 1.5  # fired 1.5 ms into the compile

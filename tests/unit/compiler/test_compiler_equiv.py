@@ -12,7 +12,6 @@ from _support import needs
 from torch import nn
 
 from microco.clients.compiler import AstraTorch, _equiv
-from microco.clients.compiler.explore import Config, GraphSpec, TrialReport
 
 pytestmark = needs("torch")
 
@@ -109,29 +108,25 @@ def _miscompiles(gm, example_inputs):
     return gm.forward
 
 
-class _CompileTrial:
-    """Hands out the whole model compiled for the run's first steps (its trial), then commits it."""
-
-    def __init__(self) -> None:
-        self.reports: list[TrialReport] = []
-
-    def register(self, spec: GraphSpec) -> Config:
-        values = {v.name: v.choices[0] for v in spec.variables}
-        values["model.compile"] = "inductor"
-        return Config(spec.key, values, trial=0, steps=3)
-
-    def report(self, key: str, report: TrialReport) -> Config:
-        self.reports.append(report)
-        return Config(key, {"model.compile": "inductor"}, trial=-1, committed=True)
+def _codebooks() -> tuple[Codebook, Codebook, list[float]]:
+    """Two codebooks from one state, and the first one's losses trained eagerly."""
+    torch.manual_seed(0)
+    eager = Codebook()
+    model = Codebook()
+    model.load_state_dict(eager.state_dict())
+    return eager, model, _train(eager, lambda one: one())
 
 
-def _train(model: Codebook, step) -> list[float]:
+def _train(model: Codebook, step, forward=None) -> list[float]:
+    """Nine SGD steps of the codebook, each run by ``step`` (the forward: ``forward``, else the
+    model)."""
+    forward = model if forward is None else forward
     opt = torch.optim.SGD(model.parameters(), 0.1)
     losses = []
     for x in _batches() * 3:
 
         def one(x=x):
-            loss = model(x)
+            loss = forward(x)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -142,7 +137,7 @@ def _train(model: Codebook, step) -> list[float]:
 
 
 @pytest.mark.parametrize("backend", [WRONG, ""], ids=["a backend that miscompiles", "Inductor"])
-def test_a_model_compiled_otherwise_trains_as_its_own_code(monkeypatch, backend):
+def test_a_model_compiled_otherwise_trains_as_its_own_code(monkeypatch, backend, whole_compile_trial):
     """Before: the miscompiled codebook trained otherwise from the trial's first step (losses
     apart by up to 85% over nine steps here, with Inductor itself too; 15% in a VQ-VAE). Now the
     compiled forward is checked on its first call, found to compute otherwise, and the model's
@@ -153,12 +148,10 @@ def test_a_model_compiled_otherwise_trains_as_its_own_code(monkeypatch, backend)
         register_backend(compiler_fn=_miscompiles, name=backend)
     monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", backend)
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    eager = Codebook()
-    model = Codebook()
-    model.load_state_dict(eager.state_dict())
-    want = _train(eager, lambda one: one())
-    astra = AstraTorch(model, _CompileTrial(), threads=("1",), total_steps=9, background=False)
+    eager, model, want = _codebooks()
+    astra = AstraTorch(
+        model, whole_compile_trial(commit="inductor"), threads=("1",), total_steps=9, background=False
+    )
     got = _train(model, astra.run)
     assert got == pytest.approx(want, rel=1e-5)
     for n, b in model.named_buffers():
@@ -294,25 +287,13 @@ def test_through_the_microco_dynamo_backend_the_codebook_trains_as_eager():
     from microco.common import MemoryKV
 
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    eager = Codebook()
-    model = Codebook()
-    model.load_state_dict(eager.state_dict())
-    want = _train(eager, lambda one: one())
+    eager, model, want = _codebooks()
     backend = MicrocoBackend(
         LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0)),
         threads=("1",),
         total_steps=10**6,
     )
-    compiled = torch.compile(model, backend=backend)
-    opt = torch.optim.SGD(model.parameters(), 0.1)
-    got = []
-    for x in _batches() * 3:
-        loss = compiled(x)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        got.append(loss.item())
+    got = _train(model, lambda one: one(), torch.compile(model, backend=backend))
     torch._dynamo.reset()
     assert got == pytest.approx(want, rel=1e-5)
     assert all(p.grad is not None for p in model.parameters())

@@ -59,24 +59,25 @@ class _Net(nn.Module):
         return self.head(h)
 
 
+def _astra(model, state):
+    """AstraTorch over ``model``, eager code only, its exploration kept in ``state``."""
+    return AstraTorch(
+        model,
+        LocalExplorer.on_disk(str(state)),
+        threads=("1",),
+        compile_choices=("eager",),
+        background=False,
+        total_steps=5000,  # (told a long run: a short one would not try channels-last at all)
+    )
+
+
 def _train(draw: str, tmp_path, astra: bool, steps: int = 14, compiled: bool = False):
     torch.manual_seed(0)
     model = _Net(draw)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     # the user's own torch.compile (dynamo's graph run eagerly: the draws are eager's)
     called = torch.compile(model, backend="eager") if compiled else model
-    wrapped = (
-        AstraTorch(
-            called,
-            LocalExplorer.on_disk(str(tmp_path / f"explore-{draw}.json")),
-            threads=("1",),
-            compile_choices=("eager",),
-            background=False,
-            total_steps=5000,  # (told a long run: a short one would not try channels-last at all)
-        )
-        if astra
-        else None
-    )
+    wrapped = _astra(called, tmp_path / f"explore-{draw}.json") if astra else None
     g = torch.Generator().manual_seed(1)
     data = [
         (torch.randn(4, 3, 12, 12, generator=g), torch.randint(0, 4, (4,), generator=g)) for _ in range(3)
@@ -225,18 +226,7 @@ def _train_hybrid(tmp_path, astra: bool, tokens: bool = False, steps: int = 16, 
     if cl:  # (plain channels-last, no compiler: what a channels-last commit trains as)
         model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    wrapped = (
-        AstraTorch(
-            model,
-            LocalExplorer.on_disk(str(tmp_path / f"explore-hybrid-{tokens}.json")),
-            threads=("1",),
-            compile_choices=("eager",),
-            background=False,
-            total_steps=5000,
-        )
-        if astra
-        else None
-    )
+    wrapped = _astra(model, tmp_path / f"explore-hybrid-{tokens}.json") if astra else None
     g = torch.Generator().manual_seed(1)
     data = [(torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 4, (4,), generator=g)) for _ in range(3)]
     torch.manual_seed(2)
