@@ -201,14 +201,19 @@ def cmd_up(args: argparse.Namespace) -> int:
     # background `&` without job control ignores it): "Ctrl-C to stop" is the supervisor's interface.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     t0 = time.monotonic()
-    stack.start(timeout=args.timeout)
-    print_table(stack_rows(stack))
-    _say(f"up in {time.monotonic() - t0:.1f}s; etcd {stack.etcd_endpoint}, redis {stack.redis_url}")
-    _say(f"scheduling policy: {describe_policy(opts.policy, opts.policy_config)}")
-    console = next((c.record for c in stack.children if c.spec.name == "console" and c.record), None)
-    if console:
-        _say(f"console: http://{console.address}/ (sign in with the token `microco console token` prints)")
+    # A Ctrl-C from the start on is a stop, whenever it comes: while the services start (the
+    # stack stops what it started), between the state file's last "healthy" and this table
+    # (found on a busy CI host: "interrupted", exit 130, no "stopping"), or while running.
     try:
+        stack.start(timeout=args.timeout)
+        print_table(stack_rows(stack))
+        _say(f"up in {time.monotonic() - t0:.1f}s; etcd {stack.etcd_endpoint}, redis {stack.redis_url}")
+        _say(f"scheduling policy: {describe_policy(opts.policy, opts.policy_config)}")
+        console = next((c.record for c in stack.children if c.spec.name == "console" and c.record), None)
+        if console:
+            _say(
+                f"console: http://{console.address}/ (sign in with the token `microco console token` prints)"
+            )
         if args.demo:
             from microco.examples.demo import run_demo
 
@@ -301,6 +306,10 @@ def _stop_stack(stack: Stack) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _say("stopping at once")
         stack.stop(grace=0)
+    # stopped: a Ctrl-C from here on has nothing left to stop (it would only turn this exit into
+    # "interrupted")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _say("stopped")
 
 
