@@ -74,11 +74,11 @@ def float64_twin(
         return None
     try:
         twin = copy.deepcopy(model)
-    except Exception:  # noqa: BLE001 - a model deepcopy cannot copy: judged without a twin
+        for m in twin.modules():
+            m.__dict__.pop("forward", None)  # (Astra's own forwards: the class's code runs)
+        twin.double()
+    except Exception:  # noqa: BLE001 - a model that cannot be copied or widened: no twin
         return None
-    for m in twin.modules():
-        m.__dict__.pop("forward", None)  # (Astra's own forwards: the class's code runs)
-    twin.double()
     return twin, type(twin).forward.__get__(twin)
 
 

@@ -297,3 +297,18 @@ def test_through_the_microco_dynamo_backend_the_codebook_trains_as_eager():
     torch._dynamo.reset()
     assert got == pytest.approx(want, rel=1e-5)
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_a_model_that_cannot_be_copied_has_no_twin_and_is_judged_without_one():
+    """A module holding what ``deepcopy`` cannot copy (a lock), or a forward of the instance's
+    own: no float64 twin; the check falls back to fixed tolerances and still finds a miscompile."""
+    import threading
+
+    m = nn.Linear(3, 2)
+    m.lock = threading.Lock()
+    assert _equiv.float64_twin(m, m.forward) is None
+    other = nn.Linear(3, 2)
+    assert _equiv.float64_twin(m, other.forward) is None  # (a forward bound elsewhere)
+    x = torch.randn(4, 3)
+    assert _equiv.differs(m, m.forward, m.forward, (x,), {}, None) == ""
+    assert _equiv.differs(m, m.forward, lambda x: m(x) * 1.1, (x,), {}, None).startswith("output")
