@@ -335,13 +335,15 @@ _PLAIN = (bool, int, float, str, type(None))
 
 
 class _Tensors:
-    """A captured graph's input tensors as they were, put back (in place) after each run."""
+    """A captured graph's input tensors as they were, put back (in place) after each run; what a
+    run wrote is read from those that take no gradient (running statistics, a codebook: the
+    parameters, which a forward does not write, are not copied again for each run)."""
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
         self.kept = [(t, t.detach().clone()) for t in tensors]
 
     def now(self) -> list[torch.Tensor]:
-        return [t.detach().clone() for t, _ in self.kept]
+        return [t.detach().clone() for t, _ in self.kept if not t.requires_grad]
 
     def restore(self) -> None:
         with torch.no_grad():

@@ -167,7 +167,7 @@ class CellRunner:
         self.failed: str = ""
         # (a variant None: it computed otherwise than the cell's own code, which runs instead)
         self._variants: dict[tuple[str, str, str], tuple[tfx.CellPlan, Callable[..., Any] | None]] = {}
-        self._equivalent: set[tuple[Any, ...]] = set()  # (variant, inputs) checked (_equiv)
+        self._equivalent: set[tuple[str, str, str]] = set()  # variants checked (_equiv)
         self._p_cache: tuple[int, tuple[Any, ...]] | None = None
         self._x_cache: dict[tuple[int, int, int], tuple[torch.Tensor, tuple[Any, ...]]] = {}
         self._x_token = -1
@@ -227,12 +227,11 @@ class CellRunner:
         if fn is None:  # computed otherwise than the cell's own code: the cell's own code
             return self.original_forward(*args)
         key = (self.batch, self.hoist, self.compile)
-        if key != ("off", "off", "eager"):
-            sig = (key, _equiv.signature(args, {}))
-            if sig not in self._equivalent:
-                if not self._same_as_own(plan, fn, args):
-                    return self.original_forward(*args)
-                self._equivalent.add(sig)
+        # (once per variant, not per input signature: this runs at every cell call, tens a step)
+        if key not in self._equivalent and key != ("off", "off", "eager"):
+            if not self._same_as_own(plan, fn, args):
+                return self.original_forward(*args)
+            self._equivalent.add(key)
         token = self.clock.token if self.clock.in_step else None
         if token is not None and self._p_cache is not None and self._p_cache[0] == token:
             p_vals = self._p_cache[1]
@@ -258,8 +257,8 @@ class CellRunner:
     def _same_as_own(self, plan: tfx.CellPlan, fn: Callable[..., Any], args: tuple[Any, ...]) -> bool:
         """Does the variant (a rewrite, a compiled region) compute what the cell's own forward
         does on ``args`` (``_equiv.differs``: outputs, buffers, the cell's parameters'
-        gradients)? Once per variant and input signature; one that differs, or raises, is
-        failed and the cell's own code runs in its place from then on."""
+        gradients)? Once per variant, at its first call; one that differs, or raises, is failed
+        and the cell's own code runs in its place from then on."""
         self.clock.built = True  # (a step that checks is not a measurement)
 
         def variant(*a: Any) -> Any:
