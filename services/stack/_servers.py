@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import abc
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -19,8 +20,37 @@ from microco.common.errors import FailedPrecondition, Unavailable
 from microco.common.identity import Identity
 from microco.common.redis_acl import acl_config
 
+# Ports handed out below the kernel's ephemeral range (``ip_local_port_range``), which is where a
+# bind to port 0 and every outgoing connection take theirs: a port chosen here and bound a moment
+# later is never one the kernel just gave a server that asked for port 0. Found in CI (session
+# 37): a store node's Flight server bound port 0, and another test's server, started on a port
+# this function had returned from the same range, bound it too (gRPC servers set SO_REUSEPORT,
+# which pyarrow's Flight server cannot turn off); the first server's client was refused.
+_BELOW_EPHEMERAL = 12_000  # how many ports below the range to choose from
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port on ``host`` that nothing listens on now, chosen below the ephemeral range (where
+    that range leaves room; else the kernel's choice)."""
+    low = _ephemeral_low()
+    first = max(1024, low - _BELOW_EPHEMERAL)
+    if low - first >= 1000:
+        rng = random.SystemRandom()
+        for _ in range(64):
+            port = rng.randrange(first, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
