@@ -102,18 +102,18 @@ def differs(
     scale). Without it, by fixed tolerances of the outputs' precision."""
     args, kwargs = _detached((args, kwargs))
     params = [p for p in model.parameters() if p.requires_grad]
-    exact = None
+    exact_of = None
     if twin is not None:
         module, forward = twin
 
-        def exact(wide: tuple[Any, ...]) -> tuple[list[torch.Tensor], ...] | None:
+        def exact_of(wide: tuple[Any, ...]) -> tuple[list[torch.Tensor], ...] | None:
             wide_params = [p for p in module.parameters() if p.requires_grad]
             try:
                 return _run(forward, wide[0], wide[1], wide_params, _Buffers(module))
             except Exception:  # noqa: BLE001 - a forward with float32 constants: no twin
                 return None
 
-    return _judge(_Buffers(model), params, reference, variant, (args, kwargs), exact)
+    return _judge(_Buffers(model), params, reference, variant, (args, kwargs), exact_of)
 
 
 def graph_differs(gm: Callable[..., Any], compiled: Callable[..., Any], args: tuple[Any, ...]) -> str:
@@ -127,7 +127,7 @@ def graph_differs(gm: Callable[..., Any], compiled: Callable[..., Any], args: tu
     tensors = [a for a in inputs if isinstance(a, torch.Tensor)]
     params = [a for a in tensors if a.requires_grad]
 
-    def exact(wide: tuple[Any, ...]) -> tuple[list[torch.Tensor], ...] | None:
+    def exact_of(wide: tuple[Any, ...]) -> tuple[list[torch.Tensor], ...] | None:
         wide_args = wide[0]
         wide_params = [a for a in wide_args if isinstance(a, torch.Tensor) and a.requires_grad]
         kept = _Tensors([a for a in wide_args if isinstance(a, torch.Tensor)])
@@ -137,7 +137,7 @@ def graph_differs(gm: Callable[..., Any], compiled: Callable[..., Any], args: tu
         except Exception:  # noqa: BLE001 - a graph with float32 constants in it: no twin
             return None
 
-    return _judge(_Tensors(tensors), params, gm, compiled, (tuple(inputs), {}), exact)
+    return _judge(_Tensors(tensors), params, gm, compiled, (tuple(inputs), {}), exact_of)
 
 
 def _judge(
@@ -167,11 +167,10 @@ def _judge(
         want = _run(reference, args, kwargs, params, kept)
         restore()
         got = _run(variant, args, kwargs, params, kept)
-        restore()
         if exact_of is not None:
+            restore()
             with _no_autocast():
                 exact = exact_of(_doubled((args, kwargs)))
-            restore()
     finally:
         restore()
     groups = ("output", "buffer", "gradient")
