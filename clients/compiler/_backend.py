@@ -60,6 +60,12 @@ class MicrocoBackend(SessionBacked):
         self._last_start: float | None = None
         self._failed = ""
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> MicrocoBackend:
+        # A backend is a compiler, not state of the model: a copy of what holds it (Lightning
+        # keeps a deep copy of ``torch.compile``'s keyword arguments, once ``lightning_fabric``
+        # is imported, for every compiled module) shares it, as it shares ``"inductor"``.
+        return self
+
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         # Dynamo may recompile the same frame (guards fail after the first optimizer step, for
         # one): a graph with the first graph's code is the same step and keeps marking mini-batch

@@ -175,3 +175,22 @@ def _trains_as_eager_with_a_failed_compile_trial():
             assert torch.allclose(p, q, atol=1e-6)
     finally:
         torch._dynamo.reset()
+
+
+def test_the_backend_is_shared_by_a_copy_of_what_holds_it_as_lightning_copies_it():
+    """Importing ``lightning_fabric`` wraps ``torch.compile`` so that every compiled module keeps a
+    deep copy of its keyword arguments; a backend holding a lock then made ``torch.compile``
+    raise (found by CI, where a Lightning test ran first on the same worker). A copy of what holds
+    the backend shares it."""
+    import copy
+
+    backend = MicrocoBackend(LocalExplorer(MemoryKV()), compile_choices=("eager",), threads=("1",))
+    assert copy.deepcopy({"backend": backend})["backend"] is backend
+    wrappers = pytest.importorskip("lightning_fabric.wrappers")
+    torch._dynamo.reset()
+    model = zm.make_model("gru", 4, 4)
+    compiled = wrappers._capture_compile_kwargs(torch.compile)(model, backend=backend)
+    assert compiled._compile_kwargs["backend"] is backend
+    x, y = zm.synthetic_batch(3, 4, 4)
+    assert torch.isfinite(zm.loss_fn(compiled(x), y))
+    torch._dynamo.reset()
