@@ -24,6 +24,7 @@ from torch import fx
 from microco.clients.compiler.explore.types import STAGE_COMPILE, STAGE_FINE, GraphSpec, Variable
 
 from . import _equiv
+from ._replicas import replica_of
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._torch import hardware_id, thread_choices
@@ -71,6 +72,15 @@ class MicrocoBackend(SessionBacked):
         # one): a graph with the first graph's code is the same step and keeps marking mini-batch
         # boundaries; other graphs (graph breaks) run under the same configuration.
         self.graphs += 1
+        replica = replica_of(gm)
+        if replica:
+            # (``_replicas``: every replica must take the same update; each rank's own exploration
+            # would commit its own configuration) The captured graph runs as captured.
+            if self.graphs == 1:
+                log.warning(
+                    "astra: %s: %s: a data-parallel replica runs the captured graph", self.name, replica
+                )
+            return gm.forward
         primary = self._primary_code is None or gm.code == self._primary_code
         if self._primary_code is None:
             self._primary_code = gm.code

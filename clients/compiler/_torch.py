@@ -38,6 +38,7 @@ from ._deadline import CompileDeadline, DeadlineTimer
 from ._gain_rule import CompileGainRule
 from ._guard import StepSnapshot
 from ._optim import FOREACH, FUSED, OPTIMIZER, StepOptimizers
+from ._replicas import replica_of
 from ._rng import LayoutDrawWatch, layout_dependent_draw, layout_forward_check
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
@@ -418,6 +419,7 @@ class AstraTorch(SessionBacked):
         self._equivalent: set[tuple[Any, ...]] = set()  # (kind, inputs) checked against eager (_equiv)
         self._whole_kind: str | None = None  # the kind running now
         self._region_calls = 0  # cell calls per step, seen by the probe: sizes the compile prior
+        self.replica = ""  # why the model trains as one data-parallel replica (``_replicas``), at the probe
         self.whole_failed: dict[str, str] = {}  # kind -> why its compiled step failed
         self._whole_fresh = False
         # Did Inductor's caches hold each kind at the probe? "hit" / "cold" (absent: not asked)
@@ -848,6 +850,11 @@ class AstraTorch(SessionBacked):
     def _start_probe(self) -> None:
         calls: dict[str, int] = {}
         self._probe_calls = calls
+        # (read at the first step, not at construction: the process group, or the DDP module
+        # around the model, may be made after the wrapper) A replica's probe step is the
+        # model's own step and no more: no copy for a background compile, no channels-last
+        # forward judging its draws (a DDP module's forward is a collective of its own).
+        self.replica = replica_of(self.model)
         names = {m: n for n, m in self.model.named_modules()}
 
         def count(mod: nn.Module, args: Any) -> None:
@@ -882,7 +889,7 @@ class AstraTorch(SessionBacked):
                     copies[id(a)] = a.detach().clone()
                 return copies[id(a)]
 
-            if self.background is not None or "inductor" in self.compile_choices:
+            if not self.replica and (self.background is not None or "inductor" in self.compile_choices):
                 # inputs of these shapes: for the background compiles, and the cache probe
                 self._example_args = tuple(keep(a) for a in args)
                 self._example_kwargs = {k: keep(v) for k, v in kwargs.items()}
@@ -895,10 +902,12 @@ class AstraTorch(SessionBacked):
             # training steps beside it 1.3-2.75x or, at a low priority, starves, and the trial
             # waits (see docs/compiler.md); without an idle core, compiles stay in line.
             self.background.enabled = False
+        if self.background is not None and self.replica:
+            self.background.enabled = False
         if self.background is not None and self.background.enabled:
             self._snapshot = self._take_snapshot()
 
-        if self._channels_last:
+        if self._channels_last and not self.replica:
             # every random call of the step asked whether its numbers follow the layout (a
             # functional dropout has no module to hook); where the model holds compiled code,
             # which cannot be watched so, the modules' hooks and any draw at all
@@ -982,6 +991,14 @@ class AstraTorch(SessionBacked):
     def _finish_probe(self, step_ms: float) -> None:
         calls, self._probe_calls = self._probe_calls or {}, None
         self.optimizers.stop()
+        if self.replica:
+            log.warning(
+                "astra: %s: %s: a data-parallel replica runs the model's own code (every replica "
+                "must take the same update; each rank's own exploration would commit its own)",
+                self.name,
+                self.replica,
+            )
+            calls = {}
         if self._channels_last:
             self.optimizers.keep_finding()  # (whose state a change of layout must move: ``_apply_values``)
         step_ms = self._finish_profile(step_ms)
@@ -999,7 +1016,7 @@ class AstraTorch(SessionBacked):
         # parameters, say): the recurrent structure is looked for in the graph dynamo captures
         # (issue 18), by the plain step's ask when it runs (one trace), else by a capture alone.
         typical = self._typical_step_ms(step_ms)
-        asks = self._worth_cache_probe(typical)
+        asks = not self.replica and self._worth_cache_probe(typical)
         log.info(
             "probe: first step %.1f ms (its own slowdown %.2f, the process's %.2f), priced at %.1f ms "
             "a step over %d steps; the ask priced %.0f ms: %s",
@@ -1011,7 +1028,7 @@ class AstraTorch(SessionBacked):
             self._probe_price_ms(),
             "asked" if asks else "not asked",
         )
-        if self._region_calls <= 1 and not asks and self._worth_graph_capture(typical):
+        if self._region_calls <= 1 and not asks and not self.replica and self._worth_graph_capture(typical):
             self._graph_rewrites = self._count_graph_rewrites()
         if asks:
             # On the plain model, before the cells are instrumented; the rewrite only where the
@@ -1763,6 +1780,8 @@ class AstraTorch(SessionBacked):
 
     def _variables(self) -> list[Variable]:
         out: list[Variable] = []
+        if self.replica:
+            return out  # (``_replicas``: no variable, the model's own code committed at once)
         for region, names in sorted(self._regions.items()):
             gm = self.runners[names[0]].gm
             if tfx.count_batchable(gm):
