@@ -76,7 +76,8 @@ def float64_twin(
         twin = copy.deepcopy(model)
         for m in twin.modules():
             m.__dict__.pop("forward", None)  # (Astra's own forwards: the class's code runs)
-        twin.double()
+        twin.double()  # (complex tensors it leaves: widened too)
+        twin._apply(lambda t: t.to(torch.complex128) if t.is_complex() else t)  # type: ignore[no-untyped-call]
     except Exception:  # noqa: BLE001 - a model that cannot be copied or widened: no twin
         return None
     return twin, type(twin).forward.__get__(twin)
@@ -191,12 +192,22 @@ def _no_autocast() -> Any:
 def _doubled(tree: Any) -> Any:
     leaves, spec = tree_flatten(tree)
     out = [
-        v.detach().double().requires_grad_(v.requires_grad)
-        if isinstance(v, torch.Tensor) and v.is_floating_point()
+        v.detach().to(torch.complex128 if v.is_complex() else torch.float64).requires_grad_(v.requires_grad)
+        if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())
         else v
         for v in leaves
     ]
     return spec.unflatten(out)
+
+
+def _comparable(v: torch.Tensor) -> torch.Tensor:
+    """``v`` as the checks compare it: a sparse tensor (an ``nn.Embedding(sparse=True)``'s
+    gradient) dense, a complex one (a Fourier layer's weights) as its real and imaginary parts."""
+    if v.layout != torch.strided:
+        v = v.to_dense()
+    if v.is_complex():
+        v = torch.view_as_real(v.resolve_conj())
+    return v
 
 
 def _detached(tree: Any) -> Any:
@@ -225,7 +236,11 @@ def _run(
         cotangents = [torch.randn(v.shape, generator=g).to(v.device, v.dtype) for v in diff]
         found = torch.autograd.grad(diff, params, cotangents, allow_unused=True)
         grads = [torch.zeros_like(p) if d is None else d.detach() for p, d in zip(params, found, strict=True)]
-    return [v.detach() for v in outputs], buffers, grads
+    return (
+        [_comparable(v.detach()) for v in outputs],
+        [_comparable(v) for v in buffers],
+        [_comparable(v) for v in grads],
+    )
 
 
 def _rtol(outputs: list[torch.Tensor]) -> float:

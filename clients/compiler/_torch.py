@@ -250,7 +250,7 @@ class CellRunner:
         except Exception as exc:  # a compiled variant must never stop training
             if fn is plan.s_gm:
                 raise
-            self.failed = f"{type(exc).__name__}: {exc}"
+            self.failed = failure(exc)
             log.warning("compiled region %s failed, running it eagerly: %s", self.region, self.failed)
             self._variants[(self.batch, self.hoist, self.compile)] = (plan, plan.s_gm)
             return plan.s_gm(*x_vals, *p_vals, *args[1:])
@@ -1717,7 +1717,7 @@ class AstraTorch(SessionBacked):
                     self._equivalent.add(sig)
                 return compiled(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - a failing compile must never stop training
-                self.whole_failed[kind] = f"{type(exc).__name__}: {exc}"
+                self.whole_failed[kind] = failure(exc)
                 log.warning(
                     "compiled model (%s) failed, running it eagerly: %s", kind, self.whole_failed[kind]
                 )
@@ -2302,6 +2302,15 @@ class AstraTorch(SessionBacked):
             )
             self.model.to(memory_format=fmt)  # type: ignore[call-overload]
             self.optimizers.follow_layouts()  # (the fused updates pair elements in memory order)
+
+
+def failure(exc: BaseException) -> str:
+    """A compiled variant's failure in one line: its type and the message's first line (with the
+    next where the first only introduces it: dynamo's "backend=... raised:"), at most 300
+    characters (a dispatcher error lists every backend: 10 kB, in the log and the state)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    first = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else "".join(lines[:1])
+    return f"{type(exc).__name__}: {first}"[:300]
 
 
 def _values_id(values: dict[str, str]) -> str:

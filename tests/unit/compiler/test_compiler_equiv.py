@@ -312,3 +312,60 @@ def test_a_model_that_cannot_be_copied_has_no_twin_and_is_judged_without_one():
     x = torch.randn(4, 3)
     assert _equiv.differs(m, m.forward, m.forward, (x,), {}, None) == ""
     assert _equiv.differs(m, m.forward, lambda x: m(x) * 1.1, (x,), {}, None).startswith("output")
+
+
+class Fourier(nn.Module):
+    """A Fourier layer as neural-operator code writes it: complex weights on the lowest modes."""
+
+    def __init__(self, n: int = 16, modes: int = 5) -> None:
+        super().__init__()
+        self.n, self.modes = n, modes
+        self.w = nn.Parameter(torch.randn(modes, dtype=torch.cfloat))
+        self.out = nn.Linear(n, 1)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0, conj: bool = False) -> torch.Tensor:
+        xf = torch.fft.rfft(x)
+        w = self.w.conj() if conj else self.w
+        low = xf[:, : self.modes] * w * scale
+        y = torch.fft.irfft(torch.cat([low, torch.zeros_like(xf[:, self.modes :])], 1), n=self.n)
+        return self.out(y).sum()
+
+
+def test_a_complex_parameter_is_judged_by_its_parts_not_as_an_integer():
+    """Held out (session 38): an FNO's compiled step was refused, "gradient 2: integer values
+    differ", for its complex weights' gradient: complex tensors were compared as integers,
+    exactly. They are compared as their real and imaginary parts, within the float tolerance,
+    and the float64 twin widens them to complex128."""
+    torch.manual_seed(0)
+    m = Fourier()
+    x = torch.randn(4, 16)
+    twin = _equiv.float64_twin(m, m.forward)
+    assert twin is not None and twin[0].w.dtype == torch.complex128
+    for t in (twin, None):
+        assert _equiv.differs(m, m.forward, lambda x: m(x, scale=1 + 1e-7), (x,), {}, t) == ""
+        assert _equiv.differs(m, m.forward, lambda x: m(x, conj=True), (x,), {}, t) != ""
+
+
+def test_a_sparse_gradient_is_compared_dense():
+    """An ``nn.Embedding(sparse=True)`` (trained by ``SparseAdam``): its gradient is sparse, and
+    the check's norm of it raised, failing every compiled variant of the model (held out,
+    session 38). Compared dense: the model's own code agrees with itself; a variant that looks
+    up other rows does not."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Embedding(50, 8, sparse=True), nn.Flatten(), nn.Linear(24, 1))
+    idx = torch.randint(0, 50, (4, 3))
+    assert _equiv.differs(m, m.forward, m.forward, (idx,), {}, _equiv.float64_twin(m, m.forward)) == ""
+    assert _equiv.differs(m, m.forward, lambda i: m((i + 1) % 50), (idx,), {}, None) != ""
+
+
+def test_a_compiled_variants_failure_is_one_line():
+    """The sparse model's refusal was a 10 kB dispatcher message (every backend listed), in the
+    log and in ``whole_failed``: one line now, its first, at most 300 characters."""
+    from microco.clients.compiler._torch import failure
+
+    long = NotImplementedError("Could not run 'aten::linalg_vector_norm'\n" + "Backend: registered\n" * 500)
+    assert failure(long) == "NotImplementedError: Could not run 'aten::linalg_vector_norm'"
+    assert len(failure(RuntimeError("x" * 5000))) == 300
+    assert failure(KeyError()) == "KeyError: "
+    wrapped = RuntimeError("backend='inductor' raised:\nRuntimeError: pass failed\n\nSet TORCH_LOGS")
+    assert failure(wrapped) == "RuntimeError: backend='inductor' raised: RuntimeError: pass failed"
