@@ -152,6 +152,46 @@ class CompiledOtherwise(RuntimeError):
     (``_equiv.differs``): it fails as a compile that raised does."""
 
 
+def _class_forward(module: nn.Module) -> Callable[..., Any]:
+    """The module's class's ``forward``, bound to it (what a copy of an instrumented module runs;
+    a module-level function, so that pickling can name it)."""
+    return cast(Callable[..., Any], type(module).forward.__get__(module))
+
+
+def _own_code_of_copy(module: nn.Module, own: Callable[..., Any] | None, memo: dict[int, Any]) -> Any:
+    """What a deep copy of ``module`` holds as ``forward`` where Astra installed one: the
+    module's own code, bound to the copy (``memo`` maps the module to its copy while the copy is
+    being made), or the user's own instance ``forward``, copied as any attribute is."""
+    if own is not None:
+        return copy.deepcopy(own, memo)
+    twin = memo.get(id(module))
+    return _class_forward(twin if isinstance(twin, nn.Module) else module)
+
+
+class InstalledForward:
+    """A forward Astra installs on a module (the whole model compiled), seen by a copy of the
+    module (``copy.deepcopy``, pickling: a "best model" snapshot, an EMA teacher) as the
+    module's own code. Held out (issue 18, session 38): a function installed as ``forward`` is
+    copied by reference, so a deep copy of the model ran the original model's compiled code,
+    silently: the snapshot answered with the weights trained after it."""
+
+    def __init__(self, fn: Callable[..., Any], module: nn.Module, own: Callable[..., Any] | None) -> None:
+        self.fn, self.module, self.own = fn, module, own
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return _own_code_of_copy(self.module, self.own, memo)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_class_forward, (self.module,)) if self.own is None else (_identity, (self.own,))
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
 class CellRunner:
     """Replaces a repeated cell's ``forward``: runs the variant the configuration picks.
 
@@ -299,6 +339,18 @@ class CellRunner:
             hit = (base, tuple(v.unbind(d) for v in x_gm(base, *p_vals)))
             self._x_cache[key] = hit
         return tuple(v[t] for v in hit[1])
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        # A copy of the cell (of the model: a "best model" snapshot, an EMA teacher) runs the
+        # cell's own code. Held out (session 38): ``copy.deepcopy(model)`` raised once hoisting
+        # was committed (the runner's cache holds tensors of the step's graph, which
+        # ``deepcopy`` refuses), stopping the user's program.
+        return _own_code_of_copy(self.cell, self.original_forward if self._own_forward else None, memo)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self._own_forward:
+            return (_identity, (self.original_forward,))
+        return (_class_forward, (self.cell,))
 
     def restore(self) -> None:
         if self._own_forward:
@@ -1723,7 +1775,7 @@ class AstraTorch(SessionBacked):
                 )
                 return plain(*args, **kwargs)
 
-        return forward
+        return InstalledForward(forward, self.model, self._own_forward)
 
     # -- the in-line compile's deadline (session 11)
     def _arm_deadline(self, kind: str) -> bool:
