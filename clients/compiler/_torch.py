@@ -1757,7 +1757,9 @@ class AstraTorch(SessionBacked):
                 log.warning("astra: %s: %s", kind, self.whole_failed[kind])
                 return plain(*args, **kwargs)
             try:
-                sig = (kind, _equiv.signature(args, kwargs))
+                # (and the model's mode: an evaluation's graph, dropout off and batch norms on
+                # their running statistics, is another compile, checked on its own)
+                sig = (kind, self.model.training, _equiv.signature(args, kwargs))
                 if sig not in self._equivalent:
                     # Once per compiled variant and input signature in this process: the same
                     # function as the model's own code, or the model's own code runs (a compiler

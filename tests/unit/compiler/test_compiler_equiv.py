@@ -369,3 +369,55 @@ def test_a_compiled_variants_failure_is_one_line():
     assert failure(KeyError()) == "KeyError: "
     wrapped = RuntimeError("backend='inductor' raised:\nRuntimeError: pass failed\n\nSet TORCH_LOGS")
     assert failure(wrapped) == "RuntimeError: backend='inductor' raised: RuntimeError: pass failed"
+
+
+EVAL_WRONG = "microco-test-miscompiles-in-eval"
+
+
+def _miscompiles_without_dropout(gm, example_inputs):
+    """A Dynamo backend right on a training graph (its dropout on) and wrong on the same
+    model's evaluation graph (its dropout off): its outputs scaled."""
+    drops = [n for n in gm.graph.nodes if "dropout" in str(n.target)]
+    if any(n.kwargs.get("training", n.args[2] if len(n.args) > 2 else True) for n in drops):
+        return gm.forward
+
+    def wrong(*args):
+        out = gm.forward(*args)
+        return tuple(o * 1.5 for o in out) if isinstance(out, (tuple, list)) else out * 1.5
+
+    return wrong
+
+
+def test_an_evaluation_through_the_compiled_model_is_checked_on_its_own(monkeypatch, whole_compile_trial):
+    """``model.eval()`` with gradients on (a validation loss computed without ``no_grad``) runs
+    another compiled graph than training (no dropout), on inputs of the same shapes: it was
+    taken as checked already and ran unchecked. The model's mode is part of what a check
+    covers: the evaluation's graph is checked, found to compute otherwise, and eager runs."""
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if EVAL_WRONG not in _BACKENDS:
+        register_backend(compiler_fn=_miscompiles_without_dropout, name=EVAL_WRONG)
+    monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", EVAL_WRONG)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.2), nn.Linear(16, 1))
+    astra = AstraTorch(model, whole_compile_trial(commit="inductor"), threads=("1",), background=False)
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    x = torch.randn(8, 6)
+
+    def one():
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    for _ in range(4):
+        astra.run(one)
+    assert astra.config.get("model.compile") == "inductor" and not astra.whole_failed
+    model.eval()
+    got = model(x)
+    torch._dynamo.reset()
+    want = type(model).forward(model, x)
+    assert torch.allclose(got, want)
+    assert "computes otherwise" in astra.whole_failed.get("plain", "")
