@@ -152,6 +152,19 @@ class CompiledOtherwise(RuntimeError):
     (``_equiv.differs``): it fails as a compile that raised does."""
 
 
+def _hookable(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """``model.named_modules()`` but for TorchScript modules and what they hold (they take no
+    Python hooks: ``register_forward_pre_hook is not supported on ScriptModules``)."""
+    scripted: list[str] = []
+    for name, module in model.named_modules():
+        if any(name == s or name.startswith(s + ".") for s in scripted):
+            continue
+        if isinstance(module, torch.jit.ScriptModule):
+            scripted.append(name)
+            continue
+        yield name, module
+
+
 def _class_forward(module: nn.Module) -> Callable[..., Any]:
     """The module's class's ``forward``, bound to it (what a copy of an instrumented module runs;
     a module-level function, so that pickling can name it)."""
@@ -966,7 +979,10 @@ class AstraTorch(SessionBacked):
             self._layout_watch = LayoutDrawWatch(redraw=not _compiled_inside(self.model))
             self._layout_watch.start()
         self.optimizers.watch()  # the optimisers the probe step reaches
-        self._hooks = [m.register_forward_pre_hook(count) for n, m in self.model.named_modules() if n]
+        # (not inside a TorchScript module, which takes no hooks: it runs as one opaque call, as
+        # it does under dynamo; held out, session 38: a scripted encoder's hook raised, and the
+        # whole model ran unexplored)
+        self._hooks = [m.register_forward_pre_hook(count) for n, m in _hookable(self.model) if n]
         self._hooks.append(self.model.register_forward_pre_hook(shapes, with_kwargs=True))
         if self._profiles_step():
             profiler = StepProfiler()

@@ -192,8 +192,39 @@ def _parts_called_directly(astra_on: bool):
     return m, astra, step
 
 
+class _WithScripted(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.feat = torch.jit.script(nn.Sequential(nn.Linear(12, 24), nn.ReLU()))
+        self.head = nn.Linear(24, 1)
+
+    def forward(self, x):
+        return self.head(self.feat(x))
+
+
+def _scripted_part(astra_on: bool):
+    """A model holding a TorchScript module (``torch.jit.script`` of its feature layers), which
+    takes no Python hooks: the probe's hook on it raised and the whole model ran unexplored
+    (held out, session 38)."""
+    torch.manual_seed(0)
+    m = _WithScripted()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    astra = _astra(m) if astra_on else None
+
+    def step(i):
+        x, y = _batch(i)
+        loss = ((m(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return m, astra, step
+
+
 @pytest.mark.parametrize(
-    "make", [_gan, _accumulating, _lbfgs, _mixed_precision, _checkpointed, _parts_called_directly]
+    "make",
+    [_gan, _accumulating, _lbfgs, _mixed_precision, _checkpointed, _parts_called_directly, _scripted_part],
 )
 def test_a_training_loop_of_another_shape_is_explored_and_ends_where_eager_ends(make):
     ref_model, _, ref_step = make(False)
