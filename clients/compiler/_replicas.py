@@ -51,3 +51,16 @@ def _fsdp_classes() -> tuple[type, ...]:
     return tuple(
         c for c in (getattr(fsdp, "FullyShardedDataParallel", None), getattr(fsdp, "FSDPModule", None)) if c
     )
+
+
+def tf_replicas_of(model: Any) -> str:
+    """Why a Keras model's variables belong to a ``tf.distribute`` strategy of more than one
+    replica ("" where they do not): its ``distribute_strategy`` (the scope it was built under).
+    ``AstraTF``'s step is one replica's (its gradients are not all-reduced across the
+    strategy's replicas): measured (issue 18, session 38) under ``MultiWorkerMirroredStrategy``
+    with two workers, the workers' weights were 0.5 apart after ten steps."""
+    strategy = getattr(model, "distribute_strategy", None) or getattr(model, "_distribute_strategy", None)
+    replicas = getattr(strategy, "num_replicas_in_sync", 1) if strategy is not None else 1
+    if replicas > 1:
+        return f"its variables belong to a {type(strategy).__name__} of {replicas} replicas"
+    return ""

@@ -22,6 +22,7 @@ from microco.clients.compiler.explore.types import STAGE_STRUCTURE, GraphSpec, V
 
 from . import _compile_costs, _session
 from ._compile_costs import HostCompileCosts
+from ._replicas import tf_replicas_of
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked
 from ._tf_cost import (
@@ -272,6 +273,14 @@ class AstraTF(SessionBacked):
         cost_model: XlaCostModel | None = None,
         background: bool = True,
     ) -> None:
+        replicas = tf_replicas_of(model)
+        if replicas:
+            # (``_replicas``) Not a step to explore under: refused, before any step trains.
+            raise ValueError(
+                f"AstraTF runs one replica's training step, and {replicas}: their gradients would "
+                "not be all-reduced. Train it with model.fit (Keras' distributed step; Astra's fit "
+                "adapter leaves a strategy's fit as it is) or the strategy's own loop."
+            )
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.name = name or type(model).__name__
         # Is the model a stack of recurrent cells (``cells``, then ``head``)? Until the first step
