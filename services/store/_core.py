@@ -41,7 +41,7 @@ from . import _exec
 from ._cancel import TaskCancelled
 from ._catalog import ROOT, VERSION, Catalog, SuperExtent, TableInfo
 from ._hedge import Fragment, HedgePolicy, Rates, shape, weight
-from ._layout import CODECS, ExtentMeta, assign_partitions, bucketed_extents, new_extent_id
+from ._layout import CODECS, ExtentMeta, assign_partitions, bucketed_extents, new_extent_id, sorted_column
 from ._limits import check_name, short
 from ._liveness import NodeWatch, Probes, Watched, nodes_used
 from ._nodestore import CorruptExtent, NodeStore
@@ -746,6 +746,7 @@ class StoreCore:
                             res["buckets"],
                             file_bytes=res["bytes"],
                             codec=res.get("codec", ""),
+                            sorted=sorted_column(info.specs[r], ext_rows.schema),
                         )
                     )
                 except Exception as exc:  # noqa: BLE001 - any failure excludes the node and retries
@@ -2000,6 +2001,7 @@ class StoreCore:
             res["buckets"],
             file_bytes=res["bytes"],
             codec=res.get("codec", ""),
+            sorted=str(res.get("sorted", "")),  # a node before session 38 wrote it unsorted
         )
         if self.catalog.replace_extent(info.name, sid, old.id, meta):
             if in_place:

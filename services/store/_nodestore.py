@@ -29,6 +29,7 @@ from ._layout import (
     EXTENT_LAYOUT,
     OpenExtent,
     bucketed_extents,
+    sorted_column,
     check_codec,
     check_layout,
     file_checksum,
@@ -578,6 +579,7 @@ class NodeStore:
         ((_, (ordered, index)),) = ext.items()
         out = self.put_extent(req["table"], req["new_extent"], ordered, index, req.get("codec") or "")
         out["bytes_read"] = bytes_read
+        out["sorted"] = sorted_column(specs[r], rows.schema)
         return out
 
 

@@ -118,6 +118,8 @@ def _source(
         "bucket": bucket,
         "bytes": size,
         "checksum": e.checksum,
+        # a whole extent's sub-buckets sorted on this column (a group-by on it aggregates runs)
+        **({"sorted": e.sorted} if e.sorted and bucket is None else {}),
     }
 
 
