@@ -175,7 +175,9 @@ def _written(node: Any, table: str, t: pa.Table, specs: list[PartitionSpec], sor
         eid = f"s000000-r{r}-p{p:04d}-{tag}"
         put = node.put_extent(table, eid, rows, index)
         stored += put["bytes"]
-        sources.setdefault(r, []).append({"node": "n0", "table": table, "extent": eid, "checksum": put["checksum"]})
+        sources.setdefault(r, []).append(
+            {"node": "n0", "table": table, "extent": eid, "checksum": put["checksum"]}
+        )
     return {"sources": sources, "bucket_s": took, "file_bytes": stored}
 
 
@@ -214,7 +216,9 @@ def measure(data: Path, rounds: int = 9) -> dict[str, Any]:
                 cols = [key] + sorted({a[1] for a in aggs if a[1] != "*"})
                 post = {"agg": {"keys": [key], "aggs": aggs}}
 
-                def task(sources: list[dict[str, Any]], cols: list[str] = cols, post: Any = post) -> dict[str, Any]:
+                def task(
+                    sources: list[dict[str, Any]], cols: list[str] = cols, post: Any = post
+                ) -> dict[str, Any]:
                     return {
                         "op": "fragment",
                         "left": {"sources": sources, "where": [], "read": cols, "keep": cols},

@@ -166,13 +166,17 @@ def _total_order_key(col: pa.ChunkedArray | pa.Array) -> pa.Array | pa.ChunkedAr
         if pa.types.is_float16(typ):
             return None
         width = np.int32 if pa.types.is_float32(typ) else np.int64
-        bits = np.frombuffer(arr.buffers()[1], dtype=width)[arr.offset : arr.offset + len(arr)].astype(np.int64)
+        bits = np.frombuffer(arr.buffers()[1], dtype=width)[arr.offset : arr.offset + len(arr)].astype(
+            np.int64
+        )
         # negative: every bit flipped (larger magnitude sorts first); else the sign bit set
         sign = np.int64(1) << np.int64(63 if width is np.int64 else 31)
         key = np.where(bits < 0, ~bits, bits | sign).view(np.uint64)
         if width is np.int32:
             key = key & np.uint64(0xFFFFFFFF)
-        return pa.array(key, pa.uint64(), mask=arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else None)
+        return pa.array(
+            key, pa.uint64(), mask=arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else None
+        )
     if (
         pa.types.is_integer(typ)
         or pa.types.is_boolean(typ)

@@ -29,11 +29,11 @@ from ._layout import (
     EXTENT_LAYOUT,
     OpenExtent,
     bucketed_extents,
-    sorted_column,
     check_codec,
     check_layout,
     file_checksum,
     open_extent,
+    sorted_column,
     write_extent,
     write_options,
 )

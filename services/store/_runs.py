@@ -125,7 +125,9 @@ def _sum(arr: pa.Array, starts: np.ndarray, lengths: np.ndarray) -> pa.Array | N
         out_type: pa.DataType = pa.decimal128(38, typ.scale)
         sums = np.add.reduceat(v, starts)
     elif pa.types.is_integer(typ) or pa.types.is_floating(typ):
-        kind = "float" if pa.types.is_floating(typ) else "uint" if pa.types.is_unsigned_integer(typ) else "int"
+        kind = (
+            "float" if pa.types.is_floating(typ) else "uint" if pa.types.is_unsigned_integer(typ) else "int"
+        )
         out_type = _SUM_OF[kind]
         v = _words(arr).astype(out_type.to_pandas_dtype())
         if valid is not None:
