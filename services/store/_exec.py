@@ -501,7 +501,7 @@ def sorted_runs_post(env: Env, side: dict[str, Any], post: dict[str, Any] | None
     types it does not cover, hashed as before, ``partial_agg``), and the partials merged by
     group in Acero's hash aggregation; the same answer as ``stream_post``. None where it does
     not apply (the caller runs ``stream_post``)."""
-    from ._runs import MIN_ROWS_PER_RUN, run_partials
+    from ._runs import MIN_ROWS_PER_RUN, as_decimals, run_partials
 
     agg = (post or {}).get("agg")
     if agg is None or agg.get("input") == "partial" or len(agg.get("keys", [])) != 1:
@@ -521,16 +521,25 @@ def sorted_runs_post(env: Env, side: dict[str, Any], post: dict[str, Any] | None
     if got is None:
         # runs too short (or types not covered) in the first source: the rows hashed, streamed
         return stream_post(peeked(itertools.chain([first], tables), _side_schema(side)), post)
-    schema = got[0].schema
-
-    def partials() -> Iterator[pa.Table]:
-        yield got[0]
-        for t in tables:
-            more = run_partials(t, key, triples, MIN_ROWS_PER_RUN)
-            part = more[0] if more is not None else _group(t, [key], triples)
-            yield part if part.schema.equals(schema) else part.cast(schema)
-
-    return _aggregated(_acero_source(peeked(partials(), schema)), [key], merge)
+    # the runs' partials (a fraction of the rows), decimals as unscaled integers
+    runs, hashed = [got], []
+    for t in tables:
+        more = run_partials(t, key, triples, MIN_ROWS_PER_RUN)
+        if more is None or more.decimals != got.decimals:
+            hashed.append(_group(t, [key], triples))  # as partials, with the decimals as such
+        else:
+            runs.append(more)
+    decimals = got.decimals
+    exact = all(sum(p.bounds.get(name, 0) for p in runs) < 1 << 63 for name in decimals)
+    parts = [p.table for p in runs]
+    if hashed or not exact:
+        # merged as decimals (a hashed source's partials are; or the integers could overflow)
+        parts = [as_decimals(t, decimals) for t in parts] + hashed
+        decimals = {}
+    schema = parts[0].schema
+    parts = [t if t.schema.equals(schema) else t.cast(schema) for t in parts]
+    merged = _aggregated(_acero_source(peeked(iter(parts), schema)), [key], merge)
+    return as_decimals(merged, decimals)
 
 
 def join_post(

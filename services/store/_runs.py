@@ -20,6 +20,7 @@ skip NaN unless every value is NaN, as Arrow's)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -97,7 +98,7 @@ def _from_words(values: np.ndarray, typ: pa.DataType, valid: np.ndarray | None) 
         if mask is not None and mask.any():
             bitmap = pa.array(~mask).buffers()[1]
         nulls = int(mask.sum()) if mask is not None else 0
-        return pa.Array.from_buffers(typ, len(v), [bitmap, pa.py_buffer(words.tobytes())], null_count=nulls)
+        return pa.Array.from_buffers(typ, len(v), [bitmap, pa.py_buffer(words)], null_count=nulls)
     if pa.types.is_floating(typ) or pa.types.is_integer(typ):
         return pa.array(values.astype(typ.to_pandas_dtype(), copy=False), typ, mask=mask)
     # temporal: the integers, reinterpreted
@@ -108,7 +109,39 @@ def _from_words(values: np.ndarray, typ: pa.DataType, valid: np.ndarray | None) 
 _SUM_OF = {"int": pa.int64(), "uint": pa.uint64(), "float": pa.float64()}
 
 
-def _sum(arr: pa.Array, starts: np.ndarray, lengths: np.ndarray) -> pa.Array | None:
+@dataclass
+class Partials:
+    """Per run: the key and the partials (``table``); how many runs; the output columns that
+    hold a decimal as its unscaled 64-bit integer (``decimals``: their type once merged, made
+    by ``as_decimals``; summing and comparing them as integers is what a decimal does, at no
+    conversion per run); and for each such sum, a bound on the sum of its |values| (merging
+    partials in 64 bits is exact while the bounds add up to under 2**63)."""
+
+    table: pa.Table
+    runs: int
+    decimals: dict[str, pa.DataType] = field(default_factory=dict)
+    bounds: dict[str, int] = field(default_factory=dict)
+
+
+def as_decimals(table: pa.Table, decimals: dict[str, pa.DataType]) -> pa.Table:
+    """``table`` with each column named in ``decimals`` (unscaled 64-bit integers) as its
+    decimal type."""
+    for name, typ in decimals.items():
+        i = table.schema.get_field_index(name)
+        if i < 0:
+            continue
+        col = table.column(i).combine_chunks()
+        words = (
+            np.frombuffer(col.buffers()[1], np.int64)[col.offset : col.offset + len(col)]
+            if len(col)
+            else np.zeros(0, np.int64)
+        )
+        valid = _valid(col)
+        table = table.set_column(i, name, _from_words(words, typ, valid))
+    return table
+
+
+def _sum(arr: pa.Array, starts: np.ndarray, lengths: np.ndarray, out: Partials, name: str) -> pa.Array | None:
     typ = arr.type
     valid = _valid(arr)
     if pa.types.is_decimal128(typ):
@@ -117,19 +150,24 @@ def _sum(arr: pa.Array, starts: np.ndarray, lengths: np.ndarray) -> pa.Array | N
         v = _words(arr)
         if valid is not None:
             v = np.where(valid, v, 0)
-        # every |value| < 10**18 < 2**60; a run's sum stays in 64 bits while its length times the
-        # largest |value| does
-        big = int(np.abs(v).max()) if len(v) else 0
-        if big and int(lengths.max()) * big >= 1 << 62:
-            return None
-        out_type: pa.DataType = pa.decimal128(38, typ.scale)
+        # a sum stays in 64 bits while its rows times the largest |value| do: bounded by the
+        # precision (|value| < 10**p), else by the values themselves
+        n = len(v)
+        bound = n * 10**typ.precision
+        if bound >= 1 << 63 and n:
+            bound = n * max(int(v.max()), -int(v.min()))
+            if bound >= 1 << 63:
+                return None
+        out.decimals[name] = pa.decimal128(38, typ.scale)
+        out.bounds[name] = bound
         sums = np.add.reduceat(v, starts)
+        out_type: pa.DataType = pa.int64()
     elif pa.types.is_integer(typ) or pa.types.is_floating(typ):
         kind = (
             "float" if pa.types.is_floating(typ) else "uint" if pa.types.is_unsigned_integer(typ) else "int"
         )
         out_type = _SUM_OF[kind]
-        v = _words(arr).astype(out_type.to_pandas_dtype())
+        v = _words(arr).astype(out_type.to_pandas_dtype(), copy=False)
         if valid is not None:
             v = np.where(valid, v, 0)
         sums = np.add.reduceat(v, starts)
@@ -139,7 +177,7 @@ def _sum(arr: pa.Array, starts: np.ndarray, lengths: np.ndarray) -> pa.Array | N
     return _from_words(sums, out_type, have)
 
 
-def _extreme(arr: pa.Array, starts: np.ndarray, fn: str) -> pa.Array | None:
+def _extreme(arr: pa.Array, starts: np.ndarray, fn: str, out: Partials, name: str) -> pa.Array | None:
     typ = arr.type
     if pa.types.is_decimal128(typ):
         if typ.precision > 18:
@@ -160,30 +198,32 @@ def _extreme(arr: pa.Array, starts: np.ndarray, fn: str) -> pa.Array | None:
             v = np.where(valid, v, info.max if fn == "min" else info.min)
         got = (np.minimum if fn == "min" else np.maximum).reduceat(v, starts)
     have = None if valid is None else np.add.reduceat(valid.astype(np.int64), starts) > 0
+    if pa.types.is_decimal128(typ):
+        out.decimals[name] = typ
+        return _from_words(got, pa.int64(), have)
     return _from_words(got, typ, have)
 
 
 def run_partials(
     table: pa.Table, key: str, triples: Sequence[tuple[str, str, str]], min_rows_per_run: float = 0.0
-) -> tuple[pa.Table, int] | None:
+) -> Partials | None:
     """Per run of equal ``key`` in ``table``, the partials of ``triples`` (``(input column,
     function, output name)``, as ``_exec._agg_inputs`` gives them: ``count_all``, ``count``,
-    ``sum``, ``min``, ``max``), with the key; and how many runs. None when a type or an
-    aggregate is not covered (module docstring), or the runs average under
-    ``min_rows_per_run`` rows: hash the rows instead."""
+    ``sum``, ``min``, ``max``), with the key (``Partials``). None when a type or an aggregate
+    is not covered (module docstring), or the runs average under ``min_rows_per_run`` rows:
+    hash the rows instead."""
+    n = table.num_rows
+    if n == 0:
+        return None  # nothing to gain; the caller's path keeps its result's types
     k = table.column(key).combine_chunks()
     starts = run_starts(k)
-    if starts is None:
+    if starts is None or len(starts) * min_rows_per_run > n:
         return None
-    n = table.num_rows
-    if len(starts) * min_rows_per_run > n:
-        return None
-    lengths = np.diff(np.append(starts, n)).astype(np.int64)
-    cols: list[pa.Array] = [k.take(pa.array(starts))] if n else [pa.array([], k.type)]
+    lengths = np.diff(starts, append=n)
+    out = Partials(pa.table({}), len(starts))
+    cols: list[pa.Array] = [k.take(pa.array(starts))]
     names = [key]
-    for col, fn, out in triples:
-        if n == 0:
-            return None  # nothing to gain; the caller's path keeps its result's types
+    for col, fn, name in triples:
         if fn == "count_all":
             got: pa.Array | None = pa.array(lengths, pa.int64())
         else:
@@ -194,13 +234,14 @@ def run_partials(
                     lengths if valid is None else np.add.reduceat(valid.astype(np.int64), starts), pa.int64()
                 )
             elif fn == "sum":
-                got = _sum(arr, starts, lengths)
+                got = _sum(arr, starts, lengths, out, name)
             elif fn in ("min", "max"):
-                got = _extreme(arr, starts, fn)
+                got = _extreme(arr, starts, fn, out, name)
             else:
                 got = None
         if got is None:
             return None
         cols.append(got)
-        names.append(out)
-    return pa.table(cols, names=names), len(starts)
+        names.append(name)
+    out.table = pa.table(cols, names=names)
+    return out

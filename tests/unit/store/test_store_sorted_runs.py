@@ -282,7 +282,7 @@ def test_date_key_runs_from_dates() -> None:
     )
     got = run_partials(t, "k", [("v", "sum", "s"), ("*", "count_all", "n")])
     assert got is not None
-    part, runs = got
+    part, runs = got.table, got.runs
     assert runs == 3
     assert part.to_pylist() == [
         {"k": day, "s": 1, "n": 2},
