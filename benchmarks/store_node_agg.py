@@ -1,11 +1,14 @@
 """Where a matched group-by's time goes on its node, in one process (issue 19, sessions 37-38): the
 benchmark's TPC-H partitionings cut into extents (``bucketed_extents``), written by a real
-``NodeStore``, and each of the benchmark's group-bys run as its matched fragment over its
-replica's extents (all partitions, one node). For each: the fragment's time against its warm
-reads; Acero fed the 64k-row batches of ``compact`` (``slices``, what nodes do) against each
-extent as one batch (``whole``, tried in session 37 and not kept), interleaved, medians; and how
-long the runs of equal keys would be if each sub-bucket were sorted on the partition column
-(what a run-based aggregation over a sorted layout could use). JSON on stdout.
+``NodeStore`` twice, as appends write them by default (rows in a sub-bucket in the order they
+came: ``flat``) and sorted within each sub-bucket on the replica's partition column (``sorted``,
+the coordinator's ``--sort-extents``), and each of the benchmark's group-bys run as its matched
+fragment over its replica's extents (all partitions, one node; ``NodeStore.run``, the nodes'
+own path): over the flat extents, over the sorted ones hashed (``sorted_hash``), and over the
+sorted ones with the catalog's flag (``sorted_runs``: aggregated by runs, ``_runs``),
+interleaved, medians; the bucketing's seconds and the files' bytes of both layouts; and the rows
+per run of a sorted sub-bucket. JSON on stdout. (Session 37's Acero feeds, ``slices`` and
+``whole``, and its run prototype stay as functions, no longer timed.)
 
     python -m microco.benchmarks.store_node_agg ~/.cache/microco/tpch/sf1 [--rounds 9]
 
