@@ -340,6 +340,26 @@ def _columnar_parts(
     return parts
 
 
+def _canonical(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch``'s columns copied into buffers of their own (offset 0, a string column's offsets
+    from 0 and its data just the referenced bytes), without the validity bitmap of a flat
+    column that has no null. What an IPC writer makes of an array depends on such things (a
+    slice of a larger buffer, a bitmap allocated for rows that all have values), and they depend
+    on how the rows were made (taken here, or received over Flight), not on their values: an
+    extent rebuilt from another replica's buckets differed from the one lost in its bytes and
+    in its index's sizes. One copy of the extent's columns per write."""
+    cols = []
+    for col in batch.columns:
+        arr = pa.concat_arrays([col])
+        bufs = arr.buffers()
+        if arr.null_count == 0 and bufs and bufs[0] is not None and arr.type.num_fields == 0:
+            arr = pa.Array.from_buffers(
+                arr.type, len(arr), [None, *bufs[1:]], null_count=0, offset=arr.offset
+            )
+        cols.append(arr)
+    return pa.RecordBatch.from_arrays(cols, schema=batch.schema)
+
+
 def write_extent(
     path: Path,
     rows: pa.Table,
@@ -363,6 +383,7 @@ def write_extent(
             batches.append(combined.slice(off, b[2]).combine_chunks().to_batches()[0] if b[2] else None)
             off += b[2]
         batches = [x for x in batches if x is not None]
+    batches = [_canonical(b) for b in batches]
     sized = [[b[0], b[1], b[2], int(batch.nbytes)] for b, batch in zip(buckets, batches, strict=True)]
     meta = {**(rows.schema.metadata or {}), BUCKETS_META: json.dumps(sized).encode()}
     options = write_options(compression)
