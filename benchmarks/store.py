@@ -674,6 +674,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the coordinator plans without asking the nodes what is in memory (the default now; "
         "kept for the commands recorded in docs/benchmarks/store.md)",
     )
+    ap.add_argument(
+        "--sort-extents",
+        action="store_true",
+        help="the coordinator writes each replica's sub-buckets sorted on its partition column and "
+        "a matched group-by on it aggregates runs of equal keys (off by default: docs/store.md, "
+        "'Sorted replicas and runs of equal keys')",
+    )
     args = ap.parse_args(argv)
     REPLICA_CODECS.clear()
     REPLICA_CODECS.update(dict(args.replica_codecs))
@@ -709,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
         "super_extent_rows": args.super_extent_rows,
         "replica_codecs": dict(REPLICA_CODECS),
         "residency": args.residency and not args.no_residency,
+        "sort_extents": args.sort_extents,
         "cores": os.cpu_count(),
         "load_average_at_start": os.getloadavg()[0],
     }
@@ -727,6 +735,7 @@ def main(argv: list[str] | None = None) -> int:
             "--recovery-interval-s",
             "3600",
             *(["--residency-max-age-s", "1"] if args.residency and not args.no_residency else []),
+            *(["--sort-extents"] if args.sort_extents else []),
         ],
     ) as cluster:
         client = StoreClient.from_address(cluster.coordinator_address, default_timeout=600)

@@ -1,11 +1,14 @@
-"""Where a matched group-by's time goes on its node, in one process (issue 19, session 37): the
+"""Where a matched group-by's time goes on its node, in one process (issue 19, sessions 37-38): the
 benchmark's TPC-H partitionings cut into extents (``bucketed_extents``), written by a real
-``NodeStore``, and each of the benchmark's group-bys run as its matched fragment over its
-replica's extents (all partitions, one node). For each: the fragment's time against its warm
-reads; Acero fed the 64k-row batches of ``compact`` (``slices``, what nodes do) against each
-extent as one batch (``whole``, tried in session 37 and not kept), interleaved, medians; and how
-long the runs of equal keys would be if each sub-bucket were sorted on the partition column
-(what a run-based aggregation over a sorted layout could use). JSON on stdout.
+``NodeStore`` twice, as appends write them by default (rows in a sub-bucket in the order they
+came: ``flat``) and sorted within each sub-bucket on the replica's partition column (``sorted``,
+the coordinator's ``--sort-extents``), and each of the benchmark's group-bys run as its matched
+fragment over its replica's extents (all partitions, one node; ``NodeStore.run``, the nodes'
+own path): over the flat extents, over the sorted ones hashed (``sorted_hash``), and over the
+sorted ones with the catalog's flag (``sorted_runs``: aggregated by runs, ``_runs``),
+interleaved, medians; the bucketing's seconds and the files' bytes of both layouts; and the rows
+per run of a sorted sub-bucket. JSON on stdout. (Session 37's Acero feeds, ``slices`` and
+``whole``, and its run prototype stay as functions, no longer timed.)
 
     python -m microco.benchmarks.store_node_agg ~/.cache/microco/tpch/sf1 [--rounds 9]
 
@@ -162,8 +165,33 @@ def runs_prototype(extents: list[pa.Table], key: str, values: list[str]) -> pa.T
     return runs.group_by("k").aggregate([(v, "sum") for v in values] + [("n", "sum")])
 
 
+def _written(node: Any, table: str, t: pa.Table, specs: list[PartitionSpec], sort: bool) -> dict[str, Any]:
+    """``t`` cut into extents (sorted within sub-buckets, or in the order rows came: ``sort``)
+    and written by ``node``: per replica its sources, and the seconds and file bytes."""
+    t0 = time.perf_counter()
+    ext = bucketed_extents(t, specs, sort=sort)
+    took = time.perf_counter() - t0
+    sources: dict[int, list[dict[str, Any]]] = {}
+    stored = 0
+    tag = "sorted" if sort else "flat"
+    for (r, p), (rows, index) in ext.items():
+        eid = f"s000000-r{r}-p{p:04d}-{tag}"
+        put = node.put_extent(table, eid, rows, index)
+        stored += put["bytes"]
+        sources.setdefault(r, []).append(
+            {"node": "n0", "table": table, "extent": eid, "checksum": put["checksum"]}
+        )
+    return {"sources": sources, "bucket_s": took, "file_bytes": stored}
+
+
 def measure(data: Path, rounds: int = 9) -> dict[str, Any]:
-    out: dict[str, Any] = {"rounds": rounds, "queries": []}
+    """Each group-by's matched fragment on its node (``NodeStore.run``, the nodes' own path) over
+    three things, interleaved (a rotating order each round), medians: the extents as main writes
+    them before session 38 (``flat``: rows in a sub-bucket in the order they came; Acero's hash
+    aggregation), the extents sorted within each sub-bucket on the replica's partition column
+    (``sorted_hash``: the same hash aggregation, to see what locality alone gives) and the same
+    sorted extents with the catalog's flag (``sorted_runs``: aggregated by runs, ``_runs``)."""
+    out: dict[str, Any] = {"rounds": rounds, "tables": {}, "queries": []}
     with tempfile.TemporaryDirectory(prefix="store-node-agg-") as d:
         node = NodeStore("n0", d)
         for table in ("orders", "lineitem"):
@@ -178,57 +206,64 @@ def measure(data: Path, rounds: int = 9) -> dict[str, Any]:
                 )
             )
             specs = [PartitionSpec.parse(s) for s in SPECS[table]]
-            sources: dict[int, list[dict[str, Any]]] = {}
-            for (r, p), (rows, index) in bucketed_extents(t, specs).items():
-                eid = f"s000000-r{r}-p{p:04d}-bench"
-                put = node.put_extent(table, eid, rows, index)
-                sources.setdefault(r, []).append(
-                    {"node": "n0", "table": table, "extent": eid, "checksum": put["checksum"]}
-                )
+            flat = _written(node, table, t, specs, sort=False)
+            ordered = _written(node, table, t, specs, sort=True)
+            out["tables"][table] = {
+                "rows": t.num_rows,
+                "bucket_flat_s": round(flat["bucket_s"], 3),
+                "bucket_sorted_s": round(ordered["bucket_s"], 3),
+                "file_bytes_flat": flat["file_bytes"],
+                "file_bytes_sorted": ordered["file_bytes"],
+            }
             for _name, key, r, aggs in (q for q in QUERIES if q[0] == table):
                 cols = [key] + sorted({a[1] for a in aggs if a[1] != "*"})
                 post = {"agg": {"keys": [key], "aggs": aggs}}
-                task = {
-                    "op": "fragment",
-                    "left": {"sources": sources[r], "where": [], "read": cols, "keep": cols},
-                    "post": post,
+
+                def task(
+                    sources: list[dict[str, Any]], cols: list[str] = cols, post: Any = post
+                ) -> dict[str, Any]:
+                    return {
+                        "op": "fragment",
+                        "left": {"sources": sources, "where": [], "read": cols, "keep": cols},
+                        "post": post,
+                    }
+
+                tasks = {
+                    "flat": task(flat["sources"][r]),
+                    "sorted_hash": task(ordered["sources"][r]),
+                    "sorted_runs": task([{**s, "sorted": key} for s in ordered["sources"][r]]),
                 }
-                node.run(task)  # warm: the extents decoded into the node's cache
-                reads = [node.read_source(s, cols) for s in sources[r]]
-                timed: dict[str, list[float]] = {"whole": [], "slices": []}
-                answers = {}
-                feeds = {"whole": whole, "slices": slices}
+                answers = {k: node.run(v).sort_by(key) for k, v in tasks.items()}  # warm: decoded
+                for k in tasks:
+                    assert answers[k].equals(answers["flat"]), k
+                timed: dict[str, list[float]] = {k: [] for k in tasks}
+                names = list(tasks)
                 for i in range(rounds):
-                    for feed in ("whole", "slices") if i % 2 == 0 else ("slices", "whole"):
+                    for k in names[i % 3 :] + names[: i % 3]:
                         t0 = time.perf_counter()
-                        answers[feed] = acero_agg(reads, feeds[feed], key, aggs)
-                        timed[feed].append(time.perf_counter() - t0)
-                assert answers["whole"].sort_by(key).equals(answers["slices"].sort_by(key))
+                        node.run(tasks[k])
+                        timed[k].append(time.perf_counter() - t0)
+                reads = [node.read_source(s, cols) for s in flat["sources"][r]]
                 runs = sum(sorted_runs(x, key) for x in reads)
-                values = [c for c in cols if c != key]
-                ordered = [_sort_subbuckets(x, key) for x in reads]
-                assert runs_prototype(ordered, key, values).num_rows == answers["whole"].num_rows
                 n = sum(x.num_rows for x in reads)
+                med = {k: round(statistics.median(v) * 1e3, 2) for k, v in timed.items()}
                 out["queries"].append(
                     {
                         "table": table,
                         "key": key,
                         "replica": r,
                         "rows": n,
-                        "groups": answers["whole"].num_rows,
+                        "groups": answers["flat"].num_rows,
                         "extents": len(reads),
-                        "fragment_ms": _median_ms(functools.partial(node.run, task), rounds),
+                        **{f"{k}_ms": v for k, v in med.items()},
+                        "flat_over_sorted_runs": round(med["flat"] / med["sorted_runs"], 2),
+                        "flat_over_sorted_hash": round(med["flat"] / med["sorted_hash"], 2),
                         "warm_reads_ms": _median_ms(
-                            functools.partial(_read_all, node, sources[r], cols), rounds
+                            functools.partial(_read_all, node, ordered["sources"][r], cols), rounds
                         ),
-                        "agg_whole_ms": round(statistics.median(timed["whole"]) * 1e3, 2),
-                        "agg_slices_ms": round(statistics.median(timed["slices"]) * 1e3, 2),
                         "sorted_subbucket_runs": runs,
-                        "runs_prototype_ms": _median_ms(
-                            functools.partial(runs_prototype, ordered, key, values), rounds
-                        ),
                         "rows_per_run": round(n / runs, 2),
-                        "rows_per_group": round(n / max(1, answers["whole"].num_rows), 2),
+                        "rows_per_group": round(n / max(1, answers["flat"].num_rows), 2),
                     }
                 )
     return out

@@ -41,7 +41,7 @@ from . import _exec
 from ._cancel import TaskCancelled
 from ._catalog import ROOT, VERSION, Catalog, SuperExtent, TableInfo
 from ._hedge import Fragment, HedgePolicy, Rates, shape, weight
-from ._layout import CODECS, ExtentMeta, assign_partitions, bucketed_extents, new_extent_id
+from ._layout import CODECS, ExtentMeta, assign_partitions, bucketed_extents, new_extent_id, sorted_column
 from ._limits import check_name, short
 from ._liveness import NodeWatch, Probes, Watched, nodes_used
 from ._nodestore import CorruptExtent, NodeStore
@@ -316,6 +316,9 @@ def colocated_homes(specs: Sequence[PartitionSpec]) -> list[str | None]:
     return out
 
 
+SORT_EXTENTS = False
+
+
 class StoreCore:
     def __init__(
         self,
@@ -349,6 +352,12 @@ class StoreCore:
         self.agg_by_partition_min_bytes = BY_PARTITION_MIN_BYTES
         # what a shuffle join's reducer holds of its build side at once (``_planner``)
         self.join_build_bytes = JOIN_BUILD_BYTES
+        # appends write each replica's sub-buckets sorted on its partition column
+        # (``_layout.sort_order``; the catalog's ``ExtentMeta.sorted``), so a matched group-by
+        # on it aggregates runs (``_runs``); a rebuilt extent keeps its own layout either way.
+        # ``SORT_EXTENTS``: off, the measured gain not shown over the runs' spread (docs/store.md,
+        # "Sorted replicas and runs of equal keys")
+        self.sort_extents = SORT_EXTENTS
         self.catalog = Catalog(kv)
         self.transport = transport
         self.super_extent_rows = super_extent_rows
@@ -688,7 +697,7 @@ class StoreCore:
         self, info: TableInfo, sid: int, rows: pa.Table, waited: set[str] | None = None
     ) -> SuperExtent:
         t0 = time.perf_counter()
-        extents = bucketed_extents(rows, info.specs)
+        extents = bucketed_extents(rows, info.specs, sort=self.sort_extents)
         log.info(
             "super-extent %s/%d: %d rows bucketed in %.2fs",
             info.name,
@@ -746,6 +755,7 @@ class StoreCore:
                             res["buckets"],
                             file_bytes=res["bytes"],
                             codec=res.get("codec", ""),
+                            sorted=sorted_column(info.specs[r], ext_rows.schema) if self.sort_extents else "",
                         )
                     )
                 except Exception as exc:  # noqa: BLE001 - any failure excludes the node and retries
@@ -1986,6 +1996,7 @@ class StoreCore:
             "specs": [s.to_json() for s in info.specs],
             "sources": sources,
             "codec": info.codecs[old.replica],  # a rewritten extent has its replica's codec
+            "sort": bool(old.sorted),  # and its own layout: sorted within sub-buckets, or not
         }
         res = self.transport.action(target, "rebuild", req)
         meta = ExtentMeta(
@@ -2000,6 +2011,7 @@ class StoreCore:
             res["buckets"],
             file_bytes=res["bytes"],
             codec=res.get("codec", ""),
+            sorted=str(res.get("sorted", "")),  # a node before session 38 wrote it unsorted
         )
         if self.catalog.replace_extent(info.name, sid, old.id, meta):
             if in_place:

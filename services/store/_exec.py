@@ -6,6 +6,7 @@ Arrow Flight, or an in-process cluster in the unit tests)."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import queue
 import threading
@@ -493,6 +494,54 @@ def stream_post(stream: Stream, post: dict[str, Any] | None) -> pa.Table:
     return _aggregated(_acero_source(stream), *agg)
 
 
+def sorted_runs_post(env: Env, side: dict[str, Any], post: dict[str, Any] | None) -> pa.Table | None:
+    """A group-by on one key over sources whose sub-buckets are all sorted on it (the catalog's
+    ``ExtentMeta.sorted``, carried by each source as ``sorted``): each source's rows aggregated
+    by runs of equal keys (``_runs.run_partials``; a source whose runs are short, or whose
+    types it does not cover, hashed as before, ``partial_agg``), and the partials merged by
+    group in Acero's hash aggregation; the same answer as ``stream_post``. None where it does
+    not apply (the caller runs ``stream_post``)."""
+    from ._runs import MIN_ROWS_PER_RUN, as_decimals, run_partials
+
+    agg = (post or {}).get("agg")
+    if agg is None or agg.get("input") == "partial" or len(agg.get("keys", [])) != 1:
+        return None
+    key = agg["keys"][0]
+    sources = side.get("sources") or []
+    if not sources or any(s.get("sorted") != key for s in sources):
+        return None
+    aggs = _aggs(agg)
+    triples = _agg_inputs(aggs)
+    merge = [(out, "min" if fn == "min" else "max" if fn == "max" else "sum", out) for _, fn, out in triples]
+    tables = (t for t in side_tables(env, side) if t.num_rows)
+    first = next(tables, None)
+    if first is None:
+        return None  # no rows: the plain path gives the empty result its types
+    got = run_partials(first, key, triples, MIN_ROWS_PER_RUN)
+    if got is None:
+        # runs too short (or types not covered) in the first source: the rows hashed, streamed
+        return stream_post(peeked(itertools.chain([first], tables), _side_schema(side)), post)
+    # the runs' partials (a fraction of the rows), decimals as unscaled integers
+    runs, hashed = [got], []
+    for t in tables:
+        more = run_partials(t, key, triples, MIN_ROWS_PER_RUN)
+        if more is None or more.decimals != got.decimals:
+            hashed.append(_group(t, [key], triples))  # as partials, with the decimals as such
+        else:
+            runs.append(more)
+    decimals = got.decimals
+    exact = all(sum(p.bounds.get(name, 0) for p in runs) < 1 << 63 for name in decimals)
+    parts = [p.table for p in runs]
+    if hashed or not exact:
+        # merged as decimals (a hashed source's partials are; or the integers could overflow)
+        parts = [as_decimals(t, decimals) for t in parts] + hashed
+        decimals = {}
+    schema = parts[0].schema
+    parts = [t if t.schema.equals(schema) else t.cast(schema) for t in parts]
+    merged = _aggregated(_acero_source(peeked(iter(parts), schema)), [key], merge)
+    return as_decimals(merged, decimals)
+
+
 def join_post(
     left: Stream, right: Stream, j: dict[str, Any], post: dict[str, Any] | None, build: str = "R"
 ) -> pa.Table:
@@ -637,6 +686,9 @@ def _run_task(env: Env, task: dict[str, Any]) -> pa.Table:
                 task.get("post"),
                 _build_side(j, task["left"]["sources"], task["right"]["sources"]),
             )
+        out = sorted_runs_post(env, task["left"], task.get("post"))
+        if out is not None:
+            return out
         return stream_post(side_stream(env, task["left"]), task.get("post"))
     if op == "map":
         n = task["n"]
@@ -748,7 +800,8 @@ def _by_partition(env: Env, task: dict[str, Any]) -> pa.Table | None:
                 join_post(side_stream(env, lside), side_stream(env, rside), j, task.get("post"), build)
             )
         else:
-            outs.append(stream_post(side_stream(env, lside), task.get("post")))
+            out = sorted_runs_post(env, lside, task.get("post"))
+            outs.append(out if out is not None else stream_post(side_stream(env, lside), task.get("post")))
     return concat(outs)
 
 

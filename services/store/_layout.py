@@ -28,6 +28,7 @@ from typing import Any
 import blake3
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ._partition import PartitionSpec, partition_ids
 from ._placement import REPLICAS
@@ -95,6 +96,9 @@ class ExtentMeta:
     file_bytes: int = 0
     # the codec its file was written with ("" in records written before codecs per replica)
     codec: str = ""
+    # the column each of its sub-buckets is sorted on (its replica's partition column, then the
+    # rest: ``sort_order``); "" in records of extents written unsorted (before session 38)
+    sorted: str = ""
 
     @property
     def stored_bytes(self) -> int:
@@ -122,6 +126,7 @@ class ExtentMeta:
             "state": self.state,
             "file_bytes": self.file_bytes,
             "codec": self.codec,
+            "sorted": self.sorted,
         }
 
     @classmethod
@@ -149,48 +154,129 @@ def assign_partitions(table: pa.Table, specs: Sequence[PartitionSpec]) -> list[n
     return [partition_ids(spec, table.column(spec.column)) for spec in specs]
 
 
+def _total_order_key(col: pa.ChunkedArray | pa.Array) -> pa.Array | pa.ChunkedArray | None:
+    """``col`` as a sort key of a total order, or None when Arrow cannot sort it (lists,
+    structs, dictionaries, ...). A float column becomes its IEEE 754 total order as unsigned
+    integers (``-0.0`` before ``0.0``, every NaN payload a place of its own: Arrow's sort holds
+    both zeros equal and every NaN equal, and their rows' order would then be the input's);
+    nulls stay nulls (sorted last)."""
+    typ = col.type
+    if pa.types.is_floating(typ):
+        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        if pa.types.is_float16(typ):
+            return None
+        width = np.int32 if pa.types.is_float32(typ) else np.int64
+        bits = np.frombuffer(arr.buffers()[1], dtype=width)[arr.offset : arr.offset + len(arr)].astype(
+            np.int64
+        )
+        # negative: every bit flipped (larger magnitude sorts first); else the sign bit set
+        sign = np.int64(1) << np.int64(63 if width is np.int64 else 31)
+        key = np.where(bits < 0, ~bits, bits | sign).view(np.uint64)
+        if width is np.int32:
+            key = key & np.uint64(0xFFFFFFFF)
+        return pa.array(
+            key, pa.uint64(), mask=arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else None
+        )
+    if (
+        pa.types.is_integer(typ)
+        or pa.types.is_boolean(typ)
+        or pa.types.is_temporal(typ)
+        or pa.types.is_decimal(typ)
+        or pa.types.is_string(typ)
+        or pa.types.is_large_string(typ)
+        or pa.types.is_binary(typ)
+        or pa.types.is_large_binary(typ)
+        or pa.types.is_fixed_size_binary(typ)
+        or pa.types.is_string_view(typ)
+        or pa.types.is_binary_view(typ)
+    ):
+        return col
+    return None
+
+
+def sort_order(table: pa.Table, first: Sequence[Any], column: str | None) -> np.ndarray:
+    """Row positions of ``table`` in the store's total order of an extent's rows: by the arrays
+    ``first`` (the cell: which sub-bucket), then ``column`` (the replica's partition column;
+    None: none), then every other column Arrow can sort, in the schema's order, each ascending
+    with nulls last (``_total_order_key``). Rows equal in all of them are equal in every column
+    but those Arrow cannot sort, so the order of a sub-bucket's rows (and its bytes) depends on
+    its rows, not on the order they came in: an extent rebuilt from another replica's buckets
+    is the same bytes as the one lost."""
+    keys: dict[str, Any] = {f"__first{i}": a for i, a in enumerate(first)}
+    names = ([column] if column is not None else []) + [n for n in table.schema.names if n != column]
+    for i, name in enumerate(names):
+        key = _total_order_key(table.column(name))
+        if key is not None:
+            keys[f"__k{i}"] = key
+    if not keys:
+        return np.arange(table.num_rows)
+    t = pa.table(keys)
+    order = pc.sort_indices(t, sort_keys=[(k, "ascending", "at_end") for k in t.schema.names])
+    return np.asarray(order)
+
+
+def sorted_column(spec: PartitionSpec, schema: pa.Schema) -> str:
+    """The column an extent of a replica partitioned by ``spec`` is sorted on within each of its
+    sub-buckets: its partition column, where Arrow can sort its type ("" otherwise)."""
+    if spec.column not in schema.names:
+        return ""
+    return spec.column if _total_order_key(pa.array([], schema.field(spec.column).type)) is not None else ""
+
+
 def bucketed_extents(
     table: pa.Table,
     specs: Sequence[PartitionSpec],
     pids: list[np.ndarray] | None = None,
     replicas: Sequence[int] = tuple(range(REPLICAS)),
+    sort: bool = True,
 ) -> dict[tuple[int, int], tuple[pa.Table, list[list[int]]]]:
     """Cut ``table`` (one super-extent's rows) into every replica's extents.
 
     Returns ``{(replica, partition): (rows ordered by sub-bucket, [[i, j, rows], ...])}`` for the
     non-empty extents; the table's batches are exactly the sub-buckets.
 
-    Why one sort serves all three replicas: a row's cell is ``(p0, p1, p2)``, its partition under
-    each replica's function, and the sub-bucket ``(i, j)`` of extent ``(r, p)`` is exactly the cell
-    with ``p`` at position ``r`` and ``i, j`` at the other two. So the rows are sorted once by cell
-    (one ``take``, the costly gather) and every sub-bucket of every replica is a zero-copy slice of
-    that one sorted table: three gathers and a copy per sub-bucket became one gather."""
+    Why one sort serves all three replicas' cells: a row's cell is ``(p0, p1, p2)``, its
+    partition under each replica's function, and the sub-bucket ``(i, j)`` of extent ``(r, p)``
+    is exactly the cell with ``p`` at position ``r`` and ``i, j`` at the other two. So the rows
+    are sorted by cell and every sub-bucket of a replica is a zero-copy slice of one sorted table.
+    Inside a cell each replica's rows are in its own total order (``sort_order``: its partition
+    column first, so a group-by on it finds runs of equal keys, ``_runs``): one sort and gather
+    per replica written (session 38; before, one gather served all three, rows in a cell kept in
+    the order they came; ``sort=False`` still writes that layout, for comparisons)."""
     if pids is None:
         pids = assign_partitions(table, specs)
     assert len(specs) == REPLICAS == 3, "extents are bucketed by the two other replicas"
     _, n1, n2 = (s.count for s in specs)
     key = (pids[0].astype(np.int64) * n1 + pids[1].astype(np.int64)) * n2 + pids[2].astype(np.int64)
-    order = np.argsort(key, kind="stable")
-    ordered = table.take(pa.array(order)).combine_chunks()
-    uniq, starts, counts = np.unique(key[order], return_index=True, return_counts=True)
+    uniq, counts = np.unique(key, return_counts=True)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     cells: dict[tuple[int, int, int], tuple[int, int]] = {}
     for k, st, c in zip(uniq.tolist(), starts.tolist(), counts.tolist(), strict=True):
         rest, c2 = divmod(k, n2)
         c0, c1 = divmod(rest, n1)
         cells[(c0, c1, c2)] = (st, c)
-    wanted = set(replicas)
+    wanted = sorted(set(replicas))
+    cell_key = pa.array(key, pa.int64())
     subs: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
     for cell, (st, c) in cells.items():
         for r in wanted:
             a, b = others(r)
             subs.setdefault((r, cell[r]), []).append((cell[a], cell[b], st, c))
+    ordered_by: dict[int, pa.Table] = {}
+    if not sort:
+        by_cell = table.take(pa.array(np.argsort(key, kind="stable"))).combine_chunks()
+    for r in wanted:
+        column = sorted_column(specs[r], table.schema) or None
+        ordered_by[r] = (
+            table.take(pa.array(sort_order(table, [cell_key], column))).combine_chunks() if sort else by_cell
+        )
     out: dict[tuple[int, int], tuple[pa.Table, list[list[int]]]] = {}
     for (r, p), pieces in sorted(subs.items()):
         pieces.sort()
         batches = []
         index = []
         for i, j, st, c in pieces:
-            piece = ordered.slice(st, c)
+            piece = ordered_by[r].slice(st, c)
             got = piece.to_batches()
             if len(got) != 1:  # a column chunked inside this cell: one batch per sub-bucket
                 got = piece.combine_chunks().to_batches()
@@ -254,6 +340,26 @@ def _columnar_parts(
     return parts
 
 
+def _canonical(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch``'s columns copied into buffers of their own (offset 0, a string column's offsets
+    from 0 and its data just the referenced bytes), without the validity bitmap of a flat
+    column that has no null. What an IPC writer makes of an array depends on such things (a
+    slice of a larger buffer, a bitmap allocated for rows that all have values), and they depend
+    on how the rows were made (taken here, or received over Flight), not on their values: an
+    extent rebuilt from another replica's buckets differed from the one lost in its bytes and
+    in its index's sizes. One copy of the extent's columns per write."""
+    cols = []
+    for col in batch.columns:
+        arr = pa.concat_arrays([col])
+        bufs = arr.buffers()
+        if arr.null_count == 0 and bufs and bufs[0] is not None and arr.type.num_fields == 0:
+            arr = pa.Array.from_buffers(
+                arr.type, len(arr), [None, *bufs[1:]], null_count=0, offset=arr.offset
+            )
+        cols.append(arr)
+    return pa.RecordBatch.from_arrays(cols, schema=batch.schema)
+
+
 def write_extent(
     path: Path,
     rows: pa.Table,
@@ -277,6 +383,7 @@ def write_extent(
             batches.append(combined.slice(off, b[2]).combine_chunks().to_batches()[0] if b[2] else None)
             off += b[2]
         batches = [x for x in batches if x is not None]
+    batches = [_canonical(b) for b in batches]
     sized = [[b[0], b[1], b[2], int(batch.nbytes)] for b, batch in zip(buckets, batches, strict=True)]
     meta = {**(rows.schema.metadata or {}), BUCKETS_META: json.dumps(sized).encode()}
     options = write_options(compression)

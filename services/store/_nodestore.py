@@ -33,6 +33,7 @@ from ._layout import (
     check_layout,
     file_checksum,
     open_extent,
+    sorted_column,
     write_extent,
     write_options,
 )
@@ -570,7 +571,8 @@ class NodeStore:
             raise MicrocoError(
                 f"rebuild of {req['extent']}: sources hold {rows.num_rows} rows, the catalog says {req['rows']}"
             )
-        ext = bucketed_extents(rows, specs, replicas=[r])
+        sort = bool(req.get("sort"))  # (the lost extent's layout; a coordinator before session 38: no)
+        ext = bucketed_extents(rows, specs, replicas=[r], sort=sort)
         if len(ext) != 1 or next(iter(ext))[1] != req["partition"]:
             raise MicrocoError(
                 f"rebuild of {req['extent']}: rows do not all fall in partition {req['partition']}"
@@ -578,6 +580,7 @@ class NodeStore:
         ((_, (ordered, index)),) = ext.items()
         out = self.put_extent(req["table"], req["new_extent"], ordered, index, req.get("codec") or "")
         out["bytes_read"] = bytes_read
+        out["sorted"] = sorted_column(specs[r], rows.schema) if sort else ""
         return out
 
 

@@ -118,6 +118,8 @@ def _source(
         "bucket": bucket,
         "bytes": size,
         "checksum": e.checksum,
+        # a whole extent's sub-buckets sorted on this column (a group-by on it aggregates runs)
+        **({"sorted": e.sorted} if e.sorted and bucket is None else {}),
     }
 
 
@@ -1096,6 +1098,14 @@ def fragments(
             (node, {**task, "by_partition": per_partition(task["left"]["sources"])})
             for node, task in fragments_of(agg_post)
         ]
+        srcs = [src for _, t in local_tasks for src in t["left"]["sources"]]
+        if len(q.group_by) == 1:
+            on = sum(1 for src in srcs if src.get("sorted") == q.group_by[0])
+            if on:
+                explain.append(
+                    f"{on} of {len(srcs)} extents read are sorted on {q.group_by[0]} within their sub-buckets: "
+                    "a node whose extents all are aggregates runs of equal keys (where they are long enough)"
+                )
         whole_pass = [n for n, t in local_tasks if by_partition and not t["by_partition"]]
         if whole_pass:
             explain.append(

@@ -527,6 +527,14 @@ def _coordinator_args(p: argparse.ArgumentParser) -> None:
         "plan to answer is used: docs/store.md, 'Hedged fragments')",
     )
     g.add_argument(
+        "--sort-extents",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="appends write each replica's sub-buckets sorted on its partition column, so a "
+        "group-by on it aggregates runs of equal keys (default: off; docs/store.md, 'Sorted "
+        "replicas and runs of equal keys')",
+    )
+    g.add_argument(
         "--sql-semi-join-mb",
         type=float,
         default=32.0,
@@ -567,6 +575,8 @@ def _setup_coordinator(ctx: ServiceContext) -> None:
     core.residency_max_age_s = a.residency_max_age_s if a.residency_max_age_s >= 0 else None
     if a.no_hedge:
         core.hedge = None
+    if a.sort_extents is not None:
+        core.sort_extents = a.sort_extents
     servicer = StoreServicer(core)
 
     def start_recovery() -> RecoveryLoop:
