@@ -264,9 +264,11 @@ def test_compiles_go_to_the_background_only_with_an_idle_core(monkeypatch, spare
     train(model, astra, 1)
     whole = next(v for v in astra.spec().variables if v.name == "model.compile")
     assert astra._off_critical_path is spare
-    # Flat priors (issue 18), not per cell call; nothing measured on this host yet.
-    # (in line: at this process's measured slowdown)
-    cold = astra.WHOLE_COMPILE_PRIOR_MS * astra._slowdown
+    # Not per cell call (issue 18); nothing measured on this host yet. (in line: the step's
+    # ATen ops, counted in the probe step, on the op curve at this host's speed and this
+    # process's measured slowdown, session 38; the flat prior before)
+    assert astra._step_ops > 0
+    cold = astra.compile_costs.op_prior(astra._hw, astra._step_ops, slowdown=astra._slowdown)
     assert whole.compile_prior_ms == pytest.approx(astra.WHOLE_WARM_PRIOR_MS if spare else cold)
     # Without an idle core every configuration is "ready": its compile runs in line.
     compiled = {**astra.config, "model.compile": "inductor"}
