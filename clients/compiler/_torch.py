@@ -451,8 +451,9 @@ class AstraTorch(SessionBacked):
         # ... and the probe step's own wall over its process CPU time (at least 1): the slowdown
         # its time was measured at, which the gate takes out before scaling it to ``_slowdown``.
         self._step_slowdown = 1.0
-        # The ATen ops of the probe step's forward, loss and backward (``_op_count``; 0: not
-        # counted): the size a whole-step compile is priced by before any trace (session 38).
+        # The distinct ATen ops (an op and its arguments' shapes, views left out) of the probe
+        # step's forward, loss and backward (``_op_count``; 0: not counted): the size a
+        # whole-step compile is priced by, before any trace (session 38).
         self._step_ops = 0
         self._op_counter: StepOpCounter | None = None
         self._op_stop: Any = None  # the optimiser pre-hook that ends the count
@@ -943,9 +944,11 @@ class AstraTorch(SessionBacked):
         if counter is None:
             return
         counter.stop()
-        self._step_ops = counter.ops
+        self._step_ops = counter.distinct
         log.info(
-            "probe: %d ATen ops in the step's forward and backward (%d in its forward), counted in %.1f ms",
+            "probe: %d distinct ATen ops in the step's forward and backward (%d in all, %d in its "
+            "forward), counted in %.1f ms",
+            counter.distinct,
             counter.ops,
             counter.forward_ops,
             counter.cost_s * 1e3,

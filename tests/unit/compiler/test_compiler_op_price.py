@@ -1,6 +1,6 @@
-"""A whole-step compile priced by the ATen ops of the step it compiles (issue 18, session 38):
-the ops are counted in the probe step (its forward, loss and backward, not the optimiser's
-update), a host's rate is learned from its compiles of any graph and kept in its record, and a
+"""A whole-step compile priced by the distinct ATen ops of the step it compiles (issue 18,
+session 38): an op and its arguments' shapes, counted in the probe step (its forward, loss and
+backward, not the optimiser's update), a host's rate is learned from its compiles of any graph and kept in its record, and a
 graph's own measured compile still comes first. No timing is asserted: prices are compared
 with what the record holds, at a pinned load and speed."""
 
@@ -19,12 +19,15 @@ from microco.clients.compiler.explore import LocalExplorer
 pytestmark = pytest.mark.torch
 
 
-def _mlp(depth: int) -> nn.Module:
+def _mlp(depth: int, widths: bool = True) -> nn.Module:
+    """``depth`` blocks of Linear, LayerNorm and GELU, each of its own width (``widths``), else
+    all of one width (the same ops at the same shapes, block after block)."""
     torch.manual_seed(0)
-    layers: list[nn.Module] = [nn.Linear(8, 16)]
-    for _ in range(depth):
-        layers += [nn.Linear(16, 16), nn.LayerNorm(16), nn.GELU()]
-    return nn.Sequential(*layers, nn.Linear(16, 4))
+    w = [16 + (i if widths else 0) for i in range(depth + 1)]
+    layers: list[nn.Module] = [nn.Linear(8, w[0])]
+    for i in range(depth):
+        layers += [nn.Linear(w[i], w[i + 1]), nn.LayerNorm(w[i + 1]), nn.GELU()]
+    return nn.Sequential(*layers, nn.Linear(w[-1], 4))
 
 
 def _first_step(model: nn.Module, optimizer: bool = True) -> tuple[AstraTorch, float]:
@@ -53,6 +56,10 @@ def test_the_probe_step_counts_the_ops_a_whole_step_compile_would_compile(pinned
     small, small_price = _first_step(_mlp(1))
     large, large_price = _first_step(_mlp(8))
     assert 0 < small._step_ops < large._step_ops
+    # the same block repeated at the same shapes compiles into the same kernels: counted once
+    repeated, _ = _first_step(_mlp(8, widths=False))
+    assert repeated._step_ops < large._step_ops
+    assert repeated._step_ops == _first_step(_mlp(2, widths=False))[0]._step_ops
     # the optimiser's update is not counted: no whole-step compile compiles it
     alone, _ = _first_step(_mlp(1), optimizer=False)
     assert alone._step_ops == small._step_ops
