@@ -86,16 +86,16 @@ def compile_curve_ms(size: int) -> float:
 # out) the probe step dispatches from the model's forward to the optimiser's update. The FX
 # curve above, fitted on a stack of Linear, GELU and LayerNorm blocks, priced MobileViT's 774
 # nodes at 61 s where its compile took 112-135 s. Fitted here on the CPU time (the process's and
-# its compiler subprocesses') of cold Inductor compiles of nine models of 24 to 117 distinct
-# ops (two conv stacks, torch's TransformerEncoder and LSTMCell loop, HF BERT, DistilBERT,
-# Llama, GPT-2, ResNet), each the second compile in its process, at the calibration's median
-# measured speed (1.46): 5.1 s plus 138 ms a distinct op, within 0.75-1.26x of each; the curve
-# is that fit at its highest ratio (1.26), as ``first_price`` takes the highest scale: an
-# underpriced compile costs the run minutes, an overpriced one waits for a longer run.
-# (docs/compiler.md, "A compile priced by the distinct ops it compiles"; MobileViT, held out of
-# the fit, 267 distinct ops, compiled in 2.1x the curve.)
-OP_FIXED_MS = 6400.0
-OP_MS = 174.0
+# its compiler subprocesses') of cold Inductor compiles of nine models of 19 to 96 distinct ops
+# (two conv stacks, torch's TransformerEncoder and LSTMCell loop, HF BERT, DistilBERT, Llama,
+# GPT-2, ResNet), each the second compile in its process, at the calibration's median measured
+# speed (1.46): 5.2 s plus 164 ms a distinct op, within 0.84-1.27x of each; the curve is that fit
+# at its highest ratio (1.27), as ``first_price`` takes the highest scale: an underpriced
+# compile costs the run minutes, an overpriced one waits for a longer run. (docs/compiler.md,
+# "A compile priced by the distinct ops it compiles"; MobileViT, held out of the fit, 219
+# distinct ops, compiled in 2.1x the curve.)
+OP_FIXED_MS = 6600.0
+OP_MS = 209.0
 
 
 def op_curve_ms(ops: int) -> float:
