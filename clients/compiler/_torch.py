@@ -2073,7 +2073,13 @@ class AstraTorch(SessionBacked):
         ``_unseen_price`` does; the cold prior where the size is unknown. Sent as calibrated, so the core uses it as given:
         scaled by other choices' compiles (a cell region's, a cache load's), the 60 s prior fell
         to ~19 s for hf-t5's rewritten step, which was tried and abandoned at its 57.6 s deadline."""
-        first = self._unseen_price(f"torch:whole:{kind}", self._whole_nodes.get(kind, 0))
+        # (priced by its counted ops: where even the fastest host's price exceeds the most the
+        # compile could save over the run, that bound, and this host's speed is not measured,
+        # as ``_cold_compile_could_pay`` does: session 38, torch-lstm's 300 steps of 2 ms)
+        below = None
+        if self._step_ops > 0 and self._probe_step_ms > 0:
+            below = most_saving_ms(self.total_steps, self._typical_step_ms(self._probe_step_ms))
+        first = self._unseen_price(f"torch:whole:{kind}", self._whole_nodes.get(kind, 0), below=below)
         return first if first is not None else cold
 
     def _unseen_price(self, kind: str, size: int, below: float | None = None) -> float | None:
