@@ -81,6 +81,29 @@ def compile_curve_ms(size: int) -> float:
     return WHOLE_FIXED_MS + WHOLE_NODE_MS * max(0, size)
 
 
+# The same compile priced by what it compiles, counted before anything is traced (issue 18,
+# session 38; ``_op_count``): the distinct ATen ops (an op and its arguments' shapes, views left
+# out) the probe step dispatches from the model's forward to the optimiser's update. The FX
+# curve above, fitted on a stack of Linear, GELU and LayerNorm blocks, priced MobileViT's 774
+# nodes at 61 s where its compile took 112-135 s. Fitted here on the CPU time (the process's and
+# its compiler subprocesses') of cold Inductor compiles of nine models of 19 to 96 distinct ops
+# (two conv stacks, torch's TransformerEncoder and LSTMCell loop, HF BERT, DistilBERT, Llama,
+# GPT-2, ResNet), each the second compile in its process, at the calibration's median measured
+# speed (1.46): 5.2 s plus 164 ms a distinct op, within 0.84-1.27x of each; the curve is that fit
+# at its highest ratio (1.27), as ``first_price`` takes the highest scale: an underpriced
+# compile costs the run minutes, an overpriced one waits for a longer run. (docs/compiler.md,
+# "A compile priced by the distinct ops it compiles"; MobileViT, held out of the fit, 219
+# distinct ops, compiled in 2.1x the curve.)
+OP_FIXED_MS = 6600.0
+OP_MS = 209.0
+
+
+def op_curve_ms(ops: int) -> float:
+    """The reference shape of a cold whole-step compile of a step of ``ops`` distinct ATen ops
+    (ms, scale 1, the reference host's speed)."""
+    return OP_FIXED_MS + OP_MS * max(0, ops)
+
+
 def mark_inductor_compiled() -> None:
     """Note that this process has run an Inductor compile: the next pays no first-compile cost."""
     global _inductor_compiled
@@ -201,8 +224,11 @@ class HostCompileCosts:
         ask: float | None = None,
         step: float = 0.0,
         cpu: float = math.nan,
+        ops: int = 0,
     ) -> None:
         """Keep one measured compile of ``kind`` (``size``: nodes of the graph compiled, 0 unknown;
+        ``ops``: the distinct ATen ops of the step compiled, counted in its probe step, 0
+        unknown, see :meth:`op_price`;
         ``graph``: which graph, see :meth:`estimate`; ``warm``: the compile was served by the
         compiler's caches, a load and not a compile; ``ask``: of a load's ``ms``, what the ask
         that found it in the caches cost, 0 where none did, see :meth:`warm_load`; ``step``: the
@@ -230,6 +256,8 @@ class HostCompileCosts:
             row["step"] = float(step)
         if warm and math.isfinite(cpu) and cpu > 0:
             row["cpu"] = float(cpu)
+        if ops > 0:
+            row["ops"] = int(ops)
         rows.append(row)
         del rows[:-KEEP]
         self._save(data)
@@ -511,6 +539,54 @@ class HostCompileCosts:
             if scales:
                 return max(scales)
         return None
+
+    # -- a cold compile priced by the ops of the step it compiles (issue 18, session 38)
+    OP_FAMILY = "torch:whole:"
+
+    def op_scale(self, hardware: str) -> float | None:
+        """The highest ratio of a cold in-line whole-step compile's time here (at today's load)
+        to the op curve (``op_curve_ms``) at its step's op count, over every such compile this
+        host measured, whatever its graph and kind (``torch:whole:*``; compiles abandoned at
+        their deadline count, their ratio a lower bound); None: none here kept its op count.
+        The highest, as ``first_price``'s scale: an underpriced compile costs the run minutes."""
+        now = contention()
+        scales = [
+            float(r["ms"]) / op_curve_ms(int(r["ops"]))
+            for k, rows in self._load().get(self._key(hardware), {}).items()
+            if k.startswith(self.OP_FAMILY)
+            for r in self._at_load(rows, now)
+            if r.get("ops", 0) > 0 and r.get("ms", 0) > 0 and not r.get("warm")
+        ]
+        return max(scales) if scales else None
+
+    def op_price(self, hardware: str, ops: int) -> float | None:
+        """A cold whole-step compile of a step of ``ops`` distinct ATen ops never compiled here, at the
+        rate this host learned from its own compiles (``op_scale``; every graph's, so a second
+        model's first compile is priced by the first's); None where the count is unknown or
+        this host has measured none."""
+        if ops <= 0:
+            return None
+        scale = self.op_scale(hardware)
+        return None if scale is None else scale * op_curve_ms(ops)
+
+    def op_prior(
+        self,
+        hardware: str,
+        ops: int,
+        first_in_process: bool | None = None,
+        slowdown: float | None = None,
+        speed: float | None = None,
+    ) -> float | None:
+        """The cold price of a whole-step compile of ``ops`` distinct ATen ops on a host that has measured
+        none with an op count: the op curve at this host's speed (``host_speed``, or ``speed``),
+        plus Inductor's first compile in this process where none ran yet, at ``slowdown``
+        (default: today's contention), as ``size_prior`` prices FX nodes. None: count unknown."""
+        if ops <= 0:
+            return None
+        first = (not inductor_compiled()) if first_in_process is None else first_in_process
+        ms = op_curve_ms(ops) + (FIRST_IN_PROCESS_MS if first else 0.0)
+        speed = self.host_speed(hardware) if speed is None else speed
+        return ms * speed * (contention() if slowdown is None else slowdown)
 
     def known_speed(self, hardware: str, kind: str = SPEED_KIND) -> float | None:
         """This host's speed by the probe of ``kind`` where it was measured (``host_speed``);

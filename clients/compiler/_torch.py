@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import torch
 from torch import fx, nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from microco.clients import telemetry
 from microco.clients.compiler.explore import ExplorationPolicy
@@ -37,6 +38,7 @@ from ._compile_costs import HostCompileCosts, compile_deadline_ms, most_saving_m
 from ._deadline import CompileDeadline, DeadlineTimer
 from ._gain_rule import CompileGainRule
 from ._guard import StepSnapshot
+from ._op_count import StepOpCounter
 from ._optim import FOREACH, FUSED, OPTIMIZER, StepOptimizers
 from ._replicas import replica_of
 from ._rng import LayoutDrawWatch, layout_dependent_draw, layout_forward_check
@@ -516,6 +518,12 @@ class AstraTorch(SessionBacked):
         # ... and the probe step's own wall over its process CPU time (at least 1): the slowdown
         # its time was measured at, which the gate takes out before scaling it to ``_slowdown``.
         self._step_slowdown = 1.0
+        # The distinct ATen ops (an op and its arguments' shapes, views left out) of the probe
+        # step's forward, loss and backward (``_op_count``; 0: not counted): the size a
+        # whole-step compile is priced by, before any trace (session 38).
+        self._step_ops = 0
+        self._op_counter: StepOpCounter | None = None
+        self._op_stop: Any = None  # the optimiser pre-hook that ends the count
         self._probe_unused: set[str] = set()
         # The step guard (issue 18, _guard.py): a step run under a configuration that changes the
         # model's code is rolled back when it fails anywhere, and run again under the last good
@@ -835,6 +843,13 @@ class AstraTorch(SessionBacked):
             cpu = math.nan
         self.clock.in_step = False
         self._unhook_guard()
+        counter = self._op_counter
+        if counter is not None and counter.active:
+            counter.stop()  # (a step without an optimiser's update: at its end)
+        if counter is not None and counter.done and not counter.counted:
+            counter.counted = True
+            ms -= counter.cost_s * 1e3  # (what counting added: not the step's work)
+            cpu -= counter.cost_s * 1e3
         watch, self._layout_watch = self._layout_watch, None
         if watch is not None:
             watch.stop()
@@ -940,6 +955,8 @@ class AstraTorch(SessionBacked):
                 if isinstance(a, torch.Tensor)
             ]
             self._input_shapes = ";".join(sig)
+            if self._op_counter is not None:
+                self._op_counter.start()  # (the first call: the step's forward from here on)
             # One copy per tensor, not per argument: a tensor passed twice (a language model's
             # ``input_ids=x, labels=x``) stays one input, as dynamo traced it in the user's call.
             # Two copies made the probe's graph another graph (one more input, 372 nodes against
@@ -984,10 +1001,35 @@ class AstraTorch(SessionBacked):
         # whole model ran unexplored)
         self._hooks = [m.register_forward_pre_hook(count) for n, m in _hookable(self.model) if n]
         self._hooks.append(self.model.register_forward_pre_hook(shapes, with_kwargs=True))
+        if self._counts_ops():
+            counter = self._op_counter = StepOpCounter()
+            self._hooks.append(self.model.register_forward_hook(lambda *_: counter.mark_forward()))
+            # the count ends where the optimiser's update begins (no whole-step compile has it)
+            self._op_stop = register_optimizer_step_pre_hook(lambda *_: counter.stop())
         if self._profiles_step():
             profiler = StepProfiler()
             if profiler.start():  # (started before the step's clock: its start is not the step's)
                 self._profiler = profiler
+
+    def _finish_op_count(self) -> None:
+        """The probe step's op count, kept for this run's prices (``_step_ops``); the counter's
+        hooks removed."""
+        counter, self._op_counter = self._op_counter, None
+        stop, self._op_stop = self._op_stop, None
+        if stop is not None:
+            stop.remove()
+        if counter is None:
+            return
+        counter.stop()
+        self._step_ops = counter.distinct
+        log.info(
+            "probe: %d distinct ATen ops in the step's forward and backward (%d in all, %d in its "
+            "forward), counted in %.1f ms",
+            counter.distinct,
+            counter.ops,
+            counter.forward_ops,
+            counter.cost_s * 1e3,
+        )
 
     def _judge_layout_draws(self) -> None:
         """Would a channels-last step draw other numbers than the probe step drew? Where the
@@ -1026,6 +1068,13 @@ class AstraTorch(SessionBacked):
         if "inductor" not in self.compile_choices or self.WHOLE_COMPILE_BACKEND:
             return False
         return all(p.device.type == "cpu" for p in self.model.parameters())
+
+    def _counts_ops(self) -> bool:
+        """Are the probe step's ops counted (``_op_count``)? Where a whole-step Inductor compile is
+        among the choices (what the count prices), and not where the model holds code compiled
+        by dynamo (dynamo guards on the dispatch-mode stack: its code would be compiled again
+        for the probe step alone, as ``LayoutDrawWatch`` pushes no mode there)."""
+        return "inductor" in self.compile_choices and not self.replica and not _compiled_inside(self.model)
 
     def _finish_profile(self, step_ms: float) -> float:
         """Read the probe step's profile (None where none ran or the step failed) and return the
@@ -1071,6 +1120,7 @@ class AstraTorch(SessionBacked):
             self.optimizers.keep_finding()  # (whose state a change of layout must move: ``_apply_values``)
         step_ms = self._finish_profile(step_ms)
         self._probe_step_ms = step_ms
+        self._finish_op_count()
         for h in self._hooks:
             h.remove()
         self._hooks = []
@@ -1843,6 +1893,7 @@ class AstraTorch(SessionBacked):
             elapsed,
             self._whole_nodes.get(kind, 0),
             graph=self._cost_graph(),
+            ops=self._step_ops,
             warm=self.whole_cache.get(kind) == "hit" or self._off_critical_path,
             floor=True,
         )
@@ -2111,7 +2162,13 @@ class AstraTorch(SessionBacked):
         ``_unseen_price`` does; the cold prior where the size is unknown. Sent as calibrated, so the core uses it as given:
         scaled by other choices' compiles (a cell region's, a cache load's), the 60 s prior fell
         to ~19 s for hf-t5's rewritten step, which was tried and abandoned at its 57.6 s deadline."""
-        first = self._unseen_price(f"torch:whole:{kind}", self._whole_nodes.get(kind, 0))
+        # (priced by its counted ops: where even the fastest host's price exceeds the most the
+        # compile could save over the run, that bound, and this host's speed is not measured,
+        # as ``_cold_compile_could_pay`` does: session 38, torch-lstm's 300 steps of 2 ms)
+        below = None
+        if self._step_ops > 0 and self._probe_step_ms > 0:
+            below = most_saving_ms(self.total_steps, self._typical_step_ms(self._probe_step_ms))
+        first = self._unseen_price(f"torch:whole:{kind}", self._whole_nodes.get(kind, 0), below=below)
         return first if first is not None else cold
 
     def _unseen_price(self, kind: str, size: int, below: float | None = None) -> float | None:
@@ -2126,9 +2183,23 @@ class AstraTorch(SessionBacked):
         not below it, that bound is returned and this host's speed is not measured (a short
         run, which no compile can repay, pays no measurement: ~20 ms, 7% of torch-lstm's
         300-step run)."""
+        ops = self._step_ops if kind.startswith("torch:whole:") else 0
+        # (by the ops of the step: the rate this host learned from its compiles of any graph)
+        learned = self.compile_costs.op_price(self._hw, ops)
+        if learned is not None:
+            return learned
         first = self.compile_costs.first_price(self._hw, kind, size)
         if first is not None:
             return first
+        if ops > 0:
+            # (none measured here with an op count: the op curve at this host's speed)
+            if below is not None:
+                least = self.compile_costs.op_prior(
+                    self._hw, ops, slowdown=self._slowdown, speed=_compile_costs.SPEED_FLOOR
+                )
+                if least is not None and least >= below:
+                    return least
+            return self.compile_costs.op_prior(self._hw, ops, slowdown=self._slowdown)
         if below is not None:
             least = self.compile_costs.size_prior(
                 self._hw, size, slowdown=self._slowdown, speed=_compile_costs.SPEED_FLOOR
@@ -2227,6 +2298,7 @@ class AstraTorch(SessionBacked):
                 pending[1] - ms,
                 self._whole_nodes.get(running, 0),
                 graph=self._cost_graph(),
+                ops=self._step_ops,
                 warm=pending[2],
                 ask=pending[3] if pending[2] else None,
                 cpu=pending[4] - cpu,  # (NaN where either step's is unknown: not kept)

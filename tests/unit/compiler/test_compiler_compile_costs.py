@@ -88,12 +88,19 @@ def test_the_wrapper_prices_a_whole_step_compile_by_what_this_host_measured(tmp_
         astra.whole_cache["plain"], astra.whole_probe_ms["plain"] = "hit", 50.0
         hit = next(v for v in astra._variables() if v.name == "model.compile")
         astra.restore()
-        return whole, hit, astra._cost_graph(), astra._slowdown, astra._step_slowdown
+        return whole, hit, astra._cost_graph(), astra._slowdown, astra._step_slowdown, astra._step_ops
 
-    whole, hit, graph, slowdown, own = whole_prior()
-    # (the graph's size unknown without the probe: the cold prior, as given, at this process's
-    # measured slowdown: see the test of first prices below)
-    assert whole.compile_prior_ms == pytest.approx(AstraTorch.WHOLE_COMPILE_PRIOR_MS * slowdown)
+    whole, hit, graph, slowdown, own, ops = whole_prior()
+    # (the graph's FX size unknown without the probe, its ATen ops counted in the probe step: the
+    # op curve at this host's speed, as given, at this process's measured slowdown, session 38;
+    # the flat cold prior before. Another graph's compile kept no op count: no rate by ops.)
+    # A run of 2 steps cannot repay it even on the fastest host: priced at that host's speed,
+    # this host's not measured for it (session 38).
+    assert ops > 0
+    assert whole.compile_prior_ms == pytest.approx(
+        costs.op_prior(hardware_id(), ops, slowdown=slowdown, speed=_compile_costs.SPEED_FLOOR)
+    )
+    assert costs.known_speed(hardware_id()) is None
     assert whole.prior_calibrated
     # No load of this graph measured yet: the lookup plus the warm load's prior, not the lookup alone.
     # (a prior alone, at the probe step's own measured slowdown, the footing of the steps the
@@ -102,7 +109,7 @@ def test_the_wrapper_prices_a_whole_step_compile_by_what_this_host_measured(tmp_
     assert hit.prior_calibrated
     costs.record(hardware_id(), "torch:whole:plain", 12_345.0, graph=graph)
     costs.record(hardware_id(), "torch:whole:plain", 300.0, graph=graph, warm=True)  # a cache hit's load
-    whole, hit, again, _, _ = whole_prior()
+    whole, hit, again, _, _, _ = whole_prior()
     assert again == graph  # the same model and shapes: the same graph
     assert whole.compile_prior_ms == 12_345.0 and whole.prior_calibrated
     assert hit.compile_prior_ms == 300.0  # a hit: what loading this graph cost here
@@ -237,6 +244,7 @@ def test_an_unrepayable_first_compile_is_not_tried_whatever_other_compiles_cost(
     with astra.step():
         zm.loss_fn(model(x), y).backward()
     astra._whole_nodes["plain"] = 2000  # what the probe's trace counts for a large graph
+    astra._step_ops = 0  # (its ops not counted: priced by its FX size, as before session 38)
     whole = next(v for v in astra._variables() if v.name == "model.compile")
     # (no whole-step compile measured here: its size at this host's speed, session 30)
     assert whole.compile_prior_ms == pytest.approx(

@@ -140,13 +140,14 @@ def test_astra_prices_the_whole_step_by_the_probe_and_keys_ignore_priors(
     cold_astra, cold_var = first_step(zm.make_model("gru", 4, 4))
     assert cold_astra.whole_cache["plain"] == "cold"
     assert cold_var.prior_calibrated  # the first price of a graph never compiled here, used as given
-    # nothing measured on this host: its size (the ask traced it) on the reference curve at this
-    # host's speed, at this process's measured slowdown (issue 18, session 30; the flat 60 s
-    # prior before)
-    nodes = cold_astra._whole_nodes["plain"]
-    assert nodes > 0
+    # nothing measured on this host: the step's ATen ops (counted in the probe step) on the op
+    # curve at this host's speed, at this process's measured slowdown (issue 18, session 38;
+    # session 30: the FX nodes the ask traced; before, the flat 60 s prior)
+    assert cold_astra._whole_nodes["plain"] > 0
+    ops = cold_astra._step_ops
+    assert ops > 0
     assert cold_var.compile_prior_ms == pytest.approx(
-        cold_astra.compile_costs.size_prior(cold_astra._hw, nodes, slowdown=cold_astra._slowdown)
+        cold_astra.compile_costs.op_prior(cold_astra._hw, ops, slowdown=cold_astra._slowdown)
     )
     # What each ask cost is kept on this host: the next run's gate prices its ask by them.
     asks = cold_astra.compile_costs.measurements(cold_astra._hw, AstraTorch.PROBE_KIND)

@@ -260,13 +260,21 @@ def test_compiles_go_to_the_background_only_with_an_idle_core(monkeypatch, spare
 
     monkeypatch.setattr(_torch, "spare_core", lambda: spare)
     model = zm.make_model("gru", 6, 8)
-    astra = AstraTorch(model, _Null(), threads=("1",))
+    # (a run of 2 steps: no compile could repay it, whatever this host's speed)
+    astra = AstraTorch(model, _Null(), threads=("1",), total_steps=2)
     train(model, astra, 1)
     whole = next(v for v in astra.spec().variables if v.name == "model.compile")
     assert astra._off_critical_path is spare
-    # Flat priors (issue 18), not per cell call; nothing measured on this host yet.
-    # (in line: at this process's measured slowdown)
-    cold = astra.WHOLE_COMPILE_PRIOR_MS * astra._slowdown
+    # Not per cell call (issue 18); nothing measured on this host yet. (in line: the step's
+    # ATen ops, counted in the probe step, on the op curve at this host's speed and this
+    # process's measured slowdown, session 38; the flat prior before)
+    # (a run this short cannot repay it even on the fastest host: at that host's speed)
+    from microco.clients.compiler import _compile_costs
+
+    assert astra._step_ops > 0
+    cold = astra.compile_costs.op_prior(
+        astra._hw, astra._step_ops, slowdown=astra._slowdown, speed=_compile_costs.SPEED_FLOOR
+    )
     assert whole.compile_prior_ms == pytest.approx(astra.WHOLE_WARM_PRIOR_MS if spare else cold)
     # Without an idle core every configuration is "ready": its compile runs in line.
     compiled = {**astra.config, "model.compile": "inductor"}
