@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -134,3 +136,16 @@ def params_sha256(model: Any) -> str:
     for t in model.state_dict().values():
         h.update(t.detach().cpu().numpy().tobytes())
     return h.hexdigest()
+
+
+def run_python(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in a fresh interpreter that imports this tree's microco (as a clean clone's
+    CI does through its install), its output captured: for what needs a process of its own
+    (ranks of a ``torch.distributed`` group, TensorFlow's devices set before it starts)."""
+    import microco
+
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(microco.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")])))
+    return subprocess.run(
+        [sys.executable, *args], check=False, env=env, capture_output=True, text=True, timeout=timeout
+    )

@@ -7,12 +7,10 @@ on one rank. Two processes (``torch.multiprocessing.spawn``, CPU); needs PyTorch
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 
 import pytest
+from _support import run_python
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +77,6 @@ def test_torch_exchange_across_two_processes_is_exact_with_equal_steps_and_resum
 
     if importlib.util.find_spec("torch") is None:
         pytest.skip("needs PyTorch")
-    import microco
     from microco.clients.cache import LocalStore, QuiverLoader, build_index
 
     rng = random.Random(4)
@@ -89,17 +86,7 @@ def test_torch_exchange_across_two_processes_is_exact_with_equal_steps_and_resum
         (root / f"s{i:03d}").write_bytes(rng.randbytes(40))
     script = tmp_path / "ranks.py"
     script.write_text(SPAWNED)
-    # The spawned ranks import this tree's microco (as a clean clone's CI does through its install).
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(microco.__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")])))
-    run = subprocess.run(
-        [sys.executable, str(script), str(root), str(tmp_path)],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
+    run = run_python([str(script), str(root), str(tmp_path)], timeout=280)  # (this tree's microco)
     assert run.returncode == 0, run.stderr[-3000:]
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [g["ranks"] for g in got] == [[2, 0, "j/rank0"], [2, 1, "j/rank1"]]

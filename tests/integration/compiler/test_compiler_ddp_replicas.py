@@ -8,11 +8,9 @@ the plain DDP run's."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from _support import run_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
@@ -99,20 +97,10 @@ def test_a_data_parallel_replica_takes_the_plain_runs_update_on_every_rank(tmp_p
 
     if importlib.util.find_spec("torch") is None:
         pytest.skip("needs PyTorch")
-    import microco
 
     script = tmp_path / "ranks.py"
     script.write_text(SPAWNED)
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(microco.__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")])))
-    run = subprocess.run(
-        [sys.executable, str(script), str(STEPS), str(tmp_path)],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
+    run = run_python([str(script), str(STEPS), str(tmp_path)], timeout=280)
     assert run.returncode == 0, run.stderr[-3000:]
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for rank, runs in enumerate(got):

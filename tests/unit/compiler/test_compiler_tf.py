@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
-from _support import lazy_import, needs
+from _support import lazy_import, needs, run_python
 
 from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 from microco.clients.compiler.zoo import CELL_NAMES
@@ -669,17 +669,7 @@ def test_a_model_of_a_strategy_of_several_replicas_is_refused_with_why(tmp_path)
     weights were 0.5 apart after ten steps, silently (held out, session 38). A model whose
     variables belong to a strategy of more than one replica is refused before any step, saying
     what to use. (Its own interpreter: the two logical devices are set before TensorFlow starts.)"""
-    import os
-    import subprocess
-    import sys
-
-    import microco
-
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(microco.__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")])))
-    run = subprocess.run(
-        [sys.executable, "-c", MIRRORED], env=env, capture_output=True, text=True, timeout=240, check=False
-    )
+    run = run_python(["-c", MIRRORED], timeout=240)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "refused: AstraTF runs one replica's training step" in run.stdout
     assert "MirroredStrategy of 2 replicas" in run.stdout and "model.fit" in run.stdout

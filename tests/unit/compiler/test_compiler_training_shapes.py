@@ -144,10 +144,10 @@ def _mixed_precision(astra_on: bool):
     return m, astra, step
 
 
-def _checkpointed(astra_on: bool):
-    """Activation checkpointing inside ``forward`` (its recomputation in the backward)."""
+def _regression(model: type[nn.Module], astra_on: bool):
+    """One model, one SGD step a batch, a squared error: what differs is the model's code."""
     torch.manual_seed(0)
-    m = _Checkpointed()
+    m = model()
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
     astra = _astra(m) if astra_on else None
 
@@ -160,6 +160,11 @@ def _checkpointed(astra_on: bool):
         return loss.item()
 
     return m, astra, step
+
+
+def _checkpointed(astra_on: bool):
+    """Activation checkpointing inside ``forward`` (its recomputation in the backward)."""
+    return _regression(_Checkpointed, astra_on)
 
 
 class _EncoderDecoder(nn.Module):
@@ -206,20 +211,7 @@ def _scripted_part(astra_on: bool):
     """A model holding a TorchScript module (``torch.jit.script`` of its feature layers), which
     takes no Python hooks: the probe's hook on it raised and the whole model ran unexplored
     (held out, session 38)."""
-    torch.manual_seed(0)
-    m = _WithScripted()
-    opt = torch.optim.SGD(m.parameters(), lr=0.05)
-    astra = _astra(m) if astra_on else None
-
-    def step(i):
-        x, y = _batch(i)
-        loss = ((m(x) - y) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.item()
-
-    return m, astra, step
+    return _regression(_WithScripted, astra_on)
 
 
 @pytest.mark.parametrize(
