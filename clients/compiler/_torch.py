@@ -1073,7 +1073,8 @@ class AstraTorch(SessionBacked):
         """Are the probe step's ops counted (``_op_count``)? Where a whole-step Inductor compile is
         among the choices (what the count prices), and not where the model holds code compiled
         by dynamo (dynamo guards on the dispatch-mode stack: its code would be compiled again
-        for the probe step alone, as ``LayoutDrawWatch`` pushes no mode there)."""
+        for the probe step alone, as ``LayoutDrawWatch`` pushes no mode there), nor in a
+        data-parallel replica, which compiles nothing (``_replicas``)."""
         return "inductor" in self.compile_choices and not self.replica and not _compiled_inside(self.model)
 
     def _finish_profile(self, step_ms: float) -> float:
