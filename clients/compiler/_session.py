@@ -447,3 +447,13 @@ class SessionBacked:
     @property
     def explore_steps(self) -> int:
         return self.session.explore_steps
+
+
+def failure(exc: BaseException) -> str:
+    """A compiled variant's failure in one line, either framework's: its type and the message's
+    first line (with the next where the first only introduces it: dynamo's "backend=...
+    raised:"), at most 300 characters (a dispatcher error lists every backend: 10 kB, in the log
+    and the state)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    first = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else "".join(lines[:1])
+    return f"{type(exc).__name__}: {first}"[:300]

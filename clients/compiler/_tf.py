@@ -24,7 +24,7 @@ from . import _compile_costs, _session
 from ._compile_costs import HostCompileCosts
 from ._replicas import tf_replicas_of
 from ._run_length import run_length
-from ._session import ExplorationSession, Explorer, SessionBacked
+from ._session import ExplorationSession, Explorer, SessionBacked, failure
 from ._tf_cost import (
     TF_SPEED_KIND,
     XlaCostModel,
@@ -744,11 +744,10 @@ class AstraTF(SessionBacked):
                 return {"unrolled": step_hlo_profile(self.variant(False, False, True), x, y)}
         except (ValueError, tf.errors.OpError) as exc:
             self.xla = False
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             log.info(
                 "astra-tf: %s: XLA cannot compile this step, so it is not offered (%s)",
                 self.name,
-                first[:300],
+                failure(exc),
             )
             return {}
 

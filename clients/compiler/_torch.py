@@ -43,7 +43,7 @@ from ._optim import FOREACH, FUSED, OPTIMIZER, StepOptimizers
 from ._replicas import replica_of
 from ._rng import LayoutDrawWatch, layout_dependent_draw, layout_forward_check
 from ._run_length import run_length
-from ._session import ExplorationSession, Explorer, SessionBacked
+from ._session import ExplorationSession, Explorer, SessionBacked, failure
 from ._step_profile import StepProfile, StepProfiler
 from ._torch_aot import AotRegion
 from ._torch_cache import WholeStepBackend, read_signal
@@ -2445,15 +2445,6 @@ class AstraTorch(SessionBacked):
             )
             self.model.to(memory_format=fmt)  # type: ignore[call-overload]
             self.optimizers.follow_layouts()  # (the fused updates pair elements in memory order)
-
-
-def failure(exc: BaseException) -> str:
-    """A compiled variant's failure in one line: its type and the message's first line (with the
-    next where the first only introduces it: dynamo's "backend=... raised:"), at most 300
-    characters (a dispatcher error lists every backend: 10 kB, in the log and the state)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    first = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else "".join(lines[:1])
-    return f"{type(exc).__name__}: {first}"[:300]
 
 
 def _values_id(values: dict[str, str]) -> str:

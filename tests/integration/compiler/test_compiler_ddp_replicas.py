@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from _support import run_python
+from _support import needs, run_python
 
-pytestmark = [pytest.mark.integration, pytest.mark.torch]
+pytestmark = [pytest.mark.integration, pytest.mark.torch, needs("torch")]
 
 STEPS = 16
 
@@ -93,11 +93,6 @@ if __name__ == "__main__":
 
 
 def test_a_data_parallel_replica_takes_the_plain_runs_update_on_every_rank(tmp_path):
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        pytest.skip("needs PyTorch")
-
     script = tmp_path / "ranks.py"
     script.write_text(SPAWNED)
     run = run_python([str(script), str(STEPS), str(tmp_path)], timeout=280)

@@ -361,7 +361,7 @@ def test_a_sparse_gradient_is_compared_dense():
 def test_a_compiled_variants_failure_is_one_line():
     """The sparse model's refusal was a 10 kB dispatcher message (every backend listed), in the
     log and in ``whole_failed``: one line now, its first, at most 300 characters."""
-    from microco.clients.compiler._torch import failure
+    from microco.clients.compiler._session import failure
 
     long = NotImplementedError("Could not run 'aten::linalg_vector_norm'\n" + "Backend: registered\n" * 500)
     assert failure(long) == "NotImplementedError: Could not run 'aten::linalg_vector_norm'"
