@@ -106,9 +106,10 @@ class AstraKerasFit(AstraTF):
         """What Keras' step captures: the model's variables (its seed generators' states among
         them), the optimiser's, the metrics' (``_tf_warm`` shadows them for a background
         compile; the guard keeps them)."""
-        opt = getattr(self.model, "optimizer", None)
-        out = list(self.model.variables) + list(getattr(opt, "variables", []) or [])
-        return out + list(getattr(self.model, "metrics_variables", []) or [])
+        return list(self.model.variables) + self._optimizer_variables() + self._other_variables()
+
+    def _other_variables(self) -> list[Any]:
+        return list(getattr(self.model, "metrics_variables", []) or [])
 
     # -- the guard: a failed trial step leaves nothing of its work
     def _snapshot(self) -> Any:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar, cast
 
+import numpy as np
 import tensorflow as tf
 
 from microco.clients.compiler.explore import ExplorationPolicy
@@ -35,6 +36,8 @@ from ._tf_cost import (
     step_hlo_profile,
     unrolled_hlo_profile,
 )
+from ._tf_equiv import CHECK_BYTES, StepState
+from ._tf_equiv import differs as tf_differs
 from ._tf_graph import CellGraph, analyse_model, require_structure
 from ._tf_rng import draws_random
 from ._tf_warm import XlaWarmer, compile_deadline_ms
@@ -327,6 +330,10 @@ class AstraTF(SessionBacked):
         self.background = background
         self.warmer: XlaWarmer | None = None
         self._example: tuple[Any, Any] = (None, None)
+        # Variants whose first step was checked against the plain step's (``_tf_equiv``), by id.
+        self._equivalent: set[int] = set()
+        self._state: StepState | None = None
+        self._refused: dict[int, str] = {}  # variant id -> why it was refused (it ran otherwise)
         # Steps run before registering (a model without cells whose XLA module was never counted
         # here): the first traces the step, the others are steps; see ``PRE_STEPS``.
         self._pre_ms: list[float] = []
@@ -900,10 +907,7 @@ class AstraTF(SessionBacked):
     # -- background compiles (``_tf_warm``)
     def _all_variables(self) -> list[Any]:
         """The model's and the optimiser's variables (what a training step captures)."""
-        opt_vars = getattr(self.optimizer, "variables", [])
-        if callable(opt_vars):
-            opt_vars = opt_vars()
-        return list(self.model.variables) + list(opt_vars)
+        return list(self.model.variables) + self._optimizer_variables()
 
     def _tf_speed(self) -> float:
         """This host's speed at a step's first call against the reference host's, measured once
@@ -984,6 +988,63 @@ class AstraTF(SessionBacked):
         the step has finished). :class:`AstraKerasFit` returns Keras' logs instead."""
         return float(fn(x, y).numpy())
 
+    # -- the variant against the plain step (``_tf_equiv``): once per variant in a process
+    def _check_before(self, fn: Any, plain: Any) -> list[Any] | None:
+        """The variables before a variant's first step, when that step is to be checked against
+        the plain step's (None: no check). Not where the user accepts other random numbers
+        (``exact_random=False``: the two steps' draws differ), nor a step whose variables are too
+        large to copy three times."""
+        if fn is plain or id(fn) in self._equivalent or not self.exact_random:
+            return None
+        try:
+            if self._state is None:
+                self._state = StepState(self.model, self._optimizer_variables(), self._other_variables())
+            if self._state.bytes * 3 > CHECK_BYTES:
+                log.info(
+                    "astra-tf: %s: variants not checked (%d MB of variables)",
+                    self.name,
+                    self._state.bytes >> 20,
+                )
+                self._equivalent.add(id(fn))
+                return None
+            return self._state.copy()
+        except Exception as exc:  # noqa: BLE001 - a state that cannot be copied: not checked
+            log.info("astra-tf: %s: variants not checked (%s)", self.name, failure(exc))
+            self._equivalent.add(id(fn))
+            return None
+
+    def _check_against_plain(
+        self, fn: Any, plain: Any, before: list[Any], ran: Any, x: Any, y: Any
+    ) -> tuple[Any, str]:
+        """The variant's first step has run (``ran``, its result) from ``before``: run the plain
+        step from the same variables on the same batch and compare what each did. The plain
+        step's result stands either way; returns it, and why the variant is refused ("" if not)."""
+        state = self._state
+        assert state is not None
+        after_variant = state.read()
+        start = [np.asarray(t) for t in before]
+        state.restore(before)
+        result = self._run(plain, x, y)  # (the user's own step: its failure is the user's)
+        why = ""
+        try:
+            why = tf_differs(state.kinds, start, state.read(), after_variant, result, ran)
+        except Exception as exc:  # noqa: BLE001 - a comparison that cannot be made: refused
+            why = f"not compared ({failure(exc)})"
+        if why:
+            why = f"computes otherwise than the plain step: {why}"
+            log.warning("astra-tf: %s: a variant refused: %s", self.name, why)
+            self._refused[id(fn)] = why
+        else:
+            self._equivalent.add(id(fn))
+        return result, why
+
+    def _optimizer_variables(self) -> list[Any]:
+        opt_vars = getattr(self.optimizer, "variables", [])
+        return list(opt_vars() if callable(opt_vars) else opt_vars)
+
+    def _other_variables(self) -> list[Any]:
+        return []
+
     def _snapshot(self) -> Any:
         """What a trial step of a variant other than the plain one may change, kept before it runs
         so that a failure inside it can be undone before the plain step repeats it (None: nothing
@@ -999,8 +1060,12 @@ class AstraTF(SessionBacked):
     def _step(self, fn: Any, kind: str, x: tf.Tensor, y: tf.Tensor) -> Any:
         plain = self.variant(False, False, False)
         snapshot = self._snapshot() if fn is not plain else None
+        chosen = fn
+        failed = self._refused.get(id(fn), "")  # (it computed otherwise: the plain step runs)
+        if not failed and self.warmer is not None:
+            failed = self.warmer.abandoned.get(id(fn), "")
+        before = self._check_before(fn, plain) if not failed else None
         t0, c0 = time.perf_counter(), time.process_time()
-        failed = self.warmer.abandoned.get(id(fn), "") if self.warmer is not None else ""
         try:
             if not failed and self._shapes_vary(kind, x, y):
                 failed = f"input shapes vary ({self._signature(x, y)} against {self._xla_signature}): XLA compiles per shape"
@@ -1014,14 +1079,21 @@ class AstraTF(SessionBacked):
             self._restore(snapshot, failed)
             loss = self._run(plain, x, y)
         ms = (time.perf_counter() - t0) * 1e3
+        cpu_ms = (time.process_time() - c0) * 1e3
+        compiled = not failed
+        if before is not None and not failed:
+            loss, failed = self._check_against_plain(fn, plain, before, loss, x, y)
         try:
-            if not failed:
-                self._observe_compile(fn, kind, ms, (time.process_time() - c0) * 1e3)
+            if compiled:
+                self._observe_compile(fn, kind, ms, cpu_ms)
             self.session.record(ms, {}, failed)
             if self.session.committed and not self._gain_learned:
                 self._learn_gain()
-            if not failed and self.session.settled and self._mode(self.session.values)[0] is fn:
-                self.direct = fn  # its compile observed; the explorer hands a settled session nothing
+            if self.session.settled and self._mode(self.session.values)[0] is chosen:
+                if not failed:
+                    self.direct = fn  # its compile observed; the explorer hands a settled session nothing
+                elif id(chosen) in self._refused:
+                    self.direct = plain  # (a committed variant refused: the plain step from now on)
         except Exception as exc:  # (the step ran: its loss stands)
             raise _StepRan(exc, loss) from exc
         return loss

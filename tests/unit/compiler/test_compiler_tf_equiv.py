@@ -1,0 +1,158 @@
+"""TensorFlow: a step variant that trains otherwise than the plain step is refused (issue 18,
+session 39; ``_tf_equiv``).
+
+XLA and TensorFlow's own kernels disagree on a float -> int cast out of range: TensorFlow's CPU
+kernel gives INT_MIN, XLA saturates. A model that buckets a large float feature (a timestamp, an
+id carried as a float) through such a cast looks up other embedding rows under XLA and trains
+otherwise, silently. Astra offers XLA on its own initiative, so that step must not run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _support import lazy_import, needs
+
+tf = lazy_import("tensorflow")
+_tf = lazy_import("microco.clients.compiler._tf")
+_tf_equiv = lazy_import("microco.clients.compiler._tf_equiv")
+
+pytestmark = [pytest.mark.tensorflow, needs("tensorflow")]
+
+BUCKETS = 97
+
+
+def _bucketed_model():
+    """A feature bucketed by a cast that overflows int32 for large values, its bucket's embedding
+    beside a dense view of the features."""
+    tf.keras.utils.set_random_seed(3)
+    inputs = tf.keras.Input((4,))
+    bucket = tf.keras.layers.Lambda(
+        lambda x: tf.math.floormod(tf.cast(x[:, 0] * 1000.0, tf.int32), BUCKETS), output_shape=()
+    )(inputs)
+    emb = tf.keras.layers.Embedding(BUCKETS, 8)(bucket)
+    rest = tf.keras.layers.Lambda(lambda x: x[:, 1:], output_shape=(3,))(inputs)
+    dense = tf.keras.layers.Dense(8)(rest)
+    out = tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()([emb, dense]))
+    return tf.keras.Model(inputs, out)
+
+
+def _batch():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 4)).astype(np.float32)
+    x[:, 0] = rng.uniform(3e6, 9e6, size=16)  # x1000: beyond int32
+    y = rng.normal(size=(16, 1)).astype(np.float32)
+    return tf.constant(x), tf.constant(y)
+
+
+def _mse(out, y):
+    return tf.reduce_mean(tf.square(out - y))
+
+
+class _CommittedTo:
+    """A second run that starts tuned: every registration answered with ``values``, committed."""
+
+    def __init__(self, **values):
+        self.values = values
+
+    def register(self, spec):
+        from microco.clients.compiler.explore import Config
+
+        values = {v.name: self.values.get(v.name, v.choices[0]) for v in spec.variables}
+        return Config(spec.key, values, trial=-1, committed=True)
+
+    def report(self, key, report):  # a tuned run's first steps, reported: it stays committed
+        from microco.clients.compiler.explore import Config
+
+        return Config(key, dict(self.values), trial=-1, committed=True)
+
+
+def _train(explorer, steps, optimizer, **kw):
+    x, y = _batch()
+    model = _bucketed_model()
+    astra = _tf.AstraTF(model, optimizer, _mse, explorer, total_steps=10**6, background=False, **kw)
+    losses = [astra.step(x, y) for _ in range(steps)]
+    return astra, losses, model.get_weights()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_committed_xla_step_that_trains_otherwise_is_refused_and_training_is_the_plain_steps(optimizer):
+    def opt():
+        return tf.keras.optimizers.SGD(0.05) if optimizer == "sgd" else tf.keras.optimizers.Adam(1e-2)
+
+    # The premise: under XLA this model's step is another step.
+    x, _ = _batch()
+    cast = lambda v: tf.cast(v[:, 0] * 1000.0, tf.int32)  # noqa: E731
+    assert not np.array_equal(tf.function(cast)(x).numpy(), tf.function(cast, jit_compile=True)(x).numpy())
+
+    plain, plain_losses, plain_weights = _train(_CommittedTo(xla="off"), 6, opt())
+    astra, losses, weights = _train(_CommittedTo(xla="plain"), 6, opt())
+    assert astra.committed and astra.config == {"xla": "plain"}
+    xla_step = astra.variant(False, False, True)
+    assert id(xla_step) in astra._refused and "computes otherwise" in astra._refused[id(xla_step)]
+    # Refused once, then the plain step directly: no check repeated each step.
+    assert astra.direct is astra.variant(False, False, False)
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-6)
+    for a, b in zip(weights, plain_weights):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_an_xla_step_that_trains_as_the_plain_step_is_kept():
+    """Where XLA computes the same step (no cast out of range), the check passes and the
+    committed XLA step is the one that runs."""
+    x, y = _batch()
+    x = tf.concat([x[:, :1] / 1e6, x[:, 1:]], axis=1)  # x1000 within int32
+    model = _bucketed_model()
+    astra = _tf.AstraTF(
+        model,
+        tf.keras.optimizers.Adam(1e-2),
+        _mse,
+        _CommittedTo(xla="plain"),
+        total_steps=10**6,
+        background=False,
+    )
+    losses = [astra.step(x, y) for _ in range(4)]
+    xla_step = astra.variant(False, False, True)
+    assert not astra._refused and id(xla_step) in astra._equivalent
+    assert astra.direct is xla_step and losses[-1] < losses[0]
+
+
+def test_the_judge_refuses_other_changes_and_passes_float_noise():
+    rng = np.random.default_rng(1)
+    before = [rng.normal(size=(5, 3)).astype(np.float32), np.zeros((5, 3), np.float32), np.array(3, np.int64)]
+    kinds = ["trainable", "slot", "other"]
+    grad = rng.normal(size=(5, 3)).astype(np.float32)
+    plain_after = [before[0] - 0.1 * grad, 0.1 * grad, np.array(4, np.int64)]
+    noisy = [plain_after[0], plain_after[1] * (1 + 1e-6), plain_after[2]]
+    assert _tf_equiv.differs(kinds, before, plain_after, noisy, 1.0, 1.0 + 1e-7) == ""
+    # With slots, a weight's own change is not judged (Adam's update of a noise gradient)...
+    other_weight = [before[0] + 0.1 * grad, plain_after[1], plain_after[2]]
+    assert _tf_equiv.differs(kinds, before, plain_after, other_weight, 1.0, 1.0) == ""
+    # ... the slot is.
+    other_slot = [plain_after[0], 0.2 * grad, plain_after[2]]
+    assert "slot" in _tf_equiv.differs(kinds, before, plain_after, other_slot, 1.0, 1.0)
+    # Without slots (plain SGD) the weights' changes are.
+    sgd = ["trainable", "other", "other"]
+    assert "trainable" in _tf_equiv.differs(sgd, before, plain_after, other_weight, 1.0, 1.0)
+    # Integers must be equal; the loss within its precision.
+    assert "integer" in _tf_equiv.differs(kinds, before, plain_after, [*noisy[:2], np.array(5)], 1.0, 1.0)
+    assert "result" in _tf_equiv.differs(kinds, before, plain_after, noisy, 1.0, 1.1)
+
+
+def test_a_users_fit_with_a_committed_xla_step_that_trains_otherwise_trains_as_fit_does():
+    from microco.clients import compiler
+
+    def fit(explorer):
+        x, y = _batch()
+        model = _bucketed_model()
+        model.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss="mse", jit_compile=False)
+        handle = compiler.attach_fit(model, explorer, background=False) if explorer else None
+        history = model.fit(x, y, batch_size=16, epochs=5, verbose=0, shuffle=False)
+        return history.history["loss"], model.get_weights(), handle
+
+    own_losses, own_weights, _ = fit(None)
+    losses, weights, handle = fit(_CommittedTo(xla="plain"))
+    assert handle.astra._refused
+    np.testing.assert_allclose(losses, own_losses, rtol=1e-6)
+    for a, b in zip(weights, own_weights):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
