@@ -40,9 +40,10 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from ._agreement import judge
+
 # Without an exact twin (a model that cannot be copied): tolerances of the outputs' precision.
 RTOL = {torch.float32: 1e-3, torch.float64: 1e-6, torch.bfloat16: 5e-2, torch.float16: 5e-2}
-TENSOR_SHARE = 5e-2  # one tensor's difference: at most this share of its norm or its group's mean
 # With the float64 twin: the variant may be this many times further from it than the model's
 # own code is, or FLOOR of the tensor's norm or its group's mean norm, whichever is larger (a
 # conv net's weight gradient under Inductor: 2e-4 from float64's where eager's was 1.3e-5, of a
@@ -287,10 +288,7 @@ def _against(what: str, want: list[torch.Tensor], got: list[torch.Tensor], exact
 
 
 def _compare(what: str, want: list[torch.Tensor], got: list[torch.Tensor], rtol: float) -> str:
-    """The group as one vector within ``rtol`` of the model's own (relative norm), and each
-    tensor within ``TENSOR_SHARE`` of its own norm or the group's mean norm, whichever is larger
-    (a gradient that is mathematically zero, a bias before a batch norm, is float noise of the
-    size of the terms that cancel in it: judged against its group, not against itself)."""
+    """The group against the model's own, by ``_agreement.judge``."""
     norms: list[float] = []
     diffs: list[float] = []
     for i, (a, b) in enumerate(zip(want, got, strict=True)):
@@ -304,16 +302,7 @@ def _compare(what: str, want: list[torch.Tensor], got: list[torch.Tensor], rtol:
             return f"{what} {i} {tuple(a.shape)}: not finite where the model's own is"
         norms.append(_norm(a))
         diffs.append(d if math.isfinite(d) else 0.0)
-    if not norms:
-        return ""
-    mean = sum(norms) / len(norms)
-    for i, (n, d) in enumerate(zip(norms, diffs, strict=True)):
-        if d > TENSOR_SHARE * max(n, mean):
-            return f"{what} {i}: {d:.3g} apart, the model's own of norm {n:.3g} (group mean {mean:.3g})"
-    total, apart = math.sqrt(sum(n * n for n in norms)), math.sqrt(sum(d * d for d in diffs))
-    if apart > rtol * total:
-        return f"{what}s: {apart:.3g} apart in all, the model's own of norm {total:.3g} (tolerance {rtol:g})"
-    return ""
+    return judge(what, norms, diffs, rtol, "the model's own")
 
 
 class _Buffers:

@@ -21,8 +21,8 @@ of a large weight is judged by the update, not hidden in the weight. Which chang
 * the non-trainable float variables (a batch norm's moving statistics) always;
 * integer variables (the iteration count, a seed generator's state) must be equal.
 
-Agreement within a group is judged as ``_equiv._compare`` judges PyTorch's gradients: each tensor
-within ``TENSOR_SHARE`` of its own norm or the group's mean norm (a change that is float noise is
+Agreement within a group is judged as PyTorch's gradients are (``_agreement.judge``): each tensor
+within 5% of its own norm or the group's mean norm (a change that is float noise is
 judged against its group), and the group as a whole within the tolerance of its precision
 (float32 1e-3). XLA's float order moves a float32 step's gradients by ~1e-6 relative; a miscompile
 that matters is far beyond that.
@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from ._agreement import judge
 from ._tf_warm import _tf_variable
 
 RTOL = {"float16": 5e-2, "bfloat16": 5e-2, "float32": 1e-3, "float64": 1e-6}
-TENSOR_SHARE = 5e-2
 CHECK_BYTES = 1 << 30  # three copies of a larger step's variables are not made
 
 
@@ -100,17 +100,7 @@ def _judge_group(what: str, want: list[np.ndarray], got: list[np.ndarray], rtol:
     for i, (n, d) in enumerate(zip(norms, diffs, strict=True)):
         if not math.isfinite(d) and math.isfinite(n):
             return f"{what} {i}: not finite where the plain step's is"
-    if not norms:
-        return ""
-    diffs = [d if math.isfinite(d) else 0.0 for d in diffs]
-    mean = sum(norms) / len(norms)
-    for i, (n, d) in enumerate(zip(norms, diffs, strict=True)):
-        if d > TENSOR_SHARE * max(n, mean):
-            return f"{what} {i}: {d:.3g} apart, the plain step's of norm {n:.3g} (group mean {mean:.3g})"
-    total, apart = math.sqrt(sum(n * n for n in norms)), math.sqrt(sum(d * d for d in diffs))
-    if apart > rtol * total:
-        return f"{what}s: {apart:.3g} apart in all, the plain step's of norm {total:.3g} (tolerance {rtol:g})"
-    return ""
+    return judge(what, norms, [d if math.isfinite(d) else 0.0 for d in diffs], rtol, "the plain step's")
 
 
 def _leaves(result: Any) -> list[np.ndarray]:
