@@ -11,8 +11,9 @@ def _host_compile_costs(tmp_path, monkeypatch):
     monkeypatch.setenv("MICROCO_COMPILE_COSTS", str(tmp_path / "compile_costs.json"))
     # and an empty record of tuned configurations (the wrappers' default explorer is on disk)
     monkeypatch.setenv("MICROCO_COMPILER_STATE", str(tmp_path / "compiler_state.json"))
-    # and of XLA's compile rates and module sizes (``_tf_cost.default_cost_file``): without it a
-    # TF test read and wrote the user's ~/.cache, and its first steps hung on earlier runs'
+    # and of XLA's compile rates and module sizes (``_tf_cost.default_cost_file``) per test, not
+    # per session (the root conftest's): a TF test's first steps (the plain pre-steps where the
+    # model's XLA module was never counted) depended on which test ran before it in the worker
     monkeypatch.setenv("MICROCO_XLA_COST_FILE", str(tmp_path / "xla_compile_rate.json"))
 
 
