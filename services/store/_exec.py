@@ -35,7 +35,10 @@ TIMINGS_META = b"microco.timings"  # a fragment's own seconds, in its result's s
 # ------------------------------------------------------------------------------- operators
 def to_plain_strings(table: pa.Table) -> pa.Table:
     """string_view / large_string columns as plain string: pyarrow's joins refuse string_view as a
-    non-key column, and every replica must share one schema."""
+    non-key column, and every replica must share one schema. Also the exact widenings to types
+    DuckDB (the nodes' SQL engine) reads: a decimal256 of precision up to 38 as decimal128, a
+    float16 as float32 (held out, session 39: such a column loaded, and every SQL query of its
+    table then failed on every node, reported as its extents unavailable)."""
     fields = []
     changed = False
     for f in table.schema:
@@ -45,9 +48,35 @@ def to_plain_strings(table: pa.Table) -> pa.Table:
         elif pa.types.is_binary_view(f.type):
             fields.append(pa.field(f.name, pa.binary(), f.nullable))
             changed = True
+        elif pa.types.is_decimal256(f.type) and f.type.precision <= 38:
+            fields.append(pa.field(f.name, pa.decimal128(f.type.precision, f.type.scale), f.nullable))
+            changed = True
+        elif pa.types.is_float16(f.type):
+            fields.append(pa.field(f.name, pa.float32(), f.nullable))
+            changed = True
         else:
             fields.append(f)
     return table.cast(pa.schema(fields, metadata=table.schema.metadata)) if changed else table
+
+
+def sql_type_refusal(t: pa.DataType, nested: bool = False) -> str:
+    """Why DuckDB, the nodes' SQL engine, cannot read a column of type ``t`` ("" when it can,
+    ``to_plain_strings``' widenings counted): a table with such a column is refused at creation
+    rather than loaded and never readable by SQL."""
+    if pa.types.is_decimal256(t) and t.precision > 38:
+        return (
+            f"{t}: decimals hold at most 38 digits in SQL here (cast to decimal128(38, s), float64 or string)"
+        )
+    if nested and (pa.types.is_decimal256(t) or pa.types.is_float16(t)):
+        return f"{t} inside a nested type (widen it: decimal128, float32)"
+    if pa.types.is_union(t):
+        return f"{t}: union types are not supported (a struct, or a column per variant)"
+    if pa.types.is_nested(t):
+        for i in range(t.num_fields):
+            why = sql_type_refusal(t.field(i).type, nested=True)
+            if why:
+                return why
+    return ""
 
 
 def where_expr(schema: pa.Schema, where: Sequence[Sequence[Any]]) -> pc.Expression | None:

@@ -8,6 +8,7 @@ its table could run (each node's DuckDB refused it, reported as the extents unav
 from __future__ import annotations
 
 import datetime
+import decimal
 
 import duckdb
 import numpy as np
@@ -92,3 +93,46 @@ def test_a_column_no_hash_takes_is_refused_as_a_key_at_creation(core):
     core.append("ok", data)
     got, _ = core.sql("select id, nothing, s from ok order by id")
     assert got.to_pylist() == data.to_pylist()
+
+
+def test_wide_decimals_and_half_floats_are_stored_as_duckdb_reads_them(core):
+    d = [decimal.Decimal(i).scaleb(-5) * 10**30 if i % 5 else None for i in range(N)]
+    data = pa.table(
+        {
+            "id": pa.array(range(N), pa.int64()),
+            "d": pa.array(d, pa.decimal256(38, 5)),
+            "h": pa.array(np.arange(N) % 7 / 2, pa.float16()),
+        }
+    )
+    _create(core, "w", data.schema, ["d:hash:3", "id:hash:3", "id:hash:2"])
+    core.append("w", data)  # before: loaded, then every SQL query failed on every node
+    assert core.table("w").schema.field("d").type == pa.decimal128(38, 5)
+    assert core.table("w").schema.field("h").type == pa.float32()
+    widened = data.cast(core.table("w").schema)
+    _same_as_duckdb(
+        core,
+        "w",
+        widened,
+        ["select sum(d), count(d), max(d) from w", "select h, count(*), sum(d) from w group by h"],
+    )
+    with pytest.raises(InvalidArgument, match="'huge'.*at most 38 digits"):
+        _create(core, "x", pa.schema([("id", pa.int64()), ("huge", pa.decimal256(60, 5))]), ["id"] * 3)
+    with pytest.raises(InvalidArgument, match="'u'.*union"):
+        _create(
+            core,
+            "y",
+            pa.schema([("id", pa.int64()), ("u", pa.dense_union([pa.field("a", pa.int8())]))]),
+            ["id"] * 3,
+        )
+
+
+def test_a_type_the_engine_refuses_is_the_querys_error_not_the_nodes():
+    """A DuckDB refusal of an input's type (what a decimal256 extent written before met) is the
+    query's error, not a node failure to retry degraded on every other replica."""
+    from microco.services.store._sql import run_fragment, run_fragment_stream
+
+    t = pa.table({"d": pa.array([1, 2], pa.decimal256(60, 0))})
+    with pytest.raises(InvalidArgument, match="SQL error in a fragment"):
+        run_fragment({"t": t}, "select * from t")
+    with pytest.raises(InvalidArgument, match="SQL error in a fragment"):
+        run_fragment_stream({"t": t}, "select * from t").read_all()
