@@ -169,3 +169,51 @@ def test_the_query_models_join_of_keys_of_two_types_is_refused_at_planning(core)
     assert got.column("n").to_pylist() == [want]
     got, _ = core.sql("select count(*) n from a join b on a_k = b_k")
     assert got.column("n").to_pylist() == [want]
+
+
+def test_the_query_models_group_by_a_float_groups_as_sql_does(core):
+    """Held out (session 39): the query model's group-by on a float column answered a 0.0 group
+    and a -0.0 group (and a group per NaN payload), where SQL (DuckDB) has one of each: Acero's
+    hash grouping compares bits. Every plan (matched replica, shuffle, a join's) now groups them
+    as SQL does."""
+    import json
+    import struct
+
+    from microco.services.store._query import Query
+
+    odd_nan = struct.unpack("<d", struct.pack("<Q", 0xFFF8000000000001))[0]  # a NaN of another payload
+    values = [0.0, -0.0, float("nan"), odd_nan, 1.5, -2.25, None]
+    f = [values[i % len(values)] for i in range(N)]
+    data = pa.table(
+        {"id": pa.array(range(N), pa.int64()), "f": pa.array(f, pa.float64()), "k": [i % 5 for i in range(N)]}
+    )
+    _create(core, "fl", data.schema, ["f:hash:3", "id:hash:3", "k:hash:2"])
+    core.append("fl", data)
+    keys = pa.table({"kk": list(range(5)), "w": [1, 2, 3, 4, 5]})
+    _create(core, "kk", keys.schema, ["kk:hash:2", "w:hash:3", "kk:hash:3"])
+    core.append("kk", keys)
+    con = duckdb.connect()
+    con.register("fl", data)
+
+    def groups(t: pa.Table) -> list[tuple]:
+        return sorted(
+            ((repr(abs(x)) if x == x else "nan") if x is not None else "null", n)
+            for x, n in zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True)
+        )
+
+    want = groups(con.sql("select f, count(*) n from fl group by f").arrow().read_all())
+    assert len(want) == 5  # 0.0, nan, 1.5, -2.25, null
+    for replica in (None, 0, 1):
+        q = {"table": "fl", "group_by": ["f"], "aggs": [["count", "*", "n"]]}
+        if replica is not None:
+            q["replica"] = replica
+        got, plan = core.query(Query.from_json(json.dumps(q)))
+        assert groups(got) == want, (replica, plan.kind)
+    q = {
+        "table": "fl",
+        "join": {"table": "kk", "left_on": "k", "right_on": "kk"},
+        "group_by": ["f"],
+        "aggs": [["count", "*", "n"]],
+    }
+    got, _ = core.query(Query.from_json(json.dumps(q)))
+    assert groups(got) == want
