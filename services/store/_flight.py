@@ -251,14 +251,22 @@ class StoreFlightServer(flight.FlightServerBase):
 
     def get_schema(self, context, descriptor):
         """The table's schema, for a descriptor as ``get_flight_info`` takes (held out, session 39:
-        a plain client's ``get_schema`` met pyarrow's default, a Python traceback)."""
+        a plain client's ``get_schema`` met pyarrow's default, a Python traceback). pyarrow turns
+        an error raised here into ``Unknown error: <message>. Detail: Python exception:`` and the
+        exception's traceback, not into the Flight status it turns ``get_flight_info``'s into; so
+        the error is raised bare, here: its text is ``NotFound: no table ...`` as on the other
+        calls, the traceback this one frame, nothing of where it arose."""
+        err: Exception | None = None
         try:
             name, _ = self._described(context, descriptor)
             return flight.SchemaResult(self._catalog().table(name).schema)
-        except flight.FlightError:
-            raise
         except Exception as exc:  # noqa: BLE001
-            _raise_flight(exc)
+            err = flight.FlightServerError(f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, PermissionDenied):
+                err = flight.FlightUnauthorizedError(f"PermissionDenied: {exc}")
+            elif isinstance(exc, flight.FlightError):
+                err = type(exc)(str(exc))
+        raise err
 
     def get_flight_info(self, context, descriptor):
         try:
