@@ -189,9 +189,17 @@ def _value(text: str) -> Any:
 def parse_where(text: str) -> list[Any]:
     from microco.common.errors import InvalidArgument
 
-    parts = text.split(None, 2)
+    stripped = text.strip()
+    if stripped.startswith('"'):
+        # a column name SQL would quote ("My Col", "select"): held out (session 39), a name with
+        # a space could not be filtered on ("filter operator 'Col' is not one of ...")
+        end = stripped.find('"', 1)
+        rest = stripped[end + 1 :].split(None, 1) if end > 0 else []
+        parts = [stripped[1:end], *rest] if end > 1 else []
+    else:
+        parts = text.split(None, 2)
     if len(parts) != 3:
-        raise InvalidArgument(f'bad --where {text!r}: expected "COLUMN OP VALUE"')
+        raise InvalidArgument(f'bad --where {text!r}: expected "COLUMN OP VALUE" (a column name in "...")')
     col, op, val = parts
     if op == "in":
         return [col, op, [_value(v.strip()) for v in val.strip("()[]").split(",")]]

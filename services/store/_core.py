@@ -557,6 +557,9 @@ class StoreCore:
     ) -> TableInfo:
         """Create a table with three partitionings and, optionally, each replica's extent codec
         (``codecs``: zstd, lz4 or none each; "" or None: the writing node's default)."""
+        for f in schema:  # (before ``empty_table``, which a union type fails)
+            if why := _exec.sql_type_refusal(f.type):
+                raise InvalidArgument(f"column {f.name!r} cannot be stored: {why}")
         schema = _exec.to_plain_strings(schema.empty_table()).schema.remove_metadata()
         self.catalog.create_table(name, schema, list(specs), list(codecs) if codecs is not None else None)
         return self.catalog.table(name)

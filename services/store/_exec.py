@@ -35,7 +35,10 @@ TIMINGS_META = b"microco.timings"  # a fragment's own seconds, in its result's s
 # ------------------------------------------------------------------------------- operators
 def to_plain_strings(table: pa.Table) -> pa.Table:
     """string_view / large_string columns as plain string: pyarrow's joins refuse string_view as a
-    non-key column, and every replica must share one schema."""
+    non-key column, and every replica must share one schema. Also the exact widenings to types
+    DuckDB (the nodes' SQL engine) reads: a decimal256 of precision up to 38 as decimal128, a
+    float16 as float32 (held out, session 39: such a column loaded, and every SQL query of its
+    table then failed on every node, reported as its extents unavailable)."""
     fields = []
     changed = False
     for f in table.schema:
@@ -45,9 +48,35 @@ def to_plain_strings(table: pa.Table) -> pa.Table:
         elif pa.types.is_binary_view(f.type):
             fields.append(pa.field(f.name, pa.binary(), f.nullable))
             changed = True
+        elif pa.types.is_decimal256(f.type) and f.type.precision <= 38:
+            fields.append(pa.field(f.name, pa.decimal128(f.type.precision, f.type.scale), f.nullable))
+            changed = True
+        elif pa.types.is_float16(f.type):
+            fields.append(pa.field(f.name, pa.float32(), f.nullable))
+            changed = True
         else:
             fields.append(f)
     return table.cast(pa.schema(fields, metadata=table.schema.metadata)) if changed else table
+
+
+def sql_type_refusal(t: pa.DataType, nested: bool = False) -> str:
+    """Why DuckDB, the nodes' SQL engine, cannot read a column of type ``t`` ("" when it can,
+    ``to_plain_strings``' widenings counted): a table with such a column is refused at creation
+    rather than loaded and never readable by SQL."""
+    if pa.types.is_decimal256(t) and t.precision > 38:
+        return (
+            f"{t}: decimals hold at most 38 digits in SQL here (cast to decimal128(38, s), float64 or string)"
+        )
+    if nested and (pa.types.is_decimal256(t) or pa.types.is_float16(t)):
+        return f"{t} inside a nested type (widen it: decimal128, float32)"
+    if pa.types.is_union(t):
+        return f"{t}: union types are not supported (a struct, or a column per variant)"
+    if pa.types.is_nested(t):
+        for i in range(t.num_fields):
+            why = sql_type_refusal(t.field(i).type, nested=True)
+            if why:
+                return why
+    return ""
 
 
 def where_expr(schema: pa.Schema, where: Sequence[Sequence[Any]]) -> pc.Expression | None:
@@ -156,6 +185,8 @@ def _group(table: pa.Table, keys: Sequence[str], triples: Sequence[tuple[str, st
         if spec not in specs:
             specs.append(spec)
             names.append("count_all" if col == "*" else f"{col}_{fn}")
+    if fk := float_keys(table.schema, keys):
+        table = canonical_floats(table, fk)
     res = table.group_by(list(keys), use_threads=True).aggregate(specs)
     cols = [res.column(k) for k in keys]
     out_names = list(keys)
@@ -434,15 +465,37 @@ def side_stream(env: Env, side: dict[str, Any]) -> Stream:
     return peeked(side_tables(env, side), _side_schema(side))
 
 
-def _acero_source(stream: Stream) -> acero.Declaration:
+def float_keys(schema: pa.Schema, keys: Sequence[str]) -> list[str]:
+    """The group keys of floating type (``canonical_floats``)."""
+    return [k for k in keys if k in schema.names and pa.types.is_floating(schema.field(k).type)]
+
+
+def canonical_floats(t: pa.Table | pa.RecordBatch, cols: Sequence[str]) -> Any:
+    """``t`` with ``cols`` (float group keys) as SQL groups them: -0.0 as 0.0 and every NaN as
+    one NaN, as the partitions' hash already takes them (``hash_codes``). Acero's hash grouping
+    compares bits: held out (session 39), the query model's group-by on a float column answered
+    a 0.0 group and a -0.0 group where SQL (DuckDB) has one."""
+    for c in cols:
+        i = t.schema.get_field_index(c)
+        col = t.column(i)
+        nan = pa.scalar(float("nan"), col.type)
+        fixed = pc.if_else(pc.is_nan(col), nan, pc.add(col, pa.scalar(0.0, col.type)))
+        t = t.set_column(i, t.schema.field(i), fixed)
+    return t
+
+
+def _acero_source(stream: Stream, canon: Sequence[str] = ()) -> acero.Declaration:
     """A stream of tables as an Acero source: Acero pulls the next batch when it wants one, so a
-    plan over it holds a few batches, not the stream."""
+    plan over it holds a few batches, not the stream. ``canon``: float group keys made canonical
+    (``canonical_floats``)."""
     schema, tables = stream
+    canon = float_keys(schema, canon)
 
     def batches() -> Iterator[pa.RecordBatch]:
         for t in tables:
             for b in compact(t).to_batches():
-                yield pa.RecordBatch.from_arrays(b.columns, schema=schema)
+                b = pa.RecordBatch.from_arrays(b.columns, schema=schema)
+                yield canonical_floats(b, canon) if canon else b
 
     reader = pa.RecordBatchReader.from_batches(schema, batches())
     return acero.Declaration("record_batch_reader_source", acero.RecordBatchReaderSourceNodeOptions(reader))
@@ -491,7 +544,7 @@ def stream_post(stream: Stream, post: dict[str, Any] | None) -> pa.Table:
         # rows (the result is the rows), or rows without columns (count(*) alone: a batch of
         # no columns would lose its row count in Acero's source)
         return post_ops(concat(list(tables), schema), post)
-    return _aggregated(_acero_source(stream), *agg)
+    return _aggregated(_acero_source(stream, agg[0]), *agg)
 
 
 def sorted_runs_post(env: Env, side: dict[str, Any], post: dict[str, Any] | None) -> pa.Table | None:
@@ -538,7 +591,7 @@ def sorted_runs_post(env: Env, side: dict[str, Any], post: dict[str, Any] | None
         decimals = {}
     schema = parts[0].schema
     parts = [t if t.schema.equals(schema) else t.cast(schema) for t in parts]
-    merged = _aggregated(_acero_source(peeked(iter(parts), schema)), [key], merge)
+    merged = _aggregated(_acero_source(peeked(iter(parts), schema), [key]), [key], merge)
     return as_decimals(merged, decimals)
 
 
@@ -563,12 +616,21 @@ def join_post(
     r_out = [c for c in right[0].names if c != right_on and c in cols]
     p_out, b_out = (l_out, r_out) if build == "R" else (r_out, l_out)
     coded: dict[str, pa.Array] = {}
+    keys: list[str] = []
     if agg is not None:
         built, coded = _coded_keys(built, b_out, agg[0], {col for col, _, _ in agg[1]})
+        # float group keys made canonical on both sides (not the join key: its hash join's
+        # equality is the query model's own)
+        keys = [k for k in agg[0] if k not in (p_on, b_on)]
+        if fk := float_keys(built.schema, keys):
+            built = canonical_floats(built, fk)
     decl = acero.Declaration(
         "hashjoin",
         acero.HashJoinNodeOptions("inner", [p_on], [b_on], left_output=p_out, right_output=b_out),
-        inputs=[_acero_source(probe), acero.Declaration("table_source", acero.TableSourceNodeOptions(built))],
+        inputs=[
+            _acero_source(probe, keys),
+            acero.Declaration("table_source", acero.TableSourceNodeOptions(built)),
+        ],
     )
     if agg is not None:
         out = _aggregated(decl, *agg)

@@ -233,20 +233,44 @@ class StoreFlightServer(flight.FlightServerBase):
             _raise_flight(exc)
         yield from infos
 
+    def _described(self, context, descriptor) -> tuple[str, int | None]:
+        """The table (checked readable by the caller) and replica a descriptor names."""
+        if descriptor.descriptor_type == flight.DescriptorType.PATH:
+            if len(descriptor.path) != 1:
+                raise InvalidArgument("a flight path is one table name")
+            name, replica = descriptor.path[0].decode(), None
+        else:
+            req = _request(descriptor.command, "flight descriptor")
+            check_keys(req, {"table", "replica"}, "flight descriptor")
+            name, replica = req.get("table"), req.get("replica")
+            if replica is not None and replica not in (0, 1, 2):
+                raise InvalidArgument(f"replica must be 0, 1 or 2, got {short(replica)}")
+        if not self._reader(context)(name):
+            raise PermissionDenied(f"{flight_caller(context)[0]} may not read table {short(name)}")
+        return name, replica
+
+    def get_schema(self, context, descriptor):
+        """The table's schema, for a descriptor as ``get_flight_info`` takes (held out, session 39:
+        a plain client's ``get_schema`` met pyarrow's default, a Python traceback). pyarrow turns
+        an error raised here into ``Unknown error: <message>. Detail: Python exception:`` and the
+        exception's traceback, not into the Flight status it turns ``get_flight_info``'s into; so
+        the error is raised bare, here: its text is ``NotFound: no table ...`` as on the other
+        calls, the traceback this one frame, nothing of where it arose."""
+        err: Exception | None = None
+        try:
+            name, _ = self._described(context, descriptor)
+            return flight.SchemaResult(self._catalog().table(name).schema)
+        except Exception as exc:  # noqa: BLE001
+            err = flight.FlightServerError(f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, PermissionDenied):
+                err = flight.FlightUnauthorizedError(f"PermissionDenied: {exc}")
+            elif isinstance(exc, flight.FlightError):
+                err = type(exc)(str(exc))
+        raise err
+
     def get_flight_info(self, context, descriptor):
         try:
-            if descriptor.descriptor_type == flight.DescriptorType.PATH:
-                if len(descriptor.path) != 1:
-                    raise InvalidArgument("a flight path is one table name")
-                name, replica = descriptor.path[0].decode(), None
-            else:
-                req = _request(descriptor.command, "flight descriptor")
-                check_keys(req, {"table", "replica"}, "flight descriptor")
-                name, replica = req.get("table"), req.get("replica")
-                if replica is not None and replica not in (0, 1, 2):
-                    raise InvalidArgument(f"replica must be 0, 1 or 2, got {short(replica)}")
-            if not self._reader(context)(name):
-                raise PermissionDenied(f"{flight_caller(context)[0]} may not read table {short(name)}")
+            name, replica = self._described(context, descriptor)
             live = {n.name: n.address for n in _live(self.kv)} if self.kv is not None else {}
             who = flight_caller(context)[0]
             return table_flight_info(

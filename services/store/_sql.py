@@ -3069,7 +3069,10 @@ def run_fragment(inputs: dict[str, pa.Table], sql: str, cancel: Any = None) -> p
         cancel.attach(con)
     try:
         for name, t in inputs.items():
-            con.register(name, rechunked(t))
+            try:
+                con.register(name, rechunked(t))
+            except duckdb.Error as exc:  # a type DuckDB cannot read: the query's error, not the node's
+                raise _fragment_error(exc, cancel) from None
         if cancel is not None:
             cancel.check()
         try:
@@ -3095,7 +3098,10 @@ def run_fragment_stream(inputs: dict[str, pa.Table], sql: str, cancel: Any = Non
         cancel.attach(con)
     try:
         for name, t in inputs.items():
-            con.register(name, rechunked(t))
+            try:
+                con.register(name, rechunked(t))
+            except duckdb.Error as exc:  # a type DuckDB cannot read: the query's error, not the node's
+                raise _fragment_error(exc, cancel) from None
         if cancel is not None:
             cancel.check()
         try:

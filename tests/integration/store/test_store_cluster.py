@@ -581,6 +581,13 @@ def test_plain_flight_client_reads_a_table_in_parallel(fresh):
         listed = {f.descriptor.path[0].decode(): f for f in fc.list_flights()}
         assert {"orders", "items"} <= set(listed) and listed["orders"].total_records == N
         info = fc.get_flight_info(flight.FlightDescriptor.for_path("orders"))
+        # a plain client's get_schema (before: pyarrow's default, a NotImplementedError traceback)
+        assert fc.get_schema(flight.FlightDescriptor.for_path("orders")).schema == info.schema
+        cmd = flight.FlightDescriptor.for_command(json.dumps({"table": "items", "replica": 1}))
+        assert fc.get_schema(cmd).schema.names == ITEMS.schema.names
+        with pytest.raises(pa.ArrowException, match="no table .nope.") as refused:
+            fc.get_schema(flight.FlightDescriptor.for_path("nope"))
+        assert "_catalog.py" not in str(refused.value)  # no server traceback of where it arose
     finally:
         fc.close()
     assert info.schema.names == ORDERS.schema.names

@@ -48,6 +48,17 @@ def test_query_flags_become_a_valid_query():
 def test_bad_flags_are_clear_errors():
     with pytest.raises(InvalidArgument):
         parse_where("o_cust 7")
+    for bad in ('"My Col < 3', '"" = 3', '"My Col" <'):
+        with pytest.raises(InvalidArgument, match="bad --where"):
+            parse_where(bad)
+
+
+def test_a_where_names_a_column_sql_would_quote():
+    """Held out (session 39): a column named with a space (a pandas frame's ``My Col``) could not
+    be filtered on from the CLI: the flag split its name ("filter operator 'Col' ...")."""
+    assert parse_where('"My Col" < 3') == ["My Col", "<", 3]
+    assert parse_where('"select" in (1, 2)') == ["select", "in", [1, 2]]
+    assert parse_where('"Ünï" = v 1') == ["Ünï", "=", "v 1"]
     with pytest.raises(InvalidArgument):
         parse_partitioning("x:zigzag")
     assert parse_partitioning("d:range:1,2").range_bounds == ["1", "2"]
