@@ -1048,7 +1048,8 @@ class AstraTorch(SessionBacked):
         if watch.seen and inputs is not None:
             started = time.perf_counter()
             try:
-                verdict = layout_forward_check(self.model, inputs[0], inputs[1], watch)
+                with _equiv.left_as_found(self.model):
+                    verdict = layout_forward_check(self.model, inputs[0], inputs[1], watch)
             except Exception as exc:  # noqa: BLE001 - a forward that cannot run so: the guess stands
                 log.info("the channels-last draws could not be checked (%s): %s", exc, watch.found or "none")
             spent = (time.perf_counter() - started) * 1e3
@@ -1645,22 +1646,17 @@ class AstraTorch(SessionBacked):
         # The plain step's ask tells, from its one trace, whether a rewrite is worth offering.
         backend.count_offered = kind == "plain" and self._region_calls <= 1
         compiled = torch.compile(self._plain_forward(), backend=backend, dynamic=False)
-        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
         asked = False
         try:
             # A forward only, under autograd (the training graph, as a trial compiles it), with
-            # the random streams and the buffers (running statistics) as they were: the probe
-            # leaves no trace in training.
-            with torch.random.fork_rng(), torch.enable_grad():
+            # the random streams, the buffers (running statistics) and the modules' plain
+            # attributes (a call counter) as they were: the probe leaves no trace in training.
+            with _equiv.left_as_found(self.model), torch.random.fork_rng(), torch.enable_grad():
                 compiled(*(self._example_args or ()), **self._example_kwargs)
             asked = True
         except Exception as exc:  # noqa: BLE001 - an untraceable step keeps its cold price
             log.info("whole-step cache probe failed (%s); the whole-step compile keeps its cold price", exc)
             backend.cold += 1
-        finally:
-            with torch.no_grad():
-                for n, b in self.model.named_buffers():
-                    b.copy_(buffers[n])
         self.clock.sync()
         self.whole_probe_ms[kind] = (time.perf_counter() - started) * 1e3
         cpu = (time.thread_time() - cpu_started) * 1e3
@@ -2219,7 +2215,7 @@ class AstraTorch(SessionBacked):
     def _count_graph_rewrites(self) -> int:
         """Capture the plain step's forward with dynamo (no compile: the graph is run as traced)
         and count the products the whole-step passes would hoist or batch in it (0 on failure).
-        Random streams and buffers are left as they were."""
+        Random streams, buffers and plain attributes are left as they were."""
         counts: list[int] = []
 
         def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -2229,19 +2225,14 @@ class AstraTorch(SessionBacked):
                 log.info("whole-step passes failed on the captured graph (%s)", exc)
             return gm.forward
 
-        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
         started = time.perf_counter()
         try:
-            with torch.random.fork_rng(), torch.enable_grad():
+            with _equiv.left_as_found(self.model), torch.random.fork_rng(), torch.enable_grad():
                 torch.compile(self._plain_forward(), backend=backend, dynamic=False)(
                     *(self._example_args or ()), **self._example_kwargs
                 )
         except Exception as exc:  # noqa: BLE001 - an untraceable step: the module tree decides
             log.info("the step could not be captured (%s)", exc)
-        finally:
-            with torch.no_grad():
-                for n, b in self.model.named_buffers():
-                    b.copy_(buffers[n])
         ms = (time.perf_counter() - started) * 1e3
         self._probe_spent_ms += ms
         if counts:  # what capturing cost here: the next capture's price
