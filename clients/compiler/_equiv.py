@@ -40,6 +40,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from ._rng import host_random_states, set_host_random_states
+
 # Without an exact twin (a model that cannot be copied): tolerances of the outputs' precision.
 RTOL = {torch.float32: 1e-3, torch.float64: 1e-6, torch.bfloat16: 5e-2, torch.float16: 5e-2}
 TENSOR_SHARE = 5e-2  # one tensor's difference: at most this share of its norm or its group's mean
@@ -319,7 +321,8 @@ def _compare(what: str, want: list[torch.Tensor], got: list[torch.Tensor], rtol:
 @contextlib.contextmanager
 def left_as_found(model: nn.Module) -> Iterator[None]:
     """Run a forward of the wrapper's own (a cache probe, a capture, a layout check) and leave
-    the model as it was: its buffers, and its modules' plain attributes. A forward may count its
+    the model as it was: its buffers, its modules' plain attributes, and Python's and NumPy's
+    global random streams (``_rng.host_random_states``; torch's are the caller's to fork). A forward may count its
     own calls (``self.calls += 1``, an annealing schedule read from it): held out in session 39,
     such a model's counter was one ahead of the run without the compiler after the probe step
     (the whole-step cache probe ran the forward once more), and its losses 4e-3 apart from
@@ -333,12 +336,15 @@ def left_as_found(model: nn.Module) -> Iterator[None]:
 
 class _Buffers:
     """The model's buffers as they were, put back after each run (in place, where the module
-    still holds the same tensor; the tensor itself back where a forward replaced it), and the
-    modules' plain attributes (numbers, strings, flags: a step counter a forward advances)."""
+    still holds the same tensor; the tensor itself back where a forward replaced it), the
+    modules' plain attributes (numbers, strings, flags: a step counter a forward advances), and
+    Python's and NumPy's global random streams (each run draws what the step's own will)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.kept: list[tuple[nn.Module, str, torch.Tensor, torch.Tensor]] = []
         self.plain: list[tuple[nn.Module, dict[str, Any]]] = []
+        # and Python's and NumPy's global random streams (a forward drawing a mask from them)
+        self.host_random = host_random_states()
         for module in model.modules():
             for name, b in module._buffers.items():
                 if b is not None:
@@ -358,6 +364,7 @@ class _Buffers:
                 original.copy_(saved)
         for module, attrs in self.plain:
             module.__dict__.update(attrs)
+        set_host_random_states(self.host_random)
 
 
 _PLAIN = (bool, int, float, str, type(None))

@@ -5,8 +5,9 @@ in any of them (a compiled region whose backward raises, a compiled step that pr
 optimiser cannot take) must not end the run nor leave the model half-updated. Before a guarded
 step changes anything, :class:`StepSnapshot` keeps what the step may change:
 
-* the random streams (CPU, and CUDA where present), at the step's start: the repeat draws the
-  same dropout masks as a run without the compiler;
+* the random streams (CPU, and CUDA where present; Python's ``random`` and NumPy's global
+  generator, which a forward's masks may be drawn from), at the step's start: the repeat draws
+  the same dropout masks as a run without the compiler;
 * parameters, their gradients and the buffers (running statistics), at the model's first call
   in the step (nothing of the model changes before it, and the input's shapes are known there);
 * each optimiser's state and hyper-parameters, at its ``step`` (a global pre-step hook, for any
@@ -32,6 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from ._rng import host_random_states, set_host_random_states
 
 
 def _clone(v: Any) -> Any:
@@ -64,6 +67,7 @@ class StepSnapshot:
         self.model = model
         self.cpu_rng = torch.random.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        self.host_rng = host_random_states()  # Python's ``random`` and NumPy's global streams
         self.params: list[tuple[nn.Parameter, torch.Tensor, torch.Tensor | None]] | None = None
         self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.optimizers: dict[
@@ -130,6 +134,7 @@ class StepSnapshot:
         torch.random.set_rng_state(self.cpu_rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
+        set_host_random_states(self.host_rng)
         with torch.no_grad():
             for p, data, grad in self.params or ():
                 p.copy_(data)

@@ -1,4 +1,5 @@
-"""Issue 18, held out (session 39): a model whose ``forward`` keeps Python state of its own.
+"""Issue 18, held out (session 39): a model whose ``forward`` keeps Python state of its own, or
+draws from Python's or NumPy's global random streams.
 
 Training code counts its forward calls on the module (``self.calls += 1``) and reads schedules
 from the count (a noise or temperature annealing, a warm-up gate). Astra runs the model's
@@ -6,9 +7,16 @@ forward for its own purposes during the probe step: the whole-step cache probe a
 capture (a dynamo trace that runs the forward), and the channels-last draw check. Each must
 leave the module's plain attributes as it found them, as it leaves buffers and random streams.
 Before the fix the counter was one ahead of the run without the compiler after the probe step,
-and every later loss was off (4e-3 relative on the scratch probe)."""
+and every later loss was off (4e-3 relative on the scratch probe).
+
+Likewise the streams outside torch: a forward drawing its masks from ``np.random`` (Hugging
+Face's SpecAugment does) or skipping layers by ``random.random()`` (a LayerDrop) saw other
+numbers than the run without the compiler after the probe step's own forwards, and a
+rolled-back step's repeat drew on from where the failed attempt left them."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 
@@ -19,6 +27,8 @@ from torch.nn import functional as F
 from microco.clients.compiler._torch import AstraTorch
 from microco.clients.compiler.explore import ExplorationPolicy, LocalExplorer
 from microco.common import MemoryKV
+
+np = pytest.importorskip("numpy")
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_thread")]  # (conftest)
 
@@ -100,4 +110,99 @@ def test_the_probes_own_forwards_leave_a_counter_the_forward_keeps_as_it_was(mak
     eager, eager_calls = _train(make, shape, False, steps, choices)
     astra, astra_calls = _train(make, shape, True, steps, choices)
     assert astra_calls == eager_calls == steps
+    assert astra == pytest.approx(eager, rel=1e-6)
+
+
+class _HostRandom(nn.Module):
+    """A time mask drawn with NumPy's global generator and a LayerDrop by Python's ``random``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 3)
+        self.masked = nn.Parameter(torch.zeros(16))
+
+    def forward(self, x):
+        h = self.a(x)
+        keep = torch.from_numpy(np.random.rand(h.shape[0]) < 0.7)
+        h = torch.where(keep[:, None], h, self.masked.expand_as(h))
+        if random.random() < 0.5:  # (a skipped layer)
+            h = h + torch.tanh(self.b(h))
+        return self.c(torch.relu(h))
+
+
+class _FailsOnceUnderATrial(torch.optim.SGD):
+    """An optimiser whose first step under a trial of another implementation (``foreach``,
+    ``fused``) fails after its update."""
+
+    astra: AstraTorch | None = None
+    failed = 0
+
+    def step(self, closure=None):
+        out = super().step(closure)
+        if (
+            self.astra is not None
+            and self.astra.running.get("optimizer", "loop") != "loop"
+            and not self.failed
+        ):
+            type(self).failed += 1
+            raise RuntimeError("injected: the optimiser's step failed under a trial")
+        return out
+
+
+def _train_host_random(astra_on: bool, steps: int, choices: tuple[str, ...], opt_cls=None):
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    model = _HostRandom()
+    opt = (opt_cls or torch.optim.SGD)(model.parameters(), 0.1)
+    astra = (
+        AstraTorch(
+            model,
+            LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0)),
+            total_steps=1_000_000,
+            threads=("1",),
+            compile_choices=choices,
+            background=False,
+        )
+        if astra_on
+        else None
+    )
+    if opt_cls is not None:
+        opt_cls.astra = astra
+    losses = []
+    try:
+        for i in range(steps):
+            g = torch.Generator().manual_seed(i)
+            x, y = torch.randn(6, 8, generator=g), torch.randint(0, 3, (6,), generator=g)
+
+            def step(x=x, y=y):
+                loss = F.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                return loss.item()
+
+            losses.append(astra.run(step) if astra is not None else step())
+    finally:
+        if opt_cls is not None:
+            opt_cls.astra = None
+    rolled_back = astra.rolled_back if astra is not None else 0
+    if astra is not None:
+        astra.restore()
+    return losses, (float(np.random.rand()), random.random()), rolled_back
+
+
+def test_the_probes_own_forwards_leave_pythons_and_numpys_random_streams_as_they_were():
+    eager, eager_next, _ = _train_host_random(False, 3, ("eager", "inductor"))
+    astra, astra_next, _ = _train_host_random(True, 3, ("eager", "inductor"))
+    assert astra_next == eager_next  # the next draws of both streams: the run without the compiler's
+    assert astra == pytest.approx(eager, rel=1e-6)
+
+
+def test_a_rolled_back_steps_repeat_draws_pythons_and_numpys_numbers_again():
+    _FailsOnceUnderATrial.failed = 0
+    astra, astra_next, rolled_back = _train_host_random(True, 12, ("eager",), opt_cls=_FailsOnceUnderATrial)
+    assert rolled_back == 1
+    eager, eager_next, _ = _train_host_random(False, 12, ("eager",))
+    assert astra_next == eager_next
     assert astra == pytest.approx(eager, rel=1e-6)
