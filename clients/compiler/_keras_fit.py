@@ -89,7 +89,8 @@ class AstraKerasFit(AstraTF):
         def one_step_on_data(data: Any, _labels: Any) -> Any:
             return train_step(data)
 
-        step: Callable[..., Any] = tf.function(one_step_on_data, reduce_retracing=True, jit_compile=xla)
+        traced: Any = tf.function(one_step_on_data, reduce_retracing=True, jit_compile=xla)
+        step: Callable[..., Any] = traced
         spec = self._element_spec
         if not xla and spec is not None:
             # Traced as Keras traces its own step: for the iterator's ``element_spec`` (a batch
@@ -101,7 +102,7 @@ class AstraKerasFit(AstraTF):
             # plain ``fit``'s (held out, session 39: a two-output model, 100 samples in batches
             # of 16, 4.5e-2 apart; the weights and the total loss equal).
             try:
-                step.get_concrete_function(spec, ())
+                traced.get_concrete_function(spec, ())
             except Exception as exc:  # noqa: BLE001 - a spec it cannot trace for: traced at its call
                 log.info("astra-keras: %s: not traced for the iterator's spec (%s)", self.name, exc)
         return step
