@@ -2338,9 +2338,8 @@ class AstraTorch(SessionBacked):
         snap = self._snap
         if snap is None or snap.taken or not self.clock.in_step:
             return
-        self._step_inputs = ";".join(
-            f"{tuple(a.shape)}:{a.dtype}" for a in tfx.flatten_args(args) if isinstance(a, torch.Tensor)
-        )
+        inputs = [a for a in tfx.flatten_args(args) if isinstance(a, torch.Tensor)]
+        self._step_inputs = ";".join(f"{tuple(a.shape)}:{a.dtype}" for a in inputs)
         vid = _values_id(self._applied)
         trusted = (
             self._good_steps.get(vid, 0) >= self.TRUSTED_AFTER
@@ -2351,7 +2350,7 @@ class AstraTorch(SessionBacked):
             snap.close()  # (it watches the optimisers from the step's start)
             self._snap = None
             return
-        snap.take_model()
+        snap.take_model(inputs)
 
     def _recover(self, exc: BaseException) -> bool:
         """A step raised: roll it back and mark its configuration failed when the compiler's

@@ -206,3 +206,56 @@ def test_a_rolled_back_steps_repeat_draws_pythons_and_numpys_numbers_again():
     eager, eager_next, _ = _train_host_random(False, 12, ("eager",))
     assert astra_next == eager_next
     assert astra == pytest.approx(eager, rel=1e-6)
+
+
+class _NormalisesItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 3)
+
+    def forward(self, x):
+        x.sub_(x.mean(-1, keepdim=True)).mul_(2.0)  # (the input normalised in place)
+        return self.b(torch.relu(self.a(x)))
+
+
+def _train_in_place(astra_on: bool, steps: int):
+    torch.manual_seed(0)
+    model = _NormalisesItsInput()
+    opt = _FailsOnceUnderATrial(model.parameters(), 0.1)
+    astra = (
+        AstraTorch(
+            model,
+            LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0)),
+            total_steps=1_000_000,
+            threads=("1",),
+            compile_choices=("eager",),
+            background=False,
+        )
+        if astra_on
+        else None
+    )
+    _FailsOnceUnderATrial.astra, _FailsOnceUnderATrial.failed = astra, 0
+    losses = []
+    try:
+        for i in range(steps):
+            g = torch.Generator().manual_seed(i)
+            x, y = torch.randn(6, 8, generator=g), torch.randint(0, 3, (6,), generator=g)
+
+            def step(x=x, y=y):
+                loss = F.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                return loss.item()
+
+            losses.append(astra.run(step) if astra is not None else step())
+    finally:
+        _FailsOnceUnderATrial.astra = None
+    return losses, (astra.rolled_back if astra is not None else 0)
+
+
+def test_a_rolled_back_steps_repeat_gets_the_input_the_forward_wrote_in_place_as_it_was():
+    astra, rolled_back = _train_in_place(True, 12)
+    assert rolled_back == 1
+    eager, _ = _train_in_place(False, 12)
+    assert astra == pytest.approx(eager, rel=1e-6)
