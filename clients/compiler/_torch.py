@@ -167,6 +167,12 @@ def _hookable(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
         yield name, module
 
 
+def _saving_hooks_active() -> bool:
+    """Are saved-tensors hooks in force (activation checkpointing's, or a user's offloading)?"""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is not None and top(False) is not None
+
+
 def _class_forward(module: nn.Module) -> Callable[..., Any]:
     """The module's class's ``forward``, bound to it (what a copy of an instrumented module runs;
     a module-level function, so that pickling can name it)."""
@@ -268,6 +274,17 @@ class CellRunner:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != self.n_inputs or not isinstance(args[0], torch.Tensor):
             return self.original_forward(*args, **kwargs)
+        if _saving_hooks_active():
+            # Inside activation checkpointing (``checkpoint(..., use_reentrant=False)``, Hugging
+            # Face's ``gradient_checkpointing_enable()``): the cell's forward runs again in the
+            # backward and must save exactly the tensors it saved the first time, while a
+            # variant's per-step caches (hoisted products) and its first call's check run other
+            # work then. Held out, session 39 (a tiny Llama with gradient checkpointing): every
+            # region trial raised in backward ("A different number of tensors was saved during the
+            # original forward and recomputation"), was rolled back and repeated, and its check
+            # logged the checkpoint's own stop signal as "computes otherwise". Such a cell runs
+            # its own code.
+            return self.original_forward(*args)
         self.clock.sync()
         t0 = time.perf_counter()
         try:
