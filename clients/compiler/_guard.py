@@ -104,7 +104,12 @@ class StepSnapshot:
         with torch.no_grad():
             seen: set[int] = set()
             for t in inputs:
-                if isinstance(t, torch.Tensor) and not t.requires_grad and id(t) not in seen:
+                if (
+                    isinstance(t, torch.Tensor)
+                    and not t.requires_grad
+                    and not t.is_inference()  # (keeps no version counter)
+                    and id(t) not in seen
+                ):
                     seen.add(id(t))
                     self.inputs.append((t, t._version, t.detach().clone()))
             self.params = [

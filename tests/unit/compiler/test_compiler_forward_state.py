@@ -218,9 +218,18 @@ class _NormalisesItsInput(nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
-def _train_in_place(astra_on: bool, steps: int):
+class _ScalesItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x / 2.0)))
+
+
+def _train_in_place(astra_on: bool, steps: int, make=_NormalisesItsInput, inference_inputs=False):
     torch.manual_seed(0)
-    model = _NormalisesItsInput()
+    model = make()
     opt = _FailsOnceUnderATrial(model.parameters(), 0.1)
     astra = (
         AstraTorch(
@@ -239,7 +248,9 @@ def _train_in_place(astra_on: bool, steps: int):
     try:
         for i in range(steps):
             g = torch.Generator().manual_seed(i)
-            x, y = torch.randn(6, 8, generator=g), torch.randint(0, 3, (6,), generator=g)
+            with torch.inference_mode(inference_inputs):
+                x = torch.randn(6, 8, generator=g)
+            y = torch.randint(0, 3, (6,), generator=g)
 
             def step(x=x, y=y):
                 loss = F.cross_entropy(model(x), y)
@@ -258,4 +269,14 @@ def test_a_rolled_back_steps_repeat_gets_the_input_the_forward_wrote_in_place_as
     astra, rolled_back = _train_in_place(True, 12)
     assert rolled_back == 1
     eager, _ = _train_in_place(False, 12)
+    assert astra == pytest.approx(eager, rel=1e-6)
+
+
+def test_an_input_made_in_inference_mode_is_not_kept_and_the_step_still_rolls_back():
+    """(The inputs kept above are read by their version counter, which an inference-mode tensor
+    has none of: a batch made under ``torch.inference_mode()`` that the forward reads, not
+    writes, must not make the guard raise inside the user's forward.)"""
+    astra, rolled_back = _train_in_place(True, 12, _ScalesItsInput, inference_inputs=True)
+    assert rolled_back == 1
+    eager, _ = _train_in_place(False, 12, _ScalesItsInput, inference_inputs=True)
     assert astra == pytest.approx(eager, rel=1e-6)
