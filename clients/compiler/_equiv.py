@@ -345,8 +345,9 @@ def _compare(what: str, want: list[torch.Tensor], got: list[torch.Tensor], rtol:
 @contextlib.contextmanager
 def left_as_found(model: nn.Module) -> Iterator[None]:
     """Run a forward of the wrapper's own (a cache probe, a capture, a layout check) and leave
-    the model as it was: its buffers, its modules' plain attributes, and Python's and NumPy's
-    global random streams (``_rng.host_random_states``; torch's are the caller's to fork). A forward may count its
+    the model as it was: its buffers, its modules' plain attributes and their own lists and
+    dicts (their items, shallow), and Python's and NumPy's global random streams
+    (``_rng.host_random_states``; torch's are the caller's to fork). A forward may count its
     own calls (``self.calls += 1``, an annealing schedule read from it): held out in session 39,
     such a model's counter was one ahead of the run without the compiler after the probe step
     (the whole-step cache probe ran the forward once more), and its losses 4e-3 apart from
@@ -367,6 +368,13 @@ class _Buffers:
     def __init__(self, model: nn.Module) -> None:
         self.kept: list[tuple[nn.Module, str, torch.Tensor, torch.Tensor]] = []
         self.plain: list[tuple[nn.Module, dict[str, Any]]] = []
+        # and the modules' own lists and dicts (not PyTorch's ``_``-named ones), as they held:
+        # held out, session 39, a mixture-of-experts layer appends its load-balancing loss to
+        # ``self.aux_losses``, which the loop sums into the loss and clears; each forward of the
+        # wrapper's own left one more term there, summed into the next step's loss (losses
+        # 1.5e-2 apart), and the check's, whose graphs it had freed, failed the compiled trials
+        # ("backward through the graph a second time")
+        self.containers: list[tuple[nn.Module, str, Any, Any]] = []
         # and Python's and NumPy's global random streams (a forward drawing a mask from them)
         self.host_random = host_random_states()
         for module in model.modules():
@@ -374,6 +382,11 @@ class _Buffers:
                 if b is not None:
                     self.kept.append((module, name, b, b.detach().clone()))
             self.plain.append((module, {k: v for k, v in vars(module).items() if isinstance(v, _PLAIN)}))
+            self.containers += [
+                (module, k, v, copy.copy(v))
+                for k, v in vars(module).items()
+                if not k.startswith("_") and type(v) in (list, dict)
+            ]
 
     def now(self) -> list[torch.Tensor]:
         return [
@@ -388,6 +401,13 @@ class _Buffers:
                 original.copy_(saved)
         for module, attrs in self.plain:
             module.__dict__.update(attrs)
+        for module, name, held, items in self.containers:
+            module.__dict__[name] = held  # (the same object: the user may hold it too)
+            if isinstance(held, list):
+                held[:] = items
+            else:
+                held.clear()
+                held.update(items)
         set_host_random_states(self.host_random)
 
 

@@ -280,3 +280,61 @@ def test_an_input_made_in_inference_mode_is_not_kept_and_the_step_still_rolls_ba
     assert rolled_back == 1
     eager, _ = _train_in_place(False, 12, _ScalesItsInput, inference_inputs=True)
     assert astra == pytest.approx(eager, rel=1e-6)
+
+
+class _CollectsItsAuxLoss(nn.Module):
+    """A mixture-of-experts layer that appends its load-balancing loss to a list of its own,
+    which the training loop sums into the loss and clears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(8, 3)
+        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        self.head = nn.Linear(8, 3)
+        self.aux_losses: list = []
+
+    def forward(self, x):
+        p = torch.softmax(self.gate(x), -1)
+        self.aux_losses.append((p.mean(0) ** 2).sum() * 3)
+        h = sum(p[:, i : i + 1] * e(x) for i, e in enumerate(self.experts))
+        return self.head(torch.relu(h))
+
+
+def test_the_probes_own_forwards_leave_a_list_the_forward_appends_to_as_it_was():
+    def train(astra_on: bool):
+        torch.manual_seed(0)
+        model = _CollectsItsAuxLoss()
+        aux = model.aux_losses
+        opt = torch.optim.SGD(model.parameters(), 0.1)
+        astra = (
+            AstraTorch(
+                model,
+                LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0)),
+                total_steps=1_000_000,
+                threads=("1",),
+                compile_choices=("eager", "inductor"),  # (the whole-step cache probe's forward)
+                background=False,
+            )
+            if astra_on
+            else None
+        )
+        losses = []
+        for i in range(2):  # (the probe's forward ends the first step)
+            g = torch.Generator().manual_seed(i)
+            x, y = torch.randn(6, 8, generator=g), torch.randint(0, 3, (6,), generator=g)
+
+            def step(x=x, y=y):
+                loss = F.cross_entropy(model(x), y) + 0.1 * sum(model.aux_losses)
+                model.aux_losses.clear()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                return loss.item()
+
+            losses.append(astra.run(step) if astra is not None else step())
+        assert model.aux_losses is aux and aux == []  # (the user's own list, emptied by the loop)
+        if astra is not None:
+            astra.restore()
+        return losses
+
+    assert train(True) == pytest.approx(train(False), rel=1e-6)
