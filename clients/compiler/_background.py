@@ -13,7 +13,6 @@ priority); the slowdown it causes the training steps beside it is charged to the
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
@@ -23,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -82,7 +82,11 @@ class BackgroundCompiler:
         self._files = None
         self._started = 0.0
         self.log: list[dict[str, Any]] = []  # one entry per finished background compile
-        atexit.register(self.cancel)  # no worker outlives the training process
+        # No worker outlives the training process, nor this compiler: a finaliser per running
+        # worker (run at exit too). It holds the worker, not the compiler: ``atexit`` holding
+        # ``self.cancel`` kept every wrapper ever made (and its model) alive until the process
+        # ended (held out, session 39: a sweep's trials, each model a new ``AstraTorch``).
+        self._reaper: weakref.finalize[Any, Any] | None = None
 
     # -- what the session asks
     def ready(self, values: dict[str, str]) -> bool:
@@ -168,10 +172,14 @@ class BackgroundCompiler:
                 start_new_session=True,  # its own process group: cancel() stops its children too
             )
         self._running, self._files, self._started = dict(values), (path, out, errpath), time.perf_counter()
+        self._reaper = weakref.finalize(self, _stop_worker, self._proc, self._files)
 
     def _finish(self, cancelled: bool = False) -> None:
         proc, values, files = self._proc, self._running, self._files
         self._proc, self._running, self._files = None, None, None
+        if self._reaper is not None:
+            self._reaper.detach()
+            self._reaper = None
         if proc is None or values is None or files is None:
             return
         wall = time.perf_counter() - self._started
@@ -216,3 +224,17 @@ class BackgroundCompiler:
         # Done either way: a failed background compile leaves the compile to the trial, in line,
         # where a failure falls back to eager and fails the trial, as without background compiles.
         self._done.add(values_id(values))
+
+
+def _stop_worker(proc: subprocess.Popen[bytes], files: tuple[str, str, str]) -> None:
+    """A worker whose compiler is gone (collected, or the process exits): stopped, its files
+    removed."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+    for p in files:
+        with contextlib.suppress(OSError):
+            os.unlink(p)

@@ -33,7 +33,7 @@ import contextlib
 import copy
 import io
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -41,6 +41,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from ._agreement import judge
+from ._rng import host_random_states, set_host_random_states
 
 # Without an exact twin (a model that cannot be copied): tolerances of the outputs' precision.
 RTOL = {torch.float32: 1e-3, torch.float64: 1e-6, torch.bfloat16: 5e-2, torch.float16: 5e-2}
@@ -115,7 +116,7 @@ def differs(
             except Exception:  # noqa: BLE001 - a forward with float32 constants: no twin
                 return None
 
-    return _judge(_Buffers(model), params, reference, variant, (args, kwargs), exact_of)
+    return _judge(_Buffers(model), params, reference, variant, (args, kwargs), exact_of, copy_inputs=True)
 
 
 def graph_differs(gm: Callable[..., Any], compiled: Callable[..., Any], args: tuple[Any, ...]) -> str:
@@ -149,8 +150,15 @@ def _judge(
     variant: Callable[..., Any],
     inputs: tuple[tuple[Any, ...], dict[str, Any]],
     exact_of: Callable[[tuple[Any, ...]], Any] | None,
+    copy_inputs: bool = False,
 ) -> str:
     args, kwargs = inputs
+    # (``copy_inputs``: each run on its own copy of the inputs. A module's forward that writes
+    # its input in place, an input normalised with ``x.sub_(...)``, otherwise wrote the caller's
+    # tensors, and the step's own forward, after the check, ran on an input written twice more
+    # (held out, session 39: losses 7e-2 off), the variant on what the reference wrote. A
+    # captured graph's inputs, its parameters among them, are ``kept`` and put back instead.)
+    fresh: Callable[[Any], Any] = _copied if copy_inputs else (lambda tree: tree)
     cpu_rng = torch.random.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     grad_mode = torch.is_grad_enabled()
@@ -166,9 +174,11 @@ def _judge(
 
     exact = None
     try:
-        want = _run(reference, args, kwargs, params, kept)
+        run_args, run_kwargs = fresh((args, kwargs))
+        want = _run(reference, run_args, run_kwargs, params, kept)
         restore()
-        got = _run(variant, args, kwargs, params, kept)
+        run_args, run_kwargs = fresh((args, kwargs))
+        got = _run(variant, run_args, run_kwargs, params, kept)
         if exact_of is not None:
             restore()
             with _no_autocast():
@@ -209,6 +219,21 @@ def _comparable(v: torch.Tensor) -> torch.Tensor:
     if v.is_complex():
         v = torch.view_as_real(v.resolve_conj())
     return v
+
+
+def _copied(tree: Any) -> Any:
+    """``tree`` with each tensor a copy of it, detached (a leaf that requires grad where it did);
+    a tensor that appears twice is one copy (a language model's ``input_ids=x, labels=x``)."""
+    leaves, spec = tree_flatten(tree)
+    copies: dict[int, torch.Tensor] = {}
+    out = []
+    for v in leaves:
+        if isinstance(v, torch.Tensor):
+            if id(v) not in copies:
+                copies[id(v)] = v.detach().clone().requires_grad_(v.requires_grad)
+            v = copies[id(v)]
+        out.append(v)
+    return spec.unflatten(out)
 
 
 def _detached(tree: Any) -> Any:
@@ -305,19 +330,51 @@ def _compare(what: str, want: list[torch.Tensor], got: list[torch.Tensor], rtol:
     return judge(what, norms, diffs, rtol, "the model's own")
 
 
+@contextlib.contextmanager
+def left_as_found(model: nn.Module) -> Iterator[None]:
+    """Run a forward of the wrapper's own (a cache probe, a capture, a layout check) and leave
+    the model as it was: its buffers, its modules' plain attributes and their own lists and
+    dicts (their items, shallow), and Python's and NumPy's global random streams
+    (``_rng.host_random_states``; torch's are the caller's to fork). A forward may count its
+    own calls (``self.calls += 1``, an annealing schedule read from it): held out in session 39,
+    such a model's counter was one ahead of the run without the compiler after the probe step
+    (the whole-step cache probe ran the forward once more), and its losses 4e-3 apart from
+    there on."""
+    kept = _Buffers(model)
+    try:
+        yield
+    finally:
+        kept.restore()
+
+
 class _Buffers:
     """The model's buffers as they were, put back after each run (in place, where the module
-    still holds the same tensor; the tensor itself back where a forward replaced it), and the
-    modules' plain attributes (numbers, strings, flags: a step counter a forward advances)."""
+    still holds the same tensor; the tensor itself back where a forward replaced it), the
+    modules' plain attributes (numbers, strings, flags: a step counter a forward advances), and
+    Python's and NumPy's global random streams (each run draws what the step's own will)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.kept: list[tuple[nn.Module, str, torch.Tensor, torch.Tensor]] = []
         self.plain: list[tuple[nn.Module, dict[str, Any]]] = []
+        # and the modules' own lists and dicts (not PyTorch's ``_``-named ones), as they held:
+        # held out, session 39, a mixture-of-experts layer appends its load-balancing loss to
+        # ``self.aux_losses``, which the loop sums into the loss and clears; each forward of the
+        # wrapper's own left one more term there, summed into the next step's loss (losses
+        # 1.5e-2 apart), and the check's, whose graphs it had freed, failed the compiled trials
+        # ("backward through the graph a second time")
+        self.containers: list[tuple[nn.Module, str, Any, Any]] = []
+        # and Python's and NumPy's global random streams (a forward drawing a mask from them)
+        self.host_random = host_random_states()
         for module in model.modules():
             for name, b in module._buffers.items():
                 if b is not None:
                     self.kept.append((module, name, b, b.detach().clone()))
             self.plain.append((module, {k: v for k, v in vars(module).items() if isinstance(v, _PLAIN)}))
+            self.containers += [
+                (module, k, v, copy.copy(v))
+                for k, v in vars(module).items()
+                if not k.startswith("_") and type(v) in (list, dict)
+            ]
 
     def now(self) -> list[torch.Tensor]:
         return [
@@ -332,6 +389,14 @@ class _Buffers:
                 original.copy_(saved)
         for module, attrs in self.plain:
             module.__dict__.update(attrs)
+        for module, name, held, items in self.containers:
+            module.__dict__[name] = held  # (the same object: the user may hold it too)
+            if isinstance(held, list):
+                held[:] = items
+            else:
+                held.clear()
+                held.update(items)
+        set_host_random_states(self.host_random)
 
 
 _PLAIN = (bool, int, float, str, type(None))

@@ -5,10 +5,12 @@ in any of them (a compiled region whose backward raises, a compiled step that pr
 optimiser cannot take) must not end the run nor leave the model half-updated. Before a guarded
 step changes anything, :class:`StepSnapshot` keeps what the step may change:
 
-* the random streams (CPU, and CUDA where present), at the step's start: the repeat draws the
-  same dropout masks as a run without the compiler;
+* the random streams (CPU, and CUDA where present; Python's ``random`` and NumPy's global
+  generator, which a forward's masks may be drawn from), at the step's start: the repeat draws
+  the same dropout masks as a run without the compiler;
 * parameters, their gradients and the buffers (running statistics), at the model's first call
-  in the step (nothing of the model changes before it, and the input's shapes are known there);
+  in the step (nothing of the model changes before it, and the input's shapes are known there),
+  and the input tensors of that call, which a forward may write in place;
 * each optimiser's state and hyper-parameters, at its ``step`` (a global pre-step hook, for any
   optimiser over the model's parameters; one the step does not reach is not copied);
 * a ``GradScaler`` stepping that optimiser (mixed precision's loop: scale, backward,
@@ -32,6 +34,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from ._rng import host_random_states, set_host_random_states
 
 
 def _clone(v: Any) -> Any:
@@ -64,6 +68,7 @@ class StepSnapshot:
         self.model = model
         self.cpu_rng = torch.random.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        self.host_rng = host_random_states()  # Python's ``random`` and NumPy's global streams
         self.params: list[tuple[nn.Parameter, torch.Tensor, torch.Tensor | None]] | None = None
         self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.optimizers: dict[
@@ -72,6 +77,8 @@ class StepSnapshot:
         # GradScalers stepping the optimisers: (scaler, its scale, its growth tracker), and the
         # (scaler, optimiser id) pairs whose record a rollback sets back to "not unscaled yet"
         self.scalers: dict[int, tuple[Any, Any, Any]] = {}
+        # the model's input tensors at its first call: (tensor, its version then, a copy)
+        self.inputs: list[tuple[torch.Tensor, int, torch.Tensor]] = []
         self.scaled: list[tuple[Any, int]] = []
         self.cost_s = 0.0  # time spent taking it (not the step's: it is subtracted from the step's time)
         # The optimisers are watched from the step's start, not from the model's first call: an
@@ -88,9 +95,23 @@ class StepSnapshot:
         """Was the model's state kept (the model was called in this step)?"""
         return self.params is not None
 
-    def take_model(self) -> None:
+    def take_model(self, inputs: Any = ()) -> None:
+        """Keep the model's state, and ``inputs`` (the tensors its first call was given that
+        take no gradient: the batch), which a forward may write in place (an input normalised
+        with ``x.sub_(...)``): a rolled-back step's repeat gets them as the step did (held out,
+        session 39)."""
         t0 = time.perf_counter()
         with torch.no_grad():
+            seen: set[int] = set()
+            for t in inputs:
+                if (
+                    isinstance(t, torch.Tensor)
+                    and not t.requires_grad
+                    and not t.is_inference()  # (keeps no version counter)
+                    and id(t) not in seen
+                ):
+                    seen.add(id(t))
+                    self.inputs.append((t, t._version, t.detach().clone()))
             self.params = [
                 (p, p.detach().clone(), None if p.grad is None else p.grad.detach().clone())
                 for p in self.model.parameters()
@@ -130,12 +151,16 @@ class StepSnapshot:
         torch.random.set_rng_state(self.cpu_rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
+        set_host_random_states(self.host_rng)
         with torch.no_grad():
             for p, data, grad in self.params or ():
                 p.copy_(data)
                 p.grad = None if grad is None else grad.clone()
             for b, data in self.buffers:
                 b.copy_(data)
+            for t, version, data in self.inputs:
+                if t._version != version:  # (written in place by the failed attempt)
+                    t.copy_(data)
         for opt, state, groups in self.optimizers.values():
             opt.state.clear()
             for p, st in state.items():

@@ -128,7 +128,18 @@ class StepOptimizers:
         accumulates gradients over micro-batches, one per training step here, steps its
         optimiser every k-th). Only :meth:`follow_layouts` acts on them."""
         if self._finder is None:
-            self._finder = register_optimizer_step_pre_hook(self._late_seen)
+            # (a global hook: it holds this object weakly and goes with it, as a run that ends
+            # before its exploration does never calls ``stop_finding``; held out, session 39:
+            # one hook per wrapper made, each run at every optimiser step of the process)
+            me = weakref.ref(self)
+
+            def seen(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+                found = me()
+                if found is not None:
+                    found._late_seen(opt, args, kwargs)
+
+            self._finder = register_optimizer_step_pre_hook(seen)
+            weakref.finalize(self, self._finder.remove)
 
     def stop_finding(self) -> None:
         if self._finder is not None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -466,3 +468,24 @@ def _same_states(a: list[Any], b: list[Any]) -> bool:
     import torch
 
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def host_random_states() -> tuple[Any, Any]:
+    """The process's other global random streams, those a ``forward`` may draw from outside
+    torch: Python's ``random`` (a LayerDrop decided by ``random.random()``) and NumPy's global
+    generator (Hugging Face's SpecAugment, ``_compute_mask_indices``, draws its masks with
+    ``np.random``); NumPy's None where NumPy was never imported. Held out in session 39: the
+    probe step's own forwards advanced both, and a run's masks and dropped layers were not the
+    run without the compiler's (losses 3e-2 and 7e-2 apart after 30 steps); a rolled-back step's
+    repeat drew on from where the failed attempt left them."""
+    np = sys.modules.get("numpy")
+    return random.getstate(), (np.random.get_state() if np is not None else None)
+
+
+def set_host_random_states(states: tuple[Any, Any]) -> None:
+    """Put back what :func:`host_random_states` read."""
+    py, np_state = states
+    random.setstate(py)
+    np = sys.modules.get("numpy")
+    if np_state is not None and np is not None:
+        np.random.set_state(np_state)

@@ -167,6 +167,12 @@ def _hookable(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
         yield name, module
 
 
+def _saving_hooks_active() -> bool:
+    """Are saved-tensors hooks in force (activation checkpointing's, or a user's offloading)?"""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is not None and top(False) is not None
+
+
 def _class_forward(module: nn.Module) -> Callable[..., Any]:
     """The module's class's ``forward``, bound to it (what a copy of an instrumented module runs;
     a module-level function, so that pickling can name it)."""
@@ -268,6 +274,17 @@ class CellRunner:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != self.n_inputs or not isinstance(args[0], torch.Tensor):
             return self.original_forward(*args, **kwargs)
+        if _saving_hooks_active():
+            # Inside activation checkpointing (``checkpoint(..., use_reentrant=False)``, Hugging
+            # Face's ``gradient_checkpointing_enable()``): the cell's forward runs again in the
+            # backward and must save exactly the tensors it saved the first time, while a
+            # variant's per-step caches (hoisted products) and its first call's check run other
+            # work then. Held out, session 39 (a tiny Llama with gradient checkpointing): every
+            # region trial raised in backward ("A different number of tensors was saved during the
+            # original forward and recomputation"), was rolled back and repeated, and its check
+            # logged the checkpoint's own stop signal as "computes otherwise". Such a cell runs
+            # its own code.
+            return self.original_forward(*args)
         self.clock.sync()
         t0 = time.perf_counter()
         try:
@@ -1048,7 +1065,8 @@ class AstraTorch(SessionBacked):
         if watch.seen and inputs is not None:
             started = time.perf_counter()
             try:
-                verdict = layout_forward_check(self.model, inputs[0], inputs[1], watch)
+                with _equiv.left_as_found(self.model):
+                    verdict = layout_forward_check(self.model, inputs[0], inputs[1], watch)
             except Exception as exc:  # noqa: BLE001 - a forward that cannot run so: the guess stands
                 log.info("the channels-last draws could not be checked (%s): %s", exc, watch.found or "none")
             spent = (time.perf_counter() - started) * 1e3
@@ -1645,22 +1663,17 @@ class AstraTorch(SessionBacked):
         # The plain step's ask tells, from its one trace, whether a rewrite is worth offering.
         backend.count_offered = kind == "plain" and self._region_calls <= 1
         compiled = torch.compile(self._plain_forward(), backend=backend, dynamic=False)
-        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
         asked = False
         try:
             # A forward only, under autograd (the training graph, as a trial compiles it), with
-            # the random streams and the buffers (running statistics) as they were: the probe
-            # leaves no trace in training.
-            with torch.random.fork_rng(), torch.enable_grad():
+            # the random streams, the buffers (running statistics) and the modules' plain
+            # attributes (a call counter) as they were: the probe leaves no trace in training.
+            with _equiv.left_as_found(self.model), torch.random.fork_rng(), torch.enable_grad():
                 compiled(*(self._example_args or ()), **self._example_kwargs)
             asked = True
         except Exception as exc:  # noqa: BLE001 - an untraceable step keeps its cold price
             log.info("whole-step cache probe failed (%s); the whole-step compile keeps its cold price", exc)
             backend.cold += 1
-        finally:
-            with torch.no_grad():
-                for n, b in self.model.named_buffers():
-                    b.copy_(buffers[n])
         self.clock.sync()
         self.whole_probe_ms[kind] = (time.perf_counter() - started) * 1e3
         cpu = (time.thread_time() - cpu_started) * 1e3
@@ -2219,7 +2232,7 @@ class AstraTorch(SessionBacked):
     def _count_graph_rewrites(self) -> int:
         """Capture the plain step's forward with dynamo (no compile: the graph is run as traced)
         and count the products the whole-step passes would hoist or batch in it (0 on failure).
-        Random streams and buffers are left as they were."""
+        Random streams, buffers and plain attributes are left as they were."""
         counts: list[int] = []
 
         def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -2229,19 +2242,14 @@ class AstraTorch(SessionBacked):
                 log.info("whole-step passes failed on the captured graph (%s)", exc)
             return gm.forward
 
-        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
         started = time.perf_counter()
         try:
-            with torch.random.fork_rng(), torch.enable_grad():
+            with _equiv.left_as_found(self.model), torch.random.fork_rng(), torch.enable_grad():
                 torch.compile(self._plain_forward(), backend=backend, dynamic=False)(
                     *(self._example_args or ()), **self._example_kwargs
                 )
         except Exception as exc:  # noqa: BLE001 - an untraceable step: the module tree decides
             log.info("the step could not be captured (%s)", exc)
-        finally:
-            with torch.no_grad():
-                for n, b in self.model.named_buffers():
-                    b.copy_(buffers[n])
         ms = (time.perf_counter() - started) * 1e3
         self._probe_spent_ms += ms
         if counts:  # what capturing cost here: the next capture's price
@@ -2347,9 +2355,8 @@ class AstraTorch(SessionBacked):
         snap = self._snap
         if snap is None or snap.taken or not self.clock.in_step:
             return
-        self._step_inputs = ";".join(
-            f"{tuple(a.shape)}:{a.dtype}" for a in tfx.flatten_args(args) if isinstance(a, torch.Tensor)
-        )
+        inputs = [a for a in tfx.flatten_args(args) if isinstance(a, torch.Tensor)]
+        self._step_inputs = ";".join(f"{tuple(a.shape)}:{a.dtype}" for a in inputs)
         vid = _values_id(self._applied)
         trusted = (
             self._good_steps.get(vid, 0) >= self.TRUSTED_AFTER
@@ -2360,7 +2367,7 @@ class AstraTorch(SessionBacked):
             snap.close()  # (it watches the optimisers from the step's start)
             self._snap = None
             return
-        snap.take_model()
+        snap.take_model(inputs)
 
     def _recover(self, exc: BaseException) -> bool:
         """A step raised: roll it back and mark its configuration failed when the compiler's

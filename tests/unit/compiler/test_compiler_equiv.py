@@ -421,3 +421,27 @@ def test_an_evaluation_through_the_compiled_model_is_checked_on_its_own(monkeypa
     want = type(model).forward(model, x)
     assert torch.allclose(got, want)
     assert "computes otherwise" in astra.whole_failed.get("plain", "")
+
+
+class _NormalisesItsInput(nn.Module):
+    """A forward that normalises its input in place (held out, session 39)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.sub_(x.mean(-1, keepdim=True)).mul_(2.0)
+        return self.lin(x)
+
+
+def test_a_forward_writing_its_input_in_place_is_checked_on_copies_and_the_input_is_left():
+    """Both runs of the check ran on the caller's tensors: the variant saw what the reference had
+    written (a variant of the same code then differed), and the step's own forward, after the
+    check, an input written twice more (the scratch probe's losses 7e-2 off eager's)."""
+    torch.manual_seed(0)
+    m = _NormalisesItsInput()
+    x = torch.randn(4, 6)
+    before = x.clone()
+    assert _equiv.differs(m, m.forward, m.forward, (x,), {}) == ""
+    assert torch.equal(x, before)

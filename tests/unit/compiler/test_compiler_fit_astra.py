@@ -243,3 +243,42 @@ def test_a_loss_scale_optimizer_and_a_short_last_batch_train_as_plain_fit(tmp_pa
     assert astra.summary()["settled"]
     assert got.history == want.history
     _same_weights(model, want_model)
+
+
+def test_a_two_output_models_per_output_losses_with_a_short_last_batch_are_plain_fits(tmp_path):
+    """Held out (session 39): Keras weighs each batch's per-output loss (``reg_loss``,
+    ``cls_loss``) by ``y_pred.shape[0]``, a static shape: None in Keras' own trace (the
+    iterator's batch dimension), so every batch weighs one. Astra traced its plain step for the
+    first batch's shapes, a short last batch then weighed its size, and the History's per-output
+    losses of every epoch left plain ``fit``'s (the weights and the total loss equal). The step
+    is now traced for the iterator's ``element_spec`` only."""
+
+    def build():
+        keras.utils.set_random_seed(0)
+        a, b = keras.Input((6,), name="a"), keras.Input((3,), name="b")
+        h = keras.layers.Dense(8, activation="relu")(keras.layers.Concatenate()([a, b]))
+        out = {"reg": keras.layers.Dense(1, name="reg")(h), "cls": keras.layers.Dense(3, name="cls")(h)}
+        model = keras.Model({"a": a, "b": b}, out)
+        model.compile(
+            keras.optimizers.RMSprop(1e-2),
+            loss={"reg": "mse", "cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
+            loss_weights={"reg": 1.0, "cls": 0.2},
+        )
+        return model
+
+    x, y = _data()
+    inputs = {"a": x[:44], "b": x[:44, :3] * 2.0}
+    targets = {"reg": x[:44, :1], "cls": y[:44]}
+    kw = dict(batch_size=8, epochs=2, verbose=0, shuffle=False)  # (44 = 5 x 8 + 4)
+    want_model = build()
+    want = want_model.fit(inputs, targets, **kw)
+    model = build()
+    astra = _attach(model, tmp_path, xla=False)
+    got = model.fit(inputs, targets, **kw)
+    assert astra.summary()["settled"]
+    assert sorted(got.history) == sorted(want.history) == ["cls_loss", "loss", "reg_loss"]
+    for k in want.history:
+        np.testing.assert_allclose(got.history[k], want.history[k], rtol=1e-6)
+    _same_weights(model, want_model)
+    traced = astra.astra.direct.pretty_printed_concrete_signatures()
+    assert "shape=(None, 6)" in traced and "shape=(8" not in traced and "shape=(4" not in traced

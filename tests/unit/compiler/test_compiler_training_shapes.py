@@ -253,3 +253,61 @@ def test_a_failed_trial_in_a_model_whose_own_forward_the_step_never_calls_is_rol
     assert got == pytest.approx(ref, rel=1e-4, abs=1e-6)
     for p, q in zip(ref_model.parameters(), model.parameters()):
         assert torch.allclose(p, q, rtol=1e-4, atol=1e-5)
+
+
+class _SharedBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(12, 24), nn.Linear(24, 12)
+
+    def forward(self, x):
+        return x + self.b(torch.tanh(self.a(x)))
+
+
+class _CheckpointedCells(nn.Module):
+    """One block called three times a step (a cell: its hoisting is a variable), each call
+    under non-reentrant activation checkpointing, as Hugging Face's
+    ``gradient_checkpointing_enable()`` wraps its layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blk, self.head = _SharedBlock(), nn.Linear(12, 1)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        for _ in range(3):
+            x = checkpoint(self.blk, x, use_reentrant=False)
+        return self.head(x.mean(1))
+
+
+def test_a_cell_under_activation_checkpointing_runs_its_own_code_and_no_trial_fails():
+    """Held out (session 39): a region's variant inside a checkpoint did other work in the
+    backward's recomputation than in the forward (its cached hoisted products, its check), and
+    every region trial raised there ("A different number of tensors was saved during the
+    original forward and recomputation"), rolled back and repeated."""
+
+    def train(astra_on: bool):
+        torch.manual_seed(0)
+        model = _CheckpointedCells()
+        opt = torch.optim.SGD(model.parameters(), 0.05)
+        astra = _astra(model) if astra_on else None
+        losses = []
+        for i in range(24):
+            g = torch.Generator().manual_seed(i % 5)
+            x, y = torch.randn(8, 6, 12, generator=g), torch.randn(8, 1, generator=g)
+
+            def step(x=x, y=y):
+                loss = nn.functional.mse_loss(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                return loss.item()
+
+            losses.append(astra.run(step) if astra is not None else step())
+        return losses, astra
+
+    losses, astra = train(True)
+    assert any(v.name.endswith(".hoist") for v in astra.session.spec.variables)  # (a cell was found)
+    assert astra.rolled_back == 0
+    assert losses == pytest.approx(train(False)[0], rel=1e-6)
