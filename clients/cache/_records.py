@@ -145,13 +145,22 @@ def _npy(data: bytes) -> Spans:
         raise InvalidArgument("a Fortran-ordered .npy: its rows are not contiguous (save it C-ordered)")
     if not shape:
         raise InvalidArgument("a 0-d .npy array has no rows")
-    rows = shape[0]
+    import numpy as np
+
+    try:
+        item = np.dtype(descr).itemsize
+    except TypeError as exc:
+        raise InvalidArgument(f"bad .npy dtype {descr!r}: {exc}") from exc
+    rows, row = int(shape[0]), item
+    for d in shape[1:]:
+        row *= int(d)
+    # A row's size is the header's (dtype and shape), never the body's share: a file cut short
+    # or padded by a whole number of rows would otherwise split into rows of the wrong width.
     body = len(data) - start
-    if rows == 0:
-        return []
-    if body % rows:
-        raise InvalidArgument(f".npy data of {body} bytes does not split into {rows} rows")
-    row = body // rows
+    if body < rows * row:
+        raise InvalidArgument(
+            f".npy data of {body} bytes is short of its {rows} rows of {row} bytes (a truncated file?)"
+        )
     return [(start + r * row, row) for r in range(rows)]
 
 

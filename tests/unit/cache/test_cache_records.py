@@ -205,3 +205,21 @@ def test_a_folder_as_tfds_writes_it_takes_its_shards_by_glob(tmp_path):
     assert again.digest == idx.digest
     with pytest.raises(InvalidArgument, match="no files matching"):
         register_dataset(kv, "none", str(d), include="*.parquet", home=str(tmp_path / "h"))
+
+
+def test_npy_rows_are_as_wide_as_the_header_says_whatever_the_body() -> None:
+    # Session 39: a row's width was the body's size over the row count, so a file cut short (or
+    # padded) by a whole number of rows split into rows of the wrong width, served as if sound.
+    arr = np.arange(12, dtype=np.int64).reshape(3, 4)
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    data = buf.getvalue()
+    with pytest.raises(InvalidArgument, match="short of its 3 rows of 32 bytes"):
+        record_spans("npy", data[:-24])
+    padded = data + b"\0" * 24  # np.load reads the header's rows and leaves the rest
+    rows = [np.frombuffer(padded[o : o + n], np.int64) for o, n in record_spans("npy", padded)]
+    assert len(rows) == 3 and all(np.array_equal(r, arr[i]) for i, r in enumerate(rows))
+    buf = io.BytesIO()
+    np.save(buf, np.arange(6, dtype=">u2").reshape(3, 2))  # big-endian: raw bytes, as stored
+    data = buf.getvalue()
+    assert [n for _, n in record_spans("npy", data)] == [4, 4, 4]
