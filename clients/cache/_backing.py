@@ -61,14 +61,33 @@ class LocalStore:
     def list_files(self) -> list[tuple[str, int]]:
         if self.only is not None:
             return [(self.only, os.path.getsize(os.path.join(self.root, self.only)))]
+        # Symbolic links are followed, to files and to folders (a dataset assembled from links
+        # is common); a folder already walked (a link back up the tree) is walked once.
         out = []
-        for dirpath, dirnames, filenames in os.walk(self.root):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        seen = {os.path.realpath(self.root)}
+        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=True):
+            keep = []
+            for d in sorted(dirnames):
+                real = os.path.realpath(os.path.join(dirpath, d))
+                if not d.startswith(".") and real not in seen:
+                    seen.add(real)
+                    keep.append(d)
+            dirnames[:] = keep
             for name in filenames:
                 if name.startswith("."):
                     continue
                 full = os.path.join(dirpath, name)
-                out.append((os.path.relpath(full, self.root).replace(os.sep, "/"), os.path.getsize(full)))
+                rel = os.path.relpath(full, self.root).replace(os.sep, "/")
+                try:
+                    size = os.path.getsize(full)
+                except OSError as exc:
+                    from microco.common.errors import InvalidArgument
+
+                    raise InvalidArgument(
+                        f"dataset file {rel!r} cannot be read: {exc.strerror} "
+                        f"(a broken symbolic link?): remove it or fix it"
+                    ) from None
+                out.append((rel, size))
         out.sort()
         return out
 

@@ -1,0 +1,44 @@
+"""Datasets of shapes their authors did not write (session 39's held-out round): links in the
+folder, files gone after registration. Each read is compared with the files read directly."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from microco.clients.cache import LocalStore, build_index
+from microco.common.errors import InvalidArgument
+
+
+def _write(path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def test_linked_folders_and_files_are_samples_and_a_link_loop_is_walked_once(tmp_path) -> None:
+    # A dataset assembled from symbolic links: the linked folder's files were silently left out
+    # (os.walk does not follow links by default), so their samples were lost from every epoch.
+    root, elsewhere = tmp_path / "d", tmp_path / "elsewhere"
+    _write(root / "a", b"a" * 10)
+    _write(root / "sub" / "b", b"b" * 20)
+    _write(elsewhere / "c", b"c" * 30)
+    os.symlink(elsewhere, root / "linked")
+    os.symlink(root / "a", root / "a-again")
+    os.symlink("..", root / "sub" / "up")  # back to the root: walked once
+    store = LocalStore(str(root))
+    assert store.list_files() == [("a", 10), ("a-again", 10), ("linked/c", 30), ("sub/b", 20)]
+    idx = build_index(store.list_files(), store.read, 1 << 20)
+    assert [store.read(s.path) for s in idx.samples] == [b"a" * 10, b"a" * 10, b"c" * 30, b"b" * 20]
+
+
+def test_a_broken_link_in_the_folder_is_named_at_registration(tmp_path) -> None:
+    root = tmp_path / "d"
+    _write(root / "a", b"a")
+    os.symlink(root / "gone", root / "dangling")
+    with pytest.raises(InvalidArgument, match="'dangling' cannot be read.*broken symbolic link"):
+        LocalStore(str(root)).list_files()
+    os.remove(root / "dangling")
+    os.symlink(root / "loop", root / "loop")
+    with pytest.raises(InvalidArgument, match="'loop' cannot be read"):
+        LocalStore(str(root)).list_files()
