@@ -264,7 +264,18 @@ def sample_runs(refs: Sequence[SampleRef]) -> list[list[SampleRef]]:
 
 def read_run(store: BackingStore, run: Sequence[SampleRef]) -> list[bytes]:
     """The bytes of a run's samples (``sample_runs``), in its order, each checked against its
-    digest: one read for the whole run."""
+    digest: one read for the whole run. A file gone since registration is refused as a changed
+    one is (``FailedPrecondition``, naming it), not as the store's bare ``FileNotFoundError``."""
+    try:
+        return _read_run(store, run)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+        raise FailedPrecondition(
+            f"sample file {run[0].path!r} is gone from the dataset's backing store since it was "
+            f"registered ({type(exc).__name__}): re-register it"
+        ) from None
+
+
+def _read_run(store: BackingStore, run: Sequence[SampleRef]) -> list[bytes]:
     if len(run) == 1:
         return [read_checked(store, run[0])]
     base = run[0].start

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from microco.clients.cache import LocalStore, build_index
-from microco.common.errors import InvalidArgument
+from microco.clients.cache import LocalStore, QuiverLoader, build_index
+from microco.common.errors import FailedPrecondition, InvalidArgument
 
 
 def _write(path, data: bytes) -> None:
@@ -42,3 +42,25 @@ def test_a_broken_link_in_the_folder_is_named_at_registration(tmp_path) -> None:
     os.symlink(root / "loop", root / "loop")
     with pytest.raises(InvalidArgument, match="'loop' cannot be read"):
         LocalStore(str(root)).list_files()
+
+
+@pytest.mark.parametrize("records", ["file", "lines"])
+def test_a_file_deleted_after_registration_is_named_when_its_samples_are_read(tmp_path, records) -> None:
+    # It surfaced as the store's bare FileNotFoundError (an absolute path on the host, no hint
+    # that the dataset's registration is stale), unlike a file changed since.
+    root = tmp_path / "d"
+    for i in range(6):
+        _write(root / f"f{i}", f"{i}\n{i}{i}\n".encode())
+    store = LocalStore(str(root))
+    idx = build_index(store.list_files(), store.read, 1 << 20, records=records)
+    os.remove(root / "f3")
+    loader = QuiverLoader(idx, store, batch_size=4, dataset="d", job_id="j", server=False, prefetch=False)
+    try:
+        with pytest.raises(FailedPrecondition, match="'f3' is gone from the dataset's backing store.*re-register"):
+            for _ in loader.epoch(0):
+                pass
+        gone = [s.index for s in idx.samples if s.path == "f3"]
+        with pytest.raises(FailedPrecondition, match="'f3' is gone"):
+            loader.read(gone)
+    finally:
+        loader.close()
