@@ -56,7 +56,9 @@ def test_a_file_deleted_after_registration_is_named_when_its_samples_are_read(tm
     os.remove(root / "f3")
     loader = QuiverLoader(idx, store, batch_size=4, dataset="d", job_id="j", server=False, prefetch=False)
     try:
-        with pytest.raises(FailedPrecondition, match="'f3' is gone from the dataset's backing store.*re-register"):
+        with pytest.raises(
+            FailedPrecondition, match="'f3' is gone from the dataset's backing store.*re-register"
+        ):
             for _ in loader.epoch(0):
                 pass
         gone = [s.index for s in idx.samples if s.path == "f3"]
