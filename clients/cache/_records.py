@@ -9,7 +9,7 @@ container. Every function here is pure: a file's bytes in, the byte spans of its
 | format | a sample is | its bytes |
 |---|---|---|
 | ``file`` (default) | a whole file | the file |
-| ``lines`` | a non-empty line (``\\n``-separated; a ``\\r`` before it is kept) | the line, without its ``\\n`` |
+| ``lines`` | a non-blank line (``\\n``-separated; a ``\\r`` before it is kept; a lone ``\\r`` is blank) | the line, without its ``\\n`` |
 | ``tfrecord`` | a TFRecord record | its payload (e.g. a serialized ``tf.train.Example``) |
 | ``tar`` | consecutive members sharing a key (WebDataset: ``dir/key.ext``) | those members as a tar fragment: ``tar_sample`` reads it |
 | ``fixed:N`` | each N bytes | N bytes (the file's size must be a multiple of N) |
@@ -40,7 +40,8 @@ def _lines(data: bytes) -> Spans:
         end = data.find(b"\n", start)
         if end < 0:
             end = n
-        if end > start:
+        # A blank line is no sample, a CRLF file's (a lone ``\r``) included.
+        if end > start and not (end - start == 1 and data[start] == 0x0D):
             out.append((start, end - start))
         start = end + 1
     return out

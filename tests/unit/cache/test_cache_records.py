@@ -223,3 +223,11 @@ def test_npy_rows_are_as_wide_as_the_header_says_whatever_the_body() -> None:
     np.save(buf, np.arange(6, dtype=">u2").reshape(3, 2))  # big-endian: raw bytes, as stored
     data = buf.getvalue()
     assert [n for _, n in record_spans("npy", data)] == [4, 4, 4]
+
+
+def test_a_blank_line_of_a_crlf_file_is_no_sample() -> None:
+    # Session 39: a CRLF file's blank line (b"\r\n") became a sample of one b"\r", which no
+    # JSON-lines reader takes; an LF file's blank line was already skipped.
+    text = b'{"a": 1}\r\n\r\n{"a": 2}\r\n\r\n'
+    assert [text[o : o + n] for o, n in record_spans("lines", text)] == [b'{"a": 1}\r', b'{"a": 2}\r']
+    assert record_spans("lines", b"\r\n\r\n") == []
