@@ -10,6 +10,7 @@ shared by every reader of it), so benchmarks can model a remote blob store on on
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from collections.abc import Sequence
@@ -78,16 +79,22 @@ class LocalStore:
                     continue
                 full = os.path.join(dirpath, name)
                 rel = os.path.relpath(full, self.root).replace(os.sep, "/")
-                try:
-                    size = os.path.getsize(full)
-                except OSError as exc:
-                    from microco.common.errors import InvalidArgument
+                from microco.common.errors import InvalidArgument
 
+                try:
+                    st = os.stat(full)
+                except OSError as exc:
                     raise InvalidArgument(
                         f"dataset file {rel!r} cannot be read: {exc.strerror} "
                         f"(a broken symbolic link?): remove it or fix it"
                     ) from None
-                out.append((rel, size))
+                if not stat.S_ISREG(st.st_mode):
+                    # A named pipe's read would wait for a writer forever (the registration hung).
+                    raise InvalidArgument(
+                        f"dataset entry {rel!r} is not a regular file (a pipe, socket or device): "
+                        "remove it or register a folder without it"
+                    )
+                out.append((rel, st.st_size))
         out.sort()
         return out
 

@@ -66,3 +66,12 @@ def test_a_file_deleted_after_registration_is_named_when_its_samples_are_read(tm
             loader.read(gone)
     finally:
         loader.close()
+
+
+def test_a_named_pipe_in_the_folder_is_refused_not_read_forever(tmp_path) -> None:
+    # Registration listed it as a file of 0 bytes and then hung in read(), waiting for a writer.
+    root = tmp_path / "d"
+    _write(root / "a", b"a")
+    os.mkfifo(root / "pipe")
+    with pytest.raises(InvalidArgument, match="'pipe' is not a regular file"):
+        LocalStore(str(root)).list_files()
