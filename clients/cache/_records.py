@@ -79,9 +79,19 @@ def _key(name: str) -> str:
 def _tar(data: bytes) -> Spans:
     try:
         tf = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
-        members = [m for m in tf.getmembers() if m.isfile()]
+        everything = tf.getmembers()
     except tarfile.TarError as exc:
         raise InvalidArgument(f"not a tar file: {exc}") from exc
+    for m in everything:
+        if m.islnk() or m.issym():
+            # Its bytes are another member's, outside this sample's fragment: ``tar_sample``
+            # would silently give the sample without it.
+            raise InvalidArgument(
+                f"tar member {m.name!r} is a {'hard' if m.islnk() else 'symbolic'} link to "
+                f"{m.linkname!r}: write the shard with each member's own bytes "
+                "(GNU tar --hard-dereference / --dereference)"
+            )
+    members = [m for m in everything if m.isfile()]
     out: Spans = []
     key, start, end = None, 0, 0
     for m in members:

@@ -231,3 +231,20 @@ def test_a_blank_line_of_a_crlf_file_is_no_sample() -> None:
     text = b'{"a": 1}\r\n\r\n{"a": 2}\r\n\r\n'
     assert [text[o : o + n] for o, n in record_spans("lines", text)] == [b'{"a": 1}\r', b'{"a": 2}\r']
     assert record_spans("lines", b"\r\n\r\n") == []
+
+
+def test_a_tar_member_that_is_a_link_is_refused_naming_it() -> None:
+    # Session 39: a shard written by tar from a folder with hard-linked files (two samples with
+    # the same label file) stores the second as a link; its sample's fragment held no bytes for
+    # it and tar_sample gave the sample without that member, silently.
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, data in (("a.cls", b"7"), ("a.jpg", b"A")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("b.cls")
+        link.type, link.linkname = tarfile.LNKTYPE, "a.cls"
+        tf.addfile(link)
+    with pytest.raises(InvalidArgument, match="'b.cls' is a hard link to 'a.cls'"):
+        record_spans("tar", buf.getvalue())
