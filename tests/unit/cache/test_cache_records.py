@@ -17,6 +17,7 @@ import pytest
 from microco.clients.cache import LocalStore, build_index, check_format, record_spans, tar_sample
 from microco.clients.cache._backing import read_checked, read_run, sample_runs
 from microco.clients.cache._index import DatasetIndex
+from microco.clients.cache._records import _masked_crc32c
 from microco.common.errors import FailedPrecondition, InvalidArgument
 
 
@@ -32,8 +33,15 @@ def _tar(members: list[tuple[str, bytes]]) -> bytes:
 
 
 def _tfrecord(payloads: list[bytes]) -> bytes:
-    # The framing TFRecordWriter writes (the CRCs are not read: samples are content-hashed).
-    return b"".join(struct.pack("<Q", len(p)) + b"\0" * 4 + p + b"\0" * 4 for p in payloads)
+    # The framing TFRecordWriter writes (the length's CRC is checked, the payload's is not read:
+    # samples are content-hashed).
+    return b"".join(
+        struct.pack("<Q", len(p))
+        + struct.pack("<I", _masked_crc32c(struct.pack("<Q", len(p))))
+        + p
+        + b"\0" * 4
+        for p in payloads
+    )
 
 
 def test_webdataset_tar_members_sharing_a_key_are_one_sample() -> None:
@@ -248,3 +256,15 @@ def test_a_tar_member_that_is_a_link_is_refused_naming_it() -> None:
         tf.addfile(link)
     with pytest.raises(InvalidArgument, match="'b.cls' is a hard link to 'a.cls'"):
         record_spans("tar", buf.getvalue())
+
+
+def test_a_tfrecord_length_failing_its_checksum_is_refused() -> None:
+    # Session 39: the CRCs were not read, so a corrupt length that still framed the file (or a
+    # file that only looked like TFRecords) gave records of the wrong bytes. The expected value
+    # is TFRecordWriter's for a record of 3 bytes (checked against tf.io.TFRecordWriter).
+    assert _masked_crc32c(struct.pack("<Q", 3)) == 0x0E4999B0
+    good = _tfrecord([b"abc", b"defgh"])
+    bad = bytearray(good)
+    bad[8] ^= 0xFF
+    with pytest.raises(InvalidArgument, match="offset 0 fails its checksum"):
+        record_spans("tfrecord", bytes(bad))
