@@ -106,7 +106,16 @@ def _key(name: str) -> str:
     return f"{head}/{key}" if head else key
 
 
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
 def _tar(data: bytes) -> Spans:
+    for magic, kind in _COMPRESSED.items():
+        if data.startswith(magic):
+            # tarfile's own word for it is "truncated header" or "invalid header".
+            raise InvalidArgument(
+                f"a {kind}-compressed tar (.tgz, .tar.gz...): decompress it first (records are read by range)"
+            )
     try:
         tf = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
         everything = tf.getmembers()

@@ -268,3 +268,15 @@ def test_a_tfrecord_length_failing_its_checksum_is_refused() -> None:
     bad[8] ^= 0xFF
     with pytest.raises(InvalidArgument, match="offset 0 fails its checksum"):
         record_spans("tfrecord", bytes(bad))
+
+
+def test_a_compressed_tar_shard_is_refused_saying_so() -> None:
+    # Session 39: a .tar.gz WebDataset shard (webdataset reads .tgz) was refused as "not a tar
+    # file: truncated header", which names no cause.
+    import gzip
+    import lzma
+
+    plain = _tar([("a.jpg", b"1")])
+    for packed, kind in ((gzip.compress(plain), "gzip"), (lzma.compress(plain), "xz")):
+        with pytest.raises(InvalidArgument, match=f"a {kind}-compressed tar.*decompress it first"):
+            record_spans("tar", packed)
