@@ -21,6 +21,7 @@ Spans are (offset in the file, length), in file order, never overlapping.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import struct
 import tarfile
@@ -60,6 +61,7 @@ def _crc32c_table() -> list[int]:
 _CRC32C = _crc32c_table()
 
 
+@functools.lru_cache(maxsize=4096)  # a shard's records repeat few lengths
 def _masked_crc32c(data: bytes) -> int:
     """TFRecord's checksum: CRC32C (Castagnoli), rotated right by 15 and offset."""
     c = 0xFFFFFFFF
