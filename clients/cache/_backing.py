@@ -63,15 +63,16 @@ class LocalStore:
         if self.only is not None:
             return [(self.only, os.path.getsize(os.path.join(self.root, self.only)))]
         # Symbolic links are followed, to files and to folders (a dataset assembled from links
-        # is common); a folder already walked (a link back up the tree) is walked once.
+        # is common), each link its own samples as a linked file is; a link to a folder that
+        # holds it (back up the tree) would loop, and is cut.
         out = []
-        seen = {os.path.realpath(self.root)}
+        above = {self.root: frozenset({os.path.realpath(self.root)})}
         for dirpath, dirnames, filenames in os.walk(self.root, followlinks=True):
             keep = []
             for d in sorted(dirnames):
                 real = os.path.realpath(os.path.join(dirpath, d))
-                if not d.startswith(".") and real not in seen:
-                    seen.add(real)
+                if not d.startswith(".") and real not in above[dirpath]:
+                    above[os.path.join(dirpath, d)] = above[dirpath] | {real}
                     keep.append(d)
             dirnames[:] = keep
             for name in filenames:

@@ -24,12 +24,21 @@ def test_linked_folders_and_files_are_samples_and_a_link_loop_is_walked_once(tmp
     _write(root / "sub" / "b", b"b" * 20)
     _write(elsewhere / "c", b"c" * 30)
     os.symlink(elsewhere, root / "linked")
+    os.symlink(elsewhere, root / "linked-again")  # each link its samples, as for files
     os.symlink(root / "a", root / "a-again")
-    os.symlink("..", root / "sub" / "up")  # back to the root: walked once
+    os.symlink("..", root / "sub" / "up")  # back to a folder holding it: cut, not a loop
     store = LocalStore(str(root))
-    assert store.list_files() == [("a", 10), ("a-again", 10), ("linked/c", 30), ("sub/b", 20)]
+    listed = [("a", 10), ("a-again", 10), ("linked-again/c", 30), ("linked/c", 30), ("sub/b", 20)]
+    assert store.list_files() == listed
     idx = build_index(store.list_files(), store.read, 1 << 20)
-    assert [store.read(s.path) for s in idx.samples] == [b"a" * 10, b"a" * 10, b"c" * 30, b"b" * 20]
+    assert [s.path for s in idx.samples] == [p for p, _ in listed]
+    assert [store.read(s.path) for s in idx.samples] == [
+        b"a" * 10,
+        b"a" * 10,
+        b"c" * 30,
+        b"c" * 30,
+        b"b" * 20,
+    ]
 
 
 def test_a_broken_link_in_the_folder_is_named_at_registration(tmp_path) -> None:
