@@ -84,3 +84,16 @@ def test_a_named_pipe_in_the_folder_is_refused_not_read_forever(tmp_path) -> Non
     os.mkfifo(root / "pipe")
     with pytest.raises(InvalidArgument, match="'pipe' is not a regular file"):
         LocalStore(str(root)).list_files()
+
+
+def test_a_file_deleted_while_the_dataset_is_indexed_is_named(tmp_path) -> None:
+    # Between listing and reading (a writer still cleaning its shards up): it surfaced as a bare
+    # FileNotFoundError with the host's absolute path.
+    root = tmp_path / "d"
+    for i in range(3):
+        _write(root / f"f{i}", b"x" * (i + 1))
+    store = LocalStore(str(root))
+    files = store.list_files()
+    os.remove(root / "f1")
+    with pytest.raises(InvalidArgument, match="f1: gone from the dataset while it was being indexed"):
+        build_index(files, store.read, 1 << 20)
