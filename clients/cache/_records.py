@@ -134,17 +134,21 @@ def _tar(data: bytes) -> Spans:
             )
     members = [m for m in everything if m.isfile()]
     out: Spans = []
-    key, start, end = None, 0, 0
+    key, start, end, names = None, 0, 0, set()
     for m in members:
         # m.offset: its first header (a long name's or pax header's included); data padded to 512.
         stop = m.offset_data + ((m.size + 511) // 512) * 512
         k = _key(m.name)
         if k == key:
+            if m.name in names:
+                # tar_sample's dict would keep only the last (WebDataset refuses it too).
+                raise InvalidArgument(f"tar member {m.name!r} appears twice in one sample")
+            names.add(m.name)
             end = stop
             continue
         if key is not None:
             out.append((start, end - start))
-        key, start, end = k, m.offset, stop
+        key, start, end, names = k, m.offset, stop, {m.name}
     if key is not None:
         out.append((start, end - start))
     return out

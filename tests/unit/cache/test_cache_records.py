@@ -280,3 +280,18 @@ def test_a_compressed_tar_shard_is_refused_saying_so() -> None:
     for packed, kind in ((gzip.compress(plain), "gzip"), (lzma.compress(plain), "xz")):
         with pytest.raises(InvalidArgument, match=f"a {kind}-compressed tar.*decompress it first"):
             record_spans("tar", packed)
+
+
+def test_a_member_twice_in_one_tar_sample_is_refused() -> None:
+    # Session 39: tar_sample's {ext: bytes} kept only the last of two "a.jpg" in a row, so the
+    # sample silently lost one (WebDataset refuses such a shard).
+    data = _tar([("a.jpg", b"1"), ("a.jpg", b"2"), ("a.cls", b"3")])
+    with pytest.raises(InvalidArgument, match="'a.jpg' appears twice in one sample"):
+        record_spans("tar", data)
+    # The same name in two samples apart is two samples, as before.
+    apart = _tar([("a.jpg", b"1"), ("b.jpg", b"2"), ("a.jpg", b"3")])
+    assert [tar_sample(apart[o : o + n]) for o, n in record_spans("tar", apart)] == [
+        {"jpg": b"1"},
+        {"jpg": b"2"},
+        {"jpg": b"3"},
+    ]
