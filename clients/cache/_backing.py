@@ -51,7 +51,7 @@ class LocalStore:
         path = os.path.abspath(root)
         self.url = path
         self.only: str | None = None
-        if os.path.isfile(path):
+        if os.path.exists(path) and not os.path.isdir(path):  # a file (a pipe: refused when listed)
             path, self.only = os.path.split(path)
         self.root = path
         if not os.path.isdir(self.root):
@@ -61,7 +61,7 @@ class LocalStore:
 
     def list_files(self) -> list[tuple[str, int]]:
         if self.only is not None:
-            return [(self.only, os.path.getsize(os.path.join(self.root, self.only)))]
+            return [(self.only, _regular_size(os.path.join(self.root, self.only), self.only))]
         # Symbolic links are followed, to files and to folders (a dataset assembled from links
         # is common), each link its own samples as a linked file is; a link to a folder that
         # holds it (back up the tree) would loop, and is cut.
@@ -80,22 +80,7 @@ class LocalStore:
                     continue
                 full = os.path.join(dirpath, name)
                 rel = os.path.relpath(full, self.root).replace(os.sep, "/")
-                from microco.common.errors import InvalidArgument
-
-                try:
-                    st = os.stat(full)
-                except OSError as exc:
-                    raise InvalidArgument(
-                        f"dataset file {rel!r} cannot be read: {exc.strerror} "
-                        f"(a broken symbolic link?): remove it or fix it"
-                    ) from None
-                if not stat.S_ISREG(st.st_mode):
-                    # A named pipe's read would wait for a writer forever (the registration hung).
-                    raise InvalidArgument(
-                        f"dataset entry {rel!r} is not a regular file (a pipe, socket or device): "
-                        "remove it or register a folder without it"
-                    )
-                out.append((rel, st.st_size))
+                out.append((rel, _regular_size(full, rel)))
         out.sort()
         return out
 
@@ -123,6 +108,26 @@ class LocalStore:
 
             raise InvalidArgument(f"path {path!r} escapes the dataset root")
         return full
+
+
+def _regular_size(full: str, rel: str) -> int:
+    """The size of a dataset's file ``full`` (``rel`` in messages), refused unless it is a
+    regular file, links followed."""
+    from microco.common.errors import InvalidArgument
+
+    try:
+        st = os.stat(full)
+    except OSError as exc:
+        raise InvalidArgument(
+            f"dataset file {rel!r} cannot be read: {exc.strerror} (a broken symbolic link?): remove it or fix it"
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        # A named pipe's read would wait for a writer forever (the registration hung).
+        raise InvalidArgument(
+            f"dataset entry {rel!r} is not a regular file (a pipe, socket or device): "
+            "remove it or register a folder without it"
+        )
+    return st.st_size
 
 
 class FsspecStore:

@@ -84,6 +84,8 @@ def test_a_named_pipe_in_the_folder_is_refused_not_read_forever(tmp_path) -> Non
     os.mkfifo(root / "pipe")
     with pytest.raises(InvalidArgument, match="'pipe' is not a regular file"):
         LocalStore(str(root)).list_files()
+    with pytest.raises(InvalidArgument, match="'pipe' is not a regular file"):
+        LocalStore(str(root / "pipe")).list_files()  # the one file of a dataset
 
 
 def test_a_file_deleted_while_the_dataset_is_indexed_is_named(tmp_path) -> None:
