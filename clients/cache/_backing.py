@@ -10,6 +10,7 @@ shared by every reader of it), so benchmarks can model a remote blob store on on
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from collections.abc import Sequence
@@ -50,7 +51,7 @@ class LocalStore:
         path = os.path.abspath(root)
         self.url = path
         self.only: str | None = None
-        if os.path.isfile(path):
+        if os.path.exists(path) and not os.path.isdir(path):  # a file (a pipe: refused when listed)
             path, self.only = os.path.split(path)
         self.root = path
         if not os.path.isdir(self.root):
@@ -60,15 +61,26 @@ class LocalStore:
 
     def list_files(self) -> list[tuple[str, int]]:
         if self.only is not None:
-            return [(self.only, os.path.getsize(os.path.join(self.root, self.only)))]
+            return [(self.only, _regular_size(os.path.join(self.root, self.only), self.only))]
+        # Symbolic links are followed, to files and to folders (a dataset assembled from links
+        # is common), each link its own samples as a linked file is; a link to a folder that
+        # holds it (back up the tree) would loop, and is cut.
         out = []
-        for dirpath, dirnames, filenames in os.walk(self.root):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        above = {self.root: frozenset({os.path.realpath(self.root)})}
+        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=True):
+            keep = []
+            for d in sorted(dirnames):
+                real = os.path.realpath(os.path.join(dirpath, d))
+                if not d.startswith(".") and real not in above[dirpath]:
+                    above[os.path.join(dirpath, d)] = above[dirpath] | {real}
+                    keep.append(d)
+            dirnames[:] = keep
             for name in filenames:
                 if name.startswith("."):
                     continue
                 full = os.path.join(dirpath, name)
-                out.append((os.path.relpath(full, self.root).replace(os.sep, "/"), os.path.getsize(full)))
+                rel = os.path.relpath(full, self.root).replace(os.sep, "/")
+                out.append((rel, _regular_size(full, rel)))
         out.sort()
         return out
 
@@ -96,6 +108,26 @@ class LocalStore:
 
             raise InvalidArgument(f"path {path!r} escapes the dataset root")
         return full
+
+
+def _regular_size(full: str, rel: str) -> int:
+    """The size of a dataset's file ``full`` (``rel`` in messages), refused unless it is a
+    regular file, links followed."""
+    from microco.common.errors import InvalidArgument
+
+    try:
+        st = os.stat(full)
+    except OSError as exc:
+        raise InvalidArgument(
+            f"dataset file {rel!r} cannot be read: {exc.strerror} (a broken symbolic link?): remove it or fix it"
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        # A named pipe's read would wait for a writer forever (the registration hung).
+        raise InvalidArgument(
+            f"dataset entry {rel!r} is not a regular file (a pipe, socket or device): "
+            "remove it or register a folder without it"
+        )
+    return st.st_size
 
 
 class FsspecStore:
@@ -245,7 +277,18 @@ def sample_runs(refs: Sequence[SampleRef]) -> list[list[SampleRef]]:
 
 def read_run(store: BackingStore, run: Sequence[SampleRef]) -> list[bytes]:
     """The bytes of a run's samples (``sample_runs``), in its order, each checked against its
-    digest: one read for the whole run."""
+    digest: one read for the whole run. A file gone since registration is refused as a changed
+    one is (``FailedPrecondition``, naming it), not as the store's bare ``FileNotFoundError``."""
+    try:
+        return _read_run(store, run)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+        raise FailedPrecondition(
+            f"sample file {run[0].path!r} is gone from the dataset's backing store since it was "
+            f"registered ({type(exc).__name__}): re-register it"
+        ) from None
+
+
+def _read_run(store: BackingStore, run: Sequence[SampleRef]) -> list[bytes]:
     if len(run) == 1:
         return [read_checked(store, run[0])]
     base = run[0].start

@@ -211,7 +211,13 @@ def build_index(
     chunk_digests: list[str] = []
     h, n, acc = blake3.blake3(), 0, 0
     for path, _size in sorted(files):
-        data = read(path)
+        try:
+            data = read(path)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise InvalidArgument(
+                f"{path}: gone from the dataset while it was being indexed ({type(exc).__name__}): "
+                "register it again once it holds still"
+            ) from None
         view = memoryview(data)
         try:
             spans = record_spans(records, data)

@@ -9,7 +9,7 @@ container. Every function here is pure: a file's bytes in, the byte spans of its
 | format | a sample is | its bytes |
 |---|---|---|
 | ``file`` (default) | a whole file | the file |
-| ``lines`` | a non-empty line (``\\n``-separated; a ``\\r`` before it is kept) | the line, without its ``\\n`` |
+| ``lines`` | a non-blank line (``\\n``-separated; a ``\\r`` before it is kept; a lone ``\\r`` is blank) | the line, without its ``\\n`` |
 | ``tfrecord`` | a TFRecord record | its payload (e.g. a serialized ``tf.train.Example``) |
 | ``tar`` | consecutive members sharing a key (WebDataset: ``dir/key.ext``) | those members as a tar fragment: ``tar_sample`` reads it |
 | ``fixed:N`` | each N bytes | N bytes (the file's size must be a multiple of N) |
@@ -21,6 +21,7 @@ Spans are (offset in the file, length), in file order, never overlapping.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import struct
 import tarfile
@@ -40,15 +41,41 @@ def _lines(data: bytes) -> Spans:
         end = data.find(b"\n", start)
         if end < 0:
             end = n
-        if end > start:
+        # A blank line is no sample, a CRLF file's (a lone ``\r``) included.
+        if end > start and not (end - start == 1 and data[start] == 0x0D):
             out.append((start, end - start))
         start = end + 1
     return out
 
 
+def _crc32c_table() -> list[int]:
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+@functools.lru_cache(maxsize=4096)  # a shard's records repeat few lengths
+def _masked_crc32c(data: bytes) -> int:
+    """TFRecord's checksum: CRC32C (Castagnoli), rotated right by 15 and offset."""
+    c = 0xFFFFFFFF
+    for b in data:
+        c = _CRC32C[(c ^ b) & 0xFF] ^ (c >> 8)
+    c ^= 0xFFFFFFFF
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
 def _tfrecord(data: bytes) -> Spans:
     # Each record: length (uint64 LE), masked CRC32C of the length, payload, masked CRC32C of it.
-    # (The CRCs are not checked: every sample is content-hashed at registration and at each read.)
+    # The length's CRC is checked (8 bytes a record): a corrupt length would frame every later
+    # record wrongly. The payload's is not (a pure-Python CRC over every byte is slow): every
+    # sample is content-hashed at registration and at each read.
     if data[:2] == b"\x1f\x8b":
         raise InvalidArgument(
             "a gzip-compressed TFRecord file: decompress it first (records are read by range)"
@@ -59,6 +86,12 @@ def _tfrecord(data: bytes) -> Spans:
         if pos + 12 > n:
             raise InvalidArgument(f"not a TFRecord file: {n - pos} stray bytes at offset {pos}")
         (length,) = struct.unpack_from("<Q", data, pos)
+        (crc,) = struct.unpack_from("<I", data, pos + 8)
+        if crc != _masked_crc32c(data[pos : pos + 8]):
+            raise InvalidArgument(
+                f"not a TFRecord file, or a corrupt one: the length of the record at offset {pos} "
+                "fails its checksum"
+            )
         if pos + 12 + length + 4 > n:
             raise InvalidArgument(
                 f"not a TFRecord file: a record of {length} bytes at offset {pos} runs past its end"
@@ -75,24 +108,47 @@ def _key(name: str) -> str:
     return f"{head}/{key}" if head else key
 
 
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
 def _tar(data: bytes) -> Spans:
+    for magic, kind in _COMPRESSED.items():
+        if data.startswith(magic):
+            # tarfile's own word for it is "truncated header" or "invalid header".
+            raise InvalidArgument(
+                f"a {kind}-compressed tar (.tgz, .tar.gz...): decompress it first (records are read by range)"
+            )
     try:
         tf = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
-        members = [m for m in tf.getmembers() if m.isfile()]
+        everything = tf.getmembers()
     except tarfile.TarError as exc:
         raise InvalidArgument(f"not a tar file: {exc}") from exc
+    for m in everything:
+        if m.islnk() or m.issym():
+            # Its bytes are another member's, outside this sample's fragment: ``tar_sample``
+            # would silently give the sample without it.
+            raise InvalidArgument(
+                f"tar member {m.name!r} is a {'hard' if m.islnk() else 'symbolic'} link to "
+                f"{m.linkname!r}: write the shard with each member's own bytes "
+                "(GNU tar --hard-dereference / --dereference)"
+            )
+    members = [m for m in everything if m.isfile()]
     out: Spans = []
-    key, start, end = None, 0, 0
+    key, start, end, names = None, 0, 0, set()
     for m in members:
         # m.offset: its first header (a long name's or pax header's included); data padded to 512.
         stop = m.offset_data + ((m.size + 511) // 512) * 512
         k = _key(m.name)
         if k == key:
+            if m.name in names:
+                # tar_sample's dict would keep only the last (WebDataset refuses it too).
+                raise InvalidArgument(f"tar member {m.name!r} appears twice in one sample")
+            names.add(m.name)
             end = stop
             continue
         if key is not None:
             out.append((start, end - start))
-        key, start, end = k, m.offset, stop
+        key, start, end, names = k, m.offset, stop, {m.name}
     if key is not None:
         out.append((start, end - start))
     return out
@@ -145,13 +201,22 @@ def _npy(data: bytes) -> Spans:
         raise InvalidArgument("a Fortran-ordered .npy: its rows are not contiguous (save it C-ordered)")
     if not shape:
         raise InvalidArgument("a 0-d .npy array has no rows")
-    rows = shape[0]
+    import numpy as np
+
+    try:
+        item = np.dtype(descr).itemsize
+    except TypeError as exc:
+        raise InvalidArgument(f"bad .npy dtype {descr!r}: {exc}") from exc
+    rows, row = int(shape[0]), item
+    for d in shape[1:]:
+        row *= int(d)
+    # A row's size is the header's (dtype and shape), never the body's share: a file cut short
+    # or padded by a whole number of rows would otherwise split into rows of the wrong width.
     body = len(data) - start
-    if rows == 0:
-        return []
-    if body % rows:
-        raise InvalidArgument(f".npy data of {body} bytes does not split into {rows} rows")
-    row = body // rows
+    if body < rows * row:
+        raise InvalidArgument(
+            f".npy data of {body} bytes is short of its {rows} rows of {row} bytes (a truncated file?)"
+        )
     return [(start + r * row, row) for r in range(rows)]
 
 

@@ -132,7 +132,10 @@ def test_a_record_changed_after_registration_is_refused_not_served(tmp_path, inp
     from microco.common.errors import FailedPrecondition
 
     payloads = [bytes([i]) * 50 for i in range(40)]
-    raw = b"".join(struct.pack("<Q", len(p)) + b"\0" * 4 + p + b"\0" * 4 for p in payloads)
+    from microco.clients.cache._records import _masked_crc32c
+
+    crc = struct.pack("<I", _masked_crc32c(struct.pack("<Q", 50)))
+    raw = b"".join(struct.pack("<Q", len(p)) + crc + p + b"\0" * 4 for p in payloads)
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "x.tfrecord").write_bytes(raw)
     store = LocalStore(str(tmp_path / "d"))

@@ -17,6 +17,7 @@ import pytest
 from microco.clients.cache import LocalStore, build_index, check_format, record_spans, tar_sample
 from microco.clients.cache._backing import read_checked, read_run, sample_runs
 from microco.clients.cache._index import DatasetIndex
+from microco.clients.cache._records import _masked_crc32c
 from microco.common.errors import FailedPrecondition, InvalidArgument
 
 
@@ -32,8 +33,15 @@ def _tar(members: list[tuple[str, bytes]]) -> bytes:
 
 
 def _tfrecord(payloads: list[bytes]) -> bytes:
-    # The framing TFRecordWriter writes (the CRCs are not read: samples are content-hashed).
-    return b"".join(struct.pack("<Q", len(p)) + b"\0" * 4 + p + b"\0" * 4 for p in payloads)
+    # The framing TFRecordWriter writes (the length's CRC is checked, the payload's is not read:
+    # samples are content-hashed).
+    return b"".join(
+        struct.pack("<Q", len(p))
+        + struct.pack("<I", _masked_crc32c(struct.pack("<Q", len(p))))
+        + p
+        + b"\0" * 4
+        for p in payloads
+    )
 
 
 def test_webdataset_tar_members_sharing_a_key_are_one_sample() -> None:
@@ -205,3 +213,85 @@ def test_a_folder_as_tfds_writes_it_takes_its_shards_by_glob(tmp_path):
     assert again.digest == idx.digest
     with pytest.raises(InvalidArgument, match="no files matching"):
         register_dataset(kv, "none", str(d), include="*.parquet", home=str(tmp_path / "h"))
+
+
+def test_npy_rows_are_as_wide_as_the_header_says_whatever_the_body() -> None:
+    # Session 39: a row's width was the body's size over the row count, so a file cut short (or
+    # padded) by a whole number of rows split into rows of the wrong width, served as if sound.
+    arr = np.arange(12, dtype=np.int64).reshape(3, 4)
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    data = buf.getvalue()
+    with pytest.raises(InvalidArgument, match="short of its 3 rows of 32 bytes"):
+        record_spans("npy", data[:-24])
+    padded = data + b"\0" * 24  # np.load reads the header's rows and leaves the rest
+    rows = [np.frombuffer(padded[o : o + n], np.int64) for o, n in record_spans("npy", padded)]
+    assert len(rows) == 3 and all(np.array_equal(r, arr[i]) for i, r in enumerate(rows))
+    buf = io.BytesIO()
+    np.save(buf, np.arange(6, dtype=">u2").reshape(3, 2))  # big-endian: raw bytes, as stored
+    data = buf.getvalue()
+    assert [n for _, n in record_spans("npy", data)] == [4, 4, 4]
+
+
+def test_a_blank_line_of_a_crlf_file_is_no_sample() -> None:
+    # Session 39: a CRLF file's blank line (b"\r\n") became a sample of one b"\r", which no
+    # JSON-lines reader takes; an LF file's blank line was already skipped.
+    text = b'{"a": 1}\r\n\r\n{"a": 2}\r\n\r\n'
+    assert [text[o : o + n] for o, n in record_spans("lines", text)] == [b'{"a": 1}\r', b'{"a": 2}\r']
+    assert record_spans("lines", b"\r\n\r\n") == []
+
+
+def test_a_tar_member_that_is_a_link_is_refused_naming_it() -> None:
+    # Session 39: a shard written by tar from a folder with hard-linked files (two samples with
+    # the same label file) stores the second as a link; its sample's fragment held no bytes for
+    # it and tar_sample gave the sample without that member, silently.
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, data in (("a.cls", b"7"), ("a.jpg", b"A")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("b.cls")
+        link.type, link.linkname = tarfile.LNKTYPE, "a.cls"
+        tf.addfile(link)
+    with pytest.raises(InvalidArgument, match="'b.cls' is a hard link to 'a.cls'"):
+        record_spans("tar", buf.getvalue())
+
+
+def test_a_tfrecord_length_failing_its_checksum_is_refused() -> None:
+    # Session 39: the CRCs were not read, so a corrupt length that still framed the file (or a
+    # file that only looked like TFRecords) gave records of the wrong bytes. The expected value
+    # is TFRecordWriter's for a record of 3 bytes (checked against tf.io.TFRecordWriter).
+    assert _masked_crc32c(struct.pack("<Q", 3)) == 0x0E4999B0
+    good = _tfrecord([b"abc", b"defgh"])
+    bad = bytearray(good)
+    bad[8] ^= 0xFF
+    with pytest.raises(InvalidArgument, match="offset 0 fails its checksum"):
+        record_spans("tfrecord", bytes(bad))
+
+
+def test_a_compressed_tar_shard_is_refused_saying_so() -> None:
+    # Session 39: a .tar.gz WebDataset shard (webdataset reads .tgz) was refused as "not a tar
+    # file: truncated header", which names no cause.
+    import gzip
+    import lzma
+
+    plain = _tar([("a.jpg", b"1")])
+    for packed, kind in ((gzip.compress(plain), "gzip"), (lzma.compress(plain), "xz")):
+        with pytest.raises(InvalidArgument, match=f"a {kind}-compressed tar.*decompress it first"):
+            record_spans("tar", packed)
+
+
+def test_a_member_twice_in_one_tar_sample_is_refused() -> None:
+    # Session 39: tar_sample's {ext: bytes} kept only the last of two "a.jpg" in a row, so the
+    # sample silently lost one (WebDataset refuses such a shard).
+    data = _tar([("a.jpg", b"1"), ("a.jpg", b"2"), ("a.cls", b"3")])
+    with pytest.raises(InvalidArgument, match="'a.jpg' appears twice in one sample"):
+        record_spans("tar", data)
+    # The same name in two samples apart is two samples, as before.
+    apart = _tar([("a.jpg", b"1"), ("b.jpg", b"2"), ("a.jpg", b"3")])
+    assert [tar_sample(apart[o : o + n]) for o, n in record_spans("tar", apart)] == [
+        {"jpg": b"1"},
+        {"jpg": b"2"},
+        {"jpg": b"3"},
+    ]
