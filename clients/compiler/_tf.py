@@ -1021,9 +1021,17 @@ class AstraTF(SessionBacked):
         step's result stands either way; returns it, and why the variant is refused ("" if not)."""
         state = self._state
         assert state is not None
-        after_variant = state.read()
-        start = [np.asarray(t) for t in before]
-        state.restore(before)
+        try:
+            after_variant = state.read()
+            start = [np.asarray(t) for t in before]
+        except Exception as exc:  # noqa: BLE001 - nothing put back yet: the variant's step stands
+            log.info("astra-tf: %s: a variant not checked (%s)", self.name, failure(exc))
+            self._equivalent.add(id(fn))
+            return ran, ""
+        try:
+            state.restore(before)
+        except Exception as exc:  # the wrapper's own failure with the variables half put back
+            raise _StepRan(exc, ran) from exc
         result = self._run(plain, x, y)  # (the user's own step: its failure is the user's)
         why = ""
         try:
@@ -1083,7 +1091,7 @@ class AstraTF(SessionBacked):
         compiled = not failed
         if before is not None and not failed:
             loss, failed = self._check_against_plain(fn, plain, before, loss, x, y)
-        try:
+        try:  # (``_StepRan``: the step ran, its loss stands, whatever fails after it)
             if compiled:
                 self._observe_compile(fn, kind, ms, cpu_ms)
             self.session.record(ms, {}, failed)

@@ -162,3 +162,16 @@ def test_a_users_fit_with_a_committed_xla_step_that_trains_otherwise_trains_as_f
     np.testing.assert_allclose(losses, own_losses, rtol=1e-6)
     for a, b in zip(weights, own_weights):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_a_check_that_cannot_read_the_variables_leaves_the_variants_step_and_training_goes_on(monkeypatch):
+    """The check is the wrapper's own work: where it fails, training does not stop."""
+
+    def unreadable(self):
+        raise RuntimeError("cannot read")
+
+    monkeypatch.setattr(_tf_equiv.StepState, "read", unreadable)
+    astra, losses, _ = _train(_CommittedTo(xla="plain"), tf.keras.optimizers.SGD(0.05))
+    xla_step = astra.variant(False, False, True)
+    assert id(xla_step) in astra._equivalent and not astra._refused and not astra.abandoned
+    assert len(losses) == STEPS and all(np.isfinite(losses))
