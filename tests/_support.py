@@ -149,3 +149,40 @@ def run_python(args: list[str], timeout: float) -> subprocess.CompletedProcess[s
     return subprocess.run(
         [sys.executable, *args], check=False, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def seeded_steps(
+    model: Any,
+    opt: Any,
+    run: Callable[[Callable[[], float]], float] | None,
+    steps: int,
+    shape: tuple[int, ...],
+    extra: Callable[[Any], Any] | None = None,
+    inference_inputs: bool = False,
+) -> list[float]:
+    """``steps`` training steps of a classifier of 3 classes on batches of ``shape`` drawn from a
+    generator seeded by the step's number (the same batches in every run), each step through
+    ``run`` (a wrapper's ``run``; None: called as written); ``extra(model)``: a term added to the
+    loss (a model's auxiliary losses); ``inference_inputs``: the inputs made under
+    ``torch.inference_mode``. The losses."""
+    import torch
+    from torch.nn import functional as F
+
+    losses = []
+    for i in range(steps):
+        g = torch.Generator().manual_seed(i)
+        with torch.inference_mode(inference_inputs):
+            x = torch.randn(*shape, generator=g)
+        y = torch.randint(0, 3, (shape[0],), generator=g)
+
+        def step(x: Any = x, y: Any = y) -> float:
+            loss = F.cross_entropy(model(x), y)
+            if extra is not None:
+                loss = loss + extra(model)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return float(loss.item())
+
+        losses.append(run(step) if run is not None else step())
+    return losses

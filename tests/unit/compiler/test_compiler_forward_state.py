@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from _support import seeded_steps
 
 torch = pytest.importorskip("torch")
 from torch import nn
@@ -31,6 +32,19 @@ from microco.common import MemoryKV
 np = pytest.importorskip("numpy")
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_thread")]  # (conftest)
+
+
+def _astra(model, choices):
+    """A wrapper that explores at once (every probe is worth its price: a run of a million
+    steps), one thread, the given compile choices, compiles in line."""
+    return AstraTorch(
+        model,
+        LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0)),
+        total_steps=1_000_000,
+        threads=("1",),
+        compile_choices=choices,
+        background=False,
+    )
 
 
 class _Counted(nn.Module):
@@ -65,31 +79,8 @@ def _train(make, shape, astra_on: bool, steps: int, choices: tuple[str, ...]):
     torch.manual_seed(0)
     model = make()
     opt = torch.optim.SGD(model.parameters(), 0.1)
-    astra = (
-        AstraTorch(
-            model,
-            LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0)),
-            total_steps=1_000_000,  # every probe is worth its price
-            threads=("1",),
-            compile_choices=choices,
-            background=False,
-        )
-        if astra_on
-        else None
-    )
-    losses = []
-    for i in range(steps):
-        g = torch.Generator().manual_seed(i)
-        x, y = torch.randn(*shape, generator=g), torch.randint(0, 3, (shape[0],), generator=g)
-
-        def step(x=x, y=y):
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            return loss.item()
-
-        losses.append(astra.run(step) if astra is not None else step())
+    astra = _astra(model, choices) if astra_on else None
+    losses = seeded_steps(model, opt, astra.run if astra is not None else None, steps, shape)
     if astra is not None:
         astra.restore()
     return losses, model.calls
@@ -155,34 +146,11 @@ def _train_host_random(astra_on: bool, steps: int, choices: tuple[str, ...], opt
     random.seed(0)
     model = _HostRandom()
     opt = (opt_cls or torch.optim.SGD)(model.parameters(), 0.1)
-    astra = (
-        AstraTorch(
-            model,
-            LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0)),
-            total_steps=1_000_000,
-            threads=("1",),
-            compile_choices=choices,
-            background=False,
-        )
-        if astra_on
-        else None
-    )
+    astra = _astra(model, choices) if astra_on else None
     if opt_cls is not None:
         opt_cls.astra = astra
-    losses = []
     try:
-        for i in range(steps):
-            g = torch.Generator().manual_seed(i)
-            x, y = torch.randn(6, 8, generator=g), torch.randint(0, 3, (6,), generator=g)
-
-            def step(x=x, y=y):
-                loss = F.cross_entropy(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                return loss.item()
-
-            losses.append(astra.run(step) if astra is not None else step())
+        losses = seeded_steps(model, opt, astra.run if astra is not None else None, steps, (6, 8))
     finally:
         if opt_cls is not None:
             opt_cls.astra = None
@@ -231,35 +199,11 @@ def _train_in_place(astra_on: bool, steps: int, make=_NormalisesItsInput, infere
     torch.manual_seed(0)
     model = make()
     opt = _FailsOnceUnderATrial(model.parameters(), 0.1)
-    astra = (
-        AstraTorch(
-            model,
-            LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0)),
-            total_steps=1_000_000,
-            threads=("1",),
-            compile_choices=("eager",),
-            background=False,
-        )
-        if astra_on
-        else None
-    )
+    astra = _astra(model, ("eager",)) if astra_on else None
     _FailsOnceUnderATrial.astra, _FailsOnceUnderATrial.failed = astra, 0
-    losses = []
     try:
-        for i in range(steps):
-            g = torch.Generator().manual_seed(i)
-            with torch.inference_mode(inference_inputs):
-                x = torch.randn(6, 8, generator=g)
-            y = torch.randint(0, 3, (6,), generator=g)
-
-            def step(x=x, y=y):
-                loss = F.cross_entropy(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                return loss.item()
-
-            losses.append(astra.run(step) if astra is not None else step())
+        run = astra.run if astra is not None else None
+        losses = seeded_steps(model, opt, run, steps, (6, 8), inference_inputs=inference_inputs)
     finally:
         _FailsOnceUnderATrial.astra = None
     return losses, (astra.rolled_back if astra is not None else 0)
@@ -306,32 +250,16 @@ def test_the_probes_own_forwards_leave_a_list_the_forward_appends_to_as_it_was()
         model = _CollectsItsAuxLoss()
         aux = model.aux_losses
         opt = torch.optim.SGD(model.parameters(), 0.1)
-        astra = (
-            AstraTorch(
-                model,
-                LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0)),
-                total_steps=1_000_000,
-                threads=("1",),
-                compile_choices=("eager", "inductor"),  # (the whole-step cache probe's forward)
-                background=False,
-            )
-            if astra_on
-            else None
-        )
-        losses = []
-        for i in range(2):  # (the probe's forward ends the first step)
-            g = torch.Generator().manual_seed(i)
-            x, y = torch.randn(6, 8, generator=g), torch.randint(0, 3, (6,), generator=g)
+        # (inductor among the choices: the whole-step cache probe's forward)
+        astra = _astra(model, ("eager", "inductor")) if astra_on else None
 
-            def step(x=x, y=y):
-                loss = F.cross_entropy(model(x), y) + 0.1 * sum(model.aux_losses)
-                model.aux_losses.clear()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                return loss.item()
+        def aux_term(m):
+            term = 0.1 * sum(m.aux_losses)
+            m.aux_losses.clear()
+            return term
 
-            losses.append(astra.run(step) if astra is not None else step())
+        # (two steps: the probe's forward ends the first)
+        losses = seeded_steps(model, opt, astra.run if astra is not None else None, 2, (6, 8), extra=aux_term)
         assert model.aux_losses is aux and aux == []  # (the user's own list, emptied by the loop)
         if astra is not None:
             astra.restore()

@@ -14,10 +14,10 @@ import gc
 import weakref
 
 import pytest
+from _support import seeded_steps
 
 torch = pytest.importorskip("torch")
 from torch import nn
-from torch.nn import functional as F
 from torch.optim import optimizer as _optimizer
 
 from microco.clients.compiler._torch import AstraTorch
@@ -40,18 +40,7 @@ def _trial(seed: int):
         threads=("1", "2"),
         compile_choices=("eager",),  # (a background compiler all the same: ``background`` left out)
     )
-    for i in range(4):
-        g = torch.Generator().manual_seed(i)
-        x, y = torch.randn(2, 3, 6, 6, generator=g), torch.randint(0, 3, (2,), generator=g)
-
-        def step(x=x, y=y):
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            return loss.item()
-
-        astra.run(step)
+    seeded_steps(model, opt, astra.run, 4, (2, 3, 6, 6))
     assert not astra.session.settled and astra.background is not None
     return weakref.ref(model), weakref.ref(astra)
 
