@@ -277,11 +277,13 @@ def combine_partials(partials: pa.Table, keys: Sequence[str], aggs: Sequence[Agg
 
 
 def finalize_agg(
-    partials: pa.Table, keys: Sequence[str], aggs: Sequence[Agg], int_sums: Sequence[str] = ()
+    partials: pa.Table, keys: Sequence[str], aggs: Sequence[Agg], int_sums: dict[str, str] | None = None
 ) -> pa.Table:
     """Partial columns to the query's output: keys, then one column per aggregate. ``int_sums``:
-    the aggregates that sum an integer column; one summed wide (``WIDE_SUM``) is int64 again
-    when every value fits, else stays decimal128(38, 0) (DuckDB's type for it)."""
+    the aggregates that sum an integer column, with the type their 64-bit sum has ("int64",
+    "uint64"); one summed wide (``WIDE_SUM``) has that type again when every value fits, else
+    stays decimal128(38, 0) (DuckDB's type for it)."""
+    int_sums = int_sums or {}
     cols = [partials.column(k) for k in keys]
     for a in aggs:
         if a.fn == "mean":
@@ -292,7 +294,7 @@ def finalize_agg(
             col = partials.column(a.name)
             if a.name in int_sums and pa.types.is_decimal(col.type):
                 try:
-                    col = col.cast(pa.int64())
+                    col = col.cast(pa.uint64() if int_sums[a.name] == "uint64" else pa.int64())
                 except pa.ArrowInvalid:
                     pass  # (past 64 bits: the exact value, as decimal128(38, 0))
             cols.append(col)
