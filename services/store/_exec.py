@@ -620,11 +620,18 @@ def _aggregated_stream(
     first = _aggregated(_acero_source((schema, bounded()), keys), keys, triples)
     if not held:
         return first
+    # the rest with a decimal copy of each integer sum input; an input only summed is dropped
+    # (a peer's partials summed wide come as decimals, which its integer type could not hold)
+    raw = {col for col, fn, _ in triples if fn != "sum"}
+    drop = [c for c in ints if c not in raw]
+
+    def widened(t: pa.Table) -> pa.Table:
+        t = _wide_copies(t, ints).drop_columns(drop)
+        return t if t.schema.types == wide_schema.types else t.cast(wide_schema)
+
     wide_schema = _wide_copies(schema.empty_table(), ints).schema
-    rest = (
-        _wide_copies(t if t.schema.types == schema.types else t.cast(schema), ints)
-        for t in itertools.chain(held, it)
-    )
+    wide_schema = pa.schema([f for f in wide_schema if f.name not in drop])
+    rest = (widened(t) for t in itertools.chain(held, it))
     second = _aggregated(_acero_source((wide_schema, rest), keys), keys, _wide_triples(triples, ints))
     merge = [(out, fn if fn in ("min", "max") else "sum", out) for _, fn, out in triples]
     return _group(concat([first, second]), keys, merge)

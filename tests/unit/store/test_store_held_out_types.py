@@ -378,3 +378,19 @@ def test_the_query_models_mean_of_large_int64_values_is_sqls(core):
     (want,) = duckdb.connect().sql("select avg(x), sum(x) from data").fetchall()
     assert math.isclose(got.column("m")[0].as_py(), want[0], rel_tol=1e-15)
     assert got.column("s").to_pylist() == [want[1]] and got.schema.field("s").type == pa.int64()
+
+
+def test_partials_summed_wide_merge_after_others_in_64_bits():
+    """A shuffle's reducer merges its peers' partials as they come: one peer's sums in 64 bits,
+    another's already summed wide (decimal128(38, 0), past int64). The merge is exact, whichever
+    comes first (before the fix of the second order: "Integer value ... not in range", casting
+    the decimal partials to the first peer's int64)."""
+    from microco.services.store import _exec
+
+    narrow = pa.table({"k": [1, 2], "s": pa.array([2**62, 5], pa.int64()), "n": [1, 1]})
+    wide = pa.table({"k": [1, 2], "s": pa.array([2**64, -3], pa.decimal128(38, 0)), "n": [2, 1]})
+    post = {"agg": {"keys": ["k"], "aggs": [["sum", "x", "s"], ["count", "x", "n"]], "input": "partial"}}
+    for parts in ([narrow, wide], [wide, narrow]):
+        got = _exec.stream_post(_exec.peeked(iter(parts)), post)
+        rows = sorted((r["k"], int(r["s"]), r["n"]) for r in got.to_pylist())
+        assert rows == [(1, 2**62 + 2**64, 3), (2, 2, 2)]
