@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from typing import Any
@@ -369,12 +370,30 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _result_cell(v: Any) -> str:
+    """A query's value as text: ``cell``'s, except a NULL is ``NULL`` (in a list or a struct
+    too) and a float NaN ``NaN``, as DuckDB's shell shows them: ``cell``'s ``-`` for a missing
+    value read like a string ``-`` (held out, session 39). An empty string stays empty."""
+    from ._format import cell
+
+    if v is None:
+        return "NULL"
+    if isinstance(v, float) and math.isnan(v):
+        return "NaN"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_result_cell(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_result_cell(x) for x in v) + "]"
+    return cell(v)
+
+
 def _print_rows(rows: list[dict[str, Any]], cols: list[str]) -> None:
     """A query's rows: column names as the table has them, numbers rounded for reading and
-    right-aligned (values are not grouped: a number in a result may be an id)."""
+    right-aligned (values are not grouped: a number in a result may be an id); NULL as ``NULL``
+    (``_result_cell``)."""
     from ._format import print_table
 
-    print_table(rows, cols, upper=False)
+    print_table(rows, cols, upper=False, formats=dict.fromkeys(cols, _result_cell))
 
 
 # The store's own tables: counts grouped in thousands, bytes in binary units.

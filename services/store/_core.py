@@ -2198,7 +2198,7 @@ def finish(final: dict[str, Any], outs: Sequence[pa.Table]) -> pa.Table:
         aggs = [Agg(*a) for a in final["aggs"]]
         if final.get("combine"):
             t = _exec.combine_partials(t, keys, aggs)
-        t = _exec.finalize_agg(t, keys, aggs)
+        t = _exec.finalize_agg(t, keys, aggs, final.get("int_sums"))
     else:
         t = t.select(final["select"])
     return _exec.order_limit(t, [tuple(o) for o in final.get("order_by", [])], final.get("limit"))

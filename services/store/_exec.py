@@ -177,7 +177,61 @@ def _agg_inputs(aggs: Sequence[Agg]) -> list[tuple[str, str, str]]:
     return out
 
 
+# An integer sum wider than 64 bits, as DuckDB's HUGEINT reaches Arrow (held out, session 39:
+# Acero's ``sum`` of int64 returns int64 and wraps around silently near 2**63). Each aggregation
+# bounds its integer sums from its input (rows times the largest |value|, per table: Arrow's
+# ``min_max``, one vectorised pass); while the bound stays under 2**63 the 64-bit sums are exact
+# and nothing else changes, past it the sums are taken from a decimal128(38, 0) copy of the
+# column (exact). ``finalize_agg`` gives such a sum back as int64 when its value fits.
+WIDE_SUM = pa.decimal128(38, 0)
+_SUM_LIMIT = 1 << 63
+_WIDE = "\x1fwide"  # suffix of a sum input's decimal copy
+
+
+def int_sum_inputs(schema: pa.Schema, triples: Sequence[tuple[str, str, str]]) -> list[str]:
+    """The input columns of ``triples``' sums that are integers (their sums can wrap)."""
+    names = {col for col, fn, _ in triples if fn == "sum" and col != "*"}
+    return [f.name for f in schema if f.name in names and pa.types.is_integer(f.type)]
+
+
+def sum_bounds(table: pa.Table | pa.RecordBatch, cols: Sequence[str]) -> dict[str, int]:
+    """Per column of ``cols``, a bound on the |sum| of any of ``table``'s rows: its non-null
+    rows times its largest |value| (the type's range when that is small enough; a column that
+    is no longer an integer: past any bound)."""
+    out = {}
+    for c in cols:
+        col = table.column(c)
+        typ = col.type
+        n = len(col) - col.null_count
+        if not pa.types.is_integer(typ):
+            out[c] = _SUM_LIMIT
+        elif n == 0:
+            out[c] = 0
+        elif n << typ.bit_width < _SUM_LIMIT:
+            out[c] = n << typ.bit_width
+        else:
+            mm = pc.min_max(col)
+            out[c] = n * max(abs(mm["min"].as_py()), abs(mm["max"].as_py()))
+    return out
+
+
+def _wide_copies(t: pa.Table | pa.RecordBatch, cols: Sequence[str]) -> Any:
+    """``t`` with a decimal128(38, 0) copy of each column of ``cols`` appended."""
+    for c in cols:
+        t = t.append_column(c + _WIDE, t.column(c).cast(WIDE_SUM))
+    return t
+
+
+def _wide_triples(triples: Sequence[tuple[str, str, str]], cols: Sequence[str]) -> list[tuple[str, str, str]]:
+    return [(col + _WIDE if fn == "sum" and col in cols else col, fn, out) for col, fn, out in triples]
+
+
 def _group(table: pa.Table, keys: Sequence[str], triples: Sequence[tuple[str, str, str]]) -> pa.Table:
+    ints = int_sum_inputs(table.schema, triples)
+    if ints:
+        wide = [c for c, b in sum_bounds(table, ints).items() if b >= _SUM_LIMIT]
+        if wide:
+            table, triples = _wide_copies(table, wide), _wide_triples(triples, wide)
     specs: list[tuple[Any, str]] = []
     names: list[str] = []
     for col, fn, _ in triples:
@@ -222,16 +276,28 @@ def combine_partials(partials: pa.Table, keys: Sequence[str], aggs: Sequence[Agg
     return _group(partials, keys, _merge_triples(aggs))
 
 
-def finalize_agg(partials: pa.Table, keys: Sequence[str], aggs: Sequence[Agg]) -> pa.Table:
-    """Partial columns to the query's output: keys, then one column per aggregate."""
+def finalize_agg(
+    partials: pa.Table, keys: Sequence[str], aggs: Sequence[Agg], int_sums: dict[str, str] | None = None
+) -> pa.Table:
+    """Partial columns to the query's output: keys, then one column per aggregate. ``int_sums``:
+    the aggregates that sum an integer column, with the type their 64-bit sum has ("int64",
+    "uint64"); one summed wide (``WIDE_SUM``) has that type again when every value fits, else
+    stays decimal128(38, 0) (DuckDB's type for it)."""
+    int_sums = int_sums or {}
     cols = [partials.column(k) for k in keys]
     for a in aggs:
         if a.fn == "mean":
-            s = partials.column(a.name + "__s").cast(pa.float64())
+            s = partials.column(a.name + "__s").cast(pa.float64(), safe=False)  # (rounded, as SQL's avg)
             n = partials.column(a.name + "__n").cast(pa.float64())
             cols.append(pc.if_else(pc.equal(n, 0.0), pa.scalar(None, pa.float64()), pc.divide(s, n)))
         else:
-            cols.append(partials.column(a.name))
+            col = partials.column(a.name)
+            if a.name in int_sums and pa.types.is_decimal(col.type):
+                try:
+                    col = col.cast(pa.uint64() if int_sums[a.name] == "uint64" else pa.int64())
+                except pa.ArrowInvalid:
+                    pass  # (past 64 bits: the exact value, as decimal128(38, 0))
+            cols.append(col)
     return pa.table(cols, names=list(keys) + [a.name for a in aggs])
 
 
@@ -493,6 +559,8 @@ def _acero_source(stream: Stream, canon: Sequence[str] = ()) -> acero.Declaratio
 
     def batches() -> Iterator[pa.RecordBatch]:
         for t in tables:
+            if t.schema.types != schema.types:
+                t = t.cast(schema)  # (a peer's partials summed wide, after others' in 64 bits)
             for b in compact(t).to_batches():
                 b = pa.RecordBatch.from_arrays(b.columns, schema=schema)
                 yield canonical_floats(b, canon) if canon else b
@@ -524,6 +592,51 @@ def _aggregated(
     return pa.table(cols, names=list(keys) + [out for _, _, out in triples])
 
 
+def _aggregated_stream(
+    stream: Stream, keys: Sequence[str], triples: Sequence[tuple[str, str, str]]
+) -> pa.Table:
+    """``_aggregated`` of a stream's tables, its integer sums exact: the tables stream through
+    Acero's 64-bit sums while their bounds (``sum_bounds``) add up to under 2**63; a table
+    that would pass it ends that plan (its sums are exact) and starts a second one over the rest,
+    summed from decimal copies; the two plans' partials are then merged (as decimals)."""
+    schema, tables = stream
+    ints = int_sum_inputs(schema, triples)
+    if not ints:
+        return _aggregated(_acero_source(stream, keys), keys, triples)
+    it = iter(tables)
+    total = dict.fromkeys(ints, 0)
+    held: list[pa.Table] = []
+
+    def bounded() -> Iterator[pa.Table]:
+        for t in it:
+            b = sum_bounds(t, ints)
+            if any(total[c] + b[c] >= _SUM_LIMIT for c in ints):
+                held.append(t)
+                return
+            for c in ints:
+                total[c] += b[c]
+            yield t
+
+    first = _aggregated(_acero_source((schema, bounded()), keys), keys, triples)
+    if not held:
+        return first
+    # the rest with a decimal copy of each integer sum input; an input only summed is dropped
+    # (a peer's partials summed wide come as decimals, which its integer type could not hold)
+    raw = {col for col, fn, _ in triples if fn != "sum"}
+    drop = [c for c in ints if c not in raw]
+
+    def widened(t: pa.Table) -> pa.Table:
+        t = _wide_copies(t, ints).drop_columns(drop)
+        return t if t.schema.types == wide_schema.types else t.cast(wide_schema)
+
+    wide_schema = _wide_copies(schema.empty_table(), ints).schema
+    wide_schema = pa.schema([f for f in wide_schema if f.name not in drop])
+    rest = (widened(t) for t in itertools.chain(held, it))
+    second = _aggregated(_acero_source((wide_schema, rest), keys), keys, _wide_triples(triples, ints))
+    merge = [(out, fn if fn in ("min", "max") else "sum", out) for _, fn, out in triples]
+    return _group(concat([first, second]), keys, merge)
+
+
 def _agg_of(post: dict[str, Any] | None) -> tuple[list[str], list[tuple[str, str, str]]] | None:
     """(keys, triples) of a post-step that aggregates (partials of rows, or a merge of
     partials); None when it does not."""
@@ -544,7 +657,7 @@ def stream_post(stream: Stream, post: dict[str, Any] | None) -> pa.Table:
         # rows (the result is the rows), or rows without columns (count(*) alone: a batch of
         # no columns would lose its row count in Acero's source)
         return post_ops(concat(list(tables), schema), post)
-    return _aggregated(_acero_source(stream, agg[0]), *agg)
+    return _aggregated_stream(stream, *agg)
 
 
 def sorted_runs_post(env: Env, side: dict[str, Any], post: dict[str, Any] | None) -> pa.Table | None:
@@ -589,9 +702,10 @@ def sorted_runs_post(env: Env, side: dict[str, Any], post: dict[str, Any] | None
         # merged as decimals (a hashed source's partials are; or the integers could overflow)
         parts = [as_decimals(t, decimals) for t in parts] + hashed
         decimals = {}
-    schema = parts[0].schema
+    # (a source's partials summed wide are decimals: the others' cast to them)
+    schema = pa.unify_schemas([t.schema for t in parts], promote_options="permissive")
     parts = [t if t.schema.equals(schema) else t.cast(schema) for t in parts]
-    merged = _aggregated(_acero_source(peeked(iter(parts), schema), [key]), [key], merge)
+    merged = _aggregated_stream(peeked(iter(parts), schema), [key], merge)
     return as_decimals(merged, decimals)
 
 
@@ -624,21 +738,121 @@ def join_post(
         keys = [k for k in agg[0] if k not in (p_on, b_on)]
         if fk := float_keys(built.schema, keys):
             built = canonical_floats(built, fk)
-    decl = acero.Declaration(
-        "hashjoin",
-        acero.HashJoinNodeOptions("inner", [p_on], [b_on], left_output=p_out, right_output=b_out),
-        inputs=[
-            _acero_source(probe, keys),
-            acero.Declaration("table_source", acero.TableSourceNodeOptions(built)),
-        ],
-    )
     if agg is not None:
-        out = _aggregated(decl, *agg)
+        out = _joined_aggregated(probe, built, p_on, b_on, p_out, b_out, agg[0], agg[1], keys)
         for name, dictionary in coded.items():
             i = out.schema.get_field_index(name)
             out = out.set_column(i, name, dictionary.take(out.column(name)))
         return out
+    decl = _join_decl(probe, built, p_on, b_on, p_out, b_out, keys)
     return post_ops(decl.to_table(use_threads=True).select(cols), post)
+
+
+def _join_decl(
+    probe: Stream,
+    built: pa.Table,
+    p_on: str,
+    b_on: str,
+    p_out: Sequence[str],
+    b_out: Sequence[str],
+    canon: Sequence[str],
+) -> acero.Declaration:
+    return acero.Declaration(
+        "hashjoin",
+        acero.HashJoinNodeOptions("inner", [p_on], [b_on], left_output=list(p_out), right_output=list(b_out)),
+        inputs=[
+            _acero_source(probe, canon),
+            acero.Declaration("table_source", acero.TableSourceNodeOptions(built)),
+        ],
+    )
+
+
+def _maxabs(col: pa.ChunkedArray | pa.Array) -> int:
+    """The largest |value| of an integer column (0 when it has none; a column of another type:
+    past any bound)."""
+    if not pa.types.is_integer(col.type):
+        return _SUM_LIMIT
+    if len(col) == col.null_count:
+        return 0
+    mm = pc.min_max(col)
+    return max(abs(mm["min"].as_py()), abs(mm["max"].as_py()))
+
+
+def _joined_aggregated(
+    probe: Stream,
+    built: pa.Table,
+    p_on: str,
+    b_on: str,
+    p_out: Sequence[str],
+    b_out: Sequence[str],
+    keys: Sequence[str],
+    triples: Sequence[tuple[str, str, str]],
+    canon: Sequence[str],
+) -> pa.Table:
+    """The join's rows into ``_aggregated``, its integer sums exact as ``_aggregated_stream``
+    makes a stream's: a probe table's joined rows are at most its rows times the most rows of
+    the build side that share a key (first bounded by the build side's rows; its keys counted
+    only when that bound is too loose), each with a |value| at most the largest of its side's
+    column; while these bounds add up to under 2**63 the 64-bit sums are exact, past it the rest
+    of the probe side is joined in a second plan that sums decimal copies, and the two plans'
+    partials are merged."""
+    p_schema, tables = probe
+    p_ints = [c for c in int_sum_inputs(p_schema, triples) if c in p_out]
+    b_ints = [c for c in int_sum_inputs(built.schema, triples) if c in b_out]
+    if not p_ints and not b_ints:
+        return _aggregated(_join_decl(probe, built, p_on, b_on, p_out, b_out, canon), keys, triples)
+    it = iter(tables)
+    b_max = {c: _maxabs(built.column(c)) for c in b_ints}
+    mult = [built.num_rows, 0]  # joined rows per probe row at most; whether counted by key
+    total = dict.fromkeys(p_ints + b_ints, 0)
+    held: list[pa.Table] = []
+
+    def bound(t: pa.Table) -> dict[str, int]:
+        m = {**{c: _maxabs(t.column(c)) for c in p_ints}, **b_max}
+        return {c: t.num_rows * mult[0] * v for c, v in m.items()}
+
+    def passes(b: dict[str, int]) -> bool:
+        return any(total[c] + b[c] >= _SUM_LIMIT for c in total)
+
+    def bounded() -> Iterator[pa.Table]:
+        for t in it:
+            b = bound(t)
+            if passes(b) and not mult[1]:
+                counts = pc.value_counts(built.column(b_on)).field("counts")
+                mult[:] = [pc.max(counts).as_py() or 0, 1]
+                b = bound(t)
+            if passes(b):
+                held.append(t)
+                return
+            for c in total:
+                total[c] += b[c]
+            yield t
+
+    first = _aggregated(
+        _join_decl((p_schema, bounded()), built, p_on, b_on, p_out, b_out, canon), keys, triples
+    )
+    if not held:
+        return first
+    wide_p = _wide_copies(p_schema.empty_table(), p_ints).schema
+    rest = (
+        _wide_copies(t if t.schema.types == p_schema.types else t.cast(p_schema), p_ints)
+        for t in itertools.chain(held, it)
+    )
+    second = _aggregated(
+        _join_decl(
+            (wide_p, rest),
+            _wide_copies(built, b_ints),
+            p_on,
+            b_on,
+            [*p_out, *(c + _WIDE for c in p_ints)],
+            [*b_out, *(c + _WIDE for c in b_ints)],
+            canon,
+        ),
+        keys,
+        _wide_triples(triples, p_ints + b_ints),
+    )
+    merge = [(out, fn if fn in ("min", "max") else "sum", out) for _, fn, out in triples]
+    return _group(concat([first, second]), keys, merge)
 
 
 def _coded_keys(

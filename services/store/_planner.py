@@ -888,12 +888,24 @@ def fragments(
         rows_post["order_by"], rows_post["limit"] = [], None  # a full sort happens once, at the end
     final_rows = {"kind": "rows", "select": out_cols, "order_by": order, "limit": q.limit}
 
+    def int_sum(x: Any) -> str:
+        """The type a 64-bit sum of ``x``'s column has ("int64", "uint64"), "" for another."""
+        for t in (a, b):
+            if t is not None and x.column in t.schema.names:
+                typ = t.schema.field(x.column).type
+                if pa.types.is_integer(typ):
+                    return "uint64" if pa.types.is_unsigned_integer(typ) else "int64"
+                return ""
+        return ""
+
     def final_agg(combine: bool) -> dict[str, Any]:
         return {
             "kind": "agg",
             "combine": combine,
             "keys": list(q.group_by),
             "aggs": [[x.fn, x.column, x.name] for x in q.aggs],
+            # (sums of integers: int64 again where a node summed them wide and they fit)
+            "int_sums": {x.name: int_sum(x) for x in q.aggs if x.fn == "sum" and int_sum(x)},
             "order_by": order,
             "limit": q.limit,
         }

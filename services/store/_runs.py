@@ -131,6 +131,9 @@ def as_decimals(table: pa.Table, decimals: dict[str, pa.DataType]) -> pa.Table:
         if i < 0:
             continue
         col = table.column(i).combine_chunks()
+        if pa.types.is_decimal128(col.type):  # (merged wide: the unscaled integers as decimals)
+            table = table.set_column(i, name, col.view(typ))
+            continue
         words = (
             np.frombuffer(col.buffers()[1], np.int64)[col.offset : col.offset + len(col)]
             if len(col)
@@ -170,6 +173,11 @@ def _sum(arr: pa.Array, starts: np.ndarray, lengths: np.ndarray, out: Partials, 
         v = _words(arr).astype(out_type.to_pandas_dtype(), copy=False)
         if valid is not None:
             v = np.where(valid, v, 0)
+        if kind != "float" and len(v) and len(v) << typ.bit_width >= 1 << 63:
+            # a run's sum could leave 64 bits (numpy's wraps around): hashed instead (``_exec``
+            # sums it wide where its bound says so)
+            if len(v) * max(int(v.max()), -int(v.min())) >= 1 << 63:
+                return None
         sums = np.add.reduceat(v, starts)
     else:
         return None

@@ -85,3 +85,30 @@ def test_sql_subcommand_parses():
         and args.explain
     )
     assert build_parser().parse_args(["store", "sql", "-", "--explain-only"]).explain_only
+
+
+def test_a_results_null_is_shown_apart_from_a_dash(capsys):
+    """Held out (session 39): ``microco store query``/``sql`` printed a NULL as ``-``, so a
+    string ``-`` read as a NULL (and a NaN as ``-`` too). Now ``NULL`` and ``NaN``, as DuckDB's
+    shell shows them, in lists and structs too; an empty string stays empty."""
+    import argparse
+
+    import pyarrow as pa
+
+    from microco.cli.store import _print_result
+
+    table = pa.table(
+        {
+            "s": ["-", None, "", "x"],
+            "f": [1.5, float("nan"), None, 2.0],
+            "l": [[1, None], None, [], [3]],
+            "st": [{"a": None}, {"a": 1}, None, {"a": 2}],
+        }
+    )
+    _print_result(argparse.Namespace(format="table", explain=False), table, 0.1, {"kind": "scan"})
+    lines = capsys.readouterr().out.splitlines()
+    cells = [ln.split() for ln in lines[1:]]
+    assert cells[0] == ["-", "1.5", "[1,", "NULL]", "{a:", "NULL}"]
+    assert cells[1] == ["NULL", "NaN", "NULL", "{a:", "1}"]
+    assert cells[2] == ["NULL", "[]", "NULL"]  # the empty string: no cell text
+    assert lines[3].startswith("    ")  # (the empty string's column is blank)
