@@ -95,3 +95,143 @@ def test_first_jobs_script_moved_mid_epoch_ends_as_an_uninterrupted_run(tmp_path
     assert moved.step == whole.step == 10  # not the stopped epoch's trained batches again
     for name, value in whole.model.state_dict().items():
         assert torch.equal(moved.model.state_dict()[name], value), name
+
+
+# ---------------------------------------------------------------- the harness: one job process
+def _hook_factory(ctl, ckpt, commands):
+    """``TorchHook`` as a job process makes it, plus the agent's side: ``commands`` maps a step
+    to the command sent just before that step's boundary (``suspend`` is resumed once acked)."""
+    import threading
+
+    made: list[TorchHook] = []
+
+    class Hook(TorchHook):
+        def __init__(self, *a, **k):
+            k.setdefault("control_dir", str(ctl))
+            k.setdefault("checkpoint_dir", str(ckpt))
+            k.setdefault("checkpoint_every_s", 0)
+            super().__init__(*a, exit_fn=_raise_exit, **k)
+            made.append(self)
+
+        def step_end(self, step=None):
+            action = commands.get(step)
+            if action:
+                ch = ControlChannel(ctl)
+                seq = ch.send(action)
+                if action == "suspend":
+
+                    def resume():
+                        ch.wait_ack(seq, timeout=30)
+                        ch.send("resume")
+
+                    threading.Thread(target=resume, daemon=True).start()
+            super().step_end(step)
+
+    return Hook, made
+
+
+def _moved(train, tmp_path, stop_at, suspend_at=None):
+    """``train`` stopped (checkpoint-and-move) before the boundary of ``stop_at``, then started
+    again as the next attempt; returns what the second process returned."""
+    ckpt = tmp_path / "ckpt"
+    hook, _ = _hook_factory(tmp_path / "attempt-0", ckpt, {stop_at: "stop", suspend_at: "suspend"})
+    with pytest.raises(_Stopped):
+        train(hook)
+    hook, _ = _hook_factory(tmp_path / "attempt-1", ckpt, {})
+    return train(hook)
+
+
+# ---------------------------------------------------------------- pytorch/examples word_language_model
+def _word_lm(Hook, epochs=3):
+    """pytorch/examples' word_language_model/main.py (RNNModel: LSTM with dropout, tied
+    decoder; plain SGD with lr annealed /4 when the validation loss does not improve, gradient
+    clipping, the hidden state carried across the batches of an epoch), on a small synthetic
+    corpus, adapted as docs/scheduler.md says: the global step, ``extra_state`` for what the
+    loop keeps between batches and epochs, the epoch's end work before its last boundary."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    ntokens, bsz, bptt, nhid = 40, 4, 5, 16
+    g = torch.Generator().manual_seed(0)
+    train_data = torch.randint(ntokens, (bsz * 31,), generator=g).view(bsz, -1).t().contiguous()
+    val_data = torch.randint(ntokens, (10 * 11,), generator=g).view(10, -1).t().contiguous()
+
+    class RNNModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop = nn.Dropout(0.2)
+            self.encoder = nn.Embedding(ntokens, nhid)
+            self.rnn = nn.LSTM(nhid, nhid, 2, dropout=0.2)
+            self.decoder = nn.Linear(nhid, ntokens)
+            self.decoder.weight = self.encoder.weight  # --tied
+
+        def forward(self, x, hidden):
+            out, hidden = self.rnn(self.drop(self.encoder(x)), hidden)
+            return nn.functional.log_softmax(self.decoder(self.drop(out)), dim=-1).view(-1, ntokens), hidden
+
+        def init_hidden(self, n):
+            return (torch.zeros(2, n, nhid), torch.zeros(2, n, nhid))
+
+    def repackage_hidden(h):
+        return h.detach() if isinstance(h, torch.Tensor) else tuple(repackage_hidden(v) for v in h)
+
+    def get_batch(source, i):
+        seq_len = min(bptt, len(source) - 1 - i)
+        return source[i : i + seq_len], source[i + 1 : i + 1 + seq_len].reshape(-1)
+
+    model, criterion = RNNModel(), nn.NLLLoss()
+
+    def evaluate(source):
+        model.eval()
+        total, hidden = 0.0, model.init_hidden(10)
+        with torch.no_grad():
+            for i in range(0, source.size(0) - 1, bptt):
+                data, targets = get_batch(source, i)
+                output, hidden = model(data, hidden)
+                total += len(data) * criterion(output, targets).item()
+        model.train()
+        return total / (len(source) - 1)
+
+    starts = list(range(0, train_data.size(0) - 1, bptt))
+    nb = len(starts)
+    state = {"lr": 5.0, "best_val_loss": None, "hidden": None, "losses": [], "val": []}
+    hook = Hook(model, extra_state=state)  # no optimizer: the script updates p.data itself
+    step = hook.restore()
+    for _epoch in range(step // nb, epochs):
+        hidden = state["hidden"] if step % nb else model.init_hidden(bsz)
+        for batch in range(step % nb, nb):
+            data, targets = get_batch(train_data, starts[batch])
+            model.zero_grad()
+            hidden = repackage_hidden(hidden)
+            output, hidden = model(data, hidden)
+            loss = criterion(output, targets)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-state["lr"])
+            state["hidden"], step = hidden, step + 1
+            state["losses"].append(loss.item())
+            if batch == nb - 1:  # the epoch's end work, before the epoch's last boundary
+                val_loss = evaluate(val_data)
+                state["val"].append(val_loss)
+                if state["best_val_loss"] is None or val_loss < state["best_val_loss"]:
+                    state["best_val_loss"] = val_loss
+                else:
+                    state["lr"] /= 4.0
+            hook.step_end(step)
+    hook.finish()
+    return state, model, hook
+
+
+@pytest.mark.parametrize("stop_at", [3, 6, 8], ids=["mid-epoch", "epoch-end", "suspended-first"])
+def test_word_language_model_moved_ends_as_an_uninterrupted_run(tmp_path, stop_at):
+    hook, _ = _hook_factory(tmp_path / "whole", tmp_path / "whole-ckpt", {})
+    whole, whole_model, _ = _word_lm(hook)
+    assert len(whole["losses"]) == 18 and len(set(whole["val"])) == 3 and whole["lr"] < 5.0  # annealed
+    suspend_at = 5 if stop_at == 8 else None
+    moved, moved_model, moved_hook = _moved(_word_lm, tmp_path, stop_at, suspend_at=suspend_at)
+    assert moved_hook.context.restored_from_step == stop_at
+    assert moved["losses"] == whole["losses"] and moved["val"] == whole["val"]
+    assert moved["lr"] == whole["lr"]
+    for name, value in whole_model.state_dict().items():
+        assert torch.equal(moved_model.state_dict()[name], value), name
