@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._job import JobContext
@@ -87,6 +87,11 @@ class TorchHook:
         self.context.on_devices = on_devices or self._set_threads
         self._device: Any = None
         self._group: tuple[int, int] | None = None
+        # ``epoch(loader)``: the RNG states the current epoch's iterator was made from (and the
+        # loader's own generator's), saved with every checkpoint, and those a checkpoint held.
+        self._epoch_rng: dict[str, Any] | None = None
+        self._loaded_epoch_rng: dict[str, Any] | None = None
+        self._epoch_end: int | None = None  # the step of the current epoch's last boundary
         self._join_group()
 
     def _join_group(self) -> None:
@@ -115,10 +120,63 @@ class TorchHook:
     def step_end(self, step: int | None = None) -> None:
         if self._group is None and self.context.step < 2:
             self._join_group()
-        self.context.step_end(step)
+        step = self.context.step + 1 if step is None else int(step)
+        # An epoch's last boundary under ``epoch(loader)`` waits for the next epoch's start, so
+        # a checkpoint there holds the loop's end-of-epoch work (validation, an LR step).
+        self.context.step_end(step, obey=step != self._epoch_end)
 
     def checkpoint(self) -> int:
         return self.context.write_checkpoint()
+
+    def epoch(self, loader: Any) -> Iterator[Any]:
+        """The mini-batches of the current epoch of ``loader`` (a ``torch.utils.data.DataLoader``,
+        shuffling or not, with workers or not), starting where the checkpoint left it::
+
+            step = hook.restore()
+            for epoch in range(step // len(loader), epochs):
+                for x, y in hook.epoch(loader):
+                    ...train...
+                    step += 1
+                    hook.step_end(step)
+
+        The step must count the loader's batches (``len(loader)`` a step per epoch). A plain
+        ``DataLoader`` restarts an epoch at its first batch and draws the epoch's order (and its
+        workers' seeds) from torch's RNG when iterated, so a job restored mid-epoch would train
+        on a new order from its start. Here the restored epoch's iterator is made again from
+        the RNG states the epoch started with (the checkpoint holds them, and the state of the
+        loader's ``generator`` if it has one), advanced past the batches already trained on
+        (they are loaded, not trained), and then the checkpoint's RNG states are set back."""
+        n = len(loader)
+        if n <= 0:
+            raise ValueError("hook.epoch(loader) needs a loader with at least one batch")
+        if self._epoch_end is not None and self._epoch_end == self.context.step:
+            self.context.boundary()  # the previous epoch's last, after its end-of-epoch work
+        self._epoch_end = (self.context.step // n + 1) * n
+        done = self.context.step % n
+        saved = self._loaded_epoch_rng
+        self._loaded_epoch_rng = None
+        generator = getattr(loader, "generator", None)
+        if done and saved is None:
+            raise ValueError(
+                f"the job was restored at step {self.context.step}, batch {done} of an epoch of {n}, "
+                "from a checkpoint without the epoch's RNG states (taken without hook.epoch(loader), "
+                "or the step does not count this loader's batches): the epoch's order cannot be made again"
+            )
+        if done and saved is not None:
+            now = _rng_state()
+            _set_rng_state(saved["rng"])
+            if generator is not None and saved.get("generator") is not None:
+                generator.set_state(saved["generator"])
+        self._epoch_rng = {
+            "rng": _rng_state(),
+            "generator": generator.get_state() if generator is not None else None,
+        }
+        it = iter(loader)
+        if done:
+            for _ in range(done):
+                next(it)  # the batches the checkpoint already trained on
+            _set_rng_state(now)
+        yield from it
 
     def finish(self) -> None:
         self.context.finish()
@@ -127,6 +185,7 @@ class TorchHook:
         import torch
 
         rng = self._gathered(_rng_state())
+        epoch_rng = self._gathered(self._epoch_rng)
         sampler = self._gathered(self.sampler.state_dict()) if self.sampler is not None else None
         if self._group is not None and self._group[0] != 0:
             return b""  # rank 0 writes the checkpoint
@@ -135,6 +194,7 @@ class TorchHook:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "rng": rng,
+            "epoch_rng": epoch_rng,
             "sampler": sampler,
             "stateful": {name: obj.state_dict() for name, obj in self.stateful.items()},
             "extra": self.extra_state,
@@ -173,6 +233,11 @@ class TorchHook:
             rank = self._group[0] if self._group else 0
             rng = rng[rank] if rank < len(rng) else rng[0]
         _set_rng_state(rng)
+        epoch_rng = state.get("epoch_rng")
+        if isinstance(epoch_rng, list):
+            rank = self._group[0] if self._group else 0
+            epoch_rng = epoch_rng[rank] if rank < len(epoch_rng) else epoch_rng[0]
+        self._loaded_epoch_rng = epoch_rng
         saved = state.get("stateful") or {}
         missing = [name for name in self.stateful if name not in saved]
         if missing:

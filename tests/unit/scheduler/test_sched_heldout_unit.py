@@ -235,3 +235,82 @@ def test_word_language_model_moved_ends_as_an_uninterrupted_run(tmp_path, stop_a
     assert moved["lr"] == whole["lr"]
     for name, value in whole_model.state_dict().items():
         assert torch.equal(moved_model.state_dict()[name], value), name
+
+
+# ---------------------------------------------------------------- pytorch/examples mnist
+def _mnist(Hook, workers=0, epochs=3):
+    """pytorch/examples' mnist/main.py (a conv net with dropout, Adadelta, StepLR stepped after
+    each epoch's test pass, a shuffling ``DataLoader``), on small synthetic images, with a
+    GradScaler (GradScaler's scale grows every 2 steps: its state matters), kept as the user
+    wrote it but for the hook's lines: ``stateful=`` for the scheduler and the scaler, and
+    ``hook.epoch(train_loader)`` for the epoch's batches."""
+    from torch import nn
+    from torch.nn import functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(1)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(96, 1, 12, 12, generator=g), torch.randint(10, (96,), generator=g)
+    train_loader = DataLoader(TensorDataset(x[:80], y[:80]), batch_size=16, shuffle=True, num_workers=workers)
+    test_loader = DataLoader(TensorDataset(x[80:], y[80:]), batch_size=16)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 4, 3, 1)
+            self.dropout1 = nn.Dropout(0.25)
+            self.fc1 = nn.Linear(4 * 5 * 5, 10)
+
+        def forward(self, x):
+            x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+            return F.log_softmax(self.fc1(torch.flatten(self.dropout1(x), 1)), dim=1)
+
+    model = Net()
+    optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4, growth_interval=2)
+    log = {"losses": [], "test": [], "lr": []}
+    hook = Hook(model, optimizer, extra_state=log, stateful={"sched": scheduler, "scaler": scaler})
+    step = hook.restore()
+    for _epoch in range(step // len(train_loader), epochs):
+        model.train()
+        for data, target in hook.epoch(train_loader):
+            optimizer.zero_grad()
+            loss = F.nll_loss(model(data), target)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            log["losses"].append(loss.item())
+            step += 1
+            hook.step_end(step)
+        model.eval()
+        with torch.no_grad():
+            log["test"].append(sum(F.nll_loss(model(d), t, reduction="sum").item() for d, t in test_loader))
+        scheduler.step()
+        log["lr"].append(optimizer.param_groups[0]["lr"])
+    hook.finish()
+    return log, model, hook
+
+
+@pytest.mark.parametrize(
+    "stop_at,workers",
+    [(7, 0), (5, 0), (12, 0), (7, 2)],
+    ids=["mid-epoch", "epoch-end", "suspended-at-an-epoch-end-then-moved", "mid-epoch-2-workers"],
+)
+def test_mnist_with_its_dataloader_moved_ends_as_an_uninterrupted_run(tmp_path, stop_at, workers):
+    hook, _ = _hook_factory(tmp_path / "whole", tmp_path / "whole-ckpt", {})
+    whole, whole_model, whole_hook = _mnist(hook, workers)
+    assert len(whole["losses"]) == 15 and whole_hook.step == 15
+    suspend_at = 10 if stop_at == 12 else None
+
+    def train(h):
+        return _mnist(h, workers)
+
+    moved, moved_model, moved_hook = _moved(train, tmp_path, stop_at, suspend_at=suspend_at)
+    assert moved_hook.context.restored_from_step == stop_at and moved_hook.step == 15
+    assert moved == whole  # every loss, test loss and learning rate
+    status = ControlChannel(tmp_path / "attempt-1").status()
+    assert status["state"] == "finished" and status["step"] == 15
+    assert status["restored_from_step"] == stop_at and status["minibatch_ms"] > 0
+    for name, value in whole_model.state_dict().items():
+        assert torch.equal(moved_model.state_dict()[name], value), name
