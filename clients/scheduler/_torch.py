@@ -115,7 +115,26 @@ class TorchHook:
         return self.context.step
 
     def restore(self) -> int:
+        self._check_schedulers()
         return self.context.restore()
+
+    def _check_schedulers(self) -> None:
+        """An LR scheduler drives the optimizer (it set ``initial_lr`` in its param groups) but
+        is not in ``stateful``: its position would be lost at every restart, the schedule
+        starting over while the optimizer's learning rate is restored. Said, not ignored."""
+        import torch
+
+        groups = getattr(self.optimizer, "param_groups", None) or []
+        if not any("initial_lr" in g for g in groups):
+            return
+        kinds = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        if any(isinstance(obj, kinds) for obj in self.stateful.values()):
+            return
+        raise ValueError(
+            "the optimizer is driven by an LR scheduler (its param groups have 'initial_lr') that "
+            "the hook does not checkpoint: pass it as TorchHook(..., stateful={'sched': scheduler}), "
+            "or a resumed job starts its schedule over"
+        )
 
     def step_end(self, step: int | None = None) -> None:
         if self._group is None and self.context.step < 2:
@@ -183,6 +202,8 @@ class TorchHook:
 
     def _save(self, step: int) -> bytes:
         import torch
+
+        self._check_schedulers()  # (a scheduler made after ``restore()``)
 
         rng = self._gathered(_rng_state())
         epoch_rng = self._gathered(self._epoch_rng)

@@ -314,3 +314,18 @@ def test_mnist_with_its_dataloader_moved_ends_as_an_uninterrupted_run(tmp_path, 
     assert status["restored_from_step"] == stop_at and status["minibatch_ms"] > 0
     for name, value in whole_model.state_dict().items():
         assert torch.equal(moved_model.state_dict()[name], value), name
+
+
+def test_an_lr_scheduler_left_out_of_stateful_is_refused_by_name(tmp_path):
+    """A OneCycleLR the hook is not told of would start over at every restart (the optimizer's
+    LR restored, the schedule's position not): said at ``restore()`` and at a checkpoint."""
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = TorchHook(model, opt, checkpoint_dir=str(tmp_path))
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1.0, total_steps=10)  # after the hook
+    with pytest.raises(ValueError, match=r"LR scheduler.*stateful=\{'sched': scheduler\}"):
+        hook.restore()
+    with pytest.raises(ValueError, match="LR scheduler"):
+        hook.checkpoint()
+    told = TorchHook(model, opt, checkpoint_dir=str(tmp_path), stateful={"sched": sched})
+    assert told.restore() == 0 and told.checkpoint() > 0
