@@ -67,6 +67,14 @@ class TorchHook:
         context: JobContext | None = None,
         **context_kwargs: Any,
     ) -> None:
+        for what, obj in (("model", model), ("optimizer", optimizer)):
+            if obj is not None and not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                # (found at the first checkpoint otherwise, minutes in, as an AttributeError)
+                raise TypeError(
+                    f"TorchHook's {what} is a {type(obj).__name__}, without state_dict/load_state_dict: "
+                    f"pass one {what} and name the others, e.g. TorchHook(netG, optimizerG, "
+                    "stateful={'netD': netD, 'optimizerD': optimizerD})"
+                )
         self.model = model
         self.optimizer = optimizer
         self.extra_state = extra_state if extra_state is not None else {}

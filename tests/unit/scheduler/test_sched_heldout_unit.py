@@ -329,3 +329,74 @@ def test_an_lr_scheduler_left_out_of_stateful_is_refused_by_name(tmp_path):
         hook.checkpoint()
     told = TorchHook(model, opt, checkpoint_dir=str(tmp_path), stateful={"sched": sched})
     assert told.restore() == 0 and told.checkpoint() > 0
+
+
+# ---------------------------------------------------------------- pytorch/examples dcgan
+def _dcgan(Hook, epochs=2):
+    """pytorch/examples' dcgan/main.py (a generator and a discriminator, each with its own Adam,
+    BCE, noise drawn every step, a shuffling loader), small: the generator and its optimizer
+    are the hook's ``model`` and ``optimizer``, the discriminator and its optimizer are named
+    in ``stateful=``."""
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(3)
+    nz = 4
+    data = torch.rand(48, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    dataloader = DataLoader(TensorDataset(data), batch_size=8, shuffle=True)
+    netG = nn.Sequential(
+        nn.ConvTranspose2d(nz, 8, 4, 1, 0),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.ConvTranspose2d(8, 1, 4, 2, 1),
+        nn.Tanh(),
+    )
+    netD = nn.Sequential(
+        nn.Conv2d(1, 8, 4, 2, 1), nn.LeakyReLU(0.2), nn.Conv2d(8, 1, 4, 1, 0), nn.Sigmoid(), nn.Flatten(0)
+    )
+    criterion = nn.BCELoss()
+    optimizerD = torch.optim.Adam(netD.parameters(), lr=2e-3, betas=(0.5, 0.999))
+    optimizerG = torch.optim.Adam(netG.parameters(), lr=2e-3, betas=(0.5, 0.999))
+    log = {"D": [], "G": []}
+    hook = Hook(netG, optimizerG, extra_state=log, stateful={"netD": netD, "optimizerD": optimizerD})
+    step = hook.restore()
+    for _epoch in range(step // len(dataloader), epochs):
+        for (real,) in hook.epoch(dataloader):
+            netD.zero_grad()
+            label = torch.full((real.size(0),), 1.0)
+            errD_real = criterion(netD(real), label)
+            errD_real.backward()
+            fake = netG(torch.randn(real.size(0), nz, 1, 1))
+            label.fill_(0.0)
+            errD_fake = criterion(netD(fake.detach()), label)
+            errD_fake.backward()
+            optimizerD.step()
+            netG.zero_grad()
+            label.fill_(1.0)
+            errG = criterion(netD(fake), label)
+            errG.backward()
+            optimizerG.step()
+            log["D"].append((errD_real + errD_fake).item())
+            log["G"].append(errG.item())
+            step += 1
+            hook.step_end(step)
+    hook.finish()
+    return log, (netG, netD), hook
+
+
+@pytest.mark.parametrize("stop_at", [4, 6])
+def test_dcgan_two_models_two_optimizers_moved_ends_as_an_uninterrupted_run(tmp_path, stop_at):
+    hook, _ = _hook_factory(tmp_path / "whole", tmp_path / "whole-ckpt", {})
+    whole, whole_nets, _ = _dcgan(hook)
+    moved, moved_nets, moved_hook = _moved(_dcgan, tmp_path, stop_at, suspend_at=2)
+    assert moved_hook.context.restored_from_step == stop_at and len(moved["G"]) == 12
+    assert moved == whole
+    for a, b in zip(whole_nets, moved_nets):
+        for name, value in a.state_dict().items():
+            assert torch.equal(b.state_dict()[name], value), name
+
+
+def test_a_model_that_is_not_a_module_is_refused_at_once_with_the_way_to_pass_several(tmp_path):
+    nets = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)]
+    with pytest.raises(TypeError, match=r"model.*list.*stateful=\{'netD': netD"):
+        TorchHook(nets, checkpoint_dir=str(tmp_path))
