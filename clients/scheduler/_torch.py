@@ -204,6 +204,13 @@ class TorchHook:
                 next(it)  # the batches the checkpoint already trained on
             _set_rng_state(now)
         yield from it
+        if self.context.step != self._epoch_end:
+            raise ValueError(
+                f"hook.epoch(loader): the epoch's {n} batches took the step from "
+                f"{self._epoch_end - n + done} to {self.context.step}, not {self._epoch_end}: the step "
+                "must count the loader's batches (one hook.step_end per batch), or a restored epoch "
+                "would skip the wrong number of them"
+            )
 
     def finish(self) -> None:
         self.context.finish()

@@ -400,3 +400,31 @@ def test_a_model_that_is_not_a_module_is_refused_at_once_with_the_way_to_pass_se
     nets = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)]
     with pytest.raises(TypeError, match=r"model.*list.*stateful=\{'netD': netD"):
         TorchHook(nets, checkpoint_dir=str(tmp_path))
+
+
+def test_hook_epoch_says_when_the_step_does_not_count_the_loaders_batches(tmp_path):
+    from torch.utils.data import DataLoader
+
+    hook = TorchHook(torch.nn.Linear(1, 1), checkpoint_dir=str(tmp_path))
+    hook.restore()
+    loader = DataLoader(list(range(8)), batch_size=2, shuffle=True)
+    step = 0
+    with pytest.raises(ValueError, match="took the step from 0 to 2, not 4: the step must count"):
+        for i, _batch in enumerate(hook.epoch(loader)):
+            if i % 2:  # a step per two batches (gradient accumulation)
+                step += 1
+                hook.step_end(step)
+
+
+def test_hook_epoch_refuses_a_mid_epoch_checkpoint_without_the_epochs_rng_states(tmp_path):
+    from torch.utils.data import DataLoader
+
+    first = TorchHook(torch.nn.Linear(1, 1), checkpoint_dir=str(tmp_path))
+    first.restore()
+    for step in range(1, 4):  # a loop over its loader without hook.epoch
+        first.step_end(step)
+    first.checkpoint()
+    again = TorchHook(torch.nn.Linear(1, 1), checkpoint_dir=str(tmp_path))
+    assert again.restore() == 3
+    with pytest.raises(ValueError, match="batch 3 of an epoch of 4.*without the epoch's RNG states"):
+        next(iter(again.epoch(DataLoader(list(range(8)), batch_size=2, shuffle=True))))
