@@ -7,6 +7,9 @@ for step in range(start, total_steps):
     ...forward, backward, optimizer.step()...
     hook.step_end(step + 1)            # reports the time; obeys control at the boundary
 hook.finish()
+
+A loop over its own ``DataLoader`` (shuffling or not): ``for x, y in hook.epoch(loader)`` in
+place of ``for x, y in loader`` resumes a restored epoch at its next batch, in its order.
 """
 
 from __future__ import annotations
