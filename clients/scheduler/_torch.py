@@ -78,6 +78,12 @@ class TorchHook:
                     f"pass one {what} and name the others, e.g. TorchHook(netG, optimizerG, "
                     "stateful={'netD': netD, 'optimizerD': optimizerD})"
                 )
+        if sampler is not None and not (hasattr(sampler, "state_dict") and hasattr(sampler, "load_state_dict")):
+            raise TypeError(
+                f"TorchHook's sampler is a {type(sampler).__name__}, without state_dict/load_state_dict "
+                "(a data position to checkpoint): for a torch DataLoader leave sampler= out and iterate "
+                "hook.epoch(loader); Quiver's loader and samplers with state_dict go in sampler="
+            )
         self.model = model
         self.optimizer = optimizer
         self.extra_state = extra_state if extra_state is not None else {}

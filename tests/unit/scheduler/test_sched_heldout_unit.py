@@ -428,3 +428,10 @@ def test_hook_epoch_refuses_a_mid_epoch_checkpoint_without_the_epochs_rng_states
     assert again.restore() == 3
     with pytest.raises(ValueError, match="batch 3 of an epoch of 4.*without the epoch's RNG states"):
         next(iter(again.epoch(DataLoader(list(range(8)), batch_size=2, shuffle=True))))
+
+
+def test_a_dataloader_given_as_the_sampler_is_refused_at_once_with_what_to_do(tmp_path):
+    from torch.utils.data import DataLoader
+
+    with pytest.raises(TypeError, match=r"sampler is a DataLoader.*hook.epoch\(loader\)"):
+        TorchHook(torch.nn.Linear(1, 1), sampler=DataLoader(list(range(4))), checkpoint_dir=str(tmp_path))
