@@ -78,7 +78,9 @@ class TorchHook:
                     f"pass one {what} and name the others, e.g. TorchHook(netG, optimizerG, "
                     "stateful={'netD': netD, 'optimizerD': optimizerD})"
                 )
-        if sampler is not None and not (hasattr(sampler, "state_dict") and hasattr(sampler, "load_state_dict")):
+        if sampler is not None and not (
+            hasattr(sampler, "state_dict") and hasattr(sampler, "load_state_dict")
+        ):
             raise TypeError(
                 f"TorchHook's sampler is a {type(sampler).__name__}, without state_dict/load_state_dict "
                 "(a data position to checkpoint): for a torch DataLoader leave sampler= out and iterate "
