@@ -200,6 +200,21 @@ class TorchHook:
                 "from a checkpoint without the epoch's RNG states (taken without hook.epoch(loader), "
                 "or the step does not count this loader's batches): the epoch's order cannot be made again"
             )
+        if (
+            getattr(loader, "persistent_workers", False)
+            and getattr(loader, "_iterator", "absent") is None
+            and self.context.step >= n
+        ):
+            # A loader with persistent workers draws its workers' base seed from torch's RNG at
+            # its first iterator only, then each epoch just the order: made first in a process
+            # restarted past epoch 0, it would draw one number more than the uninterrupted run
+            # did at this epoch, and shuffle differently. Its first iterator is made here with
+            # the RNG states put back after; the epoch's is then a reset, as in that run.
+            before = _rng_state(), generator.get_state() if generator is not None else None
+            iter(loader)
+            _set_rng_state(before[0])
+            if generator is not None:
+                generator.set_state(before[1])
         if done and saved is not None:
             now = _rng_state()
             _set_rng_state(saved["rng"])

@@ -238,7 +238,7 @@ def test_word_language_model_moved_ends_as_an_uninterrupted_run(tmp_path, stop_a
 
 
 # ---------------------------------------------------------------- pytorch/examples mnist
-def _mnist(Hook, workers=0, epochs=3):
+def _mnist(Hook, workers=0, epochs=3, persistent=False):
     """pytorch/examples' mnist/main.py (a conv net with dropout, Adadelta, StepLR stepped after
     each epoch's test pass, a shuffling ``DataLoader``), on small synthetic images, with a
     GradScaler (GradScaler's scale grows every 2 steps: its state matters), kept as the user
@@ -251,7 +251,13 @@ def _mnist(Hook, workers=0, epochs=3):
     torch.manual_seed(1)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(96, 1, 12, 12, generator=g), torch.randint(10, (96,), generator=g)
-    train_loader = DataLoader(TensorDataset(x[:80], y[:80]), batch_size=16, shuffle=True, num_workers=workers)
+    train_loader = DataLoader(
+        TensorDataset(x[:80], y[:80]),
+        batch_size=16,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=persistent,
+    )
     test_loader = DataLoader(TensorDataset(x[80:], y[80:]), batch_size=16)
 
     class Net(nn.Module):
@@ -293,18 +299,25 @@ def _mnist(Hook, workers=0, epochs=3):
 
 
 @pytest.mark.parametrize(
-    "stop_at,workers",
-    [(7, 0), (5, 0), (12, 0), (7, 2)],
-    ids=["mid-epoch", "epoch-end", "suspended-at-an-epoch-end-then-moved", "mid-epoch-2-workers"],
+    "stop_at,workers,persistent",
+    [(7, 0, False), (5, 0, False), (12, 0, False), (7, 2, False), (7, 2, True), (5, 2, True)],
+    ids=[
+        "mid-epoch",
+        "epoch-end",
+        "suspended-at-an-epoch-end-then-moved",
+        "mid-epoch-2-workers",
+        "mid-epoch-persistent-workers",
+        "epoch-end-persistent-workers",
+    ],
 )
-def test_mnist_with_its_dataloader_moved_ends_as_an_uninterrupted_run(tmp_path, stop_at, workers):
+def test_mnist_with_its_dataloader_moved_ends_as_an_uninterrupted_run(tmp_path, stop_at, workers, persistent):
     hook, _ = _hook_factory(tmp_path / "whole", tmp_path / "whole-ckpt", {})
-    whole, whole_model, whole_hook = _mnist(hook, workers)
+    whole, whole_model, whole_hook = _mnist(hook, workers, persistent=persistent)
     assert len(whole["losses"]) == 15 and whole_hook.step == 15
     suspend_at = 10 if stop_at == 12 else None
 
     def train(h):
-        return _mnist(h, workers)
+        return _mnist(h, workers, persistent=persistent)
 
     moved, moved_model, moved_hook = _moved(train, tmp_path, stop_at, suspend_at=suspend_at)
     assert moved_hook.context.restored_from_step == stop_at and moved_hook.step == 15
