@@ -65,7 +65,7 @@ def main() -> None:
     loss_fn = torch.nn.CrossEntropyLoss()
     steps = len(loader) * args.epochs
     astra = AstraTorch(model, RemoteExplorer.from_etcd(kv), name="first-job", total_steps=steps)  # Astra
-    hook = TorchHook(model, opt)  # Gandiva
+    hook = TorchHook(model, opt, sampler=loader)  # Gandiva; the checkpoint keeps the data position
     step = hook.restore()  # 0, or where a checkpoint left off
 
     for epoch in range(step // len(loader), args.epochs):

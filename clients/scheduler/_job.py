@@ -233,11 +233,12 @@ class JobContext:
         return self.step
 
     # ------------------------------------------------------------------ the boundary
-    def step_end(self, step: int | None = None) -> None:
+    def step_end(self, step: int | None = None, *, obey: bool = True) -> None:
         """Call after every mini-batch: records its time and obeys pending control.
 
         May not return: a ``stop`` (checkpoint-and-move) exits the process with
-        ``EXIT_CHECKPOINTED`` once the checkpoint is on disk.
+        ``EXIT_CHECKPOINTED`` once the checkpoint is on disk. With ``obey=False`` control
+        waits for the next boundary (``boundary()``, or the next step's end).
         """
         self.step = self.step + 1 if step is None else int(step)
         rec = self.last_record = self.telemetry.end_step(self.step)
@@ -251,6 +252,14 @@ class JobContext:
         if self.first_step_at is not None and not self._recorded:
             self._recorded = True
             self._record("running")
+        if not obey:
+            self._report()
+            return
+        self.boundary()
+
+    def boundary(self) -> None:
+        """Obey pending control (and a due periodic checkpoint) at a boundary that is not a
+        mini-batch's end: after a loop's end-of-epoch work, say (``TorchHook.epoch``)."""
         together = self._together()
         before = (self.seq_done, self.checkpoint_step, self._last_checkpoint_at, self.state)
         self._obey()

@@ -23,7 +23,8 @@ metrics, EarlyStopping's and ReduceLROnPlateau's inputs, equal an uninterrupted 
 The checkpoint holds every model variable (weights, non-trainable state, seed-generator
 state), every optimizer variable (iteration count, moments), the metrics' variables, the
 NumPy / Python / TensorFlow global RNG states, the step, epoch and batch, the earlier
-epochs' History and a user ``extra_state`` dict.
+epochs' History, a user ``extra_state`` dict, and the counters of the Keras callbacks named
+in ``callbacks={"early": early_stopping, "plateau": reduce_lr}`` (not their configuration).
 """
 
 from __future__ import annotations
@@ -53,11 +54,16 @@ def _make_class() -> type:
             self,
             *,
             extra_state: dict[str, Any] | None = None,
+            callbacks: dict[str, Any] | None = None,
             context: JobContext | None = None,
             **context_kwargs: Any,
         ) -> None:
             super().__init__()
             self.extra_state = extra_state if extra_state is not None else {}
+            # Other callbacks whose counters the checkpoint keeps (EarlyStopping's and
+            # ReduceLROnPlateau's wait / best / cooldown, ModelCheckpoint's best), by name.
+            self.callbacks = dict(callbacks or {})
+            self._restore_callbacks: dict[str, dict[str, Any]] | None = None
             self.context = context or JobContext(**context_kwargs)
             self.context.save = self._save
             self.context.load = self._load
@@ -114,6 +120,12 @@ def _make_class() -> type:
             self._resume = None
 
         def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            if self._restore_callbacks is not None:
+                # After every callback's ``on_train_begin`` (which resets their counters).
+                for name, cb in self.callbacks.items():
+                    for k, v in self._restore_callbacks.get(name, {}).items():
+                        setattr(cb, k, v)
+                self._restore_callbacks = None
             self._epoch = int(epoch)
             self._batch = 0
             if self._skip:
@@ -201,6 +213,7 @@ def _make_class() -> type:
                     "tf": _tf_global_generator_state(tf),
                 },
                 "extra": self.extra_state,
+                "callbacks": {name: _callback_state(cb) for name, cb in self.callbacks.items()},
             }
             return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -220,6 +233,13 @@ def _make_class() -> type:
                 tf.random.get_global_generator().reset(state["rng"]["tf"])
             self.extra_state.clear()
             self.extra_state.update(state["extra"])
+            saved = state.get("callbacks") or {}
+            missing = [name for name in self.callbacks if name not in saved]
+            if missing:
+                raise ValueError(
+                    f"the checkpoint has no state for callbacks {missing} (saved: {sorted(saved)})"
+                )
+            self._restore_callbacks = {name: saved[name] for name in self.callbacks}
             if "epoch" in state:
                 keys = ("epoch", "batch", "steps_per_epoch", "history", "history_epochs")
                 self._resume = {k: state[k] for k in keys}
@@ -227,6 +247,33 @@ def _make_class() -> type:
             return int(state["step"])
 
     return SchedulerCallback
+
+
+def _callback_state(cb: Any) -> dict[str, Any]:
+    """A Keras callback's counters: its plain attributes (numbers, strings, None, arrays and
+    lists of them: EarlyStopping's ``wait``, ``best``, ``best_weights``, ...), not its model,
+    functions or configuration. Configuration (an attribute named as an ``__init__`` argument)
+    comes from the script: Keras rewrites some of it when training starts (``min_delta``'s sign
+    in ``_set_monitor_op``), and a saved copy put back would be rewritten twice."""
+    import inspect
+
+    import numpy as np
+
+    config = {"params", "_model", "model"}
+    for klass in type(cb).__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            try:
+                config.update(inspect.signature(init).parameters)
+            except (TypeError, ValueError):
+                pass
+
+    def plain(v: Any) -> bool:
+        if v is None or isinstance(v, (bool, int, float, str, np.generic, np.ndarray)):
+            return True
+        return isinstance(v, (list, tuple)) and all(plain(x) for x in v)
+
+    return {k: v for k, v in vars(cb).items() if k not in config and plain(v)}
 
 
 def _tf_global_generator_state(tf: Any) -> Any:

@@ -7,6 +7,9 @@ for step in range(start, total_steps):
     ...forward, backward, optimizer.step()...
     hook.step_end(step + 1)            # reports the time; obeys control at the boundary
 hook.finish()
+
+A loop over its own ``DataLoader`` (shuffling or not): ``for x, y in hook.epoch(loader)`` in
+place of ``for x, y in loader`` resumes a restored epoch at its next batch, in its order.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import io
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._job import JobContext
@@ -67,6 +70,22 @@ class TorchHook:
         context: JobContext | None = None,
         **context_kwargs: Any,
     ) -> None:
+        for what, obj in (("model", model), ("optimizer", optimizer)):
+            if obj is not None and not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                # (found at the first checkpoint otherwise, minutes in, as an AttributeError)
+                raise TypeError(
+                    f"TorchHook's {what} is a {type(obj).__name__}, without state_dict/load_state_dict: "
+                    f"pass one {what} and name the others, e.g. TorchHook(netG, optimizerG, "
+                    "stateful={'netD': netD, 'optimizerD': optimizerD})"
+                )
+        if sampler is not None and not (
+            hasattr(sampler, "state_dict") and hasattr(sampler, "load_state_dict")
+        ):
+            raise TypeError(
+                f"TorchHook's sampler is a {type(sampler).__name__}, without state_dict/load_state_dict "
+                "(a data position to checkpoint): for a torch DataLoader leave sampler= out and iterate "
+                "hook.epoch(loader); Quiver's loader and samplers with state_dict go in sampler="
+            )
         self.model = model
         self.optimizer = optimizer
         self.extra_state = extra_state if extra_state is not None else {}
@@ -87,6 +106,11 @@ class TorchHook:
         self.context.on_devices = on_devices or self._set_threads
         self._device: Any = None
         self._group: tuple[int, int] | None = None
+        # ``epoch(loader)``: the RNG states the current epoch's iterator was made from (and the
+        # loader's own generator's), saved with every checkpoint, and those a checkpoint held.
+        self._epoch_rng: dict[str, Any] | None = None
+        self._loaded_epoch_rng: dict[str, Any] | None = None
+        self._epoch_end: int | None = None  # the step of the current epoch's last boundary
         self._join_group()
 
     def _join_group(self) -> None:
@@ -110,15 +134,109 @@ class TorchHook:
         return self.context.step
 
     def restore(self) -> int:
+        self._check_schedulers()
         return self.context.restore()
+
+    def _check_schedulers(self) -> None:
+        """An LR scheduler drives the optimizer (it set ``initial_lr`` in its param groups) but
+        is not in ``stateful``: its position would be lost at every restart, the schedule
+        starting over while the optimizer's learning rate is restored. Said, not ignored."""
+        import torch
+
+        groups = getattr(self.optimizer, "param_groups", None) or []
+        if not any("initial_lr" in g for g in groups):
+            return
+        kinds = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        if any(isinstance(obj, kinds) for obj in self.stateful.values()):
+            return
+        raise ValueError(
+            "the optimizer is driven by an LR scheduler (its param groups have 'initial_lr') that "
+            "the hook does not checkpoint: pass it as TorchHook(..., stateful={'sched': scheduler}), "
+            "or a resumed job starts its schedule over"
+        )
 
     def step_end(self, step: int | None = None) -> None:
         if self._group is None and self.context.step < 2:
             self._join_group()
-        self.context.step_end(step)
+        step = self.context.step + 1 if step is None else int(step)
+        # An epoch's last boundary under ``epoch(loader)`` waits for the next epoch's start, so
+        # a checkpoint there holds the loop's end-of-epoch work (validation, an LR step).
+        self.context.step_end(step, obey=step != self._epoch_end)
 
     def checkpoint(self) -> int:
         return self.context.write_checkpoint()
+
+    def epoch(self, loader: Any) -> Iterator[Any]:
+        """The mini-batches of the current epoch of ``loader`` (a ``torch.utils.data.DataLoader``,
+        shuffling or not, with workers or not), starting where the checkpoint left it::
+
+            step = hook.restore()
+            for epoch in range(step // len(loader), epochs):
+                for x, y in hook.epoch(loader):
+                    ...train...
+                    step += 1
+                    hook.step_end(step)
+
+        The step must count the loader's batches (``len(loader)`` a step per epoch). A plain
+        ``DataLoader`` restarts an epoch at its first batch and draws the epoch's order (and its
+        workers' seeds) from torch's RNG when iterated, so a job restored mid-epoch would train
+        on a new order from its start. Here the restored epoch's iterator is made again from
+        the RNG states the epoch started with (the checkpoint holds them, and the state of the
+        loader's ``generator`` if it has one), advanced past the batches already trained on
+        (they are loaded, not trained), and then the checkpoint's RNG states are set back."""
+        n = len(loader)
+        if n <= 0:
+            raise ValueError("hook.epoch(loader) needs a loader with at least one batch")
+        if self._epoch_end is not None and self._epoch_end == self.context.step:
+            self.context.boundary()  # the previous epoch's last, after its end-of-epoch work
+        self._epoch_end = (self.context.step // n + 1) * n
+        done = self.context.step % n
+        saved = self._loaded_epoch_rng
+        self._loaded_epoch_rng = None
+        generator = getattr(loader, "generator", None)
+        if done and saved is None:
+            raise ValueError(
+                f"the job was restored at step {self.context.step}, batch {done} of an epoch of {n}, "
+                "from a checkpoint without the epoch's RNG states (taken without hook.epoch(loader), "
+                "or the step does not count this loader's batches): the epoch's order cannot be made again"
+            )
+        if (
+            getattr(loader, "persistent_workers", False)
+            and getattr(loader, "_iterator", "absent") is None
+            and self.context.step >= n
+        ):
+            # A loader with persistent workers draws its workers' base seed from torch's RNG at
+            # its first iterator only, then each epoch just the order: made first in a process
+            # restarted past epoch 0, it would draw one number more than the uninterrupted run
+            # did at this epoch, and shuffle differently. Its first iterator is made here with
+            # the RNG states put back after; the epoch's is then a reset, as in that run.
+            before = _rng_state(), generator.get_state() if generator is not None else None
+            iter(loader)
+            _set_rng_state(before[0])
+            if generator is not None:
+                generator.set_state(before[1])
+        if done and saved is not None:
+            now = _rng_state()
+            _set_rng_state(saved["rng"])
+            if generator is not None and saved.get("generator") is not None:
+                generator.set_state(saved["generator"])
+        self._epoch_rng = {
+            "rng": _rng_state(),
+            "generator": generator.get_state() if generator is not None else None,
+        }
+        it = iter(loader)
+        if done:
+            for _ in range(done):
+                next(it)  # the batches the checkpoint already trained on
+            _set_rng_state(now)
+        yield from it
+        if self.context.step != self._epoch_end:
+            raise ValueError(
+                f"hook.epoch(loader): the epoch's {n} batches took the step from "
+                f"{self._epoch_end - n + done} to {self.context.step}, not {self._epoch_end}: the step "
+                "must count the loader's batches (one hook.step_end per batch), or a restored epoch "
+                "would skip the wrong number of them"
+            )
 
     def finish(self) -> None:
         self.context.finish()
@@ -126,7 +244,10 @@ class TorchHook:
     def _save(self, step: int) -> bytes:
         import torch
 
+        self._check_schedulers()  # (a scheduler made after ``restore()``)
+
         rng = self._gathered(_rng_state())
+        epoch_rng = self._gathered(self._epoch_rng)
         sampler = self._gathered(self.sampler.state_dict()) if self.sampler is not None else None
         if self._group is not None and self._group[0] != 0:
             return b""  # rank 0 writes the checkpoint
@@ -135,6 +256,7 @@ class TorchHook:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "rng": rng,
+            "epoch_rng": epoch_rng,
             "sampler": sampler,
             "stateful": {name: obj.state_dict() for name, obj in self.stateful.items()},
             "extra": self.extra_state,
@@ -173,6 +295,11 @@ class TorchHook:
             rank = self._group[0] if self._group else 0
             rng = rng[rank] if rank < len(rng) else rng[0]
         _set_rng_state(rng)
+        epoch_rng = state.get("epoch_rng")
+        if isinstance(epoch_rng, list):
+            rank = self._group[0] if self._group else 0
+            epoch_rng = epoch_rng[rank] if rank < len(epoch_rng) else epoch_rng[0]
+        self._loaded_epoch_rng = epoch_rng
         saved = state.get("stateful") or {}
         missing = [name for name in self.stateful if name not in saved]
         if missing:
