@@ -15,6 +15,7 @@ comes back as a ``ReadReport`` with the batch, and the main process counts it
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -81,6 +82,7 @@ class WorkerReader:
         self.store = store
         self.threads = threads
         self._pid = -1
+        self._made_in = os.getpid()  # (a later pid without unpickling: a forked child)
         self._clients: dict[str, CacheClient] = {}
         self._pool: ThreadPoolExecutor | None = None
 
@@ -92,6 +94,14 @@ class WorkerReader:
 
     def _own(self) -> None:
         if self._pid != os.getpid():  # a fresh process (fork or spawn): nothing inherited
+            if os.getpid() != self._made_in:
+                # A forked worker leaves the parent's objects to the parent: frozen out of this
+                # process's collections, so a cycle the parent had not yet collected (a gRPC
+                # channel of an earlier client) is not finalised here, where its native
+                # destructor meets locks the fork copied held and aborts the process (seen in CI,
+                # session 39: abseil's "Check w->waitp->cond == nullptr failed", then "Fatal
+                # Python error: Aborted" while garbage-collecting in a DataLoader worker).
+                gc.freeze()
             self._pid = os.getpid()
             self._clients = {}
             self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="quiver-worker")
