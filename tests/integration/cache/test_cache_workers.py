@@ -119,3 +119,49 @@ def test_a_spawned_worker_needs_nothing_of_the_parents_loader(make_dataset, tmp_
             shipped[0]
     finally:
         loader.close()
+
+
+class _DiesIfFinalisedInAChild:
+    """A cycle the parent left uncollected whose finaliser must not run in a forked worker (a
+    gRPC channel's native destructor aborts there: CI, session 39)."""
+
+    def __init__(self, parent: int) -> None:
+        self.parent = parent
+        self.me = self  # (a cycle: only the collector frees it)
+
+    def __del__(self) -> None:
+        if os.getpid() != self.parent:
+            os._exit(3)  # the worker dies, as an abort would end it
+
+
+def _collect_then_decode(data: bytes, path: str) -> tuple[str, str, int]:
+    import gc
+
+    gc.collect()  # (in the worker: whatever the collector may finalise there, now)
+    return _decode(data, path)
+
+
+def test_a_forked_worker_finalises_nothing_the_parent_left_uncollected(make_dataset, tmp_path, cache_server):
+    pytest.importorskip("torch")
+    import gc
+
+    from microco.clients.cache import make_dataloader
+
+    files = make_dataset(tmp_path / "d", n=16, size=100)
+    address = cache_server(capacity="48000").address
+    store = LocalStore(str(tmp_path / "d"))
+    idx = build_index(store.list_files(), store.read, 4000)
+    loader = _loader(idx, store, address)
+    gc.disable()  # (the garbage below stays uncollected until the workers have forked)
+    try:
+        _DiesIfFinalisedInAChild(os.getpid())
+        dl = make_dataloader(
+            loader, transform=_collect_then_decode, num_workers=1, multiprocessing_context="fork"
+        )
+        items = _epoch(dl, 0)
+        assert sorted(p for p, _, _ in items) == sorted(files)
+        _check(items, files)
+    finally:
+        gc.enable()
+        gc.collect()  # (here, in the parent: finalised where it was made)
+        loader.close()
