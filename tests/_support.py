@@ -186,3 +186,17 @@ def seeded_steps(
 
         losses.append(run(step) if run is not None else step())
     return losses
+
+
+def through_probe(astra: Any, step: Callable[[], Any], limit: int = 2) -> Any:
+    """Run ``step`` under a PyTorch wrapper ``astra`` (``AstraTorch``) until its probe is over,
+    its space registered: one step, or two where its first says a whole-step compile could
+    pay and the second counts and profiles the step (issue 18, session 40). What the last
+    step returned."""
+    out = None
+    for _ in range(limit):
+        with astra.step():
+            out = step()
+        if astra.spec() is not None:
+            return out
+    raise AssertionError(f"the probe did not end in {limit} steps")

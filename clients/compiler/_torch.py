@@ -570,6 +570,11 @@ class AstraTorch(SessionBacked):
         self.optimizers = StepOptimizers(model)
         self._optimizer: str | None = None
         self._probe_step_ms = 0.0  # the probe step's time: what exploring the optimiser is priced by
+        # The probe's costly reads of the step (its op-level profile and its op count: what a
+        # whole-step compile is priced by) run on a second probe step, and only where the first,
+        # timed without them, says some whole-step compile could be repaid by the run
+        # (``_whole_could_pay``): None until the first probe step is timed, then whether they run.
+        self._probe_deep: bool | None = None
         # The probe step's op-level profile (``_step_profile``: its share in GEMM-like kernels),
         # where a whole-step compile is among the choices and the step runs on the CPU; what a
         # compile never measured here is expected to save follows from it (``_gain_fraction``).
@@ -794,6 +799,13 @@ class AstraTorch(SessionBacked):
         self._use_stream()
         if self.session.spec is None and self._probe_calls is None:
             self._start_probe()
+        elif (
+            self.session.spec is None
+            and self._probe_deep
+            and self._op_counter is None
+            and self._profiler is None
+        ):
+            self._start_deep_probe()
         if self._repeat is not None:
             self._apply_values(self._repeat)
         self._user_threads = torch.get_num_threads()
@@ -972,8 +984,6 @@ class AstraTorch(SessionBacked):
                 if isinstance(a, torch.Tensor)
             ]
             self._input_shapes = ";".join(sig)
-            if self._op_counter is not None:
-                self._op_counter.start()  # (the first call: the step's forward from here on)
             # One copy per tensor, not per argument: a tensor passed twice (a language model's
             # ``input_ids=x, labels=x``) stays one input, as dynamo traced it in the user's call.
             # Two copies made the probe's graph another graph (one more input, 372 nodes against
@@ -1018,8 +1028,16 @@ class AstraTorch(SessionBacked):
         # whole model ran unexplored)
         self._hooks = [m.register_forward_pre_hook(count) for n, m in _hookable(self.model) if n]
         self._hooks.append(self.model.register_forward_pre_hook(shapes, with_kwargs=True))
+        # (the op count and the profile: on a second probe step, where the first says they may
+        # pay, ``_finish_probe``)
+
+    def _start_deep_probe(self) -> None:
+        """The second probe step's reads: the step's distinct ops counted from the model's
+        forward to the optimiser's update (``_op_count``), and its op-level profile
+        (``_step_profile``), started before the step's clock."""
         if self._counts_ops():
             counter = self._op_counter = StepOpCounter()
+            self._hooks.append(self.model.register_forward_pre_hook(lambda *_: counter.start()))
             self._hooks.append(self.model.register_forward_hook(lambda *_: counter.mark_forward()))
             # the count ends where the optimiser's update begins (no whole-step compile has it)
             self._op_stop = register_optimizer_step_pre_hook(lambda *_: counter.stop())
@@ -1027,6 +1045,51 @@ class AstraTorch(SessionBacked):
             profiler = StepProfiler()
             if profiler.start():  # (started before the step's clock: its start is not the step's)
                 self._profiler = profiler
+
+    def _wants_deep_probe(self, step_ms: float) -> bool:
+        """Are the probe's reads of the step (its op count and profile) worth a second probe
+        step? Where a whole-step Inductor compile is among the choices and some compile of it
+        could be repaid by the run (``_whole_could_pay``), judged by the first probe step's time
+        (``step_ms``; 0: it failed, no second).
+
+        Issue 18, session 40: the first step was profiled and its ops counted in every run that
+        offered Inductor, 24 ms alone (15 ms of profile, 9 of counting) and 60 ms at load 5 in
+        a 300-step run of 2.9 ms steps (0.87 s) that no compile could repay: torch-lstmcell-loop
+        at 300 steps, 1.06-1.12x eager."""
+        if step_ms <= 0 or not (self._counts_ops() or self._profiles_step()):
+            return False
+        self._probe_step_ms = step_ms  # (what the ask's price scales by, ``_traced_price_ms``)
+        typical = self._typical_step_ms(step_ms)
+        pays = self._whole_could_pay(typical)
+        log.info(
+            "probe: first step %.1f ms, priced at %.1f ms a step over %d steps: %s",
+            step_ms,
+            typical,
+            self.total_steps,
+            "a whole-step compile could pay, the next step counted and profiled"
+            if pays
+            else "no whole-step compile could pay, nothing counted or profiled",
+        )
+        return pays
+
+    def _whole_could_pay(self, step_ms: float) -> bool:
+        """Could any whole-step compile be repaid by this run at ``step_ms`` a step, before its
+        ops are counted or its step profiled? The most it could save (``most_saving_ms``: twice
+        as fast, or what this host measured it to gain here, whichever is more) against the least
+        it could cost: a cold compile at its least price (``_cold_compile_could_pay``, at that
+        saving) or a cache hit, which costs at least the ask that finds it
+        (``_probe_price_ms``). Compiles in the background are off the path: they may."""
+        if self._off_critical_path:
+            return True
+        most = most_saving_ms(self.total_steps, step_ms) or 0.0
+        most = max(most, *(self._optimistic_saving_ms(step_ms, kind) for kind in WHOLE))
+        if most > self._probe_price_ms():
+            return True
+        family = "torch:whole:plain"
+        price = self.compile_costs.estimate(self._hw, family, 0, graph=self._cost_graph(), warm=False)
+        if price is None:
+            price = self._unseen_price(family, sum(1 for _ in self.model.parameters()), below=most)
+        return price is None or most > price
 
     def _finish_op_count(self) -> None:
         """The probe step's op count, kept for this run's prices (``_step_ops``); the counter's
@@ -1125,6 +1188,15 @@ class AstraTorch(SessionBacked):
         return profile.own_ms
 
     def _finish_probe(self, step_ms: float) -> None:
+        if self._probe_deep is None:
+            self._probe_deep = self._wants_deep_probe(step_ms)
+            if self._probe_deep:
+                # The first probe step's hooks off (the calls are counted), the probe open for
+                # a second step that counts and profiles (``_start_deep_probe``).
+                for h in self._hooks:
+                    h.remove()
+                self._hooks = []
+                return
         calls, self._probe_calls = self._probe_calls or {}, None
         self.optimizers.stop()
         if self.replica:

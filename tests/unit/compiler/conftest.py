@@ -108,3 +108,13 @@ class WholeCompileTrial:
 def whole_compile_trial():
     """``WholeCompileTrial``, the class (a test builds one with what it commits)."""
     return WholeCompileTrial
+
+
+@pytest.fixture
+def deep_probe(monkeypatch):
+    """The probe counts and profiles its second step whatever the run's length: its gate
+    (``AstraTorch._whole_could_pay``, judged by the first probe step's time) pinned open, for
+    tests of what those reads find (the gate has tests of its own: test_compiler_probe_cost)."""
+    from microco.clients.compiler._torch import AstraTorch
+
+    monkeypatch.setattr(AstraTorch, "_whole_could_pay", lambda self, step_ms: True)

@@ -11,6 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _support import through_probe
+
 from microco.clients.compiler._background import BackgroundCompiler
 from microco.clients.compiler._torch import AstraTorch
 from microco.clients.compiler.explore.types import Config
@@ -60,8 +62,7 @@ def test_a_background_process_fills_inductors_cache_while_training_runs(tmp_path
         astra = AstraTorch(
             fresh, _Grab(), threads=("1",), compile_choices=("eager", "inductor"), background=True
         )
-        with astra.step():
-            fresh(x)
+        through_probe(astra, lambda: fresh(x))
         assert spec_values and astra._needs_compile(spec_values)
         payload = astra._background_payload(spec_values)
         assert payload is not None and payload["args"][0].shape == x.shape

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from _support import through_probe
 
 from microco.clients.compiler import _compile_costs
 from microco.clients.compiler._compile_costs import KEEP, HostCompileCosts
@@ -62,7 +63,7 @@ def test_a_corrupt_record_is_an_empty_one(tmp_path):
     assert costs.estimate("cpu", "torch:whole:plain") == 1_000.0
 
 
-def test_the_wrapper_prices_a_whole_step_compile_by_what_this_host_measured(tmp_path):
+def test_the_wrapper_prices_a_whole_step_compile_by_what_this_host_measured(tmp_path, deep_probe):
     """By this graph's own cold compiles on this host (session 11): not another graph's (a rate
     learned on recurrent cells priced a CNN's compile that then took minutes), not a load."""
     pytest.importorskip("torch")
@@ -79,8 +80,7 @@ def test_the_wrapper_prices_a_whole_step_compile_by_what_this_host_measured(tmp_
         astra = AstraTorch(
             model, _Null(), threads=("1",), total_steps=2, background=False, compile_costs=costs
         )
-        with astra.step():
-            zm.loss_fn(model(x), y).backward()
+        through_probe(astra, lambda: zm.loss_fn(model(x), y).backward())
         whole = next(v for v in astra.spec().variables if v.name == "model.compile")
         region = next(v for v in astra.spec().variables if v.name.endswith(".compile") and v.region)
         assert not region.prior_calibrated  # no region compile measured here: the core's prior

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
+from _support import through_probe
 from torch import nn
 
 from microco.clients.compiler import _torch_fx as tfx
@@ -94,8 +95,8 @@ def test_the_wrapper_offers_the_rewritten_step_for_a_loop_inside_forward_and_it_
     model = HighwayLoop(6, 8, 3)
     explorer = FixedExplorer({"model.rewrite": "inductor"})
     astra = AstraTorch(model, explorer, threads=("1",), total_steps=10**6, background=False)
-    with astra.step():  # the probe step: finds the structure in the captured graph
-        _loss_and_grads(model, x, y)
+    # the probe: finds the structure in the captured graph
+    through_probe(astra, lambda: _loss_and_grads(model, x, y))
     names = [v.name for v in astra.spec().variables]
     assert "model.rewrite" in names and "model.compile" in names
     assert astra._graph_rewrites > 0 and not astra.runners  # no module repeats; the graph does
@@ -126,8 +127,7 @@ def test_a_model_called_with_keywords_is_captured_with_its_keyword_inputs(monkey
     model = KeywordHighway(6, 8, 3)
     astra = AstraTorch(model, FixedExplorer(), threads=("1",), total_steps=10**6, background=False)
     x, y = torch.randn(4, 3, 6), torch.randint(0, 3, (4,))
-    with astra.step():
-        nn.functional.cross_entropy(model(seq=x), y).backward()
+    through_probe(astra, lambda: nn.functional.cross_entropy(model(seq=x), y).backward())
     assert set(astra._example_kwargs) == {"seq"} and astra._example_args == ()
     assert "seq=(4, 3, 6)" in astra._input_shapes  # the key sees the keyword input's shape
     assert astra._graph_rewrites > 0  # captured with its input: the step's products found
@@ -229,8 +229,7 @@ def test_the_plain_steps_ask_finds_the_rewrites_without_a_capture_of_its_own(mon
     astra = AstraTorch(
         model, FixedExplorer(), threads=("1",), total_steps=10**7, background=False, compile_costs=costs
     )
-    with astra.step():
-        _loss_and_grads(model, x, y)
+    through_probe(astra, lambda: _loss_and_grads(model, x, y))
     astra.restore()
     assert "plain" in astra.whole_probe_ms  # asked
     assert not captures  # no capture alone

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
+from _support import through_probe
 from torch import nn
 
 from microco.clients.compiler import AstraTorch, _compile_costs
@@ -16,7 +17,7 @@ from microco.clients.compiler._compile_costs import HostCompileCosts
 from microco.clients.compiler._torch import hardware_id
 from microco.clients.compiler.explore import LocalExplorer
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("deep_probe")]  # (conftest)
 
 
 def _mlp(depth: int, widths: bool = True) -> nn.Module:
@@ -36,11 +37,16 @@ def _first_step(model: nn.Module, optimizer: bool = True) -> tuple[AstraTorch, f
     x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     astra = AstraTorch(model, LocalExplorer(), threads=("1",), total_steps=2, background=False)
-    with astra.step():
+
+    def step() -> None:
         nn.functional.cross_entropy(model(x), y).backward()
         if optimizer:
             opt.step()
             opt.zero_grad()
+        else:
+            model.zero_grad()  # (no update; the next step's backward does not accumulate)
+
+    through_probe(astra, step)
     whole = next(v for v in astra.spec().variables if v.name == "model.compile")
     astra.restore()
     return astra, whole.compile_prior_ms
@@ -94,8 +100,7 @@ def test_a_rate_learned_from_one_graphs_compile_prices_another_graph_in_a_later_
         model, LocalExplorer(), threads=("1",), total_steps=300, background=False, compile_costs=later
     )
     x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
-    with astra.step():
-        nn.functional.cross_entropy(model(x), y).backward()
+    through_probe(astra, lambda: nn.functional.cross_entropy(model(x), y).backward())
     whole = next(v for v in astra.spec().variables if v.name == "model.compile")
     astra.restore()
     assert astra._step_ops > 0

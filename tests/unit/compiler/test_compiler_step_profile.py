@@ -12,12 +12,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _support import through_probe
+
 from microco.clients.compiler._compile_costs import HostCompileCosts
 from microco.clients.compiler._gain_rule import CompileGainRule
 from microco.clients.compiler._torch import AstraTorch
 from microco.clients.compiler.explore import ExplorationPolicy, GraphSpec, LocalExplorer, _core
 
-pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_thread")]  # (conftest)
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_thread", "deep_probe")]  # (conftest)
 PRIOR = 0.25  # the core's fixed prior: (1 - 1/max_speedup) x expected_gain_share
 
 
@@ -50,8 +52,7 @@ def _probed(
 
     step()  # the user's first step, before the wrapper: its first touches of memory are not the probe's
     a = AstraTorch(model, LocalExplorer(), total_steps=steps, compile_costs=costs, background=False)
-    with a.step():
-        step()
+    through_probe(a, step)
     return a
 
 

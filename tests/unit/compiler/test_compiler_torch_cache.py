@@ -16,6 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _support import through_probe
+
 from microco.clients.compiler import AstraTorch
 from microco.clients.compiler._compile_costs import HostCompileCosts
 from microco.clients.compiler._torch_cache import CompiledSteps, WholeStepBackend, warm_signal
@@ -86,8 +88,7 @@ def _first_step(total_steps: int) -> AstraTorch:
     x, y = zm.synthetic_batch(2, 2, 4)
     model = zm.make_model("gru", 4, 4)
     astra = AstraTorch(model, LocalExplorer(), threads=("1",), total_steps=total_steps, background=False)
-    with astra.step():
-        zm.loss_fn(model(x), y).backward()
+    through_probe(astra, lambda: zm.loss_fn(model(x), y).backward())
     astra.restore()
     return astra
 
@@ -125,8 +126,7 @@ def test_astra_prices_the_whole_step_by_the_probe_and_keys_ignore_priors(
 
     def first_step(model):
         astra = AstraTorch(model, LocalExplorer(), threads=("1",), total_steps=10**7, background=False)
-        with astra.step():
-            zm.loss_fn(model(x), y).backward()
+        through_probe(astra, lambda: zm.loss_fn(model(x), y).backward())
         return astra, next(v for v in astra.spec().variables if v.name == "model.compile")
 
     # This host's compile speed, pinned (measured, it moves with the machine's load): a slow

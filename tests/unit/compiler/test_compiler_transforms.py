@@ -8,6 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _support import through_probe
+
 from microco.clients.compiler import _torch_fx as tfx
 from microco.clients.compiler._torch import AstraTorch
 from microco.clients.compiler._torch_aot import AotRegion
@@ -250,8 +252,7 @@ def _whole_step_run(monkeypatch, explorer=None, background=False):
     ref = _loss_and_grads(zm.make_model("gru", 4, 4), x, y)
     model = zm.make_model("gru", 4, 4)
     astra = AstraTorch(model, explorer or FixedExplorer(), threads=("1",), background=background)
-    with astra.step():
-        _loss_and_grads(model, x, y)
+    through_probe(astra, lambda: _loss_and_grads(model, x, y))
     return model, astra, x, y, ref
 
 
