@@ -1056,7 +1056,9 @@ class AstraTorch(SessionBacked):
         offered Inductor, 24 ms alone (15 ms of profile, 9 of counting) and 60 ms at load 5 in
         a 300-step run of 2.9 ms steps (0.87 s) that no compile could repay: torch-lstmcell-loop
         at 300 steps, 1.06-1.12x eager."""
-        if step_ms <= 0 or not (self._counts_ops() or self._profiles_step()):
+        if step_ms <= 0 or self.replica or not (self._counts_ops() or self._profiles_step()):
+            # (a data-parallel replica compiles nothing, and its ranks must end their probes at
+            # one step: a gate judged by each rank's own step time could differ between them)
             return False
         self._probe_step_ms = step_ms  # (what the ask's price scales by, ``_traced_price_ms``)
         typical = self._typical_step_ms(step_ms)
