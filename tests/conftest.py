@@ -66,6 +66,21 @@ def _private_xla_rate_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator
         os.environ["MICROCO_XLA_COST_FILE"] = old
 
 
+@pytest.fixture(autouse=True)
+def _no_telemetry_stream_left() -> Iterator[None]:
+    """No test leaves the process a job-side telemetry stream (``microco.clients.telemetry``):
+    it is held weakly, but a hook a test dropped unfinished stays current while anything still
+    holds it (a failed test's traceback, a cycle not yet collected), and a later test's library
+    in the same worker then waits for records that never come (CI, session 40: AstraTorch's
+    probe steps went unrecorded, and tests reading the probe after one step found none)."""
+    yield
+    from microco.clients import telemetry
+
+    stream = telemetry.current()
+    if stream is not None:
+        telemetry.uninstall(stream)
+
+
 @pytest.fixture(scope="session")
 def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from microco.services.stack import EtcdServer
