@@ -136,6 +136,14 @@ class JobContext:
         self.first_step_at: float | None = None
         self._times: deque[float] = deque(maxlen=20)
         self._last_ms: float | None = None
+        # Every mini-batch this process timed, as running sums (count, ms, ms squared): the
+        # scheduler takes differences between two readings, so it can judge a change (a grow,
+        # a pack) from the mean of every mini-batch since it, and how sure that mean is, not
+        # from the last 20 (a loop whose every 16th batch waits 250 ms for data shows 20-batch
+        # means from 24 to 37 ms around a true 25).
+        self.timed_steps = 0
+        self.timed_ms = 0.0
+        self.timed_sq_ms = 0.0
         # The process's one telemetry stream (``microco.clients.telemetry``): it times every
         # mini-batch once, at ``step_end``; the cache loader adds its wait for data and the
         # compiler wrapper its compiled regions, and both read the step back from it.
@@ -244,6 +252,9 @@ class JobContext:
         rec = self.last_record = self.telemetry.end_step(self.step)
         ms = rec.step_s * 1000.0
         self._times.append(ms)
+        self.timed_steps += 1
+        self.timed_ms += ms
+        self.timed_sq_ms += ms * ms
         self._cpu_ms.append(rec.cpu_s * 1000.0)
         self._last_ms = ms
         if self.first_step_at is None:
@@ -497,6 +508,9 @@ class JobContext:
             "minibatch_ms": self.minibatch_ms(),
             "minibatch_ms_last": self._last_ms,
             "utilization": self.utilization(),
+            "timed_steps": self.timed_steps,
+            "timed_ms": self.timed_ms,
+            "timed_sq_ms": self.timed_sq_ms,
             "started_at": self.started_at,
             "first_step_at": self.first_step_at,
             "updated_at": time.time(),

@@ -155,7 +155,6 @@ class ManagedProcess:
 
     def status(self) -> dict[str, Any]:
         self.poll()
-        hook = self.control.status() or {}
         return {
             "job_id": self.job_id,
             "pid": self.pid,
@@ -163,26 +162,37 @@ class ManagedProcess:
             "exited": self.exit_code is not None,
             "exit_code": self.exit_code if self.exit_code is not None else 0,
             "device_ids": list(self.device_ids),
-            "job_state": hook.get("state", ""),
-            "step": int(hook.get("step") or 0),
-            "minibatch_ms": float(hook.get("minibatch_ms") or 0.0),
-            "utilization": None if hook.get("utilization") is None else float(hook["utilization"]),
-            "seq_done": int(hook.get("seq_done") or 0),
             "control_seq": self.control_seq,
-            "checkpoint_step": -1 if hook.get("checkpoint_step") is None else int(hook["checkpoint_step"]),
-            "checkpoint_bytes": int(hook.get("checkpoint_bytes") or 0),
             "started_at": self.started_at,
-            "first_step_at": float(hook.get("first_step_at") or 0.0),
-            "updated_at": float(hook.get("updated_at") or 0.0),
-            "suspend_ms": float(hook.get("suspend_ms") or 0.0),
-            "resume_ms": float(hook.get("resume_ms") or 0.0),
-            "peak_rss_bytes": int(hook.get("peak_rss_bytes") or 0),
-            "restored_from_step": -1
-            if hook.get("restored_from_step") is None
-            else int(hook["restored_from_step"]),
             "message": self.message,
             "forked": self.forked,
+            **hook_report(self.control.status() or {}),
         }
+
+
+def hook_report(hook: dict[str, Any]) -> dict[str, Any]:
+    """What the agent relays of a job's ``status.json`` (the hook's report), with defaults for
+    what an older hook or a job that has not reported yet leaves out."""
+    return {
+        "job_state": hook.get("state", ""),
+        "step": int(hook.get("step") or 0),
+        "minibatch_ms": float(hook.get("minibatch_ms") or 0.0),
+        "utilization": None if hook.get("utilization") is None else float(hook["utilization"]),
+        "timed_steps": int(hook.get("timed_steps") or 0),
+        "timed_ms": float(hook.get("timed_ms") or 0.0),
+        "timed_sq_ms": float(hook.get("timed_sq_ms") or 0.0),
+        "seq_done": int(hook.get("seq_done") or 0),
+        "checkpoint_step": -1 if hook.get("checkpoint_step") is None else int(hook["checkpoint_step"]),
+        "checkpoint_bytes": int(hook.get("checkpoint_bytes") or 0),
+        "first_step_at": float(hook.get("first_step_at") or 0.0),
+        "updated_at": float(hook.get("updated_at") or 0.0),
+        "suspend_ms": float(hook.get("suspend_ms") or 0.0),
+        "resume_ms": float(hook.get("resume_ms") or 0.0),
+        "peak_rss_bytes": int(hook.get("peak_rss_bytes") or 0),
+        "restored_from_step": -1
+        if hook.get("restored_from_step") is None
+        else int(hook["restored_from_step"]),
+    }
 
 
 def _tail(path: Path, limit: int = 800) -> str:
