@@ -205,31 +205,43 @@ def _tail(path: Path, limit: int = 800) -> str:
         return ""
 
 
-def tail_offset(path: Path, lines: int, block: int = 64 * 1024) -> int:
+# At most this much of a log's end answers a request for its last lines (a line can be
+# megabytes: a progress bar's, or a script's dump of an array).
+TAIL_MAX_BYTES = 4 * 1024 * 1024
+_LINE_END = re.compile(rb"\r(?!\n)|\n")
+
+
+def tail_offset(path: Path, lines: int, block: int = 64 * 1024, max_bytes: int = TAIL_MAX_BYTES) -> int:
     """Byte offset where the last ``lines`` lines of ``path`` begin (a last line without its
-    newline counts as a line); 0 when the file has fewer."""
+    end counts as a line), and at most ``max_bytes`` before the end; 0 when the file has fewer.
+
+    A line ends with a newline, or with a carriage return not followed by one: a progress
+    bar (tqdm's, Keras') redraws its line with carriage returns, each a line as a terminal
+    shows it; ``\r\n`` is one line end."""
     with open(path, "rb") as f:
         end = f.seek(0, os.SEEK_END)
+        floor = max(0, end - max_bytes)
         pos, seen = end, 0
-        # a newline ending the file ends the last line; it does not start one more
+        # a line end ending the file ends the last line; it does not start one more
         f.seek(max(0, end - 1))
-        skip_last = f.read(1) == b"\n"
-        while pos > 0:
-            start = max(0, pos - block)
+        skip_last = f.read(1) in (b"\n", b"\r")
+        after = b""  # the byte after the current block (b"" at the end of the file)
+        while pos > floor:
+            start = max(floor, pos - block)
             f.seek(start)
             buf = f.read(pos - start)
-            i = len(buf)
-            while True:
-                i = buf.rfind(b"\n", 0, i)
-                if i < 0:
-                    break
+            for m in reversed(list(_LINE_END.finditer(buf))):
+                i = m.start()
+                if i == len(buf) - 1 and buf[i:] == b"\r" and after == b"\n":
+                    continue  # the \r of a \r\n split across blocks: its \n counted
                 if skip_last and start + i == end - 1:
                     continue
                 seen += 1
                 if seen == lines:
                     return start + i + 1
+            after = buf[:1]
             pos = start
-        return 0
+        return floor
 
 
 def _disk_usage(path: Path) -> int:

@@ -163,7 +163,9 @@ class Reconciler:
         code = p.exit_code
         if code == 0:
             done = f"finished at step {rec.step}"
-            if rec.no_hook and not p.job_state:
+            # no report from this process, and none before it (a hook reports at its restore):
+            # whether or not it outlived ``hook_grace_s``, it ran without the hook
+            if not p.job_state and (rec.no_hook or (rec.step == 0 and not rec.first_step_at)):
                 done = "finished (its steps were not reported: it ran without the scheduler's hook)"
             return T.finished(rec, done, now)
         if code == EXIT_CHECKPOINTED:
