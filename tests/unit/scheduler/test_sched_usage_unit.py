@@ -59,3 +59,45 @@ def test_the_last_lines_of_a_log_that_draws_a_progress_bar(tmp_path):
     # one long line without any line end: the last max_bytes of it
     p.write_bytes(b"x" * 5000)
     assert tail_offset(p, 3, max_bytes=1000) == 4000
+
+
+class _Decoded:
+    """A dataset whose every sample costs its worker 3 ms of CPU (a decode)."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        import time
+
+        import torch
+
+        t_end = time.thread_time() + 0.003
+        while time.thread_time() < t_end:
+            pass
+        return torch.zeros(4)
+
+
+def test_a_loop_fed_by_data_loader_workers_counts_their_cpu_in_its_busy_fraction(tmp_path):
+    """On a virtual device (a CPU share) a loader's workers run on the job's cores: a loop
+    whose two workers decoded every sample reported itself 9% busy while its processes kept
+    its core 94% busy (measured through the platform), so gandiva's share rule saw room to
+    pack a second job there. The busy fraction now counts the CPU of the job's child processes."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    from microco.clients.scheduler import JobContext
+
+    loader = torch.utils.data.DataLoader(_Decoded(), batch_size=8, num_workers=2)
+    ctx = JobContext(devices=["n/0"])
+    ctx.on_gpu = False
+    step = 0
+    for _ in range(2):
+        for _batch in loader:  # the loop itself does next to nothing
+            step += 1
+            ctx.step_end(step)
+    util = ctx.utilization()
+    # 8 samples x 3 ms of workers' CPU per mini-batch, whatever the wall time: at least a
+    # share of it is counted (the bound is loose: the machine may be busy)
+    cpu = sum(list(ctx._cpu_ms)[1:])
+    assert cpu >= 0.5 * 24.0 * (len(ctx._cpu_ms) - 1), (cpu, util)
