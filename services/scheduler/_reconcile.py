@@ -32,11 +32,14 @@ SETTLE_STEPS = 25
 # From a hook that reports running sums (session 40): the mean of every mini-batch since a
 # mark taken MARK_AFTER_STEPS after the change (the boundary the change waited for and the
 # first batches on the new setup left out) is settled once it covers SETTLE_MIN_STEPS and
-# its standard error is at most SETTLE_REL_SE of it, or it covers SETTLE_MAX_STEPS or
-# SETTLE_MAX_S of mini-batches. A steady job settles after 20 batches as before; one whose
-# batch times vary widely is measured until its mean is known (a grow is judged by a 1.1x).
+# SETTLE_MIN_S of mini-batches and its standard error is at most SETTLE_REL_SE of it, or it
+# covers SETTLE_MAX_STEPS or SETTLE_MAX_S of them. A steady job settles after 20 batches or
+# 3 s; one whose batch times vary widely is measured until its mean is known (a grow is
+# judged by a 1.1x). The 3 s: a wait every 32 batches of 10 ms was not in the first 20 at
+# all (no variance seen: "known"), and a grow worth 1.38x was judged against 10 ms and undone.
 MARK_AFTER_STEPS = 5
 SETTLE_MIN_STEPS = 20
+SETTLE_MIN_S = 3.0
 SETTLE_REL_SE = 0.03
 SETTLE_MAX_STEPS = 1000
 SETTLE_MAX_S = 120.0
@@ -59,9 +62,9 @@ def settle(rec: JobRecord, p: Any) -> JobRecord:
             mark = (rec.step_at_change, timed, float(p.timed_ms), float(p.timed_sq_ms))
         return replace(rec, timing_mark=mark)
     n = timed - mark[1]
-    if n < SETTLE_MIN_STEPS:
-        return rec
     total = float(p.timed_ms) - mark[2]
+    if n < SETTLE_MIN_STEPS or total < SETTLE_MIN_S * 1000.0:
+        return rec
     mean = total / n
     var = max(0.0, (float(p.timed_sq_ms) - mark[3]) / n - mean * mean)
     known = (var / n) ** 0.5 <= SETTLE_REL_SE * mean
