@@ -288,7 +288,7 @@ class JobContext:
         self.timed_ms += ms
         self.timed_sq_ms += ms * ms
         kids = 0.0
-        if not self.on_gpu:
+        if not self.on_gpu and self.channel is not None:  # (what only the scheduler reads)
             now = children_cpu_s()
             kids, self._children_cpu_s = max(0.0, now - self._children_cpu_s), now
         self._cpu_ms.append((rec.cpu_s + kids) * 1000.0)

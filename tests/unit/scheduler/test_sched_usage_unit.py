@@ -89,7 +89,7 @@ def test_a_loop_fed_by_data_loader_workers_counts_their_cpu_in_its_busy_fraction
     from microco.clients.scheduler import JobContext
 
     loader = torch.utils.data.DataLoader(_Decoded(), batch_size=8, num_workers=2)
-    ctx = JobContext(devices=["n/0"])
+    ctx = JobContext(devices=["n/0"], control_dir=tmp_path / "ctl")
     ctx.on_gpu = False
     step = 0
     for _ in range(2):
