@@ -33,6 +33,7 @@ from microco.clients.scheduler import (
     ENV_CONTROL_DIR,
     ENV_DEVICES,
     ENV_JOB_ID,
+    EXIT_CHECKPOINTED,
     ControlChannel,
     classify_exit,
 )
@@ -138,6 +139,7 @@ class ManagedProcess:
     message: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     forked: bool = False  # started from the warm zygote rather than by exec
+    stop_sent: bool = False  # the agent sent SIGTERM (``stop``): the exit is the stop's
 
     @property
     def pid(self) -> int:
@@ -150,6 +152,14 @@ class ManagedProcess:
                 # A process killed by a signal reports -N; keep that (not 0, not 75). A job's
                 # processes' own records decide what a launcher's code means (``_ranks``).
                 self.exit_code, self.message = classify_exit(code, self.control.dir, _tail(self.log_path))
+                if self.stop_sent and 0 <= self.exit_code != EXIT_CHECKPOINTED:
+                    # A script's own SIGTERM handler (save, then exit 0) would make the agent's
+                    # stop read as the job finished, or failed: it is the stop's, so the job is
+                    # rescheduled from its checkpoint.
+                    self.message = (
+                        f"stopped by the node agent (SIGTERM); the job's own handler exited with {code}"
+                    )
+                    self.exit_code = -signal.SIGTERM
                 self.exited_at = time.time()
         return self.exit_code
 
@@ -501,6 +511,7 @@ class ProcessManager:
         lease can expire)."""
         live = [p for p in procs if p.poll() is None]
         for p in live:
+            p.stop_sent = True
             _kill_group(p.pid, signal.SIGTERM)
         until = time.monotonic() + grace_s
         for p in live:

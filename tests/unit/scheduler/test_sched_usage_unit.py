@@ -101,3 +101,42 @@ def test_a_loop_fed_by_data_loader_workers_counts_their_cpu_in_its_busy_fraction
     # share of it is counted (the bound is loose: the machine may be busy)
     cpu = sum(list(ctx._cpu_ms)[1:])
     assert cpu >= 0.5 * 24.0 * (len(ctx._cpu_ms) - 1), (cpu, util)
+
+
+def test_a_job_whose_own_sigterm_handler_exits_0_when_the_agent_stops_it_is_not_finished(tmp_path):
+    """Many scripts catch SIGTERM to save and leave with status 0. The agent sends SIGTERM when
+    the scheduler stops a job that did not carry out an operation in time (a suspend sent during
+    a 45 s validation pass: through the platform the job then read "finished at step 5" of 24
+    and was never run again), and when a fenced node stops its jobs. An exit after the agent's
+    stop is the stop's (-SIGTERM, rescheduled from the checkpoint), whatever status the script's
+    handler chose; a checkpointed exit (75) keeps its meaning."""
+    import signal
+    import time
+
+    from microco.services.agent import ProcessManager, discover_devices
+
+    pm = ProcessManager(tmp_path / "agent", discover_devices("n", 2), tmp_path / "ckpt")
+    polite = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit({code}))\n"
+        "print('up', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    for i, code in enumerate((75, 1, 0)):
+        p = pm.start(f"j{i}", [sys.executable, "-c", polite.format(code=code)], {}, [f"n/{i % 2}"])
+        while "up" not in p.log_path.read_text():
+            assert p.poll() is None, p.log_path.read_text()
+            time.sleep(0.02)
+        pm.stop(f"j{i}", grace_s=10.0)
+        if code == 75:
+            assert p.exit_code == 75
+        else:
+            assert p.exit_code == -signal.SIGTERM, (code, p.exit_code, p.message)
+            assert (
+                p.message == f"stopped by the node agent (SIGTERM); the job's own handler exited with {code}"
+            )
+    # the scheduler's reading of such an exit: lost, back to the queue (no checkpoint yet)
+    core, rec = _running_job()
+    seen = SimpleNamespace(exit_code=-15, job_state="running", message=p.message)
+    after = core.reconciler._exited(rec, seen, 10.0)
+    assert after.state in (J.QUEUED, J.SUSPENDED) and after.restarts == 1, after
