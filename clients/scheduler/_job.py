@@ -300,7 +300,9 @@ class JobContext:
             self._recorded = True
             self._record("running")
         if not obey:
-            self._report()
+            # control waits for the loop's own work (an epoch's validation, maybe minutes): the
+            # status says where the job is meanwhile, not where it was up to 0.2 s before
+            self._report(force=True)
             return
         self.boundary()
 

@@ -140,3 +140,18 @@ def test_a_job_whose_own_sigterm_handler_exits_0_when_the_agent_stops_it_is_not_
     seen = SimpleNamespace(exit_code=-15, job_state="running", message=p.message)
     after = core.reconciler._exited(rec, seen, 10.0)
     assert after.state in (J.QUEUED, J.SUSPENDED) and after.restarts == 1, after
+
+
+def test_the_status_is_current_when_a_loop_goes_off_to_its_end_of_epoch_work(tmp_path):
+    """An epoch's last boundary waits for the loop's end-of-epoch work (``hook.epoch``); a
+    status refreshed at most every 0.2 s then showed an older step through a whole validation
+    pass (through the platform: step 5 shown for 45 s while the job was at step 8)."""
+    import json
+
+    from microco.clients.scheduler import JobContext
+
+    ctx = JobContext(control_dir=tmp_path / "ctl", devices=["n/0"])
+    for step in range(1, 8):
+        ctx.step_end(step)
+    ctx.step_end(8, obey=False)
+    assert json.loads((tmp_path / "ctl" / "status.json").read_text())["step"] == 8
