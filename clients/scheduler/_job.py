@@ -9,6 +9,7 @@ import logging
 import os
 import resource
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -58,6 +59,34 @@ DEFAULT_CHECKPOINT_EVERY_S = 300.0
 CHECKPOINT_COST_SHARE = 50
 _REPORT_EVERY_S = 0.2  # status file refresh while nothing changes (state changes are immediate)
 _PARK_POLL_S = 0.01
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def children_cpu_s() -> float:
+    """CPU seconds spent by this process's child processes: those waited for (``getrusage``)
+    and those still running, read from ``/proc`` (the children of the process's main thread and
+    of the calling one: a data loader's workers are started by the thread that iterates it).
+    0 where there is no ``/proc``."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = ru.ru_utime + ru.ru_stime
+    pid = os.getpid()
+    kids: set[str] = set()
+    for tid in {pid, threading.get_native_id()}:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids.update(f.read().split())
+        except OSError:
+            pass
+    for kid in kids:
+        try:
+            with open(f"/proc/{kid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 
 def peak_rss_bytes() -> int:
@@ -136,6 +165,14 @@ class JobContext:
         self.first_step_at: float | None = None
         self._times: deque[float] = deque(maxlen=20)
         self._last_ms: float | None = None
+        # Every mini-batch this process timed, as running sums (count, ms, ms squared): the
+        # scheduler takes differences between two readings, so it can judge a change (a grow,
+        # a pack) from the mean of every mini-batch since it, and how sure that mean is, not
+        # from the last 20 (a loop whose every 16th batch waits 250 ms for data shows 20-batch
+        # means from 24 to 37 ms around a true 25).
+        self.timed_steps = 0
+        self.timed_ms = 0.0
+        self.timed_sq_ms = 0.0
         # The process's one telemetry stream (``microco.clients.telemetry``): it times every
         # mini-batch once, at ``step_end``; the cache loader adds its wait for data and the
         # compiler wrapper its compiled regions, and both read the step back from it.
@@ -145,6 +182,9 @@ class JobContext:
         # virtual device (a CPU share, one compute thread per device) it is the device's busy
         # time, so CPU / wall / devices is the fraction of its devices the job keeps busy.
         self._cpu_ms: deque[float] = deque(maxlen=20)
+        # ... and its child processes' (a data loader's workers run on the job's cores: a loop
+        # whose workers decode every sample is busy though its own process mostly waits)
+        self._children_cpu_s = children_cpu_s()
         self.on_gpu = bool(env.get("CUDA_VISIBLE_DEVICES", ""))
         self._last_report = 0.0
         self._last_checkpoint_at = time.monotonic()
@@ -244,7 +284,14 @@ class JobContext:
         rec = self.last_record = self.telemetry.end_step(self.step)
         ms = rec.step_s * 1000.0
         self._times.append(ms)
-        self._cpu_ms.append(rec.cpu_s * 1000.0)
+        self.timed_steps += 1
+        self.timed_ms += ms
+        self.timed_sq_ms += ms * ms
+        kids = 0.0
+        if not self.on_gpu and self.channel is not None:  # (what only the scheduler reads)
+            now = children_cpu_s()
+            kids, self._children_cpu_s = max(0.0, now - self._children_cpu_s), now
+        self._cpu_ms.append((rec.cpu_s + kids) * 1000.0)
         self._last_ms = ms
         if self.first_step_at is None:
             self.first_step_at = time.time()
@@ -253,7 +300,9 @@ class JobContext:
             self._recorded = True
             self._record("running")
         if not obey:
-            self._report()
+            # control waits for the loop's own work (an epoch's validation, maybe minutes): the
+            # status says where the job is meanwhile, not where it was up to 0.2 s before
+            self._report(force=True)
             return
         self.boundary()
 
@@ -497,6 +546,9 @@ class JobContext:
             "minibatch_ms": self.minibatch_ms(),
             "minibatch_ms_last": self._last_ms,
             "utilization": self.utilization(),
+            "timed_steps": self.timed_steps,
+            "timed_ms": self.timed_ms,
+            "timed_sq_ms": self.timed_sq_ms,
             "started_at": self.started_at,
             "first_step_at": self.first_step_at,
             "updated_at": time.time(),

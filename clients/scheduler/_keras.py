@@ -29,11 +29,14 @@ in ``callbacks={"early": early_stopping, "plateau": reduce_lr}`` (not their conf
 
 from __future__ import annotations
 
+import logging
 import pickle
 import random
 from typing import Any
 
 from ._job import JobContext
+
+log = logging.getLogger(__name__)
 
 
 def _callback_base() -> type:
@@ -236,10 +239,19 @@ def _make_class() -> type:
             saved = state.get("callbacks") or {}
             missing = [name for name in self.callbacks if name not in saved]
             if missing:
-                raise ValueError(
-                    f"the checkpoint has no state for callbacks {missing} (saved: {sorted(saved)})"
+                # A checkpoint older than the callbacks' state (the hook before session 39
+                # saved none) or written while they were not named: the job carries on, the
+                # counters of those callbacks start over as in a fresh ``fit``, and it says so.
+                log.warning(
+                    "microco: the checkpoint at step %s holds no state for Keras callbacks %s "
+                    "(it has state for %s; written by an older hook or before they were named in "
+                    "SchedulerCallback(callbacks=...)): resuming with their counters (wait, best, "
+                    "cooldown) started over",
+                    int(state["step"]),
+                    missing,
+                    sorted(saved) or "none",
                 )
-            self._restore_callbacks = {name: saved[name] for name in self.callbacks}
+            self._restore_callbacks = {name: saved[name] for name in self.callbacks if name in saved}
             if "epoch" in state:
                 keys = ("epoch", "batch", "steps_per_epoch", "history", "history_epochs")
                 self._resume = {k: state[k] for k in keys}

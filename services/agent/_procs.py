@@ -33,6 +33,7 @@ from microco.clients.scheduler import (
     ENV_CONTROL_DIR,
     ENV_DEVICES,
     ENV_JOB_ID,
+    EXIT_CHECKPOINTED,
     ControlChannel,
     classify_exit,
 )
@@ -138,6 +139,7 @@ class ManagedProcess:
     message: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     forked: bool = False  # started from the warm zygote rather than by exec
+    stop_sent: bool = False  # the agent sent SIGTERM (``stop``): the exit is the stop's
 
     @property
     def pid(self) -> int:
@@ -150,12 +152,19 @@ class ManagedProcess:
                 # A process killed by a signal reports -N; keep that (not 0, not 75). A job's
                 # processes' own records decide what a launcher's code means (``_ranks``).
                 self.exit_code, self.message = classify_exit(code, self.control.dir, _tail(self.log_path))
+                if self.stop_sent and 0 <= self.exit_code != EXIT_CHECKPOINTED:
+                    # A script's own SIGTERM handler (save, then exit 0) would make the agent's
+                    # stop read as the job finished, or failed: it is the stop's, so the job is
+                    # rescheduled from its checkpoint.
+                    self.message = (
+                        f"stopped by the node agent (SIGTERM); the job's own handler exited with {code}"
+                    )
+                    self.exit_code = -signal.SIGTERM
                 self.exited_at = time.time()
         return self.exit_code
 
     def status(self) -> dict[str, Any]:
         self.poll()
-        hook = self.control.status() or {}
         return {
             "job_id": self.job_id,
             "pid": self.pid,
@@ -163,26 +172,37 @@ class ManagedProcess:
             "exited": self.exit_code is not None,
             "exit_code": self.exit_code if self.exit_code is not None else 0,
             "device_ids": list(self.device_ids),
-            "job_state": hook.get("state", ""),
-            "step": int(hook.get("step") or 0),
-            "minibatch_ms": float(hook.get("minibatch_ms") or 0.0),
-            "utilization": None if hook.get("utilization") is None else float(hook["utilization"]),
-            "seq_done": int(hook.get("seq_done") or 0),
             "control_seq": self.control_seq,
-            "checkpoint_step": -1 if hook.get("checkpoint_step") is None else int(hook["checkpoint_step"]),
-            "checkpoint_bytes": int(hook.get("checkpoint_bytes") or 0),
             "started_at": self.started_at,
-            "first_step_at": float(hook.get("first_step_at") or 0.0),
-            "updated_at": float(hook.get("updated_at") or 0.0),
-            "suspend_ms": float(hook.get("suspend_ms") or 0.0),
-            "resume_ms": float(hook.get("resume_ms") or 0.0),
-            "peak_rss_bytes": int(hook.get("peak_rss_bytes") or 0),
-            "restored_from_step": -1
-            if hook.get("restored_from_step") is None
-            else int(hook["restored_from_step"]),
             "message": self.message,
             "forked": self.forked,
+            **hook_report(self.control.status() or {}),
         }
+
+
+def hook_report(hook: dict[str, Any]) -> dict[str, Any]:
+    """What the agent relays of a job's ``status.json`` (the hook's report), with defaults for
+    what an older hook or a job that has not reported yet leaves out."""
+    return {
+        "job_state": hook.get("state", ""),
+        "step": int(hook.get("step") or 0),
+        "minibatch_ms": float(hook.get("minibatch_ms") or 0.0),
+        "utilization": None if hook.get("utilization") is None else float(hook["utilization"]),
+        "timed_steps": int(hook.get("timed_steps") or 0),
+        "timed_ms": float(hook.get("timed_ms") or 0.0),
+        "timed_sq_ms": float(hook.get("timed_sq_ms") or 0.0),
+        "seq_done": int(hook.get("seq_done") or 0),
+        "checkpoint_step": -1 if hook.get("checkpoint_step") is None else int(hook["checkpoint_step"]),
+        "checkpoint_bytes": int(hook.get("checkpoint_bytes") or 0),
+        "first_step_at": float(hook.get("first_step_at") or 0.0),
+        "updated_at": float(hook.get("updated_at") or 0.0),
+        "suspend_ms": float(hook.get("suspend_ms") or 0.0),
+        "resume_ms": float(hook.get("resume_ms") or 0.0),
+        "peak_rss_bytes": int(hook.get("peak_rss_bytes") or 0),
+        "restored_from_step": -1
+        if hook.get("restored_from_step") is None
+        else int(hook["restored_from_step"]),
+    }
 
 
 def _tail(path: Path, limit: int = 800) -> str:
@@ -195,31 +215,43 @@ def _tail(path: Path, limit: int = 800) -> str:
         return ""
 
 
-def tail_offset(path: Path, lines: int, block: int = 64 * 1024) -> int:
+# At most this much of a log's end answers a request for its last lines (a line can be
+# megabytes: a progress bar's, or a script's dump of an array).
+TAIL_MAX_BYTES = 4 * 1024 * 1024
+_LINE_END = re.compile(rb"\r(?!\n)|\n")
+
+
+def tail_offset(path: Path, lines: int, block: int = 64 * 1024, max_bytes: int = TAIL_MAX_BYTES) -> int:
     """Byte offset where the last ``lines`` lines of ``path`` begin (a last line without its
-    newline counts as a line); 0 when the file has fewer."""
+    end counts as a line), and at most ``max_bytes`` before the end; 0 when the file has fewer.
+
+    A line ends with a newline, or with a carriage return not followed by one: a progress
+    bar (tqdm's, Keras') redraws its line with carriage returns, each a line as a terminal
+    shows it; ``\r\n`` is one line end."""
     with open(path, "rb") as f:
         end = f.seek(0, os.SEEK_END)
+        floor = max(0, end - max_bytes)
         pos, seen = end, 0
-        # a newline ending the file ends the last line; it does not start one more
+        # a line end ending the file ends the last line; it does not start one more
         f.seek(max(0, end - 1))
-        skip_last = f.read(1) == b"\n"
-        while pos > 0:
-            start = max(0, pos - block)
+        skip_last = f.read(1) in (b"\n", b"\r")
+        after = b""  # the byte after the current block (b"" at the end of the file)
+        while pos > floor:
+            start = max(floor, pos - block)
             f.seek(start)
             buf = f.read(pos - start)
-            i = len(buf)
-            while True:
-                i = buf.rfind(b"\n", 0, i)
-                if i < 0:
-                    break
+            for m in reversed(list(_LINE_END.finditer(buf))):
+                i = m.start()
+                if i == len(buf) - 1 and buf[i:] == b"\r" and after == b"\n":
+                    continue  # the \r of a \r\n split across blocks: its \n counted
                 if skip_last and start + i == end - 1:
                     continue
                 seen += 1
                 if seen == lines:
                     return start + i + 1
+            after = buf[:1]
             pos = start
-        return 0
+        return floor
 
 
 def _disk_usage(path: Path) -> int:
@@ -479,6 +511,7 @@ class ProcessManager:
         lease can expire)."""
         live = [p for p in procs if p.poll() is None]
         for p in live:
+            p.stop_sent = True
             _kill_group(p.pid, signal.SIGTERM)
         until = time.monotonic() + grace_s
         for p in live:

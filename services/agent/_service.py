@@ -86,6 +86,9 @@ def status_to_proto(st: dict[str, Any]) -> agent_pb2.ProcessStatus:
         restored_from_step=st["restored_from_step"],
         forked=st.get("forked", False),
         utilization=st.get("utilization"),
+        timed_steps=st.get("timed_steps", 0),
+        timed_ms=st.get("timed_ms", 0.0),
+        timed_sq_ms=st.get("timed_sq_ms", 0.0),
     )
 
 

@@ -29,6 +29,48 @@ log = logging.getLogger(__name__)
 # Mini-batches after a change before the job's reported mean (over its last 20, the hook's
 # window, plus the boundary the change waited for) is wholly a measurement of the new setup.
 SETTLE_STEPS = 25
+# From a hook that reports running sums (session 40): the mean of every mini-batch since a
+# mark taken MARK_AFTER_STEPS after the change (the boundary the change waited for and the
+# first batches on the new setup left out) is settled once it covers SETTLE_MIN_STEPS and
+# SETTLE_MIN_S of mini-batches and its standard error is at most SETTLE_REL_SE of it, or it
+# covers SETTLE_MAX_STEPS or SETTLE_MAX_S of them. A steady job settles after 20 batches or
+# 3 s; one whose batch times vary widely is measured until its mean is known (a grow is
+# judged by a 1.1x). The 3 s: a wait every 32 batches of 10 ms was not in the first 20 at
+# all (no variance seen: "known"), and a grow worth 1.38x was judged against 10 ms and undone.
+MARK_AFTER_STEPS = 5
+SETTLE_MIN_STEPS = 20
+SETTLE_MIN_S = 3.0
+SETTLE_REL_SE = 0.03
+SETTLE_MAX_STEPS = 1000
+SETTLE_MAX_S = 120.0
+
+
+def settle(rec: JobRecord, p: Any) -> JobRecord:
+    """``settled_ms`` (and the mark it is measured from) from the job's report ``p``: the mean
+    of every mini-batch since its last change, once that mean is known well enough. A report
+    without running sums (an older hook) gives the latest 20-batch mean, as before."""
+    timed = int(getattr(p, "timed_steps", 0) or 0)
+    if timed <= 0:
+        if p.step - rec.step_at_change > SETTLE_STEPS:
+            rec = replace(rec, settled_ms=(rec.step_at_change, float(p.minibatch_ms)))
+        return rec
+    mark = rec.timing_mark
+    if mark is None or mark[0] != rec.step_at_change or timed < mark[1]:
+        # a new change (or a new process, whose sums start again): mark once past its start
+        mark = None
+        if p.step - rec.step_at_change >= MARK_AFTER_STEPS:
+            mark = (rec.step_at_change, timed, float(p.timed_ms), float(p.timed_sq_ms))
+        return replace(rec, timing_mark=mark)
+    n = timed - mark[1]
+    total = float(p.timed_ms) - mark[2]
+    if n < SETTLE_MIN_STEPS or total < SETTLE_MIN_S * 1000.0:
+        return rec
+    mean = total / n
+    var = max(0.0, (float(p.timed_sq_ms) - mark[3]) / n - mean * mean)
+    known = (var / n) ** 0.5 <= SETTLE_REL_SE * mean
+    if known or n >= SETTLE_MAX_STEPS or total >= SETTLE_MAX_S * 1000.0:
+        rec = replace(rec, settled_ms=(rec.step_at_change, mean))
+    return rec
 
 
 class Reconciler:
@@ -104,9 +146,7 @@ class Reconciler:
         rec = replace(rec, **changes)
         if p.minibatch_ms > 0 and p.job_state == "running":
             rec = replace(rec, minibatch_ms=float(p.minibatch_ms))
-            if p.step - rec.step_at_change > SETTLE_STEPS:
-                # the job's window of recent mini-batches now lies wholly after the change
-                rec = replace(rec, settled_ms=(rec.step_at_change, float(p.minibatch_ms)))
+            rec = settle(rec, p)
             # Alone-time: only once the job ran a few mini-batches on its own devices.
             # The fastest time seen alone: load from outside the job only ever inflates it.
             if rec.state == RUNNING and p.step - rec.step_at_change >= 5:
@@ -126,7 +166,9 @@ class Reconciler:
         code = p.exit_code
         if code == 0:
             done = f"finished at step {rec.step}"
-            if rec.no_hook and not p.job_state:
+            # no report from this process, and none before it (a hook reports at its restore):
+            # whether or not it outlived ``hook_grace_s``, it ran without the hook
+            if not p.job_state and (rec.no_hook or (rec.step == 0 and not rec.first_step_at)):
                 done = "finished (its steps were not reported: it ran without the scheduler's hook)"
             return T.finished(rec, done, now)
         if code == EXIT_CHECKPOINTED:

@@ -221,6 +221,9 @@ class JobRecord:
     max_useful_devices: int | None = None  # a grow past this did not pay
     settled_ms: tuple[int, float] | None = None  # (step_at_change, mini-batch ms) once settled
     step_at_change: int = 0  # the step at the job's last change of devices or packing
+    # The job's running sums (timed steps, ms, ms squared) at the first reading a few steps
+    # after its last change, keyed by ``step_at_change``: ``settled_ms`` is the mean since.
+    timing_mark: tuple[int, int, float, float] | None = None
     profile: ProfileRef | None = None
 
     def __post_init__(self) -> None:
@@ -317,6 +320,7 @@ class JobRecord:
             "max_useful_devices": self.max_useful_devices,
             "settled_ms": None if self.settled_ms is None else list(self.settled_ms),
             "step_at_change": self.step_at_change,
+            "timing_mark": None if self.timing_mark is None else list(self.timing_mark),
             "profile": None
             if self.profile is None
             else {"key": self.profile.key, "identity": self.profile.identity},
@@ -332,6 +336,7 @@ class JobRecord:
             op = d.get("operator")
             trial = d.get("grow_trial")
             settled = d.get("settled_ms")
+            mark = d.get("timing_mark")
             prof = d.get("profile")
             useful = d.get("max_useful_devices")
             return cls(
@@ -377,6 +382,9 @@ class JobRecord:
                 max_useful_devices=None if useful is None else int(useful),
                 settled_ms=None if not settled else (int(settled[0]), float(settled[1])),
                 step_at_change=_int(d, "step_at_change"),
+                timing_mark=None
+                if not mark
+                else (int(mark[0]), int(mark[1]), float(mark[2]), float(mark[3])),
                 profile=None
                 if not prof
                 else ProfileRef(str(prof.get("key") or ""), str(prof.get("identity") or "")),

@@ -76,3 +76,32 @@ def test_keras_fit_with_plateau_and_early_stopping_moved_ends_as_an_uninterrupte
         _fit(tmp_path / "a0", tmp_path / "c", stop_at=47)
     moved = _fit(tmp_path / "a1", tmp_path / "c")
     assert moved == whole
+
+
+def test_keras_checkpoint_older_than_the_callbacks_state_resumes_and_says_what_is_lost(tmp_path, caplog):
+    """Session 40: a checkpoint written before the hook saved Keras callbacks' state (no
+    ``callbacks`` entry at all, as the hook of session 38 wrote; and one written while the
+    callbacks were not named) raised ``ValueError`` at ``restore()``, so the job failed at every
+    restart. It must resume, from the checkpoint's step, and say in one log line which
+    callbacks' counters start over."""
+    import pickle
+
+    with pytest.raises(_Stopped):
+        _fit(tmp_path / "a0", tmp_path / "c", stop_at=47)
+    path = tmp_path / "c" / "checkpoint"
+    state = pickle.loads(path.read_bytes())
+    del state["callbacks"]  # the older hook's checkpoint
+    path.write_bytes(pickle.dumps(state))
+    with caplog.at_level("WARNING", logger="microco.clients.scheduler._keras"):
+        resumed = _fit(tmp_path / "a1", tmp_path / "c")
+    assert resumed[2] >= 47  # continued from the checkpoint: not started over, not failed
+    said = [r.getMessage() for r in caplog.records if "callbacks" in r.getMessage()]
+    assert len(said) == 1 and "'early'" in said[0] and "'plateau'" in said[0] and "step 47" in said[0], said
+
+    with pytest.raises(_Stopped):
+        _fit(tmp_path / "b0", tmp_path / "d", stop_at=47, name_them=False)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="microco.clients.scheduler._keras"):
+        resumed = _fit(tmp_path / "b1", tmp_path / "d")
+    assert resumed[2] >= 47
+    assert any("'plateau'" in r.getMessage() for r in caplog.records)

@@ -105,7 +105,7 @@ class StopProcessRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., grace_seconds: _Optional[float] = ...) -> None: ...
 
 class ProcessStatus(_message.Message):
-    __slots__ = ("job_id", "pid", "state", "exit_code", "device_ids", "attempt", "job_state", "step", "minibatch_ms", "seq_done", "control_seq", "checkpoint_step", "checkpoint_bytes", "started_at", "first_step_at", "updated_at", "suspend_ms", "resume_ms", "peak_rss_bytes", "message", "restored_from_step", "forked", "utilization")
+    __slots__ = ("job_id", "pid", "state", "exit_code", "device_ids", "attempt", "job_state", "step", "minibatch_ms", "seq_done", "control_seq", "checkpoint_step", "checkpoint_bytes", "started_at", "first_step_at", "updated_at", "suspend_ms", "resume_ms", "peak_rss_bytes", "message", "restored_from_step", "forked", "utilization", "timed_steps", "timed_ms", "timed_sq_ms")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +129,9 @@ class ProcessStatus(_message.Message):
     RESTORED_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
     FORKED_FIELD_NUMBER: _ClassVar[int]
     UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    TIMED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    TIMED_MS_FIELD_NUMBER: _ClassVar[int]
+    TIMED_SQ_MS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     pid: int
     state: ProcessState
@@ -152,7 +155,10 @@ class ProcessStatus(_message.Message):
     restored_from_step: int
     forked: bool
     utilization: float
-    def __init__(self, job_id: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., exit_code: _Optional[int] = ..., device_ids: _Optional[_Iterable[str]] = ..., attempt: _Optional[int] = ..., job_state: _Optional[str] = ..., step: _Optional[int] = ..., minibatch_ms: _Optional[float] = ..., seq_done: _Optional[int] = ..., control_seq: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., started_at: _Optional[float] = ..., first_step_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., suspend_ms: _Optional[float] = ..., resume_ms: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., message: _Optional[str] = ..., restored_from_step: _Optional[int] = ..., forked: _Optional[bool] = ..., utilization: _Optional[float] = ...) -> None: ...
+    timed_steps: int
+    timed_ms: float
+    timed_sq_ms: float
+    def __init__(self, job_id: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., exit_code: _Optional[int] = ..., device_ids: _Optional[_Iterable[str]] = ..., attempt: _Optional[int] = ..., job_state: _Optional[str] = ..., step: _Optional[int] = ..., minibatch_ms: _Optional[float] = ..., seq_done: _Optional[int] = ..., control_seq: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., started_at: _Optional[float] = ..., first_step_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., suspend_ms: _Optional[float] = ..., resume_ms: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., message: _Optional[str] = ..., restored_from_step: _Optional[int] = ..., forked: _Optional[bool] = ..., utilization: _Optional[float] = ..., timed_steps: _Optional[int] = ..., timed_ms: _Optional[float] = ..., timed_sq_ms: _Optional[float] = ...) -> None: ...
 
 class ListProcessesRequest(_message.Message):
     __slots__ = ()
