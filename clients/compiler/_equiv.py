@@ -347,34 +347,55 @@ def left_as_found(model: nn.Module) -> Iterator[None]:
         kept.restore()
 
 
-class _Buffers:
-    """The model's buffers as they were, put back after each run (in place, where the module
-    still holds the same tensor; the tensor itself back where a forward replaced it), the
-    modules' plain attributes (numbers, strings, flags: a step counter a forward advances), and
-    Python's and NumPy's global random streams (each run draws what the step's own will)."""
+class ModuleState:
+    """The modules' own Python state as it is now, to be put back: their plain attributes
+    (numbers, strings, flags: a step counter a forward advances, the training mode) and their
+    own lists and dicts (not PyTorch's ``_``-named ones; their items, shallow, put back in place:
+    the user may hold the same object)."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.kept: list[tuple[nn.Module, str, torch.Tensor, torch.Tensor]] = []
         self.plain: list[tuple[nn.Module, dict[str, Any]]] = []
-        # and the modules' own lists and dicts (not PyTorch's ``_``-named ones), as they held:
         # held out, session 39, a mixture-of-experts layer appends its load-balancing loss to
         # ``self.aux_losses``, which the loop sums into the loss and clears; each forward of the
         # wrapper's own left one more term there, summed into the next step's loss (losses
         # 1.5e-2 apart), and the check's, whose graphs it had freed, failed the compiled trials
         # ("backward through the graph a second time")
         self.containers: list[tuple[nn.Module, str, Any, Any]] = []
-        # and Python's and NumPy's global random streams (a forward drawing a mask from them)
-        self.host_random = host_random_states()
         for module in model.modules():
-            for name, b in module._buffers.items():
-                if b is not None:
-                    self.kept.append((module, name, b, b.detach().clone()))
             self.plain.append((module, {k: v for k, v in vars(module).items() if isinstance(v, _PLAIN)}))
             self.containers += [
                 (module, k, v, copy.copy(v))
                 for k, v in vars(module).items()
                 if not k.startswith("_") and type(v) in (list, dict)
             ]
+
+    def restore(self) -> None:
+        for module, attrs in self.plain:
+            module.__dict__.update(attrs)
+        for module, name, held, items in self.containers:
+            module.__dict__[name] = held  # (the same object: the user may hold it too)
+            if isinstance(held, list):
+                held[:] = items
+            else:
+                held.clear()
+                held.update(items)
+
+
+class _Buffers:
+    """The model's buffers as they were, put back after each run (in place, where the module
+    still holds the same tensor; the tensor itself back where a forward replaced it), the
+    modules' Python state (``ModuleState``), and Python's and NumPy's global random streams
+    (each run draws what the step's own will)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.kept: list[tuple[nn.Module, str, torch.Tensor, torch.Tensor]] = []
+        self.python = ModuleState(model)
+        # and Python's and NumPy's global random streams (a forward drawing a mask from them)
+        self.host_random = host_random_states()
+        for module in model.modules():
+            for name, b in module._buffers.items():
+                if b is not None:
+                    self.kept.append((module, name, b, b.detach().clone()))
 
     def now(self) -> list[torch.Tensor]:
         return [
@@ -387,15 +408,7 @@ class _Buffers:
             for module, name, original, saved in self.kept:
                 module._buffers[name] = original
                 original.copy_(saved)
-        for module, attrs in self.plain:
-            module.__dict__.update(attrs)
-        for module, name, held, items in self.containers:
-            module.__dict__[name] = held  # (the same object: the user may hold it too)
-            if isinstance(held, list):
-                held[:] = items
-            else:
-                held.clear()
-                held.update(items)
+        self.python.restore()
         set_host_random_states(self.host_random)
 
 

@@ -8,6 +8,9 @@ step changes anything, :class:`StepSnapshot` keeps what the step may change:
 * the random streams (CPU, and CUDA where present; Python's ``random`` and NumPy's global
   generator, which a forward's masks may be drawn from), at the step's start: the repeat draws
   the same dropout masks as a run without the compiler;
+* the modules' own Python state (``_equiv.ModuleState``: their plain attributes and their own
+  lists and dicts, shallow), at the step's start: an episode's log-probabilities a policy keeps
+  (pytorch/examples' REINFORCE), a counter of steps taken;
 * parameters, their gradients and the buffers (running statistics), at the model's first call
   in the step (nothing of the model changes before it, and the input's shapes are known there),
   and the input tensors of that call, which a forward may write in place;
@@ -35,6 +38,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ._equiv import ModuleState
 from ._rng import host_random_states, set_host_random_states
 
 
@@ -69,6 +73,11 @@ class StepSnapshot:
         self.cpu_rng = torch.random.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         self.host_rng = host_random_states()  # Python's ``random`` and NumPy's global streams
+        # The modules' own Python state, at the step's start: lists and dicts a step appends to
+        # outside the forward (a policy's ``saved_log_probs``: held out, session 40, a repeat
+        # appended onto the failed attempt's freed graphs and raised under every configuration),
+        # plain attributes (a counter of steps taken, the training mode)
+        self.python = ModuleState(model)
         self.params: list[tuple[nn.Parameter, torch.Tensor, torch.Tensor | None]] | None = None
         self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.optimizers: dict[
@@ -149,6 +158,7 @@ class StepSnapshot:
     def restore(self) -> None:
         """Put everything kept back as it was."""
         torch.random.set_rng_state(self.cpu_rng)
+        self.python.restore()
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
         set_host_random_states(self.host_rng)
