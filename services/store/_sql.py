@@ -1826,6 +1826,23 @@ def _may_rename(text: str | None) -> bool:
     return bool(text) and "+" in str(text)
 
 
+def _unnamed_outputs(tree: exp.Expr) -> bool:
+    """Whether the query's answer has an output that is neither aliased nor a plain column (nor a
+    star): DuckDB names such an output by its own text of the expression, and the SQL the plan runs
+    is sqlglot's rendering of the tree, which may write it otherwise, so the answer's names are
+    taken from DuckDB binding the text as written (``SqlPlan.names``). Held out, DuckDB's own
+    tests (session 40): ``list(x)`` came back named ``array_agg(x)``, ``var_samp(a)`` as
+    ``variance(a)``, ``percentile_disc(.5) WITHIN GROUP (ORDER BY c)`` as ``quantile_disc(c, 0.5
+    ORDER BY c)``, ``x::double`` as ``CAST(x AS DOUBLE)``; and a prepared statement's schema
+    (bound from the text as written) named the columns otherwise than its result."""
+    q = _unwrap(tree)
+    while isinstance(q, exp.SetOperation):
+        q = _unwrap(q.this)
+    if not isinstance(q, exp.Select):
+        return True
+    return any(not isinstance(e, (exp.Alias, exp.Column, exp.Star)) for e in q.expressions)
+
+
 def _as_bound(e: exp.Expr, name: str) -> exp.Expr:
     """``e`` named ``name`` (DuckDB's name for it, from binding the text as written) where its
     own name would differ: an unnamed expression, or a plain column whose text said more (a
@@ -3265,7 +3282,7 @@ def build(core: StoreCore, sql: str, exclude: set[str] = frozenset()) -> SqlPlan
     )
     _volatile.seen = False
     plan = plan_sql(ctx)
-    if _may_rename(sql):
+    if _may_rename(sql) or _unnamed_outputs(tree):
         plan.names = _bound_names(ctx)
     if resident is not None:
         plan.explain.append(resident.describe())

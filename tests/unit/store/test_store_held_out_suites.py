@@ -1,0 +1,76 @@
+"""Query suites and usage nobody here wrote (session 40, held out): DuckDB's own sqllogictest
+files (aggregates, windows, subqueries, joins, CTEs, set operations ...) and the Join Order
+Benchmark's queries, each run by the store in process and by DuckDB on the same Arrow tables.
+Shapes found wrong there are kept here, written small; each failed before its fix."""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from microco.common.kv import MemoryKV
+from microco.services.store import LocalTransport, NodeInfo, PartitionSpec, StoreCore
+
+N = 60
+T = pa.table(
+    {
+        "k": pa.array(range(N), pa.int64()),
+        "g": pa.array([i % 4 for i in range(N)], pa.int32()),
+        "v": pa.array([float(i * 7 % 13) for i in range(N)]),
+        "s": pa.array([f"s{i % 9}" for i in range(N)]),
+    }
+)
+
+
+@pytest.fixture()
+def core(tmp_path):
+    tr = LocalTransport(str(tmp_path), [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(3)])
+    c = StoreCore(MemoryKV(), tr, super_extent_rows=25, recovery_rate_bytes=0)
+    c.create_table(
+        "t",
+        T.schema,
+        [
+            PartitionSpec("k", partitions=3),
+            PartitionSpec("g", partitions=2),
+            PartitionSpec("s", partitions=2),
+        ],
+    )
+    c.append("t", T)
+    return c
+
+
+def _duck(sql: str) -> pa.Table:
+    con = duckdb.connect()
+    con.register("t", T)
+    return con.sql(sql).to_arrow_table()
+
+
+def _rows(t: pa.Table) -> list:
+    def one(x: object) -> object:
+        return float(f"{x:.9g}") if isinstance(x, float) else x
+
+    return sorted((tuple(one(x) for x in r.values()) for r in t.to_pylist()), key=repr)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # gathered: the coordinator ran sqlglot's rendering, which renamed these (failed before)
+        "select list(v) from (select v, row_number() over (order by k) r from t) where r < 4",
+        "select percentile_disc(.5) within group (order by v desc) from t",
+        "select list(k order by k) from t where k < 3 union all select list(k order by k) from t where k > 57",
+        # named right before too (a split plan binds its unnamed outputs' names already)
+        "select var_samp(v), list(s order by s) from t",
+        "select k, v::double, k::varchar from t where k < 5",
+        "select g, var_samp(v) from t group by g",
+        "select count(*), sum(v) from t",
+    ],
+)
+def test_an_unnamed_outputs_name_is_duckdbs_whatever_sqlglot_writes(core, sql):
+    got, _ = core.sql(sql)
+    want = _duck(sql)
+    assert (
+        got.schema.names == want.schema.names
+    )  # before: array_agg(v), variance(v), quantile_disc(v, 0.5 ...)
+    assert _rows(got) == _rows(want)
