@@ -19,6 +19,7 @@ T = pa.table(
         "g": pa.array([i % 4 for i in range(N)], pa.int32()),
         "v": pa.array([float(i * 7 % 13) for i in range(N)]),
         "s": pa.array([f"s{i % 9}" for i in range(N)]),
+        "x": pa.array([None if i % 3 else i for i in range(N)], pa.int64()),
     }
 )
 
@@ -74,3 +75,28 @@ def test_an_unnamed_outputs_name_is_duckdbs_whatever_sqlglot_writes(core, sql):
         got.schema.names == want.schema.names
     )  # before: array_agg(v), variance(v), quantile_disc(v, 0.5 ...)
     assert _rows(got) == _rows(want)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # gathered (a window over all rows) and per partition (keyed to g): both lost the
+        # modifier before, answering with the NULLs it skips
+        "select k, last(x ignore nulls) over (order by k), first(x ignore nulls) over "
+        "(order by k rows between 1 following and unbounded following) from t",
+        "select k, g, last(x ignore nulls) over (partition by g order by k) from t",
+        # (kept by sqlglot before too)
+        "select k, lag(x ignore nulls) over (order by k), lead(x, 1 respect nulls) over (order by k) from t",
+    ],
+)
+def test_ignore_nulls_in_a_window_is_kept(core, sql):
+    got, _ = core.sql(sql)
+    assert _rows(got) == _rows(_duck(sql))
+
+
+def test_ignore_nulls_on_a_plain_aggregate_is_refused_as_duckdb_refuses_it(core):
+    sql = "select g, first(x ignore nulls) from t group by g"
+    with pytest.raises(duckdb.Error):
+        _duck(sql)
+    with pytest.raises(Exception, match="IGNORE NULLS"):  # before: answered, as any_value(x)
+        core.sql(sql)
