@@ -85,7 +85,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-
 class _Generator(DuckDB.Generator):  # type: ignore[misc,valid-type]
     """sqlglot's DuckDB generator, made to write back what was read where its own rendering
     changes a query's meaning. The store runs sqlglot's rendering of the tree (fragments, the
