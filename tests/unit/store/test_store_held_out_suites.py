@@ -94,6 +94,21 @@ def test_ignore_nulls_in_a_window_is_kept(core, sql):
     assert _rows(got) == _rows(_duck(sql))
 
 
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # sqlglot reads any_value as IGNORE NULLS of it: written back with the modifier, DuckDB
+        # refused every any_value (caught by DuckDB's test_any_value.test in the same round)
+        "select any_value(x) is not null as some from t",
+        "select g, any_value(x) is not null as some from t group by g",
+        "select k, any_value(k) over (partition by g order by k) from t",
+    ],
+)
+def test_any_value_is_answered(core, sql):
+    got, _ = core.sql(sql)
+    assert _rows(got) == _rows(_duck(sql))
+
+
 def test_ignore_nulls_on_a_plain_aggregate_is_refused_as_duckdb_refuses_it(core):
     sql = "select g, first(x ignore nulls) from t group by g"
     with pytest.raises(duckdb.Error):
@@ -130,6 +145,9 @@ def two(core):
         # GROUP BY ALL whose HAVING names a column outside the select list (DuckDB groups by it):
         # before, written as GROUP BY g and refused
         "select g from t group by all having k > 50",
+        # a GROUP BY of a select alias under an output named as a column, HAVING on the alias:
+        # before, pre-aggregated with the alias as the inner SELECT's key, and refused
+        "select g as j, count(*) as g from t group by j having j = 1 order by g",
         # a comment after the statement's semicolon: before, "give exactly one SQL statement, got 2"
         "select count(*) as n from t; -- how many",
         # named right before too
