@@ -341,6 +341,12 @@ def _used_columns(tree: exp.Expr) -> tuple[set[str], set[str]] | None:
         whole |= tables
     if tree.find(exp.Columns):
         return None  # DuckDB's ``COLUMNS('regex')``: the columns whose names match (held out, session 33)
+    if tree.find(exp.Pivot):
+        # PIVOT groups by every column it does not name, UNPIVOT keeps them: the columns a
+        # pivot reads are not the names written (held out, DuckDB's tests: ``FROM (PIVOT t ON
+        # month USING sum(amount))`` read month and amount only, and answered one row of sums
+        # over the whole table for DuckDB's row per (empid, status), silently)
+        return None
     for t in tree.find_all(exp.Table):
         if _renamed_columns(t) and t.name.lower() not in ctes:
             # ``FROM t AS a(x, y)`` names t's first columns by position, so every column is
@@ -683,6 +689,10 @@ class _Ctx:
 def plan_sql(ctx: _Ctx) -> SqlPlan:
     tree = ctx.tree
     refs = table_refs(tree)
+    if tree.find(exp.Pivot):
+        # a PIVOT groups rows by columns it does not name (nor does the query): no split plan
+        # knows them, so the tables are gathered (every column) and DuckDB runs it whole
+        return _gather(ctx, refs)
     plan = _distributed(ctx, refs)
     if plan is not None and plan.kind != "exchange":
         return plan
@@ -1138,7 +1148,10 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
     for name, occ in sorted(by_name.items()):
         t = ctx.tables[name]
         others = set().union(*(v for k, v in colsets.items() if k != name and k in by_name))
-        conds = pushable(ctx.tree, occ[0], colsets[name], others) if len(occ) == 1 else []
+        # (not below a PIVOT/UNPIVOT: a WHERE over it may name a column it makes, which a
+        # table's column of the same name is not)
+        pushed = len(occ) == 1 and not ctx.tree.find(exp.Pivot)
+        conds = pushable(ctx.tree, occ[0], colsets[name], others) if pushed else []
         cols = ctx.needed(t)
         pcols = {s.column for s in t.specs}
         where = triples(conds, pcols)
@@ -1806,6 +1819,8 @@ def _expand_stars(ctx: _Ctx, sel: exp.Select) -> bool:
     for i, node in enumerate([from_.this if from_ else None] + [j.this for j in joins]):
         if not isinstance(node, exp.Table) or node.name.lower() not in ctx.tables:
             return False
+        if node.args.get("pivots"):
+            return False  # ``FROM t PIVOT (...)``: the star selects the pivot's columns
         if _renamed_columns(node):
             return False  # ``FROM t AS a(x, y)``: its columns go by the alias's names
         skip: set[str] = set()

@@ -165,3 +165,48 @@ def test_duckdbs_own_test_shapes(two, sql):
     got, _ = core.sql(sql)
     assert got.schema.names == want.schema.names
     assert _rows(got) == _rows(want)
+
+
+SALES = pa.table(
+    {
+        "empid": pa.array([1, 1, 1, 2, 2, 2, 3, 3], pa.int64()),
+        "status": ["a", "b", "a", "a", "b", "b", "a", "a"],
+        "month": ["JAN", "FEB", "MAR", "JAN", "FEB", "MAR", "JAN", "JAN"],
+        "amount": pa.array([10, 20, 30, 40, 50, 60, 70, 80], pa.int64()),
+    }
+)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # PIVOT groups by the columns it does not name: before, only month and amount were read,
+        # and the answer was one row of sums over the whole table, silently
+        "from (pivot sales on month using sum(amount))",
+        "select * from (pivot sales on month using sum(amount)) unpivot (v for m in (JAN, FEB, MAR))",
+        "select empid, JAN from sales pivot (sum(amount) for month in ('JAN', 'FEB')) as p where empid < 3",
+        # refused before: the star written out as the table's columns, not the pivot's
+        "select * from sales pivot (sum(amount) for month in ('JAN', 'FEB', 'MAR')) as p",
+        "select * from sales unpivot (v for k in (status, month))",
+        # right before too
+        "from (pivot sales on month using sum(amount) group by empid)",
+    ],
+)
+def test_pivot_and_unpivot_read_every_column_and_run_whole(core, sql):
+    core.create_table(
+        "sales",
+        SALES.schema,
+        [
+            PartitionSpec("empid", partitions=2),
+            PartitionSpec("month", partitions=2),
+            PartitionSpec("amount", partitions=3),
+        ],
+    )
+    core.append("sales", SALES)
+    con = duckdb.connect()
+    con.register("sales", SALES)
+    want = con.sql(sql).to_arrow_table()
+    got, plan = core.sql(sql)
+    assert got.schema.names == want.schema.names
+    assert _rows(got) == _rows(want)
+    assert plan.kind == "gather"
