@@ -58,6 +58,7 @@ from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.dialects.duckdb import DuckDB
 from sqlglot.generator import Generator as _BaseGenerator
+from sqlglot.tokens import TokenType
 
 from microco.common.errors import InvalidArgument, MicrocoError, NotFound, ResourceExhausted, Unavailable
 
@@ -176,6 +177,7 @@ def parse(sql: str) -> exp.Query:
     if _paren_depth(sql) > MAX_SQL_DEPTH:
         raise InvalidArgument(f"SQL is nested more than {MAX_SQL_DEPTH} levels deep")
     try:
+        _refuse_unreadable(sql)
         trees = sqlglot.parse(sql, read=DIALECT)
     except sqlglot.errors.SqlglotError as exc:
         raise InvalidArgument(
@@ -205,6 +207,45 @@ def parse(sql: str) -> exp.Query:
         if isinstance(f.this, str) and f.this.lower() in aggregates:
             f.replace(exp.AnonymousAggFunc(this=f.this, expressions=f.expressions))
     return tree
+
+
+# DuckDB's functions whose first argument is a date part, which sqlglot's reader takes for a
+# constant part even where it is a column: ``date_trunc(s, d)`` is read as ``date_trunc('second',
+# d)`` (``s``, an abbreviation of second), ``date_diff(unit, a, b)`` as ``date_diff('UNIT', ...)``
+_PART_FIRST = frozenset({"date_trunc", "datetrunc", "date_diff", "datediff"})
+
+
+def _refuse_unreadable(sql: str) -> None:
+    """Refuse, naming it, what sqlglot reads as another query than DuckDB does, where the store
+    would run sqlglot's reading and answer otherwise, silently (held out, DuckDB's own tests,
+    session 40): a date part given as a column (``date_trunc(s, d)`` over a column ``s`` of part
+    names answered every row truncated to the second, ``test_date_trunc.test``), and DuckDB's
+    ``EXPORT_STATE`` modifier of an aggregate (read as a column alias: the final value came back
+    for the aggregate's state, ``aggregate_state_export/*.test``)."""
+    try:
+        tokens = Dialect.get_or_raise(DIALECT).tokenize(sql)
+    except sqlglot.errors.TokenError:
+        return  # (the parse reports it)
+    for i, t in enumerate(tokens):
+        word = t.text.lower()
+        if (
+            word in _PART_FIRST
+            and i + 3 < len(tokens)
+            and tokens[i + 1].token_type == TokenType.L_PAREN
+            and tokens[i + 2].token_type in (TokenType.VAR, TokenType.IDENTIFIER)
+            and tokens[i + 3].token_type == TokenType.COMMA  # (``t.s`` is read as the column)
+        ):
+            raise InvalidArgument(
+                f"{t.text}({tokens[i + 2].text}, ...): a date part given as a column is not supported "
+                "(the SQL front end reads it as a constant part); give the part as a string, e.g. 'month'"
+            )
+        if (
+            word == "export_state"
+            and t.token_type == TokenType.VAR
+            and i
+            and tokens[i - 1].token_type == TokenType.R_PAREN
+        ):
+            raise InvalidArgument("EXPORT_STATE is not supported (an aggregate's state cannot be exported)")
 
 
 def _fetch_as_limit(sel: exp.Select) -> None:

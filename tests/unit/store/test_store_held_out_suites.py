@@ -5,10 +5,13 @@ Shapes found wrong there are kept here, written small; each failed before its fi
 
 from __future__ import annotations
 
+import datetime
+
 import duckdb
 import pyarrow as pa
 import pytest
 
+from microco.common.errors import InvalidArgument
 from microco.common.kv import MemoryKV
 from microco.services.store import LocalTransport, NodeInfo, PartitionSpec, StoreCore
 
@@ -210,3 +213,40 @@ def test_pivot_and_unpivot_read_every_column_and_run_whole(core, sql):
     assert got.schema.names == want.schema.names
     assert _rows(got) == _rows(want)
     assert plan.kind == "gather"
+
+
+def test_what_sqlglot_reads_otherwise_is_refused_not_answered_otherwise(core):
+    dates = pa.table(
+        {
+            "d": pa.array([datetime.date(1992, 12, 2), datetime.date(1993, 3, 3), datetime.date(2022, 1, 1)]),
+            "s": ["year", "month", "week"],
+        }
+    )
+    core.create_table(
+        "dates",
+        dates.schema,
+        [
+            PartitionSpec("d", partitions=2),
+            PartitionSpec("s", partitions=2),
+            PartitionSpec("s", partitions=3),
+        ],
+    )
+    core.append("dates", dates)
+    con = duckdb.connect()
+    con.register("dates", dates)
+    # a date part from a column: before, read as 'second' (``s``) and every date came back as it was
+    with pytest.raises(InvalidArgument, match="date part given as a column"):
+        core.sql("select date_trunc(s, d) from dates")
+    with pytest.raises(InvalidArgument, match="date part given as a column"):
+        core.sql("select datediff(s, d, d) from dates")
+    for sql in (
+        "select date_trunc(t.s, d) as x from dates t",
+        "select date_trunc('month', d) as x from dates",
+    ):
+        got, _ = core.sql(sql)  # (qualified, sqlglot reads it as the column)
+        assert _rows(got) == _rows(con.sql(sql).to_arrow_table())
+    # EXPORT_STATE: before, read as a column alias and the final value answered for the state
+    with pytest.raises(InvalidArgument, match="EXPORT_STATE"):
+        core.sql("select min(k) EXPORT_STATE from t")
+    got, _ = core.sql("select min(k) as export_state from t")
+    assert got.column(0).to_pylist() == [0]
