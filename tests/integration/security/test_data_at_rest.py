@@ -83,6 +83,7 @@ def test_the_stacks_console_has_a_token_of_its_own(tmp_path, monkeypatch, capsys
     home = tmp_path / "home"
     monkeypatch.delenv(identity.ENV_CA_DIR, raising=False)
     monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.setenv(identity.ENV_INSECURE, "")  # set_up(insecure=True) sets it: restored after
     monkeypatch.setenv(ENV_REDIS_PASSWORD, "")
     monkeypatch.setattr(identity, "use", lambda ident: None)
     for insecure in (False, True):
