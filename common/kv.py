@@ -473,8 +473,33 @@ class EtcdKV(KV):
             self._client.status()
         except Exception as exc:
             raise Unavailable(
-                f"cannot reach etcd at {self.address}: {type(exc).__name__} {exc}".strip()
+                f"cannot reach etcd at {self.address}: {type(exc).__name__} {exc}".strip() + self._tls_hint()
             ) from exc
+
+    def _tls_hint(self) -> str:
+        """Why a listening etcd may still not answer: its TLS handshake refused this process's
+        certificate (another CA's: session 40, where it read like etcd being down)."""
+        import socket
+
+        from .identity import current as current_identity
+
+        try:
+            ident = current_identity()
+        except Exception:  # noqa: BLE001 - no credentials: said elsewhere
+            return ""
+        if ident is None:
+            return ""
+        for host, port in self.endpoints:
+            try:
+                socket.create_connection((host, port), timeout=1).close()
+            except OSError:
+                continue
+            return (
+                f" (something listens there: if it is the platform's etcd, it refused this process's "
+                f"certificate, {ident.name}, in the TLS handshake: are these credentials issued by the "
+                "platform's CA?)"
+            )
+        return ""
 
     def _k(self, key: str) -> str:
         return self.namespace + key

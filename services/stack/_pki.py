@@ -104,7 +104,7 @@ class StackPki:
         pki = cls(home, False, ca, d)
         admin_file = home / "credentials.pem"
         current = _read(admin_file)
-        if current is None or current.ca_pem != ca.cert_pem:
+        if current is None or current.ca_pem != ca.cert_pem or _expiring(current):
             ca.issue(f"user:{admin_name()}", admin=True, days=365).write(admin_file)
             progress(f"administrator credentials: {admin_file}")
         pki.admins = [f"user:{admin_name()}"]
@@ -207,6 +207,15 @@ def _redis_password(path: Path) -> str:
     with os.fdopen(fd, "w") as f:
         f.write(text + "\n")
     return text
+
+
+def _expiring(ident: identity.Identity, within_s: float = 30 * 86400) -> bool:
+    """Whether ``ident`` has expired or will within ``within_s`` (the administrator's credentials
+    are renewed then: they were kept until they expired, and the CLI then failed)."""
+    import time
+
+    start, end = identity.validity(ident.cert_pem)
+    return not start <= time.time() <= end - within_s
 
 
 def _read(path: Path) -> identity.Identity | None:
