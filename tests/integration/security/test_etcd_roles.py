@@ -234,3 +234,25 @@ def test_requests_beside_changes_to_etcds_users_are_not_refused(etcd_with_roles,
         auth.close()
         identity.use(None)
         kv.close()
+
+
+def test_a_refusal_by_etcd_is_permission_denied_not_unavailable(etcd_with_roles):
+    """Session 40: a key the caller's role may not touch read "Unavailable etcd at ...", as if
+    etcd were down (and callers that retry on Unavailable retried it)."""
+    from microco.common import identity
+    from microco.common.errors import PermissionDenied
+    from microco.common.kv import EtcdKV
+
+    identity.use(issued("user:bob"))
+    try:
+        with closing(EtcdKV(etcd_with_roles)) as kv:
+            for op in (
+                lambda: kv.get("/microco/scheduler/jobs/j-1"),
+                lambda: kv.put("/microco/store/catalog/t", b"{}"),
+                lambda: kv.get_prefix("/microco/scheduler/jobs/"),
+            ):
+                with pytest.raises(PermissionDenied, match="etcd refused user:bob"):
+                    op()
+            assert kv.get("/microco/services/cache/none") is None  # what its role reads works
+    finally:
+        identity.use(None)
