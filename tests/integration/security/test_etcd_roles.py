@@ -256,3 +256,15 @@ def test_a_refusal_by_etcd_is_permission_denied_not_unavailable(etcd_with_roles)
             assert kv.get("/microco/services/cache/none") is None  # what its role reads works
     finally:
         identity.use(None)
+
+
+def test_users_and_jobs_read_the_compilers_records_but_never_write_them(etcd_with_roles):
+    """Session 40: every user and job could write /microco/compiler/ (commit a configuration
+    for another user's graph, or delete one); the compiler service writes them, by scope."""
+    ep = etcd_with_roles
+    client(ep, "service:scheduler").put("/microco/compiler/committed/k", b"{}")
+    for who in ("user:alice", "job:j-1"):
+        c = client(ep, who)
+        assert c.get("/microco/compiler/committed/k")[0] == b"{}", who
+        assert denied(c, "put", "/microco/compiler/committed/k"), who
+        assert denied(c, "put", "/microco/compiler/explorations/k"), who
