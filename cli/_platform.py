@@ -212,7 +212,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         console = next((c.record for c in stack.children if c.spec.name == "console" and c.record), None)
         if console:
             _say(
-                f"console: http://{console.address}/ (sign in with the token `microco console token` prints)"
+                f"console: http://{console.address}/ (sign in with the token `microco console token"
+                + (f" --home {args.home}" if args.home else "")
+                + "` prints)"
             )
         if args.demo:
             from microco.examples.demo import run_demo

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from ._platform import add_etcd_arguments
@@ -32,20 +33,36 @@ def register(sub: Any) -> None:
         "token",
         help="print the token to sign in with",
         description=(
-            "Prints MICROCO_CONSOLE_TOKEN when set; otherwise, in the dev profile, the default development\n"
-            "token (which a console outside the dev profile refuses)."
+            "Prints MICROCO_CONSOLE_TOKEN when set; otherwise the token of the stack `microco up` started\n"
+            "from --home (made once, in <home>/pki/console-token, readable by its owner only); otherwise,\n"
+            "in the dev profile, the default development token (which a console outside the dev profile\n"
+            "refuses, and which a stack started by `microco up` does not use)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     t.add_argument("--profile", default=os.environ.get("MICROCO_PROFILE", "dev"), choices=["dev", "prod"])
+    t.add_argument(
+        "--home", type=Path, default=None, help="as given to `microco up` (default ~/.microco, MICROCO_HOME)"
+    )
     t.set_defaults(func=cmd_token)
 
 
 def cmd_token(args: argparse.Namespace) -> int:
     from microco.common.errors import FailedPrecondition
     from microco.services.console import DEFAULT_DEV_TOKEN, TOKEN_ENV
+    from microco.services.stack import console_token_file, default_home
 
     token = os.environ.get(TOKEN_ENV, "").strip()
+    if token:
+        print(token)
+        return 0
+    path = console_token_file(args.home or default_home())
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    except OSError as exc:
+        raise FailedPrecondition(f"cannot read the stack's console token {path}: {exc}") from exc
     if token:
         print(token)
         return 0

@@ -63,13 +63,15 @@ SERVICE_PREFIXES: dict[str, list[tuple[str, int]]] = {
     "console": [("/microco/", READ)],
     "etcd": [],
 }
-#: Users and jobs: discovery, the compiler's exploration store (not the job phases: every job's
-#: id and node, which only the services read).
+#: Users and jobs: discovery, reading the compiler's exploration store (not the job phases: every
+#: job's id and node, which only the services read). Not writing it: the records are shared by
+#: graph, and a user could commit a slow configuration for another user's model or delete one
+#: (session 40); the compiler service writes them, each user's runs in a scope of their own.
 USER_PREFIXES = [
     (REGISTRY, READ),
     (LEADERS, READ),
     (NODES, READ),
-    (COMPILER, READWRITE),
+    (COMPILER, READ),
 ]
 ROOT_SERVICES = frozenset({"stack", "scheduler"})
 USER_ROLE = "platform-user"

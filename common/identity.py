@@ -354,6 +354,46 @@ def use(identity: Identity | None) -> None:
 
 
 @functools.lru_cache(maxsize=8)
+def validity(cert_pem: bytes) -> tuple[float, float]:
+    """A certificate's validity: (not before, not after), in unix seconds."""
+    return _validity(cert_pem)
+
+
+@functools.lru_cache(maxsize=1024)
+def _validity(cert_pem: bytes) -> tuple[float, float]:
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    return cert.not_valid_before_utc.timestamp(), cert.not_valid_after_utc.timestamp()
+
+
+def check_valid(ident: Identity, where: str, now: float | None = None) -> Identity:
+    """``ident`` when its certificate is valid now; else a clear error (session 40: expired
+    credentials, or a clock set back before their issue, read "cannot reach etcd ... connection
+    failed", every server refusing them in the TLS handshake)."""
+    import time
+
+    now = time.time() if now is None else now
+    start, end = _validity(ident.cert_pem)
+    if start <= now <= end:
+        return ident
+
+    def utc(t: float) -> str:
+        return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    renew = (
+        "`microco up` renews the administrator's; `microco user add NAME --force` issues a user's anew"
+        if ident.kind == "user"
+        else "ask for new credentials"
+    )
+    if now > end:
+        raise FailedPrecondition(f"the credentials in {where} ({ident.name}) expired at {utc(end)}; {renew}")
+    raise FailedPrecondition(
+        f"the credentials in {where} ({ident.name}) are not valid before {utc(start)}, and this machine's "
+        f"clock reads {utc(now)}: is the clock right?"
+    )
+
+
 def _from_file(path: str, mtime: float) -> Identity:
     return Identity.from_pem(Path(path).read_bytes(), where=path)
 
@@ -371,12 +411,12 @@ def current() -> Identity | None:
         return _used
     text = os.environ.get(ENV_CREDENTIALS_PEM)
     if text:
-        return _from_text(text)
+        return check_valid(_from_text(text), ENV_CREDENTIALS_PEM)
     from .discovery import stack_home
 
     path = os.environ.get(ENV_CREDENTIALS) or str(stack_home() / "credentials.pem")
     try:
-        return _from_file(path, os.stat(path).st_mtime)
+        return check_valid(_from_file(path, os.stat(path).st_mtime), path)
     except FileNotFoundError:
         raise FailedPrecondition(
             f"no credentials: {path} does not exist; `microco up` writes the administrator's, "

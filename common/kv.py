@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import Unavailable
+import grpc
+
+from .errors import MicrocoError, PermissionDenied, Unauthenticated, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -440,6 +442,31 @@ def etcd_tls() -> dict[str, Any]:
     }
 
 
+def _refusal(exc: Exception) -> MicrocoError | None:
+    """etcd's refusal of this process's identity (its role may not touch the key) as what it is,
+    ``PermissionDenied``: it read "Unavailable etcd at ...", as if etcd were down, and was
+    retried as such (session 40)."""
+    code = getattr(exc, "code", None)
+    try:
+        status = code() if callable(code) else None
+    except Exception:  # noqa: BLE001 - not a gRPC error
+        return None
+    if status not in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+        return None
+    from .identity import current as current_identity
+
+    try:
+        ident = current_identity()
+        who = ident.name if ident is not None else "this process"
+    except Exception:  # noqa: BLE001
+        who = "this process"
+    details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)  # type: ignore[attr-defined]
+    kind = PermissionDenied if status == grpc.StatusCode.PERMISSION_DENIED else Unauthenticated
+    return kind(
+        f"etcd refused {who}: {details} (each identity reaches its own keys: docs/security.md, etcd roles)"
+    )
+
+
 class EtcdKV(KV):
     """The KV interface on a real etcd v3 cluster."""
 
@@ -473,8 +500,33 @@ class EtcdKV(KV):
             self._client.status()
         except Exception as exc:
             raise Unavailable(
-                f"cannot reach etcd at {self.address}: {type(exc).__name__} {exc}".strip()
+                f"cannot reach etcd at {self.address}: {type(exc).__name__} {exc}".strip() + self._tls_hint()
             ) from exc
+
+    def _tls_hint(self) -> str:
+        """Why a listening etcd may still not answer: its TLS handshake refused this process's
+        certificate (another CA's: session 40, where it read like etcd being down)."""
+        import socket
+
+        from .identity import current as current_identity
+
+        try:
+            ident = current_identity()
+        except Exception:  # noqa: BLE001 - no credentials: said elsewhere
+            return ""
+        if ident is None:
+            return ""
+        for host, port in self.endpoints:
+            try:
+                socket.create_connection((host, port), timeout=1).close()
+            except OSError:
+                continue
+            return (
+                f" (something listens there: if it is the platform's etcd, it refused this process's "
+                f"certificate, {ident.name}, in the TLS handshake: are these credentials issued by the "
+                "platform's CA?)"
+            )
+        return ""
 
     def _k(self, key: str) -> str:
         return self.namespace + key
@@ -501,6 +553,9 @@ class EtcdKV(KV):
                     attempt += 1
                     continue
                 name = type(exc).__name__
+                refused = _refusal(exc)
+                if refused is not None:
+                    raise refused from exc
                 if "Connection" in name or "Timeout" in name or "NoServer" in name or "RpcError" in name:
                     raise Unavailable(f"etcd at {self.address}: {name} {exc}".strip()) from exc
                 raise

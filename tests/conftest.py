@@ -135,6 +135,25 @@ def namespaced_kv(etcd_endpoint: str) -> Iterator[object]:
 
 
 @pytest.fixture
+def small_disk() -> Iterator[Path]:
+    """A 4 MiB file system of its own (a tmpfs), for a full disk under a service's data; unmounted
+    afterwards. Skips where it cannot be mounted (needs root with CAP_SYS_ADMIN)."""
+    import subprocess
+    import tempfile
+
+    where = Path(tempfile.mkdtemp(prefix="microco-small-disk-"))
+    mount = ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)]
+    if os.geteuid() != 0 or subprocess.run(mount, capture_output=True, check=False).returncode != 0:
+        where.rmdir()
+        pytest.skip("cannot mount a small tmpfs here (needs root with CAP_SYS_ADMIN)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+        where.rmdir()
+
+
+@pytest.fixture
 def artifacts_dir() -> Path:
     """Where tests keep what a person may want to look at afterwards (screenshots, plots)."""
     path = REPO / "test-artifacts"

@@ -15,7 +15,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from microco.common.errors import FailedPrecondition, InvalidArgument, MicrocoError, NotFound, Unavailable
+from microco.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    MicrocoError,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from microco.common.identity import Identity
 
 from ._flight_tls import flight_client
@@ -24,6 +31,7 @@ ERRORS: dict[str, type[MicrocoError]] = {
     "NotFound": NotFound,
     "InvalidArgument": InvalidArgument,
     "FailedPrecondition": FailedPrecondition,
+    "ResourceExhausted": ResourceExhausted,  # a node's full disk (session 40)
 }
 
 OPTIONS = flight.FlightCallOptions(timeout=120)

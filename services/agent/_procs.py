@@ -40,7 +40,7 @@ from microco.clients.scheduler import (
 from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from ._devices import DeviceInfo
-from ._runas import AGENT_ONLY, JobControl, JobUser, give, traversable
+from ._runas import AGENT_ONLY, JobControl, JobUser, give, pick_job_uid, reclaim, traversable
 from ._warm import ForkedProcess, Zygote, python_target
 
 log = logging.getLogger(__name__)
@@ -140,6 +140,10 @@ class ManagedProcess:
     extra: dict[str, Any] = field(default_factory=dict)
     forked: bool = False  # started from the warm zygote rather than by exec
     stop_sent: bool = False  # the agent sent SIGTERM (``stop``): the exit is the stop's
+    uid: int | None = None  # the uid the job runs as, when one of its own (``_runas.JOB_UIDS``)
+    # The directories made the job's own, given back to the agent once it has exited (its uid
+    # goes to a later job).
+    owned: list[Path] = field(default_factory=list)
 
     @property
     def pid(self) -> int:
@@ -161,6 +165,9 @@ class ManagedProcess:
                     )
                     self.exit_code = -signal.SIGTERM
                 self.exited_at = time.time()
+                owned, self.owned = self.owned, []
+                if owned:
+                    reclaim(owned)
         return self.exit_code
 
     def status(self) -> dict[str, Any]:
@@ -318,6 +325,7 @@ class ProcessManager:
         self._procs: dict[str, ManagedProcess] = {}
         self._lock = threading.RLock()
         self._spawner = _Spawner()
+        self._last_uid = 0  # the job uid given last (``pick_job_uid`` goes round after it)
         # The warm zygote (see ``_zygote``): Python jobs fork from it instead of starting an
         # interpreter and importing their framework; None when nothing is to be preloaded.
         self.zygote: Zygote | None = None
@@ -394,6 +402,10 @@ class ProcessManager:
             ckpt.mkdir(parents=True, exist_ok=True)
             log_path = job_dir / f"attempt-{attempt}.log"
             user = self.run_as
+            if user is not None and user.per_job:
+                taken = {p.uid for p in self._procs.values() if p.uid is not None and p.poll() is None}
+                user = user.with_uid(pick_job_uid(taken, self._last_uid))
+                self._last_uid = user.uid
             job_home: dict[str, str] = {}
             if user is not None:
                 # The job's own directories are the job user's; the way to them it may pass only.
@@ -447,7 +459,7 @@ class ProcessManager:
             cpus = self._cpus(device_ids) if self.pin_cpus else set()
             if self.zygote is not None and target is not None and self.zygote.ready.is_set():
                 try:
-                    popen = self.zygote.spawn(target, full_env, workdir, log_path, cpus)
+                    popen = self.zygote.spawn(target, full_env, workdir, log_path, cpus, user=user)
                 except RuntimeError as exc:  # a cold or dead zygote: start it the ordinary way
                     log.warning("zygote start of %s failed (%s); starting by exec", job_id, exc)
             if popen is None:
@@ -472,6 +484,10 @@ class ProcessManager:
                 log_path,
                 time.time(),
                 forked=isinstance(popen, ForkedProcess),
+                uid=user.uid if self.run_as is not None and self.run_as.per_job and user else None,
+                owned=[control_dir, ckpt, job_dir / "home"]
+                if self.run_as is not None and self.run_as.per_job
+                else [],
             )
             self._procs[job_id] = proc
             log.info(

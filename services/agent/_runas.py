@@ -2,9 +2,10 @@
 
 A job must not read its agent's credentials (the agent's key acts as ``service:agent``), yet a
 process can read every file of its own user. So an agent running as root starts each job as an
-unprivileged user of its own (by default the dedicated uid/gid ``DEFAULT_JOB_UID``, or the user
-``microco-job`` where the system has one): the job cannot read the agent's 0600 files, nor
-signal or trace the agent. The directories a job needs (its control directory, checkpoint
+unprivileged user (by default each job a uid of its own from ``JOB_UIDS``, in the group of
+``microco-job`` where the system has one, else the dedicated gid ``DEFAULT_JOB_UID``): the job
+cannot read the agent's 0600 files, nor signal or trace the agent, nor another job (whose
+environment holds its own credentials, and whose checkpoints and home are its uid's own). The directories a job needs (its control directory, checkpoint
 directory and a home) are given to that user; the ones on the way there are opened to its group
 for traversal only (0710), never for listing. An agent that does not run as root cannot change
 user: it runs jobs as itself and says so loudly at start (docs/security.md)."""
@@ -19,13 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from microco.clients.scheduler import ControlChannel
-from microco.common.errors import InvalidArgument
+from microco.common.errors import FailedPrecondition, InvalidArgument
 
 log = logging.getLogger(__name__)
 
 ENV_RUN_AS = "MICROCO_RUN_AS"
 JOB_USER_NAME = "microco-job"
 DEFAULT_JOB_UID = 64_000  # a uid no login uses, when the system has no ``microco-job`` user
+#: ``auto``: the uids jobs run as, one per running job (a uid with a passwd entry is skipped, and
+#: so is one any process of this host runs as). Jobs sharing one uid could read each other's
+#: environment (``/proc/<pid>/environ``: a job's credentials), checkpoints and home, and signal
+#: each other, whoever owned them (session 40).
+JOB_UIDS = range(64_001, 65_000)
 SELF = ("self", "")
 #: The agent's credentials in its environment: never passed on to a job or to the zygote.
 AGENT_ONLY = frozenset({"MICROCO_CREDENTIALS", "MICROCO_CREDENTIALS_PEM", "MICROCO_CA_DIR"})
@@ -35,9 +41,54 @@ AGENT_ONLY = frozenset({"MICROCO_CREDENTIALS", "MICROCO_CREDENTIALS_PEM", "MICRO
 class JobUser:
     uid: int
     gid: int
+    #: each job runs as a uid of its own from ``JOB_UIDS`` (in group ``gid``), not as ``uid``
+    per_job: bool = False
 
     def __str__(self) -> str:
+        if self.per_job:
+            return f"a uid of its own ({JOB_UIDS.start}-{JOB_UIDS.stop - 1}) gid {self.gid}"
         return f"uid {self.uid} gid {self.gid}"
+
+    def with_uid(self, uid: int) -> JobUser:
+        return JobUser(uid, self.gid)
+
+
+def host_uids() -> set[int]:
+    """The real uids of every process of this host (``/proc``)."""
+    out = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            # ``status``, not the directory's owner: a process that changed user without exec
+            # (a job forked from the zygote) is not dumpable, and its directory is root's.
+            with open(os.path.join(entry.path, "status"), "rb") as f:
+                for line in f:
+                    if line.startswith(b"Uid:"):
+                        out.add(int(line.split()[1]))
+                        break
+        except (OSError, ValueError, IndexError):
+            pass  # it ended meanwhile
+    return out
+
+
+def pick_job_uid(taken: set[int], after: int = 0) -> int:
+    """A uid of ``JOB_UIDS`` for a new job: not in ``taken`` (this agent's running jobs), not a
+    uid any process of this host runs as, without a passwd entry; the first such after
+    ``after`` (round robin: a uid comes back to a job as late as possible)."""
+    busy = taken | host_uids()
+    n = len(JOB_UIDS)
+    start = (after - JOB_UIDS.start + 1) % n if after in JOB_UIDS else 0
+    for i in range(n):
+        uid = JOB_UIDS[(start + i) % n]
+        if uid in busy:
+            continue
+        try:
+            pwd.getpwuid(uid)
+            continue  # a user of this system
+        except KeyError:
+            return uid
+    raise FailedPrecondition(f"every job uid ({JOB_UIDS.start}-{JOB_UIDS.stop - 1}) is in use on this host")
 
 
 def resolve_run_as(spec: str, euid: int | None = None) -> JobUser | None:
@@ -53,9 +104,9 @@ def resolve_run_as(spec: str, euid: int | None = None) -> JobUser | None:
             return None
         try:
             pw = pwd.getpwnam(JOB_USER_NAME)
-            return JobUser(pw.pw_uid, pw.pw_gid)
+            return JobUser(pw.pw_uid, pw.pw_gid, per_job=True)
         except KeyError:
-            return JobUser(DEFAULT_JOB_UID, DEFAULT_JOB_UID)
+            return JobUser(DEFAULT_JOB_UID, DEFAULT_JOB_UID, per_job=True)
     uid_s, _, gid_s = spec.partition(":")
     try:
         if uid_s.isdigit():
@@ -137,15 +188,33 @@ def traversable(path: Path, user: JobUser) -> None:
 
 
 def give(path: Path, user: JobUser, mode: int = 0o700) -> None:
-    """``path`` (a directory) becomes ``user``'s own, with what is directly in it."""
+    """``path`` (a directory) becomes ``user``'s own, with everything in it (an earlier attempt
+    of the job may have run as another uid)."""
     path.mkdir(parents=True, exist_ok=True)
     os.chown(path, user.uid, user.gid)
     os.chmod(path, mode)
-    for entry in path.iterdir():
+    _chown_tree(path, user.uid, user.gid)
+
+
+def reclaim(paths: list[Path]) -> None:
+    """Give a job's directories back to the agent once the job has exited: the uid it ran as
+    goes to a later job, which must not find them its own."""
+    uid, gid = os.geteuid(), os.getegid()
+    for path in paths:
         try:
-            os.chown(entry, user.uid, user.gid, follow_symlinks=False)
+            os.chown(path, uid, gid, follow_symlinks=False)
         except OSError:
-            pass
+            continue  # gone (collected), or a shared root that refuses it
+        _chown_tree(path, uid, gid)
+
+
+def _chown_tree(path: Path, uid: int, gid: int) -> None:
+    for root, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            try:
+                os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+            except OSError:
+                pass
 
 
 class JobControl(ControlChannel):

@@ -197,6 +197,7 @@ class Zygote:
         log_path: str | os.PathLike[str],
         cpus: set[int] | None = None,
         timeout: float = 10.0,
+        user: Any = None,
     ) -> ForkedProcess:
         """Fork a job from the warm zygote; raises ``RuntimeError`` if it is not available."""
         if not self.ready.is_set():
@@ -214,8 +215,9 @@ class Zygote:
             "log": str(log_path),
             "cpus": sorted(cpus or ()),
         }
-        if self.run_as is not None:
-            req.update(uid=self.run_as.uid, gid=self.run_as.gid)
+        user = user if user is not None else self.run_as  # this job's user (``_runas``)
+        if user is not None:
+            req.update(uid=user.uid, gid=user.gid)
         with self._lock:
             popen = self._popen
             if popen is None or popen.stdin is None:

@@ -10,6 +10,7 @@ is corrupt and is dropped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -89,9 +90,15 @@ class ChunkStore:
         if not verified and digest(data) != d:
             raise DigestMismatch(f"bytes do not match digest {d[:12]}...")
         tmp = os.path.join(self.tmp, f"{file_locator(d)}.{threading.get_ident()}")
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o644)
+        except BaseException:
+            # a write that failed (a full disk) leaves nothing holding the room (session 40)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         self._close_fd(d)
         os.replace(tmp, self.path(d))
         with self._lock:

@@ -7,6 +7,7 @@ directly. Everything the core decides comes from the pure policies in ``_evictio
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
@@ -402,6 +403,13 @@ class CacheCore:
                 self.counters.rejected += 1
             self._release((d,))
             return PutResult(d, "digest_mismatch", str(exc))
+        except OSError as exc:
+            with self._lock:
+                self.ledger.remove(d)
+            self._release((d,))
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            return self._disk_full(d, exc)
         except BaseException:
             with self._lock:
                 self.ledger.remove(d)
@@ -412,6 +420,32 @@ class CacheCore:
         if self.directory is not None:
             self.directory.add([d])
         return PutResult(d, "stored")
+
+    def _disk_full(self, d: str, exc: OSError) -> PutResult:
+        """The disk under the chunk directory is full before the cache is (its capacity was set
+        larger than the room there, or others fill that disk): the chunk is refused, saying so,
+        and the capacity comes down to what the disk holds now, so that later inserts evict
+        cold chunks to make room as at a full cache, instead of each failing with the
+        operating system's error (session 40: every insert was then an INTERNAL error, for as
+        long as the server ran). It is not raised again by itself: restart the server, with a
+        ``--capacity`` that fits, once there is room."""
+        with self._lock:
+            old = self.capacity
+            self.capacity = max(1, min(self.capacity, self.ledger.used))
+            self.counters.rejected += 1
+        log.warning(
+            "no space left under %s (%s): capacity lowered from %d to %d bytes",
+            self.store.root,
+            exc.strerror,
+            old,
+            self.capacity,
+        )
+        return PutResult(
+            d,
+            "disk_full",
+            f"no space left under {self.store.root} ({exc.strerror}); this server's capacity is now "
+            f"{self.capacity} bytes (was {old})",
+        )
 
     def _shrink_to_capacity(self) -> None:
         while self.ledger.used > self.capacity and self.ledger.entries:

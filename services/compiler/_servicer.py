@@ -3,23 +3,60 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from typing import Any
 
 from microco.api.compiler.v1 import compiler_pb2 as pb
 from microco.api.compiler.v1 import compiler_pb2_grpc as pb_grpc
 from microco.clients.compiler.explore import CompilerCore, ExplorationPolicy, wire
-from microco.common import InvalidArgument
-from microco.services.runtime.auth import caller
+from microco.common import InvalidArgument, PermissionDenied
+from microco.services.runtime.auth import Caller, caller, job_owner
 from microco.services.runtime.server import ServiceContext
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "microco.api.compiler.v1.CompilerService"
 
 
+#: Marks a graph explored for one user: appended to its hardware, so its key (a hash of
+#: fingerprint, shapes and hardware) is that user's own. A user's runs (their jobs' too) explore
+#: and commit in their own scope; services and administrators in the shared one. Explorations
+#: were shared by graph across users, and anyone could report timings for any key: a user could
+#: commit a slow configuration for another user's model (session 40).
+SCOPE = "|owner="
+
+
+def scope_of(state: Any) -> str:
+    """The user a graph's exploration belongs to; "" for the shared (platform) scope."""
+    hardware = state.spec.hardware
+    return hardware.rsplit(SCOPE, 1)[1] if SCOPE in hardware else ""
+
+
 class CompilerServicer(pb_grpc.CompilerServiceServicer):
     def __init__(self, core: CompilerCore) -> None:
         self.core = core
+
+    def _owner(self, who: Caller) -> str | None:
+        """The scope the caller explores in: ``None`` (shared) for a trusted caller, else its user
+        (a job's owner; a job the scheduler does not know: the job itself)."""
+        if who.trusted:
+            return None
+        if who.kind == "job":
+            return job_owner(self.core.kv, who.subject) or who.name
+        return who.subject
+
+    def _check(self, who: Caller, key: str, change: bool) -> None:
+        """A caller changes only the explorations of its own scope; reads its own and the shared."""
+        owner = self._owner(who)
+        if owner is None:
+            return
+        scope = scope_of(self.core.get(key))
+        if scope == owner or (not change and not scope):
+            return
+        raise PermissionDenied(
+            f"{who.name} may not {'change' if change else 'read'} graph {key[:16]}: it is "
+            + (f"user {scope!r}'s" if scope else "the platform's (explored by a service or an administrator)")
+        )
 
     def RegisterGraph(self, request: pb.RegisterGraphRequest, context: Any) -> pb.Config:
         try:
@@ -30,6 +67,9 @@ class CompilerServicer(pb_grpc.CompilerServiceServicer):
         # is ignored); a user's or a service's process may name one (``$MICROCO_JOB_ID``).
         who = caller(context)
         job_id = who.subject if who.kind == "job" else request.job_id
+        owner = self._owner(who)
+        if owner is not None:
+            spec = dataclasses.replace(spec, hardware=spec.hardware + SCOPE + owner)
         cfg = self.core.register(spec, job_id=job_id)
         log.info(
             "graph registered", extra={"key": spec.key, "model": spec.model_name, "committed": cfg.committed}
@@ -37,19 +77,24 @@ class CompilerServicer(pb_grpc.CompilerServiceServicer):
         return wire.config_to_proto(cfg)
 
     def NextConfig(self, request: pb.NextConfigRequest, context: Any) -> pb.Config:
+        self._check(caller(context), request.key, change=True)
         return wire.config_to_proto(self.core.next_config(request.key))
 
     def ReportTimings(self, request: pb.ReportTimingsRequest, context: Any) -> pb.Config:
+        self._check(caller(context), request.key, change=True)
         cfg = self.core.report(request.key, wire.report_from_proto(request))
         if cfg.committed:
             log.info("configuration committed", extra={"key": request.key, "values": cfg.values})
         return wire.config_to_proto(cfg)
 
     def GetGraph(self, request: pb.GetGraphRequest, context: Any) -> pb.GraphState:
+        self._check(caller(context), request.key, change=False)
         return wire.state_to_proto(self.core.get(request.key))
 
     def ListGraphs(self, request: pb.ListGraphsRequest, context: Any) -> pb.ListGraphsResponse:
-        return pb.ListGraphsResponse(graphs=[wire.state_to_proto(s) for s in self.core.list()])
+        owner = self._owner(caller(context))
+        states = [s for s in self.core.list() if owner is None or scope_of(s) in ("", owner)]
+        return pb.ListGraphsResponse(graphs=[wire.state_to_proto(s) for s in states])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

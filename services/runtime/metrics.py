@@ -38,7 +38,15 @@ class _Server6(_Server):
     address_family = socket.AF_INET6  # a host like "::" (prometheus_client's server did the same)
 
 
+#: A connection to the metrics port that sends no complete request within this many seconds is
+#: closed. The port is plain HTTP for any local process (a job's too), and each connection holds
+#: a thread: idle ones were held for ever (session 40: 300 idle connections, 300 threads).
+IDLE_TIMEOUT_S = 10.0
+
+
 class _Quiet(WSGIRequestHandler):
+    timeout = IDLE_TIMEOUT_S
+
     def log_message(self, format: str, *args: Any) -> None:
         pass  # probes every few seconds would flood the service's log
 
@@ -66,10 +74,13 @@ def health_app(ready: Callable[[], bool]) -> Callable[..., Iterable[bytes]]:
     return app
 
 
-def serve_metrics(host: str, port: int, ready: Callable[[], bool] = lambda: True) -> tuple[Any, int]:
+def serve_metrics(
+    host: str, port: int, ready: Callable[[], bool] = lambda: True, idle_timeout_s: float = IDLE_TIMEOUT_S
+) -> tuple[Any, int]:
     """Start the HTTP endpoint (``/metrics``, ``/healthz``, ``/readyz``) in a daemon thread;
-    returns (server, bound port)."""
+    returns (server, bound port). A connection idle for ``idle_timeout_s`` is closed."""
     server_class = _Server6 if ":" in host else _Server
-    server = make_server(host, port, health_app(ready), server_class, handler_class=_Quiet)
+    handler = type("_QuietHandler", (_Quiet,), {"timeout": idle_timeout_s})
+    server = make_server(host, port, health_app(ready), server_class, handler_class=handler)
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server, server.server_port

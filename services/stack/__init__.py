@@ -4,6 +4,7 @@
 from microco.common.health import check_health
 
 from ._pki import ca_dir as stack_ca_dir
+from ._pki import console_token_file
 from ._policy import DEFAULT_POLICY, resolve_policy, scheduler_args
 from ._servers import EtcdServer, RedisServer, free_port, port_open
 from ._supervisor import (
@@ -26,6 +27,7 @@ __all__ = [
     "StackOptions",
     "any_alive",
     "check_health",
+    "console_token_file",
     "default_home",
     "free_port",
     "platform_processes",

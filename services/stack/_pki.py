@@ -24,6 +24,10 @@ from microco.common.hotstate import ENV_REDIS_PASSWORD
 from microco.common.identity import CertificateAuthority
 from microco.common.redis_acl import ENV_REDIS_USER, service_redis_env
 
+#: The console's admin token (``services/console/_config.TOKEN_ENV``; not imported: the stack
+#: does not load the console's FastAPI application).
+CONSOLE_TOKEN_ENV = "MICROCO_CONSOLE_TOKEN"
+
 log = logging.getLogger(__name__)
 
 ISSUES_JOBS = frozenset({"scheduler"})  # the services given the CA, to issue job credentials
@@ -78,6 +82,9 @@ class StackPki:
     ca: CertificateAuthority | None = None
     ca_dir: Path | None = None
     redis_password: str = ""  # the stack's Redis requires it (not in insecure mode)
+    # The console's admin token (``<home>/pki/console-token``, made once): never the well-known
+    # development token, which every local user and every job (on loopback) could sign in with.
+    console_token: str = ""
     etcd_roles: bool = False  # the etcd the stack started has authentication and roles on
     admins: list[str] = field(default_factory=list)  # etcd's root users: the administrators
     _files: dict[str, Path] = field(default_factory=dict)
@@ -91,13 +98,13 @@ class StackPki:
                 "WARNING: INSECURE development stack: no TLS, no authentication, no authorisation; "
                 "anyone who reaches its ports owns it"
             )
-            return cls(home, True)
+            return cls(home, True, console_token=_console_token(home))
         d = ca_dir(home)
         ca = CertificateAuthority.load_or_create(d)
         pki = cls(home, False, ca, d)
         admin_file = home / "credentials.pem"
         current = _read(admin_file)
-        if current is None or current.ca_pem != ca.cert_pem:
+        if current is None or current.ca_pem != ca.cert_pem or _expiring(current):
             ca.issue(f"user:{admin_name()}", admin=True, days=365).write(admin_file)
             progress(f"administrator credentials: {admin_file}")
         pki.admins = [f"user:{admin_name()}"]
@@ -109,6 +116,7 @@ class StackPki:
             pki.admins.append(starter.name)
         identity.use(ca.issue("service:stack"))  # the supervisor's own health checks
         pki.redis_password = _redis_password(home / "pki" / "redis.password")
+        pki.console_token = _console_token(home)
         os.environ[ENV_REDIS_PASSWORD] = pki.redis_password  # this process's clients (the demo)
         return pki
 
@@ -150,8 +158,9 @@ class StackPki:
 
     def child_env(self, name: str, service: str) -> dict[str, str]:
         """What a service process needs to find its own credentials."""
+        console = {CONSOLE_TOKEN_ENV: self.console_token if service == "console" else ""}
         if self.insecure:
-            return {identity.ENV_INSECURE: "1"}
+            return {identity.ENV_INSECURE: "1", **console}
         assert self.ca is not None and self.ca_dir is not None
         path = self._files.get(name)
         if path is None:
@@ -167,11 +176,25 @@ class StackPki:
             identity.ENV_INSECURE: "",
             identity.ENV_CA_DIR: str(self.ca_dir) if service in ISSUES_JOBS else "",
             ENV_ETCD_ROLES: "1" if self.etcd_roles else "",
+            **console,  # the console's admin token to the console alone (not the development token)
         }
 
 
+def _console_token(home: Path) -> str:
+    """The console's admin token: an operator's own (``MICROCO_CONSOLE_TOKEN``, docs/console.md),
+    else the stack's, made once."""
+    return os.environ.get(CONSOLE_TOKEN_ENV, "").strip() or _redis_password(console_token_file(home))
+
+
+def console_token_file(home: Path) -> Path:
+    """Where the stack keeps its console's admin token (readable by the stack's owner only);
+    ``microco console token`` prints it."""
+    return home / "pki" / "console-token"
+
+
 def _redis_password(path: Path) -> str:
-    """The stack's Redis password: made once, kept in a file only its owner reads."""
+    """A secret of the stack (Redis's password, the console's token): made once, kept in a file
+    only its owner reads."""
     try:
         text = path.read_text().strip()
         if text:
@@ -184,6 +207,15 @@ def _redis_password(path: Path) -> str:
     with os.fdopen(fd, "w") as f:
         f.write(text + "\n")
     return text
+
+
+def _expiring(ident: identity.Identity, within_s: float = 30 * 86400) -> bool:
+    """Whether ``ident`` has expired or will within ``within_s`` (the administrator's credentials
+    are renewed then: they were kept until they expired, and the CLI then failed)."""
+    import time
+
+    start, end = identity.validity(ident.cert_pem)
+    return not start <= time.time() <= end - within_s
 
 
 def _read(path: Path) -> identity.Identity | None:

@@ -33,6 +33,7 @@ from microco.common.errors import (
     InvalidArgument,
     MicrocoError,
     NotFound,
+    ResourceExhausted,
     Unavailable,
 )
 from microco.common.kv import KV
@@ -716,9 +717,17 @@ class StoreCore:
             else:
                 nodes = self.live_nodes()
             nodes = [n for n in nodes if n.name not in excluded]
-            placement = place_super_extent(
-                nodes, sid, [s.count for s in info.specs], colocated_homes(info.specs)
-            )
+            try:
+                placement = place_super_extent(
+                    nodes, sid, [s.count for s in info.specs], colocated_homes(info.specs)
+                )
+            except FailedPrecondition as exc:
+                if last is None:
+                    raise
+                # Too few nodes are left once those that failed are set aside: the error is why
+                # they failed (a full disk), not that too few are live (session 40: it said
+                # "need live store nodes in at least 3 fault domains" of nodes that were up).
+                raise _append_failed(info.name, excluded, last, str(exc)) from exc
             by_name = {n.name: n for n in nodes}
             jobs = []
             for (r, p), (ext_rows, index) in extents.items():
@@ -782,7 +791,7 @@ class StoreCore:
                     self.transport.action(by_name[m.node], "delete", {"table": info.name, "extent": m.id})
                 except Exception:  # noqa: BLE001, S110 - best-effort clean-up of a half-written extent
                     pass
-        raise Unavailable(f"append to {info.name!r} failed: store nodes kept failing ({last})")
+        raise _append_failed(info.name, excluded, last, "")
 
     # ------------------------------------------------------------------ queries
     def plan(self, q: Query, exclude: set[str] = frozenset(), qid: str | None = None) -> Plan:  # type: ignore[assignment]
@@ -2292,3 +2301,12 @@ def node_action(store: NodeStore, name: str, body: dict[str, Any]) -> dict[str, 
     if name == "collect_garbage":
         return store.collect_garbage(body.get("keep", {}), float(body.get("min_age_s", 1800.0)))
     raise FailedPrecondition(f"unknown store node action {short(name)}")
+
+
+def _append_failed(table: str, failed: set[str], last: Exception | None, more: str) -> MicrocoError:
+    """The error of an append whose nodes kept failing: ``ResourceExhausted`` when the last
+    failure was a node's full disk (the operator frees or adds room; retrying as is fails
+    again), else ``Unavailable``; naming the nodes and the last failure."""
+    kind = ResourceExhausted if isinstance(last, ResourceExhausted) else Unavailable
+    text = f"append to {table!r} failed: store nodes {', '.join(sorted(failed))} failed ({last})"
+    return kind(text + (f"; {more}" if more else ""))

@@ -403,15 +403,21 @@ def write_extent(
     h = blake3.blake3()
     size = 0
     tmp = path.with_suffix(f".tmp-{uuid.uuid4().hex[:6]}")
-    with open(tmp, "wb") as f:
-        for part in parts:
-            view = memoryview(part)
-            h.update(view)
-            f.write(view)
-            size += view.nbytes
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            for part in parts:
+                view = memoryview(part)
+                h.update(view)
+                f.write(view)
+                size += view.nbytes
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        # A write that failed (a full disk) leaves nothing: its part-written file held the room
+        # the next write needed, under a name nothing collects (session 40).
+        tmp.unlink(missing_ok=True)
+        raise
     return size, h.hexdigest(), sized
 
 

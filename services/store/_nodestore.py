@@ -6,6 +6,7 @@ Transport-free: the Flight server wraps it for real; the in-process cluster call
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ from typing import Any
 import grpc
 import pyarrow as pa
 
-from microco.common.errors import InvalidArgument, MicrocoError, NotFound
+from microco.common.errors import InvalidArgument, MicrocoError, NotFound, ResourceExhausted
 
 from . import _exec
 from ._cancel import MAX_CANCEL_IDS, CancelToken, TaskCancelled, TaskRegistry
@@ -128,7 +129,15 @@ class NodeStore:
             check_codec(codec)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
-        size, checksum, sized = write_extent(p, rows, buckets, codec, self.layout)
+        try:
+            size, checksum, sized = write_extent(p, rows, buckets, codec, self.layout)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise ResourceExhausted(
+                    f"store node {self.name}: no space left for extent {table}/{extent_id} under "
+                    f"{self.data_dir} ({exc.strerror})"
+                ) from exc
+            raise
         st = p.stat()
         with self._lock:
             self._verified[str(p)] = (st.st_mtime_ns, st.st_size, checksum)

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,39 @@ def expected_services() -> list[str]:
     return [s.name for s in platform_processes(StackOptions(console_port=0, store_nodes=3)) if s.available()]
 
 
+def assert_console_token_is_the_stacks_own(state: dict, home: Path) -> None:
+    """The stack's console refuses the well-known development token (any local user, and any
+    job, reaches it on loopback) and takes the token `microco console token` prints (session 40)."""
+
+    from microco.services.console import DEFAULT_DEV_TOKEN
+
+    address = next((p.get("address") for p in state["processes"] if p["name"] == "console"), None)
+    if not address:
+        return  # not part of this build
+    token = subprocess.run(
+        [*MICROCO, "console", "token", "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={k: v for k, v in os.environ.items() if k != "MICROCO_CONSOLE_TOKEN"},
+    ).stdout.strip()
+
+    def whoami(tok: str) -> int:
+        req = urllib.request.Request(
+            f"http://{address}/api/v1/whoami", headers={"Authorization": f"Bearer {tok}"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    assert token != DEFAULT_DEV_TOKEN
+    assert whoami(DEFAULT_DEV_TOKEN) == 401
+    assert whoami(token) == 200
+
+
 def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
     home = tmp_path / "home"
     up = subprocess.Popen(
@@ -99,6 +134,7 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
         assert status.returncode == (0 if rows else 1)
         pids = [p["pid"] for p in state["processes"] if p.get("pid")]
         assert pids and all(pid_alive(pid) for pid in pids)
+        assert_console_token_is_the_stacks_own(state, home)
         up.send_signal(signal.SIGINT)  # what Ctrl-C sends
         assert up.wait(60) == 0
         assert_nothing_left(pids, home)

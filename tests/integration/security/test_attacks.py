@@ -756,3 +756,37 @@ def test_malformed_store_node_requests_get_invalid_argument_naming_the_field(sto
                 _action(client, name, body)
     finally:
         client.close()
+
+
+def test_a_user_cannot_poison_another_users_tuned_configuration(platform):
+    """Session 40: the compiler kept one exploration per graph for everyone and took timings for
+    any key from anyone, so a user could commit a slow configuration for another user's model
+    (and etcd let every user write the records). Each user (their jobs too) now explores in a
+    scope of their own; services and administrators in the shared one."""
+    from microco.clients.compiler import RemoteExplorer
+    from microco.clients.compiler.explore.types import GraphSpec, TrialReport, Variable
+    from microco.common.errors import NotFound
+
+    def explorer(who: str, admin: bool = False) -> RemoteExplorer:
+        return RemoteExplorer(dial(platform["compiler"], identity=issued(who, admin)))
+
+    spec = GraphSpec("public-model", "(8, 3, 32, 32)", "cpu", (Variable("layout", ("a", "b")),), "resnet")
+    alice, bob, admin = explorer("user:alice"), explorer("user:bob"), explorer("user:root", admin=True)
+    a = alice.register(spec)
+    b = bob.register(spec)  # the same public model: a scope of bob's own
+    shared = admin.register(spec)
+    assert len({a.key, b.key, shared.key}) == 3
+    for call in (
+        lambda: bob.report(a.key, TrialReport(a.trial, [0.001] * 5)),  # a fake, fast timing
+        lambda: bob.next_config(a.key),
+        lambda: bob.report(shared.key, TrialReport(shared.trial, [0.001] * 5)),
+    ):
+        with pytest.raises(PermissionDenied):
+            call()
+    with pytest.raises((PermissionDenied, NotFound)):
+        bob.get_graph(a.key)
+    assert bob.get_graph(shared.key).key == shared.key  # the shared scope reads
+    listed = {g.key for g in bob.list_graphs()}
+    assert a.key not in listed and {b.key, shared.key} <= listed
+    alice.report(a.key, TrialReport(a.trial, [2.0] * 5))  # her own: taken
+    assert {g.key for g in admin.list_graphs()} >= {a.key, b.key, shared.key}

@@ -70,3 +70,30 @@ def test_the_stacks_etcd_and_redis_keep_their_data_private(etcd_server, redis_se
         for p in data.rglob("*"):
             if p.is_file():
                 assert mode(p) & 0o077 == 0, p
+
+
+def test_the_stacks_console_has_a_token_of_its_own(tmp_path, monkeypatch, capsys):
+    # Session 40: `microco up` ran its console on the well-known development token, so any local
+    # user, and any job (the console listens on loopback, where jobs run), was the console's
+    # administrator: submit jobs as anyone, cancel them, read every log and table.
+    from microco.cli import main as cli_main
+    from microco.services.console import DEFAULT_DEV_TOKEN, TOKEN_ENV
+    from microco.services.stack._pki import StackPki
+
+    home = tmp_path / "home"
+    monkeypatch.delenv(identity.ENV_CA_DIR, raising=False)
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.setenv(identity.ENV_INSECURE, "")  # set_up(insecure=True) sets it: restored after
+    monkeypatch.setenv(ENV_REDIS_PASSWORD, "")
+    monkeypatch.setattr(identity, "use", lambda ident: None)
+    for insecure in (False, True):
+        pki = StackPki.set_up(home, insecure, lambda msg: None)
+        token = pki.child_env("console", "console")[TOKEN_ENV]
+        assert token != DEFAULT_DEV_TOKEN and len(token) >= 16
+        assert pki.child_env("cache", "cache")[TOKEN_ENV] == ""  # the console's alone
+        assert mode(home / "pki" / "console-token") == 0o600
+    assert cli_main(["console", "token", "--home", str(home)]) == 0
+    assert capsys.readouterr().out.strip() == token  # the same token, kept across starts
+    monkeypatch.setenv(TOKEN_ENV, "an-operators-own-token")  # docs/console.md: kept
+    pki = StackPki.set_up(home, False, lambda msg: None)
+    assert pki.child_env("console", "console")[TOKEN_ENV] == "an-operators-own-token"

@@ -234,3 +234,37 @@ def test_requests_beside_changes_to_etcds_users_are_not_refused(etcd_with_roles,
         auth.close()
         identity.use(None)
         kv.close()
+
+
+def test_a_refusal_by_etcd_is_permission_denied_not_unavailable(etcd_with_roles):
+    """Session 40: a key the caller's role may not touch read "Unavailable etcd at ...", as if
+    etcd were down (and callers that retry on Unavailable retried it)."""
+    from microco.common import identity
+    from microco.common.errors import PermissionDenied
+    from microco.common.kv import EtcdKV
+
+    identity.use(issued("user:bob"))
+    try:
+        with closing(EtcdKV(etcd_with_roles)) as kv:
+            for op in (
+                lambda: kv.get("/microco/scheduler/jobs/j-1"),
+                lambda: kv.put("/microco/store/catalog/t", b"{}"),
+                lambda: kv.get_prefix("/microco/scheduler/jobs/"),
+            ):
+                with pytest.raises(PermissionDenied, match="etcd refused user:bob"):
+                    op()
+            assert kv.get("/microco/services/cache/none") is None  # what its role reads works
+    finally:
+        identity.use(None)
+
+
+def test_users_and_jobs_read_the_compilers_records_but_never_write_them(etcd_with_roles):
+    """Session 40: every user and job could write /microco/compiler/ (commit a configuration
+    for another user's graph, or delete one); the compiler service writes them, by scope."""
+    ep = etcd_with_roles
+    client(ep, "service:scheduler").put("/microco/compiler/committed/k", b"{}")
+    for who in ("user:alice", "job:j-1"):
+        c = client(ep, who)
+        assert c.get("/microco/compiler/committed/k")[0] == b"{}", who
+        assert denied(c, "put", "/microco/compiler/committed/k"), who
+        assert denied(c, "put", "/microco/compiler/explorations/k"), who

@@ -133,3 +133,82 @@ def test_a_job_cannot_read_the_agents_key(zygote):
             procs.shutdown()
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(secret, ignore_errors=True)
+
+
+PEER_PROBE = """
+import json, os, sys
+pid, ckpt = int(sys.argv[1]), sys.argv[2]
+out = {"uid": os.getuid()}
+for name, path in (("environ", f"/proc/{pid}/environ"), ("checkpoint", ckpt)):
+    try:
+        with open(path, "rb") as f:
+            out[name] = f.read().decode(errors="replace")
+    except PermissionError:
+        out[name] = "denied"
+try:
+    os.kill(pid, 0)
+    out["signal"] = "sent"
+except PermissionError:
+    out["signal"] = "denied"
+print("PROBE", json.dumps(out))
+"""
+SH_PEER_PROBE = """
+printf 'PROBE {"uid": %s, "environ": "%s", "checkpoint": "%s", "signal": "%s"}\\n' "$(id -u)" \
+"$(tr '\\0' ' ' < /proc/$1/environ 2>/dev/null | tr -d '"' || echo denied)" \
+"$(cat "$2" 2>/dev/null || echo denied)" "$(kill -0 $1 2>/dev/null && echo sent || echo denied)"
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can run a job as another user")
+@pytest.mark.parametrize("zygote", [False, True], ids=["exec", "zygote"])
+def test_a_job_cannot_read_signal_or_trace_another_job(zygote):
+    # Session 40: every job ran as the one job uid, so one user's job read another's
+    # environment (its credentials, MICROCO_CREDENTIALS_PEM) through /proc, read its checkpoints
+    # and could stop or kill it. Each job now runs as a uid of its own.
+    base = Path(tempfile.mkdtemp(prefix="microco-runas-"))
+    procs = None
+    try:
+        base.chmod(0o755)
+        script = base / "probe.py"
+        script.write_text(PEER_PROBE)
+        script.chmod(0o644)
+        user = resolve_run_as("auto", euid=0)
+        assert user is not None and user.per_job
+        procs = ProcessManager(
+            base, discover_devices("n", 2), pin_cpus=False, preload=["json"] if zygote else None, run_as=user
+        )
+        if zygote:
+            wait_until(procs.zygote.ready.is_set, 60, "the zygote")
+        victim = procs.start(
+            "alice-1",
+            ["/bin/sh", "-c", 'echo alice-weights > "$MICROCO_CHECKPOINT_DIR/ckpt"; exec sleep 60'],
+            {"MICROCO_CREDENTIALS_PEM": "alice-job-key"},
+            ["n/0"],
+        )
+        ckpt = victim.checkpoint_dir / "ckpt"
+        wait_until(ckpt.exists, 30, "the victim's checkpoint")
+        if zygote:
+            command = [sys.executable, str(script), str(victim.pid), str(ckpt)]
+        else:
+            command = ["/bin/sh", "-c", SH_PEER_PROBE, "sh", str(victim.pid), str(ckpt)]
+        thief = procs.start("bob-1", command, {}, ["n/1"])
+        assert thief.forked == zygote
+        wait_until(lambda: thief.poll() is not None, 60, "the probe to exit")
+        text = thief.log_path.read_text()
+        out = json.loads(text.split("PROBE ", 1)[1])
+        assert out["uid"] not in (0, victim.uid) and victim.uid is not None, out
+        assert "alice-job-key" not in out["environ"] and out["checkpoint"] == "denied", out
+        assert out["signal"] == "denied", out
+        # Once it has exited, the job's directories are the agent's again (its uid is reused
+        # later); a restarted attempt, as another uid, owns its checkpoint again.
+        procs.stop("alice-1", grace_s=0.1)
+        assert victim.checkpoint_dir.stat().st_uid == os.geteuid() and ckpt.stat().st_uid == os.geteuid()
+        again = procs.start(
+            "alice-1", ["/bin/sh", "-c", 'cat "$MICROCO_CHECKPOINT_DIR/ckpt"'], {}, ["n/0"], attempt=1
+        )
+        wait_until(lambda: again.poll() is not None, 60, "the restarted attempt")
+        assert again.exit_code == 0 and "alice-weights" in again.log_path.read_text()
+    finally:
+        if procs is not None:
+            procs.shutdown()
+        shutil.rmtree(base, ignore_errors=True)
