@@ -18,7 +18,8 @@ STEPS = 24
 
 # Each rank trains from the same seed: plain DDP, then each ``how`` through ``AstraTorch``:
 # "ddp" around the DDP module; "inner" around the model, DDP built around it after; "hand" no
-# DDP at all, the loop all-reducing its own gradients. One intra-op thread per rank (two ranks
+# DDP at all, the loop all-reducing its own gradients; "hooked" around a DDP module with a comm
+# hook (whose reduction a guarded step could not redo by hand: the model's own code). One intra-op thread per rank (two ranks
 # on a 2-core machine); the choices then are the optimiser's implementations (the loop,
 # foreach, fused), a million-step run, so each earns its trial. ``fail``: rank 1's backward
 # raises under any implementation but the one the optimiser was built with (a trial that breaks
@@ -79,7 +80,10 @@ def work(rank, world, port, steps, outdir, hows, fail):
             )
         if how != "hand":
             wrapped = nn.parallel.DistributedDataParallel(model)
-        if how in ("ddp", "hand"):
+        if how == "hooked":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            wrapped.register_comm_hook(None, default_hooks.allreduce_hook)
+        if how in ("ddp", "hand", "hooked"):
             astra = AstraTorch(
                 wrapped, LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0)),
                 name=how, total_steps=10**6, compile_choices=("eager",), threads=("1",),
@@ -182,6 +186,16 @@ def test_replicas_explore_together_and_commit_one_configuration(tmp_path):
         # once committed, the compiler runs no collective of its own
         agreements = runs[0]["agreements"]
         assert agreements[-1] == agreements[STEPS // 2], (how, agreements)
+
+
+def test_a_ddp_module_whose_reduction_cannot_be_redone_keeps_the_models_own_code(tmp_path):
+    got = _ranks(tmp_path, ["hooked"])
+    for runs in got:
+        run = runs["hooked"]
+        assert run["replica"] and not run["coordinated"], run
+        assert "comm hook" in run["uncoordinated"], run
+        assert run["config"] == {} and run["direct"], run
+        assert run["losses"] == pytest.approx(runs["plain"]["losses"], rel=1e-6, abs=1e-7)
 
 
 def test_a_trial_failing_in_one_ranks_backward_is_rolled_back_on_every_rank(tmp_path):
