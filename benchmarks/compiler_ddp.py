@@ -5,8 +5,9 @@ each a ``DistributedDataParallel`` model trained with AdamW on its own batches, 
 its length). One intra-op thread per rank to start with (two ranks on a small machine).
 
 Per run: its wall time (the slower rank's, from its first step to its last: exploration
-included), the median step after the first ten (the slower rank's), what Astra committed and
-the largest loss difference from the plain run of the same round (any rank).
+included), the median step after the first ten (the slower rank's), what Astra committed, the
+largest loss difference from the plain run of the same round (any rank), and whether the two
+ranks' weights ended equal (to the bit: one model).
 
 ``python -m microco.benchmarks.compiler_ddp [--steps 300] [--rounds 4] [--models conv,mlp] [--json]``
 """
@@ -14,6 +15,7 @@ the largest loss difference from the plain run of the same round (any rank).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import socket
 import statistics
@@ -118,6 +120,10 @@ def _rank(rank: int, world: int, port: int, opts: dict[str, Any], out: str) -> N
                         "config": astra.config if astra is not None else {},
                         "explore_steps": astra.explore_steps if astra is not None else 0,
                         "coordinated": astra is not None and astra.replicas is not None,
+                        # the replica's weights at the end (the ranks' must be one model)
+                        "weights": hashlib.sha256(
+                            b"".join(p.detach().numpy().tobytes() for p in ddp.parameters())
+                        ).hexdigest(),
                     }
                 )
                 if astra is not None:
@@ -161,6 +167,12 @@ def run(steps: int, rounds: int, models: tuple[str, ...]) -> dict[str, Any]:
                 if r["model"] == kind and r["how"] == "astra"
             ),
             "max_loss_diff": max(diffs),
+            "replicas_equal": all(
+                r["weights"] == o["weights"]
+                for r in rows
+                for o in rows
+                if r["model"] == o["model"] == kind and (r["round"], r["how"]) == (o["round"], o["how"])
+            ),
         }
     return summary
 
@@ -181,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{kind}: astra/plain wall {', '.join(f'{r:.3f}' for r in m['ratio'])} "
             f"(median {statistics.median(m['ratio']):.3f}); steps plain {m['plain_step_ms']} astra "
             f"{m['astra_step_ms']} ms; committed {m['committed']} after {m['explore_steps']} explored steps; "
-            f"same commit on both ranks {m['same_commit_on_both_ranks']}; max loss diff {m['max_loss_diff']:.2e}"
+            f"same commit on both ranks {m['same_commit_on_both_ranks']}; replicas equal {m['replicas_equal']}; max loss diff {m['max_loss_diff']:.2e}"
         )
     return 0
 
