@@ -40,7 +40,15 @@ from ._gain_rule import CompileGainRule
 from ._guard import StepSnapshot
 from ._op_count import StepOpCounter
 from ._optim import FOREACH, FUSED, OPTIMIZER, StepOptimizers
-from ._replicas import replica_of
+from ._replicas import (
+    GradSync,
+    PeerStepFailed,
+    ReplicaGroup,
+    ReplicatedExplorer,
+    coordinable,
+    ddp_unfit,
+    replica_of,
+)
 from ._rng import LayoutDrawWatch, layout_dependent_draw, layout_forward_check
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked, failure
@@ -426,8 +434,14 @@ class AstraTorch(SessionBacked):
         retry_every: int = 50,
         background: bool | None = None,  # None: when a core is idle at the probe step
         compile_costs: HostCompileCosts | None = None,  # None: this host's record (_compile_costs)
+        explore_replicas: bool = False,  # data-parallel ranks explore together (``_replicas``)
     ) -> None:
         self.model = model
+        # Off by default (session 40): measured on the CPU, the ranks' coordinated exploration
+        # found nothing faster than the model's own code and cost 5-46% of a 400-step run of a
+        # small MLP (docs/compiler.md, "Data-parallel replicas, coordinated"); a replica then
+        # runs the model's own code, as since session 38.
+        self.explore_replicas = explore_replicas
         # Compile times measured on this host, by kind: the price of the next compile of a kind
         # (issue 18), instead of priors per cell call.
         self.compile_costs = compile_costs if compile_costs is not None else HostCompileCosts()
@@ -504,6 +518,17 @@ class AstraTorch(SessionBacked):
         self._whole_kind: str | None = None  # the kind running now
         self._region_calls = 0  # cell calls per step, seen by the probe: sizes the compile prior
         self.replica = ""  # why the model trains as one data-parallel replica (``_replicas``), at the probe
+        # The ranks exploring together (``_replicas.ReplicaGroup``; None: not a replica, or one
+        # that runs the model's own code, ``uncoordinated`` says why), from the probe step on.
+        self.replicas: ReplicaGroup | None = None
+        self.uncoordinated = ""
+        self._ddps: list[Any] = []  # the DDP modules the probe step called around or inside the model
+        self._ddp_probe: Any = None  # (the probe step's hook that finds them)
+        self._step_agreed = False  # did the ranks agree this step's end (or a failure in it)?
+        self._replica_guard = False  # a guarded step of coordinated replicas (``_before``)
+        self._grad_sync = GradSync()
+        self._grad_hooks: list[Any] = []
+        self._backward_queued = False
         self.whole_failed: dict[str, str] = {}  # kind -> why its compiled step failed
         self._whole_fresh = False
         # Did Inductor's caches hold each kind at the probe? "hit" / "cold" (absent: not asked)
@@ -628,6 +653,7 @@ class AstraTorch(SessionBacked):
             return
         try:
             yield
+            self._agree_end()
         except Exception as exc:
             if not self._recover(exc):
                 raise
@@ -670,6 +696,7 @@ class AstraTorch(SessionBacked):
                 return fn(*args, **kwargs)
             try:
                 out = fn(*args, **kwargs)
+                self._agree_end()
             except Exception as exc:
                 if not self._recover(exc):
                     raise
@@ -697,6 +724,7 @@ class AstraTorch(SessionBacked):
             lambda: self._set_whole_compile(None),
             self._go_direct,
             self.optimizers.restore,
+            self._unguard_replica,
         ]
         for fn in undo:
             with contextlib.suppress(Exception):
@@ -776,7 +804,9 @@ class AstraTorch(SessionBacked):
 
     # -- per step
     def _use_stream(self) -> None:
-        stream = None if self._stream_unused else telemetry.current()
+        # (coordinated replicas time each step here: its time is agreed at its end, every rank
+        # at the same step, not whenever a stream's record comes)
+        stream = None if self._stream_unused or self.replicas is not None else telemetry.current()
         if self._deferred is not None:
             # The stream did not end the last step (no hook's step_end between two steps):
             # that step is not recorded, and this wrapper times its steps alone from now on.
@@ -796,7 +826,7 @@ class AstraTorch(SessionBacked):
         self._finish_step(True, rec.compute_s * 1e3 + guard_ms)
 
     def _before(self) -> None:
-        self._use_stream()
+        self._step_agreed = False
         if self.session.spec is None and self._probe_calls is None:
             self._start_probe()
         elif (
@@ -806,6 +836,7 @@ class AstraTorch(SessionBacked):
             and self._profiler is None
         ):
             self._start_deep_probe()
+        self._use_stream()
         if self._repeat is not None:
             self._apply_values(self._repeat)
         self._user_threads = torch.get_num_threads()
@@ -830,6 +861,8 @@ class AstraTorch(SessionBacked):
         self._snap = StepSnapshot(self.model) if self._risky(self._applied) else None
         if self._snap is not None and self._guard_hook is None:
             self._guard_hook = nn.modules.module.register_module_forward_pre_hook(self._guard_any)
+        if self._snap is not None and self.replicas is not None:
+            self._guard_replica()
         self._step_inputs = ""
         self.clock.token += 1
         self.clock.in_step = True
@@ -872,6 +905,7 @@ class AstraTorch(SessionBacked):
             cpu = math.nan
         self.clock.in_step = False
         self._unhook_guard()
+        self._unguard_replica()
         counter = self._op_counter
         if counter is not None and counter.active:
             counter.stop()  # (a step without an optimiser's update: at its end)
@@ -911,6 +945,14 @@ class AstraTorch(SessionBacked):
 
     def _finish_step(self, ok: bool, ms: float) -> None:
         self._snap = None
+        if ok and self.replicas is not None:
+            # The step as the slowest rank ran it (a data-parallel step waits for it), and a
+            # trial any rank refused failed on all: every rank's session records the same.
+            refused, (ms, self._step_cpu_ms) = self.replicas.agree(
+                bool(self._threads_refused), ms, self._step_cpu_ms
+            )
+            if refused and not self._threads_refused:
+                self._threads_refused = "threads: refused on another rank"
         charged, charged_cpu = self._probe_charge_ms, self._probe_charge_cpu_ms
         step_cpu, self._step_cpu_ms = self._step_cpu_ms, math.nan
         cpu = step_cpu + charged
@@ -964,6 +1006,10 @@ class AstraTorch(SessionBacked):
         # model's own step and no more: no copy for a background compile, no channels-last
         # forward judging its draws (a DDP module's forward is a collective of its own).
         self.replica = replica_of(self.model)
+        if self.replica and self.explore_replicas:
+            self._join_replicas()
+        elif self.replica:
+            self.uncoordinated = "not asked to explore (AstraTorch(..., explore_replicas=True))"
         names = {m: n for n, m in self.model.named_modules()}
 
         def count(mod: nn.Module, args: Any) -> None:
@@ -1093,6 +1139,123 @@ class AstraTorch(SessionBacked):
             price = self._unseen_price(family, sum(1 for _ in self.model.parameters()), below=most)
         return price is None or most > price
 
+    # -- data-parallel replicas exploring together (``_replicas``, session 40)
+    def _join_replicas(self) -> None:
+        """At the probe step of a replica: the ranks' own gloo group (every rank's wrapper at its
+        first step: a collective), and a hook that finds the DDP modules the step calls around
+        or inside the model (built before the wrapper or after it)."""
+        why = coordinable(self.model)
+        if why:
+            self.uncoordinated = why
+            return
+        self.replicas = ReplicaGroup.join()
+        if self.background is not None:
+            self.background.enabled = False
+        self.session.warmer = None  # (nothing compiles: no choice offered needs it)
+
+        def find(mod: nn.Module, args: Any) -> None:
+            if isinstance(mod, nn.parallel.DistributedDataParallel) and not any(d is mod for d in self._ddps):
+                self._ddps.append(mod)
+
+        self._ddp_probe = nn.modules.module.register_module_forward_pre_hook(find)
+
+    def _agree_space(self, params: str) -> None:
+        """Do the ranks explore together? Where every rank's model has rank 0's parameters
+        (names and shapes) and every DDP module its step called can have its gradients averaged
+        by hand (``ddp_unfit``); else every rank runs the model's own code, as before session
+        40. Then rank 0's explorer answers for all."""
+        group = self.replicas
+        assert group is not None
+        unfit = "; ".join(f"DistributedDataParallel with {w}" for w in map(ddp_unfit, self._ddps) if w)
+        theirs = group.from_rank0(lambda: params)
+        if theirs != params:
+            unfit = unfit or "the ranks' models differ"
+        bad, _ = group.agree(bool(unfit))
+        if bad:
+            self.uncoordinated = unfit or "another rank cannot explore its model"
+            self.replicas = None
+            log.warning(
+                "astra: %s: %s: %s: a data-parallel replica runs the model's own code",
+                self.name,
+                self.replica,
+                self.uncoordinated,
+            )
+            return
+        self.session.explorer = ReplicatedExplorer(self.session.explorer, group)
+        log.info(
+            "astra: %s: %s: the ranks explore together (rank 0 decides; threads and the "
+            "optimiser's implementation only)",
+            self.name,
+            self.replica,
+        )
+
+    def _replica_variables(self) -> list[Variable]:
+        """What replicas may explore: the intra-op thread count and the optimiser's
+        implementation. Both leave every parameter where DDP's buckets see it; channels-last
+        does not (DDP does not follow a layout change made after it was built: ``_replicas``),
+        and neither a compiled step nor the cells' rewrites were measured under DDP."""
+        out: list[Variable] = []
+        if len(self.thread_values) > 1:
+            out.append(Variable("threads", self.thread_values, "", STAGE_STRUCTURE))
+        impls = self.optimizers.choices()
+        if impls and self._optimizer_pays(len(impls)):
+            out.append(Variable(OPTIMIZER, impls, "", STAGE_FINE))
+        return out
+
+    def _agree_end(self) -> None:
+        """The step ran here: does every rank say so? (explored steps of coordinated replicas;
+        once per step.) Where another rank's failed, this one's is rolled back too."""
+        if self.replicas is None or self.direct or self._step_agreed:
+            return
+        self._step_agreed = True
+        failed, _ = self.replicas.agree(False)
+        if failed:
+            raise PeerStepFailed("another rank's step failed: rolled back on every rank")
+
+    def _agree_failure(self) -> None:
+        """This rank's step failed: the others learn it at their next agreement (the end of
+        their backward, or of their step) and roll theirs back."""
+        if self.replicas is None or self.direct or self._step_agreed:
+            return
+        self._step_agreed = True
+        self.replicas.agree(True)
+
+    def _guard_replica(self) -> None:
+        """A guarded step of coordinated replicas (a trial that may fail): DDP reduces no
+        gradient in its backward (``GradSync``, paused at its call), and the end of each backward
+        is agreed across the ranks before the gradients are averaged by hand, so that a rank
+        whose backward failed leaves no other rank waiting in a bucket's all-reduce, nor a
+        user's own all-reduce after it."""
+        self._replica_guard = True
+        self._backward_queued = False
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self._grad_hooks = [p.register_hook(self._on_grad) for p in params]  # type: ignore[no-untyped-call]
+
+    def _unguard_replica(self) -> None:
+        if not self._replica_guard:
+            return
+        self._replica_guard = False
+        for h in self._grad_hooks:
+            h.remove()
+        self._grad_hooks = []
+        self._grad_sync.resume()
+
+    def _on_grad(self, grad: torch.Tensor) -> None:
+        if self._replica_guard and not self._backward_queued:
+            self._backward_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_end)
+
+    def _backward_end(self) -> None:
+        """(the autograd engine's callback, at the end of a backward that raised nothing here)"""
+        self._backward_queued = False
+        if self.replicas is None or self._step_agreed:
+            return
+        failed, _ = self.replicas.agree(False)
+        if failed:
+            self._step_agreed = True
+            raise PeerStepFailed("another rank's backward failed: rolled back on every rank")
+        self._grad_sync.average()
+
     def _finish_op_count(self) -> None:
         """The probe step's op count, kept for this run's prices (``_step_ops``); the counter's
         hooks removed."""
@@ -1201,7 +1364,12 @@ class AstraTorch(SessionBacked):
                 return
         calls, self._probe_calls = self._probe_calls or {}, None
         self.optimizers.stop()
-        if self.replica:
+        if self._ddp_probe is not None:
+            self._ddp_probe.remove()
+            self._ddp_probe = None
+        if self.replica and self.replicas is not None:
+            calls = {}
+        elif self.replica:
             log.warning(
                 "astra: %s: %s: a data-parallel replica runs the model's own code (every replica "
                 "must take the same update; each rank's own exploration would commit its own)",
@@ -1275,6 +1443,10 @@ class AstraTorch(SessionBacked):
             fingerprints.append(f"{name}={fp}")
         params = ";".join(f"{n}:{tuple(p.shape)}" for n, p in self.model.named_parameters())
         variables = tuple(self._variables())
+        if self.replicas is not None:
+            self._agree_space(params)
+        if self.replica and self.replicas is None:
+            variables = ()
         # A different space is a different exploration, but not different priors: a prior moves
         # with this host's caches and load, and the key (which finds an earlier run's commit)
         # must not move with it.
@@ -1308,6 +1480,10 @@ class AstraTorch(SessionBacked):
             framework="torch",
             total_steps=self.total_steps,
         )
+        if self.replicas is not None:
+            # rank 0's space, on every rank (its explorer decides; the sessions must agree on
+            # what is the baseline and what a trial is)
+            spec = self.replicas.from_rank0(lambda: spec)
         cfg = self.session.register(spec)
         self._module_ids = frozenset(id(m) for m in self.model.modules())
         self._apply(cfg)
@@ -1990,7 +2166,10 @@ class AstraTorch(SessionBacked):
     def _variables(self) -> list[Variable]:
         out: list[Variable] = []
         if self.replica:
-            return out  # (``_replicas``: no variable, the model's own code committed at once)
+            # (``_replicas``) ranks exploring together: only what leaves the parameters where
+            # they are (DDP's buckets view them as built); else no variable, the model's own
+            # code committed at once
+            return self._replica_variables() if self.replicas is not None else out
         for region, names in sorted(self._regions.items()):
             gm = self.runners[names[0]].gm
             if tfx.count_batchable(gm):
@@ -2414,6 +2593,8 @@ class AstraTorch(SessionBacked):
     def _guard_any(self, mod: nn.Module, args: Any) -> None:
         """A forward pre-hook on every module call, while a guarded step has kept nothing yet:
         the first call of one of the model's modules keeps its state."""
+        if self._replica_guard and isinstance(mod, nn.parallel.DistributedDataParallel):
+            self._grad_sync.pause(mod)  # (before its forward reads whether to reduce in backward)
         if id(mod) not in self._module_ids:
             return
         self._unhook_guard()
@@ -2455,6 +2636,7 @@ class AstraTorch(SessionBacked):
         snap = self._snap
         rolled = False
         try:
+            self._agree_failure()  # (first: another rank may be waiting on it)
             self._disarm_deadline()  # an armed compile deadline must not fire in the repeated step
             if snap is None or not snap.taken or not isinstance(exc, Exception):
                 self._after(False)
