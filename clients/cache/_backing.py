@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 RUN_GAP_BYTES = 64 << 10
 RUN_BYTES = 16 << 20
 
+#: A file's stamp (``file_stamps``): what changes when it is rewritten; None: the file is gone.
+Stamp = tuple[Any, ...] | None
+# What an fsspec listing may say about a file's version (local, S3, GCS, Azure, HTTP, memory).
+_CHANGE_KEYS = ("mtime", "LastModified", "last_modified", "updated", "ETag", "etag", "md5Hash", "created")
+
 
 class BackingStore(Protocol):
     """Read-only access to a dataset's files by path relative to its root."""
@@ -87,6 +92,20 @@ class LocalStore:
     def read(self, path: str) -> bytes:
         with open(self._full(path), "rb") as f:
             return f.read()
+
+    def stamps(self, paths: Sequence[str]) -> dict[str, Stamp]:
+        """Each file's (size, mtime, ctime, inode): any write, replacement or ``touch``
+        changes one (the ctime cannot be set back by hand, as ``cp -p`` sets an mtime back);
+        None for a file that is gone."""
+        out: dict[str, Stamp] = {}
+        for path in paths:
+            try:
+                st = os.stat(self._full(path))
+            except OSError:
+                out[path] = None
+                continue
+            out[path] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+        return out
 
     def read_range(self, path: str, start: int, size: int) -> bytes:
         with open(self._full(path), "rb") as f:
@@ -155,6 +174,24 @@ class FsspecStore:
             data: bytes = f.read()
             return data
 
+    def stamps(self, paths: Sequence[str]) -> dict[str, Stamp]:
+        """Each file's size and whatever of its listing says it was rewritten (a modification
+        time, an ETag or a content hash, as the store lists them): one listing, not a round
+        trip per file; None for a file that is gone."""
+        prefix = self.root.rstrip("/") + "/"
+        listed = {
+            path.removeprefix(prefix): info for path, info in self.fs.find(self.root, detail=True).items()
+        }
+        out: dict[str, Stamp] = {}
+        for path in paths:
+            info = listed.get(path)
+            out[path] = (
+                None
+                if info is None
+                else (int(info.get("size") or 0), *(str(info.get(k)) for k in _CHANGE_KEYS if k in info))
+            )
+        return out
+
     def read_range(self, path: str, start: int, size: int) -> bytes:
         data: bytes = self.fs.cat_file(f"{self.root}/{path}", start=start, end=start + size)
         return data
@@ -191,6 +228,9 @@ class ThrottledStore:
     def list_files(self) -> list[tuple[str, int]]:
         return self.inner.list_files()
 
+    def stamps(self, paths: Sequence[str]) -> dict[str, Stamp] | None:
+        return file_stamps(self.inner, paths)  # (metadata: not paced)
+
     def write(self, path: str, data: bytes) -> None:
         self.inner.write(path, data)
 
@@ -213,6 +253,16 @@ class ThrottledStore:
         if delay > 0:
             time.sleep(delay)
         return data
+
+
+def file_stamps(store: BackingStore, paths: Sequence[str]) -> dict[str, Stamp] | None:
+    """What tells, for each of ``paths``, that its file may have been rewritten since
+    (``LocalStore.stamps``); None where the store cannot tell (a store of a user's own)."""
+    stamps = getattr(store, "stamps", None)
+    if stamps is None:
+        return None
+    out: dict[str, Stamp] | None = stamps(paths)
+    return out
 
 
 def open_store(url: str, kv: Any = None) -> BackingStore:

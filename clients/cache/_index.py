@@ -57,6 +57,10 @@ class DatasetIndex:
     chunk_bytes: int
     records: str = "file"
     _by_chunk_digest: dict[str, ChunkRef] = field(default_factory=dict, compare=False, repr=False)
+    #: Each file's stamp (``_backing.file_stamps``) taken *before* it was read for this index,
+    #: where known: a file whose stamp differs since may hold other bytes (the loader checks it
+    #: at each epoch). Not part of the index's bytes or digest (it describes this host's copy).
+    stamps: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._by_chunk_digest.update({c.digest: c for c in self.chunks})
@@ -286,7 +290,14 @@ def index_store(
         # (a chunk size of one byte makes every file a chunk of its own; the index records the
         # sizes read)
         chunk_bytes = 1
-    return build_index(files, store.read, chunk_bytes, progress, records)
+    from dataclasses import replace
+
+    from ._backing import file_stamps
+
+    # Stamped before the reads: a file rewritten while it is indexed then shows as changed
+    # (and is hashed again) rather than passing as the bytes indexed.
+    stamps = file_stamps(store, [p for p, _ in files])
+    return replace(build_index(files, store.read, chunk_bytes, progress, records), stamps=stamps)
 
 
 def index_path(index_digest: str) -> str:

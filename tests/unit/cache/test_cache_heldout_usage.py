@@ -1,0 +1,105 @@
+"""Usage over time that the cache's authors had not tried (session 40's held-out round): a
+dataset whose files are rewritten between epochs, or between registration and a job. Every
+sample delivered is compared with its file's bytes read directly at that moment."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from microco.clients.cache import (
+    LocalStore,
+    QuiverLoader,
+    build_index,
+    index_store,
+    open_loader,
+    register_dataset,
+)
+from microco.common.errors import FailedPrecondition
+from microco.common.kv import MemoryKV
+from microco.services.cache import CacheCore, CacheServicer, ChunkStore, serve_in_process
+
+
+@pytest.fixture
+def server(tmp_path):
+    core = CacheCore(ChunkStore(str(tmp_path / "cache")), 1 << 20, "coordinated")
+    srv, address = serve_in_process(CacheServicer(core))
+    yield address
+    srv.stop(0)
+
+
+def _dataset(root, n: int = 24, size: int = 300) -> None:
+    rng = random.Random(7)
+    root.mkdir()
+    for i in range(n):
+        (root / f"f{i:03d}").write_bytes(rng.randbytes(size))
+
+
+def _epoch(loader: QuiverLoader, root, epoch: int) -> list[int]:
+    """Every sample of the epoch, each checked against its file as it is now."""
+    seen = []
+    for indices, data in loader.epoch(epoch):
+        for i, got in zip(indices, data, strict=True):
+            assert got == (root / loader.index.samples[i].path).read_bytes()
+            seen.append(i)
+    return seen
+
+
+def test_a_file_rewritten_between_epochs_is_refused_never_served_stale(tmp_path, server) -> None:
+    # A hit is the registered bytes (checked by digest) while the file now holds others: the
+    # rewritten file was served stale from the cache once cached, and refused only on a miss.
+    root = tmp_path / "d"
+    _dataset(root)
+    store = LocalStore(str(root))
+    idx = build_index(store.list_files(), store.read, 1 << 12)  # (no registration stamps)
+    loader = QuiverLoader(idx, store, batch_size=4, dataset="d", job_id="j", server=server, prefetch=False)
+    try:
+        assert sorted(_epoch(loader, root, 0)) == list(range(24))
+        assert sorted(_epoch(loader, root, 1)) == list(range(24))
+        assert loader.stats.hits > 0
+        (root / "f007").write_bytes(b"N" * 300)  # same size, other bytes
+        with pytest.raises(FailedPrecondition, match="'f007' changed since the dataset was registered"):
+            _epoch(loader, root, 2)
+    finally:
+        loader.close()
+
+
+def test_a_file_touched_or_copied_over_with_the_same_bytes_is_read_on(tmp_path, server) -> None:
+    root = tmp_path / "d"
+    _dataset(root)
+    store = LocalStore(str(root))
+    idx = index_store(store, 1 << 12)
+    loader = QuiverLoader(idx, store, batch_size=4, dataset="d", job_id="j", server=server, prefetch=False)
+    try:
+        _epoch(loader, root, 0)
+        same = (root / "f003").read_bytes()
+        os.remove(root / "f003")
+        (root / "f003").write_bytes(same)  # a new inode, new times, the registered bytes
+        os.utime(root / "f011", ns=(1, 1))
+        for epoch in (1, 2):
+            assert sorted(_epoch(loader, root, epoch)) == list(range(24))
+    finally:
+        loader.close()
+
+
+def test_a_file_rewritten_after_registration_is_refused_to_a_job_started_later(tmp_path, server) -> None:
+    # The registration keeps each file's stamp beside the index; a job started after the file
+    # changed (its chunk cached by an earlier job) was served the registered bytes as hits.
+    root = tmp_path / "d"
+    _dataset(root)
+    kv = MemoryKV()
+    register_dataset(kv, "d", str(root), owner="u", chunk_bytes=1 << 12)
+    first = open_loader(kv, "u/d", server=server, batch_size=4, job_id="j1", prefetch=False)
+    try:
+        assert first.warm() == len(first.index.chunks)  # every chunk cached
+    finally:
+        first.close()
+    (root / "f020").write_bytes(b"M" * 300)
+    loader = open_loader(kv, "u/d", server=server, batch_size=4, job_id="j2", prefetch=False)
+    try:
+        with pytest.raises(FailedPrecondition, match="'f020' changed since the dataset was registered"):
+            _epoch(loader, root, 0)
+    finally:
+        loader.close()
