@@ -10,9 +10,11 @@ import random
 import pytest
 
 from microco.clients.cache import (
+    CacheClient,
     LocalStore,
     QuiverLoader,
     build_index,
+    digest,
     index_store,
     open_loader,
     register_dataset,
@@ -103,3 +105,28 @@ def test_a_file_rewritten_after_registration_is_refused_to_a_job_started_later(t
             _epoch(loader, root, 0)
     finally:
         loader.close()
+
+
+def test_a_sample_too_large_for_one_message_is_streamed_and_does_not_fail_the_batch(tmp_path) -> None:
+    # One file larger than a gRPC message (a whole-file sample over 64 MiB: a video, an HDF5
+    # file, a big shard registered whole) streamed from a server on another host: ReadSamples
+    # was refused whole (a sample is at most 64 MiB), and the loader took the server for down,
+    # losing the batch's other hits too.
+    core = CacheCore(ChunkStore(str(tmp_path / "cache")), 80 << 20, "coordinated")
+    srv, address = serve_in_process(CacheServicer(core))
+    client = CacheClient(address)
+    try:
+        small = b"s" * 1000
+        big = random.Random(1).randbytes(1 << 16) * 1025  # 64 MiB + 64 KiB
+        chunk = small + big
+        assert client.put_chunks([(digest(chunk), chunk)], "d", timeout=60).stored
+        reads = [
+            (digest(chunk), 0, len(small), digest(small)),
+            (digest(chunk), len(small), len(big), digest(big)),
+        ]
+        got = client.read_samples(reads, "j", timeout=60)
+        assert got[0] == small
+        assert got[1] is not None and len(got[1]) == len(big) and digest(got[1]) == digest(big)
+    finally:
+        client.close()
+        srv.stop(0)
