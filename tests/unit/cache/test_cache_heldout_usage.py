@@ -130,3 +130,55 @@ def test_a_sample_too_large_for_one_message_is_streamed_and_does_not_fail_the_ba
     finally:
         client.close()
         srv.stop(0)
+
+
+def _idx_file(path, code: int, shape: tuple[int, ...], body: bytes) -> None:
+    import struct
+
+    path.write_bytes(b"\0\0" + bytes([code, len(shape)]) + struct.pack(f">{len(shape)}I", *shape) + body)
+
+
+def test_mnist_idx_files_are_read_item_by_item_as_torchvision_reads_them(tmp_path, server) -> None:
+    # MNIST's IDX files (what torchvision's MNIST reads, written here): their 16-byte header broke
+    # fixed:784, so an images file could only be one sample of 47 MB.
+    import numpy as np
+
+    root = tmp_path / "mnist"
+    root.mkdir()
+    rng = random.Random(2)
+    images = rng.randbytes(30 * 28 * 28)
+    _idx_file(root / "train-images-idx3-ubyte", 0x08, (30, 28, 28), images)
+    _idx_file(root / "train-labels-idx1-ubyte", 0x08, (30,), bytes(rng.randrange(10) for _ in range(30)))
+    _idx_file(root / "t10k-floats-idx2", 0x0D, (4, 3), np.arange(12, dtype=">f4").tobytes())
+    store = LocalStore(str(root))
+    idx = index_store(store, 4 << 10, records="idx")
+    assert len(idx) == 30 + 30 + 4
+
+    def direct(path: str, i: int) -> bytes:  # torchvision's read_sn3_pascalvincent_tensor, in numpy
+        raw = (root / path).read_bytes()
+        dims = raw[3]
+        shape = np.frombuffer(raw, ">u4", dims, 4)
+        dtype = {0x08: ">u1", 0x0D: ">f4"}[raw[2]]
+        return np.frombuffer(raw, dtype, offset=4 + 4 * dims).reshape(*shape)[i].tobytes()
+
+    loader = QuiverLoader(idx, store, batch_size=8, dataset="mnist", job_id="j", server=server)
+    try:
+        for epoch in range(2):
+            seen = []
+            for indices, data in loader.epoch(epoch):
+                for i, got in zip(indices, data, strict=True):
+                    ref = idx.samples[i]
+                    item = [s.index for s in idx.samples if s.path == ref.path].index(i)
+                    assert got == direct(ref.path, item)
+                    seen.append(i)
+            assert sorted(seen) == list(range(len(idx)))
+    finally:
+        loader.close()
+    from microco.common.errors import InvalidArgument
+
+    (root / "cut-idx1").write_bytes((root / "train-labels-idx1-ubyte").read_bytes()[:-1])
+    with pytest.raises(InvalidArgument, match="cut-idx1: IDX data of 29 bytes is not its 30 items"):
+        index_store(store, 4 << 10, records="idx")
+    (root / "cut-idx1").write_bytes(b"\x1f\x8b\x08\x00")
+    with pytest.raises(InvalidArgument, match="gzip-compressed IDX"):
+        index_store(store, 4 << 10, records="idx")
