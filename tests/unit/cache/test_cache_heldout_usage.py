@@ -182,3 +182,54 @@ def test_mnist_idx_files_are_read_item_by_item_as_torchvision_reads_them(tmp_pat
     (root / "cut-idx1").write_bytes(b"\x1f\x8b\x08\x00")
     with pytest.raises(InvalidArgument, match="gzip-compressed IDX"):
         index_store(store, 4 << 10, records="idx")
+
+
+def test_one_user_does_not_learn_of_another_users_datasets_or_jobs_from_the_cache(tmp_path) -> None:
+    # Two users with the same bytes under different paths and names share one cached copy, but
+    # GetStats and GetAllocations listed every dataset (names, sizes), job id and allocation
+    # reason to any user who asked, though etcd and the scheduler keep those to their owner.
+    from _support import issued
+
+    from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
+    from microco.common.channel import dial
+
+    core = CacheCore(ChunkStore(str(tmp_path / "cache")), 1 << 20, "coordinated")
+    srv, address = serve_in_process(CacheServicer(core))
+    stubs = {
+        who: cache_pb2_grpc.CacheServiceStub(dial(address, identity=issued(who)))
+        for who in ("user:alice", "user:bob", "user:carol")
+    }
+    try:
+        data = b"the same bytes " * 200
+        for who, name in (("user:alice", "alice/scans"), ("user:bob", "bob/copy")):
+            stub = stubs[who]
+            stub.Lookup(
+                cache_pb2.LookupRequest(digests=[digest(data)], dataset=name, job_id=f"{name}-job"),
+                timeout=10,
+            )
+            msg = cache_pb2.ChunkData(digest=digest(data), data=data, dataset=name, last=True)
+            stub.PutChunks(iter([msg]), timeout=10)
+            stub.ReportProgress(
+                cache_pb2.ReportProgressRequest(
+                    job_id=f"{name}-job", dataset=name, dataset_bytes=len(data), epoch=0
+                ),
+                timeout=10,
+            )
+        assert core.stats()["used_bytes"] == len(data)  # one copy for both
+        for who, mine, other in (
+            ("user:alice", "alice/scans", "bob/copy"),
+            ("user:bob", "bob/copy", "alice/scans"),
+        ):
+            stats = stubs[who].GetStats(cache_pb2.GetStatsRequest(), timeout=10)
+            allocs = stubs[who].GetAllocations(cache_pb2.GetAllocationsRequest(), timeout=10)
+            shown = str(stats) + str(allocs)
+            assert mine in shown and f"{mine}-job" in shown
+            assert other not in shown, shown
+            assert stats.used_bytes == len(data)  # the server's totals stay everyone's
+        carol = str(stubs["user:carol"].GetStats(cache_pb2.GetStatsRequest(), timeout=10))
+        carol += str(stubs["user:carol"].GetAllocations(cache_pb2.GetAllocationsRequest(), timeout=10))
+        assert "alice" not in carol and "bob" not in carol
+        admin = str(CacheClient(address).stats())  # the tests' administrator: everything
+        assert "alice/scans" in admin and "bob/copy" in admin
+    finally:
+        srv.stop(0)
