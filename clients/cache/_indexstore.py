@@ -14,6 +14,7 @@ import json
 import os
 import stat
 import tempfile
+from array import array
 from pathlib import Path
 
 from ._backing import LocalStore
@@ -52,7 +53,7 @@ def write_index(raw: bytes, index_digest: str, mode: int, gid: int | None, home=
     ``stamps``: the data files' stamps taken before they were read for it (``DatasetIndex.stamps``),
     kept beside it (``index-<digest>.stamps.json``, the same mode) for this host's loaders."""
     if stamps is not None:
-        doc = {path: list(stamp) if stamp is not None else None for path, stamp in stamps.items()}
+        doc = {"stamps": list(stamps)}
         _write_atomic(stamps_file(index_digest, home), json.dumps(doc).encode(), mode, gid, home)
     return _write_atomic(index_file(index_digest, home), raw, mode, gid, home)
 
@@ -61,16 +62,15 @@ def stamps_file(index_digest: str, home: str | os.PathLike[str] | None = None) -
     return index_dir(home) / f"index-{index_digest}.stamps.json"
 
 
-def read_stamps(index_digest: str, home=None) -> dict[str, tuple[object, ...] | None] | None:  # type: ignore[no-untyped-def]
-    """The stamps ``write_index`` kept beside the index, if any (None: an index written before
-    they were kept, or by another host's registration)."""
+def read_stamps(index_digest: str, home=None) -> array[int] | None:  # type: ignore[no-untyped-def]
+    """The stamp keys ``write_index`` kept beside the index, if any (None: an index written
+    before they were kept, or by another host's registration)."""
     for d in _candidates(home):
         try:
             doc = json.loads((d / f"index-{index_digest}.stamps.json").read_bytes())
-        except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError):
+            return array("q", doc["stamps"])
+        except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError, KeyError, TypeError):
             continue
-        if isinstance(doc, dict):
-            return {str(p): tuple(v) if isinstance(v, list) else None for p, v in doc.items()}
     return None
 
 

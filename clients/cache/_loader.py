@@ -23,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+from array import array
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -266,7 +267,8 @@ class QuiverLoader(InFlight):
         self._batch_bytes = int(index.total_bytes / max(1, len(index)) * batch_size)
         # Each file's stamp when last known to hold the registered bytes (``_check_unchanged``):
         # the registration's where this host kept it, else taken at the first epoch.
-        self._stamps = index.stamps
+        self._stamps = array("q", index.stamps) if index.stamps is not None else None
+        self._paths: list[str] | None = None
         self._caches = will_cache or peers is not None
 
     # -- server access, failing soft
@@ -1019,20 +1021,22 @@ class QuiverLoader(InFlight):
         (every read is checked), so nothing is stamped."""
         if not self._caches:
             return
-        paths = sorted({s.path for s in self.index.samples})
+        if self._paths is None:
+            self._paths = self.index.files()
+        paths = self._paths
         now = file_stamps(self.store, paths)
         if now is None:
             return
-        if self._stamps is not None:
-            changed = [p for p in paths if now.get(p) != self._stamps.get(p)]
-            if changed:
-                by_path: dict[str, list[SampleRef]] = {p: [] for p in changed}
-                for ref in self.index.samples:
-                    if ref.path in by_path:
-                        by_path[ref.path].append(ref)
-                for path in changed:  # (FailedPrecondition naming it, changed or gone)
-                    for run in sample_runs(by_path[path]):
-                        read_run(self.store, run)
+        if self._stamps is not None and len(self._stamps) == len(now) and now != self._stamps:
+            base = self._stamps
+            changed = [paths[k] for k in range(len(paths)) if now[k] != base[k]]
+            by_path: dict[str, list[SampleRef]] = {p: [] for p in changed}
+            for ref in self.index.samples:
+                if ref.path in by_path:
+                    by_path[ref.path].append(ref)
+            for path in changed:  # (FailedPrecondition naming it, changed or gone)
+                for run in sample_runs(by_path[path]):
+                    read_run(self.store, run)
         self._stamps = now
 
     def _start_epoch(self, epoch: int) -> None:

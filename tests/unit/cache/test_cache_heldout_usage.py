@@ -233,3 +233,30 @@ def test_one_user_does_not_learn_of_another_users_datasets_or_jobs_from_the_cach
         assert "alice/scans" in admin and "bob/copy" in admin
     finally:
         srv.stop(0)
+
+
+def test_a_file_rewritten_on_an_fsspec_store_is_refused_too(tmp_path, server) -> None:
+    import fsspec
+
+    from microco.clients.cache import open_store
+
+    fs = fsspec.filesystem("memory")
+    base = f"/heldout-{os.getpid()}-{tmp_path.name}"
+    rng = random.Random(4)
+    for i in range(12):
+        fs.pipe(f"{base}/f{i:02d}", rng.randbytes(200))
+    store = open_store(f"memory://{base}")
+    idx = index_store(store, 1 << 10)
+    loader = QuiverLoader(idx, store, batch_size=4, dataset="m", job_id="j", server=server, prefetch=False)
+    try:
+        for epoch in (0, 1):
+            for indices, data in loader.epoch(epoch):
+                for i, got in zip(indices, data, strict=True):
+                    assert got == fs.cat(f"{base}/{idx.samples[i].path}")
+        fs.pipe(f"{base}/f05", b"Z" * 200)
+        with pytest.raises(FailedPrecondition, match="'f05' changed since the dataset was registered"):
+            for _ in loader.epoch(2):
+                pass
+    finally:
+        loader.close()
+        fs.rm(base, recursive=True)
