@@ -40,7 +40,7 @@ def register(sub: Any) -> None:
         metavar="FORMAT",
         help="what a sample is: a whole file (file, the default) or each record of one: tfrecord "
         "(TFRecord shards), tar (WebDataset shards: members sharing a key are one sample), lines "
-        "(JSON lines, text), npy (rows of a .npy array), fixed:N (every N bytes, e.g. token blocks)",
+        "(JSON lines, text), npy (rows of a .npy array), idx (items of an MNIST-style IDX file), fixed:N (every N bytes, e.g. token blocks)",
     )
     r.add_argument(
         "--include",

@@ -79,7 +79,7 @@ from ._table import (
     replica_partitioned_by,
 )
 
-RECORD_FORMATS = ("file", "lines", "tfrecord", "tar", "npy", "fixed:N")  # see check_format
+RECORD_FORMATS = ("file", "lines", "tfrecord", "tar", "npy", "idx", "fixed:N")  # see check_format
 
 _LAZY = {
     "QuiverBatchSampler": "_torch",

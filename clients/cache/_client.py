@@ -18,6 +18,11 @@ from microco.common.errors import from_rpc_error
 from microco.common.forkgate import GATE
 
 _PART = 4 << 20
+#: The largest sample ``read_samples`` streams: one sample travels in one message, and a
+#: server refuses a read over 64 MiB (its ``_limits``) as the channels refuse such a message.
+#: A larger one is answered missing here (its caller reads it elsewhere) and never asked for:
+#: asked for, the whole call was refused, and a loader took the server for down.
+MAX_STREAMED_SAMPLE = (64 << 20) - (64 << 10)
 
 
 @dataclass(frozen=True)
@@ -115,18 +120,33 @@ class CacheClient(ServiceClient):
     def read_samples(
         self, reads: Sequence[tuple[str, int, int, str]], job_id: str = "", *, timeout: float | None = None
     ) -> list[bytes | None]:
-        """Bytes per (chunk, offset, length, sample digest); None where the server had none."""
+        """Bytes per (chunk, offset, length, sample digest); None where the server had none.
+        A sample too large for one message (``MAX_STREAMED_SAMPLE``) is cut from its chunk,
+        read in parts (``read_chunks``); the caller hashes every sample, as for any read."""
+        asked = [k for k, (_c, _o, n, _d) in enumerate(reads) if n <= MAX_STREAMED_SAMPLE]
+        out: list[bytes | None] = [None] * len(reads)
+        large = [k for k, (_c, _o, n, _d) in enumerate(reads) if n > MAX_STREAMED_SAMPLE]
+        if large:
+            chunks = self.read_chunks(sorted({reads[k][0] for k in large}), job_id=job_id, timeout=timeout)
+            for k in large:
+                c, o, n, _d = reads[k]
+                if c in chunks and o + n <= len(chunks[c]):
+                    out[k] = chunks[c][o : o + n]
+        if not asked:
+            return out
         req = cache_pb2.ReadSamplesRequest(
-            samples=[cache_pb2.SampleRead(chunk=c, offset=o, length=n, digest=d) for c, o, n, d in reads],
+            samples=[
+                cache_pb2.SampleRead(chunk=c, offset=o, length=n, digest=d)
+                for c, o, n, d in (reads[k] for k in asked)
+            ],
             job_id=job_id,
         )
-        out: list[bytes | None] = [None] * len(reads)
         try:
             with GATE.held():  # a fork waits for the stream (common/forkgate.py)
                 for batch in self._stub.ReadSamples(req, timeout=self._t(timeout)):
                     for s in batch.samples:
                         if not s.missing:
-                            out[s.position] = s.data
+                            out[asked[s.position]] = s.data
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
         return out

@@ -16,7 +16,7 @@ import getpass
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from microco.common.errors import InvalidArgument, NotFound
 from microco.common.identity import ENV_JOB_OWNER, current, split_name
@@ -36,7 +36,7 @@ from microco.common.kv import KV
 
 from ._backing import open_store
 from ._index import DEFAULT_CHUNK_BYTES, DatasetIndex, index_store
-from ._indexstore import data_mode, index_file, read_index, write_index
+from ._indexstore import data_mode, index_file, read_index, read_stamps, write_index
 from ._records import check_format
 
 PREFIX = "/microco/cache/datasets/"
@@ -151,7 +151,7 @@ def register_dataset(
             f"dataset {name!r} is already registered with other contents ({existing.get('url')})"
         )
     mode, gid = data_mode(store)
-    write_index(raw, index.digest, mode, gid, home)
+    write_index(raw, index.digest, mode, gid, home, index.stamps)
     if existing is not None:
         return DatasetRecord(**existing), index
     kv.put_json(key, asdict(rec))
@@ -195,7 +195,7 @@ def load_index(  # type: ignore[no-untyped-def]
         index = index_store(store, record.chunk_bytes, records=record.records, include=record.include)
         if index.digest == record.index_digest:
             mode, gid = data_mode(store)
-            write_index(index.to_bytes(), index.digest, mode, gid, home)
+            write_index(index.to_bytes(), index.digest, mode, gid, home, index.stamps)
             return index
         from microco.common.errors import FailedPrecondition
 
@@ -208,4 +208,6 @@ def load_index(  # type: ignore[no-untyped-def]
             f"run `microco cache register {record.name} {record.url}` here (the same bytes give the "
             "same index, so this only indexes them again)"
         )
-    return DatasetIndex.from_bytes(raw, record.index_digest)
+    index = DatasetIndex.from_bytes(raw, record.index_digest)
+    stamps = read_stamps(record.index_digest, home)
+    return replace(index, stamps=stamps) if stamps is not None else index

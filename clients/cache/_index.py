@@ -57,9 +57,18 @@ class DatasetIndex:
     chunk_bytes: int
     records: str = "file"
     _by_chunk_digest: dict[str, ChunkRef] = field(default_factory=dict, compare=False, repr=False)
+    #: Each file's stamp key (``_backing.file_stamps``), in ``files()`` order, taken *before* it
+    #: was read for this index, where known: a file whose stamp differs since may hold other
+    #: bytes (the loader checks it at each epoch). Not part of the index's bytes or digest (it
+    #: describes this host's copy).
+    stamps: Sequence[int] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._by_chunk_digest.update({c.digest: c for c in self.chunks})
+
+    def files(self) -> list[str]:
+        """The paths of the files holding samples, sorted (each once)."""
+        return sorted({s.path for s in self.samples})
 
     @property
     def total_bytes(self) -> int:
@@ -286,7 +295,20 @@ def index_store(
         # (a chunk size of one byte makes every file a chunk of its own; the index records the
         # sizes read)
         chunk_bytes = 1
-    return build_index(files, store.read, chunk_bytes, progress, records)
+    from array import array
+    from dataclasses import replace
+
+    from ._backing import file_stamps
+
+    # Stamped before the reads: a file rewritten while it is indexed then shows as changed
+    # (and is hashed again) rather than passing as the bytes indexed.
+    listed = [p for p, _ in files]
+    stamps = file_stamps(store, listed)
+    index = build_index(files, store.read, chunk_bytes, progress, records)
+    if stamps is None:
+        return index
+    key = dict(zip(listed, stamps, strict=True))
+    return replace(index, stamps=array("q", (key[p] for p in index.files())))
 
 
 def index_path(index_digest: str) -> str:

@@ -10,9 +10,11 @@ right to read it from the cache. Indexes that older versions wrote beside the da
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
+from array import array
 from pathlib import Path
 
 from ._backing import LocalStore
@@ -46,12 +48,36 @@ def data_mode(store) -> tuple[int, int | None]:  # type: ignore[no-untyped-def]
     return mode & 0o666 | 0o600, (groups.pop() if len(groups) == 1 else None)
 
 
-def write_index(raw: bytes, index_digest: str, mode: int, gid: int | None, home=None) -> Path:  # type: ignore[no-untyped-def]
-    """Write ``raw`` as the index ``index_digest`` with at most ``mode``; atomically."""
+def write_index(raw: bytes, index_digest: str, mode: int, gid: int | None, home=None, stamps=None) -> Path:  # type: ignore[no-untyped-def]
+    """Write ``raw`` as the index ``index_digest`` with at most ``mode``; atomically.
+    ``stamps``: the data files' stamps taken before they were read for it (``DatasetIndex.stamps``),
+    kept beside it (``index-<digest>.stamps.json``, the same mode) for this host's loaders."""
+    if stamps is not None:
+        doc = {"stamps": list(stamps)}
+        _write_atomic(stamps_file(index_digest, home), json.dumps(doc).encode(), mode, gid, home)
+    return _write_atomic(index_file(index_digest, home), raw, mode, gid, home)
+
+
+def stamps_file(index_digest: str, home: str | os.PathLike[str] | None = None) -> Path:
+    return index_dir(home) / f"index-{index_digest}.stamps.json"
+
+
+def read_stamps(index_digest: str, home=None) -> array[int] | None:  # type: ignore[no-untyped-def]
+    """The stamp keys ``write_index`` kept beside the index, if any (None: an index written
+    before they were kept, or by another host's registration)."""
+    for d in _candidates(home):
+        try:
+            doc = json.loads((d / f"index-{index_digest}.stamps.json").read_bytes())
+            return array("q", doc["stamps"])
+        except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _write_atomic(final: Path, raw: bytes, mode: int, gid: int | None, home) -> Path:  # type: ignore[no-untyped-def]
     d = index_dir(home)
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(d, 0o700)
-    final = index_file(index_digest, home)
     fd, tmp = tempfile.mkstemp(prefix=".index-", suffix=".tmp", dir=d)  # created 0600
     try:
         with os.fdopen(fd, "wb") as f:

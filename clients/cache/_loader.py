@@ -23,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+from array import array
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from typing import Any
 from microco.clients import telemetry
 from microco.common.errors import MicrocoError, Unavailable
 
-from ._backing import BackingStore, read_run, sample_runs
+from ._backing import BackingStore, file_stamps, read_run, sample_runs
 from ._client import CacheClient
 from ._digest import digest
 from ._exchange import Exchange, ExchangeSampler, check_resumable
@@ -264,6 +265,11 @@ class QuiverLoader(InFlight):
         self._plans: dict[int, tuple[list[int], list[int], list[str], list[int], list[int]]] = {}
         self._plan_seq = 0
         self._batch_bytes = int(index.total_bytes / max(1, len(index)) * batch_size)
+        # Each file's stamp when last known to hold the registered bytes (``_check_unchanged``):
+        # the registration's where this host kept it, else taken at the first epoch.
+        self._stamps = array("q", index.stamps) if index.stamps is not None else None
+        self._paths: list[str] | None = None
+        self._caches = will_cache or peers is not None
 
     # -- server access, failing soft
     def _server(self) -> CacheClient | SpreadCache | None:
@@ -1005,7 +1011,36 @@ class QuiverLoader(InFlight):
         if origin != mine:
             self.peers = OriginPeer(origin, self.dataset)
 
+    def _check_unchanged(self) -> None:
+        """Refuse to go on with a dataset whose files were rewritten since they were known to
+        hold the registered bytes: a cache hit is the registered bytes (checked by digest), so a
+        rewritten file would be served stale from the cache while its misses are refused. One
+        stamp per file per epoch (a stat; a listing for an fsspec store); a file whose stamp
+        changed is read again and every sample of it hashed (a ``touch`` or a copy of the same
+        bytes passes, and its new stamp is kept). Without any cache nothing stale can be served
+        (every read is checked), so nothing is stamped."""
+        if not self._caches:
+            return
+        if self._paths is None:
+            self._paths = self.index.files()
+        paths = self._paths
+        now = file_stamps(self.store, paths)
+        if now is None:
+            return
+        if self._stamps is not None and len(self._stamps) == len(now) and now != self._stamps:
+            base = self._stamps
+            changed = [paths[k] for k in range(len(paths)) if now[k] != base[k]]
+            by_path: dict[str, list[SampleRef]] = {p: [] for p in changed}
+            for ref in self.index.samples:
+                if ref.path in by_path:
+                    by_path[ref.path].append(ref)
+            for path in changed:  # (FailedPrecondition naming it, changed or gone)
+                for run in sample_runs(by_path[path]):
+                    read_run(self.store, run)
+        self._stamps = now
+
     def _start_epoch(self, epoch: int) -> None:
+        self._check_unchanged()
         self._epoch = epoch
         self.sampler.start_epoch(epoch)
         resume, self._resume = self._resume, None

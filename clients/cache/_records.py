@@ -14,6 +14,7 @@ container. Every function here is pure: a file's bytes in, the byte spans of its
 | ``tar`` | consecutive members sharing a key (WebDataset: ``dir/key.ext``) | those members as a tar fragment: ``tar_sample`` reads it |
 | ``fixed:N`` | each N bytes | N bytes (the file's size must be a multiple of N) |
 | ``npy`` | a row of a C-ordered ``.npy`` array (along axis 0) | the row's raw bytes: ``np.frombuffer(b, dtype).reshape(shape[1:])`` |
+| ``idx`` | an item of an IDX file (MNIST, Fashion-MNIST, EMNIST: ``train-images-idx3-ubyte``) | the item's raw bytes (big-endian): a 28x28 image, a label byte |
 
 Spans are (offset in the file, length), in file order, never overlapping.
 """
@@ -220,17 +221,48 @@ def _npy(data: bytes) -> Spans:
     return [(start + r * row, row) for r in range(rows)]
 
 
+# IDX's type codes (the third byte of its magic) -> bytes per value.
+_IDX_ITEM = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}
+
+
+def _idx(data: bytes) -> Spans:
+    """Items of an IDX file (LeCun's MNIST layout, what torchvision's ``MNIST`` reads): two zero
+    bytes, a type code, the number of dimensions, each dimension as a big-endian uint32, then
+    the values; an item is one index along the first dimension. Without this format such a file
+    could only be one sample (its 16-byte header breaks ``fixed:N``)."""
+    if data[:2] == b"\x1f\x8b":
+        raise InvalidArgument("a gzip-compressed IDX file (as downloaded): decompress it first")
+    if len(data) < 4 or data[:2] != b"\0\0" or data[2] not in _IDX_ITEM or data[3] == 0:
+        raise InvalidArgument("not an IDX file (no 0x0000 magic with a known type and dimensions)")
+    dims = data[3]
+    start = 4 + 4 * dims
+    if len(data) < start:
+        raise InvalidArgument(f"an IDX header of {dims} dimensions cut short")
+    shape = struct.unpack_from(f">{dims}I", data, 4)
+    row = _IDX_ITEM[data[2]]
+    for d in shape[1:]:
+        row *= d
+    body = len(data) - start
+    # Exactly: torchvision refuses a file whose body is not its shape's too.
+    if body != shape[0] * row:
+        raise InvalidArgument(
+            f"IDX data of {body} bytes is not its {shape[0]} items of {row} bytes (a truncated or padded file?)"
+        )
+    return [(start + r * row, row) for r in range(shape[0])]
+
+
 FORMATS: dict[str, Callable[[bytes], Spans]] = {
     "lines": _lines,
     "tfrecord": _tfrecord,
     "tar": _tar,
     "npy": _npy,
+    "idx": _idx,
 }
 
 
 def check_format(fmt: str) -> str:
     """``fmt`` if it names a record format (``file``, ``lines``, ``tfrecord``, ``tar``, ``npy``,
-    ``fixed:N``), else ``InvalidArgument`` listing them."""
+    ``idx``, ``fixed:N``), else ``InvalidArgument`` listing them."""
     if fmt == "file" or fmt in FORMATS:
         return fmt
     if fmt.startswith("fixed:"):
@@ -240,7 +272,7 @@ def check_format(fmt: str) -> str:
         except ValueError:
             pass
     raise InvalidArgument(
-        f"unknown record format {fmt!r}: use file, lines, tfrecord, tar, npy or fixed:N (N bytes)"
+        f"unknown record format {fmt!r}: use file, lines, tfrecord, tar, npy, idx or fixed:N (N bytes)"
     )
 
 

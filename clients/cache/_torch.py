@@ -30,6 +30,7 @@ torch is imported lazily by ``microco.clients.cache`` so the rest works without 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,6 +39,7 @@ import torch.utils.data as tud
 
 from microco.clients import telemetry
 
+from ._client import CacheClient
 from ._loader import QuiverLoader
 from ._workers import ReadPlan, ReadReport
 
@@ -93,6 +95,11 @@ class QuiverDataset(tud.Dataset[Any]):
         self.transform = transform
         self.sampler = sampler
         self._reader = loader.worker_reader()
+        # For reads in a worker process with no plan (a user's own sampler): where to look.
+        self._made_in = os.getpid()
+        srv = loader.client
+        self._address = srv.address if isinstance(srv, CacheClient) else ""
+        self._where = (loader.node if loader.direct_read else "", loader.dataset, loader.job_id)
 
     def __getstate__(self) -> dict[str, Any]:
         # To a spawned worker: the reader and the transform, not the loader (its threads,
@@ -108,17 +115,37 @@ class QuiverDataset(tud.Dataset[Any]):
         return self.transform(data, self.index.samples[i].path) if self.transform else data
 
     def __getitem__(self, i: int) -> Any:
-        if self.loader is None:
-            raise RuntimeError("QuiverDataset[i] in a worker process: iterate a QuiverDataLoader")
+        if self.loader is None or os.getpid() != self._made_in:
+            return self._out(i, self._read_unplanned([i])[0])
         return self._out(i, self.loader.read([i])[0])
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
         if isinstance(indices, ReadPlan):  # in a worker: read as planned, report what it did
             data, report = self._reader.read(indices)
             return _Items([self._out(i, d) for i, d in zip(indices, data, strict=True)], report)
-        assert self.loader is not None
+        if self.loader is None or os.getpid() != self._made_in:
+            data = self._read_unplanned(list(indices))
+            return [self._out(i, d) for i, d in zip(indices, data, strict=True)]
         hits = self.sampler.take_hits(indices) if self.sampler is not None else indices
         return [self._out(i, d) for i, d in zip(indices, self.loader.read(indices, hits), strict=True)]
+
+    def _read_unplanned(self, indices: list[int]) -> list[bytes]:
+        """Samples asked for in a worker process by a sampler of the user's own (a plain
+        ``DataLoader(ds, sampler=DistributedSampler(ds), num_workers=N)``), not a plan from
+        the loader's batch sampler. The loader's channels and threads are the parent's (a fork
+        copies them dead: the read waited forever) or absent (spawn), so the worker's own
+        reader asks the loader's server which are cached and reads them as a plan: hits from
+        the cache, the rest from the backing store, every byte hashed. Nothing is inserted and
+        nothing counted (there is no epoch to share a chunk's read with)."""
+        plan = ReadPlan(indices)
+        plan.node, plan.dataset, plan.job_id = self._where
+        if self._address:
+            hits = self._reader.cached_at(self._address, indices, plan.dataset, plan.job_id)
+            if hits:
+                plan.sources = {self._address: hits}
+                plan.direct = (self._address,) if plan.node else ()
+        data: list[bytes] = self._reader.read(plan)[0]
+        return data
 
 
 class QuiverIterableDataset(tud.IterableDataset[Any]):

@@ -171,6 +171,17 @@ class WorkerReader:
             if d is not None and digest(d) == self.index.samples[i].digest
         }
 
+    def cached_at(self, address: str, indices: list[int], dataset: str, job_id: str) -> list[int]:
+        """Which of ``indices`` sit in a chunk the server at ``address`` holds now (asked from
+        this process, on its own channel); none when the server does not answer."""
+        self._own()
+        chunks = sorted({self.index.chunk_of(i).digest for i in indices})
+        try:
+            held, _room = self._client(address).lookup_room(chunks, dataset, job_id, timeout=5, retry=False)
+        except MicrocoError:
+            return []
+        return [i for i in indices if self.index.chunk_of(i).digest in held]
+
     def read(self, plan: ReadPlan) -> tuple[list[bytes], ReadReport]:
         """The bytes of ``plan``'s samples, in its order, and what reading them took."""
         self._own()

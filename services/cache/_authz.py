@@ -5,8 +5,10 @@ outside the platform) belongs to the first identity that reports for it on this 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from microco.common.errors import PermissionDenied
@@ -46,6 +48,15 @@ class JobReports:
         if claimed != who.name:
             raise PermissionDenied(f"{who.name} may not report for job {job_id!r}: it is {claimed}'s")
         return who.subject
+
+    def owner(self, job_id: str) -> str:
+        """Whom job ``job_id`` (a rank's ``<job>/rank<r>`` too) reports for: ``user:<owner>`` of a
+        job the scheduler knows, else the identity that reported for it first here ("": none)."""
+        owner = job_owner(self.kv, job_id.split("/", 1)[0])
+        if owner:
+            return f"user:{owner}"
+        with self._lock:
+            return self._claims.get(job_id, "")
 
 
 class DatasetClaims:
@@ -100,3 +111,64 @@ class DatasetClaims:
             f"{self.owner(dataset)}'s on this cache and the chunk is not one of its known chunks "
             "(use a dataset name of your own: identical bytes are still cached once)"
         )
+
+
+class Visibility:
+    """What a caller may learn from ``GetStats`` and ``GetAllocations`` (docs/security.md): a
+    platform service or an administrator (the console, an operator) everything; a user, or a
+    job, only datasets its principal named first on this server (``DatasetClaims``) and jobs
+    that report for it (``JobReports``), with the server's totals. Another user's dataset names,
+    sizes and job ids stay theirs, as their registrations in etcd and their jobs in the
+    scheduler do: a shared cache used to list them all to anyone who asked."""
+
+    def __init__(self, datasets: DatasetClaims, reports: JobReports) -> None:
+        self.datasets = datasets
+        self.reports = reports
+
+    def _mine(self, who: Caller) -> tuple[Callable[[str], bool], Callable[[str], bool]]:
+        me = self.datasets.principal(who)
+
+        def dataset(name: str) -> bool:
+            return self.datasets.owner(name) == me
+
+        def job(job_id: str) -> bool:
+            own = who.kind == "job" and job_id.split("/", 1)[0] == who.subject
+            return own or self.reports.owner(job_id) == me
+
+        return dataset, job
+
+    def stats(self, who: Caller, stats: dict[str, Any]) -> dict[str, Any]:
+        if who.trusted:
+            return stats
+        dataset, job = self._mine(who)
+        return {
+            **stats,
+            "datasets": {k: v for k, v in stats["datasets"].items() if dataset(k)},
+            "jobs": [j for j in stats["jobs"] if job(j)],
+            "job_stats": [s for s in stats["job_stats"] if job(s["job_id"])],
+        }
+
+    def allocations(
+        self, who: Caller, table: list[tuple[Any, int]], members: Callable[[str], frozenset[str]]
+    ) -> list[tuple[Any, int]]:
+        """Allocations of the caller's datasets; a content group shared with other users' names
+        shows the caller's names and how many others, its jobs the caller's, and its reason with
+        the others' names and jobs left out."""
+        if who.trusted:
+            return table
+        dataset, job = self._mine(who)
+        out = []
+        for a, used in table:
+            names = sorted(members(a.dataset))
+            mine = [n for n in names if dataset(n)]
+            if not mine:
+                continue
+            theirs = [n for n in names if not dataset(n)]
+            hidden = [j for j in a.jobs if not job(j)]
+            reason = a.reason
+            for name in sorted(theirs + hidden, key=len, reverse=True):
+                reason = reason.replace(name, "another user's")
+            label = "+".join(mine) + (f" (+{len(theirs)} of other users)" if theirs else "")
+            jobs = tuple(j for j in a.jobs if job(j))
+            out.append((dataclasses.replace(a, dataset=label, jobs=jobs, reason=reason), used))
+        return out

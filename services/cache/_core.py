@@ -673,6 +673,11 @@ class CacheCore:
                 for a in self.allocations
             ]
 
+    def group_members(self, label: str) -> frozenset[str]:
+        """The dataset names an allocation's label stands for (a content group's, ``a+b``)."""
+        with self._lock:
+            return self._members_of.get(label, frozenset((label,)))
+
 
 class _QuotaMap(dict):
     """Quota per dataset; a dataset the manager has not seen is bounded by capacity only.

@@ -17,7 +17,7 @@ from microco.common.hotstate import key
 from microco.services.runtime.auth import caller
 
 from . import _limits as lim
-from ._authz import DatasetClaims, JobReports
+from ._authz import DatasetClaims, JobReports, Visibility
 from ._core import CacheCore
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,7 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
         self.core = core
         self.reports = JobReports(kv)
         self.datasets = DatasetClaims(kv)
+        self.visible = Visibility(self.datasets, self.reports)
         self.redis = redis
         self.server_id = server_id
 
@@ -190,7 +191,7 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
     def GetStats(
         self, request: cache_pb2.GetStatsRequest, context: grpc.ServicerContext
     ) -> cache_pb2.CacheStats:
-        return stats_to_proto(self.core.stats())
+        return stats_to_proto(self.visible.stats(caller(context), self.core.stats()))
 
     def GetAllocations(
         self, request: cache_pb2.GetAllocationsRequest, context: grpc.ServicerContext
@@ -206,7 +207,9 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
                     reason=a.reason,
                     used_bytes=used,
                 )
-                for a, used in self.core.allocation_table()
+                for a, used in self.visible.allocations(
+                    caller(context), self.core.allocation_table(), self.core.group_members
+                )
             ],
             capacity_bytes=self.core.capacity,
         )
