@@ -1194,6 +1194,14 @@ class AstraTorch(SessionBacked):
         implementation. Both leave every parameter where DDP's buckets see it; channels-last
         does not (DDP does not follow a layout change made after it was built: ``_replicas``),
         and neither a compiled step nor the cells' rewrites were measured under DDP."""
+        return self._scoped_variables()
+
+    def _scoped_variables(self) -> list[Variable]:
+        """The variables that change no code of the model, only settings around its step: the
+        intra-op thread count, with the structure, before anything compiles (code compiled
+        under one thread count is recompiled when it changes: measured, a 186 s recompile of the
+        whole step), and the optimiser's implementation (``_optim``: the same update, no
+        compile), fine tuning after the structure and the compiles, around the best of them."""
         out: list[Variable] = []
         if len(self.thread_values) > 1:
             out.append(Variable("threads", self.thread_values, "", STAGE_STRUCTURE))
@@ -2287,16 +2295,7 @@ class AstraTorch(SessionBacked):
             )
         elif self._channels_last:
             out.append(Variable("memory_format", ("contiguous", "channels_last"), "", STAGE_STRUCTURE))
-        if len(self.thread_values) > 1:
-            # With the structure, before anything compiles: code compiled under one thread count
-            # is recompiled when it changes (measured: a 186 s recompile of the whole step).
-            out.append(Variable("threads", self.thread_values, "", STAGE_STRUCTURE))
-        impls = self.optimizers.choices()
-        if impls and self._optimizer_pays(len(impls)):
-            # The optimiser's implementation (``_optim``): the same update, no compile. Fine
-            # tuning, after the structure and the compiles, around the best of them.
-            out.append(Variable(OPTIMIZER, impls, "", STAGE_FINE))
-        return out
+        return out + self._scoped_variables()
 
     def _inductor_runs_as(self) -> tuple[str, ...]:
         """The configuration whose kernels a whole-step Inductor compile runs (``Variable.runs_as``):
