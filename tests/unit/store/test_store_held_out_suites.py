@@ -27,20 +27,23 @@ T = pa.table(
 )
 
 
+def _load(
+    core: StoreCore, name: str, table: pa.Table, keys: list[tuple[str, int]]
+) -> duckdb.DuckDBPyConnection:
+    """``table`` stored as ``name``, one replica partitioned on each of ``keys`` (column,
+    partitions), and a DuckDB connection with it registered under the same name."""
+    core.create_table(name, table.schema, [PartitionSpec(c, partitions=p) for c, p in keys])
+    core.append(name, table)
+    con = duckdb.connect()
+    con.register(name, table)
+    return con
+
+
 @pytest.fixture()
 def core(tmp_path):
     tr = LocalTransport(str(tmp_path), [NodeInfo(f"n{i}", f"rack{i % 3}") for i in range(3)])
     c = StoreCore(MemoryKV(), tr, super_extent_rows=25, recovery_rate_bytes=0)
-    c.create_table(
-        "t",
-        T.schema,
-        [
-            PartitionSpec("k", partitions=3),
-            PartitionSpec("g", partitions=2),
-            PartitionSpec("s", partitions=2),
-        ],
-    )
-    c.append("t", T)
+    _load(c, "t", T, [("k", 3), ("g", 2), ("s", 2)])
     return c
 
 
@@ -123,16 +126,7 @@ def test_ignore_nulls_on_a_plain_aggregate_is_refused_as_duckdb_refuses_it(core)
 @pytest.fixture()
 def two(core):
     r = pa.table({"k": pa.array([1, 3, 3, 7, 70], pa.int64()), "c": pa.array([5, 6, 7, 8, 9], pa.int64())})
-    core.create_table(
-        "r",
-        r.schema,
-        [
-            PartitionSpec("k", partitions=2),
-            PartitionSpec("c", partitions=2),
-            PartitionSpec("k", partitions=3),
-        ],
-    )
-    core.append("r", r)
+    _load(core, "r", r, [("k", 2), ("c", 2), ("k", 3)])
     return core, r
 
 
@@ -196,18 +190,7 @@ SALES = pa.table(
     ],
 )
 def test_pivot_and_unpivot_read_every_column_and_run_whole(core, sql):
-    core.create_table(
-        "sales",
-        SALES.schema,
-        [
-            PartitionSpec("empid", partitions=2),
-            PartitionSpec("month", partitions=2),
-            PartitionSpec("amount", partitions=3),
-        ],
-    )
-    core.append("sales", SALES)
-    con = duckdb.connect()
-    con.register("sales", SALES)
+    con = _load(core, "sales", SALES, [("empid", 2), ("month", 2), ("amount", 3)])
     want = con.sql(sql).to_arrow_table()
     got, plan = core.sql(sql)
     assert got.schema.names == want.schema.names
@@ -222,18 +205,7 @@ def test_what_sqlglot_reads_otherwise_is_refused_not_answered_otherwise(core):
             "s": ["year", "month", "week"],
         }
     )
-    core.create_table(
-        "dates",
-        dates.schema,
-        [
-            PartitionSpec("d", partitions=2),
-            PartitionSpec("s", partitions=2),
-            PartitionSpec("s", partitions=3),
-        ],
-    )
-    core.append("dates", dates)
-    con = duckdb.connect()
-    con.register("dates", dates)
+    con = _load(core, "dates", dates, [("d", 2), ("s", 2), ("s", 3)])
     # a date part from a column: before, read as 'second' (``s``) and every date came back as it was
     with pytest.raises(InvalidArgument, match="date part given as a column"):
         core.sql("select date_trunc(s, d) from dates")
