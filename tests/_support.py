@@ -200,3 +200,27 @@ def through_probe(astra: Any, step: Callable[[], Any], limit: int = 2) -> Any:
         if astra.spec() is not None:
             return out
     raise AssertionError(f"the probe did not end in {limit} steps")
+
+
+def fails_once_under_a_trial(base: type[Any]) -> type[Any]:
+    """A subclass of the optimiser class ``base`` whose first step under an Astra trial of
+    another implementation (``foreach``, ``fused``) fails after its update, the parameters
+    already written (as a fused kernel refusing its inputs would). Set the class's ``astra``
+    to the wrapper whose running configuration it reads; ``failed`` counts its failures."""
+
+    class FailsOnceUnderATrial(base):  # type: ignore[misc, valid-type]
+        astra: Any = None
+        failed = 0
+
+        def step(self, closure: Any = None) -> Any:
+            out = super().step(closure)
+            if (
+                self.astra is not None
+                and self.astra.running.get("optimizer", "loop") != "loop"
+                and not self.failed
+            ):
+                type(self).failed += 1
+                raise RuntimeError("injected: the optimiser's step failed under a trial")
+            return out
+
+    return FailsOnceUnderATrial

@@ -1123,7 +1123,6 @@ class AstraTorch(SessionBacked):
             # (a data-parallel replica compiles nothing, and its ranks must end their probes at
             # one step: a gate judged by each rank's own step time could differ between them)
             return False
-        self._probe_step_ms = step_ms  # (what the ask's price scales by, ``_traced_price_ms``)
         typical = self._typical_step_ms(step_ms)
         pays = self._whole_could_pay(typical)
         log.info(
@@ -1379,6 +1378,7 @@ class AstraTorch(SessionBacked):
 
     def _finish_probe(self, step_ms: float) -> None:
         if self._probe_deep is None:
+            self._probe_step_ms = step_ms  # (what the ask's price scales by, ``_traced_price_ms``)
             self._probe_deep = self._wants_deep_probe(step_ms)
             if self._probe_deep:
                 # The first probe step's hooks off (the calls are counted), the probe open for

@@ -5,7 +5,6 @@ were held for ever (session 40's held-out round). The answers stay as they were.
 from __future__ import annotations
 
 import socket
-import time
 
 from microco.services.runtime import metrics
 
@@ -16,9 +15,8 @@ def test_an_idle_connection_to_the_metrics_port_is_closed():
     try:
         idle = socket.create_connection(("127.0.0.1", port), timeout=30)
         idle.sendall(b"GET /metrics HTTP/1.1\r\n")  # and nothing more
-        t0 = time.monotonic()
-        assert idle.recv(100) == b""  # closed by the server, not by this side's 30 s
-        assert time.monotonic() - t0 < 25
+        # closed by the server: an open one would raise this side's 30 s timeout instead
+        assert idle.recv(100) == b""
         with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
             s.sendall(b"GET /readyz HTTP/1.0\r\n\r\n")
             assert s.recv(100).startswith(b"HTTP/1.0 200")

@@ -20,6 +20,7 @@ import math
 import pytest
 
 torch = pytest.importorskip("torch")
+from _support import fails_once_under_a_trial
 from torch import nn
 from torch.distributions import Categorical
 from torch.nn import functional as F
@@ -46,23 +47,7 @@ class _Policy(nn.Module):
         return F.softmax(self.affine2(F.relu(self.affine1(x))), dim=1)
 
 
-class _FailsOnceUnderATrial(torch.optim.Adam):
-    """An optimiser whose first step under a trial of another implementation fails after its
-    update (as a fused kernel refusing its inputs would, the parameters already written)."""
-
-    astra: AstraTorch | None = None
-    failed = 0
-
-    def step(self, closure=None):
-        out = super().step(closure)
-        if (
-            self.astra is not None
-            and self.astra.running.get("optimizer", "loop") != "loop"
-            and not self.failed
-        ):
-            type(self).failed += 1
-            raise RuntimeError("injected: the optimiser's step failed under a trial")
-        return out
+_FailsOnceUnderATrial = fails_once_under_a_trial(torch.optim.Adam)
 
 
 def _state(i: int, t: int, action: int) -> torch.Tensor:

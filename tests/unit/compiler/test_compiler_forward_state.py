@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from _support import seeded_steps
+from _support import fails_once_under_a_trial, seeded_steps
 
 torch = pytest.importorskip("torch")
 from torch import nn
@@ -121,23 +121,7 @@ class _HostRandom(nn.Module):
         return self.c(torch.relu(h))
 
 
-class _FailsOnceUnderATrial(torch.optim.SGD):
-    """An optimiser whose first step under a trial of another implementation (``foreach``,
-    ``fused``) fails after its update."""
-
-    astra: AstraTorch | None = None
-    failed = 0
-
-    def step(self, closure=None):
-        out = super().step(closure)
-        if (
-            self.astra is not None
-            and self.astra.running.get("optimizer", "loop") != "loop"
-            and not self.failed
-        ):
-            type(self).failed += 1
-            raise RuntimeError("injected: the optimiser's step failed under a trial")
-        return out
+_FailsOnceUnderATrial = fails_once_under_a_trial(torch.optim.SGD)
 
 
 def _train_host_random(astra_on: bool, steps: int, choices: tuple[str, ...], opt_cls=None):
