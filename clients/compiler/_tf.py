@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar, cast
@@ -23,6 +24,7 @@ from microco.clients.compiler.explore.types import STAGE_STRUCTURE, GraphSpec, V
 
 from . import _compile_costs, _session
 from ._compile_costs import HostCompileCosts
+from ._gain_rule import CompileGainRule
 from ._replicas import tf_replicas_of
 from ._run_length import run_length
 from ._session import ExplorationSession, Explorer, SessionBacked, failure
@@ -39,6 +41,7 @@ from ._tf_cost import (
 from ._tf_equiv import CHECK_BYTES, StepState
 from ._tf_equiv import differs as tf_differs
 from ._tf_graph import CellGraph, analyse_model, require_structure
+from ._tf_profile import TfStepProfile, profile_step
 from ._tf_rng import draws_random
 from ._tf_warm import XlaWarmer, compile_deadline_ms
 
@@ -351,6 +354,11 @@ class AstraTF(SessionBacked):
         # expects that, not the core's optimistic bound (``_learn_gain``, ``_measured_gain``).
         self.compile_costs = HostCompileCosts()
         self._gain_learned = False
+        # One plain pre-step's profile (``_tf_profile``): the share of the step in products and
+        # convolutions, which XLA does not fuse away; what an XLA choice never measured here is
+        # expected to save is drawn from it (``_expected_share``). None: not profiled.
+        self.step_profile: TfStepProfile | None = None
+        self._step_ops: int | None = None  # the plain step's computing ops (``graph_ops``), once read
         self._build_optimizer()
 
     def _build_optimizer(self) -> None:
@@ -427,6 +435,7 @@ class AstraTF(SessionBacked):
                 prior_calibrated=ms > 0,
                 subsumes=subsumes,
                 measured_speedup=self._measured_gain(name) or 0.0,
+                expected_speedup=self._expected_speedup(name),
             )
 
         st = self.STAGES
@@ -600,8 +609,11 @@ class AstraTF(SessionBacked):
 
     def _pre_step(self, x: tf.Tensor, y: tf.Tensor) -> Any:
         self._signatures.add(self._signature(x, y))
+        plain = self.variant(False, False, False)
+        if len(self._pre_ms) == self.PRE_STEPS - 1 and self._wants_profile(x, y):
+            return self._profiled_pre_step(plain, x, y)
         t0 = time.perf_counter()
-        loss = self._run(self.variant(False, False, False), x, y)
+        loss = self._run(plain, x, y)
         # The first call's time includes the step's trace, wherever it was made: when the random
         # check traced it first, the call found it made (issue 18, session 32: keras-hub's
         # GPT-2 timed 160-195 ms against a first step of 430-445 ms; the count's gate then
@@ -610,6 +622,114 @@ class AstraTF(SessionBacked):
             (time.perf_counter() - t0) * 1e3 + (0.0 if self._pre_ms else self._checked_trace_ms)
         )
         return loss
+
+    # -- the plain step's profile: what XLA can be expected to save (issue 18, session 41)
+    # What XLA, never measured on a graph here, is expected to save of each step, from the share
+    # of the plain step it cannot remove (policy: ``_gain_rule``, the rule PyTorch's whole-step
+    # compiles use, calibrated by this host's graphs with a kept share and a measured XLA gain).
+    # That share counts products once (XLA calls a product library for its dots) and
+    # convolutions twice: XLA's CPU backend emits its own convolutions, not oneDNN's, and they ran
+    # slower than the plain step's everywhere they were tried here, so their time is taken as at
+    # risk of costing as much as fusion saves elsewhere (2-core VM, one intra-op thread, 15
+    # interleaved step pairs each, 2026-12-05, ``keras.applications`` at 32x32 with weights=None,
+    # models the corpus does not hold: EfficientNetB0 0.10x, ResNet50 0.49x, DenseNet121 0.85x,
+    # a stack of four 3x3 convolutions 0.79x, at convolution shares 0.55-0.97 of the step; the
+    # corpus' MobileNetV3Small 0.25x; a six-layer GELU MLP, no convolution, products 0.40 of the
+    # step: 1.32x). Before, the core's fixed bound (a quarter of the step) stood for every step:
+    # MobileNetV3Small had its XLA trial at 5,000 steps, 5% of the run lost; keras-sublstm's
+    # (0.35-0.41 of its span in products, XLA 1.5-1.7x faster) was priced out at 1,000 steps.
+    UNFUSED_SHARE_KIND = "tf:unfused"
+    GAIN_RULE = CompileGainRule()
+    # What a profile costs beyond its step, before one was measured in the process: the
+    # profiler's first start in a process loads its tracer (~90 ms here), later ones 6-46 ms
+    # (2-core VM, keras-sublstm and MobileNetV3Small, loads 3-5, 2026-12-05).
+    PROFILE_PRICE_MS = 150.0
+
+    def _wants_profile(self, x: tf.Tensor, y: tf.Tensor) -> bool:
+        """Profile the last pre-step? Where XLA is offered over the step as it is, this host never
+        measured XLA on this graph nor kept its share, and a compile could pay at its most: the
+        core's optimistic saving (half of every step) over the run exceeds the profile's price
+        and the least an XLA compile of the step's ops can cost here (``least_ms``)."""
+        if not self.xla or self.structured or self.cost_model is None:
+            return False
+        graph = f"{tf_hardware_id()}|{self._size_key(x, y)}"
+        if self.compile_costs.gain(tf_hardware_id(), "tf:xla", graph) is not None:
+            return False
+        if graph in self.compile_costs.shares(tf_hardware_id(), self.UNFUSED_SHARE_KIND):
+            return False
+        most = self.total_steps * self._pre_step_ms() * self.GAIN_RULE.cap
+        ops = self._ops(x, y)
+        least = self.PROFILE_PRICE_MS * _compile_costs.contention()
+        if ops is not None:
+            least += self.cost_model.least_ms(
+                ops, "unrolled", self.compile_costs.known_speed(tf_hardware_id(), TF_SPEED_KIND)
+            )
+        return most > least
+
+    def _ops(self, x: tf.Tensor, y: tf.Tensor) -> int | None:
+        """The plain step's computing ops (``graph_ops``, read from its trace), once; None where
+        its graph cannot be read."""
+        if self._step_ops is None:
+            try:
+                step: Any = self.variant(False, False, False)  # (a tf.function)
+                self._step_ops = graph_ops(step.get_concrete_function(x, y))
+            except Exception as exc:  # noqa: BLE001 - an unreadable graph: no bound
+                log.info("astra-tf: %s: the step's ops not read (%s)", self.name, exc)
+                self._step_ops = -1
+        return self._step_ops if self._step_ops >= 0 else None
+
+    def _profiled_pre_step(self, plain: Any, x: tf.Tensor, y: tf.Tensor) -> Any:
+        t0 = time.perf_counter()
+        loss, profile = profile_step(lambda: self._run(plain, x, y))
+        self._pre_ms.append(profile.step_ms if profile is not None else (time.perf_counter() - t0) * 1e3)
+        if profile is not None:
+            self.step_profile = profile
+            log.info(
+                "astra-tf: %s: the plain step profiled: %.1f ms (%.1f ms on the executor), %.0f%% in "
+                "products and convolutions (%.0f%% convolutions), %d ops, %.0f ms to profile",
+                self.name,
+                profile.step_ms,
+                profile.span_ms,
+                100 * profile.library_share,
+                100 * profile.convolution_share,
+                profile.events,
+                profile.cost_ms,
+            )
+        return loss
+
+    @staticmethod
+    def _unfused_share(profile: TfStepProfile) -> float:
+        """The share of a profiled step XLA is not expected to remove: its products, and its
+        convolutions twice (see ``UNFUSED_SHARE_KIND``)."""
+        return min(1.0, profile.library_share + profile.convolution_share)
+
+    def _expected_share(self, name: str) -> float | None:
+        """The share of each step XLA choice ``name`` is expected to save: what this host
+        measured it to gain on this graph, else what the gain rule expects from the step's
+        library share (kept for this graph, else this run's profile); None: neither (the core's
+        own bound then stands)."""
+        gain = self._measured_gain(name)
+        if gain is not None:
+            return max(0.0, 1.0 - 1.0 / gain)
+        hw = tf_hardware_id()
+        shares = self.compile_costs.shares(hw, self.UNFUSED_SHARE_KIND)
+        share = shares.get(self.graph_key) if self.graph_key else None
+        if share is None and self.step_profile is not None:
+            share = self._unfused_share(self.step_profile)
+        if share is None:
+            return None
+        gains = self.compile_costs.gains(hw, "tf:xla")
+        pairs = [(shares[g], gains[g]) for g in shares if g in gains]
+        return self.GAIN_RULE.expected_share(share, pairs)
+
+    def _expected_speedup(self, name: str) -> float:
+        """The speedup the core is told to expect of XLA choice ``name`` where none was measured
+        here: the gain rule's, as a speedup (1: nothing expected; 0: no estimate, the core's own
+        bound). Only the whole step's (``xla``) is profiled."""
+        if name != "xla" or self._measured_gain(name) is not None:
+            return 0.0
+        share = self._expected_share(name)
+        return 1.0 / (1.0 - share) if share is not None and 0.0 <= share < 1.0 else 0.0
 
     def _register(self, x: tf.Tensor, y: tf.Tensor) -> None:
         self._build(x)
@@ -653,6 +773,10 @@ class AstraTF(SessionBacked):
                 )
             else:
                 profiles = self._hlo_profiles(x, y)
+            if self.step_profile is not None:  # (kept: the next run of this graph is not profiled)
+                self.compile_costs.record_share(
+                    hardware, self.UNFUSED_SHARE_KIND, self._unfused_share(self.step_profile), self.graph_key
+                )
             if profiles:
                 self.hlo_instructions = {k: n for k, (n, _) in profiles.items()}
                 self.hlo_classes = {k: c for k, (_, c) in profiles.items()}
@@ -671,7 +795,7 @@ class AstraTF(SessionBacked):
             {
                 k: d
                 for k, d in v.to_dict().items()
-                if k not in ("compile_prior_ms", "prior_calibrated", "measured_speedup")
+                if k not in ("compile_prior_ms", "prior_calibrated", "measured_speedup", "expected_speedup")
             }
             for v in variables
         ]
@@ -809,47 +933,51 @@ class AstraTF(SessionBacked):
             )
 
     def _worth_pricing(self, x: tf.Tensor, y: tf.Tensor) -> bool:
-        """Count the step's XLA module (a second trace and a lowering)? Where this share of the
-        run at the plain step exceeds the step's trace, and where what the count can show could
-        get XLA tried: unless a calibration of the module's class fits the same share (then its
-        rate is unknown), the module is priced at no less than the step's computing ops
+        """Count the step's XLA module (a second trace and a lowering)? Where what the count can
+        show could get XLA tried: the module is priced at no less than the step's computing ops
         (``graph_ops``, read from the trace already made) at the lowest rate this host prices a
         module of any class at, and that must be below what XLA is expected to save in this run
-        (this graph's gain measured here, else the core's bound: a quarter of the run). Issue 18,
-        session 30: keras-sublstm at 1,000 steps on a fresh record counted its module (168 ms,
-        12% of a 1.35 s run; at least 146 ops x 5 ms = 0.73 s) to price it at 3.5 s, against
-        0.3 s it could save, and ran 1.10x eager."""
+        (this graph's gain measured here, else the gain rule's from the step's profile, else the
+        core's bound: a quarter of the run). The count itself (about the step's first trace)
+        must fit this share of the run at the plain step (``XLA_PRICING_SHARE``) or, where the
+        step was profiled, what XLA is expected to save beyond its least price: the count is
+        then paid by the compile it can get tried. Unless a calibration of the module's class fits
+        the same share (then its rate is unknown), the ops' bound is asked. Issue 18, session 30:
+        keras-sublstm at 1,000 steps on a fresh record counted its module (168 ms, 12% of a
+        1.35 s run; at least 146 ops x 5 ms = 0.73 s) to price it at 3.5 s, against 0.3 s it
+        could save, and ran 1.10x eager."""
         step_ms = self._pre_step_ms()
         budget = self.total_steps * step_ms * self.XLA_PRICING_SHARE
-        if budget <= max(0.0, self._pre_ms[0] - step_ms):
+        trace_ms = max(0.0, self._pre_ms[0] - step_ms)
+        profiled = self._expected_share("xla") is not None and self._measured_gain("xla") is None
+        if budget <= trace_ms and not profiled:
             return False
-        if self.CALIBRATION_PRICE_MS * _compile_costs.contention() <= budget:
+        if budget > trace_ms and self.CALIBRATION_PRICE_MS * _compile_costs.contention() <= budget:
             return True  # (a calibration may price its class at any rate: the count may pay)
         cost = self.cost_model
         if cost is None:
-            return True
-        try:
-            step: Any = self.variant(False, False, False)  # (a tf.function)
-            ops = graph_ops(step.get_concrete_function(x, y))
-        except Exception as exc:  # noqa: BLE001 - an unreadable graph: no bound, counted as before
-            log.info("astra-tf: %s: the step's ops not read (%s)", self.name, exc)
-            return True
-        gain = self._measured_gain("xla")
-        policy = ExplorationPolicy()
-        share = (1.0 - 1.0 / gain) if gain else (1.0 - 1.0 / policy.max_speedup) * policy.expected_gain_share
+            return budget > trace_ms
+        ops = self._ops(x, y)
+        if ops is None:
+            return budget > trace_ms  # (an unreadable graph: no bound, counted as before)
+        share = self._expected_share("xla")
+        if share is None:
+            policy = ExplorationPolicy()
+            share = (1.0 - 1.0 / policy.max_speedup) * policy.expected_gain_share
         saving = self.total_steps * step_ms * max(0.0, share)
         # (alone: a background compile's price; at this host's speed where it was measured)
         least_ms = cost.least_ms(
             ops, "unrolled", self.compile_costs.known_speed(tf_hardware_id(), TF_SPEED_KIND)
         )
-        if saving > least_ms:
+        if saving > least_ms and (budget > trace_ms or saving - least_ms > trace_ms):
             return True
         log.info(
-            "astra-tf: %s: XLA's module not counted: at least %d ops, %.0f ms to compile, against %.0f ms "
-            "it may save",
+            "astra-tf: %s: XLA's module not counted: at least %d ops, %.0f ms to compile, and a count of "
+            "about %.0f ms, against %.0f ms it may save",
             self.name,
             ops,
             least_ms,
+            trace_ms,
             saving,
         )
         return False
@@ -903,6 +1031,30 @@ class AstraTF(SessionBacked):
         on = [n for n in self.XLA_CHOICES if values.get(n, "off") != "off"]
         if on and state.interleaved is not None:
             self.compile_costs.record_gain(tf_hardware_id(), f"tf:{on[0]}", state.speedup, self.graph_key)
+        # ... and what an XLA choice measured against the baseline and not committed gave: the
+        # next run of this graph expects that, and the gain rule is calibrated by it (issue 18,
+        # session 41: MobileNetV3Small's XLA step, 0.25x its plain step, was tried again by every
+        # run that had not committed, as PyTorch's lost compiles were before, ``AstraTorch``).
+        # A trial the core rejected as slower than the baseline without an interleaved A/B
+        # (MobileNetV3Small's, 4x slower) keeps its step time over the baseline's: the core's own
+        # verdict, kept as a loss only.
+        hw, kept = tf_hardware_id(), set()
+        for r in state.confirm_log:
+            tried = state.trials[r["best"]].values
+            lost = [n for n in self.XLA_CHOICES if tried.get(n, "off") != "off"]
+            if lost and r.get("pairs") and tried != values:
+                self.compile_costs.record_gain(hw, f"tf:{lost[0]}", float(r["ratio"]), self.graph_key)
+                kept.add(lost[0])
+        base = [
+            t.step_ms for t in state.trials if t.kind == "baseline" and t.done and math.isfinite(t.step_ms)
+        ]
+        for t in state.trials:
+            lost = [n for n in self.XLA_CHOICES if t.values.get(n, "off") != "off"]
+            if not lost or lost[0] in kept or t.values == values or t.failed or not t.done or not base:
+                continue
+            if math.isfinite(t.step_ms) and t.step_ms > base[0]:
+                self.compile_costs.record_gain(hw, f"tf:{lost[0]}", base[0] / t.step_ms, self.graph_key)
+                kept.add(lost[0])
 
     # -- background compiles (``_tf_warm``)
     def _all_variables(self) -> list[Any]:

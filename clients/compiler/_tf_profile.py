@@ -1,0 +1,167 @@
+"""How much of a TensorFlow step XLA can remove: the step's op-level profile (issue 18).
+
+Mechanism only, the TensorFlow side of ``_step_profile``. One plain step the run takes anyway
+is run under TensorFlow's profiler (host events only: no Python tracer, no device tracer), and
+its wall time is split in two:
+
+* **library time**: the union of the intervals in which a matrix product or a convolution
+  (``LIBRARY_OPS``, forward and backward, oneDNN's ``_Mkl*`` kernels included) runs on any of the
+  executor's threads. XLA on the CPU does not fuse these away: it calls a product library for
+  its dots and emits its own code for its convolutions, which is no faster than oneDNN's (on
+  MobileNetV3Small's depthwise convolutions, 4x slower: issue 18, session 40);
+* the rest: elementwise ops, reductions, copies, the executor's dispatch between kernels, the
+  optimiser's update. What XLA's fusion and one compiled module can remove.
+
+The share is measured against the step's span on the executor's threads (from its first op's
+start to its last op's end): the executor's dispatch between kernels is in it, the Python call of
+the ``tf.function`` and the wait for its result are not (XLA's compiled step is called the same
+way), nor is the profiler's own start-up (its first start in a process holds the step's first
+ops by ~90 ms here). keras-sublstm's step, 3.8-7.6 ms of wall at load 5, spanned 2.1-2.3 ms on
+the executor, 0.35-0.41 of it in products (0.12-0.19 of the wall); MobileNetV3Small's 0.67-0.88
+in convolutions (2-core VM, 2026-12-05). A share is not a gain: what to expect of XLA given the
+share is the caller's policy (``_gain_rule``, as for PyTorch's whole-step compiles).
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Op types (the part of an op event's name after its last ":") whose kernels are products or
+# convolutions: any type containing one of these. oneDNN's rewrites keep the name inside their
+# own (``_MklMatMul``, ``_MklNativeFusedConv2D``, ``_MklNativeDepthwiseConv2dNativeBackpropFilter``).
+LIBRARY_OPS = ("MatMul", "Conv2D", "Conv3D", "DepthwiseConv2d", "Einsum", "Conv1D")
+# Of those, the convolutions: XLA's CPU backend emits its own code for them, not oneDNN's.
+CONVOLUTION_OPS = ("Conv2D", "Conv3D", "DepthwiseConv2d", "Conv1D")
+
+
+@dataclass(frozen=True)
+class TfStepProfile:
+    """One profiled plain step: its wall time, its span on the executor's threads, the library
+    kernels' time in it (ms, the union of their intervals over those threads), the op events
+    read, and what the profile cost beyond the step (ms: starting and stopping the profiler,
+    reading its trace)."""
+
+    step_ms: float
+    span_ms: float  # from the step's first op's start to its last op's end, on the executor
+    library_ms: float
+    events: int
+    cost_ms: float
+    convolution_ms: float = 0.0  # the convolutions' part of ``library_ms``
+
+    @property
+    def library_share(self) -> float:
+        """The share of the step's span in products and convolutions (0-1): what XLA does not
+        fuse."""
+        if not self.span_ms > 0:
+            return 1.0
+        return min(1.0, max(0.0, self.library_ms / self.span_ms))
+
+    @property
+    def convolution_share(self) -> float:
+        """The share of the step's span in convolutions (0-1)."""
+        if not self.span_ms > 0:
+            return 0.0
+        return min(1.0, max(0.0, self.convolution_ms / self.span_ms))
+
+
+def _union_ps(intervals: list[tuple[int, int]]) -> int:
+    total, end = 0, -1
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def read_trace(directory: str) -> tuple[float, float, float, int] | None:
+    """(span ms, library ms, convolution ms, op events) of the profile written under ``directory`` (its
+    ``.xplane.pb``); None where there is none or no op event in it."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    files = glob.glob(f"{directory}/**/*.xplane.pb", recursive=True)
+    if not files:
+        return None
+    space = xplane_pb2.XSpace()
+    with open(files[0], "rb") as f:
+        space.ParseFromString(f.read())
+    library: list[tuple[int, int]] = []
+    convolution: list[tuple[int, int]] = []
+    events, first, last = 0, -1, -1
+    for plane in space.planes:
+        if not plane.name.startswith("/host:CPU"):
+            continue
+        meta = plane.event_metadata
+        for line in plane.lines:
+            if not line.name.startswith("tf_"):
+                continue  # (the executor's threads: ``tf_Compute/...``; not the Python thread)
+            base = line.timestamp_ns * 1000
+            for e in line.events:
+                name = meta[e.metadata_id].name
+                if ":" not in name or "::" in name:
+                    continue  # (the executor's own events, ``ExecutorState::Process``)
+                events += 1
+                start = base + e.offset_ps
+                end = start + e.duration_ps
+                first = start if first < 0 else min(first, start)
+                last = max(last, end)
+                op = name.rsplit(":", 1)[1]
+                if any(k in op for k in LIBRARY_OPS):
+                    library.append((start, end))
+                    if any(k in op for k in CONVOLUTION_OPS):
+                        convolution.append((start, end))
+    if not events:
+        return None
+    return (last - first) / 1e9, _union_ps(library) / 1e9, _union_ps(convolution) / 1e9, events
+
+
+def profile_step(run: Callable[[], Any]) -> tuple[Any, TfStepProfile | None]:
+    """Run one step (``run``: calls it and waits for it) under TensorFlow's profiler: (what
+    ``run`` returned, the profile, or None where the profiler could not be started or read: the
+    step ran all the same). A step that raises raises, the profiler stopped."""
+    import tensorflow as tf
+
+    directory = tempfile.mkdtemp(prefix="microco-tfprof-")
+    t_start = time.perf_counter()
+    started = False
+    try:
+        try:
+            options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0)
+            tf.profiler.experimental.start(directory, options=options)
+            started = True
+        except Exception as exc:  # noqa: BLE001 - another profile running, or none built in
+            log.info("astra-tf: the step was not profiled (%s)", exc)
+        t0 = time.perf_counter()
+        try:
+            out = run()
+        finally:
+            step_ms = (time.perf_counter() - t0) * 1e3
+            if started:
+                try:
+                    tf.profiler.experimental.stop()
+                except Exception as exc:  # noqa: BLE001
+                    log.info("astra-tf: the profiler did not stop cleanly (%s)", exc)
+                    started = False
+        if not started:
+            return out, None
+        try:
+            read = read_trace(directory)
+        except Exception as exc:  # noqa: BLE001 - an unreadable trace: no profile
+            log.info("astra-tf: the step's profile was not read (%s)", exc)
+            read = None
+        if read is None:
+            return out, None
+        span_ms, library_ms, convolution_ms, events = read
+        cost_ms = max(0.0, (time.perf_counter() - t_start) * 1e3 - step_ms)
+        return out, TfStepProfile(step_ms, span_ms, library_ms, events, cost_ms, convolution_ms)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
