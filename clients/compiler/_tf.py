@@ -41,7 +41,7 @@ from ._tf_cost import (
 from ._tf_equiv import CHECK_BYTES, StepState
 from ._tf_equiv import differs as tf_differs
 from ._tf_graph import CellGraph, analyse_model, require_structure
-from ._tf_profile import TfStepProfile, profile_step
+from ._tf_profile import StepsProfiler, TfStepProfile
 from ._tf_rng import draws_random
 from ._tf_warm import XlaWarmer, compile_deadline_ms
 
@@ -358,6 +358,8 @@ class AstraTF(SessionBacked):
         # convolutions, which XLA does not fuse away; what an XLA choice never measured here is
         # expected to save is drawn from it (``_expected_share``). None: not profiled.
         self.step_profile: TfStepProfile | None = None
+        self._profiler: StepsProfiler | None = None  # running over the profiled pre-steps
+        self._pre_target = self.PRE_STEPS  # pre-steps to run (more while they are profiled)
         self._step_ops: int | None = None  # the plain step's computing ops (``graph_ops``), once read
         self._build_optimizer()
 
@@ -587,7 +589,8 @@ class AstraTF(SessionBacked):
         """Run the plain step unregistered (``PRE_STEPS`` times) to learn its trace and step
         times first?"""
         self._check_random(x, y)
-        if not self.xla or self.structured or len(self._pre_ms) >= self.PRE_STEPS:
+        if not self.xla or self.structured or len(self._pre_ms) >= self._pre_target:
+            self._end_profile(None)  # (XLA dropped while its pre-steps were profiled)
             return False
         self._build(x)
         if self.cost_model is None:
@@ -610,7 +613,11 @@ class AstraTF(SessionBacked):
     def _pre_step(self, x: tf.Tensor, y: tf.Tensor) -> Any:
         self._signatures.add(self._signature(x, y))
         plain = self.variant(False, False, False)
-        if len(self._pre_ms) == self.PRE_STEPS - 1 and self._wants_profile(x, y):
+        if len(self._pre_ms) == self.PRE_STEPS - 1 and self._profiler is None and self._wants_profile(x, y):
+            self._profiler = StepsProfiler()
+            if self._profiler.start():
+                self._pre_target = self.PRE_STEPS - 1 + self.PROFILED_STEPS
+        if self._profiler is not None and self._profiler.running:
             return self._profiled_pre_step(plain, x, y)
         t0 = time.perf_counter()
         loss = self._run(plain, x, y)
@@ -644,6 +651,9 @@ class AstraTF(SessionBacked):
     # profiler's first start in a process loads its tracer (~90 ms here), later ones 6-46 ms
     # (2-core VM, keras-sublstm and MobileNetV3Small, loads 3-5, 2026-12-05).
     PROFILE_PRICE_MS = 150.0
+    # Pre-steps run under the profile (the last pre-step and the ones added after it): the
+    # profile is that of the step with the median share (``StepsProfiler``).
+    PROFILED_STEPS = 3
 
     def _wants_profile(self, x: tf.Tensor, y: tf.Tensor) -> bool:
         """Profile the last pre-step? Where XLA is offered over the step as it is, this host never
@@ -679,23 +689,43 @@ class AstraTF(SessionBacked):
         return self._step_ops if self._step_ops >= 0 else None
 
     def _profiled_pre_step(self, plain: Any, x: tf.Tensor, y: tf.Tensor) -> Any:
+        prof = cast(StepsProfiler, self._profiler)
         t0 = time.perf_counter()
-        loss, profile = profile_step(lambda: self._run(plain, x, y))
-        self._pre_ms.append(profile.step_ms if profile is not None else (time.perf_counter() - t0) * 1e3)
-        if profile is not None:
-            self.step_profile = profile
-            log.info(
-                "astra-tf: %s: the plain step profiled: %.1f ms (%.1f ms on the executor), %.0f%% in "
-                "products and convolutions (%.0f%% convolutions), %d ops, %.0f ms to profile",
-                self.name,
-                profile.step_ms,
-                profile.span_ms,
-                100 * profile.library_share,
-                100 * profile.convolution_share,
-                profile.events,
-                profile.cost_ms,
-            )
+        try:
+            loss = self._run(plain, x, y)
+        except BaseException:
+            self._end_profile(None)
+            raise
+        ms = (time.perf_counter() - t0) * 1e3
+        prof.step_ran(ms)
+        self._pre_ms.append(ms)
+        if len(self._pre_ms) >= self._pre_target:
+            self._end_profile(plain.get_concrete_function(x, y))
         return loss
+
+    def _end_profile(self, concrete: Any) -> None:
+        """Stop the pre-steps' profile, and read it where ``concrete`` (the plain step's concrete
+        function, whose calls it holds) is given; None: dropped."""
+        prof = self._profiler
+        if prof is None or not prof.running:
+            return
+        name = concrete.name if concrete is not None else ""
+        profile = prof.stop(name.decode() if isinstance(name, bytes) else str(name))
+        if concrete is None or profile is None:
+            return
+        self.step_profile = profile
+        log.info(
+            "astra-tf: %s: the plain step profiled over %d steps: %.1f ms (%.1f ms on the executor), "
+            "%.0f%% in products and convolutions (%.0f%% convolutions), %d ops, %.0f ms to profile",
+            self.name,
+            profile.steps,
+            profile.step_ms,
+            profile.span_ms,
+            100 * profile.library_share,
+            100 * profile.convolution_share,
+            profile.events,
+            profile.cost_ms,
+        )
 
     @staticmethod
     def _unfused_share(profile: TfStepProfile) -> float:
@@ -949,7 +979,13 @@ class AstraTF(SessionBacked):
         step_ms = self._pre_step_ms()
         budget = self.total_steps * step_ms * self.XLA_PRICING_SHARE
         trace_ms = max(0.0, self._pre_ms[0] - step_ms)
-        profiled = self._expected_share("xla") is not None and self._measured_gain("xla") is None
+        expected = self._expected_share("xla")
+        if expected is not None and not expected > 0:
+            log.info(
+                "astra-tf: %s: XLA's module not counted: nothing expected of XLA on this step", self.name
+            )
+            return False
+        profiled = expected is not None and self._measured_gain("xla") is None
         if budget <= trace_ms and not profiled:
             return False
         if budget > trace_ms and self.CALIBRATION_PRICE_MS * _compile_costs.contention() <= budget:
@@ -960,7 +996,7 @@ class AstraTF(SessionBacked):
         ops = self._ops(x, y)
         if ops is None:
             return budget > trace_ms  # (an unreadable graph: no bound, counted as before)
-        share = self._expected_share("xla")
+        share = expected
         if share is None:
             policy = ExplorationPolicy()
             share = (1.0 - 1.0 / policy.max_speedup) * policy.expected_gain_share
