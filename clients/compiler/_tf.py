@@ -358,7 +358,7 @@ class AstraTF(SessionBacked):
         # convolutions, which XLA does not fuse away; what an XLA choice never measured here is
         # expected to save is drawn from it (``_expected_share``). None: not profiled.
         self.step_profile: TfStepProfile | None = None
-        self._profiler: StepsProfiler | None = None  # running over the profiled pre-steps
+        self._profiler: StepsProfiler | None = None  # over the profiled pre-steps, once wanted
         self._pre_target = self.PRE_STEPS  # pre-steps to run (more while they are profiled)
         self._step_ops: int | None = None  # the plain step's computing ops (``graph_ops``), once read
         self._build_optimizer()
@@ -589,8 +589,13 @@ class AstraTF(SessionBacked):
         """Run the plain step unregistered (``PRE_STEPS`` times) to learn its trace and step
         times first?"""
         self._check_random(x, y)
-        if not self.xla or self.structured or len(self._pre_ms) >= self._pre_target:
-            self._end_profile(None)  # (XLA dropped while its pre-steps were profiled)
+        if not self.xla or self.structured:
+            return False
+        if len(self._pre_ms) == self.PRE_STEPS and self._profiler is None and self.step_profile is None:
+            if self._wants_profile(x, y):  # (three more pre-steps, each profiled)
+                self._profiler = StepsProfiler()
+                self._pre_target = self.PRE_STEPS + self.PROFILED_STEPS
+        if len(self._pre_ms) >= self._pre_target:
             return False
         self._build(x)
         if self.cost_model is None:
@@ -613,11 +618,7 @@ class AstraTF(SessionBacked):
     def _pre_step(self, x: tf.Tensor, y: tf.Tensor) -> Any:
         self._signatures.add(self._signature(x, y))
         plain = self.variant(False, False, False)
-        if len(self._pre_ms) == self.PRE_STEPS - 1 and self._profiler is None and self._wants_profile(x, y):
-            self._profiler = StepsProfiler()
-            if self._profiler.start():
-                self._pre_target = self.PRE_STEPS - 1 + self.PROFILED_STEPS
-        if self._profiler is not None and self._profiler.running:
+        if self._profiler is not None:
             return self._profiled_pre_step(plain, x, y)
         t0 = time.perf_counter()
         loss = self._run(plain, x, y)
@@ -651,8 +652,9 @@ class AstraTF(SessionBacked):
     # profiler's first start in a process loads its tracer (~90 ms here), later ones 6-46 ms
     # (2-core VM, keras-sublstm and MobileNetV3Small, loads 3-5, 2026-12-05).
     PROFILE_PRICE_MS = 150.0
-    # Pre-steps run under the profile (the last pre-step and the ones added after it): the
-    # profile is that of the step with the median share (``StepsProfiler``).
+    # Pre-steps run under the profile, added after the plain ones where the gate (which weighs
+    # the run by the faster of their two timed steps) wants it: the profile is that of the step
+    # with the median share (``StepsProfiler``).
     PROFILED_STEPS = 3
 
     def _wants_profile(self, x: tf.Tensor, y: tf.Tensor) -> bool:
@@ -660,8 +662,8 @@ class AstraTF(SessionBacked):
         measured XLA on this graph nor kept its share, and a compile could pay at its most: the
         core's optimistic saving (half of every step) over the run exceeds the profile's price
         and the least an XLA compile of the step's ops can cost here (``least_ms``)."""
-        if not self.xla or self.structured or self.cost_model is None:
-            return False
+        if not self.xla or self.structured or self.cost_model is None or len(self._signatures) > 1:
+            return False  # (inputs of several shapes: not offered XLA, ``_no_xla_for_varying_shapes``)
         graph = f"{tf_hardware_id()}|{self._size_key(x, y)}"
         if self.compile_costs.gain(tf_hardware_id(), "tf:xla", graph) is not None:
             return False
@@ -691,28 +693,15 @@ class AstraTF(SessionBacked):
     def _profiled_pre_step(self, plain: Any, x: tf.Tensor, y: tf.Tensor) -> Any:
         prof = cast(StepsProfiler, self._profiler)
         t0 = time.perf_counter()
-        try:
-            loss = self._run(plain, x, y)
-        except BaseException:
-            self._end_profile(None)
-            raise
-        ms = (time.perf_counter() - t0) * 1e3
-        prof.step_ran(ms)
-        self._pre_ms.append(ms)
-        if len(self._pre_ms) >= self._pre_target:
-            self._end_profile(plain.get_concrete_function(x, y))
-        return loss
-
-    def _end_profile(self, concrete: Any) -> None:
-        """Stop the pre-steps' profile, and read it where ``concrete`` (the plain step's concrete
-        function, whose calls it holds) is given; None: dropped."""
-        prof = self._profiler
-        if prof is None or not prof.running:
-            return
-        name = concrete.name if concrete is not None else ""
-        profile = prof.stop(name.decode() if isinstance(name, bytes) else str(name))
-        if concrete is None or profile is None:
-            return
+        loss = prof.run(lambda: self._run(plain, x, y))
+        self._pre_ms.append((time.perf_counter() - t0) * 1e3)
+        if len(self._pre_ms) < self._pre_target:
+            return loss
+        name = plain.get_concrete_function(x, y).name
+        profile = prof.read(name.decode() if isinstance(name, bytes) else str(name))
+        self._profiler = None
+        if profile is None:
+            return loss
         self.step_profile = profile
         log.info(
             "astra-tf: %s: the plain step profiled over %d steps: %.1f ms (%.1f ms on the executor), "
@@ -726,6 +715,7 @@ class AstraTF(SessionBacked):
             profile.events,
             profile.cost_ms,
         )
+        return loss
 
     @staticmethod
     def _unfused_share(profile: TfStepProfile) -> float:

@@ -31,6 +31,8 @@ import shutil
 import statistics
 import tempfile
 import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,25 +145,33 @@ def _step_reads(space: Any, windows: list[tuple[int, int]]) -> list[tuple[float,
 
 
 class StepsProfiler:
-    """TensorFlow's profiler over several calls of one step (``start`` before the first,
-    ``stop`` after the last): the profile of the step whose library share is their median. On a
-    loaded host a preemption inside a kernel stretches its interval, and one step's share read
-    0.35-0.75 for the same step (keras-sublstm at load 4, 2026-12-05); the median of three holds
-    where one step is disturbed. Host events only (no Python tracer, no device tracer)."""
+    """TensorFlow's profiler over several calls of one step, each call a profile of its own
+    (started before it and stopped after it, inside the one call of the user's loop: the
+    process-wide profiler is never left running between the user's steps, where it would hold
+    their own profile off and buffer their work's events), read together at the end: the
+    profile of the step whose library share is their median. On a loaded host a preemption
+    inside a kernel stretches its interval, and one step's share read 0.35-0.75 for the same
+    step (keras-sublstm at load 4, 2026-12-05); the median of three holds where one step is
+    disturbed. Host events only (no Python tracer, no device tracer)."""
 
     def __init__(self) -> None:
-        self._dir = ""
-        self._t0 = 0.0
+        self._dirs: list[str] = []
         self._step_ms: list[float] = []
+        self._cost_ms = 0.0
+        # (the traces are removed when read, or with the profiler where never read)
+        self._cleanup = weakref.finalize(self, _remove, self._dirs)
 
     @property
-    def running(self) -> bool:
-        return bool(self._dir)
+    def steps(self) -> int:
+        return len(self._dirs)
 
-    def start(self) -> bool:
-        """Start the profiler; False where it cannot be (another profile running, none built)."""
+    def run(self, step: Callable[[], Any]) -> Any:
+        """Call ``step`` (one training step, waited for) under a profile of its own and return
+        what it returns. Where the profiler cannot be started (another profile running, none
+        built in) the step runs unprofiled. A step that raises raises, the profiler stopped."""
         import tensorflow as tf
 
+        t0 = time.perf_counter()
         directory = tempfile.mkdtemp(prefix="microco-tfprof-")
         try:
             options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0)
@@ -169,42 +179,48 @@ class StepsProfiler:
         except Exception as exc:  # noqa: BLE001 - another profile running, or none built in
             log.info("astra-tf: the step was not profiled (%s)", exc)
             shutil.rmtree(directory, ignore_errors=True)
-            return False
-        self._dir, self._t0, self._step_ms = directory, time.perf_counter(), []
-        return True
-
-    def step_ran(self, ms: float) -> None:
-        """A step ran under the profile, in ``ms`` of wall."""
-        self._step_ms.append(ms)
-
-    def stop(self, function: str) -> TfStepProfile | None:
-        """Stop and read the calls of the concrete function named ``function``; None where the
-        profiler was not running, its trace cannot be read or holds no call of it."""
-        import tensorflow as tf
-
-        if not self._dir:
-            return None
-        directory, self._dir = self._dir, ""
+            return step()
+        t1 = time.perf_counter()
         try:
+            out = step()
+        finally:
+            t2 = time.perf_counter()
             try:
                 tf.profiler.experimental.stop()
+                self._dirs.append(directory)
             except Exception as exc:  # noqa: BLE001
                 log.info("astra-tf: the profiler did not stop cleanly (%s)", exc)
-                return None
-            try:
-                reads = _read(directory, function)
-            except Exception as exc:  # noqa: BLE001 - an unreadable trace: no profile
-                log.info("astra-tf: the step's profile was not read (%s)", exc)
-                return None
-            if not reads:
-                return None
-            reads.sort(key=lambda r: r[1] / r[0] if r[0] > 0 else 1.0)
-            span_ms, library_ms, convolution_ms, events = reads[len(reads) // 2]
-            cost_ms = max(0.0, (time.perf_counter() - self._t0) * 1e3 - sum(self._step_ms))
-            step_ms = statistics.median(self._step_ms) if self._step_ms else span_ms
-            return TfStepProfile(step_ms, span_ms, library_ms, events, cost_ms, convolution_ms, len(reads))
+                shutil.rmtree(directory, ignore_errors=True)
+        self._step_ms.append((t2 - t1) * 1e3)
+        self._cost_ms += (time.perf_counter() - t0) * 1e3 - (t2 - t1) * 1e3
+        return out
+
+    def read(self, function: str) -> TfStepProfile | None:
+        """The profiles' calls of the concrete function named ``function``: the median step's
+        figures; None where none was taken or none holds a call of it. The traces are removed."""
+        t0 = time.perf_counter()
+        reads: list[tuple[float, float, float, int]] = []
+        try:
+            for directory in self._dirs:
+                try:
+                    reads.extend(_read(directory, function))
+                except Exception as exc:  # noqa: BLE001 - an unreadable trace: left out
+                    log.info("astra-tf: a step's profile was not read (%s)", exc)
         finally:
-            shutil.rmtree(directory, ignore_errors=True)
+            _remove(self._dirs)
+        if not reads:
+            return None
+        reads.sort(key=lambda r: r[1] / r[0] if r[0] > 0 else 1.0)
+        span_ms, library_ms, convolution_ms, events = reads[len(reads) // 2]
+        cost_ms = self._cost_ms + (time.perf_counter() - t0) * 1e3
+        step_ms = statistics.median(self._step_ms)
+        return TfStepProfile(step_ms, span_ms, library_ms, events, cost_ms, convolution_ms, len(reads))
+
+
+def _remove(dirs: list[str]) -> None:
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+    dirs.clear()
 
 
 def _read(directory: str, function: str) -> list[tuple[float, float, float, int]]:

@@ -133,10 +133,14 @@ def test_any_keras_model_is_explored_over_xla_on_its_own_forward(tmp_path, monke
     first = astra()
     assert not first.structured
     # Three plain steps first (its trace and, the faster of two, its step time: is the run long
-    # enough to repay the HLO count that prices XLA? Here, yes), then the registered steps.
-    losses = [first.step(x, y), first.step(x, y), first.step(x, y)]
-    assert first.session.spec is None and len(first._pre_ms) == 3
-    losses.append(first.step(x, y))
+    # enough to repay the HLO count that prices XLA? Here, yes), three more profiled (what XLA
+    # can be expected to save of the step), then the registered steps.
+    losses = [first.step(x, y) for _ in range(first.PRE_STEPS)]
+    assert first.session.spec is None
+    while first.session.spec is None:
+        losses.append(first.step(x, y))
+    assert len(first._pre_ms) == first.PRE_STEPS + first.PROFILED_STEPS == len(losses) - 1
+    assert first.step_profile is not None
     assert [v.name for v in first.session.spec.variables] == ["xla"]
     assert first.hlo_instructions["unrolled"] > 0
     # The XLA trial compiles in a background thread (``_tf_warm``) while training goes on under

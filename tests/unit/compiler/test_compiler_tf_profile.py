@@ -64,7 +64,7 @@ def _plain_step(model):
 
 
 @pytest.mark.parametrize("make", [_conv_stack, _mlp], ids=["convolutions", "products"])
-def test_a_profiled_step_is_split_into_products_convolutions_and_the_rest(make):
+def test_a_profiled_step_is_split_into_products_convolutions_and_the_rest(make, tmp_path):
     """The profile reads the step's op events off TensorFlow's profiler, per call of the step (the
     median one's): a step of 3x3 convolutions spends its time in them; a step of dense layers has
     products and no convolution, and time outside the products (activations, the update, the
@@ -74,12 +74,15 @@ def test_a_profiled_step_is_split_into_products_convolutions_and_the_rest(make):
     y = _labels()
     float(step(x, y).numpy())  # (traced)
     prof = _tf_profile.StepsProfiler()
-    assert prof.start()
     for _ in range(3):
-        prof.step_ran(1.0)
-        assert np.isfinite(float(step(x, y).numpy()))
-    profile = prof.stop(step.get_concrete_function(x, y).name.decode())
+        assert np.isfinite(prof.run(lambda: float(step(x, y).numpy())))
+    assert prof.steps == 3
+    # (the profiler stopped after each step: the user's own profile can start between them)
+    tf.profiler.experimental.start(str(tmp_path / "users"))
+    tf.profiler.experimental.stop()
+    profile = prof.read(step.get_concrete_function(x, y).name.decode())
     assert profile is not None and profile.steps == 3 and profile.events > 0 and profile.span_ms > 0
+    assert prof.steps == 0  # (its traces removed once read)
     assert 0.0 <= profile.convolution_share <= profile.library_share <= 1.0
     if make is _conv_stack:
         assert profile.convolution_share > 0.3
@@ -122,7 +125,7 @@ def test_xla_is_expected_to_save_on_a_step_of_products_and_the_share_is_kept():
     model, x = _mlp()
     astra = _astra(model)
     y = _labels()
-    for _ in range(_tf.AstraTF.PRE_STEPS + _tf.AstraTF.PROFILED_STEPS):
+    for _ in range(_tf.AstraTF.PRE_STEPS + _tf.AstraTF.PROFILED_STEPS + 1):
         astra.step(x, y)
     assert astra.step_profile is not None and astra.step_profile.steps == _tf.AstraTF.PROFILED_STEPS
     share = astra._expected_share("xla")
@@ -132,7 +135,7 @@ def test_xla_is_expected_to_save_on_a_step_of_products_and_the_share_is_kept():
     assert xla.expected_speedup == pytest.approx(1.0 / (1.0 - share))
 
     again = _astra(model)
-    for _ in range(_tf.AstraTF.PRE_STEPS + _tf.AstraTF.PROFILED_STEPS):
+    for _ in range(_tf.AstraTF.PRE_STEPS + _tf.AstraTF.PROFILED_STEPS + 1):
         again.step(x, y)
     assert again.step_profile is None  # (the share kept for this graph: nothing to profile)
     assert again._expected_share("xla") == pytest.approx(share)
