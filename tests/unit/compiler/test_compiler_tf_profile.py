@@ -192,3 +192,15 @@ def test_an_xla_trial_measured_slower_is_kept_and_not_tried_again():
         state, _core.ExplorationPolicy(), "", [replace(mine, compile_prior_ms=1.0)], {"xla": "plain"}
     )
     assert "cannot repay" in why
+
+
+def test_the_xla_mix_benchmark_reports_the_rules_expectation_beside_the_measured_gain():
+    """``benchmarks/compiler_xla_mix.py`` holds the rule against plain and XLA steps measured
+    alternately: each row has both step times, the gain, the profile's shares and the share the
+    rule expects (figures, not checked here: the benchmark's JSON reports them)."""
+    from microco.benchmarks import compiler_xla_mix
+
+    row = compiler_xla_mix.measure("mlp", pairs=2)
+    assert row["plain_ms"] > 0 and row["xla_ms"] > 0 and row["xla_gain"] > 0
+    assert row["convolution_share"] == 0.0 and 0.0 < row["library_share"] < 1.0
+    assert 0.0 < row["expected_share"] <= _tf.AstraTF.GAIN_RULE.cap
