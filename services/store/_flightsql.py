@@ -542,9 +542,10 @@ class FlightSqlServer:
     coordinator, plaintext in insecure mode)."""
 
     def __init__(self, store: Any, host: str, port: int = 0, ident: identity.Identity | None = None) -> None:
+        workers = 32  # every Flight call streams: a few callers' open streams must not take them all
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="flightsql"),
-            interceptors=[ErrorAndMetricsInterceptor("store-flightsql")],
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="flightsql"),
+            interceptors=[ErrorAndMetricsInterceptor("store-flightsql", workers)],
         )
         fpb_grpc.add_FlightServiceServicer_to_server(FlightSqlServicer(store), self.server)
         self.secure = ident is not None
