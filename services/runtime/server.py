@@ -248,6 +248,10 @@ def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
 
 # --------------------------------------------------------------------------- runtime
 
+# A client has this long to finish its TLS handshake (session 41: gRPC's 120 s let idle sockets
+# of anyone, no certificate needed, hold the service's descriptors); as the Redis TLS front.
+HANDSHAKE_TIMEOUT_S = 10.0
+
 _INFO_SERVICE = common_pb2.DESCRIPTOR.services_by_name["InfoService"].full_name
 
 
@@ -282,6 +286,7 @@ class ServiceRuntime:
     # them, one caller (not a service) at most 3/8 of the rest (``StreamSlots``): 42 of 128, more
     # than a job's loader holds on a cache server (8 fetch threads per reading process).
     max_workers: int = 128
+    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S
     # The credentials the server presents and checks clients against; by default the service's
     # own (``microco.common.identity.service_identity``). ``insecure=True`` (or the process in
     # insecure mode) serves plaintext.
@@ -358,6 +363,9 @@ class ServiceRuntime:
             ("grpc.max_receive_message_length", s.max_message_bytes),
             ("grpc.max_send_message_length", s.max_message_bytes),
             ("grpc.so_reuseport", 0),
+            # A connection that has not finished its TLS handshake by then is closed (gRPC's
+            # default, 120 s, let anyone hold a descriptor per socket that sent nothing)
+            ("grpc.server_handshake_timeout_ms", int(self.handshake_timeout_s * 1000)),
         ]
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix=s.name),
