@@ -53,7 +53,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
     # a fact table: unique id, a nullable join key, small group keys, NULL-heavy columns
     "t0": {"id": "i", "k": "i", "g": "i", "s": "s", "f": "f", "m": "m", "d": "d", "b": "b", "n": "i"},
     # a second fact table joining t0 on k (many to many, dangling and NULL keys)
-    "t1": {"id": "i", "k": "i", "h": "i", "t": "s", "v": "f", "e": "d", "c": "b"},
+    "t1": {"id": "i", "k": "i", "h": "i", "t": "s", "v": "f", "e": "d", "c": "b", "z": "z"},
     # a small dimension on g, some g with no fact rows, a NULL g
     "t2": {"g": "i", "label": "s", "w": "i", "x": "f"},
     # an empty table
@@ -73,7 +73,11 @@ LAYOUTS: dict[str, dict[str, list[str]]] = {
     # nothing matches a join key: strings, dates, decimals and floats as partition keys
     "off-keys": {
         "t0": ["s:hash:3", "d:range:2021-01-01,2022-01-01", "m:hash:5"],
-        "t1": ["e:range:2021-06-01", "v:hash:3", "id:hash:2"],
+        "t1": [
+            "e:range:2021-06-01",
+            "v:hash:3",
+            "z:range:2021-09-01T00:00:00+00:00,2022-06-01T00:00:00+00:00",
+        ],
         "t2": ["label:hash:3", "x:hash:2", "g:range:4"],
         "t3": ["s:hash:2", "id:range:10", "k:hash:3"],
     },
@@ -86,6 +90,7 @@ _ARROW = {
     "s": pa.string(),
     "b": pa.bool_(),
     "d": pa.date32(),
+    "z": pa.timestamp("us", "UTC"),
 }
 
 
@@ -100,6 +105,8 @@ def tables(seed: int) -> dict[str, pa.Table]:
         if t == "i":
             return r.randint(-5, 40) if col in ("k",) else r.randint(0, 9)
         if t == "f":
+            if r.random() < 0.03:
+                return r.choice([math.nan, -math.nan, math.inf, -math.inf])
             return r.choice([0.0, -0.0, 1.5, float(r.randint(-100, 100)) / 4, r.uniform(-50, 50)])
         if t == "m":
             return decimal.Decimal(r.randint(-99999, 99999)).scaleb(-2)
@@ -107,6 +114,8 @@ def tables(seed: int) -> dict[str, pa.Table]:
             return r.choice(WORDS)
         if t == "b":
             return r.random() < 0.5
+        if t == "z":
+            return dt.datetime(2021, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(minutes=r.randint(0, 10**6))
         return dt.date(2020, 1, 1) + dt.timedelta(days=r.randint(0, 1000))
 
     out = {}
@@ -160,12 +169,15 @@ class Gen:
             return "'" + r.choice(WORDS).replace("'", "''") + "'"
         if t == "b":
             return r.choice(["true", "false"])
+        if t == "z":
+            at = dt.datetime(2021, 1, 1) + dt.timedelta(minutes=r.randint(0, 10**6))
+            return r.choice([f"TIMESTAMPTZ '{at}+00'", f"'{at}+00'", f"TIMESTAMPTZ '{at:%Y-%m-%d}+00'"])
         return f"DATE '{dt.date(2020, 1, 1) + dt.timedelta(days=r.randint(0, 1000))}'"
 
     def expr(self, t: str, sc: Scope, depth: int = 0) -> str:
         r = self.r
         cols = sc.of(t)
-        if depth >= 2 or r.random() < 0.45:
+        if depth >= 2 or r.random() < 0.45 or t == "z":
             if cols and r.random() < 0.8:
                 return r.choice(cols)
             return self.lit(t)
@@ -191,6 +203,11 @@ class Gen:
                     f"greatest({e()}, {e()})",
                     f"CAST({e('b')} AS INTEGER)",
                     f"year({e('d')})",
+                    f"({e()} // {r.randint(1, 3)})",
+                    f"date_diff('day', {e('d')}, {e('d')})",
+                    f"TRY_CAST({e('s')} AS INTEGER)",
+                    f"strpos({e('s')}, {self.lit('s')})",
+                    f"CASE {e()} WHEN {self.lit('i')} THEN {e()} WHEN {self.lit('i')} THEN {e()} END",
                 ]
             )
         if t == "f":
@@ -201,10 +218,20 @@ class Gen:
                     f"round({e()}, 1)",
                     f"CAST({e('i')} AS DOUBLE)",
                     f"-{e()}",
+                    f"({e()} / nullif({e('i')}, 0))",
+                    f"CAST({e('m')} AS DOUBLE)",
                 ]
             )
         if t == "m":
-            return r.choice([f"({e()} + {e()})", f"abs({e()})", f"CAST({e('i')} AS DECIMAL(12,2))"])
+            return r.choice(
+                [
+                    f"({e()} + {e()})",
+                    f"abs({e()})",
+                    f"CAST({e('i')} AS DECIMAL(12,2))",
+                    f"round({e()}, 1)",
+                    f"({e()} * {e('i')})",
+                ]
+            )
         if t == "s":
             return r.choice(
                 [
@@ -213,9 +240,20 @@ class Gen:
                     f"substr({e()}, 1, 2)",
                     f"trim({e()})",
                     f"CAST({e('i')} AS VARCHAR)",
+                    f"replace({e()}, 'a', 'b')",
+                    f"lpad({e()}, 3, '*')",
+                    f"CAST({e('d')} AS VARCHAR)",
+                    f"lower({e()})",
                 ]
             )
-        return r.choice([f"({e()} + {r.randint(0, 30)})", f"least({e()}, {e()})"])
+        return r.choice(
+            [
+                f"({e()} + {r.randint(0, 30)})",
+                f"least({e()}, {e()})",
+                f"CAST(date_trunc('month', {e()}) AS DATE)",
+                f"CAST({e()} - INTERVAL {r.randint(1, 40)} DAY AS DATE)",
+            ]
+        )
 
     def pred(self, sc: Scope, depth: int = 0) -> str:
         r = self.r
@@ -224,7 +262,7 @@ class Gen:
             return f"({self.pred(sc, depth + 1)} {r.choice(['AND', 'OR'])} {self.pred(sc, depth + 1)})"
         if depth < 2 and x < 0.27:
             return f"(NOT {self.pred(sc, depth + 1)})"
-        types = [t for t in "ifmsbd" if sc.of(t)] or ["i"]
+        types = [t for t in "ifmsbdz" if sc.of(t)] or ["i"]
         t = r.choice(types)
         a = self.expr(t, sc, depth + 1)
         y = r.random()
@@ -352,8 +390,15 @@ class Gen:
                 "setop",
                 "cte",
                 "scalar",
+                "extra",
+                "extra",
+                "prune",
             ]
         )
+        if kind == "extra":
+            return self.extra()
+        if kind == "prune":
+            return self.prune()
         frm, sc, key = self.source()
         where = f" WHERE {self.pred(sc)}" if r.random() < 0.7 else ""
         if kind == "select":
@@ -369,7 +414,11 @@ class Gen:
             having = ""
             if r.random() < 0.35:
                 having = f" HAVING {r.choice([f'count(*) > {r.randint(0, 20)}', self.pred(sc, 1) if not keys else f'{self.agg(sc)[0]} IS NOT NULL', f'({keys[0]}) IS NOT NULL' if keys else 'count(*) > 0'])}"
-            return f"SELECT {', '.join(items)} FROM {frm}{where}{group}{having}", False
+            q = f"SELECT {', '.join(items)} FROM {frm}{where}{group}{having}"
+            if r.random() < 0.3:  # a top-k of groups: ordered by every output column
+                order = ", ".join(f"{i + 1}{r.choice(['', ' DESC'])}" for i in range(len(items)))
+                return f"{q} ORDER BY {order} LIMIT {r.randint(1, 8)}", True
+            return q, False
         if kind == "distinct":
             items, _ = self.select_list(sc, r.randint(1, 3))
             return f"SELECT DISTINCT {', '.join(items)} FROM {frm}{where}", False
@@ -462,6 +511,182 @@ class Gen:
         items, _ = self.select_list(sc, r.randint(1, 2))
         sub = f"(SELECT {r.choice(['count(*)', f'max(u.{col})', f'sum(u.{col})'])} FROM {t} AS u WHERE u.k = {outer}) AS sq"
         return f"SELECT {', '.join(items)}, {sub} FROM {frm}{where}", False
+
+    def key_literal(self, t: str) -> str:
+        """A literal to compare a column of type ``t`` with, often of another type: numbers
+        past the column's precision, numerals as strings, exponents, integers past 64 bits."""
+        r = self.r
+        n = r.randint(-5, 40)
+        forms = [
+            str(n),
+            f"{n}.5",
+            f"{n}.0",
+            f"{n}.00000000000000001",
+            f"{n - 1}.99999999999999999",
+            f"'{n}'",
+            f"'0{n}'" if n >= 0 else f"'{n}'",
+            f"{n}e0",
+            "9223372036854775808",
+            "-1e30",
+            "NULL",
+            f"CAST({n} AS DOUBLE)",
+            f"{n} + 0.25",
+        ]
+        if t == "m":
+            forms += [
+                f"{r.uniform(-500, 500):.3f}",
+                f"{r.uniform(-500, 500):.2f}",
+                f"'{r.uniform(-500, 500):.2f}'",
+            ]
+        if t == "s":
+            forms += [f"'{w}'" for w in WORDS if "'" not in w] + ["1", "0"]
+        if t == "d":
+            day = dt.date(2020, 1, 1) + dt.timedelta(days=r.randint(0, 1000))
+            forms = [
+                f"DATE '{day}'",
+                f"'{day}'",
+                f"TIMESTAMP '{day} 00:00:00'",
+                f"TIMESTAMP '{day} 12:30:00'",
+                f"DATE '{day}' + INTERVAL 1 DAY",
+                "NULL",
+            ]
+        if t == "f":
+            forms += ["'nan'", "'-0.0'", "0.1", f"{n}.25"]
+        return r.choice(forms)
+
+    def prune(self) -> tuple[str, bool]:
+        """Filters on the layouts' partition columns (hash and range), literals of other types."""
+        r = self.r
+        table = r.choice(["t0", "t0", "t1", "t2"])
+        col = r.choice([c for c in SCHEMAS[table] if SCHEMAS[table][c] != "b"])
+        t = SCHEMAS[table][col]
+        x = r.random()
+        if x < 0.45:
+            p = f"{col} {r.choice(['=', '<', '<=', '>', '>=', '<>'])} {self.key_literal(t)}"
+        elif x < 0.6:
+            p = f"{self.key_literal(t)} {r.choice(['=', '<', '>='])} {col}"
+        elif x < 0.8:
+            p = f"{col} {r.choice(['', 'NOT '])}IN ({', '.join(self.key_literal(t) for _ in range(r.randint(1, 4)))})"
+        else:
+            p = f"{col} BETWEEN {self.key_literal(t)} AND {self.key_literal(t)}"
+        if r.random() < 0.3:
+            p = f"{p} {r.choice(['AND', 'OR'])} {col} {r.choice(['=', '<', '>'])} {self.key_literal(t)}"
+        if r.random() < 0.5:
+            return f"SELECT count(*) AS n, count(DISTINCT {col}) AS nd FROM {table} WHERE {p}", False
+        other = r.choice(list(SCHEMAS[table]))
+        return f"SELECT {col}, {other} FROM {table} WHERE {p}", False
+
+    def extra(self) -> tuple[str, bool]:
+        """Shapes of a second grammar: grouping sets, DISTINCT ON, QUALIFY, SEMI/ANTI/USING/
+        NATURAL/LATERAL/cross joins, LIMIT inside a subquery, aggregates of aggregates, ordered
+        and statistical aggregates, set operations inside IN and under ORDER BY ... LIMIT."""
+        r = self.r
+        sc0 = Scope([(f"q.{c}", t) for c, t in SCHEMAS["t0"].items()])
+        w = f" WHERE {self.pred(sc0)}" if r.random() < 0.6 else ""
+        k = r.randint(0, 14)
+        if k == 0:
+            a, b = r.sample(["q.g", "q.k", "q.b", "q.s", "q.d"], 2)
+            g = r.choice([f"ROLLUP ({a}, {b})", f"CUBE ({a}, {b})", f"GROUPING SETS (({a}), ({a}, {b}), ())"])
+            agg = self.agg(sc0)[0]
+            return (
+                f"SELECT {a} AS ga, {b} AS gb, grouping({a}, {b}) AS gg, {agg} AS a0 FROM t0 AS q{w} GROUP BY {g}",
+                False,
+            )
+        if k == 1:
+            on = r.choice(["q.k", "q.g", "q.s", "q.b"])
+            order = r.choice(["q.id", "q.f DESC NULLS LAST, q.id", "q.m NULLS FIRST, q.id DESC"])
+            return (
+                f"SELECT DISTINCT ON ({on}) {on} AS o, q.id, q.f FROM t0 AS q{w} ORDER BY {on}, {order}",
+                False,
+            )
+        if k == 2:
+            part = r.choice(["q.g", "q.k", "q.s"])
+            fn = r.choice(["row_number()", "rank()", "dense_rank()"])
+            order = r.choice(["q.id", "q.f, q.id", "q.m DESC, q.id"])
+            return (
+                f"SELECT q.id, {part} AS p FROM t0 AS q{w} "
+                f"QUALIFY {fn} OVER (PARTITION BY {part} ORDER BY {order}) <= {r.randint(1, 3)}"
+            ), False
+        if k == 3:
+            j = r.choice(["SEMI JOIN", "ANTI JOIN"])
+            on = r.choice(["q.k = u.k", "q.id = u.id", "q.k = u.k AND u.h < 5", "q.s = u.t"])
+            return f"SELECT q.id, q.k FROM t0 AS q {j} t1 AS u ON {on}{w}", False
+        if k == 4:
+            j = r.choice(["JOIN", "LEFT JOIN", "FULL JOIN"])
+            return (
+                f"SELECT k, count(*) AS n, sum(q.g) AS sg FROM t0 AS q {j} t1 AS u USING (k){w} GROUP BY k",
+                False,
+            )
+        if k == 5:
+            return (
+                f"SELECT * FROM t2 NATURAL JOIN (SELECT q.g, count(*) AS n FROM t0 AS q{w} GROUP BY q.g) AS z",
+                False,
+            )
+        if k == 6:
+            lim = r.randint(1, 5)
+            return (
+                f"SELECT q.id, l.id AS lid FROM t0 AS q, LATERAL (SELECT u.id FROM t1 AS u WHERE u.k = q.k "
+                f"ORDER BY u.id LIMIT {lim}) AS l{w}"
+            ), False
+        if k == 7:
+            return (
+                f"SELECT z.label, q.id FROM t2 AS z CROSS JOIN t0 AS q WHERE q.id < {r.randint(0, 30)}",
+                False,
+            )
+        if k == 8:
+            lim = r.randint(0, 200)
+            order = r.choice(["q.id", "q.f NULLS FIRST, q.id", "q.s DESC, q.id"])
+            return (
+                f"SELECT sub.g, count(*) AS n, sum(sub.k) AS sk FROM (SELECT q.g, q.k FROM t0 AS q{w} "
+                f"ORDER BY {order} LIMIT {lim}) AS sub GROUP BY sub.g"
+            ), False
+        if k == 9:
+            return (
+                f"SELECT s.g, sum(s.n) AS tn, max(s.n) AS mx, count(*) AS groups FROM (SELECT q.g, q.k, count(*) AS n "
+                f"FROM t0 AS q{w} GROUP BY q.g, q.k) AS s GROUP BY s.g HAVING sum(s.n) > {r.randint(0, 50)}"
+            ), False
+        if k == 10:
+            a = r.choice(
+                [
+                    "var_pop(q.f)",
+                    "corr(q.f, q.k)",
+                    "quantile_cont(q.k, 0.25)",
+                    "arg_max(q.id, q.f)",
+                    "arg_min(q.s, q.id)",
+                    "bit_or(q.g)",
+                    "string_agg(q.s, '|' ORDER BY q.id)",
+                    "list(q.k ORDER BY q.id DESC)",
+                    "avg(DISTINCT q.k)",
+                    "count(*) FILTER (WHERE q.b)",
+                    "max(q.m) - min(q.m)",
+                    "sum(q.m * q.m)",
+                    "first(q.s ORDER BY q.id)",
+                    "regr_slope(q.f, q.k)",
+                ]
+            )
+            key = r.choice(["q.g", "q.b", "q.s", "q.k", None])
+            if key is None:
+                return f"SELECT {a} AS a FROM t0 AS q{w}", False
+            return f"SELECT {key} AS key, {a} AS a FROM t0 AS q{w} GROUP BY {key}", False
+        if k == 11:
+            return (
+                f"SELECT q.id FROM t0 AS q WHERE q.k IN (SELECT u.k FROM t1 AS u WHERE u.h = {r.randint(0, 9)} "
+                f"UNION SELECT z.w FROM t2 AS z){' AND ' + self.pred(sc0) if w else ''}"
+            ), False
+        if k == 12:
+            lim = r.randint(1, 30)
+            return (
+                f"SELECT q.k AS x FROM t0 AS q{w} UNION SELECT u.h FROM t1 AS u ORDER BY 1 NULLS FIRST LIMIT {lim}"
+            ), True
+        if k == 13:
+            return (
+                f"SELECT q.g, count(*) AS n FROM t0 AS q{w} GROUP BY q.g "
+                f"HAVING count(*) > (SELECT count(*) / 20 FROM t1 AS u WHERE u.h = q.g)"
+            ), False
+        return (
+            f"SELECT q.id, q.k FROM t0 AS q WHERE {r.choice(['', 'NOT '])}EXISTS (SELECT 1 FROM t1 AS u WHERE u.k = q.k "
+            f"AND u.id > q.id){' AND ' + self.pred(sc0) if w else ''}"
+        ), False
 
     # -- TLP --
     def tlp(self) -> tuple[str, list[str], str]:
@@ -571,6 +796,13 @@ def tlp_combine(how: str, parts: list[list[tuple]]) -> list[tuple]:
 # ---------------------------------------------------------------------------------------- runs
 
 
+def pieces(table: pa.Table) -> list[pa.Table]:
+    """A table as three appends of unequal size (several extents a partition, small batches)."""
+    n = table.num_rows
+    cuts = [0, n // 7, n // 2, n]
+    return [table.slice(a, b - a) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
 class InProcess:
     """An in-process store (``StoreCore`` over ``LocalTransport``, four nodes, three domains)."""
 
@@ -586,8 +818,8 @@ class InProcess:
         from microco.services.store._service import spec_from_pb
 
         self.core.create_table(name, table.schema, [spec_from_pb(parse_partitioning(p)) for p in layout])
-        if table.num_rows:
-            self.core.append(name, table)
+        for piece in pieces(table):
+            self.core.append(name, piece)
 
     def drop(self, name: str) -> None:
         self.core.drop_table(name)
@@ -610,8 +842,8 @@ class Client:
 
     def load(self, name: str, table: pa.Table, layout: list[str]) -> None:
         self.client.create_table(name, table.schema, layout)
-        if table.num_rows:
-            self.client.append(name, table)
+        for piece in pieces(table):
+            self.client.append(name, piece)
 
     def drop(self, name: str) -> None:
         self.client.drop_table(name)
