@@ -785,7 +785,7 @@ def tlp_combine(how: str, parts: list[list[tuple]]) -> list[tuple]:
     if not vals:
         return [(("NoneType", None),)]
     if how == "sum":
-        return [(("num", float(f"{sum(v[1] for v in vals):.9g}")),)]
+        return [(_norm(sum(v[1] if v[0] == "num" else math.nan for v in vals)),)]
     nan = [v for v in vals if v[0] == "nan"]
     if nan and how == "max":  # DuckDB orders NaN above every number
         return [(nan[0],)]
