@@ -651,7 +651,7 @@ class Gen:
                     "var_pop(q.f)",
                     "corr(q.f, q.k)",
                     "quantile_cont(q.k, 0.25)",
-                    "arg_max(q.id, q.f)",
+                    "arg_max(q.f, q.id)",
                     "arg_min(q.s, q.id)",
                     "bit_or(q.g)",
                     "string_agg(q.s, '|' ORDER BY q.id)",
@@ -830,6 +830,9 @@ class InProcess:
     def alive(self) -> bool:
         return True
 
+    def kill_one(self) -> None:
+        self.tr.kill("n1")  # its extents are read from the other replicas from now on
+
 
 class Client:
     """A cluster of real processes, used through the public client."""
@@ -851,8 +854,15 @@ class Client:
     def sql(self, text: str) -> pa.Table:
         return self.client.sql(text, timeout=120)
 
+    def kill_one(self) -> None:
+        self.killed = "store-1"
+        self.cluster.procs[self.killed].kill()  # SIGKILL: a node lost under the queries
+        self.cluster.procs[self.killed].wait()
+
     def alive(self) -> bool:
-        if any(p.poll() is not None for p in self.cluster.procs.values()):
+        if any(
+            p.poll() is not None for n, p in self.cluster.procs.items() if n != getattr(self, "killed", "")
+        ):
             return False
         try:
             self.client.list_tables(timeout=20)
@@ -861,14 +871,19 @@ class Client:
         return True
 
 
-def run(store: Any, seed: int, layout: str, queries: int, tlp_queries: int) -> dict[str, Any]:
+def run(
+    store: Any, seed: int, layout: str, queries: int, tlp_queries: int, kill: bool = False
+) -> dict[str, Any]:
     """Load the seed's tables under ``layout`` and run ``queries`` differential and
-    ``tlp_queries`` TLP checks; counts and findings."""
+    ``tlp_queries`` TLP checks; counts and findings. ``kill``: a node is killed once the tables
+    are loaded (every query after it reads that node's extents from the other replicas)."""
     import duckdb
 
     data = tables(seed)
     for name, t in data.items():
         store.load(name, t, LAYOUTS[layout][name])
+    if kill:
+        store.kill_one()
     con = duckdb.connect()
     con.execute("SET threads = 1")
     for name, t in data.items():
@@ -954,7 +969,7 @@ def run(store: Any, seed: int, layout: str, queries: int, tlp_queries: int) -> d
     for name in data:
         with contextlib.suppress(Exception):
             store.drop(name)
-    return {"seed": seed, "layout": layout, **stats, "findings": findings}
+    return {"seed": seed, "layout": layout, "node_killed": kill, **stats, "findings": findings}
 
 
 @contextlib.contextmanager
@@ -984,6 +999,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--in-process", action="store_true", help="an in-process store, not a cluster of processes"
     )
+    ap.add_argument(
+        "--kill",
+        action="store_true",
+        help="kill a node once the tables are loaded (in process: every run; a cluster: its last run)",
+    )
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = ap.parse_args(argv)
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
@@ -991,19 +1011,20 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     t0 = time.perf_counter()
     with _store(args.in_process) as make:
-        for layout in args.layouts.split(","):
-            for seed in (int(s) for s in args.seeds.split(",")):
-                res = run(make(), seed, layout, args.queries, args.tlp)
-                results.append(res)
-                print(
-                    f"[sqlfuzz] seed {seed} {layout}: {res['equal']}/{res['queries']} equal, {res['wrong']} wrong, "
-                    f"{res['store_error']} store errors, {res['crash']} crashes; TLP {res['tlp_equal']}/{res['tlp']} "
-                    f"({res['tlp_wrong']} wrong, {res['tlp_error']} errors)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                if res["crash"]:
-                    break
+        plan = [(layout, int(seed)) for layout in args.layouts.split(",") for seed in args.seeds.split(",")]
+        for i, (layout, seed) in enumerate(plan):
+            kill = args.kill and (args.in_process or i == len(plan) - 1)
+            res = run(make(), seed, layout, args.queries, args.tlp, kill)
+            results.append(res)
+            print(
+                f"[sqlfuzz] seed {seed} {layout}: {res['equal']}/{res['queries']} equal, {res['wrong']} wrong, "
+                f"{res['store_error']} store errors, {res['crash']} crashes; TLP {res['tlp_equal']}/{res['tlp']} "
+                f"({res['tlp_wrong']} wrong, {res['tlp_error']} errors)",
+                file=sys.stderr,
+                flush=True,
+            )
+            if res["crash"]:
+                break
     keys = (
         "queries",
         "equal",
@@ -1024,6 +1045,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_at_start": load0,
         "seconds": round(time.perf_counter() - t0, 1),
         "backend": "in-process" if args.in_process else "cluster of processes, public client",
+        "kill": args.kill,
         "total": total,
         "runs": results,
     }

@@ -90,10 +90,11 @@ def test_a_literal_a_partition_key_cannot_hold_is_answered(tmp_path, sql):
     _same(core2, con2, sql)
 
 
-def test_the_random_sql_runner_finds_no_difference(tmp_path):
-    """The benchmark's generator and both oracles, a small seeded sample in process: every
-    answer DuckDB's, every TLP partition adding up."""
-    res = store_sqlfuzz.run(store_sqlfuzz.InProcess(str(tmp_path)), 5, "matched", 30, 15)
+@pytest.mark.parametrize(("layout", "kill"), [("matched", False), ("off-keys", True)])
+def test_the_random_sql_runner_finds_no_difference(tmp_path, layout, kill):
+    """The benchmark's generator and both oracles, a small seeded sample in process (a node
+    killed after the load in the second): every answer DuckDB's, every TLP partition adding up."""
+    res = store_sqlfuzz.run(store_sqlfuzz.InProcess(str(tmp_path)), 5, layout, 30, 15, kill)
     assert res["queries"] > 20 and res["tlp"] > 10
     assert not res["findings"], res["findings"]
     assert res["equal"] == res["queries"] and res["tlp_equal"] == res["tlp"]
