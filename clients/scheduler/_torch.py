@@ -57,7 +57,8 @@ class TorchHook:
     of every object in ``stateful`` (LR schedulers, a GradScaler: ``{"sched": scheduler}``)
     and a user ``extra_state`` dict (restored in place), e.g. the loss history; and the
     parameters' gradients when any is not zero (a loop accumulating them over several
-    mini-batches, checkpointed between two optimiser steps), per rank under a process group.
+    mini-batches, checkpointed between two optimiser steps). Under a process group the RNG
+    states, the gradients and ``extra_state`` are every rank's own.
     """
 
     def __init__(
@@ -251,6 +252,7 @@ class TorchHook:
         rng = self._gathered(_rng_state())
         epoch_rng = self._gathered(self._epoch_rng)
         grads = self._gathered(self._grads())
+        extra = self._gathered(self.extra_state)
         sampler = self._gathered(self.sampler.state_dict()) if self.sampler is not None else None
         if self._group is not None and self._group[0] != 0:
             return b""  # rank 0 writes the checkpoint
@@ -262,7 +264,7 @@ class TorchHook:
             "epoch_rng": epoch_rng,
             "sampler": sampler,
             "stateful": {name: obj.state_dict() for name, obj in self.stateful.items()},
-            "extra": self.extra_state,
+            "extra": extra,
             "grads": grads,
         }
         buf = io.BytesIO()
@@ -346,8 +348,12 @@ class TorchHook:
             rank = self._group[0] if self._group else 0
             grads = grads[rank] if rank < len(grads) else grads[0]
         self._set_grads(grads)
+        extra = state["extra"]
+        if isinstance(extra, list):  # one per rank: what each rank's loop kept (its own losses, hidden state)
+            rank = self._group[0] if self._group else 0
+            extra = extra[rank] if rank < len(extra) else extra[0]
         self.extra_state.clear()
-        self.extra_state.update(state["extra"])
+        self.extra_state.update(extra)
         return int(state["step"])
 
     def _sampler_position(self, saved: Any) -> Any:
