@@ -154,3 +154,17 @@ def test_a_philly_trace_runs_through_the_simulator_under_each_policy() -> None:
         result = simulate(make_policy(name), jobs, ClusterSpec.for_gpus(16, 8), perf=PerfModel.uniform())
         assert result.jobs == len(jobs) and result.jobs_rejected == 0 and result.stopped_early == 0, name
         assert set(result.per_job) == {j.job_id for j in jobs}, name
+
+
+def test_a_generated_philly_sample_reads_back_whole(tmp_path: Path) -> None:
+    import json
+
+    from microco.benchmarks.sim_philly_sample import philly_sample
+    from microco.services.scheduler.sim import load_philly
+
+    log = philly_sample(50, 16, 1.0, 3, [30.0, 600.0, 7200.0])
+    path = tmp_path / "cluster_job_log"
+    path.write_text(json.dumps(log))
+    jobs = load_philly(path)
+    assert len(jobs) == 50 and {j.devices for j in jobs} <= {1, 2, 4, 8, 16}
+    assert jobs == load_trace(path)
