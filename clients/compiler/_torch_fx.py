@@ -16,8 +16,10 @@ differentiable graph, so gradients reach the original parameters unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import operator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -83,8 +85,38 @@ def _rowwise(gm: fx.GraphModule, node: fx.Node) -> bool:
 
 
 def trace_cell(cell: nn.Module) -> fx.GraphModule:
-    """Capture a cell's forward graph; raises if the cell cannot be traced symbolically."""
-    return fx.symbolic_trace(cell)
+    """Capture a cell's forward graph; raises if the cell cannot be traced symbolically, or if
+    it calls a custom ``torch.autograd.Function`` (held out, session 41: ``symbolic_trace`` runs
+    the Function's ``forward`` on proxies and records its operators, so the captured graph
+    differentiates that forward, not the Function's own ``backward``: a straight-through
+    estimator's rounding took zero gradients in every variant of the cell, and the loss left
+    eager's by 22% in 30 steps). Such a cell stays eager."""
+    with _custom_functions_refused():
+        return fx.symbolic_trace(cell)
+
+
+@contextlib.contextmanager
+def _custom_functions_refused() -> Iterator[None]:
+    """While tracing, a custom ``autograd.Function`` applied to a traced value raises ``TraceError``
+    (patched as ``fx`` patches ``Module.__call__`` while it traces: a call on real tensors, from
+    any thread, goes through unchanged)."""
+    base = torch.autograd.function.Function
+    original = base.__dict__["apply"]  # (a classmethod)
+
+    def apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        if any(isinstance(a, fx.Proxy) for a in leaves):
+            raise fx.proxy.TraceError(
+                f"{cls.__name__} is a custom autograd.Function: a traced graph would "
+                "differentiate its forward, not run its own backward"
+            )
+        return original.__func__(cls, *args, **kwargs)
+
+    base.apply = classmethod(apply)  # type: ignore[assignment, method-assign]
+    try:
+        yield
+    finally:
+        base.apply = original  # type: ignore[method-assign]
 
 
 def fingerprint(gm: fx.GraphModule) -> str:

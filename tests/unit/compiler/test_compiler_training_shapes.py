@@ -311,3 +311,84 @@ def test_a_cell_under_activation_checkpointing_runs_its_own_code_and_no_trial_fa
     assert any(v.name.endswith(".hoist") for v in astra.session.spec.variables)  # (a cell was found)
     assert astra.rolled_back == 0
     assert losses == pytest.approx(train(False)[0], rel=1e-6)
+
+
+class _RoundStraightThrough(torch.autograd.Function):
+    """A straight-through estimator (quantisation-aware training, VQ-VAE): the forward rounds,
+    the backward passes the gradient on unchanged."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x * 4) / 4
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _QuantisedCell(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 16)
+
+    def forward(self, x, h):
+        return torch.tanh(self.a(x) + self.b(_RoundStraightThrough.apply(h)))
+
+
+class _QuantisedRNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell, self.head = _QuantisedCell(), nn.Linear(16, 1)
+
+    def forward(self, seq):
+        h = seq.new_zeros(seq.shape[1], 16)
+        for t in range(seq.shape[0]):
+            h = self.cell(seq[t], h)
+        return self.head(h)
+
+
+def test_a_cell_calling_a_custom_autograd_function_keeps_its_backward():
+    """Held out (session 41): the cell's capture (``torch.fx.symbolic_trace``) ran the Function's
+    forward on proxies and recorded its operators, so every variant of the cell differentiated
+    the rounding (zero gradients) instead of running the straight-through backward: the loss
+    left eager's by 22% in 30 steps. Such a cell now stays eager."""
+
+    def train(astra_on: bool):
+        torch.manual_seed(0)
+        model = _QuantisedRNN()
+        opt = torch.optim.SGD(model.parameters(), 0.1)
+        astra = _astra(model) if astra_on else None
+        losses = []
+        for i in range(30):
+            g = torch.Generator().manual_seed(i)
+            x, y = torch.randn(6, 4, 8, generator=g), torch.randn(4, 1, generator=g)
+
+            def step(x=x, y=y):
+                loss = nn.functional.mse_loss(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                return loss.item()
+
+            losses.append(astra.run(step) if astra is not None else step())
+        return losses, model, astra
+
+    ref, ref_model, _ = train(False)
+    got, model, astra = train(True)
+    assert astra.rolled_back == 0 and not astra.abandoned
+    assert got == pytest.approx(ref, rel=1e-6)
+    for p, q in zip(ref_model.parameters(), model.parameters()):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_the_cells_capture_refuses_a_custom_autograd_function_and_leaves_it_usable():
+    from torch import fx
+
+    from microco.clients.compiler import _torch_fx as tfx
+
+    with pytest.raises(fx.proxy.TraceError, match="custom autograd.Function"):
+        tfx.trace_cell(_QuantisedCell())
+    assert tfx.trace_cell(_SharedBlock()) is not None  # (a cell without one is captured)
+    x = torch.randn(3, requires_grad=True)
+    _RoundStraightThrough.apply(x).sum().backward()  # (the Function is as it was)
+    assert torch.equal(x.grad, torch.ones(3))
