@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import operator
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -86,22 +87,30 @@ def _rowwise(gm: fx.GraphModule, node: fx.Node) -> bool:
 
 def trace_cell(cell: nn.Module) -> fx.GraphModule:
     """Capture a cell's forward graph; raises if the cell cannot be traced symbolically, or if
-    it calls a custom ``torch.autograd.Function`` (held out, session 41: ``symbolic_trace`` runs
-    the Function's ``forward`` on proxies and records its operators, so the captured graph
-    differentiates that forward, not the Function's own ``backward``: a straight-through
-    estimator's rounding took zero gradients in every variant of the cell, and the loss left
-    eager's by 22% in 30 steps). Such a cell stays eager."""
-    with _custom_functions_refused():
+    its forward does what a traced graph would not keep (held out, session 41; such a cell stays
+    eager):
+
+    * a custom ``torch.autograd.Function``: ``symbolic_trace`` runs the Function's ``forward`` on
+      proxies and records its operators, so the captured graph differentiates that forward, not
+      the Function's own ``backward`` (a straight-through estimator's rounding took zero
+      gradients in every variant of the cell; the loss left eager's by 22% in 30 steps);
+    * a change of grad mode or autocast inside the forward (``with torch.no_grad():``,
+      ``enable_grad``, ``inference_mode``, ``autocast``): the graph records the operators, not the
+      context, so a statistic the cell computes without gradient took one in every variant
+      (a norm under ``no_grad``: the loss 2.2e-3 from eager's in 30 steps, and growing)."""
+    with _untraceable_refused():
         return fx.symbolic_trace(cell)
 
 
 @contextlib.contextmanager
-def _custom_functions_refused() -> Iterator[None]:
-    """While tracing, a custom ``autograd.Function`` applied to a traced value raises ``TraceError``
-    (patched as ``fx`` patches ``Module.__call__`` while it traces: a call on real tensors, from
-    any thread, goes through unchanged)."""
+def _untraceable_refused() -> Iterator[None]:
+    """While this thread traces, a custom ``autograd.Function`` applied to a traced value, or a
+    change of grad mode, inference mode or autocast, raises ``TraceError``. Patched as ``fx``
+    patches ``Module.__call__`` while it traces; a call from another thread, or a Function
+    applied to real tensors, goes through unchanged."""
+    tracing = threading.get_ident()
     base = torch.autograd.function.Function
-    original = base.__dict__["apply"]  # (a classmethod)
+    original_apply = base.__dict__["apply"]  # (a classmethod)
 
     def apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
         leaves = torch.utils._pytree.tree_leaves((args, kwargs))
@@ -110,13 +119,31 @@ def _custom_functions_refused() -> Iterator[None]:
                 f"{cls.__name__} is a custom autograd.Function: a traced graph would "
                 "differentiate its forward, not run its own backward"
             )
-        return original.__func__(cls, *args, **kwargs)
+        return original_apply.__func__(cls, *args, **kwargs)
 
+    def refusing(what: str, original: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == tracing:
+                raise fx.proxy.TraceError(f"the forward sets {what}: a traced graph would not")
+            return original(*args, **kwargs)
+
+        return call
+
+    patches = [
+        (torch._C, "_set_grad_enabled", "the grad mode"),
+        (torch._C, "_InferenceMode", "inference mode"),
+        (torch, "set_autocast_enabled", "autocast"),
+    ]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     base.apply = classmethod(apply)  # type: ignore[assignment, method-assign]
+    for (owner, name, what), (_, _, original) in zip(patches, saved, strict=True):
+        setattr(owner, name, refusing(what, original))
     try:
         yield
     finally:
-        base.apply = original  # type: ignore[method-assign]
+        base.apply = original_apply  # type: ignore[method-assign]
+        for owner, name, original in saved:
+            setattr(owner, name, original)
 
 
 def fingerprint(gm: fx.GraphModule) -> str:

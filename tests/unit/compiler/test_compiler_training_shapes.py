@@ -335,10 +335,19 @@ class _QuantisedCell(nn.Module):
         return torch.tanh(self.a(x) + self.b(_RoundStraightThrough.apply(h)))
 
 
+class _NormalisedCell(_QuantisedCell):
+    """The state divided by its norm, computed without gradient (a statistic, not a path)."""
+
+    def forward(self, x, h):
+        with torch.no_grad():
+            n = h.norm(dim=-1, keepdim=True) + 1
+        return torch.tanh(self.a(x) + self.b(h / n))
+
+
 class _QuantisedRNN(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, cell: type[nn.Module] = _QuantisedCell) -> None:
         super().__init__()
-        self.cell, self.head = _QuantisedCell(), nn.Linear(16, 1)
+        self.cell, self.head = cell(), nn.Linear(16, 1)
 
     def forward(self, seq):
         h = seq.new_zeros(seq.shape[1], 16)
@@ -347,15 +356,18 @@ class _QuantisedRNN(nn.Module):
         return self.head(h)
 
 
-def test_a_cell_calling_a_custom_autograd_function_keeps_its_backward():
-    """Held out (session 41): the cell's capture (``torch.fx.symbolic_trace``) ran the Function's
-    forward on proxies and recorded its operators, so every variant of the cell differentiated
-    the rounding (zero gradients) instead of running the straight-through backward: the loss
-    left eager's by 22% in 30 steps. Such a cell now stays eager."""
+@pytest.mark.parametrize("cell", [_QuantisedCell, _NormalisedCell])
+def test_a_cell_whose_forward_a_traced_graph_would_not_keep_runs_its_own_code(cell):
+    """Held out (session 41): the cell's capture (``torch.fx.symbolic_trace``) ran a custom
+    autograd.Function's forward on proxies and recorded its operators, so every variant of the
+    cell differentiated the rounding (zero gradients) instead of running the straight-through
+    backward: the loss left eager's by 22% in 30 steps. Likewise it recorded the operators under
+    ``torch.no_grad()`` but not the context: every variant took the norm's gradient (2.2e-3 in
+    30 steps). Such a cell now stays eager."""
 
     def train(astra_on: bool):
         torch.manual_seed(0)
-        model = _QuantisedRNN()
+        model = _QuantisedRNN(cell)
         opt = torch.optim.SGD(model.parameters(), 0.1)
         astra = _astra(model) if astra_on else None
         losses = []
@@ -381,14 +393,29 @@ def test_a_cell_calling_a_custom_autograd_function_keeps_its_backward():
         assert torch.allclose(p, q, rtol=1e-5, atol=1e-6)
 
 
-def test_the_cells_capture_refuses_a_custom_autograd_function_and_leaves_it_usable():
+class _AutocastOffCell(_QuantisedCell):
+    def forward(self, x, h):
+        with torch.autocast("cpu", enabled=False):
+            return torch.tanh(self.a(x) + self.b(h))
+
+
+def test_the_cells_capture_refuses_what_a_traced_graph_would_not_keep_and_leaves_torch_as_it_was():
     from torch import fx
 
     from microco.clients.compiler import _torch_fx as tfx
 
     with pytest.raises(fx.proxy.TraceError, match="custom autograd.Function"):
         tfx.trace_cell(_QuantisedCell())
-    assert tfx.trace_cell(_SharedBlock()) is not None  # (a cell without one is captured)
+    with pytest.raises(fx.proxy.TraceError, match="grad mode"):
+        tfx.trace_cell(_NormalisedCell())
+    with pytest.raises(fx.proxy.TraceError, match="autocast"):
+        tfx.trace_cell(_AutocastOffCell())
+    assert tfx.trace_cell(_SharedBlock()) is not None  # (a cell without them is captured)
     x = torch.randn(3, requires_grad=True)
     _RoundStraightThrough.apply(x).sum().backward()  # (the Function is as it was)
     assert torch.equal(x.grad, torch.ones(3))
+    with torch.no_grad():
+        assert not torch.is_grad_enabled()
+    assert torch.is_grad_enabled()
+    with torch.inference_mode():
+        assert torch.randn(2).is_inference()
