@@ -419,3 +419,51 @@ def test_the_cells_capture_refuses_what_a_traced_graph_would_not_keep_and_leaves
     assert torch.is_grad_enabled()
     with torch.inference_mode():
         assert torch.randn(2).is_inference()
+
+
+class _DropoutCell(_QuantisedCell):
+    """Functional dropout on the state, reading the module's training mode in Python."""
+
+    def forward(self, x, h):
+        return torch.tanh(self.a(x) + self.b(nn.functional.dropout(h, 0.3, self.training)))
+
+
+def test_a_cell_reading_its_training_mode_runs_its_own_code_in_the_loops_evaluation():
+    """Held out (session 41): the cell's traced graph kept ``self.training`` as the constant it
+    was at the probe step, so under ``model.eval()`` (the loop's evaluation every fifth step) the
+    cell went on dropping, its evaluation losses were not eager's and its draws moved every
+    later training mask: the training losses left eager's by 58% in 30 steps."""
+
+    def train(astra_on: bool):
+        torch.manual_seed(0)
+        model = _QuantisedRNN(_DropoutCell)
+        opt = torch.optim.SGD(model.parameters(), 0.1)
+        astra = _astra(model) if astra_on else None
+        g = torch.Generator().manual_seed(99)
+        xv, yv = torch.randn(6, 4, 8, generator=g), torch.randn(4, 1, generator=g)
+        losses, evals = [], []
+        for i in range(30):
+            g = torch.Generator().manual_seed(i)
+            x, y = torch.randn(6, 4, 8, generator=g), torch.randn(4, 1, generator=g)
+
+            def step(x=x, y=y):
+                model.train()
+                loss = nn.functional.mse_loss(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                return loss.item()
+
+            losses.append(astra.run(step) if astra is not None else step())
+            if i % 5 == 4:
+                model.eval()
+                with torch.no_grad():
+                    evals.append(nn.functional.mse_loss(model(xv), yv).item())
+        return losses, evals, astra
+
+    ref, ref_evals, _ = train(False)
+    got, evals, astra = train(True)
+    assert any(v.name.endswith(".hoist") for v in astra.session.spec.variables)  # (a cell was found)
+    assert astra.rolled_back == 0 and not astra.abandoned
+    assert evals == pytest.approx(ref_evals, rel=1e-5)
+    assert got == pytest.approx(ref, rel=1e-5)
