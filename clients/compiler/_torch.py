@@ -221,6 +221,9 @@ def _identity(x: Any) -> Any:
     return x
 
 
+_GONE = object()  # (an attribute no longer on its module)
+
+
 class CellRunner:
     """Replaces a repeated cell's ``forward``: runs the variant the configuration picks.
 
@@ -233,13 +236,13 @@ class CellRunner:
         self.original_forward = cell.forward
         self._own_forward = "forward" in cell.__dict__
         self.n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
-        # The training modes the graph was traced in: the trace keeps Python's values, not the
-        # code reading them (``F.dropout(h, p, self.training)``, ``if self.training:``), so in
-        # another mode the cell runs its own code (held out, session 41: a cell's functional
-        # dropout went on dropping in the loop's evaluation under ``model.eval()``, drawing
-        # numbers, and the training after it left eager's by 58% in 30 steps).
-        self._modules = list(cell.modules())
-        self._traced_modes = [m.training for m in self._modules]
+        # The modules' plain values the graph was traced with: the trace keeps Python's values,
+        # not the code reading them (``F.dropout(h, p, self.training)``, ``if self.training:``, a
+        # temperature the loop anneals), so where one has changed the cell runs its own code
+        # (held out, session 41: a cell's functional dropout went on dropping in the loop's
+        # evaluation under ``model.eval()``, drawing numbers, and the training after it left
+        # eager's by 58% in 30 steps; a temperature set every step stayed the first one, 16%).
+        self._traced_values = tfx.plain_values(cell)
         self.batch, self.hoist, self.compile = "off", "off", "eager"
         self.failed: str = ""
         # (a variant None: it computed otherwise than the cell's own code, which runs instead)
@@ -289,8 +292,8 @@ class CellRunner:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != self.n_inputs or not isinstance(args[0], torch.Tensor):
             return self.original_forward(*args, **kwargs)
-        if any(m.training is not t for m, t in zip(self._modules, self._traced_modes, strict=True)):
-            return self.original_forward(*args)  # (another mode than the trace's: see __init__)
+        if any(m.__dict__.get(k, _GONE) != v for m, k, v in self._traced_values):
+            return self.original_forward(*args)  # (not the values traced: see __init__)
         if _saving_hooks_active():
             # Inside activation checkpointing (``checkpoint(..., use_reentrant=False)``, Hugging
             # Face's ``gradient_checkpointing_enable()``): the cell's forward runs again in the

@@ -97,9 +97,31 @@ def trace_cell(cell: nn.Module) -> fx.GraphModule:
     * a change of grad mode or autocast inside the forward (``with torch.no_grad():``,
       ``enable_grad``, ``inference_mode``, ``autocast``): the graph records the operators, not the
       context, so a statistic the cell computes without gradient took one in every variant
-      (a norm under ``no_grad``: the loss 2.2e-3 from eager's in 30 steps, and growing)."""
+      (a norm under ``no_grad``: the loss 2.2e-3 from eager's in 30 steps, and growing);
+    * a write of a plain value of its modules (``self.calls += 1``): the graph would not write it.
+      The write is undone.
+
+    The graph holds the modules' plain values as they were when traced (``plain_values``): the
+    caller runs it only while they are."""
+    before = plain_values(cell)
     with _untraceable_refused():
-        return fx.symbolic_trace(cell)
+        gm = fx.symbolic_trace(cell)
+    changed = [(m, k, v) for m, k, v in before if m.__dict__.get(k, _GONE) != v]
+    if changed:
+        for m, k, v in changed:
+            m.__dict__[k] = v
+        raise fx.proxy.TraceError(f"the forward writes {changed[0][1]!r}: a traced graph would not")
+    return gm
+
+
+_GONE = object()  # (an attribute no longer on its module)
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def plain_values(cell: nn.Module) -> list[tuple[nn.Module, str, Any]]:
+    """The plain values (numbers, flags, strings, None) held on the cell's modules, ``training``
+    among them: what a traced graph keeps as the constants it read."""
+    return [(m, k, v) for m in cell.modules() for k, v in m.__dict__.items() if isinstance(v, _PLAIN)]
 
 
 @contextlib.contextmanager
