@@ -98,19 +98,30 @@ def trace_cell(cell: nn.Module) -> fx.GraphModule:
       ``enable_grad``, ``inference_mode``, ``autocast``): the graph records the operators, not the
       context, so a statistic the cell computes without gradient took one in every variant
       (a norm under ``no_grad``: the loss 2.2e-3 from eager's in 30 steps, and growing);
-    * a write of a plain value of its modules (``self.calls += 1``): the graph would not write it.
-      The write is undone.
+    * a write of a plain value of its modules (``self.calls += 1``) or of one of their tensors
+      (a buffer counting steps, ``self.count += 1``): the trace runs it once, on the real value,
+      and the graph would not write it (a buffer counter stopped counting, the losses 3.6% from
+      eager's in 30 steps). The write is undone.
 
     The graph holds the modules' plain values as they were when traced (``plain_values``): the
     caller runs it only while they are."""
     before = plain_values(cell)
+    tensors = [(n, t, t._version) for n, t in [*cell.named_parameters(), *cell.named_buffers()]]
+    with torch.no_grad():
+        kept = [t.clone() for _, t, _ in tensors]
     with _untraceable_refused():
         gm = fx.symbolic_trace(cell)
     changed = [(m, k, v) for m, k, v in before if m.__dict__.get(k, _GONE) != v]
-    if changed:
-        for m, k, v in changed:
-            m.__dict__[k] = v
-        raise fx.proxy.TraceError(f"the forward writes {changed[0][1]!r}: a traced graph would not")
+    written = [n for n, t, version in tensors if t._version != version]
+    with torch.no_grad():
+        for (_, t, version), copy in zip(tensors, kept, strict=True):
+            if t._version != version:
+                t.copy_(copy)
+    for m, k, v in changed:
+        m.__dict__[k] = v
+    if changed or written:
+        what = changed[0][1] if changed else written[0]
+        raise fx.proxy.TraceError(f"the forward writes {what!r}: a traced graph would not")
     return gm
 
 

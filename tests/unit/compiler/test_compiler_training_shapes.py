@@ -492,11 +492,24 @@ class _CountingCell(_QuantisedCell):
         return torch.tanh(self.a(x) * (1 + 1e-3 * self.calls) + self.b(h))
 
 
-@pytest.mark.parametrize("cell", [_TemperedCell, _CountingCell])
+class _BufferCountingCell(_QuantisedCell):
+    """The same count kept in a buffer (it goes with ``state_dict``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x, h):
+        self.count += 1
+        return torch.tanh(self.a(x) * (1 + 1e-3 * self.count) + self.b(h))
+
+
+@pytest.mark.parametrize("cell", [_TemperedCell, _CountingCell, _BufferCountingCell])
 def test_a_cell_whose_plain_values_change_runs_its_own_code(cell):
     """Held out (session 41): the cell's traced graph kept the temperature the loop sets before
     every step as the constant it was at the probe step (the losses 16% from eager's in 30
-    steps), and a cell counting its calls stopped counting in its graph."""
+    steps), and a cell counting its calls stopped counting in its graph (the trace ran the
+    count once, on the real value: with a buffer, the losses 3.6% from eager's)."""
 
     def train(astra_on: bool):
         torch.manual_seed(0)
@@ -524,3 +537,6 @@ def test_a_cell_whose_plain_values_change_runs_its_own_code(cell):
     assert astra.rolled_back == 0 and not astra.abandoned
     assert got == pytest.approx(ref, rel=1e-6)
     assert getattr(model.cell, "calls", 0) == getattr(ref_model.cell, "calls", 0)
+    assert torch.equal(
+        getattr(model.cell, "count", torch.zeros(())), getattr(ref_model.cell, "count", torch.zeros(()))
+    )
