@@ -4,7 +4,8 @@ BartForConditionalGeneration from tiny configs, no weights; since session 27 luc
 ``x-transformers`` (a decoder-only LM with rotary embeddings, the same with its layers' weights
 tied, and an encoder with other options), since session 36 ``transformers``' ResNet and ConvNeXt
 (and since session 37 MobileViT with attention dropout) trained with AdamW
-and ``keras-hub`` (GPT-2 causal LM and a BERT classifier from 2-layer configs), since session 34
+and ``keras-hub`` (GPT-2 causal LM and a BERT classifier from 2-layer configs), since session 41
+``transformers``' Mistral, GPT-NeoX, ViT, Swin and Whisper, since session 34
 ``timm`` (PyTorch Image Models: EfficientNet-B0, GhostNet, ConvNeXt-atto, ResNet10-T, a ViT-tiny
 and MobileViT-XXS, no weights, at 64x64 or 32x32), each skipped
 with the reason when its package is not importable), measured by the same runner as the
@@ -37,6 +38,10 @@ from .compiler_corpus import (
 )
 
 HF_MODELS = ("hf-llama", "hf-distilbert", "hf-bart")
+# (session 41) transformers' Mistral (sliding-window attention, tied embeddings), GPT-NeoX
+# (parallel residual, partial rotary, dropout), ViT and Swin (AdamW; Swin's shifted windows and
+# drop-path) and Whisper (log-mel features through convolutions into an encoder-decoder)
+HF41_MODELS = ("hf-mistral", "hf-gptneox", "hf-vit-adamw", "hf-swin-adamw", "hf-whisper")
 # transformers' vision models with convolutions, trained with AdamW (session 36: a stateful
 # optimiser beside a channels-last trial; the corpus's plain SGD has no state)
 # (session 37: and MobileViT, convolutions around attention blocks with attention dropout: the
@@ -54,11 +59,18 @@ TIMM: dict[str, tuple[str, int, dict[str, Any]]] = {
     "timm-mobilevit-xxs": ("mobilevit_xxs", 64, {}),
 }
 TIMM_MODELS = tuple(TIMM)
-MODELS = HF_MODELS + HF_VISION_MODELS + XT_MODELS + KHUB_MODELS + TIMM_MODELS
+MODELS = HF_MODELS + HF_VISION_MODELS + HF41_MODELS + XT_MODELS + KHUB_MODELS + TIMM_MODELS
 
 
 def heldout() -> list[Case]:
-    return _hf_heldout() + _hf_vision_heldout() + _xt_heldout() + _khub_heldout() + _timm_heldout()
+    return (
+        _hf_heldout()
+        + _hf_vision_heldout()
+        + _hf41_heldout()
+        + _xt_heldout()
+        + _khub_heldout()
+        + _timm_heldout()
+    )
 
 
 def _import_or_skip(module: str, names: tuple[str, ...], pip: str) -> Any:
@@ -162,6 +174,84 @@ def _hf_vision_heldout() -> list[Case]:
              optimizer="adamw"),
         Case("hf-mobilevit-adamw", "transformers.MobileViTForImageClassification (dropout 0.1), AdamW", mobilevit,
              images, cls, optimizer="adamw"),
+    ]  # fmt: skip
+
+
+def _hf41_heldout() -> list[Case]:
+    """Session 41's transformers models from small configs, no weights: Mistral and GPT-NeoX
+    causal LMs on the token batch, ViT and Swin classifiers on 8 random 32x32 images (AdamW),
+    Whisper on random 16-bin log-mel features with 8 label tokens."""
+    tr = transformers_or_skip(HF41_MODELS)
+    if tr is None:
+        return []
+    import torch
+
+    V, L, ids = HF_VOCAB, HF_LEN, hf_ids
+
+    def mistral() -> Any:
+        cfg = tr.MistralConfig(
+            vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=L,
+            tie_word_embeddings=True, sliding_window=8,
+        )  # fmt: skip
+        return tr.MistralForCausalLM(cfg)
+
+    def gptneox() -> Any:
+        cfg = tr.GPTNeoXConfig(
+            vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, max_position_embeddings=L, rotary_pct=0.25, hidden_dropout=0.1,
+            attention_dropout=0.1, use_parallel_residual=True,
+        )  # fmt: skip
+        return tr.GPTNeoXForCausalLM(cfg)
+
+    def vit() -> Any:
+        cfg = tr.ViTConfig(
+            image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=128, num_labels=10, hidden_dropout_prob=0.1,
+            attention_probs_dropout_prob=0.1,
+        )  # fmt: skip
+        return tr.ViTForImageClassification(cfg)
+
+    def swin() -> Any:
+        cfg = tr.SwinConfig(
+            image_size=32, patch_size=2, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4,
+            num_labels=10, drop_path_rate=0.1,
+        )  # fmt: skip
+        return tr.SwinForImageClassification(cfg)
+
+    def whisper() -> Any:
+        cfg = tr.WhisperConfig(
+            vocab_size=V, num_mel_bins=16, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=4, decoder_attention_heads=4, d_model=64, encoder_ffn_dim=128,
+            decoder_ffn_dim=128, max_source_positions=16, max_target_positions=L, pad_token_id=0,
+            decoder_start_token_id=1, eos_token_id=2, bos_token_id=1, dropout=0.1,
+        )  # fmt: skip
+        return tr.WhisperForConditionalGeneration(cfg)
+
+    def images() -> tuple[Any, ...]:
+        g = torch.Generator().manual_seed(5)
+        return torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 10, (8,), generator=g)
+
+    def features() -> tuple[Any, ...]:
+        g = torch.Generator().manual_seed(6)  # (32 frames: the encoder's stride-2 convolution to 16)
+        return torch.randn(HF_BATCH, 16, 32, generator=g), torch.randint(3, V, (HF_BATCH, 8), generator=g)
+
+    def lm(m: Any, x: Any, y: Any) -> Any:
+        return m(input_ids=x, labels=x).loss
+
+    def cls(m: Any, x: Any, y: Any) -> Any:
+        return m(pixel_values=x, labels=y).loss
+
+    def asr(m: Any, x: Any, y: Any) -> Any:
+        return m(input_features=x, labels=y).loss
+
+    return [
+        Case("hf-mistral", "transformers.MistralForCausalLM (tied, sliding window)", mistral, ids, lm),
+        Case("hf-gptneox", "transformers.GPTNeoXForCausalLM (dropout 0.1)", gptneox, ids, lm),
+        Case("hf-vit-adamw", "transformers.ViTForImageClassification, AdamW", vit, images, cls, optimizer="adamw"),
+        Case("hf-swin-adamw", "transformers.SwinForImageClassification, AdamW", swin, images, cls,
+             optimizer="adamw"),
+        Case("hf-whisper", "transformers.WhisperForConditionalGeneration", whisper, features, asr),
     ]  # fmt: skip
 
 

@@ -119,7 +119,7 @@ def register(sub: Any) -> None:
         help="run a system's benchmark (JSON on stdout)",
         description="Run a benchmark: " + ", ".join(BENCHMARKS) + ". Extra arguments go to it (try --help).",
     )
-    p.add_argument("system", choices=BENCHMARKS)
+    p.add_argument("system", choices=BENCHMARKS, help="whose benchmark to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark, e.g. --quick --json")
     p.set_defaults(func=cmd_bench)
 

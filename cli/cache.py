@@ -60,12 +60,12 @@ def register(sub: Any) -> None:
     r.set_defaults(func=cmd_register)
 
     d = s.add_parser("datasets", help="list your registered datasets (--all: every user's)")
-    d.add_argument("--json", action="store_true")
+    d.add_argument("--json", action="store_true", help="print JSON")
     d.add_argument("--all", action="store_true", help="every user's datasets (administrators only)")
     d.set_defaults(func=cmd_datasets)
 
     st = s.add_parser("stats", help="capacity, use, hits and misses of every cache server")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--json", action="store_true", help="print JSON")
     st.set_defaults(func=cmd_stats)
 
     al = s.add_parser(
@@ -74,7 +74,7 @@ def register(sub: Any) -> None:
         description="Per server and dataset: bytes allocated and used, measured benefit "
         "(seconds of training saved per epoch per GB cached), the jobs reading it and the reason.",
     )
-    al.add_argument("--json", action="store_true")
+    al.add_argument("--json", action="store_true", help="print JSON")
     al.set_defaults(func=cmd_allocations)
 
 

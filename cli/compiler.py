@@ -35,7 +35,7 @@ def register(sub: Any) -> None:
         help="one graph: its variables, every trial with timings, what was pruned and committed",
         description="KEY is a graph key from `microco compiler graphs` (a unique prefix suffices).",
     )
-    sh.add_argument("key")
+    sh.add_argument("key", help="a graph key from `microco compiler graphs` (a unique prefix suffices)")
     sh.add_argument("--json", action="store_true", help="print JSON")
     sh.set_defaults(func=cmd_show)
 
@@ -43,7 +43,7 @@ def register(sub: Any) -> None:
         "forget",
         help="delete a graph's exploration and committed configuration (the next run explores again)",
     )
-    f.add_argument("key")
+    f.add_argument("key", help="a graph key from `microco compiler graphs` (a unique prefix suffices)")
     f.set_defaults(func=cmd_forget)
 
 

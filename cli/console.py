@@ -40,7 +40,12 @@ def register(sub: Any) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    t.add_argument("--profile", default=os.environ.get("MICROCO_PROFILE", "dev"), choices=["dev", "prod"])
+    t.add_argument(
+        "--profile",
+        default=os.environ.get("MICROCO_PROFILE", "dev"),
+        choices=["dev", "prod"],
+        help="the console's profile (default MICROCO_PROFILE, else dev): only dev falls back to the development token",
+    )
     t.add_argument(
         "--home", type=Path, default=None, help="as given to `microco up` (default ~/.microco, MICROCO_HOME)"
     )

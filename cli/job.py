@@ -79,12 +79,12 @@ def register(sub: Any) -> None:
     ls = s.add_parser("list", help="list jobs", description="List jobs, oldest first.")
     ls.add_argument("--state", action="append", default=[], choices=_STATES, help="only jobs in this state")
     ls.add_argument("--user", default="", help="only this owner's jobs")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="print JSON")
     ls.set_defaults(func=cmd_list)
 
     sh = s.add_parser("show", help="show one job and its history")
-    sh.add_argument("job_id")
-    sh.add_argument("--json", action="store_true")
+    sh.add_argument("job_id", help="the job's id, as `microco job list` shows it")
+    sh.add_argument("--json", action="store_true", help="print JSON")
     sh.set_defaults(func=cmd_show)
 
     lg = s.add_parser(
@@ -94,7 +94,7 @@ def register(sub: Any) -> None:
         "attempt unless --attempt says which. Logs stay on the node while the job lives and for the "
         "scheduler's --log-retention-s (a day by default) after it ends.",
     )
-    lg.add_argument("job_id")
+    lg.add_argument("job_id", help="the job's id, as `microco job list` shows it")
     lg.add_argument(
         "-f",
         "--follow",
@@ -106,8 +106,8 @@ def register(sub: Any) -> None:
     lg.set_defaults(func=cmd_logs)
 
     cn = s.add_parser("cancel", help="cancel a job (its process is stopped)")
-    cn.add_argument("job_id", nargs="+")
-    cn.add_argument("--json", action="store_true")
+    cn.add_argument("job_id", nargs="+", help="the ids of the jobs to cancel")
+    cn.add_argument("--json", action="store_true", help="print JSON")
     cn.set_defaults(func=cmd_cancel)
 
     for action, helptext in (
@@ -117,15 +117,15 @@ def register(sub: Any) -> None:
         ("resize", "change an elastic job's devices (--devices, or a count on its node)"),
     ):
         op = s.add_parser(action, help=helptext, description=helptext[0].upper() + helptext[1:] + ".")
-        op.add_argument("job_id")
+        op.add_argument("job_id", help="the job's id, as `microco job list` shows it")
         op.add_argument("--devices", default="", help="comma-separated device ids, e.g. n1/0,n1/1")
         if action == "resize":
             op.add_argument("count", nargs="?", type=int, default=0, help="devices on the job's node")
-        op.add_argument("--json", action="store_true")
+        op.add_argument("--json", action="store_true", help="print JSON")
         op.set_defaults(func=cmd_control, action=action)
 
     nd = s.add_parser("nodes", help="devices the scheduler can use, its leader and policy")
-    nd.add_argument("--json", action="store_true")
+    nd.add_argument("--json", action="store_true", help="print JSON")
     nd.set_defaults(func=cmd_nodes)
 
 

@@ -125,7 +125,8 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trace",
         default="alibaba",
-        help="trace file (native CSV, an Alibaba gpu-v2023 pod list or the Tiresias trace), an alias: "
+        help="trace file (native CSV, an Alibaba gpu-v2023 pod list, the Tiresias trace or a Philly "
+        "cluster_job_log), an alias: "
         + ", ".join(TRACE_ALIASES)
         + ", or poisson:JOBS[:LOAD[:SEED]] for a generated trace of Poisson arrivals at LOAD (default 1.0) "
         "times the cluster's capacity, seed SEED (default 1) (default: alibaba)",

@@ -42,7 +42,7 @@ def register(sub: Any) -> None:
     s = p.add_subparsers(dest="store_command", metavar="SUBCOMMAND")
 
     c = s.add_parser("create", help="create a table with three partitionings")
-    c.add_argument("name")
+    c.add_argument("name", help="the table's name")
     c.add_argument(
         "--from",
         dest="source",
@@ -73,8 +73,8 @@ def register(sub: Any) -> None:
         "key=value folders give their columns; names starting with _ or . are skipped) or a quoted glob. "
         "Rows are read with the table's column types and streamed: all become visible at once, or none.",
     )
-    ld.add_argument("name")
-    ld.add_argument("file", metavar="FILE")
+    ld.add_argument("name", help="the table's name")
+    ld.add_argument("file", metavar="FILE", help="a file, a folder of files or a quoted glob (above)")
     ld.add_argument(
         "--timeout",
         type=float,
@@ -88,7 +88,7 @@ def register(sub: Any) -> None:
         ("explain", cmd_explain, "show the plan: which replica and why"),
     ):
         q = s.add_parser(name, help=hlp)
-        q.add_argument("table")
+        q.add_argument("table", help="the table's name")
         q.add_argument(
             "--where", action="append", default=[], help='filter "COL OP VALUE" (OP: = != < <= > >= in)'
         )
@@ -100,31 +100,35 @@ def register(sub: Any) -> None:
             "--agg", action="append", default=[], help="FN:COL[:NAME], FN in sum count min max mean"
         )
         q.add_argument("--order-by", action="append", default=[], help="COL[:desc]")
-        q.add_argument("--limit", type=int)
+        q.add_argument("--limit", type=int, help="return at most N rows")
         q.add_argument("--replica", type=int, choices=[0, 1, 2], help="force a replica (to compare plans)")
         q.add_argument("--query-json", help="the whole query as JSON instead of the flags")
         if name == "query":
-            q.add_argument("--format", choices=["table", "csv", "json"], default="table")
+            q.add_argument(
+                "--format", choices=["table", "csv", "json"], default="table", help="how the rows are printed"
+            )
             q.add_argument("--explain", action="store_true", help="print the plan after the result")
         q.set_defaults(func=fn)
 
     sq = s.add_parser("sql", help="run a SQL query (SELECT), planned onto the replicas")
     sq.add_argument("query", help="the SQL text, or - to read it from stdin")
-    sq.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    sq.add_argument(
+        "--format", choices=["table", "csv", "json"], default="table", help="how the rows are printed"
+    )
     sq.add_argument("--explain", action="store_true", help="print the plan after the result")
     sq.add_argument("--explain-only", action="store_true", help="print the plan without running the query")
     sq.set_defaults(func=cmd_sql)
 
     n = s.add_parser("nodes", help="store nodes: alive, fault domain, extents, bytes")
-    n.add_argument("--json", action="store_true")
+    n.add_argument("--json", action="store_true", help="print JSON")
     n.set_defaults(func=cmd_nodes)
 
     t = s.add_parser("tables", help="tables with rows, bytes, replicas and unavailable extents")
-    t.add_argument("--json", action="store_true")
+    t.add_argument("--json", action="store_true", help="print JSON")
     t.set_defaults(func=cmd_tables)
 
     r = s.add_parser("recovery", help="recovery progress (and --start to run a pass now)")
-    r.add_argument("--start", action="store_true")
+    r.add_argument("--start", action="store_true", help="run a recovery pass now")
     r.add_argument(
         "--relax-fault-domains",
         action="store_true",
@@ -139,8 +143,8 @@ def register(sub: Any) -> None:
         "recode",
         help="change a replica's extent codec on a live table (rewritten in the background)",
     )
-    rc.add_argument("table")
-    rc.add_argument("replica", type=int, choices=[0, 1, 2])
+    rc.add_argument("table", help="the table's name")
+    rc.add_argument("replica", type=int, choices=[0, 1, 2], help="which of the three replicas")
     rc.add_argument("codec", nargs="?", default="", help="zstd, lz4 or none; omitted: show progress")
     rc.add_argument("--watch", action="store_true", help="follow until the recode ends")
     rc.add_argument("--json", action="store_true", help="print the progress record as JSON")
@@ -157,11 +161,11 @@ def register(sub: Any) -> None:
         ("revoke", cmd_revoke, "withdraw USER's grant to read TABLE"),
     ):
         g = s.add_parser(name, help=hlp)
-        g.add_argument("table")
+        g.add_argument("table", help="the table's name")
         g.add_argument("user", help="a user's name (alice, or user:alice)")
         g.set_defaults(func=fn)
     gs = s.add_parser("grants", help="who owns TABLE and whom it is shared with")
-    gs.add_argument("table")
+    gs.add_argument("table", help="the table's name")
     gs.set_defaults(func=cmd_grants)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 

@@ -40,7 +40,10 @@ def register(sub: Any) -> None:
         description=(
             "Every service refuses the certificates of NAME issued until now (a deny-list in etcd,\n"
             "followed by every service within seconds). NAME is a user's name, or an identity such\n"
-            "as job:<id>. Credentials issued afterwards (`microco user add NAME --force`) work."
+            "as job:<id>. Credentials issued afterwards (`microco user add NAME --force`) work.\n"
+            "etcd, which knows a certificate by its name only, loses NAME's etcd user: a user's\n"
+            "new credentials add it again, and the revoked ones then reach etcd too until they\n"
+            "expire, so give a stolen key's owner new credentials under another name."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -72,6 +75,7 @@ def cmd_user_add(args: argparse.Namespace) -> int:
 
 
 def cmd_user_revoke(args: argparse.Namespace) -> int:
+    from microco.common.etcd_roles import remove_revoked_user
     from microco.common.identity import revoke, split_name
     from microco.common.kv import EtcdKV
 
@@ -79,12 +83,24 @@ def cmd_user_revoke(args: argparse.Namespace) -> int:
 
     name = args.name if ":" in args.name else f"user:{args.name}"
     split_name(name)  # a clear error for a bad name
-    kv = EtcdKV(etcd_for(args))
+    address = etcd_for(args)
+    kv = EtcdKV(address)
     try:
         revoke(kv, name)
     finally:
         kv.close()
     print(f"{name}: every certificate issued until now is revoked", file=sys.stderr)
+    if remove_revoked_user(address, name):
+        again = (
+            "; `microco user add --force` adds it again, and etcd then lets the revoked "
+            "certificates in too until they expire: for a stolen key, issue new credentials "
+            "under another name"
+        )
+        print(
+            f"{name}: its etcd user is deleted (etcd knows a certificate by its name only)"
+            + (again if name.startswith("user:") else ""),
+            file=sys.stderr,
+        )
     return 0
 
 

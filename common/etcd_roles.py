@@ -247,6 +247,29 @@ def remove_job_users(kv: Any, keep: set[str] | frozenset[str]) -> list[str]:
     return gone
 
 
+def remove_revoked_user(address: str, name: str) -> bool:
+    """Delete the etcd user of ``name`` (``user:<name>``, ``job:<id>``), revoked: etcd knows a
+    certificate by its common name alone and never reads the platform's deny-list, so a revoked
+    key kept its etcd role (an administrator's, ``root``: enough to take itself off the
+    deny-list). As this process (an administrator); True when there was one. A service's etcd
+    user stays (its other instances need it): restart the service with new credentials."""
+    from .identity import current
+
+    kind, _ = split_name(name)
+    me = current()
+    if kind not in ("user", "job") or me is None:
+        return False
+    auth = EtcdAuth(address.split(",")[0], me)
+    try:
+        if name not in auth.users():
+            return False
+        auth.delete_user(name)
+    finally:
+        auth.close()
+    log.info("removed the etcd user of revoked %s", name)
+    return True
+
+
 def add_job_user(kv: Any, job_id: str, owner: str = "") -> None:
     """Make ``job:<job_id>`` an etcd user (the scheduler, before it starts the job), reaching
     its ``owner``'s data, when this process runs against an etcd with roles

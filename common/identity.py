@@ -199,7 +199,7 @@ class CertificateAuthority:
         self._key = serialization.load_pem_private_key(key_pem, password=None)
         self._key_pem = key_pem
         self._lock = threading.Lock()
-        self._issued: dict[tuple[str, bool, tuple[str, ...]], Identity] = {}
+        self._issued: dict[tuple[str, bool, tuple[str, ...], int], Identity] = {}
 
     @classmethod
     def create(cls, common_name: str = "microco CA") -> CertificateAuthority:
@@ -273,10 +273,11 @@ class CertificateAuthority:
             raise InvalidArgument("only a user can be an administrator")
         if hosts and kind != "service":
             raise InvalidArgument("only a service's certificate names hosts")
+        kept = (name, admin, hosts, days)
         with self._lock:
-            cached = self._issued.get((name, admin, hosts))
-            if cached is not None:
-                return cached
+            cached = self._issued.get(kept)
+        if cached is not None and _young(cached):
+            return cached
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes, serialization
         from cryptography.hazmat.primitives.asymmetric import ec
@@ -321,8 +322,28 @@ class CertificateAuthority:
             ca_pem=self.cert_pem,
         )
         with self._lock:
-            self._issued[(name, admin, hosts)] = ident
+            self._issued.pop(kept, None)
+            while len(self._issued) >= _KEPT_IDENTITIES:  # the oldest go (a dict keeps its order)
+                self._issued.pop(next(iter(self._issued)))
+            self._issued[kept] = ident
         return ident
+
+
+# A CA keeps what it issued, to hand the same identity to a process asking again (a service's
+# own, a job's restarts), at most this many, each only while ``_young``
+_KEPT_IDENTITIES = 1024
+
+
+def _young(ident: Identity) -> bool:
+    """Whether a kept identity may be handed out again: in the first half of its life (a job
+    restarted 31 days after its first start got its expired 30-day certificate again: session
+    41) and not revoked since (a revoked job's restart got the revoked one)."""
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(ident.cert_pem)
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return start <= now < start + (end - start) / 2 and not revoked(ident.name, ident.cert_pem)
 
 
 # --------------------------------------------------------------------------- this process

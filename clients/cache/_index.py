@@ -199,13 +199,17 @@ def build_index(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     progress: Callable[[int], None] | None = None,
     records: str = "file",
+    read_range: Callable[[str, int, int], bytes] | None = None,
 ) -> DatasetIndex:
     """Index a dataset: read each file once (``read(path)``), hash samples and chunks.
 
     ``files`` is (path, size), taken in path order; ``progress(nbytes)`` is called per file.
     ``records``: what a sample is (``_records``): a whole file (``file``) or each record of a
     file (``tfrecord``, ``tar``, ``lines``, ``npy``, ``fixed:N``). Chunks are cut as
-    ``plan_chunks`` cuts them, over the sizes read.
+    ``plan_chunks`` cuts them, over the sizes read. With ``read_range(path, start, size)``
+    a file of ``fixed:N`` records (whose spans follow from its size) is read in pieces of
+    about ``FIXED_PIECE_BYTES``, not whole: a token file larger than memory indexes (the same
+    index either way).
     """
     import blake3
 
@@ -219,38 +223,74 @@ def build_index(
     counts: list[int] = []
     chunk_digests: list[str] = []
     h, n, acc = blake3.blake3(), 0, 0
+    fixed = int(records[6:]) if records.startswith("fixed:") and read_range is not None else 0
     for path, _size in sorted(files):
         try:
-            data = read(path)
+            if fixed:
+                pieces = _fixed_pieces(path, read_range, fixed)  # type: ignore[arg-type]
+            else:
+                pieces = iter([(0, read(path))])
+            for base, data in pieces:
+                view = memoryview(data)
+                try:
+                    spans = record_spans(records, data)
+                except InvalidArgument as exc:
+                    raise InvalidArgument(f"{path}: {exc} (registered with --records {records})") from None
+                for start, length in spans:
+                    if _closes(n, acc, length, chunk_bytes):
+                        counts.append(n)
+                        chunk_digests.append(h.hexdigest())
+                        h, n, acc = blake3.blake3(), 0, 0
+                    piece = view[start : start + length]
+                    # The size read wins over the listed one: the index describes the bytes hashed.
+                    rows.append((path, length, digest(piece), -1 if whole else base + start))
+                    h.update(piece)
+                    n += 1
+                    acc += length
+                if progress:
+                    progress(len(data))
+                view = piece = memoryview(b"")  # (this piece freed before the next is read)
+                del data
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise InvalidArgument(
                 f"{path}: gone from the dataset while it was being indexed ({type(exc).__name__}): "
                 "register it again once it holds still"
             ) from None
-        view = memoryview(data)
-        try:
-            spans = record_spans(records, data)
-        except InvalidArgument as exc:
-            raise InvalidArgument(f"{path}: {exc} (registered with --records {records})") from None
-        for start, length in spans:
-            if _closes(n, acc, length, chunk_bytes):
-                counts.append(n)
-                chunk_digests.append(h.hexdigest())
-                h, n, acc = blake3.blake3(), 0, 0
-            piece = view[start : start + length]
-            # The size read wins over the listed one: the index describes the bytes hashed.
-            rows.append((path, length, digest(piece), -1 if whole else start))
-            h.update(piece)
-            n += 1
-            acc += length
-        if progress:
-            progress(len(data))
     if n:
         counts.append(n)
         chunk_digests.append(h.hexdigest())
     if not rows:
         raise InvalidArgument(f"no {records} records in the dataset's files")
     return _assemble(rows, counts, chunk_digests, chunk_bytes, records)
+
+
+FIXED_PIECE_BYTES = 8 << 20
+
+
+def _fixed_pieces(
+    path: str, read_range: Callable[[str, int, int], bytes], size: int
+) -> Iterable[tuple[int, bytes]]:
+    """A file of ``size``-byte records as (offset, bytes) pieces of whole records, read one at
+    a time until a short piece (its end); an empty file is one empty piece."""
+    step = max(size, FIXED_PIECE_BYTES // size * size)
+    base = 0
+    while True:
+        data = read_range(path, base, step)
+        if len(data) % size:
+            # (what the whole-file parser says of the whole file)
+            from microco.common.errors import InvalidArgument
+
+            raise InvalidArgument(
+                f"{path}: a file of {base + len(data)} bytes is not a whole number of {size}-byte records "
+                f"(registered with --records fixed:{size})"
+            )
+        short = len(data) < step
+        if data or not base:
+            yield base, data
+        del data  # (one piece in memory at a time)
+        if short:
+            return
+        base += step
 
 
 def included(files: Sequence[tuple[str, int]], include: str) -> list[tuple[str, int]]:
@@ -304,7 +344,7 @@ def index_store(
     # (and is hashed again) rather than passing as the bytes indexed.
     listed = [p for p, _ in files]
     stamps = file_stamps(store, listed)
-    index = build_index(files, store.read, chunk_bytes, progress, records)
+    index = build_index(files, store.read, chunk_bytes, progress, records, getattr(store, "read_range", None))
     if stamps is None:
         return index
     key = dict(zip(listed, stamps, strict=True))

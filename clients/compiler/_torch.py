@@ -221,6 +221,9 @@ def _identity(x: Any) -> Any:
     return x
 
 
+_GONE = object()  # (an attribute no longer on its module)
+
+
 class CellRunner:
     """Replaces a repeated cell's ``forward``: runs the variant the configuration picks.
 
@@ -233,13 +236,26 @@ class CellRunner:
         self.original_forward = cell.forward
         self._own_forward = "forward" in cell.__dict__
         self.n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+        # The modules' plain values the graph was traced with: the trace keeps Python's values,
+        # not the code reading them (``F.dropout(h, p, self.training)``, ``if self.training:``, a
+        # temperature the loop anneals), so where one has changed the cell runs its own code
+        # (held out, session 41: a cell's functional dropout went on dropping in the loop's
+        # evaluation under ``model.eval()``, drawing numbers, and the training after it left
+        # eager's by 58% in 30 steps; a temperature set every step stayed the first one, 16%).
+        self._traced_values = tfx.plain_values(cell)
         self.batch, self.hoist, self.compile = "off", "off", "eager"
         self.failed: str = ""
         # (a variant None: it computed otherwise than the cell's own code, which runs instead)
         self._variants: dict[tuple[str, str, str], tuple[tfx.CellPlan, Callable[..., Any] | None]] = {}
         self._equivalent: set[tuple[str, str, str]] = set()  # variants checked (_equiv)
-        self._p_cache: tuple[int, tuple[Any, ...]] | None = None
-        self._x_cache: dict[tuple[int, int, int], tuple[torch.Tensor, tuple[Any, ...]]] = {}
+        # The per-step caches (the parameters' products, the hoisted inputs' products) are kept
+        # per grad mode: a product made without a graph must not serve a call that differentiates.
+        # Held out (session 41, Mistral under reentrant activation checkpointing): the layers'
+        # forward runs under ``no_grad`` and again, differentiated, in the backward, in the same
+        # step; the batched weights cached by the first served the second, and the MLP's
+        # weights took no gradient (Adam's step count 18 behind eager's after 24 steps).
+        self._p_cache: tuple[int, bool, tuple[Any, ...]] | None = None
+        self._x_cache: dict[tuple[int, int, int, bool], tuple[torch.Tensor, tuple[Any, ...]]] = {}
         self._x_token = -1
 
     # -- configuration
@@ -282,6 +298,8 @@ class CellRunner:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != self.n_inputs or not isinstance(args[0], torch.Tensor):
             return self.original_forward(*args, **kwargs)
+        if any(m.__dict__.get(k, _GONE) != v for m, k, v in self._traced_values):
+            return self.original_forward(*args)  # (not the values traced: see __init__)
         if _saving_hooks_active():
             # Inside activation checkpointing (``checkpoint(..., use_reentrant=False)``, Hugging
             # Face's ``gradient_checkpointing_enable()``): the cell's forward runs again in the
@@ -314,12 +332,13 @@ class CellRunner:
                 return self.original_forward(*args)
             self._equivalent.add(key)
         token = self.clock.token if self.clock.in_step else None
-        if token is not None and self._p_cache is not None and self._p_cache[0] == token:
-            p_vals = self._p_cache[1]
+        grad = torch.is_grad_enabled()
+        if token is not None and self._p_cache is not None and self._p_cache[:2] == (token, grad):
+            p_vals = self._p_cache[2]
         else:
             p_vals = tuple(plan.p_gm())
             if token is not None:
-                self._p_cache = (token, p_vals)
+                self._p_cache = (token, grad, p_vals)
         x = args[0]
         if plan.x_gm is None:
             x_vals: tuple[Any, ...] = (x,)
@@ -371,7 +390,7 @@ class CellRunner:
         if self._x_token != token:
             self._x_cache.clear()
             self._x_token = token
-        key = (id(base), base._version, d)
+        key = (id(base), base._version, d, torch.is_grad_enabled())
         hit = self._x_cache.get(key)
         if hit is None or hit[0] is not base:
             # unbind, not select: the backward of T selects would materialise T zero-filled

@@ -55,7 +55,10 @@ class TorchHook:
     from (torch, CUDA, NumPy, Python), the step (which is the data position when batches are
     a function of the step, see ``StepBatches``), the ``state_dict`` of an optional ``sampler``,
     of every object in ``stateful`` (LR schedulers, a GradScaler: ``{"sched": scheduler}``)
-    and a user ``extra_state`` dict (restored in place), e.g. the loss history.
+    and a user ``extra_state`` dict (restored in place), e.g. the loss history; and the
+    parameters' gradients when any is not zero (a loop accumulating them over several
+    mini-batches, checkpointed between two optimiser steps). Under a process group the RNG
+    states, the gradients and ``extra_state`` are every rank's own.
     """
 
     def __init__(
@@ -248,6 +251,8 @@ class TorchHook:
 
         rng = self._gathered(_rng_state())
         epoch_rng = self._gathered(self._epoch_rng)
+        grads = self._gathered(self._grads())
+        extra = self._gathered(self.extra_state)
         sampler = self._gathered(self.sampler.state_dict()) if self.sampler is not None else None
         if self._group is not None and self._group[0] != 0:
             return b""  # rank 0 writes the checkpoint
@@ -259,11 +264,41 @@ class TorchHook:
             "epoch_rng": epoch_rng,
             "sampler": sampler,
             "stateful": {name: obj.state_dict() for name, obj in self.stateful.items()},
-            "extra": self.extra_state,
+            "extra": extra,
+            "grads": grads,
         }
         buf = io.BytesIO()
         torch.save(state, buf)
         return buf.getvalue()
+
+    def _modules(self) -> list[tuple[str, Any]]:
+        """The model and the torch modules named in ``stateful`` (a GAN's second net), by name."""
+        import torch
+
+        named = [("model", self.model)] + [(k, v) for k, v in self.stateful.items()]
+        return [(k, m) for k, m in named if isinstance(m, torch.nn.Module)]
+
+    def _grads(self) -> dict[str, Any] | None:
+        """The gradients the parameters hold now, when any is not zero: a loop that accumulates
+        them over several mini-batches (a step per mini-batch, the optimiser's every k-th) holds
+        the window's sum between its boundaries, and a checkpoint without it resumes that window
+        with its first mini-batches' gradients lost. None at an optimiser step's boundary (the
+        gradients freed or zeroed), so the checkpoint costs nothing more there."""
+        grads: dict[str, Any] = {}
+        for prefix, module in self._modules():
+            for name, p in module.named_parameters():
+                if p.grad is not None and bool(p.grad.any()):
+                    grads[f"{prefix}.{name}"] = p.grad.detach().clone()
+        return grads or None
+
+    def _set_grads(self, grads: dict[str, Any] | None) -> None:
+        if not grads:
+            return
+        for prefix, module in self._modules():
+            for name, p in module.named_parameters():
+                saved = grads.get(f"{prefix}.{name}")
+                if saved is not None:
+                    p.grad = saved.to(device=p.device, dtype=p.dtype)
 
     def _set_threads(self, devices: list[str]) -> None:
         import torch
@@ -308,8 +343,17 @@ class TorchHook:
             obj.load_state_dict(saved[name])
         if self.sampler is not None and state["sampler"] is not None:
             self.sampler.load_state_dict(self._sampler_position(state["sampler"]))
+        grads = state.get("grads")
+        if isinstance(grads, list):  # one per rank (ranks accumulating under no_sync differ)
+            rank = self._group[0] if self._group else 0
+            grads = grads[rank] if rank < len(grads) else grads[0]
+        self._set_grads(grads)
+        extra = state["extra"]
+        if isinstance(extra, list):  # one per rank: what each rank's loop kept (its own losses, hidden state)
+            rank = self._group[0] if self._group else 0
+            extra = extra[rank] if rank < len(extra) else extra[0]
         self.extra_state.clear()
-        self.extra_state.update(state["extra"])
+        self.extra_state.update(extra)
         return int(state["step"])
 
     def _sampler_position(self, saved: Any) -> Any:

@@ -13,7 +13,9 @@ mid-epoch one (``on_train_batch_end``, after the step's LR-scheduler update): th
 LightningModule, every optimizer and LR scheduler, the fit loop's position (epoch, batch, global
 step), the precision plugin's and every callback's state, and what the module adds in
 ``on_save_checkpoint``. The callback's own state in it is every rank's RNG states (torch, NumPy,
-Python; gathered at the boundary), now and at the epoch's start, and the scheduler's step.
+Python; gathered at the boundary), now and at the epoch's start, every rank's gradients when
+the checkpoint falls between two optimiser steps of ``accumulate_grad_batches`` (Lightning's
+own leaves them out), and the scheduler's step.
 Restored by ``trainer.fit(..., ckpt_path=cb.ckpt_path)``, Lightning puts the module, optimizers,
 schedulers and loops back; the callback then remakes the restored epoch's data iterator from
 the epoch's starting RNG states, advances it past the batches the checkpoint already trained on
@@ -84,6 +86,9 @@ class MicrocoCallback(pl.Callback):
         if loaded is not None:
             rank = self.context.rank
             self._continue(trainer, _pick(loaded["rng"], rank), _pick(loaded.get("epoch_rng"), rank))
+            # Gradients accumulated in the window the checkpoint was taken in
+            # (``accumulate_grad_batches``): Lightning's checkpoint leaves them out.
+            self.hook._set_grads(_pick(loaded.get("grads"), rank))
             self._restored_step = int(loaded["step"])
         self.context.restore()  # the status (step, checkpoint) and partial files of killed writers
 
@@ -106,24 +111,28 @@ class MicrocoCallback(pl.Callback):
     # ---- the callback's part of Lightning's checkpoint
     def state_dict(self) -> dict[str, Any]:
         # Plain types only: Lightning loads checkpoints with ``weights_only`` by default.
-        gathered = self._gathered if self._gathered is not None else [self._rng_pair()]
+        gathered = self._gathered if self._gathered is not None else [self._rank_state()]
         return {
             "step": self.context.step,
-            "rng": [_encode_rng(now) for now, _ in gathered],
-            "epoch_rng": [_encode_rng(epoch) if epoch is not None else None for _, epoch in gathered],
+            "rng": [_encode_rng(now) for now, _, _ in gathered],
+            "epoch_rng": [_encode_rng(epoch) if epoch is not None else None for _, epoch, _ in gathered],
+            "grads": [grads for _, _, grads in gathered],
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._loaded = dict(state_dict)
 
     # ---- the hook's save / load
-    def _rng_pair(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        return _rng_state(), (self._epoch_rng[1] if self._epoch_rng is not None else None)
+    def _rank_state(self) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]:
+        """This rank's RNG states (now, at the epoch's start) and the gradients its parameters
+        hold (between two optimiser steps of ``accumulate_grad_batches``; None at a step's)."""
+        grads = self.hook._grads() if self.hook is not None else None
+        return _rng_state(), (self._epoch_rng[1] if self._epoch_rng is not None else None), grads
 
     def _save(self, step: int) -> bytes:
         import torch
 
-        pair = self._rng_pair()
+        pair = self._rank_state()
         if self.hook is not None and self.hook._group is not None:  # every rank's (every rank is here)
             import torch.distributed as dist
 

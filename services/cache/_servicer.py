@@ -376,12 +376,16 @@ def serve_in_process(servicer: CacheServicer, host: str = "127.0.0.1") -> tuple[
     from concurrent import futures
 
     from microco.common.identity import server_credentials, service_identity
-    from microco.services.runtime.server import ErrorAndMetricsInterceptor
+    from microco.services.runtime.server import HANDSHAKE_TIMEOUT_S, ErrorAndMetricsInterceptor
 
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8),
         interceptors=[ErrorAndMetricsInterceptor("cache")],
-        options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)],
+        options=[
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.server_handshake_timeout_ms", int(HANDSHAKE_TIMEOUT_S * 1000)),
+        ],
     )
     cache_pb2_grpc.add_CacheServiceServicer_to_server(servicer, server)
     ident = service_identity("cache")

@@ -1,5 +1,7 @@
 """Bounds on what the console accepts and returns (issue 16, "bounded inputs").
 
+* a request arrives whole within ``REQUEST_TIMEOUT_S`` of its connection's opening or its last
+  answer, else the connection is closed (``timely_protocol``);
 * a request body is at most ``MAX_BODY_BYTES`` (413 with a short message, checked on the
   declared length and again on the bytes as they arrive, so a chunked body cannot go round it);
 * a validation error (422) never echoes unbounded input: each offending value is cut to a
@@ -19,6 +21,9 @@ from typing import Any, TypeVar
 from microco.common.errors import InvalidArgument
 
 MAX_BODY_BYTES = 1024 * 1024  # 1 MiB: a job spec or a query, never data
+# A connection's next request must arrive whole (headers and body) this soon after the
+# connection opens or its last answer; else it is closed (uvicorn waited for ever: session 41)
+REQUEST_TIMEOUT_S = 10.0
 MAX_ERRORS = 10  # validation errors listed in one 422
 PREVIEW_CHARS = 80  # of an offending value, in a 422
 DEFAULT_PAGE = 100
@@ -208,3 +213,47 @@ def paginate(
     page = ordered[:limit]
     nxt = _encode(key(page[-1])) if len(ordered) > limit else ""
     return page, nxt
+
+
+def timely_protocol(timeout_s: float = REQUEST_TIMEOUT_S) -> type[Any]:
+    """uvicorn's HTTP protocol, closing a connection whose request has not arrived whole
+    ``timeout_s`` after the connection opened or its last answer was sent.
+
+    uvicorn closes a kept-alive connection that sends nothing for 5 s, but waits for a request's
+    headers and body for ever once a byte of them came (or, on a new connection, before any
+    did): each such connection holds a file descriptor, and the console's port is the one a
+    deployment publishes (session 41's held-out round). A request whose answer takes longer is
+    not cut: the timer looks only at requests still arriving."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class _Timely(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        _request_timer: Any = None
+
+        def connection_made(self, transport: Any, *args: Any, **kwargs: Any) -> None:
+            super().connection_made(transport, *args, **kwargs)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._request_timer is not None:
+                self._request_timer.cancel()
+                self._request_timer = None
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._request_timer is not None:
+                self._request_timer.cancel()
+            self._request_timer = self.loop.call_later(timeout_s, self._late)
+
+        def _late(self) -> None:
+            self._request_timer = None
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete and not cycle.more_body:
+                return  # a whole request, being answered: the next one is timed from its answer
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return _Timely

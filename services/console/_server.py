@@ -26,6 +26,7 @@ from microco.services.runtime.settings import add_common_flags
 
 from ._app import create_app
 from ._config import ConsoleConfig, add_console_flags, config_from_args
+from ._limits import REQUEST_TIMEOUT_S, timely_protocol
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,14 @@ class Presence:
 class ConsoleServer:
     """The console's HTTP server and registration, startable in-process (tests) or as ``main``."""
 
-    def __init__(self, config: ConsoleConfig, kv: EtcdKV, redis: Any = None, register: bool = True) -> None:
+    def __init__(
+        self,
+        config: ConsoleConfig,
+        kv: EtcdKV,
+        redis: Any = None,
+        register: bool = True,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> None:
         import uvicorn
 
         self.config = config
@@ -80,6 +88,7 @@ class ConsoleServer:
         self._uv = uvicorn.Server(
             uvicorn.Config(
                 self.app,
+                http=timely_protocol(request_timeout_s),
                 log_config=None,
                 access_log=False,
                 timeout_graceful_shutdown=5,

@@ -34,7 +34,7 @@ from microco.common.logs import configure_logging
 from microco.common.registry import Registration, ServiceRecord
 
 from . import metrics
-from .auth import Revocations, caller
+from .auth import Caller, Revocations, caller
 from .settings import ServiceSettings, add_common_flags, settings_from_args
 
 log = logging.getLogger(__name__)
@@ -75,12 +75,65 @@ def _checked_stream(requests: Iterator[Any]) -> Iterator[Any]:
         yield _check(request)
 
 
+class StreamSlots:
+    """How many streaming calls a service runs at once, in all and per caller.
+
+    A gRPC server runs each call on a thread of its pool, and a streaming call (``WatchJobs``,
+    ``ReadLog``, ``PutChunks``, ``Query``...) holds its thread for as long as the stream lives:
+    sixteen streams a user or a job opened and left open took every thread of a service, which
+    then answered no other call, health checks included (session 41). So streams may take all
+    but ``reserve`` of the pool's threads, and one caller other than a platform service at most
+    ``per_caller`` of them; a stream past either limit is refused (RESOURCE_EXHAUSTED, saying
+    which), never queued behind the others."""
+
+    def __init__(self, service: str, workers: int) -> None:
+        self.service = service
+        self.reserve = max(2, workers // 8)
+        self.limit = max(1, workers - self.reserve)
+        self.per_caller = max(1, self.limit * 3 // 8)
+        self._lock = threading.Lock()
+        self._total = 0
+        self._held: dict[str, int] = {}
+
+    def acquire(self, who: Caller, method: str) -> None:
+        from microco.common.errors import ResourceExhausted
+
+        mine = who.name if who.name and not who.is_service() else ""
+        with self._lock:
+            if mine and self._held.get(mine, 0) >= self.per_caller:
+                raise ResourceExhausted(
+                    f"{mine} already holds {self.per_caller} streaming calls on {self.service}, "
+                    f"the most one caller may: {method} refused; close one first"
+                )
+            if self._total >= self.limit:
+                raise ResourceExhausted(
+                    f"{self.service} runs {self.limit} streaming calls already, its most (its "
+                    f"other threads stay for other calls): {method} refused; retry later"
+                )
+            self._total += 1
+            if mine:
+                self._held[mine] = self._held.get(mine, 0) + 1
+
+    def release(self, who: Caller) -> None:
+        mine = who.name if who.name and not who.is_service() else ""
+        with self._lock:
+            self._total -= 1
+            if mine:
+                left = self._held.get(mine, 1) - 1
+                if left > 0:
+                    self._held[mine] = left
+                else:
+                    self._held.pop(mine, None)
+
+
 class ErrorAndMetricsInterceptor(grpc.ServerInterceptor):
     """Maps ``MicrocoError`` to its gRPC status, any other exception to INTERNAL (logged with its
-    stack, never sent), and counts every call by method and code."""
+    stack, never sent), and counts every call by method and code. With ``workers`` (the size of
+    the server's thread pool), streaming calls are limited by :class:`StreamSlots`."""
 
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, workers: int = 0) -> None:
         self.service = service
+        self.slots = StreamSlots(service, workers) if workers else None
 
     def intercept_service(self, continuation: Callable[..., Any], handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
@@ -104,12 +157,18 @@ class ErrorAndMetricsInterceptor(grpc.ServerInterceptor):
             log.exception("unhandled error in %s", handler_call_details.method, exc_info=exc)
             context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method} (see the {service} log)")
 
+        slots = self.slots
+
         def wrap_unary(behavior: Callable[..., Any], stream_in: bool) -> Callable[..., Any]:
             def call(request: Any, context: grpc.ServicerContext) -> Any:
                 start = time.perf_counter()
                 metrics.RPC_IN_FLIGHT.labels(service).inc()
+                who: Caller | None = None
                 try:
-                    caller(context)  # refuses a revoked certificate before any handler runs
+                    peer = caller(context)  # refuses a revoked certificate before any handler runs
+                    if stream_in and slots is not None:
+                        slots.acquire(peer, method)
+                        who = peer
                     req = _checked_stream(request) if stream_in else _check(request)
                     result = behavior(req, context)
                 except Exception as exc:
@@ -122,6 +181,8 @@ class ErrorAndMetricsInterceptor(grpc.ServerInterceptor):
                     finish(context, start, None)
                     return result
                 finally:
+                    if who is not None and slots is not None:
+                        slots.release(who)
                     metrics.RPC_IN_FLIGHT.labels(service).dec()
 
             return call
@@ -130,8 +191,12 @@ class ErrorAndMetricsInterceptor(grpc.ServerInterceptor):
             def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 start = time.perf_counter()
                 metrics.RPC_IN_FLIGHT.labels(service).inc()
+                who: Caller | None = None
                 try:
-                    caller(context)  # refuses a revoked certificate before any handler runs
+                    peer = caller(context)  # refuses a revoked certificate before any handler runs
+                    if slots is not None:
+                        slots.acquire(peer, method)
+                        who = peer
                     req = _checked_stream(request) if stream_in else _check(request)
                     yield from behavior(req, context)
                 except Exception as exc:
@@ -143,6 +208,8 @@ class ErrorAndMetricsInterceptor(grpc.ServerInterceptor):
                 else:
                     finish(context, start, None)
                 finally:
+                    if who is not None and slots is not None:
+                        slots.release(who)
                     metrics.RPC_IN_FLIGHT.labels(service).dec()
 
             return call
@@ -181,6 +248,10 @@ def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
 
 # --------------------------------------------------------------------------- runtime
 
+# A client has this long to finish its TLS handshake (session 41: gRPC's 120 s let idle sockets
+# of anyone, no certificate needed, hold the service's descriptors); as the Redis TLS front.
+HANDSHAKE_TIMEOUT_S = 10.0
+
 _INFO_SERVICE = common_pb2.DESCRIPTOR.services_by_name["InfoService"].full_name
 
 
@@ -211,7 +282,11 @@ class ServiceRuntime:
     settings: ServiceSettings
     kv: KV | None = None
     version: str = microco.__version__
-    max_workers: int = 16
+    # Threads are started as calls need them. Streaming calls take at most all but an eighth of
+    # them, one caller (not a service) at most 3/8 of the rest (``StreamSlots``): 42 of 128, more
+    # than a job's loader holds on a cache server (8 fetch threads per reading process).
+    max_workers: int = 128
+    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S
     # The credentials the server presents and checks clients against; by default the service's
     # own (``microco.common.identity.service_identity``). ``insecure=True`` (or the process in
     # insecure mode) serves plaintext.
@@ -288,10 +363,13 @@ class ServiceRuntime:
             ("grpc.max_receive_message_length", s.max_message_bytes),
             ("grpc.max_send_message_length", s.max_message_bytes),
             ("grpc.so_reuseport", 0),
+            # A connection that has not finished its TLS handshake by then is closed (gRPC's
+            # default, 120 s, let anyone hold a descriptor per socket that sent nothing)
+            ("grpc.server_handshake_timeout_ms", int(self.handshake_timeout_s * 1000)),
         ]
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix=s.name),
-            interceptors=[ErrorAndMetricsInterceptor(s.name)],
+            interceptors=[ErrorAndMetricsInterceptor(s.name, self.max_workers)],
             options=options,
         )
         if not any(name == _INFO_SERVICE for _, _, name in self._services):

@@ -98,9 +98,17 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--data-dir", default=_env("DATA_DIR", ""), help="where this service keeps its files")
     g.add_argument("--profile", default=_env("PROFILE", "dev"), choices=PROFILES, help="dev or prod")
     g.add_argument(
-        "--log-level", default=_env("LOG_LEVEL", "info"), choices=["debug", "info", "warning", "error"]
+        "--log-level",
+        default=_env("LOG_LEVEL", "info"),
+        choices=["debug", "info", "warning", "error"],
+        help="the least severe messages logged (MICROCO_LOG_LEVEL)",
     )
-    g.add_argument("--log-format", default=_env("LOG_FORMAT", "json"), choices=["json", "text"])
+    g.add_argument(
+        "--log-format",
+        default=_env("LOG_FORMAT", "json"),
+        choices=["json", "text"],
+        help="one JSON object per line, or text for people (MICROCO_LOG_FORMAT)",
+    )
     g.add_argument("--grace-s", type=float, default=float(_env("GRACE_S", "5")), help="shutdown grace period")
     g.add_argument("--lease-ttl-s", type=int, default=int(_env("LEASE_TTL_S", "5")), help="etcd lease TTL")
     g.add_argument(

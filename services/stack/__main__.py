@@ -40,12 +40,21 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("server", choices=["etcd", "redis", "pki", "etcd-roles"])
+    parser.add_argument(
+        "server",
+        choices=["etcd", "redis", "pki", "etcd-roles"],
+        help="what to run: etcd or Redis in the foreground, or a one-shot (above)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=0, help="etcd and redis: required")
     parser.add_argument("--peer-port", type=int, default=2380, help="etcd only")
     parser.add_argument("--advertise-host", default="", help="etcd only: the name clients dial")
-    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        required=True,
+        help="etcd's or Redis's data; pki and etcd-roles: the PKI's files",
+    )
     parser.add_argument("--password-file", type=Path, default=None, help="redis only: require this password")
     parser.add_argument(
         "--per-container",

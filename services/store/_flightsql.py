@@ -47,7 +47,7 @@ from microco.api.flight.v1 import flight_sql_pb2 as spb
 from microco.common import identity
 from microco.common.errors import InvalidArgument, MicrocoError, NotFound, Unimplemented
 from microco.services.runtime.auth import caller
-from microco.services.runtime.server import ErrorAndMetricsInterceptor
+from microco.services.runtime.server import HANDSHAKE_TIMEOUT_S, ErrorAndMetricsInterceptor
 
 from ._sqlparams import bind
 
@@ -542,9 +542,11 @@ class FlightSqlServer:
     coordinator, plaintext in insecure mode)."""
 
     def __init__(self, store: Any, host: str, port: int = 0, ident: identity.Identity | None = None) -> None:
+        workers = 32  # every Flight call streams: a few callers' open streams must not take them all
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="flightsql"),
-            interceptors=[ErrorAndMetricsInterceptor("store-flightsql")],
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="flightsql"),
+            interceptors=[ErrorAndMetricsInterceptor("store-flightsql", workers)],
+            options=[("grpc.server_handshake_timeout_ms", int(HANDSHAKE_TIMEOUT_S * 1000))],
         )
         fpb_grpc.add_FlightServiceServicer_to_server(FlightSqlServicer(store), self.server)
         self.secure = ident is not None

@@ -27,6 +27,7 @@ shape (and its shuffle-freedom) holds during recovery.
 from __future__ import annotations
 
 import base64
+import decimal
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -170,7 +171,7 @@ def pruned_partitions(
         if parts is None:
             continue
         allowed = parts if allowed is None else allowed & parts
-        why.append(f"{col} {op} {value!r}")
+        why.append(f"{col} {op} {value if isinstance(value, decimal.Decimal) else repr(value)}")
     return allowed, why
 
 

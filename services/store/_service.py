@@ -684,7 +684,8 @@ def _setup_node(ctx: ServiceContext) -> None:
 def main_coordinator(argv: list[str] | None = None) -> int:
     return run_service(
         SERVICE,
-        "Instalytics store coordinator: catalog, placement, planner, recovery",
+        "Instalytics store coordinator: catalog, placement, planner, recovery. A store node runs as "
+        "`python -m microco.services.store node` (its flags: `... node --help`).",
         _setup_coordinator,
         _coordinator_args,
         argv,

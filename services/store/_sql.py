@@ -65,6 +65,7 @@ from microco.common.errors import InvalidArgument, MicrocoError, NotFound, Resou
 from . import _exec, _plancache
 from ._catalog import Catalog, TableInfo
 from ._limits import MAX_SQL_BYTES, MAX_SQL_DEPTH, MAX_SQL_LIST, short
+from ._partition import _literal_array
 from ._placement import REPLICAS
 from ._planner import (
     COST_TIE,
@@ -601,7 +602,13 @@ def _constant(e: exp.Expr) -> Any:
     if isinstance(e, exp.Literal):  # the common case, without a DuckDB round trip
         if e.is_string:
             return e.this
-        return int(e.this) if e.this.lstrip("-").isdigit() else float(e.this)
+        if e.this.lstrip("-").isdigit():
+            return int(e.this)
+        if "e" in e.this.lower():
+            return float(e.this)  # DuckDB's DOUBLE
+        # DuckDB's DECIMAL, exactly: ``id < 300.00000000000000001`` holds for id 300, which
+        # the float 300.0 would have pruned away (held out, session 41)
+        return decimal.Decimal(e.this)
     if e.find(exp.Column, exp.Select, exp.AggFunc):
         raise ValueError("not constant")
     text = e.sql(DIALECT)
@@ -630,16 +637,49 @@ def _folded(text: str) -> Any:
         return v.date().isoformat()
     if isinstance(v, dt.date):
         return v.isoformat()
-    if isinstance(v, decimal.Decimal):
-        return float(v)
     return v
 
 
-def triples(conjuncts: list[exp.Expr], partition_cols: set[str]) -> list[tuple[str, str, Any]]:
-    """``(column, op, value)`` filters on partition columns, for pruning (the SQL filter itself
-    runs on the nodes, so a conjunct left out here costs pruning, never correctness)."""
+def _pruning_value(value: Any, type_: pa.DataType) -> Any:
+    """``value`` as the partitioning must see it for pruning by ``column <op> value`` to keep
+    every row SQL's comparison would (a tuple: each of an IN list's); ``ValueError`` where no
+    value does. DuckDB casts a string column to the number it is compared with (``'01' = 1``
+    holds); compares an integer or decimal column with a literal it does not hold exactly
+    (``k = 3.5``, ``id < 299.5``, ``m < 1.005e0``, an integer past 64 bits) in a wider type; and
+    a float column with a DECIMAL literal as the double nearest it (Python's ``float`` of it;
+    Arrow's decimal-to-double cast is off by an ulp for about one literal in five). Before (held
+    out, session 41) the first pruned to the partition of ``'1'``, the integers' failed the
+    query ("literal ... does not fit a column of type int64"), and ``id < 300.00000000000000001``
+    (read as the float 300.0) or ``m < 1.005e0`` (cast to 1.00) pruned away the partition
+    starting there."""
+    if isinstance(value, tuple):
+        return tuple(_pruning_value(v, type_) for v in value)
+    if value is None:
+        return value
+    if pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_string_view(type_):
+        if not isinstance(value, str):
+            raise ValueError("a string column compared with a number")
+        return value
+    if pa.types.is_floating(type_) and isinstance(value, decimal.Decimal):
+        value = float(value)
+    if isinstance(value, float) and (
+        pa.types.is_decimal(type_) or (pa.types.is_integer(type_) and not abs(value) < 2.0**53)
+    ):
+        raise ValueError("a double compared as a double with a column it is not")
+    try:
+        _literal_array([value], type_)
+    except InvalidArgument:
+        raise ValueError("a literal the column's type does not hold") from None
+    return value
+
+
+def triples(conjuncts: list[exp.Expr], t: TableInfo) -> list[tuple[str, str, Any]]:
+    """``(column, op, value)`` filters on ``t``'s partition columns, for pruning (the SQL filter
+    itself runs on the nodes, so a conjunct left out here costs pruning, never correctness)."""
+    partition_cols = {s.column for s in t.specs}
     out: list[tuple[str, str, Any]] = []
     for c in conjuncts:
+        before = len(out)
         try:
             if isinstance(c, exp.Binary) and type(c) in _CMP:
                 left, right, op = c.this, c.expression, _CMP[type(c)]
@@ -664,7 +704,14 @@ def triples(conjuncts: list[exp.Expr], partition_cols: set[str]) -> list[tuple[s
             ):
                 out.append((c.this.name, "in", tuple(_constant(v) for v in c.expressions)))
         except (ValueError, duckdb.Error):
+            del out[before:]
             continue
+        try:
+            out[before:] = [
+                (col, op, _pruning_value(v, t.schema.field(col).type)) for col, op, v in out[before:]
+            ]
+        except ValueError:
+            del out[before:]
     return out
 
 
@@ -1194,8 +1241,7 @@ def _gather(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan:
         pushed = len(occ) == 1 and not ctx.tree.find(exp.Pivot)
         conds = pushable(ctx.tree, occ[0], colsets[name], others) if pushed else []
         cols = ctx.needed(t)
-        pcols = {s.column for s in t.specs}
-        where = triples(conds, pcols)
+        where = triples(conds, t)
         # every replica moves what it reads to the coordinator: the cheapest read wins
         rep, cost, units, allowed = cheapest_replica(t, where, cols, ctx.live, ctx.addresses, ctx.resident)
         if len(occ) == 1:
@@ -2089,7 +2135,7 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
         t = ctx.tables[names[big]]
         others = set().union(*(colsets[m] for m in names if m != names[big]))
         conds = pushable(ctx.tree, refs[big], colsets[names[big]], others)
-        where = triples(conds, {s.column for s in t.specs})
+        where = triples(conds, t)
         gcols = [g.name for g in _owned_group(group, refs[big], colsets, names)]
         r, decoding = _split_replica(ctx, t, where, gcols)
         chosen = {t.name: r}
@@ -2129,11 +2175,7 @@ def _distributed(ctx: _Ctx, refs: list[exp.Table]) -> SqlPlan | None:
         if t.name in ctx.broadcast:
             continue  # (a table twice: read once, unpruned)
         others = set().union(*(colsets[m] for m in names if m != n))
-        where = (
-            []
-            if n in twice
-            else triples(pushable(ctx.tree, ref, colsets[n], others), {s.column for s in t.specs})
-        )
+        where = [] if n in twice else triples(pushable(ctx.tree, ref, colsets[n], others), t)
         r, _cost, units, _allowed = cheapest_replica(
             t, where, ctx.needed(t), ctx.live, ctx.addresses, ctx.resident
         )
@@ -2337,7 +2379,7 @@ def _units_by_partition(
         if id(ref) in ctx.noprune:
             continue  # NOT EXISTS, NOT IN, scalar: an outer row of a partition its filters prune is kept
         conds = pushable(ctx.tree, ref, colsets[n], others)
-        a, w = pruned_partitions(t, chosen[t.name], triples(conds, {s.column for s in t.specs}))
+        a, w = pruned_partitions(t, chosen[t.name], triples(conds, t))
         if a is not None:
             allowed = a if allowed is None else allowed & a
             why += w
@@ -2758,7 +2800,7 @@ def _exchange_tasks(
         conds = pushable(ctx.tree, ref, colsets[n], others)
         cols = ctx.needed(t)
         ncols += len(cols)
-        where = triples(conds, {s.column for s in t.specs})
+        where = triples(conds, t)
         rep, cost, units, allowed = cheapest_replica(t, where, cols, ctx.live, ctx.addresses, ctx.resident)
         chosen[t.name] = rep
         rows += cost.rows

@@ -52,9 +52,12 @@ def _literal(value: Any) -> exp.Expr:
         return exp.Null()
     if isinstance(value, bool):
         return exp.Boolean(this=value)
-    if isinstance(value, int | float | decimal.Decimal):
-        if isinstance(value, float) and value != value:  # NaN
-            return exp.cast(exp.Literal.string("NaN"), "DOUBLE")
+    if isinstance(value, float):
+        # a DOUBLE, as DuckDB binds a Python float: the text ``0.1`` is a DECIMAL literal, which
+        # equals a FLOAT column's 0.1 where the double 0.1 does not (and ``? * 3`` was 0.3, not
+        # 0.30000000000000004); ``inf`` is no number literal at all (held out, session 41)
+        return exp.cast(exp.Literal.string(repr(value) if value == value else "NaN"), "DOUBLE")
+    if isinstance(value, int | decimal.Decimal):
         return exp.Literal.number(str(value))
     if isinstance(value, str):
         return exp.Literal.string(value)

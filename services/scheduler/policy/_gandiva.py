@@ -1165,7 +1165,7 @@ class GandivaPolicy:
                     j.id,
                     tuple(j.grown_from),
                     f"gandiva: undo grow to {len(j.devices)} devices ({gain:.2f}x the throughput on "
-                    f"{len(j.grown_from)}: {j.minibatch_ms_before_grow:.1f} -> {j.minibatch_ms_settled:.1f} ms/step)",
+                    f"{len(j.grown_from)}: {j.minibatch_ms_before_grow:.3g} -> {j.minibatch_ms_settled:.3g} ms/step)",
                 )
             )
             acted.add(j.id)

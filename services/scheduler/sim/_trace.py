@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import os
 from bisect import bisect_right
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 TRACE_COLUMNS = (
     "job_id",
@@ -256,6 +259,116 @@ def load_tiresias(path: str | os.PathLike) -> list[TraceJob]:
     return jobs
 
 
+PHILLY_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+def _philly_time(value: Any) -> datetime | None:
+    """A ``cluster_job_log`` time, or None where the log has none (null, "", "None")."""
+    if value is None or value in ("", "None"):
+        return None
+    return datetime.strptime(str(value), PHILLY_TIME_FORMAT)
+
+
+def load_philly(
+    path: str | os.PathLike,
+    *,
+    run_time: str = "held",
+    statuses: tuple[str, ...] = ("Pass", "Killed", "Failed"),
+    elastic_fraction: float = 0.0,
+    min_duration_s: float = 1.0,
+    time_scale: float = 1.0,
+    skipped: dict[str, int] | None = None,
+) -> list[TraceJob]:
+    """Microsoft Philly's ``cluster_job_log`` (msr-fiddle/philly-traces: one JSON list of jobs,
+    each ``{"status", "vc", "jobid", "attempts": [{"start_time", "end_time", "detail": [{"ip",
+    "gpus": [...]}]}], "submitted_time", "user"}``, times as ``YYYY-mm-dd HH:MM:SS``).
+
+    Arrivals are ``submitted_time`` in seconds after the earliest one in the file. The GPU count
+    is the first attempt's GPUs over all its servers, as the trace's own analysis counts it. The
+    run time (``run_time``) is ``"held"``: the sum of the attempts' ``end_time - start_time``,
+    the time the job held its GPUs, as the Alibaba importer takes it (attempts without both
+    times add nothing); or ``"span"``: the last attempt's end minus the first attempt's start
+    (the trace's analysis; it counts the waits between attempts). Left out, counted by reason in
+    ``skipped`` when given: a job without attempts, without GPUs in its first attempt, without a
+    start to its first attempt, still running when the log was taken (its last attempt has no
+    end), or of a status not in ``statuses``. The log's times carry no time zone (the per-minute
+    files say PDT/PST): they are taken as written, so an attempt across 2017-11-05's change of
+    clock may be an hour off. ``vc`` and ``user``: the owner (``vc/user``). A model family is
+    drawn per job from a stable hash and ``elastic_fraction`` of the jobs marked elastic, as for
+    the Alibaba trace (the log has neither)."""
+    if run_time not in ("held", "span"):
+        raise ValueError(f"run_time must be 'held' or 'span', not {run_time!r}")
+    p = Path(path)
+    try:
+        with p.open() as fh:
+            log = json.load(fh)
+    except OSError as exc:
+        raise TraceError(f"cannot open Philly trace {p}: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{p}: not a Philly cluster_job_log (JSON): {exc}") from None
+    if not isinstance(log, list):
+        raise TraceError(
+            f"{p}: not a Philly cluster_job_log: want a JSON list of jobs, got {type(log).__name__}"
+        )
+    counts: dict[str, int] = {} if skipped is None else skipped
+
+    def skip(reason: str) -> None:
+        counts[reason] = counts.get(reason, 0) + 1
+
+    rows: list[tuple[datetime, str, int, float, str]] = []
+    seen: set[str] = set()
+    for n, job in enumerate(log):
+        try:
+            jid = str(job["jobid"])
+            if jid in seen:
+                raise ValueError(f"jobid {jid!r} repeated")
+            seen.add(jid)
+            if job.get("status") not in statuses:
+                skip(f"status {job.get('status')}")
+                continue
+            submitted = _philly_time(job["submitted_time"])
+            attempts = job.get("attempts") or []
+            if submitted is None or not attempts:
+                skip("no attempts" if submitted is not None else "no submitted_time")
+                continue
+            gpus = sum(len(d.get("gpus") or []) for d in attempts[0].get("detail") or [])
+            times = [(_philly_time(a.get("start_time")), _philly_time(a.get("end_time"))) for a in attempts]
+            if gpus < 1:
+                skip("no GPUs")
+                continue
+            if times[0][0] is None:
+                skip("no start")
+                continue
+            if times[-1][1] is None:
+                skip("still running")
+                continue
+            if run_time == "span":
+                seconds = (times[-1][1] - times[0][0]).total_seconds()
+            else:
+                seconds = sum((e - s).total_seconds() for s, e in times if s is not None and e is not None)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise TraceError(f"{p}: job #{n}: {exc!r}") from None
+        owner = f"{job.get('vc', '')}/{job.get('user', '')}"
+        rows.append((submitted, jid, gpus, max(min_duration_s, seconds), owner))
+    if not rows:
+        return []
+    origin = min(r[0] for r in rows)
+    jobs = [
+        TraceJob(
+            job_id=jid,
+            submit_time=(sub - origin).total_seconds() * time_scale,
+            devices=gpus,
+            duration_s=dur * time_scale,
+            model=GAVEL_FAMILIES[int(_stable_unit("model", jid) * len(GAVEL_FAMILIES))],
+            elastic=_stable_unit("elastic", jid) < elastic_fraction,
+            owner=owner,
+        )
+        for sub, jid, gpus, dur, owner in rows
+    ]
+    jobs.sort(key=lambda j: (j.submit_time, j.job_id))
+    return jobs
+
+
 class PhillyDurations:
     """Philly run times (``philly_runtime.csv``) as an empirical distribution, to give
     durations to a trace that lacks them. ``sample(key)`` is deterministic in ``key``."""
@@ -289,10 +402,15 @@ class PhillyDurations:
 
 def load_trace(path: str | os.PathLike, **kw) -> list[TraceJob]:
     """Read any supported trace, recognised by its header: the native format, an Alibaba
-    gpu-v2023 pod list, or the Tiresias trace. Extra keywords go to the Alibaba importer."""
+    gpu-v2023 pod list, the Tiresias trace, or (a JSON list) Philly's ``cluster_job_log``.
+    Extra keywords go to the Alibaba or Philly importer."""
     p = Path(path)
     try:
         with p.open(newline="") as fh:
+            first = fh.read(4096).lstrip()
+            if first.startswith("["):  # a JSON list: Philly's cluster_job_log
+                return load_philly(p, **kw)
+            fh.seek(0)
             header = set(next(csv.reader(fh), []))
     except OSError as exc:
         raise TraceError(f"cannot open trace {p}: {exc.strerror}") from exc

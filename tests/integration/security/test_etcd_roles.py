@@ -268,3 +268,46 @@ def test_users_and_jobs_read_the_compilers_records_but_never_write_them(etcd_wit
         assert c.get("/microco/compiler/committed/k")[0] == b"{}", who
         assert denied(c, "put", "/microco/compiler/committed/k"), who
         assert denied(c, "put", "/microco/compiler/explorations/k"), who
+
+
+def test_a_revoked_certificate_reaches_etcd_no_more(etcd_with_roles):
+    """Session 41: `microco user revoke` put the name on the deny-list, which every service
+    follows, but etcd knows a certificate by its common name alone and never reads that list:
+    a revoked administrator's stolen key still had etcd's ``root`` role, and deleted its own
+    entry from the deny-list (every service then accepted it again); a revoked user's key still
+    rewrote her dataset registrations (where her jobs read their samples). Revoking a user now
+    also deletes their etcd user."""
+    from microco.cli import main
+    from microco.common import identity
+    from microco.common.etcd_roles import EtcdAuth
+
+    ep = etcd_with_roles
+    auth = EtcdAuth(ep, issued("user:root", admin=True))
+    try:
+        auth.add_identity("user:mallory-admin", admin=True)
+        auth.add_identity("user:carol")
+    finally:
+        auth.close()
+    old_admin, old_carol = client(ep, "user:mallory-admin", admin=True), client(ep, "user:carol")
+    old_carol.put("/microco/cache/datasets/carol/ds", b'{"url": "/data/carol"}')
+    identity.use(issued("user:root", admin=True))  # the administrator who revokes them
+    try:
+        assert main(["user", "revoke", "mallory-admin", "--etcd", ep]) == 0
+        assert main(["user", "revoke", "user:carol", "--etcd", ep]) == 0
+    finally:
+        identity.use(None)
+    revoked_key = "/microco/security/revoked/user:mallory-admin"
+    assert client(ep, "user:root", admin=True).get(revoked_key)[0]
+    # the revoked administrator cannot take itself off the deny-list, nor read anything
+    try:
+        old_admin.delete(revoked_key)
+        undone = True
+    except Exception:  # noqa: BLE001 - pyetcd's own type for PERMISSION_DENIED
+        undone = False
+    assert not undone and client(ep, "user:root", admin=True).get(revoked_key)[0]
+    assert denied(old_admin, "get", "/microco/scheduler/jobs/j-1")
+    # the revoked user can neither send her jobs to other samples nor read the registry
+    assert denied(old_carol, "put", "/microco/cache/datasets/carol/ds")
+    assert denied(old_carol, "get", "/microco/services/cache/c-1")
+    # someone else is untouched
+    assert client(ep, "user:alice").get("/microco/services/cache/c-1") is not None

@@ -134,3 +134,53 @@ def test_a_private_ca_for_a_block_leaves_the_process_as_it_was(tmp_path, monkeyp
         shutil.rmtree(tmp_path / name)  # as the benchmark removes its directory
         assert identity.ENV_CA_DIR not in __import__("os").environ and identity._used is None
     assert seen[0] != seen[1]
+
+
+def test_a_restarted_job_never_gets_expired_or_revoked_credentials_again(monkeypatch):
+    """Session 41: the CA kept every identity it issued, by name, for the life of its process
+    (the scheduler's), and handed it out again: a job restarted (migrated, requeued, resumed)
+    31 days after its first start got its first, expired, 30-day certificate, refused by every
+    service and by its own client; one whose certificate an operator revoked got it again after
+    the revocation, refused for ever. A kept identity is handed out only while it is in the first
+    half of its life and not revoked; what is kept is bounded."""
+    import datetime
+    import time
+
+    ca = CertificateAuthority.create()
+    first = ca.issue("job:long", days=30)
+    assert ca.issue("job:long", days=30) is first  # kept while young
+    real = datetime.datetime
+
+    class _Later(real):  # type: ignore[misc, valid-type]
+        @classmethod
+        def now(cls, tz=None):  # type: ignore[no-untyped-def]
+            return cls.fromtimestamp(real.now(tz).timestamp() + 31 * 86400, tz)
+
+    monkeypatch.setattr(datetime, "datetime", _Later)
+    try:
+        later = ca.issue("job:long", days=30)
+    finally:
+        monkeypatch.setattr(datetime, "datetime", real)
+    assert later.cert_pem != first.cert_pem
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(later.cert_pem)
+    assert cert.not_valid_after_utc > real.now(datetime.timezone.utc) + datetime.timedelta(days=59)
+    # revoked after it was issued: the next start gets a new certificate, which is not revoked
+    job = ca.issue("job:leaked")
+    identity.set_revoked({"job:leaked": time.time()})
+    try:
+        time.sleep(1.1)  # a certificate carries whole seconds
+        again = ca.issue("job:leaked")
+        assert again.cert_pem != job.cert_pem
+        assert identity.revoked("job:leaked", job.cert_pem) and not identity.revoked(
+            "job:leaked", again.cert_pem
+        )
+    finally:
+        identity.set_revoked({})
+    # a shorter life asked for is not answered with a longer one kept
+    short = ca.issue("user:brief", days=1)
+    assert ca.issue("user:brief", days=0).cert_pem != short.cert_pem
+    for i in range(2000):  # what the CA keeps is bounded
+        ca.issue(f"job:many-{i}")
+    assert len(ca._issued) <= 1024

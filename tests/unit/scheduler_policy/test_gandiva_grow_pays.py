@@ -107,3 +107,12 @@ def test_the_fields_come_from_a_stored_record():
         }
     )
     assert v.grown_from == ("n0/0",) and v.minibatch_ms_settled == 5.0 and v.max_useful_devices == 3
+
+
+def test_an_undone_grows_reason_shows_sub_millisecond_times_apart():
+    # session 41: a CPU-bound loop of 0.69 ms mini-batches, 0.73 ms on 2 devices, read
+    # "0.94x the throughput on 1: 0.7 -> 0.7 ms/step" in its history
+    (d,) = decide(grown(0.7284, before_ms=0.6875))
+    assert "0.94x the throughput on 1: 0.688 -> 0.728 ms/step" in d.reason, d.reason
+    (d,) = decide(grown(14.8))
+    assert "10 -> 14.8 ms/step" in d.reason, d.reason

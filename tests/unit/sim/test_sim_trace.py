@@ -97,3 +97,74 @@ def test_tiresias_and_philly_and_gavel() -> None:
     assert perf.packed_speed(m, 1.0, [], "v100") == 1.0
     # complementary shares interfere much less than two full jobs
     assert perf.packed_speed(m, 0.3, [(m, 0.3)], "v100") > perf.packed_speed(m, 1.0, [(m, 1.0)], "v100")
+
+
+# ---------------------------------------------------------------- Philly's cluster_job_log
+# Hand-written from msr-fiddle/philly-traces' README (its schema and example entry; the first job
+# is that example): the trace itself (6.6 GB) is not in ../shared/traces.
+PHILLY_SAMPLE = Path(__file__).parent / "data" / "philly_cluster_job_log_sample.json"
+
+
+def test_philly_cluster_job_log_is_read_with_arrivals_gpus_and_run_times() -> None:
+    from microco.services.scheduler.sim import load_philly
+
+    skipped: dict[str, int] = {}
+    jobs = load_philly(PHILLY_SAMPLE, skipped=skipped)
+    by_id = {j.job_id.rsplit("_", 1)[1]: j for j in jobs}
+    assert sorted(by_id) == ["14199", "14200", "14201", "14202"]
+    assert [j.job_id[-5:] for j in jobs] == ["14200", "14199", "14201", "14202"]  # by arrival
+    assert by_id["14200"].submit_time == 0.0  # the earliest submission
+    assert by_id["14199"].submit_time == 12 * 60 + 9
+    # the README's example: 8 GPUs, two attempts held for 74 s and 2 d 5 h 39 min 42 s
+    assert by_id["14199"].devices == 8
+    assert by_id["14199"].duration_s == 74 + 2 * 86400 + 5 * 3600 + 39 * 60 + 42
+    assert by_id["14201"].devices == 16  # the first attempt's GPUs over its two servers
+    assert by_id["14202"].duration_s == 5 * 60  # an attempt without its end adds nothing
+    assert by_id["14200"].owner == "ee9e8c/a1b2c3"
+    assert skipped == {"no attempts": 1, "no start": 1, "status Running": 1, "still running": 1, "no GPUs": 1}
+    span = {j.job_id[-5:]: j for j in load_philly(PHILLY_SAMPLE, run_time="span")}
+    assert span["14199"].duration_s == (2 * 86400 + 5 * 3600 + 41 * 60 + 3)  # with the 7 s between attempts
+    assert span["14202"].duration_s == 15 * 60
+    # recognised by load_trace (a JSON list), with the Alibaba importer's keywords
+    scaled = load_trace(PHILLY_SAMPLE, time_scale=0.5, elastic_fraction=1.0)
+    assert [j.duration_s for j in scaled] == [j.duration_s * 0.5 for j in jobs]
+    assert all(j.elastic for j in scaled)
+
+
+def test_philly_reader_says_what_is_wrong(tmp_path: Path) -> None:
+    from microco.services.scheduler.sim import load_philly
+
+    bad = tmp_path / "log.json"
+    bad.write_text('{"jobid": "x"}')
+    with pytest.raises(TraceError, match="JSON list of jobs"):
+        load_philly(bad)
+    bad.write_text('[{"jobid": "x", "status": "Pass", "submitted_time": "07/10/2017", "attempts": []}]')
+    with pytest.raises(TraceError, match="job #0"):
+        load_philly(bad)
+    with pytest.raises(ValueError, match="run_time"):
+        load_philly(PHILLY_SAMPLE, run_time="wall")
+
+
+def test_a_philly_trace_runs_through_the_simulator_under_each_policy() -> None:
+    from microco.services.scheduler.policy import make_policy
+    from microco.services.scheduler.sim import ClusterSpec, load_philly, simulate
+
+    jobs = load_philly(PHILLY_SAMPLE, time_scale=0.01)
+    for name in ("fifo", "las", "gandiva"):
+        result = simulate(make_policy(name), jobs, ClusterSpec.for_gpus(16, 8), perf=PerfModel.uniform())
+        assert result.jobs == len(jobs) and result.jobs_rejected == 0 and result.stopped_early == 0, name
+        assert set(result.per_job) == {j.job_id for j in jobs}, name
+
+
+def test_a_generated_philly_sample_reads_back_whole(tmp_path: Path) -> None:
+    import json
+
+    from microco.benchmarks.sim_philly_sample import philly_sample
+    from microco.services.scheduler.sim import load_philly
+
+    log = philly_sample(50, 16, 1.0, 3, [30.0, 600.0, 7200.0])
+    path = tmp_path / "cluster_job_log"
+    path.write_text(json.dumps(log))
+    jobs = load_philly(path)
+    assert len(jobs) == 50 and {j.devices for j in jobs} <= {1, 2, 4, 8, 16}
+    assert jobs == load_trace(path)
