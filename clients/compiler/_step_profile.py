@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from ._intervals import union_length
+
 # Kernels a compiler leaves to the vendor library on the CPU: products, convolutions, fused
 # attention (their backward ops included). Union of intervals, so an op nested in another
 # (``aten::convolution`` around ``aten::mkldnn_convolution``, ``aten::matmul`` around
@@ -86,17 +88,6 @@ class StepProfile:
         if not own > 0:
             return 1.0
         return min(1.0, max(0.0, self.gemm_ms / own))
-
-
-def _union_ms(intervals: list[tuple[int, int]]) -> float:
-    """Total length (ms) of the union of ``(start_ns, end_ns)`` intervals."""
-    total, end = 0, -1
-    for s, e in sorted(intervals):
-        if e <= end:
-            continue
-        total += e - max(s, end)
-        end = e
-    return total / 1e6
 
 
 # Kineto's own log level where the user set none: above its highest (``USDT``, 5). Kineto
@@ -165,7 +156,7 @@ class StepProfiler:
                 if ev.name() in GEMM_OPS:
                     s = ev.start_ns()
                     by_thread.setdefault(ev.start_thread_id(), []).append((s, s + ev.duration_ns()))
-            gemm = sum(_union_ms(iv) for iv in by_thread.values())
+            gemm = sum(union_length(iv) for iv in by_thread.values()) / 1e6
         except Exception:  # noqa: BLE001 - an unreadable profile leaves the prior
             return None
         cost = (time.perf_counter() - started) * 1e3

@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ._intervals import union_length
+
 log = logging.getLogger(__name__)
 
 # Op types (the part of an op event's name after its last ":") whose kernels are products or
@@ -75,16 +77,6 @@ class TfStepProfile:
         if not self.span_ms > 0:
             return 0.0
         return min(1.0, max(0.0, self.convolution_ms / self.span_ms))
-
-
-def _union_ps(intervals: list[tuple[int, int]]) -> int:
-    total, end = 0, -1
-    for s, e in sorted(intervals):
-        if e <= end:
-            continue
-        total += e - max(s, end)
-        end = e
-    return total
 
 
 def _windows(space: Any, function: str) -> list[tuple[int, int]]:
@@ -138,7 +130,7 @@ def _step_reads(space: Any, windows: list[tuple[int, int]]) -> list[tuple[float,
                     if any(k in op for k in CONVOLUTION_OPS):
                         w["conv"].append((start, end))
     return [
-        ((w["last"] - w["first"]) / 1e9, _union_ps(w["lib"]) / 1e9, _union_ps(w["conv"]) / 1e9, w["n"])
+        ((w["last"] - w["first"]) / 1e9, union_length(w["lib"]) / 1e9, union_length(w["conv"]) / 1e9, w["n"])
         for w in per
         if w["n"]
     ]

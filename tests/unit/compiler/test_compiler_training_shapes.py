@@ -56,6 +56,36 @@ def _astra(model: nn.Module) -> AstraTorch:
     )
 
 
+def _seq_batch(i: int):
+    g = torch.Generator().manual_seed(i)
+    return torch.randn(6, 4, 8, generator=g), torch.randn(4, 1, generator=g)
+
+
+def _mse_run(astra_on: bool, make_model, make_opt, steps: int = 30, batch=_seq_batch, before=None):
+    """Train ``make_model()`` with ``make_opt(parameters)`` on an MSE loss over ``steps``
+    mini-batches (``batch(i)``), each step through ``astra.run`` when ``astra_on``;
+    ``before(model, i)`` runs ahead of each step. (losses, model, optimiser, astra)"""
+    torch.manual_seed(0)
+    model = make_model()
+    opt = make_opt(model.parameters())
+    astra = _astra(model) if astra_on else None
+    losses = []
+    for i in range(steps):
+        x, y = batch(i)
+
+        def step(x=x, y=y):
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+        if before is not None:
+            before(model, i)
+        losses.append(astra.run(step) if astra is not None else step())
+    return losses, model, opt, astra
+
+
 def _gan(astra_on: bool):
     """Two models, two optimisers, two backward passes a step, the generator's output detached
     for the discriminator's; the wrapper is given both models in one ``ModuleDict`` whose own
@@ -288,23 +318,13 @@ def test_a_cell_under_activation_checkpointing_runs_its_own_code_and_no_trial_fa
     original forward and recomputation"), rolled back and repeated."""
 
     def train(astra_on: bool):
-        torch.manual_seed(0)
-        model = _CheckpointedCells()
-        opt = torch.optim.SGD(model.parameters(), 0.05)
-        astra = _astra(model) if astra_on else None
-        losses = []
-        for i in range(24):
+        def batch(i):
             g = torch.Generator().manual_seed(i % 5)
-            x, y = torch.randn(8, 6, 12, generator=g), torch.randn(8, 1, generator=g)
+            return torch.randn(8, 6, 12, generator=g), torch.randn(8, 1, generator=g)
 
-            def step(x=x, y=y):
-                loss = nn.functional.mse_loss(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                return loss.item()
-
-            losses.append(astra.run(step) if astra is not None else step())
+        losses, _model, _opt, astra = _mse_run(
+            astra_on, _CheckpointedCells, lambda p: torch.optim.SGD(p, 0.05), steps=24, batch=batch
+        )
         return losses, astra
 
     losses, astra = train(True)
@@ -366,23 +386,9 @@ def test_a_cell_whose_forward_a_traced_graph_would_not_keep_runs_its_own_code(ce
     30 steps). Such a cell now stays eager."""
 
     def train(astra_on: bool):
-        torch.manual_seed(0)
-        model = _QuantisedRNN(cell)
-        opt = torch.optim.SGD(model.parameters(), 0.1)
-        astra = _astra(model) if astra_on else None
-        losses = []
-        for i in range(30):
-            g = torch.Generator().manual_seed(i)
-            x, y = torch.randn(6, 4, 8, generator=g), torch.randn(4, 1, generator=g)
-
-            def step(x=x, y=y):
-                loss = nn.functional.mse_loss(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                return loss.item()
-
-            losses.append(astra.run(step) if astra is not None else step())
+        losses, model, _opt, astra = _mse_run(
+            astra_on, lambda: _QuantisedRNN(cell), lambda p: torch.optim.SGD(p, 0.1)
+        )
         return losses, model, astra
 
     ref, ref_model, _ = train(False)
@@ -512,24 +518,12 @@ def test_a_cell_whose_plain_values_change_runs_its_own_code(cell):
     count once, on the real value: with a buffer, the losses 3.6% from eager's)."""
 
     def train(astra_on: bool):
-        torch.manual_seed(0)
-        model = _QuantisedRNN(cell)
-        opt = torch.optim.SGD(model.parameters(), 0.1)
-        astra = _astra(model) if astra_on else None
-        losses = []
-        for i in range(30):
-            g = torch.Generator().manual_seed(i)
-            x, y = torch.randn(6, 4, 8, generator=g), torch.randn(4, 1, generator=g)
-
-            def step(x=x, y=y):
-                loss = nn.functional.mse_loss(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                return loss.item()
-
+        def anneal(model, i):
             model.cell.tau = 1.0 + i / 10
-            losses.append(astra.run(step) if astra is not None else step())
+
+        losses, model, _opt, astra = _mse_run(
+            astra_on, lambda: _QuantisedRNN(cell), lambda p: torch.optim.SGD(p, 0.1), before=anneal
+        )
         return losses, model, astra
 
     ref, ref_model, _ = train(False)
@@ -634,23 +628,9 @@ def test_a_cell_with_hooked_or_parametrized_modules_runs_its_own_code(parametriz
     a batched parametrized weight failed each of its trials."""
 
     def train(astra_on: bool):
-        torch.manual_seed(0)
-        model = _SpectralRNN(parametrized)
-        opt = torch.optim.Adam(model.parameters(), 1e-2)
-        astra = _astra(model) if astra_on else None
-        losses = []
-        for i in range(30):
-            g = torch.Generator().manual_seed(i)
-            x, y = torch.randn(6, 4, 8, generator=g), torch.randn(4, 1, generator=g)
-
-            def step(x=x, y=y):
-                loss = nn.functional.mse_loss(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                return loss.item()
-
-            losses.append(astra.run(step) if astra is not None else step())
+        losses, model, _opt, astra = _mse_run(
+            astra_on, lambda: _SpectralRNN(parametrized), lambda p: torch.optim.Adam(p, 1e-2)
+        )
         return losses, model, astra
 
     ref, ref_model, _ = train(False)
