@@ -90,8 +90,7 @@ def measure(name: str, pairs: int) -> dict[str, Any]:
     import numpy as np
     import tensorflow as tf
 
-    from microco.clients.compiler._tf import AstraTF
-    from microco.clients.compiler._tf_profile import StepsProfiler
+    from microco.clients.compiler import AstraTF, StepsProfiler
 
     model, x = _model(name)
     y = tf.constant(np.arange(int(x.shape[0])) % 10)

@@ -815,7 +815,7 @@ class InProcess:
 
     def load(self, name: str, table: pa.Table, layout: list[str]) -> None:
         from microco.clients.store import parse_partitioning
-        from microco.services.store._service import spec_from_pb
+        from microco.services.store import spec_from_pb
 
         self.core.create_table(name, table.schema, [spec_from_pb(parse_partitioning(p)) for p in layout])
         for piece in pieces(table):

@@ -25,6 +25,7 @@ __all__ = [
     "Explorer",
     "MicrocoBackend",
     "RemoteExplorer",
+    "StepsProfiler",
     "attach_fit",
     "baseline",
     "register_backend",
@@ -37,6 +38,7 @@ _LAZY = {
     "AstraKerasFit": "._keras_fit",
     "attach_fit": "._keras_fit",
     "RemoteExplorer": "._remote",
+    "StepsProfiler": "._tf_profile",
     "MicrocoBackend": "._backend",
     "register_backend": "._backend",
 }

@@ -18,7 +18,7 @@ from ._exec import to_plain_strings
 from ._flight import FlightTransport
 from ._layout import CODECS, ExtentMeta, bucketed_extents, open_extent, write_extent
 from ._nodestore import CorruptExtent, NodeStore
-from ._partition import HASH, RANGE, PartitionSpec, partition_ids
+from ._partition import HASH, RANGE, PartitionSpec, partition_ids, spec_from_pb
 from ._placement import NodeInfo, check_row_copies, place_super_extent
 from ._planner import Plan, plan_query
 from ._procs import StoreCluster
@@ -61,6 +61,7 @@ __all__ = [
     "place_super_extent",
     "plan_query",
     "plan_recovery",
+    "spec_from_pb",
     "to_plain_strings",
     "write_extent",
 ]

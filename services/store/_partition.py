@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from microco.api.store.v1 import store_pb2 as pb
 from microco.common.errors import InvalidArgument
 
 HASH = "hash"
@@ -310,3 +311,27 @@ def _literal_array(values: list[Any], type_: pa.DataType) -> pa.Array:
             raise InvalidArgument(
                 f"literal {values!r} does not fit a column of type {type_}: {exc}"
             ) from None
+
+
+# -- the wire form of a replica's partitioning
+
+_KIND_TO_PB = {HASH: pb.PARTITION_KIND_HASH, RANGE: pb.PARTITION_KIND_RANGE}
+
+
+def spec_to_pb(s: PartitionSpec, codec: str = "") -> pb.Partitioning:
+    """A ``PartitionSpec`` (and its replica's extent codec) as the wire carries it."""
+    return pb.Partitioning(
+        column=s.column,
+        kind=_KIND_TO_PB[s.kind],
+        partitions=s.partitions,
+        range_bounds=list(s.bounds),
+        codec=codec,
+    )
+
+
+def spec_from_pb(p: pb.Partitioning) -> PartitionSpec:
+    """A replica's partitioning as the wire carries it (``Partitioning``) as a ``PartitionSpec``."""
+    kind = RANGE if p.kind == pb.PARTITION_KIND_RANGE else HASH
+    if kind == HASH:
+        return PartitionSpec(p.column, HASH, p.partitions or 8)
+    return PartitionSpec(p.column, RANGE, bounds=tuple(p.range_bounds))

@@ -31,7 +31,7 @@ from ._flight import NODE_SERVICE, FlightTransport, StoreFlightServer
 from ._layout import CODECS, DEFAULT_COMPRESSION, EXTENT_LAYOUT, LAYOUTS
 from ._limits import check_keys, load_json
 from ._nodestore import CACHE_BYTES, NodeStore
-from ._partition import HASH, RANGE, PartitionSpec
+from ._partition import spec_from_pb, spec_to_pb
 from ._query import Query
 from ._standby import CoordinatorElection
 
@@ -42,25 +42,6 @@ SERVICE = "store"
 QUERIES = Counter("microco_store_queries_total", "queries run, by plan kind", ["kind"])
 LOST = Gauge("microco_store_unavailable_extents", "extents on dead nodes or corrupt")
 REBUILT = Counter("microco_store_extents_rebuilt_total", "extents rebuilt by recovery")
-
-_KIND_TO_PB = {HASH: pb.PARTITION_KIND_HASH, RANGE: pb.PARTITION_KIND_RANGE}
-
-
-def spec_to_pb(s: PartitionSpec, codec: str = "") -> pb.Partitioning:
-    return pb.Partitioning(
-        column=s.column,
-        kind=_KIND_TO_PB[s.kind],
-        partitions=s.partitions,
-        range_bounds=list(s.bounds),
-        codec=codec,
-    )
-
-
-def spec_from_pb(p: pb.Partitioning) -> PartitionSpec:
-    kind = RANGE if p.kind == pb.PARTITION_KIND_RANGE else HASH
-    if kind == HASH:
-        return PartitionSpec(p.column, HASH, p.partitions or 8)
-    return PartitionSpec(p.column, RANGE, bounds=tuple(p.range_bounds))
 
 
 def schema_from_bytes(raw: bytes) -> pa.Schema:

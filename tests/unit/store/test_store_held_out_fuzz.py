@@ -12,8 +12,7 @@ import pytest
 from microco.benchmarks import store_sqlfuzz
 from microco.clients.store import parse_partitioning
 from microco.common.kv import MemoryKV
-from microco.services.store import LocalTransport, NodeInfo, StoreCore
-from microco.services.store._service import spec_from_pb
+from microco.services.store import LocalTransport, NodeInfo, StoreCore, spec_from_pb
 
 N = 600
 # decimal literals whose nearest double Arrow's decimal-to-double cast misses by an ulp
