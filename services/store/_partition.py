@@ -224,7 +224,15 @@ def range_bounds(spec: PartitionSpec, type_: pa.DataType) -> pa.Array:
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise InvalidArgument(f"range bounds {list(spec.bounds)} do not parse as {type_}: {exc}") from None
     s = _sortable(b)
-    if any(s[i] >= s[i + 1] for i in range(len(s) - 1)):
+    for i in range(len(s) - 1):
+        if s[i] < s[i + 1]:
+            continue
+        if pa.types.is_decimal(type_) and b[i].as_py() < b[i + 1].as_py():
+            # rows of a decimal key are placed by their value as a double: no row could fall between
+            raise InvalidArgument(
+                f"range bounds {b[i].as_py()} and {b[i + 1].as_py()} for {spec.column!r} are the same "
+                "double (a decimal key's rows are placed by their value as a double)"
+            )
         raise InvalidArgument(f"range bounds for {spec.column!r} must be strictly increasing")
     return b
 
@@ -263,6 +271,13 @@ def partitions_for_predicate(spec: PartitionSpec, type_: pa.DataType, op: str, v
             return set(partition_ids(spec, _literal_array(list(value), type_)).tolist())
         return None
     bounds = _sortable(range_bounds(spec, type_))
+    if pa.types.is_decimal(type_):
+        if op == "in":
+            xs = _sortable(_literal_array(list(value), type_))
+            return set().union(*(_decimal_partitions(bounds, float(x), "=") for x in xs))
+        if op not in ("=", "<", "<=", ">", ">="):
+            return None
+        return _decimal_partitions(bounds, float(_sortable(_literal_array([value], type_))[0]), op)
     if op == "in":
         vals = _sortable(_literal_array(list(value), type_))
         return {int(np.searchsorted(bounds, x, side="right")) for x in vals}
@@ -280,6 +295,25 @@ def partitions_for_predicate(spec: PartitionSpec, type_: pa.DataType, op: str, v
         # partition p holds x; partitions above p start at bounds >= ... > x
         return set(range(0, p + 1))
     return set(range(p, spec.count)) & all_parts
+
+
+def _decimal_partitions(bounds: np.ndarray, x: float, op: str) -> set[int]:
+    """Partitions of a decimal range key that may hold a value ``<op>`` the literal whose double
+    (Arrow's cast, as the rows were placed by theirs) is ``x``. A row goes to its partition by
+    its value as a double, and decimals that differ share one (near 1e20 a double's step is
+    16,384, a decimal(38, 10)'s 1e-10), nor is Arrow's cast always the nearest double: a value
+    below a bound may sit in the bound's partition. So the literal's double is widened by a few
+    ulps either way, and ``<`` keeps the partition a bound equal to it starts. Before (held out,
+    session 42) ``big < 100000000000000000000`` lost 99999999999999999999.9, placed at the
+    partition starting at 1e20 and pruned away, silently."""
+    slack = 4 * np.spacing(abs(x)) if np.isfinite(x) else 0.0
+    lo = int(np.searchsorted(bounds, x - slack, side="right"))
+    hi = int(np.searchsorted(bounds, x + slack, side="right"))
+    if op == "=":
+        return set(range(lo, hi + 1))
+    if op in ("<", "<="):
+        return set(range(0, hi + 1))
+    return set(range(lo, len(bounds) + 1))
 
 
 def _has_instant(op: str, value: Any) -> bool:
