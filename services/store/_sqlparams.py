@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlglot
@@ -47,9 +49,29 @@ def placeholders(sql: str) -> int:
     return max((int(p.this) for p in found), default=0)
 
 
+@dataclass(frozen=True)
+class Nanos:
+    """A bound timestamp of nanoseconds, as its exact text (Python's datetime holds none), and
+    whether it carries a zone."""
+
+    text: str
+    zoned: bool = False
+
+
 def _literal(value: Any) -> exp.Expr:
     if value is None:
         return exp.Null()
+    if isinstance(value, Nanos):
+        if not value.zoned:
+            return exp.cast(
+                exp.Literal.string(value.text), exp.DataType.build("TIMESTAMP_NS", dialect=DIALECT)
+            )
+        if re.search(r"\.\d{6}\d*[1-9]", value.text):
+            raise InvalidArgument(
+                f"a zoned timestamp parameter holds nanoseconds ({value.text}): the store's SQL keeps "
+                "a zoned timestamp to microseconds; bind it without a zone or rounded to microseconds"
+            )
+        return exp.cast(exp.Literal.string(value.text), "TIMESTAMPTZ")
     if isinstance(value, bool):
         return exp.Boolean(this=value)
     if isinstance(value, float):
