@@ -4,6 +4,7 @@ SQL driver over mutual TLS with the session CA: tables listed, a SQL query answe
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 
@@ -327,3 +328,14 @@ def test_a_nanosecond_timestamp_parameter_is_bound_exactly():
     zoned = _flightsql._rows(pa.table({"z": pa.array([ns[1]], pa.int64()).cast(pa.timestamp("ns", "UTC"))}))
     with pytest.raises(InvalidArgument, match="nanoseconds"):
         bind("SELECT ?", zoned[0])
+
+
+def test_a_nanosecond_time_parameter_is_bound_or_refused_by_name():
+    """A time64[ns] parameter (Polars' times) failed the execution as an internal ValueError
+    (held out, session 42); now bound as a TIME where it holds whole microseconds, else refused
+    by name."""
+    exact = _flightsql._rows(pa.table({"t": pa.array([3_600_000_001_000, None], pa.time64("ns"))}))
+    assert [r[0] for r in exact] == [datetime.time(1, 0, 0, 1), None]
+    assert "TIME" in bind("SELECT ?", exact[0])
+    with pytest.raises(InvalidArgument, match="nanoseconds"):
+        _flightsql._rows(pa.table({"t": pa.array([3_600_000_000_500], pa.time64("ns"))}))
