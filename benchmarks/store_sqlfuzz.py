@@ -239,7 +239,9 @@ class Gen:
             return r.choice(["true", "false"])
         if t == "z":
             at = dt.datetime(2021, 1, 1) + dt.timedelta(minutes=r.randint(0, 10**6))
-            return r.choice([f"TIMESTAMPTZ '{at}+00'", f"'{at}+00'", f"TIMESTAMPTZ '{at:%Y-%m-%d}+00'"])
+            return r.choice(
+                [f"TIMESTAMPTZ '{at}+00'", f"'{at}+00'", f"TIMESTAMPTZ '{at:%Y-%m-%d} 00:00:00+00'"]
+            )
         if t == "t":
             return self.ns_literal()
         return f"DATE '{dt.date(2020, 1, 1) + dt.timedelta(days=r.randint(0, 1000))}'"
