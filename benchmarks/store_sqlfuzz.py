@@ -960,6 +960,8 @@ def pieces(table: pa.Table) -> list[pa.Table]:
 
 
 RECOVERY_RATE_BYTES = 20e3  # ``--recover``: slow enough that queries run while extents are rebuilt
+# what a run reports of the recovery (its seconds beside the run's say whether queries ran under it)
+RECOVERY_KEYS = ("state", "rebuilt", "bytes_read", "seconds")
 
 
 class InProcess:
@@ -1006,8 +1008,7 @@ class InProcess:
     def finish_recovery(self) -> dict[str, Any]:
         self.recovering.join()
         return {
-            "state": self.rebuilt.get("state"),
-            "rebuilt": self.rebuilt.get("rebuilt"),
+            **{k: self.rebuilt.get(k) for k in RECOVERY_KEYS},
             "unavailable_extents": self.core.lost_count(),
         }
 
@@ -1045,7 +1046,7 @@ class Client:
         while True:
             got = self.client.recovery(timeout=20)
             if not got["unavailable_extents"] or time.monotonic() > deadline:
-                return {k: got.get(k) for k in ("state", "rebuilt", "unavailable_extents")}
+                return {k: got.get(k) for k in (*RECOVERY_KEYS, "unavailable_extents")}
             time.sleep(1)
 
     def alive(self) -> bool:
