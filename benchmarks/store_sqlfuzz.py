@@ -87,7 +87,11 @@ SCHEMAS: dict[str, dict[str, str]] = {
 ROWS = {"t0": 1200, "t1": 900, "t2": 14, "t3": 0, "t4": 1500}
 UNIQUE = {"t0": "id", "t1": "id", "t4": "id"}
 # columns whose Arrow type is not their grammar type's
-COLUMN_ARROW = {("t4", "q32"): pa.int32(), ("t4", "big"): pa.decimal128(38, 10)}
+COLUMN_ARROW = {
+    ("t4", "q32"): pa.int32(),
+    ("t4", "big"): pa.decimal128(38, 10),
+    ("t4", "nk"): pa.dictionary(pa.int32(), pa.string()),  # (a categorical, as Parquet and pandas have them)
+}
 BIG = decimal.Decimal(10) ** 20
 
 LAYOUTS: dict[str, dict[str, list[str]]] = {
