@@ -683,6 +683,13 @@ def _pruning_value(value: Any, type_: pa.DataType) -> Any:
             # the partition of the text '2021-01-05' and lost ' 2021-01-05' and '2021-1-5')
             raise ValueError("a string column compared with a number or a date")
         return value
+    if (pa.types.is_binary(type_) or pa.types.is_large_binary(type_) or pa.types.is_binary_view(type_)) and (
+        isinstance(value, str) and "\\" in value
+    ):
+        # DuckDB reads ``\xHH`` in a string cast to BLOB as the byte HH; Arrow's cast keeps the
+        # text (held out, session 42: ``b = '\xff'`` pruned to the partition of the four bytes
+        # and lost the row of the byte 0xff, silently)
+        raise ValueError("a string with escapes compared with a binary column")
     if (
         pa.types.is_floating(type_)
         and type_.bit_width < 64
