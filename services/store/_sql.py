@@ -643,11 +643,11 @@ def _folded(text: str) -> Any:
         kind = str(cur.description[0][1]) if cur.description else ""
     finally:
         con.close()
-    if isinstance(v, dt.datetime) and kind.endswith("_NS"):
+    if isinstance(v, dt.datetime | dt.time) and kind.endswith("_NS"):
         # Python's datetime drops the nanoseconds (held out, session 42: ``ts < TIMESTAMP_NS
         # '2021-06-01 00:00:00.0000005'`` was taken for midnight and pruned away the partition
         # starting there, which holds midnight, below the literal)
-        raise ValueError("a timestamp of nanoseconds prunes nothing")
+        raise ValueError("a timestamp or time of nanoseconds prunes nothing")
     if isinstance(v, dt.datetime):
         if v.time() != dt.time(0) or v.tzinfo is not None:
             raise ValueError("a timestamp prunes date partitions only at midnight")

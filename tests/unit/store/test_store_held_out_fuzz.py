@@ -415,3 +415,21 @@ def test_a_binary_key_compared_with_an_escaped_string_is_not_pruned_by_the_text(
     table = pa.table({"id": pa.array(range(len(values)), pa.int64()), "b": pa.array(values, pa.binary())})
     core, con = _loaded(tmp_path, table, ["b:hash:4", "id:hash:2", "b:hash:5"])
     _same(core, con, sql)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT id FROM t WHERE tn = TIME_NS '10:00:00.000000500'",
+        "SELECT id FROM t WHERE tn IN (TIME_NS '10:00:00.000000500', TIME_NS '11:00:00')",
+        "SELECT id FROM t WHERE tn = '10:00:00.000000500'",
+    ],
+)
+def test_a_nanosecond_time_literal_prunes_by_its_nanoseconds(tmp_path, sql):
+    """A TIME_NS constant reaches Python as a time without its nanoseconds: ``tn = TIME_NS
+    '10:00:00.0000005'`` on a hashed time64[ns] key pruned to the partition of 10:00:00 (held
+    out, session 42): no row for DuckDB's one, silently."""
+    ns = [36_000_000_000_000, 36_000_000_000_500, 39_600_000_000_000, 36_000_000_001_000]
+    table = pa.table({"id": pa.array(range(5), pa.int64()), "tn": pa.array([*ns, None], pa.time64("ns"))})
+    core, con = _loaded(tmp_path, table, ["tn:hash:4", "id:hash:2", "tn:hash:5"])
+    _same(core, con, sql)
