@@ -433,3 +433,20 @@ def test_a_nanosecond_time_literal_prunes_by_its_nanoseconds(tmp_path, sql):
     table = pa.table({"id": pa.array(range(5), pa.int64()), "tn": pa.array([*ns, None], pa.time64("ns"))})
     core, con = _loaded(tmp_path, table, ["tn:hash:4", "id:hash:2", "tn:hash:5"])
     _same(core, con, sql)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT id FROM t ORDER BY id LIMIT 10%",
+        "SELECT id, k FROM t WHERE id < 50 ORDER BY k, id LIMIT 25 PERCENT",
+        "SELECT k, count(*) AS n FROM t GROUP BY k ORDER BY k LIMIT 20%",
+        "SELECT count(*) AS n, sum(id) AS s FROM (SELECT id FROM t ORDER BY id DESC LIMIT 5 PERCENT) AS x",
+        "SELECT a.id FROM t AS a JOIN t AS b ON a.k = b.k AND a.id = b.id ORDER BY a.id LIMIT 1%",
+    ],
+)
+def test_a_limit_in_percent_keeps_a_share_of_all_the_rows(tmp_path, sql):
+    """DuckDB's ``LIMIT 10%`` keeps a tenth of the rows; the split plans kept 10 rows a fragment
+    and 10 in all (held out, session 42): 10 rows for DuckDB's 60 of 600, silently."""
+    core, con = _cluster(tmp_path, ["id:range:300,450", "k:hash:4", "s:hash:3"])
+    _same(core, con, sql)
