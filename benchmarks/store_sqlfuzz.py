@@ -516,6 +516,8 @@ class Gen:
                 for i in range(n)
             )
             lim = f" LIMIT {r.randint(0, 40)}" + (f" OFFSET {r.randint(1, 10)}" if r.random() < 0.3 else "")
+            if r.random() < 0.15:  # (session 42) DuckDB's share of the rows
+                lim = f" LIMIT {r.choice([f'{r.randint(1, 30)}%', f'{r.randint(1, 60)} PERCENT'])}"
             if r.random() < 0.3:
                 return f"SELECT DISTINCT {', '.join(items)} FROM {frm}{where} ORDER BY {order}{lim}", True
             return f"SELECT {', '.join(items)} FROM {frm}{where} ORDER BY {order}{lim}", True
