@@ -339,3 +339,15 @@ def test_a_nanosecond_time_parameter_is_bound_or_refused_by_name():
     assert "TIME" in bind("SELECT ?", exact[0])
     with pytest.raises(InvalidArgument, match="nanoseconds"):
         _flightsql._rows(pa.table({"t": pa.array([3_600_000_000_500], pa.time64("ns"))}))
+
+
+def test_adbc_binds_a_record_batch_of_nanosecond_timestamps(endpoint):
+    """The same through ADBC, as a DataFrame's parameters reach it (a record batch of
+    timestamp[ns]): the execution failed in the server before (held out, session 42)."""
+    _servicer, uri, alice, _bob = endpoint
+    params = pa.record_batch(
+        {"p": pa.array([1622505600000000500], pa.int64()).cast(pa.timestamp("ns")), "n": pa.array([3])}
+    )
+    with _connect(uri, alice) as conn, conn.cursor() as cur:
+        cur.execute("SELECT CAST(? AS VARCHAR) AS p, count(*) AS c FROM sales WHERE k < ?", params)
+        assert cur.fetchall() == [("2021-06-01 00:00:00.0000005", 3)]
