@@ -507,6 +507,13 @@ def _values(c: pa.ChunkedArray) -> list[Any]:
     if pa.types.is_timestamp(c.type) and c.type.unit == "ns":
         zoned = c.type.tz is not None
         return [None if s is None else Nanos(s, zoned) for s in c.cast(pa.string()).to_pylist()]
+    if pa.types.is_duration(c.type) and c.type.unit == "ns":  # (pandas' timedeltas)
+        try:
+            return c.cast(pa.duration("us")).to_pylist()
+        except pa.ArrowInvalid:
+            raise InvalidArgument(
+                "a duration parameter holds nanoseconds: the store's SQL keeps an interval to microseconds"
+            ) from None
     if pa.types.is_time64(c.type) and c.type.unit == "ns":  # (Polars' times): SQL's TIME is microseconds
         try:
             return c.cast(pa.time64("us")).to_pylist()

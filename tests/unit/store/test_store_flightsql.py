@@ -339,6 +339,10 @@ def test_a_nanosecond_time_parameter_is_bound_or_refused_by_name():
     assert "TIME" in bind("SELECT ?", exact[0])
     with pytest.raises(InvalidArgument, match="nanoseconds"):
         _flightsql._rows(pa.table({"t": pa.array([3_600_000_000_500], pa.time64("ns"))}))
+    days = _flightsql._rows(pa.table({"d": pa.array([86_400_000_001_000], pa.duration("ns"))}))  # (pandas')
+    assert days == [[datetime.timedelta(days=1, microseconds=1)]] and "INTERVAL" in bind("SELECT ?", days[0])
+    with pytest.raises(InvalidArgument, match="nanoseconds"):
+        _flightsql._rows(pa.table({"d": pa.array([5], pa.duration("ns"))}))
 
 
 def test_adbc_binds_a_record_batch_of_nanosecond_timestamps(endpoint):
