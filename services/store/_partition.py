@@ -257,6 +257,10 @@ def partition_ids(spec: PartitionSpec, values: pa.Array | pa.ChunkedArray) -> np
 def partitions_for_predicate(spec: PartitionSpec, type_: pa.DataType, op: str, value: Any) -> set[int] | None:
     """Partitions that may hold rows with ``column <op> value``; None when every partition may
     (no pruning). Used by the planner for partition pruning."""
+    if pa.types.is_dictionary(type_):
+        # a dictionary's values hash as its value type's (``hash_codes``): literals are cast to
+        # that (a float to a dictionary of integers has no cast)
+        type_ = type_.value_type
     if pa.types.is_timestamp(type_) and type_.tz and not _has_instant(op, value):
         # A wall time without an offset against a column with a zone: the engine reads it in its
         # session's zone, which the planner does not know; every partition may hold its rows.

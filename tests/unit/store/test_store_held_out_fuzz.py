@@ -450,3 +450,27 @@ def test_a_limit_in_percent_keeps_a_share_of_all_the_rows(tmp_path, sql):
     and 10 in all (held out, session 42): 10 rows for DuckDB's 60 of 600, silently."""
     core, con = _cluster(tmp_path, ["id:range:300,450", "k:hash:4", "s:hash:3"])
     _same(core, con, sql)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT id FROM t WHERE k = 2e0",
+        "SELECT id FROM t WHERE k IN ('1', 2e0, 3)",
+        "SELECT id FROM t WHERE k = '03'",
+        "SELECT id FROM t WHERE k = 2",
+    ],
+)
+def test_a_dictionary_encoded_integer_key_takes_literals_of_other_types(tmp_path, sql):
+    """A dictionary of integers as a key, compared with a float or a numeral string: each value
+    is judged by the dictionary's value type, and the partitions by it too (a float has no cast
+    to a dictionary of integers, which refused the query once the first was done)."""
+    values = [1, 2, 3, 2, None, 7]
+    table = pa.table(
+        {
+            "id": pa.array(range(len(values)), pa.int64()),
+            "k": pa.array(values, pa.int64()).dictionary_encode(),
+        }
+    )
+    core, con = _loaded(tmp_path, table, ["k:hash:4", "id:hash:2", "k:hash:3"])
+    _same(core, con, sql)
