@@ -13,15 +13,24 @@
   ``WHERE p IS NULL`` for any predicate ``p``. Checked for plain selections (UNION ALL of the
   three), DISTINCT (UNION), aggregates (MIN/MAX/SUM/COUNT of the three partitions' own), GROUP
   BY (the partitions' groups merged) and HAVING (partitioned on the HAVING's predicate).
+- **NoREC** (SQLancer's other oracle; Rigger and Su, ESEC/FSE 2020; session 42): ``SELECT
+  count(*) ... WHERE p`` against ``SELECT sum(CASE WHEN p THEN 1 ELSE 0 END) ...`` over the same
+  FROM, which no pruning, pushdown or plan keyed on ``p`` touches (and DuckDB's count).
 
 The tables are loaded through the store's public client (``StoreClient``) into a cluster of real
 processes (etcd, a coordinator, four store nodes in three fault domains); ``--in-process`` runs
 the same on an in-process ``StoreCore`` instead (faster; what the unit test uses). Counts: equal,
 wrong answers, errors the store gives where DuckDB answers (``store_error``), crashes (a server
 process gone, or the cluster no longer answering). A query DuckDB itself refuses is counted and
-not run.
+not run. ``--kill`` kills a node once the tables are loaded; with ``--recover`` one whose extents
+another node may take, and they are rebuilt (throttled) while the queries run.
+
+Session 42 added a fifth table (wide, a skewed and a NULL-heavy key, int32 and decimal(38, 10)
+keys, nanosecond timestamps), ``*`` top-k queries over it, ``BETWEEN SYMMETRIC`` and literals of
+other types on its keys, and NoREC.
 
     python -m microco.benchmarks.store_sqlfuzz --seeds 1,2,3 --queries 300 --json
+    python -m microco.benchmarks.store_sqlfuzz --seeds 7 --norec 100 --kill --recover
 
 Exit status 1 when any answer is wrong (or a server crashed)."""
 
@@ -38,6 +47,7 @@ import random
 import re
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -48,7 +58,9 @@ import pyarrow as pa
 
 WORDS = ["a", "b", "ab", "", "A", "x%y", "x_y", "it's", "é", "zz", "  ", "NULL"]
 
-# column types: i (integer), f (float), m (decimal), s (string), b (boolean), d (date)
+# column types: i (integer), f (float), m (decimal), s (string), b (boolean), d (date), z (a
+# timestamp with a zone), t (a timestamp of nanoseconds without one), x (a filler column no
+# expression names: a wide table's, read by ``*``)
 SCHEMAS: dict[str, dict[str, str]] = {
     # a fact table: unique id, a nullable join key, small group keys, NULL-heavy columns
     "t0": {"id": "i", "k": "i", "g": "i", "s": "s", "f": "f", "m": "m", "d": "d", "b": "b", "n": "i"},
@@ -58,9 +70,29 @@ SCHEMAS: dict[str, dict[str, str]] = {
     "t2": {"g": "i", "label": "s", "w": "i", "x": "f"},
     # an empty table
     "t3": {"id": "i", "k": "i", "s": "s"},
+    # (session 42) a wide table of skewed and NULL-heavy keys: ``sk`` 80% one value, ``nk`` 95%
+    # NULL, an int32 key with its extremes, a decimal(38, 10) near 1e20 (where two decimals share a
+    # double), nanosecond timestamps, and 24 filler columns
+    "t4": {
+        "id": "i",
+        "sk": "i",
+        "nk": "s",
+        "q32": "i",
+        "big": "m",
+        "ns": "t",
+        "r": "f",
+        **{f"c{j}": "x" for j in range(24)},
+    },
 }
-ROWS = {"t0": 1200, "t1": 900, "t2": 14, "t3": 0}
-UNIQUE = {"t0": "id", "t1": "id"}
+ROWS = {"t0": 1200, "t1": 900, "t2": 14, "t3": 0, "t4": 1500}
+UNIQUE = {"t0": "id", "t1": "id", "t4": "id"}
+# columns whose Arrow type is not their grammar type's
+COLUMN_ARROW = {
+    ("t4", "q32"): pa.int32(),
+    ("t4", "big"): pa.decimal128(38, 10),
+    ("t4", "nk"): pa.dictionary(pa.int32(), pa.string()),  # (a categorical, as Parquet and pandas have them)
+}
+BIG = decimal.Decimal(10) ** 20
 
 LAYOUTS: dict[str, dict[str, list[str]]] = {
     # joins t0.k = t1.k match (hash 4 on both), g matches t2's
@@ -69,6 +101,8 @@ LAYOUTS: dict[str, dict[str, list[str]]] = {
         "t1": ["k:hash:4", "h:hash:2", "t:hash:3"],
         "t2": ["g:hash:3", "label:hash:2", "w:range:5"],
         "t3": ["k:hash:4", "id:hash:2", "s:hash:3"],
+        # sk joins t0.k co-partitioned (a skewed join key), q32 (int32) hashed as t0.g (int64) is
+        "t4": ["sk:hash:4", "q32:hash:3", "big:range:-1,100000000000000000000,100000000000000100000"],
     },
     # nothing matches a join key: strings, dates, decimals and floats as partition keys
     "off-keys": {
@@ -80,6 +114,11 @@ LAYOUTS: dict[str, dict[str, list[str]]] = {
         ],
         "t2": ["label:hash:3", "x:hash:2", "g:range:4"],
         "t3": ["s:hash:2", "id:range:10", "k:hash:3"],
+        "t4": [
+            "ns:range:2021-06-01 00:00:00.000000001,2022-01-01",
+            "nk:hash:3",
+            "sk:range:7,8",
+        ],
     },
 }
 
@@ -91,7 +130,10 @@ _ARROW = {
     "b": pa.bool_(),
     "d": pa.date32(),
     "z": pa.timestamp("us", "UTC"),
+    "t": pa.timestamp("ns"),
 }
+_FILLER = [pa.int16(), pa.string(), pa.float32()]
+NS0 = 1_609_459_200_000_000_000  # 2021-01-01 in nanoseconds
 
 
 def tables(seed: int) -> dict[str, pa.Table]:
@@ -100,6 +142,28 @@ def tables(seed: int) -> dict[str, pa.Table]:
     def value(t: str, col: str) -> Any:
         if col == "n":
             return None if r.random() < 0.9 else r.randint(-3, 3)  # NULL-heavy
+        if col == "sk":
+            x = r.random()
+            return 7 if x < 0.8 else None if x < 0.9 else r.randint(-5, 40)  # skewed
+        if col == "nk":
+            return None if r.random() < 0.95 else r.choice(WORDS)
+        if col == "q32":
+            return r.choice([-(2**31), 2**31 - 1, None, *range(-2, 10)])
+        if col == "big":  # around the range bound 1e20, where decimals 0.0000000001 apart share a double
+            x = r.random()
+            if x < 0.1:
+                return None
+            if x < 0.7:
+                return BIG + decimal.Decimal(r.randint(-30, 30)).scaleb(-r.choice([1, 10]))
+            return decimal.Decimal(r.randint(-(10**12), 10**12)).scaleb(-r.randint(0, 10))
+        if col == "ns":
+            if r.random() < 0.1:
+                return None
+            return NS0 + r.randint(0, 10**6) * 60_000_000_000 + r.choice([0, 1, 999, r.randint(0, 10**9)])
+        if t == "x":
+            if r.random() < 0.2:
+                return None
+            return r.choice([r.randint(-300, 300), r.choice(WORDS), r.uniform(-1, 1)])
         if r.random() < (0.0 if col in ("id",) else 0.15):
             return None
         if t == "i":
@@ -131,7 +195,15 @@ def tables(seed: int) -> dict[str, pa.Table]:
                 vals = [*range(-1, n - 2), None]
             else:
                 vals = [value(t, c) for _ in range(n)]
-            data[c] = pa.array(vals, _ARROW[t])
+            if t == "t":
+                data[c] = pa.array(vals, pa.int64()).cast(_ARROW[t])
+                continue
+            if t == "x":
+                typ = _FILLER[int(c[1:]) % 3]
+                kind = int if typ == pa.int16() else str if typ == pa.string() else float
+                data[c] = pa.array([v if isinstance(v, kind) else None for v in vals], typ)
+                continue
+            data[c] = pa.array(vals, COLUMN_ARROW.get((name, c), _ARROW.get(t)))
         out[name] = pa.table(data)
     return out
 
@@ -171,13 +243,17 @@ class Gen:
             return r.choice(["true", "false"])
         if t == "z":
             at = dt.datetime(2021, 1, 1) + dt.timedelta(minutes=r.randint(0, 10**6))
-            return r.choice([f"TIMESTAMPTZ '{at}+00'", f"'{at}+00'", f"TIMESTAMPTZ '{at:%Y-%m-%d}+00'"])
+            return r.choice(
+                [f"TIMESTAMPTZ '{at}+00'", f"'{at}+00'", f"TIMESTAMPTZ '{at:%Y-%m-%d} 00:00:00+00'"]
+            )
+        if t == "t":
+            return self.ns_literal()
         return f"DATE '{dt.date(2020, 1, 1) + dt.timedelta(days=r.randint(0, 1000))}'"
 
     def expr(self, t: str, sc: Scope, depth: int = 0) -> str:
         r = self.r
         cols = sc.of(t)
-        if depth >= 2 or r.random() < 0.45 or t == "z":
+        if depth >= 2 or r.random() < 0.45 or t in "zt":
             if cols and r.random() < 0.8:
                 return r.choice(cols)
             return self.lit(t)
@@ -262,7 +338,7 @@ class Gen:
             return f"({self.pred(sc, depth + 1)} {r.choice(['AND', 'OR'])} {self.pred(sc, depth + 1)})"
         if depth < 2 and x < 0.27:
             return f"(NOT {self.pred(sc, depth + 1)})"
-        types = [t for t in "ifmsbdz" if sc.of(t)] or ["i"]
+        types = [t for t in "ifmsbdzt" if sc.of(t)] or ["i"]
         t = r.choice(types)
         a = self.expr(t, sc, depth + 1)
         y = r.random()
@@ -331,9 +407,16 @@ class Gen:
 
         x = r.random()
         if x < 0.45:
-            t = r.choice(["t0", "t0", "t1", "t2", "t3"])
+            t = r.choice(["t0", "t0", "t1", "t2", "t3", "t4"])
             return f"{t} AS q", Scope(cols(t, "q")), (f"q.{UNIQUE[t]}" if t in UNIQUE else None)
         join = r.choice(["JOIN", "JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"])
+        if x < 0.55:  # (session 42) the skewed table: on its skewed key, an int32 on an int64
+            other = r.choice(["t0", "t1"])
+            on = r.choice(["p.sk = q.k", "p.sk = q.k", "p.q32 = q.id", "p.id = q.k", "p.nk = q.id::VARCHAR"])
+            if other == "t0" and r.random() < 0.3:
+                on = r.choice(["p.q32 = q.g", "p.nk = q.s", "p.big = q.m"])
+            sc = Scope(cols("t4", "p") + cols(other, "q"))
+            return f"t4 AS p {join} {other} AS q ON {on}", sc, None
         if x < 0.75:
             a, b = r.choice([("t0", "t1"), ("t1", "t0"), ("t0", "t3"), ("t1", "t3")])
             on = r.choice(
@@ -393,8 +476,11 @@ class Gen:
                 "extra",
                 "extra",
                 "prune",
+                "wide",
             ]
         )
+        if kind == "wide":
+            return self.wide()
         if kind == "extra":
             return self.extra()
         if kind == "prune":
@@ -430,6 +516,8 @@ class Gen:
                 for i in range(n)
             )
             lim = f" LIMIT {r.randint(0, 40)}" + (f" OFFSET {r.randint(1, 10)}" if r.random() < 0.3 else "")
+            if r.random() < 0.15:  # (session 42) DuckDB's share of the rows
+                lim = f" LIMIT {r.choice([f'{r.randint(1, 30)}%', f'{r.randint(1, 60)} PERCENT'])}"
             if r.random() < 0.3:
                 return f"SELECT DISTINCT {', '.join(items)} FROM {frm}{where} ORDER BY {order}{lim}", True
             return f"SELECT {', '.join(items)} FROM {frm}{where} ORDER BY {order}{lim}", True
@@ -464,7 +552,7 @@ class Gen:
                 q = f"SELECT * FROM ({q}) AS ww WHERE w {r.choice(['<=', '>', '='])} {r.randint(1, 3)}"
             return q, False
         if kind == "subquery":
-            inner_t = r.choice(["t0", "t1", "t2", "t3"])
+            inner_t = r.choice(["t0", "t1", "t2", "t3", "t4"])
             inner_cols = [(f"u.{c}", t) for c, t in SCHEMAS[inner_t].items()]
             isc = Scope(inner_cols)
             it = r.choice([t for t in "is" if isc.of(t) and sc.of(t)] or ["i"])
@@ -512,10 +600,46 @@ class Gen:
         sub = f"(SELECT {r.choice(['count(*)', f'max(u.{col})', f'sum(u.{col})'])} FROM {t} AS u WHERE u.k = {outer}) AS sq"
         return f"SELECT {', '.join(items)}, {sub} FROM {frm}{where}", False
 
-    def key_literal(self, t: str) -> str:
+    def ns_literal(self) -> str:
+        """A timestamp literal against a nanosecond column: microseconds, nanoseconds, a day."""
+        r = self.r
+        ns = NS0 + r.randint(0, 10**6) * 60_000_000_000 + r.choice([0, 1, 999, r.randint(0, 10**9)])
+        at = dt.datetime(2021, 1, 1) + dt.timedelta(microseconds=(ns - NS0) // 1000)
+        text = f"{at:%Y-%m-%d %H:%M:%S}.{ns % 10**9:09d}"
+        return r.choice(
+            [
+                f"TIMESTAMP '{at}'",
+                f"'{text}'",
+                f"TIMESTAMP_NS '{text}'",
+                f"DATE '{at:%Y-%m-%d}'",
+                f"'{at:%Y-%m-%d}'",
+                "TIMESTAMP_NS '2021-06-01 00:00:00.000000001'",
+                "'2021-06-01 00:00:00'",
+                "TIMESTAMP '2022-01-01 00:00:00.000001'",
+            ]
+        )
+
+    def key_literal(self, t: str, col: str = "") -> str:
         """A literal to compare a column of type ``t`` with, often of another type: numbers
         past the column's precision, numerals as strings, exponents, integers past 64 bits."""
         r = self.r
+        if col == "big":  # about the range bound 1e20, in the decimal's digits and past them
+            d = r.randint(-30, 30)
+            return r.choice(
+                [
+                    "100000000000000000000",
+                    "99999999999999999999.95",
+                    f"{BIG + decimal.Decimal(d).scaleb(-10)}",
+                    f"{BIG + decimal.Decimal(d).scaleb(-1)}",
+                    f"{BIG + decimal.Decimal(d).scaleb(-12)}",
+                    "1e20",
+                    "'100000000000000000000'",
+                    str(d),
+                    "NULL",
+                ]
+            )
+        if t == "t":
+            return self.ns_literal()
         n = r.randint(-5, 40)
         forms = [
             str(n),
@@ -539,7 +663,8 @@ class Gen:
                 f"'{r.uniform(-500, 500):.2f}'",
             ]
         if t == "s":
-            forms += [f"'{w}'" for w in WORDS if "'" not in w] + ["1", "0"]
+            day = dt.date(2020, 1, 1) + dt.timedelta(days=r.randint(0, 1000))
+            forms += [f"'{w}'" for w in WORDS if "'" not in w] + ["1", "0", f"DATE '{day}'", "true"]
         if t == "d":
             day = dt.date(2020, 1, 1) + dt.timedelta(days=r.randint(0, 1000))
             forms = [
@@ -557,20 +682,22 @@ class Gen:
     def prune(self) -> tuple[str, bool]:
         """Filters on the layouts' partition columns (hash and range), literals of other types."""
         r = self.r
-        table = r.choice(["t0", "t0", "t1", "t2"])
-        col = r.choice([c for c in SCHEMAS[table] if SCHEMAS[table][c] != "b"])
+        table = r.choice(["t0", "t0", "t1", "t2", "t4", "t4"])
+        col = r.choice([c for c in SCHEMAS[table] if SCHEMAS[table][c] not in "bx"])
         t = SCHEMAS[table][col]
+        lit = lambda: self.key_literal(t, col)  # noqa: E731
         x = r.random()
         if x < 0.45:
-            p = f"{col} {r.choice(['=', '<', '<=', '>', '>=', '<>'])} {self.key_literal(t)}"
+            p = f"{col} {r.choice(['=', '<', '<=', '>', '>=', '<>'])} {lit()}"
         elif x < 0.6:
-            p = f"{self.key_literal(t)} {r.choice(['=', '<', '>='])} {col}"
+            p = f"{lit()} {r.choice(['=', '<', '>='])} {col}"
         elif x < 0.8:
-            p = f"{col} {r.choice(['', 'NOT '])}IN ({', '.join(self.key_literal(t) for _ in range(r.randint(1, 4)))})"
+            p = f"{col} {r.choice(['', 'NOT '])}IN ({', '.join(lit() for _ in range(r.randint(1, 4)))})"
         else:
-            p = f"{col} BETWEEN {self.key_literal(t)} AND {self.key_literal(t)}"
+            p = f"{col} {r.choice(['', '', 'SYMMETRIC '])}BETWEEN {lit()} AND {lit()}"
+            p = p.replace(" SYMMETRIC BETWEEN", " BETWEEN SYMMETRIC")
         if r.random() < 0.3:
-            p = f"{p} {r.choice(['AND', 'OR'])} {col} {r.choice(['=', '<', '>'])} {self.key_literal(t)}"
+            p = f"{p} {r.choice(['AND', 'OR'])} {col} {r.choice(['=', '<', '>'])} {lit()}"
         if r.random() < 0.5:
             return f"SELECT count(*) AS n, count(DISTINCT {col}) AS nd FROM {table} WHERE {p}", False
         other = r.choice(list(SCHEMAS[table]))
@@ -688,6 +815,26 @@ class Gen:
             f"AND u.id > q.id){' AND ' + self.pred(sc0) if w else ''}"
         ), False
 
+    def wide(self) -> tuple[str, bool]:
+        """(session 42) ``*`` of the wide table, filtered, ordered on a column and the unique key,
+        limited: a top-k that reads every column of the rows it keeps (late materialization)."""
+        r = self.r
+        sc = Scope([(f"q.{c}", t) for c, t in SCHEMAS["t4"].items()])
+        order = r.choice(["q.sk", "q.big DESC", "q.ns NULLS FIRST", "q.nk DESC NULLS LAST", "q.r", "q.c1"])
+        where = f" WHERE {self.pred(sc)}" if r.random() < 0.8 else ""
+        return f"SELECT * FROM t4 AS q{where} ORDER BY {order}, q.id LIMIT {r.randint(1, 60)}", True
+
+    # -- NoREC --
+    def norec(self) -> tuple[str, str]:
+        """(session 42) NoREC (Rigger and Su, ESEC/FSE 2020): ``count(*) ... WHERE p`` against the
+        number of rows ``p`` holds for, counted with no WHERE to prune, push down or plan by."""
+        frm, sc, _ = self.source()
+        p = self.pred(sc)
+        return (
+            f"SELECT count(*) AS n FROM {frm} WHERE {p}",
+            f"SELECT sum(CASE WHEN {p} THEN 1 ELSE 0 END) AS n FROM {frm}",
+        )
+
     # -- TLP --
     def tlp(self) -> tuple[str, list[str], str]:
         """``(kind, [the query, its three partitions' queries...], how to combine)`` for SQLancer's
@@ -758,8 +905,14 @@ def _close(a: Any, b: Any) -> bool:
     return False
 
 
+def _values(c: pa.ChunkedArray) -> list[Any]:
+    if pa.types.is_timestamp(c.type) and c.type.unit == "ns":  # (datetime has no nanoseconds)
+        return [None if v is None else ("ns", v) for v in c.cast(pa.int64()).to_pylist()]
+    return c.to_pylist()
+
+
 def rows_of(t: pa.Table) -> list[tuple]:
-    cols = [t.column(i).to_pylist() for i in range(t.num_columns)]
+    cols = [_values(t.column(i)) for i in range(t.num_columns)]
     return [tuple(_norm(c[i]) for c in cols) for i in range(t.num_rows)]
 
 
@@ -793,6 +946,15 @@ def tlp_combine(how: str, parts: list[list[tuple]]) -> list[tuple]:
     return [((min if how == "min" else max)(rest, key=lambda v: v[1:]),)]
 
 
+def tlp_agrees(how: str, whole: list[tuple], parts: list[list[tuple]]) -> bool:
+    """The query's rows and its three partitions' combined agree. Rows are compared normalised
+    (numbers to 9 digits), so a DISTINCT's rows that differ past the ninth digit (two decimals
+    near 1e20) are one row to the union of the partitions: the query's are deduplicated alike."""
+    if how == "union":
+        whole = list({repr(row): row for row in whole}.values())
+    return same(tlp_combine(how, parts), whole, False)
+
+
 # ---------------------------------------------------------------------------------------- runs
 
 
@@ -801,6 +963,11 @@ def pieces(table: pa.Table) -> list[pa.Table]:
     n = table.num_rows
     cuts = [0, n // 7, n // 2, n]
     return [table.slice(a, b - a) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+RECOVERY_RATE_BYTES = 20e3  # ``--recover``: slow enough that queries run while extents are rebuilt
+# what a run reports of the recovery (its seconds beside the run's say whether queries ran under it)
+RECOVERY_KEYS = ("state", "rebuilt", "bytes_read", "seconds")
 
 
 class InProcess:
@@ -830,8 +997,26 @@ class InProcess:
     def alive(self) -> bool:
         return True
 
-    def kill_one(self) -> None:
-        self.tr.kill("n1")  # its extents are read from the other replicas from now on
+    def kill_one(self, recover: bool = False) -> None:
+        if not recover:
+            self.tr.kill("n1")  # its extents are read from the other replicas from now on
+            return
+        # n0 shares its fault domain with n3, which may take its extents: rebuilt under the
+        # queries, slowly (20 kB/s of reads), from the other replicas
+        self.tr.kill("n0")
+        self.rebuilt: dict[str, Any] = {}
+        self.recovering = threading.Thread(
+            target=lambda: self.rebuilt.update(self.core.recover(rate_bytes=RECOVERY_RATE_BYTES)),
+            daemon=True,
+        )
+        self.recovering.start()
+
+    def finish_recovery(self) -> dict[str, Any]:
+        self.recovering.join()
+        return {
+            **{k: self.rebuilt.get(k) for k in RECOVERY_KEYS},
+            "unavailable_extents": self.core.lost_count(),
+        }
 
 
 class Client:
@@ -854,10 +1039,21 @@ class Client:
     def sql(self, text: str) -> pa.Table:
         return self.client.sql(text, timeout=120)
 
-    def kill_one(self) -> None:
-        self.killed = "store-1"
+    def kill_one(self, recover: bool = False) -> None:
+        # store-1 is alone in its fault domain: no node may take its extents, which are read from
+        # the other replicas from then on; store-0's are rebuilt on store-3 under the queries (the
+        # coordinator's recovery wakes when the node's lease ends; reads throttled to 20 kB/s)
+        self.killed = "store-0" if recover else "store-1"
         self.cluster.procs[self.killed].kill()  # SIGKILL: a node lost under the queries
         self.cluster.procs[self.killed].wait()
+
+    def finish_recovery(self) -> dict[str, Any]:
+        deadline = time.monotonic() + 300
+        while True:
+            got = self.client.recovery(timeout=20)
+            if not got["unavailable_extents"] or time.monotonic() > deadline:
+                return {k: got.get(k) for k in (*RECOVERY_KEYS, "unavailable_extents")}
+            time.sleep(1)
 
     def alive(self) -> bool:
         if any(
@@ -871,41 +1067,54 @@ class Client:
         return True
 
 
+KEYS = (
+    "queries",
+    "equal",
+    "wrong",
+    "store_error",
+    "duckdb_error",
+    "crash",
+    "tlp",
+    "tlp_equal",
+    "tlp_wrong",
+    "tlp_error",
+    "tlp_invalid",
+    "norec",
+    "norec_equal",
+    "norec_wrong",
+    "norec_error",
+)
+
+
 def run(
-    store: Any, seed: int, layout: str, queries: int, tlp_queries: int, kill: bool = False
+    store: Any,
+    seed: int,
+    layout: str,
+    queries: int,
+    tlp_queries: int,
+    kill: bool = False,
+    norec_queries: int = 0,
+    recover: bool = False,
 ) -> dict[str, Any]:
-    """Load the seed's tables under ``layout`` and run ``queries`` differential and
-    ``tlp_queries`` TLP checks; counts and findings. ``kill``: a node is killed once the tables
-    are loaded (every query after it reads that node's extents from the other replicas)."""
+    """Load the seed's tables under ``layout`` and run ``queries`` differential,
+    ``tlp_queries`` TLP and ``norec_queries`` NoREC checks; counts and findings. ``kill``: a node
+    is killed once the tables are loaded (every query after it reads that node's extents from
+    the other replicas); ``recover``: and its extents are rebuilt on the others under the
+    queries."""
     import duckdb
 
     data = tables(seed)
     for name, t in data.items():
         store.load(name, t, LAYOUTS[layout][name])
     if kill:
-        store.kill_one()
+        store.kill_one(recover)
     con = duckdb.connect()
     con.execute("SET threads = 1")
     for name, t in data.items():
         con.register(name, t)
     r = random.Random(seed * 1_000_003 + sorted(LAYOUTS).index(layout))
     g = Gen(r)
-    stats = dict.fromkeys(
-        (
-            "queries",
-            "equal",
-            "wrong",
-            "store_error",
-            "duckdb_error",
-            "crash",
-            "tlp",
-            "tlp_equal",
-            "tlp_wrong",
-            "tlp_error",
-            "tlp_invalid",
-        ),
-        0,
-    )
+    stats = dict.fromkeys(KEYS, 0)
     findings: list[dict[str, Any]] = []
     for _ in range(queries):
         sql, ordered = g.query()
@@ -958,22 +1167,61 @@ def run(
             stats["tlp_error"] += 1
             findings.append({"kind": "tlp_error", "sql": qs, "error": f"{type(exc).__name__}: {exc}"[:500]})
             continue
-        combined = tlp_combine(how, answers[1:])
-        if same(combined, answers[0], False):
+        if tlp_agrees(how, answers[0], answers[1:]):
             stats["tlp_equal"] += 1
         else:
             stats["tlp_wrong"] += 1
             findings.append(
-                {"kind": "tlp_wrong", "tlp": kind, "sql": qs, "rows": [len(answers[0]), len(combined)]}
+                {
+                    "kind": "tlp_wrong",
+                    "tlp": kind,
+                    "sql": qs,
+                    "rows": [len(answers[0]), len(tlp_combine(how, answers[1:]))],
+                }
             )
+    for _ in range(norec_queries if not stats["crash"] else 0):
+        fast, slow = g.norec()
+        try:
+            want = con.sql(fast).fetchall()
+            con.sql(slow).fetchall()
+        except duckdb.Error:
+            continue  # not well typed (DuckDB must take both, not judge them)
+        stats["norec"] += 1
+        try:
+            n_fast, n_slow = (store.sql(q).column(0)[0].as_py() or 0 for q in (fast, slow))
+        except Exception as exc:  # noqa: BLE001
+            if not store.alive():
+                stats["crash"] += 1
+                findings.append({"kind": "crash", "sql": fast, "error": f"{type(exc).__name__}: {exc}"[:500]})
+                break
+            stats["norec_error"] += 1
+            findings.append(
+                {"kind": "norec_error", "sql": fast, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            )
+            continue
+        if n_fast == n_slow == want[0][0]:
+            stats["norec_equal"] += 1
+        else:
+            stats["norec_wrong"] += 1
+            findings.append(
+                {"kind": "norec_wrong", "sql": [fast, slow], "rows": [n_fast, n_slow, want[0][0]]}
+            )
+    recovery = store.finish_recovery() if kill and recover else None
     for name in data:
         with contextlib.suppress(Exception):
             store.drop(name)
-    return {"seed": seed, "layout": layout, "node_killed": kill, **stats, "findings": findings}
+    return {
+        "seed": seed,
+        "layout": layout,
+        "node_killed": kill,
+        **({"recovery": recovery} if recovery is not None else {}),
+        **stats,
+        "findings": findings,
+    }
 
 
 @contextlib.contextmanager
-def _store(in_process: bool) -> Iterator[Callable[[], Any]]:
+def _store(in_process: bool, recover: bool = False) -> Iterator[Callable[[], Any]]:
     if in_process:
         with tempfile.TemporaryDirectory(prefix="microco-sqlfuzz-") as work:
             yield lambda: InProcess(tempfile.mkdtemp(dir=work))
@@ -981,6 +1229,13 @@ def _store(in_process: bool) -> Iterator[Callable[[], Any]]:
     from microco.benchmarks.store import bench_cluster
 
     coordinator_args = ["--recovery-rate-mb", "0", "--recovery-interval-s", "3600"]
+    if recover:
+        coordinator_args = [
+            "--recovery-rate-mb",
+            str(RECOVERY_RATE_BYTES / 1e6),
+            "--recovery-interval-s",
+            "2",
+        ]
     with bench_cluster("microco-bench-sqlfuzz-", 4, coordinator_args) as cluster:
         c = Client(cluster)
         yield lambda: c
@@ -1004,41 +1259,35 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="kill a node once the tables are loaded (in process: every run; a cluster: its last run)",
     )
+    ap.add_argument(
+        "--recover",
+        action="store_true",
+        help="with --kill: kill a node whose extents may be rebuilt, and rebuild them under the queries",
+    )
+    ap.add_argument("--norec", type=int, default=0, help="NoREC checks per seed and layout (default 0)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = ap.parse_args(argv)
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     load0 = os.getloadavg()[0]
     results = []
     t0 = time.perf_counter()
-    with _store(args.in_process) as make:
+    with _store(args.in_process, args.kill and args.recover) as make:
         plan = [(layout, int(seed)) for layout in args.layouts.split(",") for seed in args.seeds.split(",")]
         for i, (layout, seed) in enumerate(plan):
             kill = args.kill and (args.in_process or i == len(plan) - 1)
-            res = run(make(), seed, layout, args.queries, args.tlp, kill)
+            res = run(make(), seed, layout, args.queries, args.tlp, kill, args.norec, args.recover)
             results.append(res)
             print(
                 f"[sqlfuzz] seed {seed} {layout}: {res['equal']}/{res['queries']} equal, {res['wrong']} wrong, "
                 f"{res['store_error']} store errors, {res['crash']} crashes; TLP {res['tlp_equal']}/{res['tlp']} "
-                f"({res['tlp_wrong']} wrong, {res['tlp_error']} errors)",
+                f"({res['tlp_wrong']} wrong, {res['tlp_error']} errors); NoREC {res['norec_equal']}/{res['norec']}"
+                + (f"; recovery {res['recovery']}" if "recovery" in res else ""),
                 file=sys.stderr,
                 flush=True,
             )
             if res["crash"]:
                 break
-    keys = (
-        "queries",
-        "equal",
-        "wrong",
-        "store_error",
-        "duckdb_error",
-        "crash",
-        "tlp",
-        "tlp_equal",
-        "tlp_wrong",
-        "tlp_error",
-        "tlp_invalid",
-    )
-    total = {k: sum(r[k] for r in results) for k in keys}
+    total = {k: sum(r[k] for r in results) for k in KEYS}
     out = {
         "start_utc": started,
         "end_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
@@ -1046,6 +1295,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.perf_counter() - t0, 1),
         "backend": "in-process" if args.in_process else "cluster of processes, public client",
         "kill": args.kill,
+        "recover": args.kill and args.recover,
         "total": total,
         "runs": results,
     }
@@ -1058,7 +1308,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{res['seed']} {res['layout']}: {f['kind']}: {f['sql']}\n   {f.get('error', f.get('rows'))}"
                 )
         print(json.dumps(total))
-    return 1 if total["wrong"] or total["tlp_wrong"] or total["crash"] else 0
+    return 1 if total["wrong"] or total["tlp_wrong"] or total["norec_wrong"] or total["crash"] else 0
 
 
 if __name__ == "__main__":
