@@ -161,3 +161,26 @@ def test_a_large_shard_is_never_held_whole_at_registration(tmp_path, monkeypatch
         tracemalloc.stop()
     assert len(idx) in (4096, 400)
     assert peak < size // 3, (peak, size)  # a few 1 MB pieces and the index, not the shard
+
+
+@pytest.mark.parametrize("fmt", sorted(SHAPES))
+def test_a_record_file_on_an_fsspec_store_is_indexed_in_pieces_as_read_whole(monkeypatch, fmt) -> None:
+    # Ranged reads through fsspec (``cat_file`` with a start and an end, here ``memory://``; a
+    # ranged GET on S3 or GCS) frame and hash the same records as a whole read.
+    import uuid
+
+    import fsspec
+
+    from microco.clients.cache._backing import FsspecStore
+
+    root = f"/shards-{uuid.uuid4().hex}"
+    fs = fsspec.filesystem("memory")
+    for name, data in SHAPES[fmt].items():
+        fs.pipe(f"{root}/{name}", data)
+    try:
+        store = FsspecStore(f"memory://{root}")
+        whole = build_index(store.list_files(), store.read, 2000, records=fmt)
+        monkeypatch.setattr(records_mod, "PIECE_BYTES", 100)
+        assert index_store(store, 2000, records=fmt).to_bytes() == whole.to_bytes()
+    finally:
+        fs.rm(root, recursive=True)
