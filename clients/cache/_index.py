@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._digest import digest, is_digest
-from ._records import check_format, record_spans
+from ._records import Window, check_format, frames, record_spans
 
 INDEX_VERSION = 1  # one file, one sample (unchanged, so such indexes keep their digests)
 RECORDS_INDEX_VERSION = 2  # samples are byte ranges of their files
@@ -207,9 +207,10 @@ def build_index(
     ``records``: what a sample is (``_records``): a whole file (``file``) or each record of a
     file (``tfrecord``, ``tar``, ``lines``, ``npy``, ``fixed:N``). Chunks are cut as
     ``plan_chunks`` cuts them, over the sizes read. With ``read_range(path, start, size)``
-    a file of ``fixed:N`` records (whose spans follow from its size) is read in pieces of
-    about ``FIXED_PIECE_BYTES``, not whole: a token file larger than memory indexes (the same
-    index either way).
+    a file of records is read in pieces, not whole: ``fixed:N`` records (whose spans follow
+    from its size) in pieces of about ``FIXED_PIECE_BYTES``, the other formats framed record
+    by record through a ``Window`` (``_records.frames``, pieces of ``PIECE_BYTES``): a token
+    file, a JSON-lines file or a shard larger than memory indexes (the same index either way).
     """
     import blake3
 
@@ -224,16 +225,20 @@ def build_index(
     chunk_digests: list[str] = []
     h, n, acc = blake3.blake3(), 0, 0
     fixed = int(records[6:]) if records.startswith("fixed:") and read_range is not None else 0
+    framed = records != "file" and not fixed and read_range is not None
     for path, _size in sorted(files):
         try:
-            if fixed:
+            if framed:
+                pieces = _framed_pieces(path, read_range, _size, records)  # type: ignore[arg-type]
+            elif fixed:
                 pieces = _fixed_pieces(path, read_range, fixed)  # type: ignore[arg-type]
             else:
                 pieces = iter([(0, read(path))])
+            covered = 0
             for base, data in pieces:
                 view = memoryview(data)
                 try:
-                    spans = record_spans(records, data)
+                    spans = [(0, len(data))] if framed else record_spans(records, data)
                 except InvalidArgument as exc:
                     raise InvalidArgument(f"{path}: {exc} (registered with --records {records})") from None
                 for start, length in spans:
@@ -248,9 +253,13 @@ def build_index(
                     n += 1
                     acc += length
                 if progress:
-                    progress(len(data))
+                    # (a framed file: up to this record's end, its framing included)
+                    progress(base + len(data) - covered if framed else len(data))
+                    covered = base + len(data)
                 view = piece = memoryview(b"")  # (this piece freed before the next is read)
                 del data
+            if progress and framed and _size > covered:
+                progress(_size - covered)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise InvalidArgument(
                 f"{path}: gone from the dataset while it was being indexed ({type(exc).__name__}): "
@@ -265,6 +274,27 @@ def build_index(
 
 
 FIXED_PIECE_BYTES = 8 << 20
+
+
+def _framed_pieces(
+    path: str, read_range: Callable[[str, int, int], bytes], size: int, records: str
+) -> Iterable[tuple[int, bytes]]:
+    """Each record of a file as an (offset, bytes) piece, framed by its format (``frames``)
+    and read through a ``Window``: a shard (a TFRecord, a tar, a JSON-lines file...) is never
+    read whole (a 1 GB JSON-lines file peaked at 1.16 GB RSS to register, now 173 MB)."""
+    from microco.common.errors import InvalidArgument
+
+    w = Window(lambda start, n: read_range(path, start, n), size)
+    try:
+        for start, length in frames(records, w):
+            data = w.get(start, length)
+            if len(data) != length:
+                raise InvalidArgument(
+                    "it changed while it was being indexed: register it again once it holds still"
+                )
+            yield start, data
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{path}: {exc} (registered with --records {records})") from None
 
 
 def _fixed_pieces(

@@ -1426,11 +1426,12 @@ class QuiverLoader(InFlight):
         self._plans[plan.seq] = (list(indices), self._taken(indices), done, sorted(plan.whole), chosen)
         return plan
 
-    def delivered(self, report: Any) -> BatchRead | None:
+    def delivered(self, report: Any, readers: int = 1) -> BatchRead | None:
         """A worker's ``ReadReport`` for a batch now handed to the step: counts it as ``read``
         does (hits only for samples served from a cache, not from a chunk this loader read
         whole), moves the position on, reports the batch's finished chunks. The batch's reads
-        for the stall meter, or None for a plan this loader did not make (a stopped epoch's)."""
+        for the stall meter (``readers``: the workers reading batches at once), or None for a
+        plan this loader did not make (a stopped epoch's)."""
         rec = self._plans.pop(report.seq, None)
         if rec is None:
             return None
@@ -1473,6 +1474,8 @@ class QuiverLoader(InFlight):
             batch_bytes=report.batch_bytes,
             miss_bytes=report.batch_bytes - real_bytes,
             overlapped=True,
+            readers=max(1, readers),
+            work_s=report.work_s,
         )
 
     def _worker_server_failed(self, address: str) -> None:

@@ -4,7 +4,9 @@ Public training sets are rarely one file per sample: TFRecord shards, WebDataset
 JSON-lines files, flat token or feature arrays (``.bin``, ``.npy``). Registered with a record
 format, each *record* is a sample of its own, named by the digest of its bytes like a file is,
 so the substitutable sampler, the cache's chunks and their sharing work per sample whatever the
-container. Every function here is pure: a file's bytes in, the byte spans of its samples out.
+container. Every function here is pure: a file's bytes in, the byte spans of its samples out;
+or, for a file too large to hold (``frames``), a reader of its byte ranges in (``Window``), the
+spans out, the file read in pieces.
 
 | format | a sample is | its bytes |
 |---|---|---|
@@ -26,11 +28,12 @@ import functools
 import io
 import struct
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from microco.common.errors import InvalidArgument
 
-__all__ = ["FORMATS", "check_format", "record_spans", "tar_sample"]
+__all__ = ["FORMATS", "PIECE_BYTES", "Window", "check_format", "frames", "record_spans", "tar_sample"]
 
 Spans = list[tuple[int, int]]
 
@@ -113,46 +116,55 @@ _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x
 
 
 def _tar(data: bytes) -> Spans:
+    return list(_tar_frames(io.BytesIO(data), data[:6]))
+
+
+def _tar_frames(fileobj: Any, head: bytes) -> Iterator[tuple[int, int]]:
+    """A tar's samples from ``fileobj`` (seekable; ``head``: its first bytes), member by member:
+    its headers are read and its members' data skipped, so a shard is never held whole."""
     for magic, kind in _COMPRESSED.items():
-        if data.startswith(magic):
+        if head.startswith(magic):
             # tarfile's own word for it is "truncated header" or "invalid header".
             raise InvalidArgument(
                 f"a {kind}-compressed tar (.tgz, .tar.gz...): decompress it first (records are read by range)"
             )
+    key: str | None = None
+    start = end = 0
+    names: set[str] = set()
     try:
-        tf = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
-        everything = tf.getmembers()
+        tf = tarfile.open(fileobj=fileobj, mode="r:")
+        while True:
+            m = tf.next()
+            if m is None:
+                break
+            tf.members = []  # type: ignore[attr-defined]  # (a shard's members are not kept: each is framed, then dropped)
+            if m.islnk() or m.issym():
+                # Its bytes are another member's, outside this sample's fragment: ``tar_sample``
+                # would silently give the sample without it.
+                raise InvalidArgument(
+                    f"tar member {m.name!r} is a {'hard' if m.islnk() else 'symbolic'} link to "
+                    f"{m.linkname!r}: write the shard with each member's own bytes "
+                    "(GNU tar --hard-dereference / --dereference)"
+                )
+            if not m.isfile():
+                continue
+            # m.offset: its first header (a long name's or pax header's included); data padded to 512.
+            stop = m.offset_data + ((m.size + 511) // 512) * 512
+            k = _key(m.name)
+            if k == key:
+                if m.name in names:
+                    # tar_sample's dict would keep only the last (WebDataset refuses it too).
+                    raise InvalidArgument(f"tar member {m.name!r} appears twice in one sample")
+                names.add(m.name)
+                end = stop
+                continue
+            if key is not None:
+                yield start, end - start
+            key, start, end, names = k, m.offset, stop, {m.name}
     except tarfile.TarError as exc:
         raise InvalidArgument(f"not a tar file: {exc}") from exc
-    for m in everything:
-        if m.islnk() or m.issym():
-            # Its bytes are another member's, outside this sample's fragment: ``tar_sample``
-            # would silently give the sample without it.
-            raise InvalidArgument(
-                f"tar member {m.name!r} is a {'hard' if m.islnk() else 'symbolic'} link to "
-                f"{m.linkname!r}: write the shard with each member's own bytes "
-                "(GNU tar --hard-dereference / --dereference)"
-            )
-    members = [m for m in everything if m.isfile()]
-    out: Spans = []
-    key, start, end, names = None, 0, 0, set()
-    for m in members:
-        # m.offset: its first header (a long name's or pax header's included); data padded to 512.
-        stop = m.offset_data + ((m.size + 511) // 512) * 512
-        k = _key(m.name)
-        if k == key:
-            if m.name in names:
-                # tar_sample's dict would keep only the last (WebDataset refuses it too).
-                raise InvalidArgument(f"tar member {m.name!r} appears twice in one sample")
-            names.add(m.name)
-            end = stop
-            continue
-        if key is not None:
-            out.append((start, end - start))
-        key, start, end, names = k, m.offset, stop, {m.name}
     if key is not None:
-        out.append((start, end - start))
-    return out
+        yield start, end - start
 
 
 def tar_sample(raw: bytes) -> dict[str, bytes]:
@@ -180,6 +192,22 @@ def _fixed(size: int) -> Callable[[bytes], Spans]:
 
 
 def _npy(data: bytes) -> Spans:
+    start, rows, row = _npy_layout(data, len(data))
+    return [(start + r * row, row) for r in range(rows)]
+
+
+def _npy_head(data: bytes) -> int:
+    """How many bytes a ``.npy``'s magic and header take, from its first 12 (0: not one)."""
+    if data[:6] != b"\x93NUMPY" or len(data) < 12 or data[6] not in (1, 2, 3):
+        return 0
+    if data[6] == 1:
+        return 10 + int(struct.unpack_from("<H", data, 8)[0])
+    return 12 + int(struct.unpack_from("<I", data, 8)[0])
+
+
+def _npy_layout(data: bytes, total: int) -> tuple[int, int, int]:
+    """A ``.npy``'s (first row's offset, rows, bytes a row) from its first bytes (``data``,
+    the header at least) and its size."""
     if data[:6] != b"\x93NUMPY":
         raise InvalidArgument("not a .npy file (no NUMPY magic)")
     major = data[6]
@@ -213,12 +241,12 @@ def _npy(data: bytes) -> Spans:
         row *= int(d)
     # A row's size is the header's (dtype and shape), never the body's share: a file cut short
     # or padded by a whole number of rows would otherwise split into rows of the wrong width.
-    body = len(data) - start
+    body = total - start
     if body < rows * row:
         raise InvalidArgument(
             f".npy data of {body} bytes is short of its {rows} rows of {row} bytes (a truncated file?)"
         )
-    return [(start + r * row, row) for r in range(rows)]
+    return start, rows, row
 
 
 # IDX's type codes (the third byte of its magic) -> bytes per value.
@@ -230,6 +258,13 @@ def _idx(data: bytes) -> Spans:
     bytes, a type code, the number of dimensions, each dimension as a big-endian uint32, then
     the values; an item is one index along the first dimension. Without this format such a file
     could only be one sample (its 16-byte header breaks ``fixed:N``)."""
+    start, rows, row = _idx_layout(data, len(data))
+    return [(start + r * row, row) for r in range(rows)]
+
+
+def _idx_layout(data: bytes, total: int) -> tuple[int, int, int]:
+    """An IDX file's (first item's offset, items, bytes an item) from its first bytes
+    (``data``, the header at least) and its size."""
     if data[:2] == b"\x1f\x8b":
         raise InvalidArgument("a gzip-compressed IDX file (as downloaded): decompress it first")
     if len(data) < 4 or data[:2] != b"\0\0" or data[2] not in _IDX_ITEM or data[3] == 0:
@@ -242,13 +277,13 @@ def _idx(data: bytes) -> Spans:
     row = _IDX_ITEM[data[2]]
     for d in shape[1:]:
         row *= d
-    body = len(data) - start
+    body = total - start
     # Exactly: torchvision refuses a file whose body is not its shape's too.
     if body != shape[0] * row:
         raise InvalidArgument(
             f"IDX data of {body} bytes is not its {shape[0]} items of {row} bytes (a truncated or padded file?)"
         )
-    return [(start + r * row, row) for r in range(shape[0])]
+    return start, shape[0], row
 
 
 FORMATS: dict[str, Callable[[bytes], Spans]] = {
@@ -284,3 +319,139 @@ def record_spans(fmt: str, data: bytes) -> Spans:
     if fmt.startswith("fixed:"):
         return _fixed(int(fmt[6:]))(data)
     return FORMATS[fmt](data)
+
+
+#: A record file is read at registration in pieces of about this many bytes, not whole.
+PIECE_BYTES = 8 << 20
+
+
+class Window:
+    """One file's bytes read by range (``read_range(start, size)``) in pieces of about
+    ``piece`` bytes, the last two kept: a format's framing (``frames``) and the hashing of
+    the records it frames read each byte about once, and a file of any size is never held
+    whole. ``size``: the file's size as listed (checked before it is relied on)."""
+
+    def __init__(self, read_range: Callable[[int, int], bytes], size: int, piece: int = 0) -> None:
+        self._read = read_range
+        self.listed = size
+        self.piece = piece or PIECE_BYTES
+        self.end: int | None = None  # the file's size, once a read came back short
+        self._kept: list[tuple[int, bytes]] = []
+
+    def get(self, start: int, size: int) -> bytes:
+        """``size`` bytes from ``start`` (fewer at the file's end)."""
+        for base, data in self._kept:
+            stop = base + len(data)
+            if base <= start and (start + size <= stop or stop == self.end):
+                return data[start - base : start - base + size]
+        want = max(size, self.piece)
+        data = self._read(start, want)
+        if len(data) < want:
+            self.end = start + len(data)
+        self._kept = [*self._kept[-1:], (start, data)]
+        return data[:size]
+
+    def size(self) -> int:
+        """The file's size: the listed one, checked against the bytes there."""
+        n = self.listed
+        if self.end is None and not (len(self.get(n - 1, 2)) == 1 if n > 0 else not self.get(0, 1)):
+            raise InvalidArgument(
+                "its size changed while it was being indexed: register it again once it holds still"
+            )
+        return n if self.end is None else self.end
+
+
+def _line_frames(w: Window) -> Iterator[tuple[int, int]]:
+    pos, want = 0, w.piece
+    while True:
+        data = w.get(pos, want)
+        at_end = w.end is not None and pos + len(data) >= w.end
+        cut = len(data) if at_end else data.rfind(b"\n") + 1
+        if not cut:
+            if not data:
+                return
+            want *= 2  # a line longer than a piece
+            continue
+        for start, length in _lines(data):  # (lines up to the cut: spans as in the whole file)
+            if start >= cut:
+                break
+            yield pos + start, length
+        pos, want = pos + cut, w.piece
+        if at_end:
+            return
+
+
+def _tfrecord_frames(w: Window) -> Iterator[tuple[int, int]]:
+    if w.get(0, 2) == b"\x1f\x8b":
+        raise InvalidArgument(
+            "a gzip-compressed TFRecord file: decompress it first (records are read by range)"
+        )
+    pos = 0
+    while True:
+        head = w.get(pos, 12)
+        if not head:
+            return
+        if len(head) < 12:
+            raise InvalidArgument(f"not a TFRecord file: {len(head)} stray bytes at offset {pos}")
+        (length,) = struct.unpack_from("<Q", head, 0)
+        (crc,) = struct.unpack_from("<I", head, 8)
+        if crc != _masked_crc32c(head[:8]):
+            raise InvalidArgument(
+                f"not a TFRecord file, or a corrupt one: the length of the record at offset {pos} "
+                "fails its checksum"
+            )
+        # (a record within a piece is read with the piece it starts in: its hashing reads it there)
+        whole = 12 + length + 4
+        if len(w.get(pos, whole) if whole <= w.piece else w.get(pos + 12 + length, 4)) < (
+            whole if whole <= w.piece else 4
+        ):
+            raise InvalidArgument(
+                f"not a TFRecord file: a record of {length} bytes at offset {pos} runs past its end"
+            )
+        yield pos + 12, length
+        pos += 12 + length + 4
+
+
+class _WindowFile:
+    """A ``Window`` as the seekable file ``tarfile`` reads headers from."""
+
+    def __init__(self, w: Window) -> None:
+        self.w, self.pos = w, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.w.get(self.pos, size if size >= 0 else self.w.size() - self.pos)
+        self.pos += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset + (self.pos if whence == 1 else self.w.size() if whence == 2 else 0)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+
+def frames(fmt: str, w: Window) -> Iterator[tuple[int, int]]:
+    """The (offset, length) of each sample of the file read through ``w``, in file order, as
+    ``record_spans`` gives them for its bytes, reading it in pieces (``fixed:N`` has its own,
+    ``_index._fixed_pieces``; a whole file is one sample)."""
+    fmt = check_format(fmt)
+    if fmt == "lines":
+        yield from _line_frames(w)
+    elif fmt == "tfrecord":
+        yield from _tfrecord_frames(w)
+    elif fmt == "tar":
+        yield from _tar_frames(_WindowFile(w), w.get(0, 6))
+    elif fmt in ("npy", "idx"):
+        head = w.get(0, 12)
+        if fmt == "npy":
+            need = _npy_head(head)
+        else:
+            need = 4 + 4 * head[3] if len(head) >= 4 else 0
+        layout = _npy_layout if fmt == "npy" else _idx_layout
+        start, rows, row = layout(w.get(0, need) if need else head, w.size())
+        for r in range(rows):
+            yield start + r * row, row
+    else:
+        spans = record_spans(fmt, w.get(0, w.size()))
+        yield from spans

@@ -20,6 +20,9 @@ as a per-byte price would be.
     read_miss = cost of reading the batch's bytes as misses
     read_hit  = cost of reading the batch's bytes as hits
     stall(r)  = max(0, r - compute)   with a reader ahead of the step (reads overlap compute)
+              = max(0, (r + work) / N - compute)
+                                      with N worker processes, each reading (and transforming:
+                                      ``work``) a batch of its own, ahead of the step
               = r                     when the step reads itself
 
 and reports the existing "mini-batch seconds at hit fraction h" model at its two ends:
@@ -52,7 +55,11 @@ class BatchRead:
     whole-chunk fetch read for later batches (the fill); ``used_ahead``: samples read so by
     an earlier batch and used in this one (their seconds come along). ``miss_bytes``: bytes
     of this batch's misses (None: not counted, costs are then per sample). ``overlapped``: the read
-    ran ahead of the step (a reader thread) rather than in it."""
+    ran ahead of the step (a reader thread) rather than in it. ``readers``: how many batches are
+    read at once ahead of the step (a ``DataLoader``'s worker processes, each reading its own
+    batch; 1 for the loader's reader thread), so the step waits for ``1/readers`` of a batch's
+    read; ``work_s``: what the reader spent on the batch besides reading it (a worker's
+    transform and collate), which a hit does not save."""
 
     hits: int
     misses: int
@@ -63,6 +70,8 @@ class BatchRead:
     used_ahead: tuple[int, ...] = ()
     miss_bytes: int | None = None
     overlapped: bool = True
+    readers: int = 1
+    work_s: float = 0.0
 
 
 class StallMeter:
@@ -133,7 +142,11 @@ class StallMeter:
                 continue
             if h == 0.0:
                 self.miss_read_s = r
-            stall = max(0.0, r - compute_s) if read.overlapped and self.price == "stall" else r
+            if read.overlapped and self.price == "stall":
+                # N readers each on a batch of its own deliver one every (read + work) / N.
+                stall = max(0.0, (r + max(0.0, read.work_s)) / max(1, read.readers) - compute_s)
+            else:
+                stall = r
             out.append((h, compute_s + stall, read.batch_bytes, count))
         return out
 

@@ -122,7 +122,10 @@ class QuiverDataset(tud.Dataset[Any]):
     def __getitems__(self, indices: list[int]) -> list[Any]:
         if isinstance(indices, ReadPlan):  # in a worker: read as planned, report what it did
             data, report = self._reader.read(indices)
-            return _Items([self._out(i, d) for i, d in zip(indices, data, strict=True)], report)
+            t0 = time.perf_counter()
+            items = [self._out(i, d) for i, d in zip(indices, data, strict=True)]
+            report.work_s += time.perf_counter() - t0  # (the worker's time a hit does not save)
+            return _Items(items, report)
         if self.loader is None or os.getpid() != self._made_in:
             data = self._read_unplanned(list(indices))
             return [self._out(i, d) for i, d in zip(indices, data, strict=True)]
@@ -217,8 +220,12 @@ class _Collate:
         self.fn = fn
 
     def __call__(self, items: list[Any]) -> Any:
+        t0 = time.perf_counter()
         out = self.fn(list(items)) if self.fn is not None else list(items)
-        return Delivered(out, items.report) if isinstance(items, _Items) else out
+        if not isinstance(items, _Items):
+            return out
+        items.report.work_s += time.perf_counter() - t0
+        return Delivered(out, items.report)
 
 
 class QuiverDataLoader(tud.DataLoader[Any]):
@@ -279,7 +286,8 @@ class QuiverDataLoader(tud.DataLoader[Any]):
                 loader.stats.stall_s += wait
                 batch, read = out, None
                 if isinstance(out, Delivered):
-                    batch, read = out.batch, loader.delivered(out.report)
+                    # (each worker reads a batch of its own: num_workers batches are read at once)
+                    batch, read = out.batch, loader.delivered(out.report, readers=self.num_workers)
                 if stream is not None:
                     stream.add_data_wait(wait)
                     loader._delivered = read

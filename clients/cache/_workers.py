@@ -72,6 +72,8 @@ class ReadReport:
     refused: list[int] = field(default_factory=list)
     failed_servers: list[str] = field(default_factory=list)
     corrupt_reported: int = 0
+    #: Seconds the worker spent on the batch besides reading it (the transform and collate).
+    work_s: float = 0.0
 
 
 class WorkerReader:

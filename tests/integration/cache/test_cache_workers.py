@@ -155,7 +155,9 @@ def test_a_spawned_worker_needs_nothing_of_the_parents_loader(make_dataset, tmp_
         items = []
         for plan in dl.batch_sampler:  # as the DataLoader hands plans to its workers
             out = dl.collate_fn(shipped.__getitems__(plan))
-            assert loader.delivered(out.report) is not None
+            read = loader.delivered(out.report, readers=dl.num_workers)
+            # Priced as one of 2 readers, with its transform's time (a hit does not save it).
+            assert read is not None and read.readers == 2 and read.work_s == out.report.work_s > 0
             items += out.batch
         assert sorted(p for p, _, _ in items) == sorted(files)
         for path, sha, _pid in items:

@@ -202,3 +202,51 @@ def test_a_miss_priced_by_the_link_counts_its_whole_read_even_when_hidden():
     assert abs(miss[1] - 0.56) < 1e-12  # 0.2 + 0.36: the link is held 0.36 s, hidden or not
     with pytest.raises(ValueError, match="price"):
         StallMeter(price="wait")
+
+
+def _worker_job(readers, compute_s, miss_s, hit_s, work_s, batch_bytes, batches=24):
+    """What ``QuiverDataLoader``'s meter reports for a job whose ``readers`` worker processes
+    each read (``miss_s`` or ``hit_s`` a batch) and transform (``work_s``) a batch of their own
+    ahead of the step: all-miss and all-hit batches alternating."""
+    m = StallMeter()
+    out = []
+    for b in range(batches):
+        hit = b % 2 == 1
+        r = BatchRead(
+            8 if hit else 0,
+            0 if hit else 8,
+            hit_s if hit else 0.0,
+            0.0 if hit else miss_s,
+            batch_bytes,
+            miss_bytes=0 if hit else batch_bytes,
+            readers=readers,
+            work_s=work_s,
+        )
+        out += m.timings(r, compute_s)
+    return estimate_benefit((h, s) for h, s, _, _ in out)
+
+
+def test_a_job_whose_worker_processes_hide_its_reads_gains_nothing():
+    # Held out (session 42): make_dataloader(loader, num_workers=4), each worker reading a batch
+    # of its own ahead of the step. A batch's misses take 0.12 s to read and 0.01 s to decode,
+    # the step computes 0.05 s: four workers hand over a batch every 0.0325 s, so the step never
+    # waits, hits or not. The meter priced a worker's read as if it were the only reader ahead
+    # (0.05 + 0.07 s an all-miss batch): a 58% "saving", and the job took the cache from one that
+    # gains (below). Measured on such a job (8 x 16 kB files a batch, 0.12 s a read, 4 workers):
+    # epochs of 1.82 s without a cache and 1.84 s with it, the loader's saving 0.69.
+    hidden = _worker_job(4, 0.05, 0.12, 0.002, 0.01, 8 * 16_000)
+    assert hidden is not None and hidden.gain < 0.05, hidden
+    # With one worker the same reads are not hidden: the step waits 0.12 + 0.01 - 0.05 s.
+    one = _worker_job(1, 0.05, 0.12, 0.002, 0.01, 8 * 16_000)
+    assert one is not None and abs(one.t_miss - 0.13) < 1e-9 and abs(one.t_hit - 0.05) < 1e-9, one
+    # Four workers whose decoding alone outlasts the step: hits save the read's share only.
+    busy = _worker_job(4, 0.05, 0.12, 0.002, 0.4, 8 * 16_000)
+    assert busy is not None and abs(busy.t_miss - 0.13) < 1e-9 and abs(busy.t_hit - 0.1005) < 1e-9, busy
+    # Beside a job that does wait for its reads (one reader, 0.3 s of misses, 5 ms of compute),
+    # the one whose workers hide its reads gets no more than room nobody else wants.
+    waits = _worker_job(1, 0.005, 0.3, 0.002, 0.0, MB)
+    assert waits is not None and waits.gain > 0.9
+    sizes = {"hidden": 200 * MB, "waits": 200 * MB}
+    jobs = [JobDemand("w4", "hidden", 8 * 16_000, hidden), JobDemand("io", "waits", MB, waits)]
+    allocs = {a.dataset: a for a in allocate(200 * MB, sizes, jobs)}
+    assert allocs["waits"].bytes == 200 * MB and "compute-bound" in allocs["hidden"].reason
