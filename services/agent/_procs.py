@@ -37,6 +37,7 @@ from microco.clients.scheduler import (
     ControlChannel,
     classify_exit,
 )
+from microco.clients.scheduler._ranks import read_records
 from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from ._devices import DeviceInfo
@@ -54,6 +55,8 @@ _LOG_NAME = re.compile(r"attempt-(\d+)\.log")
 # A job that wants another names it by path (its own virtualenv's bin/python) or runs a
 # container (``docker run ...``): see docs/first-job.md.
 PLATFORM_PYTHON_NAMES = frozenset({"python", "python3"})
+# How long a launcher ended after its ranks checkpointed has to exit before it is killed.
+LAUNCHER_GRACE_S = 5.0
 
 
 def job_command(command: list[str], python: str = sys.executable) -> list[str]:
@@ -140,6 +143,10 @@ class ManagedProcess:
     extra: dict[str, Any] = field(default_factory=dict)
     forked: bool = False  # started from the warm zygote rather than by exec
     stop_sent: bool = False  # the agent sent SIGTERM (``stop``): the exit is the stop's
+    # A ``stop`` control (checkpoint-and-exit) was relayed: once every rank has checkpointed, a
+    # launcher that would start them again (``torchrun --max-restarts``) is ended (``poll``).
+    stop_controlled: bool = False
+    launcher_ended_at: float | None = None
     uid: int | None = None  # the uid the job runs as, when one of its own (``_runas.JOB_UIDS``)
     # The directories made the job's own, given back to the agent once it has exited (its uid
     # goes to a later job).
@@ -152,10 +159,20 @@ class ManagedProcess:
     def poll(self) -> int | None:
         if self.exit_code is None:
             code = self.popen.poll()
+            if code is None and self.stop_controlled:
+                self._end_launcher_once_checkpointed()
             if code is not None:
                 # A process killed by a signal reports -N; keep that (not 0, not 75). A job's
                 # processes' own records decide what a launcher's code means (``_ranks``).
                 self.exit_code, self.message = classify_exit(code, self.control.dir, _tail(self.log_path))
+                if self.launcher_ended_at is not None and self.exit_code != EXIT_CHECKPOINTED:
+                    # every rank had checkpointed when the agent ended the launcher: whatever
+                    # the launcher's code (0 from a handler of its own), that is how it ended
+                    step = max((int(r.get("step") or 0) for r in read_records(self.control.dir)), default=0)
+                    self.exit_code = EXIT_CHECKPOINTED
+                    self.message = (
+                        f"checkpointed at step {step} (the launcher, ended by the agent, exited with {code})"
+                    )
                 if self.stop_sent and 0 <= self.exit_code != EXIT_CHECKPOINTED:
                     # A script's own SIGTERM handler (save, then exit 0) would make the agent's
                     # stop read as the job finished, or failed: it is the stop's, so the job is
@@ -169,6 +186,31 @@ class ManagedProcess:
                 if owned:
                     reclaim(owned)
         return self.exit_code
+
+    def _end_launcher_once_checkpointed(self) -> None:
+        """After a stop, a job whose every rank recorded ``checkpointed`` is done on this node,
+        whatever its launcher does next: ``torchrun --max-restarts N`` (torch elastic's fault
+        tolerance) takes the ranks' exit 75 for a failure and starts them again; each new
+        generation restored, trained, saw the stop again and checkpointed (or hung joining its
+        process group) until torchrun ran out of restarts or the scheduler's operation timeout
+        stopped the job (session 42: 4.7 s, once more than 5 minutes, for 2 restarts). The
+        launcher's process group is ended here (SIGTERM, SIGKILL after ``LAUNCHER_GRACE_S``);
+        its exit then reads as checkpointed by the ranks' records (``classify_exit``)."""
+        if self.launcher_ended_at is not None:
+            if time.monotonic() - self.launcher_ended_at > LAUNCHER_GRACE_S:
+                _kill_group(self.pid, signal.SIGKILL)
+            return
+        records = read_records(self.control.dir)
+        world = max((int(r.get("world") or 1) for r in records), default=1)
+        done = {int(r["rank"]) for r in records if r.get("state") == "checkpointed"}
+        if world > 1 and done >= set(range(world)):
+            log.info(
+                "job %s: every rank of attempt %d checkpointed; ending its launcher",
+                self.job_id,
+                self.attempt,
+            )
+            self.launcher_ended_at = time.monotonic()
+            _kill_group(self.pid, signal.SIGTERM)
 
     def status(self) -> dict[str, Any]:
         self.poll()
@@ -515,6 +557,8 @@ class ProcessManager:
                 if self.pin_cpus:
                     _set_affinity(proc.pid, self._cpus(device_ids))
             proc.control_seq = proc.control.send(action, list(device_ids) if device_ids else None)
+            if action == "stop":
+                proc.stop_controlled = True
         return proc
 
     def stop(self, job_id: str, grace_s: float = 5.0) -> ManagedProcess:

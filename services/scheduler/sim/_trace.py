@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import os
 from bisect import bisect_right
 from dataclasses import dataclass, replace
@@ -369,6 +370,201 @@ def load_philly(
     return jobs
 
 
+# Alibaba PAI (cluster-trace-gpu-v2020): headerless CSV tables, the columns in ``*.header``
+PAI_JOB_COLUMNS = ("job_name", "inst_id", "user", "status", "start_time", "end_time")
+PAI_TASK_COLUMNS = (
+    "job_name",
+    "task_name",
+    "inst_num",
+    "status",
+    "start_time",
+    "end_time",
+    "plan_cpu",
+    "plan_mem",
+    "plan_gpu",
+    "gpu_type",
+)
+PAI_STATUSES = ("Running", "Terminated", "Failed", "Waiting")
+# What a table holds where it has no value: pandas writes NaN as an empty field; other tools
+# write one of these words.
+_PAI_MISSING = ("", "nan", "NaN", "NULL", "null", "None", "\\N")
+
+
+def _pai_number(value: str) -> float | None:
+    """A PAI table's number, or None where the table has none (empty, NaN, ...)."""
+    value = value.strip()
+    return None if value in _PAI_MISSING else float(value)
+
+
+def _pai_time(value: str) -> float | None:
+    """A PAI time in seconds; 0 means "none" (a task never launched has start_time 0, which
+    the trace's own analysis turns into NaN)."""
+    t = _pai_number(value)
+    return t if t else None
+
+
+def _pai_rows(p: Path, columns: tuple[str, ...], what: str):
+    """(line number, row as a dict) of a PAI table: headerless as published (the columns are in
+    the ``.header`` file beside it), or with that header as its first line."""
+    try:
+        fh = p.open(newline="")
+    except OSError as exc:
+        raise TraceError(f"cannot open PAI {what} {p}: {exc.strerror}") from exc
+    with fh:
+        for n, row in enumerate(csv.reader(fh), start=1):
+            if not row or (n == 1 and tuple(c.strip() for c in row) == columns):
+                continue
+            if len(row) != len(columns):
+                raise TraceError(
+                    f"{p}:{n}: a PAI {what} row has {len(columns)} fields "
+                    f"({','.join(columns)}), this one {len(row)}"
+                )
+            yield n, dict(zip(columns, row, strict=True))
+
+
+def load_pai(
+    task_table: str | os.PathLike,
+    job_table: str | os.PathLike | None = None,
+    *,
+    statuses: tuple[str, ...] = ("Terminated", "Failed"),
+    elastic_fraction: float = 0.0,
+    min_duration_s: float = 1.0,
+    time_scale: float = 1.0,
+    skipped: dict[str, int] | None = None,
+) -> list[TraceJob]:
+    """Alibaba PAI's ``cluster-trace-gpu-v2020`` (alibaba/clusterdata): ``pai_task_table.csv``
+    and, for arrivals and owners, ``pai_job_table.csv``. Both are CSV without a header line (the
+    columns are in the ``.header`` files published beside them; a first line equal to the
+    header is skipped too); times are seconds from a hidden origin, 0 or empty where there is none.
+
+    A job is its tasks (roles such as ``ps``, ``worker``, ``evaluator``), each of ``inst_num``
+    instances asking ``plan_gpu`` percent of a GPU (50 is half a GPU, 800 eight; empty for a
+    CPU-only task). The job's GPUs are the sum over its tasks of ``inst_num * plan_gpu / 100``:
+    ``devices`` is that rounded up, and a job asking less than one GPU in all is a one-device job
+    with that ``gpu_share`` (as the v2023 importer takes ``gpu_milli``). Its run time is from its
+    first task's launch to its last task's completion (the time it held its GPUs, as for the
+    other traces). Its arrival is the job table's ``start_time`` (the submission: a task's
+    launch minus it is the wait the cluster's scheduler imposed); without the job table, the
+    first task's launch (so no wait is recorded). Arrivals are counted from the earliest one in
+    the trace. The job's status is the job table's, else its tasks' (Failed if one failed,
+    Terminated if all terminated, Waiting if all wait, otherwise Running); only ``statuses`` are kept (a failed job
+    held its GPUs too). Left out, counted by reason in ``skipped`` when given: jobs asking no
+    GPU, without a launch or a completion (still running or waiting), of another status, job
+    rows without tasks. ``user`` is the owner. A model family is drawn per job from a stable
+    hash and ``elastic_fraction`` of the jobs marked elastic, as for the other traces (the
+    tables have neither)."""
+    tp = Path(task_table)
+    counts: dict[str, int] = {} if skipped is None else skipped
+
+    def skip(reason: str) -> None:
+        counts[reason] = counts.get(reason, 0) + 1
+
+    # job -> [gpus in percent, first launch, last completion, task statuses]
+    tasks: dict[str, list[Any]] = {}
+    for n, row in _pai_rows(tp, PAI_TASK_COLUMNS, "task table"):
+        try:
+            name = row["job_name"].strip()
+            if not name:
+                raise ValueError("empty job_name")
+            inst = _pai_number(row["inst_num"]) or 0.0
+            gpu = _pai_number(row["plan_gpu"]) or 0.0
+            if inst < 0 or gpu < 0:
+                raise ValueError("inst_num and plan_gpu must be >= 0")
+            start, end = _pai_time(row["start_time"]), _pai_time(row["end_time"])
+        except ValueError as exc:
+            raise TraceError(f"{tp}:{n}: {exc}") from None
+        t = tasks.setdefault(name, [0.0, None, None, []])
+        t[0] += inst * gpu
+        if start is not None:
+            t[1] = start if t[1] is None else min(t[1], start)
+        if end is not None:
+            t[2] = end if t[2] is None else max(t[2], end)
+        t[3].append(row["status"].strip())
+
+    jobs_info: dict[str, tuple[float | None, str, str]] = {}
+    if job_table is not None:
+        jp = Path(job_table)
+        for n, row in _pai_rows(jp, PAI_JOB_COLUMNS, "job table"):
+            name = row["job_name"].strip()
+            try:
+                if name in jobs_info:
+                    raise ValueError(f"job_name {name!r} repeated")
+                sub_time = _pai_time(row["start_time"])
+            except ValueError as exc:
+                raise TraceError(f"{jp}:{n}: {exc}") from None
+            jobs_info[name] = (sub_time, row["status"].strip(), row["user"].strip())
+        for _ in jobs_info.keys() - tasks.keys():
+            skip("no tasks")
+
+    rows: list[tuple[float, str, float, float, str]] = []
+    for name, (gpu_pct, launched, completed, task_statuses) in tasks.items():
+        submitted: float | None = None
+        owner = ""
+        if job_table is not None:
+            if name not in jobs_info:
+                skip("not in the job table")
+                continue
+            submitted, status, owner = jobs_info[name]
+        elif "Failed" in task_statuses:
+            status = "Failed"
+        elif all(s == "Terminated" for s in task_statuses):
+            status = "Terminated"
+        elif all(s == "Waiting" for s in task_statuses):
+            status = "Waiting"
+        else:
+            status = "Running"
+        if status not in statuses:
+            skip(f"status {status}")
+            continue
+        if gpu_pct <= 0:
+            skip("no GPUs")
+            continue
+        if launched is None:
+            skip("never launched")
+            continue
+        if completed is None:
+            skip("no completion")
+            continue
+        arrival = launched if submitted is None else min(submitted, launched)
+        rows.append((arrival, name, gpu_pct / 100.0, max(min_duration_s, completed - launched), owner))
+    if not rows:
+        return []
+    origin = min(r[0] for r in rows)
+    jobs = []
+    for arrival, name, gpus, dur, owner in rows:
+        devices = max(1, math.ceil(gpus - 1e-9))
+        jobs.append(
+            TraceJob(
+                job_id=name,
+                submit_time=(arrival - origin) * time_scale,
+                devices=devices,
+                duration_s=dur * time_scale,
+                model=GAVEL_FAMILIES[int(_stable_unit("model", name) * len(GAVEL_FAMILIES))],
+                elastic=_stable_unit("elastic", name) < elastic_fraction,
+                gpu_share=max(0.01, min(1.0, gpus)) if devices == 1 else 1.0,
+                owner=owner,
+            )
+        )
+    jobs.sort(key=lambda j: (j.submit_time, j.job_id))
+    return jobs
+
+
+def _pai_table_kind(first_row: list[str]) -> str | None:
+    """ "task" or "job" for the first row of a PAI v2020 table (its header, or a headerless
+    row whose fourth field is a PAI status), else None."""
+    cells = tuple(c.strip() for c in first_row)
+    if cells == PAI_TASK_COLUMNS:
+        return "task"
+    if cells == PAI_JOB_COLUMNS:
+        return "job"
+    if len(cells) >= 4 and cells[3] in PAI_STATUSES:
+        if len(cells) == len(PAI_TASK_COLUMNS):
+            return "task"
+        if len(cells) == len(PAI_JOB_COLUMNS):
+            return "job"
+    return None
+
+
 class PhillyDurations:
     """Philly run times (``philly_runtime.csv``) as an empirical distribution, to give
     durations to a trace that lacks them. ``sample(key)`` is deterministic in ``key``."""
@@ -402,8 +598,9 @@ class PhillyDurations:
 
 def load_trace(path: str | os.PathLike, **kw) -> list[TraceJob]:
     """Read any supported trace, recognised by its header: the native format, an Alibaba
-    gpu-v2023 pod list, the Tiresias trace, or (a JSON list) Philly's ``cluster_job_log``.
-    Extra keywords go to the Alibaba or Philly importer."""
+    gpu-v2023 pod list, the Tiresias trace, (a JSON list) Philly's ``cluster_job_log``, or
+    Alibaba PAI's v2020 ``pai_task_table.csv`` (with ``pai_job_table.csv`` beside it, when there
+    is one). Extra keywords go to the Alibaba, Philly or PAI importer."""
     p = Path(path)
     try:
         with p.open(newline="") as fh:
@@ -411,9 +608,20 @@ def load_trace(path: str | os.PathLike, **kw) -> list[TraceJob]:
             if first.startswith("["):  # a JSON list: Philly's cluster_job_log
                 return load_philly(p, **kw)
             fh.seek(0)
-            header = set(next(csv.reader(fh), []))
+            first_row = next(csv.reader(fh), [])
+            header = set(first_row)
     except OSError as exc:
         raise TraceError(f"cannot open trace {p}: {exc.strerror}") from exc
+    kind = _pai_table_kind(first_row)
+    if kind == "task":
+        # the job table published beside it gives arrivals (submissions) and owners
+        beside = p.with_name(p.name.replace("pai_task_table", "pai_job_table"))
+        return load_pai(p, beside if beside != p and beside.exists() else None, **kw)
+    if kind == "job":
+        raise TraceError(
+            f"{p}: a PAI job table has no GPU requests; give pai_task_table.csv "
+            "(a pai_job_table.csv beside it is read for arrivals and owners)"
+        )
     if {"name", "num_gpu", "gpu_milli"} <= header:
         return load_alibaba(p, **kw)
     if {"model_name", "iterations", "num_gpu"} <= header:
