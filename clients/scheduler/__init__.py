@@ -42,7 +42,7 @@ from ._phases import (
     read_phases,
     watch_phases,
 )
-from ._ranks import classify_exit
+from ._ranks import classify_exit, read_records
 from ._torch import TorchHook, average_gradients, init_distributed, seed_everything
 
 _CLIENT_NAMES = ("SchedulerClient", "job_to_dict", "make_spec", "state_name")
@@ -99,6 +99,7 @@ __all__ = [
     "make_spec",
     "phase_key",
     "read_phases",
+    "read_records",
     "seed_everything",
     "spec_from_pb",
     "spec_to_pb",

@@ -36,8 +36,8 @@ from microco.clients.scheduler import (
     EXIT_CHECKPOINTED,
     ControlChannel,
     classify_exit,
+    read_records,
 )
-from microco.clients.scheduler._ranks import read_records
 from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from ._devices import DeviceInfo
