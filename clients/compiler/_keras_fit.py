@@ -118,14 +118,12 @@ class AstraKerasFit(AstraTF):
         """``fit`` built the model and its optimiser (``_maybe_symbolic_build``) before its first
         step."""
 
-    def _all_variables(self) -> list[Any]:
-        """What Keras' step captures: the model's variables (its seed generators' states among
-        them), the optimiser's, the metrics' (``_tf_warm`` shadows them for a background
-        compile; the guard keeps them)."""
-        return list(self.model.variables) + self._optimizer_variables() + self._other_variables()
-
     def _other_variables(self) -> list[Any]:
-        return list(getattr(self.model, "metrics_variables", []) or [])
+        """Besides the model's variables (its seed generators' states among them) and the
+        optimiser's, Keras' step writes the metrics' (``_tf_warm`` shadows them for a background
+        compile; the guard keeps them), and whatever else its trace reads or writes (a user's
+        ``train_step``: its own ``tf.Variable``s, a second optimiser; ``_note_step_variables``)."""
+        return list(getattr(self.model, "metrics_variables", []) or []) + super()._other_variables()
 
     # -- the guard: a failed trial step leaves nothing of its work
     def _snapshot(self) -> Any:
