@@ -363,6 +363,30 @@ def test_a_trial_failing_after_a_second_optimisers_update_is_undone_with_it(tmp_
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_a_generator_yielding_none_for_its_sample_weights_trains_as_plain_fit(tmp_path):
+    """Held out (session 42): a generator yielding ``(x, y, None)`` (``None`` reaches ``fit``'s
+    iterator as an empty ``tf.experimental.Optional``, which Keras turns back into ``None`` before
+    ``train_step``). Before, Astra's step handed ``train_step`` the ``Optional`` itself: the loss
+    refused it, and ``fit`` stopped at its first step."""
+    x, y = _data()
+
+    def batches():
+        while True:
+            for i in range(0, 48, 8):
+                yield x[i : i + 8], y[i : i + 8], None
+
+    want_model = _model()
+    want = want_model.fit(batches(), steps_per_epoch=6, epochs=3, verbose=0)
+    model = _model()
+    astra = _attach(model, tmp_path)
+    got = model.fit(batches(), steps_per_epoch=6, epochs=3, verbose=0)
+    summary = astra.summary()
+    assert summary["settled"] and not summary["abandoned"] and not summary["failures"], summary
+    for k in want.history:
+        np.testing.assert_allclose(got.history[k], want.history[k], rtol=1e-4, atol=1e-5)
+    _same_weights(model, want_model, tol=1e-4)
+
+
 def test_a_stateful_lstms_xla_trial_is_checked_from_the_states_it_started_from(tmp_path):
     """Held out (session 42): a stateful ``LSTM`` (a fixed batch, its states carried from batch to
     batch) keeps its states in variables ``model.variables`` does not list. The check of the XLA
