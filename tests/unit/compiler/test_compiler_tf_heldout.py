@@ -239,3 +239,32 @@ def test_one_slow_step_does_not_make_a_short_run_count_xlas_module(tmp_path):
     astra._pre_ms = [300.0, 1000.0, 1.5]
     assert astra._pre_step_ms() == 1.5
     assert not astra._worth_pricing(*_batch(8, 0))
+
+
+@pytest.mark.parametrize("reduce_retracing", [None, False])
+def test_a_keras_models_step_over_inputs_of_many_shapes_is_traced_as_keras_traces_it(
+    tmp_path, reduce_retracing
+):
+    """Held out (session 42): a user's ``tf.function(reduce_retracing=True)`` loop over batches of
+    many shapes traces its step two or three times; ``AstraTF`` traced its plain step once per
+    shape (a text model over 40 ``padded_batch``-style batches of 5-29 tokens: 18 traces against
+    3). A Keras model's step is now traced as Keras' ``fit`` traces it (``reduce_retracing``), its
+    losses the plain step's; ``reduce_retracing=False`` keeps a trace per shape."""
+    astra = _astra(tmp_path) if reduce_retracing is None else None
+    if astra is None:
+        astra = _tf.AstraTF(
+            _dense(),
+            keras.optimizers.SGD(0.1),
+            keras.losses.MeanSquaredError(),
+            _explorer(),
+            total_steps=10**6,
+            background=False,
+            cost_model=_tf_cost.XlaCostModel("hw", tmp_path / "rate.json"),
+            reduce_retracing=False,
+        )
+    sizes = (8, 6, 7, 5, 4, 3, 8, 6)
+    batches = [_batch(n, i) for i, n in enumerate(sizes)]
+    want = _plain_losses(_dense(), keras.optimizers.SGD(0.1), keras.losses.MeanSquaredError(), batches)
+    np.testing.assert_allclose([astra.step(*b) for b in batches], want, rtol=1e-6)
+    traces = astra.variant(False, False, False).experimental_get_tracing_count()
+    assert traces <= 2 if reduce_retracing is None else traces == len(set(sizes))
