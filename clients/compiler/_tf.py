@@ -853,7 +853,15 @@ class AstraTF(SessionBacked):
 
     @staticmethod
     def _signature(x: Any, y: Any) -> str:
-        return f"{input_signature(x)};{input_signature(y)}"
+        """The shapes XLA compiles a module for: each input tensor's, a composite tensor's by its
+        components (a ``tf.RaggedTensor``'s values and row splits, whose lengths change from
+        batch to batch under a static shape of ``(8, None)``). Before (issue 18, session 42, held
+        out: a bag-of-vectors model over ``RaggedTensor`` batches through ``AstraTF``), the
+        step's shapes read as steady, XLA was offered, and its trial compiled a module per batch
+        in the training step; a run starting tuned on it took 9.3 s for 20 steps against the
+        plain step's 0.35 s."""
+        parts = tf.nest.flatten((x, y), expand_composites=True)
+        return ";".join(input_signature(p) for p in parts)
 
     # XLA (``jit_compile``) compiles one module per input shape, where ``tf.function`` only
     # retraces: a step whose inputs change shape (a ``tf.data`` pipeline's ``padded_batch`` of
