@@ -54,6 +54,19 @@ def _tf_variable(v: Any) -> Any:
     return inner if isinstance(inner, tf.Variable) else v
 
 
+def _no_optionals(data: Any) -> Any:
+    """Keras' batch (or its spec) with each ``tf.experimental.Optional`` as None, as Keras hands
+    it to ``train_step`` (``TensorFlowTrainer._autoconvert_optionals``): a generator's ``None``
+    (``yield x, y, None``; an optional input's value) reaches ``fit``'s iterator as an empty
+    ``Optional``. Before (issue 18, session 42, held out: a generator yielding ``(x, y, None)``),
+    Astra's step handed the ``Optional`` itself to ``train_step``: its loss refused it ("Expected
+    float32, but got ... _OptionalImpl"), the plain step too, and ``fit`` stopped at its first
+    step where plain ``fit`` trains."""
+    return tf.nest.map_structure(
+        lambda i: None if isinstance(i, (tf.experimental.Optional, tf.OptionalSpec)) else i, data
+    )
+
+
 class AstraKerasFit(AstraTF):
     """The step ``fit`` calls, explored: :class:`AstraTF` over Keras' ``train_step``.
 
@@ -118,14 +131,12 @@ class AstraKerasFit(AstraTF):
         """``fit`` built the model and its optimiser (``_maybe_symbolic_build``) before its first
         step."""
 
-    def _all_variables(self) -> list[Any]:
-        """What Keras' step captures: the model's variables (its seed generators' states among
-        them), the optimiser's, the metrics' (``_tf_warm`` shadows them for a background
-        compile; the guard keeps them)."""
-        return list(self.model.variables) + self._optimizer_variables() + self._other_variables()
-
     def _other_variables(self) -> list[Any]:
-        return list(getattr(self.model, "metrics_variables", []) or [])
+        """Besides the model's variables (its seed generators' states among them) and the
+        optimiser's, Keras' step writes the metrics' (``_tf_warm`` shadows them for a background
+        compile; the guard keeps them), and whatever else its trace reads or writes (a user's
+        ``train_step``: its own ``tf.Variable``s, a second optimiser; ``_note_step_variables``)."""
+        return list(getattr(self.model, "metrics_variables", []) or []) + super()._other_variables()
 
     # -- the guard: a failed trial step leaves nothing of its work
     def _snapshot(self) -> Any:
@@ -161,7 +172,7 @@ class AstraKerasFit(AstraTF):
             if settled is not None:
                 return settled(iterator)
         if self._element_spec is None:
-            self._element_spec = getattr(iterator, "element_spec", None)
+            self._element_spec = _no_optionals(getattr(iterator, "element_spec", None))
         return self._steps(iterator, self._explore_one)
 
     def _explore_one(self, data: Any) -> Any:
@@ -172,7 +183,8 @@ class AstraKerasFit(AstraTF):
     def _steps(self, iterator: Any, one: Callable[[Any], Any]) -> Any:
         """``steps_per_execution`` steps of ``one`` over batches taken from ``iterator`` here (a
         ``tf.data`` iterator, or the batches ``train_on_batch`` hands over), the last one's logs
-        returned, as Keras' own function does; ``StopIteration`` where there was no batch."""
+        returned, as Keras' own function does; ``StopIteration`` where there was no batch. Each
+        batch as Keras hands it to ``train_step`` (``_no_optionals``)."""
         spe = max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
         logs = None
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
@@ -183,10 +195,10 @@ class AstraKerasFit(AstraTF):
                     if logs is None:
                         raise StopIteration from None
                     break
-                logs = one(data)
+                logs = one(_no_optionals(data))
         else:
             for _, data in zip(range(spe), iterator):
-                logs = one(data)
+                logs = one(_no_optionals(data))
         return logs
 
     def _settle(self, iterator: Any) -> Callable[[Any], Any] | None:
@@ -203,7 +215,7 @@ class AstraKerasFit(AstraTF):
             if fn is None:
                 return None
             make = getattr(model, "_make_function", None)
-            spec = getattr(iterator, "element_spec", None)
+            spec = _no_optionals(getattr(iterator, "element_spec", None))
             same = spec is not None and input_signature(spec) == self._data_signature
             if make is not None and same:
                 old = getattr(model, "_jit_compile", None)

@@ -175,3 +175,125 @@ def test_a_check_that_cannot_read_the_variables_leaves_the_variants_step_and_tra
     xla_step = astra.variant(False, False, True)
     assert id(xla_step) in astra._equivalent and not astra._refused and not astra.abandoned
     assert len(losses) == STEPS and all(np.isfinite(losses))
+
+
+# -- the step's own variables (held out, session 42)
+
+
+def _accumulating_model(k=3):
+    """A ``train_step`` that accumulates its gradients over ``k`` batches in its own
+    ``tf.Variable``s and applies them on every ``k``-th (TF 2's recipe for gradient
+    accumulation): Keras lists none of those variables in ``model.variables``."""
+
+    class Accumulating(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = tf.keras.layers.Dense(8, activation="relu")
+            self.out = tf.keras.layers.Dense(1)
+            self.tracker = tf.keras.metrics.Mean(name="loss")
+
+        @property
+        def metrics(self):
+            return [self.tracker]
+
+        def call(self, x, training=False):
+            return self.out(self.hidden(x))
+
+        def build(self, input_shape):
+            super().build(input_shape)
+            self.hidden.build(input_shape)
+            self.out.build((None, 8))
+            self.seen = tf.Variable(0, trainable=False)
+            self.sums = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.trainable_variables]
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                pred = self(x, training=True)
+                loss = self.compute_loss(x=x, y=y, y_pred=pred)
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.seen.assign_add(1)
+            for s, g in zip(self.sums, grads):
+                s.assign_add(g / k)
+
+            def apply():
+                self.optimizer.apply_gradients(zip([s.value() for s in self.sums], self.trainable_variables))
+                for s in self.sums:
+                    s.assign(tf.zeros_like(s))
+                return tf.constant(True)
+
+            tf.cond(tf.equal(self.seen % k, 0), apply, lambda: tf.constant(False))
+            self.tracker.update_state(loss)
+            return {"loss": self.tracker.result()}
+
+    tf.keras.utils.set_random_seed(3)
+    model = Accumulating()
+    model.build((None, 4))
+    model.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss="mse", jit_compile=False)
+    return model
+
+
+def test_a_tuned_fit_whose_train_step_keeps_its_own_variables_trains_as_fit_does():
+    """The checked XLA step writes the ``train_step``'s own counter and sums; the check puts them
+    back with the model's before the plain step runs. Before, it did not: the plain step counted
+    and accumulated the checked batch a second time, and the run left plain ``fit``'s (the
+    counter one ahead, the update applied a batch early), silently."""
+    from microco.clients import compiler
+
+    x, y = _batch()
+    x = tf.concat([x[:, :1] / 1e6, x[:, 1:]], axis=1)
+
+    def fit(explorer):
+        model = _accumulating_model()
+        handle = compiler.attach_fit(model, explorer, background=False) if explorer else None
+        history = model.fit(x, y, batch_size=4, epochs=3, verbose=0, shuffle=False)
+        return model, history.history["loss"], handle
+
+    own, own_losses, _ = fit(None)
+    model, losses, handle = fit(_CommittedTo(xla="plain"))
+    xla_step = handle.astra.variant(False, False, True)
+    assert id(xla_step) in handle.astra._equivalent  # checked, kept
+    assert int(model.seen.numpy()) == int(own.seen.numpy()) == 12
+    np.testing.assert_allclose(losses, own_losses, rtol=1e-5)
+    for a, b in zip(
+        model.get_weights() + [s.numpy() for s in model.sums],
+        own.get_weights() + [s.numpy() for s in own.sums],
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_tuned_astra_tf_step_over_a_layer_keeping_its_own_variables_trains_as_the_plain_step():
+    """A layer keeping a running mean in a raw ``tf.Variable`` it updates in training: the check
+    of the XLA step put back the model's and the optimiser's variables and not it, and the plain
+    step updated it again (its count one ahead of the run without Astra)."""
+
+    class RunningCentre(tf.keras.layers.Layer):
+        def build(self, shape):
+            self.mean = tf.Variable(tf.zeros(shape[-1:]), trainable=False)
+            self.count = tf.Variable(0.0, trainable=False)
+
+        def call(self, x, training=False):
+            if training:
+                self.count.assign_add(1.0)
+                self.mean.assign(self.mean + (tf.reduce_mean(x, 0) - self.mean) / self.count)
+            return x - self.mean
+
+    def model():
+        tf.keras.utils.set_random_seed(3)
+        return tf.keras.Sequential([tf.keras.Input((4,)), RunningCentre(), tf.keras.layers.Dense(1)])
+
+    x, y = _batch()
+    x = tf.concat([x[:, :1] / 1e6, x[:, 1:]], axis=1)
+    runs = []
+    for explorer in (_CommittedTo(xla="off"), _CommittedTo(xla="plain")):
+        m = model()
+        astra = _tf.AstraTF(
+            m, tf.keras.optimizers.Adam(1e-2), _mse, explorer, total_steps=10**6, background=False
+        )
+        runs.append((m, [astra.step(x, y) for _ in range(STEPS)], astra))
+    (plain, plain_losses, _), (m, losses, astra) = runs
+    assert id(astra.variant(False, False, True)) in astra._equivalent
+    assert float(m.layers[0].count.numpy()) == float(plain.layers[0].count.numpy()) == STEPS
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-5)
+    for a, b in zip(m.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

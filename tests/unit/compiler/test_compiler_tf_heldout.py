@@ -239,3 +239,82 @@ def test_one_slow_step_does_not_make_a_short_run_count_xlas_module(tmp_path):
     astra._pre_ms = [300.0, 1000.0, 1.5]
     assert astra._pre_step_ms() == 1.5
     assert not astra._worth_pricing(*_batch(8, 0))
+
+
+@pytest.mark.parametrize("reduce_retracing", [None, False])
+def test_a_keras_models_step_over_inputs_of_many_shapes_is_traced_as_keras_traces_it(
+    tmp_path, reduce_retracing
+):
+    """Held out (session 42): a user's ``tf.function(reduce_retracing=True)`` loop over batches of
+    many shapes traces its step two or three times; ``AstraTF`` traced its plain step once per
+    shape (a text model over 40 ``padded_batch``-style batches of 5-29 tokens: 18 traces against
+    3). A Keras model's step is now traced as Keras' ``fit`` traces it (``reduce_retracing``), its
+    losses the plain step's; ``reduce_retracing=False`` keeps a trace per shape."""
+    astra = _astra(tmp_path) if reduce_retracing is None else None
+    if astra is None:
+        astra = _tf.AstraTF(
+            _dense(),
+            keras.optimizers.SGD(0.1),
+            keras.losses.MeanSquaredError(),
+            _explorer(),
+            total_steps=10**6,
+            background=False,
+            cost_model=_tf_cost.XlaCostModel("hw", tmp_path / "rate.json"),
+            reduce_retracing=False,
+        )
+    sizes = (8, 6, 7, 5, 4, 3, 8, 6)
+    batches = [_batch(n, i) for i, n in enumerate(sizes)]
+    want = _plain_losses(_dense(), keras.optimizers.SGD(0.1), keras.losses.MeanSquaredError(), batches)
+    np.testing.assert_allclose([astra.step(*b) for b in batches], want, rtol=1e-6)
+    traces = astra.variant(False, False, False).experimental_get_tracing_count()
+    assert traces <= 2 if reduce_retracing is None else traces == len(set(sizes))
+
+
+def _bag_of_vectors():
+    """A model over ``tf.RaggedTensor`` batches (a bag of vectors per example, pooled)."""
+
+    class Bag(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(8, activation="relu")
+            self.out = keras.layers.Dense(3)
+
+        def call(self, x, training=False):
+            return self.out(tf.reduce_mean(tf.ragged.map_flat_values(self.hidden, x), axis=1))
+
+    keras.utils.set_random_seed(0)
+    return Bag()
+
+
+def _ragged_batch(seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 9, 8)
+    values = rng.normal(size=(int(lengths.sum()), 4)).astype("float32")
+    return tf.RaggedTensor.from_row_lengths(values, lengths), tf.constant(rng.integers(0, 3, 8))
+
+
+def test_ragged_batches_whose_static_shape_is_steady_are_not_offered_xla(tmp_path):
+    """Held out (session 42): a ``RaggedTensor`` batch's static shape is ``(8, None)`` at every
+    step while its values' length changes, and XLA compiles a module per length. Before, the
+    shapes read as steady, XLA was offered, and its trial compiled in the training step at every
+    batch. Now the components' shapes are what varies, so XLA is not offered; the losses are the
+    plain step's."""
+    batches = [_ragged_batch(seed) for seed in range(8)]
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    ref = _bag_of_vectors()
+    ref(batches[0][0])
+    want = _plain_losses(ref, keras.optimizers.Adam(1e-2), loss, batches)
+    model = _bag_of_vectors()
+    model(batches[0][0])
+    astra = _tf.AstraTF(
+        model,
+        keras.optimizers.Adam(1e-2),
+        loss,
+        _explorer(),
+        total_steps=10**6,
+        background=False,
+        cost_model=_tf_cost.XlaCostModel("hw", tmp_path / "rate.json"),
+    )
+    np.testing.assert_allclose([astra.step(*b) for b in batches], want, rtol=1e-6)
+    assert not astra.xla
+    assert astra.variant(False, False, True).experimental_get_tracing_count() == 0
