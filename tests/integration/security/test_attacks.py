@@ -160,6 +160,29 @@ def test_list_jobs_shows_a_user_their_own_and_never_a_secret(platform):
     assert full.spec.env["API_KEY"] == "s3cr3t"
 
 
+def test_a_jobs_secrets_reach_only_its_owner_and_the_job_itself(platform):
+    """GetJob gives secret-looking environment values to the job's owner and the job alone: the
+    console reads jobs as ``service:console`` and showed them on its job page to any of its
+    tokens (session 42); an administrator acts on the job without them. WatchJobs, a list
+    call, redacts them for everyone as ListJobs does."""
+    job = submit(platform, "user:alice", env={"API_KEY": "s3cr3t", "EPOCHS": "3"})
+    request = scheduler_pb2.GetJobRequest(job_id=job.id)
+    for who, admin in (("service:console", False), ("user:root", True)):
+        got = sched(platform, who, admin).GetJob(request, timeout=10)
+        assert dict(got.spec.env) == {"API_KEY": "<redacted>", "EPOCHS": "3"}, who
+        assert "s3cr3t" not in str(got)
+    for who in ("user:alice", f"job:{job.id}"):
+        assert sched(platform, who).GetJob(request, timeout=10).spec.env["API_KEY"] == "s3cr3t", who
+    for who, admin in (("user:alice", False), ("service:console", False), ("user:root", True)):
+        stream = sched(platform, who, admin).WatchJobs(
+            scheduler_pb2.WatchJobsRequest(job_ids=[job.id]), timeout=60
+        )
+        first = next(iter(stream))
+        stream.cancel()
+        assert first.job.id == job.id
+        assert dict(first.job.spec.env) == {"API_KEY": "<redacted>", "EPOCHS": "3"}, who
+
+
 def test_watch_jobs_streams_only_what_the_caller_may_see(platform):
     theirs = submit(platform, "user:erin")
     mine = submit(platform, "user:dave")  # later: streamed after theirs, were theirs visible
