@@ -305,6 +305,17 @@ def test_a_user_drops_and_appends_to_their_own_tables_only(platform):
     assert client("user:root", admin=True).list_tables() == []
 
 
+def test_only_administrators_and_services_scrub_the_store(platform):
+    """A scrub re-reads every byte of every user's tables, unthrottled, deletes orphans and names
+    what it found: an operator's call (session 42: any user or job could run it)."""
+    for who in ("user:bob", "job:other"):
+        client = StoreClient(dial(platform["store"], identity=issued(who)))
+        with pytest.raises(PermissionDenied, match="may not scrub the store"):
+            client.scrub()
+    for who, admin in (("user:root", True), ("service:console", False)):
+        assert StoreClient(dial(platform["store"], identity=issued(who, admin))).scrub() == []
+
+
 # --------------------------------------------------------------------------- store nodes
 
 
