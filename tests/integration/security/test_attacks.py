@@ -24,7 +24,7 @@ from microco.api.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from microco.clients.scheduler import spec_to_pb
 from microco.clients.store import StoreClient, flight_client
 from microco.common.channel import dial
-from microco.common.errors import MicrocoError, PermissionDenied
+from microco.common.errors import AlreadyExists, MicrocoError, PermissionDenied
 from microco.common.identity import SERVICE_NAME, CertificateAuthority
 from microco.common.kv import MemoryKV
 
@@ -314,6 +314,29 @@ def test_only_administrators_and_services_scrub_the_store(platform):
             client.scrub()
     for who, admin in (("user:root", True), ("service:console", False)):
         assert StoreClient(dial(platform["store"], identity=issued(who, admin))).scrub() == []
+
+
+def test_a_table_named_like_another_in_another_case_is_refused(platform):
+    """SQL names a table without regard to case and reads the first match: bob's ``SHADOWED``
+    beside alice's ``shadowed`` took the name in her own queries (refused hers, or with a grant
+    answered them with his rows). Such a name is refused (session 42)."""
+
+    def client(who: str, admin: bool = False) -> StoreClient:
+        return StoreClient(dial(platform["store"], identity=issued(who, admin)))
+
+    schema = pa.schema([("a", pa.int64())])
+    replicas = ["a:hash:2", "a:hash:2", "a:hash:2"]
+    client("user:alice").create_table("shadowed", schema, replicas)
+    for name in ("SHADOWED", "Shadowed"):
+        with pytest.raises(AlreadyExists, match="without regard to case"):
+            client("user:bob").create_table(name, schema, replicas)
+    admin = client("user:root", admin=True)
+    assert [t["name"] for t in admin.list_tables() if t["name"].lower() == "shadowed"] == ["shadowed"]
+    # alice's SQL names her own table (the planner then finds no nodes)
+    with pytest.raises(MicrocoError) as info:
+        client("user:alice").explain_sql("SELECT count(*) FROM shadowed")
+    assert not isinstance(info.value, PermissionDenied)
+    admin.drop_table("shadowed")
 
 
 # --------------------------------------------------------------------------- store nodes
