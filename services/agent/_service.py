@@ -27,7 +27,7 @@ from microco.common.errors import InvalidArgument, NotFound, ResourceExhausted, 
 from microco.common.hotstate import ENV_REDIS_PASSWORD, redis_password
 from microco.common.kv import KV, dumps
 from microco.common.redis_acl import ENV_REDIS_USER
-from microco.services.runtime.auth import caller, require_job_access
+from microco.services.runtime.auth import caller, may_access_job, require_job_access
 from microco.services.runtime.server import ServiceContext, ServiceRuntime
 
 from ._devices import DeviceInfo, discover_devices
@@ -135,7 +135,12 @@ class NodeAgentServicer(agent_pb2_grpc.NodeAgentServiceServicer):
         return self._status(self.agent.procs.stop(request.job_id, grace))
 
     def ListProcesses(self, request: Any, context: grpc.ServicerContext) -> agent_pb2.ListProcessesResponse:
-        return agent_pb2.ListProcessesResponse(processes=[self._status(p) for p in self.agent.procs.list()])
+        procs = self.agent.procs.list()
+        if not (who := caller(context)).trusted:
+            # a user's jobs' processes to the user, a job's to the job, as ListJobs (session 42:
+            # every user and job read every job's id, status message, steps and memory here)
+            procs = [p for p in procs if may_access_job(who, self.agent.kv, p.job_id)]
+        return agent_pb2.ListProcessesResponse(processes=[self._status(p) for p in procs])
 
     def CollectGarbage(
         self, request: agent_pb2.CollectGarbageRequest, context: grpc.ServicerContext

@@ -235,6 +235,37 @@ def test_another_user_cannot_read_a_jobs_log(platform):
     refused(stub.ReadLog, agent_pb2.ReadLogRequest(job_id=job.id))
 
 
+def test_a_node_agent_lists_to_a_user_their_own_jobs_processes_only(platform, tmp_path):
+    """ListProcesses shows a user their jobs' processes and a job its own, as ListJobs does:
+    every caller read every job's id, status message, steps and memory (session 42)."""
+    from microco.services.agent import NodeAgent
+    from microco.services.agent._service import NodeAgentServicer
+    from microco.services.runtime import ServiceRuntime, ServiceSettings
+
+    agent = NodeAgent(platform["kv"], "sec-ps", str(tmp_path / "agent"), virtual_devices=2, preload=[])
+    rt = ServiceRuntime(ServiceSettings(name="agent", metrics_port=-1))
+    rt.add_service(agent_pb2_grpc.add_NodeAgentServiceServicer_to_server, NodeAgentServicer(agent), "agent")
+    rt.start(register=False)
+    try:
+        alice, bob = submit(platform, "user:alice"), submit(platform, "user:bob")
+        for i, job in enumerate((alice, bob)):
+            agent.procs.start(job.id, ["sleep", "60"], {}, [f"sec-ps/{i}"])
+
+        def listed(who: str, admin: bool = False) -> set[str]:
+            stub = agent_pb2_grpc.NodeAgentServiceStub(dial(rt.address, identity=issued(who, admin)))
+            procs = stub.ListProcesses(agent_pb2.ListProcessesRequest(), timeout=10).processes
+            return {p.job_id for p in procs}
+
+        assert listed("user:alice") == {alice.id}
+        assert listed(f"job:{bob.id}") == {bob.id}
+        assert listed("user:mallory") == set()
+        assert listed("job:other") == set()
+        assert listed("service:scheduler") == listed("user:root", admin=True) == {alice.id, bob.id}
+    finally:
+        agent.procs.shutdown()
+        rt.stop(grace=0)
+
+
 def test_a_job_never_gets_the_agents_credentials():
     from microco.services.agent._procs import job_environment
 
