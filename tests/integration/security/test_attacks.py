@@ -776,6 +776,35 @@ def test_a_revoked_certificate_is_refused_and_new_credentials_work(platform, etc
         identity.set_revoked({})
 
 
+def test_a_stream_opened_before_a_revocation_ends_with_it(platform):
+    """A certificate revoked while one of its streams is open: the stream ends at its next
+    message (UNAUTHENTICATED), as a new call would be refused. It went on for as long as it
+    lived: a stolen key's ``WatchJobs`` kept delivering its owner's jobs (session 42)."""
+    import time
+
+    from microco.common import identity
+
+    job = submit(platform, "user:stream-eve")
+    stub = scheduler_pb2_grpc.SchedulerServiceStub(
+        dial(platform["scheduler"], identity=issued("user:stream-eve"))
+    )
+    events = iter(stub.WatchJobs(scheduler_pb2.WatchJobsRequest(job_ids=[job.id]), timeout=30))
+    assert next(events).job.id == job.id
+    before = dict(identity._revoked)
+    try:
+        identity.set_revoked({**before, "user:stream-eve": time.time()})
+        sched(platform, "user:root", admin=True).CancelJob(
+            scheduler_pb2.CancelJobRequest(job_id=job.id), timeout=10
+        )  # a change of her job: the stream's next message
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in events:
+                pass
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, info.value.details()
+        assert "revoked" in info.value.details()
+    finally:
+        identity.set_revoked(before)
+
+
 def test_a_jobs_credentials_work_until_it_ends_and_are_refused_after(platform):
     """A job's certificate acts as the job while it has not ended; in the tick in which it ends
     the scheduler puts ``job:<id>`` on the deny-list, which every service follows: the same
