@@ -40,7 +40,7 @@ from microco.clients.scheduler import (
 from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from ._devices import DeviceInfo
-from ._runas import AGENT_ONLY, JobControl, JobUser, give, pick_job_uid, reclaim, traversable
+from ._runas import AGENT_ONLY, JobControl, JobUser, blocked, give, pick_job_uid, reclaim, traversable
 from ._warm import ForkedProcess, Zygote, python_target
 
 log = logging.getLogger(__name__)
@@ -381,6 +381,12 @@ class ProcessManager:
             raise InvalidArgument(f"command not found on node: {exe!r}")
         if workdir and not os.path.isdir(workdir):
             raise InvalidArgument(f"workdir {workdir!r} does not exist on this node")
+        own = [self.data_dir.resolve(), self.checkpoint_root.resolve()]  # the agent opens these itself
+        if workdir and self.run_as is not None and (stop := blocked(self.run_as, [Path(workdir)], own)):
+            # The job's user must reach its working directory itself: a job started by exec is
+            # put there by the agent (root) before its user changes, so a directory under one it
+            # may not pass (a 0700 home) was open to it all the same (session 42)
+            raise InvalidArgument(f"workdir {workdir!r}: the job's user ({self.run_as}) may not pass {stop}")
         with self._lock:
             old = self._procs.get(job_id)
             if old is not None and old.poll() is None:
