@@ -374,6 +374,8 @@ class ProcessManager:
             )
         if not command:
             raise InvalidArgument("command is empty")
+        if any("\0" in x for x in (workdir, checkpoint_dir, *command, *env, *env.values())):
+            raise InvalidArgument("a command argument, env entry or directory holds a NUL byte")
         command = job_command(command)
         self._check_devices(device_ids)
         exe = command[0]
@@ -473,6 +475,8 @@ class ProcessManager:
                     popen = self._spawner.call(spawn)
                 except OSError as exc:
                     raise InvalidArgument(f"cannot start {exe!r}: {exc.strerror or exc}") from exc
+                except ValueError as exc:  # a NUL byte, a name with '=': the job's own, not the node's
+                    raise InvalidArgument(f"cannot start {exe!r}: {exc}") from exc
                 finally:
                     logf.close()
             else:
