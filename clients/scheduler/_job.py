@@ -191,6 +191,7 @@ class JobContext:
         self.checkpoint_bytes = 0
         self.checkpoint_ms = 0.0
         self.checkpoint_step: int | None = None
+        self.checkpoint_error = ""  # why the last periodic checkpoint was not written, if it was not
         self.last_suspend_ms: float | None = None
         self.last_resume_ms: float | None = None
         self._parked_at: float | None = None
@@ -242,10 +243,19 @@ class JobContext:
         path = self.checkpoint_path
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(blob)
-        # Rename is atomic: a job killed mid-write leaves the previous checkpoint intact.
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(blob)
+            # Rename is atomic: a job killed mid-write leaves the previous checkpoint intact.
+            os.replace(tmp, path)
+        except OSError:
+            # A full disk: what was written goes (it held the room a later try needs, until the
+            # next restart); the previous checkpoint stays whole.
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            raise
         self.checkpoint_ms = (time.perf_counter() - t0) * 1000.0
         self.checkpoint_bytes = len(blob)
         self.checkpoint_step = self.step
@@ -313,7 +323,7 @@ class JobContext:
         before = (self.seq_done, self.checkpoint_step, self._last_checkpoint_at, self.state)
         self._obey()
         if not together and self._checkpoint_due():
-            self.write_checkpoint()  # (ranks with a group agree on it in ``_obey_together``)
+            self._periodic_checkpoint()  # (ranks with a group agree on it in ``_obey_together``)
         self._report()
         # The next mini-batch's time starts after control handling (a park or a checkpoint is
         # not compute); when there was none, this step's end is the next one's start.
@@ -344,6 +354,24 @@ class JobContext:
         if self.checkpoint_interval_said or self.checkpoint_every_s <= 0:
             return self.checkpoint_every_s
         return max(self.checkpoint_every_s, CHECKPOINT_COST_SHARE * self.checkpoint_ms / 1000.0)
+
+    def _periodic_checkpoint(self) -> None:
+        """A checkpoint of the job's own schedule. One that cannot be written (its disk full) is
+        logged and training goes on from the last one written, tried again an interval later:
+        a full checkpoint disk failed every job that checkpointed on it, at its next periodic
+        checkpoint, though each could go on and be resumed from its last one (session 42)."""
+        try:
+            self.write_checkpoint()
+        except OSError as exc:
+            self._last_checkpoint_at = time.monotonic()
+            self.checkpoint_error = f"the checkpoint of step {self.step} was not written: {exc}"
+            log.warning(
+                "%s; training goes on (the last checkpoint written is of step %s)",
+                self.checkpoint_error,
+                self.checkpoint_step,
+            )
+        else:
+            self.checkpoint_error = ""
 
     def _checkpoint_due(self) -> bool:
         interval = self.checkpoint_interval_s
@@ -415,7 +443,7 @@ class JobContext:
         if not code:
             return
         if code == _PERIODIC_CHECKPOINT:
-            self.write_checkpoint()
+            self._periodic_checkpoint()
             return
         action = _CODE_ACTIONS[code]
         if self.spread:

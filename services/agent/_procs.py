@@ -41,7 +41,7 @@ from microco.clients.scheduler import (
 from microco.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from ._devices import DeviceInfo
-from ._runas import AGENT_ONLY, JobControl, JobUser, give, pick_job_uid, reclaim, traversable
+from ._runas import AGENT_ONLY, JobControl, JobUser, blocked, give, pick_job_uid, reclaim, traversable
 from ._warm import ForkedProcess, Zygote, python_target
 
 log = logging.getLogger(__name__)
@@ -416,6 +416,8 @@ class ProcessManager:
             )
         if not command:
             raise InvalidArgument("command is empty")
+        if any("\0" in x for x in (workdir, checkpoint_dir, *command, *env, *env.values())):
+            raise InvalidArgument("a command argument, env entry or directory holds a NUL byte")
         command = job_command(command)
         self._check_devices(device_ids)
         exe = command[0]
@@ -423,6 +425,12 @@ class ProcessManager:
             raise InvalidArgument(f"command not found on node: {exe!r}")
         if workdir and not os.path.isdir(workdir):
             raise InvalidArgument(f"workdir {workdir!r} does not exist on this node")
+        own = [self.data_dir.resolve(), self.checkpoint_root.resolve()]  # the agent opens these itself
+        if workdir and self.run_as is not None and (stop := blocked(self.run_as, [Path(workdir)], own)):
+            # The job's user must reach its working directory itself: a job started by exec is
+            # put there by the agent (root) before its user changes, so a directory under one it
+            # may not pass (a 0700 home) was open to it all the same (session 42)
+            raise InvalidArgument(f"workdir {workdir!r}: the job's user ({self.run_as}) may not pass {stop}")
         with self._lock:
             old = self._procs.get(job_id)
             if old is not None and old.poll() is None:
@@ -509,6 +517,8 @@ class ProcessManager:
                     popen = self._spawner.call(spawn)
                 except OSError as exc:
                     raise InvalidArgument(f"cannot start {exe!r}: {exc.strerror or exc}") from exc
+                except ValueError as exc:  # a NUL byte, a name with '=': the job's own, not the node's
+                    raise InvalidArgument(f"cannot start {exe!r}: {exc}") from exc
                 finally:
                     logf.close()
             else:

@@ -27,7 +27,7 @@ from microco.common.errors import InvalidArgument, NotFound, ResourceExhausted, 
 from microco.common.hotstate import ENV_REDIS_PASSWORD, redis_password
 from microco.common.kv import KV, dumps
 from microco.common.redis_acl import ENV_REDIS_USER
-from microco.services.runtime.auth import caller, require_job_access
+from microco.services.runtime.auth import Caller, caller, may_access_job, require_job_access
 from microco.services.runtime.server import ServiceContext, ServiceRuntime
 
 from ._devices import DeviceInfo, discover_devices
@@ -49,8 +49,11 @@ log = logging.getLogger(__name__)
 _LOG_CHUNK = 64 * 1024  # bytes of a job's log per streamed message
 _FOLLOW_POLL_S = 0.25  # how often a followed log is checked for more output
 # Followed logs each hold one of the server's worker threads for as long as the job runs: at
-# most this many at once, so the scheduler's calls always find a free worker.
-MAX_FOLLOWED_LOGS = 4
+# most this many at once (the runtime keeps threads for other calls besides: ``StreamSlots``),
+# and one user or job at most ``MAX_FOLLOWED_LOGS_PER_CALLER`` of them: four in all, one user's
+# four followed logs of their own jobs refused everyone else's (session 42).
+MAX_FOLLOWED_LOGS = 16
+MAX_FOLLOWED_LOGS_PER_CALLER = 4
 
 _ACTIONS = {
     agent_pb2.CONTROL_SUSPEND: "suspend",
@@ -101,7 +104,32 @@ def device_to_proto(d: DeviceInfo) -> common_pb2.Device:
 class NodeAgentServicer(agent_pb2_grpc.NodeAgentServiceServicer):
     def __init__(self, agent: NodeAgent) -> None:
         self.agent = agent
-        self._followers = threading.BoundedSemaphore(MAX_FOLLOWED_LOGS)
+        self._followers_lock = threading.Lock()
+        self._followers: dict[str, int] = {}  # logs followed now, by caller ("": all of them)
+
+    def _follow(self, who: Caller) -> str:
+        """Take a followed log's slot for ``who`` (a user or a job at most
+        ``MAX_FOLLOWED_LOGS_PER_CALLER``; a service up to the total); the key to give back."""
+        mine = who.name if who.name and not who.is_service() else ""
+        with self._followers_lock:
+            if self._followers.get("", 0) >= MAX_FOLLOWED_LOGS:
+                raise ResourceExhausted(
+                    f"{MAX_FOLLOWED_LOGS} logs are already being followed on node {self.agent.node}; "
+                    "read without following, or try again later"
+                )
+            if mine and self._followers.get(mine, 0) >= MAX_FOLLOWED_LOGS_PER_CALLER:
+                raise ResourceExhausted(
+                    f"{mine} already follows {MAX_FOLLOWED_LOGS_PER_CALLER} logs on node "
+                    f"{self.agent.node}, the most one caller may; stop one, or read without following"
+                )
+            for k in {"", mine}:
+                self._followers[k] = self._followers.get(k, 0) + 1
+        return mine
+
+    def _unfollow(self, mine: str) -> None:
+        with self._followers_lock:
+            for k in {"", mine}:
+                self._followers[k] -= 1
 
     def _status(self, proc: ManagedProcess) -> agent_pb2.ProcessStatus:
         return status_to_proto(proc.status())
@@ -135,7 +163,12 @@ class NodeAgentServicer(agent_pb2_grpc.NodeAgentServiceServicer):
         return self._status(self.agent.procs.stop(request.job_id, grace))
 
     def ListProcesses(self, request: Any, context: grpc.ServicerContext) -> agent_pb2.ListProcessesResponse:
-        return agent_pb2.ListProcessesResponse(processes=[self._status(p) for p in self.agent.procs.list()])
+        procs = self.agent.procs.list()
+        if not (who := caller(context)).trusted:
+            # a user's jobs' processes to the user, a job's to the job, as ListJobs (session 42:
+            # every user and job read every job's id, status message, steps and memory here)
+            procs = [p for p in procs if may_access_job(who, self.agent.kv, p.job_id)]
+        return agent_pb2.ListProcessesResponse(processes=[self._status(p) for p in procs])
 
     def CollectGarbage(
         self, request: agent_pb2.CollectGarbageRequest, context: grpc.ServicerContext
@@ -161,16 +194,12 @@ class NodeAgentServicer(agent_pb2_grpc.NodeAgentServiceServicer):
             )
         if request.offset < 0 or request.tail_lines < 0:
             raise InvalidArgument("offset and tail_lines must not be negative")
-        if request.follow and not self._followers.acquire(blocking=False):
-            raise ResourceExhausted(
-                f"{MAX_FOLLOWED_LOGS} logs are already being followed on node {self.agent.node}; "
-                "read without following, or try again later"
-            )
+        mine = self._follow(who) if request.follow else None
         try:
             yield from self._stream_log(request, path, attempt, sorted(logs), context)
         finally:
-            if request.follow:
-                self._followers.release()
+            if mine is not None:
+                self._unfollow(mine)
 
     def _stream_log(
         self,

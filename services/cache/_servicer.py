@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import grpc
 
 from microco.api.cache.v1 import cache_pb2, cache_pb2_grpc
-from microco.common.errors import InvalidArgument, MicrocoError
+from microco.common.errors import InvalidArgument, MicrocoError, ResourceExhausted
 from microco.common.hotstate import key
 from microco.services.runtime.auth import caller
 
@@ -26,6 +27,13 @@ SERVICE_NAME = cache_pb2.DESCRIPTOR.services_by_name["CacheService"].full_name
 #: Largest payload per streamed message: big enough to amortise per-message cost, well under
 #: the channel's limit.
 MESSAGE_BYTES = 4 << 20
+#: Bytes of chunks this server holds in memory while they arrive, over every ``PutChunks``
+#: stream at once: a chunk is kept whole until its last part (its digest is checked before
+#: anything is evicted for it), and only the server's capacity bounded one, so a caller's
+#: streams that never sent ``last`` held up to the capacity each in memory (session 42: 1 GiB
+#: capacity, one user's 42 streams). A part past it is refused (RESOURCE_EXHAUSTED); a loader
+#: then reads that chunk from the backing store, as at any refused insert.
+MAX_RECEIVING_BYTES = 1 << 30
 
 
 class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
@@ -36,6 +44,23 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
         self.visible = Visibility(self.datasets, self.reports)
         self.redis = redis
         self.server_id = server_id
+        self.max_receiving = MAX_RECEIVING_BYTES
+        self._receiving = 0  # bytes of chunks held by PutChunks streams now
+        self._receiving_lock = threading.Lock()
+
+    def _receive(self, n: int, digest: str) -> None:
+        """Count ``n`` more bytes held while a chunk arrives, or refuse them past the bound."""
+        with self._receiving_lock:
+            if self._receiving + n > self.max_receiving:
+                raise ResourceExhausted(
+                    f"this cache server holds {self._receiving} bytes of arriving chunks, its most is "
+                    f"{self.max_receiving}: chunk {digest[:12]}... refused (read it from the backing store)"
+                )
+            self._receiving += n
+
+    def _received(self, n: int) -> None:
+        with self._receiving_lock:
+            self._receiving -= n
 
     def Lookup(
         self, request: cache_pb2.LookupRequest, context: grpc.ServicerContext
@@ -116,33 +141,43 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
         size = 0
         current = ""
         who = caller(context)
-        for msg in request_iterator:
-            if current and msg.digest != current:
-                raise InvalidArgument("a chunk's parts must be contiguous and end with last=true")
-            if not current:  # a chunk's first part: may the caller insert it under that name?
-                d = lim.digest_field(msg.digest, "digest")
-                ds = lim.name(msg.dataset, "dataset")
-                self.datasets.check_insert(who, ds, self.core.known_in([d], ds)[0], d)
-            current = lim.digest_field(msg.digest, "digest")
-            lim.name(msg.dataset, "dataset")
-            parts.append(msg.data)
-            size += len(msg.data)
-            if size > self.core.capacity:
-                # Refused as it streams in: a chunk that can never be admitted is not buffered.
-                raise InvalidArgument(f"chunk larger than this cache's capacity ({self.core.capacity} B)")
-            if not msg.last:
-                continue
-            size = 0
-            result = self.core.put(msg.digest, b"".join(parts), msg.dataset)
-            parts, current = [], ""
-            if result.outcome == "stored":
-                resp.stored.append(result.digest)
-            elif result.outcome == "present":
-                resp.present.append(result.digest)
-            else:
-                resp.rejected.append(
-                    cache_pb2.RejectedChunk(digest=result.digest, reason=result.outcome, detail=result.detail)
-                )
+        try:
+            for msg in request_iterator:
+                if current and msg.digest != current:
+                    raise InvalidArgument("a chunk's parts must be contiguous and end with last=true")
+                if not current:  # a chunk's first part: may the caller insert it under that name?
+                    d = lim.digest_field(msg.digest, "digest")
+                    ds = lim.name(msg.dataset, "dataset")
+                    self.datasets.check_insert(who, ds, self.core.known_in([d], ds)[0], d)
+                current = lim.digest_field(msg.digest, "digest")
+                lim.name(msg.dataset, "dataset")
+                if size + len(msg.data) > self.core.capacity:
+                    # Refused as it streams in: a chunk that can never be admitted is not buffered.
+                    raise InvalidArgument(f"chunk larger than this cache's capacity ({self.core.capacity} B)")
+                self._receive(len(msg.data), current)
+                parts.append(msg.data)
+                size += len(msg.data)
+                if not msg.last:
+                    continue
+                data = b"".join(parts)
+                parts, current = [], ""
+                try:
+                    result = self.core.put(msg.digest, data, msg.dataset)
+                finally:
+                    self._received(size)
+                    size = 0
+                if result.outcome == "stored":
+                    resp.stored.append(result.digest)
+                elif result.outcome == "present":
+                    resp.present.append(result.digest)
+                else:
+                    resp.rejected.append(
+                        cache_pb2.RejectedChunk(
+                            digest=result.digest, reason=result.outcome, detail=result.detail
+                        )
+                    )
+        finally:
+            self._received(size)  # a chunk the stream left unfinished
         if current:
             raise InvalidArgument("stream ended inside a chunk (no part with last=true)")
         return resp

@@ -259,6 +259,15 @@ def job_owner(kv: Any, job_id: str) -> str | None:
     return str((rec.get("spec") or {}).get("user") or "")
 
 
+def may_access_job(who: Caller, kv: Any, job_id: str) -> bool:
+    """Whether the caller is the job itself, its owner, or trusted (a job nobody knows is a
+    trusted caller's alone)."""
+    if who.trusted or (who.kind == "job" and who.subject == job_id):
+        return True
+    owner = job_owner(kv, job_id)
+    return owner is not None and who.may_act_on_job(job_id, owner)
+
+
 def require_job_access(who: Caller, kv: Any, job_id: str, what: str) -> None:
     """The caller is the job itself, its owner, or trusted; a job nobody knows is a trusted
     caller's alone (its owner cannot be established)."""

@@ -70,9 +70,25 @@ def _check(request: Any) -> Any:
     return request
 
 
-def _checked_stream(requests: Iterator[Any]) -> Iterator[Any]:
+def _checked_stream(requests: Iterator[Any], context: Any) -> Iterator[Any]:
     for request in requests:
+        caller(context)  # a certificate revoked while its stream is open goes no further
         yield _check(request)
+
+
+def _checked_responses(responses: Iterator[Any], context: Any) -> Iterator[Any]:
+    """``responses`` while the caller's certificate stands: one revoked (or its job ended) while
+    the stream is open ends it at its next message, UNAUTHENTICATED. A stream opened before the
+    revocation went on for as long as it lived (session 42: a revoked user's ``WatchJobs`` kept
+    streaming her jobs' records, a ``ReadLog --follow`` the log)."""
+    try:
+        for response in responses:
+            caller(context)
+            yield response
+    finally:
+        close = getattr(responses, "close", None)
+        if close is not None:
+            close()
 
 
 class StreamSlots:
@@ -169,7 +185,7 @@ class ErrorAndMetricsInterceptor(grpc.ServerInterceptor):
                     if stream_in and slots is not None:
                         slots.acquire(peer, method)
                         who = peer
-                    req = _checked_stream(request) if stream_in else _check(request)
+                    req = _checked_stream(request, context) if stream_in else _check(request)
                     result = behavior(req, context)
                 except Exception as exc:
                     if _is_abort(exc, context):
@@ -197,8 +213,8 @@ class ErrorAndMetricsInterceptor(grpc.ServerInterceptor):
                     if slots is not None:
                         slots.acquire(peer, method)
                         who = peer
-                    req = _checked_stream(request) if stream_in else _check(request)
-                    yield from behavior(req, context)
+                    req = _checked_stream(request, context) if stream_in else _check(request)
+                    yield from _checked_responses(behavior(req, context), context)
                 except Exception as exc:
                     if _is_abort(exc, context):
                         metrics.RPC_REQUESTS.labels(service, method, context.code().name).inc()

@@ -1,6 +1,7 @@
 """Who may do what to a job (docs/security.md): the owner comes from the caller's identity; a
 user acts on their own jobs (an administrator or a platform service on all), a job's process on
-itself only; list calls never return environment values that look like secrets."""
+itself only; environment values that look like secrets go to the job's owner and the job itself
+alone, and list calls never return them."""
 
 from __future__ import annotations
 
@@ -40,6 +41,19 @@ def check_job(who: Caller, rec: JobRecord, what: str) -> None:
 
 def visible(who: Caller, rec: JobRecord) -> bool:
     return who.may_act_on_job(rec.id, rec.spec.user)
+
+
+def sees_secrets(who: Caller, rec: JobRecord) -> bool:
+    """Whether ``who`` reads the values of ``rec``'s secret-looking environment variables: its
+    owner and the job itself (and anyone in insecure mode, where every call is allowed). An
+    administrator or a platform service acts on the job without them: the console reads jobs as
+    ``service:console``, and its job page showed every job's ``API_KEY`` to whoever held any of
+    its tokens, the read-only one too (session 42)."""
+    if who.insecure:
+        return True
+    if who.kind == "user":
+        return who.subject == rec.spec.user
+    return who.kind == "job" and who.subject == rec.id
 
 
 def redact(job: scheduler_pb2.Job) -> scheduler_pb2.Job:

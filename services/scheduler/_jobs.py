@@ -119,6 +119,7 @@ def validate_spec(
     elif gpu_share < 1.0 and devices != 1:
         problems.append("gpu_share below 1 is for one-device jobs only")
     problems += _size_problems(spec, command)
+    problems += _exec_problems(spec, command)
     if problems:
         raise InvalidArgument("invalid job spec: " + "; ".join(problems))
     return JobSpec(
@@ -173,6 +174,25 @@ def _size_problems(spec: Mapping[str, Any], command: list[str]) -> list[str]:
         n = len(str(spec.get(field) or ""))
         if n > limit:
             out.append(f"{field} is {n} characters long: at most {limit}")
+    return out
+
+
+def _exec_problems(spec: Mapping[str, Any], command: list[str]) -> list[str]:
+    """What no process can be started with: a NUL byte in an argument, in the environment or in
+    the working directory, an environment name that is empty or holds '='. Such a job was taken,
+    then failed to start on every node it was placed on, tick after tick (the agent's exec
+    raised, and the scheduler took that for the node's fault and queued it again): session 42."""
+    out = []
+    if any("\0" in c for c in command):
+        out.append("an argument of command holds a NUL byte")
+    env = spec.get("env") or {}
+    names = [str(k) for k in env if not str(k) or "=" in str(k) or "\0" in str(k)]
+    if names:
+        out.append(f"env names must be non-empty, without '=' or NUL bytes (got {names[0][:40]!r})")
+    if any("\0" in str(v) for v in env.values()):
+        out.append("an env value holds a NUL byte")
+    if "\0" in str(spec.get("workdir") or ""):
+        out.append("workdir holds a NUL byte")
     return out
 
 

@@ -54,8 +54,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     def GetJob(self, request: scheduler_pb2.GetJobRequest, context: grpc.ServicerContext) -> Any:
         rec = self.core.get(request.job_id)
-        A.check_job(caller(context), rec, "read")
-        return J.record_to_pb(rec)
+        who = caller(context)
+        A.check_job(who, rec, "read")
+        job = J.record_to_pb(rec)
+        return job if A.sees_secrets(who, rec) else A.redact(job)
 
     def ListJobs(self, request: scheduler_pb2.ListJobsRequest, context: grpc.ServicerContext) -> Any:
         states = [J.state_from_pb(s) for s in request.states]
@@ -78,7 +80,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         for rec in self.core.watch(list(request.job_ids), context.is_active):
             if not A.visible(who, rec):
                 continue
-            yield scheduler_pb2.JobEvent(job=J.record_to_pb(rec), at=time.time())
+            # a list call: secret-looking values redacted for everyone, as ListJobs
+            yield scheduler_pb2.JobEvent(job=A.redact(J.record_to_pb(rec)), at=time.time())
 
     def ListNodes(self, request: Any, context: grpc.ServicerContext) -> Any:
         devices = [

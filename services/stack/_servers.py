@@ -167,6 +167,10 @@ class _ChildServer(abc.ABC):
         self.stop()
 
 
+#: etcd's ``--auto-compaction-retention`` (periodic): the history it keeps
+COMPACTION_RETENTION = "10m"
+
+
 class EtcdServer(_ChildServer):
     """A single-member etcd 3.5 cluster, serving mutual TLS (clients and peers need a
     certificate of the platform's CA) unless in insecure mode. Its certificate is ``identity``,
@@ -188,6 +192,9 @@ class EtcdServer(_ChildServer):
         # In a container etcd listens on 0.0.0.0 but must advertise the name others dial.
         self.advertise_host = advertise_host or host
         self.identity = identity
+        # How much history etcd keeps: older revisions are compacted away (nothing of the
+        # platform reads or watches from a past revision; a watch that lost its stream reloads)
+        self.compaction_retention = COMPACTION_RETENTION
 
     def _tls(self) -> list[str]:
         """The TLS flags, the certificate files written (owner-only) under the data directory."""
@@ -236,9 +243,16 @@ class EtcdServer(_ChildServer):
             f"microco={peer}",
             "--log-level",
             "warn",
-            # Small enough for laptops and CI, far above what microco's metadata needs.
+            # Small enough for laptops and CI, far above what microco's metadata needs...
             "--quota-backend-bytes",
             str(512 * 1024 * 1024),
+            # ... once its history is compacted: etcd keeps every revision of every key until
+            # then, and the scheduler rewrites each running job's record every tick (0.5 s), so
+            # the quota filled in hours to days and etcd then refused every write (session 42)
+            "--auto-compaction-mode",
+            "periodic",
+            "--auto-compaction-retention",
+            self.compaction_retention,
         ]
 
     def ready(self) -> bool:

@@ -181,6 +181,16 @@ class Catalog:
     ) -> dict[str, Any]:
         validate_table(name, schema, specs)
         codecs = validate_codecs(codecs)
+        # SQL names a table without regard to case and reads the first match in key order: a
+        # table "Orders" made beside "orders" took the name in everyone's SQL, so another user
+        # could answer the owner's queries of their own table with rows of theirs (session 42)
+        folded = name.lower()
+        for other in self.table_names():
+            if other.lower() == folded and other != name:
+                raise AlreadyExists(
+                    f"table {short(other)} exists: SQL names tables without regard to case, so "
+                    f"{short(name)} would be the same table to a query"
+                )
         rec: dict[str, Any] = {
             "name": name,
             "schema": schema_to_b64(schema),

@@ -301,6 +301,15 @@ class StoreServicer(pb_grpc.StoreCoordinatorServiceServicer):
         return pb.RecoveryStatus(json=json.dumps(progress))
 
     def Scrub(self, request, context):
+        # An operator's: it re-reads every byte of every user's tables at full speed, deletes
+        # orphans and names what it found (session 42: any user or job could, as often as it
+        # liked). The scheduled scrub is throttled and runs in the coordinator itself.
+        who = caller(context)
+        if not who.trusted:
+            raise PermissionDenied(
+                f"{who.name} may not scrub the store: it reads every table on every node; "
+                "administrators and platform services only"
+            )
         bad = self.core.scrub()
         if bad and self.recovery is not None:
             self.recovery.kick()

@@ -24,7 +24,7 @@ from microco.api.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from microco.clients.scheduler import spec_to_pb
 from microco.clients.store import StoreClient, flight_client
 from microco.common.channel import dial
-from microco.common.errors import MicrocoError, PermissionDenied
+from microco.common.errors import AlreadyExists, MicrocoError, PermissionDenied
 from microco.common.identity import SERVICE_NAME, CertificateAuthority
 from microco.common.kv import MemoryKV
 
@@ -160,6 +160,29 @@ def test_list_jobs_shows_a_user_their_own_and_never_a_secret(platform):
     assert full.spec.env["API_KEY"] == "s3cr3t"
 
 
+def test_a_jobs_secrets_reach_only_its_owner_and_the_job_itself(platform):
+    """GetJob gives secret-looking environment values to the job's owner and the job alone: the
+    console reads jobs as ``service:console`` and showed them on its job page to any of its
+    tokens (session 42); an administrator acts on the job without them. WatchJobs, a list
+    call, redacts them for everyone as ListJobs does."""
+    job = submit(platform, "user:alice", env={"API_KEY": "s3cr3t", "EPOCHS": "3"})
+    request = scheduler_pb2.GetJobRequest(job_id=job.id)
+    for who, admin in (("service:console", False), ("user:root", True)):
+        got = sched(platform, who, admin).GetJob(request, timeout=10)
+        assert dict(got.spec.env) == {"API_KEY": "<redacted>", "EPOCHS": "3"}, who
+        assert "s3cr3t" not in str(got)
+    for who in ("user:alice", f"job:{job.id}"):
+        assert sched(platform, who).GetJob(request, timeout=10).spec.env["API_KEY"] == "s3cr3t", who
+    for who, admin in (("user:alice", False), ("service:console", False), ("user:root", True)):
+        stream = sched(platform, who, admin).WatchJobs(
+            scheduler_pb2.WatchJobsRequest(job_ids=[job.id]), timeout=60
+        )
+        first = next(iter(stream))
+        stream.cancel()
+        assert first.job.id == job.id
+        assert dict(first.job.spec.env) == {"API_KEY": "<redacted>", "EPOCHS": "3"}, who
+
+
 def test_watch_jobs_streams_only_what_the_caller_may_see(platform):
     theirs = submit(platform, "user:erin")
     mine = submit(platform, "user:dave")  # later: streamed after theirs, were theirs visible
@@ -210,6 +233,37 @@ def test_another_user_cannot_read_a_jobs_log(platform):
     refused(stub.ReadLog, agent_pb2.ReadLogRequest(job_id=job.id))
     stub = agent_pb2_grpc.NodeAgentServiceStub(dial(platform["agent_address"], identity=issued("job:other")))
     refused(stub.ReadLog, agent_pb2.ReadLogRequest(job_id=job.id))
+
+
+def test_a_node_agent_lists_to_a_user_their_own_jobs_processes_only(platform, tmp_path):
+    """ListProcesses shows a user their jobs' processes and a job its own, as ListJobs does:
+    every caller read every job's id, status message, steps and memory (session 42)."""
+    from microco.services.agent import NodeAgent
+    from microco.services.agent._service import NodeAgentServicer
+    from microco.services.runtime import ServiceRuntime, ServiceSettings
+
+    agent = NodeAgent(platform["kv"], "sec-ps", str(tmp_path / "agent"), virtual_devices=2, preload=[])
+    rt = ServiceRuntime(ServiceSettings(name="agent", metrics_port=-1))
+    rt.add_service(agent_pb2_grpc.add_NodeAgentServiceServicer_to_server, NodeAgentServicer(agent), "agent")
+    rt.start(register=False)
+    try:
+        alice, bob = submit(platform, "user:alice"), submit(platform, "user:bob")
+        for i, job in enumerate((alice, bob)):
+            agent.procs.start(job.id, ["sleep", "60"], {}, [f"sec-ps/{i}"])
+
+        def listed(who: str, admin: bool = False) -> set[str]:
+            stub = agent_pb2_grpc.NodeAgentServiceStub(dial(rt.address, identity=issued(who, admin)))
+            procs = stub.ListProcesses(agent_pb2.ListProcessesRequest(), timeout=10).processes
+            return {p.job_id for p in procs}
+
+        assert listed("user:alice") == {alice.id}
+        assert listed(f"job:{bob.id}") == {bob.id}
+        assert listed("user:mallory") == set()
+        assert listed("job:other") == set()
+        assert listed("service:scheduler") == listed("user:root", admin=True) == {alice.id, bob.id}
+    finally:
+        agent.procs.shutdown()
+        rt.stop(grace=0)
 
 
 def test_a_job_never_gets_the_agents_credentials():
@@ -280,6 +334,40 @@ def test_a_user_drops_and_appends_to_their_own_tables_only(platform):
     client("user:alice").drop_table("alice_job_t")
     client("user:root", admin=True).drop_table("alice_t")
     assert client("user:root", admin=True).list_tables() == []
+
+
+def test_only_administrators_and_services_scrub_the_store(platform):
+    """A scrub re-reads every byte of every user's tables, unthrottled, deletes orphans and names
+    what it found: an operator's call (session 42: any user or job could run it)."""
+    for who in ("user:bob", "job:other"):
+        client = StoreClient(dial(platform["store"], identity=issued(who)))
+        with pytest.raises(PermissionDenied, match="may not scrub the store"):
+            client.scrub()
+    for who, admin in (("user:root", True), ("service:console", False)):
+        assert StoreClient(dial(platform["store"], identity=issued(who, admin))).scrub() == []
+
+
+def test_a_table_named_like_another_in_another_case_is_refused(platform):
+    """SQL names a table without regard to case and reads the first match: bob's ``SHADOWED``
+    beside alice's ``shadowed`` took the name in her own queries (refused hers, or with a grant
+    answered them with his rows). Such a name is refused (session 42)."""
+
+    def client(who: str, admin: bool = False) -> StoreClient:
+        return StoreClient(dial(platform["store"], identity=issued(who, admin)))
+
+    schema = pa.schema([("a", pa.int64())])
+    replicas = ["a:hash:2", "a:hash:2", "a:hash:2"]
+    client("user:alice").create_table("shadowed", schema, replicas)
+    for name in ("SHADOWED", "Shadowed"):
+        with pytest.raises(AlreadyExists, match="without regard to case"):
+            client("user:bob").create_table(name, schema, replicas)
+    admin = client("user:root", admin=True)
+    assert [t["name"] for t in admin.list_tables() if t["name"].lower() == "shadowed"] == ["shadowed"]
+    # alice's SQL names her own table (the planner then finds no nodes)
+    with pytest.raises(MicrocoError) as info:
+        client("user:alice").explain_sql("SELECT count(*) FROM shadowed")
+    assert not isinstance(info.value, PermissionDenied)
+    admin.drop_table("shadowed")
 
 
 # --------------------------------------------------------------------------- store nodes
@@ -686,6 +774,35 @@ def test_a_revoked_certificate_is_refused_and_new_credentials_work(platform, etc
     finally:
         revocations.stop()
         identity.set_revoked({})
+
+
+def test_a_stream_opened_before_a_revocation_ends_with_it(platform):
+    """A certificate revoked while one of its streams is open: the stream ends at its next
+    message (UNAUTHENTICATED), as a new call would be refused. It went on for as long as it
+    lived: a stolen key's ``WatchJobs`` kept delivering its owner's jobs (session 42)."""
+    import time
+
+    from microco.common import identity
+
+    job = submit(platform, "user:stream-eve")
+    stub = scheduler_pb2_grpc.SchedulerServiceStub(
+        dial(platform["scheduler"], identity=issued("user:stream-eve"))
+    )
+    events = iter(stub.WatchJobs(scheduler_pb2.WatchJobsRequest(job_ids=[job.id]), timeout=30))
+    assert next(events).job.id == job.id
+    before = dict(identity._revoked)
+    try:
+        identity.set_revoked({**before, "user:stream-eve": time.time()})
+        sched(platform, "user:root", admin=True).CancelJob(
+            scheduler_pb2.CancelJobRequest(job_id=job.id), timeout=10
+        )  # a change of her job: the stream's next message
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in events:
+                pass
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, info.value.details()
+        assert "revoked" in info.value.details()
+    finally:
+        identity.set_revoked(before)
 
 
 def test_a_jobs_credentials_work_until_it_ends_and_are_refused_after(platform):

@@ -212,3 +212,48 @@ def test_a_job_cannot_read_signal_or_trace_another_job(zygote):
         if procs is not None:
             procs.shutdown()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can run a job as another user")
+@pytest.mark.parametrize("zygote", [False, True], ids=["exec", "zygote"])
+def test_a_job_cannot_work_in_a_directory_its_user_may_not_reach(zygote):
+    """A job started by exec was put in its working directory by the agent, as root, before its
+    user changed: a directory under one the job user may not pass (a 0700 home) was open to it
+    all the same, its readable files read by name (session 42). Such a workdir is refused, by
+    exec and from the zygote alike, naming the directory."""
+    base = Path(tempfile.mkdtemp(prefix="microco-runas-"))
+    private = Path(tempfile.mkdtemp(prefix="microco-private-"))  # 0700, as /root
+    shared = Path(tempfile.mkdtemp(prefix="microco-shared-"))
+    procs = None
+    try:
+        inside = private / "open"  # itself open to all: only the directory above keeps it private
+        for d, text in ((inside, "private notes\n"), (shared, "shared notes\n")):
+            d.mkdir(exist_ok=True)
+            d.chmod(0o755)
+            (d / "notes.txt").write_text(text)
+            (d / "notes.txt").chmod(0o644)
+        script = shared / "probe.py"
+        script.write_text("print(open('notes.txt').read())\n")
+        script.chmod(0o644)
+        procs = ProcessManager(
+            base,
+            discover_devices("n", 1),
+            pin_cpus=False,
+            preload=["json"] if zygote else None,
+            run_as=JobUser(DEFAULT_JOB_UID, DEFAULT_JOB_UID, per_job=True),
+        )
+        if zygote:
+            wait_until(procs.zygote.ready.is_set, 60, "the zygote")
+        command = [sys.executable, str(script)] if zygote else ["/bin/sh", "-c", "cat notes.txt"]
+        with pytest.raises(InvalidArgument, match=f"may not pass {private}"):
+            procs.start("j-1", command, {}, ["n/0"], workdir=str(inside))
+        # a directory the job user reaches is its working directory as before
+        proc = procs.start("j-2", command, {}, ["n/0"], workdir=str(shared))
+        assert proc.forked == zygote
+        wait_until(lambda: proc.poll() is not None, 60, "the job to exit")
+        assert "shared notes" in proc.log_path.read_text()
+    finally:
+        if procs is not None:
+            procs.shutdown()
+        for d in (base, private, shared):
+            shutil.rmtree(d, ignore_errors=True)
