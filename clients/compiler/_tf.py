@@ -48,6 +48,12 @@ from ._tf_warm import XlaWarmer, _tf_variable, compile_deadline_ms
 log = logging.getLogger(__name__)
 
 
+def _handle_key(v: Any) -> int | None:
+    """A variable's identity: its resource handle's (None: not a TF variable)."""
+    tv = _tf_variable(v)
+    return id(tv.handle) if tv is not None else None
+
+
 def _project(kernels: dict[str, Any], x: tf.Tensor, batch: bool) -> dict[str, tf.Tensor]:
     """Apply every kernel to ``x`` (``[..., in]``): one product per kernel, or one batched product."""
     if not kernels:
@@ -676,8 +682,9 @@ class AstraTF(SessionBacked):
     def _wants_profile(self, x: tf.Tensor, y: tf.Tensor) -> bool:
         """Profile the last pre-step? Where XLA is offered over the step as it is, this host never
         measured XLA on this graph nor kept its share, and a compile could pay at its most: the
-        core's optimistic saving (half of every step) over the run exceeds the profile's price
-        and the least an XLA compile of the step's ops can cost here (``least_ms``)."""
+        core's optimistic saving (half of every step) over the run exceeds the profile's price,
+        the variant's own trace and the least an XLA compile of the step's ops can cost here
+        (``least_ms``)."""
         if not self.xla or self.structured or self.cost_model is None or len(self._signatures) > 1:
             return False  # (inputs of several shapes: not offered XLA, ``_no_xla_for_varying_shapes``)
         graph = f"{tf_hardware_id()}|{self._size_key(x, y)}"
@@ -685,9 +692,14 @@ class AstraTF(SessionBacked):
             return False
         if graph in self.compile_costs.shares(tf_hardware_id(), self.UNFUSED_SHARE_KIND):
             return False
-        most = self.total_steps * self._pre_step_ms() * self.GAIN_RULE.cap
+        step_ms = self._pre_step_ms()
+        most = self.total_steps * step_ms * self.GAIN_RULE.cap
         ops = self._ops(x, y)
-        least = self.PROFILE_PRICE_MS * _compile_costs.contention()
+        # An XLA trial traces its variant in the training thread (``XlaWarmer._launch``, or its
+        # first call in line): at least the plain step's own first trace again. Session 42: a
+        # 300-step MobileNetV3Small (a 2.5 s trace, a compile of 7.9 s) and keras-sublstm (0.19 s
+        # against at most 0.26 s saved) profiled three steps to learn what the trace showed.
+        least = self.PROFILE_PRICE_MS * _compile_costs.contention() + max(0.0, self._pre_ms[0] - step_ms)
         if ops is not None:
             least += self.cost_model.least_ms(
                 ops, "unrolled", self.compile_costs.known_speed(tf_hardware_id(), TF_SPEED_KIND)
@@ -1280,15 +1292,18 @@ class AstraTF(SessionBacked):
         except Exception as exc:  # noqa: BLE001 - a trace that cannot be read: the known ones
             log.info("astra-tf: %s: the step's own variables not read (%s)", self.name, failure(exc))
             return
+        # Known by their resource handles: a Keras 3 variable is not the ``tf.Variable`` it wraps,
+        # nor the one the trace watches, while the handle is one (by object identity, every one
+        # of MobileNetV3Small's 213 variables read as the step's own: session 42's corpus run)
         known = {
-            id(_tf_variable(v))
+            _handle_key(v)
             for v in list(self.model.variables) + self._optimizer_variables() + self._other_variables()
         }
         extra: list[Any] = []
         for v in watched:
-            tv = _tf_variable(v)
-            if tv is not None and id(tv) not in known:
-                known.add(id(tv))
+            tv, key = _tf_variable(v), _handle_key(v)
+            if tv is not None and key is not None and key not in known:
+                known.add(key)
                 extra.append(tv)
         if extra:
             log.info(

@@ -293,6 +293,12 @@ def test_a_tuned_astra_tf_step_over_a_layer_keeping_its_own_variables_trains_as_
         runs.append((m, [astra.step(x, y) for _ in range(STEPS)], astra))
     (plain, plain_losses, _), (m, losses, astra) = runs
     assert id(astra.variant(False, False, True)) in astra._equivalent
+    # the layer's two raw variables, and none of Keras' own (the Dense layer's, Adam's): those are
+    # Keras 3 variables, known by their handles (by object identity every one read as extra)
+    layer = m.layers[0]
+    assert sorted(id(v.handle) for v in astra._step_extra) == sorted(
+        [id(layer.count.handle), id(layer.mean.handle)]
+    )
     assert float(m.layers[0].count.numpy()) == float(plain.layers[0].count.numpy()) == STEPS
     np.testing.assert_allclose(losses, plain_losses, rtol=1e-5)
     for a, b in zip(m.get_weights(), plain.get_weights()):

@@ -152,6 +152,35 @@ def test_a_short_run_that_no_compile_could_repay_is_not_profiled():
     assert astra.step_profile is None
 
 
+def test_a_run_that_could_not_repay_the_xla_variants_own_trace_is_not_profiled(monkeypatch):
+    """Session 42: an XLA trial traces its variant in the training thread, at least the plain
+    step's own first trace again; a run whose every step XLA could halve would not repay that
+    trace besides the profile and the least compile is not profiled (a 300-step MobileNetV3Small,
+    a 2.5 s trace, profiled three steps to learn what the trace showed). The same run with a
+    trace that costs nothing is (the gate reads the trace, not the run's length alone)."""
+    from microco.clients.compiler import _compile_costs
+
+    monkeypatch.setattr(_compile_costs, "contention", lambda: 1.0)  # (the machine's load aside)
+    model, x = _mlp()
+    y = _labels()
+    astra = _astra(model, total_steps=1)
+    for _ in range(_tf.AstraTF.PRE_STEPS):
+        astra.step(x, y)
+    step_ms, trace_ms = 2.0, 500.0
+    astra._pre_ms = [step_ms + trace_ms, step_ms, step_ms]
+    least = _tf.AstraTF.PROFILE_PRICE_MS + astra.cost_model.least_ms(
+        astra._ops(x, y),
+        "unrolled",
+        astra.compile_costs.known_speed(_tf.tf_hardware_id(), _tf.TF_SPEED_KIND),
+    )
+    # at most half of every step saved: more than the profile and the least compile, less than
+    # those and the variant's trace
+    astra.total_steps = int((least + trace_ms / 2) / (step_ms * _tf.AstraTF.GAIN_RULE.cap))
+    assert not astra._wants_profile(x, y)
+    astra._pre_ms = [step_ms, step_ms, step_ms]
+    assert astra._wants_profile(x, y)
+
+
 def test_an_xla_trial_measured_slower_is_kept_and_not_tried_again():
     """MobileNetV3Small at 5,000 steps (issue 18, session 40): its XLA step, 0.25x the plain
     step interleaved, lost and the baseline was committed; only committed gains were kept, so
