@@ -43,15 +43,9 @@ from ._tf_equiv import differs as tf_differs
 from ._tf_graph import CellGraph, analyse_model, require_structure
 from ._tf_profile import StepsProfiler, TfStepProfile
 from ._tf_rng import draws_random
-from ._tf_warm import XlaWarmer, _tf_variable, compile_deadline_ms
+from ._tf_warm import XlaWarmer, _tf_variable, compile_deadline_ms, handle_key
 
 log = logging.getLogger(__name__)
-
-
-def _handle_key(v: Any) -> int | None:
-    """A variable's identity: its resource handle's (None: not a TF variable)."""
-    tv = _tf_variable(v)
-    return id(tv.handle) if tv is not None else None
 
 
 def _project(kernels: dict[str, Any], x: tf.Tensor, batch: bool) -> dict[str, tf.Tensor]:
@@ -1296,12 +1290,12 @@ class AstraTF(SessionBacked):
         # nor the one the trace watches, while the handle is one (by object identity, every one
         # of MobileNetV3Small's 213 variables read as the step's own: session 42's corpus run)
         known = {
-            _handle_key(v)
+            handle_key(v)
             for v in list(self.model.variables) + self._optimizer_variables() + self._other_variables()
         }
         extra: list[Any] = []
         for v in watched:
-            tv, key = _tf_variable(v), _handle_key(v)
+            tv, key = _tf_variable(v), handle_key(v)
             if tv is not None and key is not None and key not in known:
                 known.add(key)
                 extra.append(tv)

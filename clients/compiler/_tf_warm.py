@@ -46,6 +46,14 @@ def _tf_variable(v: Any) -> Any:
     return inner if hasattr(inner, "handle") else None
 
 
+def handle_key(v: Any) -> int | None:
+    """A variable's identity, its resource handle's: a Keras 3 variable is not the
+    ``tf.Variable`` it wraps, nor the one a trace watches, while the handle is one (None: not a
+    TF variable)."""
+    tv = _tf_variable(v)
+    return id(tv.handle) if tv is not None else None
+
+
 def shadow_inputs(concrete: Any, variables: list[Any]) -> list[Any] | None:
     """The concrete function's captured inputs with each variable handle replaced by a copy's
     (the copies hold the variables' current values); None when a captured resource is not one
@@ -55,11 +63,7 @@ def shadow_inputs(concrete: Any, variables: list[Any]) -> list[Any] | None:
         return []
     import tensorflow as tf
 
-    by_handle = {}
-    for v in variables:
-        tv = _tf_variable(v)
-        if tv is not None:
-            by_handle[id(tv.handle)] = tv
+    by_handle = {handle_key(v): _tf_variable(v) for v in variables if _tf_variable(v) is not None}
     out = []
     for c in captured:
         if c.dtype != tf.resource:
