@@ -480,11 +480,20 @@ class ProcessManager:
             me = os.getpid()
 
             setpriv = shutil.which("setpriv")
+            as_user = user
             if setpriv:
                 # util-linux's setpriv sets the parent-death signal and execs the job: no Python
                 # runs between fork and exec (Python code there can crash or deadlock in a
-                # multi-threaded parent such as a gRPC server).
-                argv, preexec = [setpriv, "--pdeathsig", "KILL", "--", *command], None
+                # multi-threaded parent such as a gRPC server). It changes the job's user too
+                # (real, effective and saved ids; no supplementary groups), before the death
+                # signal: the agent's own child then changes nothing, so it is started by
+                # vfork, and no setxid of a process forked from a many-threaded agent can
+                # stall on a lock another thread held at the fork (CI, session 43: a job as
+                # its own uid never ran its first line within 30 s).
+                ids = []
+                if user is not None:
+                    ids = ["--reuid", str(user.uid), "--regid", str(user.gid), "--clear-groups"]
+                argv, preexec, as_user = [setpriv, *ids, "--pdeathsig", "KILL", "--", *command], None, None
             else:
                 argv, preexec = list(command), _die_with_parent(me)
 
@@ -498,10 +507,11 @@ class ProcessManager:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     preexec_fn=preexec,
-                    # the job's user (set before the death signal: a change of user clears it)
-                    user=user.uid if user is not None else None,
-                    group=user.gid if user is not None else None,
-                    extra_groups=[] if user is not None else None,
+                    # the job's user where setpriv does not set it (set before the death
+                    # signal: a change of user clears it)
+                    user=as_user.uid if as_user is not None else None,
+                    group=as_user.gid if as_user is not None else None,
+                    extra_groups=[] if as_user is not None else None,
                 )
 
             popen: subprocess.Popen[bytes] | ForkedProcess | None = None

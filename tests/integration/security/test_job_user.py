@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 PROBE = """
 import json, os, sys
-out = {"uid": os.getuid(), "gid": os.getgid(), "groups": sorted({os.getgid(), *os.getgroups()})}
+out = {"uid": os.getuid(), "saved": os.getresuid()[2], "gid": os.getgid(), "groups": sorted({os.getgid(), *os.getgroups()})}
 for name in sys.argv[1:]:
     try:
         open(name).read()
@@ -43,8 +43,9 @@ print("PROBE", json.dumps(out))
 SH_PROBE = """
 r() { if cat "$1" >/dev/null 2>&1; then echo read; else echo denied; fi; }
 w() { if echo x > "$1/probe" 2>/dev/null; then echo written; else echo failed; fi; }
-printf 'PROBE {"uid": %s, "gid": %s, "groups": [%s], "%s": "%s", "%s": "%s", "MICROCO_CONTROL_DIR": "%s", \
-"MICROCO_CHECKPOINT_DIR": "%s", "HOME": "%s"}\n' "$(id -u)" "$(id -g)" "$(id -G | tr ' ' ,)" \
+printf 'PROBE {"uid": %s, "saved": %s, "gid": %s, "groups": [%s], "%s": "%s", "%s": "%s", "MICROCO_CONTROL_DIR": \
+"%s", "MICROCO_CHECKPOINT_DIR": "%s", "HOME": "%s"}\n' "$(id -u)" "$(awk '/^Uid:/ {print $4}' /proc/self/status)" \
+"$(id -g)" "$(id -G | tr ' ' ,)" \
 "$1" "$(r "$1")" "$2" "$(r "$2")" "$(w "$MICROCO_CONTROL_DIR")" "$(w "$MICROCO_CHECKPOINT_DIR")" "$(w "$HOME")"
 """
 
@@ -121,6 +122,7 @@ def test_a_job_cannot_read_the_agents_key(zygote):
         assert proc.exit_code == 0, text
         out = json.loads(text.split("PROBE ", 1)[1])
         assert (out["uid"], out["gid"], out["groups"]) == (user.uid, user.gid, [user.gid]), out
+        assert out["saved"] == user.uid, out  # no saved root uid to change back to
         assert out[str(key)] == "denied" and out[str(inside)] == "denied", out
         assert {out[v] for v in ("MICROCO_CONTROL_DIR", "MICROCO_CHECKPOINT_DIR", "HOME")} == {"written"}
         # the agent's commands are files the job may read
@@ -186,7 +188,12 @@ def test_a_job_cannot_read_signal_or_trace_another_job(zygote):
             ["n/0"],
         )
         ckpt = victim.checkpoint_dir / "ckpt"
-        wait_until(ckpt.exists, 30, "the victim's checkpoint")
+        wait_until(
+            ckpt.exists,
+            30,
+            "the victim's checkpoint",
+            describe=lambda: f"exit {victim.poll()}, log {victim.log_path.read_text()!r}",
+        )
         if zygote:
             command = [sys.executable, str(script), str(victim.pid), str(ckpt)]
         else:
