@@ -28,7 +28,7 @@ from ._control import (
     ControlChannel,
     read_json,
 )
-from ._ranks import error_line, is_comm_error, write_record
+from ._ranks import error_line, is_comm_error, read_records, write_record
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,9 @@ DEFAULT_CHECKPOINT_EVERY_S = 300.0
 CHECKPOINT_COST_SHARE = 50
 _REPORT_EVERY_S = 0.2  # status file refresh while nothing changes (state changes are immediate)
 _PARK_POLL_S = 0.01
+# How long a rank that checkpointed for a stop waits for every other rank's record before it
+# exits all the same (a rank that died meanwhile must not keep the others from leaving).
+EXIT_WAIT_S = 60.0
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -399,6 +402,42 @@ class JobContext:
             },
         )
 
+    def _wait_for_every_rank(self) -> None:
+        """After this rank's checkpoint for a stop: no rank exits before every rank has recorded
+        its own (a launcher ends the others at the first exit). Ranks sharing a control
+        directory read each other's records there. A collective did it before (a broadcast from
+        rank 0), which does not wait for the others: rank 0 could exit while rank 1 was still
+        in it, and rank 1's receive then failed and its record, "checkpointed" already, turned
+        "failed" (CI, session 43: a Lightning DDP job moved at load 24). The ranks of a spread
+        job (a control directory each) still agree by the collective; its failure once this
+        rank's checkpoint is recorded leaves the record as it is."""
+        if self.spread or self.channel is None:
+            try:
+                if self.agree is not None:
+                    self.agree([0, 0])
+            except Exception as exc:  # noqa: BLE001 - this rank's checkpoint is complete and recorded
+                log.warning(
+                    "rank %d: the other ranks were not heard after the checkpoint (%s)", self.rank, exc
+                )
+            return
+        deadline = time.monotonic() + EXIT_WAIT_S
+        ranks: set[int] = set()
+        while time.monotonic() < deadline:
+            ranks = {
+                int(r.get("rank", -1))
+                for r in read_records(self.channel.dir)
+                if r.get("state") == "checkpointed"
+            }
+            if len(ranks) >= self.world_size:
+                return
+            time.sleep(_PARK_POLL_S)
+        log.warning(
+            "rank %d: ranks %s did not record a checkpoint within %.0f s; leaving all the same",
+            self.rank,
+            sorted(set(range(self.world_size)) - ranks),
+            EXIT_WAIT_S,
+        )
+
     def _together(self) -> bool:
         """Whether the ranks agree at this boundary: several of them with a collective, and
         something to agree on (outside the scheduler without checkpoints there is nothing,
@@ -488,7 +527,7 @@ class JobContext:
             # every rank has (a launcher kills the others at the first exit).
             self._record("checkpointed")
             if self.agree is not None and self.world_size > 1 and not was_parked:
-                self.agree([0, 0])
+                self._wait_for_every_rank()
             sys.stdout.flush()
             sys.stderr.flush()
             self.exit_fn(EXIT_CHECKPOINTED)

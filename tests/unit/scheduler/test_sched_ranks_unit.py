@@ -13,6 +13,7 @@ import time
 import pytest
 
 from microco.clients.scheduler import EXIT_CHECKPOINTED, ControlChannel, JobContext
+from microco.clients.scheduler._job import _ACTION_CODES
 from microco.clients.scheduler._ranks import EXIT_LOST, classify_exit, last_error_line, read_records
 
 
@@ -35,12 +36,41 @@ class _Group:
         return f
 
 
-def _run_ranks(tmp_path, n=2, every_s=0.0):
-    group = _Group(n)
+STOP_CODE = _ACTION_CODES["stop"]
+
+
+class _LeavingGroup(_Group):
+    """A broadcast whose root returns once it has sent: a gloo broadcast from rank 0 does not
+    wait for the others to receive, and rank 0 then exited; the receive of a rank still in it
+    fails with the connection (CI, session 43: a Lightning DDP job moved at load 24)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.stopping: dict[int, bool] = {}
+
+    def agree(self, rank: int):
+        f = super().agree(rank)
+
+        def g(values):
+            if self.stopping.get(rank):  # a stop was agreed: the ranks' last word before they exit
+                if rank == 0:
+                    return list(values)
+                raise RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:29500")
+            out = f(values)
+            self.stopping[rank] = out[0] == STOP_CODE
+            return out
+
+        return g
+
+
+def _run_ranks(tmp_path, n=2, every_s=0.0, group=None):
+    group = group or _Group(n)
     saves: list[tuple[int, int]] = []
     ctxs, results = [], {}
+    exits: dict[int, float] = {}
 
     def exit_fn(code):
+        exits[len(exits)] = time.time()
         raise SystemExit(code)
 
     for rank in range(n):
@@ -66,7 +96,25 @@ def _run_ranks(tmp_path, n=2, every_s=0.0):
     threads = [threading.Thread(target=train, args=(c,), daemon=True) for c in ctxs]
     for t in threads:
         t.start()
+    _run_ranks.exits = exits  # type: ignore[attr-defined]
     return ctxs, threads, results, saves
+
+
+def test_no_rank_leaves_a_stop_before_every_rank_recorded_its_checkpoint(tmp_path):
+    # Before: the ranks' last word was a broadcast from rank 0, which rank 0 left at once; rank 1,
+    # still receiving, failed, and its record ("checkpointed") became "failed" (an uncaught
+    # error). Ranks sharing a control directory now wait for each other's records.
+    ctxs, threads, results, _ = _run_ranks(tmp_path, group=_LeavingGroup(2))
+    ch = ControlChannel(tmp_path / "ctl")
+    ch.wait_status(lambda s: s["step"] >= 3, 20)
+    ch.send("stop")
+    for t in threads:
+        t.join(20)
+    assert results == {0: EXIT_CHECKPOINTED, 1: EXIT_CHECKPOINTED}
+    recs = read_records(tmp_path / "ctl")
+    assert [(r["rank"], r["state"]) for r in recs] == [(0, "checkpointed"), (1, "checkpointed")]
+    first_exit = min(_run_ranks.exits.values())  # type: ignore[attr-defined]
+    assert all(r["at"] <= first_exit for r in recs)  # every record was there before any exit
 
 
 def test_ranks_sharing_a_control_dir_park_resume_and_stop_together(tmp_path):
