@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import resource
+import signal
 import sys
 import threading
 import time
@@ -405,12 +406,11 @@ class JobContext:
     def _wait_for_every_rank(self) -> None:
         """After this rank's checkpoint for a stop: no rank exits before every rank has recorded
         its own (a launcher ends the others at the first exit). Ranks sharing a control
-        directory read each other's records there. A collective did it before (a broadcast from
-        rank 0), which does not wait for the others: rank 0 could exit while rank 1 was still
-        in it, and rank 1's receive then failed and its record, "checkpointed" already, turned
-        "failed" (CI, session 43: a Lightning DDP job moved at load 24). The ranks of a spread
-        job (a control directory each) still agree by the collective; its failure once this
-        rank's checkpoint is recorded leaves the record as it is."""
+        directory read each other's records there. A collective did it before, a broadcast from
+        rank 0, which tells rank 0 nothing of the others: rank 0 left it at once, and a rank
+        still receiving could find the connection gone. The ranks of a spread job (a control
+        directory each) still agree by the collective; its failure once this rank's checkpoint
+        is recorded leaves the record as it is."""
         if self.spread or self.channel is None:
             try:
                 if self.agree is not None:
@@ -526,6 +526,7 @@ class JobContext:
             # is written once the checkpoint is complete. With a group, no rank exits before
             # every rank has (a launcher kills the others at the first exit).
             self._record("checkpointed")
+            _leave_on_sigterm()
             if self.agree is not None and self.world_size > 1 and not was_parked:
                 self._wait_for_every_rank()
             sys.stdout.flush()
@@ -642,12 +643,24 @@ class JobContext:
             log.warning("cannot write job status: %s", exc)
 
 
+def _leave_on_sigterm() -> None:
+    """A process whose checkpoint for a stop is recorded only exits: a SIGTERM now (the agent
+    ends a launcher once every rank recorded its checkpoint) ends it as it stands. A framework's
+    own handler ran instead: Lightning's broadcasts the signal to the other ranks, some of them
+    gone by then; its error turned the rank's record from checkpointed to failed (CI, session
+    43: a Lightning DDP job moved at load 24, and 2 of 3 runs beside the torchrun tests)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _install_excepthook(ctx: JobContext) -> None:
     """On an uncaught exception, record this rank's one-line error before the usual report."""
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
-        if not isinstance(exc, KeyboardInterrupt | SystemExit):
+        # (a rank whose checkpoint for a stop is complete and recorded only exits: what fails
+        # then, a collective with ranks already gone, is of the exit, not of the checkpoint)
+        if not isinstance(exc, KeyboardInterrupt | SystemExit) and ctx.state != "checkpointed":
             ctx._record("failed", error=error_line(exc), comm=is_comm_error(exc))
         previous(kind, exc, tb)
 

@@ -5,6 +5,7 @@ records, whatever code a launcher returned."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -41,8 +42,8 @@ STOP_CODE = _ACTION_CODES["stop"]
 
 class _LeavingGroup(_Group):
     """A broadcast whose root returns once it has sent: a gloo broadcast from rank 0 does not
-    wait for the others to receive, and rank 0 then exited; the receive of a rank still in it
-    fails with the connection (CI, session 43: a Lightning DDP job moved at load 24)."""
+    wait for the others to receive; rank 0 then exits, and a rank still receiving finds the
+    connection gone."""
 
     def __init__(self, n: int) -> None:
         super().__init__(n)
@@ -101,9 +102,9 @@ def _run_ranks(tmp_path, n=2, every_s=0.0, group=None):
 
 
 def test_no_rank_leaves_a_stop_before_every_rank_recorded_its_checkpoint(tmp_path):
-    # Before: the ranks' last word was a broadcast from rank 0, which rank 0 left at once; rank 1,
-    # still receiving, failed, and its record ("checkpointed") became "failed" (an uncaught
-    # error). Ranks sharing a control directory now wait for each other's records.
+    # Before: the ranks' last word was a broadcast from rank 0, which rank 0 could leave at once;
+    # rank 1, still receiving, failed with an uncaught error. Ranks sharing a control directory
+    # now wait for each other's records.
     ctxs, threads, results, _ = _run_ranks(tmp_path, group=_LeavingGroup(2))
     ch = ControlChannel(tmp_path / "ctl")
     ch.wait_status(lambda s: s["step"] >= 3, 20)
@@ -285,3 +286,43 @@ def test_lr_schedulers_and_other_stateful_objects_are_checkpointed(tmp_path):
     assert sched2.state_dict() == sched.state_dict() and opt2.param_groups[0]["lr"] == 0.25
     with pytest.raises(TypeError, match="no state_dict"):
         TorchHook(model, opt, stateful={"x": object()})
+
+
+SIGTERM_AFTER_STOP = """
+import signal, sys
+from microco.clients.scheduler import ControlChannel, JobContext
+
+def lightning_like(signum, frame):  # Lightning's handler broadcasts the signal to the other ranks
+    raise RuntimeError("[gloo] Read error [127.0.0.1]:10120: Connection reset by peer")
+
+signal.signal(signal.SIGTERM, lightning_like)
+c = JobContext(control_dir=sys.argv[1], checkpoint_dir=sys.argv[2], devices=["n/0"], checkpoint_every_s=0)
+c.use_group(0, 2, lambda values: list(values))  # rank 0 of 2; rank 1 never records
+c.save = lambda step: b"weights"
+c.step_end(1)
+ControlChannel(sys.argv[1]).send("stop")
+c.step_end(2)
+"""
+
+
+def test_a_sigterm_after_a_ranks_checkpoint_is_recorded_leaves_it_checkpointed(tmp_path):
+    # CI, session 43: once every rank of a Lightning DDP job recorded its checkpoint, the agent
+    # ended the launcher (SIGTERM); Lightning's handler broadcast the signal to ranks already
+    # gone, and its error turned the rank's record from checkpointed to failed.
+    ctl, ckpt = tmp_path / "ctl", tmp_path / "ckpt"
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_AFTER_STOP, str(ctl), str(ckpt)])
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if any(r.get("state") == "checkpointed" for r in read_records(ctl)):
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the rank left without waiting for the other"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        proc.kill()
+    assert [(r["rank"], r["state"]) for r in read_records(ctl)] == [(0, "checkpointed")]
+    assert proc.returncode == -signal.SIGTERM
+    code, _ = classify_exit(proc.returncode, ctl)
+    assert code == EXIT_CHECKPOINTED
