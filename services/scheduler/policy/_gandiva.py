@@ -109,10 +109,10 @@ class GandivaConfig:
     # Session 43: a job whose mini-batch time drifts of its own accord (a sequence-length
     # warm-up, a data phase, heat) had that drift, between the mean before the grow and the
     # mean after it, charged to the grow: a grow that paid was undone (one that did not, kept,
-    # when the time fell). When the trend before the grow is real -- its slope at least this
-    # many standard errors from 0 -- both times are taken at the grow's step, each carried
-    # along its own line (``grow_judgement``); otherwise (noise) the means, as before.
-    # 0: never (the judgement before session 43).
+    # when the time fell). When the lines of the times before and after the grow both slope
+    # the same way, together by at least this many standard errors (``drift_is_real``), both
+    # times are taken at the grow's step, each along its own line (``grow_judgement``);
+    # otherwise (noise) the means, as before. 0: never (the judgement before session 43).
     grow_trend_z: float = 3.0
     slice_order: str = "las"  # or "round_robin"
     # Session 7: may a multi-device job span nodes when no node can be freed for it? A job
@@ -179,22 +179,23 @@ def busy_fraction(j: JobView) -> float:
 def drift_is_real(
     before: tuple[float, float, float, float], after: tuple[float, float, float, float], z: float
 ) -> bool:
-    """Whether a job's mini-batch time drifts, from the line of its times before a grow and
-    that of its times after (each: centre step, mean, slope in ms per step, the slope's
-    standard error). Real when the line before slopes ``z`` standard errors or more from 0; or
-    when both slope the same way, the one before by a standard error at least, and together by
-    ``z`` (their slopes relative to their means, weighted by their precision: the line before
-    a grow covers one settled mean, as little as 3 s, and a drift that moves the time by 10% in
-    it is within its noise, while the line after it adds as much evidence again)."""
+    """Whether a job's mini-batch time drifts across a grow, from the line of its times before
+    the grow and that of its times after it (each: centre step, mean, slope in ms per step,
+    the slope's standard error): both lines slope the same way, each by a standard error at
+    least, and together by ``z`` (their slopes relative to their means, weighted by their
+    precision). Both sides: a time that fell only before the grow -- a job's start-up, its
+    caches warming, which a line through it would carry forward as if it went on falling --
+    or only after it is not a drift of the job's own; it is judged by the means, as before.
+    Together: the line before a grow covers one settled mean, as little as 3 s, and a drift
+    that moves the time by 10% over it is within its noise; the line after it adds as much
+    evidence again."""
     if z <= 0:
         return False
     b_mean, b_slope, b_se = before[1], before[2], before[3]
     a_mean, a_slope, a_se = after[1], after[2], after[3]
-    if b_mean <= 0 or a_mean <= 0:
+    if b_mean <= 0 or a_mean <= 0 or b_slope * a_slope <= 0:
         return False
-    if abs(b_slope) > z * b_se:
-        return True
-    if b_slope * a_slope <= 0 or abs(b_slope) < b_se:
+    if abs(b_slope) < b_se or abs(a_slope) < a_se:
         return False
     r1, s1 = b_slope / b_mean, max(b_se / b_mean, 1e-12)
     r2, s2 = a_slope / a_mean, max(a_se / a_mean, 1e-12)

@@ -181,6 +181,16 @@ def test_a_slope_within_its_noise_is_not_taken_for_a_drift():
         "minibatch_trend_settled": (1500.0, 25.0, 0.025, 0.01),
     }
     assert "at step 1000" in grow_judgement(grown(25.0, **together), 3.0)[2]
+    # a time that fell steeply before the grow and is flat after it (a job's start-up, its
+    # caches warming): not a drift of the job's own; a line through it would have carried the
+    # fall on to the grow's step (here 40 -> 20 ms at step 1000, against 19.5 after: 1.03x)
+    warm_up = {
+        "before_ms": 40.0,
+        "grown_at_step": 1000,
+        "minibatch_trend_before_grow": (500.0, 40.0, -0.04, 0.002),
+        "minibatch_trend_settled": (1500.0, 19.5, 0.0001, 0.003),
+    }
+    assert grow_judgement(grown(19.5, **warm_up), 3.0) == (40.0, 19.5, "mean before and after")
     # and switched off: the means
     assert decide(grown(25.0, **DRIFTING), grow_trend_z=0.0)[0].devices == ("n0/0",)
 
