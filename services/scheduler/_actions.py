@@ -30,7 +30,7 @@ from ._nodes import EXITED, NodeIO
 from ._profiles import Profiles
 from ._record import MIGRATING, QUEUED, RUNNING, SUSPENDED, GrowTrial, JobRecord, Pending, Rank
 from ._store import JobStore
-from ._view import settled_ms
+from ._view import settled_ms, settled_trend
 from .policy import Decision, JobFacts, JobPhase, Migrate, Pack, Resize, Resume, Start, Suspend, Unpack, check
 
 
@@ -135,12 +135,13 @@ class DecisionApplier:
 
     def resized(self, rec: JobRecord, devices: list[str], now: float, reason: str) -> JobRecord:
         """A resize's bookkeeping: a grow is judged later against the mini-batch time measured
-        before it; a shrink back to where a grow started undoes it (the job is not grown that
+        before it (and its trend then, at the step of the grow); a shrink back to where a grow started undoes it (the job is not grown that
         far again); every resize goes into the job's history."""
         old = rec.devices
         trial = rec.grow_trial
         if len(devices) > len(old):
-            rec = replace(rec, grow_trial=GrowTrial(old, settled_ms(rec) or rec.minibatch_ms or None))
+            before = settled_ms(rec) or rec.minibatch_ms or None
+            rec = replace(rec, grow_trial=GrowTrial(old, before, rec.step, settled_trend(rec)))
         else:
             if trial and sorted(trial.from_devices) == sorted(devices) and len(old) > len(devices):
                 rec = replace(rec, max_useful_devices=len(old))

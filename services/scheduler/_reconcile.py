@@ -11,6 +11,7 @@ refreshed (``PACKED`` while another job shares a device). Each step returns the 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -21,7 +22,7 @@ from . import _transitions as T
 from ._actions import DecisionApplier, MechanismSettings
 from ._nodes import EXITED, NodeIO
 from ._profiles import Profiles
-from ._record import PACKED, RUNNING, SUSPENDED, JobRecord
+from ._record import PACKED, RUNNING, SUSPENDED, FitBlock, JobRecord, TimingFit, Trend
 from ._store import JobStore
 
 log = logging.getLogger(__name__)
@@ -45,14 +46,103 @@ SETTLE_MAX_STEPS = 1000
 SETTLE_MAX_S = 120.0
 
 
+# Session 43: a job's mini-batch time may drift of its own accord (a sequence-length warm-up, a
+# data phase, heat): a grow judged by the mean before it against the mean after it charged the
+# drift between the two means' centres to the grow. So the mechanism fits lines to the times,
+# from the same running sums: each pair of readings gives the mean of the mini-batches between
+# them, at their middle step, and a least-squares line through those means (weighted by their
+# mini-batches) has the slope of one through the mini-batches themselves, unbiased. Its
+# standard error takes the larger of two estimates of the noise: the mini-batches' own variance
+# about the line (independent noise) and the readings' means' scatter about it (noise that
+# wanders slowly, which the first misses). The readings since a change are summed in blocks of
+# at most SETTLE_MAX_STEPS mini-batches or SETTLE_MAX_S (as long as a settled mean at most):
+# the first block, and the latest two. Two lines come of them: the *early* one, through the
+# first block (the times nearest the change: how a grow is judged, however long the job then
+# runs grown), and the *recent* one, through the latest one to two blocks (how the time moved
+# lately: what a grow is judged against, not a line through hours before it). The policy
+# decides whether a trend is real and how to judge with it (``policy.grow_judgement``).
+TREND_MIN_READINGS = 3
+_NO_BLOCK: FitBlock = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def _full(block: FitBlock) -> bool:
+    return block[1] >= SETTLE_MAX_STEPS or block[2] >= SETTLE_MAX_S * 1000.0
+
+
+def fit_reading(fit: TimingFit | None, mark: tuple[int, int, float, float], p: Any) -> TimingFit:
+    """``fit`` with the interval from its latest reading to the report ``p`` added (a new fit,
+    from the mark, when ``fit`` belongs to another change or process)."""
+    timed, ms, sq = int(p.timed_steps), float(p.timed_ms), float(p.timed_sq_ms)
+    if fit is None or fit[0] != mark[0] or timed < fit[1]:
+        fit = (mark[0], mark[1], mark[2], mark[3], _NO_BLOCK, _NO_BLOCK, _NO_BLOCK)
+    key, prev_n, prev_ms, prev_sq, first, old, cur = fit
+    dn, ds = timed - prev_n, ms - prev_ms
+    if dn <= 0:
+        return fit
+    if _full(cur):  # the first block is kept; later ones roll
+        if first[0] == 0:
+            first = cur
+        else:
+            old = cur
+        cur = _NO_BLOCK
+    g, w, sy, sqq, sx, sxx, sxy, syy = cur
+    mid = float(p.step) - key - (dn - 1) / 2.0  # the interval's middle step, from the change
+    cur = (
+        g + 1,
+        w + dn,
+        sy + ds,
+        sqq + (sq - prev_sq),
+        sx + dn * mid,
+        sxx + dn * mid * mid,
+        sxy + ds * mid,
+        syy + ds * ds / dn,
+    )
+    return (key, timed, ms, sq, first, old, cur)
+
+
+def _line(key: int, *blocks: FitBlock) -> Trend | None:
+    """The line through ``blocks``' readings: (its centre step, the fitted time there (their
+    mean), the slope in ms per step, the slope's standard error). None with fewer than
+    ``TREND_MIN_READINGS`` intervals, or no spread of steps."""
+    g, w, sy, sqq, sx, sxx, sxy, syy = (sum(v) for v in zip(*blocks, strict=True))
+    if g < TREND_MIN_READINGS or w <= 0:
+        return None
+    cx, y = sx / w, sy / w
+    sxx_c = sxx - sx * cx  # sum of dn * (mid - cx)^2
+    if not sxx_c > 1e-9 * max(1.0, sxx):
+        return None
+    sxy_c = sxy - sx * y
+    slope = sxy_c / sxx_c
+    per_batch = max(0.0, sqq / w - y * y - slope * slope * sxx_c / w)  # about the line
+    scatter = max(0.0, (syy - sy * y) - slope * sxy_c) / (g - 2)
+    se = math.sqrt(max(per_batch, scatter) / sxx_c)
+    return (key + cx, y, slope, se)
+
+
+def fit_trends(fit: TimingFit | None) -> tuple[Trend | None, Trend | None]:
+    """(the early line, the recent line) of ``fit`` (see above)."""
+    if fit is None:
+        return None, None
+    key, first, old, cur = fit[0], fit[4], fit[5], fit[6]
+    if first[0] == 0:  # the first block is the current one
+        return _line(key, cur), _line(key, cur)
+    return _line(key, first), _line(key, old if old[0] else first, cur)
+
+
 def settle(rec: JobRecord, p: Any) -> JobRecord:
     """``settled_ms`` (and the mark it is measured from) from the job's report ``p``: the mean
-    of every mini-batch since its last change, once that mean is known well enough. A report
-    without running sums (an older hook) gives the latest 20-batch mean, as before."""
+    of every mini-batch since its last change, once that mean is known well enough, with the
+    trend of those mini-batches' times (``settled_trend``). A report without running sums (an
+    older hook) gives the latest 20-batch mean, as before, and no trend."""
     timed = int(getattr(p, "timed_steps", 0) or 0)
     if timed <= 0:
         if p.step - rec.step_at_change > SETTLE_STEPS:
-            rec = replace(rec, settled_ms=(rec.step_at_change, float(p.minibatch_ms)))
+            rec = replace(
+                rec,
+                settled_ms=(rec.step_at_change, float(p.minibatch_ms)),
+                settled_trend=None,
+                early_trend=None,
+            )
         return rec
     mark = rec.timing_mark
     if mark is None or mark[0] != rec.step_at_change or timed < mark[1]:
@@ -60,7 +150,9 @@ def settle(rec: JobRecord, p: Any) -> JobRecord:
         mark = None
         if p.step - rec.step_at_change >= MARK_AFTER_STEPS:
             mark = (rec.step_at_change, timed, float(p.timed_ms), float(p.timed_sq_ms))
-        return replace(rec, timing_mark=mark)
+        return replace(rec, timing_mark=mark, timing_fit=None if mark is None else fit_reading(None, mark, p))
+    fit = fit_reading(rec.timing_fit, mark, p)
+    rec = replace(rec, timing_fit=fit)
     n = timed - mark[1]
     total = float(p.timed_ms) - mark[2]
     if n < SETTLE_MIN_STEPS or total < SETTLE_MIN_S * 1000.0:
@@ -69,7 +161,8 @@ def settle(rec: JobRecord, p: Any) -> JobRecord:
     var = max(0.0, (float(p.timed_sq_ms) - mark[3]) / n - mean * mean)
     known = (var / n) ** 0.5 <= SETTLE_REL_SE * mean
     if known or n >= SETTLE_MAX_STEPS or total >= SETTLE_MAX_S * 1000.0:
-        rec = replace(rec, settled_ms=(rec.step_at_change, mean))
+        early, recent = fit_trends(fit)
+        rec = replace(rec, settled_ms=(rec.step_at_change, mean), settled_trend=recent, early_trend=early)
     return rec
 
 

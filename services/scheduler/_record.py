@@ -42,6 +42,15 @@ def _opt_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+def _trend(value: Any) -> tuple[float, float, float, float] | None:
+    return None if not value else (float(value[0]), float(value[1]), float(value[2]), float(value[3]))
+
+
+def _block(value: Any) -> tuple[float, float, float, float, float, float, float, float]:
+    a, b, c, d, e, f, g, h = (float(x) for x in value)
+    return (a, b, c, d, e, f, g, h)
+
+
 def _float(d: Mapping[str, Any], key: str, default: float = 0.0) -> float:
     """``d[key]`` as a float (exactly: -0.0 stays -0.0), ``default`` when absent or null."""
     value = d.get(key)
@@ -171,12 +180,29 @@ class OperatorRequest:
     at: float = 0.0
 
 
+# The linear trend of a job's recent mini-batch times (session 43): (the step they are centred
+# on, their mean (the fitted time at that step), the slope in ms per step, its standard error).
+Trend = tuple[float, float, float, float]
+# What a ``Trend`` is fitted from (``_reconcile.fit_reading``): the step_at_change it belongs
+# to, the running sums (timed steps, ms, ms squared) at the latest reading, then three blocks of
+# readings (the first since the change, the one before the current one, the current one), each
+# the sums over the intervals between its readings: their count, their mini-batches, ms, ms
+# squared, and, weighted by each interval's mini-batches, its middle step (from
+# step_at_change), that squared, its mean ms times its middle step, and its mean ms squared.
+FitBlock = tuple[float, float, float, float, float, float, float, float]
+TimingFit = tuple[int, int, float, float, FitBlock, FitBlock, FitBlock]
+
+
 @dataclass(frozen=True, slots=True)
 class GrowTrial:
-    """A grow being judged: the devices it grew from and the settled mini-batch time before."""
+    """A grow being judged: the devices it grew from and the settled mini-batch time before;
+    the step it was grown at and the trend of the time before it (``Trend``), when measured
+    (session 43: a job's own drift is not charged to the grow)."""
 
     from_devices: tuple[str, ...]
     ms_before: float | None
+    at_step: int | None = None
+    trend: Trend | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +250,11 @@ class JobRecord:
     # The job's running sums (timed steps, ms, ms squared) at the first reading a few steps
     # after its last change, keyed by ``step_at_change``: ``settled_ms`` is the mean since.
     timing_mark: tuple[int, int, float, float] | None = None
+    # Set with ``settled_ms``: the trend of the job's latest mini-batch times and that of the
+    # first ones since its last change; and the sums they are fitted from (see ``_reconcile``).
+    settled_trend: Trend | None = None
+    early_trend: Trend | None = None
+    timing_fit: TimingFit | None = None
     profile: ProfileRef | None = None
 
     def __post_init__(self) -> None:
@@ -316,11 +347,21 @@ class JobRecord:
             "no_hook": self.no_hook,
             "grow_trial": None
             if self.grow_trial is None
-            else {"from": list(self.grow_trial.from_devices), "ms_before": self.grow_trial.ms_before},
+            else {
+                "from": list(self.grow_trial.from_devices),
+                "ms_before": self.grow_trial.ms_before,
+                "at_step": self.grow_trial.at_step,
+                "trend": None if self.grow_trial.trend is None else list(self.grow_trial.trend),
+            },
             "max_useful_devices": self.max_useful_devices,
             "settled_ms": None if self.settled_ms is None else list(self.settled_ms),
             "step_at_change": self.step_at_change,
             "timing_mark": None if self.timing_mark is None else list(self.timing_mark),
+            "settled_trend": None if self.settled_trend is None else list(self.settled_trend),
+            "early_trend": None if self.early_trend is None else list(self.early_trend),
+            "timing_fit": None
+            if self.timing_fit is None
+            else [*self.timing_fit[:4], *(list(b) for b in self.timing_fit[4:])],
             "profile": None
             if self.profile is None
             else {"key": self.profile.key, "identity": self.profile.identity},
@@ -337,6 +378,7 @@ class JobRecord:
             trial = d.get("grow_trial")
             settled = d.get("settled_ms")
             mark = d.get("timing_mark")
+            fit = d.get("timing_fit")
             prof = d.get("profile")
             useful = d.get("max_useful_devices")
             return cls(
@@ -378,13 +420,31 @@ class JobRecord:
                 no_hook=bool(d.get("no_hook", False)),
                 grow_trial=None
                 if not trial
-                else GrowTrial(_strs(trial.get("from")), _opt_float(trial.get("ms_before"))),
+                else GrowTrial(
+                    _strs(trial.get("from")),
+                    _opt_float(trial.get("ms_before")),
+                    None if trial.get("at_step") is None else int(trial["at_step"]),
+                    _trend(trial.get("trend")),
+                ),
                 max_useful_devices=None if useful is None else int(useful),
                 settled_ms=None if not settled else (int(settled[0]), float(settled[1])),
                 step_at_change=_int(d, "step_at_change"),
                 timing_mark=None
                 if not mark
                 else (int(mark[0]), int(mark[1]), float(mark[2]), float(mark[3])),
+                settled_trend=_trend(d.get("settled_trend")),
+                early_trend=_trend(d.get("early_trend")),
+                timing_fit=None
+                if not fit
+                else (
+                    int(fit[0]),
+                    int(fit[1]),
+                    float(fit[2]),
+                    float(fit[3]),
+                    _block(fit[4]),
+                    _block(fit[5]),
+                    _block(fit[6]),
+                ),
                 profile=None
                 if not prof
                 else ProfileRef(str(prof.get("key") or ""), str(prof.get("identity") or "")),

@@ -13,7 +13,7 @@ from typing import Any
 
 from . import _jobs as J
 from ._profiles import Profiles
-from ._record import JobRecord
+from ._record import JobRecord, Trend
 from .policy import ClusterView, cluster_view_from_dicts
 
 
@@ -22,6 +22,14 @@ def settled_ms(rec: JobRecord) -> float | None:
     if rec.settled_ms and rec.settled_ms[0] == rec.step_at_change:
         return float(rec.settled_ms[1])
     return None
+
+
+def settled_trend(rec: JobRecord, early: bool = False) -> Trend | None:
+    """The trend of the job's latest mini-batch times (``early``: of its first ones since its
+    last change), fitted with its settled time."""
+    if settled_ms(rec) is None:
+        return None
+    return rec.early_trend if early else rec.settled_trend
 
 
 def build_view(
@@ -50,7 +58,10 @@ def build_view(
         if r.grow_trial is not None:
             v["grown_from"] = list(r.grow_trial.from_devices)
             v["minibatch_ms_before_grow"] = r.grow_trial.ms_before
+            v["grown_at_step"] = r.grow_trial.at_step
+            v["minibatch_trend_before_grow"] = r.grow_trial.trend
         v["minibatch_ms_settled"] = settled_ms(r)
+        v["minibatch_trend_settled"] = settled_trend(r, early=True)
         v["max_useful_devices"] = r.max_useful_devices
         profiles.fill_view(r, v)  # what it has not measured yet, from earlier jobs like it
         v["preemptible"] = not r.no_hook

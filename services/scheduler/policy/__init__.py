@@ -24,7 +24,7 @@ from ._convert import (
     job_view_from_dict,
 )
 from ._fifo import FifoConfig, FifoPolicy
-from ._gandiva import GandivaConfig, GandivaPolicy, busy_fraction, packed_progress
+from ._gandiva import GandivaConfig, GandivaPolicy, busy_fraction, grow_judgement, packed_progress
 from ._index import ClusterIndex, HolderTable, IndexedClusterView, index_of
 from ._las import LasConfig, LasPolicy
 from ._next import next_to_run
@@ -90,6 +90,7 @@ __all__ = [
     "decision_from_dict",
     "decision_to_dict",
     "device_view_from_dict",
+    "grow_judgement",
     "index_of",
     "job_view_from_dict",
     "make_policy",

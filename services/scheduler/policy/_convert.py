@@ -53,6 +53,11 @@ def job_view_from_dict(d: Mapping[str, Any]) -> JobView:
             kw[key] = tuple(str(x) for x in (kw[key] or ()))
     if kw.get("grown_from") is not None:
         kw["grown_from"] = tuple(str(x) for x in kw["grown_from"])
+    for key in ("minibatch_trend_before_grow", "minibatch_trend_settled"):
+        if kw.get(key) is not None:
+            kw[key] = tuple(float(x) for x in kw[key])
+    if kw.get("grown_at_step") is not None:
+        kw["grown_at_step"] = int(kw["grown_at_step"])
     if "dataset" in kw:
         kw["dataset"] = str(kw["dataset"] or "")
     for key in ("submitted_at", "attained_service_s", "last_change_at", "gpu_share", "utilization"):

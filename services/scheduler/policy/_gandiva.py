@@ -106,6 +106,14 @@ class GandivaConfig:
     # devices, it is kept if its throughput (steps/s) is at least this many times what it
     # was before, and undone otherwise (and the job is not grown that far again).
     grow_keep_ratio: float = 1.1
+    # Session 43: a job whose mini-batch time drifts of its own accord (a sequence-length
+    # warm-up, a data phase, heat) had that drift, between the mean before the grow and the
+    # mean after it, charged to the grow: a grow that paid was undone (one that did not, kept,
+    # when the time fell). When the lines of the times before and after the grow both slope
+    # the same way, together by at least this many standard errors (``drift_is_real``), both
+    # times are taken at the grow's step, each along its own line (``grow_judgement``);
+    # otherwise (noise) the means, as before. 0: never (the judgement before session 43).
+    grow_trend_z: float = 3.0
     slice_order: str = "las"  # or "round_robin"
     # Session 7: may a multi-device job span nodes when no node can be freed for it? A job
     # spread over nodes runs slower for as long as it stays spread, so by default it waits
@@ -150,6 +158,8 @@ class GandivaConfig:
             raise ValueError("grow_max_factor must be >= 1")
         if not self.grow_keep_ratio > 0:
             raise ValueError("grow_keep_ratio must be > 0")
+        if not self.grow_trend_z >= 0:
+            raise ValueError("grow_trend_z must be >= 0")
         if not self.finish_grace_s >= 0:
             raise ValueError("finish_grace_s must be >= 0")
         if not self.affinity_slack_quanta >= 0:
@@ -164,6 +174,58 @@ def busy_fraction(j: JobView) -> float:
     full-device job: an unprofiled job is assumed to fill its device)."""
     u = j.utilization
     return j.gpu_share if u is None else u
+
+
+def drift_is_real(
+    before: tuple[float, float, float, float], after: tuple[float, float, float, float], z: float
+) -> bool:
+    """Whether a job's mini-batch time drifts across a grow, from the line of its times before
+    the grow and that of its times after it (each: centre step, mean, slope in ms per step,
+    the slope's standard error): both lines slope the same way, each by a standard error at
+    least, and together by ``z`` (their slopes relative to their means, weighted by their
+    precision). Both sides: a time that fell only before the grow -- a job's start-up, its
+    caches warming, which a line through it would carry forward as if it went on falling --
+    or only after it is not a drift of the job's own; it is judged by the means, as before.
+    Together: the line before a grow covers one settled mean, as little as 3 s, and a drift
+    that moves the time by 10% over it is within its noise; the line after it adds as much
+    evidence again."""
+    if z <= 0:
+        return False
+    b_mean, b_slope, b_se = before[1], before[2], before[3]
+    a_mean, a_slope, a_se = after[1], after[2], after[3]
+    if b_mean <= 0 or a_mean <= 0 or b_slope * a_slope <= 0:
+        return False
+    if abs(b_slope) < b_se or abs(a_slope) < a_se:
+        return False
+    r1, s1 = b_slope / b_mean, max(b_se / b_mean, 1e-12)
+    r2, s2 = a_slope / a_mean, max(a_se / a_mean, 1e-12)
+    w1, w2 = 1.0 / (s1 * s1), 1.0 / (s2 * s2)
+    return abs(r1 * w1 + r2 * w2) / math.sqrt(w1 + w2) > z
+
+
+def grow_judgement(j: JobView, trend_z: float) -> tuple[float, float, str] | None:
+    """What a grow of ``j`` is judged by: (its mini-batch time on the devices it grew from,
+    the time on its grown devices, how they were taken), or None while unmeasured.
+
+    By default the settled means before and after the grow. But a job's time may drift of its
+    own accord, and the two means are centred on steps hundreds apart: the drift between them
+    would be charged to the grow. So when the drift is real (``drift_is_real``, by
+    ``trend_z``) each time is taken *at the grow's step*, along its own line: the line of the
+    latest times before the grow carried forward to it, that of the first settled times after
+    it carried back to it (a regression discontinuity: each line is carried about half its own
+    span, and each side's slope is its own, so a drift per second rather than per step, which
+    a faster job covers in more steps, is judged right too). A trend too weak to tell from
+    noise leaves the means (a noisy slope carried along would add its error)."""
+    before, after = j.minibatch_ms_before_grow, j.minibatch_ms_settled
+    if not before or not after:
+        return None
+    tb, ta, at = j.minibatch_trend_before_grow, j.minibatch_trend_settled, j.grown_at_step
+    if tb is not None and ta is not None and at is not None and drift_is_real(tb, ta, trend_z):
+        b_at = tb[1] + tb[2] * (at - tb[0])
+        a_at = ta[1] + ta[2] * (at - ta[0])
+        if b_at > 0 and a_at > 0:
+            return b_at, a_at, f"at step {at}, its time drifting {tb[2] * 1000:+.3g} ms per 1000 steps before"
+    return before, after, "mean before and after"
 
 
 def packed_progress(jobs: list[JobView]) -> float | None:
@@ -1152,11 +1214,13 @@ class GandivaPolicy:
                 or j.id in acted
                 or not j.grown_from
                 or len(j.devices) <= len(j.grown_from)
-                or not j.minibatch_ms_settled
-                or not j.minibatch_ms_before_grow
             ):
                 continue
-            gain = j.minibatch_ms_before_grow / j.minibatch_ms_settled
+            judged = grow_judgement(j, self.config.grow_trend_z)
+            if judged is None:
+                continue
+            before, after, how = judged
+            gain = before / after
             if gain >= self.config.grow_keep_ratio:
                 continue
             occ.release(j.id, [d for d in j.devices if d not in j.grown_from])
@@ -1165,7 +1229,7 @@ class GandivaPolicy:
                     j.id,
                     tuple(j.grown_from),
                     f"gandiva: undo grow to {len(j.devices)} devices ({gain:.2f}x the throughput on "
-                    f"{len(j.grown_from)}: {j.minibatch_ms_before_grow:.3g} -> {j.minibatch_ms_settled:.3g} ms/step)",
+                    f"{len(j.grown_from)}: {before:.3g} -> {after:.3g} ms/step, {how})",
                 )
             )
             acted.add(j.id)

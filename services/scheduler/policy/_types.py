@@ -91,6 +91,15 @@ class JobView:
     grown_from: tuple[str, ...] | None = None
     minibatch_ms_before_grow: float | None = None
     minibatch_ms_settled: float | None = None
+    # Session 43: the trend of the job's mini-batch time, as the mechanism fits it to its
+    # recent readings: (the step they are centred on, their mean, the slope in ms per step,
+    # the slope's standard error): ``minibatch_trend_before_grow``, of its latest times when
+    # it was grown at step ``grown_at_step``; ``minibatch_trend_settled``, of its first times
+    # since its last change (those nearest it), fitted with the settled time. None where
+    # unmeasured (a simulator's exact times have none).
+    grown_at_step: int | None = None
+    minibatch_trend_before_grow: tuple[float, float, float, float] | None = None
+    minibatch_trend_settled: tuple[float, float, float, float] | None = None
     max_useful_devices: int | None = None
     # False for a job that cannot be suspended, moved or resized at a mini-batch boundary (it
     # runs without the scheduler's hook): it keeps its devices until it ends.

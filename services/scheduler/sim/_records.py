@@ -57,12 +57,18 @@ def job_record(view: JobView, node_of: Mapping[str, str]) -> JobRecord:
         first_step_at=view.submitted_at if view.minibatch_ms else 0.0,
         grow_trial=None
         if view.grown_from is None
-        else GrowTrial(tuple(view.grown_from), view.minibatch_ms_before_grow),
+        else GrowTrial(
+            tuple(view.grown_from),
+            view.minibatch_ms_before_grow,
+            view.grown_at_step,
+            view.minibatch_trend_before_grow,
+        ),
         max_useful_devices=view.max_useful_devices,
         step_at_change=view.steps_done,
         settled_ms=None
         if view.minibatch_ms_settled is None
         else (view.steps_done, view.minibatch_ms_settled),
+        early_trend=view.minibatch_trend_settled,
     )
 
 

@@ -61,6 +61,8 @@ pendings = st.builds(
     devices=devices,
     reason=text,
 )
+trends = st.tuples(floats, floats, floats, floats)  # session 43: a drift's line
+fit_blocks = st.tuples(*([floats] * 8))
 records = st.builds(
     JobRecord,
     id=st.text(min_size=1, max_size=16),
@@ -97,10 +99,24 @@ records = st.builds(
     ),
     held=st.booleans(),
     no_hook=st.booleans(),
-    grow_trial=st.none() | st.builds(GrowTrial, from_devices=devices, ms_before=st.none() | floats),
+    grow_trial=st.none()
+    | st.builds(
+        GrowTrial,
+        from_devices=devices,
+        ms_before=st.none() | floats,
+        at_step=st.none() | st.integers(0, 10**9),
+        trend=st.none() | trends,
+    ),
     max_useful_devices=st.none() | st.integers(1, 64),
     settled_ms=st.none() | st.tuples(st.integers(0, 10**9), floats),
     step_at_change=st.integers(0, 10**9),
+    timing_mark=st.none() | st.tuples(st.integers(0, 10**9), st.integers(0, 10**9), floats, floats),
+    settled_trend=st.none() | trends,
+    early_trend=st.none() | trends,
+    timing_fit=st.none()
+    | st.tuples(
+        st.integers(0, 10**9), st.integers(0, 10**9), floats, floats, fit_blocks, fit_blocks, fit_blocks
+    ),
     profile=st.none() | st.builds(ProfileRef, key=text, identity=text),
 )
 

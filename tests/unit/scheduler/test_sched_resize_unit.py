@@ -61,10 +61,12 @@ def test_grow_then_undo_is_recorded_and_caps_the_size():
     core, jid = core_with_running_elastic_job()
     assert core.actions.apply(Resize(jid, ("n1/0", "n1/1"), "gandiva: grow onto idle devices"), 10.0)
     rec = core.store.jobs[jid]
-    assert rec.grow_trial == GrowTrial(("n1/0",), 10.0)
+    assert rec.grow_trial == GrowTrial(("n1/0",), 10.0, at_step=100)  # (no trend measured: none)
     assert core.agents.sent[-1] == ("resize", ["n1/0", "n1/1"])
     view = next(j for j in core._view(11.0).jobs if j.id == jid)
-    assert view.grown_from == ("n1/0",) and view.minibatch_ms_before_grow == 10.0
+    assert (
+        view.grown_from == ("n1/0",) and view.minibatch_ms_before_grow == 10.0 and view.grown_at_step == 100
+    )
     assert view.minibatch_ms_settled is None  # the 10 ms was measured before the change
     # measured on two devices (what the reconciler stores once 25 mini-batches ran since the change)
     core.store.keep(replace(rec, pending=None, settled_ms=(rec.step_at_change, 14.8)))

@@ -14,6 +14,7 @@ from microco.services.scheduler.policy import (
     JobView,
     Resize,
     check_decisions,
+    grow_judgement,
     job_view_from_dict,
     make_policy,
 )
@@ -116,3 +117,93 @@ def test_an_undone_grows_reason_shows_sub_millisecond_times_apart():
     assert "0.94x the throughput on 1: 0.688 -> 0.728 ms/step" in d.reason, d.reason
     (d,) = decide(grown(14.8))
     assert "10 -> 14.8 ms/step" in d.reason, d.reason
+
+
+# Session 43: a job whose own mini-batch time drifts. Grown at step 1000: the settled mean
+# before it is centred at step 500 (20 ms, rising 0.02 ms a step), the first settled mean
+# after it at step 1500 (25 ms, rising 0.013 a step). The means read 0.8x, but at the grow's
+# step the time was 30 ms before and 18.5 ms after: 1.62x.
+DRIFTING = {
+    "before_ms": 20.0,
+    "grown_at_step": 1000,
+    "minibatch_trend_before_grow": (500.0, 20.0, 0.02, 0.002),
+    "minibatch_trend_settled": (1500.0, 25.0, 0.013, 0.003),
+}
+
+
+def test_a_grow_is_judged_at_its_step_when_the_time_drifts():
+    assert decide(grown(25.0, **DRIFTING)) == []  # kept
+    (before, after, how) = grow_judgement(grown(25.0, **DRIFTING), 3.0)
+    assert (before, after) == (30.0, 18.5) and "at step 1000" in how
+    # the same times with no trend measured: the means, as before (undone)
+    (d,) = decide(grown(25.0, before_ms=20.0))
+    assert "0.80x" in d.reason and "mean before and after" in d.reason, d.reason
+
+
+def test_a_grow_that_does_not_pay_at_its_step_is_undone_whichever_way_the_time_drifts():
+    # rising: 30 ms before at step 1000, 29 after (1.03x), though the means read 20 -> 36
+    up = {**DRIFTING, "minibatch_trend_settled": (1500.0, 36.0, 0.014, 0.003)}
+    (d,) = decide(grown(36.0, **up))
+    assert "1.03x" in d.reason and "at step 1000" in d.reason, d.reason
+    # falling: 30 ms before at step 1000 (falling 0.02 a step from 40 at step 500), 29.5
+    # after (1.02x), though the means read 40 -> 19.5, a 2.05x
+    down = {
+        "before_ms": 40.0,
+        "grown_at_step": 1000,
+        "minibatch_trend_before_grow": (500.0, 40.0, -0.02, 0.002),
+        "minibatch_trend_settled": (1500.0, 19.5, -0.02, 0.003),
+    }
+    (d,) = decide(grown(19.5, **down))
+    assert "1.02x" in d.reason and "at step 1000" in d.reason, d.reason
+
+
+def test_a_slope_within_its_noise_is_not_taken_for_a_drift():
+    # the slopes of DRIFTING with standard errors as large as they are: the means
+    noisy = {
+        **DRIFTING,
+        "minibatch_trend_before_grow": (500.0, 20.0, 0.02, 0.02),
+        "minibatch_trend_settled": (1500.0, 25.0, 0.013, 0.013),
+    }
+    (d,) = decide(grown(25.0, **noisy))
+    assert "0.80x" in d.reason and "mean before and after" in d.reason, d.reason
+    # before: 1.5 standard errors; after: the other way: no drift
+    against = {
+        **DRIFTING,
+        "minibatch_trend_before_grow": (500.0, 20.0, 0.015, 0.01),
+        "minibatch_trend_settled": (1500.0, 25.0, -0.02, 0.001),
+    }
+    assert "mean before and after" in grow_judgement(grown(25.0, **against), 3.0)[2]
+    # before 2 and after 2.5 standard errors, the same way: together, 3.2 (relative to their
+    # means): a drift
+    together = {
+        **DRIFTING,
+        "minibatch_trend_before_grow": (500.0, 20.0, 0.02, 0.01),
+        "minibatch_trend_settled": (1500.0, 25.0, 0.025, 0.01),
+    }
+    assert "at step 1000" in grow_judgement(grown(25.0, **together), 3.0)[2]
+    # a time that fell steeply before the grow and is flat after it (a job's start-up, its
+    # caches warming): not a drift of the job's own; a line through it would have carried the
+    # fall on to the grow's step (here 40 -> 20 ms at step 1000, against 19.5 after: 1.03x)
+    warm_up = {
+        "before_ms": 40.0,
+        "grown_at_step": 1000,
+        "minibatch_trend_before_grow": (500.0, 40.0, -0.04, 0.002),
+        "minibatch_trend_settled": (1500.0, 19.5, 0.0001, 0.003),
+    }
+    assert grow_judgement(grown(19.5, **warm_up), 3.0) == (40.0, 19.5, "mean before and after")
+    # and switched off: the means
+    assert decide(grown(25.0, **DRIFTING), grow_trend_z=0.0)[0].devices == ("n0/0",)
+
+
+def test_the_trend_fields_come_from_a_stored_record():
+    v = job_view_from_dict(
+        {
+            "id": "e",
+            "devices_wanted": 1,
+            "grown_at_step": 1000.0,
+            "minibatch_trend_before_grow": [500, 20, 0.02, 0.002],
+            "minibatch_trend_settled": None,
+        }
+    )
+    assert v.grown_at_step == 1000 and v.minibatch_trend_before_grow == (500.0, 20.0, 0.02, 0.002)
+    assert v.minibatch_trend_settled is None
