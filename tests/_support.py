@@ -93,7 +93,7 @@ def wait_until(
         found = f"\n{describe()}" if describe is not None else ""
         waited = time.monotonic() - start
         raise AssertionError(
-            f"timed out after {waited:.0f} s ({timeout:.0f} s idle, load {os.getloadavg()[0]:.1f} on "
+            f"timed out after {waited:.0f} s ({timeout:g} s idle, load {os.getloadavg()[0]:.1f} on "
             f"{os.cpu_count()} CPUs) waiting for {what}{found}"
         )
     return value
@@ -175,13 +175,14 @@ def params_sha256(model: Any) -> str:
 def run_python(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """``python ARGS`` in a fresh interpreter that imports this tree's microco (as a clean clone's
     CI does through its install), its output captured: for what needs a process of its own
-    (ranks of a ``torch.distributed`` group, TensorFlow's devices set before it starts)."""
+    (ranks of a ``torch.distributed`` group, TensorFlow's devices set before it starts).
+    ``timeout`` (an idle machine's) stretches with load (:func:`scaled`)."""
     import microco
 
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(microco.__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")])))
     return subprocess.run(
-        [sys.executable, *args], check=False, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, *args], check=False, env=env, capture_output=True, text=True, timeout=scaled(timeout)
     )
 
 
