@@ -52,7 +52,15 @@ def load_factor(cap: float = LOAD_FACTOR_CAP) -> float:
         load = os.getloadavg()[0]
     except OSError:  # no load average on this platform
         return 1.0
-    return min(cap, max(1.0, load / (os.cpu_count() or 1)))
+    return min(cap, max(1.0, load / _cpus()))
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (a container's cpuset, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # (no sched_getaffinity on this platform)
+        return os.cpu_count() or 1
 
 
 def scaled(timeout: float) -> float:
@@ -93,8 +101,8 @@ def wait_until(
         found = f"\n{describe()}" if describe is not None else ""
         waited = time.monotonic() - start
         raise AssertionError(
-            f"timed out after {waited:.0f} s ({timeout:g} s idle, load {os.getloadavg()[0]:.1f} on "
-            f"{os.cpu_count()} CPUs) waiting for {what}{found}"
+            f"timed out after {waited:.0f} s ({timeout:g} s idle, load factor {load_factor():.1f}) "
+            f"waiting for {what}{found}"
         )
     return value
 
