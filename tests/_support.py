@@ -37,14 +37,51 @@ def needs(module: str) -> Any:
     return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"{module} is not installed")
 
 
+#: The most a wait is stretched on a busy machine (``load_factor``): a 30 s wait becomes at most
+#: 2 minutes, so a real hang still fails well inside pytest's own timeout.
+LOAD_FACTOR_CAP = 4.0
+
+
+def load_factor(cap: float = LOAD_FACTOR_CAP) -> float:
+    """How many times slower than on an idle machine the test's processes may run now: the
+    1-minute load average per CPU, at least 1 (an idle or lightly loaded machine), at most
+    ``cap``. CI runs several xdist workers beside real servers and framework processes on two
+    cores (load 4-8, more with other work beside it), and every process a test waits for (a
+    service starting, a job importing torch) then runs that much slower."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average on this platform
+        return 1.0
+    return min(cap, max(1.0, load / _cpus()))
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (a container's cpuset, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # (no sched_getaffinity on this platform)
+        return os.cpu_count() or 1
+
+
+def scaled(timeout: float) -> float:
+    """``timeout`` stretched by the machine's load now (:func:`load_factor`): for a timeout
+    handed to something that waits itself (``subprocess.run``, a client's deadline). A bound on
+    how long something may take is a guard against a hang, never what a test proves."""
+    return timeout * load_factor()
+
+
 def wait_for(cond: Callable[[], T], timeout: float = 10.0, interval: float = 0.05) -> T | None:
-    """Poll ``cond`` until it returns something truthy (returned) or ``timeout`` passes (None)."""
-    deadline = time.monotonic() + timeout
+    """Poll ``cond`` until it returns something truthy (returned) or ``timeout`` passes (None).
+    ``timeout`` is for an idle machine: it stretches with the machine's load while waiting
+    (:func:`load_factor`, the largest seen), so a wait passes on a busy machine too, slower."""
+    start = time.monotonic()
+    factor = 1.0
     while True:
         value = cond()
         if value:
             return value
-        if time.monotonic() >= deadline:
+        factor = max(factor, load_factor())
+        if time.monotonic() - start >= timeout * factor:
             return None
         time.sleep(interval)
 
@@ -56,12 +93,17 @@ def wait_until(
     interval: float = 0.1,
     describe: Callable[[], str] | None = None,
 ) -> T:
-    """Like :func:`wait_for`, but fail the test on timeout, saying ``what`` was awaited and
-    (``describe``) the state that was found instead."""
+    """Like :func:`wait_for` (``timeout`` stretched with load), but fail the test on timeout,
+    saying ``what`` was awaited and (``describe``) the state that was found instead."""
+    start = time.monotonic()
     value = wait_for(cond, timeout, interval)
     if not value:
         found = f"\n{describe()}" if describe is not None else ""
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{found}")
+        waited = time.monotonic() - start
+        raise AssertionError(
+            f"timed out after {waited:.0f} s ({timeout:g} s idle, load factor {load_factor():.1f}) "
+            f"waiting for {what}{found}"
+        )
     return value
 
 
@@ -141,13 +183,14 @@ def params_sha256(model: Any) -> str:
 def run_python(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """``python ARGS`` in a fresh interpreter that imports this tree's microco (as a clean clone's
     CI does through its install), its output captured: for what needs a process of its own
-    (ranks of a ``torch.distributed`` group, TensorFlow's devices set before it starts)."""
+    (ranks of a ``torch.distributed`` group, TensorFlow's devices set before it starts).
+    ``timeout`` (an idle machine's) stretches with load (:func:`scaled`)."""
     import microco
 
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(microco.__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")])))
     return subprocess.run(
-        [sys.executable, *args], check=False, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, *args], check=False, env=env, capture_output=True, text=True, timeout=scaled(timeout)
     )
 
 

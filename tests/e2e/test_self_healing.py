@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _support import small_stack
+from _support import small_stack, wait_until
 from test_stack import pid_alive, stop_leftovers, wait_for_state
 
 from microco.cli import main as cli_main
@@ -74,17 +74,6 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
         assert proc.wait(60) == 0
     finally:
         stop_leftovers(proc, home)
-
-
-def wait_until(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f}s: {what}")
-        time.sleep(0.1)
 
 
 def restarted_and_serving(up: Up, name: str, service: str, old_pid: int) -> ServiceRecord | None:

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from _support import small_stack
+from _support import scaled, small_stack
 
 from microco.common.discovery import pid_alive
 from microco.services.stack import StackOptions, platform_processes
@@ -25,7 +25,7 @@ MICROCO = [sys.executable, "-m", "microco.cli"]
 
 
 def wait_for_state(home: Path, proc: subprocess.Popen, timeout: float = 150) -> dict:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"microco up exited early:\n{proc.stderr.read().decode()}")

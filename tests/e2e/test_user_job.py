@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _support import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # a whole stack and two real jobs (~40 s)
 
@@ -45,7 +46,7 @@ def _cli(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.Co
 
 
 def _wait_ended(env: dict[str, str], job_id: str, timeout: float = 240) -> dict:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     # One `job logs -f` (it returns when the job's process ends) rather than a `job show` every
     # half second meanwhile: a CLI process costs ~0.5 CPU-s, and a job's torch start-up on a
     # loaded machine took dozens of them. Then `job show` until the scheduler records the end.

@@ -4,9 +4,8 @@ tests/unit/codesign). In-process core, the session's etcd; no server process."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from _support import wait_until
 
 from microco.clients.scheduler import PhasePublisher
 from microco.services.cache import CacheCore, ChunkStore, SchedulerFollower
@@ -15,10 +14,7 @@ pytestmark = pytest.mark.integration
 
 
 def _wait(pred, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
+    wait_until(pred, timeout, interval=0.02)
 
 
 def test_phases_reach_the_cache_through_an_etcd_watch(tmp_path, etcd_kv):

@@ -4,9 +4,9 @@ from the backing store is not read by the other, which reads it as a hit once in
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+from _support import wait_until
 
 from microco.clients.cache import CacheClient, QuiverLoader, digest
 from microco.common.errors import InvalidArgument
@@ -33,10 +33,7 @@ class _Store:
 
 
 def _until(cond, what: str) -> None:
-    deadline = time.monotonic() + 60
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
+    wait_until(cond, 60, what, interval=0.005)
 
 
 def test_a_chunk_in_flight_for_one_job_is_not_read_by_the_other(make_dataset, tmp_path, inproc_cache):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from _support import wait_until
 
 from microco.clients.cache import RedisDirectory, open_loader, register_dataset
 from microco.common.hotstate import connect_redis
@@ -26,11 +27,7 @@ def _epoch(loader, files, epoch: int) -> None:  # type: ignore[no-untyped-def]
 
 
 def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f}s: {what}")
-        time.sleep(0.1)
+    wait_until(predicate, timeout, what)
 
 
 def test_a_loader_finds_its_server_again_on_a_new_port(make_dataset, tmp_path, etcd_kv, cache_server):

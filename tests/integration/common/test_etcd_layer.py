@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from _support import wait_for
+from _support import scaled, wait_for
 
 from microco.common import (
     EtcdKV,
@@ -142,13 +142,13 @@ def test_registration_and_discovery(etcd_kv: EtcdKV) -> None:
 def test_leader_election_hand_over(etcd_kv: EtcdKV) -> None:
     events: list[str] = []
     a = LeaderElection(etcd_kv, "sched", "a", ttl=2, on_elected=lambda: events.append("a")).start()
-    assert a.wait_until_leader(5)
+    assert a.wait_until_leader(scaled(5))
     b = LeaderElection(etcd_kv, "sched", "b", ttl=2, on_elected=lambda: events.append("b")).start()
     try:
         time.sleep(0.5)
         assert not b.is_leader and a.leader() == "a"
         a.resign()
-        assert b.wait_until_leader(5)
+        assert b.wait_until_leader(scaled(5))
         assert b.leader() == "b"
         assert events == ["a", "b"]
     finally:
@@ -160,14 +160,14 @@ def test_leader_killed_without_resigning_is_replaced(etcd_kv: EtcdKV, etcd_endpo
     """A leader whose lease stops being refreshed (a crashed process) loses the key within its TTL."""
     other = EtcdKV(etcd_endpoint)
     a = LeaderElection(other, "coord", "a", ttl=1).start()
-    assert a.wait_until_leader(5)
+    assert a.wait_until_leader(scaled(5))
     # Simulate a crash: stop refreshing without revoking (what kill -9 does to the keeper thread).
     assert a._keeper is not None
     a._stop.set()
     a._keeper._stop.set()
     b = LeaderElection(etcd_kv, "coord", "b", ttl=1).start()
     try:
-        assert b.wait_until_leader(8)
+        assert b.wait_until_leader(scaled(8))
     finally:
         b.resign()
         other.close()

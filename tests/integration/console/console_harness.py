@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from _support import scaled
+
 from microco.common.kv import EtcdKV
 from microco.common.registry import ServiceRecord
 
@@ -184,7 +186,7 @@ def _wait_jobs_available(platform: Platform, timeout: float = 60.0) -> None:
     import httpx
 
     headers = {"Authorization": "Bearer microco-dev-token"}
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     body: dict = {}
     while time.monotonic() < deadline:
         body = httpx.get(platform.url + "/api/v1/nodes", headers=headers, timeout=10).json()

@@ -15,11 +15,12 @@ def agents(etcd_endpoint, etcd_kv, tmp_path):
     ``preload="auto"`` gives it the warm zygote (torch imported once; its Python jobs are
     forked from it) and returns once the zygote is warm: for tests that start torch processes
     on one node again and again (each exec'd start imports torch and torch._dynamo, ~5 CPU-s).
-    ``lease_ttl_s``: longer for tests that do not lose nodes, so an agent starved of CPU on a
-    loaded machine is not taken as lost (it fences its jobs at 3/4 of it)."""
+    ``lease_ttl_s``: 10 s, so an agent starved of CPU on a loaded machine is not taken as lost (it
+    fences its jobs at 3/4 of it); 3 s for a test that loses a node and waits for its lease to
+    lapse (session 43: the default was the short one, for every test)."""
     procs = []
 
-    def start(node: str, devices: int = 2, preload: str = "none", lease_ttl_s: int = 3):
+    def start(node: str, devices: int = 2, preload: str = "none", lease_ttl_s: int = 10):
         p = spawn_agent(
             etcd_endpoint,
             node,

@@ -104,7 +104,7 @@ def test_register_start_control_migrate(agents, etcd_kv, tmp_path):
 
 
 def test_failed_job_and_killed_agent(agents, etcd_kv, tmp_path):
-    agent = agents("n3")
+    agent = agents("n3", lease_ttl_s=3)  # (killed: its record must lapse)
     a = stub(etcd_kv, "n3")
     a.StartProcess(
         agent_pb2.StartProcessRequest(

@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from _support import scaled
 
 from microco.clients.scheduler import EXIT_CHECKPOINTED, ControlChannel
 
@@ -55,7 +56,7 @@ def launch(module, tmp, out, *, control=None, ckpt=None, sleep_ms=0.0):
 
 
 def wait_step(ch: ControlChannel, step: int, timeout=120):
-    return ch.wait_status(lambda s: s.get("step", 0) >= step, timeout)
+    return ch.wait_status(lambda s: s.get("step", 0) >= step, scaled(timeout))
 
 
 def run_interrupted(module, tmp_path, reference=None):
@@ -68,16 +69,16 @@ def run_interrupted(module, tmp_path, reference=None):
     for at in (3, 8):
         wait_step(ch1, at)
         seq = ch1.send("suspend")
-        st = ch1.wait_ack(seq, 60)
+        st = ch1.wait_ack(seq, scaled(60))
         assert st["state"] == "parked"
         parked_step = st["step"]
         time.sleep(0.3)
         assert ch1.status()["step"] == parked_step  # no progress while parked
-        ch1.wait_ack(ch1.send("resume"), 30)
+        ch1.wait_ack(ch1.send("resume"), scaled(30))
     # ...then checkpoint-and-move: the process exits and a new one continues from the checkpoint.
     wait_step(ch1, 12)
     ch1.send("stop")
-    out1, _ = p1.communicate(timeout=60)
+    out1, _ = p1.communicate(timeout=scaled(60))
     assert p1.returncode == EXIT_CHECKPOINTED, out1
     moved_at = ch1.status()["checkpoint_step"]
     assert 12 <= moved_at < STEPS
@@ -86,18 +87,18 @@ def run_interrupted(module, tmp_path, reference=None):
     # and once more suspended / resumed after the move
     st = wait_step(ch2, moved_at + 2)
     assert st["restored_from_step"] == moved_at
-    ch2.wait_ack(ch2.send("suspend"), 60)
-    ch2.wait_ack(ch2.send("resume"), 30)
+    ch2.wait_ack(ch2.send("suspend"), scaled(60))
+    ch2.wait_ack(ch2.send("resume"), scaled(30))
     # ...and last, grown onto a second device and shrunk back in place (an elastic job's
     # resize: the hook changes the compute threads with the devices).
-    grown_at = ch2.wait_ack(ch2.send("resize", ["vdev/0", "vdev/1"]), 60)["step"]
+    grown_at = ch2.wait_ack(ch2.send("resize", ["vdev/0", "vdev/1"]), scaled(60))["step"]
     wait_step(ch2, grown_at + 3)
-    st = ch2.wait_ack(ch2.send("resize", ["vdev/0"]), 60)
+    st = ch2.wait_ack(ch2.send("resize", ["vdev/0"]), scaled(60))
     assert st["state"] == "running" and st["devices"] == ["vdev/0"], st
-    out2, _ = p2.communicate(timeout=120)
+    out2, _ = p2.communicate(timeout=scaled(120))
     assert p2.returncode == 0, out2
     if baseline is not None:
-        out0, _ = baseline.communicate(timeout=120)
+        out0, _ = baseline.communicate(timeout=scaled(120))
         assert baseline.returncode == 0, out0
         reference = json.loads((tmp_path / "a.json").read_text())
     else:

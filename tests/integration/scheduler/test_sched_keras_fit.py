@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+from _support import scaled
 
 from microco.clients.scheduler import EXIT_CHECKPOINTED, ControlChannel
 
@@ -46,16 +47,16 @@ def test_keras_fit_with_epochs_restarted_mid_epoch_equals_an_uninterrupted_run(t
         # the third epoch's first batch: the checkpoint is mid-epoch. Nine batches of 60 ms for
         # the stop to arrive before the epoch ends (a `.ci/run` at load ~5, session 30: with six
         # of 30 ms the job was past the epoch's end, checkpointed at step 31)
-        ch1.wait_status(lambda s: s["step"] >= 2 * STEPS_PER_EPOCH + 1, 400)
+        ch1.wait_status(lambda s: s["step"] >= 2 * STEPS_PER_EPOCH + 1, scaled(400))
         ch1.send("stop")
-        out1, _ = p1.communicate(timeout=300)
+        out1, _ = p1.communicate(timeout=scaled(300))
         assert p1.returncode == EXIT_CHECKPOINTED, out1
         at = ch1.status()["checkpoint_step"]
         assert 2 * STEPS_PER_EPOCH < at < 3 * STEPS_PER_EPOCH  # mid-epoch, global (not per epoch)
         p2 = launch(tmp_path / "out.json", tmp_path / "ctl2", tmp_path / "ckpt")
-        out2, _ = p2.communicate(timeout=400)
+        out2, _ = p2.communicate(timeout=scaled(400))
         assert p2.returncode == 0, out2
-        log, _ = ref.communicate(timeout=400)
+        log, _ = ref.communicate(timeout=scaled(400))
         assert ref.returncode == 0, log
     finally:
         for p in (ref, p1):

@@ -201,7 +201,7 @@ def test_packing_kept_only_while_it_beats_time_slicing(agents, scheduler, etcd_k
 
 
 def test_failover_and_kills_lose_nothing(agents, scheduler, etcd_kv, etcd_endpoint):
-    n1 = agents("n1", devices=2)
+    n1 = agents("n1", devices=2, lease_ttl_s=3)  # (killed below: lost when its lease lapses)
     s1 = scheduler("fifo", instance_id="sched-a")
     s2 = scheduler("fifo", instance_id="sched-b")
     leader = etcd_kv.get("/microco/leader/scheduler").decode()

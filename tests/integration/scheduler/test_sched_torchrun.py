@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 import pytest
-from _support import synthetic_job
+from _support import scaled, synthetic_job
 from _support import wait_for_jobs as wait_for
 
 from microco.clients.scheduler import job_to_dict, make_spec
@@ -163,7 +163,7 @@ def test_torchrun_ddp_job_is_time_sliced_survives_a_killed_rank_and_is_exact(
         wait_for(lambda: job_to_dict(c.get(j))["state"] == "finished", etcd_kv, 180, "the DDP job finishes")
         rec = record(etcd_kv, j)
         assert rec["step"] == STEPS, rec["history"]
-        log, _ = ref.communicate(timeout=180)
+        log, _ = ref.communicate(timeout=scaled(180))
         assert ref.returncode == 0, log
         a = json.loads((tmp_path / "ref.json").read_text())
         b = json.loads(out.read_text())
@@ -238,16 +238,16 @@ def _park_resume_stop_two_ranks(cmd: list[str], tmp_path, extra_env: dict[str, s
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         ch = ControlChannel(tmp_path / "ctl")
-        ch.wait_status(lambda s: s["step"] >= 5, 180)
-        st = ch.wait_ack(ch.send("suspend"), 60)
+        ch.wait_status(lambda s: s["step"] >= 5, scaled(180))
+        st = ch.wait_ack(ch.send("suspend"), scaled(60))
         assert st["state"] == "parked"
-        ch.wait_ack(ch.send("resume"), 60)
-        ch.wait_status(lambda s: s["step"] >= st["step"] + 3, 60)
+        ch.wait_ack(ch.send("resume"), scaled(60))
+        ch.wait_status(lambda s: s["step"] >= st["step"] + 3, scaled(60))
         ch.send("stop")
-        out, _ = p.communicate(timeout=120)
+        out, _ = p.communicate(timeout=scaled(120))
     except TimeoutError as exc:  # (what the job printed says why: a failed start, a hang)
         p.kill()
-        printed, _ = p.communicate(timeout=60)
+        printed, _ = p.communicate(timeout=scaled(60))
         raise AssertionError(f"{exc}; the job printed:\n{printed[-3000:]}") from None
     finally:
         if p.poll() is None:

@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -264,3 +265,56 @@ def test_a_job_cannot_work_in_a_directory_its_user_may_not_reach(zygote):
             procs.shutdown()
         for d in (base, private, shared):
             shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can run a job as another user")
+def test_jobs_as_their_own_users_start_while_the_agents_grpc_is_busy():
+    """CI, session 43: a job as its own uid never ran its first line (the victim's checkpoint of
+    ``test_a_job_cannot_read_signal_or_trace_another_job`` never came). The agent is a gRPC
+    server; a job whose user changed was started by ``fork`` (Python's ``vfork`` is for children
+    that change nothing), which runs gRPC's fork handlers in the child, and with calls in flight
+    on other threads a child aborted or crashed in them before its ``exec`` (about one start in
+    ten here: "Check failed: next_worker->state == KICKED", exit -6 or -11). setpriv now changes
+    the user, after ``exec``."""
+    from concurrent import futures
+
+    import grpc
+
+    base = Path(tempfile.mkdtemp(prefix="microco-runas-"))
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    busy = True
+
+    def calls() -> None:  # the agent's serving threads, busy in gRPC while a job starts
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary("/microco.Test/Unknown")
+            while busy:
+                try:
+                    call(b"", timeout=1)
+                except grpc.RpcError:
+                    pass
+
+    threads = [threading.Thread(target=calls, daemon=True) for _ in range(2)]
+    procs = None
+    try:
+        base.chmod(0o755)
+        for t in threads:
+            t.start()
+        procs = ProcessManager(
+            base, discover_devices("n", 1), pin_cpus=False, run_as=resolve_run_as("auto", 0)
+        )
+        for i in range(60):
+            proc = procs.start(
+                f"j-{i}", ["/bin/sh", "-c", 'echo ran > "$MICROCO_CHECKPOINT_DIR/ran"'], {}, ["n/0"]
+            )
+            wait_until(lambda p=proc: p.poll() is not None, 60, f"job {i} to exit")
+            assert proc.exit_code == 0 and (proc.checkpoint_dir / "ran").exists(), (i, proc.exit_code)
+    finally:
+        busy = False
+        for t in threads:
+            t.join(timeout=10)
+        server.stop(None)
+        if procs is not None:
+            procs.shutdown()
+        shutil.rmtree(base, ignore_errors=True)

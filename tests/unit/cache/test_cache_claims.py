@@ -4,9 +4,9 @@ misses it at once; a claim ends at the put, with its holder, or at its lease (no
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+from _support import wait_until
 
 from microco.clients.cache import digest
 from microco.clients.cache._sampler import SubstitutableSampler
@@ -37,10 +37,7 @@ def core(tmp_path):
 
 
 def _until(cond, what: str) -> None:
-    deadline = time.monotonic() + 30
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
+    wait_until(cond, 30, what, interval=0.005)
 
 
 def test_a_claimed_chunk_is_in_flight_to_other_jobs_only_until_it_is_put(core):

@@ -4,9 +4,8 @@ temporary folder. No sockets."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from _support import wait_until
 
 from microco.clients.cache import warm_report
 from microco.clients.scheduler import PhasePublisher, job_phases, phase_key, read_phases
@@ -32,10 +31,7 @@ class Clock:
 
 
 def _wait(pred, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
+    wait_until(pred, timeout, interval=0.01)
 
 
 def _setup(tmp_path, node="h1", capacity=4000, ttl=60.0):

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+from _support import wait_until
 
 from microco.clients.compiler import _compile_costs, _tf_warm
 from microco.clients.compiler._tf_cost import COLD_MS_PER_INSTRUCTION, XlaCostModel, hlo_class
@@ -125,10 +125,7 @@ class _Owner:
 
 
 def _wait(cond, seconds=60.0):
-    deadline = time.monotonic() + seconds
-    while not cond():
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(cond, seconds, interval=0.01)
 
 
 def test_a_compile_past_its_deadline_is_abandoned_and_the_trial_no_longer_waits():

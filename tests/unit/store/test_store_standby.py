@@ -5,11 +5,11 @@ leader's lease is gone. The real processes and a client across a SIGKILL fail-ov
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from _support import wait_until
 
 from microco.common.calls import never_served
 from microco.common.election import LEADER_PREFIX, NOT_LEADER
@@ -33,10 +33,7 @@ TTL_S = 5
 
 
 def wait_for(cond: Any, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
+    wait_until(cond, timeout, what, interval=0.02)
 
 
 def runtime() -> Any:
