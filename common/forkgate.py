@@ -14,7 +14,12 @@ hooks run before libc's (gRPC's), so a process can quiesce its own calls first:
   before, and says so), and holds new units out until it has returned, in parent and child.
 
 Units are short (one call with its deadline), so a fork is delayed by at most one of them.
-``subprocess`` starts no Python fork hooks (it execs at once) and is not delayed.
+``subprocess`` starts no Python fork hooks and is not delayed. A child that changes nothing
+before its exec is started by ``vfork`` and runs no fork handler at all; one that changes its
+user, group or runs a ``preexec_fn`` is started by ``fork``, and libc's handlers (gRPC's) run in
+it: with calls in flight on other threads such a child crashed before its exec (session 43, the
+node agent starting a job as its own user). So the agent lets ``setpriv`` change a job's user
+(``services/agent/_procs.py``) and its own child changes nothing.
 """
 
 from __future__ import annotations
