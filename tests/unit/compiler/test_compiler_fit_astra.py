@@ -413,3 +413,48 @@ def test_a_stateful_lstms_xla_trial_is_checked_from_the_states_it_started_from(t
     assert any(t["values"] == {"xla": "plain"} and not t["failed"] for t in astra.summary()["trials"])
     np.testing.assert_allclose(got.history["loss"], want.history["loss"], rtol=1e-5)
     _same_weights(model, want_model, tol=1e-5)
+
+
+def _normalised(norm):
+    """Two models of the same weights' shapes computing otherwise: a ``BatchNormalization`` or a
+    ``LayerNormalization`` (both a scale and an offset per feature) after a ``Dense``."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(8),
+            norm(),
+            keras.layers.Activation("relu"),
+            keras.layers.Dense(3),
+        ]
+    )
+    model.compile(keras.optimizers.SGD(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_a_model_of_the_same_shapes_computing_otherwise_explores_its_own_step(tmp_path):
+    """Issue 18, session 43 (held out: the same ``Sequential`` with ``BatchNormalization`` and then
+    with ``LayerNormalization``, a user's change of architecture): the exploration's key was the
+    model's class and its trainable shapes, so the second program found the first's exploration,
+    started "tuned" on a decision measured on another step (no step of its own explored, the
+    first's trials shown as its own) and would read the first's XLA gain, profile and module
+    size. The key now holds what the step computes (its ops' kinds); the same program built again
+    (its layers named otherwise) still finds its own exploration."""
+    explorer = LocalExplorer(MemoryKV(), ExplorationPolicy(measure_steps=1, retime_rounds=0))
+    cost = _tf_cost.XlaCostModel("hw", tmp_path / "rate.json")
+    x, y = _data()
+
+    def fit(norm):
+        model = _normalised(norm)
+        handle = compiler.attach_fit(model, explorer, total_steps=10**6, background=False, cost_model=cost)
+        model.fit(x, y, batch_size=8, epochs=3, verbose=0, shuffle=False)
+        return handle
+
+    first = fit(keras.layers.BatchNormalization)
+    assert first.committed and first.astra.session.spec is not None
+    again = fit(keras.layers.BatchNormalization)
+    assert again.astra.session.spec.key == first.astra.session.spec.key
+    assert again.summary()["explore_steps"] == 0  # the same step: it starts tuned
+    other = fit(keras.layers.LayerNormalization)
+    assert other.astra.session.spec.key != first.astra.session.spec.key
+    assert other.summary()["explore_steps"] > 0  # its own step explored
