@@ -1337,8 +1337,8 @@ class AstraTF(SessionBacked):
             )
         self._step_extra = extra
 
-    def _snapshot(self) -> Any:
-        """What a trial step of a variant other than the plain one may change, kept before it runs
+    def _snapshot(self, fn: Any) -> Any:
+        """What a trial step of variant ``fn`` (not the plain one) may change, kept before it runs
         so that a failure inside it can be undone before the plain step repeats it (None: nothing
         kept). Here nothing: ``AstraTF``'s variants differ only in XLA, which fails before it runs
         (its trace, lowering or compile) or writes its variables at the end of its one cluster;
@@ -1353,7 +1353,7 @@ class AstraTF(SessionBacked):
         plain = self.variant(False, False, False)
         if fn is not plain:
             self._note_step_variables(plain, x, y)
-        snapshot = self._snapshot() if fn is not plain else None
+        snapshot = self._snapshot(fn) if fn is not plain else None
         chosen = fn
         failed = self._refused.get(id(fn), "")  # (it computed otherwise: the plain step runs)
         if not failed and self.warmer is not None:
