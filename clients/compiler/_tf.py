@@ -33,6 +33,7 @@ from ._tf_cost import (
     XlaCostModel,
     calibrate,
     default_cost_file,
+    graph_kinds,
     graph_ops,
     measure_tf_speed,
     step_hlo_profile,
@@ -373,6 +374,7 @@ class AstraTF(SessionBacked):
         self._profiler: StepsProfiler | None = None  # over the profiled pre-steps, once wanted
         self._pre_target = self.PRE_STEPS  # pre-steps to run (more while they are profiled)
         self._step_ops: int | None = None  # the plain step's computing ops (``graph_ops``), once read
+        self._kinds: str | None = None  # what the plain step computes (``_step_kinds``), once read
         # Variables the step reads or writes besides the model's and the optimiser's (None: not
         # read yet; ``_note_step_variables``).
         self._step_extra: list[Any] | None = None
@@ -569,8 +571,32 @@ class AstraTF(SessionBacked):
         shapes = ";".join(f"{tuple(v.shape)}" for v in self.model.trainable_variables)
         cells = self.structure if self.structured else "-"
         input_shapes = f"{input_signature(x)};{input_signature(y)}"
-        structure = f"{type(self.model).__name__}|{cells}|{shapes}|{input_shapes}"
+        structure = f"{type(self.model).__name__}|{cells}|{shapes}|{input_shapes}{self._step_kinds(x, y)}"
         return hashlib.sha256(structure.encode()).hexdigest()[:24]
+
+    def _step_kinds(self, x: tf.Tensor, y: tf.Tensor) -> str:
+        """What the plain step computes (``_tf_cost.graph_kinds`` of its trace, read once), as a
+        part of the keys this graph's exploration, XLA module sizes, gains and profile are kept
+        by ("" for a recurrent stack, whose analysed structure is in its keys, or a trace that
+        cannot be read). Issue 18, session 43 (held out: a user's ``Sequential`` with
+        ``BatchNormalization``, then the same with ``LayerNormalization``, through ``model.fit``):
+        the keys were the model's class and its trainable shapes, the two models' the same, so
+        the second program started "tuned" on the first's exploration, no step of its own
+        explored, as PyTorch's keys (the traced graph's fingerprint, ``AstraTorch``) do not."""
+        if self.structured:
+            return ""
+        if self._kinds is None:
+            self._kinds = ""
+            try:
+                step: Any = self.variant(False, False, False)  # (a tf.function)
+                t0 = time.perf_counter()
+                concrete = step.get_concrete_function(x, y)
+                if not self._pre_ms:  # (the first pre-step's call then finds its trace made)
+                    self._checked_trace_ms += (time.perf_counter() - t0) * 1e3
+                self._kinds = "|" + graph_kinds(concrete)
+            except Exception as exc:  # noqa: BLE001 - an unreadable trace: keyed as before
+                log.info("astra-tf: %s: the step's ops not read for its key (%s)", self.name, exc)
+        return self._kinds
 
     def _build(self, x: tf.Tensor) -> None:
         if not self.model.trainable_variables:
@@ -588,7 +614,7 @@ class AstraTF(SessionBacked):
             step: Any = self.variant(False, False, False)  # (a tf.function)
             t0 = time.perf_counter()
             concrete = step.get_concrete_function(x, y)
-            self._checked_trace_ms = (time.perf_counter() - t0) * 1e3
+            self._checked_trace_ms += (time.perf_counter() - t0) * 1e3
             draws = draws_random(concrete)
         except Exception as exc:  # noqa: BLE001 - a graph that cannot be read: XLA as before
             log.info("astra-tf: %s: the step's random operators not read (%s)", self.name, exc)
@@ -843,7 +869,10 @@ class AstraTF(SessionBacked):
             }
             for v in variables
         ]
-        fp = hashlib.sha256(f"{type(self.model).__name__}|{cells}|{shapes}|{space}".encode()).hexdigest()[:24]
+        computes = self._step_kinds(x, y) if space else ""  # (nothing to choose: a key of nothing)
+        fp = hashlib.sha256(
+            f"{type(self.model).__name__}|{cells}|{shapes}|{space}{computes}".encode()
+        ).hexdigest()[:24]
         spec = GraphSpec(
             fingerprint=fp,
             input_shapes=input_shapes,
@@ -1308,8 +1337,8 @@ class AstraTF(SessionBacked):
             )
         self._step_extra = extra
 
-    def _snapshot(self) -> Any:
-        """What a trial step of a variant other than the plain one may change, kept before it runs
+    def _snapshot(self, fn: Any) -> Any:
+        """What a trial step of variant ``fn`` (not the plain one) may change, kept before it runs
         so that a failure inside it can be undone before the plain step repeats it (None: nothing
         kept). Here nothing: ``AstraTF``'s variants differ only in XLA, which fails before it runs
         (its trace, lowering or compile) or writes its variables at the end of its one cluster;
@@ -1324,7 +1353,7 @@ class AstraTF(SessionBacked):
         plain = self.variant(False, False, False)
         if fn is not plain:
             self._note_step_variables(plain, x, y)
-        snapshot = self._snapshot() if fn is not plain else None
+        snapshot = self._snapshot(fn) if fn is not plain else None
         chosen = fn
         failed = self._refused.get(id(fn), "")  # (it computed otherwise: the plain step runs)
         if not failed and self.warmer is not None:

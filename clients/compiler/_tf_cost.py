@@ -18,6 +18,7 @@ prior outright.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -25,6 +26,7 @@ import re
 import statistics
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -301,6 +303,53 @@ def graph_ops(concrete: Any) -> int:
     gd = concrete.graph.as_graph_def()
     ops = sum(1 for n in gd.node if n.op not in _FREE_OPS)
     return ops + sum(1 for f in gd.library.function for n in f.node_def if n.op not in _FREE_OPS)
+
+
+# Attributes of an op that change what it computes (its element type, a convolution's or a
+# pooling's window, a product's transposes); the others name things (a called function's name
+# carries a number that differs from process to process) or repeat shapes.
+_KIND_ATTRS = frozenset(
+    {
+        "T",
+        "dtype",
+        "SrcT",
+        "DstT",
+        "Tidx",
+        "strides",
+        "padding",
+        "dilations",
+        "ksize",
+        "data_format",
+        "transpose_a",
+        "transpose_b",
+        "adj_x",
+        "adj_y",
+        "epsilon",
+        "is_training",
+        "approximate",
+    }
+)
+
+
+def graph_kinds(concrete: Any) -> str:
+    """What a traced step computes, without its names: a digest of its ops' kinds (type and the
+    attributes that change what an op computes, ``_KIND_ATTRS``) and how many of each, over its
+    graph and the functions it calls. The same program traced again (in another process, its
+    layers named otherwise) reads the same; a model of the same weights' shapes computing
+    otherwise (a ``LayerNormalization`` for a ``BatchNormalization``, another activation, loss,
+    optimiser or dtype) reads another."""
+    gd = concrete.graph.as_graph_def()
+    nodes = list(gd.node) + [n for f in gd.library.function for n in f.node_def]
+    counts: Counter[str] = Counter()
+    for n in nodes:
+        attrs = ",".join(
+            f"{k}={n.attr[k].SerializeToString(deterministic=True).hex()}"
+            for k in sorted(n.attr)
+            if k in _KIND_ATTRS
+        )
+        counts[f"{n.op}({attrs})"] += 1
+    text = ";".join(f"{k}*{v}" for k, v in sorted(counts.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def default_cost_file() -> Path:
