@@ -9,11 +9,18 @@ what Inductor left in its on-disk caches for the training process to load.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any
+
+# What the parent tells the worker (``_background.worker_env``): its pid, its ``sys.path``.
+PARENT_ENV = "MICROCO_BACKGROUND_PARENT"
+SYS_PATH_ENV = "MICROCO_BACKGROUND_SYS_PATH"
 
 # The most steps the worker runs: the probe's (two at most) and the compiling one, with room.
 MAX_STEPS = 6
@@ -80,11 +87,45 @@ def compile_in_background(payload: dict[str, Any]) -> float:
     raise RuntimeError(f"the configuration was not compiled in {MAX_STEPS} steps")
 
 
+# How often the worker looks whether its parent is still there (seconds).
+PARENT_POLL_S = 0.5
+
+
+def watch_parent(files: tuple[str, ...], poll_s: float = PARENT_POLL_S) -> threading.Thread:
+    """End this worker, its compiler's children and its files when the training process that
+    started it is gone (a daemon thread polling the parent's pid).
+
+    The worker runs in its own session (``BackgroundCompiler`` stops it and its children by
+    process group), so a signal to the job's group does not reach it, and the parent's reaper
+    runs only at a normal exit. Held out, issue 18, session 43: a training process ended by
+    SIGTERM (what the node agent sends a job it stops) left its worker compiling on, reparented
+    to init, and its model snapshot in the temporary directory."""
+    parent = int(os.environ.get(PARENT_ENV, "0") or 0) or os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        for path in files:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        if os.getpgrp() == os.getpid():  # its own group (as started): its compiler's children too
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="microco-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str]) -> int:
+    src, dst = argv[1], argv[2]
+    watch_parent((src, dst, src[:-3] + ".err" if src.endswith(".pt") else dst + ".err"))
+    # The parent's module search path: the model's classes are found where the parent found them.
+    parent_path = json.loads(os.environ.get(SYS_PATH_ENV, "[]") or "[]")
+    sys.path[:] = parent_path + [p for p in sys.path if p not in parent_path]
     nice = int(os.environ.get("MICROCO_BACKGROUND_NICE", "0") or 0)
     if nice:
         os.nice(nice)
-    src, dst = argv[1], argv[2]
     result: dict[str, Any] = {"compile_s": None, "error": ""}
     rc = 0
     try:
