@@ -7,6 +7,8 @@ at its deadline after 10 s, twice in one run (1.7x eager's wall time over 5,000 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -89,3 +91,71 @@ def test_a_configuration_never_compiled_is_an_error_not_a_done_compile(
     monkeypatch.setattr(AstraTorch, "_needs_compile", lambda self, values: True)
     with pytest.raises(RuntimeError, match="not compiled in"):
         _background_worker.compile_in_background(_payload(Mlp()))
+
+
+# -- what the worker differentiates (held out, session 43)
+AOT_COUNTING = "microco-test-aot-counting"
+BACKWARDS: list[int] = []
+
+
+def _aot_counting():
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def forward(gm, example_inputs):
+        return make_boxed_func(gm.forward)
+
+    def backward(gm, example_inputs):
+        BACKWARDS.append(len(gm.graph.nodes))  # AOTAutograd compiles it at the first backward
+        return make_boxed_func(gm.forward)
+
+    return aot_autograd(fw_compiler=forward, bw_compiler=backward)
+
+
+@dataclasses.dataclass
+class Outputs:
+    logits: torch.Tensor
+    aux: torch.Tensor
+
+
+class Holder:
+    def __init__(self, logits: torch.Tensor, extra: dict[str, torch.Tensor]) -> None:
+        self.logits, self.extra = logits, extra
+
+
+class Heads(nn.Module):
+    """The same forward returning its outputs as a dict, a plain dataclass, or another object."""
+
+    def __init__(self, shape: str) -> None:
+        super().__init__()
+        self.shape = shape
+        self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(16, 4), nn.Linear(16, 1)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        logits, aux = self.b(h), self.c(h)
+        if self.shape == "dict":
+            return {"logits": logits, "aux": aux}
+        if self.shape == "dataclass":
+            return Outputs(logits, aux)
+        return Holder(logits, {"aux": aux})
+
+
+@pytest.mark.parametrize("shape", ["dict", "dataclass", "object"])
+def test_the_worker_compiles_the_backward_of_a_forward_whatever_it_returns(monkeypatch, tmp_path, shape):
+    """A model returning a plain dataclass (not a pytree): the worker's loss found no tensor, ran
+    no backward, and reported its compile done; the training process's backward then compiled
+    cold (held out, session 43: Inductor's FX cache missed the backward, AOTAutograd's the step)."""
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if AOT_COUNTING not in _BACKENDS:
+        register_backend(compiler_fn=_aot_counting(), name=AOT_COUNTING)
+    monkeypatch.setattr(AstraTorch, "WHOLE_COMPILE_BACKEND", AOT_COUNTING)
+    monkeypatch.setenv("MICROCO_COMPILER_HOME", str(tmp_path / "home"))
+    BACKWARDS.clear()
+    torch._dynamo.reset()
+    try:
+        _background_worker.compile_in_background(_payload(Heads(shape)))
+    finally:
+        torch._dynamo.reset()
+    assert BACKWARDS, f"the worker compiled no backward of a forward returning a {shape}"
