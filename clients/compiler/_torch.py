@@ -217,6 +217,31 @@ class InstalledForward:
         return (_class_forward, (self.module,)) if self.own is None else (_identity, (self.own,))
 
 
+def example_copy(a: torch.Tensor) -> torch.Tensor:
+    """A copy of a step's input that dynamo and Inductor take for the same input: its values, and
+    its strides and whether it requires grad, which the compiled graph depends on (a graph is
+    compiled for its inputs' strides, and differentiates an input that requires grad).
+
+    What the background worker compiles and the probe asks Inductor's caches about is the
+    model's forward on such copies. Held out, issue 18, session 43: ``detach().clone()``
+    dropped both. A model fed an activation that requires grad (an embedding, or another model,
+    before it) and a language model fed ``tokens[:, :-1]`` (a slice: clone made it contiguous)
+    were compiled by the worker for other graphs; the probe's ask found a hit, and the training
+    process's compile missed Inductor's cache (2 misses, 2 hits: another graph compiled cold)."""
+    src = a.detach()
+    if src.numel() == 0 or src.is_contiguous() or src.layout != torch.strided:
+        out = src.clone()
+    else:
+        # the storage span the view reads, copied, and viewed with the same sizes and strides
+        # (a slice, a transpose, an expanded tensor's zero strides alike)
+        span = 1 + sum((n - 1) * st for n, st in zip(src.shape, src.stride(), strict=True))
+        flat = torch.as_strided(src, (span,), (1,)).clone()
+        out = flat.as_strided(src.shape, src.stride())
+    if a.requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
 def _identity(x: Any) -> Any:
     return x
 
@@ -1077,7 +1102,7 @@ class AstraTorch(SessionBacked):
                 if not isinstance(a, torch.Tensor):
                     return a
                 if id(a) not in copies:
-                    copies[id(a)] = a.detach().clone()
+                    copies[id(a)] = example_copy(a)
                 return copies[id(a)]
 
             if not self.replica and (self.background is not None or "inductor" in self.compile_choices):

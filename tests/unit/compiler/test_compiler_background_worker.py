@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 
 torch = pytest.importorskip("torch")
+from _support import through_probe
 from torch import nn
 
 from microco.clients.compiler import _background_worker
@@ -159,3 +160,51 @@ def test_the_worker_compiles_the_backward_of_a_forward_whatever_it_returns(monke
     finally:
         torch._dynamo.reset()
     assert BACKWARDS, f"the worker compiled no backward of a forward returning a {shape}"
+
+
+class TokenModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.out = nn.Embedding(32, 8), nn.Linear(8, 32)
+
+    def forward(self, ids):
+        return self.out(torch.tanh(self.emb(ids)))
+
+
+@pytest.mark.parametrize("feed", ["an-activation-requiring-grad", "a-sliced-batch"])
+def test_the_worker_is_handed_the_inputs_the_training_process_compiles_for(counting_backend, feed):
+    """What the worker compiles (and the probe asks Inductor's caches about) is the forward on
+    copies of the probe step's inputs. Held out, session 43: the copies were ``detach().clone()``,
+    which drops whether an input requires grad (a model fed an embedding's output) and a slice's
+    strides (a language model fed ``tokens[:, :-1]``): another graph than the one the training
+    process compiles, whose compile then missed the worker's cache. Here: the forward compiled on
+    the payload's inputs is not compiled again for the training step's own inputs."""
+    torch.manual_seed(0)
+    if feed == "a-sliced-batch":
+        model, tokens = TokenModel(), torch.randint(0, 32, (4, 9))
+
+        def inputs():
+            return (tokens[:, :-1],)  # (the targets: tokens[:, 1:])
+    else:
+        model, emb = Mlp(), nn.Embedding(16, 8)
+        ids = torch.randint(0, 16, (4,))
+
+        def inputs():
+            return (emb(ids),)
+
+    astra = AstraTorch(model, name="inputs", compile_choices=("eager", "inductor"), background=True)
+    through_probe(astra, lambda: _loss_of(model(*inputs())))
+    payload = astra._background_payload({"model.compile": "inductor"})
+    astra.restore()
+    assert payload is not None
+    compiled = torch.compile(model.forward, backend=COUNTING, dynamic=False)
+    compiled(*payload["args"], **payload["kwargs"])  # the worker's graph
+    assert len(counting_backend) == 1
+    compiled(*inputs())  # the training step's
+    assert len(counting_backend) == 1, "the training step's inputs make another graph than the worker's"
+
+
+def _loss_of(out):
+    loss = out.float().pow(2).mean()
+    loss.backward()
+    return loss
