@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 # What the parent tells the worker (``_background.worker_env``): its pid, its ``sys.path``.
@@ -79,6 +80,18 @@ def _loss(out: Any) -> Any:
     return sum(t.float().sum() for t in _grad_leaves(out))
 
 
+@contextlib.contextmanager
+def _call_context(call: dict[str, Any]) -> Iterator[None]:
+    """The grad mode and autocast a training step's call of the model ran under."""
+    import torch
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.set_grad_enabled(bool(call.get("grad", True))))
+        for device, dtype in call.get("autocast") or ():
+            stack.enter_context(torch.autocast(device, dtype=getattr(torch, dtype)))
+        yield
+
+
 def compile_in_background(payload: dict[str, Any]) -> float:
     import torch
 
@@ -94,6 +107,9 @@ def compile_in_background(payload: dict[str, Any]) -> float:
         threads=(str(payload.get("threads", 1)),),
         background=False,
     )
+    # Each distinct call of the model the training step made, under its autocast and grad mode
+    # (a payload of before: the one call)
+    calls = payload.get("calls") or [{"args": args, "kwargs": kwargs, "grad": True, "autocast": ()}]
     t0 = time.perf_counter()
     # The probe's steps (its first; a second counted and profiled where a whole-step compile
     # could pay), then the one that compiles the configuration, applied once the probe is done.
@@ -103,8 +119,11 @@ def compile_in_background(payload: dict[str, Any]) -> float:
     for _ in range(MAX_STEPS):
         applied = astra.session.spec is not None
         with astra.step():
-            loss = _loss(model(*args, **kwargs))
-            if loss is not None and hasattr(loss, "backward"):
+            loss: Any = 0
+            for call in calls:
+                with _call_context(call):
+                    loss = loss + _loss(model(*call["args"], **(call["kwargs"] or {})))
+            if hasattr(loss, "backward"):
                 loss.backward()
         failed = [r.failed for r in astra.runners.values() if r.failed] + list(astra.whole_failed.values())
         if failed:

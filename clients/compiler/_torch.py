@@ -242,6 +242,49 @@ def example_copy(a: torch.Tensor) -> torch.Tensor:
     return out
 
 
+# The most distinct calls of the model in one step the background worker compiles (multi-crop
+# views, a siamese pair, a GAN discriminator on real and generated batches: two or three).
+MAX_EXAMPLE_CALLS = 4
+
+
+def autocast_state() -> tuple[tuple[str, str], ...]:
+    """The autocast contexts in force, as (device type, dtype name) pairs."""
+    state = []
+    for device in ("cpu", "cuda"):
+        with contextlib.suppress(RuntimeError, TypeError, AttributeError):
+            if torch.is_autocast_enabled(device):
+                state.append((device, str(torch.get_autocast_dtype(device)).removeprefix("torch.")))
+    return tuple(state)
+
+
+def example_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """One call of the model as the step made it, for the background worker to make again: its
+    inputs (``example_copy``'s), the autocast and grad mode around it, and a key telling calls
+    that compile different graphs apart.
+
+    Held out, issue 18, session 43: the worker ran the model once, on the inputs of the probe
+    step's last call, without the step's autocast. A step calling the model twice on inputs of
+    two shapes (a siamese pair of a query and a longer document; multi-crop views) compiled the
+    first call's graph cold in the training process, and a step under ``torch.autocast`` each
+    of its graphs (dynamo guards on the autocast state: another graph)."""
+    leaves = tfx.flatten_args((args, kwargs))
+    grad = torch.is_grad_enabled()
+    autocast = autocast_state()
+    key = repr(
+        (
+            grad,
+            autocast,
+            [
+                (tuple(a.shape), a.stride(), str(a.dtype), a.device.type, a.requires_grad)
+                if isinstance(a, torch.Tensor)
+                else type(a).__name__
+                for a in leaves
+            ],
+        )
+    )
+    return {"args": args, "kwargs": kwargs, "grad": grad, "autocast": autocast, "key": key}
+
+
 def _identity(x: Any) -> Any:
     return x
 
@@ -530,6 +573,8 @@ class AstraTorch(SessionBacked):
         # until the third session of 2026-12-02 the probe called such a forward without them,
         # and Inductor's cache, asked about another graph, answered cold)
         self._example_kwargs: dict[str, Any] = {}
+        # ... and every distinct call of the model in the probe step (``example_call``), by key
+        self._example_calls: dict[str, dict[str, Any]] = {}
         self._whole_built: set[str] = set()  # whole-step kinds compiled in this process
         # A trial's in-line whole-step compile runs under a deadline (``_deadline``, session 11).
         self._deadline = DeadlineTimer()
@@ -1109,6 +1154,11 @@ class AstraTorch(SessionBacked):
                 # inputs of these shapes: for the background compiles, and the cache probe
                 self._example_args = tuple(keep(a) for a in args)
                 self._example_kwargs = {k: keep(v) for k, v in kwargs.items()}
+                # ... and each distinct call of the step, under the autocast and grad mode it ran
+                # in: each is a graph of its own to compile (``_background_payload``)
+                call = example_call(self._example_args, self._example_kwargs)
+                if call["key"] not in self._example_calls and len(self._example_calls) < MAX_EXAMPLE_CALLS:
+                    self._example_calls[call["key"]] = call
             if self._layout_watch is not None and self._layout_watch.redraws:
                 # ... and for the channels-last forward its draws are judged by
                 self._layout_inputs = (tuple(keep(a) for a in args), {k: keep(v) for k, v in kwargs.items()})
@@ -2059,6 +2109,8 @@ class AstraTorch(SessionBacked):
             "model": self._snapshot,
             "args": self._example_args,
             "kwargs": self._example_kwargs,
+            # every graph the step compiles: each call's inputs, autocast and grad mode
+            "calls": [{k: v for k, v in call.items() if k != "key"} for call in self._example_calls.values()],
             "values": dict(values),
             "threads": int(values.get("threads", torch.get_num_threads())),
             "compile_choices": list(self.compile_choices),

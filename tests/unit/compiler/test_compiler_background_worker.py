@@ -7,6 +7,7 @@ at its deadline after 10 s, twice in one run (1.7x eager's wall time over 5,000 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -208,3 +209,73 @@ def _loss_of(out):
     loss = out.float().pow(2).mean()
     loss.backward()
     return loss
+
+
+class Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, h):
+        return self.b(torch.tanh(self.a(h))).mean(1)
+
+
+def _siamese(model):
+    query, document = torch.randn(4, 3, 8), torch.randn(4, 5, 8)  # two lengths: two graphs
+    return [lambda: model(query), lambda: model(document)]
+
+
+def _autocast(model):
+    x = torch.randn(4, 3, 8)
+
+    def call():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(x)
+
+    return [call]
+
+
+@pytest.mark.parametrize("step_calls", [_siamese, _autocast], ids=["siamese-pair", "under-autocast"])
+def test_the_worker_compiles_every_graph_of_the_training_step(
+    counting_backend, monkeypatch, tmp_path, step_calls
+):
+    """Held out, session 43: the worker ran the model once, on the probe step's last call's
+    inputs and without the step's autocast. A step calling the model on a query and on a longer
+    document compiled the query's graph cold in the training process; a step under autocast,
+    every graph (dynamo guards on the autocast state). Here: the worker compiles as many graphs
+    as the step runs, and the step's calls compile nothing the worker's calls did not."""
+    monkeypatch.setenv("MICROCO_COMPILER_HOME", str(tmp_path / "home"))
+    torch.manual_seed(0)
+    model = Encoder()
+    calls = step_calls(model)
+
+    def step():
+        loss = sum(call().float().pow(2).mean() for call in calls)
+        loss.backward()
+        return loss
+
+    astra = AstraTorch(model, name="calls", compile_choices=("eager", "inductor"), background=True)
+    through_probe(astra, step)
+    payload = astra._background_payload({"model.compile": "inductor"})
+    astra.restore()
+    assert payload is not None
+    _background_worker.compile_in_background(payload)
+    worker_graphs = len(counting_backend)
+    torch._dynamo.reset()
+    counting_backend.clear()
+    compiled = torch.compile(model.forward, backend=COUNTING, dynamic=False)
+    model.forward = compiled
+    try:
+        step()  # the training process's graphs, compiled anew here
+    finally:
+        del model.forward
+    step_graphs = len(counting_backend)
+    assert worker_graphs == step_graphs > 0, (worker_graphs, step_graphs)
+    # ... and the same ones: the worker's calls, made again, compile nothing more
+    for call in payload.get("calls") or [{"args": payload["args"], "kwargs": payload["kwargs"]}]:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.set_grad_enabled(call.get("grad", True)))
+            for device, dtype in call.get("autocast", ()):
+                stack.enter_context(torch.autocast(device, dtype=getattr(torch, dtype)))
+            compiled(*call["args"], **call["kwargs"])
+    assert len(counting_backend) == step_graphs, "the worker compiled graphs the step does not run"
