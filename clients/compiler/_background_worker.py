@@ -85,10 +85,9 @@ def _call_context(call: dict[str, Any]) -> Iterator[None]:
     """The grad mode and autocast a training step's call of the model ran under."""
     import torch
 
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(torch.set_grad_enabled(bool(call.get("grad", True))))
-        for device, dtype in call.get("autocast") or ():
-            stack.enter_context(torch.autocast(device, dtype=getattr(torch, dtype)))
+    from microco.clients.compiler._torch import autocast_as
+
+    with torch.set_grad_enabled(bool(call.get("grad", True))), autocast_as(tuple(call.get("autocast") or ())):
         yield
 
 

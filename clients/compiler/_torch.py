@@ -257,6 +257,15 @@ def autocast_state() -> tuple[tuple[str, str], ...]:
     return tuple(state)
 
 
+@contextlib.contextmanager
+def autocast_as(state: tuple[tuple[str, str], ...]) -> Iterator[None]:
+    """Run under the autocast contexts ``autocast_state`` read."""
+    with contextlib.ExitStack() as stack:
+        for device, dtype in state:
+            stack.enter_context(torch.autocast(device, dtype=getattr(torch, dtype)))
+        yield
+
+
 def example_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """One call of the model as the step made it, for the background worker to make again: its
     inputs (``example_copy``'s), the autocast and grad mode around it, and a key telling calls
@@ -575,6 +584,7 @@ class AstraTorch(SessionBacked):
         self._example_kwargs: dict[str, Any] = {}
         # ... and every distinct call of the model in the probe step (``example_call``), by key
         self._example_calls: dict[str, dict[str, Any]] = {}
+        self._example_autocast: tuple[tuple[str, str], ...] = ()  # ... the last call's autocast
         self._whole_built: set[str] = set()  # whole-step kinds compiled in this process
         # A trial's in-line whole-step compile runs under a deadline (``_deadline``, session 11).
         self._deadline = DeadlineTimer()
@@ -1157,6 +1167,7 @@ class AstraTorch(SessionBacked):
                 # ... and each distinct call of the step, under the autocast and grad mode it ran
                 # in: each is a graph of its own to compile (``_background_payload``)
                 call = example_call(self._example_args, self._example_kwargs)
+                self._example_autocast = call["autocast"]
                 if call["key"] not in self._example_calls and len(self._example_calls) < MAX_EXAMPLE_CALLS:
                     self._example_calls[call["key"]] = call
             if self._layout_watch is not None and self._layout_watch.redraws:
@@ -2037,7 +2048,13 @@ class AstraTorch(SessionBacked):
             # A forward only, under autograd (the training graph, as a trial compiles it), with
             # the random streams, the buffers (running statistics) and the modules' plain
             # attributes (a call counter) as they were: the probe leaves no trace in training.
-            with _equiv.left_as_found(self.model), torch.random.fork_rng(), torch.enable_grad():
+            # (under the autocast the step's call ran in: another graph without it)
+            with (
+                _equiv.left_as_found(self.model),
+                torch.random.fork_rng(),
+                torch.enable_grad(),
+                autocast_as(self._example_autocast),
+            ):
                 compiled(*(self._example_args or ()), **self._example_kwargs)
             asked = True
         except Exception as exc:  # noqa: BLE001 - an untraceable step keeps its cold price
