@@ -856,6 +856,7 @@ class AstraTorch(SessionBacked):
         self._unhook_guard()
         if self.background is not None:
             self.background.close()
+        self._drop_snapshot()
 
     # -- the committed model's own code: the user's step, called directly
     def _direct_threads(self) -> int | None:
@@ -899,6 +900,7 @@ class AstraTorch(SessionBacked):
         self._unhook_guard()
         if self.background is not None:
             self.background.close()
+        self._drop_snapshot()
         self.direct = True
 
     # -- per step
@@ -2118,6 +2120,15 @@ class AstraTorch(SessionBacked):
         except Exception as exc:  # noqa: BLE001 - compiles then stay in line
             log.info("model cannot be copied for background compiles (%s)", exc)
             return None
+
+    def _drop_snapshot(self) -> None:
+        """No background compile is wanted any more: the model's copy and the step's inputs kept
+        for the worker are let go. Held out, issue 18, session 43: the copy was kept for the
+        wrapper's life, a second model's parameters and buffers held through a run that had
+        committed and called the user's code directly (on a GPU host, where background compiles
+        are on, in the device's memory)."""
+        self._snapshot = None
+        self._example_calls.clear()
 
     def _background_payload(self, values: dict[str, str]) -> dict[str, Any] | None:
         if self._snapshot is None or self._example_args is None:

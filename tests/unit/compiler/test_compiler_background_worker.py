@@ -279,3 +279,35 @@ def test_the_worker_compiles_every_graph_of_the_training_step(
                 stack.enter_context(torch.autocast(device, dtype=getattr(torch, dtype)))
             compiled(*call["args"], **call["kwargs"])
     assert len(counting_backend) == step_graphs, "the worker compiled graphs the step does not run"
+
+
+def test_the_models_copy_for_the_worker_is_let_go_once_no_compile_is_wanted(monkeypatch, tmp_path):
+    """Held out, session 43: the model's copy the worker is rebuilt from was kept for the
+    wrapper's life, through a run that had committed and called the user's code directly (a
+    second copy of the parameters, on a GPU host in the device's memory)."""
+    import gc
+    import weakref
+
+    monkeypatch.setenv("MICROCO_COMPILER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MICROCO_COMPILE_COSTS", str(tmp_path / "costs.json"))
+    torch.manual_seed(0)
+    model, x = Mlp(), torch.randn(4, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step():
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    # (nothing to compile: the exploration commits the model's own code)
+    astra = AstraTorch(model, name="copy", total_steps=300, compile_choices=("eager",), background=True)
+    astra.run(step)
+    assert astra._snapshot is not None  # taken for the background compiles
+    copy = weakref.ref(astra._snapshot)
+    for _ in range(299):
+        astra.run(step)
+    assert astra.direct, "the run did not commit the model's own code"
+    gc.collect()
+    assert copy() is None, "the model's copy outlived every background compile"
