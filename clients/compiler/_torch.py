@@ -51,7 +51,7 @@ from ._replicas import (
 )
 from ._rng import LayoutDrawWatch, layout_dependent_draw, layout_forward_check
 from ._run_length import run_length
-from ._session import ExplorationSession, Explorer, SessionBacked, failure
+from ._session import ExplorationSession, Explorer, SessionBacked, failure, usable_cpus
 from ._step_profile import StepProfile, StepProfiler
 from ._torch_aot import AotRegion
 from ._torch_cache import WholeStepBackend, read_signal
@@ -94,7 +94,7 @@ def whole_kind(values: dict[str, str]) -> str | None:
 
 def thread_choices(cpus: int | None = None) -> tuple[str, ...]:
     """Intra-op thread counts worth trying: the current setting first, then 1 and powers of two."""
-    cpus = cpus or os.cpu_count() or 1
+    cpus = cpus or usable_cpus()
     current = torch.get_num_threads()
     out = [current]
     n = 1
@@ -139,7 +139,7 @@ def spare_core() -> bool:
         load = os.getloadavg()[0]
     except OSError:
         return False
-    return (os.cpu_count() or 1) - load - torch.get_num_threads() >= 1.0
+    return usable_cpus() - load - torch.get_num_threads() >= 1.0
 
 
 class _StepClock:
