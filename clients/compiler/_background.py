@@ -26,6 +26,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ._background_worker import PARENT_ENV, SYS_PATH_ENV
+
 log = logging.getLogger(__name__)
 
 # The worker's CPU priority. Not the lowest: measured on the shared 2-core machine (load 4.5-7), a
@@ -46,6 +48,19 @@ def compile_threads() -> int:
     from ._session import idle_cores
 
     return max(1, int(idle_cores()) - 1)
+
+
+def worker_env() -> dict[str, str]:
+    """The worker's environment beside the parent's: the parent's pid (the worker ends when its
+    parent is gone, ``_background_worker.watch_parent``) and the parent's ``sys.path``, where
+    the worker looks for the modules that unpickle the model.
+
+    Held out, issue 18, session 43: a model class in ``mymodel.py`` beside ``train.py``, the
+    script run as ``python proj/train.py`` from another directory: the parent imports it from
+    the script's directory (``sys.path[0]``), the worker (``python -m``, from the parent's
+    working directory) did not find it ("No module named 'mymodel'") and every compile was a
+    cold one in the training step."""
+    return {PARENT_ENV: str(os.getpid()), SYS_PATH_ENV: json.dumps(list(sys.path))}
 
 
 def values_id(values: dict[str, str]) -> str:
@@ -162,6 +177,7 @@ class BackgroundCompiler:
         env["TORCHINDUCTOR_COMPILE_THREADS"] = str(compile_threads())
         env["OMP_NUM_THREADS"] = str(payload.get("threads", 1))
         env["MICROCO_BACKGROUND_NICE"] = str(NICE)
+        env.update(worker_env())
         with open(errpath, "wb") as err:  # a file, not a pipe: a chatty compile must not block
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "microco.clients.compiler._background_worker", path, out],

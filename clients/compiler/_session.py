@@ -3,6 +3,7 @@ trial's mini-batches are done, and what to do when the explorer cannot be reache
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -62,15 +63,39 @@ def runnable_threads() -> int:
         return 0
 
 
+# cgroup v2's CPU limit for this process's container: "QUOTA PERIOD", or "max PERIOD" for none.
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: the machine's, less those its affinity mask leaves out
+    (a job the node agent pinned to its cores, ``services/agent``) and beyond its cgroup's CPU
+    quota (a container's CPU limit), at least one.
+
+    Held out, issue 18, session 43: the machine's count (``os.cpu_count``) was taken for this
+    process's. A training job pinned to 2 of a 16-core host's cores found 14 idle, so its
+    background compiles were on (``AstraTorch(background=None)``) and ran 13 compile threads
+    on the job's own 2 cores, beside its training steps."""
+    cpus = os.cpu_count() or 1
+    with contextlib.suppress(AttributeError, OSError):  # (no affinity masks on macOS)
+        cpus = min(cpus, len(os.sched_getaffinity(0)))
+    with contextlib.suppress(OSError, ValueError):
+        with open(CGROUP_CPU_MAX) as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, int(int(quota) / int(period))))
+    return max(1, cpus)
+
+
 def idle_cores() -> float:
-    """Cores with nothing to run beside this process's running thread: the cores less the larger
-    of the 1-minute load average and the threads runnable now (both count this process's
-    running thread). Negative on an oversubscribed machine."""
+    """Cores with nothing to run beside this process's running thread: the cores this process may
+    use (``usable_cpus``) less the larger of the 1-minute load average and the threads runnable
+    now (both count this process's running thread). Negative on an oversubscribed machine."""
     try:
         load = os.getloadavg()[0]
     except OSError:
         load = 0.0
-    return float(os.cpu_count() or 1) - max(load, float(runnable_threads()))
+    return float(usable_cpus()) - max(load, float(runnable_threads()))
 
 
 def baseline(spec: GraphSpec) -> Config:

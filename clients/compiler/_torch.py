@@ -51,7 +51,7 @@ from ._replicas import (
 )
 from ._rng import LayoutDrawWatch, layout_dependent_draw, layout_forward_check
 from ._run_length import run_length
-from ._session import ExplorationSession, Explorer, SessionBacked, failure
+from ._session import ExplorationSession, Explorer, SessionBacked, failure, usable_cpus
 from ._step_profile import StepProfile, StepProfiler
 from ._torch_aot import AotRegion
 from ._torch_cache import WholeStepBackend, read_signal
@@ -94,7 +94,7 @@ def whole_kind(values: dict[str, str]) -> str | None:
 
 def thread_choices(cpus: int | None = None) -> tuple[str, ...]:
     """Intra-op thread counts worth trying: the current setting first, then 1 and powers of two."""
-    cpus = cpus or os.cpu_count() or 1
+    cpus = cpus or usable_cpus()
     current = torch.get_num_threads()
     out = [current]
     n = 1
@@ -139,7 +139,7 @@ def spare_core() -> bool:
         load = os.getloadavg()[0]
     except OSError:
         return False
-    return (os.cpu_count() or 1) - load - torch.get_num_threads() >= 1.0
+    return usable_cpus() - load - torch.get_num_threads() >= 1.0
 
 
 class _StepClock:
@@ -215,6 +215,83 @@ class InstalledForward:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_class_forward, (self.module,)) if self.own is None else (_identity, (self.own,))
+
+
+def example_copy(a: torch.Tensor) -> torch.Tensor:
+    """A copy of a step's input that dynamo and Inductor take for the same input: its values, and
+    its strides and whether it requires grad, which the compiled graph depends on (a graph is
+    compiled for its inputs' strides, and differentiates an input that requires grad).
+
+    What the background worker compiles and the probe asks Inductor's caches about is the
+    model's forward on such copies. Held out, issue 18, session 43: ``detach().clone()``
+    dropped both. A model fed an activation that requires grad (an embedding, or another model,
+    before it) and a language model fed ``tokens[:, :-1]`` (a slice: clone made it contiguous)
+    were compiled by the worker for other graphs; the probe's ask found a hit, and the training
+    process's compile missed Inductor's cache (2 misses, 2 hits: another graph compiled cold)."""
+    src = a.detach()
+    if src.numel() == 0 or src.is_contiguous() or src.layout != torch.strided:
+        out = src.clone()
+    else:
+        # the storage span the view reads, copied, and viewed with the same sizes and strides
+        # (a slice, a transpose, an expanded tensor's zero strides alike)
+        span = 1 + sum((n - 1) * st for n, st in zip(src.shape, src.stride(), strict=True))
+        flat = torch.as_strided(src, (span,), (1,)).clone()
+        out = flat.as_strided(src.shape, src.stride())
+    if a.requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
+# The most distinct calls of the model in one step the background worker compiles (multi-crop
+# views, a siamese pair, a GAN discriminator on real and generated batches: two or three).
+MAX_EXAMPLE_CALLS = 4
+
+
+def autocast_state() -> tuple[tuple[str, str], ...]:
+    """The autocast contexts in force, as (device type, dtype name) pairs."""
+    state = []
+    for device in ("cpu", "cuda"):
+        with contextlib.suppress(RuntimeError, TypeError, AttributeError):
+            if torch.is_autocast_enabled(device):
+                state.append((device, str(torch.get_autocast_dtype(device)).removeprefix("torch.")))
+    return tuple(state)
+
+
+@contextlib.contextmanager
+def autocast_as(state: tuple[tuple[str, str], ...]) -> Iterator[None]:
+    """Run under the autocast contexts ``autocast_state`` read."""
+    with contextlib.ExitStack() as stack:
+        for device, dtype in state:
+            stack.enter_context(torch.autocast(device, dtype=getattr(torch, dtype)))
+        yield
+
+
+def example_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """One call of the model as the step made it, for the background worker to make again: its
+    inputs (``example_copy``'s), the autocast and grad mode around it, and a key telling calls
+    that compile different graphs apart.
+
+    Held out, issue 18, session 43: the worker ran the model once, on the inputs of the probe
+    step's last call, without the step's autocast. A step calling the model twice on inputs of
+    two shapes (a siamese pair of a query and a longer document; multi-crop views) compiled the
+    first call's graph cold in the training process, and a step under ``torch.autocast`` each
+    of its graphs (dynamo guards on the autocast state: another graph)."""
+    leaves = tfx.flatten_args((args, kwargs))
+    grad = torch.is_grad_enabled()
+    autocast = autocast_state()
+    key = repr(
+        (
+            grad,
+            autocast,
+            [
+                (tuple(a.shape), a.stride(), str(a.dtype), a.device.type, a.requires_grad)
+                if isinstance(a, torch.Tensor)
+                else type(a).__name__
+                for a in leaves
+            ],
+        )
+    )
+    return {"args": args, "kwargs": kwargs, "grad": grad, "autocast": autocast, "key": key}
 
 
 def _identity(x: Any) -> Any:
@@ -505,6 +582,9 @@ class AstraTorch(SessionBacked):
         # until the third session of 2026-12-02 the probe called such a forward without them,
         # and Inductor's cache, asked about another graph, answered cold)
         self._example_kwargs: dict[str, Any] = {}
+        # ... and every distinct call of the model in the probe step (``example_call``), by key
+        self._example_calls: dict[str, dict[str, Any]] = {}
+        self._example_autocast: tuple[tuple[str, str], ...] = ()  # ... the last call's autocast
         self._whole_built: set[str] = set()  # whole-step kinds compiled in this process
         # A trial's in-line whole-step compile runs under a deadline (``_deadline``, session 11).
         self._deadline = DeadlineTimer()
@@ -776,6 +856,7 @@ class AstraTorch(SessionBacked):
         self._unhook_guard()
         if self.background is not None:
             self.background.close()
+        self._drop_snapshot()
 
     # -- the committed model's own code: the user's step, called directly
     def _direct_threads(self) -> int | None:
@@ -819,6 +900,7 @@ class AstraTorch(SessionBacked):
         self._unhook_guard()
         if self.background is not None:
             self.background.close()
+        self._drop_snapshot()
         self.direct = True
 
     # -- per step
@@ -1077,13 +1159,19 @@ class AstraTorch(SessionBacked):
                 if not isinstance(a, torch.Tensor):
                     return a
                 if id(a) not in copies:
-                    copies[id(a)] = a.detach().clone()
+                    copies[id(a)] = example_copy(a)
                 return copies[id(a)]
 
             if not self.replica and (self.background is not None or "inductor" in self.compile_choices):
                 # inputs of these shapes: for the background compiles, and the cache probe
                 self._example_args = tuple(keep(a) for a in args)
                 self._example_kwargs = {k: keep(v) for k, v in kwargs.items()}
+                # ... and each distinct call of the step, under the autocast and grad mode it ran
+                # in: each is a graph of its own to compile (``_background_payload``)
+                call = example_call(self._example_args, self._example_kwargs)
+                self._example_autocast = call["autocast"]
+                if call["key"] not in self._example_calls and len(self._example_calls) < MAX_EXAMPLE_CALLS:
+                    self._example_calls[call["key"]] = call
             if self._layout_watch is not None and self._layout_watch.redraws:
                 # ... and for the channels-last forward its draws are judged by
                 self._layout_inputs = (tuple(keep(a) for a in args), {k: keep(v) for k, v in kwargs.items()})
@@ -1962,7 +2050,13 @@ class AstraTorch(SessionBacked):
             # A forward only, under autograd (the training graph, as a trial compiles it), with
             # the random streams, the buffers (running statistics) and the modules' plain
             # attributes (a call counter) as they were: the probe leaves no trace in training.
-            with _equiv.left_as_found(self.model), torch.random.fork_rng(), torch.enable_grad():
+            # (under the autocast the step's call ran in: another graph without it)
+            with (
+                _equiv.left_as_found(self.model),
+                torch.random.fork_rng(),
+                torch.enable_grad(),
+                autocast_as(self._example_autocast),
+            ):
                 compiled(*(self._example_args or ()), **self._example_kwargs)
             asked = True
         except Exception as exc:  # noqa: BLE001 - an untraceable step keeps its cold price
@@ -2027,6 +2121,15 @@ class AstraTorch(SessionBacked):
             log.info("model cannot be copied for background compiles (%s)", exc)
             return None
 
+    def _drop_snapshot(self) -> None:
+        """No background compile is wanted any more: the model's copy and the step's inputs kept
+        for the worker are let go. Held out, issue 18, session 43: the copy was kept for the
+        wrapper's life, a second model's parameters and buffers held through a run that had
+        committed and called the user's code directly (on a GPU host, where background compiles
+        are on, in the device's memory)."""
+        self._snapshot = None
+        self._example_calls.clear()
+
     def _background_payload(self, values: dict[str, str]) -> dict[str, Any] | None:
         if self._snapshot is None or self._example_args is None:
             return None
@@ -2034,6 +2137,8 @@ class AstraTorch(SessionBacked):
             "model": self._snapshot,
             "args": self._example_args,
             "kwargs": self._example_kwargs,
+            # every graph the step compiles: each call's inputs, autocast and grad mode
+            "calls": [{k: v for k, v in call.items() if k != "key"} for call in self._example_calls.values()],
             "values": dict(values),
             "threads": int(values.get("threads", torch.get_num_threads())),
             "compile_choices": list(self.compile_choices),
