@@ -648,7 +648,7 @@ def _leave_on_sigterm() -> None:
     ends a launcher once every rank recorded its checkpoint) ends it as it stands. A framework's
     own handler ran instead: Lightning's broadcasts the signal to the other ranks, some of them
     gone by then; its error turned the rank's record from checkpointed to failed (CI, session
-    43: a Lightning DDP job moved at load 24, and 2 of 3 runs beside the torchrun tests)."""
+    43: a Lightning DDP job moved at load 24, and 2 of 2 runs beside the torchrun tests)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 

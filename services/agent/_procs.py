@@ -487,9 +487,10 @@ class ProcessManager:
                 # multi-threaded parent such as a gRPC server). It changes the job's user too
                 # (real, effective and saved ids; no supplementary groups), before the death
                 # signal: the agent's own child then changes nothing, so it is started by
-                # vfork, and no setxid of a process forked from a many-threaded agent can
-                # stall on a lock another thread held at the fork (CI, session 43: a job as
-                # its own uid never ran its first line within 30 s).
+                # vfork. A child that changed its user itself was started by fork, which runs
+                # gRPC's fork handlers in it; with calls in flight on the agent's other threads
+                # it crashed before its exec (CI, session 43: a job as its own uid never ran its
+                # first line; about 1 start in 10 in a reproducer beside a busy gRPC server).
                 ids = []
                 if user is not None:
                     ids = ["--reuid", str(user.uid), "--regid", str(user.gid), "--clear-groups"]
