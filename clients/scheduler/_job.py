@@ -643,6 +643,22 @@ class JobContext:
             log.warning("cannot write job status: %s", exc)
 
 
+class ContextDelegates:
+    """What every framework hook reads of its job's :class:`JobContext`, so a script needs only
+    the hook."""
+
+    context: JobContext
+
+    @property
+    def devices(self) -> list[str]:
+        return self.context.devices
+
+    @property
+    def step(self) -> int:
+        """The global step: mini-batches trained by the job so far, across epochs and restarts."""
+        return self.context.step
+
+
 def _leave_on_sigterm() -> None:
     """A process whose checkpoint for a stop is recorded only exits: a SIGTERM now (the agent
     ends a launcher once every rank recorded its checkpoint) ends it as it stands. A framework's

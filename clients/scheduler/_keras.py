@@ -34,7 +34,7 @@ import pickle
 import random
 from typing import Any
 
-from ._job import JobContext
+from ._job import ContextDelegates, JobContext
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def _callback_base() -> type:
 def _make_class() -> type:
     Base = _callback_base()
 
-    class SchedulerCallback(Base):  # type: ignore[misc, valid-type]
+    class SchedulerCallback(ContextDelegates, Base):  # type: ignore[misc, valid-type]
         """Reports each batch's time to the scheduler and obeys suspend / resume / stop / resize
         at batch ends; see the module docstring for the few lines a script adds."""
 
@@ -83,15 +83,6 @@ def _make_class() -> type:
             self._history: dict[str, list[Any]] = {}
             self._history_epochs: list[int] = []
             self._carried: tuple[dict[str, list[Any]], list[int]] | None = None
-
-        @property
-        def devices(self) -> list[str]:
-            return self.context.devices
-
-        @property
-        def step(self) -> int:
-            """The global step: mini-batches trained by the job so far, across epochs and restarts."""
-            return self.context.step
 
         def restore(self, model: Any) -> int:
             """Bind ``model`` (compiled) and load the latest checkpoint; returns the start step."""

@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._job import JobContext
+from ._job import ContextDelegates, JobContext
 
 
 def _rng_state() -> dict[str, Any]:
@@ -48,7 +48,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class TorchHook:
+class TorchHook(ContextDelegates):
     """Scheduler hook for a PyTorch training loop.
 
     The checkpoint holds the model's and optimizer's state dicts, every RNG the loop may draw
@@ -126,15 +126,6 @@ class TorchHook:
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             self._group = (dist.get_rank(), dist.get_world_size())
             self.context.use_group(*self._group, _broadcast_from_rank0)
-
-    # Delegates, so a script needs only the hook.
-    @property
-    def devices(self) -> list[str]:
-        return self.context.devices
-
-    @property
-    def step(self) -> int:
-        return self.context.step
 
     def restore(self) -> int:
         self._check_schedulers()

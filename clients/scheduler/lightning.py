@@ -38,11 +38,11 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from ._job import JobContext
+from ._job import ContextDelegates, JobContext
 from ._torch import TorchHook, _rng_state, _set_rng_state
 
 
-class MicrocoCallback(pl.Callback):
+class MicrocoCallback(ContextDelegates, pl.Callback):
     """Reports each training batch's time to the scheduler and obeys suspend / resume / stop /
     resize at batch ends; see the module docstring for the lines a script adds."""
 
@@ -62,15 +62,6 @@ class MicrocoCallback(pl.Callback):
         """The job's checkpoint for ``trainer.fit(..., ckpt_path=...)``: None when there is none."""
         path = self.context.checkpoint_path
         return str(path) if path is not None and path.exists() else None
-
-    @property
-    def step(self) -> int:
-        """Training batches done by the job so far, across epochs and restarts."""
-        return self.context.step
-
-    @property
-    def devices(self) -> list[str]:
-        return self.context.devices
 
     # ---- Lightning hooks
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

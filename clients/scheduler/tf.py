@@ -39,13 +39,13 @@ from typing import Any
 
 import tensorflow as tf
 
-from ._job import JobContext
+from ._job import ContextDelegates, JobContext
 from ._keras import _tf_global_generator_state
 
 _PREFIX = "ckpt"
 
 
-class TFHook:
+class TFHook(ContextDelegates):
     """Scheduler hook for a TensorFlow custom training loop; see the module docstring."""
 
     def __init__(
@@ -66,14 +66,6 @@ class TFHook:
         self.context = context or JobContext(**context_kwargs)
         self.context.save = self._save
         self.context.load = self._load
-
-    @property
-    def devices(self) -> list[str]:
-        return self.context.devices
-
-    @property
-    def step(self) -> int:
-        return self.context.step
 
     def restore(self) -> int:
         """Load the job's latest checkpoint, if any; returns the step to continue from."""
